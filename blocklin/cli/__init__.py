@@ -1,0 +1,1 @@
+"""Command-line interface: argument parsing, progress display, exit codes, ``--json``. No math."""

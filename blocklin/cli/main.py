@@ -1,0 +1,47 @@
+"""``blocklin`` console script: dispatches to one module per subcommand.
+
+Each ``blocklin/cli/<command>.py`` defines ``register(subparsers)``, which adds its parser and sets
+``func`` to a ``run(args) -> dict`` callable. ``run`` returns the summary that ``--json`` prints;
+human output is printed by the command itself through :mod:`blocklin.cli.ui`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from blocklin.cli import ui
+
+COMMANDS = ("info", "gemm", "demo", "convert", "svd", "eigs", "inv", "solve")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from blocklin import __version__
+
+    parser = argparse.ArgumentParser(prog="blocklin",
+                                     description="Out-of-core blocked linear algebra on chunked zarr matrices.")
+    parser.add_argument("--version", action="version", version=f"blocklin {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"blocklin.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"blocklin.cli.{name}":
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    return ui.run_command(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Shared CLI plumbing: common options, progress, JSON output, error-to-exit-code mapping."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from typing import Any
+
+from blocklin.errors import BlocklinError
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # bad input or failed operation
+EXIT_USAGE = 2  # argparse's code for bad arguments
+EXIT_INTERRUPTED = 130
+
+
+def add_common(parser: argparse.ArgumentParser, *, memory: bool = True, device: bool = True,
+               scheduler: bool = True, output: bool = True) -> None:
+    """Options most commands share."""
+    if memory:
+        parser.add_argument("--memory", metavar="SIZE", help="host memory budget, e.g. 1GiB (default: config)")
+    if device:
+        parser.add_argument("--device", choices=("auto", "cpu", "gpu"), help="compute device (default: auto)")
+    if scheduler:
+        parser.add_argument("--scheduler", metavar="S",
+                            help="threads (default), sync, processes, distributed, or tcp://host:port")
+    if output:
+        parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    parser.add_argument("--json", action="store_true", help="print one JSON object with the summary")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+
+
+def progress_arg(args: argparse.Namespace) -> bool:
+    """Progress bars in a terminal unless --json or --no-progress."""
+    return not (getattr(args, "no_progress", False) or getattr(args, "json", False)) and sys.stderr.isatty()
+
+
+def emit(args: argparse.Namespace, summary: dict[str, Any], human: str | None = None) -> None:
+    """Print the JSON summary with --json, else the human text."""
+    if getattr(args, "json", False):
+        print(json.dumps(summary, default=_default, sort_keys=True))
+    elif human:
+        print(human)
+
+
+def _default(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return str(obj)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``args.func(args)`` and map errors to exit codes with a one-line message."""
+    try:
+        args.func(args)
+        return EXIT_OK
+    except KeyboardInterrupt:
+        print("blocklin: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (BlocklinError, FileNotFoundError, ValueError, TypeError, MemoryError, OSError) as exc:
+        if getattr(args, "debug", False):
+            traceback.print_exc()
+        name = type(exc).__name__
+        print(f"blocklin {args.command}: error: {name}: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):
+            print(json.dumps({"error": name, "message": str(exc)}))
+        return EXIT_ERROR

@@ -1,0 +1,209 @@
+"""Configuration: budgets, device, scheduler, temp dir and codec.
+
+Three ways to set a value, later ones winning:
+
+1. ``BLOCKLIN_*`` environment variables read at import (``BLOCKLIN_MEMORY=2GiB``);
+2. :func:`configure` for the rest of the process;
+3. :func:`set` as a scoped context manager (thread- and task-local through :mod:`contextvars`);
+
+and per call, the ``memory=``, ``device=``, ``scheduler=`` keywords of every operation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+from blocklin.errors import ConfigError, explain
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+DEVICES = ("auto", "cpu", "gpu")
+CODECS = ("none", "zstd", "blosc-lz4", "blosc-zstd", "gzip")
+
+
+def parse_size(value: int | float | str | None, name: str = "memory") -> int | None:
+    """Parse a byte size such as ``"1GiB"``, ``"512 MB"``, ``2**30`` or ``"1e9"``.
+
+    Raises
+    ------
+    ConfigError
+        When the value is not a positive size.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(explain(name, "must be a byte size like '1GiB' or an integer", repr(value),
+                                  f"pass {name}='1GiB'"))
+    if isinstance(value, (int, float)):
+        size = int(value)
+    else:
+        m = _SIZE_RE.match(str(value))
+        unit = m.group(2).lower() if m else None
+        if not m or unit not in _UNITS:
+            raise ConfigError(explain(name, "must be a byte size such as '512MiB', '2GiB' or 1073741824",
+                                      repr(value), f"write {name}='1GiB' (units: B, KB, MB, GB, KiB, MiB, GiB, TiB)"))
+        size = int(float(m.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise ConfigError(explain(name, "must be positive", repr(value), f"pass {name}='1GiB'"))
+    return size
+
+
+def format_size(nbytes: float) -> str:
+    """Format bytes as a short human string (``'1.50 GiB'``)."""
+    nbytes = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.2f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.2f} TiB"  # pragma: no cover
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Resolved settings of one operation.
+
+    Attributes
+    ----------
+    memory : int
+        Host memory budget in bytes for the buffers of one operation (all concurrent tasks together).
+    device_memory : int or None
+        Device (GPU) memory budget in bytes; ``None`` uses 80% of the free device memory.
+    device : {"auto", "cpu", "gpu"}
+        Compute device; ``auto`` picks the GPU when CuPy and a device are present.
+    scheduler : str or None
+        ``None``/``"threads"`` (Dask's threaded scheduler), ``"sync"``, ``"processes"``,
+        ``"distributed"`` (the active client) or an address such as ``"tcp://host:8786"``. When a
+        ``distributed.Client`` is active and ``scheduler`` is None, that client is used.
+    workers : int or None
+        Concurrent tile tasks on local schedulers; ``None`` lets the planner choose.
+    temp_dir : str
+        Folder for staged inputs and intermediates.
+    codec : str
+        Codec of the engine's own intermediates (``"none"`` by default: random floats do not compress).
+    check_finite : bool
+        Check operands for NaN/Inf while streaming them.
+    progress : bool or None
+        Show progress bars; ``None`` shows them only on an interactive terminal (CLI).
+    """
+
+    memory: int = 1 << 30
+    device_memory: int | None = None
+    device: str = "auto"
+    scheduler: Any = None
+    workers: int | None = None
+    temp_dir: str = dataclasses.field(default_factory=tempfile.gettempdir)
+    codec: str = "none"
+    check_finite: bool = True
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "memory", parse_size(self.memory, "memory"))
+        object.__setattr__(self, "device_memory", parse_size(self.device_memory, "device_memory"))
+        if self.device not in DEVICES:
+            raise ConfigError(explain("device", f"must be one of {DEVICES}", repr(self.device),
+                                      "pass device='cpu' (or 'gpu' with CuPy installed)"))
+        if self.codec not in CODECS:
+            raise ConfigError(explain("codec", f"must be one of {CODECS}", repr(self.codec), "pass codec='none'"))
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
+            raise ConfigError(explain("workers", "must be a positive integer or None", repr(self.workers),
+                                      "pass workers=1"))
+
+    def replace(self, **changes: Any) -> Config:
+        """Return a copy with the non-None ``changes`` applied."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+_ENV = {
+    "memory": "BLOCKLIN_MEMORY",
+    "device_memory": "BLOCKLIN_DEVICE_MEMORY",
+    "device": "BLOCKLIN_DEVICE",
+    "scheduler": "BLOCKLIN_SCHEDULER",
+    "workers": "BLOCKLIN_WORKERS",
+    "temp_dir": "BLOCKLIN_TEMP_DIR",
+    "codec": "BLOCKLIN_CODEC",
+    "check_finite": "BLOCKLIN_CHECK_FINITE",
+}
+
+
+def _from_env(environ: dict[str, str] | os._Environ = os.environ) -> Config:
+    values: dict[str, Any] = {}
+    for field, var in _ENV.items():
+        raw = environ.get(var)
+        if raw is None or raw == "":
+            continue
+        if field == "workers":
+            try:
+                values[field] = int(raw)
+            except ValueError:
+                raise ConfigError(explain(var, "must be an integer", repr(raw), f"export {var}=1")) from None
+        elif field == "check_finite":
+            values[field] = raw.strip().lower() not in ("0", "false", "no", "off")
+        else:
+            values[field] = raw
+    try:
+        return Config(**values)
+    except ConfigError as exc:
+        raise ConfigError(f"from environment: {exc}") from None
+
+
+_global: Config | None = None
+_scoped: contextvars.ContextVar[Config | None] = contextvars.ContextVar("blocklin_config", default=None)
+
+
+def get_config() -> Config:
+    """Return the settings in force here (scoped, else global, else environment defaults)."""
+    global _global
+    scoped = _scoped.get()
+    if scoped is not None:
+        return scoped
+    if _global is None:
+        _global = _from_env()
+    return _global
+
+
+def configure(**settings: Any) -> Config:
+    """Change settings for the rest of the process; returns the new :class:`Config`.
+
+    Examples
+    --------
+    >>> import blocklin
+    >>> blocklin.configure(memory="2GiB", device="cpu")  # doctest: +SKIP
+    """
+    global _global
+    _global = dataclasses.replace(get_config() if _scoped.get() is None else (_global or _from_env()), **settings)
+    return _global
+
+
+@contextlib.contextmanager
+def set(**settings: Any) -> Iterator[Config]:  # noqa: A001 - mirrors dask.config.set
+    """Scoped settings: ``with blocklin.config.set(memory="512MiB"): ...``."""
+    new = dataclasses.replace(get_config(), **settings)
+    token = _scoped.set(new)
+    try:
+        yield new
+    finally:
+        _scoped.reset(token)
+
+
+def resolve(**overrides: Any) -> Config:
+    """Settings for one call: the config in force with the call's non-None keywords applied."""
+    return get_config().replace(**overrides)
+
+
+def reset() -> None:
+    """Forget :func:`configure` changes and re-read the environment (used by tests)."""
+    global _global
+    _global = None

@@ -1,0 +1,86 @@
+"""One error hierarchy for blocklin.
+
+Every error subclasses :class:`BlocklinError` and the closest builtin, so callers can catch either
+``blocklin.errors.ShapeError`` or plain ``ValueError``. Messages name the parameter, the rule, the
+actual values and a fix; build them with :func:`explain` for a uniform shape.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+
+class BlocklinError(Exception):
+    """Base class of every error raised by blocklin."""
+
+
+class ConfigError(BlocklinError, ValueError):
+    """A configuration value (budget, device, scheduler, codec, ...) is invalid."""
+
+
+class ShapeError(BlocklinError, ValueError):
+    """Operand shapes do not agree (blocklin never broadcasts)."""
+
+
+class DTypeError(BlocklinError, TypeError):
+    """Operand dtypes are unsupported or do not agree."""
+
+
+class NonFiniteError(BlocklinError, ValueError):
+    """An operand holds NaN or Inf while ``check_finite`` is on."""
+
+
+class BudgetError(BlocklinError, MemoryError):
+    """The memory budget cannot hold even the smallest plan."""
+
+
+class StoreNotFoundError(BlocklinError, FileNotFoundError):
+    """A path does not hold a readable matrix store."""
+
+
+class StoreReadError(BlocklinError, OSError):
+    """A store exists but cannot be read (corrupt, truncated, wrong format)."""
+
+
+class FormatError(BlocklinError, ValueError):
+    """A matrix file is malformed or mislabeled."""
+
+
+class OutputExistsError(BlocklinError, FileExistsError):
+    """The output exists and ``overwrite`` was not given."""
+
+
+class OutputIsInputError(BlocklinError, ValueError):
+    """The output path is one of the inputs."""
+
+
+class DeviceError(BlocklinError, RuntimeError):
+    """The requested compute device is not available."""
+
+
+class SingularMatrixError(BlocklinError, np.linalg.LinAlgError):
+    """The matrix is singular or numerically singular."""
+
+
+class ConvergenceError(BlocklinError, RuntimeError):
+    """An iterative method did not reach its tolerance within its limits."""
+
+
+class BlocklinWarning(UserWarning):
+    """Base class of blocklin warnings."""
+
+
+class ConvergenceWarning(BlocklinWarning):
+    """An iterative method stopped before reaching its tolerance; the result is still returned."""
+
+
+def explain(what: str, rule: str, actual: str, fix: str) -> str:
+    """Build an error message: ``"<what>: <rule>; got <actual>. Fix: <fix>"``."""
+    return f"{what}: {rule}; got {actual}. Fix: {fix}"
+
+
+def warn(message: str, category: type[Warning] = BlocklinWarning, stacklevel: int = 3) -> None:
+    """Emit a blocklin warning from the caller's frame."""
+    warnings.warn(message, category, stacklevel=stacklevel)

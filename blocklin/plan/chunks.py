@@ -1,0 +1,64 @@
+"""Chunk and panel arithmetic shared by every planner."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from blocklin.errors import BudgetError, explain
+
+#: Largest chunk the engine creates by default: big enough for efficient I/O and BLAS tiles,
+#: small enough that a budget of a few hundred MiB holds several.
+MAX_CHUNK_BYTES = 16 * 2**20
+
+
+def split(n: int, step: int) -> list[tuple[int, int]]:
+    """Cut ``range(n)`` into consecutive ``(start, stop)`` pieces of ``step`` (the last may be short)."""
+    step = max(1, int(step))
+    return [(s, min(s + step, n)) for s in range(0, n, step)] if n > 0 else []
+
+
+def round_down_multiple(value: int, unit: int) -> int:
+    """Largest multiple of ``unit`` not above ``value`` (``unit`` itself when ``value < unit``)."""
+    unit = max(1, int(unit))
+    return max(unit, (int(value) // unit) * unit)
+
+
+def auto_chunks(shape: tuple[int, int], dtype, memory: int | None = None) -> tuple[int, int]:
+    """Chunks suited to the engine's tiles.
+
+    Square power-of-two chunks of at most ``min(MAX_CHUNK_BYTES, memory / 32)`` bytes; a dimension
+    shorter than the side is taken whole and the other side grows to keep the chunk size.
+    """
+    itemsize = np.dtype(dtype).itemsize
+    m, n = (max(1, int(s)) for s in shape)
+    target = MAX_CHUNK_BYTES if memory is None else max(64 * 2**10, min(MAX_CHUNK_BYTES, memory // 32))
+    elems = max(1, target // itemsize)
+    side = 2 ** int(math.floor(math.log2(max(1.0, math.sqrt(elems)))))
+    if m <= side and n <= side:
+        return (m, n)
+    if m <= side:
+        return (m, min(n, max(side, 2 ** int(math.floor(math.log2(max(1, elems // m)))))))
+    if n <= side:
+        return (min(m, max(side, 2 ** int(math.floor(math.log2(max(1, elems // n)))))), n)
+    return (side, side)
+
+
+def panel_rows(n_rows: int, row_bytes: int, budget: int, copies: int = 2, unit: int = 1,
+               what: str = "panel") -> int:
+    """Rows per panel so that ``copies`` panels of ``row_bytes`` per row fit ``budget``.
+
+    The result is a multiple of ``unit`` (a chunk height) when the budget allows, else the largest
+    row count that fits. Raises :class:`BudgetError` naming the minimum when one row does not fit.
+    """
+    per_row = max(1, row_bytes) * copies
+    rows = budget // per_row
+    if rows < 1:
+        need = per_row
+        raise BudgetError(explain("memory", f"must hold {copies} copies of one {what} row", f"{budget} bytes",
+                                  f"raise the budget to at least {need} bytes (memory='{math.ceil(need / 2**20)}MiB')"))
+    rows = min(n_rows, rows)
+    if rows >= unit:
+        rows = round_down_multiple(rows, unit)
+    return max(1, rows)
