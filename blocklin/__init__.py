@@ -5,3 +5,12 @@ operands through the compute device (NumPy/BLAS with prefetching on a CPU, CuPy 
 """
 
 __version__ = "0.1.0"
+
+from blocklin import config, errors  # noqa: E402
+from blocklin.config import configure  # noqa: E402
+from blocklin.create import from_array, open  # noqa: E402,A004
+from blocklin.linalg.gemm import matmul  # noqa: E402
+from blocklin.matrix import Matrix  # noqa: E402
+
+__all__ = ["Matrix", "config", "configure", "errors", "from_array", "matmul", "open"]
+# Capabilities added by later modules register their public names below, one line each.

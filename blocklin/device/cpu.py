@@ -1,0 +1,60 @@
+"""CPU device: NumPy arrays, BLAS GEMM accumulating in place."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.device.base import Device
+
+
+class CpuDevice(Device):
+    """NumPy/BLAS device. Tiles stay in host memory; ``gemm_acc`` uses BLAS with ``beta=1``.
+
+    BLAS threads are limited by the runtime (threadpoolctl) so that BLAS threads x Dask threads
+    never exceed the cores.
+    """
+
+    name = "cpu"
+    host_resident = True
+
+    def zeros(self, shape: tuple[int, int], dtype: Any) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+    def gemm_acc(self, acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        _gemm_acc(acc, a, b)
+
+    def axpby(self, acc: np.ndarray, alpha: float, c: np.ndarray | None, beta: float) -> None:
+        if alpha != 1.0:
+            acc *= acc.dtype.type(alpha)
+        if c is not None and beta != 0.0:
+            if beta == 1.0:
+                acc += c
+            else:
+                acc += acc.dtype.type(beta) * c
+
+    def download(self, acc: np.ndarray, rows: slice, out: np.ndarray | None = None) -> np.ndarray:
+        return acc[rows]
+
+
+def _blas_gemm(dtype: np.dtype):
+    from scipy.linalg import blas
+
+    return {np.dtype(np.float64): blas.dgemm, np.dtype(np.float32): blas.sgemm,
+            np.dtype(np.complex128): blas.zgemm, np.dtype(np.complex64): blas.cgemm}.get(np.dtype(dtype))
+
+
+def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """``acc += a @ b`` without a temporary: BLAS gemm with beta=1 writing into ``acc``.
+
+    ``acc`` is C-contiguous; BLAS is column-major, so compute ``acc.T += b.T @ a.T`` on the
+    Fortran-ordered view ``acc.T``; transposed operands are passed as flags, never copied.
+    """
+    gemm = _blas_gemm(acc.dtype)
+    if gemm is None or not acc.flags.c_contiguous:
+        acc += a @ b
+        return
+    bt, trans_b = (b.T, 0) if b.T.flags.f_contiguous else ((b, 1) if b.flags.f_contiguous else (np.asfortranarray(b.T), 0))
+    at, trans_a = (a.T, 0) if a.T.flags.f_contiguous else ((a, 1) if a.flags.f_contiguous else (np.asfortranarray(a.T), 0))
+    gemm(1.0, bt, at, beta=1.0, c=acc.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=True)

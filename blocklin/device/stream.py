@@ -1,0 +1,112 @@
+"""TileStream: the one prefetching pipeline that feeds every device.
+
+A loader thread reads item ``i + 1`` (and up to ``depth`` ahead) into preallocated host slots
+while the consumer computes on item ``i``. On a GPU the host slots are pinned and uploads run on
+their own stream, so disk reads, host-to-device copies and compute all overlap. Slots are reused,
+so memory stays at ``(depth + 1)`` sets of operand buffers however long the stream.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from blocklin.device.base import Device
+
+#: ``load(i, buffers) -> views``: fill the given host buffers for item ``i`` and return views of
+#: the filled region (edge tiles are smaller than the buffers).
+Loader = Callable[[int, tuple[np.ndarray, ...]], tuple[np.ndarray, ...]]
+
+_STOP = object()
+
+
+class TileStream:
+    """Iterate over ``n_items`` operand tuples, prefetched ``depth`` items ahead.
+
+    Parameters
+    ----------
+    device : Device
+        Where the operands are consumed.
+    n_items : int
+        Number of items (for example k-panels of a GEMM tile).
+    load : callable
+        ``load(i, buffers) -> views``; runs on the loader thread.
+    buffer_shapes : sequence of shapes
+        Shape of each operand's host buffer (the largest item).
+    dtype : dtype or sequence of dtypes
+        Buffer dtype, one for all buffers or one per buffer.
+    depth : int
+        Items read ahead of the one being computed (``depth + 1`` slots in all).
+
+    Attributes
+    ----------
+    load_seconds, wait_seconds : float
+        Time spent reading on the loader thread, and time the consumer waited for data
+        (what the overlap failed to hide).
+    """
+
+    def __init__(self, device: Device, n_items: int, load: Loader, buffer_shapes: Sequence[tuple[int, ...]],
+                 dtype: Any, depth: int = 1) -> None:
+        self.device = device
+        self.n_items = n_items
+        self.load = load
+        self.depth = max(0, int(depth))
+        n_slots = min(self.depth + 1, max(1, n_items))
+        dtypes = [np.dtype(d) for d in dtype] if isinstance(dtype, (list, tuple)) else [np.dtype(dtype)] * len(buffer_shapes)
+        self.buffers = [tuple(device.host_empty(s, d) for s, d in zip(buffer_shapes, dtypes)) for _ in range(n_slots)]
+        device.slots(n_slots, list(buffer_shapes), dtypes[0])
+        self.load_seconds = 0.0
+        self.wait_seconds = 0.0
+        self._free: queue.Queue[int] = queue.Queue()
+        for s in range(n_slots):
+            self._free.put(s)
+        self._ready: queue.Queue[Any] = queue.Queue()
+        self._stop = threading.Event()
+
+    def _loader(self) -> None:
+        try:
+            for i in range(self.n_items):
+                slot = self._free.get()
+                if self._stop.is_set() or slot is _STOP:
+                    return
+                self.device.host_slot_free(slot)
+                t0 = time.perf_counter()
+                views = self.load(i, self.buffers[slot])
+                self.load_seconds += time.perf_counter() - t0
+                self._ready.put((i, slot, views))
+        except BaseException as exc:  # handed to the consumer, re-raised there
+            self._ready.put(exc)
+
+    def __iter__(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
+        if self.n_items == 0:
+            return
+        if self.depth == 0:  # no thread: read, then compute (the serial reference)
+            for i in range(self.n_items):
+                t0 = time.perf_counter()
+                views = self.load(i, self.buffers[0])
+                self.load_seconds += time.perf_counter() - t0
+                yield i, self.device.upload(0, views)
+                self.device.after_use(0)
+            return
+        thread = threading.Thread(target=self._loader, name="blocklin-prefetch", daemon=True)
+        thread.start()
+        try:
+            for _ in range(self.n_items):
+                t0 = time.perf_counter()
+                item = self._ready.get()
+                self.wait_seconds += time.perf_counter() - t0
+                if isinstance(item, BaseException):
+                    raise item
+                i, slot, views = item
+                yield i, self.device.upload(slot, views)
+                self.device.after_use(slot)
+                self._free.put(slot)
+        finally:
+            self._stop.set()
+            self._free.put(_STOP)  # wake a loader blocked on a free slot
+            thread.join()

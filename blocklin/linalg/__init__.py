@@ -1,0 +1,1 @@
+"""Algorithms written as sequences of tile operations and small in-core steps."""

@@ -1,0 +1,95 @@
+"""The :class:`Matrix` handle: a lazy, zarr-backed 2-D array."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from blocklin.storage.zarr_store import describe_codecs, open_zarr
+
+
+class Matrix:
+    """A 2-D matrix stored as a zarr array on disk; nothing is loaded until asked.
+
+    Attributes
+    ----------
+    path : str
+        Folder of the zarr array.
+    report : dict
+        For results of an operation: seconds, flops, bytes read/written, peak memory, plan.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, report: dict | None = None, temporary: bool = False) -> None:
+        self.path = str(Path(path))
+        self._array = open_zarr(self.path)
+        self.report = report or {}
+        self.temporary = temporary
+
+    # -- metadata --------------------------------------------------------------------------------
+    @property
+    def zarr(self) -> Any:
+        """The underlying ``zarr.Array``."""
+        return self._array
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self._array.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self._array.dtype)
+
+    @property
+    def chunks(self) -> tuple[int, int]:
+        return tuple(self._array.chunks)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    @property
+    def codec(self) -> str:
+        return describe_codecs(self._array)
+
+    @property
+    def attrs(self) -> dict:
+        return dict(self._array.attrs)
+
+    @property
+    def provenance(self) -> dict:
+        """What blocklin recorded when it wrote this matrix (operation, inputs, plan, version)."""
+        return dict(self._array.attrs.get("blocklin", {}))
+
+    # -- data --------------------------------------------------------------------------------------
+    def to_numpy(self) -> np.ndarray:
+        """Load the whole matrix into memory."""
+        return np.asarray(self._array[...])
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        arr = self.to_numpy()
+        return arr.astype(dtype, copy=False) if dtype is not None else arr
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return np.asarray(self._array[key])
+
+    def to_dask(self) -> Any:
+        """A ``dask.array`` view with the store's chunks."""
+        import dask.array as da
+
+        return da.from_zarr(self._array)
+
+    def delete(self) -> None:
+        """Remove the store from disk (for temporary results)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def __repr__(self) -> str:
+        return (f"Matrix(path={self.path!r}, shape={self.shape}, dtype={self.dtype.name}, "
+                f"chunks={self.chunks}, codec={self.codec!r})")

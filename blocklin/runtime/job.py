@@ -1,0 +1,159 @@
+"""A :class:`Job`: the lifetime of one operation (settings, staged inputs, scheduler, output, report).
+
+Algorithms open a job, resolve their operands through it, plan, build tile graphs, run them
+through :meth:`Job.run`, and publish their output atomically; the job accumulates the statistics
+every operation reports (seconds, flops, bytes read and written, passes, peak memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from blocklin.config import Config, resolve
+from blocklin.device.base import gpu_available, resolved_kind
+from blocklin.operands import Operand, as_operand
+from blocklin.runtime.graph import TileGraph, execute
+from blocklin.runtime.progress import make_progress
+from blocklin.runtime.scheduler import resolve_scheduler
+from blocklin.storage.atomic import AtomicOutput
+
+
+def peak_rss() -> int:
+    """Peak resident memory of this process so far, in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Job:
+    """See module docstring. Use as a context manager."""
+
+    def __init__(self, operation: str, *, memory: Any = None, device: str | None = None,
+                 device_memory: Any = None, scheduler: Any = None, workers: int | None = None,
+                 progress: Any = None, check_finite: bool | None = None) -> None:
+        self.operation = operation
+        self.cfg: Config = resolve(memory=memory, device=device, device_memory=device_memory, scheduler=scheduler,
+                                   workers=workers, check_finite=check_finite)
+        self.scheduler = resolve_scheduler(self.cfg.scheduler)
+        self.device = resolved_kind(self.cfg.device)
+        if self.device == "gpu" and not gpu_available():
+            from blocklin.device import get_device
+
+            get_device("gpu")  # raises DeviceError with the fix
+        self.progress = make_progress(self.cfg.progress if progress is None else progress)
+        self.stack = contextlib.ExitStack()
+        self.t0 = time.perf_counter()
+        self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0,
+                      "load_seconds": 0.0, "wait_seconds": 0.0}
+        self.outputs: list[AtomicOutput] = []
+
+    # -- inputs -------------------------------------------------------------------------------
+    def operand(self, x: Any, name: str, ndim: int = 2) -> Operand:
+        return as_operand(x, name, self.cfg, self.stack, ndim=ndim)
+
+    @property
+    def check_finite(self) -> bool:
+        return self.cfg.check_finite
+
+    def device_memory(self) -> int | None:
+        """Device budget: configured, else 80% of the free device memory (GPU only)."""
+        if self.device != "gpu":
+            return None
+        if self.cfg.device_memory:
+            return self.cfg.device_memory
+        from blocklin.device import get_device
+
+        return int(0.8 * get_device("gpu").free_memory())
+
+    # -- workers and threads --------------------------------------------------------------------
+    def cores(self) -> int:
+        return os.cpu_count() or 1
+
+    def workers(self, default: int = 1) -> int:
+        """Concurrent tasks on local schedulers (config, else ``default``)."""
+        return self.cfg.workers or default
+
+    def task_blas_threads(self, blas_threads: int) -> int | None:
+        """BLAS threads each task sets itself: only off the local threaded/sync schedulers."""
+        if self.scheduler.kind in ("threads", "sync"):
+            return None
+        if self.scheduler.kind == "distributed":
+            try:
+                info = self.scheduler.client.scheduler_info()
+                total = sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()) or 1
+                return max(1, self.cores() // total)
+            except Exception:
+                return 1
+        return blas_threads
+
+    # -- temporary stores and outputs -----------------------------------------------------------
+    def temp_dir(self) -> Path:
+        """A folder for this job's intermediates, removed when the job ends."""
+        if not hasattr(self, "_tmp"):
+            self._tmp = Path(self.cfg.temp_dir) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
+            self._tmp.mkdir(parents=True)
+            self.stack.callback(shutil.rmtree, self._tmp, True)
+        return self._tmp
+
+    def output(self, out: Any, *, inputs: list[Any], overwrite: bool = False, resume: bool = False,
+               token: str | None = None, suffix: str = ".zarr") -> AtomicOutput:
+        """An atomic output at ``out``, or a new store under the temp dir when ``out`` is None."""
+        if out is None:
+            out = Path(self.cfg.temp_dir) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
+            resume = False
+        ao = AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token)
+        self.outputs.append(ao)
+        return ao
+
+    # -- execution -----------------------------------------------------------------------------------
+    def run(self, graph: TileGraph, *, workers: int = 1, blas_threads: int | None = None,
+            description: str | None = None) -> list:
+        """Execute ``graph`` and add the tasks' statistics to the job's."""
+        ctx = contextlib.nullcontext()
+        if blas_threads and self.scheduler.kind in ("threads", "sync"):
+            from threadpoolctl import threadpool_limits
+
+            ctx = threadpool_limits(limits=blas_threads, user_api="blas")
+        with ctx:
+            results = execute(graph, scheduler=self.scheduler, workers=workers, progress=self.progress,
+                              description=description or f"{self.operation}")
+        for r in results:
+            if isinstance(r, dict):
+                self.add_stats(r)
+        return results
+
+    def add_stats(self, r: dict) -> None:
+        self.stats["tasks"] += 1
+        for key in ("flops", "bytes_read", "bytes_written", "skipped", "load_seconds", "wait_seconds"):
+            if key in r:
+                self.stats[key] += r[key]
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def report(self, **extra: Any) -> dict:
+        """The operation's report: statistics, time, peak memory, device, scheduler."""
+        secs = self.seconds()
+        rep = dict(self.stats)
+        rep.update(seconds=secs, peak_memory=peak_rss(), memory_budget=self.cfg.memory, device=self.device,
+                   scheduler=self.scheduler.kind, gflops=self.stats["flops"] / secs / 1e9 if secs > 0 else 0.0)
+        rep.update(extra)
+        return rep
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def __enter__(self) -> Job:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is not None:
+                for ao in self.outputs:
+                    ao.abort()
+        finally:
+            self.progress.close()
+            self.stack.close()

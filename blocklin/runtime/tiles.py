@@ -1,0 +1,185 @@
+"""Tile tasks: read operand tiles from storage, compute on the device, write whole output chunks.
+
+These are the functions a :class:`~blocklin.runtime.graph.TileGraph` schedules. They receive
+small frozen specs (paths, plan, flags) and tile indices, open the stores themselves (cached per
+process), and return small statistics dicts. The arithmetic itself is the device's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from blocklin.device import TileStream, get_device
+from blocklin.errors import NonFiniteError, explain
+from blocklin.plan.chunks import split
+from blocklin.plan.gemm import GemmPlan
+from blocklin.storage.zarr_store import open_zarr, read_block, write_block
+
+
+@functools.lru_cache(maxsize=64)
+def _open_cached(path: str, mode: str, stamp: int) -> Any:
+    return open_zarr(path, mode=mode)
+
+
+def open_array(path: str, mode: str = "r") -> Any:
+    """Open a zarr array, cached per process (keyed by the metadata file's mtime)."""
+    meta = os.path.join(path, "zarr.json")
+    if not os.path.exists(meta):
+        meta = os.path.join(path, ".zarray")
+    try:
+        stamp = os.stat(meta).st_mtime_ns
+    except OSError:
+        stamp = 0
+    return _open_cached(path, mode, stamp)
+
+
+_blas_lock = threading.Lock()
+_blas_set: int | None = None
+
+
+def ensure_blas_threads(n: int | None) -> None:
+    """Limit BLAS threads in this (worker) process; a no-op when ``n`` is None or already set."""
+    global _blas_set
+    if n is None or n == _blas_set:
+        return
+    with _blas_lock:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=n, user_api="blas")
+        _blas_set = n
+
+
+def region(buf: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """A C-contiguous ``shape`` view at the start of ``buf`` (edge tiles are smaller)."""
+    return buf.reshape(-1)[: shape[0] * shape[1]].reshape(shape)
+
+
+def check_finite(block: np.ndarray, name: str, rows: slice, cols: slice) -> None:
+    """Raise :class:`NonFiniteError` naming where NaN/Inf sits in ``block``."""
+    # A sum is a cheap single pass; an overflowing sum falls back to the exact check.
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(block, axis=None)):
+            return
+    bad = ~np.isfinite(block)
+    if not bad.any():
+        return
+    r, c = np.argwhere(bad)[0]
+    value = block[r, c]
+    raise NonFiniteError(explain(
+        name, "must be finite (check_finite is on)",
+        f"{value} at [{rows.start + r}, {cols.start + c}] ({int(bad.sum())} non-finite values in "
+        f"rows {rows.start}:{rows.stop}, cols {cols.start}:{cols.stop})",
+        "clean the input (for example numpy.nan_to_num), or pass check_finite=False to skip the check"))
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmSpec:
+    """Everything one GEMM tile task needs (small and picklable)."""
+
+    a: str
+    b: str
+    c: str | None
+    out: str
+    trans_a: bool
+    trans_b: bool
+    alpha: float
+    beta: float
+    dtype: str
+    plan: GemmPlan
+    device: str
+    device_memory: int | None
+    check_finite: bool
+    done_dir: str | None
+    blas_threads: int | None = None
+    names: tuple[str, str, str] = ("a", "b", "c")
+
+
+def _marker(spec: Any, unit: str) -> str | None:
+    return os.path.join(spec.done_dir, unit) if spec.done_dir else None
+
+
+def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
+    """Compute output tile ``(i, j)`` = ``alpha * op(A)[rows, :] @ op(B)[:, cols] + beta * C0[rows, cols]``."""
+    marker = _marker(spec, f"tile-{i}-{j}")
+    if marker and os.path.exists(marker):
+        return {"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0}
+    ensure_blas_threads(spec.blas_threads)
+    t_start = time.perf_counter()
+    A, B = open_array(spec.a), open_array(spec.b)
+    dtype = np.dtype(spec.dtype)
+    device = get_device(spec.device, device_memory=spec.device_memory)
+    plan = spec.plan
+    panels = plan.k_panels()
+    tm, tn = rows.stop - rows.start, cols.stop - cols.start
+    tk = plan.tk
+    a_shape = (tk, plan.tm) if spec.trans_a else (plan.tm, tk)
+    b_shape = (plan.tn, tk) if spec.trans_b else (tk, plan.tn)
+    src = (A.dtype, B.dtype)
+    casts = tuple(s != dtype for s in src)
+    nbytes = [0]
+
+    def load(p: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        k0, k1 = panels[p]
+        ks = slice(k0, k1)
+        out = []
+        for arr, buf, trans, cast, name, sel in (
+            (A, bufs[0], spec.trans_a, casts[0], spec.names[0], (rows, ks)),
+            (B, bufs[1], spec.trans_b, casts[1], spec.names[1], (ks, cols)),
+        ):
+            stored = (sel[1], sel[0]) if trans else sel
+            shape = (stored[0].stop - stored[0].start, stored[1].stop - stored[1].start)
+            view = read_block(arr, stored[0], stored[1], out=region(buf, shape))
+            nbytes[0] += view.nbytes
+            if spec.check_finite:
+                check_finite(view, name, *stored)
+            if cast:
+                view = view.astype(dtype)
+            out.append(view.T if trans else view)
+        return tuple(out)
+
+    acc = device.zeros((tm, tn), dtype)
+    stream = TileStream(device, len(panels), load, [a_shape, b_shape], list(src), depth=plan.prefetch)
+    for _, (a_dev, b_dev) in stream:
+        device.gemm_acc(acc, a_dev, b_dev)
+
+    if spec.c is not None and spec.beta != 0.0:
+        C = open_array(spec.c)
+        step = max(1, C.chunks[0])
+        cbuf = np.empty((min(step, tm), tn), dtype=C.dtype)
+        for r0, r1 in split(tm, step):
+            rs = slice(rows.start + r0, rows.start + r1)
+            block = read_block(C, rs, cols, out=region(cbuf, (r1 - r0, tn)))
+            nbytes[0] += block.nbytes
+            if spec.check_finite:
+                check_finite(block, spec.names[2], rs, cols)
+            device.axpby(acc[r0:r1], spec.alpha, block.astype(dtype, copy=False), spec.beta)
+    elif spec.alpha != 1.0:
+        device.axpby(acc, spec.alpha, None, 0.0)
+
+    out_arr = open_array(spec.out, mode="r+")
+    if device.host_resident:
+        write_block(out_arr, rows, cols, acc)
+    else:
+        step = plan.out_chunks[0]
+        host = None
+        for r0, r1 in split(tm, step):
+            host = device.download(acc, slice(r0, r1), out=host if host is not None and host.shape[0] == r1 - r0 else None)
+            write_block(out_arr, slice(rows.start + r0, rows.start + r1), cols, host)
+    if marker:
+        open(marker, "w").close()
+    return {
+        "skipped": 0,
+        "bytes_read": nbytes[0],
+        "bytes_written": tm * tn * dtype.itemsize,
+        "flops": 2 * tm * tn * (panels[-1][1] if panels else 0),
+        "seconds": time.perf_counter() - t_start,
+        "load_seconds": stream.load_seconds,
+        "wait_seconds": stream.wait_seconds,
+    }

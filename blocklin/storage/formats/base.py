@@ -1,0 +1,248 @@
+"""Reader and writer interfaces shared by every matrix file format, plus file-level helpers.
+
+A *reader* exposes ``shape``, ``dtype``, ``order`` and ``read(rows, cols)``; a *writer* takes blocks
+and publishes its output atomically on :meth:`Writer.commit`. Both are plain objects so that the
+bounded-memory copy in :mod:`blocklin.storage.convert` can drive any pair of them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import DTypeError, FormatError, OutputExistsError, StoreNotFoundError, explain
+from blocklin.storage.atomic import check_output_path
+
+
+class Reader:
+    """A 2-D matrix in a file, read block by block.
+
+    Attributes
+    ----------
+    format : str
+        Format name (``"npy"``, ``"mtx"``, ...).
+    path : str
+        The file (or folder) read.
+    shape : tuple of int
+        ``(rows, cols)``.
+    dtype : numpy.dtype
+        Element type of the blocks :meth:`read` returns (as stored, byte order included).
+    order : {"C", "F"}
+        Layout on disk; the converter walks C sources by row panels and F sources by column panels.
+    sequential : bool
+        True when the source is only efficient read as forward, full-span panels in ``order``
+        (text streams); the converter then plans that way or stages through a temporary zarr.
+    chunks : tuple of int or None
+        Storage chunks, so that panels can be aligned with them.
+    resident_bytes : int
+        Memory the reader holds for its whole life (the coordinate Matrix Market triplets).
+    overhead_bytes : int
+        Transient memory one :meth:`read` needs beyond the block it returns.
+    bytes_read : int
+        Bytes read from the file so far.
+    """
+
+    format = "?"
+    sequential = False
+    chunks: tuple[int, int] | None = None
+    resident_bytes = 0
+    overhead_bytes = 0
+    resident_what = ""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.shape: tuple[int, int] = (0, 0)
+        self.dtype = np.dtype("f8")
+        self.order = "C"
+        self.bytes_read = 0
+
+    def read(self, rows: slice, cols: slice) -> np.ndarray:
+        """Return ``A[rows, cols]`` as a new array (C or F contiguous)."""
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Load what the reader holds resident (called after the budget check)."""
+
+    def locate(self, row: int, col: int) -> str:
+        """Human position of element ``(row, col)`` (0-based) in the file."""
+        return f"row {row + 1}, column {col + 1}"
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for ``blocklin info`` (format, shape, dtype, order, chunks, codec, bytes)."""
+        return {
+            "format": self.format, "path": self.path, "shape": list(self.shape), "dtype": self.dtype.str,
+            "order": self.order, "chunks": list(self.chunks) if self.chunks else None, "codec": "none",
+            "bytes_on_disk": disk_usage(self.path), "bytes_in_memory": nbytes(self.shape, self.dtype),
+            "provenance": None,
+        }
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Reader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Writer:
+    """Receives blocks of the output and publishes the result atomically.
+
+    Attributes
+    ----------
+    order : {"C", "F"} or None
+        Layout the writer prefers to receive (sequential writers require it).
+    sequential : bool
+        Blocks must come as forward full-span panels in ``order`` (text formats).
+    unit : tuple of int
+        Block edges must be multiples of this (zarr chunks) so that no two blocks share a chunk.
+    overhead_per_element : int
+        Extra bytes per block element the writer needs while writing (encoding, re-layout).
+    overhead_bytes : int
+        Fixed transient bytes while writing (text formatting batches, zarr chunks in flight).
+    supports_resume : bool
+        Whether :meth:`is_done`/:meth:`mark_done` persist across runs.
+    """
+
+    format = "?"
+    order: str | None = None
+    sequential = False
+    supports_resume = False
+    overhead_per_element = 0
+    overhead_bytes = 0
+
+    def __init__(self, path: str, shape: tuple[int, int], dtype: Any) -> None:
+        self.path = path
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.unit: tuple[int, int] = (1, 1)
+        self.chunks: tuple[int, int] | None = None
+        self.resumed = False
+
+    def write(self, rows: slice, cols: slice, block: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def is_done(self, unit: str) -> bool:
+        return False
+
+    def mark_done(self, unit: str) -> None:
+        pass
+
+    def commit(self, *, operation: str = "convert", plan: dict | None = None, params: dict | None = None,
+               report: dict | None = None) -> str:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        pass
+
+
+class AtomicFile:
+    """A single output file written under ``.NAME.partial-<token>`` and renamed into place."""
+
+    def __init__(self, path: str | os.PathLike, *, inputs: list[str] = (), overwrite: bool = False,
+                 token: str | None = None) -> None:
+        self.path = check_output_path(path, inputs, overwrite=overwrite)
+        self.overwrite = overwrite
+        self.partial = self.path.parent / f".{self.path.name}.partial-{token or uuid.uuid4().hex[:16]}"
+        if self.partial.exists():  # a stale partial of the same job: file outputs restart
+            self.partial.unlink()
+        self.committed = False
+
+    def commit(self) -> Path:
+        if self.path.exists():
+            if not self.overwrite:
+                raise OutputExistsError(explain("out", "must not exist unless overwriting is asked for",
+                                                f"{str(self.path)!r} appeared during the run",
+                                                "pass overwrite=True or choose another path"))
+            if self.path.is_dir():  # replacing a folder (a zarr store) with a file
+                import shutil
+
+                shutil.rmtree(self.path)
+        os.replace(self.partial, self.path)
+        self.committed = True
+        return self.path
+
+    def abort(self) -> None:
+        if not self.committed:
+            try:
+                self.partial.unlink()
+            except FileNotFoundError:
+                pass
+
+
+def nbytes(shape: tuple[int, ...], dtype: Any) -> int:
+    """Bytes of a dense array of ``shape`` and ``dtype``."""
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n * np.dtype(dtype).itemsize
+
+
+def disk_usage(path: str | os.PathLike) -> int:
+    """Bytes of a file, or of all files under a folder."""
+    p = Path(path)
+    if p.is_file():
+        return p.stat().st_size
+    total = 0
+    for root, _dirs, files in os.walk(p):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def require_file(path: str, name: str = "input") -> str:
+    """Check that ``path`` is an existing file."""
+    if not os.path.exists(path):
+        raise StoreNotFoundError(explain(name, "must name an existing file", f"{path!r}, which does not exist",
+                                         "check the path"))
+    if os.path.isdir(path):
+        raise FormatError(explain(name, "must be a file for this format", f"{path!r} is a folder",
+                                  "name a file, or pass --from zarr for a zarr store"))
+    return path
+
+
+def check_matrix_dtype(dtype: Any, what: str) -> np.dtype:
+    """Accept numeric (bool, int, uint, float, complex) dtypes only."""
+    dt = np.dtype(dtype)
+    if dt.kind not in "biufc" or dt.fields is not None or dt.subdtype is not None:
+        raise DTypeError(explain(what, "must hold numbers (bool, integer, float or complex)", f"dtype {dt}",
+                                 "convert the data to a numeric dtype first"))
+    return dt
+
+
+def check_2d(shape: tuple[int, ...], what: str) -> tuple[int, int]:
+    """Accept 2-D shapes only (a matrix); name the reshape fix otherwise."""
+    if len(shape) != 2:
+        raise FormatError(explain(what, "must be a 2-D matrix", f"shape {tuple(shape)} ({len(shape)}-D)",
+                                  "reshape it to 2-D first (a vector as (n, 1))"))
+    return int(shape[0]), int(shape[1])
+
+
+def pread_into(fd: int, buf: np.ndarray, offset: int) -> int:
+    """Fill the contiguous ``buf`` from ``fd`` at ``offset`` (looping over short reads)."""
+    view = memoryview(buf.reshape(-1).view(np.uint8)) if buf.size else memoryview(b"")
+    done, total = 0, len(view)
+    while done < total:
+        n = os.preadv(fd, [view[done:done + (1 << 30)]], offset + done)
+        if n == 0:
+            raise FormatError(explain("input", "must hold all the bytes its header announces",
+                                      f"end of file at byte {offset + done}", "the file is truncated; re-create it"))
+        done += n
+    return total
+
+
+def pwrite_from(fd: int, buf: np.ndarray, offset: int) -> int:
+    """Write the contiguous ``buf`` to ``fd`` at ``offset`` (looping over short writes)."""
+    view = memoryview(buf.reshape(-1).view(np.uint8)) if buf.size else memoryview(b"")
+    done, total = 0, len(view)
+    while done < total:
+        done += os.pwritev(fd, [view[done:done + (1 << 30)]], offset + done)
+    return total
