@@ -170,7 +170,6 @@ class DenseFileWriter(Writer):
                                                       self.offset + ((c0 + j) * m + r0) * item)
 
     def commit(self, **_: Any) -> str:
-        os.fsync(self._fd)
         os.close(self._fd)
         self._fd = -1
         return str(self._atomic.commit())
