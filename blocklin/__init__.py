@@ -6,11 +6,13 @@ operands through the compute device (NumPy/BLAS with prefetching on a CPU, CuPy 
 
 __version__ = "0.1.0"
 
-from blocklin import config, errors  # noqa: E402
+from blocklin import _memory, config, errors  # noqa: E402
+
+_memory.tune()
 from blocklin.config import configure  # noqa: E402
-from blocklin.create import from_array, open  # noqa: E402,A004
+from blocklin.create import from_array, open, random  # noqa: E402,A004
 from blocklin.linalg.gemm import matmul  # noqa: E402
 from blocklin.matrix import Matrix  # noqa: E402
 
-__all__ = ["Matrix", "config", "configure", "errors", "from_array", "matmul", "open"]
+__all__ = ["Matrix", "config", "configure", "errors", "from_array", "matmul", "open", "random"]
 # Capabilities added by later modules register their public names below, one line each.

@@ -59,3 +59,34 @@ def from_array(x: Any, path: str | os.PathLike, *, chunks: Any = "auto", codec: 
             arr[...] = x
         ao.commit("from_array", params={"chunks": list(chunks), "codec": codec or cfg.codec})
     return Matrix(ao.path)
+
+
+def random(path: str | os.PathLike, shape: tuple[int, int], *, dtype: Any = "float64", seed: int = 0,
+           chunks: Any = "auto", codec: str | None = None, overwrite: bool = False, memory: Any = None,
+           progress: Any = None) -> Matrix:
+    """Write a standard-normal random matrix to ``path`` in bounded memory (one chunk row at a time).
+
+    Each chunk row draws from its own generator seeded by ``(seed, row index)``, so the content is
+    deterministic whatever the chunking of the write.
+    """
+    from blocklin.runtime.progress import make_progress
+
+    cfg = resolve(memory=memory)
+    shape = (int(shape[0]), int(shape[1]))
+    dt = np.dtype(dtype)
+    if isinstance(chunks, str):
+        chunks = auto_chunks(shape, dt, cfg.memory)
+    chunks = (int(chunks[0]), int(chunks[1]))
+    bar = make_progress(progress)
+    with AtomicOutput(path, overwrite=overwrite) as ao:
+        arr = create_array(ao.array_path(), shape=shape, dtype=dt, chunks=chunks, codec=codec or cfg.codec)
+        steps = range(0, shape[0], chunks[0])
+        bar.start(len(steps), "random")
+        for r0 in steps:
+            r1 = min(shape[0], r0 + chunks[0])
+            rng = np.random.default_rng([seed, r0])
+            arr[r0:r1, :] = rng.standard_normal((r1 - r0, shape[1]), dtype=np.float64).astype(dt, copy=False)
+            bar.advance(1)
+        bar.close()
+        ao.commit("random", params={"seed": seed, "dtype": dt.name, "chunks": list(chunks)})
+    return Matrix(ao.path)

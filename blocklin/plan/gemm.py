@@ -20,8 +20,10 @@ from blocklin.config import format_size
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import split
 
-#: zarr reads/writes up to this many chunks at once; each may hold one chunk-sized temporary.
+#: zarr reads/writes up to this many chunks at once; each may hold one chunk-sized temporary
+#: (blocklin caps zarr's concurrency at this value, see blocklin._memory).
 IO_CONCURRENCY = 4
+
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.
 TASK_OVERHEAD_BYTES = 4 * 2**20
 #: Target panel width of the k-loop: wide enough for BLAS efficiency, narrow enough to overlap.
@@ -123,7 +125,9 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
     cast = slots * (tm * tk + tk * tn) * isz if src_isz != (isz, isz) else 0
-    io = IO_CONCURRENCY * io_chunk_bytes + IO_CONCURRENCY * out_chunk_bytes
+    # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
+    # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
+    io = IO_CONCURRENCY * (3 * io_chunk_bytes + 2 * out_chunk_bytes)
     c_strip = c_rows * tn * isz if with_c else 0
     if on_gpu:
         host = slots * panels_src + cast + c_strip + c_rows * tn * isz + io
