@@ -70,6 +70,16 @@ def format_size(nbytes: float) -> str:
     return f"{nbytes:.2f} TiB"  # pragma: no cover
 
 
+def size_hint(nbytes: float) -> str:
+    """A budget string at least ``nbytes`` that users can paste (``'69KiB'``, ``'513MiB'``, ``'3GiB'``)."""
+    import math
+
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= 4 * size or unit == "KiB":
+            return f"{math.ceil(nbytes / size)}{unit}"
+    return f"{int(nbytes)}B"  # pragma: no cover
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Resolved settings of one operation.

@@ -6,7 +6,8 @@ from typing import Any
 
 from dask.base import tokenize
 
-from blocklin.errors import ShapeError, explain, warn
+from blocklin.errors import ShapeError, warn
+from blocklin.errors import explain as _msg
 from blocklin.matrix import Matrix
 from blocklin.operands import result_dtype
 from blocklin.plan.gemm import GemmPlan, plan_gemm
@@ -82,19 +83,19 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         m, ka = _op_shape(A.shape, trans_a)
         kb, n = _op_shape(B.shape, trans_b)
         if ka != kb:
-            raise ShapeError(explain(
+            raise ShapeError(_msg(
                 "b", "rows of op(B) must equal columns of op(A) (no broadcasting)",
                 f"op(A) {m} x {ka}{' (A transposed)' if trans_a else ''} and op(B) {kb} x {n}"
                 f"{' (B transposed)' if trans_b else ''}",
                 "pass operands with matching inner dimensions, or set trans_a/trans_b"))
         if C is not None and C.shape != (m, n):
-            raise ShapeError(explain("c", "must have the shape of the result (no broadcasting)",
+            raise ShapeError(_msg("c", "must have the shape of the result (no broadcasting)",
                                      f"{C.shape[0]} x {C.shape[1]}, result {m} x {n}", f"pass a {m} x {n} matrix"))
         if C is not None and beta == 0.0:
             warn("c is ignored because beta=0; pass beta=1.0 to add it")
             C = None
         if C is None and beta != 0.0:
-            raise ShapeError(explain("c", "is required when beta != 0", "c=None", "pass c=... or beta=0.0"))
+            raise ShapeError(_msg("c", "is required when beta != 0", "c=None", "pass c=... or beta=0.0"))
         ops = [A, B] + ([C] if C is not None else [])
         dt = result_dtype(ops, dtype)
         a_chunks = _op_shape(A.chunks, trans_a)

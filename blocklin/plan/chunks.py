@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from blocklin.config import size_hint
 from blocklin.errors import BudgetError, explain
 
 #: Largest chunk the engine creates by default: big enough for efficient I/O and BLAS tiles,
@@ -33,7 +34,7 @@ def auto_chunks(shape: tuple[int, int], dtype, memory: int | None = None) -> tup
     """
     itemsize = np.dtype(dtype).itemsize
     m, n = (max(1, int(s)) for s in shape)
-    target = MAX_CHUNK_BYTES if memory is None else max(64 * 2**10, min(MAX_CHUNK_BYTES, memory // 32))
+    target = MAX_CHUNK_BYTES if memory is None else max(4 * 2**10, min(MAX_CHUNK_BYTES, memory // 32))
     elems = max(1, target // itemsize)
     side = 2 ** int(math.floor(math.log2(max(1.0, math.sqrt(elems)))))
     if m <= side and n <= side:
@@ -57,7 +58,7 @@ def panel_rows(n_rows: int, row_bytes: int, budget: int, copies: int = 2, unit: 
     if rows < 1:
         need = per_row
         raise BudgetError(explain("memory", f"must hold {copies} copies of one {what} row", f"{budget} bytes",
-                                  f"raise the budget to at least {need} bytes (memory='{math.ceil(need / 2**20)}MiB')"))
+                                  f"raise the budget to at least {need} bytes (memory='{size_hint(need)}')"))
     rows = min(n_rows, rows)
     if rows >= unit:
         rows = round_down_multiple(rows, unit)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from blocklin.config import format_size
+from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import split
 
@@ -120,14 +120,15 @@ def _candidates(dim: int, unit: int) -> list[int]:
 
 
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
-                 c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool) -> tuple[int, int]:
+                 c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool,
+                 read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY) -> tuple[int, int]:
     """(host bytes, device bytes) of one task's buffers."""
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
     cast = slots * (tm * tk + tk * tn) * isz if src_isz != (isz, isz) else 0
     # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
     # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
-    io = IO_CONCURRENCY * (3 * io_chunk_bytes + 2 * out_chunk_bytes)
+    io = min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes + min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes
     c_strip = c_rows * tn * isz if with_c else 0
     if on_gpu:
         host = slots * panels_src + cast + c_strip + c_rows * tn * isz + io
@@ -225,7 +226,9 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
             for tk in tk_options:
                 host, dev = _task_memory(tm, tn, tk, isz=isz, src_isz=src_isz, prefetch=prefetch, with_c=with_c,
                                          c_rows=c_rows, io_chunk_bytes=io_chunk,
-                                         out_chunk_bytes=oc[0] * oc[1] * isz, on_gpu=on_gpu)
+                                         out_chunk_bytes=oc[0] * oc[1] * isz, on_gpu=on_gpu,
+                                         read_chunks=max(-(-tm // mu) * -(-tk // ku_a), -(-tk // ku_b) * -(-tn // nu)),
+                                         write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
                 if host * workers > memory or (on_gpu and dev * workers > device_memory):
                     continue
                 gm, gn = math.ceil(m_ / tm), math.ceil(n_ / tn)
@@ -240,7 +243,8 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     if best is None:
         host, dev = _task_memory(min(m_, mu), min(n_, nu), min(max(1, k), ku), isz=isz, src_isz=src_isz,
                                  prefetch=prefetch, with_c=with_c, c_rows=c_rows, io_chunk_bytes=io_chunk,
-                                 out_chunk_bytes=min(m_, mu) * min(n_, nu) * isz, on_gpu=on_gpu)
+                                 out_chunk_bytes=min(m_, mu) * min(n_, nu) * isz, on_gpu=on_gpu,
+                                 read_chunks=1, write_chunks=1)
         need = host * workers
         which = "memory"
         if on_gpu and host * workers <= memory:
@@ -249,7 +253,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
             which, "must hold the smallest tiles of every concurrent task "
             f"({workers} task(s) of {min(m_, mu)} x {min(n_, nu)} with {min(max(1, k), ku)}-wide panels)",
             f"{format_size(memory if which == 'memory' else device_memory)}",
-            f"raise it to at least {format_size(need)} ({which}='{math.ceil(need / 2**20)}MiB'), "
+            f"raise it to at least {format_size(need)} ({which}='{size_hint(need)}'), "
             "use fewer workers, or rechunk the inputs smaller (blocklin convert --chunks)"))
     _, tm, tn, tk, host, dev, oc, read = best
     c_read = m * n * isz if with_c else 0

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from blocklin.config import format_size
+from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import round_down_multiple, split
 
@@ -74,7 +74,7 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         need = (fixed_bytes + per_row) * workers
         raise BudgetError(explain("memory", "must hold each task's fixed buffers and one strip row",
                                   format_size(memory), f"raise it to at least {format_size(need)} "
-                                  f"(memory='{math.ceil(need / 2**20)}MiB') or use fewer workers"))
+                                  f"(memory='{size_hint(need)}') or use fewer workers"))
     strip = min(max(1, m), per_task // per_row)
     if max_strip:
         strip = min(strip, max_strip)

@@ -1,0 +1,221 @@
+"""Planning a bounded-memory conversion: which blocks to copy, in what order, with what buffers.
+
+Pure arithmetic on shapes, dtypes, chunks and a budget, in the spirit of rechunker's
+``algorithm.py``: no I/O. :func:`plan_convert` returns a frozen :class:`ConvertPlan`; the copy loop
+in :mod:`blocklin.storage.convert` executes it.
+
+Memory model (bytes alive at the peak)::
+
+    fixed  = reader resident data + reader/writer fixed overheads
+             + concurrency * (source chunk decoded + 2 * output chunk: contiguous copy and encoding)
+    block  = elements * (depth * source itemsize          # block read, and the next one prefetched
+                         + output itemsize if casting      # the cast copy
+                         + output itemsize if re-laying    # C<->F copy for file writers
+                         + writer extra per element)
+    peak   = fixed + block
+
+Blocks are whole multiples of the writer's unit (the output chunks), so no two blocks write the same
+chunk; C-ordered sources are walked by row panels and F-ordered ones by column panels, full width when
+the budget allows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+
+import numpy as np
+
+from blocklin.errors import BudgetError, explain
+
+#: Largest block: bigger blocks do not read faster, and smaller ones keep the prefetch pipeline busy.
+MAX_BLOCK_BYTES = 256 * 2**20
+#: Largest number of zarr chunks encoded or decoded at once.
+MAX_CONCURRENCY = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvertPlan:
+    """How a conversion copies its source.
+
+    Attributes
+    ----------
+    shape : tuple of int
+        Matrix shape.
+    in_dtype, out_dtype : str
+        Source and output dtypes.
+    order : {"C", "F"}
+        ``"C"``: blocks walk row panels (left to right within a panel); ``"F"``: column panels.
+    block : tuple of int
+        Rows and columns of a full block (edge blocks are smaller).
+    unit : tuple of int
+        Output granularity (chunks) that block edges are multiples of.
+    depth : int
+        Source blocks in memory at once (2 when the next block is prefetched during a write).
+    concurrency : int
+        Zarr chunks encoded or decoded at once.
+    memory : int
+        Budget in bytes.
+    fixed_bytes, block_bytes, peak_memory : int
+        Planned bytes: fixed overheads, block buffers, and their sum.
+    bytes_read, bytes_written : int
+        Dense bytes of the source and of the output (before compression).
+    n_blocks : int
+        Number of blocks.
+    """
+
+    shape: tuple[int, int]
+    in_dtype: str
+    out_dtype: str
+    order: str
+    block: tuple[int, int]
+    unit: tuple[int, int]
+    depth: int
+    concurrency: int
+    memory: int
+    fixed_bytes: int
+    block_bytes: int
+    peak_memory: int
+    bytes_read: int
+    bytes_written: int
+    n_blocks: int
+
+    def blocks(self) -> Iterator[tuple[int, int, int, int]]:
+        """Yield ``(r0, r1, c0, c1)`` of every block in the planned order."""
+        m, n = self.shape
+        br, bc = self.block
+        if m == 0 or n == 0:
+            return
+        if self.order == "C":
+            for r0 in range(0, m, br):
+                for c0 in range(0, n, bc):
+                    yield r0, min(r0 + br, m), c0, min(c0 + bc, n)
+        else:
+            for c0 in range(0, n, bc):
+                for r0 in range(0, m, br):
+                    yield r0, min(r0 + br, m), c0, min(c0 + bc, n)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _mib(nbytes: int) -> str:
+    return f"{math.ceil(nbytes / 2**20)}MiB"
+
+
+def plan_convert(shape: tuple[int, int], in_dtype, out_dtype, *, memory: int, order: str = "C",
+                 unit: tuple[int, int] = (1, 1), full_span: bool = False, align: tuple[int, int] | None = None,
+                 resident: int = 0, resident_what: str = "", fixed: int = 0, in_chunk_bytes: int = 0,
+                 out_chunk_bytes: int = 0, relayout: bool = False, extra_per_element: int = 0,
+                 prefetch: bool = True, max_block_bytes: int = MAX_BLOCK_BYTES) -> ConvertPlan:
+    """Plan the blocks of a conversion so that its buffers fit ``memory``.
+
+    Parameters
+    ----------
+    shape : (int, int)
+        Matrix shape.
+    in_dtype, out_dtype : dtype
+        Source and output element types (a cast costs one more block copy).
+    memory : int
+        Budget in bytes.
+    order : {"C", "F"}
+        Walk row panels (C sources) or column panels (F sources).
+    unit : (int, int)
+        Output chunk shape; blocks are whole multiples of it.
+    full_span : bool
+        Blocks must span whole rows (C) or whole columns (F): sequential text readers and writers.
+    align : (int, int), optional
+        Source chunks; block edges are also made multiples of them when the budget allows, so that
+        source chunks are decoded once.
+    resident : int
+        Bytes the reader holds for its life; ``resident_what`` says why, for the error message.
+    fixed : int
+        Other fixed transient bytes (text parse batches, HDF5 chunk cache).
+    in_chunk_bytes, out_chunk_bytes : int
+        Bytes of one source / output zarr chunk (0 when not zarr): sized into the concurrency.
+    relayout : bool
+        The writer copies each block into its own memory order.
+    extra_per_element : int
+        Other writer bytes per block element.
+    prefetch : bool
+        Read the next block while the current one is written, when the budget allows.
+
+    Raises
+    ------
+    BudgetError
+        When even one unit block (plus the fixed overheads) does not fit; the message names the
+        minimum budget.
+    """
+    m, n = (int(s) for s in shape)
+    in_dt, out_dt = np.dtype(in_dtype), np.dtype(out_dtype)
+    order = order.upper()
+    memory = int(memory)
+    ur = max(1, min(int(unit[0]), max(m, 1)))
+    uc = max(1, min(int(unit[1]), max(n, 1)))
+    chunk_cost = in_chunk_bytes + 2 * out_chunk_bytes
+    concurrency = 1 if chunk_cost == 0 else int(max(1, min(MAX_CONCURRENCY, (memory // 4) // chunk_cost)))
+    fixed_bytes = int(resident + fixed + concurrency * chunk_cost)
+    cast = in_dt != out_dt
+    # Work on the panel axis as "rows": transpose the problem for column panels.
+    if order == "F":
+        m_, n_, ur_, uc_ = n, m, uc, ur
+        al = (align[1], align[0]) if align else None
+    else:
+        m_, n_, ur_, uc_ = m, n, ur, uc
+        al = align
+    min_elems = min(ur_, max(m_, 1)) * (n_ if full_span else min(uc_, max(n_, 1)))
+
+    def per_elem(depth: int) -> int:
+        return depth * in_dt.itemsize + (out_dt.itemsize if cast else 0) + \
+            (out_dt.itemsize if relayout else 0) + int(extra_per_element)
+
+    depth = 2 if prefetch else 1
+    if fixed_bytes + per_elem(depth) * min_elems > memory and depth == 2:
+        depth = 1
+    need = fixed_bytes + per_elem(depth) * min_elems
+    if need > memory and concurrency > 1:  # pragma: no cover - concurrency is sized to a quarter
+        concurrency, fixed_bytes = 1, int(resident + fixed + chunk_cost)
+        need = fixed_bytes + per_elem(depth) * min_elems
+    if need > memory:
+        if resident and resident + fixed > memory // 2:
+            raise BudgetError(explain("memory", f"must hold what the reader needs: {resident_what} "
+                                      f"({_mib(resident)}) plus one block", f"{_mib(memory)} (needs {_mib(need)})",
+                                      f"raise the budget to at least {_mib(need)} (--memory {_mib(need)})"))
+        what = (f"one {'row' if order == 'C' else 'column'} panel of {ur_} x {n_}" if full_span else
+                f"one block of {ur} x {uc} (the output chunks)")
+        raise BudgetError(explain("memory", f"must hold {what} with its buffers", f"{_mib(memory)} "
+                                  f"(needs {_mib(need)})", f"raise the budget to at least {_mib(need)} "
+                                  f"(--memory {_mib(need)}){'' if full_span else ', or choose smaller --chunks'}"))
+
+    pe = per_elem(depth)
+    max_elems = max(min_elems, min((memory - fixed_bytes) // pe,
+                                   max_block_bytes // max(in_dt.itemsize, out_dt.itemsize, 1)))
+    if m_ == 0 or n_ == 0:
+        bc_, br_ = max(n_, 1), max(m_, 1)
+    else:
+        if full_span or ur_ * n_ <= max_elems:
+            bc_ = n_
+        else:
+            step = uc_
+            if al and al[1] and math.lcm(uc_, al[1]) * ur_ <= max_elems:
+                step = math.lcm(uc_, al[1])
+            bc_ = max(uc_, (max_elems // ur_) // step * step)
+            bc_ = min(bc_, n_)
+        step = ur_
+        if al and al[0] and math.lcm(ur_, al[0]) * bc_ <= max_elems:
+            step = math.lcm(ur_, al[0])
+        br_ = max(ur_, (max_elems // bc_) // step * step)
+        br_ = min(br_, m_)
+    block = (br_, bc_) if order == "C" else (bc_, br_)
+    elems = block[0] * block[1] if m and n else 0
+    n_blocks = (math.ceil(m / block[0]) * math.ceil(n / block[1])) if m and n else 0
+    if n_blocks <= 1:
+        depth = 1  # nothing to prefetch
+    block_bytes = elems * per_elem(depth)
+    return ConvertPlan(
+        shape=(m, n), in_dtype=in_dt.str, out_dtype=out_dt.str, order=order, block=block, unit=(ur, uc),
+        depth=depth, concurrency=concurrency, memory=memory, fixed_bytes=fixed_bytes, block_bytes=block_bytes,
+        peak_memory=fixed_bytes + block_bytes, bytes_read=m * n * in_dt.itemsize,
+        bytes_written=m * n * out_dt.itemsize, n_blocks=n_blocks,
+    )

@@ -1,0 +1,44 @@
+"""Shared fixtures: temp stores, dtype tolerances, GPU marker handling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blocklin
+from blocklin.device.base import gpu_available
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs CuPy and a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path, monkeypatch):
+    """Each test gets its own temp dir for staged inputs and default outputs."""
+    monkeypatch.setenv("BLOCKLIN_TEMP_DIR", str(tmp_path / "blocklin-tmp"))
+    (tmp_path / "blocklin-tmp").mkdir()
+    blocklin.config.reset()
+    yield
+    blocklin.config.reset()
+
+
+def gemm_tol(dtype, k: int) -> float:
+    """Elementwise tolerance for a dot product of length k of O(1) normal entries.
+
+    Rounding error of a length-k dot product is bounded by about k*eps*sum|a_i b_i|; for normal
+    entries sum|a_i b_i| ~ 0.64 k and the error behaves like sqrt(k)*eps*sqrt(k) in practice. We use
+    4*sqrt(k)*eps*||row||*||col|| ~ 4*k*eps, a bound a blocked summation order satisfies with margin.
+    """
+    eps = np.finfo(np.dtype(dtype)).eps
+    return 4.0 * max(1, k) * eps
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(20261129)

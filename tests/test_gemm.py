@@ -1,0 +1,246 @@
+"""Blocked GEMM against NumPy: shapes, transposes, alpha/beta, dtypes, schedulers, errors."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.errors import (DTypeError, NonFiniteError, OutputExistsError, OutputIsInputError, ShapeError,
+                             StoreNotFoundError, BudgetError)
+from conftest import gemm_tol
+
+
+def _ref(a, b, c=None, alpha=1.0, beta=0.0, ta=False, tb=False):
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    r = alpha * ((a64.T if ta else a64) @ (b64.T if tb else b64))
+    if c is not None:
+        r = r + beta * c.astype(np.float64)
+    return r
+
+
+def _check(result, ref, dtype, k):
+    got = result.to_numpy()
+    assert got.dtype == np.dtype(dtype)
+    assert got.shape == ref.shape
+    scale = max(1.0, float(np.abs(ref).max())) if ref.size else 1.0
+    np.testing.assert_allclose(got, ref, rtol=0, atol=gemm_tol(dtype, k) * scale * 4)
+
+
+SHAPES = [(64, 64, 64), (97, 53, 61), (1, 37, 29), (41, 1, 17), (23, 19, 1), (130, 7, 150), (7, 130, 150),
+          (101, 103, 107)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_matmul_matches_numpy(tmp_path, rng, dtype, m, n, k):
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    out = tmp_path / "c.zarr"
+    c = bl.matmul(a, b, out, memory="1MiB")
+    _check(c, _ref(a, b), dtype, k)
+    assert c.path == str(out) and os.path.isdir(out)
+
+
+@pytest.mark.parametrize("ta", [False, True])
+@pytest.mark.parametrize("tb", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_transposes_and_alpha_beta(tmp_path, rng, ta, tb, dtype):
+    m, n, k = 67, 45, 83
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+    c0 = rng.standard_normal((m, n)).astype(dtype)
+    a_path = bl.from_array(a, tmp_path / "a.zarr", chunks=(16, 32)).path
+    b_path = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 16)).path
+    res = bl.matmul(a_path, b_path, tmp_path / "c.zarr", c=c0, alpha=-0.5, beta=2.0, trans_a=ta, trans_b=tb,
+                    memory="40KiB" if dtype == "float32" else "80KiB")
+    _check(res, _ref(a, b, c0, -0.5, 2.0, ta, tb), dtype, k)
+    assert res.report["tasks"] > 1  # the budget forced several tiles
+
+
+def test_multiple_tiles_and_k_panels(tmp_path, rng):
+    a = rng.standard_normal((300, 280))
+    b = rng.standard_normal((280, 310))
+    plan = bl.matmul(a, b, memory="300KiB", explain=True)
+    assert plan.n_tasks > 1 and plan.k_steps > 1
+    res = bl.matmul(a, b, tmp_path / "c.zarr", memory="300KiB")
+    _check(res, _ref(a, b), "float64", 280)
+    assert res.report["bytes_read"] >= a.nbytes + b.nbytes
+
+
+def test_inputs_of_every_kind(tmp_path, rng):
+    import dask.array as da
+    import zarr
+
+    a = rng.standard_normal((50, 40))
+    b = rng.standard_normal((40, 30))
+    za = zarr.create_array(store=str(tmp_path / "za.zarr"), shape=a.shape, chunks=(16, 16), dtype="f8")
+    za[...] = a
+    mb = bl.from_array(b, tmp_path / "mb.zarr")
+    ref = a @ b
+    for x, y in [(a, b), (za, mb), (str(tmp_path / "za.zarr"), da.from_array(b, chunks=(7, 11))),
+                 (da.from_array(a, chunks=13), mb.path)]:
+        np.testing.assert_allclose(bl.matmul(x, y).to_numpy(), ref, atol=1e-12)
+
+
+def test_inputs_never_modified(tmp_path, rng):
+    a = rng.standard_normal((40, 30))
+    b = rng.standard_normal((30, 20))
+    a_copy, b_copy = a.copy(), b.copy()
+    ma = bl.from_array(a, tmp_path / "a.zarr")
+    bl.matmul(ma, b, tmp_path / "c.zarr", memory="128KiB", alpha=3.0)
+    np.testing.assert_array_equal(a, a_copy)
+    np.testing.assert_array_equal(b, b_copy)
+    np.testing.assert_array_equal(bl.open(tmp_path / "a.zarr").to_numpy(), a_copy)
+
+
+def test_identical_across_schedulers_and_workers(tmp_path, rng):
+    a = rng.standard_normal((130, 170))
+    b = rng.standard_normal((170, 90))
+    results = []
+    for i, (sched, workers) in enumerate([("sync", 1), ("threads", 1), ("threads", 2), ("processes", 2)]):
+        r = bl.matmul(a, b, tmp_path / f"c{i}.zarr", memory="256KiB", scheduler=sched, workers=workers)
+        results.append(r.to_numpy())
+    for r in results[1:]:
+        np.testing.assert_array_equal(r, results[0])
+
+
+def test_provenance_and_report(tmp_path, rng):
+    a = rng.standard_normal((20, 10))
+    a_path = bl.from_array(a, tmp_path / "a.zarr").path
+    c = bl.matmul(a_path, a_path, tmp_path / "c.zarr", trans_b=True)
+    prov = c.provenance
+    assert prov["operation"] == "matmul"
+    assert prov["inputs"] == [a_path, a_path]
+    assert prov["version"] == bl.__version__
+    assert prov["plan"]["tm"] >= 1 and prov["params"]["trans_b"] is True
+    for key in ("seconds", "flops", "bytes_read", "bytes_written", "peak_memory"):
+        assert key in c.report
+    assert c.report["flops"] == 2 * 20 * 20 * 10
+
+
+def test_dtype_rules(tmp_path, rng):
+    a = rng.standard_normal((10, 8)).astype(np.float32)
+    b = rng.standard_normal((8, 6))
+    with pytest.raises(DTypeError, match="share one dtype.*a: float32, b: float64.*dtype="):
+        bl.matmul(a, b)
+    res = bl.matmul(a, b, dtype="float64")
+    assert res.dtype == np.float64
+    np.testing.assert_allclose(res.to_numpy(), a.astype(np.float64) @ b, atol=1e-12)
+    res32 = bl.matmul(a, a.T.copy())
+    assert res32.dtype == np.float32  # no silent upcast
+    with pytest.raises(DTypeError, match="dtype must be one of"):
+        bl.matmul(np.ones((3, 3), dtype=np.int64), np.ones((3, 3), dtype=np.int64))
+
+
+def test_shape_errors_never_broadcast(rng):
+    with pytest.raises(ShapeError, match=r"rows of op\(B\) must equal columns of op\(A\).*got op\(A\) 4 x 5 "
+                                          r"and op\(B\) 6 x 3.*Fix"):
+        bl.matmul(np.ones((4, 5)), np.ones((6, 3)))
+    with pytest.raises(ShapeError, match="must be 2-D.*shape \\(5,\\)"):
+        bl.matmul(np.ones((4, 5)), np.ones(5))
+    with pytest.raises(ShapeError, match="c: must have the shape of the result.*1 x 3, result 4 x 3"):
+        bl.matmul(np.ones((4, 5)), np.ones((5, 3)), c=np.ones((1, 3)), beta=1.0)
+
+
+def test_missing_store(tmp_path):
+    with pytest.raises(StoreNotFoundError, match="a: must name an existing zarr array.*does not exist"):
+        bl.matmul(str(tmp_path / "nope.zarr"), np.ones((2, 2)))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(Exception, match="must be a zarr array"):
+        bl.matmul(str(tmp_path / "empty"), np.ones((2, 2)))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_detected_while_streaming(tmp_path, bad):
+    a = np.ones((40, 30))
+    a[17, 23] = bad
+    with pytest.raises(NonFiniteError, match=r"a: must be finite.*at \[17, 23\].*check_finite=False"):
+        bl.matmul(a, np.ones((30, 10)), tmp_path / "c.zarr", memory="64KiB")
+    assert not (tmp_path / "c.zarr").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".c.zarr")]  # no partial left
+    res = bl.matmul(a, np.ones((30, 10)), tmp_path / "c.zarr", check_finite=False)
+    assert not np.isfinite(res.to_numpy()[17]).all()
+
+
+def test_output_rules(tmp_path, rng):
+    a = rng.standard_normal((8, 8))
+    a_path = bl.from_array(a, tmp_path / "a.zarr").path
+    with pytest.raises(OutputIsInputError, match="out: must differ from every input"):
+        bl.matmul(a_path, a, a_path, overwrite=True)
+    bl.matmul(a, a, tmp_path / "c.zarr")
+    with pytest.raises(OutputExistsError, match="overwrite=True"):
+        bl.matmul(a, a, tmp_path / "c.zarr")
+    res = bl.matmul(a, 2 * a, tmp_path / "c.zarr", overwrite=True)
+    np.testing.assert_allclose(res.to_numpy(), 2 * a @ a, atol=1e-12)
+
+
+def test_budget_too_small_names_minimum(rng):
+    a = rng.standard_normal((64, 64))
+    with pytest.raises(BudgetError, match=r"memory: must hold the smallest tiles.*raise it to at least .*memory='"):
+        bl.matmul(bl.from_array(a, os.path.join(bl.config.get_config().temp_dir, "a.zarr"), chunks=(64, 64)),
+                  a, memory="8KiB")
+
+
+def test_resume_skips_finished_tiles(tmp_path, rng):
+    from blocklin.runtime import tiles
+
+    a = rng.standard_normal((120, 90))
+    b = rng.standard_normal((90, 100))
+    calls = {"n": 0}
+    real = tiles.gemm_tile
+
+    def flaky(spec, i, j, rows, cols):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return real(spec, i, j, rows, cols)
+
+    a_path = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32)).path
+    b_path = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 32)).path
+    import blocklin.linalg.gemm as g
+
+    g.gemm_tile = flaky
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bl.matmul(a_path, b_path, tmp_path / "c.zarr", memory="96KiB", scheduler="sync", resume=True)
+    finally:
+        g.gemm_tile = real
+    assert not (tmp_path / "c.zarr").exists()  # nothing that looks finished
+    partial = [p for p in tmp_path.iterdir() if p.name.startswith(".c.zarr.partial-")]
+    assert len(partial) == 1
+    res = bl.matmul(a_path, b_path, tmp_path / "c.zarr", memory="96KiB", scheduler="sync", resume=True)
+    assert res.report["skipped"] == 2
+    np.testing.assert_allclose(res.to_numpy(), a @ b, atol=1e-12)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".c.zarr.partial-")]
+
+
+def test_progress_callback(rng):
+    from blocklin.runtime import ProgressRecorder
+
+    rec = ProgressRecorder()
+    res = bl.matmul(rng.standard_normal((100, 60)), rng.standard_normal((60, 80)), memory="64KiB", progress=rec)
+    assert rec.total == res.report["tasks"] == rec.done > 1
+
+
+def test_config_scoping_and_env(monkeypatch, rng):
+    a = rng.standard_normal((64, 64))
+    with bl.config.set(memory="128KiB"):
+        assert bl.matmul(a, a, explain=True).memory == 128 * 1024
+    monkeypatch.setenv("BLOCKLIN_MEMORY", "3MiB")
+    bl.config.reset()
+    assert bl.matmul(a, a, explain=True).memory == 3 * 2**20
+    assert bl.matmul(a, a, explain=True, memory="1MiB").memory == 2**20
+
+
+def test_zarr_v2_input_readable(tmp_path, rng):
+    import zarr
+
+    a = rng.standard_normal((30, 20))
+    z = zarr.create_array(store=str(tmp_path / "v2.zarr"), shape=a.shape, chunks=(8, 8), dtype="f8", zarr_format=2)
+    z[...] = a
+    m = bl.open(tmp_path / "v2.zarr")
+    assert m.shape == (30, 20)
+    np.testing.assert_allclose(bl.matmul(m, a, trans_b=True).to_numpy(), a @ a.T, atol=1e-12)
