@@ -1,0 +1,86 @@
+"""Planner properties: every plan fits its budget and covers the output exactly once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from blocklin.errors import BudgetError
+from blocklin.plan import auto_chunks, plan_gemm
+from blocklin.plan.passes import plan_row_pass
+from blocklin.config import parse_size, ConfigError
+
+
+@settings(max_examples=150, deadline=None)
+@given(m=st.integers(1, 5000), n=st.integers(1, 5000), k=st.integers(1, 5000),
+       cm=st.integers(1, 700), cn=st.integers(1, 700), ck=st.integers(1, 700),
+       dtype=st.sampled_from(["float32", "float64"]), memory=st.integers(2**14, 2**28),
+       workers=st.integers(1, 4), with_c=st.booleans())
+def test_gemm_plan_fits_and_covers(m, n, k, cm, cn, ck, dtype, memory, workers, with_c):
+    try:
+        plan = plan_gemm(m, n, k, dtype, a_chunks=(cm, ck), b_chunks=(ck, cn), memory=memory, workers=workers,
+                         cores=4, c_chunks=(cm, cn) if with_c else None)
+    except BudgetError as exc:
+        assert "at least" in str(exc)
+        return
+    assert plan.peak_memory <= memory
+    cover = np.zeros((min(m, 300), min(n, 300)), dtype=np.int32)
+    count = 0
+    for _, _, rows, cols in plan.tiles():
+        count += 1
+        cover[rows.start:min(rows.stop, 300), cols.start:min(cols.stop, 300)] += 1
+        # whole output chunks per tile: starts on chunk boundaries
+        assert rows.start % plan.out_chunks[0] == 0 and cols.start % plan.out_chunks[1] == 0
+    assert count == plan.n_tasks
+    assert (cover == 1).all()
+    assert sum(b - a for a, b in plan.k_panels()) == k
+    assert plan.flops == 2 * m * n * k
+    assert plan.workers * plan.blas_threads <= max(4, plan.workers)
+
+
+def test_gemm_plan_prefers_reading_each_operand_once_when_possible():
+    plan = plan_gemm(2048, 2048, 2048, "float64", a_chunks=(256, 256), b_chunks=(256, 256), memory=2**30)
+    assert plan.n_tasks == 1
+    assert plan.bytes_read == 2 * 2048 * 2048 * 8
+
+
+def test_gemm_plan_budget_error_names_minimum():
+    with pytest.raises(BudgetError, match=r"raise it to at least 19.07 MiB \(memory='20MiB'\)"):
+        plan_gemm(1000, 1000, 1000, "float64", a_chunks=(500, 500), b_chunks=(500, 500), memory=2**16)
+
+
+@settings(max_examples=100, deadline=None)
+@given(m=st.integers(1, 100000), row_bytes=st.integers(1, 10**5), chunk=st.integers(1, 5000),
+       memory=st.integers(2**16, 2**30), workers=st.integers(1, 3))
+def test_row_pass_plan_fits_and_covers(m, row_bytes, chunk, memory, workers):
+    try:
+        plan = plan_row_pass(m, row_bytes, chunk_rows=chunk, memory=memory, workers=workers, cores=2)
+    except BudgetError:
+        assert memory // workers < 2 * row_bytes
+        return
+    assert plan.peak_memory <= memory
+    rows = [s for g in range(len(plan.groups)) for s in plan.strips(g)]
+    assert rows[0][0] == 0 and rows[-1][1] == m
+    assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+
+
+@pytest.mark.parametrize("shape,dtype,memory", [((8192, 8192), "f8", 2**30), ((400000, 1000), "f8", 2**30),
+                                                ((10, 10), "f4", None), ((1, 10**6), "f8", 2**20)])
+def test_auto_chunks(shape, dtype, memory):
+    c = auto_chunks(shape, dtype, memory)
+    assert 1 <= c[0] <= shape[0] and 1 <= c[1] <= shape[1]
+    assert c[0] * c[1] * np.dtype(dtype).itemsize <= 16 * 2**20
+
+
+@pytest.mark.parametrize("text,value", [("1GiB", 2**30), ("512 MiB", 512 * 2**20), ("1e9", 10**9), ("2GB", 2 * 10**9),
+                                        (4096, 4096)])
+def test_parse_size(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["lots", "-1GiB", "0", "1 parsec", True])
+def test_parse_size_errors(text):
+    with pytest.raises(ConfigError, match="memory: .*Fix:"):
+        parse_size(text)
