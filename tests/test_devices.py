@@ -1,0 +1,66 @@
+"""One test body per device: CPU always, GPU under the ``gpu`` marker (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.device import TileStream, get_device
+from blocklin.errors import DeviceError
+from blocklin.device.base import gpu_available
+
+DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype,tol", [("float32", 2e-5), ("float64", 1e-13)])
+def test_gemm_on_device(tmp_path, device, dtype, tol):
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((150, 130)).astype(dtype)
+    b = rng.standard_normal((150, 90)).astype(dtype)
+    c0 = rng.standard_normal((130, 90)).astype(dtype)
+    res = bl.matmul(a, b, tmp_path / "c.zarr", c=c0, alpha=2.0, beta=0.5, trans_a=True, device=device,
+                    memory="256KiB", device_memory="128KiB")
+    assert res.dtype == np.dtype(dtype)  # no silent upcast on any device
+    ref = 2.0 * a.T.astype(np.float64) @ b.astype(np.float64) + 0.5 * c0
+    assert np.abs(res.to_numpy() - ref).max() / np.abs(ref).max() < tol
+    assert res.report["device"] == device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_tile_stream_order_and_reuse(device, depth):
+    dev = get_device(device)
+    seen = []
+
+    def load(i, bufs):
+        (buf,) = bufs
+        view = buf.reshape(-1)[: (i % 3 + 1) * 4].reshape(i % 3 + 1, 4)
+        view[...] = i
+        return (view,)
+
+    stream = TileStream(dev, 7, load, [(3, 4)], "float64", depth=depth)
+    for i, (x,) in stream:
+        host = x if dev.host_resident else x.get()
+        seen.append((i, float(host.mean()), host.shape))
+    assert [s[0] for s in seen] == list(range(7))
+    assert all(mean == i and shape == (i % 3 + 1, 4) for i, mean, shape in seen)
+    assert len(stream.buffers) == min(depth + 1, 7)
+
+
+def test_tile_stream_propagates_loader_errors():
+    def load(i, bufs):
+        if i == 2:
+            raise OSError("disk on fire")
+        return bufs
+
+    with pytest.raises(OSError, match="disk on fire"):
+        for _ in TileStream(get_device("cpu"), 5, load, [(2, 2)], "float64", depth=1):
+            pass
+
+
+@pytest.mark.skipif(gpu_available(), reason="a GPU is present")
+def test_gpu_requested_without_device_is_clear():
+    with pytest.raises(DeviceError, match="device: 'gpu' needs CuPy and a CUDA device.*device='cpu'"):
+        bl.matmul(np.ones((2, 2)), np.ones((2, 2)), device="gpu")
