@@ -7,7 +7,8 @@ in :mod:`blocklin.storage.convert` executes it.
 Memory model (bytes alive at the peak)::
 
     fixed  = reader resident data + reader/writer fixed overheads
-             + concurrency * (source chunk decoded + 2 * output chunk: contiguous copy and encoding)
+             + concurrency * (3 * source chunk: raw, decoded, copied in
+                              + 2 * output chunk: contiguous copy and encoding)
     block  = elements * (depth * source itemsize          # block read, and the next one prefetched
                          + output itemsize if casting      # the cast copy
                          + output itemsize if re-laying    # C<->F copy for file writers
@@ -27,6 +28,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from blocklin.config import size_hint
 from blocklin.errors import BudgetError, explain
 
 #: Largest block: bigger blocks do not read faster, and smaller ones keep the prefetch pipeline busy.
@@ -101,7 +103,7 @@ class ConvertPlan:
 
 
 def _mib(nbytes: int) -> str:
-    return f"{math.ceil(nbytes / 2**20)}MiB"
+    return size_hint(nbytes)
 
 
 def plan_convert(shape: tuple[int, int], in_dtype, out_dtype, *, memory: int, order: str = "C",
@@ -153,7 +155,9 @@ def plan_convert(shape: tuple[int, int], in_dtype, out_dtype, *, memory: int, or
     memory = int(memory)
     ur = max(1, min(int(unit[0]), max(m, 1)))
     uc = max(1, min(int(unit[1]), max(n, 1)))
-    chunk_cost = in_chunk_bytes + 2 * out_chunk_bytes
+    # zarr holds a raw, a decoded and a copied-in chunk per read in flight, a contiguous and an encoded
+    # copy per write in flight (measured for the engine, see blocklin.plan.gemm).
+    chunk_cost = 3 * in_chunk_bytes + 2 * out_chunk_bytes
     concurrency = 1 if chunk_cost == 0 else int(max(1, min(MAX_CONCURRENCY, (memory // 4) // chunk_cost)))
     fixed_bytes = int(resident + fixed + concurrency * chunk_cost)
     cast = in_dt != out_dt
@@ -182,7 +186,8 @@ def plan_convert(shape: tuple[int, int], in_dtype, out_dtype, *, memory: int, or
             raise BudgetError(explain("memory", f"must hold what the reader needs: {resident_what} "
                                       f"({_mib(resident)}) plus one block", f"{_mib(memory)} (needs {_mib(need)})",
                                       f"raise the budget to at least {_mib(need)} (--memory {_mib(need)})"))
-        what = (f"one {'row' if order == 'C' else 'column'} panel of {ur_} x {n_}" if full_span else
+        panel = f"row panel of {ur_} x {n_}" if order == "C" else f"column panel of {n_} x {ur_}"
+        what = (f"one {panel}" if full_span else
                 f"one block of {ur} x {uc} (the output chunks)")
         raise BudgetError(explain("memory", f"must hold {what} with its buffers", f"{_mib(memory)} "
                                   f"(needs {_mib(need)})", f"raise the budget to at least {_mib(need)} "
@@ -212,6 +217,13 @@ def plan_convert(shape: tuple[int, int], in_dtype, out_dtype, *, memory: int, or
     n_blocks = (math.ceil(m / block[0]) * math.ceil(n / block[1])) if m and n else 0
     if n_blocks <= 1:
         depth = 1  # nothing to prefetch
+    if chunk_cost and m and n:  # no more chunks in flight than one block touches
+        per_block = math.ceil(block[0] / ur) * math.ceil(block[1] / uc)
+        if align and align[0] and align[1]:
+            per_block = max(per_block, math.ceil(block[0] / align[0]) * math.ceil(block[1] / align[1]))
+        if per_block < concurrency:
+            concurrency = per_block
+            fixed_bytes = int(resident + fixed + concurrency * chunk_cost)
     block_bytes = elems * per_elem(depth)
     return ConvertPlan(
         shape=(m, n), in_dtype=in_dt.str, out_dtype=out_dt.str, order=order, block=block, unit=(ur, uc),

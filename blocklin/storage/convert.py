@@ -1,0 +1,347 @@
+"""Bounded-memory conversion between matrix file formats (and zarr rechunk/re-encode).
+
+:func:`convert` opens a reader (:mod:`blocklin.storage.formats`), plans blocks that fit the budget
+(:func:`blocklin.plan.convert.plan_convert`), and copies block by block: a helper thread reads the
+next block while the current one is written, each block covers whole output chunks, and every
+finished block leaves a resume marker. The output appears at its final path only when complete.
+Converting is not math: values are copied (and cast when asked), never computed on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from blocklin.config import resolve
+from blocklin.errors import ConfigError, DTypeError, FormatError, NonFiniteError, explain
+from blocklin.plan.chunks import auto_chunks
+from blocklin.plan.convert import plan_convert
+from blocklin.runtime.progress import make_progress
+from blocklin.storage.atomic import check_output_path
+from blocklin.storage.formats import detect_format, open_reader, open_writer, split_spec
+from blocklin.storage.formats.base import disk_usage
+
+NAN_POLICIES = ("allow", "error")
+
+
+def parse_chunks(chunks: Any) -> str | tuple[int, int]:
+    """``"auto"``, ``"R,C"`` or a pair of positive integers."""
+    if chunks is None or (isinstance(chunks, str) and chunks.strip().lower() == "auto"):
+        return "auto"
+    parts = chunks.replace("x", ",").split(",") if isinstance(chunks, str) else chunks
+    try:
+        pair = tuple(int(p) for p in parts)
+    except (TypeError, ValueError):
+        pair = ()
+    if len(pair) != 2 or min(pair) < 1:
+        raise ConfigError(explain("chunks", "must be 'auto' or two positive integers ROWS,COLS", repr(chunks),
+                                  "pass --chunks auto or --chunks 1024,1024"))
+    return pair
+
+
+def output_dtype(src: np.dtype, requested: Any) -> np.dtype:
+    """The output dtype: the source's (native byte order) unless ``requested``; lossy kinds refused.
+
+    Float to integer (or bool) and complex to real casts are refused; narrowing within a kind
+    (float64 to float32, int64 to int32) is done because it was asked for, and integer narrowing is
+    checked for overflow block by block.
+    """
+    src = np.dtype(src)
+    if requested is None:
+        return src.newbyteorder("=")
+    try:
+        out = np.dtype(requested)
+    except TypeError:
+        raise ConfigError(explain("dtype", "must be a numpy dtype name", repr(requested),
+                                  "pass --dtype float64 (or float32, int64, ...)")) from None
+    if out.kind not in "biufc":
+        raise DTypeError(explain("dtype", "must be numeric", f"{out}", "pass --dtype float64"))
+    if (src.kind == "f" and out.kind in "biu") or (src.kind == "c" and out.kind != "c") or \
+            (src.kind in "iu" and out.kind == "b"):
+        raise DTypeError(explain("dtype", f"the cast from {src.name} to {out.name} would lose values "
+                                 "(fractions, imaginary parts or magnitudes)", f"{src.name} -> {out.name}",
+                                 f"keep {src.name}, or pick a wider dtype (float64)"))
+    return out.newbyteorder("=")
+
+
+def _stat_token(path: str) -> list:
+    p = path
+    for name in ("zarr.json", ".zarray"):
+        if os.path.isdir(path) and os.path.exists(os.path.join(path, name)):
+            p = os.path.join(path, name)
+    try:
+        st = os.stat(p)
+        return [st.st_size, st.st_mtime_ns]
+    except OSError:
+        return []
+
+
+def _unit_name(b: tuple[int, int, int, int]) -> str:
+    return "block-{}-{}-{}-{}".format(*b)
+
+
+def _peak_rss() -> int:
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def _current_rss() -> int:
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # pragma: no cover
+        return 0
+
+
+def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, codec: str | None = None,
+            checksum: bool = False, memory: Any = None, overwrite: bool = False, resume: bool = False,
+            from_format: str | None = None, to_format: str | None = None, shape: Any = None, in_dtype: Any = None,
+            order: str | None = None, out_order: str | None = None, offset: int = 0, delimiter: str | None = None,
+            skip_rows: int | None = None, header: Any = "auto", nan: str = "allow", progress: Any = None
+            ) -> dict[str, Any]:
+    """Convert a matrix file to another format (or rechunk/re-encode a zarr array) in bounded memory.
+
+    Parameters
+    ----------
+    src : str or path-like
+        Input: ``.npy``, ``file.npz:name``, ``.mtx``, ``file.h5:/group/dataset``, raw binary,
+        ``.csv``/``.tsv``/``.txt``, or a zarr (v2 or v3) folder.
+    out : str or path-like
+        Output: ``.zarr`` (v3), ``.npy``, ``.mtx`` (dense array), ``file.h5:/dataset``, raw binary,
+        ``.csv``/``.tsv``. Written under a temporary name and renamed when complete.
+    chunks : "auto" or (int, int)
+        Zarr (or HDF5) chunks of the output; ``"auto"`` picks chunks that suit the engine's tiles for
+        the budget (:func:`blocklin.plan.chunks.auto_chunks`).
+    dtype : dtype, optional
+        Output dtype (default: the source's). Lossy kinds (float to int, complex to real) are refused.
+        For raw input it is also the file's dtype unless ``in_dtype`` is given; for CSV the parse dtype.
+    codec : str, optional
+        Zarr compression (``none``, ``zstd``, ``blosc-lz4``, ``blosc-zstd``, ``gzip``); default from
+        the config (``none``). HDF5 output takes ``none`` or ``gzip``.
+    checksum : bool
+        Add a crc32c checksum to every zarr chunk (verified whenever it is read).
+    memory : int or str, optional
+        Budget (default from the config), for example ``"512MiB"``.
+    overwrite, resume : bool
+        Replace an existing output; continue an interrupted zarr conversion, skipping finished blocks.
+    from_format, to_format : str, optional
+        Override the format chosen by extension.
+    shape, in_dtype, order, offset : optional
+        Raw input layout (``order`` is ``"C"`` or ``"F"``).
+    out_order : {"C", "F"}, optional
+        Layout of ``.npy``/raw outputs (default: the source's order).
+    delimiter, skip_rows, header :
+        CSV options (``header`` is ``"auto"``, True or False).
+    nan : {"allow", "error"}
+        What NaN values do: copied (default; converting is not math), or an error naming the position.
+    progress : bool or object, optional
+        Progress bar (see :func:`blocklin.runtime.progress.make_progress`).
+
+    Returns
+    -------
+    dict
+        Report: ``output``, ``seconds``, ``bytes_read``, ``bytes_written`` (on disk), ``peak_memory``
+        (peak resident bytes of the process, interpreter included), ``rss_before``,
+        ``planned_memory``, ``blocks``, ``blocks_skipped``, ``throughput_gbps``, ``plan`` and more.
+
+    Raises
+    ------
+    FormatError
+        Malformed, truncated or mislabeled input (CSV messages name line and column).
+    BudgetError
+        The budget cannot hold one block (or the coordinate reader's entries); the message names the
+        minimum.
+    OutputExistsError, OutputIsInputError
+        The output exists (without ``overwrite``) or is the input.
+    """
+    t0 = time.perf_counter()
+    rss0 = _current_rss()
+    cfg = resolve(memory=memory)
+    if nan not in NAN_POLICIES:
+        raise ConfigError(explain("nan", f"must be one of {NAN_POLICIES}", repr(nan), "pass nan='allow'"))
+    chunks = parse_chunks(chunks)
+    codec = (codec if codec is not None else cfg.codec).lower()
+    src_path, _member = split_spec(src)
+    out_path, out_member = split_spec(out)
+    in_fmt = detect_format(src_path, from_format)
+    out_fmt = detect_format(out_path, to_format, output=True)
+    check_output_path(out_path, [src_path], overwrite=overwrite)
+    if out_fmt != "zarr":
+        if checksum:
+            raise ConfigError(explain("checksum", "checksums are stored in zarr chunks only", f"output {out_fmt}",
+                                      "write .zarr, or drop --checksum"))
+        if codec not in ("none", "gzip") or (codec == "gzip" and out_fmt != "hdf5"):
+            raise ConfigError(explain("codec", f"{out_fmt} output is not compressed by blocklin", repr(codec),
+                                      "write .zarr (or .h5 with gzip), or pass --codec none"))
+    reader_opts: dict[str, Any] = {}
+    if in_fmt == "raw":
+        reader_opts.update(shape=shape, dtype=in_dtype if in_dtype is not None else dtype, order=order,
+                           offset=offset)
+    elif in_fmt in ("csv", "tsv"):
+        reader_opts.update(delimiter=delimiter, skip_rows=skip_rows, header=header,
+                           dtype=in_dtype if in_dtype is not None else dtype)
+    reader = open_reader(src, format=from_format, **reader_opts)
+    writer = None
+    try:
+        out_dt = output_dtype(reader.dtype, dtype)
+        writer_cls_order = {"csv": "C", "tsv": "C", "mtx": "F"}.get(out_fmt)
+        if reader.sequential and writer_cls_order and writer_cls_order != reader.order:
+            reader.close()
+            return _staged(src, out, locals())
+        m, n = reader.shape
+        out_chunks = auto_chunks((m, n), out_dt, cfg.memory) if chunks == "auto" else chunks
+        token = hashlib.sha1(json.dumps({
+            "src": os.path.realpath(src_path), "spec": str(src), "stat": _stat_token(src_path), "fmt": in_fmt,
+            "shape": [m, n], "in": reader.dtype.str, "out": out_dt.str, "chunks": list(out_chunks),
+            "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": os.path.realpath(out_path),
+        }, sort_keys=True).encode()).hexdigest()[:16]
+        writer = open_writer(out, (m, n), out_dt, format=to_format, chunks=out_chunks if chunks != "auto" or
+                             out_fmt == "zarr" else None, codec=codec, checksum=checksum,
+                             order=(out_order or reader.order), delimiter=delimiter, inputs=[src_path],
+                             overwrite=overwrite, resume=resume, token=token)
+        if reader.sequential:
+            plan_order, full_span = reader.order, True
+        elif writer.sequential:
+            plan_order, full_span = writer.order, True
+        else:
+            plan_order, full_span = reader.order, False
+        plan = plan_convert(
+            (m, n), reader.dtype, out_dt, memory=cfg.memory, order=plan_order, unit=writer.unit,
+            full_span=full_span, align=reader.chunks, resident=reader.resident_bytes,
+            resident_what=reader.resident_what, fixed=reader.overhead_bytes + writer.overhead_bytes,
+            in_chunk_bytes=getattr(reader, "chunk_bytes", 0), out_chunk_bytes=getattr(writer, "chunk_bytes", 0),
+            relayout=bool(getattr(writer, "relayout_copy", False) and writer.order != plan_order),
+            extra_per_element=writer.overhead_per_element)
+        reader.prepare()
+        blocks, skipped = _copy(reader, writer, plan, out_dt, nan, progress,
+                                f"convert {os.path.basename(src_path)} -> {os.path.basename(out_path)}")
+        seconds = time.perf_counter() - t0
+        report = {
+            "input": str(src), "output": str(out_path), "from": in_fmt, "to": out_fmt, "shape": [m, n],
+            "in_dtype": reader.dtype.str, "dtype": out_dt.name,
+            "chunks": list(writer.chunks) if writer.chunks else None,
+            "codec": codec if out_fmt in ("zarr", "hdf5") else "none", "checksum": bool(checksum),
+            "memory": cfg.memory, "planned_memory": plan.peak_memory, "blocks": blocks,
+            "blocks_skipped": skipped, "resumed": bool(skipped), "bytes_read": int(reader.bytes_read),
+            "seconds": seconds, "staged": False,
+        }
+        params = {"chunks": report["chunks"], "dtype": out_dt.name, "codec": codec, "checksum": bool(checksum),
+                  "memory": cfg.memory, "from": in_fmt}
+        final = writer.commit(operation="convert", plan=plan.to_dict(), params=params, report=dict(report))
+        writer = None
+        report["output"] = final
+        report["seconds"] = time.perf_counter() - t0
+        report["bytes_written"] = disk_usage(final)
+        report["peak_memory"] = _peak_rss()
+        report["rss_before"] = rss0
+        report["throughput_gbps"] = (plan.bytes_read / report["seconds"] / 1e9) if report["seconds"] > 0 else 0.0
+        report["plan"] = plan.to_dict()
+        return report
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        reader.close()
+
+
+def _copy(reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any, desc: str) -> tuple[int, int]:
+    """Copy every planned block; returns (blocks, blocks skipped as already done)."""
+    import zarr
+
+    blocks = list(plan.blocks())
+    done = [writer.supports_resume and writer.is_done(_unit_name(b)) for b in blocks]
+    # A sequential reader must still read skipped panels to move forward; others skip the read too.
+    work = [(b, d) for b, d in zip(blocks, done) if reader.sequential or not d]
+    skipped = sum(done)
+    prog = make_progress(progress)
+    prog.start(len(blocks), desc)
+    if skipped and not reader.sequential:
+        prog.advance(skipped)
+
+    def read(b):
+        r0, r1, c0, c1 = b
+        return reader.read(slice(r0, r1), slice(c0, c1))
+
+    try:
+        with zarr.config.set({"async.concurrency": plan.concurrency}), \
+                ThreadPoolExecutor(max_workers=1, thread_name_prefix="blocklin-read") as pool:
+            nxt = pool.submit(read, work[0][0]) if work else None
+            for k, (b, is_done) in enumerate(work):
+                data = nxt.result()
+                nxt = pool.submit(read, work[k + 1][0]) if plan.depth > 1 and k + 1 < len(work) else None
+                if not is_done:
+                    _check(reader, data, b, out_dt, nan)
+                    block = data.astype(out_dt, copy=False)
+                    del data
+                    r0, r1, c0, c1 = b
+                    writer.write(slice(r0, r1), slice(c0, c1), block)
+                    del block
+                    writer.mark_done(_unit_name(b))
+                else:
+                    del data
+                prog.advance(1)
+                if nxt is None and k + 1 < len(work):
+                    nxt = pool.submit(read, work[k + 1][0])
+    finally:
+        prog.close()
+    return len(blocks), skipped
+
+
+def _check(reader, data: np.ndarray, b, out_dt: np.dtype, nan: str) -> None:
+    """NaN policy and integer-narrowing overflow, with the position of the first offender."""
+    r0, _r1, c0, _c1 = b
+    if nan == "error" and data.dtype.kind in "fc":
+        bad = np.isnan(data)
+        if bad.any():
+            i, j = np.argwhere(bad)[0]
+            raise NonFiniteError(explain("input", "must not hold NaN when nan='error'",
+                                         f"NaN at {reader.locate(r0 + int(i), c0 + int(j))}",
+                                         "fix the value, or pass nan='allow' (CLI: --nan allow)"))
+    if data.dtype.kind in "iu" and out_dt.kind in "iu" and not np.can_cast(data.dtype, out_dt, "safe") \
+            and data.size:
+        info = np.iinfo(out_dt)
+        lo, hi = data.min(), data.max()
+        if lo < info.min or hi > info.max:
+            bad = (data < info.min) | (data > info.max)
+            i, j = np.argwhere(bad)[0]
+            raise DTypeError(explain("dtype", f"values must fit {out_dt.name} ({info.min}..{info.max})",
+                                     f"{data[i, j]} at {reader.locate(r0 + int(i), c0 + int(j))}",
+                                     "pick a wider dtype"))
+
+
+def _staged(src: Any, out: Any, kw: dict) -> dict[str, Any]:
+    """Sequential source and sink in opposite orders: go through a temporary zarr (rechunker's way)."""
+    cfg = kw["cfg"]
+    stage_dir = tempfile.mkdtemp(prefix="blocklin-stage-", dir=cfg.temp_dir)
+    stage = os.path.join(stage_dir, "stage.zarr")
+    t0 = kw["t0"]
+    try:
+        first = convert(src, stage, chunks="auto", dtype=kw["dtype"], codec="none", memory=cfg.memory,
+                        from_format=kw["from_format"], shape=kw["shape"], in_dtype=kw["in_dtype"], order=kw["order"],
+                        offset=kw["offset"], delimiter=kw["delimiter"], skip_rows=kw["skip_rows"],
+                        header=kw["header"], nan=kw["nan"], progress=kw["progress"])
+        second = convert(stage, out, chunks=kw["chunks"], codec=kw["codec"], memory=cfg.memory,
+                         overwrite=kw["overwrite"], to_format=kw["to_format"], out_order=kw["out_order"],
+                         delimiter=kw["delimiter"], progress=kw["progress"])
+    finally:
+        shutil.rmtree(stage_dir, ignore_errors=True)
+    report = dict(second)
+    report.update(input=str(src), staged=True, bytes_read=first["bytes_read"], from_=None,
+                  seconds=time.perf_counter() - t0, blocks=first["blocks"] + second["blocks"],
+                  planned_memory=max(first["planned_memory"], second["planned_memory"]),
+                  peak_memory=_peak_rss(), **{"from": first["from"]})
+    report.pop("from_", None)
+    return report
+
+
+__all__ = ["convert", "output_dtype", "parse_chunks", "FormatError"]

@@ -1,0 +1,134 @@
+"""HDF5 datasets (``file.h5:/group/dataset``), read and written with h5py (extra ``hdf5``).
+
+Reads go through ``Dataset.read_direct`` into a fresh block, so only the block (and HDF5's chunk
+cache, capped here) is resident. The output is a new file holding one dataset, built under a
+temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import ConfigError, FormatError, explain
+from blocklin.storage.formats.base import AtomicFile, Reader, Writer, check_2d, check_matrix_dtype, require_file
+
+_CACHE_BYTES = 4 << 20  # HDF5 raw-chunk cache per open file
+
+
+def _h5py():
+    try:
+        import h5py
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ConfigError(explain("hdf5", "needs the h5py package", "h5py is not installed",
+                                  "pip install 'blocklin[hdf5]'")) from None
+    return h5py
+
+
+class Hdf5Reader(Reader):
+    """One 2-D dataset of an HDF5 file."""
+
+    format = "hdf5"
+
+    def __init__(self, path: str, dataset: str | None = None, **_: Any) -> None:
+        h5py = _h5py()
+        super().__init__(require_file(path))
+        try:
+            self._f = h5py.File(path, "r", rdcc_nbytes=_CACHE_BYTES)
+        except OSError as exc:
+            raise FormatError(explain("hdf5 input", "must be a readable HDF5 file", f"{path!r} ({exc})",
+                                      "check the file, or pass --from")) from None
+        if dataset is None:
+            found: list[str] = []
+            self._f.visititems(lambda name, obj: found.append("/" + name)
+                               if isinstance(obj, h5py.Dataset) and obj.ndim == 2 else None)
+            if len(found) != 1:
+                self._f.close()
+                raise FormatError(explain("hdf5 input", "must name its dataset unless the file holds one 2-D dataset",
+                                          f"2-D datasets {found}", f"write {path}:{found[0] if found else '/NAME'}"))
+            dataset = found[0]
+        obj = self._f.get(dataset)
+        if not isinstance(obj, h5py.Dataset):
+            names: list[str] = []
+            self._f.visititems(lambda name, o: names.append("/" + name) if isinstance(o, h5py.Dataset) else None)
+            self._f.close()
+            raise FormatError(explain("hdf5 dataset", "must name a dataset in the file", repr(dataset),
+                                      f"pick one of {names[:10]}"))
+        self._ds = obj
+        self.dataset = obj.name
+        self.shape = check_2d(obj.shape, "hdf5 dataset")
+        self.dtype = check_matrix_dtype(obj.dtype, "hdf5 dataset")
+        self.chunks = tuple(obj.chunks) if obj.chunks else None
+        self.overhead_bytes = _CACHE_BYTES
+
+    def read(self, rows: slice, cols: slice) -> np.ndarray:
+        r0, r1, _ = rows.indices(self.shape[0])
+        c0, c1, _ = cols.indices(self.shape[1])
+        out = np.empty((r1 - r0, c1 - c0), self.dtype)
+        if out.size:
+            self._ds.read_direct(out, np.s_[r0:r1, c0:c1])
+        self.bytes_read += out.nbytes
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d.update(dataset=self.dataset, codec=self._ds.compression or "none")
+        try:
+            d["bytes_on_disk"] = int(self._ds.id.get_storage_size())
+        except Exception:  # pragma: no cover
+            pass
+        return d
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class Hdf5Writer(Writer):
+    """A new HDF5 file with one dataset (default ``/data``); ``codec`` none or gzip."""
+
+    format = "hdf5"
+
+    def __init__(self, path: str, shape: tuple[int, int], dtype: Any, *, dataset: str | None = None,
+                 chunks: Any = None, codec: str | None = None, inputs: list[str] = (), overwrite: bool = False,
+                 token: str | None = None, **_: Any) -> None:
+        h5py = _h5py()
+        super().__init__(path, shape, check_matrix_dtype(dtype, "dtype"))
+        codec = (codec or "none").lower()
+        if codec not in ("none", "gzip"):
+            raise ConfigError(explain("codec", "HDF5 output supports 'none' or 'gzip'", repr(codec),
+                                      "pass --codec none or --codec gzip"))
+        self._atomic = AtomicFile(path, inputs=list(inputs), overwrite=overwrite, token=token)
+        h5chunks = None
+        if codec == "gzip" or isinstance(chunks, tuple):
+            h5chunks = tuple(max(1, min(int(c), max(1, s))) for c, s in zip(
+                chunks if isinstance(chunks, tuple) else (256, 256), self.shape))
+            self.unit = h5chunks
+            self.chunks = h5chunks
+        try:
+            self._f = h5py.File(self._atomic.partial, "w", rdcc_nbytes=_CACHE_BYTES)
+            self._ds = self._f.create_dataset(dataset or "/data", shape=self.shape, dtype=self.dtype,
+                                              chunks=h5chunks if min(self.shape, default=0) > 0 else None,
+                                              compression="gzip" if codec == "gzip" else None)
+        except BaseException:
+            self._atomic.abort()
+            raise
+        self.overhead_bytes = _CACHE_BYTES
+        self.overhead_per_element = self.dtype.itemsize  # a C-contiguous copy of the block
+        self.bytes_written = 0
+
+    def write(self, rows: slice, cols: slice, block: np.ndarray) -> None:
+        if block.size:
+            self._ds[rows, cols] = np.ascontiguousarray(block, dtype=self.dtype)
+        self.bytes_written += block.size * self.dtype.itemsize
+
+    def commit(self, **_: Any) -> str:
+        self._f.close()
+        return str(self._atomic.commit())
+
+    def abort(self) -> None:
+        try:
+            self._f.close()
+        except Exception:
+            pass
+        self._atomic.abort()

@@ -1,0 +1,327 @@
+"""Matrix Market ``.mtx`` files: ``array`` and ``coordinate`` read, dense ``array`` written.
+
+Readers:
+
+* ``array`` ``general``: values in column-major order, one per line; streamed forward by column
+  panels (never whole).
+* ``array`` ``symmetric``/``skew-symmetric`` (lower triangle stored) and every ``coordinate`` file
+  (entries in any order) are held in memory: the reader states the bytes it needs
+  (:attr:`MtxReader.resident_bytes`) and the converter refuses, naming that figure, when the budget
+  cannot hold them. Symmetric and skew-symmetric entries are mirrored; duplicates are summed (as
+  :func:`scipy.io.mmread` does); ``pattern`` entries read as 1.
+
+The writer emits ``array`` ``general`` files (``real`` or ``integer``), one column panel at a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import DTypeError, FormatError, explain
+from blocklin.storage.formats.base import AtomicFile, Reader, Writer, check_matrix_dtype, require_file
+from blocklin.storage.formats.text_util import FORMAT_BATCH, PARSE_BATCH_BYTES, field_error, formatter
+
+_FIELDS = {"real": np.float64, "double": np.float64, "integer": np.int64, "pattern": np.float64}
+_SYMMETRIES = ("general", "symmetric", "skew-symmetric")
+#: Bytes per stored coordinate entry while loading: row and column (int64), value, and the
+#: permutation and gathered copies of the sort by row.
+COORD_BYTES_PER_ENTRY = 48
+_PARSE_SLACK = 8 << 20
+
+
+def _bad(rule: str, actual: str, fix: str = "check the file (see https://math.nist.gov/MatrixMarket/formats.html)"):
+    return FormatError(explain("mtx input", rule, actual, fix))
+
+
+class MtxReader(Reader):
+    """Reader of a Matrix Market file (see the module notes for what is streamed)."""
+
+    format = "mtx"
+    overhead_bytes = 4 << 20  # a parse batch of lines as str and their values
+
+    def __init__(self, path: str, **_: Any) -> None:
+        super().__init__(require_file(path))
+        self._fh = open(path, encoding="ascii", errors="replace")
+        try:
+            self._parse_header()
+        except BaseException:
+            self._fh.close()
+            raise
+        self._data = None  # resident matrix or triplets, filled by prepare()
+
+    # -- header -----------------------------------------------------------------------------------
+    def _parse_header(self) -> None:
+        banner = self._fh.readline()
+        toks = banner.strip().split()
+        if not toks or toks[0].lower() != "%%matrixmarket":
+            raise _bad("line 1 must be the banner '%%MatrixMarket matrix FORMAT FIELD SYMMETRY'",
+                       f"{banner.strip()[:60]!r}", "check that the file is Matrix Market, or pass --from")
+        if len(toks) != 5 or toks[1].lower() != "matrix":
+            raise _bad("the banner must read '%%MatrixMarket matrix FORMAT FIELD SYMMETRY'", f"{banner.strip()!r}")
+        self.layout, field, symmetry = (t.lower() for t in toks[2:])
+        if self.layout not in ("array", "coordinate"):
+            raise _bad("FORMAT must be 'array' or 'coordinate'", repr(self.layout))
+        if field == "complex":
+            raise DTypeError(explain("mtx input", "complex Matrix Market files are not supported",
+                                     "field 'complex'", "convert the real and imaginary parts separately"))
+        if field not in _FIELDS:
+            raise _bad("FIELD must be real, integer or pattern", repr(field))
+        if symmetry == "hermitian":
+            raise _bad("SYMMETRY 'hermitian' needs complex values, which are not supported", repr(symmetry))
+        if symmetry not in _SYMMETRIES:
+            raise _bad(f"SYMMETRY must be one of {_SYMMETRIES}", repr(symmetry))
+        if field == "pattern" and self.layout == "array":
+            raise _bad("'pattern' is only valid for coordinate files", "array pattern")
+        self.field, self.symmetry = field, symmetry
+        self.dtype = np.dtype(_FIELDS[field])
+        line_no = 1
+        while True:
+            line = self._fh.readline()
+            line_no += 1
+            if not line:
+                raise _bad("must have a size line after the banner and comments", "end of file",
+                           "the file is truncated; re-create it")
+            if line.strip() and not line.lstrip().startswith("%"):
+                break
+        parts = line.split()
+        want = 3 if self.layout == "coordinate" else 2
+        try:
+            nums = [int(p) for p in parts]
+        except ValueError:
+            nums = []
+        if len(nums) != want or min(nums) < 0:
+            raise _bad(f"the size line must hold {want} non-negative integers "
+                       f"({'ROWS COLS NNZ' if want == 3 else 'ROWS COLS'})", f"{line.strip()!r} at line {line_no}")
+        self.shape = (nums[0], nums[1])
+        self.nnz = nums[2] if want == 3 else None
+        self._data_line = line_no + 1
+        self._next_line = self._data_line
+        m, n = self.shape
+        if self.symmetry != "general" and m != n:
+            raise _bad(f"a {self.symmetry} matrix must be square", f"shape {m} x {n}")
+        if self.layout == "array":
+            self.order = "F"
+            if self.symmetry == "general":
+                self.count = m * n
+                self.sequential = True
+            else:
+                self.count = n * (n + 1) // 2 if self.symmetry == "symmetric" else n * (n - 1) // 2
+                self.resident_bytes = m * n * self.dtype.itemsize + _PARSE_SLACK
+                self.resident_what = f"a {self.symmetry} array file is expanded in memory ({m} x {n})"
+        else:
+            self.order = "C"
+            stored = self.nnz * (1 if self.symmetry == "general" else 2)
+            self.resident_bytes = stored * COORD_BYTES_PER_ENTRY + _PARSE_SLACK
+            self.resident_what = (f"the coordinate reader holds its {self.nnz} entries"
+                                  f"{' (mirrored)' if self.symmetry != 'general' else ''} as triplets")
+
+    # -- parsing ----------------------------------------------------------------------------------
+    def _lines(self, count: int):
+        """Yield batches of (first_line_number, [lines]) for the next ``count`` data lines."""
+        left = count
+        while left > 0:
+            take = max(1, min(left, PARSE_BATCH_BYTES // 32))
+            batch = list(itertools.islice(self._fh, take))
+            if len(batch) < take:
+                got = count - left + len(batch)
+                what = "entries" if self.layout == "coordinate" else "values"
+                raise _bad(f"must hold the {self.nnz if self.nnz is not None else self.count} {what} "
+                           "the header announces", f"end of file at line {self._next_line + len(batch)} "
+                           f"({self._consumed + got} found)", "the file is truncated; re-create it")
+            self.bytes_read += sum(len(s) for s in batch)
+            yield self._next_line, batch
+            self._next_line += len(batch)
+            left -= len(batch)
+
+    def _parse(self, first: int, batch: list[str], ncols: int, dtype: np.dtype) -> np.ndarray:
+        try:
+            arr = np.loadtxt(batch, dtype=dtype, ndmin=2, comments=None)
+            if arr.shape == (len(batch), ncols):
+                return arr
+        except ValueError:
+            pass
+        for k, line in enumerate(batch):  # find the first bad line for the message
+            fields = line.split()
+            if len(fields) != ncols:
+                raise _bad(f"each data line must hold {ncols} fields", f"{len(fields)} at line {first + k}: "
+                           f"{line.strip()[:60]!r}", "fix or remove that line")
+            for c, f in enumerate(fields):
+                try:
+                    np.array([f]).astype(dtype)
+                except ValueError:
+                    raise field_error("mtx input", f, first + k, c + 1, dtype, "fix that value") from None
+        raise _bad("data lines must be numbers", f"lines {first}-{first + len(batch) - 1}")  # pragma: no cover
+
+    def prepare(self) -> None:
+        """Load the resident data (coordinate triplets or a symmetric array)."""
+        if self._data is not None or self.resident_bytes == 0:
+            return
+        self._consumed = 0
+        if self.layout == "array":
+            self._data = self._load_symmetric_array()
+        else:
+            self._data = self._load_coordinate()
+        self._check_end()
+
+    def _check_end(self) -> None:
+        for k, line in enumerate(self._fh):
+            if line.strip():
+                raise _bad("must end after the entries the header announces",
+                           f"extra data at line {self._next_line + k}: {line.strip()[:40]!r}",
+                           "fix the count in the size line or remove the extra lines")
+
+    def _load_coordinate(self):
+        m, n = self.shape
+        nnz = self.nnz
+        ncols = 2 if self.field == "pattern" else 3
+        rows = np.empty(nnz, np.int64)
+        cols = np.empty(nnz, np.int64)
+        vals = np.empty(nnz, self.dtype)
+        pos = 0
+        parse_dt = np.int64 if self.field in ("integer", "pattern") else np.float64
+        for first, batch in self._lines(nnz):
+            arr = self._parse(first, batch, ncols, parse_dt)
+            k = len(batch)
+            r = arr[:, 0].astype(np.int64)
+            c = arr[:, 1].astype(np.int64)
+            bad = np.flatnonzero((r < 1) | (r > m) | (c < 1) | (c > n))
+            if bad.size:
+                b = bad[0]
+                raise _bad(f"entry indices must lie in 1..{m} (rows) and 1..{n} (columns)",
+                           f"({r[b]}, {c[b]}) at line {first + b}", "fix the entry or the size line")
+            rows[pos:pos + k] = r - 1
+            cols[pos:pos + k] = c - 1
+            vals[pos:pos + k] = 1 if self.field == "pattern" else arr[:, 2]
+            pos += k
+            self._consumed = pos
+        if self.symmetry != "general":
+            off = rows != cols
+            if self.symmetry == "skew-symmetric" and np.any(vals[~off] != 0):
+                raise _bad("a skew-symmetric matrix has a zero diagonal", "a nonzero diagonal entry")
+            mirrored = -vals[off] if self.symmetry == "skew-symmetric" else vals[off]
+            rows, cols, vals = (np.concatenate([rows, cols[off]]), np.concatenate([cols, rows[off]]),
+                                np.concatenate([vals, mirrored]))
+        perm = np.argsort(rows, kind="stable")
+        return rows[perm], cols[perm], vals[perm]
+
+    def _load_symmetric_array(self) -> np.ndarray:
+        n = self.shape[0]
+        a = np.zeros(self.shape, self.dtype, order="F")
+        skew = self.symmetry == "skew-symmetric"
+        j, i = 0, 1 if skew else 0  # next stored (column, row)
+        for first, batch in self._lines(self.count):
+            vals = self._parse(first, batch, 1, self.dtype)[:, 0]
+            k = 0
+            while k < len(vals):
+                take = min(n - i, len(vals) - k)
+                a[i:i + take, j] = vals[k:k + take]
+                i += take
+                k += take
+                if i == n:
+                    j += 1
+                    i = j + 1 if skew else j
+            self._consumed += len(vals)
+        lower = np.tril(a, -1)
+        a += -lower.T if skew else lower.T
+        return a
+
+    # -- reading ----------------------------------------------------------------------------------
+    def read(self, rows: slice, cols: slice) -> np.ndarray:
+        m, n = self.shape
+        r0, r1, _ = rows.indices(m)
+        c0, c1, _ = cols.indices(n)
+        if self.resident_bytes and self._data is None:
+            self.prepare()
+        if self.layout == "array" and self.symmetry != "general":
+            return np.array(self._data[r0:r1, c0:c1], order="F")
+        if self.layout == "coordinate":
+            rr, cc, vv = self._data
+            lo, hi = np.searchsorted(rr, [r0, r1])
+            rr, cc, vv = rr[lo:hi], cc[lo:hi], vv[lo:hi]
+            keep = (cc >= c0) & (cc < c1)
+            out = np.zeros((r1 - r0, c1 - c0), self.dtype)
+            np.add.at(out, (rr[keep] - r0, cc[keep] - c0), vv[keep])
+            return out
+        # array general: forward full-height column panels
+        if (r0, r1) != (0, m) or c0 != self._next_col:
+            from blocklin.errors import StoreReadError
+
+            raise StoreReadError(explain("mtx input", "array files are read forward in full-height column panels",
+                                         f"columns {c0}:{c1} after column {self._next_col}",
+                                         "convert to zarr first (blocklin convert FILE.mtx OUT.zarr)"))
+        out = np.empty((m, c1 - c0), self.dtype, order="F")
+        flat = out.reshape(-1, order="F")  # a view: the buffer is F-contiguous
+        pos = 0
+        for first, batch in self._lines(m * (c1 - c0)):
+            flat[pos:pos + len(batch)] = self._parse(first, batch, 1, self.dtype)[:, 0]
+            pos += len(batch)
+        self._next_col = c1
+        if c1 == n:
+            self._check_end()
+        return out
+
+    _next_col = 0
+    _consumed = 0
+
+    def locate(self, row: int, col: int) -> str:
+        if self.layout == "array" and self.symmetry == "general":
+            return f"row {row + 1}, column {col + 1} (line {self._data_line + col * self.shape[0] + row})"
+        return super().locate(row, col)
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d.update(layout=self.layout, field=self.field, symmetry=self.symmetry, nnz=self.nnz, codec="text")
+        if self.resident_bytes:
+            d["reader_memory"] = self.resident_bytes
+        return d
+
+    def close(self) -> None:
+        self._fh.close()
+        self._data = None
+
+
+class MtxWriter(Writer):
+    """Dense Matrix Market ``array general`` output, column panel after column panel."""
+
+    format = "mtx"
+    order = "F"
+    sequential = True
+    overhead_bytes = FORMAT_BATCH * 128
+
+    def __init__(self, path: str, shape: tuple[int, int], dtype: Any, *, inputs: list[str] = (),
+                 overwrite: bool = False, token: str | None = None, **_: Any) -> None:
+        dt = check_matrix_dtype(dtype, "dtype")
+        if dt.kind == "c":
+            raise DTypeError(explain("dtype", "Matrix Market output holds real or integer values",
+                                     f"dtype {dt}", "convert to a real dtype (--dtype float64)"))
+        super().__init__(path, shape, dt)
+        self._fmt = formatter(dt)
+        self._atomic = AtomicFile(path, inputs=list(inputs), overwrite=overwrite, token=token)
+        self._fh = open(self._atomic.partial, "w", encoding="ascii", newline="\n")
+        field = "integer" if dt.kind in "iub" else "real"
+        self._fh.write(f"%%MatrixMarket matrix array {field} general\n% written by blocklin\n"
+                       f"{self.shape[0]} {self.shape[1]}\n")
+        self._next_col = 0
+        self.bytes_written = 0
+
+    def write(self, rows: slice, cols: slice, block: np.ndarray) -> None:
+        c0, c1, _ = cols.indices(self.shape[1])
+        if c0 != self._next_col:  # pragma: no cover - the planner guarantees the order
+            raise RuntimeError("MtxWriter needs forward column panels")
+        flat = np.asarray(block).reshape(-1, order="F")
+        for s in range(0, flat.size, FORMAT_BATCH):
+            text = "\n".join(self._fmt(flat[s:s + FORMAT_BATCH])) + "\n"
+            self._fh.write(text)
+            self.bytes_written += len(text)
+        self._next_col = c1
+
+    def commit(self, **_: Any) -> str:
+        self._fh.close()
+        return str(self._atomic.commit())
+
+    def abort(self) -> None:
+        self._fh.close()
+        self._atomic.abort()

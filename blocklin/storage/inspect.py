@@ -1,0 +1,142 @@
+"""Facts about a matrix file for ``blocklin info``: layout, sizes, provenance and cost estimates.
+
+Nothing here reads matrix data (a CSV is scanned once to count its rows). Estimates combine the
+planners' byte and memory figures with rough machine rates (:data:`RATES`); they are meant to tell
+"seconds, minutes or hours" and "fits or not", not to benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from blocklin.config import format_size, resolve
+from blocklin.plan.chunks import auto_chunks
+from blocklin.plan.convert import plan_convert
+from blocklin.storage.formats import open_reader
+
+#: Rough rates used for time estimates (bytes/s and flop/s). Disk rates are the ones measured for
+#: the engine's zarr stores (DESIGN.md: 0.7 GB/s uncompressed, 0.27 GB/s zstd); the flop rate
+#: assumes about 8 GFLOP/s per core in float64 BLAS (twice that in float32).
+RATES = {"read": 0.7e9, "read_compressed": 0.27e9, "write": 0.7e9, "text": 0.03e9, "flops_per_core": 8e9}
+
+
+def _read_rate(desc: dict) -> float:
+    codec = str(desc.get("codec") or "none")
+    if codec == "text":
+        return RATES["text"]
+    return RATES["read"] if codec in ("none", "") else RATES["read_compressed"]
+
+
+def estimates(shape: tuple[int, int], dtype: Any, chunks: tuple[int, int] | None, memory: int,
+              read_rate: float = RATES["read"], reader_resident: int = 0) -> dict[str, Any]:
+    """Memory and time estimates of the main operations on a matrix of ``shape`` within ``memory``.
+
+    Each entry holds ``memory`` (planned peak bytes) and ``seconds``, or ``error`` when the budget
+    cannot hold the operation (the planner's message, with the minimum).
+    """
+    m, n = (int(s) for s in shape)
+    dt = np.dtype(dtype)
+    nbytes = m * n * dt.itemsize
+    zchunks = auto_chunks((m, n), dt, memory)
+    chunks = tuple(chunks) if chunks else zchunks
+    flop_rate = RATES["flops_per_core"] * (os.cpu_count() or 1) * (2 if dt.itemsize <= 4 else 1)
+    out: dict[str, Any] = {}
+    try:
+        p = plan_convert((m, n), dt, dt, memory=memory, unit=zchunks, resident=reader_resident,
+                         out_chunk_bytes=zchunks[0] * zchunks[1] * dt.itemsize)
+        out["convert_to_zarr"] = {"memory": p.peak_memory, "seconds": nbytes / read_rate + nbytes / RATES["write"],
+                                  "chunks": list(zchunks)}
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: info must always work
+        out["convert_to_zarr"] = {"error": str(exc)}
+    try:
+        p = plan_convert((m, n), dt, dt, memory=memory, unit=chunks, order="C",
+                         in_chunk_bytes=chunks[0] * chunks[1] * dt.itemsize)
+        out["pass"] = {"what": "one streaming pass over A (a matvec, a Lanczos step)", "memory": p.peak_memory,
+                       "seconds": nbytes / RATES["read"] + 2 * m * n / flop_rate}
+    except Exception as exc:  # noqa: BLE001
+        out["pass"] = {"error": str(exc)}
+    try:
+        from blocklin.plan.gemm import plan_gemm
+
+        g = plan_gemm(m, m, n, dt, a_chunks=chunks, b_chunks=(chunks[1], chunks[0]), memory=memory, workers=1)
+        out["gemm_AAt"] = {"what": "A @ A.T", "memory": int(g.peak_memory), "flops": int(g.flops),
+                           "bytes_read": int(g.bytes_read), "bytes_written": int(g.bytes_written),
+                           "seconds": max(g.flops / flop_rate, (g.bytes_read + g.bytes_written) / RATES["read"])}
+    except Exception as exc:  # noqa: BLE001 - the GEMM planner may refuse or be unavailable
+        out["gemm_AAt"] = {"error": str(exc)}
+    return out
+
+
+def inspect(path: Any, *, format: str | None = None, memory: Any = None, **reader_opts: Any) -> dict[str, Any]:
+    """Describe a matrix file or zarr store.
+
+    Returns
+    -------
+    dict
+        ``format``, ``path``, ``shape``, ``dtype``, ``order``, ``chunks``, ``codec``,
+        ``bytes_on_disk``, ``bytes_in_memory``, ``compression_ratio`` (in memory / on disk),
+        ``provenance`` (what blocklin recorded, for its zarr outputs), ``memory_budget`` and
+        ``estimates`` (see :func:`estimates`), plus format details.
+    """
+    cfg = resolve(memory=memory)
+    reader = open_reader(path, format=format, **reader_opts)
+    try:
+        d = reader.describe()
+        resident = reader.resident_bytes
+        rate = _read_rate(d)
+    finally:
+        reader.close()
+    d["bytes_on_disk"] = int(d.get("bytes_on_disk") or 0)
+    d["compression_ratio"] = (d["bytes_in_memory"] / d["bytes_on_disk"]) if d["bytes_on_disk"] else None
+    d["memory_budget"] = cfg.memory
+    d["estimates"] = estimates(tuple(d["shape"]), d["dtype"], tuple(d["chunks"]) if d.get("chunks") else None,
+                               cfg.memory, rate, resident)
+    return d
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def format_info(d: dict[str, Any]) -> str:
+    """Human text for :func:`inspect`'s dict."""
+    shape = " x ".join(str(s) for s in d["shape"])
+    lines = [
+        f"{d['path']}",
+        f"  format       {d['format']}" + (f" (zarr v{d['zarr_format']})" if d.get("zarr_format") else "")
+        + (f", {d['layout']} {d['field']} {d['symmetry']}" if d.get("layout") else ""),
+        f"  shape        {shape}",
+        f"  dtype        {np.dtype(d['dtype']).name} ({d['dtype']})",
+        f"  order        {d['order']}",
+        f"  chunks       {' x '.join(map(str, d['chunks'])) if d.get('chunks') else '-'}",
+        f"  codec        {d.get('codec', 'none')}" + (" + crc32c" if d.get("checksum") else ""),
+        f"  on disk      {format_size(d['bytes_on_disk'])}",
+        f"  in memory    {format_size(d['bytes_in_memory'])}",
+    ]
+    if d.get("compression_ratio"):
+        lines.append(f"  compression  {d['compression_ratio']:.2f}x")
+    if d.get("nnz") is not None:
+        lines.append(f"  entries      {d['nnz']} stored")
+    prov = d.get("provenance")
+    if prov:
+        lines.append(f"  provenance   {prov.get('operation')} of {', '.join(prov.get('inputs', [])) or '-'} "
+                     f"by blocklin {prov.get('version')} at {prov.get('created')}")
+    lines.append(f"  estimates with memory={format_size(d['memory_budget'])} (rough rates):")
+    for name, e in d["estimates"].items():
+        if "error" in e:
+            lines.append(f"    {name:<16} does not fit: {e['error']}")
+        else:
+            lines.append(f"    {name:<16} peak {format_size(e['memory'])}, ~{_duration(e['seconds'])}")
+    return "\n".join(lines)
+
+
+__all__ = ["RATES", "estimates", "format_info", "inspect"]
