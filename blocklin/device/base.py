@@ -25,6 +25,9 @@ class Device:
     def host_empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
 
+    def release_host(self, buf: np.ndarray) -> None:
+        """Return a host buffer from :meth:`host_empty` for reuse (pinned buffers are costly)."""
+
     def slots(self, n: int, shapes: list[tuple[int, ...]], dtype: Any) -> None:
         """Prepare ``n`` device slots of the given operand shapes (no-op on the CPU)."""
 

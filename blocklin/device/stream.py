@@ -82,7 +82,20 @@ class TileStream:
         except BaseException as exc:  # handed to the consumer, re-raised there
             self._ready.put(exc)
 
+    def release(self) -> None:
+        """Hand the host slots back to the device for reuse by the next stream."""
+        for bufs in self.buffers:
+            for buf in bufs:
+                self.device.release_host(buf)
+        self.buffers = []
+
     def __iter__(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
+        try:
+            yield from self._iterate()
+        finally:
+            self.release()
+
+    def _iterate(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
         if self.n_items == 0:
             return
         if self.depth == 0:  # no thread: read, then compute (the serial reference)

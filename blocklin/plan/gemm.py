@@ -121,7 +121,8 @@ def _candidates(dim: int, unit: int) -> list[int]:
 
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
                  c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool,
-                 read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY) -> tuple[int, int]:
+                 read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY,
+                 out_rows: int = 0) -> tuple[int, int]:
     """(host bytes, device bytes) of one task's buffers."""
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
@@ -129,9 +130,9 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
     # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
     io = min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes + min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes
-    c_strip = c_rows * tn * isz if with_c else 0
+    c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
     if on_gpu:
-        host = slots * panels_src + cast + c_strip + c_rows * tn * isz + io
+        host = slots * panels_src + cast + c_strip + 3 * out_rows * tn * isz + io
         device = tm * tn * isz + slots * (tm * tk + tk * tn) * isz + c_strip
         return host, device
     return tm * tn * isz + slots * panels_src + cast + c_strip + io, 0
@@ -228,7 +229,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
                                          c_rows=c_rows, io_chunk_bytes=io_chunk,
                                          out_chunk_bytes=oc[0] * oc[1] * isz, on_gpu=on_gpu,
                                          read_chunks=max(-(-tm // mu) * -(-tk // ku_a), -(-tk // ku_b) * -(-tn // nu)),
-                                         write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
+                                         write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]), out_rows=oc[0])
                 if host * workers > memory or (on_gpu and dev * workers > device_memory):
                     continue
                 gm, gn = math.ceil(m_ / tm), math.ceil(n_ / tn)
@@ -244,7 +245,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         host, dev = _task_memory(min(m_, mu), min(n_, nu), min(max(1, k), ku), isz=isz, src_isz=src_isz,
                                  prefetch=prefetch, with_c=with_c, c_rows=c_rows, io_chunk_bytes=io_chunk,
                                  out_chunk_bytes=min(m_, mu) * min(n_, nu) * isz, on_gpu=on_gpu,
-                                 read_chunks=1, write_chunks=1)
+                                 read_chunks=1, write_chunks=1, out_rows=min(m_, mu))
         need = host * workers
         which = "memory"
         if on_gpu and host * workers <= memory:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import queue
 import threading
 import time
 from typing import Any
@@ -79,6 +80,47 @@ def check_finite(block: np.ndarray, name: str, rows: slice, cols: slice) -> None
         "clean the input (for example numpy.nan_to_num), or pass check_finite=False to skip the check"))
 
 
+class StripWriter:
+    """Writes row strips of an output tile on a background thread (at most one strip queued).
+
+    Strips cover whole chunk rows of the output, so concurrent writes never touch one chunk. Errors
+    are re-raised by :meth:`close`.
+    """
+
+    def __init__(self, arr: Any, rows: slice, cols: slice) -> None:
+        self.arr, self.rows, self.cols = arr, rows, cols
+        self.queue: queue.Queue = queue.Queue(maxsize=1)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="blocklin-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            r0, r1, block, done = item
+            try:
+                if self.error is None:
+                    write_block(self.arr, slice(self.rows.start + r0, self.rows.start + r1), self.cols, block)
+            except BaseException as exc:  # re-raised in close()
+                self.error = exc
+            finally:
+                if done is not None:
+                    done()
+
+    def submit(self, r0: int, r1: int, block: np.ndarray, done: Any = None) -> None:
+        if self.error is not None:
+            raise self.error
+        self.queue.put((r0, r1, block, done))
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 @dataclasses.dataclass(frozen=True)
 class GemmSpec:
     """Everything one GEMM tile task needs (small and picklable)."""
@@ -146,32 +188,52 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
 
     acc = device.zeros((tm, tn), dtype)
     stream = TileStream(device, len(panels), load, [a_shape, b_shape], list(src), depth=plan.prefetch)
-    for _, (a_dev, b_dev) in stream:
-        device.gemm_acc(acc, a_dev, b_dev)
+    out_arr = open_array(spec.out, mode="r+")
+    C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
+    strips = split(tm, plan.out_chunks[0])
+    writer = StripWriter(out_arr, rows, cols)
+    host_bufs: queue.Queue = queue.Queue()
+    if not device.host_resident:  # rotating download buffers: one filling, one queued, one writing
+        for _ in range(min(3, len(strips))):
+            host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dtype))
+    cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=C.dtype) if C is not None else None
 
-    if spec.c is not None and spec.beta != 0.0:
-        C = open_array(spec.c)
-        step = max(1, C.chunks[0])
-        cbuf = np.empty((min(step, tm), tn), dtype=C.dtype)
-        for r0, r1 in split(tm, step):
+    def finish(r0: int, r1: int) -> None:
+        """Scale strip ``r0:r1``, add ``beta * C``, and hand it to the writer."""
+        if C is not None:
             rs = slice(rows.start + r0, rows.start + r1)
             block = read_block(C, rs, cols, out=region(cbuf, (r1 - r0, tn)))
             nbytes[0] += block.nbytes
             if spec.check_finite:
                 check_finite(block, spec.names[2], rs, cols)
             device.axpby(acc[r0:r1], spec.alpha, block.astype(dtype, copy=False), spec.beta)
-    elif spec.alpha != 1.0:
-        device.axpby(acc, spec.alpha, None, 0.0)
+        elif spec.alpha != 1.0:
+            device.axpby(acc[r0:r1], spec.alpha, None, 0.0)
+        if device.host_resident:
+            writer.submit(r0, r1, acc[r0:r1])
+        else:
+            buf = host_bufs.get()
+            host = device.download(acc, slice(r0, r1), out=region(buf, (r1 - r0, tn)))
+            writer.submit(r0, r1, host, done=lambda b=buf: host_bufs.put(b))
 
-    out_arr = open_array(spec.out, mode="r+")
-    if device.host_resident:
-        write_block(out_arr, rows, cols, acc)
-    else:
-        step = plan.out_chunks[0]
-        host = None
-        for r0, r1 in split(tm, step):
-            host = device.download(acc, slice(r0, r1), out=host if host is not None and host.shape[0] == r1 - r0 else None)
-            write_block(out_arr, slice(rows.start + r0, rows.start + r1), cols, host)
+    try:
+        last = len(panels) - 1
+        for p, (a_dev, b_dev) in stream:
+            if p < last:
+                device.gemm_acc(acc, a_dev, b_dev)
+                continue
+            # The last panel is applied strip by strip so that writing finished strips overlaps the
+            # rest of the compute; each element still sees the same k-panels in the same order.
+            for r0, r1 in strips:
+                device.gemm_acc(acc[r0:r1], a_dev[r0:r1], b_dev)
+                finish(r0, r1)
+        if not panels:  # k == 0: the result is beta * C (or zeros)
+            for r0, r1 in strips:
+                finish(r0, r1)
+    finally:
+        writer.close()
+        while not host_bufs.empty():
+            device.release_host(host_bufs.get())
     if marker:
         open(marker, "w").close()
     return {
