@@ -66,8 +66,8 @@ def random(path: str | os.PathLike, shape: tuple[int, int], *, dtype: Any = "flo
            progress: Any = None) -> Matrix:
     """Write a standard-normal random matrix to ``path`` in bounded memory (one chunk row at a time).
 
-    Each chunk row draws from its own generator seeded by ``(seed, row index)``, so the content is
-    deterministic whatever the chunking of the write.
+    Each chunk row draws from its own generator seeded by ``(seed, first row)``, so the content is
+    deterministic for a given seed and chunk height, whatever the column chunking.
     """
     from blocklin.runtime.progress import make_progress
 
