@@ -44,6 +44,11 @@ class RowPassSpec:
     init: Callable[[Any, Any], Any] | None = None
     blas_threads: int | None = None
     columns: tuple[tuple[int, int] | None, ...] | None = None
+    #: Per input: stream the stored array's transpose (row strips of ``X.T`` = column strips of ``X``);
+    #: ``columns`` then selects stored rows.
+    transposed: tuple[bool, ...] | None = None
+    #: Outputs written transposed: a block for ``rows`` goes to ``out[:, rows] = block.T``.
+    transposed_outputs: tuple[str, ...] = ()
 
 
 def row_pass_task(spec: RowPassSpec, group: int) -> dict:
@@ -51,23 +56,31 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
     ensure_blas_threads(spec.blas_threads)
     t0 = time.perf_counter()
     arrays = [open_array(p) for p in spec.inputs]
+    trans = spec.transposed or (False,) * len(arrays)
     cols = spec.columns or (None,) * len(arrays)
-    col_slices = [slice(0, a.shape[1]) if c is None else slice(*c) for a, c in zip(arrays, cols)]
+    col_slices = [slice(0, a.shape[0 if t else 1]) if c is None else slice(*c) for a, c, t in zip(arrays, cols, trans)]
     outs = {name: open_array(path, mode="r+") for name, path in spec.outputs}
     device = get_device(spec.device, device_memory=spec.device_memory)
     strips = spec.plan.strips(group)
-    shapes = [(spec.plan.strip, cs.stop - cs.start) for cs in col_slices]
+    shapes = [(cs.stop - cs.start, spec.plan.strip) if t else (spec.plan.strip, cs.stop - cs.start)
+              for cs, t in zip(col_slices, trans)]
     nbytes = [0]
 
     def load(i: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         r0, r1 = strips[i]
         rs = slice(r0, r1)
         views = []
-        for arr, buf, name, cs in zip(arrays, bufs, spec.names, col_slices):
-            v = read_block(arr, rs, cs, out=region(buf, (r1 - r0, cs.stop - cs.start)))
+        for arr, buf, name, cs, t in zip(arrays, bufs, spec.names, col_slices, trans):
+            if t:  # column strip of the stored array, handed out as a transposed view
+                v = read_block(arr, cs, rs, out=region(buf, (cs.stop - cs.start, r1 - r0)))
+                if spec.check_finite:
+                    check_finite(v, name, cs, rs)
+                v = v.T
+            else:
+                v = read_block(arr, rs, cs, out=region(buf, (r1 - r0, cs.stop - cs.start)))
+                if spec.check_finite:
+                    check_finite(v, name, rs, cs)
             nbytes[0] += v.nbytes
-            if spec.check_finite:
-                check_finite(v, name, rs, cs)
             views.append(v)
         return tuple(views)
 
@@ -78,7 +91,10 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
         r0, r1 = strips[i]
         state, writes = spec.kernel(device, dev_arrays, slice(r0, r1), spec.params, state)
         for name, block in (writes or {}).items():
-            write_block(outs[name], slice(r0, r1), slice(0, block.shape[1]), block)
+            if name in spec.transposed_outputs:
+                write_block(outs[name], slice(0, block.shape[1]), slice(r0, r1), block.T)
+            else:
+                write_block(outs[name], slice(r0, r1), slice(0, block.shape[1]), block)
             written += block.nbytes
     return {"state": state, "bytes_read": nbytes[0], "bytes_written": written, "seconds": time.perf_counter() - t0,
             "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds}
@@ -87,7 +103,8 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
 def run_row_pass(job: Any, spec: RowPassSpec, *, description: str = "pass") -> list[Any]:
     """Run a row pass through ``job``; return the per-group states in row order."""
     graph = TileGraph.named("rowpass", spec.inputs, spec.kernel.__module__, spec.kernel.__qualname__,
-                            spec.plan.to_dict(), _params_token(spec.params), spec.outputs, spec.columns)
+                            spec.plan.to_dict(), _params_token(spec.params), spec.outputs, spec.columns,
+                            spec.transposed, spec.transposed_outputs)
     for g in range(len(spec.plan.groups)):
         graph.add((g,), row_pass_task, spec, g)
     results = job.run(graph, workers=spec.plan.workers, blas_threads=spec.plan.blas_threads,

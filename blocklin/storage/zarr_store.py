@@ -109,3 +109,19 @@ def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None
 def write_block(arr: zarr.Array, rows: slice, cols: slice, block: np.ndarray) -> None:
     """Write ``block`` to ``arr[rows, cols]`` (callers align the block to whole chunks)."""
     arr[rows, cols] = block
+
+
+def create_group(path: str | os.PathLike, *, attributes: dict | None = None) -> Any:
+    """Create a zarr v3 group at ``path`` (a local folder that may already exist)."""
+    return zarr.open_group(str(path), mode="a", zarr_format=3, attributes=attributes or {})
+
+
+def write_array(path: str | os.PathLike, data: np.ndarray, *, chunks: tuple[int, ...] | None = None,
+                codec: str | None = "none") -> zarr.Array:
+    """Create a zarr v3 array at ``path`` holding the (small, in-memory) ``data``."""
+    data = np.asarray(data)
+    arr = create_array(path, shape=data.shape, dtype=data.dtype, chunks=chunks or tuple(max(1, s) for s in data.shape),
+                       codec=codec)
+    if data.size:
+        arr[...] = data
+    return arr
