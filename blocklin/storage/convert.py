@@ -90,7 +90,19 @@ def _unit_name(b: tuple[int, int, int, int]) -> str:
 
 
 def _peak_rss() -> int:
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+    """Peak resident bytes of this process.
+
+    ``VmHWM`` of the process's own address space where Linux provides it: ``ru_maxrss`` also counts
+    the parent's resident set at fork/exec time, which would hide a child's own peak.
+    """
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # pragma: no cover
 
 
 def _current_rss() -> int:
