@@ -118,7 +118,8 @@ def format_info(d: dict[str, Any]) -> str:
         f"  dtype        {np.dtype(d['dtype']).name} ({d['dtype']})",
         f"  order        {d['order']}",
         f"  chunks       {' x '.join(map(str, d['chunks'])) if d.get('chunks') else '-'}",
-        f"  codec        {d.get('codec', 'none')}" + (" + crc32c" if d.get("checksum") else ""),
+        f"  codec        {d.get('codec', 'none')}" + (" + crc32c" if d.get("checksum")
+                                                         and "crc32c" not in str(d.get("codec")) else ""),
         f"  on disk      {format_size(d['bytes_on_disk'])}",
         f"  in memory    {format_size(d['bytes_in_memory'])}",
     ]

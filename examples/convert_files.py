@@ -1,0 +1,55 @@
+"""Bring matrices from other tools into blocklin, inspect them, and export them again.
+
+Run: python examples/convert_files.py [folder]   (a temporary folder by default)
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+import blocklin
+from blocklin.storage.inspect import format_info, inspect
+
+
+def main(folder: Path) -> None:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3000, 2000))
+    np.save(folder / "a_fortran.npy", np.asfortranarray(a))  # read by column panels, no transpose
+    np.savetxt(folder / "a.csv", a[:50, :20], delimiter=",", header="generated", fmt="%.17g")
+    (folder / "s.mtx").write_text("%%MatrixMarket matrix coordinate real symmetric\n3 3 3\n1 1 2\n2 1 -1\n3 3 4\n")
+
+    # 1. a .npy several times larger than the budget, into zarr with chunks sized for the budget
+    rep = blocklin.convert(folder / "a_fortran.npy", folder / "a.zarr", memory="16MiB", codec="zstd")
+    print(f"npy -> zarr: {rep['blocks']} blocks in {rep['seconds']:.2f} s, planned {rep['planned_memory'] / 2**20:.1f} "
+          f"MiB of 16 MiB, chunks {rep['chunks']}")
+
+    # 2. rechunk and add checksums; then what does the store hold and cost?
+    blocklin.convert(folder / "a.zarr", folder / "b.zarr", chunks=(512, 512), checksum=True, memory="64MiB")
+    print(format_info(inspect(folder / "b.zarr", memory="64MiB")))
+
+    # 3. text and Matrix Market in, exports out
+    blocklin.convert(folder / "a.csv", folder / "c.zarr")           # header line detected
+    blocklin.convert(folder / "s.mtx", folder / "s.zarr")           # symmetric entries mirrored
+    blocklin.convert(folder / "b.zarr", folder / "b.mtx", memory="64MiB")
+    blocklin.convert(folder / "b.zarr", folder / "b_f32.npy", dtype="float32", memory="64MiB")
+    print("exports:", sorted(p.name for p in folder.iterdir() if p.suffix in (".mtx", ".npy")))
+
+    # 4. bad input: a clear message, and no output left behind
+    (folder / "bad.csv").write_text("1,2\n3,oops\n")
+    try:
+        blocklin.convert(folder / "bad.csv", folder / "bad.zarr")
+    except blocklin.errors.FormatError as exc:
+        print("refused:", exc)
+    assert not (folder / "bad.zarr").exists()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        main(Path(sys.argv[1]))
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            main(Path(tmp))
