@@ -1,0 +1,213 @@
+"""Row-pass kernels of the SVD, Lanczos and LinearOperator passes, and their random test matrices.
+
+Every kernel has the row-pass signature ``kernel(device, arrays, rows, params, state) -> (state,
+writes)`` (see :mod:`blocklin.runtime.passes`); products go through the device (``gemm_acc``) so
+the same kernels run on a GPU. Broadcast operands in ``params`` are uploaded once per task by the
+matching ``init``; when a task reaches the last strip of its group (``rows.stop in params["ends"]``)
+its accumulators are brought back to host memory, so partial states are plain NumPy arrays whatever
+the device and scheduler.
+
+Random test matrices come from a counter-based generator: rows ``[r0, r1)`` of an ``(inf x width)``
+standard-normal matrix are built from fixed blocks of :data:`RNG_BLOCK` rows, each seeded by
+``(seed, stream, block)``. The numbers therefore depend only on the seed, never on strip sizes,
+budgets, workers or the scheduler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+#: Rows per independently seeded block of a random test matrix.
+RNG_BLOCK = 1024
+
+#: Streams of random numbers (independent for one seed).
+STREAM_OMEGA = 1      # right test matrix of rsvd (N x l)
+STREAM_LANCZOS = 2    # starting block of Lanczos
+STREAM_UPSILON = 3    # sketch: co-range test matrix, rows of B
+STREAM_PHI = 4        # sketch: core test matrix, rows of B
+STREAM_SKETCH_OMEGA = 5
+STREAM_SKETCH_PSI = 6
+STREAM_FILL = 7       # Lanczos: random directions after a breakdown
+STREAM_CHECK = 8      # eigsh: symmetry probe
+
+
+def gaussian(seed: int, stream: int, r0: int, r1: int, width: int, dtype: Any = np.float64) -> np.ndarray:
+    """Rows ``r0:r1`` of the standard-normal matrix of ``(seed, stream)`` with ``width`` columns."""
+    out = np.empty((max(0, r1 - r0), width), dtype=np.float64)
+    b0, b1 = r0 // RNG_BLOCK, -(-r1 // RNG_BLOCK)
+    for b in range(b0, b1):
+        rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([int(seed), int(stream), b, int(width)])))
+        block = rng.standard_normal((RNG_BLOCK, width))
+        lo, hi = max(r0, b * RNG_BLOCK), min(r1, (b + 1) * RNG_BLOCK)
+        out[lo - r0:hi - r0] = block[lo - b * RNG_BLOCK:hi - b * RNG_BLOCK]
+    return out.astype(dtype, copy=False)
+
+
+# -- device helpers ------------------------------------------------------------------------------
+def upload(device: Any, x: np.ndarray) -> Any:
+    """``x`` on the device (the host array itself on a CPU)."""
+    x = np.ascontiguousarray(x)
+    if device.host_resident:
+        return x
+    d = device.zeros(x.shape, x.dtype)
+    device.axpby(d, 0.0, x, 1.0)
+    return d
+
+
+def to_host(device: Any, x: Any) -> np.ndarray:
+    """A host NumPy copy of a device array (``x`` itself on a CPU)."""
+    if x is None or isinstance(x, np.ndarray):
+        return x
+    return np.array(device.download(x, slice(0, x.shape[0])))
+
+
+def _zero(device: Any, buf: Any) -> None:
+    if device.host_resident:
+        buf[...] = 0
+    else:
+        device.axpby(buf, 0.0, None, 0.0)
+
+
+def _finish(device: Any, rows: slice, params: dict, state: dict, keep: tuple[str, ...]) -> dict:
+    """At the end of a group: keep only the accumulators, on the host."""
+    if rows.stop in params["ends"]:
+        return {name: to_host(device, state[name]) for name in keep if state.get(name) is not None} | (
+            {"blocks": state["blocks"]} if "blocks" in state else {})
+    return state
+
+
+# -- normal pass: Z = B^T (B Q), optionally writing Y = B Q and accumulating G = Y^T Y -------------
+def normal_init(device: Any, params: dict) -> dict:
+    q = params["Q"]
+    l = q.shape[1]
+    dt = q.dtype
+    return {"Q": upload(device, q), "Z": device.zeros((q.shape[0], l), dt),
+            "G": device.zeros((l, l), dt) if params.get("gram") else None,
+            "Ybuf": device.zeros((params["strip"], l), dt)}
+
+
+def normal_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict | None]:
+    """``Y_i = B_i Q``; ``Z += B_i^T Y_i``; ``G += Y_i^T Y_i`` (gram); write ``Y_i`` (write_y)."""
+    b = arrays[0]
+    r = rows.stop - rows.start
+    y = state["Ybuf"][:r]
+    _zero(device, y)
+    device.gemm_acc(y, b, state["Q"])
+    device.gemm_acc(state["Z"], b.T, y)
+    if state["G"] is not None:
+        device.gemm_acc(state["G"], y.T, y)
+    writes = {"Y": device.download(y, slice(0, r))} if params.get("write_y") else None
+    return _finish(device, rows, params, state, ("Z", "G")), writes
+
+
+# -- apply pass: Y = X W (X = B or a stored tall block), written, collected, or reduced to W'^T Y ----
+def apply_init(device: Any, params: dict) -> dict:
+    w = params["W"]
+    dt = w.dtype
+    c = w.shape[1]
+    st = {"W": upload(device, w), "Ybuf": device.zeros((params["strip"], c), dt),
+          "G": device.zeros((c, c), dt) if params.get("gram") else None}
+    if params.get("collect"):
+        st["blocks"] = []
+    return st
+
+
+def apply_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict | None]:
+    """``Y_i = X_i W``; write it as ``params["write"]``, collect it, and/or accumulate ``G += Y_i^T Y_i``."""
+    x = arrays[0]
+    r = rows.stop - rows.start
+    y = state["Ybuf"][:r]
+    _zero(device, y)
+    device.gemm_acc(y, x, state["W"])
+    if state["G"] is not None:
+        device.gemm_acc(state["G"], y.T, y)
+    writes = None
+    if params.get("write") or params.get("collect"):
+        host = device.download(y, slice(0, r))
+        if params.get("collect"):
+            state["blocks"].append((rows.start, np.array(host)))
+        if params.get("write"):
+            writes = {params["write"]: host}
+    return _finish(device, rows, params, state, ("G",)), writes
+
+
+# -- transposed apply: Z = X^T Y for a broadcast tall Y (operator rmatmat, eigsh) ------------------
+def rmat_init(device: Any, params: dict) -> dict:
+    y = params["Y"]
+    st = {"Yd": upload(device, y), "Z": device.zeros((params["n"], y.shape[1]), y.dtype)}
+    if params.get("check"):
+        st["blocks"] = []
+        st["Cbuf"] = device.zeros((params["strip"], y.shape[1]), y.dtype)
+    return st
+
+
+def rmat_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
+    """``Z += X_i^T Y[rows]``; with ``check`` (square X) also collect ``(X Y)[rows] = X_i Y``."""
+    x = arrays[0]
+    device.gemm_acc(state["Z"], x.T, state["Yd"][rows])
+    if params.get("check"):
+        r = rows.stop - rows.start
+        c = state["Cbuf"][:r]
+        _zero(device, c)
+        device.gemm_acc(c, x, state["Yd"])
+        state["blocks"].append((rows.start, np.array(device.download(c, slice(0, r)))))
+    return _finish(device, rows, params, state, ("Z",)), None
+
+
+# -- TSQR: R of a tall block, Householder per strip (the unconditionally stable fallback) ----------
+def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any) -> tuple[Any, None]:
+    """``R <- qr([R; Y_i]).R`` in float64 on the host (small: ``(strip + c) x c``)."""
+    import scipy.linalg
+
+    y = np.asarray(device.download(arrays[0], slice(0, rows.stop - rows.start)) if not device.host_resident
+                   else arrays[0], dtype=np.float64)
+    stacked = y if state is None else np.vstack([state, y])
+    r = scipy.linalg.qr(stacked, mode="r", check_finite=False)[0]
+    c = y.shape[1]
+    if r.shape[0] < c:
+        r = np.vstack([r, np.zeros((c - r.shape[0], c))])
+    return r[:c], None
+
+
+# -- single-pass sketch (Tropp, Yurtsever, Udell, Cevher 2019) -------------------------------------
+def sketch_init(device: Any, params: dict) -> dict:
+    om, ps = params["Omega"], params["Psi"]
+    dt = om.dtype
+    n, kp = om.shape
+    s = ps.shape[1]
+    st = params["strip"]
+    return {"Om": upload(device, om), "Ps": upload(device, ps), "Xt": device.zeros((n, kp), dt),
+            "Z": device.zeros((s, s), dt), "PY": device.zeros((s, kp), dt), "G": device.zeros((kp, kp), dt),
+            "Ybuf": device.zeros((st, kp), dt), "Tbuf": device.zeros((st, s), dt)}
+
+
+def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict]:
+    """One strip of the three sketches: ``Y = B Omega`` (written), ``X^T = B^T Upsilon^T``,
+    ``Z = Phi B Psi`` (and ``Phi Y``, ``Y^T Y`` for the orthonormalization)."""
+    b = arrays[0]
+    r0, r1 = rows.start, rows.stop
+    r = r1 - r0
+    dt = np.dtype(params["Omega"].dtype)
+    y = state["Ybuf"][:r]
+    t = state["Tbuf"][:r]
+    _zero(device, y)
+    _zero(device, t)
+    device.gemm_acc(y, b, state["Om"])
+    device.gemm_acc(t, b, state["Ps"])
+    ups = upload(device, gaussian(params["seed"], STREAM_UPSILON, r0, r1, params["Omega"].shape[1], dt))
+    phi = upload(device, gaussian(params["seed"], STREAM_PHI, r0, r1, params["Psi"].shape[1], dt))
+    device.gemm_acc(state["Xt"], b.T, ups)
+    device.gemm_acc(state["Z"], phi.T, t)
+    device.gemm_acc(state["PY"], phi.T, y)
+    device.gemm_acc(state["G"], y.T, y)
+    return _finish(device, rows, params, state, ("Xt", "Z", "PY", "G")), {"Y": device.download(y, slice(0, r))}
+
+
+# -- whole-matrix load (the in-core path: a matrix that fits the budget is read once) -------------
+def load_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any) -> tuple[Any, None]:
+    blocks = state or []
+    blk = arrays[0] if device.host_resident else device.download(arrays[0], slice(0, rows.stop - rows.start))
+    blocks.append((rows.start, np.ascontiguousarray(blk).copy() if not blk.flags.c_contiguous else np.array(blk)))
+    return blocks, None

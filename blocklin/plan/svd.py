@@ -1,0 +1,193 @@
+"""Planning the low-rank factorizations: sizes, pass counts, memory (pure functions, no I/O).
+
+All methods work on the *tall orientation* ``B`` (``M x N``, ``M >= N``): ``B = A`` for tall or
+square ``A`` and ``B = A^T`` for wide ``A`` (streamed as column strips of ``A``, never copied).
+Small factors (``N x l`` blocks, Krylov bases) stay in memory; the ``M``-long factor is written to a
+zarr array. On disk the cost is passes over ``A``; these are the documented formulas:
+
+================  =========================  =============================================
+method            passes over A              passes over stored intermediates (M x l)
+================  =========================  =============================================
+any, A in budget  1 (A is read once)         0
+rsvd              q + 1                      2 (CholeskyQR2 refinement, writing U)
+sketch            1                          2 (CholeskyQR2 refinement, writing U)
+lanczos           L + 1                      0
+eigsh             L                          0
+================  =========================  =============================================
+
+``q`` is the number of power iterations (each one fused pass ``Z = B^T (B Q)``), ``L`` the number of
+block Lanczos steps (one fused pass each; adaptive, at most ``max_passes - 1``). A shifted
+CholeskyQR (ill-conditioned sketch) adds one pass over the intermediate, the TSQR fallback one more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from blocklin.config import format_size
+from blocklin.errors import BudgetError, explain
+from blocklin.plan.passes import RowPassPlan, plan_row_pass
+
+#: Host bytes per element of in-core float64 work arrays.
+F64 = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class SvdPlan:
+    """Sizes and pass counts of one factorization."""
+
+    method: str
+    m: int
+    n: int
+    k: int
+    transposed: bool
+    M: int
+    N: int
+    dtype: str
+    block: int
+    power_iters: int | None
+    max_passes: int
+    max_basis: int
+    sketch_size: tuple[int, int] | None
+    in_core: bool
+    memory: int
+    client_bytes: int
+    pass_memory: int
+    passes: int | None
+    intermediate_passes: int
+    formula: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def explain(self) -> str:
+        where = "in memory (read once)" if self.in_core else "out of core"
+        p = self.passes if self.passes is not None else f"<= {self.max_passes}"
+        return (f"{self.method}: {self.m} x {self.n} {self.dtype}, k={self.k}, block {self.block}, {where}; "
+                f"passes over A: {p} ({self.formula}); in-core work {format_size(self.client_bytes)} of "
+                f"{format_size(self.memory)}")
+
+
+def svd_passes(method: str, *, in_core: bool, power_iters: int = 0, lanczos_steps: int = 0) -> int:
+    """Passes over ``A`` (the formulas of the module docstring)."""
+    if in_core:
+        return 1
+    if method == "rsvd":
+        return power_iters + 1
+    if method == "sketch":
+        return 1
+    if method == "lanczos":
+        return lanczos_steps + 1
+    if method == "eigsh":
+        return lanczos_steps
+    raise ValueError(method)
+
+
+def default_block(k: int, oversample: int, N: int) -> int:
+    """Lanczos block size: about half of ``k + oversample`` (at least 8), at most ``N``."""
+    return max(1, min(N, k + oversample, max(8, math.ceil((k + oversample) / 2))))
+
+
+def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch: tuple[int, int] | None) -> int:
+    """In-memory work outside the passes (float64 small factors, Krylov bases, sketches)."""
+    if method == "rsvd":
+        return 6 * N * block * F64 + 8 * block * block * F64
+    if method == "sketch":
+        kp, s = sketch
+        return N * (4 * kp + 2 * s) * F64 + 4 * s * s * F64 + 4 * kp * kp * F64
+    # lanczos / eigsh: V and W bases, Ritz vectors and residual block, eigh of the projected matrix
+    return (2 * max_basis + 2 * (k + block) + 2 * block) * N * F64 + 3 * max_basis * max_basis * F64
+
+
+def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample: int, power_iters: int | None,
+             memory: int, max_passes: int, block_size: int | None = None, max_basis: int | None = None,
+             square: bool = False) -> SvdPlan:
+    """Plan one factorization (``method`` in rsvd, sketch, lanczos, eigsh).
+
+    Raises
+    ------
+    BudgetError
+        When the in-core part (``N x block`` factors, the Krylov basis) leaves nothing for the passes.
+    """
+    dt = np.dtype(dtype)
+    transposed = m < n and not square
+    M, N = (n, m) if transposed else (m, n)
+    sketch = None
+    if method == "rsvd":
+        block = min(N, k + oversample)
+        basis = block
+    elif method == "sketch":
+        kp = min(N, k + oversample)
+        s = min(N, 2 * kp + 1)
+        sketch = (kp, s)
+        block = kp
+        basis = kp
+    else:
+        block = block_size or default_block(k, oversample, N)
+        block = max(1, min(block, N))
+        basis = max_basis or max(3 * (k + oversample), k + oversample + 2 * block)
+        basis = max(k + block, min(basis, N))
+    cb = client_bytes(method, N, k, block, basis, sketch)
+    a_bytes = M * N * dt.itemsize
+    in_core_need = 2 * a_bytes + cb + 4 * M * block * F64
+    in_core = in_core_need <= memory
+    pass_memory = memory - cb
+    if not in_core and pass_memory < memory // 8:
+        raise BudgetError(explain(
+            "memory", f"must hold the in-core part of {method} (N x block factors, bases) with room to stream A",
+            f"{format_size(memory)} for {format_size(cb)} of in-core work (N={N}, block={block}, basis={basis})",
+            f"raise it to at least {format_size(cb * 1.5)} (memory='{math.ceil(cb * 1.5 / 2**20)}MiB'), or lower "
+            "k, oversample or the block size"))
+    if method == "rsvd":
+        passes = svd_passes("rsvd", in_core=in_core, power_iters=power_iters) if power_iters is not None else None
+        formula = "1 (in core)" if in_core else "q + 1"
+        inter = 0 if in_core else 2
+    elif method == "sketch":
+        passes, formula, inter = 1, "1 (single pass)", 0 if in_core else 2
+    elif method == "lanczos":
+        passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "L + 1", 0
+    else:
+        passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "L", 0
+    return SvdPlan(method=method, m=m, n=n, k=k, transposed=transposed, M=M, N=N, dtype=dt.name, block=block,
+                   power_iters=power_iters, max_passes=max_passes, max_basis=basis, sketch_size=sketch,
+                   in_core=in_core, memory=memory, client_bytes=cb, pass_memory=max(pass_memory, 0), passes=passes,
+                   intermediate_passes=inter, formula=formula)
+
+
+def plan_kernel_pass(kind: str, M: int, N: int, c: int, dtype: np.dtype, *, chunk_rows: int, memory: int,
+                     workers: int = 1, cores: int = 1, s: int = 0, source_itemsize: int | None = None,
+                     min_tasks: int | None = None) -> RowPassPlan:
+    """Row-pass plan of one kernel pass over ``M`` rows of width ``N`` (``c`` columns of the small block).
+
+    ``kind``: ``normal`` (``Z = B^T B Q``), ``apply`` (``Y = X W``), ``rmat`` (``Z = X^T Y``),
+    ``sketch``, ``tsqr`` or ``load``. The per-task fixed bytes and per-row temporaries below are what
+    the kernels of :mod:`blocklin.linalg._svd_kernels` allocate.
+    """
+    w = np.dtype(dtype).itemsize
+    row_bytes = N * (source_itemsize or w)
+    if kind == "normal":
+        fixed = 2 * N * c * w + c * c * w
+        extra = 2 * c * w
+    elif kind == "apply":
+        fixed = N * c * w + c * c * w
+        extra = 3 * c * w
+    elif kind == "rmat":
+        fixed = 2 * M * c * w + N * c * w  # broadcast Y (and its upload) + accumulator
+        extra = 2 * c * w
+    elif kind == "sketch":
+        fixed = N * (2 * c + s) * w + (s * s + s * c + c * c) * w
+        extra = (2 * c + s) * w + (c + s) * (F64 + w)
+    elif kind == "tsqr":
+        fixed = 4 * c * c * F64
+        extra = 4 * c * F64
+    elif kind == "load":
+        fixed = 0
+        extra = N * w  # the kept copy of each strip
+    else:
+        raise ValueError(kind)
+    return plan_row_pass(M, row_bytes, chunk_rows=chunk_rows, memory=memory, fixed_bytes=fixed,
+                         strip_extra_row_bytes=extra, workers=workers, cores=cores, prefetch=1,
+                         min_tasks=min_tasks)
