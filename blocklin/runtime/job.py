@@ -26,7 +26,18 @@ from blocklin.storage.atomic import AtomicOutput
 
 
 def peak_rss() -> int:
-    """Peak resident memory of this process so far, in bytes."""
+    """Peak resident memory of this process so far, in bytes.
+
+    Reads the kernel's high-water mark (``VmHWM``), which belongs to this process alone; the
+    ``ru_maxrss`` fallback (non-Linux) can include a parent's memory inherited at fork.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
