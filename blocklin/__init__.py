@@ -17,3 +17,5 @@ from blocklin.matrix import Matrix  # noqa: E402
 __all__ = ["Matrix", "config", "configure", "errors", "from_array", "matmul", "open", "random"]
 # Capabilities added by later modules register their public names below, one line each.
 from blocklin.storage.convert import convert  # noqa: E402
+from blocklin.linalg.inverse import inv  # noqa: E402
+from blocklin.linalg.tikhonov import solve  # noqa: E402

@@ -1,0 +1,370 @@
+"""Tile tasks and row-pass kernels of the out-of-core inverse (:mod:`blocklin.linalg.inverse`).
+
+Everything here runs inside a scheduler task: small frozen specs (paths, offsets, plans) come in,
+stores are opened per process, blocks stream through the device, and small statistics (sums of
+squares, probe products, reciprocal condition numbers) go back. Results are reduced by the caller
+in a fixed order, so they do not depend on the scheduler.
+
+Contents
+--------
+* the random butterfly transformation (RBT) of Givens rotations: :class:`Butterfly`;
+* :func:`region_gemm_tile`: ``out[R] = alpha * A[Ra] @ B[Rb] + beta * C[Rc] (+ I)`` on sub-blocks of
+  stored matrices (the Schur-complement recursion and Newton-Schulz work in place on regions);
+* :func:`leaf_inverse_task`: in-core LU inversion with partial pivoting of a diagonal region;
+* :func:`unmix_columns_task`: ``X[:, cols] = V @ Y[:, cols]`` (undo the RBT), with ``||X||_F^2`` and
+  probe products ``X[:, cols] @ P[cols]``;
+* row-pass kernels: :func:`mix_kernel` (``W = M V``), :func:`probe_kernel` (``P - M (X P)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from blocklin.device import TileStream, get_device
+from blocklin.plan.chunks import split
+from blocklin.plan.gemm import GemmPlan
+from blocklin.runtime.tiles import check_finite, ensure_blas_threads, open_array, region
+from blocklin.storage.zarr_store import read_block, write_block
+
+class Params:
+    """Kernel parameters carried by a spec through the scheduler.
+
+    Hashable by identity (graph executors test task arguments against keys, and parameters may
+    hold arrays) and tokenized by content, so graph names stay deterministic.
+    """
+
+    def __init__(self, **items: Any) -> None:
+        self.__dict__.update(items)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.__dict__[key]
+
+    def __dask_tokenize__(self) -> Any:
+        from dask.base import tokenize
+
+        return tokenize(sorted(self.__dict__.items()))
+
+
+# -- random butterfly transformation ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Butterfly:
+    """A random butterfly ``V = G_1 G_2 ... G_d`` of Givens rotations (orthogonal, ``n x n``).
+
+    Level ``l`` cuts ``range(n)`` into ``2**(l-1)`` segments; in a segment of length ``L`` it rotates
+    index ``s + i`` with ``s + h + i`` (``h = L // 2``, ``i < h``) by a random angle; with an odd
+    ``L`` the last index of the segment is left alone at that level. This is the recursive butterfly
+    of Parker (1995) with rotations in place of his random diagonal pairs, which keeps ``V``
+    orthogonal (no loss of accuracy, ``||M V||_F = ||M||_F``), as in the "random butterfly
+    matrices" studied by Peca-Medlin and Trogdon (2023). ``depth=0`` is the identity.
+    """
+
+    n: int
+    depth: int
+    seed: int
+
+    def levels(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """``(p, q, cos, sin)`` index pairs and rotations of every level, outermost first."""
+        rng = np.random.default_rng(self.seed)
+        out = []
+        segments = [(0, self.n)]
+        for _ in range(self.depth):
+            ps, qs, nxt = [], [], []
+            for s, e in segments:
+                h = (e - s) // 2
+                if h == 0:
+                    continue
+                ps.append(np.arange(s, s + h))
+                qs.append(np.arange(s + h, s + 2 * h))
+                nxt += [(s, s + h), (s + h, e)]
+            if not ps:
+                break
+            p, q = np.concatenate(ps), np.concatenate(qs)
+            theta = rng.uniform(0.0, 2.0 * np.pi, size=p.size)
+            out.append((p, q, np.cos(theta), np.sin(theta)))
+            segments = nxt
+        return out
+
+    def right(self, x: np.ndarray, transpose: bool = False) -> np.ndarray:
+        """``x @ V`` (``x @ V^T`` with ``transpose``) in place on the columns of ``x`` (rows independent)."""
+        levels = self.levels()
+        for p, q, c, s in (reversed(levels) if transpose else levels):
+            s = -s if transpose else s
+            xp, xq = x[:, p], x[:, q]
+            x[:, p] = xp * c + xq * s
+            x[:, q] = xq * c - xp * s
+        return x
+
+    def left(self, y: np.ndarray, transpose: bool = False) -> np.ndarray:
+        """``V @ y`` (``V^T @ y`` with ``transpose``) in place on the rows of ``y`` (columns independent)."""
+        levels = self.levels()
+        for p, q, c, s in (levels if transpose else reversed(levels)):
+            s = -s if transpose else s
+            yp, yq = y[p, :], y[q, :]
+            c_, s_ = c[:, None], s[:, None]
+            y[p, :] = yp * c_ - yq * s_
+            y[q, :] = yp * s_ + yq * c_
+        return y
+
+
+# -- row-pass kernels ----------------------------------------------------------------------------------
+
+
+def mix_init(device: Any, params: Any) -> dict:
+    return {"sumsq": 0.0}
+
+
+def mix_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict]:
+    """``W[rows] = (M[rows] @ V).astype(work dtype)`` (``I - M`` when ``shift``); accumulate ``||.||_F^2``."""
+    (m,) = arrays
+    x = np.asarray(m, dtype=np.float64)
+    if params["shift"]:  # stage I - M
+        x = -x if x is not m else np.negative(x, out=x)
+        idx = np.arange(rows.stop - rows.start)
+        x[idx, rows.start + idx] += 1.0
+    state["sumsq"] += _sumsq(x)
+    bf: Butterfly = params["butterfly"]
+    if bf.depth:
+        x = bf.right(x, transpose=params["transpose"])  # in place: the strip buffer is not reused before the write
+    if params["probe_seed"] is not None:  # (X P)[rows] of the written block
+        p = probes(x.shape[1], params["probe_k"], params["probe_seed"])
+        if "xp" not in state:
+            state["xp"] = np.zeros((x.shape[1], params["probe_k"]))
+        state["xp"][rows] += x @ p
+    return state, {"w": x.astype(params["dtype"], copy=False)}
+
+
+def probe_init(device: Any, params: Any) -> dict:
+    return {"sumsq": 0.0}
+
+
+def probe_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
+    """Accumulate ``||P[rows] - M[rows] @ W||_F^2`` with ``W = X P`` (``P`` regenerated from its seed)."""
+    (m,) = arrays
+    w = params["w"]
+    p = probes(params["n"], w.shape[1], params["seed"])[rows]
+    r = p - np.asarray(m, dtype=np.float64) @ w
+    state["sumsq"] += float(np.einsum("ij,ij->", r, r))
+    return state, None
+
+
+def probes(n: int, k: int, seed: int) -> np.ndarray:
+    """The ``n x k`` standard normal probe block (``E ||R p||^2 = ||R||_F^2`` for each column)."""
+    return np.random.default_rng([seed, 7]).standard_normal((n, k))
+
+
+# -- region GEMM tile ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionGemmSpec:
+    """``out[o0+rows, o1+cols] = alpha * A[a0+rows, a1+k] @ B[b0+k, b1+cols] + beta * C[...] (+ I)``.
+
+    Offsets are multiples of the output chunks, so every tile owns whole chunks. ``c`` may be the
+    output itself at the same offsets (each tile reads its own block before writing it).
+    ``identity_offset`` adds ``1`` where the global row index equals the global column index plus
+    that offset (``I - M X``); ``probe_seed`` returns ``tile @ P[cols]`` for residual probing.
+    """
+
+    a: str
+    a_off: tuple[int, int]
+    b: str
+    b_off: tuple[int, int]
+    c: str | None
+    c_off: tuple[int, int]
+    out: str
+    out_off: tuple[int, int]
+    alpha: float
+    beta: float
+    dtype: str
+    plan: GemmPlan
+    device: str
+    device_memory: int | None
+    check_finite: bool = False
+    add_identity: bool = False
+    probe_seed: int | None = None
+    probe_k: int = 0
+    probe_n: int = 0
+    blas_threads: int | None = None
+
+
+def region_gemm_tile(spec: RegionGemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
+    """One output tile of a region GEMM; returns ``sumsq`` of the tile (and a probe product)."""
+    ensure_blas_threads(spec.blas_threads)
+    t0 = time.perf_counter()
+    A, B = open_array(spec.a), open_array(spec.b)
+    dtype = np.dtype(spec.dtype)
+    device = get_device(spec.device, device_memory=spec.device_memory)
+    plan = spec.plan
+    panels = plan.k_panels()
+    tm, tn = rows.stop - rows.start, cols.stop - cols.start
+    (a0, a1), (b0, b1) = spec.a_off, spec.b_off
+    nbytes = [0]
+
+    def load(p: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        k0, k1 = panels[p]
+        ra, ca = slice(a0 + rows.start, a0 + rows.stop), slice(a1 + k0, a1 + k1)
+        rb, cb = slice(b0 + k0, b0 + k1), slice(b1 + cols.start, b1 + cols.stop)
+        va = read_block(A, ra, ca, out=region(bufs[0], (tm, k1 - k0)))
+        vb = read_block(B, rb, cb, out=region(bufs[1], (k1 - k0, tn)))
+        nbytes[0] += va.nbytes + vb.nbytes
+        if spec.check_finite:
+            check_finite(va, "a", ra, ca)
+            check_finite(vb, "b", rb, cb)
+        if va.dtype != dtype:
+            va, vb = va.astype(dtype), vb.astype(dtype)
+        return va, vb
+
+    acc = device.zeros((tm, tn), dtype)
+    stream = TileStream(device, len(panels), load, [(plan.tm, plan.tk), (plan.tk, plan.tn)], [A.dtype, B.dtype],
+                        depth=plan.prefetch)
+    for _, (a_dev, b_dev) in stream:
+        device.gemm_acc(acc, a_dev, b_dev)
+    host = acc if device.host_resident else device.download(acc, slice(0, tm))
+    host = np.asarray(host)
+    if spec.alpha != 1.0:
+        host *= dtype.type(spec.alpha)
+    o0, o1 = spec.out_off
+    if spec.c is not None and spec.beta != 0.0:
+        C = open_array(spec.c)
+        c0, c1 = spec.c_off
+        block = read_block(C, slice(c0 + rows.start, c0 + rows.stop), slice(c1 + cols.start, c1 + cols.stop))
+        nbytes[0] += block.nbytes
+        host += block.astype(dtype, copy=False) if spec.beta == 1.0 else dtype.type(spec.beta) * block
+    if spec.add_identity:
+        gr = np.arange(o0 + rows.start, o0 + rows.stop)
+        gc = np.arange(o1 + cols.start, o1 + cols.stop)
+        ii, jj = np.nonzero(gr[:, None] == gc[None, :])
+        host[ii, jj] += 1.0
+    out_arr = open_array(spec.out, mode="r+")
+    write_block(out_arr, slice(o0 + rows.start, o0 + rows.stop), slice(o1 + cols.start, o1 + cols.stop), host)
+    result = {
+        "sumsq": _sumsq(host),
+        "bytes_read": nbytes[0],
+        "bytes_written": host.nbytes,
+        "flops": 2 * tm * tn * (panels[-1][1] if panels else 0),
+        "seconds": time.perf_counter() - t0,
+        "load_seconds": stream.load_seconds,
+        "wait_seconds": stream.wait_seconds,
+    }
+    if spec.probe_seed is not None:
+        p = probes(spec.probe_n, spec.probe_k, spec.probe_seed)[o1 + cols.start:o1 + cols.stop]
+        result["probe"] = (rows.start, host.astype(np.float64, copy=False) @ p)
+    return result
+
+
+# -- leaf inversion ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSpec:
+    """Invert the diagonal region ``[off, off + size)^2`` of ``src`` into the same region of ``dst``."""
+
+    src: str
+    dst: str
+    off: int
+    size: int
+    dtype: str
+    blas_threads: int | None = None
+
+
+def leaf_inverse_task(spec: LeafSpec) -> dict:
+    """LU with partial pivoting (LAPACK getrf/gecon/getri) of one block that fits the budget.
+
+    Returns ``rcond`` (LAPACK's 1-norm reciprocal condition estimate), ``info`` (``> 0``: exact
+    zero pivot) and the sum of squares of the inverse. The block is stored row-major; LAPACK sees
+    its transpose, whose inverse is the transpose of the inverse, so no copy is needed.
+    """
+    from scipy.linalg import lapack
+
+    ensure_blas_threads(spec.blas_threads)
+    t0 = time.perf_counter()
+    dtype = np.dtype(spec.dtype)
+    src = open_array(spec.src)
+    sl = slice(spec.off, spec.off + spec.size)
+    a = np.empty((spec.size, spec.size), dtype=dtype)
+    a = read_block(src, sl, sl, out=a) if src.dtype == dtype else read_block(src, sl, sl).astype(dtype)
+    at = a.T  # Fortran-ordered view of A^T
+    anorm = max((float(np.abs(a[r0:r1]).sum(axis=1).max()) for r0, r1 in split(spec.size, 256)), default=0.0)
+    getrf, gecon, getri, getri_lwork = lapack.get_lapack_funcs(("getrf", "gecon", "getri", "getri_lwork"), (at,))
+    lu, piv, info = getrf(at, overwrite_a=True)
+    rcond = 0.0
+    if info == 0:
+        rcond, _ = gecon(lu, anorm, norm="1")
+        rcond = float(rcond)
+        lwork, _ = getri_lwork(spec.size)
+        inv_t, info = getri(lu, piv, lwork=int(lwork.real) if hasattr(lwork, "real") else int(lwork),
+                            overwrite_lu=True)
+        a = inv_t.T
+    flops = 2 * spec.size**3
+    if info != 0:
+        return {"rcond": 0.0, "info": int(info), "sumsq": float("nan"), "flops": flops, "bytes_read": a.nbytes,
+                "bytes_written": 0, "off": spec.off, "size": spec.size}
+    dst = open_array(spec.dst, mode="r+")
+    write_block(dst, sl, sl, np.ascontiguousarray(a))
+    return {"rcond": rcond, "info": 0, "sumsq": _sumsq(a), "flops": flops,
+            "bytes_read": a.nbytes, "bytes_written": a.nbytes, "seconds": time.perf_counter() - t0,
+            "off": spec.off, "size": spec.size, "anorm": anorm}
+
+
+# -- undo the butterfly: X = V Y ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class UnmixSpec:
+    """``X[:, cols] = V @ Y[:, cols]`` (cast to ``dtype``) for column strips of ``width``."""
+
+    src: str
+    dst: str
+    butterfly: Butterfly
+    dtype: str
+    probe_seed: int
+    probe_k: int
+    blas_threads: int | None = None
+    transpose: bool = False
+
+
+def unmix_columns_task(spec: UnmixSpec, c0: int, c1: int) -> dict:
+    """One column strip: undo the RBT, write, return ``sumsq`` and ``X[:, c0:c1] @ P[c0:c1]``."""
+    ensure_blas_threads(spec.blas_threads)
+    t0 = time.perf_counter()
+    src = open_array(spec.src)
+    n = src.shape[0]
+    y = read_block(src, slice(0, n), slice(c0, c1)).astype(spec.dtype, copy=False)
+    if y.dtype != np.dtype(spec.dtype) or not y.flags.writeable:
+        y = np.array(y, dtype=spec.dtype)
+    x = spec.butterfly.left(y, transpose=spec.transpose) if spec.butterfly.depth else y
+    dst = open_array(spec.dst, mode="r+")
+    write_block(dst, slice(0, n), slice(c0, c1), x)
+    p = probes(n, spec.probe_k, spec.probe_seed)[c0:c1]
+    return {"sumsq": _sumsq(x), "probe": x.astype(np.float64, copy=False) @ p, "bytes_read": y.nbytes,
+            "bytes_written": x.nbytes, "seconds": time.perf_counter() - t0}
+
+
+def copy_columns_task(src_path: str, dst_path: str, c0: int, c1: int) -> dict:
+    """Copy the column strip ``[:, c0:c1]`` (whole chunks) from one store to another."""
+    src, dst = open_array(src_path), open_array(dst_path, mode="r+")
+    n = src.shape[0]
+    block = read_block(src, slice(0, n), slice(c0, c1))
+    write_block(dst, slice(0, n), slice(c0, c1), block)
+    return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
+
+
+def column_strips(n: int, width: int) -> list[tuple[int, int]]:
+    """Column strips of ``width`` (a multiple of the chunk width) covering ``range(n)``."""
+    return split(n, width)
+
+
+def _sumsq(x: np.ndarray) -> float:
+    """``||x||_F^2`` in float64 without a full-size temporary."""
+    total = 0.0
+    rows = max(1, (1 << 18) // max(1, x.shape[1])) if x.ndim == 2 and x.shape[1] else max(1, x.shape[0])
+    for r0 in range(0, x.shape[0], rows):
+        blk = np.asarray(x[r0:r0 + rows], dtype=np.float64)
+        total += float(np.einsum("ij,ij->", blk, blk))
+    return total
