@@ -1,0 +1,98 @@
+"""Row-pass kernels of the regularized solver and the streaming QR.
+
+Each kernel is ``kernel(device, arrays, rows, params, state) -> (state, writes)`` (see
+:mod:`blocklin.runtime.passes`): ``arrays`` are the strip's blocks of ``A`` (and ``B``), the state
+is a small dict of host arrays that the caller reduces in row order. The solver's passes run on
+the CPU device (the states are ``n x n``); on the CPU the Gram update is a BLAS ``syrk`` (half the
+flops of a GEMM).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _syrk_acc(g: np.ndarray, a: np.ndarray) -> None:
+    """``upper(g) += a^T a`` in place (``g`` C-contiguous ``n x n``, ``a`` an ``h x n`` strip)."""
+    from scipy.linalg import blas
+
+    f = {np.dtype(np.float64): blas.dsyrk, np.dtype(np.float32): blas.ssyrk}.get(g.dtype)
+    if f is None or not g.flags.c_contiguous:
+        g += a.T @ a
+        return
+    at = a.T  # n x h, Fortran-ordered when a is C-ordered
+    if not at.flags.f_contiguous:
+        at = np.asfortranarray(at)
+    # g.T is Fortran-ordered; BLAS fills its upper triangle = the lower triangle of g.
+    f(1.0, at, beta=1.0, c=g.T, trans=0, lower=0, overwrite_c=1)
+
+
+def symmetrize_lower(g: np.ndarray) -> np.ndarray:
+    """Complete a matrix whose lower triangle (row-major view) holds the Gram sums."""
+    il = np.tril_indices(g.shape[0], -1)
+    g[il[1], il[0]] = g[il]
+    return g
+
+
+def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
+    """Accumulate ``A^T A`` (lower triangle), ``A^T B``, ``||B_j||^2`` and ``||A||_F^2``."""
+    a = np.asarray(arrays[0], dtype=params["dtype"])
+    b = np.asarray(arrays[1], dtype=params["dtype"]) if len(arrays) > 1 else None
+    if state is None:
+        n = a.shape[1]
+        k = b.shape[1] if b is not None else 0
+        state = {"g": np.zeros((n, n), params["dtype"]), "c": np.zeros((n, k), params["dtype"]),
+                 "bb": np.zeros(k), "aa": 0.0}
+    _syrk_acc(state["g"], a)
+    if b is not None:
+        state["c"] += a.T @ b
+        state["bb"] += np.einsum("ij,ij->j", b, b, dtype=np.float64)
+    state["aa"] += float(np.einsum("ij,ij->", a, a, dtype=np.float64))
+    return state, None
+
+
+def residual_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
+    """``r = B - A X`` per strip: accumulate ``A^T r`` and ``||r_j||^2`` (refinement against the data)."""
+    a = np.asarray(arrays[0], dtype=params["dtype"])
+    b = np.asarray(arrays[1], dtype=params["dtype"])
+    x = params["x"]
+    r = b - a @ x
+    if state is None:
+        state = {"atr": np.zeros(x.shape, params["dtype"]), "rr": np.zeros(x.shape[1])}
+    state["atr"] += a.T @ r
+    state["rr"] += np.einsum("ij,ij->j", r, r, dtype=np.float64)
+    return state, None
+
+
+def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
+    """Streaming Householder QR of ``[A B]``: ``R <- R-factor of [R; strip]`` (Demmel et al. 2012).
+
+    The state holds the ``(n+k) x (n+k)`` upper-triangular factor of the rows seen so far, whose
+    leading ``n x n`` block is ``R`` of ``A``, whose last ``k`` columns hold ``Q^T B`` and the
+    residual factor ``T`` with ``||T e_j|| = min_x ||A x - b_j||``; plus ``||A||_F^2`` and ``||B_j||^2``.
+    """
+    a = np.asarray(arrays[0], dtype=params["dtype"])
+    parts = [a]
+    if len(arrays) > 1:
+        parts.append(np.asarray(arrays[1], dtype=params["dtype"]))
+    strip = np.hstack(parts) if len(parts) > 1 else a
+    width = strip.shape[1]
+    if state is None:
+        state = {"r": np.zeros((0, width), params["dtype"]), "aa": 0.0, "bb": np.zeros(width - a.shape[1])}
+    state["aa"] += float(np.einsum("ij,ij->", a, a, dtype=np.float64))
+    if len(parts) > 1:
+        state["bb"] += np.einsum("ij,ij->j", parts[1], parts[1], dtype=np.float64)
+    state["r"] = r_factor(np.vstack([state["r"], strip]))
+    return state, None
+
+
+def r_factor(x: np.ndarray) -> np.ndarray:
+    """Upper-triangular (trapezoidal when short) R of Householder QR, at most ``width`` rows."""
+    from scipy.linalg import qr
+
+    if x.shape[0] == 0:
+        return x
+    (r,) = qr(x, mode="r", overwrite_a=True, check_finite=False)
+    return np.ascontiguousarray(r[: min(x.shape)])

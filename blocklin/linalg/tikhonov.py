@@ -1,0 +1,485 @@
+"""Tikhonov-regularized least squares, out of core: ``min ||A x - b||^2 + lam^2 ||x||^2``."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import ShapeError, SingularMatrixError, warn
+from blocklin.errors import explain as _msg
+from blocklin.linalg._inv_kernels import Params
+from blocklin.linalg._solve_kernels import gram_kernel, residual_kernel, symmetrize_lower
+from blocklin.linalg.qr import tsqr_pass
+from blocklin.matrix import Matrix
+from blocklin.plan.chunks import auto_chunks
+from blocklin.plan.solve import SolvePlan, plan_solve, plan_tall_pass
+from blocklin.runtime.job import Job
+from blocklin.runtime.passes import RowPassSpec, run_row_pass
+from blocklin.storage.zarr_store import create_array, write_block
+
+METHODS = ("auto", "normal", "qr")
+#: ``auto`` keeps the normal equations while the regularized Gram matrix's reciprocal condition
+#: estimate is above this (``cond(A)`` below about ``1e5``; refinement then recovers full accuracy).
+AUTO_RCOND = 1e-10
+#: Points of the lambda grid for GCV and the L-curve.
+GRID = 300
+
+
+# -- the small problem in spectral form -----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Spectrum:
+    """``A = U diag(s) V^T`` reduced to what every lambda needs.
+
+    ``beta = U^T b`` (``r x k``) and ``rho0sq`` (``k``: ``||b||^2 - ||U^T b||^2``, the part of ``b``
+    no lambda can fit). For tall problems ``basis`` is ``V`` (``x = V diag(s/(s^2+lam^2)) beta``); for
+    wide ones it is ``U`` and ``x = A^T U diag(1/(s^2+lam^2)) beta`` (the dual form).
+    """
+
+    s: np.ndarray
+    basis: np.ndarray
+    beta: np.ndarray
+    rho0sq: np.ndarray
+    m: int
+    n: int
+    dual: bool = False
+
+    def filt(self, lam: float) -> np.ndarray:
+        s2 = self.s**2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(s2 + lam**2 > 0, 1.0 / (s2 + lam**2), 0.0)
+
+    def coefficients(self, lam: float) -> np.ndarray:
+        """``x`` (tall) or the dual ``y`` with ``x = A^T y`` (wide)."""
+        f = self.filt(lam)
+        w = (f if self.dual else self.s * f)[:, None] * self.beta
+        return self.basis @ w
+
+    def residual_sq(self, lam: float) -> np.ndarray:
+        g = lam**2 * self.filt(lam)
+        return self.rho0sq + np.einsum("i,ij->j", g**2, self.beta**2)
+
+    def solution_sq(self, lam: float) -> np.ndarray:
+        g = self.s * self.filt(lam)
+        return np.einsum("i,ij->j", g**2, self.beta**2)
+
+    def dof(self, lam: float) -> float:
+        return float(np.sum(self.s**2 * self.filt(lam)))
+
+    def gcv(self, lam: float) -> float:
+        """Golub-Heath-Wahba ``V(lam) = m ||r||^2 / (m - dof)^2`` (summed over right-hand sides)."""
+        den = (self.m - self.dof(lam)) ** 2
+        return float(self.m * self.residual_sq(lam).sum() / den) if den > 0 else float("inf")
+
+    def grid(self, points: int = GRID) -> np.ndarray:
+        smax = float(self.s.max()) if self.s.size else 1.0
+        smin = float(self.s[self.s > 0].min()) if np.any(self.s > 0) else smax
+        lo = max(smin, smax * 1e-16 ** 0.5 * 1e-4) / 10
+        return np.logspace(math.log10(max(lo, 1e-300)), math.log10(max(smax, 1e-300)), points)
+
+
+def _spectrum_from_r(r: np.ndarray, qtb: np.ndarray, rho: np.ndarray, m: int) -> Spectrum:
+    u, s, vt = np.linalg.svd(r, full_matrices=False)
+    return Spectrum(s=s, basis=vt.T, beta=u.T @ qtb, rho0sq=rho**2, m=m, n=r.shape[1])
+
+
+def _spectrum_from_gram(g: np.ndarray, c: np.ndarray, bb: np.ndarray, m: int, *, dual: bool,
+                        n: int) -> Spectrum:
+    ev, w = np.linalg.eigh(g)
+    ev, w = ev[::-1], w[:, ::-1]
+    s = np.sqrt(np.clip(ev, 0.0, None))
+    if dual:  # g = A A^T, c = b: beta = U^T b
+        beta = w.T @ c
+    else:  # g = A^T A, c = A^T b: beta = diag(1/s) V^T A^T b
+        keep = s > s[0] * np.finfo(np.float64).eps * max(g.shape) if s.size else s > 0
+        beta = np.zeros((s.size, c.shape[1]))
+        beta[keep] = (w[:, keep].T @ c) / s[keep, None]
+    if dual:  # U spans R^m: every component of b is in beta (zero singular values fit nothing)
+        rho0sq = np.zeros(beta.shape[1])
+    else:
+        rho0sq = np.clip(bb - np.einsum("ij,ij->j", beta, beta), 0.0, None)
+    return Spectrum(s=s, basis=w, beta=beta, rho0sq=rho0sq, m=m, n=n, dual=dual)
+
+
+def choose_lambda(spec: Spectrum, rule: str) -> tuple[float, dict]:
+    """``"gcv"`` (Golub, Heath and Wahba, 1979) or ``"lcurve"`` (Hansen, 1998): lambda and the curve."""
+    lams = spec.grid()
+    rr = np.array([spec.residual_sq(l).sum() for l in lams])
+    xx = np.array([spec.solution_sq(l).sum() for l in lams])
+    curve = {"lam": lams.tolist(), "residual_norm": np.sqrt(rr).tolist(), "solution_norm": np.sqrt(xx).tolist()}
+    if rule == "gcv":
+        g = np.array([spec.gcv(l) for l in lams])
+        i = int(np.nanargmin(g))
+        lo, hi = lams[max(0, i - 1)], lams[min(len(lams) - 1, i + 1)]
+        from scipy.optimize import minimize_scalar
+
+        best = lams[i]
+        if hi > lo:
+            res = minimize_scalar(lambda t: spec.gcv(10.0**t), bounds=(math.log10(lo), math.log10(hi)),
+                                  method="bounded", options={"xatol": 1e-4})
+            if res.success and spec.gcv(10.0**res.x) <= g[i]:
+                best = 10.0**res.x
+        curve["gcv"] = g.tolist()
+        return float(best), curve
+    # L-curve corner: maximum curvature of (log ||r||, log ||x||) as a function of log lam.
+    t = np.log(lams)
+    x, y = 0.5 * np.log(np.maximum(rr, 1e-300)), 0.5 * np.log(np.maximum(xx, 1e-300))
+    dx, dy = np.gradient(x, t), np.gradient(y, t)
+    ddx, ddy = np.gradient(dx, t), np.gradient(dy, t)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        kappa = (dx * ddy - ddx * dy) / (dx**2 + dy**2) ** 1.5
+    kappa[~np.isfinite(kappa)] = -np.inf
+    kappa[[0, -1]] = -np.inf  # one-sided differences at the ends
+    i = int(np.argmax(kappa))
+    curve["curvature"] = np.where(np.isfinite(kappa), kappa, np.nan).tolist()
+    return float(lams[i]), curve
+
+
+# -- the solver -------------------------------------------------------------------------------------------------
+
+
+def _parse_lam(lam: Any) -> tuple[str, list[float]]:
+    if isinstance(lam, str):
+        rule = lam.strip().lower()
+        if rule in ("gcv", "lcurve", "l-curve"):
+            return ("gcv" if rule == "gcv" else "lcurve"), []
+        raise ValueError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv' or 'lcurve'", repr(lam),
+                                 "pass lam=1e-3, lam=[1e-4, 1e-3, 1e-2] or lam='gcv'"))
+    if isinstance(lam, (Sequence, np.ndarray)) and not isinstance(lam, str):
+        vals = [float(v) for v in np.asarray(lam, dtype=float).ravel()]
+        kind = "sequence"
+        if not vals:
+            raise ValueError(_msg("lam", "sequence must not be empty", "[]", "pass at least one value"))
+    else:
+        try:
+            vals = [float(lam)]
+        except (TypeError, ValueError):
+            raise ValueError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv' or 'lcurve'",
+                                     repr(lam), "pass lam=1e-3")) from None
+        kind = "scalar"
+    for v in vals:
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(_msg("lam", "must be finite and >= 0 (it multiplies ||x|| in "
+                                     "min ||A x - b||^2 + lam^2 ||x||^2)", repr(v), "pass lam=0.0 or a positive value"))
+    return kind, vals
+
+
+def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = None, refine: int = 1,
+          memory: Any = None, device: str | None = None, scheduler: Any = None, workers: int | None = None,
+          progress: Any = None, check_finite: bool | None = None, overwrite: bool = False,
+          explain: bool = False) -> Matrix | SolvePlan:
+    """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
+
+    Parameters
+    ----------
+    a : path, zarr array, Matrix, NumPy or Dask array
+        ``m x n``. Never modified.
+    b : operand
+        ``m x k`` right-hand sides (a 1-D NumPy vector is taken as one column).
+    lam : float, sequence of floats, "gcv" or "lcurve"
+        Regularization ``lam >= 0``. A sequence solves every value from one pass (via the SVD of the
+        streaming R factor); ``"gcv"`` minimizes generalized cross-validation (Golub, Heath and
+        Wahba, 1979) and ``"lcurve"`` takes the corner of the L-curve (Hansen, 1998); both report the
+        chosen value and the curve. ``lam=0`` is ordinary least squares (full column rank needed for
+        tall ``A``; the minimum-norm solution for wide ``A``).
+    method : {"auto", "normal", "qr"}
+        For tall/square ``A``. ``"normal"``: ``A^T A`` and ``A^T b`` in one pass, Cholesky of
+        ``A^T A + lam^2 I``, then ``refine`` passes of iterative refinement against the original
+        problem (``r = b - A x``, ``x += K^{-1} (A^T r - lam^2 x)``). ``"qr"``: the R factor and ``Q^T b``
+        of a one-pass streaming QR (TSQR, Demmel, Grigori, Hoemmen and Langou, 2012), then the SVD of
+        ``R``: accurate when ``lam`` is tiny or ``A`` ill-conditioned (no squaring of the condition
+        number). ``"auto"``: the normal equations when the reciprocal condition estimate of
+        ``A^T A + lam^2 I`` exceeds ``1e-10``, otherwise QR (one more pass); sequences, GCV and the
+        L-curve use QR. The report says which was used and why. Wide ``A`` (``m < n``) uses the dual
+        form ``x = A^T (A A^T + lam^2 I)^{-1} b`` with ``A A^T`` from an out-of-core GEMM
+        (``method="qr"`` is refused there).
+    out : path, optional
+        Output store for ``x`` (``n x k``; for a sequence of ``L`` values ``n x (L k)``, block ``l`` in
+        columns ``l k : (l+1) k``). Atomic.
+    refine : int
+        Refinement passes of the normal-equations route (default 1).
+    memory, device, scheduler, workers, progress, check_finite, overwrite
+        As for :func:`blocklin.matmul`. The passes of this solver run on the CPU.
+    explain : bool
+        Return the :class:`~blocklin.plan.solve.SolvePlan` without running.
+
+    Returns
+    -------
+    Matrix
+        ``x`` with ``.report``: ``lam``, ``method`` and ``method_reason``, ``residual_norm``
+        (``||A x - b||_2`` per right-hand side), ``solution_norm``, ``objective``, ``passes``,
+        ``seconds``, ``peak_memory``, ``cond_estimate`` (of ``A``, or of the regularized problem), and
+        ``curve`` for GCV/L-curve.
+
+    Raises
+    ------
+    ShapeError
+        ``b`` does not have one row per row of ``A``.
+    ValueError
+        ``lam`` negative, NaN, or an unknown rule; unknown ``method``.
+    SingularMatrixError
+        ``lam = 0`` and ``A`` rank-deficient (numerically): the message gives the condition estimate
+        and suggests ``lam > 0`` or ``lam="gcv"``.
+    NonFiniteError
+        NaN or Inf in ``A`` or ``b``.
+
+    Notes
+    -----
+    ``cond(A^T A + lam^2 I) <= 1 + (sigma_1 / lam)^2``. Residual and solution norms of the QR and
+    sequence routes come from the SVD of ``R`` (``||r||^2 = rho_0^2 + sum (lam^2 beta_i / (s_i^2 + lam^2))^2``);
+    the normal route reports ``||b - A x||`` from its refinement pass, updated for the last correction.
+    Memory: the in-core problem is ``O((n + k)^2)`` (``O(m^2)`` for wide ``A``); ``A`` streams in row
+    strips within the budget.
+    """
+    if method not in METHODS:
+        raise ValueError(_msg("method", f"must be one of {METHODS}", repr(method), "pass method='auto'"))
+    kind, lams = _parse_lam(lam)
+    vector = isinstance(b, np.ndarray) and b.ndim == 1
+    if vector:
+        b = b.reshape(-1, 1)
+    if not isinstance(refine, (int, np.integer)) or isinstance(refine, bool) or refine < 0:
+        raise ValueError(_msg("refine", "must be an integer >= 0", repr(refine), "pass refine=1"))
+    with Job("solve", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
+             check_finite=check_finite) as job:
+        A = job.operand(a, "a")
+        B = job.operand(b, "b")
+        m, n = A.shape
+        k = B.shape[1]
+        if B.shape[0] != m:
+            raise ShapeError(_msg("b", "must have as many rows as a (no broadcasting)",
+                                     f"a {m} x {n}, b {B.shape[0]} x {k}", "pass b with one row per row of a"))
+        for op in (A, B):
+            if op.dtype.kind != "f":
+                from blocklin.errors import DTypeError
+
+                raise DTypeError(_msg(op.name, "dtype must be float32 or float64", op.dtype.name,
+                                         "convert it (blocklin convert --dtype float64)"))
+        out_dtype = np.result_type(A.dtype, B.dtype)
+        plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind, refine=refine)
+        if explain:
+            return plan
+        if plan.orientation == "wide" and method == "qr":
+            raise ValueError(_msg("method", "'qr' needs a tall or square a (rows >= columns)",
+                                     f"a {m} x {n}", "pass method='normal' (the dual form "
+                                     "x = A^T (A A^T + lam^2 I)^-1 b, used by 'auto'), or solve the transposed problem"))
+        ctx = _Ctx(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method)
+        if plan.orientation == "wide":
+            x, info = _solve_wide(ctx, out, overwrite)
+        else:
+            x, info = _solve_tall(ctx)
+        info.setdefault("orientation", plan.orientation)
+        report = job.report(**info)
+        report["passes"] = job.stats.get("passes", 0) + info.pop("extra_passes", 0)
+        report.pop("extra_passes", None)
+        if isinstance(x, Matrix):  # wide: written by the GEMM
+            x.report = report
+            return x
+        ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
+        arr = create_array(ao.array_path(), shape=x.shape, dtype=out_dtype,
+                           chunks=auto_chunks(x.shape, out_dtype, job.cfg.memory), codec=job.cfg.codec)
+        write_block(arr, slice(0, x.shape[0]), slice(0, x.shape[1]), x.astype(out_dtype, copy=False))
+        brief = {key: report[key] for key in ("lam", "method", "method_reason", "residual_norm", "solution_norm",
+                                              "passes", "seconds") if key in report}
+        path = ao.commit("solve", plan=plan.to_dict(), params={"lam": lam if not isinstance(lam, np.ndarray)
+                                                               else lam.tolist(), "method": method},
+                         report=brief)
+        return Matrix(path, report=report, temporary=out is None)
+
+
+@dataclasses.dataclass
+class _Ctx:
+    job: Job
+    A: Any
+    B: Any
+    m: int
+    n: int
+    k: int
+    kind: str
+    lams: list[float]
+    refine: int
+    method: str
+
+
+def _norms(values: np.ndarray) -> Any:
+    v = np.sqrt(np.maximum(np.asarray(values, dtype=float), 0.0))
+    return float(v[0]) if v.size == 1 else v.tolist()
+
+
+def _singular(cond: float, what: str) -> SingularMatrixError:
+    return SingularMatrixError(_msg(
+        "a", f"must have full {what} rank for lam = 0 (ordinary least squares)",
+        f"a numerically rank-deficient matrix (condition estimate {cond:.1e})",
+        "regularize with lam > 0, e.g. blocklin.solve(a, b, lam=1e-3 * ||A||), or let lam='gcv' choose it"))
+
+
+def _gram_pass(ctx: _Ctx) -> dict:
+    job = ctx.job
+    plan = plan_tall_pass(ctx.m, ctx.n, ctx.k, np.float64, "normal", memory=job.cfg.memory,
+                          chunk_rows=ctx.A.chunks[0], src_itemsize=ctx.A.dtype.itemsize,
+                          workers=job.workers(1), cores=job.cores())
+    spec = RowPassSpec(inputs=(ctx.A.path, ctx.B.path), names=("a", "b"), kernel=gram_kernel,
+                       params=Params(dtype="float64"), plan=plan, device="cpu", device_memory=None,
+                       check_finite=job.check_finite, blas_threads=job.task_blas_threads(plan.blas_threads))
+    states = [s for s in run_row_pass(job, spec, description="Gram pass: A^T A, A^T b") if s is not None]
+    g = states[0]["g"]
+    for s in states[1:]:
+        g += s["g"]
+    g = symmetrize_lower(g)
+    c = sum(s["c"] for s in states)
+    return {"g": g, "c": c, "bb": sum(s["bb"] for s in states), "aa": sum(s["aa"] for s in states)}
+
+
+def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    job = ctx.job
+    plan = plan_tall_pass(ctx.m, ctx.n, ctx.k, np.float64, "residual", memory=job.cfg.memory,
+                          chunk_rows=ctx.A.chunks[0], src_itemsize=ctx.A.dtype.itemsize,
+                          workers=job.workers(1), cores=job.cores())
+    spec = RowPassSpec(inputs=(ctx.A.path, ctx.B.path), names=("a", "b"), kernel=residual_kernel,
+                       params=Params(dtype="float64", x=x), plan=plan, device="cpu", device_memory=None,
+                       check_finite=False, blas_threads=job.task_blas_threads(plan.blas_threads))
+    states = [s for s in run_row_pass(job, spec, description="refinement pass: A^T (b - A x)") if s is not None]
+    return sum(s["atr"] for s in states), sum(s["rr"] for s in states)
+
+
+def _solve_tall(ctx: _Ctx) -> tuple[np.ndarray, dict]:
+    from scipy.linalg import cho_factor, cho_solve, lapack
+
+    info: dict = {}
+    use_qr = ctx.method == "qr" or (ctx.method == "auto" and ctx.kind != "scalar")
+    reason = ("requested" if ctx.method == "qr" else
+              "a sequence or a lambda rule is evaluated from the SVD of the streaming R factor")
+    if not use_qr:
+        gp = _gram_pass(ctx)
+        g, c = gp["g"], gp["c"]
+        if ctx.kind != "scalar":  # method="normal" with several lambdas: eigen-decomposition of A^T A
+            spec = _spectrum_from_gram(g, c, gp["bb"], ctx.m, dual=False, n=ctx.n)
+            info.update(method="normal", method_reason="requested (eigen-decomposition of A^T A; prefer 'qr' for "
+                        "small lambda)")
+            return _finish_spectral(ctx, spec, info)
+        lam = ctx.lams[0]
+        kmat = g.copy()
+        kmat[np.diag_indices_from(kmat)] += lam**2
+        anorm = float(np.abs(kmat).sum(axis=0).max()) if kmat.size else 0.0
+        try:
+            cf = cho_factor(kmat, lower=False, check_finite=False)
+            rcond = float(lapack.dpocon(cf[0], anorm, uplo="U")[0]) if ctx.n else 1.0
+        except np.linalg.LinAlgError:
+            cf, rcond = None, 0.0
+        info["rcond_normal"] = rcond
+        if cf is None or rcond < AUTO_RCOND:
+            if ctx.method == "auto":
+                use_qr = True
+                reason = (f"A^T A + lam^2 I is ill-conditioned (reciprocal condition {rcond:.1e} < {AUTO_RCOND:.0e}): "
+                          "switched to the streaming QR (one more pass)")
+            elif cf is None or rcond < np.finfo(np.float64).eps:
+                if lam == 0:
+                    raise _singular(1.0 / max(rcond, 1e-300) ** 0.5, "column")
+                raise SingularMatrixError(_msg("a", "A^T A + lam^2 I must be positive definite",
+                                                  f"Cholesky failed (reciprocal condition {rcond:.1e})",
+                                                  "use method='qr' or a larger lam"))
+            else:
+                warn(f"solve: A^T A + lam^2 I has reciprocal condition {rcond:.1e}; the normal equations may lose "
+                     "accuracy (refinement helps); method='qr' avoids squaring the condition number")
+        if not use_qr:
+            x = cho_solve(cf, c, check_finite=False)
+            rr = None
+            steps = 0
+            for _ in range(ctx.refine):
+                atr, rr = _residual_pass(ctx, x)
+                d = cho_solve(cf, atr - lam**2 * x, check_finite=False)
+                # ||r - A d||^2 = ||r||^2 - 2 d^T A^T r + d^T G d (exact algebra; d is tiny)
+                rr = rr - 2 * np.einsum("ij,ij->j", d, atr) + np.einsum("ij,ij->j", d, g @ d)
+                x = x + d
+                steps += 1
+            if rr is None:
+                rr = gp["bb"] - 2 * np.einsum("ij,ij->j", x, c) + np.einsum("ij,ij->j", x, g @ x)
+            xx = np.einsum("ij,ij->j", x, x)
+            info.update(method="normal", method_reason=("requested" if ctx.method == "normal" else
+                                                        f"well conditioned (reciprocal condition of A^T A + lam^2 I "
+                                                        f"{rcond:.1e})"),
+                        lam=lam, residual_norm=_norms(rr), solution_norm=_norms(xx),
+                        objective=_norms(rr + lam**2 * xx), refine_steps=steps,
+                        cond_estimate=float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
+                        norm_a=math.sqrt(gp["aa"]))
+            return x, info
+    sr = tsqr_pass(ctx.job, ctx.A, ctx.B, np.float64)
+    spec = _spectrum_from_r(sr.r, sr.qtb, sr.rho, ctx.m)
+    info.update(method="qr", method_reason=reason, norm_a=sr.norm_a)
+    return _finish_spectral(ctx, spec, info)
+
+
+def _finish_spectral(ctx: _Ctx, spec: Spectrum, info: dict) -> tuple[np.ndarray, dict]:
+    """Pick lambda(s) and evaluate the solution(s) of a tall problem from its spectrum."""
+    lams, curve = _lambdas(ctx, spec)
+    smax = float(spec.s.max()) if spec.s.size else 0.0
+    smin = float(spec.s.min()) if spec.s.size else 0.0
+    cond = smax / smin if smin > 0 else float("inf")
+    info["cond_estimate"] = cond
+    if min(lams) == 0 and (smin <= smax * max(ctx.m, ctx.n) * np.finfo(np.float64).eps or smax == 0):
+        raise _singular(cond, "column")
+    xs = [spec.coefficients(lam) for lam in lams]
+    _describe(info, spec, lams, curve, ctx)
+    return (np.hstack(xs) if len(xs) > 1 else xs[0]), info
+
+
+def _lambdas(ctx: _Ctx, spec: Spectrum) -> tuple[list[float], dict | None]:
+    if ctx.kind in ("gcv", "lcurve"):
+        lam, curve = choose_lambda(spec, ctx.kind)
+        return [lam], curve
+    return list(ctx.lams), None
+
+
+def _describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, ctx: _Ctx) -> None:
+    rr = [spec.residual_sq(l) for l in lams]
+    xx = [spec.solution_sq(l) for l in lams]
+    if len(lams) == 1 and ctx.kind != "sequence":
+        info.update(lam=lams[0], residual_norm=_norms(rr[0]), solution_norm=_norms(xx[0]),
+                    objective=_norms(rr[0] + lams[0] ** 2 * xx[0]))
+    else:
+        info.update(lam=list(lams), residual_norm=[_norms(r) for r in rr], solution_norm=[_norms(x) for x in xx],
+                    objective=[_norms(r + l**2 * x) for r, x, l in zip(rr, xx, lams)])
+    if curve is not None:
+        info["lam_rule"] = ctx.kind
+        info["curve"] = curve
+        info["gcv"] = spec.gcv(lams[0])
+
+
+def _solve_wide(ctx: _Ctx, out: Any, overwrite: bool) -> tuple[Matrix, dict]:
+    """Dual form: ``A A^T`` by an out-of-core GEMM, eigen-decomposition, ``x = A^T y`` by another."""
+    from blocklin.linalg.gemm import matmul
+
+    job = ctx.job
+    kw = {"memory": job.cfg.memory, "scheduler": job.cfg.scheduler, "workers": job.cfg.workers,
+          "check_finite": job.check_finite}
+    gram = matmul(ctx.A.path, ctx.A.path, trans_b=True, dtype="float64", **kw)
+    g = gram.to_numpy()
+    gram.delete()
+    bm = Matrix(ctx.B.path)[...].astype(np.float64)  # m x k, small (m is the short side)
+    if job.check_finite and not np.all(np.isfinite(bm)):
+        from blocklin.errors import NonFiniteError
+
+        raise NonFiniteError(_msg("b", "must be finite (check_finite is on)", "NaN or Inf",
+                                     "clean the input, or pass check_finite=False"))
+    spec = _spectrum_from_gram(g, bm, np.einsum("ij,ij->j", bm, bm), ctx.m, dual=True, n=ctx.n)
+    info = {"method": "normal", "method_reason": "wide a: dual form x = A^T (A A^T + lam^2 I)^-1 b",
+            "norm_a": math.sqrt(max(float(np.trace(g)), 0.0))}
+    lams, curve = _lambdas(ctx, spec)
+    smax = float(spec.s.max()) if spec.s.size else 0.0
+    smin = float(spec.s.min()) if spec.s.size else 0.0
+    info["cond_estimate"] = smax / smin if smin > 0 else float("inf")
+    if min(lams) == 0 and (smin <= smax * max(ctx.m, ctx.n) * np.finfo(np.float64).eps or smax == 0):
+        raise _singular(info["cond_estimate"], "row")
+    ys = np.hstack([spec.coefficients(lam) for lam in lams])
+    _describe(info, spec, lams, curve, ctx)
+    out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
+    x = matmul(ctx.A.path, ys.astype(out_dtype), out, trans_a=True, overwrite=overwrite, **kw)
+    info["extra_passes"] = 2
+    return x, info
+
+
+__all__ = ["Spectrum", "choose_lambda", "solve"]
