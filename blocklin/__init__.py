@@ -19,3 +19,6 @@ __all__ = ["Matrix", "config", "configure", "errors", "from_array", "matmul", "o
 from blocklin.storage.convert import convert  # noqa: E402
 from blocklin.linalg.inverse import inv  # noqa: E402
 from blocklin.linalg.tikhonov import solve  # noqa: E402
+from blocklin.linalg.svd import svd  # noqa: E402
+from blocklin.linalg.lanczos import eigsh  # noqa: E402
+from blocklin.linalg.operator import aslinearoperator  # noqa: E402

@@ -102,12 +102,18 @@ def normal_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
     return _finish(device, rows, params, state, ("Z", "G")), writes
 
 
-# -- apply pass: Y = X W (X = B or a stored tall block), written, collected, or reduced to W'^T Y ----
+# -- apply pass: Y = X W1 W2 ... (X = B or a stored tall block), written, collected, or reduced to Y^T Y --
+def _chain(params: dict) -> list:
+    ws = params["W"]
+    return list(ws) if isinstance(ws, (list, tuple)) else [ws]
+
+
 def apply_init(device: Any, params: dict) -> dict:
-    w = params["W"]
-    dt = w.dtype
-    c = w.shape[1]
-    st = {"W": upload(device, w), "Ybuf": device.zeros((params["strip"], c), dt),
+    ws = _chain(params)
+    dt = ws[0].dtype
+    c = ws[-1].shape[1]
+    st = {"W": [upload(device, w) for w in ws],
+          "bufs": [device.zeros((params["strip"], w.shape[1]), dt) for w in ws],
           "G": device.zeros((c, c), dt) if params.get("gram") else None}
     if params.get("collect"):
         st["blocks"] = []
@@ -115,12 +121,15 @@ def apply_init(device: Any, params: dict) -> dict:
 
 
 def apply_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict | None]:
-    """``Y_i = X_i W``; write it as ``params["write"]``, collect it, and/or accumulate ``G += Y_i^T Y_i``."""
+    """``Y_i = X_i W1 W2 ...`` (applied in sequence: CholeskyQR2 needs ``(Y R1^-1) R2^-1``, not
+    ``Y (R1^-1 R2^-1)``); write it as ``params["write"]``, collect it, and/or accumulate ``G += Y_i^T Y_i``."""
     x = arrays[0]
     r = rows.stop - rows.start
-    y = state["Ybuf"][:r]
-    _zero(device, y)
-    device.gemm_acc(y, x, state["W"])
+    for w, buf in zip(state["W"], state["bufs"]):
+        y = buf[:r]
+        _zero(device, y)
+        device.gemm_acc(y, x, w)
+        x = y
     if state["G"] is not None:
         device.gemm_acc(state["G"], y.T, y)
     writes = None

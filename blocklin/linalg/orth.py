@@ -153,10 +153,11 @@ class TallBlock:
                         outputs=outputs, transposed_outputs=transposed_outputs, description=description,
                         plan=plan or self._plan(kind, c or self.c))
 
-    def gram_after(self, w: np.ndarray) -> np.ndarray:
-        """``(Y W)^T (Y W)`` (one pass over Y)."""
-        states, _ = self._pass("apply", K.apply_kernel, {"W": w.astype(self.dtype), "gram": True}, init=K.apply_init,
-                               c=w.shape[1], description="orthonormalize: CholeskyQR refinement")
+    def gram_after(self, ws: list) -> np.ndarray:
+        """``(Y W1 W2 ...)^T (Y W1 W2 ...)`` (one pass over Y)."""
+        ws = [w.astype(self.dtype) for w in ws]
+        states, _ = self._pass("apply", K.apply_kernel, {"W": ws, "gram": True}, init=K.apply_init,
+                               c=sum(w.shape[1] for w in ws), description="orthonormalize: CholeskyQR refinement")
         return reduce_sum(states, "G")
 
     def tsqr(self) -> np.ndarray:
@@ -166,22 +167,23 @@ class TallBlock:
         r = rs[0] if len(rs) == 1 else scipy.linalg.qr(np.vstack(rs), mode="r", check_finite=False)[0][: self.c]
         return _positive_diag(r)
 
-    def apply_to(self, w: np.ndarray, out_path: str | None, *, transposed_out: bool = False,
+    def apply_to(self, ws: list, out_path: str | None, *, transposed_out: bool = False,
                  description: str = "write factor", collect: bool = False) -> np.ndarray | None:
-        """Write ``Y W`` (``M x w.shape[1]``) to ``out_path`` (transposed when asked), or return it."""
+        """Write ``Y W1 W2 ...`` (applied in sequence) to ``out_path`` (transposed when asked), or return it."""
         from blocklin.storage import create_array
 
-        c = w.shape[1]
-        plan = self._plan("apply", c)
+        ws = [w.astype(self.dtype) for w in ws]
+        c = ws[-1].shape[1]
+        plan = self._plan("apply", sum(w.shape[1] for w in ws))
         if out_path:
             shape, chunks = ((c, self.M), (c, plan.strip)) if transposed_out else ((self.M, c), (plan.strip, c))
             create_array(out_path, shape=shape, dtype=self.dtype, chunks=chunks, codec="none")
-        params = {"W": w.astype(self.dtype), "write": "F" if out_path else None, "collect": collect}
+        params = {"W": ws, "write": "F" if out_path else None, "collect": collect}
         outs = (("F", out_path),) if out_path else ()
         states, _ = self._pass("apply", K.apply_kernel, params, init=K.apply_init, c=c, outputs=outs,
                                transposed_outputs=("F",) if transposed_out else (), description=description,
                                plan=plan)
-        return collect_rows(states, self.M, w.shape[1]) if collect else None
+        return collect_rows(states, self.M, c) if collect else None
 
 
 def _positive_diag(r: np.ndarray) -> np.ndarray:
@@ -190,32 +192,45 @@ def _positive_diag(r: np.ndarray) -> np.ndarray:
     return d[:, None] * r
 
 
-def cholqr_r(block: TallBlock, g: np.ndarray) -> tuple[np.ndarray, dict]:
-    """R factor of a stored tall block whose Gram matrix ``g`` is known (CholeskyQR2, shifted, TSQR)."""
+def _inv_upper(r: np.ndarray) -> np.ndarray:
+    return scipy.linalg.solve_triangular(r, np.eye(r.shape[0]), lower=False)
+
+
+def cholqr_r(block: Any, g: np.ndarray) -> tuple[np.ndarray, list, dict]:
+    """R factor of a stored tall block whose Gram matrix ``g`` is known.
+
+    Returns ``(R, chain, info)``: ``Q = Y chain[0] chain[1] ...`` (applied in sequence) has orthonormal
+    columns and ``Y = Q R``. CholeskyQR2 (one refinement pass); shifted CholeskyQR3 when ``chol(G)``
+    breaks down (two refinement passes); TSQR then two CholeskyQR refinements as the last resort.
+    """
     g = np.asarray(g, dtype=np.float64)
     info = {"method": "cholqr2", "shift": 0.0}
+    refinements = 1
     r1 = cholesky_upper(g)
     if r1 is None:
         sh = shift_for(g, block.M)
         info.update(method="shifted-cholqr3", shift=sh)
         r1 = cholesky_upper(g + sh * np.eye(g.shape[0]))
-        if r1 is not None:  # one extra refinement for the shifted factor
-            r1 = _refine(block, r1)
-    if r1 is not None:
-        r = _refine(block, r1)
-        if r is not None:
-            return _positive_diag(r), info
-    info["method"] = "tsqr"
-    return block.tsqr(), info
-
-
-def _refine(block: TallBlock, r1: np.ndarray) -> np.ndarray | None:
-    rinv = scipy.linalg.solve_triangular(r1, np.eye(r1.shape[0]), lower=False)
-    if not np.all(np.isfinite(rinv)):
-        return None
-    g2 = block.gram_after(rinv)
-    r2 = cholesky_upper(g2)
-    return None if r2 is None else r2 @ r1
+        refinements = 2
+    if r1 is None:
+        info["method"] = "tsqr"
+        r1 = block.tsqr()
+        refinements = 2
+    chain = [_inv_upper(r1)]
+    r = r1
+    for _ in range(refinements):
+        gi = block.gram_after(chain)
+        ri = cholesky_upper(gi)
+        if ri is None:
+            ri = cholesky_upper(gi + shift_for(gi, block.M) * np.eye(gi.shape[0]))
+        if ri is None:
+            break
+        chain.append(_inv_upper(ri))
+        r = ri @ r
+    d = np.sign(np.diag(r))
+    d[d == 0] = 1
+    chain[-1] = chain[-1] * d
+    return d[:, None] * r, chain, info
 
 
 # -- public ------------------------------------------------------------------------------------------
@@ -256,23 +271,16 @@ def orthonormalize(y: Any, out: Any = None, *, memory: Any = None, device: str |
         counter: dict = {}
         blk = TallBlock(job, Y.path, M, c, Y.dtype, Y.chunks[0], job.cfg.memory, counter)
         if 3 * M * c * 8 <= job.cfg.memory:
-            full = blk.apply_to(np.eye(c), None, collect=True, description="orthonormalize: read")
+            full = blk.apply_to([np.eye(c)], None, collect=True, description="orthonormalize: read")
             q, r = np.linalg.qr(full)
             d = np.sign(np.diag(r))
             d[d == 0] = 1
             return (q * d).astype(Y.dtype), d[:, None] * r
-        g = blk.gram_after(np.eye(c))
-        r, info = cholqr_r(blk, g)
-        rinv = scipy.linalg.solve_triangular(r, np.eye(c), lower=False)
+        g = blk.gram_after([np.eye(c)])
+        r, chain, info = cholqr_r(blk, g)
         ao = job.output(out, inputs=[Y.path] if not Y.staged else [], overwrite=overwrite)
-        plan = plan_kernel_pass("apply", M, c, c, Y.dtype, chunk_rows=Y.chunks[0], memory=job.cfg.memory,
-                                workers=job.workers(1), cores=job.cores())
-        create_array(ao.array_path(), shape=(M, c), dtype=Y.dtype, chunks=(plan.strip, c), codec=job.cfg.codec)
-        run_pass(job, "apply", inputs=(Y.path,), kernel=K.apply_kernel, init=K.apply_init,
-                 params={"W": rinv.astype(Y.dtype), "write": "F"}, M=M, N=c, c=c, dtype=Y.dtype,
-                 chunk_rows=Y.chunks[0], memory=job.cfg.memory, outputs=(("F", ao.array_path()),), plan=plan,
-                 description="orthonormalize: write Q")
-        report = job.report(orth=info, intermediate_passes=counter.get("intermediate", 0) + 1)
+        blk.apply_to(chain, ao.array_path(), description="orthonormalize: write Q")
+        report = job.report(orth=info, intermediate_passes=counter.get("intermediate", 0))
         path = ao.commit("orthonormalize", params={"method": info["method"]}, report=_brief(report))
         return Matrix(path, report=report, temporary=out is None), r
 

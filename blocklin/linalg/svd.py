@@ -74,8 +74,14 @@ class _ArrayBlock:
         self.y = y
         self.M, self.c = y.shape
 
-    def gram_after(self, w: np.ndarray) -> np.ndarray:
-        t = self.y @ w.astype(self.y.dtype)
+    def _chain(self, ws: list) -> np.ndarray:
+        t = self.y
+        for w in ws:
+            t = t @ w.astype(self.y.dtype)
+        return t
+
+    def gram_after(self, ws: list) -> np.ndarray:
+        t = self._chain(ws)
         return (t.T @ t).astype(np.float64)
 
     def tsqr(self) -> np.ndarray:
@@ -84,9 +90,9 @@ class _ArrayBlock:
         d[d == 0] = 1
         return d[:, None] * r
 
-    def apply_to(self, w: np.ndarray, out_path: str | None, *, transposed_out: bool = False,
+    def apply_to(self, ws: list, out_path: str | None, *, transposed_out: bool = False,
                  description: str = "", collect: bool = False) -> np.ndarray:
-        f = self.y @ w.astype(self.y.dtype)
+        f = self._chain(ws)
         if out_path:
             write_array(out_path, np.ascontiguousarray(f.T if transposed_out else f))
         return f
@@ -117,7 +123,7 @@ class _InCore:
                 _ArrayBlock(y))
 
     def apply_write(self, w: np.ndarray, dest: str | None, transposed_out: bool, description: str = "") -> Any:
-        return _ArrayBlock(self.b).apply_to(w, dest, transposed_out=transposed_out)
+        return _ArrayBlock(self.b).apply_to([w], dest, transposed_out=transposed_out)
 
 
 class _Streamed:
@@ -251,13 +257,15 @@ def _rsvd(src: Any, k: int, l: int, q: int | None, tol: float | None, seed: int,
                 break
             Q = orth_incore(Zf)
             used += 1
-    R, orth_info = cholqr_r(Y, G)
-    _, S, Vrt = np.linalg.svd(R)
+    R, chain, orth_info = cholqr_r(Y, G)
+    Ur, S, Vrt = np.linalg.svd(R)
     sig = S[:k]
     Vr = Vrt.T[:, :k]
     V = Q @ Vr
     safe = np.where(sig > 0, sig, 1.0)
-    long = Y.apply_to(Vr / safe, dest, transposed_out=transposed_out, description="rsvd: write the long factor")
+    # U = Q_Y Ur with Q_Y = Y chain (CholeskyQR2 applied in sequence: orthonormal to working precision)
+    long = Y.apply_to(chain + [Ur[:, :k]], dest, transposed_out=transposed_out,
+                      description="rsvd: write the long factor")
     resid = np.linalg.norm(Zf @ Vr / safe - V * sig, axis=0)  # B^T u - s v; B v - s u = 0 by construction
     return {"s": sig, "V": V, "long": long, "residuals": resid, "power_iters": used, "orth": orth_info,
             "history": history}
@@ -268,7 +276,7 @@ def _sketch(src: Any, k: int, kp: int, s: int, seed: int, dest: str | None, tran
     om = K.gaussian(seed, K.STREAM_SKETCH_OMEGA, 0, N, kp)
     ps = K.gaussian(seed, K.STREAM_SKETCH_PSI, 0, N, s)
     Xt, Z, PY, G, Y = src.sketch(om, ps, seed)
-    R, orth_info = cholqr_r(Y, G)
+    R, chain, orth_info = cholqr_r(Y, G)
     rinv = scipy.linalg.solve_triangular(R, np.eye(kp), lower=False)
     P = orth_incore(Xt)
     phiq = PY @ rinv
@@ -278,7 +286,7 @@ def _sketch(src: Any, k: int, kp: int, s: int, seed: int, dest: str | None, tran
     Uc, Sc, Vct = np.linalg.svd(C)
     sig = Sc[:k]
     V = P @ Vct.T[:, :k]
-    long = Y.apply_to(rinv @ Uc[:, :k], dest, transposed_out=transposed_out, description="sketch: write the long factor")
+    long = Y.apply_to(chain + [Uc[:, :k]], dest, transposed_out=transposed_out, description="sketch: write the long factor")
     return {"s": sig, "V": V, "long": long, "residuals": None, "orth": orth_info, "sketch_size": [kp, s]}
 
 

@@ -1,0 +1,155 @@
+"""A SciPy ``LinearOperator`` over an out-of-core matrix.
+
+``matvec``/``matmat`` (``A X``) and ``rmatvec``/``rmatmat`` (``A^T Y``) each stream ``A`` once, in
+row strips through the device, as engine row passes; so :func:`scipy.sparse.linalg.svds`,
+:func:`~scipy.sparse.linalg.eigsh`, :func:`~scipy.sparse.linalg.lsqr` and friends work on data that
+does not fit in memory (each of their iterations costs one pass). The vectors themselves
+(``n`` and ``m`` long) are in memory, as SciPy requires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any
+
+import numpy as np
+from scipy.sparse.linalg import LinearOperator
+
+from blocklin.config import resolve
+from blocklin.errors import DTypeError, ShapeError, explain
+from blocklin.linalg import _svd_kernels as K
+from blocklin.linalg.orth import collect_rows, reduce_sum, run_pass
+from blocklin.operands import as_operand
+from blocklin.runtime.job import Job
+
+
+class BlocklinOperator(LinearOperator):
+    """``LinearOperator`` whose products stream a stored matrix (see module docstring).
+
+    Attributes
+    ----------
+    path : str
+        The stored matrix.
+    passes : int
+        Passes over ``A`` made so far (one per ``matvec``/``rmatvec``/``matmat``/``rmatmat``).
+    bytes_read : int
+        Bytes read from ``A`` so far.
+    """
+
+    def __init__(self, operand: Any, stack: contextlib.ExitStack, settings: dict) -> None:
+        self._op = operand
+        self._stack = stack
+        self._settings = settings
+        self.path = operand.path
+        self.passes = 0
+        self.bytes_read = 0
+        self._finalizer = weakref.finalize(self, stack.close)
+        super().__init__(dtype=operand.dtype, shape=operand.shape)
+
+    def close(self) -> None:
+        """Remove staged copies of in-memory inputs (also done when the operator is collected)."""
+        self._finalizer()
+
+    def _pass(self, x: np.ndarray, transpose: bool) -> np.ndarray:
+        op = self._op
+        m, n = op.shape
+        dt = op.dtype
+        x = np.asarray(x)
+        squeeze = x.ndim == 1
+        x2 = x.reshape(-1, 1) if squeeze else x
+        want = m if transpose else n
+        if x2.shape[0] != want:
+            raise ShapeError(explain("x", f"must have {want} rows", f"shape {x.shape}", f"pass a length-{want} vector"))
+        out_dt = np.result_type(dt, x2.dtype)
+        x2 = np.ascontiguousarray(x2, dtype=dt)
+        c = x2.shape[1]
+        with Job("operator", **self._settings) as job:
+            if transpose:
+                states, _ = run_pass(job, "rmat", inputs=(op.path,), kernel=K.rmat_kernel, init=K.rmat_init,
+                                     params={"Y": x2, "n": n, "check": False}, M=m, N=n, c=c, dtype=dt,
+                                     chunk_rows=op.chunks[0], memory=job.cfg.memory, description="rmatmat")
+                y = reduce_sum(states, "Z")
+            else:
+                states, _ = run_pass(job, "apply", inputs=(op.path,), kernel=K.apply_kernel, init=K.apply_init,
+                                     params={"W": x2, "collect": True}, M=m, N=n, c=c, dtype=dt,
+                                     chunk_rows=op.chunks[0], memory=job.cfg.memory, description="matmat")
+                y = collect_rows(states, m, c)
+            self.passes += 1
+            self.bytes_read += job.stats["bytes_read"]
+        y = y.astype(out_dt, copy=False)
+        return y.ravel() if squeeze else y
+
+    def _matvec(self, x: np.ndarray) -> np.ndarray:
+        return self._pass(x, False)
+
+    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
+        return self._pass(x, True)
+
+    def _matmat(self, X: np.ndarray) -> np.ndarray:
+        return self._pass(X, False)
+
+    def _rmatmat(self, X: np.ndarray) -> np.ndarray:
+        return self._pass(X, True)
+
+    def _adjoint(self) -> LinearOperator:
+        return _Adjoint(self)
+
+
+class _Adjoint(LinearOperator):
+    def __init__(self, parent: BlocklinOperator) -> None:
+        self.parent = parent
+        super().__init__(dtype=parent.dtype, shape=(parent.shape[1], parent.shape[0]))
+
+    def _matvec(self, x: np.ndarray) -> np.ndarray:
+        return self.parent._pass(x, True)
+
+    def _rmatvec(self, x: np.ndarray) -> np.ndarray:
+        return self.parent._pass(x, False)
+
+    def _matmat(self, X: np.ndarray) -> np.ndarray:
+        return self.parent._pass(X, True)
+
+    def _rmatmat(self, X: np.ndarray) -> np.ndarray:
+        return self.parent._pass(X, False)
+
+    def _adjoint(self) -> LinearOperator:
+        return self.parent
+
+
+def aslinearoperator(a: Any, *, memory: Any = None, device: str | None = None, scheduler: Any = None,
+                     workers: int | None = None, check_finite: bool | None = None) -> BlocklinOperator:
+    """A :class:`scipy.sparse.linalg.LinearOperator` whose products stream ``a`` from storage.
+
+    Parameters
+    ----------
+    a : path, zarr array, Matrix, NumPy or Dask array
+        The matrix (float32 or float64). In-memory inputs are staged once to the temp dir.
+    memory, device, scheduler, workers, check_finite
+        Settings of every product (one row pass over ``a`` each).
+
+    Returns
+    -------
+    BlocklinOperator
+        With ``.passes`` and ``.bytes_read`` counting the work done so far.
+
+    Examples
+    --------
+    >>> from scipy.sparse.linalg import svds
+    >>> op = blocklin.aslinearoperator("A.zarr", memory="512MiB")  # doctest: +SKIP
+    >>> u, s, vt = svds(op, k=10)                                     # doctest: +SKIP
+    """
+    settings = {"memory": memory, "device": device, "scheduler": scheduler, "workers": workers,
+                "check_finite": check_finite}
+    cfg = resolve(memory=memory, device=device, scheduler=scheduler, workers=workers, check_finite=check_finite)
+    stack = contextlib.ExitStack()
+    try:
+        op = as_operand(a, "a", cfg, stack)
+    except BaseException:
+        stack.close()
+        raise
+    if op.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        stack.close()
+        raise DTypeError(explain("a", "dtype must be float32 or float64", op.dtype.name,
+                                 "convert it (blocklin convert --dtype float64)"))
+    return BlocklinOperator(op, stack, settings)
