@@ -47,7 +47,11 @@ def _run_serial(dsk: dict, keys: list, progress: Any) -> list:
     cache: dict = {}
 
     def evaluate(arg: Any) -> Any:
-        if isinstance(arg, Hashable) and not isinstance(arg, (str, bytes)) and arg in dsk:
+        try:  # specs may be frozen dataclasses holding unhashable parameters
+            is_key = isinstance(arg, Hashable) and not isinstance(arg, (str, bytes)) and arg in dsk
+        except TypeError:
+            is_key = False
+        if is_key:
             return run(arg)
         if isinstance(arg, list):
             return [evaluate(a) for a in arg]
