@@ -184,12 +184,16 @@ def test_output_is_atomic_store_with_provenance(rng, tmp_path):
 def test_distributed_matches_local(rng):
     distributed = pytest.importorskip("distributed")
     a = rng.standard_normal((280, 280))
-    local = bl.inv(a, memory="1MiB", refine=False, scheduler="sync").to_numpy()
+    local = bl.inv(a, memory="1MiB", scheduler="sync")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
-        remote = bl.inv(a, memory="1MiB", refine=False, scheduler=client)
+        remote = bl.inv(a, memory="1MiB", scheduler=client)
         assert remote.report["scheduler"] == "distributed"
-        np.testing.assert_allclose(remote.to_numpy(), local, rtol=0, atol=1e-12 * np.abs(local).max())
+        assert remote.report["leaves"] == local.report["leaves"] >= 2
+        # same plan, butterfly and probes; BLAS thread counts differ, so equal up to rounding (cond * eps)
+        x, y = remote.to_numpy(), local.to_numpy()
+        assert np.linalg.norm(x - y) / np.linalg.norm(y) <= 1e-11
+        assert exact_eta(a, x) <= 2 * remote.report["tol"] and exact_eta(a, y) <= 2 * local.report["tol"]
 
 
 def test_cli_inv(rng, tmp_path, capsys):

@@ -230,17 +230,24 @@ def region_gemm_tile(spec: RegionGemmSpec, i: int, j: int, rows: slice, cols: sl
     if spec.alpha != 1.0:
         host *= dtype.type(spec.alpha)
     o0, o1 = spec.out_off
-    if spec.c is not None and spec.beta != 0.0:
+    if spec.c is not None and spec.beta != 0.0:  # in chunk-row pieces: no tile-sized temporary
         C = open_array(spec.c)
         c0, c1 = spec.c_off
-        block = read_block(C, slice(c0 + rows.start, c0 + rows.stop), slice(c1 + cols.start, c1 + cols.stop))
-        nbytes[0] += block.nbytes
-        host += block.astype(dtype, copy=False) if spec.beta == 1.0 else dtype.type(spec.beta) * block
-    if spec.add_identity:
-        gr = np.arange(o0 + rows.start, o0 + rows.stop)
-        gc = np.arange(o1 + cols.start, o1 + cols.stop)
-        ii, jj = np.nonzero(gr[:, None] == gc[None, :])
-        host[ii, jj] += 1.0
+        step = max(1, plan.out_chunks[0])
+        for r0, r1 in split(tm, step):
+            block = read_block(C, slice(c0 + rows.start + r0, c0 + rows.start + r1),
+                               slice(c1 + cols.start, c1 + cols.stop))
+            nbytes[0] += block.nbytes
+            if spec.beta == 1.0:
+                host[r0:r1] += block.astype(dtype, copy=False)
+            else:
+                host[r0:r1] += dtype.type(spec.beta) * block
+    if spec.add_identity:  # global diagonal entries that fall in this tile
+        lo = max(o0 + rows.start, o1 + cols.start)
+        hi = min(o0 + rows.stop, o1 + cols.stop)
+        if hi > lo:
+            g = np.arange(lo, hi)
+            host[g - o0 - rows.start, g - o1 - cols.start] += 1.0
     out_arr = open_array(spec.out, mode="r+")
     write_block(out_arr, slice(o0 + rows.start, o0 + rows.stop), slice(o1 + cols.start, o1 + cols.stop), host)
     result = {

@@ -291,7 +291,9 @@ def _invert_stored(ops: _refine.BlockOps, M: Any, x_path: str, plan: InversePlan
             _drop(t_path)
         leaves: list[dict] = []
         try:
-            _invert(ops, plan, w_path, 0, n, wdt, leaves, top=True)
+            # the retry also balances the splits: a tiny leading block of a sparse-butterfly-mixed
+            # permutation-like matrix can be structurally singular
+            _invert(ops, plan, w_path, 0, n, wdt, leaves, top=True, balanced=attempts > 1)
             break
         except _LeafSingular as bad:
             _drop(w_path)
@@ -306,7 +308,7 @@ def _invert_stored(ops: _refine.BlockOps, M: Any, x_path: str, plan: InversePlan
                     "regularize: blocklin.solve(a, b, lam=...) solves min ||A x - b||^2 + lam^2 ||x||^2 "
                     "(lam='gcv' chooses lam), or use a pseudo-inverse")) from None
             warn(f"inv: a leading block of the randomized matrix was numerically singular "
-                 f"(rcond {bad.leaf['rcond']:.1e}); retrying with a two-sided random butterfly")
+                 f"(rcond {bad.leaf['rcond']:.1e}); retrying with a two-sided random butterfly and balanced splits")
     if bf_u is None:
         norm_x, xp = _unmix(ops, w_path, x_path, bf, out_dtype, plan, seed)
     else:  # X = V W^-1 U^T: a column pass, then a row pass (which also forms X P)
@@ -358,7 +360,7 @@ def _leaf(ops: _refine.BlockOps, src: str, dst: str, off: int, size: int, wdt: n
 
 
 def _invert(ops: _refine.BlockOps, plan: InversePlan, w: str, off: int, size: int, wdt: np.dtype,
-            leaves: list[dict], *, top: bool = False, last: bool = True) -> None:
+            leaves: list[dict], *, top: bool = False, last: bool = True, balanced: bool = False) -> None:
     """Invert the diagonal region ``[off, off+size)^2`` of store ``w`` in place."""
     eps = float(np.finfo(wdt).eps)
     if size <= plan.leaf:
@@ -367,10 +369,10 @@ def _invert(ops: _refine.BlockOps, plan: InversePlan, w: str, off: int, size: in
         if res["info"] != 0 or not res["rcond"] > (eps if last else plan.n * eps):
             raise _LeafSingular(res, last)
         return
-    n1 = _split(plan, size)
+    n1 = _split(plan, size, balanced)
     n2 = size - n1
     o, p = off, off + n1  # offsets of the leading and trailing blocks
-    _invert(ops, plan, w, o, n1, wdt, leaves, last=False)  # A^-1 in place
+    _invert(ops, plan, w, o, n1, wdt, leaves, last=False, balanced=balanced)  # A^-1 in place
     e = ops.store("e", n1, n2, wdt)
     f = ops.store("f", n2, n1, wdt)
     g = ops.gemm
@@ -378,7 +380,7 @@ def _invert(ops: _refine.BlockOps, plan: InversePlan, w: str, off: int, size: in
     g(f, (0, 0), n2, n1, n1, w, (p, o), w, (o, o), dtype=wdt, description="F = C A^-1")
     g(w, (p, p), n2, n2, n1, w, (p, o), e, (0, 0), dtype=wdt, c=w, c_off=(p, p), alpha=-1.0, beta=1.0,
       description="S = D - C E")
-    _invert(ops, plan, w, p, n2, wdt, leaves, last=last)  # S^-1 in place
+    _invert(ops, plan, w, p, n2, wdt, leaves, last=last, balanced=balanced)  # S^-1 in place
     g(w, (o, p), n1, n2, n2, e, (0, 0), w, (p, p), dtype=wdt, alpha=-1.0, description="X12 = -E S^-1")
     g(w, (p, o), n2, n1, n2, w, (p, p), f, (0, 0), dtype=wdt, alpha=-1.0, description="X21 = -S^-1 F")
     g(w, (o, o), n1, n1, n2, w, (o, p), f, (0, 0), dtype=wdt, c=w, c_off=(o, o), alpha=-1.0, beta=1.0,
@@ -387,10 +389,10 @@ def _invert(ops: _refine.BlockOps, plan: InversePlan, w: str, off: int, size: in
     _drop(f)
 
 
-def _split(plan: InversePlan, size: int) -> int:
+def _split(plan: InversePlan, size: int, balanced: bool = False) -> int:
     from blocklin.plan.inverse import _split as split
 
-    return split(size, plan.chunk)
+    return split(size, plan.chunk, None if balanced else plan.leaf)
 
 
 def _unmix(ops: _refine.BlockOps, w: str, x: str, bf: Butterfly, out_dtype: np.dtype, plan: InversePlan,

@@ -105,14 +105,24 @@ class InversePlan:
 def _levels(n: int, leaf: int, chunk: int) -> int:
     depth, size = 0, n
     while size > leaf:
-        size = size - _split(size, chunk)
+        size = size - _split(size, chunk, leaf)
         depth += 1
     return depth
 
 
-def _split(size: int, chunk: int) -> int:
-    """Size of the leading block: a multiple of ``chunk`` near ``size / 2`` (at least one chunk)."""
-    n1 = int(round(size / 2 / chunk)) * chunk
+def _split(size: int, chunk: int, leaf: int | None = None) -> int:
+    """Size of the leading block ``A`` (a multiple of ``chunk``, at least one chunk).
+
+    When the trailing block can be a leaf with ``A`` the smaller part, ``A`` is as small as that
+    allows: the Schur complement is then inverted in core with partial pivoting (LAPACK, no I/O), and
+    the unpivoted elimination only involves a small, well-conditioned ``A`` (the error of block
+    elimination grows with ``cond(A)``, which for a randomized block grows with its size). Otherwise
+    the split is balanced near ``size / 2``.
+    """
+    if leaf is not None and size - leaf <= size // 2:
+        n1 = -(-(size - leaf) // chunk) * chunk
+    else:
+        n1 = int(round(size / 2 / chunk)) * chunk
     return min(max(chunk, n1), size - 1)
 
 
@@ -171,7 +181,7 @@ def plan_inverse(n: int, dtype, *, memory: int, precision: str | None = None, le
             leaves.append((off, size))
             flops[0] += 2 * size**3
             return
-        n1 = _split(size, chunk)
+        n1 = _split(size, chunk, leaf)
         n2 = size - n1
         walk(off, n1)
         nodes.append((off, size, n1))
@@ -182,7 +192,7 @@ def plan_inverse(n: int, dtype, *, memory: int, precision: str | None = None, le
     if depth is None:
         depth = 2 if nodes else 0
     width = chunk
-    lm = leaf_bytes(min(leaf, n), wsz, chunk_bytes)
+    lm = leaf_bytes(max(size for _, size in leaves), wsz, chunk_bytes)
     strip = n * chunk * STRIP_BYTES_PER_ELEM
     column = n * width * (wsz + 2 * 8) + IO_CHUNKS * chunk_bytes
     return InversePlan(n=n, dtype=dt.name, work_dtype=wdt.name, chunk=chunk, leaf=leaf, depth=depth,

@@ -1,0 +1,159 @@
+"""Inverse benchmark: blocklin.inv out of core against numpy.linalg.inv and dask.array.linalg.inv.
+
+Usage::
+
+    python benchmarks/inverse.py [--n 8192] [--memory 1GiB] [--dir bench-data] [--keep] [--skip-dask]
+
+The matrix (standard normal, float64) is written to zarr in bounded memory. Each variant runs in its
+own subprocess (peak resident memory ``VmHWM`` is its own) and is timed from the stored matrix to the
+stored or in-memory inverse:
+
+* ``blocklin``: ``blocklin.inv(A, out, memory=--memory)`` (refinement decided from the probed residual);
+* ``blocklin-norefine``: the same with ``refine=False`` (the inversion alone, residual still probed);
+* ``numpy``: ``np.linalg.inv`` on the matrix loaded into memory (load time reported separately);
+* ``dask``: ``dask.array.linalg.inv`` on ``da.from_zarr`` (threaded scheduler), result computed.
+
+Every inverse is then checked the same way, in bounded memory: the backward error
+``||P - A (X P)||_F / (sqrt(k) ||A||_F ||X||_F)`` with ``k = 8`` standard normal probes (an unbiased
+estimate of ``||I - A X||_F^2`` in square; see :mod:`blocklin.linalg.refine`). Printed: seconds, peak MB,
+backward error, and the ratios to NumPy and Dask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+CHILD = textwrap.dedent(r"""
+import json, sys, time
+variant, src, out, memory = sys.argv[1:5]
+import numpy as np
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+import zarr, blocklin
+extra = {}
+if variant == "baseline":
+    import dask.array  # noqa: F401
+    print(json.dumps({"seconds": 0.0, "peak": peak()})); sys.exit()
+if variant.startswith("blocklin"):
+    t0 = time.perf_counter()
+    x = blocklin.inv(src, out=out, memory=memory, refine=variant == "blocklin")
+    secs = time.perf_counter() - t0
+    r = x.report
+    extra = {"reported_backward_error": r["backward_error"], "residual_method": r["residual_method"],
+             "refine_steps": r["refine_steps"], "leaves": r["leaves"], "gemm_steps": r["gemm_steps"],
+             "plan_peak": r["plan"]["peak_memory"], "history": r["history"]}
+elif variant == "numpy":
+    t0 = time.perf_counter()
+    a = zarr.open_array(src, mode="r")[...]
+    load = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    x = np.linalg.inv(a)
+    secs = time.perf_counter() - t0
+    extra = {"load_seconds": load}
+    del a
+    blocklin.from_array(x, out, chunks=(1024, 1024))
+else:
+    import dask, dask.array as da
+    a = da.from_zarr(src)
+    t0 = time.perf_counter()
+    x = da.linalg.inv(a)
+    with dask.config.set(scheduler="threads"):
+        xs = x.compute()
+    secs = time.perf_counter() - t0
+    blocklin.from_array(xs, out, chunks=(1024, 1024))
+print(json.dumps({"seconds": secs, "peak": peak(), **extra}))
+""")
+
+CHECK = textwrap.dedent(r"""
+import json, sys
+import numpy as np, zarr
+src, x_path = sys.argv[1:3]
+a, x = zarr.open_array(src, mode="r"), zarr.open_array(x_path, mode="r")
+n, k, step = a.shape[0], 8, 1024
+p = np.random.default_rng(12345).standard_normal((n, k))
+xp = np.zeros((n, k)); nx = na = 0.0
+for r0 in range(0, n, step):
+    xb = x[r0:r0 + step]; xp[r0:r0 + step] = xb @ p; nx += float((xb * xb).sum())
+res = 0.0
+for r0 in range(0, n, step):
+    ab = a[r0:r0 + step]; na += float((ab * ab).sum())
+    r = p[r0:r0 + step] - ab @ xp; res += float((r * r).sum())
+print(json.dumps({"backward_error": (res / k) ** 0.5 / (na * nx) ** 0.5}))
+""")
+
+
+def run(args: list[str], timeout: int = 3600) -> dict:
+    proc = subprocess.run([sys.executable, "-c", *args], capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=8192)
+    ap.add_argument("--memory", default="1GiB")
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--skip-dask", action="store_true")
+    ap.add_argument("--variants", default="blocklin,blocklin-norefine,numpy,dask",
+                    help="comma-separated subset of blocklin, blocklin-norefine, numpy, dask")
+    ap.add_argument("--json", action="store_true")
+    opts = ap.parse_args()
+    import blocklin
+
+    base = Path(opts.dir or tempfile.mkdtemp(prefix="blocklin-bench-inv-"))
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        src = base / "a.zarr"
+        if not src.exists():
+            blocklin.random(src, (opts.n, opts.n), seed=7, memory=opts.memory, chunks=(1024, 1024))
+        results = {"baseline": run([CHILD, "baseline", str(src), "", opts.memory])}
+        chosen = [v for v in opts.variants.split(",") if v and not (opts.skip_dask and v == "dask")]
+        for variant in chosen:
+            out = base / f"x-{variant}.zarr"
+            shutil.rmtree(out, ignore_errors=True)
+            r = run([CHILD, variant, str(src), str(out), opts.memory])
+            if "error" not in r:
+                r.update(run([CHECK, str(src), str(out)]))
+            shutil.rmtree(out, ignore_errors=True)
+            results[variant] = r
+            print(f"{variant:9s} {json.dumps(r)}", file=sys.stderr)
+        b = results.get("blocklin", results.get("blocklin-norefine", {}))
+        summary = {"n": opts.n, "memory": opts.memory, "matrix_bytes": opts.n * opts.n * 8, "results": results}
+        for other in ("numpy", "dask"):
+            if other in results and "seconds" in results[other] and "seconds" in b:
+                summary[f"time_ratio_vs_{other}"] = b["seconds"] / results[other]["seconds"]
+        if opts.json:
+            print(json.dumps(summary, indent=1))
+        else:
+            print(f"inverse n={opts.n} float64, budget {opts.memory} (matrix {opts.n**2 * 8 / 2**30:.2f} GiB)")
+            print(f"{'variant':10s} {'seconds':>9s} {'peak MB':>9s} {'backward error':>15s}")
+            for name in ("blocklin", "blocklin-norefine", "numpy", "dask"):
+                r = results.get(name)
+                if r is None:
+                    continue
+                if "error" in r:
+                    print(f"{name:10s} failed: {r['error']}")
+                    continue
+                print(f"{name:10s} {r['seconds']:9.2f} {r['peak'] / 1e6:9.0f} {r['backward_error']:15.2e}")
+            for other in ("numpy", "dask"):
+                key = f"time_ratio_vs_{other}"
+                if key in summary:
+                    print(f"blocklin / {other} time: {summary[key]:.2f}x")
+    finally:
+        if not opts.keep:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
