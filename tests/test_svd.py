@@ -158,6 +158,12 @@ def test_bad_k(k):
         bl.svd(a, k)
 
 
+def test_budget_too_small_says_why():
+    a, _ = make(1000, 80, "slow")
+    with pytest.raises(bl.errors.BudgetError, match="in-core work"):
+        bl.svd(a, 10, method="lanczos", memory="128KiB")
+
+
 def test_bad_arguments():
     a, _ = make(200, 40, "fast")
     with pytest.raises(ValueError, match="method"):
@@ -184,7 +190,7 @@ def test_unreachable_tol_warns_with_what_was_reached():
         res = bl.svd(a, 10, tol=1e-13, max_passes=2, seed=0, memory="256KiB")
     assert res.report["passes"] == 2 and not res.report["converged"]
     with pytest.warns(ConvergenceWarning, match="lanczos"):
-        bl.svd(a, 10, method="lanczos", tol=1e-14, max_passes=3, seed=0, memory="256KiB")
+        bl.svd(a, 10, method="lanczos", tol=1e-14, max_passes=3, seed=0, memory="768KiB")
 
 
 def test_rsvd_adaptive_tol_converges():

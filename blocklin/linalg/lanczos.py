@@ -224,6 +224,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                 states, _ = run_pass(job, "rmat", inputs=(A.path,), kernel=K.rmat_kernel, init=K.rmat_init,
                                      params={"Y": x.astype(dt), "n": n, "check": check}, M=n, N=n, c=x.shape[1],
                                      dtype=dt, chunk_rows=A.chunks[0], memory=plan.pass_memory,
+                                     chunk_bytes=int(np.prod(A.chunks)) * dt.itemsize, chunks_across=-(-n // A.chunks[1]),
                                      description=f"eigsh: Lanczos step {step}")
                 z = reduce_sum(states, "Z")
                 return (z, collect_rows(states, n, x.shape[1])) if check else z

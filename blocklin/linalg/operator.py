@@ -68,12 +68,16 @@ class BlocklinOperator(LinearOperator):
             if transpose:
                 states, _ = run_pass(job, "rmat", inputs=(op.path,), kernel=K.rmat_kernel, init=K.rmat_init,
                                      params={"Y": x2, "n": n, "check": False}, M=m, N=n, c=c, dtype=dt,
-                                     chunk_rows=op.chunks[0], memory=job.cfg.memory, description="rmatmat")
+                                     chunk_rows=op.chunks[0], memory=job.cfg.memory, description="rmatmat",
+                                     chunk_bytes=int(np.prod(op.chunks)) * dt.itemsize,
+                                     chunks_across=-(-n // op.chunks[1]))
                 y = reduce_sum(states, "Z")
             else:
                 states, _ = run_pass(job, "apply", inputs=(op.path,), kernel=K.apply_kernel, init=K.apply_init,
                                      params={"W": x2, "collect": True}, M=m, N=n, c=c, dtype=dt,
-                                     chunk_rows=op.chunks[0], memory=job.cfg.memory, description="matmat")
+                                     chunk_rows=op.chunks[0], memory=job.cfg.memory, description="matmat",
+                                     chunk_bytes=int(np.prod(op.chunks)) * dt.itemsize,
+                                     chunks_across=-(-n // op.chunks[1]))
                 y = collect_rows(states, m, c)
             self.passes += 1
             self.bytes_read += job.stats["bytes_read"]

@@ -98,11 +98,13 @@ def shift_for(g: np.ndarray, m: int) -> float:
 def run_pass(job: Any, kind: str, *, inputs: tuple[str, ...], kernel: Any, params: dict, M: int, N: int, c: int,
              dtype: Any, chunk_rows: int, memory: int, init: Any = None, transposed: tuple[bool, ...] | None = None,
              outputs: tuple[tuple[str, str], ...] = (), transposed_outputs: tuple[str, ...] = (), s: int = 0,
-             source_itemsize: int | None = None, description: str = "pass", plan: Any = None) -> tuple[list, Any]:
+             source_itemsize: int | None = None, description: str = "pass", plan: Any = None,
+             chunk_bytes: int | None = None, chunks_across: int = 1) -> tuple[list, Any]:
     """Plan and run one kernel row pass; returns ``(per-group states in row order, plan)``."""
     if plan is None:
         plan = plan_kernel_pass(kind, M, N, c, dtype, chunk_rows=chunk_rows, memory=memory,
-                                workers=job.workers(1), cores=job.cores(), s=s, source_itemsize=source_itemsize)
+                                workers=job.workers(1), cores=job.cores(), s=s, source_itemsize=source_itemsize,
+                                chunk_bytes=chunk_bytes, chunks_across=chunks_across)
     params = dict(params, strip=plan.strip, ends=tuple(g[1] for g in plan.groups))
     spec = RowPassSpec(inputs=tuple(inputs), names=tuple(f"a{i}" if i else "a" for i in range(len(inputs))),
                        kernel=kernel, params=params, plan=plan, device=job.device,

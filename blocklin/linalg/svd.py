@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from blocklin.errors import ConvergenceWarning, DTypeError, ShapeError, explain, warn
+from blocklin.config import format_size
+from blocklin.errors import BudgetError, ConvergenceWarning, DTypeError, explain, warn
 from blocklin.linalg import _svd_kernels as K
 from blocklin.linalg.lanczos import block_lanczos, default_tol
 from blocklin.linalg.orth import TallBlock, cholqr_r, collect_rows, orth_incore, reduce_sum, run_pass
@@ -139,8 +140,16 @@ class _Streamed:
         self._n_tmp = 0
 
     def _plan(self, kind: str, c: int, s: int = 0) -> Any:
-        return plan_kernel_pass(kind, self.M, self.N, c, self.dtype, chunk_rows=self.chunk_rows, memory=self.memory,
-                                workers=self.job.workers(1), cores=self.job.cores(), s=s)
+        try:
+            return plan_kernel_pass(kind, self.M, self.N, c, self.dtype, chunk_rows=self.chunk_rows,
+                                    memory=self.memory, workers=self.job.workers(1), cores=self.job.cores(), s=s,
+                                    chunk_bytes=int(np.prod(self.A.chunks)) * self.dtype.itemsize,
+                                    chunks_across=-(-self.N // self.A.chunks[0 if self.transposed else 1]))
+        except BudgetError as exc:
+            raise BudgetError(f"{exc} [this is what remains for streaming A of the budget of "
+                              f"{format_size(self.plan.memory)} after {format_size(self.plan.client_bytes)} of in-core "
+                              f"work ({self.plan.method}, N={self.N}, block={self.plan.block}); raise memory= or "
+                              "lower k / oversample / block_size]") from None
 
     def _run(self, kind: str, kernel: Any, init: Any, params: dict, c: int, *, plan: Any = None, outputs: tuple = (),
              transposed_outputs: tuple = (), s: int = 0, description: str = "") -> list:
@@ -193,10 +202,14 @@ class _Streamed:
 def _load(job: Job, A: Any, transposed: bool, plan: SvdPlan) -> np.ndarray:
     """Read ``B`` (``A`` or ``A^T``) into memory in one counted pass."""
     M, N = plan.M, plan.N
+    load_plan = plan_kernel_pass("load", M, N, 1, A.dtype, chunk_rows=A.chunks[1] if transposed else A.chunks[0],
+                                 memory=max(plan.memory - M * N * A.dtype.itemsize, plan.memory // 4),
+                                 workers=job.workers(1), cores=job.cores(),
+                                 chunk_bytes=int(np.prod(A.chunks)) * A.dtype.itemsize,
+                                 chunks_across=-(-N // A.chunks[0 if transposed else 1]))
     states, _ = run_pass(job, "load", inputs=(A.path,), kernel=K.load_kernel, params={}, M=M, N=N, c=1,
-                         dtype=A.dtype, chunk_rows=A.chunks[1] if transposed else A.chunks[0],
-                         memory=max(plan.memory - M * N * A.dtype.itemsize, plan.memory // 4),
-                         transposed=(transposed,), description="read A into memory (pass 1 over A)")
+                         dtype=A.dtype, chunk_rows=A.chunks[1] if transposed else A.chunks[0], memory=plan.memory,
+                         transposed=(transposed,), plan=load_plan, description="read A into memory (pass 1 over A)")
     b = np.empty((M, N), dtype=A.dtype)
     for st in states:
         for r0, blk in st or []:

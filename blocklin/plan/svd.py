@@ -29,6 +29,7 @@ import numpy as np
 
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, explain
+from blocklin.plan.gemm import IO_CONCURRENCY
 from blocklin.plan.passes import RowPassPlan, plan_row_pass
 
 #: Host bytes per element of in-core float64 work arrays.
@@ -159,12 +160,17 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
 
 def plan_kernel_pass(kind: str, M: int, N: int, c: int, dtype: np.dtype, *, chunk_rows: int, memory: int,
                      workers: int = 1, cores: int = 1, s: int = 0, source_itemsize: int | None = None,
-                     min_tasks: int | None = None) -> RowPassPlan:
+                     min_tasks: int | None = None, chunk_bytes: int | None = None,
+                     chunks_across: int = 1) -> RowPassPlan:
     """Row-pass plan of one kernel pass over ``M`` rows of width ``N`` (``c`` columns of the small block).
 
     ``kind``: ``normal`` (``Z = B^T B Q``), ``apply`` (``Y = X W``), ``rmat`` (``Z = X^T Y``),
     ``sketch``, ``tsqr`` or ``load``. The per-task fixed bytes and per-row temporaries below are what
-    the kernels of :mod:`blocklin.linalg._svd_kernels` allocate.
+    the kernels of :mod:`blocklin.linalg._svd_kernels` allocate, plus zarr's chunk temporaries
+    (a raw and a decoded copy of each of up to :data:`IO_CONCURRENCY` chunks in flight, as measured
+    for GEMM); ``chunk_bytes`` is the stored chunk size (default ``chunk_rows`` rows) and
+    ``chunks_across`` the number of chunks one strip row crosses. A strip that spans fewer chunks than
+    zarr's concurrency has only those in flight.
     """
     w = np.dtype(dtype).itemsize
     row_bytes = N * (source_itemsize or w)
@@ -188,6 +194,16 @@ def plan_kernel_pass(kind: str, M: int, N: int, c: int, dtype: np.dtype, *, chun
         extra = N * w  # the kept copy of each strip
     else:
         raise ValueError(kind)
-    return plan_row_pass(M, row_bytes, chunk_rows=chunk_rows, memory=memory, fixed_bytes=fixed,
-                         strip_extra_row_bytes=extra, workers=workers, cores=cores, prefetch=1,
-                         min_tasks=min_tasks)
+    cb = chunk_bytes if chunk_bytes is not None else chunk_rows * row_bytes
+    error = None
+    for in_flight in range(IO_CONCURRENCY, 0, -1):
+        try:
+            plan = plan_row_pass(M, row_bytes, chunk_rows=chunk_rows, memory=memory,
+                                 fixed_bytes=fixed + in_flight * 3 * cb, strip_extra_row_bytes=extra, workers=workers,
+                                 cores=cores, prefetch=1, min_tasks=min_tasks)
+        except BudgetError as exc:
+            error = exc
+            continue
+        if in_flight == 1 or math.ceil(plan.strip / max(1, chunk_rows)) * max(1, chunks_across) >= in_flight:
+            return plan
+    raise error
