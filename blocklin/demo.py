@@ -29,15 +29,19 @@ def _reset_peak() -> bool:
         return False
 
 
-def _hwm() -> int:
+def _status(field: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return peak_rss()
+    return None
+
+
+def _hwm() -> int:
+    return _status("VmHWM") or peak_rss()
 
 
 def run_demo(*, n: int = 6144, memory: Any = "256MiB", dtype: str = "float64", folder: str | None = None,
@@ -58,8 +62,8 @@ def run_demo(*, n: int = 6144, memory: Any = "256MiB", dtype: str = "float64", f
         B = random(base / "B.zarr", (n, n), dtype=dtype, seed=seed + 1, memory=budget, overwrite=True,
                    progress=progress)
         t_gen = time.perf_counter() - t0
-        baseline = _hwm()
         reset = _reset_peak()
+        baseline = _status("VmRSS") or 0  # resident before the GEMM (interpreter, libraries)
         C = matmul(A, B, base / "C.zarr", memory=budget, device=device, scheduler=scheduler, progress=progress,
                    overwrite=True)
         gemm_peak = _hwm() if reset else C.report["peak_memory"]
@@ -85,7 +89,8 @@ def run_demo(*, n: int = 6144, memory: Any = "256MiB", dtype: str = "float64", f
             "n": n, "dtype": dtype, "memory_budget": budget, "matrix_bytes": A.nbytes,
             "output": str(C.path), "generate_seconds": t_gen, "seconds": rep["seconds"], "gflops": rep["gflops"],
             "flops": rep["flops"], "bytes_read": rep["bytes_read"], "bytes_written": rep["bytes_written"],
-            "peak_memory": gemm_peak, "baseline_memory": baseline, "planned_peak_memory": rep["plan"]["peak_memory"],
+            "peak_memory": gemm_peak, "baseline_memory": baseline,
+            "gemm_memory": gemm_peak - baseline if reset else None, "planned_peak_memory": rep["plan"]["peak_memory"],
             "plan": rep["plan"], "max_row_error": row_err, "row_error_bound": float(bound),
             "freivalds_relative_error": frei, "verified": bool(ok), "folder": str(base), "kept": keep,
         }

@@ -36,8 +36,10 @@ def run(args: argparse.Namespace) -> dict:
         f"  matrices   {format_size(s['matrix_bytes'])} each, budget {format_size(s['memory_budget'])}",
         f"  gemm       {s['seconds']:.2f} s, {s['gflops']:.1f} GFLOP/s, read {format_size(s['bytes_read'])}, "
         f"wrote {format_size(s['bytes_written'])}",
-        f"  memory     peak {format_size(s['peak_memory'])} during the GEMM (process baseline "
-        f"{format_size(s['baseline_memory'])}, plan {format_size(s['planned_peak_memory'])})",
+        f"  memory     peak {format_size(s['peak_memory'])} during the GEMM: "
+        + (f"{format_size(s['gemm_memory'])} above the {format_size(s['baseline_memory'])} resident before it"
+           if s["gemm_memory"] is not None else "baseline not measurable on this system")
+        + f" (plan {format_size(s['planned_peak_memory'])}, budget {format_size(s['memory_budget'])})",
         f"  verified   {'yes' if s['verified'] else 'NO'}: max row error {s['max_row_error']:.2e} "
         f"(bound {s['row_error_bound']:.1e}), Freivalds {s['freivalds_relative_error']:.1e}",
         f"  output     {s['output'] if s['kept'] else '(removed; use --keep --dir DIR to keep it)'}",
