@@ -52,6 +52,13 @@ def test_vector_rhs_and_stored_operands(rng, tmp_path):
     np.testing.assert_allclose(x.to_numpy(), ref(a.to_numpy(), b.to_numpy(), 0.1), rtol=1e-10)
     v = bl.solve(a.to_numpy(), b.to_numpy()[:, 0], lam=0.1)
     np.testing.assert_allclose(v.to_numpy(), x.to_numpy(), rtol=1e-10)
+    # well conditioned: "auto" skips the refinement pass; refine=1 runs it, same answer
+    assert x.report["refine_steps"] == 0 and x.report["passes"] == 1
+    assert x.report["residual_norm_source"] == "Gram quantities"
+    y = bl.solve(a, b, lam=0.1, refine=1, memory="1MiB")
+    assert y.report["refine_steps"] == 1 and y.report["passes"] == 2
+    np.testing.assert_allclose(y.to_numpy(), x.to_numpy(), rtol=1e-12)
+    np.testing.assert_allclose(y.report["residual_norm"], x.report["residual_norm"], rtol=1e-9)
 
 
 def test_ill_conditioned_auto_switches_to_qr(rng):

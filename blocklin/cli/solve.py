@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lambda", dest="lam", type=_lam, default=0.0, metavar="LAM",
                    help="regularization: a number >= 0 (default 0), a comma list, 'gcv' or 'lcurve'")
     p.add_argument("--method", choices=("auto", "normal", "qr"), default="auto")
-    p.add_argument("--refine", type=int, default=1, help="refinement passes of the normal equations (default 1)")
+    p.add_argument("--refine", type=lambda v: v if v == "auto" else int(v), default="auto",
+                   help="refinement passes of the normal equations: 'auto' (default: when ill-conditioned) or N")
     p.add_argument("--plot", metavar="PNG", help="plot the L-curve / GCV curve (with --lambda gcv or lcurve)")
     p.add_argument("--workers", type=int, help="concurrent tasks (local schedulers)")
     p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")

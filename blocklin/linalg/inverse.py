@@ -80,8 +80,8 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     max_refine : int
         Largest number of Newton-Schulz steps.
     tol : float, optional
-        Target backward error ``||I - M X||_F / (||M||_F ||X||_F)``; default ``sqrt(n) * eps`` of the
-        output dtype.
+        Target backward error ``||I - M X||_F / (||M||_F ||X||_F)``; default ``n * eps`` of the output
+        dtype (the classical bound for a backward stable inversion).
     precision : {None, "mixed", "float32", "float64"}
         ``"mixed"``: invert in float32 (TF32 allowed on a GPU) and refine in float64 (the output is
         float64); ``"float32"``/``"float64"``: compute in that dtype; ``None``: the input's dtype.

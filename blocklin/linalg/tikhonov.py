@@ -25,6 +25,9 @@ METHODS = ("auto", "normal", "qr")
 #: ``auto`` keeps the normal equations while the regularized Gram matrix's reciprocal condition
 #: estimate is above this (``cond(A)`` below about ``1e5``; refinement then recovers full accuracy).
 AUTO_RCOND = 1e-10
+#: ``refine="auto"`` runs a refinement pass when the reciprocal condition estimate of
+#: ``A^T A + lam^2 I`` is below this (its error bound ``cond * eps`` then exceeds ``~1e-12``).
+AUTO_REFINE_RCOND = 1e-4
 #: Points of the lambda grid for GCV and the L-curve.
 GRID = 300
 
@@ -169,7 +172,7 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
     return kind, vals
 
 
-def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = None, refine: int = 1,
+def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = None, refine: Any = "auto",
           memory: Any = None, device: str | None = None, scheduler: Any = None, workers: int | None = None,
           progress: Any = None, check_finite: bool | None = None, overwrite: bool = False,
           explain: bool = False) -> Matrix | SolvePlan:
@@ -189,7 +192,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         tall ``A``; the minimum-norm solution for wide ``A``).
     method : {"auto", "normal", "qr"}
         For tall/square ``A``. ``"normal"``: ``A^T A`` and ``A^T b`` in one pass, Cholesky of
-        ``A^T A + lam^2 I``, then ``refine`` passes of iterative refinement against the original
+        ``A^T A + lam^2 I``, then (``refine``) passes of iterative refinement against the original
         problem (``r = b - A x``, ``x += K^{-1} (A^T r - lam^2 x)``). ``"qr"``: the R factor and ``Q^T b``
         of a one-pass streaming QR (TSQR, Demmel, Grigori, Hoemmen and Langou, 2012), then the SVD of
         ``R``: accurate when ``lam`` is tiny or ``A`` ill-conditioned (no squaring of the condition
@@ -201,8 +204,12 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     out : path, optional
         Output store for ``x`` (``n x k``; for a sequence of ``L`` values ``n x (L k)``, block ``l`` in
         columns ``l k : (l+1) k``). Atomic.
-    refine : int
-        Refinement passes of the normal-equations route (default 1).
+    refine : "auto" or int
+        Refinement passes of the normal-equations route. ``"auto"`` (default): one pass when the
+        condition estimate of ``A^T A + lam^2 I`` exceeds ``1e4`` (where the normal equations' error
+        bound ``cond * eps`` passes ``~1e-12``) or the residual is below ``1e-3 ||b||`` (where
+        the Gram formula for it cancels), none otherwise (the residual norm then comes from the
+        Gram quantities, ``||b||^2 - 2 x^T A^T b + x^T A^T A x``).
     memory, device, scheduler, workers, progress, check_finite, overwrite
         As for :func:`blocklin.matmul`. The passes of this solver run on the CPU.
     explain : bool
@@ -242,8 +249,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     vector = isinstance(b, np.ndarray) and b.ndim == 1
     if vector:
         b = b.reshape(-1, 1)
-    if not isinstance(refine, (int, np.integer)) or isinstance(refine, bool) or refine < 0:
-        raise ValueError(_msg("refine", "must be an integer >= 0", repr(refine), "pass refine=1"))
+    if refine != "auto" and (not isinstance(refine, (int, np.integer)) or isinstance(refine, bool) or refine < 0):
+        raise ValueError(_msg("refine", "must be 'auto' or an integer >= 0", repr(refine), "pass refine=1"))
     with Job("solve", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
              check_finite=check_finite) as job:
         A = job.operand(a, "a")
@@ -260,7 +267,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
                 raise DTypeError(_msg(op.name, "dtype must be float32 or float64", op.dtype.name,
                                          "convert it (blocklin convert --dtype float64)"))
         out_dtype = np.result_type(A.dtype, B.dtype)
-        plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind, refine=refine)
+        plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
+                          refine=1 if refine == "auto" else refine)
         if explain:
             return plan
         if plan.orientation == "wide" and method == "qr":
@@ -301,7 +309,7 @@ class _Ctx:
     k: int
     kind: str
     lams: list[float]
-    refine: int
+    refine: Any
     method: str
 
 
@@ -389,15 +397,24 @@ def _solve_tall(ctx: _Ctx) -> tuple[np.ndarray, dict]:
             x = cho_solve(cf, c, check_finite=False)
             rr = None
             steps = 0
-            for _ in range(ctx.refine):
+            rr_gram = gp["bb"] - 2 * np.einsum("ij,ij->j", x, c) + np.einsum("ij,ij->j", x, g @ x)
+            # "auto" refines when ill-conditioned, or when ||r||^2 from the Gram quantities suffers
+            # cancellation (a residual far below ||b||: an accurate one needs the pass anyway)
+            small_residual = bool(np.any(rr_gram < 1e-6 * gp["bb"]))
+            n_refine = (1 if rcond < AUTO_REFINE_RCOND or small_residual else 0) if ctx.refine == "auto" \
+                else ctx.refine
+            for _ in range(n_refine):
                 atr, rr = _residual_pass(ctx, x)
                 d = cho_solve(cf, atr - lam**2 * x, check_finite=False)
                 # ||r - A d||^2 = ||r||^2 - 2 d^T A^T r + d^T G d (exact algebra; d is tiny)
                 rr = rr - 2 * np.einsum("ij,ij->j", d, atr) + np.einsum("ij,ij->j", d, g @ d)
                 x = x + d
                 steps += 1
+            source = "refinement pass"
             if rr is None:
-                rr = gp["bb"] - 2 * np.einsum("ij,ij->j", x, c) + np.einsum("ij,ij->j", x, g @ x)
+                rr = rr_gram
+                source = "Gram quantities"
+            info["residual_norm_source"] = source
             xx = np.einsum("ij,ij->j", x, x)
             info.update(method="normal", method_reason=("requested" if ctx.method == "normal" else
                                                         f"well conditioned (reciprocal condition of A^T A + lam^2 I "
