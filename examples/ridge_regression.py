@@ -5,6 +5,7 @@ Run: ``python examples/ridge_regression.py`` (a few seconds; everything under a 
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,13 @@ import blocklin as bl
 
 def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="blocklin-ridge-"))
+    try:
+        run(folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run(folder: Path) -> None:
     m, n = 50_000, 200
     rng = np.random.default_rng(0)
     # A design matrix with decaying column scales (an ill-posed regression), stored as zarr.

@@ -339,7 +339,7 @@ def _gram_pass(ctx: _Ctx) -> dict:
         g += s["g"]
     g = symmetrize_lower(g)
     c = sum(s["c"] for s in states)
-    return {"g": g, "c": c, "bb": sum(s["bb"] for s in states), "aa": sum(s["aa"] for s in states)}
+    return {"g": g, "c": c, "bb": sum(s["bb"] for s in states), "aa": float(np.trace(g))}
 
 
 def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
