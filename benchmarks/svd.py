@@ -115,16 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk-rows", type=int, default=4096)
     p.add_argument("--dir", default=None, help="folder for the test matrix (default: temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the generated matrix")
+    p.add_argument("--data", help="reuse (or create and keep) the test matrix at this path")
     p.add_argument("--quick", action="store_true", help="skip scikit-learn and Dask")
     p.add_argument("--only", nargs="*", help="run only these variants")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     args = p.parse_args(argv)
 
     folder = tempfile.mkdtemp(prefix="blocklin-bench-svd-", dir=args.dir)
-    path = os.path.join(folder, "A.zarr")
+    path = args.data or os.path.join(folder, "A.zarr")
     try:
         t0 = time.perf_counter()
-        generate(path, args.rows, args.cols, args.chunk_rows)
+        if not (args.data and os.path.exists(path)):
+            generate(path, args.rows, args.cols, args.chunk_rows)
         gen = time.perf_counter() - t0
         size = args.rows * args.cols * 8
         print(f"# A: {args.rows} x {args.cols} float64 ({size / 1e9:.2f} GB), s_i = max(exp(-i/25), 1e-3), "
@@ -132,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         exact = spectrum(args.cols)[: args.k]
         variants = [
             ("blocklin-rsvd", {"method": "rsvd"}),                                  # q = 4 (auto), l = k + 10
+            ("blocklin-rsvd-q1-p60", {"method": "rsvd", "power_iters": 1, "oversample": 60}),
+            ("blocklin-rsvd-q2-p25", {"method": "rsvd", "power_iters": 2, "oversample": 25}),
             ("blocklin-rsvd-q2-p30", {"method": "rsvd", "power_iters": 2, "oversample": 30}),
             ("blocklin-sketch", {"method": "sketch"}),
             ("blocklin-sketch-p50", {"method": "sketch", "oversample": 50}),
