@@ -264,3 +264,16 @@ def test_distributed_matches_local():
             assert res.report["passes"] == ref.report["passes"]
             np.testing.assert_allclose(res.s, ref.s, rtol=1e-12)
             np.testing.assert_allclose(dense(res.U), dense(ref.U), atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["rsvd", "sketch", "lanczos"])
+def test_gpu_matches_cpu(method):
+    a, _ = make(3000, 120, "flat_tail", seed=9)
+    cpu = bl.svd(a, 5, method=method, seed=2, memory="1MiB", device="cpu")
+    gpu = bl.svd(a, 5, method=method, seed=2, memory="1MiB", device="gpu")
+    assert gpu.report["device"] == "gpu" and gpu.report["passes"] == cpu.report["passes"]
+    np.testing.assert_allclose(gpu.s, cpu.s, rtol=1e-10)
+    np.testing.assert_allclose(np.abs(dense(gpu.U)), np.abs(dense(cpu.U)), atol=1e-8)
+    w = bl.eigsh(a.T @ a, 3, seed=0, memory="256KiB", device="gpu")
+    np.testing.assert_allclose(w.w, np.sort(cpu.s[:3] ** 2), rtol=1e-8) if method == "lanczos" else None
