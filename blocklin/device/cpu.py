@@ -20,7 +20,12 @@ class CpuDevice(Device):
     host_resident = True
 
     def zeros(self, shape: tuple[int, int], dtype: Any) -> np.ndarray:
-        return np.zeros(shape, dtype=dtype)
+        # Filling touches every page up front (fast, with transparent huge pages); calloc's lazily
+        # zeroed pages would instead fault one by one inside the first GEMM (measured: +0.5 s on
+        # a 512 MiB accumulator).
+        acc = np.empty(shape, dtype=dtype)
+        acc.fill(0)
+        return acc
 
     def gemm_acc(self, acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
         _gemm_acc(acc, a, b)

@@ -82,15 +82,17 @@ def check_finite(block: np.ndarray, name: str, rows: slice, cols: slice) -> None
 
 
 class StripWriter:
-    """Writes row strips of an output tile on a background thread (at most one strip queued).
+    """Writes row strips of an output tile on a background thread.
 
-    Strips cover whole chunk rows of the output, so concurrent writes never touch one chunk. Errors
-    are re-raised by :meth:`close`.
+    Strips cover whole chunk rows of the output, so concurrent writes never touch one chunk. Queued
+    strips are views of the accumulator (host) or rotating download buffers (GPU, bounded by their
+    count), so the queue itself holds no memory and compute never waits on it. Errors are
+    re-raised by :meth:`submit` or :meth:`close`.
     """
 
     def __init__(self, arr: Any, rows: slice, cols: slice) -> None:
         self.arr, self.rows, self.cols = arr, rows, cols
-        self.queue: queue.Queue = queue.Queue(maxsize=1)
+        self.queue: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="blocklin-writer", daemon=True)
         self.thread.start()

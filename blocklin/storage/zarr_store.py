@@ -12,6 +12,7 @@ import zarr.codecs
 from zarr.core.buffer.cpu import NDBuffer
 
 from blocklin.errors import ConfigError, StoreNotFoundError, StoreReadError, explain
+from blocklin.storage.rawchunks import raw_access
 
 
 def codec_chain(codec: str | None, checksum: bool = False) -> tuple[Any, ...]:
@@ -95,8 +96,26 @@ def create_array(path: str | os.PathLike, *, shape: tuple[int, ...], dtype: Any,
     )
 
 
+def _norm(sel: slice, n: int) -> slice:
+    start, stop, step = sel.indices(n)
+    return slice(start, max(start, stop)) if step == 1 else sel
+
+
 def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None = None) -> np.ndarray:
-    """Read ``arr[rows, cols]``, into the preallocated ``out`` when given (no extra copy)."""
+    """Read ``arr[rows, cols]``, into the preallocated ``out`` when given (no extra copy).
+
+    Uncompressed local zarr v3 arrays are read straight from their chunk files
+    (:mod:`blocklin.storage.rawchunks`); everything else goes through zarr.
+    """
+    raw = raw_access(arr)
+    if raw is not None:
+        rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
+        if rows.step in (None, 1) and cols.step in (None, 1):
+            shape = (rows.stop - rows.start, cols.stop - cols.start)
+            if out is None:
+                out = np.empty(shape, dtype=arr.dtype)
+            if out.flags.c_contiguous and out.shape == shape and out.dtype == arr.dtype:
+                return raw.read(rows, cols, out)
     if out is None:
         return np.asarray(arr[rows, cols])
     if out.flags.c_contiguous:
@@ -107,7 +126,16 @@ def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None
 
 
 def write_block(arr: zarr.Array, rows: slice, cols: slice, block: np.ndarray) -> None:
-    """Write ``block`` to ``arr[rows, cols]`` (callers align the block to whole chunks)."""
+    """Write ``block`` to ``arr[rows, cols]`` (callers align the block to whole chunks).
+
+    Whole chunks of uncompressed local zarr v3 arrays are written straight to their chunk files.
+    """
+    raw = raw_access(arr)
+    if raw is not None:
+        rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
+        if raw.aligned(rows, cols) and block.shape == (rows.stop - rows.start, cols.stop - cols.start):
+            raw.write(rows, cols, np.asarray(block, dtype=arr.dtype))
+            return
     arr[rows, cols] = block
 
 
