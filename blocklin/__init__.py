@@ -9,16 +9,19 @@ __version__ = "0.1.0"
 from blocklin import _memory, config, errors  # noqa: E402
 
 _memory.tune()
+
 from blocklin.config import configure  # noqa: E402
 from blocklin.create import from_array, open, random  # noqa: E402,A004
 from blocklin.linalg.gemm import matmul  # noqa: E402
-from blocklin.matrix import Matrix  # noqa: E402
-
-__all__ = ["Matrix", "config", "configure", "errors", "from_array", "matmul", "open", "random"]
-# Capabilities added by later modules register their public names below, one line each.
-from blocklin.storage.convert import convert  # noqa: E402
 from blocklin.linalg.inverse import inv  # noqa: E402
-from blocklin.linalg.tikhonov import solve  # noqa: E402
-from blocklin.linalg.svd import svd  # noqa: E402
 from blocklin.linalg.lanczos import eigsh  # noqa: E402
 from blocklin.linalg.operator import aslinearoperator  # noqa: E402
+from blocklin.linalg.svd import svd  # noqa: E402
+from blocklin.linalg.tikhonov import solve  # noqa: E402
+from blocklin.matrix import Matrix  # noqa: E402
+from blocklin.storage.convert import convert  # noqa: E402
+
+__all__ = [
+    "Matrix", "aslinearoperator", "config", "configure", "convert", "eigsh", "errors", "from_array", "inv",
+    "matmul", "open", "random", "solve", "svd",
+]
