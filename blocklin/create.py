@@ -69,7 +69,7 @@ def random(path: str | os.PathLike, shape: tuple[int, int], *, dtype: Any = "flo
     Each chunk row draws from its own generator seeded by ``(seed, first row)``, so the content is
     deterministic for a given seed and chunk height, whatever the column chunking.
     """
-    from blocklin.runtime.progress import make_progress
+    from blocklin.progress import make_progress
 
     cfg = resolve(memory=memory)
     shape = (int(shape[0]), int(shape[1]))

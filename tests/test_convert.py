@@ -18,7 +18,7 @@ from blocklin.errors import (
     BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError, OutputExistsError, OutputIsInputError,
     StoreReadError,
 )
-from blocklin.runtime.progress import ProgressRecorder
+from blocklin.progress import ProgressRecorder
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import Any
 
 from dask.base import tokenize
 
-from blocklin.runtime.progress import NullProgress
+from blocklin.progress import NullProgress
 from blocklin.runtime.scheduler import Scheduler, resolve_scheduler
 
 

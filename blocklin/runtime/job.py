@@ -20,7 +20,7 @@ from blocklin.config import Config, resolve
 from blocklin.device.base import gpu_available, resolved_kind
 from blocklin.operands import Operand, as_operand
 from blocklin.runtime.graph import TileGraph, execute
-from blocklin.runtime.progress import make_progress
+from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
 from blocklin.storage.atomic import AtomicOutput
 

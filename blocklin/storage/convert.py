@@ -25,7 +25,7 @@ from blocklin.config import resolve
 from blocklin.errors import ConfigError, DTypeError, FormatError, NonFiniteError, explain
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.convert import plan_convert
-from blocklin.runtime.progress import make_progress
+from blocklin.progress import make_progress
 from blocklin.storage.atomic import check_output_path
 from blocklin.storage.formats import detect_format, open_reader, open_writer, split_spec
 from blocklin.storage.formats.base import disk_usage
@@ -156,7 +156,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
     nan : {"allow", "error"}
         What NaN values do: copied (default; converting is not math), or an error naming the position.
     progress : bool or object, optional
-        Progress bar (see :func:`blocklin.runtime.progress.make_progress`).
+        Progress bar (see :func:`blocklin.progress.make_progress`).
 
     Returns
     -------
