@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import functools
 from typing import Any
 
@@ -10,7 +11,7 @@ import numpy as np
 from blocklin.errors import DeviceError, explain
 
 
-class Device:
+class Device(abc.ABC):
     """What a tile kernel needs from a compute device.
 
     Host buffers come from :meth:`host_empty` (pinned on a GPU) and are filled by the caller;
@@ -40,20 +41,21 @@ class Device:
     def host_slot_free(self, slot: int) -> None:
         """Block until the host buffers of ``slot`` may be overwritten."""
 
+    @abc.abstractmethod
     def zeros(self, shape: tuple[int, int], dtype: Any) -> Any:
-        raise NotImplementedError  # pragma: no cover - interface
+        """A zeroed accumulator tile where the device computes."""
 
+    @abc.abstractmethod
     def gemm_acc(self, acc: Any, a: Any, b: Any) -> None:
         """``acc += a @ b`` in place (``a``/``b`` may be transposed views)."""
-        raise NotImplementedError  # pragma: no cover - interface
 
+    @abc.abstractmethod
     def axpby(self, acc: Any, alpha: float, c: np.ndarray | None, beta: float) -> None:
         """``acc = alpha * acc + beta * c`` in place (``c`` a host block of ``acc``'s shape)."""
-        raise NotImplementedError  # pragma: no cover - interface
 
+    @abc.abstractmethod
     def download(self, acc: Any, rows: slice, out: np.ndarray | None = None) -> np.ndarray:
         """Host copy of ``acc[rows]`` (a view on the CPU)."""
-        raise NotImplementedError  # pragma: no cover - interface
 
     def synchronize(self) -> None:
         """Wait for all queued work (before reading a clock)."""

@@ -7,6 +7,7 @@ bounded-memory copy in :mod:`blocklin.storage.convert` can drive any pair of the
 
 from __future__ import annotations
 
+import abc
 import os
 import uuid
 from pathlib import Path
@@ -18,7 +19,7 @@ from blocklin.errors import DTypeError, FormatError, OutputExistsError, StoreNot
 from blocklin.storage.atomic import check_output_path
 
 
-class Reader:
+class Reader(abc.ABC):
     """A 2-D matrix in a file, read block by block.
 
     Attributes
@@ -60,9 +61,9 @@ class Reader:
         self.order = "C"
         self.bytes_read = 0
 
+    @abc.abstractmethod
     def read(self, rows: slice, cols: slice) -> np.ndarray:
         """Return ``A[rows, cols]`` as a new array (C or F contiguous)."""
-        raise NotImplementedError
 
     def prepare(self) -> None:
         """Load what the reader holds resident (called after the budget check)."""
@@ -90,7 +91,7 @@ class Reader:
         self.close()
 
 
-class Writer:
+class Writer(abc.ABC):
     """Receives blocks of the output and publishes the result atomically.
 
     Attributes
@@ -124,8 +125,9 @@ class Writer:
         self.chunks: tuple[int, int] | None = None
         self.resumed = False
 
+    @abc.abstractmethod
     def write(self, rows: slice, cols: slice, block: np.ndarray) -> None:
-        raise NotImplementedError
+        """Write one planned block (whole output chunks)."""
 
     def is_done(self, unit: str) -> bool:
         return False
@@ -133,9 +135,10 @@ class Writer:
     def mark_done(self, unit: str) -> None:
         pass
 
+    @abc.abstractmethod
     def commit(self, *, operation: str = "convert", plan: dict | None = None, params: dict | None = None,
                report: dict | None = None) -> str:
-        raise NotImplementedError
+        """Publish the finished output under its final name; return that path."""
 
     def abort(self) -> None:
         pass
