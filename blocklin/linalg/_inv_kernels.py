@@ -8,8 +8,8 @@ in a fixed order, so they do not depend on the scheduler.
 Contents
 --------
 * the random butterfly transformation (RBT) of Givens rotations: :class:`Butterfly`;
-* :func:`region_gemm_tile`: ``out[R] = alpha * A[Ra] @ B[Rb] + beta * C[Rc] (+ I)`` on sub-blocks of
-  stored matrices (the Schur-complement recursion and Newton-Schulz work in place on regions);
+* (region GEMMs ``out[R] = alpha * A[Ra] @ B[Rb] + beta * C[Rc] (+ I)`` run as the engine's GEMM tile
+  task, :func:`blocklin.runtime.tiles.gemm_tile`, with offsets, identity and statistics options);
 * :func:`leaf_inverse_task`: in-core LU inversion with partial pivoting of a diagonal region;
 * :func:`unmix_columns_task`: ``X[:, cols] = V @ Y[:, cols]`` (undo the RBT), with ``||X||_F^2`` and
   probe products ``X[:, cols] @ P[cols]``;
@@ -24,10 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.device import TileStream, get_device
 from blocklin.plan.chunks import split
-from blocklin.plan.gemm import GemmPlan
-from blocklin.runtime.tiles import check_finite, ensure_blas_threads, open_array, region
+from blocklin.runtime.tiles import ensure_blas_threads, open_array
+from blocklin.runtime.tiles import sumsq as _sumsq
 from blocklin.storage.zarr_store import read_block, write_block
 
 class Params:
@@ -158,113 +157,6 @@ def probes(n: int, k: int, seed: int) -> np.ndarray:
     return np.random.default_rng([seed, 7]).standard_normal((n, k))
 
 
-# -- region GEMM tile ------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class RegionGemmSpec:
-    """``out[o0+rows, o1+cols] = alpha * A[a0+rows, a1+k] @ B[b0+k, b1+cols] + beta * C[...] (+ I)``.
-
-    Offsets are multiples of the output chunks, so every tile owns whole chunks. ``c`` may be the
-    output itself at the same offsets (each tile reads its own block before writing it).
-    ``identity_offset`` adds ``1`` where the global row index equals the global column index plus
-    that offset (``I - M X``); ``probe_seed`` returns ``tile @ P[cols]`` for residual probing.
-    """
-
-    a: str
-    a_off: tuple[int, int]
-    b: str
-    b_off: tuple[int, int]
-    c: str | None
-    c_off: tuple[int, int]
-    out: str
-    out_off: tuple[int, int]
-    alpha: float
-    beta: float
-    dtype: str
-    plan: GemmPlan
-    device: str
-    device_memory: int | None
-    check_finite: bool = False
-    add_identity: bool = False
-    probe_seed: int | None = None
-    probe_k: int = 0
-    probe_n: int = 0
-    blas_threads: int | None = None
-
-
-def region_gemm_tile(spec: RegionGemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
-    """One output tile of a region GEMM; returns ``sumsq`` of the tile (and a probe product)."""
-    ensure_blas_threads(spec.blas_threads)
-    t0 = time.perf_counter()
-    A, B = open_array(spec.a), open_array(spec.b)
-    dtype = np.dtype(spec.dtype)
-    device = get_device(spec.device, device_memory=spec.device_memory)
-    plan = spec.plan
-    panels = plan.k_panels()
-    tm, tn = rows.stop - rows.start, cols.stop - cols.start
-    (a0, a1), (b0, b1) = spec.a_off, spec.b_off
-    nbytes = [0]
-
-    def load(p: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-        k0, k1 = panels[p]
-        ra, ca = slice(a0 + rows.start, a0 + rows.stop), slice(a1 + k0, a1 + k1)
-        rb, cb = slice(b0 + k0, b0 + k1), slice(b1 + cols.start, b1 + cols.stop)
-        va = read_block(A, ra, ca, out=region(bufs[0], (tm, k1 - k0)))
-        vb = read_block(B, rb, cb, out=region(bufs[1], (k1 - k0, tn)))
-        nbytes[0] += va.nbytes + vb.nbytes
-        if spec.check_finite:
-            check_finite(va, "a", ra, ca)
-            check_finite(vb, "b", rb, cb)
-        if va.dtype != dtype:
-            va, vb = va.astype(dtype), vb.astype(dtype)
-        return va, vb
-
-    acc = device.zeros((tm, tn), dtype)
-    stream = TileStream(device, len(panels), load, [(plan.tm, plan.tk), (plan.tk, plan.tn)], [A.dtype, B.dtype],
-                        depth=plan.prefetch)
-    for _, (a_dev, b_dev) in stream:
-        device.gemm_acc(acc, a_dev, b_dev)
-    host = acc if device.host_resident else device.download(acc, slice(0, tm))
-    host = np.asarray(host)
-    if spec.alpha != 1.0:
-        host *= dtype.type(spec.alpha)
-    o0, o1 = spec.out_off
-    if spec.c is not None and spec.beta != 0.0:  # in chunk-row pieces: no tile-sized temporary
-        C = open_array(spec.c)
-        c0, c1 = spec.c_off
-        step = max(1, plan.out_chunks[0])
-        for r0, r1 in split(tm, step):
-            block = read_block(C, slice(c0 + rows.start + r0, c0 + rows.start + r1),
-                               slice(c1 + cols.start, c1 + cols.stop))
-            nbytes[0] += block.nbytes
-            if spec.beta == 1.0:
-                host[r0:r1] += block.astype(dtype, copy=False)
-            else:
-                host[r0:r1] += dtype.type(spec.beta) * block
-    if spec.add_identity:  # global diagonal entries that fall in this tile
-        lo = max(o0 + rows.start, o1 + cols.start)
-        hi = min(o0 + rows.stop, o1 + cols.stop)
-        if hi > lo:
-            g = np.arange(lo, hi)
-            host[g - o0 - rows.start, g - o1 - cols.start] += 1.0
-    out_arr = open_array(spec.out, mode="r+")
-    write_block(out_arr, slice(o0 + rows.start, o0 + rows.stop), slice(o1 + cols.start, o1 + cols.stop), host)
-    result = {
-        "sumsq": _sumsq(host),
-        "bytes_read": nbytes[0],
-        "bytes_written": host.nbytes,
-        "flops": 2 * tm * tn * (panels[-1][1] if panels else 0),
-        "seconds": time.perf_counter() - t0,
-        "load_seconds": stream.load_seconds,
-        "wait_seconds": stream.wait_seconds,
-    }
-    if spec.probe_seed is not None:
-        p = probes(spec.probe_n, spec.probe_k, spec.probe_seed)[o1 + cols.start:o1 + cols.stop]
-        result["probe"] = (rows.start, host.astype(np.float64, copy=False) @ p)
-    return result
-
-
 # -- leaf inversion ---------------------------------------------------------------------------------------
 
 
@@ -367,11 +259,3 @@ def column_strips(n: int, width: int) -> list[tuple[int, int]]:
     return split(n, width)
 
 
-def _sumsq(x: np.ndarray) -> float:
-    """``||x||_F^2`` in float64 without a full-size temporary."""
-    total = 0.0
-    rows = max(1, (1 << 18) // max(1, x.shape[1])) if x.ndim == 2 and x.shape[1] else max(1, x.shape[0])
-    for r0 in range(0, x.shape[0], rows):
-        blk = np.asarray(x[r0:r0 + rows], dtype=np.float64)
-        total += float(np.einsum("ij,ij->", blk, blk))
-    return total

@@ -31,7 +31,6 @@ from blocklin.matrix import Matrix
 from blocklin.operands import Operand
 from blocklin.plan.inverse import InversePlan, plan_inverse
 from blocklin.plan.passes import plan_row_pass
-from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import RowPassSpec, run_row_pass
 from blocklin.storage.zarr_store import create_array
@@ -167,7 +166,6 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         if n == 0:
             path = ao.commit("inv", plan=plan.to_dict(), params={})
             return Matrix(path, report=job.report(plan=plan.to_dict()), temporary=out is None)
-        wdt = np.dtype(plan.work_dtype)
         norm_m, norm_x, xp, leaves, attempts = _invert_stored(ops, M, x_path, plan, out_dtype, seed)
         history: list[dict] = []
         res = _refine.probe_estimate(job, M, xp, seed)

@@ -262,7 +262,6 @@ def orthonormalize(y: Any, out: Any = None, *, memory: Any = None, device: str |
     """
     from blocklin.matrix import Matrix
     from blocklin.runtime.job import Job
-    from blocklin.storage import create_array
 
     with Job("orth", memory=memory, device=device, scheduler=scheduler, progress=progress) as job:
         Y = job.operand(y, "y")

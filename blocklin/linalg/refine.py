@@ -29,18 +29,17 @@ import numpy as np
 
 from blocklin.linalg._inv_kernels import (
     Params,
-    RegionGemmSpec,
     copy_columns_task,
     column_strips,
     probe_init,
     probe_kernel,
     probes,
-    region_gemm_tile,
 )
 from blocklin.plan.gemm import plan_gemm
 from blocklin.plan.passes import plan_row_pass
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.passes import RowPassSpec, run_row_pass
+from blocklin.runtime.tiles import GemmSpec, gemm_tile
 from blocklin.storage.zarr_store import create_array
 
 #: Probe vectors of the residual estimate.
@@ -109,15 +108,16 @@ class BlockOps:
                          source_dtypes=(np.dtype(a_dtype or dt), np.dtype(b_dtype or dt)),
                          c_chunks=ch if c is not None and beta != 0.0 else None, workers=job.workers(1),
                          cores=job.cores(), device=job.device, device_memory=job.device_memory(), out_chunks=ch)
-        spec = RegionGemmSpec(a=a, a_off=tuple(a_off), b=b, b_off=tuple(b_off), c=c, c_off=tuple(c_off), out=out,
-                              out_off=tuple(out_off), alpha=float(alpha), beta=float(beta), dtype=dt.name, plan=plan,
-                              device=job.device, device_memory=job.device_memory(), check_finite=False,
-                              add_identity=add_identity, probe_seed=probe[0] if probe else None,
-                              probe_k=probe[1] if probe else 0, probe_n=probe[2] if probe else 0,
-                              blas_threads=job.task_blas_threads(plan.blas_threads))
+        dev_mem = job.device_memory()
+        spec = GemmSpec(a=a, b=b, c=c, out=out, trans_a=False, trans_b=False, alpha=float(alpha), beta=float(beta),
+                        dtype=dt.name, plan=plan, device=job.device, device_memory=dev_mem, check_finite=False,
+                        done_dir=None, blas_threads=job.task_blas_threads(plan.blas_threads), a_off=tuple(a_off),
+                        b_off=tuple(b_off), c_off=tuple(c_off), out_off=tuple(out_off), add_identity=add_identity,
+                        sumsq=True, probe=probes if probe else None,
+                        probe_args=(probe[2], probe[1], probe[0]) if probe else ())
         graph = self._graph("gemm", spec)
         for i, j, rows, cols in plan.tiles():
-            graph.add((i, j), region_gemm_tile, spec, i, j, rows, cols)
+            graph.add((i, j), gemm_tile, spec, i, j, rows, cols)
         results = job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description)
         self.gemms += 1
         self.flops += plan.flops

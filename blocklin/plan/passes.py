@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
 
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain

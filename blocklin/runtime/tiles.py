@@ -58,6 +58,16 @@ def ensure_blas_threads(n: int | None) -> None:
         _blas_set = n
 
 
+def sumsq(x: np.ndarray) -> float:
+    """``||x||_F^2`` in float64 without a full-size temporary."""
+    total = 0.0
+    rows = max(1, (1 << 18) // max(1, x.shape[1])) if x.ndim == 2 and x.shape[1] else max(1, x.shape[0])
+    for r0 in range(0, x.shape[0], rows):
+        blk = np.asarray(x[r0:r0 + rows], dtype=np.float64)
+        total += float(np.einsum("ij,ij->", blk, blk))
+    return total
+
+
 def region(buf: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """A C-contiguous ``shape`` view at the start of ``buf`` (edge tiles are smaller)."""
     return buf.reshape(-1)[: shape[0] * shape[1]].reshape(shape)
@@ -145,6 +155,20 @@ class GemmSpec:
     done_dir: str | None
     blas_threads: int | None = None
     names: tuple[str, str, str] = ("a", "b", "c")
+    # Regions: offsets of op(A), op(B), C and the output inside their stores (multiples of the
+    # output chunks, so tiles still own whole chunks). C may be the output itself at the same offset:
+    # each strip is read before it is written.
+    a_off: tuple[int, int] = (0, 0)
+    b_off: tuple[int, int] = (0, 0)
+    c_off: tuple[int, int] = (0, 0)
+    out_off: tuple[int, int] = (0, 0)
+    #: Add 1 where the global output row equals the global column plus ``identity_shift`` (``I - M X``).
+    add_identity: bool = False
+    #: Also return ``sumsq`` (``||tile||_F^2`` in float64) of the finished tile.
+    sumsq: bool = False
+    #: ``probe(*probe_args)`` is an ``n x k`` block P; the task returns ``tile @ P[cols]`` as ``probe``.
+    probe: Any = None
+    probe_args: tuple = ()
 
 
 def _marker(spec: Any, unit: str) -> str | None:
@@ -175,11 +199,14 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
         k0, k1 = panels[p]
         ks = slice(k0, k1)
         out = []
-        for arr, buf, trans, cast, name, sel in (
-            (A, bufs[0], spec.trans_a, casts[0], spec.names[0], (rows, ks)),
-            (B, bufs[1], spec.trans_b, casts[1], spec.names[1], (ks, cols)),
+        for arr, buf, trans, cast, name, sel, off in (
+            (A, bufs[0], spec.trans_a, casts[0], spec.names[0], (rows, ks), spec.a_off),
+            (B, bufs[1], spec.trans_b, casts[1], spec.names[1], (ks, cols), spec.b_off),
         ):
             stored = (sel[1], sel[0]) if trans else sel
+            if off != (0, 0):
+                stored = (slice(stored[0].start + off[0], stored[0].stop + off[0]),
+                          slice(stored[1].start + off[1], stored[1].stop + off[1]))
             shape = (stored[0].stop - stored[0].start, stored[1].stop - stored[1].start)
             view = read_block(arr, stored[0], stored[1], out=region(buf, shape))
             nbytes[0] += view.nbytes
@@ -195,30 +222,48 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
     out_arr = open_array(spec.out, mode="r+")
     C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
     strips = split(tm, plan.out_chunks[0])
-    writer = StripWriter(out_arr, rows, cols)
+    writer = StripWriter(out_arr, slice(spec.out_off[0] + rows.start, spec.out_off[0] + rows.stop),
+                         slice(spec.out_off[1] + cols.start, spec.out_off[1] + cols.stop))
     host_bufs: queue.Queue = queue.Queue()
     if not device.host_resident:  # rotating download buffers: one filling, one queued, one writing
         for _ in range(min(3, len(strips))):
             host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dtype))
     cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=C.dtype) if C is not None else None
 
+    (o0, o1), (c0, c1) = spec.out_off, spec.c_off
+    stats = {"sumsq": 0.0}
+    p_cols = spec.probe(*spec.probe_args)[o1 + cols.start:o1 + cols.stop] if spec.probe is not None else None
+    probe_out = np.zeros((tm, p_cols.shape[1])) if p_cols is not None else None
+
     def finish(r0: int, r1: int) -> None:
-        """Scale strip ``r0:r1``, add ``beta * C``, and hand it to the writer."""
+        """Scale strip ``r0:r1``, add ``beta * C`` (and I), take its statistics, hand it to the writer."""
         if C is not None:
-            rs = slice(rows.start + r0, rows.start + r1)
-            block = read_block(C, rs, cols, out=region(cbuf, (r1 - r0, tn)))
+            rs = slice(c0 + rows.start + r0, c0 + rows.start + r1)
+            cs = slice(c1 + cols.start, c1 + cols.stop)
+            block = read_block(C, rs, cs, out=region(cbuf, (r1 - r0, tn)))
             nbytes[0] += block.nbytes
             if spec.check_finite:
-                check_finite(block, spec.names[2], rs, cols)
+                check_finite(block, spec.names[2], rs, cs)
             device.axpby(acc[r0:r1], spec.alpha, block.astype(dtype, copy=False), spec.beta)
         elif spec.alpha != 1.0:
             device.axpby(acc[r0:r1], spec.alpha, None, 0.0)
         if device.host_resident:
-            writer.submit(r0, r1, acc[r0:r1])
+            host, done = acc[r0:r1], None
         else:
             buf = host_bufs.get()
             host = device.download(acc, slice(r0, r1), out=region(buf, (r1 - r0, tn)))
-            writer.submit(r0, r1, host, done=lambda b=buf: host_bufs.put(b))
+            done = lambda b=buf: host_bufs.put(b)  # noqa: E731
+        if spec.add_identity:  # global diagonal entries that fall in this strip
+            lo = max(o0 + rows.start + r0, o1 + cols.start)
+            hi = min(o0 + rows.start + r1, o1 + cols.stop)
+            if hi > lo:
+                g = np.arange(lo, hi)
+                host[g - o0 - rows.start - r0, g - o1 - cols.start] += 1
+        if spec.sumsq:
+            stats["sumsq"] += sumsq(host)
+        if probe_out is not None:
+            probe_out[r0:r1] = host.astype(np.float64, copy=False) @ p_cols
+        writer.submit(r0, r1, host, done=done)
 
     try:
         last = len(panels) - 1
@@ -248,4 +293,6 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
         "seconds": time.perf_counter() - t_start,
         "load_seconds": stream.load_seconds,
         "wait_seconds": stream.wait_seconds,
+        **({"sumsq": stats["sumsq"]} if spec.sumsq else {}),
+        **({"probe": (rows.start, probe_out)} if probe_out is not None else {}),
     }
