@@ -8,43 +8,25 @@ the margin (10% of the budget + 24 MiB) covers allocator slack, thread stacks an
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 import blocklin as bl
+from memcheck import margin, needs_hwm, run_child
 
-CHILD = textwrap.dedent("""
-    import json, sys
+CHILD = """
     import blocklin as bl
-    def hwm():
-        for line in open('/proc/self/status'):
-            if line.startswith('VmHWM'):
-                return int(line.split()[1]) * 1024
     a_path, b_path, out, memory = sys.argv[1:5]
     bl.open(a_path)[0:1, 0:1]
     import dask.threaded  # noqa: F401  (imported by the run anyway; part of the baseline)
     base = hwm()
-    open('/proc/self/clear_refs', 'w').write('5')
+    reset_hwm()
     c = bl.matmul(a_path, b_path, out, memory=memory)
     print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": c.report["plan"]["peak_memory"],
                       "tasks": c.report["tasks"]}))
-""")
+"""
 
 
-def _can_reset_hwm() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-@pytest.mark.skipif(sys.platform != "linux" or not _can_reset_hwm(), reason="needs Linux /proc high-water mark")
+@needs_hwm
 @pytest.mark.parametrize("memory_mib", [24, 48])
 def test_gemm_peak_within_budget(tmp_path, memory_mib):
     n = 3072  # each operand 72 MiB: 1.5x to 3x the budget
@@ -52,12 +34,8 @@ def test_gemm_peak_within_budget(tmp_path, memory_mib):
     b = bl.random(tmp_path / "b.zarr", (n, n), seed=2, chunks=(256, 256))
     budget = memory_mib * 2**20
     assert a.nbytes >= 1.5 * budget
-    proc = subprocess.run([sys.executable, "-c", CHILD, a.path, b.path, str(tmp_path / "c.zarr"), f"{memory_mib}MiB"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = run_child(CHILD, a.path, b.path, str(tmp_path / "c.zarr"), f"{memory_mib}MiB")
     used = r["peak"] - r["baseline"]
-    margin = 0.10 * budget + 24 * 2**20
     assert r["plan_peak"] <= budget
     assert r["tasks"] > 1
-    assert used <= budget + margin, f"used {used / 2**20:.1f} MiB over baseline, budget {memory_mib} MiB"
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget {memory_mib} MiB"

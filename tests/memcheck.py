@@ -1,0 +1,52 @@
+"""Shared harness for the subprocess peak-memory tests.
+
+A child process runs the given code after a prelude that defines ``hwm()`` (the kernel's
+high-water mark of resident memory, VmHWM) and ``reset_hwm()``; the child prints one JSON line,
+which :func:`run_child` returns. The allowed peak above the child's baseline is the budget plus
+:func:`margin` (10% of the budget + 24 MiB for allocator slack, thread stacks and Python objects).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PRELUDE = textwrap.dedent("""
+    import json, sys
+    def hwm():
+        for line in open('/proc/self/status'):
+            if line.startswith('VmHWM'):
+                return int(line.split()[1]) * 1024
+    def reset_hwm():
+        open('/proc/self/clear_refs', 'w').write('5')
+""")
+
+
+def _can_reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+#: Skip marker for systems without a resettable high-water mark.
+needs_hwm = pytest.mark.skipif(sys.platform != "linux" or not _can_reset_hwm(),
+                               reason="needs Linux /proc high-water mark")
+
+
+def margin(budget: int) -> float:
+    return 0.10 * budget + 24 * 2**20
+
+
+def run_child(code: str, *args: str, timeout: int = 300) -> dict:
+    """Run ``PRELUDE + code`` with ``args`` in a fresh interpreter; return its last JSON line."""
+    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code), *args], capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
