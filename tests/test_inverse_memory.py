@@ -8,8 +8,6 @@ allocator slack, thread stacks and Python objects), well below the matrix's own 
 
 from __future__ import annotations
 
-import pytest
-
 import blocklin as bl
 from memcheck import margin, needs_hwm, run_child
 
