@@ -24,6 +24,10 @@ class Scheduler:
 
 
 def _active_client() -> Any:
+    import sys
+
+    if "distributed" not in sys.modules:  # no client can be active; skip a slow import
+        return None
     try:
         from distributed import get_client
 

@@ -95,18 +95,35 @@ class RawChunks:
                 gc0 = cj * ch_c
                 gc1 = min(gc0 + ch_c, self.shape[1])
                 src = block[gr0 - r0:gr1 - r0, gc0 - c0:gc1 - c0]
-                if src.shape == self.chunks and src.flags.c_contiguous and src.dtype == self.dtype:
-                    data = src
-                else:  # edge chunks are stored at full size, padded with the fill value
-                    if src.shape != self.chunks:
-                        buf.fill(self.fill_value)
-                    buf[: src.shape[0], : src.shape[1]] = src
-                    data = buf
                 path = self._path(ci, cj)
                 tmp = f"{path}.tmp-{os.getpid()}-{id(self)}"
+                full = src.shape == self.chunks and src.dtype == self.dtype
                 with open(tmp, "wb", buffering=0) as f:
-                    f.write(memoryview(data.reshape(-1).view(np.uint8)))
+                    if full and src.flags.c_contiguous:
+                        f.write(memoryview(src.reshape(-1).view(np.uint8)))
+                    elif full and src.strides[1] == src.itemsize:  # rows of a wider block: no gathering copy
+                        if not _writev_rows(f.fileno(), src):
+                            f.seek(0)
+                            f.truncate()
+                            f.write(memoryview(np.ascontiguousarray(src).reshape(-1).view(np.uint8)))
+                    else:  # edge chunks are stored at full size, padded with the fill value
+                        if src.shape != self.chunks:
+                            buf.fill(self.fill_value)
+                        buf[: src.shape[0], : src.shape[1]] = src
+                        f.write(memoryview(buf.reshape(-1).view(np.uint8)))
                 os.replace(tmp, path)  # a reader never sees half a chunk
+
+
+_IOV_MAX = 1024
+
+
+def _writev_rows(fd: int, src: np.ndarray) -> bool:
+    """Write the rows of a row-strided block with ``writev`` (no gathering copy); False if short."""
+    want = src.nbytes
+    done = 0
+    for r0 in range(0, src.shape[0], _IOV_MAX):
+        done += os.writev(fd, [src[r] for r in range(r0, min(src.shape[0], r0 + _IOV_MAX))])
+    return done == want
 
 
 def raw_access(arr: Any) -> RawChunks | None:
