@@ -8,7 +8,6 @@ so memory stays at ``(depth + 1)`` sets of operand buffers however long the stre
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -24,22 +23,6 @@ from blocklin.device.base import Device
 Loader = Callable[[int, tuple[np.ndarray, ...]], tuple[np.ndarray, ...]]
 
 _STOP = object()
-
-#: Nice increment for I/O helper threads (Linux applies nice per thread).
-IO_THREAD_NICE = 10
-
-
-def lower_thread_priority() -> None:
-    """Lower the calling thread's priority so compute threads are not preempted by I/O helpers.
-
-    The loader and writer need little CPU (copies out of the page cache); at normal priority they
-    preempt BLAS threads, and a preempted thread stalls all BLAS threads at their next barrier. At
-    a lower priority they run in the gaps and still keep ahead of compute. A no-op off Linux.
-    """
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), IO_THREAD_NICE)
-    except (AttributeError, OSError, PermissionError):
-        pass
 
 
 class TileStream:
@@ -86,7 +69,6 @@ class TileStream:
         self._stop = threading.Event()
 
     def _loader(self) -> None:
-        lower_thread_priority()
         try:
             for i in range(self.n_items):
                 slot = self._free.get()

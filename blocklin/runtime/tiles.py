@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from blocklin.device import TileStream, get_device
-from blocklin.device.stream import lower_thread_priority
 from blocklin.errors import NonFiniteError, explain
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import GemmPlan
@@ -108,7 +107,6 @@ class StripWriter:
         self.thread.start()
 
     def _run(self) -> None:
-        lower_thread_priority()
         while True:
             item = self.queue.get()
             if item is None:
