@@ -249,3 +249,22 @@ def pwrite_from(fd: int, buf: np.ndarray, offset: int) -> int:
     while done < total:
         done += os.pwritev(fd, [view[done:done + (1 << 30)]], offset + done)
     return total
+
+
+class TextFileWriter(Writer):
+    """A writer of one ASCII text file, published atomically (Matrix Market, CSV/TSV)."""
+
+    sequential = True
+
+    def _open_text(self, inputs: list[str], overwrite: bool, token: str | None) -> None:
+        self._atomic = AtomicFile(self.path, inputs=list(inputs), overwrite=overwrite, token=token)
+        self._fh = open(self._atomic.partial, "w", encoding="ascii", newline="\n")
+        self.bytes_written = 0
+
+    def commit(self, **_: Any) -> str:
+        self._fh.close()
+        return str(self._atomic.commit())
+
+    def abort(self) -> None:
+        self._fh.close()
+        self._atomic.abort()

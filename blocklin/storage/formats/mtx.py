@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import DTypeError, FormatError, explain
-from blocklin.storage.formats.base import AtomicFile, Reader, Writer, check_matrix_dtype, require_file
+from blocklin.storage.formats.base import Reader, TextFileWriter, check_matrix_dtype, require_file
 from blocklin.storage.formats.text_util import FORMAT_BATCH, PARSE_BATCH_BYTES, field_error, formatter
 
 _FIELDS = {"real": np.float64, "double": np.float64, "integer": np.int64, "pattern": np.float64}
@@ -283,7 +283,7 @@ class MtxReader(Reader):
         self._data = None
 
 
-class MtxWriter(Writer):
+class MtxWriter(TextFileWriter):
     """Dense Matrix Market ``array general`` output, column panel after column panel."""
 
     format = "mtx"
@@ -299,8 +299,7 @@ class MtxWriter(Writer):
                                      f"dtype {dt}", "convert to a real dtype (--dtype float64)"))
         super().__init__(path, shape, dt)
         self._fmt = formatter(dt)
-        self._atomic = AtomicFile(path, inputs=list(inputs), overwrite=overwrite, token=token)
-        self._fh = open(self._atomic.partial, "w", encoding="ascii", newline="\n")
+        self._open_text(inputs, overwrite, token)
         field = "integer" if dt.kind in "iub" else "real"
         self._fh.write(f"%%MatrixMarket matrix array {field} general\n% written by blocklin\n"
                        f"{self.shape[0]} {self.shape[1]}\n")
@@ -318,10 +317,3 @@ class MtxWriter(Writer):
             self.bytes_written += len(text)
         self._next_col = c1
 
-    def commit(self, **_: Any) -> str:
-        self._fh.close()
-        return str(self._atomic.commit())
-
-    def abort(self) -> None:
-        self._fh.close()
-        self._atomic.abort()

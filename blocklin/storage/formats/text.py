@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ConfigError, FormatError, explain
-from blocklin.storage.formats.base import AtomicFile, Reader, Writer, check_matrix_dtype, require_file
+from blocklin.storage.formats.base import Reader, TextFileWriter, check_matrix_dtype, require_file
 from blocklin.storage.formats.text_util import FORMAT_BATCH, PARSE_BATCH_BYTES, field_error, formatter
 
 _ALIASES = {"tab": "\t", "\\t": "\t", "comma": ",", "space": " ", "semicolon": ";", "whitespace": None,
@@ -182,7 +182,7 @@ class CsvReader(Reader):
         self._fh.close()
 
 
-class CsvWriter(Writer):
+class CsvWriter(TextFileWriter):
     """Delimited text output, row panel after row panel."""
 
     format = "csv"
@@ -196,8 +196,7 @@ class CsvWriter(Writer):
         super().__init__(path, shape, dt)
         self.delimiter = parse_delimiter(delimiter, path) or " "
         self._fmt = formatter(dt)
-        self._atomic = AtomicFile(path, inputs=list(inputs), overwrite=overwrite, token=token)
-        self._fh = open(self._atomic.partial, "w", encoding="ascii", newline="\n")
+        self._open_text(inputs, overwrite, token)
         self._next_row = 0
         self.bytes_written = 0
 
@@ -214,10 +213,3 @@ class CsvWriter(Writer):
             self.bytes_written += len(text)
         self._next_row = r1
 
-    def commit(self, **_: Any) -> str:
-        self._fh.close()
-        return str(self._atomic.commit())
-
-    def abort(self) -> None:
-        self._fh.close()
-        self._atomic.abort()
