@@ -40,10 +40,6 @@ def _status(field: str) -> int | None:
     return None
 
 
-def _hwm() -> int:
-    return _status("VmHWM") or peak_rss()
-
-
 def run_demo(*, n: int = 6144, memory: Any = "256MiB", dtype: str = "float64", folder: str | None = None,
              keep: bool = False, device: str | None = None, scheduler: Any = None, progress: Any = None,
              samples: int = 8, seed: int = 0) -> dict:
@@ -66,7 +62,7 @@ def run_demo(*, n: int = 6144, memory: Any = "256MiB", dtype: str = "float64", f
         baseline = _status("VmRSS") or 0  # resident before the GEMM (interpreter, libraries)
         C = matmul(A, B, base / "C.zarr", memory=budget, device=device, scheduler=scheduler, progress=progress,
                    overwrite=True)
-        gemm_peak = _hwm() if reset else C.report["peak_memory"]
+        gemm_peak = peak_rss() if reset else C.report["peak_memory"]
         rep = C.report
         # Verification (in memory: a few rows and vectors only).
         rng = np.random.default_rng(seed + 2)
