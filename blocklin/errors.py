@@ -64,6 +64,10 @@ class SingularMatrixError(BlocklinError, np.linalg.LinAlgError):
     """The matrix is singular or numerically singular."""
 
 
+class NotSymmetricError(BlocklinError, ValueError):
+    """A symmetric matrix was required (``eigsh``) and the operand is not symmetric."""
+
+
 class ConvergenceError(BlocklinError, RuntimeError):
     """An iterative method did not reach its tolerance within its limits."""
 

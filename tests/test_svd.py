@@ -223,7 +223,7 @@ def test_orthonormalize_out_of_core_and_fallbacks(tmp_path):
 
 def test_cholqr_falls_back_to_tsqr():
     from blocklin.linalg.orth import cholqr_r
-    from blocklin.linalg.svd import _ArrayBlock
+    from blocklin.linalg.tallblock import ArrayBlock as _ArrayBlock
 
     rng = np.random.default_rng(1)
     y = rng.standard_normal((500, 6)) @ np.diag(np.logspace(0, -8, 6))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -19,20 +20,17 @@ from blocklin.linalg import refine as _refine
 from blocklin.linalg._inv_kernels import (
     Butterfly,
     LeafSpec,
-    Params,
     UnmixSpec,
-    column_strips,
     leaf_inverse_task,
-    mix_init,
     mix_kernel,
     unmix_columns_task,
 )
 from blocklin.matrix import Matrix
 from blocklin.operands import Operand
 from blocklin.plan.inverse import InversePlan, plan_inverse
-from blocklin.plan.passes import plan_row_pass
+from blocklin.runtime.blockops import BlockOps, column_strips
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import RowPassSpec, run_row_pass
+from blocklin.runtime.passes import plan_kernel_pass, run_pass, source
 from blocklin.storage.zarr_store import create_array
 
 PRECISIONS = (None, "mixed", "float32", "float64")
@@ -160,7 +158,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         if not tol > 0:
             raise ValueError(_msg("tol", "must be positive", repr(tol), "leave it None for the default"))
         ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite)
-        ops = _refine.BlockOps(job, plan.chunk)
+        ops = BlockOps(job, plan.chunk)
         x_path = ao.array_path()
         create_array(x_path, shape=(n, n), dtype=out_dtype, chunks=(plan.chunk, plan.chunk), codec=job.cfg.codec)
         if n == 0:
@@ -263,7 +261,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
 # -- steps ------------------------------------------------------------------------------------------------
 
 
-def _invert_stored(ops: _refine.BlockOps, M: Any, x_path: str, plan: InversePlan, out_dtype: np.dtype, seed: int,
+def _invert_stored(ops: BlockOps, M: Any, x_path: str, plan: InversePlan, out_dtype: np.dtype, seed: int,
                    shift: bool = False) -> tuple[float, float, np.ndarray, list[dict], int]:
     """Stage (``M`` or ``I - M`` when ``shift``) with a random butterfly, invert by recursion, undo the butterfly.
 
@@ -330,34 +328,32 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
          transpose: bool = False, probe_seed: int | None = None, with_probe: bool = False) -> Any:
     """Row pass ``W = M V`` (cast to the work dtype, NaN/Inf checked); returns ``||M||_F``."""
     n = plan.n
-    prp = plan_row_pass(n, n * M.dtype.itemsize, chunk_rows=plan.chunk, memory=job.cfg.memory,
-                        strip_extra_row_bytes=n * (8 * 3 + wdt.itemsize), workers=job.workers(1), cores=job.cores(),
-                        max_strip=max(plan.chunk, 4 * plan.chunk))
-    if prp.strip % plan.chunk and prp.strip < n:  # a strip must own whole chunk rows of W
-        prp = plan_row_pass(n, n * M.dtype.itemsize, chunk_rows=plan.chunk, memory=10 * plan.strip_memory,
-                            workers=1, cores=job.cores(), max_strip=plan.chunk)
-    spec = RowPassSpec(inputs=(M.path,), names=("a",), kernel=mix_kernel, init=mix_init,
-                       params=Params(butterfly=bf, dtype=wdt.name, shift=shift, transpose=transpose,
-                                     probe_seed=probe_seed, probe_k=_refine.PROBES), plan=prp, device="cpu", device_memory=None,
-                       check_finite=job.check_finite, outputs=(("w", w_path),),
-                       blas_threads=job.task_blas_threads(prp.blas_threads))
-    states = run_row_pass(job, spec, description="stage and randomize")
+    # strips are planned on W's chunk rows: each strip of W = M V must own whole chunks of W
+    src = [dataclasses.replace(source(M, name="a"), chunk_rows=plan.chunk)]
+    params = {"butterfly": bf, "dtype": wdt.name, "shift": shift, "transpose": transpose, "probe_seed": probe_seed,
+              "probe_k": _refine.PROBES}
+    prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=4 * plan.chunk)
+    if prp.strip % plan.chunk and prp.strip < n:  # a strip must own whole chunk rows of W: one chunk, one task
+        prp = plan_kernel_pass(job, mix_kernel, src, params, memory=10 * plan.strip_memory, max_strip=plan.chunk,
+                               workers=1)
+    states, _ = run_pass(job, mix_kernel, src, params, plan=prp, outputs=(("w", w_path),),
+                         description="stage and randomize")
     norm = math.sqrt(sum(s["sumsq"] for s in states))
     if with_probe:
         return norm, sum(s["xp"] for s in states if "xp" in s)
     return norm
 
 
-def _leaf(ops: _refine.BlockOps, src: str, dst: str, off: int, size: int, wdt: np.dtype) -> dict:
+def _leaf(ops: BlockOps, src: str, dst: str, off: int, size: int, wdt: np.dtype) -> dict:
     job = ops.job
     spec = LeafSpec(src=src, dst=dst, off=off, size=size, dtype=wdt.name, blas_threads=job.task_blas_threads(job.cores()))
-    graph = ops._graph("leaf", spec)
+    graph = ops.graph("leaf", spec)
     graph.add((0,), leaf_inverse_task, spec)
     (res,) = job.run(graph, workers=1, blas_threads=job.cores(), description=f"leaf {off}:{off + size}")
     return res
 
 
-def _invert(ops: _refine.BlockOps, plan: InversePlan, w: str, off: int, size: int, wdt: np.dtype,
+def _invert(ops: BlockOps, plan: InversePlan, w: str, off: int, size: int, wdt: np.dtype,
             leaves: list[dict], *, top: bool = False, last: bool = True, balanced: bool = False) -> None:
     """Invert the diagonal region ``[off, off+size)^2`` of store ``w`` in place."""
     eps = float(np.finfo(wdt).eps)
@@ -393,18 +389,17 @@ def _split(plan: InversePlan, size: int, balanced: bool = False) -> int:
     return split(size, plan.chunk, None if balanced else plan.leaf)
 
 
-def _unmix(ops: _refine.BlockOps, w: str, x: str, bf: Butterfly, out_dtype: np.dtype, plan: InversePlan,
+def _unmix(ops: BlockOps, w: str, x: str, bf: Butterfly, out_dtype: np.dtype, plan: InversePlan,
            seed: int, transpose: bool = False) -> tuple[float, np.ndarray]:
     """``X = V Y`` column strip by column strip; returns ``||X||_F`` and ``X P``."""
     job = ops.job
     spec = UnmixSpec(src=w, dst=x, butterfly=bf, dtype=out_dtype.name, probe_seed=seed, probe_k=_refine.PROBES,
                      blas_threads=job.task_blas_threads(1), transpose=transpose)
-    graph = ops._graph("unmix", spec)
+    graph = ops.graph("unmix", spec)
     for s, (c0, c1) in enumerate(column_strips(plan.n, plan.column_width)):
         graph.add((s,), unmix_columns_task, spec, c0, c1)
     workers = max(1, min(job.workers(1), job.cfg.memory // max(1, plan.column_memory)))
-    results = job.run(graph, workers=workers, description="undo the butterfly")
-    job.stats["passes"] = job.stats.get("passes", 0) + 1
+    results = job.run(graph, workers=workers, description="undo the butterfly", count_pass="intermediate")
     xp = np.zeros((plan.n, _refine.PROBES))
     total = 0.0
     for r in results:

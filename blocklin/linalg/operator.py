@@ -18,10 +18,10 @@ from scipy.sparse.linalg import LinearOperator
 
 from blocklin.config import resolve
 from blocklin.errors import DTypeError, ShapeError, explain
-from blocklin.linalg import _svd_kernels as K
-from blocklin.linalg.orth import collect_rows, reduce_sum, run_pass
+from blocklin.linalg._tall_kernels import apply_kernel, rmat_kernel
 from blocklin.operands import as_operand
 from blocklin.runtime.job import Job
+from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
 
 
 class BlocklinOperator(LinearOperator):
@@ -66,20 +66,14 @@ class BlocklinOperator(LinearOperator):
         c = x2.shape[1]
         with Job("operator", **self._settings) as job:
             if transpose:
-                states, _ = run_pass(job, "rmat", inputs=(op.path,), kernel=K.rmat_kernel, init=K.rmat_init,
-                                     params={"Y": x2, "n": n, "check": False}, M=m, N=n, c=c, dtype=dt,
-                                     chunk_rows=op.chunks[0], memory=job.cfg.memory, description="rmatmat",
-                                     chunk_bytes=int(np.prod(op.chunks)) * dt.itemsize,
-                                     chunks_across=-(-n // op.chunks[1]))
+                states, _ = run_pass(job, rmat_kernel, [source(op)], {"Y": x2, "n": n, "check": False},
+                                     description="rmatmat")
                 y = reduce_sum(states, "Z")
             else:
-                states, _ = run_pass(job, "apply", inputs=(op.path,), kernel=K.apply_kernel, init=K.apply_init,
-                                     params={"W": x2, "collect": True}, M=m, N=n, c=c, dtype=dt,
-                                     chunk_rows=op.chunks[0], memory=job.cfg.memory, description="matmat",
-                                     chunk_bytes=int(np.prod(op.chunks)) * dt.itemsize,
-                                     chunks_across=-(-n // op.chunks[1]))
+                states, _ = run_pass(job, apply_kernel, [source(op)], {"W": x2, "collect": True},
+                                     description="matmat")
                 y = collect_rows(states, m, c)
-            self.passes += 1
+            self.passes += job.passes("a")
             self.bytes_read += job.stats["bytes_read"]
         y = y.astype(out_dt, copy=False)
         return y.ravel() if squeeze else y

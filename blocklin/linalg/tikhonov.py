@@ -11,14 +11,13 @@ import numpy as np
 
 from blocklin.errors import ShapeError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg._inv_kernels import Params
 from blocklin.linalg._solve_kernels import gram_kernel, residual_kernel, symmetrize_lower
 from blocklin.linalg.qr import tsqr_pass
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
-from blocklin.plan.solve import SolvePlan, plan_solve, plan_tall_pass
+from blocklin.plan.solve import SolvePlan, plan_solve, small_bytes
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import RowPassSpec, run_row_pass
+from blocklin.runtime.passes import run_pass, source
 from blocklin.storage.zarr_store import create_array, write_block
 
 METHODS = ("auto", "normal", "qr")
@@ -326,14 +325,9 @@ def _singular(cond: float, what: str) -> SingularMatrixError:
 
 
 def _gram_pass(ctx: _Ctx) -> dict:
-    job = ctx.job
-    plan = plan_tall_pass(ctx.m, ctx.n, ctx.k, np.float64, "normal", memory=job.cfg.memory,
-                          chunk_rows=ctx.A.chunks[0], src_itemsize=ctx.A.dtype.itemsize,
-                          workers=job.workers(1), cores=job.cores())
-    spec = RowPassSpec(inputs=(ctx.A.path, ctx.B.path), names=("a", "b"), kernel=gram_kernel,
-                       params=Params(dtype="float64"), plan=plan, device="cpu", device_memory=None,
-                       check_finite=job.check_finite, blas_threads=job.task_blas_threads(plan.blas_threads))
-    states = [s for s in run_row_pass(job, spec, description="Gram pass: A^T A, A^T b") if s is not None]
+    states, _ = run_pass(ctx.job, gram_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64"},
+                         reserve=small_bytes(ctx.n, ctx.k), description="Gram pass: A^T A, A^T b")
+    states = [s for s in states if s is not None]
     g = states[0]["g"]
     for s in states[1:]:
         g += s["g"]
@@ -343,14 +337,10 @@ def _gram_pass(ctx: _Ctx) -> dict:
 
 
 def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    job = ctx.job
-    plan = plan_tall_pass(ctx.m, ctx.n, ctx.k, np.float64, "residual", memory=job.cfg.memory,
-                          chunk_rows=ctx.A.chunks[0], src_itemsize=ctx.A.dtype.itemsize,
-                          workers=job.workers(1), cores=job.cores())
-    spec = RowPassSpec(inputs=(ctx.A.path, ctx.B.path), names=("a", "b"), kernel=residual_kernel,
-                       params=Params(dtype="float64", x=x), plan=plan, device="cpu", device_memory=None,
-                       check_finite=False, blas_threads=job.task_blas_threads(plan.blas_threads))
-    states = [s for s in run_row_pass(job, spec, description="refinement pass: A^T (b - A x)") if s is not None]
+    states, _ = run_pass(ctx.job, residual_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64", "x": x},
+                         reserve=small_bytes(ctx.n, ctx.k), check_finite=False,
+                         description="refinement pass: A^T (b - A x)")
+    states = [s for s in states if s is not None]
     return sum(s["atr"] for s in states), sum(s["rr"] for s in states)
 
 

@@ -16,13 +16,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from blocklin._memory import IO_CONCURRENCY  # zarr's chunks in flight; each holds chunk temporaries
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import split
-
-#: zarr reads/writes up to this many chunks at once; each may hold one chunk-sized temporary
-#: (blocklin caps zarr's concurrency at this value, see blocklin._memory).
-IO_CONCURRENCY = 4
 
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.
 TASK_OVERHEAD_BYTES = 4 * 2**20

@@ -62,6 +62,7 @@ class Job:
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0,
                       "load_seconds": 0.0, "wait_seconds": 0.0}
         self.outputs: list[AtomicOutput] = []
+        self.pass_counts: dict[str, int] = {}
 
     # -- inputs -------------------------------------------------------------------------------
     def operand(self, x: Any, name: str, ndim: int = 2) -> Operand:
@@ -123,8 +124,12 @@ class Job:
 
     # -- execution -----------------------------------------------------------------------------------
     def run(self, graph: TileGraph, *, workers: int = 1, blas_threads: int | None = None,
-            description: str | None = None) -> list:
-        """Execute ``graph`` and add the tasks' statistics to the job's."""
+            description: str | None = None, count_pass: str | None = None) -> list:
+        """Execute ``graph`` and add the tasks' statistics to the job's.
+
+        ``count_pass`` names what the graph reads once through when it is a pass (``"a"``: the
+        operation's input, ``"intermediate"``: a store the operation wrote); see :meth:`passes`.
+        """
         ctx = contextlib.nullcontext()
         if blas_threads and self.scheduler.kind in ("threads", "sync"):
             from threadpoolctl import threadpool_limits
@@ -136,7 +141,14 @@ class Job:
         for r in results:
             if isinstance(r, dict):
                 self.add_stats(r)
+        if count_pass is not None:
+            self.stats["passes"] = self.stats.get("passes", 0) + 1
+            self.pass_counts[count_pass] = self.pass_counts.get(count_pass, 0) + 1
         return results
+
+    def passes(self, over: str | None = None) -> int:
+        """Passes run so far: all of them, or those over one kind of data (``"a"``, ``"intermediate"``)."""
+        return self.stats.get("passes", 0) if over is None else self.pass_counts.get(over, 0)
 
     def add_stats(self, r: dict) -> None:
         self.stats["tasks"] += 1
@@ -155,6 +167,11 @@ class Job:
                    scheduler=self.scheduler.kind, gflops=self.stats["flops"] / secs / 1e9 if secs > 0 else 0.0)
         rep.update(extra)
         return rep
+
+    @staticmethod
+    def brief(report: dict, keys: tuple[str, ...]) -> dict:
+        """The entries of ``report`` named in ``keys`` (what an output's attributes record)."""
+        return {k: report[k] for k in keys if k in report}
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def __enter__(self) -> Job:

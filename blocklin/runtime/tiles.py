@@ -57,16 +57,6 @@ def ensure_blas_threads(n: int | None) -> None:
         _blas_set = n
 
 
-def sumsq(x: np.ndarray) -> float:
-    """``||x||_F^2`` in float64 without a full-size temporary."""
-    total = 0.0
-    rows = max(1, (1 << 18) // max(1, x.shape[1])) if x.ndim == 2 and x.shape[1] else max(1, x.shape[0])
-    for r0 in range(0, x.shape[0], rows):
-        blk = np.asarray(x[r0:r0 + rows], dtype=np.float64)
-        total += float(np.einsum("ij,ij->", blk, blk))
-    return total
-
-
 def region(buf: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """A C-contiguous ``shape`` view at the start of ``buf`` (edge tiles are smaller)."""
     return buf.reshape(-1)[: shape[0] * shape[1]].reshape(shape)
@@ -160,13 +150,28 @@ class GemmSpec:
     b_off: tuple[int, int] = (0, 0)
     c_off: tuple[int, int] = (0, 0)
     out_off: tuple[int, int] = (0, 0)
-    #: Add 1 where the global output row equals the global column plus ``identity_shift`` (``I - M X``).
-    add_identity: bool = False
-    #: Also return ``sumsq`` (``||tile||_F^2`` in float64) of the finished tile.
-    sumsq: bool = False
-    #: ``probe(*probe_args)`` is an ``n x k`` block P; the task returns ``tile @ P[cols]`` as ``probe``.
-    probe: Any = None
-    probe_args: tuple = ()
+    #: Caller-supplied work on each finished strip before it is written (see :class:`Epilogue`).
+    epilogue: Epilogue | None = None
+
+
+class Epilogue:
+    """Work an algorithm adds to the GEMM tile task on each finished output strip.
+
+    The tile task calls :meth:`begin` once per tile with the tile's rows and columns (relative to
+    the output region) and the region's offset in the output store, :meth:`strip` on each finished
+    host strip (``block`` is rows ``r0:r1`` of the tile, scaled and with ``beta * C`` added; it
+    may be changed in place before it is written), and merges the dict :meth:`end` returns into the
+    tile's result. Subclasses are small picklable objects defined by the algorithm.
+    """
+
+    def begin(self, rows: slice, cols: slice, out_off: tuple[int, int]) -> Any:
+        return None
+
+    def strip(self, state: Any, block: np.ndarray, r0: int, r1: int) -> None:
+        return None
+
+    def end(self, state: Any) -> dict:
+        return {}
 
 
 def _marker(spec: Any, unit: str) -> str | None:
@@ -228,13 +233,11 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
             host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dtype))
     cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=C.dtype) if C is not None else None
 
-    (o0, o1), (c0, c1) = spec.out_off, spec.c_off
-    stats = {"sumsq": 0.0}
-    p_cols = spec.probe(*spec.probe_args)[o1 + cols.start:o1 + cols.stop] if spec.probe is not None else None
-    probe_out = np.zeros((tm, p_cols.shape[1])) if p_cols is not None else None
+    c0, c1 = spec.c_off
+    extra = spec.epilogue.begin(rows, cols, spec.out_off) if spec.epilogue is not None else None
 
     def finish(r0: int, r1: int) -> None:
-        """Scale strip ``r0:r1``, add ``beta * C`` (and I), take its statistics, hand it to the writer."""
+        """Scale strip ``r0:r1``, add ``beta * C``, run the epilogue, hand the strip to the writer."""
         if C is not None:
             rs = slice(c0 + rows.start + r0, c0 + rows.start + r1)
             cs = slice(c1 + cols.start, c1 + cols.stop)
@@ -251,16 +254,8 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
             buf = host_bufs.get()
             host = device.download(acc, slice(r0, r1), out=region(buf, (r1 - r0, tn)))
             done = lambda b=buf: host_bufs.put(b)  # noqa: E731
-        if spec.add_identity:  # global diagonal entries that fall in this strip
-            lo = max(o0 + rows.start + r0, o1 + cols.start)
-            hi = min(o0 + rows.start + r1, o1 + cols.stop)
-            if hi > lo:
-                g = np.arange(lo, hi)
-                host[g - o0 - rows.start - r0, g - o1 - cols.start] += 1
-        if spec.sumsq:
-            stats["sumsq"] += sumsq(host)
-        if probe_out is not None:
-            probe_out[r0:r1] = host.astype(np.float64, copy=False) @ p_cols
+        if spec.epilogue is not None:
+            spec.epilogue.strip(extra, host, r0, r1)
         writer.submit(r0, r1, host, done=done)
 
     try:
@@ -291,6 +286,5 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
         "seconds": time.perf_counter() - t_start,
         "load_seconds": stream.load_seconds,
         "wait_seconds": stream.wait_seconds,
-        **({"sumsq": stats["sumsq"]} if spec.sumsq else {}),
-        **({"probe": (rows.start, probe_out)} if probe_out is not None else {}),
+        **(spec.epilogue.end(extra) if spec.epilogue is not None else {}),
     }
