@@ -16,6 +16,10 @@ class BlocklinError(Exception):
     """Base class of every error raised by blocklin."""
 
 
+class ParameterError(BlocklinError, ValueError):
+    """An argument of an operation is invalid (out of range, unknown choice, wrong kind)."""
+
+
 class ConfigError(BlocklinError, ValueError):
     """A configuration value (budget, device, scheduler, codec, ...) is invalid."""
 

@@ -1,27 +1,89 @@
 """Validation of the arguments every entry point shares, written once (scipy's ``_iv`` pattern).
 
-One validator per kind of argument; each raises the error of :mod:`blocklin.errors` with a message
-built by :func:`~blocklin.errors.explain` (the parameter, the rule, the actual value, a fix), and
-returns the normalized value.
+One validator per kind of argument. Each raises the error of :mod:`blocklin.errors` with a
+message built by :func:`~blocklin.errors.explain` (the parameter, the rule, the actual value, a
+fix) and returns the normalized value, so an entry point reads as a list of checks:
+
+>>> method = choice("method", "rsvd", ("rsvd", "sketch", "lanczos"), fix="pass method='rsvd'")
+>>> tol = positive("tol", 1e-6, fix="pass tol=1e-6", optional=True)
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from blocklin.errors import explain
+from blocklin.errors import DTypeError, ParameterError, ShapeError, explain
+
+#: The floating dtypes the factorizations compute in (float16 has too few digits for them).
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def float_operand(op: Any) -> np.dtype:
+    """The dtype of an operand that must be float32 or float64 (float16, integers, complex refused)."""
+    if op.dtype not in FLOAT_DTYPES:
+        raise DTypeError(explain(op.name, "dtype must be float32 or float64", op.dtype.name,
+                                 "convert it (blocklin convert --dtype float64)"))
+    return op.dtype
+
+
+def square(op: Any, why: str, fix: str) -> int:
+    """The side of an operand that must be square."""
+    m, n = op.shape
+    if m != n:
+        raise ShapeError(explain(op.name, f"must be square {why}", f"{m} x {n}", fix))
+    return m
+
+
+def same_rows(a: Any, b: Any) -> None:
+    """``b`` has one row per row of ``a`` (blocklin never broadcasts)."""
+    if b.shape[0] != a.shape[0]:
+        raise ShapeError(explain(b.name, f"must have as many rows as {a.name} (no broadcasting)",
+                                 f"{a.name} {a.shape[0]} x {a.shape[1]}, {b.name} {b.shape[0]} x {b.shape[1]}",
+                                 f"pass {b.name} with one row per row of {a.name}"))
+
+
+def choice(name: str, value: Any, options: Sequence[Any], *, fix: str) -> Any:
+    """``value`` is one of ``options``."""
+    if not any(value is o or (type(value) is type(o) and value == o) for o in options):
+        raise ParameterError(explain(name, f"must be one of {tuple(options)}", repr(value), fix))
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def count(name: str, value: Any, *, fix: str, minimum: int = 0, auto: tuple[Any, ...] = ()) -> Any:
+    """An integer ``>= minimum`` (or one of the ``auto`` words, returned as given)."""
+    if any(value is a or (isinstance(a, str) and value == a) for a in auto):
+        return value
+    if not _is_int(value) or value < minimum:
+        words = "".join(f"{a!r} or " for a in auto)
+        raise ParameterError(explain(name, f"must be {words}an integer >= {minimum}", repr(value), fix))
+    return int(value)
+
+
+def positive(name: str, value: Any, *, fix: str, optional: bool = False) -> float | None:
+    """A finite number ``> 0`` (``None`` allowed when ``optional``)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value) or not value > 0:
+        raise ParameterError(explain(name, "must be a positive number", repr(value), fix))
+    return float(value)
 
 
 def check_k(k: Any, m: int, n: int) -> int:
     """``k`` wanted pairs of an ``m x n`` matrix: an integer with ``1 <= k < min(m, n)``."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(explain("k", "must be an integer", repr(k), "pass k=10"))
+    if not _is_int(k):
+        raise ParameterError(explain("k", "must be an integer", repr(k), "pass k=10"))
     if not 1 <= k < min(m, n):
-        raise ValueError(explain("k", f"must satisfy 1 <= k < min(m, n) = {min(m, n)}", f"k={k} for a {m} x {n} "
-                                 "matrix", f"pass 1 <= k <= {min(m, n) - 1} (use scipy.linalg.svd / eigh for a "
-                                 "full decomposition)"))
+        raise ParameterError(explain("k", f"must satisfy 1 <= k < min(m, n) = {min(m, n)}", f"k={k} for a "
+                                     f"{m} x {n} matrix", f"pass 1 <= k <= {min(m, n) - 1} (use scipy.linalg.svd / "
+                                     "eigh for a full decomposition)"))
     return int(k)
 
 
@@ -29,6 +91,6 @@ def resolve_seed(seed: Any) -> int:
     """A non-negative integer seed; ``None`` draws one (to be recorded in the report)."""
     if seed is None:
         return int(np.random.SeedSequence().entropy % (2**63))
-    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
+    if _is_int(seed) and seed >= 0:
         return int(seed)
-    raise ValueError(explain("seed", "must be a non-negative integer or None", repr(seed), "pass seed=0"))
+    raise ParameterError(explain("seed", "must be a non-negative integer or None", repr(seed), "pass seed=0"))

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
+from blocklin.config import Settings
 from blocklin.errors import ConvergenceWarning, DTypeError, NotSymmetricError, ShapeError, explain, warn
 from blocklin.linalg._tall_kernels import rmat_kernel
 from blocklin.linalg.lanczos import LanczosResult, block_lanczos, default_tol
@@ -52,9 +53,7 @@ def symmetry_rtol(dtype: Any) -> float:
 
 def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_size: int | None = None,
           max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
-          memory: Any = None, device: str | None = None, scheduler: Any = None, workers: int | None = None,
-          progress: Any = None, check_finite: bool | None = None, overwrite: bool = False,
-          check_symmetric: bool = True) -> EighResult:
+          overwrite: bool = False, check_symmetric: bool = True, **settings: Unpack[Settings]) -> EighResult:
     """``k`` eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
 
     Each Lanczos step is one pass over ``A`` (``Z = A^T X``, equal to ``A X`` for symmetric ``A``).
@@ -82,8 +81,13 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         Seed of the starting block (results are deterministic for a seed).
     out : path, optional
         Write a zarr group with ``w``, ``V`` and the report in its attributes.
-    memory, device, scheduler, workers, progress, check_finite, overwrite
-        As for every blocklin operation.
+    overwrite : bool
+        Replace an existing ``out``.
+    check_symmetric : bool
+        Refuse a non-symmetric matrix (checked on the first pass).
+    **settings
+        ``memory``, ``device``, ``device_memory``, ``scheduler``, ``workers``, ``progress``,
+        ``check_finite``: as for every blocklin operation (:class:`~blocklin.config.Settings`).
 
     Returns
     -------
@@ -97,8 +101,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     """
     if which not in WHICH:
         raise ValueError(explain("which", "must be 'LA', 'SA' or 'LM'", repr(which), "pass which='LA'"))
-    with Job("eigsh", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite) as job:
+    with Job("eigsh", **settings) as job:
         A = job.operand(a, "a")
         n, dt = _check_square_float(A)
         check_k(k, n, n)

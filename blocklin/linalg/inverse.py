@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
+from blocklin.config import Settings
 from blocklin.errors import (
     ConvergenceWarning,
     DTypeError,
@@ -44,9 +45,8 @@ class _LeafSingular(Exception):
 
 
 def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, tol: float | None = None,
-        precision: str | None = None, memory: Any = None, device: str | None = None, scheduler: Any = None,
-        progress: Any = None, workers: int | None = None, check_finite: bool | None = None,
-        overwrite: bool = False, seed: int = 0, explain: bool = False) -> Matrix | InversePlan:
+        precision: str | None = None, overwrite: bool = False, seed: int = 0, explain: bool = False,
+        **settings: Unpack[Settings]) -> Matrix | InversePlan:
     """Inverse of a square matrix larger than memory, with a verified backward error.
 
     The matrix ``M`` is staged once as ``W = M V`` with ``V`` a random butterfly of Givens
@@ -82,14 +82,15 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     precision : {None, "mixed", "float32", "float64"}
         ``"mixed"``: invert in float32 (TF32 allowed on a GPU) and refine in float64 (the output is
         float64); ``"float32"``/``"float64"``: compute in that dtype; ``None``: the input's dtype.
-    memory, device, scheduler, progress, workers, check_finite
-        As for :func:`blocklin.matmul`.
     overwrite : bool
         Replace an existing ``out``.
     seed : int
         Seed of the random butterfly and the probe vectors (results are reproducible).
     explain : bool
         Return the :class:`~blocklin.plan.inverse.InversePlan` without running.
+    **settings
+        ``memory``, ``device``, ``device_memory``, ``scheduler``, ``workers``, ``progress``,
+        ``check_finite``: as for every blocklin operation (:class:`~blocklin.config.Settings`).
 
     Returns
     -------
@@ -139,8 +140,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     else:
         raise ValueError(_msg("refine", "must be 'auto', True, False or a number of steps >= 0", repr(refine),
                                  "pass refine='auto'"))
-    with Job("inv", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite) as job:
+    with Job("inv", **settings) as job:
         M = job.operand(a, "a")
         if M.shape[0] != M.shape[1]:
             raise ShapeError(_msg("a", "must be square to be inverted", f"shape {M.shape[0]} x {M.shape[1]}",

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 from scipy.sparse.linalg import LinearOperator
 
-from blocklin.config import resolve
+from blocklin.config import Settings, check_settings, resolve
 from blocklin.errors import DTypeError, ShapeError, explain
 from blocklin.linalg._tall_kernels import apply_kernel, rmat_kernel
 from blocklin.operands import as_operand
@@ -115,16 +115,17 @@ class _Adjoint(LinearOperator):
         return self.parent
 
 
-def aslinearoperator(a: Any, *, memory: Any = None, device: str | None = None, scheduler: Any = None,
-                     workers: int | None = None, check_finite: bool | None = None) -> BlocklinOperator:
+def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
     """A :class:`scipy.sparse.linalg.LinearOperator` whose products stream ``a`` from storage.
 
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
         The matrix (float32 or float64). In-memory inputs are staged once to the temp dir.
-    memory, device, scheduler, workers, check_finite
-        Settings of every product (one row pass over ``a`` each).
+    **settings
+        Settings of every product (one row pass over ``a`` each): ``memory``, ``device``,
+        ``device_memory``, ``scheduler``, ``workers``, ``progress``, ``check_finite``
+        (:class:`~blocklin.config.Settings`).
 
     Returns
     -------
@@ -137,9 +138,8 @@ def aslinearoperator(a: Any, *, memory: Any = None, device: str | None = None, s
     >>> op = blocklin.aslinearoperator("A.zarr", memory="512MiB")  # doctest: +SKIP
     >>> u, s, vt = svds(op, k=10)                                     # doctest: +SKIP
     """
-    settings = {"memory": memory, "device": device, "scheduler": scheduler, "workers": workers,
-                "check_finite": check_finite}
-    cfg = resolve(memory=memory, device=device, scheduler=scheduler, workers=workers, check_finite=check_finite)
+    check_settings(settings)
+    cfg = resolve(**{k: v for k, v in settings.items() if k != "progress"})
     stack = contextlib.ExitStack()
     try:
         op = as_operand(a, "a", cfg, stack)

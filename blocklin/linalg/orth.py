@@ -18,11 +18,12 @@ All out-of-core work runs as engine row passes over a :class:`~blocklin.linalg.t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import scipy.linalg
 
+from blocklin.config import Settings
 from blocklin.errors import ShapeError, explain
 from blocklin.linalg.random import STREAM_FILL, gaussian
 from blocklin.linalg.tallblock import TallBlock
@@ -135,8 +136,8 @@ def cholqr_r(block: Any, g: np.ndarray) -> tuple[np.ndarray, list, dict]:
 
 
 # -- public ------------------------------------------------------------------------------------------
-def orthonormalize(y: Any, out: Any = None, *, memory: Any = None, device: str | None = None,
-                   scheduler: Any = None, progress: Any = None, overwrite: bool = False) -> tuple[Any, np.ndarray]:
+def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
+                   **settings: Unpack[Settings]) -> tuple[Any, np.ndarray]:
     """Orthonormalize the columns of a tall matrix: ``Y = Q R``.
 
     In core (Householder QR) when ``Y`` fits the budget, else out of core with CholeskyQR2, a shifted
@@ -149,8 +150,11 @@ def orthonormalize(y: Any, out: Any = None, *, memory: Any = None, device: str |
         A tall ``M x c`` matrix, ``M >= c``.
     out : path, optional
         Where to write ``Q`` (out-of-core case); a temporary store when omitted.
-    memory, device, scheduler, progress
-        As for every blocklin operation.
+    overwrite : bool
+        Replace an existing ``out``.
+    **settings
+        ``memory``, ``device``, ``device_memory``, ``scheduler``, ``workers``, ``progress``,
+        ``check_finite``: as for every blocklin operation (:class:`~blocklin.config.Settings`).
 
     Returns
     -------
@@ -162,7 +166,7 @@ def orthonormalize(y: Any, out: Any = None, *, memory: Any = None, device: str |
     from blocklin.matrix import Matrix
     from blocklin.runtime.job import Job
 
-    with Job("orth", memory=memory, device=device, scheduler=scheduler, progress=progress) as job:
+    with Job("orth", **settings) as job:
         Y = job.operand(y, "y")
         M, c = Y.shape
         if M < c:

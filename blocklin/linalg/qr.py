@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
+from blocklin.config import Settings
 from blocklin.errors import ShapeError, explain
 from blocklin.linalg.tsqr import reduce_r, tsqr_kernel
 from blocklin.plan.solve import small_bytes
@@ -65,8 +66,7 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any) -> StreamingR:
                       report={"plan": plan.to_dict(), "passes": 1})
 
 
-def streaming_r(a: Any, b: Any = None, *, dtype: Any = None, memory: Any = None, scheduler: Any = None,
-                workers: int | None = None, progress: Any = None, check_finite: bool | None = None) -> StreamingR:
+def streaming_r(a: Any, b: Any = None, *, dtype: Any = None, **settings: Unpack[Settings]) -> StreamingR:
     """R factor of a tall matrix ``A`` (``m x n``, ``m >= n``) and ``Q^T B``, in one pass over ``A``.
 
     Row strips of ``[A B]`` stream through Householder QR, each folding into the running
@@ -84,8 +84,9 @@ def streaming_r(a: Any, b: Any = None, *, dtype: Any = None, memory: Any = None,
         Right-hand sides (``m x k``); returned as ``Q^T B`` and the residual norms of ``min ||A x - b_j||``.
     dtype : dtype, optional
         Compute dtype (default: A's).
-    memory, scheduler, workers, progress, check_finite
-        As for :func:`blocklin.matmul`.
+    **settings
+        ``memory``, ``device``, ``device_memory``, ``scheduler``, ``workers``, ``progress``,
+        ``check_finite``: as for every blocklin operation (:class:`~blocklin.config.Settings`). The pass runs on the CPU.
 
     Returns
     -------
@@ -97,8 +98,7 @@ def streaming_r(a: Any, b: Any = None, *, dtype: Any = None, memory: Any = None,
     Cost: one pass over ``A`` (and ``B``), about ``2 m n^2`` flops (twice the Gram matrix's ``m n^2``,
     which loses accuracy for ill-conditioned ``A`` since ``cond(A^T A) = cond(A)^2``).
     """
-    with Job("qr", memory=memory, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite) as job:
+    with Job("qr", **settings) as job:
         A = job.operand(a, "a")
         B = job.operand(b, "b") if b is not None else None
         m, n = A.shape

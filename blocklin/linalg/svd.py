@@ -8,12 +8,12 @@ and reported, and the formulas are those of :mod:`blocklin.plan.svd`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import scipy.linalg
 
-from blocklin.config import format_size
+from blocklin.config import Settings, format_size
 from blocklin.errors import BudgetError, ConvergenceWarning, DTypeError, explain, warn
 from blocklin.linalg import _tall_kernels as K
 from blocklin.linalg import random as rnd
@@ -92,7 +92,6 @@ class _Streamed:
         self.dtype = A.dtype
         self.source = source(A, transposed=plan.transposed)
         self.memory = plan.pass_memory
-        self._n_tmp = 0
 
     def _plan(self, kernel: Any, params: dict) -> Any:
         try:
@@ -108,9 +107,7 @@ class _Streamed:
         return run_pass(self.job, kernel, [self.source], params, plan=plan, description=description, **kw).states
 
     def _tmp_block(self, c: int, strip: int) -> TallBlock:
-        self._n_tmp += 1
-        path = str(self.job.temp_dir() / f"Y{self._n_tmp}.zarr")
-        create_array(path, shape=(self.M, c), dtype=self.dtype, chunks=(strip, c), codec=self.job.cfg.codec)
+        path = self.job.scratch("Y", (self.M, c), self.dtype, (strip, c))
         return TallBlock(self.job, path, self.M, c, self.dtype, strip, self.memory)
 
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
@@ -239,10 +236,9 @@ def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: 
 
 # -- public ----------------------------------------------------------------------------------------------
 def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_iters: int | str = "auto",
-        tol: float | None = None, out: Any = None, seed: int | None = None, memory: Any = None,
-        device: str | None = None, scheduler: Any = None, progress: Any = None, workers: int | None = None,
+        tol: float | None = None, out: Any = None, seed: int | None = None,
         max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
-        check_finite: bool | None = None, overwrite: bool = False) -> SVDResult:
+        overwrite: bool = False, **settings: Unpack[Settings]) -> SVDResult:
     """Truncated SVD ``A ~ U diag(s) Vt`` of an out-of-core matrix, counting passes over ``A``.
 
     Parameters
@@ -281,12 +277,15 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
     seed : int, optional
         Seed of the counter-based random test matrices: results are deterministic for a seed,
         whatever the budget, scheduler or workers. ``None`` draws one (recorded in the report).
-    memory, device, scheduler, progress, workers, check_finite, overwrite
-        As for every blocklin operation; ``progress`` shows one bar per pass.
+    overwrite : bool
+        Replace an existing ``out``.
     max_passes : int, optional
         Pass limit of the adaptive methods (default 20 for ``rsvd``, 60 for ``lanczos``).
     block_size, max_basis : int, optional
         ``lanczos`` block size (default about ``(k + oversample) / 2``) and restart basis size.
+    **settings
+        ``memory``, ``device``, ``device_memory``, ``scheduler``, ``workers``, ``progress`` (one bar
+        per pass), ``check_finite``: as for every blocklin operation (:class:`~blocklin.config.Settings`).
 
     Returns
     -------
@@ -323,8 +322,7 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
                                  "pass power_iters=2"))
     if tol is not None and not (isinstance(tol, (int, float)) and tol > 0 and np.isfinite(tol)):
         raise ValueError(explain("tol", "must be a positive number", repr(tol), "pass tol=1e-6"))
-    with Job("svd", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite) as job:
+    with Job("svd", **settings) as job:
         A = job.operand(a, "a")
         m, n = A.shape
         if A.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):

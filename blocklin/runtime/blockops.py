@@ -14,13 +14,12 @@ Operations
 :meth:`BlockOps.copy`
     A whole store into another of the same shape and chunks (column strips).
 :meth:`BlockOps.store`
-    A new scratch store under the job's temp dir, removed with the job.
+    A new scratch store under the job's temp dir (:meth:`~blocklin.runtime.job.Job.scratch`:
+    deterministic names), removed with the job.
 """
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +28,7 @@ from blocklin.plan.chunks import split
 from blocklin.plan.gemm import plan_gemm
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.tiles import Epilogue, GemmSpec, gemm_tile, open_array
-from blocklin.storage.zarr_store import create_array, read_block, write_block
+from blocklin.storage.zarr_store import read_block, write_block
 
 
 class BlockOps:
@@ -45,23 +44,18 @@ class BlockOps:
     def __init__(self, job: Any, chunk: int) -> None:
         self.job = job
         self.chunk = chunk
-        self.uid = uuid.uuid4().hex[:8]
         self.steps = 0
         self.gemms = 0
         self.flops = 0
 
     def graph(self, what: str, *identity: Any) -> TileGraph:
-        """A new tile graph for one operation of this job (named by the operation and a step count)."""
+        """A new tile graph for one operation of this job, named by the operation, its step and ``identity``."""
         self.steps += 1
-        return TileGraph.named(f"{self.job.operation}-{what}", self.uid, self.steps, *identity)
+        return TileGraph.named(f"{self.job.operation}-{what}", self.steps, *identity)
 
     def store(self, name: str, n_rows: int, n_cols: int, dtype: Any) -> str:
-        """A new intermediate store under the job's temp dir (removed with the job)."""
-        path = Path(self.job.temp_dir()) / f"{name}-{self.uid}-{self.steps}.zarr"
-        self.steps += 1
-        create_array(path, shape=(n_rows, n_cols), dtype=dtype, chunks=(self.chunk, self.chunk),
-                     codec=self.job.cfg.codec)
-        return str(path)
+        """A new scratch store of square chunks (the job's, deterministically named, removed with it)."""
+        return self.job.scratch(name, (n_rows, n_cols), dtype, (self.chunk, self.chunk))
 
     def gemm(self, out: str, out_off: tuple[int, int], m: int, n: int, k: int, a: str, a_off: tuple[int, int],
              b: str, b_off: tuple[int, int], *, dtype: Any, a_dtype: Any = None, b_dtype: Any = None,

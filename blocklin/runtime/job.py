@@ -14,15 +14,16 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
-from blocklin.config import Config, resolve
+from blocklin.config import Config, Settings, check_settings, resolve
 from blocklin.device.base import gpu_available, resolved_kind
 from blocklin.operands import Operand, as_operand
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
 from blocklin.storage.atomic import AtomicOutput
+from blocklin.storage.zarr_store import create_array
 
 
 def peak_rss() -> int:
@@ -44,12 +45,14 @@ def peak_rss() -> int:
 class Job:
     """See module docstring. Use as a context manager."""
 
-    def __init__(self, operation: str, *, memory: Any = None, device: str | None = None,
-                 device_memory: Any = None, scheduler: Any = None, workers: int | None = None,
-                 progress: Any = None, check_finite: bool | None = None) -> None:
+    def __init__(self, operation: str, **settings: Unpack[Settings]) -> None:
+        check_settings(settings)
         self.operation = operation
-        self.cfg: Config = resolve(memory=memory, device=device, device_memory=device_memory, scheduler=scheduler,
-                                   workers=workers, check_finite=check_finite)
+        #: The call's settings as given (``None`` entries keep the configured value); what a nested
+        #: object that opens its own jobs (the LinearOperator) passes on.
+        self.settings: dict[str, Any] = dict(settings)
+        progress = settings.get("progress")
+        self.cfg: Config = resolve(**{k: v for k, v in settings.items() if k != "progress"})
         self.scheduler = resolve_scheduler(self.cfg.scheduler)
         self.device = resolved_kind(self.cfg.device)
         if self.device == "gpu" and not gpu_available():
@@ -63,6 +66,7 @@ class Job:
                       "load_seconds": 0.0, "wait_seconds": 0.0}
         self.outputs: list[AtomicOutput] = []
         self.pass_counts: dict[str, int] = {}
+        self._scratch = 0
 
     # -- inputs -------------------------------------------------------------------------------
     def operand(self, x: Any, name: str, ndim: int = 2) -> Operand:
@@ -111,6 +115,17 @@ class Job:
             self._tmp.mkdir(parents=True)
             self.stack.callback(shutil.rmtree, self._tmp, True)
         return self._tmp
+
+    def scratch(self, name: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int]) -> str:
+        """A new intermediate zarr array under :meth:`temp_dir`, removed with the job.
+
+        Named ``NAME-N.zarr`` with ``N`` counting the job's scratch stores in creation order, so
+        the same operation with the same inputs names them the same way.
+        """
+        self._scratch += 1
+        path = self.temp_dir() / f"{name}-{self._scratch}.zarr"
+        create_array(path, shape=shape, dtype=dtype, chunks=chunks, codec=self.cfg.codec)
+        return str(path)
 
     def output(self, out: Any, *, inputs: list[Any], overwrite: bool = False, resume: bool = False,
                token: str | None = None, suffix: str = ".zarr") -> AtomicOutput:
