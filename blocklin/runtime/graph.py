@@ -3,7 +3,11 @@
 A :class:`TileGraph` maps keys ``(name, i, j, ...)`` to tasks ``(func, *args)`` whose arguments are
 small, picklable specs (paths, slices, plans) — never big arrays — so the same graph runs on the
 threaded scheduler, on processes, or on a ``distributed`` cluster whose workers share the storage.
-Names are ``<operation>-<tokenize(inputs, plan)>``, so equal work gets equal keys.
+
+Keys are deterministic in everything that makes a task distinct: when a graph runs, its name gets a
+token of every task's function and arguments (inputs, outputs, parameters, plan). Tile tasks write
+their results as a side effect, so two jobs that differ only in their output must never share a key:
+a ``distributed`` scheduler runs a key once and hands the second job the first job's result.
 """
 
 from __future__ import annotations
@@ -37,6 +41,25 @@ class TileGraph:
 
     def keys(self) -> list[Hashable]:
         return list(self.tasks)
+
+    def distinct(self) -> TileGraph:
+        """This graph with its name extended by a token of every task (functions and arguments).
+
+        Keys naming other tasks of the graph (dependencies) are renamed with it.
+        """
+        name = f"{self.name}-{tokenize(list(self.tasks.items()))}"
+
+        def rename(arg: Any) -> Any:
+            if isinstance(arg, tuple) and arg and arg[0] == self.name and arg in self.tasks:
+                return (name, *arg[1:])
+            if isinstance(arg, list):
+                return [rename(a) for a in arg]
+            return arg
+
+        out = TileGraph(name)
+        for key, (func, *args) in self.tasks.items():
+            out.tasks[rename(key)] = (func, *[rename(a) for a in args])
+        return out
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -84,6 +107,7 @@ def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progre
     """
     sched = scheduler if isinstance(scheduler, Scheduler) else resolve_scheduler(scheduler)
     progress = progress or NullProgress()
+    graph = graph.distinct()
     keys = graph.keys()
     dsk = dict(graph.tasks)
     progress.start(len(keys), description)
@@ -94,10 +118,11 @@ def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progre
     if sched.kind == "distributed":
         from distributed import as_completed
 
-        futures = sched.client.get(dsk, keys, sync=False)
-        for _ in as_completed(futures):
+        client = sched.client  # never the default client: any client, or an address, works
+        futures = client.get(dsk, keys, sync=False)
+        for _ in as_completed(futures, loop=client.loop):
             progress.advance(1)
-        return sched.client.gather(futures)
+        return client.gather(futures)
     from dask.callbacks import Callback
 
     key_set = set(keys)
