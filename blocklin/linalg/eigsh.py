@@ -14,7 +14,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import ConvergenceWarning, DTypeError, NotSymmetricError, ShapeError, explain, warn
+from blocklin.errors import ConvergenceWarning, NotSymmetricError, explain, warn
 from blocklin.linalg._tall_kernels import rmat_kernel
 from blocklin.linalg.lanczos import LanczosResult, block_lanczos, default_tol
 from blocklin.linalg.orth import orth_against
@@ -24,7 +24,7 @@ from blocklin.linalg.svd import load_incore
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
-from blocklin.validate import check_k, resolve_seed
+from blocklin.validate import check_k, choice, float_operand, positive, resolve_seed, square
 
 WHICH = ("LA", "SA", "LM")
 
@@ -99,15 +99,14 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     ----------
     Golub and Underwood (1977), the block Lanczos method; Wu and Simon (2000), thick restart.
     """
-    if which not in WHICH:
-        raise ValueError(explain("which", "must be 'LA', 'SA' or 'LM'", repr(which), "pass which='LA'"))
+    which = choice("which", which, WHICH, fix="pass which='LA'")
+    tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
     with Job("eigsh", **settings) as job:
         A = job.operand(a, "a")
-        n, dt = _check_square_float(A)
+        n = square(A, "(eigsh needs a symmetric matrix)", "use blocklin.svd for rectangular matrices")
+        dt = float_operand(A)
         check_k(k, n, n)
-        tol = default_tol(dt) if tol is None else float(tol)
-        if not tol > 0:
-            raise ValueError(explain("tol", "must be positive", repr(tol), "pass tol=1e-6"))
+        tol = default_tol(dt) if tol is None else tol
         seed = resolve_seed(seed)
         plan = plan_svd(n, n, k, dt, method="eigsh", oversample=10, power_iters=None, memory=job.cfg.memory,
                         max_passes=max_passes, block_size=block_size, max_basis=max_basis, square=True)
@@ -127,17 +126,6 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                  f"residual of {float(np.max(res.residuals)) / max(scale['v'], 1e-300):.2e} (max over the {k} "
                  "pairs). Raise max_passes, max_basis or block_size, or loosen tol", ConvergenceWarning)
         return _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed)
-
-
-def _check_square_float(A: Any) -> tuple[int, np.dtype]:
-    n, n2 = A.shape
-    if n != n2:
-        raise ShapeError(explain("a", "must be square (eigsh needs a symmetric matrix)", f"{n} x {n2}",
-                                 "use blocklin.svd for rectangular matrices"))
-    if A.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise DTypeError(explain("a", "dtype must be float32 or float64", A.dtype.name,
-                                 "convert it (blocklin convert --dtype float64)"))
-    return n, A.dtype
 
 
 def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import explain
+from blocklin.errors import ParameterError, explain
 from blocklin.linalg.orth import orth_against
 from blocklin.linalg.random import STREAM_LANCZOS, gaussian
 
@@ -47,7 +47,7 @@ def _order(theta: np.ndarray, which: str) -> np.ndarray:
         return np.argsort(theta, kind="stable")
     if which == "LM":
         return np.argsort(-np.abs(theta), kind="stable")
-    raise ValueError(explain("which", "must be 'LA', 'SA' or 'LM'", repr(which), "pass which='LA'"))
+    raise ParameterError(explain("which", "must be 'LA', 'SA' or 'LM'", repr(which), "pass which='LA'"))
 
 
 def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int, *, which: str, block: int,

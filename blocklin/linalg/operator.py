@@ -22,6 +22,7 @@ from blocklin.linalg._tall_kernels import apply_kernel, rmat_kernel
 from blocklin.operands import as_operand
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
+from blocklin.validate import float_operand
 
 
 class BlocklinOperator(LinearOperator):
@@ -146,8 +147,9 @@ def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
     except BaseException:
         stack.close()
         raise
-    if op.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+    try:
+        float_operand(op)
+    except DTypeError:
         stack.close()
-        raise DTypeError(explain("a", "dtype must be float32 or float64", op.dtype.name,
-                                 "convert it (blocklin convert --dtype float64)"))
+        raise
     return BlocklinOperator(op, stack, settings)

@@ -149,7 +149,7 @@ def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
     y : path, zarr array, Matrix, NumPy or Dask array
         A tall ``M x c`` matrix, ``M >= c``.
     out : path, optional
-        Where to write ``Q`` (out-of-core case); a temporary store when omitted.
+        Where to write ``Q``; a temporary store (that you own) when omitted.
     overwrite : bool
         Replace an existing ``out``.
     **settings
@@ -158,13 +158,14 @@ def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
 
     Returns
     -------
-    Q : ndarray or Matrix
-        ``M x c`` with orthonormal columns (a Matrix when ``Y`` did not fit the budget).
+    Q : Matrix
+        ``M x c`` with orthonormal columns, in ``Y``'s dtype, with ``.report`` (``orth``: the method).
     R : ndarray
         ``c x c`` upper triangular, positive diagonal, float64.
     """
     from blocklin.matrix import Matrix
     from blocklin.runtime.job import Job
+    from blocklin.storage import write_array
 
     with Job("orth", **settings) as job:
         Y = job.operand(y, "y")
@@ -173,20 +174,19 @@ def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
             raise ShapeError(explain("y", "must be tall (rows >= columns)", f"{M} x {c}",
                                      "orthonormalize the transpose"))
         blk = TallBlock(job, Y.path, M, c, Y.dtype, Y.chunks[0], job.cfg.memory)
-        if 3 * M * c * 8 <= job.cfg.memory:
-            full = blk.apply_to([np.eye(c)], None, collect=True, description="orthonormalize: read")
-            q, r = np.linalg.qr(full)
-            d = diagonal_signs(r)
-            return (q * d).astype(Y.dtype), d[:, None] * r
-        g = blk.gram_after([np.eye(c)])
-        r, chain, info = cholqr_r(blk, g)
         ao = job.output(out, inputs=[Y.path] if not Y.staged else [], overwrite=overwrite)
-        blk.apply_to(chain, ao.array_path(), description="orthonormalize: write Q")
+        if 3 * M * c * 8 <= job.cfg.memory:  # in core: Householder QR of the block read once
+            q, r = np.linalg.qr(blk.apply_to([np.eye(c)], None, collect=True, description="orthonormalize: read"))
+            d = diagonal_signs(r)
+            write_array(ao.array_path(), np.ascontiguousarray((q * d).astype(Y.dtype)))
+            r, info = d[:, None] * r, {"method": "householder (in core)", "shift": 0.0}
+        else:
+            r, chain, info = cholqr_r(blk, blk.gram_after([np.eye(c)]))
+            blk.apply_to(chain, ao.array_path(), description="orthonormalize: write Q")
         report = job.report(orth=info, intermediate_passes=job.passes("intermediate"))
-        path = ao.commit("orthonormalize", params={"method": info["method"]}, report=_brief(report))
+        path = ao.commit("orthonormalize", params={"method": info["method"]}, report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None), r
 
 
-def _brief(report: dict) -> dict:
-    keys = ("seconds", "bytes_read", "bytes_written", "peak_memory", "passes", "device", "scheduler", "orth")
-    return {k: report[k] for k in keys if k in report}
+#: Report entries recorded in the output's attributes.
+REPORT_KEYS = ("seconds", "bytes_read", "bytes_written", "peak_memory", "passes", "device", "scheduler", "orth")

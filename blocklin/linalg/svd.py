@@ -14,7 +14,7 @@ import numpy as np
 import scipy.linalg
 
 from blocklin.config import Settings, format_size
-from blocklin.errors import BudgetError, ConvergenceWarning, DTypeError, explain, warn
+from blocklin.errors import BudgetError, ConvergenceWarning, warn
 from blocklin.linalg import _tall_kernels as K
 from blocklin.linalg import random as rnd
 from blocklin.linalg.lanczos import block_lanczos, default_tol
@@ -26,7 +26,7 @@ from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source
 from blocklin.storage import create_array
-from blocklin.validate import check_k, resolve_seed
+from blocklin.validate import check_k, choice, count, float_operand, positive, resolve_seed
 
 METHODS = ("rsvd", "sketch", "lanczos")
 #: Power iterations of ``power_iters="auto"`` without ``tol`` (as scikit-learn and Dask default to).
@@ -34,7 +34,10 @@ AUTO_POWER_ITERS = 4
 
 
 class SVDResult(tuple):
-    """``(U, s, Vt)`` with a ``report`` attribute (unpacks like a 3-tuple)."""
+    """``(U, s, Vt)`` with a ``report`` attribute (unpacks like a 3-tuple).
+
+    The long factor is a :class:`~blocklin.Matrix`, the short one and ``s`` NumPy arrays.
+    """
 
     def __new__(cls, U: Any, s: np.ndarray, Vt: Any, report: dict) -> SVDResult:
         obj = super().__new__(cls, (U, s, Vt))
@@ -290,9 +293,9 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
     Returns
     -------
     SVDResult
-        ``U, s, Vt = result``. The long factor (``U`` for tall, ``Vt`` for wide ``A``) is a
-        :class:`~blocklin.Matrix` when ``A`` did not fit the budget or ``out`` is given, else a NumPy
-        array; the other factor and ``s`` (descending) are NumPy arrays. ``result.report`` holds
+        ``U, s, Vt = result``. The long factor (``U`` for tall, ``Vt`` for wide ``A``) is always a
+        :class:`~blocklin.Matrix` (stored in ``out``, or in a temporary group you own), whether ``A``
+        fitted the budget or not; the other factor and ``s`` (descending) are NumPy arrays. ``result.report`` holds
         ``passes`` (over ``A``), ``intermediate_passes``, ``bytes_read``, ``seconds``,
         ``peak_memory`` and ``residuals``: per triplet ``sqrt(||A v - s u||^2 + ||A^T u - s v||^2)``
         (one of the two terms is zero by construction).
@@ -312,87 +315,82 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
     G. Golub, W. Kahan, "Calculating the singular values and pseudo-inverse of a matrix", 1965.
     J. Baglama, L. Reichel, "Augmented implicitly restarted Lanczos bidiagonalization methods", 2005.
     """
-    if method not in METHODS:
-        raise ValueError(explain("method", f"must be one of {METHODS}", repr(method), "pass method='rsvd'"))
-    if isinstance(oversample, bool) or not isinstance(oversample, (int, np.integer)) or oversample < 0:
-        raise ValueError(explain("oversample", "must be a non-negative integer", repr(oversample), "pass oversample=10"))
-    if power_iters != "auto" and (isinstance(power_iters, bool) or not isinstance(power_iters, (int, np.integer))
-                                  or power_iters < 0):
-        raise ValueError(explain("power_iters", "must be 'auto' or a non-negative integer", repr(power_iters),
-                                 "pass power_iters=2"))
-    if tol is not None and not (isinstance(tol, (int, float)) and tol > 0 and np.isfinite(tol)):
-        raise ValueError(explain("tol", "must be a positive number", repr(tol), "pass tol=1e-6"))
+    method = choice("method", method, METHODS, fix="pass method='rsvd'")
+    oversample = count("oversample", oversample, fix="pass oversample=10")
+    power_iters = count("power_iters", power_iters, auto=("auto",), fix="pass power_iters=2")
+    tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
     with Job("svd", **settings) as job:
         A = job.operand(a, "a")
+        float_operand(A)
         m, n = A.shape
-        if A.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise DTypeError(explain("a", "dtype must be float32 or float64", A.dtype.name,
-                                     "convert it (blocklin convert --dtype float64)"))
         check_k(k, m, n)
         seed = resolve_seed(seed)
-        if method == "rsvd":
-            q = (None if tol is not None else AUTO_POWER_ITERS) if power_iters == "auto" else int(power_iters)
-            limit = max_passes or 20
-        else:
-            q = None
-            limit = max_passes or 60
-        if method == "lanczos" and tol is None:
-            tol = default_tol(A.dtype)
-        plan = plan_svd(m, n, k, A.dtype, method=method, oversample=oversample, power_iters=q,
-                        memory=job.cfg.memory, max_passes=limit, block_size=block_size, max_basis=max_basis)
-        ao = None
-        dest = None
-        long_name = "Vt" if plan.transposed else "U"
-        if out is not None or not plan.in_core:
-            ao = open_group(job, out, A, overwrite)
-            dest = ao.array_path(long_name)
-        if plan.in_core:
-            src: Any = _InCore(load_incore(job, A, plan))
-            steps = max(limit, 500)
-        else:
-            src = _Streamed(job, A, plan)
-            steps = limit - 1
-        if method == "rsvd":
-            r = _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
-                      plan.transposed)
-        elif method == "sketch":
-            r = _sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
-        else:
-            r = _lanczos(src, k, plan, tol, seed, steps, dest, plan.transposed)
-        s = r["s"].astype(A.dtype)
-        V = r["V"]
-        resid = r["residuals"]
-        s1 = float(s[0]) if s.size and s[0] > 0 else 1.0
-        converged = True
-        if tol is not None and resid is not None:
-            converged = bool(np.all(resid <= tol * s1 * (1 + 1e-9)))
-            if not converged:
-                warn(f"svd ({method}): tol={tol:g} not reached within {job.passes('a')} passes over A; reached a "
-                     f"relative residual of {float(np.max(resid)) / s1:.2e} (max over the {k} triplets, "
-                     f"||A^T u - s v|| / s_1). Raise max_passes{' or power_iters' if method == 'rsvd' else ''}, "
-                     "or loosen tol", ConvergenceWarning)
-        report = job.report(
-            method=method, passes=job.passes("a"), passes_formula=plan.formula, passes_total=job.passes(),
-            intermediate_passes=job.passes("intermediate"), residuals=None if resid is None else resid.tolist(),
-            relative_residuals=None if resid is None else (resid / s1).tolist(), converged=converged, tol=tol,
-            seed=seed, oversample=oversample, block=plan.block, in_core=plan.in_core, plan=plan.to_dict(),
-            sigma_max=s1, **{key: r[key] for key in ("power_iters", "orth", "lanczos_steps", "restarts", "history",
-                                                     "sketch_size") if key in r})
-        if resid is None:
-            report["residual_note"] = ("not computed: the single-pass sketch never reads A again; "
-                                       "use method='rsvd' or 'lanczos' for residuals")
-        short = V.astype(A.dtype)  # N x k: V for tall A, U for wide A
-        if plan.transposed:
-            U_out, Vt_out = short, (r["long"].T.astype(A.dtype) if r["long"] is not None else None)
-        else:
-            U_out, Vt_out = (r["long"].astype(A.dtype) if r["long"] is not None else None), short.T.copy()
-        if ao is not None:
-            small = {"S": s, ("U" if plan.transposed else "Vt"): U_out if plan.transposed else Vt_out}
-            path = write_group(job, out, A, small, "svd", plan, report, overwrite, ao=ao)
-            report["output"] = str(path)
-            stored = Matrix(f"{path}/{long_name}", report=report, temporary=out is None)
-            if plan.transposed:
-                Vt_out = stored
-            else:
-                U_out = stored
-        return SVDResult(U_out, s, Vt_out, report)
+        q = (None if tol is not None else AUTO_POWER_ITERS) if power_iters == "auto" else power_iters
+        limit = max_passes or (20 if method == "rsvd" else 60)
+        tol = default_tol(A.dtype) if method == "lanczos" and tol is None else tol
+        plan = plan_svd(m, n, k, A.dtype, method=method, oversample=oversample, power_iters=q if method == "rsvd"
+                        else None, memory=job.cfg.memory, max_passes=limit, block_size=block_size,
+                        max_basis=max_basis)
+        ao = open_group(job, out, A, overwrite)
+        r = _factorize(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit,
+                       dest=ao.array_path("Vt" if plan.transposed else "U"))
+        report = _report(job, plan, r, tol=tol, seed=seed, oversample=oversample)
+        return _result(job, out, A, plan, r, report, ao, overwrite)
+
+
+def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
+               limit: int, dest: str) -> dict:
+    """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``."""
+    if plan.in_core:
+        src: Any = _InCore(load_incore(job, A, plan))
+    else:
+        src = _Streamed(job, A, plan)
+    if plan.method == "rsvd":
+        return _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
+                     plan.transposed)
+    if plan.method == "sketch":
+        return _sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
+    return _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed)
+
+
+def _report(job: Job, plan: SvdPlan, r: dict, *, tol: float | None, seed: int, oversample: int) -> dict:
+    """The report, with per-triplet residuals; warns when ``tol`` was not reached."""
+    resid = r["residuals"]
+    s = r["s"]
+    s1 = float(s[0]) if s.size and s[0] > 0 else 1.0
+    converged = True
+    if tol is not None and resid is not None:
+        converged = bool(np.all(resid <= tol * s1 * (1 + 1e-9)))
+        if not converged:
+            warn(f"svd ({plan.method}): tol={tol:g} not reached within {job.passes('a')} passes over A; reached a "
+                 f"relative residual of {float(np.max(resid)) / s1:.2e} (max over the {plan.k} triplets, "
+                 f"||A^T u - s v|| / s_1). Raise max_passes{' or power_iters' if plan.method == 'rsvd' else ''}, "
+                 "or loosen tol", ConvergenceWarning)
+    report = job.report(
+        method=plan.method, passes=job.passes("a"), passes_formula=plan.formula, passes_total=job.passes(),
+        intermediate_passes=job.passes("intermediate"), residuals=None if resid is None else resid.tolist(),
+        relative_residuals=None if resid is None else (resid / s1).tolist(), converged=converged, tol=tol,
+        seed=seed, oversample=oversample, block=plan.block, in_core=plan.in_core, plan=plan.to_dict(),
+        sigma_max=s1, **{key: r[key] for key in ("power_iters", "orth", "lanczos_steps", "restarts", "history",
+                                                 "sketch_size") if key in r})
+    if resid is None:
+        report["residual_note"] = ("not computed: the single-pass sketch never reads A again; "
+                                   "use method='rsvd' or 'lanczos' for residuals")
+    return report
+
+
+def _result(job: Job, out: Any, A: Any, plan: SvdPlan, r: dict, report: dict, ao: Any, overwrite: bool) -> SVDResult:
+    """Commit the group (the long factor is already in it) and return ``(U, s, Vt)``.
+
+    The long factor (``U`` for tall, ``Vt`` for wide ``A``) is always the stored :class:`Matrix`, the
+    other factor and ``s`` NumPy arrays, whether ``A`` was factored in memory or streamed.
+    """
+    s = r["s"].astype(A.dtype)
+    short = r["V"].astype(A.dtype)  # N x k: V for tall A, U for wide A
+    small = {"S": s, "U": short} if plan.transposed else {"S": s, "Vt": short.T.copy()}
+    path = write_group(job, out, A, small, "svd", plan, report, overwrite, ao=ao)
+    report["output"] = str(path)
+    stored = Matrix(f"{path}/{'Vt' if plan.transposed else 'U'}", report=report, temporary=out is None)
+    if plan.transposed:
+        return SVDResult(small["U"], s, stored, report)
+    return SVDResult(stored, s, small["Vt"], report)

@@ -28,7 +28,7 @@ import math
 import numpy as np
 
 from blocklin.config import format_size
-from blocklin.errors import BudgetError, explain
+from blocklin.errors import BudgetError, ParameterError, explain
 
 #: Host bytes per element of in-core float64 work arrays.
 F64 = 8
@@ -82,7 +82,8 @@ def svd_passes(method: str, *, in_core: bool, power_iters: int = 0, lanczos_step
         return lanczos_steps + 1
     if method == "eigsh":
         return lanczos_steps
-    raise ValueError(method)
+    raise ParameterError(explain("method", "must be one of ('rsvd', 'sketch', 'lanczos', 'eigsh')", repr(method),
+                                 "pass method='rsvd'"))
 
 
 def default_block(k: int, oversample: int, N: int) -> int:

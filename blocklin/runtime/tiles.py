@@ -185,26 +185,54 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
         return {"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0}
     ensure_blas_threads(spec.blas_threads)
     t_start = time.perf_counter()
-    A, B = open_array(spec.a), open_array(spec.b)
-    dtype = np.dtype(spec.dtype)
-    device = get_device(spec.device, device_memory=spec.device_memory)
-    plan = spec.plan
-    panels = plan.k_panels()
-    tm, tn = rows.stop - rows.start, cols.stop - cols.start
-    tk = plan.tk
-    a_shape = (tk, plan.tm) if spec.trans_a else (plan.tm, tk)
-    b_shape = (plan.tn, tk) if spec.trans_b else (tk, plan.tn)
-    src = (A.dtype, B.dtype)
-    casts = tuple(s != dtype for s in src)
-    nbytes = [0]
+    tile = _GemmTile(spec, rows, cols)
+    try:
+        tile.compute()
+    finally:
+        tile.close()
+    if marker:
+        open(marker, "w").close()
+    return tile.result(time.perf_counter() - t_start)
 
-    def load(p: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-        k0, k1 = panels[p]
-        ks = slice(k0, k1)
+
+class _GemmTile:
+    """One output tile: streams its k-panels through the device and writes finished strips."""
+
+    def __init__(self, spec: GemmSpec, rows: slice, cols: slice) -> None:
+        self.spec, self.rows, self.cols = spec, rows, cols
+        self.A, self.B = open_array(spec.a), open_array(spec.b)
+        self.dtype = dt = np.dtype(spec.dtype)
+        self.device = device = get_device(spec.device, device_memory=spec.device_memory)
+        plan = spec.plan
+        self.panels = plan.k_panels()
+        self.tm, self.tn = tm, tn = rows.stop - rows.start, cols.stop - cols.start
+        a_shape = (plan.tk, plan.tm) if spec.trans_a else (plan.tm, plan.tk)
+        b_shape = (plan.tn, plan.tk) if spec.trans_b else (plan.tk, plan.tn)
+        self.casts = (self.A.dtype != dt, self.B.dtype != dt)
+        self.nbytes = 0
+        self.acc = device.zeros((tm, tn), dt)
+        self.stream = TileStream(device, len(self.panels), self.load, [a_shape, b_shape],
+                                 [self.A.dtype, self.B.dtype], depth=plan.prefetch)
+        self.C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
+        self.strips = split(tm, plan.out_chunks[0])
+        o0, o1 = spec.out_off
+        self.writer = StripWriter(open_array(spec.out, mode="r+"), slice(o0 + rows.start, o0 + rows.stop),
+                                  slice(o1 + cols.start, o1 + cols.stop))
+        self.host_bufs: queue.Queue = queue.Queue()
+        if not device.host_resident:  # rotating download buffers: one filling, one queued, one writing
+            for _ in range(min(3, len(self.strips))):
+                self.host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dt))
+        self.cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.C.dtype) if self.C is not None else None
+        self.extra = spec.epilogue.begin(rows, cols, spec.out_off) if spec.epilogue is not None else None
+
+    def load(self, p: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """Read panel ``p`` of op(A) and op(B) into the stream's slots (cast, transposed views)."""
+        spec = self.spec
+        ks = slice(*self.panels[p])
         out = []
         for arr, buf, trans, cast, name, sel, off in (
-            (A, bufs[0], spec.trans_a, casts[0], spec.names[0], (rows, ks), spec.a_off),
-            (B, bufs[1], spec.trans_b, casts[1], spec.names[1], (ks, cols), spec.b_off),
+            (self.A, bufs[0], spec.trans_a, self.casts[0], spec.names[0], (self.rows, ks), spec.a_off),
+            (self.B, bufs[1], spec.trans_b, self.casts[1], spec.names[1], (ks, self.cols), spec.b_off),
         ):
             stored = (sel[1], sel[0]) if trans else sel
             if off != (0, 0):
@@ -212,79 +240,67 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
                           slice(stored[1].start + off[1], stored[1].stop + off[1]))
             shape = (stored[0].stop - stored[0].start, stored[1].stop - stored[1].start)
             view = read_block(arr, stored[0], stored[1], out=region(buf, shape))
-            nbytes[0] += view.nbytes
+            self.nbytes += view.nbytes
             if spec.check_finite:
                 check_finite(view, name, *stored)
             if cast:
-                view = view.astype(dtype)
+                view = view.astype(self.dtype)
             out.append(view.T if trans else view)
         return tuple(out)
 
-    acc = device.zeros((tm, tn), dtype)
-    stream = TileStream(device, len(panels), load, [a_shape, b_shape], list(src), depth=plan.prefetch)
-    out_arr = open_array(spec.out, mode="r+")
-    C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
-    strips = split(tm, plan.out_chunks[0])
-    writer = StripWriter(out_arr, slice(spec.out_off[0] + rows.start, spec.out_off[0] + rows.stop),
-                         slice(spec.out_off[1] + cols.start, spec.out_off[1] + cols.stop))
-    host_bufs: queue.Queue = queue.Queue()
-    if not device.host_resident:  # rotating download buffers: one filling, one queued, one writing
-        for _ in range(min(3, len(strips))):
-            host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dtype))
-    cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=C.dtype) if C is not None else None
+    def compute(self) -> None:
+        last = len(self.panels) - 1
+        for p, (a_dev, b_dev) in self.stream:
+            if p < last:
+                self.device.gemm_acc(self.acc, a_dev, b_dev)
+                continue
+            # The last panel is applied strip by strip so that writing finished strips overlaps the
+            # rest of the compute; each element still sees the same k-panels in the same order.
+            for r0, r1 in self.strips:
+                self.device.gemm_acc(self.acc[r0:r1], a_dev[r0:r1], b_dev)
+                self.finish(r0, r1)
+        if not self.panels:  # k == 0: the result is beta * C (or zeros)
+            for r0, r1 in self.strips:
+                self.finish(r0, r1)
 
-    c0, c1 = spec.c_off
-    extra = spec.epilogue.begin(rows, cols, spec.out_off) if spec.epilogue is not None else None
-
-    def finish(r0: int, r1: int) -> None:
+    def finish(self, r0: int, r1: int) -> None:
         """Scale strip ``r0:r1``, add ``beta * C``, run the epilogue, hand the strip to the writer."""
-        if C is not None:
-            rs = slice(c0 + rows.start + r0, c0 + rows.start + r1)
-            cs = slice(c1 + cols.start, c1 + cols.stop)
-            block = read_block(C, rs, cs, out=region(cbuf, (r1 - r0, tn)))
-            nbytes[0] += block.nbytes
+        spec, device, acc = self.spec, self.device, self.acc
+        if self.C is not None:
+            c0, c1 = spec.c_off
+            rs = slice(c0 + self.rows.start + r0, c0 + self.rows.start + r1)
+            cs = slice(c1 + self.cols.start, c1 + self.cols.stop)
+            block = read_block(self.C, rs, cs, out=region(self.cbuf, (r1 - r0, self.tn)))
+            self.nbytes += block.nbytes
             if spec.check_finite:
                 check_finite(block, spec.names[2], rs, cs)
-            device.axpby(acc[r0:r1], spec.alpha, block.astype(dtype, copy=False), spec.beta)
+            device.axpby(acc[r0:r1], spec.alpha, block.astype(self.dtype, copy=False), spec.beta)
         elif spec.alpha != 1.0:
             device.axpby(acc[r0:r1], spec.alpha, None, 0.0)
         if device.host_resident:
             host, done = acc[r0:r1], None
         else:
-            buf = host_bufs.get()
-            host = device.download(acc, slice(r0, r1), out=region(buf, (r1 - r0, tn)))
-            done = lambda b=buf: host_bufs.put(b)  # noqa: E731
+            buf = self.host_bufs.get()
+            host = device.download(acc, slice(r0, r1), out=region(buf, (r1 - r0, self.tn)))
+            done = lambda b=buf: self.host_bufs.put(b)  # noqa: E731
         if spec.epilogue is not None:
-            spec.epilogue.strip(extra, host, r0, r1)
-        writer.submit(r0, r1, host, done=done)
+            spec.epilogue.strip(self.extra, host, r0, r1)
+        self.writer.submit(r0, r1, host, done=done)
 
-    try:
-        last = len(panels) - 1
-        for p, (a_dev, b_dev) in stream:
-            if p < last:
-                device.gemm_acc(acc, a_dev, b_dev)
-                continue
-            # The last panel is applied strip by strip so that writing finished strips overlaps the
-            # rest of the compute; each element still sees the same k-panels in the same order.
-            for r0, r1 in strips:
-                device.gemm_acc(acc[r0:r1], a_dev[r0:r1], b_dev)
-                finish(r0, r1)
-        if not panels:  # k == 0: the result is beta * C (or zeros)
-            for r0, r1 in strips:
-                finish(r0, r1)
-    finally:
-        writer.close()
-        while not host_bufs.empty():
-            device.release_host(host_bufs.get())
-    if marker:
-        open(marker, "w").close()
-    return {
-        "skipped": 0,
-        "bytes_read": nbytes[0],
-        "bytes_written": tm * tn * dtype.itemsize,
-        "flops": 2 * tm * tn * (panels[-1][1] if panels else 0),
-        "seconds": time.perf_counter() - t_start,
-        "load_seconds": stream.load_seconds,
-        "wait_seconds": stream.wait_seconds,
-        **(spec.epilogue.end(extra) if spec.epilogue is not None else {}),
-    }
+    def close(self) -> None:
+        self.writer.close()
+        while not self.host_bufs.empty():
+            self.device.release_host(self.host_bufs.get())
+
+    def result(self, seconds: float) -> dict:
+        spec = self.spec
+        return {
+            "skipped": 0,
+            "bytes_read": self.nbytes,
+            "bytes_written": self.tm * self.tn * self.dtype.itemsize,
+            "flops": 2 * self.tm * self.tn * (self.panels[-1][1] if self.panels else 0),
+            "seconds": seconds,
+            "load_seconds": self.stream.load_seconds,
+            "wait_seconds": self.stream.wait_seconds,
+            **(spec.epilogue.end(self.extra) if spec.epilogue is not None else {}),
+        }
