@@ -19,6 +19,8 @@ from blocklin.errors import DTypeError, ParameterError, ShapeError, explain
 
 #: The floating dtypes the factorizations compute in (float16 has too few digits for them).
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: The dtypes GEMM computes in.
+GEMM_DTYPES = FLOAT_DTYPES + (np.dtype(np.complex64), np.dtype(np.complex128))
 
 
 def float_operand(op: Any) -> np.dtype:
@@ -27,6 +29,27 @@ def float_operand(op: Any) -> np.dtype:
         raise DTypeError(explain(op.name, "dtype must be float32 or float64", op.dtype.name,
                                  "convert it (blocklin convert --dtype float64)"))
     return op.dtype
+
+
+def result_dtype(operands: Sequence[Any], dtype: Any, allowed: tuple = GEMM_DTYPES) -> np.dtype:
+    """The compute dtype: the operands' common dtype, or ``dtype`` when given (no silent upcast)."""
+    if dtype is not None:
+        dt = np.dtype(dtype)
+        if dt not in allowed:
+            raise DTypeError(explain("dtype", f"must be one of {[d.name for d in allowed]}", dt.name,
+                                     "pass dtype='float64' or dtype='float32'"))
+        return dt
+    dts = {op.dtype for op in operands}
+    if len(dts) > 1:
+        listing = ", ".join(f"{op.name}: {op.dtype.name}" for op in operands)
+        raise DTypeError(explain("dtype", "operands must share one dtype (blocklin never upcasts silently)", listing,
+                                 "pass dtype='float64' (or 'float32') to cast while streaming, or convert the "
+                                 "inputs (blocklin convert --dtype)"))
+    dt = dts.pop()
+    if dt not in allowed:
+        raise DTypeError(explain(operands[0].name, f"dtype must be one of {[d.name for d in allowed]}", dt.name,
+                                 "convert it (blocklin convert --dtype float64) or pass dtype='float64'"))
+    return dt
 
 
 def square(op: Any, why: str, fix: str) -> int:

@@ -16,12 +16,12 @@ from blocklin.config import Settings
 from blocklin.errors import ShapeError, warn
 from blocklin.errors import explain as _msg
 from blocklin.matrix import Matrix
-from blocklin.operands import result_dtype
 from blocklin.plan.gemm import GemmPlan, plan_gemm
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import GemmSpec, gemm_tile
 from blocklin.storage.zarr_store import create_array, open_zarr
+from blocklin.validate import result_dtype
 
 
 def _op_shape(shape: tuple[int, int], trans: bool) -> tuple[int, int]:
