@@ -86,8 +86,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     check_symmetric : bool
         Refuse a non-symmetric matrix (checked on the first pass).
     **settings
-        ``memory``, ``device``, ``device_memory``, ``scheduler``, ``workers``, ``progress``,
-        ``check_finite``: as for every blocklin operation (:class:`~blocklin.config.Settings`).
+        As for every operation: :class:`~blocklin.config.Settings`.
 
     Returns
     -------

@@ -140,12 +140,7 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
     out_chunks : (int, int), optional
         Output chunks (must divide the tiles); chosen by the planner by default.
     **settings
-        The settings of every operation (:class:`~blocklin.config.Settings`): ``memory`` and
-        ``device_memory`` (host and device budgets, ``"1GiB"``; default from :mod:`blocklin.config`),
-        ``device`` (``"auto"``, ``"cpu"``, ``"gpu"``), ``scheduler`` (a name or a
-        ``distributed.Client``), ``workers`` (concurrent tile tasks on local schedulers),
-        ``progress``, ``check_finite`` (raise :class:`~blocklin.errors.NonFiniteError` on NaN/Inf,
-        checked while streaming).
+        As for every operation: :class:`~blocklin.config.Settings`.
 
     Returns
     -------

@@ -84,8 +84,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     explain : bool
         Return the :class:`~blocklin.plan.inverse.InversePlan` without running.
     **settings
-        ``memory``, ``device``, ``device_memory``, ``scheduler``, ``workers``, ``progress``,
-        ``check_finite``: as for every blocklin operation (:class:`~blocklin.config.Settings`).
+        As for every operation: :class:`~blocklin.config.Settings`.
 
     Returns
     -------

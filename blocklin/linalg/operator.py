@@ -124,9 +124,7 @@ def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
     a : path, zarr array, Matrix, NumPy or Dask array
         The matrix (float32 or float64). In-memory inputs are staged once to the temp dir.
     **settings
-        Settings of every product (one row pass over ``a`` each): ``memory``, ``device``,
-        ``device_memory``, ``scheduler``, ``workers``, ``progress``, ``check_finite``
-        (:class:`~blocklin.config.Settings`).
+        As for every operation: :class:`~blocklin.config.Settings` (one row pass over ``a`` per product).
 
     Returns
     -------

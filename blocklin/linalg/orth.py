@@ -153,8 +153,7 @@ def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
     overwrite : bool
         Replace an existing ``out``.
     **settings
-        ``memory``, ``device``, ``device_memory``, ``scheduler``, ``workers``, ``progress``,
-        ``check_finite``: as for every blocklin operation (:class:`~blocklin.config.Settings`).
+        As for every operation: :class:`~blocklin.config.Settings`.
 
     Returns
     -------

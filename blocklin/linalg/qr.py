@@ -85,8 +85,7 @@ def streaming_r(a: Any, b: Any = None, *, dtype: Any = None, **settings: Unpack[
     dtype : dtype, optional
         Compute dtype (default: A's).
     **settings
-        ``memory``, ``device``, ``device_memory``, ``scheduler``, ``workers``, ``progress``,
-        ``check_finite``: as for every blocklin operation (:class:`~blocklin.config.Settings`). The pass runs on the CPU.
+        As for every operation: :class:`~blocklin.config.Settings`. The pass runs on the CPU.
 
     Returns
     -------

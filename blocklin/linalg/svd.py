@@ -287,8 +287,7 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
     block_size, max_basis : int, optional
         ``lanczos`` block size (default about ``(k + oversample) / 2``) and restart basis size.
     **settings
-        ``memory``, ``device``, ``device_memory``, ``scheduler``, ``workers``, ``progress`` (one bar
-        per pass), ``check_finite``: as for every blocklin operation (:class:`~blocklin.config.Settings`).
+        As for every operation: :class:`~blocklin.config.Settings` (``progress``: one bar per pass).
 
     Returns
     -------

@@ -215,8 +215,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     explain : bool
         Return the :class:`~blocklin.plan.solve.SolvePlan` without running.
     **settings
-        ``memory``, ``device``, ``device_memory``, ``scheduler``, ``workers``, ``progress``,
-        ``check_finite``: as for every blocklin operation (:class:`~blocklin.config.Settings`). The passes of this solver run on the CPU.
+        As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the CPU.
 
     Returns
     -------
@@ -414,8 +413,8 @@ def _qr_route(ctx: _Ctx, x_path: str, info: dict, reason: str) -> dict:
 
 def _write_x(ctx: _Ctx, x_path: str, x: np.ndarray) -> None:
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
-    arr = create_array(x_path, shape=x.shape, dtype=out_dtype, chunks=auto_chunks(x.shape, out_dtype, ctx.job.cfg.memory),
-                       codec=ctx.job.cfg.codec)
+    chunks = auto_chunks(x.shape, out_dtype, ctx.job.cfg.memory)
+    arr = create_array(x_path, shape=x.shape, dtype=out_dtype, chunks=chunks, codec=ctx.job.cfg.codec)
     write_block(arr, slice(0, x.shape[0]), slice(0, x.shape[1]), x.astype(out_dtype, copy=False))
 
 

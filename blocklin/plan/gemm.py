@@ -273,9 +273,9 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None)
             if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
                 continue
             for tk in tk_options:
-                host, dev = sp.task_memory(
-                    tm, tn, tk, oc, read_chunks=max(-(-tm // sp.mu) * -(-tk // sp.ku_a), -(-tk // sp.ku_b) * -(-tn // sp.nu)),
-                    write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
+                read_chunks = max(-(-tm // sp.mu) * -(-tk // sp.ku_a), -(-tk // sp.ku_b) * -(-tn // sp.nu))
+                host, dev = sp.task_memory(tm, tn, tk, oc, read_chunks=read_chunks,
+                                           write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
                 if host * workers > memory or (sp.on_gpu and dev * workers > device_memory):
                     continue
                 gm, gn = math.ceil(m_ / tm), math.ceil(n_ / tn)

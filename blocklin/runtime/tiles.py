@@ -288,9 +288,19 @@ class _GemmTile:
         self.writer.submit(r0, r1, host, done=done)
 
     def close(self) -> None:
-        self.writer.close()
-        while not self.host_bufs.empty():
-            self.device.release_host(self.host_bufs.get())
+        """Flush the writer and free the buffers now.
+
+        The stream holds :meth:`load`, so tile and stream form a reference cycle: without dropping
+        them here, the accumulator and the panel slots would wait for the cyclic garbage collector
+        while the next tile allocates its own, and the peak would exceed the plan.
+        """
+        try:
+            self.writer.close()
+        finally:
+            while not self.host_bufs.empty():
+                self.device.release_host(self.host_bufs.get())
+            self.load_seconds, self.wait_seconds = self.stream.load_seconds, self.stream.wait_seconds
+            self.stream = self.acc = self.cbuf = None
 
     def result(self, seconds: float) -> dict:
         spec = self.spec
@@ -300,7 +310,7 @@ class _GemmTile:
             "bytes_written": self.tm * self.tn * self.dtype.itemsize,
             "flops": 2 * self.tm * self.tn * (self.panels[-1][1] if self.panels else 0),
             "seconds": seconds,
-            "load_seconds": self.stream.load_seconds,
-            "wait_seconds": self.stream.wait_seconds,
+            "load_seconds": self.load_seconds,
+            "wait_seconds": self.wait_seconds,
             **(spec.epilogue.end(self.extra) if spec.epilogue is not None else {}),
         }
