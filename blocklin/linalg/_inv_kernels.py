@@ -29,7 +29,7 @@ from blocklin.linalg.random import probes
 from blocklin.plan.chunks import split
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
-from blocklin.runtime.tiles import Epilogue, ensure_blas_threads, open_array
+from blocklin.runtime.tiles import Epilogue, open_array, with_task_settings
 from blocklin.storage.zarr_store import read_block, write_block
 
 
@@ -221,6 +221,7 @@ class LeafSpec:
     blas_threads: int | None = None
 
 
+@with_task_settings
 def leaf_inverse_task(spec: LeafSpec) -> dict:
     """LU with partial pivoting (LAPACK getrf/gecon/getri) of one block that fits the budget.
 
@@ -230,7 +231,6 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
     """
     from scipy.linalg import lapack
 
-    ensure_blas_threads(spec.blas_threads)
     t0 = time.perf_counter()
     dtype = np.dtype(spec.dtype)
     src = open_array(spec.src)
@@ -277,9 +277,9 @@ class UnmixSpec:
     transpose: bool = False
 
 
+@with_task_settings
 def unmix_columns_task(spec: UnmixSpec, c0: int, c1: int) -> dict:
     """One column strip: undo the RBT, write, return ``sumsq`` and ``X[:, c0:c1] @ P[c0:c1]``."""
-    ensure_blas_threads(spec.blas_threads)
     t0 = time.perf_counter()
     src = open_array(spec.src)
     n = src.shape[0]

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Unpack
 
+from blocklin import _memory
 from blocklin.config import Config, Settings, check_settings, resolve
 from blocklin.device.base import gpu_available, resolved_kind
 from blocklin.errors import WorkerLostError
@@ -23,6 +24,7 @@ from blocklin.operands import Operand, as_operand
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
+from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.zarr_store import create_array
 
@@ -49,6 +51,7 @@ class Job:
     def __init__(self, operation: str, **settings: Unpack[Settings]) -> None:
         check_settings(settings)
         self.operation = operation
+        _memory.tune()  # this process chose blocklin (a worker that only runs its tasks is left alone)
         #: The call's settings as given (``None`` entries keep the configured value); what a nested
         #: object that opens its own jobs (the LinearOperator) passes on.
         self.settings: dict[str, Any] = dict(settings)
@@ -96,16 +99,16 @@ class Job:
         return self.cfg.workers or default
 
     def task_blas_threads(self, blas_threads: int) -> int | None:
-        """BLAS threads each task sets itself: only off the local threaded/sync schedulers."""
+        """BLAS threads each task sets itself (and restores when it ends).
+
+        ``None`` on the local threaded/sync schedulers (the job limits BLAS around the whole run);
+        on a cluster, each task takes its own worker's share of that machine's cores
+        (:data:`~blocklin.runtime.tiles.FROM_WORKER`), never a figure from the client's machine.
+        """
         if self.scheduler.kind in ("threads", "sync"):
             return None
         if self.scheduler.kind == "distributed":
-            try:
-                info = self.scheduler.client.scheduler_info()
-                total = sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()) or 1
-                return max(1, self.cores() // total)
-            except Exception:
-                return 1
+            return FROM_WORKER
         return blas_threads
 
     # -- temporary stores and outputs -----------------------------------------------------------
