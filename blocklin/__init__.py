@@ -12,16 +12,16 @@ _memory.tune_on_import()
 
 from blocklin.config import configure  # noqa: E402
 from blocklin.create import from_array, open, random  # noqa: E402,A004
-from blocklin.linalg.gemm import matmul  # noqa: E402
-from blocklin.linalg.inverse import inv  # noqa: E402
+from blocklin.linalg.gemm import matmul, matmul_plan  # noqa: E402
+from blocklin.linalg.inverse import inv, inv_plan  # noqa: E402
 from blocklin.linalg.eigsh import eigsh  # noqa: E402
 from blocklin.linalg.operator import aslinearoperator  # noqa: E402
 from blocklin.linalg.svd import svd  # noqa: E402
-from blocklin.linalg.tikhonov import solve  # noqa: E402
+from blocklin.linalg.tikhonov import solve, solve_plan  # noqa: E402
 from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
     "Matrix", "aslinearoperator", "config", "configure", "convert", "eigsh", "errors", "from_array", "inv",
-    "matmul", "open", "random", "solve", "svd",
+    "inv_plan", "matmul", "matmul_plan", "open", "random", "solve", "solve_plan", "svd",
 ]

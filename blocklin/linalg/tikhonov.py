@@ -213,7 +213,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     overwrite : bool
         Replace an existing ``out``.
     explain : bool
-        Return the :class:`~blocklin.plan.solve.SolvePlan` without running.
+        Return the :class:`~blocklin.plan.solve.SolvePlan` without running (kept for compatibility:
+        :func:`solve_plan` returns it and always one type).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the CPU.
 
@@ -248,17 +249,11 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     method = choice("method", method, METHODS, fix="pass method='auto'")
     kind, lams = _parse_lam(lam)
     refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
-    if isinstance(b, np.ndarray) and b.ndim == 1:
-        b = b.reshape(-1, 1)
+    if explain:  # the plan alone: solve_plan
+        return solve_plan(a, b, lam=lam, method=method, refine=refine, **settings)
     with Job("solve", **settings) as job:
-        A, B = job.operand(a, "a"), job.operand(b, "b")
-        same_rows(A, B)
-        float_operand(A), float_operand(B)
+        A, B, plan = _operands_and_plan(job, a, b, method, kind, refine)
         (m, n), k = A.shape, B.shape[1]
-        plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
-                          refine=1 if refine == "auto" else refine)
-        if explain:
-            return plan
         if plan.orientation == "wide" and method == "qr":
             raise ParameterError(_msg("method", "'qr' needs a tall or square a (rows >= columns)",
                                       f"a {m} x {n}", "pass method='normal' (the dual form "
@@ -271,6 +266,29 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method}
         path = ao.commit("solve", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: Any = "auto",
+               **settings: Unpack[Settings]) -> SolvePlan:
+    """The :class:`~blocklin.plan.solve.SolvePlan` that :func:`solve` would run, without running it
+    (what ``blocklin solve --explain`` prints); same parameters as :func:`solve`."""
+    method = choice("method", method, METHODS, fix="pass method='auto'")
+    kind, _ = _parse_lam(lam)
+    refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
+    with Job("solve", **settings) as job:
+        return _operands_and_plan(job, a, b, method, kind, refine)[2]
+
+
+def _operands_and_plan(job: Job, a: Any, b: Any, method: str, kind: str, refine: Any) -> tuple[Any, Any, SolvePlan]:
+    """``A`` and ``B`` (a 1-D ``b`` as one column), checked, and the plan."""
+    if isinstance(b, np.ndarray) and b.ndim == 1:
+        b = b.reshape(-1, 1)
+    A, B = job.operand(a, "a"), job.operand(b, "b")
+    same_rows(A, B)
+    float_operand(A), float_operand(B)
+    plan = plan_solve(A.shape[0], A.shape[1], B.shape[1], method=method, memory=job.cfg.memory, lam_kind=kind,
+                      refine=1 if refine == "auto" else refine)
+    return A, B, plan
 
 
 #: Report entries recorded in the output's attributes.
