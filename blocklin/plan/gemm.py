@@ -5,6 +5,11 @@ The output is cut into ``tm x tn`` tiles, one task each; a task streams its k-lo
 of the input chunks (so every read covers whole chunks and every write owns whole output chunks)
 and are chosen to minimize bytes read, since ``op(A)`` is re-read once per tile column and
 ``op(B)`` once per tile row, subject to every buffer of every concurrent task fitting the budget.
+
+When no chunk-wide panel fits (a budget small for the inputs' chunks), k-panels narrower than a
+chunk are planned instead: each panel reads a column (``op(A)``) or row (``op(B)``) sub-range of its
+chunks, so every stored chunk is read ``panel_rereads`` times per pass and counted so in the bytes
+read; the chunk-sized read temporaries stay in the peak memory. Output tiles still own whole chunks.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ IO_CONCURRENCY = 4
 TASK_OVERHEAD_BYTES = 4 * 2**20
 #: Target panel width of the k-loop: wide enough for BLAS efficiency, narrow enough to overlap.
 TARGET_TK = 512
+#: Narrowest sub-chunk panel, as a fraction of the k chunk: below it re-reading each chunk this many
+#: times costs more than rechunking the inputs once.
+MAX_PANEL_REREADS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +64,9 @@ class GemmPlan:
     task_memory: int
     device_peak: int | None
     with_c: bool
+    #: How many times each stored chunk along k is read per pass: 1 unless the k-panels are
+    #: narrower than the chunks (a budget too small for chunk-wide panels).
+    panel_rereads: int = 1
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -101,6 +112,9 @@ class GemmPlan:
             f"  memory    peak {format_size(self.peak_memory)} of {format_size(self.memory)} host budget"
             f" ({format_size(self.task_memory)} per task)",
         ]
+        if self.panel_rereads > 1:
+            lines.append(f"  note      k-panels narrower than the chunks (a budget too small for chunk-wide"
+                         f" panels): each chunk is read {self.panel_rereads} times per pass")
         if self.device_peak is not None:
             lines.append(f"  device    peak {format_size(self.device_peak)} of "
                          f"{format_size(self.device_memory or 0)} device budget")
@@ -117,6 +131,21 @@ def _candidates(dim: int, unit: int) -> list[int]:
         mults = sorted({1, count} | {int(round(1.25**e)) for e in range(0, int(math.log(count, 1.25)) + 2)})
         mults = [c for c in mults if 1 <= c <= count]
     return sorted({min(dim, unit * c) for c in mults})
+
+
+def _sub_chunk_panels(ku: int, ku_a: int, ku_b: int) -> list[int]:
+    """Panel widths below the k chunk ``ku`` that never straddle a chunk of either operand, widest first."""
+    widths = set()
+    for d in range(2, MAX_PANEL_REREADS + 1):
+        t = ku // d
+        if t >= 1 and ku % d == 0 and all(u % t == 0 or t % u == 0 for u in (ku_a, ku_b)):
+            widths.add(t)
+    return sorted(widths, reverse=True)
+
+
+def _rereads(tk: int, unit: int) -> int:
+    """Reads of each stored chunk (``unit`` wide along k) per pass with ``tk``-wide panels."""
+    return -(-unit // tk) if tk < unit else 1
 
 
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
@@ -215,34 +244,46 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         c = nu if tn % nu == 0 or tn == n else tn
         return (max(1, min(r, m)), max(1, min(c, n)))
 
-    best = None
     tk_target = min(max(1, k), max(ku, (TARGET_TK // ku) * ku))
     tk_options = sorted({t for t in (tk_target, ku) if t >= 1}, reverse=True)
+    sub_options = _sub_chunk_panels(ku, min(ku_a, max(1, k)), min(ku_b, max(1, k)))
     m_, n_ = max(m, 1), max(n, 1)
-    for tm in _candidates(m_, mu):
-        for tn in _candidates(n_, nu):
-            oc = out_chunks_for(tm, tn)
-            if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
-                continue
-            for tk in tk_options:
-                host, dev = _task_memory(tm, tn, tk, isz=isz, src_isz=src_isz, prefetch=prefetch, with_c=with_c,
-                                         c_rows=c_rows, io_chunk_bytes=io_chunk,
-                                         out_chunk_bytes=oc[0] * oc[1] * isz, on_gpu=on_gpu,
-                                         read_chunks=max(-(-tm // mu) * -(-tk // ku_a), -(-tk // ku_b) * -(-tn // nu)),
-                                         write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]), out_rows=oc[0])
-                if host * workers > memory or (on_gpu and dev * workers > device_memory):
+
+    def search(widths: list[int]) -> tuple | None:
+        """The cheapest fitting (tiles, widest fitting panel among ``widths``), or None."""
+        best = None
+        for tm in _candidates(m_, mu):
+            for tn in _candidates(n_, nu):
+                oc = out_chunks_for(tm, tn)
+                if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
                     continue
-                gm, gn = math.ceil(m_ / tm), math.ceil(n_ / tn)
-                read = (m * k * src_isz[0]) * gn + (k * n * src_isz[1]) * gm
-                tasks = gm * gn
-                idle = max(0, workers - tasks)  # concurrent slots with no tile to run
-                cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * isz) // max(1, tasks * 64)
-                key = (cost, -tk, -(tm * tn))
-                if best is None or key < best[0]:
-                    best = (key, tm, tn, tk, host, dev, oc, read)
-                break  # the widest tk that fits
+                for tk in widths:
+                    host, dev = _task_memory(tm, tn, tk, isz=isz, src_isz=src_isz, prefetch=prefetch, with_c=with_c,
+                                             c_rows=c_rows, io_chunk_bytes=io_chunk,
+                                             out_chunk_bytes=oc[0] * oc[1] * isz, on_gpu=on_gpu,
+                                             read_chunks=max(-(-tm // mu) * -(-tk // ku_a),
+                                                             -(-tk // ku_b) * -(-tn // nu)),
+                                             write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]), out_rows=oc[0])
+                    if host * workers > memory or (on_gpu and dev * workers > device_memory):
+                        continue
+                    gm, gn = math.ceil(m_ / tm), math.ceil(n_ / tn)
+                    # Whole chunks are read per panel: sub-chunk panels re-read each chunk.
+                    ra, rb = _rereads(tk, min(ku_a, k)), _rereads(tk, min(ku_b, k))
+                    read = (m * k * src_isz[0]) * gn * ra + (k * n * src_isz[1]) * gm * rb
+                    tasks = gm * gn
+                    idle = max(0, workers - tasks)  # concurrent slots with no tile to run
+                    cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * isz) // max(1, tasks * 64)
+                    key = (cost, -tk, -(tm * tn))
+                    if best is None or key < best[0]:
+                        best = (key, tm, tn, tk, host, dev, oc, read, max(ra, rb))
+                    break  # the widest tk that fits
+        return best
+
+    # Chunk-wide panels first; narrower ones only when the budget leaves no other way.
+    best = search(tk_options) or (search(sub_options) if sub_options else None)
     if best is None:
-        host, dev = _task_memory(min(m_, mu), min(n_, nu), min(max(1, k), ku), isz=isz, src_isz=src_isz,
+        tk_min = min([min(max(1, k), ku)] + sub_options)
+        host, dev = _task_memory(min(m_, mu), min(n_, nu), tk_min, isz=isz, src_isz=src_isz,
                                  prefetch=prefetch, with_c=with_c, c_rows=c_rows, io_chunk_bytes=io_chunk,
                                  out_chunk_bytes=min(m_, mu) * min(n_, nu) * isz, on_gpu=on_gpu,
                                  read_chunks=1, write_chunks=1, out_rows=min(m_, mu))
@@ -252,16 +293,16 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
             need, which = dev * workers, "device_memory"
         raise BudgetError(explain(
             which, "must hold the smallest tiles of every concurrent task "
-            f"({workers} task(s) of {min(m_, mu)} x {min(n_, nu)} with {min(max(1, k), ku)}-wide panels)",
+            f"({workers} task(s) of {min(m_, mu)} x {min(n_, nu)} with {tk_min}-wide panels)",
             f"{format_size(memory if which == 'memory' else device_memory)}",
             f"raise it to at least {format_size(need)} ({which}='{size_hint(need)}'), "
             "use fewer workers, or rechunk the inputs smaller (blocklin convert --chunks)"))
-    _, tm, tn, tk, host, dev, oc, read = best
+    _, tm, tn, tk, host, dev, oc, read, rereads = best
     c_read = m * n * isz if with_c else 0
     return GemmPlan(
         m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,
         out_chunks=oc, workers=workers, blas_threads=blas_threads, prefetch=prefetch, device=device,
         memory=memory, device_memory=device_memory, flops=2 * m * n * k, bytes_read=read + c_read,
         bytes_written=m * n * isz, peak_memory=host * workers, task_memory=host,
-        device_peak=dev * workers if on_gpu else None, with_c=with_c,
+        device_peak=dev * workers if on_gpu else None, with_c=with_c, panel_rereads=rereads,
     )
