@@ -8,13 +8,14 @@ and are chosen to minimize bytes read, since ``op(A)`` is re-read once per tile 
 
 When no chunk-wide panel fits (a budget small for the inputs' chunks), k-panels narrower than a
 chunk are planned instead: each panel reads a column (``op(A)``) or row (``op(B)``) sub-range of its
-chunks, so every stored chunk is read ``panel_rereads`` times per pass and counted so in the bytes
+chunks, so a stored chunk is read up to ``panel_rereads`` times per pass, counted so in the bytes
 read; the chunk-sized read temporaries stay in the peak memory. Output tiles still own whole chunks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Iterator
@@ -64,8 +65,9 @@ class GemmPlan:
     task_memory: int
     device_peak: int | None
     with_c: bool
-    #: How many times each stored chunk along k is read per pass: 1 unless the k-panels are
-    #: narrower than the chunks (a budget too small for chunk-wide panels).
+    #: Most reads of one stored chunk per pass: 1 unless k-panels cut through chunks (panels
+    #: narrower than the chunks, for a budget too small for chunk-wide ones; or A and B chunked
+    #: differently along k).
     panel_rereads: int = 1
 
     @property
@@ -113,8 +115,8 @@ class GemmPlan:
             f" ({format_size(self.task_memory)} per task)",
         ]
         if self.panel_rereads > 1:
-            lines.append(f"  note      k-panels narrower than the chunks (a budget too small for chunk-wide"
-                         f" panels): each chunk is read {self.panel_rereads} times per pass")
+            lines.append(f"  note      k-panels cut through the inputs' chunks: a chunk is read up to"
+                         f" {self.panel_rereads} times per pass (counted in the bytes read)")
         if self.device_peak is not None:
             lines.append(f"  device    peak {format_size(self.device_peak)} of "
                          f"{format_size(self.device_memory or 0)} device budget")
@@ -133,19 +135,32 @@ def _candidates(dim: int, unit: int) -> list[int]:
     return sorted({min(dim, unit * c) for c in mults})
 
 
-def _sub_chunk_panels(ku: int, ku_a: int, ku_b: int) -> list[int]:
-    """Panel widths below the k chunk ``ku`` that never straddle a chunk of either operand, widest first."""
-    widths = set()
-    for d in range(2, MAX_PANEL_REREADS + 1):
-        t = ku // d
-        if t >= 1 and ku % d == 0 and all(u % t == 0 or t % u == 0 for u in (ku_a, ku_b)):
-            widths.add(t)
-    return sorted(widths, reverse=True)
+def _sub_chunk_panels(ku: int, ku_a: int, ku_b: int, k: int) -> list[int]:
+    """Panel widths below ``ku``, widest first: fractions (down to 1/MAX_PANEL_REREADS) of ``ku`` and of
+    each operand's k chunk, so that panels mostly stay inside one chunk of each operand."""
+    widths = {c // d for c in (ku, ku_a, ku_b) for d in range(1, MAX_PANEL_REREADS + 1) if c % d == 0}
+    return sorted((t for t in widths if 1 <= t < ku and t <= k), reverse=True)
 
 
-def _rereads(tk: int, unit: int) -> int:
-    """Reads of each stored chunk (``unit`` wide along k) per pass with ``tk``-wide panels."""
-    return -(-unit // tk) if tk < unit else 1
+@functools.lru_cache(maxsize=4096)
+def _panel_reads(t: int, unit: int, k: int) -> tuple[int, int, float]:
+    """How ``t``-wide k-panels read an operand stored in ``unit``-wide chunks along ``k``.
+
+    Returns (most chunks one panel touches, most panels touching one chunk, bytes read from storage
+    per byte of the operand): every panel reads each chunk it touches whole.
+    """
+    if k <= 0:
+        return 1, 1, 1.0
+    if t % unit == 0:  # panels of whole chunks
+        return t // unit, 1, 1.0
+    touched, per_chunk, read = 0, {}, 0
+    for p0 in range(0, k, t):
+        c0, c1 = p0 // unit, (min(p0 + t, k) - 1) // unit
+        touched = max(touched, c1 - c0 + 1)
+        for c in range(c0, c1 + 1):
+            per_chunk[c] = per_chunk.get(c, 0) + 1
+            read += min(unit, k - c * unit)
+    return touched, max(per_chunk.values()), read / k
 
 
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
@@ -246,7 +261,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
 
     tk_target = min(max(1, k), max(ku, (TARGET_TK // ku) * ku))
     tk_options = sorted({t for t in (tk_target, ku) if t >= 1}, reverse=True)
-    sub_options = _sub_chunk_panels(ku, min(ku_a, max(1, k)), min(ku_b, max(1, k)))
+    sub_options = _sub_chunk_panels(ku, ku_a, ku_b, max(1, k))
     m_, n_ = max(m, 1), max(n, 1)
 
     def search(widths: list[int]) -> tuple | None:
@@ -258,24 +273,24 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
                 if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
                     continue
                 for tk in widths:
+                    ta, ra_max, ra = _panel_reads(tk, ku_a, k)
+                    tb, rb_max, rb = _panel_reads(tk, ku_b, k)
                     host, dev = _task_memory(tm, tn, tk, isz=isz, src_isz=src_isz, prefetch=prefetch, with_c=with_c,
                                              c_rows=c_rows, io_chunk_bytes=io_chunk,
                                              out_chunk_bytes=oc[0] * oc[1] * isz, on_gpu=on_gpu,
-                                             read_chunks=max(-(-tm // mu) * -(-tk // ku_a),
-                                                             -(-tk // ku_b) * -(-tn // nu)),
+                                             read_chunks=max(-(-tm // mu) * ta, tb * -(-tn // nu)),
                                              write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]), out_rows=oc[0])
                     if host * workers > memory or (on_gpu and dev * workers > device_memory):
                         continue
                     gm, gn = math.ceil(m_ / tm), math.ceil(n_ / tn)
                     # Whole chunks are read per panel: sub-chunk panels re-read each chunk.
-                    ra, rb = _rereads(tk, min(ku_a, k)), _rereads(tk, min(ku_b, k))
-                    read = (m * k * src_isz[0]) * gn * ra + (k * n * src_isz[1]) * gm * rb
+                    read = round((m * k * src_isz[0]) * gn * ra + (k * n * src_isz[1]) * gm * rb)
                     tasks = gm * gn
                     idle = max(0, workers - tasks)  # concurrent slots with no tile to run
                     cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * isz) // max(1, tasks * 64)
                     key = (cost, -tk, -(tm * tn))
                     if best is None or key < best[0]:
-                        best = (key, tm, tn, tk, host, dev, oc, read, max(ra, rb))
+                        best = (key, tm, tn, tk, host, dev, oc, read, max(ra_max, rb_max))
                     break  # the widest tk that fits
         return best
 
