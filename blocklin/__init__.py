@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 from blocklin import _memory, config, errors  # noqa: E402
 
-_memory.tune()
+_memory.tune_on_import()
 
 from blocklin.config import configure  # noqa: E402
 from blocklin.create import from_array, open, random  # noqa: E402,A004

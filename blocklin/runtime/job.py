@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from blocklin import _memory
 from blocklin.config import Config, resolve
 from blocklin.device.base import gpu_available, resolved_kind
 from blocklin.errors import WorkerLostError
@@ -23,6 +24,7 @@ from blocklin.operands import Operand, as_operand
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
+from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
 
 
@@ -49,6 +51,7 @@ class Job:
                  device_memory: Any = None, scheduler: Any = None, workers: int | None = None,
                  progress: Any = None, check_finite: bool | None = None) -> None:
         self.operation = operation
+        _memory.tune()  # this process chose blocklin (a worker that only runs its tasks is left alone)
         self.cfg: Config = resolve(memory=memory, device=device, device_memory=device_memory, scheduler=scheduler,
                                    workers=workers, check_finite=check_finite)
         self.scheduler = resolve_scheduler(self.cfg.scheduler)
@@ -91,16 +94,16 @@ class Job:
         return self.cfg.workers or default
 
     def task_blas_threads(self, blas_threads: int) -> int | None:
-        """BLAS threads each task sets itself: only off the local threaded/sync schedulers."""
+        """BLAS threads each task sets itself (and restores when it ends).
+
+        ``None`` on the local threaded/sync schedulers (the job limits BLAS around the whole run);
+        on a cluster, each task takes its own worker's share of that machine's cores
+        (:data:`~blocklin.runtime.tiles.FROM_WORKER`), never a figure from the client's machine.
+        """
         if self.scheduler.kind in ("threads", "sync"):
             return None
         if self.scheduler.kind == "distributed":
-            try:
-                info = self.scheduler.client.scheduler_info()
-                total = sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()) or 1
-                return max(1, self.cores() // total)
-            except Exception:
-                return 1
+            return FROM_WORKER
         return blas_threads
 
     # -- temporary stores and outputs -----------------------------------------------------------
