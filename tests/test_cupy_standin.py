@@ -17,10 +17,6 @@ import blocklin as bl
 from blocklin.device import TileStream, get_device
 
 
-#: The bug is still in the code: the test must fail (removed together with the fix).
-BUG = pytest.mark.xfail(strict=True, reason="issue 10 bug not fixed yet")
-
-
 @pytest.fixture
 def standin():
     with cupy_standin.installed() as state:
@@ -211,7 +207,7 @@ def _panel_loader(k_panels: int, m: int, k: int, rng):
     return full, load
 
 
-@pytest.mark.parametrize("depth", [pytest.param(0, marks=BUG), 1, 2])
+@pytest.mark.parametrize("depth", [0, 1, 2])
 def test_tile_stream_refills_pinned_slots_only_after_their_upload(standin, rng, depth):
     """Issue 10: the depth-0 stream refilled the pinned buffer while its upload could still run."""
     cp = standin
@@ -225,7 +221,6 @@ def test_tile_stream_refills_pinned_slots_only_after_their_upload(standin, rng, 
     assert races() == []
 
 
-@BUG
 def test_two_tile_streams_on_one_thread_do_not_overlap(standin, rng):
     """Issue 10: the next stream overwrote device slots / pinned buffers the previous one still used."""
     dev = get_device("gpu")
@@ -242,7 +237,6 @@ def test_two_tile_streams_on_one_thread_do_not_overlap(standin, rng):
     assert races() == []
 
 
-@BUG
 def test_non_contiguous_upload_is_ordered_with_compute(standin, rng):
     """Issue 10: the fallback upload ran on the legacy stream, unordered with the compute stream."""
     dev = get_device("gpu")
@@ -257,7 +251,6 @@ def test_non_contiguous_upload_is_ordered_with_compute(standin, rng):
 
 
 @pytest.mark.parametrize("kind", ["cpu", "gpu"])
-@BUG
 def test_zeroing_clears_nan_and_inf(standin, kind):
     """Issue 10: zeroing multiplied by 0, so NaN and Inf survived."""
     dev = get_device(kind)
@@ -268,7 +261,6 @@ def test_zeroing_clears_nan_and_inf(standin, kind):
     assert races() == []
 
 
-@BUG
 def test_matmul_with_a_cast_operand_on_the_gpu(standin, tmp_path, rng):
     """Issue 10: a float32 operand computed in float64 crashed in ndarray.set (slots had the stored dtype)."""
     a = rng.standard_normal((40, 30)).astype(np.float32)
@@ -294,7 +286,6 @@ def test_stream_test_pattern_reading_on_the_legacy_stream_is_caught(standin):
     assert races()
 
 
-@BUG
 def test_wide_solve_honours_device(standin, rng):
     """Issue 10: solve's wide path dropped ``device``, so its GEMMs ran wherever 'auto' pointed."""
     a = rng.standard_normal((20, 50))

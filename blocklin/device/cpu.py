@@ -31,7 +31,9 @@ class CpuDevice(Device):
         _gemm_acc(acc, a, b)
 
     def axpby(self, acc: np.ndarray, alpha: float, c: np.ndarray | None, beta: float) -> None:
-        if alpha != 1.0:
+        if alpha == 0.0:
+            acc.fill(0)  # assign: 0 * NaN is NaN
+        elif alpha != 1.0:
             acc *= acc.dtype.type(alpha)
         if c is not None and beta != 0.0:
             if beta == 1.0:

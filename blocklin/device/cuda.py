@@ -1,24 +1,41 @@
 """CUDA device: CuPy arrays with separate upload, compute and download streams.
 
-Host slots are pinned (page-locked) so copies are truly asynchronous. Each upload goes to a
-preallocated device slot on the ``h2d`` stream and records an event; the compute stream waits on
-that event, runs cuBLAS GEMM with ``beta=1`` into the device accumulator, and records an event
-that the next upload into the same slot waits on. Downloads use the ``d2h`` stream. Nothing
-synchronizes the host until a result is needed (or a clock is read).
+Stream discipline (checked without a GPU by the CuPy stand-in in the tests):
+
+- Host slots are pinned (page-locked), so uploads are truly asynchronous. Each upload goes to a
+  preallocated device slot on the ``h2d`` stream and records an event; the compute stream waits on
+  that event. A pinned host slot is refilled only after that event completed
+  (:meth:`CudaDevice.host_slot_free`), and a device slot is overwritten only after the compute that
+  read it (the ``h2d`` stream waits on the event :meth:`CudaDevice.after_use` recorded).
+- cuBLAS GEMM with ``beta=1`` accumulates into the device tile on the ``compute`` stream; float32
+  GEMMs use TF32 tensor cores only inside :meth:`CudaDevice.math` (cuBLAS math mode
+  ``CUBLAS_TF32_TENSOR_OP_MATH``; ``CUPY_TF32`` does not reach ``cublas<t>gemm``).
+- Downloads run on the ``d2h`` stream after an event of the compute stream. :meth:`download`
+  waits for the copy; :meth:`download_async` returns an event so the next strip's GEMM is queued
+  while the copy runs.
+- Nothing runs on the legacy default stream, and nothing synchronizes the host except to refill
+  a pinned slot, to hand a result to the host, or between two tile streams that change the slots.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from blocklin.device.base import Device
+from blocklin.errors import DeviceError, explain
+
+#: cuBLAS math modes (cublasMath_t).
+_DEFAULT_MATH = 0
+_TF32_MATH = 3
 
 
 class CudaDevice(Device):
-    """CuPy device with overlapped transfers (see module docstring)."""
+    """CuPy device with overlapped transfers (see module docstring). One instance per thread."""
 
     name = "gpu"
     host_resident = False
@@ -35,9 +52,11 @@ class CudaDevice(Device):
         self.compute = cupy.cuda.Stream(non_blocking=True)
         self.d2h = cupy.cuda.Stream(non_blocking=True)
         self._dev_slots: list[tuple[Any, ...]] = []
-        self._uploaded: dict[int, Any] = {}
-        self._used: dict[int, Any] = {}
+        self._slot_spec: list[tuple[tuple[int, ...], np.dtype]] = []
+        self._uploaded: dict[int, Any] = {}  # slot -> event after the last upload from its host buffers
+        self._used: dict[int, Any] = {}  # slot -> event after the last compute that read its device buffers
         self._pinned_cache: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
+        self._tf32 = False
 
     @classmethod
     def current(cls, device_memory: int | None = None) -> CudaDevice:
@@ -49,16 +68,44 @@ class CudaDevice(Device):
                 inst = cls._instances[key] = cls(device_memory)
             return inst
 
-    def free_memory(self) -> int:
-        free, _total = self.cp.cuda.runtime.memGetInfo()
-        return int(free)
+    @classmethod
+    def release_all(cls) -> None:
+        """End of a job: drain every thread's device and return its pinned host memory to the OS."""
+        with cls._lock:
+            insts = list(cls._instances.values())
+        for inst in insts:
+            inst.release_pinned()
 
-    # -- host buffers ---------------------------------------------------------------------------
+    @classmethod
+    def reset(cls) -> None:
+        """Forget every instance (after releasing their pinned memory); for tests."""
+        cls.release_all()
+        with cls._lock:
+            cls._instances.clear()
+
+    # -- memory -----------------------------------------------------------------------------------
+    def free_memory(self) -> int:
+        """Bytes this process may still allocate: free memory plus the blocks CuPy's pool caches.
+
+        ``cudaMemGetInfo`` counts the pool's cached (free) blocks as used; they are ours to reuse,
+        so the budget is total memory minus what other processes and our live arrays hold.
+        """
+        free, _total = self.cp.cuda.runtime.memGetInfo()
+        return int(free) + int(self.cp.get_default_memory_pool().free_bytes())
+
+    def total_memory(self) -> int:
+        return int(self.cp.cuda.runtime.memGetInfo()[1])
+
+    def pinned_bytes(self) -> int:
+        """Pinned host bytes this device keeps cached for reuse."""
+        return sum(b.nbytes for bufs in self._pinned_cache.values() for b in bufs)
+
+    # -- host buffers -----------------------------------------------------------------------------
     def host_empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         import cupyx
 
         key = (tuple(shape), np.dtype(dtype).str)
-        pool = self._pinned_cache.setdefault(key, [])
+        pool = self._pinned_cache.get(key)
         if pool:  # reuse pinned buffers across tiles: pinning is expensive
             return pool.pop()
         return cupyx.empty_pinned(shape, dtype=dtype)
@@ -66,14 +113,29 @@ class CudaDevice(Device):
     def release_host(self, buf: np.ndarray) -> None:
         self._pinned_cache.setdefault((buf.shape, buf.dtype.str), []).append(buf)
 
-    def slots(self, n: int, shapes: list[tuple[int, ...]], dtype: Any) -> None:
-        cp = self.cp
-        want = [tuple(s) for s in shapes]
-        have = [tuple(a.shape) for a in self._dev_slots[0]] if self._dev_slots else None
-        if have != want or len(self._dev_slots) < n or self._dev_slots[0][0].dtype != np.dtype(dtype):
-            self._dev_slots = [tuple(cp.empty(s, dtype=dtype) for s in want) for _ in range(n)]
+    def release_pinned(self) -> None:
+        """Drop the cached pinned buffers and have CuPy unpin them (after the queued work ran)."""
+        self.synchronize()
+        self._pinned_cache.clear()
         self._uploaded.clear()
-        self._used.clear()
+        self.cp.get_default_pinned_memory_pool().free_all_blocks()
+
+    # -- operand slots ----------------------------------------------------------------------------
+    def slots(self, n: int, shapes: list[tuple[int, ...]], dtype: Any) -> None:
+        """Prepare ``n`` device slots; ``dtype`` is one dtype or one per operand (the uploaded dtype)."""
+        dtypes = [np.dtype(d) for d in dtype] if isinstance(dtype, (list, tuple)) else [np.dtype(dtype)] * len(shapes)
+        want = [(tuple(s), d) for s, d in zip(shapes, dtypes)]
+        if want != self._slot_spec or len(self._dev_slots) < n:
+            # The previous stream's uploads into, and reads of, the old slots must be finished before
+            # they are freed: CuPy's pool would hand the memory to the next allocation at once.
+            self.synchronize()
+            with self.compute:
+                self._dev_slots = [tuple(self.cp.empty(int(np.prod(s)), dtype=d) for s, d in want) for _ in range(n)]
+            self._slot_spec = want
+            self._used.clear()
+            self._uploaded.clear()
+        # Reused slots keep their ``_used`` events: the first upload into a slot waits for the last
+        # compute of the previous stream that read it.
 
     def host_slot_free(self, slot: int) -> None:
         ev = self._uploaded.get(slot)
@@ -86,16 +148,21 @@ class CudaDevice(Device):
         if used is not None:
             self.h2d.wait_event(used)  # compute on the previous contents of this slot is done
         out = []
-        for host, dev_full in zip(arrays, self._dev_slots[slot]):
+        for j, (host, dev_full) in enumerate(zip(arrays, self._dev_slots[slot])):
+            if host.dtype != dev_full.dtype:
+                raise DeviceError(explain(f"operand {j} of the tile stream", f"must arrive as {dev_full.dtype}, "
+                                          "the dtype its device slot was prepared for", host.dtype.name,
+                                          "pass the compute dtype as TileStream(device_dtype=...)"))
             if host.flags.c_contiguous:
-                dev = dev_full.ravel()[: host.size].reshape(host.shape)
+                dev = dev_full[: host.size].reshape(host.shape)
                 dev.set(host, stream=self.h2d)
             elif host.T.flags.c_contiguous:  # a transposed view: copy the stored layout, transpose on device
-                dev = dev_full.ravel()[: host.size].reshape(host.T.shape)
+                dev = dev_full[: host.size].reshape(host.T.shape)
                 dev.set(host.T, stream=self.h2d)
                 dev = dev.T
-            else:  # pragma: no cover - loaders hand out contiguous views
-                dev = cp.asarray(np.ascontiguousarray(host))
+            else:  # strided view: staged through a contiguous copy, still on the upload stream
+                dev = dev_full[: host.size].reshape(host.shape)
+                dev.set(np.ascontiguousarray(host), stream=self.h2d)
             out.append(dev)
         ev = cp.cuda.Event(disable_timing=True)
         ev.record(self.h2d)
@@ -109,45 +176,98 @@ class CudaDevice(Device):
         self._used[slot] = ev
 
     # -- compute ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def math(self, precision: str | None) -> Iterator[None]:
+        """Within the block, float32 GEMMs use TF32 tensor cores when ``precision == "tf32"``.
+
+        Sets the cuBLAS math mode of this thread's handle (``CUBLAS_TF32_TENSOR_OP_MATH``), which is
+        what ``cublasSgemm`` honours, and restores it afterwards.
+        """
+        prev = self._tf32
+        self._tf32 = precision == "tf32"
+        try:
+            yield
+        finally:
+            self._tf32 = prev
+
     def zeros(self, shape: tuple[int, int], dtype: Any) -> Any:
         with self.compute:
             return self.cp.zeros(shape, dtype=dtype)
+
+    def to_device(self, x: np.ndarray) -> Any:
+        """A device copy of host array ``x``, ready for the compute stream."""
+        with self.compute:
+            return self.cp.asarray(np.ascontiguousarray(x))
 
     def gemm_acc(self, acc: Any, a: Any, b: Any) -> None:
         from cupy import cublas
 
         with self.compute:
-            cublas.gemm("N", "N", a, b, out=acc, alpha=1.0, beta=1.0)
+            if self._tf32 and acc.dtype == np.float32:
+                from cupy.cuda import cublas as lib
+                from cupy.cuda import device
+
+                handle = device.get_cublas_handle()
+                mode = lib.getMathMode(handle)
+                lib.setMathMode(handle, getattr(lib, "CUBLAS_TF32_TENSOR_OP_MATH", _TF32_MATH))
+                try:
+                    cublas.gemm("N", "N", a, b, out=acc, alpha=1.0, beta=1.0)
+                finally:
+                    lib.setMathMode(handle, mode)
+            else:
+                cublas.gemm("N", "N", a, b, out=acc, alpha=1.0, beta=1.0)
 
     def axpby(self, acc: Any, alpha: float, c: np.ndarray | None, beta: float) -> None:
         cp = self.cp
         with self.compute:
-            if alpha != 1.0:
+            if alpha == 0.0:
+                acc.fill(0)  # assign: 0 * NaN is NaN
+            elif alpha != 1.0:
                 acc *= acc.dtype.type(alpha)
             if c is not None and beta != 0.0:
-                dc = cp.asarray(c)
-                acc += acc.dtype.type(beta) * dc
+                dc = cp.asarray(np.ascontiguousarray(c, dtype=acc.dtype))
+                if beta == 1.0:
+                    acc += dc
+                else:
+                    acc += acc.dtype.type(beta) * dc
 
-    def download(self, acc: Any, rows: slice, out: np.ndarray | None = None) -> np.ndarray:
+    def _queue_download(self, acc: Any, rows: slice, out: np.ndarray | None) -> tuple[np.ndarray, Any]:
         cp = self.cp
         ev = cp.cuda.Event(disable_timing=True)
         ev.record(self.compute)
         self.d2h.wait_event(ev)
         part = acc[rows]
         if out is None:
-            out = self.host_empty(part.shape, part.dtype)
+            out = np.empty(part.shape, part.dtype)
         view = out[: part.shape[0], : part.shape[1]] if out.shape != part.shape else out
-        if not part.flags.c_contiguous:
+        if view.dtype != part.dtype:
+            raise DeviceError(explain("out", f"must have the tile's dtype {part.dtype}", view.dtype.name,
+                                      "allocate the host buffer with the compute dtype"))
+        if not part.flags.c_contiguous or not view.flags.c_contiguous:
             with self.d2h:
                 part = cp.ascontiguousarray(part)
-        if view.flags.c_contiguous:
-            part.get(stream=self.d2h, out=view)
-        else:
-            tmp = part.get(stream=self.d2h)
-            self.d2h.synchronize()
-            view[...] = tmp
-        self.d2h.synchronize()
+            if not view.flags.c_contiguous:
+                tmp = part.get(stream=self.d2h, blocking=True)
+                view[...] = tmp
+                return view, None
+        part.get(stream=self.d2h, out=view, blocking=False)
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(self.d2h)
+        return view, done
+
+    def download(self, acc: Any, rows: slice, out: np.ndarray | None = None) -> np.ndarray:
+        view, done = self._queue_download(acc, rows, out)
+        if done is not None:
+            done.synchronize()
         return view
+
+    def download_async(self, acc: Any, rows: slice, out: np.ndarray) -> tuple[np.ndarray, Any]:
+        """Queue the copy of ``acc[rows]`` into pinned ``out``; return ``(view, event)``.
+
+        ``view`` holds the data once ``event.synchronize()`` returned (``event`` is None when the
+        copy already completed). The caller keeps ``out`` alive and unread until then.
+        """
+        return self._queue_download(acc, rows, out)
 
     def synchronize(self) -> None:
         for s in (self.h2d, self.compute, self.d2h):

@@ -472,7 +472,7 @@ def _solve_wide(ctx: _Ctx, out: Any, overwrite: bool) -> tuple[Matrix, dict]:
 
     job = ctx.job
     kw = {"memory": job.cfg.memory, "scheduler": job.cfg.scheduler, "workers": job.cfg.workers,
-          "check_finite": job.check_finite}
+          "check_finite": job.check_finite, "device": job.device, "device_memory": job.cfg.device_memory}
     gram = matmul(ctx.A.path, ctx.A.path, trans_b=True, dtype="float64", **kw)
     g = gram.to_numpy()
     gram.delete()
