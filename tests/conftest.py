@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import blocklin
-from blocklin.device.base import gpu_available
+from blocklin.device.select import gpu_available
 
 
 def pytest_addoption(parser):

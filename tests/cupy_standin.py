@@ -1048,9 +1048,9 @@ def uninstall() -> None:
 
 def _reset_blocklin() -> None:
     """Forget cached device probes and per-thread CUDA devices."""
-    from blocklin.device import base
+    from blocklin.device import select
 
-    base.gpu_available.cache_clear()
+    select.gpu_available.cache_clear()
     cuda_mod = sys.modules.get("blocklin.device.cuda")
     if cuda_mod is not None:
         reset = getattr(cuda_mod.CudaDevice, "reset", None)

@@ -8,7 +8,7 @@ import pytest
 import blocklin as bl
 from blocklin.device import TileStream, get_device
 from blocklin.errors import DeviceError
-from blocklin.device.base import gpu_available
+from blocklin.device.select import gpu_available
 
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 

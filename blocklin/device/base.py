@@ -1,14 +1,11 @@
-"""The device interface and device selection."""
+"""The device interface (selection lives in :mod:`blocklin.device.select`)."""
 
 from __future__ import annotations
 
 import abc
-import functools
 from typing import Any
 
 import numpy as np
-
-from blocklin.errors import DeviceError, explain
 
 
 class Device(abc.ABC):
@@ -61,36 +58,10 @@ class Device(abc.ABC):
         """Wait for all queued work (before reading a clock)."""
 
 
-@functools.cache
-def gpu_available() -> bool:
-    """True when CuPy imports and sees at least one CUDA device."""
-    try:
-        import cupy
+def __getattr__(name: str):
+    """``get_device``, ``gpu_available`` and ``resolved_kind`` live in :mod:`blocklin.device.select`."""
+    if name in ("get_device", "gpu_available", "resolved_kind"):
+        from blocklin.device import select
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
-
-
-def get_device(kind: str = "auto", *, device_memory: int | None = None) -> Device:
-    """Return the device for ``kind`` (``auto``, ``cpu`` or ``gpu``)."""
-    if kind == "auto":
-        kind = "gpu" if gpu_available() else "cpu"
-    if kind == "cpu":
-        from blocklin.device.cpu import CpuDevice
-
-        return CpuDevice()
-    if kind == "gpu":
-        if not gpu_available():
-            raise DeviceError(explain("device", "'gpu' needs CuPy and a CUDA device", "none available",
-                                      "install the extra (pip install 'blocklin[gpu]') on a GPU machine, "
-                                      "or pass device='cpu'"))
-        from blocklin.device.cuda import CudaDevice
-
-        return CudaDevice.current(device_memory=device_memory)
-    raise DeviceError(explain("device", "must be 'auto', 'cpu' or 'gpu'", repr(kind), "pass device='cpu'"))
-
-
-def resolved_kind(kind: str) -> str:
-    """``auto`` resolved to ``cpu`` or ``gpu`` on this machine."""
-    return ("gpu" if gpu_available() else "cpu") if kind == "auto" else kind
+        return getattr(select, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from blocklin.config import Config, resolve
-from blocklin.device.base import gpu_available, resolved_kind
+from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
 from blocklin.operands import Operand, as_operand
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
@@ -72,7 +72,10 @@ class Job:
         return self.cfg.check_finite
 
     def device_memory(self) -> int | None:
-        """Device budget: configured, else 80% of the free device memory (GPU only)."""
+        """Device budget: configured, else 80% of what this process may use on the GPU (GPU only).
+
+        That is free memory plus CuPy's cached blocks (total minus what other processes hold).
+        """
         if self.device != "gpu":
             return None
         if self.cfg.device_memory:
@@ -168,3 +171,5 @@ class Job:
         finally:
             self.progress.close()
             self.stack.close()
+            if self.device == "gpu":
+                release_device_caches()
