@@ -70,6 +70,7 @@ class _State:
         self.others = 0  # bytes other processes hold on the device
         self.counts: dict[str, int] = {}
         self.math_mode = 0
+        self.linalg = "ignore"
         self.local = threading.local()
         self.host_vc: dict[int, int] = {}  # what the host has waited for: later work is ordered after it
         self.legacy = Stream(_null=True)
@@ -866,16 +867,39 @@ def _linalg_dtype(a: ndarray) -> np.dtype:
     return a.dtype
 
 
-def _cholesky(a: ndarray) -> ndarray:
-    dt = _linalg_dtype(a)
+def _checked(name: str, fn, a: ndarray, garbage) -> ndarray:
+    """cuSOLVER reports failure in devInfo; CuPy raises only under ``cupyx.errstate(linalg='raise')``
+    (which synchronizes). Otherwise the result is finite garbage, as a partial factorization leaves."""
+    failed = []
 
-    def chol(x):  # cuSOLVER writes NaN-free garbage on failure; CuPy checks info only when asked
+    def run(x):
         try:
-            return np.linalg.cholesky(x)
+            return fn(x)
         except np.linalg.LinAlgError:
-            return np.full(x.shape, np.nan, dtype=x.dtype)
+            failed.append(True)
+            return garbage(x)
 
-    return _dense("linalg.cholesky", chol, a, outs=[(a.shape, dt)])[0]
+    out = _dense(name, run, a, outs=[(a.shape, _linalg_dtype(a))])[0]
+    if STATE.linalg == "raise":
+        get_current_stream().synchronize()
+        if failed:
+            raise np.linalg.LinAlgError(f"Error reported by {name} in cuSOLVER. devInfo = 1.")
+    return out
+
+
+def _cholesky(a: ndarray) -> ndarray:
+    return _checked("linalg.cholesky", np.linalg.cholesky, a, lambda x: np.tril(x))
+
+
+@contextlib.contextmanager
+def errstate(*, linalg: str | None = None):
+    """``cupyx.errstate``: ``linalg='raise'`` makes cuSOLVER failures raise (after a synchronization)."""
+    prev = STATE.linalg
+    STATE.linalg = linalg or prev
+    try:
+        yield
+    finally:
+        STATE.linalg = prev
 
 
 def _qr(a: ndarray, mode: str = "reduced"):
@@ -906,8 +930,7 @@ def _eigh(a: ndarray, UPLO: str = "L"):
 
 
 def _inv(a: ndarray) -> ndarray:
-    dt = _linalg_dtype(a)
-    return _dense("linalg.inv", np.linalg.inv, a, outs=[(a.shape, dt)])[0]
+    return _checked("linalg.inv", np.linalg.inv, a, lambda x: np.zeros_like(x))
 
 
 def _solve(a: ndarray, b: ndarray) -> ndarray:
@@ -936,6 +959,13 @@ def _sum(x: ndarray, axis=None) -> ndarray:
 
 
 ndarray.sum = lambda self, axis=None: _sum(self, axis)
+
+
+def isfinite(x: ndarray) -> ndarray:
+    return _dense("isfinite", np.isfinite, x, outs=[(x.shape, np.dtype(bool))])[0]
+
+
+ndarray.all = lambda self: _dense("all", lambda v: np.all(v), self, outs=[((), np.dtype(bool))])[0]
 
 
 def tril(x: ndarray, k: int = 0) -> ndarray:
@@ -1013,12 +1043,12 @@ def build() -> dict[str, types.ModuleType]:
     cupy = _module("cupy", __version__="13.99.0+standin", ndarray=ndarray, cuda=cuda, cublas=cublas,
                    linalg=linalg, empty=empty, zeros=zeros, full=full, eye=eye, asarray=asarray, array=array,
                    ascontiguousarray=ascontiguousarray, asfortranarray=asfortranarray, asnumpy=asnumpy,
-                   matmul=matmul, tril=tril, triu=triu, float32=np.float32, float64=np.float64,
+                   matmul=matmul, tril=tril, triu=triu, isfinite=isfinite, float32=np.float32, float64=np.float64,
                    get_default_memory_pool=get_default_memory_pool,
                    get_default_pinned_memory_pool=get_default_pinned_memory_pool, STANDIN=True)
     sp_linalg = _module("cupyx.scipy.linalg", solve_triangular=solve_triangular)
     scipy_ = _module("cupyx.scipy", linalg=sp_linalg)
-    cupyx = _module("cupyx", empty_pinned=empty_pinned, scipy=scipy_)
+    cupyx = _module("cupyx", empty_pinned=empty_pinned, scipy=scipy_, errstate=errstate)
     return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime, "cupy.cuda.cublas": cublas_lib,
             "cupy.cuda.device": device_mod, "cupy.cublas": cublas, "cupy.linalg": linalg, "cupyx": cupyx,
             "cupyx.scipy": scipy_, "cupyx.scipy.linalg": sp_linalg}

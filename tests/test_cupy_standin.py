@@ -382,3 +382,65 @@ def test_device_modules_import_without_a_cycle():
 
     for mod in ("blocklin.device.cpu", "blocklin.device.cuda", "blocklin.device.base", "blocklin.device.stream"):
         subprocess.run([sys.executable, "-c", f"import {mod}"], check=True)
+
+
+# -- dense operations on every device ----------------------------------------------------------------
+def _tol(dtype) -> float:
+    # backward-stable LAPACK/cuSOLVER kernels on well-conditioned 12 x 12 inputs: a few hundred eps
+    return 500 * np.finfo(np.dtype(dtype)).eps
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dense_operations_match_numpy(standin, kind, dtype, rng):
+    dev = get_device(kind)
+    tol = _tol(dtype)
+    a = rng.standard_normal((30, 12)).astype(dtype)
+    spd = (a.T.astype(np.float64) @ a + 12 * np.eye(12)).astype(dtype)
+    b = rng.standard_normal((12, 3)).astype(dtype)
+    h = dev.to_host
+    da = dev.to_device(a)
+
+    g = dev.zeros((12, 12), dtype)
+    dev.syrk_acc(g, da)
+    ref = a.T.astype(np.float64) @ a
+    assert np.abs(h(g) - ref).max() <= tol * np.abs(ref).max()
+
+    low = h(dev.cholesky(dev.to_device(spd)))
+    assert np.allclose(np.triu(low, 1), 0)
+    assert np.abs(low.astype(np.float64) @ low.T - spd).max() <= tol * np.abs(spd).max()
+
+    x = h(dev.solve_triangular(dev.to_device(low), dev.to_device(b), lower=True))
+    assert np.abs(low.astype(np.float64) @ x - b).max() <= tol * np.abs(low).max() * np.abs(x).max() * 12
+    xt = h(dev.solve_triangular(dev.to_device(low), dev.to_device(b), lower=True, trans=True))
+    assert np.abs(low.T.astype(np.float64) @ xt - b).max() <= tol * np.abs(low).max() * np.abs(xt).max() * 12
+
+    q, r = (h(t) for t in dev.qr(da))
+    assert q.shape == (30, 12) and np.allclose(np.tril(r, -1), 0)
+    assert np.abs(q.astype(np.float64) @ r - a).max() <= tol * np.abs(a).max()
+    assert np.abs(q.T.astype(np.float64) @ q - np.eye(12)).max() <= tol
+
+    u, s, vt = (h(t) for t in dev.svd(da))
+    np.testing.assert_allclose(s, np.linalg.svd(a.astype(np.float64), compute_uv=False), rtol=tol * 10)
+    assert np.abs((u * s).astype(np.float64) @ vt - a).max() <= tol * 10 * np.abs(a).max()
+
+    w, v = (h(t) for t in dev.eigh(dev.to_device(spd)))
+    np.testing.assert_allclose(w, np.linalg.eigvalsh(spd.astype(np.float64)), rtol=tol * 10)
+    assert np.abs((v * w).astype(np.float64) @ v.T - spd).max() <= tol * 10 * np.abs(spd).max()
+
+    inv = h(dev.inv(dev.to_device(spd)))
+    assert np.abs(spd.astype(np.float64) @ inv - np.eye(12)).max() <= tol * np.linalg.cond(spd.astype(np.float64))
+    assert races() == []
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_dense_failures_raise_on_every_device(standin, kind):
+    from blocklin.errors import SingularMatrixError
+
+    dev = get_device(kind)
+    indefinite = np.diag([1.0, -1.0, 2.0])
+    with pytest.raises(SingularMatrixError, match="positive definite"):
+        dev.cholesky(dev.to_device(indefinite))
+    with pytest.raises(SingularMatrixError, match="nonsingular"):
+        dev.inv(dev.to_device(np.ones((3, 3))))
+    assert races() == []

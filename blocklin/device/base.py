@@ -57,6 +57,61 @@ class Device(abc.ABC):
     def synchronize(self) -> None:
         """Wait for all queued work (before reading a clock)."""
 
+    # -- dense operations on device arrays (small in-core steps of the algorithms) -------------
+    # Operands and results live where the device computes (NumPy arrays on the CPU, CuPy arrays
+    # on a GPU); inputs are never modified. Failures (not positive definite, singular) raise
+    # SingularMatrixError on every device: a GPU library would return NaN silently.
+    @abc.abstractmethod
+    def to_device(self, x: np.ndarray) -> Any:
+        """``x`` where the device computes (a C-contiguous array; ``x`` itself on the CPU if possible)."""
+
+    @abc.abstractmethod
+    def to_host(self, x: Any) -> np.ndarray:
+        """A host NumPy array with the contents of device array ``x`` (waits for it)."""
+
+    @abc.abstractmethod
+    def syrk_acc(self, acc: Any, a: Any) -> None:
+        """``acc += a.T @ a`` (both triangles), with SYRK's half of the GEMM flops."""
+
+    @abc.abstractmethod
+    def cholesky(self, x: Any) -> Any:
+        """Lower Cholesky factor ``L`` with ``x = L @ L.T``."""
+
+    @abc.abstractmethod
+    def solve_triangular(self, t: Any, b: Any, *, lower: bool, trans: bool = False) -> Any:
+        """``op(t)^-1 @ b`` for triangular ``t`` (``op`` transposes when ``trans``)."""
+
+    @abc.abstractmethod
+    def qr(self, x: Any) -> tuple[Any, Any]:
+        """Reduced QR factorization ``(q, r)``."""
+
+    @abc.abstractmethod
+    def svd(self, x: Any) -> tuple[Any, Any, Any]:
+        """Thin SVD ``(u, s, vt)``, singular values descending."""
+
+    @abc.abstractmethod
+    def eigh(self, x: Any) -> tuple[Any, Any]:
+        """Eigenvalues (ascending) and eigenvectors of symmetric ``x``."""
+
+    @abc.abstractmethod
+    def inv(self, x: Any) -> Any:
+        """Inverse of a square (leaf) block."""
+
+
+def not_positive_definite(n: int) -> Exception:
+    from blocklin.errors import SingularMatrixError, explain
+
+    return SingularMatrixError(explain("matrix", "must be symmetric positive definite for Cholesky",
+                                       f"a {n} x {n} block that is not (a pivot <= 0 or NaN)",
+                                       "add Tikhonov regularization (lam > 0), or use a QR-based method"))
+
+
+def singular(n: int) -> Exception:
+    from blocklin.errors import SingularMatrixError, explain
+
+    return SingularMatrixError(explain("matrix", "must be nonsingular to invert", f"a singular {n} x {n} block",
+                                       "check the input, or solve a regularized problem (lam > 0)"))
+
 
 def __getattr__(name: str):
     """``get_device``, ``gpu_available`` and ``resolved_kind`` live in :mod:`blocklin.device.select`."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.device.base import Device
+from blocklin.device.base import Device, not_positive_definite, singular
 
 
 class CpuDevice(Device):
@@ -43,6 +43,52 @@ class CpuDevice(Device):
 
     def download(self, acc: np.ndarray, rows: slice, out: np.ndarray | None = None) -> np.ndarray:
         return acc[rows]
+
+    # -- dense operations (LAPACK through NumPy/SciPy) ----------------------------------------------
+    def to_device(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x)
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def syrk_acc(self, acc: np.ndarray, a: np.ndarray) -> None:
+        from scipy.linalg import blas
+
+        f = {np.dtype(np.float64): blas.dsyrk, np.dtype(np.float32): blas.ssyrk}.get(a.dtype)
+        if f is None or acc.dtype != a.dtype:
+            _gemm_acc(acc, a.T, a)
+            return
+        up = f(1.0, a, trans=1, lower=0)  # upper triangle of a.T @ a, n x n (small)
+        acc += np.triu(up) + np.triu(up, 1).T
+
+    def cholesky(self, x: np.ndarray) -> np.ndarray:
+        try:
+            return np.linalg.cholesky(x)
+        except np.linalg.LinAlgError:
+            raise not_positive_definite(x.shape[0]) from None
+
+    def solve_triangular(self, t: np.ndarray, b: np.ndarray, *, lower: bool, trans: bool = False) -> np.ndarray:
+        from scipy.linalg import solve_triangular
+
+        return solve_triangular(t, b, lower=lower, trans=1 if trans else 0, check_finite=False)
+
+    def qr(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.linalg.qr(x, mode="reduced")
+
+    def svd(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return np.linalg.svd(x, full_matrices=False)
+
+    def eigh(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.linalg.eigh(x)
+
+    def inv(self, x: np.ndarray) -> np.ndarray:
+        try:
+            out = np.linalg.inv(x)
+        except np.linalg.LinAlgError:
+            raise singular(x.shape[0]) from None
+        if not np.isfinite(out).all():
+            raise singular(x.shape[0])
+        return out
 
 
 def _blas_gemm(dtype: np.dtype):

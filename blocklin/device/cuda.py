@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.device.base import Device
+from blocklin.device.base import Device, not_positive_definite, singular
 from blocklin.errors import DeviceError, explain
 
 #: cuBLAS math modes (cublasMath_t).
@@ -272,3 +272,68 @@ class CudaDevice(Device):
     def synchronize(self) -> None:
         for s in (self.h2d, self.compute, self.d2h):
             s.synchronize()
+
+    # -- dense operations (cuBLAS / cuSOLVER through CuPy, on the compute stream) -------------------
+    def to_host(self, x: Any) -> np.ndarray:
+        return np.array(self.download(x, slice(0, x.shape[0]))) if x.ndim == 2 else self._small_to_host(x)
+
+    def _small_to_host(self, x: Any) -> np.ndarray:
+        """A vector or scalar result: copied on the compute stream that produced it."""
+        return x.get(stream=self.compute, blocking=True)
+
+    def _all_finite(self, x: Any) -> bool:
+        with self.compute:
+            flag = self.cp.isfinite(x).all()
+        return bool(self._small_to_host(flag))
+
+    def syrk_acc(self, acc: Any, a: Any) -> None:
+        from cupy import cublas
+
+        cp = self.cp
+        n = a.shape[1]
+        with self.compute:
+            low = cp.zeros((n, n), dtype=a.dtype, order="F")
+            cublas.syrk("T", a, out=low, alpha=1.0, beta=0.0, lower=True)  # lower triangle of a.T @ a
+            acc += low
+            acc += cp.tril(low, -1).T
+
+    def cholesky(self, x: Any) -> Any:
+        import cupyx
+
+        # cuSOLVER reports a failed pivot in devInfo, which CuPy checks only under errstate(linalg="raise"):
+        # without it the result is a partial factor with finite garbage.
+        try:
+            with self.compute, cupyx.errstate(linalg="raise"):
+                return self.cp.linalg.cholesky(x)
+        except np.linalg.LinAlgError:
+            raise not_positive_definite(x.shape[0]) from None
+
+    def solve_triangular(self, t: Any, b: Any, *, lower: bool, trans: bool = False) -> Any:
+        from cupyx.scipy.linalg import solve_triangular
+
+        with self.compute:
+            return solve_triangular(t, b, lower=lower, trans=1 if trans else 0)
+
+    def qr(self, x: Any) -> tuple[Any, Any]:
+        with self.compute:
+            return self.cp.linalg.qr(x, mode="reduced")
+
+    def svd(self, x: Any) -> tuple[Any, Any, Any]:
+        with self.compute:
+            return self.cp.linalg.svd(x, full_matrices=False)
+
+    def eigh(self, x: Any) -> tuple[Any, Any]:
+        with self.compute:
+            return self.cp.linalg.eigh(x)
+
+    def inv(self, x: Any) -> Any:
+        import cupyx
+
+        try:
+            with self.compute, cupyx.errstate(linalg="raise"):
+                out = self.cp.linalg.inv(x)
+        except np.linalg.LinAlgError:
+            raise singular(x.shape[0]) from None
+        if not self._all_finite(out):  # numerically singular: getrf succeeded, the inverse overflowed
+            raise singular(x.shape[0])
+        return out
