@@ -41,6 +41,8 @@ class CudaDevice(Device):
     host_resident = False
     _instances: dict[int, CudaDevice] = {}
     _lock = threading.Lock()
+    #: Record CUDA timing events around every GEMM (see :meth:`profile`).
+    _profiling = False
 
     def __init__(self, device_memory: int | None = None) -> None:
         import cupy
@@ -57,6 +59,7 @@ class CudaDevice(Device):
         self._used: dict[int, Any] = {}  # slot -> event after the last compute that read its device buffers
         self._pinned_cache: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
         self._tf32 = False
+        self._timeline: list[list[tuple[Any, Any]]] = []  # per tile stream: (start, end) events of each GEMM
 
     @classmethod
     def current(cls, device_memory: int | None = None) -> CudaDevice:
@@ -67,6 +70,35 @@ class CudaDevice(Device):
             if inst is None:
                 inst = cls._instances[key] = cls(device_memory)
             return inst
+
+    @classmethod
+    def instances(cls) -> list[CudaDevice]:
+        with cls._lock:
+            return list(cls._instances.values())
+
+    @classmethod
+    def profile(cls, on: bool) -> None:
+        """Turn GEMM timing on or off for every thread (costs two events per GEMM)."""
+        cls._profiling = on
+        for inst in cls.instances():
+            inst._timeline = []
+
+    def compute_timeline(self) -> tuple[float, float]:
+        """``(gemm seconds, k-loop seconds)`` since profiling began, from CUDA events.
+
+        The k-loop of a tile stream spans its first GEMM's start to its last GEMM's end (reads,
+        uploads, epilogues and downloads in between count as idle); their ratio is the fraction of
+        the k-loop during which the GPU computed.
+        """
+        busy = span = 0.0
+        elapsed = self.cp.cuda.get_elapsed_time
+        for seg in self._timeline:
+            if not seg:
+                continue
+            seg[-1][1].synchronize()
+            busy += sum(elapsed(e0, e1) for e0, e1 in seg) / 1e3
+            span += elapsed(seg[0][0], seg[-1][1]) / 1e3
+        return busy, span
 
     @classmethod
     def release_all(cls) -> None:
@@ -134,6 +166,8 @@ class CudaDevice(Device):
             self._slot_spec = want
             self._used.clear()
             self._uploaded.clear()
+        if self._profiling:
+            self._timeline.append([])
         # Reused slots keep their ``_used`` events: the first upload into a slot waits for the last
         # compute of the previous stream that read it.
 
@@ -200,6 +234,18 @@ class CudaDevice(Device):
             return self.cp.asarray(np.ascontiguousarray(x))
 
     def gemm_acc(self, acc: Any, a: Any, b: Any) -> None:
+        if self._profiling:
+            e0, e1 = self.cp.cuda.Event(), self.cp.cuda.Event()
+            e0.record(self.compute)
+            self._gemm(acc, a, b)
+            e1.record(self.compute)
+            if not self._timeline:
+                self._timeline.append([])
+            self._timeline[-1].append((e0, e1))
+        else:
+            self._gemm(acc, a, b)
+
+    def _gemm(self, acc: Any, a: Any, b: Any) -> None:
         from cupy import cublas
 
         with self.compute:
