@@ -18,6 +18,7 @@ from typing import Any
 
 from blocklin.config import Config, resolve
 from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
+from blocklin.errors import WorkerLostError
 from blocklin.operands import Operand, as_operand
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
@@ -59,7 +60,7 @@ class Job:
         self.progress = make_progress(self.cfg.progress if progress is None else progress)
         self.stack = contextlib.ExitStack()
         self.t0 = time.perf_counter()
-        self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0,
+        self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0, "retried_tasks": 0,
                       "load_seconds": 0.0, "wait_seconds": 0.0}
         self.outputs: list[AtomicOutput] = []
 
@@ -133,9 +134,14 @@ class Job:
             from threadpoolctl import threadpool_limits
 
             ctx = threadpool_limits(limits=blas_threads, user_api="blas")
+        events: dict = {}
         with ctx:
             results = execute(graph, scheduler=self.scheduler, workers=workers, progress=self.progress,
-                              description=description or f"{self.operation}")
+                              description=description or f"{self.operation}", events=events)
+        if events["retried_tasks"] is None or self.stats["retried_tasks"] is None:
+            self.stats["retried_tasks"] = None  # unknown on this scheduler
+        else:
+            self.stats["retried_tasks"] += events["retried_tasks"]
         for r in results:
             if isinstance(r, dict):
                 self.add_stats(r)
@@ -165,7 +171,8 @@ class Job:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if exc_type is not None:
+            # after lost worker processes the finished tiles stay for resume=True (the error says so)
+            if exc_type is not None and not issubclass(exc_type, WorkerLostError):
                 for ao in self.outputs:
                     ao.abort()
         finally:
