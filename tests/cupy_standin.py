@@ -130,6 +130,9 @@ def _force(stream: Stream, upto: int) -> None:
         for sid, c in op.vc.items():
             if sid != stream.id:
                 _force(STATE.streams[sid], c)
+        if op.what == "d2h copy" and any(
+                t is not stream and any(o.what == "cublas.gemm" for o in t.ops[t.executed:]) for t in STATE.streams):
+            STATE.count("d2h copy overlapping queued gemm")  # a copy the GPU can run beside compute
         if op.fn is not None:
             op.fn()
             op.fn = None  # let the arrays it captured go

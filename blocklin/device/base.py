@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import abc
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -56,6 +58,17 @@ class Device(abc.ABC):
 
     def synchronize(self) -> None:
         """Wait for all queued work (before reading a clock)."""
+
+    def download_async(self, acc: Any, rows: slice, out: np.ndarray) -> tuple[np.ndarray, Any]:
+        """Start copying ``acc[rows]`` into ``out``: ``(view, event or None)``; the view is valid once
+        ``event.synchronize()`` returned. Without a device the copy is immediate."""
+        return self.download(acc, rows, out=out), None
+
+    @contextlib.contextmanager
+    def math(self, precision: str | None) -> Iterator[None]:
+        """Within the block, float32 GEMMs may use ``precision`` (``"tf32"``: TF32 tensor cores on a GPU;
+        a no-op on devices without such a mode)."""
+        yield
 
     # -- dense operations on device arrays (small in-core steps of the algorithms) -------------
     # Operands and results live where the device computes (NumPy arrays on the CPU, CuPy arrays

@@ -234,8 +234,8 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
     p_cols = spec.probe(*spec.probe_args)[o1 + cols.start:o1 + cols.stop] if spec.probe is not None else None
     probe_out = np.zeros((tm, p_cols.shape[1])) if p_cols is not None else None
 
-    def finish(r0: int, r1: int) -> None:
-        """Scale strip ``r0:r1``, add ``beta * C`` (and I), take its statistics, hand it to the writer."""
+    def start(r0: int, r1: int) -> tuple:
+        """Scale strip ``r0:r1`` and add ``beta * C``; on a GPU, queue its download (not waited for)."""
         if C is not None:
             rs = slice(c0 + rows.start + r0, c0 + rows.start + r1)
             cs = slice(c1 + cols.start, c1 + cols.stop)
@@ -247,11 +247,16 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
         elif spec.alpha != 1.0:
             device.axpby(acc[r0:r1], spec.alpha, None, 0.0)
         if device.host_resident:
-            host, done = acc[r0:r1], None
-        else:
-            buf = host_bufs.get()
-            host = device.download(acc, slice(r0, r1), out=region(buf, (r1 - r0, tn)))
-            done = lambda b=buf: host_bufs.put(b)  # noqa: E731
+            return r0, r1, acc[r0:r1], None, None
+        buf = host_bufs.get()
+        host, ready = device.download_async(acc, slice(r0, r1), out=region(buf, (r1 - r0, tn)))
+        return r0, r1, host, ready, lambda b=buf: host_bufs.put(b)
+
+    def finish(pending: tuple) -> None:
+        """Wait for the strip's download, add I, take its statistics, hand it to the writer."""
+        r0, r1, host, ready, done = pending
+        if ready is not None:
+            ready.synchronize()
         if spec.add_identity:  # global diagonal entries that fall in this strip
             lo = max(o0 + rows.start + r0, o1 + cols.start)
             hi = min(o0 + rows.start + r1, o1 + cols.stop)
@@ -271,13 +276,21 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
                 device.gemm_acc(acc, a_dev, b_dev)
                 continue
             # The last panel is applied strip by strip so that writing finished strips overlaps the
-            # rest of the compute; each element still sees the same k-panels in the same order.
+            # rest of the compute; each element still sees the same k-panels in the same order. On a
+            # GPU the strip's C read (host) and its download (d2h stream) run while the next strip's
+            # GEMM computes: a strip is waited for only after the next GEMM was queued.
+            pending = None
             for r0, r1 in strips:
                 device.gemm_acc(acc[r0:r1], a_dev[r0:r1], b_dev)
-                finish(r0, r1)
+                queued = start(r0, r1)
+                if pending is not None:
+                    finish(pending)
+                pending = queued
+            if pending is not None:
+                finish(pending)
         if not panels:  # k == 0: the result is beta * C (or zeros)
             for r0, r1 in strips:
-                finish(r0, r1)
+                finish(start(r0, r1))
     finally:
         writer.close()
         while not host_bufs.empty():
