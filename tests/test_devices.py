@@ -66,3 +66,23 @@ def test_tile_stream_propagates_loader_errors():
 def test_gpu_requested_without_device_is_clear():
     with pytest.raises(DeviceError, match="device: 'gpu' needs CuPy and a CUDA device.*device='cpu'"):
         bl.matmul(np.ones((2, 2)), np.ones((2, 2)), device="gpu")
+
+
+def test_gpu_crossover_tiles():
+    """Square tiles T are compute-bound when T / itemsize >= peak / link (H200 over PCIe: ~10k for float64)."""
+    from blocklin.plan.gemm import plan_gemm
+    from blocklin.plan.gpu import GPUS, crossover_tile, intensity, transfer_bound
+
+    h200 = GPUS["H200"]
+    assert crossover_tile("float64") == -(-h200["float64"] * 8 // h200["link"])
+    assert 9000 < crossover_tile("float64") < 11000
+    assert crossover_tile("float32") == -(-crossover_tile("float64") // 2)
+    assert crossover_tile("float32", precision="tf32") > 7 * crossover_tile("float32")
+    assert transfer_bound(4096, 4096, "float64") and not transfer_bound(12288, 12288, "float64")
+    assert intensity(100, 300, 8) == 2 * 100 * 300 / (400 * 8)
+    small = plan_gemm(8192, 8192, 8192, "float64", a_chunks=(1024, 1024), b_chunks=(1024, 1024), memory=2**34,
+                      device="gpu", device_memory=2**28)
+    assert "transfer-bound" in small.explain()
+    big = plan_gemm(32768, 32768, 32768, "float64", a_chunks=(4096, 4096), b_chunks=(4096, 4096), memory=2**36,
+                    device="gpu", device_memory=2**34)
+    assert min(big.tm, big.tn) >= crossover_tile("float64") and "transfer-bound" not in big.explain()

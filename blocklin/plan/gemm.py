@@ -19,6 +19,7 @@ import numpy as np
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import split
+from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, transfer_bound
 
 #: zarr reads/writes up to this many chunks at once; each may hold one chunk-sized temporary
 #: (blocklin caps zarr's concurrency at this value, see blocklin._memory).
@@ -104,6 +105,10 @@ class GemmPlan:
         if self.device_peak is not None:
             lines.append(f"  device    peak {format_size(self.device_peak)} of "
                          f"{format_size(self.device_memory or 0)} device budget")
+            if transfer_bound(self.tm, self.tn, self.dtype):
+                lines.append(f"  note      {self.tm} x {self.tn} tiles are transfer-bound on an {DEFAULT_GPU} over PCIe "
+                             f"(compute-bound from ~{crossover_tile(self.dtype)} square for {self.dtype}); "
+                             "a larger device_memory allows larger tiles")
         return "\n".join(lines)
 
 
