@@ -82,7 +82,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         Target backward error ``||I - M X||_F / (||M||_F ||X||_F)``; default ``n * eps`` of the output
         dtype (the classical bound for a backward stable inversion).
     precision : {None, "mixed", "float32", "float64"}
-        ``"mixed"``: invert in float32 (TF32 allowed on a GPU) and refine in float64 (the output is
+        ``"mixed"``: invert in float32 (full float32, on a GPU too) and refine in float64 (the output is
         float64); ``"float32"``/``"float64"``: compute in that dtype; ``None``: the input's dtype.
     memory, device, scheduler, progress, workers, check_finite
         As for :func:`blocklin.matmul`.
