@@ -86,3 +86,16 @@ def test_gpu_crossover_tiles():
     big = plan_gemm(32768, 32768, 32768, "float64", a_chunks=(4096, 4096), b_chunks=(4096, 4096), memory=2**36,
                     device="gpu", device_memory=2**34)
     assert min(big.tm, big.tn) >= crossover_tile("float64") and "transfer-bound" not in big.explain()
+
+
+def test_gpu_prefetch_depth_from_the_budget():
+    from blocklin.plan.gemm import plan_gemm
+
+    kw = dict(a_chunks=(512, 512), b_chunks=(512, 512), device="gpu")
+    roomy = plan_gemm(4096, 4096, 4096, "float64", memory=2**32, device_memory=2**31, **kw)
+    assert roomy.prefetch == 3 and roomy.peak_memory <= 2**32 and roomy.device_peak <= 2**31
+    cpu = plan_gemm(4096, 4096, 4096, "float64", memory=2**32, a_chunks=(512, 512), b_chunks=(512, 512))
+    assert cpu.prefetch == 1  # CPU reads one panel ahead (measured enough for BLAS)
+    fixed = plan_gemm(4096, 4096, 4096, "float64", memory=2**32, device_memory=2**31, prefetch=1, **kw)
+    assert fixed.prefetch == 1
+    assert all(p.device_peak <= 2**31 for p in (roomy, fixed))

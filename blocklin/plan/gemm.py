@@ -127,14 +127,15 @@ def _candidates(dim: int, unit: int) -> list[int]:
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
                  c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool,
                  read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY,
-                 out_rows: int = 0) -> tuple[int, int]:
-    """(host bytes, device bytes) of one task's buffers."""
+                 out_rows: int = 0, loaders: int = 1) -> tuple[int, int]:
+    """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once)."""
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
     cast = slots * (tm * tk + tk * tn) * isz if src_isz != (isz, isz) else 0
     # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
     # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
-    io = min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes + min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes
+    io = (loaders * min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes
+          + min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes)
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
     if on_gpu:
         host = slots * panels_src + cast + c_strip + 3 * out_rows * tn * isz + io
@@ -145,7 +146,7 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
 
 def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chunks: tuple[int, int],
               memory: int, source_dtypes: tuple | None = None, c_chunks: tuple[int, int] | None = None,
-              workers: int | None = None, cores: int | None = None, prefetch: int = 1, device: str = "cpu",
+              workers: int | None = None, cores: int | None = None, prefetch: int | None = None, device: str = "cpu",
               device_memory: int | None = None, out_chunks: tuple[int, int] | None = None) -> GemmPlan:
     """Choose tiles for ``op(A)[m x k] @ op(B)[k x n]`` within ``memory`` bytes.
 
@@ -167,8 +168,10 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         Concurrent tasks; default one task with every core given to BLAS.
     cores : int, optional
         Cores to share between tasks and BLAS threads (default: this machine's).
-    prefetch : int
-        Panels read ahead per task.
+    prefetch : int, optional
+        Panels read ahead per task. Default: 1 on a CPU; on a GPU the deepest of 1-3 that the budgets
+        allow with the chosen tiles (the task then reads with as many loader threads), so that reads
+        and uploads keep a fast device fed.
     device : {"cpu", "gpu"}
         Where accumulators live.
     device_memory : int, optional
@@ -193,6 +196,8 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     """
     dt = np.dtype(dtype)
     isz = dt.itemsize
+    auto_prefetch = prefetch is None
+    prefetch = 1 if prefetch is None else max(0, int(prefetch))
     src = tuple(np.dtype(s) for s in (source_dtypes or (dt, dt)))
     src_isz = (src[0].itemsize, src[1].itemsize)
     cores = cores or os.cpu_count() or 1
@@ -262,6 +267,16 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
             f"raise it to at least {format_size(need)} ({which}='{size_hint(need)}'), "
             "use fewer workers, or rechunk the inputs smaller (blocklin convert --chunks)"))
     _, tm, tn, tk, host, dev, oc, read = best
+    if auto_prefetch and on_gpu:
+        for depth in (3, 2):  # read further ahead when the budgets allow it with the same tiles
+            h2, d2 = _task_memory(tm, tn, tk, isz=isz, src_isz=src_isz, prefetch=depth, with_c=with_c,
+                                  c_rows=c_rows, io_chunk_bytes=io_chunk, out_chunk_bytes=oc[0] * oc[1] * isz,
+                                  on_gpu=True,
+                                  read_chunks=max(-(-tm // mu) * -(-tk // ku_a), -(-tk // ku_b) * -(-tn // nu)),
+                                  write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]), out_rows=oc[0], loaders=depth)
+            if h2 * workers <= memory and d2 * workers <= device_memory:
+                prefetch, host, dev = depth, h2, d2
+                break
     c_read = m * n * isz if with_c else 0
     return GemmPlan(
         m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,

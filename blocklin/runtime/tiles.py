@@ -217,7 +217,7 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
 
     acc = device.zeros((tm, tn), dtype)
     stream = TileStream(device, len(panels), load, [a_shape, b_shape], list(src), depth=plan.prefetch,
-                        device_dtype=[dtype, dtype])
+                        device_dtype=[dtype, dtype], loaders=1 if device.host_resident else plan.prefetch)
     out_arr = open_array(spec.out, mode="r+")
     C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
     strips = split(tm, plan.out_chunks[0])
