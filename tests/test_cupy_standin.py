@@ -484,3 +484,28 @@ def test_gemm_downloads_overlap_the_next_strips_gemm(standin, tmp_path, rng):
     # every strip's copy but the last of each tile ran while a later GEMM was already queued
     assert cupy_standin.STATE.counts.get("d2h copy overlapping queued gemm", 0) >= strips // 2
     assert races() == []
+
+
+# -- operations wired to the device ------------------------------------------------------------------
+@pytest.mark.parametrize("source_dtype", ["float64", "float32"])
+def test_tall_solve_passes_run_on_the_gpu(standin, rng, source_dtype):
+    """Issue 10: tall/square solve was hard-coded to the CPU."""
+    a = rng.standard_normal((400, 30)).astype(source_dtype)
+    b = rng.standard_normal((400, 2)).astype(source_dtype)
+    lam = 0.5
+    cupy_standin.STATE.counts.clear()
+    x = bl.solve(a, b, lam=lam, method="normal", refine=1, device="gpu", memory="256KiB")
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = np.linalg.solve(a64.T @ a64 + lam**2 * np.eye(30), a64.T @ b64)
+    # cond(A^T A + lam^2 I) is about 4: solved in float64 and stored in the inputs' dtype, so a few
+    # hundred eps of the output dtype
+    assert np.abs(x.to_numpy() - ref).max() <= 1e3 * np.finfo(np.dtype(source_dtype)).eps * np.abs(ref).max()
+    assert x.report["phases"] == {"gram pass": "gpu", "residual pass": "gpu"}
+    assert cupy_standin.STATE.counts.get("cublas.syrk", 0) > 0
+    assert races() == []
+
+
+def test_auto_keeps_read_bound_passes_on_the_cpu(standin, rng):
+    a = rng.standard_normal((300, 4))  # 4 columns: about 2 flops per byte read, bound by reading
+    x = bl.solve(a, rng.standard_normal(300), lam=0.1, method="normal", device="auto", memory="256KiB")
+    assert x.report["phases"]["gram pass"] == "cpu"

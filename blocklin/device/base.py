@@ -45,8 +45,8 @@ class Device(abc.ABC):
         """A zeroed accumulator tile where the device computes."""
 
     @abc.abstractmethod
-    def gemm_acc(self, acc: Any, a: Any, b: Any) -> None:
-        """``acc += a @ b`` in place (``a``/``b`` may be transposed views)."""
+    def gemm_acc(self, acc: Any, a: Any, b: Any, alpha: float = 1.0) -> None:
+        """``acc += alpha * a @ b`` in place (``a``/``b`` may be transposed views)."""
 
     @abc.abstractmethod
     def axpby(self, acc: Any, alpha: float, c: np.ndarray | None, beta: float) -> None:
@@ -74,6 +74,18 @@ class Device(abc.ABC):
     # Operands and results live where the device computes (NumPy arrays on the CPU, CuPy arrays
     # on a GPU); inputs are never modified. Failures (not positive definite, singular) raise
     # SingularMatrixError on every device: a GPU library would return NaN silently.
+    @abc.abstractmethod
+    def cast(self, x: Any, dtype: Any) -> Any:
+        """``x`` in ``dtype`` (``x`` itself when it already is)."""
+
+    @abc.abstractmethod
+    def copy(self, x: Any) -> Any:
+        """A C-contiguous copy of device array ``x``."""
+
+    @abc.abstractmethod
+    def sumsq_cols_acc(self, acc: Any, x: Any) -> None:
+        """``acc += sum(x**2, axis=0)`` accumulated in float64 (``acc`` a float64 vector)."""
+
     @abc.abstractmethod
     def to_device(self, x: np.ndarray) -> Any:
         """``x`` where the device computes (a C-contiguous array; ``x`` itself on the CPU if possible)."""

@@ -27,8 +27,8 @@ class CpuDevice(Device):
         acc.fill(0)
         return acc
 
-    def gemm_acc(self, acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        _gemm_acc(acc, a, b)
+    def gemm_acc(self, acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) -> None:
+        _gemm_acc(acc, a, b, alpha)
 
     def axpby(self, acc: np.ndarray, alpha: float, c: np.ndarray | None, beta: float) -> None:
         if alpha == 0.0:
@@ -45,6 +45,15 @@ class CpuDevice(Device):
         return acc[rows]
 
     # -- dense operations (LAPACK through NumPy/SciPy) ----------------------------------------------
+    def cast(self, x: np.ndarray, dtype: Any) -> np.ndarray:
+        return x.astype(dtype, copy=False)
+
+    def copy(self, x: np.ndarray) -> np.ndarray:
+        return np.array(x, order="C")
+
+    def sumsq_cols_acc(self, acc: np.ndarray, x: np.ndarray) -> None:
+        acc += np.einsum("ij,ij->j", x, x, dtype=np.float64)
+
     def to_device(self, x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x)
 
@@ -98,16 +107,16 @@ def _blas_gemm(dtype: np.dtype):
             np.dtype(np.complex128): blas.zgemm, np.dtype(np.complex64): blas.cgemm}.get(np.dtype(dtype))
 
 
-def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    """``acc += a @ b`` without a temporary: BLAS gemm with beta=1 writing into ``acc``.
+def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) -> None:
+    """``acc += alpha * a @ b`` without a temporary: BLAS gemm with beta=1 writing into ``acc``.
 
     ``acc`` is C-contiguous; BLAS is column-major, so compute ``acc.T += b.T @ a.T`` on the
     Fortran-ordered view ``acc.T``; transposed operands are passed as flags, never copied.
     """
     gemm = _blas_gemm(acc.dtype)
     if gemm is None or not acc.flags.c_contiguous:
-        acc += a @ b
+        acc += a @ b if alpha == 1.0 else acc.dtype.type(alpha) * (a @ b)
         return
     bt, trans_b = (b.T, 0) if b.T.flags.f_contiguous else ((b, 1) if b.flags.f_contiguous else (np.asfortranarray(b.T), 0))
     at, trans_a = (a.T, 0) if a.T.flags.f_contiguous else ((a, 1) if a.flags.f_contiguous else (np.asfortranarray(a.T), 0))
-    gemm(1.0, bt, at, beta=1.0, c=acc.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=True)
+    gemm(alpha, bt, at, beta=1.0, c=acc.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=True)

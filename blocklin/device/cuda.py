@@ -228,24 +228,39 @@ class CudaDevice(Device):
         with self.compute:
             return self.cp.zeros(shape, dtype=dtype)
 
+    def cast(self, x: Any, dtype: Any) -> Any:
+        if x.dtype == np.dtype(dtype):
+            return x
+        with self.compute:
+            return x.astype(dtype)
+
+    def copy(self, x: Any) -> Any:
+        with self.compute:
+            return x.copy()
+
+    def sumsq_cols_acc(self, acc: Any, x: Any) -> None:
+        with self.compute:
+            x64 = x.astype(np.float64, copy=False)
+            acc += (x64 * x64).sum(axis=0)
+
     def to_device(self, x: np.ndarray) -> Any:
         """A device copy of host array ``x``, ready for the compute stream."""
         with self.compute:
             return self.cp.asarray(np.ascontiguousarray(x))
 
-    def gemm_acc(self, acc: Any, a: Any, b: Any) -> None:
+    def gemm_acc(self, acc: Any, a: Any, b: Any, alpha: float = 1.0) -> None:
         if self._profiling:
             e0, e1 = self.cp.cuda.Event(), self.cp.cuda.Event()
             e0.record(self.compute)
-            self._gemm(acc, a, b)
+            self._gemm(acc, a, b, alpha)
             e1.record(self.compute)
             if not self._timeline:
                 self._timeline.append([])
             self._timeline[-1].append((e0, e1))
         else:
-            self._gemm(acc, a, b)
+            self._gemm(acc, a, b, alpha)
 
-    def _gemm(self, acc: Any, a: Any, b: Any) -> None:
+    def _gemm(self, acc: Any, a: Any, b: Any, alpha: float = 1.0) -> None:
         from cupy import cublas
 
         with self.compute:
@@ -257,11 +272,11 @@ class CudaDevice(Device):
                 mode = lib.getMathMode(handle)
                 lib.setMathMode(handle, getattr(lib, "CUBLAS_TF32_TENSOR_OP_MATH", _TF32_MATH))
                 try:
-                    cublas.gemm("N", "N", a, b, out=acc, alpha=1.0, beta=1.0)
+                    cublas.gemm("N", "N", a, b, out=acc, alpha=alpha, beta=1.0)
                 finally:
                     lib.setMathMode(handle, mode)
             else:
-                cublas.gemm("N", "N", a, b, out=acc, alpha=1.0, beta=1.0)
+                cublas.gemm("N", "N", a, b, out=acc, alpha=alpha, beta=1.0)
 
     def axpby(self, acc: Any, alpha: float, c: np.ndarray | None, beta: float) -> None:
         cp = self.cp

@@ -47,6 +47,19 @@ def resolved_kind(kind: str) -> str:
     return ("gpu" if gpu_available() else "cpu") if kind == "auto" else kind
 
 
+#: Flops per byte read above which a pass over stored data keeps a CPU busy computing (tens of
+#: GFLOP/s of BLAS against well under 1 GB/s of zarr reads, docs/benchmarks.md): below it the pass is
+#: bound by reading, the GPU cannot speed it up, and ``device="auto"`` keeps it on the CPU.
+CPU_BOUND_INTENSITY = 64.0
+
+
+def pass_device(requested: str, flops: float, bytes_read: float) -> str:
+    """Where a pass over stored data runs: as requested, or for ``auto`` on the GPU only where it wins."""
+    if requested in ("cpu", "gpu"):
+        return requested
+    return "gpu" if gpu_available() and flops >= CPU_BOUND_INTENSITY * max(bytes_read, 1.0) else "cpu"
+
+
 def release_device_caches() -> None:
     """End of a job: drain the GPU devices of this process and unpin their cached host buffers.
 

@@ -2,9 +2,10 @@
 
 Each kernel is ``kernel(device, arrays, rows, params, state) -> (state, writes)`` (see
 :mod:`blocklin.runtime.passes`): ``arrays`` are the strip's blocks of ``A`` (and ``B``), the state
-is a small dict of host arrays that the caller reduces in row order. The solver's passes run on
-the CPU device (the states are ``n x n``); on the CPU the Gram update is a BLAS ``syrk`` (half the
-flops of a GEMM).
+is a small dict of host arrays that the caller reduces in row order. On the CPU the Gram update is
+a BLAS ``syrk`` (half the flops of a GEMM); on a GPU the Gram and residual passes keep their
+states on the device (cuBLAS SYRK/GEMM on its compute stream) and hand them to the host at the end
+of each task's group of strips (``params["ends"]``).
 """
 
 from __future__ import annotations
@@ -36,8 +37,27 @@ def symmetrize_lower(g: np.ndarray) -> np.ndarray:
     return g
 
 
+def _group_end(device: Any, rows: slice, params: Any, state: dict) -> dict:
+    """On a GPU, the task's last strip brings the state to the host for the reduction."""
+    if rows.stop in params["ends"]:
+        return {name: device.to_host(v) for name, v in state.items()}
+    return state
+
+
 def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
-    """Accumulate ``A^T A`` (lower triangle), ``A^T B`` and ``||B_j||^2``."""
+    """Accumulate ``A^T A`` (lower triangle; both on a GPU), ``A^T B`` and ``||B_j||^2``."""
+    if not device.host_resident:
+        dt = np.dtype(params["dtype"])
+        a = device.cast(arrays[0], dt)
+        b = device.cast(arrays[1], dt) if len(arrays) > 1 else None
+        if state is None:
+            n, k = a.shape[1], (b.shape[1] if b is not None else 0)
+            state = {"g": device.zeros((n, n), dt), "c": device.zeros((n, k), dt), "bb": device.zeros((k,), np.float64)}
+        device.syrk_acc(state["g"], a)
+        if b is not None:
+            device.gemm_acc(state["c"], a.T, b)
+            device.sumsq_cols_acc(state["bb"], b)
+        return _group_end(device, rows, params, state), None
     a = np.asarray(arrays[0], dtype=params["dtype"])
     b = np.asarray(arrays[1], dtype=params["dtype"]) if len(arrays) > 1 else None
     if state is None:
@@ -54,6 +74,20 @@ def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
 
 def residual_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
     """``r = B - A X`` per strip: accumulate ``A^T r`` and ``||r_j||^2`` (refinement against the data)."""
+    if not device.host_resident:
+        dt = np.dtype(params["dtype"])
+        a = device.cast(arrays[0], dt)
+        if state is None:
+            x = params["x"]
+            state = {"atr": device.zeros(x.shape, dt), "rr": device.zeros((x.shape[1],), np.float64),
+                     "xd": device.to_device(x.astype(dt, copy=False))}
+        r = device.copy(device.cast(arrays[1], dt))
+        device.gemm_acc(r, a, state["xd"], alpha=-1.0)
+        device.gemm_acc(state["atr"], a.T, r)
+        device.sumsq_cols_acc(state["rr"], r)
+        if rows.stop in params["ends"]:
+            return {"atr": device.to_host(state["atr"]), "rr": device.to_host(state["rr"])}, None
+        return state, None
     a = np.asarray(arrays[0], dtype=params["dtype"])
     b = np.asarray(arrays[1], dtype=params["dtype"])
     x = params["x"]

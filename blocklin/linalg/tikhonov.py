@@ -281,6 +281,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         else:
             x, info = _solve_tall(ctx)
         info.setdefault("orientation", plan.orientation)
+        info.setdefault("phases", ctx.phases)
         report = job.report(**info)
         report["passes"] = job.stats.get("passes", 0) + info.pop("extra_passes", 0)
         report.pop("extra_passes", None)
@@ -311,6 +312,7 @@ class _Ctx:
     lams: list[float]
     refine: Any
     method: str
+    phases: dict = dataclasses.field(default_factory=dict)  # pass -> device it ran on, for the report
 
 
 def _norms(values: np.ndarray) -> Any:
@@ -325,13 +327,24 @@ def _singular(cond: float, what: str) -> SingularMatrixError:
         "regularize with lam > 0, e.g. blocklin.solve(a, b, lam=1e-3 * ||A||), or let lam='gcv' choose it"))
 
 
+def _pass_device(ctx: _Ctx, phase: str, flops: float) -> str:
+    """Device of a pass over A and B (``auto``: the GPU only where it wins), recorded for the report."""
+    from blocklin.device import pass_device
+
+    dev = pass_device(ctx.job.cfg.device, flops, ctx.m * (ctx.n * ctx.A.dtype.itemsize + ctx.k * ctx.B.dtype.itemsize))
+    ctx.phases[phase] = dev
+    return dev
+
+
 def _gram_pass(ctx: _Ctx) -> dict:
     job = ctx.job
     plan = plan_tall_pass(ctx.m, ctx.n, ctx.k, np.float64, "normal", memory=job.cfg.memory,
                           chunk_rows=ctx.A.chunks[0], src_itemsize=ctx.A.dtype.itemsize,
                           workers=job.workers(1), cores=job.cores())
+    dev = _pass_device(ctx, "gram pass", ctx.m * ctx.n * (ctx.n + 2 * ctx.k))
     spec = RowPassSpec(inputs=(ctx.A.path, ctx.B.path), names=("a", "b"), kernel=gram_kernel,
-                       params=Params(dtype="float64"), plan=plan, device="cpu", device_memory=None,
+                       params=Params(dtype="float64", ends=tuple(g[1] for g in plan.groups)), plan=plan, device=dev,
+                       device_memory=job.device_memory() if dev == "gpu" else None,
                        check_finite=job.check_finite, blas_threads=job.task_blas_threads(plan.blas_threads))
     states = [s for s in run_row_pass(job, spec, description="Gram pass: A^T A, A^T b") if s is not None]
     g = states[0]["g"]
@@ -347,8 +360,10 @@ def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     plan = plan_tall_pass(ctx.m, ctx.n, ctx.k, np.float64, "residual", memory=job.cfg.memory,
                           chunk_rows=ctx.A.chunks[0], src_itemsize=ctx.A.dtype.itemsize,
                           workers=job.workers(1), cores=job.cores())
+    dev = _pass_device(ctx, "residual pass", 4 * ctx.m * ctx.n * ctx.k)
     spec = RowPassSpec(inputs=(ctx.A.path, ctx.B.path), names=("a", "b"), kernel=residual_kernel,
-                       params=Params(dtype="float64", x=x), plan=plan, device="cpu", device_memory=None,
+                       params=Params(dtype="float64", x=x, ends=tuple(g[1] for g in plan.groups)), plan=plan,
+                       device=dev, device_memory=job.device_memory() if dev == "gpu" else None,
                        check_finite=False, blas_threads=job.task_blas_threads(plan.blas_threads))
     states = [s for s in run_row_pass(job, spec, description="refinement pass: A^T (b - A x)") if s is not None]
     return sum(s["atr"] for s in states), sum(s["rr"] for s in states)
@@ -473,6 +488,7 @@ def _solve_wide(ctx: _Ctx, out: Any, overwrite: bool) -> tuple[Matrix, dict]:
     job = ctx.job
     kw = {"memory": job.cfg.memory, "scheduler": job.cfg.scheduler, "workers": job.cfg.workers,
           "check_finite": job.check_finite, "device": job.device, "device_memory": job.cfg.device_memory}
+    ctx.phases.update({"gram GEMM": job.device, "solution GEMM": job.device})
     gram = matmul(ctx.A.path, ctx.A.path, trans_b=True, dtype="float64", **kw)
     g = gram.to_numpy()
     gram.delete()
