@@ -509,3 +509,17 @@ def test_auto_keeps_read_bound_passes_on_the_cpu(standin, rng):
     a = rng.standard_normal((300, 4))  # 4 columns: about 2 flops per byte read, bound by reading
     x = bl.solve(a, rng.standard_normal(300), lam=0.1, method="normal", device="auto", memory="256KiB")
     assert x.report["phases"]["gram pass"] == "cpu"
+
+
+@pytest.mark.parametrize("method", ["rsvd", "lanczos"])
+def test_in_core_svd_products_run_on_the_gpu(standin, rng, method):
+    """Issue 10: in-core svd copied A to the device and straight back, then computed with NumPy."""
+    a = rng.standard_normal((300, 40)) * np.logspace(0, -3, 40)
+    cupy_standin.STATE.counts.clear()
+    res = bl.svd(a, 4, method=method, seed=1, device="gpu", memory="64MiB")
+    s_ref = np.linalg.svd(a, compute_uv=False)[:4]
+    np.testing.assert_allclose(res.s, s_ref, rtol=1e-8)
+    assert res.report["phases"] == {"read A": "cpu", "products with A": "gpu"}
+    assert cupy_standin.STATE.counts.get("cublas.gemm", 0) > 0
+    assert cupy_standin.STATE.counts.get("d2h copy", 0) < 200  # no strip-by-strip round trip of A
+    assert races() == []

@@ -99,16 +99,17 @@ def run_pass(job: Any, kind: str, *, inputs: tuple[str, ...], kernel: Any, param
              dtype: Any, chunk_rows: int, memory: int, init: Any = None, transposed: tuple[bool, ...] | None = None,
              outputs: tuple[tuple[str, str], ...] = (), transposed_outputs: tuple[str, ...] = (), s: int = 0,
              source_itemsize: int | None = None, description: str = "pass", plan: Any = None,
-             chunk_bytes: int | None = None, chunks_across: int = 1) -> tuple[list, Any]:
-    """Plan and run one kernel row pass; returns ``(per-group states in row order, plan)``."""
+             chunk_bytes: int | None = None, chunks_across: int = 1, device: str | None = None) -> tuple[list, Any]:
+    """Plan and run one kernel row pass on ``device`` (default the job's); returns ``(states, plan)``."""
     if plan is None:
         plan = plan_kernel_pass(kind, M, N, c, dtype, chunk_rows=chunk_rows, memory=memory,
                                 workers=job.workers(1), cores=job.cores(), s=s, source_itemsize=source_itemsize,
                                 chunk_bytes=chunk_bytes, chunks_across=chunks_across)
     params = dict(params, strip=plan.strip, ends=tuple(g[1] for g in plan.groups))
     spec = RowPassSpec(inputs=tuple(inputs), names=tuple(f"a{i}" if i else "a" for i in range(len(inputs))),
-                       kernel=kernel, params=params, plan=plan, device=job.device,
-                       device_memory=job.device_memory(), check_finite=job.check_finite, outputs=tuple(outputs),
+                       kernel=kernel, params=params, plan=plan, device=device or job.device,
+                       device_memory=job.device_memory() if (device or job.device) == "gpu" else None,
+                       check_finite=job.check_finite, outputs=tuple(outputs),
                        init=init, blas_threads=job.task_blas_threads(plan.blas_threads), transposed=transposed,
                        transposed_outputs=tuple(transposed_outputs))
     states = run_row_pass(job, spec, description=description)

@@ -100,14 +100,31 @@ class _ArrayBlock:
 
 
 class _InCore:
-    """``B`` held in memory (read once)."""
+    """``B`` held in memory (read once); on a GPU also kept on the device for the products with it."""
 
-    def __init__(self, b: np.ndarray) -> None:
+    def __init__(self, b: np.ndarray, device: Any = None) -> None:
         self.b = b
         self.M, self.N = b.shape
         self.dtype = b.dtype
+        self.dev = device
+        self.bd = device.to_device(b) if device is not None else None
+
+    def _normal_on_device(self, q: np.ndarray, keep_y: bool, gram: bool) -> tuple:
+        d, l = self.dev, q.shape[1]
+        y = d.zeros((self.M, l), self.dtype)
+        d.gemm_acc(y, self.bd, d.to_device(q.astype(self.dtype)))
+        z = d.zeros((self.N, l), self.dtype)
+        d.gemm_acc(z, self.bd.T, y)
+        g = None
+        if gram:
+            g = d.zeros((l, l), self.dtype)
+            d.gemm_acc(g, y.T, y)
+            g = d.to_host(g).astype(np.float64)
+        return d.to_host(z).astype(np.float64), g, (_ArrayBlock(d.to_host(y)) if keep_y else None)
 
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
+        if self.dev is not None:
+            return self._normal_on_device(q, keep_y, gram)
         y = self.b @ q.astype(self.dtype)
         z = (self.b.T @ y).astype(np.float64)
         g = (y.T @ y).astype(np.float64) if gram else None
@@ -209,7 +226,8 @@ def _load(job: Job, A: Any, transposed: bool, plan: SvdPlan) -> np.ndarray:
                                  chunks_across=-(-N // A.chunks[0 if transposed else 1]))
     states, _ = run_pass(job, "load", inputs=(A.path,), kernel=K.load_kernel, params={}, M=M, N=N, c=1,
                          dtype=A.dtype, chunk_rows=A.chunks[1] if transposed else A.chunks[0], memory=plan.memory,
-                         transposed=(transposed,), plan=load_plan, description="read A into memory (pass 1 over A)")
+                         transposed=(transposed,), plan=load_plan, description="read A into memory (pass 1 over A)",
+                         device="cpu")  # a read: through a GPU it would only be copied there and back
     b = np.empty((M, N), dtype=A.dtype)
     for st in states:
         for r0, blk in st or []:
@@ -440,11 +458,19 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
             create_group(ao.array_path())
             dest = ao.array_path(long_name)
         if plan.in_core:
-            src: Any = _InCore(_load(job, A, plan.transposed, plan))
+            b_mem = _load(job, A, plan.transposed, plan)
+            dev = None
+            if job.device == "gpu" and b_mem.nbytes * 1.5 <= (job.device_memory() or 0):
+                from blocklin.device import get_device
+
+                dev = get_device("gpu", device_memory=job.device_memory())
+            src: Any = _InCore(b_mem, dev)
+            phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
             counter["a"] = 1
             steps = max(limit, 500)
         else:
             src = _Streamed(job, A, plan, counter)
+            phases = {"passes over A": job.device}
             steps = limit - 1
         if method == "rsvd":
             r = _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
@@ -466,7 +492,7 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
                      f"||A^T u - s v|| / s_1). Raise max_passes{' or power_iters' if method == 'rsvd' else ''}, "
                      "or loosen tol", ConvergenceWarning)
         report = job.report(
-            method=method, passes=counter["a"], passes_formula=plan.formula, passes_total=job.stats.get("passes", 0),
+            phases=phases, method=method, passes=counter["a"], passes_formula=plan.formula, passes_total=job.stats.get("passes", 0),
             intermediate_passes=counter.get("intermediate", 0), residuals=None if resid is None else resid.tolist(),
             relative_residuals=None if resid is None else (resid / s1).tolist(), converged=converged, tol=tol,
             seed=seed, oversample=oversample, block=plan.block, in_core=plan.in_core, plan=plan.to_dict(),
