@@ -523,3 +523,18 @@ def test_in_core_svd_products_run_on_the_gpu(standin, rng, method):
     assert cupy_standin.STATE.counts.get("cublas.gemm", 0) > 0
     assert cupy_standin.STATE.counts.get("d2h copy", 0) < 200  # no strip-by-strip round trip of A
     assert races() == []
+
+
+@pytest.mark.parametrize("precision", [None, "mixed"])
+def test_inverse_leaves_run_on_the_gpu(standin, rng, precision):
+    """Issue 10: the leaf inverses stayed on the host with device='gpu'."""
+    n = 300
+    m = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
+    cupy_standin.STATE.counts.clear()
+    x = bl.inv(m, device="gpu", precision=precision, memory="1MiB")
+    eta = np.linalg.norm(np.eye(n) - m @ x.to_numpy()) / (np.linalg.norm(m) * np.linalg.norm(x.to_numpy()))
+    assert eta < n * np.finfo(np.float64).eps  # refined to float64 backward error
+    assert x.report["phases"]["leaf inverses"] == "gpu" and x.report["leaves"] >= 1
+    assert cupy_standin.STATE.counts.get("linalg.inv", 0) == x.report["leaves"]
+    assert x.report["min_leaf_rcond"] > 0
+    assert races() == []

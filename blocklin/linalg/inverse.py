@@ -259,7 +259,10 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
             backward_error_definition="||I - A X||_F / (||A||_F ||X||_F)", tol=tol, refine_steps=steps,
             history=history, cond_estimate=cond_est, norm_a=norm_m, norm_x=norm_x, attempts=attempts,
             min_leaf_rcond=min(rcs) if rcs else None, leaves=len(leaves), butterfly_depth=plan.depth,
-            precision=precision or out_dtype.name, work_dtype=plan.work_dtype, gemm_steps=ops.gemms)
+            precision=precision or out_dtype.name, work_dtype=plan.work_dtype, gemm_steps=ops.gemms,
+            phases={"GEMMs (recursion, Newton-Schulz)": job.device,
+                    "leaf inverses": "/".join(sorted({lf.get("device", "cpu") for lf in leaves})) or None,
+                    "butterfly transforms, residual probes": "cpu"})
         report["flops"] = plan.flops + ops.flops
         path = ao.commit("inv", plan=plan.to_dict(), params={"precision": precision, "tol": tol, "seed": seed,
                                                               "refine": str(refine)},
@@ -358,7 +361,12 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
 
 def _leaf(ops: _refine.BlockOps, src: str, dst: str, off: int, size: int, wdt: np.dtype) -> dict:
     job = ops.job
-    spec = LeafSpec(src=src, dst=dst, off=off, size=size, dtype=wdt.name, blas_threads=job.task_blas_threads(job.cores()))
+    from blocklin.device import pass_device
+
+    # 2 n^3 flops over n^2 elements read: the GPU wins on large leaves ('auto'), or when asked for
+    dev = pass_device(job.cfg.device, 2.0 * size**3, size * size * wdt.itemsize)
+    spec = LeafSpec(src=src, dst=dst, off=off, size=size, dtype=wdt.name, blas_threads=job.task_blas_threads(job.cores()),
+                    device=dev, device_memory=job.device_memory() if dev == "gpu" else None)
     graph = ops._graph("leaf", spec)
     graph.add((0,), leaf_inverse_task, spec)
     (res,) = job.run(graph, workers=1, blas_threads=job.cores(), description=f"leaf {off}:{off + size}")
