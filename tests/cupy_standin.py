@@ -789,6 +789,8 @@ def gemm(transa, transb, a: ndarray, b: ndarray, out: ndarray | None = None, alp
         assert out.shape == (m, n)
         assert out.dtype == a.dtype
     mode = "tf32" if STATE.math_mode == CUBLAS_TF32_TENSOR_OP_MATH else None
+    if mode and a.dtype == np.float32:
+        STATE.count("cublas.gemm tf32")
     dt = a.dtype.type
 
     def run(dst, x, y):

@@ -35,7 +35,7 @@ from blocklin.runtime.job import Job
 from blocklin.runtime.passes import RowPassSpec, run_row_pass
 from blocklin.storage.zarr_store import create_array
 
-PRECISIONS = (None, "mixed", "float32", "float64")
+PRECISIONS = (None, "mixed", "tf32", "float32", "float64")
 
 
 class _LeafSingular(Exception):
@@ -81,9 +81,12 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     tol : float, optional
         Target backward error ``||I - M X||_F / (||M||_F ||X||_F)``; default ``n * eps`` of the output
         dtype (the classical bound for a backward stable inversion).
-    precision : {None, "mixed", "float32", "float64"}
+    precision : {None, "mixed", "tf32", "float32", "float64"}
         ``"mixed"``: invert in float32 (full float32, on a GPU too) and refine in float64 (the output is
-        float64); ``"float32"``/``"float64"``: compute in that dtype; ``None``: the input's dtype.
+        float64); ``"tf32"``: the same with the float32 GEMMs on TF32 tensor cores on a GPU (10-bit
+        mantissas: for well-conditioned matrices; the float64 refinement restores the accuracy, or
+        fails with the usual error); ``"float32"``/``"float64"``: compute in that dtype; ``None``: the
+        input's dtype.
     memory, device, scheduler, progress, workers, check_finite
         As for :func:`blocklin.matmul`.
     overwrite : bool
@@ -151,9 +154,10 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
             raise DTypeError(_msg("a", "dtype must be float32 or float64", M.dtype.name,
                                      "convert it (blocklin convert --dtype float64)"))
         n = M.shape[0]
-        out_dtype = np.dtype(np.float64) if precision in ("mixed", "float64") else \
+        out_dtype = np.dtype(np.float64) if precision in ("mixed", "tf32", "float64") else \
             np.dtype(np.float32) if precision == "float32" else M.dtype
-        plan = plan_inverse(n, out_dtype, memory=job.cfg.memory, precision="mixed" if precision == "mixed" else None)
+        plan = plan_inverse(n, out_dtype, memory=job.cfg.memory,
+                            precision="mixed" if precision in ("mixed", "tf32") else None)
         if explain:
             return plan
         tol = _refine.default_tol(n, out_dtype) if tol is None else float(tol)
@@ -161,6 +165,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
             raise ValueError(_msg("tol", "must be positive", repr(tol), "leave it None for the default"))
         ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite)
         ops = _refine.BlockOps(job, plan.chunk)
+        ops.math = "tf32" if precision == "tf32" else None
         x_path = ao.array_path()
         create_array(x_path, shape=(n, n), dtype=out_dtype, chunks=(plan.chunk, plan.chunk), codec=job.cfg.codec)
         if n == 0:
@@ -247,7 +252,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
                 f"digit of the inverse; condition number estimate ||A||_F ||X||_F = {cond_est:.1e} "
                 f"(1/eps = {1 / eps:.1e})",
                 "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"
-                + ("" if precision != "mixed" else ", or invert without precision='mixed'")))
+                + ("" if precision not in ("mixed", "tf32") else f", or invert without precision='{precision}'")))
         if eta > tol and max_steps > 0:
             warn(f"inv: backward error {eta:.2e} ({method}) above tol {tol:.1e} after {steps} Newton-Schulz step(s) "
                  f"(condition estimate {cond_est:.1e}); the result is returned", ConvergenceWarning)

@@ -100,6 +100,8 @@ class BlockOps:
         self.steps = 0
         self.gemms = 0
         self.flops = 0
+        #: ``"tf32"``: the float32 GEMMs use TF32 tensor cores on a GPU (``inv(precision="tf32")``).
+        self.math: str | None = None
 
     def _graph(self, what: str, *identity: Any) -> TileGraph:
         self.steps += 1
@@ -132,7 +134,8 @@ class BlockOps:
                         done_dir=None, blas_threads=job.task_blas_threads(plan.blas_threads), a_off=tuple(a_off),
                         b_off=tuple(b_off), c_off=tuple(c_off), out_off=tuple(out_off), add_identity=add_identity,
                         sumsq=True, probe=probes if probe else None,
-                        probe_args=(probe[2], probe[1], probe[0]) if probe else ())
+                        probe_args=(probe[2], probe[1], probe[0]) if probe else (),
+                        precision=self.math if dt == np.float32 else None)
         graph = self._graph("gemm", spec)
         for i, j, rows, cols in plan.tiles():
             graph.add((i, j), gemm_tile, spec, i, j, rows, cols)

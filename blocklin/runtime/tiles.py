@@ -167,6 +167,8 @@ class GemmSpec:
     #: ``probe(*probe_args)`` is an ``n x k`` block P; the task returns ``tile @ P[cols]`` as ``probe``.
     probe: Any = None
     probe_args: tuple = ()
+    #: ``"tf32"``: float32 GEMMs on a GPU use TF32 tensor cores (``Device.math``).
+    precision: str | None = None
 
 
 def _marker(spec: Any, unit: str) -> str | None:
@@ -269,6 +271,8 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
             probe_out[r0:r1] = host.astype(np.float64, copy=False) @ p_cols
         writer.submit(r0, r1, host, done=done)
 
+    math_mode = device.math(spec.precision)
+    math_mode.__enter__()
     try:
         last = len(panels) - 1
         for p, (a_dev, b_dev) in stream:
@@ -292,6 +296,7 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
             for r0, r1 in strips:
                 finish(start(r0, r1))
     finally:
+        math_mode.__exit__(None, None, None)
         writer.close()
         while not host_bufs.empty():
             device.release_host(host_bufs.get())
