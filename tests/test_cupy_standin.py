@@ -555,3 +555,48 @@ def test_tf32_inverse_uses_tensor_cores_and_refines_to_float64(standin, rng):
     bl.inv(m, device="gpu", precision="mixed", memory="1MiB")
     assert cupy_standin.STATE.counts.get("cublas.gemm tf32", 0) == 0  # "mixed" stays full float32
     assert races() == []
+
+
+def test_tasks_on_one_gpu_share_one_device_budget(standin):
+    import threading
+    import time
+
+    from blocklin.device.cuda import DeviceBudget
+
+    budget = DeviceBudget()
+    order = []
+    first_in = threading.Event()
+
+    def task(name, hold_s):
+        with budget.hold(60, 100):
+            order.append(f"{name} in")
+            first_in.set()
+            time.sleep(hold_s)
+            order.append(f"{name} out")
+
+    t1 = threading.Thread(target=task, args=("a", 0.2))
+    t1.start()
+    first_in.wait()
+    t2 = threading.Thread(target=task, args=("b", 0.0))
+    t2.start()
+    t1.join()
+    t2.join()
+    assert order == ["a in", "a out", "b in", "b out"] and budget.peak == 60 and budget.waits == 1
+    with budget.hold(500, 100):  # larger than the whole budget: runs alone instead of never
+        assert budget.held == 500
+
+
+def test_concurrent_gemm_tasks_stay_within_the_device_budget(standin, tmp_path, rng):
+    from blocklin.device.cuda import DeviceBudget
+
+    a = rng.standard_normal((192, 96))
+    b = rng.standard_normal((96, 160))
+    DeviceBudget._budgets.clear()
+    a_s = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32))
+    b_s = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 32))
+    res = bl.matmul(a_s, b_s, tmp_path / "c.zarr", device="gpu", memory="4MiB", device_memory="256KiB", workers=3,
+                    scheduler="threads")
+    assert res.report["tasks"] > 3
+    assert np.abs(res.to_numpy() - a @ b).max() <= 4 * 96 * np.finfo(np.float64).eps * np.abs(a @ b).max()
+    assert 0 < DeviceBudget.of(0).peak <= 256 * 1024
+    assert races() == []

@@ -65,6 +65,12 @@ class Device(abc.ABC):
         return self.download(acc, rows, out=out), None
 
     @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        """Hold ``nbytes`` of the device budget that all tasks on this device share (no-op on a CPU,
+        whose tasks the host budget already bounds)."""
+        yield
+
+    @contextlib.contextmanager
     def math(self, precision: str | None) -> Iterator[None]:
         """Within the block, float32 GEMMs may use ``precision`` (``"tf32"``: TF32 tensor cores on a GPU;
         a no-op on devices without such a mode)."""

@@ -34,6 +34,44 @@ _DEFAULT_MATH = 0
 _TF32_MATH = 3
 
 
+class DeviceBudget:
+    """The device budget of one GPU, shared by every task of this process that runs on it.
+
+    A task holds its planned device bytes while it runs; a task that would exceed the budget waits
+    until others finish (a task larger than the whole budget runs alone rather than never).
+    """
+
+    _budgets: dict[int, DeviceBudget] = {}
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.held = 0
+        self.peak = 0
+        self.waits = 0
+
+    @classmethod
+    def of(cls, device_id: int) -> DeviceBudget:
+        with cls._lock:
+            return cls._budgets.setdefault(device_id, cls())
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int, budget: int) -> Iterator[None]:
+        with self.cond:
+            if self.held and self.held + nbytes > budget:
+                self.waits += 1
+            while self.held and self.held + nbytes > budget:
+                self.cond.wait()
+            self.held += nbytes
+            self.peak = max(self.peak, self.held)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.held -= nbytes
+                self.cond.notify_all()
+
+
 class CudaDevice(Device):
     """CuPy device with overlapped transfers (see module docstring). One instance per thread."""
 
@@ -116,6 +154,11 @@ class CudaDevice(Device):
             cls._instances.clear()
 
     # -- memory -----------------------------------------------------------------------------------
+    def reserve(self, nbytes: int) -> contextlib.AbstractContextManager:
+        """Hold ``nbytes`` of this GPU's budget (``device_memory``, else 80% of :meth:`free_memory`)."""
+        budget = self.device_memory or int(0.8 * self.free_memory())
+        return DeviceBudget.of(self.device_id).hold(int(nbytes), budget)
+
     def free_memory(self) -> int:
         """Bytes this process may still allocate: free memory plus the blocks CuPy's pool caches.
 

@@ -217,24 +217,31 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
             out.append(view.T if trans else view)
         return tuple(out)
 
-    acc = device.zeros((tm, tn), dtype)
-    stream = TileStream(device, len(panels), load, [a_shape, b_shape], list(src), depth=plan.prefetch,
-                        device_dtype=[dtype, dtype], loaders=1 if device.host_resident else plan.prefetch)
-    out_arr = open_array(spec.out, mode="r+")
-    C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
-    strips = split(tm, plan.out_chunks[0])
-    writer = StripWriter(out_arr, slice(spec.out_off[0] + rows.start, spec.out_off[0] + rows.stop),
-                         slice(spec.out_off[1] + cols.start, spec.out_off[1] + cols.stop))
-    host_bufs: queue.Queue = queue.Queue()
-    if not device.host_resident:  # rotating download buffers: one filling, one queued, one writing
-        for _ in range(min(3, len(strips))):
-            host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dtype))
-    cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=C.dtype) if C is not None else None
+    # this task's planned device bytes, from the budget all tasks on this GPU share (waits if needed)
+    held = device.reserve((plan.device_peak or 0) // max(1, plan.workers))
+    held.__enter__()
+    try:
+        acc = device.zeros((tm, tn), dtype)
+        stream = TileStream(device, len(panels), load, [a_shape, b_shape], list(src), depth=plan.prefetch,
+                            device_dtype=[dtype, dtype], loaders=1 if device.host_resident else plan.prefetch)
+        out_arr = open_array(spec.out, mode="r+")
+        C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
+        strips = split(tm, plan.out_chunks[0])
+        writer = StripWriter(out_arr, slice(spec.out_off[0] + rows.start, spec.out_off[0] + rows.stop),
+                             slice(spec.out_off[1] + cols.start, spec.out_off[1] + cols.stop))
+        host_bufs: queue.Queue = queue.Queue()
+        if not device.host_resident:  # rotating download buffers: one filling, one queued, one writing
+            for _ in range(min(3, len(strips))):
+                host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dtype))
+        cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=C.dtype) if C is not None else None
 
-    (o0, o1), (c0, c1) = spec.out_off, spec.c_off
-    stats = {"sumsq": 0.0}
-    p_cols = spec.probe(*spec.probe_args)[o1 + cols.start:o1 + cols.stop] if spec.probe is not None else None
-    probe_out = np.zeros((tm, p_cols.shape[1])) if p_cols is not None else None
+        (o0, o1), (c0, c1) = spec.out_off, spec.c_off
+        stats = {"sumsq": 0.0}
+        p_cols = spec.probe(*spec.probe_args)[o1 + cols.start:o1 + cols.stop] if spec.probe is not None else None
+        probe_out = np.zeros((tm, p_cols.shape[1])) if p_cols is not None else None
+    except BaseException:
+        held.__exit__(None, None, None)
+        raise
 
     def start(r0: int, r1: int) -> tuple:
         """Scale strip ``r0:r1`` and add ``beta * C``; on a GPU, queue its download (not waited for)."""
@@ -297,6 +304,7 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
                 finish(start(r0, r1))
     finally:
         math_mode.__exit__(None, None, None)
+        held.__exit__(None, None, None)
         writer.close()
         while not host_bufs.empty():
             device.release_host(host_bufs.get())
