@@ -263,10 +263,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--install", action="store_true", help="create .venv, install '.[gpu]' and rerun there")
     p.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
-    p.add_argument("--n", type=int, default=24576, help="size of the out-of-core GEMM operands")
+    p.add_argument("--n", type=int, default=20480, help="size of the out-of-core GEMM operands")
     p.add_argument("--inv-n", type=int, default=8192, help="size of the inverse comparison")
     p.add_argument("--memory", default="32GiB", help="host budget")
-    p.add_argument("--device-memory", default="8GiB", help="device budget (below the operands' size)")
+X
     p.add_argument("--dir", default=None, help="scratch directory (local disk)")
     p.add_argument("--skip-timing", action="store_true", help="correctness only")
     args = p.parse_args(argv)
