@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=20480, help="size of the out-of-core GEMM operands")
     p.add_argument("--inv-n", type=int, default=8192, help="size of the inverse comparison")
     p.add_argument("--memory", default="32GiB", help="host budget")
-X
+    p.add_argument("--device-memory", default="6GiB", help="device budget (below the operands' size)")
     p.add_argument("--dir", default=None, help="scratch directory (local disk)")
     p.add_argument("--skip-timing", action="store_true", help="correctness only")
     args = p.parse_args(argv)
