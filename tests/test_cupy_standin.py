@@ -380,7 +380,7 @@ def test_device_modules_import_without_a_cycle():
     import subprocess
     import sys
 
-    for mod in ("blocklin.device.cpu", "blocklin.device.cuda", "blocklin.device.base", "blocklin.device.stream"):
+    for mod in ("blocklin.device.cpu", "blocklin.device.cuda"):  # each first in a fresh interpreter
         subprocess.run([sys.executable, "-c", f"import {mod}"], check=True)
 
 
