@@ -210,3 +210,26 @@ def test_killed_worker_on_cluster_gives_identical_result(tmp_path):
     np.testing.assert_array_equal(out.to_numpy(), ref)
     leftovers = [p for p in (tmp_path / "c.zarr").rglob("*") if ".tmp" in p.name or "partial" in p.name]
     assert not leftovers
+
+
+def test_worker_settings_unchanged_after_jobs(tmp_path):
+    """BLAS threads and zarr's I/O concurrency of a shared worker are as before a job, import included."""
+    import worker_probe
+    from distributed import Client, LocalCluster
+
+    rng = np.random.default_rng(13)
+    low_rank = rng.standard_normal((200, 3)) @ rng.standard_normal((3, 120))  # rSVD is exact on it
+    a = bl.from_array(low_rank, tmp_path / "a.zarr", chunks=(32, 32))
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0",
+                      host="127.0.0.1") as cluster, Client(cluster, set_as_default=False) as client:
+        before = client.run(worker_probe.settings)
+        assert not any(client.run(worker_probe.blocklin_imported).values())
+        c = bl.matmul(a, a, tmp_path / "g.zarr", trans_a=True, memory="256KiB", scheduler=client)
+        s = bl.svd(a, 3, memory="256KiB", scheduler=client, seed=0)
+        assert all(client.run(worker_probe.blocklin_imported).values())
+        after = client.run(worker_probe.settings)
+    for worker, (blas, io) in before.items():  # libraries loaded by the job itself are not compared
+        assert after[worker][1] == io
+        assert {lib: after[worker][0][lib] for lib in blas} == blas
+    np.testing.assert_allclose(c.to_numpy(), a.to_numpy().T @ a.to_numpy(), rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(s.s, np.linalg.svd(a.to_numpy(), compute_uv=False)[:3], rtol=1e-8)

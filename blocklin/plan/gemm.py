@@ -16,14 +16,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from blocklin._memory import IO_CONCURRENCY  # zarr's chunks in flight; each holds chunk temporaries
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import split
 from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, transfer_bound
-
-#: zarr reads/writes up to this many chunks at once; each may hold one chunk-sized temporary
-#: (blocklin caps zarr's concurrency at this value, see blocklin._memory).
-IO_CONCURRENCY = 4
 
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.
 TASK_OVERHEAD_BYTES = 4 * 2**20
@@ -195,93 +192,139 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     panel slots for each operand, cast buffers, the ``C0`` strip and zarr's chunk temporaries.
     """
     dt = np.dtype(dtype)
-    isz = dt.itemsize
-    auto_prefetch = prefetch is None
-    prefetch = 1 if prefetch is None else max(0, int(prefetch))
     src = tuple(np.dtype(s) for s in (source_dtypes or (dt, dt)))
-    src_isz = (src[0].itemsize, src[1].itemsize)
-    cores = cores or os.cpu_count() or 1
     workers = max(1, int(workers or 1))
-    blas_threads = max(1, cores // workers)
-    on_gpu = device == "gpu"
-    with_c = c_chunks is not None
-    c_rows = min(m, c_chunks[0]) if with_c else 0
-    if on_gpu and device_memory is None:
+    if device == "gpu" and device_memory is None:
         raise BudgetError(explain("device_memory", "must be known to plan on a GPU", "None",
                                   "pass device_memory='8GiB' or let the runtime measure free memory"))
-    mu, ku_a = max(1, a_chunks[0]), max(1, a_chunks[1])
-    ku_b, nu = max(1, b_chunks[0]), max(1, b_chunks[1])
-    ku = ku_a * ku_b // math.gcd(ku_a, ku_b)
-    if ku > max(ku_a, ku_b) * 4 or ku > k:
-        ku = max(ku_a, ku_b)
-    ku = min(ku, max(1, k))
-    io_chunk = max(a_chunks[0] * a_chunks[1] * src_isz[0], b_chunks[0] * b_chunks[1] * src_isz[1])
+    auto_prefetch = prefetch is None
+    prefetch = 1 if prefetch is None else max(0, int(prefetch))
+    space = _Space.of(m, n, k, dt, src, a_chunks=a_chunks, b_chunks=b_chunks, c_chunks=c_chunks, prefetch=prefetch,
+                      on_gpu=device == "gpu", out_chunks=out_chunks)
+    best = _search(space, workers=workers, memory=memory, device_memory=device_memory)
+    if best is None:
+        raise _smallest_does_not_fit(space, workers=workers, memory=memory, device_memory=device_memory)
+    tm, tn, tk, host, dev, oc, read = best
+    if auto_prefetch and space.on_gpu:
+        for depth in (3, 2):  # read further ahead, with as many loader threads, when the budgets allow
+            deeper = dataclasses.replace(space, prefetch=depth, loaders=depth)
+            h2, d2 = deeper.task_memory(tm, tn, tk, oc, read_chunks=deeper.read_chunks(tm, tn, tk),
+                                        write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
+            if h2 * workers <= memory and d2 * workers <= device_memory:
+                prefetch, host, dev = depth, h2, d2
+                break
+    isz = dt.itemsize
+    c_read = m * n * isz if space.with_c else 0
+    return GemmPlan(
+        m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,
+        out_chunks=oc, workers=workers, blas_threads=max(1, (cores or os.cpu_count() or 1) // workers),
+        prefetch=prefetch, device=device, memory=memory, device_memory=device_memory, flops=2 * m * n * k,
+        bytes_read=read + c_read, bytes_written=m * n * isz, peak_memory=host * workers, task_memory=host,
+        device_peak=dev * workers if space.on_gpu else None, with_c=space.with_c,
+    )
 
-    def out_chunks_for(tm: int, tn: int) -> tuple[int, int]:
-        if out_chunks is not None:
-            return out_chunks
+
+@dataclasses.dataclass(frozen=True)
+class _Space:
+    """The search space of one GEMM plan: sizes, chunk units of the tiles, what a task holds."""
+
+    m: int
+    n: int
+    k: int
+    isz: int
+    src_isz: tuple[int, int]
+    prefetch: int
+    on_gpu: bool
+    with_c: bool
+    c_rows: int
+    mu: int
+    nu: int
+    ku: int
+    ku_a: int
+    ku_b: int
+    io_chunk: int
+    out_chunks: tuple[int, int] | None
+    loaders: int = 1
+
+    @classmethod
+    def of(cls, m: int, n: int, k: int, dt: np.dtype, src: tuple, *, a_chunks: tuple[int, int],
+           b_chunks: tuple[int, int], c_chunks: tuple[int, int] | None, prefetch: int, on_gpu: bool,
+           out_chunks: tuple[int, int] | None) -> _Space:
+        src_isz = (src[0].itemsize, src[1].itemsize)
+        mu, ku_a = max(1, a_chunks[0]), max(1, a_chunks[1])
+        ku_b, nu = max(1, b_chunks[0]), max(1, b_chunks[1])
+        # k-panels cover whole chunks of both operands when their common multiple is not too wide
+        ku = ku_a * ku_b // math.gcd(ku_a, ku_b)
+        if ku > max(ku_a, ku_b) * 4 or ku > k:
+            ku = max(ku_a, ku_b)
+        ku = min(ku, max(1, k))
+        io_chunk = max(a_chunks[0] * a_chunks[1] * src_isz[0], b_chunks[0] * b_chunks[1] * src_isz[1])
+        return cls(m=m, n=n, k=k, isz=dt.itemsize, src_isz=src_isz, prefetch=prefetch, on_gpu=on_gpu,
+                   with_c=c_chunks is not None, c_rows=min(m, c_chunks[0]) if c_chunks is not None else 0, mu=mu,
+                   nu=nu, ku=ku, ku_a=ku_a, ku_b=ku_b, io_chunk=io_chunk, out_chunks=out_chunks)
+
+    def out_chunks_for(self, tm: int, tn: int) -> tuple[int, int]:
+        if self.out_chunks is not None:
+            return self.out_chunks
         # Prefer the input chunking (what later operations expect) when it tiles the output tile.
-        r = mu if tm % mu == 0 or tm == m else tm
-        c = nu if tn % nu == 0 or tn == n else tn
-        return (max(1, min(r, m)), max(1, min(c, n)))
+        r = self.mu if tm % self.mu == 0 or tm == self.m else tm
+        c = self.nu if tn % self.nu == 0 or tn == self.n else tn
+        return (max(1, min(r, self.m)), max(1, min(c, self.n)))
 
+    def task_memory(self, tm: int, tn: int, tk: int, oc: tuple[int, int], read_chunks: int,
+                    write_chunks: int) -> tuple[int, int]:
+        return _task_memory(tm, tn, tk, isz=self.isz, src_isz=self.src_isz, prefetch=self.prefetch,
+                            with_c=self.with_c, c_rows=self.c_rows, io_chunk_bytes=self.io_chunk,
+                            out_chunk_bytes=oc[0] * oc[1] * self.isz, on_gpu=self.on_gpu, read_chunks=read_chunks,
+                            write_chunks=write_chunks, out_rows=oc[0], loaders=self.loaders)
+
+    def read_chunks(self, tm: int, tn: int, tk: int) -> int:
+        """Chunks one panel read touches (the larger of the two operands)."""
+        return max(-(-tm // self.mu) * -(-tk // self.ku_a), -(-tk // self.ku_b) * -(-tn // self.nu))
+
+
+def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None) -> tuple | None:
+    """The cheapest tiling that fits: fewest bytes read plus task overheads, then widest panels."""
+    m, n, k = sp.m, sp.n, sp.k
     best = None
-    tk_target = min(max(1, k), max(ku, (TARGET_TK // ku) * ku))
-    tk_options = sorted({t for t in (tk_target, ku) if t >= 1}, reverse=True)
+    tk_target = min(max(1, k), max(sp.ku, (TARGET_TK // sp.ku) * sp.ku))
+    tk_options = sorted({t for t in (tk_target, sp.ku) if t >= 1}, reverse=True)
     m_, n_ = max(m, 1), max(n, 1)
-    for tm in _candidates(m_, mu):
-        for tn in _candidates(n_, nu):
-            oc = out_chunks_for(tm, tn)
+    for tm in _candidates(m_, sp.mu):
+        for tn in _candidates(n_, sp.nu):
+            oc = sp.out_chunks_for(tm, tn)
             if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
                 continue
             for tk in tk_options:
-                host, dev = _task_memory(tm, tn, tk, isz=isz, src_isz=src_isz, prefetch=prefetch, with_c=with_c,
-                                         c_rows=c_rows, io_chunk_bytes=io_chunk,
-                                         out_chunk_bytes=oc[0] * oc[1] * isz, on_gpu=on_gpu,
-                                         read_chunks=max(-(-tm // mu) * -(-tk // ku_a), -(-tk // ku_b) * -(-tn // nu)),
-                                         write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]), out_rows=oc[0])
-                if host * workers > memory or (on_gpu and dev * workers > device_memory):
+                read_chunks = max(-(-tm // sp.mu) * -(-tk // sp.ku_a), -(-tk // sp.ku_b) * -(-tn // sp.nu))
+                host, dev = sp.task_memory(tm, tn, tk, oc, read_chunks=read_chunks,
+                                           write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
+                if host * workers > memory or (sp.on_gpu and dev * workers > device_memory):
                     continue
                 gm, gn = math.ceil(m_ / tm), math.ceil(n_ / tn)
-                read = (m * k * src_isz[0]) * gn + (k * n * src_isz[1]) * gm
+                read = (m * k * sp.src_isz[0]) * gn + (k * n * sp.src_isz[1]) * gm
                 tasks = gm * gn
                 idle = max(0, workers - tasks)  # concurrent slots with no tile to run
-                cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * isz) // max(1, tasks * 64)
+                cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * sp.isz) // max(1, tasks * 64)
                 key = (cost, -tk, -(tm * tn))
                 if best is None or key < best[0]:
                     best = (key, tm, tn, tk, host, dev, oc, read)
                 break  # the widest tk that fits
-    if best is None:
-        host, dev = _task_memory(min(m_, mu), min(n_, nu), min(max(1, k), ku), isz=isz, src_isz=src_isz,
-                                 prefetch=prefetch, with_c=with_c, c_rows=c_rows, io_chunk_bytes=io_chunk,
-                                 out_chunk_bytes=min(m_, mu) * min(n_, nu) * isz, on_gpu=on_gpu,
-                                 read_chunks=1, write_chunks=1, out_rows=min(m_, mu))
-        need = host * workers
-        which = "memory"
-        if on_gpu and host * workers <= memory:
-            need, which = dev * workers, "device_memory"
-        raise BudgetError(explain(
-            which, "must hold the smallest tiles of every concurrent task "
-            f"({workers} task(s) of {min(m_, mu)} x {min(n_, nu)} with {min(max(1, k), ku)}-wide panels)",
-            f"{format_size(memory if which == 'memory' else device_memory)}",
-            f"raise it to at least {format_size(need)} ({which}='{size_hint(need)}'), "
-            "use fewer workers, or rechunk the inputs smaller (blocklin convert --chunks)"))
-    _, tm, tn, tk, host, dev, oc, read = best
-    if auto_prefetch and on_gpu:
-        for depth in (3, 2):  # read further ahead when the budgets allow it with the same tiles
-            h2, d2 = _task_memory(tm, tn, tk, isz=isz, src_isz=src_isz, prefetch=depth, with_c=with_c,
-                                  c_rows=c_rows, io_chunk_bytes=io_chunk, out_chunk_bytes=oc[0] * oc[1] * isz,
-                                  on_gpu=True,
-                                  read_chunks=max(-(-tm // mu) * -(-tk // ku_a), -(-tk // ku_b) * -(-tn // nu)),
-                                  write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]), out_rows=oc[0], loaders=depth)
-            if h2 * workers <= memory and d2 * workers <= device_memory:
-                prefetch, host, dev = depth, h2, d2
-                break
-    c_read = m * n * isz if with_c else 0
-    return GemmPlan(
-        m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,
-        out_chunks=oc, workers=workers, blas_threads=blas_threads, prefetch=prefetch, device=device,
-        memory=memory, device_memory=device_memory, flops=2 * m * n * k, bytes_read=read + c_read,
-        bytes_written=m * n * isz, peak_memory=host * workers, task_memory=host,
-        device_peak=dev * workers if on_gpu else None, with_c=with_c,
-    )
+    return None if best is None else best[1:]
+
+
+def _smallest_does_not_fit(sp: _Space, *, workers: int, memory: int, device_memory: int | None) -> BudgetError:
+    """The error naming the budget that one task with the smallest tiles needs."""
+    m_, n_ = max(sp.m, 1), max(sp.n, 1)
+    tm, tn, tk = min(m_, sp.mu), min(n_, sp.nu), min(max(1, sp.k), sp.ku)
+    host, dev = sp.task_memory(tm, tn, tk, (tm, tn), read_chunks=1, write_chunks=1)
+    need = host * workers
+    which = "memory"
+    if sp.on_gpu and host * workers <= memory:
+        need, which = dev * workers, "device_memory"
+    return BudgetError(explain(
+        which, "must hold the smallest tiles of every concurrent task "
+        f"({workers} task(s) of {tm} x {tn} with {tk}-wide panels)",
+        f"{format_size(memory if which == 'memory' else device_memory)}",
+        f"raise it to at least {format_size(need)} ({which}='{size_hint(need)}'), "
+        "use fewer workers, or rechunk the inputs smaller (blocklin convert --chunks)"))

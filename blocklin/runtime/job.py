@@ -14,16 +14,19 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
-from blocklin.config import Config, resolve
+from blocklin import _memory
+from blocklin.config import Config, Settings, check_settings, resolve
 from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
 from blocklin.errors import WorkerLostError
 from blocklin.operands import Operand, as_operand
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
+from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
+from blocklin.storage.zarr_store import create_array
 
 
 def peak_rss() -> int:
@@ -45,12 +48,15 @@ def peak_rss() -> int:
 class Job:
     """See module docstring. Use as a context manager."""
 
-    def __init__(self, operation: str, *, memory: Any = None, device: str | None = None,
-                 device_memory: Any = None, scheduler: Any = None, workers: int | None = None,
-                 progress: Any = None, check_finite: bool | None = None) -> None:
+    def __init__(self, operation: str, **settings: Unpack[Settings]) -> None:
+        check_settings(settings)
         self.operation = operation
-        self.cfg: Config = resolve(memory=memory, device=device, device_memory=device_memory, scheduler=scheduler,
-                                   workers=workers, check_finite=check_finite)
+        _memory.tune()  # this process chose blocklin (a worker that only runs its tasks is left alone)
+        #: The call's settings as given (``None`` entries keep the configured value); what a nested
+        #: object that opens its own jobs (the LinearOperator) passes on.
+        self.settings: dict[str, Any] = dict(settings)
+        progress = settings.get("progress")
+        self.cfg: Config = resolve(**{k: v for k, v in settings.items() if k != "progress"})
         self.scheduler = resolve_scheduler(self.cfg.scheduler)
         self.device = resolved_kind(self.cfg.device)
         if self.device == "gpu" and not gpu_available():
@@ -63,6 +69,8 @@ class Job:
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0, "retried_tasks": 0,
                       "load_seconds": 0.0, "wait_seconds": 0.0}
         self.outputs: list[AtomicOutput] = []
+        self.pass_counts: dict[str, int] = {}
+        self._scratch = 0
 
     # -- inputs -------------------------------------------------------------------------------
     def operand(self, x: Any, name: str, ndim: int = 2) -> Operand:
@@ -94,16 +102,16 @@ class Job:
         return self.cfg.workers or default
 
     def task_blas_threads(self, blas_threads: int) -> int | None:
-        """BLAS threads each task sets itself: only off the local threaded/sync schedulers."""
+        """BLAS threads each task sets itself (and restores when it ends).
+
+        ``None`` on the local threaded/sync schedulers (the job limits BLAS around the whole run);
+        on a cluster, each task takes its own worker's share of that machine's cores
+        (:data:`~blocklin.runtime.tiles.FROM_WORKER`), never a figure from the client's machine.
+        """
         if self.scheduler.kind in ("threads", "sync"):
             return None
         if self.scheduler.kind == "distributed":
-            try:
-                info = self.scheduler.client.scheduler_info()
-                total = sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()) or 1
-                return max(1, self.cores() // total)
-            except Exception:
-                return 1
+            return FROM_WORKER
         return blas_threads
 
     # -- temporary stores and outputs -----------------------------------------------------------
@@ -114,6 +122,17 @@ class Job:
             self._tmp.mkdir(parents=True)
             self.stack.callback(shutil.rmtree, self._tmp, True)
         return self._tmp
+
+    def scratch(self, name: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int]) -> str:
+        """A new intermediate zarr array under :meth:`temp_dir`, removed with the job.
+
+        Named ``NAME-N.zarr`` with ``N`` counting the job's scratch stores in creation order, so
+        the same operation with the same inputs names them the same way.
+        """
+        self._scratch += 1
+        path = self.temp_dir() / f"{name}-{self._scratch}.zarr"
+        create_array(path, shape=shape, dtype=dtype, chunks=chunks, codec=self.cfg.codec)
+        return str(path)
 
     def output(self, out: Any, *, inputs: list[Any], overwrite: bool = False, resume: bool = False,
                token: str | None = None, suffix: str = ".zarr") -> AtomicOutput:
@@ -127,8 +146,12 @@ class Job:
 
     # -- execution -----------------------------------------------------------------------------------
     def run(self, graph: TileGraph, *, workers: int = 1, blas_threads: int | None = None,
-            description: str | None = None) -> list:
-        """Execute ``graph`` and add the tasks' statistics to the job's."""
+            description: str | None = None, count_pass: str | None = None) -> list:
+        """Execute ``graph`` and add the tasks' statistics to the job's.
+
+        ``count_pass`` names what the graph reads once through when it is a pass (``"a"``: the
+        operation's input, ``"intermediate"``: a store the operation wrote); see :meth:`passes`.
+        """
         ctx = contextlib.nullcontext()
         if blas_threads and self.scheduler.kind in ("threads", "sync"):
             from threadpoolctl import threadpool_limits
@@ -145,7 +168,14 @@ class Job:
         for r in results:
             if isinstance(r, dict):
                 self.add_stats(r)
+        if count_pass is not None:
+            self.stats["passes"] = self.stats.get("passes", 0) + 1
+            self.pass_counts[count_pass] = self.pass_counts.get(count_pass, 0) + 1
         return results
+
+    def passes(self, over: str | None = None) -> int:
+        """Passes run so far: all of them, or those over one kind of data (``"a"``, ``"intermediate"``)."""
+        return self.stats.get("passes", 0) if over is None else self.pass_counts.get(over, 0)
 
     def add_stats(self, r: dict) -> None:
         self.stats["tasks"] += 1
@@ -164,6 +194,11 @@ class Job:
                    scheduler=self.scheduler.kind, gflops=self.stats["flops"] / secs / 1e9 if secs > 0 else 0.0)
         rep.update(extra)
         return rep
+
+    @staticmethod
+    def brief(report: dict, keys: tuple[str, ...]) -> dict:
+        """The entries of ``report`` named in ``keys`` (what an output's attributes record)."""
+        return {k: report[k] for k in keys if k in report}
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def __enter__(self) -> Job:
