@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Unpack
 
-from blocklin import _memory
+import blocklin._memory as _memory
 from blocklin._memory import peak_rss
 from blocklin.config import Config, Settings, check_settings, format_size, resolve, size_hint
 from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
