@@ -118,7 +118,7 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         spec = GemmSpec(a=A.path, b=B.path, c=C.path if C is not None else None, out=ao.array_path(),
                         trans_a=trans_a, trans_b=trans_b, alpha=float(alpha), beta=float(beta), dtype=dt.name,
                         plan=plan, device=job.device, device_memory=dev_mem, check_finite=job.check_finite,
-                        done_dir=str(ao.partial / ".blocklin-done"),
+                        done_dir=ao.done,
                         blas_threads=job.task_blas_threads(plan.blas_threads))
         graph = TileGraph.named("gemm", token)
         for i, j, rows, cols in plan.tiles():

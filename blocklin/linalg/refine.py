@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -89,11 +88,11 @@ class BlockOps:
 
     def store(self, name: str, n_rows: int, n_cols: int, dtype: Any) -> str:
         """A new intermediate store under the job's temp dir (removed with the job)."""
-        path = Path(self.job.temp_dir()) / f"{name}-{self.uid}-{self.steps}.zarr"
+        path = self.job.temp_dir() / f"{name}-{self.uid}-{self.steps}.zarr"
         self.steps += 1
         create_array(path, shape=(n_rows, n_cols), dtype=dtype, chunks=(self.chunk, self.chunk),
                      codec=self.job.cfg.codec)
-        return str(path)
+        return path
 
     def gemm(self, out: str, out_off: tuple[int, int], m: int, n: int, k: int, a: str, a_off: tuple[int, int],
              b: str, b_off: tuple[int, int], *, dtype: Any, a_dtype: Any = None, b_dtype: Any = None,

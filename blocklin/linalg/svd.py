@@ -163,7 +163,7 @@ class _Streamed:
 
     def _tmp_block(self, c: int, strip: int) -> TallBlock:
         self._n_tmp += 1
-        path = str(self.job.temp_dir() / f"Y{self._n_tmp}.zarr")
+        path = self.job.temp_dir() / f"Y{self._n_tmp}.zarr"
         create_array(path, shape=(self.M, c), dtype=self.dtype, chunks=(strip, c), codec=self.job.cfg.codec)
         return TallBlock(self.job, path, self.M, c, self.dtype, strip, self.memory, self.counter)
 
@@ -484,7 +484,7 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
             small = {"S": s, ("U" if plan.transposed else "Vt"): U_out if plan.transposed else Vt_out}
             path = _write_group(job, out, A, small, "svd", plan, report, overwrite, ao=ao)
             report["output"] = str(path)
-            stored = Matrix(f"{path}/{long_name}", report=report, temporary=out is None)
+            stored = Matrix(path / long_name, report=report, temporary=out is None)
             if plan.transposed:
                 Vt_out = stored
             else:

@@ -10,19 +10,19 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
-import shutil
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from blocklin.config import Config, resolve
 from blocklin.device.base import gpu_available, resolved_kind
-from blocklin.operands import Operand, as_operand
+from blocklin.operands import Operand, as_operand, temp_root
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
 from blocklin.storage.atomic import AtomicOutput
+from blocklin.storage.backend import remove
+from blocklin.storage.location import Location
 
 
 def peak_rss() -> int:
@@ -46,11 +46,19 @@ class Job:
 
     def __init__(self, operation: str, *, memory: Any = None, device: str | None = None,
                  device_memory: Any = None, scheduler: Any = None, workers: int | None = None,
-                 progress: Any = None, check_finite: bool | None = None) -> None:
+                 progress: Any = None, check_finite: bool | None = None, temp_dir: Any = None,
+                 storage_options: dict | None = None) -> None:
         self.operation = operation
-        self.cfg: Config = resolve(memory=memory, device=device, device_memory=device_memory, scheduler=scheduler,
-                                   workers=workers, check_finite=check_finite)
+        cfg = resolve(memory=memory, device=device, device_memory=device_memory, scheduler=scheduler,
+                      workers=workers, check_finite=check_finite, temp_dir=temp_dir)
+        if storage_options:
+            cfg = cfg.replace(storage_options={**(cfg.storage_options or {}), **storage_options})
+        self.cfg: Config = cfg
         self.scheduler = resolve_scheduler(self.cfg.scheduler)
+        if self.scheduler.kind == "distributed":
+            from blocklin.storage.probe import check_workers_reach
+
+            check_workers_reach(self.scheduler.client, temp_root(self.cfg))
         self.device = resolved_kind(self.cfg.device)
         if self.device == "gpu" and not gpu_available():
             from blocklin.device import get_device
@@ -103,21 +111,28 @@ class Job:
         return blas_threads
 
     # -- temporary stores and outputs -----------------------------------------------------------
-    def temp_dir(self) -> Path:
-        """A folder for this job's intermediates, removed when the job ends."""
+    def temp_dir(self) -> Location:
+        """A folder (or URL prefix) for this job's intermediates, removed when the job ends.
+
+        Join names with ``/`` (``job.temp_dir() / "Y.zarr"``); the location carries its storage
+        options into task specs.
+        """
         if not hasattr(self, "_tmp"):
-            self._tmp = Path(self.cfg.temp_dir) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
-            self._tmp.mkdir(parents=True)
-            self.stack.callback(shutil.rmtree, self._tmp, True)
+            self._tmp = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
+            if self._tmp.is_local:
+                os.makedirs(self._tmp.url)
+            self.stack.callback(remove, self._tmp)
         return self._tmp
 
     def output(self, out: Any, *, inputs: list[Any], overwrite: bool = False, resume: bool = False,
                token: str | None = None, suffix: str = ".zarr") -> AtomicOutput:
-        """An atomic output at ``out``, or a new store under the temp dir when ``out`` is None."""
+        """An atomic output at ``out`` (path, URL, Location or zarr store), or a new store under the
+        temp dir when ``out`` is None (the caller owns it)."""
         if out is None:
-            out = Path(self.cfg.temp_dir) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
+            out = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
             resume = False
-        ao = AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token)
+        ao = AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
+                          storage_options=self.cfg.storage_options)
         self.outputs.append(ao)
         return ao
 

@@ -28,7 +28,9 @@ from blocklin.plan.convert import plan_convert
 from blocklin.progress import make_progress
 from blocklin.storage.atomic import check_output_path
 from blocklin.storage.formats import detect_format, open_reader, open_writer, split_spec
+from blocklin.storage.backend import backend
 from blocklin.storage.formats.base import disk_usage
+from blocklin.storage.location import Location, as_location
 
 NAN_POLICIES = ("allow", "error")
 
@@ -73,7 +75,29 @@ def output_dtype(src: np.dtype, requested: Any) -> np.dtype:
     return out.newbyteorder("=")
 
 
-def _stat_token(path: str) -> list:
+def _remote(x: Any, storage_options: dict | None, name: str) -> Location | None:
+    """A Location for URLs, Locations and zarr objects; None for local file specs (the format readers' own)."""
+    if isinstance(x, Location):
+        return as_location(x, storage_options, name=name)
+    if type(x).__module__.startswith("zarr"):
+        return as_location(x, storage_options, name=name)
+    if isinstance(x, str) and "://" in x:
+        return as_location(x, storage_options, name=name)
+    return None
+
+
+def _real(p: Any) -> str:
+    return p.url if isinstance(p, Location) else os.path.realpath(p)
+
+
+def _base(p: Any) -> str:
+    return p.name if isinstance(p, Location) else os.path.basename(p)
+
+
+def _stat_token(path: Any) -> list:
+    if isinstance(path, Location):
+        be = backend(path)
+        return [str(be.stamp("zarr.json") or be.stamp(".zarray"))]
     p = path
     for name in ("zarr.json", ".zarray"):
         if os.path.isdir(path) and os.path.exists(os.path.join(path, name)):
@@ -118,8 +142,8 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             checksum: bool = False, memory: Any = None, overwrite: bool = False, resume: bool = False,
             from_format: str | None = None, to_format: str | None = None, shape: Any = None, in_dtype: Any = None,
             order: str | None = None, out_order: str | None = None, offset: int = 0, delimiter: str | None = None,
-            skip_rows: int | None = None, header: Any = "auto", nan: str = "allow", progress: Any = None
-            ) -> dict[str, Any]:
+            skip_rows: int | None = None, header: Any = "auto", nan: str = "allow", progress: Any = None,
+            storage_options: dict | None = None, scheduler: Any = None) -> dict[str, Any]:
     """Convert a matrix file to another format (or rechunk/re-encode a zarr array) in bounded memory.
 
     Parameters
@@ -157,6 +181,13 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         What NaN values do: copied (default; converting is not math), or an error naming the position.
     progress : bool or object, optional
         Progress bar (see :func:`blocklin.progress.make_progress`).
+    storage_options : dict, optional
+        fsspec options for URL inputs and outputs (``s3://bucket/A.zarr``; zarr only), merged over
+        the configured ones.
+    scheduler : str or distributed.Client, optional
+        With a ``distributed`` client (given, or active when None), a zarr-to-zarr conversion is
+        copied by the workers, one output block per task (bounded memory per worker); other
+        conversions stream through this process.
 
     Returns
     -------
@@ -182,11 +213,20 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         raise ConfigError(explain("nan", f"must be one of {NAN_POLICIES}", repr(nan), "pass nan='allow'"))
     chunks = parse_chunks(chunks)
     codec = (codec if codec is not None else cfg.codec).lower()
-    src_path, _member = split_spec(src)
-    out_path, out_member = split_spec(out)
-    in_fmt = detect_format(src_path, from_format)
-    out_fmt = detect_format(out_path, to_format, output=True)
-    check_output_path(out_path, [src_path], overwrite=overwrite)
+    src_loc, out_loc = _remote(src, storage_options, "input"), _remote(out, storage_options, "out")
+    src_path = src_loc if src_loc is not None else split_spec(src)[0]
+    out_path = out_loc if out_loc is not None else split_spec(out)[0]
+    in_fmt = "zarr" if src_loc is not None else detect_format(src_path, from_format)
+    out_fmt = "zarr" if out_loc is not None else detect_format(out_path, to_format, output=True)
+    for loc, fmt, what in ((src_loc, from_format, "from"), (out_loc, to_format, "to")):
+        if loc is not None and fmt not in (None, "zarr", "zarr3", "zarr2"):
+            raise ConfigError(explain(what, "URLs and store objects hold zarr arrays only", f"{fmt!r} for {loc.url}",
+                                      f"convert through a local file, or pass --{what} zarr"))
+    if out_loc is None:
+        check_output_path(out_path, [src_path], overwrite=overwrite)
+    if src_loc is not None or out_loc is not None:
+        src = src_path
+        out = out_path
     if out_fmt != "zarr":
         if checksum:
             raise ConfigError(explain("checksum", "checksums are stored in zarr chunks only", f"output {out_fmt}",
@@ -212,9 +252,9 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         m, n = reader.shape
         out_chunks = auto_chunks((m, n), out_dt, cfg.memory) if chunks == "auto" else chunks
         token = hashlib.sha1(json.dumps({
-            "src": os.path.realpath(src_path), "spec": str(src), "stat": _stat_token(src_path), "fmt": in_fmt,
+            "src": _real(src_path), "spec": str(src), "stat": _stat_token(src_path), "fmt": in_fmt,
             "shape": [m, n], "in": reader.dtype.str, "out": out_dt.str, "chunks": list(out_chunks),
-            "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": os.path.realpath(out_path),
+            "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": _real(out_path),
         }, sort_keys=True).encode()).hexdigest()[:16]
         writer = open_writer(out, (m, n), out_dt, format=to_format, chunks=out_chunks if chunks != "auto" or
                              out_fmt == "zarr" else None, codec=codec, checksum=checksum,
@@ -235,7 +275,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             extra_per_element=writer.overhead_per_element)
         reader.prepare()
         blocks, skipped = _copy(reader, writer, plan, out_dt, nan, progress,
-                                f"convert {os.path.basename(src_path)} -> {os.path.basename(out_path)}")
+                                f"convert {_base(src_path)} -> {_base(out_path)}")
         seconds = time.perf_counter() - t0
         report = {
             "input": str(src), "output": str(out_path), "from": in_fmt, "to": out_fmt, "shape": [m, n],
@@ -250,9 +290,9 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
                   "memory": cfg.memory, "from": in_fmt}
         final = writer.commit(operation="convert", plan=plan.to_dict(), params=params, report=dict(report))
         writer = None
-        report["output"] = final
+        report["output"] = str(final)
         report["seconds"] = time.perf_counter() - t0
-        report["bytes_written"] = disk_usage(final)
+        report["bytes_written"] = backend(final).size("") if isinstance(final, Location) else disk_usage(final)
         report["peak_memory"] = _peak_rss()
         report["rss_before"] = rss0
         report["throughput_gbps"] = (plan.bytes_read / report["seconds"] / 1e9) if report["seconds"] > 0 else 0.0
