@@ -98,7 +98,7 @@ class Config:
         ``distributed.Client`` is active and ``scheduler`` is None, that client is used.
     workers : int or None
         Concurrent tile tasks on local schedulers; ``None`` lets the planner choose.
-    temp_dir : str
+    temp_dir : str or Location
         Folder or URL (``s3://bucket/tmp``) for staged inputs and intermediates. On a cluster every
         worker must reach it (checked before a job starts).
     storage_options : dict or None
@@ -135,8 +135,8 @@ class Config:
             raise ConfigError(explain("storage_options", "must be a dict of fsspec options",
                                       type(self.storage_options).__name__,
                                       "pass storage_options={'anon': True} or a JSON object in BLOCKLIN_STORAGE_OPTIONS"))
-        if not isinstance(self.temp_dir, str):
-            object.__setattr__(self, "temp_dir", str(getattr(self.temp_dir, "url", None) or os.fspath(self.temp_dir)))
+        if not isinstance(self.temp_dir, str) and type(self.temp_dir).__name__ != "Location":
+            object.__setattr__(self, "temp_dir", os.fspath(self.temp_dir))  # a Location keeps its storage options
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
             raise ConfigError(explain("workers", "must be a positive integer or None", repr(self.workers),
                                       "pass workers=1"))

@@ -26,7 +26,8 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
            device: str | None = None, device_memory: Any = None, scheduler: Any = None,
            workers: int | None = None, progress: Any = None, check_finite: bool | None = None,
            overwrite: bool = False, resume: bool = False, explain: bool = False,
-           out_chunks: tuple[int, int] | None = None) -> Matrix | GemmPlan:
+           out_chunks: tuple[int, int] | None = None, temp_dir: Any = None,
+           storage_options: dict | None = None) -> Matrix | GemmPlan:
     """Out-of-core ``alpha * op(A) @ op(B) + beta * C``, written to a zarr store.
 
     Each output tile is one task that streams its k-loop through the device (NumPy/BLAS with a
@@ -63,6 +64,10 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         Return the :class:`~blocklin.plan.GemmPlan` without running.
     out_chunks : (int, int), optional
         Output chunks (must divide the tiles); chosen by the planner by default.
+    temp_dir : path or URL, optional
+        Where staged inputs and intermediates go (default: config / ``BLOCKLIN_TEMP_DIR``).
+    storage_options : dict, optional
+        fsspec options for URL operands, outputs and temp dir (credentials, endpoint).
 
     Returns
     -------
@@ -76,7 +81,8 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
     ``ceil(m/tm)`` times; the planner maximizes the tiles that fit the budget.
     """
     with Job("matmul", memory=memory, device=device, device_memory=device_memory, scheduler=scheduler,
-             workers=workers, progress=progress, check_finite=check_finite) as job:
+             workers=workers, progress=progress, check_finite=check_finite, temp_dir=temp_dir,
+             storage_options=storage_options) as job:
         A = job.operand(a, "a")
         B = job.operand(b, "b")
         C = job.operand(c, "c") if c is not None else None

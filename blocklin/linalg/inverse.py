@@ -48,7 +48,8 @@ class _LeafSingular(Exception):
 def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, tol: float | None = None,
         precision: str | None = None, memory: Any = None, device: str | None = None, scheduler: Any = None,
         progress: Any = None, workers: int | None = None, check_finite: bool | None = None,
-        overwrite: bool = False, seed: int = 0, explain: bool = False) -> Matrix | InversePlan:
+        overwrite: bool = False, seed: int = 0, explain: bool = False, temp_dir: Any = None,
+        storage_options: dict | None = None) -> Matrix | InversePlan:
     """Inverse of a square matrix larger than memory, with a verified backward error.
 
     The matrix ``M`` is staged once as ``W = M V`` with ``V`` a random butterfly of Givens
@@ -142,7 +143,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         raise ValueError(_msg("refine", "must be 'auto', True, False or a number of steps >= 0", repr(refine),
                                  "pass refine='auto'"))
     with Job("inv", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite) as job:
+             check_finite=check_finite, temp_dir=temp_dir, storage_options=storage_options) as job:
         M = job.operand(a, "a")
         if M.shape[0] != M.shape[1]:
             raise ShapeError(_msg("a", "must be square to be inverted", f"shape {M.shape[0]} x {M.shape[1]}",

@@ -137,7 +137,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
           max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
           memory: Any = None, device: str | None = None, scheduler: Any = None, workers: int | None = None,
           progress: Any = None, check_finite: bool | None = None, overwrite: bool = False,
-          check_symmetric: bool = True) -> Any:
+          check_symmetric: bool = True, temp_dir: Any = None, storage_options: dict | None = None) -> Any:
     """``k`` eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
 
     Each Lanczos step is one pass over ``A`` (``Z = A^T X``, equal to ``A X`` for symmetric ``A``).
@@ -185,7 +185,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     if which not in ("LA", "SA", "LM"):
         raise ValueError(explain("which", "must be 'LA', 'SA' or 'LM'", repr(which), "pass which='LA'"))
     with Job("eigsh", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite) as job:
+             check_finite=check_finite, temp_dir=temp_dir, storage_options=storage_options) as job:
         A = job.operand(a, "a")
         n, n2 = A.shape
         if n != n2:

@@ -331,7 +331,8 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         tol: float | None = None, out: Any = None, seed: int | None = None, memory: Any = None,
         device: str | None = None, scheduler: Any = None, progress: Any = None, workers: int | None = None,
         max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
-        check_finite: bool | None = None, overwrite: bool = False) -> SVDResult:
+        check_finite: bool | None = None, overwrite: bool = False, temp_dir: Any = None,
+        storage_options: dict | None = None) -> SVDResult:
     """Truncated SVD ``A ~ U diag(s) Vt`` of an out-of-core matrix, counting passes over ``A``.
 
     Parameters
@@ -413,7 +414,7 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
     if tol is not None and not (isinstance(tol, (int, float)) and tol > 0 and np.isfinite(tol)):
         raise ValueError(explain("tol", "must be a positive number", repr(tol), "pass tol=1e-6"))
     with Job("svd", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite) as job:
+             check_finite=check_finite, temp_dir=temp_dir, storage_options=storage_options) as job:
         A = job.operand(a, "a")
         m, n = A.shape
         if A.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):

@@ -175,7 +175,7 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
 def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = None, refine: Any = "auto",
           memory: Any = None, device: str | None = None, scheduler: Any = None, workers: int | None = None,
           progress: Any = None, check_finite: bool | None = None, overwrite: bool = False,
-          explain: bool = False) -> Matrix | SolvePlan:
+          explain: bool = False, temp_dir: Any = None, storage_options: dict | None = None) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
     Parameters
@@ -252,7 +252,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     if refine != "auto" and (not isinstance(refine, (int, np.integer)) or isinstance(refine, bool) or refine < 0):
         raise ValueError(_msg("refine", "must be 'auto' or an integer >= 0", repr(refine), "pass refine=1"))
     with Job("solve", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite) as job:
+             check_finite=check_finite, temp_dir=temp_dir, storage_options=storage_options) as job:
         A = job.operand(a, "a")
         B = job.operand(b, "b")
         m, n = A.shape

@@ -54,6 +54,12 @@ class Job:
         if storage_options:
             cfg = cfg.replace(storage_options={**(cfg.storage_options or {}), **storage_options})
         self.cfg: Config = cfg
+        self.stack = contextlib.ExitStack()
+        if temp_dir is not None or storage_options:
+            # Scoped, so that nested operations (solve's GEMMs) and the opener see the same storage.
+            from blocklin import config as _config
+
+            self.stack.enter_context(_config.set(temp_dir=cfg.temp_dir, storage_options=cfg.storage_options))
         self.scheduler = resolve_scheduler(self.cfg.scheduler)
         if self.scheduler.kind == "distributed":
             from blocklin.storage.probe import check_workers_reach
@@ -65,7 +71,6 @@ class Job:
 
             get_device("gpu")  # raises DeviceError with the fix
         self.progress = make_progress(self.cfg.progress if progress is None else progress)
-        self.stack = contextlib.ExitStack()
         self.t0 = time.perf_counter()
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0,
                       "load_seconds": 0.0, "wait_seconds": 0.0}

@@ -126,6 +126,8 @@ class FsspecBackend(Backend):
         return f"{self.root.rstrip('/')}/{key}" if key else self.root
 
     def exists(self, key: str = "") -> bool:
+        # Listing caches of this instance do not see writes made through zarr's own (async) instance.
+        self.fs.invalidate_cache()
         try:
             return bool(self.fs.exists(self._p(key)))
         except FileNotFoundError:
@@ -150,6 +152,7 @@ class FsspecBackend(Backend):
 
     def keys(self, key: str = "") -> list[str]:
         base = self._p(key)
+        self.fs.invalidate_cache()
         try:
             found = self.fs.find(base)
         except FileNotFoundError:
@@ -162,12 +165,14 @@ class FsspecBackend(Backend):
         return sorted(out)
 
     def size(self, key: str = "") -> int:
+        self.fs.invalidate_cache()
         try:
             return int(self.fs.du(self._p(key), total=True))
         except FileNotFoundError:
             return 0
 
     def stamp(self, key: str) -> Any:
+        self.fs.invalidate_cache()
         try:
             info = self.fs.info(self._p(key))
         except (FileNotFoundError, OSError):
@@ -177,12 +182,18 @@ class FsspecBackend(Backend):
 
 @functools.lru_cache(maxsize=64)
 def _filesystem(url: str, options: str) -> tuple[Any, str]:
-    import json
-
     from fsspec.core import url_to_fs
 
+    return url_to_fs(url, **_fs_options(url, options))
+
+
+def _fs_options(url: str, options: str) -> dict:
+    import json
+
     opts = json.loads(options) if options else {}
-    return url_to_fs(url, **opts)
+    if url.startswith("file://"):  # object-store semantics: writing a key creates its folders
+        opts = {"auto_mkdir": True, **opts}
+    return opts
 
 
 def backend(loc: Location) -> Backend:
@@ -196,7 +207,7 @@ def zarr_store(loc: Location, *, read_only: bool = False) -> Any:
 
     if loc.is_local:
         return zarr.storage.LocalStore(loc.url, read_only=read_only)
-    return zarr.storage.FsspecStore.from_url(loc.url, storage_options=loc.storage_options or None,
+    return zarr.storage.FsspecStore.from_url(loc.url, storage_options=_fs_options(loc.url, loc.options) or None,
                                              read_only=read_only)
 
 

@@ -38,7 +38,9 @@ __all__ = ["FORMATS", "WRITABLE", "Reader", "Writer", "detect_format", "open_rea
 def _is_location(spec: Any) -> bool:
     from blocklin.storage.location import Location
 
-    return isinstance(spec, Location) and not spec.is_local
+    if isinstance(spec, str) and "://" in spec:  # a URL names a zarr store (other formats are local files)
+        return True
+    return isinstance(spec, Location) and not spec.is_local or type(spec).__module__.startswith("zarr")
 
 
 def split_spec(spec: Any) -> tuple[str, str | None]:
