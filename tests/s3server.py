@@ -13,6 +13,9 @@ def s3_server():
     pytest.importorskip("s3fs")
     server_mod = pytest.importorskip("moto.server")
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per request otherwise
     server.start()
     host, port = server.get_host_and_port()
     options = {"key": "testing", "secret": "testing", "endpoint_url": f"http://{host}:{port}"}

@@ -60,11 +60,15 @@ class Job:
             from blocklin import config as _config
 
             self.stack.enter_context(_config.set(temp_dir=cfg.temp_dir, storage_options=cfg.storage_options))
-        self.scheduler = resolve_scheduler(self.cfg.scheduler)
-        if self.scheduler.kind == "distributed":
-            from blocklin.storage.probe import check_workers_reach
+        try:
+            self.scheduler = resolve_scheduler(self.cfg.scheduler)
+            if self.scheduler.kind == "distributed":
+                from blocklin.storage.probe import check_workers_reach
 
-            check_workers_reach(self.scheduler.client, temp_root(self.cfg))
+                check_workers_reach(self.scheduler.client, temp_root(self.cfg))
+        except BaseException:
+            self.stack.close()
+            raise
         self.device = resolved_kind(self.cfg.device)
         if self.device == "gpu" and not gpu_available():
             from blocklin.device import get_device

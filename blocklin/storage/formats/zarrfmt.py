@@ -27,7 +27,7 @@ class ZarrReader(Reader):
 
     def __init__(self, path: Any, **_: Any) -> None:
         super().__init__(str(path))
-        self._loc = as_location(path, name="input")
+        self._loc = self.location = as_location(path, name="input")
         self._arr = open_zarr(self._loc, name="input")
         self.shape = check_2d(self._arr.shape, "zarr input")
         self.dtype = check_matrix_dtype(self._arr.dtype, "zarr input")
@@ -89,6 +89,8 @@ class ZarrWriter(Writer):
         self.unit = self.chunks
         self._out = AtomicOutput(path, inputs=list(inputs), overwrite=overwrite, resume=resume, token=token)
         self.partial = self._out.partial
+        self.location = self._out.array_path()
+        self.done = self._out.done
         self._arr = None
         if self._out.resumed:
             try:
