@@ -146,17 +146,16 @@ class AtomicOutput:
 
     # -- in-place protocol (object stores) ---------------------------------------------------------
     def _record(self) -> dict | None:
-        be = backend(self.path)
+        raw = backend(self.path).try_read(PENDING_RECORD)
         try:
-            return json.loads(be.read_text(PENDING_RECORD))
-        except (FileNotFoundError, OSError, ValueError):
+            return json.loads(raw) if raw is not None else None
+        except ValueError:
             return None
 
     def _begin_in_place(self) -> None:
         be = backend(self.path)
         record = self._record()
-        committed = record is None and (be.exists("zarr.json") or be.exists(".zarray"))
-        if committed or (record is None and be.keys("")):
+        if record is None and be.keys(""):  # a finished output, or other data
             if not self.overwrite:
                 raise OutputExistsError(explain(self.name, "must not exist unless overwriting is asked for",
                                                 f"{self.path.url!r} exists",
@@ -173,7 +172,7 @@ class AtomicOutput:
 
     # -- work units -----------------------------------------------------------------------------
     def is_done(self, unit: str) -> bool:
-        return self._be.exists(f"{_DONE}/{unit}")
+        return self._be.try_read(f"{_DONE}/{unit}") is not None
 
     def mark_done(self, unit: str) -> None:
         mark_done(self.done, unit)
@@ -288,7 +287,7 @@ def is_done(done: Location | None, unit: str) -> bool:
         return False
     if done.is_local:
         return os.path.exists(os.path.join(done.url, unit))
-    return backend(done).exists(unit)
+    return backend(done).try_read(unit) is not None
 
 
 def _store(loc: Location) -> Any:

@@ -53,6 +53,13 @@ class Backend:
     def read_text(self, key: str) -> str:
         return self.read_bytes(key).decode()
 
+    def try_read(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it is missing (one request on object stores)."""
+        try:
+            return self.read_bytes(key)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
     def write_text(self, key: str, text: str) -> None:
         self.write_bytes(key, text.encode())
 

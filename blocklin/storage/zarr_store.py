@@ -65,10 +65,6 @@ DEFERRED_META = ".blocklin-meta.json"
 PENDING_RECORD = ".blocklin-pending.json"
 
 
-def _pending_at(be: Any) -> bool:
-    return be.exists(PENDING_RECORD)
-
-
 def uncommitted_message(loc: Location, name: str) -> str:
     return explain(name, "must be a committed output (an interrupted blocklin job left this one unfinished)",
                    f"{loc.url!r}, which holds {PENDING_RECORD} and no finished array",
@@ -102,9 +98,17 @@ def open_zarr(path: Any, *, name: str = "path", mode: str = "r", allow_pending: 
     loc = as_location(path, storage_options, name=name)
     be = backend(loc)
     allowed = allow_pending or loc.pending
-    has_meta = be.exists("zarr.json") or be.exists(".zarray")
-    if not allowed and (_pending_at(be) or (not has_meta and _pending_at(backend(loc.parent)))):
+    # Reads, not existence checks: a missing object costs one request on an object store.
+    meta = be.try_read("zarr.json")
+    has_meta = meta is not None or be.try_read(".zarray") is not None
+    if not allowed and (be.try_read(PENDING_RECORD) is not None
+                        or (not has_meta and backend(loc.parent).try_read(PENDING_RECORD) is not None)):
         raise UncommittedOutputError(uncommitted_message(loc, name))
+    if meta is not None and not loc.is_local:
+        try:  # the metadata just read: no second round of requests through zarr's opener
+            return _from_metadata(loc, json.loads(meta), mode)
+        except Exception:  # noqa: BLE001 - let zarr's opener report what is wrong
+            pass
     if not has_meta:
         if allowed and be.exists(DEFERRED_META):
             return _open_deferred(loc, mode)
@@ -124,14 +128,19 @@ def open_zarr(path: Any, *, name: str = "path", mode: str = "r", allow_pending: 
     return arr
 
 
-def _open_deferred(loc: Location, mode: str) -> zarr.Array:
-    """An array of an uncommitted output, from its deferred metadata (no ``zarr.json`` yet)."""
+def _from_metadata(loc: Location, meta: dict, mode: str) -> zarr.Array:
     from zarr.core.array import AsyncArray
     from zarr.storage import StorePath
 
-    meta = json.loads(backend(loc).read_text(DEFERRED_META))
+    if meta.get("node_type") != "array":
+        raise ValueError("not an array")
     store = zarr_store(loc, read_only=mode == "r")
     return zarr.Array(AsyncArray(metadata=meta, store_path=StorePath(store, "")))
+
+
+def _open_deferred(loc: Location, mode: str) -> zarr.Array:
+    """An array of an uncommitted output, from its deferred metadata (no ``zarr.json`` yet)."""
+    return _from_metadata(loc, json.loads(backend(loc).read_text(DEFERRED_META)), mode)
 
 
 @functools.lru_cache(maxsize=64)
