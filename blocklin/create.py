@@ -17,6 +17,7 @@ from blocklin.errors import ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
 from blocklin.storage.atomic import AtomicOutput
+from blocklin.storage.dask_io import store_dask
 from blocklin.storage.location import Location
 from blocklin.storage.zarr_store import create_array, open_cached, write_block
 
@@ -37,13 +38,6 @@ def _client(scheduler: Any) -> Any:
 
     sched = resolve_scheduler(scheduler)
     return sched.client if sched.kind == "distributed" else None
-
-
-def _write_block_task(block: np.ndarray, loc: Location, r0: int, c0: int) -> int:
-    """Task: write one block (whole chunks) of a Dask array to the output at ``loc``."""
-    arr = open_cached(loc, "r+")
-    write_block(arr, slice(r0, r0 + block.shape[0]), slice(c0, c0 + block.shape[1]), block)
-    return int(block.nbytes)
 
 
 def _random_rows_task(loc: Location, seed: int, r0: int, r1: int, n: int, dtype: str) -> int:
@@ -92,26 +86,11 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
     with AtomicOutput(path, overwrite=overwrite, storage_options=storage_options) as ao:
         arr = create_array(ao.array_path(), shape=x.shape, dtype=x.dtype, chunks=chunks, codec=codec or cfg.codec)
         if is_dask:
-            _store_dask(x.rechunk(chunks), ao.array_path(), scheduler)
+            store_dask(x.rechunk(chunks), ao.array_path(), _client(scheduler))
         elif x.size:
             arr[...] = x
         ao.commit("from_array", params={"chunks": list(chunks), "codec": codec or cfg.codec})
     return Matrix(ao.path)
-
-
-def _store_dask(x: Any, loc: Location, scheduler: Any) -> None:
-    """Write the blocks of ``x`` (chunked like the output) from wherever Dask computes them."""
-    import dask
-
-    offsets = [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(int) for c in x.chunks]
-    blocks = x.to_delayed()
-    tasks = [dask.delayed(_write_block_task, pure=False)(blocks[i, j], loc, int(offsets[0][i]), int(offsets[1][j]))
-             for i in range(blocks.shape[0]) for j in range(blocks.shape[1])]
-    client = _client(scheduler)
-    if client is not None:
-        client.gather(client.compute(tasks))
-    else:
-        dask.compute(*tasks, scheduler="threads" if scheduler is None else scheduler)
 
 
 def random(path: Any, shape: tuple[int, int], *, dtype: Any = "float64", seed: int = 0,

@@ -21,6 +21,7 @@ from blocklin.errors import DTypeError, ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
 from blocklin.storage.backend import remove
+from blocklin.storage.dask_io import store_dask
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import create_array, open_zarr, store_path
 
@@ -57,8 +58,11 @@ def _stage_dir(cfg: Config, stack: contextlib.ExitStack) -> Location:
     return d
 
 
-def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, ndim: int = 2) -> Operand:
+def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, ndim: int = 2,
+               client: Any = None) -> Operand:
     """Resolve ``x`` to a stored operand, staging in-memory arrays under ``cfg.temp_dir``.
+
+    Dask arrays are staged by ``client``'s workers when given (the job's cluster).
 
     Raises
     ------
@@ -88,13 +92,11 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
     elif _is_dask(x):
         _check_ndim(name, x.shape, ndim)
         d = _stage_dir(cfg, stack) / f"{name}.zarr"
-        import dask.array as da
-
         chunks = auto_chunks(x.shape, x.dtype, cfg.memory)
         arr = create_array(d, shape=x.shape, dtype=x.dtype, chunks=chunks, codec="none")
-        # Written by whichever scheduler runs Dask here (the workers under distributed), into the
-        # job's temp dir, which the workers were checked to reach; removed with it.
-        da.store(x.rechunk(chunks), arr, lock=False)
+        # Written by the workers on a cluster, into the job's temp dir, which they were checked to
+        # reach, and removed with it (on failure and Ctrl-C too).
+        store_dask(x.rechunk(chunks), d, client)
         path, staged = d, True
     elif isinstance(x, np.ndarray) or hasattr(x, "__array__") and not isinstance(x, (list, tuple)):
         path, arr, staged = _stage_numpy(np.asarray(x), name, cfg, stack)

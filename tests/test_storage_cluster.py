@@ -49,11 +49,14 @@ def test_gemm_on_cluster_with_s3_data_and_temp(client, s3, tmp_path):
     blocklin.from_array(A, tmp_path / "A.zarr", chunks=(50, 35))
     ref = blocklin.matmul(tmp_path / "A.zarr", B, tmp_path / "C.zarr", memory="256KiB", scheduler="sync")
     blocklin.from_array(A, f"{base}/A.zarr", chunks=(50, 35), storage_options=opts)
-    got = blocklin.matmul(f"{base}/A.zarr", B, f"{base}/C.zarr", memory="256KiB", storage_options=opts,
-                          temp_dir=f"{base}/tmp", scheduler=client)
+    import dask.array as da
+
+    got = blocklin.matmul(f"{base}/A.zarr", da.from_array(B, chunks=(30, 40)), f"{base}/C.zarr", memory="256KiB",
+                          storage_options=opts, temp_dir=f"{base}/tmp", scheduler=client)
     np.testing.assert_array_equal(got.to_numpy(), ref.to_numpy())
     assert got.report["scheduler"] == "distributed"
     assert not backend(as_location(f"{base}/tmp", opts)).keys("")  # the staged B is gone
+    assert not [p for p in (tmp_path / "blocklin-tmp").iterdir()]  # and nothing went to a local disk
 
 
 def test_random_from_array_and_convert_write_from_workers(client, s3, tmp_path):
@@ -72,7 +75,7 @@ def test_random_from_array_and_convert_write_from_workers(client, s3, tmp_path):
     with get_task_stream(client) as ts:
         m = blocklin.from_array(x, f"{base}/X.zarr", chunks=(50, 35), storage_options=opts, scheduler=client)
     np.testing.assert_array_equal(m.to_numpy(), A)
-    assert _ran_on_workers(ts.data, "_write_block_task")
+    assert _ran_on_workers(ts.data, "write_block_task")
 
     with get_task_stream(client) as ts:
         rep = blocklin.convert(f"{base}/X.zarr", f"{base}/Y.zarr", chunks=(30, 70), dtype="float32",

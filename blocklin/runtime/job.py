@@ -82,7 +82,8 @@ class Job:
 
     # -- inputs -------------------------------------------------------------------------------
     def operand(self, x: Any, name: str, ndim: int = 2) -> Operand:
-        return as_operand(x, name, self.cfg, self.stack, ndim=ndim)
+        return as_operand(x, name, self.cfg, self.stack, ndim=ndim,
+                          client=self.scheduler.client if self.scheduler.kind == "distributed" else None)
 
     @property
     def check_finite(self) -> bool:
