@@ -36,7 +36,7 @@ def _client(scheduler: Any) -> Any:
     """The distributed client to write from, or None (local writes)."""
     from blocklin.runtime.scheduler import resolve_scheduler
 
-    sched = resolve_scheduler(scheduler)
+    sched = resolve_scheduler(resolve(scheduler=scheduler).scheduler)
     return sched.client if sched.kind == "distributed" else None
 
 

@@ -356,15 +356,28 @@ def _copy(reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any, desc:
 
 def _cluster_client(scheduler: Any) -> Any:
     """The distributed client a zarr-to-zarr conversion runs on (given, or active), else None."""
-    if scheduler is None:
-        import sys
+    import sys
 
-        if "distributed" not in sys.modules:
+    scheduler = resolve(scheduler=scheduler).scheduler
+    if hasattr(scheduler, "submit") and hasattr(scheduler, "gather"):
+        return scheduler
+    if isinstance(scheduler, str) and "://" in scheduler:
+        return _connected(scheduler.strip())
+    if scheduler in (None, "distributed") and "distributed" in sys.modules:
+        from distributed import get_client
+
+        try:
+            return get_client()
+        except ValueError:
             return None
-    from blocklin.runtime.scheduler import resolve_scheduler
+    return None
 
-    sched = resolve_scheduler(scheduler)
-    return sched.client if sched.kind == "distributed" else None
+
+@functools.lru_cache(maxsize=4)
+def _connected(address: str) -> Any:
+    from distributed import Client
+
+    return Client(address, set_as_default=False)
 
 
 class _Positions:
