@@ -47,7 +47,9 @@ def loopback_s3():
 
 def run(client, bucket: str, options: dict) -> None:
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((4000, 600))
+    # Decaying spectrum plus noise: the kind of matrix a truncated SVD is for.
+    a = (rng.standard_normal((4000, 30)) * 0.7 ** np.arange(30)) @ rng.standard_normal((30, 600))
+    a += 0.01 * rng.standard_normal(a.shape)
     b = rng.standard_normal((600, 300))
     with blocklin.config.set(storage_options=options, temp_dir=f"{bucket}/tmp", scheduler=client):
         A = blocklin.from_array(a, f"{bucket}/A.zarr", chunks=(500, 300), overwrite=True)

@@ -247,6 +247,22 @@ def test_store_objects_and_zarr_arrays_name_their_location(tmp_path):
     np.testing.assert_allclose(r.to_numpy(), A @ A.T, rtol=0, atol=1e-12 * 80)
 
 
+def test_task_tokens_name_the_store_not_its_credentials():
+    from dask.base import tokenize
+
+    def loc(**o):
+        return as_location("s3://bucket/A.zarr", o) if _has_s3fs() else as_location("memory://b/A.zarr", o)
+    assert tokenize(loc(key="a", secret="x")) == tokenize(loc(key="b", secret="y"))
+    assert tokenize(loc(endpoint_url="http://h:1")) != tokenize(loc(endpoint_url="http://h:2"))
+    assert tokenize(loc()) != tokenize(loc().with_pending())
+
+
+def _has_s3fs() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("s3fs") is not None
+
+
 def test_storage_options_from_config_env_and_cli(monkeypatch):
     from blocklin.storage.location import storage_options_from_items
 

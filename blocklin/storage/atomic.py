@@ -166,9 +166,7 @@ class AtomicOutput:
             return
         # The record goes first, so that the prefix never looks finished while old data is removed.
         be.write_text(PENDING_RECORD, json.dumps({"token": self.token, "started": _now()}))
-        for key in be.keys(""):
-            if key != PENDING_RECORD:
-                be.remove(key)
+        be.delete_many([k for k in be.keys("") if k != PENDING_RECORD])
 
     # -- work units -----------------------------------------------------------------------------
     def is_done(self, unit: str) -> bool:
@@ -247,11 +245,11 @@ class AtomicOutput:
             if node == "":
                 meta.setdefault("attributes", {})["blocklin"] = provenance
             be.write_text(node + "zarr.json", json.dumps(meta, indent=2))
-            be.remove(key)
+            be.delete(key)
         if DEFERRED_META not in metas:  # the root was created with its metadata in place
             node = zarr.open(store=_store(self.path), mode="r+")
             node.attrs.update({"blocklin": provenance})
-        be.remove(PENDING_RECORD)  # the commit
+        be.delete(PENDING_RECORD)  # the commit
 
     def abort(self) -> None:
         """Drop the unfinished output unless it may be resumed."""

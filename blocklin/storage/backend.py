@@ -38,6 +38,15 @@ class Backend:
         """Remove a key or a whole prefix (recursively); missing keys are fine."""
         raise NotImplementedError
 
+    def delete(self, key: str) -> None:  # pragma: no cover - interface
+        """Delete one object (one request on object stores); a missing one is fine."""
+        raise NotImplementedError
+
+    def delete_many(self, keys: list[str]) -> None:
+        """Delete objects (batched where the store allows)."""
+        for k in keys:
+            self.delete(k)
+
     def keys(self, key: str = "") -> list[str]:  # pragma: no cover - interface
         """Every object (file) under ``key``, as keys relative to the root, sorted."""
         raise NotImplementedError
@@ -94,6 +103,12 @@ class LocalBackend(Backend):
                 os.unlink(p)
             except FileNotFoundError:
                 pass
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self._p(key))
+        except FileNotFoundError:
+            pass
 
     def keys(self, key: str = "") -> list[str]:
         base = self._p(key)
@@ -157,6 +172,21 @@ class FsspecBackend(Backend):
             pass
         self.fs.invalidate_cache()
 
+    def delete(self, key: str) -> None:
+        try:
+            self.fs.rm_file(self._p(key))
+        except FileNotFoundError:
+            pass
+        self.fs.invalidate_cache()
+
+    def delete_many(self, keys: list[str]) -> None:
+        if keys:
+            try:
+                self.fs.rm([self._p(k) for k in keys])  # one batched request per 1000 keys on S3
+            except FileNotFoundError:
+                pass
+            self.fs.invalidate_cache()
+
     def keys(self, key: str = "") -> list[str]:
         base = self._p(key)
         self.fs.invalidate_cache()
@@ -200,7 +230,22 @@ def _fs_options(url: str, options: str) -> dict:
     opts = json.loads(options) if options else {}
     if url.startswith("file://"):  # object-store semantics: writing a key creates its folders
         opts = {"auto_mkdir": True, **opts}
+    if url.startswith(("s3://", "s3a://")) and _s3_has_max_concurrency():
+        # s3fs asks for an object's size (a HEAD) before every whole-object GET when it may split
+        # the GET; chunks are far below its split size, so that is one wasted request per chunk.
+        opts = {"max_concurrency": 1, **opts}
     return opts
+
+
+@functools.lru_cache(maxsize=1)
+def _s3_has_max_concurrency() -> bool:
+    import inspect
+
+    try:
+        import s3fs
+    except ImportError:
+        return False
+    return "max_concurrency" in inspect.signature(s3fs.S3FileSystem.__init__).parameters
 
 
 def backend(loc: Location) -> Backend:

@@ -28,6 +28,10 @@ BACKEND_PACKAGES = {
     "s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "abfs": "adlfs", "az": "adlfs",
     "abfss": "adlfs", "adl": "adlfs", "http": "aiohttp", "https": "aiohttp",
 }
+#: Storage-option names that hold credentials (left out of task keys and resume tokens).
+_CREDENTIALS = frozenset({"key", "secret", "token", "session_token", "password", "account_key", "sas_token",
+                          "client_secret", "credentials", "aws_access_key_id", "aws_secret_access_key",
+                          "aws_session_token", "connection_string"})
 _SCHEME_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
 
 
@@ -126,6 +130,12 @@ class Location:
         if not self.is_local:
             raise TypeError(f"{self.url!r} is not a local path; open it through blocklin.storage")
         return self.url
+
+    def __dask_tokenize__(self) -> tuple:
+        """Task keys and resume tokens name the store, not its credentials: a rerun with rotated keys
+        still resumes, while another endpoint or bucket gives other keys."""
+        opts = {k: v for k, v in self.storage_options.items() if k not in _CREDENTIALS}
+        return ("blocklin.Location", self.url, self.pending, json.dumps(opts, sort_keys=True))
 
     def __repr__(self) -> str:
         opts = ", storage_options=..." if self.options else ""  # never print credentials

@@ -50,7 +50,7 @@ def check_workers_reach(client: Any, temp: Location) -> None:
     try:
         results = client.run(_read_probe, temp, key, token)
     finally:
-        be.remove(key)
+        be.delete(key)
     bad = {w: why for w, why in results.items() if why is not None}
     if bad:
         worker, why = next(iter(bad.items()))
