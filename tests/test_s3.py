@@ -50,6 +50,13 @@ def test_gemm(stores):
     # Only the array in the committed output: chunks and zarr.json, no marker or record.
     keys = backend(got.location).keys("")
     assert "zarr.json" in keys and all(k == "zarr.json" or k.startswith("c/") for k in keys)
+    # An S3-backed zarr.Array is read in place, not copied to a local temp dir.
+    import zarr
+
+    arr = zarr.open_array(store=zarr.storage.FsspecStore.from_url(remote("A.zarr"), storage_options=opts), mode="r")
+    again = blocklin.matmul(arr, remote("B.zarr"), memory=MEM, storage_options=opts)
+    np.testing.assert_array_equal(_bits(again), _bits(ref))
+    assert again.provenance["inputs"][0] == remote("A.zarr")
 
 
 def test_inverse(stores):

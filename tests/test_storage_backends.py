@@ -180,6 +180,20 @@ class BackendTests:
         assert not backend(tmp).keys("")
 
 
+    def test_ctrl_c_removes_temporaries_and_partial_output(self, loc, monkeypatch):
+        import blocklin.linalg.gemm as gemm_mod
+
+        def interrupted(*args, **kw):
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(gemm_mod, "gemm_tile", interrupted)
+        tmp, out = loc("tmp"), loc("C.zarr")
+        with pytest.raises(KeyboardInterrupt):
+            blocklin.matmul(A, B, out, memory="128KiB", scheduler="sync", temp_dir=tmp)
+        assert not backend(tmp).keys("")  # the staged A and B are gone
+        assert not backend(out).keys("") and not [k for k in backend(out.parent).keys("") if "C.zarr" in k]
+
+
 class TestLocal(BackendTests):
     in_place = False
 

@@ -14,8 +14,6 @@ import hashlib
 import json
 import os
 import resource
-import shutil
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -449,9 +447,13 @@ def _check(reader, data: np.ndarray, b, out_dt: np.dtype, nan: str) -> None:
 
 def _staged(src: Any, out: Any, kw: dict) -> dict[str, Any]:
     """Sequential source and sink in opposite orders: go through a temporary zarr (rechunker's way)."""
+    import uuid
+
     cfg = kw["cfg"]
-    stage_dir = tempfile.mkdtemp(prefix="blocklin-stage-", dir=cfg.temp_dir)
-    stage = os.path.join(stage_dir, "stage.zarr")
+    stage_dir = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir") / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
+    if stage_dir.is_local:
+        os.makedirs(stage_dir.url)
+    stage = stage_dir / "stage.zarr"
     t0 = kw["t0"]
     try:
         first = convert(src, stage, chunks="auto", dtype=kw["dtype"], codec="none", memory=cfg.memory,
@@ -462,7 +464,7 @@ def _staged(src: Any, out: Any, kw: dict) -> dict[str, Any]:
                          overwrite=kw["overwrite"], to_format=kw["to_format"], out_order=kw["out_order"],
                          delimiter=kw["delimiter"], progress=kw["progress"])
     finally:
-        shutil.rmtree(stage_dir, ignore_errors=True)
+        backend(stage_dir).remove("")
     report = dict(second)
     report.update(input=str(src), staged=True, bytes_read=first["bytes_read"], from_=None,
                   seconds=time.perf_counter() - t0, blocks=first["blocks"] + second["blocks"],
