@@ -72,6 +72,40 @@ class CountingS3:
         self._thread.join()
 
 
+def _operations(root: str, so: dict | None, tmp: str, args, client) -> dict:
+    """The four measured operations on the store at ``root``."""
+    import dask.array as da
+
+    import blocklin
+
+    ch = args.chunk
+
+    def bl_gemm():
+        c = blocklin.matmul(f"{root}/A.zarr", f"{root}/B.zarr", f"{root}/C-bl.zarr", memory=args.memory,
+                            storage_options=so, temp_dir=tmp, overwrite=True, scheduler=client)
+        return {"tasks": c.report["tasks"], "bytes_read": c.report["bytes_read"],
+                "bytes_written": c.report["bytes_written"]}
+
+    def dask_gemm():
+        A = da.from_zarr(f"{root}/A.zarr", storage_options=so)
+        B = da.from_zarr(f"{root}/B.zarr", storage_options=so)
+        (A @ B).to_zarr(f"{root}/C-dask.zarr", storage_options=so, overwrite=True)
+
+    def bl_rsvd():
+        r = blocklin.svd(f"{root}/A.zarr", args.rank, method="rsvd", power_iters=1, seed=0,
+                         out=f"{root}/svd-bl.zarr", memory=args.memory, storage_options=so,
+                         temp_dir=tmp, overwrite=True, scheduler=client)
+        return {"passes": r.report["passes"], "bytes_read": r.report["bytes_read"]}
+
+    def dask_rsvd():
+        A = da.from_zarr(f"{root}/A.zarr", storage_options=so)
+        u, s, _v = da.linalg.svd_compressed(A, args.rank, n_power_iter=1, seed=0)
+        u.rechunk((ch, args.rank)).to_zarr(f"{root}/U-dask.zarr", storage_options=so, overwrite=True)
+        s.compute()
+
+    return {"bl_gemm": bl_gemm, "dask_gemm": dask_gemm, "bl_rsvd": bl_rsvd, "dask_rsvd": dask_rsvd}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, default=3000)
@@ -117,7 +151,7 @@ def main() -> None:
                 if where == "local":
                     os.makedirs(tmp, exist_ok=True)
 
-                def measure(label, fn):
+                def measure(label, fn, where=where):
                     before = s3.snapshot()
                     t0 = time.perf_counter()
                     extra = fn() or {}
@@ -127,38 +161,16 @@ def main() -> None:
                         row.update(s3.delta(before))
                     rows.append(row)
 
-                def bl_gemm():
-                    c = blocklin.matmul(f"{root}/A.zarr", f"{root}/B.zarr", f"{root}/C-bl.zarr", memory=args.memory,
-                                        storage_options=so, temp_dir=tmp, overwrite=True)
-                    return {"tasks": c.report["tasks"], "bytes_read": c.report["bytes_read"],
-                            "bytes_written": c.report["bytes_written"]}
-
-                def dask_gemm():
-                    A = da.from_zarr(f"{root}/A.zarr", storage_options=so)
-                    B = da.from_zarr(f"{root}/B.zarr", storage_options=so)
-                    (A @ B).to_zarr(f"{root}/C-dask.zarr", storage_options=so, overwrite=True)
-
-                def bl_rsvd():
-                    r = blocklin.svd(f"{root}/A.zarr", args.rank, method="rsvd", power_iters=1, seed=0,
-                                     out=f"{root}/svd-bl.zarr", memory=args.memory, storage_options=so,
-                                     temp_dir=tmp, overwrite=True)
-                    return {"passes": r.report["passes"], "bytes_read": r.report["bytes_read"]}
-
-                def dask_rsvd():
-                    A = da.from_zarr(f"{root}/A.zarr", storage_options=so)
-                    u, s, v = da.linalg.svd_compressed(A, args.rank, n_power_iter=1, seed=0)
-                    u.rechunk((ch, args.rank)).to_zarr(f"{root}/U-dask.zarr", storage_options=so, overwrite=True)
-                    s.compute()
-
+                ops = _operations(root, so, tmp, args, client)
                 # Warm-up (not measured): imports, filesystem instances and connections on each worker.
                 w = blocklin.matmul(f"{root}/B.zarr", f"{root}/B.zarr", trans_b=True, storage_options=so,
-                                    temp_dir=tmp, memory=args.memory)
+                                    temp_dir=tmp, memory=args.memory, scheduler=client)
                 w.delete()
                 da.from_zarr(f"{root}/B.zarr", storage_options=so).sum().compute()
-                measure("gemm blocklin", bl_gemm)
-                measure("gemm dask", dask_gemm)
-                measure("rsvd blocklin", bl_rsvd)
-                measure("rsvd dask", dask_rsvd)
+                measure("gemm blocklin", ops["bl_gemm"])
+                measure("gemm dask", ops["dask_gemm"])
+                measure("rsvd blocklin", ops["bl_rsvd"])
+                measure("rsvd dask", ops["dask_rsvd"])
                 c1 = blocklin.open(f"{root}/C-bl.zarr", storage_options=so).to_numpy()
                 c2 = da.from_zarr(f"{root}/C-dask.zarr", storage_options=so).compute()
                 assert np.allclose(c1, c2, rtol=0, atol=1e-9 * args.k), "GEMM results differ"

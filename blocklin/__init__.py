@@ -21,6 +21,6 @@ from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
-    "Matrix", "__version__", "aslinearoperator", "config", "configure", "convert", "eigsh", "errors", "from_array", "inv",
-    "matmul", "open", "random", "solve", "svd",
+    "Matrix", "__version__", "aslinearoperator", "config", "configure", "convert", "eigsh", "errors", "from_array",
+    "inv", "matmul", "open", "random", "solve", "svd",
 ]

@@ -134,7 +134,8 @@ class Config:
         if self.storage_options is not None and not isinstance(self.storage_options, dict):
             raise ConfigError(explain("storage_options", "must be a dict of fsspec options",
                                       type(self.storage_options).__name__,
-                                      "pass storage_options={'anon': True} or a JSON object in BLOCKLIN_STORAGE_OPTIONS"))
+                                      "pass storage_options={'anon': True}, or a JSON object in "
+                                      "BLOCKLIN_STORAGE_OPTIONS"))
         if not isinstance(self.temp_dir, str) and type(self.temp_dir).__name__ != "Location":
             object.__setattr__(self, "temp_dir", os.fspath(self.temp_dir))  # a Location keeps its storage options
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):

@@ -450,7 +450,8 @@ def _staged(src: Any, out: Any, kw: dict) -> dict[str, Any]:
     import uuid
 
     cfg = kw["cfg"]
-    stage_dir = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir") / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
+    root = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir")
+    stage_dir = root / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
     if stage_dir.is_local:
         os.makedirs(stage_dir.url)
     stage = stage_dir / "stage.zarr"
