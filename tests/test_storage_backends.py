@@ -136,6 +136,14 @@ class BackendTests:
         assert sorted(backend(out).keys("")) == sorted(["zarr.json"] + [f"c/{i}/{j}" for i in range(2)
                                                                        for j in range(2)])
 
+    def test_overwrite_never_deletes_other_data(self, loc):
+        if not self.in_place:
+            pytest.skip("local outputs are folders replaced by a rename")
+        backend(loc("data")).write_bytes("notes.txt", b"keep me")
+        with pytest.raises(OutputExistsError, match="other objects"):
+            blocklin.from_array(A, loc("data"), overwrite=True)
+        assert backend(loc("data")).read_bytes("notes.txt") == b"keep me"
+
     def test_output_is_input_refused(self, loc):
         src = blocklin.from_array(A, loc("A.zarr"), chunks=(32, 40))
         with pytest.raises(OutputIsInputError):

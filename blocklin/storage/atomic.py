@@ -160,6 +160,11 @@ class AtomicOutput:
                 raise OutputExistsError(explain(self.name, "must not exist unless overwriting is asked for",
                                                 f"{self.path.url!r} exists",
                                                 "pass overwrite=True (CLI: --overwrite) or choose another path"))
+            if be.try_read("zarr.json") is None and be.try_read(".zarray") is None:
+                # Deleting objects cannot be undone: replace zarr stores only, never a bucket's other data.
+                raise OutputExistsError(explain(self.name, "may replace an existing zarr array or group only",
+                                                f"{self.path.url!r}, which holds other objects",
+                                                "choose a new prefix such as s3://bucket/result.zarr"))
         self.partial = self.path.with_pending()
         self.resumed = bool(record and self.resume and record.get("token") == self.token)
         if self.resumed:
