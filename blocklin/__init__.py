@@ -7,7 +7,7 @@ operands through the compute device (NumPy/BLAS with prefetching on a CPU, CuPy 
 from blocklin._version import __version__
 from blocklin import _memory, config, errors  # noqa: E402
 
-_memory.tune()
+_memory.tune_on_import()
 
 from blocklin.config import configure  # noqa: E402
 from blocklin.create import from_array, open, random  # noqa: E402,A004

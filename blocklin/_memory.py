@@ -7,7 +7,8 @@ every tile-sized buffer in its own mapping, returned on free. zarr's chunk I/O c
 capped so that its chunk temporaries match what the planner accounts for.
 
 Set ``BLOCKLIN_MALLOC_TUNING=0`` to leave malloc alone; zarr's own ``ZARR_ASYNC__CONCURRENCY``
-setting is respected when present.
+setting is respected when present. A ``distributed`` worker that imports blocklin for a task is
+shared with other workloads and is not tuned on import (see :func:`tune_on_import`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,23 @@ IO_CONCURRENCY = 4
 _M_MMAP_THRESHOLD = -3
 
 
+def in_dask_worker_process() -> bool:
+    """Whether this process hosts a ``distributed`` worker (blocklin came in with a task)."""
+    import sys
+
+    mod = sys.modules.get("distributed.worker")
+    workers = getattr(mod, "_global_workers", ()) if mod else ()
+    # weak references in some distributed versions, the workers themselves in others
+    return any((w() if callable(w) else w) is not None for w in workers)
+
+
+def _malloc_tuning() -> str:
+    return os.environ.get("BLOCKLIN_MALLOC_TUNING", "").strip().lower()
+
+
 def tune() -> None:
-    if os.environ.get("BLOCKLIN_MALLOC_TUNING", "1") not in ("0", "false", "no", "off"):
+    """Apply both settings to this process (idempotent)."""
+    if _malloc_tuning() not in ("0", "false", "no", "off"):
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             libc.mallopt(_M_MMAP_THRESHOLD, 256 * 1024)
@@ -32,6 +48,20 @@ def tune() -> None:
         import zarr
 
         zarr.config.set({"async.concurrency": IO_CONCURRENCY})
+
+
+def tune_on_import() -> None:
+    """Tune a process that chose blocklin; leave a shared ``distributed`` worker alone.
+
+    A worker imports blocklin when its first blocklin task arrives, and its other workloads must
+    not inherit blocklin's allocator or zarr settings: there tasks scope zarr's concurrency to
+    themselves (:func:`blocklin.runtime.tiles.with_task_settings`), and the mmap threshold is set
+    only when the worker's environment asks for it (``BLOCKLIN_MALLOC_TUNING=1``).
+    """
+    if not in_dask_worker_process():
+        tune()
+    elif _malloc_tuning() in ("1", "true", "yes", "on"):
+        tune()
 
 
 def io_concurrency() -> int:

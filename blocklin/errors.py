@@ -80,6 +80,13 @@ class ConvergenceError(BlocklinError, RuntimeError):
     """An iterative method did not reach its tolerance within its limits."""
 
 
+class WorkerLostError(BlocklinError, RuntimeError):
+    """Worker processes died mid-job more often than the retries allow.
+
+    The finished tiles of the output are kept, so a rerun with ``resume=True`` completes the job.
+    """
+
+
 class BlocklinWarning(UserWarning):
     """Base class of blocklin warnings."""
 

@@ -1,4 +1,7 @@
-"""The same GEMM on a distributed LocalCluster (2 worker processes, loopback) as locally."""
+"""Jobs on a distributed LocalCluster (2 worker processes, loopback) give the same bits as locally.
+
+The client here is deliberately *not* the default client: nothing in blocklin may rely on one.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +17,9 @@ distributed = pytest.importorskip("distributed")
 def client():
     from distributed import Client, LocalCluster
 
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                            host="127.0.0.1")
-    c = Client(cluster)
+    c = Client(cluster, set_as_default=False)
     yield c
     c.close()
     cluster.close()
@@ -47,3 +50,186 @@ def test_task_keys_deterministic(tmp_path):
     g2 = TileGraph.named("gemm", "x", {"tm": 4})
     g3 = TileGraph.named("gemm", "x", {"tm": 8})
     assert g1.name == g2.name != g3.name
+
+
+def test_task_keys_include_every_argument():
+    """Two graphs that differ in one argument (an output path, say) share no key when they run."""
+    from blocklin.runtime.graph import TileGraph
+
+    def graph(out: str) -> TileGraph:
+        g = TileGraph.named("gemm", "same inputs")
+        first = g.add((0,), print, {"out": out})
+        g.add((1,), print, [first], out)
+        return g
+
+    one, two, again = graph("o1").distinct(), graph("o2").distinct(), graph("o1").distinct()
+    assert set(one.tasks).isdisjoint(two.tasks)
+    assert list(one.tasks) == list(again.tasks)  # deterministic
+    # the dependency of task 1 is renamed with the graph
+    assert one.tasks[(one.name, 1)][1] == [(one.name, 0)]
+
+
+def test_identical_jobs_to_different_outputs_run_concurrently(tmp_path, client):
+    """Two users submit the same GEMM to different outputs at once: both outputs are complete.
+
+    With keys that ignore the output, the scheduler ran the shared tasks once and the second output
+    stayed all zeros while the job reported success.
+    """
+    import threading
+
+    from distributed import Client
+
+    rng = np.random.default_rng(8)
+    a_np, b_np = rng.standard_normal((256, 192)), rng.standard_normal((192, 224))
+    a = bl.from_array(a_np, tmp_path / "a.zarr", chunks=(32, 32))
+    b = bl.from_array(b_np, tmp_path / "b.zarr", chunks=(32, 32))
+    ref = bl.matmul(a, b, tmp_path / "ref.zarr", memory="256KiB", scheduler="sync").to_numpy()
+    second = Client(client.scheduler.address, set_as_default=False)
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def job(c, out):
+        try:
+            start.wait()
+            bl.matmul(a, b, out, memory="256KiB", scheduler=c, progress=False)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    outs = [tmp_path / "o1.zarr", tmp_path / "o2.zarr"]
+    threads = [threading.Thread(target=job, args=(c, o)) for c, o in zip((client, second), outs)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        second.close()
+    assert not errors, errors
+    for o in outs:
+        np.testing.assert_array_equal(bl.open(o).to_numpy(), ref)
+
+
+def test_cli_scheduler_address(tmp_path, client, capsys):
+    from blocklin.cli.main import main
+
+    rng = np.random.default_rng(9)
+    a = bl.from_array(rng.standard_normal((90, 70)), tmp_path / "a.zarr", chunks=(32, 32))
+    b = bl.from_array(rng.standard_normal((70, 80)), tmp_path / "b.zarr", chunks=(32, 32))
+    out = tmp_path / "c.zarr"
+    rc = main(["gemm", a.path, b.path, "-o", str(out), "--memory", "256KiB", "--scheduler",
+               client.scheduler.address, "--json"])
+    assert rc == 0, capsys.readouterr()
+    assert '"scheduler": "distributed"' in capsys.readouterr().out
+    local = bl.matmul(a, b, memory="256KiB", scheduler="sync").to_numpy()
+    np.testing.assert_array_equal(bl.open(out).to_numpy(), local)
+
+
+# -- lost worker processes -----------------------------------------------------------------------
+
+
+def _die_once(marker: str, value: int) -> dict:
+    """A task whose first run kills its own process (as the kernel's OOM killer would)."""
+    import os
+    import signal
+
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"value": value}
+
+
+def _die_always(value: int) -> dict:
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {"value": value}
+
+
+def _ok(value: int) -> dict:
+    return {"value": value}
+
+
+def test_dead_pool_process_reruns_only_its_tasks(tmp_path):
+    from blocklin.runtime.graph import TileGraph, execute
+
+    g = TileGraph.named("faults", str(tmp_path))
+    for i in range(6):
+        if i == 3:
+            g.add((i,), _die_once, str(tmp_path / "died"), i)
+        else:
+            g.add((i,), _ok, i)
+    events: dict = {}
+    with pytest.warns(bl.errors.BlocklinWarning, match="worker process died"):
+        results = execute(g, scheduler="processes", workers=2, events=events)
+    assert [r["value"] for r in results] == list(range(6))
+    assert 1 <= events["retried_tasks"] <= 6
+
+
+def test_processes_that_keep_dying_fail_with_resume_hint(tmp_path):
+    from blocklin.errors import WorkerLostError
+    from blocklin.runtime.graph import TileGraph, execute
+
+    g = TileGraph.named("faults-always", str(tmp_path))
+    g.add((0,), _die_always, 0)
+    with pytest.warns(bl.errors.BlocklinWarning):
+        with pytest.raises(WorkerLostError, match="resume=True"):
+            execute(g, scheduler="processes", workers=1)
+
+
+def test_killed_worker_on_cluster_gives_identical_result(tmp_path):
+    """A worker killed mid-GEMM: distributed reruns its tasks; the output is complete and identical."""
+    import os
+    import signal
+
+    from distributed import Client, LocalCluster
+
+    rng = np.random.default_rng(12)
+    a = bl.from_array(rng.standard_normal((384, 256)), tmp_path / "a.zarr", chunks=(32, 32))
+    b = bl.from_array(rng.standard_normal((256, 320)), tmp_path / "b.zarr", chunks=(32, 32))
+    ref = bl.matmul(a, b, memory="256KiB", scheduler="sync").to_numpy()
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      host="127.0.0.1") as cluster, Client(cluster, set_as_default=False) as client:
+        victim = sorted(client.run(os.getpid).values())[0]
+
+        class KillAfterTenTiles:  # a progress display that kills a worker mid-job
+            def start(self, total, description):
+                self.n = 0
+
+            def advance(self, k):
+                self.n += k
+                if self.n == 10:
+                    os.kill(victim, signal.SIGKILL)
+
+            def close(self):
+                pass
+
+        out = bl.matmul(a, b, tmp_path / "c.zarr", memory="256KiB", scheduler=client, progress=KillAfterTenTiles())
+        assert out.report["tasks"] > 10
+        assert out.report["retried_tasks"] is not None
+    np.testing.assert_array_equal(out.to_numpy(), ref)
+    leftovers = [p for p in (tmp_path / "c.zarr").rglob("*") if ".tmp" in p.name or "partial" in p.name]
+    assert not leftovers
+
+
+def test_worker_settings_unchanged_after_jobs(tmp_path):
+    """BLAS threads and zarr's I/O concurrency of a shared worker are as before a job, import included."""
+    import worker_probe
+    from distributed import Client, LocalCluster
+
+    rng = np.random.default_rng(13)
+    low_rank = rng.standard_normal((200, 3)) @ rng.standard_normal((3, 120))  # rSVD is exact on it
+    a = bl.from_array(low_rank, tmp_path / "a.zarr", chunks=(32, 32))
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0",
+                      host="127.0.0.1") as cluster, Client(cluster, set_as_default=False) as client:
+        before = client.run(worker_probe.settings)
+        assert not any(client.run(worker_probe.blocklin_imported).values())
+        c = bl.matmul(a, a, tmp_path / "g.zarr", trans_a=True, memory="256KiB", scheduler=client)
+        s = bl.svd(a, 3, memory="256KiB", scheduler=client, seed=0)
+        assert all(client.run(worker_probe.blocklin_imported).values())
+        after = client.run(worker_probe.settings)
+    for worker, (blas, io) in before.items():  # libraries loaded by the job itself are not compared
+        assert after[worker][1] == io
+        assert {lib: after[worker][0][lib] for lib in blas} == blas
+    np.testing.assert_allclose(c.to_numpy(), a.to_numpy().T @ a.to_numpy(), rtol=1e-12, atol=1e-10)
+    np.testing.assert_allclose(s.s, np.linalg.svd(a.to_numpy(), compute_uv=False)[:3], rtol=1e-8)

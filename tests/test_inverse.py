@@ -157,6 +157,24 @@ def test_singular_raises_with_condition_and_pointer(rng, tmp_path):
         bl.inv(np.ones((5, 5)), memory="1MiB")
 
 
+@pytest.mark.parametrize("memory", ["256KiB", "1MiB", "64MiB"])
+@pytest.mark.parametrize("refine", ["auto", False])
+@pytest.mark.filterwarnings("ignore:inv. a leading block:blocklin.errors.BlocklinWarning")
+def test_exactly_singular_refused_at_every_budget(rng, tmp_path, memory, refine):
+    """A row that is a multiple of another: refused whatever the budget, never returned as an inverse.
+
+    The normalised backward error of a garbage X can be tiny (||X|| is huge), so acceptance rests on
+    ||I - A X||_F < 1, which no X can reach for a singular A.
+    """
+    n = 300
+    a = rng.standard_normal((n, n))
+    a[7] = 3.0 * a[3]
+    out = tmp_path / "x.zarr"
+    with pytest.raises(SingularMatrixError, match=r"a: must be .*nonsingular.*Fix: regularize"):
+        bl.inv(a, out=out, memory=memory, refine=refine)
+    assert not out.exists() and not any(p.name.startswith(".x.zarr") for p in tmp_path.iterdir())
+
+
 def test_bad_inputs(rng, tmp_path):
     with pytest.raises(ShapeError, match="square"):
         bl.inv(rng.standard_normal((5, 4)))

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.plan.chunks import split
-from blocklin.runtime.tiles import ensure_blas_threads, open_array
+from blocklin.runtime.tiles import open_array, with_task_settings
 from blocklin.runtime.tiles import sumsq as _sumsq
 from blocklin.storage.zarr_store import read_block, write_block
 
@@ -172,6 +172,7 @@ class LeafSpec:
     blas_threads: int | None = None
 
 
+@with_task_settings
 def leaf_inverse_task(spec: LeafSpec) -> dict:
     """LU with partial pivoting (LAPACK getrf/gecon/getri) of one block that fits the budget.
 
@@ -181,7 +182,6 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
     """
     from scipy.linalg import lapack
 
-    ensure_blas_threads(spec.blas_threads)
     t0 = time.perf_counter()
     dtype = np.dtype(spec.dtype)
     src = open_array(spec.src)
@@ -228,9 +228,9 @@ class UnmixSpec:
     transpose: bool = False
 
 
+@with_task_settings
 def unmix_columns_task(spec: UnmixSpec, c0: int, c1: int) -> dict:
     """One column strip: undo the RBT, write, return ``sumsq`` and ``X[:, c0:c1] @ P[c0:c1]``."""
-    ensure_blas_threads(spec.blas_threads)
     t0 = time.perf_counter()
     src = open_array(spec.src)
     n = src.shape[0]

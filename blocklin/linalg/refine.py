@@ -56,6 +56,24 @@ def default_tol(n: int, dtype: Any) -> float:
     return max(16, n) * eps
 
 
+#: A probed residual below this vouches for ``||I - M X||_F < 1``. With Gaussian probes the squared
+#: estimate is ``||R||_F^2 chi2_k / k`` at worst (a rank-one ``R``), so a true ``||R||_F >= 1``
+#: reads below 0.1 with probability ``P(chi2_32 < 0.32)``, under 1e-25.
+PROBED_SAFE_RESIDUAL = 0.1
+
+
+def is_inverse(residual: float, method: str) -> bool:
+    """Whether ``X`` is verified to be an inverse of ``M``: ``||I - M X||_F < 1``.
+
+    ``||R||_2 <= ||R||_F < 1`` makes ``M X`` nonsingular and bounds the relative forward error,
+    ``||X - M^-1|| <= ||M^-1|| ||R||``; a singular ``M`` has ``||I - M X||_2 >= 1`` for every ``X``
+    (the left null vector ``y`` gives ``y^T R = y^T``), whatever the normalised backward error says.
+    An exact residual decides; a probed one vouches only when far below 1 (:data:`PROBED_SAFE_RESIDUAL`).
+    """
+    bound = 1.0 if method == "exact" else PROBED_SAFE_RESIDUAL
+    return bool(np.isfinite(residual)) and residual < bound
+
+
 def backward_error(residual: float, norm_m: float, norm_x: float) -> float:
     """``residual / (||M||_F ||X||_F)`` (``inf`` when a norm is zero or not finite)."""
     den = norm_m * norm_x
@@ -175,5 +193,5 @@ def ns_product(ops: BlockOps, x: str, z: str, out: str, n: int, dtype: Any, seed
     return math.sqrt(sum(t["sumsq"] for t in res)), reduce_probe(res, n, PROBES)
 
 
-__all__ = ["PROBES", "BlockOps", "backward_error", "default_tol", "ns_product", "ns_residual", "ns_update", "probe_estimate",
+__all__ = ["PROBED_SAFE_RESIDUAL", "PROBES", "BlockOps", "backward_error", "default_tol", "is_inverse", "ns_product", "ns_residual", "ns_update", "probe_estimate",
            "probes", "reduce_probe"]

@@ -3,7 +3,11 @@
 A :class:`TileGraph` maps keys ``(name, i, j, ...)`` to tasks ``(func, *args)`` whose arguments are
 small, picklable specs (paths, slices, plans) — never big arrays — so the same graph runs on the
 threaded scheduler, on processes, or on a ``distributed`` cluster whose workers share the storage.
-Names are ``<operation>-<tokenize(inputs, plan)>``, so equal work gets equal keys.
+
+Keys are deterministic in everything that makes a task distinct: when a graph runs, its name gets a
+token of every task's function and arguments (inputs, outputs, parameters, plan). Tile tasks write
+their results as a side effect, so two jobs that differ only in their output must never share a key:
+a ``distributed`` scheduler runs a key once and hands the second job the first job's result.
 """
 
 from __future__ import annotations
@@ -38,6 +42,25 @@ class TileGraph:
     def keys(self) -> list[Hashable]:
         return list(self.tasks)
 
+    def distinct(self) -> TileGraph:
+        """This graph with its name extended by a token of every task (functions and arguments).
+
+        Keys naming other tasks of the graph (dependencies) are renamed with it.
+        """
+        name = f"{self.name}-{tokenize(list(self.tasks.items()))}"
+
+        def rename(arg: Any) -> Any:
+            if isinstance(arg, tuple) and arg and arg[0] == self.name and arg in self.tasks:
+                return (name, *arg[1:])
+            if isinstance(arg, list):
+                return [rename(a) for a in arg]
+            return arg
+
+        out = TileGraph(name)
+        for key, (func, *args) in self.tasks.items():
+            out.tasks[rename(key)] = (func, *[rename(a) for a in args])
+        return out
+
     def __len__(self) -> int:
         return len(self.tasks)
 
@@ -67,8 +90,12 @@ def _run_serial(dsk: dict, keys: list, progress: Any) -> list:
     return [run(k) for k in keys]
 
 
+#: Times a local process pool is rebuilt after one of its processes died (SIGKILL, out of memory).
+POOL_RETRIES = 2
+
+
 def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progress: Any = None,
-            description: str = "tiles") -> list:
+            description: str = "tiles", events: dict | None = None) -> list:
     """Run every task of ``graph``; return their results in key order.
 
     Parameters
@@ -81,9 +108,20 @@ def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progre
     progress : object with start/advance/close, optional
     description : str
         Progress bar label.
+    events : dict, optional
+        Receives ``retried_tasks``: tasks run again after their worker process died.
+
+    Raises
+    ------
+    WorkerLostError
+        Under ``processes``, pool processes died more than :data:`POOL_RETRIES` times; tiles already
+        written stay in the partial output for ``resume=True``.
     """
     sched = scheduler if isinstance(scheduler, Scheduler) else resolve_scheduler(scheduler)
     progress = progress or NullProgress()
+    events = {} if events is None else events
+    events.setdefault("retried_tasks", 0)
+    graph = graph.distinct()
     keys = graph.keys()
     dsk = dict(graph.tasks)
     progress.start(len(keys), description)
@@ -92,22 +130,54 @@ def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progre
     if sched.kind == "sync":
         return _run_serial(dsk, keys, progress)
     if sched.kind == "distributed":
-        from distributed import as_completed
+        return _run_distributed(sched.client, dsk, keys, progress, events)
+    return _run_local(sched.kind, dsk, keys, workers, progress, events)
 
-        futures = sched.client.get(dsk, keys, sync=False)
-        for _ in as_completed(futures):
-            progress.advance(1)
-        return sched.client.gather(futures)
+
+def _run_distributed(client: Any, dsk: dict, keys: list, progress: Any, events: dict) -> list:
+    """Through ``client`` (never the default client: any client, or an address, works).
+
+    ``distributed`` itself reruns the tasks of a worker that died; their count is read from the
+    scheduler's retry records of this graph's keys.
+    """
+    from distributed import as_completed
+
+    futures = client.get(dsk, keys, sync=False)
+    for _ in as_completed(futures, loop=client.loop):
+        progress.advance(1)
+    results = client.gather(futures)
+
+    def suspicious(keys, dask_scheduler=None):  # by value: the scheduler need not import blocklin
+        return sum(dask_scheduler.tasks[k].suspicious for k in keys if k in dask_scheduler.tasks)
+
+    try:
+        events["retried_tasks"] += int(client.run_on_scheduler(suspicious, keys))
+    except Exception:  # a scheduler that refuses run_on_scheduler: the count is unknown, not wrong
+        events["retried_tasks"] = None
+    return results
+
+
+def _run_local(kind: str, dsk: dict, keys: list, workers: int, progress: Any, events: dict) -> list:
+    """Dask's threaded or multiprocessing scheduler; a dead pool process costs only its tasks.
+
+    Tile tasks are idempotent (each writes whole chunks of its own), so after a pool process dies
+    the tasks that had not reported back run again in a fresh pool; finished ones are kept.
+    """
+    from concurrent.futures.process import BrokenProcessPool
+
     from dask.callbacks import Callback
 
+    done: dict = {}
     key_set = set(keys)
+    has_deps = any(_refers(a, key_set) for _, *args in dsk.values() for a in args)
 
     class _Progress(Callback):
         def _posttask(self, key, result, dsk_, state, worker_id):  # noqa: N805
-            if key in key_set:
+            if key in key_set and key not in done:
+                done[key] = result
                 progress.advance(1)
 
-    if sched.kind == "processes":
+    if kind == "processes":
         import dask.multiprocessing
 
         get = dask.multiprocessing.get
@@ -115,5 +185,38 @@ def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progre
         import dask.threaded
 
         get = dask.threaded.get
-    with _Progress():
-        return list(get(dsk, keys, num_workers=max(1, workers)))
+    for attempt in range(POOL_RETRIES + 1):
+        todo = [k for k in keys if k not in done]
+        # with dependencies, finished inputs of unfinished tasks are recomputed (cheap, idempotent)
+        sub = dsk if has_deps else {k: dsk[k] for k in todo}
+        try:
+            with _Progress():
+                results = get(sub, todo, num_workers=max(1, workers))
+            done.update(zip(todo, results))
+            return [done[k] for k in keys]
+        except BrokenProcessPool as exc:
+            lost = len(keys) - len(done)
+            if attempt == POOL_RETRIES:
+                from blocklin.errors import WorkerLostError, explain
+
+                raise WorkerLostError(explain(
+                    "scheduler", "needs worker processes that survive the job",
+                    f"a pool process died {attempt + 1} times ({exc}); {len(done)} of {len(keys)} tasks finished",
+                    "rerun with resume=True (CLI: --resume) to keep the finished tiles; check the memory "
+                    "limit of the processes, or use scheduler='threads'")) from exc
+            events["retried_tasks"] += lost
+            from blocklin.errors import warn
+
+            warn(f"a worker process died; running its {lost} unfinished task(s) again in a new pool")
+    raise AssertionError("unreachable")
+
+
+def _refers(arg: Any, keys: set) -> bool:
+    if isinstance(arg, tuple):
+        try:
+            return arg in keys
+        except TypeError:
+            return False
+    if isinstance(arg, list):
+        return any(_refers(a, keys) for a in arg)
+    return False

@@ -14,12 +14,15 @@ import time
 import uuid
 from typing import Any
 
+from blocklin import _memory
 from blocklin.config import Config, resolve
 from blocklin.device.base import gpu_available, resolved_kind
+from blocklin.errors import WorkerLostError
 from blocklin.operands import Operand, as_operand, temp_root
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
+from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import remove
 from blocklin.storage.location import Location
@@ -49,6 +52,7 @@ class Job:
                  progress: Any = None, check_finite: bool | None = None, temp_dir: Any = None,
                  storage_options: dict | None = None) -> None:
         self.operation = operation
+        _memory.tune()  # this process chose blocklin (a worker that only runs its tasks is left alone)
         cfg = resolve(memory=memory, device=device, device_memory=device_memory, scheduler=scheduler,
                       workers=workers, check_finite=check_finite, temp_dir=temp_dir)
         if storage_options:
@@ -76,7 +80,7 @@ class Job:
             get_device("gpu")  # raises DeviceError with the fix
         self.progress = make_progress(self.cfg.progress if progress is None else progress)
         self.t0 = time.perf_counter()
-        self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0,
+        self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0, "retried_tasks": 0,
                       "load_seconds": 0.0, "wait_seconds": 0.0}
         self.outputs: list[AtomicOutput] = []
 
@@ -108,16 +112,16 @@ class Job:
         return self.cfg.workers or default
 
     def task_blas_threads(self, blas_threads: int) -> int | None:
-        """BLAS threads each task sets itself: only off the local threaded/sync schedulers."""
+        """BLAS threads each task sets itself (and restores when it ends).
+
+        ``None`` on the local threaded/sync schedulers (the job limits BLAS around the whole run);
+        on a cluster, each task takes its own worker's share of that machine's cores
+        (:data:`~blocklin.runtime.tiles.FROM_WORKER`), never a figure from the client's machine.
+        """
         if self.scheduler.kind in ("threads", "sync"):
             return None
         if self.scheduler.kind == "distributed":
-            try:
-                info = self.scheduler.client.scheduler_info()
-                total = sum(w.get("nthreads", 1) for w in info.get("workers", {}).values()) or 1
-                return max(1, self.cores() // total)
-            except Exception:
-                return 1
+            return FROM_WORKER
         return blas_threads
 
     # -- temporary stores and outputs -----------------------------------------------------------
@@ -155,9 +159,14 @@ class Job:
             from threadpoolctl import threadpool_limits
 
             ctx = threadpool_limits(limits=blas_threads, user_api="blas")
+        events: dict = {}
         with ctx:
             results = execute(graph, scheduler=self.scheduler, workers=workers, progress=self.progress,
-                              description=description or f"{self.operation}")
+                              description=description or f"{self.operation}", events=events)
+        if events["retried_tasks"] is None or self.stats["retried_tasks"] is None:
+            self.stats["retried_tasks"] = None  # unknown on this scheduler
+        else:
+            self.stats["retried_tasks"] += events["retried_tasks"]
         for r in results:
             if isinstance(r, dict):
                 self.add_stats(r)
@@ -187,7 +196,8 @@ class Job:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if exc_type is not None:
+            # after lost worker processes the finished tiles stay for resume=True (the error says so)
+            if exc_type is not None and not issubclass(exc_type, WorkerLostError):
                 for ao in self.outputs:
                     ao.abort()
         finally:

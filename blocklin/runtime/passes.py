@@ -20,7 +20,7 @@ import numpy as np
 from blocklin.device import TileStream, get_device
 from blocklin.plan.passes import RowPassPlan
 from blocklin.runtime.graph import TileGraph
-from blocklin.runtime.tiles import check_finite, ensure_blas_threads, open_array, region
+from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
 from blocklin.storage.zarr_store import read_block, write_block
 
 #: ``kernel(device, arrays, rows, params, state) -> (state, writes)``; ``arrays`` are the strip's
@@ -51,9 +51,9 @@ class RowPassSpec:
     transposed_outputs: tuple[str, ...] = ()
 
 
+@with_task_settings
 def row_pass_task(spec: RowPassSpec, group: int) -> dict:
     """Stream the strips of ``group`` and return ``{"state": ..., stats}``."""
-    ensure_blas_threads(spec.blas_threads)
     t0 = time.perf_counter()
     arrays = [open_array(p) for p in spec.inputs]
     trans = spec.transposed or (False,) * len(arrays)

@@ -8,6 +8,8 @@ process), and return small statistics dicts. The arithmetic itself is the device
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import queue
 import threading
 import time
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin import _memory
 from blocklin.device import TileStream, get_device
 from blocklin.errors import NonFiniteError, explain
 from blocklin.plan.chunks import split
@@ -29,19 +32,84 @@ def open_array(path: Any, mode: str = "r") -> Any:
 
 
 _blas_lock = threading.Lock()
-_blas_set: int | None = None
+_blas_users = 0
+_blas_limiter: Any = None
+
+#: ``blas_threads`` value of a task spec meaning "as many as this worker process's share of its
+#: machine's cores" (a ``distributed`` worker with ``nthreads`` threads gets ``cores // nthreads``).
+FROM_WORKER = 0
 
 
-def ensure_blas_threads(n: int | None) -> None:
-    """Limit BLAS threads in this (worker) process; a no-op when ``n`` is None or already set."""
-    global _blas_set
-    if n is None or n == _blas_set:
-        return
-    with _blas_lock:
-        from threadpoolctl import threadpool_limits
+def _worker_share() -> int | None:
+    try:
+        from distributed import get_worker
 
-        threadpool_limits(limits=n, user_api="blas")
-        _blas_set = n
+        worker = get_worker()
+    except (ImportError, ValueError):
+        return None
+    nthreads = getattr(getattr(worker, "state", worker), "nthreads", None) or 1
+    return max(1, (os.cpu_count() or 1) // nthreads)
+
+
+def with_task_settings(task: Any) -> Any:
+    """Run ``task(spec, ...)`` with the process settings it needs, then restore the process's own.
+
+    BLAS is limited to ``spec.blas_threads`` threads (``None`` leaves BLAS alone: the job limited it
+    around the whole run; :data:`FROM_WORKER` takes the share of the worker the task runs on). In a
+    ``distributed`` worker, which blocklin does not tune on import, zarr's chunk I/O concurrency is
+    capped as the planners assume (``blocklin._memory.IO_CONCURRENCY``). Both are process-wide, so
+    concurrent tasks of one process share them: the first task to start sets them and the last to
+    finish restores what the process had, so a worker's other workloads see their own settings.
+    """
+
+    @functools.wraps(task)
+    def run(spec: Any, *args: Any, **kwargs: Any) -> Any:
+        global _blas_users, _blas_limiter
+        n = spec.blas_threads
+        if n == FROM_WORKER:
+            n = _worker_share()
+        scoped_io = _memory.in_dask_worker_process() and "ZARR_ASYNC__CONCURRENCY" not in os.environ
+        if n is None and not scoped_io:
+            return task(spec, *args, **kwargs)
+        with _blas_lock:
+            if _blas_users == 0:
+                _blas_limiter = _Scoped(n, scoped_io)
+            _blas_users += 1
+        try:
+            return task(spec, *args, **kwargs)
+        finally:
+            with _blas_lock:
+                _blas_users -= 1
+                if _blas_users == 0:
+                    _blas_limiter.restore()
+                    _blas_limiter = None
+
+    return run
+
+
+class _Scoped:
+    """The settings of :func:`with_task_settings` and what they replaced."""
+
+    def __init__(self, blas_threads: int | None, io: bool) -> None:
+        self.blas = None
+        if blas_threads is not None:
+            from threadpoolctl import threadpool_limits
+
+            self.blas = threadpool_limits(limits=blas_threads, user_api="blas")
+        self.io = None
+        if io:
+            import zarr
+
+            self.io = zarr.config.get("async.concurrency")
+            zarr.config.set({"async.concurrency": _memory.IO_CONCURRENCY})
+
+    def restore(self) -> None:
+        if self.blas is not None:
+            self.blas.restore_original_limits()
+        if self.io is not None:
+            import zarr
+
+            zarr.config.set({"async.concurrency": self.io})
 
 
 def sumsq(x: np.ndarray) -> float:
@@ -156,12 +224,12 @@ class GemmSpec:
     probe_args: tuple = ()
 
 
+@with_task_settings
 def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
     """Compute output tile ``(i, j)`` = ``alpha * op(A)[rows, :] @ op(B)[:, cols] + beta * C0[rows, cols]``."""
     unit = f"tile-{i}-{j}"
     if is_done(spec.done_dir, unit):
         return {"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0}
-    ensure_blas_threads(spec.blas_threads)
     t_start = time.perf_counter()
     A, B = open_array(spec.a), open_array(spec.b)
     dtype = np.dtype(spec.dtype)
