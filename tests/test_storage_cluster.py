@@ -47,11 +47,11 @@ def test_unreachable_temp_dir_fails_up_front_with_the_fix(client, s3):
 def test_gemm_on_cluster_with_s3_data_and_temp(client, s3, tmp_path):
     base, opts = s3
     blocklin.from_array(A, tmp_path / "A.zarr", chunks=(50, 35))
-    ref = blocklin.matmul(tmp_path / "A.zarr", B, tmp_path / "C.zarr", memory="256KiB", scheduler="sync")
+    ref = blocklin.matmul(tmp_path / "A.zarr", B, tmp_path / "C.zarr", memory="2MiB", scheduler="sync")
     blocklin.from_array(A, f"{base}/A.zarr", chunks=(50, 35), storage_options=opts)
     import dask.array as da
 
-    got = blocklin.matmul(f"{base}/A.zarr", da.from_array(B, chunks=(30, 40)), f"{base}/C.zarr", memory="256KiB",
+    got = blocklin.matmul(f"{base}/A.zarr", da.from_array(B, chunks=(30, 40)), f"{base}/C.zarr", memory="2MiB",
                           storage_options=opts, temp_dir=f"{base}/tmp", scheduler=client)
     np.testing.assert_array_equal(got.to_numpy(), ref.to_numpy())
     assert got.report["scheduler"] == "distributed"
