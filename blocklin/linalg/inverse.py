@@ -93,6 +93,10 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         Seed of the random butterfly and the probe vectors (results are reproducible).
     explain : bool
         Return the :class:`~blocklin.plan.inverse.InversePlan` without running.
+    temp_dir : path or URL, optional
+        Where staged inputs and intermediates go (default: config / ``BLOCKLIN_TEMP_DIR``).
+    storage_options : dict, optional
+        fsspec options for URL operands, outputs and temp dir (see ``docs/cluster.md``).
 
     Returns
     -------

@@ -167,6 +167,10 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         Write a zarr group with ``w``, ``V`` and the report in its attributes.
     memory, device, scheduler, workers, progress, check_finite, overwrite
         As for every blocklin operation.
+    temp_dir : path or URL, optional
+        Where staged inputs and intermediates go (default: config / ``BLOCKLIN_TEMP_DIR``).
+    storage_options : dict, optional
+        fsspec options for URL operands, outputs and temp dir (see ``docs/cluster.md``).
 
     Returns
     -------

@@ -377,6 +377,10 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         Pass limit of the adaptive methods (default 20 for ``rsvd``, 60 for ``lanczos``).
     block_size, max_basis : int, optional
         ``lanczos`` block size (default about ``(k + oversample) / 2``) and restart basis size.
+    temp_dir : path or URL, optional
+        Where staged inputs and intermediates go (default: config / ``BLOCKLIN_TEMP_DIR``).
+    storage_options : dict, optional
+        fsspec options for URL operands, outputs and temp dir (see ``docs/cluster.md``).
 
     Returns
     -------

@@ -214,6 +214,10 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         As for :func:`blocklin.matmul`. The passes of this solver run on the CPU.
     explain : bool
         Return the :class:`~blocklin.plan.solve.SolvePlan` without running.
+    temp_dir : path or URL, optional
+        Where staged inputs and intermediates go (default: config / ``BLOCKLIN_TEMP_DIR``).
+    storage_options : dict, optional
+        fsspec options for URL operands, outputs and temp dir (see ``docs/cluster.md``).
 
     Returns
     -------
