@@ -94,6 +94,10 @@ def test_svd(stores):
         np.testing.assert_array_equal(_bits(g), _bits(r))
     m = blocklin.open(remote("svd.zarr") + "/S", storage_options=opts)
     np.testing.assert_array_equal(m.to_numpy(), ref[1])
+    from blocklin.errors import StoreReadError
+
+    with pytest.raises(StoreReadError, match="a zarr group.*name one of its arrays"):
+        blocklin.open(remote("svd.zarr"), storage_options=opts)
 
 
 def test_eigsh(stores):

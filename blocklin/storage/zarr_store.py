@@ -104,6 +104,9 @@ def open_zarr(path: Any, *, name: str = "path", mode: str = "r", allow_pending: 
     if not allowed and (be.try_read(PENDING_RECORD) is not None
                         or (not has_meta and backend(loc.parent).try_read(PENDING_RECORD) is not None)):
         raise UncommittedOutputError(uncommitted_message(loc, name))
+    if meta is not None and b'"group"' in meta and json.loads(meta).get("node_type") == "group":
+        raise StoreReadError(explain(name, "must be a zarr array", f"{loc.url!r}, a zarr group",
+                                     "name one of its arrays (PATH/NAME)"))
     if meta is not None and not loc.is_local:
         try:  # the metadata just read: no second round of requests through zarr's opener
             return _from_metadata(loc, json.loads(meta), mode)
