@@ -265,8 +265,12 @@ def test_store_objects_and_zarr_arrays_name_their_location(tmp_path):
     store = zarr.storage.LocalStore(str(tmp_path / "A.zarr"))
     assert blocklin.open(store).location == m.location
     fs_store = zarr.storage.FsspecStore.from_url(f"file://{tmp_path}/A.zarr")
-    r = blocklin.matmul(zarr.open_array(store=fs_store, mode="r"), m, trans_b=True)
+    out_store = zarr.storage.FsspecStore.from_url(f"file://{tmp_path}/AAt.zarr")
+    r = blocklin.matmul(zarr.open_array(store=fs_store, mode="r"), m, out_store, trans_b=True)
+    assert r.path == f"file://{tmp_path}/AAt.zarr"
     np.testing.assert_allclose(r.to_numpy(), A @ A.T, rtol=0, atol=1e-12 * 80)
+    with pytest.raises(TypeError, match="LocalStore or an FsspecStore"):
+        blocklin.matmul(A, A.T, zarr.storage.MemoryStore())
 
 
 def test_task_tokens_name_the_store_not_its_credentials():
