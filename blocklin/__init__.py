@@ -13,7 +13,7 @@ from blocklin.config import configure  # noqa: E402
 from blocklin.create import from_array, open, random  # noqa: E402,A004
 from blocklin.linalg.gemm import matmul  # noqa: E402
 from blocklin.linalg.inverse import inv  # noqa: E402
-from blocklin.linalg.lanczos import eigsh  # noqa: E402
+from blocklin.linalg.eigsh import eigsh  # noqa: E402
 from blocklin.linalg.operator import aslinearoperator  # noqa: E402
 from blocklin.linalg.svd import svd  # noqa: E402
 from blocklin.linalg.tikhonov import solve  # noqa: E402

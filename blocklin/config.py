@@ -18,9 +18,9 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypedDict
 
-from blocklin.errors import ConfigError, explain
+from blocklin.errors import ConfigError, ParameterError, explain
 
 _UNITS = {
     "": 1, "b": 1,
@@ -146,6 +146,39 @@ class Config:
         """Return a copy with the non-None ``changes`` applied."""
         changes = {k: v for k, v in changes.items() if v is not None}
         return dataclasses.replace(self, **changes) if changes else self
+
+
+class Settings(TypedDict, total=False):
+    """The settings every operation takes as keywords; ``None`` (or leaving one out) keeps the value in force.
+
+    ``memory``, ``device_memory``: budgets (``"1GiB"`` or bytes); ``device``: ``"auto"``, ``"cpu"`` or
+    ``"gpu"``; ``scheduler``: see :class:`Config`; ``workers``: concurrent tile tasks; ``progress``:
+    show progress (or a progress object); ``check_finite``: check operands for NaN/Inf;
+    ``temp_dir``: folder or URL for staged inputs and intermediates; ``storage_options``: fsspec
+    options for URL operands, outputs and temp dir, added to the configured ones (``docs/cluster.md``).
+    """
+
+    memory: Any
+    device_memory: Any
+    device: str | None
+    scheduler: Any
+    workers: int | None
+    progress: Any
+    check_finite: bool | None
+    temp_dir: Any
+    storage_options: dict | None
+
+
+#: Names of :class:`Settings`.
+SETTINGS: tuple[str, ...] = tuple(Settings.__annotations__)
+
+
+def check_settings(settings: dict[str, Any]) -> None:
+    """Refuse keywords that are not settings (a misspelt ``memroy=`` would otherwise be ignored)."""
+    unknown = sorted(k for k in settings if k not in SETTINGS)  # (set is shadowed in this module)
+    if unknown:
+        raise ParameterError(explain(unknown[0], f"is not a setting (settings are {', '.join(SETTINGS)})",
+                                     f"{unknown[0]}={settings[unknown[0]]!r}", "check the spelling"))
 
 
 _ENV = {

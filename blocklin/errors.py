@@ -16,6 +16,10 @@ class BlocklinError(Exception):
     """Base class of every error raised by blocklin."""
 
 
+class ParameterError(BlocklinError, ValueError):
+    """An argument of an operation is invalid (out of range, unknown choice, wrong kind)."""
+
+
 class ConfigError(BlocklinError, ValueError):
     """A configuration value (budget, device, scheduler, codec, ...) is invalid."""
 
@@ -74,6 +78,10 @@ class DeviceError(BlocklinError, RuntimeError):
 
 class SingularMatrixError(BlocklinError, np.linalg.LinAlgError):
     """The matrix is singular or numerically singular."""
+
+
+class NotSymmetricError(BlocklinError, ValueError):
+    """A symmetric matrix was required (``eigsh``) and the operand is not symmetric."""
 
 
 class ConvergenceError(BlocklinError, RuntimeError):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.config import Config
-from blocklin.errors import DTypeError, ShapeError, explain
+from blocklin.errors import ParameterError, ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
 from blocklin.storage.backend import remove
@@ -25,8 +25,6 @@ from blocklin.storage.dask_io import store_dask
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import create_array, open_zarr, store_path
 
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-SUPPORTED_DTYPES = FLOAT_DTYPES + (np.dtype(np.complex64), np.dtype(np.complex128))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +101,7 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
     elif isinstance(x, (list, tuple)):
         path, arr, staged = _stage_numpy(np.asarray(x), name, cfg, stack)
     else:
-        raise TypeError(explain(name, "must be a path, zarr array, blocklin.Matrix, NumPy or Dask array",
+        raise ParameterError(explain(name, "must be a path, zarr array, blocklin.Matrix, NumPy or Dask array",
                                 f"{type(x).__name__}", "pass a NumPy array or the path of a zarr array"))
     _check_ndim(name, arr.shape, ndim)
     return Operand(name=name, path=path, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype),
@@ -125,24 +123,3 @@ def _stage_numpy(x: np.ndarray, name: str, cfg: Config, stack: contextlib.ExitSt
     if x.size:
         arr[...] = x
     return d, arr, True
-
-
-def result_dtype(operands: list[Operand], dtype: Any, allowed: tuple = SUPPORTED_DTYPES) -> np.dtype:
-    """The compute dtype: the operands' common dtype, or ``dtype`` when given (no silent upcast)."""
-    if dtype is not None:
-        dt = np.dtype(dtype)
-        if dt not in allowed:
-            raise DTypeError(explain("dtype", f"must be one of {[d.name for d in allowed]}", dt.name,
-                                     "pass dtype='float64' or dtype='float32'"))
-        return dt
-    dts = {op.dtype for op in operands}
-    if len(dts) > 1:
-        listing = ", ".join(f"{op.name}: {op.dtype.name}" for op in operands)
-        raise DTypeError(explain("dtype", "operands must share one dtype (blocklin never upcasts silently)", listing,
-                                 "pass dtype='float64' (or 'float32') to cast while streaming, or convert the "
-                                 "inputs (blocklin convert --dtype)"))
-    dt = dts.pop()
-    if dt not in allowed:
-        raise DTypeError(explain(operands[0].name, f"dtype must be one of {[d.name for d in allowed]}", dt.name,
-                                 "convert it (blocklin convert --dtype float64) or pass dtype='float64'"))
-    return dt

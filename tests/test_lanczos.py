@@ -10,7 +10,8 @@ import scipy.linalg
 
 import blocklin as bl
 from blocklin.errors import ConvergenceWarning, NonFiniteError, ShapeError
-from blocklin.linalg.lanczos import NotSymmetricError, block_lanczos
+from blocklin.errors import NotSymmetricError
+from blocklin.linalg.lanczos import block_lanczos
 
 
 def sym(n: int, eigs: np.ndarray, dtype=np.float64, seed: int = 0) -> np.ndarray:

@@ -99,7 +99,7 @@ def test_square_in_core_read_once():
         res = bl.svd(a, 4, method=method, seed=1, memory="64MiB")
         assert res.report["in_core"] and res.report["passes"] == 1
         assert res.report["bytes_read"] == a.nbytes
-        assert isinstance(res.U, np.ndarray)
+        assert isinstance(res.U, bl.Matrix) and isinstance(res.Vt, np.ndarray)  # the same types as streamed
         np.testing.assert_allclose(res.s, s[:4], rtol=1e-6 if method != "sketch" else 0.15)
 
 
@@ -221,9 +221,19 @@ def test_orthonormalize_out_of_core_and_fallbacks(tmp_path):
     np.testing.assert_allclose(qd @ r, y, atol=1e-10)
 
 
+def test_orthonormalize_in_core_returns_the_same_type():
+    y = np.random.default_rng(3).standard_normal((200, 7))
+    q, r = orthonormalize(y, memory="64MiB")  # fits: Householder QR of the block read once
+    assert isinstance(q, bl.Matrix) and q.report["orth"]["method"].startswith("householder")
+    qd = dense(q)
+    assert np.abs(qd.T @ qd - np.eye(7)).max() < 1e-12
+    assert np.all(np.diag(r) >= 0) and np.allclose(np.tril(r, -1), 0)
+    np.testing.assert_allclose(qd @ r, y, atol=1e-12)
+
+
 def test_cholqr_falls_back_to_tsqr():
     from blocklin.linalg.orth import cholqr_r
-    from blocklin.linalg.svd import _ArrayBlock
+    from blocklin.linalg.tallblock import ArrayBlock as _ArrayBlock
 
     rng = np.random.default_rng(1)
     y = rng.standard_normal((500, 6)) @ np.diag(np.logspace(0, -8, 6))

@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.lanczos import eigsh
+    from blocklin.linalg.eigsh import eigsh
 
     res = eigsh(args.a, args.k, which=args.which, tol=args.tol, max_passes=args.max_passes, seed=args.seed,
                 out=args.out, memory=args.memory, device=args.device, scheduler=args.scheduler,

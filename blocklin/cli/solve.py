@@ -6,6 +6,7 @@ import argparse
 
 from blocklin.cli import ui
 from blocklin.config import format_size
+from blocklin.errors import ParameterError, explain
 
 
 def _lam(value: str) -> object:
@@ -45,7 +46,8 @@ def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.tikhonov import solve
 
     if args.plot and not isinstance(args.lam, str):
-        raise ValueError("--plot needs --lambda gcv or --lambda lcurve (the curve is computed to choose lambda)")
+        raise ParameterError(explain("--plot", "needs --lambda gcv or --lambda lcurve (the curve is computed to "
+                                     "choose lambda)", f"--lambda {args.lam}", "pass --lambda gcv"))
     x = solve(args.a, args.b, lam=args.lam, method=args.method, out=args.out, refine=args.refine,
               memory=args.memory, device=args.device, scheduler=args.scheduler, workers=args.workers,
               check_finite=False if args.no_check_finite else None, overwrite=args.overwrite,

@@ -7,6 +7,7 @@ from typing import Any
 
 from blocklin.cli import ui
 from blocklin.config import format_size
+from blocklin.errors import ParameterError, explain
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,8 +38,8 @@ def _power_iters(value: str) -> Any:
     try:
         return int(value)
     except ValueError:
-        raise ValueError(f"--power-iters: must be an integer or 'auto'; got {value!r}. Fix: pass --power-iters 2") \
-            from None
+        raise ParameterError(explain("--power-iters", "must be an integer or 'auto'", repr(value),
+                                     "pass --power-iters 2")) from None
 
 
 def run(args: argparse.Namespace) -> dict:

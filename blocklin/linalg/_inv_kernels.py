@@ -8,12 +8,13 @@ in a fixed order, so they do not depend on the scheduler.
 Contents
 --------
 * the random butterfly transformation (RBT) of Givens rotations: :class:`Butterfly`;
-* (region GEMMs ``out[R] = alpha * A[Ra] @ B[Rb] + beta * C[Rc] (+ I)`` run as the engine's GEMM tile
-  task, :func:`blocklin.runtime.tiles.gemm_tile`, with offsets, identity and statistics options);
+* :class:`InverseEpilogue`: what each region GEMM tile (:mod:`blocklin.runtime.blockops`) adds for
+  the inverse: ``+ I``, ``||tile||_F^2`` and probe products;
 * :func:`leaf_inverse_task`: in-core LU inversion with partial pivoting of a diagonal region;
 * :func:`unmix_columns_task`: ``X[:, cols] = V @ Y[:, cols]`` (undo the RBT), with ``||X||_F^2`` and
   probe products ``X[:, cols] @ P[cols]``;
-* row-pass kernels: :func:`mix_kernel` (``W = M V``), :func:`probe_kernel` (``P - M (X P)``).
+* row-pass kernels, with their declared memory: :func:`mix_kernel` (``W = M V``), :func:`probe_kernel`
+  (``P - M (X P)``).
 """
 
 from __future__ import annotations
@@ -24,28 +25,67 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.linalg.random import probes
 from blocklin.plan.chunks import split
-from blocklin.runtime.tiles import open_array, with_task_settings
-from blocklin.runtime.tiles import sumsq as _sumsq
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime.passes import row_kernel
+from blocklin.runtime.tiles import Epilogue, open_array, with_task_settings
 from blocklin.storage.zarr_store import read_block, write_block
 
-class Params:
-    """Kernel parameters carried by a spec through the scheduler.
 
-    Hashable by identity (graph executors test task arguments against keys, and parameters may
-    hold arrays) and tokenized by content, so graph names stay deterministic.
+def sumsq(x: np.ndarray) -> float:
+    """``||x||_F^2`` in float64 without a full-size temporary."""
+    total = 0.0
+    rows = max(1, (1 << 18) // max(1, x.shape[1])) if x.ndim == 2 and x.shape[1] else max(1, x.shape[0])
+    for r0 in range(0, x.shape[0], rows):
+        blk = np.asarray(x[r0:r0 + rows], dtype=np.float64)
+        total += float(np.einsum("ij,ij->", blk, blk))
+    return total
+
+
+
+# -- the inverse's GEMM epilogue ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class InverseEpilogue(Epilogue):
+    """What the inverse takes from each region GEMM tile (``out = alpha A B + beta C``).
+
+    ``identity``: add ``I`` where the global output row equals the global column (``I - M X``);
+    always the tile's ``sumsq`` (``||tile||_F^2`` in float64); with ``probe = (seed, k, n)`` the
+    product ``tile @ P[cols]`` of the ``n x k`` probe block (returned as ``probe``:
+    ``(first row of the tile in the region, block)``).
     """
 
-    def __init__(self, **items: Any) -> None:
-        self.__dict__.update(items)
+    identity: bool = False
+    probe: tuple[int, int, int] | None = None
 
-    def __getitem__(self, key: str) -> Any:
-        return self.__dict__[key]
+    def begin(self, rows: slice, cols: slice, out_off: tuple[int, int]) -> dict:
+        st = {"rows": rows, "cols": cols, "off": out_off, "sumsq": 0.0}
+        if self.probe is not None:
+            seed, k, n = self.probe
+            o1 = out_off[1]
+            st["p"] = probes(n, k, seed)[o1 + cols.start:o1 + cols.stop]
+            st["xp"] = np.zeros((rows.stop - rows.start, k))
+        return st
 
-    def __dask_tokenize__(self) -> Any:
-        from dask.base import tokenize
+    def strip(self, st: dict, block: np.ndarray, r0: int, r1: int) -> None:
+        rows, cols, (o0, o1) = st["rows"], st["cols"], st["off"]
+        if self.identity:  # global diagonal entries that fall in this strip
+            lo = max(o0 + rows.start + r0, o1 + cols.start)
+            hi = min(o0 + rows.start + r1, o1 + cols.stop)
+            if hi > lo:
+                g = np.arange(lo, hi)
+                block[g - o0 - rows.start - r0, g - o1 - cols.start] += 1
+        st["sumsq"] += sumsq(block)
+        if "p" in st:
+            st["xp"][r0:r1] = block.astype(np.float64, copy=False) @ st["p"]
 
-        return tokenize(sorted(self.__dict__.items()))
+    def end(self, st: dict) -> dict:
+        out = {"sumsq": st["sumsq"]}
+        if "xp" in st:
+            out["probe"] = (st["rows"].start, st["xp"])
+        return out
 
 
 # -- random butterfly transformation ----------------------------------------------------------------
@@ -118,6 +158,13 @@ def mix_init(device: Any, params: Any) -> dict:
     return {"sumsq": 0.0}
 
 
+def _mix_memory(params: Any, sources: tuple) -> PassMemory:
+    n = sources[0].width
+    # float64 copy of the strip, its rotated columns and probe product; the cast block written
+    return PassMemory(fixed=0, per_row=n * (3 * 8 + np.dtype(params["dtype"]).itemsize))
+
+
+@row_kernel(memory=_mix_memory, init=mix_init, device="cpu")
 def mix_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict]:
     """``W[rows] = (M[rows] @ V).astype(work dtype)`` (``I - M`` when ``shift``); accumulate ``||.||_F^2``."""
     (m,) = arrays
@@ -126,7 +173,7 @@ def mix_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dic
         x = -x if x is not m else np.negative(x, out=x)
         idx = np.arange(rows.stop - rows.start)
         x[idx, rows.start + idx] += 1.0
-    state["sumsq"] += _sumsq(x)
+    state["sumsq"] += sumsq(x)
     bf: Butterfly = params["butterfly"]
     if bf.depth:
         x = bf.right(x, transpose=params["transpose"])  # in place: the strip buffer is not reused before the write
@@ -142,6 +189,13 @@ def probe_init(device: Any, params: Any) -> dict:
     return {"sumsq": 0.0}
 
 
+def _probe_memory(params: Any, sources: tuple) -> PassMemory:
+    n, k = params["w"].shape
+    # the broadcast W = X P, the regenerated probes P; per row a float64 strip and its residual rows
+    return PassMemory(fixed=3 * n * k * 8, per_row=sources[0].width * 8 + 3 * k * 8)
+
+
+@row_kernel(memory=_probe_memory, init=probe_init, device="cpu")
 def probe_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
     """Accumulate ``||P[rows] - M[rows] @ W||_F^2`` with ``W = X P`` (``P`` regenerated from its seed)."""
     (m,) = arrays
@@ -150,11 +204,6 @@ def probe_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: d
     r = p - np.asarray(m, dtype=np.float64) @ w
     state["sumsq"] += float(np.einsum("ij,ij->", r, r))
     return state, None
-
-
-def probes(n: int, k: int, seed: int) -> np.ndarray:
-    """The ``n x k`` standard normal probe block (``E ||R p||^2 = ||R||_F^2`` for each column)."""
-    return np.random.default_rng([seed, 7]).standard_normal((n, k))
 
 
 # -- leaf inversion ---------------------------------------------------------------------------------------
@@ -206,7 +255,7 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
                 "bytes_written": 0, "off": spec.off, "size": spec.size}
     dst = open_array(spec.dst, mode="r+")
     write_block(dst, sl, sl, np.ascontiguousarray(a))
-    return {"rcond": rcond, "info": 0, "sumsq": _sumsq(a), "flops": flops,
+    return {"rcond": rcond, "info": 0, "sumsq": sumsq(a), "flops": flops,
             "bytes_read": a.nbytes, "bytes_written": a.nbytes, "seconds": time.perf_counter() - t0,
             "off": spec.off, "size": spec.size, "anorm": anorm}
 
@@ -241,21 +290,5 @@ def unmix_columns_task(spec: UnmixSpec, c0: int, c1: int) -> dict:
     dst = open_array(spec.dst, mode="r+")
     write_block(dst, slice(0, n), slice(c0, c1), x)
     p = probes(n, spec.probe_k, spec.probe_seed)[c0:c1]
-    return {"sumsq": _sumsq(x), "probe": x.astype(np.float64, copy=False) @ p, "bytes_read": y.nbytes,
+    return {"sumsq": sumsq(x), "probe": x.astype(np.float64, copy=False) @ p, "bytes_read": y.nbytes,
             "bytes_written": x.nbytes, "seconds": time.perf_counter() - t0}
-
-
-def copy_columns_task(src_path: str, dst_path: str, c0: int, c1: int) -> dict:
-    """Copy the column strip ``[:, c0:c1]`` (whole chunks) from one store to another."""
-    src, dst = open_array(src_path), open_array(dst_path, mode="r+")
-    n = src.shape[0]
-    block = read_block(src, slice(0, n), slice(c0, c1))
-    write_block(dst, slice(0, n), slice(c0, c1), block)
-    return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
-
-
-def column_strips(n: int, width: int) -> list[tuple[int, int]]:
-    """Column strips of ``width`` (a multiple of the chunk width) covering ``range(n)``."""
-    return split(n, width)
-
-

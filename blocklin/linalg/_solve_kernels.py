@@ -1,10 +1,10 @@
-"""Row-pass kernels of the regularized solver and the streaming QR.
+"""Row-pass kernels of the normal equations: the Gram pass and the refinement (residual) pass.
 
 Each kernel is ``kernel(device, arrays, rows, params, state) -> (state, writes)`` (see
-:mod:`blocklin.runtime.passes`): ``arrays`` are the strip's blocks of ``A`` (and ``B``), the state
-is a small dict of host arrays that the caller reduces in row order. The solver's passes run on
-the CPU device (the states are ``n x n``); on the CPU the Gram update is a BLAS ``syrk`` (half the
-flops of a GEMM).
+:mod:`blocklin.runtime.passes`): ``arrays`` are the strip's blocks of ``A`` and ``B``, the state
+is a small dict of host arrays that the caller reduces in row order. They are written with NumPy
+and BLAS on host arrays and declare the CPU device (the states are ``n x n``); the Gram update is a
+BLAS ``syrk`` (half the flops of a GEMM). The streaming QR pass is :mod:`blocklin.linalg.tsqr`.
 """
 
 from __future__ import annotations
@@ -12,6 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
+from blocklin.linalg.tsqr import MAX_STRIP_BYTES, MIN_STRIP_ROWS
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime.passes import row_kernel
 
 
 def _syrk_acc(g: np.ndarray, a: np.ndarray) -> None:
@@ -36,6 +40,15 @@ def symmetrize_lower(g: np.ndarray) -> np.ndarray:
     return g
 
 
+def _gram_memory(params: Any, sources: tuple) -> PassMemory:
+    isz = np.dtype(params["dtype"]).itemsize
+    n, k = sources[0].width, sum(s.width for s in sources[1:])
+    # the Gram and A^T B accumulators; per row a cast copy of [A B]
+    return PassMemory(fixed=(n * n + n * k) * isz, per_row=(n + k) * isz, max_strip_bytes=MAX_STRIP_BYTES,
+                      min_rows=MIN_STRIP_ROWS)
+
+
+@row_kernel(memory=_gram_memory, device="cpu")
 def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
     """Accumulate ``A^T A`` (lower triangle), ``A^T B`` and ``||B_j||^2``."""
     a = np.asarray(arrays[0], dtype=params["dtype"])
@@ -52,6 +65,15 @@ def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
     return state, None  # ||A||_F^2 is the trace of the Gram matrix: no extra sweep
 
 
+def _residual_memory(params: Any, sources: tuple) -> PassMemory:
+    isz = np.dtype(params["dtype"]).itemsize
+    n, k = sources[0].width, sum(s.width for s in sources[1:])
+    # the broadcast x and the A^T r accumulator; per row cast copies of [A B] and r, A x
+    return PassMemory(fixed=2 * n * k * isz, per_row=(n + 3 * k) * isz, max_strip_bytes=MAX_STRIP_BYTES,
+                      min_rows=MIN_STRIP_ROWS)
+
+
+@row_kernel(memory=_residual_memory, device="cpu")
 def residual_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
     """``r = B - A X`` per strip: accumulate ``A^T r`` and ``||r_j||^2`` (refinement against the data)."""
     a = np.asarray(arrays[0], dtype=params["dtype"])
@@ -63,35 +85,3 @@ def residual_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state:
     state["atr"] += a.T @ r
     state["rr"] += np.einsum("ij,ij->j", r, r, dtype=np.float64)
     return state, None
-
-
-def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
-    """Streaming Householder QR of ``[A B]``: ``R <- R-factor of [R; strip]`` (Demmel et al. 2012).
-
-    The state holds the ``(n+k) x (n+k)`` upper-triangular factor of the rows seen so far, whose
-    leading ``n x n`` block is ``R`` of ``A``, whose last ``k`` columns hold ``Q^T B`` and the
-    residual factor ``T`` with ``||T e_j|| = min_x ||A x - b_j||``; plus ``||A||_F^2`` and ``||B_j||^2``.
-    """
-    a = np.asarray(arrays[0], dtype=params["dtype"])
-    parts = [a]
-    if len(arrays) > 1:
-        parts.append(np.asarray(arrays[1], dtype=params["dtype"]))
-    strip = np.hstack(parts) if len(parts) > 1 else a
-    width = strip.shape[1]
-    if state is None:
-        state = {"r": np.zeros((0, width), params["dtype"]), "aa": 0.0, "bb": np.zeros(width - a.shape[1])}
-    state["aa"] += float(np.einsum("ij,ij->", a, a, dtype=np.float64))
-    if len(parts) > 1:
-        state["bb"] += np.einsum("ij,ij->j", parts[1], parts[1], dtype=np.float64)
-    state["r"] = r_factor(np.vstack([state["r"], strip]))
-    return state, None
-
-
-def r_factor(x: np.ndarray) -> np.ndarray:
-    """Upper-triangular (trapezoidal when short) R of Householder QR, at most ``width`` rows."""
-    from scipy.linalg import qr
-
-    if x.shape[0] == 0:
-        return x
-    (r,) = qr(x, mode="r", overwrite_a=True, check_finite=False)
-    return np.ascontiguousarray(r[: min(x.shape)])

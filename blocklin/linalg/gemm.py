@@ -1,33 +1,117 @@
-"""Blocked out-of-core GEMM: ``alpha * op(A) @ op(B) + beta * C``."""
+"""Blocked out-of-core GEMM: ``alpha * op(A) @ op(B) + beta * C``.
+
+:func:`matmul` is the public operation (its own job, output and report); :class:`Gemm` is the same
+product inside a job that another operation already runs (the wide regularized solve forms
+``A A^T`` and ``A^T y`` with it), so operations compose without nesting jobs.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Unpack
 
 from dask.base import tokenize
 
+from blocklin.config import Settings
 from blocklin.errors import ShapeError, warn
 from blocklin.errors import explain as _msg
 from blocklin.matrix import Matrix
-from blocklin.operands import result_dtype
 from blocklin.plan.gemm import GemmPlan, plan_gemm
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import GemmSpec, gemm_tile
 from blocklin.storage.zarr_store import create_array, open_zarr
+from blocklin.validate import result_dtype
 
 
 def _op_shape(shape: tuple[int, int], trans: bool) -> tuple[int, int]:
     return (shape[1], shape[0]) if trans else shape
 
 
+@dataclasses.dataclass(frozen=True)
+class Gemm:
+    """``alpha * op(A) @ op(B) + beta * C`` over resolved operands, run inside an existing job.
+
+    Build it with :meth:`of` (which checks the shapes), plan it with :meth:`plan` and write it into
+    an array created with the plan's output chunks with :meth:`run`.
+    """
+
+    A: Any
+    B: Any
+    C: Any
+    alpha: float
+    beta: float
+    trans_a: bool
+    trans_b: bool
+    dtype: Any
+
+    @classmethod
+    def of(cls, A: Any, B: Any, C: Any = None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+           trans_b: bool = False, dtype: Any = None) -> Gemm:
+        m, ka = _op_shape(A.shape, trans_a)
+        kb, n = _op_shape(B.shape, trans_b)
+        if ka != kb:
+            raise ShapeError(_msg(
+                "b", "rows of op(B) must equal columns of op(A) (no broadcasting)",
+                f"op(A) {m} x {ka}{' (A transposed)' if trans_a else ''} and op(B) {kb} x {n}"
+                f"{' (B transposed)' if trans_b else ''}",
+                "pass operands with matching inner dimensions, or set trans_a/trans_b"))
+        if C is not None and C.shape != (m, n):
+            raise ShapeError(_msg("c", "must have the shape of the result (no broadcasting)",
+                                  f"{C.shape[0]} x {C.shape[1]}, result {m} x {n}", f"pass a {m} x {n} matrix"))
+        if C is not None and beta == 0.0:
+            warn("c is ignored because beta=0; pass beta=1.0 to add it")
+            C = None
+        if C is None and beta != 0.0:
+            raise ShapeError(_msg("c", "is required when beta != 0", "c=None", "pass c=... or beta=0.0"))
+        dt = result_dtype([A, B] + ([C] if C is not None else []), dtype)
+        return cls(A=A, B=B, C=C, alpha=float(alpha), beta=float(beta), trans_a=trans_a, trans_b=trans_b, dtype=dt)
+
+    @property
+    def operands(self) -> list:
+        return [self.A, self.B] + ([self.C] if self.C is not None else [])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return _op_shape(self.A.shape, self.trans_a)[0], _op_shape(self.B.shape, self.trans_b)[1]
+
+    def plan(self, job: Job, out_chunks: tuple[int, int] | None = None) -> GemmPlan:
+        m, k = _op_shape(self.A.shape, self.trans_a)
+        return plan_gemm(m, self.shape[1], k, self.dtype, a_chunks=_op_shape(self.A.chunks, self.trans_a),
+                         b_chunks=_op_shape(self.B.chunks, self.trans_b), memory=job.cfg.memory,
+                         source_dtypes=(self.A.dtype, self.B.dtype),
+                         c_chunks=self.C.chunks if self.C is not None else None, workers=job.workers(1),
+                         cores=job.cores(), device=job.device, device_memory=job.device_memory(),
+                         out_chunks=out_chunks)
+
+    def token(self, plan: GemmPlan) -> str:
+        """Deterministic in the inputs, parameters and plan (what resuming an output checks)."""
+        return tokenize("matmul", [(o.path, o.shape, o.dtype.str, o.chunks) for o in self.operands], self.params(),
+                        plan.to_dict())[:16]
+
+    def params(self) -> dict:
+        return {"alpha": self.alpha, "beta": self.beta, "trans_a": self.trans_a, "trans_b": self.trans_b,
+                "dtype": self.dtype.name}
+
+    def run(self, job: Job, plan: GemmPlan, out_path: Any, *, done_dir: Any = None,
+            description: str = "gemm tiles", count_pass: str | None = None) -> None:
+        """Write the product into the array at ``out_path`` (created with ``plan.out_chunks``)."""
+        spec = GemmSpec(a=self.A.path, b=self.B.path, c=self.C.path if self.C is not None else None, out=out_path,
+                        trans_a=self.trans_a, trans_b=self.trans_b, alpha=self.alpha, beta=self.beta,
+                        dtype=self.dtype.name, plan=plan, device=job.device, device_memory=job.device_memory(),
+                        check_finite=job.check_finite, done_dir=done_dir,
+                        blas_threads=job.task_blas_threads(plan.blas_threads))
+        graph = TileGraph.named("gemm", self.token(plan))
+        for i, j, rows, cols in plan.tiles():
+            graph.add((i, j), gemm_tile, spec, i, j, rows, cols)
+        job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
+                count_pass=count_pass)
+
+
 def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0,
-           trans_a: bool = False, trans_b: bool = False, dtype: Any = None, memory: Any = None,
-           device: str | None = None, device_memory: Any = None, scheduler: Any = None,
-           workers: int | None = None, progress: Any = None, check_finite: bool | None = None,
-           overwrite: bool = False, resume: bool = False, explain: bool = False,
-           out_chunks: tuple[int, int] | None = None, temp_dir: Any = None,
-           storage_options: dict | None = None) -> Matrix | GemmPlan:
+           trans_a: bool = False, trans_b: bool = False, dtype: Any = None, overwrite: bool = False,
+           resume: bool = False, explain: bool = False, out_chunks: tuple[int, int] | None = None,
+           **settings: Unpack[Settings]) -> Matrix | GemmPlan:
     """Out-of-core ``alpha * op(A) @ op(B) + beta * C``, written to a zarr store.
 
     Each output tile is one task that streams its k-loop through the device (NumPy/BLAS with a
@@ -49,25 +133,14 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         Use ``A.T`` / ``B.T`` (read transposed tile by tile, never copied whole).
     dtype : {None, "float32", "float64", ...}
         Compute and output dtype; by default the operands' common dtype (mixed dtypes are an error).
-    memory, device_memory : size, optional
-        Host and device budgets (``"1GiB"``); default from :mod:`blocklin.config`.
-    device : {"auto", "cpu", "gpu"}, optional
-    scheduler : str or distributed.Client, optional
-    workers : int, optional
-        Concurrent tile tasks (local schedulers).
-    progress : bool or progress object, optional
-    check_finite : bool, optional
-        Raise :class:`~blocklin.errors.NonFiniteError` on NaN/Inf, checked while streaming.
     overwrite, resume : bool
         Replace an existing ``out``; continue an interrupted run (same inputs and plan).
     explain : bool
         Return the :class:`~blocklin.plan.GemmPlan` without running.
     out_chunks : (int, int), optional
         Output chunks (must divide the tiles); chosen by the planner by default.
-    temp_dir : path or URL, optional
-        Where staged inputs and intermediates go (default: config / ``BLOCKLIN_TEMP_DIR``).
-    storage_options : dict, optional
-        fsspec options for URL operands, outputs and temp dir (credentials, endpoint).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`.
 
     Returns
     -------
@@ -80,63 +153,26 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
     Kung, 1981): with ``tm x tn`` output tiles, ``op(A)`` is read ``ceil(n/tn)`` times and ``op(B)``
     ``ceil(m/tm)`` times; the planner maximizes the tiles that fit the budget.
     """
-    with Job("matmul", memory=memory, device=device, device_memory=device_memory, scheduler=scheduler,
-             workers=workers, progress=progress, check_finite=check_finite, temp_dir=temp_dir,
-             storage_options=storage_options) as job:
-        A = job.operand(a, "a")
-        B = job.operand(b, "b")
-        C = job.operand(c, "c") if c is not None else None
-        m, ka = _op_shape(A.shape, trans_a)
-        kb, n = _op_shape(B.shape, trans_b)
-        if ka != kb:
-            raise ShapeError(_msg(
-                "b", "rows of op(B) must equal columns of op(A) (no broadcasting)",
-                f"op(A) {m} x {ka}{' (A transposed)' if trans_a else ''} and op(B) {kb} x {n}"
-                f"{' (B transposed)' if trans_b else ''}",
-                "pass operands with matching inner dimensions, or set trans_a/trans_b"))
-        if C is not None and C.shape != (m, n):
-            raise ShapeError(_msg("c", "must have the shape of the result (no broadcasting)",
-                                     f"{C.shape[0]} x {C.shape[1]}, result {m} x {n}", f"pass a {m} x {n} matrix"))
-        if C is not None and beta == 0.0:
-            warn("c is ignored because beta=0; pass beta=1.0 to add it")
-            C = None
-        if C is None and beta != 0.0:
-            raise ShapeError(_msg("c", "is required when beta != 0", "c=None", "pass c=... or beta=0.0"))
-        ops = [A, B] + ([C] if C is not None else [])
-        dt = result_dtype(ops, dtype)
-        a_chunks = _op_shape(A.chunks, trans_a)
-        b_chunks = _op_shape(B.chunks, trans_b)
-        dev_mem = job.device_memory()
-        plan = plan_gemm(m, n, ka, dt, a_chunks=a_chunks, b_chunks=b_chunks, memory=job.cfg.memory,
-                         source_dtypes=(A.dtype, B.dtype), c_chunks=C.chunks if C is not None else None,
-                         workers=job.workers(1), cores=job.cores(), device=job.device, device_memory=dev_mem,
-                         out_chunks=out_chunks)
+    with Job("matmul", **settings) as job:
+        op = Gemm.of(job.operand(a, "a"), job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
+                     alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
+        plan = op.plan(job, out_chunks)
         if explain:
             return plan
-        params = {"alpha": alpha, "beta": beta, "trans_a": trans_a, "trans_b": trans_b, "dtype": dt.name}
-        token = tokenize("matmul", [(o.path, o.shape, o.dtype.str, o.chunks) for o in ops], params, plan.to_dict())[:16]
-        ao = job.output(out, inputs=[o.path for o in ops if not o.staged], overwrite=overwrite, resume=resume,
-                        token=token)
+        ao = job.output(out, inputs=[o.path for o in op.operands if not o.staged], overwrite=overwrite,
+                        resume=resume, token=op.token(plan))
         if ao.resumed:
             open_zarr(ao.array_path(), mode="r+")
         else:
-            create_array(ao.array_path(), shape=(m, n), dtype=dt, chunks=plan.out_chunks, codec=job.cfg.codec)
-        spec = GemmSpec(a=A.path, b=B.path, c=C.path if C is not None else None, out=ao.array_path(),
-                        trans_a=trans_a, trans_b=trans_b, alpha=float(alpha), beta=float(beta), dtype=dt.name,
-                        plan=plan, device=job.device, device_memory=dev_mem, check_finite=job.check_finite,
-                        done_dir=ao.done,
-                        blas_threads=job.task_blas_threads(plan.blas_threads))
-        graph = TileGraph.named("gemm", token)
-        for i, j, rows, cols in plan.tiles():
-            graph.add((i, j), gemm_tile, spec, i, j, rows, cols)
-        job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description="gemm tiles")
+            create_array(ao.array_path(), shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
+        op.run(job, plan, ao.array_path(), done_dir=ao.done)
         report = job.report(plan=plan.to_dict(), output=str(ao.path))
         report["flops"] = plan.flops
         report["gflops"] = plan.flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0
-        path = ao.commit("matmul", plan=plan.to_dict(), params=params, report=_brief(report))
+        path = ao.commit("matmul", plan=plan.to_dict(), params=op.params(), report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
 
 
-def _brief(report: dict) -> dict:
-    keys = ("seconds", "flops", "gflops", "bytes_read", "bytes_written", "peak_memory", "device", "scheduler", "tasks")
-    return {k: report[k] for k in keys if k in report}
+#: Report entries recorded in the output's attributes.
+REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_written", "peak_memory", "device", "scheduler",
+               "tasks")

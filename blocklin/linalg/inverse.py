@@ -2,38 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
-from blocklin.errors import (
-    ConvergenceWarning,
-    DTypeError,
-    ShapeError,
-    SingularMatrixError,
-    warn,
-)
+from blocklin.config import Settings
+from blocklin.errors import ConvergenceWarning, ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg import refine as _refine
 from blocklin.linalg._inv_kernels import (
     Butterfly,
     LeafSpec,
-    Params,
     UnmixSpec,
-    column_strips,
     leaf_inverse_task,
-    mix_init,
     mix_kernel,
     unmix_columns_task,
 )
 from blocklin.matrix import Matrix
 from blocklin.operands import Operand
 from blocklin.plan.inverse import InversePlan, plan_inverse
-from blocklin.plan.passes import plan_row_pass
+from blocklin.runtime.blockops import BlockOps, column_strips
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import RowPassSpec, run_row_pass
+from blocklin.runtime.passes import plan_kernel_pass, run_pass, source
 from blocklin.storage.zarr_store import create_array
+from blocklin.validate import choice, float_operand, positive, square
 
 PRECISIONS = (None, "mixed", "float32", "float64")
 
@@ -46,10 +40,8 @@ class _LeafSingular(Exception):
 
 
 def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, tol: float | None = None,
-        precision: str | None = None, memory: Any = None, device: str | None = None, scheduler: Any = None,
-        progress: Any = None, workers: int | None = None, check_finite: bool | None = None,
-        overwrite: bool = False, seed: int = 0, explain: bool = False, temp_dir: Any = None,
-        storage_options: dict | None = None) -> Matrix | InversePlan:
+        precision: str | None = None, overwrite: bool = False, seed: int = 0, explain: bool = False,
+        **settings: Unpack[Settings]) -> Matrix | InversePlan:
     """Inverse of a square matrix larger than memory, with a verified backward error.
 
     The matrix ``M`` is staged once as ``W = M V`` with ``V`` a random butterfly of Givens
@@ -85,18 +77,14 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     precision : {None, "mixed", "float32", "float64"}
         ``"mixed"``: invert in float32 (TF32 allowed on a GPU) and refine in float64 (the output is
         float64); ``"float32"``/``"float64"``: compute in that dtype; ``None``: the input's dtype.
-    memory, device, scheduler, progress, workers, check_finite
-        As for :func:`blocklin.matmul`.
     overwrite : bool
         Replace an existing ``out``.
     seed : int
         Seed of the random butterfly and the probe vectors (results are reproducible).
     explain : bool
         Return the :class:`~blocklin.plan.inverse.InversePlan` without running.
-    temp_dir : path or URL, optional
-        Where staged inputs and intermediates go (default: config / ``BLOCKLIN_TEMP_DIR``).
-    storage_options : dict, optional
-        fsspec options for URL operands, outputs and temp dir (see ``docs/cluster.md``).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`.
 
     Returns
     -------
@@ -134,149 +122,214 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     the ``O(n^3)`` factorization work in float32, refinement to float64 accuracy; for an inverse the
     refinement is itself ``O(n^3)`` (two float64 steps), so the gain is on GPUs with fast float32/TF32.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(_msg("precision", f"must be one of {PRECISIONS}", repr(precision),
-                                 "pass precision='mixed' or leave it None"))
-    if isinstance(refine, bool):
-        min_steps, max_steps = (1, max(1, int(max_refine))) if refine else (0, 0)
-    elif refine == "auto" or refine is None:
-        min_steps, max_steps = 0, int(max_refine)
-    elif isinstance(refine, (int, np.integer)) and refine >= 0:
-        min_steps, max_steps = 0, int(refine)
-    else:
-        raise ValueError(_msg("refine", "must be 'auto', True, False or a number of steps >= 0", repr(refine),
-                                 "pass refine='auto'"))
-    with Job("inv", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite, temp_dir=temp_dir, storage_options=storage_options) as job:
+    precision = choice("precision", precision, PRECISIONS, fix="pass precision='mixed' or leave it None")
+    min_steps, max_steps = _refine_steps(refine, max_refine)
+    tol = positive("tol", tol, optional=True, fix="leave it None for the default")
+    with Job("inv", **settings) as job:
         M = job.operand(a, "a")
-        if M.shape[0] != M.shape[1]:
-            raise ShapeError(_msg("a", "must be square to be inverted", f"shape {M.shape[0]} x {M.shape[1]}",
-                                     "for a least-squares or regularized solution use blocklin.solve(a, b, lam=...)"))
-        if M.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise DTypeError(_msg("a", "dtype must be float32 or float64", M.dtype.name,
-                                     "convert it (blocklin convert --dtype float64)"))
-        n = M.shape[0]
+        n = square(M, "to be inverted", "for a least-squares or regularized solution use blocklin.solve(a, b, lam=...)")
+        float_operand(M)
         out_dtype = np.dtype(np.float64) if precision in ("mixed", "float64") else \
             np.dtype(np.float32) if precision == "float32" else M.dtype
         plan = plan_inverse(n, out_dtype, memory=job.cfg.memory, precision="mixed" if precision == "mixed" else None)
         if explain:
             return plan
-        tol = _refine.default_tol(n, out_dtype) if tol is None else float(tol)
-        if not tol > 0:
-            raise ValueError(_msg("tol", "must be positive", repr(tol), "leave it None for the default"))
+        tol = _refine.default_tol(n, out_dtype) if tol is None else tol
         ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite)
-        ops = _refine.BlockOps(job, plan.chunk)
         x_path = ao.array_path()
         create_array(x_path, shape=(n, n), dtype=out_dtype, chunks=(plan.chunk, plan.chunk), codec=job.cfg.codec)
         if n == 0:
             path = ao.commit("inv", plan=plan.to_dict(), params={})
             return Matrix(path, report=job.report(plan=plan.to_dict()), temporary=out is None)
+        ops = BlockOps(job, plan.chunk)
         norm_m, norm_x, xp, leaves, attempts = _invert_stored(ops, M, x_path, plan, out_dtype, seed)
-        history: list[dict] = []
         res = _refine.probe_estimate(job, M, xp, seed)
-        eta = _refine.backward_error(res, norm_m, norm_x)
-        method = "probed"
-        history.append({"stage": "inverse", "residual": res, "backward_error": eta, "method": method})
-        steps = restarts = 0
-        exact_prev_restart = None
-        cur = x_path
-        spare: str | None = None
-        while steps < max_steps and (eta > tol or steps < min_steps or not _refine.is_inverse(res, method)) \
-                and np.isfinite(eta):
-            r_path = ops.store("r", n, n, out_dtype)
-            exact = _refine.ns_residual(ops, M, cur, r_path, n, out_dtype)
-            eta_exact = _refine.backward_error(exact, norm_m, norm_x)
-            history.append({"stage": f"residual {steps}", "residual": exact, "backward_error": eta_exact,
-                            "method": "exact"})
-            res, eta, method = exact, eta_exact, "exact"
-            if eta <= tol and steps >= min_steps and _refine.is_inverse(res, method):
+        x = _Iterate(x_path, res, _refine.backward_error(res, norm_m, norm_x), "probed", norm_x)
+        ref = _Refinement(ops, M, plan, out_dtype, seed=seed, tol=tol, min_steps=min_steps, max_steps=max_steps,
+                          norm_m=norm_m, x=x, leaves=leaves)
+        ref.run()
+        ref.accept(precision)
+        if ref.x.path != x_path:
+            ops.copy(ref.x.path, x_path, n)
+        report = _report(job, ref, plan, attempts, precision=precision or out_dtype.name, output=ao.path)
+        path = ao.commit("inv", plan=plan.to_dict(), params={"precision": precision, "tol": tol, "seed": seed,
+                                                              "refine": str(refine)},
+                         report=job.brief(report, REPORT_KEYS))
+        return Matrix(path, report=report, temporary=out is None)
+
+
+#: Report entries recorded in the output's attributes.
+REPORT_KEYS = ("seconds", "residual", "residual_method", "backward_error", "refine_steps", "cond_estimate",
+               "peak_memory")
+
+
+def _refine_steps(refine: Any, max_refine: int) -> tuple[int, int]:
+    """``(min_steps, max_steps)`` of Newton-Schulz for ``refine`` (see :func:`inv`)."""
+    if isinstance(refine, bool):
+        return (1, max(1, int(max_refine))) if refine else (0, 0)
+    if refine == "auto" or refine is None:
+        return 0, int(max_refine)
+    if isinstance(refine, (int, np.integer)) and refine >= 0:
+        return 0, int(refine)
+    raise ParameterError(_msg("refine", "must be 'auto', True, False or a number of steps >= 0", repr(refine),
+                              "pass refine='auto'"))
+
+
+def _report(job: Job, ref: _Refinement, plan: InversePlan, attempts: int, *, precision: str, output: Any) -> dict:
+    x = ref.x
+    rcs = [lf["rcond"] for lf in ref.leaves]
+    report = job.report(
+        plan=plan.to_dict(), output=str(output), residual=x.res, residual_method=x.method, backward_error=x.eta,
+        backward_error_definition="||I - A X||_F / (||A||_F ||X||_F)", tol=ref.tol, refine_steps=ref.steps,
+        history=ref.history, cond_estimate=ref.norm_m * x.norm_x, norm_a=ref.norm_m, norm_x=x.norm_x,
+        attempts=attempts, min_leaf_rcond=min(rcs) if rcs else None, leaves=len(ref.leaves),
+        butterfly_depth=plan.depth, precision=precision, work_dtype=plan.work_dtype, gemm_steps=ref.ops.gemms)
+    report["flops"] = plan.flops + ref.ops.flops
+    return report
+
+
+# -- refinement -------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Iterate:
+    """An approximate inverse in store ``path``: its residual ``||I - M X||_F`` (probed or exact),
+    backward error and ``||X||_F``."""
+
+    path: str
+    res: float
+    eta: float
+    method: str
+    norm_x: float
+
+
+class _Refinement:
+    """Newton-Schulz steps on a stored inverse while the backward error exceeds ``tol``.
+
+    Each pass of the loop forms the exact ``R = I - M X`` (one GEMM); a converging iterate takes a
+    step ``X + X R`` (probed afterwards); a residual ``>= sqrt(n)`` (Newton-Schulz cannot converge)
+    takes one preconditioned restart ``X (M X)^-1`` instead; divergence or stagnation stops. The
+    iterates alternate between the output and one spare store.
+    """
+
+    def __init__(self, ops: BlockOps, M: Any, plan: InversePlan, out_dtype: np.dtype, *, seed: int, tol: float,
+                 min_steps: int, max_steps: int, norm_m: float, x: _Iterate, leaves: list[dict]) -> None:
+        self.ops, self.M, self.plan, self.dtype, self.seed = ops, M, plan, out_dtype, seed
+        self.n = plan.n
+        self.tol, self.min_steps, self.max_steps, self.norm_m = tol, min_steps, max_steps, norm_m
+        self.x, self.leaves = x, leaves
+        self.history: list[dict] = []
+        self.steps = self.restarts = 0
+        self.restarted = False
+        self.spare: str | None = None
+        self.log("inverse")
+
+    def log(self, stage: str, x: _Iterate | None = None) -> None:
+        x = x or self.x
+        self.history.append({"stage": stage, "residual": x.res, "backward_error": x.eta, "method": x.method})
+
+    def probed(self, path: str, xp: np.ndarray, seed: int, norm_x: float) -> _Iterate:
+        res = _refine.probe_estimate(self.ops.job, self.M, xp, seed)
+        return _Iterate(path, res, _refine.backward_error(res, self.norm_m, norm_x), "probed", norm_x)
+
+    def exact(self) -> str:
+        """``R = I - M X`` into a new store (returned); the iterate's residual becomes exact."""
+        r_path = self.ops.store("r", self.n, self.n, self.dtype)
+        res = _refine.ns_residual(self.ops, self.M, self.x.path, r_path, self.n, self.dtype)
+        self.x = _Iterate(self.x.path, res, _refine.backward_error(res, self.norm_m, self.x.norm_x), "exact",
+                          self.x.norm_x)
+        return r_path
+
+    def wanted(self) -> bool:
+        x = self.x
+        return self.steps < self.max_steps and np.isfinite(x.eta) and (
+            x.eta > self.tol or self.steps < self.min_steps or not _refine.is_inverse(x.res, x.method))
+
+    def run(self) -> None:
+        while self.wanted():
+            r_path = self.exact()
+            self.log(f"residual {self.steps}")
+            x = self.x
+            if x.eta <= self.tol and self.steps >= self.min_steps and _refine.is_inverse(x.res, x.method):
                 break
-            if exact >= math.sqrt(n):
+            if x.res >= math.sqrt(self.n):
                 # ||R||_2 >= ||R||_F / sqrt(n) >= 1: Newton-Schulz would not converge. The block
                 # recursion lost too much to ill-conditioning; M X is far better conditioned than M,
                 # so invert it the same way and take X (M X)^-1 (a preconditioned restart, 3x the work).
-                if restarts >= 1 or exact_prev_restart is not None:
+                if self.restarts >= 1 or self.restarted:
                     break
-                restarts += 1
-                z_path = ops.store("z", n, n, out_dtype)
-                pm = Operand(name="I - R", path=r_path, shape=(n, n), dtype=out_dtype, chunks=(plan.chunk,) * 2)
-                _, _, _, more, _ = _invert_stored(ops, pm, z_path, plan, out_dtype, seed + 17, shift=True)
-                leaves += more
-                if spare is None:
-                    spare = ops.store("x", n, n, out_dtype)
-                norm_new, xp = _refine.ns_product(ops, cur, z_path, spare, n, out_dtype, seed + 31)
-                _drop(z_path)
-                _drop(r_path)
-                res_new = _refine.probe_estimate(job, M, xp, seed + 31)
-                eta_new = _refine.backward_error(res_new, norm_m, norm_new)
-                history.append({"stage": "preconditioned restart X (M X)^-1", "residual": res_new,
-                                "backward_error": eta_new, "method": "probed"})
-                exact_prev_restart = exact
-                if eta_new < eta:
-                    spare, cur = cur, spare
-                    res, eta, method, norm_x = res_new, eta_new, "probed", norm_new
+                self.restart(r_path)
                 continue
-            if spare is None:
-                spare = ops.store("x", n, n, out_dtype)
-            nxt = spare
-            pseed = seed + steps + 1
-            prev = (res, eta, method, norm_x)
-            norm_x, xp = _refine.ns_update(ops, cur, r_path, nxt, n, out_dtype, pseed)
-            _drop(r_path)
-            spare, cur = cur, nxt
-            steps += 1
-            res = _refine.probe_estimate(job, M, xp, pseed)
-            eta, method = _refine.backward_error(res, norm_m, norm_x), "probed"
-            history.append({"stage": f"step {steps}", "residual": res, "backward_error": eta, "method": method})
-            if not eta < prev[1]:  # diverging (||R||_2 >= 1) or at the rounding floor: keep the better X
-                spare, cur = cur, spare
-                res, eta, method, norm_x = prev
-                history.append({"stage": "kept the previous iterate", "residual": res, "backward_error": eta,
-                                "method": method})
+            if not self.step(r_path):
                 break
-            if eta > 0.5 * prev[1] and eta > tol:
-                break  # stagnation at the rounding floor
-        if np.isfinite(eta) and method == "probed" and not _refine.is_inverse(res, method):
+
+    def spare_store(self) -> str:
+        if self.spare is None:
+            self.spare = self.ops.store("x", self.n, self.n, self.dtype)
+        return self.spare
+
+    def restart(self, r_path: str) -> None:
+        """``X (M X)^-1``, with ``(M X)^-1 = (I - R)^-1`` inverted the same way; kept when better."""
+        self.restarts += 1
+        ops, n, dt = self.ops, self.n, self.dtype
+        z_path = ops.store("z", n, n, dt)
+        pm = Operand(name="I - R", path=r_path, shape=(n, n), dtype=dt, chunks=(self.plan.chunk,) * 2)
+        _, _, _, more, _ = _invert_stored(ops, pm, z_path, self.plan, dt, self.seed + 17, shift=True)
+        self.leaves += more
+        spare = self.spare_store()
+        norm_new, xp = _refine.ns_product(ops, self.x.path, z_path, spare, n, dt, self.seed + 31)
+        _drop(z_path)
+        _drop(r_path)
+        new = self.probed(spare, xp, self.seed + 31, norm_new)
+        self.log("preconditioned restart X (M X)^-1", new)
+        self.restarted = True
+        if new.eta < self.x.eta:
+            self.spare, self.x = self.x.path, new
+
+    def step(self, r_path: str) -> bool:
+        """``X + X R`` into the spare store; returns whether to go on (no divergence, no stagnation)."""
+        prev = self.x
+        nxt = self.spare_store()
+        pseed = self.seed + self.steps + 1
+        norm_x, xp = _refine.ns_update(self.ops, prev.path, r_path, nxt, self.n, self.dtype, pseed)
+        _drop(r_path)
+        self.spare = prev.path
+        self.steps += 1
+        self.x = self.probed(nxt, xp, pseed, norm_x)
+        self.log(f"step {self.steps}")
+        if not self.x.eta < prev.eta:  # diverging (||R||_2 >= 1) or at the rounding floor: keep the better X
+            self.spare, self.x = nxt, prev
+            self.log("kept the previous iterate")
+            return False
+        return not (self.x.eta > 0.5 * prev.eta and self.x.eta > self.tol)  # stagnation at the rounding floor
+
+    def accept(self, precision: str | None) -> None:
+        """Return only a verified inverse (``||I - M X||_F < 1``): refuse a singular ``M``, warn below ``tol``."""
+        if np.isfinite(self.x.eta) and self.x.method == "probed" and not _refine.is_inverse(self.x.res, "probed"):
             # the probes cannot vouch for X: decide on the exact residual (one GEMM), at every budget
-            r_path = ops.store("r", n, n, out_dtype)
-            res, method = _refine.ns_residual(ops, M, cur, r_path, n, out_dtype), "exact"
-            _drop(r_path)
-            eta = _refine.backward_error(res, norm_m, norm_x)
-            history.append({"stage": "acceptance", "residual": res, "backward_error": eta, "method": method})
-        cond_est = norm_m * norm_x
-        eps = float(np.finfo(out_dtype).eps)
-        if not np.isfinite(eta) or not _refine.is_inverse(res, method):
+            _drop(self.exact())
+            self.log("acceptance")
+        x = self.x
+        cond_est = self.norm_m * x.norm_x
+        eps = float(np.finfo(self.dtype).eps)
+        if not np.isfinite(x.eta) or not _refine.is_inverse(x.res, x.method):
             raise SingularMatrixError(_msg(
-                "a", "must be numerically nonsingular to be inverted in " + out_dtype.name,
-                f"||I - A X||_F = {res:.1e} >= 1 after {steps} Newton-Schulz step(s), so X carries no correct "
-                f"digit of the inverse; condition number estimate ||A||_F ||X||_F = {cond_est:.1e} "
+                "a", "must be numerically nonsingular to be inverted in " + self.dtype.name,
+                f"||I - A X||_F = {x.res:.1e} >= 1 after {self.steps} Newton-Schulz step(s), so X carries no "
+                f"correct digit of the inverse; condition number estimate ||A||_F ||X||_F = {cond_est:.1e} "
                 f"(1/eps = {1 / eps:.1e})",
                 "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"
                 + ("" if precision != "mixed" else ", or invert without precision='mixed'")))
-        if eta > tol and max_steps > 0:
-            warn(f"inv: backward error {eta:.2e} ({method}) above tol {tol:.1e} after {steps} Newton-Schulz step(s) "
-                 f"(condition estimate {cond_est:.1e}); the result is returned", ConvergenceWarning)
-        if cur != x_path:
-            ops.copy(cur, x_path, n)
-        rcs = [lf["rcond"] for lf in leaves]
-        report = job.report(
-            plan=plan.to_dict(), output=str(ao.path), residual=res, residual_method=method, backward_error=eta,
-            backward_error_definition="||I - A X||_F / (||A||_F ||X||_F)", tol=tol, refine_steps=steps,
-            history=history, cond_estimate=cond_est, norm_a=norm_m, norm_x=norm_x, attempts=attempts,
-            min_leaf_rcond=min(rcs) if rcs else None, leaves=len(leaves), butterfly_depth=plan.depth,
-            precision=precision or out_dtype.name, work_dtype=plan.work_dtype, gemm_steps=ops.gemms)
-        report["flops"] = plan.flops + ops.flops
-        path = ao.commit("inv", plan=plan.to_dict(), params={"precision": precision, "tol": tol, "seed": seed,
-                                                              "refine": str(refine)},
-                         report={k: report[k] for k in ("seconds", "residual", "residual_method", "backward_error",
-                                                        "refine_steps", "cond_estimate", "peak_memory")})
-        return Matrix(path, report=report, temporary=out is None)
+        if x.eta > self.tol and self.max_steps > 0:
+            warn(f"inv: backward error {x.eta:.2e} ({x.method}) above tol {self.tol:.1e} after {self.steps} "
+                 f"Newton-Schulz step(s) (condition estimate {cond_est:.1e}); the result is returned",
+                 ConvergenceWarning)
 
 
 # -- steps ------------------------------------------------------------------------------------------------
 
 
-def _invert_stored(ops: _refine.BlockOps, M: Any, x_path: str, plan: InversePlan, out_dtype: np.dtype, seed: int,
+def _invert_stored(ops: BlockOps, M: Any, x_path: str, plan: InversePlan, out_dtype: np.dtype, seed: int,
                    shift: bool = False) -> tuple[float, float, np.ndarray, list[dict], int]:
     """Stage (``M`` or ``I - M`` when ``shift``) with a random butterfly, invert by recursion, undo the butterfly.
 
@@ -343,34 +396,32 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
          transpose: bool = False, probe_seed: int | None = None, with_probe: bool = False) -> Any:
     """Row pass ``W = M V`` (cast to the work dtype, NaN/Inf checked); returns ``||M||_F``."""
     n = plan.n
-    prp = plan_row_pass(n, n * M.dtype.itemsize, chunk_rows=plan.chunk, memory=job.cfg.memory,
-                        strip_extra_row_bytes=n * (8 * 3 + wdt.itemsize), workers=job.workers(1), cores=job.cores(),
-                        max_strip=max(plan.chunk, 4 * plan.chunk))
-    if prp.strip % plan.chunk and prp.strip < n:  # a strip must own whole chunk rows of W
-        prp = plan_row_pass(n, n * M.dtype.itemsize, chunk_rows=plan.chunk, memory=10 * plan.strip_memory,
-                            workers=1, cores=job.cores(), max_strip=plan.chunk)
-    spec = RowPassSpec(inputs=(M.path,), names=("a",), kernel=mix_kernel, init=mix_init,
-                       params=Params(butterfly=bf, dtype=wdt.name, shift=shift, transpose=transpose,
-                                     probe_seed=probe_seed, probe_k=_refine.PROBES), plan=prp, device="cpu", device_memory=None,
-                       check_finite=job.check_finite, outputs=(("w", w_path),),
-                       blas_threads=job.task_blas_threads(prp.blas_threads))
-    states = run_row_pass(job, spec, description="stage and randomize")
+    # strips are planned on W's chunk rows: each strip of W = M V must own whole chunks of W
+    src = [dataclasses.replace(source(M, name="a"), chunk_rows=plan.chunk)]
+    params = {"butterfly": bf, "dtype": wdt.name, "shift": shift, "transpose": transpose, "probe_seed": probe_seed,
+              "probe_k": _refine.PROBES}
+    prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=4 * plan.chunk)
+    if prp.strip % plan.chunk and prp.strip < n:  # a strip must own whole chunk rows of W: one chunk, one task
+        prp = plan_kernel_pass(job, mix_kernel, src, params, memory=10 * plan.strip_memory, max_strip=plan.chunk,
+                               workers=1)
+    states, _ = run_pass(job, mix_kernel, src, params, plan=prp, outputs=(("w", w_path),),
+                         description="stage and randomize")
     norm = math.sqrt(sum(s["sumsq"] for s in states))
     if with_probe:
         return norm, sum(s["xp"] for s in states if "xp" in s)
     return norm
 
 
-def _leaf(ops: _refine.BlockOps, src: str, dst: str, off: int, size: int, wdt: np.dtype) -> dict:
+def _leaf(ops: BlockOps, src: str, dst: str, off: int, size: int, wdt: np.dtype) -> dict:
     job = ops.job
     spec = LeafSpec(src=src, dst=dst, off=off, size=size, dtype=wdt.name, blas_threads=job.task_blas_threads(job.cores()))
-    graph = ops._graph("leaf", spec)
+    graph = ops.graph("leaf", spec)
     graph.add((0,), leaf_inverse_task, spec)
     (res,) = job.run(graph, workers=1, blas_threads=job.cores(), description=f"leaf {off}:{off + size}")
     return res
 
 
-def _invert(ops: _refine.BlockOps, plan: InversePlan, w: str, off: int, size: int, wdt: np.dtype,
+def _invert(ops: BlockOps, plan: InversePlan, w: str, off: int, size: int, wdt: np.dtype,
             leaves: list[dict], *, top: bool = False, last: bool = True, balanced: bool = False) -> None:
     """Invert the diagonal region ``[off, off+size)^2`` of store ``w`` in place."""
     eps = float(np.finfo(wdt).eps)
@@ -406,18 +457,17 @@ def _split(plan: InversePlan, size: int, balanced: bool = False) -> int:
     return split(size, plan.chunk, None if balanced else plan.leaf)
 
 
-def _unmix(ops: _refine.BlockOps, w: str, x: str, bf: Butterfly, out_dtype: np.dtype, plan: InversePlan,
+def _unmix(ops: BlockOps, w: str, x: str, bf: Butterfly, out_dtype: np.dtype, plan: InversePlan,
            seed: int, transpose: bool = False) -> tuple[float, np.ndarray]:
     """``X = V Y`` column strip by column strip; returns ``||X||_F`` and ``X P``."""
     job = ops.job
     spec = UnmixSpec(src=w, dst=x, butterfly=bf, dtype=out_dtype.name, probe_seed=seed, probe_k=_refine.PROBES,
                      blas_threads=job.task_blas_threads(1), transpose=transpose)
-    graph = ops._graph("unmix", spec)
+    graph = ops.graph("unmix", spec)
     for s, (c0, c1) in enumerate(column_strips(plan.n, plan.column_width)):
         graph.add((s,), unmix_columns_task, spec, c0, c1)
     workers = max(1, min(job.workers(1), job.cfg.memory // max(1, plan.column_memory)))
-    results = job.run(graph, workers=workers, description="undo the butterfly")
-    job.stats["passes"] = job.stats.get("passes", 0) + 1
+    results = job.run(graph, workers=workers, description="undo the butterfly", count_pass="intermediate")
     xp = np.zeros((plan.n, _refine.PROBES))
     total = 0.0
     for r in results:

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 from scipy.sparse.linalg import LinearOperator
 
-from blocklin.config import resolve
+from blocklin.config import Settings, check_settings, resolve
 from blocklin.errors import DTypeError, ShapeError, explain
-from blocklin.linalg import _svd_kernels as K
-from blocklin.linalg.orth import collect_rows, reduce_sum, run_pass
+from blocklin.linalg._tall_kernels import apply_kernel, rmat_kernel
 from blocklin.operands import as_operand
 from blocklin.runtime.job import Job
+from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
+from blocklin.validate import float_operand
 
 
 class BlocklinOperator(LinearOperator):
@@ -66,20 +67,14 @@ class BlocklinOperator(LinearOperator):
         c = x2.shape[1]
         with Job("operator", **self._settings) as job:
             if transpose:
-                states, _ = run_pass(job, "rmat", inputs=(op.path,), kernel=K.rmat_kernel, init=K.rmat_init,
-                                     params={"Y": x2, "n": n, "check": False}, M=m, N=n, c=c, dtype=dt,
-                                     chunk_rows=op.chunks[0], memory=job.cfg.memory, description="rmatmat",
-                                     chunk_bytes=int(np.prod(op.chunks)) * dt.itemsize,
-                                     chunks_across=-(-n // op.chunks[1]))
+                states, _ = run_pass(job, rmat_kernel, [source(op)], {"Y": x2, "n": n, "check": False},
+                                     description="rmatmat")
                 y = reduce_sum(states, "Z")
             else:
-                states, _ = run_pass(job, "apply", inputs=(op.path,), kernel=K.apply_kernel, init=K.apply_init,
-                                     params={"W": x2, "collect": True}, M=m, N=n, c=c, dtype=dt,
-                                     chunk_rows=op.chunks[0], memory=job.cfg.memory, description="matmat",
-                                     chunk_bytes=int(np.prod(op.chunks)) * dt.itemsize,
-                                     chunks_across=-(-n // op.chunks[1]))
+                states, _ = run_pass(job, apply_kernel, [source(op)], {"W": x2, "collect": True},
+                                     description="matmat")
                 y = collect_rows(states, m, c)
-            self.passes += 1
+            self.passes += job.passes("a")
             self.bytes_read += job.stats["bytes_read"]
         y = y.astype(out_dt, copy=False)
         return y.ravel() if squeeze else y
@@ -121,16 +116,15 @@ class _Adjoint(LinearOperator):
         return self.parent
 
 
-def aslinearoperator(a: Any, *, memory: Any = None, device: str | None = None, scheduler: Any = None,
-                     workers: int | None = None, check_finite: bool | None = None) -> BlocklinOperator:
+def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
     """A :class:`scipy.sparse.linalg.LinearOperator` whose products stream ``a`` from storage.
 
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
         The matrix (float32 or float64). In-memory inputs are staged once to the temp dir.
-    memory, device, scheduler, workers, check_finite
-        Settings of every product (one row pass over ``a`` each).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings` (one row pass over ``a`` per product).
 
     Returns
     -------
@@ -143,17 +137,17 @@ def aslinearoperator(a: Any, *, memory: Any = None, device: str | None = None, s
     >>> op = blocklin.aslinearoperator("A.zarr", memory="512MiB")  # doctest: +SKIP
     >>> u, s, vt = svds(op, k=10)                                     # doctest: +SKIP
     """
-    settings = {"memory": memory, "device": device, "scheduler": scheduler, "workers": workers,
-                "check_finite": check_finite}
-    cfg = resolve(memory=memory, device=device, scheduler=scheduler, workers=workers, check_finite=check_finite)
+    check_settings(settings)
+    cfg = resolve(**{k: v for k, v in settings.items() if k != "progress"})
     stack = contextlib.ExitStack()
     try:
         op = as_operand(a, "a", cfg, stack)
     except BaseException:
         stack.close()
         raise
-    if op.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+    try:
+        float_operand(op)
+    except DTypeError:
         stack.close()
-        raise DTypeError(explain("a", "dtype must be float32 or float64", op.dtype.name,
-                                 "convert it (blocklin convert --dtype float64)"))
+        raise
     return BlocklinOperator(op, stack, settings)

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
+from blocklin.config import Settings
 from blocklin.errors import ShapeError, explain
-from blocklin.linalg._inv_kernels import Params
-from blocklin.linalg._solve_kernels import r_factor, tsqr_kernel
-from blocklin.plan.solve import plan_tall_pass
+from blocklin.linalg.tsqr import reduce_r, tsqr_kernel
+from blocklin.plan.solve import small_bytes
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import RowPassSpec, run_row_pass
+from blocklin.runtime.passes import run_pass, source
 
 
 @dataclasses.dataclass
@@ -51,21 +51,11 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any) -> StreamingR:
     """The streaming QR pass inside an existing :class:`~blocklin.runtime.job.Job` (operands resolved)."""
     m, n = A.shape
     k = B.shape[1] if B is not None else 0
-    dt = np.dtype(dtype)
-    plan = plan_tall_pass(m, n, k, dt, "qr", memory=job.cfg.memory,
-                          chunk_rows=A.chunks[0], src_itemsize=A.dtype.itemsize + 0,
-                          workers=job.workers(1), cores=job.cores())
-    inputs = (A.path,) + ((B.path,) if B is not None else ())
-    names = ("a",) + (("b",) if B is not None else ())
-    spec = RowPassSpec(inputs=inputs, names=names, kernel=tsqr_kernel, params=Params(dtype=dt.name), plan=plan,
-                       device="cpu", device_memory=None, check_finite=job.check_finite,
-                       blas_threads=job.task_blas_threads(plan.blas_threads))
-    states = run_row_pass(job, spec, description="streaming QR")
+    sources = [source(A)] + ([source(B)] if B is not None else [])
+    states, plan = run_pass(job, tsqr_kernel, sources, {"dtype": np.dtype(dtype).name}, reserve=small_bytes(n, k),
+                            description="streaming QR")
     states = [s for s in states if s is not None]
-    r = r_factor(np.vstack([s["r"] for s in states])) if len(states) > 1 else states[0]["r"]
-    w = n + k
-    if r.shape[0] < w:  # fewer rows than columns: pad the trapezoid
-        r = np.vstack([r, np.zeros((w - r.shape[0], w), r.dtype)])
+    r = reduce_r(states, n + k)
     aa = sum(s["aa"] for s in states)
     bb = sum(s["bb"] for s in states) if k else None
     rn = np.array(r[:n, :n])
@@ -76,8 +66,7 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any) -> StreamingR:
                       report={"plan": plan.to_dict(), "passes": 1})
 
 
-def streaming_r(a: Any, b: Any = None, *, dtype: Any = None, memory: Any = None, scheduler: Any = None,
-                workers: int | None = None, progress: Any = None, check_finite: bool | None = None) -> StreamingR:
+def streaming_r(a: Any, b: Any = None, *, dtype: Any = None, **settings: Unpack[Settings]) -> StreamingR:
     """R factor of a tall matrix ``A`` (``m x n``, ``m >= n``) and ``Q^T B``, in one pass over ``A``.
 
     Row strips of ``[A B]`` stream through Householder QR, each folding into the running
@@ -95,8 +84,8 @@ def streaming_r(a: Any, b: Any = None, *, dtype: Any = None, memory: Any = None,
         Right-hand sides (``m x k``); returned as ``Q^T B`` and the residual norms of ``min ||A x - b_j||``.
     dtype : dtype, optional
         Compute dtype (default: A's).
-    memory, scheduler, workers, progress, check_finite
-        As for :func:`blocklin.matmul`.
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`. The pass runs on the CPU.
 
     Returns
     -------
@@ -108,8 +97,7 @@ def streaming_r(a: Any, b: Any = None, *, dtype: Any = None, memory: Any = None,
     Cost: one pass over ``A`` (and ``B``), about ``2 m n^2`` flops (twice the Gram matrix's ``m n^2``,
     which loses accuracy for ill-conditioned ``A`` since ``cond(A^T A) = cond(A)^2``).
     """
-    with Job("qr", memory=memory, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite) as job:
+    with Job("qr", **settings) as job:
         A = job.operand(a, "a")
         B = job.operand(b, "b") if b is not None else None
         m, n = A.shape

@@ -21,25 +21,14 @@ when the cheap probed estimate says the tolerance is not met.
 from __future__ import annotations
 
 import math
-import uuid
 from typing import Any
 
 import numpy as np
 
-from blocklin.linalg._inv_kernels import (
-    Params,
-    copy_columns_task,
-    column_strips,
-    probe_init,
-    probe_kernel,
-    probes,
-)
-from blocklin.plan.gemm import plan_gemm
-from blocklin.plan.passes import plan_row_pass
-from blocklin.runtime.graph import TileGraph
-from blocklin.runtime.passes import RowPassSpec, run_row_pass
-from blocklin.runtime.tiles import GemmSpec, gemm_tile
-from blocklin.storage.zarr_store import create_array
+from blocklin.linalg._inv_kernels import InverseEpilogue, probe_kernel
+from blocklin.linalg.random import probes
+from blocklin.runtime.blockops import BlockOps
+from blocklin.runtime.passes import run_pass, source
 
 #: Probe vectors of the residual estimate.
 PROBES = 32
@@ -82,83 +71,11 @@ def backward_error(residual: float, norm_m: float, norm_x: float) -> float:
     return residual / den
 
 
-class BlockOps:
-    """Region GEMMs, stores and passes of one job (the tile operations the inverse is built from).
-
-    Parameters
-    ----------
-    job : Job
-    chunk : int
-        Side of the square chunks of every store created here (offsets are multiples of it).
-    """
-
-    def __init__(self, job: Any, chunk: int) -> None:
-        self.job = job
-        self.chunk = chunk
-        self.uid = uuid.uuid4().hex[:8]
-        self.steps = 0
-        self.gemms = 0
-        self.flops = 0
-
-    def _graph(self, what: str, *identity: Any) -> TileGraph:
-        self.steps += 1
-        return TileGraph.named(f"inv-{what}", self.uid, self.steps, *identity)
-
-    def store(self, name: str, n_rows: int, n_cols: int, dtype: Any) -> str:
-        """A new intermediate store under the job's temp dir (removed with the job)."""
-        path = self.job.temp_dir() / f"{name}-{self.uid}-{self.steps}.zarr"
-        self.steps += 1
-        create_array(path, shape=(n_rows, n_cols), dtype=dtype, chunks=(self.chunk, self.chunk),
-                     codec=self.job.cfg.codec)
-        return path
-
-    def gemm(self, out: str, out_off: tuple[int, int], m: int, n: int, k: int, a: str, a_off: tuple[int, int],
-             b: str, b_off: tuple[int, int], *, dtype: Any, a_dtype: Any = None, b_dtype: Any = None,
-             c: str | None = None, c_off: tuple[int, int] = (0, 0), alpha: float = 1.0, beta: float = 0.0,
-             add_identity: bool = False, probe: tuple[int, int, int] | None = None,
-             description: str = "gemm") -> list[dict]:
-        """``out[R] = alpha * A[Ra] @ B[Rb] + beta * C[Rc]`` over regions; returns the tile results."""
-        job = self.job
-        dt = np.dtype(dtype)
-        ch = (self.chunk, self.chunk)
-        plan = plan_gemm(m, n, k, dt, a_chunks=ch, b_chunks=ch, memory=job.cfg.memory,
-                         source_dtypes=(np.dtype(a_dtype or dt), np.dtype(b_dtype or dt)),
-                         c_chunks=ch if c is not None and beta != 0.0 else None, workers=job.workers(1),
-                         cores=job.cores(), device=job.device, device_memory=job.device_memory(), out_chunks=ch)
-        dev_mem = job.device_memory()
-        spec = GemmSpec(a=a, b=b, c=c, out=out, trans_a=False, trans_b=False, alpha=float(alpha), beta=float(beta),
-                        dtype=dt.name, plan=plan, device=job.device, device_memory=dev_mem, check_finite=False,
-                        done_dir=None, blas_threads=job.task_blas_threads(plan.blas_threads), a_off=tuple(a_off),
-                        b_off=tuple(b_off), c_off=tuple(c_off), out_off=tuple(out_off), add_identity=add_identity,
-                        sumsq=True, probe=probes if probe else None,
-                        probe_args=(probe[2], probe[1], probe[0]) if probe else ())
-        graph = self._graph("gemm", spec)
-        for i, j, rows, cols in plan.tiles():
-            graph.add((i, j), gemm_tile, spec, i, j, rows, cols)
-        results = job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description)
-        self.gemms += 1
-        self.flops += plan.flops
-        return results
-
-    def copy(self, src: str, dst: str, n: int) -> None:
-        """Copy an ``n x n`` store (same chunks) column strip by column strip."""
-        graph = self._graph("copy", src, dst)
-        for s, (c0, c1) in enumerate(column_strips(n, self.chunk)):
-            graph.add((s,), copy_columns_task, src, dst, c0, c1)
-        self.job.run(graph, workers=self.job.workers(1), description="copy")
-        self.job.stats["passes"] = self.job.stats.get("passes", 0) + 1
-
-
 def probe_estimate(job: Any, m: Any, w: np.ndarray, seed: int, *, description: str = "residual probe") -> float:
     """``||P - M W||_F / sqrt(k)`` for ``W = X P``: one row pass over ``M``; estimates ``||I - M X||_F``."""
     n, k = w.shape
-    plan = plan_row_pass(n, n * m.dtype.itemsize, chunk_rows=m.chunks[0], memory=job.cfg.memory,
-                         fixed_bytes=3 * n * k * 8, strip_extra_row_bytes=n * 8 + 3 * k * 8,
-                         workers=job.workers(1), cores=job.cores())
-    spec = RowPassSpec(inputs=(m.path,), names=("a",), kernel=probe_kernel, init=probe_init,
-                       params=Params(w=w, seed=seed, n=n), plan=plan, device="cpu", device_memory=None,
-                       check_finite=False, blas_threads=job.task_blas_threads(plan.blas_threads))
-    states = run_row_pass(job, spec, description=description)
+    states, _ = run_pass(job, probe_kernel, [source(m, name="a")], {"w": w, "seed": seed, "n": n},
+                         check_finite=False, description=description)
     return math.sqrt(sum(s["sumsq"] for s in states) / k)
 
 
@@ -175,23 +92,24 @@ def reduce_probe(results: list[dict], n: int, k: int, row_offset: int = 0) -> np
 def ns_residual(ops: BlockOps, m: Any, x: str, r: str, n: int, dtype: Any) -> float:
     """``R = I - M X`` into store ``r``; returns the exact ``||R||_F``."""
     res = ops.gemm(r, (0, 0), n, n, n, m.path, (0, 0), x, (0, 0), dtype=dtype, a_dtype=m.dtype, alpha=-1.0,
-                   add_identity=True, description="Newton-Schulz: R = I - M X")
+                   epilogue=InverseEpilogue(identity=True), description="Newton-Schulz: R = I - M X")
     return math.sqrt(sum(t["sumsq"] for t in res))
 
 
 def ns_update(ops: BlockOps, x: str, r: str, x_new: str, n: int, dtype: Any, seed: int) -> tuple[float, np.ndarray]:
     """``X_new = X + X R`` (the Newton-Schulz step); returns ``||X_new||_F`` and ``X_new P``."""
     res = ops.gemm(x_new, (0, 0), n, n, n, x, (0, 0), r, (0, 0), dtype=dtype, c=x, beta=1.0,
-                   probe=(seed, PROBES, n), description="Newton-Schulz: X + X R")
+                   epilogue=InverseEpilogue(probe=(seed, PROBES, n)), description="Newton-Schulz: X + X R")
     return math.sqrt(sum(t["sumsq"] for t in res)), reduce_probe(res, n, PROBES)
 
 
 def ns_product(ops: BlockOps, x: str, z: str, out: str, n: int, dtype: Any, seed: int) -> tuple[float, np.ndarray]:
     """``out = X Z`` (the preconditioned restart ``X (M X)^-1``); returns ``||out||_F`` and ``out P``."""
-    res = ops.gemm(out, (0, 0), n, n, n, x, (0, 0), z, (0, 0), dtype=dtype, probe=(seed, PROBES, n),
-                   description="restart: X (M X)^-1")
+    res = ops.gemm(out, (0, 0), n, n, n, x, (0, 0), z, (0, 0), dtype=dtype,
+                   epilogue=InverseEpilogue(probe=(seed, PROBES, n)), description="restart: X (M X)^-1")
     return math.sqrt(sum(t["sumsq"] for t in res)), reduce_probe(res, n, PROBES)
 
 
-__all__ = ["PROBED_SAFE_RESIDUAL", "PROBES", "BlockOps", "backward_error", "default_tol", "is_inverse", "ns_product", "ns_residual", "ns_update", "probe_estimate",
+__all__ = ["PROBED_SAFE_RESIDUAL", "PROBES", "backward_error", "default_tol", "is_inverse", "ns_product",
+           "ns_residual", "ns_update", "probe_estimate",
            "probes", "reduce_probe"]

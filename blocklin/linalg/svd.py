@@ -8,20 +8,25 @@ and reported, and the formulas are those of :mod:`blocklin.plan.svd`.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import scipy.linalg
 
-from blocklin.config import format_size
-from blocklin.errors import BudgetError, ConvergenceWarning, DTypeError, explain, warn
-from blocklin.linalg import _svd_kernels as K
+from blocklin.config import Settings, format_size
+from blocklin.errors import BudgetError, ConvergenceWarning, warn
+from blocklin.linalg import _tall_kernels as K
+from blocklin.linalg import random as rnd
 from blocklin.linalg.lanczos import block_lanczos, default_tol
-from blocklin.linalg.orth import TallBlock, cholqr_r, collect_rows, orth_incore, reduce_sum, run_pass
+from blocklin.linalg.orth import cholqr_r, orth_incore
+from blocklin.linalg.results import open_group, write_group
+from blocklin.linalg.tallblock import ArrayBlock, TallBlock, load_tall
 from blocklin.matrix import Matrix
-from blocklin.plan.svd import SvdPlan, plan_kernel_pass, plan_svd
+from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
-from blocklin.storage import create_array, create_group, write_array
+from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source
+from blocklin.storage import create_array
+from blocklin.validate import check_k, choice, count, float_operand, positive, resolve_seed
 
 METHODS = ("rsvd", "sketch", "lanczos")
 #: Power iterations of ``power_iters="auto"`` without ``tol`` (as scikit-learn and Dask default to).
@@ -29,7 +34,10 @@ AUTO_POWER_ITERS = 4
 
 
 class SVDResult(tuple):
-    """``(U, s, Vt)`` with a ``report`` attribute (unpacks like a 3-tuple)."""
+    """``(U, s, Vt)`` with a ``report`` attribute (unpacks like a 3-tuple).
+
+    The long factor is a :class:`~blocklin.Matrix`, the short one and ``s`` NumPy arrays.
+    """
 
     def __new__(cls, U: Any, s: np.ndarray, Vt: Any, report: dict) -> SVDResult:
         obj = super().__new__(cls, (U, s, Vt))
@@ -49,56 +57,7 @@ class SVDResult(tuple):
         return self[2]
 
 
-# -- validation ------------------------------------------------------------------------------------
-def _check_k(k: Any, m: int, n: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(explain("k", "must be an integer", repr(k), "pass k=10"))
-    if not 1 <= k < min(m, n):
-        raise ValueError(explain("k", f"must satisfy 1 <= k < min(m, n) = {min(m, n)}", f"k={k} for a {m} x {n} "
-                                 "matrix", f"pass 1 <= k <= {min(m, n) - 1} (use scipy.linalg.svd / eigh for a "
-                                 "full decomposition)"))
-
-
-def _resolve_seed(seed: Any) -> int:
-    if seed is None:
-        return int(np.random.SeedSequence().entropy % (2**63))
-    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0:
-        return int(seed)
-    raise ValueError(explain("seed", "must be a non-negative integer or None", repr(seed), "pass seed=0"))
-
-
 # -- sources: the tall orientation B in memory or streamed -------------------------------------------
-class _ArrayBlock:
-    """An in-memory tall block with the interface of :class:`~blocklin.linalg.orth.TallBlock`."""
-
-    def __init__(self, y: np.ndarray) -> None:
-        self.y = y
-        self.M, self.c = y.shape
-
-    def _chain(self, ws: list) -> np.ndarray:
-        t = self.y
-        for w in ws:
-            t = t @ w.astype(self.y.dtype)
-        return t
-
-    def gram_after(self, ws: list) -> np.ndarray:
-        t = self._chain(ws)
-        return (t.T @ t).astype(np.float64)
-
-    def tsqr(self) -> np.ndarray:
-        r = np.linalg.qr(self.y.astype(np.float64), mode="r")
-        d = np.sign(np.diag(r))
-        d[d == 0] = 1
-        return d[:, None] * r
-
-    def apply_to(self, ws: list, out_path: str | None, *, transposed_out: bool = False,
-                 description: str = "", collect: bool = False) -> np.ndarray:
-        f = self._chain(ws)
-        if out_path:
-            write_array(out_path, np.ascontiguousarray(f.T if transposed_out else f))
-        return f
-
-
 class _InCore:
     """``B`` held in memory (read once)."""
 
@@ -111,130 +70,82 @@ class _InCore:
         y = self.b @ q.astype(self.dtype)
         z = (self.b.T @ y).astype(np.float64)
         g = (y.T @ y).astype(np.float64) if gram else None
-        return z, g, (_ArrayBlock(y) if keep_y else None)
+        return z, g, (ArrayBlock(y) if keep_y else None)
 
     def sketch(self, om: np.ndarray, ps: np.ndarray, seed: int) -> tuple:
         dt = self.dtype
         y = self.b @ om.astype(dt)
         t = self.b @ ps.astype(dt)
-        ups = K.gaussian(seed, K.STREAM_UPSILON, 0, self.M, om.shape[1], dt)
-        phi = K.gaussian(seed, K.STREAM_PHI, 0, self.M, ps.shape[1], dt)
+        ups = rnd.gaussian(seed, rnd.STREAM_UPSILON, 0, self.M, om.shape[1], dt)
+        phi = rnd.gaussian(seed, rnd.STREAM_PHI, 0, self.M, ps.shape[1], dt)
         f = np.float64
         return ((self.b.T @ ups).astype(f), (phi.T @ t).astype(f), (phi.T @ y).astype(f), (y.T @ y).astype(f),
-                _ArrayBlock(y))
+                ArrayBlock(y))
 
     def apply_write(self, w: np.ndarray, dest: str | None, transposed_out: bool, description: str = "") -> Any:
-        return _ArrayBlock(self.b).apply_to([w], dest, transposed_out=transposed_out)
+        return ArrayBlock(self.b).apply_to([w], dest, transposed_out=transposed_out)
 
 
 class _Streamed:
-    """``B`` streamed from storage: every method call is one counted pass over ``A``."""
+    """``B`` streamed from storage: every method call is one pass over ``A``, counted by the job."""
 
-    def __init__(self, job: Job, A: Any, plan: SvdPlan, counter: dict) -> None:
-        self.job, self.A, self.plan, self.counter = job, A, plan, counter
-        self.transposed = plan.transposed
+    def __init__(self, job: Job, A: Any, plan: SvdPlan) -> None:
+        self.job, self.A, self.plan = job, A, plan
         self.M, self.N = plan.M, plan.N
         self.dtype = A.dtype
-        self.chunk_rows = A.chunks[1] if self.transposed else A.chunks[0]
+        self.source = source(A, transposed=plan.transposed)
         self.memory = plan.pass_memory
-        self._n_tmp = 0
 
-    def _plan(self, kind: str, c: int, s: int = 0) -> Any:
+    def _plan(self, kernel: Any, params: dict) -> Any:
         try:
-            return plan_kernel_pass(kind, self.M, self.N, c, self.dtype, chunk_rows=self.chunk_rows,
-                                    memory=self.memory, workers=self.job.workers(1), cores=self.job.cores(), s=s,
-                                    chunk_bytes=int(np.prod(self.A.chunks)) * self.dtype.itemsize,
-                                    chunks_across=-(-self.N // self.A.chunks[0 if self.transposed else 1]))
+            return plan_kernel_pass(self.job, kernel, [self.source], params, memory=self.memory)
         except BudgetError as exc:
             raise BudgetError(f"{exc} [this is what remains for streaming A of the budget of "
                               f"{format_size(self.plan.memory)} after {format_size(self.plan.client_bytes)} of in-core "
                               f"work ({self.plan.method}, N={self.N}, block={self.plan.block}); raise memory= or "
                               "lower k / oversample / block_size]") from None
 
-    def _run(self, kind: str, kernel: Any, init: Any, params: dict, c: int, *, plan: Any = None, outputs: tuple = (),
-             transposed_outputs: tuple = (), s: int = 0, description: str = "") -> list:
-        self.counter["a"] += 1
-        states, _ = run_pass(self.job, kind, inputs=(self.A.path,), kernel=kernel, init=init, params=params,
-                             M=self.M, N=self.N, c=c, dtype=self.dtype, chunk_rows=self.chunk_rows,
-                             memory=self.memory, transposed=(self.transposed,), outputs=outputs,
-                             transposed_outputs=transposed_outputs, s=s, plan=plan,
-                             description=f"{description} (pass {self.counter['a']} over A)")
-        return states
+    def _run(self, kernel: Any, params: dict, plan: Any, description: str, **kw: Any) -> list:
+        description = f"{description} (pass {self.job.passes('a') + 1} over A)"
+        return run_pass(self.job, kernel, [self.source], params, plan=plan, description=description, **kw).states
 
     def _tmp_block(self, c: int, strip: int) -> TallBlock:
-        self._n_tmp += 1
-        path = self.job.temp_dir() / f"Y{self._n_tmp}.zarr"
-        create_array(path, shape=(self.M, c), dtype=self.dtype, chunks=(strip, c), codec=self.job.cfg.codec)
-        return TallBlock(self.job, path, self.M, c, self.dtype, strip, self.memory, self.counter)
+        path = self.job.scratch("Y", (self.M, c), self.dtype, (strip, c))
+        return TallBlock(self.job, path, self.M, c, self.dtype, strip, self.memory)
 
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
-        c = q.shape[1]
-        plan = self._plan("normal", c)
-        blk = self._tmp_block(c, plan.strip) if keep_y else None
         params = {"Q": np.ascontiguousarray(q.astype(self.dtype)), "gram": gram, "write_y": keep_y}
-        states = self._run("normal", K.normal_kernel, K.normal_init, params, c, plan=plan,
-                           outputs=(("Y", blk.path),) if keep_y else (), description=description)
+        plan = self._plan(K.normal_kernel, params)
+        blk = self._tmp_block(q.shape[1], plan.strip) if keep_y else None
+        states = self._run(K.normal_kernel, params, plan, description,
+                           outputs=(("Y", blk.path),) if keep_y else ())
         return reduce_sum(states, "Z"), (reduce_sum(states, "G") if gram else None), blk
 
     def sketch(self, om: np.ndarray, ps: np.ndarray, seed: int) -> tuple:
-        kp, s = om.shape[1], ps.shape[1]
-        plan = self._plan("sketch", kp, s)
-        blk = self._tmp_block(kp, plan.strip)
         params = {"Omega": om.astype(self.dtype), "Psi": ps.astype(self.dtype), "seed": seed}
-        states = self._run("sketch", K.sketch_kernel, K.sketch_init, params, kp, plan=plan, s=s,
-                           outputs=(("Y", blk.path),), description="sketch: single pass")
+        plan = self._plan(K.sketch_kernel, params)
+        blk = self._tmp_block(om.shape[1], plan.strip)
+        states = self._run(K.sketch_kernel, params, plan, "sketch: single pass", outputs=(("Y", blk.path),))
         return (reduce_sum(states, "Xt"), reduce_sum(states, "Z"), reduce_sum(states, "PY"), reduce_sum(states, "G"),
                 blk)
 
     def apply_write(self, w: np.ndarray, dest: str | None, transposed_out: bool, description: str = "") -> Any:
         c = w.shape[1]
-        plan = self._plan("apply", c)
+        params = {"W": w.astype(self.dtype), "write": "F" if dest else None, "collect": dest is None}
+        plan = self._plan(K.apply_kernel, params)
         if dest:
             shape, chunks = ((c, self.M), (c, plan.strip)) if transposed_out else ((self.M, c), (plan.strip, c))
             create_array(dest, shape=shape, dtype=self.dtype, chunks=chunks, codec=self.job.cfg.codec)
-        params = {"W": w.astype(self.dtype), "write": "F" if dest else None, "collect": dest is None}
-        states = self._run("apply", K.apply_kernel, K.apply_init, params, c, plan=plan,
-                           outputs=(("F", dest),) if dest else (),
-                           transposed_outputs=("F",) if transposed_out else (), description=description)
+        states = self._run(K.apply_kernel, params, plan, description, outputs=(("F", dest),) if dest else (),
+                           transposed_outputs=("F",) if transposed_out else ())
         return None if dest else collect_rows(states, self.M, c)
 
 
-def _load(job: Job, A: Any, transposed: bool, plan: SvdPlan) -> np.ndarray:
-    """Read ``B`` (``A`` or ``A^T``) into memory in one counted pass."""
-    M, N = plan.M, plan.N
-    load_plan = plan_kernel_pass("load", M, N, 1, A.dtype, chunk_rows=A.chunks[1] if transposed else A.chunks[0],
-                                 memory=max(plan.memory - M * N * A.dtype.itemsize, plan.memory // 4),
-                                 workers=job.workers(1), cores=job.cores(),
-                                 chunk_bytes=int(np.prod(A.chunks)) * A.dtype.itemsize,
-                                 chunks_across=-(-N // A.chunks[0 if transposed else 1]))
-    states, _ = run_pass(job, "load", inputs=(A.path,), kernel=K.load_kernel, params={}, M=M, N=N, c=1,
-                         dtype=A.dtype, chunk_rows=A.chunks[1] if transposed else A.chunks[0], memory=plan.memory,
-                         transposed=(transposed,), plan=load_plan, description="read A into memory (pass 1 over A)")
-    b = np.empty((M, N), dtype=A.dtype)
-    for st in states:
-        for r0, blk in st or []:
-            b[r0:r0 + blk.shape[0]] = blk
-    return b
-
-
-def _write_group(job: Job, out: Any, A: Any, arrays: dict, operation: str, plan: Any, report: dict,
-                 overwrite: bool, ao: Any = None) -> Any:
-    """Write small arrays into the output group and commit it (``ao`` may already hold a long factor)."""
-    if ao is None:
-        ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite)
-        create_group(ao.array_path())
-    for name, x in arrays.items():
-        write_array(ao.array_path(name), np.ascontiguousarray(x))
-    return ao.commit(operation, plan=plan.to_dict(), params={"k": plan.k, "method": plan.method},
-                     report=_json_report(report))
-
-
-def _json_report(report: dict) -> dict:
-    keep = ("method", "seconds", "passes", "passes_formula", "intermediate_passes", "bytes_read", "bytes_written",
-            "peak_memory", "memory_budget", "residuals", "relative_residuals", "converged", "tol", "seed",
-            "power_iters", "lanczos_steps", "restarts", "block", "oversample", "sketch_size", "orth", "in_core",
-            "device", "scheduler", "which", "residual_note", "history", "sigma_max")
-    return {k: report[k] for k in keep if k in report}
+def load_incore(job: Job, A: Any, plan: SvdPlan) -> np.ndarray:
+    """Read ``B`` (``A`` or ``A^T``) into memory in one pass, leaving room for the in-core work."""
+    memory = max(plan.memory - plan.M * plan.N * A.dtype.itemsize, plan.memory // 4)
+    return load_tall(job, A, transposed=plan.transposed, memory=memory,
+                     description="read A into memory (pass 1 over A)")
 
 
 # -- methods -----------------------------------------------------------------------------------------
@@ -252,7 +163,7 @@ def _ritz_max_residual(q: np.ndarray, z: np.ndarray, k: int) -> float:
 def _rsvd(src: Any, k: int, l: int, q: int | None, tol: float | None, seed: int, max_passes: int,
           dest: str | None, transposed_out: bool) -> dict:
     N = src.N
-    Q = orth_incore(K.gaussian(seed, K.STREAM_OMEGA, 0, N, l))
+    Q = orth_incore(rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, N, l))
     history = []
     used = 0
     if q is not None:
@@ -286,8 +197,8 @@ def _rsvd(src: Any, k: int, l: int, q: int | None, tol: float | None, seed: int,
 
 def _sketch(src: Any, k: int, kp: int, s: int, seed: int, dest: str | None, transposed_out: bool) -> dict:
     N = src.N
-    om = K.gaussian(seed, K.STREAM_SKETCH_OMEGA, 0, N, kp)
-    ps = K.gaussian(seed, K.STREAM_SKETCH_PSI, 0, N, s)
+    om = rnd.gaussian(seed, rnd.STREAM_SKETCH_OMEGA, 0, N, kp)
+    ps = rnd.gaussian(seed, rnd.STREAM_SKETCH_PSI, 0, N, s)
     Xt, Z, PY, G, Y = src.sketch(om, ps, seed)
     R, chain, orth_info = cholqr_r(Y, G)
     rinv = scipy.linalg.solve_triangular(R, np.eye(kp), lower=False)
@@ -328,11 +239,9 @@ def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: 
 
 # -- public ----------------------------------------------------------------------------------------------
 def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_iters: int | str = "auto",
-        tol: float | None = None, out: Any = None, seed: int | None = None, memory: Any = None,
-        device: str | None = None, scheduler: Any = None, progress: Any = None, workers: int | None = None,
+        tol: float | None = None, out: Any = None, seed: int | None = None,
         max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
-        check_finite: bool | None = None, overwrite: bool = False, temp_dir: Any = None,
-        storage_options: dict | None = None) -> SVDResult:
+        overwrite: bool = False, **settings: Unpack[Settings]) -> SVDResult:
     """Truncated SVD ``A ~ U diag(s) Vt`` of an out-of-core matrix, counting passes over ``A``.
 
     Parameters
@@ -371,23 +280,21 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
     seed : int, optional
         Seed of the counter-based random test matrices: results are deterministic for a seed,
         whatever the budget, scheduler or workers. ``None`` draws one (recorded in the report).
-    memory, device, scheduler, progress, workers, check_finite, overwrite
-        As for every blocklin operation; ``progress`` shows one bar per pass.
+    overwrite : bool
+        Replace an existing ``out``.
     max_passes : int, optional
         Pass limit of the adaptive methods (default 20 for ``rsvd``, 60 for ``lanczos``).
     block_size, max_basis : int, optional
         ``lanczos`` block size (default about ``(k + oversample) / 2``) and restart basis size.
-    temp_dir : path or URL, optional
-        Where staged inputs and intermediates go (default: config / ``BLOCKLIN_TEMP_DIR``).
-    storage_options : dict, optional
-        fsspec options for URL operands, outputs and temp dir (see ``docs/cluster.md``).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings` (``progress``: one bar per pass).
 
     Returns
     -------
     SVDResult
-        ``U, s, Vt = result``. The long factor (``U`` for tall, ``Vt`` for wide ``A``) is a
-        :class:`~blocklin.Matrix` when ``A`` did not fit the budget or ``out`` is given, else a NumPy
-        array; the other factor and ``s`` (descending) are NumPy arrays. ``result.report`` holds
+        ``U, s, Vt = result``. The long factor (``U`` for tall, ``Vt`` for wide ``A``) is always a
+        :class:`~blocklin.Matrix` (stored in ``out``, or in a temporary group you own), whether ``A``
+        fitted the budget or not; the other factor and ``s`` (descending) are NumPy arrays. ``result.report`` holds
         ``passes`` (over ``A``), ``intermediate_passes``, ``bytes_read``, ``seconds``,
         ``peak_memory`` and ``residuals``: per triplet ``sqrt(||A v - s u||^2 + ||A^T u - s v||^2)``
         (one of the two terms is zero by construction).
@@ -407,91 +314,82 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
     G. Golub, W. Kahan, "Calculating the singular values and pseudo-inverse of a matrix", 1965.
     J. Baglama, L. Reichel, "Augmented implicitly restarted Lanczos bidiagonalization methods", 2005.
     """
-    if method not in METHODS:
-        raise ValueError(explain("method", f"must be one of {METHODS}", repr(method), "pass method='rsvd'"))
-    if isinstance(oversample, bool) or not isinstance(oversample, (int, np.integer)) or oversample < 0:
-        raise ValueError(explain("oversample", "must be a non-negative integer", repr(oversample), "pass oversample=10"))
-    if power_iters != "auto" and (isinstance(power_iters, bool) or not isinstance(power_iters, (int, np.integer))
-                                  or power_iters < 0):
-        raise ValueError(explain("power_iters", "must be 'auto' or a non-negative integer", repr(power_iters),
-                                 "pass power_iters=2"))
-    if tol is not None and not (isinstance(tol, (int, float)) and tol > 0 and np.isfinite(tol)):
-        raise ValueError(explain("tol", "must be a positive number", repr(tol), "pass tol=1e-6"))
-    with Job("svd", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite, temp_dir=temp_dir, storage_options=storage_options) as job:
+    method = choice("method", method, METHODS, fix="pass method='rsvd'")
+    oversample = count("oversample", oversample, fix="pass oversample=10")
+    power_iters = count("power_iters", power_iters, auto=("auto",), fix="pass power_iters=2")
+    tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
+    with Job("svd", **settings) as job:
         A = job.operand(a, "a")
+        float_operand(A)
         m, n = A.shape
-        if A.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-            raise DTypeError(explain("a", "dtype must be float32 or float64", A.dtype.name,
-                                     "convert it (blocklin convert --dtype float64)"))
-        _check_k(k, m, n)
-        seed = _resolve_seed(seed)
-        if method == "rsvd":
-            q = (None if tol is not None else AUTO_POWER_ITERS) if power_iters == "auto" else int(power_iters)
-            limit = max_passes or 20
-        else:
-            q = None
-            limit = max_passes or 60
-        if method == "lanczos" and tol is None:
-            tol = default_tol(A.dtype)
-        plan = plan_svd(m, n, k, A.dtype, method=method, oversample=oversample, power_iters=q,
-                        memory=job.cfg.memory, max_passes=limit, block_size=block_size, max_basis=max_basis)
-        counter = {"a": 0, "intermediate": 0}
-        ao = None
-        dest = None
-        long_name = "Vt" if plan.transposed else "U"
-        if out is not None or not plan.in_core:
-            ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite)
-            create_group(ao.array_path())
-            dest = ao.array_path(long_name)
-        if plan.in_core:
-            src: Any = _InCore(_load(job, A, plan.transposed, plan))
-            counter["a"] = 1
-            steps = max(limit, 500)
-        else:
-            src = _Streamed(job, A, plan, counter)
-            steps = limit - 1
-        if method == "rsvd":
-            r = _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
-                      plan.transposed)
-        elif method == "sketch":
-            r = _sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
-        else:
-            r = _lanczos(src, k, plan, tol, seed, steps, dest, plan.transposed)
-        s = r["s"].astype(A.dtype)
-        V = r["V"]
-        resid = r["residuals"]
-        s1 = float(s[0]) if s.size and s[0] > 0 else 1.0
-        converged = True
-        if tol is not None and resid is not None:
-            converged = bool(np.all(resid <= tol * s1 * (1 + 1e-9)))
-            if not converged:
-                warn(f"svd ({method}): tol={tol:g} not reached within {counter['a']} passes over A; reached a "
-                     f"relative residual of {float(np.max(resid)) / s1:.2e} (max over the {k} triplets, "
-                     f"||A^T u - s v|| / s_1). Raise max_passes{' or power_iters' if method == 'rsvd' else ''}, "
-                     "or loosen tol", ConvergenceWarning)
-        report = job.report(
-            method=method, passes=counter["a"], passes_formula=plan.formula, passes_total=job.stats.get("passes", 0),
-            intermediate_passes=counter.get("intermediate", 0), residuals=None if resid is None else resid.tolist(),
-            relative_residuals=None if resid is None else (resid / s1).tolist(), converged=converged, tol=tol,
-            seed=seed, oversample=oversample, block=plan.block, in_core=plan.in_core, plan=plan.to_dict(),
-            sigma_max=s1, **{key: r[key] for key in ("power_iters", "orth", "lanczos_steps", "restarts", "history",
-                                                     "sketch_size") if key in r})
-        if resid is None:
-            report["residual_note"] = ("not computed: the single-pass sketch never reads A again; "
-                                       "use method='rsvd' or 'lanczos' for residuals")
-        short = V.astype(A.dtype)  # N x k: V for tall A, U for wide A
-        if plan.transposed:
-            U_out, Vt_out = short, (r["long"].T.astype(A.dtype) if r["long"] is not None else None)
-        else:
-            U_out, Vt_out = (r["long"].astype(A.dtype) if r["long"] is not None else None), short.T.copy()
-        if ao is not None:
-            small = {"S": s, ("U" if plan.transposed else "Vt"): U_out if plan.transposed else Vt_out}
-            path = _write_group(job, out, A, small, "svd", plan, report, overwrite, ao=ao)
-            report["output"] = str(path)
-            stored = Matrix(path / long_name, report=report, temporary=out is None)
-            if plan.transposed:
-                Vt_out = stored
-            else:
-                U_out = stored
-        return SVDResult(U_out, s, Vt_out, report)
+        check_k(k, m, n)
+        seed = resolve_seed(seed)
+        q = (None if tol is not None else AUTO_POWER_ITERS) if power_iters == "auto" else power_iters
+        limit = max_passes or (20 if method == "rsvd" else 60)
+        tol = default_tol(A.dtype) if method == "lanczos" and tol is None else tol
+        plan = plan_svd(m, n, k, A.dtype, method=method, oversample=oversample, power_iters=q if method == "rsvd"
+                        else None, memory=job.cfg.memory, max_passes=limit, block_size=block_size,
+                        max_basis=max_basis)
+        ao = open_group(job, out, A, overwrite)
+        r = _factorize(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit,
+                       dest=ao.array_path("Vt" if plan.transposed else "U"))
+        report = _report(job, plan, r, tol=tol, seed=seed, oversample=oversample)
+        return _result(job, out, A, plan, r, report, ao, overwrite)
+
+
+def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
+               limit: int, dest: str) -> dict:
+    """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``."""
+    if plan.in_core:
+        src: Any = _InCore(load_incore(job, A, plan))
+    else:
+        src = _Streamed(job, A, plan)
+    if plan.method == "rsvd":
+        return _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
+                     plan.transposed)
+    if plan.method == "sketch":
+        return _sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
+    return _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed)
+
+
+def _report(job: Job, plan: SvdPlan, r: dict, *, tol: float | None, seed: int, oversample: int) -> dict:
+    """The report, with per-triplet residuals; warns when ``tol`` was not reached."""
+    resid = r["residuals"]
+    s = r["s"]
+    s1 = float(s[0]) if s.size and s[0] > 0 else 1.0
+    converged = True
+    if tol is not None and resid is not None:
+        converged = bool(np.all(resid <= tol * s1 * (1 + 1e-9)))
+        if not converged:
+            warn(f"svd ({plan.method}): tol={tol:g} not reached within {job.passes('a')} passes over A; reached a "
+                 f"relative residual of {float(np.max(resid)) / s1:.2e} (max over the {plan.k} triplets, "
+                 f"||A^T u - s v|| / s_1). Raise max_passes{' or power_iters' if plan.method == 'rsvd' else ''}, "
+                 "or loosen tol", ConvergenceWarning)
+    report = job.report(
+        method=plan.method, passes=job.passes("a"), passes_formula=plan.formula, passes_total=job.passes(),
+        intermediate_passes=job.passes("intermediate"), residuals=None if resid is None else resid.tolist(),
+        relative_residuals=None if resid is None else (resid / s1).tolist(), converged=converged, tol=tol,
+        seed=seed, oversample=oversample, block=plan.block, in_core=plan.in_core, plan=plan.to_dict(),
+        sigma_max=s1, **{key: r[key] for key in ("power_iters", "orth", "lanczos_steps", "restarts", "history",
+                                                 "sketch_size") if key in r})
+    if resid is None:
+        report["residual_note"] = ("not computed: the single-pass sketch never reads A again; "
+                                   "use method='rsvd' or 'lanczos' for residuals")
+    return report
+
+
+def _result(job: Job, out: Any, A: Any, plan: SvdPlan, r: dict, report: dict, ao: Any, overwrite: bool) -> SVDResult:
+    """Commit the group (the long factor is already in it) and return ``(U, s, Vt)``.
+
+    The long factor (``U`` for tall, ``Vt`` for wide ``A``) is always the stored :class:`Matrix`, the
+    other factor and ``s`` NumPy arrays, whether ``A`` was factored in memory or streamed.
+    """
+    s = r["s"].astype(A.dtype)
+    short = r["V"].astype(A.dtype)  # N x k: V for tall A, U for wide A
+    small = {"S": s, "U": short} if plan.transposed else {"S": s, "Vt": short.T.copy()}
+    path = write_group(job, out, A, small, "svd", plan, report, overwrite, ao=ao)
+    report["output"] = str(path)
+    stored = Matrix(path / ("Vt" if plan.transposed else "U"), report=report, temporary=out is None)
+    if plan.transposed:
+        return SVDResult(small["U"], s, stored, report)
+    return SVDResult(stored, s, small["Vt"], report)

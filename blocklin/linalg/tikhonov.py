@@ -5,21 +5,23 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
-from blocklin.errors import ShapeError, SingularMatrixError, warn
+from blocklin.config import Settings
+from blocklin.errors import NonFiniteError, ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg._inv_kernels import Params
+from blocklin.linalg.gemm import Gemm
 from blocklin.linalg._solve_kernels import gram_kernel, residual_kernel, symmetrize_lower
 from blocklin.linalg.qr import tsqr_pass
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
-from blocklin.plan.solve import SolvePlan, plan_solve, plan_tall_pass
+from blocklin.plan.solve import SolvePlan, plan_solve, small_bytes
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import RowPassSpec, run_row_pass
-from blocklin.storage.zarr_store import create_array, write_block
+from blocklin.runtime.passes import run_pass, source
+from blocklin.storage.zarr_store import create_array, open_zarr, write_block
+from blocklin.validate import choice, count, float_operand, same_rows
 
 METHODS = ("auto", "normal", "qr")
 #: ``auto`` keeps the normal equations while the regularized Gram matrix's reciprocal condition
@@ -151,31 +153,29 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
         rule = lam.strip().lower()
         if rule in ("gcv", "lcurve", "l-curve"):
             return ("gcv" if rule == "gcv" else "lcurve"), []
-        raise ValueError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv' or 'lcurve'", repr(lam),
+        raise ParameterError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv' or 'lcurve'", repr(lam),
                                  "pass lam=1e-3, lam=[1e-4, 1e-3, 1e-2] or lam='gcv'"))
     if isinstance(lam, (Sequence, np.ndarray)) and not isinstance(lam, str):
         vals = [float(v) for v in np.asarray(lam, dtype=float).ravel()]
         kind = "sequence"
         if not vals:
-            raise ValueError(_msg("lam", "sequence must not be empty", "[]", "pass at least one value"))
+            raise ParameterError(_msg("lam", "sequence must not be empty", "[]", "pass at least one value"))
     else:
         try:
             vals = [float(lam)]
         except (TypeError, ValueError):
-            raise ValueError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv' or 'lcurve'",
+            raise ParameterError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv' or 'lcurve'",
                                      repr(lam), "pass lam=1e-3")) from None
         kind = "scalar"
     for v in vals:
         if not math.isfinite(v) or v < 0:
-            raise ValueError(_msg("lam", "must be finite and >= 0 (it multiplies ||x|| in "
+            raise ParameterError(_msg("lam", "must be finite and >= 0 (it multiplies ||x|| in "
                                      "min ||A x - b||^2 + lam^2 ||x||^2)", repr(v), "pass lam=0.0 or a positive value"))
     return kind, vals
 
 
 def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = None, refine: Any = "auto",
-          memory: Any = None, device: str | None = None, scheduler: Any = None, workers: int | None = None,
-          progress: Any = None, check_finite: bool | None = None, overwrite: bool = False,
-          explain: bool = False, temp_dir: Any = None, storage_options: dict | None = None) -> Matrix | SolvePlan:
+          overwrite: bool = False, explain: bool = False, **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
     Parameters
@@ -210,14 +210,12 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         bound ``cond * eps`` passes ``~1e-12``) or the residual is below ``1e-3 ||b||`` (where
         the Gram formula for it cancels), none otherwise (the residual norm then comes from the
         Gram quantities, ``||b||^2 - 2 x^T A^T b + x^T A^T A x``).
-    memory, device, scheduler, workers, progress, check_finite, overwrite
-        As for :func:`blocklin.matmul`. The passes of this solver run on the CPU.
+    overwrite : bool
+        Replace an existing ``out``.
     explain : bool
         Return the :class:`~blocklin.plan.solve.SolvePlan` without running.
-    temp_dir : path or URL, optional
-        Where staged inputs and intermediates go (default: config / ``BLOCKLIN_TEMP_DIR``).
-    storage_options : dict, optional
-        fsspec options for URL operands, outputs and temp dir (see ``docs/cluster.md``).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the CPU.
 
     Returns
     -------
@@ -247,60 +245,36 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     Memory: the in-core problem is ``O((n + k)^2)`` (``O(m^2)`` for wide ``A``); ``A`` streams in row
     strips within the budget.
     """
-    if method not in METHODS:
-        raise ValueError(_msg("method", f"must be one of {METHODS}", repr(method), "pass method='auto'"))
+    method = choice("method", method, METHODS, fix="pass method='auto'")
     kind, lams = _parse_lam(lam)
-    vector = isinstance(b, np.ndarray) and b.ndim == 1
-    if vector:
+    refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
+    if isinstance(b, np.ndarray) and b.ndim == 1:
         b = b.reshape(-1, 1)
-    if refine != "auto" and (not isinstance(refine, (int, np.integer)) or isinstance(refine, bool) or refine < 0):
-        raise ValueError(_msg("refine", "must be 'auto' or an integer >= 0", repr(refine), "pass refine=1"))
-    with Job("solve", memory=memory, device=device, scheduler=scheduler, workers=workers, progress=progress,
-             check_finite=check_finite, temp_dir=temp_dir, storage_options=storage_options) as job:
-        A = job.operand(a, "a")
-        B = job.operand(b, "b")
-        m, n = A.shape
-        k = B.shape[1]
-        if B.shape[0] != m:
-            raise ShapeError(_msg("b", "must have as many rows as a (no broadcasting)",
-                                     f"a {m} x {n}, b {B.shape[0]} x {k}", "pass b with one row per row of a"))
-        for op in (A, B):
-            if op.dtype.kind != "f":
-                from blocklin.errors import DTypeError
-
-                raise DTypeError(_msg(op.name, "dtype must be float32 or float64", op.dtype.name,
-                                         "convert it (blocklin convert --dtype float64)"))
-        out_dtype = np.result_type(A.dtype, B.dtype)
+    with Job("solve", **settings) as job:
+        A, B = job.operand(a, "a"), job.operand(b, "b")
+        same_rows(A, B)
+        float_operand(A), float_operand(B)
+        (m, n), k = A.shape, B.shape[1]
         plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
                           refine=1 if refine == "auto" else refine)
         if explain:
             return plan
         if plan.orientation == "wide" and method == "qr":
-            raise ValueError(_msg("method", "'qr' needs a tall or square a (rows >= columns)",
-                                     f"a {m} x {n}", "pass method='normal' (the dual form "
-                                     "x = A^T (A A^T + lam^2 I)^-1 b, used by 'auto'), or solve the transposed problem"))
-        ctx = _Ctx(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method)
-        if plan.orientation == "wide":
-            x, info = _solve_wide(ctx, out, overwrite)
-        else:
-            x, info = _solve_tall(ctx)
-        info.setdefault("orientation", plan.orientation)
-        report = job.report(**info)
-        report["passes"] = job.stats.get("passes", 0) + info.pop("extra_passes", 0)
-        report.pop("extra_passes", None)
-        if isinstance(x, Matrix):  # wide: written by the GEMM
-            x.report = report
-            return x
+            raise ParameterError(_msg("method", "'qr' needs a tall or square a (rows >= columns)",
+                                      f"a {m} x {n}", "pass method='normal' (the dual form "
+                                      "x = A^T (A A^T + lam^2 I)^-1 b, used by 'auto'), or solve the transposed "
+                                      "problem"))
         ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
-        arr = create_array(ao.array_path(), shape=x.shape, dtype=out_dtype,
-                           chunks=auto_chunks(x.shape, out_dtype, job.cfg.memory), codec=job.cfg.codec)
-        write_block(arr, slice(0, x.shape[0]), slice(0, x.shape[1]), x.astype(out_dtype, copy=False))
-        brief = {key: report[key] for key in ("lam", "method", "method_reason", "residual_norm", "solution_norm",
-                                              "passes", "seconds") if key in report}
-        path = ao.commit("solve", plan=plan.to_dict(), params={"lam": lam if not isinstance(lam, np.ndarray)
-                                                               else lam.tolist(), "method": method},
-                         report=brief)
+        ctx = _Ctx(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method)
+        info = _solve_wide(ctx, ao.array_path()) if plan.orientation == "wide" else _solve_tall(ctx, ao.array_path())
+        report = job.report(orientation=plan.orientation, **info)
+        params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method}
+        path = ao.commit("solve", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+#: Report entries recorded in the output's attributes.
+REPORT_KEYS = ("lam", "method", "method_reason", "residual_norm", "solution_norm", "passes", "seconds")
 
 
 @dataclasses.dataclass
@@ -330,14 +304,9 @@ def _singular(cond: float, what: str) -> SingularMatrixError:
 
 
 def _gram_pass(ctx: _Ctx) -> dict:
-    job = ctx.job
-    plan = plan_tall_pass(ctx.m, ctx.n, ctx.k, np.float64, "normal", memory=job.cfg.memory,
-                          chunk_rows=ctx.A.chunks[0], src_itemsize=ctx.A.dtype.itemsize,
-                          workers=job.workers(1), cores=job.cores())
-    spec = RowPassSpec(inputs=(ctx.A.path, ctx.B.path), names=("a", "b"), kernel=gram_kernel,
-                       params=Params(dtype="float64"), plan=plan, device="cpu", device_memory=None,
-                       check_finite=job.check_finite, blas_threads=job.task_blas_threads(plan.blas_threads))
-    states = [s for s in run_row_pass(job, spec, description="Gram pass: A^T A, A^T b") if s is not None]
+    states, _ = run_pass(ctx.job, gram_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64"},
+                         reserve=small_bytes(ctx.n, ctx.k), description="Gram pass: A^T A, A^T b")
+    states = [s for s in states if s is not None]
     g = states[0]["g"]
     for s in states[1:]:
         g += s["g"]
@@ -347,105 +316,126 @@ def _gram_pass(ctx: _Ctx) -> dict:
 
 
 def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    job = ctx.job
-    plan = plan_tall_pass(ctx.m, ctx.n, ctx.k, np.float64, "residual", memory=job.cfg.memory,
-                          chunk_rows=ctx.A.chunks[0], src_itemsize=ctx.A.dtype.itemsize,
-                          workers=job.workers(1), cores=job.cores())
-    spec = RowPassSpec(inputs=(ctx.A.path, ctx.B.path), names=("a", "b"), kernel=residual_kernel,
-                       params=Params(dtype="float64", x=x), plan=plan, device="cpu", device_memory=None,
-                       check_finite=False, blas_threads=job.task_blas_threads(plan.blas_threads))
-    states = [s for s in run_row_pass(job, spec, description="refinement pass: A^T (b - A x)") if s is not None]
+    states, _ = run_pass(ctx.job, residual_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64", "x": x},
+                         reserve=small_bytes(ctx.n, ctx.k), check_finite=False,
+                         description="refinement pass: A^T (b - A x)")
+    states = [s for s in states if s is not None]
     return sum(s["atr"] for s in states), sum(s["rr"] for s in states)
 
 
-def _solve_tall(ctx: _Ctx) -> tuple[np.ndarray, dict]:
-    from scipy.linalg import cho_factor, cho_solve, lapack
+def _solve_tall(ctx: _Ctx, x_path: str) -> dict:
+    """Tall or square ``A``: normal equations when well conditioned, else the streaming QR; writes ``x``."""
+    if ctx.method == "qr" or (ctx.method == "auto" and ctx.kind != "scalar"):
+        reason = ("requested" if ctx.method == "qr" else
+                  "a sequence or a lambda rule is evaluated from the SVD of the streaming R factor")
+        return _qr_route(ctx, x_path, {}, reason)
+    gp = _gram_pass(ctx)
+    if ctx.kind != "scalar":  # method="normal" with several lambdas: eigen-decomposition of A^T A
+        spec = _spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
+        info = {"method": "normal", "method_reason": "requested (eigen-decomposition of A^T A; prefer 'qr' for "
+                "small lambda)"}
+        return _finish_spectral(ctx, spec, info, x_path)
+    lam = ctx.lams[0]
+    cf, rcond = _factor_regularized(gp["g"], lam)
+    info = {"rcond_normal": rcond}
+    if cf is None or rcond < AUTO_RCOND:
+        if ctx.method == "auto":
+            return _qr_route(ctx, x_path, info, f"A^T A + lam^2 I is ill-conditioned (reciprocal condition "
+                             f"{rcond:.1e} < {AUTO_RCOND:.0e}): switched to the streaming QR (one more pass)")
+        _refuse_or_warn(cf, rcond, lam)
+    x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
+    xx = np.einsum("ij,ij->j", x, x)
+    reason = "requested" if ctx.method == "normal" else \
+        f"well conditioned (reciprocal condition of A^T A + lam^2 I {rcond:.1e})"
+    info.update(residual_norm_source=source, method="normal", method_reason=reason, lam=lam,
+                residual_norm=_norms(rr), solution_norm=_norms(xx), objective=_norms(rr + lam**2 * xx),
+                refine_steps=steps, cond_estimate=float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
+                norm_a=math.sqrt(gp["aa"]))
+    _write_x(ctx, x_path, x)
+    return info
 
-    info: dict = {}
-    use_qr = ctx.method == "qr" or (ctx.method == "auto" and ctx.kind != "scalar")
-    reason = ("requested" if ctx.method == "qr" else
-              "a sequence or a lambda rule is evaluated from the SVD of the streaming R factor")
-    if not use_qr:
-        gp = _gram_pass(ctx)
-        g, c = gp["g"], gp["c"]
-        if ctx.kind != "scalar":  # method="normal" with several lambdas: eigen-decomposition of A^T A
-            spec = _spectrum_from_gram(g, c, gp["bb"], ctx.m, dual=False, n=ctx.n)
-            info.update(method="normal", method_reason="requested (eigen-decomposition of A^T A; prefer 'qr' for "
-                        "small lambda)")
-            return _finish_spectral(ctx, spec, info)
-        lam = ctx.lams[0]
-        kmat = g.copy()
-        kmat[np.diag_indices_from(kmat)] += lam**2
-        anorm = float(np.abs(kmat).sum(axis=0).max()) if kmat.size else 0.0
-        try:
-            cf = cho_factor(kmat, lower=False, check_finite=False)
-            rcond = float(lapack.dpocon(cf[0], anorm, uplo="U")[0]) if ctx.n else 1.0
-        except np.linalg.LinAlgError:
-            cf, rcond = None, 0.0
-        info["rcond_normal"] = rcond
-        if cf is None or rcond < AUTO_RCOND:
-            if ctx.method == "auto":
-                use_qr = True
-                reason = (f"A^T A + lam^2 I is ill-conditioned (reciprocal condition {rcond:.1e} < {AUTO_RCOND:.0e}): "
-                          "switched to the streaming QR (one more pass)")
-            elif cf is None or rcond < np.finfo(np.float64).eps:
-                if lam == 0:
-                    raise _singular(1.0 / max(rcond, 1e-300) ** 0.5, "column")
-                raise SingularMatrixError(_msg("a", "A^T A + lam^2 I must be positive definite",
-                                                  f"Cholesky failed (reciprocal condition {rcond:.1e})",
-                                                  "use method='qr' or a larger lam"))
-            else:
-                warn(f"solve: A^T A + lam^2 I has reciprocal condition {rcond:.1e}; the normal equations may lose "
-                     "accuracy (refinement helps); method='qr' avoids squaring the condition number")
-        if not use_qr:
-            x = cho_solve(cf, c, check_finite=False)
-            rr = None
-            steps = 0
-            rr_gram = gp["bb"] - 2 * np.einsum("ij,ij->j", x, c) + np.einsum("ij,ij->j", x, g @ x)
-            # "auto" refines when ill-conditioned, or when ||r||^2 from the Gram quantities suffers
-            # cancellation (a residual far below ||b||: an accurate one needs the pass anyway)
-            small_residual = bool(np.any(rr_gram < 1e-6 * gp["bb"]))
-            n_refine = (1 if rcond < AUTO_REFINE_RCOND or small_residual else 0) if ctx.refine == "auto" \
-                else ctx.refine
-            for _ in range(n_refine):
-                atr, rr = _residual_pass(ctx, x)
-                d = cho_solve(cf, atr - lam**2 * x, check_finite=False)
-                # ||r - A d||^2 = ||r||^2 - 2 d^T A^T r + d^T G d (exact algebra; d is tiny)
-                rr = rr - 2 * np.einsum("ij,ij->j", d, atr) + np.einsum("ij,ij->j", d, g @ d)
-                x = x + d
-                steps += 1
-            source = "refinement pass"
-            if rr is None:
-                rr = rr_gram
-                source = "Gram quantities"
-            info["residual_norm_source"] = source
-            xx = np.einsum("ij,ij->j", x, x)
-            info.update(method="normal", method_reason=("requested" if ctx.method == "normal" else
-                                                        f"well conditioned (reciprocal condition of A^T A + lam^2 I "
-                                                        f"{rcond:.1e})"),
-                        lam=lam, residual_norm=_norms(rr), solution_norm=_norms(xx),
-                        objective=_norms(rr + lam**2 * xx), refine_steps=steps,
-                        cond_estimate=float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
-                        norm_a=math.sqrt(gp["aa"]))
-            return x, info
+
+def _factor_regularized(g: np.ndarray, lam: float) -> tuple[Any, float]:
+    """Cholesky factor of ``A^T A + lam^2 I`` and its reciprocal condition estimate (None, 0 when it fails)."""
+    from scipy.linalg import cho_factor, lapack
+
+    kmat = g.copy()
+    kmat[np.diag_indices_from(kmat)] += lam**2
+    anorm = float(np.abs(kmat).sum(axis=0).max()) if kmat.size else 0.0
+    try:
+        cf = cho_factor(kmat, lower=False, check_finite=False)
+        return cf, float(lapack.dpocon(cf[0], anorm, uplo="U")[0]) if g.shape[0] else 1.0
+    except np.linalg.LinAlgError:
+        return None, 0.0
+
+
+def _refuse_or_warn(cf: Any, rcond: float, lam: float) -> None:
+    """``method="normal"`` on an ill-conditioned problem: refuse a singular one, warn otherwise."""
+    if cf is None or rcond < np.finfo(np.float64).eps:
+        if lam == 0:
+            raise _singular(1.0 / max(rcond, 1e-300) ** 0.5, "column")
+        raise SingularMatrixError(_msg("a", "A^T A + lam^2 I must be positive definite",
+                                       f"Cholesky failed (reciprocal condition {rcond:.1e})",
+                                       "use method='qr' or a larger lam"))
+    warn(f"solve: A^T A + lam^2 I has reciprocal condition {rcond:.1e}; the normal equations may lose "
+         "accuracy (refinement helps); method='qr' avoids squaring the condition number")
+
+
+def _solve_refined(ctx: _Ctx, gp: dict, cf: Any, rcond: float, lam: float) -> tuple[np.ndarray, np.ndarray, int, str]:
+    """``x`` from the normal equations and refinement passes; ``||b - A x||^2``, the steps, its source."""
+    from scipy.linalg import cho_solve
+
+    g, c = gp["g"], gp["c"]
+    x = cho_solve(cf, c, check_finite=False)
+    rr_gram = gp["bb"] - 2 * np.einsum("ij,ij->j", x, c) + np.einsum("ij,ij->j", x, g @ x)
+    # "auto" refines when ill-conditioned, or when ||r||^2 from the Gram quantities suffers
+    # cancellation (a residual far below ||b||: an accurate one needs the pass anyway)
+    small_residual = bool(np.any(rr_gram < 1e-6 * gp["bb"]))
+    n_refine = (1 if rcond < AUTO_REFINE_RCOND or small_residual else 0) if ctx.refine == "auto" else ctx.refine
+    rr = None
+    for _ in range(n_refine):
+        atr, rr = _residual_pass(ctx, x)
+        d = cho_solve(cf, atr - lam**2 * x, check_finite=False)
+        # ||r - A d||^2 = ||r||^2 - 2 d^T A^T r + d^T G d (exact algebra; d is tiny)
+        rr = rr - 2 * np.einsum("ij,ij->j", d, atr) + np.einsum("ij,ij->j", d, g @ d)
+        x = x + d
+    if rr is None:
+        return x, rr_gram, 0, "Gram quantities"
+    return x, rr, n_refine, "refinement pass"
+
+
+def _qr_route(ctx: _Ctx, x_path: str, info: dict, reason: str) -> dict:
     sr = tsqr_pass(ctx.job, ctx.A, ctx.B, np.float64)
     spec = _spectrum_from_r(sr.r, sr.qtb, sr.rho, ctx.m)
     info.update(method="qr", method_reason=reason, norm_a=sr.norm_a)
-    return _finish_spectral(ctx, spec, info)
+    return _finish_spectral(ctx, spec, info, x_path)
 
 
-def _finish_spectral(ctx: _Ctx, spec: Spectrum, info: dict) -> tuple[np.ndarray, dict]:
-    """Pick lambda(s) and evaluate the solution(s) of a tall problem from its spectrum."""
+def _write_x(ctx: _Ctx, x_path: str, x: np.ndarray) -> None:
+    out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
+    chunks = auto_chunks(x.shape, out_dtype, ctx.job.cfg.memory)
+    arr = create_array(x_path, shape=x.shape, dtype=out_dtype, chunks=chunks, codec=ctx.job.cfg.codec)
+    write_block(arr, slice(0, x.shape[0]), slice(0, x.shape[1]), x.astype(out_dtype, copy=False))
+
+
+def _finish_spectral(ctx: _Ctx, spec: Spectrum, info: dict, x_path: str) -> dict:
+    """Pick lambda(s), evaluate the solution(s) of a tall problem from its spectrum, write ``x``."""
+    xs = _coefficients(ctx, spec, info, "column")
+    _write_x(ctx, x_path, np.hstack(xs) if len(xs) > 1 else xs[0])
+    return info
+
+
+def _coefficients(ctx: _Ctx, spec: Spectrum, info: dict, rank: str) -> list[np.ndarray]:
+    """The chosen lambda(s) and their coefficients; refuses ``lam = 0`` on a rank-deficient problem."""
     lams, curve = _lambdas(ctx, spec)
     smax = float(spec.s.max()) if spec.s.size else 0.0
     smin = float(spec.s.min()) if spec.s.size else 0.0
-    cond = smax / smin if smin > 0 else float("inf")
-    info["cond_estimate"] = cond
+    info["cond_estimate"] = smax / smin if smin > 0 else float("inf")
     if min(lams) == 0 and (smin <= smax * max(ctx.m, ctx.n) * np.finfo(np.float64).eps or smax == 0):
-        raise _singular(cond, "column")
+        raise _singular(info["cond_estimate"], rank)
     xs = [spec.coefficients(lam) for lam in lams]
     _describe(info, spec, lams, curve, ctx)
-    return (np.hstack(xs) if len(xs) > 1 else xs[0]), info
+    return xs
 
 
 def _lambdas(ctx: _Ctx, spec: Spectrum) -> tuple[list[float], dict | None]:
@@ -470,37 +460,31 @@ def _describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None,
         info["gcv"] = spec.gcv(lams[0])
 
 
-def _solve_wide(ctx: _Ctx, out: Any, overwrite: bool) -> tuple[Matrix, dict]:
-    """Dual form: ``A A^T`` by an out-of-core GEMM, eigen-decomposition, ``x = A^T y`` by another."""
-    from blocklin.linalg.gemm import matmul
+def _solve_wide(ctx: _Ctx, x_path: str) -> dict:
+    """Dual form: ``A A^T`` by an out-of-core GEMM, eigen-decomposition, ``x = A^T y`` by another.
 
+    Both GEMMs run in the solve's own job (each counted as a pass over ``A``).
+    """
     job = ctx.job
-    kw = {"memory": job.cfg.memory, "scheduler": job.cfg.scheduler, "workers": job.cfg.workers,
-          "check_finite": job.check_finite}
-    gram = matmul(ctx.A.path, ctx.A.path, trans_b=True, dtype="float64", **kw)
-    g = gram.to_numpy()
-    gram.delete()
+    gram = Gemm.of(ctx.A, ctx.A, trans_b=True, dtype="float64")
+    plan = gram.plan(job)
+    g_path = job.scratch("gram", gram.shape, np.float64, plan.out_chunks)
+    gram.run(job, plan, g_path, description="Gram matrix A A^T", count_pass="a")
+    g = open_zarr(g_path)[...]
     bm = Matrix(ctx.B.path)[...].astype(np.float64)  # m x k, small (m is the short side)
     if job.check_finite and not np.all(np.isfinite(bm)):
-        from blocklin.errors import NonFiniteError
-
         raise NonFiniteError(_msg("b", "must be finite (check_finite is on)", "NaN or Inf",
-                                     "clean the input, or pass check_finite=False"))
+                                  "clean the input, or pass check_finite=False"))
     spec = _spectrum_from_gram(g, bm, np.einsum("ij,ij->j", bm, bm), ctx.m, dual=True, n=ctx.n)
     info = {"method": "normal", "method_reason": "wide a: dual form x = A^T (A A^T + lam^2 I)^-1 b",
             "norm_a": math.sqrt(max(float(np.trace(g)), 0.0))}
-    lams, curve = _lambdas(ctx, spec)
-    smax = float(spec.s.max()) if spec.s.size else 0.0
-    smin = float(spec.s.min()) if spec.s.size else 0.0
-    info["cond_estimate"] = smax / smin if smin > 0 else float("inf")
-    if min(lams) == 0 and (smin <= smax * max(ctx.m, ctx.n) * np.finfo(np.float64).eps or smax == 0):
-        raise _singular(info["cond_estimate"], "row")
-    ys = np.hstack([spec.coefficients(lam) for lam in lams])
-    _describe(info, spec, lams, curve, ctx)
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
-    x = matmul(ctx.A.path, ys.astype(out_dtype), out, trans_a=True, overwrite=overwrite, **kw)
-    info["extra_passes"] = 2
-    return x, info
+    Y = job.operand(np.hstack(_coefficients(ctx, spec, info, "row")).astype(out_dtype), "y")
+    product = Gemm.of(ctx.A, Y, trans_a=True, dtype=out_dtype)
+    plan = product.plan(job)
+    create_array(x_path, shape=product.shape, dtype=out_dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
+    product.run(job, plan, x_path, description="x = A^T y", count_pass="a")
+    return info
 
 
 __all__ = ["Spectrum", "choose_lambda", "solve"]

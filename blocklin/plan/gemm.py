@@ -5,29 +5,35 @@ The output is cut into ``tm x tn`` tiles, one task each; a task streams its k-lo
 of the input chunks (so every read covers whole chunks and every write owns whole output chunks)
 and are chosen to minimize bytes read, since ``op(A)`` is re-read once per tile column and
 ``op(B)`` once per tile row, subject to every buffer of every concurrent task fitting the budget.
+
+When no chunk-wide panel fits (a budget small for the inputs' chunks), k-panels narrower than a
+chunk are planned instead: each panel reads a column (``op(A)``) or row (``op(B)``) sub-range of its
+chunks, so a stored chunk is read up to ``panel_rereads`` times per pass, counted so in the bytes
+read; the chunk-sized read temporaries stay in the peak memory. Output tiles still own whole chunks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Iterator
 
 import numpy as np
 
+from blocklin._memory import IO_CONCURRENCY  # zarr's chunks in flight; each holds chunk temporaries
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import split
-
-#: zarr reads/writes up to this many chunks at once; each may hold one chunk-sized temporary
-#: (blocklin caps zarr's concurrency at this value, see blocklin._memory).
-IO_CONCURRENCY = 4
 
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.
 TASK_OVERHEAD_BYTES = 4 * 2**20
 #: Target panel width of the k-loop: wide enough for BLAS efficiency, narrow enough to overlap.
 TARGET_TK = 512
+#: Narrowest sub-chunk panel, as a fraction of a k chunk: below it re-reading each chunk this many
+#: times costs more than rechunking the inputs once.
+MAX_PANEL_REREADS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +62,10 @@ class GemmPlan:
     task_memory: int
     device_peak: int | None
     with_c: bool
+    #: Most reads of one stored chunk per pass: 1 unless k-panels cut through chunks (panels
+    #: narrower than the chunks, for a budget too small for chunk-wide ones; or A and B chunked
+    #: differently along k).
+    panel_rereads: int = 1
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -101,6 +111,9 @@ class GemmPlan:
             f"  memory    peak {format_size(self.peak_memory)} of {format_size(self.memory)} host budget"
             f" ({format_size(self.task_memory)} per task)",
         ]
+        if self.panel_rereads > 1:
+            lines.append(f"  note      k-panels cut through the inputs' chunks: a chunk is read up to"
+                         f" {self.panel_rereads} times per pass (counted in the bytes read)")
         if self.device_peak is not None:
             lines.append(f"  device    peak {format_size(self.device_peak)} of "
                          f"{format_size(self.device_memory or 0)} device budget")
@@ -117,6 +130,34 @@ def _candidates(dim: int, unit: int) -> list[int]:
         mults = sorted({1, count} | {int(round(1.25**e)) for e in range(0, int(math.log(count, 1.25)) + 2)})
         mults = [c for c in mults if 1 <= c <= count]
     return sorted({min(dim, unit * c) for c in mults})
+
+
+def _sub_chunk_panels(ku: int, ku_a: int, ku_b: int, k: int) -> list[int]:
+    """Panel widths below ``ku``, widest first: fractions (down to 1/MAX_PANEL_REREADS) of ``ku`` and of
+    each operand's k chunk, so that panels mostly stay inside one chunk of each operand."""
+    widths = {c // d for c in (ku, ku_a, ku_b) for d in range(1, MAX_PANEL_REREADS + 1) if c % d == 0}
+    return sorted((t for t in widths if 1 <= t < ku and t <= k), reverse=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def _panel_reads(t: int, unit: int, k: int) -> tuple[int, int, float]:
+    """How ``t``-wide k-panels read an operand stored in ``unit``-wide chunks along ``k``.
+
+    Returns (most chunks one panel touches, most panels touching one chunk, bytes read from storage
+    per byte of the operand): every panel reads each chunk it touches whole.
+    """
+    if k <= 0:
+        return 1, 1, 1.0
+    if t % unit == 0:  # panels of whole chunks
+        return t // unit, 1, 1.0
+    touched, per_chunk, read = 0, {}, 0
+    for p0 in range(0, k, t):
+        c0, c1 = p0 // unit, (min(p0 + t, k) - 1) // unit
+        touched = max(touched, c1 - c0 + 1)
+        for c in range(c0, c1 + 1):
+            per_chunk[c] = per_chunk.get(c, 0) + 1
+            read += min(unit, k - c * unit)
+    return touched, max(per_chunk.values()), read / k
 
 
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
@@ -187,81 +228,137 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     panel slots for each operand, cast buffers, the ``C0`` strip and zarr's chunk temporaries.
     """
     dt = np.dtype(dtype)
-    isz = dt.itemsize
     src = tuple(np.dtype(s) for s in (source_dtypes or (dt, dt)))
-    src_isz = (src[0].itemsize, src[1].itemsize)
-    cores = cores or os.cpu_count() or 1
     workers = max(1, int(workers or 1))
-    blas_threads = max(1, cores // workers)
-    on_gpu = device == "gpu"
-    with_c = c_chunks is not None
-    c_rows = min(m, c_chunks[0]) if with_c else 0
-    if on_gpu and device_memory is None:
+    if device == "gpu" and device_memory is None:
         raise BudgetError(explain("device_memory", "must be known to plan on a GPU", "None",
                                   "pass device_memory='8GiB' or let the runtime measure free memory"))
-    mu, ku_a = max(1, a_chunks[0]), max(1, a_chunks[1])
-    ku_b, nu = max(1, b_chunks[0]), max(1, b_chunks[1])
-    ku = ku_a * ku_b // math.gcd(ku_a, ku_b)
-    if ku > max(ku_a, ku_b) * 4 or ku > k:
-        ku = max(ku_a, ku_b)
-    ku = min(ku, max(1, k))
-    io_chunk = max(a_chunks[0] * a_chunks[1] * src_isz[0], b_chunks[0] * b_chunks[1] * src_isz[1])
+    space = _Space.of(m, n, k, dt, src, a_chunks=a_chunks, b_chunks=b_chunks, c_chunks=c_chunks, prefetch=prefetch,
+                      on_gpu=device == "gpu", out_chunks=out_chunks)
+    # Chunk-wide panels first; narrower ones only when the budget leaves no other way.
+    best = (_search(space, workers=workers, memory=memory, device_memory=device_memory)
+            or _search(space, workers=workers, memory=memory, device_memory=device_memory,
+                       widths=space.sub_chunk_panels()))
+    if best is None:
+        raise _smallest_does_not_fit(space, workers=workers, memory=memory, device_memory=device_memory)
+    tm, tn, tk, host, dev, oc, read, rereads = best
+    isz = dt.itemsize
+    c_read = m * n * isz if space.with_c else 0
+    return GemmPlan(
+        m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,
+        out_chunks=oc, workers=workers, blas_threads=max(1, (cores or os.cpu_count() or 1) // workers),
+        prefetch=prefetch, device=device, memory=memory, device_memory=device_memory, flops=2 * m * n * k,
+        bytes_read=read + c_read, bytes_written=m * n * isz, peak_memory=host * workers, task_memory=host,
+        device_peak=dev * workers if space.on_gpu else None, with_c=space.with_c, panel_rereads=rereads,
+    )
 
-    def out_chunks_for(tm: int, tn: int) -> tuple[int, int]:
-        if out_chunks is not None:
-            return out_chunks
+
+@dataclasses.dataclass(frozen=True)
+class _Space:
+    """The search space of one GEMM plan: sizes, chunk units of the tiles, what a task holds."""
+
+    m: int
+    n: int
+    k: int
+    isz: int
+    src_isz: tuple[int, int]
+    prefetch: int
+    on_gpu: bool
+    with_c: bool
+    c_rows: int
+    mu: int
+    nu: int
+    ku: int
+    ku_a: int
+    ku_b: int
+    io_chunk: int
+    out_chunks: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, m: int, n: int, k: int, dt: np.dtype, src: tuple, *, a_chunks: tuple[int, int],
+           b_chunks: tuple[int, int], c_chunks: tuple[int, int] | None, prefetch: int, on_gpu: bool,
+           out_chunks: tuple[int, int] | None) -> _Space:
+        src_isz = (src[0].itemsize, src[1].itemsize)
+        mu, ku_a = max(1, a_chunks[0]), max(1, a_chunks[1])
+        ku_b, nu = max(1, b_chunks[0]), max(1, b_chunks[1])
+        # k-panels cover whole chunks of both operands when their common multiple is not too wide
+        ku = ku_a * ku_b // math.gcd(ku_a, ku_b)
+        if ku > max(ku_a, ku_b) * 4 or ku > k:
+            ku = max(ku_a, ku_b)
+        ku = min(ku, max(1, k))
+        io_chunk = max(a_chunks[0] * a_chunks[1] * src_isz[0], b_chunks[0] * b_chunks[1] * src_isz[1])
+        return cls(m=m, n=n, k=k, isz=dt.itemsize, src_isz=src_isz, prefetch=prefetch, on_gpu=on_gpu,
+                   with_c=c_chunks is not None, c_rows=min(m, c_chunks[0]) if c_chunks is not None else 0, mu=mu,
+                   nu=nu, ku=ku, ku_a=ku_a, ku_b=ku_b, io_chunk=io_chunk, out_chunks=out_chunks)
+
+    def out_chunks_for(self, tm: int, tn: int) -> tuple[int, int]:
+        if self.out_chunks is not None:
+            return self.out_chunks
         # Prefer the input chunking (what later operations expect) when it tiles the output tile.
-        r = mu if tm % mu == 0 or tm == m else tm
-        c = nu if tn % nu == 0 or tn == n else tn
-        return (max(1, min(r, m)), max(1, min(c, n)))
+        r = self.mu if tm % self.mu == 0 or tm == self.m else tm
+        c = self.nu if tn % self.nu == 0 or tn == self.n else tn
+        return (max(1, min(r, self.m)), max(1, min(c, self.n)))
 
+    def sub_chunk_panels(self) -> list[int]:
+        return _sub_chunk_panels(self.ku, self.ku_a, self.ku_b, max(1, self.k))
+
+    def task_memory(self, tm: int, tn: int, tk: int, oc: tuple[int, int], read_chunks: int,
+                    write_chunks: int) -> tuple[int, int]:
+        return _task_memory(tm, tn, tk, isz=self.isz, src_isz=self.src_isz, prefetch=self.prefetch,
+                            with_c=self.with_c, c_rows=self.c_rows, io_chunk_bytes=self.io_chunk,
+                            out_chunk_bytes=oc[0] * oc[1] * self.isz, on_gpu=self.on_gpu, read_chunks=read_chunks,
+                            write_chunks=write_chunks, out_rows=oc[0])
+
+
+def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
+            widths: list[int] | None = None) -> tuple | None:
+    """The cheapest tiling that fits: fewest bytes read plus task overheads, then widest panels.
+
+    ``widths`` are the k-panel widths to try, widest first (default: chunk-wide panels).
+    """
+    m, n, k = sp.m, sp.n, sp.k
     best = None
-    tk_target = min(max(1, k), max(ku, (TARGET_TK // ku) * ku))
-    tk_options = sorted({t for t in (tk_target, ku) if t >= 1}, reverse=True)
+    tk_target = min(max(1, k), max(sp.ku, (TARGET_TK // sp.ku) * sp.ku))
+    tk_options = widths if widths is not None else sorted({t for t in (tk_target, sp.ku) if t >= 1}, reverse=True)
     m_, n_ = max(m, 1), max(n, 1)
-    for tm in _candidates(m_, mu):
-        for tn in _candidates(n_, nu):
-            oc = out_chunks_for(tm, tn)
+    for tm in _candidates(m_, sp.mu):
+        for tn in _candidates(n_, sp.nu):
+            oc = sp.out_chunks_for(tm, tn)
             if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
                 continue
             for tk in tk_options:
-                host, dev = _task_memory(tm, tn, tk, isz=isz, src_isz=src_isz, prefetch=prefetch, with_c=with_c,
-                                         c_rows=c_rows, io_chunk_bytes=io_chunk,
-                                         out_chunk_bytes=oc[0] * oc[1] * isz, on_gpu=on_gpu,
-                                         read_chunks=max(-(-tm // mu) * -(-tk // ku_a), -(-tk // ku_b) * -(-tn // nu)),
-                                         write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]), out_rows=oc[0])
-                if host * workers > memory or (on_gpu and dev * workers > device_memory):
+                ta, ra_max, ra = _panel_reads(tk, sp.ku_a, k)
+                tb, rb_max, rb = _panel_reads(tk, sp.ku_b, k)
+                read_chunks = max(-(-tm // sp.mu) * ta, tb * -(-tn // sp.nu))
+                host, dev = sp.task_memory(tm, tn, tk, oc, read_chunks=read_chunks,
+                                           write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
+                if host * workers > memory or (sp.on_gpu and dev * workers > device_memory):
                     continue
                 gm, gn = math.ceil(m_ / tm), math.ceil(n_ / tn)
-                read = (m * k * src_isz[0]) * gn + (k * n * src_isz[1]) * gm
+                # Whole chunks are read per panel: panels that cut chunks re-read them.
+                read = round((m * k * sp.src_isz[0]) * gn * ra + (k * n * sp.src_isz[1]) * gm * rb)
                 tasks = gm * gn
                 idle = max(0, workers - tasks)  # concurrent slots with no tile to run
-                cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * isz) // max(1, tasks * 64)
+                cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * sp.isz) // max(1, tasks * 64)
                 key = (cost, -tk, -(tm * tn))
                 if best is None or key < best[0]:
-                    best = (key, tm, tn, tk, host, dev, oc, read)
+                    best = (key, tm, tn, tk, host, dev, oc, read, max(ra_max, rb_max))
                 break  # the widest tk that fits
-    if best is None:
-        host, dev = _task_memory(min(m_, mu), min(n_, nu), min(max(1, k), ku), isz=isz, src_isz=src_isz,
-                                 prefetch=prefetch, with_c=with_c, c_rows=c_rows, io_chunk_bytes=io_chunk,
-                                 out_chunk_bytes=min(m_, mu) * min(n_, nu) * isz, on_gpu=on_gpu,
-                                 read_chunks=1, write_chunks=1, out_rows=min(m_, mu))
-        need = host * workers
-        which = "memory"
-        if on_gpu and host * workers <= memory:
-            need, which = dev * workers, "device_memory"
-        raise BudgetError(explain(
-            which, "must hold the smallest tiles of every concurrent task "
-            f"({workers} task(s) of {min(m_, mu)} x {min(n_, nu)} with {min(max(1, k), ku)}-wide panels)",
-            f"{format_size(memory if which == 'memory' else device_memory)}",
-            f"raise it to at least {format_size(need)} ({which}='{size_hint(need)}'), "
-            "use fewer workers, or rechunk the inputs smaller (blocklin convert --chunks)"))
-    _, tm, tn, tk, host, dev, oc, read = best
-    c_read = m * n * isz if with_c else 0
-    return GemmPlan(
-        m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,
-        out_chunks=oc, workers=workers, blas_threads=blas_threads, prefetch=prefetch, device=device,
-        memory=memory, device_memory=device_memory, flops=2 * m * n * k, bytes_read=read + c_read,
-        bytes_written=m * n * isz, peak_memory=host * workers, task_memory=host,
-        device_peak=dev * workers if on_gpu else None, with_c=with_c,
-    )
+    return None if best is None else best[1:]
+
+
+def _smallest_does_not_fit(sp: _Space, *, workers: int, memory: int, device_memory: int | None) -> BudgetError:
+    """The error naming the budget that one task with the smallest tiles needs."""
+    m_, n_ = max(sp.m, 1), max(sp.n, 1)
+    tm, tn, tk = min(m_, sp.mu), min(n_, sp.nu), min([min(max(1, sp.k), sp.ku)] + sp.sub_chunk_panels())
+    host, dev = sp.task_memory(tm, tn, tk, (tm, tn), read_chunks=1, write_chunks=1)
+    need = host * workers
+    which = "memory"
+    if sp.on_gpu and host * workers <= memory:
+        need, which = dev * workers, "device_memory"
+    return BudgetError(explain(
+        which, "must hold the smallest tiles of every concurrent task "
+        f"({workers} task(s) of {tm} x {tn} with {tk}-wide panels)",
+        f"{format_size(memory if which == 'memory' else device_memory)}",
+        f"raise it to at least {format_size(need)} ({which}='{size_hint(need)}'), "
+        "use fewer workers, or rechunk the inputs smaller (blocklin convert --chunks)"))

@@ -1,4 +1,9 @@
-"""Planning a pass over the rows of one or more tall operands."""
+"""Planning a pass over the rows of one or more tall operands.
+
+A row-pass kernel declares the memory it allocates (:class:`PassMemory`, written next to the
+kernel's code); :func:`plan_pass` turns that declaration, the streamed rows and the budget into a
+:class:`RowPassPlan`. :func:`plan_row_pass` is the strip-height arithmetic underneath.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import math
 
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
+from blocklin._memory import IO_CONCURRENCY
 from blocklin.plan.chunks import round_down_multiple, split
 
 
@@ -77,6 +83,8 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
     strip = min(max(1, m), per_task // per_row)
     if max_strip:
         strip = min(strip, max_strip)
+    if min_tasks and min_tasks > 1 and m:  # enough strips for every task that can run at once
+        strip = min(strip, max(chunk_rows, math.ceil(m / min_tasks)))
     if strip >= chunk_rows:
         strip = round_down_multiple(strip, chunk_rows)
     strip = max(1, strip)
@@ -89,3 +97,95 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
     return RowPassPlan(m=m, strip=strip, groups=groups, workers=workers, blas_threads=max(1, cores // workers),
                        prefetch=prefetch, row_bytes=row_bytes, fixed_bytes=fixed_bytes, peak_memory=peak,
                        memory=memory, bytes_read=m * row_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class PassMemory:
+    """The memory one task of a row-pass kernel allocates, declared next to the kernel.
+
+    Attributes
+    ----------
+    fixed : int
+        Bytes per task independent of the strip height (accumulators, broadcast operands and their
+        device copies).
+    per_row : int
+        Bytes per strip row beyond the streamed rows themselves (products, blocks being written,
+        cast copies); the streamed rows are counted by the planner (``prefetch + 1`` slots).
+    chunk_temporaries : bool
+        Count zarr's chunk temporaries (a raw and a decoded copy of each of up to
+        :data:`IO_CONCURRENCY` chunks in flight, as measured for GEMM).
+    max_strip_bytes : int, optional
+        Cap strips at this many bytes of streamed rows (bigger strips only cost memory), but never
+        below one chunk or ``strip_floor`` rows.
+    strip_floor : int
+        Rows a strip may always reach whatever ``max_strip_bytes`` says.
+    min_rows : int
+        Rows a strip must be able to hold for the pass to be worth running (amortizing per-strip
+        work); a smaller budget is refused with :class:`~blocklin.errors.BudgetError`.
+    """
+
+    fixed: int = 0
+    per_row: int = 0
+    chunk_temporaries: bool = False
+    max_strip_bytes: int | None = None
+    strip_floor: int = 0
+    min_rows: int = 1
+
+
+def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memory: int, reserve: int = 0,
+              workers: int = 1, cores: int = 1, chunk_bytes: int | None = None, chunks_across: int = 1,
+              max_strip: int | None = None, min_tasks: int | None = None) -> RowPassPlan:
+    """Plan a row pass of a kernel whose memory is ``mem``.
+
+    Parameters
+    ----------
+    mem : PassMemory
+        The kernel's declaration.
+    m, row_bytes : int
+        Rows streamed and bytes of one row of all streamed operands together (stored dtypes).
+    chunk_rows : int
+        Chunk height of the (first) streamed operand.
+    memory : int
+        Host budget of the operation.
+    reserve : int
+        Part of ``memory`` held outside the pass (an in-core problem); the pass gets the rest.
+    workers, cores : int
+        Concurrent tasks and the cores they share.
+    chunk_bytes, chunks_across : int, optional
+        Stored chunk size (default ``chunk_rows`` rows) and chunks one strip row crosses; they size
+        the zarr chunk temporaries. A strip that spans fewer chunks than zarr's concurrency has
+        only those in flight.
+    max_strip : int, optional
+        A caller's cap on the strip height (rows), for example to keep strips on output chunks.
+    min_tasks : int, optional
+        Split the rows into at least this many tasks.
+    """
+    budget = memory - reserve
+    workers = max(1, workers)
+    if mem.min_rows > 1:
+        need = workers * (mem.fixed + (2 * row_bytes + mem.per_row) * min(m, mem.min_rows))
+        if budget < need:
+            raise BudgetError(explain(
+                "memory", f"must hold {format_size(reserve)} of in-core work and {min(m, mem.min_rows)} rows of "
+                "each task's strip", format_size(memory), f"raise it to at least {format_size(reserve + need)} "
+                f"(memory='{math.ceil((reserve + need) / 2**20)}MiB'), or reduce the number of columns"))
+    if mem.max_strip_bytes is not None:
+        cap = max(chunk_rows, mem.max_strip_bytes // max(1, row_bytes), mem.strip_floor)
+        max_strip = cap if max_strip is None else min(max_strip, cap)
+    if not mem.chunk_temporaries:
+        return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed,
+                             strip_extra_row_bytes=mem.per_row, workers=workers, cores=cores, max_strip=max_strip,
+                             min_tasks=min_tasks)
+    cb = chunk_bytes if chunk_bytes is not None else chunk_rows * row_bytes
+    error = None
+    for in_flight in range(IO_CONCURRENCY, 0, -1):
+        try:
+            plan = plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget,
+                                 fixed_bytes=mem.fixed + in_flight * 3 * cb, strip_extra_row_bytes=mem.per_row,
+                                 workers=workers, cores=cores, prefetch=1, max_strip=max_strip, min_tasks=min_tasks)
+        except BudgetError as exc:
+            error = exc
+            continue
+        if in_flight == 1 or math.ceil(plan.strip / max(1, chunk_rows)) * max(1, chunks_across) >= in_flight:
+            return plan
+    raise error

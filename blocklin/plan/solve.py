@@ -5,52 +5,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
 
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, explain
-from blocklin.plan.passes import RowPassPlan, plan_row_pass
-
-#: Largest strip a pass reads at once (bigger strips do not make BLAS faster, only memory larger).
-MAX_STRIP_BYTES = 96 * 2**20
-
 
 def small_bytes(n: int, k: int) -> int:
     """In-core work of the small problem: Gram or R (``n x n``), its factor, SVD/eigen workspace."""
     return 5 * (n + k) ** 2 * 8
-
-
-def plan_tall_pass(m: int, n: int, k: int, dtype, method: str, *, memory: int, chunk_rows: int,
-                   src_itemsize: int | None = None, workers: int = 1, cores: int = 1) -> RowPassPlan:
-    """Row-pass plan for the Gram (``method="normal"``), residual or streaming-QR (``"qr"``) pass.
-
-    Per task the fixed memory is the state (``n x n`` Gram or the ``(n+k)^2`` triangular factor and
-    its stacked update); per strip row, the stored ``[A B]`` row (twice: read-ahead), a cast copy, and
-    for QR the stacked copy handed to LAPACK.
-    """
-    isz = np.dtype(dtype).itemsize
-    src = src_itemsize or isz
-    w = n + k
-    if method == "qr":
-        fixed = 3 * w * w * isz + 2 * small_bytes(0, 0)
-        extra = 2 * w * isz
-    elif method == "residual":
-        fixed = 2 * n * k * isz
-        extra = (w + 2 * k) * isz
-    else:
-        fixed = (n * n + n * k) * isz
-        extra = w * isz
-    budget_for_pass = memory - small_bytes(n, k)
-    if budget_for_pass < workers * (fixed + (2 * w * src + extra) * min(m, 64)):
-        need = small_bytes(n, k) + workers * (fixed + (2 * w * src + extra) * min(m, 64))
-        raise BudgetError(explain("memory", f"must hold the in-core {n} x {n} problem and a strip of [A b]",
-                                  format_size(memory), f"raise it to at least {format_size(need)} "
-                                  f"(memory='{math.ceil(need / 2**20)}MiB'), or reduce the number of columns"))
-    max_strip = max(chunk_rows, MAX_STRIP_BYTES // max(1, w * src))
-    if method == "qr":  # QR of [R; strip]: strips of a few n rows amortize re-factoring R
-        max_strip = max(max_strip, 4 * w)
-    return plan_row_pass(m, w * src, chunk_rows=chunk_rows, memory=budget_for_pass, fixed_bytes=fixed,
-                         strip_extra_row_bytes=extra, workers=workers, cores=cores, max_strip=max_strip)
 
 
 @dataclasses.dataclass(frozen=True)

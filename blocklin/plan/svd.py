@@ -28,9 +28,7 @@ import math
 import numpy as np
 
 from blocklin.config import format_size
-from blocklin.errors import BudgetError, explain
-from blocklin.plan.gemm import IO_CONCURRENCY
-from blocklin.plan.passes import RowPassPlan, plan_row_pass
+from blocklin.errors import BudgetError, ParameterError, explain
 
 #: Host bytes per element of in-core float64 work arrays.
 F64 = 8
@@ -84,7 +82,8 @@ def svd_passes(method: str, *, in_core: bool, power_iters: int = 0, lanczos_step
         return lanczos_steps + 1
     if method == "eigsh":
         return lanczos_steps
-    raise ValueError(method)
+    raise ParameterError(explain("method", "must be one of ('rsvd', 'sketch', 'lanczos', 'eigsh')", repr(method),
+                                 "pass method='rsvd'"))
 
 
 def default_block(k: int, oversample: int, N: int) -> int:
@@ -156,54 +155,3 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
                    power_iters=power_iters, max_passes=max_passes, max_basis=basis, sketch_size=sketch,
                    in_core=in_core, memory=memory, client_bytes=cb, pass_memory=max(pass_memory, 0), passes=passes,
                    intermediate_passes=inter, formula=formula)
-
-
-def plan_kernel_pass(kind: str, M: int, N: int, c: int, dtype: np.dtype, *, chunk_rows: int, memory: int,
-                     workers: int = 1, cores: int = 1, s: int = 0, source_itemsize: int | None = None,
-                     min_tasks: int | None = None, chunk_bytes: int | None = None,
-                     chunks_across: int = 1) -> RowPassPlan:
-    """Row-pass plan of one kernel pass over ``M`` rows of width ``N`` (``c`` columns of the small block).
-
-    ``kind``: ``normal`` (``Z = B^T B Q``), ``apply`` (``Y = X W``), ``rmat`` (``Z = X^T Y``),
-    ``sketch``, ``tsqr`` or ``load``. The per-task fixed bytes and per-row temporaries below are what
-    the kernels of :mod:`blocklin.linalg._svd_kernels` allocate, plus zarr's chunk temporaries
-    (a raw and a decoded copy of each of up to :data:`IO_CONCURRENCY` chunks in flight, as measured
-    for GEMM); ``chunk_bytes`` is the stored chunk size (default ``chunk_rows`` rows) and
-    ``chunks_across`` the number of chunks one strip row crosses. A strip that spans fewer chunks than
-    zarr's concurrency has only those in flight.
-    """
-    w = np.dtype(dtype).itemsize
-    row_bytes = N * (source_itemsize or w)
-    if kind == "normal":
-        fixed = 2 * N * c * w + c * c * w
-        extra = 2 * c * w
-    elif kind == "apply":
-        fixed = N * c * w + c * c * w
-        extra = 3 * c * w
-    elif kind == "rmat":
-        fixed = 2 * M * c * w + N * c * w  # broadcast Y (and its upload) + accumulator
-        extra = 2 * c * w
-    elif kind == "sketch":
-        fixed = N * (2 * c + s) * w + (s * s + s * c + c * c) * w
-        extra = (2 * c + s) * w + (c + s) * (F64 + w)
-    elif kind == "tsqr":
-        fixed = 4 * c * c * F64
-        extra = 4 * c * F64
-    elif kind == "load":
-        fixed = 0
-        extra = N * w  # the kept copy of each strip
-    else:
-        raise ValueError(kind)
-    cb = chunk_bytes if chunk_bytes is not None else chunk_rows * row_bytes
-    error = None
-    for in_flight in range(IO_CONCURRENCY, 0, -1):
-        try:
-            plan = plan_row_pass(M, row_bytes, chunk_rows=chunk_rows, memory=memory,
-                                 fixed_bytes=fixed + in_flight * 3 * cb, strip_extra_row_bytes=extra, workers=workers,
-                                 cores=cores, prefetch=1, min_tasks=min_tasks)
-        except BudgetError as exc:
-            error = exc
-            continue
-        if in_flight == 1 or math.ceil(plan.strip / max(1, chunk_rows)) * max(1, chunks_across) >= in_flight:
-            return plan
-    raise error

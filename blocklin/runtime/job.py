@@ -8,16 +8,17 @@ every operation reports (seconds, flops, bytes read and written, passes, peak me
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-import resource
 import time
 import uuid
-from typing import Any
+from typing import Any, Unpack
 
 from blocklin import _memory
-from blocklin.config import Config, resolve
+from blocklin._memory import peak_rss
+from blocklin.config import Config, Settings, check_settings, format_size, resolve, size_hint
 from blocklin.device.base import gpu_available, resolved_kind
-from blocklin.errors import WorkerLostError
+from blocklin.errors import BudgetError, ConfigError, WorkerLostError, explain
 from blocklin.operands import Operand, as_operand, temp_root
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
@@ -26,40 +27,75 @@ from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import remove
 from blocklin.storage.location import Location
+from blocklin.storage.zarr_store import create_array
 
 
-def peak_rss() -> int:
-    """Peak resident memory of this process so far, in bytes.
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """What plans need to know of a ``distributed`` cluster's workers."""
 
-    Reads the kernel's high-water mark (``VmHWM``), which belongs to this process alone; the
-    ``ru_maxrss`` fallback (non-Linux) can include a parent's memory inherited at fork.
-    """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    workers: int
+    threads: int
+    threads_per_worker: int
+    cores_per_worker: int
+    #: The smallest worker memory limit in bytes (None: no worker has one).
+    memory_limit: int | None
+    gpus: int
+
+    @classmethod
+    def read(cls, client: Any) -> ClusterInfo:
+        ws = client.scheduler_info(n_workers=-1).get("workers", {})
+        if not ws:
+            raise ConfigError(explain("scheduler", "needs at least one worker in the cluster", "none",
+                                      "start workers (dask worker ADDRESS) or wait for them: client.wait_for_workers(1)"))
+        threads = {addr: max(1, int(w.get("nthreads", 1))) for addr, w in ws.items()}
+        limits = [int(w["memory_limit"]) for w in ws.values() if w.get("memory_limit")]
+        # a worker's share of its machine's cores: the machine's cores times its part of the threads
+        # of every worker there (tasks still resolve their own share on their worker)
+        try:
+            machine_cores = client.run(os.cpu_count)
+        except Exception:  # a worker that refuses client.run: assume one core per thread
+            machine_cores = {}
+        per_host: dict[str, int] = {}
+        for addr, w in ws.items():
+            per_host[str(w.get("host"))] = per_host.get(str(w.get("host")), 0) + threads[addr]
+        shares = [max(1, (machine_cores.get(addr) or per_host[str(w.get("host"))]) * threads[addr]
+                      // per_host[str(w.get("host"))]) for addr, w in ws.items()]
+        gpus = sum(int((w.get("resources") or {}).get("GPU", 0)) for w in ws.values())
+        return cls(workers=len(ws), threads=sum(threads.values()), threads_per_worker=max(threads.values()),
+                   cores_per_worker=min(shares), memory_limit=min(limits) if limits else None, gpus=gpus)
+
+    def check_budget(self, memory: int) -> None:
+        """``memory=`` is per worker process: it must fit the workers' memory limit."""
+        if self.memory_limit is not None and memory > self.memory_limit:
+            raise BudgetError(explain(
+                "memory", "is the budget of each worker process and must fit the workers' memory limit",
+                f"{format_size(memory)} with a worker limit of {format_size(self.memory_limit)}",
+                f"pass memory='{size_hint(int(self.memory_limit * 0.8))}' (80% of the limit leaves room for "
+                "the worker itself) or start workers with a larger --memory-limit"))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 class Job:
     """See module docstring. Use as a context manager."""
 
-    def __init__(self, operation: str, *, memory: Any = None, device: str | None = None,
-                 device_memory: Any = None, scheduler: Any = None, workers: int | None = None,
-                 progress: Any = None, check_finite: bool | None = None, temp_dir: Any = None,
-                 storage_options: dict | None = None) -> None:
+    def __init__(self, operation: str, **settings: Unpack[Settings]) -> None:
+        check_settings(settings)
         self.operation = operation
         _memory.tune()  # this process chose blocklin (a worker that only runs its tasks is left alone)
-        cfg = resolve(memory=memory, device=device, device_memory=device_memory, scheduler=scheduler,
-                      workers=workers, check_finite=check_finite, temp_dir=temp_dir)
-        if storage_options:
+        #: The call's settings as given (``None`` entries keep the configured value); what a nested
+        #: object that opens its own jobs (the LinearOperator) passes on.
+        self.settings: dict[str, Any] = dict(settings)
+        progress = settings.get("progress")
+        storage_options = settings.get("storage_options")
+        cfg = resolve(**{k: v for k, v in settings.items() if k not in ("progress", "storage_options")})
+        if storage_options:  # added to the configured ones, not replacing them
             cfg = cfg.replace(storage_options={**(cfg.storage_options or {}), **storage_options})
         self.cfg: Config = cfg
         self.stack = contextlib.ExitStack()
-        if temp_dir is not None or storage_options:
+        if settings.get("temp_dir") is not None or storage_options:
             # Scoped, so that nested operations (solve's GEMMs) and the opener see the same storage.
             from blocklin import config as _config
 
@@ -83,6 +119,8 @@ class Job:
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0, "retried_tasks": 0,
                       "load_seconds": 0.0, "wait_seconds": 0.0}
         self.outputs: list[AtomicOutput] = []
+        self.pass_counts: dict[str, int] = {}
+        self._scratch = 0
 
     # -- inputs -------------------------------------------------------------------------------
     def operand(self, x: Any, name: str, ndim: int = 2) -> Operand:
@@ -105,11 +143,32 @@ class Job:
 
     # -- workers and threads --------------------------------------------------------------------
     def cores(self) -> int:
-        return os.cpu_count() or 1
+        """Cores of one machine that runs tasks (a cluster's smallest worker machine's share)."""
+        cluster = self.cluster()
+        return cluster.cores_per_worker if cluster else os.cpu_count() or 1
 
     def workers(self, default: int = 1) -> int:
-        """Concurrent tasks on local schedulers (config, else ``default``)."""
-        return self.cfg.workers or default
+        """Tasks that share one process's ``memory`` budget at once.
+
+        Local schedulers: the ``workers`` setting, else ``default``. A ``distributed`` cluster: the
+        threads of its busiest worker process, since ``memory=`` is per worker process there.
+        """
+        cluster = self.cluster()
+        return cluster.threads_per_worker if cluster else self.cfg.workers or default
+
+    def parallelism(self) -> int:
+        """Tasks that run at once across the scheduler (row passes split into at least this many)."""
+        cluster = self.cluster()
+        return cluster.threads if cluster else self.workers(1)
+
+    def cluster(self) -> ClusterInfo | None:
+        """The workers of a ``distributed`` scheduler (read once per job), else None."""
+        if self.scheduler.kind != "distributed":
+            return None
+        if not hasattr(self, "_cluster"):
+            self._cluster = ClusterInfo.read(self.scheduler.client)
+            self._cluster.check_budget(self.cfg.memory)
+        return self._cluster
 
     def task_blas_threads(self, blas_threads: int) -> int | None:
         """BLAS threads each task sets itself (and restores when it ends).
@@ -138,6 +197,17 @@ class Job:
             self.stack.callback(remove, self._tmp)
         return self._tmp
 
+    def scratch(self, name: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int]) -> Location:
+        """A new intermediate zarr array under :meth:`temp_dir`, removed with the job.
+
+        Named ``NAME-N.zarr`` with ``N`` counting the job's scratch stores in creation order, so
+        the same operation with the same inputs names them the same way.
+        """
+        self._scratch += 1
+        path = self.temp_dir() / f"{name}-{self._scratch}.zarr"
+        create_array(path, shape=shape, dtype=dtype, chunks=chunks, codec=self.cfg.codec)
+        return path
+
     def output(self, out: Any, *, inputs: list[Any], overwrite: bool = False, resume: bool = False,
                token: str | None = None, suffix: str = ".zarr") -> AtomicOutput:
         """An atomic output at ``out`` (path, URL, Location or zarr store), or a new store under the
@@ -152,8 +222,12 @@ class Job:
 
     # -- execution -----------------------------------------------------------------------------------
     def run(self, graph: TileGraph, *, workers: int = 1, blas_threads: int | None = None,
-            description: str | None = None) -> list:
-        """Execute ``graph`` and add the tasks' statistics to the job's."""
+            description: str | None = None, count_pass: str | None = None) -> list:
+        """Execute ``graph`` and add the tasks' statistics to the job's.
+
+        ``count_pass`` names what the graph reads once through when it is a pass (``"a"``: the
+        operation's input, ``"intermediate"``: a store the operation wrote); see :meth:`passes`.
+        """
         ctx = contextlib.nullcontext()
         if blas_threads and self.scheduler.kind in ("threads", "sync"):
             from threadpoolctl import threadpool_limits
@@ -170,25 +244,51 @@ class Job:
         for r in results:
             if isinstance(r, dict):
                 self.add_stats(r)
+        if count_pass is not None:
+            self.stats["passes"] = self.stats.get("passes", 0) + 1
+            self.pass_counts[count_pass] = self.pass_counts.get(count_pass, 0) + 1
         return results
+
+    def passes(self, over: str | None = None) -> int:
+        """Passes run so far: all of them, or those over one kind of data (``"a"``, ``"intermediate"``)."""
+        return self.stats.get("passes", 0) if over is None else self.pass_counts.get(over, 0)
 
     def add_stats(self, r: dict) -> None:
         self.stats["tasks"] += 1
         for key in ("flops", "bytes_read", "bytes_written", "skipped", "load_seconds", "wait_seconds"):
             if key in r:
                 self.stats[key] += r[key]
+        if "process_peak" in r:
+            where, peak = r["process_peak"]
+            peaks = self.stats.setdefault("worker_peaks", {})
+            peaks[where] = max(peaks.get(where, 0), peak)
 
     def seconds(self) -> float:
         return time.perf_counter() - self.t0
 
     def report(self, **extra: Any) -> dict:
-        """The operation's report: statistics, time, peak memory, device, scheduler."""
+        """The operation's report: statistics, time, peak memory, device, scheduler.
+
+        ``peak_memory`` is this process's; where tasks ran in other processes (``processes``, a
+        cluster), ``worker_peak_memory`` maps each of them (worker address or pid) to its peak,
+        and ``cluster`` describes the workers the plans were made for.
+        """
         secs = self.seconds()
         rep = dict(self.stats)
+        rep.pop("worker_peaks", None)
         rep.update(seconds=secs, peak_memory=peak_rss(), memory_budget=self.cfg.memory, device=self.device,
                    scheduler=self.scheduler.kind, gflops=self.stats["flops"] / secs / 1e9 if secs > 0 else 0.0)
+        if self.scheduler.kind in ("processes", "distributed"):
+            rep["worker_peak_memory"] = dict(self.stats.get("worker_peaks", {}))
+        if self.cluster() is not None:
+            rep["cluster"] = self.cluster().to_dict()
         rep.update(extra)
         return rep
+
+    @staticmethod
+    def brief(report: dict, keys: tuple[str, ...]) -> dict:
+        """The entries of ``report`` named in ``keys`` (what an output's attributes record)."""
+        return {k: report[k] for k in keys if k in report}
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def __enter__(self) -> Job:

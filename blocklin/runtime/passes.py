@@ -6,19 +6,29 @@ rows into groups (one task each); a task streams its strips with a :class:`TileS
 a kernel per strip that updates a small state and may return row blocks to write to tall outputs.
 Partial states come back through the scheduler (they are small) and are reduced in group order,
 so results do not depend on the scheduler or the number of workers.
+
+This module is the one way to run a row pass:
+
+* a kernel is a function ``kernel(device, arrays, rows, params, state) -> (state, writes)``
+  marked with :func:`row_kernel`, which declares next to its code the memory one task allocates
+  (a :class:`~blocklin.plan.passes.PassMemory` computed from the parameters and the streamed
+  operands), its optional ``init`` and the device it runs on;
+* :func:`run_pass` plans the pass from that declaration (:func:`blocklin.plan.passes.plan_pass`),
+  builds the spec, runs it through the job (which counts it) and returns the per-group states;
+* :func:`reduce_sum` and :func:`collect_rows` reduce the states in row order.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from blocklin.device import TileStream, get_device
-from blocklin.plan.passes import RowPassPlan
+from blocklin.plan.passes import PassMemory, RowPassPlan, plan_pass
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
 from blocklin.storage.zarr_store import read_block, write_block
@@ -28,9 +38,94 @@ from blocklin.storage.zarr_store import read_block, write_block
 Kernel = Callable[[Any, tuple[Any, ...], slice, Any, Any], tuple[Any, dict[str, np.ndarray] | None]]
 
 
+def row_kernel(*, memory: Callable[[Any, tuple[Source, ...]], PassMemory], init: Callable | None = None,
+               device: str = "any") -> Callable[[Kernel], Kernel]:
+    """Mark a function as a row-pass kernel and declare what it needs.
+
+    Parameters
+    ----------
+    memory : callable
+        ``memory(params, sources) -> PassMemory``: the bytes one task allocates, from the kernel's
+        parameters and the streamed operands (:class:`Source`).
+    init : callable, optional
+        ``init(device, params) -> state`` run once per task before the first strip.
+    device : {"any", "cpu"}
+        ``"cpu"`` for kernels written with NumPy/LAPACK on host arrays; ``"any"`` for kernels
+        whose products go through the device (they then run on the job's device).
+    """
+    def mark(kernel: Kernel) -> Kernel:
+        kernel.memory = memory  # type: ignore[attr-defined]
+        kernel.init = init  # type: ignore[attr-defined]
+        kernel.device = device  # type: ignore[attr-defined]
+        return kernel
+
+    return mark
+
+
+class Params:
+    """Kernel parameters carried by a pass spec through the scheduler.
+
+    Hashable by identity (graph executors test task arguments against keys, and parameters may
+    hold arrays) and tokenized by content, so graph names stay deterministic.
+    """
+
+    def __init__(self, **items: Any) -> None:
+        self.__dict__.update(items)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.__dict__[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.__dict__.get(key, default)
+
+    def __dask_tokenize__(self) -> Any:
+        from dask.base import tokenize
+
+        return tokenize(sorted(self.__dict__.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A stored operand streamed by a row pass (row strips, or column strips when ``transposed``).
+
+    ``rows`` x ``width`` is the streamed orientation; ``chunk_rows`` the chunk height in that
+    orientation; ``chunk_bytes`` one stored chunk; ``chunks_across`` the chunks one strip row crosses.
+    """
+
+    path: Any  # a Location (URL or path with its storage options), or a path
+    name: str
+    rows: int
+    width: int
+    dtype: np.dtype
+    chunk_rows: int
+    chunk_bytes: int
+    chunks_across: int
+    transposed: bool = False
+
+    @property
+    def row_bytes(self) -> int:
+        return self.width * self.dtype.itemsize
+
+
+def source(operand: Any, *, transposed: bool = False, name: str | None = None) -> Source:
+    """The :class:`Source` of an operand (anything with ``path``, ``shape``, ``dtype``, ``chunks``)."""
+    return stored(operand.path, operand.shape, operand.dtype, operand.chunks,
+                  name=name or getattr(operand, "name", "a"), transposed=transposed)
+
+
+def stored(path: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int], *, name: str = "a",
+           transposed: bool = False) -> Source:
+    """The :class:`Source` of a stored array given its metadata (row strips, or column strips)."""
+    dt = np.dtype(dtype)
+    r, w = (1, 0) if transposed else (0, 1)
+    return Source(path=path, name=name, rows=shape[r], width=shape[w], dtype=dt, chunk_rows=chunks[r],
+                  chunk_bytes=int(np.prod(chunks)) * dt.itemsize, chunks_across=-(-shape[w] // max(1, chunks[w])),
+                  transposed=transposed)
+
+
 @dataclasses.dataclass(frozen=True)
 class RowPassSpec:
-    """One pass: inputs (paths, column ranges), kernel, broadcast params, outputs (paths)."""
+    """One pass as its tasks see it: inputs (paths), kernel, broadcast params, outputs (paths)."""
 
     inputs: tuple[str, ...]
     names: tuple[str, ...]
@@ -43,12 +138,83 @@ class RowPassSpec:
     outputs: tuple[tuple[str, str], ...] = ()
     init: Callable[[Any, Any], Any] | None = None
     blas_threads: int | None = None
-    columns: tuple[tuple[int, int] | None, ...] | None = None
-    #: Per input: stream the stored array's transpose (row strips of ``X.T`` = column strips of ``X``);
-    #: ``columns`` then selects stored rows.
+    #: Per input: stream the stored array's transpose (row strips of ``X.T`` = column strips of ``X``).
     transposed: tuple[bool, ...] | None = None
     #: Outputs written transposed: a block for ``rows`` goes to ``out[:, rows] = block.T``.
     transposed_outputs: tuple[str, ...] = ()
+
+
+class PassResult(NamedTuple):
+    """Per-group states of a pass in row order, and its plan."""
+
+    states: list
+    plan: RowPassPlan
+
+
+def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: Any = None, *,
+                     memory: int | None = None, reserve: int = 0, max_strip: int | None = None,
+                     min_tasks: int | None = None, workers: int | None = None) -> RowPassPlan:
+    """Plan a pass of ``kernel`` over ``sources`` from the kernel's memory declaration.
+
+    ``memory`` is the budget of the pass (default: the job's); ``reserve`` the part of it held
+    outside the pass; ``workers`` the concurrent tasks (default: the job's).
+    """
+    sources = tuple(sources)
+    first = sources[0]
+    mem = kernel.memory(params if params is not None else {}, sources)  # type: ignore[attr-defined]
+    return plan_pass(mem, first.rows, sum(s.row_bytes for s in sources), chunk_rows=first.chunk_rows,
+                     memory=job.cfg.memory if memory is None else memory, reserve=reserve,
+                     workers=job.workers(1) if workers is None else workers, cores=job.cores(), chunk_bytes=first.chunk_bytes,
+                     chunks_across=first.chunks_across, max_strip=max_strip,
+                     min_tasks=job.parallelism() if min_tasks is None else min_tasks)
+
+
+def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict | None = None, *,
+             plan: RowPassPlan | None = None, outputs: Sequence[tuple[str, str]] = (),
+             transposed_outputs: Sequence[str] = (), check_finite: bool | None = None, over: str = "a",
+             description: str = "pass", **planning: Any) -> PassResult:
+    """Plan (unless ``plan`` is given) and run one pass of ``kernel``; the job counts it.
+
+    Parameters
+    ----------
+    job : Job
+    kernel : function marked with :func:`row_kernel`
+    sources : sequence of Source
+        The streamed operands (same rows).
+    params : dict, optional
+        Broadcast parameters; the kernel also sees ``strip`` (the plan's strip height) and ``ends``
+        (the last row of each task's group).
+    plan : RowPassPlan, optional
+        A plan made earlier by :func:`plan_kernel_pass` (when outputs are created with its strip).
+    outputs, transposed_outputs
+        ``(name, path)`` of tall outputs the kernel writes, and which of them are written transposed.
+    check_finite : bool, optional
+        Check streamed blocks for NaN/Inf (default: the job's setting; ``False`` for data the
+        operation wrote or checked itself).
+    over : str
+        What the pass reads, for the job's pass counts (``"a"``: the operation's input).
+    **planning
+        ``memory``, ``reserve``, ``max_strip``, ``min_tasks``, ``workers`` for :func:`plan_kernel_pass`.
+    """
+    sources = tuple(sources)
+    params = dict(params or {})
+    if plan is None:
+        plan = plan_kernel_pass(job, kernel, sources, params, **planning)
+    device = job.device if kernel.device == "any" else kernel.device  # type: ignore[attr-defined]
+    spec = RowPassSpec(inputs=tuple(s.path for s in sources), names=tuple(s.name for s in sources), kernel=kernel,
+                       params=Params(**params, strip=plan.strip, ends=tuple(g[1] for g in plan.groups)), plan=plan,
+                       device=device, device_memory=job.device_memory() if device == job.device else None,
+                       check_finite=job.check_finite if check_finite is None else check_finite,
+                       outputs=tuple(outputs), init=kernel.init,  # type: ignore[attr-defined]
+                       blas_threads=job.task_blas_threads(plan.blas_threads),
+                       transposed=tuple(s.transposed for s in sources), transposed_outputs=tuple(transposed_outputs))
+    graph = TileGraph.named("rowpass", spec.inputs, kernel.__module__, kernel.__qualname__, plan.to_dict(),
+                            _params_token(spec.params), spec.outputs, spec.transposed, spec.transposed_outputs)
+    for g in range(len(plan.groups)):
+        graph.add((g,), row_pass_task, spec, g)
+    results = job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
+                      count_pass=over)
+    return PassResult([r["state"] for r in results], plan)
 
 
 @with_task_settings
@@ -57,8 +223,7 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
     t0 = time.perf_counter()
     arrays = [open_array(p) for p in spec.inputs]
     trans = spec.transposed or (False,) * len(arrays)
-    cols = spec.columns or (None,) * len(arrays)
-    col_slices = [slice(0, a.shape[0 if t else 1]) if c is None else slice(*c) for a, c, t in zip(arrays, cols, trans)]
+    col_slices = [slice(0, a.shape[0 if t else 1]) for a, t in zip(arrays, trans)]
     outs = {name: open_array(path, mode="r+") for name, path in spec.outputs}
     device = get_device(spec.device, device_memory=spec.device_memory)
     strips = spec.plan.strips(group)
@@ -100,17 +265,22 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
             "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds}
 
 
-def run_row_pass(job: Any, spec: RowPassSpec, *, description: str = "pass") -> list[Any]:
-    """Run a row pass through ``job``; return the per-group states in row order."""
-    graph = TileGraph.named("rowpass", spec.inputs, spec.kernel.__module__, spec.kernel.__qualname__,
-                            spec.plan.to_dict(), _params_token(spec.params), spec.outputs, spec.columns,
-                            spec.transposed, spec.transposed_outputs)
-    for g in range(len(spec.plan.groups)):
-        graph.add((g,), row_pass_task, spec, g)
-    results = job.run(graph, workers=spec.plan.workers, blas_threads=spec.plan.blas_threads,
-                      description=description)
-    job.stats["passes"] = job.stats.get("passes", 0) + 1
-    return [r["state"] for r in results]
+def reduce_sum(states: list, name: str) -> np.ndarray:
+    """Sum one accumulator over the groups, in row order (deterministic), in float64."""
+    total = None
+    for st in states:
+        x = np.asarray(st[name], dtype=np.float64)
+        total = x.copy() if total is None else total + x
+    return total
+
+
+def collect_rows(states: list, n_rows: int, width: int) -> np.ndarray:
+    """Assemble the row blocks that kernels collected (``state["blocks"]``) into ``n_rows x width``."""
+    out = np.empty((n_rows, width))
+    for st in states:
+        for r0, blk in st["blocks"]:
+            out[r0:r0 + blk.shape[0]] = blk
+    return out
 
 
 def _params_token(params: Any) -> Any:

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import os
 import queue
+import sys
 import threading
 import time
 from typing import Any
@@ -40,12 +41,21 @@ _blas_limiter: Any = None
 FROM_WORKER = 0
 
 
-def _worker_share() -> int | None:
-    try:
-        from distributed import get_worker
+def _current_worker() -> Any:
+    """The ``distributed`` worker running this task, else None (without importing distributed)."""
+    if "distributed" not in sys.modules:
+        return None
+    from distributed import get_worker
 
-        worker = get_worker()
-    except (ImportError, ValueError):
+    try:
+        return get_worker()
+    except ValueError:
+        return None
+
+
+def _worker_share() -> int | None:
+    worker = _current_worker()
+    if worker is None:
         return None
     nthreads = getattr(getattr(worker, "state", worker), "nthreads", None) or 1
     return max(1, (os.cpu_count() or 1) // nthreads)
@@ -60,6 +70,7 @@ def with_task_settings(task: Any) -> Any:
     capped as the planners assume (``blocklin._memory.IO_CONCURRENCY``). Both are process-wide, so
     concurrent tasks of one process share them: the first task to start sets them and the last to
     finish restores what the process had, so a worker's other workloads see their own settings.
+    The task's statistics gain ``process_peak`` (where it ran, that process's peak memory).
     """
 
     @functools.wraps(task)
@@ -70,13 +81,13 @@ def with_task_settings(task: Any) -> Any:
             n = _worker_share()
         scoped_io = _memory.in_dask_worker_process() and "ZARR_ASYNC__CONCURRENCY" not in os.environ
         if n is None and not scoped_io:
-            return task(spec, *args, **kwargs)
+            return _with_peak(task(spec, *args, **kwargs))
         with _blas_lock:
             if _blas_users == 0:
                 _blas_limiter = _Scoped(n, scoped_io)
             _blas_users += 1
         try:
-            return task(spec, *args, **kwargs)
+            return _with_peak(task(spec, *args, **kwargs))
         finally:
             with _blas_lock:
                 _blas_users -= 1
@@ -85,6 +96,15 @@ def with_task_settings(task: Any) -> Any:
                     _blas_limiter = None
 
     return run
+
+
+def _with_peak(result: Any) -> Any:
+    """Add ``process_peak``: (this worker's address, else this process's id; its peak RSS)."""
+    if isinstance(result, dict):
+        worker = _current_worker()
+        where = worker.address if worker is not None else f"pid {os.getpid()}"
+        result["process_peak"] = (where, _memory.peak_rss())
+    return result
 
 
 class _Scoped:
@@ -110,16 +130,6 @@ class _Scoped:
             import zarr
 
             zarr.config.set({"async.concurrency": self.io})
-
-
-def sumsq(x: np.ndarray) -> float:
-    """``||x||_F^2`` in float64 without a full-size temporary."""
-    total = 0.0
-    rows = max(1, (1 << 18) // max(1, x.shape[1])) if x.ndim == 2 and x.shape[1] else max(1, x.shape[0])
-    for r0 in range(0, x.shape[0], rows):
-        blk = np.asarray(x[r0:r0 + rows], dtype=np.float64)
-        total += float(np.einsum("ij,ij->", blk, blk))
-    return total
 
 
 def region(buf: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
@@ -215,13 +225,28 @@ class GemmSpec:
     b_off: tuple[int, int] = (0, 0)
     c_off: tuple[int, int] = (0, 0)
     out_off: tuple[int, int] = (0, 0)
-    #: Add 1 where the global output row equals the global column plus ``identity_shift`` (``I - M X``).
-    add_identity: bool = False
-    #: Also return ``sumsq`` (``||tile||_F^2`` in float64) of the finished tile.
-    sumsq: bool = False
-    #: ``probe(*probe_args)`` is an ``n x k`` block P; the task returns ``tile @ P[cols]`` as ``probe``.
-    probe: Any = None
-    probe_args: tuple = ()
+    #: Caller-supplied work on each finished strip before it is written (see :class:`Epilogue`).
+    epilogue: Epilogue | None = None
+
+
+class Epilogue:
+    """Work an algorithm adds to the GEMM tile task on each finished output strip.
+
+    The tile task calls :meth:`begin` once per tile with the tile's rows and columns (relative to
+    the output region) and the region's offset in the output store, :meth:`strip` on each finished
+    host strip (``block`` is rows ``r0:r1`` of the tile, scaled and with ``beta * C`` added; it
+    may be changed in place before it is written), and merges the dict :meth:`end` returns into the
+    tile's result. Subclasses are small picklable objects defined by the algorithm.
+    """
+
+    def begin(self, rows: slice, cols: slice, out_off: tuple[int, int]) -> Any:
+        return None
+
+    def strip(self, state: Any, block: np.ndarray, r0: int, r1: int) -> None:
+        return None
+
+    def end(self, state: Any) -> dict:
+        return {}
 
 
 @with_task_settings
@@ -231,26 +256,54 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
     if is_done(spec.done_dir, unit):
         return {"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0}
     t_start = time.perf_counter()
-    A, B = open_array(spec.a), open_array(spec.b)
-    dtype = np.dtype(spec.dtype)
-    device = get_device(spec.device, device_memory=spec.device_memory)
-    plan = spec.plan
-    panels = plan.k_panels()
-    tm, tn = rows.stop - rows.start, cols.stop - cols.start
-    tk = plan.tk
-    a_shape = (tk, plan.tm) if spec.trans_a else (plan.tm, tk)
-    b_shape = (plan.tn, tk) if spec.trans_b else (tk, plan.tn)
-    src = (A.dtype, B.dtype)
-    casts = tuple(s != dtype for s in src)
-    nbytes = [0]
+    tile = _GemmTile(spec, rows, cols)
+    try:
+        tile.compute()
+    finally:
+        tile.close()
+    if spec.done_dir is not None:
+        mark_done(spec.done_dir, unit)
+    return tile.result(time.perf_counter() - t_start)
 
-    def load(p: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-        k0, k1 = panels[p]
-        ks = slice(k0, k1)
+
+class _GemmTile:
+    """One output tile: streams its k-panels through the device and writes finished strips."""
+
+    def __init__(self, spec: GemmSpec, rows: slice, cols: slice) -> None:
+        self.spec, self.rows, self.cols = spec, rows, cols
+        self.A, self.B = open_array(spec.a), open_array(spec.b)
+        self.dtype = dt = np.dtype(spec.dtype)
+        self.device = device = get_device(spec.device, device_memory=spec.device_memory)
+        plan = spec.plan
+        self.panels = plan.k_panels()
+        self.tm, self.tn = tm, tn = rows.stop - rows.start, cols.stop - cols.start
+        a_shape = (plan.tk, plan.tm) if spec.trans_a else (plan.tm, plan.tk)
+        b_shape = (plan.tn, plan.tk) if spec.trans_b else (plan.tk, plan.tn)
+        self.casts = (self.A.dtype != dt, self.B.dtype != dt)
+        self.nbytes = 0
+        self.acc = device.zeros((tm, tn), dt)
+        self.stream = TileStream(device, len(self.panels), self.load, [a_shape, b_shape],
+                                 [self.A.dtype, self.B.dtype], depth=plan.prefetch)
+        self.C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
+        self.strips = split(tm, plan.out_chunks[0])
+        o0, o1 = spec.out_off
+        self.writer = StripWriter(open_array(spec.out, mode="r+"), slice(o0 + rows.start, o0 + rows.stop),
+                                  slice(o1 + cols.start, o1 + cols.stop))
+        self.host_bufs: queue.Queue = queue.Queue()
+        if not device.host_resident:  # rotating download buffers: one filling, one queued, one writing
+            for _ in range(min(3, len(self.strips))):
+                self.host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dt))
+        self.cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.C.dtype) if self.C is not None else None
+        self.extra = spec.epilogue.begin(rows, cols, spec.out_off) if spec.epilogue is not None else None
+
+    def load(self, p: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        """Read panel ``p`` of op(A) and op(B) into the stream's slots (cast, transposed views)."""
+        spec = self.spec
+        ks = slice(*self.panels[p])
         out = []
         for arr, buf, trans, cast, name, sel, off in (
-            (A, bufs[0], spec.trans_a, casts[0], spec.names[0], (rows, ks), spec.a_off),
-            (B, bufs[1], spec.trans_b, casts[1], spec.names[1], (ks, cols), spec.b_off),
+            (self.A, bufs[0], spec.trans_a, self.casts[0], spec.names[0], (self.rows, ks), spec.a_off),
+            (self.B, bufs[1], spec.trans_b, self.casts[1], spec.names[1], (ks, self.cols), spec.b_off),
         ):
             stored = (sel[1], sel[0]) if trans else sel
             if off != (0, 0):
@@ -258,90 +311,77 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
                           slice(stored[1].start + off[1], stored[1].stop + off[1]))
             shape = (stored[0].stop - stored[0].start, stored[1].stop - stored[1].start)
             view = read_block(arr, stored[0], stored[1], out=region(buf, shape))
-            nbytes[0] += view.nbytes
+            self.nbytes += view.nbytes
             if spec.check_finite:
                 check_finite(view, name, *stored)
             if cast:
-                view = view.astype(dtype)
+                view = view.astype(self.dtype)
             out.append(view.T if trans else view)
         return tuple(out)
 
-    acc = device.zeros((tm, tn), dtype)
-    stream = TileStream(device, len(panels), load, [a_shape, b_shape], list(src), depth=plan.prefetch)
-    out_arr = open_array(spec.out, mode="r+")
-    C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
-    strips = split(tm, plan.out_chunks[0])
-    writer = StripWriter(out_arr, slice(spec.out_off[0] + rows.start, spec.out_off[0] + rows.stop),
-                         slice(spec.out_off[1] + cols.start, spec.out_off[1] + cols.stop))
-    host_bufs: queue.Queue = queue.Queue()
-    if not device.host_resident:  # rotating download buffers: one filling, one queued, one writing
-        for _ in range(min(3, len(strips))):
-            host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dtype))
-    cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=C.dtype) if C is not None else None
+    def compute(self) -> None:
+        last = len(self.panels) - 1
+        for p, (a_dev, b_dev) in self.stream:
+            if p < last:
+                self.device.gemm_acc(self.acc, a_dev, b_dev)
+                continue
+            # The last panel is applied strip by strip so that writing finished strips overlaps the
+            # rest of the compute; each element still sees the same k-panels in the same order.
+            for r0, r1 in self.strips:
+                self.device.gemm_acc(self.acc[r0:r1], a_dev[r0:r1], b_dev)
+                self.finish(r0, r1)
+        if not self.panels:  # k == 0: the result is beta * C (or zeros)
+            for r0, r1 in self.strips:
+                self.finish(r0, r1)
 
-    (o0, o1), (c0, c1) = spec.out_off, spec.c_off
-    stats = {"sumsq": 0.0}
-    p_cols = spec.probe(*spec.probe_args)[o1 + cols.start:o1 + cols.stop] if spec.probe is not None else None
-    probe_out = np.zeros((tm, p_cols.shape[1])) if p_cols is not None else None
-
-    def finish(r0: int, r1: int) -> None:
-        """Scale strip ``r0:r1``, add ``beta * C`` (and I), take its statistics, hand it to the writer."""
-        if C is not None:
-            rs = slice(c0 + rows.start + r0, c0 + rows.start + r1)
-            cs = slice(c1 + cols.start, c1 + cols.stop)
-            block = read_block(C, rs, cs, out=region(cbuf, (r1 - r0, tn)))
-            nbytes[0] += block.nbytes
+    def finish(self, r0: int, r1: int) -> None:
+        """Scale strip ``r0:r1``, add ``beta * C``, run the epilogue, hand the strip to the writer."""
+        spec, device, acc = self.spec, self.device, self.acc
+        if self.C is not None:
+            c0, c1 = spec.c_off
+            rs = slice(c0 + self.rows.start + r0, c0 + self.rows.start + r1)
+            cs = slice(c1 + self.cols.start, c1 + self.cols.stop)
+            block = read_block(self.C, rs, cs, out=region(self.cbuf, (r1 - r0, self.tn)))
+            self.nbytes += block.nbytes
             if spec.check_finite:
                 check_finite(block, spec.names[2], rs, cs)
-            device.axpby(acc[r0:r1], spec.alpha, block.astype(dtype, copy=False), spec.beta)
+            device.axpby(acc[r0:r1], spec.alpha, block.astype(self.dtype, copy=False), spec.beta)
         elif spec.alpha != 1.0:
             device.axpby(acc[r0:r1], spec.alpha, None, 0.0)
         if device.host_resident:
             host, done = acc[r0:r1], None
         else:
-            buf = host_bufs.get()
-            host = device.download(acc, slice(r0, r1), out=region(buf, (r1 - r0, tn)))
-            done = lambda b=buf: host_bufs.put(b)  # noqa: E731
-        if spec.add_identity:  # global diagonal entries that fall in this strip
-            lo = max(o0 + rows.start + r0, o1 + cols.start)
-            hi = min(o0 + rows.start + r1, o1 + cols.stop)
-            if hi > lo:
-                g = np.arange(lo, hi)
-                host[g - o0 - rows.start - r0, g - o1 - cols.start] += 1
-        if spec.sumsq:
-            stats["sumsq"] += sumsq(host)
-        if probe_out is not None:
-            probe_out[r0:r1] = host.astype(np.float64, copy=False) @ p_cols
-        writer.submit(r0, r1, host, done=done)
+            buf = self.host_bufs.get()
+            host = device.download(acc, slice(r0, r1), out=region(buf, (r1 - r0, self.tn)))
+            done = lambda b=buf: self.host_bufs.put(b)  # noqa: E731
+        if spec.epilogue is not None:
+            spec.epilogue.strip(self.extra, host, r0, r1)
+        self.writer.submit(r0, r1, host, done=done)
 
-    try:
-        last = len(panels) - 1
-        for p, (a_dev, b_dev) in stream:
-            if p < last:
-                device.gemm_acc(acc, a_dev, b_dev)
-                continue
-            # The last panel is applied strip by strip so that writing finished strips overlaps the
-            # rest of the compute; each element still sees the same k-panels in the same order.
-            for r0, r1 in strips:
-                device.gemm_acc(acc[r0:r1], a_dev[r0:r1], b_dev)
-                finish(r0, r1)
-        if not panels:  # k == 0: the result is beta * C (or zeros)
-            for r0, r1 in strips:
-                finish(r0, r1)
-    finally:
-        writer.close()
-        while not host_bufs.empty():
-            device.release_host(host_bufs.get())
-    if spec.done_dir is not None:
-        mark_done(spec.done_dir, unit)
-    return {
-        "skipped": 0,
-        "bytes_read": nbytes[0],
-        "bytes_written": tm * tn * dtype.itemsize,
-        "flops": 2 * tm * tn * (panels[-1][1] if panels else 0),
-        "seconds": time.perf_counter() - t_start,
-        "load_seconds": stream.load_seconds,
-        "wait_seconds": stream.wait_seconds,
-        **({"sumsq": stats["sumsq"]} if spec.sumsq else {}),
-        **({"probe": (rows.start, probe_out)} if probe_out is not None else {}),
-    }
+    def close(self) -> None:
+        """Flush the writer and free the buffers now.
+
+        The stream holds :meth:`load`, so tile and stream form a reference cycle: without dropping
+        them here, the accumulator and the panel slots would wait for the cyclic garbage collector
+        while the next tile allocates its own, and the peak would exceed the plan.
+        """
+        try:
+            self.writer.close()
+        finally:
+            while not self.host_bufs.empty():
+                self.device.release_host(self.host_bufs.get())
+            self.load_seconds, self.wait_seconds = self.stream.load_seconds, self.stream.wait_seconds
+            self.stream = self.acc = self.cbuf = None
+
+    def result(self, seconds: float) -> dict:
+        spec = self.spec
+        return {
+            "skipped": 0,
+            "bytes_read": self.nbytes,
+            "bytes_written": self.tm * self.tn * self.dtype.itemsize,
+            "flops": 2 * self.tm * self.tn * (self.panels[-1][1] if self.panels else 0),
+            "seconds": seconds,
+            "load_seconds": self.load_seconds,
+            "wait_seconds": self.wait_seconds,
+            **(spec.epilogue.end(self.extra) if spec.epilogue is not None else {}),
+        }

@@ -1,16 +1,17 @@
-"""Row-pass kernels of the SVD, Lanczos and LinearOperator passes, and their random test matrices.
+"""Row-pass kernels over tall blocks: ``B Q``, ``B^T (B Q)``, ``X W``, ``X^T Y``, sketches, loads.
 
+They serve the SVD, Lanczos/eigsh, the orthonormalization of tall blocks and the LinearOperator.
 Every kernel has the row-pass signature ``kernel(device, arrays, rows, params, state) -> (state,
-writes)`` (see :mod:`blocklin.runtime.passes`); products go through the device (``gemm_acc``) so
-the same kernels run on a GPU. Broadcast operands in ``params`` are uploaded once per task by the
-matching ``init``; when a task reaches the last strip of its group (``rows.stop in params["ends"]``)
-its accumulators are brought back to host memory, so partial states are plain NumPy arrays whatever
+writes)`` (see :mod:`blocklin.runtime.passes`) and declares, with :func:`~blocklin.runtime.passes.row_kernel`,
+the memory one task allocates; products go through the device (``gemm_acc``) so the same kernels
+run on a GPU. Broadcast operands in ``params`` are uploaded once per task by the matching
+``init``; when a task reaches the last strip of its group (``rows.stop in params["ends"]``) its
+accumulators are brought back to host memory, so partial states are plain NumPy arrays whatever
 the device and scheduler.
 
-Random test matrices come from a counter-based generator: rows ``[r0, r1)`` of an ``(inf x width)``
-standard-normal matrix are built from fixed blocks of :data:`RNG_BLOCK` rows, each seeded by
-``(seed, stream, block)``. The numbers therefore depend only on the seed, never on strip sizes,
-budgets, workers or the scheduler.
+Memory declarations count, per task, the broadcast operands and their device copies and the
+accumulators (``fixed``), and per strip row the products and blocks being written (``per_row``);
+zarr's chunk temporaries are counted by the planner (``chunk_temporaries``).
 """
 
 from __future__ import annotations
@@ -19,30 +20,12 @@ from typing import Any
 
 import numpy as np
 
-#: Rows per independently seeded block of a random test matrix.
-RNG_BLOCK = 1024
+from blocklin.linalg.random import STREAM_PHI, STREAM_UPSILON, gaussian
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime.passes import row_kernel
 
-#: Streams of random numbers (independent for one seed).
-STREAM_OMEGA = 1      # right test matrix of rsvd (N x l)
-STREAM_LANCZOS = 2    # starting block of Lanczos
-STREAM_UPSILON = 3    # sketch: co-range test matrix, rows of B
-STREAM_PHI = 4        # sketch: core test matrix, rows of B
-STREAM_SKETCH_OMEGA = 5
-STREAM_SKETCH_PSI = 6
-STREAM_FILL = 7       # Lanczos: random directions after a breakdown
-STREAM_CHECK = 8      # eigsh: symmetry probe
-
-
-def gaussian(seed: int, stream: int, r0: int, r1: int, width: int, dtype: Any = np.float64) -> np.ndarray:
-    """Rows ``r0:r1`` of the standard-normal matrix of ``(seed, stream)`` with ``width`` columns."""
-    out = np.empty((max(0, r1 - r0), width), dtype=np.float64)
-    b0, b1 = r0 // RNG_BLOCK, -(-r1 // RNG_BLOCK)
-    for b in range(b0, b1):
-        rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([int(seed), int(stream), b, int(width)])))
-        block = rng.standard_normal((RNG_BLOCK, width))
-        lo, hi = max(r0, b * RNG_BLOCK), min(r1, (b + 1) * RNG_BLOCK)
-        out[lo - r0:hi - r0] = block[lo - b * RNG_BLOCK:hi - b * RNG_BLOCK]
-    return out.astype(dtype, copy=False)
+#: Host bytes of a float64 temporary element.
+F64 = 8
 
 
 # -- device helpers ------------------------------------------------------------------------------
@@ -88,6 +71,13 @@ def normal_init(device: Any, params: dict) -> dict:
             "Ybuf": device.zeros((params["strip"], l), dt)}
 
 
+def _normal_memory(params: Any, sources: tuple) -> PassMemory:
+    n, c = params["Q"].shape
+    w = params["Q"].dtype.itemsize
+    return PassMemory(fixed=2 * n * c * w + c * c * w, per_row=2 * c * w, chunk_temporaries=True)
+
+
+@row_kernel(memory=_normal_memory, init=normal_init)
 def normal_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict | None]:
     """``Y_i = B_i Q``; ``Z += B_i^T Y_i``; ``G += Y_i^T Y_i`` (gram); write ``Y_i`` (write_y)."""
     b = arrays[0]
@@ -120,6 +110,14 @@ def apply_init(device: Any, params: dict) -> dict:
     return st
 
 
+def _apply_memory(params: Any, sources: tuple) -> PassMemory:
+    ws = _chain(params)
+    c = sum(w.shape[1] for w in ws)
+    w = ws[0].dtype.itemsize
+    return PassMemory(fixed=sources[0].width * c * w + c * c * w, per_row=3 * c * w, chunk_temporaries=True)
+
+
+@row_kernel(memory=_apply_memory, init=apply_init)
 def apply_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict | None]:
     """``Y_i = X_i W1 W2 ...`` (applied in sequence: CholeskyQR2 needs ``(Y R1^-1) R2^-1``, not
     ``Y (R1^-1 R2^-1)``); write it as ``params["write"]``, collect it, and/or accumulate ``G += Y_i^T Y_i``."""
@@ -152,6 +150,14 @@ def rmat_init(device: Any, params: dict) -> dict:
     return st
 
 
+def _rmat_memory(params: Any, sources: tuple) -> PassMemory:
+    m, c = params["Y"].shape
+    w = params["Y"].dtype.itemsize
+    # the broadcast Y and its upload, and the accumulator
+    return PassMemory(fixed=2 * m * c * w + sources[0].width * c * w, per_row=2 * c * w, chunk_temporaries=True)
+
+
+@row_kernel(memory=_rmat_memory, init=rmat_init)
 def rmat_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
     """``Z += X_i^T Y[rows]``; with ``check`` (square X) also collect ``(X Y)[rows] = X_i Y``."""
     x = arrays[0]
@@ -163,21 +169,6 @@ def rmat_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: di
         device.gemm_acc(c, x, state["Yd"])
         state["blocks"].append((rows.start, np.array(device.download(c, slice(0, r)))))
     return _finish(device, rows, params, state, ("Z",)), None
-
-
-# -- TSQR: R of a tall block, Householder per strip (the unconditionally stable fallback) ----------
-def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any) -> tuple[Any, None]:
-    """``R <- qr([R; Y_i]).R`` in float64 on the host (small: ``(strip + c) x c``)."""
-    import scipy.linalg
-
-    y = np.asarray(device.download(arrays[0], slice(0, rows.stop - rows.start)) if not device.host_resident
-                   else arrays[0], dtype=np.float64)
-    stacked = y if state is None else np.vstack([state, y])
-    r = scipy.linalg.qr(stacked, mode="r", check_finite=False)[0]
-    c = y.shape[1]
-    if r.shape[0] < c:
-        r = np.vstack([r, np.zeros((c - r.shape[0], c))])
-    return r[:c], None
 
 
 # -- single-pass sketch (Tropp, Yurtsever, Udell, Cevher 2019) -------------------------------------
@@ -192,6 +183,15 @@ def sketch_init(device: Any, params: dict) -> dict:
             "Ybuf": device.zeros((st, kp), dt), "Tbuf": device.zeros((st, s), dt)}
 
 
+def _sketch_memory(params: Any, sources: tuple) -> PassMemory:
+    n, c = params["Omega"].shape
+    s = params["Psi"].shape[1]
+    w = params["Omega"].dtype.itemsize
+    return PassMemory(fixed=n * (2 * c + s) * w + (s * s + s * c + c * c) * w,
+                      per_row=(2 * c + s) * w + (c + s) * (F64 + w), chunk_temporaries=True)
+
+
+@row_kernel(memory=_sketch_memory, init=sketch_init)
 def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict]:
     """One strip of the three sketches: ``Y = B Omega`` (written), ``X^T = B^T Upsilon^T``,
     ``Z = Phi B Psi`` (and ``Phi Y``, ``Y^T Y`` for the orthonormalization)."""
@@ -215,7 +215,13 @@ def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
 
 
 # -- whole-matrix load (the in-core path: a matrix that fits the budget is read once) -------------
+def _load_memory(params: Any, sources: tuple) -> PassMemory:
+    return PassMemory(fixed=0, per_row=sources[0].row_bytes, chunk_temporaries=True)  # the kept copy of each strip
+
+
+@row_kernel(memory=_load_memory)
 def load_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any) -> tuple[Any, None]:
+    """Keep every strip: the per-group states are ``[(first row, block), ...]``."""
     blocks = state or []
     blk = arrays[0] if device.host_resident else device.download(arrays[0], slice(0, rows.stop - rows.start))
     blocks.append((rows.start, np.ascontiguousarray(blk).copy() if not blk.flags.c_contiguous else np.array(blk)))

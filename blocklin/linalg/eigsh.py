@@ -1,0 +1,179 @@
+"""Eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
+
+Each Lanczos step (:func:`blocklin.linalg.lanczos.block_lanczos`) is one row pass ``Z = A^T X``
+over ``A`` (equal to ``A X`` for symmetric ``A``); the first pass also forms ``A X`` for its random
+block, which checks symmetry. A matrix that fits the budget is read once and solved in memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Unpack
+
+import numpy as np
+
+from blocklin.config import Settings
+from blocklin.errors import ConvergenceWarning, NotSymmetricError, explain, warn
+from blocklin.linalg._tall_kernels import rmat_kernel
+from blocklin.linalg.lanczos import LanczosResult, block_lanczos, default_tol
+from blocklin.linalg.orth import orth_against
+from blocklin.linalg.random import STREAM_LANCZOS, gaussian
+from blocklin.linalg.results import write_group
+from blocklin.linalg.svd import load_incore
+from blocklin.plan.svd import SvdPlan, plan_svd
+from blocklin.runtime.job import Job
+from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
+from blocklin.validate import check_k, choice, float_operand, positive, resolve_seed, square
+
+WHICH = ("LA", "SA", "LM")
+
+
+class EighResult(tuple):
+    """``(w, V)`` with a ``report`` attribute."""
+
+    def __new__(cls, w: np.ndarray, V: np.ndarray, report: dict) -> EighResult:
+        obj = super().__new__(cls, (w, V))
+        obj.report = report
+        return obj
+
+    @property
+    def w(self) -> np.ndarray:
+        return self[0]
+
+    @property
+    def V(self) -> np.ndarray:
+        return self[1]
+
+
+def symmetry_rtol(dtype: Any) -> float:
+    """Relative asymmetry ``||A X - A^T X|| / ||A X||`` tolerated by :func:`eigsh`."""
+    return math.sqrt(float(np.finfo(np.dtype(dtype)).eps))
+
+
+def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_size: int | None = None,
+          max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
+          overwrite: bool = False, check_symmetric: bool = True, **settings: Unpack[Settings]) -> EighResult:
+    """``k`` eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
+
+    Each Lanczos step is one pass over ``A`` (``Z = A^T X``, equal to ``A X`` for symmetric ``A``).
+    The first pass also forms ``A X`` for its random block and compares: a matrix with
+    ``||A X - A^T X|| > sqrt(eps) ||A X||`` is refused with :class:`NotSymmetricError` (a sampled
+    check: a random block detects any asymmetry with probability one). A matrix that fits the budget
+    is read once and solved in memory.
+
+    Parameters
+    ----------
+    a : path, zarr array, Matrix, NumPy or Dask array
+        Symmetric ``n x n``, float32 or float64.
+    k : int
+        Number of eigenpairs, ``1 <= k < n``.
+    which : {"LA", "SA", "LM"}
+        Largest algebraic, smallest algebraic, or largest magnitude eigenvalues.
+    tol : float, optional
+        Converged when ``||A x - lambda x|| <= tol * max|lambda|`` for every pair;
+        default ``10 sqrt(eps)`` of the dtype.
+    block_size, max_basis : int, optional
+        Lanczos block size and the basis size at which it restarts.
+    max_passes : int
+        Pass limit; a :class:`~blocklin.errors.ConvergenceWarning` says what was reached.
+    seed : int, optional
+        Seed of the starting block (results are deterministic for a seed).
+    out : path, optional
+        Write a zarr group with ``w``, ``V`` and the report in its attributes.
+    overwrite : bool
+        Replace an existing ``out``.
+    check_symmetric : bool
+        Refuse a non-symmetric matrix (checked on the first pass).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`.
+
+    Returns
+    -------
+    EighResult
+        ``w, V = result`` (eigenvalues ascending, as in SciPy, and eigenvectors ``n x k``), with
+        ``result.report``: passes, bytes read, seconds, peak memory, per-pair residuals.
+
+    References
+    ----------
+    Golub and Underwood (1977), the block Lanczos method; Wu and Simon (2000), thick restart.
+    """
+    which = choice("which", which, WHICH, fix="pass which='LA'")
+    tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
+    with Job("eigsh", **settings) as job:
+        A = job.operand(a, "a")
+        n = square(A, "(eigsh needs a symmetric matrix)", "use blocklin.svd for rectangular matrices")
+        dt = float_operand(A)
+        check_k(k, n, n)
+        tol = default_tol(dt) if tol is None else tol
+        seed = resolve_seed(seed)
+        plan = plan_svd(n, n, k, dt, method="eigsh", oversample=10, power_iters=None, memory=job.cfg.memory,
+                        max_passes=max_passes, block_size=block_size, max_basis=max_basis, square=True)
+        x0 = orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, plan.block), seed=seed)
+        apply, first = _operator(job, A, plan, x0, check_symmetric)
+        scale = {"v": 0.0}
+
+        def threshold(theta: np.ndarray) -> np.ndarray:
+            scale["v"] = max(scale["v"], float(np.max(np.abs(theta))) if theta.size else 0.0)
+            return np.full(theta.shape, tol * max(scale["v"], np.finfo(np.float64).tiny))
+
+        steps_limit = max_passes if not plan.in_core else max(max_passes, 500)
+        res = block_lanczos(apply, n, k, which=which, block=plan.block, max_basis=plan.max_basis,
+                            max_steps=steps_limit, threshold=threshold, seed=seed, x0=x0, first=first)
+        if not res.converged:
+            warn(f"eigsh: tol={tol:g} not reached within {job.passes('a')} passes over A; reached a relative "
+                 f"residual of {float(np.max(res.residuals)) / max(scale['v'], 1e-300):.2e} (max over the {k} "
+                 "pairs). Raise max_passes, max_basis or block_size, or loosen tol", ConvergenceWarning)
+        return _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed)
+
+
+def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
+              check_symmetric: bool) -> tuple[Callable[[np.ndarray, int], np.ndarray], np.ndarray]:
+    """``apply(X, step) = A^T X`` (in memory, or one pass each) and ``A^T x0``, symmetry checked on ``x0``."""
+    dt = A.dtype
+    n = A.shape[0]
+    if plan.in_core:
+        M = load_incore(job, A, plan)
+        ax, atx = M @ x0.astype(dt), M.T @ x0.astype(dt)
+
+        def apply(x: np.ndarray, step: int) -> np.ndarray:
+            return (M.T @ x.astype(dt)).astype(np.float64)
+    else:
+        src = [source(A)]
+
+        def one(x: np.ndarray, step: int, check: bool = False) -> Any:
+            states, _ = run_pass(job, rmat_kernel, src, {"Y": x.astype(dt), "n": n, "check": check},
+                                 memory=plan.pass_memory, description=f"eigsh: Lanczos step {step}")
+            z = reduce_sum(states, "Z")
+            return (z, collect_rows(states, n, x.shape[1])) if check else z
+
+        atx, ax = one(x0, 1, check=check_symmetric)
+        apply = one
+    if check_symmetric:
+        _check_symmetry(np.asarray(ax, dtype=np.float64), np.asarray(atx, dtype=np.float64), symmetry_rtol(dt))
+    return apply, atx
+
+
+def _check_symmetry(ax: np.ndarray, atx: np.ndarray, rtol: float) -> None:
+    diff = float(np.linalg.norm(ax - atx))
+    size = float(np.linalg.norm(ax)) or 1.0
+    if diff > rtol * size:
+        raise NotSymmetricError(explain(
+            "a", "must be symmetric for eigsh (checked on a random block: ||A X - A^T X|| <= "
+            f"{rtol:.1e} ||A X||)", f"relative asymmetry {diff / size:.2e}",
+            "symmetrize it ((A + A^T)/2), or use blocklin.svd for a non-symmetric matrix"))
+
+
+def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overwrite: bool, *, tol: float,
+            which: str, seed: int) -> EighResult:
+    """Eigenpairs in ascending order, the report, and the output group when ``out`` is given."""
+    order = np.argsort(res.values, kind="stable")
+    w = res.values[order].astype(A.dtype)
+    vecs = res.vectors[:, order].astype(A.dtype)
+    report = job.report(passes=job.passes("a"), passes_formula=plan.formula, lanczos_steps=res.steps,
+                        restarts=res.restarts, residuals=res.residuals[order].tolist(), tol=tol,
+                        converged=res.converged, which=which, seed=seed, block=plan.block, history=res.history,
+                        in_core=plan.in_core, plan=plan.to_dict())
+    if out is not None:
+        write_group(job, out, A, {"w": w, "V": vecs}, "eigsh", plan, report, overwrite)
+    return EighResult(w, vecs, report)

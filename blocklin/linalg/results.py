@@ -1,0 +1,34 @@
+"""Result groups: small factors and a long factor written as one zarr group with provenance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.storage import create_group, write_array
+
+#: Report entries recorded in a factorization's attributes (the rest stays in ``result.report``).
+GROUP_REPORT_KEYS = (
+    "method", "seconds", "passes", "passes_formula", "intermediate_passes", "bytes_read", "bytes_written",
+    "peak_memory", "memory_budget", "residuals", "relative_residuals", "converged", "tol", "seed", "power_iters",
+    "lanczos_steps", "restarts", "block", "oversample", "sketch_size", "orth", "in_core", "device", "scheduler",
+    "which", "residual_note", "history", "sigma_max")
+
+
+def open_group(job: Any, out: Any, A: Any, overwrite: bool) -> Any:
+    """An atomic output group for a factorization of ``A`` (``out=None``: a temporary one)."""
+    ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite)
+    create_group(ao.array_path())
+    return ao
+
+
+def write_group(job: Any, out: Any, A: Any, arrays: dict, operation: str, plan: Any, report: dict,
+                overwrite: bool, ao: Any = None) -> Any:
+    """Write small arrays into the output group and commit it (``ao`` may already hold a long factor)."""
+    if ao is None:
+        ao = open_group(job, out, A, overwrite)
+    for name, x in arrays.items():
+        write_array(ao.array_path(name), np.ascontiguousarray(x))
+    return ao.commit(operation, plan=plan.to_dict(), params={"k": plan.k, "method": plan.method},
+                     report=job.brief(report, GROUP_REPORT_KEYS))

@@ -1,0 +1,119 @@
+"""Validation of the arguments every entry point shares, written once (scipy's ``_iv`` pattern).
+
+One validator per kind of argument. Each raises the error of :mod:`blocklin.errors` with a
+message built by :func:`~blocklin.errors.explain` (the parameter, the rule, the actual value, a
+fix) and returns the normalized value, so an entry point reads as a list of checks:
+
+>>> method = choice("method", "rsvd", ("rsvd", "sketch", "lanczos"), fix="pass method='rsvd'")
+>>> tol = positive("tol", 1e-6, fix="pass tol=1e-6", optional=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import DTypeError, ParameterError, ShapeError, explain
+
+#: The floating dtypes the factorizations compute in (float16 has too few digits for them).
+FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: The dtypes GEMM computes in.
+GEMM_DTYPES = FLOAT_DTYPES + (np.dtype(np.complex64), np.dtype(np.complex128))
+
+
+def float_operand(op: Any) -> np.dtype:
+    """The dtype of an operand that must be float32 or float64 (float16, integers, complex refused)."""
+    if op.dtype not in FLOAT_DTYPES:
+        raise DTypeError(explain(op.name, "dtype must be float32 or float64", op.dtype.name,
+                                 "convert it (blocklin convert --dtype float64)"))
+    return op.dtype
+
+
+def result_dtype(operands: Sequence[Any], dtype: Any, allowed: tuple = GEMM_DTYPES) -> np.dtype:
+    """The compute dtype: the operands' common dtype, or ``dtype`` when given (no silent upcast)."""
+    if dtype is not None:
+        dt = np.dtype(dtype)
+        if dt not in allowed:
+            raise DTypeError(explain("dtype", f"must be one of {[d.name for d in allowed]}", dt.name,
+                                     "pass dtype='float64' or dtype='float32'"))
+        return dt
+    dts = {op.dtype for op in operands}
+    if len(dts) > 1:
+        listing = ", ".join(f"{op.name}: {op.dtype.name}" for op in operands)
+        raise DTypeError(explain("dtype", "operands must share one dtype (blocklin never upcasts silently)", listing,
+                                 "pass dtype='float64' (or 'float32') to cast while streaming, or convert the "
+                                 "inputs (blocklin convert --dtype)"))
+    dt = dts.pop()
+    if dt not in allowed:
+        raise DTypeError(explain(operands[0].name, f"dtype must be one of {[d.name for d in allowed]}", dt.name,
+                                 "convert it (blocklin convert --dtype float64) or pass dtype='float64'"))
+    return dt
+
+
+def square(op: Any, why: str, fix: str) -> int:
+    """The side of an operand that must be square."""
+    m, n = op.shape
+    if m != n:
+        raise ShapeError(explain(op.name, f"must be square {why}", f"{m} x {n}", fix))
+    return m
+
+
+def same_rows(a: Any, b: Any) -> None:
+    """``b`` has one row per row of ``a`` (blocklin never broadcasts)."""
+    if b.shape[0] != a.shape[0]:
+        raise ShapeError(explain(b.name, f"must have as many rows as {a.name} (no broadcasting)",
+                                 f"{a.name} {a.shape[0]} x {a.shape[1]}, {b.name} {b.shape[0]} x {b.shape[1]}",
+                                 f"pass {b.name} with one row per row of {a.name}"))
+
+
+def choice(name: str, value: Any, options: Sequence[Any], *, fix: str) -> Any:
+    """``value`` is one of ``options``."""
+    if not any(value is o or (type(value) is type(o) and value == o) for o in options):
+        raise ParameterError(explain(name, f"must be one of {tuple(options)}", repr(value), fix))
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def count(name: str, value: Any, *, fix: str, minimum: int = 0, auto: tuple[Any, ...] = ()) -> Any:
+    """An integer ``>= minimum`` (or one of the ``auto`` words, returned as given)."""
+    if any(value is a or (isinstance(a, str) and value == a) for a in auto):
+        return value
+    if not _is_int(value) or value < minimum:
+        words = "".join(f"{a!r} or " for a in auto)
+        raise ParameterError(explain(name, f"must be {words}an integer >= {minimum}", repr(value), fix))
+    return int(value)
+
+
+def positive(name: str, value: Any, *, fix: str, optional: bool = False) -> float | None:
+    """A finite number ``> 0`` (``None`` allowed when ``optional``)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value) or not value > 0:
+        raise ParameterError(explain(name, "must be a positive number", repr(value), fix))
+    return float(value)
+
+
+def check_k(k: Any, m: int, n: int) -> int:
+    """``k`` wanted pairs of an ``m x n`` matrix: an integer with ``1 <= k < min(m, n)``."""
+    if not _is_int(k):
+        raise ParameterError(explain("k", "must be an integer", repr(k), "pass k=10"))
+    if not 1 <= k < min(m, n):
+        raise ParameterError(explain("k", f"must satisfy 1 <= k < min(m, n) = {min(m, n)}", f"k={k} for a "
+                                     f"{m} x {n} matrix", f"pass 1 <= k <= {min(m, n) - 1} (use scipy.linalg.svd / "
+                                     "eigh for a full decomposition)"))
+    return int(k)
+
+
+def resolve_seed(seed: Any) -> int:
+    """A non-negative integer seed; ``None`` draws one (to be recorded in the report)."""
+    if seed is None:
+        return int(np.random.SeedSequence().entropy % (2**63))
+    if _is_int(seed) and seed >= 0:
+        return int(seed)
+    raise ParameterError(explain("seed", "must be a non-negative integer or None", repr(seed), "pass seed=0"))
