@@ -267,15 +267,17 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             plan_order, full_span = writer.order, True
         else:
             plan_order, full_span = reader.order, False
+        client = _cluster_client(scheduler) if in_fmt == "zarr" and out_fmt == "zarr" else None
+        # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
+        task_memory = cfg.memory // _threads_per_worker(client) if client is not None else cfg.memory
         plan = plan_convert(
-            (m, n), reader.dtype, out_dt, memory=cfg.memory, order=plan_order, unit=writer.unit,
+            (m, n), reader.dtype, out_dt, memory=task_memory, order=plan_order, unit=writer.unit,
             full_span=full_span, align=reader.chunks, resident=reader.resident_bytes,
             resident_what=reader.resident_what, fixed=reader.overhead_bytes + writer.overhead_bytes,
             in_chunk_bytes=getattr(reader, "chunk_bytes", 0), out_chunk_bytes=getattr(writer, "chunk_bytes", 0),
             relayout=bool(getattr(writer, "relayout_copy", False) and writer.order != plan_order),
             extra_per_element=writer.overhead_per_element)
         reader.prepare()
-        client = _cluster_client(scheduler) if in_fmt == "zarr" and out_fmt == "zarr" else None
         copy = _copy if client is None else functools.partial(_copy_on_cluster, client)
         blocks, skipped = copy(reader, writer, plan, out_dt, nan, progress,
                                f"convert {_base(src_path)} -> {_base(out_path)}")
@@ -293,7 +295,8 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
                   "memory": cfg.memory, "from": in_fmt}
         final = writer.commit(operation="convert", plan=plan.to_dict(), params=params, report=dict(report))
         writer = None
-        report["output"] = str(final)
+        # The output as the caller named it (a local path keeps its spelling; a URL is its URL).
+        report["output"] = str(out_path) if isinstance(final, Location) and final.is_local else str(final)
         report["seconds"] = time.perf_counter() - t0
         report["bytes_written"] = backend(final).size("") if isinstance(final, Location) else disk_usage(final)
         report["peak_memory"] = _peak_rss()
@@ -369,6 +372,15 @@ def _cluster_client(scheduler: Any) -> Any:
         except ValueError:
             return None
     return None
+
+
+def _threads_per_worker(client: Any) -> int:
+    """Threads of the busiest worker process of ``client``'s cluster (1 when it cannot say)."""
+    try:
+        workers = client.scheduler_info().get("workers", {})
+        return max([int(w.get("nthreads", 1)) for w in workers.values()] or [1])
+    except Exception:  # noqa: BLE001 - a plan for one thread is still a valid plan
+        return 1
 
 
 @functools.lru_cache(maxsize=4)
