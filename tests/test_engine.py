@@ -64,7 +64,7 @@ def test_scratch_stores_are_named_in_creation_order():
     for _ in range(2):
         with Job("scratch-test", memory="1MiB") as job:
             paths = [job.scratch(n, (4, 4), "float64", (2, 2)) for n in ("w", "r", "w")]
-            names.append([p.rsplit("/", 1)[1] for p in paths])
+            names.append([str(p).rsplit("/", 1)[1] for p in paths])
     assert names[0] == names[1] == ["w-1.zarr", "r-2.zarr", "w-3.zarr"]
 
 
