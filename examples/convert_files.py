@@ -1,10 +1,14 @@
 """Bring matrices from other tools into blocklin, inspect them, and export them again.
 
-Run: python examples/convert_files.py [folder]   (a temporary folder by default)
+Run: python examples/convert_files.py [folder]   (a temporary folder, removed at the end, by default)
+
+The .npy input is 3000 x 2000 float64 (46 MiB), converted within a 16 MiB budget;
+``BLOCKLIN_EXAMPLE_SIZE=small`` uses 600 x 400 (the test suite does).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -16,8 +20,9 @@ from blocklin.storage.inspect import format_info, inspect
 
 
 def main(folder: Path) -> None:
+    small = os.environ.get("BLOCKLIN_EXAMPLE_SIZE") == "small"
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((3000, 2000))
+    a = rng.standard_normal((600, 400) if small else (3000, 2000))
     np.save(folder / "a_fortran.npy", np.asfortranarray(a))  # read by column panels, no transpose
     np.savetxt(folder / "a.csv", a[:50, :20], delimiter=",", header="generated", fmt="%.17g")
     (folder / "s.mtx").write_text("%%MatrixMarket matrix coordinate real symmetric\n3 3 3\n1 1 2\n2 1 -1\n3 3 4\n")
@@ -38,7 +43,16 @@ def main(folder: Path) -> None:
     blocklin.convert(folder / "b.zarr", folder / "b_f32.npy", dtype="float32", memory="64MiB")
     print("exports:", sorted(p.name for p in folder.iterdir() if p.suffix in (".mtx", ".npy")))
 
-    # 4. bad input: a clear message, and no output left behind
+    # 4. check: every copy holds the original numbers (float32 export: rounded once, exactly)
+    same = np.array_equal(blocklin.open(folder / "b.zarr").to_numpy(), a)
+    same &= np.array_equal(np.load(folder / "b_f32.npy"), a.astype(np.float32))
+    same &= np.array_equal(blocklin.open(folder / "c.zarr").to_numpy(), a[:50, :20])
+    same &= np.array_equal(blocklin.open(folder / "s.zarr").to_numpy(), [[2, -1, 0], [-1, 0, 0], [0, 0, 4]])
+    print("check: zarr copies, the csv, the Matrix Market file and the float32 export match the originals:", same)
+    if not same:
+        sys.exit("check failed: a converted copy differs from its original")
+
+    # 5. bad input: a clear message, and no output left behind
     (folder / "bad.csv").write_text("1,2\n3,oops\n")
     try:
         blocklin.convert(folder / "bad.csv", folder / "bad.zarr")
@@ -51,5 +65,5 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:
         main(Path(sys.argv[1]))
     else:
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, blocklin.config.set(temp_dir=tmp):
             main(Path(tmp))

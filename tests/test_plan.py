@@ -47,8 +47,11 @@ def test_gemm_plan_prefers_reading_each_operand_once_when_possible():
 
 
 def test_gemm_plan_budget_error_names_minimum():
-    with pytest.raises(BudgetError, match=r"raise it to at least 19.07 MiB \(memory='20MiB'\)"):
+    # One 500 x 500 tile with 50-wide panels (a tenth of a chunk, the narrowest planned).
+    with pytest.raises(BudgetError, match=r"50-wide panels.*raise it to at least 12.21 MiB \(memory='13MiB'\)"):
         plan_gemm(1000, 1000, 1000, "float64", a_chunks=(500, 500), b_chunks=(500, 500), memory=2**16)
+    plan = plan_gemm(1000, 1000, 1000, "float64", a_chunks=(500, 500), b_chunks=(500, 500), memory=13 * 2**20)
+    assert plan.peak_memory <= 13 * 2**20
 
 
 @settings(max_examples=100, deadline=None)

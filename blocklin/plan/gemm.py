@@ -5,11 +5,17 @@ The output is cut into ``tm x tn`` tiles, one task each; a task streams its k-lo
 of the input chunks (so every read covers whole chunks and every write owns whole output chunks)
 and are chosen to minimize bytes read, since ``op(A)`` is re-read once per tile column and
 ``op(B)`` once per tile row, subject to every buffer of every concurrent task fitting the budget.
+
+When no chunk-wide panel fits (a budget small for the inputs' chunks), k-panels narrower than a
+chunk are planned instead: each panel reads a column (``op(A)``) or row (``op(B)``) sub-range of its
+chunks, so a stored chunk is read up to ``panel_rereads`` times per pass, counted so in the bytes
+read; the chunk-sized read temporaries stay in the peak memory. Output tiles still own whole chunks.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Iterator
@@ -26,6 +32,9 @@ from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, transfer_bound
 TASK_OVERHEAD_BYTES = 4 * 2**20
 #: Target panel width of the k-loop: wide enough for BLAS efficiency, narrow enough to overlap.
 TARGET_TK = 512
+#: Narrowest sub-chunk panel, as a fraction of a k chunk: below it re-reading each chunk this many
+#: times costs more than rechunking the inputs once.
+MAX_PANEL_REREADS = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +63,10 @@ class GemmPlan:
     task_memory: int
     device_peak: int | None
     with_c: bool
+    #: Most reads of one stored chunk per pass: 1 unless k-panels cut through chunks (panels
+    #: narrower than the chunks, for a budget too small for chunk-wide ones; or A and B chunked
+    #: differently along k).
+    panel_rereads: int = 1
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -99,6 +112,9 @@ class GemmPlan:
             f"  memory    peak {format_size(self.peak_memory)} of {format_size(self.memory)} host budget"
             f" ({format_size(self.task_memory)} per task)",
         ]
+        if self.panel_rereads > 1:
+            lines.append(f"  note      k-panels cut through the inputs' chunks: a chunk is read up to"
+                         f" {self.panel_rereads} times per pass (counted in the bytes read)")
         if self.device_peak is not None:
             lines.append(f"  device    peak {format_size(self.device_peak)} of "
                          f"{format_size(self.device_memory or 0)} device budget")
@@ -119,6 +135,34 @@ def _candidates(dim: int, unit: int) -> list[int]:
         mults = sorted({1, count} | {int(round(1.25**e)) for e in range(0, int(math.log(count, 1.25)) + 2)})
         mults = [c for c in mults if 1 <= c <= count]
     return sorted({min(dim, unit * c) for c in mults})
+
+
+def _sub_chunk_panels(ku: int, ku_a: int, ku_b: int, k: int) -> list[int]:
+    """Panel widths below ``ku``, widest first: fractions (down to 1/MAX_PANEL_REREADS) of ``ku`` and of
+    each operand's k chunk, so that panels mostly stay inside one chunk of each operand."""
+    widths = {c // d for c in (ku, ku_a, ku_b) for d in range(1, MAX_PANEL_REREADS + 1) if c % d == 0}
+    return sorted((t for t in widths if 1 <= t < ku and t <= k), reverse=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def _panel_reads(t: int, unit: int, k: int) -> tuple[int, int, float]:
+    """How ``t``-wide k-panels read an operand stored in ``unit``-wide chunks along ``k``.
+
+    Returns (most chunks one panel touches, most panels touching one chunk, bytes read from storage
+    per byte of the operand): every panel reads each chunk it touches whole.
+    """
+    if k <= 0:
+        return 1, 1, 1.0
+    if t % unit == 0:  # panels of whole chunks
+        return t // unit, 1, 1.0
+    touched, per_chunk, read = 0, {}, 0
+    for p0 in range(0, k, t):
+        c0, c1 = p0 // unit, (min(p0 + t, k) - 1) // unit
+        touched = max(touched, c1 - c0 + 1)
+        for c in range(c0, c1 + 1):
+            per_chunk[c] = per_chunk.get(c, 0) + 1
+            read += min(unit, k - c * unit)
+    return touched, max(per_chunk.values()), read / k
 
 
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
@@ -201,10 +245,13 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     prefetch = 1 if prefetch is None else max(0, int(prefetch))
     space = _Space.of(m, n, k, dt, src, a_chunks=a_chunks, b_chunks=b_chunks, c_chunks=c_chunks, prefetch=prefetch,
                       on_gpu=device == "gpu", out_chunks=out_chunks)
-    best = _search(space, workers=workers, memory=memory, device_memory=device_memory)
+    # Chunk-wide panels first; narrower ones only when the budget leaves no other way.
+    best = (_search(space, workers=workers, memory=memory, device_memory=device_memory)
+            or _search(space, workers=workers, memory=memory, device_memory=device_memory,
+                       widths=space.sub_chunk_panels()))
     if best is None:
         raise _smallest_does_not_fit(space, workers=workers, memory=memory, device_memory=device_memory)
-    tm, tn, tk, host, dev, oc, read = best
+    tm, tn, tk, host, dev, oc, read, rereads = best
     if auto_prefetch and space.on_gpu:
         for depth in (3, 2):  # read further ahead, with as many loader threads, when the budgets allow
             deeper = dataclasses.replace(space, prefetch=depth, loaders=depth)
@@ -220,7 +267,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         out_chunks=oc, workers=workers, blas_threads=max(1, (cores or os.cpu_count() or 1) // workers),
         prefetch=prefetch, device=device, memory=memory, device_memory=device_memory, flops=2 * m * n * k,
         bytes_read=read + c_read, bytes_written=m * n * isz, peak_memory=host * workers, task_memory=host,
-        device_peak=dev * workers if space.on_gpu else None, with_c=space.with_c,
+        device_peak=dev * workers if space.on_gpu else None, with_c=space.with_c, panel_rereads=rereads,
     )
 
 
@@ -271,6 +318,9 @@ class _Space:
         c = self.nu if tn % self.nu == 0 or tn == self.n else tn
         return (max(1, min(r, self.m)), max(1, min(c, self.n)))
 
+    def sub_chunk_panels(self) -> list[int]:
+        return _sub_chunk_panels(self.ku, self.ku_a, self.ku_b, max(1, self.k))
+
     def task_memory(self, tm: int, tn: int, tk: int, oc: tuple[int, int], read_chunks: int,
                     write_chunks: int) -> tuple[int, int]:
         return _task_memory(tm, tn, tk, isz=self.isz, src_isz=self.src_isz, prefetch=self.prefetch,
@@ -280,15 +330,20 @@ class _Space:
 
     def read_chunks(self, tm: int, tn: int, tk: int) -> int:
         """Chunks one panel read touches (the larger of the two operands)."""
-        return max(-(-tm // self.mu) * -(-tk // self.ku_a), -(-tk // self.ku_b) * -(-tn // self.nu))
+        ta, tb = _panel_reads(tk, self.ku_a, self.k)[0], _panel_reads(tk, self.ku_b, self.k)[0]
+        return max(-(-tm // self.mu) * ta, tb * -(-tn // self.nu))
 
 
-def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None) -> tuple | None:
-    """The cheapest tiling that fits: fewest bytes read plus task overheads, then widest panels."""
+def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
+            widths: list[int] | None = None) -> tuple | None:
+    """The cheapest tiling that fits: fewest bytes read plus task overheads, then widest panels.
+
+    ``widths`` are the k-panel widths to try, widest first (default: chunk-wide panels).
+    """
     m, n, k = sp.m, sp.n, sp.k
     best = None
     tk_target = min(max(1, k), max(sp.ku, (TARGET_TK // sp.ku) * sp.ku))
-    tk_options = sorted({t for t in (tk_target, sp.ku) if t >= 1}, reverse=True)
+    tk_options = widths if widths is not None else sorted({t for t in (tk_target, sp.ku) if t >= 1}, reverse=True)
     m_, n_ = max(m, 1), max(n, 1)
     for tm in _candidates(m_, sp.mu):
         for tn in _candidates(n_, sp.nu):
@@ -296,19 +351,22 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None)
             if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
                 continue
             for tk in tk_options:
-                read_chunks = max(-(-tm // sp.mu) * -(-tk // sp.ku_a), -(-tk // sp.ku_b) * -(-tn // sp.nu))
+                ta, ra_max, ra = _panel_reads(tk, sp.ku_a, k)
+                tb, rb_max, rb = _panel_reads(tk, sp.ku_b, k)
+                read_chunks = max(-(-tm // sp.mu) * ta, tb * -(-tn // sp.nu))
                 host, dev = sp.task_memory(tm, tn, tk, oc, read_chunks=read_chunks,
                                            write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
                 if host * workers > memory or (sp.on_gpu and dev * workers > device_memory):
                     continue
                 gm, gn = math.ceil(m_ / tm), math.ceil(n_ / tn)
-                read = (m * k * sp.src_isz[0]) * gn + (k * n * sp.src_isz[1]) * gm
+                # Whole chunks are read per panel: panels that cut chunks re-read them.
+                read = round((m * k * sp.src_isz[0]) * gn * ra + (k * n * sp.src_isz[1]) * gm * rb)
                 tasks = gm * gn
                 idle = max(0, workers - tasks)  # concurrent slots with no tile to run
                 cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * sp.isz) // max(1, tasks * 64)
                 key = (cost, -tk, -(tm * tn))
                 if best is None or key < best[0]:
-                    best = (key, tm, tn, tk, host, dev, oc, read)
+                    best = (key, tm, tn, tk, host, dev, oc, read, max(ra_max, rb_max))
                 break  # the widest tk that fits
     return None if best is None else best[1:]
 
@@ -316,7 +374,7 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None)
 def _smallest_does_not_fit(sp: _Space, *, workers: int, memory: int, device_memory: int | None) -> BudgetError:
     """The error naming the budget that one task with the smallest tiles needs."""
     m_, n_ = max(sp.m, 1), max(sp.n, 1)
-    tm, tn, tk = min(m_, sp.mu), min(n_, sp.nu), min(max(1, sp.k), sp.ku)
+    tm, tn, tk = min(m_, sp.mu), min(n_, sp.nu), min([min(max(1, sp.k), sp.ku)] + sp.sub_chunk_panels())
     host, dev = sp.task_memory(tm, tn, tk, (tm, tn), read_chunks=1, write_chunks=1)
     need = host * workers
     which = "memory"

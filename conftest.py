@@ -1,0 +1,244 @@
+"""Documentation tests: the code blocks of README.md and docs/*.md, and the docstring examples.
+
+Collected by Sybil (https://sybil.readthedocs.io). Each Markdown document runs in its own empty
+temporary folder (removed afterwards), with the engine's temp dir inside it:
+
+* ``python`` blocks run in order in one namespace, in the document's folder, after the sample files
+  of :data:`PYTHON_FILES` for that document are written there (small, seeded).
+* Shell blocks (any fenced block with a line ``blocklin ...`` or ``$ blocklin ...``) run each in a
+  fresh folder holding the samples of :data:`SHELL_FILES`. Commands run in order with bash, the
+  ``blocklin`` command being this interpreter's CLI; with ``$`` prompts, the lines after a command
+  are its expected output (doctest rules: ``...`` matches anything, whitespace is normalized). Lines
+  whose first word is not ``blocklin`` (installing, benchmarks) are not run. A block is not run when
+  it says so, visibly, in a line ``# not run: <reason>`` (a synopsis, a GPU or a cluster address).
+* ``<!-- skip: next if(not gpu, reason="...") -->`` before a Python block skips it without a GPU.
+
+Docstring ``Examples`` sections (``>>>`` with their output) in ``blocklin/`` run as doctests, each
+module in its own temporary folder.
+"""
+
+from __future__ import annotations
+
+import doctest
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sybil import Document, Region, Sybil
+from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
+from sybil.parsers.rest import DocTestParser
+
+ROOT = Path(__file__).resolve().parent
+SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console", "text"}
+FENCE = re.compile(r"^```(?P<lang>[\w-]*)[ \t]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+CHECKER = doctest.OutputChecker()
+FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+
+# Sample files, small and seeded: what the documents' examples read.
+
+def _zarr(folder: Path, name: str, data: np.ndarray, chunks: tuple[int, int]) -> None:
+    import blocklin as bl
+
+    bl.from_array(data, folder / name, chunks=chunks)
+
+
+def _normal(shape: tuple[int, int], seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def _square(folder: Path, name: str, seed: int) -> None:
+    _zarr(folder, name, _normal((600, 600), seed), (256, 256))
+
+
+def _symmetric(folder: Path, name: str) -> None:
+    x = _normal((600, 600), 3)
+    _zarr(folder, name, (x + x.T) / 2, (256, 256))
+
+
+def _shape_only(folder: Path, name: str, n: int) -> None:
+    """An ``n x n`` store with no chunk written (all zeros): enough for plans, costs no disk."""
+    from blocklin.storage.zarr_store import create_array
+
+    create_array(folder / name, shape=(n, n), dtype="float64", chunks=(1024, 1024))
+
+
+SAMPLES = {
+    "A.zarr": lambda f: _square(f, "A.zarr", 1),
+    "B.zarr": lambda f: _square(f, "B.zarr", 2),
+    "S.zarr": lambda f: _symmetric(f, "S.zarr"),
+    "b.zarr": lambda f: _zarr(f, "b.zarr", _normal((600, 1), 4), (256, 1)),
+    "A.npy": lambda f: np.save(f / "A.npy", _normal((1000, 700), 5)),
+    "data.bin": lambda f: (f / "data.bin").write_bytes(b"\0" * 128 + _normal((2000, 1000), 6).tobytes(order="F")),
+    "table.csv": lambda f: np.savetxt(f / "table.csv", _normal((50, 4), 7), delimiter=";", header="w;x;y;z",
+                                      comments=""),
+    "A8192.zarr": lambda f: _shape_only(f, "A.zarr", 8192),
+    "B8192.zarr": lambda f: _shape_only(f, "B.zarr", 8192),
+}
+DEFAULT_FILES = ("A.zarr", "B.zarr", "S.zarr", "b.zarr")
+#: Samples written in a document's folder before its Python blocks run (default: DEFAULT_FILES).
+PYTHON_FILES = {"README.md": (), "docs/convert.md": ("A.npy",), "docs/engine.md": ("A.zarr",)}
+#: Samples written in each shell block's folder (default: DEFAULT_FILES).
+SHELL_FILES = {
+    "README.md": ("A.zarr", "B.zarr"),
+    "docs/convert.md": ("A.npy", "data.bin", "table.csv"),
+    "docs/gemm.md": ("A8192.zarr", "B8192.zarr"),
+}
+
+
+def _write_samples(folder: Path, names: tuple[str, ...]) -> None:
+    for name in names:
+        SAMPLES[name](folder)
+
+
+def _doc_key(path: str | Path) -> str:
+    return Path(path).resolve().relative_to(ROOT).as_posix()
+
+
+# Markdown documents: one temporary folder each.
+
+def _gpu() -> bool:
+    from blocklin.device.base import gpu_available
+
+    return gpu_available()
+
+
+def _enter_folder(namespace: dict, files: tuple[str, ...]) -> None:
+    import blocklin
+
+    folder = Path(tempfile.mkdtemp(prefix="blocklin-doc-"))
+    (folder / "temp").mkdir()
+    namespace["_doc"] = {"folder": folder, "cwd": os.getcwd(), "env": os.environ.get("BLOCKLIN_TEMP_DIR"),
+                         "shells": 0}
+    os.environ["BLOCKLIN_TEMP_DIR"] = str(folder / "temp")
+    blocklin.config.reset()
+    os.chdir(folder)
+    namespace["gpu"] = _gpu()
+    _write_samples(folder, files)
+
+
+def _leave_folder(namespace: dict) -> None:
+    import blocklin
+
+    state = namespace.pop("_doc")
+    os.chdir(state["cwd"])
+    if state["env"] is None:
+        os.environ.pop("BLOCKLIN_TEMP_DIR", None)
+    else:
+        os.environ["BLOCKLIN_TEMP_DIR"] = state["env"]
+    blocklin.config.reset()
+    shutil.rmtree(state["folder"], ignore_errors=True)
+
+
+def _markdown_setup(namespace: dict) -> None:
+    key = _doc_key(namespace["__file__"])
+    _enter_folder(namespace, PYTHON_FILES.get(key, DEFAULT_FILES))
+
+
+# Shell blocks.
+
+def _commands(body: str) -> tuple[list[tuple[str, str | None]], str | None]:
+    """(command, expected output or None) pairs of a block, and its ``# not run:`` reason if any."""
+    reason = next((m.group(1).strip() for m in re.finditer(r"^#\s*not run:?\s*(.*)$", body, re.MULTILINE)), None)
+    lines = body.splitlines()
+    prompted = any(line.startswith("$ ") for line in lines)
+    out: list[tuple[str, str | None]] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if prompted and not line.startswith("$ "):
+            continue
+        cmd = line[2:] if prompted else line
+        while cmd.endswith("\\") and i < len(lines):  # continuation lines
+            cmd = cmd[:-1] + " " + lines[i].strip()
+            i += 1
+        expected = None
+        if prompted:
+            got = []
+            while i < len(lines) and not lines[i].startswith("$ "):
+                got.append(lines[i])
+                i += 1
+            expected = "\n".join(got).strip("\n") or None
+        if cmd.split(maxsplit=1)[:1] == ["blocklin"]:
+            out.append((cmd, expected))
+    return out, reason
+
+
+def _shell_evaluator(example) -> str | None:
+    commands, reason = example.parsed
+    if reason:
+        raise pytest.skip.Exception(f"not run: {reason}")
+    state = example.namespace["_doc"]
+    state["shells"] += 1
+    folder = state["folder"] / f"shell-{state['shells']}"
+    folder.mkdir()
+    _write_samples(folder, SHELL_FILES.get(_doc_key(example.path), DEFAULT_FILES))
+    bindir = state["folder"] / "bin"
+    if not bindir.exists():
+        bindir.mkdir()
+        (bindir / "blocklin").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m blocklin.cli.main "$@"\n')
+        (bindir / "blocklin").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+           "BLOCKLIN_TEMP_DIR": str(state["folder"] / "temp"), "COLUMNS": "100"}
+    for cmd, expected in commands:
+        proc = subprocess.run(["bash", "-c", cmd], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            return f"`{cmd}` exited with {proc.returncode}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        if expected is not None and not CHECKER.check_output(expected + "\n", proc.stdout, FLAGS):
+            return f"`{cmd}` printed:\n{proc.stdout}\nexpected (doctest rules):\n{expected}"
+    return None
+
+
+def _shell_parser(document) -> list[Region]:
+    regions = []
+    for m in FENCE.finditer(document.text):
+        if m.group("lang") not in SHELL_LANGUAGES:
+            continue
+        commands, reason = _commands(m.group("body"))
+        mentions = re.search(r"^(\$ )?blocklin ", m.group("body"), re.MULTILINE)
+        if mentions:
+            regions.append(Region(m.start(), m.end(), (commands, reason), _shell_evaluator))
+    return regions
+
+
+class MarkdownDocument(Document):
+    """A Markdown document whose namespace knows its path (for the per-document samples)."""
+
+    def __init__(self, text: str, path: str) -> None:
+        super().__init__(text, path)
+        self.namespace["__file__"] = path
+
+
+markdown = Sybil(
+    parsers=[PythonCodeBlockParser(), _shell_parser, SkipParser()],
+    document_types={".md": MarkdownDocument},
+    patterns=["README.md", "docs/*.md"],
+    setup=_markdown_setup,
+    teardown=_leave_folder,
+    name="docs",
+)
+
+
+# Docstrings.
+
+def _docstring_setup(namespace: dict) -> None:
+    _enter_folder(namespace, ())
+    namespace["np"] = np
+
+
+docstrings = Sybil(
+    parsers=[DocTestParser(optionflags=FLAGS)],
+    patterns=["blocklin/**/*.py"],
+    setup=_docstring_setup,
+    teardown=_leave_folder,
+    name="docstrings",
+)
+
+pytest_collect_file = (markdown + docstrings).pytest()

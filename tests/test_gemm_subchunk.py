@@ -1,0 +1,152 @@
+"""GEMM within a budget too small for chunk-wide k-panels: panels narrower than the chunks.
+
+A 1024 x 1024 float64 chunk is 8 MiB; one task with chunk-wide panels needs 80 MiB (accumulator,
+two panel slots of two operands, zarr's read and write temporaries). Below that the planner reads
+column (``op(A)``) or row (``op(B)``) sub-ranges of each chunk, re-reading every chunk once per
+panel, and still owns whole output chunks per tile.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.errors import BudgetError
+from blocklin.plan import plan_gemm
+from memcheck import margin, needs_hwm, run_child
+
+MIB = 2**20
+
+
+def _chunk_wide_minimum(n: int, chunk: int) -> int:
+    """The smallest budget that chunk-wide panels need, read from the planner's own error."""
+    for mib in range(1, 1024):
+        try:
+            plan = plan_gemm(n, n, n, "float64", a_chunks=(chunk, chunk), b_chunks=(chunk, chunk),
+                             memory=mib * MIB, cores=2)
+        except BudgetError:
+            continue
+        if plan.panel_rereads == 1:
+            return mib * MIB
+    raise AssertionError("no chunk-wide plan up to 1 GiB")
+
+
+def test_plan_uses_sub_chunk_panels_when_chunk_wide_ones_do_not_fit():
+    chunk, n = 1024, 4096
+    wide = _chunk_wide_minimum(n, chunk)
+    assert wide == 80 * MIB  # the budget of the example's crash report
+    plan = plan_gemm(n, n, n, "float64", a_chunks=(chunk, chunk), b_chunks=(chunk, chunk), memory=64 * MIB, cores=2)
+    assert plan.peak_memory <= 64 * MIB
+    assert plan.tk < chunk and chunk % plan.tk == 0  # a panel never straddles two chunks
+    assert plan.panel_rereads == chunk // plan.tk
+    # Output tiles still own whole output chunks.
+    assert plan.out_chunks == (chunk, chunk)
+    for _, _, rows, cols in plan.tiles():
+        assert rows.start % chunk == 0 and cols.start % chunk == 0
+    # Bytes read count whole chunks per panel: each operand re-read per tile row/column and per panel.
+    gm, gn = plan.grid
+    assert plan.bytes_read == (n * n * 8 * gn + n * n * 8 * gm) * plan.panel_rereads
+    assert f"a chunk is read up to {plan.panel_rereads} times per pass" in plan.explain()
+
+
+def test_plan_keeps_chunk_wide_panels_when_they_fit():
+    plan = plan_gemm(4096, 4096, 4096, "float64", a_chunks=(1024, 1024), b_chunks=(1024, 1024), memory=80 * MIB,
+                     cores=2)
+    assert plan.tk % 1024 == 0 and plan.panel_rereads == 1
+    assert "read" in plan.explain() and "times per pass" not in plan.explain()
+
+
+def test_budget_error_states_the_sub_chunk_minimum():
+    with pytest.raises(BudgetError) as info:
+        plan_gemm(4096, 4096, 4096, "float64", a_chunks=(1024, 1024), b_chunks=(1024, 1024), memory=40 * MIB, cores=2)
+    msg = str(info.value)
+    assert "64-wide panels" in msg and "memory='50MiB'" in msg
+    # The stated minimum is enough.
+    plan = plan_gemm(4096, 4096, 4096, "float64", a_chunks=(1024, 1024), b_chunks=(1024, 1024), memory=50 * MIB,
+                     cores=2)
+    assert plan.tk == 64 and plan.peak_memory <= 50 * MIB
+
+
+def test_uneven_chunks_panels_divide_both():
+    # k chunks of 600 (A) and 400 (B): 1200-wide panels need 46 MiB; 200 is the widest dividing both.
+    plan = plan_gemm(2000, 1500, 3000, "float64", a_chunks=(500, 600), b_chunks=(400, 500), memory=16 * MIB, cores=2)
+    assert plan.peak_memory <= 16 * MIB and plan.panel_rereads > 1
+    for u in (600, 400):
+        assert u % plan.tk == 0 or plan.tk % u == 0
+    assert sum(b - a for a, b in plan.k_panels()) == 3000
+
+
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True)])
+def test_gemm_with_sub_chunk_panels_matches_numpy(tmp_path, trans_a, trans_b):
+    # 256 x 256 float64 chunks (512 KiB): chunk-wide panels need 5 MiB, a 4 MiB budget forces
+    # 128-wide panels. Shapes are not chunk multiples, so edge chunks are read in sub-ranges too.
+    m, n, k = 700, 600, 1000
+    a_shape = (k, m) if trans_a else (m, k)
+    b_shape = (n, k) if trans_b else (k, n)
+    a = bl.random(tmp_path / "a.zarr", a_shape, seed=1, chunks=(256, 256))
+    b = bl.random(tmp_path / "b.zarr", b_shape, seed=2, chunks=(256, 256))
+    plan = bl.matmul(a, b, trans_a=trans_a, trans_b=trans_b, memory="4MiB", explain=True)
+    assert plan.tk < 256 and plan.panel_rereads > 1 and plan.peak_memory <= 4 * MIB
+    c = bl.matmul(a, b, tmp_path / "c.zarr", trans_a=trans_a, trans_b=trans_b, memory="4MiB")
+    an, bn = a.to_numpy(), b.to_numpy()
+    opa, opb = (an.T if trans_a else an), (bn.T if trans_b else bn)
+    ref = opa @ opb
+    # Higham's bound for two computed dot products of length k (any summation order):
+    # |C - ref| <= 2 * gamma_k * (|A| @ |B|), gamma_k = k*eps / (1 - k*eps).
+    eps = np.finfo(np.float64).eps
+    gamma = k * eps / (1 - k * eps)
+    bound = 2 * gamma * (np.abs(opa) @ np.abs(opb))
+    err = np.abs(c.to_numpy() - ref)
+    assert (err <= bound).all(), f"max error {err.max():.3g} over the bound"
+    assert c.report["plan"]["tk"] == plan.tk
+
+
+CHILD = """
+    import blocklin as bl
+    a_path, b_path, out, memory = sys.argv[1:5]
+    bl.open(a_path)[0:1, 0:1]
+    import dask.threaded  # noqa: F401  (imported by the run anyway; part of the baseline)
+    base = hwm()
+    reset_hwm()
+    c = bl.matmul(a_path, b_path, out, memory=memory)
+    print(json.dumps({"baseline": base, "peak": hwm(), "plan": c.report["plan"], "tasks": c.report["tasks"]}))
+"""
+
+
+@needs_hwm
+def test_sub_chunk_gemm_peak_within_budget(tmp_path):
+    """The example's own layout: 1024 x 1024 chunks, a 64 MiB budget, operands 72 MiB each."""
+    n = 3072
+    a = bl.random(tmp_path / "a.zarr", (n, n), seed=1, chunks=(1024, 1024))
+    b = bl.random(tmp_path / "b.zarr", (n, n), seed=2, chunks=(1024, 1024))
+    budget = 64 * MIB
+    assert a.nbytes > budget
+    r = run_child(CHILD, a.path, b.path, str(tmp_path / "c.zarr"), "64MiB")
+    used = r["peak"] - r["baseline"]
+    assert r["plan"]["panel_rereads"] > 1 and r["plan"]["peak_memory"] <= budget
+    assert r["tasks"] > 1
+    assert used <= budget + margin(budget), f"used {used / MIB:.1f} MiB over baseline, budget 64 MiB"
+
+
+def test_plan_when_a_and_b_are_chunked_differently_along_k():
+    # A^T r for a tall A in 4096-row chunks and r in one 200000-row chunk (an in-memory vector
+    # staged whole): panels as wide as r's chunk need 633 MiB; 4096-wide ones cut r's chunk.
+    plan = plan_gemm(200, 1, 200_000, "float64", a_chunks=(200, 4096), b_chunks=(200_000, 1), memory=64 * MIB, cores=2)
+    assert plan.peak_memory <= 64 * MIB
+    assert plan.panel_rereads > 1 and plan.tk < 200_000
+    assert sum(b - a for a, b in plan.k_panels()) == 200_000
+
+
+def test_gemm_with_differently_chunked_k_matches_numpy(tmp_path):
+    m, n = 20_000, 50
+    a = bl.random(tmp_path / "a.zarr", (m, n), seed=3, chunks=(512, n))
+    r = np.random.default_rng(4).standard_normal((m, 1))
+    bl.from_array(r, tmp_path / "r.zarr", chunks=(m, 1))
+    plan = bl.matmul(a, tmp_path / "r.zarr", trans_a=True, memory="2MiB", explain=True)
+    assert plan.panel_rereads > 1 and plan.peak_memory <= 2 * MIB
+    got = bl.matmul(a, tmp_path / "r.zarr", trans_a=True, memory="2MiB").to_numpy()
+    an = a.to_numpy()
+    eps = np.finfo(np.float64).eps
+    bound = 2 * m * eps / (1 - m * eps) * (np.abs(an.T) @ np.abs(r))  # Higham, as above
+    assert (np.abs(got - an.T @ r) <= bound).all()
