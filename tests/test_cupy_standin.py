@@ -466,6 +466,7 @@ def test_gpu_check_runs_on_the_standin(standin, tmp_path, capsys):
         assert 0 < g["busy_fraction"] <= 1 and g["rel_error"] < 1e-4
         assert g["plan"]["n_tasks"] * g["plan"]["k_steps"] > 1  # really out of core: tiles and k-panels
     assert summary["inverse"]["mixed"]["backward_error"] < 1e-12
+    assert summary["inverse"]["tf32"]["backward_error"] < 1e-12
     assert races() == []
 
 
