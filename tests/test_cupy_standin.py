@@ -604,3 +604,14 @@ def test_concurrent_gemm_tasks_stay_within_the_device_budget(standin, tmp_path, 
     assert np.abs(res.to_numpy() - a @ b).max() <= 4 * 96 * np.finfo(np.float64).eps * np.abs(a @ b).max()
     assert 0 < DeviceBudget.of(0).peak <= 256 * 1024
     assert races() == []
+
+
+def test_in_core_eigsh_products_run_on_the_gpu(standin, rng):
+    g = rng.standard_normal((120, 60))
+    a = g.T @ g
+    cupy_standin.STATE.counts.clear()
+    res = bl.eigsh(a, 3, seed=0, device="gpu", memory="64MiB")
+    np.testing.assert_allclose(np.sort(res.w), np.linalg.eigvalsh(a)[-3:], rtol=1e-8)
+    assert res.report["phases"] == {"read A": "cpu", "products with A": "gpu"}
+    assert cupy_standin.STATE.counts.get("cublas.gemm", 0) > 0
+    assert races() == []
