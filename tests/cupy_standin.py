@@ -1054,7 +1054,12 @@ def build() -> dict[str, types.ModuleType]:
     sp_linalg = _module("cupyx.scipy.linalg", solve_triangular=solve_triangular)
     scipy_ = _module("cupyx.scipy", linalg=sp_linalg)
     cupyx = _module("cupyx", empty_pinned=empty_pinned, scipy=scipy_, errstate=errstate)
-    return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime, "cupy.cuda.cublas": cublas_lib,
+    libs = _module("cupy_backends.cuda.libs", cublas=cublas_lib)
+    backends_cuda = _module("cupy_backends.cuda", libs=libs)
+    backends = _module("cupy_backends", cuda=backends_cuda)
+    return {"cupy_backends": backends, "cupy_backends.cuda": backends_cuda, "cupy_backends.cuda.libs": libs,
+            "cupy_backends.cuda.libs.cublas": cublas_lib,
+            "cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime, "cupy.cuda.cublas": cublas_lib,
             "cupy.cuda.device": device_mod, "cupy.cublas": cublas, "cupy.linalg": linalg, "cupyx": cupyx,
             "cupyx.scipy": scipy_, "cupyx.scipy.linalg": sp_linalg}
 

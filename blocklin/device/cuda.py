@@ -308,8 +308,12 @@ class CudaDevice(Device):
 
         with self.compute:
             if self._tf32 and acc.dtype == np.float32:
-                from cupy.cuda import cublas as lib
                 from cupy.cuda import device
+
+                try:  # where CuPy 13/14 keep the cuBLAS bindings
+                    from cupy_backends.cuda.libs import cublas as lib
+                except ImportError:  # pragma: no cover - older layouts
+                    from cupy.cuda import cublas as lib
 
                 handle = device.get_cublas_handle()
                 mode = lib.getMathMode(handle)
