@@ -615,3 +615,18 @@ def test_in_core_eigsh_products_run_on_the_gpu(standin, rng):
     assert res.report["phases"] == {"read A": "cpu", "products with A": "gpu"}
     assert cupy_standin.STATE.counts.get("cublas.gemm", 0) > 0
     assert races() == []
+
+
+def test_freed_memory_reused_while_another_stream_reads_it_is_a_race(standin):
+    cp = standin
+    compute, d2h = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with compute:
+        acc = cp.zeros((64,))
+    ev = compute.record()
+    d2h.wait_event(ev)
+    acc.get(stream=d2h, blocking=False, out=__import__("cupyx").empty_pinned((64,)))  # copy still queued
+    del acc  # freed to the compute stream's pool while d2h may still read it
+    with compute:
+        cp.zeros((64,))  # the same block, written on compute: unordered with the pending read
+    found = races()
+    assert len(found) == 1 and "reusing" in found[0]
