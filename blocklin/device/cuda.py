@@ -190,9 +190,10 @@ class CudaDevice(Device):
 
     def release_pinned(self) -> None:
         """Drop the cached pinned buffers and have CuPy unpin them (after the queued work ran)."""
+        # Called at the end of a job, possibly from another thread than this device's: the upload
+        # events stay (a concurrent stream of this thread still refills its slots after them).
         self.synchronize()
         self._pinned_cache.clear()
-        self._uploaded.clear()
         self.cp.get_default_pinned_memory_pool().free_all_blocks()
 
     # -- operand slots ----------------------------------------------------------------------------
