@@ -987,6 +987,13 @@ def _sum(x: ndarray, axis=None) -> ndarray:
 ndarray.sum = lambda self, axis=None: _sum(self, axis)
 
 
+def concatenate(arrays: list, axis: int = 0) -> ndarray:
+    _require(*arrays)
+    shape = np.concatenate([np.empty(x.shape, np.int8) for x in arrays], axis=axis).shape
+    dt = np.result_type(*[x.dtype for x in arrays])
+    return _dense("concatenate", lambda *v: np.concatenate(v, axis=axis), *arrays, outs=[(shape, dt)])[0]
+
+
 def isfinite(x: ndarray) -> ndarray:
     return _dense("isfinite", np.isfinite, x, outs=[(x.shape, np.dtype(bool))])[0]
 
@@ -1069,7 +1076,7 @@ def build() -> dict[str, types.ModuleType]:
     cupy = _module("cupy", __version__="13.99.0+standin", ndarray=ndarray, cuda=cuda, cublas=cublas,
                    linalg=linalg, empty=empty, zeros=zeros, full=full, eye=eye, asarray=asarray, array=array,
                    ascontiguousarray=ascontiguousarray, asfortranarray=asfortranarray, asnumpy=asnumpy,
-                   matmul=matmul, tril=tril, triu=triu, isfinite=isfinite, float32=np.float32, float64=np.float64,
+                   matmul=matmul, tril=tril, triu=triu, isfinite=isfinite, concatenate=concatenate, float32=np.float32, float64=np.float64,
                    get_default_memory_pool=get_default_memory_pool,
                    get_default_pinned_memory_pool=get_default_pinned_memory_pool, STANDIN=True)
     sp_linalg = _module("cupyx.scipy.linalg", solve_triangular=solve_triangular)

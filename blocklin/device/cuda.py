@@ -427,6 +427,14 @@ class CudaDevice(Device):
         with self.compute:
             return self.cp.linalg.qr(x, mode="reduced")
 
+    def qr_r(self, x: Any) -> Any:
+        with self.compute:
+            return self.cp.linalg.qr(x, mode="r")
+
+    def concat(self, arrays: list, axis: int) -> Any:
+        with self.compute:
+            return self.cp.concatenate(arrays, axis=axis)
+
     def svd(self, x: Any) -> tuple[Any, Any, Any]:
         with self.compute:
             return self.cp.linalg.svd(x, full_matrices=False)
