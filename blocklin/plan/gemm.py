@@ -329,8 +329,9 @@ class _Space:
                             write_chunks=write_chunks, out_rows=oc[0], loaders=self.loaders)
 
     def read_chunks(self, tm: int, tn: int, tk: int) -> int:
-        """Chunks one panel read touches (the larger of the two operands)."""
-        ta, tb = _panel_reads(tk, self.ku_a, self.k)[0], _panel_reads(tk, self.ku_b, self.k)[0]
+        """Chunks one panel read touches (the larger of the two operands; panels may cut chunks)."""
+        ta = _panel_reads(tk, self.ku_a, self.k)[0]
+        tb = _panel_reads(tk, self.ku_b, self.k)[0]
         return max(-(-tm // self.mu) * ta, tb * -(-tn // self.nu))
 
 
@@ -351,10 +352,9 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
             if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
                 continue
             for tk in tk_options:
-                ta, ra_max, ra = _panel_reads(tk, sp.ku_a, k)
-                tb, rb_max, rb = _panel_reads(tk, sp.ku_b, k)
-                read_chunks = max(-(-tm // sp.mu) * ta, tb * -(-tn // sp.nu))
-                host, dev = sp.task_memory(tm, tn, tk, oc, read_chunks=read_chunks,
+                _, ra_max, ra = _panel_reads(tk, sp.ku_a, k)
+                _, rb_max, rb = _panel_reads(tk, sp.ku_b, k)
+                host, dev = sp.task_memory(tm, tn, tk, oc, read_chunks=sp.read_chunks(tm, tn, tk),
                                            write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
                 if host * workers > memory or (sp.on_gpu and dev * workers > device_memory):
                     continue
