@@ -109,7 +109,7 @@ class Job:
         self.stack = contextlib.ExitStack()
         if settings.get("temp_dir") is not None or storage_options:
             # Scoped, so that nested operations (solve's GEMMs) and the opener see the same storage.
-            from blocklin import config as _config
+            import blocklin.config as _config
 
             self.stack.enter_context(_config.set(temp_dir=cfg.temp_dir, storage_options=cfg.storage_options))
         try:
