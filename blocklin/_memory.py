@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import resource
 
 #: Chunks zarr reads or writes at once; the planners count one chunk temporary for each.
 IO_CONCURRENCY = 4
@@ -69,3 +70,19 @@ def io_concurrency() -> int:
     import zarr
 
     return int(zarr.config.get("async.concurrency"))
+
+
+def peak_rss() -> int:
+    """Peak resident memory of this process so far, in bytes.
+
+    Reads the kernel's high-water mark (``VmHWM``), which belongs to this process alone; the
+    ``ru_maxrss`` fallback (non-Linux) can include a parent's memory inherited at fork.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -16,7 +16,7 @@ import numpy as np
 from blocklin.config import parse_size
 from blocklin.create import random
 from blocklin.linalg.gemm import matmul
-from blocklin.runtime.job import peak_rss
+from blocklin._memory import peak_rss
 
 
 def _reset_peak() -> bool:

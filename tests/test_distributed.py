@@ -233,3 +233,27 @@ def test_worker_settings_unchanged_after_jobs(tmp_path):
         assert {lib: after[worker][0][lib] for lib in blas} == blas
     np.testing.assert_allclose(c.to_numpy(), a.to_numpy().T @ a.to_numpy(), rtol=1e-12, atol=1e-10)
     np.testing.assert_allclose(s.s, np.linalg.svd(a.to_numpy(), compute_uv=False)[:3], rtol=1e-8)
+
+
+def test_plans_come_from_the_workers(tmp_path, client):
+    """memory= is per worker process; row passes split over every thread; reports name the workers."""
+    from blocklin.errors import BudgetError
+
+    rng = np.random.default_rng(14)
+    tall = rng.standard_normal((640, 40))
+    a = bl.from_array(tall, tmp_path / "t.zarr", chunks=(32, 40))
+    lam = 0.5
+    b = tall @ rng.standard_normal(40)
+    x = bl.solve(a, b, lam=lam, memory="64MiB", scheduler=client)
+    ref = np.linalg.lstsq(np.vstack([tall, lam * np.eye(40)]), np.concatenate([b, np.zeros(40)]), rcond=None)[0]
+    # float64 normal equations at cond <= 1 + (s1/lam)^2 ~ 1e4: 1e-9 leaves a wide margin over eps * cond
+    np.testing.assert_allclose(x.to_numpy().ravel(), ref, rtol=1e-9, atol=1e-12)
+    rep = x.report
+    assert rep["cluster"]["threads"] == 2 and rep["cluster"]["workers"] == 2
+    workers = set(client.scheduler_info(n_workers=-1)["workers"])
+    # a 64 MiB budget holds the whole 640 x 40 operand, yet both workers got a share of the pass
+    assert set(rep["worker_peak_memory"]) == workers
+    assert all(p > 0 for p in rep["worker_peak_memory"].values())
+    limit = min(w["memory_limit"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
+    with pytest.raises(BudgetError, match="memory: is the budget of each worker process.*Fix: pass memory="):
+        bl.solve(a, b, lam=lam, memory=2 * limit, scheduler=client)

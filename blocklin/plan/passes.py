@@ -83,6 +83,8 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
     strip = min(max(1, m), per_task // per_row)
     if max_strip:
         strip = min(strip, max_strip)
+    if min_tasks and min_tasks > 1 and m:  # enough strips for every task that can run at once
+        strip = min(strip, max(chunk_rows, math.ceil(m / min_tasks)))
     if strip >= chunk_rows:
         strip = round_down_multiple(strip, chunk_rows)
     strip = max(1, strip)

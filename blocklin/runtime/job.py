@@ -8,8 +8,8 @@ every operation reports (seconds, flops, bytes read and written, passes, peak me
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-import resource
 import shutil
 import time
 import uuid
@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, Unpack
 
 from blocklin import _memory
-from blocklin.config import Config, Settings, check_settings, resolve
+from blocklin._memory import peak_rss
+from blocklin.config import Config, Settings, check_settings, format_size, resolve, size_hint
 from blocklin.device.base import gpu_available, resolved_kind
-from blocklin.errors import WorkerLostError
+from blocklin.errors import BudgetError, ConfigError, WorkerLostError, explain
 from blocklin.operands import Operand, as_operand
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
@@ -29,20 +30,52 @@ from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.zarr_store import create_array
 
 
-def peak_rss() -> int:
-    """Peak resident memory of this process so far, in bytes.
+@dataclasses.dataclass(frozen=True)
+class ClusterInfo:
+    """What plans need to know of a ``distributed`` cluster's workers."""
 
-    Reads the kernel's high-water mark (``VmHWM``), which belongs to this process alone; the
-    ``ru_maxrss`` fallback (non-Linux) can include a parent's memory inherited at fork.
-    """
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    workers: int
+    threads: int
+    threads_per_worker: int
+    cores_per_worker: int
+    #: The smallest worker memory limit in bytes (None: no worker has one).
+    memory_limit: int | None
+    gpus: int
+
+    @classmethod
+    def read(cls, client: Any) -> ClusterInfo:
+        ws = client.scheduler_info(n_workers=-1).get("workers", {})
+        if not ws:
+            raise ConfigError(explain("scheduler", "needs at least one worker in the cluster", "none",
+                                      "start workers (dask worker ADDRESS) or wait for them: client.wait_for_workers(1)"))
+        threads = {addr: max(1, int(w.get("nthreads", 1))) for addr, w in ws.items()}
+        limits = [int(w["memory_limit"]) for w in ws.values() if w.get("memory_limit")]
+        # a worker's share of its machine's cores: the machine's cores times its part of the threads
+        # of every worker there (tasks still resolve their own share on their worker)
+        try:
+            machine_cores = client.run(os.cpu_count)
+        except Exception:  # a worker that refuses client.run: assume one core per thread
+            machine_cores = {}
+        per_host: dict[str, int] = {}
+        for addr, w in ws.items():
+            per_host[str(w.get("host"))] = per_host.get(str(w.get("host")), 0) + threads[addr]
+        shares = [max(1, (machine_cores.get(addr) or per_host[str(w.get("host"))]) * threads[addr]
+                      // per_host[str(w.get("host"))]) for addr, w in ws.items()]
+        gpus = sum(int((w.get("resources") or {}).get("GPU", 0)) for w in ws.values())
+        return cls(workers=len(ws), threads=sum(threads.values()), threads_per_worker=max(threads.values()),
+                   cores_per_worker=min(shares), memory_limit=min(limits) if limits else None, gpus=gpus)
+
+    def check_budget(self, memory: int) -> None:
+        """``memory=`` is per worker process: it must fit the workers' memory limit."""
+        if self.memory_limit is not None and memory > self.memory_limit:
+            raise BudgetError(explain(
+                "memory", "is the budget of each worker process and must fit the workers' memory limit",
+                f"{format_size(memory)} with a worker limit of {format_size(self.memory_limit)}",
+                f"pass memory='{size_hint(int(self.memory_limit * 0.8))}' (80% of the limit leaves room for "
+                "the worker itself) or start workers with a larger --memory-limit"))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 class Job:
@@ -92,11 +125,32 @@ class Job:
 
     # -- workers and threads --------------------------------------------------------------------
     def cores(self) -> int:
-        return os.cpu_count() or 1
+        """Cores of one machine that runs tasks (a cluster's smallest worker machine's share)."""
+        cluster = self.cluster()
+        return cluster.cores_per_worker if cluster else os.cpu_count() or 1
 
     def workers(self, default: int = 1) -> int:
-        """Concurrent tasks on local schedulers (config, else ``default``)."""
-        return self.cfg.workers or default
+        """Tasks that share one process's ``memory`` budget at once.
+
+        Local schedulers: the ``workers`` setting, else ``default``. A ``distributed`` cluster: the
+        threads of its busiest worker process, since ``memory=`` is per worker process there.
+        """
+        cluster = self.cluster()
+        return cluster.threads_per_worker if cluster else self.cfg.workers or default
+
+    def parallelism(self) -> int:
+        """Tasks that run at once across the scheduler (row passes split into at least this many)."""
+        cluster = self.cluster()
+        return cluster.threads if cluster else self.workers(1)
+
+    def cluster(self) -> ClusterInfo | None:
+        """The workers of a ``distributed`` scheduler (read once per job), else None."""
+        if self.scheduler.kind != "distributed":
+            return None
+        if not hasattr(self, "_cluster"):
+            self._cluster = ClusterInfo.read(self.scheduler.client)
+            self._cluster.check_budget(self.cfg.memory)
+        return self._cluster
 
     def task_blas_threads(self, blas_threads: int) -> int | None:
         """BLAS threads each task sets itself (and restores when it ends).
@@ -179,16 +233,30 @@ class Job:
         for key in ("flops", "bytes_read", "bytes_written", "skipped", "load_seconds", "wait_seconds"):
             if key in r:
                 self.stats[key] += r[key]
+        if "process_peak" in r:
+            where, peak = r["process_peak"]
+            peaks = self.stats.setdefault("worker_peaks", {})
+            peaks[where] = max(peaks.get(where, 0), peak)
 
     def seconds(self) -> float:
         return time.perf_counter() - self.t0
 
     def report(self, **extra: Any) -> dict:
-        """The operation's report: statistics, time, peak memory, device, scheduler."""
+        """The operation's report: statistics, time, peak memory, device, scheduler.
+
+        ``peak_memory`` is this process's; where tasks ran in other processes (``processes``, a
+        cluster), ``worker_peak_memory`` maps each of them (worker address or pid) to its peak,
+        and ``cluster`` describes the workers the plans were made for.
+        """
         secs = self.seconds()
         rep = dict(self.stats)
+        rep.pop("worker_peaks", None)
         rep.update(seconds=secs, peak_memory=peak_rss(), memory_budget=self.cfg.memory, device=self.device,
                    scheduler=self.scheduler.kind, gflops=self.stats["flops"] / secs / 1e9 if secs > 0 else 0.0)
+        if self.scheduler.kind in ("processes", "distributed"):
+            rep["worker_peak_memory"] = dict(self.stats.get("worker_peaks", {}))
+        if self.cluster() is not None:
+            rep["cluster"] = self.cluster().to_dict()
         rep.update(extra)
         return rep
 

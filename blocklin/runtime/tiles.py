@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import os
 import queue
+import sys
 import threading
 import time
 from typing import Any
@@ -51,12 +52,21 @@ _blas_limiter: Any = None
 FROM_WORKER = 0
 
 
-def _worker_share() -> int | None:
-    try:
-        from distributed import get_worker
+def _current_worker() -> Any:
+    """The ``distributed`` worker running this task, else None (without importing distributed)."""
+    if "distributed" not in sys.modules:
+        return None
+    from distributed import get_worker
 
-        worker = get_worker()
-    except (ImportError, ValueError):
+    try:
+        return get_worker()
+    except ValueError:
+        return None
+
+
+def _worker_share() -> int | None:
+    worker = _current_worker()
+    if worker is None:
         return None
     nthreads = getattr(getattr(worker, "state", worker), "nthreads", None) or 1
     return max(1, (os.cpu_count() or 1) // nthreads)
@@ -71,6 +81,7 @@ def with_task_settings(task: Any) -> Any:
     capped as the planners assume (``blocklin._memory.IO_CONCURRENCY``). Both are process-wide, so
     concurrent tasks of one process share them: the first task to start sets them and the last to
     finish restores what the process had, so a worker's other workloads see their own settings.
+    The task's statistics gain ``process_peak`` (where it ran, that process's peak memory).
     """
 
     @functools.wraps(task)
@@ -81,13 +92,13 @@ def with_task_settings(task: Any) -> Any:
             n = _worker_share()
         scoped_io = _memory.in_dask_worker_process() and "ZARR_ASYNC__CONCURRENCY" not in os.environ
         if n is None and not scoped_io:
-            return task(spec, *args, **kwargs)
+            return _with_peak(task(spec, *args, **kwargs))
         with _blas_lock:
             if _blas_users == 0:
                 _blas_limiter = _Scoped(n, scoped_io)
             _blas_users += 1
         try:
-            return task(spec, *args, **kwargs)
+            return _with_peak(task(spec, *args, **kwargs))
         finally:
             with _blas_lock:
                 _blas_users -= 1
@@ -96,6 +107,15 @@ def with_task_settings(task: Any) -> Any:
                     _blas_limiter = None
 
     return run
+
+
+def _with_peak(result: Any) -> Any:
+    """Add ``process_peak``: (this worker's address, else this process's id; its peak RSS)."""
+    if isinstance(result, dict):
+        worker = _current_worker()
+        where = worker.address if worker is not None else f"pid {os.getpid()}"
+        result["process_peak"] = (where, _memory.peak_rss())
+    return result
 
 
 class _Scoped:
