@@ -1,18 +1,30 @@
-"""One-command GPU check: correctness, out-of-core throughput vs in-core CuPy, overlap efficiency.
+"""One-command GPU check: correctness of every GPU operation, out-of-core GEMM vs in-core cuBLAS, mixed inverse.
 
-    python benchmarks/gpu_check.py                 # on a CUDA machine, under ~4 minutes
-    python benchmarks/gpu_check.py --n 32768 --device-memory 8GiB
-    python benchmarks/gpu_check.py --device cpu --n 2048   # smoke run of the same code on a CPU
+On a fresh machine with one NVIDIA GPU and a driver (no CUDA toolkit needed)::
+
+    python3 benchmarks/gpu_check.py --install      # venv in .venv, pip install -e '.[gpu]', then the check
+
+``--install`` creates ``.venv`` (if missing), installs blocklin with the ``gpu`` extra (CuPy with the
+CUDA runtime libraries from wheels, ``cupy-cuda12x[ctk]``) and re-runs itself there. Without it the
+check runs in the current interpreter. Defaults take about 2-4 minutes on one H100/H200-class GPU;
+``--n``/``--inv-n`` size the timed parts.
 
 Steps:
-1. float32 and float64 GEMM through blocklin on the device versus NumPy (small sizes, several
-   tile shapes, transposes, alpha/beta), with per-dtype tolerances.
-2. Out-of-core throughput: float64 n x n operands larger than a set device budget, from zarr files
-   on local disk (page cache warm), versus in-core ``cupy.matmul`` on the same sizes (operands
-   uploaded first; synchronized before reading the clock).
-3. Overlap efficiency: wall time versus the sum of transfer and compute time (``load_seconds`` +
-   compute), as reported by the tile streams.
-Exits 1 when a correctness check fails; prints one JSON line at the end.
+
+1. Correctness on the GPU against NumPy/SciPy: every dense device operation (GEMM accumulate, TF32
+   GEMM, SYRK, Cholesky, triangular solves, QR, SVD, eigh, leaf inverse) and every public
+   operation (``matmul`` with transposes/alpha/beta/casts, ``inv`` in float64 and mixed precision,
+   ``solve`` tall and wide, ``svd``, ``eigsh``) at small sizes with per-dtype tolerances.
+2. Out-of-core GEMM, float64 and float32, n x n operands in zarr on local disk with a device budget
+   smaller than the operands, against in-core ``cupy.matmul`` on the same sizes (operands already on
+   the GPU, timed with CUDA events). The overlap figure is the fraction of the k-loop during which
+   the GPU computes: the sum of the GEMM kernel times (CUDA events around every GEMM) over the span
+   from the first GEMM's start to the last GEMM's end, per tile stream.
+3. ``inv`` with ``precision="mixed"`` against ``precision="float64"``: time and backward error
+   ``||I - A X||_F / (||A||_F ||X||_F)``.
+
+Prints one JSON summary on the last line; exits 1 when a correctness check fails, 2 without a GPU.
+``--device cpu`` runs the same code paths on the CPU (a smoke test; overlap figures need CUDA).
 """
 
 from __future__ import annotations
@@ -21,107 +33,276 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parent.parent
 
-def correctness(device: str, tmp: str) -> list[dict]:
+
+def _eps(dtype: Any) -> float:
+    return float(np.finfo(np.dtype(dtype)).eps)
+
+
+def _check(out: list[dict], name: str, dtype: Any, err: float, tol: float, **extra: Any) -> None:
+    out.append({"check": name, "dtype": np.dtype(dtype).name, "error": float(err), "tol": float(tol),
+                "ok": bool(err <= tol), **extra})
+
+
+# -- 1. correctness ----------------------------------------------------------------------------------
+def device_checks(kind: str) -> list[dict]:
+    """Every dense device operation against NumPy (errors relative to the operands' scale)."""
+    from blocklin.device import get_device
+
+    dev = get_device(kind)
+    rng = np.random.default_rng(0)
+    out: list[dict] = []
+    for dtype in ("float32", "float64"):
+        # Backward-stable kernels on well-conditioned inputs of size <= 300: errors of a few
+        # hundred eps relative to the operands' magnitude (n * eps with n = 300 plus margin).
+        tol = 1000 * _eps(dtype)
+        a = rng.standard_normal((300, 64)).astype(dtype)
+        b = rng.standard_normal((64, 50)).astype(dtype)
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        h = dev.to_host
+        acc = dev.zeros((300, 50), dtype)
+        dev.gemm_acc(acc, dev.to_device(a), dev.to_device(b))
+        dev.gemm_acc(acc, dev.to_device(a), dev.to_device(b))
+        ref = 2 * a64 @ b64
+        _check(out, "gemm_acc", dtype, np.abs(h(acc) - ref).max() / np.abs(ref).max(), tol)
+        if dtype == "float32" and kind == "gpu":
+            acc = dev.zeros((300, 50), dtype)
+            with dev.math("tf32"):
+                dev.gemm_acc(acc, dev.to_device(a), dev.to_device(b))
+            err = np.abs(h(acc) - a64 @ b64).max() / (np.abs(a64) @ np.abs(b64)).max()
+            _check(out, "gemm_acc_tf32", dtype, err, 4 * 2.0**-11)  # inputs rounded to 10 mantissa bits
+        g = dev.zeros((64, 64), dtype)
+        dev.syrk_acc(g, dev.to_device(a))
+        ref = a64.T @ a64
+        _check(out, "syrk_acc", dtype, np.abs(h(g) - ref).max() / np.abs(ref).max(), tol)
+        spd = (ref + 64 * np.eye(64)).astype(dtype)
+        low = h(dev.cholesky(dev.to_device(spd)))
+        _check(out, "cholesky", dtype, np.abs(low.astype(np.float64) @ low.T - spd).max() / np.abs(spd).max(), tol)
+        x = h(dev.solve_triangular(dev.to_device(low), dev.to_device(b), lower=True))
+        _check(out, "solve_triangular", dtype,
+               np.abs(low.astype(np.float64) @ x - b64).max() / (np.abs(low).max() * np.abs(x).max()), tol)
+        q, r = (h(t) for t in dev.qr(dev.to_device(a)))
+        _check(out, "qr", dtype, max(np.abs(q.astype(np.float64) @ r - a64).max() / np.abs(a64).max(),
+                                     np.abs(q.T.astype(np.float64) @ q - np.eye(64)).max()), tol)
+        u, s, vt = (h(t) for t in dev.svd(dev.to_device(a)))
+        _check(out, "svd", dtype, np.abs((u * s).astype(np.float64) @ vt - a64).max() / np.abs(a64).max(), tol)
+        w, v = (h(t) for t in dev.eigh(dev.to_device(spd)))
+        _check(out, "eigh", dtype, np.abs((v * w).astype(np.float64) @ v.T - spd).max() / np.abs(spd).max(), tol)
+        inv = h(dev.inv(dev.to_device(spd)))
+        cond = np.linalg.cond(spd.astype(np.float64))
+        _check(out, "inv_leaf", dtype, np.abs(spd.astype(np.float64) @ inv - np.eye(64)).max(), tol * cond)
+    return out
+
+
+def operation_checks(kind: str, tmp: str) -> list[dict]:
+    """Every public operation with ``device=kind`` against NumPy at small sizes."""
     import blocklin as bl
 
-    rng = np.random.default_rng(0)
-    out = []
-    for dtype, tol in (("float32", 5e-4), ("float64", 1e-11)):
+    rng = np.random.default_rng(1)
+    out: list[dict] = []
+    budget = {"memory": "8MiB", "device_memory": "4MiB"}
+    for dtype in ("float32", "float64"):
+        # blocked summation over k <= 1500: 4 k eps relative error bound (see tests/conftest.py gemm_tol)
         for (m, n, k), ta, tb in [((1000, 700, 900), False, False), ((513, 1025, 257), True, False),
                                   ((300, 200, 1500), False, True), ((1, 999, 333), True, True)]:
             a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
             b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
             c0 = rng.standard_normal((m, n)).astype(dtype)
             res = bl.matmul(a, b, os.path.join(tmp, f"c-{dtype}-{m}-{ta}{tb}.zarr"), c=c0, alpha=0.5, beta=-1.0,
-                            trans_a=ta, trans_b=tb, device=device, memory="8MiB", device_memory="4MiB")
+                            trans_a=ta, trans_b=tb, device=kind, **budget)
             ref = 0.5 * ((a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)) - c0
-            err = float(np.abs(res.to_numpy() - ref).max() / max(1.0, np.abs(ref).max()))
-            out.append({"dtype": dtype, "shape": [m, n, k], "trans": [ta, tb], "rel_error": err, "ok": err < tol,
-                        "tasks": res.report["tasks"]})
+            err = np.abs(res.to_numpy() - ref).max() / max(1.0, np.abs(ref).max())
+            _check(out, f"matmul {m}x{n}x{k} trans={ta},{tb}", dtype, err, 4 * k * _eps(dtype))
+    a32 = rng.standard_normal((400, 300)).astype(np.float32)
+    b64 = rng.standard_normal((300, 200))
+    res = bl.matmul(a32, b64, os.path.join(tmp, "cast.zarr"), dtype="float64", device=kind, **budget)
+    ref = a32.astype(np.float64) @ b64
+    _check(out, "matmul float32 x float64 -> float64", "float64",
+           np.abs(res.to_numpy() - ref).max() / np.abs(ref).max(), 4 * 300 * _eps(np.float64))
+
+    n = 600
+    u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    m = (u * np.logspace(0, -3, n)) @ v.T  # cond 1e3
+    for precision, dtype in ((None, "float64"), ("mixed", "float64")):
+        x = bl.inv(m, precision=precision, device=kind, memory="16MiB").to_numpy()
+        eta = np.linalg.norm(np.eye(n) - m @ x) / (np.linalg.norm(m) * np.linalg.norm(x))
+        # refined to float64 backward error: a small multiple of n * eps
+        _check(out, f"inv precision={precision}", dtype, eta, n * _eps(np.float64))
+
+    for shape in ((800, 60), (60, 800)):
+        a = rng.standard_normal(shape)
+        b = rng.standard_normal(shape[0])
+        lam = 0.1
+        x = bl.solve(a, b, lam=lam, device=kind, memory="4MiB")
+        x = np.asarray(x.to_numpy() if hasattr(x, "to_numpy") else x).ravel()
+        ref = np.linalg.solve(a.T @ a + lam**2 * np.eye(shape[1]), a.T @ b)
+        # the regularized problem has cond <= 1 + (s1/lam)^2 ~ 1e5 here: 1e5 * eps margin
+        _check(out, f"solve {shape[0]}x{shape[1]}", "float64",
+               np.abs(x - ref).max() / np.abs(ref).max(), 1e5 * 100 * _eps(np.float64))
+
+    a = rng.standard_normal((2000, 100)) * np.logspace(0, -2, 100)
+    s_ref = np.linalg.svd(a, compute_uv=False)
+    res = bl.svd(a, 5, method="lanczos", seed=2, device=kind, memory="2MiB")
+    _check(out, "svd k=5", "float64", np.abs(np.asarray(res.s) - s_ref[:5]).max() / s_ref[0], 1e-8)
+    w = bl.eigsh(a.T @ a, 3, seed=0, device=kind, memory="1MiB")
+    _check(out, "eigsh k=3", "float64", np.abs(np.sort(np.asarray(w.w)) - np.sort(s_ref[:3] ** 2)).max()
+           / s_ref[0] ** 2, 1e-8)
     return out
 
 
-def throughput(device: str, n: int, memory: str, device_memory: str, tmp: str) -> dict:
+# -- 2. out-of-core GEMM vs in-core ------------------------------------------------------------------
+def busy_fraction() -> dict:
+    """GPU compute time over the k-loop span, from the CUDA events around every GEMM."""
+    from blocklin.device.cuda import CudaDevice
+
+    busy = span = 0.0
+    for dev in CudaDevice.instances():
+        b, s = dev.compute_timeline()
+        busy, span = busy + b, span + s
+    return {"gemm_seconds": busy, "k_loop_seconds": span, "busy_fraction": busy / span if span > 0 else None}
+
+
+def ooc_gemm(kind: str, n: int, dtype: str, memory: str, device_memory: str, tmp: str) -> dict:
     import blocklin as bl
 
-    a = bl.random(os.path.join(tmp, "A.zarr"), (n, n), seed=1, chunks=(2048, 2048))
-    b = bl.random(os.path.join(tmp, "B.zarr"), (n, n), seed=2, chunks=(2048, 2048))
+    chunk = min(4096, max(64, n // 4))
+    a = bl.random(os.path.join(tmp, f"A{dtype}.zarr"), (n, n), seed=1, chunks=(chunk, chunk), dtype=dtype)
+    b = bl.random(os.path.join(tmp, f"B{dtype}.zarr"), (n, n), seed=2, chunks=(chunk, chunk), dtype=dtype)
     flops = 2.0 * n**3
-    plan = bl.matmul(a, b, memory=memory, device=device, device_memory=device_memory, explain=True)
-    c = bl.matmul(a, b, os.path.join(tmp, "C.zarr"), memory=memory, device=device, device_memory=device_memory)
-    ooc = flops / c.report["seconds"] / 1e9
-    result = {"n": n, "out_of_core_seconds": c.report["seconds"], "out_of_core_gflops": ooc,
-              "load_seconds": c.report["load_seconds"], "wait_seconds": c.report["wait_seconds"],
-              "plan": plan.to_dict()}
-    # Compute time is the wall time not spent waiting for data. Without overlap the wall time would be
-    # load + compute; "hidden" is the fraction of load (disk read + host-to-device copy) time that ran
-    # behind compute.
-    wall = c.report["seconds"]
-    load = c.report["load_seconds"]
-    compute = max(1e-9, wall - c.report["wait_seconds"])
-    result["wall_over_serial"] = wall / (load + compute)
-    result["overlap_hidden_fraction"] = 1.0 - c.report["wait_seconds"] / load if load > 0 else 1.0
-    if device == "gpu":
-        import cupy as cp
+    plan = bl.matmul(a, b, memory=memory, device=kind, device_memory=device_memory, explain=True)
+    profiling = kind == "gpu"
+    if profiling:
+        from blocklin.device.cuda import CudaDevice
 
-        A = cp.asarray(a.to_numpy())
-        B = cp.asarray(b.to_numpy())
-        cp.matmul(A[:1024, :1024], B[:1024, :1024])
-        cp.cuda.Device().synchronize()
-        t = time.perf_counter()
-        C = cp.matmul(A, B)
-        cp.cuda.Device().synchronize()
-        incore = flops / (time.perf_counter() - t) / 1e9
-        del A, B, C
-        cp.get_default_memory_pool().free_all_blocks()
-    else:
-        x, y = a.to_numpy(), b.to_numpy()
-        t = time.perf_counter()
-        x @ y
-        incore = flops / (time.perf_counter() - t) / 1e9
-    result["in_core_gflops"] = incore
-    result["ratio_vs_in_core"] = ooc / incore
+        CudaDevice.profile(True)
+    try:
+        c = bl.matmul(a, b, os.path.join(tmp, f"C{dtype}.zarr"), memory=memory, device=kind,
+                      device_memory=device_memory)
+        overlap = busy_fraction() if profiling else {"busy_fraction": None}
+    finally:
+        if profiling:
+            CudaDevice.profile(False)
+    secs = c.report["seconds"]
+    result = {"n": n, "dtype": dtype, "out_of_core_seconds": secs, "out_of_core_gflops": flops / secs / 1e9,
+              "load_seconds": c.report["load_seconds"], "wait_seconds": c.report["wait_seconds"],
+              "plan": plan.to_dict(), **overlap}
+    result["in_core_gflops"] = in_core_gemm(kind, a, b, flops)
+    result["ratio_vs_in_core"] = result["out_of_core_gflops"] / result["in_core_gflops"]
+    # spot-check the result: one row block against the in-core product of the same operands
+    rows = slice(0, min(n, 256))
+    ref = a[rows, :].astype(np.float64) @ b[...].astype(np.float64) if n <= 8192 else None
+    if ref is not None:
+        result["rel_error"] = float(np.abs(c[rows, :] - ref).max() / np.abs(ref).max())
     return result
 
 
-def main() -> int:
+def in_core_gemm(kind: str, a: Any, b: Any, flops: float) -> float:
+    if kind != "gpu":
+        x, y = a.to_numpy(), b.to_numpy()
+        t = time.perf_counter()
+        x @ y
+        return flops / (time.perf_counter() - t) / 1e9
+    import cupy as cp
+
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:  # the uploads on the same stream as the product (the legacy stream is unordered with s)
+        A, B = cp.asarray(a.to_numpy()), cp.asarray(b.to_numpy())
+        cp.matmul(A[:256, :256], B[:256, :256])  # warm up cuBLAS
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record(s)
+        C = cp.matmul(A, B)
+        e1.record(s)
+    e1.synchronize()
+    secs = cp.cuda.get_elapsed_time(e0, e1) / 1e3
+    del A, B, C
+    cp.get_default_memory_pool().free_all_blocks()
+    return flops / max(secs, 1e-9) / 1e9
+
+
+# -- 3. mixed-precision inverse ----------------------------------------------------------------------
+def mixed_inverse(kind: str, n: int, memory: str, device_memory: str, tmp: str) -> dict:
+    import blocklin as bl
+
+    rng = np.random.default_rng(3)
+    m = rng.standard_normal((n, n)) + n**0.5 * np.eye(n)  # well conditioned (cond ~ 10)
+    src = bl.from_array(m, os.path.join(tmp, "M.zarr"), chunks=(min(n, 2048), min(n, 2048)))
+    out = {}
+    for precision in ("float64", "mixed"):
+        x = bl.inv(src, precision=precision, device=kind, memory=memory, out=os.path.join(tmp, f"X{precision}.zarr"))
+        xs = x.to_numpy()
+        eta = float(np.linalg.norm(np.eye(n) - m @ xs) / (np.linalg.norm(m) * np.linalg.norm(xs)))
+        out[precision] = {"seconds": x.report["seconds"], "backward_error": eta}
+    out["speedup_mixed"] = out["float64"]["seconds"] / out["mixed"]["seconds"]
+    out["n"] = n
+    return out
+
+
+# -- driver ------------------------------------------------------------------------------------------
+def install_and_rerun(argv: list[str]) -> int:
+    venv = ROOT / ".venv"
+    py = venv / "bin" / "python"
+    if not py.exists():
+        subprocess.check_call([sys.executable, "-m", "venv", str(venv)])
+    subprocess.check_call([str(py), "-m", "pip", "install", "-q", "-e", f"{ROOT}[gpu]"])
+    return subprocess.call([str(py), str(Path(__file__).resolve()), *[a for a in argv if a != "--install"]])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--install", action="store_true", help="create .venv, install '.[gpu]' and rerun there")
     p.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
-    p.add_argument("--n", type=int, default=32768)
-    p.add_argument("--memory", default="24GiB", help="host budget")
-    p.add_argument("--device-memory", default="8GiB", help="device budget (smaller than the operands)")
-    p.add_argument("--dir", default=None)
-    args = p.parse_args()
-    from blocklin.device.base import gpu_available
+    p.add_argument("--n", type=int, default=20480, help="size of the out-of-core GEMM operands")
+    p.add_argument("--inv-n", type=int, default=8192, help="size of the inverse comparison")
+    p.add_argument("--memory", default="32GiB", help="host budget")
+    p.add_argument("--device-memory", default="6GiB", help="device budget (below the operands' size)")
+    p.add_argument("--dir", default=None, help="scratch directory (local disk)")
+    p.add_argument("--skip-timing", action="store_true", help="correctness only")
+    args = p.parse_args(argv)
+    if args.install:
+        return install_and_rerun(argv)
+    from blocklin.device import gpu_available
 
     if args.device == "gpu" and not gpu_available():
-        print("gpu_check: no CUDA device visible to CuPy (pip install 'blocklin[gpu]' on a GPU machine)",
-              file=sys.stderr)
+        print("gpu_check: no CUDA device visible to CuPy (run with --install on a GPU machine)", file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="blocklin-gpucheck-", dir=args.dir)
+    t0 = time.perf_counter()
+    summary: dict[str, Any] = {"device": args.device}
     try:
-        t0 = time.perf_counter()
-        checks = correctness(args.device, tmp)
+        checks = device_checks(args.device) + operation_checks(args.device, tmp)
         for c in checks:
-            print(f"{c['dtype']:8s} {str(c['shape']):20s} trans={c['trans']} rel.err {c['rel_error']:.1e} "
+            print(f"{c['check']:40s} {c['dtype']:8s} err {c['error']:.1e} (tol {c['tol']:.0e}) "
                   f"{'ok' if c['ok'] else 'FAIL'}", flush=True)
-        tp = throughput(args.device, args.n, args.memory, args.device_memory, tmp)
-        print(f"out of core n={args.n}: {tp['out_of_core_gflops']:.0f} GFLOP/s vs in core "
-              f"{tp['in_core_gflops']:.0f} GFLOP/s = {tp['ratio_vs_in_core']:.2f}x; waited for data "
-              f"{tp['wait_seconds']:.1f} s of {tp['out_of_core_seconds']:.1f} s; reads+copies {tp['load_seconds']:.1f} s, "
-              f"{100 * tp['overlap_hidden_fraction']:.0f}% hidden behind compute "
-              f"(wall / serial = {tp['wall_over_serial']:.2f})")
-        ok = all(c["ok"] for c in checks)
-        print(json.dumps({"device": args.device, "correct": ok, "checks": checks, "throughput": tp,
-                          "seconds": time.perf_counter() - t0}, default=str))
-        return 0 if ok else 1
+        summary["correct"] = all(c["ok"] for c in checks)
+        summary["checks"] = checks
+        if not args.skip_timing:
+            summary["gemm"] = [ooc_gemm(args.device, args.n, dt, args.memory, args.device_memory, tmp)
+                               for dt in ("float64", "float32")]
+            for g in summary["gemm"]:
+                bf = g["busy_fraction"]
+                print(f"out-of-core {g['dtype']} n={g['n']}: {g['out_of_core_gflops']:.0f} GFLOP/s vs in-core "
+                      f"{g['in_core_gflops']:.0f} = {g['ratio_vs_in_core']:.2f}x; GPU computing "
+                      f"{'n/a' if bf is None else f'{100 * bf:.0f}%'} of the k-loop", flush=True)
+            summary["inverse"] = mixed_inverse(args.device, args.inv_n, args.memory, args.device_memory, tmp)
+            inv = summary["inverse"]
+            print(f"inv n={inv['n']}: mixed {inv['mixed']['seconds']:.1f} s (eta {inv['mixed']['backward_error']:.1e})"
+                  f" vs float64 {inv['float64']['seconds']:.1f} s (eta {inv['float64']['backward_error']:.1e}): "
+                  f"{inv['speedup_mixed']:.2f}x", flush=True)
+        summary["seconds"] = time.perf_counter() - t0
+        print(json.dumps(summary, default=str))
+        return 0 if summary["correct"] else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

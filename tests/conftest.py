@@ -1,4 +1,10 @@
-"""Shared fixtures: temp stores, dtype tolerances, GPU marker handling."""
+"""Shared fixtures: temp stores, dtype tolerances, GPU marker handling, the CuPy stand-in option.
+
+``pytest --cupy-standin`` installs the NumPy-backed CuPy stand-in (tests/cupy_standin.py) as
+``cupy``, runs only the tests marked ``gpu`` (the GPU halves of the device-parametrized test
+bodies), so that they execute through ``CudaDevice`` on the stand-in, and fails every test after
+which the stand-in saw a CUDA ordering violation.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +12,48 @@ import numpy as np
 import pytest
 
 import blocklin
-from blocklin.device.base import gpu_available
+from blocklin.device.select import gpu_available
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cupy-standin", action="store_true", default=False,
+                     help="run the gpu-marked tests through CudaDevice on the NumPy-backed CuPy stand-in, "
+                          "failing on any CUDA ordering violation")
+
+
+def pytest_configure(config):
+    if config.getoption("--cupy-standin"):
+        import cupy_standin
+
+        cupy_standin.install()
 
 
 def pytest_collection_modifyitems(config, items):
+    if config.getoption("--cupy-standin"):
+        # the marker, not ``"gpu" in item.keywords``: keywords also hold directory names (a checkout in gpu/)
+        keep = [item for item in items if item.get_closest_marker("gpu")]
+        config.hook.pytest_deselected(items=[item for item in items if not item.get_closest_marker("gpu")])
+        items[:] = keep
+        return
     if gpu_available():
         return
     skip = pytest.mark.skip(reason="needs CuPy and a CUDA device")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu"):
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _standin_races(request):
+    """Under ``--cupy-standin``: run what is still queued after the test and fail on any race."""
+    if not request.config.getoption("--cupy-standin"):
+        yield
+        return
+    import cupy_standin
+
+    cupy_standin.STATE.races.clear()
+    yield
+    cupy_standin.check()
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import pytest
 import blocklin as bl
 from blocklin.device import TileStream, get_device
 from blocklin.errors import DeviceError
-from blocklin.device.base import gpu_available
+from blocklin.device.select import gpu_available
 
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
@@ -42,7 +42,9 @@ def test_tile_stream_order_and_reuse(device, depth):
 
     stream = TileStream(dev, 7, load, [(3, 4)], "float64", depth=depth)
     for i, (x,) in stream:
-        host = x if dev.host_resident else x.get()
+        # on a GPU, read through the device: x.get() would copy on the legacy stream, unordered
+        # with the upload stream
+        host = x if dev.host_resident else dev.download(x, slice(0, x.shape[0]))
         seen.append((i, float(host.mean()), host.shape))
     assert [s[0] for s in seen] == list(range(7))
     assert all(mean == i and shape == (i % 3 + 1, 4) for i, mean, shape in seen)
@@ -64,3 +66,36 @@ def test_tile_stream_propagates_loader_errors():
 def test_gpu_requested_without_device_is_clear():
     with pytest.raises(DeviceError, match="device: 'gpu' needs CuPy and a CUDA device.*device='cpu'"):
         bl.matmul(np.ones((2, 2)), np.ones((2, 2)), device="gpu")
+
+
+def test_gpu_crossover_tiles():
+    """Square tiles T are compute-bound when T / itemsize >= peak / link (H200 over PCIe: ~10k for float64)."""
+    from blocklin.plan.gemm import plan_gemm
+    from blocklin.plan.gpu import GPUS, crossover_tile, intensity, transfer_bound
+
+    h200 = GPUS["H200"]
+    assert crossover_tile("float64") == -(-h200["float64"] * 8 // h200["link"])
+    assert 9000 < crossover_tile("float64") < 11000
+    assert crossover_tile("float32") == -(-crossover_tile("float64") // 2)
+    assert crossover_tile("float32", precision="tf32") > 7 * crossover_tile("float32")
+    assert transfer_bound(4096, 4096, "float64") and not transfer_bound(12288, 12288, "float64")
+    assert intensity(100, 300, 8) == 2 * 100 * 300 / (400 * 8)
+    small = plan_gemm(8192, 8192, 8192, "float64", a_chunks=(1024, 1024), b_chunks=(1024, 1024), memory=2**34,
+                      device="gpu", device_memory=2**28)
+    assert "transfer-bound" in small.explain()
+    big = plan_gemm(32768, 32768, 32768, "float64", a_chunks=(4096, 4096), b_chunks=(4096, 4096), memory=2**36,
+                    device="gpu", device_memory=2**34)
+    assert min(big.tm, big.tn) >= crossover_tile("float64") and "transfer-bound" not in big.explain()
+
+
+def test_gpu_prefetch_depth_from_the_budget():
+    from blocklin.plan.gemm import plan_gemm
+
+    kw = dict(a_chunks=(512, 512), b_chunks=(512, 512), device="gpu")
+    roomy = plan_gemm(4096, 4096, 4096, "float64", memory=2**32, device_memory=2**31, **kw)
+    assert roomy.prefetch == 3 and roomy.peak_memory <= 2**32 and roomy.device_peak <= 2**31
+    cpu = plan_gemm(4096, 4096, 4096, "float64", memory=2**32, a_chunks=(512, 512), b_chunks=(512, 512))
+    assert cpu.prefetch == 1  # CPU reads one panel ahead (measured enough for BLAS)
+    fixed = plan_gemm(4096, 4096, 4096, "float64", memory=2**32, device_memory=2**31, prefetch=1, **kw)
+    assert fixed.prefetch == 1
+    assert all(p.device_peak <= 2**31 for p in (roomy, fixed))

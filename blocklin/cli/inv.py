@@ -29,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refine", type=_refine, default="auto", metavar="N",
                    help="'auto' (default: refine while the backward error exceeds --tol) or at most N steps (0: none)")
     p.add_argument("--tol", type=float, help="target backward error ||I - A X||_F / (||A||_F ||X||_F)")
-    p.add_argument("--precision", choices=("mixed", "float32", "float64"),
-                   help="mixed: invert in float32, refine to float64")
+    p.add_argument("--precision", choices=("mixed", "tf32", "float32", "float64"),
+                   help="mixed: invert in float32, refine to float64; tf32: the same with TF32 GEMMs on a GPU")
     p.add_argument("--workers", type=int, help="concurrent tile tasks (local schedulers)")
     p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
     p.add_argument("--explain", action="store_true", help="print the plan and exit")

@@ -1,14 +1,13 @@
-"""The device interface and device selection."""
+"""The device interface (selection lives in :mod:`blocklin.device.select`)."""
 
 from __future__ import annotations
 
 import abc
-import functools
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-
-from blocklin.errors import DeviceError, explain
 
 
 class Device(abc.ABC):
@@ -46,8 +45,8 @@ class Device(abc.ABC):
         """A zeroed accumulator tile where the device computes."""
 
     @abc.abstractmethod
-    def gemm_acc(self, acc: Any, a: Any, b: Any) -> None:
-        """``acc += a @ b`` in place (``a``/``b`` may be transposed views)."""
+    def gemm_acc(self, acc: Any, a: Any, b: Any, alpha: float = 1.0) -> None:
+        """``acc += alpha * a @ b`` in place (``a``/``b`` may be transposed views)."""
 
     @abc.abstractmethod
     def axpby(self, acc: Any, alpha: float, c: np.ndarray | None, beta: float) -> None:
@@ -60,37 +59,95 @@ class Device(abc.ABC):
     def synchronize(self) -> None:
         """Wait for all queued work (before reading a clock)."""
 
+    def download_async(self, acc: Any, rows: slice, out: np.ndarray) -> tuple[np.ndarray, Any]:
+        """Start copying ``acc[rows]`` into ``out``: ``(view, event or None)``; the view is valid once
+        ``event.synchronize()`` returned. Without a device the copy is immediate."""
+        return self.download(acc, rows, out=out), None
 
-@functools.cache
-def gpu_available() -> bool:
-    """True when CuPy imports and sees at least one CUDA device."""
-    try:
-        import cupy
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        """Hold ``nbytes`` of the device budget that all tasks on this device share (no-op on a CPU,
+        whose tasks the host budget already bounds)."""
+        yield
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+    @contextlib.contextmanager
+    def math(self, precision: str | None) -> Iterator[None]:
+        """Within the block, float32 GEMMs may use ``precision`` (``"tf32"``: TF32 tensor cores on a GPU;
+        a no-op on devices without such a mode)."""
+        yield
+
+    # -- dense operations on device arrays (small in-core steps of the algorithms) -------------
+    # Operands and results live where the device computes (NumPy arrays on the CPU, CuPy arrays
+    # on a GPU); inputs are never modified. Failures (not positive definite, singular) raise
+    # SingularMatrixError on every device: a GPU library would return NaN silently.
+    @abc.abstractmethod
+    def cast(self, x: Any, dtype: Any) -> Any:
+        """``x`` in ``dtype`` (``x`` itself when it already is)."""
+
+    @abc.abstractmethod
+    def copy(self, x: Any) -> Any:
+        """A C-contiguous copy of device array ``x``."""
+
+    @abc.abstractmethod
+    def sumsq_cols_acc(self, acc: Any, x: Any) -> None:
+        """``acc += sum(x**2, axis=0)`` accumulated in float64 (``acc`` a float64 vector)."""
+
+    @abc.abstractmethod
+    def to_device(self, x: np.ndarray) -> Any:
+        """``x`` where the device computes (a C-contiguous array; ``x`` itself on the CPU if possible)."""
+
+    @abc.abstractmethod
+    def to_host(self, x: Any) -> np.ndarray:
+        """A host NumPy array with the contents of device array ``x`` (waits for it)."""
+
+    @abc.abstractmethod
+    def syrk_acc(self, acc: Any, a: Any) -> None:
+        """``acc += a.T @ a`` (both triangles), with SYRK's half of the GEMM flops."""
+
+    @abc.abstractmethod
+    def cholesky(self, x: Any) -> Any:
+        """Lower Cholesky factor ``L`` with ``x = L @ L.T``."""
+
+    @abc.abstractmethod
+    def solve_triangular(self, t: Any, b: Any, *, lower: bool, trans: bool = False) -> Any:
+        """``op(t)^-1 @ b`` for triangular ``t`` (``op`` transposes when ``trans``)."""
+
+    @abc.abstractmethod
+    def qr(self, x: Any) -> tuple[Any, Any]:
+        """Reduced QR factorization ``(q, r)``."""
+
+    @abc.abstractmethod
+    def svd(self, x: Any) -> tuple[Any, Any, Any]:
+        """Thin SVD ``(u, s, vt)``, singular values descending."""
+
+    @abc.abstractmethod
+    def eigh(self, x: Any) -> tuple[Any, Any]:
+        """Eigenvalues (ascending) and eigenvectors of symmetric ``x``."""
+
+    @abc.abstractmethod
+    def inv(self, x: Any) -> Any:
+        """Inverse of a square (leaf) block."""
 
 
-def get_device(kind: str = "auto", *, device_memory: int | None = None) -> Device:
-    """Return the device for ``kind`` (``auto``, ``cpu`` or ``gpu``)."""
-    if kind == "auto":
-        kind = "gpu" if gpu_available() else "cpu"
-    if kind == "cpu":
-        from blocklin.device.cpu import CpuDevice
+def not_positive_definite(n: int) -> Exception:
+    from blocklin.errors import SingularMatrixError, explain
 
-        return CpuDevice()
-    if kind == "gpu":
-        if not gpu_available():
-            raise DeviceError(explain("device", "'gpu' needs CuPy and a CUDA device", "none available",
-                                      "install the extra (pip install 'blocklin[gpu]') on a GPU machine, "
-                                      "or pass device='cpu'"))
-        from blocklin.device.cuda import CudaDevice
-
-        return CudaDevice.current(device_memory=device_memory)
-    raise DeviceError(explain("device", "must be 'auto', 'cpu' or 'gpu'", repr(kind), "pass device='cpu'"))
+    return SingularMatrixError(explain("matrix", "must be symmetric positive definite for Cholesky",
+                                       f"a {n} x {n} block that is not (a pivot <= 0 or NaN)",
+                                       "add Tikhonov regularization (lam > 0), or use a QR-based method"))
 
 
-def resolved_kind(kind: str) -> str:
-    """``auto`` resolved to ``cpu`` or ``gpu`` on this machine."""
-    return ("gpu" if gpu_available() else "cpu") if kind == "auto" else kind
+def singular(n: int) -> Exception:
+    from blocklin.errors import SingularMatrixError, explain
+
+    return SingularMatrixError(explain("matrix", "must be nonsingular to invert", f"a singular {n} x {n} block",
+                                       "check the input, or solve a regularized problem (lam > 0)"))
+
+
+def __getattr__(name: str):
+    """``get_device``, ``gpu_available`` and ``resolved_kind`` live in :mod:`blocklin.device.select`."""
+    if name in ("get_device", "gpu_available", "resolved_kind"):
+        from blocklin.device import select
+
+        return getattr(select, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.device.base import Device
+from blocklin.device.base import Device, not_positive_definite, singular
 
 
 class CpuDevice(Device):
@@ -27,11 +27,13 @@ class CpuDevice(Device):
         acc.fill(0)
         return acc
 
-    def gemm_acc(self, acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        _gemm_acc(acc, a, b)
+    def gemm_acc(self, acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) -> None:
+        _gemm_acc(acc, a, b, alpha)
 
     def axpby(self, acc: np.ndarray, alpha: float, c: np.ndarray | None, beta: float) -> None:
-        if alpha != 1.0:
+        if alpha == 0.0:
+            acc.fill(0)  # assign: 0 * NaN is NaN
+        elif alpha != 1.0:
             acc *= acc.dtype.type(alpha)
         if c is not None and beta != 0.0:
             if beta == 1.0:
@@ -42,6 +44,61 @@ class CpuDevice(Device):
     def download(self, acc: np.ndarray, rows: slice, out: np.ndarray | None = None) -> np.ndarray:
         return acc[rows]
 
+    # -- dense operations (LAPACK through NumPy/SciPy) ----------------------------------------------
+    def cast(self, x: np.ndarray, dtype: Any) -> np.ndarray:
+        return x.astype(dtype, copy=False)
+
+    def copy(self, x: np.ndarray) -> np.ndarray:
+        return np.array(x, order="C")
+
+    def sumsq_cols_acc(self, acc: np.ndarray, x: np.ndarray) -> None:
+        acc += np.einsum("ij,ij->j", x, x, dtype=np.float64)
+
+    def to_device(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x)
+
+    def to_host(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def syrk_acc(self, acc: np.ndarray, a: np.ndarray) -> None:
+        from scipy.linalg import blas
+
+        f = {np.dtype(np.float64): blas.dsyrk, np.dtype(np.float32): blas.ssyrk}.get(a.dtype)
+        if f is None or acc.dtype != a.dtype:
+            _gemm_acc(acc, a.T, a)
+            return
+        up = f(1.0, a, trans=1, lower=0)  # upper triangle of a.T @ a, n x n (small)
+        acc += np.triu(up) + np.triu(up, 1).T
+
+    def cholesky(self, x: np.ndarray) -> np.ndarray:
+        try:
+            return np.linalg.cholesky(x)
+        except np.linalg.LinAlgError:
+            raise not_positive_definite(x.shape[0]) from None
+
+    def solve_triangular(self, t: np.ndarray, b: np.ndarray, *, lower: bool, trans: bool = False) -> np.ndarray:
+        from scipy.linalg import solve_triangular
+
+        return solve_triangular(t, b, lower=lower, trans=1 if trans else 0, check_finite=False)
+
+    def qr(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.linalg.qr(x, mode="reduced")
+
+    def svd(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return np.linalg.svd(x, full_matrices=False)
+
+    def eigh(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.linalg.eigh(x)
+
+    def inv(self, x: np.ndarray) -> np.ndarray:
+        try:
+            out = np.linalg.inv(x)
+        except np.linalg.LinAlgError:
+            raise singular(x.shape[0]) from None
+        if not np.isfinite(out).all():
+            raise singular(x.shape[0])
+        return out
+
 
 def _blas_gemm(dtype: np.dtype):
     from scipy.linalg import blas
@@ -50,16 +107,16 @@ def _blas_gemm(dtype: np.dtype):
             np.dtype(np.complex128): blas.zgemm, np.dtype(np.complex64): blas.cgemm}.get(np.dtype(dtype))
 
 
-def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    """``acc += a @ b`` without a temporary: BLAS gemm with beta=1 writing into ``acc``.
+def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) -> None:
+    """``acc += alpha * a @ b`` without a temporary: BLAS gemm with beta=1 writing into ``acc``.
 
     ``acc`` is C-contiguous; BLAS is column-major, so compute ``acc.T += b.T @ a.T`` on the
     Fortran-ordered view ``acc.T``; transposed operands are passed as flags, never copied.
     """
     gemm = _blas_gemm(acc.dtype)
     if gemm is None or not acc.flags.c_contiguous:
-        acc += a @ b
+        acc += a @ b if alpha == 1.0 else acc.dtype.type(alpha) * (a @ b)
         return
     bt, trans_b = (b.T, 0) if b.T.flags.f_contiguous else ((b, 1) if b.flags.f_contiguous else (np.asfortranarray(b.T), 0))
     at, trans_a = (a.T, 0) if a.T.flags.f_contiguous else ((a, 1) if a.flags.f_contiguous else (np.asfortranarray(a.T), 0))
-    gemm(1.0, bt, at, beta=1.0, c=acc.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=True)
+    gemm(alpha, bt, at, beta=1.0, c=acc.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=True)

@@ -1,29 +1,86 @@
 """CUDA device: CuPy arrays with separate upload, compute and download streams.
 
-Host slots are pinned (page-locked) so copies are truly asynchronous. Each upload goes to a
-preallocated device slot on the ``h2d`` stream and records an event; the compute stream waits on
-that event, runs cuBLAS GEMM with ``beta=1`` into the device accumulator, and records an event
-that the next upload into the same slot waits on. Downloads use the ``d2h`` stream. Nothing
-synchronizes the host until a result is needed (or a clock is read).
+Stream discipline (checked without a GPU by the CuPy stand-in in the tests):
+
+- Host slots are pinned (page-locked), so uploads are truly asynchronous. Each upload goes to a
+  preallocated device slot on the ``h2d`` stream and records an event; the compute stream waits on
+  that event. A pinned host slot is refilled only after that event completed
+  (:meth:`CudaDevice.host_slot_free`), and a device slot is overwritten only after the compute that
+  read it (the ``h2d`` stream waits on the event :meth:`CudaDevice.after_use` recorded).
+- cuBLAS GEMM with ``beta=1`` accumulates into the device tile on the ``compute`` stream; float32
+  GEMMs use TF32 tensor cores only inside :meth:`CudaDevice.math` (cuBLAS math mode
+  ``CUBLAS_TF32_TENSOR_OP_MATH``; ``CUPY_TF32`` does not reach ``cublas<t>gemm``).
+- Downloads run on the ``d2h`` stream after an event of the compute stream. :meth:`download`
+  waits for the copy; :meth:`download_async` returns an event so the next strip's GEMM is queued
+  while the copy runs.
+- Nothing runs on the legacy default stream, and nothing synchronizes the host except to refill
+  a pinned slot, to hand a result to the host, or between two tile streams that change the slots.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from blocklin.device.base import Device
+from blocklin.device.base import Device, not_positive_definite, singular
+from blocklin.errors import DeviceError, explain
+
+#: cuBLAS math modes (cublasMath_t).
+_DEFAULT_MATH = 0
+_TF32_MATH = 3
+
+
+class DeviceBudget:
+    """The device budget of one GPU, shared by every task of this process that runs on it.
+
+    A task holds its planned device bytes while it runs; a task that would exceed the budget waits
+    until others finish (a task larger than the whole budget runs alone rather than never).
+    """
+
+    _budgets: dict[int, DeviceBudget] = {}
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.held = 0
+        self.peak = 0
+        self.waits = 0
+
+    @classmethod
+    def of(cls, device_id: int) -> DeviceBudget:
+        with cls._lock:
+            return cls._budgets.setdefault(device_id, cls())
+
+    @contextlib.contextmanager
+    def hold(self, nbytes: int, budget: int) -> Iterator[None]:
+        with self.cond:
+            if self.held and self.held + nbytes > budget:
+                self.waits += 1
+            while self.held and self.held + nbytes > budget:
+                self.cond.wait()
+            self.held += nbytes
+            self.peak = max(self.peak, self.held)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.held -= nbytes
+                self.cond.notify_all()
 
 
 class CudaDevice(Device):
-    """CuPy device with overlapped transfers (see module docstring)."""
+    """CuPy device with overlapped transfers (see module docstring). One instance per thread."""
 
     name = "gpu"
     host_resident = False
     _instances: dict[int, CudaDevice] = {}
     _lock = threading.Lock()
+    #: Record CUDA timing events around every GEMM (see :meth:`profile`).
+    _profiling = False
 
     def __init__(self, device_memory: int | None = None) -> None:
         import cupy
@@ -35,9 +92,12 @@ class CudaDevice(Device):
         self.compute = cupy.cuda.Stream(non_blocking=True)
         self.d2h = cupy.cuda.Stream(non_blocking=True)
         self._dev_slots: list[tuple[Any, ...]] = []
-        self._uploaded: dict[int, Any] = {}
-        self._used: dict[int, Any] = {}
+        self._slot_spec: list[tuple[tuple[int, ...], np.dtype]] = []
+        self._uploaded: dict[int, Any] = {}  # slot -> event after the last upload from its host buffers
+        self._used: dict[int, Any] = {}  # slot -> event after the last compute that read its device buffers
         self._pinned_cache: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
+        self._tf32 = False
+        self._timeline: list[list[tuple[Any, Any]]] = []  # per tile stream: (start, end) events of each GEMM
 
     @classmethod
     def current(cls, device_memory: int | None = None) -> CudaDevice:
@@ -49,16 +109,78 @@ class CudaDevice(Device):
                 inst = cls._instances[key] = cls(device_memory)
             return inst
 
-    def free_memory(self) -> int:
-        free, _total = self.cp.cuda.runtime.memGetInfo()
-        return int(free)
+    @classmethod
+    def instances(cls) -> list[CudaDevice]:
+        with cls._lock:
+            return list(cls._instances.values())
 
-    # -- host buffers ---------------------------------------------------------------------------
+    @classmethod
+    def profile(cls, on: bool) -> None:
+        """Turn GEMM timing on or off for every thread (costs two events per GEMM)."""
+        cls._profiling = on
+        for inst in cls.instances():
+            inst._timeline = []
+
+    def compute_timeline(self) -> tuple[float, float]:
+        """``(gemm seconds, k-loop seconds)`` since profiling began, from CUDA events.
+
+        The k-loop of a tile stream spans its first GEMM's start to its last GEMM's end (reads,
+        uploads, epilogues and downloads in between count as idle); their ratio is the fraction of
+        the k-loop during which the GPU computed.
+        """
+        busy = span = 0.0
+        elapsed = self.cp.cuda.get_elapsed_time
+        for seg in self._timeline:
+            if not seg:
+                continue
+            seg[-1][1].synchronize()
+            busy += sum(elapsed(e0, e1) for e0, e1 in seg) / 1e3
+            span += elapsed(seg[0][0], seg[-1][1]) / 1e3
+        return busy, span
+
+    @classmethod
+    def release_all(cls) -> None:
+        """End of a job: drain every thread's device and return its pinned host memory to the OS."""
+        with cls._lock:
+            insts = list(cls._instances.values())
+        for inst in insts:
+            inst.release_pinned()
+
+    @classmethod
+    def reset(cls) -> None:
+        """Forget every instance (after releasing their pinned memory); for tests."""
+        cls.release_all()
+        with cls._lock:
+            cls._instances.clear()
+
+    # -- memory -----------------------------------------------------------------------------------
+    def reserve(self, nbytes: int) -> contextlib.AbstractContextManager:
+        """Hold ``nbytes`` of this GPU's budget (``device_memory``, else 80% of :meth:`free_memory`)."""
+        budget = self.device_memory or int(0.8 * self.free_memory())
+        return DeviceBudget.of(self.device_id).hold(int(nbytes), budget)
+
+    def free_memory(self) -> int:
+        """Bytes this process may still allocate: free memory plus the blocks CuPy's pool caches.
+
+        ``cudaMemGetInfo`` counts the pool's cached (free) blocks as used; they are ours to reuse,
+        so the budget is total memory minus what other processes and our live arrays hold.
+        """
+        free, _total = self.cp.cuda.runtime.memGetInfo()
+        return int(free) + int(self.cp.get_default_memory_pool().free_bytes())
+
+    def total_memory(self) -> int:
+        return int(self.cp.cuda.runtime.memGetInfo()[1])
+
+    def pinned_bytes(self) -> int:
+        """Pinned host bytes this device keeps cached for reuse."""
+        return sum(b.nbytes for bufs in self._pinned_cache.values() for b in bufs)
+
+    # -- host buffers -----------------------------------------------------------------------------
     def host_empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         import cupyx
 
         key = (tuple(shape), np.dtype(dtype).str)
-        pool = self._pinned_cache.setdefault(key, [])
+        pool = self._pinned_cache.get(key)
         if pool:  # reuse pinned buffers across tiles: pinning is expensive
             return pool.pop()
         return cupyx.empty_pinned(shape, dtype=dtype)
@@ -66,14 +188,31 @@ class CudaDevice(Device):
     def release_host(self, buf: np.ndarray) -> None:
         self._pinned_cache.setdefault((buf.shape, buf.dtype.str), []).append(buf)
 
-    def slots(self, n: int, shapes: list[tuple[int, ...]], dtype: Any) -> None:
-        cp = self.cp
-        want = [tuple(s) for s in shapes]
-        have = [tuple(a.shape) for a in self._dev_slots[0]] if self._dev_slots else None
-        if have != want or len(self._dev_slots) < n or self._dev_slots[0][0].dtype != np.dtype(dtype):
-            self._dev_slots = [tuple(cp.empty(s, dtype=dtype) for s in want) for _ in range(n)]
+    def release_pinned(self) -> None:
+        """Drop the cached pinned buffers and have CuPy unpin them (after the queued work ran)."""
+        self.synchronize()
+        self._pinned_cache.clear()
         self._uploaded.clear()
-        self._used.clear()
+        self.cp.get_default_pinned_memory_pool().free_all_blocks()
+
+    # -- operand slots ----------------------------------------------------------------------------
+    def slots(self, n: int, shapes: list[tuple[int, ...]], dtype: Any) -> None:
+        """Prepare ``n`` device slots; ``dtype`` is one dtype or one per operand (the uploaded dtype)."""
+        dtypes = [np.dtype(d) for d in dtype] if isinstance(dtype, (list, tuple)) else [np.dtype(dtype)] * len(shapes)
+        want = [(tuple(s), d) for s, d in zip(shapes, dtypes)]
+        if want != self._slot_spec or len(self._dev_slots) < n:
+            # The previous stream's uploads into, and reads of, the old slots must be finished before
+            # they are freed: CuPy's pool would hand the memory to the next allocation at once.
+            self.synchronize()
+            with self.compute:
+                self._dev_slots = [tuple(self.cp.empty(int(np.prod(s)), dtype=d) for s, d in want) for _ in range(n)]
+            self._slot_spec = want
+            self._used.clear()
+            self._uploaded.clear()
+        if self._profiling:
+            self._timeline.append([])
+        # Reused slots keep their ``_used`` events: the first upload into a slot waits for the last
+        # compute of the previous stream that read it.
 
     def host_slot_free(self, slot: int) -> None:
         ev = self._uploaded.get(slot)
@@ -86,16 +225,21 @@ class CudaDevice(Device):
         if used is not None:
             self.h2d.wait_event(used)  # compute on the previous contents of this slot is done
         out = []
-        for host, dev_full in zip(arrays, self._dev_slots[slot]):
+        for j, (host, dev_full) in enumerate(zip(arrays, self._dev_slots[slot])):
+            if host.dtype != dev_full.dtype:
+                raise DeviceError(explain(f"operand {j} of the tile stream", f"must arrive as {dev_full.dtype}, "
+                                          "the dtype its device slot was prepared for", host.dtype.name,
+                                          "pass the compute dtype as TileStream(device_dtype=...)"))
             if host.flags.c_contiguous:
-                dev = dev_full.ravel()[: host.size].reshape(host.shape)
+                dev = dev_full[: host.size].reshape(host.shape)
                 dev.set(host, stream=self.h2d)
             elif host.T.flags.c_contiguous:  # a transposed view: copy the stored layout, transpose on device
-                dev = dev_full.ravel()[: host.size].reshape(host.T.shape)
+                dev = dev_full[: host.size].reshape(host.T.shape)
                 dev.set(host.T, stream=self.h2d)
                 dev = dev.T
-            else:  # pragma: no cover - loaders hand out contiguous views
-                dev = cp.asarray(np.ascontiguousarray(host))
+            else:  # strided view: staged through a contiguous copy, still on the upload stream
+                dev = dev_full[: host.size].reshape(host.shape)
+                dev.set(np.ascontiguousarray(host), stream=self.h2d)
             out.append(dev)
         ev = cp.cuda.Event(disable_timing=True)
         ev.record(self.h2d)
@@ -109,46 +253,191 @@ class CudaDevice(Device):
         self._used[slot] = ev
 
     # -- compute ----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def math(self, precision: str | None) -> Iterator[None]:
+        """Within the block, float32 GEMMs use TF32 tensor cores when ``precision == "tf32"``.
+
+        Sets the cuBLAS math mode of this thread's handle (``CUBLAS_TF32_TENSOR_OP_MATH``), which is
+        what ``cublasSgemm`` honours, and restores it afterwards.
+        """
+        prev = self._tf32
+        self._tf32 = precision == "tf32"
+        try:
+            yield
+        finally:
+            self._tf32 = prev
+
     def zeros(self, shape: tuple[int, int], dtype: Any) -> Any:
         with self.compute:
             return self.cp.zeros(shape, dtype=dtype)
 
-    def gemm_acc(self, acc: Any, a: Any, b: Any) -> None:
+    def cast(self, x: Any, dtype: Any) -> Any:
+        if x.dtype == np.dtype(dtype):
+            return x
+        with self.compute:
+            return x.astype(dtype)
+
+    def copy(self, x: Any) -> Any:
+        with self.compute:
+            return x.copy()
+
+    def sumsq_cols_acc(self, acc: Any, x: Any) -> None:
+        with self.compute:
+            x64 = x.astype(np.float64, copy=False)
+            acc += (x64 * x64).sum(axis=0)
+
+    def to_device(self, x: np.ndarray) -> Any:
+        """A device copy of host array ``x``, ready for the compute stream."""
+        with self.compute:
+            return self.cp.asarray(np.ascontiguousarray(x))
+
+    def gemm_acc(self, acc: Any, a: Any, b: Any, alpha: float = 1.0) -> None:
+        if self._profiling:
+            e0, e1 = self.cp.cuda.Event(), self.cp.cuda.Event()
+            e0.record(self.compute)
+            self._gemm(acc, a, b, alpha)
+            e1.record(self.compute)
+            if not self._timeline:
+                self._timeline.append([])
+            self._timeline[-1].append((e0, e1))
+        else:
+            self._gemm(acc, a, b, alpha)
+
+    def _gemm(self, acc: Any, a: Any, b: Any, alpha: float = 1.0) -> None:
         from cupy import cublas
 
         with self.compute:
-            cublas.gemm("N", "N", a, b, out=acc, alpha=1.0, beta=1.0)
+            if self._tf32 and acc.dtype == np.float32:
+                from cupy.cuda import cublas as lib
+                from cupy.cuda import device
+
+                handle = device.get_cublas_handle()
+                mode = lib.getMathMode(handle)
+                lib.setMathMode(handle, getattr(lib, "CUBLAS_TF32_TENSOR_OP_MATH", _TF32_MATH))
+                try:
+                    cublas.gemm("N", "N", a, b, out=acc, alpha=alpha, beta=1.0)
+                finally:
+                    lib.setMathMode(handle, mode)
+            else:
+                cublas.gemm("N", "N", a, b, out=acc, alpha=alpha, beta=1.0)
 
     def axpby(self, acc: Any, alpha: float, c: np.ndarray | None, beta: float) -> None:
         cp = self.cp
         with self.compute:
-            if alpha != 1.0:
+            if alpha == 0.0:
+                acc.fill(0)  # assign: 0 * NaN is NaN
+            elif alpha != 1.0:
                 acc *= acc.dtype.type(alpha)
             if c is not None and beta != 0.0:
-                dc = cp.asarray(c)
-                acc += acc.dtype.type(beta) * dc
+                dc = cp.asarray(np.ascontiguousarray(c, dtype=acc.dtype))
+                if beta == 1.0:
+                    acc += dc
+                else:
+                    acc += acc.dtype.type(beta) * dc
 
-    def download(self, acc: Any, rows: slice, out: np.ndarray | None = None) -> np.ndarray:
+    def _queue_download(self, acc: Any, rows: slice, out: np.ndarray | None) -> tuple[np.ndarray, Any]:
         cp = self.cp
         ev = cp.cuda.Event(disable_timing=True)
         ev.record(self.compute)
         self.d2h.wait_event(ev)
         part = acc[rows]
         if out is None:
-            out = self.host_empty(part.shape, part.dtype)
+            out = np.empty(part.shape, part.dtype)
         view = out[: part.shape[0], : part.shape[1]] if out.shape != part.shape else out
-        if not part.flags.c_contiguous:
+        if view.dtype != part.dtype:
+            raise DeviceError(explain("out", f"must have the tile's dtype {part.dtype}", view.dtype.name,
+                                      "allocate the host buffer with the compute dtype"))
+        if not part.flags.c_contiguous or not view.flags.c_contiguous:
             with self.d2h:
                 part = cp.ascontiguousarray(part)
-        if view.flags.c_contiguous:
-            part.get(stream=self.d2h, out=view)
-        else:
-            tmp = part.get(stream=self.d2h)
-            self.d2h.synchronize()
-            view[...] = tmp
-        self.d2h.synchronize()
+            if not view.flags.c_contiguous:
+                tmp = part.get(stream=self.d2h, blocking=True)
+                view[...] = tmp
+                return view, None
+        part.get(stream=self.d2h, out=view, blocking=False)
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(self.d2h)
+        return view, done
+
+    def download(self, acc: Any, rows: slice, out: np.ndarray | None = None) -> np.ndarray:
+        view, done = self._queue_download(acc, rows, out)
+        if done is not None:
+            done.synchronize()
         return view
+
+    def download_async(self, acc: Any, rows: slice, out: np.ndarray) -> tuple[np.ndarray, Any]:
+        """Queue the copy of ``acc[rows]`` into pinned ``out``; return ``(view, event)``.
+
+        ``view`` holds the data once ``event.synchronize()`` returned (``event`` is None when the
+        copy already completed). The caller keeps ``out`` alive and unread until then.
+        """
+        return self._queue_download(acc, rows, out)
 
     def synchronize(self) -> None:
         for s in (self.h2d, self.compute, self.d2h):
             s.synchronize()
+
+    # -- dense operations (cuBLAS / cuSOLVER through CuPy, on the compute stream) -------------------
+    def to_host(self, x: Any) -> np.ndarray:
+        return np.array(self.download(x, slice(0, x.shape[0]))) if x.ndim == 2 else self._small_to_host(x)
+
+    def _small_to_host(self, x: Any) -> np.ndarray:
+        """A vector or scalar result: copied on the compute stream that produced it."""
+        return x.get(stream=self.compute, blocking=True)
+
+    def _all_finite(self, x: Any) -> bool:
+        with self.compute:
+            flag = self.cp.isfinite(x).all()
+        return bool(self._small_to_host(flag))
+
+    def syrk_acc(self, acc: Any, a: Any) -> None:
+        from cupy import cublas
+
+        cp = self.cp
+        n = a.shape[1]
+        with self.compute:
+            low = cp.zeros((n, n), dtype=a.dtype, order="F")
+            cublas.syrk("T", a, out=low, alpha=1.0, beta=0.0, lower=True)  # lower triangle of a.T @ a
+            acc += low
+            acc += cp.tril(low, -1).T
+
+    def cholesky(self, x: Any) -> Any:
+        import cupyx
+
+        # cuSOLVER reports a failed pivot in devInfo, which CuPy checks only under errstate(linalg="raise"):
+        # without it the result is a partial factor with finite garbage.
+        try:
+            with self.compute, cupyx.errstate(linalg="raise"):
+                return self.cp.linalg.cholesky(x)
+        except np.linalg.LinAlgError:
+            raise not_positive_definite(x.shape[0]) from None
+
+    def solve_triangular(self, t: Any, b: Any, *, lower: bool, trans: bool = False) -> Any:
+        from cupyx.scipy.linalg import solve_triangular
+
+        with self.compute:
+            return solve_triangular(t, b, lower=lower, trans=1 if trans else 0)
+
+    def qr(self, x: Any) -> tuple[Any, Any]:
+        with self.compute:
+            return self.cp.linalg.qr(x, mode="reduced")
+
+    def svd(self, x: Any) -> tuple[Any, Any, Any]:
+        with self.compute:
+            return self.cp.linalg.svd(x, full_matrices=False)
+
+    def eigh(self, x: Any) -> tuple[Any, Any]:
+        with self.compute:
+            return self.cp.linalg.eigh(x)
+
+    def inv(self, x: Any) -> Any:
+        import cupyx
+
+        try:
+            with self.compute, cupyx.errstate(linalg="raise"):
+                out = self.cp.linalg.inv(x)
+        except np.linalg.LinAlgError:
+            raise singular(x.shape[0]) from None
+        if not self._all_finite(out):  # numerically singular: getrf succeeded, the inverse overflowed
+            raise singular(x.shape[0])
+        return out

@@ -1,7 +1,7 @@
 """TileStream: the one prefetching pipeline that feeds every device.
 
-A loader thread reads item ``i + 1`` (and up to ``depth`` ahead) into preallocated host slots
-while the consumer computes on item ``i``. On a GPU the host slots are pinned and uploads run on
+Loader threads (one by default) read item ``i + 1`` (and up to ``depth`` ahead) into
+preallocated host slots while the consumer computes on item ``i``. On a GPU the host slots are pinned and uploads run on
 their own stream, so disk reads, host-to-device copies and compute all overlap. Slots are reused,
 so memory stays at ``(depth + 1)`` sets of operand buffers however long the stream.
 """
@@ -25,6 +25,10 @@ Loader = Callable[[int, tuple[np.ndarray, ...]], tuple[np.ndarray, ...]]
 _STOP = object()
 
 
+def _dtypes(dtype: Any, n: int) -> list[np.dtype]:
+    return [np.dtype(d) for d in dtype] if isinstance(dtype, (list, tuple)) else [np.dtype(dtype)] * n
+
+
 class TileStream:
     """Iterate over ``n_items`` operand tuples, prefetched ``depth`` items ahead.
 
@@ -42,6 +46,12 @@ class TileStream:
         Buffer dtype, one for all buffers or one per buffer.
     depth : int
         Items read ahead of the one being computed (``depth + 1`` slots in all).
+    device_dtype : dtype or sequence of dtypes, optional
+        The dtype each operand arrives in from ``load`` (and so on the device), when the loader
+        casts (for example float32 storage computed in float64). Defaults to ``dtype``.
+    loaders : int
+        Loader threads (at most ``depth``): several reads in flight keep a fast device fed when
+        one reader cannot; items are still consumed in order.
 
     Attributes
     ----------
@@ -51,39 +61,58 @@ class TileStream:
     """
 
     def __init__(self, device: Device, n_items: int, load: Loader, buffer_shapes: Sequence[tuple[int, ...]],
-                 dtype: Any, depth: int = 1) -> None:
+                 dtype: Any, depth: int = 1, device_dtype: Any = None, loaders: int = 1) -> None:
         self.device = device
         self.n_items = n_items
         self.load = load
         self.depth = max(0, int(depth))
+        self.loaders = max(1, min(int(loaders), self.depth)) if self.depth else 0
         n_slots = min(self.depth + 1, max(1, n_items))
-        dtypes = [np.dtype(d) for d in dtype] if isinstance(dtype, (list, tuple)) else [np.dtype(dtype)] * len(buffer_shapes)
+        dtypes = _dtypes(dtype, len(buffer_shapes))
         self.buffers = [tuple(device.host_empty(s, d) for s, d in zip(buffer_shapes, dtypes)) for _ in range(n_slots)]
-        device.slots(n_slots, list(buffer_shapes), dtypes[0])
+        device.slots(n_slots, list(buffer_shapes), _dtypes(dtype if device_dtype is None else device_dtype,
+                                                           len(buffer_shapes)))
         self.load_seconds = 0.0
         self.wait_seconds = 0.0
         self._free: queue.Queue[int] = queue.Queue()
         for s in range(n_slots):
             self._free.put(s)
-        self._ready: queue.Queue[Any] = queue.Queue()
+        self._ready: dict[int, Any] = {}
+        self._cond = threading.Condition()
+        self._next = 0  # next item a loader claims
         self._stop = threading.Event()
 
     def _loader(self) -> None:
-        try:
-            for i in range(self.n_items):
-                slot = self._free.get()
-                if self._stop.is_set() or slot is _STOP:
-                    return
+        while True:
+            slot = self._free.get()
+            if self._stop.is_set() or slot is _STOP:
+                self._free.put(_STOP)  # wake the other loaders too
+                return
+            with self._cond:  # claim the next item together with the slot, so items complete in order
+                i = self._next
+                self._next += 1
+            if i >= self.n_items:
+                self._free.put(slot)
+                return
+            try:
                 self.device.host_slot_free(slot)
                 t0 = time.perf_counter()
                 views = self.load(i, self.buffers[slot])
-                self.load_seconds += time.perf_counter() - t0
-                self._ready.put((i, slot, views))
-        except BaseException as exc:  # handed to the consumer, re-raised there
-            self._ready.put(exc)
+                dt = time.perf_counter() - t0
+                item: Any = (slot, views)
+            except BaseException as exc:  # handed to the consumer, re-raised there
+                dt, item = 0.0, exc
+            with self._cond:
+                self.load_seconds += dt
+                self._ready[i] = item
+                self._cond.notify_all()
+            if isinstance(item, BaseException):
+                return
 
     def release(self) -> None:
-        """Hand the host slots back to the device for reuse by the next stream."""
+        """Hand the host slots back to the device for reuse, once no upload reads them any more."""
+        for s in range(len(self.buffers)):
+            self.device.host_slot_free(s)
         for bufs in self.buffers:
             for buf in bufs:
                 self.device.release_host(buf)
@@ -100,26 +129,33 @@ class TileStream:
             return
         if self.depth == 0:  # no thread: read, then compute (the serial reference)
             for i in range(self.n_items):
+                self.device.host_slot_free(0)  # the previous upload from the one slot has finished
                 t0 = time.perf_counter()
                 views = self.load(i, self.buffers[0])
                 self.load_seconds += time.perf_counter() - t0
                 yield i, self.device.upload(0, views)
                 self.device.after_use(0)
             return
-        thread = threading.Thread(target=self._loader, name="blocklin-prefetch", daemon=True)
-        thread.start()
+        threads = [threading.Thread(target=self._loader, name=f"blocklin-prefetch-{t}", daemon=True)
+                   for t in range(self.loaders)]
+        for t in threads:
+            t.start()
         try:
-            for _ in range(self.n_items):
+            for i in range(self.n_items):
                 t0 = time.perf_counter()
-                item = self._ready.get()
+                with self._cond:
+                    while i not in self._ready:
+                        self._cond.wait()
+                    item = self._ready.pop(i)
                 self.wait_seconds += time.perf_counter() - t0
                 if isinstance(item, BaseException):
                     raise item
-                i, slot, views = item
+                slot, views = item
                 yield i, self.device.upload(slot, views)
                 self.device.after_use(slot)
                 self._free.put(slot)
         finally:
             self._stop.set()
-            self._free.put(_STOP)  # wake a loader blocked on a free slot
-            thread.join()
+            self._free.put(_STOP)  # wake loaders blocked on a free slot
+            for t in threads:
+                t.join()

@@ -219,7 +219,7 @@ def _load_memory(params: Any, sources: tuple) -> PassMemory:
     return PassMemory(fixed=0, per_row=sources[0].row_bytes, chunk_temporaries=True)  # the kept copy of each strip
 
 
-@row_kernel(memory=_load_memory)
+@row_kernel(memory=_load_memory, device="cpu")  # a read: through a GPU it would go there and straight back
 def load_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any) -> tuple[Any, None]:
     """Keep every strip: the per-group states are ``[(first row, block), ...]``."""
     blocks = state or []

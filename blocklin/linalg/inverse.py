@@ -29,7 +29,7 @@ from blocklin.runtime.passes import plan_kernel_pass, run_pass, source
 from blocklin.storage.zarr_store import create_array
 from blocklin.validate import choice, float_operand, positive, square
 
-PRECISIONS = (None, "mixed", "float32", "float64")
+PRECISIONS = (None, "mixed", "tf32", "float32", "float64")
 
 
 class _LeafSingular(Exception):
@@ -74,9 +74,12 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     tol : float, optional
         Target backward error ``||I - M X||_F / (||M||_F ||X||_F)``; default ``n * eps`` of the output
         dtype (the classical bound for a backward stable inversion).
-    precision : {None, "mixed", "float32", "float64"}
-        ``"mixed"``: invert in float32 (TF32 allowed on a GPU) and refine in float64 (the output is
-        float64); ``"float32"``/``"float64"``: compute in that dtype; ``None``: the input's dtype.
+    precision : {None, "mixed", "tf32", "float32", "float64"}
+        ``"mixed"``: invert in float32 (full float32, on a GPU too) and refine in float64 (the output is
+        float64); ``"tf32"``: the same with the float32 GEMMs on TF32 tensor cores on a GPU (10-bit
+        mantissas: for well-conditioned matrices; the float64 refinement restores the accuracy, or
+        fails with the usual error); ``"float32"``/``"float64"``: compute in that dtype; ``None``: the
+        input's dtype.
     overwrite : bool
         Replace an existing ``out``.
     seed : int
@@ -139,9 +142,10 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         M = job.operand(a, "a")
         n = square(M, "to be inverted", "for a least-squares or regularized solution use blocklin.solve(a, b, lam=...)")
         float_operand(M)
-        out_dtype = np.dtype(np.float64) if precision in ("mixed", "float64") else \
+        out_dtype = np.dtype(np.float64) if precision in ("mixed", "tf32", "float64") else \
             np.dtype(np.float32) if precision == "float32" else M.dtype
-        plan = plan_inverse(n, out_dtype, memory=job.cfg.memory, precision="mixed" if precision == "mixed" else None)
+        plan = plan_inverse(n, out_dtype, memory=job.cfg.memory,
+                            precision="mixed" if precision in ("mixed", "tf32") else None)
         if explain:
             return plan
         tol = _refine.default_tol(n, out_dtype) if tol is None else tol
@@ -152,6 +156,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
             path = ao.commit("inv", plan=plan.to_dict(), params={})
             return Matrix(path, report=job.report(plan=plan.to_dict()), temporary=out is None)
         ops = BlockOps(job, plan.chunk)
+        ops.math = "tf32" if precision == "tf32" else None
         norm_m, norm_x, xp, leaves, attempts = _invert_stored(ops, M, x_path, plan, out_dtype, seed)
         res = _refine.probe_estimate(job, M, xp, seed)
         x = _Iterate(x_path, res, _refine.backward_error(res, norm_m, norm_x), "probed", norm_x)
@@ -193,7 +198,10 @@ def _report(job: Job, ref: _Refinement, plan: InversePlan, attempts: int, *, pre
         backward_error_definition="||I - A X||_F / (||A||_F ||X||_F)", tol=ref.tol, refine_steps=ref.steps,
         history=ref.history, cond_estimate=ref.norm_m * x.norm_x, norm_a=ref.norm_m, norm_x=x.norm_x,
         attempts=attempts, min_leaf_rcond=min(rcs) if rcs else None, leaves=len(ref.leaves),
-        butterfly_depth=plan.depth, precision=precision, work_dtype=plan.work_dtype, gemm_steps=ref.ops.gemms)
+        butterfly_depth=plan.depth, precision=precision, work_dtype=plan.work_dtype, gemm_steps=ref.ops.gemms,
+        phases={"GEMMs (recursion, Newton-Schulz)": job.device,
+                "leaf inverses": "/".join(sorted({lf.get("device", "cpu") for lf in ref.leaves})) or None,
+                "butterfly transforms, residual probes": "cpu"})
     report["flops"] = plan.flops + ref.ops.flops
     return report
 
@@ -329,7 +337,7 @@ class _Refinement:
                 f"correct digit of the inverse; condition number estimate ||A||_F ||X||_F = {cond_est:.1e} "
                 f"(1/eps = {1 / eps:.1e})",
                 "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"
-                + ("" if precision != "mixed" else ", or invert without precision='mixed'")))
+                + ("" if precision not in ("mixed", "tf32") else f", or invert without precision='{precision}'")))
         if x.eta > self.tol and self.max_steps > 0:
             warn(f"inv: backward error {x.eta:.2e} ({x.method}) above tol {self.tol:.1e} after {self.steps} "
                  f"Newton-Schulz step(s) (condition estimate {cond_est:.1e}); the result is returned",
@@ -424,7 +432,12 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
 
 def _leaf(ops: BlockOps, src: str, dst: str, off: int, size: int, wdt: np.dtype) -> dict:
     job = ops.job
-    spec = LeafSpec(src=src, dst=dst, off=off, size=size, dtype=wdt.name, blas_threads=job.task_blas_threads(job.cores()))
+    from blocklin.device import pass_device
+
+    # 2 n^3 flops over n^2 elements read: the GPU wins on large leaves ('auto'), or when asked for
+    dev = pass_device(job.cfg.device, 2.0 * size**3, size * size * wdt.itemsize)
+    spec = LeafSpec(src=src, dst=dst, off=off, size=size, dtype=wdt.name, blas_threads=job.task_blas_threads(job.cores()),
+                    device=dev, device_memory=job.device_memory() if dev == "gpu" else None)
     graph = ops.graph("leaf", spec)
     graph.add((0,), leaf_inverse_task, spec)
     (res,) = job.run(graph, workers=1, blas_threads=job.cores(), description=f"leaf {off}:{off + size}")

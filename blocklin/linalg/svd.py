@@ -59,14 +59,31 @@ class SVDResult(tuple):
 
 # -- sources: the tall orientation B in memory or streamed -------------------------------------------
 class _InCore:
-    """``B`` held in memory (read once)."""
+    """``B`` held in memory (read once); on a GPU also kept on the device for the products with it."""
 
-    def __init__(self, b: np.ndarray) -> None:
+    def __init__(self, b: np.ndarray, device: Any = None) -> None:
         self.b = b
         self.M, self.N = b.shape
         self.dtype = b.dtype
+        self.dev = device
+        self.bd = device.to_device(b) if device is not None else None
+
+    def _normal_on_device(self, q: np.ndarray, keep_y: bool, gram: bool) -> tuple:
+        d, l = self.dev, q.shape[1]
+        y = d.zeros((self.M, l), self.dtype)
+        d.gemm_acc(y, self.bd, d.to_device(q.astype(self.dtype)))
+        z = d.zeros((self.N, l), self.dtype)
+        d.gemm_acc(z, self.bd.T, y)
+        g = None
+        if gram:
+            g = d.zeros((l, l), self.dtype)
+            d.gemm_acc(g, y.T, y)
+            g = d.to_host(g).astype(np.float64)
+        return d.to_host(z).astype(np.float64), g, (ArrayBlock(d.to_host(y)) if keep_y else None)
 
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
+        if self.dev is not None:
+            return self._normal_on_device(q, keep_y, gram)
         y = self.b @ q.astype(self.dtype)
         z = (self.b.T @ y).astype(np.float64)
         g = (y.T @ y).astype(np.float64) if gram else None
@@ -352,15 +369,26 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
                limit: int, dest: str) -> dict:
     """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``."""
     if plan.in_core:
-        src: Any = _InCore(load_incore(job, A, plan))
+        b = load_incore(job, A, plan)
+        dev = None
+        if job.device == "gpu" and b.nbytes * 1.5 <= (job.device_memory() or 0):
+            from blocklin.device import get_device
+
+            dev = get_device("gpu", device_memory=job.device_memory())
+        src: Any = _InCore(b, dev)
+        phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
     else:
         src = _Streamed(job, A, plan)
+        phases = {"passes over A": job.device}
     if plan.method == "rsvd":
-        return _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
-                     plan.transposed)
-    if plan.method == "sketch":
-        return _sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
-    return _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed)
+        r = _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
+                  plan.transposed)
+    elif plan.method == "sketch":
+        r = _sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
+    else:
+        r = _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed)
+    r["phases"] = phases
+    return r
 
 
 def _report(job: Job, plan: SvdPlan, r: dict, *, tol: float | None, seed: int, oversample: int) -> dict:
@@ -382,7 +410,7 @@ def _report(job: Job, plan: SvdPlan, r: dict, *, tol: float | None, seed: int, o
         relative_residuals=None if resid is None else (resid / s1).tolist(), converged=converged, tol=tol,
         seed=seed, oversample=oversample, block=plan.block, in_core=plan.in_core, plan=plan.to_dict(),
         sigma_max=s1, **{key: r[key] for key in ("power_iters", "orth", "lanczos_steps", "restarts", "history",
-                                                 "sketch_size") if key in r})
+                                                 "sketch_size", "phases") if key in r})
     if resid is None:
         report["residual_note"] = ("not computed: the single-pass sketch never reads A again; "
                                    "use method='rsvd' or 'lanczos' for residuals")

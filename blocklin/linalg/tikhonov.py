@@ -276,6 +276,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
         ctx = _Ctx(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method)
         info = _solve_wide(ctx, ao.array_path()) if plan.orientation == "wide" else _solve_tall(ctx, ao.array_path())
+        info.setdefault("phases", ctx.phases)
         report = job.report(orientation=plan.orientation, **info)
         params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method}
         path = ao.commit("solve", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
@@ -298,6 +299,7 @@ class _Ctx:
     lams: list[float]
     refine: Any
     method: str
+    phases: dict = dataclasses.field(default_factory=dict)  # pass -> device it ran on, for the report
 
 
 def _norms(values: np.ndarray) -> Any:
@@ -312,9 +314,20 @@ def _singular(cond: float, what: str) -> SingularMatrixError:
         "regularize with lam > 0, e.g. blocklin.solve(a, b, lam=1e-3 * ||A||), or let lam='gcv' choose it"))
 
 
+def _pass_device(ctx: _Ctx, phase: str, flops: float) -> str:
+    """Device of a pass over A and B (``auto``: the GPU only where it wins), recorded for the report."""
+    from blocklin.device import pass_device
+
+    read = ctx.m * (ctx.n * ctx.A.dtype.itemsize + ctx.k * ctx.B.dtype.itemsize)
+    dev = pass_device(ctx.job.cfg.device, flops, read)
+    ctx.phases[phase] = dev
+    return dev
+
+
 def _gram_pass(ctx: _Ctx) -> dict:
     states, _ = run_pass(ctx.job, gram_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64"},
-                         reserve=small_bytes(ctx.n, ctx.k), description="Gram pass: A^T A, A^T b")
+                         reserve=small_bytes(ctx.n, ctx.k), description="Gram pass: A^T A, A^T b",
+                         device=_pass_device(ctx, "gram pass", ctx.m * ctx.n * (ctx.n + 2 * ctx.k)))
     states = [s for s in states if s is not None]
     g = states[0]["g"]
     for s in states[1:]:
@@ -327,7 +340,8 @@ def _gram_pass(ctx: _Ctx) -> dict:
 def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     states, _ = run_pass(ctx.job, residual_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64", "x": x},
                          reserve=small_bytes(ctx.n, ctx.k), check_finite=False,
-                         description="refinement pass: A^T (b - A x)")
+                         description="refinement pass: A^T (b - A x)",
+                         device=_pass_device(ctx, "residual pass", 4 * ctx.m * ctx.n * ctx.k))
     states = [s for s in states if s is not None]
     return sum(s["atr"] for s in states), sum(s["rr"] for s in states)
 
@@ -475,6 +489,7 @@ def _solve_wide(ctx: _Ctx, x_path: str) -> dict:
     Both GEMMs run in the solve's own job (each counted as a pass over ``A``).
     """
     job = ctx.job
+    ctx.phases.update({"gram GEMM": job.device, "solution GEMM": job.device})
     gram = Gemm.of(ctx.A, ctx.A, trans_b=True, dtype="float64")
     plan = gram.plan(job)
     g_path = job.scratch("gram", gram.shape, np.float64, plan.out_chunks)

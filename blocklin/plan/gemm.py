@@ -26,6 +26,7 @@ from blocklin._memory import IO_CONCURRENCY  # zarr's chunks in flight; each hol
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import split
+from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, transfer_bound
 
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.
 TASK_OVERHEAD_BYTES = 4 * 2**20
@@ -117,6 +118,10 @@ class GemmPlan:
         if self.device_peak is not None:
             lines.append(f"  device    peak {format_size(self.device_peak)} of "
                          f"{format_size(self.device_memory or 0)} device budget")
+            if transfer_bound(self.tm, self.tn, self.dtype):
+                lines.append(f"  note      {self.tm} x {self.tn} tiles are transfer-bound on an {DEFAULT_GPU} over PCIe "
+                             f"(compute-bound from ~{crossover_tile(self.dtype)} square for {self.dtype}); "
+                             "a larger device_memory allows larger tiles")
         return "\n".join(lines)
 
 
@@ -163,14 +168,15 @@ def _panel_reads(t: int, unit: int, k: int) -> tuple[int, int, float]:
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
                  c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool,
                  read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY,
-                 out_rows: int = 0) -> tuple[int, int]:
-    """(host bytes, device bytes) of one task's buffers."""
+                 out_rows: int = 0, loaders: int = 1) -> tuple[int, int]:
+    """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once)."""
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
     cast = slots * (tm * tk + tk * tn) * isz if src_isz != (isz, isz) else 0
     # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
     # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
-    io = min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes + min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes
+    io = (loaders * min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes
+          + min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes)
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
     if on_gpu:
         host = slots * panels_src + cast + c_strip + 3 * out_rows * tn * isz + io
@@ -181,7 +187,7 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
 
 def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chunks: tuple[int, int],
               memory: int, source_dtypes: tuple | None = None, c_chunks: tuple[int, int] | None = None,
-              workers: int | None = None, cores: int | None = None, prefetch: int = 1, device: str = "cpu",
+              workers: int | None = None, cores: int | None = None, prefetch: int | None = None, device: str = "cpu",
               device_memory: int | None = None, out_chunks: tuple[int, int] | None = None) -> GemmPlan:
     """Choose tiles for ``op(A)[m x k] @ op(B)[k x n]`` within ``memory`` bytes.
 
@@ -203,8 +209,10 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         Concurrent tasks; default one task with every core given to BLAS.
     cores : int, optional
         Cores to share between tasks and BLAS threads (default: this machine's).
-    prefetch : int
-        Panels read ahead per task.
+    prefetch : int, optional
+        Panels read ahead per task. Default: 1 on a CPU; on a GPU the deepest of 1-3 that the budgets
+        allow with the chosen tiles (the task then reads with as many loader threads), so that reads
+        and uploads keep a fast device fed.
     device : {"cpu", "gpu"}
         Where accumulators live.
     device_memory : int, optional
@@ -233,6 +241,8 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     if device == "gpu" and device_memory is None:
         raise BudgetError(explain("device_memory", "must be known to plan on a GPU", "None",
                                   "pass device_memory='8GiB' or let the runtime measure free memory"))
+    auto_prefetch = prefetch is None
+    prefetch = 1 if prefetch is None else max(0, int(prefetch))
     space = _Space.of(m, n, k, dt, src, a_chunks=a_chunks, b_chunks=b_chunks, c_chunks=c_chunks, prefetch=prefetch,
                       on_gpu=device == "gpu", out_chunks=out_chunks)
     # Chunk-wide panels first; narrower ones only when the budget leaves no other way.
@@ -242,6 +252,14 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     if best is None:
         raise _smallest_does_not_fit(space, workers=workers, memory=memory, device_memory=device_memory)
     tm, tn, tk, host, dev, oc, read, rereads = best
+    if auto_prefetch and space.on_gpu:
+        for depth in (3, 2):  # read further ahead, with as many loader threads, when the budgets allow
+            deeper = dataclasses.replace(space, prefetch=depth, loaders=depth)
+            h2, d2 = deeper.task_memory(tm, tn, tk, oc, read_chunks=deeper.read_chunks(tm, tn, tk),
+                                        write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
+            if h2 * workers <= memory and d2 * workers <= device_memory:
+                prefetch, host, dev = depth, h2, d2
+                break
     isz = dt.itemsize
     c_read = m * n * isz if space.with_c else 0
     return GemmPlan(
@@ -273,6 +291,7 @@ class _Space:
     ku_b: int
     io_chunk: int
     out_chunks: tuple[int, int] | None
+    loaders: int = 1
 
     @classmethod
     def of(cls, m: int, n: int, k: int, dt: np.dtype, src: tuple, *, a_chunks: tuple[int, int],
@@ -307,7 +326,13 @@ class _Space:
         return _task_memory(tm, tn, tk, isz=self.isz, src_isz=self.src_isz, prefetch=self.prefetch,
                             with_c=self.with_c, c_rows=self.c_rows, io_chunk_bytes=self.io_chunk,
                             out_chunk_bytes=oc[0] * oc[1] * self.isz, on_gpu=self.on_gpu, read_chunks=read_chunks,
-                            write_chunks=write_chunks, out_rows=oc[0])
+                            write_chunks=write_chunks, out_rows=oc[0], loaders=self.loaders)
+
+    def read_chunks(self, tm: int, tn: int, tk: int) -> int:
+        """Chunks one panel read touches (the larger of the two operands; panels may cut chunks)."""
+        ta = _panel_reads(tk, self.ku_a, self.k)[0]
+        tb = _panel_reads(tk, self.ku_b, self.k)[0]
+        return max(-(-tm // self.mu) * ta, tb * -(-tn // self.nu))
 
 
 def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
@@ -327,10 +352,9 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
             if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
                 continue
             for tk in tk_options:
-                ta, ra_max, ra = _panel_reads(tk, sp.ku_a, k)
-                tb, rb_max, rb = _panel_reads(tk, sp.ku_b, k)
-                read_chunks = max(-(-tm // sp.mu) * ta, tb * -(-tn // sp.nu))
-                host, dev = sp.task_memory(tm, tn, tk, oc, read_chunks=read_chunks,
+                _, ra_max, ra = _panel_reads(tk, sp.ku_a, k)
+                _, rb_max, rb = _panel_reads(tk, sp.ku_b, k)
+                host, dev = sp.task_memory(tm, tn, tk, oc, read_chunks=sp.read_chunks(tm, tn, tk),
                                            write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
                 if host * workers > memory or (sp.on_gpu and dev * workers > device_memory):
                     continue

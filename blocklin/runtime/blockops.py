@@ -47,6 +47,8 @@ class BlockOps:
         self.steps = 0
         self.gemms = 0
         self.flops = 0
+        #: ``"tf32"``: the float32 GEMMs use TF32 tensor cores on a GPU (``inv(precision="tf32")``).
+        self.math: str | None = None
 
     def graph(self, what: str, *identity: Any) -> TileGraph:
         """A new tile graph for one operation of this job, named by the operation, its step and ``identity``."""
@@ -77,7 +79,8 @@ class BlockOps:
         spec = GemmSpec(a=a, b=b, c=c, out=out, trans_a=False, trans_b=False, alpha=float(alpha), beta=float(beta),
                         dtype=dt.name, plan=plan, device=job.device, device_memory=dev_mem, check_finite=False,
                         done_dir=None, blas_threads=job.task_blas_threads(plan.blas_threads), a_off=tuple(a_off),
-                        b_off=tuple(b_off), c_off=tuple(c_off), out_off=tuple(out_off), epilogue=epilogue)
+                        b_off=tuple(b_off), c_off=tuple(c_off), out_off=tuple(out_off), epilogue=epilogue,
+                        precision=self.math if dt == np.float32 else None)
         graph = self.graph("gemm", spec)
         for i, j, rows, cols in plan.tiles():
             graph.add((i, j), gemm_tile, spec, i, j, rows, cols)

@@ -19,7 +19,7 @@ from typing import Any, Unpack
 from blocklin import _memory
 from blocklin._memory import peak_rss
 from blocklin.config import Config, Settings, check_settings, format_size, resolve, size_hint
-from blocklin.device.base import gpu_available, resolved_kind
+from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
 from blocklin.errors import BudgetError, ConfigError, WorkerLostError, explain
 from blocklin.operands import Operand, as_operand
 from blocklin.runtime.graph import TileGraph, execute
@@ -114,7 +114,10 @@ class Job:
         return self.cfg.check_finite
 
     def device_memory(self) -> int | None:
-        """Device budget: configured, else 80% of the free device memory (GPU only)."""
+        """Device budget: configured, else 80% of what this process may use on the GPU (GPU only).
+
+        That is free memory plus CuPy's cached blocks (total minus what other processes hold).
+        """
         if self.device != "gpu":
             return None
         if self.cfg.device_memory:
@@ -278,3 +281,5 @@ class Job:
         finally:
             self.progress.close()
             self.stack.close()
+            if self.device == "gpu":
+                release_device_caches()

@@ -172,7 +172,7 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
 def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict | None = None, *,
              plan: RowPassPlan | None = None, outputs: Sequence[tuple[str, str]] = (),
              transposed_outputs: Sequence[str] = (), check_finite: bool | None = None, over: str = "a",
-             description: str = "pass", **planning: Any) -> PassResult:
+             description: str = "pass", device: str | None = None, **planning: Any) -> PassResult:
     """Plan (unless ``plan`` is given) and run one pass of ``kernel``; the job counts it.
 
     Parameters
@@ -193,6 +193,8 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
         operation wrote or checked itself).
     over : str
         What the pass reads, for the job's pass counts (``"a"``: the operation's input).
+    device : {"cpu", "gpu"}, optional
+        For a kernel that runs on any device: where this pass runs (default: the job's device).
     **planning
         ``memory``, ``reserve``, ``max_strip``, ``min_tasks``, ``workers`` for :func:`plan_kernel_pass`.
     """
@@ -200,10 +202,12 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
     params = dict(params or {})
     if plan is None:
         plan = plan_kernel_pass(job, kernel, sources, params, **planning)
-    device = job.device if kernel.device == "any" else kernel.device  # type: ignore[attr-defined]
+    if kernel.device != "any":  # type: ignore[attr-defined]
+        device = kernel.device  # type: ignore[attr-defined]
+    device = device or job.device
     spec = RowPassSpec(inputs=tuple(s.path for s in sources), names=tuple(s.name for s in sources), kernel=kernel,
                        params=Params(**params, strip=plan.strip, ends=tuple(g[1] for g in plan.groups)), plan=plan,
-                       device=device, device_memory=job.device_memory() if device == job.device else None,
+                       device=device, device_memory=job.device_memory() if device == "gpu" else None,
                        check_finite=job.check_finite if check_finite is None else check_finite,
                        outputs=tuple(outputs), init=kernel.init,  # type: ignore[attr-defined]
                        blas_threads=job.task_blas_threads(plan.blas_threads),

@@ -238,6 +238,8 @@ class GemmSpec:
     out_off: tuple[int, int] = (0, 0)
     #: Caller-supplied work on each finished strip before it is written (see :class:`Epilogue`).
     epilogue: Epilogue | None = None
+    #: ``"tf32"``: float32 GEMMs on a GPU use TF32 tensor cores (``Device.math``).
+    precision: str | None = None
 
 
 class Epilogue:
@@ -271,11 +273,16 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
     if marker and os.path.exists(marker):
         return {"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0}
     t_start = time.perf_counter()
-    tile = _GemmTile(spec, rows, cols)
-    try:
-        tile.compute()
-    finally:
-        tile.close()
+    device = get_device(spec.device, device_memory=spec.device_memory)
+    plan = spec.plan
+    # The task's planned device bytes come from the one budget of all tasks on this GPU (it waits
+    # while others hold it); TF32 only where the spec asks for it.
+    with device.reserve((plan.device_peak or 0) // max(1, plan.workers)), device.math(spec.precision):
+        tile = _GemmTile(spec, rows, cols)
+        try:
+            tile.compute()
+        finally:
+            tile.close()
     if marker:
         open(marker, "w").close()
     return tile.result(time.perf_counter() - t_start)
@@ -297,8 +304,10 @@ class _GemmTile:
         self.casts = (self.A.dtype != dt, self.B.dtype != dt)
         self.nbytes = 0
         self.acc = device.zeros((tm, tn), dt)
+        # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
         self.stream = TileStream(device, len(self.panels), self.load, [a_shape, b_shape],
-                                 [self.A.dtype, self.B.dtype], depth=plan.prefetch)
+                                 [self.A.dtype, self.B.dtype], depth=plan.prefetch, device_dtype=[dt, dt],
+                                 loaders=1 if device.host_resident else plan.prefetch)
         self.C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
         self.strips = split(tm, plan.out_chunks[0])
         o0, o1 = spec.out_off
@@ -341,16 +350,24 @@ class _GemmTile:
                 self.device.gemm_acc(self.acc, a_dev, b_dev)
                 continue
             # The last panel is applied strip by strip so that writing finished strips overlaps the
-            # rest of the compute; each element still sees the same k-panels in the same order.
+            # rest of the compute; each element still sees the same k-panels in the same order. On a
+            # GPU a strip's C read (host) and download (d2h stream) run while the next strip's GEMM
+            # computes: a strip is waited for only after the next GEMM was queued.
+            pending = None
             for r0, r1 in self.strips:
                 self.device.gemm_acc(self.acc[r0:r1], a_dev[r0:r1], b_dev)
-                self.finish(r0, r1)
+                queued = self.start(r0, r1)
+                if pending is not None:
+                    self.finish(pending)
+                pending = queued
+            if pending is not None:
+                self.finish(pending)
         if not self.panels:  # k == 0: the result is beta * C (or zeros)
             for r0, r1 in self.strips:
-                self.finish(r0, r1)
+                self.finish(self.start(r0, r1))
 
-    def finish(self, r0: int, r1: int) -> None:
-        """Scale strip ``r0:r1``, add ``beta * C``, run the epilogue, hand the strip to the writer."""
+    def start(self, r0: int, r1: int) -> tuple:
+        """Scale strip ``r0:r1`` and add ``beta * C``; on a GPU queue its download (not waited for)."""
         spec, device, acc = self.spec, self.device, self.acc
         if self.C is not None:
             c0, c1 = spec.c_off
@@ -364,13 +381,18 @@ class _GemmTile:
         elif spec.alpha != 1.0:
             device.axpby(acc[r0:r1], spec.alpha, None, 0.0)
         if device.host_resident:
-            host, done = acc[r0:r1], None
-        else:
-            buf = self.host_bufs.get()
-            host = device.download(acc, slice(r0, r1), out=region(buf, (r1 - r0, self.tn)))
-            done = lambda b=buf: self.host_bufs.put(b)  # noqa: E731
-        if spec.epilogue is not None:
-            spec.epilogue.strip(self.extra, host, r0, r1)
+            return r0, r1, acc[r0:r1], None, None
+        buf = self.host_bufs.get()
+        host, ready = device.download_async(acc, slice(r0, r1), out=region(buf, (r1 - r0, self.tn)))
+        return r0, r1, host, ready, lambda b=buf: self.host_bufs.put(b)
+
+    def finish(self, pending: tuple) -> None:
+        """Wait for the strip's download, run the epilogue, hand the strip to the writer."""
+        r0, r1, host, ready, done = pending
+        if ready is not None:
+            ready.synchronize()
+        if self.spec.epilogue is not None:
+            self.spec.epilogue.strip(self.extra, host, r0, r1)
         self.writer.submit(r0, r1, host, done=done)
 
     def close(self) -> None:

@@ -1,0 +1,45 @@
+"""When a GPU tile stream is compute-bound: the compute/transfer crossover of its tiles.
+
+A ``tm x tn`` accumulator fed ``tk``-wide panels performs ``2 tm tn tk`` flops for every
+``(tm + tn) tk`` elements copied over the host link, an arithmetic intensity of
+``2 tm tn / ((tm + tn) itemsize)`` flops per byte (``T / itemsize`` for square tiles). The GPU
+computes at its peak only when that intensity reaches ``peak flops / link bandwidth``: for an H200
+over PCIe 5 (about 55 GB/s measured), square float64 tiles of about 10k, float32 about 5k, TF32
+about 36k. Below it the stream is transfer-bound whatever the overlap.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: Dense peak rates (flop/s, no sparsity) and measured host-link bandwidth (bytes/s) of known GPUs.
+GPUS: dict[str, dict[str, float]] = {
+    "H200": {"float64": 67e12, "float32": 67e12, "tf32": 494e12, "link": 55e9},
+    "H100": {"float64": 67e12, "float32": 67e12, "tf32": 494e12, "link": 55e9},
+    "A100": {"float64": 19.5e12, "float32": 19.5e12, "tf32": 156e12, "link": 25e9},
+}
+DEFAULT_GPU = "H200"
+
+
+def intensity(tm: int, tn: int, itemsize: int) -> float:
+    """Flops per byte copied to the device for a ``tm x tn`` tile (independent of ``tk``)."""
+    return 2.0 * tm * tn / ((tm + tn) * itemsize)
+
+
+def crossover_tile(dtype, *, gpu: str = DEFAULT_GPU, precision: str | None = None,
+                   link: float | None = None) -> int:
+    """Smallest square tile that keeps ``gpu`` compute-bound for ``dtype`` (TF32 when ``precision='tf32'``)."""
+    dt = np.dtype(dtype)
+    spec = GPUS[gpu]
+    peak = spec["tf32"] if precision == "tf32" and dt == np.float32 else spec[dt.name]
+    return math.ceil(peak / (link or spec["link"]) * dt.itemsize)
+
+
+def transfer_bound(tm: int, tn: int, dtype, *, gpu: str = DEFAULT_GPU, precision: str | None = None,
+                   link: float | None = None) -> bool:
+    """Whether ``tm x tn`` tiles leave ``gpu`` waiting for the host link."""
+    dt = np.dtype(dtype)
+    c = crossover_tile(dt, gpu=gpu, precision=precision, link=link)
+    return intensity(tm, tn, dt.itemsize) < c / dt.itemsize

@@ -1,0 +1,605 @@
+"""The CuPy stand-in itself, and the CUDA device bugs it catches.
+
+The first half checks that the stand-in models CuPy's contracts and CUDA's ordering adversarially
+(lazy streams, vector-clock race reports with both call sites, pinned-buffer checks, legacy-stream
+rules). The second half drives ``CudaDevice``/``TileStream`` and the operations through it; each of
+those tests failed on the stand-in before the bug it names was fixed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cupy_standin
+
+import blocklin as bl
+from blocklin.device import TileStream, get_device
+
+
+@pytest.fixture
+def standin():
+    with cupy_standin.installed() as state:
+        import cupy
+
+        yield cupy
+        state.races.clear()
+
+
+def races() -> list[str]:
+    cupy_standin.synchronize_all()
+    out, cupy_standin.STATE.races = cupy_standin.STATE.races, []
+    return out
+
+
+# -- the stand-in's model ----------------------------------------------------------------------------
+def test_queued_work_runs_only_when_forced(standin):
+    cp = standin
+    s = cp.cuda.Stream(non_blocking=True)
+    host = np.arange(6.0).reshape(2, 3)
+    d = cp.empty((2, 3))
+    d.set(host, stream=s)
+    with s:
+        d *= 2.0
+    # nothing forced the stream: the buffer still holds what cudaMalloc left
+    assert not s.done
+    assert np.array_equal(d.get(stream=s), 2 * host)  # a blocking get forces the stream
+    assert s.done and races() == []
+
+
+def test_event_wait_forces_the_other_stream_and_orders_it(standin):
+    cp = standin
+    h2d, comp = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    d = cp.empty((4,))
+    d.set(np.ones(4), stream=h2d)
+    ev = cp.cuda.Event()
+    ev.record(h2d)
+    comp.wait_event(ev)
+    with comp:
+        d += 1.0
+    comp.synchronize()  # forces the upload it depends on first
+    assert h2d.done
+    assert np.array_equal(d.get(stream=comp), np.full(4, 2.0))
+    assert races() == []
+
+
+def test_unordered_cross_stream_access_is_reported_with_both_sites(standin):
+    cp = standin
+    h2d, comp = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    d = cp.empty((4,))
+    d.set(np.ones(4), stream=h2d)  # line A
+    with comp:
+        d *= 3.0  # line B: no event between the streams
+    found = races()
+    assert len(found) == 1
+    assert "write" in found[0] and "test_cupy_standin.py" in found[0]
+    assert found[0].count("test_cupy_standin.py") >= 2  # both call sites
+
+
+def test_disjoint_rows_of_one_buffer_do_not_race(standin):
+    cp = standin
+    a, b = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    d = cp.zeros((4, 3))
+    cp.cuda.Device().synchronize()
+    d[:2].set(np.ones((2, 3)), stream=a)
+    d[2:].set(np.ones((2, 3)), stream=b)
+    assert races() == []
+
+
+def test_non_blocking_streams_are_unordered_with_the_legacy_stream(standin):
+    cp = standin
+    s = cp.cuda.Stream(non_blocking=True)
+    d = cp.empty((3,))
+    d.set(np.ones(3), stream=s)
+    d.get()  # legacy stream: no ordering with s
+    assert len(races()) == 1
+    blocking = cp.cuda.Stream()  # a blocking stream is ordered with the legacy one
+    e = cp.empty((3,))
+    e.set(np.ones(3), stream=blocking)
+    assert np.array_equal(e.get(), np.ones(3))
+    assert races() == []
+
+
+def test_host_writing_a_pinned_buffer_before_its_copy_ran_is_reported(standin):
+    import cupyx
+
+    cp = standin
+    s = cp.cuda.Stream(non_blocking=True)
+    buf = cupyx.empty_pinned((5,), dtype=np.float64)
+    buf[...] = 1.0
+    d = cp.empty((5,))
+    d.set(buf, stream=s)
+    buf[...] = 2.0  # refilled while the copy may still be queued
+    s.synchronize()
+    found = races()
+    assert len(found) == 1 and "pinned" in found[0]
+    # pageable memory is staged at the call, so the same pattern is safe there
+    page = np.ones(5)
+    d.set(page, stream=s)
+    page[...] = 7.0
+    assert np.array_equal(d.get(stream=s), np.ones(5)) and races() == []
+
+
+def test_async_download_leaves_garbage_until_forced(standin):
+    import cupyx
+
+    cp = standin
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        d = cp.asarray(np.arange(4.0))
+    out = cupyx.empty_pinned((4,), dtype=np.float64)
+    d.get(stream=s, out=out, blocking=False)
+    assert np.isnan(out).all()
+    s.synchronize()
+    assert np.array_equal(out, np.arange(4.0)) and races() == []
+
+
+def test_copy_and_gemm_contracts_match_cupy(standin):
+    cp = standin
+    d = cp.empty((2, 3), dtype=np.float32)
+    with pytest.raises(TypeError, match="float64 array cannot be set to float32 array"):
+        d.set(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="Shape mismatch"):
+        d.set(np.ones((3, 2), dtype=np.float32))
+    with pytest.raises(RuntimeError, match="non-contiguous"):
+        cp.empty((4, 4))[:, ::2].set(np.ones((4, 2)))
+    with pytest.raises(TypeError, match="cannot be obtained"):
+        d.get(out=np.empty((2, 3)))
+    with pytest.raises(AssertionError):
+        cp.cublas.gemm("N", "N", d, cp.empty((3, 2)), out=cp.empty((2, 2)))
+    with pytest.raises(AssertionError):
+        cp.cublas.gemm("N", "N", cp.empty((2, 3)), cp.empty((3, 2)), out=cp.empty((2, 3)))
+    with pytest.raises(TypeError, match="Implicit conversion"):
+        np.asarray(d)
+    with pytest.raises(TypeError, match="numpy.ndarray"):
+        d += np.ones((2, 3), dtype=np.float32)
+
+
+def test_gemm_and_syrk_match_numpy(standin, rng):
+    cp = standin
+    a, b, c = rng.standard_normal((5, 4)), rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
+    out = cp.asarray(c)
+    cp.cublas.gemm("N", "N", cp.asarray(a), cp.asarray(b), out=out, alpha=2.0, beta=1.0)
+    np.testing.assert_allclose(out.get(), 2 * a @ b + c, rtol=1e-13)
+    g = cp.cublas.syrk("T", cp.asarray(a), out=cp.zeros((4, 4)), lower=True)
+    np.testing.assert_allclose(np.tril(g.get()), np.tril(a.T @ a), rtol=1e-13)
+    assert np.all(np.triu(g.get(), 1) == 0)  # the other triangle is not written
+    assert races() == []
+
+
+def test_elapsed_time_follows_cuda_rules(standin):
+    cp = standin
+    s = cp.cuda.Stream(non_blocking=True)
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    e0.record(s)
+    e1.record(s)
+    with pytest.raises(cupy_standin.CUDARuntimeError, match="NotReady"):
+        cp.cuda.get_elapsed_time(e0, e1)
+    e1.synchronize()
+    assert cp.cuda.get_elapsed_time(e0, e1) >= 0
+    with pytest.raises(cupy_standin.CUDARuntimeError, match="disable_timing"):
+        quiet = cp.cuda.Event(disable_timing=True)
+        quiet.record(s)
+        quiet.synchronize()
+        cp.cuda.get_elapsed_time(e0, quiet)
+
+
+def test_free_memory_counts_the_pools_cache(standin):
+    cp = standin
+    free0, total = cp.cuda.runtime.memGetInfo()
+    x = cp.empty((1 << 20,), dtype=np.uint8)
+    del x
+    free1, _ = cp.cuda.runtime.memGetInfo()
+    assert free1 == free0 - (1 << 20)  # the pool keeps the freed block: cudaMemGetInfo sees it used
+    assert cp.get_default_memory_pool().free_bytes() == 1 << 20
+
+
+# -- CudaDevice and TileStream on the stand-in: the bugs of issue 10 ---------------------------------
+def _panel_loader(k_panels: int, m: int, k: int, rng):
+    full = rng.standard_normal((m, k * k_panels))
+
+    def load(i, bufs):
+        (buf,) = bufs
+        view = buf.reshape(-1)[: m * k].reshape(m, k)
+        view[...] = full[:, i * k:(i + 1) * k]
+        return (view,)
+
+    return full, load
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_tile_stream_refills_pinned_slots_only_after_their_upload(standin, rng, depth):
+    """Issue 10: the depth-0 stream refilled the pinned buffer while its upload could still run."""
+    cp = standin
+    dev = get_device("gpu")
+    full, load = _panel_loader(5, 6, 4, rng)
+    acc = dev.zeros((6, 6), np.float64)
+    for _, (x,) in TileStream(dev, 5, load, [(6, 4)], "float64", depth=depth):
+        dev.gemm_acc(acc, x, x.T)
+    got = dev.download(acc, slice(0, 6))
+    np.testing.assert_allclose(got, full @ full.T, rtol=1e-12)
+    assert races() == []
+
+
+def test_two_tile_streams_on_one_thread_do_not_overlap(standin, rng):
+    """Issue 10: the next stream overwrote device slots / pinned buffers the previous one still used."""
+    dev = get_device("gpu")
+    accs, fulls = [], []
+    for _ in range(3):  # no blocking download between the streams
+        full, load = _panel_loader(3, 4, 5, rng)
+        acc = dev.zeros((4, 4), np.float64)
+        for _, (x,) in TileStream(dev, 3, load, [(4, 5)], "float64", depth=1):
+            dev.gemm_acc(acc, x, x.T)
+        accs.append(acc)
+        fulls.append(full)
+    for acc, full in zip(accs, fulls):
+        np.testing.assert_allclose(dev.download(acc, slice(0, 4)), full @ full.T, rtol=1e-12)
+    assert races() == []
+
+
+def test_non_contiguous_upload_is_ordered_with_compute(standin, rng):
+    """Issue 10: the fallback upload ran on the legacy stream, unordered with the compute stream."""
+    dev = get_device("gpu")
+    host = rng.standard_normal((4, 6))
+    dev.slots(1, [(4, 3)], np.float64)
+    (x,) = dev.upload(0, (host[:, ::2],))
+    acc = dev.zeros((4, 4), np.float64)
+    dev.gemm_acc(acc, x, x.T)
+    dev.after_use(0)
+    np.testing.assert_allclose(dev.download(acc, slice(0, 4)), host[:, ::2] @ host[:, ::2].T, rtol=1e-12)
+    assert races() == []
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_zeroing_clears_nan_and_inf(standin, kind):
+    """Issue 10: zeroing multiplied by 0, so NaN and Inf survived."""
+    dev = get_device(kind)
+    acc = dev.zeros((2, 3), np.float64)
+    dev.axpby(acc, 1.0, np.array([[np.nan, np.inf, 1.0], [-np.inf, 2.0, np.nan]]), 1.0)
+    dev.axpby(acc, 0.0, None, 0.0)
+    assert np.array_equal(np.array(dev.download(acc, slice(0, 2))), np.zeros((2, 3)))
+    assert races() == []
+
+
+def test_matmul_with_a_cast_operand_on_the_gpu(standin, tmp_path, rng):
+    """Issue 10: a float32 operand computed in float64 crashed in ndarray.set (slots had the stored dtype)."""
+    a = rng.standard_normal((40, 30)).astype(np.float32)
+    b = rng.standard_normal((30, 20))
+    res = bl.matmul(a, b, tmp_path / "c.zarr", dtype="float64", device="gpu", memory="256KiB",
+                    device_memory="64KiB")
+    ref = a.astype(np.float64) @ b
+    # both operands exact in float64 (a is a rounded float32): float64 rounding of a length-30 dot
+    assert np.abs(res.to_numpy() - ref).max() <= 30 * 4 * np.finfo(np.float64).eps * np.abs(ref).max()
+    assert races() == []
+
+
+def test_stream_test_pattern_reading_on_the_legacy_stream_is_caught(standin):
+    """Issue 10: the GPU stream test read uploads with x.get() on the legacy stream."""
+    dev = get_device("gpu")
+
+    def load(i, bufs):
+        bufs[0][...] = i
+        return bufs
+
+    for _, (x,) in TileStream(dev, 3, load, [(2, 2)], "float64", depth=1):
+        x.get()  # the old test's read: unordered with the upload stream
+    assert races()
+
+
+def test_wide_solve_honours_device(standin, rng):
+    """Issue 10: solve's wide path dropped ``device``, so its GEMMs ran wherever 'auto' pointed."""
+    a = rng.standard_normal((20, 50))
+    b = rng.standard_normal(20)
+    cupy_standin.STATE.counts.clear()
+    x = bl.solve(a, b, lam=0.1, device="cpu", memory="64KiB")
+    assert cupy_standin.STATE.counts.get("cublas.gemm", 0) == 0  # CPU asked: the GPU stand-in stays idle
+    ref = a.T @ np.linalg.solve(a @ a.T + 0.01 * np.eye(20), b)
+    np.testing.assert_allclose(np.asarray(x.to_numpy() if hasattr(x, "to_numpy") else x).ravel(), ref,
+                               rtol=1e-8, atol=1e-10)
+
+
+# -- precision, overlap and resources ----------------------------------------------------------------
+def test_tf32_only_inside_math_block_and_mode_restored(standin, rng):
+    """``CUPY_TF32`` does not reach cublasSgemm; the device sets the cuBLAS math mode itself."""
+    dev = get_device("gpu")
+    k = 256
+    a = rng.standard_normal((8, k)).astype(np.float32)
+    b = rng.standard_normal((k, 8)).astype(np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    scale = np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64)
+
+    def run(precision):
+        acc = dev.zeros((8, 8), np.float32)
+        with dev.math(precision):
+            dev.gemm_acc(acc, dev.to_device(a), dev.to_device(b))
+        return float(np.max(np.abs(dev.download(acc, slice(0, 8)) - ref) / scale))
+
+    fp32, tf32 = run(None), run("tf32")
+    # float32: about k * 2^-24 at worst; TF32 rounds the inputs to 10 mantissa bits (2^-11 each)
+    assert fp32 < k * 2.0**-24
+    assert 2.0**-14 < tf32 < 4 * 2.0**-11
+    assert cupy_standin.STATE.math_mode == 0  # the handle's mode is restored
+    assert races() == []
+
+
+def test_download_async_lets_the_next_gemm_queue(standin, rng):
+    import cupyx
+
+    dev = get_device("gpu")
+    x = rng.standard_normal((6, 5))
+    acc = dev.zeros((6, 6), np.float64)
+    xd = dev.to_device(x)
+    dev.gemm_acc(acc[:3], xd[:3], xd.T)
+    out = cupyx.empty_pinned((3, 6), dtype=np.float64)
+    view, done = dev.download_async(acc, slice(0, 3), out=out)
+    dev.gemm_acc(acc[3:], xd[3:], xd.T)  # queued while the copy of rows 0:3 is in flight
+    assert not done.done and not dev.compute.done  # nothing forced either
+    done.synchronize()
+    np.testing.assert_allclose(view, x[:3] @ x.T, rtol=1e-13)
+    np.testing.assert_allclose(dev.download(acc, slice(3, 6)), x[3:] @ x.T, rtol=1e-13)
+    assert races() == []
+
+
+def test_pinned_memory_released_when_the_job_ends(standin, tmp_path, rng):
+    a = rng.standard_normal((64, 48))
+    b = rng.standard_normal((48, 32))
+    res = bl.matmul(a, b, tmp_path / "c.zarr", device="gpu", memory="256KiB", device_memory="64KiB")
+    np.testing.assert_allclose(res.to_numpy(), a @ b, rtol=1e-12)
+    assert cupy_standin.pinned_bytes_held() == 0
+    assert races() == []
+
+
+def test_device_budget_counts_the_pools_cached_blocks_as_ours(standin):
+    cp = standin
+    dev = get_device("gpu")
+    before = dev.free_memory()
+    x = cp.empty((1 << 20,), dtype=np.uint8)
+    del x  # cached by the pool: cudaMemGetInfo calls it used, but this process can reuse it
+    assert dev.free_memory() == before
+    cupy_standin.STATE.others = 1 << 24  # another process takes 16 MiB
+    assert dev.free_memory() == before - (1 << 24)
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+@pytest.mark.parametrize("loaders", [1, 3])
+def test_several_loaders_keep_order(standin, kind, loaders, rng):
+    dev = get_device(kind)
+    full, load = _panel_loader(9, 5, 3, rng)
+    acc = dev.zeros((5, 5), np.float64)
+    seen = []
+    stream = TileStream(dev, 9, load, [(5, 3)], "float64", depth=3, loaders=loaders)
+    for i, (x,) in stream:
+        seen.append(i)
+        dev.gemm_acc(acc, x, x.T)
+    assert seen == list(range(9)) and stream.loaders == loaders
+    np.testing.assert_allclose(np.array(dev.download(acc, slice(0, 5))), full @ full.T, rtol=1e-12)
+    assert races() == []
+
+
+def test_device_modules_import_without_a_cycle():
+    import subprocess
+    import sys
+
+    for mod in ("blocklin.device.cpu", "blocklin.device.cuda"):  # each first in a fresh interpreter
+        subprocess.run([sys.executable, "-c", f"import {mod}"], check=True)
+
+
+# -- dense operations on every device ----------------------------------------------------------------
+def _tol(dtype) -> float:
+    # backward-stable LAPACK/cuSOLVER kernels on well-conditioned 12 x 12 inputs: a few hundred eps
+    return 500 * np.finfo(np.dtype(dtype)).eps
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_dense_operations_match_numpy(standin, kind, dtype, rng):
+    dev = get_device(kind)
+    tol = _tol(dtype)
+    a = rng.standard_normal((30, 12)).astype(dtype)
+    spd = (a.T.astype(np.float64) @ a + 12 * np.eye(12)).astype(dtype)
+    b = rng.standard_normal((12, 3)).astype(dtype)
+    h = dev.to_host
+    da = dev.to_device(a)
+
+    g = dev.zeros((12, 12), dtype)
+    dev.syrk_acc(g, da)
+    ref = a.T.astype(np.float64) @ a
+    assert np.abs(h(g) - ref).max() <= tol * np.abs(ref).max()
+
+    low = h(dev.cholesky(dev.to_device(spd)))
+    assert np.allclose(np.triu(low, 1), 0)
+    assert np.abs(low.astype(np.float64) @ low.T - spd).max() <= tol * np.abs(spd).max()
+
+    x = h(dev.solve_triangular(dev.to_device(low), dev.to_device(b), lower=True))
+    assert np.abs(low.astype(np.float64) @ x - b).max() <= tol * np.abs(low).max() * np.abs(x).max() * 12
+    xt = h(dev.solve_triangular(dev.to_device(low), dev.to_device(b), lower=True, trans=True))
+    assert np.abs(low.T.astype(np.float64) @ xt - b).max() <= tol * np.abs(low).max() * np.abs(xt).max() * 12
+
+    q, r = (h(t) for t in dev.qr(da))
+    assert q.shape == (30, 12) and np.allclose(np.tril(r, -1), 0)
+    assert np.abs(q.astype(np.float64) @ r - a).max() <= tol * np.abs(a).max()
+    assert np.abs(q.T.astype(np.float64) @ q - np.eye(12)).max() <= tol
+
+    u, s, vt = (h(t) for t in dev.svd(da))
+    np.testing.assert_allclose(s, np.linalg.svd(a.astype(np.float64), compute_uv=False), rtol=tol * 10)
+    assert np.abs((u * s).astype(np.float64) @ vt - a).max() <= tol * 10 * np.abs(a).max()
+
+    w, v = (h(t) for t in dev.eigh(dev.to_device(spd)))
+    np.testing.assert_allclose(w, np.linalg.eigvalsh(spd.astype(np.float64)), rtol=tol * 10)
+    assert np.abs((v * w).astype(np.float64) @ v.T - spd).max() <= tol * 10 * np.abs(spd).max()
+
+    inv = h(dev.inv(dev.to_device(spd)))
+    assert np.abs(spd.astype(np.float64) @ inv - np.eye(12)).max() <= tol * np.linalg.cond(spd.astype(np.float64))
+    assert races() == []
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_dense_failures_raise_on_every_device(standin, kind):
+    from blocklin.errors import SingularMatrixError
+
+    dev = get_device(kind)
+    indefinite = np.diag([1.0, -1.0, 2.0])
+    with pytest.raises(SingularMatrixError, match="positive definite"):
+        dev.cholesky(dev.to_device(indefinite))
+    with pytest.raises(SingularMatrixError, match="nonsingular"):
+        dev.inv(dev.to_device(np.ones((3, 3))))
+    assert races() == []
+
+
+def test_gpu_check_runs_on_the_standin(standin, tmp_path, capsys):
+    """benchmarks/gpu_check.py's code paths at small sizes: correctness, out-of-core GEMM, overlap, inverse."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--n", "384", "--inv-n", "256", "--memory", "4MiB", "--device-memory", "1MiB",
+                   "--dir", str(tmp_path)])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and summary["correct"], [c for c in summary["checks"] if not c["ok"]]
+    names = {c["check"] for c in summary["checks"]}
+    assert {"gemm_acc", "gemm_acc_tf32", "syrk_acc", "cholesky", "qr", "svd", "eigh", "inv_leaf"} <= names
+    for g in summary["gemm"]:
+        assert 0 < g["busy_fraction"] <= 1 and g["rel_error"] < 1e-4
+        assert g["plan"]["n_tasks"] * g["plan"]["k_steps"] > 1  # really out of core: tiles and k-panels
+    assert summary["inverse"]["mixed"]["backward_error"] < 1e-12
+    assert races() == []
+
+
+def test_gemm_downloads_overlap_the_next_strips_gemm(standin, tmp_path, rng):
+    """Issue 10: each download was waited for before the next strip's GEMM was queued."""
+    a = rng.standard_normal((256, 64))
+    b = rng.standard_normal((64, 48))
+    c0 = rng.standard_normal((256, 48))
+    cupy_standin.STATE.counts.clear()
+    res = bl.matmul(bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32)), b, tmp_path / "c.zarr", c=c0,
+                    beta=2.0, device="gpu", memory="192KiB", device_memory="128KiB")
+    ref = a @ b + 2 * c0
+    assert np.abs(res.to_numpy() - ref).max() <= 4 * 64 * np.finfo(np.float64).eps * np.abs(ref).max()
+    strips = cupy_standin.STATE.counts.get("d2h copy", 0)
+    assert strips > 2
+    # every strip's copy but the last of each tile ran while a later GEMM was already queued
+    assert cupy_standin.STATE.counts.get("d2h copy overlapping queued gemm", 0) >= strips // 2
+    assert races() == []
+
+
+# -- operations wired to the device ------------------------------------------------------------------
+@pytest.mark.parametrize("source_dtype", ["float64", "float32"])
+def test_tall_solve_passes_run_on_the_gpu(standin, rng, source_dtype):
+    """Issue 10: tall/square solve was hard-coded to the CPU."""
+    a = rng.standard_normal((400, 30)).astype(source_dtype)
+    b = rng.standard_normal((400, 2)).astype(source_dtype)
+    lam = 0.5
+    cupy_standin.STATE.counts.clear()
+    x = bl.solve(a, b, lam=lam, method="normal", refine=1, device="gpu", memory="256KiB")
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ref = np.linalg.solve(a64.T @ a64 + lam**2 * np.eye(30), a64.T @ b64)
+    # cond(A^T A + lam^2 I) is about 4: solved in float64 and stored in the inputs' dtype, so a few
+    # hundred eps of the output dtype
+    assert np.abs(x.to_numpy() - ref).max() <= 1e3 * np.finfo(np.dtype(source_dtype)).eps * np.abs(ref).max()
+    assert x.report["phases"] == {"gram pass": "gpu", "residual pass": "gpu"}
+    assert cupy_standin.STATE.counts.get("cublas.syrk", 0) > 0
+    assert races() == []
+
+
+def test_auto_keeps_read_bound_passes_on_the_cpu(standin, rng):
+    a = rng.standard_normal((300, 4))  # 4 columns: about 2 flops per byte read, bound by reading
+    x = bl.solve(a, rng.standard_normal(300), lam=0.1, method="normal", device="auto", memory="256KiB")
+    assert x.report["phases"]["gram pass"] == "cpu"
+
+
+@pytest.mark.parametrize("method", ["rsvd", "lanczos"])
+def test_in_core_svd_products_run_on_the_gpu(standin, rng, method):
+    """Issue 10: in-core svd copied A to the device and straight back, then computed with NumPy."""
+    a = rng.standard_normal((300, 40)) * np.logspace(0, -3, 40)
+    cupy_standin.STATE.counts.clear()
+    res = bl.svd(a, 4, method=method, seed=1, device="gpu", memory="64MiB")
+    s_ref = np.linalg.svd(a, compute_uv=False)[:4]
+    np.testing.assert_allclose(res.s, s_ref, rtol=1e-8)
+    assert res.report["phases"] == {"read A": "cpu", "products with A": "gpu"}
+    assert cupy_standin.STATE.counts.get("cublas.gemm", 0) > 0
+    assert cupy_standin.STATE.counts.get("d2h copy", 0) < 200  # no strip-by-strip round trip of A
+    assert races() == []
+
+
+@pytest.mark.parametrize("precision", [None, "mixed"])
+def test_inverse_leaves_run_on_the_gpu(standin, rng, precision):
+    """Issue 10: the leaf inverses stayed on the host with device='gpu'."""
+    n = 300
+    m = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
+    cupy_standin.STATE.counts.clear()
+    x = bl.inv(m, device="gpu", precision=precision, memory="1MiB")
+    eta = np.linalg.norm(np.eye(n) - m @ x.to_numpy()) / (np.linalg.norm(m) * np.linalg.norm(x.to_numpy()))
+    assert eta < n * np.finfo(np.float64).eps  # refined to float64 backward error
+    assert x.report["phases"]["leaf inverses"] == "gpu" and x.report["leaves"] >= 1
+    assert cupy_standin.STATE.counts.get("linalg.inv", 0) == x.report["leaves"]
+    assert x.report["min_leaf_rcond"] > 0
+    assert races() == []
+
+
+def test_tf32_inverse_uses_tensor_cores_and_refines_to_float64(standin):
+    """``precision="tf32"`` really enables TF32 (cuBLAS math mode) for the float32 GEMMs, then refines."""
+    # A seed whose butterfly-randomized leaves are well conditioned: with some draws the pivot-free
+    # recursion meets a leaf with rcond ~1e-6 and (correctly) refuses at this precision.
+    rng = np.random.default_rng(2)
+    n = 256  # with 384 KiB: a recursion with float32 Schur-complement GEMMs
+    m = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)  # cond ~ 3: TF32's 1e-3 start converges
+    cupy_standin.STATE.counts.clear()
+    x = bl.inv(m, device="gpu", precision="tf32", memory="384KiB")
+    xs = x.to_numpy()
+    assert x.dtype == np.float64
+    assert np.linalg.norm(np.eye(n) - m @ xs) / (np.linalg.norm(m) * np.linalg.norm(xs)) < n * np.finfo(np.float64).eps
+    assert cupy_standin.STATE.counts.get("cublas.gemm tf32", 0) > 0
+    assert cupy_standin.STATE.math_mode == 0
+    cupy_standin.STATE.counts.clear()
+    bl.inv(m, device="gpu", precision="mixed", memory="384KiB")
+    assert cupy_standin.STATE.counts.get("cublas.gemm tf32", 0) == 0  # "mixed" stays full float32
+    assert races() == []
+
+
+def test_tasks_on_one_gpu_share_one_device_budget(standin):
+    import threading
+    import time
+
+    from blocklin.device.cuda import DeviceBudget
+
+    budget = DeviceBudget()
+    order = []
+    first_in = threading.Event()
+
+    def task(name, hold_s):
+        with budget.hold(60, 100):
+            order.append(f"{name} in")
+            first_in.set()
+            time.sleep(hold_s)
+            order.append(f"{name} out")
+
+    t1 = threading.Thread(target=task, args=("a", 0.2))
+    t1.start()
+    first_in.wait()
+    t2 = threading.Thread(target=task, args=("b", 0.0))
+    t2.start()
+    t1.join()
+    t2.join()
+    assert order == ["a in", "a out", "b in", "b out"] and budget.peak == 60 and budget.waits == 1
+    with budget.hold(500, 100):  # larger than the whole budget: runs alone instead of never
+        assert budget.held == 500
+
+
+def test_concurrent_gemm_tasks_stay_within_the_device_budget(standin, tmp_path, rng):
+    from blocklin.device.cuda import DeviceBudget
+
+    a = rng.standard_normal((192, 96))
+    b = rng.standard_normal((96, 160))
+    DeviceBudget._budgets.clear()
+    a_s = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32))
+    b_s = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 32))
+    res = bl.matmul(a_s, b_s, tmp_path / "c.zarr", device="gpu", memory="4MiB", device_memory="256KiB", workers=3,
+                    scheduler="threads")
+    assert res.report["tasks"] > 3
+    assert np.abs(res.to_numpy() - a @ b).max() <= 4 * 96 * np.finfo(np.float64).eps * np.abs(a @ b).max()
+    assert 0 < DeviceBudget.of(0).peak <= 256 * 1024
+    assert races() == []
