@@ -12,6 +12,7 @@ _memory.tune_on_import()
 
 from blocklin.config import configure  # noqa: E402
 from blocklin.create import from_array, open, random  # noqa: E402,A004
+from blocklin.linalg.cholesky import cholesky  # noqa: E402
 from blocklin.linalg.gemm import matmul  # noqa: E402
 from blocklin.linalg.inverse import inv  # noqa: E402
 from blocklin.linalg.eigsh import eigsh  # noqa: E402
@@ -22,6 +23,6 @@ from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
-    "Matrix", "aslinearoperator", "config", "configure", "convert", "eigsh", "errors", "from_array", "inv",
+    "Matrix", "aslinearoperator", "cholesky", "config", "configure", "convert", "eigsh", "errors", "from_array", "inv",
     "matmul", "open", "random", "solve", "svd",
 ]
