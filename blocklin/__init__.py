@@ -19,10 +19,11 @@ from blocklin.linalg.eigsh import eigsh  # noqa: E402
 from blocklin.linalg.operator import aslinearoperator  # noqa: E402
 from blocklin.linalg.svd import svd  # noqa: E402
 from blocklin.linalg.tikhonov import solve  # noqa: E402
+from blocklin.linalg.triangular import solve_triangular  # noqa: E402
 from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
     "Matrix", "aslinearoperator", "cholesky", "config", "configure", "convert", "eigsh", "errors", "from_array", "inv",
-    "matmul", "open", "random", "solve", "svd",
+    "matmul", "open", "random", "solve", "solve_triangular", "svd",
 ]

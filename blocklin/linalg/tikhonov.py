@@ -24,6 +24,8 @@ from blocklin.storage.zarr_store import create_array, open_zarr, write_block
 from blocklin.validate import choice, count, float_operand, same_rows
 
 METHODS = ("auto", "normal", "qr")
+#: What ``solve`` may assume of a square ``a``: nothing (least squares), or symmetric positive definite.
+ASSUME = ("gen", "pos")
 #: ``auto`` keeps the normal equations while the regularized Gram matrix's reciprocal condition
 #: estimate is above this (``cond(A)`` below about ``1e5``; refinement then recovers full accuracy).
 AUTO_RCOND = 1e-10
@@ -174,8 +176,9 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
     return kind, vals
 
 
-def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = None, refine: Any = "auto",
-          overwrite: bool = False, explain: bool = False, **settings: Unpack[Settings]) -> Matrix | SolvePlan:
+def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
+          refine: Any = "auto", overwrite: bool = False, explain: bool = False,
+          **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
     Parameters
@@ -201,6 +204,12 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         L-curve use QR. The report says which was used and why. Wide ``A`` (``m < n``) uses the dual
         form ``x = A^T (A A^T + lam^2 I)^{-1} b`` with ``A A^T`` from an out-of-core GEMM
         (``method="qr"`` is refused there).
+    assume_a : {"gen", "pos"}
+        ``"gen"`` (default): the regularized least-squares problem above. ``"pos"``: ``A`` is square,
+        symmetric positive definite and stored in full; ``A x = b`` is solved for any ``n`` by the
+        out-of-core tiled Cholesky (:func:`blocklin.cholesky`), two out-of-core triangular solves
+        and iterative refinement to the dtype's backward error (``lam`` must be 0; ``out`` keeps
+        ``A``'s dtype); see :func:`blocklin.linalg.triangular.solve_spd`.
     out : path, optional
         Output store for ``x`` (``n x k``; for a sequence of ``L`` values ``n x (L k)``, block ``l`` in
         columns ``l k : (l+1) k``). Atomic.
@@ -246,7 +255,11 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     strips within the budget.
     """
     method = choice("method", method, METHODS, fix="pass method='auto'")
+    assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares) or 'pos' (SPD)")
     kind, lams = _parse_lam(lam)
+    if assume_a == "pos":
+        return _solve_pos(a, b, kind=kind, lams=lams, method=method, out=out, overwrite=overwrite, explain=explain,
+                          settings=settings)
     refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
     if isinstance(b, np.ndarray) and b.ndim == 1:
         b = b.reshape(-1, 1)
@@ -272,6 +285,24 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method}
         path = ao.commit("solve", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def _solve_pos(a: Any, b: Any, *, kind: str, lams: list[float], method: str, out: Any, overwrite: bool,
+               explain: bool, settings: dict) -> Any:
+    """``assume_a="pos"``: the out-of-core Cholesky route (any size of square SPD ``A``)."""
+    if kind != "scalar" or lams[0] != 0.0:
+        raise ParameterError(_msg("lam", "must be 0 with assume_a='pos' (A itself is factored)", repr(lams or kind),
+                                  "drop lam, or leave assume_a='gen' for the regularized least-squares problem"))
+    if method != "auto":
+        raise ParameterError(_msg("method", "must be 'auto' with assume_a='pos' (the method is Cholesky)",
+                                  repr(method), "drop method="))
+    if explain:
+        from blocklin.linalg.cholesky import cholesky
+
+        return cholesky(a, explain=True, **settings)
+    from blocklin.linalg.triangular import solve_spd
+
+    return solve_spd(a, b, out, overwrite=overwrite, **settings)
 
 
 #: Report entries recorded in the output's attributes.

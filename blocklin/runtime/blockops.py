@@ -213,6 +213,26 @@ class BlockOps:
         self.flops += n**3 // 3
         return self._run(graph, description)
 
+    def axpby(self, out: Region, x: Region, y: Region, *, alpha: float = 1.0, beta: float = 1.0, dtype: Any,
+              description: str = "axpby") -> list[dict]:
+        """``out = alpha * X + beta * Y`` tile by tile (``out`` may be ``X`` or ``Y``: each task
+        reads and writes its own tile). Returns per-tile ``sumsq`` of ``out`` (float64)."""
+        spec = self._spec(dtype, a=x, b=y, out=out, alpha=float(alpha), beta=float(beta))
+        graph = self.graph("axpby", spec)
+        for i in range(_tiles(out.shape[0], self.chunk)):
+            for j in range(_tiles(out.shape[1], self.chunk)):
+                graph.add((i, j), axpby_tile_task, spec, i, j)
+        return self._run(graph, description)
+
+    def sumsq(self, a: Region, *, description: str = "norm") -> float:
+        """``||A||_F^2`` of a region (float64, summed in tile order)."""
+        spec = self._spec(np.float64, a=a, out=a)
+        graph = self.graph("sumsq", spec)
+        for i in range(_tiles(a.shape[0], self.chunk)):
+            for j in range(_tiles(a.shape[1], self.chunk)):
+                graph.add((i, j), sumsq_tile_task, spec, i, j)
+        return float(sum(r["sumsq"] for r in self._run(graph, description)))
+
 
 def copy_columns_task(src_path: str, dst_path: str, c0: int, c1: int) -> dict:
     """Copy the column strip ``[:, c0:c1]`` (whole chunks) from one store to another."""
@@ -449,3 +469,22 @@ def _factor_diagonal(dev: Any, acc: Any, offset: int, spec: TileOpSpec) -> np.nd
         f"updates from the columns before it)",
         "regularize with a ridge (blocklin.solve(a, b, lam=...) or add lam to the diagonal), or, for a "
         "symmetric indefinite or general matrix, solve with assume_a='gen'"), pivot=pivot)
+
+
+@with_task_settings
+def axpby_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
+    """Tile ``(i, j)`` of ``alpha * X + beta * Y`` (host arithmetic: memory-bound)."""
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    x = spec.a.read(i, j, t, dt)
+    y = spec.b.read(i, j, t, dt)
+    z = dt.type(spec.alpha) * x + dt.type(spec.beta) * y
+    spec.out.write(i, j, t, z)
+    return {"bytes_read": x.nbytes + y.nbytes, "bytes_written": z.nbytes,
+            "sumsq": float(np.einsum("ij,ij->", z, z, dtype=np.float64))}
+
+
+@with_task_settings
+def sumsq_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
+    """``sum(A(i,j)**2)`` in float64."""
+    x = spec.a.read(i, j, spec.tile, np.dtype(open_array(spec.a.path).dtype))
+    return {"bytes_read": x.nbytes, "sumsq": float(np.einsum("ij,ij->", x, x, dtype=np.float64))}
