@@ -61,12 +61,20 @@ def _convert(out: str) -> None:
     assert re.search(r"refused: .*'oops' at line 2, column 2", out)
 
 
+def _factor(out: str) -> None:
+    # Backward error of K alpha = y recomputed by the example (not the solver's own figure): order eps.
+    assert _number(r"check: backward error .* = ([\d.e+-]+)", out) <= 1500**0.5 * EPS64
+    assert _number(r"Cholesky: (\d+) tile tasks", out) > 1
+    assert _number(r"differ by ([\d.e+-]+) \(relative\)", out) < 1e-10
+
+
 #: What each known example must print, beyond its ``check:`` line.
 EXPECTED = {
     "gemm_out_of_core.py": _gemm,
     "pca_out_of_core.py": _pca,
     "ridge_regression.py": _ridge,
     "convert_files.py": _convert,
+    "factor_kernel_matrix.py": _factor,
 }
 
 
