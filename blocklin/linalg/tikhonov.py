@@ -252,7 +252,10 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     sequence routes come from the SVD of ``R`` (``||r||^2 = rho_0^2 + sum (lam^2 beta_i / (s_i^2 + lam^2))^2``);
     the normal route reports ``||b - A x||`` from its refinement pass, updated for the last correction.
     Memory: the in-core problem is ``O((n + k)^2)`` (``O(m^2)`` for wide ``A``); ``A`` streams in row
-    strips within the budget.
+    strips within the budget. When that in-core problem exceeds the budget (one scalar ``lam``,
+    ``method`` "auto" or "normal"), the regularized Gram matrix is stored instead and factored by the
+    out-of-core tiled Cholesky (:func:`blocklin.linalg.gram_solve.solve_gram_out_of_core`; the report's
+    ``method_reason`` says so), at the accuracy of the normal equations with one refinement step.
     """
     method = choice("method", method, METHODS, fix="pass method='auto'")
     assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares) or 'pos' (SPD)")
@@ -268,6 +271,9 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         same_rows(A, B)
         float_operand(A), float_operand(B)
         (m, n), k = A.shape, B.shape[1]
+        if small_bytes(min(m, n), k) > job.cfg.memory and kind == "scalar" and method != "qr":
+            return _solve_gram_stored(job, A, B, lams[0], out=out, overwrite=overwrite, explain=explain,
+                                      refine=refine, params={"lam": lam, "method": method})
         plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
                           refine=1 if refine == "auto" else refine)
         if explain:
@@ -285,6 +291,22 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method}
         path = ao.commit("solve", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def _solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwrite: bool, explain: bool,
+                       refine: Any, params: dict) -> Any:
+    """The regularized Gram matrix exceeds the budget: store it and factor it out of core."""
+    from blocklin.linalg.gram_solve import solve_gram_out_of_core
+    from blocklin.plan.factor import plan_factor
+
+    (m, n), side = A.shape, min(A.shape)
+    if explain:
+        return plan_factor("cholesky", side, np.float64, memory=job.cfg.memory, workers=job.workers(1))
+    ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
+    info = solve_gram_out_of_core(job, A, B, lam, ao.array_path(), refine=refine)
+    report = job.report(orientation="wide" if m < n else "tall", **info)
+    path = ao.commit("solve", plan=info.get("plan", {}), params=params, report=job.brief(report, REPORT_KEYS))
+    return Matrix(path, report=report, temporary=out is None)
 
 
 def _solve_pos(a: Any, b: Any, *, kind: str, lams: list[float], method: str, out: Any, overwrite: bool,

@@ -130,18 +130,19 @@ class BlockOps:
         return job.run(graph, workers=workers, blas_threads=max(1, job.cores() // workers), description=description)
 
     def syrk(self, out: Region, a: Region, *, dtype: Any, alpha: float = 1.0, beta: float = 0.0,
-             c: Region | None = None, full: bool = False, check: bool = False,
+             c: Region | None = None, full: bool = False, check: bool = False, shift: float = 0.0,
              description: str = "syrk") -> list[dict]:
-        """``out = beta * C + alpha * A A^T`` (``A`` an ``n x k`` region, transposed views allowed).
+        """``out = beta * C + alpha * A A^T + shift * I`` (``A`` an ``n x k`` region, transposed views allowed).
 
         One task per lower tile ``(i, j)``, ``i >= j``, summing over the tile columns of ``A`` in
         order; with ``full`` it also writes the mirrored upper tile (its own chunks). ``check``
-        tests the tiles of ``A`` for NaN/Inf.
+        tests the tiles of ``A`` for NaN/Inf; ``shift`` is added to the diagonal (a ridge).
         """
         n, k = a.shape
         if out.shape != (n, n) or (c is not None and c.shape != (n, n)):
             raise ValueError(f"syrk: out {out.shape} and c {c and c.shape} must be {n} x {n}")
-        spec = self._spec(dtype, a=a, out=out, c=c, alpha=float(alpha), beta=float(beta), full=full, check=check)
+        spec = self._spec(dtype, a=a, out=out, c=c, alpha=float(alpha), beta=float(beta), full=full, check=check,
+                          shift=float(shift))
         graph = self.graph("syrk", spec)
         nt = _tiles(n, self.chunk)
         for i in range(nt):
@@ -319,6 +320,7 @@ class TileOpSpec:
     full: bool = False
     check: bool = False
     done_dir: str | None = None
+    shift: float = 0.0
 
 
 def _tiles(n: int, t: int) -> int:
@@ -357,6 +359,9 @@ def syrk_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
         dev.gemm_acc(acc, aik, ajk.T, spec.alpha)
         nread += 2 * aik.nbytes
     host = np.asarray(dev.to_host(acc))
+    if spec.shift and i == j:
+        host = host.copy() if not host.flags.writeable else host
+        host[np.diag_indices_from(host)] += dt.type(spec.shift)
     spec.out.write(i, j, t, host)
     if spec.full and i != j:
         spec.out.write(j, i, t, np.ascontiguousarray(host.T))
