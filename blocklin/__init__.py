@@ -15,6 +15,7 @@ from blocklin.create import from_array, open, random  # noqa: E402,A004
 from blocklin.linalg.cholesky import cholesky  # noqa: E402
 from blocklin.linalg.gemm import matmul  # noqa: E402
 from blocklin.linalg.inverse import inv  # noqa: E402
+from blocklin.linalg.lu import lu  # noqa: E402
 from blocklin.linalg.eigsh import eigsh  # noqa: E402
 from blocklin.linalg.operator import aslinearoperator  # noqa: E402
 from blocklin.linalg.svd import svd  # noqa: E402
@@ -24,6 +25,6 @@ from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
-    "Matrix", "aslinearoperator", "cholesky", "config", "configure", "convert", "eigsh", "errors", "from_array", "inv",
-    "matmul", "open", "random", "solve", "solve_triangular", "svd",
+    "Matrix", "aslinearoperator", "cholesky", "config", "configure", "convert", "eigsh", "errors", "from_array",
+    "inv", "lu", "matmul", "open", "random", "solve", "solve_triangular", "svd",
 ]

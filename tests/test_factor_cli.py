@@ -49,3 +49,18 @@ def test_solve_assume_pos(tmp_path, capsys):
     s = json.loads(capsys.readouterr().out)
     assert s["method"] == "cholesky" and s["backward_error"] <= 50**0.5 * np.finfo(float).eps
     np.testing.assert_allclose(bl.open(tmp_path / "x.zarr")[...], np.linalg.solve(a, b), rtol=1e-10)
+
+
+def test_factor_lu_json(tmp_path, capsys):
+    a = np.random.default_rng(1).standard_normal((50, 50))
+    pa = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32)).path
+    out = tmp_path / "lu.zarr"
+    assert main(["factor", "lu", pa, "-o", str(out), "--json", "--memory", "1MiB"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["output"] == str(out) and s["growth_factor"] >= 1.0
+    m = bl.open(out)
+    lu_ref, piv_ref = sl.lu_factor(a)
+    np.testing.assert_allclose(m[...], lu_ref, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(m.provenance["pivots"], piv_ref)
+    assert main(["factor", "lu", pa, "-o", str(out), "--explain"]) == 0
+    assert "column panels of 32" in capsys.readouterr().out

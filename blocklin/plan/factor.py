@@ -55,6 +55,11 @@ class FactorPlan:
         return dataclasses.asdict(self)
 
     def explain(self) -> str:
+        if self.operation == "lu":
+            return (f"lu of a {self.n} x {self.n} {self.dtype} matrix: {self.tiles} column panels of {self.tile} "
+                    f"(one after another, partial pivoting over all rows); peak {format_size(self.peak_memory)} "
+                    f"of a {format_size(self.memory)} budget; {self.flops / 1e9:.1f} GFLOP, "
+                    f"{format_size(self.bytes_read)} read")
         return (f"{self.operation} of a {self.n} x {self.n} {self.dtype} matrix: {self.tiles} x {self.tiles} tiles "
                 f"of {self.tile} ({self.tiles * (self.tiles + 1) // 2} tile tasks), {self.workers} at a time; "
                 f"peak {format_size(self.peak_memory)} of a {format_size(self.memory)} budget; "
@@ -91,3 +96,34 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
     return FactorPlan(operation=operation, n=n, dtype=dt.name, tile=tile, tiles=nt, workers=workers,
                       peak_memory=workers * TILE_BUFFERS * tile * tile * per_tile, memory=memory,
                       flops=n**3 // 3, bytes_read=int(reads))
+
+
+#: Panel-sized buffers of one LU panel task: the panel, an earlier panel, LAPACK's copy and result.
+PANEL_BUFFERS = 5
+
+
+def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
+            tile: int | None = None) -> FactorPlan:
+    """Panel width of the left-looking LU: :data:`PANEL_BUFFERS` panels of ``n x width`` in the budget.
+
+    Panels run one after another (each needs the previous one's pivots), BLAS on every core.
+    """
+    dt = np.dtype(dtype)
+
+    def fits(t: int) -> bool:
+        return PANEL_BUFFERS * max(n, 1) * t * dt.itemsize <= memory
+
+    if tile is None:
+        if chunks is not None and chunks[0] == chunks[1] and chunks[0] >= 32 and fits(min(chunks[0], n)):
+            tile = chunks[0]
+        else:
+            tile = next((t for t in TILE_SIDES if fits(min(t, max(n, 1)))), None)
+        if tile is None:
+            raise BudgetError(explain("memory", f"must hold {PANEL_BUFFERS} column panels of {n} x 32 for the LU",
+                                      format_size(memory),
+                                      f"raise it to at least {format_size(PANEL_BUFFERS * n * 32 * dt.itemsize)}"))
+    tile = max(1, min(int(tile), max(n, 1)))
+    nt = max(1, math.ceil(n / tile))
+    return FactorPlan(operation="lu", n=n, dtype=dt.name, tile=tile, tiles=nt, workers=1,
+                      peak_memory=PANEL_BUFFERS * n * tile * dt.itemsize, memory=memory, flops=2 * n**3 // 3,
+                      bytes_read=int((n**3 / (2 * tile) + 2 * n * n) * dt.itemsize))

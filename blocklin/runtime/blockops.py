@@ -234,6 +234,38 @@ class BlockOps:
                 graph.add((i, j), sumsq_tile_task, spec, i, j)
         return float(sum(r["sumsq"] for r in self._run(graph, description)))
 
+    def lu_panels(self, a: Region, work: str, *, dtype: Any, done_dir: str, check: bool = True,
+                  description: str = "LU panels") -> list[dict]:
+        """Left-looking LU with partial pivoting over whole column panels (one task per panel).
+
+        Panel ``j`` (columns ``J``, all rows) is read, the row swaps of the panels before it are
+        applied, it is updated by every earlier panel (``U_kJ = L_kk^-1 P_kJ`` by TRSM,
+        ``P_{>k,J} -= L_{>k,k} U_kJ`` by GEMM), and its trailing part is factored by LAPACK ``getrf``
+        with partial pivoting over all its rows: the pivot choice of ``getrf`` on the whole matrix.
+        The panel is written once to the store ``work`` (its ``L`` rows in the order of its own
+        swaps; :meth:`lu_finish` applies the later swaps) and its swaps to ``done_dir``, so a rerun
+        (``resume``) skips finished panels. Panels form one chain of tasks.
+        """
+        n = a.shape[0]
+        spec = self._spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir)
+        graph = self.graph("lu", spec)
+        prev = None
+        for j in range(_tiles(n, self.chunk)):
+            prev = graph.add((j,), lu_panel_task, spec, j, [prev] if prev else [])
+        self.flops += 2 * n**3 // 3
+        return self._run(graph, description)
+
+    def lu_finish(self, work: str, out: str, n: int, pivots: np.ndarray, *, dtype: Any,
+                  description: str = "LU row swaps") -> list[dict]:
+        """``out``: the packed LU of ``work`` with every later row swap applied to each ``L`` panel
+        (as LAPACK stores it); one task per column panel, reading ``work`` and writing ``out``
+        (idempotent)."""
+        spec = self._spec(dtype, a=Region.of(work, (n, n)), out=Region.of(out, (n, n)), c=None)
+        graph = self.graph("lu-swaps", spec, pivots.tobytes())
+        for j in range(_tiles(n, self.chunk)):
+            graph.add((j,), lu_swap_task, spec, j, pivots)
+        return self._run(graph, description)
+
 
 def copy_columns_task(src_path: str, dst_path: str, c0: int, c1: int) -> dict:
     """Copy the column strip ``[:, c0:c1]`` (whole chunks) from one store to another."""
@@ -493,3 +525,80 @@ def sumsq_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
     """``sum(A(i,j)**2)`` in float64."""
     x = spec.a.read(i, j, spec.tile, np.dtype(open_array(spec.a.path).dtype))
     return {"bytes_read": x.nbytes, "sumsq": float(np.einsum("ij,ij->", x, x, dtype=np.float64))}
+
+
+def _apply_swaps(x: np.ndarray, piv: np.ndarray, start: int, stop: int, offset: int = 0) -> None:
+    """Apply LAPACK row swaps ``i <-> piv[i]`` for ``i`` in ``[start, stop)`` to rows ``i - offset`` of ``x``."""
+    for i in range(start, stop):
+        p = int(piv[i])
+        if p != i:
+            x[[i - offset, p - offset]] = x[[p - offset, i - offset]]
+
+
+def _panel_pivots(spec: TileOpSpec, j: int) -> np.ndarray:
+    return np.load(os.path.join(spec.done_dir, f"lu-piv-{j}.npy"))
+
+
+@with_task_settings
+def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
+    """Panel ``j`` of the left-looking LU (see :meth:`BlockOps.lu_panels`)."""
+    marker = _done(spec, f"lu-{j}")
+    if _skip(marker):
+        return {"skipped": 1, **np.load(os.path.join(spec.done_dir, f"lu-stats-{j}.npy"), allow_pickle=True).item()}
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    n = spec.a.shape[0]
+    dev = get_device(spec.device, device_memory=spec.device_memory)
+    c0, c1 = j * t, min(n, (j + 1) * t)
+    src = open_array(spec.a.path)
+    rows, cols = slice(spec.a.off[0], spec.a.off[0] + n), slice(spec.a.off[1] + c0, spec.a.off[1] + c1)
+    panel = read_block(src, rows, cols)
+    if spec.check:
+        check_finite(panel, "a", rows, cols)
+    panel = np.array(panel, dtype=dt, order="C")
+    max_a = float(np.abs(panel).max()) if panel.size else 0.0
+    piv = np.arange(n, dtype=np.int64)
+    for k in range(j):
+        k0, k1 = k * t, min(n, (k + 1) * t)
+        piv[k0:k1] = _panel_pivots(spec, k)
+    _apply_swaps(panel, piv, 0, c0)
+    work = open_array(spec.out.path)
+    nread = panel.nbytes
+    for k in range(j):  # left-looking updates, in panel order
+        k0, k1 = k * t, min(n, (k + 1) * t)
+        lk = read_block(work, slice(k0, n), slice(k0, k1))
+        lk = np.array(lk, dtype=dt, order="C")
+        _apply_swaps(lk, piv, k1, c0, offset=k0)  # the swaps of the panels after k
+        nread += lk.nbytes
+        lkk = dev.to_device(np.tril(lk[: k1 - k0], -1) + np.eye(k1 - k0, dtype=dt))
+        ukj = dev.solve_triangular(lkk, dev.to_device(panel[k0:k1]), lower=True)
+        panel[k0:k1] = dev.to_host(ukj)
+        if k1 < n:
+            acc = dev.to_device(panel[k1:])
+            dev.gemm_acc(acc, dev.to_device(lk[k1 - k0:]), dev.to_device(panel[k0:k1]), -1.0)
+            panel[k1:] = dev.to_host(acc)
+    lu, local = dev.lu_panel(panel[c0:])
+    panel[c0:] = lu
+    pj = local[: c1 - c0] + c0
+    np.save(os.path.join(spec.done_dir, f"lu-piv-{j}.npy"), pj)
+    diag = np.abs(np.diag(lu[: c1 - c0]))
+    upper = np.abs(np.triu(panel[:c1]))
+    stats = {"max_a": max_a, "max_u": float(upper.max()) if upper.size else 0.0,
+             "min_pivot": float(diag.min()) if diag.size else 0.0}
+    write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), panel)
+    np.save(os.path.join(spec.done_dir, f"lu-stats-{j}.npy"), np.array(stats, dtype=object), allow_pickle=True)
+    _mark(marker)
+    w = c1 - c0
+    return {"bytes_read": nread, "bytes_written": panel.nbytes, **stats,
+            "flops": 2 * w * (n * c0 - c0 * c0 / 2) + w * w * (n - c0)}
+
+
+@with_task_settings
+def lu_swap_task(spec: TileOpSpec, j: int, pivots: np.ndarray) -> dict:
+    """Column panel ``j`` of the packed LU with the swaps of the later panels applied to its ``L`` rows."""
+    t = spec.tile
+    n = spec.a.shape[0]
+    c0, c1 = j * t, min(n, (j + 1) * t)
+    block = np.array(read_block(open_array(spec.a.path), slice(0, n), slice(c0, c1)))
+    _apply_swaps(block, pivots, c1, n)
+    write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), block)
+    return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
