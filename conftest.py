@@ -90,13 +90,13 @@ SAMPLES = {
 DEFAULT_FILES = ("A.zarr", "B.zarr", "S.zarr", "b.zarr")
 #: Samples written in a document's folder before its Python blocks run (default: DEFAULT_FILES).
 PYTHON_FILES = {"README.md": (), "docs/convert.md": ("A.npy",), "docs/engine.md": ("A.zarr",),
-                "docs/factor.md": ("P.zarr", "b.zarr")}
+                "docs/factor.md": ("P.zarr", "b.zarr", "A.zarr")}
 #: Samples written in each shell block's folder (default: DEFAULT_FILES).
 SHELL_FILES = {
     "README.md": ("A.zarr", "B.zarr"),
     "docs/convert.md": ("A.npy", "data.bin", "table.csv"),
     "docs/gemm.md": ("A8192.zarr", "B8192.zarr"),
-    "docs/factor.md": ("P.zarr", "b.zarr"),
+    "docs/factor.md": ("P.zarr", "b.zarr", "A.zarr"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Cholesky and SPD-solve benchmark: blocklin out of core vs SciPy in memory and Dask, on the same zarr data.
+"""Cholesky, SPD-solve and LU benchmark: blocklin out of core vs SciPy in memory and Dask, on the same zarr data.
 
 Usage::
 
@@ -14,6 +14,9 @@ in its own subprocess (its own peak RSS, over the baseline of its imports):
   ``cho_solve`` for the solve;
 * ``dask``: ``dask.array.linalg.cholesky(da.from_zarr(A), lower=True)`` written with ``to_zarr``
   (threaded scheduler), and ``dask.array.linalg.solve(..., sym_pos)`` via its Cholesky.
+
+With ``--lu``, also ``blocklin.lu`` against ``scipy.linalg.lu_factor`` (read, factor, write) and
+``dask.array.linalg.lu`` (``to_zarr`` of ``L`` and ``U``), on a random (non-symmetric) matrix of the same size.
 
 Accuracy: ``||A - L L^T||_F / ||A||_F`` for every factor (one in-memory check at the end) and the
 normwise backward error of every solution.
@@ -74,6 +77,37 @@ elif variant == "dask":
 print(json.dumps({"factor_seconds": t1 - t0, "solve_seconds": t2 - t1, "peak": peak() - base}))
 """)
 
+LU_CHILD = textwrap.dedent(r"""
+import json, sys, time
+variant, a_path, out, memory = sys.argv[1:5]
+import numpy as np
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+import zarr, blocklin, scipy.linalg, dask.array as da
+base = peak()
+t0 = time.perf_counter()
+extra = {}
+if variant == "blocklin":
+    f = blocklin.lu(a_path, out, memory=memory)
+    extra["growth_factor"] = f.report["growth_factor"]
+    extra["tile"] = f.report["plan"]["tile"]
+elif variant == "scipy":
+    a = zarr.open_array(a_path, mode="r")[...]
+    lu, piv = scipy.linalg.lu_factor(a, overwrite_a=True, check_finite=False)
+    z = zarr.create_array(out, shape=lu.shape, dtype=lu.dtype, chunks=zarr.open_array(a_path).chunks,
+                          compressors=None)
+    z[...] = lu
+    del a, lu
+elif variant == "dask":
+    a = da.from_zarr(a_path)
+    p, l, u = da.linalg.lu(a)
+    da.to_zarr(l, out + "-l")
+    da.to_zarr(u, out + "-u")
+print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak() - base, **extra}))
+""")
+
 
 def make_spd(path: Path, n: int, chunk: int, seed: int = 0) -> None:
     """A symmetric, diagonally dominant (hence SPD) ``n x n`` matrix, written chunk by chunk."""
@@ -91,6 +125,29 @@ def make_spd(path: Path, n: int, chunk: int, seed: int = 0) -> None:
                 z[j:j + blk.shape[1], i:i + blk.shape[0]] = blk.T
 
 
+def run_lu(folder: Path, args: argparse.Namespace) -> None:
+    import zarr
+
+    g_path = folder / "G.zarr"
+    z = zarr.create_array(str(g_path), shape=(args.n, args.n), dtype="float64", chunks=(args.chunk, args.chunk),
+                          compressors=None)
+    rng = np.random.default_rng(2)
+    for i in range(0, args.n, args.chunk):
+        z[i:i + args.chunk, :] = rng.standard_normal((min(args.chunk, args.n - i), args.n))
+    print(f"\nLU, n = {args.n} float64, random entries")
+    print(f"{'variant':10} {'seconds':>8} {'peak MiB':>9}  notes")
+    for variant in ("blocklin", "scipy", "dask"):
+        out = str(folder / f"LU-{variant}.zarr")
+        proc = subprocess.run([sys.executable, "-c", LU_CHILD, variant, str(g_path), out, args.memory],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"{variant:10} failed: {proc.stderr.strip().splitlines()[-1]}")
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        notes = f"growth factor {r['growth_factor']:.1f}, panels of {r['tile']}" if "growth_factor" in r else ""
+        print(f"{variant:10} {r['seconds']:8.2f} {r['peak'] / 2**20:9.0f}  {notes}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=4096)
@@ -98,6 +155,7 @@ def main() -> None:
     ap.add_argument("--memory", default="64MiB")
     ap.add_argument("--dir")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--lu", action="store_true", help="also benchmark the LU factorization")
     args = ap.parse_args()
     folder = Path(args.dir or tempfile.mkdtemp(prefix="blocklin-bench-factor-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -137,6 +195,8 @@ def main() -> None:
                 continue
             print(f"{r['variant']:10} {r['factor_seconds']:9.2f} {r['solve_seconds']:8.2f} {r['peak'] / 2**20:9.0f} "
                   f"{r['factor_backward_error']:17.1e} {r['solve_backward_error']:10.1e}")
+        if args.lu:
+            run_lu(folder, args)
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
