@@ -119,3 +119,46 @@ def test_resume_skips_finished_tiles(tmp_path):
     if partial:  # the interrupted run left its finished tiles: they are skipped
         assert f.report["skipped"] == 9
     np.testing.assert_array_equal(f[...], ref)
+
+
+KILLED_CHILD = """
+import sys, time
+import blocklin as bl
+import blocklin.runtime.blockops as bo
+real = bo._factor_diagonal
+def slow(dev, acc, offset, spec):
+    if offset >= 50:
+        time.sleep(30)  # the parent kills the process here
+    return real(dev, acc, offset, spec)
+bo._factor_diagonal = slow
+bl.cholesky(sys.argv[1], sys.argv[2], scheduler="sync", resume=True, tile=25)
+"""
+
+
+def test_kill_and_resume(tmp_path):
+    """A SIGKILLed run leaves its finished tiles; a rerun with resume=True skips them, same bits."""
+    import subprocess
+    import sys
+    import time
+
+    a = bl.from_array(_spd(100, np.float64, seed=6), tmp_path / "a.zarr", chunks=(25, 25))
+    ref = bl.cholesky(a, tmp_path / "ref.zarr", scheduler="sync", tile=25)[...]
+    out = tmp_path / "l.zarr"
+    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, a.path, str(out)])
+    try:
+        deadline = time.time() + 120
+        done = []
+        while time.time() < deadline and child.poll() is None:
+            parts = list(tmp_path.glob(".l.zarr.partial-*/.blocklin-done"))
+            done = [p for p in parts[0].iterdir() if p.name.startswith("chol-")] if parts else []
+            if len(done) >= 7:  # columns 0 and 1 (4 + 3 tiles): the child now sleeps in the (2, 2) tile
+                break
+            time.sleep(0.2)
+        assert len(done) == 7, "the child did not reach the slow tile"
+    finally:
+        child.kill()
+        child.wait()
+    assert not out.exists()
+    f = bl.cholesky(a, out, scheduler="sync", resume=True, tile=25)
+    assert f.report["skipped"] == 7  # every tile before the (2, 2) diagonal tile: columns 0 and 1
+    np.testing.assert_array_equal(f[...], ref)

@@ -502,7 +502,7 @@ def _factor_diagonal(dev: Any, acc: Any, offset: int, spec: TileOpSpec) -> np.nd
     pivot = offset + local
     raise NotPositiveDefiniteError(explain(
         "a", "must be symmetric positive definite for a Cholesky factorization",
-        f"a pivot <= 0 at row/column {pivot} (diagonal tile rows {offset}:{offset + size}, after the "
+        f"a pivot <= 0 (or NaN) at row/column {pivot} (diagonal tile rows {offset}:{offset + size}, after the "
         f"updates from the columns before it)",
         "regularize with a ridge (blocklin.solve(a, b, lam=...) or add lam to the diagonal), or, for a "
         "symmetric indefinite or general matrix, solve with assume_a='gen'"), pivot=pivot)
