@@ -188,7 +188,8 @@ def main() -> None:
             del low, x
         print(f"n = {args.n} float64 ({args.n**2 * 8 / 2**20:.0f} MiB), chunks {args.chunk}, blocklin memory "
               f"{args.memory}")
-        print(f"{'variant':10} {'factor s':>9} {'solve s':>8} {'peak MiB':>9} {'||A-LL^T||/||A||':>17} {'solve eta':>10}")
+        print(f"{'variant':10} {'factor s':>9} {'solve s':>8} {'peak MiB':>9} {'||A-LL^T||/||A||':>17} "
+              f"{'solve eta':>10}")
         for r in rows:
             if "error" in r:
                 print(f"{r['variant']:10} failed: {r['error']}")

@@ -62,7 +62,8 @@ def test_cholesky_reads_only_its_triangle(tmp_path):
 
 def test_identical_bits_across_schedulers(tmp_path):
     a = bl.from_array(_spd(150, np.float64, seed=3), tmp_path / "a.zarr", chunks=(32, 32))
-    outs = [bl.cholesky(a, tmp_path / f"{s}.zarr", scheduler=s, workers=2)[...] for s in ("sync", "threads", "processes")]
+    outs = [bl.cholesky(a, tmp_path / f"{s}.zarr", scheduler=s, workers=2)[...]
+            for s in ("sync", "threads", "processes")]
     for x in outs[1:]:
         np.testing.assert_array_equal(x, outs[0])
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from typing import Any, Unpack
 
-import numpy as np
 from dask.base import tokenize
 
 from blocklin.config import Settings

@@ -6,7 +6,6 @@ when it fits; beyond that it comes here (``method="auto"`` or ``"normal"``, one 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -60,7 +59,7 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, x_path: str, *,
     g_path, l_path = store("gram", s, s), store("l", s, s)
     a_reg = Region.of(A.path, A.shape)
     ops.syrk(Region.of(g_path, (s, s)), a_reg if wide else a_reg.T, dtype=F64, shift=lam**2,
-             check=job.check_finite, description="Gram tiles A^T A + lam^2 I" if not wide else "Gram tiles A A^T + lam^2 I")
+             check=job.check_finite, description=f"Gram tiles {'A A^T' if wide else 'A^T A'} + lam^2 I")
     ops.cholesky(Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=F64, check=False,
                  description="Cholesky of the Gram matrix")
     lreg = Region.of(l_path, (s, s))

@@ -121,8 +121,7 @@ def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: 
         ops.workers = plan.workers
         x_path = ao.array_path()
         create_array(x_path, shape=(n, k), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
-        lreg, areg, breg, xreg = (Region.of(l_path, (n, n)), Region.of(A.path, (n, n)), Region.of(B.path, (n, k)),
-                                  Region.of(x_path, (n, k)))
+        lreg, breg, xreg = Region.of(l_path, (n, n)), Region.of(B.path, (n, k)), Region.of(x_path, (n, k))
         y_path = job.scratch("y", (n, k), dt, (t, t))
         yreg = Region.of(y_path, (n, k))
 

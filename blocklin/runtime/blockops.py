@@ -429,7 +429,8 @@ def trsm_tile_task(spec: TileOpSpec, i: int, c: int, deps: list) -> dict:
             "check the factor, or regularize the system (lam > 0)"))
     spec.out.write(i, c, t, x)
     _mark(marker)
-    return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": x.shape[1] * tii.shape[0] * (2 * len(before) * t + tii.shape[0])}
+    flops = x.shape[1] * tii.shape[0] * (2 * len(before) * t + tii.shape[0])
+    return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": flops}
 
 
 def _triangle(block: np.ndarray, lower: bool) -> np.ndarray:
