@@ -4,8 +4,7 @@ Matrices live on disk as zarr arrays; a Dask graph schedules tiles; each tile ta
 operands through the compute device (NumPy/BLAS with prefetching on a CPU, CuPy streams on a GPU).
 """
 
-__version__ = "0.1.0"
-
+from blocklin._version import __version__
 from blocklin import _memory, config, errors  # noqa: E402
 
 _memory.tune_on_import()
@@ -25,6 +24,6 @@ from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
-    "Matrix", "aslinearoperator", "cholesky", "config", "configure", "convert", "eigsh", "errors", "from_array",
-    "inv", "lu", "matmul", "open", "random", "solve", "solve_triangular", "svd",
+    "Matrix", "__version__", "aslinearoperator", "cholesky", "config", "configure", "convert", "eigsh", "errors",
+    "from_array", "inv", "lu", "matmul", "open", "random", "solve", "solve_triangular", "svd",
 ]

@@ -98,8 +98,12 @@ class Config:
         ``distributed.Client`` is active and ``scheduler`` is None, that client is used.
     workers : int or None
         Concurrent tile tasks on local schedulers; ``None`` lets the planner choose.
-    temp_dir : str
-        Folder for staged inputs and intermediates.
+    temp_dir : str or Location
+        Folder or URL (``s3://bucket/tmp``) for staged inputs and intermediates. On a cluster every
+        worker must reach it (checked before a job starts).
+    storage_options : dict or None
+        fsspec options for URLs (credentials, ``client_kwargs={"endpoint_url": ...}``), flat or per
+        protocol (``{"s3": {...}, "gs": {...}}``); a call's ``storage_options=`` adds to them.
     codec : str
         Codec of the engine's own intermediates (``"none"`` by default: random floats do not compress).
     check_finite : bool
@@ -117,6 +121,7 @@ class Config:
     codec: str = "none"
     check_finite: bool = True
     progress: bool | None = None
+    storage_options: dict | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory", parse_size(self.memory, "memory"))
@@ -126,6 +131,13 @@ class Config:
                                       "pass device='cpu' (or 'gpu' with CuPy installed)"))
         if self.codec not in CODECS:
             raise ConfigError(explain("codec", f"must be one of {CODECS}", repr(self.codec), "pass codec='none'"))
+        if self.storage_options is not None and not isinstance(self.storage_options, dict):
+            raise ConfigError(explain("storage_options", "must be a dict of fsspec options",
+                                      type(self.storage_options).__name__,
+                                      "pass storage_options={'anon': True}, or a JSON object in "
+                                      "BLOCKLIN_STORAGE_OPTIONS"))
+        if not isinstance(self.temp_dir, str) and type(self.temp_dir).__name__ != "Location":
+            object.__setattr__(self, "temp_dir", os.fspath(self.temp_dir))  # a Location keeps its storage options
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
             raise ConfigError(explain("workers", "must be a positive integer or None", repr(self.workers),
                                       "pass workers=1"))
@@ -141,7 +153,9 @@ class Settings(TypedDict, total=False):
 
     ``memory``, ``device_memory``: budgets (``"1GiB"`` or bytes); ``device``: ``"auto"``, ``"cpu"`` or
     ``"gpu"``; ``scheduler``: see :class:`Config`; ``workers``: concurrent tile tasks; ``progress``:
-    show progress (or a progress object); ``check_finite``: check operands for NaN/Inf.
+    show progress (or a progress object); ``check_finite``: check operands for NaN/Inf;
+    ``temp_dir``: folder or URL for staged inputs and intermediates; ``storage_options``: fsspec
+    options for URL operands, outputs and temp dir, added to the configured ones (``docs/cluster.md``).
     """
 
     memory: Any
@@ -151,6 +165,8 @@ class Settings(TypedDict, total=False):
     workers: int | None
     progress: Any
     check_finite: bool | None
+    temp_dir: Any
+    storage_options: dict | None
 
 
 #: Names of :class:`Settings`.
@@ -174,6 +190,7 @@ _ENV = {
     "temp_dir": "BLOCKLIN_TEMP_DIR",
     "codec": "BLOCKLIN_CODEC",
     "check_finite": "BLOCKLIN_CHECK_FINITE",
+    "storage_options": "BLOCKLIN_STORAGE_OPTIONS",
 }
 
 
@@ -188,6 +205,14 @@ def _from_env(environ: dict[str, str] | os._Environ = os.environ) -> Config:
                 values[field] = int(raw)
             except ValueError:
                 raise ConfigError(explain(var, "must be an integer", repr(raw), f"export {var}=1")) from None
+        elif field == "storage_options":
+            import json
+
+            try:
+                values[field] = json.loads(raw)
+            except ValueError:
+                raise ConfigError(explain(var, "must be a JSON object", repr(raw),
+                                          f"export {var}='{{\"anon\": true}}'")) from None
         elif field == "check_finite":
             values[field] = raw.strip().lower() not in ("0", "false", "no", "off")
         else:

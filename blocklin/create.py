@@ -1,8 +1,13 @@
-"""Opening stored matrices and writing in-memory ones."""
+"""Opening stored matrices and writing in-memory ones.
+
+Writes go through :class:`~blocklin.storage.atomic.AtomicOutput` on any backend. With a
+``distributed`` client (given as ``scheduler=``, or active), :func:`random` and :func:`from_array`
+of a Dask array write their chunks from the workers, one chunk row or one block per task (bounded
+memory per worker); NumPy data is written by the process that holds it.
+"""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -12,24 +17,53 @@ from blocklin.errors import ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
 from blocklin.storage.atomic import AtomicOutput
-from blocklin.storage.zarr_store import create_array
+from blocklin.storage.dask_io import store_dask
+from blocklin.storage.location import Location
+from blocklin.storage.zarr_store import create_array, open_cached, write_block
 
 
-def open(path: str | os.PathLike) -> Matrix:  # noqa: A001 - the natural name in the public API
-    """Open a zarr array (v3, or v2 read-only use) as a :class:`Matrix`."""
-    return Matrix(path)
+def open(path: Any, *, storage_options: dict | None = None) -> Matrix:  # noqa: A001 - the public API's name
+    """Open a zarr array (v3, or v2 read-only use) as a :class:`Matrix`.
+
+    ``path`` is a local path, a URL (``s3://bucket/A.zarr``, with ``storage_options`` or the
+    configured ones), a :class:`~blocklin.storage.Location`, a zarr store or a ``zarr.Array``. An
+    output an interrupted job left unfinished is refused with a message on how to resume or remove it.
+    """
+    return Matrix(path, storage_options=storage_options)
 
 
-def from_array(x: Any, path: str | os.PathLike, *, chunks: Any = "auto", codec: str | None = None,
-               overwrite: bool = False, memory: Any = None) -> Matrix:
+def _client(scheduler: Any) -> Any:
+    """The distributed client to write from, or None (local writes)."""
+    from blocklin.runtime.scheduler import resolve_scheduler
+
+    sched = resolve_scheduler(resolve(scheduler=scheduler).scheduler)
+    return sched.client if sched.kind == "distributed" else None
+
+
+def _random_rows_task(loc: Location, seed: int, r0: int, r1: int, n: int, dtype: str) -> int:
+    """Task: draw and write chunk row ``r0:r1`` (deterministic in ``(seed, r0)``)."""
+    rng = np.random.default_rng([seed, r0])
+    block = rng.standard_normal((r1 - r0, n), dtype=np.float64).astype(np.dtype(dtype), copy=False)
+    write_block(open_cached(loc, "r+"), slice(r0, r1), slice(0, n), block)
+    return int(block.nbytes)
+
+
+def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = None,
+               overwrite: bool = False, memory: Any = None, storage_options: dict | None = None,
+               scheduler: Any = None) -> Matrix:
     """Write a NumPy or Dask array to a zarr store at ``path`` (atomically) and open it.
 
     Parameters
     ----------
     x : array_like or dask.array.Array
-        A 2-D array. Dask arrays are written chunk by chunk (bounded memory).
-    path : path
-        Output folder; refused if it exists unless ``overwrite``.
+        A 2-D array. Dask arrays are written chunk by chunk (bounded memory), by the workers when a
+        ``distributed`` client is in use.
+    path : path, URL, Location or zarr store
+        Output; refused if it exists unless ``overwrite``.
+    storage_options : dict, optional
+        fsspec options for a URL output.
+    scheduler : str or distributed.Client, optional
+        Where Dask arrays are computed and written (default: the active client, else threads).
     chunks : "auto" or (int, int)
         ``auto`` picks chunks suited to the engine's tiles for the budget.
     codec : str, optional
@@ -49,25 +83,25 @@ def from_array(x: Any, path: str | os.PathLike, *, chunks: Any = "auto", codec: 
     chunks = tuple(int(c) for c in chunks)
     if len(chunks) != 2 or min(chunks) < 1:
         raise ShapeError(explain("chunks", "must be two positive integers", repr(chunks), "pass chunks=(1024, 1024)"))
-    with AtomicOutput(path, overwrite=overwrite) as ao:
+    with AtomicOutput(path, overwrite=overwrite, storage_options=storage_options) as ao:
         arr = create_array(ao.array_path(), shape=x.shape, dtype=x.dtype, chunks=chunks, codec=codec or cfg.codec)
         if is_dask:
-            import dask.array as da
-
-            da.store(x.rechunk(chunks), arr, lock=False)
+            store_dask(x.rechunk(chunks), ao.array_path(), _client(scheduler))
         elif x.size:
             arr[...] = x
         ao.commit("from_array", params={"chunks": list(chunks), "codec": codec or cfg.codec})
     return Matrix(ao.path)
 
 
-def random(path: str | os.PathLike, shape: tuple[int, int], *, dtype: Any = "float64", seed: int = 0,
+def random(path: Any, shape: tuple[int, int], *, dtype: Any = "float64", seed: int = 0,
            chunks: Any = "auto", codec: str | None = None, overwrite: bool = False, memory: Any = None,
-           progress: Any = None) -> Matrix:
+           progress: Any = None, storage_options: dict | None = None, scheduler: Any = None) -> Matrix:
     """Write a standard-normal random matrix to ``path`` in bounded memory (one chunk row at a time).
 
     Each chunk row draws from its own generator seeded by ``(seed, first row)``, so the content is
-    deterministic for a given seed and chunk height, whatever the column chunking.
+    deterministic for a given seed and chunk height, whatever the column chunking and whichever
+    process writes it: with a ``distributed`` client (``scheduler=``, or active) the workers write
+    the chunk rows, one task each.
     """
     from blocklin.progress import make_progress
 
@@ -78,10 +112,20 @@ def random(path: str | os.PathLike, shape: tuple[int, int], *, dtype: Any = "flo
         chunks = auto_chunks(shape, dt, cfg.memory)
     chunks = (int(chunks[0]), int(chunks[1]))
     bar = make_progress(progress)
-    with AtomicOutput(path, overwrite=overwrite) as ao:
+    with AtomicOutput(path, overwrite=overwrite, storage_options=storage_options) as ao:
         arr = create_array(ao.array_path(), shape=shape, dtype=dt, chunks=chunks, codec=codec or cfg.codec)
         steps = range(0, shape[0], chunks[0])
         bar.start(len(steps), "random")
+        client = _client(scheduler)
+        if client is not None:
+            from distributed import as_completed
+
+            futures = [client.submit(_random_rows_task, ao.array_path(), seed, r0, min(shape[0], r0 + chunks[0]),
+                                     shape[1], dt.str, pure=False) for r0 in steps]
+            for fut in as_completed(futures):
+                fut.result()
+                bar.advance(1)
+            steps = range(0)
         for r0 in steps:
             r1 = min(shape[0], r0 + chunks[0])
             rng = np.random.default_rng([seed, r0])

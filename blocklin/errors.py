@@ -48,6 +48,18 @@ class StoreReadError(BlocklinError, OSError):
     """A store exists but cannot be read (corrupt, truncated, wrong format)."""
 
 
+class UncommittedOutputError(StoreReadError):
+    """A store is an output that an interrupted job left unfinished (resume or remove it)."""
+
+
+class StorageBackendError(BlocklinError, ValueError):
+    """A storage URL names an unknown protocol, or its fsspec backend is not installed."""
+
+
+class TempDirError(BlocklinError, ValueError):
+    """The temp dir cannot hold the job's intermediates where every worker can reach them."""
+
+
 class FormatError(BlocklinError, ValueError):
     """A matrix file is malformed or mislabeled."""
 

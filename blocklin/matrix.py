@@ -2,30 +2,40 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from blocklin.storage.backend import remove
+from blocklin.storage.location import as_location
 from blocklin.storage.zarr_store import describe_codecs, open_zarr
 
 
 class Matrix:
-    """A 2-D matrix stored as a zarr array on disk; nothing is loaded until asked.
+    """A 2-D matrix stored as a zarr array (local folder or object store); nothing is loaded until asked.
+
+    Parameters
+    ----------
+    path : path, URL, Location, zarr store or zarr array
+        Where the array lives (``"A.zarr"``, ``"s3://bucket/A.zarr"``).
+    storage_options : dict, optional
+        fsspec options for a URL (credentials, endpoint), merged over the configured ones.
 
     Attributes
     ----------
     path : str
-        Folder of the zarr array.
+        Folder or URL of the zarr array.
+    location : blocklin.storage.Location
+        The same, with its storage options (what tasks open).
     report : dict
         For results of an operation: seconds, flops, bytes read/written, peak memory, plan.
     """
 
-    def __init__(self, path: str | os.PathLike, *, report: dict | None = None, temporary: bool = False) -> None:
-        self.path = str(Path(path))
-        self._array = open_zarr(self.path)
+    def __init__(self, path: Any, *, report: dict | None = None, temporary: bool = False,
+                 storage_options: dict | None = None) -> None:
+        self.location = as_location(path, storage_options)
+        self.path = self.location.url
+        self._array = open_zarr(self.location)
         self.report = report or {}
         self.temporary = temporary
 
@@ -87,8 +97,8 @@ class Matrix:
         return da.from_zarr(self._array)
 
     def delete(self) -> None:
-        """Remove the store from disk (for temporary results)."""
-        shutil.rmtree(self.path, ignore_errors=True)
+        """Remove the store, wherever it lives (for temporary results)."""
+        remove(self.location)
 
     def __repr__(self) -> str:
         return (f"Matrix(path={self.path!r}, shape={self.shape}, dtype={self.dtype.name}, "

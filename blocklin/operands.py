@@ -1,7 +1,9 @@
 """Accepting operands: paths, zarr arrays, Matrix handles, NumPy and Dask arrays.
 
-Tasks pass paths, so in-memory operands are staged to a temporary zarr store under the configured
-temp dir (removed when the operation ends). Stored operands are read in place and never modified.
+Tasks pass store locations (:class:`~blocklin.storage.location.Location`: a path or URL with its
+storage options), so in-memory operands are staged to a temporary zarr store under the configured
+temp dir, local or a URL (removed when the operation ends, on failure and Ctrl-C too). Stored
+operands, local or remote, are read in place and never modified.
 """
 
 from __future__ import annotations
@@ -9,9 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,16 +20,19 @@ from blocklin.config import Config
 from blocklin.errors import ParameterError, ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
+from blocklin.storage.backend import remove
+from blocklin.storage.dask_io import store_dask
+from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import create_array, open_zarr, store_path
 
 
 
 @dataclasses.dataclass(frozen=True)
 class Operand:
-    """A stored operand: its path and metadata."""
+    """A stored operand: its location and metadata."""
 
     name: str
-    path: str
+    path: Location
     shape: tuple[int, ...]
     dtype: np.dtype
     chunks: tuple[int, ...]
@@ -40,15 +43,24 @@ def _is_dask(x: Any) -> bool:
     return type(x).__module__.startswith("dask") and hasattr(x, "dask") and hasattr(x, "chunks")
 
 
-def _stage_dir(cfg: Config, stack: contextlib.ExitStack) -> Path:
-    d = Path(cfg.temp_dir) / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
-    d.mkdir(parents=True, exist_ok=False)
-    stack.callback(shutil.rmtree, d, True)
+def temp_root(cfg: Config) -> Location:
+    """The configured temp dir as a location (a local folder or a URL)."""
+    return as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir")
+
+
+def _stage_dir(cfg: Config, stack: contextlib.ExitStack) -> Location:
+    d = temp_root(cfg) / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
+    if d.is_local:
+        os.makedirs(d.url, exist_ok=False)
+    stack.callback(remove, d)
     return d
 
 
-def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, ndim: int = 2) -> Operand:
+def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, ndim: int = 2,
+               client: Any = None) -> Operand:
     """Resolve ``x`` to a stored operand, staging in-memory arrays under ``cfg.temp_dir``.
+
+    Dask arrays are staged by ``client``'s workers when given (the job's cluster).
 
     Raises
     ------
@@ -61,23 +73,29 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
     """
     staged = False
     if isinstance(x, Matrix):
-        path, arr = x.path, x.zarr
-    elif isinstance(x, (str, os.PathLike)):
-        path = str(x)
+        path, arr = x.location, x.zarr
+    elif isinstance(x, (str, os.PathLike, Location)):
+        path = as_location(x, cfg.storage_options, name=name)
         arr = open_zarr(path, name=name)
     elif type(x).__module__.startswith("zarr") and hasattr(x, "chunks") and hasattr(x, "shape"):
         path = store_path(x)
         arr = x
-        if path is None or not os.path.isdir(path):  # memory or remote store: stage a local copy
+        if path is None:  # an in-process store (zarr MemoryStore): stage a copy tasks can open
             path, arr, staged = _stage_numpy(np.asarray(x[...]), name, cfg, stack)
+        else:
+            path = as_location(path, cfg.storage_options, name=name)
+    elif type(x).__module__.startswith("zarr"):  # a store object: open the array at its root
+        path = as_location(x, cfg.storage_options, name=name)
+        arr = open_zarr(path, name=name)
     elif _is_dask(x):
         _check_ndim(name, x.shape, ndim)
         d = _stage_dir(cfg, stack) / f"{name}.zarr"
-        import dask.array as da
-
-        chunks = auto_chunks(x.shape, x.dtype, cfg.memory) if x.ndim == 2 else "auto"
-        da.to_zarr(x.rechunk(chunks), str(d), zarr_format=3, compressors=None)
-        path, arr, staged = str(d), open_zarr(d, name=name), True
+        chunks = auto_chunks(x.shape, x.dtype, cfg.memory)
+        arr = create_array(d, shape=x.shape, dtype=x.dtype, chunks=chunks, codec="none")
+        # Written by the workers on a cluster, into the job's temp dir, which they were checked to
+        # reach, and removed with it (on failure and Ctrl-C too).
+        store_dask(x.rechunk(chunks), d, client)
+        path, staged = d, True
     elif isinstance(x, np.ndarray) or hasattr(x, "__array__") and not isinstance(x, (list, tuple)):
         path, arr, staged = _stage_numpy(np.asarray(x), name, cfg, stack)
     elif isinstance(x, (list, tuple)):
@@ -96,7 +114,7 @@ def _check_ndim(name: str, shape: tuple[int, ...], ndim: int) -> None:
                                  "reshape it, e.g. x.reshape(-1, 1) for a column vector"))
 
 
-def _stage_numpy(x: np.ndarray, name: str, cfg: Config, stack: contextlib.ExitStack) -> tuple[str, Any, bool]:
+def _stage_numpy(x: np.ndarray, name: str, cfg: Config, stack: contextlib.ExitStack) -> tuple[Location, Any, bool]:
     if x.ndim != 2:
         _check_ndim(name, x.shape, 2)
     d = _stage_dir(cfg, stack) / f"{name}.zarr"
@@ -104,4 +122,4 @@ def _stage_numpy(x: np.ndarray, name: str, cfg: Config, stack: contextlib.ExitSt
                        codec="none")
     if x.size:
         arr[...] = x
-    return str(d), arr, True
+    return d, arr, True

@@ -80,3 +80,6 @@ def gemm_tol(dtype, k: int) -> float:
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261129)
+
+
+from s3server import s3, s3_server  # noqa: E402,F401 - the loopback S3 server fixtures

@@ -28,6 +28,12 @@ def add_common(parser: argparse.ArgumentParser, *, memory: bool = True, device: 
                             help="threads (default), sync, processes, distributed, or tcp://host:port")
     if output:
         parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    parser.add_argument("--storage-option", action="append", metavar="KEY=VALUE", dest="storage_option",
+                        help="fsspec option for s3://, gs://, ... paths (repeatable; dotted keys nest: "
+                             "client_kwargs.endpoint_url=http://host:9000; values are JSON when they parse)")
+    parser.add_argument("--temp-dir", metavar="DIR_OR_URL", dest="temp_dir",
+                        help="folder or URL for intermediates, e.g. s3://bucket/tmp on a cluster "
+                             "(default: BLOCKLIN_TEMP_DIR, else the system temp dir)")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the summary")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -56,10 +62,28 @@ def _default(obj: Any) -> Any:
     return str(obj)
 
 
+def _storage_settings(args: argparse.Namespace) -> Any:
+    """Scope ``--storage-option`` and ``--temp-dir`` over the command (they reach every location it opens)."""
+    import contextlib
+
+    from blocklin import config
+    from blocklin.storage.location import storage_options_from_items
+
+    settings: dict[str, Any] = {}
+    items = getattr(args, "storage_option", None)
+    if items:
+        settings["storage_options"] = {**(config.get_config().storage_options or {}),
+                                       **storage_options_from_items(items)}
+    if getattr(args, "temp_dir", None):
+        settings["temp_dir"] = args.temp_dir
+    return config.set(**settings) if settings else contextlib.nullcontext()
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run ``args.func(args)`` and map errors to exit codes with a one-line message."""
     try:
-        args.func(args)
+        with _storage_settings(args):
+            args.func(args)
         return EXIT_OK
     except KeyboardInterrupt:
         print("blocklin: interrupted", file=sys.stderr)

@@ -93,7 +93,7 @@ class Gemm:
         return {"alpha": self.alpha, "beta": self.beta, "trans_a": self.trans_a, "trans_b": self.trans_b,
                 "dtype": self.dtype.name}
 
-    def run(self, job: Job, plan: GemmPlan, out_path: str, *, done_dir: str | None = None,
+    def run(self, job: Job, plan: GemmPlan, out_path: Any, *, done_dir: Any = None,
             description: str = "gemm tiles", count_pass: str | None = None) -> None:
         """Write the product into the array at ``out_path`` (created with ``plan.out_chunks``)."""
         spec = GemmSpec(a=self.A.path, b=self.B.path, c=self.C.path if self.C is not None else None, out=out_path,
@@ -165,7 +165,7 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
             open_zarr(ao.array_path(), mode="r+")
         else:
             create_array(ao.array_path(), shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
-        op.run(job, plan, ao.array_path(), done_dir=str(ao.partial / ".blocklin-done"))
+        op.run(job, plan, ao.array_path(), done_dir=ao.done)
         report = job.report(plan=plan.to_dict(), output=str(ao.path))
         report["flops"] = plan.flops
         report["gflops"] = plan.flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0

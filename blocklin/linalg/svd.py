@@ -417,7 +417,7 @@ def _result(job: Job, out: Any, A: Any, plan: SvdPlan, r: dict, report: dict, ao
     small = {"S": s, "U": short} if plan.transposed else {"S": s, "Vt": short.T.copy()}
     path = write_group(job, out, A, small, "svd", plan, report, overwrite, ao=ao)
     report["output"] = str(path)
-    stored = Matrix(f"{path}/{'Vt' if plan.transposed else 'U'}", report=report, temporary=out is None)
+    stored = Matrix(path / ("Vt" if plan.transposed else "U"), report=report, temporary=out is None)
     if plan.transposed:
         return SVDResult(small["U"], s, stored, report)
     return SVDResult(stored, s, small["Vt"], report)

@@ -10,23 +10,23 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import shutil
 import time
 import uuid
-from pathlib import Path
 from typing import Any, Unpack
 
 from blocklin import _memory
 from blocklin._memory import peak_rss
 from blocklin.config import Config, Settings, check_settings, format_size, resolve, size_hint
 from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
-from blocklin.errors import BudgetError, ConfigError, WorkerLostError, explain
-from blocklin.operands import Operand, as_operand
+from blocklin.errors import BudgetError, ConfigError, DeviceError, WorkerLostError, explain
+from blocklin.operands import Operand, as_operand, temp_root
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
 from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
+from blocklin.storage.backend import remove
+from blocklin.storage.location import Location
 from blocklin.storage.zarr_store import create_array
 
 
@@ -40,6 +40,7 @@ class ClusterInfo:
     cores_per_worker: int
     #: The smallest worker memory limit in bytes (None: no worker has one).
     memory_limit: int | None
+    #: Workers that see a CUDA device (each worker process drives one).
     gpus: int
 
     @classmethod
@@ -61,7 +62,18 @@ class ClusterInfo:
             per_host[str(w.get("host"))] = per_host.get(str(w.get("host")), 0) + threads[addr]
         shares = [max(1, (machine_cores.get(addr) or per_host[str(w.get("host"))]) * threads[addr]
                       // per_host[str(w.get("host"))]) for addr, w in ws.items()]
-        gpus = sum(int((w.get("resources") or {}).get("GPU", 0)) for w in ws.values())
+        def visible_gpus() -> int:  # by value: runs on workers that may lack blocklin or CuPy
+            try:
+                import cupy
+
+                return int(cupy.cuda.runtime.getDeviceCount())
+            except Exception:
+                return 0
+
+        try:
+            gpus = sum(min(1, n) for n in client.run(visible_gpus).values())  # one device per worker process
+        except Exception:
+            gpus = 0
         return cls(workers=len(ws), threads=sum(threads.values()), threads_per_worker=max(threads.values()),
                    cores_per_worker=min(shares), memory_limit=min(limits) if limits else None, gpus=gpus)
 
@@ -89,15 +101,28 @@ class Job:
         #: object that opens its own jobs (the LinearOperator) passes on.
         self.settings: dict[str, Any] = dict(settings)
         progress = settings.get("progress")
-        self.cfg: Config = resolve(**{k: v for k, v in settings.items() if k != "progress"})
-        self.scheduler = resolve_scheduler(self.cfg.scheduler)
-        self.device = resolved_kind(self.cfg.device)
-        if self.device == "gpu" and not gpu_available():
-            from blocklin.device import get_device
-
-            get_device("gpu")  # raises DeviceError with the fix
-        self.progress = make_progress(self.cfg.progress if progress is None else progress)
+        storage_options = settings.get("storage_options")
+        cfg = resolve(**{k: v for k, v in settings.items() if k not in ("progress", "storage_options")})
+        if storage_options:  # added to the configured ones, not replacing them
+            cfg = cfg.replace(storage_options={**(cfg.storage_options or {}), **storage_options})
+        self.cfg: Config = cfg
         self.stack = contextlib.ExitStack()
+        if settings.get("temp_dir") is not None or storage_options:
+            # Scoped, so that nested operations (solve's GEMMs) and the opener see the same storage.
+            from blocklin import config as _config
+
+            self.stack.enter_context(_config.set(temp_dir=cfg.temp_dir, storage_options=cfg.storage_options))
+        try:
+            self.scheduler = resolve_scheduler(self.cfg.scheduler)
+            if self.scheduler.kind == "distributed":
+                from blocklin.storage.probe import check_workers_reach
+
+                check_workers_reach(self.scheduler.client, temp_root(self.cfg))
+        except BaseException:
+            self.stack.close()
+            raise
+        self.device = self._resolve_device()
+        self.progress = make_progress(self.cfg.progress if progress is None else progress)
         self.t0 = time.perf_counter()
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0, "retried_tasks": 0,
                       "load_seconds": 0.0, "wait_seconds": 0.0}
@@ -105,9 +130,30 @@ class Job:
         self.pass_counts: dict[str, int] = {}
         self._scratch = 0
 
+    def _resolve_device(self) -> str:
+        """``auto``, ``cpu`` or ``gpu`` resolved where the tasks run: this machine, or the workers."""
+        cluster = self.cluster()
+        if cluster is None:
+            kind = resolved_kind(self.cfg.device)
+            if kind == "gpu" and not gpu_available():
+                from blocklin.device import get_device
+
+                get_device("gpu")  # raises DeviceError with the fix
+            return kind
+        on_every_worker = cluster.gpus >= cluster.workers
+        if self.cfg.device == "auto":
+            return "gpu" if on_every_worker else "cpu"
+        if self.cfg.device == "gpu" and not on_every_worker:
+            raise DeviceError(explain(
+                "device", "'gpu' on a cluster needs a GPU on every worker (tasks run on any of them)",
+                f"{cluster.gpus} GPU(s) seen by {cluster.workers} worker(s)",
+                "run one worker per GPU (dask-cuda's LocalCUDACluster, see docs/gpu.md) or pass device='cpu'"))
+        return self.cfg.device
+
     # -- inputs -------------------------------------------------------------------------------
     def operand(self, x: Any, name: str, ndim: int = 2) -> Operand:
-        return as_operand(x, name, self.cfg, self.stack, ndim=ndim)
+        return as_operand(x, name, self.cfg, self.stack, ndim=ndim,
+                          client=self.scheduler.client if self.scheduler.kind == "distributed" else None)
 
     @property
     def check_finite(self) -> bool:
@@ -169,15 +215,20 @@ class Job:
         return blas_threads
 
     # -- temporary stores and outputs -----------------------------------------------------------
-    def temp_dir(self) -> Path:
-        """A folder for this job's intermediates, removed when the job ends."""
+    def temp_dir(self) -> Location:
+        """A folder (or URL prefix) for this job's intermediates, removed when the job ends.
+
+        Join names with ``/`` (``job.temp_dir() / "Y.zarr"``); the location carries its storage
+        options into task specs.
+        """
         if not hasattr(self, "_tmp"):
-            self._tmp = Path(self.cfg.temp_dir) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
-            self._tmp.mkdir(parents=True)
-            self.stack.callback(shutil.rmtree, self._tmp, True)
+            self._tmp = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
+            if self._tmp.is_local:
+                os.makedirs(self._tmp.url)
+            self.stack.callback(remove, self._tmp)
         return self._tmp
 
-    def scratch(self, name: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int]) -> str:
+    def scratch(self, name: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int]) -> Location:
         """A new intermediate zarr array under :meth:`temp_dir`, removed with the job.
 
         Named ``NAME-N.zarr`` with ``N`` counting the job's scratch stores in creation order, so
@@ -186,15 +237,17 @@ class Job:
         self._scratch += 1
         path = self.temp_dir() / f"{name}-{self._scratch}.zarr"
         create_array(path, shape=shape, dtype=dtype, chunks=chunks, codec=self.cfg.codec)
-        return str(path)
+        return path
 
     def output(self, out: Any, *, inputs: list[Any], overwrite: bool = False, resume: bool = False,
                token: str | None = None, suffix: str = ".zarr") -> AtomicOutput:
-        """An atomic output at ``out``, or a new store under the temp dir when ``out`` is None."""
+        """An atomic output at ``out`` (path, URL, Location or zarr store), or a new store under the
+        temp dir when ``out`` is None (the caller owns it)."""
         if out is None:
-            out = Path(self.cfg.temp_dir) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
+            out = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
             resume = False
-        ao = AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token)
+        ao = AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
+                          storage_options=self.cfg.storage_options)
         self.outputs.append(ao)
         return ao
 

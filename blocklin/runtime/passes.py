@@ -92,7 +92,7 @@ class Source:
     orientation; ``chunk_bytes`` one stored chunk; ``chunks_across`` the chunks one strip row crosses.
     """
 
-    path: str
+    path: Any  # a Location (URL or path with its storage options), or a path
     name: str
     rows: int
     width: int
@@ -118,7 +118,7 @@ def stored(path: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int
     """The :class:`Source` of a stored array given its metadata (row strips, or column strips)."""
     dt = np.dtype(dtype)
     r, w = (1, 0) if transposed else (0, 1)
-    return Source(path=str(path), name=name, rows=shape[r], width=shape[w], dtype=dt, chunk_rows=chunks[r],
+    return Source(path=path, name=name, rows=shape[r], width=shape[w], dtype=dt, chunk_rows=chunks[r],
                   chunk_bytes=int(np.prod(chunks)) * dt.itemsize, chunks_across=-(-shape[w] // max(1, chunks[w])),
                   transposed=transposed)
 

@@ -23,24 +23,13 @@ from blocklin.device import TileStream, get_device
 from blocklin.errors import NonFiniteError, explain
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import GemmPlan
-from blocklin.storage.zarr_store import open_zarr, read_block, write_block
+from blocklin.storage.atomic import is_done, mark_done
+from blocklin.storage.zarr_store import open_cached, read_block, write_block
 
 
-@functools.lru_cache(maxsize=64)
-def _open_cached(path: str, mode: str, stamp: int) -> Any:
-    return open_zarr(path, mode=mode)
-
-
-def open_array(path: str, mode: str = "r") -> Any:
-    """Open a zarr array, cached per process (keyed by the metadata file's mtime)."""
-    meta = os.path.join(path, "zarr.json")
-    if not os.path.exists(meta):
-        meta = os.path.join(path, ".zarray")
-    try:
-        stamp = os.stat(meta).st_mtime_ns
-    except OSError:
-        stamp = 0
-    return _open_cached(path, mode, stamp)
+def open_array(path: Any, mode: str = "r") -> Any:
+    """Open a zarr array (path, URL or Location), cached per process (keyed by its metadata's version)."""
+    return open_cached(path, mode)
 
 
 _blas_lock = threading.Lock()
@@ -226,7 +215,7 @@ class GemmSpec:
     device: str
     device_memory: int | None
     check_finite: bool
-    done_dir: str | None
+    done_dir: Any  # Location of the output's resume markers, or None
     blas_threads: int | None = None
     names: tuple[str, str, str] = ("a", "b", "c")
     # Regions: offsets of op(A), op(B), C and the output inside their stores (multiples of the
@@ -262,15 +251,11 @@ class Epilogue:
         return {}
 
 
-def _marker(spec: Any, unit: str) -> str | None:
-    return os.path.join(spec.done_dir, unit) if spec.done_dir else None
-
-
 @with_task_settings
 def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
     """Compute output tile ``(i, j)`` = ``alpha * op(A)[rows, :] @ op(B)[:, cols] + beta * C0[rows, cols]``."""
-    marker = _marker(spec, f"tile-{i}-{j}")
-    if marker and os.path.exists(marker):
+    unit = f"tile-{i}-{j}"
+    if is_done(spec.done_dir, unit):
         return {"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0}
     t_start = time.perf_counter()
     device = get_device(spec.device, device_memory=spec.device_memory)
@@ -283,8 +268,8 @@ def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
             tile.compute()
         finally:
             tile.close()
-    if marker:
-        open(marker, "w").close()
+    if spec.done_dir is not None:
+        mark_done(spec.done_dir, unit)
     return tile.result(time.perf_counter() - t_start)
 
 

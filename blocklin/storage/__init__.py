@@ -1,6 +1,8 @@
-"""Storage layer: zarr arrays, atomic outputs, file formats. Never does math."""
+"""Storage layer: naming and opening stores on any backend, atomic outputs, file formats. Never does math."""
 
 from blocklin.storage.atomic import AtomicOutput, check_output_path
+from blocklin.storage.backend import Backend, backend, remove, zarr_store
+from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import (
     codec_chain,
     create_array,
@@ -15,6 +17,10 @@ from blocklin.storage.zarr_store import (
 
 __all__ = [
     "AtomicOutput",
+    "Backend",
+    "Location",
+    "as_location",
+    "backend",
     "check_output_path",
     "codec_chain",
     "create_array",
@@ -22,7 +28,9 @@ __all__ = [
     "describe_codecs",
     "open_zarr",
     "read_block",
+    "remove",
     "store_path",
     "write_array",
     "write_block",
+    "zarr_store",
 ]

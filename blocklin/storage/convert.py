@@ -9,12 +9,11 @@ Converting is not math: values are copied (and cast when asked), never computed 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import resource
-import shutil
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -28,7 +27,11 @@ from blocklin.plan.convert import plan_convert
 from blocklin.progress import make_progress
 from blocklin.storage.atomic import check_output_path
 from blocklin.storage.formats import detect_format, open_reader, open_writer, split_spec
+from blocklin.storage.atomic import is_done, mark_done
+from blocklin.storage.backend import backend
 from blocklin.storage.formats.base import disk_usage
+from blocklin.storage.location import Location, as_location
+from blocklin.storage.zarr_store import open_cached, read_block, write_block
 
 NAN_POLICIES = ("allow", "error")
 
@@ -73,7 +76,29 @@ def output_dtype(src: np.dtype, requested: Any) -> np.dtype:
     return out.newbyteorder("=")
 
 
-def _stat_token(path: str) -> list:
+def _remote(x: Any, storage_options: dict | None, name: str) -> Location | None:
+    """A Location for URLs, Locations and zarr objects; None for local file specs (the format readers' own)."""
+    if isinstance(x, Location):
+        return as_location(x, storage_options, name=name)
+    if type(x).__module__.startswith("zarr"):
+        return as_location(x, storage_options, name=name)
+    if isinstance(x, str) and "://" in x:
+        return as_location(x, storage_options, name=name)
+    return None
+
+
+def _real(p: Any) -> str:
+    return p.url if isinstance(p, Location) else os.path.realpath(p)
+
+
+def _base(p: Any) -> str:
+    return p.name if isinstance(p, Location) else os.path.basename(p)
+
+
+def _stat_token(path: Any) -> list:
+    if isinstance(path, Location):
+        be = backend(path)
+        return [str(be.stamp("zarr.json") or be.stamp(".zarray"))]
     p = path
     for name in ("zarr.json", ".zarray"):
         if os.path.isdir(path) and os.path.exists(os.path.join(path, name)):
@@ -118,8 +143,8 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             checksum: bool = False, memory: Any = None, overwrite: bool = False, resume: bool = False,
             from_format: str | None = None, to_format: str | None = None, shape: Any = None, in_dtype: Any = None,
             order: str | None = None, out_order: str | None = None, offset: int = 0, delimiter: str | None = None,
-            skip_rows: int | None = None, header: Any = "auto", nan: str = "allow", progress: Any = None
-            ) -> dict[str, Any]:
+            skip_rows: int | None = None, header: Any = "auto", nan: str = "allow", progress: Any = None,
+            storage_options: dict | None = None, scheduler: Any = None) -> dict[str, Any]:
     """Convert a matrix file to another format (or rechunk/re-encode a zarr array) in bounded memory.
 
     Parameters
@@ -157,6 +182,13 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         What NaN values do: copied (default; converting is not math), or an error naming the position.
     progress : bool or object, optional
         Progress bar (see :func:`blocklin.progress.make_progress`).
+    storage_options : dict, optional
+        fsspec options for URL inputs and outputs (``s3://bucket/A.zarr``; zarr only), merged over
+        the configured ones.
+    scheduler : str or distributed.Client, optional
+        With a ``distributed`` client (given, or active when None), a zarr-to-zarr conversion is
+        copied by the workers, one output block per task (bounded memory per worker); other
+        conversions stream through this process.
 
     Returns
     -------
@@ -182,11 +214,20 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         raise ConfigError(explain("nan", f"must be one of {NAN_POLICIES}", repr(nan), "pass nan='allow'"))
     chunks = parse_chunks(chunks)
     codec = (codec if codec is not None else cfg.codec).lower()
-    src_path, _member = split_spec(src)
-    out_path, out_member = split_spec(out)
-    in_fmt = detect_format(src_path, from_format)
-    out_fmt = detect_format(out_path, to_format, output=True)
-    check_output_path(out_path, [src_path], overwrite=overwrite)
+    src_loc, out_loc = _remote(src, storage_options, "input"), _remote(out, storage_options, "out")
+    src_path = src_loc if src_loc is not None else split_spec(src)[0]
+    out_path = out_loc if out_loc is not None else split_spec(out)[0]
+    in_fmt = "zarr" if src_loc is not None else detect_format(src_path, from_format)
+    out_fmt = "zarr" if out_loc is not None else detect_format(out_path, to_format, output=True)
+    for loc, fmt, what in ((src_loc, from_format, "from"), (out_loc, to_format, "to")):
+        if loc is not None and fmt not in (None, "zarr", "zarr3", "zarr2"):
+            raise ConfigError(explain(what, "URLs and store objects hold zarr arrays only", f"{fmt!r} for {loc.url}",
+                                      f"convert through a local file, or pass --{what} zarr"))
+    if out_loc is None:
+        check_output_path(out_path, [src_path], overwrite=overwrite)
+    if src_loc is not None or out_loc is not None:
+        src = src_path
+        out = out_path
     if out_fmt != "zarr":
         if checksum:
             raise ConfigError(explain("checksum", "checksums are stored in zarr chunks only", f"output {out_fmt}",
@@ -212,9 +253,9 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         m, n = reader.shape
         out_chunks = auto_chunks((m, n), out_dt, cfg.memory) if chunks == "auto" else chunks
         token = hashlib.sha1(json.dumps({
-            "src": os.path.realpath(src_path), "spec": str(src), "stat": _stat_token(src_path), "fmt": in_fmt,
+            "src": _real(src_path), "spec": str(src), "stat": _stat_token(src_path), "fmt": in_fmt,
             "shape": [m, n], "in": reader.dtype.str, "out": out_dt.str, "chunks": list(out_chunks),
-            "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": os.path.realpath(out_path),
+            "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": _real(out_path),
         }, sort_keys=True).encode()).hexdigest()[:16]
         writer = open_writer(out, (m, n), out_dt, format=to_format, chunks=out_chunks if chunks != "auto" or
                              out_fmt == "zarr" else None, codec=codec, checksum=checksum,
@@ -226,16 +267,20 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             plan_order, full_span = writer.order, True
         else:
             plan_order, full_span = reader.order, False
+        client = _cluster_client(scheduler) if in_fmt == "zarr" and out_fmt == "zarr" else None
+        # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
+        task_memory = cfg.memory // _threads_per_worker(client) if client is not None else cfg.memory
         plan = plan_convert(
-            (m, n), reader.dtype, out_dt, memory=cfg.memory, order=plan_order, unit=writer.unit,
+            (m, n), reader.dtype, out_dt, memory=task_memory, order=plan_order, unit=writer.unit,
             full_span=full_span, align=reader.chunks, resident=reader.resident_bytes,
             resident_what=reader.resident_what, fixed=reader.overhead_bytes + writer.overhead_bytes,
             in_chunk_bytes=getattr(reader, "chunk_bytes", 0), out_chunk_bytes=getattr(writer, "chunk_bytes", 0),
             relayout=bool(getattr(writer, "relayout_copy", False) and writer.order != plan_order),
             extra_per_element=writer.overhead_per_element)
         reader.prepare()
-        blocks, skipped = _copy(reader, writer, plan, out_dt, nan, progress,
-                                f"convert {os.path.basename(src_path)} -> {os.path.basename(out_path)}")
+        copy = _copy if client is None else functools.partial(_copy_on_cluster, client)
+        blocks, skipped = copy(reader, writer, plan, out_dt, nan, progress,
+                               f"convert {_base(src_path)} -> {_base(out_path)}")
         seconds = time.perf_counter() - t0
         report = {
             "input": str(src), "output": str(out_path), "from": in_fmt, "to": out_fmt, "shape": [m, n],
@@ -244,15 +289,16 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             "codec": codec if out_fmt in ("zarr", "hdf5") else "none", "checksum": bool(checksum),
             "memory": cfg.memory, "planned_memory": plan.peak_memory, "blocks": blocks,
             "blocks_skipped": skipped, "resumed": bool(skipped), "bytes_read": int(reader.bytes_read),
-            "seconds": seconds, "staged": False,
+            "seconds": seconds, "staged": False, "on_cluster": client is not None,
         }
         params = {"chunks": report["chunks"], "dtype": out_dt.name, "codec": codec, "checksum": bool(checksum),
                   "memory": cfg.memory, "from": in_fmt}
         final = writer.commit(operation="convert", plan=plan.to_dict(), params=params, report=dict(report))
         writer = None
-        report["output"] = final
+        # The output as the caller named it (a local path keeps its spelling; a URL is its URL).
+        report["output"] = str(out_path) if isinstance(final, Location) and final.is_local else str(final)
         report["seconds"] = time.perf_counter() - t0
-        report["bytes_written"] = disk_usage(final)
+        report["bytes_written"] = backend(final).size("") if isinstance(final, Location) else disk_usage(final)
         report["peak_memory"] = _peak_rss()
         report["rss_before"] = rss0
         report["throughput_gbps"] = (plan.bytes_read / report["seconds"] / 1e9) if report["seconds"] > 0 else 0.0
@@ -309,6 +355,86 @@ def _copy(reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any, desc:
     return len(blocks), skipped
 
 
+def _cluster_client(scheduler: Any) -> Any:
+    """The distributed client a zarr-to-zarr conversion runs on (given, or active), else None."""
+    import sys
+
+    scheduler = resolve(scheduler=scheduler).scheduler
+    if hasattr(scheduler, "submit") and hasattr(scheduler, "gather"):
+        return scheduler
+    if isinstance(scheduler, str) and "://" in scheduler:
+        return _connected(scheduler.strip())
+    if scheduler in (None, "distributed") and "distributed" in sys.modules:
+        from distributed import get_client
+
+        try:
+            return get_client()
+        except ValueError:
+            return None
+    return None
+
+
+def _threads_per_worker(client: Any) -> int:
+    """Threads of the busiest worker process of ``client``'s cluster (1 when it cannot say)."""
+    try:
+        workers = client.scheduler_info().get("workers", {})
+        return max([int(w.get("nthreads", 1)) for w in workers.values()] or [1])
+    except Exception:  # noqa: BLE001 - a plan for one thread is still a valid plan
+        return 1
+
+
+@functools.lru_cache(maxsize=4)
+def _connected(address: str) -> Any:
+    from distributed import Client
+
+    return Client(address, set_as_default=False)
+
+
+class _Positions:
+    """Element positions for messages of blocks copied on a worker (0-based in, 1-based out)."""
+
+    @staticmethod
+    def locate(row: int, col: int) -> str:
+        return f"row {row + 1}, column {col + 1}"
+
+
+def _copy_block_task(src: Location, dst: Location, done: Location | None, b: tuple[int, int, int, int],
+                     out_dtype: str, nan: str) -> int:
+    """Task: copy one planned block (whole output chunks) of a zarr array; returns the bytes read."""
+    unit = _unit_name(b)
+    if is_done(done, unit):
+        return 0
+    r0, r1, c0, c1 = b
+    data = read_block(open_cached(src), slice(r0, r1), slice(c0, c1))
+    out_dt = np.dtype(out_dtype)
+    _check(_Positions, data, b, out_dt, nan)
+    write_block(open_cached(dst, "r+"), slice(r0, r1), slice(c0, c1), data.astype(out_dt, copy=False))
+    if done is not None:
+        mark_done(done, unit)
+    return int(data.nbytes)
+
+
+def _copy_on_cluster(client, reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any,
+                     desc: str) -> tuple[int, int]:
+    """Copy every planned block on the workers, one task per block (the plan's budget per task)."""
+    from distributed import as_completed
+
+    blocks = list(plan.blocks())
+    src, dst, done = reader.location, writer.location, writer.done
+    todo = [b for b in blocks if not writer.is_done(_unit_name(b))]
+    prog = make_progress(progress)
+    prog.start(len(blocks), desc)
+    prog.advance(len(blocks) - len(todo))
+    try:
+        futures = [client.submit(_copy_block_task, src, dst, done, b, out_dt.str, nan, pure=False) for b in todo]
+        for fut in as_completed(futures):
+            reader.bytes_read += fut.result()
+            prog.advance(1)
+    finally:
+        prog.close()
+    return len(blocks), len(blocks) - len(todo)
+
+
 def _check(reader, data: np.ndarray, b, out_dt: np.dtype, nan: str) -> None:
     """NaN policy and integer-narrowing overflow, with the position of the first offender."""
     r0, _r1, c0, _c1 = b
@@ -333,9 +459,14 @@ def _check(reader, data: np.ndarray, b, out_dt: np.dtype, nan: str) -> None:
 
 def _staged(src: Any, out: Any, kw: dict) -> dict[str, Any]:
     """Sequential source and sink in opposite orders: go through a temporary zarr (rechunker's way)."""
+    import uuid
+
     cfg = kw["cfg"]
-    stage_dir = tempfile.mkdtemp(prefix="blocklin-stage-", dir=cfg.temp_dir)
-    stage = os.path.join(stage_dir, "stage.zarr")
+    root = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir")
+    stage_dir = root / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
+    if stage_dir.is_local:
+        os.makedirs(stage_dir.url)
+    stage = stage_dir / "stage.zarr"
     t0 = kw["t0"]
     try:
         first = convert(src, stage, chunks="auto", dtype=kw["dtype"], codec="none", memory=cfg.memory,
@@ -346,7 +477,7 @@ def _staged(src: Any, out: Any, kw: dict) -> dict[str, Any]:
                          overwrite=kw["overwrite"], to_format=kw["to_format"], out_order=kw["out_order"],
                          delimiter=kw["delimiter"], progress=kw["progress"])
     finally:
-        shutil.rmtree(stage_dir, ignore_errors=True)
+        backend(stage_dir).remove("")
     report = dict(second)
     report.update(input=str(src), staged=True, bytes_read=first["bytes_read"], from_=None,
                   seconds=time.perf_counter() - t0, blocks=first["blocks"] + second["blocks"],

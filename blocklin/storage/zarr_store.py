@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
 import zarr.codecs
+import zarr.storage
+from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
 
-from blocklin.errors import ConfigError, StoreNotFoundError, StoreReadError, explain
+from blocklin.errors import ConfigError, StoreNotFoundError, StoreReadError, UncommittedOutputError, explain
+from blocklin.storage.backend import backend, zarr_store
+from blocklin.storage.location import Location, as_location, store_location
 from blocklin.storage.rawchunks import raw_access
 
 
@@ -54,43 +59,153 @@ def describe_codecs(arr: zarr.Array) -> str:
     return "+".join(names) if names else "none"
 
 
-def open_zarr(path: str | os.PathLike, *, name: str = "path", mode: str = "r") -> zarr.Array:
-    """Open a zarr array (v2 or v3) with errors that name the path and a fix."""
-    p = Path(path)
-    if not p.exists():
-        raise StoreNotFoundError(explain(name, "must name an existing zarr array", f"{str(p)!r}, which does not exist",
-                                         "check the path, or create it with blocklin.from_array / blocklin convert"))
-    if not ((p / "zarr.json").exists() or (p / ".zarray").exists()):
-        hint = "it is a zarr group; name one of its arrays (PATH/NAME)" if (
-            (p / ".zgroup").exists() or p.is_dir() and any(p.glob("*/zarr.json"))) else \
+#: Deferred zarr metadata of a node inside an uncommitted output (object-store commit protocol).
+DEFERRED_META = ".blocklin-meta.json"
+#: Record of an output being written in place; its removal is the commit (see storage.atomic).
+PENDING_RECORD = ".blocklin-pending.json"
+
+
+def uncommitted_message(loc: Location, name: str) -> str:
+    return explain(name, "must be a committed output (an interrupted blocklin job left this one unfinished)",
+                   f"{loc.url!r}, which holds {PENDING_RECORD} and no finished array",
+                   "rerun the same operation with resume=True (CLI: --resume) to complete it, or pass "
+                   "overwrite=True (--overwrite) to start again, or remove it (blocklin.storage.remove)")
+
+
+def _not_found_hint(loc: Location) -> str:
+    if loc.is_local:
+        parent = os.path.dirname(loc.url) or "."
+        prefix = f".{os.path.basename(loc.url)}.partial-"
+        try:
+            partials = [f for f in os.listdir(parent) if f.startswith(prefix)]
+        except OSError:
+            partials = []
+        if partials:
+            return (f"an interrupted blocklin job left {os.path.join(parent, partials[0])!r}: rerun it with "
+                    "resume=True (CLI: --resume) to complete the output, or delete that folder")
+    return "check the path, or create it with blocklin.from_array / blocklin convert"
+
+
+def open_zarr(path: Any, *, name: str = "path", mode: str = "r", allow_pending: bool = False,
+              storage_options: dict | None = None) -> zarr.Array:
+    """Open a zarr array (v2 or v3) with errors that name the location and a fix.
+
+    ``path`` is a local path, a URL, a :class:`~blocklin.storage.location.Location`, a zarr store or
+    a ``zarr.Array``. Outputs an interrupted job left unfinished are refused
+    (:class:`~blocklin.errors.UncommittedOutputError`) unless the location is the job's own pending
+    output (``Location.pending``) or ``allow_pending``.
+    """
+    loc = as_location(path, storage_options, name=name)
+    be = backend(loc)
+    allowed = allow_pending or loc.pending
+    # Reads, not existence checks: a missing object costs one request on an object store.
+    meta = be.try_read("zarr.json")
+    has_meta = meta is not None or be.try_read(".zarray") is not None
+    if not allowed and (be.try_read(PENDING_RECORD) is not None
+                        or (not has_meta and backend(loc.parent).try_read(PENDING_RECORD) is not None)):
+        raise UncommittedOutputError(uncommitted_message(loc, name))
+    if meta is not None and b'"group"' in meta and json.loads(meta).get("node_type") == "group":
+        raise StoreReadError(explain(name, "must be a zarr array", f"{loc.url!r}, a zarr group",
+                                     "name one of its arrays (PATH/NAME)"))
+    if meta is not None and not loc.is_local:
+        try:  # the metadata just read: no second round of requests through zarr's opener
+            return _from_metadata(loc, json.loads(meta), mode)
+        except Exception:  # noqa: BLE001 - let zarr's opener report what is wrong
+            pass
+    if not has_meta:
+        if allowed and be.exists(DEFERRED_META):
+            return _open_deferred(loc, mode)
+        if not be.exists(""):
+            raise StoreNotFoundError(explain(name, "must name an existing zarr array",
+                                             f"{loc.url!r}, which does not exist", _not_found_hint(loc)))
+        is_group = be.exists(".zgroup") or any(k.endswith("/zarr.json") for k in be.keys("")[:1000])
+        hint = "it is a zarr group; name one of its arrays (PATH/NAME)" if is_group else \
             "convert it first: blocklin convert FILE OUT.zarr"
         raise StoreReadError(explain(name, "must be a zarr array (a folder with zarr.json or .zarray)",
-                                     f"{str(p)!r}", hint))
+                                     f"{loc.url!r}", hint))
     try:
-        arr = zarr.open_array(str(p), mode=mode)
+        arr = zarr.open_array(store=zarr_store(loc, read_only=mode == "r"), mode=mode)
     except Exception as exc:
-        raise StoreReadError(explain(name, "must be a readable zarr array", f"{str(p)!r} ({exc})",
+        raise StoreReadError(explain(name, "must be a readable zarr array", f"{loc.url!r} ({exc})",
                                      "check the store's metadata, or re-create it")) from exc
     return arr
 
 
-def store_path(arr: Any) -> str | None:
-    """Filesystem path of a zarr array on a local store, else None."""
+def _from_metadata(loc: Location, meta: dict, mode: str) -> zarr.Array:
+    from zarr.core.array import AsyncArray
+    from zarr.storage import StorePath
+
+    if meta.get("node_type") != "array":
+        raise ValueError("not an array")
+    store = zarr_store(loc, read_only=mode == "r")
+    return zarr.Array(AsyncArray(metadata=meta, store_path=StorePath(store, "")))
+
+
+def _open_deferred(loc: Location, mode: str) -> zarr.Array:
+    """An array of an uncommitted output, from its deferred metadata (no ``zarr.json`` yet)."""
+    return _from_metadata(loc, json.loads(backend(loc).read_text(DEFERRED_META)), mode)
+
+
+@functools.lru_cache(maxsize=64)
+def _open_cached(loc: Location, mode: str, stamp: Any) -> Any:
+    return open_zarr(loc, mode=mode, allow_pending=True)
+
+
+def open_cached(path: Any, mode: str = "r") -> Any:
+    """Open an array for a task, cached per process and keyed by its metadata's version.
+
+    Tasks open their job's own unfinished outputs, so pending ones are allowed here.
+    """
+    loc = as_location(path)
+    be = backend(loc)
+    stamp = None
+    for key in ("zarr.json", ".zarray", DEFERRED_META):
+        stamp = be.stamp(key)
+        if stamp is not None:
+            stamp = (key, stamp)
+            break
+    return _open_cached(loc, mode, stamp)
+
+
+def store_path(arr: Any) -> Location | None:
+    """Location of a zarr array on a store other processes can open (local or fsspec), else None."""
     store = getattr(arr, "store", None)
-    root = getattr(store, "root", None)
-    if root is None:
+    if store is None:
+        return None
+    base = store_location(store)
+    if base is None:
         return None
     sub = getattr(arr, "path", "") or ""
-    return str(Path(root) / sub) if sub else str(Path(root))
+    return base.child(sub) if sub else base
 
 
-def create_array(path: str | os.PathLike, *, shape: tuple[int, ...], dtype: Any, chunks: tuple[int, ...],
+def _metadata_dict(shape: tuple[int, ...], dtype: Any, chunks: tuple[int, ...], codec: str | None,
+                   checksum: bool, attributes: dict | None) -> dict:
+    """The zarr v3 metadata an array with these settings would have (built in memory, nothing written)."""
+    tmp = zarr.create_array(store=zarr.storage.MemoryStore(), shape=shape, chunks=chunks, dtype=np.dtype(dtype),
+                            compressors=codec_chain(codec, checksum) or None, fill_value=0, zarr_format=3,
+                            attributes=attributes or {})
+    return json.loads(tmp.metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
+
+
+def create_array(path: Any, *, shape: tuple[int, ...], dtype: Any, chunks: tuple[int, ...],
                  codec: str | None = "none", checksum: bool = False, attributes: dict | None = None,
                  overwrite: bool = False) -> zarr.Array:
-    """Create a zarr v3 array at ``path`` (a local folder)."""
+    """Create a zarr v3 array at ``path`` (a local path, URL or Location).
+
+    Inside an uncommitted output (``Location.pending``) the metadata is deferred: it is written to
+    ``.blocklin-meta.json`` and becomes ``zarr.json`` when the output commits, so no reader sees an
+    array before it is complete.
+    """
+    loc = as_location(path)
     chunks = tuple(max(1, int(c)) for c in chunks)
+    shape = tuple(int(s) for s in shape)
+    if loc.pending:
+        meta = _metadata_dict(shape, dtype, chunks, codec, checksum, attributes)
+        backend(loc).write_text(DEFERRED_META, json.dumps(meta))
+        return _open_deferred(loc, "r+")
     return zarr.create_array(
-        store=str(path), shape=tuple(int(s) for s in shape), chunks=chunks, dtype=np.dtype(dtype),
+        store=zarr_store(loc), shape=shape, chunks=chunks, dtype=np.dtype(dtype),
         compressors=codec_chain(codec, checksum) or None, fill_value=0, zarr_format=3,
         attributes=attributes or {}, overwrite=overwrite,
     )
@@ -139,12 +254,17 @@ def write_block(arr: zarr.Array, rows: slice, cols: slice, block: np.ndarray) ->
     arr[rows, cols] = block
 
 
-def create_group(path: str | os.PathLike, *, attributes: dict | None = None) -> Any:
-    """Create a zarr v3 group at ``path`` (a local folder that may already exist)."""
-    return zarr.open_group(str(path), mode="a", zarr_format=3, attributes=attributes or {})
+def create_group(path: Any, *, attributes: dict | None = None) -> Any:
+    """Create a zarr v3 group at ``path`` (which may already exist); deferred inside pending outputs."""
+    loc = as_location(path)
+    if loc.pending:
+        meta = {"zarr_format": 3, "node_type": "group", "attributes": attributes or {}}
+        backend(loc).write_text(DEFERRED_META, json.dumps(meta))
+        return None
+    return zarr.open_group(store=zarr_store(loc), mode="a", zarr_format=3, attributes=attributes or {})
 
 
-def write_array(path: str | os.PathLike, data: np.ndarray, *, chunks: tuple[int, ...] | None = None,
+def write_array(path: Any, data: np.ndarray, *, chunks: tuple[int, ...] | None = None,
                 codec: str | None = "none") -> zarr.Array:
     """Create a zarr v3 array at ``path`` holding the (small, in-memory) ``data``."""
     data = np.asarray(data)

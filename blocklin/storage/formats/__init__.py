@@ -35,6 +35,14 @@ _MEMBER_RE = re.compile(r"^(.*?\.(?:npz|h5|hdf5|he5|hdf))(?::(.*))?$", re.IGNORE
 __all__ = ["FORMATS", "WRITABLE", "Reader", "Writer", "detect_format", "open_reader", "open_writer", "split_spec"]
 
 
+def _is_location(spec: Any) -> bool:
+    from blocklin.storage.location import Location
+
+    if isinstance(spec, str) and "://" in spec:  # a URL names a zarr store (other formats are local files)
+        return True
+    return isinstance(spec, Location) and not spec.is_local or type(spec).__module__.startswith("zarr")
+
+
 def split_spec(spec: Any) -> tuple[str, str | None]:
     """Split ``file.npz:name`` or ``file.h5:/group/dataset`` into ``(path, member)``."""
     s = os.fspath(spec) if not isinstance(spec, str) else spec
@@ -91,6 +99,9 @@ def open_reader(spec: Any, *, format: str | None = None, **opts: Any) -> Reader:
         ``skip_rows``, ``header``, ``dtype`` (csv); unknown options are ignored by formats that do
         not use them.
     """
+    if _is_location(spec):
+        from blocklin.storage.formats.zarrfmt import ZarrReader
+        return ZarrReader(spec, **opts)
     path, member = split_spec(spec)
     fmt = detect_format(path, format)
     if fmt == "npy":
@@ -125,6 +136,9 @@ def open_writer(spec: Any, shape: tuple[int, int], dtype: Any, *, format: str | 
     ``checksum``, ``resume`` (zarr); ``order`` (npy, raw); ``delimiter`` (csv); ``dataset`` via
     ``file.h5:/name``.
     """
+    if _is_location(spec):
+        from blocklin.storage.formats.zarrfmt import ZarrWriter
+        return ZarrWriter(spec, shape, dtype, **opts)
     path, member = split_spec(spec)
     fmt = detect_format(path, format, output=True)
     if fmt == "npy":

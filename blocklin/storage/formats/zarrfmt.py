@@ -1,21 +1,22 @@
 """Zarr arrays (v2 and v3 read, v3 written) on top of :mod:`blocklin.storage.zarr_store`.
 
-The writer builds the output through :class:`~blocklin.storage.atomic.AtomicOutput`: chunks go to a
-partial folder, each finished block leaves a marker so ``resume=True`` skips it, and the folder is
-renamed into place with the provenance once complete.
+The writer builds the output through :class:`~blocklin.storage.atomic.AtomicOutput` (a partial
+folder renamed into place locally; chunks under the final prefix and a commit record on object
+stores); each finished block leaves a marker so ``resume=True`` skips it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import numpy as np
 
 from blocklin.errors import StoreReadError, explain
 from blocklin.storage.atomic import AtomicOutput
-from blocklin.storage.formats.base import Reader, Writer, check_2d, check_matrix_dtype, disk_usage
+from blocklin.storage.backend import backend
+from blocklin.storage.location import as_location
+from blocklin.storage.formats.base import Reader, Writer, check_2d, check_matrix_dtype
 from blocklin.storage.zarr_store import create_array, describe_codecs, open_zarr, read_block, write_block
 
 
@@ -24,9 +25,10 @@ class ZarrReader(Reader):
 
     format = "zarr"
 
-    def __init__(self, path: str, **_: Any) -> None:
-        super().__init__(path)
-        self._arr = open_zarr(path, name="input")
+    def __init__(self, path: Any, **_: Any) -> None:
+        super().__init__(str(path))
+        self._loc = self.location = as_location(path, name="input")
+        self._arr = open_zarr(self._loc, name="input")
         self.shape = check_2d(self._arr.shape, "zarr input")
         self.dtype = check_matrix_dtype(self._arr.dtype, "zarr input")
         self.chunks = tuple(int(c) for c in (self._arr.shards or self._arr.chunks))
@@ -54,7 +56,7 @@ class ZarrReader(Reader):
         prov = self._arr.attrs.get("blocklin")
         d.update(codec=describe_codecs(self._arr), zarr_format=self._arr.metadata.zarr_format,
                  chunks=list(self._arr.chunks), shards=list(self._arr.shards) if self._arr.shards else None,
-                 bytes_on_disk=disk_usage(self.path),
+                 bytes_on_disk=self._loc and backend(self._loc).size(""),
                  checksum=any("crc32c" in type(c).__name__.lower() for c in _codecs(self._arr)),
                  provenance=json.loads(json.dumps(prov)) if prov is not None else None)
         return d
@@ -87,8 +89,10 @@ class ZarrWriter(Writer):
         self.unit = self.chunks
         self._out = AtomicOutput(path, inputs=list(inputs), overwrite=overwrite, resume=resume, token=token)
         self.partial = self._out.partial
+        self.location = self._out.array_path()
+        self.done = self._out.done
         self._arr = None
-        if self._out.resumed and os.path.exists(os.path.join(self._out.array_path(), "zarr.json")):
+        if self._out.resumed:
             try:
                 arr = open_zarr(self._out.array_path(), mode="r+")
                 if (tuple(arr.shape) == self.shape and np.dtype(arr.dtype) == self.dtype
@@ -98,11 +102,9 @@ class ZarrWriter(Writer):
                 self._arr = None
         self.resumed = self._arr is not None
         if self._arr is None:
-            for unit in self._out.completed_units():  # markers without their array are void
-                self._out.done_marker(unit).unlink()
+            self._out.clear_units()  # markers without their array are void
             self._arr = create_array(self._out.array_path(), shape=self.shape, dtype=self.dtype, chunks=self.chunks,
                                      codec=self.codec, checksum=self.checksum, overwrite=True)
-            self._out.done_marker("x").parent.mkdir(exist_ok=True)  # creating the array emptied the folder
         # Chunks are copied once to be made contiguous and encoded; count both while in flight.
         self.chunk_bytes = int(np.prod(self.chunks)) * self.dtype.itemsize
 
@@ -117,7 +119,7 @@ class ZarrWriter(Writer):
 
     def commit(self, *, operation: str = "convert", plan: dict | None = None, params: dict | None = None,
                report: dict | None = None) -> str:
-        return str(self._out.commit(operation, plan=plan, params=params, report=report))
+        return self._out.commit(operation, plan=plan, params=params, report=report)
 
     def abort(self) -> None:
         self._out.abort()

@@ -1,0 +1,87 @@
+"""Storage on a process-based ``LocalCluster``: the temp dir check, and data written by the workers.
+
+Workers are separate processes, so a ``memory://`` temp dir (one per process) is exactly the case of
+a temp dir the workers cannot see; an S3 API server on loopback is the shared storage.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blocklin
+from blocklin.errors import TempDirError
+from blocklin.storage.backend import backend
+from blocklin.storage.location import as_location
+
+distributed = pytest.importorskip("distributed")
+
+RNG = np.random.default_rng(3)
+A = RNG.standard_normal((150, 70))
+B = RNG.standard_normal((70, 40))
+
+
+@pytest.fixture(scope="module")
+def client():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                       dashboard_address=None)
+    with distributed.Client(cluster) as c:
+        yield c
+    cluster.close()
+
+
+def _ran_on_workers(ts: list, name: str) -> bool:
+    return any(name in str(t.get("key")) for t in ts)
+
+
+def test_unreachable_temp_dir_fails_up_front_with_the_fix(client, s3):
+    base, opts = s3
+    blocklin.from_array(A, f"{base}/A.zarr", chunks=(50, 35), storage_options=opts)
+    with pytest.raises(TempDirError, match=r"BLOCKLIN_TEMP_DIR.*temp_dir=.*s3://") as err:
+        blocklin.matmul(f"{base}/A.zarr", B, f"{base}/C.zarr", storage_options=opts, temp_dir="memory://tmp",
+                        scheduler=client)
+    assert "2 of 2 workers" in str(err.value)
+    assert not backend(as_location(f"{base}/C.zarr", opts)).keys("")  # nothing started
+
+
+def test_gemm_on_cluster_with_s3_data_and_temp(client, s3, tmp_path):
+    base, opts = s3
+    blocklin.from_array(A, tmp_path / "A.zarr", chunks=(50, 35))
+    ref = blocklin.matmul(tmp_path / "A.zarr", B, tmp_path / "C.zarr", memory="2MiB", scheduler="sync")
+    blocklin.from_array(A, f"{base}/A.zarr", chunks=(50, 35), storage_options=opts)
+    import dask.array as da
+
+    got = blocklin.matmul(f"{base}/A.zarr", da.from_array(B, chunks=(30, 40)), f"{base}/C.zarr", memory="2MiB",
+                          storage_options=opts, temp_dir=f"{base}/tmp", scheduler=client)
+    np.testing.assert_array_equal(got.to_numpy(), ref.to_numpy())
+    assert got.report["scheduler"] == "distributed"
+    assert not backend(as_location(f"{base}/tmp", opts)).keys("")  # the staged B is gone
+    assert not [p for p in (tmp_path / "blocklin-tmp").iterdir()]  # and nothing went to a local disk
+
+
+def test_random_from_array_and_convert_write_from_workers(client, s3, tmp_path):
+    import dask.array as da
+    from distributed import get_task_stream
+
+    base, opts = s3
+    ref = blocklin.random(tmp_path / "R.zarr", (90, 30), seed=5, chunks=(20, 30))
+    with get_task_stream(client) as ts:
+        r = blocklin.random(f"{base}/R.zarr", (90, 30), seed=5, chunks=(20, 30), storage_options=opts,
+                            scheduler=client)
+    np.testing.assert_array_equal(r.to_numpy(), ref.to_numpy())
+    assert _ran_on_workers(ts.data, "_random_rows_task")
+
+    x = da.from_array(A, chunks=(40, 70))
+    with get_task_stream(client) as ts:
+        m = blocklin.from_array(x, f"{base}/X.zarr", chunks=(50, 35), storage_options=opts, scheduler=client)
+    np.testing.assert_array_equal(m.to_numpy(), A)
+    assert _ran_on_workers(ts.data, "write_block_task")
+
+    with get_task_stream(client) as ts:
+        rep = blocklin.convert(f"{base}/X.zarr", f"{base}/Y.zarr", chunks=(30, 70), dtype="float32",
+                               storage_options=opts, scheduler=client, memory="128KiB")
+    assert rep["on_cluster"] and _ran_on_workers(ts.data, "_copy_block_task")
+    y = blocklin.open(f"{base}/Y.zarr", storage_options=opts)
+    assert y.chunks == (30, 70)
+    np.testing.assert_array_equal(y.to_numpy(), A.astype(np.float32))
+    assert sorted(backend(y.location).keys("")) == sorted(["zarr.json"] + [f"c/{i}/0" for i in range(5)])
