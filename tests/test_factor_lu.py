@@ -115,3 +115,20 @@ def test_lu_resume_keeps_finished_panels(tmp_path):
     np.testing.assert_array_equal(f[...], ref[...])
     np.testing.assert_array_equal(f.report["pivots"], ref.report["pivots"])
     assert f.report["growth_factor"] == ref.report["growth_factor"]
+
+
+def test_factors_on_an_object_store():
+    """URL outputs (the in-place commit protocol): factors, pivots; markers and the LU work store are gone."""
+    import fsspec
+
+    g = np.random.default_rng(6).standard_normal((70, 70))
+    u = bl.lu(g, "memory://factor-test/lu.zarr", tile=32, scheduler="sync")
+    lu_ref, piv_ref = sl.lu_factor(g)
+    np.testing.assert_allclose(u[...], lu_ref, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(u.provenance["pivots"], piv_ref)
+    spd = g @ g.T / 70 + np.eye(70)
+    f = bl.cholesky(spd, "memory://factor-test/l.zarr", tile=32, scheduler="sync")
+    np.testing.assert_allclose(f[...], sl.cholesky(spd, lower=True), rtol=0, atol=1e-12)
+    keys = fsspec.filesystem("memory").find("/factor-test")
+    assert not [k for k in keys if "blocklin-done" in k or "lu-work" in k or "pending" in k]
+    fsspec.filesystem("memory").rm("/factor-test", recursive=True)

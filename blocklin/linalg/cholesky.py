@@ -101,15 +101,15 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
             open_zarr(path, mode="r+")
         else:
             create_array(path, shape=(n, n), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
-        results = factor_into(job, A, path, plan, lower=lower, done_dir=str(ao.partial / ".blocklin-done"))
+        results = factor_into(job, A, path, plan, lower=lower, done_dir=ao.done)
         report = _report(job, plan, results, output=ao.path)
         params = {"lower": lower}
         path = ao.commit("cholesky", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
 
 
-def factor_into(job: Job, A: Any, path: str, plan: FactorPlan, *, lower: bool = True,
-                done_dir: str | None = None) -> list[dict]:
+def factor_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, lower: bool = True,
+                done_dir: Any = None) -> list[dict]:
     """Run the tiled Cholesky of operand ``A`` into the store at ``path`` (``L``, or ``L^T``)."""
     ops = BlockOps(job, plan.tile)
     ops.workers = plan.workers

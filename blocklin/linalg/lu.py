@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import io
 from typing import Any, Unpack
 
 import numpy as np
@@ -14,6 +14,7 @@ from blocklin.matrix import Matrix
 from blocklin.plan.factor import FactorPlan, plan_lu
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
+from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import create_array, open_zarr
 from blocklin.validate import float_operand, square
 
@@ -75,11 +76,14 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
             return plan
         token = tokenize("lu", A.path, A.shape, A.dtype.str, tuple(A.chunks), plan.to_dict())[:16]
         ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token)
-        done = str(ao.partial / ".blocklin-done")
-        work = os.path.join(done, "lu-work.zarr")  # dropped with the markers at commit
+        done = ao.done
+        work = done / "lu-work.zarr"  # dropped with the markers at commit
         t = plan.tile
-        if not os.path.exists(work):
-            create_array(work, shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+        if not backend(work).exists("zarr.json"):
+            create_array(work.with_pending(False), shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+            work = work.with_pending(False)
+        else:
+            work = work.with_pending(False)
         if ao.resumed:
             open_zarr(ao.array_path(), mode="r+")
         else:
@@ -87,8 +91,8 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
         ops = BlockOps(job, t)
         ops.workers = 1
         results = ops.lu_panels(Region.of(A.path, A.shape), work, dtype=dt, done_dir=done, check=job.check_finite)
-        pivots = np.concatenate([np.load(os.path.join(done, f"lu-piv-{j}.npy")) for j in range(plan.tiles)]) \
-            if n else np.zeros(0, dtype=np.int64)
+        pivots = np.concatenate([np.load(io.BytesIO(backend(done).read_bytes(f"lu-piv-{j}.npy")))
+                                 for j in range(plan.tiles)]) if n else np.zeros(0, dtype=np.int64)
         ops.lu_finish(work, ao.array_path(), n, pivots, dtype=dt)
         max_a = max((r["max_a"] for r in results), default=0.0)
         max_u = max((r["max_u"] for r in results), default=0.0)

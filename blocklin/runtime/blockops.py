@@ -34,6 +34,7 @@ side is the :class:`BlockOps` chunk, so every task writes whole chunks of its ou
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 from collections.abc import Hashable
 from typing import Any
@@ -46,6 +47,8 @@ from blocklin.runtime.graph import TileGraph
 from blocklin.device import get_device
 from blocklin.errors import NotPositiveDefiniteError, SingularMatrixError, explain
 from blocklin.runtime.tiles import Epilogue, GemmSpec, check_finite, gemm_tile, open_array, with_task_settings
+from blocklin.storage.atomic import is_done, mark_done
+from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import read_block, write_block
 
 
@@ -152,7 +155,7 @@ class BlockOps:
         return self._run(graph, description)
 
     def trsm(self, t: Region, b: Region, out: Region, *, lower: bool, trans: bool = False, side: str = "left",
-             alpha: float = 1.0, dtype: Any, check: bool = False, done_dir: str | None = None,
+             alpha: float = 1.0, dtype: Any, check: bool = False, done_dir: Any = None,
              description: str = "trsm") -> list[dict]:
         """``out = alpha * op(T)^-1 B`` (``side="left"``) or ``alpha * B op(T)^-1`` (``"right"``).
 
@@ -192,7 +195,7 @@ class BlockOps:
         self.flops += a.shape[0] ** 3 // 3
         return self._run(graph, description)
 
-    def cholesky(self, a: Region, out: Region, *, dtype: Any, check: bool = True, done_dir: str | None = None,
+    def cholesky(self, a: Region, out: Region, *, dtype: Any, check: bool = True, done_dir: Any = None,
                  description: str = "cholesky") -> list[dict]:
         """Tiled left-looking Cholesky ``A = L L^T`` of a stored region into ``out`` (lower tiles).
 
@@ -234,7 +237,7 @@ class BlockOps:
                 graph.add((i, j), sumsq_tile_task, spec, i, j)
         return float(sum(r["sumsq"] for r in self._run(graph, description)))
 
-    def lu_panels(self, a: Region, work: str, *, dtype: Any, done_dir: str, check: bool = True,
+    def lu_panels(self, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True,
                   description: str = "LU panels") -> list[dict]:
         """Left-looking LU with partial pivoting over whole column panels (one task per panel).
 
@@ -255,7 +258,7 @@ class BlockOps:
         self.flops += 2 * n**3 // 3
         return self._run(graph, description)
 
-    def lu_finish(self, work: str, out: str, n: int, pivots: np.ndarray, *, dtype: Any,
+    def lu_finish(self, work: Any, out: Any, n: int, pivots: np.ndarray, *, dtype: Any,
                   description: str = "LU row swaps") -> list[dict]:
         """``out``: the packed LU of ``work`` with every later row swap applied to each ``L`` panel
         (as LAPACK stores it); one task per column panel, reading ``work`` and writing ``out``
@@ -293,14 +296,17 @@ class Region:
     is that side.
     """
 
-    path: str
+    #: A local path, URL or :class:`~blocklin.storage.location.Location` (storage options kept).
+    path: Any
     off: tuple[int, int]
     stored: tuple[int, int]
     trans: bool = False
 
     @classmethod
-    def of(cls, path: str, shape: tuple[int, int], off: tuple[int, int] = (0, 0)) -> Region:
-        return cls(str(path), (int(off[0]), int(off[1])), (int(shape[0]), int(shape[1])))
+    def of(cls, path: Any, shape: tuple[int, int], off: tuple[int, int] = (0, 0)) -> Region:
+        if isinstance(path, os.PathLike) and not hasattr(path, "url"):  # a pathlib path; Locations stay
+            path = os.fspath(path)
+        return cls(path, (int(off[0]), int(off[1])), (int(shape[0]), int(shape[1])))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -351,7 +357,8 @@ class TileOpSpec:
     lower: bool = True
     full: bool = False
     check: bool = False
-    done_dir: str | None = None
+    #: Folder of the resume markers (a Location of the atomic output), or None.
+    done_dir: Any = None
     shift: float = 0.0
 
 
@@ -359,17 +366,30 @@ def _tiles(n: int, t: int) -> int:
     return -(-n // t)
 
 
-def _done(spec: TileOpSpec, unit: str) -> str | None:
-    return os.path.join(spec.done_dir, unit) if spec.done_dir else None
+def _done(spec: TileOpSpec, unit: str) -> tuple[Any, str] | None:
+    return (spec.done_dir, unit) if spec.done_dir is not None else None
 
 
-def _skip(marker: str | None) -> bool:
-    return marker is not None and os.path.exists(marker)
+def _skip(marker: tuple[Any, str] | None) -> bool:
+    return marker is not None and is_done(*marker)
 
 
-def _mark(marker: str | None) -> None:
+def _mark(marker: tuple[Any, str] | None) -> None:
     if marker is not None:
-        open(marker, "w").close()
+        mark_done(*marker)
+
+
+def _save(spec: TileOpSpec, name: str, value: Any) -> None:
+    """A small array or object next to the resume markers (pivots, statistics)."""
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(value) if not isinstance(value, dict) else np.array(value, dtype=object),
+            allow_pickle=isinstance(value, dict))
+    backend(spec.done_dir).write_bytes(name, buf.getvalue())
+
+
+def _load(spec: TileOpSpec, name: str) -> Any:
+    x = np.load(io.BytesIO(backend(spec.done_dir).read_bytes(name)), allow_pickle=True)
+    return x.item() if x.dtype == object else x
 
 
 @with_task_settings
@@ -537,7 +557,7 @@ def _apply_swaps(x: np.ndarray, piv: np.ndarray, start: int, stop: int, offset: 
 
 
 def _panel_pivots(spec: TileOpSpec, j: int) -> np.ndarray:
-    return np.load(os.path.join(spec.done_dir, f"lu-piv-{j}.npy"))
+    return _load(spec, f"lu-piv-{j}.npy")
 
 
 @with_task_settings
@@ -545,7 +565,7 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     """Panel ``j`` of the left-looking LU (see :meth:`BlockOps.lu_panels`)."""
     marker = _done(spec, f"lu-{j}")
     if _skip(marker):
-        return {"skipped": 1, **np.load(os.path.join(spec.done_dir, f"lu-stats-{j}.npy"), allow_pickle=True).item()}
+        return {"skipped": 1, **_load(spec, f"lu-stats-{j}.npy")}
     t, dt = spec.tile, np.dtype(spec.dtype)
     n = spec.a.shape[0]
     dev = get_device(spec.device, device_memory=spec.device_memory)
@@ -580,13 +600,13 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     lu, local = dev.lu_panel(panel[c0:])
     panel[c0:] = lu
     pj = local[: c1 - c0] + c0
-    np.save(os.path.join(spec.done_dir, f"lu-piv-{j}.npy"), pj)
+    _save(spec, f"lu-piv-{j}.npy", pj)
     diag = np.abs(np.diag(lu[: c1 - c0]))
     upper = np.abs(np.triu(panel[:c1]))
     stats = {"max_a": max_a, "max_u": float(upper.max()) if upper.size else 0.0,
              "min_pivot": float(diag.min()) if diag.size else 0.0}
     write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), panel)
-    np.save(os.path.join(spec.done_dir, f"lu-stats-{j}.npy"), np.array(stats, dtype=object), allow_pickle=True)
+    _save(spec, f"lu-stats-{j}.npy", stats)
     _mark(marker)
     w = c1 - c0
     return {"bytes_read": nread, "bytes_written": panel.nbytes, **stats,
