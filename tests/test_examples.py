@@ -68,6 +68,12 @@ def _factor(out: str) -> None:
     assert _number(r"differ by ([\d.e+-]+) \(relative\)", out) < 1e-10
 
 
+def _cluster(out: str) -> None:
+    # Both of the example's checks hold, and its temp dir on the object store is left empty.
+    assert len(re.findall(r"^check: .*: True$", out, re.MULTILINE)) == 2, out
+    assert re.search(r"temp dir s3://\S+ left empty: True", out), out
+
+
 #: What each known example must print, beyond its ``check:`` line.
 EXPECTED = {
     "gemm_out_of_core.py": _gemm,
@@ -75,6 +81,7 @@ EXPECTED = {
     "ridge_regression.py": _ridge,
     "convert_files.py": _convert,
     "factor_kernel_matrix.py": _factor,
+    "cluster_s3.py": _cluster,
 }
 
 

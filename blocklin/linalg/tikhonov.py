@@ -256,6 +256,15 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     ``method`` "auto" or "normal"), the regularized Gram matrix is stored instead and factored by the
     out-of-core tiled Cholesky (:func:`blocklin.linalg.gram_solve.solve_gram_out_of_core`; the report's
     ``method_reason`` says so), at the accuracy of the normal equations with one refinement step.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> a = np.random.default_rng(0).standard_normal((200, 5))
+    >>> x = bl.solve(a, a @ np.arange(5.0)[:, None], lam=0.0)   # ordinary least squares
+    >>> np.allclose(x.to_numpy().ravel(), [0, 1, 2, 3, 4]), x.report["method"]
+    (True, 'normal')
     """
     method = choice("method", method, METHODS, fix="pass method='auto'")
     assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares) or 'pos' (SPD)")
