@@ -13,7 +13,7 @@ import sys
 
 from blocklin.cli import ui
 
-COMMANDS = ("info", "gemm", "demo", "convert", "svd", "eigs", "inv", "solve")
+COMMANDS = ("info", "gemm", "demo", "convert", "svd", "eigs", "inv", "solve", "factor")
 
 
 def build_parser() -> argparse.ArgumentParser:

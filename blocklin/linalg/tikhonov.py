@@ -24,6 +24,8 @@ from blocklin.storage.zarr_store import create_array, open_zarr, write_block
 from blocklin.validate import choice, count, float_operand, same_rows
 
 METHODS = ("auto", "normal", "qr")
+#: What ``solve`` may assume of a square ``a``: nothing (least squares), or symmetric positive definite.
+ASSUME = ("gen", "pos")
 #: ``auto`` keeps the normal equations while the regularized Gram matrix's reciprocal condition
 #: estimate is above this (``cond(A)`` below about ``1e5``; refinement then recovers full accuracy).
 AUTO_RCOND = 1e-10
@@ -174,8 +176,9 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
     return kind, vals
 
 
-def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = None, refine: Any = "auto",
-          overwrite: bool = False, explain: bool = False, **settings: Unpack[Settings]) -> Matrix | SolvePlan:
+def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
+          refine: Any = "auto", overwrite: bool = False, explain: bool = False,
+          **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
     Parameters
@@ -201,6 +204,12 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         L-curve use QR. The report says which was used and why. Wide ``A`` (``m < n``) uses the dual
         form ``x = A^T (A A^T + lam^2 I)^{-1} b`` with ``A A^T`` from an out-of-core GEMM
         (``method="qr"`` is refused there).
+    assume_a : {"gen", "pos"}
+        ``"gen"`` (default): the regularized least-squares problem above. ``"pos"``: ``A`` is square,
+        symmetric positive definite and stored in full; ``A x = b`` is solved for any ``n`` by the
+        out-of-core tiled Cholesky (:func:`blocklin.cholesky`), two out-of-core triangular solves
+        and iterative refinement to the dtype's backward error (``lam`` must be 0; ``out`` keeps
+        ``A``'s dtype); see :func:`blocklin.linalg.triangular.solve_spd`.
     out : path, optional
         Output store for ``x`` (``n x k``; for a sequence of ``L`` values ``n x (L k)``, block ``l`` in
         columns ``l k : (l+1) k``). Atomic.
@@ -244,7 +253,10 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     sequence routes come from the SVD of ``R`` (``||r||^2 = rho_0^2 + sum (lam^2 beta_i / (s_i^2 + lam^2))^2``);
     the normal route reports ``||b - A x||`` from its refinement pass, updated for the last correction.
     Memory: the in-core problem is ``O((n + k)^2)`` (``O(m^2)`` for wide ``A``); ``A`` streams in row
-    strips within the budget.
+    strips within the budget. When that in-core problem exceeds the budget (one scalar ``lam``,
+    ``method`` "auto" or "normal"), the regularized Gram matrix is stored instead and factored by the
+    out-of-core tiled Cholesky (:func:`blocklin.linalg.gram_solve.solve_gram_out_of_core`; the report's
+    ``method_reason`` says so), at the accuracy of the normal equations with one refinement step.
 
     Examples
     --------
@@ -256,13 +268,22 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     (True, 'normal')
     """
     method = choice("method", method, METHODS, fix="pass method='auto'")
+    assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares) or 'pos' (SPD)")
     kind, lams = _parse_lam(lam)
+    if assume_a == "pos":
+        return _solve_pos(a, b, kind=kind, lams=lams, method=method, out=out, overwrite=overwrite, explain=explain,
+                          settings=settings)
     refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
     if explain:  # the plan alone: solve_plan
         return solve_plan(a, b, lam=lam, method=method, refine=refine, **settings)
     with Job("solve", **settings) as job:
-        A, B, plan = _operands_and_plan(job, a, b, method, kind, refine)
+        A, B = _operands(job, a, b)
         (m, n), k = A.shape, B.shape[1]
+        if _gram_exceeds_budget(job, A, B, kind, method):
+            return _solve_gram_stored(job, A, B, lams[0], out=out, overwrite=overwrite, explain=False,
+                                      refine=refine, params={"lam": lam, "method": method})
+        plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
+                          refine=1 if refine == "auto" else refine)
         if plan.orientation == "wide" and method == "qr":
             raise ParameterError(_msg("method", "'qr' needs a tall or square a (rows >= columns)",
                                       f"a {m} x {n}", "pass method='normal' (the dual form "
@@ -279,26 +300,69 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
 
 
 def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: Any = "auto",
-               **settings: Unpack[Settings]) -> SolvePlan:
-    """The :class:`~blocklin.plan.solve.SolvePlan` that :func:`solve` would run, without running it
-    (what ``blocklin solve --explain`` prints); same parameters as :func:`solve`."""
+               **settings: Unpack[Settings]) -> Any:
+    """The plan that :func:`solve` would run, without running it (what ``blocklin solve --explain``
+    prints): a :class:`~blocklin.plan.solve.SolvePlan`, or the out-of-core Cholesky plan when the
+    regularized Gram matrix exceeds the budget; same parameters as :func:`solve`."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
-    kind, _ = _parse_lam(lam)
+    kind, lams = _parse_lam(lam)
     refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
     with Job("solve", **settings) as job:
-        return _operands_and_plan(job, a, b, method, kind, refine)[2]
+        A, B = _operands(job, a, b)
+        if _gram_exceeds_budget(job, A, B, kind, method):
+            return _solve_gram_stored(job, A, B, lams[0], out=None, overwrite=False, explain=True, refine=refine,
+                                      params={})
+        return plan_solve(A.shape[0], A.shape[1], B.shape[1], method=method, memory=job.cfg.memory, lam_kind=kind,
+                          refine=1 if refine == "auto" else refine)
 
 
-def _operands_and_plan(job: Job, a: Any, b: Any, method: str, kind: str, refine: Any) -> tuple[Any, Any, SolvePlan]:
-    """``A`` and ``B`` (a 1-D ``b`` as one column), checked, and the plan."""
+def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
+    """``A`` and ``B`` (a 1-D ``b`` as one column), checked."""
     if isinstance(b, np.ndarray) and b.ndim == 1:
         b = b.reshape(-1, 1)
     A, B = job.operand(a, "a"), job.operand(b, "b")
     same_rows(A, B)
     float_operand(A), float_operand(B)
-    plan = plan_solve(A.shape[0], A.shape[1], B.shape[1], method=method, memory=job.cfg.memory, lam_kind=kind,
-                      refine=1 if refine == "auto" else refine)
-    return A, B, plan
+    return A, B
+
+
+def _gram_exceeds_budget(job: Job, A: Any, B: Any, kind: str, method: str) -> bool:
+    """A single-lambda solve whose in-core Gram problem does not fit: the stored-Gram Cholesky route."""
+    return small_bytes(min(A.shape), B.shape[1]) > job.cfg.memory and kind == "scalar" and method != "qr"
+
+
+def _solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwrite: bool, explain: bool,
+                       refine: Any, params: dict) -> Any:
+    """The regularized Gram matrix exceeds the budget: store it and factor it out of core."""
+    from blocklin.linalg.gram_solve import solve_gram_out_of_core
+    from blocklin.plan.factor import plan_factor
+
+    (m, n), side = A.shape, min(A.shape)
+    if explain:
+        return plan_factor("cholesky", side, np.float64, memory=job.cfg.memory, workers=job.workers(1))
+    ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
+    info = solve_gram_out_of_core(job, A, B, lam, ao.array_path(), refine=refine)
+    report = job.report(orientation="wide" if m < n else "tall", **info)
+    path = ao.commit("solve", plan=info.get("plan", {}), params=params, report=job.brief(report, REPORT_KEYS))
+    return Matrix(path, report=report, temporary=out is None)
+
+
+def _solve_pos(a: Any, b: Any, *, kind: str, lams: list[float], method: str, out: Any, overwrite: bool,
+               explain: bool, settings: dict) -> Any:
+    """``assume_a="pos"``: the out-of-core Cholesky route (any size of square SPD ``A``)."""
+    if kind != "scalar" or lams[0] != 0.0:
+        raise ParameterError(_msg("lam", "must be 0 with assume_a='pos' (A itself is factored)", repr(lams or kind),
+                                  "drop lam, or leave assume_a='gen' for the regularized least-squares problem"))
+    if method != "auto":
+        raise ParameterError(_msg("method", "must be 'auto' with assume_a='pos' (the method is Cholesky)",
+                                  repr(method), "drop method="))
+    if explain:
+        from blocklin.linalg.cholesky import cholesky
+
+        return cholesky(a, explain=True, **settings)
+    from blocklin.linalg.triangular import solve_spd
+
+    return solve_spd(a, b, out, overwrite=overwrite, **settings)
 
 
 #: Report entries recorded in the output's attributes.
