@@ -64,7 +64,7 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
 
     Raises
     ------
-    TypeError
+    ParameterError
         For unsupported kinds of input.
     ShapeError
         When ``x`` is not ``ndim``-dimensional.

@@ -146,6 +146,31 @@ def test_refine_switches(rng):
     assert exact / 3 <= est <= 3 * exact
 
 
+def test_a_step_that_does_not_improve_is_undone(rng, monkeypatch):
+    """Newton-Schulz at the rounding floor can make X worse: the previous iterate is kept and returned."""
+    from blocklin.linalg import refine
+
+    n = 96
+    a = rng.standard_normal((n, n)) + n**0.5 * np.eye(n)  # well conditioned: X is accurate before any step
+    before = bl.inv(a, memory="256KiB", refine=False).to_numpy()  # the iterate before any step
+    real, calls = refine.probe_estimate, []
+
+    def worse_after_the_step(*args, **kwargs):  # the second probe is the one after the step
+        calls.append(1)
+        return real(*args, **kwargs) * (1e6 if len(calls) == 2 else 1.0)
+
+    monkeypatch.setattr(refine, "probe_estimate", worse_after_the_step)
+    x = bl.inv(a, memory="256KiB", refine=True)
+    r = x.report
+    stages = [h["stage"] for h in r["history"]]
+    assert stages[-2:] == ["step 1", "kept the previous iterate"] and r["refine_steps"] == 1
+    kept = r["history"][-1]
+    assert kept["method"] == "exact" and (r["residual"], r["residual_method"]) == (kept["residual"], "exact")
+    # the returned X is the pre-step iterate (the same computation, bit for bit), still accurate
+    np.testing.assert_array_equal(x.to_numpy(), before)
+    assert exact_eta(a, x.to_numpy()) <= 16 * n * np.finfo(np.float64).eps
+
+
 def test_singular_raises_with_condition_and_pointer(rng, tmp_path):
     n = 290
     a = rng.standard_normal((n, n - 1)) @ rng.standard_normal((n - 1, n))

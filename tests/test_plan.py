@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from blocklin.errors import BudgetError
 from blocklin.plan import auto_chunks, plan_gemm
-from blocklin.plan.passes import plan_row_pass
+from blocklin.plan.passes import PassMemory, plan_pass, plan_row_pass
 from blocklin.config import parse_size, ConfigError
 
 
@@ -64,6 +64,36 @@ def test_row_pass_plan_fits_and_covers(m, row_bytes, chunk, memory, workers):
         assert memory // workers < 2 * row_bytes
         return
     assert plan.peak_memory <= memory
+    rows = [s for g in range(len(plan.groups)) for s in plan.strips(g)]
+    assert rows[0][0] == 0 and rows[-1][1] == m
+    assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(m=st.integers(1, 100000), row_bytes=st.integers(1, 10**5), chunk=st.integers(1, 5000),
+       memory=st.integers(2**16, 2**30), workers=st.integers(1, 3), fixed=st.integers(0, 2**24),
+       per_row=st.integers(0, 10**5), temporaries=st.booleans(), cap=st.sampled_from([None, 2**20, 96 * 2**20]),
+       min_rows=st.sampled_from([1, 64]), reserve=st.integers(0, 2**20), across=st.integers(1, 8))
+def test_kernel_pass_plan_fits_its_declaration(m, row_bytes, chunk, memory, workers, fixed, per_row, temporaries,
+                                               cap, min_rows, reserve, across):
+    """What a kernel declares (PassMemory) plus the streamed rows fits the budget left after ``reserve``."""
+    mem = PassMemory(fixed=fixed, per_row=per_row, chunk_temporaries=temporaries, max_strip_bytes=cap,
+                     min_rows=min_rows)
+    try:
+        plan = plan_pass(mem, m, row_bytes, chunk_rows=chunk, memory=memory, reserve=reserve, workers=workers,
+                         cores=2, chunks_across=across)
+    except BudgetError as exc:
+        assert "at least" in str(exc)
+        return
+    # every task holds its declared fixed bytes (plus chunk temporaries) and prefetch + 1 strips
+    assert plan.peak_memory <= memory - reserve
+    assert plan.peak_memory >= plan.workers * (fixed + (2 * row_bytes + per_row) * plan.strip)
+    if temporaries:
+        assert plan.fixed_bytes >= fixed + 3 * chunk * row_bytes  # at least one chunk in flight
+    if cap is not None:
+        assert plan.strip <= max(chunk, cap // row_bytes)
+    # a kernel that needs min_rows rows per strip is refused rather than planned below that
+    assert memory - reserve >= workers * (fixed + (2 * row_bytes + per_row) * min(m, min_rows))
     rows = [s for g in range(len(plan.groups)) for s in plan.strips(g)]
     assert rows[0][0] == 0 and rows[-1][1] == m
     assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))

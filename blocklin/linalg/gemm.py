@@ -136,7 +136,8 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
     overwrite, resume : bool
         Replace an existing ``out``; continue an interrupted run (same inputs and plan).
     explain : bool
-        Return the :class:`~blocklin.plan.GemmPlan` without running.
+        Return the :class:`~blocklin.plan.GemmPlan` without running (kept for compatibility:
+        :func:`matmul_plan` returns it and always one type).
     out_chunks : (int, int), optional
         Output chunks (must divide the tiles); chosen by the planner by default.
     **settings
@@ -168,12 +169,13 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
     >>> plan.grid, plan.k_steps
     ((1, 1), 1)
     """
+    if explain:  # the plan alone: matmul_plan
+        return matmul_plan(a, b, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
+                           out_chunks=out_chunks, **settings)
     with Job("matmul", **settings) as job:
         op = Gemm.of(job.operand(a, "a"), job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
         plan = op.plan(job, out_chunks)
-        if explain:
-            return plan
         ao = job.output(out, inputs=[o.path for o in op.operands if not o.staged], overwrite=overwrite,
                         resume=resume, token=op.token(plan))
         if ao.resumed:
@@ -186,6 +188,17 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         report["gflops"] = plan.flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0
         path = ao.commit("matmul", plan=plan.to_dict(), params=op.params(), report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def matmul_plan(a: Any, b: Any, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+                trans_b: bool = False, dtype: Any = None, out_chunks: tuple[int, int] | None = None,
+                **settings: Unpack[Settings]) -> GemmPlan:
+    """The :class:`~blocklin.plan.GemmPlan` that :func:`matmul` would run with these arguments, without
+    running it (what ``blocklin gemm --explain`` prints); same parameters as :func:`matmul`."""
+    with Job("matmul", **settings) as job:
+        op = Gemm.of(job.operand(a, "a"), job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
+                     alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
+        return op.plan(job, out_chunks)
 
 
 #: Report entries recorded in the output's attributes.

@@ -85,7 +85,8 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     seed : int
         Seed of the random butterfly and the probe vectors (results are reproducible).
     explain : bool
-        Return the :class:`~blocklin.plan.inverse.InversePlan` without running.
+        Return the :class:`~blocklin.plan.inverse.InversePlan` without running (kept for
+        compatibility: :func:`inv_plan` returns it and always one type).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
@@ -138,16 +139,11 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     precision = choice("precision", precision, PRECISIONS, fix="pass precision='mixed' or leave it None")
     min_steps, max_steps = _refine_steps(refine, max_refine)
     tol = positive("tol", tol, optional=True, fix="leave it None for the default")
+    if explain:  # the plan alone: inv_plan
+        return inv_plan(a, precision=precision, **settings)
     with Job("inv", **settings) as job:
-        M = job.operand(a, "a")
-        n = square(M, "to be inverted", "for a least-squares or regularized solution use blocklin.solve(a, b, lam=...)")
-        float_operand(M)
-        out_dtype = np.dtype(np.float64) if precision in ("mixed", "tf32", "float64") else \
-            np.dtype(np.float32) if precision == "float32" else M.dtype
-        plan = plan_inverse(n, out_dtype, memory=job.cfg.memory,
-                            precision="mixed" if precision in ("mixed", "tf32") else None)
-        if explain:
-            return plan
+        M, out_dtype, plan = _operand_and_plan(job, a, precision)
+        n = plan.n
         tol = _refine.default_tol(n, out_dtype) if tol is None else tol
         ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite)
         x_path = ao.array_path()
@@ -171,6 +167,26 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
                                                               "refine": str(refine)},
                          report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def inv_plan(a: Any, *, precision: str | None = None, **settings: Unpack[Settings]) -> InversePlan:
+    """The :class:`~blocklin.plan.inverse.InversePlan` that :func:`inv` would run, without running it
+    (what ``blocklin inv --explain`` prints); same parameters as :func:`inv`."""
+    precision = choice("precision", precision, PRECISIONS, fix="pass precision='mixed' or leave it None")
+    with Job("inv", **settings) as job:
+        return _operand_and_plan(job, a, precision)[2]
+
+
+def _operand_and_plan(job: Job, a: Any, precision: str | None) -> tuple[Any, np.dtype, InversePlan]:
+    """The validated square operand, the output dtype for ``precision`` and the plan."""
+    M = job.operand(a, "a")
+    n = square(M, "to be inverted", "for a least-squares or regularized solution use blocklin.solve(a, b, lam=...)")
+    float_operand(M)
+    out_dtype = np.dtype(np.float64) if precision in ("mixed", "tf32", "float64") else \
+        np.dtype(np.float32) if precision == "float32" else M.dtype
+    plan = plan_inverse(n, out_dtype, memory=job.cfg.memory,
+                        precision="mixed" if precision in ("mixed", "tf32") else None)
+    return M, out_dtype, plan
 
 
 #: Report entries recorded in the output's attributes.

@@ -222,7 +222,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     overwrite : bool
         Replace an existing ``out``.
     explain : bool
-        Return the :class:`~blocklin.plan.solve.SolvePlan` without running.
+        Return the :class:`~blocklin.plan.solve.SolvePlan` without running (kept for compatibility:
+        :func:`solve_plan` returns it and always one type).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the CPU.
 
@@ -273,20 +274,16 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         return _solve_pos(a, b, kind=kind, lams=lams, method=method, out=out, overwrite=overwrite, explain=explain,
                           settings=settings)
     refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
-    if isinstance(b, np.ndarray) and b.ndim == 1:
-        b = b.reshape(-1, 1)
+    if explain:  # the plan alone: solve_plan
+        return solve_plan(a, b, lam=lam, method=method, refine=refine, **settings)
     with Job("solve", **settings) as job:
-        A, B = job.operand(a, "a"), job.operand(b, "b")
-        same_rows(A, B)
-        float_operand(A), float_operand(B)
+        A, B = _operands(job, a, b)
         (m, n), k = A.shape, B.shape[1]
-        if small_bytes(min(m, n), k) > job.cfg.memory and kind == "scalar" and method != "qr":
-            return _solve_gram_stored(job, A, B, lams[0], out=out, overwrite=overwrite, explain=explain,
+        if _gram_exceeds_budget(job, A, B, kind, method):
+            return _solve_gram_stored(job, A, B, lams[0], out=out, overwrite=overwrite, explain=False,
                                       refine=refine, params={"lam": lam, "method": method})
         plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
                           refine=1 if refine == "auto" else refine)
-        if explain:
-            return plan
         if plan.orientation == "wide" and method == "qr":
             raise ParameterError(_msg("method", "'qr' needs a tall or square a (rows >= columns)",
                                       f"a {m} x {n}", "pass method='normal' (the dual form "
@@ -300,6 +297,38 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method}
         path = ao.commit("solve", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: Any = "auto",
+               **settings: Unpack[Settings]) -> Any:
+    """The plan that :func:`solve` would run, without running it (what ``blocklin solve --explain``
+    prints): a :class:`~blocklin.plan.solve.SolvePlan`, or the out-of-core Cholesky plan when the
+    regularized Gram matrix exceeds the budget; same parameters as :func:`solve`."""
+    method = choice("method", method, METHODS, fix="pass method='auto'")
+    kind, lams = _parse_lam(lam)
+    refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
+    with Job("solve", **settings) as job:
+        A, B = _operands(job, a, b)
+        if _gram_exceeds_budget(job, A, B, kind, method):
+            return _solve_gram_stored(job, A, B, lams[0], out=None, overwrite=False, explain=True, refine=refine,
+                                      params={})
+        return plan_solve(A.shape[0], A.shape[1], B.shape[1], method=method, memory=job.cfg.memory, lam_kind=kind,
+                          refine=1 if refine == "auto" else refine)
+
+
+def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
+    """``A`` and ``B`` (a 1-D ``b`` as one column), checked."""
+    if isinstance(b, np.ndarray) and b.ndim == 1:
+        b = b.reshape(-1, 1)
+    A, B = job.operand(a, "a"), job.operand(b, "b")
+    same_rows(A, B)
+    float_operand(A), float_operand(B)
+    return A, B
+
+
+def _gram_exceeds_budget(job: Job, A: Any, B: Any, kind: str, method: str) -> bool:
+    """A single-lambda solve whose in-core Gram problem does not fit: the stored-Gram Cholesky route."""
+    return small_bytes(min(A.shape), B.shape[1]) > job.cfg.memory and kind == "scalar" and method != "qr"
 
 
 def _solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwrite: bool, explain: bool,

@@ -13,11 +13,13 @@ import math
 
 import numpy as np
 
+from blocklin._memory import IO_CONCURRENCY
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, explain
 
-#: zarr chunk temporaries the planner counts for reads and writes (see ``blocklin._memory``).
-IO_CHUNKS = 8
+#: zarr chunk temporaries the planner counts: one per chunk in flight, reading and writing
+#: (zarr moves up to ``IO_CONCURRENCY`` chunks at once, see ``blocklin._memory``).
+IO_CHUNKS = 2 * IO_CONCURRENCY
 #: Bytes per element of a row strip of the staging pass: the stored strip and a read-ahead slot,
 #: a float64 copy, the butterfly's gathered halves, and the cast written back.
 STRIP_BYTES_PER_ELEM = 48

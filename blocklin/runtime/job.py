@@ -14,7 +14,7 @@ import time
 import uuid
 from typing import Any, Unpack
 
-from blocklin import _memory
+import blocklin._memory as _memory
 from blocklin._memory import peak_rss
 from blocklin.config import Config, Settings, check_settings, format_size, resolve, size_hint
 from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
@@ -109,7 +109,7 @@ class Job:
         self.stack = contextlib.ExitStack()
         if settings.get("temp_dir") is not None or storage_options:
             # Scoped, so that nested operations (solve's GEMMs) and the opener see the same storage.
-            from blocklin import config as _config
+            import blocklin.config as _config
 
             self.stack.enter_context(_config.set(temp_dir=cfg.temp_dir, storage_options=cfg.storage_options))
         try:

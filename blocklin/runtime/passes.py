@@ -164,8 +164,8 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
     mem = kernel.memory(params if params is not None else {}, sources)  # type: ignore[attr-defined]
     return plan_pass(mem, first.rows, sum(s.row_bytes for s in sources), chunk_rows=first.chunk_rows,
                      memory=job.cfg.memory if memory is None else memory, reserve=reserve,
-                     workers=job.workers(1) if workers is None else workers, cores=job.cores(), chunk_bytes=first.chunk_bytes,
-                     chunks_across=first.chunks_across, max_strip=max_strip,
+                     workers=job.workers(1) if workers is None else workers, cores=job.cores(),
+                     chunk_bytes=first.chunk_bytes, chunks_across=first.chunks_across, max_strip=max_strip,
                      min_tasks=job.parallelism() if min_tasks is None else min_tasks)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin import _memory
+import blocklin._memory as _memory
 from blocklin.device import TileStream, get_device
 from blocklin.errors import NonFiniteError, explain
 from blocklin.plan.chunks import split
