@@ -15,6 +15,7 @@ from blocklin.linalg.gemm import matmul  # noqa: E402
 from blocklin.linalg.inverse import inv  # noqa: E402
 from blocklin.linalg.eigsh import eigsh  # noqa: E402
 from blocklin.linalg.operator import aslinearoperator  # noqa: E402
+from blocklin.linalg.pca import pca  # noqa: E402
 from blocklin.linalg.svd import svd  # noqa: E402
 from blocklin.linalg.tikhonov import solve  # noqa: E402
 from blocklin.matrix import Matrix  # noqa: E402
@@ -22,5 +23,5 @@ from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
     "Matrix", "__version__", "aslinearoperator", "config", "configure", "convert", "eigsh", "errors", "from_array",
-    "inv", "matmul", "open", "random", "solve", "svd",
+    "inv", "matmul", "open", "pca", "random", "solve", "svd",
 ]
