@@ -92,13 +92,13 @@ def moments_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: 
     return _merge(*state, r, mean, m2), None
 
 
-def column_moments(job: Any, A: Any, *, memory: int | None = None) -> Moments:
+def column_moments(job: Any, A: Any, *, memory: int | None = None, over: str = "a") -> Moments:
     """Column means and variances of ``A`` in one pass (row strips of ``A``, or column strips for a
     wide ``A`` so each strip holds whole columns); float64 whatever the dtype of ``A``."""
     m, n = A.shape
     wide = m < n
     states, _ = run_pass(job, moments_kernel, [source(A, transposed=wide)], {"rows_are_columns": wide},
-                         memory=memory, description="column means (pass over A)")
+                         memory=memory, over=over, description=f"column means (pass over {over.upper()})")
     if wide:
         mean, m2 = np.empty(n), np.empty(n)
         for st in states:
