@@ -81,3 +81,22 @@ def test_qr_with_intercept_refused(tmp_path):
     a, b = problem(300, 5)
     with pytest.raises(ParameterError, match="method.*intercept.*Fix"):
         bl.solve(a, b, lam=1.0, method="qr", fit_intercept=True, temp_dir=str(tmp_path))
+
+
+def test_cli_fit_intercept(tmp_path, capsys):
+    import json
+
+    from blocklin.cli.main import main
+
+    a, b = problem(400, 6, k=1, seed=3)
+    pa, pb = str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")
+    bl.from_array(a, pa)
+    bl.from_array(b, pb)
+    assert main(["solve", pa, pb, "-o", str(tmp_path / "x.zarr"), "--lambda", "2", "--fit-intercept", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ref = Ridge(alpha=4.0, fit_intercept=True, solver="svd").fit(a, b[:, 0])
+    t = tolerance(a, 2.0)
+    np.testing.assert_allclose(out["intercept"], [ref.intercept_],
+                               atol=t * (np.linalg.norm(a.mean(axis=0)) * np.linalg.norm(ref.coef_) + 5))
+    np.testing.assert_allclose(bl.open(str(tmp_path / "x.zarr")).to_numpy()[:, 0], ref.coef_,
+                               atol=t * np.abs(ref.coef_).max())
