@@ -71,3 +71,27 @@ def test_negative_numbers_as_option_values(tmp_path, value, capsys):
 def test_unknown_dash_option_still_refused(capsys):
     with pytest.raises(SystemExit):
         main(["gemm", "a", "b", "-o", "c", "--alpha", "-x"])
+
+
+@pytest.mark.parametrize("which", ["LA", "SA", "LM"])
+def test_eigsh_order(which, tmp_path):
+    rng = np.random.default_rng(0)
+    q, _ = np.linalg.qr(rng.standard_normal((120, 120)))
+    lam = np.linspace(-6, 4, 120)
+    a = (q * lam) @ q.T
+    a = (a + a.T) / 2
+    up = bl.eigsh(a, 3, which=which, seed=0, temp_dir=str(tmp_path))
+    down = bl.eigsh(a, 3, which=which, seed=0, order="descending", temp_dir=str(tmp_path))
+    np.testing.assert_array_equal(up.w, np.sort(up.w))  # SciPy's convention by default
+    key = np.abs(down.w) if which == "LM" else down.w
+    np.testing.assert_array_equal(key, np.sort(key)[::-1])
+    # the same pairs, columns moved with their values
+    order = np.argsort(-np.abs(up.w) if which == "LM" else -up.w, kind="stable")
+    np.testing.assert_array_equal(down.V, up.V[:, order])
+
+
+def test_convert_refuses_arrays_with_a_fix(tmp_path):
+    from blocklin.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="src.*from_array"):
+        bl.convert(np.ones((3, 3)), str(tmp_path / "x.zarr"))
