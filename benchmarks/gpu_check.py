@@ -20,8 +20,8 @@ Steps:
    the GPU, timed with CUDA events). The overlap figure is the fraction of the k-loop during which
    the GPU computes: the sum of the GEMM kernel times (CUDA events around every GEMM) over the span
    from the first GEMM's start to the last GEMM's end, per tile stream.
-3. ``inv`` with ``precision="mixed"`` against ``precision="float64"``: time and backward error
-   ``||I - A X||_F / (||A||_F ||X||_F)``.
+3. ``inv`` with ``precision="mixed"`` (float32 GEMMs) and ``"tf32"`` (TF32 tensor cores) against
+   ``precision="float64"``: time and backward error ``||I - A X||_F / (||A||_F ||X||_F)``.
 
 Prints one JSON summary on the last line; exits 1 when a correctness check fails, 2 without a GPU.
 ``--device cpu`` runs the same code paths on the CPU (a smoke test; overlap figures need CUDA).
@@ -238,12 +238,13 @@ def mixed_inverse(kind: str, n: int, memory: str, device_memory: str, tmp: str) 
     m = rng.standard_normal((n, n)) + n**0.5 * np.eye(n)  # well conditioned (cond ~ 10)
     src = bl.from_array(m, os.path.join(tmp, "M.zarr"), chunks=(min(n, 2048), min(n, 2048)))
     out = {}
-    for precision in ("float64", "mixed"):
+    for precision in ("float64", "mixed", "tf32"):
         x = bl.inv(src, precision=precision, device=kind, memory=memory, out=os.path.join(tmp, f"X{precision}.zarr"))
         xs = x.to_numpy()
         eta = float(np.linalg.norm(np.eye(n) - m @ xs) / (np.linalg.norm(m) * np.linalg.norm(xs)))
         out[precision] = {"seconds": x.report["seconds"], "backward_error": eta}
     out["speedup_mixed"] = out["float64"]["seconds"] / out["mixed"]["seconds"]
+    out["speedup_tf32"] = out["float64"]["seconds"] / out["tf32"]["seconds"]
     out["n"] = n
     return out
 
@@ -299,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             inv = summary["inverse"]
             print(f"inv n={inv['n']}: mixed {inv['mixed']['seconds']:.1f} s (eta {inv['mixed']['backward_error']:.1e})"
                   f" vs float64 {inv['float64']['seconds']:.1f} s (eta {inv['float64']['backward_error']:.1e}): "
-                  f"{inv['speedup_mixed']:.2f}x", flush=True)
+                  f"{inv['speedup_mixed']:.2f}x; tf32 {inv['tf32']['seconds']:.1f} s "
+                  f"(eta {inv['tf32']['backward_error']:.1e}): {inv['speedup_tf32']:.2f}x", flush=True)
         summary["seconds"] = time.perf_counter() - t0
         print(json.dumps(summary, default=str))
         return 0 if summary["correct"] else 1

@@ -23,8 +23,13 @@ adversarially as CUDA allows:
 Races are collected in :data:`STATE` (``STATE.races``); ``check()`` raises :class:`RaceError`.
 ``install()``/``uninstall()`` put the stand-in in ``sys.modules`` as ``cupy`` and ``cupyx``.
 
-Not modelled: memory-pool block reuse across streams, multiple devices, kernels other than the
-ones below, and streams per thread (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM``).
+- Freed device memory goes back to the pool of the stream that was current at its allocation and
+  is handed, with its access records, to the next allocation of that size on that stream (as
+  CuPy's pool does, without waiting for other streams): a freed buffer another stream still uses
+  shows up as a race.
+
+Not modelled: multiple devices, kernels other than the ones below, size-class rounding of the
+pool, and streams per thread (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM``).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class _State:
         self.pinned_free = 0
         self.device_used = 0  # bytes held by live device arrays (the pool's used bytes)
         self.device_cached = 0  # freed blocks the pool keeps
+        self.free_blocks: dict[tuple[int, int], list] = {}  # (arena stream id, bytes) -> freed blocks
         self.others = 0  # bytes other processes hold on the device
         self.counts: dict[str, int] = {}
         self.math_mode = 0
@@ -299,17 +305,31 @@ class _Alloc:
         _Alloc._n += 1
         self.name = f"buffer#{_Alloc._n}"
         self.nbytes = nbytes
-        if STATE.device_used + STATE.others + nbytes > DEVICE_TOTAL:
-            raise OutOfMemoryError(nbytes, DEVICE_TOTAL - STATE.device_used - STATE.others)
-        self.bytes = np.full(max(nbytes, 1), 0x5A, dtype=np.uint8)  # garbage, as cudaMalloc leaves it
+        # CuPy's pool hands a freed block to the next allocation of its size made while the same
+        # stream is current, without waiting for other streams that still use it: reuse it here too,
+        # with its access records, so a use on another stream unordered with the new owner is a race.
+        arena = get_current_stream()
+        blocks = STATE.free_blocks.get((arena.id, nbytes))
+        if blocks:
+            self.bytes, self.records, old = blocks.pop()
+            self.name += f" (reusing {old}'s memory)"
+            STATE.device_cached -= nbytes
+        else:
+            if STATE.device_used + STATE.device_cached + STATE.others + nbytes > DEVICE_TOTAL:
+                STATE.device_cached = 0  # CuPy frees cached blocks and retries before failing
+                STATE.free_blocks.clear()
+            if STATE.device_used + STATE.others + nbytes > DEVICE_TOTAL:
+                raise OutOfMemoryError(nbytes, DEVICE_TOTAL - STATE.device_used - STATE.others)
+            self.bytes = np.full(max(nbytes, 1), 0x5A, dtype=np.uint8)  # garbage, as cudaMalloc leaves it
+            self.records: list[_Access] = []
         STATE.device_used += nbytes
-        self.records: list[_Access] = []
-        weakref.finalize(self, _Alloc._free, nbytes)
+        weakref.finalize(self, _Alloc._free, arena.id, nbytes, self.bytes, self.records, self.name)
 
     @staticmethod
-    def _free(nbytes: int) -> None:
+    def _free(arena: int, nbytes: int, data: np.ndarray, records: list, name: str) -> None:
         STATE.device_used -= nbytes
         STATE.device_cached += nbytes  # the pool keeps the block until free_all_blocks()
+        STATE.free_blocks.setdefault((arena, nbytes), []).append((data, records, name))
 
     def access(self, iv, kind, stream, clock, vc, site, what, seen: set[int]) -> None:
         lo, hi = iv
@@ -327,7 +347,7 @@ class _Alloc:
                 continue  # superseded: anything later that is ordered after this access is ordered after r
             keep.append(r)
         keep.append(_Access(lo, hi, kind, stream, clock, site, what))
-        self.records = keep
+        self.records[:] = keep
 
 
 def _kind(k: str) -> str:
@@ -353,6 +373,7 @@ class MemoryPool:
 
     def free_all_blocks(self, stream: Any = None) -> None:
         STATE.device_cached = 0
+        STATE.free_blocks.clear()
 
     def set_limit(self, size: int | None = None, fraction: float | None = None) -> None:
         pass
@@ -966,6 +987,13 @@ def _sum(x: ndarray, axis=None) -> ndarray:
 ndarray.sum = lambda self, axis=None: _sum(self, axis)
 
 
+def concatenate(arrays: list, axis: int = 0) -> ndarray:
+    _require(*arrays)
+    shape = np.concatenate([np.empty(x.shape, np.int8) for x in arrays], axis=axis).shape
+    dt = np.result_type(*[x.dtype for x in arrays])
+    return _dense("concatenate", lambda *v: np.concatenate(v, axis=axis), *arrays, outs=[(shape, dt)])[0]
+
+
 def isfinite(x: ndarray) -> ndarray:
     return _dense("isfinite", np.isfinite, x, outs=[(x.shape, np.dtype(bool))])[0]
 
@@ -1048,13 +1076,18 @@ def build() -> dict[str, types.ModuleType]:
     cupy = _module("cupy", __version__="13.99.0+standin", ndarray=ndarray, cuda=cuda, cublas=cublas,
                    linalg=linalg, empty=empty, zeros=zeros, full=full, eye=eye, asarray=asarray, array=array,
                    ascontiguousarray=ascontiguousarray, asfortranarray=asfortranarray, asnumpy=asnumpy,
-                   matmul=matmul, tril=tril, triu=triu, isfinite=isfinite, float32=np.float32, float64=np.float64,
+                   matmul=matmul, tril=tril, triu=triu, isfinite=isfinite, concatenate=concatenate, float32=np.float32, float64=np.float64,
                    get_default_memory_pool=get_default_memory_pool,
                    get_default_pinned_memory_pool=get_default_pinned_memory_pool, STANDIN=True)
     sp_linalg = _module("cupyx.scipy.linalg", solve_triangular=solve_triangular)
     scipy_ = _module("cupyx.scipy", linalg=sp_linalg)
     cupyx = _module("cupyx", empty_pinned=empty_pinned, scipy=scipy_, errstate=errstate)
-    return {"cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime, "cupy.cuda.cublas": cublas_lib,
+    libs = _module("cupy_backends.cuda.libs", cublas=cublas_lib)
+    backends_cuda = _module("cupy_backends.cuda", libs=libs)
+    backends = _module("cupy_backends", cuda=backends_cuda)
+    return {"cupy_backends": backends, "cupy_backends.cuda": backends_cuda, "cupy_backends.cuda.libs": libs,
+            "cupy_backends.cuda.libs.cublas": cublas_lib,
+            "cupy": cupy, "cupy.cuda": cuda, "cupy.cuda.runtime": runtime, "cupy.cuda.cublas": cublas_lib,
             "cupy.cuda.device": device_mod, "cupy.cublas": cublas, "cupy.linalg": linalg, "cupyx": cupyx,
             "cupyx.scipy": scipy_, "cupyx.scipy.linalg": sp_linalg}
 

@@ -466,6 +466,7 @@ def test_gpu_check_runs_on_the_standin(standin, tmp_path, capsys):
         assert 0 < g["busy_fraction"] <= 1 and g["rel_error"] < 1e-4
         assert g["plan"]["n_tasks"] * g["plan"]["k_steps"] > 1  # really out of core: tiles and k-panels
     assert summary["inverse"]["mixed"]["backward_error"] < 1e-12
+    assert summary["inverse"]["tf32"]["backward_error"] < 1e-12
     assert races() == []
 
 
@@ -602,4 +603,45 @@ def test_concurrent_gemm_tasks_stay_within_the_device_budget(standin, tmp_path, 
     assert res.report["tasks"] > 3
     assert np.abs(res.to_numpy() - a @ b).max() <= 4 * 96 * np.finfo(np.float64).eps * np.abs(a @ b).max()
     assert 0 < DeviceBudget.of(0).peak <= 256 * 1024
+    assert races() == []
+
+
+def test_in_core_eigsh_products_run_on_the_gpu(standin, rng):
+    g = rng.standard_normal((120, 60))
+    a = g.T @ g
+    cupy_standin.STATE.counts.clear()
+    res = bl.eigsh(a, 3, seed=0, device="gpu", memory="64MiB")
+    np.testing.assert_allclose(np.sort(res.w), np.linalg.eigvalsh(a)[-3:], rtol=1e-8)
+    assert res.report["phases"] == {"read A": "cpu", "products with A": "gpu"}
+    assert cupy_standin.STATE.counts.get("cublas.gemm", 0) > 0
+    assert races() == []
+
+
+def test_freed_memory_reused_while_another_stream_reads_it_is_a_race(standin):
+    cp = standin
+    compute, d2h = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+    with compute:
+        acc = cp.zeros((64,))
+    ev = compute.record()
+    d2h.wait_event(ev)
+    acc.get(stream=d2h, blocking=False, out=__import__("cupyx").empty_pinned((64,)))  # copy still queued
+    del acc  # freed to the compute stream's pool while d2h may still read it
+    with compute:
+        cp.zeros((64,))  # the same block, written on compute: unordered with the pending read
+    found = races()
+    assert len(found) == 1 and "reusing" in found[0]
+
+
+def test_streaming_qr_solve_runs_on_the_gpu(standin, rng):
+    """Issue 10: the QR (TSQR) path of tall solve stayed on the CPU."""
+    a = rng.standard_normal((500, 24))
+    b = rng.standard_normal((500, 1))
+    cupy_standin.STATE.counts.clear()
+    x = bl.solve(a, b, lam=[0.1, 1.0], method="qr", device="gpu", memory="256KiB")
+    for j, lam in enumerate([0.1, 1.0]):
+        ref = np.linalg.solve(a.T @ a + lam**2 * np.eye(24), a.T @ b[:, 0])
+        # QR route, cond(A) ~ 2: a few hundred float64 eps
+        assert np.abs(x.to_numpy()[:, j] - ref).max() <= 1e3 * np.finfo(np.float64).eps * np.abs(ref).max()
+    assert x.report["phases"]["tsqr pass"] == "gpu"
+    assert cupy_standin.STATE.counts.get("linalg.qr", 0) > 1
     assert races() == []

@@ -257,3 +257,15 @@ def test_plans_come_from_the_workers(tmp_path, client):
     limit = min(w["memory_limit"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
     with pytest.raises(BudgetError, match="memory: is the budget of each worker process.*Fix: pass memory="):
         bl.solve(a, b, lam=lam, memory=2 * limit, scheduler=client)
+
+
+def test_device_is_resolved_on_the_workers(tmp_path, client):
+    """device='auto' follows the workers (no GPU there: CPU); 'gpu' without worker GPUs is refused."""
+    from blocklin.errors import DeviceError
+
+    a = np.arange(12.0).reshape(3, 4)
+    c = bl.matmul(a, a.T, memory="64MiB", scheduler=client, device="auto")
+    assert c.report["device"] == "cpu" and c.report["cluster"]["gpus"] == 0
+    np.testing.assert_array_equal(c.to_numpy(), a @ a.T)
+    with pytest.raises(DeviceError, match="device: 'gpu' on a cluster needs a GPU on every worker.*Fix: run one worker per GPU"):
+        bl.matmul(a, a.T, memory="64MiB", scheduler=client, device="gpu")

@@ -117,6 +117,14 @@ class Device(abc.ABC):
         """Reduced QR factorization ``(q, r)``."""
 
     @abc.abstractmethod
+    def qr_r(self, x: Any) -> Any:
+        """The ``min(m, n) x n`` upper-triangular (trapezoidal) R of Householder QR of ``x``."""
+
+    @abc.abstractmethod
+    def concat(self, arrays: list, axis: int) -> Any:
+        """Device arrays joined along ``axis`` (0: stacked rows, 1: side by side)."""
+
+    @abc.abstractmethod
     def svd(self, x: Any) -> tuple[Any, Any, Any]:
         """Thin SVD ``(u, s, vt)``, singular values descending."""
 

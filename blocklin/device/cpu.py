@@ -84,6 +84,12 @@ class CpuDevice(Device):
     def qr(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.linalg.qr(x, mode="reduced")
 
+    def qr_r(self, x: np.ndarray) -> np.ndarray:
+        return np.linalg.qr(x, mode="r")
+
+    def concat(self, arrays: list, axis: int) -> np.ndarray:
+        return np.concatenate(arrays, axis=axis)
+
     def svd(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return np.linalg.svd(x, full_matrices=False)
 

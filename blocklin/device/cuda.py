@@ -190,9 +190,10 @@ class CudaDevice(Device):
 
     def release_pinned(self) -> None:
         """Drop the cached pinned buffers and have CuPy unpin them (after the queued work ran)."""
+        # Called at the end of a job, possibly from another thread than this device's: the upload
+        # events stay (a concurrent stream of this thread still refills its slots after them).
         self.synchronize()
         self._pinned_cache.clear()
-        self._uploaded.clear()
         self.cp.get_default_pinned_memory_pool().free_all_blocks()
 
     # -- operand slots ----------------------------------------------------------------------------
@@ -308,8 +309,12 @@ class CudaDevice(Device):
 
         with self.compute:
             if self._tf32 and acc.dtype == np.float32:
-                from cupy.cuda import cublas as lib
                 from cupy.cuda import device
+
+                try:  # where CuPy 13/14 keep the cuBLAS bindings
+                    from cupy_backends.cuda.libs import cublas as lib
+                except ImportError:  # pragma: no cover - older layouts
+                    from cupy.cuda import cublas as lib
 
                 handle = device.get_cublas_handle()
                 mode = lib.getMathMode(handle)
@@ -421,6 +426,14 @@ class CudaDevice(Device):
     def qr(self, x: Any) -> tuple[Any, Any]:
         with self.compute:
             return self.cp.linalg.qr(x, mode="reduced")
+
+    def qr_r(self, x: Any) -> Any:
+        with self.compute:
+            return self.cp.linalg.qr(x, mode="r")
+
+    def concat(self, arrays: list, axis: int) -> Any:
+        with self.compute:
+            return self.cp.concatenate(arrays, axis=axis)
 
     def svd(self, x: Any) -> tuple[Any, Any, Any]:
         with self.compute:

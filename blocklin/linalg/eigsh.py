@@ -117,7 +117,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         plan = plan_svd(n, n, k, dt, method="eigsh", oversample=10, power_iters=None, memory=job.cfg.memory,
                         max_passes=max_passes, block_size=block_size, max_basis=max_basis, square=True)
         x0 = orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, plan.block), seed=seed)
-        apply, first = _operator(job, A, plan, x0, check_symmetric)
+        apply, first, phases = _operator(job, A, plan, x0, check_symmetric)
         scale = {"v": 0.0}
 
         def threshold(theta: np.ndarray) -> np.ndarray:
@@ -131,22 +131,36 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
             warn(f"eigsh: tol={tol:g} not reached within {job.passes('a')} passes over A; reached a relative "
                  f"residual of {float(np.max(res.residuals)) / max(scale['v'], 1e-300):.2e} (max over the {k} "
                  "pairs). Raise max_passes, max_basis or block_size, or loosen tol", ConvergenceWarning)
-        return _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed, order=order)
+        return _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed, phases=phases,
+                       order=order)
 
 
 def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
-              check_symmetric: bool) -> tuple[Callable[[np.ndarray, int], np.ndarray], np.ndarray]:
-    """``apply(X, step) = A^T X`` (in memory, or one pass each) and ``A^T x0``, symmetry checked on ``x0``."""
+              check_symmetric: bool) -> tuple[Callable[[np.ndarray, int], np.ndarray], np.ndarray, dict]:
+    """``apply(X, step) = A^T X`` (in memory, or one pass each), ``A^T x0`` (symmetry checked on ``x0``),
+    and where the phases run (in memory on a GPU: ``A`` kept on the device for the products)."""
     dt = A.dtype
     n = A.shape[0]
     if plan.in_core:
         M = load_incore(job, A, plan)
         ax, atx = M @ x0.astype(dt), M.T @ x0.astype(dt)
+        dev = None
+        if job.device == "gpu" and M.nbytes * 1.5 <= (job.device_memory() or 0):
+            from blocklin.device import get_device
+
+            dev = get_device("gpu", device_memory=job.device_memory())
+            Md = dev.to_device(M)  # kept on the GPU for the Lanczos products
+        phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
 
         def apply(x: np.ndarray, step: int) -> np.ndarray:
-            return (M.T @ x.astype(dt)).astype(np.float64)
+            if dev is None:
+                return (M.T @ x.astype(dt)).astype(np.float64)
+            z = dev.zeros((M.shape[1], x.shape[1]), dt)
+            dev.gemm_acc(z, Md.T, dev.to_device(x.astype(dt)))
+            return dev.to_host(z).astype(np.float64)
     else:
         src = [source(A)]
+        phases = {"passes over A": job.device}
 
         def one(x: np.ndarray, step: int, check: bool = False) -> Any:
             states, _ = run_pass(job, rmat_kernel, src, {"Y": x.astype(dt), "n": n, "check": check},
@@ -158,7 +172,7 @@ def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
         apply = one
     if check_symmetric:
         _check_symmetry(np.asarray(ax, dtype=np.float64), np.asarray(atx, dtype=np.float64), symmetry_rtol(dt))
-    return apply, atx
+    return apply, atx, phases
 
 
 def _check_symmetry(ax: np.ndarray, atx: np.ndarray, rtol: float) -> None:
@@ -172,7 +186,7 @@ def _check_symmetry(ax: np.ndarray, atx: np.ndarray, rtol: float) -> None:
 
 
 def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overwrite: bool, *, tol: float,
-            which: str, seed: int, order: str = "ascending") -> EighResult:
+            which: str, seed: int, phases: dict | None = None, order: str = "ascending") -> EighResult:
     """Eigenpairs in ``order``, the report, and the output group when ``out`` is given."""
     key = res.values if order == "ascending" else -res.values
     if order == "descending" and which == "LM":  # largest magnitude first
@@ -183,7 +197,7 @@ def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overw
     report = job.report(passes=job.passes("a"), passes_formula=plan.formula, lanczos_steps=res.steps,
                         restarts=res.restarts, residuals=res.residuals[order].tolist(), tol=tol,
                         converged=res.converged, which=which, seed=seed, block=plan.block, history=res.history,
-                        in_core=plan.in_core, plan=plan.to_dict())
+                        in_core=plan.in_core, plan=plan.to_dict(), phases=phases)
     if out is not None:
         write_group(job, out, A, {"w": w, "V": vecs}, "eigsh", plan, report, overwrite)
     return EighResult(w, vecs, report)

@@ -47,13 +47,21 @@ class StreamingR:
     report: dict
 
 
-def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any) -> StreamingR:
-    """The streaming QR pass inside an existing :class:`~blocklin.runtime.job.Job` (operands resolved)."""
+def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = None) -> StreamingR:
+    """The streaming QR pass inside an existing :class:`~blocklin.runtime.job.Job` (operands resolved).
+
+    ``device``: where it runs (default: for ``auto``, the GPU only where it wins, :func:`pass_device`).
+    """
+    from blocklin.device import pass_device
+
     m, n = A.shape
     k = B.shape[1] if B is not None else 0
     sources = [source(A)] + ([source(B)] if B is not None else [])
+    # Householder QR of each stacked [R; strip]: about 2 rows (n+k)^2 flops per row of A and B read
+    dev = device or pass_device(job.cfg.device, 2.0 * m * (n + k) ** 2,
+                                m * (n * A.dtype.itemsize + k * (B.dtype.itemsize if B is not None else 0)))
     states, plan = run_pass(job, tsqr_kernel, sources, {"dtype": np.dtype(dtype).name}, reserve=small_bytes(n, k),
-                            description="streaming QR")
+                            description="streaming QR", device=dev)
     states = [s for s in states if s is not None]
     r = reduce_r(states, n + k)
     aa = sum(s["aa"] for s in states)

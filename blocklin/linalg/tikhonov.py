@@ -492,7 +492,8 @@ def _solve_refined(ctx: _Ctx, gp: dict, cf: Any, rcond: float, lam: float) -> tu
 
 
 def _qr_route(ctx: _Ctx, x_path: str, info: dict, reason: str) -> dict:
-    sr = tsqr_pass(ctx.job, ctx.A, ctx.B, np.float64)
+    sr = tsqr_pass(ctx.job, ctx.A, ctx.B, np.float64,
+                   device=_pass_device(ctx, "tsqr pass", 2.0 * ctx.m * (ctx.n + ctx.k) ** 2))
     spec = _spectrum_from_r(sr.r, sr.qtb, sr.rho, ctx.m)
     info.update(method="qr", method_reason=reason, norm_a=sr.norm_a)
     return _finish_spectral(ctx, spec, info, x_path)

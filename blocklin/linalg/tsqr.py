@@ -56,14 +56,35 @@ def _tsqr_memory(params: Any, sources: tuple) -> PassMemory:
                       strip_floor=4 * w, min_rows=MIN_STRIP_ROWS)
 
 
-@row_kernel(memory=_tsqr_memory, device="cpu")
+def _tsqr_on_device(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> dict:
+    """The GPU branch: the running factor stays on the device (cuSOLVER QR of ``[R; strip]``)."""
+    dt = np.dtype(params["dtype"])
+    parts = [device.cast(x, dt) for x in arrays]
+    strip = device.concat(parts, axis=1) if len(parts) > 1 else parts[0]
+    n, width = parts[0].shape[1], strip.shape[1]
+    if state is None:
+        state = {"r": None, "aa": device.zeros((n,), np.float64), "bb": device.zeros((width - n,), np.float64)}
+    device.sumsq_cols_acc(state["aa"], parts[0])
+    if len(parts) > 1:
+        device.sumsq_cols_acc(state["bb"], parts[1])
+    state["r"] = device.qr_r(strip if state["r"] is None else device.concat([state["r"], strip], axis=0))
+    if rows.stop in params["ends"]:  # the task's last strip: the state to the host for the reduction
+        return {"r": device.to_host(state["r"]), "aa": float(device.to_host(state["aa"]).sum()),
+                "bb": device.to_host(state["bb"])}
+    return state
+
+
+@row_kernel(memory=_tsqr_memory, device="any")
 def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
     """``R <- R-factor of [R; A_i B_i]`` in ``params["dtype"]``; also ``||A||_F^2`` and ``||B_j||^2``.
 
     The state holds the ``(n+k) x (n+k)`` upper-triangular factor of the rows seen so far, whose
     leading ``n x n`` block is ``R`` of ``A``, whose last ``k`` columns hold ``Q^T B`` and the
-    residual factor ``T`` with ``||T e_j|| = min_x ||A x - b_j||``.
+    residual factor ``T`` with ``||T e_j|| = min_x ||A x - b_j||``. On a GPU the factor stays on the
+    device until the task's last strip.
     """
+    if not device.host_resident:
+        return _tsqr_on_device(device, arrays, rows, params, state), None
     a = np.asarray(arrays[0], dtype=params["dtype"])
     parts = [a]
     if len(arrays) > 1:

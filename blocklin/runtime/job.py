@@ -18,7 +18,7 @@ from blocklin import _memory
 from blocklin._memory import peak_rss
 from blocklin.config import Config, Settings, check_settings, format_size, resolve, size_hint
 from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
-from blocklin.errors import BudgetError, ConfigError, WorkerLostError, explain
+from blocklin.errors import BudgetError, ConfigError, DeviceError, WorkerLostError, explain
 from blocklin.operands import Operand, as_operand, temp_root
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
@@ -40,6 +40,7 @@ class ClusterInfo:
     cores_per_worker: int
     #: The smallest worker memory limit in bytes (None: no worker has one).
     memory_limit: int | None
+    #: Workers that see a CUDA device (each worker process drives one).
     gpus: int
 
     @classmethod
@@ -61,7 +62,18 @@ class ClusterInfo:
             per_host[str(w.get("host"))] = per_host.get(str(w.get("host")), 0) + threads[addr]
         shares = [max(1, (machine_cores.get(addr) or per_host[str(w.get("host"))]) * threads[addr]
                       // per_host[str(w.get("host"))]) for addr, w in ws.items()]
-        gpus = sum(int((w.get("resources") or {}).get("GPU", 0)) for w in ws.values())
+        def visible_gpus() -> int:  # by value: runs on workers that may lack blocklin or CuPy
+            try:
+                import cupy
+
+                return int(cupy.cuda.runtime.getDeviceCount())
+            except Exception:
+                return 0
+
+        try:
+            gpus = sum(min(1, n) for n in client.run(visible_gpus).values())  # one device per worker process
+        except Exception:
+            gpus = 0
         return cls(workers=len(ws), threads=sum(threads.values()), threads_per_worker=max(threads.values()),
                    cores_per_worker=min(shares), memory_limit=min(limits) if limits else None, gpus=gpus)
 
@@ -109,11 +121,7 @@ class Job:
         except BaseException:
             self.stack.close()
             raise
-        self.device = resolved_kind(self.cfg.device)
-        if self.device == "gpu" and not gpu_available():
-            from blocklin.device import get_device
-
-            get_device("gpu")  # raises DeviceError with the fix
+        self.device = self._resolve_device()
         self.progress = make_progress(self.cfg.progress if progress is None else progress)
         self.t0 = time.perf_counter()
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0, "retried_tasks": 0,
@@ -121,6 +129,26 @@ class Job:
         self.outputs: list[AtomicOutput] = []
         self.pass_counts: dict[str, int] = {}
         self._scratch = 0
+
+    def _resolve_device(self) -> str:
+        """``auto``, ``cpu`` or ``gpu`` resolved where the tasks run: this machine, or the workers."""
+        cluster = self.cluster()
+        if cluster is None:
+            kind = resolved_kind(self.cfg.device)
+            if kind == "gpu" and not gpu_available():
+                from blocklin.device import get_device
+
+                get_device("gpu")  # raises DeviceError with the fix
+            return kind
+        on_every_worker = cluster.gpus >= cluster.workers
+        if self.cfg.device == "auto":
+            return "gpu" if on_every_worker else "cpu"
+        if self.cfg.device == "gpu" and not on_every_worker:
+            raise DeviceError(explain(
+                "device", "'gpu' on a cluster needs a GPU on every worker (tasks run on any of them)",
+                f"{cluster.gpus} GPU(s) seen by {cluster.workers} worker(s)",
+                "run one worker per GPU (dask-cuda's LocalCUDACluster, see docs/gpu.md) or pass device='cpu'"))
+        return self.cfg.device
 
     # -- inputs -------------------------------------------------------------------------------
     def operand(self, x: Any, name: str, ndim: int = 2) -> Operand:
