@@ -110,3 +110,26 @@ def test_uncentered_default_unchanged(tmp_path):
     assert res.mean is None and res.report["center"] is False
     # uncentered: the first singular value is the mean direction's
     assert res.s[0] > 10 * np.linalg.norm(a - a.mean(axis=0), 2)
+
+
+@pytest.mark.parametrize("shape", [(1200, 30), (30, 1200)])
+@pytest.mark.parametrize("method", ["rsvd", "sketch", "lanczos"])
+def test_centered_passes_on_the_gpu_standin(shape, method, tmp_path):
+    """The correction's device operations (rank-one GEMMs, the row scale) under the CuPy stand-in,
+    which checks stream ordering: the same results as on the CPU, and no race."""
+    import cupy_standin
+
+    a, _ = make(*shape, np.float64, seed=6)
+    a = a * np.linspace(1, 4, shape[1])
+    cpu = bl.svd(a, K, center=True, scale=True, method=method, memory="160KiB", seed=4, temp_dir=str(tmp_path))
+    with cupy_standin.installed():
+        gpu = bl.svd(a, K, center=True, scale=True, method=method, memory="160KiB", seed=4, device="gpu",
+                     temp_dir=str(tmp_path))
+        cupy_standin.synchronize_all()
+        races, cupy_standin.STATE.races = cupy_standin.STATE.races, []
+    assert races == []
+    # a standardized wide A scales rows of B = A^T: those passes run on the CPU, and say so
+    where = "cpu" if shape[0] < shape[1] else "gpu"
+    assert not gpu.report["in_core"] and gpu.report["phases"] == {"passes over A": where}
+    # the same algorithm in float64 on both devices: equal up to the order of rounding
+    np.testing.assert_allclose(gpu.s, cpu.s, rtol=1e-10)

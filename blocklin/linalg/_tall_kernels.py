@@ -95,13 +95,22 @@ def correct(device: Any, y: Any, rows: slice, state: dict, beta: Any) -> None:
     if beta is not None:
         device.gemm_acc(y, _a_rows(state, rows), beta, alpha=-1.0)  # inner dimension 1: the rank-one term
     if "sr" in state:
-        y *= state["sr"][rows]  # row scale (B = A^T standardized); array broadcasting on either device
+        _host_only(device)
+        y *= state["sr"][rows]  # row scale (B = A^T standardized)
+
+
+def _host_only(device: Any) -> None:
+    # a row scale has no device operation (a GEMM with diag(r) would cost strip^2 columns): the
+    # caller runs such passes on the CPU (blocklin.linalg.svd._Streamed)
+    if not device.host_resident:
+        raise RuntimeError("a row-scaled (standardized wide) pass must run on the CPU device")
 
 
 def _row_scaled(device: Any, y: Any, rows: slice, state: dict) -> Any:
     """``r_rows * y`` (``y`` itself without a row scale), in the task's buffer."""
     if "sr" not in state:
         return y
+    _host_only(device)
     w = state["Wbuf"][: y.shape[0]]
     _zero(device, w)
     w += y

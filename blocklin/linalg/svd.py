@@ -116,6 +116,8 @@ class _Streamed:
         self.M, self.N = plan.M, plan.N
         self.dtype = A.dtype
         self.source = source(A, transposed=plan.transposed)
+        # a standardized wide A scales the rows of B = A^T, an operation only the CPU device has
+        self.device = "cpu" if shift is not None and shift.r is not None else None
         self.memory = plan.pass_memory
 
     def _plan(self, kernel: Any, params: dict) -> Any:
@@ -129,7 +131,8 @@ class _Streamed:
 
     def _run(self, kernel: Any, params: dict, plan: Any, description: str, **kw: Any) -> list:
         description = f"{description} (pass {self.job.passes('a') + 1} over A)"
-        return run_pass(self.job, kernel, [self.source], params, plan=plan, description=description, **kw).states
+        return run_pass(self.job, kernel, [self.source], params, plan=plan, description=description,
+                        device=self.device, **kw).states
 
     def _tmp_block(self, c: int, strip: int) -> TallBlock:
         path = self.job.scratch("Y", (self.M, c), self.dtype, (strip, c))
@@ -413,7 +416,7 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
             moments = column_moments(job, A, memory=plan.pass_memory)
             shift = Shift.of(moments, center=center, scale=scale, transposed=plan.transposed)
         src = _Streamed(job, A, plan, shift)
-        phases = {"passes over A": job.device}
+        phases = {"passes over A": src.device or job.device}
     if plan.method == "rsvd":
         r = _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
                   plan.transposed)
