@@ -133,3 +133,17 @@ def test_centered_passes_on_the_gpu_standin(shape, method, tmp_path):
     assert not gpu.report["in_core"] and gpu.report["phases"] == {"passes over A": where}
     # the same algorithm in float64 on both devices: equal up to the order of rounding
     np.testing.assert_allclose(gpu.s, cpu.s, rtol=1e-10)
+
+
+@pytest.mark.parametrize("shape", [(900, 30), (30, 900)])
+def test_scale_without_center(shape, tmp_path):
+    # scale alone divides by the standard deviations about the mean, without subtracting the mean
+    a, _ = make(*shape, np.float64, seed=7)
+    a = a * np.linspace(0.5, 3, shape[1])
+    ref = a / a.std(axis=0)
+    cpu_in = bl.svd(a, K, scale=True, seed=1, tol=1e-10, temp_dir=str(tmp_path))
+    streamed = bl.svd(a, K, scale=True, seed=1, tol=1e-10, memory="160KiB", temp_dir=str(tmp_path))
+    s0 = np.linalg.svd(ref, compute_uv=False)[:K]
+    for res in (cpu_in, streamed):
+        assert res.mean is None and res.report["scale"] and not res.report["center"]
+        np.testing.assert_allclose(res.s, s0, rtol=1e-9)

@@ -68,8 +68,8 @@ def _merge(n1: int, m1: np.ndarray, s1: np.ndarray, n2: int, m2: np.ndarray, s2:
 
 def _moments_memory(params: Any, sources: tuple) -> PassMemory:
     w = sources[0].width
-    # float64 mean and M2 accumulators, a float64 copy of one strip row for the deviations
-    return PassMemory(fixed=4 * w * 8, per_row=2 * w * 8, chunk_temporaries=True)
+    # float64 mean and M2 accumulators; per strip row a float64 copy, its deviations and their squares
+    return PassMemory(fixed=4 * w * 8, per_row=3 * w * 8, chunk_temporaries=True)
 
 
 @row_kernel(memory=_moments_memory, device="cpu")  # a reduction of the data read: no device products
