@@ -104,7 +104,7 @@ def _doc_key(path: str | Path) -> str:
 # Markdown documents: one temporary folder each.
 
 def _gpu() -> bool:
-    from blocklin.device.base import gpu_available
+    from blocklin.device import gpu_available
 
     return gpu_available()
 

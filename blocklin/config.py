@@ -244,7 +244,13 @@ def configure(**settings: Any) -> Config:
     Examples
     --------
     >>> import blocklin
-    >>> blocklin.configure(memory="2GiB", device="cpu")  # doctest: +SKIP
+    >>> cfg = blocklin.configure(memory="2GiB", device="cpu")
+    >>> cfg.memory, cfg.device
+    (2147483648, 'cpu')
+    >>> with blocklin.config.set(memory="512MiB"):
+    ...     blocklin.config.get_config().memory
+    536870912
+    >>> blocklin.config.reset()
     """
     global _global
     _global = dataclasses.replace(get_config() if _scoped.get() is None else (_global or _from_env()), **settings)

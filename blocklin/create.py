@@ -28,6 +28,16 @@ def open(path: Any, *, storage_options: dict | None = None) -> Matrix:  # noqa: 
     ``path`` is a local path, a URL (``s3://bucket/A.zarr``, with ``storage_options`` or the
     configured ones), a :class:`~blocklin.storage.Location`, a zarr store or a ``zarr.Array``. An
     output an interrupted job left unfinished is refused with a message on how to resume or remove it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> _ = bl.from_array(np.arange(6.0).reshape(2, 3), "M.zarr")
+    >>> m = bl.open("M.zarr")
+    >>> m.shape, m[:, 1:]
+    ((2, 3), array([[1., 2.],
+           [4., 5.]]))
     """
     return Matrix(path, storage_options=storage_options)
 
@@ -68,6 +78,14 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
         ``auto`` picks chunks suited to the engine's tiles for the budget.
     codec : str, optional
         ``none`` (default for random floats), ``zstd``, ``blosc-lz4``, ...
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> m = bl.from_array(np.eye(3), "I.zarr", chunks=(2, 2))
+    >>> m
+    Matrix(path='I.zarr', shape=(3, 3), dtype=float64, chunks=(2, 2), codec='none')
     """
     cfg = resolve(memory=memory)
     is_dask = type(x).__module__.startswith("dask")
@@ -102,6 +120,15 @@ def random(path: Any, shape: tuple[int, int], *, dtype: Any = "float64", seed: i
     deterministic for a given seed and chunk height, whatever the column chunking and whichever
     process writes it: with a ``distributed`` client (``scheduler=``, or active) the workers write
     the chunk rows, one task each.
+
+    Examples
+    --------
+    >>> import blocklin as bl
+    >>> a = bl.random("R.zarr", (1000, 300), seed=0, chunks=(256, 300))
+    >>> a.shape, a.chunks, a.dtype
+    ((1000, 300), (256, 300), dtype('float64'))
+    >>> round(float(a.to_numpy().std()), 2)
+    1.0
     """
     from blocklin.progress import make_progress
 

@@ -2,7 +2,7 @@
 
     python examples/ridge_regression.py [rows] [budget]
 
-By default the design matrix is 200,000 x 200 float64 (305 MiB on disk) and every step runs within a
+By default the design matrix is 100,000 x 200 float64 (153 MiB on disk) and every step runs within a
 64 MiB budget. ``BLOCKLIN_EXAMPLE_SIZE=small`` uses 20,000 rows (the test suite does). Everything,
 the engine's intermediates included, is written under a temporary folder removed at the end.
 """
@@ -22,7 +22,7 @@ import blocklin as bl
 
 def main() -> None:
     small = os.environ.get("BLOCKLIN_EXAMPLE_SIZE") == "small"
-    m = int(sys.argv[1]) if len(sys.argv) > 1 else (20_000 if small else 200_000)
+    m = int(sys.argv[1]) if len(sys.argv) > 1 else (20_000 if small else 100_000)
     budget = sys.argv[2] if len(sys.argv) > 2 else "64MiB"
     folder = Path(tempfile.mkdtemp(prefix="blocklin-ridge-"))
     try:

@@ -61,12 +61,19 @@ def _convert(out: str) -> None:
     assert re.search(r"refused: .*'oops' at line 2, column 2", out)
 
 
+def _cluster(out: str) -> None:
+    # Both of the example's checks hold, and its temp dir on the object store is left empty.
+    assert len(re.findall(r"^check: .*: True$", out, re.MULTILINE)) == 2, out
+    assert re.search(r"temp dir s3://\S+ left empty: True", out), out
+
+
 #: What each known example must print, beyond its ``check:`` line.
 EXPECTED = {
     "gemm_out_of_core.py": _gemm,
     "pca_out_of_core.py": _pca,
     "ridge_regression.py": _ridge,
     "convert_files.py": _convert,
+    "cluster_s3.py": _cluster,
 }
 
 

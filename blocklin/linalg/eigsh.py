@@ -103,6 +103,14 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     References
     ----------
     Golub and Underwood (1977), the block Lanczos method; Wu and Simon (2000), thick restart.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> w, V = bl.eigsh(np.diag(np.arange(1.0, 51.0)), 3, which="LA")
+    >>> np.round(w, 8), V.shape
+    (array([48., 49., 50.]), (50, 3))
     """
     which = choice("which", which, WHICH, fix="pass which='LA'")
     order = choice("order", order, ("ascending", "descending"), fix="pass order='descending'")

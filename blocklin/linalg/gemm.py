@@ -152,6 +152,21 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
     The blocking follows the classical out-of-core GEMM analysis (the I/O lower bound of Hong and
     Kung, 1981): with ``tm x tn`` output tiles, ``op(A)`` is read ``ceil(n/tn)`` times and ``op(B)``
     ``ceil(m/tm)`` times; the planner maximizes the tiles that fit the budget.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> a = np.arange(6.0).reshape(2, 3)
+    >>> c = bl.matmul(a, a.T, "C.zarr", memory="64MiB")
+    >>> c.to_numpy()
+    array([[ 5., 14.],
+           [14., 50.]])
+    >>> c.shape, c.report["flops"]
+    ((2, 2), 24)
+    >>> plan = bl.matmul("C.zarr", "C.zarr", trans_b=True, memory="64MiB", explain=True)
+    >>> plan.grid, plan.k_steps
+    ((1, 1), 1)
     """
     with Job("matmul", **settings) as job:
         op = Gemm.of(job.operand(a, "a"), job.operand(b, "b"), job.operand(c, "c") if c is not None else None,

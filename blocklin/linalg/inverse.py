@@ -124,6 +124,16 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     twice the inversion. ``precision="mixed"`` follows Haidar, Tomov, Dongarra and Higham (SC18):
     the ``O(n^3)`` factorization work in float32, refinement to float64 accuracy; for an inverse the
     refinement is itself ``O(n^3)`` (two float64 steps), so the gain is on GPUs with fast float32/TF32.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> a = np.array([[4.0, 1.0], [2.0, 3.0]])
+    >>> x = bl.inv(a)
+    >>> np.round(x.to_numpy(), 12)
+    array([[ 0.3, -0.1],
+           [-0.2,  0.4]])
     """
     precision = choice("precision", precision, PRECISIONS, fix="pass precision='mixed' or leave it None")
     min_steps, max_steps = _refine_steps(refine, max_refine)

@@ -133,9 +133,14 @@ def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
 
     Examples
     --------
+    >>> import numpy as np
+    >>> import blocklin as bl
     >>> from scipy.sparse.linalg import svds
-    >>> op = blocklin.aslinearoperator("A.zarr", memory="512MiB")  # doctest: +SKIP
-    >>> u, s, vt = svds(op, k=10)                                     # doctest: +SKIP
+    >>> x = np.random.default_rng(0).standard_normal((500, 40)) * np.logspace(0, -3, 40)
+    >>> op = bl.aslinearoperator(x, memory="64MiB")
+    >>> u, s, vt = svds(op, k=2)
+    >>> op.shape, np.allclose(np.sort(s)[::-1], np.linalg.svd(x, compute_uv=False)[:2])
+    ((500, 40), True)
     """
     check_settings(settings)
     cfg = resolve(**{k: v for k, v in settings.items() if k != "progress"})

@@ -365,6 +365,17 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
     application to scientific simulation", SIAM J. Sci. Comput. 41(4), 2019.
     G. Golub, W. Kahan, "Calculating the singular values and pseudo-inverse of a matrix", 1965.
     J. Baglama, L. Reichel, "Augmented implicitly restarted Lanczos bidiagonalization methods", 2005.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> x = np.random.default_rng(0).standard_normal((500, 40)) * np.logspace(0, -3, 40)
+    >>> U, s, Vt = res = bl.svd(x, 3, seed=0)
+    >>> U.shape, s.shape, Vt.shape
+    ((500, 3), (3,), (3, 40))
+    >>> np.allclose(s, np.linalg.svd(x, compute_uv=False)[:3])
+    True
     """
     method = choice("method", method, METHODS, fix="pass method='rsvd'")
     oversample = count("oversample", oversample, fix="pass oversample=10")

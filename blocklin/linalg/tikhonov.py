@@ -256,6 +256,15 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     the normal route reports ``||b - A x||`` from its refinement pass, updated for the last correction.
     Memory: the in-core problem is ``O((n + k)^2)`` (``O(m^2)`` for wide ``A``); ``A`` streams in row
     strips within the budget.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> a = np.random.default_rng(0).standard_normal((200, 5))
+    >>> x = bl.solve(a, a @ np.arange(5.0)[:, None], lam=0.0)   # ordinary least squares
+    >>> np.allclose(x.to_numpy().ravel(), [0, 1, 2, 3, 4]), x.report["method"]
+    (True, 'normal')
     """
     method = choice("method", method, METHODS, fix="pass method='auto'")
     kind, lams = _parse_lam(lam)

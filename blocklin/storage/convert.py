@@ -206,6 +206,19 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         minimum.
     OutputExistsError, OutputIsInputError
         The output exists (without ``overwrite``) or is the input.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> np.save("A.npy", np.arange(12.0).reshape(3, 4))
+    >>> report = bl.convert("A.npy", "A.zarr")
+    >>> report["shape"], report["dtype"]
+    ([3, 4], 'float64')
+    >>> bl.open("A.zarr").to_numpy()
+    array([[ 0.,  1.,  2.,  3.],
+           [ 4.,  5.,  6.,  7.],
+           [ 8.,  9., 10., 11.]])
     """
     if isinstance(src, np.ndarray) or hasattr(src, "dask"):  # in-memory arrays are written, not converted
         raise ParameterError(explain("src", "must be a file, a zarr store or a URL (convert reads files in bounded "
