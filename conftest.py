@@ -62,6 +62,11 @@ def _symmetric(folder: Path, name: str) -> None:
     _zarr(folder, name, (x + x.T) / 2, (256, 256))
 
 
+def _spd(folder: Path, name: str) -> None:
+    x = _normal((600, 600), 8)
+    _zarr(folder, name, x @ x.T / 600 + np.eye(600), (256, 256))
+
+
 def _shape_only(folder: Path, name: str, n: int) -> None:
     """An ``n x n`` store with no chunk written (all zeros): enough for plans, costs no disk."""
     from blocklin.storage.zarr_store import create_array
@@ -73,6 +78,7 @@ SAMPLES = {
     "A.zarr": lambda f: _square(f, "A.zarr", 1),
     "B.zarr": lambda f: _square(f, "B.zarr", 2),
     "S.zarr": lambda f: _symmetric(f, "S.zarr"),
+    "P.zarr": lambda f: _spd(f, "P.zarr"),
     "b.zarr": lambda f: _zarr(f, "b.zarr", _normal((600, 1), 4), (256, 1)),
     "A.npy": lambda f: np.save(f / "A.npy", _normal((1000, 700), 5)),
     "data.bin": lambda f: (f / "data.bin").write_bytes(b"\0" * 128 + _normal((2000, 1000), 6).tobytes(order="F")),
@@ -83,12 +89,14 @@ SAMPLES = {
 }
 DEFAULT_FILES = ("A.zarr", "B.zarr", "S.zarr", "b.zarr")
 #: Samples written in a document's folder before its Python blocks run (default: DEFAULT_FILES).
-PYTHON_FILES = {"README.md": (), "docs/convert.md": ("A.npy",), "docs/engine.md": ("A.zarr",)}
+PYTHON_FILES = {"README.md": (), "docs/convert.md": ("A.npy",), "docs/engine.md": ("A.zarr",),
+                "docs/factor.md": ("P.zarr", "b.zarr", "A.zarr")}
 #: Samples written in each shell block's folder (default: DEFAULT_FILES).
 SHELL_FILES = {
     "README.md": ("A.zarr", "B.zarr"),
     "docs/convert.md": ("A.npy", "data.bin", "table.csv"),
     "docs/gemm.md": ("A8192.zarr", "B8192.zarr"),
+    "docs/factor.md": ("P.zarr", "b.zarr", "A.zarr"),
 }
 
 

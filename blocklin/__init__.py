@@ -11,17 +11,20 @@ _memory.tune_on_import()
 
 from blocklin.config import configure  # noqa: E402
 from blocklin.create import from_array, open, random  # noqa: E402,A004
+from blocklin.linalg.cholesky import cholesky  # noqa: E402
 from blocklin.linalg.gemm import matmul  # noqa: E402
 from blocklin.linalg.inverse import inv  # noqa: E402
+from blocklin.linalg.lu import lu  # noqa: E402
 from blocklin.linalg.eigsh import eigsh  # noqa: E402
 from blocklin.linalg.operator import aslinearoperator  # noqa: E402
 from blocklin.linalg.pca import pca  # noqa: E402
 from blocklin.linalg.svd import svd  # noqa: E402
 from blocklin.linalg.tikhonov import solve  # noqa: E402
+from blocklin.linalg.triangular import solve_triangular  # noqa: E402
 from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
-    "Matrix", "__version__", "aslinearoperator", "config", "configure", "convert", "eigsh", "errors", "from_array",
-    "inv", "matmul", "open", "pca", "random", "solve", "svd",
+    "Matrix", "__version__", "aslinearoperator", "cholesky", "config", "configure", "convert", "eigsh", "errors",
+    "from_array", "inv", "lu", "matmul", "open", "pca", "random", "solve", "solve_triangular", "svd",
 ]

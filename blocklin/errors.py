@@ -80,6 +80,21 @@ class SingularMatrixError(BlocklinError, np.linalg.LinAlgError):
     """The matrix is singular or numerically singular."""
 
 
+class NotPositiveDefiniteError(SingularMatrixError):
+    """A Cholesky factorization met a pivot <= 0: the matrix is not symmetric positive definite.
+
+    ``pivot`` is the global row/column index of the failing pivot (None when unknown). The message
+    suggests a ridge (``lam=``) or a solver for general matrices (``assume_a="gen"``).
+    """
+
+    def __init__(self, message: str, pivot: int | None = None) -> None:
+        super().__init__(message)
+        self.pivot = pivot
+
+    def __reduce__(self) -> tuple:  # keeps ``pivot`` across process boundaries
+        return (type(self), (str(self), self.pivot))
+
+
 class NotSymmetricError(BlocklinError, ValueError):
     """A symmetric matrix was required (``eigsh``) and the operand is not symmetric."""
 

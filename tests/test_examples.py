@@ -61,6 +61,13 @@ def _convert(out: str) -> None:
     assert re.search(r"refused: .*'oops' at line 2, column 2", out)
 
 
+def _factor(out: str) -> None:
+    # Backward error of K alpha = y recomputed by the example (not the solver's own figure): order eps.
+    assert _number(r"check: backward error .* = ([\d.e+-]+)", out) <= 1500**0.5 * EPS64
+    assert _number(r"Cholesky: (\d+) tile tasks", out) > 1
+    assert _number(r"differ by ([\d.e+-]+) \(relative\)", out) < 1e-10
+
+
 def _cluster(out: str) -> None:
     # Both of the example's checks hold, and its temp dir on the object store is left empty.
     assert len(re.findall(r"^check: .*: True$", out, re.MULTILINE)) == 2, out
@@ -73,6 +80,7 @@ EXPECTED = {
     "pca_out_of_core.py": _pca,
     "ridge_regression.py": _ridge,
     "convert_files.py": _convert,
+    "factor_kernel_matrix.py": _factor,
     "cluster_s3.py": _cluster,
 }
 

@@ -33,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lambda", dest="lam", type=_lam, default=0.0, metavar="LAM",
                    help="regularization: a number >= 0 (default 0), a comma list, 'gcv' or 'lcurve'")
     p.add_argument("--method", choices=("auto", "normal", "qr"), default="auto")
+    p.add_argument("--assume-a", dest="assume_a", choices=("gen", "pos"), default="gen",
+                   help="gen (default): least squares; pos: square symmetric positive definite A of any size, "
+                        "solved by the out-of-core Cholesky with iterative refinement")
     p.add_argument("--refine", type=lambda v: v if v == "auto" else int(v), default="auto",
                    help="refinement passes of the normal equations: 'auto' (default: when ill-conditioned) or N")
     p.add_argument("--fit-intercept", action="store_true",
@@ -51,15 +54,18 @@ def run(args: argparse.Namespace) -> dict:
     if args.plot and not isinstance(args.lam, str):
         raise ParameterError(explain("--plot", "needs --lambda gcv or --lambda lcurve (the curve is computed to "
                                      "choose lambda)", f"--lambda {args.lam}", "pass --lambda gcv"))
-    x = solve(args.a, args.b, lam=args.lam, method=args.method, out=args.out, refine=args.refine,
+    x = solve(args.a, args.b, lam=args.lam, method=args.method, assume_a=args.assume_a, out=args.out,
+              refine=args.refine,
               memory=args.memory, device=args.device, scheduler=args.scheduler, workers=args.workers,
               check_finite=False if args.no_check_finite else None, overwrite=args.overwrite,
               progress=ui.progress_arg(args), fit_intercept=args.fit_intercept)
     r = x.report
     summary = {"output": x.path, "shape": list(x.shape), "lam": r["lam"], "method": r["method"],
                "method_reason": r["method_reason"], "residual_norm": r["residual_norm"],
-               "solution_norm": r["solution_norm"], "passes": r["passes"], "seconds": r["seconds"],
+               "solution_norm": r["solution_norm"], "passes": r.get("passes", 0), "seconds": r["seconds"],
                "peak_memory": r["peak_memory"], "cond_estimate": r.get("cond_estimate")}
+    if args.assume_a == "pos":
+        summary.update(backward_error=r["backward_error"], refine_steps=r["refine_steps"])
     if "curve" in r:
         summary["curve"] = r["curve"]
     if args.fit_intercept:
@@ -72,7 +78,7 @@ def run(args: argparse.Namespace) -> dict:
     res_s = f"{res:.3e}" if isinstance(res, float) else str(res)
     human = (f"wrote {x.path} ({x.shape[0]} x {x.shape[1]}) in {r['seconds']:.2f} s: lambda {lam_s}"
              f"{' (' + r['lam_rule'] + ')' if 'lam_rule' in r else ''}, method {r['method']} ({r['method_reason']}), "
-             f"residual norm {res_s}, {r['passes']} pass(es), peak memory {format_size(r['peak_memory'])}"
+             f"residual norm {res_s}, {r.get('passes', 0)} pass(es), peak memory {format_size(r['peak_memory'])}"
              + (f"; intercept {r['intercept']}" if args.fit_intercept else ""))
     ui.emit(args, summary, human)
     return summary

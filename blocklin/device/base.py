@@ -136,6 +136,22 @@ class Device(abc.ABC):
     def inv(self, x: Any) -> Any:
         """Inverse of a square (leaf) block."""
 
+    def lu_panel(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """LU with partial pivoting of a tall host panel (``m x w``, ``m >= w``): the packed factors
+        (unit lower ``L`` below the diagonal, ``U`` on and above) and LAPACK's 0-based row swaps.
+
+        LAPACK ``getrf`` on the host on every device: a panel is tall and narrow, so its
+        factorization is bound by memory traffic, not flops. A zero pivot is kept (``U`` singular),
+        as LAPACK does; callers check ``U``'s diagonal.
+        """
+        from scipy.linalg import lapack
+
+        getrf = lapack.get_lapack_funcs("getrf", (x,))
+        lu, piv, info = getrf(x, overwrite_a=False)
+        if info < 0:
+            raise ValueError(f"getrf: illegal argument {-info}")
+        return lu, piv.astype(np.int64)
+
 
 def not_positive_definite(n: int) -> Exception:
     from blocklin.errors import SingularMatrixError, explain

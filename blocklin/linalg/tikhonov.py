@@ -25,6 +25,8 @@ from blocklin.storage.zarr_store import create_array, open_zarr, write_block
 from blocklin.validate import choice, count, float_operand, same_rows
 
 METHODS = ("auto", "normal", "qr")
+#: What ``solve`` may assume of a square ``a``: nothing (least squares), or symmetric positive definite.
+ASSUME = ("gen", "pos")
 #: ``auto`` keeps the normal equations while the regularized Gram matrix's reciprocal condition
 #: estimate is above this (``cond(A)`` below about ``1e5``; refinement then recovers full accuracy).
 AUTO_RCOND = 1e-10
@@ -175,8 +177,8 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
     return kind, vals
 
 
-def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = None, refine: Any = "auto",
-          overwrite: bool = False, explain: bool = False, fit_intercept: bool = False,
+def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
+          refine: Any = "auto", overwrite: bool = False, explain: bool = False, fit_intercept: bool = False,
           **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
@@ -203,6 +205,12 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         L-curve use QR. The report says which was used and why. Wide ``A`` (``m < n``) uses the dual
         form ``x = A^T (A A^T + lam^2 I)^{-1} b`` with ``A A^T`` from an out-of-core GEMM
         (``method="qr"`` is refused there).
+    assume_a : {"gen", "pos"}
+        ``"gen"`` (default): the regularized least-squares problem above. ``"pos"``: ``A`` is square,
+        symmetric positive definite and stored in full; ``A x = b`` is solved for any ``n`` by the
+        out-of-core tiled Cholesky (:func:`blocklin.cholesky`), two out-of-core triangular solves
+        and iterative refinement to the dtype's backward error (``lam`` must be 0; ``out`` keeps
+        ``A``'s dtype); see :func:`blocklin.linalg.triangular.solve_spd`.
     out : path, optional
         Output store for ``x`` (``n x k``; for a sequence of ``L`` values ``n x (L k)``, block ``l`` in
         columns ``l k : (l+1) k``). Atomic.
@@ -255,7 +263,10 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     sequence routes come from the SVD of ``R`` (``||r||^2 = rho_0^2 + sum (lam^2 beta_i / (s_i^2 + lam^2))^2``);
     the normal route reports ``||b - A x||`` from its refinement pass, updated for the last correction.
     Memory: the in-core problem is ``O((n + k)^2)`` (``O(m^2)`` for wide ``A``); ``A`` streams in row
-    strips within the budget.
+    strips within the budget. When that in-core problem exceeds the budget (one scalar ``lam``,
+    ``method`` "auto" or "normal"), the regularized Gram matrix is stored instead and factored by the
+    out-of-core tiled Cholesky (:func:`blocklin.linalg.gram_solve.solve_gram_out_of_core`; the report's
+    ``method_reason`` says so), at the accuracy of the normal equations with one refinement step.
 
     Examples
     --------
@@ -267,7 +278,15 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
     (True, 'normal')
     """
     method = choice("method", method, METHODS, fix="pass method='auto'")
+    assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares) or 'pos' (SPD)")
     kind, lams = _parse_lam(lam)
+    if fit_intercept and assume_a == "pos":
+        raise ParameterError(_msg("fit_intercept", "needs the least-squares problem (assume_a='gen')",
+                                  "fit_intercept=True with assume_a='pos'", "drop fit_intercept, or leave "
+                                  "assume_a='gen'"))
+    if assume_a == "pos":
+        return _solve_pos(a, b, kind=kind, lams=lams, method=method, out=out, overwrite=overwrite, explain=explain,
+                          settings=settings)
     refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
     if isinstance(b, np.ndarray) and b.ndim == 1:
         b = b.reshape(-1, 1)
@@ -276,6 +295,15 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         same_rows(A, B)
         float_operand(A), float_operand(B)
         (m, n), k = A.shape, B.shape[1]
+        if small_bytes(min(m, n), k) > job.cfg.memory and kind == "scalar" and method != "qr":
+            if fit_intercept:
+                raise ParameterError(_msg("fit_intercept", "needs the Gram matrix of the centered problem in "
+                                          "memory (the stored, out-of-core Gram route does not center)",
+                                          f"min(m, n) = {min(m, n)} needs {small_bytes(min(m, n), k)} bytes, over "
+                                          f"the budget of {job.cfg.memory}", "raise memory=, or center A and b "
+                                          "yourself and solve without fit_intercept"))
+            return _solve_gram_stored(job, A, B, lams[0], out=out, overwrite=overwrite, explain=explain,
+                                      refine=refine, params={"lam": lam, "method": method})
         plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
                           refine=1 if refine == "auto" else refine)
         if explain:
@@ -303,6 +331,40 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", out: Any = No
         x = Matrix(path, report=report, temporary=out is None)
         x.intercept = np.asarray(report["intercept"]) if fit_intercept else None
         return x
+
+
+def _solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwrite: bool, explain: bool,
+                       refine: Any, params: dict) -> Any:
+    """The regularized Gram matrix exceeds the budget: store it and factor it out of core."""
+    from blocklin.linalg.gram_solve import solve_gram_out_of_core
+    from blocklin.plan.factor import plan_factor
+
+    (m, n), side = A.shape, min(A.shape)
+    if explain:
+        return plan_factor("cholesky", side, np.float64, memory=job.cfg.memory, workers=job.workers(1))
+    ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
+    info = solve_gram_out_of_core(job, A, B, lam, ao.array_path(), refine=refine)
+    report = job.report(orientation="wide" if m < n else "tall", **info)
+    path = ao.commit("solve", plan=info.get("plan", {}), params=params, report=job.brief(report, REPORT_KEYS))
+    return Matrix(path, report=report, temporary=out is None)
+
+
+def _solve_pos(a: Any, b: Any, *, kind: str, lams: list[float], method: str, out: Any, overwrite: bool,
+               explain: bool, settings: dict) -> Any:
+    """``assume_a="pos"``: the out-of-core Cholesky route (any size of square SPD ``A``)."""
+    if kind != "scalar" or lams[0] != 0.0:
+        raise ParameterError(_msg("lam", "must be 0 with assume_a='pos' (A itself is factored)", repr(lams or kind),
+                                  "drop lam, or leave assume_a='gen' for the regularized least-squares problem"))
+    if method != "auto":
+        raise ParameterError(_msg("method", "must be 'auto' with assume_a='pos' (the method is Cholesky)",
+                                  repr(method), "drop method="))
+    if explain:
+        from blocklin.linalg.cholesky import cholesky
+
+        return cholesky(a, explain=True, **settings)
+    from blocklin.linalg.triangular import solve_spd
+
+    return solve_spd(a, b, out, overwrite=overwrite, **settings)
 
 
 #: Report entries recorded in the output's attributes.

@@ -16,10 +16,27 @@ Operations
 :meth:`BlockOps.store`
     A new scratch store under the job's temp dir (:meth:`~blocklin.runtime.job.Job.scratch`:
     deterministic names), removed with the job.
+:meth:`BlockOps.syrk`
+    ``C[R] = beta * C[R] + alpha * op(A) op(A)^T`` on the lower-triangle tiles (or both triangles).
+:meth:`BlockOps.trsm`
+    ``X = alpha * op(T)^-1 B`` (left) or ``alpha * B op(T)^-1`` (right) for triangular ``T``: one
+    chain of tile tasks per tile column of ``X`` (row tiles in substitution order).
+:meth:`BlockOps.potrf`
+    In-core Cholesky of one diagonal block that fits the budget.
+:meth:`BlockOps.cholesky`
+    Tiled left-looking Cholesky: each lower tile is one task (GEMM/SYRK updates, then POTRF or TRSM)
+    that writes its tile once, so tasks are idempotent and ``resume`` skips finished tiles.
+
+Operands of these are :class:`Region` views (a rectangle of a store, possibly transposed); the tile
+side is the :class:`BlockOps` chunk, so every task writes whole chunks of its output.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import os
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -27,7 +44,11 @@ import numpy as np
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import plan_gemm
 from blocklin.runtime.graph import TileGraph
-from blocklin.runtime.tiles import Epilogue, GemmSpec, gemm_tile, open_array
+from blocklin.device import get_device
+from blocklin.errors import NotPositiveDefiniteError, SingularMatrixError, explain
+from blocklin.runtime.tiles import Epilogue, GemmSpec, check_finite, gemm_tile, open_array, with_task_settings
+from blocklin.storage.atomic import is_done, mark_done
+from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import read_block, write_block
 
 
@@ -49,6 +70,8 @@ class BlockOps:
         self.flops = 0
         #: ``"tf32"``: the float32 GEMMs use TF32 tensor cores on a GPU (``inv(precision="tf32")``).
         self.math: str | None = None
+        #: Concurrent tasks of the triangular/symmetric operations (default: the job's workers).
+        self.workers: int | None = None
 
     def graph(self, what: str, *identity: Any) -> TileGraph:
         """A new tile graph for one operation of this job, named by the operation, its step and ``identity``."""
@@ -96,6 +119,156 @@ class BlockOps:
             graph.add((s,), copy_columns_task, src, dst, c0, c1)
         self.job.run(graph, workers=self.job.workers(1), description="copy", count_pass="intermediate")
 
+    # -- triangular and symmetric tile operations ---------------------------------------------
+    def _spec(self, dtype: Any, **fields: Any) -> TileOpSpec:
+        job = self.job
+        dev = job.device
+        return TileOpSpec(tile=self.chunk, dtype=np.dtype(dtype).name, device=dev,
+                          device_memory=job.device_memory() if dev == "gpu" else None,
+                          blas_threads=job.task_blas_threads(job.cores()), **fields)
+
+    def _run(self, graph: TileGraph, description: str) -> list[dict]:
+        job = self.job
+        workers = self.workers or job.workers(1)
+        return job.run(graph, workers=workers, blas_threads=max(1, job.cores() // workers), description=description)
+
+    def syrk(self, out: Region, a: Region, *, dtype: Any, alpha: float = 1.0, beta: float = 0.0,
+             c: Region | None = None, full: bool = False, check: bool = False, shift: float = 0.0,
+             description: str = "syrk") -> list[dict]:
+        """``out = beta * C + alpha * A A^T + shift * I`` (``A`` an ``n x k`` region, transposed views allowed).
+
+        One task per lower tile ``(i, j)``, ``i >= j``, summing over the tile columns of ``A`` in
+        order; with ``full`` it also writes the mirrored upper tile (its own chunks). ``check``
+        tests the tiles of ``A`` for NaN/Inf; ``shift`` is added to the diagonal (a ridge).
+        """
+        n, k = a.shape
+        if out.shape != (n, n) or (c is not None and c.shape != (n, n)):
+            raise ValueError(f"syrk: out {out.shape} and c {c and c.shape} must be {n} x {n}")
+        spec = self._spec(dtype, a=a, out=out, c=c, alpha=float(alpha), beta=float(beta), full=full, check=check,
+                          shift=float(shift))
+        graph = self.graph("syrk", spec)
+        nt = _tiles(n, self.chunk)
+        for i in range(nt):
+            for j in range(i + 1):
+                graph.add((i, j), syrk_tile_task, spec, i, j)
+        self.flops += n * n * k
+        return self._run(graph, description)
+
+    def trsm(self, t: Region, b: Region, out: Region, *, lower: bool, trans: bool = False, side: str = "left",
+             alpha: float = 1.0, dtype: Any, check: bool = False, done_dir: Any = None,
+             description: str = "trsm") -> list[dict]:
+        """``out = alpha * op(T)^-1 B`` (``side="left"``) or ``alpha * B op(T)^-1`` (``"right"``).
+
+        ``T`` is read only in its ``lower`` (or upper) triangle; ``op(T) = T^T`` when ``trans``.
+        The right-side solve is the left-side solve of the transposed system
+        (``op(T)^T X^T = B^T``), read and written through transposed views. Tile ``(i, c)`` of
+        ``X`` is one task: ``B(i, c)`` minus the products with the already solved tiles of
+        column ``c`` (in substitution order), then a triangular solve with the diagonal tile.
+        """
+        if side not in ("left", "right"):
+            raise ValueError(f"trsm: side must be 'left' or 'right', got {side!r}")
+        n = t.shape[0]
+        if side == "right":
+            t_l, b_l, x_l = t.T if not trans else t, b.T, out.T
+        else:
+            t_l, b_l, x_l = t.T if trans else t, b, out
+        lower_eff = lower != (t_l.trans != t.trans)
+        if t.shape != (n, n) or b_l.shape[0] != n or x_l.shape != b_l.shape:
+            raise ValueError(f"trsm: shapes do not agree: t {t.shape}, b {b.shape}, out {out.shape}, side {side}")
+        spec = self._spec(dtype, a=t_l, b=b_l, out=x_l, alpha=float(alpha), lower=lower_eff, check=check,
+                          done_dir=done_dir)
+        graph = self.graph("trsm", spec)
+        nt, ct = _tiles(n, self.chunk), _tiles(b_l.shape[1], self.chunk)
+        order = range(nt) if lower_eff else range(nt - 1, -1, -1)
+        for c in range(ct):
+            prev = None
+            for i in order:
+                prev = graph.add((i, c), trsm_tile_task, spec, i, c, [prev] if prev else [])
+        self.flops += n * n * b_l.shape[1]
+        return self._run(graph, description)
+
+    def potrf(self, a: Region, out: Region, *, dtype: Any, description: str = "potrf") -> list[dict]:
+        """Lower Cholesky factor of the diagonal block ``a`` (in core: it must fit the budget) into ``out``."""
+        spec = self._spec(dtype, a=a, out=out, check=True)
+        graph = self.graph("potrf", spec)
+        graph.add((0,), potrf_task, spec)
+        self.flops += a.shape[0] ** 3 // 3
+        return self._run(graph, description)
+
+    def cholesky(self, a: Region, out: Region, *, dtype: Any, check: bool = True, done_dir: Any = None,
+                 description: str = "cholesky") -> list[dict]:
+        """Tiled left-looking Cholesky ``A = L L^T`` of a stored region into ``out`` (lower tiles).
+
+        Only the lower triangle of ``a`` is read (pass a transposed view to factor from the upper
+        one; pass ``out.T`` to store ``L^T``). Tile ``(i, j)`` waits for ``(i, j-1)`` and, below the
+        diagonal, for ``(j, j)``: these chains order the whole column ``j`` after column ``j - 1``.
+        """
+        n = a.shape[0]
+        spec = self._spec(dtype, a=a, out=out, check=check, done_dir=done_dir)
+        graph = self.graph("cholesky", spec)
+        nt = _tiles(n, self.chunk)
+        keys: dict[tuple[int, int], Hashable] = {}
+        for j in range(nt):
+            for i in range(j, nt):
+                deps = [keys[(i, j - 1)]] if j else []
+                if i > j:
+                    deps.append(keys[(j, j)])
+                keys[(i, j)] = graph.add((i, j), cholesky_tile_task, spec, i, j, deps)
+        self.flops += n**3 // 3
+        return self._run(graph, description)
+
+    def axpby(self, out: Region, x: Region, y: Region, *, alpha: float = 1.0, beta: float = 1.0, dtype: Any,
+              description: str = "axpby") -> list[dict]:
+        """``out = alpha * X + beta * Y`` tile by tile (``out`` may be ``X`` or ``Y``: each task
+        reads and writes its own tile). Returns per-tile ``sumsq`` of ``out`` (float64)."""
+        spec = self._spec(dtype, a=x, b=y, out=out, alpha=float(alpha), beta=float(beta))
+        graph = self.graph("axpby", spec)
+        for i in range(_tiles(out.shape[0], self.chunk)):
+            for j in range(_tiles(out.shape[1], self.chunk)):
+                graph.add((i, j), axpby_tile_task, spec, i, j)
+        return self._run(graph, description)
+
+    def sumsq(self, a: Region, *, description: str = "norm") -> float:
+        """``||A||_F^2`` of a region (float64, summed in tile order)."""
+        spec = self._spec(np.float64, a=a, out=a)
+        graph = self.graph("sumsq", spec)
+        for i in range(_tiles(a.shape[0], self.chunk)):
+            for j in range(_tiles(a.shape[1], self.chunk)):
+                graph.add((i, j), sumsq_tile_task, spec, i, j)
+        return float(sum(r["sumsq"] for r in self._run(graph, description)))
+
+    def lu_panels(self, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True,
+                  description: str = "LU panels") -> list[dict]:
+        """Left-looking LU with partial pivoting over whole column panels (one task per panel).
+
+        Panel ``j`` (columns ``J``, all rows) is read, the row swaps of the panels before it are
+        applied, it is updated by every earlier panel (``U_kJ = L_kk^-1 P_kJ`` by TRSM,
+        ``P_{>k,J} -= L_{>k,k} U_kJ`` by GEMM), and its trailing part is factored by LAPACK ``getrf``
+        with partial pivoting over all its rows: the pivot choice of ``getrf`` on the whole matrix.
+        The panel is written once to the store ``work`` (its ``L`` rows in the order of its own
+        swaps; :meth:`lu_finish` applies the later swaps) and its swaps to ``done_dir``, so a rerun
+        (``resume``) skips finished panels. Panels form one chain of tasks.
+        """
+        n = a.shape[0]
+        spec = self._spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir)
+        graph = self.graph("lu", spec)
+        prev = None
+        for j in range(_tiles(n, self.chunk)):
+            prev = graph.add((j,), lu_panel_task, spec, j, [prev] if prev else [])
+        self.flops += 2 * n**3 // 3
+        return self._run(graph, description)
+
+    def lu_finish(self, work: Any, out: Any, n: int, pivots: np.ndarray, *, dtype: Any,
+                  description: str = "LU row swaps") -> list[dict]:
+        """``out``: the packed LU of ``work`` with every later row swap applied to each ``L`` panel
+        (as LAPACK stores it); one task per column panel, reading ``work`` and writing ``out``
+        (idempotent)."""
+        spec = self._spec(dtype, a=Region.of(work, (n, n)), out=Region.of(out, (n, n)), c=None)
+        graph = self.graph("lu-swaps", spec, pivots.tobytes())
+        for j in range(_tiles(n, self.chunk)):
+            graph.add((j,), lu_swap_task, spec, j, pivots)
+        return self._run(graph, description)
+
 
 def copy_columns_task(src_path: str, dst_path: str, c0: int, c1: int) -> dict:
     """Copy the column strip ``[:, c0:c1]`` (whole chunks) from one store to another."""
@@ -109,3 +282,344 @@ def copy_columns_task(src_path: str, dst_path: str, c0: int, c1: int) -> dict:
 def column_strips(n: int, width: int) -> list[tuple[int, int]]:
     """Column strips of ``width`` (a multiple of the chunk width) covering ``range(n)``."""
     return split(n, width)
+
+
+# -- region views and the triangular/symmetric tile tasks ----------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    """The matrix ``X[r0:r0+rows, c0:c0+cols]`` of store ``path``, or its transpose when ``trans``.
+
+    ``shape`` is the shape of the view (transposed when ``trans``). Tiles of side ``t`` of the view
+    map onto whole chunks of the store when the offsets are multiples of the chunk side and ``t``
+    is that side.
+    """
+
+    #: A local path, URL or :class:`~blocklin.storage.location.Location` (storage options kept).
+    path: Any
+    off: tuple[int, int]
+    stored: tuple[int, int]
+    trans: bool = False
+
+    @classmethod
+    def of(cls, path: Any, shape: tuple[int, int], off: tuple[int, int] = (0, 0)) -> Region:
+        if isinstance(path, os.PathLike) and not hasattr(path, "url"):  # a pathlib path; Locations stay
+            path = os.fspath(path)
+        return cls(path, (int(off[0]), int(off[1])), (int(shape[0]), int(shape[1])))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.stored[1], self.stored[0]) if self.trans else self.stored
+
+    @property
+    def T(self) -> Region:  # noqa: N802
+        return dataclasses.replace(self, trans=not self.trans)
+
+    def _stored_slices(self, i: int, j: int, t: int) -> tuple[slice, slice]:
+        rows, cols = self.shape
+        rs = slice(i * t, min(rows, (i + 1) * t))
+        cs = slice(j * t, min(cols, (j + 1) * t))
+        if self.trans:
+            rs, cs = cs, rs
+        return (slice(self.off[0] + rs.start, self.off[0] + rs.stop),
+                slice(self.off[1] + cs.start, self.off[1] + cs.stop))
+
+    def read(self, i: int, j: int, t: int, dtype: Any, check: bool = False, name: str = "a") -> np.ndarray:
+        """Tile ``(i, j)`` of the view, C-contiguous, in ``dtype``."""
+        rs, cs = self._stored_slices(i, j, t)
+        block = read_block(open_array(self.path), rs, cs)
+        if check:
+            check_finite(block, name, rs, cs)
+        block = block.T if self.trans else block
+        return np.ascontiguousarray(block, dtype=dtype)
+
+    def write(self, i: int, j: int, t: int, block: np.ndarray) -> None:
+        rs, cs = self._stored_slices(i, j, t)
+        write_block(open_array(self.path, mode="r+"), rs, cs, block.T if self.trans else block)
+
+
+@dataclasses.dataclass(frozen=True)
+class TileOpSpec:
+    """One triangular/symmetric tile operation as its tasks see it (regions, flags, device)."""
+
+    tile: int
+    dtype: str
+    device: str
+    device_memory: int | None
+    blas_threads: int | None
+    a: Region
+    out: Region
+    b: Region | None = None
+    c: Region | None = None
+    alpha: float = 1.0
+    beta: float = 0.0
+    lower: bool = True
+    full: bool = False
+    check: bool = False
+    #: Folder of the resume markers (a Location of the atomic output), or None.
+    done_dir: Any = None
+    shift: float = 0.0
+
+
+def _tiles(n: int, t: int) -> int:
+    return -(-n // t)
+
+
+def _done(spec: TileOpSpec, unit: str) -> tuple[Any, str] | None:
+    return (spec.done_dir, unit) if spec.done_dir is not None else None
+
+
+def _skip(marker: tuple[Any, str] | None) -> bool:
+    return marker is not None and is_done(*marker)
+
+
+def _mark(marker: tuple[Any, str] | None) -> None:
+    if marker is not None:
+        mark_done(*marker)
+
+
+def _save(spec: TileOpSpec, name: str, value: Any) -> None:
+    """A small array or object next to the resume markers (pivots, statistics)."""
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(value) if not isinstance(value, dict) else np.array(value, dtype=object),
+            allow_pickle=isinstance(value, dict))
+    backend(spec.done_dir).write_bytes(name, buf.getvalue())
+
+
+def _load(spec: TileOpSpec, name: str) -> Any:
+    x = np.load(io.BytesIO(backend(spec.done_dir).read_bytes(name)), allow_pickle=True)
+    return x.item() if x.dtype == object else x
+
+
+@with_task_settings
+def syrk_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
+    """Lower tile ``(i, j)`` of ``beta * C + alpha * A A^T`` (and its mirror with ``full``)."""
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    dev = get_device(spec.device, device_memory=spec.device_memory)
+    if spec.c is not None and spec.beta != 0.0:
+        acc = dev.to_device(spec.c.read(i, j, t, dt))
+        if spec.beta != 1.0:
+            dev.axpby(acc, spec.beta, None, 0.0)
+    else:
+        rows, cols = min(t, spec.out.shape[0] - i * t), min(t, spec.out.shape[1] - j * t)
+        acc = dev.zeros((rows, cols), dt)
+    nread = 0
+    for k in range(_tiles(spec.a.shape[1], t)):
+        aik = dev.to_device(spec.a.read(i, k, t, dt, spec.check))
+        ajk = aik if i == j else dev.to_device(spec.a.read(j, k, t, dt, spec.check))
+        dev.gemm_acc(acc, aik, ajk.T, spec.alpha)
+        nread += 2 * aik.nbytes
+    host = np.asarray(dev.to_host(acc))
+    if spec.shift and i == j:
+        host = host.copy() if not host.flags.writeable else host
+        host[np.diag_indices_from(host)] += dt.type(spec.shift)
+    spec.out.write(i, j, t, host)
+    if spec.full and i != j:
+        spec.out.write(j, i, t, np.ascontiguousarray(host.T))
+    return {"bytes_read": nread, "bytes_written": host.nbytes * (2 if spec.full and i != j else 1),
+            "flops": 2 * host.size * spec.a.shape[1]}
+
+
+@with_task_settings
+def trsm_tile_task(spec: TileOpSpec, i: int, c: int, deps: list) -> dict:
+    """Tile ``(i, c)`` of ``X = alpha * T^-1 B``: ``T(i,i)^-1 (alpha B(i,c) - sum_k T(i,k) X(k,c))``."""
+    marker = _done(spec, f"trsm-{i}-{c}")
+    if _skip(marker):
+        return {"skipped": 1}
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    dev = get_device(spec.device, device_memory=spec.device_memory)
+    acc = dev.to_device(spec.b.read(i, c, t, dt, spec.check, "b"))
+    if spec.alpha != 1.0:
+        dev.axpby(acc, spec.alpha, None, 0.0)
+    nt = _tiles(spec.a.shape[0], t)
+    before = range(i) if spec.lower else range(i + 1, nt)
+    nread = acc.nbytes
+    for k in before:  # substitution order: identical sums on every scheduler
+        tik = dev.to_device(spec.a.read(i, k, t, dt, spec.check, "t"))
+        xkc = dev.to_device(spec.out.read(k, c, t, dt))
+        dev.gemm_acc(acc, tik, xkc, -1.0)
+        nread += tik.nbytes + xkc.nbytes
+    tii = dev.to_device(_triangle(spec.a.read(i, i, t, dt, spec.check, "t"), spec.lower))
+    x = np.asarray(dev.to_host(dev.solve_triangular(tii, acc, lower=spec.lower)))
+    if not np.isfinite(x).all():
+        raise SingularMatrixError(explain(
+            "t", "must be nonsingular (no zero on the diagonal)",
+            f"a singular or overflowing diagonal tile at rows {i * t}:{i * t + tii.shape[0]}",
+            "check the factor, or regularize the system (lam > 0)"))
+    spec.out.write(i, c, t, x)
+    _mark(marker)
+    flops = x.shape[1] * tii.shape[0] * (2 * len(before) * t + tii.shape[0])
+    return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": flops}
+
+
+def _triangle(block: np.ndarray, lower: bool) -> np.ndarray:
+    """The ``lower`` (or upper) triangle of a square tile (the other one is never read)."""
+    return np.tril(block) if lower else np.triu(block)
+
+
+@with_task_settings
+def potrf_task(spec: TileOpSpec) -> dict:
+    """In-core Cholesky of the diagonal block ``spec.a`` written to ``spec.out`` (whole chunks)."""
+    dt = np.dtype(spec.dtype)
+    n = spec.a.shape[0]
+    dev = get_device(spec.device, device_memory=spec.device_memory)
+    block = spec.a.read(0, 0, n, dt, spec.check)
+    low = _factor_diagonal(dev, block, 0, spec)
+    spec.out.write(0, 0, n, low)
+    return {"bytes_read": block.nbytes, "bytes_written": low.nbytes, "flops": n**3 // 3}
+
+
+@with_task_settings
+def cholesky_tile_task(spec: TileOpSpec, i: int, j: int, deps: list) -> dict:
+    """Tile ``L(i, j)`` of the left-looking Cholesky: ``A(i,j) - sum_k L(i,k) L(j,k)^T``, then POTRF
+    (``i == j``) or TRSM with ``L(j,j)^T`` (``i > j``); written once, so rerunning it is harmless."""
+    marker = _done(spec, f"chol-{i}-{j}")
+    if _skip(marker):
+        return {"skipped": 1}
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    dev = get_device(spec.device, device_memory=spec.device_memory)
+    host = spec.a.read(i, j, t, dt, spec.check)
+    if i == j:  # only the lower triangle is read (as LAPACK's potrf with uplo='L')
+        host = np.tril(host) + np.tril(host, -1).T
+    # ||A||_F^2 from the lower tiles (an off-diagonal tile stands for two)
+    sumsq = float(np.einsum("ij,ij->", host, host, dtype=np.float64)) * (1 if i == j else 2)
+    acc = dev.to_device(host)
+    nread = host.nbytes
+    for k in range(j):  # fixed order over k: the same bits on every scheduler and worker count
+        lik = dev.to_device(spec.out.read(i, k, t, dt))
+        ljk = lik if i == j else dev.to_device(spec.out.read(j, k, t, dt))
+        dev.gemm_acc(acc, lik, ljk.T, -1.0)
+        nread += lik.nbytes * (1 if i == j else 2)
+    if i == j:
+        tile = _factor_diagonal(dev, acc, j * t, spec)
+    else:
+        ljj = dev.to_device(spec.out.read(j, j, t, dt))
+        tile = np.asarray(dev.to_host(dev.solve_triangular(ljj, acc.T, lower=True))).T  # A(i,j) L(j,j)^-T
+        nread += ljj.nbytes
+    spec.out.write(i, j, t, tile)
+    _mark(marker)
+    rows, cols = tile.shape
+    return {"bytes_read": nread, "bytes_written": tile.nbytes, "sumsq": sumsq,
+            "flops": 2 * rows * cols * j * t + (cols**3 // 3 if i == j else rows * cols * cols)}
+
+
+def _factor_diagonal(dev: Any, acc: Any, offset: int, spec: TileOpSpec) -> np.ndarray:
+    """``chol(acc)`` (lower, host array); a failed pivot raises :class:`NotPositiveDefiniteError`
+    naming its global index."""
+    try:
+        low = dev.cholesky(acc)
+        out = np.asarray(dev.to_host(low))
+        if np.isfinite(out).all():
+            return np.tril(out)
+    except SingularMatrixError:
+        pass
+    from scipy.linalg import lapack
+
+    host = np.array(dev.to_host(acc), dtype=np.float64)
+    info = lapack.dpotrf(host, lower=1, clean=1)[1] if np.isfinite(host).all() else 1
+    local = max(int(info), 1) - 1
+    size = host.shape[0]
+    pivot = offset + local
+    raise NotPositiveDefiniteError(explain(
+        "a", "must be symmetric positive definite for a Cholesky factorization",
+        f"a pivot <= 0 (or NaN) at row/column {pivot} (diagonal tile rows {offset}:{offset + size}, after the "
+        f"updates from the columns before it)",
+        "regularize with a ridge (blocklin.solve(a, b, lam=...) or add lam to the diagonal), or, for a "
+        "symmetric indefinite or general matrix, solve with assume_a='gen'"), pivot=pivot)
+
+
+@with_task_settings
+def axpby_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
+    """Tile ``(i, j)`` of ``alpha * X + beta * Y`` (host arithmetic: memory-bound)."""
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    x = spec.a.read(i, j, t, dt)
+    y = spec.b.read(i, j, t, dt)
+    z = dt.type(spec.alpha) * x + dt.type(spec.beta) * y
+    spec.out.write(i, j, t, z)
+    return {"bytes_read": x.nbytes + y.nbytes, "bytes_written": z.nbytes,
+            "sumsq": float(np.einsum("ij,ij->", z, z, dtype=np.float64))}
+
+
+@with_task_settings
+def sumsq_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
+    """``sum(A(i,j)**2)`` in float64."""
+    x = spec.a.read(i, j, spec.tile, np.dtype(open_array(spec.a.path).dtype))
+    return {"bytes_read": x.nbytes, "sumsq": float(np.einsum("ij,ij->", x, x, dtype=np.float64))}
+
+
+def _apply_swaps(x: np.ndarray, piv: np.ndarray, start: int, stop: int, offset: int = 0) -> None:
+    """Apply LAPACK row swaps ``i <-> piv[i]`` for ``i`` in ``[start, stop)`` to rows ``i - offset`` of ``x``."""
+    for i in range(start, stop):
+        p = int(piv[i])
+        if p != i:
+            x[[i - offset, p - offset]] = x[[p - offset, i - offset]]
+
+
+def _panel_pivots(spec: TileOpSpec, j: int) -> np.ndarray:
+    return _load(spec, f"lu-piv-{j}.npy")
+
+
+@with_task_settings
+def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
+    """Panel ``j`` of the left-looking LU (see :meth:`BlockOps.lu_panels`)."""
+    marker = _done(spec, f"lu-{j}")
+    if _skip(marker):
+        return {"skipped": 1, **_load(spec, f"lu-stats-{j}.npy")}
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    n = spec.a.shape[0]
+    dev = get_device(spec.device, device_memory=spec.device_memory)
+    c0, c1 = j * t, min(n, (j + 1) * t)
+    src = open_array(spec.a.path)
+    rows, cols = slice(spec.a.off[0], spec.a.off[0] + n), slice(spec.a.off[1] + c0, spec.a.off[1] + c1)
+    panel = read_block(src, rows, cols)
+    if spec.check:
+        check_finite(panel, "a", rows, cols)
+    panel = np.array(panel, dtype=dt, order="C")
+    max_a = float(np.abs(panel).max()) if panel.size else 0.0
+    piv = np.arange(n, dtype=np.int64)
+    for k in range(j):
+        k0, k1 = k * t, min(n, (k + 1) * t)
+        piv[k0:k1] = _panel_pivots(spec, k)
+    _apply_swaps(panel, piv, 0, c0)
+    work = open_array(spec.out.path)
+    nread = panel.nbytes
+    for k in range(j):  # left-looking updates, in panel order
+        k0, k1 = k * t, min(n, (k + 1) * t)
+        lk = read_block(work, slice(k0, n), slice(k0, k1))
+        lk = np.array(lk, dtype=dt, order="C")
+        _apply_swaps(lk, piv, k1, c0, offset=k0)  # the swaps of the panels after k
+        nread += lk.nbytes
+        lkk = dev.to_device(np.tril(lk[: k1 - k0], -1) + np.eye(k1 - k0, dtype=dt))
+        ukj = dev.solve_triangular(lkk, dev.to_device(panel[k0:k1]), lower=True)
+        panel[k0:k1] = dev.to_host(ukj)
+        if k1 < n:
+            acc = dev.to_device(panel[k1:])
+            dev.gemm_acc(acc, dev.to_device(lk[k1 - k0:]), dev.to_device(panel[k0:k1]), -1.0)
+            panel[k1:] = dev.to_host(acc)
+    lu, local = dev.lu_panel(panel[c0:])
+    panel[c0:] = lu
+    pj = local[: c1 - c0] + c0
+    _save(spec, f"lu-piv-{j}.npy", pj)
+    diag = np.abs(np.diag(lu[: c1 - c0]))
+    upper = np.abs(np.triu(panel[:c1]))
+    stats = {"max_a": max_a, "max_u": float(upper.max()) if upper.size else 0.0,
+             "min_pivot": float(diag.min()) if diag.size else 0.0}
+    write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), panel)
+    _save(spec, f"lu-stats-{j}.npy", stats)
+    _mark(marker)
+    w = c1 - c0
+    return {"bytes_read": nread, "bytes_written": panel.nbytes, **stats,
+            "flops": 2 * w * (n * c0 - c0 * c0 / 2) + w * w * (n - c0)}
+
+
+@with_task_settings
+def lu_swap_task(spec: TileOpSpec, j: int, pivots: np.ndarray) -> dict:
+    """Column panel ``j`` of the packed LU with the swaps of the later panels applied to its ``L`` rows."""
+    t = spec.tile
+    n = spec.a.shape[0]
+    c0, c1 = j * t, min(n, (j + 1) * t)
+    block = np.array(read_block(open_array(spec.a.path), slice(0, n), slice(c0, c1)))
+    _apply_swaps(block, pivots, c1, n)
+    write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), block)
+    return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}

@@ -1,0 +1,207 @@
+"""Cholesky, SPD-solve and LU benchmark: blocklin out of core vs SciPy in memory and Dask, on the same zarr data.
+
+Usage::
+
+    python benchmarks/factor.py [--n 4096] [--chunk 512] [--memory 64MiB] [--dir bench-data] [--keep]
+
+An SPD matrix ``A = G G^T / n + I``-like (built tile by tile in bounded memory: a random lower
+triangle made diagonally dominant, mirrored) is written to zarr with square chunks. Each variant runs
+in its own subprocess (its own peak RSS, over the baseline of its imports):
+
+* ``blocklin``: ``blocklin.cholesky(A, out)`` within ``--memory``, and
+  ``blocklin.solve(A, b, assume_a="pos")`` (Cholesky, triangular solves, refinement);
+* ``scipy``: read A from zarr, ``scipy.linalg.cho_factor``, write the factor to zarr (end to end), and
+  ``cho_solve`` for the solve;
+* ``dask``: ``dask.array.linalg.cholesky(da.from_zarr(A), lower=True)`` written with ``to_zarr``
+  (threaded scheduler), and ``dask.array.linalg.solve(..., sym_pos)`` via its Cholesky.
+
+With ``--lu``, also ``blocklin.lu`` against ``scipy.linalg.lu_factor`` (read, factor, write) and
+``dask.array.linalg.lu`` (``to_zarr`` of ``L`` and ``U``), on a random (non-symmetric) matrix of the same size.
+
+Accuracy: ``||A - L L^T||_F / ||A||_F`` for every factor (one in-memory check at the end) and the
+normwise backward error of every solution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+CHILD = textwrap.dedent(r"""
+import json, sys, time
+variant, a_path, b_path, out, x_out, memory = sys.argv[1:7]
+import numpy as np
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+import zarr, blocklin, scipy.linalg, dask.array as da
+base = peak()
+t0 = time.perf_counter()
+if variant == "blocklin":
+    f = blocklin.cholesky(a_path, out, memory=memory)
+    t1 = time.perf_counter()
+    x = blocklin.solve(a_path, b_path, assume_a="pos", out=x_out, memory=memory)
+    t2 = time.perf_counter()
+elif variant == "scipy":
+    a = zarr.open_array(a_path, mode="r")[...]
+    c, low = scipy.linalg.cho_factor(a, lower=True, overwrite_a=True, check_finite=False)
+    l = np.tril(c)
+    z = zarr.create_array(out, shape=l.shape, dtype=l.dtype, chunks=zarr.open_array(a_path).chunks,
+                          compressors=None)
+    z[...] = l
+    t1 = time.perf_counter()
+    b = zarr.open_array(b_path, mode="r")[...]
+    xs = scipy.linalg.cho_solve((l, True), b, check_finite=False)
+    zx = zarr.create_array(x_out, shape=xs.shape, dtype=xs.dtype, chunks=xs.shape, compressors=None)
+    zx[...] = xs
+    t2 = time.perf_counter()
+    del a, c, l
+elif variant == "dask":
+    a = da.from_zarr(a_path)
+    da.linalg.cholesky(a, lower=True).to_zarr(out)
+    t1 = time.perf_counter()
+    b = da.from_zarr(b_path).rechunk((a.chunks[0], -1))
+    low = da.from_zarr(out)
+    y = da.linalg.solve_triangular(low, b, lower=True)
+    da.linalg.solve_triangular(low.T, y, lower=False).to_zarr(x_out)
+    t2 = time.perf_counter()
+print(json.dumps({"factor_seconds": t1 - t0, "solve_seconds": t2 - t1, "peak": peak() - base}))
+""")
+
+LU_CHILD = textwrap.dedent(r"""
+import json, sys, time
+variant, a_path, out, memory = sys.argv[1:5]
+import numpy as np
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+import zarr, blocklin, scipy.linalg, dask.array as da
+base = peak()
+t0 = time.perf_counter()
+extra = {}
+if variant == "blocklin":
+    f = blocklin.lu(a_path, out, memory=memory)
+    extra["growth_factor"] = f.report["growth_factor"]
+    extra["tile"] = f.report["plan"]["tile"]
+elif variant == "scipy":
+    a = zarr.open_array(a_path, mode="r")[...]
+    lu, piv = scipy.linalg.lu_factor(a, overwrite_a=True, check_finite=False)
+    z = zarr.create_array(out, shape=lu.shape, dtype=lu.dtype, chunks=zarr.open_array(a_path).chunks,
+                          compressors=None)
+    z[...] = lu
+    del a, lu
+elif variant == "dask":
+    a = da.from_zarr(a_path)
+    p, l, u = da.linalg.lu(a)
+    da.to_zarr(l, out + "-l")
+    da.to_zarr(u, out + "-u")
+print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak() - base, **extra}))
+""")
+
+
+def make_spd(path: Path, n: int, chunk: int, seed: int = 0) -> None:
+    """A symmetric, diagonally dominant (hence SPD) ``n x n`` matrix, written chunk by chunk."""
+    import zarr
+
+    rng = np.random.default_rng(seed)
+    z = zarr.create_array(str(path), shape=(n, n), dtype="float64", chunks=(chunk, chunk), compressors=None)
+    for i in range(0, n, chunk):
+        for j in range(0, i + 1, chunk):
+            blk = rng.uniform(-1, 1, (min(chunk, n - i), min(chunk, n - j)))
+            if i == j:
+                blk = np.tril(blk) + np.tril(blk, -1).T + n * np.eye(blk.shape[0])
+            z[i:i + blk.shape[0], j:j + blk.shape[1]] = blk
+            if i != j:
+                z[j:j + blk.shape[1], i:i + blk.shape[0]] = blk.T
+
+
+def run_lu(folder: Path, args: argparse.Namespace) -> None:
+    import zarr
+
+    g_path = folder / "G.zarr"
+    z = zarr.create_array(str(g_path), shape=(args.n, args.n), dtype="float64", chunks=(args.chunk, args.chunk),
+                          compressors=None)
+    rng = np.random.default_rng(2)
+    for i in range(0, args.n, args.chunk):
+        z[i:i + args.chunk, :] = rng.standard_normal((min(args.chunk, args.n - i), args.n))
+    print(f"\nLU, n = {args.n} float64, random entries")
+    print(f"{'variant':10} {'seconds':>8} {'peak MiB':>9}  notes")
+    for variant in ("blocklin", "scipy", "dask"):
+        out = str(folder / f"LU-{variant}.zarr")
+        proc = subprocess.run([sys.executable, "-c", LU_CHILD, variant, str(g_path), out, args.memory],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"{variant:10} failed: {proc.stderr.strip().splitlines()[-1]}")
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        notes = f"growth factor {r['growth_factor']:.1f}, panels of {r['tile']}" if "growth_factor" in r else ""
+        print(f"{variant:10} {r['seconds']:8.2f} {r['peak'] / 2**20:9.0f}  {notes}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--chunk", type=int, default=512)
+    ap.add_argument("--memory", default="64MiB")
+    ap.add_argument("--dir")
+    ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--lu", action="store_true", help="also benchmark the LU factorization")
+    args = ap.parse_args()
+    folder = Path(args.dir or tempfile.mkdtemp(prefix="blocklin-bench-factor-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        import zarr
+
+        a_path, b_path = folder / "A.zarr", folder / "b.zarr"
+        make_spd(a_path, args.n, args.chunk)
+        zb = zarr.create_array(str(b_path), shape=(args.n, 1), dtype="float64", chunks=(args.chunk, 1),
+                               compressors=None)
+        zb[...] = np.random.default_rng(1).standard_normal((args.n, 1))
+        a = zarr.open_array(str(a_path))[...]
+        b = zarr.open_array(str(b_path))[...]
+        na = np.linalg.norm(a)
+        rows = []
+        for variant in ("blocklin", "scipy", "dask"):
+            out, x_out = folder / f"L-{variant}.zarr", folder / f"x-{variant}.zarr"
+            proc = subprocess.run([sys.executable, "-c", CHILD, variant, str(a_path), str(b_path), str(out),
+                                   str(x_out), args.memory], capture_output=True, text=True)
+            if proc.returncode != 0:
+                rows.append({"variant": variant, "error": proc.stderr.strip().splitlines()[-1]})
+                continue
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            low = zarr.open_array(str(out))[...]
+            x = zarr.open_array(str(x_out))[...].reshape(args.n, -1)
+            r["factor_backward_error"] = float(np.linalg.norm(a - low @ low.T) / na)
+            r["solve_backward_error"] = float(np.linalg.norm(b - a @ x) / (na * np.linalg.norm(x) + np.linalg.norm(b)))
+            r["variant"] = variant
+            rows.append(r)
+            del low, x
+        print(f"n = {args.n} float64 ({args.n**2 * 8 / 2**20:.0f} MiB), chunks {args.chunk}, blocklin memory "
+              f"{args.memory}")
+        print(f"{'variant':10} {'factor s':>9} {'solve s':>8} {'peak MiB':>9} {'||A-LL^T||/||A||':>17} "
+              f"{'solve eta':>10}")
+        for r in rows:
+            if "error" in r:
+                print(f"{r['variant']:10} failed: {r['error']}")
+                continue
+            print(f"{r['variant']:10} {r['factor_seconds']:9.2f} {r['solve_seconds']:8.2f} {r['peak'] / 2**20:9.0f} "
+                  f"{r['factor_backward_error']:17.1e} {r['solve_backward_error']:10.1e}")
+        if args.lu:
+            run_lu(folder, args)
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""``blocklin factor cholesky A -o L``: out-of-core factorizations of matrix files."""
+
+from __future__ import annotations
+
+import argparse
+
+from blocklin.cli import ui
+from blocklin.config import format_size
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("factor", help="factor a zarr matrix out of core (cholesky, lu)",
+                       description="Factor a square zarr matrix out of core, tile by tile.")
+    kinds = p.add_subparsers(dest="kind", metavar="KIND")
+    c = kinds.add_parser("cholesky", help="A = L L^T (or U^T U) of a symmetric positive definite matrix",
+                         description="Tiled left-looking Cholesky (one Dask task per tile; resumable). Reads the "
+                                     "lower triangle of A (the upper one with --upper).")
+    c.add_argument("a", metavar="A", help="square symmetric positive definite zarr array (path)")
+    c.add_argument("-o", "--out", required=True, metavar="L", help="output zarr array (path)")
+    c.add_argument("--upper", action="store_true", help="write U = L^T (reading the upper triangle of A)")
+    c.add_argument("--tile", type=int, help="tile side (default: the input's square chunks, or planned)")
+    c.add_argument("--resume", action="store_true", help="continue an interrupted run, keeping its finished tiles")
+    c.add_argument("--workers", type=int, help="concurrent tile tasks (local schedulers)")
+    c.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
+    c.add_argument("--explain", action="store_true", help="print the plan and exit")
+    ui.add_common(c)
+    c.set_defaults(func=run_cholesky)
+    u = kinds.add_parser("lu", help="P A = L U with partial pivoting, packed as LAPACK's getrf (pivots in the "
+                                    "output's attributes)",
+                         description="Left-looking LU with partial pivoting over whole column panels (resumable).")
+    u.add_argument("a", metavar="A", help="square zarr array (path)")
+    u.add_argument("-o", "--out", required=True, metavar="LU", help="output zarr array (path)")
+    u.add_argument("--tile", type=int, help="panel width (default: planned from the budget)")
+    u.add_argument("--resume", action="store_true", help="continue an interrupted run, keeping its finished panels")
+    u.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
+    u.add_argument("--explain", action="store_true", help="print the plan and exit")
+    ui.add_common(u)
+    u.set_defaults(func=run_lu)
+    p.set_defaults(func=lambda args: p.error("choose what to factor: blocklin factor {cholesky,lu} A -o F"))
+
+
+def run_lu(args: argparse.Namespace) -> dict:
+    from blocklin.linalg.lu import lu
+
+    kwargs = dict(tile=args.tile, memory=args.memory, device=args.device, scheduler=args.scheduler,
+                  check_finite=False if args.no_check_finite else None)
+    if args.explain:
+        plan = lu(args.a, out=args.out, explain=True, **kwargs)
+        summary = {"plan": plan.to_dict()}
+        ui.emit(args, summary, plan.explain())
+        return summary
+    f = lu(args.a, out=args.out, overwrite=args.overwrite, resume=args.resume, progress=ui.progress_arg(args),
+           **kwargs)
+    r = f.report
+    summary = {"output": f.path, "shape": list(f.shape), "dtype": f.dtype.name, "seconds": r["seconds"],
+               "flops": r["flops"], "gflops": r["gflops"], "growth_factor": r["growth_factor"],
+               "min_pivot": r["min_pivot"], "tasks": r["tasks"], "skipped": r["skipped"],
+               "peak_memory": r["peak_memory"], "tile": r["plan"]["tile"], "scheduler": r["scheduler"],
+               "device": r["device"]}
+    human = (f"wrote {f.path} ({f.shape[0]} x {f.shape[1]} {f.dtype.name}, packed L\\U, pivots in its attributes) "
+             f"in {r['seconds']:.2f} s ({r['gflops']:.1f} GFLOP/s); growth factor {r['growth_factor']:.3g}, "
+             f"smallest pivot {r['min_pivot']:.3g}; peak memory {format_size(r['peak_memory'])}")
+    ui.emit(args, summary, human)
+    return summary
+
+
+def run_cholesky(args: argparse.Namespace) -> dict:
+    from blocklin.linalg.cholesky import cholesky
+
+    kwargs = dict(lower=not args.upper, tile=args.tile, memory=args.memory, device=args.device,
+                  scheduler=args.scheduler, workers=args.workers,
+                  check_finite=False if args.no_check_finite else None)
+    if args.explain:
+        plan = cholesky(args.a, out=args.out, explain=True, **kwargs)
+        summary = {"plan": plan.to_dict()}
+        ui.emit(args, summary, plan.explain())
+        return summary
+    f = cholesky(args.a, out=args.out, overwrite=args.overwrite, resume=args.resume,
+                 progress=ui.progress_arg(args), **kwargs)
+    r = f.report
+    summary = {"output": f.path, "shape": list(f.shape), "dtype": f.dtype.name, "lower": not args.upper,
+               "seconds": r["seconds"], "flops": r["flops"], "gflops": r["gflops"], "tasks": r["tasks"],
+               "skipped": r["skipped"], "bytes_read": r["bytes_read"], "bytes_written": r["bytes_written"],
+               "peak_memory": r["peak_memory"], "tile": r["plan"]["tile"], "scheduler": r["scheduler"],
+               "device": r["device"]}
+    human = (f"wrote {f.path} ({f.shape[0]} x {f.shape[1]} {f.dtype.name}, {'L' if not args.upper else 'U'}) in "
+             f"{r['seconds']:.2f} s ({r['gflops']:.1f} GFLOP/s, {r['tasks']} tile tasks of {r['plan']['tile']}"
+             f"{', ' + str(r['skipped']) + ' kept from the interrupted run' if r['skipped'] else ''}); peak memory "
+             f"{format_size(r['peak_memory'])}")
+    ui.emit(args, summary, human)
+    return summary

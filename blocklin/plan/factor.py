@@ -1,0 +1,129 @@
+"""Planning tiled factorizations and triangular solves (pure: shapes and budgets in, plans out)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from blocklin.config import format_size
+from blocklin.errors import BudgetError, explain
+
+#: Tile-sized buffers one factorization task holds: the accumulator, the two update operands, the
+#: tile as read (before the cast), and zarr's chunk temporaries when the input chunks differ.
+TILE_BUFFERS = 6
+#: Tile sides tried, largest first (a tile task's BLAS calls are efficient from a few hundred up).
+TILE_SIDES = (2048, 1024, 512, 256, 128, 64, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class FactorPlan:
+    """What a tiled factorization will do.
+
+    Attributes
+    ----------
+    n : int
+        Side of the matrix.
+    tile : int
+        Tile side (= the output's chunk side): each task reads and writes ``tile x tile`` blocks.
+    tiles : int
+        Tiles per side; the lower triangle holds ``tiles (tiles + 1) / 2`` tasks.
+    workers : int
+        Concurrent tile tasks.
+    peak_memory : int
+        Bytes the concurrent tasks hold at most.
+    flops : int
+        ``n^3 / 3`` for Cholesky.
+    bytes_read : int
+        Tile reads: each task reads its input tile and ``2 j`` factor tiles (``n^3 / (3 tile)`` elements in all).
+    """
+
+    operation: str
+    n: int
+    dtype: str
+    tile: int
+    tiles: int
+    workers: int
+    peak_memory: int
+    memory: int
+    flops: int
+    bytes_read: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def explain(self) -> str:
+        if self.operation == "lu":
+            return (f"lu of a {self.n} x {self.n} {self.dtype} matrix: {self.tiles} column panels of {self.tile} "
+                    f"(one after another, partial pivoting over all rows); peak {format_size(self.peak_memory)} "
+                    f"of a {format_size(self.memory)} budget; {self.flops / 1e9:.1f} GFLOP, "
+                    f"{format_size(self.bytes_read)} read")
+        return (f"{self.operation} of a {self.n} x {self.n} {self.dtype} matrix: {self.tiles} x {self.tiles} tiles "
+                f"of {self.tile} ({self.tiles * (self.tiles + 1) // 2} tile tasks), {self.workers} at a time; "
+                f"peak {format_size(self.peak_memory)} of a {format_size(self.memory)} budget; "
+                f"{self.flops / 1e9:.1f} GFLOP, {format_size(self.bytes_read)} read")
+
+
+def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int = 1,
+                chunks: tuple[int, int] | None = None, tile: int | None = None) -> FactorPlan:
+    """Tile side and concurrency of a tiled factorization of an ``n x n`` matrix within ``memory``.
+
+    The input's square chunk side is kept when it fits (tiles then read whole chunks); otherwise
+    the largest of :data:`TILE_SIDES` that fits ``workers`` tasks of :data:`TILE_BUFFERS` tiles.
+    """
+    dt = np.dtype(dtype)
+    per_tile = dt.itemsize
+
+    def fits(t: int, w: int) -> bool:
+        return w * TILE_BUFFERS * t * t * per_tile <= memory
+
+    if tile is None:
+        if chunks is not None and chunks[0] == chunks[1] and 32 <= chunks[0] and fits(min(chunks[0], n), workers):
+            tile = chunks[0]
+        else:
+            tile = next((t for t in TILE_SIDES if fits(min(t, max(n, 1)), workers)), None)
+        if tile is None:
+            need = workers * TILE_BUFFERS * 32 * 32 * per_tile
+            raise BudgetError(explain("memory", f"must hold {workers} task(s) of {TILE_BUFFERS} tiles of 32 x 32",
+                                      format_size(memory), f"raise it to at least {format_size(need)}"))
+    tile = max(1, min(int(tile), max(n, 1)))
+    while workers > 1 and not fits(tile, workers):
+        workers -= 1
+    nt = max(1, math.ceil(n / tile))
+    reads = (n**3 / (3 * tile) + n * n / 2) * dt.itemsize
+    return FactorPlan(operation=operation, n=n, dtype=dt.name, tile=tile, tiles=nt, workers=workers,
+                      peak_memory=workers * TILE_BUFFERS * tile * tile * per_tile, memory=memory,
+                      flops=n**3 // 3, bytes_read=int(reads))
+
+
+#: Panel-sized buffers of one LU panel task: the panel, an earlier panel, LAPACK's copy and result.
+PANEL_BUFFERS = 5
+
+
+def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
+            tile: int | None = None) -> FactorPlan:
+    """Panel width of the left-looking LU: :data:`PANEL_BUFFERS` panels of ``n x width`` in the budget.
+
+    Panels run one after another (each needs the previous one's pivots), BLAS on every core.
+    """
+    dt = np.dtype(dtype)
+
+    def fits(t: int) -> bool:
+        return PANEL_BUFFERS * max(n, 1) * t * dt.itemsize <= memory
+
+    if tile is None:
+        if chunks is not None and chunks[0] == chunks[1] and chunks[0] >= 32 and fits(min(chunks[0], n)):
+            tile = chunks[0]
+        else:
+            tile = next((t for t in TILE_SIDES if fits(min(t, max(n, 1)))), None)
+        if tile is None:
+            raise BudgetError(explain("memory", f"must hold {PANEL_BUFFERS} column panels of {n} x 32 for the LU",
+                                      format_size(memory),
+                                      f"raise it to at least {format_size(PANEL_BUFFERS * n * 32 * dt.itemsize)}"))
+    tile = max(1, min(int(tile), max(n, 1)))
+    nt = max(1, math.ceil(n / tile))
+    return FactorPlan(operation="lu", n=n, dtype=dt.name, tile=tile, tiles=nt, workers=1,
+                      peak_memory=PANEL_BUFFERS * n * tile * dt.itemsize, memory=memory, flops=2 * n**3 // 3,
+                      bytes_read=int((n**3 / (2 * tile) + 2 * n * n) * dt.itemsize))

@@ -1,0 +1,50 @@
+"""The factorizations through CudaDevice (a GPU, or the CuPy stand-in: ``pytest --cupy-standin``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg as sl
+
+import blocklin as bl
+from blocklin.errors import NotPositiveDefiniteError
+
+pytestmark = pytest.mark.gpu
+
+
+def _spd(n, seed=0):
+    g = np.random.default_rng(seed).standard_normal((n, n))
+    return g @ g.T / n + np.eye(n)
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_cholesky_on_gpu(tmp_path, lower):
+    a = _spd(75)
+    f = bl.cholesky(a, tmp_path / "l.zarr", lower=lower, tile=32, device="gpu", scheduler="sync")
+    assert f.report["device"] == "gpu"
+    # Cholesky backward error bound 4 n eps ||A|| (see tests/test_cholesky.py), as forward error here
+    # (cond(A) is a few)
+    np.testing.assert_allclose(f[...], sl.cholesky(a, lower=lower), rtol=0, atol=4 * 75 * 2.3e-16 * 16)
+
+
+def test_cholesky_not_spd_on_gpu(tmp_path):
+    a = np.eye(40)
+    a[37, 37] = -1.0
+    with pytest.raises(NotPositiveDefiniteError, match="row/column 37"):
+        bl.cholesky(a, tile=16, device="gpu", scheduler="sync")
+
+
+def test_triangular_spd_and_lu_on_gpu(tmp_path):
+    rng = np.random.default_rng(1)
+    t = np.tril(rng.standard_normal((70, 70))) / 8 + 2 * np.eye(70)
+    b = rng.standard_normal((70, 3))
+    x = bl.solve_triangular(t, b, lower=True, trans=True, tile=32, device="gpu", scheduler="sync")[...]
+    np.testing.assert_allclose(x, sl.solve_triangular(t, b, lower=True, trans=1), rtol=1e-12, atol=1e-12)
+    a = _spd(70, 2)
+    s = bl.solve(a, b, assume_a="pos", device="gpu", scheduler="sync")
+    assert s.report["backward_error"] <= 70**0.5 * np.finfo(float).eps
+    g = rng.standard_normal((70, 70))
+    f = bl.lu(g, tile=32, device="gpu", scheduler="sync")
+    lu_ref, piv_ref = sl.lu_factor(g)
+    np.testing.assert_array_equal(f.report["pivots"], piv_ref)
+    np.testing.assert_allclose(f[...], lu_ref, rtol=0, atol=1e-11)
