@@ -100,3 +100,13 @@ def test_cli_fit_intercept(tmp_path, capsys):
                                atol=t * (np.linalg.norm(a.mean(axis=0)) * np.linalg.norm(ref.coef_) + 5))
     np.testing.assert_allclose(bl.open(str(tmp_path / "x.zarr")).to_numpy()[:, 0], ref.coef_,
                                atol=t * np.abs(ref.coef_).max())
+
+
+def test_intercept_refused_where_nothing_centers(tmp_path):
+    a, b = problem(300, 5)
+    spd = a.T @ a
+    with pytest.raises(ParameterError, match="fit_intercept.*assume_a='pos'.*Fix"):
+        bl.solve(spd, b[:5], assume_a="pos", fit_intercept=True, temp_dir=str(tmp_path))
+    big = np.random.default_rng(0).standard_normal((3000, 400))
+    with pytest.raises(ParameterError, match="fit_intercept.*over the budget.*Fix: raise memory"):
+        bl.solve(big, big[:, :1], lam=1.0, fit_intercept=True, memory="1MiB", temp_dir=str(tmp_path))

@@ -9,7 +9,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
-from blocklin.config import Settings
+from blocklin.config import Settings, format_size
 from blocklin.errors import NonFiniteError, ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg.center import column_moments
@@ -299,8 +299,9 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
             if fit_intercept:
                 raise ParameterError(_msg("fit_intercept", "needs the Gram matrix of the centered problem in "
                                           "memory (the stored, out-of-core Gram route does not center)",
-                                          f"min(m, n) = {min(m, n)} needs {small_bytes(min(m, n), k)} bytes, over "
-                                          f"the budget of {job.cfg.memory}", "raise memory=, or center A and b "
+                                          f"min(m, n) = {min(m, n)} needs {format_size(small_bytes(min(m, n), k))}, "
+                                          f"over the budget of {format_size(job.cfg.memory)}", "raise memory=, or "
+                                          "center A and b "
                                           "yourself and solve without fit_intercept"))
             return _solve_gram_stored(job, A, B, lams[0], out=out, overwrite=overwrite, explain=explain,
                                       refine=refine, params={"lam": lam, "method": method})
