@@ -5,9 +5,9 @@
 The data are 50 latent factors plus noise (zero-mean by construction), 200,000 x 300 float64
 (458 MiB) written to zarr in bounded memory, then analysed within a 64 MiB budget.
 ``BLOCKLIN_EXAMPLE_SIZE=small`` uses 20,000 rows (the test suite does). The column means are checked
-with one streamed product (``X^T 1 / m`` through the LinearOperator); data that are not centered
-should be centered on disk first (for example with ``blocklin.matmul`` or a Dask expression written
-back with ``blocklin.from_array``). Everything is written under a temporary folder that is removed at
+with one streamed product (``X^T 1 / m`` through the LinearOperator); for data that are not centered,
+``blocklin.pca`` (or ``svd(center=True)``) centers inside the passes without a copy (see
+``examples/pca_centered.py``). Everything is written under a temporary folder that is removed at
 the end.
 """
 

@@ -12,7 +12,9 @@ from blocklin.config import format_size
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eigs", help="k eigenpairs of a symmetric matrix by block Lanczos, out of core",
                        description="Eigenpairs of a symmetric zarr matrix (thick-restarted block Lanczos, one pass "
-                                   "per step). Writes a zarr group with w, V and the report in its attributes.")
+                                   "per step). Writes a zarr group with w, V and the report in its attributes: the wanted "
+                                   "end first, as svd orders S (LA, LM: largest first; SA: smallest first), the "
+                                   "eigenvectors as the columns of V (n x k, oriented as svd's U).")
     p.add_argument("a", metavar="A", help="zarr array (path), symmetric")
     p.add_argument("-k", type=int, required=True, help="number of eigenpairs (1 <= k < n)")
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="output zarr group (path)")
@@ -34,7 +36,8 @@ def run(args: argparse.Namespace) -> dict:
     res = eigsh(args.a, args.k, which=args.which, tol=args.tol, max_passes=args.max_passes, seed=args.seed,
                 out=args.out, memory=args.memory, device=args.device, scheduler=args.scheduler,
                 progress=ui.progress_arg(args), workers=args.workers,
-                check_finite=False if args.no_check_finite else None, overwrite=args.overwrite)
+                check_finite=False if args.no_check_finite else None, overwrite=args.overwrite,
+                order="ascending" if args.which == "SA" else "descending")
     r = res.report
     r["output"] = args.out
     summary = summary_of(r, "eigs", args.k)

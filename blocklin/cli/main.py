@@ -9,18 +9,32 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from blocklin.cli import ui
 
-COMMANDS = ("info", "gemm", "demo", "convert", "svd", "eigs", "inv", "solve", "factor")
+COMMANDS = ("info", "gemm", "demo", "convert", "svd", "pca", "eigs", "inv", "solve", "factor")
+
+#: Negative numbers as option values, exponents and ``-inf`` included (``--alpha -3.3e-06``); Python
+#: 3.11's argparse reads ``-3.3e-06`` as an unknown option. No blocklin option looks like a number.
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-inf$")
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` that takes negative numbers in every notation as values; its
+    subcommand parsers are of the same class."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
 
 def build_parser() -> argparse.ArgumentParser:
     from blocklin import __version__
 
-    parser = argparse.ArgumentParser(prog="blocklin",
-                                     description="Out-of-core blocked linear algebra on chunked zarr matrices.")
+    parser = Parser(prog="blocklin",
+                    description="Out-of-core blocked linear algebra on chunked zarr matrices.")
     parser.add_argument("--version", action="version", version=f"blocklin {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:

@@ -38,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "solved by the out-of-core Cholesky with iterative refinement")
     p.add_argument("--refine", type=lambda v: v if v == "auto" else int(v), default="auto",
                    help="refinement passes of the normal equations: 'auto' (default: when ill-conditioned) or N")
+    p.add_argument("--fit-intercept", action="store_true",
+                   help="fit an unpenalized intercept (as scikit-learn's Ridge): the columns of A and b are centered "
+                        "by rank-one corrections, no copy; the intercept is printed and kept in the report")
     p.add_argument("--plot", metavar="PNG", help="plot the L-curve / GCV curve (with --lambda gcv or lcurve)")
     p.add_argument("--workers", type=int, help="concurrent tasks (local schedulers)")
     p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> dict:
               refine=args.refine,
               memory=args.memory, device=args.device, scheduler=args.scheduler, workers=args.workers,
               check_finite=False if args.no_check_finite else None, overwrite=args.overwrite,
-              progress=ui.progress_arg(args))
+              progress=ui.progress_arg(args), fit_intercept=args.fit_intercept)
     r = x.report
     summary = {"output": x.path, "shape": list(x.shape), "lam": r["lam"], "method": r["method"],
                "method_reason": r["method_reason"], "residual_norm": r["residual_norm"],
@@ -65,6 +68,8 @@ def run(args: argparse.Namespace) -> dict:
         summary.update(backward_error=r["backward_error"], refine_steps=r["refine_steps"])
     if "curve" in r:
         summary["curve"] = r["curve"]
+    if args.fit_intercept:
+        summary["intercept"] = r["intercept"]
     if args.plot:
         summary["plot"] = _plot(r, args.plot)
     lam = r["lam"]
@@ -73,7 +78,8 @@ def run(args: argparse.Namespace) -> dict:
     res_s = f"{res:.3e}" if isinstance(res, float) else str(res)
     human = (f"wrote {x.path} ({x.shape[0]} x {x.shape[1]}) in {r['seconds']:.2f} s: lambda {lam_s}"
              f"{' (' + r['lam_rule'] + ')' if 'lam_rule' in r else ''}, method {r['method']} ({r['method_reason']}), "
-             f"residual norm {res_s}, {r.get('passes', 0)} pass(es), peak memory {format_size(r['peak_memory'])}")
+             f"residual norm {res_s}, {r.get('passes', 0)} pass(es), peak memory {format_size(r['peak_memory'])}"
+             + (f"; intercept {r['intercept']}" if args.fit_intercept else ""))
     ui.emit(args, summary, human)
     return summary
 

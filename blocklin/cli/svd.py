@@ -25,6 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tol", type=float, help="relative residual tolerance ||A^T u - s v|| <= tol * s_1")
     p.add_argument("--max-passes", type=int, help="pass limit of the adaptive methods")
     p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
+    p.add_argument("--center", action="store_true",
+                   help="factor A - 1 mu^T (column means subtracted inside the passes, no copy; one more pass)")
+    p.add_argument("--scale", action="store_true",
+                   help="divide the columns by their standard deviations (with --center: standardized PCA)")
     p.add_argument("--workers", type=int, help="concurrent strip tasks (local schedulers)")
     p.add_argument("--plot", metavar="PNG", help="draw the singular value spectrum and residuals (needs matplotlib)")
     p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> dict:
               tol=args.tol, out=args.out, seed=args.seed, memory=args.memory, device=args.device,
               scheduler=args.scheduler, progress=ui.progress_arg(args), workers=args.workers,
               max_passes=args.max_passes, check_finite=False if args.no_check_finite else None,
-              overwrite=args.overwrite)
+              overwrite=args.overwrite, center=args.center, scale=args.scale)
     r = res.report
     summary = summary_of(r, "svd", args.k)
     summary["s"] = [float(x) for x in res.s]
@@ -59,7 +63,8 @@ def run(args: argparse.Namespace) -> dict:
         summary["plot"] = args.plot
     resid = r.get("relative_residuals")
     worst = f", max relative residual {max(resid):.1e}" if resid else " (residuals not computed by the sketch)"
-    human = (f"wrote {r['output']} (U, S, Vt; k={args.k}, {args.method}) in {r['seconds']:.2f} s: "
+    stored = "U, S, Vt" + (", mean" if args.center else "") + (", scale" if args.scale else "")
+    human = (f"wrote {r['output']} ({stored}; k={args.k}, {args.method}) in {r['seconds']:.2f} s: "
              f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
              f"peak memory {format_size(r['peak_memory'])}{worst}")
     ui.emit(args, summary, human)
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace) -> dict:
 def summary_of(r: dict, operation: str, k: int) -> dict:
     keys = ("output", "method", "seconds", "passes", "passes_formula", "intermediate_passes", "bytes_read",
             "peak_memory", "memory_budget", "residuals", "relative_residuals", "converged", "tol", "seed",
-            "device", "scheduler", "in_core", "which")
+            "device", "scheduler", "in_core", "which", "center", "scale")
     out = {key: r[key] for key in keys if key in r}
     out.update(operation=operation, k=k)
     return out

@@ -61,35 +61,106 @@ def _finish(device: Any, rows: slice, params: dict, state: dict, keep: tuple[str
     return state
 
 
+# -- centering: B_c = diag(r) (B - a b^T) diag(c) as a rank-one correction (blocklin.linalg.center) --
+def shift_init(device: Any, params: dict, st: dict, dtype: Any) -> dict:
+    """Upload the per-row vectors of the correction once per task: ``a`` (or a strip of ones) and ``r``."""
+    if params.get("shifted"):
+        a = params.get("shift_a")
+        st["sa"] = upload(device, a) if a is not None else upload(device, np.ones((params["strip"], 1), dtype))
+        st["sa_rows"] = a is not None
+    if params.get("shift_r") is not None:
+        st["sr"] = upload(device, params["shift_r"])
+    return st
+
+
+def shift_memory(params: Any, w: int, c: int) -> tuple[int, int]:
+    """``(fixed, per_row)`` bytes of the correction's vectors (host and device copies) and buffers."""
+    fixed = per_row = 0
+    for key in ("shift_a", "shift_r"):
+        if params.get(key) is not None:
+            fixed += 2 * params[key].nbytes
+    if params.get("shifted") and params.get("shift_a") is None:
+        per_row += 2 * w  # the strip of ones
+    if params.get("shift_r") is not None:
+        per_row += c * w  # the row-scaled copy of the product
+    return fixed, per_row
+
+
+def _a_rows(state: dict, rows: slice) -> Any:
+    return state["sa"][rows] if state["sa_rows"] else state["sa"][: rows.stop - rows.start]
+
+
+def correct(device: Any, y: Any, rows: slice, state: dict, beta: Any) -> None:
+    """``y = r_rows * (y - a_rows beta)`` in place: ``y = B_i diag(c) Q`` becomes ``(B_c Q)_i``."""
+    if beta is not None:
+        device.gemm_acc(y, _a_rows(state, rows), beta, alpha=-1.0)  # inner dimension 1: the rank-one term
+    if "sr" in state:
+        _host_only(device)
+        y *= state["sr"][rows]  # row scale (B = A^T standardized)
+
+
+def _host_only(device: Any) -> None:
+    # a row scale has no device operation (a GEMM with diag(r) would cost strip^2 columns): the
+    # caller runs such passes on the CPU (blocklin.linalg.svd._Streamed)
+    if not device.host_resident:
+        raise RuntimeError("a row-scaled (standardized wide) pass must run on the CPU device")
+
+
+def _row_scaled(device: Any, y: Any, rows: slice, state: dict) -> Any:
+    """``r_rows * y`` (``y`` itself without a row scale), in the task's buffer."""
+    if "sr" not in state:
+        return y
+    _host_only(device)
+    w = state["Wbuf"][: y.shape[0]]
+    _zero(device, w)
+    w += y
+    w *= state["sr"][rows]
+    return w
+
+
 # -- normal pass: Z = B^T (B Q), optionally writing Y = B Q and accumulating G = Y^T Y -------------
 def normal_init(device: Any, params: dict) -> dict:
     q = params["Q"]
     l = q.shape[1]
     dt = q.dtype
-    return {"Q": upload(device, q), "Z": device.zeros((q.shape[0], l), dt),
-            "G": device.zeros((l, l), dt) if params.get("gram") else None,
-            "Ybuf": device.zeros((params["strip"], l), dt)}
+    st = {"Q": upload(device, q), "Z": device.zeros((q.shape[0], l), dt),
+          "G": device.zeros((l, l), dt) if params.get("gram") else None,
+          "Ybuf": device.zeros((params["strip"], l), dt)}
+    if params.get("shifted"):
+        st["beta"] = upload(device, params["beta"])
+        st["T"] = device.zeros((1, l), dt)
+    if params.get("shift_r") is not None:
+        st["Wbuf"] = device.zeros((params["strip"], l), dt)
+    return shift_init(device, params, st, dt)
 
 
 def _normal_memory(params: Any, sources: tuple) -> PassMemory:
     n, c = params["Q"].shape
     w = params["Q"].dtype.itemsize
-    return PassMemory(fixed=2 * n * c * w + c * c * w, per_row=2 * c * w, chunk_temporaries=True)
+    sf, sp = shift_memory(params, w, c)
+    return PassMemory(fixed=2 * n * c * w + c * c * w + sf + 4 * c * w, per_row=2 * c * w + sp, chunk_temporaries=True)
 
 
 @row_kernel(memory=_normal_memory, init=normal_init)
 def normal_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict | None]:
-    """``Y_i = B_i Q``; ``Z += B_i^T Y_i``; ``G += Y_i^T Y_i`` (gram); write ``Y_i`` (write_y)."""
+    """``Y_i = B_i Q``; ``Z += B_i^T Y_i``; ``G += Y_i^T Y_i`` (gram); write ``Y_i`` (write_y).
+
+    Centered (``shifted``): ``Y_i = r_i (B_i Q - a_i beta)`` and ``Z += B_i^T (r_i Y_i)``,
+    ``T += a_i^T (r_i Y_i)``, from which the caller forms ``B_c^T Y`` (:meth:`Shift.finish`)."""
     b = arrays[0]
     r = rows.stop - rows.start
     y = state["Ybuf"][:r]
     _zero(device, y)
     device.gemm_acc(y, b, state["Q"])
-    device.gemm_acc(state["Z"], b.T, y)
+    correct(device, y, rows, state, state.get("beta"))
+    w = _row_scaled(device, y, rows, state)
+    device.gemm_acc(state["Z"], b.T, w)
+    if "T" in state:
+        device.gemm_acc(state["T"], _a_rows(state, rows).T, w)
     if state["G"] is not None:
         device.gemm_acc(state["G"], y.T, y)
     writes = {"Y": device.download(y, slice(0, r))} if params.get("write_y") else None
-    return _finish(device, rows, params, state, ("Z", "G")), writes
+    return _finish(device, rows, params, state, ("Z", "G", "T")), writes
 
 
 # -- apply pass: Y = X W1 W2 ... (X = B or a stored tall block), written, collected, or reduced to Y^T Y --
@@ -107,14 +178,18 @@ def apply_init(device: Any, params: dict) -> dict:
           "G": device.zeros((c, c), dt) if params.get("gram") else None}
     if params.get("collect"):
         st["blocks"] = []
-    return st
+    if params.get("shifted"):
+        st["beta"] = upload(device, params["beta"])
+    return shift_init(device, params, st, dt)
 
 
 def _apply_memory(params: Any, sources: tuple) -> PassMemory:
     ws = _chain(params)
     c = sum(w.shape[1] for w in ws)
     w = ws[0].dtype.itemsize
-    return PassMemory(fixed=sources[0].width * c * w + c * c * w, per_row=3 * c * w, chunk_temporaries=True)
+    sf, sp = shift_memory(params, w, 0)
+    return PassMemory(fixed=sources[0].width * c * w + c * c * w + sf + 2 * c * w, per_row=3 * c * w + sp,
+                      chunk_temporaries=True)
 
 
 @row_kernel(memory=_apply_memory, init=apply_init)
@@ -123,10 +198,12 @@ def apply_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: d
     ``Y (R1^-1 R2^-1)``); write it as ``params["write"]``, collect it, and/or accumulate ``G += Y_i^T Y_i``."""
     x = arrays[0]
     r = rows.stop - rows.start
-    for w, buf in zip(state["W"], state["bufs"]):
+    for i, (w, buf) in enumerate(zip(state["W"], state["bufs"])):
         y = buf[:r]
         _zero(device, y)
         device.gemm_acc(y, x, w)
+        if i == 0 and (params.get("shifted") or params.get("shift_r") is not None):
+            correct(device, y, rows, state, state.get("beta"))  # the centered B_c W1 (W1 premultiplied by c)
         x = y
     if state["G"] is not None:
         device.gemm_acc(state["G"], y.T, y)
@@ -178,17 +255,23 @@ def sketch_init(device: Any, params: dict) -> dict:
     n, kp = om.shape
     s = ps.shape[1]
     st = params["strip"]
-    return {"Om": upload(device, om), "Ps": upload(device, ps), "Xt": device.zeros((n, kp), dt),
-            "Z": device.zeros((s, s), dt), "PY": device.zeros((s, kp), dt), "G": device.zeros((kp, kp), dt),
-            "Ybuf": device.zeros((st, kp), dt), "Tbuf": device.zeros((st, s), dt)}
+    state = {"Om": upload(device, om), "Ps": upload(device, ps), "Xt": device.zeros((n, kp), dt),
+             "Z": device.zeros((s, s), dt), "PY": device.zeros((s, kp), dt), "G": device.zeros((kp, kp), dt),
+             "Ybuf": device.zeros((st, kp), dt), "Tbuf": device.zeros((st, s), dt)}
+    if params.get("shifted"):
+        state["beta_om"] = upload(device, params["beta_om"])
+        state["beta_ps"] = upload(device, params["beta_ps"])
+        state["TX"] = device.zeros((1, kp), dt)
+    return shift_init(device, params, state, dt)
 
 
 def _sketch_memory(params: Any, sources: tuple) -> PassMemory:
     n, c = params["Omega"].shape
     s = params["Psi"].shape[1]
     w = params["Omega"].dtype.itemsize
-    return PassMemory(fixed=n * (2 * c + s) * w + (s * s + s * c + c * c) * w,
-                      per_row=(2 * c + s) * w + (c + s) * (F64 + w), chunk_temporaries=True)
+    sf, sp = shift_memory(params, w, 0)
+    return PassMemory(fixed=n * (2 * c + s) * w + (s * s + s * c + c * c) * w + sf + 4 * (c + s) * w,
+                      per_row=(2 * c + s) * w + (c + s) * (F64 + w) + sp, chunk_temporaries=True)
 
 
 @row_kernel(memory=_sketch_memory, init=sketch_init)
@@ -205,13 +288,20 @@ def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
     _zero(device, t)
     device.gemm_acc(y, b, state["Om"])
     device.gemm_acc(t, b, state["Ps"])
-    ups = upload(device, gaussian(params["seed"], STREAM_UPSILON, r0, r1, params["Omega"].shape[1], dt))
+    correct(device, y, rows, state, state.get("beta_om"))
+    correct(device, t, rows, state, state.get("beta_ps"))
+    ups_h = gaussian(params["seed"], STREAM_UPSILON, r0, r1, params["Omega"].shape[1], dt)
+    if params.get("shift_r") is not None:  # B_c^T Ups = diag(c) (B^T (r Ups) - b (a^T r Ups))
+        ups_h = ups_h * params["shift_r"][rows]
+    ups = upload(device, ups_h)
     phi = upload(device, gaussian(params["seed"], STREAM_PHI, r0, r1, params["Psi"].shape[1], dt))
     device.gemm_acc(state["Xt"], b.T, ups)
+    if "TX" in state:
+        device.gemm_acc(state["TX"], _a_rows(state, rows).T, ups)
     device.gemm_acc(state["Z"], phi.T, t)
     device.gemm_acc(state["PY"], phi.T, y)
     device.gemm_acc(state["G"], y.T, y)
-    return _finish(device, rows, params, state, ("Xt", "Z", "PY", "G")), {"Y": device.download(y, slice(0, r))}
+    return _finish(device, rows, params, state, ("Xt", "Z", "PY", "G", "TX")), {"Y": device.download(y, slice(0, r))}
 
 
 # -- whole-matrix load (the in-core path: a matrix that fits the budget is read once) -------------

@@ -53,7 +53,8 @@ def symmetry_rtol(dtype: Any) -> float:
 
 def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_size: int | None = None,
           max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
-          overwrite: bool = False, check_symmetric: bool = True, **settings: Unpack[Settings]) -> EighResult:
+          overwrite: bool = False, check_symmetric: bool = True, order: str = "ascending",
+          **settings: Unpack[Settings]) -> EighResult:
     """``k`` eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
 
     Each Lanczos step is one pass over ``A`` (``Z = A^T X``, equal to ``A X`` for symmetric ``A``).
@@ -85,13 +86,18 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         Replace an existing ``out``.
     check_symmetric : bool
         Refuse a non-symmetric matrix (checked on the first pass).
+    order : {"ascending", "descending"}
+        Order of the eigenvalues (and of the columns of ``V``): ``"ascending"`` as SciPy's ``eigsh``
+        (the default), ``"descending"`` as :func:`blocklin.svd` orders ``s`` (largest first; what
+        ``blocklin eigs`` writes for ``which="LA"`` and ``"LM"``).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
     Returns
     -------
     EighResult
-        ``w, V = result`` (eigenvalues ascending, as in SciPy, and eigenvectors ``n x k``), with
+        ``w, V = result`` (eigenvalues in ``order``, ascending by default as in SciPy, and the
+        eigenvectors as the columns of ``V``, ``n x k``, oriented as :func:`blocklin.svd`'s ``U``), with
         ``result.report``: passes, bytes read, seconds, peak memory, per-pair residuals.
 
     References
@@ -107,6 +113,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     (array([48., 49., 50.]), (50, 3))
     """
     which = choice("which", which, WHICH, fix="pass which='LA'")
+    order = choice("order", order, ("ascending", "descending"), fix="pass order='descending'")
     tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
     with Job("eigsh", **settings) as job:
         A = job.operand(a, "a")
@@ -132,7 +139,8 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
             warn(f"eigsh: tol={tol:g} not reached within {job.passes('a')} passes over A; reached a relative "
                  f"residual of {float(np.max(res.residuals)) / max(scale['v'], 1e-300):.2e} (max over the {k} "
                  "pairs). Raise max_passes, max_basis or block_size, or loosen tol", ConvergenceWarning)
-        return _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed, phases=phases)
+        return _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed, phases=phases,
+                       order=order)
 
 
 def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
@@ -186,9 +194,12 @@ def _check_symmetry(ax: np.ndarray, atx: np.ndarray, rtol: float) -> None:
 
 
 def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overwrite: bool, *, tol: float,
-            which: str, seed: int, phases: dict | None = None) -> EighResult:
-    """Eigenpairs in ascending order, the report, and the output group when ``out`` is given."""
-    order = np.argsort(res.values, kind="stable")
+            which: str, seed: int, phases: dict | None = None, order: str = "ascending") -> EighResult:
+    """Eigenpairs in ``order``, the report, and the output group when ``out`` is given."""
+    key = res.values if order == "ascending" else -res.values
+    if order == "descending" and which == "LM":  # largest magnitude first
+        key = -np.abs(res.values)
+    order = np.argsort(key, kind="stable")
     w = res.values[order].astype(A.dtype)
     vecs = res.vectors[:, order].astype(A.dtype)
     report = job.report(passes=job.passes("a"), passes_formula=plan.formula, lanczos_steps=res.steps,

@@ -17,6 +17,7 @@ from blocklin.config import Settings, format_size
 from blocklin.errors import BudgetError, ConvergenceWarning, warn
 from blocklin.linalg import _tall_kernels as K
 from blocklin.linalg import random as rnd
+from blocklin.linalg.center import Moments, Shift, column_moments, moments_incore
 from blocklin.linalg.lanczos import block_lanczos, default_tol
 from blocklin.linalg.orth import cholqr_r, orth_incore
 from blocklin.linalg.results import open_group, write_group
@@ -39,9 +40,13 @@ class SVDResult(tuple):
     The long factor is a :class:`~blocklin.Matrix`, the short one and ``s`` NumPy arrays.
     """
 
-    def __new__(cls, U: Any, s: np.ndarray, Vt: Any, report: dict) -> SVDResult:
+    def __new__(cls, U: Any, s: np.ndarray, Vt: Any, report: dict, mean: np.ndarray | None = None,
+                scale: np.ndarray | None = None, moments: Moments | None = None) -> SVDResult:
         obj = super().__new__(cls, (U, s, Vt))
         obj.report = report
+        obj.mean = mean  # column means subtracted (center=True), else None
+        obj.scale = scale  # column standard deviations divided by (scale=True), else None
+        obj.moments = moments  # the column means and variances when centered or scaled
         return obj
 
     @property
@@ -106,11 +111,13 @@ class _InCore:
 class _Streamed:
     """``B`` streamed from storage: every method call is one pass over ``A``, counted by the job."""
 
-    def __init__(self, job: Job, A: Any, plan: SvdPlan) -> None:
-        self.job, self.A, self.plan = job, A, plan
+    def __init__(self, job: Job, A: Any, plan: SvdPlan, shift: Shift | None = None) -> None:
+        self.job, self.A, self.plan, self.shift = job, A, plan, shift
         self.M, self.N = plan.M, plan.N
         self.dtype = A.dtype
         self.source = source(A, transposed=plan.transposed)
+        # a standardized wide A scales the rows of B = A^T, an operation only the CPU device has
+        self.device = "cpu" if shift is not None and shift.r is not None else None
         self.memory = plan.pass_memory
 
     def _plan(self, kernel: Any, params: dict) -> Any:
@@ -124,31 +131,46 @@ class _Streamed:
 
     def _run(self, kernel: Any, params: dict, plan: Any, description: str, **kw: Any) -> list:
         description = f"{description} (pass {self.job.passes('a') + 1} over A)"
-        return run_pass(self.job, kernel, [self.source], params, plan=plan, description=description, **kw).states
+        return run_pass(self.job, kernel, [self.source], params, plan=plan, description=description,
+                        device=self.device, **kw).states
 
     def _tmp_block(self, c: int, strip: int) -> TallBlock:
         path = self.job.scratch("Y", (self.M, c), self.dtype, (strip, c))
         return TallBlock(self.job, path, self.M, c, self.dtype, strip, self.memory)
 
+    def _shifted(self, params: dict, **operands: np.ndarray) -> dict:
+        """Parameters of a centered pass: each operand premultiplied by ``c`` and its offset ``beta``."""
+        for name, x in operands.items():
+            xc, beta = self.shift.premultiply(x) if self.shift else (x, None)
+            params[name] = np.ascontiguousarray(xc.astype(self.dtype))
+            if beta is not None:
+                params["beta" if name in ("Q", "W") else f"beta_{name.lower()[:2]}"] = beta.astype(self.dtype)
+        return params | (self.shift.params(self.dtype) if self.shift else {})
+
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
-        params = {"Q": np.ascontiguousarray(q.astype(self.dtype)), "gram": gram, "write_y": keep_y}
+        params = self._shifted({"gram": gram, "write_y": keep_y}, Q=q)
         plan = self._plan(K.normal_kernel, params)
         blk = self._tmp_block(q.shape[1], plan.strip) if keep_y else None
         states = self._run(K.normal_kernel, params, plan, description,
                            outputs=(("Y", blk.path),) if keep_y else ())
-        return reduce_sum(states, "Z"), (reduce_sum(states, "G") if gram else None), blk
+        z = reduce_sum(states, "Z")
+        if self.shift:
+            z = self.shift.finish(z, reduce_sum(states, "T") if params.get("shifted") else None)
+        return z, (reduce_sum(states, "G") if gram else None), blk
 
     def sketch(self, om: np.ndarray, ps: np.ndarray, seed: int) -> tuple:
-        params = {"Omega": om.astype(self.dtype), "Psi": ps.astype(self.dtype), "seed": seed}
+        params = self._shifted({"seed": seed}, Omega=om, Psi=ps)
         plan = self._plan(K.sketch_kernel, params)
         blk = self._tmp_block(om.shape[1], plan.strip)
         states = self._run(K.sketch_kernel, params, plan, "sketch: single pass", outputs=(("Y", blk.path),))
-        return (reduce_sum(states, "Xt"), reduce_sum(states, "Z"), reduce_sum(states, "PY"), reduce_sum(states, "G"),
-                blk)
+        xt = reduce_sum(states, "Xt")
+        if self.shift:
+            xt = self.shift.finish(xt, reduce_sum(states, "TX") if params.get("shifted") else None)
+        return xt, reduce_sum(states, "Z"), reduce_sum(states, "PY"), reduce_sum(states, "G"), blk
 
     def apply_write(self, w: np.ndarray, dest: str | None, transposed_out: bool, description: str = "") -> Any:
         c = w.shape[1]
-        params = {"W": w.astype(self.dtype), "write": "F" if dest else None, "collect": dest is None}
+        params = self._shifted({"write": "F" if dest else None, "collect": dest is None}, W=w)
         plan = self._plan(K.apply_kernel, params)
         if dest:
             shape, chunks = ((c, self.M), (c, plan.strip)) if transposed_out else ((self.M, c), (plan.strip, c))
@@ -258,7 +280,8 @@ def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: 
 def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_iters: int | str = "auto",
         tol: float | None = None, out: Any = None, seed: int | None = None,
         max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
-        overwrite: bool = False, **settings: Unpack[Settings]) -> SVDResult:
+        overwrite: bool = False, center: bool = False, scale: bool = False,
+        **settings: Unpack[Settings]) -> SVDResult:
     """Truncated SVD ``A ~ U diag(s) Vt`` of an out-of-core matrix, counting passes over ``A``.
 
     Parameters
@@ -299,6 +322,15 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         whatever the budget, scheduler or workers. ``None`` draws one (recorded in the report).
     overwrite : bool
         Replace an existing ``out``.
+    center : bool
+        Factor ``A - 1 mu^T`` with ``mu`` the column means (principal component analysis), without
+        writing a centered copy: the rank-one correction is applied inside every pass
+        (:mod:`blocklin.linalg.center`). Costs one more pass over ``A`` for the means, none when
+        ``A`` fits the budget (it is then centered in memory).
+    scale : bool
+        Also divide each column by its standard deviation (``ddof=0``, as scikit-learn's
+        ``StandardScaler``; a constant column is left unscaled): standardized PCA. Alone (without
+        ``center``) it scales by the same standard deviations without subtracting the means.
     max_passes : int, optional
         Pass limit of the adaptive methods (default 20 for ``rsvd``, 60 for ``lanczos``).
     block_size, max_basis : int, optional
@@ -313,8 +345,11 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         :class:`~blocklin.Matrix` (stored in ``out``, or in a temporary group you own), whether ``A``
         fitted the budget or not; the other factor and ``s`` (descending) are NumPy arrays. ``result.report`` holds
         ``passes`` (over ``A``), ``intermediate_passes``, ``bytes_read``, ``seconds``,
-        ``peak_memory`` and ``residuals``: per triplet ``sqrt(||A v - s u||^2 + ||A^T u - s v||^2)``
-        (one of the two terms is zero by construction).
+        ``peak_memory``, ``center``, ``scale`` and ``residuals``: per triplet ``sqrt(||A v - s u||^2 + ||A^T u - s v||^2)``
+        (one of the two terms is zero by construction). With ``center`` or ``scale``, the factors are
+        those of the centered (scaled) matrix, ``result.mean`` and ``result.scale`` hold the column
+        means and standard deviations used (``None`` when not), ``result.moments`` the column means
+        and variances, and ``out`` also stores them as ``mean`` and ``scale``.
 
     Notes
     -----
@@ -360,16 +395,26 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
                         max_basis=max_basis)
         ao = open_group(job, out, A, overwrite)
         r = _factorize(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit,
-                       dest=ao.array_path("Vt" if plan.transposed else "U"))
+                       dest=ao.array_path("Vt" if plan.transposed else "U"), center=bool(center), scale=bool(scale))
         report = _report(job, plan, r, tol=tol, seed=seed, oversample=oversample)
+        report.update(center=bool(center), scale=bool(scale))
+        if (center or scale) and not plan.in_core:
+            report["passes_formula"] = f"{report['passes_formula']} + 1 (column means)"
         return _result(job, out, A, plan, r, report, ao, overwrite)
 
 
 def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
-               limit: int, dest: str) -> dict:
-    """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``."""
+               limit: int, dest: str, center: bool = False, scale: bool = False) -> dict:
+    """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``.
+
+    With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.center`): centered
+    in memory when ``B`` is held there, by the rank-one correction inside each pass otherwise."""
+    moments = shift = None
     if plan.in_core:
         b = load_incore(job, A, plan)
+        if center or scale:
+            moments = moments_incore(b, plan.transposed)
+            Shift.of(moments, center=center, scale=scale, transposed=plan.transposed).apply_incore(b)
         dev = None
         if job.device == "gpu" and b.nbytes * 1.5 <= (job.device_memory() or 0):
             from blocklin.device import get_device
@@ -378,8 +423,11 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
         src: Any = _InCore(b, dev)
         phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
     else:
-        src = _Streamed(job, A, plan)
-        phases = {"passes over A": job.device}
+        if center or scale:
+            moments = column_moments(job, A, memory=plan.pass_memory)
+            shift = Shift.of(moments, center=center, scale=scale, transposed=plan.transposed)
+        src = _Streamed(job, A, plan, shift)
+        phases = {"passes over A": src.device or job.device}
     if plan.method == "rsvd":
         r = _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
                   plan.transposed)
@@ -388,6 +436,10 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
     else:
         r = _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed)
     r["phases"] = phases
+    if moments is not None:
+        r["moments"] = moments
+        r["mean"] = moments.mean if center else None
+        r["scale"] = moments.std if scale else None
     return r
 
 
@@ -426,9 +478,13 @@ def _result(job: Job, out: Any, A: Any, plan: SvdPlan, r: dict, report: dict, ao
     s = r["s"].astype(A.dtype)
     short = r["V"].astype(A.dtype)  # N x k: V for tall A, U for wide A
     small = {"S": s, "U": short} if plan.transposed else {"S": s, "Vt": short.T.copy()}
+    for name in ("mean", "scale"):
+        if r.get(name) is not None:
+            small[name] = r[name]
     path = write_group(job, out, A, small, "svd", plan, report, overwrite, ao=ao)
     report["output"] = str(path)
     stored = Matrix(path / ("Vt" if plan.transposed else "U"), report=report, temporary=out is None)
+    extra = {"mean": r.get("mean"), "scale": r.get("scale"), "moments": r.get("moments")}
     if plan.transposed:
-        return SVDResult(small["U"], s, stored, report)
-    return SVDResult(stored, s, small["Vt"], report)
+        return SVDResult(small["U"], s, stored, report, **extra)
+    return SVDResult(stored, s, small["Vt"], report, **extra)

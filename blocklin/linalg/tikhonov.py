@@ -9,9 +9,10 @@ from typing import Any, Unpack
 
 import numpy as np
 
-from blocklin.config import Settings
+from blocklin.config import Settings, format_size
 from blocklin.errors import NonFiniteError, ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
+from blocklin.linalg.center import column_moments
 from blocklin.linalg.gemm import Gemm
 from blocklin.linalg._solve_kernels import gram_kernel, residual_kernel, symmetrize_lower
 from blocklin.linalg.qr import tsqr_pass
@@ -177,7 +178,7 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
 
 
 def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
-          refine: Any = "auto", overwrite: bool = False, explain: bool = False,
+          refine: Any = "auto", overwrite: bool = False, explain: bool = False, fit_intercept: bool = False,
           **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
@@ -224,6 +225,15 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     explain : bool
         Return the :class:`~blocklin.plan.solve.SolvePlan` without running (kept for compatibility:
         :func:`solve_plan` returns it and always one type).
+    fit_intercept : bool
+        Fit ``A x + 1 x0 ~ b`` with an unpenalized intercept ``x0`` (per right-hand side), as
+        ``sklearn.linear_model.Ridge(alpha=lam**2, fit_intercept=True)``: ``x`` solves the problem
+        on the centered ``A - 1 mu^T`` and ``b - 1 bbar``, and ``x0 = bbar - mu^T x``. Nothing is
+        copied: tall ``A`` takes one more pass for the column means and the Gram quantities and
+        refinement residuals get rank-one corrections (``A_c^T A_c = A^T A - m mu mu^T``); wide ``A``
+        centers the in-memory ``A A^T`` on both sides. Uses the normal equations (``method="qr"`` is
+        refused: the streaming R factor is not centered); lambda sequences and rules then use the
+        eigen-decomposition of the centered Gram matrix.
     **settings
         As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the CPU.
 
@@ -233,7 +243,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         ``x`` with ``.report``: ``lam``, ``method`` and ``method_reason``, ``residual_norm``
         (``||A x - b||_2`` per right-hand side), ``solution_norm``, ``objective``, ``passes``,
         ``seconds``, ``peak_memory``, ``cond_estimate`` (of ``A``, or of the regularized problem), and
-        ``curve`` for GCV/L-curve.
+        ``curve`` for GCV/L-curve. With ``fit_intercept``: ``x.intercept`` (NumPy, ``k`` values, or
+        ``L x k`` for a sequence of ``L`` lambdas) and ``report["intercept"]`` (the same as lists).
 
     Raises
     ------
@@ -270,6 +281,10 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     method = choice("method", method, METHODS, fix="pass method='auto'")
     assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares) or 'pos' (SPD)")
     kind, lams = _parse_lam(lam)
+    if fit_intercept and assume_a == "pos":
+        raise ParameterError(_msg("fit_intercept", "needs the least-squares problem (assume_a='gen')",
+                                  "fit_intercept=True with assume_a='pos'", "drop fit_intercept, or leave "
+                                  "assume_a='gen'"))
     if assume_a == "pos":
         return _solve_pos(a, b, kind=kind, lams=lams, method=method, out=out, overwrite=overwrite, explain=explain,
                           settings=settings)
@@ -280,6 +295,13 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         A, B = _operands(job, a, b)
         (m, n), k = A.shape, B.shape[1]
         if _gram_exceeds_budget(job, A, B, kind, method):
+            if fit_intercept:
+                raise ParameterError(_msg("fit_intercept", "needs the Gram matrix of the centered problem in "
+                                          "memory (the stored, out-of-core Gram route does not center)",
+                                          f"min(m, n) = {min(m, n)} needs {format_size(small_bytes(min(m, n), k))}, "
+                                          f"over the budget of {format_size(job.cfg.memory)}", "raise memory=, or "
+                                          "center A and b "
+                                          "yourself and solve without fit_intercept"))
             return _solve_gram_stored(job, A, B, lams[0], out=out, overwrite=overwrite, explain=False,
                                       refine=refine, params={"lam": lam, "method": method})
         plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
@@ -289,14 +311,24 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                                       f"a {m} x {n}", "pass method='normal' (the dual form "
                                       "x = A^T (A A^T + lam^2 I)^-1 b, used by 'auto'), or solve the transposed "
                                       "problem"))
+        if fit_intercept and method == "qr":
+            raise ParameterError(_msg("method", "'qr' cannot fit an intercept (the streaming R factor is of the "
+                                      "uncentered A)", "method='qr' with fit_intercept=True",
+                                      "pass method='auto' or 'normal' (the centered normal equations), or center "
+                                      "A and b yourself"))
         ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
-        ctx = _Ctx(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method)
+        ctx = _Ctx(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
+                   intercept=bool(fit_intercept))
         info = _solve_wide(ctx, ao.array_path()) if plan.orientation == "wide" else _solve_tall(ctx, ao.array_path())
         info.setdefault("phases", ctx.phases)
+        info["fit_intercept"] = bool(fit_intercept)
         report = job.report(orientation=plan.orientation, **info)
-        params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method}
+        params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method,
+                  "fit_intercept": bool(fit_intercept)}
         path = ao.commit("solve", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
-        return Matrix(path, report=report, temporary=out is None)
+        x = Matrix(path, report=report, temporary=out is None)
+        x.intercept = np.asarray(report["intercept"]) if fit_intercept else None
+        return x
 
 
 def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: Any = "auto",
@@ -366,7 +398,7 @@ def _solve_pos(a: Any, b: Any, *, kind: str, lams: list[float], method: str, out
 
 
 #: Report entries recorded in the output's attributes.
-REPORT_KEYS = ("lam", "method", "method_reason", "residual_norm", "solution_norm", "passes", "seconds")
+REPORT_KEYS = ("lam", "method", "method_reason", "residual_norm", "solution_norm", "passes", "seconds", "intercept")
 
 
 @dataclasses.dataclass
@@ -382,6 +414,14 @@ class _Ctx:
     refine: Any
     method: str
     phases: dict = dataclasses.field(default_factory=dict)  # pass -> device it ran on, for the report
+    intercept: bool = False
+    #: fit_intercept on tall A: column means of A (float64) and of b, from one pass over each
+    mu: np.ndarray | None = None
+    bbar: np.ndarray | None = None
+
+    def offset(self, x: np.ndarray) -> np.ndarray:
+        """The intercept ``bbar - mu^T x`` of a solution of the centered problem."""
+        return self.bbar - self.mu @ x
 
 
 def _norms(values: np.ndarray) -> Any:
@@ -425,11 +465,28 @@ def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                          description="refinement pass: A^T (b - A x)",
                          device=_pass_device(ctx, "residual pass", 4 * ctx.m * ctx.n * ctx.k))
     states = [s for s in states if s is not None]
-    return sum(s["atr"] for s in states), sum(s["rr"] for s in states)
+    atr, rr = sum(s["atr"] for s in states), sum(s["rr"] for s in states)
+    if ctx.mu is not None:  # centered: A_c^T r_c = A^T r - m mu d, ||r_c||^2 = ||r||^2 - m d^2, d = bbar - mu^T x
+        d = ctx.offset(x)
+        atr, rr = atr - ctx.m * np.outer(ctx.mu, d), rr - ctx.m * d**2
+    return atr, rr
+
+
+def _center_gram(ctx: _Ctx, gp: dict) -> dict:
+    """fit_intercept: the means of ``A`` and ``b`` (one pass each) and the Gram quantities of the centered
+    problem by rank-one corrections, ``A_c^T A_c = A^T A - m mu mu^T``, ``A_c^T b_c = A^T b - m mu bbar^T``."""
+    ctx.mu = column_moments(ctx.job, ctx.A).mean
+    ctx.bbar = column_moments(ctx.job, ctx.B, over="b").mean
+    m, mu, bbar = ctx.m, ctx.mu, ctx.bbar
+    g = gp["g"] - m * np.outer(mu, mu)
+    return {"g": (g + g.T) / 2, "c": gp["c"] - m * np.outer(mu, bbar), "bb": gp["bb"] - m * bbar**2,
+            "aa": max(gp["aa"] - m * float(mu @ mu), 0.0)}
 
 
 def _solve_tall(ctx: _Ctx, x_path: str) -> dict:
     """Tall or square ``A``: normal equations when well conditioned, else the streaming QR; writes ``x``."""
+    if ctx.intercept:
+        return _solve_tall_centered(ctx, x_path)
     if ctx.method == "qr" or (ctx.method == "auto" and ctx.kind != "scalar"):
         reason = ("requested" if ctx.method == "qr" else
                   "a sequence or a lambda rule is evaluated from the SVD of the streaming R factor")
@@ -456,6 +513,32 @@ def _solve_tall(ctx: _Ctx, x_path: str) -> dict:
                 residual_norm=_norms(rr), solution_norm=_norms(xx), objective=_norms(rr + lam**2 * xx),
                 refine_steps=steps, cond_estimate=float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
                 norm_a=math.sqrt(gp["aa"]))
+    _write_x(ctx, x_path, x)
+    return info
+
+
+def _solve_tall_centered(ctx: _Ctx, x_path: str) -> dict:
+    """fit_intercept on tall ``A``: the normal-equations route on the rank-one corrected Gram quantities."""
+    gp = _center_gram(ctx, _gram_pass(ctx))
+    if ctx.kind != "scalar":
+        spec = _spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
+        info = {"method": "normal", "method_reason": "fit_intercept: eigen-decomposition of the centered "
+                "A^T A (rank-one corrected)"}
+        xs = _coefficients(ctx, spec, info, "column")
+        info["intercept"] = [ctx.offset(x).tolist() for x in xs] if len(xs) > 1 else ctx.offset(xs[0]).tolist()
+        _write_x(ctx, x_path, np.hstack(xs) if len(xs) > 1 else xs[0])
+        return info
+    lam = ctx.lams[0]
+    cf, rcond = _factor_regularized(gp["g"], lam)
+    if cf is None or rcond < AUTO_RCOND:
+        _refuse_or_warn(cf, rcond, lam)
+    x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
+    xx = np.einsum("ij,ij->j", x, x)
+    info = {"rcond_normal": rcond, "residual_norm_source": source, "method": "normal",
+            "method_reason": "fit_intercept: the centered normal equations (rank-one corrected A^T A)", "lam": lam,
+            "residual_norm": _norms(rr), "solution_norm": _norms(xx), "objective": _norms(rr + lam**2 * xx),
+            "refine_steps": steps, "cond_estimate": float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
+            "norm_a": math.sqrt(gp["aa"]), "intercept": ctx.offset(x).tolist()}
     _write_x(ctx, x_path, x)
     return info
 
@@ -582,11 +665,24 @@ def _solve_wide(ctx: _Ctx, x_path: str) -> dict:
     if job.check_finite and not np.all(np.isfinite(bm)):
         raise NonFiniteError(_msg("b", "must be finite (check_finite is on)", "NaN or Inf",
                                   "clean the input, or pass check_finite=False"))
+    g_raw = g
+    if ctx.intercept:  # A_c A_c^T = P (A A^T) P and b_c = P b with P = I - 1 1^T / m: no means of A needed
+        bbar = bm.mean(axis=0)
+        bm = bm - bbar
+        g = g - g.mean(axis=0)
+        g = g - g.mean(axis=1)[:, None]
+        g = (g + g.T) / 2
     spec = _spectrum_from_gram(g, bm, np.einsum("ij,ij->j", bm, bm), ctx.m, dual=True, n=ctx.n)
     info = {"method": "normal", "method_reason": "wide a: dual form x = A^T (A A^T + lam^2 I)^-1 b",
             "norm_a": math.sqrt(max(float(np.trace(g)), 0.0))}
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
-    Y = job.operand(np.hstack(_coefficients(ctx, spec, info, "row")).astype(out_dtype), "y")
+    ys = _coefficients(ctx, spec, info, "row")
+    if ctx.intercept:
+        # x = A_c^T y = A^T (P y); the intercept bbar - mu^T x with mu^T x = 1^T (A A^T) (P y) / m
+        ys = [y - y.mean(axis=0) for y in ys]
+        icpt = [bbar - g_raw.mean(axis=0) @ y for y in ys]
+        info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
+    Y = job.operand(np.hstack(ys).astype(out_dtype), "y")
     product = Gemm.of(ctx.A, Y, trans_a=True, dtype=out_dtype)
     plan = product.plan(job)
     create_array(x_path, shape=product.shape, dtype=out_dtype, chunks=plan.out_chunks, codec=job.cfg.codec)

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.config import resolve
-from blocklin.errors import ConfigError, DTypeError, FormatError, NonFiniteError, explain
+from blocklin.errors import ConfigError, DTypeError, FormatError, NonFiniteError, ParameterError, explain
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.convert import plan_convert
 from blocklin.progress import make_progress
@@ -220,6 +220,11 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
            [ 4.,  5.,  6.,  7.],
            [ 8.,  9., 10., 11.]])
     """
+    if isinstance(src, np.ndarray) or hasattr(src, "dask"):  # in-memory arrays are written, not converted
+        raise ParameterError(explain("src", "must be a file, a zarr store or a URL (convert reads files in bounded "
+                                     "memory)", f"an in-memory {type(src).__module__}.{type(src).__name__} of shape "
+                                     f"{getattr(src, 'shape', '?')}", "write it with blocklin.from_array(x, out, "
+                                     "chunks='auto'), which takes NumPy and Dask arrays"))
     t0 = time.perf_counter()
     rss0 = _current_rss()
     cfg = resolve(memory=memory)

@@ -1,0 +1,54 @@
+"""``blocklin pca A.zarr -k 20 [-o out.zarr] --json``: principal components of the rows of a matrix."""
+
+from __future__ import annotations
+
+import argparse
+
+from blocklin.cli import ui
+from blocklin.cli.svd import _power_iters, summary_of
+from blocklin.config import format_size
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pca", help="principal components (centered truncated SVD, no centered copy), out of core",
+                       description="PCA of the rows (samples) of a zarr matrix: the columns are centered inside "
+                                   "the passes (one more pass for the means). Prints the explained variance and "
+                                   "its ratio; with -o keeps U, S, Vt (the components), mean (and scale).")
+    p.add_argument("a", metavar="A", help="zarr array (path): samples x features")
+    p.add_argument("-k", type=int, required=True, help="number of components (1 <= k < min(m, n))")
+    p.add_argument("-o", "--out", metavar="OUT", help="output zarr group (path) for the factors")
+    p.add_argument("--scale", action="store_true", help="standardize the columns (PCA of the correlation matrix)")
+    p.add_argument("--method", choices=("rsvd", "sketch", "lanczos"), default="rsvd",
+                   help="rsvd: randomized, q + 2 passes; sketch: two passes; lanczos: converged to --tol")
+    p.add_argument("--power-iters", default="auto", help="rsvd power iterations (integer or 'auto')")
+    p.add_argument("--oversample", type=int, default=10, help="extra random columns (default 10)")
+    p.add_argument("--tol", type=float, help="relative residual tolerance ||A^T u - s v|| <= tol * s_1")
+    p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
+    p.add_argument("--workers", type=int, help="concurrent strip tasks (local schedulers)")
+    p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
+    ui.add_common(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from blocklin.linalg.pca import pca
+
+    res = pca(args.a, args.k, scale=args.scale, method=args.method, oversample=args.oversample,
+              power_iters=_power_iters(args.power_iters), tol=args.tol, out=args.out, seed=args.seed,
+              memory=args.memory, device=args.device, scheduler=args.scheduler, progress=ui.progress_arg(args),
+              workers=args.workers, check_finite=False if args.no_check_finite else None, overwrite=args.overwrite)
+    r = res.report
+    summary = summary_of(r, "pca", args.k)
+    if not args.out:
+        summary.pop("output", None)
+    summary.update(explained_variance=res.explained_variance_, explained_variance_ratio=res.explained_variance_ratio_,
+                   singular_values=res.singular_values_, total_variance=res.total_variance_,
+                   n_samples=res.n_samples_, n_features=res.n_features_in_, scale=bool(args.scale))
+    ratio = float(res.explained_variance_ratio_.sum())
+    where = f"wrote {r['output']} (U, S, Vt, mean{', scale' if args.scale else ''}); " if args.out else ""
+    human = (f"{where}{args.k} components of {res.n_samples_} x {res.n_features_in_} explain {100 * ratio:.2f}% of the "
+             f"variance (first: {100 * float(res.explained_variance_ratio_[0]):.2f}%) in {r['seconds']:.2f} s: "
+             f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
+             f"peak memory {format_size(r['peak_memory'])}")
+    ui.emit(args, summary, human)
+    return summary

@@ -1,0 +1,180 @@
+"""Column centering and scaling applied inside the passes, never as a copy of ``A``.
+
+Centered (and standardized) factorizations work on ``A_c = (A - 1 mu^T) D^{-1}`` with ``mu`` the
+column means and ``D`` the column standard deviations (or ``I``). ``A_c`` is never formed: the
+kernels apply it as a rank-one correction of the products with ``A``,
+
+    ``A_c Q = A (D^{-1} Q) - 1 (mu^T D^{-1} Q)``,   ``A_c^T Y = D^{-1} (A^T Y - mu (1^T Y))``,
+
+so a pass costs what the uncentered pass costs plus ``O(rows x columns of Q)``. The algorithms work
+on the tall orientation ``B`` of ``A`` (``B = A`` or ``A^T``), where the correction reads
+
+    ``B_c = diag(r) (B - a b^T) diag(c)``
+
+with ``a = 1, b = mu, c = 1/sd, r = 1`` for ``B = A`` and ``a = mu, b = 1, c = 1, r = 1/sd`` for
+``B = A^T``; :class:`Shift` holds these four vectors. The means and variances come from one pass over
+``A`` (:func:`column_moments`), computed in float64 with Chan, Golub and LeVeque's pairwise update,
+so they do not suffer the cancellation of ``E[x^2] - E[x]^2``.
+
+The correction is exact in exact arithmetic; in floating point the products ``A Q`` are formed
+before the mean is removed, so their rounding error is relative to ``||A||`` rather than
+``||A - 1 mu^T||``: when the means dwarf the spread of the columns by ``10^3`` or more, float32
+loses that factor of accuracy and float64 is the remedy (or a matrix that fits the budget, which is
+centered in memory before any product).
+
+References
+----------
+T. F. Chan, G. H. Golub, R. J. LeVeque, "Algorithms for computing the sample variance: analysis and
+recommendations", The American Statistician 37(3), 1983.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime.passes import row_kernel, run_pass, source
+
+
+@dataclasses.dataclass(frozen=True)
+class Moments:
+    """Column means and variances (``ddof=0``, float64) of an ``m x n`` matrix, over its ``m`` rows."""
+
+    mean: np.ndarray
+    var: np.ndarray
+    count: int
+
+    def variance(self, ddof: int = 0) -> np.ndarray:
+        """Column variances with ``ddof`` delta degrees of freedom (``ddof=1``: the sample variance)."""
+        return self.var * (self.count / max(self.count - ddof, 1))
+
+    @property
+    def std(self) -> np.ndarray:
+        """Population standard deviations, with 1 for a constant column (as scikit-learn's
+        ``StandardScaler``: a constant column stays zero after centering instead of becoming NaN)."""
+        sd = np.sqrt(self.var)
+        return np.where(sd > 0, sd, 1.0)
+
+
+def _merge(n1: int, m1: np.ndarray, s1: np.ndarray, n2: int, m2: np.ndarray, s2: np.ndarray) -> tuple:
+    """Chan et al.'s pairwise update of (count, mean, sum of squared deviations)."""
+    n = n1 + n2
+    d = m2 - m1
+    return n, m1 + d * (n2 / n), s1 + s2 + d * d * (n1 * n2 / n)
+
+
+def _moments_memory(params: Any, sources: tuple) -> PassMemory:
+    w = sources[0].width
+    # float64 mean and M2 accumulators; per strip row a float64 copy, its deviations and their squares
+    return PassMemory(fixed=4 * w * 8, per_row=3 * w * 8, chunk_temporaries=True)
+
+
+@row_kernel(memory=_moments_memory, device="cpu")  # a reduction of the data read: no device products
+def moments_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: Any) -> tuple[Any, None]:
+    """Per strip, the (count, mean, M2) of its columns merged into the state (``axis=0``), or, for
+    column strips of ``A`` (``params["rows_are_columns"]``), the complete mean and M2 of each row
+    collected as blocks."""
+    x = np.asarray(arrays[0], dtype=np.float64)
+    if params["rows_are_columns"]:
+        mean = x.mean(axis=1)
+        m2 = ((x - mean[:, None]) ** 2).sum(axis=1)
+        blocks = state or []
+        blocks.append((rows.start, mean, m2))
+        return blocks, None
+    mean = x.mean(axis=0)
+    m2 = ((x - mean) ** 2).sum(axis=0)
+    r = rows.stop - rows.start
+    if state is None:
+        return (r, mean, m2), None
+    return _merge(*state, r, mean, m2), None
+
+
+def column_moments(job: Any, A: Any, *, memory: int | None = None, over: str = "a") -> Moments:
+    """Column means and variances of ``A`` in one pass (row strips of ``A``, or column strips for a
+    wide ``A`` so each strip holds whole columns); float64 whatever the dtype of ``A``."""
+    m, n = A.shape
+    wide = m < n
+    states, _ = run_pass(job, moments_kernel, [source(A, transposed=wide)], {"rows_are_columns": wide},
+                         memory=memory, over=over, description=f"column means (pass over {over.upper()})")
+    if wide:
+        mean, m2 = np.empty(n), np.empty(n)
+        for st in states:
+            for r0, mu, s in st:
+                mean[r0:r0 + mu.size], m2[r0:r0 + mu.size] = mu, s
+        return Moments(mean, m2 / m, m)
+    cnt, mean, m2 = states[0]
+    for st in states[1:]:  # row order: the result does not depend on the scheduler
+        cnt, mean, m2 = _merge(cnt, mean, m2, *st)
+    return Moments(mean, m2 / cnt, cnt)
+
+
+def moments_incore(b: np.ndarray, transposed: bool) -> Moments:
+    """:class:`Moments` of ``A`` from its tall orientation ``b`` held in memory (no pass), by blocks of
+    rows so that the float64 temporaries stay small beside ``b``."""
+    step = max(1, (1 << 20) // max(1, b.shape[1]))
+    if transposed:  # each row of b is a column of A
+        mean, m2 = np.empty(b.shape[0]), np.empty(b.shape[0])
+        for r0 in range(0, b.shape[0], step):
+            x = b[r0:r0 + step].astype(np.float64)
+            mean[r0:r0 + x.shape[0]] = mu = x.mean(axis=1)
+            m2[r0:r0 + x.shape[0]] = ((x - mu[:, None]) ** 2).sum(axis=1)
+        return Moments(mean, m2 / b.shape[1], b.shape[1])
+    state = None
+    for r0 in range(0, b.shape[0], step):
+        x = b[r0:r0 + step].astype(np.float64)
+        mu = x.mean(axis=0)
+        part = (x.shape[0], mu, ((x - mu) ** 2).sum(axis=0))
+        state = part if state is None else _merge(*state, *part)
+    cnt, mean, m2 = state
+    return Moments(mean, m2 / cnt, cnt)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shift:
+    """``B_c = diag(r) (B - a b^T) diag(c)`` for the tall orientation ``B`` (``None``: all ones;
+    ``b`` is ``None`` when nothing is subtracted)."""
+
+    a: np.ndarray | None
+    b: np.ndarray | None
+    c: np.ndarray | None
+    r: np.ndarray | None
+    N: int
+
+    @classmethod
+    def of(cls, moments: Moments, *, center: bool, scale: bool, transposed: bool) -> Shift:
+        inv = 1.0 / moments.std if scale else None
+        mu = moments.mean if center else None
+        if not transposed:  # B = A: columns of B are the columns of A
+            return cls(a=None, b=mu, c=inv, r=None, N=moments.mean.size)
+        # B = A^T: the rows of B are the columns of A; N = m
+        return cls(a=mu, b=None if mu is None else np.ones(moments.count), c=None, r=inv, N=moments.count)
+
+    def premultiply(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(diag(c) Q, b^T diag(c) Q)``: the operand of the pass and the row offset ``beta``."""
+        qc = q if self.c is None else q * self.c[:, None]
+        beta = None if self.b is None else (self.b @ qc)[None, :]
+        return qc, beta
+
+    def finish(self, zraw: np.ndarray, t: np.ndarray | None) -> np.ndarray:
+        """``B_c^T Y = diag(c) (B^T (r Y) - b (a^T r Y))`` from the pass's ``B^T (r Y)`` and ``a^T (r Y)``."""
+        z = zraw if t is None or self.b is None else zraw - self.b[:, None] * t
+        return z if self.c is None else z * self.c[:, None]
+
+    def params(self, dtype: Any) -> dict:
+        """Kernel parameters (``shift_a``: the per-row vector, ``shift_r``: the row scale)."""
+        dt = np.dtype(dtype)
+        return {"shift_a": None if self.a is None else self.a.astype(dt)[:, None],
+                "shift_r": None if self.r is None else self.r.astype(dt)[:, None],
+                "shifted": self.b is not None}
+
+    def apply_incore(self, x: np.ndarray) -> None:
+        """Center and scale the in-memory tall orientation ``x`` in place (the budget holds it)."""
+        if self.b is not None:  # the two forms of :meth:`of`: a = 1 (subtract b from every row) or b = 1
+            x -= self.b.astype(x.dtype)[None, :] if self.a is None else self.a.astype(x.dtype)[:, None]
+        if self.c is not None:
+            x *= self.c.astype(x.dtype)[None, :]
+        if self.r is not None:
+            x *= self.r.astype(x.dtype)[:, None]
