@@ -10,6 +10,8 @@ URLs. The same test suite (``tests/test_storage_backends.py``) runs against both
 
 from __future__ import annotations
 
+import abc
+
 import functools
 import os
 import shutil
@@ -19,45 +21,48 @@ from typing import Any
 from blocklin.storage.location import Location
 
 
-class Backend:
+class Backend(abc.ABC):
     """Operations on the keys (``"zarr.json"``, ``"c/0/1"``, ``""`` for the root itself) under a location."""
 
     def __init__(self, loc: Location) -> None:
         self.loc = loc
 
-    def exists(self, key: str = "") -> bool:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def exists(self, key: str = "") -> bool:
+        """Whether ``key`` (an object, or a prefix holding objects) exists."""
 
-    def read_bytes(self, key: str) -> bytes:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def read_bytes(self, key: str) -> bytes:
+        """The whole object at ``key``."""
 
-    def write_bytes(self, key: str, data: bytes) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """Write the whole object at ``key``; readers never see half of it."""
 
-    def remove(self, key: str = "") -> None:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def remove(self, key: str = "") -> None:
         """Remove a key or a whole prefix (recursively); missing keys are fine."""
-        raise NotImplementedError
 
-    def delete(self, key: str) -> None:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
         """Delete one object (one request on object stores); a missing one is fine."""
-        raise NotImplementedError
 
     def delete_many(self, keys: list[str]) -> None:
         """Delete objects (batched where the store allows)."""
         for k in keys:
             self.delete(k)
 
-    def keys(self, key: str = "") -> list[str]:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def keys(self, key: str = "") -> list[str]:
         """Every object (file) under ``key``, as keys relative to the root, sorted."""
-        raise NotImplementedError
 
-    def size(self, key: str = "") -> int:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def size(self, key: str = "") -> int:
         """Bytes of one object, or of every object under a prefix."""
-        raise NotImplementedError
 
-    def stamp(self, key: str) -> Any:  # pragma: no cover - interface
+    @abc.abstractmethod
+    def stamp(self, key: str) -> Any:
         """A value that changes whenever the object is rewritten (``None`` when missing)."""
-        raise NotImplementedError
 
     def read_text(self, key: str) -> str:
         return self.read_bytes(key).decode()
