@@ -118,10 +118,10 @@ class Job:
                 from blocklin.storage.probe import check_workers_reach
 
                 check_workers_reach(self.scheduler.client, temp_root(self.cfg))
+            self.device = self._resolve_device()  # on a cluster: also checks memory= against the workers
         except BaseException:
-            self.stack.close()
+            self.stack.close()  # the scoped settings above end with the failed job
             raise
-        self.device = self._resolve_device()
         self.progress = make_progress(self.cfg.progress if progress is None else progress)
         self.t0 = time.perf_counter()
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0, "retried_tasks": 0,
