@@ -34,94 +34,128 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, x_path: str, *,
     least-squares problem itself allows, while ``cond(K) eps < 1`` (else the Cholesky fails with
     :class:`~blocklin.errors.NotPositiveDefiniteError`: choose a larger ``lam``).
     """
-    m, n = A.shape
-    k = B.shape[1]
-    wide = m < n
-    s = m if wide else n
-    plan = plan_factor("cholesky", s, F64, memory=job.cfg.memory, workers=job.workers(1))
-    t = plan.tile
-    ops = BlockOps(job, t)
-    ops.workers = plan.workers
+    g = _GramSolve(job, A, B, lam)
+    g.factor()
+    steps = 1 if refine == "auto" else int(refine)
+    xs = g.solve_wide(steps) if g.wide else g.solve_tall(steps)
+    return g.finish(xs, x_path, steps)
 
-    def store(name: str, rows: int, cols: int) -> str:
-        return ops.store(name, rows, cols, F64)
 
-    def operand(path: str, shape: tuple[int, int], name: str) -> Operand:
-        return Operand(name=name, path=path, shape=shape, dtype=F64, chunks=(t, t))
+class _GramSolve:
+    """The stores and steps of one out-of-core Gram solve (all float64, square tiles of ``tile``)."""
 
-    def gemm(out: str, a: Any, b: Any, c: Any = None, *, trans_a: bool = False, alpha: float = 1.0,
+    def __init__(self, job: Any, A: Any, B: Any, lam: float) -> None:
+        self.job, self.A, self.B, self.lam = job, A, B, lam
+        (self.m, self.n), self.k = A.shape, B.shape[1]
+        self.wide = self.m < self.n
+        self.s = self.m if self.wide else self.n
+        plan = plan_factor("cholesky", self.s, F64, memory=job.cfg.memory, workers=job.workers(1))
+        self.t = plan.tile
+        self.ops = BlockOps(job, self.t)
+        self.ops.workers = plan.workers
+        s, k = self.s, self.k
+        self.z, self.r, self.d = self.store("z", s, k), self.store("r", self.m, k), self.store("d", s, k)
+
+    def store(self, name: str, rows: int, cols: int) -> str:
+        return self.ops.store(name, rows, cols, F64)
+
+    def operand(self, path: str, shape: tuple[int, int], name: str) -> Operand:
+        return Operand(name=name, path=path, shape=shape, dtype=F64, chunks=(self.t, self.t))
+
+    def gemm(self, out: str, a: Any, b: Any, c: Any = None, *, trans_a: bool = False, alpha: float = 1.0,
              beta: float = 0.0, description: str) -> None:
         op = Gemm.of(a, b, c, trans_a=trans_a, alpha=alpha, beta=beta, dtype="float64")
-        gp = op.plan(job, out_chunks=(min(t, op.shape[0]), min(t, op.shape[1])))
-        op.run(job, gp, out, description=description, count_pass="a" if a is A else "intermediate")
+        gp = op.plan(self.job, out_chunks=(min(self.t, op.shape[0]), min(self.t, op.shape[1])))
+        op.run(self.job, gp, out, description=description, count_pass="a" if a is self.A else "intermediate")
 
-    # K = A^T A + lam^2 I (tall) or A A^T + lam^2 I (wide), lower tiles, then its factor
-    g_path, l_path = store("gram", s, s), store("l", s, s)
-    a_reg = Region.of(A.path, A.shape)
-    ops.syrk(Region.of(g_path, (s, s)), a_reg if wide else a_reg.T, dtype=F64, shift=lam**2,
-             check=job.check_finite, description=f"Gram tiles {'A A^T' if wide else 'A^T A'} + lam^2 I")
-    ops.cholesky(Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=F64, check=False,
-                 description="Cholesky of the Gram matrix")
-    lreg = Region.of(l_path, (s, s))
-    y_path = store("y", s, k)
+    def region(self, path: str, rows: int) -> Region:
+        return Region.of(path, (rows, self.k))
 
-    def k_solve(rhs: str, dst: str) -> None:
-        ops.trsm(lreg, Region.of(rhs, (s, k)), Region.of(y_path, (s, k)), lower=True, dtype=F64,
-                 description="forward substitution")
-        ops.trsm(lreg, Region.of(y_path, (s, k)), Region.of(dst, (s, k)), lower=True, trans=True, dtype=F64,
-                 description="back substitution")
+    def add_to(self, dst: str, d: str, description: str) -> None:
+        """``dst += d`` for ``s x k`` stores."""
+        dst_reg = self.region(dst, self.s)
+        self.ops.axpby(dst_reg, dst_reg, self.region(d, self.s), dtype=F64, description=description)
 
-    steps = 1 if refine == "auto" else int(refine)
-    z_path, r_path, d_path = store("z", s, k), store("r", m, k), store("d", s, k)
-    zop = operand(z_path, (s, k), "z")
-    if wide:
-        k_solve(B.path, z_path)  # y (dual variable)
+    def factor(self) -> None:
+        """``K = A^T A + lam^2 I`` (tall) or ``A A^T + lam^2 I`` (wide), lower tiles, and its Cholesky factor."""
+        s = self.s
+        g_path, l_path = self.store("gram", s, s), self.store("l", s, s)
+        a_reg = Region.of(self.A.path, self.A.shape)
+        self.ops.syrk(Region.of(g_path, (s, s)), a_reg if self.wide else a_reg.T, dtype=F64, shift=self.lam**2,
+                      check=self.job.check_finite,
+                      description=f"Gram tiles {'A A^T' if self.wide else 'A^T A'} + lam^2 I")
+        self.ops.cholesky(Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=F64, check=False,
+                          description="Cholesky of the Gram matrix")
+        self.lreg = Region.of(l_path, (s, s))
+        self.y = self.store("y", s, self.k)
+
+    def k_solve(self, rhs: str, dst: str) -> None:
+        """``dst = K^-1 rhs`` by forward and back substitution."""
+        y = self.region(self.y, self.s)
+        self.ops.trsm(self.lreg, self.region(rhs, self.s), y, lower=True, dtype=F64,
+                      description="forward substitution")
+        self.ops.trsm(self.lreg, y, self.region(dst, self.s), lower=True, trans=True, dtype=F64,
+                      description="back substitution")
+
+    def solve_wide(self, steps: int) -> str:
+        """The dual variable ``y`` refined on ``(A A^T + lam^2 I) y = b``; returns the store of ``x = A^T y``."""
+        A, B, m, n, k = self.A, self.B, self.m, self.n, self.k
+        zop = self.operand(self.z, (self.s, k), "z")
+        self.k_solve(B.path, self.z)
         for _ in range(steps):  # rd = b - A A^T y - lam^2 y, y += K^-1 rd
-            x_tmp = store("xt", n, k)
-            gemm(x_tmp, A, zop, trans_a=True, description="x = A^T y")
-            gemm(r_path, A, operand(x_tmp, (n, k), "x"), B, alpha=-1.0, beta=1.0, description="b - A x")
-            ops.axpby(Region.of(r_path, (m, k)), Region.of(r_path, (m, k)), Region.of(z_path, (s, k)),
-                      beta=-lam**2, dtype=F64, description="dual residual")
-            k_solve(r_path, d_path)
-            ops.axpby(Region.of(z_path, (s, k)), Region.of(z_path, (s, k)), Region.of(d_path, (s, k)), dtype=F64,
-                      description="y += d")
-        xs = store("x", n, k)
-        gemm(xs, A, zop, trans_a=True, description="x = A^T y")
-    else:
-        c_path = store("c", n, k)
-        gemm(c_path, A, B, trans_a=True, description="A^T b")
-        k_solve(c_path, z_path)  # x
+            x_tmp = self.store("xt", n, k)
+            self.gemm(x_tmp, A, zop, trans_a=True, description="x = A^T y")
+            self.gemm(self.r, A, self.operand(x_tmp, (n, k), "x"), B, alpha=-1.0, beta=1.0, description="b - A x")
+            r_reg = self.region(self.r, m)
+            self.ops.axpby(r_reg, r_reg, self.region(self.z, self.s), beta=-self.lam**2, dtype=F64,
+                           description="dual residual")
+            self.k_solve(self.r, self.d)
+            self.add_to(self.z, self.d, "y += d")
+        xs = self.store("x", n, k)
+        self.gemm(xs, A, zop, trans_a=True, description="x = A^T y")
+        return xs
+
+    def solve_tall(self, steps: int) -> str:
+        """``x`` refined against the original problem; returns its store."""
+        A, B, m, n, k = self.A, self.B, self.m, self.n, self.k
+        zop = self.operand(self.z, (self.s, k), "z")
+        c_path = self.store("c", n, k)
+        self.gemm(c_path, A, B, trans_a=True, description="A^T b")
+        self.k_solve(c_path, self.z)
         for _ in range(steps):
-            gemm(r_path, A, zop, B, alpha=-1.0, beta=1.0, description="r = b - A x")
-            gemm(c_path, A, operand(r_path, (m, k), "r"), zop, trans_a=True, alpha=1.0, beta=-lam**2,
-                 description="A^T r - lam^2 x")
-            k_solve(c_path, d_path)
-            ops.axpby(Region.of(z_path, (s, k)), Region.of(z_path, (s, k)), Region.of(d_path, (s, k)), dtype=F64,
-                      description="x += d")
-        xs = z_path
-    xop = operand(xs, (n, k), "x")
-    # the reported residual and solution norms come from the final x (one more product over A)
-    gemm(r_path, A, xop, B, alpha=-1.0, beta=1.0, description="final residual b - A x")
-    rr = _col_sumsq(ops, r_path, (m, k))
-    xx = _col_sumsq(ops, xs, (n, k))
-    out_dtype = np.result_type(A.dtype, B.dtype)
-    from blocklin.storage.zarr_store import create_array
+            self.gemm(self.r, A, zop, B, alpha=-1.0, beta=1.0, description="r = b - A x")
+            self.gemm(c_path, A, self.operand(self.r, (m, k), "r"), zop, trans_a=True, alpha=1.0,
+                      beta=-self.lam**2, description="A^T r - lam^2 x")
+            self.k_solve(c_path, self.d)
+            self.add_to(self.z, self.d, "x += d")
+        return self.z
 
-    create_array(x_path, shape=(n, k), dtype=out_dtype, chunks=(min(t, n), min(t, k)), codec=job.cfg.codec)
-    xreg = Region.of(xs, (n, k))
-    ops.axpby(Region.of(x_path, (n, k)), xreg, xreg, alpha=1.0, beta=0.0, dtype=F64, description="write x")
+    def finish(self, xs: str, x_path: str, steps: int) -> dict:
+        """Write ``x`` to ``x_path`` in the operands' dtype; the report from the final residual."""
+        from blocklin.storage.zarr_store import create_array
 
-    def norms(v: np.ndarray) -> Any:
-        v = np.sqrt(np.maximum(v, 0.0))
-        return float(v[0]) if v.size == 1 else v.tolist()
+        A, B, m, n, k, t, lam = self.A, self.B, self.m, self.n, self.k, self.t, self.lam
+        self.gemm(self.r, A, self.operand(xs, (n, k), "x"), B, alpha=-1.0, beta=1.0,
+                  description="final residual b - A x")
+        rr = _col_sumsq(self.ops, self.r, (m, k))
+        xx = _col_sumsq(self.ops, xs, (n, k))
+        out_dtype = np.result_type(A.dtype, B.dtype)
+        create_array(x_path, shape=(n, k), dtype=out_dtype, chunks=(min(t, n), min(t, k)), codec=self.job.cfg.codec)
+        xreg = self.region(xs, n)
+        self.ops.axpby(self.region(x_path, n), xreg, xreg, alpha=1.0, beta=0.0, dtype=F64, description="write x")
 
-    return {"method": "normal", "method_reason": f"the {s} x {s} regularized Gram matrix "
-            f"({'A A^T' if wide else 'A^T A'} + lam^2 I, {format_size(s * s * 8)}) exceeds the budget: "
-            "stored and factored by the out-of-core tiled Cholesky, refined against the original problem",
-            "lam": lam, "residual_norm": norms(rr), "solution_norm": norms(xx),
-            "objective": norms(rr + lam**2 * xx), "refine_steps": steps, "gram": "out of core",
-            "residual_norm_source": "final residual pass", "gram_tile": t,
-            "norm_a": None, "cond_estimate": None, "phases": {"Gram SYRK, Cholesky, solves": job.device}}
+        def norms(v: np.ndarray) -> Any:
+            v = np.sqrt(np.maximum(v, 0.0))
+            return float(v[0]) if v.size == 1 else v.tolist()
+
+        gram = "A A^T" if self.wide else "A^T A"
+        return {"method": "normal", "method_reason": f"the {self.s} x {self.s} regularized Gram matrix "
+                f"({gram} + lam^2 I, {format_size(self.s * self.s * 8)}) exceeds the budget: "
+                "stored and factored by the out-of-core tiled Cholesky, refined against the original problem",
+                "lam": lam, "residual_norm": norms(rr), "solution_norm": norms(xx),
+                "objective": norms(rr + lam**2 * xx), "refine_steps": steps, "gram": "out of core",
+                "residual_norm_source": "final residual pass", "gram_tile": t,
+                "norm_a": None, "cond_estimate": None, "phases": {"Gram SYRK, Cholesky, solves": self.job.device}}
 
 
 def _col_sumsq(ops: BlockOps, path: str, shape: tuple[int, int]) -> np.ndarray:
