@@ -100,15 +100,8 @@ def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: 
     ``sqrt(n) eps``), at most ``max_refine`` times, stopping when a step does not halve it.
     """
     with Job("solve", **settings) as job:
-        A, B = job.operand(a, "a"), job.operand(_rhs(b), "b")
-        n = square(A, "for assume_a='pos' (a symmetric positive definite system)",
-                   "for least squares leave assume_a='gen'")
-        same_rows(A, B)
-        float_operand(A), float_operand(B)
-        if A.dtype != B.dtype:
-            raise ShapeError(explain("b", "must have the dtype of a for assume_a='pos' (no silent casts)",
-                                     f"a {A.dtype.name}, b {B.dtype.name}", "convert one of them"))
-        dt, k = A.dtype, B.shape[1]
+        A, B = _spd_operands(job, a, b)
+        n, dt, k = A.shape[0], A.dtype, B.shape[1]
         eps = float(np.finfo(dt).eps)
         tol = math.sqrt(max(n, 1)) * eps if tol is None else float(tol)
         plan = plan_factor("cholesky", n, dt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks))
@@ -121,32 +114,7 @@ def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: 
         ops.workers = plan.workers
         x_path = ao.array_path()
         create_array(x_path, shape=(n, k), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
-        lreg, breg, xreg = Region.of(l_path, (n, n)), Region.of(B.path, (n, k)), Region.of(x_path, (n, k))
-        y_path = job.scratch("y", (n, k), dt, (t, t))
-        yreg = Region.of(y_path, (n, k))
-
-        def cho_solve(rhs: Region, dst: Region) -> None:
-            ops.trsm(lreg, rhs, yreg, lower=True, dtype=dt, description="forward substitution L y = b")
-            ops.trsm(lreg, yreg, dst, lower=True, trans=True, dtype=dt, description="back substitution L^T x = y")
-
-        cho_solve(breg, xreg)
-        norm_b = math.sqrt(ops.sumsq(breg))
-        norm_x = math.sqrt(ops.sumsq(xreg))
-        r_path, d_path = job.scratch("r", (n, k), dt, (t, t)), job.scratch("d", (n, k), dt, (t, t))
-        history, steps = [], 0
-        while True:
-            ops.gemm(r_path, (0, 0), n, k, n, A.path, (0, 0), x_path, (0, 0), dtype=dt, c=B.path, alpha=-1.0,
-                     beta=1.0, description="residual b - A x")
-            res = math.sqrt(ops.sumsq(Region.of(r_path, (n, k))))
-            denom = norm_a * norm_x + norm_b
-            eta = res / denom if denom > 0 else 0.0
-            history.append({"step": steps, "residual": res, "backward_error": eta})
-            if eta <= tol or steps >= max_refine or (steps and not eta < 0.5 * history[-2]["backward_error"]):
-                break
-            cho_solve(Region.of(r_path, (n, k)), Region.of(d_path, (n, k)))
-            out_tiles = ops.axpby(xreg, xreg, Region.of(d_path, (n, k)), dtype=dt, description="x += d")
-            norm_x = math.sqrt(sum(r["sumsq"] for r in out_tiles))
-            steps += 1
+        res, eta, steps, history, norm_x = _cho_solve_refined(job, ops, A, B, l_path, x_path, norm_a, tol, max_refine)
         if eta > tol:
             warn(f"solve: backward error {eta:.1e} above tol {tol:.1e} after {steps} refinement step(s) "
                  f"(condition estimate too large for {dt.name}?)", ConvergenceWarning)
@@ -160,6 +128,53 @@ def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: 
                          report=job.brief(report, ("method", "method_reason", "residual_norm", "backward_error",
                                                    "refine_steps", "seconds")))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def _spd_operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
+    """``A`` (square) and ``B`` (same rows, same float dtype), checked."""
+    A, B = job.operand(a, "a"), job.operand(_rhs(b), "b")
+    square(A, "for assume_a='pos' (a symmetric positive definite system)", "for least squares leave assume_a='gen'")
+    same_rows(A, B)
+    float_operand(A), float_operand(B)
+    if A.dtype != B.dtype:
+        raise ShapeError(explain("b", "must have the dtype of a for assume_a='pos' (no silent casts)",
+                                 f"a {A.dtype.name}, b {B.dtype.name}", "convert one of them"))
+    return A, B
+
+
+def _cho_solve_refined(job: Job, ops: BlockOps, A: Any, B: Any, l_path: str, x_path: str, norm_a: float, tol: float,
+                       max_refine: int) -> tuple[float, float, int, list[dict], float]:
+    """``X = (L L^T)^-1 B`` into ``x_path``, refined while the backward error exceeds ``tol`` and halves.
+
+    Returns the last residual norm, backward error, refinement steps, history and ``||X||_F``.
+    """
+    (n, k), dt, t = B.shape, A.dtype, ops.chunk
+    lreg, breg, xreg = Region.of(l_path, (n, n)), Region.of(B.path, (n, k)), Region.of(x_path, (n, k))
+    yreg = Region.of(job.scratch("y", (n, k), dt, (t, t)), (n, k))
+
+    def cho_solve(rhs: Region, dst: Region) -> None:
+        ops.trsm(lreg, rhs, yreg, lower=True, dtype=dt, description="forward substitution L y = b")
+        ops.trsm(lreg, yreg, dst, lower=True, trans=True, dtype=dt, description="back substitution L^T x = y")
+
+    cho_solve(breg, xreg)
+    norm_b = math.sqrt(ops.sumsq(breg))
+    norm_x = math.sqrt(ops.sumsq(xreg))
+    r_path, d_path = job.scratch("r", (n, k), dt, (t, t)), job.scratch("d", (n, k), dt, (t, t))
+    history: list[dict] = []
+    steps = 0
+    while True:
+        ops.gemm(r_path, (0, 0), n, k, n, A.path, (0, 0), x_path, (0, 0), dtype=dt, c=B.path, alpha=-1.0,
+                 beta=1.0, description="residual b - A x")
+        res = math.sqrt(ops.sumsq(Region.of(r_path, (n, k))))
+        denom = norm_a * norm_x + norm_b
+        eta = res / denom if denom > 0 else 0.0
+        history.append({"step": steps, "residual": res, "backward_error": eta})
+        if eta <= tol or steps >= max_refine or (steps and not eta < 0.5 * history[-2]["backward_error"]):
+            return res, eta, steps, history, norm_x
+        cho_solve(Region.of(r_path, (n, k)), Region.of(d_path, (n, k)))
+        out_tiles = ops.axpby(xreg, xreg, Region.of(d_path, (n, k)), dtype=dt, description="x += d")
+        norm_x = math.sqrt(sum(r["sumsq"] for r in out_tiles))
+        steps += 1
 
 
 __all__ = ["solve_spd", "solve_triangular"]
