@@ -220,18 +220,101 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
            [ 4.,  5.,  6.,  7.],
            [ 8.,  9., 10., 11.]])
     """
-    if isinstance(src, np.ndarray) or hasattr(src, "dask"):  # in-memory arrays are written, not converted
+    _check_source_and_policy(src, nan)
+    t0 = time.perf_counter()
+    rss0 = _current_rss()
+    cfg = resolve(memory=memory)
+    chunks = parse_chunks(chunks)
+    codec = (codec if codec is not None else cfg.codec).lower()
+    src, out, src_path, out_path, in_fmt, out_fmt = _ends(src, out, storage_options, from_format, to_format,
+                                                          overwrite=overwrite)
+    _check_output_encoding(out_fmt, codec, checksum)
+    reader_opts = _reader_options(in_fmt, shape=shape, dtype=in_dtype if in_dtype is not None else dtype,
+                                  order=order, offset=offset, delimiter=delimiter, skip_rows=skip_rows, header=header)
+    reader = open_reader(src, format=from_format, **reader_opts)
+    writer = None
+    try:
+        out_dt = output_dtype(reader.dtype, dtype)
+        writer_cls_order = {"csv": "C", "tsv": "C", "mtx": "F"}.get(out_fmt)
+        if reader.sequential and writer_cls_order and writer_cls_order != reader.order:
+            reader.close()
+            return _staged(src, out, locals())
+        m, n = reader.shape
+        out_chunks = auto_chunks((m, n), out_dt, cfg.memory) if chunks == "auto" else chunks
+        token = _resume_token(src, src_path, out_path, in_fmt, out_fmt, reader, out_dt, out_chunks, codec, checksum)
+        writer = open_writer(out, (m, n), out_dt, format=to_format, chunks=out_chunks if chunks != "auto" or
+                             out_fmt == "zarr" else None, codec=codec, checksum=checksum,
+                             order=(out_order or reader.order), delimiter=delimiter, inputs=[src_path],
+                             overwrite=overwrite, resume=resume, token=token)
+        client = _cluster_client(scheduler) if in_fmt == "zarr" and out_fmt == "zarr" else None
+        # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
+        task_memory = cfg.memory // _threads_per_worker(client) if client is not None else cfg.memory
+        plan = _plan(reader, writer, out_dt, task_memory)
+        reader.prepare()
+        copy = _copy if client is None else functools.partial(_copy_on_cluster, client)
+        blocks, skipped = copy(reader, writer, plan, out_dt, nan, progress,
+                               f"convert {_base(src_path)} -> {_base(out_path)}")
+        report = {
+            "input": str(src), "output": str(out_path), "from": in_fmt, "to": out_fmt, "shape": [m, n],
+            "in_dtype": reader.dtype.str, "dtype": out_dt.name,
+            "chunks": list(writer.chunks) if writer.chunks else None,
+            "codec": codec if out_fmt in ("zarr", "hdf5") else "none", "checksum": bool(checksum),
+            "memory": cfg.memory, "planned_memory": plan.peak_memory, "blocks": blocks,
+            "blocks_skipped": skipped, "resumed": bool(skipped), "bytes_read": int(reader.bytes_read),
+            "seconds": time.perf_counter() - t0, "staged": False, "on_cluster": client is not None,
+        }
+        final = _commit(writer, plan, report, out_path)
+        writer = None
+        report.update(seconds=time.perf_counter() - t0, rss_before=rss0, plan=plan.to_dict(),
+                      bytes_written=backend(final).size("") if isinstance(final, Location) else disk_usage(final))
+        report["throughput_gbps"] = (plan.bytes_read / report["seconds"] / 1e9) if report["seconds"] > 0 else 0.0
+        return report
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    finally:
+        reader.close()
+
+
+def _check_source_and_policy(src: Any, nan: str) -> None:
+    """In-memory arrays are written with ``from_array``, not converted; ``nan`` is a known policy."""
+    if isinstance(src, np.ndarray) or hasattr(src, "dask"):
         raise ParameterError(explain("src", "must be a file, a zarr store or a URL (convert reads files in bounded "
                                      "memory)", f"an in-memory {type(src).__module__}.{type(src).__name__} of shape "
                                      f"{getattr(src, 'shape', '?')}", "write it with blocklin.from_array(x, out, "
                                      "chunks='auto'), which takes NumPy and Dask arrays"))
-    t0 = time.perf_counter()
-    rss0 = _current_rss()
-    cfg = resolve(memory=memory)
     if nan not in NAN_POLICIES:
         raise ConfigError(explain("nan", f"must be one of {NAN_POLICIES}", repr(nan), "pass nan='allow'"))
-    chunks = parse_chunks(chunks)
-    codec = (codec if codec is not None else cfg.codec).lower()
+
+
+def _resume_token(src: Any, src_path: Any, out_path: Any, in_fmt: str, out_fmt: str, reader: Any,
+                  out_dt: np.dtype, out_chunks: Any, codec: str, checksum: bool) -> str:
+    """Equal for reruns of the same conversion of the same (unchanged) source: what resume matches."""
+    return hashlib.sha1(json.dumps({
+        "src": _real(src_path), "spec": str(src), "stat": _stat_token(src_path), "fmt": in_fmt,
+        "shape": list(reader.shape), "in": reader.dtype.str, "out": out_dt.str, "chunks": list(out_chunks),
+        "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": _real(out_path),
+    }, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _commit(writer: Any, plan: Any, report: dict, out_path: Any) -> Any:
+    """Commit the output with its provenance; ``report`` gains the output as the caller named it and
+    the peak memory. Returns what the writer committed."""
+    params = {key: report[key] for key in ("chunks", "dtype", "codec", "checksum", "memory", "from")}
+    final = writer.commit(operation="convert", plan=plan.to_dict(), params=params, report=dict(report))
+    # The output as the caller named it (a local path keeps its spelling; a URL is its URL).
+    report["output"] = str(out_path) if isinstance(final, Location) and final.is_local else str(final)
+    report["peak_memory"] = _peak_rss()
+    return final
+
+
+def _ends(src: Any, out: Any, storage_options: dict | None, from_format: str | None, to_format: str | None, *,
+          overwrite: bool) -> tuple[Any, Any, Any, Any, str, str]:
+    """Source and output as given (or their locations), their paths and formats, checked.
+
+    Returns ``(src, out, src_path, out_path, in_fmt, out_fmt)``; URLs and store objects hold zarr only.
+    """
     src_loc, out_loc = _remote(src, storage_options, "input"), _remote(out, storage_options, "out")
     src_path = src_loc if src_loc is not None else split_spec(src)[0]
     out_path = out_loc if out_loc is not None else split_spec(out)[0]
@@ -244,90 +327,47 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
     if out_loc is None:
         check_output_path(out_path, [src_path], overwrite=overwrite)
     if src_loc is not None or out_loc is not None:
-        src = src_path
-        out = out_path
-    if out_fmt != "zarr":
-        if checksum:
-            raise ConfigError(explain("checksum", "checksums are stored in zarr chunks only", f"output {out_fmt}",
-                                      "write .zarr, or drop --checksum"))
-        if codec not in ("none", "gzip") or (codec == "gzip" and out_fmt != "hdf5"):
-            raise ConfigError(explain("codec", f"{out_fmt} output is not compressed by blocklin", repr(codec),
-                                      "write .zarr (or .h5 with gzip), or pass --codec none"))
-    reader_opts: dict[str, Any] = {}
+        src, out = src_path, out_path
+    return src, out, src_path, out_path, in_fmt, out_fmt
+
+
+def _check_output_encoding(out_fmt: str, codec: str, checksum: bool) -> None:
+    """Checksums and codecs are zarr's (gzip also HDF5's)."""
+    if out_fmt == "zarr":
+        return
+    if checksum:
+        raise ConfigError(explain("checksum", "checksums are stored in zarr chunks only", f"output {out_fmt}",
+                                  "write .zarr, or drop --checksum"))
+    if codec not in ("none", "gzip") or (codec == "gzip" and out_fmt != "hdf5"):
+        raise ConfigError(explain("codec", f"{out_fmt} output is not compressed by blocklin", repr(codec),
+                                  "write .zarr (or .h5 with gzip), or pass --codec none"))
+
+
+def _reader_options(in_fmt: str, *, shape: Any, dtype: Any, order: str | None, offset: int,
+                    delimiter: str | None, skip_rows: int | None, header: Any) -> dict[str, Any]:
+    """The options of the raw and CSV readers (``dtype``: the file's dtype)."""
     if in_fmt == "raw":
-        reader_opts.update(shape=shape, dtype=in_dtype if in_dtype is not None else dtype, order=order,
-                           offset=offset)
-    elif in_fmt in ("csv", "tsv"):
-        reader_opts.update(delimiter=delimiter, skip_rows=skip_rows, header=header,
-                           dtype=in_dtype if in_dtype is not None else dtype)
-    reader = open_reader(src, format=from_format, **reader_opts)
-    writer = None
-    try:
-        out_dt = output_dtype(reader.dtype, dtype)
-        writer_cls_order = {"csv": "C", "tsv": "C", "mtx": "F"}.get(out_fmt)
-        if reader.sequential and writer_cls_order and writer_cls_order != reader.order:
-            reader.close()
-            return _staged(src, out, locals())
-        m, n = reader.shape
-        out_chunks = auto_chunks((m, n), out_dt, cfg.memory) if chunks == "auto" else chunks
-        token = hashlib.sha1(json.dumps({
-            "src": _real(src_path), "spec": str(src), "stat": _stat_token(src_path), "fmt": in_fmt,
-            "shape": [m, n], "in": reader.dtype.str, "out": out_dt.str, "chunks": list(out_chunks),
-            "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": _real(out_path),
-        }, sort_keys=True).encode()).hexdigest()[:16]
-        writer = open_writer(out, (m, n), out_dt, format=to_format, chunks=out_chunks if chunks != "auto" or
-                             out_fmt == "zarr" else None, codec=codec, checksum=checksum,
-                             order=(out_order or reader.order), delimiter=delimiter, inputs=[src_path],
-                             overwrite=overwrite, resume=resume, token=token)
-        if reader.sequential:
-            plan_order, full_span = reader.order, True
-        elif writer.sequential:
-            plan_order, full_span = writer.order, True
-        else:
-            plan_order, full_span = reader.order, False
-        client = _cluster_client(scheduler) if in_fmt == "zarr" and out_fmt == "zarr" else None
-        # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
-        task_memory = cfg.memory // _threads_per_worker(client) if client is not None else cfg.memory
-        plan = plan_convert(
-            (m, n), reader.dtype, out_dt, memory=task_memory, order=plan_order, unit=writer.unit,
-            full_span=full_span, align=reader.chunks, resident=reader.resident_bytes,
-            resident_what=reader.resident_what, fixed=reader.overhead_bytes + writer.overhead_bytes,
-            in_chunk_bytes=getattr(reader, "chunk_bytes", 0), out_chunk_bytes=getattr(writer, "chunk_bytes", 0),
-            relayout=bool(getattr(writer, "relayout_copy", False) and writer.order != plan_order),
-            extra_per_element=writer.overhead_per_element)
-        reader.prepare()
-        copy = _copy if client is None else functools.partial(_copy_on_cluster, client)
-        blocks, skipped = copy(reader, writer, plan, out_dt, nan, progress,
-                               f"convert {_base(src_path)} -> {_base(out_path)}")
-        seconds = time.perf_counter() - t0
-        report = {
-            "input": str(src), "output": str(out_path), "from": in_fmt, "to": out_fmt, "shape": [m, n],
-            "in_dtype": reader.dtype.str, "dtype": out_dt.name,
-            "chunks": list(writer.chunks) if writer.chunks else None,
-            "codec": codec if out_fmt in ("zarr", "hdf5") else "none", "checksum": bool(checksum),
-            "memory": cfg.memory, "planned_memory": plan.peak_memory, "blocks": blocks,
-            "blocks_skipped": skipped, "resumed": bool(skipped), "bytes_read": int(reader.bytes_read),
-            "seconds": seconds, "staged": False, "on_cluster": client is not None,
-        }
-        params = {"chunks": report["chunks"], "dtype": out_dt.name, "codec": codec, "checksum": bool(checksum),
-                  "memory": cfg.memory, "from": in_fmt}
-        final = writer.commit(operation="convert", plan=plan.to_dict(), params=params, report=dict(report))
-        writer = None
-        # The output as the caller named it (a local path keeps its spelling; a URL is its URL).
-        report["output"] = str(out_path) if isinstance(final, Location) and final.is_local else str(final)
-        report["seconds"] = time.perf_counter() - t0
-        report["bytes_written"] = backend(final).size("") if isinstance(final, Location) else disk_usage(final)
-        report["peak_memory"] = _peak_rss()
-        report["rss_before"] = rss0
-        report["throughput_gbps"] = (plan.bytes_read / report["seconds"] / 1e9) if report["seconds"] > 0 else 0.0
-        report["plan"] = plan.to_dict()
-        return report
-    except BaseException:
-        if writer is not None:
-            writer.abort()
-        raise
-    finally:
-        reader.close()
+        return {"shape": shape, "dtype": dtype, "order": order, "offset": offset}
+    if in_fmt in ("csv", "tsv"):
+        return {"delimiter": delimiter, "skip_rows": skip_rows, "header": header, "dtype": dtype}
+    return {}
+
+
+def _plan(reader: Any, writer: Any, out_dt: np.dtype, memory: int) -> Any:
+    """The block plan: in the order of whichever side is sequential (a whole span then), else the reader's."""
+    if reader.sequential:
+        plan_order, full_span = reader.order, True
+    elif writer.sequential:
+        plan_order, full_span = writer.order, True
+    else:
+        plan_order, full_span = reader.order, False
+    return plan_convert(
+        reader.shape, reader.dtype, out_dt, memory=memory, order=plan_order, unit=writer.unit,
+        full_span=full_span, align=reader.chunks, resident=reader.resident_bytes,
+        resident_what=reader.resident_what, fixed=reader.overhead_bytes + writer.overhead_bytes,
+        in_chunk_bytes=getattr(reader, "chunk_bytes", 0), out_chunk_bytes=getattr(writer, "chunk_bytes", 0),
+        relayout=bool(getattr(writer, "relayout_copy", False) and writer.order != plan_order),
+        extra_per_element=writer.overhead_per_element)
 
 
 def _copy(reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any, desc: str) -> tuple[int, int]:
