@@ -106,6 +106,38 @@ def _mib(nbytes: int) -> str:
     return size_hint(nbytes)
 
 
+def _too_small(memory: int, need: int, *, resident: int, fixed: int, resident_what: str, order: str,
+               full_span: bool, panel: tuple[int, int], unit: tuple[int, int]) -> BudgetError:
+    """The error for a budget that cannot hold one block: what it must hold, and the minimum."""
+    if resident and resident + fixed > memory // 2:
+        return BudgetError(explain("memory", f"must hold what the reader needs: {resident_what} "
+                                   f"({_mib(resident)}) plus one block", f"{_mib(memory)} (needs {_mib(need)})",
+                                   f"raise the budget to at least {_mib(need)} (--memory {_mib(need)})"))
+    p = f"row panel of {panel[0]} x {panel[1]}" if order == "C" else f"column panel of {panel[1]} x {panel[0]}"
+    what = f"one {p}" if full_span else f"one block of {unit[0]} x {unit[1]} (the output chunks)"
+    return BudgetError(explain("memory", f"must hold {what} with its buffers", f"{_mib(memory)} "
+                               f"(needs {_mib(need)})", f"raise the budget to at least {_mib(need)} "
+                               f"(--memory {_mib(need)}){'' if full_span else ', or choose smaller --chunks'}"))
+
+
+def _panel_block(m_: int, n_: int, ur_: int, uc_: int, al: tuple[int, int] | None, *, full_span: bool,
+                 max_elems: int) -> tuple[int, int]:
+    """Block shape in panel coordinates: whole units, aligned to the source chunks where that fits."""
+    if m_ == 0 or n_ == 0:
+        return max(m_, 1), max(n_, 1)
+    if full_span or ur_ * n_ <= max_elems:
+        bc_ = n_
+    else:
+        step = uc_
+        if al and al[1] and math.lcm(uc_, al[1]) * ur_ <= max_elems:
+            step = math.lcm(uc_, al[1])
+        bc_ = min(max(uc_, (max_elems // ur_) // step * step), n_)
+    step = ur_
+    if al and al[0] and math.lcm(ur_, al[0]) * bc_ <= max_elems:
+        step = math.lcm(ur_, al[0])
+    return min(max(ur_, (max_elems // bc_) // step * step), m_), bc_
+
+
 def plan_convert(shape: tuple[int, int], in_dtype, out_dtype, *, memory: int, order: str = "C",
                  unit: tuple[int, int] = (1, 1), full_span: bool = False, align: tuple[int, int] | None = None,
                  resident: int = 0, resident_what: str = "", fixed: int = 0, in_chunk_bytes: int = 0,
@@ -182,36 +214,12 @@ def plan_convert(shape: tuple[int, int], in_dtype, out_dtype, *, memory: int, or
         concurrency, fixed_bytes = 1, int(resident + fixed + chunk_cost)
         need = fixed_bytes + per_elem(depth) * min_elems
     if need > memory:
-        if resident and resident + fixed > memory // 2:
-            raise BudgetError(explain("memory", f"must hold what the reader needs: {resident_what} "
-                                      f"({_mib(resident)}) plus one block", f"{_mib(memory)} (needs {_mib(need)})",
-                                      f"raise the budget to at least {_mib(need)} (--memory {_mib(need)})"))
-        panel = f"row panel of {ur_} x {n_}" if order == "C" else f"column panel of {n_} x {ur_}"
-        what = (f"one {panel}" if full_span else
-                f"one block of {ur} x {uc} (the output chunks)")
-        raise BudgetError(explain("memory", f"must hold {what} with its buffers", f"{_mib(memory)} "
-                                  f"(needs {_mib(need)})", f"raise the budget to at least {_mib(need)} "
-                                  f"(--memory {_mib(need)}){'' if full_span else ', or choose smaller --chunks'}"))
-
+        raise _too_small(memory, need, resident=resident, fixed=fixed, resident_what=resident_what, order=order,
+                         full_span=full_span, panel=(ur_, n_), unit=(ur, uc))
     pe = per_elem(depth)
     max_elems = max(min_elems, min((memory - fixed_bytes) // pe,
                                    max_block_bytes // max(in_dt.itemsize, out_dt.itemsize, 1)))
-    if m_ == 0 or n_ == 0:
-        bc_, br_ = max(n_, 1), max(m_, 1)
-    else:
-        if full_span or ur_ * n_ <= max_elems:
-            bc_ = n_
-        else:
-            step = uc_
-            if al and al[1] and math.lcm(uc_, al[1]) * ur_ <= max_elems:
-                step = math.lcm(uc_, al[1])
-            bc_ = max(uc_, (max_elems // ur_) // step * step)
-            bc_ = min(bc_, n_)
-        step = ur_
-        if al and al[0] and math.lcm(ur_, al[0]) * bc_ <= max_elems:
-            step = math.lcm(ur_, al[0])
-        br_ = max(ur_, (max_elems // bc_) // step * step)
-        br_ = min(br_, m_)
+    br_, bc_ = _panel_block(m_, n_, ur_, uc_, al, full_span=full_span, max_elems=max_elems)
     block = (br_, bc_) if order == "C" else (bc_, br_)
     elems = block[0] * block[1] if m and n else 0
     n_blocks = (math.ceil(m / block[0]) * math.ceil(n / block[1])) if m and n else 0
