@@ -235,8 +235,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
     writer = None
     try:
         out_dt = output_dtype(reader.dtype, dtype)
-        writer_cls_order = {"csv": "C", "tsv": "C", "mtx": "F"}.get(out_fmt)
-        if reader.sequential and writer_cls_order and writer_cls_order != reader.order:
+        if _opposite_sequential(reader, out_fmt):
             reader.close()
             return _staged(src, out, locals())
         m, n = reader.shape
@@ -275,6 +274,12 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         raise
     finally:
         reader.close()
+
+
+def _opposite_sequential(reader: Any, out_fmt: str) -> bool:
+    """A sequential reader and a sequential writer that walk the matrix in opposite orders."""
+    writer_order = {"csv": "C", "tsv": "C", "mtx": "F"}.get(out_fmt)
+    return bool(reader.sequential and writer_order and writer_order != reader.order)
 
 
 def _check_source_and_policy(src: Any, nan: str) -> None:

@@ -77,6 +77,11 @@ class MtxReader(Reader):
             raise _bad("'pattern' is only valid for coordinate files", "array pattern")
         self.field, self.symmetry = field, symmetry
         self.dtype = np.dtype(_FIELDS[field])
+        self._parse_size_line()
+        self._plan_reading()
+
+    def _parse_size_line(self) -> None:
+        """The first line after the banner and comments: ``ROWS COLS [NNZ]``."""
         line_no = 1
         while True:
             line = self._fh.readline()
@@ -99,6 +104,9 @@ class MtxReader(Reader):
         self.nnz = nums[2] if want == 3 else None
         self._data_line = line_no + 1
         self._next_line = self._data_line
+
+    def _plan_reading(self) -> None:
+        """Order, value count and what the reader must hold, from the layout and symmetry."""
         m, n = self.shape
         if self.symmetry != "general" and m != n:
             raise _bad(f"a {self.symmetry} matrix must be square", f"shape {m} x {n}")
