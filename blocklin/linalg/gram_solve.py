@@ -159,16 +159,9 @@ class _GramSolve:
 
 
 def _col_sumsq(ops: BlockOps, path: str, shape: tuple[int, int]) -> np.ndarray:
-    """Column sums of squares of a stored ``rows x k`` matrix (k small), read in row tiles."""
-    from blocklin.runtime.tiles import open_array
-    from blocklin.storage.zarr_store import read_block
-
-    arr = open_array(path)
-    total = np.zeros(shape[1])
-    for r0 in range(0, shape[0], ops.chunk):
-        blk = read_block(arr, slice(r0, min(shape[0], r0 + ops.chunk)), slice(0, shape[1]))
-        total += np.einsum("ij,ij->j", blk, blk, dtype=np.float64)
-    return total
+    """Column sums of squares of a stored ``rows x k`` matrix (k small), one block sumsq per column."""
+    return np.array([ops.sumsq(Region.of(path, (shape[0], 1), off=(0, j)), description="column norm")
+                     for j in range(shape[1])])
 
 
 __all__ = ["solve_gram_out_of_core"]
