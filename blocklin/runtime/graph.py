@@ -185,7 +185,8 @@ def _run_local(kind: str, dsk: dict, keys: list, workers: int, progress: Any, ev
         import dask.threaded
 
         get = dask.threaded.get
-    for attempt in range(POOL_RETRIES + 1):
+    attempt = 0
+    while True:
         todo = [k for k in keys if k not in done]
         # with dependencies, finished inputs of unfinished tasks are recomputed (cheap, idempotent)
         sub = dsk if has_deps else {k: dsk[k] for k in todo}
@@ -208,7 +209,7 @@ def _run_local(kind: str, dsk: dict, keys: list, workers: int, progress: Any, ev
             from blocklin.errors import warn
 
             warn(f"a worker process died; running its {lost} unfinished task(s) again in a new pool")
-    raise AssertionError("unreachable")
+            attempt += 1
 
 
 def _refers(arg: Any, keys: set) -> bool:
