@@ -18,6 +18,7 @@ from blocklin.linalg.lu import lu  # noqa: E402
 from blocklin.linalg.eigsh import eigsh  # noqa: E402
 from blocklin.linalg.operator import aslinearoperator  # noqa: E402
 from blocklin.linalg.pca import pca  # noqa: E402
+from blocklin.linalg.qr_factor import qr  # noqa: E402
 from blocklin.linalg.svd import svd  # noqa: E402
 from blocklin.linalg.tikhonov import solve, solve_plan  # noqa: E402
 from blocklin.linalg.triangular import solve_triangular  # noqa: E402
@@ -26,6 +27,6 @@ from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
     "Matrix", "__version__", "aslinearoperator", "cholesky", "config", "configure", "convert", "eigsh", "errors",
-    "from_array", "inv", "inv_plan", "lu", "matmul", "matmul_plan", "open", "pca", "random", "solve", "solve_plan",
+    "from_array", "inv", "inv_plan", "lu", "matmul", "matmul_plan", "open", "pca", "qr", "random", "solve", "solve_plan",
     "solve_triangular", "svd",
 ]

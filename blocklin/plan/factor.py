@@ -50,11 +50,18 @@ class FactorPlan:
     memory: int
     flops: int
     bytes_read: int
+    #: Rows, for the QR of an ``m x n`` matrix (``n`` is then its columns); None for square operations.
+    m: int | None = None
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def explain(self) -> str:
+        if self.operation == "qr":
+            return (f"qr of a {self.m} x {self.n} {self.dtype} matrix: {self.tiles} column panels of {self.tile} "
+                    f"(one after another, Householder with compact WY block reflectors); peak "
+                    f"{format_size(self.peak_memory)} of a {format_size(self.memory)} budget; "
+                    f"{self.flops / 1e9:.1f} GFLOP for R (as much again for Q), {format_size(self.bytes_read)} read")
         if self.operation == "lu":
             return (f"lu of a {self.n} x {self.n} {self.dtype} matrix: {self.tiles} column panels of {self.tile} "
                     f"(one after another, partial pivoting over all rows); peak {format_size(self.peak_memory)} "
@@ -127,3 +134,36 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
     return FactorPlan(operation="lu", n=n, dtype=dt.name, tile=tile, tiles=nt, workers=1,
                       peak_memory=PANEL_BUFFERS * n * tile * dt.itemsize, memory=memory, flops=2 * n**3 // 3,
                       bytes_read=int((n**3 / (2 * tile) + 2 * n * n) * dt.itemsize))
+
+
+#: Panel-sized buffers of one Householder QR panel task: the panel, an earlier panel as read and as
+#: ``V``, the update ``V (T W)``, and LAPACK's copy of the trailing panel.
+QR_PANEL_BUFFERS = 6
+
+
+def plan_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
+            tile: int | None = None) -> FactorPlan:
+    """Panel width of the left-looking Householder QR of an ``m x n`` matrix (``m >= n``):
+    :data:`QR_PANEL_BUFFERS` panels of ``m x width`` in the budget. ``flops``: those of ``R``
+    (``2 m n^2 - 2 n^3 / 3``); forming ``Q`` costs as much again."""
+    dt = np.dtype(dtype)
+
+    def fits(t: int) -> bool:
+        return QR_PANEL_BUFFERS * max(m, 1) * t * dt.itemsize <= memory
+
+    if tile is None:
+        if chunks is not None and chunks[0] == chunks[1] and chunks[0] >= 32 and fits(min(chunks[0], max(n, 1))):
+            tile = chunks[0]
+        else:
+            tile = next((t for t in TILE_SIDES if fits(min(t, max(n, 1)))), None)
+        if tile is None:
+            need = QR_PANEL_BUFFERS * m * 32 * dt.itemsize
+            raise BudgetError(explain("memory", f"must hold {QR_PANEL_BUFFERS} column panels of {m} x 32 for the "
+                                      "tiled QR", format_size(memory), f"raise it to at least {format_size(need)}, "
+                                      "or, for R alone of a tall matrix, use method='tsqr'"))
+    tile = max(1, min(int(tile), max(n, 1)))
+    nt = max(1, math.ceil(n / tile))
+    return FactorPlan(operation="qr", m=m, n=n, dtype=dt.name, tile=tile, tiles=nt, workers=1,
+                      peak_memory=QR_PANEL_BUFFERS * m * tile * dt.itemsize, memory=memory,
+                      flops=2 * m * n * n - 2 * n**3 // 3, bytes_read=int((m * n * n / (2 * tile) + 2 * m * n)
+                                                                          * dt.itemsize))

@@ -1,0 +1,201 @@
+"""``blocklin.qr``: QR factorization of tall and square matrices larger than memory.
+
+Two routes, one result convention (``R`` with a non-negative diagonal):
+
+* ``"tsqr"``: ``R`` alone when it fits in core, from the one-pass streaming TSQR of
+  :mod:`blocklin.linalg.tsqr` (Demmel, Grigori, Hoemmen and Langou 2012): ``A`` is read once.
+* ``"tiled"``: left-looking blocked Householder QR over column panels
+  (:mod:`blocklin.runtime.householder`), for ``R`` that does not fit in core and for ``Q``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Unpack
+
+import numpy as np
+from dask.base import tokenize
+
+from blocklin.config import Settings, format_size
+from blocklin.errors import ParameterError, ShapeError, warn
+from blocklin.errors import explain as _msg
+from blocklin.linalg.qr import tsqr_pass
+from blocklin.linalg.tsqr import positive_diagonal
+from blocklin.matrix import Matrix
+from blocklin.plan.factor import FactorPlan, plan_qr
+from blocklin.plan.solve import small_bytes
+from blocklin.runtime.blockops import BlockOps, Region
+from blocklin.runtime.householder import qr_extract_r, qr_form_q, qr_panels
+from blocklin.runtime.job import Job
+from blocklin.storage.backend import backend
+from blocklin.storage.zarr_store import create_array, open_zarr, write_block
+from blocklin.validate import choice, float_operand
+
+MODES = ("r", "reduced")
+METHODS = ("auto", "tiled", "tsqr")
+REPORT_KEYS = ("method", "method_reason", "seconds", "flops", "gflops", "peak_memory", "diag_ratio", "tasks",
+               "skipped")
+
+
+def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str = "auto", overwrite: bool = False,
+       resume: bool = False, explain: bool = False, tile: int | None = None,
+       **settings: Unpack[Settings]) -> Matrix | tuple[Matrix, Matrix] | FactorPlan:
+    """QR factorization ``A = Q R`` of a tall or square matrix larger than memory.
+
+    Parameters
+    ----------
+    a : path, zarr array, Matrix, NumPy or Dask array
+        ``m x n`` with ``m >= n``, float32 or float64. Never modified.
+    out : path, optional
+        Output store of ``R`` (``n x n``, upper triangular; atomic).
+    q : path, optional
+        Output store of the thin ``Q`` (``m x n``, orthonormal columns; atomic) with ``mode="reduced"``.
+    mode : {"r", "reduced"}
+        ``"r"``: ``R`` only (as ``numpy.linalg.qr(a, mode="r")``); ``"reduced"``: ``Q`` and ``R``.
+    method : {"auto", "tiled", "tsqr"}
+        ``"tsqr"``: one streaming pass (``R`` held in core: ``5 n^2`` float64 within ``memory``; no
+        ``Q``). ``"tiled"``: blocked Householder over column panels (``6 m t`` elements per panel of
+        width ``t >= 32`` within ``memory``; ``R`` and ``Q`` stored tile by tile). ``"auto"``:
+        ``"tsqr"`` for ``R`` alone when it fits in core, else ``"tiled"``; the report says which and why.
+    overwrite, resume : bool
+        Replace existing outputs; continue an interrupted tiled run (finished panels are kept).
+    explain : bool
+        Return the tiled route's :class:`~blocklin.plan.factor.FactorPlan` without running.
+    tile : int, optional
+        Panel width of the tiled route (default: planned from the budget).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`.
+
+    Returns
+    -------
+    Matrix or (Matrix, Matrix)
+        ``R`` (``mode="r"``) or ``(Q, R)``. ``R``'s diagonal is non-negative (the unique ``R`` of a
+        full-rank ``A``; LAPACK's and NumPy's may differ from it by the signs of rows, and their ``Q``
+        by the signs of columns). ``R.report``: ``method``, ``method_reason``, ``diag_ratio``
+        (``min |R_ii| / max |R_ii|``, a cheap rank indicator: 0 for a rank-deficient ``A``),
+        ``seconds``, ``flops``, ``peak_memory``, ``plan``.
+
+    Notes
+    -----
+    *Tiled.* Column panels of width ``t`` (all ``m`` rows) are factored in a chain of tasks:
+    panel ``j`` receives the block reflectors ``Q_k^T = I - V_k T_k^T V_k^T`` of the panels before it
+    (left-looking, as the out-of-core QR of Gunter and van de Geijn 2005 and of D'Azevedo and
+    Dongarra's out-of-core ScaLAPACK, 2000), then LAPACK ``geqrt`` factors its trailing part
+    (Householder reflectors in the compact WY form of Schreiber and Van Loan 1989). Householder QR
+    is backward stable whatever the conditioning: ``A + E = Q R`` with ``||E|| <= c m n u ||A||`` and
+    ``||Q^T Q - I|| <= c m n u`` (Higham 2002, Thm. 19.4). Every panel is written once and its ``T``
+    kept beside the resume markers, so ``resume=True`` skips finished panels; the sums run in a fixed
+    order, so the bits do not depend on the scheduler. Cost: ``2 m n^2 - 2 n^3 / 3`` flops for ``R``,
+    as much again for ``Q``; ``m n^2 / (2 t)`` elements read.
+
+    *TSQR.* Row strips fold into a running triangular factor (Demmel, Grigori, Hoemmen and Langou,
+    SIAM J. Sci. Comput. 34(1), 2012): one pass over ``A``, ``2 m n^2`` flops, equally stable.
+    """
+    mode = choice("mode", mode, MODES, fix="pass mode='r' (R only) or 'reduced' (Q and R)")
+    method = choice("method", method, METHODS, fix="pass method='auto'")
+    if q is not None and mode != "reduced":
+        raise ParameterError(_msg("q", "is the output of Q, which needs mode='reduced'", f"q={q!r} with mode='r'",
+                                     "pass mode='reduced', or drop q"))
+    with Job("qr", **settings) as job:
+        A = job.operand(a, "a")
+        m, n = A.shape
+        if m < n:
+            raise ShapeError(_msg("a", "must be tall or square (rows >= columns) for blocklin.qr",
+                                     f"{m} x {n}", "factor the transpose (A^T = Q R gives A = R^T Q^T)"))
+        dt = float_operand(A)
+        route, reason = _route(job, m, n, mode, method)
+        if route == "tsqr":
+            if explain:
+                raise ParameterError(_msg("explain", "describes the tiled route's plan", "the streaming TSQR "
+                                                "route was chosen", "pass method='tiled'"))
+            return _tsqr(job, A, out, overwrite=overwrite, reason=reason)
+        plan = plan_qr(m, n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
+        if explain:
+            return plan
+        return _tiled(job, A, plan, out, q, mode=mode, overwrite=overwrite, resume=resume, reason=reason)
+
+
+def _route(job: Job, m: int, n: int, mode: str, method: str) -> tuple[str, str]:
+    """``("tsqr" | "tiled", why)``."""
+    in_core = small_bytes(n, 0) <= job.cfg.memory
+    if method == "tsqr":
+        if mode == "reduced":
+            raise ParameterError(_msg("method", "'tsqr' returns R only (Q is never formed)",
+                                         "method='tsqr' with mode='reduced'", "pass method='tiled' or 'auto'"))
+        if not in_core:
+            raise ParameterError(_msg("method", "'tsqr' holds the n x n R factor in core",
+                                         f"R needs {format_size(small_bytes(n, 0))}, over the budget of "
+                                         f"{format_size(job.cfg.memory)}", "pass method='tiled' or raise memory="))
+        return "tsqr", "requested: one streaming pass (TSQR)"
+    if method == "tiled":
+        return "tiled", "requested: blocked Householder over column panels"
+    if mode == "reduced":
+        return "tiled", "Q requested: blocked Householder over column panels (Q stored tile by tile)"
+    if in_core:
+        return "tsqr", (f"R ({n} x {n}) fits in core: one streaming pass over A (TSQR), the fewest reads")
+    return "tiled", (f"R ({n} x {n}, {format_size(small_bytes(n, 0))} to hold and reduce) exceeds the budget of "
+                     f"{format_size(job.cfg.memory)}: blocked Householder over column panels, R stored")
+
+
+def _tsqr(job: Job, A: Any, out: Any, *, overwrite: bool, reason: str) -> Matrix:
+    m, n = A.shape
+    result = tsqr_pass(job, A, None, A.dtype)
+    r = positive_diagonal(result.r).astype(A.dtype, copy=False)
+    ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite)
+    chunk = min(max(n, 1), 1024)
+    create_array(ao.array_path(), shape=(n, n), dtype=A.dtype, chunks=(chunk, chunk), codec=job.cfg.codec)
+    write_block(open_zarr(ao.array_path(), mode="r+"), slice(0, n), slice(0, n), r)
+    report = _report(job, np.abs(np.diag(r)), method="tsqr", reason=reason, flops=2 * m * n * n,
+                     plan=result.report["plan"], norm_a=result.norm_a)
+    path = ao.commit("qr", plan=result.report["plan"], params={"mode": "r", "method": "tsqr"},
+                     report=job.brief(report, REPORT_KEYS))
+    return Matrix(path, report=report, temporary=out is None)
+
+
+def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, overwrite: bool, resume: bool,
+           reason: str) -> Matrix | tuple[Matrix, Matrix]:
+    m, n = A.shape
+    dt, t = np.dtype(plan.dtype), plan.tile
+    inputs = [A.path] if not A.staged else []
+    token = tokenize("qr", A.path, A.shape, A.dtype.str, tuple(A.chunks), plan.to_dict())[:16]
+    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token)
+    qo = job.output(q, inputs=inputs, overwrite=overwrite, resume=resume, token=token + "q") if mode == "reduced" \
+        else None
+    work = (ao.done / "qr-work.zarr").with_pending(False)  # dropped with the markers at commit
+    if not backend(work).exists("zarr.json"):
+        create_array(work, shape=(m, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+    for o, shape in ((ao, (n, n)), (qo, (m, n))):
+        if o is not None and not o.resumed:
+            create_array(o.array_path(), shape=shape, dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+    ops = BlockOps(job, t)
+    ops.workers = 1
+    results = qr_panels(ops, Region.of(A.path, A.shape), work, dtype=dt, done_dir=ao.done, check=job.check_finite)
+    signs = np.concatenate([r["signs"] for r in results]) if n else np.ones(0)
+    qr_extract_r(ops, work, ao.array_path(), m, n, dtype=dt, signs=signs)
+    if qo is not None:
+        qr_form_q(ops, work, qo.array_path(), m, n, dtype=dt, done_dir=ao.done, signs=signs)
+    diag = [(r["min_r"], r["max_r"]) for r in results]
+    report = _report(job, np.array([d for pair in diag for d in pair]), method="tiled", reason=reason,
+                     flops=plan.flops * (2 if qo is not None else 1), plan=plan.to_dict(), norm_a=None)
+    params = {"mode": mode, "method": "tiled"}
+    r_path = ao.commit("qr", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
+    R = Matrix(r_path, report=report, temporary=out is None)
+    if qo is None:
+        return R
+    q_path = qo.commit("qr", plan=plan.to_dict(), params={**params, "factor": "Q"},
+                       report=job.brief(report, REPORT_KEYS))
+    return Matrix(q_path, report=report, temporary=q is None), R
+
+
+def _report(job: Job, diag: np.ndarray, *, method: str, reason: str, flops: int, plan: dict,
+            norm_a: float | None) -> dict:
+    top = float(diag.max()) if diag.size else 0.0
+    ratio = float(diag.min()) / top if top > 0 else 0.0
+    if diag.size and ratio == 0.0:
+        warn("qr: R has a zero on its diagonal: A is rank-deficient (Q and R are still a valid factorization)")
+    report = job.report(method=method, method_reason=reason, diag_ratio=ratio, plan=plan, norm_a=norm_a)
+    report["flops"] = flops
+    report["gflops"] = flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0
+    return report
+
+
+__all__ = ["qr"]
