@@ -1,4 +1,4 @@
-"""``blocklin factor cholesky A -o L``: out-of-core factorizations of matrix files."""
+"""``blocklin factor {cholesky,lu,qr} A -o F``: out-of-core factorizations of matrix files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from blocklin.config import format_size
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("factor", help="factor a zarr matrix out of core (cholesky, lu)",
+    p = sub.add_parser("factor", help="factor a zarr matrix out of core (cholesky, lu, qr)",
                        description="Factor a square zarr matrix out of core, tile by tile.")
     kinds = p.add_subparsers(dest="kind", metavar="KIND")
     c = kinds.add_parser("cholesky", help="A = L L^T (or U^T U) of a symmetric positive definite matrix",
@@ -36,7 +36,54 @@ def register(sub: argparse._SubParsersAction) -> None:
     u.add_argument("--explain", action="store_true", help="print the plan and exit")
     ui.add_common(u)
     u.set_defaults(func=run_lu)
-    p.set_defaults(func=lambda args: p.error("choose what to factor: blocklin factor {cholesky,lu} A -o F"))
+    _register_qr(kinds)
+    p.set_defaults(func=lambda args: p.error("choose what to factor: blocklin factor {cholesky,lu,qr} A -o F"))
+
+
+def _register_qr(kinds: argparse._SubParsersAction) -> None:
+    r = kinds.add_parser("qr", help="A = Q R of a tall or square matrix (R, and Q with --q)",
+                         description="QR out of core: one streaming TSQR pass when R alone fits in memory, else "
+                                     "blocked Householder over column panels (resumable). R has a non-negative "
+                                     "diagonal.")
+    r.add_argument("a", metavar="A", help="tall or square zarr array (path), m x n with m >= n")
+    r.add_argument("-o", "--out", required=True, metavar="R", help="output zarr array of R (path)")
+    r.add_argument("--q", metavar="Q", help="also write the thin Q (m x n) to this zarr array (path)")
+    r.add_argument("--method", choices=("auto", "tiled", "tsqr"), default="auto",
+                   help="auto (default): TSQR for R alone when it fits in memory, else tiled")
+    r.add_argument("--tile", type=int, help="panel width of the tiled route (default: planned from the budget)")
+    r.add_argument("--resume", action="store_true", help="continue an interrupted run, keeping its finished panels")
+    r.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
+    r.add_argument("--explain", action="store_true", help="print the plan and exit")
+    ui.add_common(r)
+    r.set_defaults(func=run_qr)
+
+
+def run_qr(args: argparse.Namespace) -> dict:
+    from blocklin.linalg.qr_factor import qr
+
+    kwargs = dict(q=args.q, mode="reduced" if args.q else "r", method=args.method, tile=args.tile,
+                  memory=args.memory, device=args.device, scheduler=args.scheduler,
+                  check_finite=False if args.no_check_finite else None)
+    if args.explain:
+        plan = qr(args.a, out=args.out, explain=True, **{**kwargs, "method": "tiled"} if args.method == "auto" else kwargs)
+        summary = {"plan": plan.to_dict()}
+        ui.emit(args, summary, plan.explain())
+        return summary
+    res = qr(args.a, out=args.out, overwrite=args.overwrite, resume=args.resume, progress=ui.progress_arg(args),
+             **kwargs)
+    q, f = res if isinstance(res, tuple) else (None, res)
+    r = f.report
+    summary = {"output": f.path, "q": q.path if q is not None else None, "shape": list(f.shape),
+               "dtype": f.dtype.name, "method": r["method"], "method_reason": r["method_reason"],
+               "seconds": r["seconds"], "flops": r["flops"], "gflops": r["gflops"], "diag_ratio": r["diag_ratio"],
+               "tasks": r["tasks"], "skipped": r["skipped"], "peak_memory": r["peak_memory"],
+               "scheduler": r["scheduler"], "device": r["device"]}
+    human = (f"wrote {f.path} (R, {f.shape[0]} x {f.shape[1]} {f.dtype.name})"
+             f"{' and ' + str(q.path) + ' (Q, ' + str(q.shape[0]) + ' x ' + str(q.shape[1]) + ')' if q is not None else ''}"
+             f" in {r['seconds']:.2f} s ({r['gflops']:.1f} GFLOP/s), method {r['method']} ({r['method_reason']}); "
+             f"min/max |R_ii| {r['diag_ratio']:.3g}; peak memory {format_size(r['peak_memory'])}")
+    ui.emit(args, summary, human)
+    return summary
 
 
 def run_lu(args: argparse.Namespace) -> dict:

@@ -76,27 +76,11 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
             return plan
         token = tokenize("lu", A.path, A.shape, A.dtype.str, tuple(A.chunks), plan.to_dict())[:16]
         ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token)
-        done = ao.done
-        work = done / "lu-work.zarr"  # dropped with the markers at commit
-        t = plan.tile
-        if not backend(work).exists("zarr.json"):
-            create_array(work.with_pending(False), shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
-            work = work.with_pending(False)
-        else:
-            work = work.with_pending(False)
         if ao.resumed:
             open_zarr(ao.array_path(), mode="r+")
         else:
-            create_array(ao.array_path(), shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
-        ops = BlockOps(job, t)
-        ops.workers = 1
-        results = ops.lu_panels(Region.of(A.path, A.shape), work, dtype=dt, done_dir=done, check=job.check_finite)
-        pivots = np.concatenate([np.load(io.BytesIO(backend(done).read_bytes(f"lu-piv-{j}.npy")))
-                                 for j in range(plan.tiles)]) if n else np.zeros(0, dtype=np.int64)
-        ops.lu_finish(work, ao.array_path(), n, pivots, dtype=dt)
-        max_a = max((r["max_a"] for r in results), default=0.0)
-        max_u = max((r["max_u"] for r in results), default=0.0)
-        min_pivot = min((r["min_pivot"] for r in results), default=0.0)
+            create_array(ao.array_path(), shape=(n, n), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
+        pivots, max_a, max_u, min_pivot = factor_lu_into(job, A, ao.array_path(), plan, done_dir=ao.done)
         if n and min_pivot == 0.0:
             warn("lu: an exact zero pivot: A is singular (U has a zero on its diagonal); the factors are "
                  "returned as LAPACK's getrf does")
@@ -109,4 +93,28 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
         return Matrix(path, report=report, temporary=out is None)
 
 
-__all__ = ["lu"]
+def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: Any) -> tuple[np.ndarray, float,
+                                                                                              float, float]:
+    """The packed LU of operand ``A`` (computed in ``plan.dtype``) into the existing store ``path``.
+
+    ``done_dir`` (a folder) keeps the panels' pivots, statistics and resume markers, and the work
+    store of the panels (``lu-work.zarr``). Returns the pivots, ``max |A|``, ``max |U|`` and the
+    smallest ``|U_ii|``.
+    """
+    n, dt, t = A.shape[0], np.dtype(plan.dtype), plan.tile
+    work = (done_dir / "lu-work.zarr").with_pending(False)
+    if not backend(work).exists("zarr.json"):
+        create_array(work, shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+    ops = BlockOps(job, t)
+    ops.workers = 1
+    results = ops.lu_panels(Region.of(A.path, A.shape), work, dtype=dt, done_dir=done_dir, check=job.check_finite)
+    pivots = np.concatenate([np.load(io.BytesIO(backend(done_dir).read_bytes(f"lu-piv-{j}.npy")))
+                             for j in range(plan.tiles)]) if n else np.zeros(0, dtype=np.int64)
+    ops.lu_finish(work, path, n, pivots, dtype=dt)
+    max_a = max((r["max_a"] for r in results), default=0.0)
+    max_u = max((r["max_u"] for r in results), default=0.0)
+    min_pivot = min((r["min_pivot"] for r in results), default=0.0)
+    return pivots, max_a, max_u, min_pivot
+
+
+__all__ = ["factor_lu_into", "lu"]

@@ -25,8 +25,9 @@ from blocklin.storage.zarr_store import create_array, open_zarr, write_block
 from blocklin.validate import choice, count, float_operand, same_rows
 
 METHODS = ("auto", "normal", "qr")
-#: What ``solve`` may assume of a square ``a``: nothing (least squares), or symmetric positive definite.
-ASSUME = ("gen", "pos")
+#: What ``solve`` may assume of ``a``: nothing (least squares; LU for a square system), symmetric
+#: positive definite, or symmetric (:mod:`blocklin.linalg.square_solve`).
+ASSUME = ("gen", "pos", "sym")
 #: ``auto`` keeps the normal equations while the regularized Gram matrix's reciprocal condition
 #: estimate is above this (``cond(A)`` below about ``1e5``; refinement then recovers full accuracy).
 AUTO_RCOND = 1e-10
@@ -179,7 +180,7 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
 
 def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
           refine: Any = "auto", overwrite: bool = False, explain: bool = False, fit_intercept: bool = False,
-          **settings: Unpack[Settings]) -> Matrix | SolvePlan:
+          precision: str = "double", **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
     Parameters
@@ -205,12 +206,20 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         L-curve use QR. The report says which was used and why. Wide ``A`` (``m < n``) uses the dual
         form ``x = A^T (A A^T + lam^2 I)^{-1} b`` with ``A A^T`` from an out-of-core GEMM
         (``method="qr"`` is refused there).
-    assume_a : {"gen", "pos"}
-        ``"gen"`` (default): the regularized least-squares problem above. ``"pos"``: ``A`` is square,
-        symmetric positive definite and stored in full; ``A x = b`` is solved for any ``n`` by the
-        out-of-core tiled Cholesky (:func:`blocklin.cholesky`), two out-of-core triangular solves
-        and iterative refinement to the dtype's backward error (``lam`` must be 0; ``out`` keeps
-        ``A``'s dtype); see :func:`blocklin.linalg.triangular.solve_spd`.
+    assume_a : {"gen", "pos", "sym"}
+        ``"gen"`` (default): the regularized least-squares problem above; a **square** ``A`` with
+        ``lam=0`` and ``method="auto"`` is a linear system, solved for any ``n`` by the out-of-core
+        LU with partial pivoting (:func:`blocklin.lu`), two out-of-core triangular solves and
+        iterative refinement (report ``method="lu"``; ``method="normal"``/``"qr"`` keep the
+        least-squares routes, e.g. for a singular ``A``). ``"pos"``: ``A`` square, symmetric positive
+        definite, stored in full: the out-of-core tiled Cholesky (:func:`blocklin.cholesky`) instead.
+        ``"sym"``: symmetric: Cholesky when it succeeds, else LU (symmetric indefinite). These
+        square routes need ``lam=0`` and refine to the dtype's backward error (``out`` keeps ``A``'s
+        dtype); see :func:`blocklin.linalg.square_solve.solve_square`.
+    precision : {"double", "mixed"}
+        Square routes only. ``"mixed"``: factor a float64 ``A`` in float32 and refine in float64 to the
+        float64 backward error (while ``cond(A) < ~10^7``; else
+        :class:`~blocklin.errors.ConvergenceError`); the report gives the steps and backward error.
     out : path, optional
         Output store for ``x`` (``n x k``; for a sequence of ``L`` values ``n x (L k)``, block ``l`` in
         columns ``l k : (l+1) k``). Atomic.
@@ -279,15 +288,19 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     (True, 'normal')
     """
     method = choice("method", method, METHODS, fix="pass method='auto'")
-    assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares) or 'pos' (SPD)")
+    assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares; LU when square), "
+                      "'pos' (SPD) or 'sym' (symmetric)")
     kind, lams = _parse_lam(lam)
-    if fit_intercept and assume_a == "pos":
+    precision = choice("precision", precision, ("double", "mixed"), fix="pass precision='double' or 'mixed'")
+    if fit_intercept and assume_a != "gen":
         raise ParameterError(_msg("fit_intercept", "needs the least-squares problem (assume_a='gen')",
-                                  "fit_intercept=True with assume_a='pos'", "drop fit_intercept, or leave "
+                                  f"fit_intercept=True with assume_a={assume_a!r}", "drop fit_intercept, or leave "
                                   "assume_a='gen'"))
-    if assume_a == "pos":
-        return _solve_pos(a, b, kind=kind, lams=lams, method=method, out=out, overwrite=overwrite, explain=explain,
-                          settings=settings)
+    reason = _square_reason(a, assume_a=assume_a, kind=kind, lams=lams, method=method, fit_intercept=fit_intercept,
+                            precision=precision)
+    if assume_a != "gen" or reason is not None:
+        return _solve_square(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method, out=out,
+                             overwrite=overwrite, explain=explain, precision=precision, reason=reason, settings=settings)
     refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
     if explain:  # the plan alone: solve_plan
         return solve_plan(a, b, lam=lam, method=method, refine=refine, **settings)
@@ -379,22 +392,42 @@ def _solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwr
     return Matrix(path, report=report, temporary=out is None)
 
 
-def _solve_pos(a: Any, b: Any, *, kind: str, lams: list[float], method: str, out: Any, overwrite: bool,
-               explain: bool, settings: dict) -> Any:
-    """``assume_a="pos"``: the out-of-core Cholesky route (any size of square SPD ``A``)."""
+def _square_reason(a: Any, *, assume_a: str, kind: str, lams: list[float], method: str, fit_intercept: bool,
+                   precision: str) -> str | None:
+    """Why a ``gen`` problem is solved as a square system (None: least squares); ``precision="mixed"``
+    is refused where no square route runs."""
+    from blocklin.linalg.square_solve import operand_shape, square_route
+
+    shape = operand_shape(a) if assume_a == "gen" else None
+    reason = square_route(shape, assume_a=assume_a, lam_kind=kind, lams=lams, method=method,
+                          fit_intercept=fit_intercept) if shape is not None else None
+    if assume_a == "gen" and reason is None and precision != "double":
+        raise ParameterError(_msg("precision", "'mixed' applies to square systems (square a, lam=0, method='auto', "
+                                  "or assume_a='pos'/'sym')", f"precision={precision!r} for a least-squares problem "
+                                  f"(a {shape}, lam {lams or kind}, method {method!r})", "drop precision="))
+    return reason
+
+
+def _solve_square(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float], method: str, out: Any,
+                  overwrite: bool, explain: bool, precision: str, reason: str | None, settings: dict) -> Any:
+    """The square routes: Cholesky (``pos``, ``sym``) or LU (``gen``, ``sym``) of ``A`` itself, any size."""
     if kind != "scalar" or lams[0] != 0.0:
-        raise ParameterError(_msg("lam", "must be 0 with assume_a='pos' (A itself is factored)", repr(lams or kind),
-                                  "drop lam, or leave assume_a='gen' for the regularized least-squares problem"))
+        raise ParameterError(_msg("lam", f"must be 0 with assume_a='{assume_a}' (A itself is factored)",
+                                  repr(lams or kind), "drop lam, or leave assume_a='gen' for the regularized "
+                                  "least-squares problem"))
     if method != "auto":
-        raise ParameterError(_msg("method", "must be 'auto' with assume_a='pos' (the method is Cholesky)",
-                                  repr(method), "drop method="))
+        raise ParameterError(_msg("method", f"must be 'auto' with assume_a='{assume_a}' (the method is "
+                                  f"{'Cholesky' if assume_a == 'pos' else 'Cholesky or LU'})", repr(method),
+                                  "drop method="))
     if explain:
         from blocklin.linalg.cholesky import cholesky
+        from blocklin.linalg.lu import lu
 
-        return cholesky(a, explain=True, **settings)
-    from blocklin.linalg.triangular import solve_spd
+        return (cholesky if assume_a == "pos" else lu)(a, explain=True, **settings)
+    from blocklin.linalg.square_solve import solve_square
 
-    return solve_spd(a, b, out, overwrite=overwrite, **settings)
+    return solve_square(a, b, out, assume_a=assume_a, precision=precision, reason=reason, overwrite=overwrite,
+                        **settings)
 
 
 #: Report entries recorded in the output's attributes.

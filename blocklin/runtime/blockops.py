@@ -155,11 +155,12 @@ class BlockOps:
         return self._run(graph, description)
 
     def trsm(self, t: Region, b: Region, out: Region, *, lower: bool, trans: bool = False, side: str = "left",
-             alpha: float = 1.0, dtype: Any, check: bool = False, done_dir: Any = None,
+             alpha: float = 1.0, dtype: Any, check: bool = False, done_dir: Any = None, unit: bool = False,
              description: str = "trsm") -> list[dict]:
         """``out = alpha * op(T)^-1 B`` (``side="left"``) or ``alpha * B op(T)^-1`` (``"right"``).
 
-        ``T`` is read only in its ``lower`` (or upper) triangle; ``op(T) = T^T`` when ``trans``.
+        ``T`` is read only in its ``lower`` (or upper) triangle; ``op(T) = T^T`` when ``trans``;
+        ``unit``: ``T`` has a unit diagonal, not read (the ``L`` of a packed LU).
         The right-side solve is the left-side solve of the transposed system
         (``op(T)^T X^T = B^T``), read and written through transposed views. Tile ``(i, c)`` of
         ``X`` is one task: ``B(i, c)`` minus the products with the already solved tiles of
@@ -176,7 +177,7 @@ class BlockOps:
         if t.shape != (n, n) or b_l.shape[0] != n or x_l.shape != b_l.shape:
             raise ValueError(f"trsm: shapes do not agree: t {t.shape}, b {b.shape}, out {out.shape}, side {side}")
         spec = self._spec(dtype, a=t_l, b=b_l, out=x_l, alpha=float(alpha), lower=lower_eff, check=check,
-                          done_dir=done_dir)
+                          done_dir=done_dir, unit=unit)
         graph = self.graph("trsm", spec)
         nt, ct = _tiles(n, self.chunk), _tiles(b_l.shape[1], self.chunk)
         order = range(nt) if lower_eff else range(nt - 1, -1, -1)
@@ -237,6 +238,19 @@ class BlockOps:
                 graph.add((i, j), sumsq_tile_task, spec, i, j)
         return float(sum(r["sumsq"] for r in self._run(graph, description)))
 
+    def col_sumsq(self, a: Region, *, description: str = "column norms") -> np.ndarray:
+        """Sums of squares of the columns of a region (float64, summed in tile order)."""
+        spec = self._spec(np.float64, a=a, out=a)
+        graph = self.graph("colsumsq", spec)
+        for i in range(_tiles(a.shape[0], self.chunk)):
+            for j in range(_tiles(a.shape[1], self.chunk)):
+                graph.add((i, j), sumsq_tile_task, spec, i, j, True)
+        total = np.zeros(a.shape[1])
+        for r in self._run(graph, description):  # in key order: deterministic sums
+            c0, cols = r["columns"]
+            total[c0:c0 + cols.size] += cols
+        return total
+
     def lu_panels(self, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True,
                   description: str = "LU panels") -> list[dict]:
         """Left-looking LU with partial pivoting over whole column panels (one task per panel).
@@ -256,6 +270,19 @@ class BlockOps:
         for j in range(_tiles(n, self.chunk)):
             prev = graph.add((j,), lu_panel_task, spec, j, [prev] if prev else [])
         self.flops += 2 * n**3 // 3
+        return self._run(graph, description)
+
+    def permute_rows(self, src: Region, out: Region, perm: np.ndarray, *, dtype: Any,
+                     description: str = "row permutation") -> list[dict]:
+        """``out = src[perm, :]`` (``perm`` a permutation of the rows), one task per output tile; each
+        task gathers its rows with one orthogonal selection of the stored ``src`` (not transposed)."""
+        if src.trans or out.trans or src.shape != out.shape or len(perm) != src.shape[0]:
+            raise ValueError(f"permute_rows: src {src.shape}, out {out.shape}, perm {len(perm)} (no transposed views)")
+        spec = self._spec(dtype, a=src, out=out)
+        graph = self.graph("permute", spec, np.asarray(perm).tobytes())
+        for i in range(_tiles(out.shape[0], self.chunk)):
+            for j in range(_tiles(out.shape[1], self.chunk)):
+                graph.add((i, j), permute_rows_task, spec, i, j, perm)
         return self._run(graph, description)
 
     def lu_finish(self, work: Any, out: Any, n: int, pivots: np.ndarray, *, dtype: Any,
@@ -360,6 +387,8 @@ class TileOpSpec:
     #: Folder of the resume markers (a Location of the atomic output), or None.
     done_dir: Any = None
     shift: float = 0.0
+    #: A triangular operand with a unit diagonal (not read).
+    unit: bool = False
 
 
 def _tiles(n: int, t: int) -> int:
@@ -440,7 +469,10 @@ def trsm_tile_task(spec: TileOpSpec, i: int, c: int, deps: list) -> dict:
         xkc = dev.to_device(spec.out.read(k, c, t, dt))
         dev.gemm_acc(acc, tik, xkc, -1.0)
         nread += tik.nbytes + xkc.nbytes
-    tii = dev.to_device(_triangle(spec.a.read(i, i, t, dt, spec.check, "t"), spec.lower))
+    tri = _triangle(spec.a.read(i, i, t, dt, spec.check, "t"), spec.lower)
+    if spec.unit:
+        np.fill_diagonal(tri, 1)
+    tii = dev.to_device(tri)
     x = np.asarray(dev.to_host(dev.solve_triangular(tii, acc, lower=spec.lower)))
     if not np.isfinite(x).all():
         raise SingularMatrixError(explain(
@@ -542,10 +574,13 @@ def axpby_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
 
 
 @with_task_settings
-def sumsq_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
-    """``sum(A(i,j)**2)`` in float64."""
+def sumsq_tile_task(spec: TileOpSpec, i: int, j: int, columns: bool = False) -> dict:
+    """``sum(A(i,j)**2)`` in float64 (and per column, with the tile's first column, when ``columns``)."""
     x = spec.a.read(i, j, spec.tile, np.dtype(open_array(spec.a.path).dtype))
-    return {"bytes_read": x.nbytes, "sumsq": float(np.einsum("ij,ij->", x, x, dtype=np.float64))}
+    out = {"bytes_read": x.nbytes, "sumsq": float(np.einsum("ij,ij->", x, x, dtype=np.float64))}
+    if columns:
+        out["columns"] = (j * spec.tile, np.einsum("ij,ij->j", x, x, dtype=np.float64))
+    return out
 
 
 def _apply_swaps(x: np.ndarray, piv: np.ndarray, start: int, stop: int, offset: int = 0) -> None:
@@ -622,4 +657,25 @@ def lu_swap_task(spec: TileOpSpec, j: int, pivots: np.ndarray) -> dict:
     block = np.array(read_block(open_array(spec.a.path), slice(0, n), slice(c0, c1)))
     _apply_swaps(block, pivots, c1, n)
     write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), block)
+    return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
+
+
+def swaps_to_permutation(pivots: np.ndarray) -> np.ndarray:
+    """The row order ``perm`` with ``P A = A[perm]`` for LAPACK's (0-based) swaps ``i <-> pivots[i]``."""
+    perm = np.arange(len(pivots), dtype=np.int64)
+    for i, p in enumerate(np.asarray(pivots, dtype=np.int64)):
+        if p != i:
+            perm[[i, p]] = perm[[p, i]]
+    return perm
+
+
+@with_task_settings
+def permute_rows_task(spec: TileOpSpec, i: int, j: int, perm: np.ndarray) -> dict:
+    """Tile ``(i, j)`` of ``src[perm, :]``: the rows ``perm[i t:(i+1) t]`` gathered from the store."""
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    rows = np.asarray(perm[i * t:(i + 1) * t], dtype=np.int64) + spec.a.off[0]
+    c0 = spec.a.off[1] + j * t
+    cols = slice(c0, min(spec.a.off[1] + spec.a.shape[1], c0 + t))
+    block = np.ascontiguousarray(open_array(spec.a.path).get_orthogonal_selection((rows, cols)), dtype=dt)
+    spec.out.write(i, j, t, block)
     return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
