@@ -68,7 +68,7 @@ def test_solve_pos_not_spd_and_bad_params(tmp_path):
     with pytest.raises(ParameterError, match="lam"):
         bl.solve(np.eye(3), np.ones(3), assume_a="pos", lam=1.0)
     with pytest.raises(ParameterError, match="assume_a"):
-        bl.solve(np.eye(3), np.ones(3), assume_a="sym")
+        bl.solve(np.eye(3), np.ones(3), assume_a="her")
 
 
 def test_solve_pos_identical_bits_across_schedulers(tmp_path):

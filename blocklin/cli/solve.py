@@ -33,9 +33,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lambda", dest="lam", type=_lam, default=0.0, metavar="LAM",
                    help="regularization: a number >= 0 (default 0), a comma list, 'gcv' or 'lcurve'")
     p.add_argument("--method", choices=("auto", "normal", "qr"), default="auto")
-    p.add_argument("--assume-a", dest="assume_a", choices=("gen", "pos"), default="gen",
-                   help="gen (default): least squares; pos: square symmetric positive definite A of any size, "
-                        "solved by the out-of-core Cholesky with iterative refinement")
+    p.add_argument("--assume-a", dest="assume_a", choices=("gen", "pos", "sym"), default="gen",
+                   help="gen (default): least squares, and for square A with lambda 0 the out-of-core LU with "
+                        "partial pivoting; pos: symmetric positive definite A of any size (out-of-core Cholesky); "
+                        "sym: symmetric A (Cholesky, else LU); square routes refine to the dtype's backward error")
+    p.add_argument("--precision", choices=("double", "mixed"), default="double",
+                   help="square systems: mixed factors a float64 A in float32 and refines in float64 to float64 "
+                        "backward error (refused when A is too ill-conditioned)")
     p.add_argument("--refine", type=lambda v: v if v == "auto" else int(v), default="auto",
                    help="refinement passes of the normal equations: 'auto' (default: when ill-conditioned) or N")
     p.add_argument("--fit-intercept", action="store_true",
@@ -55,7 +59,7 @@ def run(args: argparse.Namespace) -> dict:
         raise ParameterError(explain("--plot", "needs --lambda gcv or --lambda lcurve (the curve is computed to "
                                      "choose lambda)", f"--lambda {args.lam}", "pass --lambda gcv"))
     x = solve(args.a, args.b, lam=args.lam, method=args.method, assume_a=args.assume_a, out=args.out,
-              refine=args.refine,
+              refine=args.refine, precision=args.precision,
               memory=args.memory, device=args.device, scheduler=args.scheduler, workers=args.workers,
               check_finite=False if args.no_check_finite else None, overwrite=args.overwrite,
               progress=ui.progress_arg(args), fit_intercept=args.fit_intercept)
@@ -64,8 +68,9 @@ def run(args: argparse.Namespace) -> dict:
                "method_reason": r["method_reason"], "residual_norm": r["residual_norm"],
                "solution_norm": r["solution_norm"], "passes": r.get("passes", 0), "seconds": r["seconds"],
                "peak_memory": r["peak_memory"], "cond_estimate": r.get("cond_estimate")}
-    if args.assume_a == "pos":
-        summary.update(backward_error=r["backward_error"], refine_steps=r["refine_steps"])
+    if "backward_error" in r:  # the square routes (Cholesky, LU)
+        summary.update(backward_error=r["backward_error"], refine_steps=r["refine_steps"],
+                       precision=r["precision"], growth_factor=r.get("growth_factor"))
     if "curve" in r:
         summary["curve"] = r["curve"]
     if args.fit_intercept:
