@@ -162,7 +162,9 @@ def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, o
         else None
     work = (ao.done / "qr-work.zarr").with_pending(False)  # dropped with the markers at commit
     if not backend(work).exists("zarr.json"):
-        create_array(work, shape=(m, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+        # panels are read whole (rows k t : m): chunks of about 8 MiB down the column, not t x t
+        rows = max(t, min(m, (8 * 2**20) // (t * dt.itemsize) // t * t))
+        create_array(work, shape=(m, n), dtype=dt, chunks=(rows, t), codec=job.cfg.codec)
     for o, shape in ((ao, (n, n)), (qo, (m, n))):
         if o is not None and not o.resumed:
             create_array(o.array_path(), shape=shape, dtype=dt, chunks=(t, t), codec=job.cfg.codec)
