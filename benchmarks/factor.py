@@ -15,6 +15,12 @@ in its own subprocess (its own peak RSS, over the baseline of its imports):
 * ``dask``: ``dask.array.linalg.cholesky(da.from_zarr(A), lower=True)`` written with ``to_zarr``
   (threaded scheduler), and ``dask.array.linalg.solve(..., sym_pos)`` via its Cholesky.
 
+With ``--qr``, ``blocklin.qr`` (``Q`` and ``R``, tiled, and ``R`` alone, TSQR) on a tall ``n x n/4`` matrix against
+``numpy.linalg.qr`` (read, factor, write) and ``dask.array.linalg.qr`` (``to_zarr`` of ``Q`` and ``R``; its
+TSQR needs one chunk across the columns). With ``--gen-solve``, ``blocklin.solve(G, b)`` on the random square
+matrix (out-of-core LU, triangular solves, refinement; also ``precision="mixed"``) against
+``scipy.linalg.solve`` end to end and ``dask.array.linalg.solve``.
+
 With ``--lu``, also ``blocklin.lu`` against ``scipy.linalg.lu_factor`` (read, factor, write) and
 ``dask.array.linalg.lu`` (``to_zarr`` of ``L`` and ``U``), on a random (non-symmetric) matrix of the same size.
 
@@ -109,6 +115,134 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak() - base, **
 """)
 
 
+QR_CHILD = textwrap.dedent(r"""
+import json, sys, time
+variant, a_path, out, memory = sys.argv[1:5]
+import numpy as np
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+import zarr, blocklin, dask.array as da
+base = peak()
+t0 = time.perf_counter()
+extra = {}
+if variant == "blocklin":
+    q, r = blocklin.qr(a_path, out + "-r", q=out + "-q", mode="reduced", memory=memory)
+    extra["tile"] = r.report["plan"]["tile"]
+elif variant == "blocklin-r":
+    r = blocklin.qr(a_path, out + "-r", memory=memory)
+    extra["method"] = r.report["method"]
+elif variant == "numpy":
+    a = zarr.open_array(a_path, mode="r")[...]
+    q, r = np.linalg.qr(a)
+    for name, x in (("-q", q), ("-r", r)):
+        z = zarr.create_array(out + name, shape=x.shape, dtype=x.dtype, chunks=(1024, 1024), compressors=None)
+        z[...] = x
+    del a, q, r
+elif variant == "dask":
+    a = da.from_zarr(a_path)
+    a = a.rechunk((a.chunks[0][0], a.shape[1]))
+    q, r = da.linalg.qr(a)
+    da.to_zarr(q, out + "-q")
+    da.to_zarr(r, out + "-r")
+print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak() - base, **extra}))
+""")
+
+GEN_CHILD = textwrap.dedent(r"""
+import json, sys, time
+variant, a_path, b_path, out, memory = sys.argv[1:6]
+import numpy as np
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+import zarr, blocklin, scipy.linalg, dask.array as da
+base = peak()
+t0 = time.perf_counter()
+extra = {}
+if variant in ("blocklin", "blocklin-mixed"):
+    x = blocklin.solve(a_path, b_path, out=out, memory=memory,
+                       precision="mixed" if variant == "blocklin-mixed" else "double")
+    extra.update(method=x.report["method"], steps=x.report["refine_steps"])
+elif variant == "scipy":
+    a = zarr.open_array(a_path, mode="r")[...]
+    b = zarr.open_array(b_path, mode="r")[...]
+    xs = scipy.linalg.solve(a, b, overwrite_a=True, check_finite=False)
+    z = zarr.create_array(out, shape=xs.shape, dtype=xs.dtype, chunks=xs.shape, compressors=None)
+    z[...] = xs
+    del a
+elif variant == "dask":
+    a = da.from_zarr(a_path)
+    b = da.from_zarr(b_path).rechunk((a.chunks[0], -1))
+    da.linalg.solve(a, b).to_zarr(out)
+print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak() - base, **extra}))
+""")
+
+
+def run_child(code: str, *argv: str) -> dict:
+    """One variant in its own interpreter (its own peak RSS); ``{"error": ...}`` when it fails."""
+    proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_qr(folder: Path, args: argparse.Namespace) -> None:
+    """Tall QR: ``n x n/4``; accuracy ``||A - Q R||_F / ||A||_F`` and ``||Q^T Q - I||_F``."""
+    import zarr
+
+    m, n = args.n, max(1, args.n // 4)
+    path = folder / "T.zarr"
+    z = zarr.create_array(str(path), shape=(m, n), dtype="float64", chunks=(args.chunk, args.chunk), compressors=None)
+    rng = np.random.default_rng(3)
+    for i in range(0, m, args.chunk):
+        z[i:i + args.chunk, :] = rng.standard_normal((min(args.chunk, m - i), n))
+    a = z[...]
+    print(f"\nQR, {m} x {n} float64 ({m * n * 8 / 2**20:.0f} MiB), random entries")
+    print(f"{'variant':11} {'seconds':>8} {'peak MiB':>9} {'||A-QR||/||A||':>15} {'||QtQ-I||':>10}  notes")
+    for variant in ("blocklin", "blocklin-r", "numpy", "dask"):
+        out = str(folder / f"QR-{variant}")
+        r = run_child(QR_CHILD, variant, str(path), out, args.memory)
+        if "error" in r:
+            print(f"{variant:11} failed: {r['error']}")
+            continue
+        acc = qtq = float("nan")
+        rr = zarr.open_array(out + "-r")[...]
+        if variant != "blocklin-r":
+            q = zarr.open_array(out + "-q")[...]
+            acc = np.linalg.norm(a - q @ rr) / np.linalg.norm(a)
+            qtq = np.linalg.norm(q.T @ q - np.eye(n))
+            del q
+        else:
+            acc = np.linalg.norm(rr.T @ rr - a.T @ a) / np.linalg.norm(a) ** 2
+        notes = f"panels of {r['tile']}" if "tile" in r else (f"R only, {r['method']} (||R^TR-A^TA||/||A||^2)"
+                                                            if "method" in r else "")
+        print(f"{variant:11} {r['seconds']:8.2f} {r['peak'] / 2**20:9.0f} {acc:15.1e} {qtq:10.1e}  {notes}")
+
+
+def run_gen_solve(folder: Path, g_path: Path, args: argparse.Namespace) -> None:
+    """``A x = b`` for the random square ``G``: backward error ``||b - A x|| / (||A|| ||x|| + ||b||)``."""
+    import zarr
+
+    b_path = folder / "bg.zarr"
+    zb = zarr.create_array(str(b_path), shape=(args.n, 1), dtype="float64", chunks=(args.chunk, 1), compressors=None)
+    zb[...] = np.random.default_rng(4).standard_normal((args.n, 1))
+    a, b = zarr.open_array(str(g_path))[...], zb[...]
+    print(f"\nsquare solve A x = b, n = {args.n} float64, random entries")
+    print(f"{'variant':15} {'seconds':>8} {'peak MiB':>9} {'eta':>9}  notes")
+    for variant in ("blocklin", "blocklin-mixed", "scipy", "dask"):
+        out = str(folder / f"xg-{variant}.zarr")
+        r = run_child(GEN_CHILD, variant, str(g_path), str(b_path), out, args.memory)
+        if "error" in r:
+            print(f"{variant:15} failed: {r['error']}")
+            continue
+        x = zarr.open_array(out)[...].reshape(args.n, -1)
+        eta = np.linalg.norm(b - a @ x) / (np.linalg.norm(a) * np.linalg.norm(x) + np.linalg.norm(b))
+        notes = f"{r['method']}, {r['steps']} refinement step(s)" if "method" in r else ""
+        print(f"{variant:15} {r['seconds']:8.2f} {r['peak'] / 2**20:9.0f} {eta:9.1e}  {notes}")
+
+
 def make_spd(path: Path, n: int, chunk: int, seed: int = 0) -> None:
     """A symmetric, diagonally dominant (hence SPD) ``n x n`` matrix, written chunk by chunk."""
     import zarr
@@ -125,15 +259,23 @@ def make_spd(path: Path, n: int, chunk: int, seed: int = 0) -> None:
                 z[j:j + blk.shape[1], i:i + blk.shape[0]] = blk.T
 
 
-def run_lu(folder: Path, args: argparse.Namespace) -> None:
+def make_random(folder: Path, args: argparse.Namespace) -> Path:
+    """The random square matrix ``G`` of the LU and square-solve benchmarks (written once)."""
     import zarr
 
     g_path = folder / "G.zarr"
+    if g_path.exists():
+        return g_path
     z = zarr.create_array(str(g_path), shape=(args.n, args.n), dtype="float64", chunks=(args.chunk, args.chunk),
                           compressors=None)
     rng = np.random.default_rng(2)
     for i in range(0, args.n, args.chunk):
         z[i:i + args.chunk, :] = rng.standard_normal((min(args.chunk, args.n - i), args.n))
+    return g_path
+
+
+def run_lu(folder: Path, args: argparse.Namespace) -> None:
+    g_path = make_random(folder, args)
     print(f"\nLU, n = {args.n} float64, random entries")
     print(f"{'variant':10} {'seconds':>8} {'peak MiB':>9}  notes")
     for variant in ("blocklin", "scipy", "dask"):
@@ -156,51 +298,64 @@ def main() -> None:
     ap.add_argument("--dir")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--lu", action="store_true", help="also benchmark the LU factorization")
+    ap.add_argument("--qr", action="store_true", help="also benchmark QR on a tall n x n/4 matrix")
+    ap.add_argument("--gen-solve", action="store_true", help="also benchmark square solves (LU, mixed precision)")
+    ap.add_argument("--no-cholesky", action="store_true", help="skip the Cholesky and SPD-solve part")
     args = ap.parse_args()
     folder = Path(args.dir or tempfile.mkdtemp(prefix="blocklin-bench-factor-"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        import zarr
-
-        a_path, b_path = folder / "A.zarr", folder / "b.zarr"
-        make_spd(a_path, args.n, args.chunk)
-        zb = zarr.create_array(str(b_path), shape=(args.n, 1), dtype="float64", chunks=(args.chunk, 1),
-                               compressors=None)
-        zb[...] = np.random.default_rng(1).standard_normal((args.n, 1))
-        a = zarr.open_array(str(a_path))[...]
-        b = zarr.open_array(str(b_path))[...]
-        na = np.linalg.norm(a)
-        rows = []
-        for variant in ("blocklin", "scipy", "dask"):
-            out, x_out = folder / f"L-{variant}.zarr", folder / f"x-{variant}.zarr"
-            proc = subprocess.run([sys.executable, "-c", CHILD, variant, str(a_path), str(b_path), str(out),
-                                   str(x_out), args.memory], capture_output=True, text=True)
-            if proc.returncode != 0:
-                rows.append({"variant": variant, "error": proc.stderr.strip().splitlines()[-1]})
-                continue
-            r = json.loads(proc.stdout.strip().splitlines()[-1])
-            low = zarr.open_array(str(out))[...]
-            x = zarr.open_array(str(x_out))[...].reshape(args.n, -1)
-            r["factor_backward_error"] = float(np.linalg.norm(a - low @ low.T) / na)
-            r["solve_backward_error"] = float(np.linalg.norm(b - a @ x) / (na * np.linalg.norm(x) + np.linalg.norm(b)))
-            r["variant"] = variant
-            rows.append(r)
-            del low, x
-        print(f"n = {args.n} float64 ({args.n**2 * 8 / 2**20:.0f} MiB), chunks {args.chunk}, blocklin memory "
-              f"{args.memory}")
-        print(f"{'variant':10} {'factor s':>9} {'solve s':>8} {'peak MiB':>9} {'||A-LL^T||/||A||':>17} "
-              f"{'solve eta':>10}")
-        for r in rows:
-            if "error" in r:
-                print(f"{r['variant']:10} failed: {r['error']}")
-                continue
-            print(f"{r['variant']:10} {r['factor_seconds']:9.2f} {r['solve_seconds']:8.2f} {r['peak'] / 2**20:9.0f} "
-                  f"{r['factor_backward_error']:17.1e} {r['solve_backward_error']:10.1e}")
+        if not args.no_cholesky:
+            run_cholesky(folder, args)
         if args.lu:
             run_lu(folder, args)
+        if args.gen_solve:
+            run_gen_solve(folder, make_random(folder, args), args)
+        if args.qr:
+            run_qr(folder, args)
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_cholesky(folder: Path, args: argparse.Namespace) -> None:
+    """Cholesky and the SPD solve: blocklin, SciPy, Dask."""
+    import zarr
+
+    a_path, b_path = folder / "A.zarr", folder / "b.zarr"
+    make_spd(a_path, args.n, args.chunk)
+    zb = zarr.create_array(str(b_path), shape=(args.n, 1), dtype="float64", chunks=(args.chunk, 1),
+                           compressors=None)
+    zb[...] = np.random.default_rng(1).standard_normal((args.n, 1))
+    a = zarr.open_array(str(a_path))[...]
+    b = zarr.open_array(str(b_path))[...]
+    na = np.linalg.norm(a)
+    rows = []
+    for variant in ("blocklin", "scipy", "dask"):
+        out, x_out = folder / f"L-{variant}.zarr", folder / f"x-{variant}.zarr"
+        proc = subprocess.run([sys.executable, "-c", CHILD, variant, str(a_path), str(b_path), str(out),
+                               str(x_out), args.memory], capture_output=True, text=True)
+        if proc.returncode != 0:
+            rows.append({"variant": variant, "error": proc.stderr.strip().splitlines()[-1]})
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        low = zarr.open_array(str(out))[...]
+        x = zarr.open_array(str(x_out))[...].reshape(args.n, -1)
+        r["factor_backward_error"] = float(np.linalg.norm(a - low @ low.T) / na)
+        r["solve_backward_error"] = float(np.linalg.norm(b - a @ x) / (na * np.linalg.norm(x) + np.linalg.norm(b)))
+        r["variant"] = variant
+        rows.append(r)
+        del low, x
+    print(f"n = {args.n} float64 ({args.n**2 * 8 / 2**20:.0f} MiB), chunks {args.chunk}, blocklin memory "
+          f"{args.memory}")
+    print(f"{'variant':10} {'factor s':>9} {'solve s':>8} {'peak MiB':>9} {'||A-LL^T||/||A||':>17} "
+          f"{'solve eta':>10}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['variant']:10} failed: {r['error']}")
+            continue
+        print(f"{r['variant']:10} {r['factor_seconds']:9.2f} {r['solve_seconds']:8.2f} {r['peak'] / 2**20:9.0f} "
+              f"{r['factor_backward_error']:17.1e} {r['solve_backward_error']:10.1e}")
 
 
 if __name__ == "__main__":
