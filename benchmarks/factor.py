@@ -21,6 +21,9 @@ TSQR needs one chunk across the columns). With ``--gen-solve``, ``blocklin.solve
 matrix (out-of-core LU, triangular solves, refinement; also ``precision="mixed"``) against
 ``scipy.linalg.solve`` end to end and ``dask.array.linalg.solve``.
 
+With ``--tikhonov N``, ``blocklin.solve(A, b, lam=...)`` for a random ``N x N`` matrix whose Gram matrix
+exceeds ``--tikhonov-memory`` (the stored Gram route: out-of-core SYRK and Cholesky).
+
 With ``--lu``, also ``blocklin.lu`` against ``scipy.linalg.lu_factor`` (read, factor, write) and
 ``dask.array.linalg.lu`` (``to_zarr`` of ``L`` and ``U``), on a random (non-symmetric) matrix of the same size.
 
@@ -243,6 +246,52 @@ def run_gen_solve(folder: Path, g_path: Path, args: argparse.Namespace) -> None:
         print(f"{variant:15} {r['seconds']:8.2f} {r['peak'] / 2**20:9.0f} {eta:9.1e}  {notes}")
 
 
+TIKHONOV_CHILD = textwrap.dedent(r"""
+import json, sys, time
+a_path, b_path, out, memory, lam = sys.argv[1:6]
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+import blocklin
+base = peak()
+t0 = time.perf_counter()
+x = blocklin.solve(a_path, b_path, lam=float(lam), out=out, memory=memory)
+print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak() - base, "method": x.report["method"],
+                  "gram": x.report.get("gram"), "residual_norm": x.report["residual_norm"]}))
+""")
+
+
+def run_tikhonov(folder: Path, args: argparse.Namespace) -> None:
+    """``min ||A x - b||^2 + lam^2 ||x||^2`` for a square ``A`` whose Gram matrix exceeds the budget.
+
+    Accuracy: the relative residual of the regularized normal equations,
+    ``||A^T (b - A x) - lam^2 x|| / (||A||_F^2 ||x||)``, from one in-memory check.
+    """
+    import zarr
+
+    n = args.tikhonov
+    a_path, b_path = folder / "TA.zarr", folder / "Tb.zarr"
+    z = zarr.create_array(str(a_path), shape=(n, n), dtype="float64", chunks=(args.chunk, args.chunk),
+                          compressors=None)
+    rng = np.random.default_rng(5)
+    for i in range(0, n, args.chunk):
+        z[i:i + args.chunk, :] = rng.standard_normal((min(args.chunk, n - i), n))
+    zb = zarr.create_array(str(b_path), shape=(n, 1), dtype="float64", chunks=(args.chunk, 1), compressors=None)
+    zb[...] = rng.standard_normal((n, 1))
+    out = folder / "Tx.zarr"
+    r = run_child(TIKHONOV_CHILD, str(a_path), str(b_path), str(out), args.tikhonov_memory, str(args.lam))
+    print(f"\nTikhonov, {n} x {n} float64 ({n * n * 8 / 2**20:.0f} MiB, Gram matrix as large), lam {args.lam}, "
+          f"memory {args.tikhonov_memory}")
+    if "error" in r:
+        print(f"failed: {r['error']}")
+        return
+    a, b, x = z[...], zb[...], zarr.open_array(str(out))[...]
+    rel = np.linalg.norm(a.T @ (b - a @ x) - args.lam**2 * x) / (np.linalg.norm(a) ** 2 * np.linalg.norm(x))
+    print(f"{r['seconds']:.1f} s, peak {r['peak'] / 2**20:.0f} MiB, method {r['method']} (Gram {r['gram']}), "
+          f"residual norm {r['residual_norm']:.6e}, normal-equations relative residual {rel:.1e}")
+
+
 def make_spd(path: Path, n: int, chunk: int, seed: int = 0) -> None:
     """A symmetric, diagonally dominant (hence SPD) ``n x n`` matrix, written chunk by chunk."""
     import zarr
@@ -301,6 +350,9 @@ def main() -> None:
     ap.add_argument("--qr", action="store_true", help="also benchmark QR on a tall n x n/4 matrix")
     ap.add_argument("--gen-solve", action="store_true", help="also benchmark square solves (LU, mixed precision)")
     ap.add_argument("--no-cholesky", action="store_true", help="skip the Cholesky and SPD-solve part")
+    ap.add_argument("--tikhonov", type=int, metavar="N", help="also a Tikhonov solve of a random N x N matrix")
+    ap.add_argument("--tikhonov-memory", default="512MiB", help="budget of the Tikhonov solve")
+    ap.add_argument("--lam", type=float, default=1.0, help="lambda of the Tikhonov solve")
     args = ap.parse_args()
     folder = Path(args.dir or tempfile.mkdtemp(prefix="blocklin-bench-factor-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -313,6 +365,8 @@ def main() -> None:
             run_gen_solve(folder, make_random(folder, args), args)
         if args.qr:
             run_qr(folder, args)
+        if args.tikhonov:
+            run_tikhonov(folder, args)
     finally:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)

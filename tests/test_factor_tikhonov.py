@@ -48,3 +48,16 @@ def test_stored_gram_identical_bits_across_schedulers(tmp_path):
     memory = small_bytes(150, 1) // 2
     xs = [bl.solve(a, b, lam=0.3, memory=memory, scheduler=s, workers=2)[...] for s in ("sync", "threads")]
     np.testing.assert_array_equal(xs[0], xs[1])
+
+
+def test_stored_gram_route_on_small_chunks_and_budget(tmp_path):
+    """The Gram tiles follow A's chunks, so the region GEMMs over A plan within a small budget."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((600, 600))
+    b = rng.standard_normal((600, 1))
+    pa = bl.from_array(a, tmp_path / "a.zarr", chunks=(64, 64))
+    x = bl.solve(pa, b, lam=1.0, memory="4MiB", scheduler="sync")
+    assert "out-of-core tiled Cholesky" in x.report["method_reason"] and x.report["gram_tile"] == 64
+    ref = _reference(a, b, 1.0)
+    # cond(K) <= 1 + (sigma_1 / lam)^2 ~ 2.4e3 with sigma_1 ~ 2 sqrt(600): float64 accuracy after refinement
+    assert np.abs(x[...] - ref).max() <= 1e3 * np.finfo(np.float64).eps * np.abs(ref).max()

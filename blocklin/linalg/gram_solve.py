@@ -49,7 +49,10 @@ class _GramSolve:
         (self.m, self.n), self.k = A.shape, B.shape[1]
         self.wide = self.m < self.n
         self.s = self.m if self.wide else self.n
-        plan = plan_factor("cholesky", self.s, F64, memory=job.cfg.memory, workers=job.workers(1))
+        # tiles on A's square chunks when they fit: every store of the solve then shares them with A, which
+        # the region GEMMs over A need to plan within small budgets
+        plan = plan_factor("cholesky", self.s, F64, memory=job.cfg.memory, workers=job.workers(1),
+                           chunks=tuple(A.chunks))
         self.t = plan.tile
         self.ops = BlockOps(job, self.t)
         self.ops.workers = plan.workers
