@@ -118,6 +118,7 @@ def test_least_squares_routes_stay_where_asked():
     a = rng.standard_normal((40, 40))
     b = rng.standard_normal((40, 1))
     assert bl.solve(a, b, method="qr").report["method"] == "qr"
+    assert bl.solve_plan(a, b).operation == "lu" == bl.solve(a, b, explain=True).operation
     assert bl.solve(a, b, lam=0.1).report["method"] != "lu"
     sing = np.ones((20, 20))
     with pytest.raises(SingularMatrixError, match="lam"):

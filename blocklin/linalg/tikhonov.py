@@ -348,10 +348,16 @@ def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: 
                **settings: Unpack[Settings]) -> Any:
     """The plan that :func:`solve` would run, without running it (what ``blocklin solve --explain``
     prints): a :class:`~blocklin.plan.solve.SolvePlan`, or the out-of-core Cholesky plan when the
-    regularized Gram matrix exceeds the budget; same parameters as :func:`solve`."""
+    regularized Gram matrix exceeds the budget, or the out-of-core LU's plan for a square system
+    (square ``a``, ``lam=0``, ``method="auto"``); same parameters as :func:`solve`."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     kind, lams = _parse_lam(lam)
     refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
+    if _square_reason(a, assume_a="gen", kind=kind, lams=lams, method=method, fit_intercept=False,
+                      precision="double"):  # a square system: the LU's plan
+        from blocklin.linalg.lu import lu
+
+        return lu(a, explain=True, **settings)
     with Job("solve", **settings) as job:
         A, B = _operands(job, a, b)
         if _gram_exceeds_budget(job, A, B, kind, method):
