@@ -48,3 +48,17 @@ def test_triangular_spd_and_lu_on_gpu(tmp_path):
     lu_ref, piv_ref = sl.lu_factor(g)
     np.testing.assert_array_equal(f.report["pivots"], piv_ref)
     np.testing.assert_allclose(f[...], lu_ref, rtol=0, atol=1e-11)
+
+
+def test_qr_and_square_solve_on_gpu(tmp_path):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((90, 70))
+    q, r = bl.qr(a, mode="reduced", tile=32, device="gpu", scheduler="sync")
+    assert r.report["device"] == "gpu" and r.report["method"] == "tiled"
+    # Householder QR: ||A - Q R|| <= c m n u ||A|| (Higham 2002, Thm. 19.4), c m n -> 4 max(m, n)
+    assert np.linalg.norm(a - q[...] @ r[...]) <= 4 * 90 * np.finfo(float).eps * np.linalg.norm(a)
+    g = rng.standard_normal((70, 70))
+    b = rng.standard_normal((70, 2))
+    x = bl.solve(g, b, device="gpu", scheduler="sync", memory="256KiB")
+    assert x.report["method"] == "lu" and x.report["backward_error"] <= 70**0.5 * np.finfo(float).eps
+    np.testing.assert_allclose(x[...], sl.solve(g, b), rtol=1e-9)
