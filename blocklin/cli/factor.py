@@ -65,7 +65,7 @@ def run_qr(args: argparse.Namespace) -> dict:
                   memory=args.memory, device=args.device, scheduler=args.scheduler,
                   check_finite=False if args.no_check_finite else None)
     if args.explain:
-        plan = qr(args.a, out=args.out, explain=True, **{**kwargs, "method": "tiled"} if args.method == "auto" else kwargs)
+        plan = qr(args.a, out=args.out, explain=True, **kwargs)
         summary = {"plan": plan.to_dict()}
         ui.emit(args, summary, plan.explain())
         return summary
@@ -78,8 +78,8 @@ def run_qr(args: argparse.Namespace) -> dict:
                "seconds": r["seconds"], "flops": r["flops"], "gflops": r["gflops"], "diag_ratio": r["diag_ratio"],
                "tasks": r["tasks"], "skipped": r["skipped"], "peak_memory": r["peak_memory"],
                "scheduler": r["scheduler"], "device": r["device"]}
-    human = (f"wrote {f.path} (R, {f.shape[0]} x {f.shape[1]} {f.dtype.name})"
-             f"{' and ' + str(q.path) + ' (Q, ' + str(q.shape[0]) + ' x ' + str(q.shape[1]) + ')' if q is not None else ''}"
+    also_q = f" and {q.path} (Q, {q.shape[0]} x {q.shape[1]})" if q is not None else ""
+    human = (f"wrote {f.path} (R, {f.shape[0]} x {f.shape[1]} {f.dtype.name}){also_q}"
              f" in {r['seconds']:.2f} s ({r['gflops']:.1f} GFLOP/s), method {r['method']} ({r['method_reason']}); "
              f"min/max |R_ii| {r['diag_ratio']:.3g}; peak memory {format_size(r['peak_memory'])}")
     ui.emit(args, summary, human)

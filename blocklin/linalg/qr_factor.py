@@ -59,7 +59,8 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
     overwrite, resume : bool
         Replace existing outputs; continue an interrupted tiled run (finished panels are kept).
     explain : bool
-        Return the tiled route's :class:`~blocklin.plan.factor.FactorPlan` without running.
+        Return the :class:`~blocklin.plan.factor.FactorPlan` of the chosen route without running
+        (``operation`` ``"qr"`` for the tiled route, ``"tsqr"`` for the streaming one).
     tile : int, optional
         Panel width of the tiled route (default: planned from the budget).
     **settings
@@ -105,8 +106,9 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
         route, reason = _route(job, m, n, mode, method)
         if route == "tsqr":
             if explain:
-                raise ParameterError(_msg("explain", "describes the tiled route's plan", "the streaming TSQR "
-                                                "route was chosen", "pass method='tiled'"))
+                return FactorPlan(operation="tsqr", m=m, n=n, dtype=dt.name, tile=0, tiles=1, workers=1,
+                                  peak_memory=small_bytes(n, 0), memory=job.cfg.memory, flops=2 * m * n * n,
+                                  bytes_read=m * n * dt.itemsize)
             return _tsqr(job, A, out, overwrite=overwrite, reason=reason)
         plan = plan_qr(m, n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
         if explain:

@@ -38,10 +38,11 @@ REPORT_KEYS = ("method", "method_reason", "precision", "residual_norm", "backwar
 
 
 def square_route(shape: tuple[int, int], *, assume_a: str, lam_kind: str, lams: list[float], method: str,
-                 fit_intercept: bool) -> str | None:
+                 fit_intercept: bool, same_dtypes: bool = True) -> str | None:
     """Why ``solve`` takes the square route for a ``gen`` problem (``None``: it stays least squares).
 
-    A square ``A`` with ``lam = 0`` and ``method="auto"`` is a linear system: LU with partial
+    A square ``A`` with ``lam = 0`` and ``method="auto"`` (and ``b`` of its dtype: the square
+    routes do not cast) is a linear system: LU with partial
     pivoting costs ``2 n^3 / 3`` flops against ``n^3`` for the Gram matrix ``A^T A`` and
     ``2 n^3`` for a QR, does not square the condition number as the normal equations do, and runs
     for any ``n`` (the Gram route holds ``n x n`` in core). The least-squares routes stay for
@@ -49,7 +50,8 @@ def square_route(shape: tuple[int, int], *, assume_a: str, lam_kind: str, lams: 
     square ``A``, where the least-squares routes report the condition), and ``fit_intercept``.
     """
     m, n = shape
-    if assume_a != "gen" or m != n or lam_kind != "scalar" or lams[0] != 0.0 or method != "auto" or fit_intercept:
+    if (assume_a != "gen" or m != n or lam_kind != "scalar" or lams[0] != 0.0 or method != "auto" or fit_intercept
+            or not same_dtypes):
         return None
     return (f"square a ({n} x {n}), lam=0, method='auto': a linear system; out-of-core LU with partial pivoting "
             "(2n^3/3 flops, cond(A) not squared as in the normal equations, any n), two triangular solves, "
@@ -58,15 +60,26 @@ def square_route(shape: tuple[int, int], *, assume_a: str, lam_kind: str, lams: 
 
 def operand_shape(x: Any) -> tuple[int, int] | None:
     """The 2-D shape of an operand without staging it (``None`` when it cannot be told cheaply)."""
-    shape = getattr(x, "shape", None)
-    if shape is None:
-        try:
-            from blocklin.create import open as open_matrix
+    meta = _peek(x)
+    return tuple(meta.shape) if meta is not None and len(meta.shape) == 2 else None
 
-            shape = open_matrix(x).shape
-        except Exception:  # not a stored matrix: the solver's own checks report it
-            return None
-    return tuple(shape) if len(shape) == 2 else None
+
+def same_dtype(a: Any, b: Any) -> bool:
+    """Whether two operands are known, without staging them, to share their dtype."""
+    ma, mb = _peek(a), _peek(b)
+    return ma is not None and mb is not None and np.dtype(ma.dtype) == np.dtype(mb.dtype)
+
+
+def _peek(x: Any) -> Any:
+    """An object with the operand's ``shape`` and ``dtype`` (an array, or the opened store), or None."""
+    if getattr(x, "shape", None) is not None and getattr(x, "dtype", None) is not None:
+        return x
+    try:
+        from blocklin.create import open as open_matrix
+
+        return open_matrix(x)
+    except Exception:  # not a stored matrix: the solver's own checks report it
+        return None
 
 
 @dataclasses.dataclass
@@ -330,4 +343,5 @@ def _check_converged(ref: Refinement, tol: float, precision: str, dt: np.dtype) 
          f"(history {trail}; condition too large for {dt.name}?)", ConvergenceWarning)
 
 
-__all__ = ["ASSUME", "PRECISIONS", "Refinement", "operand_shape", "refine", "solve_square", "square_route"]
+__all__ = ["ASSUME", "PRECISIONS", "Refinement", "operand_shape", "refine", "same_dtype", "solve_square",
+           "square_route"]

@@ -296,8 +296,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         raise ParameterError(_msg("fit_intercept", "needs the least-squares problem (assume_a='gen')",
                                   f"fit_intercept=True with assume_a={assume_a!r}", "drop fit_intercept, or leave "
                                   "assume_a='gen'"))
-    reason = _square_reason(a, assume_a=assume_a, kind=kind, lams=lams, method=method, fit_intercept=fit_intercept,
-                            precision=precision)
+    reason = _square_reason(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method,
+                            fit_intercept=fit_intercept, precision=precision)
     if assume_a != "gen" or reason is not None:
         return _solve_square(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method, out=out,
                              overwrite=overwrite, explain=explain, precision=precision, reason=reason, settings=settings)
@@ -353,7 +353,7 @@ def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: 
     method = choice("method", method, METHODS, fix="pass method='auto'")
     kind, lams = _parse_lam(lam)
     refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
-    if _square_reason(a, assume_a="gen", kind=kind, lams=lams, method=method, fit_intercept=False,
+    if _square_reason(a, b, assume_a="gen", kind=kind, lams=lams, method=method, fit_intercept=False,
                       precision="double"):  # a square system: the LU's plan
         from blocklin.linalg.lu import lu
 
@@ -398,15 +398,15 @@ def _solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwr
     return Matrix(path, report=report, temporary=out is None)
 
 
-def _square_reason(a: Any, *, assume_a: str, kind: str, lams: list[float], method: str, fit_intercept: bool,
+def _square_reason(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float], method: str, fit_intercept: bool,
                    precision: str) -> str | None:
     """Why a ``gen`` problem is solved as a square system (None: least squares); ``precision="mixed"``
     is refused where no square route runs."""
-    from blocklin.linalg.square_solve import operand_shape, square_route
+    from blocklin.linalg.square_solve import operand_shape, same_dtype, square_route
 
     shape = operand_shape(a) if assume_a == "gen" else None
     reason = square_route(shape, assume_a=assume_a, lam_kind=kind, lams=lams, method=method,
-                          fit_intercept=fit_intercept) if shape is not None else None
+                          fit_intercept=fit_intercept, same_dtypes=same_dtype(a, b)) if shape is not None else None
     if assume_a == "gen" and reason is None and precision != "double":
         raise ParameterError(_msg("precision", "'mixed' applies to square systems (square a, lam=0, method='auto', "
                                   "or assume_a='pos'/'sym')", f"precision={precision!r} for a least-squares problem "

@@ -57,6 +57,10 @@ class FactorPlan:
         return dataclasses.asdict(self)
 
     def explain(self) -> str:
+        if self.operation == "tsqr":
+            return (f"qr of a {self.m} x {self.n} {self.dtype} matrix: R alone fits in core "
+                    f"({format_size(self.peak_memory)} of a {format_size(self.memory)} budget): one streaming TSQR "
+                    f"pass over A ({format_size(self.bytes_read)} read), {self.flops / 1e9:.1f} GFLOP")
         if self.operation == "qr":
             return (f"qr of a {self.m} x {self.n} {self.dtype} matrix: {self.tiles} column panels of {self.tile} "
                     f"(one after another, Householder with compact WY block reflectors); peak "
