@@ -146,5 +146,8 @@ def test_cli_factor_qr(tmp_path, capsys):
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r2.zarr"), "--json", "--no-progress"]) == 0
     assert json.loads(capsys.readouterr().out)["method"] == "tsqr"
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r3.zarr"), "--explain", "--memory", "1MiB"]) == 0
+    assert "one streaming TSQR pass" in capsys.readouterr().out  # R alone fits
+    assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r3.zarr"), "--q", str(tmp_path / "q3.zarr"),
+                 "--explain", "--memory", "1MiB"]) == 0
     assert "column panels" in capsys.readouterr().out
-    assert not (tmp_path / "r3.zarr").exists()
+    assert not (tmp_path / "r3.zarr").exists() and not (tmp_path / "q3.zarr").exists()
