@@ -16,6 +16,7 @@ import pytest
 import blocklin as bl
 from blocklin.errors import BlocklinWarning
 from blocklin.errors import NonFiniteError, OutputExistsError, ShapeError, SingularMatrixError
+from blocklin.linalg._inv_kernels import MEMORY
 from blocklin.plan.inverse import plan_inverse
 
 
@@ -31,13 +32,13 @@ def with_cond(rng, n: int, cond: float) -> np.ndarray:
 
 
 def test_plan_recurses_when_the_matrix_exceeds_the_budget():
-    plan = plan_inverse(1000, "float64", memory=2**20)
+    plan = plan_inverse(1000, "float64", memory=2**20, kernels=MEMORY)
     assert plan.depth == 2 and len(plan.leaves) > 2 and plan.leaf < 1000
     assert all(size <= plan.leaf for _, size in plan.leaves)
     assert sum(size for _, size in plan.leaves) == 1000
     assert all(off % plan.chunk == 0 for off, _ in plan.leaves)
     assert plan.peak_memory <= 2**20
-    small = plan_inverse(100, "float64", memory=2**20)
+    small = plan_inverse(100, "float64", memory=2**20, kernels=MEMORY)
     assert small.depth == 0 and small.leaves == ((0, 100),) and not small.nodes
 
 

@@ -13,6 +13,7 @@ from blocklin.errors import ConvergenceWarning, ParameterError, SingularMatrixEr
 from blocklin.errors import explain as _msg
 from blocklin.linalg import refine as _refine
 from blocklin.linalg._inv_kernels import (
+    MEMORY,
     Butterfly,
     LeafSpec,
     UnmixSpec,
@@ -184,7 +185,7 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None) -> tuple[Any, np.
     float_operand(M)
     out_dtype = np.dtype(np.float64) if precision in ("mixed", "tf32", "float64") else \
         np.dtype(np.float32) if precision == "float32" else M.dtype
-    plan = plan_inverse(n, out_dtype, memory=job.cfg.memory,
+    plan = plan_inverse(n, out_dtype, memory=job.cfg.memory, kernels=MEMORY, source_dtype=M.dtype,
                         precision="mixed" if precision in ("mixed", "tf32") else None)
     return M, out_dtype, plan
 
@@ -435,9 +436,10 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
     params = {"butterfly": bf, "dtype": wdt.name, "shift": shift, "transpose": transpose, "probe_seed": probe_seed,
               "probe_k": _refine.PROBES}
     prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=4 * plan.chunk)
-    if prp.strip % plan.chunk and prp.strip < n:  # a strip must own whole chunk rows of W: one chunk, one task
-        prp = plan_kernel_pass(job, mix_kernel, src, params, memory=10 * plan.strip_memory, max_strip=plan.chunk,
-                               workers=1)
+    if prp.strip % plan.chunk and prp.strip < n:
+        # a strip must own whole chunk rows of W: one chunk per strip, one task at a time (the plan
+        # checked that one such task fits the budget)
+        prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=plan.chunk, workers=1, min_tasks=1)
     states, _ = run_pass(job, mix_kernel, src, params, plan=prp, outputs=(("w", w_path),),
                          description="stage and randomize")
     norm = math.sqrt(sum(s["sumsq"] for s in states))

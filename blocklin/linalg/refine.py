@@ -25,13 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.linalg._inv_kernels import InverseEpilogue, probe_kernel
+from blocklin.linalg._inv_kernels import PROBES, InverseEpilogue, probe_kernel
 from blocklin.linalg.random import probes
 from blocklin.runtime.blockops import BlockOps
 from blocklin.runtime.passes import run_pass, source
-
-#: Probe vectors of the residual estimate.
-PROBES = 32
 
 
 def default_tol(n: int, dtype: Any) -> float:
