@@ -233,7 +233,8 @@ def probe_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: d
 
 @dataclasses.dataclass(frozen=True)
 class LeafSpec:
-    """Invert the diagonal region ``[off, off + size)^2`` of ``src`` into the same region of ``dst``."""
+    """Invert the diagonal region ``[off, off + size)^2`` of ``src`` into ``[dst_off, dst_off + size)^2``
+    of ``dst`` (``dst_off``: ``off`` when None)."""
 
     src: str
     dst: str
@@ -243,6 +244,12 @@ class LeafSpec:
     blas_threads: int | None = None
     device: str = "cpu"
     device_memory: int | None = None
+    dst_off: int | None = None
+
+    @property
+    def dst_slice(self) -> slice:
+        d = self.off if self.dst_off is None else self.dst_off
+        return slice(d, d + self.size)
 
 
 def _leaf_on_gpu(spec: LeafSpec, a: np.ndarray, anorm: float) -> tuple[np.ndarray | None, float, int]:
@@ -291,7 +298,7 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
             return {"rcond": 0.0, "info": info, "sumsq": float("nan"), "flops": flops, "bytes_read": a.nbytes,
                     "bytes_written": 0, "off": spec.off, "size": spec.size, "device": "gpu"}
         dst = open_array(spec.dst, mode="r+")
-        write_block(dst, sl, sl, np.ascontiguousarray(x))
+        write_block(dst, spec.dst_slice, spec.dst_slice, np.ascontiguousarray(x))
         return {"rcond": rcond, "info": 0, "sumsq": sumsq(x), "flops": flops, "bytes_read": a.nbytes,
                 "bytes_written": x.nbytes, "seconds": time.perf_counter() - t0, "off": spec.off, "size": spec.size,
                 "anorm": anorm, "device": "gpu"}
@@ -309,7 +316,7 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
         return {"rcond": 0.0, "info": int(info), "sumsq": float("nan"), "flops": flops, "bytes_read": a.nbytes,
                 "bytes_written": 0, "off": spec.off, "size": spec.size}
     dst = open_array(spec.dst, mode="r+")
-    write_block(dst, sl, sl, np.ascontiguousarray(a))
+    write_block(dst, spec.dst_slice, spec.dst_slice, np.ascontiguousarray(a))
     return {"rcond": rcond, "info": 0, "sumsq": sumsq(a), "flops": flops,
             "bytes_read": a.nbytes, "bytes_written": a.nbytes, "seconds": time.perf_counter() - t0,
             "off": spec.off, "size": spec.size, "anorm": anorm}
