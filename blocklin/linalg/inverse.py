@@ -156,12 +156,11 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         params = {"precision": precision, "tol": tol, "seed": seed, "refine": str(refine), "max_refine": max_refine}
         token = _token(job, M, plan, out, params)
         ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite, resume=resume, token=token)
-        stages = Stages(job.work_dir("inv", token, resume=resume), ao.done, resume=resume and ao.resumed,
-                        codec=job.cfg.codec)
         x_path = ao.array_path()
-        if not stages.resumed:
-            create_array(x_path, shape=(plan.n,) * 2, dtype=out_dtype, chunks=(plan.chunk,) * 2,
-                         codec=job.cfg.codec, overwrite=True)
+        stages = Stages(job.work_dir("inv", token, resume=resume), ao.done, resume=resume and ao.resumed,
+                        codec=job.cfg.codec, start=lambda: create_array(
+                            x_path, shape=(plan.n,) * 2, dtype=out_dtype, chunks=(plan.chunk,) * 2,
+                            codec=job.cfg.codec, overwrite=True))
         ops = BlockOps(job, plan.chunk)
         ops.math = "tf32" if precision == "tf32" else None
         ref = _invert_and_refine(_Run(ops, stages, plan), M, x_path, out_dtype, seed=seed, tol=tol, steps=steps,
@@ -265,7 +264,8 @@ def _refine_steps(refine: Any, max_refine: int) -> Steps:
 def _report(job: Job, ref: Refinement | None, plan: InversePlan, stages: Stages, *, precision: str,
             output: Any) -> dict:
     if ref is None:  # n = 0
-        return job.report(plan=plan.to_dict(), output=str(output), refine_steps=0, history=[], stages_skipped=0)
+        return job.report(plan=plan.to_dict(), output=str(output), refine_steps=0, history=[], resumed=False,
+                          stages_skipped=0)
     x = ref.x
     rcs = [lf["rcond"] for lf in ref.leaves]
     report = job.report(

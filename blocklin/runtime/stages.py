@@ -49,6 +49,9 @@ class Stages:
         Continue the steps recorded in ``folder`` when the output carries the same run identity.
     codec : str, optional
         Codec of the intermediate stores.
+    start : callable, optional
+        Run on a fresh start before the run identity is recorded (create the output there: creating
+        it may clear the output's folder, markers included).
 
     Attributes
     ----------
@@ -58,7 +61,8 @@ class Stages:
         Steps whose recorded result was used instead of running them.
     """
 
-    def __init__(self, folder: Location, marker_dir: Location, *, resume: bool, codec: str | None = None) -> None:
+    def __init__(self, folder: Location, marker_dir: Location, *, resume: bool, codec: str | None = None,
+                 start: Callable[[], Any] | None = None) -> None:
         self.folder, self.codec = folder, codec
         self._be = backend(folder)
         raw = self._be.try_read(_RUN)
@@ -68,6 +72,8 @@ class Stages:
             remove(folder)
             if folder.is_local:
                 os.makedirs(folder.url, exist_ok=True)
+            if start is not None:
+                start()
             run = uuid.uuid4().hex[:16]
             self._be.write_bytes(_RUN, run.encode())
             mark_done(marker_dir, f"run-{run}")
