@@ -152,7 +152,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
                                   "pass the same out= as the interrupted run (CLI: -o X.zarr --resume)"))
     with Job("inv", **settings) as job:
         M, out_dtype, plan = _operand_and_plan(job, a, precision)
-        tol = _refine.default_tol(plan.n, out_dtype) if tol is None else tol
+        tol = _refine.default_tol(plan.n, out_dtype, in_core=not plan.nodes) if tol is None else tol
         params = {"precision": precision, "tol": tol, "seed": seed, "refine": str(refine), "max_refine": max_refine}
         token = _token(job, M, plan, out, params)
         ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite, resume=resume, token=token)
