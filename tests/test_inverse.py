@@ -16,6 +16,7 @@ import pytest
 import blocklin as bl
 from blocklin.errors import BlocklinWarning
 from blocklin.errors import NonFiniteError, OutputExistsError, ShapeError, SingularMatrixError
+from blocklin.linalg._inv_kernels import MEMORY
 from blocklin.plan.inverse import plan_inverse
 
 
@@ -31,13 +32,13 @@ def with_cond(rng, n: int, cond: float) -> np.ndarray:
 
 
 def test_plan_recurses_when_the_matrix_exceeds_the_budget():
-    plan = plan_inverse(1000, "float64", memory=2**20)
+    plan = plan_inverse(1000, "float64", memory=2**20, kernels=MEMORY)
     assert plan.depth == 2 and len(plan.leaves) > 2 and plan.leaf < 1000
     assert all(size <= plan.leaf for _, size in plan.leaves)
     assert sum(size for _, size in plan.leaves) == 1000
     assert all(off % plan.chunk == 0 for off, _ in plan.leaves)
     assert plan.peak_memory <= 2**20
-    small = plan_inverse(100, "float64", memory=2**20)
+    small = plan_inverse(100, "float64", memory=2**20, kernels=MEMORY)
     assert small.depth == 0 and small.leaves == ((0, 100),) and not small.nodes
 
 
@@ -97,6 +98,45 @@ def test_ill_conditioned_refined_to_promised_backward_error(rng, cond):
     # forward error as good as LAPACK's pivoted inverse (both ~ cond * eps)
     ref = np.linalg.inv(a)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= max(1e-6, 100 * cond * 2.2e-16)
+
+
+def accurate_inverse(a: np.ndarray) -> np.ndarray:
+    """A reference inverse accurate beyond float64: LAPACK's, refined twice with residuals in extended precision."""
+    x, al = np.linalg.inv(a).astype(np.longdouble), a.astype(np.longdouble)
+    for _ in range(2):
+        x = x + x @ (np.eye(len(a), dtype=np.longdouble) - al @ x)
+    return x
+
+
+def forward_error(x: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm((x - ref).astype(np.float64)) / np.linalg.norm(ref.astype(np.float64)))
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps, reason="needs extended precision")
+@pytest.mark.parametrize("cond", [None, 1e4, 1e8])
+def test_default_tol_gives_numpys_accuracy_out_of_core(rng, cond):
+    """Out of core, the default gives the forward error NumPy's in-core inverse gives (within 4x)."""
+    n = 300
+    a = rng.standard_normal((n, n)) if cond is None else with_cond(rng, n, cond)
+    ref = accurate_inverse(a)
+    x = bl.inv(a, memory="1MiB")
+    assert x.report["leaves"] >= 2  # out of core
+    # 4x: both errors are ~ cond * eps times factors of order one that differ between the methods
+    assert forward_error(x.to_numpy(), ref) <= 4 * forward_error(np.linalg.inv(a), ref)
+    unrefined = bl.inv(a, memory="1MiB", refine=False).to_numpy()
+    assert forward_error(unrefined, ref) > forward_error(x.to_numpy(), ref)  # the step was needed
+
+
+@pytest.mark.parametrize("n_steps", [1, 3])
+def test_refine_n_takes_exactly_n_steps(rng, n_steps):
+    n = 280
+    a = rng.standard_normal((n, n))
+    x = bl.inv(a, memory="1MiB", refine=n_steps, tol=1e-3)  # met before any step: the steps are taken anyway
+    r = x.report
+    assert r["refine_steps"] == n_steps
+    assert [h["stage"] for h in r["history"] if h["stage"].startswith("step")] == \
+        [f"step {i}" for i in range(1, n_steps + 1)]
+    assert exact_eta(a, x.to_numpy()) <= 2 * np.finfo(np.float64).eps
 
 
 def test_singular_leading_block_is_guarded(rng):
@@ -252,6 +292,7 @@ def test_cli_inv(rng, tmp_path, capsys):
     assert rc == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["backward_error"] <= summary["tol"] and os.path.isdir(summary["output"])
+    assert summary["refine_steps"] == 2  # --refine N: exactly N steps
     np.testing.assert_allclose(bl.open(tmp_path / "x.zarr").to_numpy(), np.linalg.inv(a.to_numpy()), atol=1e-10)
     rc = main(["inv", a.path, "-o", str(tmp_path / "x.zarr"), "--json"])
     assert rc == 1 and "OutputExistsError" in capsys.readouterr().out

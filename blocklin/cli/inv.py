@@ -27,12 +27,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", metavar="A", help="square zarr array (path)")
     p.add_argument("-o", "--out", required=True, metavar="X", help="output zarr array (path)")
     p.add_argument("--refine", type=_refine, default="auto", metavar="N",
-                   help="'auto' (default: refine while the backward error exceeds --tol) or at most N steps (0: none)")
+                   help="'auto' (default: refine while the backward error exceeds --tol) or exactly N "
+                        "Newton-Schulz steps (0: none)")
     p.add_argument("--tol", type=float, help="target backward error ||I - A X||_F / (||A||_F ||X||_F)")
     p.add_argument("--precision", choices=("mixed", "tf32", "float32", "float64"),
                    help="mixed: invert in float32, refine to float64; tf32: the same with TF32 GEMMs on a GPU")
     p.add_argument("--workers", type=int, help="concurrent tile tasks (local schedulers)")
     p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run (same input, output and options): finished steps are skipped")
     p.add_argument("--explain", action="store_true", help="print the plan and exit")
     ui.add_common(p)
     p.set_defaults(func=run)
@@ -51,17 +54,19 @@ def run(args: argparse.Namespace) -> dict:
         summary = {"plan": plan.to_dict()}
         ui.emit(args, summary, plan.explain())
         return summary
-    x = inv(args.a, out=args.out, progress=ui.progress_arg(args), **kwargs)
+    x = inv(args.a, out=args.out, resume=args.resume, progress=ui.progress_arg(args), **kwargs)
     r = x.report
     summary = {"output": x.path, "shape": list(x.shape), "dtype": x.dtype.name, "seconds": r["seconds"],
                "backward_error": r["backward_error"], "residual": r["residual"],
                "residual_method": r["residual_method"], "tol": r["tol"], "refine_steps": r["refine_steps"],
                "cond_estimate": r["cond_estimate"], "passes": r.get("passes", 0), "peak_memory": r["peak_memory"],
                "gemm_steps": r["gemm_steps"], "leaves": r["leaves"], "history": r["history"],
-               "scheduler": r["scheduler"], "device": r["device"]}
+               "scheduler": r["scheduler"], "device": r["device"], "resumed": r["resumed"],
+               "stages_skipped": r["stages_skipped"]}
     human = (f"wrote {x.path} ({x.shape[0]} x {x.shape[1]} {x.dtype.name}) in {r['seconds']:.2f} s: backward error "
              f"{r['backward_error']:.2e} ({r['residual_method']}, tol {r['tol']:.1e}) after {r['refine_steps']} "
              f"Newton-Schulz step(s); condition estimate {r['cond_estimate']:.1e}; peak memory "
-             f"{format_size(r['peak_memory'])}")
+             f"{format_size(r['peak_memory'])}"
+             + (f"; resumed ({r['stages_skipped']} finished step(s) skipped)" if r["resumed"] else ""))
     ui.emit(args, summary, human)
     return summary

@@ -27,10 +27,20 @@ import numpy as np
 
 from blocklin.linalg.random import probes
 from blocklin.plan.chunks import split
+from blocklin._memory import IO_CONCURRENCY
+from blocklin.plan.inverse import KernelMemory
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
 from blocklin.runtime.tiles import Epilogue, open_array, with_task_settings
 from blocklin.storage.zarr_store import read_block, write_block
+
+
+#: Probe vectors of the residual estimate (``linalg.refine``) and the bytes of one row of them.
+PROBES = 32
+PROBE_ROW_BYTES = PROBES * 8
+#: zarr chunk temporaries of one tile task: a chunk in flight reading and one writing, each of up to
+#: ``IO_CONCURRENCY`` (see ``blocklin._memory``).
+IO_CHUNKS = 2 * IO_CONCURRENCY
 
 
 def sumsq(x: np.ndarray) -> float:
@@ -158,10 +168,22 @@ def mix_init(device: Any, params: Any) -> dict:
     return {"sumsq": 0.0}
 
 
+def staging_memory(n: int, work_dtype: Any, source_dtype: Any) -> PassMemory:
+    """Memory of one task of :func:`mix_kernel` streaming rows of width ``n``.
+
+    Per row: the float64 copy (unless the stored rows are float64), the butterfly's gathered halves
+    and their rotated sums (three halves at once), the probe product and the cast block written
+    (unless the work dtype is float64); zarr's chunk temporaries of the streamed chunks.
+    """
+    f64 = np.dtype(np.float64)
+    per_row = 3 * n * 8 + PROBE_ROW_BYTES
+    per_row += 0 if np.dtype(source_dtype) == f64 else n * 8
+    per_row += 0 if np.dtype(work_dtype) == f64 else n * np.dtype(work_dtype).itemsize
+    return PassMemory(fixed=0, per_row=per_row, chunk_temporaries=True)
+
+
 def _mix_memory(params: Any, sources: tuple) -> PassMemory:
-    n = sources[0].width
-    # float64 copy of the strip, its rotated columns and probe product; the cast block written
-    return PassMemory(fixed=0, per_row=n * (3 * 8 + np.dtype(params["dtype"]).itemsize))
+    return staging_memory(sources[0].width, params["dtype"], sources[0].dtype)
 
 
 @row_kernel(memory=_mix_memory, init=mix_init, device="cpu")
@@ -190,8 +212,8 @@ def probe_init(device: Any, params: Any) -> dict:
 
 
 def _probe_memory(params: Any, sources: tuple) -> PassMemory:
+    """The broadcast ``W = X P`` and the regenerated probes; per row a float64 strip and residual rows."""
     n, k = params["w"].shape
-    # the broadcast W = X P, the regenerated probes P; per row a float64 strip and its residual rows
     return PassMemory(fixed=3 * n * k * 8, per_row=sources[0].width * 8 + 3 * k * 8)
 
 
@@ -211,7 +233,8 @@ def probe_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: d
 
 @dataclasses.dataclass(frozen=True)
 class LeafSpec:
-    """Invert the diagonal region ``[off, off + size)^2`` of ``src`` into the same region of ``dst``."""
+    """Invert the diagonal region ``[off, off + size)^2`` of ``src`` into ``[dst_off, dst_off + size)^2``
+    of ``dst`` (``dst_off``: ``off`` when None)."""
 
     src: str
     dst: str
@@ -221,6 +244,12 @@ class LeafSpec:
     blas_threads: int | None = None
     device: str = "cpu"
     device_memory: int | None = None
+    dst_off: int | None = None
+
+    @property
+    def dst_slice(self) -> slice:
+        d = self.off if self.dst_off is None else self.dst_off
+        return slice(d, d + self.size)
 
 
 def _leaf_on_gpu(spec: LeafSpec, a: np.ndarray, anorm: float) -> tuple[np.ndarray | None, float, int]:
@@ -236,6 +265,12 @@ def _leaf_on_gpu(spec: LeafSpec, a: np.ndarray, anorm: float) -> tuple[np.ndarra
         return None, 0.0, 1
     xnorm = float(np.abs(x).sum(axis=1).max()) if x.size else 0.0  # ||A^-1||_inf
     return x, (1.0 / (anorm * xnorm) if anorm > 0 and xnorm > 0 else 0.0), 0
+
+
+def leaf_memory(size: int, work_dtype: Any, chunk_bytes: int) -> int:
+    """Memory of :func:`leaf_inverse_task` on a ``size x size`` block: the block and LAPACK's
+    workspace and write temporaries (as much again), and zarr's chunk temporaries."""
+    return 2 * size * size * np.dtype(work_dtype).itemsize + IO_CHUNKS * chunk_bytes
 
 
 @with_task_settings
@@ -263,7 +298,7 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
             return {"rcond": 0.0, "info": info, "sumsq": float("nan"), "flops": flops, "bytes_read": a.nbytes,
                     "bytes_written": 0, "off": spec.off, "size": spec.size, "device": "gpu"}
         dst = open_array(spec.dst, mode="r+")
-        write_block(dst, sl, sl, np.ascontiguousarray(x))
+        write_block(dst, spec.dst_slice, spec.dst_slice, np.ascontiguousarray(x))
         return {"rcond": rcond, "info": 0, "sumsq": sumsq(x), "flops": flops, "bytes_read": a.nbytes,
                 "bytes_written": x.nbytes, "seconds": time.perf_counter() - t0, "off": spec.off, "size": spec.size,
                 "anorm": anorm, "device": "gpu"}
@@ -281,7 +316,7 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
         return {"rcond": 0.0, "info": int(info), "sumsq": float("nan"), "flops": flops, "bytes_read": a.nbytes,
                 "bytes_written": 0, "off": spec.off, "size": spec.size}
     dst = open_array(spec.dst, mode="r+")
-    write_block(dst, sl, sl, np.ascontiguousarray(a))
+    write_block(dst, spec.dst_slice, spec.dst_slice, np.ascontiguousarray(a))
     return {"rcond": rcond, "info": 0, "sumsq": sumsq(a), "flops": flops,
             "bytes_read": a.nbytes, "bytes_written": a.nbytes, "seconds": time.perf_counter() - t0,
             "off": spec.off, "size": spec.size, "anorm": anorm}
@@ -304,6 +339,14 @@ class UnmixSpec:
     transpose: bool = False
 
 
+def column_memory(n: int, width: int, work_dtype: Any, out_dtype: Any, chunk_bytes: int) -> int:
+    """Memory of :func:`unmix_columns_task` on an ``n x width`` strip: the strip read, its cast, the
+    butterfly's gathered halves and their rotated sums, the float64 copy for the probe product,
+    the ``n x k`` probes it regenerates, and zarr's chunk temporaries."""
+    w_item, o_item = np.dtype(work_dtype).itemsize, np.dtype(out_dtype).itemsize
+    return n * width * (w_item + 2 * o_item + 8) + n * PROBE_ROW_BYTES + IO_CHUNKS * chunk_bytes
+
+
 @with_task_settings
 def unmix_columns_task(spec: UnmixSpec, c0: int, c1: int) -> dict:
     """One column strip: undo the RBT, write, return ``sumsq`` and ``X[:, c0:c1] @ P[c0:c1]``."""
@@ -319,3 +362,7 @@ def unmix_columns_task(spec: UnmixSpec, c0: int, c1: int) -> dict:
     p = probes(n, spec.probe_k, spec.probe_seed)[c0:c1]
     return {"sumsq": sumsq(x), "probe": x.astype(np.float64, copy=False) @ p, "bytes_read": y.nbytes,
             "bytes_written": x.nbytes, "seconds": time.perf_counter() - t0}
+
+
+#: The memory declarations of the tasks above, which :func:`blocklin.plan.inverse.plan_inverse` reads.
+MEMORY = KernelMemory(leaf=leaf_memory, staging=staging_memory, column=column_memory)

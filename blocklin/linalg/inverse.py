@@ -7,12 +7,15 @@ import math
 from typing import Any, Unpack
 
 import numpy as np
+from dask.base import tokenize
 
 from blocklin.config import Settings
-from blocklin.errors import ConvergenceWarning, ParameterError, SingularMatrixError, warn
+from blocklin.errors import ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg import refine as _refine
+from blocklin.linalg.refine import Iterate, Refinement, Steps
 from blocklin.linalg._inv_kernels import (
+    MEMORY,
     Butterfly,
     LeafSpec,
     UnmixSpec,
@@ -26,6 +29,9 @@ from blocklin.plan.inverse import InversePlan, plan_inverse
 from blocklin.runtime.blockops import BlockOps, column_strips
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import plan_kernel_pass, run_pass, source
+from blocklin.runtime.stages import Stages
+from blocklin.storage.backend import backend
+from blocklin.storage.location import as_location
 from blocklin.storage.zarr_store import create_array
 from blocklin.validate import choice, float_operand, positive, square
 
@@ -40,8 +46,8 @@ class _LeafSingular(Exception):
 
 
 def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, tol: float | None = None,
-        precision: str | None = None, overwrite: bool = False, seed: int = 0, explain: bool = False,
-        **settings: Unpack[Settings]) -> Matrix | InversePlan:
+        precision: str | None = None, overwrite: bool = False, resume: bool = False, seed: int = 0,
+        explain: bool = False, **settings: Unpack[Settings]) -> Matrix | InversePlan:
     """Inverse of a square matrix larger than memory, with a verified backward error.
 
     The matrix ``M`` is staged once as ``W = M V`` with ``V`` a random butterfly of Givens
@@ -137,36 +143,85 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
            [-0.2,  0.4]])
     """
     precision = choice("precision", precision, PRECISIONS, fix="pass precision='mixed' or leave it None")
-    min_steps, max_steps = _refine_steps(refine, max_refine)
+    steps = _refine_steps(refine, max_refine)
     tol = positive("tol", tol, optional=True, fix="leave it None for the default")
     if explain:  # the plan alone: inv_plan
         return inv_plan(a, precision=precision, **settings)
+    if resume and out is None:
+        raise ParameterError(_msg("resume", "needs the output path of the run to continue", "out=None",
+                                  "pass the same out= as the interrupted run (CLI: -o X.zarr --resume)"))
     with Job("inv", **settings) as job:
         M, out_dtype, plan = _operand_and_plan(job, a, precision)
-        n = plan.n
-        tol = _refine.default_tol(n, out_dtype) if tol is None else tol
-        ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite)
+        tol = _refine.default_tol(plan.n, out_dtype, in_core=not plan.nodes) if tol is None else tol
+        params = {"precision": precision, "tol": tol, "seed": seed, "refine": str(refine), "max_refine": max_refine}
+        token = _token(job, M, plan, out, params)
+        ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite, resume=resume, token=token)
         x_path = ao.array_path()
-        create_array(x_path, shape=(n, n), dtype=out_dtype, chunks=(plan.chunk, plan.chunk), codec=job.cfg.codec)
-        if n == 0:
-            path = ao.commit("inv", plan=plan.to_dict(), params={})
-            return Matrix(path, report=job.report(plan=plan.to_dict()), temporary=out is None)
+        stages = Stages(job.work_dir("inv", token, resume=resume), ao.done, resume=resume and ao.resumed,
+                        codec=job.cfg.codec, start=lambda: create_array(
+                            x_path, shape=(plan.n,) * 2, dtype=out_dtype, chunks=(plan.chunk,) * 2,
+                            codec=job.cfg.codec, overwrite=True))
         ops = BlockOps(job, plan.chunk)
         ops.math = "tf32" if precision == "tf32" else None
-        norm_m, norm_x, xp, leaves, attempts = _invert_stored(ops, M, x_path, plan, out_dtype, seed)
-        res = _refine.probe_estimate(job, M, xp, seed)
-        x = _Iterate(x_path, res, _refine.backward_error(res, norm_m, norm_x), "probed", norm_x)
-        ref = _Refinement(ops, M, plan, out_dtype, seed=seed, tol=tol, min_steps=min_steps, max_steps=max_steps,
-                          norm_m=norm_m, x=x, leaves=leaves)
-        ref.run()
-        ref.accept(precision)
-        if ref.x.path != x_path:
-            ops.copy(ref.x.path, x_path, n)
-        report = _report(job, ref, plan, attempts, precision=precision or out_dtype.name, output=ao.path)
-        path = ao.commit("inv", plan=plan.to_dict(), params={"precision": precision, "tol": tol, "seed": seed,
-                                                              "refine": str(refine)},
-                         report=job.brief(report, REPORT_KEYS))
+        ref = _invert_and_refine(_Run(ops, stages, plan), M, x_path, out_dtype, seed=seed, tol=tol, steps=steps,
+                                 precision=precision) if plan.n else None
+        report = _report(job, ref, plan, stages, precision=precision or out_dtype.name, output=ao.path)
+        path = ao.commit("inv", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def _token(job: Job, M: Any, plan: InversePlan, out: Any, params: dict) -> str:
+    """Deterministic in what decides the result's bits: the input (path, shape, dtype, chunks and a
+    stamp of its metadata), the plan, the parameters, the output and the settings the tile and pass
+    plans depend on (workers, cores, device)."""
+    loc = as_location(M.path)
+    stamp = None if M.staged else (backend(loc).stamp("zarr.json") or backend(loc).stamp(".zarray"))
+    return tokenize("inv", loc, M.shape, M.dtype.str, tuple(M.chunks), stamp, plan.to_dict(), params,
+                    str(out), job.workers(1), job.parallelism(), job.cores(), job.device)[:16]
+
+
+@dataclasses.dataclass
+class _Run:
+    """What every step of one inversion shares: block operations, recorded stages, the plan."""
+
+    ops: BlockOps
+    stages: Stages
+    plan: InversePlan
+    gemms: int = 0
+    norm_m: float = 0.0
+
+    @property
+    def job(self) -> Job:
+        return self.ops.job
+
+    def store(self, name: str, rows: int, cols: int, dtype: Any) -> Any:
+        return self.stages.store(name, (rows, cols), dtype, (self.plan.chunk,) * 2)
+
+    def gemm(self, name: str, *args: Any, **kwargs: Any) -> None:
+        """One region GEMM as a recorded stage (``BlockOps.gemm`` arguments)."""
+        self.gemms += 1
+        self.stages.run(name, lambda: self.ops.gemm(*args, **kwargs) and None)
+
+
+def _invert_and_refine(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, *, seed: int, tol: float, steps: Steps,
+                       precision: str | None) -> Refinement:
+    """Invert into ``x_path``, probe, refine and accept (only a verified inverse is left there)."""
+    norm_m, norm_x, xp, leaves, attempts = _invert_stored(run, M, x_path, out_dtype, seed)
+    res = run.stages.run("probe", lambda: _refine.probe_estimate(run.job, M, xp, seed))
+    x = Iterate(x_path, res, _refine.backward_error(res, norm_m, norm_x), "probed", norm_x)
+
+    def invert(operand: Any, out: Any, s: int) -> None:  # the preconditioned restart's (M X)^-1
+        leaves.extend(_invert_stored(run, operand, out, out_dtype, s, shift=True)[3])
+
+    ref = Refinement(run.ops, run.stages, M, n=run.plan.n, chunk=run.plan.chunk, dtype=out_dtype, seed=seed, tol=tol,
+                     steps=steps, norm_m=norm_m, x=x, invert=invert)
+    ref.run()
+    ref.accept(precision)
+    if ref.x.path != x_path:
+        final = ref.x.path
+        run.stages.run("copy", lambda: run.ops.copy(final, x_path, run.plan.n))
+    ref.leaves, ref.attempts, ref.recursion_gemms = leaves, attempts, run.gemms
+    return ref
 
 
 def inv_plan(a: Any, *, precision: str | None = None, **settings: Unpack[Settings]) -> InversePlan:
@@ -184,7 +239,7 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None) -> tuple[Any, np.
     float_operand(M)
     out_dtype = np.dtype(np.float64) if precision in ("mixed", "tf32", "float64") else \
         np.dtype(np.float32) if precision == "float32" else M.dtype
-    plan = plan_inverse(n, out_dtype, memory=job.cfg.memory,
+    plan = plan_inverse(n, out_dtype, memory=job.cfg.memory, kernels=MEMORY, source_dtype=M.dtype,
                         precision="mixed" if precision in ("mixed", "tf32") else None)
     return M, out_dtype, plan
 
@@ -194,27 +249,33 @@ REPORT_KEYS = ("seconds", "residual", "residual_method", "backward_error", "refi
                "peak_memory")
 
 
-def _refine_steps(refine: Any, max_refine: int) -> tuple[int, int]:
-    """``(min_steps, max_steps)`` of Newton-Schulz for ``refine`` (see :func:`inv`)."""
+def _refine_steps(refine: Any, max_refine: int) -> Steps:
+    """The Newton-Schulz :class:`~blocklin.linalg.refine.Steps` that ``refine`` asks for (see :func:`inv`)."""
     if isinstance(refine, bool):
-        return (1, max(1, int(max_refine))) if refine else (0, 0)
+        return Steps(1, max(1, int(max_refine))) if refine else Steps(0, 0)
     if refine == "auto" or refine is None:
-        return 0, int(max_refine)
+        return Steps(0, int(max_refine))
     if isinstance(refine, (int, np.integer)) and refine >= 0:
-        return 0, int(refine)
+        return Steps(int(refine), int(refine), exact=True)
     raise ParameterError(_msg("refine", "must be 'auto', True, False or a number of steps >= 0", repr(refine),
                               "pass refine='auto'"))
 
 
-def _report(job: Job, ref: _Refinement, plan: InversePlan, attempts: int, *, precision: str, output: Any) -> dict:
+def _report(job: Job, ref: Refinement | None, plan: InversePlan, stages: Stages, *, precision: str,
+            output: Any) -> dict:
+    if ref is None:  # n = 0
+        return job.report(plan=plan.to_dict(), output=str(output), refine_steps=0, history=[], resumed=False,
+                          stages_skipped=0)
     x = ref.x
     rcs = [lf["rcond"] for lf in ref.leaves]
     report = job.report(
         plan=plan.to_dict(), output=str(output), residual=x.res, residual_method=x.method, backward_error=x.eta,
         backward_error_definition="||I - A X||_F / (||A||_F ||X||_F)", tol=ref.tol, refine_steps=ref.steps,
         history=ref.history, cond_estimate=ref.norm_m * x.norm_x, norm_a=ref.norm_m, norm_x=x.norm_x,
-        attempts=attempts, min_leaf_rcond=min(rcs) if rcs else None, leaves=len(ref.leaves),
-        butterfly_depth=plan.depth, precision=precision, work_dtype=plan.work_dtype, gemm_steps=ref.ops.gemms,
+        attempts=ref.attempts, min_leaf_rcond=min(rcs) if rcs else None, leaves=len(ref.leaves),
+        butterfly_depth=plan.depth, precision=precision, work_dtype=plan.work_dtype,
+        gemm_steps=ref.recursion_gemms + ref.gemms,
+        resumed=stages.resumed, stages_skipped=stages.skipped,
         phases={"GEMMs (recursion, Newton-Schulz)": job.device,
                 "leaf inverses": "/".join(sorted({lf.get("device", "cpu") for lf in ref.leaves})) or None,
                 "butterfly transforms, residual probes": "cpu"})
@@ -222,154 +283,16 @@ def _report(job: Job, ref: _Refinement, plan: InversePlan, attempts: int, *, pre
     return report
 
 
-# -- refinement -------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class _Iterate:
-    """An approximate inverse in store ``path``: its residual ``||I - M X||_F`` (probed or exact),
-    backward error and ``||X||_F``."""
-
-    path: str
-    res: float
-    eta: float
-    method: str
-    norm_x: float
-
-
-class _Refinement:
-    """Newton-Schulz steps on a stored inverse while the backward error exceeds ``tol``.
-
-    Each pass of the loop forms the exact ``R = I - M X`` (one GEMM); a converging iterate takes a
-    step ``X + X R`` (probed afterwards); a residual ``>= sqrt(n)`` (Newton-Schulz cannot converge)
-    takes one preconditioned restart ``X (M X)^-1`` instead; divergence or stagnation stops. The
-    iterates alternate between the output and one spare store.
-    """
-
-    def __init__(self, ops: BlockOps, M: Any, plan: InversePlan, out_dtype: np.dtype, *, seed: int, tol: float,
-                 min_steps: int, max_steps: int, norm_m: float, x: _Iterate, leaves: list[dict]) -> None:
-        self.ops, self.M, self.plan, self.dtype, self.seed = ops, M, plan, out_dtype, seed
-        self.n = plan.n
-        self.tol, self.min_steps, self.max_steps, self.norm_m = tol, min_steps, max_steps, norm_m
-        self.x, self.leaves = x, leaves
-        self.history: list[dict] = []
-        self.steps = self.restarts = 0
-        self.restarted = False
-        self.spare: str | None = None
-        self.log("inverse")
-
-    def log(self, stage: str, x: _Iterate | None = None) -> None:
-        x = x or self.x
-        self.history.append({"stage": stage, "residual": x.res, "backward_error": x.eta, "method": x.method})
-
-    def probed(self, path: str, xp: np.ndarray, seed: int, norm_x: float) -> _Iterate:
-        res = _refine.probe_estimate(self.ops.job, self.M, xp, seed)
-        return _Iterate(path, res, _refine.backward_error(res, self.norm_m, norm_x), "probed", norm_x)
-
-    def exact(self) -> str:
-        """``R = I - M X`` into a new store (returned); the iterate's residual becomes exact."""
-        r_path = self.ops.store("r", self.n, self.n, self.dtype)
-        res = _refine.ns_residual(self.ops, self.M, self.x.path, r_path, self.n, self.dtype)
-        self.x = _Iterate(self.x.path, res, _refine.backward_error(res, self.norm_m, self.x.norm_x), "exact",
-                          self.x.norm_x)
-        return r_path
-
-    def wanted(self) -> bool:
-        x = self.x
-        return self.steps < self.max_steps and np.isfinite(x.eta) and (
-            x.eta > self.tol or self.steps < self.min_steps or not _refine.is_inverse(x.res, x.method))
-
-    def run(self) -> None:
-        while self.wanted():
-            r_path = self.exact()
-            self.log(f"residual {self.steps}")
-            x = self.x
-            if x.eta <= self.tol and self.steps >= self.min_steps and _refine.is_inverse(x.res, x.method):
-                break
-            if x.res >= math.sqrt(self.n):
-                # ||R||_2 >= ||R||_F / sqrt(n) >= 1: Newton-Schulz would not converge. The block
-                # recursion lost too much to ill-conditioning; M X is far better conditioned than M,
-                # so invert it the same way and take X (M X)^-1 (a preconditioned restart, 3x the work).
-                if self.restarts >= 1 or self.restarted:
-                    break
-                self.restart(r_path)
-                continue
-            if not self.step(r_path):
-                break
-
-    def spare_store(self) -> str:
-        if self.spare is None:
-            self.spare = self.ops.store("x", self.n, self.n, self.dtype)
-        return self.spare
-
-    def restart(self, r_path: str) -> None:
-        """``X (M X)^-1``, with ``(M X)^-1 = (I - R)^-1`` inverted the same way; kept when better."""
-        self.restarts += 1
-        ops, n, dt = self.ops, self.n, self.dtype
-        z_path = ops.store("z", n, n, dt)
-        pm = Operand(name="I - R", path=r_path, shape=(n, n), dtype=dt, chunks=(self.plan.chunk,) * 2)
-        _, _, _, more, _ = _invert_stored(ops, pm, z_path, self.plan, dt, self.seed + 17, shift=True)
-        self.leaves += more
-        spare = self.spare_store()
-        norm_new, xp = _refine.ns_product(ops, self.x.path, z_path, spare, n, dt, self.seed + 31)
-        _drop(z_path)
-        _drop(r_path)
-        new = self.probed(spare, xp, self.seed + 31, norm_new)
-        self.log("preconditioned restart X (M X)^-1", new)
-        self.restarted = True
-        if new.eta < self.x.eta:
-            self.spare, self.x = self.x.path, new
-
-    def step(self, r_path: str) -> bool:
-        """``X + X R`` into the spare store; returns whether to go on (no divergence, no stagnation)."""
-        prev = self.x
-        nxt = self.spare_store()
-        pseed = self.seed + self.steps + 1
-        norm_x, xp = _refine.ns_update(self.ops, prev.path, r_path, nxt, self.n, self.dtype, pseed)
-        _drop(r_path)
-        self.spare = prev.path
-        self.steps += 1
-        self.x = self.probed(nxt, xp, pseed, norm_x)
-        self.log(f"step {self.steps}")
-        if not self.x.eta < prev.eta:  # diverging (||R||_2 >= 1) or at the rounding floor: keep the better X
-            self.spare, self.x = nxt, prev
-            self.log("kept the previous iterate")
-            return False
-        return not (self.x.eta > 0.5 * prev.eta and self.x.eta > self.tol)  # stagnation at the rounding floor
-
-    def accept(self, precision: str | None) -> None:
-        """Return only a verified inverse (``||I - M X||_F < 1``): refuse a singular ``M``, warn below ``tol``."""
-        if np.isfinite(self.x.eta) and self.x.method == "probed" and not _refine.is_inverse(self.x.res, "probed"):
-            # the probes cannot vouch for X: decide on the exact residual (one GEMM), at every budget
-            _drop(self.exact())
-            self.log("acceptance")
-        x = self.x
-        cond_est = self.norm_m * x.norm_x
-        eps = float(np.finfo(self.dtype).eps)
-        if not np.isfinite(x.eta) or not _refine.is_inverse(x.res, x.method):
-            raise SingularMatrixError(_msg(
-                "a", "must be numerically nonsingular to be inverted in " + self.dtype.name,
-                f"||I - A X||_F = {x.res:.1e} >= 1 after {self.steps} Newton-Schulz step(s), so X carries no "
-                f"correct digit of the inverse; condition number estimate ||A||_F ||X||_F = {cond_est:.1e} "
-                f"(1/eps = {1 / eps:.1e})",
-                "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"
-                + ("" if precision not in ("mixed", "tf32") else f", or invert without precision='{precision}'")))
-        if x.eta > self.tol and self.max_steps > 0:
-            warn(f"inv: backward error {x.eta:.2e} ({x.method}) above tol {self.tol:.1e} after {self.steps} "
-                 f"Newton-Schulz step(s) (condition estimate {cond_est:.1e}); the result is returned",
-                 ConvergenceWarning)
-
-
 # -- steps ------------------------------------------------------------------------------------------------
 
 
-def _invert_stored(ops: BlockOps, M: Any, x_path: str, plan: InversePlan, out_dtype: np.dtype, seed: int,
+def _invert_stored(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, seed: int,
                    shift: bool = False) -> tuple[float, float, np.ndarray, list[dict], int]:
     """Stage (``M`` or ``I - M`` when ``shift``) with a random butterfly, invert by recursion, undo the butterfly.
 
     Returns ``||staged||_F``, ``||X||_F``, ``X P`` (probe products), the leaf results and the attempts.
     """
-    job, n = ops.job, plan.n
+    plan, n = run.plan, run.plan.n
     wdt = np.dtype(plan.work_dtype)
     attempts = 0
     while True:
@@ -379,51 +302,67 @@ def _invert_stored(ops: BlockOps, M: Any, x_path: str, plan: InversePlan, out_dt
         # permutation-like structure), the two-sided W = U^T M V of Parker (1995), at two more passes.
         bf = Butterfly(n, plan.depth, seed + 1000 * (attempts - 1))
         bf_u = Butterfly(n, plan.depth, seed + 1000 * (attempts - 1) + 1) if attempts > 1 else None
-        w_path = ops.store("w", n, n, wdt)
-        if bf_u is None:
-            norm_m = _mix(job, M, w_path, bf, wdt, plan, shift=shift)
-        else:
-            t_path = ops.store("t", n, n, wdt)
-            norm_m = _mix(job, M, t_path, bf, wdt, plan, shift=shift)
-            _unmix(ops, t_path, w_path, bf_u, wdt, plan, seed, transpose=True)
-            _drop(t_path)
+        w_path = _stage(run, M, bf, bf_u, wdt, shift, seed)
+        y_path = run.store("y", n, n, wdt)
         leaves: list[dict] = []
         try:
             # the retry also balances the splits: a tiny leading block of a sparse-butterfly-mixed
             # permutation-like matrix can be structurally singular
-            _invert(ops, plan, w_path, 0, n, wdt, leaves, top=True, balanced=attempts > 1)
+            _invert(run, w_path, 0, y_path, 0, n, wdt, leaves, balanced=attempts > 1)
             break
         except _LeafSingular as bad:
-            _drop(w_path)
+            Stages.drop(w_path)
+            Stages.drop(y_path)
             if bad.last or attempts >= 2 or plan.depth == 0:
-                rc = bad.leaf["rcond"]
-                cond = "infinite (an exact zero pivot)" if rc == 0 else f"at least about {1 / rc:.1e}"
-                raise SingularMatrixError(_msg(
-                    "a", "must be nonsingular to be inverted",
-                    f"a numerically singular {'Schur complement' if bad.last else 'block'} at rows "
-                    f"{bad.leaf['off']}:{bad.leaf['off'] + bad.leaf['size']} (reciprocal condition "
-                    f"{rc:.1e}); condition number estimate {cond}",
-                    "regularize: blocklin.solve(a, b, lam=...) solves min ||A x - b||^2 + lam^2 ||x||^2 "
-                    "(lam='gcv' chooses lam), or use a pseudo-inverse")) from None
+                raise _singular(bad.leaf, bad.last) from None
             warn(f"inv: a leading block of the randomized matrix was numerically singular "
                  f"(rcond {bad.leaf['rcond']:.1e}); retrying with a two-sided random butterfly and balanced splits")
-    if bf_u is None:
-        norm_x, xp = _unmix(ops, w_path, x_path, bf, out_dtype, plan, seed)
-    else:  # X = V W^-1 U^T: a column pass, then a row pass (which also forms X P)
-        z_path = ops.store("z", n, n, out_dtype)
-        norm_x, _ = _unmix(ops, w_path, z_path, bf, out_dtype, plan, seed)
-        zop = Operand(name="z", path=z_path, shape=(n, n), dtype=out_dtype, chunks=(plan.chunk,) * 2)
-        _, xp = _mix(job, zop, x_path, bf_u, out_dtype, plan, transpose=True, probe_seed=seed, with_probe=True)
-        _drop(z_path)
-    _drop(w_path)
+    Stages.drop(w_path)
+    norm_m = run.norm_m
+    norm_x, xp = _unstage(run, y_path, x_path, bf, bf_u, out_dtype, seed)
+    Stages.drop(y_path)
     return norm_m, norm_x, xp, leaves, attempts
 
 
+def _singular(leaf: dict, last: bool) -> SingularMatrixError:
+    rc = leaf["rcond"]
+    cond = "infinite (an exact zero pivot)" if rc == 0 else f"at least about {1 / rc:.1e}"
+    return SingularMatrixError(_msg(
+        "a", "must be nonsingular to be inverted",
+        f"a numerically singular {'Schur complement' if last else 'block'} at rows "
+        f"{leaf['off']}:{leaf['off'] + leaf['size']} (reciprocal condition {rc:.1e}); condition number estimate {cond}",
+        "regularize: blocklin.solve(a, b, lam=...) solves min ||A x - b||^2 + lam^2 ||x||^2 "
+        "(lam='gcv' chooses lam), or use a pseudo-inverse"))
 
-def _drop(path: str) -> None:
-    import shutil
 
-    shutil.rmtree(path, ignore_errors=True)
+def _stage(run: _Run, M: Any, bf: Butterfly, bf_u: Butterfly | None, wdt: np.dtype, shift: bool, seed: int) -> Any:
+    """``W = M V`` (or ``U^T M V`` with ``bf_u``) into a new store; ``||M||_F`` kept in ``run.norm_m``."""
+    n, job = run.plan.n, run.job
+    w_path = run.store("w", n, n, wdt)
+    if bf_u is None:
+        run.norm_m = run.stages.run("stage", lambda: _mix(job, M, w_path, bf, wdt, run.plan, shift=shift))
+        return w_path
+    t_path = run.store("t", n, n, wdt)
+    run.norm_m = run.stages.run("stage", lambda: _mix(job, M, t_path, bf, wdt, run.plan, shift=shift))
+    run.stages.run("stage-left", lambda: _unmix(run.ops, t_path, w_path, bf_u, wdt, run.plan, seed, transpose=True))
+    Stages.drop(t_path)
+    return w_path
+
+
+def _unstage(run: _Run, y_path: Any, x_path: Any, bf: Butterfly, bf_u: Butterfly | None, out_dtype: np.dtype,
+             seed: int) -> tuple[float, np.ndarray]:
+    """``X = V Y`` (``V Y U^T`` with ``bf_u``) into ``x_path``; returns ``||X||_F`` and ``X P``."""
+    plan, ops = run.plan, run.ops
+    if bf_u is None:
+        return run.stages.run("unstage", lambda: _unmix(ops, y_path, x_path, bf, out_dtype, plan, seed))
+    n = plan.n  # a column pass, then a row pass (which also forms X P)
+    z_path = run.store("z", n, n, out_dtype)
+    norm_x, _ = run.stages.run("unstage", lambda: _unmix(ops, y_path, z_path, bf, out_dtype, plan, seed))
+    zop = Operand(name="z", path=z_path, shape=(n, n), dtype=out_dtype, chunks=(plan.chunk,) * 2)
+    _, xp = run.stages.run("unstage-left", lambda: _mix(run.job, zop, x_path, bf_u, out_dtype, plan, transpose=True,
+                                                        probe_seed=seed, with_probe=True))
+    Stages.drop(z_path)
+    return norm_x, xp
 
 
 def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: InversePlan, shift: bool = False,
@@ -435,9 +374,10 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
     params = {"butterfly": bf, "dtype": wdt.name, "shift": shift, "transpose": transpose, "probe_seed": probe_seed,
               "probe_k": _refine.PROBES}
     prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=4 * plan.chunk)
-    if prp.strip % plan.chunk and prp.strip < n:  # a strip must own whole chunk rows of W: one chunk, one task
-        prp = plan_kernel_pass(job, mix_kernel, src, params, memory=10 * plan.strip_memory, max_strip=plan.chunk,
-                               workers=1)
+    if prp.strip % plan.chunk and prp.strip < n:
+        # a strip must own whole chunk rows of W: one chunk per strip, one task at a time (the plan
+        # checked that one such task fits the budget)
+        prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=plan.chunk, workers=1, min_tasks=1)
     states, _ = run_pass(job, mix_kernel, src, params, plan=prp, outputs=(("w", w_path),),
                          description="stage and randomize")
     norm = math.sqrt(sum(s["sumsq"] for s in states))
@@ -446,48 +386,63 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
     return norm
 
 
-def _leaf(ops: BlockOps, src: str, dst: str, off: int, size: int, wdt: np.dtype) -> dict:
-    job = ops.job
+def _leaf(run: _Run, src: Any, s_off: int, dst: Any, d_off: int, size: int, wdt: np.dtype) -> dict:
+    """In-core pivoted LU inverse of ``src[s_off:, s_off:]`` (``size``) into ``dst[d_off:, d_off:]``: one stage."""
+    job = run.job
     from blocklin.device import pass_device
 
     # 2 n^3 flops over n^2 elements read: the GPU wins on large leaves ('auto'), or when asked for
     dev = pass_device(job.cfg.device, 2.0 * size**3, size * size * wdt.itemsize)
-    spec = LeafSpec(src=src, dst=dst, off=off, size=size, dtype=wdt.name, blas_threads=job.task_blas_threads(job.cores()),
-                    device=dev, device_memory=job.device_memory() if dev == "gpu" else None)
-    graph = ops.graph("leaf", spec)
-    graph.add((0,), leaf_inverse_task, spec)
-    (res,) = job.run(graph, workers=1, blas_threads=job.cores(), description=f"leaf {off}:{off + size}")
-    return res
+    spec = LeafSpec(src=src, dst=dst, off=s_off, dst_off=d_off, size=size, dtype=wdt.name,
+                    blas_threads=job.task_blas_threads(job.cores()), device=dev,
+                    device_memory=job.device_memory() if dev == "gpu" else None)
+
+    def invert() -> dict:
+        graph = run.ops.graph("leaf", spec)
+        graph.add((0,), leaf_inverse_task, spec)
+        (res,) = job.run(graph, workers=1, blas_threads=job.cores(), description=f"leaf {s_off}:{s_off + size}")
+        return res
+
+    return run.stages.run("leaf", invert)
 
 
-def _invert(ops: BlockOps, plan: InversePlan, w: str, off: int, size: int, wdt: np.dtype,
-            leaves: list[dict], *, top: bool = False, last: bool = True, balanced: bool = False) -> None:
-    """Invert the diagonal region ``[off, off+size)^2`` of store ``w`` in place."""
+def _invert(run: _Run, src: Any, s_off: int, dst: Any, d_off: int, size: int, wdt: np.dtype,
+            leaves: list[dict], *, at: int = 0, last: bool = True, balanced: bool = False) -> None:
+    """Invert the diagonal region ``[s_off, s_off+size)^2`` of store ``src`` into that at ``d_off`` of ``dst``
+    (``at``: the region's first row in the staged matrix, for messages).
+
+    No step writes a region it reads (``src`` is never written; the Schur complement and ``A^-1``
+    get stores of their own), so each step can be run again after an interruption.
+    """
     eps = float(np.finfo(wdt).eps)
+    plan = run.plan
     if size <= plan.leaf:
-        res = _leaf(ops, w, w, off, size, wdt)
+        res = _leaf(run, src, s_off, dst, d_off, size, wdt)
+        res = {**res, "off": at}
         leaves.append(res)
         if res["info"] != 0 or not res["rcond"] > (eps if last else plan.n * eps):
             raise _LeafSingular(res, last)
         return
     n1 = _split(plan, size, balanced)
     n2 = size - n1
-    o, p = off, off + n1  # offsets of the leading and trailing blocks
-    _invert(ops, plan, w, o, n1, wdt, leaves, last=False, balanced=balanced)  # A^-1 in place
-    e = ops.store("e", n1, n2, wdt)
-    f = ops.store("f", n2, n1, wdt)
-    g = ops.gemm
-    g(e, (0, 0), n1, n2, n1, w, (o, o), w, (o, p), dtype=wdt, description="E = A^-1 B")
-    g(f, (0, 0), n2, n1, n1, w, (p, o), w, (o, o), dtype=wdt, description="F = C A^-1")
-    g(w, (p, p), n2, n2, n1, w, (p, o), e, (0, 0), dtype=wdt, c=w, c_off=(p, p), alpha=-1.0, beta=1.0,
+    o, p = s_off, s_off + n1  # leading and trailing blocks of the source
+    q, r = d_off, d_off + n1  # and of the destination
+    a_inv = run.store("ainv", n1, n1, wdt)
+    _invert(run, src, o, a_inv, 0, n1, wdt, leaves, at=at, last=False, balanced=balanced)
+    e, f, s = run.store("e", n1, n2, wdt), run.store("f", n2, n1, wdt), run.store("s", n2, n2, wdt)
+    g, z = run.gemm, (0, 0)
+    g("E", e, z, n1, n2, n1, a_inv, z, src, (o, p), dtype=wdt, description="E = A^-1 B")
+    g("F", f, z, n2, n1, n1, src, (p, o), a_inv, z, dtype=wdt, description="F = C A^-1")
+    g("S", s, z, n2, n2, n1, src, (p, o), e, z, dtype=wdt, c=src, c_off=(p, p), alpha=-1.0, beta=1.0,
       description="S = D - C E")
-    _invert(ops, plan, w, p, n2, wdt, leaves, last=last, balanced=balanced)  # S^-1 in place
-    g(w, (o, p), n1, n2, n2, e, (0, 0), w, (p, p), dtype=wdt, alpha=-1.0, description="X12 = -E S^-1")
-    g(w, (p, o), n2, n1, n2, w, (p, p), f, (0, 0), dtype=wdt, alpha=-1.0, description="X21 = -S^-1 F")
-    g(w, (o, o), n1, n1, n2, w, (o, p), f, (0, 0), dtype=wdt, c=w, c_off=(o, o), alpha=-1.0, beta=1.0,
+    _invert(run, s, 0, dst, r, n2, wdt, leaves, at=at + n1, last=last, balanced=balanced)  # S^-1
+    Stages.drop(s)
+    g("X12", dst, (q, r), n1, n2, n2, e, z, dst, (r, r), dtype=wdt, alpha=-1.0, description="X12 = -E S^-1")
+    g("X21", dst, (r, q), n2, n1, n2, dst, (r, r), f, z, dtype=wdt, alpha=-1.0, description="X21 = -S^-1 F")
+    g("X11", dst, (q, q), n1, n1, n2, dst, (q, r), f, z, dtype=wdt, c=a_inv, c_off=z, alpha=-1.0, beta=1.0,
       description="X11 = A^-1 - X12 F")
-    _drop(e)
-    _drop(f)
+    for store in (e, f, a_inv):
+        Stages.drop(store)
 
 
 def _split(plan: InversePlan, size: int, balanced: bool = False) -> int:

@@ -20,29 +20,36 @@ when the cheap probed estimate says the tolerance is not met.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from blocklin.linalg._inv_kernels import InverseEpilogue, probe_kernel
+from blocklin.errors import ConvergenceWarning, SingularMatrixError, warn
+from blocklin.errors import explain as _msg
+from blocklin.linalg._inv_kernels import PROBES, InverseEpilogue, probe_kernel
 from blocklin.linalg.random import probes
+from blocklin.operands import Operand
 from blocklin.runtime.blockops import BlockOps
 from blocklin.runtime.passes import run_pass, source
-
-#: Probe vectors of the residual estimate.
-PROBES = 32
+from blocklin.runtime.stages import Stages
 
 
-def default_tol(n: int, dtype: Any) -> float:
-    """Default backward-error target: ``n * eps`` of ``dtype`` (at least ``16 eps``).
+def default_tol(n: int, dtype: Any, *, in_core: bool = False) -> float:
+    """Default backward-error target: what LAPACK's pivoted inverse (``numpy.linalg.inv``) gives.
 
-    ``n eps`` is the classical bound (``gamma_n``) on the backward error of a stable inversion;
-    LAPACK's pivoted inverse usually does much better (``~sqrt(n) eps``), and so does one
-    Newton-Schulz step (pass a smaller ``tol`` to ask for it).
+    In core (one pivoted LU leaf, no recursion) the result *is* LAPACK's inverse, so the target is the
+    classical bound ``n eps`` (at least ``16 eps``) that only a failure would miss. Out of core the
+    block recursion leaves a backward error 10 to 1000 times LAPACK's (the unpivoted block elimination
+    loses accuracy with the condition of the leading blocks), and the forward error
+    ``||X - A^-1|| / ||A^-1||`` follows the backward error; the target is then the unit roundoff
+    ``eps / 2``, which one Newton-Schulz step reaches (it squares the residual): the forward error
+    is then that of LAPACK's inverse or better.
     """
     eps = float(np.finfo(np.dtype(dtype)).eps)
-    return max(16, n) * eps
+    return max(16, n) * eps if in_core else eps / 2
 
 
 #: A probed residual below this vouches for ``||I - M X||_F < 1``. With Gaussian probes the squared
@@ -110,6 +117,176 @@ def ns_product(ops: BlockOps, x: str, z: str, out: str, n: int, dtype: Any, seed
     return math.sqrt(sum(t["sumsq"] for t in res)), reduce_probe(res, n, PROBES)
 
 
-__all__ = ["PROBED_SAFE_RESIDUAL", "PROBES", "backward_error", "default_tol", "is_inverse", "ns_product",
+# -- the refinement loop -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """How many Newton-Schulz steps to take: at least ``least``, at most ``most``; ``exact``: exactly
+    ``most`` whatever the tolerance (``refine=N``)."""
+
+    least: int
+    most: int
+    exact: bool = False
+
+
+@dataclasses.dataclass
+class Iterate:
+    """An approximate inverse in store ``path``: its residual ``||I - M X||_F`` (probed or exact),
+    backward error and ``||X||_F``."""
+
+    path: Any
+    res: float
+    eta: float
+    method: str
+    norm_x: float
+
+
+class Refinement:
+    """Newton-Schulz steps on a stored inverse (every step a recorded stage, see :class:`Stages`).
+
+    Each round forms the exact ``R = I - M X`` (one GEMM); a converging iterate takes a step
+    ``X + X R`` (probed afterwards); a residual ``>= sqrt(n)`` (Newton-Schulz cannot converge)
+    takes one preconditioned restart ``X (M X)^-1`` instead (``invert(operand, out, seed)`` inverts
+    ``M X = I - R`` the way the first inverse was made). Under a tolerance (``refine="auto"`` or
+    ``True``) a step that does not lower the backward error is undone and stagnation stops; with
+    ``refine=N`` exactly ``N`` steps are taken, and only a diverging step (residual grown past the
+    previous one and past :data:`PROBED_SAFE_RESIDUAL`) is undone. The iterates alternate between the output and one spare store.
+    """
+
+    def __init__(self, ops: BlockOps, stages: Stages, M: Any, *, n: int, chunk: int, dtype: np.dtype, seed: int,
+                 tol: float, steps: Steps, norm_m: float, x: Iterate, invert: Callable) -> None:
+        self.ops, self.stages, self.M, self.n, self.chunk, self.dtype = ops, stages, M, n, chunk, dtype
+        self.seed, self.tol, self.want, self.norm_m, self.x, self.invert = seed, tol, steps, norm_m, x, invert
+        self.history: list[dict] = []
+        self.steps = self.restarts = self.gemms = 0
+        self.spare: Any = None
+        self.log("inverse")
+
+    def log(self, stage: str, x: Iterate | None = None) -> None:
+        x = x or self.x
+        self.history.append({"stage": stage, "residual": x.res, "backward_error": x.eta, "method": x.method})
+
+    def store(self, name: str) -> Any:
+        return self.stages.store(name, (self.n, self.n), self.dtype, (self.chunk, self.chunk))
+
+    def probed(self, path: Any, xp: np.ndarray, seed: int, norm_x: float) -> Iterate:
+        job, M = self.ops.job, self.M
+        res = self.stages.run("probe", lambda: probe_estimate(job, M, xp, seed))
+        return Iterate(path, res, backward_error(res, self.norm_m, norm_x), "probed", norm_x)
+
+    def exact(self) -> Any:
+        """``R = I - M X`` into a new store (returned); the iterate's residual becomes exact."""
+        r_path, x = self.store("r"), self.x
+        self.gemms += 1
+        res = self.stages.run("residual", lambda: ns_residual(self.ops, self.M, x.path, r_path, self.n, self.dtype))
+        self.x = Iterate(x.path, res, backward_error(res, self.norm_m, x.norm_x), "exact", x.norm_x)
+        return r_path
+
+    def converged(self) -> bool:
+        x = self.x
+        return not self.want.exact and x.eta <= self.tol and self.steps >= self.want.least and \
+            is_inverse(x.res, x.method)
+
+    def wanted(self) -> bool:
+        x = self.x
+        if self.steps >= self.want.most or not np.isfinite(x.eta):
+            return False
+        return self.want.exact or not self.converged()
+
+    def run(self) -> None:
+        while self.wanted():
+            r_path = self.exact()
+            self.log(f"residual {self.steps}")
+            if self.converged():
+                break
+            if self.x.res >= math.sqrt(self.n):
+                # ||R||_2 >= ||R||_F / sqrt(n) >= 1: Newton-Schulz would not converge. The block
+                # recursion lost too much to ill-conditioning; M X is far better conditioned than M,
+                # so invert it the same way and take X (M X)^-1 (a preconditioned restart, 3x the work).
+                if self.restarts >= 1:
+                    break
+                self.restart(r_path)
+                continue
+            if not self.step(r_path):
+                break
+
+    def spare_store(self) -> Any:
+        if self.spare is None:
+            self.spare = self.store("x")
+        return self.spare
+
+    def restart(self, r_path: Any) -> None:
+        """``X (M X)^-1``, with ``(M X)^-1 = (I - R)^-1`` inverted the same way; kept when better."""
+        self.restarts += 1
+        ops, n, dt, x = self.ops, self.n, self.dtype, self.x
+        z_path = self.store("z")
+        pm = Operand(name="I - R", path=r_path, shape=(n, n), dtype=dt, chunks=(self.chunk,) * 2)
+        self.invert(pm, z_path, self.seed + 17)
+        spare = self.spare_store()
+        self.gemms += 1
+        norm_new, xp = self.stages.run("restart", lambda: ns_product(ops, x.path, z_path, spare, n, dt,
+                                                                     self.seed + 31))
+        Stages.drop(z_path)
+        Stages.drop(r_path)
+        new = self.probed(spare, xp, self.seed + 31, norm_new)
+        self.log("preconditioned restart X (M X)^-1", new)
+        if new.eta < self.x.eta:
+            self.spare, self.x = self.x.path, new
+
+    def step(self, r_path: Any) -> bool:
+        """``X + X R`` into the spare store; returns whether to go on."""
+        prev = self.x
+        nxt = self.spare_store()
+        pseed = self.seed + self.steps + 1
+        self.gemms += 1
+        norm_x, xp = self.stages.run("step", lambda: ns_update(self.ops, prev.path, r_path, nxt, self.n, self.dtype,
+                                                               pseed))
+        Stages.drop(r_path)
+        self.spare = prev.path
+        self.steps += 1
+        self.x = self.probed(nxt, xp, pseed, norm_x)
+        self.log(f"step {self.steps}")
+        # under a tolerance: any step that does not help (||R||_2 >= 1, or the rounding floor) is
+        # undone; asked for N steps: only a diverging one (the residual grew and is no longer small;
+        # at the rounding floor the estimates only scatter)
+        if self.want.exact:
+            worse = not np.isfinite(self.x.eta) or self.x.res > max(prev.res, PROBED_SAFE_RESIDUAL)
+        else:
+            worse = not self.x.eta < prev.eta
+        if worse:
+            new, self.spare, self.x = self.x, nxt, prev
+            self.log("kept the previous iterate")
+            if self.want.exact:
+                warn(f"inv: Newton-Schulz step {self.steps} raised the residual ||I - A X||_F from {prev.res:.2e} to "
+                     f"{new.res:.2e} (||I - A X||_2 >= 1: it diverges); the previous iterate is returned",
+                     ConvergenceWarning)
+            return False
+        return self.want.exact or not (self.x.eta > 0.5 * prev.eta and self.x.eta > self.tol)
+
+    def accept(self, precision: str | None) -> None:
+        """Return only a verified inverse (``||I - M X||_F < 1``): refuse a singular ``M``, warn above ``tol``."""
+        if np.isfinite(self.x.eta) and self.x.method == "probed" and not is_inverse(self.x.res, "probed"):
+            # the probes cannot vouch for X: decide on the exact residual (one GEMM), at every budget
+            Stages.drop(self.exact())
+            self.log("acceptance")
+        x = self.x
+        cond_est = self.norm_m * x.norm_x
+        eps = float(np.finfo(self.dtype).eps)
+        if not np.isfinite(x.eta) or not is_inverse(x.res, x.method):
+            raise SingularMatrixError(_msg(
+                "a", "must be numerically nonsingular to be inverted in " + self.dtype.name,
+                f"||I - A X||_F = {x.res:.1e} >= 1 after {self.steps} Newton-Schulz step(s), so X carries no "
+                f"correct digit of the inverse; condition number estimate ||A||_F ||X||_F = {cond_est:.1e} "
+                f"(1/eps = {1 / eps:.1e})",
+                "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"
+                + ("" if precision not in ("mixed", "tf32") else f", or invert without precision='{precision}'")))
+        if x.eta > self.tol and self.want.most > 0 and not self.want.exact:
+            warn(f"inv: backward error {x.eta:.2e} ({x.method}) above tol {self.tol:.1e} after {self.steps} "
+                 f"Newton-Schulz step(s) (condition estimate {cond_est:.1e}); the result is returned",
+                 ConvergenceWarning)
+
+
+__all__ = ["PROBED_SAFE_RESIDUAL", "Iterate", "Refinement", "Steps", "PROBES", "backward_error", "default_tol", "is_inverse", "ns_product",
            "ns_residual", "ns_update", "probe_estimate",
            "probes", "reduce_probe"]

@@ -10,21 +10,38 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import numpy as np
 
-from blocklin._memory import IO_CONCURRENCY
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, explain
+from blocklin.plan.passes import PassMemory, plan_pass
 
-#: zarr chunk temporaries the planner counts: one per chunk in flight, reading and writing
-#: (zarr moves up to ``IO_CONCURRENCY`` chunks at once, see ``blocklin._memory``).
-IO_CHUNKS = 2 * IO_CONCURRENCY
-#: Bytes per element of a row strip of the staging pass: the stored strip and a read-ahead slot,
-#: a float64 copy, the butterfly's gathered halves, and the cast written back.
-STRIP_BYTES_PER_ELEM = 48
 #: Smallest and largest working chunk side.
 MIN_CHUNK, MAX_CHUNK = 16, 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelMemory:
+    """The memory the inverse's tasks declare next to their code (``linalg._inv_kernels.MEMORY``).
+
+    The planner reads these declarations and computes no task memory itself.
+
+    Attributes
+    ----------
+    leaf : callable
+        ``leaf(size, work_dtype, chunk_bytes) -> bytes`` of the in-core leaf inversion task.
+    staging : callable
+        ``staging(n, work_dtype, source_dtype) -> PassMemory`` of one task of the staging row pass (``W = M V``).
+    column : callable
+        ``column(n, width, work_dtype, out_dtype, chunk_bytes) -> bytes`` of one task of the column
+        pass that undoes the butterfly.
+    """
+
+    leaf: Callable[[int, np.dtype, int], int]
+    staging: Callable[[int, np.dtype, np.dtype], PassMemory]
+    column: Callable[[int, int, np.dtype, np.dtype, int], int]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,13 +145,9 @@ def _split(size: int, chunk: int, leaf: int | None = None) -> int:
     return min(max(chunk, n1), size - 1)
 
 
-def leaf_bytes(s: int, itemsize: int, chunk_bytes: int) -> int:
-    """Memory of an in-core leaf: the block twice over (LAPACK workspace, write temporaries) + I/O."""
-    return 2 * s * s * itemsize + IO_CHUNKS * chunk_bytes
-
-
-def plan_inverse(n: int, dtype, *, memory: int, precision: str | None = None, leaf: int | None = None,
-                 chunk: int | None = None, depth: int | None = None) -> InversePlan:
+def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision: str | None = None,
+                 source_dtype=None, leaf: int | None = None, chunk: int | None = None,
+                 depth: int | None = None) -> InversePlan:
     """Plan the inversion of an ``n x n`` matrix of ``dtype`` within ``memory`` bytes.
 
     Parameters
@@ -144,8 +157,12 @@ def plan_inverse(n: int, dtype, *, memory: int, precision: str | None = None, le
         Output dtype (``float32`` or ``float64``).
     memory : int
         Host budget in bytes.
+    kernels : KernelMemory
+        The memory declarations of the inverse's tasks (``blocklin.linalg._inv_kernels.MEMORY``).
     precision : {None, "mixed"}
         ``"mixed"`` runs the recursion in float32.
+    source_dtype : dtype, optional
+        Stored dtype of the matrix (default ``dtype``): the rows the staging pass streams.
     leaf, chunk, depth : int, optional
         Override the leaf size, the working chunk side and the butterfly depth (tests, tuning).
 
@@ -156,24 +173,37 @@ def plan_inverse(n: int, dtype, *, memory: int, precision: str | None = None, le
     """
     dt = np.dtype(dtype)
     wdt = np.dtype(np.float32) if precision == "mixed" else dt
-    wsz = wdt.itemsize
+    src_dt = np.dtype(source_dtype or dt)
     n = int(n)
-    if chunk is None:
-        side = math.sqrt(memory / (64 * wsz))
-        side = min(side, memory / max(1, n * STRIP_BYTES_PER_ELEM))
-        chunk = 2 ** int(math.floor(math.log2(max(1.0, side))))
-        chunk = max(MIN_CHUNK, min(MAX_CHUNK, chunk))
-        chunk = min(chunk, max(1, n))
-    chunk_bytes = chunk * chunk * max(wsz, dt.itemsize)
+    chunk = _chunk(n, wdt, dt, src_dt, memory, kernels) if chunk is None else chunk
+    chunk_bytes = chunk * chunk * max(wdt.itemsize, dt.itemsize)
     if leaf is None:
-        avail = memory - IO_CHUNKS * chunk_bytes
-        leaf = int(math.isqrt(max(0, avail // (2 * wsz))))
+        leaf = _largest_leaf(n, wdt, chunk_bytes, memory, kernels)
     if leaf < min(n, 2 * chunk):
-        need = leaf_bytes(min(n, 2 * chunk), wsz, chunk_bytes)
+        need = kernels.leaf(min(n, 2 * chunk), wdt, chunk_bytes)
         raise BudgetError(explain("memory", f"must hold an in-core leaf of at least two {chunk} x {chunk} chunks",
                                   format_size(memory), f"raise it to at least {format_size(need)} "
                                   f"(memory='{math.ceil(need / 2**20)}MiB')"))
     leaf = max(leaf, 1)
+    nodes, leaves, flops = _recursion(n, leaf, chunk)
+    if depth is None:
+        depth = 2 if nodes else 0
+    lm = kernels.leaf(max(size for _, size in leaves), wdt, chunk_bytes)
+    strip = _staging_peak(n, chunk, wdt, src_dt, memory, kernels)
+    if strip is None:
+        need = _staging_peak(n, chunk, wdt, src_dt, 2**62, kernels)
+        raise BudgetError(explain("memory", f"must hold one staging strip of {min(n, chunk)} rows of the matrix",
+                                  format_size(memory), f"raise it to at least {format_size(need)} "
+                                  f"(memory='{math.ceil(need / 2**20)}MiB')"))
+    column = kernels.column(n, chunk, wdt, dt, chunk_bytes)
+    return InversePlan(n=n, dtype=dt.name, work_dtype=wdt.name, chunk=chunk, leaf=leaf, depth=depth,
+                       nodes=nodes, leaves=leaves, flops=flops, refine_flops=4 * n**3,
+                       column_width=chunk, leaf_memory=lm, strip_memory=strip, column_memory=column,
+                       peak_memory=max(lm, strip, column), memory=memory)
+
+
+def _recursion(n: int, leaf: int, chunk: int) -> tuple[tuple, tuple, int]:
+    """Internal nodes ``(offset, size, split)`` and leaves ``(offset, size)`` in execution order, and the flops."""
     nodes: list[tuple[int, int, int]] = []
     leaves: list[tuple[int, int]] = []
     flops = [0]
@@ -191,13 +221,47 @@ def plan_inverse(n: int, dtype, *, memory: int, precision: str | None = None, le
         walk(off + n1, n2)
 
     walk(0, n)
-    if depth is None:
-        depth = 2 if nodes else 0
-    width = chunk
-    lm = leaf_bytes(max(size for _, size in leaves), wsz, chunk_bytes)
-    strip = n * chunk * STRIP_BYTES_PER_ELEM
-    column = n * width * (wsz + 2 * 8) + IO_CHUNKS * chunk_bytes
-    return InversePlan(n=n, dtype=dt.name, work_dtype=wdt.name, chunk=chunk, leaf=leaf, depth=depth,
-                       nodes=tuple(nodes), leaves=tuple(leaves), flops=flops[0], refine_flops=4 * n**3,
-                       column_width=width, leaf_memory=lm, strip_memory=strip, column_memory=column,
-                       peak_memory=max(lm, strip, column), memory=memory)
+    return tuple(nodes), tuple(leaves), flops[0]
+
+
+def _staging_peak(n: int, chunk: int, wdt: np.dtype, src_dt: np.dtype, memory: int,
+                  kernels: KernelMemory) -> int | None:
+    """Peak of one staging task whose strip is one working chunk of rows (``None``: it does not fit).
+
+    Every strip of ``W = M V`` must own whole chunk rows of ``W``, so one such strip must fit.
+    """
+    rows = min(n, chunk)
+    try:
+        p = plan_pass(kernels.staging(n, wdt, src_dt), n, n * src_dt.itemsize, chunk_rows=rows, memory=memory, workers=1,
+                      chunk_bytes=rows * rows * src_dt.itemsize, chunks_across=-(-n // max(1, rows)),
+                      max_strip=rows, min_tasks=1)
+    except BudgetError:
+        return None
+    return p.peak_memory if p.strip >= rows else None
+
+
+def _chunk(n: int, wdt: np.dtype, dt: np.dtype, src_dt: np.dtype, memory: int, kernels: KernelMemory) -> int:
+    """The working chunk side: a power of two, about ``sqrt(memory / 64)`` elements, whose staging strip
+    and undo column pass fit the budget (per their declarations)."""
+    side = math.sqrt(memory / (64 * wdt.itemsize))
+    chunk = 2 ** int(math.floor(math.log2(max(1.0, side))))
+    chunk = min(max(MIN_CHUNK, min(MAX_CHUNK, chunk)), max(1, n))
+    while chunk > MIN_CHUNK:
+        cb = chunk * chunk * max(wdt.itemsize, dt.itemsize)
+        if _staging_peak(n, chunk, wdt, src_dt, memory, kernels) is not None and \
+                kernels.column(n, chunk, wdt, dt, cb) <= memory:
+            break
+        chunk //= 2
+    return chunk
+
+
+def _largest_leaf(n: int, wdt: np.dtype, chunk_bytes: int, memory: int, kernels: KernelMemory) -> int:
+    """The largest leaf side (at most ``n``) whose declared memory fits the budget (bisection)."""
+    lo, hi = 0, max(1, n)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if kernels.leaf(mid, wdt, chunk_bytes) <= memory:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo

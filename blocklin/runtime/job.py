@@ -228,6 +228,25 @@ class Job:
             self.stack.callback(remove, self._tmp)
         return self._tmp
 
+    def work_dir(self, name: str, token: str, *, resume: bool = False) -> Location:
+        """A deterministic folder for intermediates that a rerun may continue: ``blocklin-NAME-TOKEN``
+        under the temp dir (``token``: the operation's identity, inputs and plan).
+
+        Without ``resume`` whatever an earlier run left there is removed first. The folder is removed
+        when the job ends, except after an error or Ctrl-C with ``resume`` (a rerun continues it).
+        """
+        loc = temp_root(self.cfg) / f"blocklin-{name}-{token}"
+        if not resume:
+            remove(loc)
+        if loc.is_local:
+            os.makedirs(loc.url, exist_ok=True)
+        self.stack.callback(self._end_work_dir, loc, resume)
+        return loc
+
+    def _end_work_dir(self, loc: Location, keep_after_error: bool) -> None:
+        if not (keep_after_error and getattr(self, "_failed", False)):
+            remove(loc)
+
     def scratch(self, name: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int]) -> Location:
         """A new intermediate zarr array under :meth:`temp_dir`, removed with the job.
 
@@ -326,6 +345,7 @@ class Job:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        self._failed = exc_type is not None  # work folders kept for resume (work_dir)
         try:
             # after lost worker processes the finished tiles stay for resume=True (the error says so)
             if exc_type is not None and not issubclass(exc_type, WorkerLostError):

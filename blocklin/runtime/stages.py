@@ -1,0 +1,111 @@
+"""Resumable stages: an operation as a sequence of steps whose results are recorded as they finish.
+
+An operation that runs many steps over intermediate stores (the inverse's leaves, region GEMMs
+and passes) resumes after SIGKILL or Ctrl-C by running the same steps again in the same order and
+skipping those already recorded. :class:`Stages` keeps, in a work folder with a deterministic name
+(:meth:`blocklin.runtime.job.Job.work_dir`):
+
+* the intermediate stores, named ``NAME-N.zarr`` in creation order (the same on every rerun);
+* one record per finished step, ``stages/NNNNN-NAME.pkl``, holding what the step returned. A record
+  is written (atomically) only after the step's output is complete, so a step counts as done only
+  when its output is committed; an interrupted step is run again from the start.
+
+Two rules make a rerun produce the same bits as an uninterrupted run: every step is deterministic
+in its inputs (tile sums and pass reductions in a fixed order), and no step writes a region it
+reads, so a step run again finds its inputs as the first attempt did.
+
+The work folder is tied to the operation's output: a run identity is written to both, and a rerun
+continues only when they agree (an output partial removed by hand, or a work folder removed by a
+cleanup, starts the operation over instead of mixing old and new intermediates).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from blocklin.storage.atomic import is_done, mark_done
+from blocklin.storage.backend import backend, remove
+from blocklin.storage.location import Location
+from blocklin.storage.zarr_store import create_array
+
+_RUN = "run-id"
+
+
+class Stages:
+    """The recorded steps and intermediate stores of one operation.
+
+    Parameters
+    ----------
+    folder : Location
+        The work folder (:meth:`~blocklin.runtime.job.Job.work_dir`).
+    marker_dir : Location
+        Folder of the output's resume markers (``AtomicOutput.done``): the run identity is
+        recorded there too.
+    resume : bool
+        Continue the steps recorded in ``folder`` when the output carries the same run identity.
+    codec : str, optional
+        Codec of the intermediate stores.
+    start : callable, optional
+        Run on a fresh start before the run identity is recorded (create the output there: creating
+        it may clear the output's folder, markers included).
+
+    Attributes
+    ----------
+    resumed : bool
+        Whether an earlier run's steps are being continued.
+    skipped : int
+        Steps whose recorded result was used instead of running them.
+    """
+
+    def __init__(self, folder: Location, marker_dir: Location, *, resume: bool, codec: str | None = None,
+                 start: Callable[[], Any] | None = None) -> None:
+        self.folder, self.codec = folder, codec
+        self._be = backend(folder)
+        raw = self._be.try_read(_RUN)
+        run = raw.decode() if raw is not None else None
+        self.resumed = bool(resume and run and is_done(marker_dir, f"run-{run}"))
+        if not self.resumed:
+            remove(folder)
+            if folder.is_local:
+                os.makedirs(folder.url, exist_ok=True)
+            if start is not None:
+                start()
+            run = uuid.uuid4().hex[:16]
+            self._be.write_bytes(_RUN, run.encode())
+            mark_done(marker_dir, f"run-{run}")
+        self._stores = 0
+        self._steps = 0
+        self.skipped = 0
+
+    def store(self, name: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int]) -> Location:
+        """The next intermediate store ``NAME-N.zarr`` (created, or kept when a resumed run made it)."""
+        self._stores += 1
+        path = self.folder / f"{name}-{self._stores}.zarr"
+        if not (self.resumed and backend(path).exists("zarr.json")):
+            create_array(path, shape=shape, dtype=dtype, chunks=chunks, codec=self.codec, overwrite=True)
+        return path
+
+    def run(self, name: str, step: Callable[[], Any]) -> Any:
+        """``step()``, or its recorded result when a resumed run finished it; the result is recorded."""
+        self._steps += 1
+        key = f"stages/{self._steps:05d}-{name.replace('/', '_').replace(' ', '_')[:40]}.pkl"
+        if self.resumed:
+            raw = self._be.try_read(key)
+            if raw is not None:
+                self.skipped += 1
+                return pickle.loads(raw)
+        result = step()
+        self._be.write_bytes(key, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+        return result
+
+    @staticmethod
+    def drop(path: Location) -> None:
+        """Remove an intermediate store no later step reads."""
+        remove(path)
+
+
+__all__ = ["Stages"]

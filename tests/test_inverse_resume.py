@@ -1,0 +1,141 @@
+"""``inv(..., resume=True)`` and ``blocklin inv --resume`` after SIGKILL and Ctrl-C (SIGINT).
+
+A child process inverts a stored matrix (out of core: recursion, two leaves, one Newton-Schulz step)
+and signals itself right after the first chunk write of its K-th step, that is in the middle of a
+step whose output is partly written. The rerun with ``resume`` must skip the finished steps and give the same bits as an
+uninterrupted run; the work folder and the partial output are gone afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+
+CHILD = textwrap.dedent("""
+    import json, os, signal, sys
+    a_path, out, tmp, sig, kill_in, how, resume = sys.argv[1:8]
+    kill_in = int(kill_in)
+    import blocklin as bl
+    import blocklin.linalg._inv_kernels as kernels
+    import blocklin.runtime.blockops as blockops
+    import blocklin.runtime.passes as passes
+    import blocklin.runtime.tiles as tiles
+    from blocklin.runtime.stages import Stages
+
+    step = [0]
+    real_run = Stages.run
+
+    def counting_run(self, name, fn):
+        step[0] += 1
+        return real_run(self, name, fn)
+
+    def signalling(real):
+        def write_block(*args, **kwargs):
+            real(*args, **kwargs)
+            if step[0] == kill_in:  # after the first chunk write of step kill_in
+                os.kill(os.getpid(), getattr(signal, sig))
+        return write_block
+
+    Stages.run = counting_run
+    for module in (kernels, blockops, passes, tiles):
+        module.write_block = signalling(module.write_block)
+    options = dict(memory="512KiB", refine=1, temp_dir=tmp, scheduler="sync")
+    if how == "cli":
+        from blocklin.cli.main import main
+        sys.exit(main(["inv", a_path, "-o", out, "--refine", "1", "--memory", "512KiB", "--scheduler", "sync",
+                       "--temp-dir", tmp, "--json"] + (["--resume"] if resume == "1" else [])))
+    x = bl.inv(a_path, out=out, resume=resume == "1", **options)
+    print(json.dumps({"steps_run": step[0], "resumed": x.report["resumed"], "skipped": x.report["stages_skipped"],
+                      "steps": x.report["refine_steps"], "leaves": x.report["leaves"]}))
+""")
+
+
+def child(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CHILD, *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory):
+    """A stored 200 x 200 matrix and its uninterrupted inverse (same settings)."""
+    d = tmp_path_factory.mktemp("resume")
+    rng = np.random.default_rng(5)
+    a = bl.from_array(rng.standard_normal((200, 200)), d / "a.zarr", chunks=(64, 64))
+    tmp = d / "tmp"
+    tmp.mkdir()
+    done = child(a.path, d / "ref.zarr", tmp, "SIGKILL", -1, "api", 0)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    assert info["leaves"] >= 2 and info["steps"] == 1  # recursion and one Newton-Schulz step
+    assert os.listdir(tmp) == []  # the work folder is removed with a finished job
+    assert info["steps_run"] == 15  # the step numbers below refer to this sequence
+    return d, a, bl.open(d / "ref.zarr").to_numpy()
+
+
+# Steps of this inversion: 1 staging pass, 2 leaf, 3-5 E, F, S = D - C E, 6 leaf (S^-1), 7-9 X12, X21,
+# X11 = A^-1 - X12 F, 10 undo the butterfly, 11 probe, 12 R = I - A X, 13 X + X R, 14 probe, 15 copy.
+@pytest.mark.parametrize(("sig", "kill_in", "how"), [
+    ("SIGKILL", 5, "api"),   # the Schur complement update
+    ("SIGINT", 9, "api"),    # Ctrl-C in X11 = A^-1 - X12 F
+    ("SIGKILL", 13, "cli"),  # the Newton-Schulz step, resumed from the command line
+    ("SIGINT", 15, "cli"),   # the final copy
+])
+def test_resume_gives_the_same_bits(problem, tmp_path, sig, kill_in, how):
+    d, a, ref = problem
+    out, tmp = tmp_path / "x.zarr", tmp_path / "tmp"
+    tmp.mkdir()
+    killed = child(a.path, out, tmp, sig, kill_in, how, 1)
+    if sig == "SIGKILL":
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+    else:  # Ctrl-C: KeyboardInterrupt (the command line reports it and exits with its code)
+        assert killed.returncode != 0 and "nterrupt" in killed.stderr, killed.stderr
+    assert not out.exists()
+    assert any(p.name.startswith(".x.zarr.partial-") for p in tmp_path.iterdir())
+    assert len(os.listdir(tmp)) == 1  # the work folder kept for the rerun
+    again = child(a.path, out, tmp, sig, -1, how, 1)
+    assert again.returncode == 0, again.stderr
+    info = json.loads(again.stdout.strip().splitlines()[-1])
+    if how == "cli":
+        info["skipped"] = info["stages_skipped"]
+    assert info["resumed"] and info["skipped"] == kill_in - 1
+    got = bl.open(out)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got.to_numpy(), ref)  # bit for bit
+    assert os.listdir(tmp) == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_without_resume_an_interrupted_run_starts_over(problem, tmp_path):
+    d, a, ref = problem
+    out, tmp = tmp_path / "x.zarr", tmp_path / "tmp"
+    tmp.mkdir()
+    assert child(a.path, out, tmp, "SIGKILL", 6, "api", 0).returncode == -signal.SIGKILL
+    again = child(a.path, out, tmp, "SIGKILL", -1, "api", 0)
+    assert again.returncode == 0, again.stderr
+    info = json.loads(again.stdout.strip().splitlines()[-1])
+    assert not info["resumed"] and info["skipped"] == 0
+    np.testing.assert_array_equal(bl.open(out).to_numpy(), ref)
+    assert os.listdir(tmp) == []
+
+
+def test_ctrl_c_without_resume_leaves_nothing(problem, tmp_path):
+    d, a, ref = problem
+    out, tmp = tmp_path / "x.zarr", tmp_path / "tmp"
+    tmp.mkdir()
+    killed = child(a.path, out, tmp, "SIGINT", 6, "api", 0)
+    assert killed.returncode != 0 and "KeyboardInterrupt" in killed.stderr
+    assert os.listdir(tmp) == [] and not any("x.zarr" in p.name for p in tmp_path.iterdir())
+
+
+def test_resume_needs_an_output():
+    with pytest.raises(ValueError, match="resume.*out="):
+        bl.inv(np.eye(3), resume=True)
