@@ -360,6 +360,24 @@ def test_device_budget_counts_the_pools_cached_blocks_as_ours(standin):
     assert dev.free_memory() == before - (1 << 24)
 
 
+def test_device_budget_is_total_minus_what_other_processes_hold(standin):
+    """Issue 10: the default budget shrank by this process's own live arrays (counted twice by the
+    per-GPU DeviceBudget, which already holds the tasks' bytes)."""
+    cp = standin
+    dev = get_device("gpu")
+    usable = dev.usable_memory()
+    assert usable == dev.total_memory()  # nothing held by anyone
+    live = cp.empty((1 << 20,), dtype=np.uint8)  # one of our tasks' arrays
+    assert dev.usable_memory() == usable and dev.free_memory() == usable - (1 << 20)
+    del live
+    cupy_standin.STATE.others = 1 << 24  # another process takes 16 MiB
+    assert dev.usable_memory() == usable - (1 << 24)
+    from blocklin.runtime.job import Job
+
+    with Job("test", device="gpu") as job:
+        assert job.device_memory() == int(0.8 * (usable - (1 << 24)))
+
+
 @pytest.mark.parametrize("kind", ["cpu", "gpu"])
 @pytest.mark.parametrize("loaders", [1, 3])
 def test_several_loaders_keep_order(standin, kind, loaders, rng):
