@@ -663,3 +663,55 @@ def test_streaming_qr_solve_runs_on_the_gpu(standin, rng):
     assert x.report["phases"]["tsqr pass"] == "gpu"
     assert cupy_standin.STATE.counts.get("linalg.qr", 0) > 1
     assert races() == []
+
+
+@pytest.mark.parametrize("n", [37, 64])
+def test_butterfly_on_the_device_is_the_host_butterfly(standin, rng, n):
+    """The random butterfly's Givens rotations through the device (contiguous range pairs) apply the same
+    orthogonal V as the host, on both sides and transposed, for odd and even sizes."""
+    from blocklin.linalg._inv_kernels import Butterfly
+
+    bf = Butterfly(n, 3, seed=5)
+    v = bf.right(np.eye(n))  # V = I V
+    np.testing.assert_allclose(v @ v.T, np.eye(n), atol=1e-14)
+    dev = get_device("gpu")
+    coef = bf.coefficients(dev)
+    x = rng.standard_normal((9, n))
+    y = rng.standard_normal((n, 7))
+    for transpose in (False, True):
+        vt = v.T if transpose else v
+        got = dev.to_host(bf.right(dev.to_device(x), transpose=transpose, device=dev, coef=coef))
+        np.testing.assert_allclose(got, x @ vt, atol=1e-13)
+        np.testing.assert_array_equal(got, bf.right(x.copy(), transpose=transpose))  # same flops, same bits
+        got = dev.to_host(bf.left(dev.to_device(y), transpose=transpose, device=dev, coef=coef))
+        np.testing.assert_allclose(got, vt @ y, atol=1e-13)
+    assert races() == []
+
+
+def test_inverse_butterfly_and_probes_run_where_asked(standin, rng):
+    """device='gpu': the butterfly passes and the residual probes run on the GPU (same result as the CPU);
+    device='auto' keeps these read-bound passes on the CPU."""
+    n = 256
+    m = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
+    ref = bl.inv(m, device="cpu", memory="384KiB", seed=3)
+    assert ref.report["butterfly_depth"] > 0
+    cupy_standin.STATE.counts.clear()
+    x = bl.inv(m, device="gpu", memory="384KiB", seed=3)
+    phases = x.report["phases"]
+    assert phases["butterfly transforms"] == "gpu" and phases["residual probes"] == "gpu"
+    assert cupy_standin.STATE.counts.get("multiply", 0) > 0  # the rotations ran on the device
+    # same algorithm, different summation orders on the device: both at float64 backward error
+    for res in (ref, x):
+        xs = res.to_numpy()
+        assert np.linalg.norm(np.eye(n) - m @ xs) / (np.linalg.norm(m) * np.linalg.norm(xs)) < n * np.finfo(float).eps
+    np.testing.assert_allclose(x.to_numpy(), ref.to_numpy(), rtol=0, atol=1e3 * n * np.finfo(float).eps
+                               * np.abs(ref.to_numpy()).max())
+    # the probed estimates of ||I - M X||_F (probe passes on the GPU) track the exact backward error
+    xs = x.to_numpy()
+    exact = np.linalg.norm(np.eye(n) - m @ xs) / (np.linalg.norm(m) * np.linalg.norm(xs))
+    assert x.report["residual_method"] == "probed" and x.report["backward_error"] < n * np.finfo(float).eps
+    assert exact / 10 < x.report["backward_error"] < 10 * exact  # 32 probes: within a small factor
+    auto = bl.inv(m, device="auto", memory="384KiB", seed=3)
+    assert auto.report["phases"]["butterfly transforms"] == "cpu"
+    assert auto.report["phases"]["residual probes"] == "cpu"
+    assert races() == []

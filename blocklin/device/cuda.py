@@ -278,6 +278,9 @@ class CudaDevice(Device):
         finally:
             self._tf32 = prev
 
+    def on_compute(self) -> contextlib.AbstractContextManager:
+        return self.compute
+
     def zeros(self, shape: tuple[int, int], dtype: Any) -> Any:
         with self.compute:
             return self.cp.zeros(shape, dtype=dtype)

@@ -18,6 +18,7 @@ from blocklin.linalg._inv_kernels import (
     UnmixSpec,
     leaf_inverse_task,
     mix_kernel,
+    transform_device,
     unmix_columns_task,
 )
 from blocklin.matrix import Matrix
@@ -217,7 +218,8 @@ def _report(job: Job, ref: _Refinement, plan: InversePlan, attempts: int, *, pre
         butterfly_depth=plan.depth, precision=precision, work_dtype=plan.work_dtype, gemm_steps=ref.ops.gemms,
         phases={"GEMMs (recursion, Newton-Schulz)": job.device,
                 "leaf inverses": "/".join(sorted({lf.get("device", "cpu") for lf in ref.leaves})) or None,
-                "butterfly transforms, residual probes": "cpu"})
+                "butterfly transforms": _transforms_device(job, plan),
+                "residual probes": _refine.probe_device(job, plan.n)})
     report["flops"] = plan.flops + ref.ops.flops
     return report
 
@@ -439,11 +441,17 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
         prp = plan_kernel_pass(job, mix_kernel, src, params, memory=10 * plan.strip_memory, max_strip=plan.chunk,
                                workers=1)
     states, _ = run_pass(job, mix_kernel, src, params, plan=prp, outputs=(("w", w_path),),
-                         description="stage and randomize")
+                         description="stage and randomize", device=_transforms_device(job, plan))
     norm = math.sqrt(sum(s["sumsq"] for s in states))
     if with_probe:
         return norm, sum(s["xp"] for s in states if "xp" in s)
     return norm
+
+
+def _transforms_device(job: Job, plan: InversePlan) -> str:
+    """Where the butterfly passes run: as asked, or for ``auto`` where they win (about 6 flops per
+    entry and level: read-bound, so the CPU)."""
+    return transform_device(job.cfg.device, plan.n, 6.0 * max(1, plan.depth))
 
 
 def _leaf(ops: BlockOps, src: str, dst: str, off: int, size: int, wdt: np.dtype) -> dict:
@@ -500,8 +508,10 @@ def _unmix(ops: BlockOps, w: str, x: str, bf: Butterfly, out_dtype: np.dtype, pl
            seed: int, transpose: bool = False) -> tuple[float, np.ndarray]:
     """``X = V Y`` column strip by column strip; returns ``||X||_F`` and ``X P``."""
     job = ops.job
+    dev = _transforms_device(job, plan)
     spec = UnmixSpec(src=w, dst=x, butterfly=bf, dtype=out_dtype.name, probe_seed=seed, probe_k=_refine.PROBES,
-                     blas_threads=job.task_blas_threads(1), transpose=transpose)
+                     blas_threads=job.task_blas_threads(1), transpose=transpose, device=dev,
+                     device_memory=job.device_memory() if dev == "gpu" else None)
     graph = ops.graph("unmix", spec)
     for s, (c0, c1) in enumerate(column_strips(plan.n, plan.column_width)):
         graph.add((s,), unmix_columns_task, spec, c0, c1)

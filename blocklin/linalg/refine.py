@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.linalg._inv_kernels import InverseEpilogue, probe_kernel
+from blocklin.linalg._inv_kernels import InverseEpilogue, probe_kernel, transform_device
 from blocklin.linalg.random import probes
 from blocklin.runtime.blockops import BlockOps
 from blocklin.runtime.passes import run_pass, source
@@ -75,8 +75,14 @@ def probe_estimate(job: Any, m: Any, w: np.ndarray, seed: int, *, description: s
     """``||P - M W||_F / sqrt(k)`` for ``W = X P``: one row pass over ``M``; estimates ``||I - M X||_F``."""
     n, k = w.shape
     states, _ = run_pass(job, probe_kernel, [source(m, name="a")], {"w": w, "seed": seed, "n": n},
-                         check_finite=False, description=description)
+                         check_finite=False, description=description, device=probe_device(job, n))
     return math.sqrt(sum(s["sumsq"] for s in states) / k)
+
+
+def probe_device(job: Any, n: int) -> str:
+    """Where the probe passes run: as asked, or for ``auto`` where they win (``2 k`` flops per entry
+    read with ``k`` = :data:`PROBES`: read-bound, so the CPU)."""
+    return transform_device(job.cfg.device, n, 2.0 * PROBES)
 
 
 def reduce_probe(results: list[dict], n: int, k: int, row_offset: int = 0) -> np.ndarray:
