@@ -724,3 +724,57 @@ def test_inverse_butterfly_and_probes_run_where_asked(standin, rng):
     assert auto.report["phases"]["butterfly transforms"] == "cpu"
     assert auto.report["phases"]["residual probes"] == "cpu"
     assert races() == []
+
+
+def test_every_report_says_where_its_phases_ran(standin, rng, tmp_path):
+    """device='gpu': the factorizations, triangular solves and GEMM say their heavy phases ran on the GPU
+    (and LU's panel getrf on the host); results as on the CPU."""
+    n = 96
+    spd = rng.standard_normal((n, n))
+    spd = spd @ spd.T + n * np.eye(n)
+    kw = {"device": "gpu", "memory": "2MiB"}
+    c = bl.cholesky(spd, tmp_path / "l.zarr", **kw)
+    np.testing.assert_allclose(c.to_numpy(), np.linalg.cholesky(spd), atol=1e-12 * np.abs(spd).max())
+    assert set(c.report["phases"].values()) == {"gpu"}
+    x = bl.solve_triangular(c, spd[:, :5], tmp_path / "x.zarr", lower=True, **kw)
+    np.testing.assert_allclose(x.to_numpy(), np.linalg.solve(np.linalg.cholesky(spd), spd[:, :5]), atol=1e-10)
+    assert set(x.report["phases"].values()) == {"gpu"}
+    lu = bl.lu(spd, tmp_path / "lu.zarr", **kw)
+    assert lu.report["phases"] == {"panel updates (TRSM, GEMM)": "gpu", "panel factorization (getrf)": "cpu"}
+    g = bl.matmul(spd, spd, tmp_path / "g.zarr", **kw)
+    np.testing.assert_allclose(g.to_numpy(), spd @ spd, rtol=1e-12)
+    assert g.report["phases"]["GEMM tiles (A B, alpha, beta C)"] == "gpu"
+    assert races() == []
+
+
+def test_orthonormalize_in_core_on_the_gpu(standin, rng):
+    from blocklin.linalg.orth import orthonormalize
+
+    y = rng.standard_normal((200, 12))
+    cupy_standin.STATE.counts.clear()
+    q, r = orthonormalize(y, device="gpu", memory="4MiB")
+    qs = q.to_numpy()
+    np.testing.assert_allclose(qs.T @ qs, np.eye(12), atol=1e-13)
+    np.testing.assert_allclose(qs @ r, y, atol=1e-12 * np.abs(y).max())
+    assert np.all(np.diag(r) > 0)
+    assert q.report["phases"] == {"read Y": "cpu", "Householder QR": "gpu"}
+    assert cupy_standin.STATE.counts.get("linalg.qr", 0) == 1
+    assert races() == []
+
+
+@pytest.mark.parametrize("device", ["auto", "gpu"])
+def test_streamed_svd_and_eigsh_passes_where_they_win(standin, rng, device):
+    """Out of core, a pass over A with a narrow block does a few flops per byte read: 'auto' keeps it on
+    the CPU; 'gpu' runs it on the GPU. The results agree either way."""
+    a = rng.standard_normal((400, 60)) * np.logspace(0, -2, 60)
+    res = bl.svd(a, 3, method="rsvd", seed=1, device=device, memory="96KiB")
+    assert not res.report["in_core"]
+    want = "cpu" if device == "auto" else "gpu"
+    assert res.report["phases"] == {"passes over A": want}
+    np.testing.assert_allclose(res.s, np.linalg.svd(a, compute_uv=False)[:3], rtol=1e-6)
+    b = rng.standard_normal((400, 400))
+    s = b @ b.T  # 1.25 MiB: streamed with a 640 KiB budget
+    w = bl.eigsh(s, 2, seed=0, device=device, memory="640KiB")
+    assert not w.report["in_core"] and w.report["phases"] == {"passes over A": want}
+    np.testing.assert_allclose(np.sort(w.w), np.sort(np.linalg.eigvalsh(s))[-2:], rtol=1e-8)
+    assert races() == []

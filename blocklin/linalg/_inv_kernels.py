@@ -268,13 +268,13 @@ def probe_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: d
     return state, None
 
 
-def transform_device(requested: str, n: int, flops_per_entry: float) -> str:
+def transform_device(requested: str, n: int, flops_per_entry: float, resolved: str | None = None) -> str:
     """Where a butterfly or probe pass over an ``n x n`` float64 operand runs: ``requested``, or for
     ``"auto"`` the GPU only where it wins (:func:`blocklin.device.select.pass_device`; these passes
     do a few flops per byte read, so ``auto`` keeps them on the CPU)."""
     from blocklin.device.select import pass_device
 
-    return pass_device(requested, flops_per_entry * n * n, 8.0 * n * n)
+    return pass_device(requested, flops_per_entry * n * n, 8.0 * n * n, resolved)
 
 
 # -- leaf inversion ---------------------------------------------------------------------------------------

@@ -451,7 +451,7 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
 def _transforms_device(job: Job, plan: InversePlan) -> str:
     """Where the butterfly passes run: as asked, or for ``auto`` where they win (about 6 flops per
     entry and level: read-bound, so the CPU)."""
-    return transform_device(job.cfg.device, plan.n, 6.0 * max(1, plan.depth))
+    return transform_device(job.cfg.device, plan.n, 6.0 * max(1, plan.depth), job.device)
 
 
 def _leaf(ops: BlockOps, src: str, dst: str, off: int, size: int, wdt: np.dtype) -> dict:
@@ -459,7 +459,7 @@ def _leaf(ops: BlockOps, src: str, dst: str, off: int, size: int, wdt: np.dtype)
     from blocklin.device import pass_device
 
     # 2 n^3 flops over n^2 elements read: the GPU wins on large leaves ('auto'), or when asked for
-    dev = pass_device(job.cfg.device, 2.0 * size**3, size * size * wdt.itemsize)
+    dev = pass_device(job.cfg.device, 2.0 * size**3, size * size * wdt.itemsize, job.device)
     spec = LeafSpec(src=src, dst=dst, off=off, size=size, dtype=wdt.name, blas_threads=job.task_blas_threads(job.cores()),
                     device=dev, device_memory=job.device_memory() if dev == "gpu" else None)
     graph = ops.graph("leaf", spec)

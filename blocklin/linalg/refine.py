@@ -82,7 +82,7 @@ def probe_estimate(job: Any, m: Any, w: np.ndarray, seed: int, *, description: s
 def probe_device(job: Any, n: int) -> str:
     """Where the probe passes run: as asked, or for ``auto`` where they win (``2 k`` flops per entry
     read with ``k`` = :data:`PROBES`: read-bound, so the CPU)."""
-    return transform_device(job.cfg.device, n, 2.0 * PROBES)
+    return transform_device(job.cfg.device, n, 2.0 * PROBES, job.device)
 
 
 def reduce_probe(results: list[dict], n: int, k: int, row_offset: int = 0) -> np.ndarray:

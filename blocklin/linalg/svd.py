@@ -130,6 +130,15 @@ class _InCore:
         return blk.apply_to([w], dest, transposed_out=transposed_out)
 
 
+def _pass_device(job: Job, plan: SvdPlan, dtype: Any) -> str:
+    """Where the passes over ``A`` run: as asked, or for ``auto`` the GPU only where it wins (a pass does
+    about ``4 x block`` flops per entry read: compute-bound on a CPU only for wide blocks)."""
+    from blocklin.device import pass_device
+
+    return pass_device(job.cfg.device, 4.0 * plan.M * plan.N * max(1, plan.block),
+                       plan.M * plan.N * np.dtype(dtype).itemsize, resolved=job.device)
+
+
 class _Streamed:
     """``B`` streamed from storage: every method call is one pass over ``A``, counted by the job."""
 
@@ -139,7 +148,7 @@ class _Streamed:
         self.dtype = A.dtype
         self.source = source(A, transposed=plan.transposed)
         # a standardized wide A scales the rows of B = A^T, an operation only the CPU device has
-        self.device = "cpu" if shift is not None and shift.r is not None else None
+        self.device = "cpu" if shift is not None and shift.r is not None else _pass_device(job, plan, A.dtype)
         self.memory = plan.pass_memory
 
     def _plan(self, kernel: Any, params: dict) -> Any:

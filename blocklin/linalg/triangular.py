@@ -82,7 +82,8 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
         ops.workers = plan.workers
         ops.trsm(Region.of(T.path, T.shape), Region.of(B.path, B.shape), Region.of(ao.array_path(), (n, k)),
                  lower=lower, trans=trans, dtype=dt, check=job.check_finite, description="triangular solve")
-        report = job.report(plan=plan.to_dict(), flops=n * n * k, method="tiled substitution")
+        report = job.report(plan=plan.to_dict(), flops=n * n * k, method="tiled substitution",
+                            phases={"tile updates (GEMM), diagonal solves (TRSM)": job.device})
         path = ao.commit("solve_triangular", plan=plan.to_dict(), params={"lower": lower, "trans": trans},
                          report=job.brief(report, ("seconds", "peak_memory", "tasks")))
         return Matrix(path, report=report, temporary=out is None)
@@ -122,7 +123,8 @@ def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: 
                             "(any size), two triangular solves, iterative refinement", residual_norm=res,
                             backward_error=eta, backward_error_definition="||b - A x||_F / (||A||_F ||x||_F + "
                             "||b||_F)", tol=tol, refine_steps=steps, history=history, norm_a=norm_a,
-                            solution_norm=norm_x, plan=plan.to_dict(), orientation="square", lam=0.0)
+                            solution_norm=norm_x, plan=plan.to_dict(), orientation="square", lam=0.0,
+                            phases={"Cholesky, triangular solves, residual GEMMs": job.device})
         report["flops"] = plan.flops + (2 * steps + 2) * n * n * k + 2 * (steps + 1) * n * n * k
         path = ao.commit("solve", plan=plan.to_dict(), params={"assume_a": "pos"},
                          report=job.brief(report, ("method", "method_reason", "residual_norm", "backward_error",
