@@ -480,6 +480,12 @@ def test_gpu_check_runs_on_the_standin(standin, tmp_path, capsys):
     assert rc == 0 and summary["correct"], [c for c in summary["checks"] if not c["ok"]]
     names = {c["check"] for c in summary["checks"]}
     assert {"gemm_acc", "gemm_acc_tf32", "syrk_acc", "cholesky", "qr", "svd", "eigh", "inv_leaf"} <= names
+    assert {"lu (P A = L U)", "solve_triangular", "solve assume_a='pos'", "pca k=4", "svd sketch k=5 (in core)",
+            "svd rsvd k=5 (streamed)", "solve tall, normal equations (Gram SYRK pass)"} <= names
+    # every public operation says where it ran: on the GPU, but for LU's panel getrf and for the
+    # read-bound passes that 'auto' keeps on the CPU (none here: the check asks for device='gpu')
+    assert summary["phases_elsewhere"] == {"lu (P A = L U)": {"panel updates (TRSM, GEMM)": "gpu",
+                                                               "panel factorization (getrf)": "cpu"}}
     for g in summary["gemm"]:
         assert 0 < g["busy_fraction"] <= 1 and g["rel_error"] < 1e-4
         assert g["plan"]["n_tasks"] * g["plan"]["k_steps"] > 1  # really out of core: tiles and k-panels

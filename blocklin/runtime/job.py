@@ -336,3 +336,6 @@ class Job:
             self.stack.close()
             if self.device == "gpu":
                 release_device_caches()
+                if self.scheduler.kind == "distributed":  # the workers' pinned buffers too
+                    with contextlib.suppress(Exception):  # a lost worker keeps nothing pinned
+                        self.scheduler.client.run(release_device_caches)
