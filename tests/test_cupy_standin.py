@@ -784,3 +784,47 @@ def test_streamed_svd_and_eigsh_passes_where_they_win(standin, rng, device):
     assert not w.report["in_core"] and w.report["phases"] == {"passes over A": want}
     np.testing.assert_allclose(np.sort(w.w), np.sort(np.linalg.eigvalsh(s))[-2:], rtol=1e-8)
     assert races() == []
+
+
+@pytest.mark.parametrize("work_dtype", ["float64", "float32"])
+def test_inverse_epilogue_on_the_device_matches_the_host(standin, rng, work_dtype):
+    """The Newton-Schulz GEMMs' epilogue (+ I on the global diagonal, ||tile||_F^2, probe products) runs on
+    the GPU before the strip's download: same written blocks, norms and probe products as on the CPU,
+    for regions off the store's origin (diagonal entries cut by tiles and strips)."""
+    from blocklin.linalg._inv_kernels import InverseEpilogue
+    from blocklin.runtime.blockops import BlockOps
+    from blocklin.runtime.job import Job
+    from blocklin.storage.zarr_store import create_array, open_zarr
+
+    n, off = 96, 32
+    a = rng.standard_normal((n, n)).astype(work_dtype)
+    b = rng.standard_normal((n, n)).astype(work_dtype)
+    got = {}
+    for kind in ("cpu", "gpu"):
+        with Job("t", device=kind, memory="160KiB", device_memory="96KiB") as job:
+            ops = BlockOps(job, 32)
+            pa, pb = ops.store("a", n, n, work_dtype), ops.store("b", n, n, work_dtype)
+            open_zarr(pa, mode="r+")[...] = a
+            open_zarr(pb, mode="r+")[...] = b
+            out = ops.store("o", n, n, work_dtype)
+            for epi, region in ((InverseEpilogue(identity=True), (off, 0)), (InverseEpilogue(probe=(7, 5, n)), (0, off))):
+                m_, n_ = n - region[0], n - region[1]
+                res = ops.gemm(out, region, m_, n_, n, pa, (region[0], 0), pb, (0, region[1]), dtype=work_dtype,
+                               alpha=-1.0, epilogue=epi)
+                xp = np.zeros((m_, 5))  # X P summed over the tiles (the tilings of the two devices differ)
+                for r in res:
+                    if "probe" in r:
+                        xp[r["probe"][0]:r["probe"][0] + r["probe"][1].shape[0]] += r["probe"][1]
+                got[(kind, epi.identity)] = (np.array(open_zarr(out)[...]), sum(r["sumsq"] for r in res), xp)
+    eps = np.finfo(np.dtype(work_dtype)).eps
+    for ident in (True, False):
+        (xc, sc, pc), (xg, sg, pg) = got[("cpu", ident)], got[("gpu", ident)]
+        np.testing.assert_allclose(xg, xc, rtol=0, atol=4 * n * eps * np.abs(xc).max())
+        assert sg == pytest.approx(sc, rel=1e-12 if work_dtype == "float64" else 1e-5)
+        np.testing.assert_allclose(pg, pc, rtol=0, atol=4 * n * eps * max(1.0, np.abs(pc).max()))
+        if not ident:
+            assert np.abs(pc).max() > 0  # the probes were taken
+    ref = -(a.astype(np.float64)[off:] @ b.astype(np.float64))
+    ref[np.arange(n - off), off + np.arange(n - off)] += 1  # + I where global row == global column
+    np.testing.assert_allclose(got[("gpu", True)][0][off:], ref, atol=4 * n * eps * np.abs(ref).max())
+    assert races() == []

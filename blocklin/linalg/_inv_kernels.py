@@ -63,6 +63,8 @@ class InverseEpilogue(Epilogue):
 
     identity: bool = False
     probe: tuple[int, int, int] | None = None
+    #: On a GPU: ``+ I``, the sums of squares and the probe products on the device (no host flops).
+    on_device = True
 
     def begin(self, rows: slice, cols: slice, out_off: tuple[int, int]) -> dict:
         st = {"rows": rows, "cols": cols, "off": out_off, "sumsq": 0.0}
@@ -73,19 +75,43 @@ class InverseEpilogue(Epilogue):
             st["xp"] = np.zeros((rows.stop - rows.start, k))
         return st
 
-    def strip(self, st: dict, block: np.ndarray, r0: int, r1: int) -> None:
+    def _diagonal(self, st: dict, r0: int, r1: int) -> tuple[int, int, int]:
+        """The global diagonal entries in strip ``r0:r1``: ``(first row in the strip, its column, count)``."""
         rows, cols, (o0, o1) = st["rows"], st["cols"], st["off"]
+        lo = max(o0 + rows.start + r0, o1 + cols.start)
+        hi = min(o0 + rows.start + r1, o1 + cols.stop)
+        return lo - o0 - rows.start - r0, lo - o1 - cols.start, max(0, hi - lo)
+
+    def device_strip(self, st: dict, device: Any, acc: Any, r0: int, r1: int) -> None:
+        if "ss" not in st:  # the tile's device state, downloaded once by end()
+            st["device"], st["ss"] = device, device.zeros((acc.shape[1],), np.float64)
+            if "p" in st:
+                st["p_dev"] = device.to_device(st["p"])
+                st["xp_dev"] = device.zeros(st["xp"].shape, np.float64)
+        if self.identity:
+            i0, c0, count = self._diagonal(st, r0, r1)
+            if count:
+                device.add_identity(acc[i0:i0 + count], c0)
+        device.sumsq_cols_acc(st["ss"], acc)
+        if "p_dev" in st:
+            device.gemm_acc(st["xp_dev"][r0:r1], device.cast(acc, np.float64), st["p_dev"])
+
+    def strip(self, st: dict, block: np.ndarray, r0: int, r1: int) -> None:
         if self.identity:  # global diagonal entries that fall in this strip
-            lo = max(o0 + rows.start + r0, o1 + cols.start)
-            hi = min(o0 + rows.start + r1, o1 + cols.stop)
-            if hi > lo:
-                g = np.arange(lo, hi)
-                block[g - o0 - rows.start - r0, g - o1 - cols.start] += 1
+            i0, c0, count = self._diagonal(st, r0, r1)
+            if count:
+                g = np.arange(count)
+                block[i0 + g, c0 + g] += 1
         st["sumsq"] += sumsq(block)
         if "p" in st:
             st["xp"][r0:r1] = block.astype(np.float64, copy=False) @ st["p"]
 
     def end(self, st: dict) -> dict:
+        if "device" in st:
+            dev = st["device"]
+            st["sumsq"] += float(np.asarray(dev.to_host(st["ss"])).sum())
+            if "xp_dev" in st:
+                st["xp"] = np.asarray(dev.to_host(st["xp_dev"]))
         out = {"sumsq": st["sumsq"]}
         if "xp" in st:
             out["probe"] = (st["rows"].start, st["xp"])
