@@ -14,7 +14,9 @@ Steps:
 1. Correctness on the GPU against NumPy/SciPy: every dense device operation (GEMM accumulate, TF32
    GEMM, SYRK, Cholesky, triangular solves, QR, SVD, eigh, leaf inverse) and every public
    operation (``matmul`` with transposes/alpha/beta/casts, ``inv`` in float64 and mixed precision,
-   ``solve`` tall and wide, ``svd``, ``eigsh``) at small sizes with per-dtype tolerances.
+   ``solve`` tall, wide, SPD and by the normal equations (Gram pass), ``cholesky``,
+   ``solve_triangular``, ``lu``, ``svd`` with every method in memory and streamed, ``eigsh``,
+   ``pca``, ``orthonormalize``) at small sizes with per-dtype tolerances.
 2. Out-of-core GEMM, float64 and float32, n x n operands in zarr on local disk with a device budget
    smaller than the operands, against in-core ``cupy.matmul`` on the same sizes (operands already on
    the GPU, timed with CUDA events). The overlap figure is the fraction of the k-loop during which
@@ -24,7 +26,10 @@ Steps:
    ``precision="float64"``: time and backward error ``||I - A X||_F / (||A||_F ||X||_F)``.
 
 Prints one JSON summary on the last line; exits 1 when a correctness check fails, 2 without a GPU.
-``--device cpu`` runs the same code paths on the CPU (a smoke test; overlap figures need CUDA).
+``--device cpu`` runs the same code paths on the CPU (overlap figures need CUDA); ``--dry-run`` does
+that at small sizes in well under a minute (a check of the script itself). Each correctness entry
+carries the operation's ``phases`` (where each phase ran); ``phases_elsewhere`` lists the operations
+with a phase off the requested device (for example LU's panel ``getrf``, which stays on the host).
 """
 
 from __future__ import annotations
@@ -52,6 +57,12 @@ def _eps(dtype: Any) -> float:
 def _check(out: list[dict], name: str, dtype: Any, err: float, tol: float, **extra: Any) -> None:
     out.append({"check": name, "dtype": np.dtype(dtype).name, "error": float(err), "tol": float(tol),
                 "ok": bool(err <= tol), **extra})
+
+
+def _where(result: Any) -> dict:
+    """Where each phase of a public operation ran (its report's ``phases``)."""
+    report = getattr(result, "report", None) or {}
+    return {"phases": report.get("phases"), "device": report.get("device")}
 
 
 # -- 1. correctness ----------------------------------------------------------------------------------
@@ -135,29 +146,107 @@ def operation_checks(kind: str, tmp: str) -> list[dict]:
     v, _ = np.linalg.qr(rng.standard_normal((n, n)))
     m = (u * np.logspace(0, -3, n)) @ v.T  # cond 1e3
     for precision, dtype in ((None, "float64"), ("mixed", "float64")):
-        x = bl.inv(m, precision=precision, device=kind, memory="16MiB").to_numpy()
+        res = bl.inv(m, precision=precision, device=kind, memory="16MiB")
+        x = res.to_numpy()
         eta = np.linalg.norm(np.eye(n) - m @ x) / (np.linalg.norm(m) * np.linalg.norm(x))
         # refined to float64 backward error: a small multiple of n * eps
-        _check(out, f"inv precision={precision}", dtype, eta, n * _eps(np.float64))
+        _check(out, f"inv precision={precision}", dtype, eta, n * _eps(np.float64), **_where(res))
 
     for shape in ((800, 60), (60, 800)):
         a = rng.standard_normal(shape)
         b = rng.standard_normal(shape[0])
         lam = 0.1
-        x = bl.solve(a, b, lam=lam, device=kind, memory="4MiB")
-        x = np.asarray(x.to_numpy() if hasattr(x, "to_numpy") else x).ravel()
+        res = bl.solve(a, b, lam=lam, device=kind, memory="4MiB")
+        x = np.asarray(res.to_numpy() if hasattr(res, "to_numpy") else res).ravel()
         ref = np.linalg.solve(a.T @ a + lam**2 * np.eye(shape[1]), a.T @ b)
         # the regularized problem has cond <= 1 + (s1/lam)^2 ~ 1e5 here: 1e5 * eps margin
         _check(out, f"solve {shape[0]}x{shape[1]}", "float64",
-               np.abs(x - ref).max() / np.abs(ref).max(), 1e5 * 100 * _eps(np.float64))
+               np.abs(x - ref).max() / np.abs(ref).max(), 1e5 * 100 * _eps(np.float64), **_where(res))
 
+    out += factor_checks(kind, rng)
+    out += spectral_checks(kind, rng)
+    return out
+
+
+def factor_checks(kind: str, rng: np.random.Generator) -> list[dict]:
+    """Cholesky, triangular and SPD solves, LU, the Gram (normal-equation) solve against NumPy/SciPy."""
+    import scipy.linalg
+
+    import blocklin as bl
+
+    out: list[dict] = []
+    n = 500
+    g = rng.standard_normal((n, n))
+    spd = g @ g.T / n + np.eye(n)  # cond ~ 10
+    kw = {"device": kind, "memory": "4MiB"}  # below the 2 MiB operand x 2: tiled
+    low = bl.cholesky(spd, **kw)
+    ref = np.linalg.cholesky(spd)
+    # backward-stable factorization: ||L - L_ref|| <= cond * n * eps relative
+    _check(out, "cholesky", "float64", np.abs(low.to_numpy() - ref).max() / np.abs(ref).max(),
+           10 * n * _eps(np.float64), **_where(low))
+    b = rng.standard_normal((n, 7))
+    x = bl.solve_triangular(low, b, lower=True, **kw)
+    xr = scipy.linalg.solve_triangular(ref, b, lower=True)
+    _check(out, "solve_triangular", "float64", np.abs(x.to_numpy() - xr).max() / np.abs(xr).max(),
+           10 * n * _eps(np.float64), **_where(x))
+    x = bl.solve(spd, b, assume_a="pos", **kw)
+    xr = np.linalg.solve(spd, b)
+    _check(out, "solve assume_a='pos'", "float64", np.abs(x.to_numpy() - xr).max() / np.abs(xr).max(),
+           10 * n * _eps(np.float64), **_where(x))
+    lu = bl.lu(g, **kw)
+    packed, piv = lu.to_numpy(), np.asarray(lu.report["pivots"])
+    l, u = np.tril(packed, -1) + np.eye(n), np.triu(packed)
+    pa = g.copy()
+    for i, p in enumerate(piv):  # LAPACK's row swaps, in order
+        pa[[i, p]] = pa[[p, i]]
+    # getrf's backward error: ||PA - LU|| <= growth * n * eps ||A||
+    _check(out, "lu (P A = L U)", "float64", np.abs(pa - l @ u).max() / np.abs(g).max(),
+           lu.report["growth_factor"] * n * 10 * _eps(np.float64), **_where(lu))
+    a = rng.standard_normal((3000, 80))
+    rhs = rng.standard_normal(3000)
+    x = bl.solve(a, rhs, method="normal", device=kind, memory="1MiB")
+    xr = np.linalg.lstsq(a, rhs, rcond=None)[0]
+    # refined against the data: the least-squares solution to a few cond(A)^2 eps (cond ~ 1.4 here)
+    _check(out, "solve tall, normal equations (Gram SYRK pass)", "float64",
+           np.abs(np.asarray(x.to_numpy()).ravel() - xr).max() / np.abs(xr).max(), 1e4 * _eps(np.float64), **_where(x))
+    return out
+
+
+def spectral_checks(kind: str, rng: np.random.Generator) -> list[dict]:
+    """svd (every method), eigsh, pca and orthonormalize against NumPy."""
+    import blocklin as bl
+    from blocklin.linalg.orth import orthonormalize
+
+    out: list[dict] = []
     a = rng.standard_normal((2000, 100)) * np.logspace(0, -2, 100)
     s_ref = np.linalg.svd(a, compute_uv=False)
     res = bl.svd(a, 5, method="lanczos", seed=2, device=kind, memory="2MiB")
-    _check(out, "svd k=5", "float64", np.abs(np.asarray(res.s) - s_ref[:5]).max() / s_ref[0], 1e-8)
+    _check(out, "svd lanczos k=5 (streamed)", "float64", np.abs(np.asarray(res.s) - s_ref[:5]).max() / s_ref[0],
+           1e-8, **_where(res))
+    # rank 8: the randomized methods are exact up to rounding (sketches wider than the rank)
+    u, _ = np.linalg.qr(rng.standard_normal((1500, 8)))
+    v, _ = np.linalg.qr(rng.standard_normal((120, 8)))
+    lowrank = (u * np.logspace(0, -1, 8)) @ v.T
+    s8 = np.linalg.svd(lowrank, compute_uv=False)[:5]
+    for method in ("rsvd", "sketch", "lanczos"):
+        for memory in ("16MiB", "1MiB"):  # in memory (A kept on the device), then streamed
+            res = bl.svd(lowrank, 5, method=method, seed=2, device=kind, memory=memory)
+            where = "in core" if res.report["in_core"] else "streamed"
+            _check(out, f"svd {method} k=5 ({where})", "float64", np.abs(np.asarray(res.s) - s8).max() / s8[0],
+                   1e-9, **_where(res))
     w = bl.eigsh(a.T @ a, 3, seed=0, device=kind, memory="1MiB")
     _check(out, "eigsh k=3", "float64", np.abs(np.sort(np.asarray(w.w)) - np.sort(s_ref[:3] ** 2)).max()
-           / s_ref[0] ** 2, 1e-8)
+           / s_ref[0] ** 2, 1e-8, **_where(w))
+    x = lowrank + 3.0  # PCA centers: the offset must not matter (rank <= 9 after centering: rsvd exact)
+    p = bl.pca(x, 4, seed=1, device=kind, memory="16MiB")
+    ev = np.linalg.svd(x - x.mean(axis=0), compute_uv=False)[:4] ** 2 / (x.shape[0] - 1)
+    _check(out, "pca k=4", "float64", np.abs(np.asarray(p.explained_variance_) - ev).max() / ev[0], 1e-8,
+           **_where(p))
+    q, r = orthonormalize(a, device=kind, memory="16MiB")
+    qs = q.to_numpy()
+    _check(out, "orthonormalize (Householder in core)", "float64",
+           max(np.abs(qs.T @ qs - np.eye(100)).max(), np.abs(qs @ r - a).max() / np.abs(a).max()),
+           100 * 2000 * _eps(np.float64), **_where(q))
     return out
 
 
@@ -270,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device-memory", default="6GiB", help="device budget (below the operands' size)")
     p.add_argument("--dir", default=None, help="scratch directory (local disk)")
     p.add_argument("--skip-timing", action="store_true", help="correctness only")
+    p.add_argument("--dry-run", action="store_true",
+                   help="every step on the CPU at small sizes (checks the script itself; no GPU figures)")
     args = p.parse_args(argv)
+    if args.dry_run:
+        args.device, args.n, args.inv_n, args.memory, args.device_memory = "cpu", 512, 256, "1MiB", "1MiB"
     if args.install:
         return install_and_rerun(argv)
     from blocklin.device import gpu_available
@@ -288,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'ok' if c['ok'] else 'FAIL'}", flush=True)
         summary["correct"] = all(c["ok"] for c in checks)
         summary["checks"] = checks
+        # operations with a phase that did not run on the requested device (reads and writes aside)
+        summary["phases_elsewhere"] = {c["check"]: c["phases"] for c in checks if c.get("phases") and any(
+            v != args.device for k, v in c["phases"].items() if not k.startswith(("read", "reads")))}
         if not args.skip_timing:
             summary["gemm"] = [ooc_gemm(args.device, args.n, dt, args.memory, args.device_memory, tmp)
                                for dt in ("float64", "float32")]

@@ -136,6 +136,41 @@ class Device(abc.ABC):
     def inv(self, x: Any) -> Any:
         """Inverse of a square (leaf) block."""
 
+    def on_compute(self) -> contextlib.AbstractContextManager:
+        """Context in which array-library calls on device arrays run where this device computes (its
+        compute stream on a GPU, so that they are ordered with the uploads and GEMMs)."""
+        return contextlib.nullcontext()
+
+    def rotate_pairs(self, x: Any, p0: int, q0: int, h: int, c: Any, s: Any, *, axis: int) -> None:
+        """Plane (Givens) rotations in place: for ``i < h``, ``(x_p, x_q) <- (c_i x_p + s_i x_q, c_i x_q - s_i x_p)``
+        with ``p = p0 + i``, ``q = q0 + i`` the columns (``axis=1``) or rows (``axis=0``) of ``x``.
+
+        ``c``/``s`` are length-``h`` vectors where the device computes (:meth:`to_device`). The building
+        block of the random butterfly transforms (Parker 1995), applied one contiguous range pair at
+        a time: slices, no gathers, a few temporaries of the pair's size.
+        """
+        with self.on_compute():
+            if axis == 1:
+                xp, xq = x[:, p0:p0 + h], x[:, q0:q0 + h]
+            else:
+                xp, xq = x[p0:p0 + h], x[q0:q0 + h]
+                c, s = c.reshape(h, 1), s.reshape(h, 1)
+            p_new = xp * c  # in the wider of x's and the rotations' dtypes, rounded once on assignment
+            p_new += xq * s
+            q_new = xq * c
+            q_new -= xp * s
+            xp[...] = p_new
+            xq[...] = q_new
+
+    def add_identity(self, x: Any, col0: int) -> None:
+        """``x[i, col0 + i] += 1`` for every row ``i`` of a C-contiguous ``x`` (the identity's part in a row strip)."""
+        h, n = x.shape
+        if h and not x.flags.c_contiguous:
+            raise ValueError("add_identity: x must be C-contiguous")
+        with self.on_compute():
+            diag = x.reshape(-1)[col0::n + 1][:h]  # strided view of the entries (i, col0 + i)
+            diag += 1
+
     def lu_panel(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """LU with partial pivoting of a tall host panel (``m x w``, ``m >= w``): the packed factors
         (unit lower ``L`` below the diagonal, ``U`` on and above) and LAPACK's 0-based row swaps.

@@ -155,8 +155,8 @@ class CudaDevice(Device):
 
     # -- memory -----------------------------------------------------------------------------------
     def reserve(self, nbytes: int) -> contextlib.AbstractContextManager:
-        """Hold ``nbytes`` of this GPU's budget (``device_memory``, else 80% of :meth:`free_memory`)."""
-        budget = self.device_memory or int(0.8 * self.free_memory())
+        """Hold ``nbytes`` of this GPU's budget (``device_memory``, else 80% of :meth:`usable_memory`)."""
+        budget = self.device_memory or int(0.8 * self.usable_memory())
         return DeviceBudget.of(self.device_id).hold(int(nbytes), budget)
 
     def free_memory(self) -> int:
@@ -167,6 +167,16 @@ class CudaDevice(Device):
         """
         free, _total = self.cp.cuda.runtime.memGetInfo()
         return int(free) + int(self.cp.get_default_memory_pool().free_bytes())
+
+    def usable_memory(self) -> int:
+        """What this process's tasks may use on the GPU: total memory minus what other processes hold.
+
+        ``cudaMemGetInfo``'s free memory plus every block CuPy's pool holds for this process (cached
+        or live): a constant while our own tasks allocate, so the budget that :class:`DeviceBudget`
+        shares between them is not shrunk by the tasks it already counts.
+        """
+        free, _total = self.cp.cuda.runtime.memGetInfo()
+        return int(free) + int(self.cp.get_default_memory_pool().total_bytes())
 
     def total_memory(self) -> int:
         return int(self.cp.cuda.runtime.memGetInfo()[1])
@@ -267,6 +277,9 @@ class CudaDevice(Device):
             yield
         finally:
             self._tf32 = prev
+
+    def on_compute(self) -> contextlib.AbstractContextManager:
+        return self.compute
 
     def zeros(self, shape: tuple[int, int], dtype: Any) -> Any:
         with self.compute:

@@ -53,10 +53,16 @@ def resolved_kind(kind: str) -> str:
 CPU_BOUND_INTENSITY = 64.0
 
 
-def pass_device(requested: str, flops: float, bytes_read: float) -> str:
-    """Where a pass over stored data runs: as requested, or for ``auto`` on the GPU only where it wins."""
+def pass_device(requested: str, flops: float, bytes_read: float, resolved: str | None = None) -> str:
+    """Where a pass over stored data runs: as requested, or for ``auto`` on the GPU only where it wins.
+
+    ``resolved`` is the job's device (``auto`` resolved where the tasks run): ``"cpu"`` there (a
+    cluster without GPUs, say) keeps every pass on the CPU whatever this machine has.
+    """
     if requested in ("cpu", "gpu"):
         return requested
+    if resolved == "cpu":
+        return "cpu"
     return "gpu" if gpu_available() and flops >= CPU_BOUND_INTENSITY * max(bytes_read, 1.0) else "cpu"
 
 

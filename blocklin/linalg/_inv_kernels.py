@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.device.cpu import CpuDevice
 from blocklin.linalg.random import probes
 from blocklin.plan.chunks import split
 from blocklin._memory import IO_CONCURRENCY
@@ -41,6 +42,7 @@ PROBE_ROW_BYTES = PROBES * 8
 #: zarr chunk temporaries of one tile task: a chunk in flight reading and one writing, each of up to
 #: ``IO_CONCURRENCY`` (see ``blocklin._memory``).
 IO_CHUNKS = 2 * IO_CONCURRENCY
+_HOST = CpuDevice()
 
 
 def sumsq(x: np.ndarray) -> float:
@@ -69,6 +71,8 @@ class InverseEpilogue(Epilogue):
 
     identity: bool = False
     probe: tuple[int, int, int] | None = None
+    #: On a GPU: ``+ I``, the sums of squares and the probe products on the device (no host flops).
+    on_device = True
 
     def begin(self, rows: slice, cols: slice, out_off: tuple[int, int]) -> dict:
         st = {"rows": rows, "cols": cols, "off": out_off, "sumsq": 0.0}
@@ -79,19 +83,43 @@ class InverseEpilogue(Epilogue):
             st["xp"] = np.zeros((rows.stop - rows.start, k))
         return st
 
-    def strip(self, st: dict, block: np.ndarray, r0: int, r1: int) -> None:
+    def _diagonal(self, st: dict, r0: int, r1: int) -> tuple[int, int, int]:
+        """The global diagonal entries in strip ``r0:r1``: ``(first row in the strip, its column, count)``."""
         rows, cols, (o0, o1) = st["rows"], st["cols"], st["off"]
+        lo = max(o0 + rows.start + r0, o1 + cols.start)
+        hi = min(o0 + rows.start + r1, o1 + cols.stop)
+        return lo - o0 - rows.start - r0, lo - o1 - cols.start, max(0, hi - lo)
+
+    def device_strip(self, st: dict, device: Any, acc: Any, r0: int, r1: int) -> None:
+        if "ss" not in st:  # the tile's device state, downloaded once by end()
+            st["device"], st["ss"] = device, device.zeros((acc.shape[1],), np.float64)
+            if "p" in st:
+                st["p_dev"] = device.to_device(st["p"])
+                st["xp_dev"] = device.zeros(st["xp"].shape, np.float64)
+        if self.identity:
+            i0, c0, count = self._diagonal(st, r0, r1)
+            if count:
+                device.add_identity(acc[i0:i0 + count], c0)
+        device.sumsq_cols_acc(st["ss"], acc)
+        if "p_dev" in st:
+            device.gemm_acc(st["xp_dev"][r0:r1], device.cast(acc, np.float64), st["p_dev"])
+
+    def strip(self, st: dict, block: np.ndarray, r0: int, r1: int) -> None:
         if self.identity:  # global diagonal entries that fall in this strip
-            lo = max(o0 + rows.start + r0, o1 + cols.start)
-            hi = min(o0 + rows.start + r1, o1 + cols.stop)
-            if hi > lo:
-                g = np.arange(lo, hi)
-                block[g - o0 - rows.start - r0, g - o1 - cols.start] += 1
+            i0, c0, count = self._diagonal(st, r0, r1)
+            if count:
+                g = np.arange(count)
+                block[i0 + g, c0 + g] += 1
         st["sumsq"] += sumsq(block)
         if "p" in st:
             st["xp"][r0:r1] = block.astype(np.float64, copy=False) @ st["p"]
 
     def end(self, st: dict) -> dict:
+        if "device" in st:
+            dev = st["device"]
+            st["sumsq"] += float(np.asarray(dev.to_host(st["ss"])).sum())
+            if "xp_dev" in st:
+                st["xp"] = np.asarray(dev.to_host(st["xp_dev"]))
         out = {"sumsq": st["sumsq"]}
         if "xp" in st:
             out["probe"] = (st["rows"].start, st["xp"])
@@ -139,25 +167,36 @@ class Butterfly:
             segments = nxt
         return out
 
-    def right(self, x: np.ndarray, transpose: bool = False) -> np.ndarray:
-        """``x @ V`` (``x @ V^T`` with ``transpose``) in place on the columns of ``x`` (rows independent)."""
-        levels = self.levels()
-        for p, q, c, s in (reversed(levels) if transpose else levels):
-            s = -s if transpose else s
-            xp, xq = x[:, p], x[:, q]
-            x[:, p] = xp * c + xq * s
-            x[:, q] = xq * c - xp * s
+    def coefficients(self, device: Any = None) -> list[list[tuple[int, int, int, Any, Any, Any]]]:
+        """The levels as contiguous index-range pairs, ready for ``device``: per level the tuples
+        ``(p0, q0, h, cos, sin, -sin)`` (indices ``p0 + i`` and ``q0 + i``, ``i < h``; vectors where
+        ``device`` computes, the host by default). Built once per task, used for every strip."""
+        put = device.to_device if device is not None else np.ascontiguousarray
+        out = []
+        for p, q, c, s in self.levels():
+            breaks = (np.flatnonzero(np.diff(p) != 1) + 1).tolist()  # one range pair per segment
+            out.append([(int(p[lo]), int(q[lo]), hi - lo, put(c[lo:hi]), put(s[lo:hi]), put(-s[lo:hi]))
+                        for lo, hi in zip([0, *breaks], [*breaks, p.size])])
+        return out
+
+    def right(self, x: Any, transpose: bool = False, device: Any = None, coef: list | None = None) -> Any:
+        """``x @ V`` (``x @ V^T`` with ``transpose``) in place on the columns of ``x`` (rows independent).
+
+        ``x`` is a host array, or a device array of ``device`` with ``coef`` from :meth:`coefficients`."""
+        dev = device or _HOST
+        levels = coef if coef is not None else self.coefficients(device)
+        for level in (reversed(levels) if transpose else levels):
+            for p0, q0, h, c, s, neg in level:
+                dev.rotate_pairs(x, p0, q0, h, c, neg if transpose else s, axis=1)
         return x
 
-    def left(self, y: np.ndarray, transpose: bool = False) -> np.ndarray:
+    def left(self, y: Any, transpose: bool = False, device: Any = None, coef: list | None = None) -> Any:
         """``V @ y`` (``V^T @ y`` with ``transpose``) in place on the rows of ``y`` (columns independent)."""
-        levels = self.levels()
-        for p, q, c, s in (levels if transpose else reversed(levels)):
-            s = -s if transpose else s
-            yp, yq = y[p, :], y[q, :]
-            c_, s_ = c[:, None], s[:, None]
-            y[p, :] = yp * c_ - yq * s_
-            y[q, :] = yp * s_ + yq * c_
+        dev = device or _HOST
+        levels = coef if coef is not None else self.coefficients(device)
+        for level in (levels if transpose else reversed(levels)):
+            for p0, q0, h, c, s, neg in level:
+                dev.rotate_pairs(y, p0, q0, h, c, s if transpose else neg, axis=0)
         return y
 
 
@@ -186,9 +225,13 @@ def _mix_memory(params: Any, sources: tuple) -> PassMemory:
     return staging_memory(sources[0].width, params["dtype"], sources[0].dtype)
 
 
-@row_kernel(memory=_mix_memory, init=mix_init, device="cpu")
+@row_kernel(memory=_mix_memory, init=mix_init, device="any")
 def mix_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict]:
-    """``W[rows] = (M[rows] @ V).astype(work dtype)`` (``I - M`` when ``shift``); accumulate ``||.||_F^2``."""
+    """``W[rows] = (M[rows] @ V).astype(work dtype)`` (``I - M`` when ``shift``); accumulate ``||.||_F^2``.
+
+    Runs where the caller chose (:func:`transform_device`): the rotations are a few flops per byte read."""
+    if not device.host_resident:
+        return _mix_on_device(device, arrays[0], rows, params, state)
     (m,) = arrays
     x = np.asarray(m, dtype=np.float64)
     if params["shift"]:  # stage I - M
@@ -198,13 +241,46 @@ def mix_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dic
     state["sumsq"] += sumsq(x)
     bf: Butterfly = params["butterfly"]
     if bf.depth:
-        x = bf.right(x, transpose=params["transpose"])  # in place: the strip buffer is not reused before the write
+        if "coef" not in state:
+            state["coef"] = bf.coefficients()
+        x = bf.right(x, transpose=params["transpose"], coef=state["coef"])  # in place: the strip buffer is not reused before the write
     if params["probe_seed"] is not None:  # (X P)[rows] of the written block
         p = probes(x.shape[1], params["probe_k"], params["probe_seed"])
         if "xp" not in state:
             state["xp"] = np.zeros((x.shape[1], params["probe_k"]))
         state["xp"][rows] += x @ p
+    if rows.stop in params["ends"]:
+        state.pop("coef", None)
     return state, {"w": x.astype(params["dtype"], copy=False)}
+
+
+def _mix_on_device(device: Any, m: Any, rows: slice, params: dict, state: dict) -> tuple[dict, dict]:
+    """:func:`mix_kernel` with the strip on a GPU: rotations, norms and probe products there, ``W`` downloaded."""
+    x = device.cast(m, np.float64)
+    if not x.flags.c_contiguous:
+        x = device.copy(x)
+    n = x.shape[1]
+    if "ss" not in state:  # the task's device state: norms, butterfly coefficients, probes
+        state["ss"] = device.zeros((n,), np.float64)
+        state["coef"] = params["butterfly"].coefficients(device)
+        if params["probe_seed"] is not None:
+            state["p"] = device.to_device(probes(n, params["probe_k"], params["probe_seed"]))
+            state["xp"] = np.zeros((n, params["probe_k"]))
+    if params["shift"]:  # stage I - M (the uploaded strip is ours to overwrite)
+        device.axpby(x, -1.0, None, 0.0)
+        device.add_identity(x, rows.start)
+    device.sumsq_cols_acc(state["ss"], x)
+    if params["butterfly"].depth:
+        params["butterfly"].right(x, transpose=params["transpose"], device=device, coef=state["coef"])
+    if "p" in state:
+        xp = device.zeros((rows.stop - rows.start, params["probe_k"]), np.float64)
+        device.gemm_acc(xp, x, state["p"])
+        state["xp"][rows] += device.to_host(xp)
+    w = device.to_host(device.cast(x, params["dtype"]))
+    if rows.stop in params["ends"]:  # the task's last strip: its state to the host for the reduction
+        state = {"sumsq": state["sumsq"] + float(device.to_host(state["ss"]).sum()),
+                 **({"xp": state["xp"]} if "xp" in state else {})}
+    return state, {"w": w}
 
 
 def probe_init(device: Any, params: Any) -> dict:
@@ -217,15 +293,34 @@ def _probe_memory(params: Any, sources: tuple) -> PassMemory:
     return PassMemory(fixed=3 * n * k * 8, per_row=sources[0].width * 8 + 3 * k * 8)
 
 
-@row_kernel(memory=_probe_memory, init=probe_init, device="cpu")
+@row_kernel(memory=_probe_memory, init=probe_init, device="any")
 def probe_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
     """Accumulate ``||P[rows] - M[rows] @ W||_F^2`` with ``W = X P`` (``P`` regenerated from its seed)."""
     (m,) = arrays
     w = params["w"]
     p = probes(params["n"], w.shape[1], params["seed"])[rows]
+    if not device.host_resident:  # the GEMM on the GPU, W kept there for the task's strips
+        if "wd" not in state:
+            state["wd"] = device.to_device(w)
+            state["ss"] = device.zeros((w.shape[1],), np.float64)
+        r = device.to_device(p)
+        device.gemm_acc(r, device.cast(m, np.float64), state["wd"], alpha=-1.0)
+        device.sumsq_cols_acc(state["ss"], r)
+        if rows.stop in params["ends"]:
+            state = {"sumsq": state["sumsq"] + float(device.to_host(state["ss"]).sum())}
+        return state, None
     r = p - np.asarray(m, dtype=np.float64) @ w
     state["sumsq"] += float(np.einsum("ij,ij->", r, r))
     return state, None
+
+
+def transform_device(requested: str, n: int, flops_per_entry: float, resolved: str | None = None) -> str:
+    """Where a butterfly or probe pass over an ``n x n`` float64 operand runs: ``requested``, or for
+    ``"auto"`` the GPU only where it wins (:func:`blocklin.device.select.pass_device`; these passes
+    do a few flops per byte read, so ``auto`` keeps them on the CPU)."""
+    from blocklin.device.select import pass_device
+
+    return pass_device(requested, flops_per_entry * n * n, 8.0 * n * n, resolved)
 
 
 # -- leaf inversion ---------------------------------------------------------------------------------------
@@ -337,6 +432,8 @@ class UnmixSpec:
     probe_k: int
     blas_threads: int | None = None
     transpose: bool = False
+    device: str = "cpu"
+    device_memory: int | None = None
 
 
 def column_memory(n: int, width: int, work_dtype: Any, out_dtype: Any, chunk_bytes: int) -> int:
@@ -356,7 +453,13 @@ def unmix_columns_task(spec: UnmixSpec, c0: int, c1: int) -> dict:
     y = read_block(src, slice(0, n), slice(c0, c1)).astype(spec.dtype, copy=False)
     if y.dtype != np.dtype(spec.dtype) or not y.flags.writeable:
         y = np.array(y, dtype=spec.dtype)
-    x = spec.butterfly.left(y, transpose=spec.transpose) if spec.butterfly.depth else y
+    if spec.butterfly.depth and spec.device == "gpu":  # rotations on the GPU, the strip back for the write
+        from blocklin.device import get_device
+
+        dev = get_device("gpu", device_memory=spec.device_memory)
+        x = dev.to_host(spec.butterfly.left(dev.to_device(y), transpose=spec.transpose, device=dev))
+    else:
+        x = spec.butterfly.left(y, transpose=spec.transpose) if spec.butterfly.depth else y
     dst = open_array(spec.dst, mode="r+")
     write_block(dst, slice(0, n), slice(c0, c1), x)
     p = probes(n, spec.probe_k, spec.probe_seed)[c0:c1]

@@ -123,6 +123,7 @@ def factor_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, lower: bool = 
 def _report(job: Job, plan: FactorPlan, results: list[dict], *, output: Any) -> dict:
     sumsq = sum(r.get("sumsq", 0.0) for r in results if isinstance(r, dict))
     report = job.report(plan=plan.to_dict(), output=str(output), method="tiled left-looking Cholesky",
+                        phases={"tile updates (GEMM), POTRF, TRSM": job.device},
                         norm_a=math.sqrt(sumsq) if not job.stats["skipped"] else None)
     report["flops"] = plan.flops
     report["gflops"] = plan.flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0

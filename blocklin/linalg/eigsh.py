@@ -167,12 +167,16 @@ def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
             dev.gemm_acc(z, Md.T, dev.to_device(x.astype(dt)))
             return dev.to_host(z).astype(np.float64)
     else:
+        from blocklin.device import pass_device
+
         src = [source(A)]
-        phases = {"passes over A": job.device}
+        # a Lanczos step does 2 x block flops per entry read: read-bound on a GPU under 'auto' unless wide
+        where = pass_device(job.cfg.device, 2.0 * n * n * x0.shape[1], n * n * dt.itemsize, job.device)
+        phases = {"passes over A": where}
 
         def one(x: np.ndarray, step: int, check: bool = False) -> Any:
             states, _ = run_pass(job, rmat_kernel, src, {"Y": x.astype(dt), "n": n, "check": check},
-                                 memory=plan.pass_memory, description=f"eigsh: Lanczos step {step}")
+                                 memory=plan.pass_memory, description=f"eigsh: Lanczos step {step}", device=where)
             z = reduce_sum(states, "Z")
             return (z, collect_rows(states, n, x.shape[1])) if check else z
 

@@ -183,7 +183,8 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         else:
             create_array(ao.array_path(), shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
         op.run(job, plan, ao.array_path(), done_dir=ao.done)
-        report = job.report(plan=plan.to_dict(), output=str(ao.path))
+        report = job.report(plan=plan.to_dict(), output=str(ao.path),
+                            phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
         report["flops"] = plan.flops
         report["gflops"] = plan.flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0
         path = ao.commit("matmul", plan=plan.to_dict(), params=op.params(), report=job.brief(report, REPORT_KEYS))

@@ -21,6 +21,7 @@ from blocklin.linalg._inv_kernels import (
     UnmixSpec,
     leaf_inverse_task,
     mix_kernel,
+    transform_device,
     unmix_columns_task,
 )
 from blocklin.matrix import Matrix
@@ -278,7 +279,8 @@ def _report(job: Job, ref: Refinement | None, plan: InversePlan, stages: Stages,
         resumed=stages.resumed, stages_skipped=stages.skipped,
         phases={"GEMMs (recursion, Newton-Schulz)": job.device,
                 "leaf inverses": "/".join(sorted({lf.get("device", "cpu") for lf in ref.leaves})) or None,
-                "butterfly transforms, residual probes": "cpu"})
+                "butterfly transforms": _transforms_device(job, plan),
+                "residual probes": _refine.probe_device(job, plan.n)})
     report["flops"] = plan.flops + ref.ops.flops
     return report
 
@@ -379,11 +381,17 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
         # checked that one such task fits the budget)
         prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=plan.chunk, workers=1, min_tasks=1)
     states, _ = run_pass(job, mix_kernel, src, params, plan=prp, outputs=(("w", w_path),),
-                         description="stage and randomize")
+                         description="stage and randomize", device=_transforms_device(job, plan))
     norm = math.sqrt(sum(s["sumsq"] for s in states))
     if with_probe:
         return norm, sum(s["xp"] for s in states if "xp" in s)
     return norm
+
+
+def _transforms_device(job: Job, plan: InversePlan) -> str:
+    """Where the butterfly passes run: as asked, or for ``auto`` where they win (about 6 flops per
+    entry and level: read-bound, so the CPU)."""
+    return transform_device(job.cfg.device, plan.n, 6.0 * max(1, plan.depth), job.device)
 
 
 def _leaf(run: _Run, src: Any, s_off: int, dst: Any, d_off: int, size: int, wdt: np.dtype) -> dict:
@@ -392,7 +400,7 @@ def _leaf(run: _Run, src: Any, s_off: int, dst: Any, d_off: int, size: int, wdt:
     from blocklin.device import pass_device
 
     # 2 n^3 flops over n^2 elements read: the GPU wins on large leaves ('auto'), or when asked for
-    dev = pass_device(job.cfg.device, 2.0 * size**3, size * size * wdt.itemsize)
+    dev = pass_device(job.cfg.device, 2.0 * size**3, size * size * wdt.itemsize, job.device)
     spec = LeafSpec(src=src, dst=dst, off=s_off, dst_off=d_off, size=size, dtype=wdt.name,
                     blas_threads=job.task_blas_threads(job.cores()), device=dev,
                     device_memory=job.device_memory() if dev == "gpu" else None)
@@ -455,8 +463,10 @@ def _unmix(ops: BlockOps, w: str, x: str, bf: Butterfly, out_dtype: np.dtype, pl
            seed: int, transpose: bool = False) -> tuple[float, np.ndarray]:
     """``X = V Y`` column strip by column strip; returns ``||X||_F`` and ``X P``."""
     job = ops.job
+    dev = _transforms_device(job, plan)
     spec = UnmixSpec(src=w, dst=x, butterfly=bf, dtype=out_dtype.name, probe_seed=seed, probe_k=_refine.PROBES,
-                     blas_threads=job.task_blas_threads(1), transpose=transpose)
+                     blas_threads=job.task_blas_threads(1), transpose=transpose, device=dev,
+                     device_memory=job.device_memory() if dev == "gpu" else None)
     graph = ops.graph("unmix", spec)
     for s, (c0, c1) in enumerate(column_strips(plan.n, plan.column_width)):
         graph.add((s,), unmix_columns_task, spec, c0, c1)

@@ -85,6 +85,7 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
             warn("lu: an exact zero pivot: A is singular (U has a zero on its diagonal); the factors are "
                  "returned as LAPACK's getrf does")
         report = job.report(plan=plan.to_dict(), output=str(ao.path), method="left-looking LU, partial pivoting",
+                            phases={"panel updates (TRSM, GEMM)": job.device, "panel factorization (getrf)": "cpu"},
                             pivots=pivots, growth_factor=max_u / max_a if max_a > 0 else 1.0, min_pivot=min_pivot)
         report["flops"] = plan.flops
         report["gflops"] = plan.flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0

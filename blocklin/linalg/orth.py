@@ -175,16 +175,29 @@ def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
         blk = TallBlock(job, Y.path, M, c, Y.dtype, Y.chunks[0], job.cfg.memory)
         ao = job.output(out, inputs=[Y.path] if not Y.staged else [], overwrite=overwrite)
         if 3 * M * c * 8 <= job.cfg.memory:  # in core: Householder QR of the block read once
-            q, r = np.linalg.qr(blk.apply_to([np.eye(c)], None, collect=True, description="orthonormalize: read"))
+            q, r = _householder(job, blk.apply_to([np.eye(c)], None, collect=True, description="orthonormalize: read"))
             d = diagonal_signs(r)
             write_array(ao.array_path(), np.ascontiguousarray((q * d).astype(Y.dtype)))
             r, info = d[:, None] * r, {"method": "householder (in core)", "shift": 0.0}
+            phases = {"read Y": "cpu", "Householder QR": job.device}
         else:
             r, chain, info = cholqr_r(blk, blk.gram_after([np.eye(c)]))
             blk.apply_to(chain, ao.array_path(), description="orthonormalize: write Q")
-        report = job.report(orth=info, intermediate_passes=job.passes("intermediate"))
+            phases = {"passes over Y": job.device}
+        report = job.report(orth=info, intermediate_passes=job.passes("intermediate"), phases=phases)
         path = ao.commit("orthonormalize", params={"method": info["method"]}, report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None), r
+
+
+def _householder(job: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reduced Householder QR of an in-memory block, on the job's device (cuSOLVER on a GPU)."""
+    if job.device != "gpu":
+        return np.linalg.qr(x)
+    from blocklin.device import get_device
+
+    dev = get_device("gpu", device_memory=job.device_memory())
+    q, r = dev.qr(dev.to_device(x))
+    return np.asarray(dev.to_host(q)), np.asarray(dev.to_host(r))
 
 
 #: Report entries recorded in the output's attributes.

@@ -59,7 +59,8 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = 
     sources = [source(A)] + ([source(B)] if B is not None else [])
     # Householder QR of each stacked [R; strip]: about 2 rows (n+k)^2 flops per row of A and B read
     dev = device or pass_device(job.cfg.device, 2.0 * m * (n + k) ** 2,
-                                m * (n * A.dtype.itemsize + k * (B.dtype.itemsize if B is not None else 0)))
+                                m * (n * A.dtype.itemsize + k * (B.dtype.itemsize if B is not None else 0)),
+                                job.device)
     states, plan = run_pass(job, tsqr_kernel, sources, {"dtype": np.dtype(dtype).name}, reserve=small_bytes(n, k),
                             description="streaming QR", device=dev)
     states = [s for s in states if s is not None]

@@ -29,7 +29,7 @@ import numpy as np
 
 from blocklin.errors import ConvergenceWarning, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg._inv_kernels import PROBES, InverseEpilogue, probe_kernel
+from blocklin.linalg._inv_kernels import PROBES, InverseEpilogue, probe_kernel, transform_device
 from blocklin.linalg.random import probes
 from blocklin.operands import Operand
 from blocklin.runtime.blockops import BlockOps
@@ -82,8 +82,14 @@ def probe_estimate(job: Any, m: Any, w: np.ndarray, seed: int, *, description: s
     """``||P - M W||_F / sqrt(k)`` for ``W = X P``: one row pass over ``M``; estimates ``||I - M X||_F``."""
     n, k = w.shape
     states, _ = run_pass(job, probe_kernel, [source(m, name="a")], {"w": w, "seed": seed, "n": n},
-                         check_finite=False, description=description)
+                         check_finite=False, description=description, device=probe_device(job, n))
     return math.sqrt(sum(s["sumsq"] for s in states) / k)
+
+
+def probe_device(job: Any, n: int) -> str:
+    """Where the probe passes run: as asked, or for ``auto`` where they win (``2 k`` flops per entry
+    read with ``k`` = :data:`PROBES`: read-bound, so the CPU)."""
+    return transform_device(job.cfg.device, n, 2.0 * PROBES, job.device)
 
 
 def reduce_probe(results: list[dict], n: int, k: int, row_offset: int = 0) -> np.ndarray:

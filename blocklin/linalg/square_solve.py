@@ -170,11 +170,20 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
                             residual_norm_fro=ref.residual, backward_error=ref.eta, passes=ref.steps + 2,
                             backward_error_definition="||b - A x||_F / (||A||_F ||x||_F + ||b||_F)", tol=tol,
                             refine_steps=ref.steps, history=ref.history, norm_a=norm_a,
-                            growth_factor=factor.growth, plan=factor.plan.to_dict(), orientation="square", lam=0.0)
+                            growth_factor=factor.growth, plan=factor.plan.to_dict(), orientation="square", lam=0.0,
+                            phases=_phases(job, factor.kind))
         report["flops"] = factor.plan.flops + (ref.steps + 1) * 2 * n * n * k * 2
         path = ao.commit("solve", plan=factor.plan.to_dict(), params={"assume_a": assume_a, "precision": precision},
                          report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def _phases(job: Job, kind: str) -> dict:
+    """Where each phase ran: tile work on the job's device; LU's panel ``getrf`` on the host."""
+    phases = {"factorization tiles, triangular solves, residual GEMMs": job.device}
+    if kind == "lu":
+        phases["panel factorization (getrf)"] = "cpu"
+    return phases
 
 
 def _norms(sumsq: np.ndarray) -> float | list[float]:

@@ -21,7 +21,7 @@ from blocklin.linalg.center import Moments, Shift, column_moments, moments_incor
 from blocklin.linalg.lanczos import block_lanczos, default_tol
 from blocklin.linalg.orth import cholqr_r, orth_incore
 from blocklin.linalg.results import open_group, write_group
-from blocklin.linalg.tallblock import ArrayBlock, TallBlock, load_tall
+from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
 from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
@@ -84,7 +84,7 @@ class _InCore:
             g = d.zeros((l, l), self.dtype)
             d.gemm_acc(g, y.T, y)
             g = d.to_host(g).astype(np.float64)
-        return d.to_host(z).astype(np.float64), g, (ArrayBlock(d.to_host(y)) if keep_y else None)
+        return d.to_host(z).astype(np.float64), g, (DeviceBlock(d, y) if keep_y else None)
 
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
         if self.dev is not None:
@@ -94,7 +94,28 @@ class _InCore:
         g = (y.T @ y).astype(np.float64) if gram else None
         return z, g, (ArrayBlock(y) if keep_y else None)
 
+    def _mm(self, a: Any, b: np.ndarray) -> Any:
+        """``a @ b`` on the device (``b`` a host matrix)."""
+        out = self.dev.zeros((a.shape[0], b.shape[1]), self.dtype)
+        self.dev.gemm_acc(out, a, self.dev.to_device(b.astype(self.dtype)))
+        return out
+
+    def _sketch_on_device(self, om: np.ndarray, ps: np.ndarray, seed: int) -> tuple:
+        d, dt, mm = self.dev, self.dtype, self._mm
+        y, t = mm(self.bd, om), mm(self.bd, ps)
+        ups = rnd.gaussian(seed, rnd.STREAM_UPSILON, 0, self.M, om.shape[1], dt)
+        phi = d.to_device(rnd.gaussian(seed, rnd.STREAM_PHI, 0, self.M, ps.shape[1], dt))
+        small = []
+        for a, b in ((phi.T, t), (phi.T, y), (y.T, y)):
+            g = d.zeros((a.shape[0], b.shape[1]), dt)
+            d.gemm_acc(g, a, b)
+            small.append(np.asarray(d.to_host(g), dtype=np.float64))
+        xt = np.asarray(d.to_host(mm(self.bd.T, ups)), dtype=np.float64)
+        return (xt, *small, DeviceBlock(d, y))
+
     def sketch(self, om: np.ndarray, ps: np.ndarray, seed: int) -> tuple:
+        if self.dev is not None:
+            return self._sketch_on_device(om, ps, seed)
         dt = self.dtype
         y = self.b @ om.astype(dt)
         t = self.b @ ps.astype(dt)
@@ -105,7 +126,17 @@ class _InCore:
                 ArrayBlock(y))
 
     def apply_write(self, w: np.ndarray, dest: str | None, transposed_out: bool, description: str = "") -> Any:
-        return ArrayBlock(self.b).apply_to([w], dest, transposed_out=transposed_out)
+        blk = DeviceBlock(self.dev, self.bd) if self.dev is not None else ArrayBlock(self.b)
+        return blk.apply_to([w], dest, transposed_out=transposed_out)
+
+
+def _pass_device(job: Job, plan: SvdPlan, dtype: Any) -> str:
+    """Where the passes over ``A`` run: as asked, or for ``auto`` the GPU only where it wins (a pass does
+    about ``4 x block`` flops per entry read: compute-bound on a CPU only for wide blocks)."""
+    from blocklin.device import pass_device
+
+    return pass_device(job.cfg.device, 4.0 * plan.M * plan.N * max(1, plan.block),
+                       plan.M * plan.N * np.dtype(dtype).itemsize, resolved=job.device)
 
 
 class _Streamed:
@@ -117,7 +148,7 @@ class _Streamed:
         self.dtype = A.dtype
         self.source = source(A, transposed=plan.transposed)
         # a standardized wide A scales the rows of B = A^T, an operation only the CPU device has
-        self.device = "cpu" if shift is not None and shift.r is not None else None
+        self.device = "cpu" if shift is not None and shift.r is not None else _pass_device(job, plan, A.dtype)
         self.memory = plan.pass_memory
 
     def _plan(self, kernel: Any, params: dict) -> Any:

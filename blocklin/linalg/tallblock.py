@@ -4,7 +4,8 @@ The randomized SVD and the sketch write ``Y = B Q`` (``M x c``, ``c`` small) and
 through its R factor (:func:`blocklin.linalg.orth.cholqr_r`); every step is one pass over ``Y``:
 its Gram matrix after applying triangular factors, its R factor by TSQR, or ``Y W1 W2 ...`` written
 to an output. :class:`TallBlock` runs these passes over a stored block, :class:`ArrayBlock` computes
-them on an in-memory block (a matrix that fits the budget), so the algorithms are written once.
+them on an in-memory block (a matrix that fits the budget), :class:`DeviceBlock` on a block kept on
+a GPU (the in-core SVD with ``device="gpu"``), so the algorithms are written once.
 :func:`load_tall` reads a whole operand into memory in one pass.
 """
 
@@ -86,6 +87,41 @@ class ArrayBlock:
     def apply_to(self, ws: list, out_path: str | None, *, transposed_out: bool = False,
                  description: str = "", collect: bool = False) -> np.ndarray:
         f = self._chain(ws)
+        if out_path:
+            write_array(out_path, np.ascontiguousarray(f.T if transposed_out else f))
+        return f
+
+
+class DeviceBlock:
+    """A tall block kept where a device computes (in-core SVD on a GPU): :class:`ArrayBlock`'s interface,
+    its products (GEMM), Gram matrices (SYRK) and R factor (cuSOLVER QR) computed by the device; only
+    the small ``c x c`` results and the written factor come to the host."""
+
+    def __init__(self, device: Any, y: Any) -> None:
+        self.dev, self.y = device, y
+        self.M, self.c = y.shape
+
+    def _chain(self, ws: list) -> Any:
+        d, t = self.dev, self.y
+        for w in ws:
+            out = d.zeros((t.shape[0], w.shape[1]), t.dtype)
+            d.gemm_acc(out, t, d.to_device(np.asarray(w, dtype=t.dtype)))
+            t = out
+        return t
+
+    def gram_after(self, ws: list) -> np.ndarray:
+        t = self._chain(ws)
+        g = self.dev.zeros((t.shape[1], t.shape[1]), t.dtype)
+        self.dev.syrk_acc(g, t)
+        return np.asarray(self.dev.to_host(g), dtype=np.float64)
+
+    def tsqr(self) -> np.ndarray:
+        d = self.dev
+        return positive_diagonal(np.asarray(d.to_host(d.qr_r(d.cast(self.y, np.float64)))))
+
+    def apply_to(self, ws: list, out_path: str | None, *, transposed_out: bool = False,
+                 description: str = "", collect: bool = False) -> np.ndarray:
+        f = np.asarray(self.dev.to_host(self._chain(ws)))
         if out_path:
             write_array(out_path, np.ascontiguousarray(f.T if transposed_out else f))
         return f

@@ -480,7 +480,7 @@ def _pass_device(ctx: _Ctx, phase: str, flops: float) -> str:
     from blocklin.device import pass_device
 
     read = ctx.m * (ctx.n * ctx.A.dtype.itemsize + ctx.k * ctx.B.dtype.itemsize)
-    dev = pass_device(ctx.job.cfg.device, flops, read)
+    dev = pass_device(ctx.job.cfg.device, flops, read, ctx.job.device)
     ctx.phases[phase] = dev
     return dev
 

@@ -26,7 +26,7 @@ from blocklin._memory import IO_CONCURRENCY  # zarr's chunks in flight; each hol
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import split
-from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, transfer_bound
+from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, shortfall, transfer_bound
 
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.
 TASK_OVERHEAD_BYTES = 4 * 2**20
@@ -292,6 +292,7 @@ class _Space:
     io_chunk: int
     out_chunks: tuple[int, int] | None
     loaders: int = 1
+    dtype: str = "float64"
 
     @classmethod
     def of(cls, m: int, n: int, k: int, dt: np.dtype, src: tuple, *, a_chunks: tuple[int, int],
@@ -308,7 +309,7 @@ class _Space:
         io_chunk = max(a_chunks[0] * a_chunks[1] * src_isz[0], b_chunks[0] * b_chunks[1] * src_isz[1])
         return cls(m=m, n=n, k=k, isz=dt.itemsize, src_isz=src_isz, prefetch=prefetch, on_gpu=on_gpu,
                    with_c=c_chunks is not None, c_rows=min(m, c_chunks[0]) if c_chunks is not None else 0, mu=mu,
-                   nu=nu, ku=ku, ku_a=ku_a, ku_b=ku_b, io_chunk=io_chunk, out_chunks=out_chunks)
+                   nu=nu, ku=ku, ku_a=ku_a, ku_b=ku_b, io_chunk=io_chunk, out_chunks=out_chunks, dtype=dt.name)
 
     def out_chunks_for(self, tm: int, tn: int) -> tuple[int, int]:
         if self.out_chunks is not None:
@@ -364,7 +365,10 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
                 tasks = gm * gn
                 idle = max(0, workers - tasks)  # concurrent slots with no tile to run
                 cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * sp.isz) // max(1, tasks * 64)
-                key = (cost, -tk, -(tm * tn))
+                # On a GPU, tiles below the compute/transfer crossover leave it waiting for the host
+                # link whatever the overlap: the largest tiles towards it first, then the cheapest.
+                below = round(shortfall(tm, tn, sp.dtype), 3) if sp.on_gpu else 0.0
+                key = (below, cost, -tk, -(tm * tn))
                 if best is None or key < best[0]:
                     best = (key, tm, tn, tk, host, dev, oc, read, max(ra_max, rb_max))
                 break  # the widest tk that fits

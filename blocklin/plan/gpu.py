@@ -43,3 +43,15 @@ def transfer_bound(tm: int, tn: int, dtype, *, gpu: str = DEFAULT_GPU, precision
     dt = np.dtype(dtype)
     c = crossover_tile(dt, gpu=gpu, precision=precision, link=link)
     return intensity(tm, tn, dt.itemsize) < c / dt.itemsize
+
+
+def shortfall(tm: int, tn: int, dtype, *, gpu: str = DEFAULT_GPU, precision: str | None = None,
+              link: float | None = None) -> float:
+    """How far ``tm x tn`` tiles fall below the crossover, as a fraction of it (0 when compute-bound).
+
+    The GEMM planner on a GPU prefers tilings with the smallest shortfall (tiles at or above the
+    crossover when the budgets allow them), then the fewest bytes read.
+    """
+    dt = np.dtype(dtype)
+    need = crossover_tile(dt, gpu=gpu, precision=precision, link=link) / dt.itemsize
+    return max(0.0, 1.0 - intensity(tm, tn, dt.itemsize) / need)

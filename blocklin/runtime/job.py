@@ -162,7 +162,7 @@ class Job:
     def device_memory(self) -> int | None:
         """Device budget: configured, else 80% of what this process may use on the GPU (GPU only).
 
-        That is free memory plus CuPy's cached blocks (total minus what other processes hold).
+        That is total memory minus what other processes hold (CuPy's pool, cached or live, is ours).
         """
         if self.device != "gpu":
             return None
@@ -170,7 +170,7 @@ class Job:
             return self.cfg.device_memory
         from blocklin.device import get_device
 
-        return int(0.8 * get_device("gpu").free_memory())
+        return int(0.8 * get_device("gpu").usable_memory())
 
     # -- workers and threads --------------------------------------------------------------------
     def cores(self) -> int:
@@ -356,3 +356,6 @@ class Job:
             self.stack.close()
             if self.device == "gpu":
                 release_device_caches()
+                if self.scheduler.kind == "distributed":  # the workers' pinned buffers too
+                    with contextlib.suppress(Exception):  # a lost worker keeps nothing pinned
+                        self.scheduler.client.run(release_device_caches)

@@ -239,7 +239,17 @@ class Epilogue:
     host strip (``block`` is rows ``r0:r1`` of the tile, scaled and with ``beta * C`` added; it
     may be changed in place before it is written), and merges the dict :meth:`end` returns into the
     tile's result. Subclasses are small picklable objects defined by the algorithm.
+
+    An epilogue with ``on_device = True`` does its work where the accumulator lives instead: on a GPU
+    :meth:`device_strip` gets the strip on the device (queued on its compute stream before the
+    download, so the host never waits for it) and :meth:`strip` is not called; on the CPU
+    :meth:`strip` runs as usual.
     """
+
+    on_device = False
+
+    def device_strip(self, state: Any, device: Any, acc: Any, r0: int, r1: int) -> None:
+        return None
 
     def begin(self, rows: slice, cols: slice, out_off: tuple[int, int]) -> Any:
         return None
@@ -365,6 +375,8 @@ class _GemmTile:
             device.axpby(acc[r0:r1], spec.alpha, block.astype(self.dtype, copy=False), spec.beta)
         elif spec.alpha != 1.0:
             device.axpby(acc[r0:r1], spec.alpha, None, 0.0)
+        if spec.epilogue is not None and spec.epilogue.on_device and not device.host_resident:
+            spec.epilogue.device_strip(self.extra, device, acc[r0:r1], r0, r1)
         if device.host_resident:
             return r0, r1, acc[r0:r1], None, None
         buf = self.host_bufs.get()
@@ -376,8 +388,9 @@ class _GemmTile:
         r0, r1, host, ready, done = pending
         if ready is not None:
             ready.synchronize()
-        if self.spec.epilogue is not None:
-            self.spec.epilogue.strip(self.extra, host, r0, r1)
+        epi = self.spec.epilogue
+        if epi is not None and not (epi.on_device and not self.device.host_resident):
+            epi.strip(self.extra, host, r0, r1)
         self.writer.submit(r0, r1, host, done=done)
 
     def close(self) -> None:
