@@ -18,6 +18,7 @@ from blocklin.errors import ConfigError, StoreNotFoundError, StoreReadError, Unc
 from blocklin.storage.backend import backend, zarr_store
 from blocklin.storage.location import Location, as_location, store_location
 from blocklin.storage.rawchunks import raw_access
+from blocklin.storage.readerrors import check_metadata, reading
 
 
 def codec_chain(codec: str | None, checksum: bool = False) -> tuple[Any, ...]:
@@ -128,6 +129,7 @@ def open_zarr(path: Any, *, name: str = "path", mode: str = "r", allow_pending: 
     except Exception as exc:
         raise StoreReadError(explain(name, "must be a readable zarr array", f"{loc.url!r} ({exc})",
                                      "check the store's metadata, or re-create it")) from exc
+    check_metadata(arr, loc.url, name)
     return arr
 
 
@@ -220,8 +222,15 @@ def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None
     """Read ``arr[rows, cols]``, into the preallocated ``out`` when given (no extra copy).
 
     Uncompressed local zarr v3 arrays are read straight from their chunk files
-    (:mod:`blocklin.storage.rawchunks`); everything else goes through zarr.
+    (:mod:`blocklin.storage.rawchunks`); everything else goes through zarr. A chunk that fails to
+    decode or to pass its checksum raises :class:`~blocklin.errors.StoreReadError` naming it
+    (:mod:`blocklin.storage.readerrors`).
     """
+    with reading(arr, rows, cols):
+        return _read_block(arr, rows, cols, out)
+
+
+def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None) -> np.ndarray:
     raw = raw_access(arr)
     if raw is not None:
         rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
