@@ -52,6 +52,10 @@ class UncommittedOutputError(StoreReadError):
     """A store is an output that an interrupted job left unfinished (resume or remove it)."""
 
 
+class DiskSpaceError(BlocklinError, OSError):
+    """A store would not fit the free space of its destination, or the destination is not writable."""
+
+
 class StorageBackendError(BlocklinError, ValueError):
     """A storage URL names an unknown protocol, or its fsspec backend is not installed."""
 

@@ -26,7 +26,9 @@ from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source
+from blocklin.operands import temp_root
 from blocklin.storage import create_array
+from blocklin.storage.space import check_space
 from blocklin.validate import check_k, choice, count, float_operand, positive, resolve_seed
 
 METHODS = ("rsvd", "sketch", "lanczos")
@@ -393,6 +395,7 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         plan = plan_svd(m, n, k, A.dtype, method=method, oversample=oversample, power_iters=q if method == "rsvd"
                         else None, memory=job.cfg.memory, max_passes=limit, block_size=block_size,
                         max_basis=max_basis)
+        _check_space(job, out, plan, m, n, k, A.dtype)
         ao = open_group(job, out, A, overwrite)
         r = _factorize(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit,
                        dest=ao.array_path("Vt" if plan.transposed else "U"), center=bool(center), scale=bool(scale))
@@ -401,6 +404,17 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         if (center or scale) and not plan.in_core:
             report["passes_formula"] = f"{report['passes_formula']} + 1 (column means)"
         return _result(job, out, A, plan, r, report, ao, overwrite)
+
+
+def _check_space(job: Job, out: Any, plan: SvdPlan, m: int, n: int, k: int, dtype: Any) -> None:
+    """Up front: the long factor fits the output's disk, and a streamed run's basis ``Y`` the temp dir's."""
+    long_side, itemsize = max(m, n), np.dtype(dtype).itemsize
+    if out is not None:
+        check_space(out, long_side * k * itemsize, "out", f"the long factor, {long_side} x {k} {np.dtype(dtype).name}")
+    if not plan.in_core:
+        cols = plan.block if plan.method != "sketch" else max(plan.sketch_size)
+        check_space(temp_root(job.cfg) / "blocklin-svd", long_side * (k + cols) * itemsize, "temp data",
+                    f"{long_side} x {k + cols} {np.dtype(dtype).name}")
 
 
 def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,

@@ -19,6 +19,7 @@ from blocklin.storage.backend import backend, zarr_store
 from blocklin.storage.location import Location, as_location, store_location
 from blocklin.storage.rawchunks import raw_access
 from blocklin.storage.readerrors import check_metadata, reading
+from blocklin.storage.space import check_space
 
 
 def codec_chain(codec: str | None, checksum: bool = False) -> tuple[Any, ...]:
@@ -190,6 +191,18 @@ def _metadata_dict(shape: tuple[int, ...], dtype: Any, chunks: tuple[int, ...], 
     return json.loads(tmp.metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
 
 
+def stored_bytes(shape: tuple[int, ...], chunks: tuple[int, ...], dtype: Any) -> int:
+    """Bytes the chunk files of an uncompressed array hold when every chunk is written (edge chunks
+    are stored whole)."""
+    count = 1
+    for s, c in zip(shape, chunks):
+        count *= -(-int(s) // max(1, int(c)))
+    size = np.dtype(dtype).itemsize
+    for c in chunks:
+        size *= int(c)
+    return count * size
+
+
 def create_array(path: Any, *, shape: tuple[int, ...], dtype: Any, chunks: tuple[int, ...],
                  codec: str | None = "none", checksum: bool = False, attributes: dict | None = None,
                  overwrite: bool = False) -> zarr.Array:
@@ -202,6 +215,8 @@ def create_array(path: Any, *, shape: tuple[int, ...], dtype: Any, chunks: tuple
     loc = as_location(path)
     chunks = tuple(max(1, int(c)) for c in chunks)
     shape = tuple(int(s) for s in shape)
+    check_space(loc, stored_bytes(shape, chunks, dtype), "store",
+                " x ".join(map(str, shape)) + f" {np.dtype(dtype).name}")
     if loc.pending:
         meta = _metadata_dict(shape, dtype, chunks, codec, checksum, attributes)
         backend(loc).write_text(DEFERRED_META, json.dumps(meta))

@@ -94,8 +94,12 @@ class ZarrWriter(Writer):
         self.resumed = self._arr is not None
         if self._arr is None:
             self._out.clear_units()  # markers without their array are void
-            self._arr = create_array(self._out.array_path(), shape=self.shape, dtype=self.dtype, chunks=self.chunks,
-                                     codec=self.codec, checksum=self.checksum, overwrite=True)
+            try:
+                self._arr = create_array(self._out.array_path(), shape=self.shape, dtype=self.dtype,
+                                         chunks=self.chunks, codec=self.codec, checksum=self.checksum, overwrite=True)
+            except BaseException:
+                self._out.abort()  # refused up front (no space): nothing is left behind
+                raise
         # Chunks are copied once to be made contiguous and encoded; count both while in flight.
         self.chunk_bytes = int(np.prod(self.chunks)) * self.dtype.itemsize
 
