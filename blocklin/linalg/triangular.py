@@ -15,7 +15,7 @@ from blocklin.plan.factor import plan_factor
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
 from blocklin.storage.zarr_store import create_array
-from blocklin.validate import float_operand, result_dtype, same_rows, square
+from blocklin.validate import float_operand, result_dtype, same_dtype, same_rows, square
 
 #: Most refinement steps of the SPD solve (each: one GEMM over A and two triangular solves).
 MAX_REFINE = 3
@@ -136,9 +136,7 @@ def _spd_operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
     square(A, "for assume_a='pos' (a symmetric positive definite system)", "for least squares leave assume_a='gen'")
     same_rows(A, B)
     float_operand(A), float_operand(B)
-    if A.dtype != B.dtype:
-        raise ShapeError(explain("b", "must have the dtype of a for assume_a='pos' (no silent casts)",
-                                 f"a {A.dtype.name}, b {B.dtype.name}", "convert one of them"))
+    same_dtype(A, B)
     return A, B
 
 

@@ -26,6 +26,7 @@ from blocklin.runtime.scheduler import resolve_scheduler
 from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import remove
+from blocklin.storage.formats import check_zarr_output
 from blocklin.storage.location import Location
 from blocklin.storage.zarr_store import create_array
 
@@ -246,6 +247,7 @@ class Job:
         if out is None:
             out = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
             resume = False
+        check_zarr_output(out)
         ao = AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
                           storage_options=self.cfg.storage_options)
         self.outputs.append(ao)
