@@ -23,6 +23,7 @@ from blocklin.plan.chunks import auto_chunks
 from blocklin.storage.backend import remove
 from blocklin.storage.dask_io import store_dask
 from blocklin.storage.location import Location, as_location
+from blocklin.storage.space import make_temp_folder
 from blocklin.storage.zarr_store import create_array, open_zarr, store_path
 
 
@@ -51,7 +52,7 @@ def temp_root(cfg: Config) -> Location:
 def _stage_dir(cfg: Config, stack: contextlib.ExitStack) -> Location:
     d = temp_root(cfg) / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
     if d.is_local:
-        os.makedirs(d.url, exist_ok=False)
+        make_temp_folder(d.url)
     stack.callback(remove, d)
     return d
 

@@ -92,6 +92,10 @@ def run_command(args: argparse.Namespace) -> int:
         if getattr(args, "debug", False):
             traceback.print_exc()
         name = type(exc).__name__
+        if isinstance(exc, OSError) and not isinstance(exc, BlocklinError):
+            from blocklin.storage.space import describe_os_error
+
+            exc = describe_os_error(exc) or exc  # a raw write failure: its path, setting and fix
         print(f"blocklin {args.command}: error: {name}: {exc}", file=sys.stderr)
         if getattr(args, "json", False):
             print(json.dumps({"error": name, "message": str(exc)}))

@@ -8,7 +8,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import ConvergenceWarning, ShapeError, explain, warn
+from blocklin.errors import ConvergenceWarning, warn
 from blocklin.linalg.cholesky import factor_into
 from blocklin.matrix import Matrix
 from blocklin.plan.factor import plan_factor

@@ -27,6 +27,7 @@ from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import remove
 from blocklin.storage.formats import check_zarr_output
+from blocklin.storage.space import check_writable, make_temp_folder
 from blocklin.storage.location import Location
 from blocklin.storage.zarr_store import create_array
 
@@ -225,7 +226,7 @@ class Job:
         if not hasattr(self, "_tmp"):
             self._tmp = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
             if self._tmp.is_local:
-                os.makedirs(self._tmp.url)
+                make_temp_folder(self._tmp.url)
             self.stack.callback(remove, self._tmp)
         return self._tmp
 
@@ -248,6 +249,7 @@ class Job:
             out = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
             resume = False
         check_zarr_output(out)
+        check_writable(getattr(out, "url", out) if isinstance(out, (str, os.PathLike, Location)) else None)
         ao = AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
                           storage_options=self.cfg.storage_options)
         self.outputs.append(ao)

@@ -31,7 +31,7 @@ from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.backend import backend
 from blocklin.storage.formats.base import disk_usage
 from blocklin.storage.location import Location, as_location
-from blocklin.storage.space import check_space
+from blocklin.storage.space import check_space, make_temp_folder
 from blocklin.storage.zarr_store import open_cached, read_block, stored_bytes, write_block
 
 NAN_POLICIES = ("allow", "error")
@@ -574,7 +574,7 @@ def _staged(src: Any, out: Any, kw: dict) -> dict[str, Any]:
     root = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir")
     stage_dir = root / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
     if stage_dir.is_local:
-        os.makedirs(stage_dir.url)
+        make_temp_folder(stage_dir.url)
     stage = stage_dir / "stage.zarr"
     t0 = kw["t0"]
     try:

@@ -10,12 +10,15 @@ stores report no free space.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from typing import Any
 
-from blocklin.errors import DiskSpaceError, explain
+from blocklin.errors import DiskSpaceError, TempDirError, explain
 
 
 _PARTIAL = re.compile(r"^\.(.+)\.partial-[0-9a-zA-Z]+$")
@@ -39,6 +42,21 @@ def _final_name(path: str) -> str:
     return os.path.join(head, match.group(1)) if match else path
 
 
+def _unwritable(folder: str) -> str:
+    """Why ``folder`` cannot take new files ("" when it can); root passes ``os.access`` on a
+    read-only file system, so that is asked of the file system itself."""
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        return "a file, not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "this user may not write there"
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "a read-only file system"
+    except OSError:  # pragma: no cover - no statvfs: the write itself will say
+        pass
+    return ""
+
+
 def _under_temp_dir(path: str) -> bool:
     from blocklin.config import get_config
 
@@ -51,11 +69,17 @@ def _under_temp_dir(path: str) -> bool:
     return real.startswith(root) and real[len(root):].startswith("blocklin-")
 
 
-def _fix(path: str, folder: str) -> str:
+def _fix(path: str, folder: str, need: str = "free space in {folder}", where: str = "a larger disk") -> str:
+    first = need.format(folder=folder)
     if _under_temp_dir(path):
-        return (f"free space in {folder}, or point the temp dir at a larger disk (--temp-dir DIR, or "
-                "BLOCKLIN_TEMP_DIR=DIR)")
-    return f"free space in {folder}, or write the output to a larger disk (another -o/out= path)"
+        return f"{first}, or point the temp dir at {where} (--temp-dir DIR, or BLOCKLIN_TEMP_DIR=DIR)"
+    return f"{first}, or write the output to {where} (another -o/out= path)"
+
+
+def check_writable(path: Any, what: str = "out") -> None:
+    """Refuse a local destination whose nearest existing folder cannot be written (read-only file
+    system, permissions, a file where a folder should be)."""
+    check_space(path, 0, what)
 
 
 def check_space(path: Any, nbytes: int, what: str, detail: str = "") -> None:
@@ -77,7 +101,7 @@ def check_space(path: Any, nbytes: int, what: str, detail: str = "") -> None:
     DiskSpaceError
         Too little free space, or the folder cannot be written.
     """
-    if getattr(path, "is_local", True) is False:
+    if path is None or getattr(path, "is_local", True) is False:
         return
     local = getattr(path, "url", path)
     local = os.fspath(local)
@@ -91,9 +115,10 @@ def check_space(path: Any, nbytes: int, what: str, detail: str = "") -> None:
         what = f"{what} in the temp dir"
     local = _final_name(local)
     folder = _existing_folder(os.path.dirname(os.path.abspath(local)))
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise DiskSpaceError(explain(what, "its folder must be writable", f"{folder} (for {local}), which this "
-                                     "user cannot write", _fix(local, folder).replace("free space in", "make writable")))
+    problem = _unwritable(folder)
+    if problem:
+        raise DiskSpaceError(explain(what, "its folder must be writable", f"{folder} (for {local}): {problem}",
+                                     _fix(local, folder, "make {folder} writable", "a writable folder")))
     try:
         free = shutil.disk_usage(folder).free
     except OSError:  # pragma: no cover - a file system that reports nothing is not refused
@@ -107,4 +132,67 @@ def check_space(path: Any, nbytes: int, what: str, detail: str = "") -> None:
                                      f"{format_size(free)} free", _fix(local, folder)))
 
 
-__all__ = ["check_space"]
+@contextlib.contextmanager
+def writing(arr: Any) -> Iterator[None]:
+    """Run a write to the zarr array ``arr``; an ``OSError`` that names no file (a full disk seen by
+    ``write()``) is raised again naming the array's folder, so that its message can say where."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or exc.errno is None:
+            raise
+        from blocklin.storage.location import store_location
+
+        try:
+            loc = store_location(arr.store)
+        except Exception:  # noqa: BLE001 - no location: the error stays as it was
+            loc = None
+        if loc is None or not loc.is_local:
+            raise
+        raise OSError(exc.errno, exc.strerror, loc.url) from exc
+
+
+def make_temp_folder(path: str) -> None:
+    """Create a work folder under the temp dir; an unusable temp dir is a :class:`TempDirError`
+    naming the folder, the setting and the fix."""
+    try:
+        os.makedirs(path)
+    except OSError as exc:
+        from blocklin.config import get_config
+
+        root = get_config().temp_dir
+        raise TempDirError(explain("temp_dir", "must be a writable folder for the job's intermediates",
+                                   f"{root!r}: cannot create {path} ({_ERRNO_WORDS.get(exc.errno or 0, exc.strerror)})",
+                                   "point BLOCKLIN_TEMP_DIR (or --temp-dir, temp_dir=) at a writable folder with "
+                                   "room, e.g. --temp-dir /var/tmp")) from None
+
+
+_ERRNO_WORDS = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded",
+                errno.EROFS: "a read-only file system", errno.EACCES: "permission denied",
+                errno.EPERM: "operation not permitted", errno.ENOTDIR: "a file where a folder should be",
+                errno.ENOENT: "no such file or folder"}
+
+
+def describe_os_error(exc: OSError) -> str | None:
+    """A one-line message with the path, the setting and a fix for a raw ``OSError`` of a write
+    (full disk, read-only folder, unusable temp dir); None when ``exc`` is not one of those."""
+    words = _ERRNO_WORDS.get(exc.errno or 0)
+    path = exc.filename
+    if words is None or not path:
+        return None
+    path = os.fspath(path)
+    folder = _existing_folder(os.path.dirname(os.path.abspath(path)))
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = _fix(path, folder)
+    elif exc.errno == errno.ENOENT:
+        fix = _fix(path, folder, "create {folder}'s missing subfolders or check the path", "an existing folder")
+    else:
+        fix = _fix(path, folder, "make {folder} writable", "a writable folder")
+    parts = os.path.abspath(path).split(os.sep)
+    what = "temp dir" if _under_temp_dir(path) else "out" if any(_PARTIAL.match(p) for p in parts) else "path"
+    shown = os.sep.join(_final_name(p) if _PARTIAL.match(p) else p for p in path.split(os.sep))
+    return explain(what, "must be writable with room for the job's data", f"{shown}: {words} "
+                   f"({type(exc).__name__} errno {exc.errno})", fix)
+
+
+__all__ = ["check_space", "check_writable", "describe_os_error", "make_temp_folder"]

@@ -19,7 +19,7 @@ from blocklin.storage.backend import backend, zarr_store
 from blocklin.storage.location import Location, as_location, store_location
 from blocklin.storage.rawchunks import raw_access
 from blocklin.storage.readerrors import check_metadata, reading
-from blocklin.storage.space import check_space
+from blocklin.storage.space import check_space, writing
 
 
 def codec_chain(codec: str | None, checksum: bool = False) -> tuple[Any, ...]:
@@ -267,8 +267,14 @@ def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | Non
 def write_block(arr: zarr.Array, rows: slice, cols: slice, block: np.ndarray) -> None:
     """Write ``block`` to ``arr[rows, cols]`` (callers align the block to whole chunks).
 
-    Whole chunks of uncompressed local zarr v3 arrays are written straight to their chunk files.
+    Whole chunks of uncompressed local zarr v3 arrays are written straight to their chunk files. A
+    write failing for a full disk names the array (:func:`blocklin.storage.space.writing`).
     """
+    with writing(arr):
+        _write_block(arr, rows, cols, block)
+
+
+def _write_block(arr: zarr.Array, rows: slice, cols: slice, block: np.ndarray) -> None:
     raw = raw_access(arr)
     if raw is not None:
         rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
