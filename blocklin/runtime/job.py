@@ -120,6 +120,8 @@ class Job:
                 from blocklin.storage.probe import check_workers_reach
 
                 check_workers_reach(self.scheduler.client, temp_root(self.cfg))
+            else:  # memory= is this machine's (on a cluster it is per worker, checked against them)
+                _memory.check_budget(self.cfg.memory)
             self.device = self._resolve_device()  # on a cluster: also checks memory= against the workers
         except BaseException:
             self.stack.close()  # the scoped settings above end with the failed job

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin._memory import check_budget
 from blocklin.config import resolve
 from blocklin.errors import ConfigError, DTypeError, FormatError, NonFiniteError, ParameterError, explain
 from blocklin.plan.chunks import auto_chunks
@@ -248,6 +249,8 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
                              order=(out_order or reader.order), delimiter=delimiter, inputs=[src_path],
                              overwrite=overwrite, resume=resume, token=token)
         client = _cluster_client(scheduler) if in_fmt == "zarr" and out_fmt == "zarr" else None
+        if client is None:
+            check_budget(cfg.memory)
         # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
         task_memory = cfg.memory // _threads_per_worker(client) if client is not None else cfg.memory
         plan = _plan(reader, writer, out_dt, task_memory)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,14 @@ def uncommitted_message(loc: Location, name: str) -> str:
                    "overwrite=True (--overwrite) to start again, or remove it (blocklin.storage.remove)")
 
 
+_PARTIAL_NAME = re.compile(r"^\..+\.partial-[0-9a-zA-Z]+$")
+
+
+def _inside_partial(path: str) -> bool:
+    """Whether ``path`` is (or lies inside) an uncommitted local output ``.NAME.partial-TOKEN``."""
+    return any(_PARTIAL_NAME.match(part) for part in os.path.abspath(path).split(os.sep))
+
+
 def _not_found_hint(loc: Location) -> str:
     if loc.is_local:
         parent = os.path.dirname(loc.url) or "."
@@ -103,6 +112,12 @@ def open_zarr(path: Any, *, name: str = "path", mode: str = "r", allow_pending: 
     # Reads, not existence checks: a missing object costs one request on an object store.
     meta = be.try_read("zarr.json")
     has_meta = meta is not None or be.try_read(".zarray") is not None
+    if not allowed and mode == "r" and loc.is_local and _inside_partial(loc.url):
+        raise UncommittedOutputError(explain(
+            name, "must be a committed store, not the hidden partial folder (.NAME.partial-TOKEN) of an output "
+            "being written or left by an interrupted run", repr(loc.url),
+            "wait for the run writing it to finish, or rerun that operation with --resume (resume=True) to "
+            "complete it, or delete the folder; then pass the finished output NAME"))
     if not allowed and (be.try_read(PENDING_RECORD) is not None
                         or (not has_meta and backend(loc.parent).try_read(PENDING_RECORD) is not None)):
         raise UncommittedOutputError(uncommitted_message(loc, name))
