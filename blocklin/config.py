@@ -106,6 +106,9 @@ class Config:
         protocol (``{"s3": {...}, "gs": {...}}``); a call's ``storage_options=`` adds to them.
     codec : str
         Codec of the engine's own intermediates (``"none"`` by default: random floats do not compress).
+    require_complete : bool
+        Refuse input zarr stores with a chunk file missing from their grid (blocklin's own outputs
+        are always checked against the chunk files they were committed with).
     check_finite : bool
         Check operands for NaN/Inf while streaming them.
     progress : bool or None
@@ -120,6 +123,7 @@ class Config:
     temp_dir: str = dataclasses.field(default_factory=tempfile.gettempdir)
     codec: str = "none"
     check_finite: bool = True
+    require_complete: bool = False
     progress: bool | None = None
     storage_options: dict | None = None
 
@@ -154,6 +158,7 @@ class Settings(TypedDict, total=False):
     ``memory``, ``device_memory``: budgets (``"1GiB"`` or bytes); ``device``: ``"auto"``, ``"cpu"`` or
     ``"gpu"``; ``scheduler``: see :class:`Config`; ``workers``: concurrent tile tasks; ``progress``:
     show progress (or a progress object); ``check_finite``: check operands for NaN/Inf;
+    ``require_complete``: refuse input stores with missing chunk files;
     ``temp_dir``: folder or URL for staged inputs and intermediates; ``storage_options``: fsspec
     options for URL operands, outputs and temp dir, added to the configured ones (``docs/cluster.md``).
     """
@@ -165,6 +170,7 @@ class Settings(TypedDict, total=False):
     workers: int | None
     progress: Any
     check_finite: bool | None
+    require_complete: bool | None
     temp_dir: Any
     storage_options: dict | None
 
@@ -190,6 +196,7 @@ _ENV = {
     "temp_dir": "BLOCKLIN_TEMP_DIR",
     "codec": "BLOCKLIN_CODEC",
     "check_finite": "BLOCKLIN_CHECK_FINITE",
+    "require_complete": "BLOCKLIN_REQUIRE_COMPLETE",
     "storage_options": "BLOCKLIN_STORAGE_OPTIONS",
 }
 
@@ -210,6 +217,8 @@ def _env_value(field: str, var: str, raw: str) -> Any:
                                       f"export {var}='{{\"anon\": true}}'")) from None
     if field == "check_finite":
         return raw.strip().lower() not in ("0", "false", "no", "off")
+    if field == "require_complete":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
     return raw
 
 

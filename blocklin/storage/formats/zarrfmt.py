@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.config import get_config
 from blocklin.storage.atomic import AtomicOutput
+from blocklin.storage.completeness import check_complete, chunk_census
 from blocklin.storage.backend import backend
 from blocklin.storage.location import as_location
 from blocklin.storage.formats.base import Reader, Writer, check_2d, check_matrix_dtype
@@ -24,10 +26,12 @@ class ZarrReader(Reader):
 
     format = "zarr"
 
-    def __init__(self, path: Any, **_: Any) -> None:
+    def __init__(self, path: Any, *, check_chunks: bool = True, **_: Any) -> None:
         super().__init__(str(path))
         self._loc = self.location = as_location(path, name="input")
         self._arr = open_zarr(self._loc, name="input")
+        if check_chunks:  # blocklin info reports missing chunk files instead
+            check_complete(self._arr, self._loc, "input", bool(get_config().require_complete))
         self.shape = check_2d(self._arr.shape, "zarr input")
         self.dtype = check_matrix_dtype(self._arr.dtype, "zarr input")
         self.chunks = tuple(int(c) for c in (self._arr.shards or self._arr.chunks))
@@ -49,7 +53,8 @@ class ZarrReader(Reader):
                  chunks=list(self._arr.chunks), shards=list(self._arr.shards) if self._arr.shards else None,
                  bytes_on_disk=self._loc and backend(self._loc).size(""),
                  checksum=any("crc32c" in type(c).__name__.lower() for c in _codecs(self._arr)),
-                 provenance=json.loads(json.dumps(prov)) if prov is not None else None)
+                 provenance=json.loads(json.dumps(prov)) if prov is not None else None,
+                 chunk_files=chunk_census(self._arr, self._loc))
         return d
 
 
