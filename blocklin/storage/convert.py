@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from blocklin._memory import check_budget
-from blocklin.config import resolve
-from blocklin.errors import ConfigError, DTypeError, FormatError, NonFiniteError, ParameterError, explain
+from blocklin.config import parse_size, resolve, size_hint
+from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError, ParameterError, explain
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.convert import plan_convert
 from blocklin.progress import make_progress
@@ -253,7 +254,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             check_budget(cfg.memory)
         # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
         task_memory = cfg.memory // _threads_per_worker(client) if client is not None else cfg.memory
-        plan = _plan(reader, writer, out_dt, task_memory)
+        plan = _fitting_plan(reader, writer, out_dt, task_memory, (m, n), chunks == "auto" and out_fmt == "zarr")
         reader.prepare()
         copy = _copy if client is None else functools.partial(_copy_on_cluster, client)
         blocks, skipped = copy(reader, writer, plan, out_dt, nan, progress,
@@ -411,6 +412,42 @@ def _work(reader, writer, plan, prog):
             yield b, done
         else:
             prog.advance(1)
+
+
+#: Steps of the search for a sufficient budget (each grows it by at least a quarter).
+_BUDGET_SEARCH_STEPS = 60
+
+
+def _fitting_plan(reader: Any, writer: Any, out_dt: np.dtype, memory: int, shape: tuple[int, int],
+                  auto: bool) -> Any:
+    """:func:`_plan` at ``memory``; a refusal names a budget checked to suffice. With automatic
+    chunks the output chunks grow with the budget (and the blocks with them), so the minimum one
+    plan names is not enough: the search replans at each candidate with the chunks it would pick."""
+    try:
+        return _plan(reader, writer, out_dt, memory)
+    except BudgetError as exc:
+        need = max(memory + 1, exc.minimum or 0)
+        for _ in range(_BUDGET_SEARCH_STEPS):
+            hint = parse_size(size_hint(need))
+            try:
+                _plan(reader, _with_chunks(writer, auto_chunks(shape, out_dt, hint)) if auto else writer, out_dt, hint)
+                break
+            except BudgetError as again:
+                need = max(hint + 1, again.minimum or hint + hint // 4)
+        what = re.sub(r" \(needs [^)]*\)", "", str(exc).split(". Fix: ")[0])  # the search's figure replaces it
+        raise BudgetError(f"{what}. Fix: raise the budget to at least {size_hint(hint)} "
+                          f"(--memory {size_hint(hint)})" + ("" if auto else ", or choose smaller --chunks"),
+                          minimum=hint) from None
+
+
+def _with_chunks(writer: Any, chunks: tuple[int, int]) -> Any:
+    """A shallow copy of a zarr writer as if it had been opened with ``chunks`` (for planning only)."""
+    import copy
+
+    view = copy.copy(writer)
+    view.chunks = view.unit = tuple(int(c) for c in chunks)
+    view.chunk_bytes = int(np.prod(view.chunks)) * writer.dtype.itemsize
+    return view
 
 
 def _copy(reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any, desc: str) -> tuple[int, int]:
