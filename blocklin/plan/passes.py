@@ -14,7 +14,7 @@ import math
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin._memory import IO_CONCURRENCY
-from blocklin.plan.chunks import round_down_multiple, split
+from blocklin.plan.chunks import Pieces, round_down_multiple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +33,10 @@ class RowPassPlan:
     memory: int
     bytes_read: int
 
-    def strips(self, group: int) -> list[tuple[int, int]]:
+    def strips(self, group: int) -> Pieces:
+        """The strips of one task's group of rows, computed on access (a group may hold millions)."""
         r0, r1 = self.groups[group]
-        return [(r0 + a, r0 + b) for a, b in split(r1 - r0, self.strip)]
+        return Pieces(r1 - r0, self.strip, offset=r0)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
