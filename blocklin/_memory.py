@@ -86,3 +86,41 @@ def peak_rss() -> int:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def machine_memory() -> tuple[int, str] | None:
+    """Bytes of memory this process may use on this machine, and where the figure comes from.
+
+    The smaller of the physical memory and the cgroup limit (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``) a container sets; None when neither can be read.
+    """
+    found: list[tuple[int, str]] = []
+    try:
+        found.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                raw = f.read().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < (1 << 60):  # "max" or a huge number: no limit
+            found.append((int(raw), f"cgroup limit {path}"))
+    return min(found) if found else None
+
+
+def check_budget(memory: int) -> None:
+    """Refuse a host budget above what this machine gives the process (``--memory 1024TiB`` on a
+    24 GiB machine would plan tiles that cannot be allocated)."""
+    limit = machine_memory()
+    if limit is None or memory <= limit[0]:
+        return
+    from blocklin.config import format_size, size_hint
+    from blocklin.errors import ConfigError, explain
+
+    suggestion = size_hint(limit[0] * 3 // 4).replace(".", "")
+    raise ConfigError(explain("memory", f"must not exceed the memory of this machine ({format_size(limit[0])}, "
+                              f"{limit[1]})", format_size(memory),
+                              f"pass --memory {suggestion} (memory='{suggestion}') or less, leaving room for "
+                              "the interpreter and other processes"))

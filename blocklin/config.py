@@ -106,6 +106,9 @@ class Config:
         protocol (``{"s3": {...}, "gs": {...}}``); a call's ``storage_options=`` adds to them.
     codec : str
         Codec of the engine's own intermediates (``"none"`` by default: random floats do not compress).
+    require_complete : bool
+        Refuse input zarr stores with a chunk file missing from their grid (blocklin's own outputs
+        are always checked against the chunk files they were committed with).
     check_finite : bool
         Check operands for NaN/Inf while streaming them.
     progress : bool or None
@@ -120,6 +123,7 @@ class Config:
     temp_dir: str = dataclasses.field(default_factory=tempfile.gettempdir)
     codec: str = "none"
     check_finite: bool = True
+    require_complete: bool = False
     progress: bool | None = None
     storage_options: dict | None = None
 
@@ -154,6 +158,7 @@ class Settings(TypedDict, total=False):
     ``memory``, ``device_memory``: budgets (``"1GiB"`` or bytes); ``device``: ``"auto"``, ``"cpu"`` or
     ``"gpu"``; ``scheduler``: see :class:`Config`; ``workers``: concurrent tile tasks; ``progress``:
     show progress (or a progress object); ``check_finite``: check operands for NaN/Inf;
+    ``require_complete``: refuse input stores with missing chunk files;
     ``temp_dir``: folder or URL for staged inputs and intermediates; ``storage_options``: fsspec
     options for URL operands, outputs and temp dir, added to the configured ones (``docs/cluster.md``).
     """
@@ -165,6 +170,7 @@ class Settings(TypedDict, total=False):
     workers: int | None
     progress: Any
     check_finite: bool | None
+    require_complete: bool | None
     temp_dir: Any
     storage_options: dict | None
 
@@ -190,41 +196,61 @@ _ENV = {
     "temp_dir": "BLOCKLIN_TEMP_DIR",
     "codec": "BLOCKLIN_CODEC",
     "check_finite": "BLOCKLIN_CHECK_FINITE",
+    "require_complete": "BLOCKLIN_REQUIRE_COMPLETE",
     "storage_options": "BLOCKLIN_STORAGE_OPTIONS",
 }
 
 
+def _env_value(field: str, var: str, raw: str) -> Any:
+    if field == "workers":
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(explain(var, "must be an integer", repr(raw), f"export {var}=1")) from None
+    if field == "storage_options":
+        import json
+
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ConfigError(explain(var, "must be a JSON object", repr(raw),
+                                      f"export {var}='{{\"anon\": true}}'")) from None
+    if field == "check_finite":
+        return raw.strip().lower() not in ("0", "false", "no", "off")
+    if field == "require_complete":
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    return raw
+
+
+#: Settings whose environment variable is malformed, with the error; raised by :func:`resolve` only
+#: when the call does not give the setting itself (``--memory 1GiB`` works under a broken
+#: ``BLOCKLIN_MEMORY``).
+_env_errors: dict[str, ConfigError] = {}
+
+
 def _from_env(environ: dict[str, str] | os._Environ = os.environ) -> Config:
     values: dict[str, Any] = {}
+    _env_errors.clear()
     for field, var in _ENV.items():
         raw = environ.get(var)
         if raw is None or raw == "":
             continue
-        if field == "workers":
-            try:
-                values[field] = int(raw)
-            except ValueError:
-                raise ConfigError(explain(var, "must be an integer", repr(raw), f"export {var}=1")) from None
-        elif field == "storage_options":
-            import json
-
-            try:
-                values[field] = json.loads(raw)
-            except ValueError:
-                raise ConfigError(explain(var, "must be a JSON object", repr(raw),
-                                          f"export {var}='{{\"anon\": true}}'")) from None
-        elif field == "check_finite":
-            values[field] = raw.strip().lower() not in ("0", "false", "no", "off")
-        else:
-            values[field] = raw
-    try:
-        return Config(**values)
-    except ConfigError as exc:
-        raise ConfigError(f"from environment: {exc}") from None
+        try:
+            value = _env_value(field, var, raw)
+            Config(**{field: value})  # each setting checked alone, so one bad variable spoils only itself
+        except ConfigError as exc:
+            option = "--" + field.replace("_", "-")
+            _env_errors[field] = ConfigError(f"from environment variable {var}: {exc} (or unset {var}, or give "
+                                             f"the setting per call: {option} on the command line, {field}= in "
+                                             "Python)")
+            continue
+        values[field] = value
+    return Config(**values)
 
 
 _global: Config | None = None
 _scoped: contextvars.ContextVar[Config | None] = contextvars.ContextVar("blocklin_config", default=None)
+_scoped_given: contextvars.ContextVar[frozenset] = contextvars.ContextVar("blocklin_config_given", default=frozenset())
 
 
 def get_config() -> Config:
@@ -254,6 +280,8 @@ def configure(**settings: Any) -> Config:
     """
     global _global
     _global = dataclasses.replace(get_config() if _scoped.get() is None else (_global or _from_env()), **settings)
+    for field in settings:  # given now: the environment's value no longer matters
+        _env_errors.pop(field, None)
     return _global
 
 
@@ -262,15 +290,24 @@ def set(**settings: Any) -> Iterator[Config]:  # noqa: A001 - mirrors dask.confi
     """Scoped settings: ``with blocklin.config.set(memory="512MiB"): ...``."""
     new = dataclasses.replace(get_config(), **settings)
     token = _scoped.set(new)
+    given = _scoped_given.set(_scoped_given.get() | frozenset(settings))
     try:
         yield new
     finally:
+        _scoped_given.reset(given)
         _scoped.reset(token)
 
 
 def resolve(**overrides: Any) -> Config:
-    """Settings for one call: the config in force with the call's non-None keywords applied."""
-    return get_config().replace(**overrides)
+    """Settings for one call: the config in force with the call's non-None keywords applied.
+
+    Raises the error of a malformed ``BLOCKLIN_*`` variable whose setting the call does not give.
+    """
+    cfg = get_config().replace(**overrides)
+    for field, exc in _env_errors.items():
+        if overrides.get(field) is None and field not in _scoped_given.get():
+            raise exc
+    return cfg
 
 
 def reset() -> None:

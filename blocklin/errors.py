@@ -37,7 +37,18 @@ class NonFiniteError(BlocklinError, ValueError):
 
 
 class BudgetError(BlocklinError, MemoryError):
-    """The memory budget cannot hold even the smallest plan."""
+    """The memory budget cannot hold even the smallest plan.
+
+    ``minimum`` is the smallest budget (bytes) the failing step needs, when it knows it: drivers
+    that plan several steps add them up so that the budget a message suggests is sufficient.
+    """
+
+    def __init__(self, message: str = "", minimum: int | None = None) -> None:
+        super().__init__(message)
+        self.minimum = minimum
+
+    def __reduce__(self) -> tuple:  # keeps ``minimum`` across process boundaries
+        return (type(self), (str(self), self.minimum))
 
 
 class StoreNotFoundError(BlocklinError, FileNotFoundError):
@@ -50,6 +61,10 @@ class StoreReadError(BlocklinError, OSError):
 
 class UncommittedOutputError(StoreReadError):
     """A store is an output that an interrupted job left unfinished (resume or remove it)."""
+
+
+class DiskSpaceError(BlocklinError, OSError):
+    """A store would not fit the free space of its destination, or the destination is not writable."""
 
 
 class StorageBackendError(BlocklinError, ValueError):

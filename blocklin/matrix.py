@@ -8,6 +8,7 @@ import numpy as np
 
 from blocklin.storage.backend import remove
 from blocklin.storage.location import as_location
+from blocklin.storage.readerrors import reading
 from blocklin.storage.zarr_store import describe_codecs, open_zarr
 
 
@@ -81,14 +82,16 @@ class Matrix:
     # -- data --------------------------------------------------------------------------------------
     def to_numpy(self) -> np.ndarray:
         """Load the whole matrix into memory."""
-        return np.asarray(self._array[...])
+        with reading(self._array, slice(None), slice(None), "matrix"):
+            return np.asarray(self._array[...])
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         arr = self.to_numpy()
         return arr.astype(dtype, copy=False) if dtype is not None else arr
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        return np.asarray(self._array[key])
+        with reading(self._array, slice(None), slice(None), "matrix"):
+            return np.asarray(self._array[key])
 
     def to_dask(self) -> Any:
         """A ``dask.array`` view with the store's chunks."""

@@ -21,8 +21,10 @@ from blocklin.errors import ParameterError, ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
 from blocklin.storage.backend import remove
+from blocklin.storage.completeness import check_complete
 from blocklin.storage.dask_io import store_dask
 from blocklin.storage.location import Location, as_location
+from blocklin.storage.space import make_temp_folder
 from blocklin.storage.zarr_store import create_array, open_zarr, store_path
 
 
@@ -51,7 +53,7 @@ def temp_root(cfg: Config) -> Location:
 def _stage_dir(cfg: Config, stack: contextlib.ExitStack) -> Location:
     d = temp_root(cfg) / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
     if d.is_local:
-        os.makedirs(d.url, exist_ok=False)
+        make_temp_folder(d.url)
     stack.callback(remove, d)
     return d
 
@@ -104,6 +106,8 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
         raise ParameterError(explain(name, "must be a path, zarr array, blocklin.Matrix, NumPy or Dask array",
                                 f"{type(x).__name__}", "pass a NumPy array or the path of a zarr array"))
     _check_ndim(name, arr.shape, ndim)
+    if not staged and isinstance(path, Location):
+        check_complete(arr, path, name, bool(cfg.require_complete))
     return Operand(name=name, path=path, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype),
                    chunks=tuple(arr.chunks), staged=staged)
 

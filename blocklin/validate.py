@@ -52,6 +52,25 @@ def result_dtype(operands: Sequence[Any], dtype: Any, allowed: tuple = GEMM_DTYP
     return dt
 
 
+def same_dtype(*operands: Any) -> np.dtype:
+    """Operands that share one dtype (a solve casts nothing silently, as GEMM does not)."""
+    dts = {op.dtype for op in operands}
+    if len(dts) > 1:
+        listing = ", ".join(f"{op.name}: {op.dtype.name}" for op in operands)
+        widest = max(dts, key=lambda d: d.itemsize).name
+        raise DTypeError(explain("dtype", "operands must share one dtype (blocklin never upcasts silently)", listing,
+                                 f"convert the narrower one: blocklin convert IN OUT.zarr --dtype {widest}"))
+    return dts.pop()
+
+
+def finite(name: str, value: Any, *, fix: str) -> float:
+    """A finite real number (NaN and +-Inf refused: they would turn every element of a result into NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(value):
+        raise ParameterError(explain(name, "must be a finite number", repr(value), fix))
+    return float(value)
+
+
 def square(op: Any, why: str, fix: str) -> int:
     """The side of an operand that must be square."""
     m, n = op.shape

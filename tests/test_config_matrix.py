@@ -35,7 +35,7 @@ def test_bad_environment_is_named(monkeypatch, var, value, match):
     monkeypatch.setenv(var, value)
     bl.config.reset()
     with pytest.raises(ConfigError, match=match):
-        bl.config.get_config()
+        bl.config.resolve()  # what every operation calls; the call's own setting overrides it
 
 
 def test_bad_scheduler_is_named():

@@ -34,6 +34,9 @@ def add_common(parser: argparse.ArgumentParser, *, memory: bool = True, device: 
     parser.add_argument("--temp-dir", metavar="DIR_OR_URL", dest="temp_dir",
                         help="folder or URL for intermediates, e.g. s3://bucket/tmp on a cluster "
                              "(default: BLOCKLIN_TEMP_DIR, else the system temp dir)")
+    parser.add_argument("--require-complete", action="store_true", dest="require_complete",
+                        help="refuse input zarr stores with a missing chunk file (read as the fill value "
+                             "otherwise; blocklin's own outputs are always checked)")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the summary")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -76,6 +79,8 @@ def _storage_settings(args: argparse.Namespace) -> Any:
                                        **storage_options_from_items(items)}
     if getattr(args, "temp_dir", None):
         settings["temp_dir"] = args.temp_dir
+    if getattr(args, "require_complete", False):
+        settings["require_complete"] = True
     return config.set(**settings) if settings else contextlib.nullcontext()
 
 
@@ -92,6 +97,10 @@ def run_command(args: argparse.Namespace) -> int:
         if getattr(args, "debug", False):
             traceback.print_exc()
         name = type(exc).__name__
+        if isinstance(exc, OSError) and not isinstance(exc, BlocklinError):
+            from blocklin.storage.space import describe_os_error
+
+            exc = describe_os_error(exc) or exc  # a raw write failure: its path, setting and fix
         print(f"blocklin {args.command}: error: {name}: {exc}", file=sys.stderr)
         if getattr(args, "json", False):
             print(json.dumps({"error": name, "message": str(exc)}))

@@ -21,7 +21,7 @@ from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import GemmSpec, gemm_tile
 from blocklin.storage.zarr_store import create_array, open_zarr
-from blocklin.validate import result_dtype
+from blocklin.validate import finite, result_dtype
 
 
 def _op_shape(shape: tuple[int, int], trans: bool) -> tuple[int, int]:
@@ -48,6 +48,8 @@ class Gemm:
     @classmethod
     def of(cls, A: Any, B: Any, C: Any = None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
            trans_b: bool = False, dtype: Any = None) -> Gemm:
+        alpha = finite("alpha", alpha, fix="pass alpha=1.0")
+        beta = finite("beta", beta, fix="pass beta=0.0 (or 1.0 to add c)")
         m, ka = _op_shape(A.shape, trans_a)
         kb, n = _op_shape(B.shape, trans_b)
         if ka != kb:

@@ -13,8 +13,8 @@ from typing import Any, Unpack
 import numpy as np
 import scipy.linalg
 
-from blocklin.config import Settings, format_size
-from blocklin.errors import BudgetError, ConvergenceWarning, warn
+from blocklin.config import Settings, format_size, parse_size, size_hint
+from blocklin.errors import BudgetError, ConvergenceWarning, explain, warn
 from blocklin.linalg import _tall_kernels as K
 from blocklin.linalg import random as rnd
 from blocklin.linalg.center import Moments, Shift, column_moments, moments_incore
@@ -26,7 +26,9 @@ from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source
+from blocklin.operands import temp_root
 from blocklin.storage import create_array
+from blocklin.storage.space import check_space
 from blocklin.validate import check_k, choice, count, float_operand, positive, resolve_seed
 
 METHODS = ("rsvd", "sketch", "lanczos")
@@ -139,6 +141,14 @@ def _pass_device(job: Job, plan: SvdPlan, dtype: Any) -> str:
                        plan.M * plan.N * np.dtype(dtype).itemsize, resolved=job.device)
 
 
+class _Shape:
+    """Shape and dtype of a pass parameter, all a kernel's memory declaration reads."""
+
+    def __init__(self, shape: tuple[int, int], dtype: np.dtype) -> None:
+        self.shape, self.dtype = shape, dtype
+        self.nbytes = shape[0] * shape[1] * dtype.itemsize
+
+
 class _Streamed:
     """``B`` streamed from storage: every method call is one pass over ``A``, counted by the job."""
 
@@ -152,13 +162,22 @@ class _Streamed:
         self.memory = plan.pass_memory
 
     def _plan(self, kernel: Any, params: dict) -> Any:
-        try:
-            return plan_kernel_pass(self.job, kernel, [self.source], params, memory=self.memory)
-        except BudgetError as exc:
-            raise BudgetError(f"{exc} [this is what remains for streaming A of the budget of "
-                              f"{format_size(self.plan.memory)} after {format_size(self.plan.client_bytes)} of in-core "
-                              f"work ({self.plan.method}, N={self.N}, block={self.plan.block}); raise memory= or "
-                              "lower k / oversample / block_size]") from None
+        # the whole budget with the in-core work reserved: a refusal names the total that suffices
+        return plan_kernel_pass(self.job, kernel, [self.source], params, memory=self.plan.memory,
+                                reserve=self.plan.client_bytes)
+
+    def preflight(self, k: int) -> None:
+        """Plan every pass over ``A`` the method will run (shapes only, nothing read), so that a budget
+        too small for any of them is refused before the first pass, with the minimum that fits."""
+        p, N, dt = self.plan, self.N, np.dtype(self.dtype)
+        if p.method == "sketch":
+            kp, s = p.sketch_size
+            self._plan(K.sketch_kernel, {"seed": 0, "Omega": _Shape((N, kp), dt), "Psi": _Shape((N, s), dt)})
+        else:
+            self._plan(K.normal_kernel, {"gram": True, "write_y": True, "Q": _Shape((N, p.block), dt)})
+        if p.method == "lanczos":
+            self._plan(K.apply_kernel, {"write": "F", "collect": False, "W": _Shape((N, k), dt)})
+
 
     def _run(self, kernel: Any, params: dict, plan: Any, description: str, **kw: Any) -> list:
         description = f"{description} (pass {self.job.passes('a') + 1} over A)"
@@ -421,9 +440,9 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         q = (None if tol is not None else AUTO_POWER_ITERS) if power_iters == "auto" else power_iters
         limit = max_passes or (20 if method == "rsvd" else 60)
         tol = default_tol(A.dtype) if method == "lanczos" and tol is None else tol
-        plan = plan_svd(m, n, k, A.dtype, method=method, oversample=oversample, power_iters=q if method == "rsvd"
-                        else None, memory=job.cfg.memory, max_passes=limit, block_size=block_size,
-                        max_basis=max_basis)
+        plan = fitting_plan(job, A, k, dict(method=method, oversample=oversample, power_iters=q if method == "rsvd"
+                            else None, max_passes=limit, block_size=block_size, max_basis=max_basis))
+        _check_space(job, out, plan, m, n, k, A.dtype)
         ao = open_group(job, out, A, overwrite)
         r = _factorize(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit,
                        dest=ao.array_path("Vt" if plan.transposed else "U"), center=bool(center), scale=bool(scale))
@@ -432,6 +451,54 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         if (center or scale) and not plan.in_core:
             report["passes_formula"] = f"{report['passes_formula']} + 1 (column means)"
         return _result(job, out, A, plan, r, report, ao, overwrite)
+
+
+def _try_plan(job: Job, A: Any, k: int, memory: int, kw: dict) -> SvdPlan:
+    plan = plan_svd(A.shape[0], A.shape[1], k, A.dtype, memory=memory, **kw)
+    if not plan.in_core:
+        _Streamed(job, A, plan).preflight(k)
+    return plan
+
+
+def fitting_plan(job: Job, A: Any, k: int, kw: dict) -> SvdPlan:
+    """:func:`plan_svd` at the job's budget with every streamed pass planned too; a budget too small
+    for any of them is refused naming a budget that was checked to suffice (and that a retry gets)."""
+    try:
+        return _try_plan(job, A, k, job.cfg.memory, kw)
+    except BudgetError as exc:
+        need = _sufficient_budget(job, A, k, kw, exc)
+        raise BudgetError(explain(
+            "memory", f"must hold the in-core work of svd ({kw['method']}) and one strip of each pass over A",
+            format_size(job.cfg.memory), f"raise it to at least {format_size(need)} (memory='{size_hint(need)}'), "
+            f"or lower k, oversample or the block size (the step that failed: {exc})"), minimum=need) from None
+
+
+#: Steps of the search for a sufficient budget (each grows it by at least a quarter).
+_BUDGET_SEARCH_STEPS = 60
+
+
+def _sufficient_budget(job: Job, A: Any, k: int, kw: dict, exc: BudgetError) -> int:
+    """The smallest budget of the form :func:`size_hint` prints, from ``exc``'s minimum up, that plans."""
+    need = max(job.cfg.memory + 1, exc.minimum or 0)
+    for _ in range(_BUDGET_SEARCH_STEPS):
+        hint = parse_size(size_hint(need))
+        try:
+            _try_plan(job, A, k, hint, kw)
+            return hint
+        except BudgetError as again:
+            need = max(hint + 1, again.minimum or hint + hint // 4)
+    return need
+
+
+def _check_space(job: Job, out: Any, plan: SvdPlan, m: int, n: int, k: int, dtype: Any) -> None:
+    """Up front: the long factor fits the output's disk, and a streamed run's basis ``Y`` the temp dir's."""
+    long_side, itemsize = max(m, n), np.dtype(dtype).itemsize
+    if out is not None:
+        check_space(out, long_side * k * itemsize, "out", f"the long factor, {long_side} x {k} {np.dtype(dtype).name}")
+    if not plan.in_core:
+        cols = plan.block if plan.method != "sketch" else max(plan.sketch_size)
+        check_space(temp_root(job.cfg) / "blocklin-svd", long_side * (k + cols) * itemsize, "temp data",
+                    f"{long_side} x {k + cols} {np.dtype(dtype).name}")
 
 
 def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,

@@ -22,7 +22,7 @@ from blocklin.plan.solve import SolvePlan, plan_solve, small_bytes
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import run_pass, source
 from blocklin.storage.zarr_store import create_array, open_zarr, write_block
-from blocklin.validate import choice, count, float_operand, same_rows
+from blocklin.validate import choice, count, float_operand, same_dtype, same_rows
 
 METHODS = ("auto", "normal", "qr")
 #: What ``solve`` may assume of ``a``: nothing (least squares; LU for a square system), symmetric
@@ -152,6 +152,11 @@ def choose_lambda(spec: Spectrum, rule: str) -> tuple[float, dict]:
 # -- the solver -------------------------------------------------------------------------------------------------
 
 
+#: Largest ``lam``: ``lam^2`` plus the entries of ``A^T A`` must stay finite in float64 (1e300
+#: overflowed with ``OverflowError``); beyond it the solution is zero to every digit anyway.
+LAM_MAX = 1e150
+
+
 def _parse_lam(lam: Any) -> tuple[str, list[float]]:
     if isinstance(lam, str):
         rule = lam.strip().lower()
@@ -175,6 +180,10 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
         if not math.isfinite(v) or v < 0:
             raise ParameterError(_msg("lam", "must be finite and >= 0 (it multiplies ||x|| in "
                                      "min ||A x - b||^2 + lam^2 ||x||^2)", repr(v), "pass lam=0.0 or a positive value"))
+        if v > LAM_MAX:
+            raise ParameterError(_msg("lam", f"must be <= {LAM_MAX:g} (lam^2 is added to A^T A in float64, where "
+                                     "a larger square overflows)", repr(v), "pass a smaller lam; scale A and b "
+                                     "instead (x is about A^T b / lam^2 at such a lam)"))
     return kind, vals
 
 
@@ -374,6 +383,7 @@ def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
     A, B = job.operand(a, "a"), job.operand(b, "b")
     same_rows(A, B)
     float_operand(A), float_operand(B)
+    same_dtype(A, B)
     return A, B
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -14,10 +16,35 @@ from blocklin.errors import BudgetError, explain
 MAX_CHUNK_BYTES = 16 * 2**20
 
 
-def split(n: int, step: int) -> list[tuple[int, int]]:
+class Pieces(Sequence):
+    """Consecutive ``(start, stop)`` pieces of ``range(n)``, computed on access: a sequence in O(1)
+    memory, so that a declared shape of 10^12 rows never becomes a list of millions of tuples."""
+
+    def __init__(self, n: int, step: int, offset: int = 0) -> None:
+        self.n, self.step, self.offset = max(0, int(n)), max(1, int(step)), int(offset)
+
+    def __len__(self) -> int:
+        return -(-self.n // self.step)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = index + len(self) if index < 0 else index
+        if not 0 <= i < len(self):
+            raise IndexError(index)
+        start = i * self.step
+        return self.offset + start, self.offset + min(start + self.step, self.n)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, tuple, Pieces)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return f"Pieces(n={self.n}, step={self.step}, offset={self.offset})"
+
+
+def split(n: int, step: int) -> Pieces:
     """Cut ``range(n)`` into consecutive ``(start, stop)`` pieces of ``step`` (the last may be short)."""
-    step = max(1, int(step))
-    return [(s, min(s + step, n)) for s in range(0, n, step)] if n > 0 else []
+    return Pieces(n, step)
 
 
 def round_down_multiple(value: int, unit: int) -> int:

@@ -112,12 +112,13 @@ def _too_small(memory: int, need: int, *, resident: int, fixed: int, resident_wh
     if resident and resident + fixed > memory // 2:
         return BudgetError(explain("memory", f"must hold what the reader needs: {resident_what} "
                                    f"({_mib(resident)}) plus one block", f"{_mib(memory)} (needs {_mib(need)})",
-                                   f"raise the budget to at least {_mib(need)} (--memory {_mib(need)})"))
+                                   f"raise the budget to at least {_mib(need)} (--memory {_mib(need)})"), minimum=need)
     p = f"row panel of {panel[0]} x {panel[1]}" if order == "C" else f"column panel of {panel[1]} x {panel[0]}"
     what = f"one {p}" if full_span else f"one block of {unit[0]} x {unit[1]} (the output chunks)"
     return BudgetError(explain("memory", f"must hold {what} with its buffers", f"{_mib(memory)} "
                                f"(needs {_mib(need)})", f"raise the budget to at least {_mib(need)} "
-                               f"(--memory {_mib(need)}){'' if full_span else ', or choose smaller --chunks'}"))
+                               f"(--memory {_mib(need)}){'' if full_span else ', or choose smaller --chunks'}"),
+                       minimum=need)
 
 
 def _panel_block(m_: int, n_: int, ur_: int, uc_: int, al: tuple[int, int] | None, *, full_span: bool,

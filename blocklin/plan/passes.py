@@ -14,7 +14,7 @@ import math
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin._memory import IO_CONCURRENCY
-from blocklin.plan.chunks import round_down_multiple, split
+from blocklin.plan.chunks import Pieces, round_down_multiple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +33,10 @@ class RowPassPlan:
     memory: int
     bytes_read: int
 
-    def strips(self, group: int) -> list[tuple[int, int]]:
+    def strips(self, group: int) -> Pieces:
+        """The strips of one task's group of rows, computed on access (a group may hold millions)."""
         r0, r1 = self.groups[group]
-        return [(r0 + a, r0 + b) for a, b in split(r1 - r0, self.strip)]
+        return Pieces(r1 - r0, self.strip, offset=r0)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -48,7 +49,7 @@ class RowPassPlan:
 
 def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed_bytes: int = 0,
                   strip_extra_row_bytes: int = 0, workers: int = 1, cores: int = 1, prefetch: int = 1,
-                  max_strip: int | None = None, min_tasks: int | None = None) -> RowPassPlan:
+                  max_strip: int | None = None, min_tasks: int | None = None, reserve: int = 0) -> RowPassPlan:
     """Choose strip height so that every concurrent task fits ``memory``.
 
     Parameters
@@ -71,15 +72,19 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         Upper bound on strip height (smaller strips overlap better).
     min_tasks : int, optional
         Split the rows into at least this many tasks (default ``workers``).
+    reserve : int
+        Bytes the caller holds outside ``memory`` (added to the minimum a refusal suggests).
     """
     workers = max(1, workers)
     per_task = memory // workers - fixed_bytes
     per_row = row_bytes * (prefetch + 1) + strip_extra_row_bytes
     if per_task < per_row:
-        need = (fixed_bytes + per_row) * workers
-        raise BudgetError(explain("memory", "must hold each task's fixed buffers and one strip row",
-                                  format_size(memory), f"raise it to at least {format_size(need)} "
-                                  f"(memory='{size_hint(need)}') or use fewer workers"))
+        # the whole budget: what the pass needs plus what its caller holds outside it (``reserve``)
+        need = (fixed_bytes + per_row) * workers + reserve
+        raise BudgetError(explain("memory", "must hold each task's fixed buffers and one strip row"
+                                  + (f" beside {format_size(reserve)} of in-core work" if reserve else ""),
+                                  format_size(memory + reserve), f"raise it to at least {format_size(need)} "
+                                  f"(memory='{size_hint(need)}') or use fewer workers"), minimum=need)
     strip = min(max(1, m), per_task // per_row)
     if max_strip:
         strip = min(strip, max_strip)
@@ -168,21 +173,23 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
             raise BudgetError(explain(
                 "memory", f"must hold {format_size(reserve)} of in-core work and {min(m, mem.min_rows)} rows of "
                 "each task's strip", format_size(memory), f"raise it to at least {format_size(reserve + need)} "
-                f"(memory='{math.ceil((reserve + need) / 2**20)}MiB'), or reduce the number of columns"))
+                f"(memory='{math.ceil((reserve + need) / 2**20)}MiB'), or reduce the number of columns"),
+                minimum=reserve + need)
     if mem.max_strip_bytes is not None:
         cap = max(chunk_rows, mem.max_strip_bytes // max(1, row_bytes), mem.strip_floor)
         max_strip = cap if max_strip is None else min(max_strip, cap)
     if not mem.chunk_temporaries:
         return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed,
                              strip_extra_row_bytes=mem.per_row, workers=workers, cores=cores, max_strip=max_strip,
-                             min_tasks=min_tasks)
+                             min_tasks=min_tasks, reserve=reserve)
     cb = chunk_bytes if chunk_bytes is not None else chunk_rows * row_bytes
     error = None
     for in_flight in range(IO_CONCURRENCY, 0, -1):
         try:
             plan = plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget,
                                  fixed_bytes=mem.fixed + in_flight * 3 * cb, strip_extra_row_bytes=mem.per_row,
-                                 workers=workers, cores=cores, prefetch=1, max_strip=max_strip, min_tasks=min_tasks)
+                                 workers=workers, cores=cores, prefetch=1, max_strip=max_strip, min_tasks=min_tasks,
+                                 reserve=reserve)
         except BudgetError as exc:
             error = exc
             continue

@@ -140,7 +140,7 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
             "memory", f"must hold the in-core part of {method} (N x block factors, bases) with room to stream A",
             f"{format_size(memory)} for {format_size(cb)} of in-core work (N={N}, block={block}, basis={basis})",
             f"raise it to at least {format_size(cb * 1.5)} (memory='{math.ceil(cb * 1.5 / 2**20)}MiB'), or lower "
-            "k, oversample or the block size"))
+            "k, oversample or the block size"), minimum=-(-8 * cb // 7) + 8)
     if method == "rsvd":
         passes = svd_passes("rsvd", in_core=in_core, power_iters=power_iters) if power_iters is not None else None
         formula = "1 (in core)" if in_core else "q + 1"

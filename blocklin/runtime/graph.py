@@ -22,6 +22,23 @@ from blocklin.progress import NullProgress
 from blocklin.runtime.scheduler import Scheduler, resolve_scheduler
 
 
+#: Most tasks one graph may hold. A graph lives in memory (with the scheduler's state, a few KiB a
+#: task), so a shape whose tiles run into the millions (a 10^12 x 10 matrix) is refused here, before
+#: it grows without bound, instead of ending in an empty ``MemoryError``.
+MAX_GRAPH_TASKS = 200_000
+
+
+def _too_many_tasks(name: str, func: Callable) -> Exception:
+    from blocklin.errors import BudgetError, explain
+
+    what = getattr(func, "__name__", "tile")
+    return BudgetError(explain("shape", f"one pass of blocklin runs at most {MAX_GRAPH_TASKS} tasks (its graph is "
+                               "held in memory)", f"more than {MAX_GRAPH_TASKS} {what} tasks in {name.split('-')[1]}",
+                               "raise the memory budget (--memory / memory=) so that tiles are larger, or "
+                               "rechunk the input with larger chunks (blocklin convert IN OUT.zarr --chunks auto); "
+                               "check that the shape in the input's metadata is the intended one"))
+
+
 @dataclasses.dataclass
 class TileGraph:
     """An ordered set of independent tile tasks (plus optional dependencies via key arguments)."""
@@ -35,6 +52,8 @@ class TileGraph:
         return cls(f"blocklin-{operation}-{tokenize(*identity)}")
 
     def add(self, index: tuple, func: Callable, *args: Any) -> tuple:
+        if len(self.tasks) >= MAX_GRAPH_TASKS:
+            raise _too_many_tasks(self.name, func)
         key = (self.name, *index)
         self.tasks[key] = (func, *args)
         return key

@@ -26,6 +26,8 @@ from blocklin.runtime.scheduler import resolve_scheduler
 from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import remove
+from blocklin.storage.formats import check_zarr_output
+from blocklin.storage.space import check_writable, make_temp_folder
 from blocklin.storage.location import Location
 from blocklin.storage.zarr_store import create_array
 
@@ -118,6 +120,8 @@ class Job:
                 from blocklin.storage.probe import check_workers_reach
 
                 check_workers_reach(self.scheduler.client, temp_root(self.cfg))
+            else:  # memory= is this machine's (on a cluster it is per worker, checked against them)
+                _memory.check_budget(self.cfg.memory)
             self.device = self._resolve_device()  # on a cluster: also checks memory= against the workers
         except BaseException:
             self.stack.close()  # the scoped settings above end with the failed job
@@ -224,7 +228,7 @@ class Job:
         if not hasattr(self, "_tmp"):
             self._tmp = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
             if self._tmp.is_local:
-                os.makedirs(self._tmp.url)
+                make_temp_folder(self._tmp.url)
             self.stack.callback(remove, self._tmp)
         return self._tmp
 
@@ -265,6 +269,8 @@ class Job:
         if out is None:
             out = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
             resume = False
+        check_zarr_output(out)
+        check_writable(getattr(out, "url", out) if isinstance(out, (str, os.PathLike, Location)) else None)
         ao = AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
                           storage_options=self.cfg.storage_options)
         self.outputs.append(ao)

@@ -37,6 +37,7 @@ import zarr
 from blocklin._version import __version__
 from blocklin.errors import OutputExistsError, OutputIsInputError, explain
 from blocklin.storage.backend import backend
+from blocklin.storage.completeness import STORED_KEY, count_stored
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import DEFERRED_META, PENDING_RECORD
 
@@ -207,6 +208,9 @@ class AtomicOutput:
         }
         if extra:
             provenance.update(extra)
+        stored = count_stored(self.partial)  # an array's chunk files, checked when it is read again
+        if stored is not None:
+            provenance[STORED_KEY] = stored
         provenance = json.loads(json.dumps(provenance, default=_json_default))
         if self.in_place:
             self._commit_in_place(provenance)

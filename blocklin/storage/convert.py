@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import resource
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.config import resolve
-from blocklin.errors import ConfigError, DTypeError, FormatError, NonFiniteError, ParameterError, explain
+from blocklin._memory import check_budget
+from blocklin.config import parse_size, resolve, size_hint
+from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError, ParameterError, explain
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.convert import plan_convert
 from blocklin.progress import make_progress
@@ -31,7 +33,8 @@ from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.backend import backend
 from blocklin.storage.formats.base import disk_usage
 from blocklin.storage.location import Location, as_location
-from blocklin.storage.zarr_store import open_cached, read_block, write_block
+from blocklin.storage.space import check_space, make_temp_folder
+from blocklin.storage.zarr_store import open_cached, read_block, stored_bytes, write_block
 
 NAN_POLICIES = ("allow", "error")
 
@@ -241,14 +244,17 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         m, n = reader.shape
         out_chunks = auto_chunks((m, n), out_dt, cfg.memory) if chunks == "auto" else chunks
         token = _resume_token(src, src_path, out_path, in_fmt, out_fmt, reader, out_dt, out_chunks, codec, checksum)
+        _check_output_space(out_path, out_fmt, (m, n), out_dt, out_chunks)
         writer = open_writer(out, (m, n), out_dt, format=to_format, chunks=out_chunks if chunks != "auto" or
                              out_fmt == "zarr" else None, codec=codec, checksum=checksum,
                              order=(out_order or reader.order), delimiter=delimiter, inputs=[src_path],
                              overwrite=overwrite, resume=resume, token=token)
         client = _cluster_client(scheduler) if in_fmt == "zarr" and out_fmt == "zarr" else None
+        if client is None:
+            check_budget(cfg.memory)
         # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
         task_memory = cfg.memory // _threads_per_worker(client) if client is not None else cfg.memory
-        plan = _plan(reader, writer, out_dt, task_memory)
+        plan = _fitting_plan(reader, writer, out_dt, task_memory, (m, n), chunks == "auto" and out_fmt == "zarr")
         reader.prepare()
         copy = _copy if client is None else functools.partial(_copy_on_cluster, client)
         blocks, skipped = copy(reader, writer, plan, out_dt, nan, progress,
@@ -274,6 +280,24 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         raise
     finally:
         reader.close()
+
+
+#: Fewest bytes a text format spends on one value (a digit and a delimiter).
+_TEXT_BYTES_PER_VALUE = 2
+
+
+def _check_output_space(out_path: Any, out_fmt: str, shape: tuple[int, int], out_dt: np.dtype,
+                        out_chunks: tuple[int, int]) -> None:
+    """The output fits the free space of its folder (text formats: at least two bytes a value)."""
+    m, n = shape
+    detail = f"{m} x {n} {out_dt.name}"
+    if out_fmt == "zarr":
+        nbytes = stored_bytes((m, n), out_chunks, out_dt)
+    elif out_fmt in ("csv", "tsv", "mtx"):
+        nbytes, detail = m * n * _TEXT_BYTES_PER_VALUE, detail + " as text, at least 2 bytes a value"
+    else:
+        nbytes = m * n * out_dt.itemsize
+    check_space(out_path, nbytes, "out", detail)
 
 
 def _opposite_sequential(reader: Any, out_fmt: str) -> bool:
@@ -375,19 +399,64 @@ def _plan(reader: Any, writer: Any, out_dt: np.dtype, memory: int) -> Any:
         extra_per_element=writer.overhead_per_element)
 
 
+def _work(reader, writer, plan, prog):
+    """The planned blocks to read, one at a time, each with whether an earlier run finished it.
+
+    A sequential reader must still read skipped panels to move forward; others skip the read too
+    (counted on ``prog`` as they are passed). Lazily: a plan of a huge declared shape never holds
+    its block list in memory.
+    """
+    for b in plan.blocks():
+        done = bool(writer.supports_resume and writer.is_done(_unit_name(b)))
+        if reader.sequential or not done:
+            yield b, done
+        else:
+            prog.advance(1)
+
+
+#: Steps of the search for a sufficient budget (each grows it by at least a quarter).
+_BUDGET_SEARCH_STEPS = 60
+
+
+def _fitting_plan(reader: Any, writer: Any, out_dt: np.dtype, memory: int, shape: tuple[int, int],
+                  auto: bool) -> Any:
+    """:func:`_plan` at ``memory``; a refusal names a budget checked to suffice. With automatic
+    chunks the output chunks grow with the budget (and the blocks with them), so the minimum one
+    plan names is not enough: the search replans at each candidate with the chunks it would pick."""
+    try:
+        return _plan(reader, writer, out_dt, memory)
+    except BudgetError as exc:
+        need = max(memory + 1, exc.minimum or 0)
+        for _ in range(_BUDGET_SEARCH_STEPS):
+            hint = parse_size(size_hint(need))
+            try:
+                _plan(reader, _with_chunks(writer, auto_chunks(shape, out_dt, hint)) if auto else writer, out_dt, hint)
+                break
+            except BudgetError as again:
+                need = max(hint + 1, again.minimum or hint + hint // 4)
+        what = re.sub(r" \(needs [^)]*\)", "", str(exc).split(". Fix: ")[0])  # the search's figure replaces it
+        raise BudgetError(f"{what}. Fix: raise the budget to at least {size_hint(hint)} "
+                          f"(--memory {size_hint(hint)})" + ("" if auto else ", or choose smaller --chunks"),
+                          minimum=hint) from None
+
+
+def _with_chunks(writer: Any, chunks: tuple[int, int]) -> Any:
+    """A shallow copy of a zarr writer as if it had been opened with ``chunks`` (for planning only)."""
+    import copy
+
+    view = copy.copy(writer)
+    view.chunks = view.unit = tuple(int(c) for c in chunks)
+    view.chunk_bytes = int(np.prod(view.chunks)) * writer.dtype.itemsize
+    return view
+
+
 def _copy(reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any, desc: str) -> tuple[int, int]:
     """Copy every planned block; returns (blocks, blocks skipped as already done)."""
     import zarr
 
-    blocks = list(plan.blocks())
-    done = [writer.supports_resume and writer.is_done(_unit_name(b)) for b in blocks]
-    # A sequential reader must still read skipped panels to move forward; others skip the read too.
-    work = [(b, d) for b, d in zip(blocks, done) if reader.sequential or not d]
-    skipped = sum(done)
     prog = make_progress(progress)
-    prog.start(len(blocks), desc)
-    if skipped and not reader.sequential:
-        prog.advance(skipped)
+    prog.start(plan.n_blocks, desc)
+    copied = 0
 
     def read(b):
         r0, r1, c0, c1 = b
@@ -396,26 +465,32 @@ def _copy(reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any, desc:
     try:
         with zarr.config.set({"async.concurrency": plan.concurrency}), \
                 ThreadPoolExecutor(max_workers=1, thread_name_prefix="blocklin-read") as pool:
-            nxt = pool.submit(read, work[0][0]) if work else None
-            for k, (b, is_done) in enumerate(work):
+            work = _work(reader, writer, plan, prog)
+            cur = next(work, None)
+            nxt = pool.submit(read, cur[0]) if cur is not None else None
+            while cur is not None:
+                b, is_done = cur
                 data = nxt.result()
-                nxt = pool.submit(read, work[k + 1][0]) if plan.depth > 1 and k + 1 < len(work) else None
+                cur = next(work, None)
+                nxt = pool.submit(read, cur[0]) if cur is not None and plan.depth > 1 else None
                 if not is_done:
-                    _check(reader, data, b, out_dt, nan)
-                    block = data.astype(out_dt, copy=False)
-                    del data
-                    r0, r1, c0, c1 = b
-                    writer.write(slice(r0, r1), slice(c0, c1), block)
-                    del block
-                    writer.mark_done(_unit_name(b))
-                else:
-                    del data
+                    _write_block(reader, writer, data, b, out_dt, nan)
+                    copied += 1
+                del data
                 prog.advance(1)
-                if nxt is None and k + 1 < len(work):
-                    nxt = pool.submit(read, work[k + 1][0])
+                if nxt is None and cur is not None:
+                    nxt = pool.submit(read, cur[0])
     finally:
         prog.close()
-    return len(blocks), skipped
+    return plan.n_blocks, plan.n_blocks - copied
+
+
+def _write_block(reader, writer, data: np.ndarray, b, out_dt: np.dtype, nan: str) -> None:
+    _check(reader, data, b, out_dt, nan)
+    block = data.astype(out_dt, copy=False)
+    r0, r1, c0, c1 = b
+    writer.write(slice(r0, r1), slice(c0, c1), block)
+    writer.mark_done(_unit_name(b))
 
 
 def _cluster_client(scheduler: Any) -> Any:
@@ -482,20 +557,31 @@ def _copy_on_cluster(client, reader, writer, plan, out_dt: np.dtype, nan: str, p
     """Copy every planned block on the workers, one task per block (the plan's budget per task)."""
     from distributed import as_completed
 
-    blocks = list(plan.blocks())
     src, dst, done = reader.location, writer.location, writer.done
-    todo = [b for b in blocks if not writer.is_done(_unit_name(b))]
     prog = make_progress(progress)
-    prog.start(len(blocks), desc)
-    prog.advance(len(blocks) - len(todo))
-    try:
-        futures = [client.submit(_copy_block_task, src, dst, done, b, out_dt.str, nan, pure=False) for b in todo]
-        for fut in as_completed(futures):
-            reader.bytes_read += fut.result()
-            prog.advance(1)
+    prog.start(plan.n_blocks, desc)
+    window = 4 * max(1, _threads_per_worker(client)) * max(1, len(client.scheduler_info().get("workers", {})))
+    submitted = 0
+    try:  # a window of blocks in flight: the plan's block list is never held whole
+        running = as_completed([])
+        for b in plan.blocks():
+            if writer.is_done(_unit_name(b)):
+                prog.advance(1)
+                continue
+            running.add(client.submit(_copy_block_task, src, dst, done, b, out_dt.str, nan, pure=False))
+            submitted += 1
+            while running.count() >= window:
+                _collect(next(running), reader, prog)
+        for fut in running:
+            _collect(fut, reader, prog)
     finally:
         prog.close()
-    return len(blocks), len(blocks) - len(todo)
+    return plan.n_blocks, plan.n_blocks - submitted
+
+
+def _collect(fut, reader, prog) -> None:
+    reader.bytes_read += fut.result()
+    prog.advance(1)
 
 
 def _check(reader, data: np.ndarray, b, out_dt: np.dtype, nan: str) -> None:
@@ -528,7 +614,7 @@ def _staged(src: Any, out: Any, kw: dict) -> dict[str, Any]:
     root = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir")
     stage_dir = root / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
     if stage_dir.is_local:
-        os.makedirs(stage_dir.url)
+        make_temp_folder(stage_dir.url)
     stage = stage_dir / "stage.zarr"
     t0 = kw["t0"]
     try:

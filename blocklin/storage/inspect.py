@@ -82,7 +82,8 @@ def inspect(path: Any, *, format: str | None = None, memory: Any = None, **reade
         ``estimates`` (see :func:`estimates`), plus format details.
     """
     cfg = resolve(memory=memory)
-    reader = open_reader(path, format=format, **reader_opts)
+    # info reports missing chunk files (chunk_files) instead of refusing the store
+    reader = open_reader(path, format=format, check_chunks=False, **reader_opts)
     try:
         d = reader.describe()
         resident = reader.resident_bytes
@@ -107,6 +108,18 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+def _chunk_line(c: dict[str, Any]) -> str:
+    line = f"  chunk files  {c['stored']} of {c['grid']} stored"
+    if c.get("recorded") is not None and c["stored"] < c["recorded"]:
+        return line + (f"; DAMAGED: {c['recorded']} when blocklin wrote it (first missing {c['first_missing']}); "
+                       "operations refuse it")
+    if c["missing"]:
+        why = "all fill value when blocklin wrote it" if c.get("recorded") is not None else \
+            "read as the fill value; --require-complete refuses it"
+        return line + f"; {c['missing']} missing, first {c['first_missing']} ({why})"
+    return line + " (complete)"
+
+
 def format_info(d: dict[str, Any]) -> str:
     """Human text for :func:`inspect`'s dict."""
     shape = " x ".join(str(s) for s in d["shape"])
@@ -127,6 +140,9 @@ def format_info(d: dict[str, Any]) -> str:
         lines.append(f"  compression  {d['compression_ratio']:.2f}x")
     if d.get("nnz") is not None:
         lines.append(f"  entries      {d['nnz']} stored")
+    census = d.get("chunk_files")
+    if census:
+        lines.append(_chunk_line(census))
     prov = d.get("provenance")
     if prov:
         lines.append(f"  provenance   {prov.get('operation')} of {', '.join(prov.get('inputs', [])) or '-'} "

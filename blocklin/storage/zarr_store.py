@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,8 @@ from blocklin.errors import ConfigError, StoreNotFoundError, StoreReadError, Unc
 from blocklin.storage.backend import backend, zarr_store
 from blocklin.storage.location import Location, as_location, store_location
 from blocklin.storage.rawchunks import raw_access
+from blocklin.storage.readerrors import check_metadata, reading
+from blocklin.storage.space import check_space, writing
 
 
 def codec_chain(codec: str | None, checksum: bool = False) -> tuple[Any, ...]:
@@ -72,6 +75,14 @@ def uncommitted_message(loc: Location, name: str) -> str:
                    "overwrite=True (--overwrite) to start again, or remove it (blocklin.storage.remove)")
 
 
+_PARTIAL_NAME = re.compile(r"^\..+\.partial-[0-9a-zA-Z]+$")
+
+
+def _inside_partial(path: str) -> bool:
+    """Whether ``path`` is (or lies inside) an uncommitted local output ``.NAME.partial-TOKEN``."""
+    return any(_PARTIAL_NAME.match(part) for part in os.path.abspath(path).split(os.sep))
+
+
 def _not_found_hint(loc: Location) -> str:
     if loc.is_local:
         parent = os.path.dirname(loc.url) or "."
@@ -101,6 +112,12 @@ def open_zarr(path: Any, *, name: str = "path", mode: str = "r", allow_pending: 
     # Reads, not existence checks: a missing object costs one request on an object store.
     meta = be.try_read("zarr.json")
     has_meta = meta is not None or be.try_read(".zarray") is not None
+    if not allowed and mode == "r" and loc.is_local and _inside_partial(loc.url):
+        raise UncommittedOutputError(explain(
+            name, "must be a committed store, not the hidden partial folder (.NAME.partial-TOKEN) of an output "
+            "being written or left by an interrupted run", repr(loc.url),
+            "wait for the run writing it to finish, or rerun that operation with --resume (resume=True) to "
+            "complete it, or delete the folder; then pass the finished output NAME"))
     if not allowed and (be.try_read(PENDING_RECORD) is not None
                         or (not has_meta and backend(loc.parent).try_read(PENDING_RECORD) is not None)):
         raise UncommittedOutputError(uncommitted_message(loc, name))
@@ -128,6 +145,7 @@ def open_zarr(path: Any, *, name: str = "path", mode: str = "r", allow_pending: 
     except Exception as exc:
         raise StoreReadError(explain(name, "must be a readable zarr array", f"{loc.url!r} ({exc})",
                                      "check the store's metadata, or re-create it")) from exc
+    check_metadata(arr, loc.url, name)
     return arr
 
 
@@ -188,6 +206,18 @@ def _metadata_dict(shape: tuple[int, ...], dtype: Any, chunks: tuple[int, ...], 
     return json.loads(tmp.metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
 
 
+def stored_bytes(shape: tuple[int, ...], chunks: tuple[int, ...], dtype: Any) -> int:
+    """Bytes the chunk files of an uncompressed array hold when every chunk is written (edge chunks
+    are stored whole)."""
+    count = 1
+    for s, c in zip(shape, chunks):
+        count *= -(-int(s) // max(1, int(c)))
+    size = np.dtype(dtype).itemsize
+    for c in chunks:
+        size *= int(c)
+    return count * size
+
+
 def create_array(path: Any, *, shape: tuple[int, ...], dtype: Any, chunks: tuple[int, ...],
                  codec: str | None = "none", checksum: bool = False, attributes: dict | None = None,
                  overwrite: bool = False) -> zarr.Array:
@@ -200,6 +230,8 @@ def create_array(path: Any, *, shape: tuple[int, ...], dtype: Any, chunks: tuple
     loc = as_location(path)
     chunks = tuple(max(1, int(c)) for c in chunks)
     shape = tuple(int(s) for s in shape)
+    check_space(loc, stored_bytes(shape, chunks, dtype), "store",
+                " x ".join(map(str, shape)) + f" {np.dtype(dtype).name}")
     if loc.pending:
         meta = _metadata_dict(shape, dtype, chunks, codec, checksum, attributes)
         backend(loc).write_text(DEFERRED_META, json.dumps(meta))
@@ -220,8 +252,15 @@ def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None
     """Read ``arr[rows, cols]``, into the preallocated ``out`` when given (no extra copy).
 
     Uncompressed local zarr v3 arrays are read straight from their chunk files
-    (:mod:`blocklin.storage.rawchunks`); everything else goes through zarr.
+    (:mod:`blocklin.storage.rawchunks`); everything else goes through zarr. A chunk that fails to
+    decode or to pass its checksum raises :class:`~blocklin.errors.StoreReadError` naming it
+    (:mod:`blocklin.storage.readerrors`).
     """
+    with reading(arr, rows, cols):
+        return _read_block(arr, rows, cols, out)
+
+
+def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None) -> np.ndarray:
     raw = raw_access(arr)
     if raw is not None:
         rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
@@ -243,8 +282,14 @@ def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None
 def write_block(arr: zarr.Array, rows: slice, cols: slice, block: np.ndarray) -> None:
     """Write ``block`` to ``arr[rows, cols]`` (callers align the block to whole chunks).
 
-    Whole chunks of uncompressed local zarr v3 arrays are written straight to their chunk files.
+    Whole chunks of uncompressed local zarr v3 arrays are written straight to their chunk files. A
+    write failing for a full disk names the array (:func:`blocklin.storage.space.writing`).
     """
+    with writing(arr):
+        _write_block(arr, rows, cols, block)
+
+
+def _write_block(arr: zarr.Array, rows: slice, cols: slice, block: np.ndarray) -> None:
     raw = raw_access(arr)
     if raw is not None:
         rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])

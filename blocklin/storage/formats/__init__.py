@@ -32,7 +32,7 @@ _EXT = {".npy": "npy", ".npz": "npz", ".mtx": "mtx", ".mm": "mtx", ".h5": "hdf5"
         ".tsv": "tsv", ".tab": "tsv", ".zarr": "zarr"}
 _MEMBER_RE = re.compile(r"^(.*?\.(?:npz|h5|hdf5|he5|hdf))(?::(.*))?$", re.IGNORECASE)
 
-__all__ = ["FORMATS", "WRITABLE", "Reader", "Writer", "detect_format", "open_reader", "open_writer", "split_spec"]
+__all__ = ["FORMATS", "WRITABLE", "Reader", "Writer", "check_zarr_output", "detect_format", "open_reader", "open_writer", "split_spec"]
 
 
 def _is_location(spec: Any) -> bool:
@@ -56,6 +56,20 @@ def split_spec(spec: Any) -> tuple[str, str | None]:
     if sep and head and os.path.isfile(head):
         return head, tail or None
     return s, None
+
+
+def check_zarr_output(out: Any, name: str = "out") -> None:
+    """Refuse an output name whose extension promises another format (``-o X.npy`` on an operation
+    that writes a zarr store would make a zarr folder named ``X.npy``)."""
+    if not isinstance(out, (str, os.PathLike)) or "://" in str(out):
+        return
+    path = os.fspath(out).rstrip("/")
+    fmt = _EXT.get(os.path.splitext(path.lower())[1])
+    if fmt is not None and fmt != "zarr":
+        stem = os.path.splitext(path)[0]
+        raise FormatError(explain(name, "operations write zarr stores (a folder, conventionally .zarr)",
+                                  f"{path!r}, a {fmt} file name", f"write {stem}.zarr, then convert it if a {fmt} "
+                                  f"file is wanted: blocklin convert {stem}.zarr {path}"))
 
 
 def detect_format(path: str, explicit: str | None = None, *, output: bool = False) -> str:

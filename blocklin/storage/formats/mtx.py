@@ -16,6 +16,7 @@ The writer emits ``array`` ``general`` files (``real`` or ``integer``), one colu
 from __future__ import annotations
 
 import itertools
+import os
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,11 @@ _SYMMETRIES = ("general", "symmetric", "skew-symmetric")
 #: permutation and gathered copies of the sort by row.
 COORD_BYTES_PER_ENTRY = 48
 _PARSE_SLACK = 8 << 20
+
+
+#: Fewest bytes of one coordinate entry (``"1 1 1\n"``; pattern files ``"1 1\n"``) and one array value.
+MIN_ENTRY_BYTES = 4
+MIN_VALUE_BYTES = 2
 
 
 def _bad(rule: str, actual: str, fix: str = "check the file (see https://math.nist.gov/MatrixMarket/formats.html)"):
@@ -104,6 +110,23 @@ class MtxReader(Reader):
         self.nnz = nums[2] if want == 3 else None
         self._data_line = line_no + 1
         self._next_line = self._data_line
+        self._check_size_backed(line_no)
+
+    def _check_size_backed(self, line_no: int) -> None:
+        """The rest of the file can hold what the size line announces (a header that says more is a
+        truncated file, refused before a budget is sized for it)."""
+        m, n = self.shape
+        if self.layout == "coordinate":
+            count, least, what = self.nnz, MIN_ENTRY_BYTES, "entries"
+        else:
+            count = m * n if self.symmetry == "general" else (n * (n + 1) // 2 if self.symmetry == "symmetric"
+                                                             else n * (n - 1) // 2)
+            least, what = MIN_VALUE_BYTES, "values"
+        left = max(0, os.fstat(self._fh.fileno()).st_size - self._fh.tell())
+        if count * least > left + least:  # the last line may lack its newline
+            raise _bad(f"must hold the {count} {what} its size line (line {line_no}) announces, at least {least} "
+                       f"bytes each", f"{left} bytes after the size line", "the file is truncated (or its size line "
+                       "is wrong); re-create it")
 
     def _plan_reading(self) -> None:
         """Order, value count and what the reader must hold, from the layout and symmetry."""

@@ -70,6 +70,11 @@ class NpzStreamReader(Reader):
         self.shape = check_2d(shape, "npz member")
         self.dtype = check_matrix_dtype(dtype, "npz member")
         self.order = "F" if fortran else "C"
+        need = self.shape[0] * self.shape[1] * self.dtype.itemsize
+        if self._fh.tell() + need > info.file_size:  # the zip records the member's uncompressed size
+            raise FormatError(explain("npz member", "must hold the bytes its header announces",
+                                      f"{info.file_size} bytes (uncompressed) for shape {self.shape} {self.dtype.str} "
+                                      f"({need} bytes of data)", "the archive is truncated; re-create it"))
         self._next = 0  # next row (C) or column (F) of the stream
 
     def read(self, rows: slice, cols: slice) -> np.ndarray:

@@ -47,6 +47,29 @@ def _is_number(field: str) -> bool:
         return False
 
 
+_CANDIDATES = (",", ";", "\t", "|", ":", None)
+
+
+def _name(delimiter: str | None) -> str:
+    return {None: "whitespace", "\t": "tab", " ": "space"}.get(delimiter, delimiter)
+
+
+def _check_not_misdelimited(text: str, delimiter: str | None, no: int, path: str) -> None:
+    """A line taken for a header that is all numbers under another delimiter: the delimiter is wrong
+    (a one-line ``1;2;3`` read with ``,`` would otherwise become a 0 x 1 matrix, silently)."""
+    for other in _CANDIDATES:
+        if other == delimiter or (other is None and delimiter == " "):
+            continue
+        fields = _split(text, other)
+        if len(fields) > 1 and all(_is_number(f.strip()) for f in fields):
+            opt = _name(other)
+            raise FormatError(explain("delimiter", f"must split the lines of {os.path.basename(path)} into fields",
+                                      f"{_name(delimiter)!r}, which leaves line {no} ({text.strip()[:60]!r}) one "
+                                      f"field, while {opt!r} splits it into {len(fields)} numbers",
+                                      f"pass --delimiter '{opt}' (delimiter='{opt}'), or --header if that line is "
+                                      "a header"))
+
+
 class CsvReader(Reader):
     """Delimited text, read forward by full-width row panels."""
 
@@ -81,6 +104,8 @@ class CsvReader(Reader):
                     text = raw.decode("utf-8", "replace")
                     fields = _split(text, self.delimiter)
                     is_header = header is True or (header == "auto" and not any(_is_number(f) for f in fields))
+                    if is_header and header == "auto":
+                        _check_not_misdelimited(text, self.delimiter, no, path)
                     if is_header and self.header_line is None:
                         self.header_line = text.strip()
                         self._header_no = no

@@ -12,8 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import StoreReadError, explain
+from blocklin.config import get_config
 from blocklin.storage.atomic import AtomicOutput
+from blocklin.storage.completeness import check_complete, chunk_census
 from blocklin.storage.backend import backend
 from blocklin.storage.location import as_location
 from blocklin.storage.formats.base import Reader, Writer, check_2d, check_matrix_dtype
@@ -25,10 +26,12 @@ class ZarrReader(Reader):
 
     format = "zarr"
 
-    def __init__(self, path: Any, **_: Any) -> None:
+    def __init__(self, path: Any, *, check_chunks: bool = True, **_: Any) -> None:
         super().__init__(str(path))
         self._loc = self.location = as_location(path, name="input")
         self._arr = open_zarr(self._loc, name="input")
+        if check_chunks:  # blocklin info reports missing chunk files instead
+            check_complete(self._arr, self._loc, "input", bool(get_config().require_complete))
         self.shape = check_2d(self._arr.shape, "zarr input")
         self.dtype = check_matrix_dtype(self._arr.dtype, "zarr input")
         self.chunks = tuple(int(c) for c in (self._arr.shards or self._arr.chunks))
@@ -39,15 +42,7 @@ class ZarrReader(Reader):
         r0, r1, _ = rows.indices(self.shape[0])
         c0, c1, _ = cols.indices(self.shape[1])
         out = np.empty((r1 - r0, c1 - c0), self.dtype)
-        try:
-            read_block(self._arr, slice(r0, r1), slice(c0, c1), out)
-        except Exception as exc:
-            msg = str(exc)
-            rule = "chunks must pass their crc32c checksum" if "checksum" in msg.lower() else \
-                "chunks must decode to the array's dtype and chunk shape"
-            raise StoreReadError(explain("zarr input", rule, f"a chunk in rows {r0}:{r1}, columns {c0}:{c1} of "
-                                         f"{self.path!r} failed ({msg[:120]})",
-                                         "the store is corrupt; re-create it from its source")) from None
+        read_block(self._arr, slice(r0, r1), slice(c0, c1), out)  # StoreReadError names a damaged chunk
         self.bytes_read += out.nbytes  # decoded bytes; the encoded size is in describe()
         return out
 
@@ -58,7 +53,8 @@ class ZarrReader(Reader):
                  chunks=list(self._arr.chunks), shards=list(self._arr.shards) if self._arr.shards else None,
                  bytes_on_disk=self._loc and backend(self._loc).size(""),
                  checksum=any("crc32c" in type(c).__name__.lower() for c in _codecs(self._arr)),
-                 provenance=json.loads(json.dumps(prov)) if prov is not None else None)
+                 provenance=json.loads(json.dumps(prov)) if prov is not None else None,
+                 chunk_files=chunk_census(self._arr, self._loc))
         return d
 
 
@@ -103,8 +99,12 @@ class ZarrWriter(Writer):
         self.resumed = self._arr is not None
         if self._arr is None:
             self._out.clear_units()  # markers without their array are void
-            self._arr = create_array(self._out.array_path(), shape=self.shape, dtype=self.dtype, chunks=self.chunks,
-                                     codec=self.codec, checksum=self.checksum, overwrite=True)
+            try:
+                self._arr = create_array(self._out.array_path(), shape=self.shape, dtype=self.dtype,
+                                         chunks=self.chunks, codec=self.codec, checksum=self.checksum, overwrite=True)
+            except BaseException:
+                self._out.abort()  # refused up front (no space): nothing is left behind
+                raise
         # Chunks are copied once to be made contiguous and encoded; count both while in flight.
         self.chunk_bytes = int(np.prod(self.chunks)) * self.dtype.itemsize
 
