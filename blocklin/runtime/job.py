@@ -25,9 +25,10 @@ from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
 from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
-from blocklin.storage.backend import remove
+from blocklin.storage.cleanup import sweep_stale
 from blocklin.storage.location import Location
-from blocklin.storage.zarr_store import create_array
+from blocklin.storage.ownership import end_work_folder, start_work_folder
+from blocklin.storage.zarr_store import create_array, wait_for_pending_io
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,10 +223,13 @@ class Job:
         options into task specs.
         """
         if not hasattr(self, "_tmp"):
-            self._tmp = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
-            if self._tmp.is_local:
-                os.makedirs(self._tmp.url)
-            self.stack.callback(remove, self._tmp)
+            root = temp_root(self.cfg)
+            if root.is_local:  # what killed runs left here goes first (their owners are gone)
+                sweep_stale(root)
+            self._tmp = root / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
+            start_work_folder(self._tmp, operation=self.operation)
+            self.stack.callback(end_work_folder, self._tmp)
+            self.stack.callback(wait_for_pending_io)  # runs first: no write lands after the removal
         return self._tmp
 
     def scratch(self, name: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int]) -> Location:
@@ -328,9 +332,9 @@ class Job:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             # after lost worker processes the finished tiles stay for resume=True (the error says so)
-            if exc_type is not None and not issubclass(exc_type, WorkerLostError):
-                for ao in self.outputs:
-                    ao.abort()
+            keep = exc_type is None or issubclass(exc_type, WorkerLostError)
+            for ao in self.outputs:
+                ao.release() if keep else ao.abort()
         finally:
             self.progress.close()
             self.stack.close()
