@@ -83,6 +83,10 @@ class OutputExistsError(BlocklinError, FileExistsError):
     """The output exists and ``overwrite`` was not given."""
 
 
+class OutputBusyError(OutputExistsError):
+    """Another run that is still alive is writing the same output (or owns the work folder)."""
+
+
 class OutputIsInputError(BlocklinError, ValueError):
     """The output path is one of the inputs."""
 

@@ -6,10 +6,15 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.storage.backend import remove
+from blocklin.errors import StoreReadError, explain
+from blocklin.storage.backend import backend, remove
 from blocklin.storage.location import as_location
 from blocklin.storage.readerrors import reading
 from blocklin.storage.zarr_store import describe_codecs, open_zarr
+
+
+#: Reads of a store that keeps being replaced before :meth:`Matrix.__getitem__` gives up.
+_READ_ATTEMPTS = 8
 
 
 class Matrix:
@@ -36,6 +41,7 @@ class Matrix:
                  storage_options: dict | None = None) -> None:
         self.location = as_location(path, storage_options)
         self.path = self.location.url
+        self._opened = self._generation()
         self._array = open_zarr(self.location)
         self.report = report or {}
         self.temporary = temporary
@@ -80,18 +86,41 @@ class Matrix:
         return dict(self._array.attrs.get("blocklin", {}))
 
     # -- data --------------------------------------------------------------------------------------
+    def _generation(self) -> Any:
+        """What changes when the store is replaced (a new commit writes a new ``zarr.json``)."""
+        be = backend(self.location)
+        return be.stamp("zarr.json") or be.stamp(".zarray")
+
+    def _read(self, key: Any) -> np.ndarray:
+        """Read ``key`` from one version of the store, never a mix.
+
+        An output replaced by a commit while it is read (``overwrite=True``) would mix old and new
+        chunks; the read is repeated until the store's generation is the same before and after it.
+        """
+        for _ in range(_READ_ATTEMPTS):
+            before = self._generation()
+            if before != self._opened:
+                self._array, self._opened = open_zarr(self.location), before
+            data = np.asarray(self._array[key])
+            if self._generation() == before:
+                return data
+        raise StoreReadError(explain("path", "must not be replaced while it is read",
+                                     f"{self.path!r} was replaced {_READ_ATTEMPTS} times during one read",
+                                     "read it again once the runs writing it have finished"))
+
     def to_numpy(self) -> np.ndarray:
-        """Load the whole matrix into memory."""
+        """Load the whole matrix into memory (one version of it, see :meth:`__getitem__`)."""
         with reading(self._array, slice(None), slice(None), "matrix"):
-            return np.asarray(self._array[...])
+            return self._read(...)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         arr = self.to_numpy()
         return arr.astype(dtype, copy=False) if dtype is not None else arr
 
     def __getitem__(self, key: Any) -> np.ndarray:
+        """Read a region; an output replaced during the read is read again, never mixed."""
         with reading(self._array, slice(None), slice(None), "matrix"):
-            return np.asarray(self._array[key])
+            return self._read(key)
 
     def to_dask(self) -> Any:
         """A ``dask.array`` view with the store's chunks."""

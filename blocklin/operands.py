@@ -20,11 +20,10 @@ from blocklin.config import Config
 from blocklin.errors import ParameterError, ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
-from blocklin.storage.backend import remove
 from blocklin.storage.completeness import check_complete
+from blocklin.storage.ownership import end_work_folder, start_work_folder
 from blocklin.storage.dask_io import store_dask
 from blocklin.storage.location import Location, as_location
-from blocklin.storage.space import make_temp_folder
 from blocklin.storage.zarr_store import create_array, open_zarr, store_path
 
 
@@ -52,9 +51,8 @@ def temp_root(cfg: Config) -> Location:
 
 def _stage_dir(cfg: Config, stack: contextlib.ExitStack) -> Location:
     d = temp_root(cfg) / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
-    if d.is_local:
-        make_temp_folder(d.url)
-    stack.callback(remove, d)
+    start_work_folder(d, operation="stage")
+    stack.callback(end_work_folder, d)
     return d
 
 

@@ -84,15 +84,33 @@ def _storage_settings(args: argparse.Namespace) -> Any:
     return config.set(**settings) if settings else contextlib.nullcontext()
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001
+    return f"blocklin: warning: {message}\n"
+
+
 def run_command(args: argparse.Namespace) -> int:
-    """Run ``args.func(args)`` and map errors to exit codes with a one-line message."""
+    """Run ``args.func(args)`` and map errors to exit codes with a one-line message.
+
+    Ctrl-C (SIGINT) and SIGTERM both stop the command through the same cleanup (tasks in flight
+    finish or stop, partial outputs and work folders are removed unless ``--resume`` keeps them),
+    then print one line and exit 130 or 143.
+    """
+    import warnings
+
+    from blocklin import interrupt
+
+    warnings.formatwarning = _one_line_warning
     try:
-        with _storage_settings(args):
+        with interrupt.handle_signals(), _storage_settings(args):
             args.func(args)
         return EXIT_OK
-    except KeyboardInterrupt:
-        print("blocklin: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:
+        interrupt.quiet_shutdown()
+        terminated = isinstance(exc, interrupt.Terminated)
+        kept = " (finished work kept for --resume)" if getattr(args, "resume", False) else ""
+        print(f"blocklin {args.command}: {'terminated' if terminated else 'interrupted'}; "
+              f"no output was written{kept}", file=sys.stderr)
+        return interrupt.EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except (BlocklinError, FileNotFoundError, ValueError, TypeError, MemoryError, OSError) as exc:
         if getattr(args, "debug", False):
             traceback.print_exc()

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.interrupt import check_cancelled
 from blocklin.device.base import Device
 
 #: ``load(i, buffers) -> views``: fill the given host buffers for item ``i`` and return views of
@@ -129,6 +130,7 @@ class TileStream:
             return
         if self.depth == 0:  # no thread: read, then compute (the serial reference)
             for i in range(self.n_items):
+                check_cancelled()
                 self.device.host_slot_free(0)  # the previous upload from the one slot has finished
                 t0 = time.perf_counter()
                 views = self.load(i, self.buffers[0])
@@ -142,6 +144,7 @@ class TileStream:
             t.start()
         try:
             for i in range(self.n_items):
+                check_cancelled()
                 t0 = time.perf_counter()
                 with self._cond:
                     while i not in self._ready:

@@ -18,6 +18,7 @@ from typing import Any
 
 from dask.base import tokenize
 
+from blocklin import interrupt
 from blocklin.progress import NullProgress
 from blocklin.runtime.scheduler import Scheduler, resolve_scheduler
 
@@ -146,6 +147,7 @@ def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progre
     progress.start(len(keys), description)
     if not keys:
         return []
+    interrupt.reset()  # a previous run's interrupt does not stop this one
     if sched.kind == "sync":
         return _run_serial(dsk, keys, progress)
     if sched.kind == "distributed":
@@ -201,9 +203,7 @@ def _run_local(kind: str, dsk: dict, keys: list, workers: int, progress: Any, ev
 
         get = dask.multiprocessing.get
     else:
-        import dask.threaded
-
-        get = dask.threaded.get
+        get = _threaded_get
     attempt = 0
     while True:
         todo = [k for k in keys if k not in done]
@@ -229,6 +229,32 @@ def _run_local(kind: str, dsk: dict, keys: list, workers: int, progress: Any, ev
 
             warn(f"a worker process died; running its {lost} unfinished task(s) again in a new pool")
             attempt += 1
+
+
+def _threaded_get(dsk: dict, keys: list, num_workers: int) -> list:
+    """Dask's threaded scheduler on a pool of this run's own, which ends with the run.
+
+    When the run ends early (an interrupt, a failed task), the tasks still running on the pool's
+    threads are told to stop (:func:`blocklin.interrupt.cancel` on an interrupt) and waited for, and
+    queued ones are dropped: nothing writes into the output once the caller cleans it up.
+    """
+    import dask.threaded
+
+    try:
+        from dask.threaded import ContextAwareThreadPoolExecutor as Pool
+    except ImportError:  # older dask
+        from concurrent.futures import ThreadPoolExecutor as Pool
+
+    pool = Pool(num_workers)
+    try:
+        return dask.threaded.get(dsk, keys, num_workers=num_workers, pool=pool)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: stop the tasks too
+            interrupt.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def _refers(arg: Any, keys: set) -> bool:

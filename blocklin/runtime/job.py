@@ -27,9 +27,11 @@ from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import remove
 from blocklin.storage.formats import check_zarr_output
-from blocklin.storage.space import check_writable, make_temp_folder
+from blocklin.storage.space import check_writable
+from blocklin.storage.cleanup import sweep_stale
 from blocklin.storage.location import Location
-from blocklin.storage.zarr_store import create_array
+from blocklin.storage.ownership import end_work_folder, start_work_folder
+from blocklin.storage.zarr_store import create_array, wait_for_pending_io
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,10 +228,13 @@ class Job:
         options into task specs.
         """
         if not hasattr(self, "_tmp"):
-            self._tmp = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
-            if self._tmp.is_local:
-                make_temp_folder(self._tmp.url)
-            self.stack.callback(remove, self._tmp)
+            root = temp_root(self.cfg)
+            if root.is_local:  # what killed runs left here goes first (their owners are gone)
+                sweep_stale(root)
+            self._tmp = root / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
+            start_work_folder(self._tmp, operation=self.operation)
+            self.stack.callback(end_work_folder, self._tmp)
+            self.stack.callback(wait_for_pending_io)  # runs first: no write lands after the removal
         return self._tmp
 
     def work_dir(self, name: str, token: str, *, resume: bool = False) -> Location:
@@ -354,9 +359,9 @@ class Job:
         self._failed = exc_type is not None  # work folders kept for resume (work_dir)
         try:
             # after lost worker processes the finished tiles stay for resume=True (the error says so)
-            if exc_type is not None and not issubclass(exc_type, WorkerLostError):
-                for ao in self.outputs:
-                    ao.abort()
+            keep = exc_type is None or issubclass(exc_type, WorkerLostError)
+            for ao in self.outputs:
+                ao.release() if keep else ao.abort()
         finally:
             self.progress.close()
             self.stack.close()

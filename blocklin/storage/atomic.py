@@ -15,6 +15,15 @@ deletion is the commit. Until then plain zarr readers find no ``zarr.json`` at `
 remove it. With ``overwrite=True`` the old output is removed when the job starts (after the
 pending record is written, so the prefix is never mistaken for a finished output).
 
+Either way each run *owns* its partial output: an owner record
+(:mod:`blocklin.storage.ownership`: pid, host, start time, heartbeat) is written inside it before any
+data. A second run to the same output fails with :class:`~blocklin.errors.OutputBusyError` ("another
+run is writing OUT (pid P on HOST since T)") while that owner is alive, with or without ``resume``;
+the partial of an owner that is gone is taken over (``resume=True``) or removed. Locally a commit
+that replaces an existing output swaps the two folders in one step (``renameat2`` with
+``RENAME_EXCHANGE`` on Linux) and removes the old one afterwards, so the path always holds one
+whole output, never a mix; chunks of a committed output are never rewritten in place.
+
 Either way each finished unit of work (a tile, a block) leaves a marker under ``.blocklin-done/``
 so a rerun with ``resume=True`` and the same token skips it; markers, deferred metadata and stray
 temporary chunk names are gone from a committed output.
@@ -35,11 +44,12 @@ from typing import Any
 import zarr
 
 from blocklin._version import __version__
-from blocklin.errors import OutputExistsError, OutputIsInputError, explain
+from blocklin.errors import OutputBusyError, OutputExistsError, OutputIsInputError, explain, warn
+from blocklin.storage import ownership
 from blocklin.storage.backend import backend
 from blocklin.storage.completeness import STORED_KEY, count_stored
 from blocklin.storage.location import Location, as_location
-from blocklin.storage.zarr_store import DEFERRED_META, PENDING_RECORD
+from blocklin.storage.zarr_store import DEFERRED_META, PENDING_RECORD, wait_for_pending_io
 
 _DONE = ".blocklin-done"
 #: Names of chunk files a writer killed mid-write can leave behind (``rawchunks`` and local backends).
@@ -138,10 +148,8 @@ class AtomicOutput:
         else:
             check_output_path(self.path.url, overwrite=overwrite, name=name)
             self.partial = self.path.with_name(f".{self.path.name}.partial-{self.token}")
-            if os.path.exists(self.partial.url) and not resume:
-                shutil.rmtree(self.partial.url)
-            self.resumed = os.path.exists(self.partial.url)
-            os.makedirs(self.partial.url, exist_ok=True)
+            with ownership.claim_lock(os.path.dirname(self.partial.url)):
+                self._claim_local()
         self.done = self.partial / _DONE
         self._be = backend(self.partial)
 
@@ -153,9 +161,59 @@ class AtomicOutput:
         except ValueError:
             return None
 
+    # -- ownership ------------------------------------------------------------------------------
+    @property
+    def owner_location(self) -> Location:
+        """Where this run's owner record lives (the partial folder, or the pending prefix)."""
+        return self.path if self.in_place else self.partial
+
+    def _check_not_busy(self, loc: Location, what: str) -> dict | None:
+        """The owner record at ``loc``; raises :class:`OutputBusyError` when its run is alive."""
+        rec = ownership.read_record(loc)
+        if ownership.is_alive(rec) and not (ownership.is_mine(rec) and not ownership.Heartbeat.holds(rec)):
+            raise OutputBusyError(busy_message(what, rec))
+        return rec
+
+    def _claim_local(self) -> None:
+        """Under the folder's claim lock: refuse a live writer, clear what gone runs left, own the partial."""
+        parent, prefix = os.path.dirname(self.partial.url), f".{self.path.name}.partial-"
+        siblings = sorted(f for f in os.listdir(parent or ".") if f.startswith(prefix))
+        for f in siblings:
+            self._check_not_busy(Location(os.path.join(parent, f)), self.path.url)
+        for f in siblings:
+            stale = os.path.join(parent, f)
+            if stale != self.partial.url or not self.resume:
+                report_removed(stale, "the partial output of a run that is gone")
+        self.resumed = os.path.exists(self.partial.url)
+        os.makedirs(self.partial.url, exist_ok=True)
+        self._own()
+
+    def _own(self) -> None:
+        self.owner = ownership.new_record(output=self.path.url, token=self.token)
+        ownership.write_record(self.owner_location, self.owner)
+        ownership.Heartbeat.hold(self.owner_location, self.owner)
+
+    def release(self) -> None:
+        """Stop owning the partial (after the commit, or when it is kept for a resume)."""
+        owner = getattr(self, "owner", None)
+        if owner is None:
+            return
+        ownership.Heartbeat.release(self.owner_location)
+        self.owner = None
+        if self.committed:
+            return
+        try:
+            current = ownership.read_record(self.owner_location)
+            if current is not None and current.get("run") == owner["run"]:
+                backend(self.owner_location).delete(ownership.OWNER_RECORD)
+        except OSError:
+            pass
+
     def _begin_in_place(self) -> None:
         be = backend(self.path)
         record = self._record()
+        if record is not None:
+            self._check_not_busy(self.path, self.path.url)
         if record is None and be.keys(""):  # a finished output, or other data
             if not self.overwrite:
                 raise OutputExistsError(explain(self.name, "must not exist unless overwriting is asked for",
@@ -168,11 +226,17 @@ class AtomicOutput:
                                                 "choose a new prefix such as s3://bucket/result.zarr"))
         self.partial = self.path.with_pending()
         self.resumed = bool(record and self.resume and record.get("token") == self.token)
-        if self.resumed:
-            return
-        # The record goes first, so that the prefix never looks finished while old data is removed.
-        be.write_text(PENDING_RECORD, json.dumps({"token": self.token, "started": _now()}))
-        be.delete_many([k for k in be.keys("") if k != PENDING_RECORD])
+        if not self.resumed:
+            # The record goes first, so that the prefix never looks finished while old data is removed.
+            be.write_text(PENDING_RECORD, json.dumps({"token": self.token, "started": _now()}))
+            be.delete_many([k for k in be.keys("") if k != PENDING_RECORD])
+        self._own()
+        # No lock on object stores: the last writer of the owner record wins, the others step back.
+        won = ownership.read_record(self.path)
+        if won is None or won.get("run") != self.owner["run"]:
+            ownership.Heartbeat.release(self.path)
+            self.owner = None
+            raise OutputBusyError(busy_message(self.path.url, won or {}))
 
     # -- work units -----------------------------------------------------------------------------
     def is_done(self, unit: str) -> bool:
@@ -217,6 +281,7 @@ class AtomicOutput:
         else:
             self._commit_local(provenance)
         self.committed = True
+        self.release()
         return self.path
 
     def _commit_local(self, provenance: dict) -> None:
@@ -224,19 +289,15 @@ class AtomicOutput:
         node = zarr.open(partial, mode="r+")
         node.attrs.update({"blocklin": provenance})
         shutil.rmtree(os.path.join(partial, _DONE), ignore_errors=True)
-        remove_stray_temporaries(partial)
         final = self.path.url
-        if os.path.exists(final):
-            if not self.overwrite:  # appeared while we worked
-                raise OutputExistsError(explain(self.name, "must not exist unless overwriting is asked for",
-                                                f"{final!r} appeared during the run",
-                                                "pass overwrite=True or choose another path"))
-            trash = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.old-{uuid.uuid4().hex[:8]}")
-            os.rename(final, trash)
-            os.rename(partial, final)
-            shutil.rmtree(trash, ignore_errors=True) if os.path.isdir(trash) else os.unlink(trash)
-        else:
-            os.rename(partial, final)
+        if os.path.exists(final) and not self.overwrite:  # appeared while we worked
+            raise OutputExistsError(explain(self.name, "must not exist unless overwriting is asked for",
+                                            f"{final!r} appeared during the run",
+                                            "pass overwrite=True or choose another path"))
+        ownership.Heartbeat.release(self.partial)  # no heartbeat may recreate the record below
+        backend(self.partial).delete(ownership.OWNER_RECORD)
+        remove_stray_temporaries(partial)
+        publish(partial, final)
 
     def _commit_in_place(self, provenance: dict) -> None:
         be = backend(self.path)
@@ -245,6 +306,13 @@ class AtomicOutput:
             raise OutputExistsError(explain(self.name, "must stay this job's output until it commits",
                                             f"{self.path.url!r} was taken over by another job during the run",
                                             "run one job per output; rerun this one with overwrite=True"))
+        owner = ownership.read_record(self.path)
+        if getattr(self, "owner", None) is not None and (owner is None or owner.get("run") != self.owner["run"]):
+            raise OutputExistsError(explain(self.name, "must stay this run's output until it commits",
+                                            f"{self.path.url!r} was taken over by another run during this one",
+                                            "run one job per output; rerun this one with overwrite=True"))
+        ownership.Heartbeat.release(self.path)
+        be.delete(ownership.OWNER_RECORD)
         be.remove(_DONE)
         metas = [k for k in be.keys("") if k == DEFERRED_META or k.endswith("/" + DEFERRED_META)]
         # Children first, the root last: the root's zarr.json makes the output an array or group.
@@ -261,15 +329,25 @@ class AtomicOutput:
         be.delete(PENDING_RECORD)  # the commit
 
     def abort(self) -> None:
-        """Drop the unfinished output unless it may be resumed."""
-        if self.committed or self.resume:
+        """Drop the unfinished output unless it may be resumed (then only stop owning it).
+
+        Call it only once no task writes to the partial any more (:meth:`Job.run` waits for the
+        tasks in flight before an interrupt or an error leaves it).
+        """
+        if self.committed:
             return
+        if self.resume or getattr(self, "owner", None) is None:
+            self.release()
+            return
+        ownership.Heartbeat.release(self.owner_location)
+        wait_for_pending_io()  # writes of an interrupted zarr call would recreate the folder
         if self.in_place:
-            record = self._record()
-            if record and record.get("token") == self.token:
+            owner = ownership.read_record(self.path)
+            if owner is not None and owner.get("run") == self.owner["run"]:
                 backend(self.path).remove("")
         else:
             shutil.rmtree(self.partial.url, ignore_errors=True)
+        self.owner = None
 
     def __enter__(self) -> AtomicOutput:
         return self
@@ -277,6 +355,74 @@ class AtomicOutput:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
+
+
+def busy_message(out: str, rec: dict) -> str:
+    """The error of a second writer: who writes ``out`` and what to do."""
+    pid = rec.get("pid", "?")
+    return (f"another run is writing {out} ({ownership.describe(rec)}). Fix: wait for it to finish, or stop it "
+            f"(kill {pid} on {rec.get('host')}) and rerun with --resume (resume=True) to keep its finished "
+            "work, or write to another path")
+
+
+def report_removed(path: str, what: str) -> int:
+    """Remove a local folder a gone run left and say so (with its size); returns the bytes freed."""
+    size = folder_size(path)
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.exists(path):
+        return 0
+    from blocklin.config import format_size
+
+    warn(f"removed {what}: {path} ({format_size(size)})")
+    return size
+
+
+def folder_size(path: str) -> int:
+    """Bytes of the files under a local folder (0 when it is gone)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def publish(partial: str, final: str) -> None:
+    """Move the finished folder ``partial`` to ``final``, replacing what is there in one step.
+
+    With an existing ``final``, the two are exchanged atomically (``renameat2(RENAME_EXCHANGE)``,
+    Linux) and the old output, now at ``partial``, is removed; where that call is missing, ``final``
+    is first renamed aside (readers then briefly find no output, never a mix).
+    """
+    if not os.path.lexists(final):
+        os.rename(partial, final)
+        return
+    if _exchange(partial, final):
+        old = partial
+    else:
+        old = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.old-{uuid.uuid4().hex[:8]}")
+        os.rename(final, old)
+        os.rename(partial, final)
+    shutil.rmtree(old, ignore_errors=True) if os.path.isdir(old) and not os.path.islink(old) else os.unlink(old)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (Linux ``renameat2`` with ``RENAME_EXCHANGE``); False when unsupported."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
+    return rc == 0
 
 
 def mark_done(done: Location, unit: str) -> None:

@@ -318,3 +318,30 @@ def write_array(path: Any, data: np.ndarray, *, chunks: tuple[int, ...] | None =
     if data.size:
         arr[...] = data
     return arr
+
+
+def wait_for_pending_io(timeout: float = 60.0) -> None:
+    """Wait until zarr's I/O event loop has finished the reads and writes it still holds.
+
+    A call that zarr runs on its loop thread goes on when the caller is interrupted (Ctrl-C lands
+    in the waiting thread, not in the loop); cleanup waits for those writes before it removes a
+    partial output, else they would recreate its folders after the removal.
+    """
+    import asyncio
+
+    from zarr.core import sync as zsync
+
+    loop = zsync.loop[0]
+    if loop is None or not loop.is_running():
+        return
+
+    async def drain() -> None:
+        me = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=timeout)
+
+    try:
+        asyncio.run_coroutine_threadsafe(drain(), loop).result(timeout + 1.0)
+    except Exception:  # noqa: BLE001 - best effort: cleanup goes on after the timeout
+        pass

@@ -1,0 +1,49 @@
+"""``blocklin clean [PATH...]``: remove what killed runs left (partial outputs, work folders)."""
+
+from __future__ import annotations
+
+import argparse
+
+_EPILOG = """Looks in each PATH (one level deep), beside it (PATH's own partial outputs), or at PATH itself;
+by default in the temp dir (--temp-dir, BLOCKLIN_TEMP_DIR) and the current folder. Removes a
+partial output (.OUT.partial-*) or job work folder (blocklin-OP-*) only when the run that owns it
+is gone: on this host its process has ended; on another host its heartbeat is older than the lease.
+A live run's data is never touched.
+
+examples:
+  blocklin clean --dry-run
+  blocklin clean results/C.zarr /scratch/tmp
+  blocklin clean s3://bucket/out.zarr --json"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from blocklin.cli import ui
+
+    p = sub.add_parser("clean", help="remove partial outputs and work folders of runs that are gone",
+                       description="Find the partial outputs and work folders that interrupted or killed runs "
+                                   "left behind and remove those whose owner is gone, saying what was removed "
+                                   "and its size.",
+                       epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", metavar="PATH", nargs="*", help="folder, output path or URL to look in "
+                                                            "(default: the temp dir and the current folder)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be removed")
+    ui.add_common(p, memory=False, device=False, scheduler=False, output=False)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from blocklin.cli import ui
+    from blocklin.config import format_size
+    from blocklin.storage.cleanup import clean
+
+    items = clean(args.paths, dry_run=args.dry_run)
+    gone = [i for i in items if i.action in ("removed", "would remove")]
+    freed = sum(i.bytes for i in gone)
+    summary = {"dry_run": bool(args.dry_run), "items": [i.to_dict() for i in items],
+               "removed": len(gone) if not args.dry_run else 0, "bytes": freed}
+    lines = [f"{i.action} {i.kind} {i.path} ({format_size(i.bytes)}): {i.reason}" for i in items]
+    verb = "would free" if args.dry_run else "freed"
+    lines.append(f"{len(gone)} of {len(items)} leftover(s) {'to remove' if args.dry_run else 'removed'}, "
+                 f"{verb} {format_size(freed)}" if items else "nothing to clean")
+    ui.emit(args, summary, "\n".join(lines))
+    return summary

@@ -1,0 +1,88 @@
+"""Stopping a job cleanly: the process-wide cancel flag and the CLI's signal handling.
+
+An interrupt (Ctrl-C, SIGTERM) raises in the main thread only; tasks running on other threads
+would go on writing while the job removes its partial output. So the local schedulers set
+:func:`cancel` when a run ends by an interrupt, wait for the tasks in flight (each stops at its next
+item, :func:`check_cancelled`), and only then does the job clean up. The flag is cleared when the
+next run starts.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+from blocklin.errors import BlocklinError
+
+_CANCEL = threading.Event()
+#: Exit status of a command stopped by SIGTERM (128 + 15, the shell's convention).
+EXIT_TERMINATED = 143
+
+
+class Cancelled(BlocklinError, RuntimeError):
+    """A task stopped because its run was interrupted."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every cleanup that handles one handles the other."""
+
+
+def cancel() -> None:
+    """Ask every task of this process to stop at its next item."""
+    _CANCEL.set()
+
+
+def reset() -> None:
+    _CANCEL.clear()
+
+
+def cancelled() -> bool:
+    return _CANCEL.is_set()
+
+
+def check_cancelled() -> None:
+    """Raise :class:`Cancelled` in a task whose run was interrupted."""
+    if _CANCEL.is_set():
+        raise Cancelled("the run was interrupted")
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    cancel()
+    raise Terminated()
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    cancel()
+    raise KeyboardInterrupt()
+
+
+class handle_signals:  # noqa: N801 - used as a context manager like a function
+    """In the main thread: SIGINT and SIGTERM raise (``KeyboardInterrupt``, :class:`Terminated`)
+    and set the cancel flag; the previous handlers come back on exit."""
+
+    def __enter__(self) -> handle_signals:
+        self.saved: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in ((signal.SIGINT, _on_sigint), (signal.SIGTERM, _on_sigterm)):
+                self.saved[sig] = signal.signal(sig, handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
+def quiet_shutdown() -> None:
+    """Silence what an interrupted process would otherwise print while it exits: asyncio's
+    complaints about the I/O tasks zarr's event loop still held, and errors of daemon threads."""
+    import logging
+    import sys
+
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
+    threading.excepthook = lambda args: None
+    sys.unraisablehook = lambda unraisable: None
+
+
+__all__ = ["EXIT_TERMINATED", "Cancelled", "Terminated", "cancel", "cancelled", "check_cancelled",
+           "handle_signals", "quiet_shutdown", "reset"]

@@ -1,0 +1,212 @@
+"""Finding and removing what runs that are gone left behind (``blocklin clean``).
+
+A run killed without a chance to clean up (SIGKILL, power loss, the out-of-memory killer) leaves
+
+* partial outputs, ``.OUT.partial-TOKEN`` beside the output (locally) or an output prefix holding
+  the pending record (object stores);
+* job work folders, ``blocklin-OP-ID`` (and ``blocklin-stage-ID``) under the temp dir, with their
+  scratch stores;
+* rarely, ``.OUT.old-ID``: an old output set aside by a commit that was killed before removing it.
+
+Each holds an owner record (:mod:`blocklin.storage.ownership`); one whose owner is gone is removed,
+one whose owner is alive never is. A work folder without a record (made by an older blocklin) is
+reported and left alone, since nothing tells whether a run still uses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from blocklin.storage import ownership
+from blocklin.storage.backend import backend
+from blocklin.storage.location import Location, as_location
+from blocklin.storage.zarr_store import PENDING_RECORD
+
+_PARTIAL = re.compile(r"^\..+\.partial-[0-9A-Za-z]+$")
+_OLD = re.compile(r"^\..+\.old-[0-9a-f]{8}$")
+_WORK = re.compile(r"^blocklin-[A-Za-z0-9_]+-[0-9a-f]{12}$")
+
+
+@dataclasses.dataclass
+class Leftover:
+    """One partial output or work folder, its owner and what ``clean`` does with it."""
+
+    path: str
+    kind: str  # "partial output", "work folder", "old output"
+    bytes: int
+    owner: dict | None
+    #: "removed", "would remove", "kept" (its owner is alive) or "skipped" (no owner record)
+    action: str = ""
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["owner"] = ownership.describe(self.owner) if self.owner else None
+        return d
+
+
+def _size(loc: Location) -> int:
+    if loc.is_local:
+        from blocklin.storage.atomic import folder_size
+
+        return folder_size(loc.url)
+    return backend(loc).size("")
+
+
+def _classify(loc: Location, kind: str, sizes: bool = True) -> Leftover:
+    rec = ownership.read_record(loc)
+    item = Leftover(loc.url, kind, 0, rec)
+    if ownership.is_alive(rec) and not (ownership.is_mine(rec) and not ownership.Heartbeat.holds(rec)):
+        item.action, item.reason = "kept", f"a live run owns it ({ownership.describe(rec)})"
+    elif rec is None and kind == "work folder":
+        item.action, item.reason = "skipped", "no owner record (an older blocklin made it); remove it by hand " \
+                                              "when no run uses it"
+    elif rec is None and kind == "old output" and time.time() - _mtime(loc) < ownership.HEARTBEAT_SECONDS:
+        item.action, item.reason = "kept", "a commit may still be removing it"
+    else:
+        item.action = "remove"
+        item.reason = f"its run is gone ({ownership.describe(rec)})" if rec else "no owner record"
+    if sizes or item.action == "remove":
+        item.bytes = _size(loc)
+    return item
+
+
+def _mtime(loc: Location) -> float:
+    try:
+        return os.stat(loc.url).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _local_candidates(path: str) -> list[tuple[str, str]]:
+    """(path, kind) of the leftovers at or directly under the local ``path``, or beside it."""
+    path = os.path.abspath(os.path.expanduser(path))
+    base, parent = os.path.basename(path), os.path.dirname(path)
+    own = _kind(base)
+    if own and os.path.isdir(path):
+        return [(path, own)]
+    found = []
+    if os.path.isdir(path) and not _is_zarr(path):
+        for f in sorted(os.listdir(path)):
+            kind = _kind(f)
+            if kind and os.path.isdir(os.path.join(path, f)):
+                found.append((os.path.join(path, f), kind))
+    if os.path.isdir(parent):  # an output path: its partials and set-aside old versions
+        for f in sorted(os.listdir(parent)):
+            if f.startswith((f".{base}.partial-", f".{base}.old-")) and os.path.isdir(os.path.join(parent, f)):
+                found.append((os.path.join(parent, f), _kind(f)))
+    return found
+
+
+def _is_zarr(path: str) -> bool:
+    return os.path.exists(os.path.join(path, "zarr.json")) or os.path.exists(os.path.join(path, ".zarray"))
+
+
+def _kind(name: str) -> str | None:
+    if _PARTIAL.match(name):
+        return "partial output"
+    if _OLD.match(name):
+        return "old output"
+    if _WORK.match(name) or (name.startswith("blocklin-stage-") and "." not in name):
+        return "work folder"
+    return None
+
+
+def _remote_candidates(loc: Location) -> list[tuple[Location, str]]:
+    be = backend(loc)
+    if be.try_read(PENDING_RECORD) is not None:
+        return [(loc, "partial output")]
+    found = []
+    try:
+        children = be.fs.ls(be.root, detail=False)  # type: ignore[attr-defined]
+    except (FileNotFoundError, OSError):
+        return []
+    for child in sorted(children):
+        name = child.rstrip("/").rsplit("/", 1)[-1]
+        if _WORK.match(name):
+            found.append((loc / name, "work folder"))
+        elif backend(loc / name).try_read(PENDING_RECORD) is not None:
+            found.append((loc / name, "partial output"))
+    return found
+
+
+def find_leftovers(paths: Iterable[Any], *, sizes: bool = True) -> list[Leftover]:
+    """The leftovers at, under (one level) or beside each path, each with the action ``clean`` takes."""
+    out: list[Leftover] = []
+    seen: set[str] = set()
+    for p in paths:
+        loc = as_location(p, name="path")
+        pairs = ([(Location(q), k) for q, k in _local_candidates(loc.url)] if loc.is_local
+                 else _remote_candidates(loc))
+        for cand, kind in pairs:
+            if cand.url not in seen:
+                seen.add(cand.url)
+                out.append(_classify(cand, kind, sizes))
+    return out
+
+
+def _remove(item: Leftover) -> bool:
+    loc = as_location(item.path, name="path")
+    if not loc.is_local:
+        backend(loc).remove("")
+        return True
+    with ownership.claim_lock(os.path.dirname(loc.url)):
+        again = _classify(loc, item.kind, sizes=False) if os.path.isdir(loc.url) else None
+        if again is None or again.action != "remove":  # gone already, or a run claimed it meanwhile
+            return again is None
+        shutil.rmtree(loc.url, ignore_errors=True)
+    return not os.path.exists(loc.url)
+
+
+def clean(paths: Iterable[Any] = (), *, dry_run: bool = False) -> list[Leftover]:
+    """Remove the partial outputs and work folders whose owner is gone (never a live run's).
+
+    Parameters
+    ----------
+    paths : iterable of paths or URLs
+        Folders to look in (one level deep), output paths (their partials), or leftovers
+        themselves. Default: the configured temp dir and the current folder.
+    dry_run : bool
+        Only say what would be removed.
+
+    Returns
+    -------
+    list of Leftover
+        Everything found, with ``action`` "removed" / "would remove" / "kept" / "skipped".
+    """
+    paths = list(paths)
+    if not paths:
+        from blocklin.config import get_config
+
+        paths = [get_config().temp_dir, os.getcwd()]
+    items = find_leftovers(paths)
+    for item in items:
+        if item.action == "remove":
+            item.action = "would remove" if dry_run else ("removed" if _remove(item) else "kept")
+    return items
+
+
+def sweep_stale(root: Location) -> list[Leftover]:
+    """Remove the work folders and partial outputs of gone runs directly under a local temp dir,
+    saying what went (what a new job does before it adds its own)."""
+    from blocklin.config import format_size
+    from blocklin.errors import warn
+
+    try:
+        items = [i for i in find_leftovers([root.url], sizes=False) if i.action == "remove"]
+    except OSError:
+        return []
+    for item in items:
+        if _remove(item):
+            item.action = "removed"
+            warn(f"removed the {item.kind} of a run that is gone: {item.path} ({format_size(item.bytes)})")
+    return items
+
+
+__all__ = ["Leftover", "clean", "find_leftovers", "sweep_stale"]

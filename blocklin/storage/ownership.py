@@ -1,0 +1,236 @@
+"""Who is writing a partial output or a work folder, and whether that run is still alive.
+
+Every partial output (``.OUT.partial-TOKEN`` locally, the pending prefix on object stores) and
+every job work folder (``blocklin-OP-ID`` under the temp dir) holds an owner record,
+``.blocklin-owner.json``: the writer's pid, host, boot id, process start time, a random run id, the
+start time and a heartbeat. It is written whole (a temporary name renamed into place locally, one
+object write on object stores), so a reader never sees half of it.
+
+A record's owner is *gone* when
+
+* it ran on this host and its process no longer exists (the pid is dead, or now belongs to a
+  process started at another time, or the machine rebooted since), or
+* it ran on another host and its heartbeat is older than :data:`LEASE_SECONDS` (a live writer
+  refreshes it every :data:`HEARTBEAT_SECONDS` from a background thread).
+
+A location holding data but no readable record is treated as gone: runs create the record under
+the claim lock before writing anything else, so only a run that died at that instant, or an
+older blocklin, leaves such a folder.
+
+Local claims are serialised by an advisory lock (``flock``) on the parent folder, held for the few
+milliseconds a claim takes; object stores have no locks, so a claim there writes the record and
+reads it back, and the commit checks the run id again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import errno
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from blocklin.storage.backend import backend
+from blocklin.storage.location import Location
+from blocklin.storage.space import make_temp_folder
+
+#: Name of the owner record inside a partial output or a work folder.
+OWNER_RECORD = ".blocklin-owner.json"
+#: Seconds between heartbeats of a live writer.
+HEARTBEAT_SECONDS = 30.0
+#: A record from another host whose heartbeat is older than this belongs to a gone run.
+LEASE_SECONDS = 10 * 60.0
+
+_RUN_ID = uuid.uuid4().hex[:16]
+
+
+def _boot_id() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _proc_start(pid: int) -> str | None:
+    """Start time of process ``pid`` in clock ticks since boot (Linux), None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after its closing one
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def host() -> str:
+    return socket.gethostname()
+
+
+def new_record(**extra: Any) -> dict:
+    """The owner record of this process, with ``extra`` fields (operation, token, path)."""
+    now = time.time()
+    rec = {"pid": os.getpid(), "host": host(), "boot_id": _boot_id(), "proc_start": _proc_start(os.getpid()),
+           "run": f"{_RUN_ID}-{uuid.uuid4().hex[:8]}",
+           "started": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(timespec="seconds"),
+           "heartbeat": now}
+    rec.update(extra)
+    return rec
+
+
+def read_record(loc: Location) -> dict | None:
+    """The owner record under ``loc``, or None when missing or unreadable."""
+    raw = backend(loc).try_read(OWNER_RECORD)
+    if raw is None:
+        return None
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) and "pid" in rec else None
+
+
+def write_record(loc: Location, rec: dict) -> None:
+    """Write the record whole (readers never see half of it)."""
+    backend(loc).write_text(OWNER_RECORD, json.dumps(rec))
+
+
+def is_alive(rec: dict | None, *, now: float | None = None) -> bool:
+    """Whether the run that wrote ``rec`` may still be writing (see module docstring)."""
+    if not rec:
+        return False
+    if rec.get("host") != host():
+        beat = float(rec.get("heartbeat") or 0.0)
+        return (time.time() if now is None else now) - beat < LEASE_SECONDS
+    boot = _boot_id()
+    if rec.get("boot_id") and boot and rec["boot_id"] != boot:
+        return False
+    pid = int(rec.get("pid", -1))
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # a process of another user: it exists
+    start = rec.get("proc_start")
+    return not (start and _proc_start(pid) not in (None, start))  # the pid was reused
+
+
+def is_mine(rec: dict | None) -> bool:
+    return bool(rec) and rec.get("host") == host() and int(rec.get("pid", -1)) == os.getpid()
+
+
+def describe(rec: dict) -> str:
+    """``pid P on HOST since T`` for messages."""
+    return f"pid {rec.get('pid')} on {rec.get('host')} since {rec.get('started')}"
+
+
+@contextlib.contextmanager
+def claim_lock(folder: str) -> Iterator[None]:
+    """Serialise claims of outputs in one local folder (an advisory lock on the folder itself)."""
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): claims are not serialised
+        yield
+        return
+    try:
+        fd = os.open(folder or ".", os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:  # file systems without flock (some network mounts)
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+class Heartbeat:
+    """Refreshes the owner records this process holds, every :data:`HEARTBEAT_SECONDS`.
+
+    One daemon thread per process; it stops refreshing a record whose run id changed (another run
+    took the location over), so the commit of this run then fails instead of overwriting it.
+    """
+
+    _lock = threading.Lock()
+    _held: dict[str, tuple[Location, dict]] = {}
+    _thread: threading.Thread | None = None
+    _wake = threading.Event()
+
+    @classmethod
+    def hold(cls, loc: Location, rec: dict) -> None:
+        with cls._lock:
+            cls._held[loc.url] = (loc, rec)
+            if cls._thread is None or not cls._thread.is_alive():
+                cls._thread = threading.Thread(target=cls._run, name="blocklin-heartbeat", daemon=True)
+                cls._thread.start()
+
+    @classmethod
+    def holds(cls, rec: dict | None) -> bool:
+        """Whether this process still holds the run that wrote ``rec`` (its output or job is open)."""
+        if not rec:
+            return False
+        with cls._lock:
+            return any(r["run"] == rec.get("run") for _, r in cls._held.values())
+
+    @classmethod
+    def release(cls, loc: Location) -> None:
+        with cls._lock:
+            cls._held.pop(loc.url, None)
+
+    @classmethod
+    def _run(cls) -> None:
+        while True:
+            cls._wake.wait(HEARTBEAT_SECONDS)
+            cls._wake.clear()
+            with cls._lock:
+                held = list(cls._held.values())
+                if not held:
+                    cls._thread = None
+                    return
+                for loc, rec in held:
+                    cls._beat(loc, rec)
+
+    @classmethod
+    def _beat(cls, loc: Location, rec: dict) -> None:
+        try:
+            current = read_record(loc)
+            if current is None or current.get("run") != rec["run"]:
+                cls._held.pop(loc.url, None)  # gone or taken over: never resurrect it
+                return
+            rec["heartbeat"] = time.time()
+            write_record(loc, rec)
+        except OSError:  # a transient storage error: the next beat tries again
+            pass
+
+
+def start_work_folder(loc: Location, **extra: Any) -> dict:
+    """Create the work folder ``loc`` (locally) and own it: record written, heartbeat held."""
+    if loc.is_local:
+        make_temp_folder(loc.url)  # an unusable temp dir is a TempDirError naming the setting
+    rec = new_record(**extra)
+    write_record(loc, rec)
+    Heartbeat.hold(loc, rec)
+    return rec
+
+
+def end_work_folder(loc: Location) -> None:
+    """Stop owning the work folder ``loc`` and remove it with everything in it."""
+    Heartbeat.release(loc)
+    backend(loc).remove("")
+
+
+__all__ = ["HEARTBEAT_SECONDS", "LEASE_SECONDS", "OWNER_RECORD", "Heartbeat", "claim_lock", "describe",
+           "end_work_folder", "host", "is_alive", "is_mine", "new_record", "read_record", "start_work_folder", "write_record"]
