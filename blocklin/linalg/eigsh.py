@@ -14,7 +14,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import ConvergenceWarning, NotSymmetricError, explain, warn
+from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterError, explain, warn
 from blocklin.linalg._tall_kernels import rmat_kernel
 from blocklin.linalg.lanczos import LanczosResult, block_lanczos, default_tol
 from blocklin.linalg.orth import orth_against
@@ -53,7 +53,7 @@ def symmetry_rtol(dtype: Any) -> float:
 
 def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_size: int | None = None,
           max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
-          overwrite: bool = False, check_symmetric: bool = True, order: str = "ascending",
+          overwrite: bool = False, check_symmetric: bool = True, order: str | None = None, center: bool = False,
           **settings: Unpack[Settings]) -> EighResult:
     """``k`` eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
 
@@ -86,10 +86,18 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         Replace an existing ``out``.
     check_symmetric : bool
         Refuse a non-symmetric matrix (checked on the first pass).
-    order : {"ascending", "descending"}
-        Order of the eigenvalues (and of the columns of ``V``): ``"ascending"`` as SciPy's ``eigsh``
-        (the default), ``"descending"`` as :func:`blocklin.svd` orders ``s`` (largest first; what
-        ``blocklin eigs`` writes for ``which="LA"`` and ``"LM"``).
+    order : {"ascending", "descending"}, optional
+        Order of the eigenvalues (and of the columns of ``V``): ``"ascending"`` as SciPy's ``eigsh``,
+        ``"descending"`` as :func:`blocklin.svd` orders ``s`` (largest first; what ``blocklin eigs``
+        writes for ``which="LA"`` and ``"LM"``). Not given: ``"ascending"`` with a ``FutureWarning``
+        (deprecation path: the default becomes svd's order, ``"descending"`` for ``LA``/``LM``, in
+        the next minor release; pass ``order`` to keep either one without the warning).
+    center : bool
+        ``A`` is a data matrix (``m`` samples x ``n`` features, any shape): the eigenpairs of its
+        covariance ``C = (A - 1 mu^T)^T (A - 1 mu^T) / (m - 1)`` without forming ``C`` or a centered
+        copy, by the centered SVD (:func:`blocklin.svd` with ``center=True``, block Lanczos to
+        ``tol``): ``w = s^2 / (m - 1)`` and ``V`` the right singular vectors. ``which`` must be
+        ``"LA"`` or ``"LM"`` (the same for a covariance).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
@@ -113,8 +121,15 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     (array([48., 49., 50.]), (50, 3))
     """
     which = choice("which", which, WHICH, fix="pass which='LA'")
+    if order is None:
+        warn("eigsh: the default order will become 'descending' (largest first, as svd orders s) in the next "
+             "minor release; pass order='ascending' to keep SciPy's order, or order='descending'", FutureWarning)
+        order = "ascending"
     order = choice("order", order, ("ascending", "descending"), fix="pass order='descending'")
     tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
+    if center:
+        return _covariance(a, k, which=which, tol=tol, block_size=block_size, max_basis=max_basis,
+                           max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, **settings)
     with Job("eigsh", **settings) as job:
         A = job.operand(a, "a")
         n = square(A, "(eigsh needs a symmetric matrix)", "use blocklin.svd for rectangular matrices")
@@ -141,6 +156,28 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                  "pairs). Raise max_passes, max_basis or block_size, or loosen tol", ConvergenceWarning)
         return _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed, phases=phases,
                        order=order)
+
+
+def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighResult:
+    """Eigenpairs of the covariance of the data matrix ``a`` through its centered SVD (no ``C`` formed)."""
+    from blocklin.linalg.svd import svd
+
+    if which == "SA":
+        raise ParameterError(explain("which", "must be 'LA' or 'LM' with center=True (the leading eigenpairs of a "
+                                     "covariance, from its centered SVD)", repr(which), "pass which='LA'"))
+    res = svd(a, k, method="lanczos", center=True, **kw)
+    m = res.moments.count
+    w = (res.s.astype(np.float64) ** 2 / max(m - 1, 1)).astype(res.s.dtype)
+    V = (res.Vt.to_numpy() if hasattr(res.Vt, "to_numpy") else np.asarray(res.Vt)).T  # n x k, as svd's U
+    if res.report.get("output") and kw.get("out") is None:  # the temporary factors are not returned
+        from blocklin.storage import remove
+
+        remove((res.U if hasattr(res.U, "location") else res.Vt).location.parent)
+    idx = np.arange(k)[::-1] if order == "ascending" else np.arange(k)
+    # ||C v - w v|| = s ||A_c^T u - s v|| / (m - 1), since A_c v = s u
+    resid = np.asarray(res.report["residuals"]) * res.s.astype(np.float64) / max(m - 1, 1)
+    report = dict(res.report, which=which, order=order, center=True, covariance_ddof=1, residuals=resid[idx].tolist())
+    return EighResult(w[idx], np.ascontiguousarray(V[:, idx]), report)
 
 
 def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,

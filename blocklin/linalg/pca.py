@@ -66,7 +66,7 @@ class PCAResult:
                 f"n_features_in_={self.n_features_in_}, explained_variance_ratio_={self.explained_variance_ratio_})")
 
 
-def pca(a: Any, k: int, *, scale: bool = False, method: str = "rsvd", oversample: int = 10,
+def pca(a: Any, k: int, *, scale: bool = False, method: str = "auto", oversample: int = 10,
         power_iters: int | str = "auto", tol: float | None = None, seed: int | None = None, out: Any = None,
         overwrite: bool = False, **settings: Unpack[Settings]) -> PCAResult:
     """Principal components of the rows of ``A`` (samples x features), out of core.
