@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, help="concurrent strip tasks (local schedulers)")
     p.add_argument("--plot", metavar="PNG", help="draw the singular value spectrum and residuals (needs matplotlib)")
     p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run that was writing OUT (same input, options and budget): "
+                        "completed passes are skipped, the result is identical to an uninterrupted run")
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> dict:
               tol=args.tol, out=args.out, seed=args.seed, memory=args.memory, device=args.device,
               scheduler=args.scheduler, progress=ui.progress_arg(args), workers=args.workers,
               max_passes=args.max_passes, check_finite=False if args.no_check_finite else None,
-              overwrite=args.overwrite, center=args.center, scale=args.scale)
+              overwrite=args.overwrite, resume=args.resume, center=args.center, scale=args.scale)
     r = res.report
     summary = summary_of(r, "svd", args.k)
     summary["s"] = [float(x) for x in res.s]

@@ -19,8 +19,9 @@ from blocklin.linalg._tall_kernels import rmat_kernel
 from blocklin.linalg.lanczos import LanczosResult, block_lanczos, default_tol
 from blocklin.linalg.orth import orth_against
 from blocklin.linalg.random import STREAM_LANCZOS, gaussian
-from blocklin.linalg.results import write_group
-from blocklin.linalg.svd import load_incore
+from blocklin.linalg.checkpoint import Checkpoints
+from blocklin.linalg.results import open_group, write_group
+from blocklin.linalg.svd import checkpointed_seed, load_incore, resume_token
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
@@ -54,7 +55,7 @@ def symmetry_rtol(dtype: Any) -> float:
 def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_size: int | None = None,
           max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
           overwrite: bool = False, check_symmetric: bool = True, order: str | None = None, center: bool = False,
-          **settings: Unpack[Settings]) -> EighResult:
+          resume: bool = False, **settings: Unpack[Settings]) -> EighResult:
     """``k`` eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
 
     Each Lanczos step is one pass over ``A`` (``Z = A^T X``, equal to ``A X`` for symmetric ``A``).
@@ -92,6 +93,10 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         writes for ``which="LA"`` and ``"LM"``). Not given: ``"ascending"`` with a ``FutureWarning``
         (deprecation path: the default becomes svd's order, ``"descending"`` for ``LA``/``LM``, in
         the next minor release; pass ``order`` to keep either one without the warning).
+    resume : bool
+        Continue the interrupted run that was writing ``out`` (same input, parameters and budget):
+        the completed Lanczos steps are restored from their checkpoints and skipped; the result is
+        identical, bit for bit, to an uninterrupted run. Needs ``out``.
     center : bool
         ``A`` is a data matrix (``m`` samples x ``n`` features, any shape): the eigenpairs of its
         covariance ``C = (A - 1 mu^T)^T (A - 1 mu^T) / (m - 1)`` without forming ``C`` or a centered
@@ -129,19 +134,25 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
     if center:
         return _covariance(a, k, which=which, tol=tol, block_size=block_size, max_basis=max_basis,
-                           max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, **settings)
+                           max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, resume=resume,
+                           **settings)
     with Job("eigsh", **settings) as job:
         A = job.operand(a, "a")
         n = square(A, "(eigsh needs a symmetric matrix)", "use blocklin.svd for rectangular matrices")
         dt = float_operand(A)
         check_k(k, n, n)
         tol = default_tol(dt) if tol is None else tol
-        seed = resolve_seed(seed)
         plan = plan_svd(n, n, k, dt, method="eigsh", oversample=10, power_iters=None, memory=job.cfg.memory,
                         max_passes=max_passes, block_size=block_size, max_basis=max_basis, square=True)
+        ao = None if out is None else open_group(job, out, A, overwrite, resume=resume, token=resume_token(
+            A, op="eigsh", k=k, which=which, tol=tol, block=plan.block, basis=plan.max_basis, max_passes=max_passes,
+            check=check_symmetric, memory=job.cfg.memory, seed=seed))
+        ckpt = Checkpoints(ao, enabled=ao is not None and not plan.in_core)
+        seed = checkpointed_seed(ckpt, seed)
+        state = ckpt.load("lanczos")
         x0 = orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, plan.block), seed=seed)
-        apply, first, phases = _operator(job, A, plan, x0, check_symmetric)
-        scale = {"v": 0.0}
+        apply, first, phases = _operator(job, A, plan, x0, check_symmetric and state is None)
+        scale = {"v": float(state.pop("scale")) if state is not None else 0.0}  # the threshold's running max
 
         def threshold(theta: np.ndarray) -> np.ndarray:
             scale["v"] = max(scale["v"], float(np.max(np.abs(theta))) if theta.size else 0.0)
@@ -149,13 +160,18 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
 
         steps_limit = max_passes if not plan.in_core else max(max_passes, 500)
         res = block_lanczos(apply, n, k, which=which, block=plan.block, max_basis=plan.max_basis,
-                            max_steps=steps_limit, threshold=threshold, seed=seed, x0=x0, first=first)
+                            max_steps=steps_limit, threshold=threshold, seed=seed, x0=x0, first=first, state=state,
+                            checkpoint=(lambda st: ckpt.save("lanczos", scale=scale["v"], **st)) if ckpt.enabled else None)
+        ckpt.clear()
         if not res.converged:
             warn(f"eigsh: tol={tol:g} not reached within {job.passes('a')} passes over A; reached a relative "
                  f"residual of {float(np.max(res.residuals)) / max(scale['v'], 1e-300):.2e} (max over the {k} "
                  "pairs). Raise max_passes, max_basis or block_size, or loosen tol", ConvergenceWarning)
-        return _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed, phases=phases,
-                       order=order)
+        result = _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed, phases=phases,
+                         order=order, ao=ao)
+        result.report.update(resumed=bool(ao is not None and ao.resumed),
+                             restored_checkpoints=[name for name in ckpt.restored if name != "seed"])
+        return result
 
 
 def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighResult:
@@ -213,7 +229,7 @@ def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
             z = reduce_sum(states, "Z")
             return (z, collect_rows(states, n, x.shape[1])) if check else z
 
-        atx, ax = one(x0, 1, check=check_symmetric)
+        atx, ax = one(x0, 1, check=True) if check_symmetric else (None, None)  # resumed: checked before
         apply = one
     if check_symmetric:
         _check_symmetry(np.asarray(ax, dtype=np.float64), np.asarray(atx, dtype=np.float64), symmetry_rtol(dt))
@@ -231,7 +247,7 @@ def _check_symmetry(ax: np.ndarray, atx: np.ndarray, rtol: float) -> None:
 
 
 def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overwrite: bool, *, tol: float,
-            which: str, seed: int, phases: dict | None = None, order: str = "ascending") -> EighResult:
+            which: str, seed: int, phases: dict | None = None, order: str = "ascending", ao: Any = None) -> EighResult:
     """Eigenpairs in ``order``, the report, and the output group when ``out`` is given."""
     key = res.values if order == "ascending" else -res.values
     if order == "descending" and which == "LM":  # largest magnitude first
@@ -244,5 +260,5 @@ def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overw
                         converged=res.converged, which=which, seed=seed, block=plan.block, history=res.history,
                         in_core=plan.in_core, plan=plan.to_dict(), phases=phases)
     if out is not None:
-        write_group(job, out, A, {"w": w, "V": vecs}, "eigsh", plan, report, overwrite)
+        write_group(job, out, A, {"w": w, "V": vecs}, "eigsh", plan, report, overwrite, ao=ao)
     return EighResult(w, vecs, report)

@@ -19,6 +19,7 @@ from blocklin.errors import BudgetError, ConvergenceWarning, warn
 from blocklin.linalg import _tall_kernels as K
 from blocklin.linalg import random as rnd
 from blocklin.linalg.center import Moments, Shift, column_moments, moments_incore
+from blocklin.linalg.checkpoint import Checkpoints
 from blocklin.linalg.lanczos import block_lanczos, default_tol
 from blocklin.linalg.orth import cholqr_r, orth_incore
 from blocklin.linalg.results import open_group, write_group
@@ -245,22 +246,23 @@ def _rayleigh_ritz(src: Any, Q: np.ndarray, k: int, dest: str | None, transposed
 
 
 def _rsvd(src: Any, k: int, l: int, q: int | None, tol: float | None, seed: int, max_passes: int,
-          dest: str | None, transposed_out: bool) -> dict:
-    N = src.N
-    Q = orth_incore(rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, N, l))
-    history: list = []
-    used = 0
-    for t in range(q if q is not None else max_passes - 1):
-        Z, _, _ = src.normal(Q, description=f"rsvd: power iteration {t + 1}" + (f"/{q}" if q is not None else ""))
+          dest: str | None, transposed_out: bool, ckpt: Checkpoints) -> dict:
+    saved = ckpt.load("rsvd")
+    if saved is None:
+        Q = orth_incore(rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, src.N, l))
+        used, history, done = 0, [], False
+    else:  # resume: the block after the last completed power iteration, bit for bit
+        Q, used, done = saved["Q"], int(saved["used"]), bool(saved["done"])
+        history = [float(h) for h in np.atleast_1d(saved["history"])]
+    total = q if q is not None else max_passes - 1
+    while not done and used < total:
+        Z, _, _ = src.normal(Q, description=f"rsvd: power iteration {used + 1}" + (f"/{q}" if q is not None else ""))
         if q is None:  # adaptive: stop when every Ritz triplet's own relative residual reaches tol
-            est = _ritz_relative_residuals(Q, Z, k, src.dtype)
-            history.append(float(est.max(initial=0.0)))
-            if history[-1] <= tol:
-                Q = orth_incore(Z)
-                used += 1
-                break
+            history.append(float(_ritz_relative_residuals(Q, Z, k, src.dtype).max(initial=0.0)))
+            done = history[-1] <= tol
         Q = orth_incore(Z)
         used += 1
+        ckpt.save("rsvd", Q=Q, used=used, history=np.array(history, dtype=np.float64), done=done)
     r = _rayleigh_ritz(src, Q, k, dest, transposed_out, "rsvd")
     return r | {"power_iters": used, "history": history}
 
@@ -285,7 +287,7 @@ def _sketch(src: Any, k: int, kp: int, s: int, seed: int, dest: str | None, tran
 
 
 def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,
-             transposed_out: bool) -> dict:
+             transposed_out: bool, ckpt: Checkpoints) -> dict:
     floor = resolution_floor(src.dtype)
 
     def apply(x: np.ndarray, step: int) -> np.ndarray:
@@ -300,7 +302,8 @@ def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: 
         return np.maximum(tol * scale * scale, 10 * rounding_level(src.dtype, src.M) * s1 * s1)
 
     res = block_lanczos(apply, src.N, k, which="LA", block=plan.block, max_basis=plan.max_basis,
-                        max_steps=max_steps, threshold=threshold, seed=seed)
+                        max_steps=max_steps, threshold=threshold, seed=seed, state=ckpt.load("lanczos"),
+                        checkpoint=(lambda state: ckpt.save("lanczos", **state)) if ckpt.enabled else None)
     r = _rayleigh_ritz(src, res.vectors, k, dest, transposed_out, "lanczos")
     return r | {"lanczos_steps": res.steps, "restarts": res.restarts, "history": res.history}
 
@@ -309,7 +312,7 @@ def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: 
 def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
         tol: float | None = None, out: Any = None, seed: int | None = None,
         max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
-        overwrite: bool = False, center: bool = False, scale: bool = False,
+        overwrite: bool = False, center: bool = False, scale: bool = False, resume: bool = False,
         **settings: Unpack[Settings]) -> SVDResult:
     """Truncated SVD ``A ~ U diag(s) Vt`` of an out-of-core matrix, counting passes over ``A``.
 
@@ -360,6 +363,12 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
         whatever the budget, scheduler or workers. ``None`` draws one (recorded in the report).
     overwrite : bool
         Replace an existing ``out``.
+    resume : bool
+        Continue the run that was writing ``out`` when it was interrupted (SIGKILL, Ctrl-C, a crash)
+        with the same input, parameters and budget: the passes it completed are skipped (their
+        results are checkpointed in the unfinished output, :mod:`blocklin.linalg.checkpoint`) and the
+        result is identical, bit for bit, to an uninterrupted run. Without an unfinished run it
+        starts afresh. Needs ``out``.
     center : bool
         Factor ``A - 1 mu^T`` with ``mu`` the column means (principal component analysis), without
         writing a centered copy: the rank-one correction is applied inside every pass
@@ -429,25 +438,32 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
         float_operand(A)
         m, n = A.shape
         check_k(k, m, n)
-        seed = resolve_seed(seed)
         q = (None if tol is not None else AUTO_POWER_ITERS) if power_iters == "auto" else power_iters
         limit = max_passes or (20 if method == "rsvd" else 60)
         tol = default_tol(A.dtype) if method == "lanczos" and tol is None else tol
         plan = plan_svd(m, n, k, A.dtype, method=method, oversample=oversample, power_iters=q if method == "rsvd"
                         else None, memory=job.cfg.memory, max_passes=limit, block_size=block_size,
                         max_basis=max_basis)
-        ao = open_group(job, out, A, overwrite)
-        r = _factorize(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit,
+        token = resume_token(A, op="svd", k=k, method=method, oversample=oversample, q=q, tol=tol, limit=limit,
+                             block=plan.block, basis=plan.max_basis, center=bool(center), scale=bool(scale),
+                             memory=job.cfg.memory, seed=seed)
+        ao = open_group(job, out, A, overwrite, resume=resume, token=token)
+        ckpt = Checkpoints(ao, enabled=out is not None)
+        seed = checkpointed_seed(ckpt, seed)
+        r = _factorize(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, ckpt=ckpt,
                        dest=ao.array_path("Vt" if plan.transposed else "U"), center=bool(center), scale=bool(scale))
         report = _report(job, plan, r, tol=tol, seed=seed, oversample=oversample)
-        report.update(center=bool(center), scale=bool(scale), method_requested=requested)
+        report.update(center=bool(center), scale=bool(scale), method_requested=requested, resumed=ao.resumed,
+                      restored_checkpoints=[name for name in ckpt.restored if name != "seed"])
+        ckpt.clear()
         if (center or scale) and not plan.in_core:
             report["passes_formula"] = f"{report['passes_formula']} + 1 (column means)"
         return _result(job, out, A, plan, r, report, ao, overwrite)
 
 
 def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
-               limit: int, dest: str, center: bool = False, scale: bool = False) -> dict:
+               limit: int, dest: str, center: bool = False, scale: bool = False,
+               ckpt: Checkpoints | None = None) -> dict:
     """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``.
 
     With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.center`): centered
@@ -467,23 +483,54 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
         phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
     else:
         if center or scale:
-            moments = column_moments(job, A, memory=plan.pass_memory)
+            moments = _moments(job, A, plan, ckpt)
             shift = Shift.of(moments, center=center, scale=scale, transposed=plan.transposed)
         src = _Streamed(job, A, plan, shift)
         phases = {"passes over A": src.device or job.device}
+    ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
     if plan.method == "rsvd":
         r = _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
-                  plan.transposed)
+                  plan.transposed, ckpt)
     elif plan.method == "sketch":
         r = _sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
     else:
-        r = _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed)
+        r = _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed,
+                     ckpt)
     r["phases"] = phases
     if moments is not None:
         r["moments"] = moments
         r["mean"] = moments.mean if center else None
         r["scale"] = moments.std if scale else None
     return r
+
+
+def _moments(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None) -> Moments:
+    """The column moments from one pass, or from the checkpoint of an interrupted run."""
+    saved = ckpt.load("moments") if ckpt is not None else None
+    if saved is not None:
+        return Moments(saved["mean"], saved["var"], int(saved["count"]))
+    moments = column_moments(job, A, memory=plan.pass_memory)
+    if ckpt is not None:
+        ckpt.save("moments", mean=moments.mean, var=moments.var, count=moments.count)
+    return moments
+
+
+def resume_token(A: Any, **params: Any) -> str:
+    """Identity of a factorization for ``resume=True``: the input (path, shape, dtype, chunks) and every
+    parameter that changes the passes or their bits (the budget included: it fixes the strips)."""
+    from dask.base import tokenize
+
+    return tokenize("low-rank", str(A.path), A.shape, A.dtype.str, A.chunks, sorted(params.items()))
+
+
+def checkpointed_seed(ckpt: Checkpoints, seed: int | None) -> int:
+    """The seed: given, or the one an interrupted run drew (so that resuming draws the same numbers)."""
+    saved = ckpt.load("seed")
+    if saved is not None:
+        return int(saved["seed"])
+    seed = resolve_seed(seed)
+    ckpt.save("seed", seed=seed)
+    return seed
 
 
 def resolve_method(method: str, power_iters: int | str) -> str:
