@@ -25,7 +25,7 @@ def data(tmp_path):
 def test_pca_json_matches_sklearn(tmp_path, data, capsys):
     a, path = data
     (tmp_path / "t").mkdir()
-    assert main(["pca", path, "-k", "3", "--json", "--seed", "0", "--memory", "128KiB",
+    assert main(["pca", path, "-k", "3", "--json", "--seed", "0", "--memory", "128KiB", "--power-iters", "4",
                  "--temp-dir", str(tmp_path / "t")]) == 0
     out = json.loads(capsys.readouterr().out)
     ref = PCA(n_components=3, svd_solver="full").fit(a)

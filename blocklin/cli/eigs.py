@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "per step). Writes a zarr group with w, V and the report in its attributes: the wanted "
                                    "end first, as svd orders S (LA, LM: largest first; SA: smallest first), the "
                                    "eigenvectors as the columns of V (n x k, oriented as svd's U).")
-    p.add_argument("a", metavar="A", help="zarr array (path), symmetric")
+    p.add_argument("a", metavar="A", help="zarr array (path), symmetric (with --center: any data matrix)")
     p.add_argument("-k", type=int, required=True, help="number of eigenpairs (1 <= k < n)")
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="output zarr group (path)")
     p.add_argument("--which", choices=("LA", "SA", "LM"), default="LA",
@@ -23,9 +23,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tol", type=float, help="relative residual tolerance ||A x - w x|| <= tol * max|w|")
     p.add_argument("--max-passes", type=int, default=60, help="pass limit (default 60)")
     p.add_argument("--seed", type=int, help="seed of the starting block")
+    p.add_argument("--center", action="store_true",
+                   help="A is a data matrix (samples x features): eigenpairs of its covariance, by the centered "
+                        "SVD (no covariance or centered copy formed)")
     p.add_argument("--workers", type=int, help="concurrent strip tasks (local schedulers)")
     p.add_argument("--plot", metavar="PNG", help="draw the eigenvalues and residuals (needs matplotlib)")
     p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run that was writing OUT (same input, options and budget): "
+                        "completed passes are skipped, the result is identical to an uninterrupted run")
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -36,8 +42,8 @@ def run(args: argparse.Namespace) -> dict:
     res = eigsh(args.a, args.k, which=args.which, tol=args.tol, max_passes=args.max_passes, seed=args.seed,
                 out=args.out, memory=args.memory, device=args.device, scheduler=args.scheduler,
                 progress=ui.progress_arg(args), workers=args.workers,
-                check_finite=False if args.no_check_finite else None, overwrite=args.overwrite,
-                order="ascending" if args.which == "SA" else "descending")
+                check_finite=False if args.no_check_finite else None, overwrite=args.overwrite, resume=args.resume,
+                order="ascending" if args.which == "SA" else "descending", center=args.center)
     r = res.report
     r["output"] = args.out
     summary = summary_of(r, "eigs", args.k)

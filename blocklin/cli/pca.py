@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from blocklin.cli import ui
-from blocklin.cli.svd import _power_iters, summary_of
+from blocklin.cli.svd import worst_line, _power_iters, summary_of
 from blocklin.config import format_size
 
 
@@ -18,14 +18,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-k", type=int, required=True, help="number of components (1 <= k < min(m, n))")
     p.add_argument("-o", "--out", metavar="OUT", help="output zarr group (path) for the factors")
     p.add_argument("--scale", action="store_true", help="standardize the columns (PCA of the correlation matrix)")
-    p.add_argument("--method", choices=("rsvd", "sketch", "lanczos"), default="rsvd",
-                   help="rsvd: randomized, q + 2 passes; sketch: two passes; lanczos: converged to --tol")
+    p.add_argument("--method", choices=("auto", "rsvd", "sketch", "lanczos"), default="auto",
+                   help="auto (default): lanczos to --tol, or rsvd when --power-iters is a number; rsvd: "
+                        "randomized, q + 2 passes; sketch: two passes; lanczos: converged to --tol")
     p.add_argument("--power-iters", default="auto", help="rsvd power iterations (integer or 'auto')")
     p.add_argument("--oversample", type=int, default=10, help="extra random columns (default 10)")
-    p.add_argument("--tol", type=float, help="relative residual tolerance ||A^T u - s v|| <= tol * s_1")
+    p.add_argument("--tol", type=float, help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "
+                   "(its own singular value); default 10 sqrt(eps) for lanczos/auto")
     p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
     p.add_argument("--workers", type=int, help="concurrent strip tasks (local schedulers)")
     p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run that was writing OUT (same input, options and budget): "
+                        "completed passes are skipped, the result is identical to an uninterrupted run")
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -36,7 +41,8 @@ def run(args: argparse.Namespace) -> dict:
     res = pca(args.a, args.k, scale=args.scale, method=args.method, oversample=args.oversample,
               power_iters=_power_iters(args.power_iters), tol=args.tol, out=args.out, seed=args.seed,
               memory=args.memory, device=args.device, scheduler=args.scheduler, progress=ui.progress_arg(args),
-              workers=args.workers, check_finite=False if args.no_check_finite else None, overwrite=args.overwrite)
+              workers=args.workers, check_finite=False if args.no_check_finite else None, overwrite=args.overwrite,
+              resume=args.resume)
     r = res.report
     summary = summary_of(r, "pca", args.k)
     if not args.out:
@@ -49,6 +55,6 @@ def run(args: argparse.Namespace) -> dict:
     human = (f"{where}{args.k} components of {res.n_samples_} x {res.n_features_in_} explain {100 * ratio:.2f}% of the "
              f"variance (first: {100 * float(res.explained_variance_ratio_[0]):.2f}%) in {r['seconds']:.2f} s: "
              f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
-             f"peak memory {format_size(r['peak_memory'])}")
+             f"peak memory {format_size(r['peak_memory'])}{worst_line(r)}")
     ui.emit(args, summary, human)
     return summary

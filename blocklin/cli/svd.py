@@ -18,11 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", metavar="A", help="zarr array (path)")
     p.add_argument("-k", type=int, required=True, help="number of singular triplets (1 <= k < min(m, n))")
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="output zarr group (path)")
-    p.add_argument("--method", choices=("rsvd", "sketch", "lanczos"), default="rsvd",
-                   help="rsvd: randomized, q + 1 passes; sketch: one pass; lanczos: converged to --tol")
+    p.add_argument("--method", choices=("auto", "rsvd", "sketch", "lanczos"), default="auto",
+                   help="auto (default): lanczos to --tol, or rsvd when --power-iters is a number; rsvd: "
+                        "randomized, q + 1 passes; sketch: one pass; lanczos: converged to --tol")
     p.add_argument("--power-iters", default="auto", help="rsvd power iterations (integer or 'auto')")
     p.add_argument("--oversample", type=int, default=10, help="extra random columns (default 10)")
-    p.add_argument("--tol", type=float, help="relative residual tolerance ||A^T u - s v|| <= tol * s_1")
+    p.add_argument("--tol", type=float, help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "
+                   "(its own singular value); default 10 sqrt(eps) for lanczos/auto")
     p.add_argument("--max-passes", type=int, help="pass limit of the adaptive methods")
     p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
     p.add_argument("--center", action="store_true",
@@ -32,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, help="concurrent strip tasks (local schedulers)")
     p.add_argument("--plot", metavar="PNG", help="draw the singular value spectrum and residuals (needs matplotlib)")
     p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run that was writing OUT (same input, options and budget): "
+                        "completed passes are skipped, the result is identical to an uninterrupted run")
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -53,27 +58,38 @@ def run(args: argparse.Namespace) -> dict:
               tol=args.tol, out=args.out, seed=args.seed, memory=args.memory, device=args.device,
               scheduler=args.scheduler, progress=ui.progress_arg(args), workers=args.workers,
               max_passes=args.max_passes, check_finite=False if args.no_check_finite else None,
-              overwrite=args.overwrite, center=args.center, scale=args.scale)
+              overwrite=args.overwrite, resume=args.resume, center=args.center, scale=args.scale)
     r = res.report
     summary = summary_of(r, "svd", args.k)
     summary["s"] = [float(x) for x in res.s]
     if args.plot:
-        plot_spectrum(args.plot, res.s, r.get("relative_residuals"), title=f"blocklin svd ({args.method}), k={args.k}",
+        plot_spectrum(args.plot, res.s, r.get("relative_residuals"), title=f"blocklin svd ({r['method']}), k={args.k}",
                       label="singular value")
         summary["plot"] = args.plot
-    resid = r.get("relative_residuals")
-    worst = f", max relative residual {max(resid):.1e}" if resid else " (residuals not computed by the sketch)"
+    worst = worst_line(r)
     stored = "U, S, Vt" + (", mean" if args.center else "") + (", scale" if args.scale else "")
-    human = (f"wrote {r['output']} ({stored}; k={args.k}, {args.method}) in {r['seconds']:.2f} s: "
+    human = (f"wrote {r['output']} ({stored}; k={args.k}, {r['method']}) in {r['seconds']:.2f} s: "
              f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
              f"peak memory {format_size(r['peak_memory'])}{worst}")
     ui.emit(args, summary, human)
     return summary
 
 
+def worst_line(r: dict) -> str:
+    """The headline's residual part: the worst triplet by its residual relative to its own singular value."""
+    w = r.get("worst_triplet")
+    if not w:
+        return " (residuals not computed by the sketch)"
+    bad = sum(1 for c in r.get("converged_triplets") or [] if not c)
+    state = f"; {bad} triplet(s) NOT converged to tol {r['tol']:.1e}" if bad else ""
+    return (f", worst triplet {w['index']} (s = {w['s']:.4g}): relative residual {w['relative_residual']:.1e}"
+            f"{state}")
+
+
 def summary_of(r: dict, operation: str, k: int) -> dict:
     keys = ("output", "method", "seconds", "passes", "passes_formula", "intermediate_passes", "bytes_read",
-            "peak_memory", "memory_budget", "residuals", "relative_residuals", "converged", "tol", "seed",
+            "peak_memory", "memory_budget", "residuals", "relative_residuals", "converged", "converged_triplets",
+            "worst_triplet", "tol", "seed",
             "device", "scheduler", "in_core", "which", "center", "scale")
     out = {key: r[key] for key in keys if key in r}
     out.update(operation=operation, k=k)

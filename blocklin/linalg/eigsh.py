@@ -14,17 +14,18 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import ConvergenceWarning, NotSymmetricError, explain, warn
+from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterError, explain, warn
 from blocklin.linalg._tall_kernels import rmat_kernel
 from blocklin.linalg.lanczos import LanczosResult, block_lanczos, default_tol
 from blocklin.linalg.orth import orth_against
 from blocklin.linalg.random import STREAM_LANCZOS, gaussian
-from blocklin.linalg.results import write_group
-from blocklin.linalg.svd import load_incore
+from blocklin.linalg.checkpoint import Checkpoints
+from blocklin.linalg.results import open_group, write_group
+from blocklin.linalg.svd import checkpointed_seed, load_incore, resume_token
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
-from blocklin.validate import check_k, choice, float_operand, positive, resolve_seed, square
+from blocklin.validate import check_k, choice, float_operand, positive, square
 
 WHICH = ("LA", "SA", "LM")
 
@@ -53,8 +54,8 @@ def symmetry_rtol(dtype: Any) -> float:
 
 def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_size: int | None = None,
           max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
-          overwrite: bool = False, check_symmetric: bool = True, order: str = "ascending",
-          **settings: Unpack[Settings]) -> EighResult:
+          overwrite: bool = False, check_symmetric: bool = True, order: str | None = None, center: bool = False,
+          resume: bool = False, **settings: Unpack[Settings]) -> EighResult:
     """``k`` eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
 
     Each Lanczos step is one pass over ``A`` (``Z = A^T X``, equal to ``A X`` for symmetric ``A``).
@@ -86,10 +87,22 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         Replace an existing ``out``.
     check_symmetric : bool
         Refuse a non-symmetric matrix (checked on the first pass).
-    order : {"ascending", "descending"}
-        Order of the eigenvalues (and of the columns of ``V``): ``"ascending"`` as SciPy's ``eigsh``
-        (the default), ``"descending"`` as :func:`blocklin.svd` orders ``s`` (largest first; what
-        ``blocklin eigs`` writes for ``which="LA"`` and ``"LM"``).
+    order : {"ascending", "descending"}, optional
+        Order of the eigenvalues (and of the columns of ``V``): ``"ascending"`` as SciPy's ``eigsh``,
+        ``"descending"`` as :func:`blocklin.svd` orders ``s`` (largest first; what ``blocklin eigs``
+        writes for ``which="LA"`` and ``"LM"``). Not given: ``"ascending"`` with a ``FutureWarning``
+        (deprecation path: the default becomes svd's order, ``"descending"`` for ``LA``/``LM``, in
+        the next minor release; pass ``order`` to keep either one without the warning).
+    resume : bool
+        Continue the interrupted run that was writing ``out`` (same input, parameters and budget):
+        the completed Lanczos steps are restored from their checkpoints and skipped; the result is
+        identical, bit for bit, to an uninterrupted run. Needs ``out``.
+    center : bool
+        ``A`` is a data matrix (``m`` samples x ``n`` features, any shape): the eigenpairs of its
+        covariance ``C = (A - 1 mu^T)^T (A - 1 mu^T) / (m - 1)`` without forming ``C`` or a centered
+        copy, by the centered SVD (:func:`blocklin.svd` with ``center=True``, block Lanczos to
+        ``tol``): ``w = s^2 / (m - 1)`` and ``V`` the right singular vectors. ``which`` must be
+        ``"LA"`` or ``"LM"`` (the same for a covariance).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
@@ -113,20 +126,33 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     (array([48., 49., 50.]), (50, 3))
     """
     which = choice("which", which, WHICH, fix="pass which='LA'")
+    if order is None:
+        warn("eigsh: the default order will become 'descending' (largest first, as svd orders s) in the next "
+             "minor release; pass order='ascending' to keep SciPy's order, or order='descending'", FutureWarning)
+        order = "ascending"
     order = choice("order", order, ("ascending", "descending"), fix="pass order='descending'")
     tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
+    if center:
+        return _covariance(a, k, which=which, tol=tol, block_size=block_size, max_basis=max_basis,
+                           max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, resume=resume,
+                           **settings)
     with Job("eigsh", **settings) as job:
         A = job.operand(a, "a")
         n = square(A, "(eigsh needs a symmetric matrix)", "use blocklin.svd for rectangular matrices")
         dt = float_operand(A)
         check_k(k, n, n)
         tol = default_tol(dt) if tol is None else tol
-        seed = resolve_seed(seed)
         plan = plan_svd(n, n, k, dt, method="eigsh", oversample=10, power_iters=None, memory=job.cfg.memory,
                         max_passes=max_passes, block_size=block_size, max_basis=max_basis, square=True)
+        ao = None if out is None else open_group(job, out, A, overwrite, resume=resume, token=resume_token(
+            A, op="eigsh", k=k, which=which, tol=tol, block=plan.block, basis=plan.max_basis, max_passes=max_passes,
+            check=check_symmetric, memory=job.cfg.memory, seed=seed))
+        ckpt = Checkpoints(ao, enabled=ao is not None and not plan.in_core)
+        seed = checkpointed_seed(ckpt, seed)
+        state = ckpt.load("lanczos")
         x0 = orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, plan.block), seed=seed)
-        apply, first, phases = _operator(job, A, plan, x0, check_symmetric)
-        scale = {"v": 0.0}
+        apply, first, phases = _operator(job, A, plan, x0, check_symmetric and state is None)
+        scale = {"v": float(state.pop("scale")) if state is not None else 0.0}  # the threshold's running max
 
         def threshold(theta: np.ndarray) -> np.ndarray:
             scale["v"] = max(scale["v"], float(np.max(np.abs(theta))) if theta.size else 0.0)
@@ -134,13 +160,40 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
 
         steps_limit = max_passes if not plan.in_core else max(max_passes, 500)
         res = block_lanczos(apply, n, k, which=which, block=plan.block, max_basis=plan.max_basis,
-                            max_steps=steps_limit, threshold=threshold, seed=seed, x0=x0, first=first)
+                            max_steps=steps_limit, threshold=threshold, seed=seed, x0=x0, first=first, state=state,
+                            checkpoint=(lambda st: ckpt.save("lanczos", scale=scale["v"], **st)) if ckpt.enabled else None)
+        ckpt.clear()
         if not res.converged:
             warn(f"eigsh: tol={tol:g} not reached within {job.passes('a')} passes over A; reached a relative "
                  f"residual of {float(np.max(res.residuals)) / max(scale['v'], 1e-300):.2e} (max over the {k} "
                  "pairs). Raise max_passes, max_basis or block_size, or loosen tol", ConvergenceWarning)
-        return _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed, phases=phases,
-                       order=order)
+        result = _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed, phases=phases,
+                         order=order, ao=ao)
+        result.report.update(resumed=bool(ao is not None and ao.resumed),
+                             restored_checkpoints=[name for name in ckpt.restored if name != "seed"])
+        return result
+
+
+def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighResult:
+    """Eigenpairs of the covariance of the data matrix ``a`` through its centered SVD (no ``C`` formed)."""
+    from blocklin.linalg.svd import svd
+
+    if which == "SA":
+        raise ParameterError(explain("which", "must be 'LA' or 'LM' with center=True (the leading eigenpairs of a "
+                                     "covariance, from its centered SVD)", repr(which), "pass which='LA'"))
+    res = svd(a, k, method="lanczos", center=True, **kw)
+    m = res.moments.count
+    w = (res.s.astype(np.float64) ** 2 / max(m - 1, 1)).astype(res.s.dtype)
+    V = (res.Vt.to_numpy() if hasattr(res.Vt, "to_numpy") else np.asarray(res.Vt)).T  # n x k, as svd's U
+    if res.report.get("output") and kw.get("out") is None:  # the temporary factors are not returned
+        from blocklin.storage import remove
+
+        remove((res.U if hasattr(res.U, "location") else res.Vt).location.parent)
+    idx = np.arange(k)[::-1] if order == "ascending" else np.arange(k)
+    # ||C v - w v|| = s ||A_c^T u - s v|| / (m - 1), since A_c v = s u
+    resid = np.asarray(res.report["residuals"]) * res.s.astype(np.float64) / max(m - 1, 1)
+    report = dict(res.report, which=which, order=order, center=True, covariance_ddof=1, residuals=resid[idx].tolist())
+    return EighResult(w[idx], np.ascontiguousarray(V[:, idx]), report)
 
 
 def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
@@ -180,7 +233,7 @@ def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
             z = reduce_sum(states, "Z")
             return (z, collect_rows(states, n, x.shape[1])) if check else z
 
-        atx, ax = one(x0, 1, check=check_symmetric)
+        atx, ax = one(x0, 1, check=True) if check_symmetric else (None, None)  # resumed: checked before
         apply = one
     if check_symmetric:
         _check_symmetry(np.asarray(ax, dtype=np.float64), np.asarray(atx, dtype=np.float64), symmetry_rtol(dt))
@@ -198,7 +251,7 @@ def _check_symmetry(ax: np.ndarray, atx: np.ndarray, rtol: float) -> None:
 
 
 def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overwrite: bool, *, tol: float,
-            which: str, seed: int, phases: dict | None = None, order: str = "ascending") -> EighResult:
+            which: str, seed: int, phases: dict | None = None, order: str = "ascending", ao: Any = None) -> EighResult:
     """Eigenpairs in ``order``, the report, and the output group when ``out`` is given."""
     key = res.values if order == "ascending" else -res.values
     if order == "descending" and which == "LM":  # largest magnitude first
@@ -211,5 +264,5 @@ def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overw
                         converged=res.converged, which=which, seed=seed, block=plan.block, history=res.history,
                         in_core=plan.in_core, plan=plan.to_dict(), phases=phases)
     if out is not None:
-        write_group(job, out, A, {"w": w, "V": vecs}, "eigsh", plan, report, overwrite)
+        write_group(job, out, A, {"w": w, "V": vecs}, "eigsh", plan, report, overwrite, ao=ao)
     return EighResult(w, vecs, report)

@@ -52,7 +52,8 @@ def _order(theta: np.ndarray, which: str) -> np.ndarray:
 
 def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int, *, which: str, block: int,
                   max_basis: int, max_steps: int, threshold: Callable[[np.ndarray], np.ndarray], seed: int,
-                  x0: np.ndarray | None = None, first: np.ndarray | None = None) -> LanczosResult:
+                  x0: np.ndarray | None = None, first: np.ndarray | None = None,
+                  checkpoint: Callable[[dict], None] | None = None, state: dict | None = None) -> LanczosResult:
     """Thick-restarted block Lanczos (see module docstring).
 
     Parameters
@@ -70,15 +71,21 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
         Seed of the starting block (counter-based).
     x0, first : ndarray, optional
         A starting block and its image, when the caller already computed them.
+    checkpoint : callable, optional
+        ``checkpoint(state)`` after every step that continues: the whole iteration state (arrays and
+        counters) from which ``state=`` resumes it exactly.
+    state : dict, optional
+        A state saved by ``checkpoint``: continue from it instead of starting.
     """
     b = max(1, min(block, n))
-    x = orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, b), seed=seed) if x0 is None else x0
-    V = np.zeros((n, 0))
-    W = np.zeros((n, 0))
-    H = np.zeros((0, 0))
-    history: list = []
-    steps = restarts = 0
-    counter = 1
+    if state is not None:
+        x, V, W, H = (np.asarray(state[key], dtype=np.float64) for key in ("x", "V", "W", "H"))
+        history = [float(h) for h in np.atleast_1d(state["history"])]
+        steps, restarts, counter = (int(state[key]) for key in ("steps", "restarts", "counter"))
+    else:
+        x = orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, b), seed=seed) if x0 is None else x0
+        V, W, H = np.zeros((n, 0)), np.zeros((n, 0)), np.zeros((0, 0))
+        history, steps, restarts, counter = [], 0, 0, 1
     while True:
         z = np.asarray(first if (first is not None and steps == 0) else apply(x, steps + 1), dtype=np.float64)
         steps += 1
@@ -117,6 +124,9 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
         counter += 1
         if x.shape[1] == 0:
             return LanczosResult(theta[sel], ritz, rn, bool(conv.all()), steps, restarts, history)
+        if checkpoint is not None:
+            checkpoint({"x": x, "V": V, "W": W, "H": H, "history": np.array(history), "steps": steps,
+                        "restarts": restarts, "counter": counter})
 
 
 def default_tol(dtype: Any) -> float:

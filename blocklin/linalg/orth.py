@@ -18,6 +18,7 @@ All out-of-core work runs as engine row passes over a :class:`~blocklin.linalg.t
 
 from __future__ import annotations
 
+import math
 from typing import Any, Unpack
 
 import numpy as np
@@ -99,18 +100,23 @@ def _inv_upper(r: np.ndarray) -> np.ndarray:
     return scipy.linalg.solve_triangular(r, np.eye(r.shape[0]), lower=False)
 
 
-def cholqr_r(block: Any, g: np.ndarray) -> tuple[np.ndarray, list, dict]:
+def cholqr_r(block: Any, g: np.ndarray, *, rank_revealing: bool = False) -> tuple[np.ndarray, list, dict]:
     """R factor of a stored tall block whose Gram matrix ``g`` is known.
 
     Returns ``(R, chain, info)``: ``Q = Y chain[0] chain[1] ...`` (applied in sequence) has orthonormal
     columns and ``Y = Q R``. CholeskyQR2 (one refinement pass); shifted CholeskyQR3 when ``chol(G)``
     breaks down (two refinement passes); TSQR then two CholeskyQR refinements as the last resort.
+
+    ``rank_revealing``: when ``chol(G)`` breaks down go to TSQR at once (one pass), and when its ``R``
+    is numerically singular (``Y`` of rank below its width, as for a rank-deficient or zero matrix)
+    return ``Q = Y W S^+`` from the SVD ``R = U_R S W^T`` (zero columns for the zero singular values,
+    whose ``R`` rows are zero) instead of a shifted factorization that would blur them to ``sqrt(u)``.
     """
     g = np.asarray(g, dtype=np.float64)
     info = {"method": "cholqr2", "shift": 0.0}
     refinements = 1
     r1 = cholesky_upper(g)
-    if r1 is None:
+    if r1 is None and not rank_revealing:
         sh = shift_for(g, block.M)
         info.update(method="shifted-cholqr3", shift=sh)
         r1 = cholesky_upper(g + sh * np.eye(g.shape[0]))
@@ -119,6 +125,8 @@ def cholqr_r(block: Any, g: np.ndarray) -> tuple[np.ndarray, list, dict]:
         info["method"] = "tsqr"
         r1 = block.tsqr()
         refinements = 2
+        if _numerically_singular(r1, block):
+            return _rank_deficient(r1, block, info)
     chain = [_inv_upper(r1)]
     r = r1
     for _ in range(refinements):
@@ -133,6 +141,25 @@ def cholqr_r(block: Any, g: np.ndarray) -> tuple[np.ndarray, list, dict]:
     d = diagonal_signs(r)
     chain[-1] = chain[-1] * d
     return d[:, None] * r, chain, info
+
+
+def _numerically_singular(r: np.ndarray, block: Any) -> bool:
+    """``R`` (from Householder QR) has a diagonal entry at the rounding level of ``Y``'s dtype."""
+    d = np.abs(np.diag(r))
+    eps = float(np.finfo(np.dtype(getattr(block, "dtype", np.float64))).eps)
+    return bool(d.size and (d.max() == 0.0 or d.min() <= eps * math.sqrt(block.M) * d.max()))
+
+
+def _rank_deficient(r: np.ndarray, block: Any, info: dict) -> tuple[np.ndarray, list, dict]:
+    """``Y`` of numerical rank ``rho < c`` (a matrix of rank below the block width, the zero matrix):
+    ``R = U_R S W^T`` and ``Q = Y W S^+``, whose columns are orthonormal for the ``rho`` nonzero singular
+    values and zero for the others, with ``Y = Q (S W^T)`` to rounding (``Y W`` vanishes where ``S`` does)."""
+    ur, sv, wt = np.linalg.svd(r)
+    eps = float(np.finfo(np.dtype(getattr(block, "dtype", np.float64))).eps)
+    keep = sv > eps * math.sqrt(block.M) * sv.max(initial=0.0)
+    sinv = np.where(keep, 1.0 / np.where(keep, sv, 1.0), 0.0)
+    info.update(method="tsqr (rank-deficient)", rank=int(keep.sum()))
+    return (np.where(keep, sv, 0.0)[:, None] * wt), [wt.T * sinv], info
 
 
 # -- public ------------------------------------------------------------------------------------------

@@ -66,9 +66,9 @@ class PCAResult:
                 f"n_features_in_={self.n_features_in_}, explained_variance_ratio_={self.explained_variance_ratio_})")
 
 
-def pca(a: Any, k: int, *, scale: bool = False, method: str = "rsvd", oversample: int = 10,
+def pca(a: Any, k: int, *, scale: bool = False, method: str = "auto", oversample: int = 10,
         power_iters: int | str = "auto", tol: float | None = None, seed: int | None = None, out: Any = None,
-        overwrite: bool = False, **settings: Unpack[Settings]) -> PCAResult:
+        overwrite: bool = False, resume: bool = False, **settings: Unpack[Settings]) -> PCAResult:
     """Principal components of the rows of ``A`` (samples x features), out of core.
 
     Parameters
@@ -80,8 +80,8 @@ def pca(a: Any, k: int, *, scale: bool = False, method: str = "rsvd", oversample
     scale : bool
         Standardize the columns (divide by their ``ddof=0`` standard deviation, as
         ``StandardScaler``) after centering: PCA on the correlation matrix.
-    method, oversample, power_iters, tol, seed, overwrite, **settings
-        As for :func:`blocklin.svd`.
+    method, oversample, power_iters, tol, seed, overwrite, resume, **settings
+        As for :func:`blocklin.svd` (``resume=True`` continues an interrupted run writing ``out``).
     out : path, optional
         Keep the factorization (``U``, ``S``, ``Vt``, ``mean``, ``scale``) as a zarr group; without it
         the temporary factors are removed once the attributes are read.
@@ -103,7 +103,7 @@ def pca(a: Any, k: int, *, scale: bool = False, method: str = "rsvd", oversample
     (Section 1.6: PCA as a centered low-rank approximation).
     """
     res = svd(a, k, method=method, oversample=oversample, power_iters=power_iters, tol=tol, seed=seed, out=out,
-              overwrite=overwrite, center=True, scale=scale, **settings)
+              overwrite=overwrite, center=True, scale=scale, resume=resume, **settings)
     U, s, Vt = res
     moments = res.moments
     m = moments.count

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.errors import ParameterError, explain
 from blocklin.storage import create_group, write_array
 
 #: Report entries recorded in a factorization's attributes (the rest stays in ``result.report``).
@@ -16,9 +17,13 @@ GROUP_REPORT_KEYS = (
     "which", "residual_note", "history", "sigma_max")
 
 
-def open_group(job: Any, out: Any, A: Any, overwrite: bool) -> Any:
-    """An atomic output group for a factorization of ``A`` (``out=None``: a temporary one)."""
-    ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite)
+def open_group(job: Any, out: Any, A: Any, overwrite: bool, *, resume: bool = False, token: str | None = None) -> Any:
+    """An atomic output group for a factorization of ``A`` (``out=None``: a temporary one); ``token``
+    names its unfinished partial, which ``resume=True`` continues."""
+    if resume and out is None:
+        raise ParameterError(explain("resume", "needs out= (an interrupted run is continued from its unfinished "
+                                     "output)", "out=None", "pass out='factors.zarr' to both runs"))
+    ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token)
     create_group(ao.array_path())
     return ao
 

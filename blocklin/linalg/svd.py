@@ -8,6 +8,7 @@ and reported, and the formulas are those of :mod:`blocklin.plan.svd`.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Unpack
 
 import numpy as np
@@ -18,6 +19,7 @@ from blocklin.errors import BudgetError, ConvergenceWarning, explain, warn
 from blocklin.linalg import _tall_kernels as K
 from blocklin.linalg import random as rnd
 from blocklin.linalg.center import Moments, Shift, column_moments, moments_incore
+from blocklin.linalg.checkpoint import Checkpoints
 from blocklin.linalg.lanczos import block_lanczos, default_tol
 from blocklin.linalg.orth import cholqr_r, orth_incore
 from blocklin.linalg.results import open_group, write_group
@@ -31,7 +33,7 @@ from blocklin.storage import create_array
 from blocklin.storage.space import check_space
 from blocklin.validate import check_k, choice, count, float_operand, positive, resolve_seed
 
-METHODS = ("rsvd", "sketch", "lanczos")
+METHODS = ("auto", "rsvd", "sketch", "lanczos")
 #: Power iterations of ``power_iters="auto"`` without ``tol`` (as scikit-learn and Dask default to).
 AUTO_POWER_ITERS = 4
 
@@ -238,50 +240,81 @@ def load_incore(job: Job, A: Any, plan: SvdPlan) -> np.ndarray:
 
 
 # -- methods -----------------------------------------------------------------------------------------
-def _ritz_max_residual(q: np.ndarray, z: np.ndarray, k: int) -> float:
-    """Max over the top ``k`` of ``||B^T B v - s^2 v|| / (s s_1)`` for the Ritz pairs of ``span(q)``."""
+def resolution_floor(dtype: Any) -> float:
+    """Relative size ``sqrt(eps)`` below which a singular value is judged against ``s_1`` instead of itself.
+
+    Singular values under ``sqrt(eps) s_1`` are at the rounding level of the normal operator
+    ``B^T B`` the iterations apply; their residuals are bounded by ``tol * sqrt(eps) * s_1``.
+    """
+    return math.sqrt(float(np.finfo(np.dtype(dtype)).eps))
+
+
+def rounding_level(dtype: Any, M: int) -> float:
+    """Relative size of the rounding in a product with ``M``-long columns: ``eps sqrt(M)``."""
+    return float(np.finfo(np.dtype(dtype)).eps) * math.sqrt(max(M, 1))
+
+
+def triplet_scale(sig: np.ndarray, dtype: Any) -> np.ndarray:
+    """What each triplet's residual is relative to: its own ``s_i``, floored at ``sqrt(eps) s_1``."""
+    s1 = float(sig.max(initial=0.0))
+    floor = resolution_floor(dtype) * s1
+    return np.maximum(sig, floor if floor > 0 else np.finfo(np.float64).tiny)
+
+
+def _ritz_relative_residuals(q: np.ndarray, z: np.ndarray, k: int, dtype: Any) -> np.ndarray:
+    """Per triplet ``||B^T B v - s^2 v|| / (s max(s, sqrt(eps) s_1))`` for the top ``k`` Ritz pairs of ``span(q)``."""
     h = q.T @ z
     theta, y = np.linalg.eigh((h + h.T) / 2)
     theta, y = theta[::-1][:k], y[:, ::-1][:, :k]
     sig = np.sqrt(np.maximum(theta, 0))
     r = np.linalg.norm(z @ y - (q @ y) * theta, axis=0)
-    s1 = sig[0] if sig.size and sig[0] > 0 else 1.0
-    return float(np.max(r / np.maximum(sig, 1e-300 * s1) / s1))
+    scale = triplet_scale(sig, dtype)
+    return r / scale / scale
 
 
-def _rsvd(src: Any, k: int, l: int, q: int | None, tol: float | None, seed: int, max_passes: int,
-          dest: str | None, transposed_out: bool) -> dict:
-    N = src.N
-    Q = orth_incore(rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, N, l))
-    history = []
-    used = 0
-    if q is not None:
-        for t in range(q):
-            Z, _, _ = src.normal(Q, description=f"rsvd: power iteration {t + 1}/{q}")
-            Q = orth_incore(Z)
-            used += 1
-        Zf, G, Y = src.normal(Q, keep_y=True, gram=True, description="rsvd: final projection")
-    else:  # adaptive: stop when the Ritz residuals reach tol (or at the pass limit)
-        while True:
-            Zf, G, Y = src.normal(Q, keep_y=True, gram=True, description=f"rsvd: power iteration {used + 1}")
-            est = _ritz_max_residual(Q, Zf, k)
-            history.append(est)
-            if est <= tol or used + 1 >= max_passes:
-                break
-            Q = orth_incore(Zf)
-            used += 1
-    R, chain, orth_info = cholqr_r(Y, G)
+def _rayleigh_ritz(src: Any, Q: np.ndarray, k: int, dest: str | None, transposed_out: bool, label: str) -> dict:
+    """The final pass shared by rsvd and Lanczos: ``Y = B Q`` (stored, with ``Y^T Y`` and ``Z = B^T Y``),
+    ``Y = Q_Y R`` by CholeskyQR2, ``R = U_R S W^T``; writes ``U = Q_Y U_R``, returns ``s``, ``V = Q W``
+    and the exact residuals ``||B^T u - s v||`` (``B v - s u = 0`` by construction).
+
+    The singular values come from ``R`` (a factor of ``B Q``), not from the eigenvalues of ``B^T B``,
+    so they are accurate to ``eps s_1`` down to zero (a rank-deficient ``A`` gives zeros)."""
+    Zf, G, Y = src.normal(Q, keep_y=True, gram=True, description=f"{label}: final projection")
+    R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
     Ur, S, Vrt = np.linalg.svd(R)
-    sig = S[:k]
+    # singular values at the rounding level of B Q are zeros of A (rank < k): exactly 0, with a zero U column
+    zero = S[:k] <= rounding_level(src.dtype, src.M) * S[0] if S.size else np.zeros(0, dtype=bool)
+    sig = np.where(zero, 0.0, S[:k])
+    Ur = Ur[:, :k] * ~zero
     Vr = Vrt.T[:, :k]
     V = Q @ Vr
     safe = np.where(sig > 0, sig, 1.0)
     # U = Q_Y Ur with Q_Y = Y chain (CholeskyQR2 applied in sequence: orthonormal to working precision)
-    long = Y.apply_to(chain + [Ur[:, :k]], dest, transposed_out=transposed_out,
-                      description="rsvd: write the long factor")
-    resid = np.linalg.norm(Zf @ Vr / safe - V * sig, axis=0)  # B^T u - s v; B v - s u = 0 by construction
-    return {"s": sig, "V": V, "long": long, "residuals": resid, "power_iters": used, "orth": orth_info,
-            "history": history}
+    long = Y.apply_to(chain + [Ur], dest, transposed_out=transposed_out, description=f"{label}: write the long factor")
+    resid = np.where(zero, 0.0, np.linalg.norm(Zf @ Vr / safe - V * sig, axis=0))  # u = 0: B^T u - 0 v = 0
+    return {"s": sig, "V": V, "long": long, "residuals": resid, "orth": orth_info}
+
+
+def _rsvd(src: Any, k: int, l: int, q: int | None, tol: float | None, seed: int, max_passes: int,
+          dest: str | None, transposed_out: bool, ckpt: Checkpoints) -> dict:
+    saved = ckpt.load("rsvd")
+    if saved is None:
+        Q = orth_incore(rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, src.N, l))
+        used, history, done = 0, [], False
+    else:  # resume: the block after the last completed power iteration, bit for bit
+        Q, used, done = saved["Q"], int(saved["used"]), bool(saved["done"])
+        history = [float(h) for h in np.atleast_1d(saved["history"])]
+    total = q if q is not None else max_passes - 1
+    while not done and used < total:
+        Z, _, _ = src.normal(Q, description=f"rsvd: power iteration {used + 1}" + (f"/{q}" if q is not None else ""))
+        if q is None:  # adaptive: stop when every Ritz triplet's own relative residual reaches tol
+            history.append(float(_ritz_relative_residuals(Q, Z, k, src.dtype).max(initial=0.0)))
+            done = history[-1] <= tol
+        Q = orth_incore(Z)
+        used += 1
+        ckpt.save("rsvd", Q=Q, used=used, history=np.array(history, dtype=np.float64), done=done)
+    r = _rayleigh_ritz(src, Q, k, dest, transposed_out, "rsvd")
+    return r | {"power_iters": used, "history": history}
 
 
 def _sketch(src: Any, k: int, kp: int, s: int, seed: int, dest: str | None, transposed_out: bool) -> dict:
@@ -289,8 +322,8 @@ def _sketch(src: Any, k: int, kp: int, s: int, seed: int, dest: str | None, tran
     om = rnd.gaussian(seed, rnd.STREAM_SKETCH_OMEGA, 0, N, kp)
     ps = rnd.gaussian(seed, rnd.STREAM_SKETCH_PSI, 0, N, s)
     Xt, Z, PY, G, Y = src.sketch(om, ps, seed)
-    R, chain, orth_info = cholqr_r(Y, G)
-    rinv = scipy.linalg.solve_triangular(R, np.eye(kp), lower=False)
+    R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
+    rinv = np.linalg.pinv(R)  # R is singular when A has rank < k + oversample (zero rows of R: zero columns of Q)
     P = orth_incore(Xt)
     phiq = PY @ rinv
     psitp = ps.T @ P
@@ -304,33 +337,32 @@ def _sketch(src: Any, k: int, kp: int, s: int, seed: int, dest: str | None, tran
 
 
 def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,
-             transposed_out: bool) -> dict:
-    scale = {"s1": 0.0}
+             transposed_out: bool, ckpt: Checkpoints) -> dict:
+    floor = resolution_floor(src.dtype)
 
     def apply(x: np.ndarray, step: int) -> np.ndarray:
         return src.normal(x, description=f"lanczos: step {step}")[0]
 
     def threshold(theta: np.ndarray) -> np.ndarray:
         sig = np.sqrt(np.maximum(theta, 0))
-        scale["s1"] = max(scale["s1"], float(sig.max(initial=0.0)))
-        # triplet residual ||B^T u - s v|| = ||B^T B v - s^2 v|| / s <= tol * s_1
-        return tol * scale["s1"] * sig
+        s1 = float(sig.max(initial=0.0))
+        scale = np.maximum(sig, floor * s1)
+        # triplet residual ||B^T u - s v|| = ||B^T B v - s^2 v|| / s <= tol * s (own singular value), but
+        # never below the rounding of B^T B x (the null vectors of a rank-deficient A stop there)
+        return np.maximum(tol * scale * scale, 10 * rounding_level(src.dtype, src.M) * s1 * s1)
 
     res = block_lanczos(apply, src.N, k, which="LA", block=plan.block, max_basis=plan.max_basis,
-                        max_steps=max_steps, threshold=threshold, seed=seed)
-    sig = np.sqrt(np.maximum(res.values, 0))
-    safe = np.where(sig > 0, sig, 1.0)
-    V = res.vectors
-    long = src.apply_write(V / safe, dest, transposed_out, description="lanczos: write the long factor")
-    return {"s": sig, "V": V, "long": long, "residuals": res.residuals / safe, "converged": res.converged,
-            "lanczos_steps": res.steps, "restarts": res.restarts, "history": res.history}
+                        max_steps=max_steps, threshold=threshold, seed=seed, state=ckpt.load("lanczos"),
+                        checkpoint=(lambda state: ckpt.save("lanczos", **state)) if ckpt.enabled else None)
+    r = _rayleigh_ritz(src, res.vectors, k, dest, transposed_out, "lanczos")
+    return r | {"lanczos_steps": res.steps, "restarts": res.restarts, "history": res.history}
 
 
 # -- public ----------------------------------------------------------------------------------------------
-def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_iters: int | str = "auto",
+def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
         tol: float | None = None, out: Any = None, seed: int | None = None,
         max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
-        overwrite: bool = False, center: bool = False, scale: bool = False,
+        overwrite: bool = False, center: bool = False, scale: bool = False, resume: bool = False,
         **settings: Unpack[Settings]) -> SVDResult:
     """Truncated SVD ``A ~ U diag(s) Vt`` of an out-of-core matrix, counting passes over ``A``.
 
@@ -341,7 +373,12 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         read in column strips, never copied).
     k : int
         Number of singular triplets, ``1 <= k < min(m, n)``.
-    method : {"rsvd", "sketch", "lanczos"}
+    method : {"auto", "rsvd", "sketch", "lanczos"}
+        * ``auto`` (default): ``lanczos`` to ``tol`` (default ``10 sqrt(eps)``), or ``rsvd`` when
+          ``power_iters`` is an integer (a fixed cost). The default is at least as accurate as
+          scikit-learn's ``randomized_svd`` and Dask's ``svd_compressed`` with their defaults on
+          slowly and fast decaying spectra, flat tails and low rank plus noise (docs/svd.md has the
+          figures).
         * ``rsvd``: randomized subspace iteration (Halko, Martinsson, Tropp 2011, Alg. 4.4) with
           ``l = k + oversample`` columns. Each power iteration is ONE fused pass ``Z = A^T (A Q)``
           strip by strip, re-orthonormalized in memory (Householder QR of the ``n x l`` block); the
@@ -360,11 +397,15 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         Extra columns of the random block (``rsvd``, ``sketch``) or of the wanted set (``lanczos``).
     power_iters : int or "auto"
         ``rsvd`` power iterations ``q``. ``"auto"``: adaptive when ``tol`` is given (stop when every
-        triplet residual is ``<= tol * s_1``, at most ``max_passes`` passes), else 4.
+        triplet's relative residual is ``<= tol``, at most ``max_passes`` passes), else 4. An integer
+        with ``method="auto"`` selects ``rsvd``.
     tol : float, optional
-        Relative residual tolerance ``||A^T u - s v|| <= tol * s_1`` (``lanczos`` default
-        ``10 sqrt(eps)``). A tolerance not reached within the pass limit gives a
-        :class:`~blocklin.errors.ConvergenceWarning` that says what was reached.
+        Accuracy target: every triplet's residual relative to its own singular value,
+        ``||A^T u_i - s_i v_i|| <= tol * max(s_i, sqrt(eps) s_1)`` (the floor: singular values at the
+        rounding level of ``s_1``, such as the zeros of a rank-deficient matrix). ``lanczos`` (and
+        ``auto``) default ``10 sqrt(eps)``: singular values then agree with the exact ones to a few
+        ``eps``. The passes follow from it. A tolerance not reached within the pass limit gives a
+        :class:`~blocklin.errors.ConvergenceWarning` naming the triplets and the worst one.
     out : path, optional
         Write a zarr group with ``U``, ``S``, ``Vt`` and the report in its attributes.
     seed : int, optional
@@ -372,6 +413,12 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         whatever the budget, scheduler or workers. ``None`` draws one (recorded in the report).
     overwrite : bool
         Replace an existing ``out``.
+    resume : bool
+        Continue the run that was writing ``out`` when it was interrupted (SIGKILL, Ctrl-C, a crash)
+        with the same input, parameters and budget: the passes it completed are skipped (their
+        results are checkpointed in the unfinished output, :mod:`blocklin.linalg.checkpoint`) and the
+        result is identical, bit for bit, to an uninterrupted run. Without an unfinished run it
+        starts afresh. Needs ``out``.
     center : bool
         Factor ``A - 1 mu^T`` with ``mu`` the column means (principal component analysis), without
         writing a centered copy: the rank-one correction is applied inside every pass
@@ -395,8 +442,11 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
         :class:`~blocklin.Matrix` (stored in ``out``, or in a temporary group you own), whether ``A``
         fitted the budget or not; the other factor and ``s`` (descending) are NumPy arrays. ``result.report`` holds
         ``passes`` (over ``A``), ``intermediate_passes``, ``bytes_read``, ``seconds``,
-        ``peak_memory``, ``center``, ``scale`` and ``residuals``: per triplet ``sqrt(||A v - s u||^2 + ||A^T u - s v||^2)``
-        (one of the two terms is zero by construction). With ``center`` or ``scale``, the factors are
+        ``peak_memory``, ``center``, ``scale``, ``residuals``: per triplet ``||A^T u - s v||`` (``A v - s u``
+        is zero by construction), ``relative_residuals`` (each divided by its own ``s_i``, floored at
+        ``sqrt(eps) s_1``), ``converged_triplets`` and ``worst_triplet`` (1-based ``index``, ``s``,
+        ``relative_residual``, ``converged``). A matrix of rank ``r < k`` gives ``s_i = 0`` (to
+        rounding) for ``i > r`` with zero columns in ``U`` (``A = U diag(s) Vt`` still holds). With ``center`` or ``scale``, the factors are
         those of the centered (scaled) matrix, ``result.mean`` and ``result.scale`` hold the column
         means and standard deviations used (``None`` when not), ``result.moments`` the column means
         and variances, and ``out`` also stores them as ``mean`` and ``scale``.
@@ -427,27 +477,35 @@ def svd(a: Any, k: int, *, method: str = "rsvd", oversample: int = 10, power_ite
     >>> np.allclose(s, np.linalg.svd(x, compute_uv=False)[:3])
     True
     """
-    method = choice("method", method, METHODS, fix="pass method='rsvd'")
+    method = choice("method", method, METHODS, fix="pass method='auto'")
     oversample = count("oversample", oversample, fix="pass oversample=10")
     power_iters = count("power_iters", power_iters, auto=("auto",), fix="pass power_iters=2")
     tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
+    requested = method
+    method = resolve_method(method, power_iters)
     with Job("svd", **settings) as job:
         A = job.operand(a, "a")
         float_operand(A)
         m, n = A.shape
         check_k(k, m, n)
-        seed = resolve_seed(seed)
         q = (None if tol is not None else AUTO_POWER_ITERS) if power_iters == "auto" else power_iters
         limit = max_passes or (20 if method == "rsvd" else 60)
         tol = default_tol(A.dtype) if method == "lanczos" and tol is None else tol
         plan = fitting_plan(job, A, k, dict(method=method, oversample=oversample, power_iters=q if method == "rsvd"
                             else None, max_passes=limit, block_size=block_size, max_basis=max_basis))
         _check_space(job, out, plan, m, n, k, A.dtype)
-        ao = open_group(job, out, A, overwrite)
-        r = _factorize(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit,
+        token = resume_token(A, op="svd", k=k, method=method, oversample=oversample, q=q, tol=tol, limit=limit,
+                             block=plan.block, basis=plan.max_basis, center=bool(center), scale=bool(scale),
+                             memory=job.cfg.memory, seed=seed)
+        ao = open_group(job, out, A, overwrite, resume=resume, token=token)
+        ckpt = Checkpoints(ao, enabled=out is not None)
+        seed = checkpointed_seed(ckpt, seed)
+        r = _factorize(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, ckpt=ckpt,
                        dest=ao.array_path("Vt" if plan.transposed else "U"), center=bool(center), scale=bool(scale))
         report = _report(job, plan, r, tol=tol, seed=seed, oversample=oversample)
-        report.update(center=bool(center), scale=bool(scale))
+        report.update(center=bool(center), scale=bool(scale), method_requested=requested, resumed=ao.resumed,
+                      restored_checkpoints=[name for name in ckpt.restored if name != "seed"])
+        ckpt.clear()
         if (center or scale) and not plan.in_core:
             report["passes_formula"] = f"{report['passes_formula']} + 1 (column means)"
         return _result(job, out, A, plan, r, report, ao, overwrite)
@@ -502,7 +560,8 @@ def _check_space(job: Job, out: Any, plan: SvdPlan, m: int, n: int, k: int, dtyp
 
 
 def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
-               limit: int, dest: str, center: bool = False, scale: bool = False) -> dict:
+               limit: int, dest: str, center: bool = False, scale: bool = False,
+               ckpt: Checkpoints | None = None) -> dict:
     """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``.
 
     With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.center`): centered
@@ -522,17 +581,19 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
         phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
     else:
         if center or scale:
-            moments = column_moments(job, A, memory=plan.pass_memory)
+            moments = _moments(job, A, plan, ckpt)
             shift = Shift.of(moments, center=center, scale=scale, transposed=plan.transposed)
         src = _Streamed(job, A, plan, shift)
         phases = {"passes over A": src.device or job.device}
+    ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
     if plan.method == "rsvd":
         r = _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
-                  plan.transposed)
+                  plan.transposed, ckpt)
     elif plan.method == "sketch":
         r = _sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
     else:
-        r = _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed)
+        r = _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed,
+                     ckpt)
     r["phases"] = phases
     if moments is not None:
         r["moments"] = moments
@@ -541,27 +602,78 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
     return r
 
 
+def _moments(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None) -> Moments:
+    """The column moments from one pass, or from the checkpoint of an interrupted run."""
+    saved = ckpt.load("moments") if ckpt is not None else None
+    if saved is not None:
+        return Moments(saved["mean"], saved["var"], int(saved["count"]))
+    moments = column_moments(job, A, memory=plan.pass_memory)
+    if ckpt is not None:
+        ckpt.save("moments", mean=moments.mean, var=moments.var, count=moments.count)
+    return moments
+
+
+def resume_token(A: Any, **params: Any) -> str:
+    """Identity of a factorization for ``resume=True``: the input (path, shape, dtype, chunks) and every
+    parameter that changes the passes or their bits (the budget included: it fixes the strips)."""
+    from dask.base import tokenize
+
+    return tokenize("low-rank", str(A.path), A.shape, A.dtype.str, A.chunks, sorted(params.items()))
+
+
+def checkpointed_seed(ckpt: Checkpoints, seed: int | None) -> int:
+    """The seed: given, or the one an interrupted run drew (so that resuming draws the same numbers)."""
+    saved = ckpt.load("seed")
+    if saved is not None:
+        return int(saved["seed"])
+    seed = resolve_seed(seed)
+    ckpt.save("seed", seed=seed)
+    return seed
+
+
+def resolve_method(method: str, power_iters: int | str) -> str:
+    """``"auto"``: ``rsvd`` when the power iterations are fixed (a fixed cost), else block Lanczos to ``tol``."""
+    if method != "auto":
+        return method
+    return "rsvd" if power_iters != "auto" else "lanczos"
+
+
+def triplet_report(s: np.ndarray, resid: np.ndarray | None, tol: float | None, dtype: Any) -> dict:
+    """Per-triplet residuals relative to each triplet's own singular value, converged flags, the worst one.
+
+    ``relative_residuals[i] = ||A^T u_i - s_i v_i|| / max(s_i, sqrt(eps) s_1)``: a triplet is judged
+    against its own ``s_i`` (the floor keeps triplets at the rounding level of ``s_1``, such as the
+    zero singular values of a rank-deficient matrix, from reading as unconverged)."""
+    if resid is None:
+        return {"residuals": None, "relative_residuals": None, "converged_triplets": None, "worst_triplet": None}
+    rel = resid / triplet_scale(s, dtype)
+    conv = rel <= tol * (1 + 1e-9) if tol is not None else np.ones(rel.shape, dtype=bool)
+    worst = int(np.argmax(rel)) if rel.size else 0
+    return {"residuals": resid.tolist(), "relative_residuals": rel.tolist(), "converged_triplets": conv.tolist(),
+            "worst_triplet": {"index": worst + 1, "s": float(s[worst]), "relative_residual": float(rel[worst]),
+                              "converged": bool(conv[worst])} if rel.size else None}
+
+
 def _report(job: Job, plan: SvdPlan, r: dict, *, tol: float | None, seed: int, oversample: int) -> dict:
     """The report, with per-triplet residuals; warns when ``tol`` was not reached."""
-    resid = r["residuals"]
     s = r["s"]
     s1 = float(s[0]) if s.size and s[0] > 0 else 1.0
-    converged = True
-    if tol is not None and resid is not None:
-        converged = bool(np.all(resid <= tol * s1 * (1 + 1e-9)))
-        if not converged:
-            warn(f"svd ({plan.method}): tol={tol:g} not reached within {job.passes('a')} passes over A; reached a "
-                 f"relative residual of {float(np.max(resid)) / s1:.2e} (max over the {plan.k} triplets, "
-                 f"||A^T u - s v|| / s_1). Raise max_passes{' or power_iters' if plan.method == 'rsvd' else ''}, "
-                 "or loosen tol", ConvergenceWarning)
+    triplets = triplet_report(s, r["residuals"], tol, plan.dtype)
+    converged = all(triplets["converged_triplets"] or [True])
+    if not converged:
+        bad = [i + 1 for i, c in enumerate(triplets["converged_triplets"]) if not c]
+        w = triplets["worst_triplet"]
+        warn(f"svd ({plan.method}): tol={tol:g} not reached within {job.passes('a')} passes over A for triplet(s) "
+             f"{bad[:10]}{' ...' if len(bad) > 10 else ''}; worst: triplet {w['index']} (s = {w['s']:.4g}), "
+             f"relative residual ||A^T u - s v|| / s = {w['relative_residual']:.2e}. Raise max_passes"
+             f"{' or power_iters' if plan.method == 'rsvd' else ''}, or loosen tol", ConvergenceWarning)
     report = job.report(
         method=plan.method, passes=job.passes("a"), passes_formula=plan.formula, passes_total=job.passes(),
-        intermediate_passes=job.passes("intermediate"), residuals=None if resid is None else resid.tolist(),
-        relative_residuals=None if resid is None else (resid / s1).tolist(), converged=converged, tol=tol,
+        intermediate_passes=job.passes("intermediate"), **triplets, converged=converged, tol=tol,
         seed=seed, oversample=oversample, block=plan.block, in_core=plan.in_core, plan=plan.to_dict(),
         sigma_max=s1, **{key: r[key] for key in ("power_iters", "orth", "lanczos_steps", "restarts", "history",
                                                  "sketch_size", "phases") if key in r})
-    if resid is None:
+    if r["residuals"] is None:
         report["residual_note"] = ("not computed: the single-pass sketch never reads A again; "
                                    "use method='rsvd' or 'lanczos' for residuals")
     return report

@@ -70,6 +70,7 @@ class ArrayBlock:
     def __init__(self, y: np.ndarray) -> None:
         self.y = y
         self.M, self.c = y.shape
+        self.dtype = y.dtype
 
     def _chain(self, ws: list) -> np.ndarray:
         t = self.y

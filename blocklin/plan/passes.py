@@ -47,6 +47,24 @@ class RowPassPlan:
                 f"peak {format_size(self.peak_memory)} of {format_size(self.memory)}")
 
 
+#: Streamed bytes per task of a row pass (the canonical split: see :func:`canonical_tasks`).
+TASK_BYTES = 32 << 20
+#: Most tasks one row pass is split into.
+MAX_TASKS = 64
+
+
+def canonical_tasks(m: int, row_bytes: int) -> int:
+    """Tasks a row pass over ``m`` rows is split into: one per :data:`TASK_BYTES` streamed, at most
+    :data:`MAX_TASKS`.
+
+    A function of the data only, never of the scheduler or its workers: every task accumulates its
+    strips in order and the task states are summed in row order, so the task boundaries (and the
+    strip heights) fix the floating-point sums. Deriving them from the cluster's thread count made a
+    float32 SVD on a 2-worker ``LocalCluster`` differ from the threaded run in the last bits.
+    """
+    return max(1, min(MAX_TASKS, -(-m * row_bytes // TASK_BYTES)))
+
+
 def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed_bytes: int = 0,
                   strip_extra_row_bytes: int = 0, workers: int = 1, cores: int = 1, prefetch: int = 1,
                   max_strip: int | None = None, min_tasks: int | None = None, reserve: int = 0) -> RowPassPlan:
@@ -71,7 +89,8 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
     max_strip : int, optional
         Upper bound on strip height (smaller strips overlap better).
     min_tasks : int, optional
-        Split the rows into at least this many tasks (default ``workers``).
+        Split the rows into this many tasks (default :func:`canonical_tasks`, which depends on the data
+        only, so that the sums, and so the results, are the same bits on every scheduler).
     reserve : int
         Bytes the caller holds outside ``memory`` (added to the minimum a refusal suggests).
     """
@@ -86,6 +105,8 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
                                   format_size(memory + reserve), f"raise it to at least {format_size(need)} "
                                   f"(memory='{size_hint(need)}') or use fewer workers"), minimum=need)
     strip = min(max(1, m), per_task // per_row)
+    if min_tasks is None:
+        min_tasks = canonical_tasks(m, row_bytes)
     if max_strip:
         strip = min(strip, max_strip)
     if min_tasks and min_tasks > 1 and m:  # enough strips for every task that can run at once
@@ -94,7 +115,7 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         strip = round_down_multiple(strip, chunk_rows)
     strip = max(1, strip)
     n_strips = math.ceil(m / strip) if m else 0
-    tasks = max(1, min(n_strips, min_tasks or workers))
+    tasks = max(1, min(n_strips, min_tasks))
     per_group = math.ceil(n_strips / tasks) if n_strips else 1
     groups = tuple((s * strip * per_group, min(m, (s + 1) * strip * per_group)) for s in range(tasks)
                    if s * strip * per_group < m) or ((0, m),)

@@ -11,7 +11,7 @@ method            passes over A              passes over stored intermediates (M
 any, A in budget  1 (A is read once)         0
 rsvd              q + 1                      2 (CholeskyQR2 refinement, writing U)
 sketch            1                          2 (CholeskyQR2 refinement, writing U)
-lanczos           L + 1                      0
+lanczos           L + 1                      2 (CholeskyQR2 refinement, writing U)
 eigsh             L                          0
 ================  =========================  =============================================
 
@@ -148,7 +148,7 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
     elif method == "sketch":
         passes, formula, inter = 1, "1 (single pass)", 0 if in_core else 2
     elif method == "lanczos":
-        passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "L + 1", 0
+        passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "L + 1", 0 if in_core else 2
     else:
         passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "L", 0
     return SvdPlan(method=method, m=m, n=n, k=k, transposed=transposed, M=M, N=N, dtype=dt.name, block=block,

@@ -166,7 +166,7 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
                      memory=job.cfg.memory if memory is None else memory, reserve=reserve,
                      workers=job.workers(1) if workers is None else workers, cores=job.cores(),
                      chunk_bytes=first.chunk_bytes, chunks_across=first.chunks_across, max_strip=max_strip,
-                     min_tasks=job.parallelism() if min_tasks is None else min_tasks)
+                     min_tasks=min_tasks)  # None: the canonical split (the same on every scheduler)
 
 
 def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict | None = None, *,
