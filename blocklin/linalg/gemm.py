@@ -8,6 +8,7 @@ product inside a job that another operation already runs (the wide regularized s
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Unpack
 
 from dask.base import tokenize
@@ -173,8 +174,11 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         return matmul_plan(a, b, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
                            out_chunks=out_chunks, **settings)
     with Job("matmul", **settings) as job:
-        op = Gemm.of(job.operand(a, "a"), job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
+        A = job.operand(a, "a")
+        op = Gemm.of(A, A if b is a else job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
+        if out_chunks is None and _is_gram(op):
+            return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
         plan = op.plan(job, out_chunks)
         ao = job.output(out, inputs=[o.path for o in op.operands if not o.staged], overwrite=overwrite,
                         resume=resume, token=op.token(plan))
@@ -188,6 +192,30 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         report["gflops"] = plan.flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0
         path = ao.commit("matmul", plan=plan.to_dict(), params=op.params(), report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def _is_gram(op: Gemm) -> bool:
+    """``X^T X`` or ``X X^T`` of one stored operand (the same store, one side transposed, no ``C``)."""
+    return op.C is None and op.trans_a != op.trans_b and _same_store(op.A.path, op.B.path)
+
+
+def _same_store(p: Any, q: Any) -> bool:
+    if p is q:
+        return True
+    if getattr(p, "is_local", False) and getattr(q, "is_local", False):
+        return os.path.realpath(p.url) == os.path.realpath(q.url)
+    return getattr(p, "url", p) == getattr(q, "url", q) and getattr(p, "options", None) == getattr(q, "options", None)
+
+
+def _as_gram(job: Job, op: Gemm, out: Any, *, overwrite: bool, resume: bool) -> Matrix:
+    """Run ``X^T X`` / ``X X^T`` as :func:`blocklin.gram` (SYRK, one read of ``X``) inside this job."""
+    from blocklin.linalg.gram import Gram, write_gram
+
+    g = Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha)
+    result = write_gram(job, g, g.plan(job), out, overwrite=overwrite, resume=resume, operation="matmul")
+    result.report["route_reason"] = (f"{'X X^T' if g.trans else 'X^T X'} of one stored operand: computed as "
+                                     "its Gram matrix by SYRK (half the flops, one read)")
+    return result
 
 
 def matmul_plan(a: Any, b: Any, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,

@@ -249,10 +249,10 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
         plan = op.plan(job)
         if explain:
             return plan
-        return _write(job, op, plan, out, overwrite=overwrite, resume=resume)
+        return write_gram(job, op, plan, out, overwrite=overwrite, resume=resume)
 
 
-def _write(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool, resume: bool,
+def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool, resume: bool,
            operation: str = "gram") -> Matrix:
     """Run ``op`` into the atomic output ``out`` and commit it with its report."""
     ao = job.output(out, inputs=[op.A.path] if not op.A.staged else [], overwrite=overwrite, resume=resume,
@@ -273,4 +273,4 @@ def _write(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool, res
     return Matrix(path, report=report, temporary=out is None)
 
 
-__all__ = ["Gram", "GramPlan", "gram"]
+__all__ = ["Gram", "GramPlan", "gram", "write_gram"]
