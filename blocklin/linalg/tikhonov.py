@@ -12,6 +12,7 @@ import numpy as np
 from blocklin.config import Settings, format_size
 from blocklin.errors import NonFiniteError, ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
+from blocklin.linalg import lambda_select
 from blocklin.linalg.center import column_moments
 from blocklin.linalg.gemm import Gemm
 from blocklin.linalg._solve_kernels import gram_kernel, residual_kernel, symmetrize_lower
@@ -115,37 +116,9 @@ def _spectrum_from_gram(g: np.ndarray, c: np.ndarray, bb: np.ndarray, m: int, *,
 
 
 def choose_lambda(spec: Spectrum, rule: str) -> tuple[float, dict]:
-    """``"gcv"`` (Golub, Heath and Wahba, 1979) or ``"lcurve"`` (Hansen, 1998): lambda and the curve."""
-    lams = spec.grid()
-    rr = np.array([spec.residual_sq(l).sum() for l in lams])
-    xx = np.array([spec.solution_sq(l).sum() for l in lams])
-    curve = {"lam": lams.tolist(), "residual_norm": np.sqrt(rr).tolist(), "solution_norm": np.sqrt(xx).tolist()}
-    if rule == "gcv":
-        g = np.array([spec.gcv(l) for l in lams])
-        i = int(np.nanargmin(g))
-        lo, hi = lams[max(0, i - 1)], lams[min(len(lams) - 1, i + 1)]
-        from scipy.optimize import minimize_scalar
-
-        best = lams[i]
-        if hi > lo:
-            res = minimize_scalar(lambda t: spec.gcv(10.0**t), bounds=(math.log10(lo), math.log10(hi)),
-                                  method="bounded", options={"xatol": 1e-4})
-            if res.success and spec.gcv(10.0**res.x) <= g[i]:
-                best = 10.0**res.x
-        curve["gcv"] = g.tolist()
-        return float(best), curve
-    # L-curve corner: maximum curvature of (log ||r||, log ||x||) as a function of log lam.
-    t = np.log(lams)
-    x, y = 0.5 * np.log(np.maximum(rr, 1e-300)), 0.5 * np.log(np.maximum(xx, 1e-300))
-    dx, dy = np.gradient(x, t), np.gradient(y, t)
-    ddx, ddy = np.gradient(dx, t), np.gradient(dy, t)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        kappa = (dx * ddy - ddx * dy) / (dx**2 + dy**2) ** 1.5
-    kappa[~np.isfinite(kappa)] = -np.inf
-    kappa[[0, -1]] = -np.inf  # one-sided differences at the ends
-    i = int(np.argmax(kappa))
-    curve["curvature"] = np.where(np.isfinite(kappa), kappa, np.nan).tolist()
-    return float(lams[i]), curve
+    """``"gcv"`` (Golub, Heath and Wahba, 1979) or ``"lcurve"`` (Hansen, 1998): lambda and the curve
+    (:func:`blocklin.linalg.lambda_select.choose_lambda`: grids extended where the choice sits at an end)."""
+    return lambda_select.choose_lambda(spec, rule)
 
 
 # -- the solver -------------------------------------------------------------------------------------------------
@@ -487,10 +460,10 @@ def _solve_tall(ctx: _Ctx, x_path: str) -> dict:
     """Tall or square ``A``: normal equations when well conditioned, else the streaming QR; writes ``x``."""
     if ctx.intercept:
         return _solve_tall_centered(ctx, x_path)
-    if ctx.method == "qr" or (ctx.method == "auto" and ctx.kind != "scalar"):
-        reason = ("requested" if ctx.method == "qr" else
-                  "a sequence or a lambda rule is evaluated from the SVD of the streaming R factor")
-        return _qr_route(ctx, x_path, {}, reason)
+    if ctx.method == "qr":
+        return _qr_route(ctx, x_path, {}, "requested")
+    if ctx.method == "auto" and ctx.kind != "scalar":
+        return _solve_tall_spectral(ctx, x_path)
     gp = _gram_pass(ctx)
     if ctx.kind != "scalar":  # method="normal" with several lambdas: eigen-decomposition of A^T A
         spec = _spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
@@ -513,6 +486,40 @@ def _solve_tall(ctx: _Ctx, x_path: str) -> dict:
                 residual_norm=_norms(rr), solution_norm=_norms(xx), objective=_norms(rr + lam**2 * xx),
                 refine_steps=steps, cond_estimate=float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
                 norm_a=math.sqrt(gp["aa"]))
+    _write_x(ctx, x_path, x)
+    return info
+
+
+def _solve_tall_spectral(ctx: _Ctx, x_path: str) -> dict:
+    """``method="auto"`` with a sequence or a rule: the one-pass spectrum of ``A^T A`` where the
+    conditioning allows it (:func:`blocklin.linalg.lambda_select.spectrum_route`), else the streaming QR.
+
+    A rule's choice is then solved and refined as a single ``lam`` would be.
+    """
+    gp = _gram_pass(ctx)
+    spec = _spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
+    rule = ctx.kind if ctx.kind in ("gcv", "lcurve") else None
+    if rule:
+        lam, curve = lambda_select.choose_lambda(spec, rule, quiet=True)
+        lams = [lam]
+    else:
+        lams, curve = list(ctx.lams), None
+    ok, rc, reason = lambda_select.spectrum_route(spec.s, lams, rule, rcond_rule=AUTO_RCOND,
+                                                  rcond_sequence=AUTO_REFINE_RCOND)
+    cf, rcond = _factor_regularized(gp["g"], lams[0]) if ok and rule else (None, rc)
+    if not ok or (rule and (cf is None or rcond < AUTO_RCOND)):
+        return _qr_route(ctx, x_path, {"rcond_normal": rc}, reason)
+    info = {"method": "normal", "method_reason": reason, "rcond_normal": rc}
+    if rule is None:
+        return _finish_spectral(ctx, spec, info, x_path)
+    lambda_select.warn_at_end(curve, rule)
+    x, rr, steps, src = _solve_refined(ctx, gp, cf, rcond, lams[0])
+    _describe(info, spec, lams, curve, ctx)
+    xx = np.einsum("ij,ij->j", x, x)
+    smin = float(spec.s.min()) if spec.s.size else 0.0
+    info.update(residual_norm=_norms(rr), solution_norm=_norms(xx), objective=_norms(rr + lams[0] ** 2 * xx),
+                refine_steps=steps, residual_norm_source=src, norm_a=math.sqrt(gp["aa"]),
+                cond_estimate=float(spec.s.max()) / smin if smin > 0 else float("inf"))
     _write_x(ctx, x_path, x)
     return info
 
