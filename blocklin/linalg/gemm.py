@@ -103,8 +103,8 @@ class Gemm:
                         check_finite=job.check_finite, done_dir=done_dir,
                         blas_threads=job.task_blas_threads(plan.blas_threads))
         graph = TileGraph.named("gemm", self.token(plan))
-        for i, j, rows, cols in plan.tiles():
-            graph.add((i, j), gemm_tile, spec, i, j, rows, cols)
+        for i, j, rows, cols in plan.tiles():  # progress in k-panels: a one-tile product still moves
+            graph.weigh(graph.add((i, j), gemm_tile, spec, i, j, rows, cols), max(1, plan.k_steps), "k-panels")
         job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
                 count_pass=count_pass)
 
