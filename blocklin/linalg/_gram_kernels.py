@@ -12,23 +12,15 @@ from typing import Any
 import numpy as np
 
 from blocklin.linalg._solve_kernels import _syrk_acc
+from blocklin.plan.gram import gram_pass_memory
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
 
-#: Strips shorter than this make the SYRK call overhead dominate: the pass route is refused below it.
-MIN_GRAM_ROWS = 64
-#: Streamed bytes per strip beyond which larger strips only cost memory.
-MAX_GRAM_STRIP_BYTES = 64 * 2**20
-
-
 def gram_memory(params: Any, sources: tuple) -> PassMemory:
-    """The ``s x s`` accumulator (on a GPU also its device copy) and a cast copy of a strip row."""
-    dt = np.dtype(params["dtype"])
+    """See :func:`blocklin.plan.gram.gram_pass_memory` (shared with the planner of the route)."""
     src = sources[0]
-    s = src.width
-    cast = s * dt.itemsize if src.dtype != dt or src.transposed else 0
-    return PassMemory(fixed=s * s * dt.itemsize * (2 if params.get("gpu") else 1), per_row=cast,
-                      chunk_temporaries=True, max_strip_bytes=MAX_GRAM_STRIP_BYTES, min_rows=MIN_GRAM_ROWS)
+    dt = np.dtype(params["dtype"])
+    return gram_pass_memory(src.width, dt, cast=src.dtype != dt or src.transposed, gpu=bool(params.get("gpu")))
 
 
 @row_kernel(memory=gram_memory, device="any")

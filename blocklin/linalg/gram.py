@@ -29,63 +29,22 @@ from typing import Any, Unpack
 import numpy as np
 from dask.base import tokenize
 
-from blocklin.config import Settings, format_size
-from blocklin.errors import BudgetError
+from blocklin.config import Settings
 from blocklin.linalg._gram_kernels import gram_pass_kernel
 from blocklin.linalg._solve_kernels import symmetrize_lower
 from blocklin.matrix import Matrix
-from blocklin.plan.chunks import auto_chunks, split
-from blocklin.plan.factor import TILE_BUFFERS, plan_factor
+from blocklin.plan.chunks import split
+from blocklin.plan.gram import GramPlan, plan_gram
+from blocklin.plan.passes import RowPassPlan
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import plan_kernel_pass, source
+from blocklin.runtime.passes import run_pass, source
 from blocklin.storage.zarr_store import create_array, open_zarr, write_block
 from blocklin.validate import result_dtype
 
 #: Report entries recorded in the output's attributes.
 REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_written", "peak_memory", "device", "scheduler",
                "tasks", "route", "passes")
-
-
-@dataclasses.dataclass(frozen=True)
-class GramPlan:
-    """How :func:`gram` computes an ``s x s`` Gram matrix from ``A`` (``k`` the summed dimension).
-
-    ``route`` is ``"pass"`` (one row pass, in-core accumulators) or ``"tiles"`` (region SYRK over
-    stored tiles); ``pass_plan`` or ``tile`` describe it; ``reads`` is how often ``A`` is read.
-    """
-
-    s: int
-    k: int
-    trans: bool
-    dtype: str
-    route: str
-    out_chunks: tuple[int, int]
-    reads: float
-    bytes_read: int
-    bytes_written: int
-    flops: int
-    peak_memory: int
-    memory: int
-    pass_plan: dict | None = None
-    tile: int | None = None
-    workers: int = 1
-
-    @property
-    def product(self) -> str:
-        return "A A^T" if self.trans else "A^T A"
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    def explain(self) -> str:
-        how = (f"one row pass over {'the columns of ' if self.trans else ''}A, {self.workers} task(s) each "
-               f"accumulating the {self.s} x {self.s} SYRK sum" if self.route == "pass" else
-               f"region SYRK in {self.tile} x {self.tile} tiles (the result exceeds the budget), "
-               f"A read about {self.reads:.0f} times")
-        return (f"gram {self.product}: {self.s} x {self.s} {self.dtype} from {self.k} {'columns' if self.trans else 'rows'}"
-                f"; {how}; read {format_size(self.bytes_read)}, write {format_size(self.bytes_written)}, "
-                f"{self.flops / 1e9:.3g} GFLOP, peak {format_size(self.peak_memory)} of {format_size(self.memory)}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,48 +69,10 @@ class Gram:
         return source(self.A, transposed=self.trans, name="a")
 
     def plan(self, job: Job) -> GramPlan:
-        """The pass route when its accumulators fit the budget, else the tiled route."""
-        try:
-            return self._plan_pass(job)
-        except BudgetError:
-            return self._plan_tiles(job)
-
-    def _common(self, job: Job) -> dict:
-        s = self.shape[0]
-        k = self.A.shape[1] if self.trans else self.A.shape[0]
-        return dict(s=s, k=k, trans=self.trans, dtype=self.dtype.name, bytes_written=s * s * self.dtype.itemsize,
-                    flops=s * s * k, memory=job.cfg.memory)
-
-    def _plan_pass(self, job: Job) -> GramPlan:
-        s = self.shape[0]
-        reduce_bytes = s * s * 8 + self.out_chunks()[0] * s * (8 + self.dtype.itemsize)  # float64 sum, one row strip
-        params = {"dtype": self.dtype.name, "gpu": job.device == "gpu"}
-        for workers in range(job.workers(1), 0, -1):
-            try:
-                pp = plan_kernel_pass(job, gram_pass_kernel, [self.source()], params, reserve=reduce_bytes,
-                                      workers=workers, min_tasks=workers)
-                break
-            except BudgetError:
-                if workers == 1:
-                    raise
-        nbytes = int(np.prod(self.A.shape)) * self.A.dtype.itemsize
-        return GramPlan(**self._common(job), route="pass", out_chunks=self.out_chunks(), reads=1.0,
-                        bytes_read=nbytes, peak_memory=pp.peak_memory + reduce_bytes, pass_plan=pp.to_dict(),
-                        workers=pp.workers)
-
-    def _plan_tiles(self, job: Job) -> GramPlan:
-        s = self.shape[0]
-        fp = plan_factor("syrk", s, self.dtype, memory=job.cfg.memory, workers=job.workers(1))
-        nt = fp.tiles
-        nbytes = int(np.prod(self.A.shape)) * self.A.dtype.itemsize
-        return GramPlan(**self._common(job), route="tiles", out_chunks=(fp.tile, fp.tile), reads=nt + 1.0,
-                        bytes_read=int(nbytes * (nt + 1)), peak_memory=fp.workers * TILE_BUFFERS * fp.tile**2 *
-                        self.dtype.itemsize, tile=fp.tile, workers=fp.workers)
-
-    def out_chunks(self) -> tuple[int, int]:
-        """Square chunks for the result (what a solve or an eigensolver reads next)."""
-        c = min(auto_chunks(self.shape, self.dtype))
-        return (c, c)
+        """The pass route when its accumulators fit the budget, else the tiled route (:func:`plan_gram`)."""
+        return plan_gram(self.A.shape, self.dtype, chunks=self.A.chunks, memory=job.cfg.memory, trans=self.trans,
+                         source_dtype=self.A.dtype, workers=job.workers(1), cores=job.cores(),
+                         gpu=job.device == "gpu")
 
     def token(self, plan: GramPlan) -> str:
         """Deterministic in the input, parameters and plan (what resuming an output checks)."""
@@ -172,9 +93,6 @@ class Gram:
         self._run_pass(job, plan, out_path)
 
     def _run_pass(self, job: Job, plan: GramPlan, out_path: Any) -> None:
-        from blocklin.runtime.passes import run_pass
-        from blocklin.plan.passes import RowPassPlan
-
         pp = plan.pass_plan
         rp = RowPassPlan(**{**pp, "groups": tuple(tuple(g) for g in pp["groups"])})
         states, _ = run_pass(job, gram_pass_kernel, [self.source()], {"dtype": self.dtype.name,
