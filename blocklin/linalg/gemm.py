@@ -21,7 +21,7 @@ from blocklin.plan.gemm import GemmPlan, plan_gemm
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import GemmSpec, gemm_tile
-from blocklin.storage.zarr_store import create_array, open_zarr
+from blocklin.storage.atomic import open_or_create_array
 from blocklin.validate import result_dtype
 
 
@@ -182,10 +182,7 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         plan = op.plan(job, out_chunks)
         ao = job.output(out, inputs=[o.path for o in op.operands if not o.staged], overwrite=overwrite,
                         resume=resume, token=op.token(plan))
-        if ao.resumed:
-            open_zarr(ao.array_path(), mode="r+")
-        else:
-            create_array(ao.array_path(), shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
+        open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
         op.run(job, plan, ao.array_path(), done_dir=ao.done)
         report = job.report(plan=plan.to_dict(), output=str(ao.path))
         report["flops"] = plan.flops

@@ -39,7 +39,8 @@ from blocklin.plan.passes import RowPassPlan
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import run_pass, source
-from blocklin.storage.zarr_store import create_array, open_zarr, write_block
+from blocklin.storage.atomic import open_or_create_array
+from blocklin.storage.zarr_store import open_zarr, write_block
 from blocklin.validate import result_dtype
 
 #: Report entries recorded in the output's attributes.
@@ -175,10 +176,7 @@ def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool,
     """Run ``op`` into the atomic output ``out`` and commit it with its report."""
     ao = job.output(out, inputs=[op.A.path] if not op.A.staged else [], overwrite=overwrite, resume=resume,
                     token=op.token(plan))
-    if ao.resumed:
-        open_zarr(ao.array_path(), mode="r+", allow_pending=True)
-    else:
-        create_array(ao.array_path(), shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
+    open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     op.run(job, plan, ao.array_path(), done_dir=ao.done)
     nbytes = int(np.prod(op.A.shape)) * op.A.dtype.itemsize
     report = job.report(plan=plan.to_dict(), output=str(ao.path), route=plan.route, product=plan.product)
