@@ -61,3 +61,49 @@ def test_gemm_resume_after_ctrl_c_continues(tmp_path, monkeypatch):
     monkeypatch.undo()
     c = bl.matmul(a, b, tmp_path / "c.zarr", memory="256KiB", scheduler="sync", resume=True)
     assert c.report["skipped"] == 4 and np.array_equal(c.to_numpy(), ref)
+
+
+KILL_SOLVE = """
+import os, signal, sys
+import numpy as np
+import blocklin.linalg.tikhonov as tk
+real = tk.{victim}
+def dying(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIG{sig})
+tk.{victim} = dying
+import blocklin as bl
+bl.solve(sys.argv[1], sys.argv[2], out=sys.argv[3], lam={lam!r}, refine=1, memory="2MiB", scheduler="sync"{extra})
+"""
+
+
+@pytest.mark.parametrize("lam,victim,extra,loaded", [
+    (1e-3, "_run_residual_pass", "", ["gram-pass"]),
+    ("gcv", "_run_residual_pass", "", ["gram-pass"]),
+    ([1e-8, 1e-2], "_finish_spectral", ", method='qr'", ["tsqr-pass"]),
+    (0.1, "_run_residual_pass", ", fit_intercept=True", ["gram-pass", "means"]),
+])
+@pytest.mark.parametrize("sig", ["KILL", "INT"])
+def test_solve_resume_is_bit_identical(tmp_path, lam, victim, extra, loaded, sig):
+    rng = np.random.default_rng(4)
+    a = bl.from_array(rng.standard_normal((900, 30)) + 3.0, tmp_path / "a.zarr", chunks=(128, 30))
+    b = bl.from_array(rng.standard_normal((900, 2)), tmp_path / "b.zarr")
+    kw = {"lam": lam, "refine": 1, "memory": "2MiB", "scheduler": "sync"}
+    if "qr" in extra:
+        kw["method"] = "qr"
+    if "fit_intercept" in extra:
+        kw["fit_intercept"] = True
+    ref = bl.solve(a.path, b.path, out=tmp_path / "ref.zarr", **kw)
+    out = tmp_path / "x.zarr"
+    code = textwrap.dedent(KILL_SOLVE.format(victim=victim, sig=sig, lam=lam, extra=extra))
+    proc = subprocess.run([sys.executable, "-c", code, a.path, b.path, str(out)], capture_output=True)
+    assert proc.returncode != 0 and not out.exists()
+    partials = [p for p in tmp_path.iterdir() if p.name.startswith(".x.zarr.partial")]
+    if sig == "INT":  # Ctrl-C removes the unfinished output: resume then starts over
+        assert not partials
+    x = bl.solve(a.path, b.path, out=out, resume=True, **kw)
+    assert np.array_equal(x.to_numpy(), ref.to_numpy())
+    assert x.report["resumed_passes"] == (loaded if sig == "KILL" else [])
+    ran, full = x.report.get("passes", 0), ref.report["passes"]
+    assert ran < full if sig == "KILL" else ran == full
+    if "fit_intercept" in kw:
+        assert np.array_equal(x.intercept, ref.intercept)

@@ -46,6 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "by rank-one corrections, no copy; the intercept is printed and kept in the report")
     p.add_argument("--plot", metavar="PNG", help="plot the L-curve / GCV curve (with --lambda gcv or lcurve)")
     p.add_argument("--workers", type=int, help="concurrent tasks (local schedulers)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run: finished passes are not run again (identical result)")
     p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
     ui.add_common(p)
     p.set_defaults(func=run)
@@ -61,7 +63,8 @@ def run(args: argparse.Namespace) -> dict:
               refine=args.refine,
               memory=args.memory, device=args.device, scheduler=args.scheduler, workers=args.workers,
               check_finite=False if args.no_check_finite else None, overwrite=args.overwrite,
-              progress=ui.progress_arg(args), fit_intercept=args.fit_intercept)
+              progress=ui.progress_arg(args), fit_intercept=args.fit_intercept,
+              **({"resume": True} if args.resume else {}))
     r = x.report
     summary = {"output": x.path, "shape": list(x.shape), "lam": r["lam"], "method": r["method"],
                "method_reason": r["method_reason"], "residual_norm": r["residual_norm"],

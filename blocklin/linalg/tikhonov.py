@@ -14,6 +14,7 @@ from blocklin.errors import NonFiniteError, ParameterError, SingularMatrixError,
 from blocklin.errors import explain as _msg
 from blocklin.linalg import lambda_select
 from blocklin.linalg.center import column_moments
+from blocklin.linalg.checkpoint import Checkpoints
 from blocklin.linalg.gemm import Gemm
 from blocklin.linalg._solve_kernels import gram_kernel, residual_kernel, symmetrize_lower
 from blocklin.linalg.qr import tsqr_pass
@@ -152,7 +153,7 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
 
 def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
           refine: Any = "auto", overwrite: bool = False, explain: bool = False, fit_intercept: bool = False,
-          **settings: Unpack[Settings]) -> Matrix | SolvePlan:
+          resume: bool = False, **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
     Parameters
@@ -198,6 +199,10 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     explain : bool
         Return the :class:`~blocklin.plan.solve.SolvePlan` without running (kept for compatibility:
         :func:`solve_plan` returns it and always one type).
+    resume : bool
+        Continue an interrupted run (SIGKILL, Ctrl-C) with the same inputs and parameters: the
+        results of its finished passes are loaded instead of recomputed (bit-identical ``x``). The
+        stored-Gram route (a Gram matrix over the budget) starts over.
     fit_intercept : bool
         Fit ``A x + 1 x0 ~ b`` with an unpenalized intercept ``x0`` (per right-hand side), as
         ``sklearn.linear_model.Ridge(alpha=lam**2, fit_intercept=True)``: ``x`` solves the problem
@@ -289,12 +294,14 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                                       "uncentered A)", "method='qr' with fit_intercept=True",
                                       "pass method='auto' or 'normal' (the centered normal equations), or center "
                                       "A and b yourself"))
-        ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
+        ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite,
+                        resume=resume, token=_token(A, B, lam, method, refine, fit_intercept, plan))
         ctx = _Ctx(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
-                   intercept=bool(fit_intercept))
+                   intercept=bool(fit_intercept), saved=Checkpoints(ao.done if out is not None else None))
         info = _solve_wide(ctx, ao.array_path()) if plan.orientation == "wide" else _solve_tall(ctx, ao.array_path())
         info.setdefault("phases", ctx.phases)
         info["fit_intercept"] = bool(fit_intercept)
+        info["resumed_passes"] = list(ctx.saved.loaded)
         report = job.report(orientation=plan.orientation, **info)
         params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method,
                   "fit_intercept": bool(fit_intercept)}
@@ -319,6 +326,15 @@ def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: 
                                       params={})
         return plan_solve(A.shape[0], A.shape[1], B.shape[1], method=method, memory=job.cfg.memory, lam_kind=kind,
                           refine=1 if refine == "auto" else refine)
+
+
+def _token(A: Any, B: Any, lam: Any, method: str, refine: Any, fit_intercept: bool, plan: SolvePlan) -> str:
+    """Deterministic in the inputs, parameters and plan: what resuming an output checks."""
+    from dask.base import tokenize
+
+    lam = lam.tolist() if isinstance(lam, np.ndarray) else lam
+    return tokenize("solve", [(o.path, o.shape, o.dtype.str, o.chunks, o.staged) for o in (A, B)], lam, method,
+                    refine, bool(fit_intercept), plan.to_dict())[:16]
 
 
 def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
@@ -371,7 +387,8 @@ def _solve_pos(a: Any, b: Any, *, kind: str, lams: list[float], method: str, out
 
 
 #: Report entries recorded in the output's attributes.
-REPORT_KEYS = ("lam", "method", "method_reason", "residual_norm", "solution_norm", "passes", "seconds", "intercept")
+REPORT_KEYS = ("lam", "method", "method_reason", "residual_norm", "solution_norm", "passes", "seconds", "intercept",
+               "resumed_passes")
 
 
 @dataclasses.dataclass
@@ -391,6 +408,8 @@ class _Ctx:
     #: fit_intercept on tall A: column means of A (float64) and of b, from one pass over each
     mu: np.ndarray | None = None
     bbar: np.ndarray | None = None
+    #: results of finished passes, kept for resume=True (linalg/checkpoint.py)
+    saved: Checkpoints = dataclasses.field(default_factory=Checkpoints)
 
     def offset(self, x: np.ndarray) -> np.ndarray:
         """The intercept ``bbar - mu^T x`` of a solution of the centered problem."""
@@ -420,6 +439,13 @@ def _pass_device(ctx: _Ctx, phase: str, flops: float) -> str:
 
 
 def _gram_pass(ctx: _Ctx) -> dict:
+    """``A^T A``, ``A^T b``, ``||b||^2``, ``||A||_F^2`` (saved for resume)."""
+    gp = ctx.saved("gram-pass", lambda: _run_gram_pass(ctx))
+    gp["aa"] = float(gp["aa"])
+    return gp
+
+
+def _run_gram_pass(ctx: _Ctx) -> dict:
     states, _ = run_pass(ctx.job, gram_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64"},
                          reserve=small_bytes(ctx.n, ctx.k), description="Gram pass: A^T A, A^T b",
                          device=_pass_device(ctx, "gram pass", ctx.m * ctx.n * (ctx.n + 2 * ctx.k)))
@@ -433,6 +459,14 @@ def _gram_pass(ctx: _Ctx) -> dict:
 
 
 def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``A^T (b - A x)`` and ``||b - A x||^2`` (saved for resume under a token of ``x``)."""
+    from dask.base import tokenize
+
+    r = ctx.saved(f"residual-{tokenize(x)[:16]}", lambda: dict(zip(("atr", "rr"), _run_residual_pass(ctx, x))))
+    return r["atr"], r["rr"]
+
+
+def _run_residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     states, _ = run_pass(ctx.job, residual_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64", "x": x},
                          reserve=small_bytes(ctx.n, ctx.k), check_finite=False,
                          description="refinement pass: A^T (b - A x)",
@@ -448,8 +482,9 @@ def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _center_gram(ctx: _Ctx, gp: dict) -> dict:
     """fit_intercept: the means of ``A`` and ``b`` (one pass each) and the Gram quantities of the centered
     problem by rank-one corrections, ``A_c^T A_c = A^T A - m mu mu^T``, ``A_c^T b_c = A^T b - m mu bbar^T``."""
-    ctx.mu = column_moments(ctx.job, ctx.A).mean
-    ctx.bbar = column_moments(ctx.job, ctx.B, over="b").mean
+    means = ctx.saved("means", lambda: {"mu": column_moments(ctx.job, ctx.A).mean,
+                                         "bbar": column_moments(ctx.job, ctx.B, over="b").mean})
+    ctx.mu, ctx.bbar = means["mu"], means["bbar"]
     m, mu, bbar = ctx.m, ctx.mu, ctx.bbar
     g = gp["g"] - m * np.outer(mu, mu)
     return {"g": (g + g.T) / 2, "c": gp["c"] - m * np.outer(mu, bbar), "bb": gp["bb"] - m * bbar**2,
@@ -600,10 +635,14 @@ def _solve_refined(ctx: _Ctx, gp: dict, cf: Any, rcond: float, lam: float) -> tu
 
 
 def _qr_route(ctx: _Ctx, x_path: str, info: dict, reason: str) -> dict:
-    sr = tsqr_pass(ctx.job, ctx.A, ctx.B, np.float64,
-                   device=_pass_device(ctx, "tsqr pass", 2.0 * ctx.m * (ctx.n + ctx.k) ** 2))
-    spec = _spectrum_from_r(sr.r, sr.qtb, sr.rho, ctx.m)
-    info.update(method="qr", method_reason=reason, norm_a=sr.norm_a)
+    def run() -> dict:
+        sr = tsqr_pass(ctx.job, ctx.A, ctx.B, np.float64,
+                       device=_pass_device(ctx, "tsqr pass", 2.0 * ctx.m * (ctx.n + ctx.k) ** 2))
+        return {"r": sr.r, "qtb": sr.qtb, "rho": sr.rho, "norm_a": sr.norm_a}
+
+    sr = ctx.saved("tsqr-pass", run)
+    spec = _spectrum_from_r(sr["r"], sr["qtb"], sr["rho"], ctx.m)
+    info.update(method="qr", method_reason=reason, norm_a=float(sr["norm_a"]))
     return _finish_spectral(ctx, spec, info, x_path)
 
 
@@ -656,6 +695,16 @@ def _describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None,
         info["gcv"] = spec.gcv(lams[0])
 
 
+def _wide_gram(ctx: _Ctx) -> np.ndarray:
+    """``A A^T`` (``m x m``, in memory) by an out-of-core GEMM into a scratch store."""
+    job = ctx.job
+    gram = Gemm.of(ctx.A, ctx.A, trans_b=True, dtype="float64")
+    plan = gram.plan(job)
+    g_path = job.scratch("gram", gram.shape, np.float64, plan.out_chunks)
+    gram.run(job, plan, g_path, description="Gram matrix A A^T", count_pass="a")
+    return open_zarr(g_path)[...]
+
+
 def _solve_wide(ctx: _Ctx, x_path: str) -> dict:
     """Dual form: ``A A^T`` by an out-of-core GEMM, eigen-decomposition, ``x = A^T y`` by another.
 
@@ -663,11 +712,7 @@ def _solve_wide(ctx: _Ctx, x_path: str) -> dict:
     """
     job = ctx.job
     ctx.phases.update({"gram GEMM": job.device, "solution GEMM": job.device})
-    gram = Gemm.of(ctx.A, ctx.A, trans_b=True, dtype="float64")
-    plan = gram.plan(job)
-    g_path = job.scratch("gram", gram.shape, np.float64, plan.out_chunks)
-    gram.run(job, plan, g_path, description="Gram matrix A A^T", count_pass="a")
-    g = open_zarr(g_path)[...]
+    g = ctx.saved("wide-gram", lambda: {"g": _wide_gram(ctx)})["g"]
     bm = Matrix(ctx.B.path)[...].astype(np.float64)  # m x k, small (m is the short side)
     if job.check_finite and not np.all(np.isfinite(bm)):
         raise NonFiniteError(_msg("b", "must be finite (check_finite is on)", "NaN or Inf",
