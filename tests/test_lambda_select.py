@@ -11,6 +11,7 @@ import pytest
 import blocklin as bl
 from blocklin.linalg.lambda_select import choose_lambda
 from blocklin.linalg.tikhonov import Spectrum
+from memcheck import margin, needs_hwm, run_child
 
 
 def gcv_dense(a, b, lams):
@@ -137,3 +138,31 @@ def test_decade_ticks_do_not_label_minor_ticks():
     labels = [t for t in ax.xaxis.get_ticklabels(minor=True) if t.get_text()]
     assert not labels
     plt.close(fig)
+
+
+LAM_CHILD = """
+    import blocklin as bl
+    a_path, b_path, memory = sys.argv[1:4]
+    bl.open(a_path)[0:1, 0:1]
+    import dask.threaded  # noqa: F401
+    base = hwm()
+    reset_hwm()
+    x = bl.solve(a_path, b_path, lam="gcv", memory=memory)
+    print(json.dumps({"baseline": base, "peak": hwm(), "method": x.report["method"]}))
+"""
+
+
+@needs_hwm
+@pytest.mark.parametrize("cond,method", [(1e2, "normal"), (1e9, "qr")])
+def test_gcv_within_the_budget_on_either_route(tmp_path, cond, method):
+    rng = np.random.default_rng(2)
+    m, n = 8000, 64  # A is 3.9 MiB, about twice the budget
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = (rng.standard_normal((m, n)) * np.logspace(0, -np.log10(cond), n)) @ q.T
+    bl.from_array(a, tmp_path / "a.zarr", chunks=(512, n))
+    bl.from_array(a @ rng.standard_normal(n) + 1e-8 * rng.standard_normal(m), tmp_path / "b.zarr")
+    budget = 2 * 2**20
+    r = run_child(LAM_CHILD, str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr"), "2MiB")
+    used = r["peak"] - r["baseline"]
+    assert r["method"] == method
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 2 MiB"
