@@ -13,6 +13,7 @@ from blocklin.config import configure  # noqa: E402
 from blocklin.create import from_array, open, random  # noqa: E402,A004
 from blocklin.linalg.cholesky import cholesky  # noqa: E402
 from blocklin.linalg.gemm import matmul, matmul_plan  # noqa: E402
+from blocklin.linalg.gram import gram  # noqa: E402
 from blocklin.linalg.inverse import inv, inv_plan  # noqa: E402
 from blocklin.linalg.lu import lu  # noqa: E402
 from blocklin.linalg.eigsh import eigsh  # noqa: E402
@@ -27,6 +28,7 @@ from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
     "Matrix", "__version__", "aslinearoperator", "cholesky", "config", "configure", "convert", "eigsh", "errors",
-    "from_array", "inv", "inv_plan", "lu", "matmul", "matmul_plan", "open", "pca", "qr", "random", "solve", "solve_plan",
+    "from_array", "gram", "inv", "inv_plan", "lu", "matmul", "matmul_plan", "open", "pca", "qr", "random", "solve",
+    "solve_plan",
     "solve_triangular", "svd",
 ]

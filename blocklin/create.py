@@ -66,7 +66,7 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
     Parameters
     ----------
     x : array_like or dask.array.Array
-        A 2-D array. Dask arrays are written chunk by chunk (bounded memory), by the workers when a
+        A 2-D array (a 1-D one is stored as an ``n x 1`` column). Dask arrays are written chunk by chunk (bounded memory), by the workers when a
         ``distributed`` client is in use.
     path : path, URL, Location or zarr store
         Output; refused if it exists unless ``overwrite``.
@@ -91,6 +91,8 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
     is_dask = type(x).__module__.startswith("dask")
     if not is_dask:
         x = np.asarray(x)
+    if x.ndim == 1:  # a vector is stored as an n x 1 column, as every operation takes it
+        x = x.reshape(-1, 1)
     if x.ndim != 2:
         raise ShapeError(explain("x", "must be 2-D (a matrix)", f"shape {tuple(x.shape)}",
                                  "reshape it, e.g. x.reshape(-1, 1) for a column vector"))

@@ -88,6 +88,8 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
         path = as_location(x, cfg.storage_options, name=name)
         arr = open_zarr(path, name=name)
     elif _is_dask(x):
+        if x.ndim == 1 and ndim == 2:  # a vector is a column
+            x = x.reshape(-1, 1)
         _check_ndim(name, x.shape, ndim)
         d = _stage_dir(cfg, stack) / f"{name}.zarr"
         chunks = auto_chunks(x.shape, x.dtype, cfg.memory)
@@ -103,6 +105,8 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
     else:
         raise ParameterError(explain(name, "must be a path, zarr array, blocklin.Matrix, NumPy or Dask array",
                                 f"{type(x).__name__}", "pass a NumPy array or the path of a zarr array"))
+    if arr.ndim == 1 and ndim == 2:  # a stored vector: staged as an n x 1 column (tasks read 2-D blocks)
+        path, arr, staged = _stage_column(arr, name, cfg, stack)
     _check_ndim(name, arr.shape, ndim)
     if not staged and isinstance(path, Location):
         check_complete(arr, path, name, bool(cfg.require_complete))
@@ -116,7 +120,21 @@ def _check_ndim(name: str, shape: tuple[int, ...], ndim: int) -> None:
                                  "reshape it, e.g. x.reshape(-1, 1) for a column vector"))
 
 
+def _stage_column(arr: Any, name: str, cfg: Config, stack: contextlib.ExitStack) -> tuple[Location, Any, bool]:
+    """A 2-D ``n x 1`` copy of a stored 1-D array, copied in slices of at most a sixteenth of the budget."""
+    n = int(arr.shape[0])
+    d = _stage_dir(cfg, stack) / f"{name}.zarr"
+    chunks = auto_chunks((n, 1), arr.dtype, cfg.memory)
+    out = create_array(d, shape=(n, 1), dtype=arr.dtype, chunks=chunks, codec="none")
+    step = max(chunks[0], (cfg.memory // 16 // max(1, arr.dtype.itemsize)) // chunks[0] * chunks[0])
+    for r0 in range(0, n, step):
+        out[r0:r0 + step, 0] = arr[r0:r0 + step]
+    return d, out, True
+
+
 def _stage_numpy(x: np.ndarray, name: str, cfg: Config, stack: contextlib.ExitStack) -> tuple[Location, Any, bool]:
+    if x.ndim == 1:  # a vector is a column
+        x = x.reshape(-1, 1)
     if x.ndim != 2:
         _check_ndim(name, x.shape, 2)
     d = _stage_dir(cfg, stack) / f"{name}.zarr"

@@ -3,12 +3,20 @@
 Operations take ``progress=``: ``None``/``False`` (silent), ``True`` (a rich progress bar on
 stderr when it is a terminal, else silent), or any object with ``start(total, description)``,
 ``advance(n)`` and ``close()`` (for example :class:`ProgressRecorder` in tests).
+
+Progress counts tasks, or units of work within them: a graph whose tasks declare a weight (rows
+of a row pass) starts its bar at the total weight, and tasks running in this process (the ``sync``
+and ``threads`` schedulers) report their units as they go through :func:`report_units`, so a pass
+of one long task moves row strip by row strip instead of showing ``0/1``. Tasks in other processes
+report nothing on the way; their whole weight is counted when they finish.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 
@@ -16,6 +24,33 @@ class Progress(Protocol):
     def start(self, total: int, description: str) -> None: ...
     def advance(self, n: int = 1) -> None: ...
     def close(self) -> None: ...
+
+
+_SINKS: list[Callable[[int], None]] = []
+_SINKS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def unit_sink(advance: Callable[[int], None]) -> Iterator[None]:
+    """Deliver the units that tasks of this process report (:func:`report_units`) to ``advance``."""
+    with _SINKS_LOCK:
+        _SINKS.append(advance)
+    try:
+        yield
+    finally:
+        with _SINKS_LOCK:
+            _SINKS.remove(advance)
+
+
+def report_units(n: int) -> int:
+    """Report ``n`` units of a task's work done; returns ``n`` when a progress bar of this process took
+    them, else 0 (the task's remaining weight is then counted when it finishes)."""
+    with _SINKS_LOCK:
+        sink = _SINKS[-1] if _SINKS else None
+    if sink is None or n <= 0:
+        return 0
+    sink(n)
+    return n
 
 
 class NullProgress:

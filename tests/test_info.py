@@ -41,7 +41,7 @@ def test_info_every_format(files):
         d = inspect(f"{tmp}/{name}", memory="64MiB")
         assert (d["format"], d["order"], d["dtype"]) == (fmt, order, dtype), name
         assert d["bytes_on_disk"] > 0 and d["bytes_in_memory"] == np.prod(d["shape"]) * np.dtype(dtype).itemsize
-        assert set(d["estimates"]) == {"convert_to_zarr", "pass", "gemm_AAt"}
+        assert set(d["estimates"]) == {"convert_to_zarr", "pass", "gram"}
         assert all("memory" in e or "error" in e for e in d["estimates"].values())
     raw = inspect(tmp / "a.bin", shape="64,48", dtype="f8")
     assert raw["shape"] == [64, 48] and raw["compression_ratio"] == pytest.approx(1.0)
@@ -55,8 +55,9 @@ def test_info_zarr_details_and_provenance(files):
     assert d["zarr_format"] == 3
     assert d["provenance"]["operation"] == "convert" and d["provenance"]["inputs"] == [str(tmp / "a.npy")]
     assert d["compression_ratio"] == pytest.approx(a.nbytes / d["bytes_on_disk"])
-    g = d["estimates"]["gemm_AAt"]
-    assert "error" in g or (g["flops"] == 2 * 64 * 64 * 48 and g["memory"] <= 256 * 2**20)
+    g = d["estimates"]["gram"]  # 64 x 48 is tall: the user's product is A^T A (48 x 48), by SYRK
+    assert g["product"] == "A^T A" and g["flops"] == 48 * 48 * 64 and g["memory"] <= 256 * 2**20
+    assert g["route"] == "pass" and g["bytes_read"] == 64 * 48 * 8 and g["bytes_written"] == 48 * 48 * 8
     v2 = inspect(tmp / "v2.zarr")
     assert v2["zarr_format"] == 2 and v2["provenance"] is None
 
@@ -76,10 +77,20 @@ def test_cli_info(files, capsys):
     assert main(["info", str(tmp / "a.zarr"), "--memory", "512MiB"]) == 0
     out = capsys.readouterr().out
     for word in ("shape", "64 x 48", "float64", "chunks", "16 x 16", "zstd", "on disk", "in memory",
-                 "compression", "provenance", "convert of", "estimates with memory=512.00 MiB", "gemm_AAt"):
+                 "compression", "provenance", "convert of", "estimates with memory=512.00 MiB", "gram", "A^T A (48 x 48"):
         assert word in out, word
     assert main(["info", str(tmp / "a.bin"), "--shape", "64,48", "--dtype", "f8", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["format"] == "raw" and d["shape"] == [64, 48]
     assert main(["info", str(tmp / "missing.npy")]) == 1
     assert "StoreNotFoundError" in capsys.readouterr().err
+
+
+def test_info_gram_estimate_follows_the_orientation():
+    from blocklin.storage.inspect import estimates
+
+    tall = estimates((300000, 2000), "float32", (2048, 2000), 512 * 2**20)["gram"]
+    assert tall["product"] == "A^T A" and tall["bytes_written"] == 2000 * 2000 * 4  # not 360 GB of A A^T
+    assert tall["route"] == "pass" and tall["bytes_read"] == 300000 * 2000 * 4 and tall["memory"] <= 512 * 2**20
+    wide = estimates((2000, 300000), "float32", (2000, 2048), 512 * 2**20)["gram"]
+    assert wide["product"] == "A A^T" and wide["bytes_written"] == 2000 * 2000 * 4

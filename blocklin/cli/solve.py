@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
+
+import numpy as np
 
 from blocklin.cli import ui
 from blocklin.config import format_size
@@ -47,6 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "by rank-one corrections, no copy; the intercept is printed and kept in the report")
     p.add_argument("--plot", metavar="PNG", help="plot the L-curve / GCV curve (with --lambda gcv or lcurve)")
     p.add_argument("--workers", type=int, help="concurrent tasks (local schedulers)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run: finished passes are not run again (identical result)")
     p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
     ui.add_common(p)
     p.set_defaults(func=run)
@@ -62,7 +67,8 @@ def run(args: argparse.Namespace) -> dict:
               refine=args.refine, precision=args.precision,
               memory=args.memory, device=args.device, scheduler=args.scheduler, workers=args.workers,
               check_finite=False if args.no_check_finite else None, overwrite=args.overwrite,
-              progress=ui.progress_arg(args), fit_intercept=args.fit_intercept)
+              progress=ui.progress_arg(args), fit_intercept=args.fit_intercept,
+              **({"resume": True} if args.resume else {}))
     r = x.report
     summary = {"output": x.path, "shape": list(x.shape), "lam": r["lam"], "method": r["method"],
                "method_reason": r["method_reason"], "residual_norm": r["residual_norm"],
@@ -90,23 +96,47 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _plot(report: dict, path: str) -> str:
+    """The L-curve (both branches, the chosen point marked) and the rule's curve against lambda (GCV, or the
+    L-curve's curvature) with the chosen lambda marked; log axes label decades only, so labels never overlap."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    c = report["curve"]
-    fig, ax = plt.subplots(1, 2 if "gcv" in c else 1, figsize=(10 if "gcv" in c else 5, 4), squeeze=False)
-    ax[0, 0].loglog(c["residual_norm"], c["solution_norm"], "-")
-    ax[0, 0].set_xlabel("residual norm ||A x - b||")
-    ax[0, 0].set_ylabel("solution norm ||x||")
-    ax[0, 0].set_title(f"L-curve (chosen lambda {report['lam']:.3g})")
+    c, lam = report["curve"], report["lam"]
+    lams = np.asarray(c["lam"])
+    at = int(np.argmin(np.abs(np.log(lams) - np.log(lam))))  # the grid point nearest the chosen lambda
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), squeeze=False)
+    left, right = ax[0, 0], ax[0, 1]
+    left.loglog(c["residual_norm"], c["solution_norm"], "-", color="C0")
+    left.loglog([c["residual_norm"][at]], [c["solution_norm"][at]], "o", color="C3", label=f"lambda = {lam:.3g}")
+    left.set_xlabel("residual norm ||A x - b||")
+    left.set_ylabel("solution norm ||x||")
+    left.set_title("L-curve")
+    left.legend(loc="best")
+    y, name = (c["gcv"], "GCV") if "gcv" in c else (c["curvature"], "L-curve curvature")
     if "gcv" in c:
-        ax[0, 1].loglog(c["lam"], c["gcv"], "-")
-        ax[0, 1].axvline(report["lam"], color="k", ls="--")
-        ax[0, 1].set_xlabel("lambda")
-        ax[0, 1].set_ylabel("GCV")
+        right.loglog(lams, y, "-", color="C0")
+    else:
+        right.semilogx(lams, y, "-", color="C0")
+    right.axvline(lam, color="C3", ls="--", label=f"chosen lambda = {lam:.3g}")
+    right.set_xlabel("lambda")
+    right.set_ylabel(name)
+    right.set_title(f"{name} ({report.get('lam_rule', '')} choice)")
+    right.legend(loc="best")
+    for a in (left, right):
+        _decade_ticks(a)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _decade_ticks(ax: Any) -> None:
+    """At most 6 labelled decades per log axis and unlabelled minor ticks (labels cannot overlap)."""
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale == "log":
+            axis.set_major_locator(LogLocator(base=10, numticks=6))
+            axis.set_minor_formatter(NullFormatter())

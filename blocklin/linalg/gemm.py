@@ -8,6 +8,7 @@ product inside a job that another operation already runs (the wide regularized s
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Unpack
 
 from dask.base import tokenize
@@ -20,7 +21,7 @@ from blocklin.plan.gemm import GemmPlan, plan_gemm
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import GemmSpec, gemm_tile
-from blocklin.storage.zarr_store import create_array, open_zarr
+from blocklin.storage.atomic import open_or_create_array
 from blocklin.validate import finite, result_dtype
 
 
@@ -104,8 +105,8 @@ class Gemm:
                         check_finite=job.check_finite, done_dir=done_dir,
                         blas_threads=job.task_blas_threads(plan.blas_threads))
         graph = TileGraph.named("gemm", self.token(plan))
-        for i, j, rows, cols in plan.tiles():
-            graph.add((i, j), gemm_tile, spec, i, j, rows, cols)
+        for i, j, rows, cols in plan.tiles():  # progress in k-panels: a one-tile product still moves
+            graph.weigh(graph.add((i, j), gemm_tile, spec, i, j, rows, cols), max(1, plan.k_steps), "k-panels")
         job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
                 count_pass=count_pass)
 
@@ -175,15 +176,15 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         return matmul_plan(a, b, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
                            out_chunks=out_chunks, **settings)
     with Job("matmul", **settings) as job:
-        op = Gemm.of(job.operand(a, "a"), job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
+        A = job.operand(a, "a")
+        op = Gemm.of(A, A if b is a else job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
+        if out_chunks is None and _is_gram(op):
+            return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
         plan = op.plan(job, out_chunks)
         ao = job.output(out, inputs=[o.path for o in op.operands if not o.staged], overwrite=overwrite,
                         resume=resume, token=op.token(plan))
-        if ao.resumed:
-            open_zarr(ao.array_path(), mode="r+")
-        else:
-            create_array(ao.array_path(), shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
+        open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
         op.run(job, plan, ao.array_path(), done_dir=ao.done)
         report = job.report(plan=plan.to_dict(), output=str(ao.path),
                             phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
@@ -191,6 +192,30 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         report["gflops"] = plan.flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0
         path = ao.commit("matmul", plan=plan.to_dict(), params=op.params(), report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def _is_gram(op: Gemm) -> bool:
+    """``X^T X`` or ``X X^T`` of one stored operand (the same store, one side transposed, no ``C``)."""
+    return op.C is None and op.trans_a != op.trans_b and _same_store(op.A.path, op.B.path)
+
+
+def _same_store(p: Any, q: Any) -> bool:
+    if p is q:
+        return True
+    if getattr(p, "is_local", False) and getattr(q, "is_local", False):
+        return os.path.realpath(p.url) == os.path.realpath(q.url)
+    return getattr(p, "url", p) == getattr(q, "url", q) and getattr(p, "options", None) == getattr(q, "options", None)
+
+
+def _as_gram(job: Job, op: Gemm, out: Any, *, overwrite: bool, resume: bool) -> Matrix:
+    """Run ``X^T X`` / ``X X^T`` as :func:`blocklin.gram` (SYRK, one read of ``X``) inside this job."""
+    from blocklin.linalg.gram import Gram, write_gram
+
+    g = Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha)
+    result = write_gram(job, g, g.plan(job), out, overwrite=overwrite, resume=resume, operation="matmul")
+    result.report["route_reason"] = (f"{'X X^T' if g.trans else 'X^T X'} of one stored operand: computed as "
+                                     "its Gram matrix by SYRK (half the flops, one read)")
+    return result
 
 
 def matmul_plan(a: Any, b: Any, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,

@@ -12,7 +12,9 @@ import numpy as np
 from blocklin.config import Settings, format_size
 from blocklin.errors import NonFiniteError, ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
+from blocklin.linalg import lambda_select
 from blocklin.linalg.center import column_moments
+from blocklin.linalg.checkpoint import PassResults
 from blocklin.linalg.gemm import Gemm
 from blocklin.linalg._solve_kernels import gram_kernel, residual_kernel, symmetrize_lower
 from blocklin.linalg.qr import tsqr_pass
@@ -116,37 +118,9 @@ def _spectrum_from_gram(g: np.ndarray, c: np.ndarray, bb: np.ndarray, m: int, *,
 
 
 def choose_lambda(spec: Spectrum, rule: str) -> tuple[float, dict]:
-    """``"gcv"`` (Golub, Heath and Wahba, 1979) or ``"lcurve"`` (Hansen, 1998): lambda and the curve."""
-    lams = spec.grid()
-    rr = np.array([spec.residual_sq(l).sum() for l in lams])
-    xx = np.array([spec.solution_sq(l).sum() for l in lams])
-    curve = {"lam": lams.tolist(), "residual_norm": np.sqrt(rr).tolist(), "solution_norm": np.sqrt(xx).tolist()}
-    if rule == "gcv":
-        g = np.array([spec.gcv(l) for l in lams])
-        i = int(np.nanargmin(g))
-        lo, hi = lams[max(0, i - 1)], lams[min(len(lams) - 1, i + 1)]
-        from scipy.optimize import minimize_scalar
-
-        best = lams[i]
-        if hi > lo:
-            res = minimize_scalar(lambda t: spec.gcv(10.0**t), bounds=(math.log10(lo), math.log10(hi)),
-                                  method="bounded", options={"xatol": 1e-4})
-            if res.success and spec.gcv(10.0**res.x) <= g[i]:
-                best = 10.0**res.x
-        curve["gcv"] = g.tolist()
-        return float(best), curve
-    # L-curve corner: maximum curvature of (log ||r||, log ||x||) as a function of log lam.
-    t = np.log(lams)
-    x, y = 0.5 * np.log(np.maximum(rr, 1e-300)), 0.5 * np.log(np.maximum(xx, 1e-300))
-    dx, dy = np.gradient(x, t), np.gradient(y, t)
-    ddx, ddy = np.gradient(dx, t), np.gradient(dy, t)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        kappa = (dx * ddy - ddx * dy) / (dx**2 + dy**2) ** 1.5
-    kappa[~np.isfinite(kappa)] = -np.inf
-    kappa[[0, -1]] = -np.inf  # one-sided differences at the ends
-    i = int(np.argmax(kappa))
-    curve["curvature"] = np.where(np.isfinite(kappa), kappa, np.nan).tolist()
-    return float(lams[i]), curve
+    """``"gcv"`` (Golub, Heath and Wahba, 1979) or ``"lcurve"`` (Hansen, 1998): lambda and the curve
+    (:func:`blocklin.linalg.lambda_select.choose_lambda`: grids extended where the choice sits at an end)."""
+    return lambda_select.choose_lambda(spec, rule)
 
 
 # -- the solver -------------------------------------------------------------------------------------------------
@@ -189,7 +163,7 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
 
 def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
           refine: Any = "auto", overwrite: bool = False, explain: bool = False, fit_intercept: bool = False,
-          precision: str = "double", **settings: Unpack[Settings]) -> Matrix | SolvePlan:
+          precision: str = "double", resume: bool = False, **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
     Parameters
@@ -243,6 +217,10 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     explain : bool
         Return the :class:`~blocklin.plan.solve.SolvePlan` without running (kept for compatibility:
         :func:`solve_plan` returns it and always one type).
+    resume : bool
+        Continue an interrupted run (SIGKILL, Ctrl-C) with the same inputs and parameters: the
+        results of its finished passes are loaded instead of recomputed (bit-identical ``x``). The
+        stored-Gram route (a Gram matrix over the budget) starts over.
     fit_intercept : bool
         Fit ``A x + 1 x0 ~ b`` with an unpenalized intercept ``x0`` (per right-hand side), as
         ``sklearn.linear_model.Ridge(alpha=lam**2, fit_intercept=True)``: ``x`` solves the problem
@@ -338,12 +316,14 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                                       "uncentered A)", "method='qr' with fit_intercept=True",
                                       "pass method='auto' or 'normal' (the centered normal equations), or center "
                                       "A and b yourself"))
-        ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
+        ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite,
+                        resume=resume, token=_token(A, B, lam, method, refine, fit_intercept, plan))
         ctx = _Ctx(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
-                   intercept=bool(fit_intercept))
+                   intercept=bool(fit_intercept), saved=PassResults(ao.done if out is not None else None))
         info = _solve_wide(ctx, ao.array_path()) if plan.orientation == "wide" else _solve_tall(ctx, ao.array_path())
         info.setdefault("phases", ctx.phases)
         info["fit_intercept"] = bool(fit_intercept)
+        info["resumed_passes"] = list(ctx.saved.loaded)
         report = job.report(orientation=plan.orientation, **info)
         params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method,
                   "fit_intercept": bool(fit_intercept)}
@@ -374,6 +354,15 @@ def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: 
                                       params={})
         return plan_solve(A.shape[0], A.shape[1], B.shape[1], method=method, memory=job.cfg.memory, lam_kind=kind,
                           refine=1 if refine == "auto" else refine)
+
+
+def _token(A: Any, B: Any, lam: Any, method: str, refine: Any, fit_intercept: bool, plan: SolvePlan) -> str:
+    """Deterministic in the inputs, parameters and plan: what resuming an output checks."""
+    from dask.base import tokenize
+
+    lam = lam.tolist() if isinstance(lam, np.ndarray) else lam
+    return tokenize("solve", [(o.path, o.shape, o.dtype.str, o.chunks, o.staged) for o in (A, B)], lam, method,
+                    refine, bool(fit_intercept), plan.to_dict())[:16]
 
 
 def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
@@ -447,7 +436,8 @@ def _solve_square(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float]
 
 
 #: Report entries recorded in the output's attributes.
-REPORT_KEYS = ("lam", "method", "method_reason", "residual_norm", "solution_norm", "passes", "seconds", "intercept")
+REPORT_KEYS = ("lam", "method", "method_reason", "residual_norm", "solution_norm", "passes", "seconds", "intercept",
+               "resumed_passes")
 
 
 @dataclasses.dataclass
@@ -467,6 +457,8 @@ class _Ctx:
     #: fit_intercept on tall A: column means of A (float64) and of b, from one pass over each
     mu: np.ndarray | None = None
     bbar: np.ndarray | None = None
+    #: results of finished passes, kept for resume=True (linalg/checkpoint.py)
+    saved: PassResults = dataclasses.field(default_factory=PassResults)
 
     def offset(self, x: np.ndarray) -> np.ndarray:
         """The intercept ``bbar - mu^T x`` of a solution of the centered problem."""
@@ -496,6 +488,13 @@ def _pass_device(ctx: _Ctx, phase: str, flops: float) -> str:
 
 
 def _gram_pass(ctx: _Ctx) -> dict:
+    """``A^T A``, ``A^T b``, ``||b||^2``, ``||A||_F^2`` (saved for resume)."""
+    gp = ctx.saved("gram-pass", lambda: _run_gram_pass(ctx))
+    gp["aa"] = float(gp["aa"])
+    return gp
+
+
+def _run_gram_pass(ctx: _Ctx) -> dict:
     states, _ = run_pass(ctx.job, gram_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64"},
                          reserve=small_bytes(ctx.n, ctx.k), description="Gram pass: A^T A, A^T b",
                          device=_pass_device(ctx, "gram pass", ctx.m * ctx.n * (ctx.n + 2 * ctx.k)))
@@ -509,6 +508,14 @@ def _gram_pass(ctx: _Ctx) -> dict:
 
 
 def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``A^T (b - A x)`` and ``||b - A x||^2`` (saved for resume under a token of ``x``)."""
+    from dask.base import tokenize
+
+    r = ctx.saved(f"residual-{tokenize(x)[:16]}", lambda: dict(zip(("atr", "rr"), _run_residual_pass(ctx, x))))
+    return r["atr"], r["rr"]
+
+
+def _run_residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     states, _ = run_pass(ctx.job, residual_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64", "x": x},
                          reserve=small_bytes(ctx.n, ctx.k), check_finite=False,
                          description="refinement pass: A^T (b - A x)",
@@ -524,8 +531,9 @@ def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _center_gram(ctx: _Ctx, gp: dict) -> dict:
     """fit_intercept: the means of ``A`` and ``b`` (one pass each) and the Gram quantities of the centered
     problem by rank-one corrections, ``A_c^T A_c = A^T A - m mu mu^T``, ``A_c^T b_c = A^T b - m mu bbar^T``."""
-    ctx.mu = column_moments(ctx.job, ctx.A).mean
-    ctx.bbar = column_moments(ctx.job, ctx.B, over="b").mean
+    means = ctx.saved("means", lambda: {"mu": column_moments(ctx.job, ctx.A).mean,
+                                         "bbar": column_moments(ctx.job, ctx.B, over="b").mean})
+    ctx.mu, ctx.bbar = means["mu"], means["bbar"]
     m, mu, bbar = ctx.m, ctx.mu, ctx.bbar
     g = gp["g"] - m * np.outer(mu, mu)
     return {"g": (g + g.T) / 2, "c": gp["c"] - m * np.outer(mu, bbar), "bb": gp["bb"] - m * bbar**2,
@@ -536,10 +544,10 @@ def _solve_tall(ctx: _Ctx, x_path: str) -> dict:
     """Tall or square ``A``: normal equations when well conditioned, else the streaming QR; writes ``x``."""
     if ctx.intercept:
         return _solve_tall_centered(ctx, x_path)
-    if ctx.method == "qr" or (ctx.method == "auto" and ctx.kind != "scalar"):
-        reason = ("requested" if ctx.method == "qr" else
-                  "a sequence or a lambda rule is evaluated from the SVD of the streaming R factor")
-        return _qr_route(ctx, x_path, {}, reason)
+    if ctx.method == "qr":
+        return _qr_route(ctx, x_path, {}, "requested")
+    if ctx.method == "auto" and ctx.kind != "scalar":
+        return _solve_tall_spectral(ctx, x_path)
     gp = _gram_pass(ctx)
     if ctx.kind != "scalar":  # method="normal" with several lambdas: eigen-decomposition of A^T A
         spec = _spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
@@ -562,6 +570,40 @@ def _solve_tall(ctx: _Ctx, x_path: str) -> dict:
                 residual_norm=_norms(rr), solution_norm=_norms(xx), objective=_norms(rr + lam**2 * xx),
                 refine_steps=steps, cond_estimate=float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
                 norm_a=math.sqrt(gp["aa"]))
+    _write_x(ctx, x_path, x)
+    return info
+
+
+def _solve_tall_spectral(ctx: _Ctx, x_path: str) -> dict:
+    """``method="auto"`` with a sequence or a rule: the one-pass spectrum of ``A^T A`` where the
+    conditioning allows it (:func:`blocklin.linalg.lambda_select.spectrum_route`), else the streaming QR.
+
+    A rule's choice is then solved and refined as a single ``lam`` would be.
+    """
+    gp = _gram_pass(ctx)
+    spec = _spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
+    rule = ctx.kind if ctx.kind in ("gcv", "lcurve") else None
+    if rule:
+        lam, curve = lambda_select.choose_lambda(spec, rule, quiet=True)
+        lams = [lam]
+    else:
+        lams, curve = list(ctx.lams), None
+    ok, rc, reason = lambda_select.spectrum_route(spec.s, lams, rule, rcond_rule=AUTO_RCOND,
+                                                  rcond_sequence=AUTO_REFINE_RCOND)
+    cf, rcond = _factor_regularized(gp["g"], lams[0]) if ok and rule else (None, rc)
+    if not ok or (rule and (cf is None or rcond < AUTO_RCOND)):
+        return _qr_route(ctx, x_path, {"rcond_normal": rc}, reason)
+    info = {"method": "normal", "method_reason": reason, "rcond_normal": rc}
+    if rule is None:
+        return _finish_spectral(ctx, spec, info, x_path)
+    lambda_select.warn_at_end(curve, rule)
+    x, rr, steps, src = _solve_refined(ctx, gp, cf, rcond, lams[0])
+    _describe(info, spec, lams, curve, ctx)
+    xx = np.einsum("ij,ij->j", x, x)
+    smin = float(spec.s.min()) if spec.s.size else 0.0
+    info.update(residual_norm=_norms(rr), solution_norm=_norms(xx), objective=_norms(rr + lams[0] ** 2 * xx),
+                refine_steps=steps, residual_norm_source=src, norm_a=math.sqrt(gp["aa"]),
+                cond_estimate=float(spec.s.max()) / smin if smin > 0 else float("inf"))
     _write_x(ctx, x_path, x)
     return info
 
@@ -642,10 +684,14 @@ def _solve_refined(ctx: _Ctx, gp: dict, cf: Any, rcond: float, lam: float) -> tu
 
 
 def _qr_route(ctx: _Ctx, x_path: str, info: dict, reason: str) -> dict:
-    sr = tsqr_pass(ctx.job, ctx.A, ctx.B, np.float64,
-                   device=_pass_device(ctx, "tsqr pass", 2.0 * ctx.m * (ctx.n + ctx.k) ** 2))
-    spec = _spectrum_from_r(sr.r, sr.qtb, sr.rho, ctx.m)
-    info.update(method="qr", method_reason=reason, norm_a=sr.norm_a)
+    def run() -> dict:
+        sr = tsqr_pass(ctx.job, ctx.A, ctx.B, np.float64,
+                       device=_pass_device(ctx, "tsqr pass", 2.0 * ctx.m * (ctx.n + ctx.k) ** 2))
+        return {"r": sr.r, "qtb": sr.qtb, "rho": sr.rho, "norm_a": sr.norm_a}
+
+    sr = ctx.saved("tsqr-pass", run)
+    spec = _spectrum_from_r(sr["r"], sr["qtb"], sr["rho"], ctx.m)
+    info.update(method="qr", method_reason=reason, norm_a=float(sr["norm_a"]))
     return _finish_spectral(ctx, spec, info, x_path)
 
 
@@ -698,6 +744,16 @@ def _describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None,
         info["gcv"] = spec.gcv(lams[0])
 
 
+def _wide_gram(ctx: _Ctx) -> np.ndarray:
+    """``A A^T`` (``m x m``, in memory) by an out-of-core GEMM into a scratch store."""
+    job = ctx.job
+    gram = Gemm.of(ctx.A, ctx.A, trans_b=True, dtype="float64")
+    plan = gram.plan(job)
+    g_path = job.scratch("gram", gram.shape, np.float64, plan.out_chunks)
+    gram.run(job, plan, g_path, description="Gram matrix A A^T", count_pass="a")
+    return open_zarr(g_path)[...]
+
+
 def _solve_wide(ctx: _Ctx, x_path: str) -> dict:
     """Dual form: ``A A^T`` by an out-of-core GEMM, eigen-decomposition, ``x = A^T y`` by another.
 
@@ -705,11 +761,7 @@ def _solve_wide(ctx: _Ctx, x_path: str) -> dict:
     """
     job = ctx.job
     ctx.phases.update({"gram GEMM": job.device, "solution GEMM": job.device})
-    gram = Gemm.of(ctx.A, ctx.A, trans_b=True, dtype="float64")
-    plan = gram.plan(job)
-    g_path = job.scratch("gram", gram.shape, np.float64, plan.out_chunks)
-    gram.run(job, plan, g_path, description="Gram matrix A A^T", count_pass="a")
-    g = open_zarr(g_path)[...]
+    g = ctx.saved("wide-gram", lambda: {"g": _wide_gram(ctx)})["g"]
     bm = Matrix(ctx.B.path)[...].astype(np.float64)  # m x k, small (m is the short side)
     if job.check_finite and not np.all(np.isfinite(bm)):
         raise NonFiniteError(_msg("b", "must be finite (check_finite is on)", "NaN or Inf",

@@ -51,9 +51,11 @@ def positive_diagonal(r: np.ndarray) -> np.ndarray:
 def _tsqr_memory(params: Any, sources: tuple) -> PassMemory:
     isz = np.dtype(params["dtype"]).itemsize
     w = sum(s.width for s in sources)
-    # the running (w x w) factor, the stacked [R; strip] handed to LAPACK and its output
-    return PassMemory(fixed=3 * w * w * isz, per_row=2 * w * isz, max_strip_bytes=MAX_STRIP_BYTES,
-                      strip_floor=4 * w, min_rows=MIN_STRIP_ROWS)
+    # the running (w x w) factor, the stacked [R; strip] handed to LAPACK and its output; per row the
+    # [A B] copy, the stacked copy and LAPACK's column-major copy; zarr's chunk temporaries (a strip
+    # shorter than a chunk still decodes whole chunks)
+    return PassMemory(fixed=3 * w * w * isz, per_row=3 * w * isz, chunk_temporaries=True,
+                      max_strip_bytes=MAX_STRIP_BYTES, strip_floor=4 * w, min_rows=MIN_STRIP_ROWS)
 
 
 def _tsqr_on_device(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> dict:

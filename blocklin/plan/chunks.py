@@ -53,6 +53,15 @@ def round_down_multiple(value: int, unit: int) -> int:
     return max(unit, (int(value) // unit) * unit)
 
 
+#: Matrices with fewer columns than this (vectors, a few right-hand sides) are "skinny": their row
+#: chunks are capped at ``SKINNY_ROWS_PER_SIDE`` square sides. Every auto-chunked tall matrix has
+#: power-of-two row chunks of at least one side, so a skinny operand's chunks then divide them or
+#: are a small multiple of them: a product with a tall matrix plans k-panels of whole chunks of both
+#: (one 300000-row chunk of a vector would force 300000-wide panels or re-read it per panel).
+SKINNY_COLUMNS = 64
+SKINNY_ROWS_PER_SIDE = 8
+
+
 def auto_chunks(shape: tuple[int, int], dtype, memory: int | None = None) -> tuple[int, int]:
     """Chunks suited to the engine's tiles.
 
@@ -69,7 +78,10 @@ def auto_chunks(shape: tuple[int, int], dtype, memory: int | None = None) -> tup
     if m <= side:
         return (m, min(n, max(side, 2 ** int(math.floor(math.log2(max(1, elems // m)))))))
     if n <= side:
-        return (min(m, max(side, 2 ** int(math.floor(math.log2(max(1, elems // n)))))), n)
+        rows = max(side, 2 ** int(math.floor(math.log2(max(1, elems // n)))))
+        if n < SKINNY_COLUMNS:  # vectors and skinny matrices are read beside tall ones in k-panels
+            rows = min(rows, SKINNY_ROWS_PER_SIDE * side)
+        return (min(m, rows), n)
     return (side, side)
 
 

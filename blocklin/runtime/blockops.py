@@ -134,18 +134,19 @@ class BlockOps:
 
     def syrk(self, out: Region, a: Region, *, dtype: Any, alpha: float = 1.0, beta: float = 0.0,
              c: Region | None = None, full: bool = False, check: bool = False, shift: float = 0.0,
-             description: str = "syrk") -> list[dict]:
+             done_dir: Any = None, description: str = "syrk") -> list[dict]:
         """``out = beta * C + alpha * A A^T + shift * I`` (``A`` an ``n x k`` region, transposed views allowed).
 
         One task per lower tile ``(i, j)``, ``i >= j``, summing over the tile columns of ``A`` in
         order; with ``full`` it also writes the mirrored upper tile (its own chunks). ``check``
-        tests the tiles of ``A`` for NaN/Inf; ``shift`` is added to the diagonal (a ridge).
+        tests the tiles of ``A`` for NaN/Inf; ``shift`` is added to the diagonal (a ridge); with
+        ``done_dir`` (an atomic output's markers) finished tiles are skipped on resume.
         """
         n, k = a.shape
         if out.shape != (n, n) or (c is not None and c.shape != (n, n)):
             raise ValueError(f"syrk: out {out.shape} and c {c and c.shape} must be {n} x {n}")
         spec = self._spec(dtype, a=a, out=out, c=c, alpha=float(alpha), beta=float(beta), full=full, check=check,
-                          shift=float(shift))
+                          shift=float(shift), done_dir=done_dir)
         graph = self.graph("syrk", spec)
         nt = _tiles(n, self.chunk)
         for i in range(nt):
@@ -425,6 +426,9 @@ def _load(spec: TileOpSpec, name: str) -> Any:
 def syrk_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
     """Lower tile ``(i, j)`` of ``beta * C + alpha * A A^T`` (and its mirror with ``full``)."""
     t, dt = spec.tile, np.dtype(spec.dtype)
+    marker = _done(spec, f"syrk-{i}-{j}")
+    if _skip(marker):
+        return {"skipped": 1}
     dev = get_device(spec.device, device_memory=spec.device_memory)
     if spec.c is not None and spec.beta != 0.0:
         acc = dev.to_device(spec.c.read(i, j, t, dt))
@@ -443,9 +447,12 @@ def syrk_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
     if spec.shift and i == j:
         host = host.copy() if not host.flags.writeable else host
         host[np.diag_indices_from(host)] += dt.type(spec.shift)
+    if spec.full and i == j:  # a full result is exactly symmetric: mirror the diagonal tile's lower triangle
+        host = np.tril(host) + np.tril(host, -1).T
     spec.out.write(i, j, t, host)
     if spec.full and i != j:
         spec.out.write(j, i, t, np.ascontiguousarray(host.T))
+    _mark(marker)
     return {"bytes_read": nread, "bytes_written": host.nbytes * (2 if spec.full and i != j else 1),
             "flops": 2 * host.size * spec.a.shape[1]}
 

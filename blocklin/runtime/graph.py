@@ -12,6 +12,7 @@ a ``distributed`` scheduler runs a key once and hands the second job the first j
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from dask.base import tokenize
 
 from blocklin import interrupt
-from blocklin.progress import NullProgress
+from blocklin.progress import NullProgress, unit_sink
 from blocklin.runtime.scheduler import Scheduler, resolve_scheduler
 
 
@@ -46,6 +47,10 @@ class TileGraph:
 
     name: str
     tasks: dict[Hashable, tuple] = dataclasses.field(default_factory=dict)
+    #: Work of each task in ``unit`` (rows of a row pass) when the tasks declare it; progress then
+    #: counts units, reported within the tasks (:func:`blocklin.progress.report_units`).
+    weights: dict[Hashable, int] = dataclasses.field(default_factory=dict)
+    unit: str | None = None
 
     @classmethod
     def named(cls, operation: str, *identity: Any) -> TileGraph:
@@ -58,6 +63,11 @@ class TileGraph:
         key = (self.name, *index)
         self.tasks[key] = (func, *args)
         return key
+
+    def weigh(self, key: Hashable, units: int, unit: str) -> None:
+        """Declare the work of task ``key`` (every task of a weighed graph is weighed in one unit)."""
+        self.weights[key] = int(units)
+        self.unit = unit
 
     def keys(self) -> list[Hashable]:
         return list(self.tasks)
@@ -76,16 +86,18 @@ class TileGraph:
                 return [rename(a) for a in arg]
             return arg
 
-        out = TileGraph(name)
+        out = TileGraph(name, unit=self.unit)
         for key, (func, *args) in self.tasks.items():
             out.tasks[rename(key)] = (func, *[rename(a) for a in args])
+            if key in self.weights:
+                out.weights[rename(key)] = self.weights[key]
         return out
 
     def __len__(self) -> int:
         return len(self.tasks)
 
 
-def _run_serial(dsk: dict, keys: list, progress: Any) -> list:
+def _run_serial(dsk: dict, keys: list, finished: Callable[[Hashable, Any], None]) -> list:
     """Reference executor: plain Python, tasks in insertion order (dependencies first)."""
     cache: dict = {}
 
@@ -104,7 +116,7 @@ def _run_serial(dsk: dict, keys: list, progress: Any) -> list:
         if key not in cache:
             func, *args = dsk[key]
             cache[key] = func(*[evaluate(a) for a in args])
-            progress.advance(1)
+            finished(key, cache[key])
         return cache[key]
 
     return [run(k) for k in keys]
@@ -144,18 +156,34 @@ def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progre
     graph = graph.distinct()
     keys = graph.keys()
     dsk = dict(graph.tasks)
-    progress.start(len(keys), description)
+    weighed = graph.unit is not None and len(graph.weights) == len(keys)
+    if weighed:
+        progress.start(sum(graph.weights.values()), f"{description} ({graph.unit})")
+    else:
+        progress.start(len(keys), description)
     if not keys:
         return []
     interrupt.reset()  # a previous run's interrupt does not stop this one
-    if sched.kind == "sync":
-        return _run_serial(dsk, keys, progress)
-    if sched.kind == "distributed":
-        return _run_distributed(sched.client, dsk, keys, progress, events)
-    return _run_local(sched.kind, dsk, keys, workers, progress, events)
+
+    def finished(key: Hashable, result: Any) -> None:
+        """A task ended: count what it did not report on the way (all of it in another process)."""
+        if not weighed:
+            progress.advance(1)
+            return
+        told = result.get("progress_units", 0) if isinstance(result, dict) else 0
+        if graph.weights[key] > told:
+            progress.advance(graph.weights[key] - told)
+
+    with unit_sink(progress.advance) if weighed else contextlib.nullcontext():
+        if sched.kind == "sync":
+            return _run_serial(dsk, keys, finished)
+        if sched.kind == "distributed":
+            return _run_distributed(sched.client, dsk, keys, finished, events)
+        return _run_local(sched.kind, dsk, keys, workers, finished, events)
 
 
-def _run_distributed(client: Any, dsk: dict, keys: list, progress: Any, events: dict) -> list:
+def _run_distributed(client: Any, dsk: dict, keys: list, finished: Callable[[Hashable, Any], None],
+                     events: dict) -> list:
     """Through ``client`` (never the default client: any client, or an address, works).
 
     ``distributed`` itself reruns the tasks of a worker that died; their count is read from the
@@ -164,8 +192,8 @@ def _run_distributed(client: Any, dsk: dict, keys: list, progress: Any, events: 
     from distributed import as_completed
 
     futures = client.get(dsk, keys, sync=False)
-    for _ in as_completed(futures, loop=client.loop):
-        progress.advance(1)
+    for fut in as_completed(futures, loop=client.loop):
+        finished(fut.key, fut.result() if fut.status == "finished" else None)
     results = client.gather(futures)
 
     def suspicious(keys, dask_scheduler=None):  # by value: the scheduler need not import blocklin
@@ -178,7 +206,8 @@ def _run_distributed(client: Any, dsk: dict, keys: list, progress: Any, events: 
     return results
 
 
-def _run_local(kind: str, dsk: dict, keys: list, workers: int, progress: Any, events: dict) -> list:
+def _run_local(kind: str, dsk: dict, keys: list, workers: int, finished: Callable[[Hashable, Any], None],
+               events: dict) -> list:
     """Dask's threaded or multiprocessing scheduler; a dead pool process costs only its tasks.
 
     Tile tasks are idempotent (each writes whole chunks of its own), so after a pool process dies
@@ -196,7 +225,7 @@ def _run_local(kind: str, dsk: dict, keys: list, workers: int, progress: Any, ev
         def _posttask(self, key, result, dsk_, state, worker_id):  # noqa: N805
             if key in key_set and key not in done:
                 done[key] = result
-                progress.advance(1)
+                finished(key, result)
 
     if kind == "processes":
         import dask.multiprocessing

@@ -29,6 +29,7 @@ import numpy as np
 
 from blocklin.device import TileStream, get_device
 from blocklin.plan.passes import PassMemory, RowPassPlan, plan_pass
+from blocklin.progress import report_units
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
 from blocklin.storage.zarr_store import read_block, write_block
@@ -214,8 +215,8 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                        transposed=tuple(s.transposed for s in sources), transposed_outputs=tuple(transposed_outputs))
     graph = TileGraph.named("rowpass", spec.inputs, kernel.__module__, kernel.__qualname__, plan.to_dict(),
                             _params_token(spec.params), spec.outputs, spec.transposed, spec.transposed_outputs)
-    for g in range(len(plan.groups)):
-        graph.add((g,), row_pass_task, spec, g)
+    for g, (r0, r1) in enumerate(plan.groups):
+        graph.weigh(graph.add((g,), row_pass_task, spec, g), r1 - r0, "rows")
     results = job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
                       count_pass=over)
     return PassResult([r["state"] for r in results], plan)
@@ -255,10 +256,11 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
 
     state = spec.init(device, spec.params) if spec.init else None
     stream = TileStream(device, len(strips), load, shapes, [a.dtype for a in arrays], depth=spec.plan.prefetch)
-    written = 0
+    written = told = 0
     for i, dev_arrays in stream:
         r0, r1 = strips[i]
         state, writes = spec.kernel(device, dev_arrays, slice(r0, r1), spec.params, state)
+        told += report_units(r1 - r0)  # the progress bar moves strip by strip
         for name, block in (writes or {}).items():
             if name in spec.transposed_outputs:
                 write_block(outs[name], slice(0, block.shape[1]), slice(r0, r1), block.T)
@@ -266,7 +268,7 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
                 write_block(outs[name], slice(r0, r1), slice(0, block.shape[1]), block)
             written += block.nbytes
     return {"state": state, "bytes_read": nbytes[0], "bytes_written": written, "seconds": time.perf_counter() - t0,
-            "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds}
+            "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds, "progress_units": told}
 
 
 def reduce_sum(states: list, name: str) -> np.ndarray:

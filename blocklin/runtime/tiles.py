@@ -23,6 +23,7 @@ from blocklin.device import TileStream, get_device
 from blocklin.errors import NonFiniteError, explain
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import GemmPlan
+from blocklin.progress import report_units
 from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.zarr_store import open_cached, read_block, write_block
 
@@ -298,6 +299,7 @@ class _GemmTile:
         b_shape = (plan.tn, plan.tk) if spec.trans_b else (plan.tk, plan.tn)
         self.casts = (self.A.dtype != dt, self.B.dtype != dt)
         self.nbytes = 0
+        self.told = 0  # k-panels reported to this process's progress bar
         self.acc = device.zeros((tm, tn), dt)
         # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
         self.stream = TileStream(device, len(self.panels), self.load, [a_shape, b_shape],
@@ -343,6 +345,7 @@ class _GemmTile:
         for p, (a_dev, b_dev) in self.stream:
             if p < last:
                 self.device.gemm_acc(self.acc, a_dev, b_dev)
+                self.told += report_units(1)  # progress in k-panels within a tile
                 continue
             # The last panel is applied strip by strip so that writing finished strips overlaps the
             # rest of the compute; each element still sees the same k-panels in the same order. On a
@@ -412,6 +415,7 @@ class _GemmTile:
         spec = self.spec
         return {
             "skipped": 0,
+            "progress_units": self.told,
             "bytes_read": self.nbytes,
             "bytes_written": self.tm * self.tn * self.dtype.itemsize,
             "flops": 2 * self.tm * self.tn * (self.panels[-1][1] if self.panels else 0),

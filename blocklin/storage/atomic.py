@@ -328,6 +328,16 @@ class AtomicOutput:
             node.attrs.update({"blocklin": provenance})
         be.delete(PENDING_RECORD)  # the commit
 
+    def restart(self) -> None:
+        """Forget an interrupted run's work (markers and chunks): the output is started over."""
+        if self.in_place:
+            be = backend(self.path)
+            be.delete_many([k for k in be.keys("") if k != PENDING_RECORD])
+        else:
+            shutil.rmtree(self.partial.url, ignore_errors=True)
+            os.makedirs(self.partial.url, exist_ok=True)
+        self.resumed = False
+
     def abort(self) -> None:
         """Drop the unfinished output unless it may be resumed (then only stop owning it).
 
@@ -423,6 +433,28 @@ def _exchange(a: str, b: str) -> bool:
     at_fdcwd, rename_exchange = -100, 2
     rc = renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange)
     return rc == 0
+
+
+def open_or_create_array(ao: AtomicOutput, *, shape: tuple[int, ...], dtype: Any, chunks: tuple[int, ...],
+                         codec: str | None) -> Any:
+    """The output array of ``ao``: reopened when resuming a run that created it, else created.
+
+    A partial output without array metadata is what an interrupted run leaves when tasks still
+    running after the abort (Ctrl-C stops the scheduler, not the tasks in flight) write into the
+    removed folder: its markers may name chunks the abort deleted, so it is started over.
+    """
+    from blocklin.errors import StoreNotFoundError, StoreReadError
+    from blocklin.storage.zarr_store import create_array, open_zarr
+
+    if ao.resumed:
+        try:
+            arr = open_zarr(ao.array_path(), mode="r+", allow_pending=True)
+            if tuple(arr.shape) == tuple(shape) and tuple(arr.chunks) == tuple(chunks):
+                return arr
+        except (StoreReadError, StoreNotFoundError):
+            pass
+        ao.restart()
+    return create_array(ao.array_path(), shape=shape, dtype=dtype, chunks=chunks, codec=codec)
 
 
 def mark_done(done: Location, unit: str) -> None:

@@ -58,16 +58,25 @@ def estimates(shape: tuple[int, int], dtype: Any, chunks: tuple[int, int] | None
                        "seconds": nbytes / RATES["read"] + 2 * m * n / flop_rate}
     except Exception as exc:  # noqa: BLE001
         out["pass"] = {"error": str(exc)}
-    try:
-        from blocklin.plan.gemm import plan_gemm
-
-        g = plan_gemm(m, m, n, dt, a_chunks=chunks, b_chunks=(chunks[1], chunks[0]), memory=memory, workers=1)
-        out["gemm_AAt"] = {"what": "A @ A.T", "memory": int(g.peak_memory), "flops": int(g.flops),
-                           "bytes_read": int(g.bytes_read), "bytes_written": int(g.bytes_written),
-                           "seconds": max(g.flops / flop_rate, (g.bytes_read + g.bytes_written) / RATES["read"])}
-    except Exception as exc:  # noqa: BLE001 - the GEMM planner may refuse or be unavailable
-        out["gemm_AAt"] = {"error": str(exc)}
+    out["gram"] = _gram_estimate(m, n, dt, chunks, memory, flop_rate)
     return out
+
+
+def _gram_estimate(m: int, n: int, dt: np.dtype, chunks: tuple[int, int], memory: int, flop_rate: float) -> dict:
+    """The Gram matrix a user computes from this matrix: ``A^T A`` of a tall one (``n x n``, the covariance
+    of the columns), ``A A^T`` of a wide one, by :func:`blocklin.gram` (SYRK, one read when it fits)."""
+    try:
+        from blocklin.plan.gram import plan_gram
+
+        trans = m < n
+        g = plan_gram((m, n), dt, chunks=chunks, memory=memory, trans=trans)
+        reads = "one read of A" if g.route == "pass" else f"stored tiles, A read ~{g.reads:.0f} times"
+        return {"what": f"{g.product} ({g.s} x {g.s}, blocklin gram: SYRK, {reads})", "product": g.product,
+                "route": g.route, "memory": int(g.peak_memory), "flops": int(g.flops), "bytes_read": int(g.bytes_read),
+                "bytes_written": int(g.bytes_written),
+                "seconds": max(g.flops / flop_rate, (g.bytes_read + g.bytes_written) / RATES["read"])}
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: info must always work
+        return {"error": str(exc)}
 
 
 def inspect(path: Any, *, format: str | None = None, memory: Any = None, **reader_opts: Any) -> dict[str, Any]:
@@ -152,7 +161,8 @@ def format_info(d: dict[str, Any]) -> str:
         if "error" in e:
             lines.append(f"    {name:<16} does not fit: {e['error']}")
         else:
-            lines.append(f"    {name:<16} peak {format_size(e['memory'])}, ~{_duration(e['seconds'])}")
+            what = f"{e['what']}: " if name == "gram" else ""
+            lines.append(f"    {name:<16} {what}peak {format_size(e['memory'])}, ~{_duration(e['seconds'])}")
     return "\n".join(lines)
 
 

@@ -221,8 +221,11 @@ def check_matrix_dtype(dtype: Any, what: str) -> np.dtype:
     return dt
 
 
-def check_2d(shape: tuple[int, ...], what: str) -> tuple[int, int]:
-    """Accept 2-D shapes only (a matrix); name the reshape fix otherwise."""
+def check_2d(shape: tuple[int, ...], what: str, *, vector: bool = False) -> tuple[int, int]:
+    """Accept 2-D shapes only (a matrix), and with ``vector`` a 1-D shape as an ``n x 1`` column (for
+    formats whose bytes are the same either way); name the reshape fix otherwise."""
+    if vector and len(shape) == 1:
+        return int(shape[0]), 1
     if len(shape) != 2:
         raise FormatError(explain(what, "must be a 2-D matrix", f"shape {tuple(shape)} ({len(shape)}-D)",
                                   "reshape it to 2-D first (a vector as (n, 1))"))

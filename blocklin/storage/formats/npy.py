@@ -44,7 +44,7 @@ class NpyReader(DenseFileReader):
         with open(path, "rb") as fh:
             shape, fortran, dtype = _read_header(fh, "npy input")
             offset = fh.tell()
-        m, n = check_2d(shape, "npy input")
+        m, n = check_2d(shape, "npy input", vector=True)  # 1-D: the same bytes as n x 1
         dtype = check_matrix_dtype(dtype, "npy input")
         size = os.path.getsize(path)
         need = offset + nbytes((m, n), dtype)
@@ -67,7 +67,7 @@ class NpzStreamReader(Reader):
         self._zf = zf
         self._fh = zf.open(info)
         shape, fortran, dtype = _read_header(self._fh, "npz member")
-        self.shape = check_2d(shape, "npz member")
+        self.shape = check_2d(shape, "npz member", vector=True)
         self.dtype = check_matrix_dtype(dtype, "npz member")
         self.order = "F" if fortran else "C"
         need = self.shape[0] * self.shape[1] * self.dtype.itemsize
@@ -148,7 +148,7 @@ def open_npz(path: str, member: str | None = None, **_: Any) -> Reader:
         shape, fortran, dtype = _read_header(fh, "npz member")
         offset = fh.tell()
     zf.close()
-    m, n = check_2d(shape, "npz member")
+    m, n = check_2d(shape, "npz member", vector=True)
     dtype = check_matrix_dtype(dtype, "npz member")
     if offset + nbytes((m, n), dtype) > start + info.file_size:
         raise FormatError(explain("npz member", "must hold the bytes its header announces",

@@ -1,0 +1,49 @@
+"""Vectors and skinny matrices: 1-D inputs as n x 1 columns, and chunks the planner reads whole."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+
+import blocklin as bl
+from blocklin.plan.chunks import auto_chunks
+from blocklin.plan.gemm import plan_gemm
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("cols", [200, 2000])
+def test_vector_chunks_divide_tall_chunks(dtype, cols):
+    # a 300000-vector beside a 300000 x cols matrix, both chunked by blocklin: X^T y plans k-panels of
+    # whole chunks of both at 512 MiB (no re-reads), where one 300000-row chunk forced 147 re-reads
+    n = 300000
+    xc, yc = auto_chunks((n, cols), dtype), auto_chunks((n, 1), dtype)
+    assert yc[0] < n and (xc[0] % yc[0] == 0 or yc[0] % xc[0] == 0)
+    p = plan_gemm(cols, 1, n, dtype, a_chunks=(xc[1], xc[0]), b_chunks=yc, memory=512 * 2**20)
+    assert p.panel_rereads == 1 and p.peak_memory <= 512 * 2**20
+    q = plan_gemm(n, 1, cols, dtype, a_chunks=xc, b_chunks=auto_chunks((cols, 1), dtype), memory=512 * 2**20)
+    assert q.panel_rereads == 1
+
+
+def test_convert_1d_npy_is_a_column(tmp_path):
+    y = np.random.default_rng(0).standard_normal(40000).astype(np.float32)
+    np.save(tmp_path / "y.npy", y)
+    bl.convert(tmp_path / "y.npy", tmp_path / "y.zarr")
+    z = zarr.open_array(tmp_path / "y.zarr", mode="r")
+    assert z.shape == (40000, 1) and z.chunks[0] < 40000
+    assert np.array_equal(z[:, 0], y)
+
+
+def test_1d_operands_everywhere(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3000, 40))
+    y = rng.standard_normal(3000)
+    xt_y = bl.matmul(x, y, trans_a=True, memory="16MiB").to_numpy()
+    assert xt_y.shape == (40, 1) and np.allclose(xt_y[:, 0], x.T @ y, rtol=1e-12, atol=1e-12)
+    ones = bl.matmul(x, np.ones(40), memory="16MiB").to_numpy()
+    assert np.allclose(ones[:, 0], x.sum(axis=1), rtol=1e-12, atol=1e-12)
+    zarr.create_array(tmp_path / "v.zarr", shape=(3000,), chunks=(700,), dtype="float64")[:] = y  # a stored vector
+    stored = bl.matmul(x, tmp_path / "v.zarr", trans_a=True, memory="16MiB").to_numpy()
+    assert np.array_equal(stored, xt_y)
+    g = bl.gram(y, memory="16MiB").to_numpy()
+    assert g.shape == (1, 1) and np.isclose(g[0, 0], y @ y, rtol=1e-13)
