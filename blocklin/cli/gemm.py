@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> dict:
     r = result.report
     summary = {"output": result.path, "shape": list(result.shape), "dtype": result.dtype.name,
                "seconds": r["seconds"], "flops": r["flops"], "gflops": r["gflops"], "bytes_read": r["bytes_read"],
+               "bytes_logical": r["bytes_logical"],
                "bytes_written": r["bytes_written"], "peak_memory": r["peak_memory"],
                "planned_peak_memory": r["plan"]["peak_memory"], "tasks": r["tasks"], "skipped": r["skipped"],
                "device": r["device"], "scheduler": r["scheduler"]}

@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def summary_of(r: dict, operation: str, k: int) -> dict:
-    keys = ("output", "method", "seconds", "passes", "passes_formula", "intermediate_passes", "bytes_read",
+    keys = ("output", "method", "seconds", "passes", "passes_formula", "intermediate_passes", "bytes_read", "bytes_logical",
             "peak_memory", "memory_budget", "residuals", "relative_residuals", "converged", "tol", "seed",
             "device", "scheduler", "in_core", "which", "center", "scale")
     out = {key: r[key] for key in keys if key in r}

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.device.base import Device
+import blocklin._readstats as readstats
 
 #: ``load(i, buffers) -> views``: fill the given host buffers for item ``i`` and return views of
 #: the filled region (edge tiles are smaller than the buffers).
@@ -136,7 +137,7 @@ class TileStream:
                 yield i, self.device.upload(0, views)
                 self.device.after_use(0)
             return
-        threads = [threading.Thread(target=self._loader, name=f"blocklin-prefetch-{t}", daemon=True)
+        threads = [threading.Thread(target=readstats.in_context(self._loader), name=f"blocklin-prefetch-{t}", daemon=True)
                    for t in range(self.loaders)]
         for t in threads:
             t.start()

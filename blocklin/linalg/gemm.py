@@ -202,5 +202,5 @@ def matmul_plan(a: Any, b: Any, *, c: Any = None, alpha: float = 1.0, beta: floa
 
 
 #: Report entries recorded in the output's attributes.
-REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_written", "peak_memory", "device", "scheduler",
+REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_logical", "bytes_written", "peak_memory", "device", "scheduler",
                "tasks")

@@ -188,4 +188,4 @@ def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
 
 
 #: Report entries recorded in the output's attributes.
-REPORT_KEYS = ("seconds", "bytes_read", "bytes_written", "peak_memory", "passes", "device", "scheduler", "orth")
+REPORT_KEYS = ("seconds", "bytes_read", "bytes_logical", "bytes_written", "peak_memory", "passes", "device", "scheduler", "orth")

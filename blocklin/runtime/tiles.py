@@ -23,6 +23,7 @@ from blocklin.device import TileStream, get_device
 from blocklin.errors import NonFiniteError, explain
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import GemmPlan
+import blocklin._readstats as readstats
 from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.zarr_store import open_cached, read_block, write_block
 
@@ -70,7 +71,8 @@ def with_task_settings(task: Any) -> Any:
     capped as the planners assume (``blocklin._memory.IO_CONCURRENCY``). Both are process-wide, so
     concurrent tasks of one process share them: the first task to start sets them and the last to
     finish restores what the process had, so a worker's other workloads see their own settings.
-    The task's statistics gain ``process_peak`` (where it ran, that process's peak memory).
+    The task's statistics gain ``process_peak`` (where it ran, that process's peak memory) and
+    ``bytes_physical`` (the bytes its reads fetched from storage, next to the logical ``bytes_read``).
     """
 
     @functools.wraps(task)
@@ -81,13 +83,13 @@ def with_task_settings(task: Any) -> Any:
             n = _worker_share()
         scoped_io = _memory.in_dask_worker_process() and "ZARR_ASYNC__CONCURRENCY" not in os.environ
         if n is None and not scoped_io:
-            return _with_peak(task(spec, *args, **kwargs))
+            return _with_peak(_counted(task, spec, *args, **kwargs))
         with _blas_lock:
             if _blas_users == 0:
                 _blas_limiter = _Scoped(n, scoped_io)
             _blas_users += 1
         try:
-            return _with_peak(task(spec, *args, **kwargs))
+            return _with_peak(_counted(task, spec, *args, **kwargs))
         finally:
             with _blas_lock:
                 _blas_users -= 1
@@ -96,6 +98,15 @@ def with_task_settings(task: Any) -> Any:
                     _blas_limiter = None
 
     return run
+
+
+def _counted(task: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run the task, adding ``bytes_physical``: what its reads fetched from storage (readstats)."""
+    with readstats.tallying() as tally:
+        result = task(*args, **kwargs)
+    if isinstance(result, dict):
+        result["bytes_physical"] = result.get("bytes_physical", 0) + tally.bytes
+    return result
 
 
 def _with_peak(result: Any) -> Any:
