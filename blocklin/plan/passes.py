@@ -32,6 +32,11 @@ class RowPassPlan:
     peak_memory: int
     memory: int
     bytes_read: int
+    #: Chunk height of the streamed operands, and the most reads of one chunk in the pass: 1 when
+    #: strips hold whole chunks or read only their rows of each chunk; more when strips narrower
+    #: than a chunk read it whole each time (compressed chunks).
+    chunk_rows: int = 0
+    rereads: int = 1
 
     def strips(self, group: int) -> list[tuple[int, int]]:
         r0, r1 = self.groups[group]
@@ -41,14 +46,19 @@ class RowPassPlan:
         return dataclasses.asdict(self)
 
     def explain(self) -> str:
-        return (f"row pass: {self.m} rows in strips of {self.strip} ({len(self.groups)} task(s), "
+        text = (f"row pass: {self.m} rows in strips of {self.strip} ({len(self.groups)} task(s), "
                 f"{self.workers} concurrent), read {format_size(self.bytes_read)}, "
                 f"peak {format_size(self.peak_memory)} of {format_size(self.memory)}")
+        if self.rereads > 1:
+            text += (f"; strips of {self.strip} rows are narrower than the {self.chunk_rows}-row chunks, which "
+                     f"are read whole {self.rereads} times per pass")
+        return text
 
 
 def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed_bytes: int = 0,
                   strip_extra_row_bytes: int = 0, workers: int = 1, cores: int = 1, prefetch: int = 1,
-                  max_strip: int | None = None, min_tasks: int | None = None) -> RowPassPlan:
+                  max_strip: int | None = None, min_tasks: int | None = None,
+                  partial_rows: bool = True) -> RowPassPlan:
     """Choose strip height so that every concurrent task fits ``memory``.
 
     Parameters
@@ -71,6 +81,10 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         Upper bound on strip height (smaller strips overlap better).
     min_tasks : int, optional
         Split the rows into at least this many tasks (default ``workers``).
+    partial_rows : bool
+        Whether a strip narrower than a chunk reads only its rows of it (uncompressed C-order
+        chunks); otherwise each such strip reads the chunk whole, strips are cut to divide the chunk
+        height (no strip straddles two chunks) and the re-reads are counted in ``bytes_read``.
     """
     workers = max(1, workers)
     per_task = memory // workers - fixed_bytes
@@ -85,8 +99,12 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         strip = min(strip, max_strip)
     if min_tasks and min_tasks > 1 and m:  # enough strips for every task that can run at once
         strip = min(strip, max(chunk_rows, math.ceil(m / min_tasks)))
+    rereads = 1
     if strip >= chunk_rows:
         strip = round_down_multiple(strip, chunk_rows)
+    elif not partial_rows and m > strip:
+        rereads = -(-chunk_rows // max(1, strip))
+        strip = chunk_rows // rereads
     strip = max(1, strip)
     n_strips = math.ceil(m / strip) if m else 0
     tasks = max(1, min(n_strips, min_tasks or workers))
@@ -96,7 +114,7 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
     peak = workers * (fixed_bytes + per_row * strip)
     return RowPassPlan(m=m, strip=strip, groups=groups, workers=workers, blas_threads=max(1, cores // workers),
                        prefetch=prefetch, row_bytes=row_bytes, fixed_bytes=fixed_bytes, peak_memory=peak,
-                       memory=memory, bytes_read=m * row_bytes)
+                       memory=memory, bytes_read=m * row_bytes * rereads, chunk_rows=chunk_rows, rereads=rereads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +152,8 @@ class PassMemory:
 
 def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memory: int, reserve: int = 0,
               workers: int = 1, cores: int = 1, chunk_bytes: int | None = None, chunks_across: int = 1,
-              max_strip: int | None = None, min_tasks: int | None = None) -> RowPassPlan:
+              max_strip: int | None = None, min_tasks: int | None = None, partial_rows: bool = False,
+              direct: bool = False) -> RowPassPlan:
     """Plan a row pass of a kernel whose memory is ``mem``.
 
     Parameters
@@ -159,6 +178,12 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
         A caller's cap on the strip height (rows), for example to keep strips on output chunks.
     min_tasks : int, optional
         Split the rows into at least this many tasks.
+    partial_rows : bool
+        Whether strips narrower than a chunk read only their rows of it (see :func:`plan_row_pass`).
+    direct : bool
+        Whether every operand is read straight from its chunk files
+        (:mod:`blocklin.storage.rawchunks`): no zarr chunk temporaries, at most one chunk buffer
+        (for strips that cut chunks across their width).
     """
     budget = memory - reserve
     workers = max(1, workers)
@@ -172,17 +197,20 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
     if mem.max_strip_bytes is not None:
         cap = max(chunk_rows, mem.max_strip_bytes // max(1, row_bytes), mem.strip_floor)
         max_strip = cap if max_strip is None else min(max_strip, cap)
-    if not mem.chunk_temporaries:
-        return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed,
-                             strip_extra_row_bytes=mem.per_row, workers=workers, cores=cores, max_strip=max_strip,
-                             min_tasks=min_tasks)
     cb = chunk_bytes if chunk_bytes is not None else chunk_rows * row_bytes
+    if not mem.chunk_temporaries or direct:
+        # a direct read that cuts chunks across their width goes through one buffer of its rows
+        cut = cb // max(1, chunk_rows) if mem.chunk_temporaries else 0
+        return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed,
+                             strip_extra_row_bytes=mem.per_row + cut, workers=workers, cores=cores, max_strip=max_strip,
+                             min_tasks=min_tasks, partial_rows=partial_rows)
     error = None
     for in_flight in range(IO_CONCURRENCY, 0, -1):
         try:
             plan = plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget,
                                  fixed_bytes=mem.fixed + in_flight * 3 * cb, strip_extra_row_bytes=mem.per_row,
-                                 workers=workers, cores=cores, prefetch=1, max_strip=max_strip, min_tasks=min_tasks)
+                                 workers=workers, cores=cores, prefetch=1, max_strip=max_strip, min_tasks=min_tasks,
+                                 partial_rows=partial_rows)
         except BudgetError as exc:
             error = exc
             continue

@@ -31,7 +31,7 @@ from blocklin.device import TileStream, get_device
 from blocklin.plan.passes import PassMemory, RowPassPlan, plan_pass
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
-from blocklin.storage.zarr_store import read_block, write_block
+from blocklin.storage.zarr_store import read_block, read_kind, write_block
 
 #: ``kernel(device, arrays, rows, params, state) -> (state, writes)``; ``arrays`` are the strip's
 #: operand blocks (on the device), ``writes`` maps output names to host blocks for ``rows``.
@@ -101,6 +101,15 @@ class Source:
     chunk_bytes: int
     chunks_across: int
     transposed: bool = False
+    #: How the operand's chunks are read: ``"direct"`` (local uncompressed chunk files, no zarr
+    #: temporaries, row ranges read alone), ``"ranges"`` (uncompressed on an object store: row
+    #: ranges by range requests) or ``"chunks"`` (through zarr, every chunk touched read whole).
+    reads: str = "chunks"
+
+    @property
+    def partial_rows(self) -> bool:
+        """Whether a strip narrower than a chunk reads only its part of the chunk."""
+        return self.reads != "chunks" and not self.transposed
 
     @property
     def row_bytes(self) -> int:
@@ -120,7 +129,7 @@ def stored(path: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int
     r, w = (1, 0) if transposed else (0, 1)
     return Source(path=path, name=name, rows=shape[r], width=shape[w], dtype=dt, chunk_rows=chunks[r],
                   chunk_bytes=int(np.prod(chunks)) * dt.itemsize, chunks_across=-(-shape[w] // max(1, chunks[w])),
-                  transposed=transposed)
+                  transposed=transposed, reads=read_kind(path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +172,8 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
     first = sources[0]
     mem = kernel.memory(params if params is not None else {}, sources)  # type: ignore[attr-defined]
     return plan_pass(mem, first.rows, sum(s.row_bytes for s in sources), chunk_rows=first.chunk_rows,
+                     partial_rows=all(s.partial_rows for s in sources),
+                     direct=all(s.reads == "direct" for s in sources),
                      memory=job.cfg.memory if memory is None else memory, reserve=reserve,
                      workers=job.workers(1) if workers is None else workers, cores=job.cores(),
                      chunk_bytes=first.chunk_bytes, chunks_across=first.chunks_across, max_strip=max_strip,

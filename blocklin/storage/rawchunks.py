@@ -39,11 +39,18 @@ class RawChunks:
         self.fill_value = fill_value
         self.separator = separator
         self._buf: np.ndarray | None = None
+        self._rows: np.ndarray | None = None
 
     def _path(self, ci: int, cj: int) -> str:
         if self.fs is not None:
             return f"{self.root.rstrip('/')}/c{self.separator}{ci}{self.separator}{cj}"
         return os.path.join(self.root, "c" + self.separator + str(ci) + self.separator + str(cj))
+
+    def _rows_buffer(self, rows: int) -> np.ndarray:
+        """A reused buffer of ``rows`` whole-width chunk rows (grown as needed, never past one chunk)."""
+        if self._rows is None or self._rows.shape[0] < rows:
+            self._rows = np.empty((rows, self.chunks[1]), dtype=self.dtype)
+        return self._rows[:rows]
 
     def _chunk_buffer(self) -> np.ndarray:
         if self._buf is None:
@@ -112,7 +119,7 @@ class RawChunks:
                 if (sc0, sc1) == (gc0, gc0 + ch_c) and dest.flags.c_contiguous:
                     self._read_rows_into(self._path(ci, cj), sr0 - gr0, sr1 - gr0, dest)  # straight into place
                 else:
-                    buf = self._chunk_buffer().reshape(-1)[: (sr1 - sr0) * ch_c].reshape(sr1 - sr0, ch_c)
+                    buf = self._rows_buffer(sr1 - sr0)
                     self._read_rows_into(self._path(ci, cj), sr0 - gr0, sr1 - gr0, buf)
                     dest[...] = buf[:, sc0 - gc0:sc1 - gc0]
         return out

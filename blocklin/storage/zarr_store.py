@@ -245,6 +245,24 @@ def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None
     return out
 
 
+def read_kind(path: Any) -> str:
+    """How reads of the array at ``path`` fetch its chunks (see :func:`read_block`).
+
+    ``"direct"``: local uncompressed C-order chunk files, a row range of a chunk read alone, no zarr
+    temporaries; ``"ranges"``: the same layout on an fsspec store, row ranges by range requests;
+    ``"chunks"``: through zarr, every chunk touched read (and decoded) whole. ``"chunks"`` also
+    when the array cannot be opened yet.
+    """
+    try:
+        arr = open_cached(path)
+    except Exception:  # noqa: BLE001 - not readable yet: assume the general case
+        return "chunks"
+    raw = raw_access(arr, remote=True)
+    if raw is None:
+        return "chunks"
+    return "ranges" if raw.fs is not None else "direct"
+
+
 def stored_bytes(arr: zarr.Array, rows: slice, cols: slice) -> int:
     """Bytes zarr fetches to read ``arr[rows, cols]``: every chunk it touches, whole.
 
