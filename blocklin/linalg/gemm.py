@@ -20,7 +20,9 @@ from blocklin.plan.gemm import GemmPlan, plan_gemm
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import GemmSpec, gemm_tile
-from blocklin.storage.zarr_store import create_array, open_zarr
+from blocklin.operands import temp_root
+from blocklin.storage.location import as_location
+from blocklin.storage.zarr_store import create_array, open_zarr, read_kind
 from blocklin.validate import result_dtype
 
 
@@ -75,14 +77,17 @@ class Gemm:
     def shape(self) -> tuple[int, int]:
         return _op_shape(self.A.shape, self.trans_a)[0], _op_shape(self.B.shape, self.trans_b)[1]
 
-    def plan(self, job: Job, out_chunks: tuple[int, int] | None = None) -> GemmPlan:
+    def plan(self, job: Job, out_chunks: tuple[int, int] | None = None, out: Any = None) -> GemmPlan:
+        """The plan in ``job``'s budget; ``out`` (the output's path, default under the temp dir) tells
+        whether it is written straight to its chunk files."""
         m, k = _op_shape(self.A.shape, self.trans_a)
         return plan_gemm(m, self.shape[1], k, self.dtype, a_chunks=_op_shape(self.A.chunks, self.trans_a),
                          b_chunks=_op_shape(self.B.chunks, self.trans_b), memory=job.cfg.memory,
                          source_dtypes=(self.A.dtype, self.B.dtype),
                          c_chunks=self.C.chunks if self.C is not None else None, workers=job.workers(1),
                          cores=job.cores(), device=job.device, device_memory=job.device_memory(),
-                         out_chunks=out_chunks)
+                         out_chunks=out_chunks, reads=(read_kind(self.A.path), read_kind(self.B.path)),
+                         trans=(self.trans_a, self.trans_b), direct_writes=_direct_output(job, out))
 
     def token(self, plan: GemmPlan) -> str:
         """Deterministic in the inputs, parameters and plan (what resuming an output checks)."""
@@ -106,6 +111,16 @@ class Gemm:
             graph.add((i, j), gemm_tile, spec, i, j, rows, cols)
         job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
                 count_pass=count_pass)
+
+
+def _direct_output(job: Job, out: Any) -> bool:
+    """Whether an output at ``out`` (None: under the temp dir) is written straight to chunk files."""
+    if (job.cfg.codec or "none").lower() != "none":
+        return False
+    try:
+        return (as_location(out) if out is not None else temp_root(job.cfg)).is_local
+    except Exception:  # noqa: BLE001 - a store object or anything else: plan zarr's temporaries
+        return False
 
 
 def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0,
@@ -170,12 +185,12 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
     ((1, 1), 1)
     """
     if explain:  # the plan alone: matmul_plan
-        return matmul_plan(a, b, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
+        return matmul_plan(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
                            out_chunks=out_chunks, **settings)
     with Job("matmul", **settings) as job:
         op = Gemm.of(job.operand(a, "a"), job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
-        plan = op.plan(job, out_chunks)
+        plan = op.plan(job, out_chunks, out)
         ao = job.output(out, inputs=[o.path for o in op.operands if not o.staged], overwrite=overwrite,
                         resume=resume, token=op.token(plan))
         if ao.resumed:
@@ -190,7 +205,7 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         return Matrix(path, report=report, temporary=out is None)
 
 
-def matmul_plan(a: Any, b: Any, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+def matmul_plan(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
                 trans_b: bool = False, dtype: Any = None, out_chunks: tuple[int, int] | None = None,
                 **settings: Unpack[Settings]) -> GemmPlan:
     """The :class:`~blocklin.plan.GemmPlan` that :func:`matmul` would run with these arguments, without
@@ -198,7 +213,7 @@ def matmul_plan(a: Any, b: Any, *, c: Any = None, alpha: float = 1.0, beta: floa
     with Job("matmul", **settings) as job:
         op = Gemm.of(job.operand(a, "a"), job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
-        return op.plan(job, out_chunks)
+        return op.plan(job, out_chunks, out)
 
 
 #: Report entries recorded in the output's attributes.

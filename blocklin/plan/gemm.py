@@ -145,16 +145,17 @@ def _sub_chunk_panels(ku: int, ku_a: int, ku_b: int, k: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _panel_reads(t: int, unit: int, k: int) -> tuple[int, int, float]:
+def _panel_reads(t: int, unit: int, k: int, partial: bool = False) -> tuple[int, int, float]:
     """How ``t``-wide k-panels read an operand stored in ``unit``-wide chunks along ``k``.
 
     Returns (most chunks one panel touches, most panels touching one chunk, bytes read from storage
-    per byte of the operand): every panel reads each chunk it touches whole.
+    per byte of the operand): every panel reads each chunk it touches whole, unless ``partial``
+    (k runs along the rows of uncompressed C-order chunks, so a panel reads only its rows of them).
     """
     if k <= 0:
         return 1, 1, 1.0
-    if t % unit == 0:  # panels of whole chunks
-        return t // unit, 1, 1.0
+    if t % unit == 0 or partial:  # panels of whole chunks, or of exactly the rows they need
+        return -(-t // unit) + (0 if t % unit == 0 else 1), 1, 1.0
     touched, per_chunk, read = 0, {}, 0
     for p0 in range(0, k, t):
         c0, c1 = p0 // unit, (min(p0 + t, k) - 1) // unit
@@ -168,15 +169,20 @@ def _panel_reads(t: int, unit: int, k: int) -> tuple[int, int, float]:
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
                  c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool,
                  read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY,
-                 out_rows: int = 0, loaders: int = 1) -> tuple[int, int]:
-    """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once)."""
+                 out_rows: int = 0, loaders: int = 1, direct: tuple[bool, bool] = (False, False)) -> tuple[int, int]:
+    """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once).
+
+    ``direct``: the inputs, and the output, are read and written straight from and to their chunk
+    files (:mod:`blocklin.storage.rawchunks`): no zarr temporaries, at most one chunk-sized buffer
+    per loader (reads that cut chunks across their width) and one for padded edge chunks.
+    """
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
     cast = slots * (tm * tk + tk * tn) * isz if src_isz != (isz, isz) else 0
     # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
     # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
-    io = (loaders * min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes
-          + min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes)
+    io = (loaders * (io_chunk_bytes if direct[0] else min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes)
+          + (out_chunk_bytes if direct[1] else min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes))
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
     if on_gpu:
         host = slots * panels_src + cast + c_strip + 3 * out_rows * tn * isz + io
@@ -188,7 +194,9 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
 def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chunks: tuple[int, int],
               memory: int, source_dtypes: tuple | None = None, c_chunks: tuple[int, int] | None = None,
               workers: int | None = None, cores: int | None = None, prefetch: int | None = None, device: str = "cpu",
-              device_memory: int | None = None, out_chunks: tuple[int, int] | None = None) -> GemmPlan:
+              device_memory: int | None = None, out_chunks: tuple[int, int] | None = None,
+              reads: tuple[str, str] = ("chunks", "chunks"), trans: tuple[bool, bool] = (False, False),
+              direct_writes: bool = False) -> GemmPlan:
     """Choose tiles for ``op(A)[m x k] @ op(B)[k x n]`` within ``memory`` bytes.
 
     Parameters
@@ -219,6 +227,15 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         Device budget (required for ``device="gpu"``).
     out_chunks : (int, int), optional
         Output chunks; by default the largest chunks dividing the tile that match the inputs.
+    reads : (str, str)
+        How A's and B's chunks are read (:func:`blocklin.storage.zarr_store.read_kind`):
+        ``"direct"``, ``"ranges"`` or ``"chunks"`` (default, through zarr: every chunk touched read
+        whole, with zarr's temporaries).
+    trans : (bool, bool)
+        Whether A and B are stored transposed: k runs along the stored rows of ``A.T`` and ``B``,
+        where a k-panel narrower than a chunk reads only its rows (``reads`` not ``"chunks"``).
+    direct_writes : bool
+        The output is written straight to its chunk files (local, uncompressed).
 
     Returns
     -------
@@ -245,6 +262,9 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     prefetch = 1 if prefetch is None else max(0, int(prefetch))
     space = _Space.of(m, n, k, dt, src, a_chunks=a_chunks, b_chunks=b_chunks, c_chunks=c_chunks, prefetch=prefetch,
                       on_gpu=device == "gpu", out_chunks=out_chunks)
+    space = dataclasses.replace(
+        space, partial=(reads[0] != "chunks" and trans[0], reads[1] != "chunks" and not trans[1]),
+        direct=(reads[0] == "direct" and reads[1] == "direct" and c_chunks is None, direct_writes))
     # Chunk-wide panels first; narrower ones only when the budget leaves no other way.
     best = (_search(space, workers=workers, memory=memory, device_memory=device_memory)
             or _search(space, workers=workers, memory=memory, device_memory=device_memory,
@@ -292,6 +312,11 @@ class _Space:
     io_chunk: int
     out_chunks: tuple[int, int] | None
     loaders: int = 1
+    #: Per operand: a k-panel narrower than a chunk reads only its part (k along stored rows of
+    #: uncompressed chunks).
+    partial: tuple[bool, bool] = (False, False)
+    #: (inputs read, output written) straight from and to chunk files: no zarr temporaries.
+    direct: tuple[bool, bool] = (False, False)
 
     @classmethod
     def of(cls, m: int, n: int, k: int, dt: np.dtype, src: tuple, *, a_chunks: tuple[int, int],
@@ -326,12 +351,12 @@ class _Space:
         return _task_memory(tm, tn, tk, isz=self.isz, src_isz=self.src_isz, prefetch=self.prefetch,
                             with_c=self.with_c, c_rows=self.c_rows, io_chunk_bytes=self.io_chunk,
                             out_chunk_bytes=oc[0] * oc[1] * self.isz, on_gpu=self.on_gpu, read_chunks=read_chunks,
-                            write_chunks=write_chunks, out_rows=oc[0], loaders=self.loaders)
+                            write_chunks=write_chunks, out_rows=oc[0], loaders=self.loaders, direct=self.direct)
 
     def read_chunks(self, tm: int, tn: int, tk: int) -> int:
         """Chunks one panel read touches (the larger of the two operands; panels may cut chunks)."""
-        ta = _panel_reads(tk, self.ku_a, self.k)[0]
-        tb = _panel_reads(tk, self.ku_b, self.k)[0]
+        ta = _panel_reads(tk, self.ku_a, self.k, self.partial[0])[0]
+        tb = _panel_reads(tk, self.ku_b, self.k, self.partial[1])[0]
         return max(-(-tm // self.mu) * ta, tb * -(-tn // self.nu))
 
 
@@ -352,8 +377,8 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
             if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
                 continue
             for tk in tk_options:
-                _, ra_max, ra = _panel_reads(tk, sp.ku_a, k)
-                _, rb_max, rb = _panel_reads(tk, sp.ku_b, k)
+                _, ra_max, ra = _panel_reads(tk, sp.ku_a, k, sp.partial[0])
+                _, rb_max, rb = _panel_reads(tk, sp.ku_b, k, sp.partial[1])
                 host, dev = sp.task_memory(tm, tn, tk, oc, read_chunks=sp.read_chunks(tm, tn, tk),
                                            write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
                 if host * workers > memory or (sp.on_gpu and dev * workers > device_memory):
