@@ -16,7 +16,8 @@ from blocklin.config import Settings
 from blocklin.errors import ShapeError, warn
 from blocklin.errors import explain as _msg
 from blocklin.matrix import Matrix
-from blocklin.plan.gemm import GemmPlan, plan_gemm
+from blocklin.plan.gemm import GemmPlan, _panel_reads, plan_gemm
+from blocklin.plan.rechunk import rechunk_advice
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import GemmSpec, gemm_tile
@@ -89,6 +90,10 @@ class Gemm:
                          out_chunks=out_chunks, reads=(read_kind(self.A.path), read_kind(self.B.path)),
                          trans=(self.trans_a, self.trans_b), direct_writes=_direct_output(job, out))
 
+    def read_advice(self, plan: GemmPlan) -> list[str]:
+        """Where the plan's k-panels re-read chunks of A or B, the rechunk that avoids it."""
+        return read_advice(self.A, self.B, plan, trans_a=self.trans_a, trans_b=self.trans_b)
+
     def token(self, plan: GemmPlan) -> str:
         """Deterministic in the inputs, parameters and plan (what resuming an output checks)."""
         return tokenize("matmul", [(o.path, o.shape, o.dtype.str, o.chunks) for o in self.operands], self.params(),
@@ -106,11 +111,30 @@ class Gemm:
                         dtype=self.dtype.name, plan=plan, device=job.device, device_memory=job.device_memory(),
                         check_finite=job.check_finite, done_dir=done_dir,
                         blas_threads=job.task_blas_threads(plan.blas_threads))
+        for note in self.read_advice(plan):
+            job.note_reads(note)
         graph = TileGraph.named("gemm", self.token(plan))
         for i, j, rows, cols in plan.tiles():
             graph.add((i, j), gemm_tile, spec, i, j, rows, cols)
         job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
                 count_pass=count_pass)
+
+
+def read_advice(A: Any, B: Any, plan: GemmPlan, *, trans_a: bool = False, trans_b: bool = False) -> list[str]:
+    """Advice for each of ``A``, ``B`` (anything with ``path``, ``shape``, ``chunks``) whose chunks the
+    plan's k-panels read whole more than once per pass, with the ``blocklin convert`` that avoids it."""
+    notes = []
+    for name, x, trans, k_axis in (("a", A, trans_a, 1), ("b", B, trans_b, 0)):
+        stored_k = k_axis if not trans else 1 - k_axis  # the stored axis k runs along
+        partial = stored_k == 0 and read_kind(x.path) != "chunks"
+        rereads = _panel_reads(plan.tk, max(1, x.chunks[stored_k]), max(1, plan.k), partial)[1]
+        if rereads > 1:
+            want = list(x.chunks)
+            want[stored_k] = plan.tk
+            why = (f"{plan.tk}-wide k-panels cut them "
+                   + ("across their width" if stored_k == 1 else "and compressed chunks are read whole"))
+            notes.append(rechunk_advice(name, x.path, tuple(x.shape), tuple(x.chunks), tuple(want), rereads, why))
+    return notes
 
 
 def _direct_output(job: Job, out: Any) -> bool:
@@ -217,5 +241,5 @@ def matmul_plan(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float 
 
 
 #: Report entries recorded in the output's attributes.
-REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_logical", "bytes_written", "peak_memory", "device", "scheduler",
-               "tasks")
+REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_logical", "read_notes", "bytes_written", "peak_memory",
+               "device", "scheduler", "tasks")

@@ -114,7 +114,8 @@ class GemmPlan:
         ]
         if self.panel_rereads > 1:
             lines.append(f"  note      k-panels cut through the inputs' chunks: a chunk is read up to"
-                         f" {self.panel_rereads} times per pass (counted in the bytes read)")
+                         f" {self.panel_rereads} times per pass (counted in the bytes read; see the"
+                         " rechunk advice)")
         if self.device_peak is not None:
             lines.append(f"  device    peak {format_size(self.device_peak)} of "
                          f"{format_size(self.device_memory or 0)} device budget")
@@ -154,8 +155,8 @@ def _panel_reads(t: int, unit: int, k: int, partial: bool = False) -> tuple[int,
     """
     if k <= 0:
         return 1, 1, 1.0
-    if t % unit == 0 or partial:  # panels of whole chunks, or of exactly the rows they need
-        return -(-t // unit) + (0 if t % unit == 0 else 1), 1, 1.0
+    if t % unit == 0:  # panels of whole chunks
+        return t // unit, 1, 1.0
     touched, per_chunk, read = 0, {}, 0
     for p0 in range(0, k, t):
         c0, c1 = p0 // unit, (min(p0 + t, k) - 1) // unit
@@ -163,6 +164,8 @@ def _panel_reads(t: int, unit: int, k: int, partial: bool = False) -> tuple[int,
         for c in range(c0, c1 + 1):
             per_chunk[c] = per_chunk.get(c, 0) + 1
             read += min(unit, k - c * unit)
+    if partial:  # each panel reads only its rows of the chunks it touches
+        return touched, 1, 1.0
     return touched, max(per_chunk.values()), read / k
 
 

@@ -130,6 +130,8 @@ class Job:
         # Reads made here rather than in tasks (small factors, in-core problems) count too.
         self.driver_reads = self.stack.enter_context(readstats.tallying())
         self.outputs: list[AtomicOutput] = []
+        #: Where an input's chunking forced extra reads, with the rechunk that avoids them.
+        self.read_notes: list[str] = []
         self.pass_counts: dict[str, int] = {}
         self._scratch = 0
 
@@ -299,6 +301,11 @@ class Job:
             peaks = self.stats.setdefault("worker_peaks", {})
             peaks[where] = max(peaks.get(where, 0), peak)
 
+    def note_reads(self, note: str) -> None:
+        """Record advice about forced extra reads (``read_notes`` in the report), once each."""
+        if note not in self.read_notes:
+            self.read_notes.append(note)
+
     def seconds(self) -> float:
         return time.perf_counter() - self.t0
 
@@ -317,6 +324,8 @@ class Job:
         # bytes_read: what was fetched from storage; bytes_logical: the bytes of the blocks used
         rep["bytes_logical"] = rep["bytes_read"]
         rep["bytes_read"] = rep.pop("bytes_physical") + self.driver_reads.bytes
+        if self.read_notes:
+            rep["read_notes"] = list(self.read_notes)
         rep.update(seconds=secs, peak_memory=peak_rss(), memory_budget=self.cfg.memory, device=self.device,
                    scheduler=self.scheduler.kind, gflops=self.stats["flops"] / secs / 1e9 if secs > 0 else 0.0)
         if self.scheduler.kind in ("processes", "distributed"):

@@ -29,6 +29,7 @@ import numpy as np
 
 from blocklin.device import TileStream, get_device
 from blocklin.plan.passes import PassMemory, RowPassPlan, plan_pass
+from blocklin.plan.rechunk import rechunk_advice
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
 from blocklin.storage.zarr_store import read_block, read_kind, write_block
@@ -213,6 +214,9 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
     params = dict(params or {})
     if plan is None:
         plan = plan_kernel_pass(job, kernel, sources, params, **planning)
+    for s in sources:
+        if plan.rereads > 1 and not s.partial_rows and s.chunk_rows > plan.strip:
+            job.note_reads(reread_advice(s, plan))
     if kernel.device != "any":  # type: ignore[attr-defined]
         device = kernel.device  # type: ignore[attr-defined]
     device = device or job.device
@@ -230,6 +234,18 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
     results = job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
                       count_pass=over)
     return PassResult([r["state"] for r in results], plan)
+
+
+def reread_advice(s: Source, plan: RowPassPlan) -> str:
+    """The advice for a source whose chunks the pass's strips read whole several times."""
+    chunk_w = s.chunk_bytes // max(1, s.chunk_rows * s.dtype.itemsize)
+    if s.transposed:
+        shape, chunks, want = (s.width, s.rows), (chunk_w, s.chunk_rows), (s.width, plan.strip)
+        why = f"column strips of {plan.strip} cut them across their width"
+    else:
+        shape, chunks, want = (s.rows, s.width), (s.chunk_rows, chunk_w), (plan.strip, s.width)
+        why = f"strips of {plan.strip} rows read each compressed chunk whole"
+    return rechunk_advice(s.name, s.path, shape, chunks, want, -(-s.chunk_rows // plan.strip), why)
 
 
 @with_task_settings
