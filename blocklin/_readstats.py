@@ -53,3 +53,10 @@ def in_context(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` bound to a copy of the calling context: a thread running it counts into the caller's tally."""
     ctx = contextvars.copy_context()
     return lambda *args, **kwargs: ctx.run(fn, *args, **kwargs)
+
+
+def measured(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """Run ``fn(*args, **kwargs)`` and return the bytes its reads fetched from storage."""
+    with tallying() as tally:
+        fn(*args, **kwargs)
+    return tally.bytes

@@ -260,7 +260,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             "codec": codec if out_fmt in ("zarr", "hdf5") else "none", "checksum": bool(checksum),
             "memory": cfg.memory, "planned_memory": plan.peak_memory, "blocks": blocks,
             "blocks_skipped": skipped, "resumed": bool(skipped), "bytes_read": int(reader.bytes_read),
-            "seconds": time.perf_counter() - t0, "staged": False, "on_cluster": client is not None,
+            "bytes_logical": m * n * reader.dtype.itemsize, "seconds": time.perf_counter() - t0, "staged": False, "on_cluster": client is not None,
         }
         final = _commit(writer, plan, report, out_path)
         writer = None

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+import blocklin._readstats as readstats
 from blocklin.errors import StoreReadError, explain
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import backend
@@ -40,7 +41,7 @@ class ZarrReader(Reader):
         c0, c1, _ = cols.indices(self.shape[1])
         out = np.empty((r1 - r0, c1 - c0), self.dtype)
         try:
-            read_block(self._arr, slice(r0, r1), slice(c0, c1), out)
+            fetched = readstats.measured(read_block, self._arr, slice(r0, r1), slice(c0, c1), out)
         except Exception as exc:
             msg = str(exc)
             rule = "chunks must pass their crc32c checksum" if "checksum" in msg.lower() else \
@@ -48,7 +49,7 @@ class ZarrReader(Reader):
             raise StoreReadError(explain("zarr input", rule, f"a chunk in rows {r0}:{r1}, columns {c0}:{c1} of "
                                          f"{self.path!r} failed ({msg[:120]})",
                                          "the store is corrupt; re-create it from its source")) from None
-        self.bytes_read += out.nbytes  # decoded bytes; the encoded size is in describe()
+        self.bytes_read += fetched  # what was fetched from storage (encoded chunks, or row ranges of them)
         return out
 
     def describe(self) -> dict[str, Any]:
