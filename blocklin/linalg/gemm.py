@@ -126,7 +126,8 @@ def read_advice(A: Any, B: Any, plan: GemmPlan, *, trans_a: bool = False, trans_
     notes = []
     for name, x, trans, k_axis in (("a", A, trans_a, 1), ("b", B, trans_b, 0)):
         stored_k = k_axis if not trans else 1 - k_axis  # the stored axis k runs along
-        partial = stored_k == 0 and read_kind(x.path) != "chunks"
+        kind = read_kind(x.path)
+        partial = kind == "direct" or kind == "ranges" and stored_k == 0
         rereads = _panel_reads(plan.tk, max(1, x.chunks[stored_k]), max(1, plan.k), partial)[1]
         if rereads > 1:
             want = list(x.chunks)

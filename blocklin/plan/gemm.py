@@ -176,15 +176,16 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once).
 
     ``direct``: the inputs, and the output, are read and written straight from and to their chunk
-    files (:mod:`blocklin.storage.rawchunks`): no zarr temporaries, at most one chunk-sized buffer
-    per loader (reads that cut chunks across their width) and one for padded edge chunks.
+    files (:mod:`blocklin.storage.rawchunks`): reads go straight into the panel slots (no zarr
+    temporaries, no buffer), writes need one chunk buffer only to pad edge chunks
+    (``out_chunk_bytes`` is then that buffer, or 0 without edge chunks).
     """
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
     cast = slots * (tm * tk + tk * tn) * isz if src_isz != (isz, isz) else 0
     # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
     # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
-    io = (loaders * (io_chunk_bytes if direct[0] else min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes)
+    io = ((0 if direct[0] else loaders * min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes)
           + (out_chunk_bytes if direct[1] else min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes))
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
     if on_gpu:
@@ -266,7 +267,10 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     space = _Space.of(m, n, k, dt, src, a_chunks=a_chunks, b_chunks=b_chunks, c_chunks=c_chunks, prefetch=prefetch,
                       on_gpu=device == "gpu", out_chunks=out_chunks)
     space = dataclasses.replace(
-        space, partial=(reads[0] != "chunks" and trans[0], reads[1] != "chunks" and not trans[1]),
+        # a k-panel reads only its part of a chunk along stored rows of uncompressed chunks, and
+        # across columns too from local files (one read per row)
+        space, partial=(reads[0] == "direct" or reads[0] == "ranges" and trans[0],
+                        reads[1] == "direct" or reads[1] == "ranges" and not trans[1]),
         direct=(reads[0] == "direct" and reads[1] == "direct" and c_chunks is None, direct_writes))
     # Chunk-wide panels first; narrower ones only when the budget leaves no other way.
     best = (_search(space, workers=workers, memory=memory, device_memory=device_memory)
@@ -351,9 +355,10 @@ class _Space:
 
     def task_memory(self, tm: int, tn: int, tk: int, oc: tuple[int, int], read_chunks: int,
                     write_chunks: int) -> tuple[int, int]:
+        edges = self.m % oc[0] or self.n % oc[1]  # padded edge chunks need a buffer on direct writes
         return _task_memory(tm, tn, tk, isz=self.isz, src_isz=self.src_isz, prefetch=self.prefetch,
                             with_c=self.with_c, c_rows=self.c_rows, io_chunk_bytes=self.io_chunk,
-                            out_chunk_bytes=oc[0] * oc[1] * self.isz, on_gpu=self.on_gpu, read_chunks=read_chunks,
+                            out_chunk_bytes=oc[0] * oc[1] * self.isz if edges or not self.direct[1] else 0, on_gpu=self.on_gpu, read_chunks=read_chunks,
                             write_chunks=write_chunks, out_rows=oc[0], loaders=self.loaders, direct=self.direct)
 
     def read_chunks(self, tm: int, tn: int, tk: int) -> int:

@@ -181,9 +181,8 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
     partial_rows : bool
         Whether strips narrower than a chunk read only their rows of it (see :func:`plan_row_pass`).
     direct : bool
-        Whether every operand is read straight from its chunk files
-        (:mod:`blocklin.storage.rawchunks`): no zarr chunk temporaries, at most one chunk buffer
-        (for strips that cut chunks across their width).
+        Whether every operand is read straight from its local chunk files into the strip slots
+        (:mod:`blocklin.storage.rawchunks`): no zarr chunk temporaries, no buffer.
     """
     budget = memory - reserve
     workers = max(1, workers)
@@ -199,10 +198,8 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
         max_strip = cap if max_strip is None else min(max_strip, cap)
     cb = chunk_bytes if chunk_bytes is not None else chunk_rows * row_bytes
     if not mem.chunk_temporaries or direct:
-        # a direct read that cuts chunks across their width goes through one buffer of its rows
-        cut = cb // max(1, chunk_rows) if mem.chunk_temporaries else 0
         return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed,
-                             strip_extra_row_bytes=mem.per_row + cut, workers=workers, cores=cores, max_strip=max_strip,
+                             strip_extra_row_bytes=mem.per_row, workers=workers, cores=cores, max_strip=max_strip,
                              min_tasks=min_tasks, partial_rows=partial_rows)
     error = None
     for in_flight in range(IO_CONCURRENCY, 0, -1):

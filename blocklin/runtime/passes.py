@@ -109,8 +109,9 @@ class Source:
 
     @property
     def partial_rows(self) -> bool:
-        """Whether a strip narrower than a chunk reads only its part of the chunk."""
-        return self.reads != "chunks" and not self.transposed
+        """Whether a strip narrower than a chunk reads only its part of the chunk (row ranges of
+        uncompressed chunks; column ranges too from local files, one read per row)."""
+        return self.reads == "direct" or self.reads == "ranges" and not self.transposed
 
     @property
     def row_bytes(self) -> int:

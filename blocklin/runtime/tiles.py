@@ -299,7 +299,7 @@ class _GemmTile:
         b_shape = (plan.tn, plan.tk) if spec.trans_b else (plan.tk, plan.tn)
         self.casts = (self.A.dtype != dt, self.B.dtype != dt)
         self.nbytes = 0
-        self.acc = device.zeros((tm, tn), dt)
+        self.acc: Any = None  # allocated once the first panels are being read (compute)
         # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
         self.stream = TileStream(device, len(self.panels), self.load, [a_shape, b_shape],
                                  [self.A.dtype, self.B.dtype], depth=plan.prefetch, device_dtype=[dt, dt],
@@ -340,6 +340,9 @@ class _GemmTile:
         return tuple(out)
 
     def compute(self) -> None:
+        # Zeroing the accumulator (touching every page) overlaps the first panel's read.
+        self.stream.start()
+        self.acc = self.device.zeros((self.tm, self.tn), self.dtype)
         last = len(self.panels) - 1
         for p, (a_dev, b_dev) in self.stream:
             if p < last:
@@ -399,6 +402,7 @@ class _GemmTile:
         while the next tile allocates its own, and the peak would exceed the plan.
         """
         try:
+            self.stream.stop()
             self.writer.close()
         finally:
             while not self.host_bufs.empty():

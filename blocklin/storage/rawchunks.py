@@ -101,11 +101,39 @@ class RawChunks:
         finally:
             os.close(fd)
 
+    def _read_segments_into(self, path: str, r0: int, c0: int, dest: np.ndarray) -> None:
+        """Fill ``dest`` (rows ``r0:`` and columns ``c0:`` of a local chunk; each row contiguous) with
+        one ``preadv`` per row: straight into place, reading only the columns wanted."""
+        isz = self.dtype.itemsize
+        row, seg = self.chunks[1] * isz, dest.shape[1] * isz
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            dest.fill(self.fill_value)
+            return
+        try:
+            base = r0 * row + c0 * isz
+            got = 0
+            for i in range(dest.shape[0]):
+                n = os.preadv(fd, [dest[i].view(np.uint8)], base + i * row)
+                got += n
+                if n != seg:
+                    from blocklin.errors import StoreReadError, explain
+
+                    raise StoreReadError(explain("chunk", f"must hold {self.chunks[0] * row} bytes",
+                                                 f"fewer in {path} (row {r0 + i} is short)",
+                                                 "the store is truncated or corrupt; re-create it"))
+        finally:
+            os.close(fd)
+        readstats.count(got)
+
     def read(self, rows: slice, cols: slice, out: np.ndarray) -> np.ndarray:
         """``out[...] = array[rows, cols]`` (``out`` C-contiguous of the selection's shape).
 
-        Each chunk is read only in the rows the selection covers; a selection narrower than the
-        chunk reads those rows whole width (one range) and keeps the columns it needs.
+        Each chunk is read only in the rows the selection covers: one range when the selection
+        holds the chunk's whole width, else, from a local file, one ``preadv`` per row of just the
+        columns wanted, straight into place; from an object store, one range of whole-width rows
+        whose wanted columns are kept.
         """
         ch_r, ch_c = self.chunks
         r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
@@ -118,6 +146,8 @@ class RawChunks:
                 dest = out[sr0 - r0:sr1 - r0, sc0 - c0:sc1 - c0]
                 if (sc0, sc1) == (gc0, gc0 + ch_c) and dest.flags.c_contiguous:
                     self._read_rows_into(self._path(ci, cj), sr0 - gr0, sr1 - gr0, dest)  # straight into place
+                elif self.fs is None:
+                    self._read_segments_into(self._path(ci, cj), sr0 - gr0, sc0 - gc0, dest)
                 else:
                     buf = self._rows_buffer(sr1 - sr0)
                     self._read_rows_into(self._path(ci, cj), sr0 - gr0, sr1 - gr0, buf)
@@ -135,7 +165,6 @@ class RawChunks:
         """Write ``block`` to whole chunks ``[rows, cols]`` (see :meth:`aligned`)."""
         ch_r, ch_c = self.chunks
         r0, c0 = rows.start, cols.start
-        buf = self._chunk_buffer()
         for ci in range(r0 // ch_r, -(-rows.stop // ch_r)):
             gr0 = ci * ch_r
             gr1 = min(gr0 + ch_r, self.shape[0])
@@ -156,6 +185,7 @@ class RawChunks:
                             f.truncate()
                             f.write(memoryview(np.ascontiguousarray(src).reshape(-1).view(np.uint8)))
                     else:  # edge chunks are stored at full size, padded with the fill value
+                        buf = self._chunk_buffer()
                         if src.shape != self.chunks:
                             buf.fill(self.fill_value)
                         buf[: src.shape[0], : src.shape[1]] = src
