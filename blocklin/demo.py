@@ -84,7 +84,8 @@ def run_demo(*, n: int = 6144, memory: Any = "256MiB", dtype: str = "float64", f
         return {
             "n": n, "dtype": dtype, "memory_budget": budget, "matrix_bytes": A.nbytes,
             "output": str(C.path), "generate_seconds": t_gen, "seconds": rep["seconds"], "gflops": rep["gflops"],
-            "flops": rep["flops"], "bytes_read": rep["bytes_read"], "bytes_written": rep["bytes_written"],
+            "flops": rep["flops"], "bytes_read": rep["bytes_read"], "bytes_logical": rep["bytes_logical"],
+            "bytes_written": rep["bytes_written"],
             "peak_memory": gemm_peak, "baseline_memory": baseline,
             "gemm_memory": gemm_peak - baseline if reset else None, "planned_peak_memory": rep["plan"]["peak_memory"],
             "plan": rep["plan"], "max_row_error": row_err, "row_error_bound": float(bound),

@@ -127,7 +127,8 @@ def run_cholesky(args: argparse.Namespace) -> dict:
     r = f.report
     summary = {"output": f.path, "shape": list(f.shape), "dtype": f.dtype.name, "lower": not args.upper,
                "seconds": r["seconds"], "flops": r["flops"], "gflops": r["gflops"], "tasks": r["tasks"],
-               "skipped": r["skipped"], "bytes_read": r["bytes_read"], "bytes_written": r["bytes_written"],
+               "skipped": r["skipped"], "bytes_read": r["bytes_read"],
+               "bytes_logical": r["bytes_logical"], "bytes_written": r["bytes_written"],
                "peak_memory": r["peak_memory"], "tile": r["plan"]["tile"], "scheduler": r["scheduler"],
                "device": r["device"]}
     human = (f"wrote {f.path} ({f.shape[0]} x {f.shape[1]} {f.dtype.name}, {'L' if not args.upper else 'U'}) in "

@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.gemm import matmul
+    from blocklin.linalg.gemm import matmul, read_advice
+    from blocklin.create import open as open_matrix
 
     beta = args.beta if args.beta is not None else (1.0 if args.c else 0.0)
     kwargs = dict(c=args.c, alpha=args.alpha, beta=beta, trans_a=args.trans_a, trans_b=args.trans_b,
@@ -39,19 +40,22 @@ def run(args: argparse.Namespace) -> dict:
                   overwrite=args.overwrite, resume=args.resume)
     if args.explain:
         plan = matmul(args.a, args.b, args.out, explain=True, **kwargs)
+        advice = read_advice(open_matrix(args.a), open_matrix(args.b), plan, trans_a=args.trans_a,
+                             trans_b=args.trans_b)
         summary = {"plan": plan.to_dict(), "flops": plan.flops, "bytes_read": plan.bytes_read,
-                   "bytes_written": plan.bytes_written, "peak_memory": plan.peak_memory}
-        ui.emit(args, summary, plan.explain())
+                   "bytes_written": plan.bytes_written, "peak_memory": plan.peak_memory, "read_notes": advice}
+        ui.emit(args, summary, "\n".join([plan.explain()] + [f"  rechunk   {note}" for note in advice]))
         return summary
     result = matmul(args.a, args.b, args.out, progress=ui.progress_arg(args), **kwargs)
     r = result.report
     summary = {"output": result.path, "shape": list(result.shape), "dtype": result.dtype.name,
                "seconds": r["seconds"], "flops": r["flops"], "gflops": r["gflops"], "bytes_read": r["bytes_read"],
+               "bytes_logical": r["bytes_logical"], "read_notes": r.get("read_notes", []),
                "bytes_written": r["bytes_written"], "peak_memory": r["peak_memory"],
                "planned_peak_memory": r["plan"]["peak_memory"], "tasks": r["tasks"], "skipped": r["skipped"],
                "device": r["device"], "scheduler": r["scheduler"]}
     human = (f"wrote {result.path} ({result.shape[0]} x {result.shape[1]} {result.dtype.name}) in {r['seconds']:.2f} s: "
              f"{r['gflops']:.1f} GFLOP/s, read {format_size(r['bytes_read'])}, wrote {format_size(r['bytes_written'])}, "
              f"peak memory {format_size(r['peak_memory'])} (plan {format_size(r['plan']['peak_memory'])})")
-    ui.emit(args, summary, human)
+    ui.emit(args, summary, ui.with_read_notes(human, r))
     return summary

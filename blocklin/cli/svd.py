@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> dict:
     human = (f"wrote {r['output']} ({stored}; k={args.k}, {r['method']}) in {r['seconds']:.2f} s: "
              f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
              f"peak memory {format_size(r['peak_memory'])}{worst}")
-    ui.emit(args, summary, human)
+    ui.emit(args, summary, ui.with_read_notes(human, r))
     return summary
 
 
@@ -88,8 +88,8 @@ def worst_line(r: dict) -> str:
 
 def summary_of(r: dict, operation: str, k: int) -> dict:
     keys = ("output", "method", "seconds", "passes", "passes_formula", "intermediate_passes", "bytes_read",
-            "peak_memory", "memory_budget", "residuals", "relative_residuals", "converged", "converged_triplets",
-            "worst_triplet", "tol", "seed",
+            "bytes_logical", "read_notes", "peak_memory", "memory_budget", "residuals", "relative_residuals",
+            "converged", "converged_triplets", "worst_triplet", "tol", "seed",
             "device", "scheduler", "in_core", "which", "center", "scale")
     out = {key: r[key] for key in keys if key in r}
     out.update(operation=operation, k=k)

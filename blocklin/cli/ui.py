@@ -55,6 +55,12 @@ def emit(args: argparse.Namespace, summary: dict[str, Any], human: str | None = 
         print(human)
 
 
+def with_read_notes(human: str, report: dict) -> str:
+    """``human`` followed by the report's advice on forced extra reads (``read_notes``), if any."""
+    notes = report.get("read_notes") or []
+    return "\n".join([human] + [f"note: {n}" for n in notes])
+
+
 def _default(obj: Any) -> Any:
     import numpy as np
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from blocklin.interrupt import check_cancelled
 from blocklin.device.base import Device
+import blocklin._readstats as readstats
 
 #: ``load(i, buffers) -> views``: fill the given host buffers for item ``i`` and return views of
 #: the filled region (edge tiles are smaller than the buffers).
@@ -82,6 +83,17 @@ class TileStream:
         self._cond = threading.Condition()
         self._next = 0  # next item a loader claims
         self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start reading ahead now (iterating starts it otherwise): a consumer that has other set-up
+        work (zeroing an accumulator) overlaps it with the first reads."""
+        if self._threads or self.depth == 0 or self.n_items == 0:
+            return
+        self._threads = [threading.Thread(target=readstats.in_context(self._loader), name=f"blocklin-prefetch-{t}",
+                                          daemon=True) for t in range(self.loaders)]
+        for t in self._threads:
+            t.start()
 
     def _loader(self) -> None:
         while True:
@@ -109,6 +121,13 @@ class TileStream:
                 self._cond.notify_all()
             if isinstance(item, BaseException):
                 return
+
+    def stop(self) -> None:
+        """End the loader threads (after iterating, or instead of it when the consumer failed first)."""
+        self._stop.set()
+        self._free.put(_STOP)  # wake loaders blocked on a free slot
+        for t in self._threads:
+            t.join()
 
     def release(self) -> None:
         """Hand the host slots back to the device for reuse, once no upload reads them any more."""
@@ -138,10 +157,7 @@ class TileStream:
                 yield i, self.device.upload(0, views)
                 self.device.after_use(0)
             return
-        threads = [threading.Thread(target=self._loader, name=f"blocklin-prefetch-{t}", daemon=True)
-                   for t in range(self.loaders)]
-        for t in threads:
-            t.start()
+        self.start()
         try:
             for i in range(self.n_items):
                 check_cancelled()
@@ -158,7 +174,4 @@ class TileStream:
                 self.device.after_use(slot)
                 self._free.put(slot)
         finally:
-            self._stop.set()
-            self._free.put(_STOP)  # wake loaders blocked on a free slot
-            for t in threads:
-                t.join()
+            self.stop()

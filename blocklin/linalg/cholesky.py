@@ -16,7 +16,7 @@ from blocklin.storage.zarr_store import create_array, open_zarr
 from blocklin.validate import float_operand, square
 
 #: Report entries recorded in the output's attributes.
-REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_written", "peak_memory", "tasks", "skipped")
+REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_logical", "bytes_written", "peak_memory", "tasks", "skipped")
 
 
 def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = False, resume: bool = False,

@@ -17,11 +17,15 @@ from blocklin.config import Settings
 from blocklin.errors import ShapeError, warn
 from blocklin.errors import explain as _msg
 from blocklin.matrix import Matrix
-from blocklin.plan.gemm import GemmPlan, plan_gemm
+from blocklin.plan.gemm import GemmPlan, _panel_reads, plan_gemm
+from blocklin.plan.rechunk import rechunk_advice
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import GemmSpec, gemm_tile
+from blocklin.operands import temp_root
 from blocklin.storage.atomic import open_or_create_array
+from blocklin.storage.location import as_location
+from blocklin.storage.zarr_store import read_kind
 from blocklin.validate import finite, result_dtype
 
 
@@ -78,14 +82,21 @@ class Gemm:
     def shape(self) -> tuple[int, int]:
         return _op_shape(self.A.shape, self.trans_a)[0], _op_shape(self.B.shape, self.trans_b)[1]
 
-    def plan(self, job: Job, out_chunks: tuple[int, int] | None = None) -> GemmPlan:
+    def plan(self, job: Job, out_chunks: tuple[int, int] | None = None, out: Any = None) -> GemmPlan:
+        """The plan in ``job``'s budget; ``out`` (the output's path, default under the temp dir) tells
+        whether it is written straight to its chunk files."""
         m, k = _op_shape(self.A.shape, self.trans_a)
         return plan_gemm(m, self.shape[1], k, self.dtype, a_chunks=_op_shape(self.A.chunks, self.trans_a),
                          b_chunks=_op_shape(self.B.chunks, self.trans_b), memory=job.cfg.memory,
                          source_dtypes=(self.A.dtype, self.B.dtype),
                          c_chunks=self.C.chunks if self.C is not None else None, workers=job.workers(1),
                          cores=job.cores(), device=job.device, device_memory=job.device_memory(),
-                         out_chunks=out_chunks)
+                         out_chunks=out_chunks, reads=(read_kind(self.A.path), read_kind(self.B.path)),
+                         trans=(self.trans_a, self.trans_b), direct_writes=_direct_output(job, out))
+
+    def read_advice(self, plan: GemmPlan) -> list[str]:
+        """Where the plan's k-panels re-read chunks of A or B, the rechunk that avoids it."""
+        return read_advice(self.A, self.B, plan, trans_a=self.trans_a, trans_b=self.trans_b)
 
     def token(self, plan: GemmPlan) -> str:
         """Deterministic in the inputs, parameters and plan (what resuming an output checks)."""
@@ -104,11 +115,41 @@ class Gemm:
                         dtype=self.dtype.name, plan=plan, device=job.device, device_memory=job.device_memory(),
                         check_finite=job.check_finite, done_dir=done_dir,
                         blas_threads=job.task_blas_threads(plan.blas_threads))
+        for note in self.read_advice(plan):
+            job.note_reads(note)
         graph = TileGraph.named("gemm", self.token(plan))
         for i, j, rows, cols in plan.tiles():  # progress in k-panels: a one-tile product still moves
             graph.weigh(graph.add((i, j), gemm_tile, spec, i, j, rows, cols), max(1, plan.k_steps), "k-panels")
         job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
                 count_pass=count_pass)
+
+
+def read_advice(A: Any, B: Any, plan: GemmPlan, *, trans_a: bool = False, trans_b: bool = False) -> list[str]:
+    """Advice for each of ``A``, ``B`` (anything with ``path``, ``shape``, ``chunks``) whose chunks the
+    plan's k-panels read whole more than once per pass, with the ``blocklin convert`` that avoids it."""
+    notes = []
+    for name, x, trans, k_axis in (("a", A, trans_a, 1), ("b", B, trans_b, 0)):
+        stored_k = k_axis if not trans else 1 - k_axis  # the stored axis k runs along
+        kind = read_kind(x.path)
+        partial = kind == "direct" or kind == "ranges" and stored_k == 0
+        rereads = _panel_reads(plan.tk, max(1, x.chunks[stored_k]), max(1, plan.k), partial)[1]
+        if rereads > 1:
+            want = list(x.chunks)
+            want[stored_k] = plan.tk
+            why = (f"{plan.tk}-wide k-panels cut them "
+                   + ("across their width" if stored_k == 1 else "and compressed chunks are read whole"))
+            notes.append(rechunk_advice(name, x.path, tuple(x.shape), tuple(x.chunks), tuple(want), rereads, why))
+    return notes
+
+
+def _direct_output(job: Job, out: Any) -> bool:
+    """Whether an output at ``out`` (None: under the temp dir) is written straight to chunk files."""
+    if (job.cfg.codec or "none").lower() != "none":
+        return False
+    try:
+        return (as_location(out) if out is not None else temp_root(job.cfg)).is_local
+    except Exception:  # noqa: BLE001 - a store object or anything else: plan zarr's temporaries
+        return False
 
 
 def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0,
@@ -173,7 +214,7 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
     ((1, 1), 1)
     """
     if explain:  # the plan alone: matmul_plan
-        return matmul_plan(a, b, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
+        return matmul_plan(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
                            out_chunks=out_chunks, **settings)
     with Job("matmul", **settings) as job:
         A = job.operand(a, "a")
@@ -181,7 +222,7 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
         if out_chunks is None and _is_gram(op):
             return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
-        plan = op.plan(job, out_chunks)
+        plan = op.plan(job, out_chunks, out)
         ao = job.output(out, inputs=[o.path for o in op.operands if not o.staged], overwrite=overwrite,
                         resume=resume, token=op.token(plan))
         open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
@@ -218,7 +259,7 @@ def _as_gram(job: Job, op: Gemm, out: Any, *, overwrite: bool, resume: bool) -> 
     return result
 
 
-def matmul_plan(a: Any, b: Any, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+def matmul_plan(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
                 trans_b: bool = False, dtype: Any = None, out_chunks: tuple[int, int] | None = None,
                 **settings: Unpack[Settings]) -> GemmPlan:
     """The :class:`~blocklin.plan.GemmPlan` that :func:`matmul` would run with these arguments, without
@@ -226,9 +267,9 @@ def matmul_plan(a: Any, b: Any, *, c: Any = None, alpha: float = 1.0, beta: floa
     with Job("matmul", **settings) as job:
         op = Gemm.of(job.operand(a, "a"), job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
-        return op.plan(job, out_chunks)
+        return op.plan(job, out_chunks, out)
 
 
 #: Report entries recorded in the output's attributes.
-REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_written", "peak_memory", "device", "scheduler",
-               "tasks")
+REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_logical", "read_notes", "bytes_written", "peak_memory",
+               "device", "scheduler", "tasks")

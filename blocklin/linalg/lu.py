@@ -18,7 +18,7 @@ from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import create_array, open_zarr
 from blocklin.validate import float_operand, square
 
-REPORT_KEYS = ("seconds", "flops", "gflops", "peak_memory", "growth_factor", "min_pivot", "tasks", "skipped")
+REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_logical", "peak_memory", "growth_factor", "min_pivot", "tasks", "skipped")
 
 
 def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False, explain: bool = False,

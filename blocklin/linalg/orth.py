@@ -228,4 +228,4 @@ def _householder(job: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 #: Report entries recorded in the output's attributes.
-REPORT_KEYS = ("seconds", "bytes_read", "bytes_written", "peak_memory", "passes", "device", "scheduler", "orth")
+REPORT_KEYS = ("seconds", "bytes_read", "bytes_logical", "bytes_written", "peak_memory", "passes", "device", "scheduler", "orth")

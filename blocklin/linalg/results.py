@@ -11,7 +11,7 @@ from blocklin.storage import create_group, write_array
 
 #: Report entries recorded in a factorization's attributes (the rest stays in ``result.report``).
 GROUP_REPORT_KEYS = (
-    "method", "seconds", "passes", "passes_formula", "intermediate_passes", "bytes_read", "bytes_written",
+    "method", "seconds", "passes", "passes_formula", "intermediate_passes", "bytes_read", "bytes_logical", "read_notes", "bytes_written",
     "peak_memory", "memory_budget", "residuals", "relative_residuals", "converged", "tol", "seed", "power_iters",
     "lanczos_steps", "restarts", "block", "oversample", "sketch_size", "orth", "in_core", "device", "scheduler",
     "which", "residual_note", "history", "sigma_max")

@@ -114,7 +114,8 @@ class GemmPlan:
         ]
         if self.panel_rereads > 1:
             lines.append(f"  note      k-panels cut through the inputs' chunks: a chunk is read up to"
-                         f" {self.panel_rereads} times per pass (counted in the bytes read)")
+                         f" {self.panel_rereads} times per pass (counted in the bytes read; see the"
+                         " rechunk advice)")
         if self.device_peak is not None:
             lines.append(f"  device    peak {format_size(self.device_peak)} of "
                          f"{format_size(self.device_memory or 0)} device budget")
@@ -145,11 +146,12 @@ def _sub_chunk_panels(ku: int, ku_a: int, ku_b: int, k: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _panel_reads(t: int, unit: int, k: int) -> tuple[int, int, float]:
+def _panel_reads(t: int, unit: int, k: int, partial: bool = False) -> tuple[int, int, float]:
     """How ``t``-wide k-panels read an operand stored in ``unit``-wide chunks along ``k``.
 
     Returns (most chunks one panel touches, most panels touching one chunk, bytes read from storage
-    per byte of the operand): every panel reads each chunk it touches whole.
+    per byte of the operand): every panel reads each chunk it touches whole, unless ``partial``
+    (k runs along the rows of uncompressed C-order chunks, so a panel reads only its rows of them).
     """
     if k <= 0:
         return 1, 1, 1.0
@@ -162,21 +164,29 @@ def _panel_reads(t: int, unit: int, k: int) -> tuple[int, int, float]:
         for c in range(c0, c1 + 1):
             per_chunk[c] = per_chunk.get(c, 0) + 1
             read += min(unit, k - c * unit)
+    if partial:  # each panel reads only its rows of the chunks it touches
+        return touched, 1, 1.0
     return touched, max(per_chunk.values()), read / k
 
 
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
                  c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool,
                  read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY,
-                 out_rows: int = 0, loaders: int = 1) -> tuple[int, int]:
-    """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once)."""
+                 out_rows: int = 0, loaders: int = 1, direct: tuple[bool, bool] = (False, False)) -> tuple[int, int]:
+    """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once).
+
+    ``direct``: the inputs, and the output, are read and written straight from and to their chunk
+    files (:mod:`blocklin.storage.rawchunks`): reads go straight into the panel slots (no zarr
+    temporaries, no buffer), writes need one chunk buffer only to pad edge chunks
+    (``out_chunk_bytes`` is then that buffer, or 0 without edge chunks).
+    """
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
     cast = slots * (tm * tk + tk * tn) * isz if src_isz != (isz, isz) else 0
     # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
     # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
-    io = (loaders * min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes
-          + min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes)
+    io = ((0 if direct[0] else loaders * min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes)
+          + (out_chunk_bytes if direct[1] else min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes))
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
     if on_gpu:
         host = slots * panels_src + cast + c_strip + 3 * out_rows * tn * isz + io
@@ -188,7 +198,9 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
 def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chunks: tuple[int, int],
               memory: int, source_dtypes: tuple | None = None, c_chunks: tuple[int, int] | None = None,
               workers: int | None = None, cores: int | None = None, prefetch: int | None = None, device: str = "cpu",
-              device_memory: int | None = None, out_chunks: tuple[int, int] | None = None) -> GemmPlan:
+              device_memory: int | None = None, out_chunks: tuple[int, int] | None = None,
+              reads: tuple[str, str] = ("chunks", "chunks"), trans: tuple[bool, bool] = (False, False),
+              direct_writes: bool = False) -> GemmPlan:
     """Choose tiles for ``op(A)[m x k] @ op(B)[k x n]`` within ``memory`` bytes.
 
     Parameters
@@ -219,6 +231,15 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         Device budget (required for ``device="gpu"``).
     out_chunks : (int, int), optional
         Output chunks; by default the largest chunks dividing the tile that match the inputs.
+    reads : (str, str)
+        How A's and B's chunks are read (:func:`blocklin.storage.zarr_store.read_kind`):
+        ``"direct"``, ``"ranges"`` or ``"chunks"`` (default, through zarr: every chunk touched read
+        whole, with zarr's temporaries).
+    trans : (bool, bool)
+        Whether A and B are stored transposed: k runs along the stored rows of ``A.T`` and ``B``,
+        where a k-panel narrower than a chunk reads only its rows (``reads`` not ``"chunks"``).
+    direct_writes : bool
+        The output is written straight to its chunk files (local, uncompressed).
 
     Returns
     -------
@@ -245,6 +266,12 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     prefetch = 1 if prefetch is None else max(0, int(prefetch))
     space = _Space.of(m, n, k, dt, src, a_chunks=a_chunks, b_chunks=b_chunks, c_chunks=c_chunks, prefetch=prefetch,
                       on_gpu=device == "gpu", out_chunks=out_chunks)
+    space = dataclasses.replace(
+        # a k-panel reads only its part of a chunk along stored rows of uncompressed chunks, and
+        # across columns too from local files (one read per row)
+        space, partial=(reads[0] == "direct" or reads[0] == "ranges" and trans[0],
+                        reads[1] == "direct" or reads[1] == "ranges" and not trans[1]),
+        direct=(reads[0] == "direct" and reads[1] == "direct" and c_chunks is None, direct_writes))
     # Chunk-wide panels first; narrower ones only when the budget leaves no other way.
     best = (_search(space, workers=workers, memory=memory, device_memory=device_memory)
             or _search(space, workers=workers, memory=memory, device_memory=device_memory,
@@ -293,6 +320,11 @@ class _Space:
     out_chunks: tuple[int, int] | None
     loaders: int = 1
     dtype: str = "float64"
+    #: Per operand: a k-panel narrower than a chunk reads only its part (k along stored rows of
+    #: uncompressed chunks).
+    partial: tuple[bool, bool] = (False, False)
+    #: (inputs read, output written) straight from and to chunk files: no zarr temporaries.
+    direct: tuple[bool, bool] = (False, False)
 
     @classmethod
     def of(cls, m: int, n: int, k: int, dt: np.dtype, src: tuple, *, a_chunks: tuple[int, int],
@@ -324,15 +356,16 @@ class _Space:
 
     def task_memory(self, tm: int, tn: int, tk: int, oc: tuple[int, int], read_chunks: int,
                     write_chunks: int) -> tuple[int, int]:
+        edges = self.m % oc[0] or self.n % oc[1]  # padded edge chunks need a buffer on direct writes
         return _task_memory(tm, tn, tk, isz=self.isz, src_isz=self.src_isz, prefetch=self.prefetch,
                             with_c=self.with_c, c_rows=self.c_rows, io_chunk_bytes=self.io_chunk,
-                            out_chunk_bytes=oc[0] * oc[1] * self.isz, on_gpu=self.on_gpu, read_chunks=read_chunks,
-                            write_chunks=write_chunks, out_rows=oc[0], loaders=self.loaders)
+                            out_chunk_bytes=oc[0] * oc[1] * self.isz if edges or not self.direct[1] else 0, on_gpu=self.on_gpu, read_chunks=read_chunks,
+                            write_chunks=write_chunks, out_rows=oc[0], loaders=self.loaders, direct=self.direct)
 
     def read_chunks(self, tm: int, tn: int, tk: int) -> int:
         """Chunks one panel read touches (the larger of the two operands; panels may cut chunks)."""
-        ta = _panel_reads(tk, self.ku_a, self.k)[0]
-        tb = _panel_reads(tk, self.ku_b, self.k)[0]
+        ta = _panel_reads(tk, self.ku_a, self.k, self.partial[0])[0]
+        tb = _panel_reads(tk, self.ku_b, self.k, self.partial[1])[0]
         return max(-(-tm // self.mu) * ta, tb * -(-tn // self.nu))
 
 
@@ -353,8 +386,8 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
             if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
                 continue
             for tk in tk_options:
-                _, ra_max, ra = _panel_reads(tk, sp.ku_a, k)
-                _, rb_max, rb = _panel_reads(tk, sp.ku_b, k)
+                _, ra_max, ra = _panel_reads(tk, sp.ku_a, k, sp.partial[0])
+                _, rb_max, rb = _panel_reads(tk, sp.ku_b, k, sp.partial[1])
                 host, dev = sp.task_memory(tm, tn, tk, oc, read_chunks=sp.read_chunks(tm, tn, tk),
                                            write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
                 if host * workers > memory or (sp.on_gpu and dev * workers > device_memory):

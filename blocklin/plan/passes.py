@@ -32,6 +32,11 @@ class RowPassPlan:
     peak_memory: int
     memory: int
     bytes_read: int
+    #: Chunk height of the streamed operands, and the most reads of one chunk in the pass: 1 when
+    #: strips hold whole chunks or read only their rows of each chunk; more when strips narrower
+    #: than a chunk read it whole each time (compressed chunks).
+    chunk_rows: int = 0
+    rereads: int = 1
 
     def strips(self, group: int) -> Pieces:
         """The strips of one task's group of rows, computed on access (a group may hold millions)."""
@@ -42,9 +47,13 @@ class RowPassPlan:
         return dataclasses.asdict(self)
 
     def explain(self) -> str:
-        return (f"row pass: {self.m} rows in strips of {self.strip} ({len(self.groups)} task(s), "
+        text = (f"row pass: {self.m} rows in strips of {self.strip} ({len(self.groups)} task(s), "
                 f"{self.workers} concurrent), read {format_size(self.bytes_read)}, "
                 f"peak {format_size(self.peak_memory)} of {format_size(self.memory)}")
+        if self.rereads > 1:
+            text += (f"; strips of {self.strip} rows are narrower than the {self.chunk_rows}-row chunks, which "
+                     f"are read whole {self.rereads} times per pass")
+        return text
 
 
 #: Streamed bytes per task of a row pass (the canonical split: see :func:`canonical_tasks`).
@@ -67,7 +76,8 @@ def canonical_tasks(m: int, row_bytes: int) -> int:
 
 def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed_bytes: int = 0,
                   strip_extra_row_bytes: int = 0, workers: int = 1, cores: int = 1, prefetch: int = 1,
-                  max_strip: int | None = None, min_tasks: int | None = None, reserve: int = 0) -> RowPassPlan:
+                  max_strip: int | None = None, min_tasks: int | None = None, reserve: int = 0,
+                  partial_rows: bool = True) -> RowPassPlan:
     """Choose strip height so that every concurrent task fits ``memory``.
 
     Parameters
@@ -93,6 +103,10 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         only, so that the sums, and so the results, are the same bits on every scheduler).
     reserve : int
         Bytes the caller holds outside ``memory`` (added to the minimum a refusal suggests).
+    partial_rows : bool
+        Whether a strip narrower than a chunk reads only its rows of it (uncompressed C-order
+        chunks); otherwise each such strip reads the chunk whole, strips are cut to divide the chunk
+        height (no strip straddles two chunks) and the re-reads are counted in ``bytes_read``.
     """
     workers = max(1, workers)
     per_task = memory // workers - fixed_bytes
@@ -111,8 +125,12 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         strip = min(strip, max_strip)
     if min_tasks and min_tasks > 1 and m:  # enough strips for every task that can run at once
         strip = min(strip, max(chunk_rows, math.ceil(m / min_tasks)))
+    rereads = 1
     if strip >= chunk_rows:
         strip = round_down_multiple(strip, chunk_rows)
+    elif not partial_rows and m > strip:
+        rereads = -(-chunk_rows // max(1, strip))
+        strip = chunk_rows // rereads
     strip = max(1, strip)
     n_strips = math.ceil(m / strip) if m else 0
     tasks = max(1, min(n_strips, min_tasks))
@@ -122,7 +140,7 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
     peak = workers * (fixed_bytes + per_row * strip)
     return RowPassPlan(m=m, strip=strip, groups=groups, workers=workers, blas_threads=max(1, cores // workers),
                        prefetch=prefetch, row_bytes=row_bytes, fixed_bytes=fixed_bytes, peak_memory=peak,
-                       memory=memory, bytes_read=m * row_bytes)
+                       memory=memory, bytes_read=m * row_bytes * rereads, chunk_rows=chunk_rows, rereads=rereads)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +178,8 @@ class PassMemory:
 
 def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memory: int, reserve: int = 0,
               workers: int = 1, cores: int = 1, chunk_bytes: int | None = None, chunks_across: int = 1,
-              max_strip: int | None = None, min_tasks: int | None = None) -> RowPassPlan:
+              max_strip: int | None = None, min_tasks: int | None = None, partial_rows: bool = False,
+              direct: bool = False) -> RowPassPlan:
     """Plan a row pass of a kernel whose memory is ``mem``.
 
     Parameters
@@ -185,6 +204,11 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
         A caller's cap on the strip height (rows), for example to keep strips on output chunks.
     min_tasks : int, optional
         Split the rows into at least this many tasks.
+    partial_rows : bool
+        Whether strips narrower than a chunk read only their rows of it (see :func:`plan_row_pass`).
+    direct : bool
+        Whether every operand is read straight from its local chunk files into the strip slots
+        (:mod:`blocklin.storage.rawchunks`): no zarr chunk temporaries, no buffer.
     """
     budget = memory - reserve
     workers = max(1, workers)
@@ -199,18 +223,18 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
     if mem.max_strip_bytes is not None:
         cap = max(chunk_rows, mem.max_strip_bytes // max(1, row_bytes), mem.strip_floor)
         max_strip = cap if max_strip is None else min(max_strip, cap)
-    if not mem.chunk_temporaries:
+    cb = chunk_bytes if chunk_bytes is not None else chunk_rows * row_bytes
+    if not mem.chunk_temporaries or direct:
         return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed,
                              strip_extra_row_bytes=mem.per_row, workers=workers, cores=cores, max_strip=max_strip,
-                             min_tasks=min_tasks, reserve=reserve)
-    cb = chunk_bytes if chunk_bytes is not None else chunk_rows * row_bytes
+                             min_tasks=min_tasks, reserve=reserve, partial_rows=partial_rows)
     error = None
     for in_flight in range(IO_CONCURRENCY, 0, -1):
         try:
             plan = plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget,
                                  fixed_bytes=mem.fixed + in_flight * 3 * cb, strip_extra_row_bytes=mem.per_row,
                                  workers=workers, cores=cores, prefetch=1, max_strip=max_strip, min_tasks=min_tasks,
-                                 reserve=reserve)
+                                 reserve=reserve, partial_rows=partial_rows)
         except BudgetError as exc:
             error = exc
             continue

@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any, Unpack
 
+import blocklin._readstats as readstats
 import blocklin._memory as _memory
 from blocklin._memory import peak_rss
 from blocklin.config import Config, Settings, check_settings, format_size, resolve, size_hint
@@ -130,9 +131,13 @@ class Job:
             raise
         self.progress = make_progress(self.cfg.progress if progress is None else progress)
         self.t0 = time.perf_counter()
-        self.stats = {"flops": 0, "bytes_read": 0, "bytes_written": 0, "tasks": 0, "skipped": 0, "retried_tasks": 0,
-                      "load_seconds": 0.0, "wait_seconds": 0.0}
+        self.stats = {"flops": 0, "bytes_read": 0, "bytes_physical": 0, "bytes_written": 0, "tasks": 0, "skipped": 0,
+                      "retried_tasks": 0, "load_seconds": 0.0, "wait_seconds": 0.0}
+        # Reads made here rather than in tasks (small factors, in-core problems) count too.
+        self.driver_reads = self.stack.enter_context(readstats.tallying())
         self.outputs: list[AtomicOutput] = []
+        #: Where an input's chunking forced extra reads, with the rechunk that avoids them.
+        self.read_notes: list[str] = []
         self.pass_counts: dict[str, int] = {}
         self._scratch = 0
 
@@ -319,10 +324,17 @@ class Job:
         for key in ("flops", "bytes_read", "bytes_written", "skipped", "load_seconds", "wait_seconds"):
             if key in r:
                 self.stats[key] += r[key]
+        # a task that does not count its reads (none of blocklin's) is taken at its logical bytes
+        self.stats["bytes_physical"] += r.get("bytes_physical", r.get("bytes_read", 0))
         if "process_peak" in r:
             where, peak = r["process_peak"]
             peaks = self.stats.setdefault("worker_peaks", {})
             peaks[where] = max(peaks.get(where, 0), peak)
+
+    def note_reads(self, note: str) -> None:
+        """Record advice about forced extra reads (``read_notes`` in the report), once each."""
+        if note not in self.read_notes:
+            self.read_notes.append(note)
 
     def seconds(self) -> float:
         return time.perf_counter() - self.t0
@@ -330,13 +342,20 @@ class Job:
     def report(self, **extra: Any) -> dict:
         """The operation's report: statistics, time, peak memory, device, scheduler.
 
-        ``peak_memory`` is this process's; where tasks ran in other processes (``processes``, a
+        ``bytes_read`` is what the reads fetched from storage (chunk bytes, counted where they are
+        read) and ``bytes_logical`` the bytes of the blocks the operation used; more read than used
+        means chunks re-read or read in part of their width. ``peak_memory`` is this process's; where tasks ran in other processes (``processes``, a
         cluster), ``worker_peak_memory`` maps each of them (worker address or pid) to its peak,
         and ``cluster`` describes the workers the plans were made for.
         """
         secs = self.seconds()
         rep = dict(self.stats)
         rep.pop("worker_peaks", None)
+        # bytes_read: what was fetched from storage; bytes_logical: the bytes of the blocks used
+        rep["bytes_logical"] = rep["bytes_read"]
+        rep["bytes_read"] = rep.pop("bytes_physical") + self.driver_reads.bytes
+        if self.read_notes:
+            rep["read_notes"] = list(self.read_notes)
         rep.update(seconds=secs, peak_memory=peak_rss(), memory_budget=self.cfg.memory, device=self.device,
                    scheduler=self.scheduler.kind, gflops=self.stats["flops"] / secs / 1e9 if secs > 0 else 0.0)
         if self.scheduler.kind in ("processes", "distributed"):

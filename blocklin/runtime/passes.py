@@ -30,9 +30,10 @@ import numpy as np
 from blocklin.device import TileStream, get_device
 from blocklin.plan.passes import PassMemory, RowPassPlan, plan_pass
 from blocklin.progress import report_units
+from blocklin.plan.rechunk import rechunk_advice
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
-from blocklin.storage.zarr_store import read_block, write_block
+from blocklin.storage.zarr_store import read_block, read_kind, write_block
 
 #: ``kernel(device, arrays, rows, params, state) -> (state, writes)``; ``arrays`` are the strip's
 #: operand blocks (on the device), ``writes`` maps output names to host blocks for ``rows``.
@@ -102,6 +103,16 @@ class Source:
     chunk_bytes: int
     chunks_across: int
     transposed: bool = False
+    #: How the operand's chunks are read: ``"direct"`` (local uncompressed chunk files, no zarr
+    #: temporaries, row ranges read alone), ``"ranges"`` (uncompressed on an object store: row
+    #: ranges by range requests) or ``"chunks"`` (through zarr, every chunk touched read whole).
+    reads: str = "chunks"
+
+    @property
+    def partial_rows(self) -> bool:
+        """Whether a strip narrower than a chunk reads only its part of the chunk (row ranges of
+        uncompressed chunks; column ranges too from local files, one read per row)."""
+        return self.reads == "direct" or self.reads == "ranges" and not self.transposed
 
     @property
     def row_bytes(self) -> int:
@@ -121,7 +132,7 @@ def stored(path: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int
     r, w = (1, 0) if transposed else (0, 1)
     return Source(path=path, name=name, rows=shape[r], width=shape[w], dtype=dt, chunk_rows=chunks[r],
                   chunk_bytes=int(np.prod(chunks)) * dt.itemsize, chunks_across=-(-shape[w] // max(1, chunks[w])),
-                  transposed=transposed)
+                  transposed=transposed, reads=read_kind(path))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +175,8 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
     first = sources[0]
     mem = kernel.memory(params if params is not None else {}, sources)  # type: ignore[attr-defined]
     return plan_pass(mem, first.rows, sum(s.row_bytes for s in sources), chunk_rows=first.chunk_rows,
+                     partial_rows=all(s.partial_rows for s in sources),
+                     direct=all(s.reads == "direct" for s in sources),
                      memory=job.cfg.memory if memory is None else memory, reserve=reserve,
                      workers=job.workers(1) if workers is None else workers, cores=job.cores(),
                      chunk_bytes=first.chunk_bytes, chunks_across=first.chunks_across, max_strip=max_strip,
@@ -203,6 +216,9 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
     params = dict(params or {})
     if plan is None:
         plan = plan_kernel_pass(job, kernel, sources, params, **planning)
+    for s in sources:
+        if plan.rereads > 1 and not s.partial_rows and s.chunk_rows > plan.strip:
+            job.note_reads(reread_advice(s, plan))
     if kernel.device != "any":  # type: ignore[attr-defined]
         device = kernel.device  # type: ignore[attr-defined]
     device = device or job.device
@@ -220,6 +236,18 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
     results = job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
                       count_pass=over)
     return PassResult([r["state"] for r in results], plan)
+
+
+def reread_advice(s: Source, plan: RowPassPlan) -> str:
+    """The advice for a source whose chunks the pass's strips read whole several times."""
+    chunk_w = s.chunk_bytes // max(1, s.chunk_rows * s.dtype.itemsize)
+    if s.transposed:
+        shape, chunks, want = (s.width, s.rows), (chunk_w, s.chunk_rows), (s.width, plan.strip)
+        why = f"column strips of {plan.strip} cut them across their width"
+    else:
+        shape, chunks, want = (s.rows, s.width), (s.chunk_rows, chunk_w), (plan.strip, s.width)
+        why = f"strips of {plan.strip} rows read each compressed chunk whole"
+    return rechunk_advice(s.name, s.path, shape, chunks, want, -(-s.chunk_rows // plan.strip), why)
 
 
 @with_task_settings

@@ -23,6 +23,7 @@ from blocklin.device import TileStream, get_device
 from blocklin.errors import NonFiniteError, explain
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import GemmPlan
+import blocklin._readstats as readstats
 from blocklin.progress import report_units
 from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.zarr_store import open_cached, read_block, write_block
@@ -71,7 +72,8 @@ def with_task_settings(task: Any) -> Any:
     capped as the planners assume (``blocklin._memory.IO_CONCURRENCY``). Both are process-wide, so
     concurrent tasks of one process share them: the first task to start sets them and the last to
     finish restores what the process had, so a worker's other workloads see their own settings.
-    The task's statistics gain ``process_peak`` (where it ran, that process's peak memory).
+    The task's statistics gain ``process_peak`` (where it ran, that process's peak memory) and
+    ``bytes_physical`` (the bytes its reads fetched from storage, next to the logical ``bytes_read``).
     """
 
     @functools.wraps(task)
@@ -82,13 +84,13 @@ def with_task_settings(task: Any) -> Any:
             n = _worker_share()
         scoped_io = _memory.in_dask_worker_process() and "ZARR_ASYNC__CONCURRENCY" not in os.environ
         if n is None and not scoped_io:
-            return _with_peak(task(spec, *args, **kwargs))
+            return _with_peak(_counted(task, spec, *args, **kwargs))
         with _blas_lock:
             if _blas_users == 0:
                 _blas_limiter = _Scoped(n, scoped_io)
             _blas_users += 1
         try:
-            return _with_peak(task(spec, *args, **kwargs))
+            return _with_peak(_counted(task, spec, *args, **kwargs))
         finally:
             with _blas_lock:
                 _blas_users -= 1
@@ -97,6 +99,15 @@ def with_task_settings(task: Any) -> Any:
                     _blas_limiter = None
 
     return run
+
+
+def _counted(task: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run the task, adding ``bytes_physical``: what its reads fetched from storage (readstats)."""
+    with readstats.tallying() as tally:
+        result = task(*args, **kwargs)
+    if isinstance(result, dict):
+        result["bytes_physical"] = result.get("bytes_physical", 0) + tally.bytes
+    return result
 
 
 def _with_peak(result: Any) -> Any:
@@ -300,7 +311,7 @@ class _GemmTile:
         self.casts = (self.A.dtype != dt, self.B.dtype != dt)
         self.nbytes = 0
         self.told = 0  # k-panels reported to this process's progress bar
-        self.acc = device.zeros((tm, tn), dt)
+        self.acc: Any = None  # allocated once the first panels are being read (compute)
         # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
         self.stream = TileStream(device, len(self.panels), self.load, [a_shape, b_shape],
                                  [self.A.dtype, self.B.dtype], depth=plan.prefetch, device_dtype=[dt, dt],
@@ -341,6 +352,9 @@ class _GemmTile:
         return tuple(out)
 
     def compute(self) -> None:
+        # Zeroing the accumulator (touching every page) overlaps the first panel's read.
+        self.stream.start()
+        self.acc = self.device.zeros((self.tm, self.tn), self.dtype)
         last = len(self.panels) - 1
         for p, (a_dev, b_dev) in self.stream:
             if p < last:
@@ -404,6 +418,7 @@ class _GemmTile:
         while the next tile allocates its own, and the peak would exceed the plan.
         """
         try:
+            self.stream.stop()
             self.writer.close()
         finally:
             while not self.host_bufs.empty():

@@ -34,7 +34,7 @@ from blocklin.storage.backend import backend
 from blocklin.storage.formats.base import disk_usage
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.space import check_space, make_temp_folder
-from blocklin.storage.zarr_store import open_cached, read_block, stored_bytes, write_block
+from blocklin.storage.zarr_store import open_cached, read_block, array_file_bytes, write_block
 
 NAN_POLICIES = ("allow", "error")
 
@@ -266,7 +266,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             "codec": codec if out_fmt in ("zarr", "hdf5") else "none", "checksum": bool(checksum),
             "memory": cfg.memory, "planned_memory": plan.peak_memory, "blocks": blocks,
             "blocks_skipped": skipped, "resumed": bool(skipped), "bytes_read": int(reader.bytes_read),
-            "seconds": time.perf_counter() - t0, "staged": False, "on_cluster": client is not None,
+            "bytes_logical": m * n * reader.dtype.itemsize, "seconds": time.perf_counter() - t0, "staged": False, "on_cluster": client is not None,
         }
         final = _commit(writer, plan, report, out_path)
         writer = None
@@ -292,7 +292,7 @@ def _check_output_space(out_path: Any, out_fmt: str, shape: tuple[int, int], out
     m, n = shape
     detail = f"{m} x {n} {out_dt.name}"
     if out_fmt == "zarr":
-        nbytes = stored_bytes((m, n), out_chunks, out_dt)
+        nbytes = array_file_bytes((m, n), out_chunks, out_dt)
     elif out_fmt in ("csv", "tsv", "mtx"):
         nbytes, detail = m * n * _TEXT_BYTES_PER_VALUE, detail + " as text, at least 2 bytes a value"
     else:

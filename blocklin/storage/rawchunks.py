@@ -1,12 +1,17 @@
 """A direct path for uncompressed zarr v3 arrays on local disk.
 
 For an array whose only codec is ``bytes`` (little-endian, no compression, no sharding) on a local
-store, a chunk file is exactly the chunk's C-ordered bytes. Reading it with one ``readinto`` into
-the destination (or one reused chunk buffer) skips zarr's asynchronous machinery, whose many thread
+store, a chunk file is exactly the chunk's C-ordered bytes, so a row range of a chunk is one
+contiguous byte range. Reading just the rows a block needs with one ``preadv`` into the destination
+(or one reused chunk buffer) reads no more than is used (a strip narrower than a chunk no longer
+reads the whole chunk) and skips zarr's asynchronous machinery, whose many thread
 hand-offs stall when BLAS keeps every core busy: measured here, a loader thread running beside a
 2-thread GEMM fell behind compute through zarr, and keeps ahead through this path. Writes of whole
 chunks go to the chunk files the same way. Anything else (compression, v2, sharding, other key
 encodings, big-endian data) returns ``None`` from :func:`raw_access`, and callers use zarr.
+Uncompressed arrays on fsspec stores are read the same way with range requests
+(``raw_access(arr, remote=True)``) where a block covers part of a chunk. Every read adds the bytes
+it fetched to :mod:`blocklin._readstats`.
 """
 
 from __future__ import annotations
@@ -18,61 +23,135 @@ from typing import Any
 
 import numpy as np
 
+import blocklin._readstats as readstats
+
 
 class RawChunks:
     """Read and write blocks of an eligible array straight from and to its chunk files."""
 
     def __init__(self, root: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: np.dtype,
-                 fill_value: Any, separator: str) -> None:
+                 fill_value: Any, separator: str, fs: Any = None) -> None:
         self.root = root
+        self.fs = fs  # an fsspec filesystem (reads only), or None for a local folder
         self.shape = shape
         self.chunks = chunks
         self.dtype = dtype
         self.fill_value = fill_value
         self.separator = separator
         self._buf: np.ndarray | None = None
+        self._rows: np.ndarray | None = None
 
     def _path(self, ci: int, cj: int) -> str:
+        if self.fs is not None:
+            return f"{self.root.rstrip('/')}/c{self.separator}{ci}{self.separator}{cj}"
         return os.path.join(self.root, "c" + self.separator + str(ci) + self.separator + str(cj))
+
+    def _rows_buffer(self, rows: int) -> np.ndarray:
+        """A reused buffer of ``rows`` whole-width chunk rows (grown as needed, never past one chunk)."""
+        if self._rows is None or self._rows.shape[0] < rows:
+            self._rows = np.empty((rows, self.chunks[1]), dtype=self.dtype)
+        return self._rows[:rows]
 
     def _chunk_buffer(self) -> np.ndarray:
         if self._buf is None:
             self._buf = np.empty(self.chunks, dtype=self.dtype)
         return self._buf
 
-    def _read_chunk_into(self, path: str, dest: np.ndarray) -> None:
-        """Fill the C-contiguous ``dest`` (a whole chunk) from ``path``, or with the fill value."""
-        try:
-            with open(path, "rb", buffering=0) as f:
-                view = memoryview(dest.reshape(-1).view(np.uint8))
-                got = f.readinto(view)
-        except FileNotFoundError:
+    def _read_rows_into(self, path: str, r0: int, r1: int, dest: np.ndarray) -> None:
+        """Fill the C-contiguous ``dest`` (rows ``r0:r1`` of a whole-width chunk) from ``path``.
+
+        Rows of a C-ordered chunk are one contiguous byte range: only that range is read (one
+        ``preadv``, or one range request on an object store). A missing chunk is the fill value.
+        """
+        row = self.chunks[1] * self.dtype.itemsize
+        view = memoryview(dest.reshape(-1).view(np.uint8))
+        got = self._read_range(path, r0 * row, view)
+        if got is None:
             dest.fill(self.fill_value)
             return
+        readstats.count(got)
         if got != dest.nbytes:
             from blocklin.errors import StoreReadError, explain
 
-            raise StoreReadError(explain("chunk", f"must hold {dest.nbytes} bytes", f"{got} bytes in {path}",
+            raise StoreReadError(explain("chunk", f"must hold {self.chunks[0] * row} bytes",
+                                         f"{r0 * row + got} bytes in {path}",
                                          "the store is truncated or corrupt; re-create it"))
 
+    def _read_range(self, path: str, offset: int, view: memoryview) -> int | None:
+        """Read ``len(view)`` bytes at ``offset`` into ``view``; the count read, None for a missing chunk."""
+        if self.fs is not None:
+            try:
+                data = self.fs.cat_file(path, start=offset, end=offset + len(view))
+            except FileNotFoundError:
+                return None
+            view[: len(data)] = data
+            return len(data)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            got = 0
+            while got < len(view):  # preadv may return short counts for large ranges
+                n = os.preadv(fd, [view[got:]], offset + got)
+                if n == 0:
+                    break
+                got += n
+            return got
+        finally:
+            os.close(fd)
+
+    def _read_segments_into(self, path: str, r0: int, c0: int, dest: np.ndarray) -> None:
+        """Fill ``dest`` (rows ``r0:`` and columns ``c0:`` of a local chunk; each row contiguous) with
+        one ``preadv`` per row: straight into place, reading only the columns wanted."""
+        isz = self.dtype.itemsize
+        row, seg = self.chunks[1] * isz, dest.shape[1] * isz
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            dest.fill(self.fill_value)
+            return
+        try:
+            base = r0 * row + c0 * isz
+            got = 0
+            for i in range(dest.shape[0]):
+                n = os.preadv(fd, [dest[i].view(np.uint8)], base + i * row)
+                got += n
+                if n != seg:
+                    from blocklin.errors import StoreReadError, explain
+
+                    raise StoreReadError(explain("chunk", f"must hold {self.chunks[0] * row} bytes",
+                                                 f"fewer in {path} (row {r0 + i} is short)",
+                                                 "the store is truncated or corrupt; re-create it"))
+        finally:
+            os.close(fd)
+        readstats.count(got)
+
     def read(self, rows: slice, cols: slice, out: np.ndarray) -> np.ndarray:
-        """``out[...] = array[rows, cols]`` (``out`` C-contiguous of the selection's shape)."""
+        """``out[...] = array[rows, cols]`` (``out`` C-contiguous of the selection's shape).
+
+        Each chunk is read only in the rows the selection covers: one range when the selection
+        holds the chunk's whole width, else, from a local file, one ``preadv`` per row of just the
+        columns wanted, straight into place; from an object store, one range of whole-width rows
+        whose wanted columns are kept.
+        """
         ch_r, ch_c = self.chunks
         r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
         for ci in range(r0 // ch_r, (r1 - 1) // ch_r + 1 if r1 > r0 else 0):
-            gr0, gr1 = ci * ch_r, (ci + 1) * ch_r
-            sr0, sr1 = max(r0, gr0), min(r1, gr1)
+            gr0 = ci * ch_r
+            sr0, sr1 = max(r0, gr0), min(r1, gr0 + ch_r)
             for cj in range(c0 // ch_c, (c1 - 1) // ch_c + 1 if c1 > c0 else 0):
-                gc0, gc1 = cj * ch_c, (cj + 1) * ch_c
-                sc0, sc1 = max(c0, gc0), min(c1, gc1)
+                gc0 = cj * ch_c
+                sc0, sc1 = max(c0, gc0), min(c1, gc0 + ch_c)
                 dest = out[sr0 - r0:sr1 - r0, sc0 - c0:sc1 - c0]
-                whole = (sr0, sr1, sc0, sc1) == (gr0, gr1, gc0, gc1)
-                if whole and dest.flags.c_contiguous:
-                    self._read_chunk_into(self._path(ci, cj), dest)  # one copy, straight into place
+                if (sc0, sc1) == (gc0, gc0 + ch_c) and dest.flags.c_contiguous:
+                    self._read_rows_into(self._path(ci, cj), sr0 - gr0, sr1 - gr0, dest)  # straight into place
+                elif self.fs is None:
+                    self._read_segments_into(self._path(ci, cj), sr0 - gr0, sc0 - gc0, dest)
                 else:
-                    buf = self._chunk_buffer()
-                    self._read_chunk_into(self._path(ci, cj), buf)
-                    dest[...] = buf[sr0 - gr0:sr1 - gr0, sc0 - gc0:sc1 - gc0]
+                    buf = self._rows_buffer(sr1 - sr0)
+                    self._read_rows_into(self._path(ci, cj), sr0 - gr0, sr1 - gr0, buf)
+                    dest[...] = buf[:, sc0 - gc0:sc1 - gc0]
         return out
 
     def aligned(self, rows: slice, cols: slice) -> bool:
@@ -86,7 +165,6 @@ class RawChunks:
         """Write ``block`` to whole chunks ``[rows, cols]`` (see :meth:`aligned`)."""
         ch_r, ch_c = self.chunks
         r0, c0 = rows.start, cols.start
-        buf = self._chunk_buffer()
         for ci in range(r0 // ch_r, -(-rows.stop // ch_r)):
             gr0 = ci * ch_r
             gr1 = min(gr0 + ch_r, self.shape[0])
@@ -107,6 +185,7 @@ class RawChunks:
                             f.truncate()
                             f.write(memoryview(np.ascontiguousarray(src).reshape(-1).view(np.uint8)))
                     else:  # edge chunks are stored at full size, padded with the fill value
+                        buf = self._chunk_buffer()
                         if src.shape != self.chunks:
                             buf.fill(self.fill_value)
                         buf[: src.shape[0], : src.shape[1]] = src
@@ -126,8 +205,13 @@ def _writev_rows(fd: int, src: np.ndarray) -> bool:
     return done == want
 
 
-def raw_access(arr: Any) -> RawChunks | None:
-    """A :class:`RawChunks` for ``arr`` when it is eligible (see module docstring), else None."""
+def raw_access(arr: Any, *, remote: bool = False) -> RawChunks | None:
+    """A :class:`RawChunks` for ``arr`` when it is eligible (see module docstring), else None.
+
+    ``remote=True`` also accepts arrays on fsspec stores (object stores, ``memory://``), read by
+    range requests; callers use it for reads of part of a chunk, where a range request fetches
+    only the rows wanted (whole chunks are left to zarr, which fetches several at once).
+    """
     try:
         meta = arr.metadata
         if getattr(meta, "zarr_format", None) != 3 or len(arr.shape) != 2:
@@ -148,12 +232,29 @@ def raw_access(arr: Any) -> RawChunks | None:
         if type(grid).__name__ != "RegularChunkGrid":
             return None
         store = arr.store
-        if type(store).__name__ != "LocalStore" or getattr(arr, "path", ""):
+        if getattr(arr, "path", ""):
             return None
-        root = str(store.root)
-        return _cached(root, tuple(arr.shape), tuple(grid.chunk_shape), dtype.str, meta.fill_value, cke.separator)
+        args = (tuple(arr.shape), tuple(grid.chunk_shape), dtype.str, meta.fill_value, cke.separator)
+        if type(store).__name__ == "LocalStore":
+            return _cached(str(store.root), *args)
+        if remote and type(store).__name__ == "FsspecStore":
+            return _remote(store, *args)
+        return None
     except Exception:  # any unexpected metadata shape: use zarr
         return None
+
+
+def _remote(store: Any, *args: Any) -> RawChunks | None:
+    from blocklin.storage.backend import FsspecBackend
+    from blocklin.storage.location import store_location
+
+    loc = store_location(store)
+    if loc is None or loc.is_local:
+        return None
+    be = FsspecBackend(loc)  # its synchronous filesystem (cached per URL and options)
+    raw = _cached(be.root, *args)
+    raw.fs = be.fs
+    return raw
 
 
 @functools.lru_cache(maxsize=256)

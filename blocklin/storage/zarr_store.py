@@ -18,6 +18,7 @@ from zarr.core.buffer.cpu import NDBuffer
 from blocklin.errors import ConfigError, StoreNotFoundError, StoreReadError, UncommittedOutputError, explain
 from blocklin.storage.backend import backend, zarr_store
 from blocklin.storage.location import Location, as_location, store_location
+import blocklin._readstats as readstats
 from blocklin.storage.rawchunks import raw_access
 from blocklin.storage.readerrors import check_metadata, reading
 from blocklin.storage.space import check_space, writing
@@ -206,7 +207,7 @@ def _metadata_dict(shape: tuple[int, ...], dtype: Any, chunks: tuple[int, ...], 
     return json.loads(tmp.metadata.to_buffer_dict(default_buffer_prototype())["zarr.json"].to_bytes())
 
 
-def stored_bytes(shape: tuple[int, ...], chunks: tuple[int, ...], dtype: Any) -> int:
+def array_file_bytes(shape: tuple[int, ...], chunks: tuple[int, ...], dtype: Any) -> int:
     """Bytes the chunk files of an uncompressed array hold when every chunk is written (edge chunks
     are stored whole)."""
     count = 1
@@ -230,7 +231,7 @@ def create_array(path: Any, *, shape: tuple[int, ...], dtype: Any, chunks: tuple
     loc = as_location(path)
     chunks = tuple(max(1, int(c)) for c in chunks)
     shape = tuple(int(s) for s in shape)
-    check_space(loc, stored_bytes(shape, chunks, dtype), "store",
+    check_space(loc, array_file_bytes(shape, chunks, dtype), "store",
                 " x ".join(map(str, shape)) + f" {np.dtype(dtype).name}")
     if loc.pending:
         meta = _metadata_dict(shape, dtype, chunks, codec, checksum, attributes)
@@ -251,32 +252,79 @@ def _norm(sel: slice, n: int) -> slice:
 def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None = None) -> np.ndarray:
     """Read ``arr[rows, cols]``, into the preallocated ``out`` when given (no extra copy).
 
-    Uncompressed local zarr v3 arrays are read straight from their chunk files
-    (:mod:`blocklin.storage.rawchunks`); everything else goes through zarr. A chunk that fails to
-    decode or to pass its checksum raises :class:`~blocklin.errors.StoreReadError` naming it
-    (:mod:`blocklin.storage.readerrors`).
+    Uncompressed zarr v3 arrays are read straight from their chunk files
+    (:mod:`blocklin.storage.rawchunks`), only the rows of each chunk the block covers: local files
+    always, fsspec stores by range requests when the block covers part of a chunk. Everything else
+    goes through zarr, which reads every chunk it touches whole. The bytes fetched from storage
+    are counted in :mod:`blocklin._readstats`.
+    A chunk that fails to decode or to pass its checksum raises
+    :class:`~blocklin.errors.StoreReadError` naming it (:mod:`blocklin.storage.readerrors`).
     """
     with reading(arr, rows, cols):
         return _read_block(arr, rows, cols, out)
 
 
 def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None) -> np.ndarray:
-    raw = raw_access(arr)
+    raw = raw_access(arr, remote=True)
     if raw is not None:
         rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
-        if rows.step in (None, 1) and cols.step in (None, 1):
+        if rows.step in (None, 1) and cols.step in (None, 1) and (raw.fs is None or not raw.aligned(rows, cols)):
             shape = (rows.stop - rows.start, cols.stop - cols.start)
             if out is None:
                 out = np.empty(shape, dtype=arr.dtype)
             if out.flags.c_contiguous and out.shape == shape and out.dtype == arr.dtype:
                 return raw.read(rows, cols, out)
     if out is None:
-        return np.asarray(arr[rows, cols])
-    if out.flags.c_contiguous:
+        out = np.asarray(arr[rows, cols])
+    elif out.flags.c_contiguous:
         arr.get_basic_selection((rows, cols), out=NDBuffer.from_numpy_array(out))
     else:
         out[...] = arr[rows, cols]
+    readstats.count(fetched_bytes(arr, rows, cols))
     return out
+
+
+def read_kind(path: Any) -> str:
+    """How reads of the array at ``path`` fetch its chunks (see :func:`read_block`).
+
+    ``"direct"``: local uncompressed C-order chunk files, a row range of a chunk read alone, no zarr
+    temporaries; ``"ranges"``: the same layout on an fsspec store, row ranges by range requests;
+    ``"chunks"``: through zarr, every chunk touched read (and decoded) whole. ``"chunks"`` also
+    when the array cannot be opened yet.
+    """
+    try:
+        arr = open_cached(path)
+    except Exception:  # noqa: BLE001 - not readable yet: assume the general case
+        return "chunks"
+    raw = raw_access(arr, remote=True)
+    if raw is None:
+        return "chunks"
+    return "ranges" if raw.fs is not None else "direct"
+
+
+def fetched_bytes(arr: zarr.Array, rows: slice, cols: slice) -> int:
+    """Bytes zarr fetches to read ``arr[rows, cols]``: every chunk it touches, whole.
+
+    Encoded sizes of local chunk files (a ``stat`` each); on other stores the decoded chunk size
+    (exact for uncompressed chunks, an upper bound for compressed ones).
+    """
+    rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
+    if rows.stop <= rows.start or cols.stop <= cols.start:
+        return 0
+    ch_r, ch_c = arr.chunks
+    grid = [(ci, cj) for ci in range(rows.start // ch_r, (rows.stop - 1) // ch_r + 1)
+            for cj in range(cols.start // ch_c, (cols.stop - 1) // ch_c + 1)]
+    whole = ch_r * ch_c * np.dtype(arr.dtype).itemsize
+    root = str(arr.store.root) if type(arr.store).__name__ == "LocalStore" else None
+    if root is None:
+        return whole * len(grid)
+    total = 0
+    for key in grid:
+        try:
+            total += os.stat(os.path.join(root, arr.path or "", arr.metadata.encode_chunk_key(key))).st_size
+        except (OSError, AttributeError, ValueError):
+            continue  # a missing chunk (the fill value) reads nothing
+    return total
 
 
 def write_block(arr: zarr.Array, rows: slice, cols: slice, block: np.ndarray) -> None:

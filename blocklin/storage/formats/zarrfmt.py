@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+import blocklin._readstats as readstats
 from blocklin.config import get_config
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.completeness import check_complete, chunk_census
@@ -42,8 +43,8 @@ class ZarrReader(Reader):
         r0, r1, _ = rows.indices(self.shape[0])
         c0, c1, _ = cols.indices(self.shape[1])
         out = np.empty((r1 - r0, c1 - c0), self.dtype)
-        read_block(self._arr, slice(r0, r1), slice(c0, c1), out)  # StoreReadError names a damaged chunk
-        self.bytes_read += out.nbytes  # decoded bytes; the encoded size is in describe()
+        # StoreReadError names a damaged chunk; what was fetched from storage (encoded chunks, or row ranges)
+        self.bytes_read += readstats.measured(read_block, self._arr, slice(r0, r1), slice(c0, c1), out)
         return out
 
     def describe(self) -> dict[str, Any]:
