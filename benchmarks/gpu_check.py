@@ -27,7 +27,7 @@ Steps:
 
 Prints one JSON summary on the last line; exits 1 when a correctness check fails, 2 without a GPU.
 ``--device cpu`` runs the same code paths on the CPU (overlap figures need CUDA); ``--dry-run`` does
-that at small sizes in well under a minute (a check of the script itself). Each correctness entry
+that at small sizes in about a minute (a check of the script itself). Each correctness entry
 carries the operation's ``phases`` (where each phase ran); ``phases_elsewhere`` lists the operations
 with a phase off the requested device (for example LU's panel ``getrf``, which stays on the host).
 """

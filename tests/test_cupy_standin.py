@@ -828,3 +828,28 @@ def test_inverse_epilogue_on_the_device_matches_the_host(standin, rng, work_dtyp
     ref[np.arange(n - off), off + np.arange(n - off)] += 1  # + I where global row == global column
     np.testing.assert_allclose(got[("gpu", True)][0][off:], ref, atol=4 * n * eps * np.abs(ref).max())
     assert races() == []
+
+
+def test_gpu_row_passes_fit_the_device_budget_and_hold_it(standin, rng):
+    """A pass over stored data on the GPU keeps its strips and states there: planned within the device
+    budget as well as the host's, and each task holds its share of the per-GPU budget while it runs."""
+    from blocklin.device.cuda import DeviceBudget
+    from blocklin.linalg._solve_kernels import gram_kernel
+    from blocklin.runtime.job import Job
+    from blocklin.runtime.passes import reduce_sum, run_pass, source
+
+    a = rng.standard_normal((2000, 40))
+    b = rng.standard_normal((2000, 2))
+    budget = DeviceBudget.of(0)
+    peaks = {}
+    for dm in (None, "256KiB"):
+        budget.peak = 0
+        with Job("t", device="gpu", memory="4MiB", device_memory=dm) as job:
+            res = run_pass(job, gram_kernel, [source(job.operand(a, "a")), source(job.operand(b, "b"))],
+                           {"dtype": "float64"})
+        np.testing.assert_allclose(reduce_sum(res.states, "g"), a.T @ a, rtol=1e-12)
+        np.testing.assert_allclose(reduce_sum(res.states, "c"), a.T @ b, rtol=1e-12)
+        assert budget.held == 0 and 0 < budget.peak  # held while the tasks ran, released after
+        peaks[dm] = res.plan.peak_memory
+    assert peaks["256KiB"] <= 256 << 10 < peaks[None] <= 4 << 20
+    assert races() == []

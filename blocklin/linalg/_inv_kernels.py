@@ -355,7 +355,8 @@ def _leaf_on_gpu(spec: LeafSpec, a: np.ndarray, anorm: float) -> tuple[np.ndarra
 
     dev = get_device("gpu", device_memory=spec.device_memory)
     try:
-        x = dev.to_host(dev.inv(dev.to_device(a)))
+        with dev.reserve(3 * a.nbytes):  # the block, cuSOLVER's LU of it and the inverse
+            x = dev.to_host(dev.inv(dev.to_device(a)))
     except SingularMatrixError:
         return None, 0.0, 1
     xnorm = float(np.abs(x).sum(axis=1).max()) if x.size else 0.0  # ||A^-1||_inf

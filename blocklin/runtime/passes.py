@@ -214,14 +214,17 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
     """
     sources = tuple(sources)
     params = dict(params or {})
+    if kernel.device != "any":  # type: ignore[attr-defined]
+        device = kernel.device  # type: ignore[attr-defined]
+    device = device or job.device
     if plan is None:
+        if device == "gpu":  # the strips and states live on the GPU too: within both budgets
+            memory = planning.get("memory") or job.cfg.memory
+            planning["memory"] = min(memory, job.device_memory() or memory)
         plan = plan_kernel_pass(job, kernel, sources, params, **planning)
     for s in sources:
         if plan.rereads > 1 and not s.partial_rows and s.chunk_rows > plan.strip:
             job.note_reads(reread_advice(s, plan))
-    if kernel.device != "any":  # type: ignore[attr-defined]
-        device = kernel.device  # type: ignore[attr-defined]
-    device = device or job.device
     spec = RowPassSpec(inputs=tuple(s.path for s in sources), names=tuple(s.name for s in sources), kernel=kernel,
                        params=Params(**params, strip=plan.strip, ends=tuple(g[1] for g in plan.groups)), plan=plan,
                        device=device, device_memory=job.device_memory() if device == "gpu" else None,
@@ -282,6 +285,17 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
             views.append(v)
         return tuple(views)
 
+    # a task's share of the plan, held from the GPU's budget that this process's tasks share
+    with device.reserve(spec.plan.peak_memory // max(1, spec.plan.workers)):
+        state, written, told, stream = _stream_strips(spec, device, strips, load, shapes, arrays, outs)
+    return {"state": state, "bytes_read": nbytes[0], "bytes_written": written, "seconds": time.perf_counter() - t0,
+            "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds, "progress_units": told}
+
+
+def _stream_strips(spec: RowPassSpec, device: Any, strips: list, load: Any, shapes: list, arrays: list,
+                   outs: dict) -> tuple[Any, int, int, TileStream]:
+    """Run the kernel over the strips of one task; returns its state, the bytes written, the rows reported
+    to the progress bar and the stream."""
     state = spec.init(device, spec.params) if spec.init else None
     stream = TileStream(device, len(strips), load, shapes, [a.dtype for a in arrays], depth=spec.plan.prefetch)
     written = told = 0
@@ -295,8 +309,7 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
             else:
                 write_block(outs[name], slice(r0, r1), slice(0, block.shape[1]), block)
             written += block.nbytes
-    return {"state": state, "bytes_read": nbytes[0], "bytes_written": written, "seconds": time.perf_counter() - t0,
-            "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds, "progress_units": told}
+    return state, written, told, stream
 
 
 def reduce_sum(states: list, name: str) -> np.ndarray:
