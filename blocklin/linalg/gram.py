@@ -30,6 +30,8 @@ import numpy as np
 from dask.base import tokenize
 
 from blocklin.config import Settings
+from blocklin.errors import ParameterError
+from blocklin.errors import explain as explain_msg
 from blocklin.linalg._gram_kernels import gram_pass_kernel
 from blocklin.linalg._solve_kernels import symmetrize_lower
 from blocklin.matrix import Matrix
@@ -163,6 +165,9 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
     >>> bool(np.array_equal(g.to_numpy(), x.T @ x)), g.report["route"], g.report["passes"]
     (True, 'pass', 1)
     """
+    if not isinstance(trans, (bool, np.bool_)):
+        raise ParameterError(explain_msg("trans", "must be True (A A^T) or False (A^T A)", repr(trans),
+                                         "pass trans=True or trans=False"))
     with Job("gram", **settings) as job:
         op = Gram.of(job.operand(a, "a"), trans=trans, dtype=dtype)
         plan = op.plan(job)
