@@ -147,3 +147,17 @@ def test_gram_peak_within_budget(tmp_path, shape, trans, mib, route):
     used = r["peak"] - r["baseline"]
     assert r["route"] == route and r["plan_peak"] <= budget
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget {mib} MiB"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans,memory", [(False, "8MiB"), (True, "8MiB"), (False, "64KiB")])
+def test_gram_on_gpu_matches_cpu(tmp_path, x64, trans, memory):
+    # the pass route's SYRK runs through the device (accumulator on the GPU until the task ends); the
+    # tiled route's region SYRK too; the float64 reduction in row order gives the CPU's bits or close
+    cpu = bl.gram(x64, trans=trans, memory=memory, device="cpu").to_numpy()
+    gpu = bl.gram(x64, trans=trans, memory=memory, device="gpu", device_memory="64MiB")
+    assert gpu.report["device"] == "gpu"
+    got = gpu.to_numpy()
+    assert np.array_equal(got, got.T)
+    k = x64.shape[1] if trans else x64.shape[0]
+    assert np.abs(got - cpu).max() <= _tol(np.float64, k) * np.abs(cpu).max()
