@@ -161,3 +161,15 @@ def test_gram_on_gpu_matches_cpu(tmp_path, x64, trans, memory):
     assert np.array_equal(got, got.T)
     k = x64.shape[1] if trans else x64.shape[0]
     assert np.abs(got - cpu).max() <= _tol(np.float64, k) * np.abs(cpu).max()
+
+
+def test_gemm_cli_on_one_operand_runs_and_explains_the_gram_route(tmp_path, x64, capsys):
+    a = bl.from_array(x64, tmp_path / "a.zarr")
+    assert main(["gemm", a.path, a.path, "-o", str(tmp_path / "c.zarr"), "--trans-a", "--memory", "32MiB",
+                 "--explain"]) == 0
+    assert "gram A^T A" in capsys.readouterr().out
+    assert main(["gemm", a.path, a.path, "-o", str(tmp_path / "c.zarr"), "--trans-a", "--memory", "32MiB",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["flops"] == 90 * 90 * 700 and out["bytes_read"] == x64.nbytes
+    assert np.allclose(bl.open(tmp_path / "c.zarr").to_numpy(), x64.T @ x64, rtol=1e-12, atol=1e-9)

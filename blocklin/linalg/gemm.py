@@ -112,12 +112,16 @@ class Gemm:
 def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0,
            trans_a: bool = False, trans_b: bool = False, dtype: Any = None, overwrite: bool = False,
            resume: bool = False, explain: bool = False, out_chunks: tuple[int, int] | None = None,
-           **settings: Unpack[Settings]) -> Matrix | GemmPlan:
+           **settings: Unpack[Settings]) -> Any:
     """Out-of-core ``alpha * op(A) @ op(B) + beta * C``, written to a zarr store.
 
     Each output tile is one task that streams its k-loop through the device (NumPy/BLAS with a
     prefetch thread, or CuPy streams) and writes whole output chunks. The summation order over k is
     fixed by the plan, so results are identical across schedulers and worker counts.
+
+    ``X^T X`` and ``X X^T`` of one stored operand (the same store or array object, one side
+    transposed, no ``c``, planner-chosen ``out_chunks``) are handed to :func:`blocklin.gram`: SYRK in
+    one read of ``X``, half the flops; the report's ``route`` and ``route_reason`` say so.
 
     Parameters
     ----------
@@ -219,10 +223,18 @@ def matmul_plan(a: Any, b: Any, *, c: Any = None, alpha: float = 1.0, beta: floa
                 trans_b: bool = False, dtype: Any = None, out_chunks: tuple[int, int] | None = None,
                 **settings: Unpack[Settings]) -> GemmPlan:
     """The :class:`~blocklin.plan.GemmPlan` that :func:`matmul` would run with these arguments, without
-    running it (what ``blocklin gemm --explain`` prints); same parameters as :func:`matmul`."""
+    running it (what ``blocklin gemm --explain`` prints); same parameters as :func:`matmul`. For
+    ``X^T X`` or ``X X^T`` of one stored operand, which :func:`matmul` hands to :func:`blocklin.gram`,
+    the :class:`~blocklin.plan.gram.GramPlan` (the same ``flops``, ``bytes_read``, ``peak_memory``,
+    ``explain()``)."""
     with Job("matmul", **settings) as job:
-        op = Gemm.of(job.operand(a, "a"), job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
+        A = job.operand(a, "a")
+        op = Gemm.of(A, A if b is a else job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
+        if out_chunks is None and _is_gram(op):  # what matmul would run: the Gram plan
+            from blocklin.linalg.gram import Gram
+
+            return Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha).plan(job)
         return op.plan(job, out_chunks)
 
 
