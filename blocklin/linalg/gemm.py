@@ -170,9 +170,11 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
            [14., 50.]])
     >>> c.shape, c.report["flops"]
     ((2, 2), 24)
-    >>> plan = bl.matmul("C.zarr", "C.zarr", trans_b=True, memory="64MiB", explain=True)
+    >>> plan = bl.matmul("C.zarr", a, memory="64MiB", explain=True)
     >>> plan.grid, plan.k_steps
     ((1, 1), 1)
+    >>> bl.matmul("C.zarr", "C.zarr", trans_b=True, memory="64MiB", explain=True).route  # C C^T: gram
+    'pass'
     """
     if explain:  # the plan alone: matmul_plan
         return matmul_plan(a, b, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
@@ -213,7 +215,8 @@ def _as_gram(job: Job, op: Gemm, out: Any, *, overwrite: bool, resume: bool) -> 
     from blocklin.linalg.gram import Gram, write_gram
 
     g = Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha)
-    result = write_gram(job, g, g.plan(job), out, overwrite=overwrite, resume=resume, operation="matmul")
+    result = write_gram(job, g, g.plan(job), out, overwrite=overwrite, resume=resume, operation="matmul",
+                        inputs=[o.path for o in op.operands if not o.staged], params={**op.params(), "route": "gram"})
     result.report["route_reason"] = (f"{'X X^T' if g.trans else 'X^T X'} of one stored operand: computed as "
                                      "its Gram matrix by SYRK (half the flops, one read)")
     return result

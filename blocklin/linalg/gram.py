@@ -177,10 +177,12 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
 
 
 def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool, resume: bool,
-           operation: str = "gram") -> Matrix:
-    """Run ``op`` into the atomic output ``out`` and commit it with its report."""
-    ao = job.output(out, inputs=[op.A.path] if not op.A.staged else [], overwrite=overwrite, resume=resume,
-                    token=op.token(plan))
+               operation: str = "gram", inputs: list | None = None, params: dict | None = None) -> Matrix:
+    """Run ``op`` into the atomic output ``out`` and commit it with its report (``inputs`` and
+    ``params`` as the calling operation records them: matmul's own for ``X^T X``)."""
+    if inputs is None:
+        inputs = [op.A.path] if not op.A.staged else []
+    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=op.token(plan))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     op.run(job, plan, ao.array_path(), done_dir=ao.done)
     nbytes = int(np.prod(op.A.shape)) * op.A.dtype.itemsize
@@ -189,7 +191,7 @@ def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool,
     report["passes"] = job.passes("a") if plan.route == "pass" else round(report["bytes_read"] / max(1, nbytes), 2)
     report["flops"] = plan.flops
     report["gflops"] = plan.flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0
-    params = {"trans": op.trans, "alpha": op.alpha, "dtype": op.dtype.name}
+    params = {"trans": op.trans, "alpha": op.alpha, "dtype": op.dtype.name} if params is None else params
     path = ao.commit(operation, plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
     return Matrix(path, report=report, temporary=out is None)
 
