@@ -173,3 +173,9 @@ def test_gemm_cli_on_one_operand_runs_and_explains_the_gram_route(tmp_path, x64,
     out = json.loads(capsys.readouterr().out)
     assert out["flops"] == 90 * 90 * 700 and out["bytes_read"] == x64.nbytes
     assert np.allclose(bl.open(tmp_path / "c.zarr").to_numpy(), x64.T @ x64, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("memory", ["32MiB", "64KiB"])
+def test_gram_identical_bits_on_every_scheduler(x64, memory):
+    runs = [bl.gram(x64, memory=memory, scheduler=s, workers=2).to_numpy() for s in ("sync", "threads", "processes")]
+    assert all(np.array_equal(runs[0], r) for r in runs[1:])
