@@ -135,6 +135,10 @@ def random(path: Any, shape: tuple[int, int], *, dtype: Any = "float64", seed: i
     from blocklin.progress import make_progress
 
     cfg = resolve(memory=memory)
+    if not (isinstance(shape, (tuple, list)) and len(shape) == 2):
+        raise ShapeError(explain("shape", "must be (rows, cols)", repr(shape),
+                                 f"pass shape=({shape!r}, 1) for a column" if isinstance(shape, int) else
+                                 "pass shape=(1000, 200)"))
     shape = (int(shape[0]), int(shape[1]))
     dt = np.dtype(dtype)
     if isinstance(chunks, str):

@@ -110,15 +110,17 @@ def test_identical_across_schedulers_and_workers(tmp_path, rng):
 def test_provenance_and_report(tmp_path, rng):
     a = rng.standard_normal((20, 10))
     a_path = bl.from_array(a, tmp_path / "a.zarr").path
-    c = bl.matmul(a_path, a_path, tmp_path / "c.zarr", trans_b=True)
+    c = bl.matmul(a_path, a_path, tmp_path / "c.zarr", trans_b=True)  # A A^T of one store: the Gram route
     prov = c.provenance
     assert prov["operation"] == "matmul"
     assert prov["inputs"] == [a_path, a_path]
     assert prov["version"] == bl.__version__
-    assert prov["plan"]["tm"] >= 1 and prov["params"]["trans_b"] is True
+    assert prov["plan"]["route"] == "pass" and prov["params"]["trans_b"] is True and prov["params"]["route"] == "gram"
     for key in ("seconds", "flops", "bytes_read", "bytes_written", "peak_memory"):
         assert key in c.report
-    assert c.report["flops"] == 2 * 20 * 20 * 10
+    assert c.report["flops"] == 20 * 20 * 10  # SYRK
+    d = bl.matmul(a_path, a, tmp_path / "d.zarr", trans_b=True)  # two operands: the GEMM
+    assert d.provenance["plan"]["tm"] >= 1 and d.report["flops"] == 2 * 20 * 20 * 10
 
 
 def test_dtype_rules(tmp_path, rng):
@@ -139,8 +141,12 @@ def test_shape_errors_never_broadcast(rng):
     with pytest.raises(ShapeError, match=r"rows of op\(B\) must equal columns of op\(A\).*got op\(A\) 4 x 5 "
                                           r"and op\(B\) 6 x 3.*Fix"):
         bl.matmul(np.ones((4, 5)), np.ones((6, 3)))
-    with pytest.raises(ShapeError, match="must be 2-D.*shape \\(5,\\)"):
-        bl.matmul(np.ones((4, 5)), np.ones(5))
+    # a 1-D operand is a column (n x 1), and its length must match like any other
+    assert bl.matmul(np.ones((4, 5)), np.ones(5)).shape == (4, 1)
+    with pytest.raises(ShapeError, match=r"got op\(A\) 4 x 5 and op\(B\) 4 x 1"):
+        bl.matmul(np.ones((4, 5)), np.ones(4))
+    with pytest.raises(ShapeError, match="must be 2-D.*shape \\(5, 1, 1\\)"):
+        bl.matmul(np.ones((4, 5)), np.ones((5, 1, 1)))
     with pytest.raises(ShapeError, match="c: must have the shape of the result.*1 x 3, result 4 x 3"):
         bl.matmul(np.ones((4, 5)), np.ones((5, 3)), c=np.ones((1, 3)), beta=1.0)
 

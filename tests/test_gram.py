@@ -147,3 +147,35 @@ def test_gram_peak_within_budget(tmp_path, shape, trans, mib, route):
     used = r["peak"] - r["baseline"]
     assert r["route"] == route and r["plan_peak"] <= budget
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget {mib} MiB"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans,memory", [(False, "8MiB"), (True, "8MiB"), (False, "64KiB")])
+def test_gram_on_gpu_matches_cpu(tmp_path, x64, trans, memory):
+    # the pass route's SYRK runs through the device (accumulator on the GPU until the task ends); the
+    # tiled route's region SYRK too; the float64 reduction in row order gives the CPU's bits or close
+    cpu = bl.gram(x64, trans=trans, memory=memory, device="cpu").to_numpy()
+    gpu = bl.gram(x64, trans=trans, memory=memory, device="gpu", device_memory="64MiB")
+    assert gpu.report["device"] == "gpu"
+    got = gpu.to_numpy()
+    assert np.array_equal(got, got.T)
+    k = x64.shape[1] if trans else x64.shape[0]
+    assert np.abs(got - cpu).max() <= _tol(np.float64, k) * np.abs(cpu).max()
+
+
+def test_gemm_cli_on_one_operand_runs_and_explains_the_gram_route(tmp_path, x64, capsys):
+    a = bl.from_array(x64, tmp_path / "a.zarr")
+    assert main(["gemm", a.path, a.path, "-o", str(tmp_path / "c.zarr"), "--trans-a", "--memory", "32MiB",
+                 "--explain"]) == 0
+    assert "gram A^T A" in capsys.readouterr().out
+    assert main(["gemm", a.path, a.path, "-o", str(tmp_path / "c.zarr"), "--trans-a", "--memory", "32MiB",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["flops"] == 90 * 90 * 700 and out["bytes_read"] == x64.nbytes
+    assert np.allclose(bl.open(tmp_path / "c.zarr").to_numpy(), x64.T @ x64, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("memory", ["32MiB", "64KiB"])
+def test_gram_identical_bits_on_every_scheduler(x64, memory):
+    runs = [bl.gram(x64, memory=memory, scheduler=s, workers=2).to_numpy() for s in ("sync", "threads", "processes")]
+    assert all(np.array_equal(runs[0], r) for r in runs[1:])

@@ -47,3 +47,18 @@ def test_1d_operands_everywhere(tmp_path):
     assert np.array_equal(stored, xt_y)
     g = bl.gram(y, memory="16MiB").to_numpy()
     assert g.shape == (1, 1) and np.isclose(g[0, 0], y @ y, rtol=1e-13)
+
+
+def test_papercuts_get_clear_errors_or_work(tmp_path):
+    v = np.arange(5.0)
+    m = bl.from_array(v, tmp_path / "v.zarr")  # a 1-D array is stored as a column
+    assert m.shape == (5, 1) and np.array_equal(m.to_numpy()[:, 0], v)
+    a = bl.from_array(np.arange(12.0).reshape(4, 3), tmp_path / "a.zarr")
+    rep = bl.convert(a, tmp_path / "b.zarr", chunks=(2, 3))  # a Matrix is converted (rechunked) from its store
+    assert rep["chunks"] == [2, 3] and np.array_equal(bl.open(tmp_path / "b.zarr").to_numpy(), a.to_numpy())
+    with pytest.raises(bl.errors.ParameterError, match="from_array"):
+        bl.convert([[1.0, 2.0]], tmp_path / "c.zarr")  # not a raw TypeError
+    with pytest.raises(bl.errors.ParameterError, match="trans"):
+        bl.gram(np.eye(3), trans="yes")
+    with pytest.raises(bl.errors.ShapeError, match=r"\(5, 1\)"):
+        bl.random(tmp_path / "r.zarr", 5)

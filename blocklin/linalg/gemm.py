@@ -155,12 +155,16 @@ def _direct_output(job: Job, out: Any) -> bool:
 def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0,
            trans_a: bool = False, trans_b: bool = False, dtype: Any = None, overwrite: bool = False,
            resume: bool = False, explain: bool = False, out_chunks: tuple[int, int] | None = None,
-           **settings: Unpack[Settings]) -> Matrix | GemmPlan:
+           **settings: Unpack[Settings]) -> Any:
     """Out-of-core ``alpha * op(A) @ op(B) + beta * C``, written to a zarr store.
 
     Each output tile is one task that streams its k-loop through the device (NumPy/BLAS with a
     prefetch thread, or CuPy streams) and writes whole output chunks. The summation order over k is
     fixed by the plan, so results are identical across schedulers and worker counts.
+
+    ``X^T X`` and ``X X^T`` of one stored operand (the same store or array object, one side
+    transposed, no ``c``, planner-chosen ``out_chunks``) are handed to :func:`blocklin.gram`: SYRK in
+    one read of ``X``, half the flops; the report's ``route`` and ``route_reason`` say so.
 
     Parameters
     ----------
@@ -209,9 +213,11 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
            [14., 50.]])
     >>> c.shape, c.report["flops"]
     ((2, 2), 24)
-    >>> plan = bl.matmul("C.zarr", "C.zarr", trans_b=True, memory="64MiB", explain=True)
+    >>> plan = bl.matmul("C.zarr", a, memory="64MiB", explain=True)
     >>> plan.grid, plan.k_steps
     ((1, 1), 1)
+    >>> bl.matmul("C.zarr", "C.zarr", trans_b=True, memory="64MiB", explain=True).route  # C C^T: gram
+    'pass'
     """
     if explain:  # the plan alone: matmul_plan
         return matmul_plan(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
@@ -253,7 +259,8 @@ def _as_gram(job: Job, op: Gemm, out: Any, *, overwrite: bool, resume: bool) -> 
     from blocklin.linalg.gram import Gram, write_gram
 
     g = Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha)
-    result = write_gram(job, g, g.plan(job), out, overwrite=overwrite, resume=resume, operation="matmul")
+    result = write_gram(job, g, g.plan(job), out, overwrite=overwrite, resume=resume, operation="matmul",
+                        inputs=[o.path for o in op.operands if not o.staged], params={**op.params(), "route": "gram"})
     result.report["route_reason"] = (f"{'X X^T' if g.trans else 'X^T X'} of one stored operand: computed as "
                                      "its Gram matrix by SYRK (half the flops, one read)")
     return result
@@ -263,10 +270,18 @@ def matmul_plan(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float 
                 trans_b: bool = False, dtype: Any = None, out_chunks: tuple[int, int] | None = None,
                 **settings: Unpack[Settings]) -> GemmPlan:
     """The :class:`~blocklin.plan.GemmPlan` that :func:`matmul` would run with these arguments, without
-    running it (what ``blocklin gemm --explain`` prints); same parameters as :func:`matmul`."""
+    running it (what ``blocklin gemm --explain`` prints); same parameters as :func:`matmul`. For
+    ``X^T X`` or ``X X^T`` of one stored operand, which :func:`matmul` hands to :func:`blocklin.gram`,
+    the :class:`~blocklin.plan.gram.GramPlan` (the same ``flops``, ``bytes_read``, ``peak_memory``,
+    ``explain()``)."""
     with Job("matmul", **settings) as job:
-        op = Gemm.of(job.operand(a, "a"), job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
+        A = job.operand(a, "a")
+        op = Gemm.of(A, A if b is a else job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
+        if out_chunks is None and _is_gram(op):  # what matmul would run: the Gram plan
+            from blocklin.linalg.gram import Gram
+
+            return Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha).plan(job)
         return op.plan(job, out_chunks, out)
 
 

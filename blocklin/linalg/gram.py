@@ -30,6 +30,8 @@ import numpy as np
 from dask.base import tokenize
 
 from blocklin.config import Settings
+from blocklin.errors import ParameterError
+from blocklin.errors import explain as explain_msg
 from blocklin.linalg._gram_kernels import gram_pass_kernel
 from blocklin.linalg._solve_kernels import symmetrize_lower
 from blocklin.matrix import Matrix
@@ -163,6 +165,9 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
     >>> bool(np.array_equal(g.to_numpy(), x.T @ x)), g.report["route"], g.report["passes"]
     (True, 'pass', 1)
     """
+    if not isinstance(trans, (bool, np.bool_)):
+        raise ParameterError(explain_msg("trans", "must be True (A A^T) or False (A^T A)", repr(trans),
+                                         "pass trans=True or trans=False"))
     with Job("gram", **settings) as job:
         op = Gram.of(job.operand(a, "a"), trans=trans, dtype=dtype)
         plan = op.plan(job)
@@ -172,10 +177,12 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
 
 
 def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool, resume: bool,
-           operation: str = "gram") -> Matrix:
-    """Run ``op`` into the atomic output ``out`` and commit it with its report."""
-    ao = job.output(out, inputs=[op.A.path] if not op.A.staged else [], overwrite=overwrite, resume=resume,
-                    token=op.token(plan))
+               operation: str = "gram", inputs: list | None = None, params: dict | None = None) -> Matrix:
+    """Run ``op`` into the atomic output ``out`` and commit it with its report (``inputs`` and
+    ``params`` as the calling operation records them: matmul's own for ``X^T X``)."""
+    if inputs is None:
+        inputs = [op.A.path] if not op.A.staged else []
+    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=op.token(plan))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     op.run(job, plan, ao.array_path(), done_dir=ao.done)
     nbytes = int(np.prod(op.A.shape)) * op.A.dtype.itemsize
@@ -184,7 +191,7 @@ def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool,
     report["passes"] = job.passes("a") if plan.route == "pass" else round(report["bytes_read"] / max(1, nbytes), 2)
     report["flops"] = plan.flops
     report["gflops"] = plan.flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0
-    params = {"trans": op.trans, "alpha": op.alpha, "dtype": op.dtype.name}
+    params = {"trans": op.trans, "alpha": op.alpha, "dtype": op.dtype.name} if params is None else params
     path = ao.commit(operation, plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
     return Matrix(path, report=report, temporary=out is None)
 

@@ -93,7 +93,10 @@ def plan_gram(shape: tuple[int, int], dtype: Any, *, chunks: tuple[int, int], me
         return _plan_pass(common, s, k, dt, src, chunks, memory, trans, workers, cores, gpu, nbytes)
     except BudgetError:
         pass
-    fp = plan_factor("syrk", s, dt, memory=memory, workers=workers)
+    try:
+        fp = plan_factor("syrk", s, dt, memory=memory, workers=workers)
+    except BudgetError:  # fewer concurrent tiles before refusing (the error then names one task's minimum)
+        fp = plan_factor("syrk", s, dt, memory=memory, workers=1)
     return GramPlan(**common, route="tiles", out_chunks=(fp.tile, fp.tile), reads=fp.tiles + 1.0,
                     bytes_read=int(nbytes * (fp.tiles + 1)),
                     peak_memory=fp.workers * TILE_BUFFERS * fp.tile**2 * dt.itemsize, tile=fp.tile, workers=fp.workers)

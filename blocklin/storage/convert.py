@@ -223,6 +223,8 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
            [ 4.,  5.,  6.,  7.],
            [ 8.,  9., 10., 11.]])
     """
+    if hasattr(src, "location") and hasattr(src, "zarr"):  # a blocklin.Matrix: convert (rechunk) its store
+        src = src.location if not src.location.is_local else src.path
     _check_source_and_policy(src, nan)
     t0 = time.perf_counter()
     rss0 = _current_rss()
@@ -308,10 +310,10 @@ def _opposite_sequential(reader: Any, out_fmt: str) -> bool:
 
 def _check_source_and_policy(src: Any, nan: str) -> None:
     """In-memory arrays are written with ``from_array``, not converted; ``nan`` is a known policy."""
-    if isinstance(src, np.ndarray) or hasattr(src, "dask"):
+    if isinstance(src, (np.ndarray, list, tuple)) or hasattr(src, "dask"):
         raise ParameterError(explain("src", "must be a file, a zarr store or a URL (convert reads files in bounded "
                                      "memory)", f"an in-memory {type(src).__module__}.{type(src).__name__} of shape "
-                                     f"{getattr(src, 'shape', '?')}", "write it with blocklin.from_array(x, out, "
+                                     f"{np.shape(src)}", "write it with blocklin.from_array(x, out, "
                                      "chunks='auto'), which takes NumPy and Dask arrays"))
     if nan not in NAN_POLICIES:
         raise ConfigError(explain("nan", f"must be one of {NAN_POLICIES}", repr(nan), "pass nan='allow'"))
