@@ -73,6 +73,21 @@ def test_auto_goes_tiled_when_r_exceeds_the_budget():
     _check_r(a, r[...], np.float64)
 
 
+def test_auto_falls_back_to_tiled_when_the_pass_is_refused(monkeypatch):
+    import blocklin.linalg.qr_factor as qf
+
+    def refused(*args, **kwargs):
+        raise BudgetError("memory: the pass does not fit")
+
+    monkeypatch.setattr(qf, "_tsqr", refused)
+    a = np.random.default_rng(9).standard_normal((60, 20))
+    r = bl.qr(a, scheduler="sync")
+    assert r.report["method"] == "tiled" and "does not fit" in r.report["method_reason"]
+    _check_r(a, r[...], np.float64)
+    with pytest.raises(BudgetError):
+        bl.qr(a, method="tsqr")
+
+
 def test_rank_deficient_warns_and_still_factors():
     a = np.random.default_rng(5).standard_normal((40, 6))
     a[:, 3] = 0.0

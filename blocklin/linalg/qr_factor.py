@@ -16,10 +16,10 @@ import numpy as np
 from dask.base import tokenize
 
 from blocklin.config import Settings, format_size
-from blocklin.errors import ParameterError, ShapeError, warn
+from blocklin.errors import BudgetError, ParameterError, ShapeError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg.qr import tsqr_pass
-from blocklin.linalg.tsqr import positive_diagonal
+from blocklin.linalg.tsqr import MIN_STRIP_ROWS, positive_diagonal
 from blocklin.matrix import Matrix
 from blocklin.plan.factor import FactorPlan, plan_qr
 from blocklin.plan.solve import small_bytes
@@ -52,8 +52,8 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
     mode : {"r", "reduced"}
         ``"r"``: ``R`` only (as ``numpy.linalg.qr(a, mode="r")``); ``"reduced"``: ``Q`` and ``R``.
     method : {"auto", "tiled", "tsqr"}
-        ``"tsqr"``: one streaming pass (``R`` held in core: ``5 n^2`` float64 within ``memory``; no
-        ``Q``). ``"tiled"``: blocked Householder over column panels (``6 m t`` elements per panel of
+        ``"tsqr"``: one streaming pass (``R`` held in core: about ``5 n^2`` float64 and ``3 n^2``
+        elements within ``memory``, :func:`tsqr_bytes`; no ``Q``). ``"tiled"``: blocked Householder over column panels (``6 m t`` elements per panel of
         width ``t >= 32`` within ``memory``; ``R`` and ``Q`` stored tile by tile). ``"auto"``:
         ``"tsqr"`` for ``R`` alone when it fits in core, else ``"tiled"``; the report says which and why.
     overwrite, resume : bool
@@ -103,29 +103,43 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
             raise ShapeError(_msg("a", "must be tall or square (rows >= columns) for blocklin.qr",
                                      f"{m} x {n}", "factor the transpose (A^T = Q R gives A = R^T Q^T)"))
         dt = float_operand(A)
-        route, reason = _route(job, m, n, mode, method)
+        route, reason = _route(job, m, n, dt.itemsize, mode, method)
         if route == "tsqr":
             if explain:
                 return FactorPlan(operation="tsqr", m=m, n=n, dtype=dt.name, tile=0, tiles=1, workers=1,
-                                  peak_memory=small_bytes(n, 0), memory=job.cfg.memory, flops=2 * m * n * n,
+                                  peak_memory=tsqr_bytes(n, dt.itemsize), memory=job.cfg.memory, flops=2 * m * n * n,
                                   bytes_read=m * n * dt.itemsize)
-            return _tsqr(job, A, out, overwrite=overwrite, reason=reason)
+            try:
+                return _tsqr(job, A, out, overwrite=overwrite, reason=reason)
+            except BudgetError:
+                if method != "auto":
+                    raise
+                reason = ("the streaming TSQR pass does not fit the budget with its strips: blocked Householder "
+                          "over column panels, R stored")
         plan = plan_qr(m, n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
         if explain:
             return plan
         return _tiled(job, A, plan, out, q, mode=mode, overwrite=overwrite, resume=resume, reason=reason)
 
 
-def _route(job: Job, m: int, n: int, mode: str, method: str) -> tuple[str, str]:
+def tsqr_bytes(n: int, itemsize: int) -> int:
+    """Memory of the streaming TSQR route: the in-core reduction of ``R`` (``small_bytes``), the
+    running ``n x n`` factor with LAPACK's copy and output (:mod:`blocklin.linalg.tsqr`), and strips of
+    at least 64 rows (with slack for the strips' chunk temporaries)."""
+    return small_bytes(n, 0) + 3 * n * n * itemsize + 4 * MIN_STRIP_ROWS * n * itemsize
+
+
+def _route(job: Job, m: int, n: int, itemsize: int, mode: str, method: str) -> tuple[str, str]:
     """``("tsqr" | "tiled", why)``."""
-    in_core = small_bytes(n, 0) <= job.cfg.memory
+    need = tsqr_bytes(n, itemsize)
+    in_core = need <= job.cfg.memory
     if method == "tsqr":
         if mode == "reduced":
             raise ParameterError(_msg("method", "'tsqr' returns R only (Q is never formed)",
                                          "method='tsqr' with mode='reduced'", "pass method='tiled' or 'auto'"))
         if not in_core:
             raise ParameterError(_msg("method", "'tsqr' holds the n x n R factor in core",
-                                         f"R needs {format_size(small_bytes(n, 0))}, over the budget of "
+                                         f"R needs {format_size(need)}, over the budget of "
                                          f"{format_size(job.cfg.memory)}", "pass method='tiled' or raise memory="))
         return "tsqr", "requested: one streaming pass (TSQR)"
     if method == "tiled":
@@ -134,7 +148,7 @@ def _route(job: Job, m: int, n: int, mode: str, method: str) -> tuple[str, str]:
         return "tiled", "Q requested: blocked Householder over column panels (Q stored tile by tile)"
     if in_core:
         return "tsqr", (f"R ({n} x {n}) fits in core: one streaming pass over A (TSQR), the fewest reads")
-    return "tiled", (f"R ({n} x {n}, {format_size(small_bytes(n, 0))} to hold and reduce) exceeds the budget of "
+    return "tiled", (f"R ({n} x {n}, {format_size(need)} to hold and reduce) exceeds the budget of "
                      f"{format_size(job.cfg.memory)}: blocked Householder over column panels, R stored")
 
 
@@ -202,4 +216,4 @@ def _report(job: Job, diag: np.ndarray, *, method: str, reason: str, flops: int,
     return report
 
 
-__all__ = ["qr"]
+__all__ = ["qr", "tsqr_bytes"]
