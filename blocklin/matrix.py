@@ -17,6 +17,22 @@ from blocklin.storage.zarr_store import describe_codecs, open_zarr
 _READ_ATTEMPTS = 8
 
 
+def _check_fits_memory(shape: tuple[int, ...], dtype: np.dtype, path: str) -> None:
+    from blocklin._memory import machine_memory
+
+    need = int(np.prod([int(s) for s in shape], dtype=object)) * np.dtype(dtype).itemsize
+    limit = machine_memory()
+    if limit is not None and need > limit[0]:
+        from blocklin.config import format_size
+        from blocklin.errors import BudgetError, explain
+
+        raise BudgetError(explain("matrix", "to_numpy() loads the whole matrix, which must fit this machine's "
+                                  f"memory ({format_size(limit[0])})", f"{' x '.join(map(str, shape))} "
+                                  f"{np.dtype(dtype).name} ({format_size(need)}) in {path}",
+                                  "read slices (m[r0:r1, c0:c1]) or use blocklin's out-of-core operations; "
+                                  "check that the shape in the store's metadata is the intended one"), minimum=need)
+
+
 class Matrix:
     """A 2-D matrix stored as a zarr array (local folder or object store); nothing is loaded until asked.
 
@@ -109,7 +125,9 @@ class Matrix:
                                      "read it again once the runs writing it have finished"))
 
     def to_numpy(self) -> np.ndarray:
-        """Load the whole matrix into memory (one version of it, see :meth:`__getitem__`)."""
+        """Load the whole matrix into memory (one version of it, see :meth:`__getitem__`; refused when it
+        exceeds this machine's memory)."""
+        _check_fits_memory(self.shape, self.dtype, self.path)
         with reading(self._array, slice(None), slice(None), "matrix"):
             return self._read(...)
 
