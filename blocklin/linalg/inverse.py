@@ -206,15 +206,15 @@ class _Run:
 def _invert_and_refine(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, *, seed: int, tol: float, steps: Steps,
                        precision: str | None) -> Refinement:
     """Invert into ``x_path``, probe, refine and accept (only a verified inverse is left there)."""
-    norm_m, norm_x, xp, leaves, attempts = _invert_stored(run, M, x_path, out_dtype, seed)
-    res = run.stages.run("probe", lambda: _refine.probe_estimate(run.job, M, xp, seed))
-    x = Iterate(x_path, res, _refine.backward_error(res, norm_m, norm_x), "probed", norm_x)
+    norm_m, norm_x, leaves, attempts = _invert_stored(run, M, x_path, out_dtype, seed)
 
     def invert(operand: Any, out: Any, s: int) -> None:  # the preconditioned restart's (M X)^-1
-        leaves.extend(_invert_stored(run, operand, out, out_dtype, s, shift=True)[3])
+        leaves.extend(_invert_stored(run, operand, out, out_dtype, s, shift=True)[2])
 
     ref = Refinement(run.ops, run.stages, M, n=run.plan.n, chunk=run.plan.chunk, dtype=out_dtype, seed=seed, tol=tol,
-                     steps=steps, norm_m=norm_m, x=x, invert=invert)
+                     steps=steps, norm_m=norm_m, x=Iterate(x_path, np.nan, np.nan, "none", norm_x), invert=invert)
+    ref.x = ref.probed(x_path, seed, norm_x)
+    ref.history[0] = {**ref.history[0], "residual": ref.x.res, "backward_error": ref.x.eta, "method": "probed"}
     ref.run()
     ref.accept(precision)
     if ref.x.path != x_path:
@@ -287,10 +287,10 @@ def _report(job: Job, ref: Refinement | None, plan: InversePlan, stages: Stages,
 
 
 def _invert_stored(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, seed: int,
-                   shift: bool = False) -> tuple[float, float, np.ndarray, list[dict], int]:
+                   shift: bool = False) -> tuple[float, float, list[dict], int]:
     """Stage (``M`` or ``I - M`` when ``shift``) with a random butterfly, invert by recursion, undo the butterfly.
 
-    Returns ``||staged||_F``, ``||X||_F``, ``X P`` (probe products), the leaf results and the attempts.
+    Returns ``||staged||_F``, ``||X||_F``, the leaf results and the attempts.
     """
     plan, n = run.plan, run.plan.n
     wdt = np.dtype(plan.work_dtype)
@@ -319,9 +319,9 @@ def _invert_stored(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, seed: in
                  f"(rcond {bad.leaf['rcond']:.1e}); retrying with a two-sided random butterfly and balanced splits")
     Stages.drop(w_path)
     norm_m = run.norm_m
-    norm_x, xp = _unstage(run, y_path, x_path, bf, bf_u, out_dtype, seed)
+    norm_x = _unstage(run, y_path, x_path, bf, bf_u, out_dtype, seed)
     Stages.drop(y_path)
-    return norm_m, norm_x, xp, leaves, attempts
+    return norm_m, norm_x, leaves, attempts
 
 
 def _singular(leaf: dict, last: bool) -> SingularMatrixError:
@@ -344,35 +344,33 @@ def _stage(run: _Run, M: Any, bf: Butterfly, bf_u: Butterfly | None, wdt: np.dty
         return w_path
     t_path = run.store("t", n, n, wdt)
     run.norm_m = run.stages.run("stage", lambda: _mix(job, M, t_path, bf, wdt, run.plan, shift=shift))
-    run.stages.run("stage-left", lambda: _unmix(run.ops, t_path, w_path, bf_u, wdt, run.plan, seed, transpose=True))
+    run.stages.run("stage-left", lambda: _unmix(run.ops, t_path, w_path, bf_u, wdt, run.plan, transpose=True))
     Stages.drop(t_path)
     return w_path
 
 
 def _unstage(run: _Run, y_path: Any, x_path: Any, bf: Butterfly, bf_u: Butterfly | None, out_dtype: np.dtype,
-             seed: int) -> tuple[float, np.ndarray]:
-    """``X = V Y`` (``V Y U^T`` with ``bf_u``) into ``x_path``; returns ``||X||_F`` and ``X P``."""
+             seed: int) -> float:
+    """``X = V Y`` (``V Y U^T`` with ``bf_u``) into ``x_path``; returns ``||X||_F``."""
     plan, ops = run.plan, run.ops
     if bf_u is None:
-        return run.stages.run("unstage", lambda: _unmix(ops, y_path, x_path, bf, out_dtype, plan, seed))
-    n = plan.n  # a column pass, then a row pass (which also forms X P)
+        return run.stages.run("unstage", lambda: _unmix(ops, y_path, x_path, bf, out_dtype, plan))
+    n = plan.n  # a column pass, then a row pass
     z_path = run.store("z", n, n, out_dtype)
-    norm_x, _ = run.stages.run("unstage", lambda: _unmix(ops, y_path, z_path, bf, out_dtype, plan, seed))
+    norm_x = run.stages.run("unstage", lambda: _unmix(ops, y_path, z_path, bf, out_dtype, plan))
     zop = Operand(name="z", path=z_path, shape=(n, n), dtype=out_dtype, chunks=(plan.chunk,) * 2)
-    _, xp = run.stages.run("unstage-left", lambda: _mix(run.job, zop, x_path, bf_u, out_dtype, plan, transpose=True,
-                                                        probe_seed=seed, with_probe=True))
+    run.stages.run("unstage-left", lambda: _mix(run.job, zop, x_path, bf_u, out_dtype, plan, transpose=True))
     Stages.drop(z_path)
-    return norm_x, xp
+    return norm_x
 
 
 def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: InversePlan, shift: bool = False,
-         transpose: bool = False, probe_seed: int | None = None, with_probe: bool = False) -> Any:
+         transpose: bool = False) -> float:
     """Row pass ``W = M V`` (cast to the work dtype, NaN/Inf checked); returns ``||M||_F``."""
     n = plan.n
     # strips are planned on W's chunk rows: each strip of W = M V must own whole chunks of W
     src = [dataclasses.replace(source(M, name="a"), chunk_rows=plan.chunk)]
-    params = {"butterfly": bf, "dtype": wdt.name, "shift": shift, "transpose": transpose, "probe_seed": probe_seed,
-              "probe_k": _refine.PROBES}
+    params = {"butterfly": bf, "dtype": wdt.name, "shift": shift, "transpose": transpose}
     prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=4 * plan.chunk)
     if prp.strip % plan.chunk and prp.strip < n:
         # a strip must own whole chunk rows of W: one chunk per strip, one task at a time (the plan
@@ -380,10 +378,7 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
         prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=plan.chunk, workers=1, min_tasks=1)
     states, _ = run_pass(job, mix_kernel, src, params, plan=prp, outputs=(("w", w_path),),
                          description="stage and randomize")
-    norm = math.sqrt(sum(s["sumsq"] for s in states))
-    if with_probe:
-        return norm, sum(s["xp"] for s in states if "xp" in s)
-    return norm
+    return math.sqrt(sum(s["sumsq"] for s in states))
 
 
 def _leaf(run: _Run, src: Any, s_off: int, dst: Any, d_off: int, size: int, wdt: np.dtype) -> dict:
@@ -452,22 +447,17 @@ def _split(plan: InversePlan, size: int, balanced: bool = False) -> int:
 
 
 def _unmix(ops: BlockOps, w: str, x: str, bf: Butterfly, out_dtype: np.dtype, plan: InversePlan,
-           seed: int, transpose: bool = False) -> tuple[float, np.ndarray]:
-    """``X = V Y`` column strip by column strip; returns ``||X||_F`` and ``X P``."""
+           transpose: bool = False) -> float:
+    """``X = V Y`` column strip by column strip; returns ``||X||_F``."""
     job = ops.job
-    spec = UnmixSpec(src=w, dst=x, butterfly=bf, dtype=out_dtype.name, probe_seed=seed, probe_k=_refine.PROBES,
-                     blas_threads=job.task_blas_threads(1), transpose=transpose)
+    spec = UnmixSpec(src=w, dst=x, butterfly=bf, dtype=out_dtype.name, blas_threads=job.task_blas_threads(1),
+                     transpose=transpose)
     graph = ops.graph("unmix", spec)
     for s, (c0, c1) in enumerate(column_strips(plan.n, plan.column_width)):
         graph.add((s,), unmix_columns_task, spec, c0, c1)
     workers = max(1, min(job.workers(1), job.cfg.memory // max(1, plan.column_memory)))
     results = job.run(graph, workers=workers, description="undo the butterfly", count_pass="intermediate")
-    xp = np.zeros((plan.n, _refine.PROBES))
-    total = 0.0
-    for r in results:
-        xp += r["probe"]
-        total += r["sumsq"]
-    return math.sqrt(total), xp
+    return math.sqrt(sum(r["sumsq"] for r in results))
 
 
 __all__ = ["inv"]
