@@ -175,10 +175,7 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
     wdt = np.dtype(np.float32) if precision == "mixed" else dt
     src_dt = np.dtype(source_dtype or dt)
     n = int(n)
-    if chunk is None:
-        chunk = _chunk(n, wdt, dt, src_dt, memory, kernels)
-        if leaf is None:
-            chunk = _finer_chunk(n, chunk, wdt, dt, memory, kernels)
+    chunk = _chunk(n, wdt, dt, src_dt, memory, kernels) if chunk is None else chunk
     chunk_bytes = chunk * chunk * max(wdt.itemsize, dt.itemsize)
     if leaf is None:
         leaf = _largest_leaf(n, wdt, chunk_bytes, memory, kernels)
@@ -256,34 +253,6 @@ def _chunk(n: int, wdt: np.dtype, dt: np.dtype, src_dt: np.dtype, memory: int, k
             break
         chunk //= 2
     return chunk
-
-
-#: Smallest working chunk side :func:`_finer_chunk` goes down to (the chunk files stay large enough
-#: for efficient I/O).
-MIN_FINE_CHUNK = 256
-
-
-def _finer_chunk(n: int, chunk: int, wdt: np.dtype, dt: np.dtype, memory: int, kernels: KernelMemory) -> int:
-    """A smaller working chunk when it makes the leading block of a one-level recursion smaller.
-
-    When the matrix is a little larger than a leaf, the recursion splits it into a leading block
-    ``A`` of ``n - leaf`` rows rounded up to the chunk and an in-core Schur complement. The
-    unpivoted elimination loses accuracy with ``cond(A)``, which for a randomized block grows with
-    its size, and the in-core LAPACK leaf is faster than out-of-core GEMMs on the same flops: so the
-    chunk that rounds ``n - leaf`` up the least is taken (the largest such, at least
-    :data:`MIN_FINE_CHUNK`).
-    """
-    best, best_n1 = chunk, None
-    c = chunk
-    while c >= min(chunk, MIN_FINE_CHUNK):
-        leaf = _largest_leaf(n, wdt, c * c * max(wdt.itemsize, dt.itemsize), memory, kernels)
-        if leaf >= n or n - leaf > n // 2:
-            return chunk  # in core, or a balanced recursion: the chunk does not decide the split
-        n1 = -(-(n - leaf) // c) * c
-        if best_n1 is None or n1 < best_n1:
-            best, best_n1 = c, n1
-        c //= 2
-    return best
 
 
 def _largest_leaf(n: int, wdt: np.dtype, chunk_bytes: int, memory: int, kernels: KernelMemory) -> int:
