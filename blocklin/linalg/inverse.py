@@ -157,7 +157,9 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         token = _token(job, M, plan, out, params)
         ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite, resume=resume, token=token)
         x_path = ao.array_path()
-        stages = Stages(job.work_dir("inv", token, resume=resume), ao.done, resume=resume and ao.resumed,
+        # the output path is in the work folder's name: two runs without out= never share one
+        work = job.work_dir("inv", tokenize(token, str(ao.path))[:16], resume=resume)
+        stages = Stages(work, ao.done, resume=resume and ao.resumed,
                         codec=job.cfg.codec, start=lambda: create_array(
                             x_path, shape=(plan.n,) * 2, dtype=out_dtype, chunks=(plan.chunk,) * 2,
                             codec=job.cfg.codec, overwrite=True))
