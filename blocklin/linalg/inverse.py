@@ -51,7 +51,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     """Inverse of a square matrix larger than memory, with a verified backward error.
 
     The matrix ``M`` is staged once as ``W = M V`` with ``V`` a random butterfly of Givens
-    rotations (orthogonal, depth 2), and ``W`` is inverted in place by the block elimination
+    rotations (orthogonal, depth 2), and ``W`` is inverted (out of place) by the block elimination
 
     .. math::
 
@@ -73,13 +73,16 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     refine : {"auto", True, False} or int
         ``"auto"``: run Newton-Schulz steps only while the backward error (probed, then exact)
         exceeds ``tol``, at most ``max_refine``. ``True``: at least one step. ``False``/``0``: none
-        (the probed residual is still reported). An integer ``N``: like ``"auto"`` with at most
-        ``N`` steps.
+        (the probed residual is still reported). An integer ``N``: exactly ``N`` steps whatever
+        ``tol`` says (only a diverging step is undone, with a warning).
     max_refine : int
-        Largest number of Newton-Schulz steps.
+        Largest number of Newton-Schulz steps of ``"auto"`` and ``True``.
     tol : float, optional
-        Target backward error ``||I - M X||_F / (||M||_F ||X||_F)``; default ``n * eps`` of the output
-        dtype (the classical bound for a backward stable inversion).
+        Target backward error ``||I - M X||_F / (||M||_F ||X||_F)``. Default: the accuracy of
+        ``numpy.linalg.inv``. In core (one pivoted LU leaf, LAPACK's inverse itself) ``n * eps`` of
+        the output dtype; out of core the unit roundoff ``eps / 2``, which one Newton-Schulz step
+        reaches, because the block recursion's backward (and forward) error is 10-1000 times
+        LAPACK's (see :func:`blocklin.linalg.refine.default_tol`).
     precision : {None, "mixed", "tf32", "float32", "float64"}
         ``"mixed"``: invert in float32 (full float32, on a GPU too) and refine in float64 (the output is
         float64); ``"tf32"``: the same with the float32 GEMMs on TF32 tensor cores on a GPU (10-bit
@@ -88,6 +91,12 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         input's dtype.
     overwrite : bool
         Replace an existing ``out``.
+    resume : bool
+        Continue a run of the same inversion (same input, ``out``, parameters and settings) that was
+        interrupted (SIGKILL, Ctrl-C, a lost machine): its finished steps, recorded in a work folder
+        under the temp dir, are skipped, and the result is bit for bit that of an uninterrupted run.
+        Needs ``out``. With ``resume=True`` the work folder and the partial output are kept after an
+        error or Ctrl-C; without it they are removed.
     seed : int
         Seed of the random butterfly and the probe vectors (results are reproducible).
     explain : bool
@@ -102,7 +111,8 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         ``X ~ M^{-1}`` with ``.report``: ``residual`` (``||I - M X||_F``) and ``residual_method``
         (``"probed"`` or ``"exact"``), ``backward_error``, ``cond_estimate`` (``||M||_F ||X||_F``),
         ``refine_steps``, ``history`` (backward error after each stage), ``min_leaf_rcond``,
-        ``attempts``, ``passes``, ``seconds``, ``peak_memory``, ``plan``.
+        ``attempts``, ``passes``, ``seconds``, ``peak_memory``, ``plan``, ``resumed`` and
+        ``stages_skipped`` (steps a resumed run took from the interrupted one).
 
     Raises
     ------

@@ -6,7 +6,7 @@ Definitions used in every report
     ``||I - M X||_F``, either *exact* (computed tile by tile during a Newton-Schulz step) or
     *probed*: ``||P - M (X P)||_F / sqrt(k)`` with ``k = 32`` standard normal probe vectors ``P``, an
     unbiased estimate of ``||I - M X||_F^2`` in square (relative spread about ``sqrt(2/k) = 0.25``) that costs
-    one pass over ``M`` (``X P`` comes free with the pass that writes ``X``).
+    one pass over ``X`` (for ``X P``) and one over ``M``.
 ``backward_error``
     ``||I - M X||_F / (||M||_F ||X||_F)``, the normwise residual of an inverse (Du Croz and Higham,
     1992); a backward stable inversion makes it a small multiple of the unit roundoff whatever the
