@@ -9,12 +9,12 @@ Contents
 --------
 * the random butterfly transformation (RBT) of Givens rotations: :class:`Butterfly`;
 * :class:`InverseEpilogue`: what each region GEMM tile (:mod:`blocklin.runtime.blockops`) adds for
-  the inverse: ``+ I``, ``||tile||_F^2`` and probe products;
+  the inverse: ``+ I`` and ``||tile||_F^2``;
 * :func:`leaf_inverse_task`: in-core LU inversion with partial pivoting of a diagonal region;
-* :func:`unmix_columns_task`: ``X[:, cols] = V @ Y[:, cols]`` (undo the RBT), with ``||X||_F^2`` and
-  probe products ``X[:, cols] @ P[cols]``;
-* row-pass kernels, with their declared memory: :func:`mix_kernel` (``W = M V``), :func:`probe_kernel`
-  (``P - M (X P)``).
+* :func:`unmix_columns_task`: ``X[:, cols] = V @ Y[:, cols]`` (undo the RBT), with ``||X||_F^2``;
+* row-pass kernels, with their declared memory: :func:`mix_kernel` (``W = M V``),
+  :func:`products_kernel` (the probe products ``X P``), :func:`probe_kernel` (``P - M (X P)``).
+* :data:`MEMORY`: the tasks' memory declarations that the planner reads.
 """
 
 from __future__ import annotations
@@ -36,9 +36,8 @@ from blocklin.runtime.tiles import Epilogue, open_array, with_task_settings
 from blocklin.storage.zarr_store import read_block, write_block
 
 
-#: Probe vectors of the residual estimate (``linalg.refine``) and the bytes of one row of them.
+#: Probe vectors of the residual estimate (``linalg.refine``).
 PROBES = 32
-PROBE_ROW_BYTES = PROBES * 8
 #: zarr chunk temporaries of one tile task: a chunk in flight reading and one writing, each of up to
 #: ``IO_CONCURRENCY`` (see ``blocklin._memory``).
 IO_CHUNKS = 2 * IO_CONCURRENCY
@@ -64,24 +63,15 @@ class InverseEpilogue(Epilogue):
     """What the inverse takes from each region GEMM tile (``out = alpha A B + beta C``).
 
     ``identity``: add ``I`` where the global output row equals the global column (``I - M X``);
-    always the tile's ``sumsq`` (``||tile||_F^2`` in float64); with ``probe = (seed, k, n)`` the
-    product ``tile @ P[cols]`` of the ``n x k`` probe block (returned as ``probe``:
-    ``(first row of the tile in the region, block)``).
+    always the tile's ``sumsq`` (``||tile||_F^2`` in float64).
     """
 
     identity: bool = False
-    probe: tuple[int, int, int] | None = None
-    #: On a GPU: ``+ I``, the sums of squares and the probe products on the device (no host flops).
+    #: On a GPU: ``+ I`` and the sums of squares on the device (no host flops).
     on_device = True
 
     def begin(self, rows: slice, cols: slice, out_off: tuple[int, int]) -> dict:
-        st = {"rows": rows, "cols": cols, "off": out_off, "sumsq": 0.0}
-        if self.probe is not None:
-            seed, k, n = self.probe
-            o1 = out_off[1]
-            st["p"] = probes(n, k, seed)[o1 + cols.start:o1 + cols.stop]
-            st["xp"] = np.zeros((rows.stop - rows.start, k))
-        return st
+        return {"rows": rows, "cols": cols, "off": out_off, "sumsq": 0.0}
 
     def _diagonal(self, st: dict, r0: int, r1: int) -> tuple[int, int, int]:
         """The global diagonal entries in strip ``r0:r1``: ``(first row in the strip, its column, count)``."""
@@ -93,16 +83,11 @@ class InverseEpilogue(Epilogue):
     def device_strip(self, st: dict, device: Any, acc: Any, r0: int, r1: int) -> None:
         if "ss" not in st:  # the tile's device state, downloaded once by end()
             st["device"], st["ss"] = device, device.zeros((acc.shape[1],), np.float64)
-            if "p" in st:
-                st["p_dev"] = device.to_device(st["p"])
-                st["xp_dev"] = device.zeros(st["xp"].shape, np.float64)
         if self.identity:
             i0, c0, count = self._diagonal(st, r0, r1)
             if count:
                 device.add_identity(acc[i0:i0 + count], c0)
         device.sumsq_cols_acc(st["ss"], acc)
-        if "p_dev" in st:
-            device.gemm_acc(st["xp_dev"][r0:r1], device.cast(acc, np.float64), st["p_dev"])
 
     def strip(self, st: dict, block: np.ndarray, r0: int, r1: int) -> None:
         if self.identity:  # global diagonal entries that fall in this strip
@@ -111,19 +96,11 @@ class InverseEpilogue(Epilogue):
                 g = np.arange(count)
                 block[i0 + g, c0 + g] += 1
         st["sumsq"] += sumsq(block)
-        if "p" in st:
-            st["xp"][r0:r1] = block.astype(np.float64, copy=False) @ st["p"]
 
     def end(self, st: dict) -> dict:
         if "device" in st:
-            dev = st["device"]
-            st["sumsq"] += float(np.asarray(dev.to_host(st["ss"])).sum())
-            if "xp_dev" in st:
-                st["xp"] = np.asarray(dev.to_host(st["xp_dev"]))
-        out = {"sumsq": st["sumsq"]}
-        if "xp" in st:
-            out["probe"] = (st["rows"].start, st["xp"])
-        return out
+            st["sumsq"] += float(np.asarray(st["device"].to_host(st["ss"])).sum())
+        return {"sumsq": st["sumsq"]}
 
 
 # -- random butterfly transformation ----------------------------------------------------------------
@@ -211,14 +188,16 @@ def staging_memory(n: int, work_dtype: Any, source_dtype: Any) -> PassMemory:
     """Memory of one task of :func:`mix_kernel` streaming rows of width ``n``.
 
     Per row: the float64 copy (unless the stored rows are float64), the butterfly's gathered halves
-    and their rotated sums (three halves at once), the probe product and the cast block written
-    (unless the work dtype is float64); zarr's chunk temporaries of the streamed chunks.
+    and their rotated sums (three halves at once) and the cast block written (unless the work dtype
+    is float64). No zarr chunk temporaries are counted: strips of whole working-chunk rows go through
+    the direct chunk-file path where the store allows it, and the budget must not refuse a matrix
+    stored in chunks larger than the working ones.
     """
     f64 = np.dtype(np.float64)
-    per_row = 3 * n * 8 + PROBE_ROW_BYTES
+    per_row = 3 * n * 8
     per_row += 0 if np.dtype(source_dtype) == f64 else n * 8
     per_row += 0 if np.dtype(work_dtype) == f64 else n * np.dtype(work_dtype).itemsize
-    return PassMemory(fixed=0, per_row=per_row, chunk_temporaries=True)
+    return PassMemory(fixed=0, per_row=per_row)
 
 
 def _mix_memory(params: Any, sources: tuple) -> PassMemory:
@@ -244,42 +223,29 @@ def mix_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dic
         if "coef" not in state:
             state["coef"] = bf.coefficients()
         x = bf.right(x, transpose=params["transpose"], coef=state["coef"])  # in place: the strip buffer is not reused before the write
-    if params["probe_seed"] is not None:  # (X P)[rows] of the written block
-        p = probes(x.shape[1], params["probe_k"], params["probe_seed"])
-        if "xp" not in state:
-            state["xp"] = np.zeros((x.shape[1], params["probe_k"]))
-        state["xp"][rows] += x @ p
     if rows.stop in params["ends"]:
         state.pop("coef", None)
     return state, {"w": x.astype(params["dtype"], copy=False)}
 
 
 def _mix_on_device(device: Any, m: Any, rows: slice, params: dict, state: dict) -> tuple[dict, dict]:
-    """:func:`mix_kernel` with the strip on a GPU: rotations, norms and probe products there, ``W`` downloaded."""
+    """:func:`mix_kernel` with the strip on a GPU: rotations and norms there, ``W`` downloaded."""
     x = device.cast(m, np.float64)
     if not x.flags.c_contiguous:
         x = device.copy(x)
     n = x.shape[1]
-    if "ss" not in state:  # the task's device state: norms, butterfly coefficients, probes
+    if "ss" not in state:  # the task's device state: norms, butterfly coefficients
         state["ss"] = device.zeros((n,), np.float64)
         state["coef"] = params["butterfly"].coefficients(device)
-        if params["probe_seed"] is not None:
-            state["p"] = device.to_device(probes(n, params["probe_k"], params["probe_seed"]))
-            state["xp"] = np.zeros((n, params["probe_k"]))
     if params["shift"]:  # stage I - M (the uploaded strip is ours to overwrite)
         device.axpby(x, -1.0, None, 0.0)
         device.add_identity(x, rows.start)
     device.sumsq_cols_acc(state["ss"], x)
     if params["butterfly"].depth:
         params["butterfly"].right(x, transpose=params["transpose"], device=device, coef=state["coef"])
-    if "p" in state:
-        xp = device.zeros((rows.stop - rows.start, params["probe_k"]), np.float64)
-        device.gemm_acc(xp, x, state["p"])
-        state["xp"][rows] += device.to_host(xp)
     w = device.to_host(device.cast(x, params["dtype"]))
     if rows.stop in params["ends"]:  # the task's last strip: its state to the host for the reduction
-        state = {"sumsq": state["sumsq"] + float(device.to_host(state["ss"]).sum()),
-                 **({"xp": state["xp"]} if "xp" in state else {})}
+        state = {"sumsq": state["sumsq"] + float(device.to_host(state["ss"]).sum())}
     return state, {"w": w}
 
 
@@ -321,6 +287,28 @@ def transform_device(requested: str, n: int, flops_per_entry: float, resolved: s
     from blocklin.device.select import pass_device
 
     return pass_device(requested, flops_per_entry * n * n, 8.0 * n * n, resolved)
+
+
+def products_init(device: Any, params: Any) -> dict:
+    return {"p": probes(params["n"], params["k"], params["seed"]), "blocks": []}
+
+
+def _products_memory(params: Any, sources: tuple) -> PassMemory:
+    """The ``n x k`` probes regenerated once per task; per row a float64 copy of a non-float64
+    strip and the collected rows of ``X P``."""
+    n, k = sources[0].width, params["k"]
+    cast = 0 if sources[0].dtype == np.dtype(np.float64) else n * 8
+    return PassMemory(fixed=n * k * 8, per_row=cast + k * 8)
+
+
+@row_kernel(memory=_products_memory, init=products_init, device="cpu")
+def products_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
+    """Rows ``(X P)[rows] = X[rows] @ P`` of the probe products (collected, disjoint across tasks)."""
+    (x,) = arrays
+    state["blocks"].append((rows.start, np.asarray(x, dtype=np.float64) @ state["p"]))
+    if rows.stop in params["ends"]:  # the task's last strip: send back the rows, not the probes
+        del state["p"]
+    return state, None
 
 
 # -- leaf inversion ---------------------------------------------------------------------------------------
@@ -429,8 +417,6 @@ class UnmixSpec:
     dst: str
     butterfly: Butterfly
     dtype: str
-    probe_seed: int
-    probe_k: int
     blas_threads: int | None = None
     transpose: bool = False
     device: str = "cpu"
@@ -439,10 +425,9 @@ class UnmixSpec:
 
 def column_memory(n: int, width: int, work_dtype: Any, out_dtype: Any, chunk_bytes: int) -> int:
     """Memory of :func:`unmix_columns_task` on an ``n x width`` strip: the strip read, its cast, the
-    butterfly's gathered halves and their rotated sums, the float64 copy for the probe product,
-    the ``n x k`` probes it regenerates, and zarr's chunk temporaries."""
+    butterfly's gathered halves and their rotated sums, and zarr's chunk temporaries."""
     w_item, o_item = np.dtype(work_dtype).itemsize, np.dtype(out_dtype).itemsize
-    return n * width * (w_item + 2 * o_item + 8) + n * PROBE_ROW_BYTES + IO_CHUNKS * chunk_bytes
+    return n * width * (w_item + 2 * o_item) + IO_CHUNKS * chunk_bytes
 
 
 @with_task_settings
@@ -463,8 +448,7 @@ def unmix_columns_task(spec: UnmixSpec, c0: int, c1: int) -> dict:
         x = spec.butterfly.left(y, transpose=spec.transpose) if spec.butterfly.depth else y
     dst = open_array(spec.dst, mode="r+")
     write_block(dst, slice(0, n), slice(c0, c1), x)
-    p = probes(n, spec.probe_k, spec.probe_seed)[c0:c1]
-    return {"sumsq": sumsq(x), "probe": x.astype(np.float64, copy=False) @ p, "bytes_read": y.nbytes,
+    return {"sumsq": sumsq(x), "bytes_read": y.nbytes,
             "bytes_written": x.nbytes, "seconds": time.perf_counter() - t0}
 
 

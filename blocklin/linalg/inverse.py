@@ -52,7 +52,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     """Inverse of a square matrix larger than memory, with a verified backward error.
 
     The matrix ``M`` is staged once as ``W = M V`` with ``V`` a random butterfly of Givens
-    rotations (orthogonal, depth 2), and ``W`` is inverted in place by the block elimination
+    rotations (orthogonal, depth 2), and ``W`` is inverted (out of place) by the block elimination
 
     .. math::
 
@@ -74,13 +74,16 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     refine : {"auto", True, False} or int
         ``"auto"``: run Newton-Schulz steps only while the backward error (probed, then exact)
         exceeds ``tol``, at most ``max_refine``. ``True``: at least one step. ``False``/``0``: none
-        (the probed residual is still reported). An integer ``N``: like ``"auto"`` with at most
-        ``N`` steps.
+        (the probed residual is still reported). An integer ``N``: exactly ``N`` steps whatever
+        ``tol`` says (only a diverging step is undone, with a warning).
     max_refine : int
-        Largest number of Newton-Schulz steps.
+        Largest number of Newton-Schulz steps of ``"auto"`` and ``True``.
     tol : float, optional
-        Target backward error ``||I - M X||_F / (||M||_F ||X||_F)``; default ``n * eps`` of the output
-        dtype (the classical bound for a backward stable inversion).
+        Target backward error ``||I - M X||_F / (||M||_F ||X||_F)``. Default: the accuracy of
+        ``numpy.linalg.inv``. In core (one pivoted LU leaf, LAPACK's inverse itself) ``n * eps`` of
+        the output dtype; out of core the unit roundoff ``eps / 2``, which one Newton-Schulz step
+        reaches, because the block recursion's backward (and forward) error is 10-1000 times
+        LAPACK's (see :func:`blocklin.linalg.refine.default_tol`).
     precision : {None, "mixed", "tf32", "float32", "float64"}
         ``"mixed"``: invert in float32 (full float32, on a GPU too) and refine in float64 (the output is
         float64); ``"tf32"``: the same with the float32 GEMMs on TF32 tensor cores on a GPU (10-bit
@@ -89,6 +92,12 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         input's dtype.
     overwrite : bool
         Replace an existing ``out``.
+    resume : bool
+        Continue a run of the same inversion (same input, ``out``, parameters and settings) that was
+        interrupted (SIGKILL, Ctrl-C, a lost machine): its finished steps, recorded in a work folder
+        under the temp dir, are skipped, and the result is bit for bit that of an uninterrupted run.
+        Needs ``out``. With ``resume=True`` the work folder and the partial output are kept after an
+        error or Ctrl-C; without it they are removed.
     seed : int
         Seed of the random butterfly and the probe vectors (results are reproducible).
     explain : bool
@@ -103,7 +112,8 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         ``X ~ M^{-1}`` with ``.report``: ``residual`` (``||I - M X||_F``) and ``residual_method``
         (``"probed"`` or ``"exact"``), ``backward_error``, ``cond_estimate`` (``||M||_F ||X||_F``),
         ``refine_steps``, ``history`` (backward error after each stage), ``min_leaf_rcond``,
-        ``attempts``, ``passes``, ``seconds``, ``peak_memory``, ``plan``.
+        ``attempts``, ``passes``, ``seconds``, ``peak_memory``, ``plan``, ``resumed`` and
+        ``stages_skipped`` (steps a resumed run took from the interrupted one).
 
     Raises
     ------
@@ -158,7 +168,9 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         token = _token(job, M, plan, out, params)
         ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite, resume=resume, token=token)
         x_path = ao.array_path()
-        stages = Stages(job.work_dir("inv", token, resume=resume), ao.done, resume=resume and ao.resumed,
+        # the output path is in the work folder's name: two runs without out= never share one
+        work = job.work_dir("inv", tokenize(token, str(ao.path))[:16], resume=resume)
+        stages = Stages(work, ao.done, resume=resume and ao.resumed,
                         codec=job.cfg.codec, start=lambda: create_array(
                             x_path, shape=(plan.n,) * 2, dtype=out_dtype, chunks=(plan.chunk,) * 2,
                             codec=job.cfg.codec, overwrite=True))
@@ -207,15 +219,15 @@ class _Run:
 def _invert_and_refine(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, *, seed: int, tol: float, steps: Steps,
                        precision: str | None) -> Refinement:
     """Invert into ``x_path``, probe, refine and accept (only a verified inverse is left there)."""
-    norm_m, norm_x, xp, leaves, attempts = _invert_stored(run, M, x_path, out_dtype, seed)
-    res = run.stages.run("probe", lambda: _refine.probe_estimate(run.job, M, xp, seed))
-    x = Iterate(x_path, res, _refine.backward_error(res, norm_m, norm_x), "probed", norm_x)
+    norm_m, norm_x, leaves, attempts = _invert_stored(run, M, x_path, out_dtype, seed)
 
     def invert(operand: Any, out: Any, s: int) -> None:  # the preconditioned restart's (M X)^-1
-        leaves.extend(_invert_stored(run, operand, out, out_dtype, s, shift=True)[3])
+        leaves.extend(_invert_stored(run, operand, out, out_dtype, s, shift=True)[2])
 
     ref = Refinement(run.ops, run.stages, M, n=run.plan.n, chunk=run.plan.chunk, dtype=out_dtype, seed=seed, tol=tol,
-                     steps=steps, norm_m=norm_m, x=x, invert=invert)
+                     steps=steps, norm_m=norm_m, x=Iterate(x_path, np.nan, np.nan, "none", norm_x), invert=invert)
+    ref.x = ref.probed(x_path, seed, norm_x)
+    ref.history[0] = {**ref.history[0], "residual": ref.x.res, "backward_error": ref.x.eta, "method": "probed"}
     ref.run()
     ref.accept(precision)
     if ref.x.path != x_path:
@@ -289,10 +301,10 @@ def _report(job: Job, ref: Refinement | None, plan: InversePlan, stages: Stages,
 
 
 def _invert_stored(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, seed: int,
-                   shift: bool = False) -> tuple[float, float, np.ndarray, list[dict], int]:
+                   shift: bool = False) -> tuple[float, float, list[dict], int]:
     """Stage (``M`` or ``I - M`` when ``shift``) with a random butterfly, invert by recursion, undo the butterfly.
 
-    Returns ``||staged||_F``, ``||X||_F``, ``X P`` (probe products), the leaf results and the attempts.
+    Returns ``||staged||_F``, ``||X||_F``, the leaf results and the attempts.
     """
     plan, n = run.plan, run.plan.n
     wdt = np.dtype(plan.work_dtype)
@@ -321,9 +333,9 @@ def _invert_stored(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, seed: in
                  f"(rcond {bad.leaf['rcond']:.1e}); retrying with a two-sided random butterfly and balanced splits")
     Stages.drop(w_path)
     norm_m = run.norm_m
-    norm_x, xp = _unstage(run, y_path, x_path, bf, bf_u, out_dtype, seed)
+    norm_x = _unstage(run, y_path, x_path, bf, bf_u, out_dtype, seed)
     Stages.drop(y_path)
-    return norm_m, norm_x, xp, leaves, attempts
+    return norm_m, norm_x, leaves, attempts
 
 
 def _singular(leaf: dict, last: bool) -> SingularMatrixError:
@@ -346,35 +358,33 @@ def _stage(run: _Run, M: Any, bf: Butterfly, bf_u: Butterfly | None, wdt: np.dty
         return w_path
     t_path = run.store("t", n, n, wdt)
     run.norm_m = run.stages.run("stage", lambda: _mix(job, M, t_path, bf, wdt, run.plan, shift=shift))
-    run.stages.run("stage-left", lambda: _unmix(run.ops, t_path, w_path, bf_u, wdt, run.plan, seed, transpose=True))
+    run.stages.run("stage-left", lambda: _unmix(run.ops, t_path, w_path, bf_u, wdt, run.plan, transpose=True))
     Stages.drop(t_path)
     return w_path
 
 
 def _unstage(run: _Run, y_path: Any, x_path: Any, bf: Butterfly, bf_u: Butterfly | None, out_dtype: np.dtype,
-             seed: int) -> tuple[float, np.ndarray]:
-    """``X = V Y`` (``V Y U^T`` with ``bf_u``) into ``x_path``; returns ``||X||_F`` and ``X P``."""
+             seed: int) -> float:
+    """``X = V Y`` (``V Y U^T`` with ``bf_u``) into ``x_path``; returns ``||X||_F``."""
     plan, ops = run.plan, run.ops
     if bf_u is None:
-        return run.stages.run("unstage", lambda: _unmix(ops, y_path, x_path, bf, out_dtype, plan, seed))
-    n = plan.n  # a column pass, then a row pass (which also forms X P)
+        return run.stages.run("unstage", lambda: _unmix(ops, y_path, x_path, bf, out_dtype, plan))
+    n = plan.n  # a column pass, then a row pass
     z_path = run.store("z", n, n, out_dtype)
-    norm_x, _ = run.stages.run("unstage", lambda: _unmix(ops, y_path, z_path, bf, out_dtype, plan, seed))
+    norm_x = run.stages.run("unstage", lambda: _unmix(ops, y_path, z_path, bf, out_dtype, plan))
     zop = Operand(name="z", path=z_path, shape=(n, n), dtype=out_dtype, chunks=(plan.chunk,) * 2)
-    _, xp = run.stages.run("unstage-left", lambda: _mix(run.job, zop, x_path, bf_u, out_dtype, plan, transpose=True,
-                                                        probe_seed=seed, with_probe=True))
+    run.stages.run("unstage-left", lambda: _mix(run.job, zop, x_path, bf_u, out_dtype, plan, transpose=True))
     Stages.drop(z_path)
-    return norm_x, xp
+    return norm_x
 
 
 def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: InversePlan, shift: bool = False,
-         transpose: bool = False, probe_seed: int | None = None, with_probe: bool = False) -> Any:
+         transpose: bool = False) -> float:
     """Row pass ``W = M V`` (cast to the work dtype, NaN/Inf checked); returns ``||M||_F``."""
     n = plan.n
     # strips are planned on W's chunk rows: each strip of W = M V must own whole chunks of W
     src = [dataclasses.replace(source(M, name="a"), chunk_rows=plan.chunk)]
-    params = {"butterfly": bf, "dtype": wdt.name, "shift": shift, "transpose": transpose, "probe_seed": probe_seed,
-              "probe_k": _refine.PROBES}
+    params = {"butterfly": bf, "dtype": wdt.name, "shift": shift, "transpose": transpose}
     prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=4 * plan.chunk)
     if prp.strip % plan.chunk and prp.strip < n:
         # a strip must own whole chunk rows of W: one chunk per strip, one task at a time (the plan
@@ -382,10 +392,7 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
         prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=plan.chunk, workers=1, min_tasks=1)
     states, _ = run_pass(job, mix_kernel, src, params, plan=prp, outputs=(("w", w_path),),
                          description="stage and randomize", device=_transforms_device(job, plan))
-    norm = math.sqrt(sum(s["sumsq"] for s in states))
-    if with_probe:
-        return norm, sum(s["xp"] for s in states if "xp" in s)
-    return norm
+    return math.sqrt(sum(s["sumsq"] for s in states))
 
 
 def _transforms_device(job: Job, plan: InversePlan) -> str:
@@ -460,24 +467,18 @@ def _split(plan: InversePlan, size: int, balanced: bool = False) -> int:
 
 
 def _unmix(ops: BlockOps, w: str, x: str, bf: Butterfly, out_dtype: np.dtype, plan: InversePlan,
-           seed: int, transpose: bool = False) -> tuple[float, np.ndarray]:
-    """``X = V Y`` column strip by column strip; returns ``||X||_F`` and ``X P``."""
+           transpose: bool = False) -> float:
+    """``X = V Y`` column strip by column strip; returns ``||X||_F``."""
     job = ops.job
     dev = _transforms_device(job, plan)
-    spec = UnmixSpec(src=w, dst=x, butterfly=bf, dtype=out_dtype.name, probe_seed=seed, probe_k=_refine.PROBES,
-                     blas_threads=job.task_blas_threads(1), transpose=transpose, device=dev,
-                     device_memory=job.device_memory() if dev == "gpu" else None)
+    spec = UnmixSpec(src=w, dst=x, butterfly=bf, dtype=out_dtype.name, blas_threads=job.task_blas_threads(1),
+                     transpose=transpose, device=dev, device_memory=job.device_memory() if dev == "gpu" else None)
     graph = ops.graph("unmix", spec)
     for s, (c0, c1) in enumerate(column_strips(plan.n, plan.column_width)):
         graph.add((s,), unmix_columns_task, spec, c0, c1)
     workers = max(1, min(job.workers(1), job.cfg.memory // max(1, plan.column_memory)))
     results = job.run(graph, workers=workers, description="undo the butterfly", count_pass="intermediate")
-    xp = np.zeros((plan.n, _refine.PROBES))
-    total = 0.0
-    for r in results:
-        xp += r["probe"]
-        total += r["sumsq"]
-    return math.sqrt(total), xp
+    return math.sqrt(sum(r["sumsq"] for r in results))
 
 
 __all__ = ["inv"]

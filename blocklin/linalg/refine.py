@@ -6,7 +6,7 @@ Definitions used in every report
     ``||I - M X||_F``, either *exact* (computed tile by tile during a Newton-Schulz step) or
     *probed*: ``||P - M (X P)||_F / sqrt(k)`` with ``k = 32`` standard normal probe vectors ``P``, an
     unbiased estimate of ``||I - M X||_F^2`` in square (relative spread about ``sqrt(2/k) = 0.25``) that costs
-    one pass over ``M`` (``X P`` comes free with the pass that writes ``X``).
+    one pass over ``X`` (for ``X P``) and one over ``M``.
 ``backward_error``
     ``||I - M X||_F / (||M||_F ||X||_F)``, the normwise residual of an inverse (Du Croz and Higham,
     1992); a backward stable inversion makes it a small multiple of the unit roundoff whatever the
@@ -29,11 +29,11 @@ import numpy as np
 
 from blocklin.errors import ConvergenceWarning, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg._inv_kernels import PROBES, InverseEpilogue, probe_kernel, transform_device
+from blocklin.linalg._inv_kernels import PROBES, InverseEpilogue, probe_kernel, products_kernel, transform_device
 from blocklin.linalg.random import probes
 from blocklin.operands import Operand
 from blocklin.runtime.blockops import BlockOps
-from blocklin.runtime.passes import run_pass, source
+from blocklin.runtime.passes import collect_rows, run_pass, source, stored
 from blocklin.runtime.stages import Stages
 
 
@@ -92,14 +92,12 @@ def probe_device(job: Any, n: int) -> str:
     return transform_device(job.cfg.device, n, 2.0 * PROBES, job.device)
 
 
-def reduce_probe(results: list[dict], n: int, k: int, row_offset: int = 0) -> np.ndarray:
-    """Sum the per-tile probe products ``tile @ P[cols]`` into ``X P`` (in key order: deterministic)."""
-    w = np.zeros((n, k))
-    for r in results:
-        if "probe" in r:
-            r0, block = r["probe"]
-            w[row_offset + r0:row_offset + r0 + block.shape[0]] += block
-    return w
+def probe_products(job: Any, x: Any, n: int, dtype: Any, chunk: int, seed: int) -> np.ndarray:
+    """``X P`` (``n x k``, float64) by one row pass over the stored ``X``: each task sends back only its rows."""
+    src = stored(x, (n, n), dtype, (chunk, chunk), name="x")
+    states, _ = run_pass(job, products_kernel, [src], {"n": n, "k": PROBES, "seed": seed}, check_finite=False,
+                         over="intermediate", description="probe products X P")
+    return collect_rows(states, n, PROBES)
 
 
 def ns_residual(ops: BlockOps, m: Any, x: str, r: str, n: int, dtype: Any) -> float:
@@ -109,18 +107,18 @@ def ns_residual(ops: BlockOps, m: Any, x: str, r: str, n: int, dtype: Any) -> fl
     return math.sqrt(sum(t["sumsq"] for t in res))
 
 
-def ns_update(ops: BlockOps, x: str, r: str, x_new: str, n: int, dtype: Any, seed: int) -> tuple[float, np.ndarray]:
-    """``X_new = X + X R`` (the Newton-Schulz step); returns ``||X_new||_F`` and ``X_new P``."""
+def ns_update(ops: BlockOps, x: str, r: str, x_new: str, n: int, dtype: Any) -> float:
+    """``X_new = X + X R`` (the Newton-Schulz step); returns ``||X_new||_F``."""
     res = ops.gemm(x_new, (0, 0), n, n, n, x, (0, 0), r, (0, 0), dtype=dtype, c=x, beta=1.0,
-                   epilogue=InverseEpilogue(probe=(seed, PROBES, n)), description="Newton-Schulz: X + X R")
-    return math.sqrt(sum(t["sumsq"] for t in res)), reduce_probe(res, n, PROBES)
+                   epilogue=InverseEpilogue(), description="Newton-Schulz: X + X R")
+    return math.sqrt(sum(t["sumsq"] for t in res))
 
 
-def ns_product(ops: BlockOps, x: str, z: str, out: str, n: int, dtype: Any, seed: int) -> tuple[float, np.ndarray]:
-    """``out = X Z`` (the preconditioned restart ``X (M X)^-1``); returns ``||out||_F`` and ``out P``."""
-    res = ops.gemm(out, (0, 0), n, n, n, x, (0, 0), z, (0, 0), dtype=dtype,
-                   epilogue=InverseEpilogue(probe=(seed, PROBES, n)), description="restart: X (M X)^-1")
-    return math.sqrt(sum(t["sumsq"] for t in res)), reduce_probe(res, n, PROBES)
+def ns_product(ops: BlockOps, x: str, z: str, out: str, n: int, dtype: Any) -> float:
+    """``out = X Z`` (the preconditioned restart ``X (M X)^-1``); returns ``||out||_F``."""
+    res = ops.gemm(out, (0, 0), n, n, n, x, (0, 0), z, (0, 0), dtype=dtype, epilogue=InverseEpilogue(),
+                   description="restart: X (M X)^-1")
+    return math.sqrt(sum(t["sumsq"] for t in res))
 
 
 # -- the refinement loop -----------------------------------------------------------------------------------
@@ -176,8 +174,9 @@ class Refinement:
     def store(self, name: str) -> Any:
         return self.stages.store(name, (self.n, self.n), self.dtype, (self.chunk, self.chunk))
 
-    def probed(self, path: Any, xp: np.ndarray, seed: int, norm_x: float) -> Iterate:
+    def probed(self, path: Any, seed: int, norm_x: float) -> Iterate:
         job, M = self.ops.job, self.M
+        xp = self.stages.run("probe products", lambda: probe_products(job, path, self.n, self.dtype, self.chunk, seed))
         res = self.stages.run("probe", lambda: probe_estimate(job, M, xp, seed))
         return Iterate(path, res, backward_error(res, self.norm_m, norm_x), "probed", norm_x)
 
@@ -231,11 +230,10 @@ class Refinement:
         self.invert(pm, z_path, self.seed + 17)
         spare = self.spare_store()
         self.gemms += 1
-        norm_new, xp = self.stages.run("restart", lambda: ns_product(ops, x.path, z_path, spare, n, dt,
-                                                                     self.seed + 31))
+        norm_new = self.stages.run("restart", lambda: ns_product(ops, x.path, z_path, spare, n, dt))
         Stages.drop(z_path)
         Stages.drop(r_path)
-        new = self.probed(spare, xp, self.seed + 31, norm_new)
+        new = self.probed(spare, self.seed + 31, norm_new)
         self.log("preconditioned restart X (M X)^-1", new)
         if new.eta < self.x.eta:
             self.spare, self.x = self.x.path, new
@@ -246,12 +244,11 @@ class Refinement:
         nxt = self.spare_store()
         pseed = self.seed + self.steps + 1
         self.gemms += 1
-        norm_x, xp = self.stages.run("step", lambda: ns_update(self.ops, prev.path, r_path, nxt, self.n, self.dtype,
-                                                               pseed))
+        norm_x = self.stages.run("step", lambda: ns_update(self.ops, prev.path, r_path, nxt, self.n, self.dtype))
         Stages.drop(r_path)
         self.spare = prev.path
         self.steps += 1
-        self.x = self.probed(nxt, xp, pseed, norm_x)
+        self.x = self.probed(nxt, pseed, norm_x)
         self.log(f"step {self.steps}")
         # under a tolerance: any step that does not help (||R||_2 >= 1, or the rounding floor) is
         # undone; asked for N steps: only a diverging one (the residual grew and is no longer small;
@@ -295,4 +292,4 @@ class Refinement:
 
 __all__ = ["PROBED_SAFE_RESIDUAL", "Iterate", "Refinement", "Steps", "PROBES", "backward_error", "default_tol", "is_inverse", "ns_product",
            "ns_residual", "ns_update", "probe_estimate",
-           "probes", "reduce_probe"]
+           "probe_products", "probes"]
