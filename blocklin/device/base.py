@@ -48,6 +48,14 @@ class Device(abc.ABC):
     def gemm_acc(self, acc: Any, a: Any, b: Any, alpha: float = 1.0) -> None:
         """``acc += alpha * a @ b`` in place (``a``/``b`` may be transposed views)."""
 
+    def empty(self, shape: tuple[int, int], dtype: Any) -> Any:
+        """An accumulator tile whose first product is written with :meth:`gemm_into` (default: zeroed)."""
+        return self.zeros(shape, dtype)
+
+    def gemm_into(self, out: Any, a: Any, b: Any) -> None:
+        """``out = a @ b`` into a tile from :meth:`empty` (default: accumulate into the zeroed tile)."""
+        self.gemm_acc(out, a, b)
+
     @abc.abstractmethod
     def axpby(self, acc: Any, alpha: float, c: np.ndarray | None, beta: float) -> None:
         """``acc = alpha * acc + beta * c`` in place (``c`` a host block of ``acc``'s shape)."""

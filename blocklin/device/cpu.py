@@ -30,6 +30,14 @@ class CpuDevice(Device):
     def gemm_acc(self, acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) -> None:
         _gemm_acc(acc, a, b, alpha)
 
+    def empty(self, shape: tuple[int, int], dtype: Any) -> np.ndarray:
+        # Not zeroed: the first product overwrites it (BLAS beta=0), faulting each page in once
+        # inside that GEMM, instead of a zeroing pass over the whole tile before it.
+        return np.empty(shape, dtype=dtype)
+
+    def gemm_into(self, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+        _gemm_acc(out, a, b, beta=0.0)
+
     def axpby(self, acc: np.ndarray, alpha: float, c: np.ndarray | None, beta: float) -> None:
         if alpha == 0.0:
             acc.fill(0)  # assign: 0 * NaN is NaN
@@ -113,16 +121,20 @@ def _blas_gemm(dtype: np.dtype):
             np.dtype(np.complex128): blas.zgemm, np.dtype(np.complex64): blas.cgemm}.get(np.dtype(dtype))
 
 
-def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) -> None:
-    """``acc += alpha * a @ b`` without a temporary: BLAS gemm with beta=1 writing into ``acc``.
+def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0, beta: float = 1.0) -> None:
+    """``acc = alpha * a @ b + beta * acc`` (``beta`` 1 or 0) without a temporary: BLAS gemm into ``acc``.
 
     ``acc`` is C-contiguous; BLAS is column-major, so compute ``acc.T += b.T @ a.T`` on the
     Fortran-ordered view ``acc.T``; transposed operands are passed as flags, never copied.
     """
     gemm = _blas_gemm(acc.dtype)
     if gemm is None or not acc.flags.c_contiguous:
-        acc += a @ b if alpha == 1.0 else acc.dtype.type(alpha) * (a @ b)
+        prod = a @ b if alpha == 1.0 else acc.dtype.type(alpha) * (a @ b)
+        if beta == 0.0:
+            acc[...] = prod
+        else:
+            acc += prod
         return
     bt, trans_b = (b.T, 0) if b.T.flags.f_contiguous else ((b, 1) if b.flags.f_contiguous else (np.asfortranarray(b.T), 0))
     at, trans_a = (a.T, 0) if a.T.flags.f_contiguous else ((a, 1) if a.flags.f_contiguous else (np.asfortranarray(a.T), 0))
-    gemm(alpha, bt, at, beta=1.0, c=acc.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=True)
+    gemm(alpha, bt, at, beta=beta, c=acc.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=True)

@@ -225,7 +225,11 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
         max_strip = cap if max_strip is None else min(max_strip, cap)
     cb = chunk_bytes if chunk_bytes is not None else chunk_rows * row_bytes
     if not mem.chunk_temporaries or direct:
-        return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed,
+        # Direct reads need no temporaries, but kernels that declare them also write through zarr
+        # (tall outputs): one chunk in flight is kept for those (measured: tests/test_svd_memory.py,
+        # benchmarks/budgets.py).
+        extra = 3 * cb if mem.chunk_temporaries else 0
+        return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed + extra,
                              strip_extra_row_bytes=mem.per_row, workers=workers, cores=cores, max_strip=max_strip,
                              min_tasks=min_tasks, reserve=reserve, partial_rows=partial_rows)
     error = None

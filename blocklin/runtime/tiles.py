@@ -352,13 +352,16 @@ class _GemmTile:
         return tuple(out)
 
     def compute(self) -> None:
-        # Zeroing the accumulator (touching every page) overlaps the first panel's read.
+        # Allocating the accumulator overlaps the first panel's read; the first panel's product is
+        # written into it (Device.gemm_into) rather than added to zeros.
         self.stream.start()
-        self.acc = self.device.zeros((self.tm, self.tn), self.dtype)
+        self.acc = self.device.empty((self.tm, self.tn), self.dtype) if self.panels else \
+            self.device.zeros((self.tm, self.tn), self.dtype)
         last = len(self.panels) - 1
         for p, (a_dev, b_dev) in self.stream:
+            gemm = self.device.gemm_into if p == 0 else self.device.gemm_acc
             if p < last:
-                self.device.gemm_acc(self.acc, a_dev, b_dev)
+                gemm(self.acc, a_dev, b_dev)
                 self.told += report_units(1)  # progress in k-panels within a tile
                 continue
             # The last panel is applied strip by strip so that writing finished strips overlaps the
@@ -367,7 +370,7 @@ class _GemmTile:
             # computes: a strip is waited for only after the next GEMM was queued.
             pending = None
             for r0, r1 in self.strips:
-                self.device.gemm_acc(self.acc[r0:r1], a_dev[r0:r1], b_dev)
+                gemm(self.acc[r0:r1], a_dev[r0:r1], b_dev)
                 queued = self.start(r0, r1)
                 if pending is not None:
                     self.finish(pending)

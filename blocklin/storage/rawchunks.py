@@ -26,6 +26,9 @@ import numpy as np
 import blocklin._readstats as readstats
 
 
+_IOV_MAX = 1024
+
+
 class RawChunks:
     """Read and write blocks of an eligible array straight from and to its chunk files."""
 
@@ -102,8 +105,13 @@ class RawChunks:
             os.close(fd)
 
     def _read_segments_into(self, path: str, r0: int, c0: int, dest: np.ndarray) -> None:
-        """Fill ``dest`` (rows ``r0:`` and columns ``c0:`` of a local chunk; each row contiguous) with
-        one ``preadv`` per row: straight into place, reading only the columns wanted."""
+        """Fill ``dest`` (rows ``r0:`` and columns ``c0:`` of a local chunk; each row contiguous)
+        straight into place, without a chunk buffer.
+
+        Whole-width rows (a block wider than the chunk) and segments of more than half a row come
+        in with one scattering ``preadv`` per :data:`_IOV_MAX` buffers (the columns not wanted land
+        in a reused scratch row); narrower segments with one ``preadv`` each, reading only them.
+        """
         isz = self.dtype.itemsize
         row, seg = self.chunks[1] * isz, dest.shape[1] * isz
         try:
@@ -112,20 +120,55 @@ class RawChunks:
             dest.fill(self.fill_value)
             return
         try:
-            base = r0 * row + c0 * isz
-            got = 0
-            for i in range(dest.shape[0]):
-                n = os.preadv(fd, [dest[i].view(np.uint8)], base + i * row)
-                got += n
-                if n != seg:
-                    from blocklin.errors import StoreReadError, explain
-
-                    raise StoreReadError(explain("chunk", f"must hold {self.chunks[0] * row} bytes",
-                                                 f"fewer in {path} (row {r0 + i} is short)",
-                                                 "the store is truncated or corrupt; re-create it"))
+            if 2 * seg <= row:
+                got = self._per_row(fd, r0 * row + c0 * isz, row, dest)
+            else:
+                got = self._scattered(fd, r0 * row, row, c0 * isz, dest)
         finally:
             os.close(fd)
         readstats.count(got)
+        if got < 0:
+            from blocklin.errors import StoreReadError, explain
+
+            raise StoreReadError(explain("chunk", f"must hold {self.chunks[0] * row} bytes", f"fewer in {path}",
+                                         "the store is truncated or corrupt; re-create it"))
+
+    @staticmethod
+    def _per_row(fd: int, base: int, row: int, dest: np.ndarray) -> int:
+        """One ``preadv`` per row of just the segment; the bytes read, negative when a row is short."""
+        got, seg = 0, dest.shape[1] * dest.itemsize
+        for i in range(dest.shape[0]):
+            n = os.preadv(fd, [dest[i].view(np.uint8)], base + i * row)
+            if n != seg:
+                return -1
+            got += n
+        return got
+
+    def _scattered(self, fd: int, base: int, row: int, lead: int, dest: np.ndarray) -> int:
+        """Whole rows from ``base``, scattered: ``lead`` bytes and the rest of each row past the
+        segment go to a scratch row, the segment into ``dest``; negative when the file is short."""
+        seg = dest.shape[1] * dest.itemsize
+        tail = row - lead - seg
+        scratch = memoryview(bytearray(max(lead, tail, 1)))
+        per_call = _IOV_MAX // (1 + (lead > 0) + (tail > 0))
+        got = 0
+        for i0 in range(0, dest.shape[0], per_call):
+            bufs = []
+            for i in range(i0, min(dest.shape[0], i0 + per_call)):
+                if lead:
+                    bufs.append(scratch[:lead])
+                bufs.append(dest[i].view(np.uint8))
+                if tail:
+                    bufs.append(scratch[:tail])
+            want = (min(dest.shape[0], i0 + per_call) - i0) * row
+            done = 0
+            while done < want:  # a short count resumes at the first buffer not yet filled
+                n = os.preadv(fd, _skip(bufs, done), base + i0 * row + done)
+                if n <= 0:
+                    return -1
+                done += n
+            got += done
+        return got
 
     def read(self, rows: slice, cols: slice, out: np.ndarray) -> np.ndarray:
         """``out[...] = array[rows, cols]`` (``out`` C-contiguous of the selection's shape).
@@ -193,7 +236,19 @@ class RawChunks:
                 os.replace(tmp, path)  # a reader never sees half a chunk
 
 
-_IOV_MAX = 1024
+def _skip(bufs: list, n: int) -> list:
+    """The buffers after the first ``n`` bytes (for resuming a short ``preadv``)."""
+    if n == 0:
+        return bufs
+    out = []
+    for b in bufs:
+        size = len(memoryview(b).cast("B"))
+        if n >= size:
+            n -= size
+            continue
+        out.append(memoryview(b).cast("B")[n:] if n else b)
+        n = 0
+    return out
 
 
 def _writev_rows(fd: int, src: np.ndarray) -> bool:
