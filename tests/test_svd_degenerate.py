@@ -66,7 +66,8 @@ def test_svd_of_degenerate_matrices(name, method, budget, wide):
 @pytest.mark.parametrize("budget", list(BUDGETS))
 def test_eigsh_of_degenerate_symmetric_matrices(budget):
     x = np.linspace(1.0, 2.0, 120)
-    for name, a in {"zero": np.zeros((120, 120)), "rank-one": np.outer(x, x), "constant": np.full((120, 120), 2.0)}.items():
+    cases = {"zero": np.zeros((120, 120)), "rank-one": np.outer(x, x), "constant": np.full((120, 120), 2.0)}
+    for name, a in cases.items():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             w, V = bl.eigsh(a, 3, seed=0, memory="200KiB" if budget == "streamed" else "64MiB", order="descending")

@@ -398,7 +398,8 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
         is zero by construction), ``relative_residuals`` (each divided by its own ``s_i``, floored at
         ``sqrt(eps) s_1``), ``converged_triplets`` and ``worst_triplet`` (1-based ``index``, ``s``,
         ``relative_residual``, ``converged``). A matrix of rank ``r < k`` gives ``s_i = 0`` (to
-        rounding) for ``i > r`` with zero columns in the long factor (``A = U diag(s) Vt`` still holds). With ``center`` or ``scale``, the factors are
+        rounding) for ``i > r`` with zero columns in the long factor (``A = U diag(s) Vt`` still holds).
+        With ``center`` or ``scale``, the factors are
         those of the centered (scaled) matrix, ``result.mean`` and ``result.scale`` hold the column
         means and standard deviations used (``None`` when not), ``result.moments`` the column means
         and variances, and ``out`` also stores them as ``mean`` and ``scale``.
@@ -406,9 +407,10 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     Notes
     -----
     A matrix that fits the budget (twice its size plus the small factors) is read once and
-    factored in memory with the same algorithm (``passes == 1``). The fused power iteration loses
-    singular values below ``sqrt(eps) * s_1`` to rounding (as every method working on ``A^T A``);
-    for such a dynamic range use float64.
+    factored in memory with the same algorithm (``passes == 1``). The subspace comes from ``A^T A``, so the
+    singular *vectors* of singular values below ``sqrt(eps) * s_1`` are not resolved (as for every
+    method working on ``A^T A``; use float64 for such a dynamic range); the singular values come
+    from the final Rayleigh-Ritz step on ``A Q`` and are accurate to ``eps * s_1``.
 
     References
     ----------
