@@ -121,7 +121,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     --------
     >>> import numpy as np
     >>> import blocklin as bl
-    >>> w, V = bl.eigsh(np.diag(np.arange(1.0, 51.0)), 3, which="LA")
+    >>> w, V = bl.eigsh(np.diag(np.arange(1.0, 51.0)), 3, which="LA", order="ascending")
     >>> np.round(w, 8), V.shape
     (array([48., 49., 50.]), (50, 3))
     """
