@@ -297,7 +297,7 @@ def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: 
 
     def threshold(theta: np.ndarray) -> np.ndarray:
         sig = np.sqrt(np.maximum(theta, 0))
-        s1 = max(float(sig.max(initial=0.0)), getattr(src, "noise_scale", 0.0))
+        s1 = float(sig.max(initial=0.0))
         scale = np.maximum(sig, floor * s1)
         # triplet residual ||B^T u - s v|| = ||B^T B v - s^2 v|| / s <= tol * s (own singular value), but
         # never below the rounding of B^T B x (the null vectors of a rank-deficient A stop there)
