@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.plot:
         plot_spectrum(args.plot, res.w, rel, title=f"blocklin eigs ({args.which}), k={args.k}", label="|eigenvalue|")
         summary["plot"] = args.plot
-    human = (f"wrote {args.out} (w, V; k={args.k}, {args.which}) in {r['seconds']:.2f} s: {r['passes']} pass(es) "
+    stored = "U, S, Vt, mean: the centered SVD, w = S^2 / (m - 1), V = Vt^T" if args.center else "w, V"
+    human = (f"wrote {args.out} ({stored}; k={args.k}, {args.which}) in {r['seconds']:.2f} s: {r['passes']} pass(es) "
              f"over A, read {format_size(r['bytes_read'])}, peak memory {format_size(r['peak_memory'])}, max relative "
              f"residual {max(rel):.1e}")
     ui.emit(args, summary, ui.with_read_notes(human, r))

@@ -121,7 +121,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     --------
     >>> import numpy as np
     >>> import blocklin as bl
-    >>> w, V = bl.eigsh(np.diag(np.arange(1.0, 51.0)), 3, which="LA")
+    >>> w, V = bl.eigsh(np.diag(np.arange(1.0, 51.0)), 3, which="LA", order="ascending")
     >>> np.round(w, 8), V.shape
     (array([48., 49., 50.]), (50, 3))
     """
@@ -161,7 +161,8 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         steps_limit = max_passes if not plan.in_core else max(max_passes, 500)
         res = block_lanczos(apply, n, k, which=which, block=plan.block, max_basis=plan.max_basis,
                             max_steps=steps_limit, threshold=threshold, seed=seed, x0=x0, first=first, state=state,
-                            checkpoint=(lambda st: ckpt.save("lanczos", scale=scale["v"], **st)) if ckpt.enabled else None)
+                            checkpoint=(lambda st: ckpt.save("lanczos", scale=scale["v"], **st))
+                            if ckpt.enabled else None)
         ckpt.clear()
         if not res.converged:
             warn(f"eigsh: tol={tol:g} not reached within {job.passes('a')} passes over A; reached a relative "

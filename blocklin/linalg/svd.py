@@ -283,7 +283,9 @@ def _rayleigh_ritz(src: Any, Q: np.ndarray, k: int, dest: str | None, transposed
     R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
     Ur, S, Vrt = np.linalg.svd(R)
     # singular values at the rounding level of B Q are zeros of A (rank < k): exactly 0, with a zero U column
-    zero = S[:k] <= rounding_level(src.dtype, src.M) * S[0] if S.size else np.zeros(0, dtype=bool)
+    # (relative to ||A|| itself when a streamed pass centers A after its products: see blocklin.linalg.center)
+    ref = max(float(S[0]) if S.size else 0.0, getattr(src, "noise_scale", 0.0))
+    zero = S[:k] <= rounding_level(src.dtype, src.M) * ref
     sig = np.where(zero, 0.0, S[:k])
     Ur = Ur[:, :k] * ~zero
     Vr = Vrt.T[:, :k]
@@ -446,7 +448,8 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
         is zero by construction), ``relative_residuals`` (each divided by its own ``s_i``, floored at
         ``sqrt(eps) s_1``), ``converged_triplets`` and ``worst_triplet`` (1-based ``index``, ``s``,
         ``relative_residual``, ``converged``). A matrix of rank ``r < k`` gives ``s_i = 0`` (to
-        rounding) for ``i > r`` with zero columns in ``U`` (``A = U diag(s) Vt`` still holds). With ``center`` or ``scale``, the factors are
+        rounding) for ``i > r`` with zero columns in the long factor (``A = U diag(s) Vt`` still holds).
+        With ``center`` or ``scale``, the factors are
         those of the centered (scaled) matrix, ``result.mean`` and ``result.scale`` hold the column
         means and standard deviations used (``None`` when not), ``result.moments`` the column means
         and variances, and ``out`` also stores them as ``mean`` and ``scale``.
@@ -454,9 +457,10 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     Notes
     -----
     A matrix that fits the budget (twice its size plus the small factors) is read once and
-    factored in memory with the same algorithm (``passes == 1``). The fused power iteration loses
-    singular values below ``sqrt(eps) * s_1`` to rounding (as every method working on ``A^T A``);
-    for such a dynamic range use float64.
+    factored in memory with the same algorithm (``passes == 1``). The subspace comes from ``A^T A``, so the
+    singular *vectors* of singular values below ``sqrt(eps) * s_1`` are not resolved (as for every
+    method working on ``A^T A``; use float64 for such a dynamic range); the singular values come
+    from the final Rayleigh-Ritz step on ``A Q`` and are accurate to ``eps * s_1``.
 
     References
     ----------
@@ -584,6 +588,9 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
             moments = _moments(job, A, plan, ckpt)
             shift = Shift.of(moments, center=center, scale=scale, transposed=plan.transposed)
         src = _Streamed(job, A, plan, shift)
+        if moments is not None and center:  # the products are rounded at ||A||, before the means are removed
+            sq = moments.count * (moments.var + moments.mean ** 2) / (moments.std ** 2 if scale else 1.0)
+            src.noise_scale = float(np.sqrt(sq.sum()))
         phases = {"passes over A": src.device or job.device}
     ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
     if plan.method == "rsvd":
