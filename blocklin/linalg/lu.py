@@ -84,7 +84,7 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
             work = work.with_pending(False)
         else:
             work = work.with_pending(False)
-        if ao.resumed:
+        if ao.resumed and ao.has_array():
             open_zarr(ao.array_path(), mode="r+")
         else:
             create_array(ao.array_path(), shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)

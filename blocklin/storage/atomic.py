@@ -148,7 +148,11 @@ class AtomicOutput:
             check_output_path(self.path.url, overwrite=overwrite, name=name)
             self.partial = self.path.with_name(f".{self.path.name}.partial-{self.token}")
             with ownership.claim_lock(os.path.dirname(self.partial.url)):
-                self._claim_local()
+                try:
+                    self._claim_local()
+                except BaseException:  # an interrupt mid-claim: nothing of this run stays
+                    self._undo_claim()
+                    raise
         self.done = self.partial / _DONE
         self._be = backend(self.partial)
 
@@ -184,11 +188,20 @@ class AtomicOutput:
             if stale != self.partial.url or not self.resume:
                 report_removed(stale, "the partial output of a run that is gone")
         self.resumed = os.path.exists(self.partial.url)
+        self._made = not self.resumed
         os.makedirs(self.partial.url, exist_ok=True)
         self._own()
 
+    def _undo_claim(self) -> None:
+        if getattr(self, "_made", False) or (getattr(self, "owner", None) is not None and not self.resume):
+            ownership.Heartbeat.release(self.partial)
+            shutil.rmtree(self.partial.url, ignore_errors=True)
+            self.owner = None
+        else:
+            self.release()
+
     def _own(self) -> None:
-        self.owner = ownership.new_record(output=self.path.url, token=self.token)
+        self.owner = ownership.new_record(output=self.path.url, token=self.token)  # before the write: undo finds it
         ownership.write_record(self.owner_location, self.owner)
         ownership.Heartbeat.hold(self.owner_location, self.owner)
 
@@ -255,6 +268,12 @@ class AtomicOutput:
     def array_path(self, name: str | None = None) -> Location:
         """Location of the (sub-)array the job writes."""
         return self.partial if name is None else self.partial / name
+
+    def has_array(self, name: str | None = None) -> bool:
+        """Whether the partial holds the (sub-)array's metadata: a resumed run interrupted before
+        creating it must create it, not open it."""
+        be = backend(self.array_path(name))
+        return be.exists("zarr.json") or be.exists(DEFERRED_META)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def commit(self, operation: str, *, plan: dict | None = None, params: dict | None = None,
