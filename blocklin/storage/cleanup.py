@@ -10,7 +10,9 @@ A run killed without a chance to clean up (SIGKILL, power loss, the out-of-memor
 
 Each holds an owner record (:mod:`blocklin.storage.ownership`); one whose owner is gone is removed,
 one whose owner is alive never is. A work folder without a record (made by an older blocklin) is
-reported and left alone, since nothing tells whether a run still uses it.
+reported and left alone, since nothing tells whether a run still uses it; so is a partial output
+without a record that was written to in the last :data:`~blocklin.storage.ownership.LEASE_SECONDS`
+(a run to that same output still takes it over, as before owner records).
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ def _classify(loc: Location, kind: str, sizes: bool = True) -> Leftover:
                                               "when no run uses it"
     elif rec is None and kind == "old output" and time.time() - _mtime(loc) < ownership.HEARTBEAT_SECONDS:
         item.action, item.reason = "kept", "a commit may still be removing it"
+    elif rec is None and kind == "partial output" and loc.is_local and time.time() - _newest(loc) < \
+            ownership.LEASE_SECONDS:
+        item.action, item.reason = "kept", "no owner record, and written to in the last 10 minutes (an older " \
+                                           "blocklin may still be writing it)"
     else:
         item.action = "remove"
         item.reason = f"its run is gone ({ownership.describe(rec)})" if rec else "no owner record"
@@ -82,6 +88,18 @@ def _mtime(loc: Location) -> float:
         return os.stat(loc.url).st_mtime
     except OSError:
         return 0.0
+
+
+def _newest(loc: Location) -> float:
+    """Latest modification time of anything under a local folder."""
+    newest = _mtime(loc)
+    for root, dirs, files in os.walk(loc.url):
+        for f in dirs + files:
+            try:
+                newest = max(newest, os.lstat(os.path.join(root, f)).st_mtime)
+            except OSError:
+                pass
+    return newest
 
 
 def _local_candidates(path: str) -> list[tuple[str, str]]:
