@@ -4,7 +4,8 @@ Each command runs as ``blocklin`` in a subprocess (``tests/slow_cli.py``: the re
 delay before each streamed item, so that the run is still writing when the signal comes) on small
 matrices with KiB-MiB budgets. The signal is sent at a point the test waits for, not after a sleep:
 ``start`` (the partial output or the work folder has appeared) or ``mid`` (the second streamed
-item or finished unit has begun; ``slow_cli`` creates a mark file then). Then:
+item or finished unit has begun; ``slow_cli`` creates a mark file then); each signal meets each
+point, alternating over the commands. Then:
 
 * SIGINT / SIGTERM: exit 130 / 143 with one line on stderr, and nothing left behind (no partial
   output, no work folder) unless ``--resume`` asked to keep the finished work;
@@ -42,7 +43,10 @@ COMMANDS = {
     "cholesky": ["factor", "cholesky", "S.zarr", "-o", "OUT", "--memory", "1MiB"],
     "lu": ["factor", "lu", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
 }
-CASES = [("SIGINT", "start"), ("SIGTERM", "mid"), ("SIGKILL", "mid")]
+#: Each signal at both points, alternating over the commands (every command sees every signal).
+CASES = [(name, sig, point if i % 2 == 0 else {"start": "mid", "mid": "start"}[point])
+         for i, name in enumerate(COMMANDS)
+         for sig, point in (("SIGINT", "start"), ("SIGTERM", "mid"), ("SIGKILL", "mid"))]
 
 
 def _takes_resume(argv: list[str]) -> bool:
@@ -114,8 +118,7 @@ def _interrupt(data: Path, argv: list[str], sig: str, point: str, out: str) -> s
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
-@pytest.mark.parametrize("sig,point", CASES)
-@pytest.mark.parametrize("name", list(COMMANDS))
+@pytest.mark.parametrize("name,sig,point", CASES)
 def test_interrupt_then_rerun(data, references, name, sig, point, monkeypatch):
     out = f"{name}-{sig}.zarr"
     tmp = str(data / "tmp")

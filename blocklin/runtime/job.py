@@ -226,10 +226,11 @@ class Job:
             root = temp_root(self.cfg)
             if root.is_local:  # what killed runs left here goes first (their owners are gone)
                 sweep_stale(root)
-            self._tmp = root / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
-            start_work_folder(self._tmp, operation=self.operation)
-            self.stack.callback(end_work_folder, self._tmp)
+            tmp = root / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
+            self.stack.callback(end_work_folder, tmp)  # registered first: an interrupt cannot slip between
             self.stack.callback(wait_for_pending_io)  # runs first: no write lands after the removal
+            start_work_folder(tmp, operation=self.operation)
+            self._tmp = tmp
         return self._tmp
 
     def scratch(self, name: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int]) -> Location:
@@ -250,10 +251,9 @@ class Job:
         if out is None:
             out = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
             resume = False
-        ao = AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
-                          storage_options=self.cfg.storage_options)
-        self.outputs.append(ao)
-        return ao
+        # known to the job from its claim on, so an interrupt at any point still aborts it
+        return AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
+                            storage_options=self.cfg.storage_options, on_claim=self.outputs.append)
 
     # -- execution -----------------------------------------------------------------------------------
     def run(self, graph: TileGraph, *, workers: int = 1, blas_threads: int | None = None,

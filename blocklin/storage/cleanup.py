@@ -227,4 +227,22 @@ def sweep_stale(root: Location) -> list[Leftover]:
     return items
 
 
-__all__ = ["Leftover", "clean", "find_leftovers", "sweep_stale"]
+def abandon_held(*, keep_partials: bool) -> None:
+    """After an interrupt, drop what this process still owns: a signal that lands between a claim
+    and the code that would clean it up leaves it held. Partial outputs are released (their data
+    kept for ``--resume``) when ``keep_partials``, else removed; work folders are removed."""
+    from blocklin.storage.zarr_store import wait_for_pending_io
+
+    held = ownership.Heartbeat.held()
+    if not held:
+        return
+    wait_for_pending_io()
+    for loc, rec in held:
+        ownership.Heartbeat.release(loc)
+        if "output" in rec and keep_partials:
+            backend(loc).delete(ownership.OWNER_RECORD)
+        else:
+            backend(loc).remove("")
+
+
+__all__ = ["Leftover", "abandon_held", "clean", "find_leftovers", "sweep_stale"]

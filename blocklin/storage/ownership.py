@@ -185,6 +185,12 @@ class Heartbeat:
             return any(r["run"] == rec.get("run") for _, r in cls._held.values())
 
     @classmethod
+    def held(cls) -> list[tuple[Location, dict]]:
+        """The locations whose records this process holds, with the records."""
+        with cls._lock:
+            return list(cls._held.values())
+
+    @classmethod
     def release(cls, loc: Location) -> None:
         with cls._lock:
             cls._held.pop(loc.url, None)
