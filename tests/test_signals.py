@@ -169,3 +169,30 @@ def test_clean_removes_what_sigkill_left(data, monkeypatch, capsys):
     assert _leftovers(data) == []
     assert main(["clean", str(data), tmp]) == 0
     assert "nothing to clean" in capsys.readouterr().out
+
+
+def test_keyboard_interrupt_waits_for_threaded_tasks(tmp_path, monkeypatch):
+    """From Python: Ctrl-C while threaded tasks stream their panels stops them before the partial
+    output is removed, so no task writes into it afterwards (without the wait, a task thread went
+    on writing strips and left an orphan partial)."""
+
+    import blocklin.device.stream as stream
+
+    a = blocklin.from_array(np.random.default_rng(3).standard_normal((192, 192)), tmp_path / "A.zarr",
+                            chunks=(32, 32))
+    real, calls = stream.check_cancelled, []
+
+    def slow_check():
+        calls.append(1)
+        if len(calls) == 8:
+            os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the waiting main thread
+        time.sleep(0.02)  # tasks are mid-tile, arrays open, when the main thread starts its cleanup
+        real()
+
+    monkeypatch.setattr(stream, "check_cancelled", slow_check)
+    with pytest.raises(KeyboardInterrupt):
+        blocklin.matmul(a, a, tmp_path / "C.zarr", memory="256KiB", workers=2, scheduler="threads")
+    time.sleep(0.5)  # a task that outlived the cleanup would write now
+    left = [os.path.relpath(os.path.join(r, f), tmp_path) for r, ds, fs in os.walk(tmp_path) for f in ds + fs
+            if "A.zarr" not in r and f != "A.zarr"]
+    assert left in ([], ["blocklin-tmp"]), left  # blocklin-tmp: the tests' (empty) temp dir
