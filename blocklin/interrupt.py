@@ -75,11 +75,14 @@ class handle_signals:  # noqa: N801 - used as a context manager like a function
 
 def quiet_shutdown() -> None:
     """Silence what an interrupted process would otherwise print while it exits: asyncio's
-    complaints about the I/O tasks zarr's event loop still held, and errors of daemon threads."""
+    complaints about the I/O tasks zarr's event loop still held ("coroutine ... was never
+    awaited", "Task was destroyed but it is pending"), and errors of daemon threads."""
     import logging
     import sys
+    import warnings
 
     logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
+    warnings.simplefilter("ignore", RuntimeWarning)
     threading.excepthook = lambda args: None
     sys.unraisablehook = lambda unraisable: None
 

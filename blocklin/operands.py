@@ -51,8 +51,8 @@ def temp_root(cfg: Config) -> Location:
 
 def _stage_dir(cfg: Config, stack: contextlib.ExitStack) -> Location:
     d = temp_root(cfg) / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
+    stack.callback(end_work_folder, d)  # registered first: an interrupt cannot slip between
     start_work_folder(d, operation="stage")
-    stack.callback(end_work_folder, d)
     return d
 
 

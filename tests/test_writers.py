@@ -25,7 +25,7 @@ import pytest
 import blocklin
 from blocklin.errors import OutputBusyError
 from blocklin.storage import ownership
-from blocklin.storage.backend import remove
+from blocklin.storage.backend import backend, remove
 from blocklin.storage.location import as_location
 
 RNG = np.random.default_rng(12)
@@ -282,5 +282,29 @@ def test_object_store_second_writer_refused(sleeper):
         second = AtomicOutput(url, token="t1", resume=True)  # the owner is gone: taken over
         assert second.resumed
         second.abort()
+    finally:
+        remove(as_location(url))
+
+
+def test_clean_object_store_output_of_a_gone_run(sleeper):
+    """An output prefix left pending by a killed run on an object store is found and removed."""
+    from blocklin.storage.atomic import AtomicOutput
+    from blocklin.storage.cleanup import clean
+
+    url = f"memory://clean-{os.getpid()}/C.zarr"
+    left = AtomicOutput(url, token="t1")
+    backend_ = backend(left.path)
+    backend_.write_bytes("c/0/0", b"x" * 100)
+    rec = ownership.read_record(left.owner_location)
+    rec.update(pid=sleeper.pid, proc_start=ownership._proc_start(sleeper.pid), run="killed")
+    ownership.write_record(left.owner_location, rec)
+    ownership.Heartbeat.release(left.owner_location)
+    try:
+        assert [i.action for i in clean([url])] == ["kept"]  # its owner is alive
+        sleeper.kill()
+        sleeper.wait()
+        (item,) = clean([url])
+        assert item.action == "removed" and item.bytes >= 100
+        assert not backend_.keys("")
     finally:
         remove(as_location(url))

@@ -112,6 +112,9 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_OK
     except KeyboardInterrupt as exc:
         interrupt.quiet_shutdown()
+        from blocklin.storage.cleanup import abandon_held
+
+        abandon_held(keep_partials=bool(getattr(args, "resume", False)))
         terminated = isinstance(exc, interrupt.Terminated)
         kept = " (finished work kept for --resume)" if getattr(args, "resume", False) else ""
         print(f"blocklin {args.command}: {'terminated' if terminated else 'interrupted'}; "

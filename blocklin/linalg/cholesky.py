@@ -97,7 +97,7 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
         token = tokenize("cholesky", A.path, A.shape, A.dtype.str, tuple(A.chunks), lower, plan.to_dict())[:16]
         ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token)
         path = ao.array_path()
-        if ao.resumed:
+        if ao.resumed and ao.has_array():
             open_zarr(path, mode="r+")
         else:
             create_array(path, shape=(n, n), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)

@@ -76,7 +76,7 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
             return plan
         token = tokenize("lu", A.path, A.shape, A.dtype.str, tuple(A.chunks), plan.to_dict())[:16]
         ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token)
-        if ao.resumed:
+        if ao.resumed and ao.has_array():
             open_zarr(ao.array_path(), mode="r+")
         else:
             create_array(ao.array_path(), shape=(n, n), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)

@@ -31,7 +31,7 @@ from blocklin.storage.formats import check_zarr_output
 from blocklin.storage.space import check_writable
 from blocklin.storage.cleanup import sweep_stale
 from blocklin.storage.location import Location
-from blocklin.storage.ownership import end_work_folder, start_work_folder
+from blocklin.storage.ownership import Heartbeat, claim_work_folder, end_work_folder, start_work_folder
 from blocklin.storage.zarr_store import create_array, wait_for_pending_io
 
 
@@ -236,10 +236,11 @@ class Job:
             root = temp_root(self.cfg)
             if root.is_local:  # what killed runs left here goes first (their owners are gone)
                 sweep_stale(root)
-            self._tmp = root / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
-            start_work_folder(self._tmp, operation=self.operation)
-            self.stack.callback(end_work_folder, self._tmp)
+            tmp = root / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}"
+            self.stack.callback(end_work_folder, tmp)  # registered first: an interrupt cannot slip between
             self.stack.callback(wait_for_pending_io)  # runs first: no write lands after the removal
+            start_work_folder(tmp, operation=self.operation)
+            self._tmp = tmp
         return self._tmp
 
     def work_dir(self, name: str, token: str, *, resume: bool = False) -> Location:
@@ -252,14 +253,15 @@ class Job:
         loc = temp_root(self.cfg) / f"blocklin-{name}-{token}"
         if not resume:
             remove(loc)
-        if loc.is_local:
-            os.makedirs(loc.url, exist_ok=True)
-        self.stack.callback(self._end_work_dir, loc, resume)
+        self.stack.callback(self._end_work_dir, loc, resume)  # registered first: an interrupt cannot slip between
+        claim_work_folder(loc, operation=name)
         return loc
 
     def _end_work_dir(self, loc: Location, keep_after_error: bool) -> None:
-        if not (keep_after_error and getattr(self, "_failed", False)):
-            remove(loc)
+        if keep_after_error and getattr(self, "_failed", False):
+            Heartbeat.release(loc)  # kept, with its owner record, for the rerun (or `blocklin clean`)
+        else:
+            end_work_folder(loc)
 
     def scratch(self, name: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int]) -> Location:
         """A new intermediate zarr array under :meth:`temp_dir`, removed with the job.
@@ -281,10 +283,9 @@ class Job:
             resume = False
         check_zarr_output(out)
         check_writable(getattr(out, "url", out) if isinstance(out, (str, os.PathLike, Location)) else None)
-        ao = AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
-                          storage_options=self.cfg.storage_options)
-        self.outputs.append(ao)
-        return ao
+        # known to the job from its claim on, so an interrupt at any point still aborts it
+        return AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
+                            storage_options=self.cfg.storage_options, on_claim=self.outputs.append)
 
     # -- execution -----------------------------------------------------------------------------------
     def run(self, graph: TileGraph, *, workers: int = 1, blas_threads: int | None = None,

@@ -30,6 +30,7 @@ from typing import Any
 from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.backend import backend, remove
 from blocklin.storage.location import Location
+from blocklin.storage.ownership import OWNER_RECORD
 from blocklin.storage.zarr_store import create_array
 
 _RUN = "run-id"
@@ -69,9 +70,7 @@ class Stages:
         run = raw.decode() if raw is not None else None
         self.resumed = bool(resume and run and is_done(marker_dir, f"run-{run}"))
         if not self.resumed:
-            remove(folder)
-            if folder.is_local:
-                os.makedirs(folder.url, exist_ok=True)
+            self._clear()
             if start is not None:
                 start()
             run = uuid.uuid4().hex[:16]
@@ -80,6 +79,16 @@ class Stages:
         self._stores = 0
         self._steps = 0
         self.skipped = 0
+
+    def _clear(self) -> None:
+        """Empty the work folder of what an earlier run left, keeping this run's owner record."""
+        if self.folder.is_local:
+            os.makedirs(self.folder.url, exist_ok=True)
+            for entry in os.listdir(self.folder.url):
+                if entry != OWNER_RECORD:
+                    self._be.remove(entry)
+        else:
+            self._be.delete_many([k for k in self._be.keys("") if k != OWNER_RECORD])
 
     def store(self, name: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int]) -> Location:
         """The next intermediate store ``NAME-N.zarr`` (created, or kept when a resumed run made it)."""

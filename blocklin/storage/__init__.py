@@ -2,6 +2,7 @@
 
 from blocklin.storage.atomic import AtomicOutput, check_output_path
 from blocklin.storage.backend import Backend, backend, remove, zarr_store
+from blocklin.storage.cleanup import Leftover, clean
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import (
     codec_chain,
@@ -18,10 +19,12 @@ from blocklin.storage.zarr_store import (
 __all__ = [
     "AtomicOutput",
     "Backend",
+    "Leftover",
     "Location",
     "as_location",
     "backend",
     "check_output_path",
+    "clean",
     "codec_chain",
     "create_array",
     "create_group",

@@ -129,7 +129,7 @@ class AtomicOutput:
 
     def __init__(self, path: Any, *, inputs: Iterable[Any] = (), overwrite: bool = False,
                  resume: bool = False, token: str | None = None, name: str = "out",
-                 storage_options: dict | None = None) -> None:
+                 storage_options: dict | None = None, on_claim: Any = None) -> None:
         self.path = as_location(path, storage_options, name=name)
         self.inputs = [str(i) for i in inputs if i is not None]
         for inp in self.inputs:
@@ -143,15 +143,22 @@ class AtomicOutput:
         self.committed = False
         self.name = name
         self.in_place = not self.path.is_local
-        if self.in_place:
-            self._begin_in_place()
-        else:
-            check_output_path(self.path.url, overwrite=overwrite, name=name)
-            self.partial = self.path.with_name(f".{self.path.name}.partial-{self.token}")
-            with ownership.claim_lock(os.path.dirname(self.partial.url)):
-                self._claim_local()
-        self.done = self.partial / _DONE
-        self._be = backend(self.partial)
+        self.owner: dict | None = None
+        self._claimed = False
+        self._on_claim = on_claim
+        try:
+            if self.in_place:
+                self._begin_in_place()
+            else:
+                check_output_path(self.path.url, overwrite=overwrite, name=name)
+                self.partial = self.path.with_name(f".{self.path.name}.partial-{self.token}")
+                with ownership.claim_lock(os.path.dirname(self.partial.url)):
+                    self._claim_local()
+            self.done = self.partial / _DONE
+            self._be = backend(self.partial)
+        except BaseException:  # refused, or interrupted mid-claim: nothing of this run stays
+            self.abort()
+            raise
 
     # -- in-place protocol (object stores) ---------------------------------------------------------
     def _record(self) -> dict | None:
@@ -180,6 +187,7 @@ class AtomicOutput:
         siblings = sorted(f for f in os.listdir(parent or ".") if f.startswith(prefix))
         for f in siblings:
             self._check_not_busy(Location(os.path.join(parent, f)), self.path.url)
+        self._claim()
         for f in siblings:
             stale = os.path.join(parent, f)
             if stale != self.partial.url or not self.resume:
@@ -188,14 +196,21 @@ class AtomicOutput:
         os.makedirs(self.partial.url, exist_ok=True)
         self._own()
 
+    def _claim(self) -> None:
+        """From here on the partial is this run's: :meth:`abort` removes it (the caller, a job,
+        learns of the output now through ``on_claim``, before anything is written)."""
+        self._claimed = True
+        if self._on_claim is not None:
+            self._on_claim(self)
+
     def _own(self) -> None:
-        self.owner = ownership.new_record(output=self.path.url, token=self.token)
+        self.owner = ownership.new_record(output=self.path.url, token=self.token)  # before the write: undo finds it
         ownership.write_record(self.owner_location, self.owner)
         ownership.Heartbeat.hold(self.owner_location, self.owner)
 
     def release(self) -> None:
         """Stop owning the partial (after the commit, or when it is kept for a resume)."""
-        owner = getattr(self, "owner", None)
+        owner = self.owner
         if owner is None:
             return
         ownership.Heartbeat.release(self.owner_location)
@@ -226,6 +241,7 @@ class AtomicOutput:
                                                 "choose a new prefix such as s3://bucket/result.zarr"))
         self.partial = self.path.with_pending()
         self.resumed = bool(record and self.resume and record.get("token") == self.token)
+        self._claim()
         if not self.resumed:
             # The record goes first, so that the prefix never looks finished while old data is removed.
             be.write_text(PENDING_RECORD, json.dumps({"token": self.token, "started": _now()}))
@@ -235,7 +251,7 @@ class AtomicOutput:
         won = ownership.read_record(self.path)
         if won is None or won.get("run") != self.owner["run"]:
             ownership.Heartbeat.release(self.path)
-            self.owner = None
+            self.owner, self._claimed = None, False  # the other run's now: abort leaves it alone
             raise OutputBusyError(busy_message(self.path.url, won or {}))
 
     # -- work units -----------------------------------------------------------------------------
@@ -256,6 +272,12 @@ class AtomicOutput:
     def array_path(self, name: str | None = None) -> Location:
         """Location of the (sub-)array the job writes."""
         return self.partial if name is None else self.partial / name
+
+    def has_array(self, name: str | None = None) -> bool:
+        """Whether the partial holds the (sub-)array's metadata: a resumed run interrupted before
+        creating it must create it, not open it."""
+        be = backend(self.array_path(name))
+        return be.exists("zarr.json") or be.exists(DEFERRED_META)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def commit(self, operation: str, *, plan: dict | None = None, params: dict | None = None,
@@ -307,7 +329,7 @@ class AtomicOutput:
                                             f"{self.path.url!r} was taken over by another job during the run",
                                             "run one job per output; rerun this one with overwrite=True"))
         owner = ownership.read_record(self.path)
-        if getattr(self, "owner", None) is not None and (owner is None or owner.get("run") != self.owner["run"]):
+        if self.owner is not None and (owner is None or owner.get("run") != self.owner["run"]):
             raise OutputExistsError(explain(self.name, "must stay this run's output until it commits",
                                             f"{self.path.url!r} was taken over by another run during this one",
                                             "run one job per output; rerun this one with overwrite=True"))
@@ -344,20 +366,20 @@ class AtomicOutput:
         Call it only once no task writes to the partial any more (:meth:`Job.run` waits for the
         tasks in flight before an interrupt or an error leaves it).
         """
-        if self.committed:
+        if self.committed or not self._claimed:
             return
-        if self.resume or getattr(self, "owner", None) is None:
+        if self.resume:
             self.release()
             return
         ownership.Heartbeat.release(self.owner_location)
         wait_for_pending_io()  # writes of an interrupted zarr call would recreate the folder
         if self.in_place:
             owner = ownership.read_record(self.path)
-            if owner is not None and owner.get("run") == self.owner["run"]:
+            if owner is None or self.owner is None or owner.get("run") == self.owner["run"]:
                 backend(self.path).remove("")
         else:
             shutil.rmtree(self.partial.url, ignore_errors=True)
-        self.owner = None
+        self.owner, self._claimed = None, False
 
     def __enter__(self) -> AtomicOutput:
         return self

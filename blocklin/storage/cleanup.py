@@ -10,7 +10,9 @@ A run killed without a chance to clean up (SIGKILL, power loss, the out-of-memor
 
 Each holds an owner record (:mod:`blocklin.storage.ownership`); one whose owner is gone is removed,
 one whose owner is alive never is. A work folder without a record (made by an older blocklin) is
-reported and left alone, since nothing tells whether a run still uses it.
+reported and left alone, since nothing tells whether a run still uses it; so is a partial output
+without a record that was written to in the last :data:`~blocklin.storage.ownership.LEASE_SECONDS`
+(a run to that same output still takes it over, as before owner records).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from blocklin.storage.zarr_store import PENDING_RECORD
 
 _PARTIAL = re.compile(r"^\..+\.partial-[0-9A-Za-z]+$")
 _OLD = re.compile(r"^\..+\.old-[0-9a-f]{8}$")
-_WORK = re.compile(r"^blocklin-[A-Za-z0-9_]+-[0-9a-f]{12}$")
+_WORK = re.compile(r"^blocklin-[A-Za-z0-9_]+-[0-9a-f]{12,32}$")
 
 
 @dataclasses.dataclass
@@ -69,9 +71,15 @@ def _classify(loc: Location, kind: str, sizes: bool = True) -> Leftover:
                                               "when no run uses it"
     elif rec is None and kind == "old output" and time.time() - _mtime(loc) < ownership.HEARTBEAT_SECONDS:
         item.action, item.reason = "kept", "a commit may still be removing it"
+    elif rec is None and kind == "partial output" and loc.is_local and time.time() - _newest(loc) < \
+            ownership.LEASE_SECONDS:
+        item.action, item.reason = "kept", "no owner record, and written to in the last 10 minutes (an older " \
+                                           "blocklin may still be writing it)"
     else:
         item.action = "remove"
         item.reason = f"its run is gone ({ownership.describe(rec)})" if rec else "no owner record"
+        if rec and rec.get("resumable"):
+            item.reason += "; rerunning it with --resume would continue it instead"
     if sizes or item.action == "remove":
         item.bytes = _size(loc)
     return item
@@ -82,6 +90,18 @@ def _mtime(loc: Location) -> float:
         return os.stat(loc.url).st_mtime
     except OSError:
         return 0.0
+
+
+def _newest(loc: Location) -> float:
+    """Latest modification time of anything under a local folder."""
+    newest = _mtime(loc)
+    for root, dirs, files in os.walk(loc.url):
+        for f in dirs + files:
+            try:
+                newest = max(newest, os.lstat(os.path.join(root, f)).st_mtime)
+            except OSError:
+                pass
+    return newest
 
 
 def _local_candidates(path: str) -> list[tuple[str, str]]:
@@ -199,7 +219,9 @@ def sweep_stale(root: Location) -> list[Leftover]:
     from blocklin.errors import warn
 
     try:
-        items = [i for i in find_leftovers([root.url], sizes=False) if i.action == "remove"]
+        # resumable work of a gone run stays for its --resume rerun; `blocklin clean` removes it
+        items = [i for i in find_leftovers([root.url], sizes=False)
+                 if i.action == "remove" and not (i.owner or {}).get("resumable")]
     except OSError:
         return []
     for item in items:
@@ -209,4 +231,22 @@ def sweep_stale(root: Location) -> list[Leftover]:
     return items
 
 
-__all__ = ["Leftover", "clean", "find_leftovers", "sweep_stale"]
+def abandon_held(*, keep_partials: bool) -> None:
+    """After an interrupt, drop what this process still owns: a signal that lands between a claim
+    and the code that would clean it up leaves it held. Partial outputs are released (their data
+    kept for ``--resume``) when ``keep_partials``, else removed; work folders are removed."""
+    from blocklin.storage.zarr_store import wait_for_pending_io
+
+    held = ownership.Heartbeat.held()
+    if not held:
+        return
+    wait_for_pending_io()
+    for loc, rec in held:
+        ownership.Heartbeat.release(loc)
+        if "output" in rec and keep_partials:
+            backend(loc).delete(ownership.OWNER_RECORD)
+        else:
+            backend(loc).remove("")
+
+
+__all__ = ["Leftover", "abandon_held", "clean", "find_leftovers", "sweep_stale"]

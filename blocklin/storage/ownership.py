@@ -186,6 +186,12 @@ class Heartbeat:
             return any(r["run"] == rec.get("run") for _, r in cls._held.values())
 
     @classmethod
+    def held(cls) -> list[tuple[Location, dict]]:
+        """The locations whose records this process holds, with the records."""
+        with cls._lock:
+            return list(cls._held.values())
+
+    @classmethod
     def release(cls, loc: Location) -> None:
         with cls._lock:
             cls._held.pop(loc.url, None)
@@ -226,6 +232,18 @@ def start_work_folder(loc: Location, **extra: Any) -> dict:
     return rec
 
 
+def claim_work_folder(loc: Location, **extra: Any) -> dict:
+    """Own the deterministic work folder ``loc``, creating it or continuing what a gone run left
+    there (``resume``). Its record says ``resumable``: the automatic sweep of a new job leaves it for
+    the rerun that continues it; ``blocklin clean`` removes it once its owner is gone."""
+    if loc.is_local and not os.path.isdir(loc.url):
+        make_temp_folder(loc.url)
+    rec = new_record(resumable=True, **extra)
+    write_record(loc, rec)
+    Heartbeat.hold(loc, rec)
+    return rec
+
+
 def end_work_folder(loc: Location) -> None:
     """Stop owning the work folder ``loc`` and remove it with everything in it."""
     Heartbeat.release(loc)
@@ -233,4 +251,4 @@ def end_work_folder(loc: Location) -> None:
 
 
 __all__ = ["HEARTBEAT_SECONDS", "LEASE_SECONDS", "OWNER_RECORD", "Heartbeat", "claim_lock", "describe",
-           "end_work_folder", "host", "is_alive", "is_mine", "new_record", "read_record", "start_work_folder", "write_record"]
+           "claim_work_folder", "end_work_folder", "host", "is_alive", "is_mine", "new_record", "read_record", "start_work_folder", "write_record"]

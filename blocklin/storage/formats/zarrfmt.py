@@ -85,6 +85,13 @@ class ZarrWriter(Writer):
         self.chunks = tuple(max(1, int(c)) for c in chunks)
         self.unit = self.chunks
         self._out = AtomicOutput(path, inputs=list(inputs), overwrite=overwrite, resume=resume, token=token)
+        try:
+            self._open()
+        except BaseException:  # an interrupt while the array is created: the partial goes too
+            self._out.abort()
+            raise
+
+    def _open(self) -> None:
         self.partial = self._out.partial
         self.location = self._out.array_path()
         self.done = self._out.done
