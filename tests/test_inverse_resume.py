@@ -140,3 +140,27 @@ def test_ctrl_c_without_resume_leaves_nothing(problem, tmp_path):
 def test_resume_needs_an_output():
     with pytest.raises(ValueError, match="resume.*out="):
         bl.inv(np.eye(3), resume=True)
+
+
+def test_a_killed_runs_work_folder_waits_for_resume_and_clean_removes_it(problem, tmp_path):
+    """The work folder of a killed ``resume=True`` run survives other jobs' automatic sweep (it is
+    the rerun's), and ``blocklin clean`` removes it, saying that --resume would continue it."""
+    from blocklin.storage import clean
+    from blocklin.storage.cleanup import sweep_stale
+    from blocklin.storage.location import as_location
+
+    d, a, ref = problem
+    out, tmp = tmp_path / "x.zarr", tmp_path / "tmp"
+    tmp.mkdir()
+    assert child(a.path, out, tmp, "SIGKILL", 5, "api", 1).returncode == -signal.SIGKILL
+    (work,) = os.listdir(tmp)
+    assert sweep_stale(as_location(str(tmp))) == []  # what a new job does first in its temp dir
+    assert os.listdir(tmp) == [work]
+    (seen,) = clean([tmp], dry_run=True)
+    assert seen.action == "would remove" and "--resume" in seen.reason
+    (gone,) = clean([tmp])
+    assert gone.action == "removed" and os.listdir(tmp) == []
+    again = child(a.path, out, tmp, "SIGKILL", -1, "api", 1)  # nothing left to continue: starts over
+    assert again.returncode == 0, again.stderr
+    assert not json.loads(again.stdout.strip().splitlines()[-1])["resumed"]
+    np.testing.assert_array_equal(bl.open(out).to_numpy(), ref)
