@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import blocklin
 from blocklin.errors import BlocklinError, ParameterError, StoreReadError
+from blocklin.storage.inspect import inspect
 from hostile import assert_refused, edit_metadata, leftovers, run_many, write_zarr
 
 
