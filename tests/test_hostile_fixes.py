@@ -42,8 +42,8 @@ def _retry(call, budgets: list[str]) -> str:
 
 @pytest.mark.parametrize("method", ["sketch", "rsvd"])
 def test_svd_budget_suggestions_suffice(tmp_path, method):
-    a = np.random.default_rng(0).standard_normal((2000, 120))
-    write_zarr(tmp_path / "a.zarr", a, (250, 120))
+    a = np.random.default_rng(0).standard_normal((1200, 80))
+    write_zarr(tmp_path / "a.zarr", a, (150, 80))
     runs = iter(range(10))
 
     def call(memory):
