@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import blocklin
-from blocklin.storage.inspect import format_info, inspect
 from blocklin.errors import BlocklinError, ParameterError, StoreReadError
+from blocklin.storage.inspect import inspect
 from hostile import assert_refused, edit_metadata, leftovers, run_many, write_zarr
 
 

@@ -47,13 +47,13 @@ def _unwritable(folder: str) -> str:
     read-only file system, so that is asked of the file system itself."""
     if os.path.exists(folder) and not os.path.isdir(folder):
         return "a file, not a folder"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return "this user may not write there"
     try:
         if os.statvfs(folder).f_flag & os.ST_RDONLY:
             return "a read-only file system"
     except OSError:  # pragma: no cover - no statvfs: the write itself will say
         pass
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return "this user may not write there"
     return ""
 
 
