@@ -71,6 +71,10 @@ def test_auto_goes_tiled_when_r_exceeds_the_budget():
     assert r.report["method"] == "tiled" and "exceeds the budget" in r.report["method_reason"]
     assert r.report["plan"]["peak_memory"] <= 2**20
     _check_r(a, r[...], np.float64)
+    b = np.random.default_rng(4).standard_normal((200, 100))
+    r = bl.qr(b, memory="1MiB", scheduler="sync")  # R fits, but strips of 127 rows < 4 n: TSQR would refactor R
+    assert r.report["method"] == "tiled" and "strip of 127 rows" in r.report["method_reason"]
+    _check_r(b, r[...], np.float64)
 
 
 def test_auto_falls_back_to_tiled_when_the_pass_is_refused(monkeypatch):

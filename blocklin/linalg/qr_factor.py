@@ -21,7 +21,7 @@ from blocklin.errors import explain as _msg
 from blocklin.linalg.qr import tsqr_pass
 from blocklin.linalg.tsqr import MIN_STRIP_ROWS, positive_diagonal
 from blocklin.matrix import Matrix
-from blocklin.plan.factor import FactorPlan, plan_qr
+from blocklin.plan.factor import QR_PANEL_BUFFERS, FactorPlan, plan_qr
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.householder import qr_extract_r, qr_form_q, qr_panels
@@ -31,6 +31,11 @@ from blocklin.storage.zarr_store import create_array, open_zarr, write_block
 from blocklin.validate import choice, float_operand
 
 MODES = ("r", "reduced")
+#: ``"auto"`` takes the streaming TSQR for ``R`` alone when its strips can hold this many times ``n``
+#: rows: each strip costs a QR of ``[R; strip]``, ``2 (s + n) n^2`` flops for ``s`` rows, so short strips
+#: multiply the work (measured for 8192 x 2048 float64 in 300 MiB, strips of about 1.2 n: TSQR 172 s,
+#: tiled 35 s).
+TSQR_STRIP_RATIO = 4
 METHODS = ("auto", "tiled", "tsqr")
 REPORT_KEYS = ("method", "method_reason", "seconds", "flops", "gflops", "peak_memory", "diag_ratio", "tasks",
                "skipped")
@@ -55,7 +60,8 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
         ``"tsqr"``: one streaming pass (``R`` held in core: about ``5 n^2`` float64 and ``3 n^2``
         elements within ``memory``, :func:`tsqr_bytes`; no ``Q``). ``"tiled"``: blocked Householder over column panels (``6 m t`` elements per panel of
         width ``t >= 32`` within ``memory``; ``R`` and ``Q`` stored tile by tile). ``"auto"``:
-        ``"tsqr"`` for ``R`` alone when it fits in core, else ``"tiled"``; the report says which and why.
+        ``"tsqr"`` for ``R`` alone when it fits in core with strips of at least ``4 n`` rows (a tall
+        ``A``: one pass, the fewest reads), else ``"tiled"``; the report says which and why.
     overwrite, resume : bool
         Replace existing outputs; continue an interrupted tiled run (finished panels are kept).
     explain : bool
@@ -146,10 +152,17 @@ def _route(job: Job, m: int, n: int, itemsize: int, mode: str, method: str) -> t
         return "tiled", "requested: blocked Householder over column panels"
     if mode == "reduced":
         return "tiled", "Q requested: blocked Householder over column panels (Q stored tile by tile)"
-    if in_core:
-        return "tsqr", (f"R ({n} x {n}) fits in core: one streaming pass over A (TSQR), the fewest reads")
-    return "tiled", (f"R ({n} x {n}, {format_size(need)} to hold and reduce) exceeds the budget of "
-                     f"{format_size(job.cfg.memory)}: blocked Householder over column panels, R stored")
+    if not in_core:
+        return "tiled", (f"R ({n} x {n}, {format_size(need)} to hold and reduce) exceeds the budget of "
+                         f"{format_size(job.cfg.memory)}: blocked Householder over column panels, R stored")
+    strip_rows = (job.cfg.memory - need) // (2 * n * itemsize)
+    panels_fit = QR_PANEL_BUFFERS * m * 32 * itemsize <= job.cfg.memory
+    if strip_rows >= TSQR_STRIP_RATIO * n or not panels_fit:
+        return "tsqr", (f"R ({n} x {n}) fits in core with strips of {strip_rows} rows: one streaming pass over A "
+                        "(TSQR), the fewest reads")
+    return "tiled", (f"R fits in core, but the streaming TSQR would refactor it with every strip of {strip_rows} "
+                     f"rows (< {TSQR_STRIP_RATIO} n; {-(-m // max(strip_rows, 1))} strips): blocked Householder over "
+                     "column panels (larger GEMMs)")
 
 
 def _tsqr(job: Job, A: Any, out: Any, *, overwrite: bool, reason: str) -> Matrix:
