@@ -350,8 +350,9 @@ def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: 
         s1 = float(sig.max(initial=0.0))
         scale = np.maximum(sig, floor * s1)
         # triplet residual ||B^T u - s v|| = ||B^T B v - s^2 v|| / s <= tol * s (own singular value), but
-        # never below the rounding of B^T B x (the null vectors of a rank-deficient A stop there)
-        return np.maximum(tol * scale * scale, 10 * rounding_level(src.dtype, src.M) * s1 * s1)
+        # never below the rounding of B^T B x, about eps s_1^2 (the null vectors of a rank-deficient A stop
+        # there; a bound with sqrt(M) stopped float32 triplets below 0.4 s_1 far above their attainable accuracy)
+        return np.maximum(tol * scale * scale, 10 * rounding_level(src.dtype, 1) * s1 * s1)
 
     res = block_lanczos(apply, src.N, k, which="LA", block=plan.block, max_basis=plan.max_basis,
                         max_steps=max_steps, threshold=threshold, seed=seed, state=ckpt.load("lanczos"),
