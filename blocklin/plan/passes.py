@@ -58,7 +58,7 @@ class RowPassPlan:
 def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed_bytes: int = 0,
                   strip_extra_row_bytes: int = 0, workers: int = 1, cores: int = 1, prefetch: int = 1,
                   max_strip: int | None = None, min_tasks: int | None = None,
-                  partial_rows: bool = True) -> RowPassPlan:
+                  partial_rows: bool = True, reserve: int = 0) -> RowPassPlan:
     """Choose strip height so that every concurrent task fits ``memory``.
 
     Parameters
@@ -81,6 +81,9 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         Upper bound on strip height (smaller strips overlap better).
     min_tasks : int, optional
         Split the rows into at least this many tasks (default ``workers``).
+    reserve : int
+        Memory the caller holds outside ``memory`` (an in-core problem): added to the budget and
+        to the minimum a refusal states, so that the stated minimum is the setting that works.
     partial_rows : bool
         Whether a strip narrower than a chunk reads only its rows of it (uncompressed C-order
         chunks); otherwise each such strip reads the chunk whole, strips are cut to divide the chunk
@@ -90,9 +93,9 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
     per_task = memory // workers - fixed_bytes
     per_row = row_bytes * (prefetch + 1) + strip_extra_row_bytes
     if per_task < per_row:
-        need = (fixed_bytes + per_row) * workers
+        need = (fixed_bytes + per_row) * workers + reserve
         raise BudgetError(explain("memory", "must hold each task's fixed buffers and one strip row",
-                                  format_size(memory), f"raise it to at least {format_size(need)} "
+                                  format_size(memory + reserve), f"raise it to at least {format_size(need)} "
                                   f"(memory='{size_hint(need)}') or use fewer workers"))
     strip = min(max(1, m), per_task // per_row)
     if max_strip:
@@ -204,14 +207,14 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
         extra = 3 * cb if mem.chunk_temporaries else 0
         return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed + extra,
                              strip_extra_row_bytes=mem.per_row, workers=workers, cores=cores, max_strip=max_strip,
-                             min_tasks=min_tasks, partial_rows=partial_rows)
+                             min_tasks=min_tasks, partial_rows=partial_rows, reserve=reserve)
     error = None
     for in_flight in range(IO_CONCURRENCY, 0, -1):
         try:
             plan = plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget,
                                  fixed_bytes=mem.fixed + in_flight * 3 * cb, strip_extra_row_bytes=mem.per_row,
                                  workers=workers, cores=cores, prefetch=1, max_strip=max_strip, min_tasks=min_tasks,
-                                 partial_rows=partial_rows)
+                                 partial_rows=partial_rows, reserve=reserve)
         except BudgetError as exc:
             error = exc
             continue
