@@ -194,8 +194,11 @@ def flags(rows: list[dict], blas_seconds: float | None, n: int, operand: int) ->
         if "failed" in r:
             f.append("FAILED")
         elif "refused" in r:
-            if "at least" not in r["refused"]:
+            need = _stated_minimum(r["refused"])
+            if need is None:
                 f.append("refused without the minimum")
+            elif need <= r["memory"]:
+                f.append(f"stated minimum {fmt_size(need)} is not above the budget")
         else:
             same = [d for d in done if d["passes"] == r["passes"]]
             ref = max(same, key=lambda d: d["memory"]) if same else None
@@ -208,6 +211,18 @@ def flags(rows: list[dict], blas_seconds: float | None, n: int, operand: int) ->
                 if r["memory"] <= operand // 4 and r["blas_ratio"] < 0.7:
                     f.append(f"gemm-rate {r['blas_ratio']:.2f}x BLAS")
         r["flags"] = f
+
+
+def _stated_minimum(message: str) -> int | None:
+    """The bytes after "at least" in a BudgetError message (``12.21 MiB``), or None."""
+    if "at least" not in message:
+        return None
+    words = message.split("at least ")[-1].split()
+    units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+    try:
+        return int(float(words[0]) * units[words[1].rstrip(".,;)")])
+    except (IndexError, KeyError, ValueError):
+        return None
 
 
 def fmt_size(b: float | None) -> str:
@@ -232,6 +247,17 @@ def line(r: dict) -> str:
             f"{'  ' + ', '.join(r['flags']) if r['flags'] else '  ok'}")
 
 
+def print_table(path: str) -> None:
+    """Re-flag and print the runs of a ``--json`` file (BLAS time and operand size as recorded)."""
+    runs = [json.loads(x) for x in open(path) if x.strip()]
+    head = runs[0].get("sweep", {}) if runs else {}
+    for op in dict.fromkeys(r["op"] for r in runs if "op" in r):
+        rows = [r for r in runs if r.get("op") == op]
+        flags(rows, head.get("blas_seconds"), head.get("n", 0), head.get("operand", 0))
+        for r in rows:
+            print(line(r))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=2048, help="matrix order (default 2048: a 32 MiB operand)")
@@ -242,7 +268,11 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="folder for the input (default: a temporary one, removed)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument("--json", default=None, help="also write one JSON line per run to this file")
+    p.add_argument("--table", default=None, metavar="JSONL",
+                   help="print the table (with flags) of an earlier run's --json file instead of running")
     args = p.parse_args()
+    if args.table:
+        return print_table(args.table)
     ops = [o for o in args.ops.split(",") if o]
     unknown = sorted(set(ops) - set(OPS))
     if unknown:
@@ -264,6 +294,9 @@ def main() -> None:
         print(f"{'op':<12} {'budget':>9} {'seconds':>9} {'passes':>6} {'read':>9} {'logical':>9} {'peak':>9} "
               f"{'error':>9}  flags")
         out_json = open(args.json, "w") if args.json else None
+        if out_json:
+            out_json.write(json.dumps({"sweep": {"n": args.n, "chunk": args.chunk, "operand": operand,
+                                                 "blas_seconds": blas}}) + "\n")
         for op in ops:
             rows = []
             for mem in budgets:

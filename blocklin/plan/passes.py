@@ -102,7 +102,8 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         Split the rows into this many tasks (default :func:`canonical_tasks`, which depends on the data
         only, so that the sums, and so the results, are the same bits on every scheduler).
     reserve : int
-        Bytes the caller holds outside ``memory`` (added to the minimum a refusal suggests).
+        Memory the caller holds outside ``memory`` (an in-core problem): added to the budget and
+        to the minimum a refusal states, so that the stated minimum is the setting that works.
     partial_rows : bool
         Whether a strip narrower than a chunk reads only its rows of it (uncompressed C-order
         chunks); otherwise each such strip reads the chunk whole, strips are cut to divide the chunk
