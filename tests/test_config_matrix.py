@@ -58,8 +58,10 @@ def test_matrix_handle(tmp_path):
     assert m.provenance["operation"] == "from_array"
     z = bl.from_array(x, tmp_path / "z.zarr", codec="zstd")
     assert z.codec == "zstd"
-    with pytest.raises(ShapeError, match="x: must be 2-D"):
-        bl.from_array(np.ones(3), tmp_path / "v.zarr")
+    v = bl.from_array(np.arange(3.0), tmp_path / "v.zarr")  # a vector is stored as one column
+    assert v.shape == (3, 1) and np.array_equal(v.to_numpy()[:, 0], np.arange(3.0))
+    with pytest.raises(ShapeError, match="x: must be"):
+        bl.from_array(np.ones((2, 2, 2)), tmp_path / "t.zarr")
     import dask.array as da
 
     d = bl.from_array(da.from_array(x, chunks=(3, 7)), tmp_path / "d.zarr", chunks=(2, 5))

@@ -152,11 +152,11 @@ class BackendTests:
     def test_interrupted_gemm_refused_then_resumed_same_bits(self, loc, monkeypatch):
         a = blocklin.from_array(A, loc("A.zarr"), chunks=(32, 40))
         b = blocklin.from_array(B, loc("B.zarr"), chunks=(40, 24))
-        ref = blocklin.matmul(a, b, loc("ref.zarr"), memory="128KiB", scheduler="sync")
+        ref = blocklin.matmul(a, b, loc("ref.zarr"), memory="64KiB", scheduler="sync")
         out = loc("C.zarr")
         calls = _interrupt_after(monkeypatch, 2)
         with pytest.raises(_Interrupt):
-            blocklin.matmul(a, b, out, memory="128KiB", scheduler="sync", resume=True)
+            blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True)
         assert len(calls) == 2
         if self.in_place:
             with pytest.raises(UncommittedOutputError, match="resume=True"):
@@ -169,7 +169,7 @@ class BackendTests:
             with pytest.raises(StoreNotFoundError, match="resume=True"):
                 blocklin.open(out)
         monkeypatch.undo()
-        done = blocklin.matmul(a, b, out, memory="128KiB", scheduler="sync", resume=True)
+        done = blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True)
         assert done.report["skipped"] == 2
         np.testing.assert_array_equal(done.to_numpy(), ref.to_numpy())  # same plan, same bits
         assert not [k for k in backend(out).keys("") if "blocklin" in k or ".tmp-" in k]
