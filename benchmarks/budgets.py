@@ -215,14 +215,13 @@ def flags(rows: list[dict], blas_seconds: float | None, n: int, operand: int) ->
 
 def _stated_minimum(message: str) -> int | None:
     """The bytes after "at least" in a BudgetError message (``12.21 MiB``), or None."""
-    if "at least" not in message:
+    import re
+
+    found = re.search(r"at least ([0-9.]+) ?(B|KiB|MiB|GiB|TiB)\b", message)
+    if found is None:
         return None
-    words = message.split("at least ")[-1].split()
     units = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-    try:
-        return int(float(words[0]) * units[words[1].rstrip(".,;)")])
-    except (IndexError, KeyError, ValueError):
-        return None
+    return int(float(found.group(1)) * units[found.group(2)])
 
 
 def fmt_size(b: float | None) -> str:

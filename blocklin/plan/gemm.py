@@ -176,16 +176,19 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once).
 
     ``direct``: the inputs, and the output, are read and written straight from and to their chunk
-    files (:mod:`blocklin.storage.rawchunks`): reads go straight into the panel slots (no zarr
-    temporaries, no buffer), writes need one chunk buffer only to pad edge chunks
-    (``out_chunk_bytes`` is then that buffer, or 0 without edge chunks).
+    files (:mod:`blocklin.storage.rawchunks`): reads go straight into the panel slots, with one set
+    of chunk temporaries still planned per loader instead of one per chunk in flight; writes need
+    one chunk buffer only to pad edge chunks (``out_chunk_bytes`` is then that buffer, or 0 without
+    edge chunks).
     """
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
     cast = slots * (tm * tk + tk * tn) * isz if src_isz != (isz, isz) else 0
     # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
     # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
-    io = ((0 if direct[0] else loaders * min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes)
+    # Direct reads fill the slots in place, but one chunk set stays planned: measured over budget
+    # without it in the ridge solve's GEMMs (benchmarks/budgets.py, solve at 16 MiB).
+    io = (loaders * (1 if direct[0] else min(IO_CONCURRENCY, read_chunks)) * 3 * io_chunk_bytes
           + (out_chunk_bytes if direct[1] else min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes))
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
     if on_gpu:
