@@ -19,7 +19,7 @@ from blocklin.linalg._tall_kernels import rmat_kernel
 from blocklin.linalg.lanczos import LanczosResult, block_lanczos, default_tol
 from blocklin.linalg.orth import orth_against
 from blocklin.linalg.random import STREAM_LANCZOS, gaussian
-from blocklin.linalg.checkpoint import Checkpoints
+from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.results import open_group, write_group
 from blocklin.linalg.svd import checkpointed_seed, load_incore, resume_token
 from blocklin.plan.svd import SvdPlan, plan_svd

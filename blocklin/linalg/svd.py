@@ -19,7 +19,7 @@ from blocklin.errors import BudgetError, ConvergenceWarning, explain, warn
 from blocklin.linalg import _tall_kernels as K
 from blocklin.linalg import random as rnd
 from blocklin.linalg.center import Moments, Shift, column_moments, moments_incore
-from blocklin.linalg.checkpoint import Checkpoints
+from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.lanczos import block_lanczos, default_tol
 from blocklin.linalg.orth import cholqr_r, orth_incore
 from blocklin.linalg.results import open_group, write_group
@@ -419,7 +419,7 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     resume : bool
         Continue the run that was writing ``out`` when it was interrupted (SIGKILL, Ctrl-C, a crash)
         with the same input, parameters and budget: the passes it completed are skipped (their
-        results are checkpointed in the unfinished output, :mod:`blocklin.linalg.checkpoint`) and the
+        results are checkpointed in the unfinished output, :mod:`blocklin.runtime.checkpoints`) and the
         result is identical, bit for bit, to an uninterrupted run. Without an unfinished run it
         starts afresh. Needs ``out``.
     center : bool

@@ -14,7 +14,7 @@ from blocklin.errors import NonFiniteError, ParameterError, SingularMatrixError,
 from blocklin.errors import explain as _msg
 from blocklin.linalg import lambda_select
 from blocklin.linalg.center import column_moments
-from blocklin.linalg.checkpoint import PassResults
+from blocklin.runtime.checkpoints import PassResults
 from blocklin.linalg.gemm import Gemm
 from blocklin.linalg._solve_kernels import gram_kernel, residual_kernel, symmetrize_lower
 from blocklin.linalg.qr import tsqr_pass
@@ -457,7 +457,7 @@ class _Ctx:
     #: fit_intercept on tall A: column means of A (float64) and of b, from one pass over each
     mu: np.ndarray | None = None
     bbar: np.ndarray | None = None
-    #: results of finished passes, kept for resume=True (linalg/checkpoint.py)
+    #: results of finished passes, kept for resume=True (runtime/checkpoints.py)
     saved: PassResults = dataclasses.field(default_factory=PassResults)
 
     def offset(self, x: np.ndarray) -> np.ndarray:
