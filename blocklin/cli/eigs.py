@@ -26,12 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--center", action="store_true",
                    help="A is a data matrix (samples x features): eigenpairs of its covariance, by the centered "
                         "SVD (no covariance or centered copy formed)")
-    p.add_argument("--workers", type=int, help="concurrent strip tasks (local schedulers)")
     p.add_argument("--plot", metavar="PNG", help="draw the eigenvalues and residuals (needs matplotlib)")
-    p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the interrupted run that was writing OUT (same input, options and budget): "
-                        "completed passes are skipped, the result is identical to an uninterrupted run")
+    ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -40,10 +36,8 @@ def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.eigsh import eigsh
 
     res = eigsh(args.a, args.k, which=args.which, tol=args.tol, max_passes=args.max_passes, seed=args.seed,
-                out=args.out, memory=args.memory, device=args.device, scheduler=args.scheduler,
-                progress=ui.progress_arg(args), workers=args.workers,
-                check_finite=False if args.no_check_finite else None, overwrite=args.overwrite, resume=args.resume,
-                order="ascending" if args.which == "SA" else "descending", center=args.center)
+                out=args.out, order="ascending" if args.which == "SA" else "descending", center=args.center,
+                **ui.run_settings(args))
     r = res.report
     r["output"] = args.out
     summary = summary_of(r, "eigs", args.k)

@@ -21,10 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trans-b", action="store_true", help="use B transposed")
     p.add_argument("--dtype", choices=("float32", "float64", "complex64", "complex128"),
                    help="compute dtype (casts while streaming; default: the inputs' common dtype)")
-    p.add_argument("--workers", type=int, help="concurrent tile tasks (local schedulers)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run")
-    p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
-    p.add_argument("--explain", action="store_true", help="print the plan and exit")
+    ui.add_run_options(p, unit="tile tasks", resume="continue an interrupted run")
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -35,9 +32,7 @@ def run(args: argparse.Namespace) -> dict:
 
     beta = args.beta if args.beta is not None else (1.0 if args.c else 0.0)
     kwargs = dict(c=args.c, alpha=args.alpha, beta=beta, trans_a=args.trans_a, trans_b=args.trans_b,
-                  dtype=args.dtype, memory=args.memory, device=args.device, scheduler=args.scheduler,
-                  workers=args.workers, check_finite=False if args.no_check_finite else None,
-                  overwrite=args.overwrite, resume=args.resume)
+                  dtype=args.dtype, **ui.run_settings(args))
     if args.explain:
         plan = matmul(args.a, args.b, args.out, explain=True, **kwargs)
         advice = read_advice(open_matrix(args.a), open_matrix(args.b), plan, trans_a=args.trans_a,
@@ -46,7 +41,7 @@ def run(args: argparse.Namespace) -> dict:
                    "bytes_written": plan.bytes_written, "peak_memory": plan.peak_memory, "read_notes": advice}
         ui.emit(args, summary, "\n".join([plan.explain()] + [f"  rechunk   {note}" for note in advice]))
         return summary
-    result = matmul(args.a, args.b, args.out, progress=ui.progress_arg(args), **kwargs)
+    result = matmul(args.a, args.b, args.out, **kwargs)
     r = result.report
     summary = {"output": result.path, "shape": list(result.shape), "dtype": result.dtype.name,
                "seconds": r["seconds"], "flops": r["flops"], "gflops": r["gflops"], "bytes_read": r["bytes_read"],

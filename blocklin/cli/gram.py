@@ -17,10 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--out", required=True, metavar="G", help="output zarr array (path or URL)")
     p.add_argument("--trans", action="store_true", help="A A^T (the Gram matrix of the rows) instead of A^T A")
     p.add_argument("--dtype", choices=("float32", "float64"), help="compute and output dtype (default: A's)")
-    p.add_argument("--workers", type=int, help="concurrent tasks (local schedulers)")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run (identical result)")
-    p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
-    p.add_argument("--explain", action="store_true", help="print the plan and exit")
+    ui.add_run_options(p, resume="continue an interrupted run (identical result)")
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -28,16 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.gram import gram
 
-    kwargs = dict(trans=args.trans, dtype=args.dtype, memory=args.memory, device=args.device,
-                  scheduler=args.scheduler, workers=args.workers,
-                  check_finite=False if args.no_check_finite else None, overwrite=args.overwrite, resume=args.resume)
+    kwargs = dict(trans=args.trans, dtype=args.dtype, **ui.run_settings(args))
     if args.explain:
         plan = gram(args.a, args.out, explain=True, **kwargs)
         summary = {"plan": plan.to_dict(), "route": plan.route, "flops": plan.flops, "bytes_read": plan.bytes_read,
                    "bytes_written": plan.bytes_written, "peak_memory": plan.peak_memory}
         ui.emit(args, summary, plan.explain())
         return summary
-    result = gram(args.a, args.out, progress=ui.progress_arg(args), **kwargs)
+    result = gram(args.a, args.out, **kwargs)
     r = result.report
     summary = {"output": result.path, "shape": list(result.shape), "dtype": result.dtype.name, "product": r["product"],
                "route": r["route"], "passes": r["passes"], "seconds": r["seconds"], "flops": r["flops"],

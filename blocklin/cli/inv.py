@@ -32,11 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tol", type=float, help="target backward error ||I - A X||_F / (||A||_F ||X||_F)")
     p.add_argument("--precision", choices=("mixed", "tf32", "float32", "float64"),
                    help="mixed: invert in float32, refine to float64; tf32: the same with TF32 GEMMs on a GPU")
-    p.add_argument("--workers", type=int, help="concurrent tile tasks (local schedulers)")
-    p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run (same input, output and options): finished steps are skipped")
-    p.add_argument("--explain", action="store_true", help="print the plan and exit")
+    ui.add_run_options(p, unit="tile tasks",
+                       resume="continue an interrupted run (same input, output and options): finished steps are "
+                              "skipped")
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -46,15 +44,13 @@ def run(args: argparse.Namespace) -> dict:
 
     refine = args.refine
     kwargs = dict(refine=refine, max_refine=refine if isinstance(refine, int) else 10, tol=args.tol,
-                  precision=args.precision, memory=args.memory, device=args.device, scheduler=args.scheduler,
-                  workers=args.workers, check_finite=False if args.no_check_finite else None,
-                  overwrite=args.overwrite)
+                  precision=args.precision, **ui.run_settings(args))
     if args.explain:
         plan = inv(args.a, out=args.out, explain=True, **kwargs)
         summary = {"plan": plan.to_dict()}
         ui.emit(args, summary, plan.explain())
         return summary
-    x = inv(args.a, out=args.out, resume=args.resume, progress=ui.progress_arg(args), **kwargs)
+    x = inv(args.a, out=args.out, **kwargs)
     r = x.report
     summary = {"output": x.path, "shape": list(x.shape), "dtype": x.dtype.name, "seconds": r["seconds"],
                "backward_error": r["backward_error"], "residual": r["residual"],

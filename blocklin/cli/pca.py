@@ -26,11 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tol", type=float, help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "
                    "(its own singular value); default 10 sqrt(eps) for lanczos/auto")
     p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
-    p.add_argument("--workers", type=int, help="concurrent strip tasks (local schedulers)")
-    p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the interrupted run that was writing OUT (same input, options and budget): "
-                        "completed passes are skipped, the result is identical to an uninterrupted run")
+    ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -40,9 +36,7 @@ def run(args: argparse.Namespace) -> dict:
 
     res = pca(args.a, args.k, scale=args.scale, method=args.method, oversample=args.oversample,
               power_iters=_power_iters(args.power_iters), tol=args.tol, out=args.out, seed=args.seed,
-              memory=args.memory, device=args.device, scheduler=args.scheduler, progress=ui.progress_arg(args),
-              workers=args.workers, check_finite=False if args.no_check_finite else None, overwrite=args.overwrite,
-              resume=args.resume)
+              **ui.run_settings(args))
     r = res.report
     summary = summary_of(r, "pca", args.k)
     if not args.out:

@@ -49,10 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fit an unpenalized intercept (as scikit-learn's Ridge): the columns of A and b are centered "
                         "by rank-one corrections, no copy; the intercept is printed and kept in the report")
     p.add_argument("--plot", metavar="PNG", help="plot the L-curve / GCV curve (with --lambda gcv or lcurve)")
-    p.add_argument("--workers", type=int, help="concurrent tasks (local schedulers)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run: finished passes are not run again (identical result)")
-    p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
+    ui.add_run_options(p, resume="continue an interrupted run: finished passes are not run again (identical result)",
+                       explain=False)
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -65,10 +63,7 @@ def run(args: argparse.Namespace) -> dict:
                                      "choose lambda)", f"--lambda {args.lam}", "pass --lambda gcv"))
     x = solve(args.a, args.b, lam=args.lam, method=args.method, assume_a=args.assume_a, out=args.out,
               refine=args.refine, precision=args.precision,
-              memory=args.memory, device=args.device, scheduler=args.scheduler, workers=args.workers,
-              check_finite=False if args.no_check_finite else None, overwrite=args.overwrite,
-              progress=ui.progress_arg(args), fit_intercept=args.fit_intercept,
-              **({"resume": True} if args.resume else {}))
+              fit_intercept=args.fit_intercept, **ui.run_settings(args))
     r = x.report
     summary = {"output": x.path, "shape": list(x.shape), "lam": r["lam"], "method": r["method"],
                "method_reason": r["method_reason"], "residual_norm": r["residual_norm"],

@@ -31,12 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="factor A - 1 mu^T (column means subtracted inside the passes, no copy; one more pass)")
     p.add_argument("--scale", action="store_true",
                    help="divide the columns by their standard deviations (with --center: standardized PCA)")
-    p.add_argument("--workers", type=int, help="concurrent strip tasks (local schedulers)")
     p.add_argument("--plot", metavar="PNG", help="draw the singular value spectrum and residuals (needs matplotlib)")
-    p.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the interrupted run that was writing OUT (same input, options and budget): "
-                        "completed passes are skipped, the result is identical to an uninterrupted run")
+    ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -55,10 +51,8 @@ def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.svd import svd
 
     res = svd(args.a, args.k, method=args.method, oversample=args.oversample, power_iters=_power_iters(args.power_iters),
-              tol=args.tol, out=args.out, seed=args.seed, memory=args.memory, device=args.device,
-              scheduler=args.scheduler, progress=ui.progress_arg(args), workers=args.workers,
-              max_passes=args.max_passes, check_finite=False if args.no_check_finite else None,
-              overwrite=args.overwrite, resume=args.resume, center=args.center, scale=args.scale)
+              tol=args.tol, out=args.out, seed=args.seed, max_passes=args.max_passes,
+              center=args.center, scale=args.scale, **ui.run_settings(args))
     r = res.report
     summary = summary_of(r, "svd", args.k)
     summary["s"] = [float(x) for x in res.s]

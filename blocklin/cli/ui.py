@@ -42,6 +42,35 @@ def add_common(parser: argparse.ArgumentParser, *, memory: bool = True, device: 
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
+def add_run_options(parser: argparse.ArgumentParser, *, unit: str | None = "tasks", resume: str | None = None,
+                    explain: bool = True) -> None:
+    """Options of a command that runs an operation: ``--workers`` (concurrent ``unit``; None: none),
+    ``--no-check-finite``, ``--resume`` (when ``resume`` gives its help) and ``--explain``."""
+    if unit:
+        parser.add_argument("--workers", type=int, help=f"concurrent {unit} (local schedulers)")
+    parser.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
+    if resume:
+        parser.add_argument("--resume", action="store_true", help=resume)
+    if explain:
+        parser.add_argument("--explain", action="store_true", help="print the plan and exit")
+
+
+#: ``--resume`` of the commands whose passes are checkpointed (svd, pca, eigs).
+RESUME_PASSES = ("continue the interrupted run that was writing OUT (same input, options and budget): completed "
+                 "passes are skipped, the result is identical to an uninterrupted run")
+
+
+def run_settings(args: argparse.Namespace, **extra: Any) -> dict:
+    """The keyword settings every operation takes, from the options of :func:`add_common` and
+    :func:`add_run_options` (``workers``, ``overwrite`` and ``resume`` where the command has them)."""
+    kw = dict(memory=args.memory, device=args.device, scheduler=args.scheduler, progress=progress_arg(args),
+              check_finite=False if args.no_check_finite else None)
+    for name in ("workers", "overwrite", "resume"):
+        if hasattr(args, name):
+            kw[name] = getattr(args, name)
+    return {**kw, **extra}
+
+
 def progress_arg(args: argparse.Namespace) -> bool:
     """Progress bars in a terminal unless --json or --no-progress."""
     return not (getattr(args, "no_progress", False) or getattr(args, "json", False)) and sys.stderr.isatty()

@@ -127,6 +127,8 @@ class Gemm:
 def read_advice(A: Any, B: Any, plan: GemmPlan, *, trans_a: bool = False, trans_b: bool = False) -> list[str]:
     """Advice for each of ``A``, ``B`` (anything with ``path``, ``shape``, ``chunks``) whose chunks the
     plan's k-panels read whole more than once per pass, with the ``blocklin convert`` that avoids it."""
+    if not isinstance(plan, GemmPlan):  # X^T X handed to gram: its plan states its own reads
+        return []
     notes = []
     for name, x, trans, k_axis in (("a", A, trans_a, 1), ("b", B, trans_b, 0)):
         stored_k = k_axis if not trans else 1 - k_axis  # the stored axis k runs along
