@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from blocklin.cli import ui
-from blocklin.cli.svd import worst_line, _power_iters, summary_of
+from blocklin.cli.svd import _power_iters, add_method_options, summary_of, worst_line
 from blocklin.config import format_size
 
 
@@ -18,13 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-k", type=int, required=True, help="number of components (1 <= k < min(m, n))")
     p.add_argument("-o", "--out", metavar="OUT", help="output zarr group (path) for the factors")
     p.add_argument("--scale", action="store_true", help="standardize the columns (PCA of the correlation matrix)")
-    p.add_argument("--method", choices=("auto", "rsvd", "sketch", "lanczos"), default="auto",
-                   help="auto (default): lanczos to --tol, or rsvd when --power-iters is a number; rsvd: "
-                        "randomized, q + 2 passes; sketch: two passes; lanczos: converged to --tol")
-    p.add_argument("--power-iters", default="auto", help="rsvd power iterations (integer or 'auto')")
-    p.add_argument("--oversample", type=int, default=10, help="extra random columns (default 10)")
-    p.add_argument("--tol", type=float, help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "
-                   "(its own singular value); default 10 sqrt(eps) for lanczos/auto")
+    add_method_options(p, rsvd="q + 2 passes", sketch="two passes")
     p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
     ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
     ui.add_common(p)

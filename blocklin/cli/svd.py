@@ -18,13 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", metavar="A", help="zarr array (path)")
     p.add_argument("-k", type=int, required=True, help="number of singular triplets (1 <= k < min(m, n))")
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="output zarr group (path)")
-    p.add_argument("--method", choices=("auto", "rsvd", "sketch", "lanczos"), default="auto",
-                   help="auto (default): lanczos to --tol, or rsvd when --power-iters is a number; rsvd: "
-                        "randomized, q + 1 passes; sketch: one pass; lanczos: converged to --tol")
-    p.add_argument("--power-iters", default="auto", help="rsvd power iterations (integer or 'auto')")
-    p.add_argument("--oversample", type=int, default=10, help="extra random columns (default 10)")
-    p.add_argument("--tol", type=float, help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "
-                   "(its own singular value); default 10 sqrt(eps) for lanczos/auto")
+    add_method_options(p, rsvd="q + 1 passes", sketch="one pass")
     p.add_argument("--max-passes", type=int, help="pass limit of the adaptive methods")
     p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
     p.add_argument("--center", action="store_true",
@@ -67,6 +61,18 @@ def run(args: argparse.Namespace) -> dict:
              f"peak memory {format_size(r['peak_memory'])}{worst}")
     ui.emit(args, summary, ui.with_read_notes(human, r))
     return summary
+
+
+def add_method_options(p: argparse.ArgumentParser, *, rsvd: str, sketch: str) -> None:
+    """``--method``, ``--power-iters``, ``--oversample`` and ``--tol`` (svd and pca; ``rsvd`` and
+    ``sketch`` say what those methods cost)."""
+    p.add_argument("--method", choices=("auto", "rsvd", "sketch", "lanczos"), default="auto",
+                   help="auto (default): lanczos to --tol, or rsvd when --power-iters is a number; rsvd: "
+                        f"randomized, {rsvd}; sketch: {sketch}; lanczos: converged to --tol")
+    p.add_argument("--power-iters", default="auto", help="rsvd power iterations (integer or 'auto')")
+    p.add_argument("--oversample", type=int, default=10, help="extra random columns (default 10)")
+    p.add_argument("--tol", type=float, help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "
+                   "(its own singular value); default 10 sqrt(eps) for lanczos/auto")
 
 
 def worst_line(r: dict) -> str:
