@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from blocklin.cli import ui
 from blocklin.config import format_size
@@ -19,10 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("-o", "--out", required=True, metavar="L", help="output zarr array (path)")
     c.add_argument("--upper", action="store_true", help="write U = L^T (reading the upper triangle of A)")
     c.add_argument("--tile", type=int, help="tile side (default: the input's square chunks, or planned)")
-    c.add_argument("--resume", action="store_true", help="continue an interrupted run, keeping its finished tiles")
-    c.add_argument("--workers", type=int, help="concurrent tile tasks (local schedulers)")
-    c.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
-    c.add_argument("--explain", action="store_true", help="print the plan and exit")
+    ui.add_run_options(c, unit="tile tasks", resume="continue an interrupted run, keeping its finished tiles")
     ui.add_common(c)
     c.set_defaults(func=run_cholesky)
     u = kinds.add_parser("lu", help="P A = L U with partial pivoting, packed as LAPACK's getrf (pivots in the "
@@ -31,13 +29,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     u.add_argument("a", metavar="A", help="square zarr array (path)")
     u.add_argument("-o", "--out", required=True, metavar="LU", help="output zarr array (path)")
     u.add_argument("--tile", type=int, help="panel width (default: planned from the budget)")
-    u.add_argument("--resume", action="store_true", help="continue an interrupted run, keeping its finished panels")
-    u.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
-    u.add_argument("--explain", action="store_true", help="print the plan and exit")
+    ui.add_run_options(u, unit=None, resume=_RESUME_PANELS)
     ui.add_common(u)
     u.set_defaults(func=run_lu)
     _register_qr(kinds)
     p.set_defaults(func=lambda args: p.error("choose what to factor: blocklin factor {cholesky,lu,qr} A -o F"))
+
+
+_RESUME_PANELS = "continue an interrupted run, keeping its finished panels"
+
+
+def _explain(args: argparse.Namespace, factor: Any, kwargs: dict) -> dict:
+    """``--explain``: print the plan ``factor`` would run, run nothing."""
+    plan = factor(args.a, out=args.out, explain=True, **kwargs)
+    summary = {"plan": plan.to_dict()}
+    ui.emit(args, summary, plan.explain())
+    return summary
 
 
 def _register_qr(kinds: argparse._SubParsersAction) -> None:
@@ -51,9 +58,7 @@ def _register_qr(kinds: argparse._SubParsersAction) -> None:
     r.add_argument("--method", choices=("auto", "tiled", "tsqr"), default="auto",
                    help="auto (default): TSQR for R alone when it fits in memory, else tiled")
     r.add_argument("--tile", type=int, help="panel width of the tiled route (default: planned from the budget)")
-    r.add_argument("--resume", action="store_true", help="continue an interrupted run, keeping its finished panels")
-    r.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
-    r.add_argument("--explain", action="store_true", help="print the plan and exit")
+    ui.add_run_options(r, unit=None, resume=_RESUME_PANELS)
     ui.add_common(r)
     r.set_defaults(func=run_qr)
 
@@ -62,15 +67,10 @@ def run_qr(args: argparse.Namespace) -> dict:
     from blocklin.linalg.qr_factor import qr
 
     kwargs = dict(q=args.q, mode="reduced" if args.q else "r", method=args.method, tile=args.tile,
-                  memory=args.memory, device=args.device, scheduler=args.scheduler,
-                  check_finite=False if args.no_check_finite else None)
+                  **ui.run_settings(args))
     if args.explain:
-        plan = qr(args.a, out=args.out, explain=True, **kwargs)
-        summary = {"plan": plan.to_dict()}
-        ui.emit(args, summary, plan.explain())
-        return summary
-    res = qr(args.a, out=args.out, overwrite=args.overwrite, resume=args.resume, progress=ui.progress_arg(args),
-             **kwargs)
+        return _explain(args, qr, kwargs)
+    res = qr(args.a, out=args.out, **kwargs)
     q, f = res if isinstance(res, tuple) else (None, res)
     r = f.report
     summary = {"output": f.path, "q": q.path if q is not None else None, "shape": list(f.shape),
@@ -89,15 +89,10 @@ def run_qr(args: argparse.Namespace) -> dict:
 def run_lu(args: argparse.Namespace) -> dict:
     from blocklin.linalg.lu import lu
 
-    kwargs = dict(tile=args.tile, memory=args.memory, device=args.device, scheduler=args.scheduler,
-                  check_finite=False if args.no_check_finite else None)
+    kwargs = dict(tile=args.tile, **ui.run_settings(args))
     if args.explain:
-        plan = lu(args.a, out=args.out, explain=True, **kwargs)
-        summary = {"plan": plan.to_dict()}
-        ui.emit(args, summary, plan.explain())
-        return summary
-    f = lu(args.a, out=args.out, overwrite=args.overwrite, resume=args.resume, progress=ui.progress_arg(args),
-           **kwargs)
+        return _explain(args, lu, kwargs)
+    f = lu(args.a, out=args.out, **kwargs)
     r = f.report
     summary = {"output": f.path, "shape": list(f.shape), "dtype": f.dtype.name, "seconds": r["seconds"],
                "flops": r["flops"], "gflops": r["gflops"], "growth_factor": r["growth_factor"],
@@ -114,16 +109,10 @@ def run_lu(args: argparse.Namespace) -> dict:
 def run_cholesky(args: argparse.Namespace) -> dict:
     from blocklin.linalg.cholesky import cholesky
 
-    kwargs = dict(lower=not args.upper, tile=args.tile, memory=args.memory, device=args.device,
-                  scheduler=args.scheduler, workers=args.workers,
-                  check_finite=False if args.no_check_finite else None)
+    kwargs = dict(lower=not args.upper, tile=args.tile, **ui.run_settings(args))
     if args.explain:
-        plan = cholesky(args.a, out=args.out, explain=True, **kwargs)
-        summary = {"plan": plan.to_dict()}
-        ui.emit(args, summary, plan.explain())
-        return summary
-    f = cholesky(args.a, out=args.out, overwrite=args.overwrite, resume=args.resume,
-                 progress=ui.progress_arg(args), **kwargs)
+        return _explain(args, cholesky, kwargs)
+    f = cholesky(args.a, out=args.out, **kwargs)
     r = f.report
     summary = {"output": f.path, "shape": list(f.shape), "dtype": f.dtype.name, "lower": not args.upper,
                "seconds": r["seconds"], "flops": r["flops"], "gflops": r["gflops"], "tasks": r["tasks"],
