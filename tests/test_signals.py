@@ -42,6 +42,10 @@ COMMANDS = {
     "solve": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "4MiB"],
     "cholesky": ["factor", "cholesky", "S.zarr", "-o", "OUT", "--memory", "1MiB"],
     "lu": ["factor", "lu", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
+    "qr": ["factor", "qr", "A.zarr", "-o", "OUT", "--memory", "1MiB", "--method", "tiled"],
+    "gram": ["gram", "A.zarr", "-o", "OUT", "--memory", "256KiB"],
+    "pca": ["pca", "A.zarr", "-k", "4", "-o", "OUT", "--memory", "512KiB", "--seed", "1"],
+    "eigs": ["eigs", "S.zarr", "-k", "3", "-o", "OUT", "--memory", "512KiB", "--seed", "1"],
 }
 #: Each signal at both points, alternating over the commands (every command sees every signal).
 CASES = [(name, sig, point if i % 2 == 0 else {"start": "mid", "mid": "start"}[point])

@@ -195,7 +195,7 @@ def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, o
         rows = max(t, min(m, (8 * 2**20) // (t * dt.itemsize) // t * t))
         create_array(work, shape=(m, n), dtype=dt, chunks=(rows, t), codec=job.cfg.codec)
     for o, shape in ((ao, (n, n)), (qo, (m, n))):
-        if o is not None and not o.resumed:
+        if o is not None and not (o.resumed and o.has_array()):  # interrupted before creating it: create it
             create_array(o.array_path(), shape=shape, dtype=dt, chunks=(t, t), codec=job.cfg.codec)
     ops = BlockOps(job, t)
     ops.workers = 1
