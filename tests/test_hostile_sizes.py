@@ -7,6 +7,8 @@ one-line message, exit code 1 and that no partial output or work folder is left 
 from __future__ import annotations
 
 import itertools
+import os
+import re
 import tracemalloc
 
 import numpy as np
@@ -116,3 +118,26 @@ def test_a_graph_refuses_more_tasks_than_it_may_hold(tmp_path, monkeypatch):
     with pytest.raises(BudgetError, match="at most 3 tasks.*raise the memory budget"):
         blocklin.matmul(str(tmp_path / "a.zarr"), str(tmp_path / "a.zarr"), tmp_path / "c.zarr", memory="32KiB")
     assert leftovers(tmp_path) == [] and not (tmp_path / "c.zarr").exists()
+
+
+def test_every_job_checks_its_output_and_temp_data_up_front(tmp_path):
+    """Outputs that cannot fit their folder, and the inverse's and the square solve's work stores that
+    cannot fit the temp dir, are refused before anything is claimed or written, with the figure."""
+    n = 600  # a 600 x 600 float64 result is 2.75 MiB: more than the 1 MiB file systems below
+    rng = np.random.default_rng(3)
+    spd = rng.standard_normal((n, n))
+    write_zarr(tmp_path / "a.zarr", spd @ spd.T + n * np.eye(n), (200, 200))
+    write_zarr(tmp_path / "b.zarr", np.ones((n, 2)), (200, 2))
+    small = tmp_path / "small"
+    with small_tmpfs(small, "1m"):
+        outs = [["gemm", "a.zarr", "a.zarr", "-o", "small/c.zarr"], ["gram", "a.zarr", "-o", "small/g.zarr"],
+                ["factor", "cholesky", "a.zarr", "-o", "small/l.zarr"], ["factor", "lu", "a.zarr", "-o", "small/lu.zarr"],
+                ["factor", "qr", "a.zarr", "-o", "small/r.zarr", "--method", "tiled"], ["inv", "a.zarr", "-o", "small/x.zarr"]]
+        for proc in run_many([c + ["--memory", "8MiB"] for c in outs], tmp_path):
+            line = assert_refused(proc, "DiskSpaceError", "out: must fit the free space", str(small))
+            assert re.search(rf"\d+ x \d+ float64.* for .*{re.escape(str(small))}", line), line  # the figure
+        temps = [["inv", "a.zarr", "-o", "x.zarr"], ["solve", "a.zarr", "b.zarr", "-o", "y.zarr"]]
+        for proc in run_many([c + ["--memory", "8MiB"] for c in temps], tmp_path, env={"BLOCKLIN_TEMP_DIR": str(small)}):
+            assert_refused(proc, "DiskSpaceError", "temp data in the temp dir", "BLOCKLIN_TEMP_DIR", str(small))
+        assert leftovers(tmp_path, small) == [] and os.listdir(small) == []
+    assert not (tmp_path / "x.zarr").exists() and not (tmp_path / "y.zarr").exists()

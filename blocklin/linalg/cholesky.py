@@ -95,7 +95,8 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
         if explain:
             return plan
         token = tokenize("cholesky", A.path, A.shape, A.dtype.str, tuple(A.chunks), lower, plan.to_dict())[:16]
-        ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token)
+        ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token,
+                        size=((n, n), dt))
         path = ao.array_path()
         if ao.resumed and ao.has_array():
             open_zarr(path, mode="r+")

@@ -232,7 +232,7 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
             return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
         plan = op.plan(job, out_chunks, out)
         ao = job.output(out, inputs=[o.path for o in op.operands if not o.staged], overwrite=overwrite,
-                        resume=resume, token=op.token(plan))
+                        resume=resume, token=op.token(plan), size=(op.shape, op.dtype))
         open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
         op.run(job, plan, ao.array_path(), done_dir=ao.done)
         report = job.report(plan=plan.to_dict(), output=str(ao.path),

@@ -182,7 +182,8 @@ def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool,
     ``params`` as the calling operation records them: matmul's own for ``X^T X``)."""
     if inputs is None:
         inputs = [op.A.path] if not op.A.staged else []
-    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=op.token(plan))
+    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=op.token(plan),
+                    size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     op.run(job, plan, ao.array_path(), done_dir=ao.done)
     nbytes = int(np.prod(op.A.shape)) * op.A.dtype.itemsize

@@ -166,7 +166,9 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         tol = _refine.default_tol(plan.n, out_dtype, in_core=not plan.nodes) if tol is None else tol
         params = {"precision": precision, "tol": tol, "seed": seed, "refine": str(refine), "max_refine": max_refine}
         token = _token(job, M, plan, out, params)
-        ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite, resume=resume, token=token)
+        # the work stores: the staged matrix, the Schur complements and A^-1 out of place, about 3.5 n^2
+        ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite, resume=resume, token=token,
+                        size=((plan.n, plan.n), out_dtype), temp_size=((plan.n, 7 * plan.n // 2), plan.work_dtype))
         x_path = ao.array_path()
         # the output path is in the work folder's name: two runs without out= never share one
         work = job.work_dir("inv", tokenize(token, str(ao.path))[:16], resume=resume)

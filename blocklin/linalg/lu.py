@@ -75,7 +75,8 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
         if explain:
             return plan
         token = tokenize("lu", A.path, A.shape, A.dtype.str, tuple(A.chunks), plan.to_dict())[:16]
-        ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token)
+        ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token,
+                        size=((n, 2 * n), dt))  # the factor and its work store beside it
         if ao.resumed and ao.has_array():
             open_zarr(ao.array_path(), mode="r+")
         else:

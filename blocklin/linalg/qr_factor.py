@@ -186,8 +186,10 @@ def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, o
     dt, t = np.dtype(plan.dtype), plan.tile
     inputs = [A.path] if not A.staged else []
     token = tokenize("qr", A.path, A.shape, A.dtype.str, tuple(A.chunks), plan.to_dict())[:16]
-    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token)
-    qo = job.output(q, inputs=inputs, overwrite=overwrite, resume=resume, token=token + "q") if mode == "reduced" \
+    # R and, in its partial folder, the Householder work store (m x n)
+    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token, size=((n + m, n), dt))
+    qo = job.output(q, inputs=inputs, overwrite=overwrite, resume=resume, token=token + "q",
+                    size=((m, n), dt)) if mode == "reduced" \
         else None
     work = (ao.done / "qr-work.zarr").with_pending(False)  # dropped with the markers at commit
     if not backend(work).exists("zarr.json"):

@@ -154,7 +154,8 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         fdt = _factor_dtype(dt, precision)
         tol = math.sqrt(max(n, 1)) * float(np.finfo(dt).eps) if tol is None else float(tol)
         steps_max = MAX_REFINE[precision] if max_refine is None else int(max_refine)
-        ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
+        ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite,
+                        size=((n, k), dt), temp_size=((n, n), fdt))  # the factor in the temp dir
         factor, why = _factor(job, A, fdt, assume_a)
         ops = BlockOps(job, factor.plan.tile)
         ops.workers = factor.plan.workers

@@ -14,6 +14,8 @@ import time
 import uuid
 from typing import Any, Unpack
 
+import numpy as np
+
 import blocklin._readstats as readstats
 import blocklin._memory as _memory
 from blocklin._memory import peak_rss
@@ -28,7 +30,7 @@ from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import remove
 from blocklin.storage.formats import check_zarr_output
-from blocklin.storage.space import check_writable
+from blocklin.storage.space import check_space, check_writable
 from blocklin.storage.cleanup import sweep_stale
 from blocklin.storage.location import Location
 from blocklin.storage.ownership import Heartbeat, claim_work_folder, end_work_folder, start_work_folder
@@ -275,14 +277,27 @@ class Job:
         return path
 
     def output(self, out: Any, *, inputs: list[Any], overwrite: bool = False, resume: bool = False,
-               token: str | None = None, suffix: str = ".zarr") -> AtomicOutput:
+               token: str | None = None, suffix: str = ".zarr", size: tuple | None = None,
+               temp_size: tuple | None = None) -> AtomicOutput:
         """An atomic output at ``out`` (path, URL, Location or zarr store), or a new store under the
-        temp dir when ``out`` is None (the caller owns it)."""
+        temp dir when ``out`` is None (the caller owns it).
+
+        ``size`` (shape, dtype) of the output and ``temp_size`` (shape, dtype) of the intermediates the
+        operation will keep under the temp dir are checked against the free space of their
+        destinations before anything is claimed or written (:func:`~blocklin.storage.space.check_space`).
+        """
         if out is None:
             out = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
             resume = False
         check_zarr_output(out)
-        check_writable(getattr(out, "url", out) if isinstance(out, (str, os.PathLike, Location)) else None)
+        local = getattr(out, "url", out) if isinstance(out, (str, os.PathLike, Location)) else None
+        check_writable(local)
+        for where, what, shape_dtype in ((local, "out", size), (temp_root(self.cfg) / "blocklin-work", "temp data",
+                                                                 temp_size)):
+            if shape_dtype is not None and where is not None:
+                shape, dtype = shape_dtype
+                nbytes = int(np.prod([int(d) for d in shape], dtype=object)) * np.dtype(dtype).itemsize
+                check_space(where, nbytes, what, f"{' x '.join(map(str, shape))} {np.dtype(dtype).name}")
         # known to the job from its claim on, so an interrupt at any point still aborts it
         return AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
                             storage_options=self.cfg.storage_options, on_claim=self.outputs.append)
