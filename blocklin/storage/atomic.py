@@ -352,12 +352,15 @@ class AtomicOutput:
 
     def restart(self) -> None:
         """Forget an interrupted run's work (markers and chunks): the output is started over."""
+        keep = (PENDING_RECORD, ownership.OWNER_RECORD)  # this run still writes it
         if self.in_place:
             be = backend(self.path)
-            be.delete_many([k for k in be.keys("") if k != PENDING_RECORD])
+            be.delete_many([k for k in be.keys("") if k not in keep])
         else:
-            shutil.rmtree(self.partial.url, ignore_errors=True)
             os.makedirs(self.partial.url, exist_ok=True)
+            for entry in os.listdir(self.partial.url):
+                if entry not in keep:
+                    backend(self.partial).remove(entry)
         self.resumed = False
 
     def abort(self) -> None:

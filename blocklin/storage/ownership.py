@@ -39,9 +39,8 @@ from typing import Any
 from blocklin.storage.backend import backend
 from blocklin.storage.location import Location
 from blocklin.storage.space import make_temp_folder
+from blocklin.storage.zarr_store import OWNER_RECORD
 
-#: Name of the owner record inside a partial output or a work folder.
-OWNER_RECORD = ".blocklin-owner.json"
 #: Seconds between heartbeats of a live writer.
 HEARTBEAT_SECONDS = 30.0
 #: A record from another host whose heartbeat is older than this belongs to a gone run.

@@ -67,6 +67,8 @@ def describe_codecs(arr: zarr.Array) -> str:
 DEFERRED_META = ".blocklin-meta.json"
 #: Record of an output being written in place; its removal is the commit (see storage.atomic).
 PENDING_RECORD = ".blocklin-pending.json"
+#: The owner record of a partial output or work folder (:mod:`blocklin.storage.ownership`).
+OWNER_RECORD = ".blocklin-owner.json"
 
 
 def uncommitted_message(loc: Location, name: str) -> str:
@@ -237,11 +239,17 @@ def create_array(path: Any, *, shape: tuple[int, ...], dtype: Any, chunks: tuple
         meta = _metadata_dict(shape, dtype, chunks, codec, checksum, attributes)
         backend(loc).write_text(DEFERRED_META, json.dumps(meta))
         return _open_deferred(loc, "r+")
-    return zarr.create_array(
+    # zarr's overwrite empties the folder: a partial output keeps its owner record (a second writer
+    # must still find who writes it)
+    owner = backend(loc).try_read(OWNER_RECORD) if overwrite else None
+    arr = zarr.create_array(
         store=zarr_store(loc), shape=shape, chunks=chunks, dtype=np.dtype(dtype),
         compressors=codec_chain(codec, checksum) or None, fill_value=0, zarr_format=3,
         attributes=attributes or {}, overwrite=overwrite,
     )
+    if owner is not None:
+        backend(loc).write_bytes(OWNER_RECORD, owner)
+    return arr
 
 
 def _norm(sel: slice, n: int) -> slice:
