@@ -25,7 +25,7 @@ CHILD = textwrap.dedent(r"""
     import json, os, signal, sys, warnings
     warnings.simplefilter("ignore")
     import blocklin as bl
-    from blocklin.linalg import checkpoint
+    from blocklin.runtime import checkpoints as checkpoint
 
     after, sig, op, kwargs = int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     save, seen = checkpoint.Checkpoints.save, [0]
