@@ -94,9 +94,9 @@ def test_os_errors_name_the_path_the_setting_and_the_fix(tmp_path):
     (tmp_path / "afile").write_text("not a folder")
     with small_tmpfs(tmp_path / "full", "20m"), small_tmpfs(tmp_path / "ro", "1m", read_only=True):
         cases = [
-            # 11 MiB output and the inverse's scratch stores do not fit 20 MiB together: full mid-run
-            (["inv", "a.zarr", "-o", "full/x.zarr", "--memory", "4MiB"], {"BLOCKLIN_TEMP_DIR": str(tmp_path / "full")},
-             "OSError", ["no space left", str(tmp_path / "full"), "Fix: free space"]),
+            # the inverse's work stores (about 3.5 n^2 = 38 MiB) cannot fit 20 MiB: refused up front
+            (["inv", "a.zarr", "-o", "x.zarr", "--memory", "4MiB"], {"BLOCKLIN_TEMP_DIR": str(tmp_path / "full")},
+             "DiskSpaceError", ["temp data in the temp dir", str(tmp_path / "full"), "BLOCKLIN_TEMP_DIR"]),
             (["gemm", "s.zarr", "s.zarr", "-o", "ro/c.zarr"], None, "DiskSpaceError",
              ["must be writable", "read-only", str(tmp_path / "ro")]),
             (["svd", "t.zarr", "-k", "2", "-o", "u", "--memory", "200KiB"], {"BLOCKLIN_TEMP_DIR": str(tmp_path / "ro")},
@@ -111,6 +111,28 @@ def test_os_errors_name_the_path_the_setting_and_the_fix(tmp_path):
         assert leftovers(tmp_path, tmp_path / "full", tmp_path / "tmp") == []
 
 
+def test_a_disk_that_fills_during_the_run_is_named(tmp_path, monkeypatch, capsys):
+    """Space checked up front can still run out (another program fills the disk): the raw OSError of
+    the write becomes one line naming the path, the setting and the fix, and nothing is left."""
+    import shutil
+
+    from blocklin.cli.main import main
+    from blocklin.storage import space
+
+    a = np.random.default_rng(3).standard_normal((1200, 1200)) + 1200 * np.eye(1200)
+    write_zarr(tmp_path / "a.zarr", a, (300, 300))
+    full = tmp_path / "full"
+    with small_tmpfs(full, "20m"):
+        real = shutil.disk_usage  # the up-front check sees room that is gone by the time of the writes
+        monkeypatch.setattr(space.shutil, "disk_usage", lambda p: real(p)._replace(free=1 << 40))
+        rc = main(["inv", str(tmp_path / "a.zarr"), "-o", str(full / "x.zarr"), "--memory", "4MiB",
+                   "--temp-dir", str(full), "--no-progress"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 1 and len(err) == 1, err
+        assert "no space left" in err[0] and str(full) in err[0] and "Fix: free space" in err[0], err
+        assert leftovers(tmp_path, full) == []
+
+
 def test_a_malformed_blocklin_memory_only_breaks_commands_without_memory(tmp_path):
     write_zarr(tmp_path / "s.zarr", np.eye(8), (8, 8))
     env = {"BLOCKLIN_MEMORY": "lots"}
@@ -123,7 +145,7 @@ def test_a_malformed_blocklin_memory_only_breaks_commands_without_memory(tmp_pat
 
 # -- a fuzzer of headers: a reader either reads what the file holds or refuses with a BlocklinError ----
 
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(derandomize=True, max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(m=st.integers(0, 10**12), n=st.integers(0, 10**12), nnz=st.integers(0, 10**15),
        layout=st.sampled_from(["coordinate", "array"]), entries=st.integers(0, 4))
 def test_fuzzed_matrix_market_size_lines(tmp_path_factory, m, n, nnz, layout, entries):
@@ -149,7 +171,7 @@ def test_fuzzed_matrix_market_size_lines(tmp_path_factory, m, n, nnz, layout, en
     np.testing.assert_array_equal(got, expected)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(derandomize=True, max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(shape=st.tuples(st.integers(0, 10**7), st.integers(0, 10**7)), stored=st.integers(0, 40))
 def test_fuzzed_npy_headers(tmp_path_factory, shape, stored):
     folder = tmp_path_factory.mktemp("npy")
@@ -160,7 +182,8 @@ def test_fuzzed_npy_headers(tmp_path_factory, shape, stored):
     try:
         report = blocklin.convert(str(folder / "f.npy"), str(folder / "o.zarr"), memory="64MiB")
     except FormatError as exc:
-        assert shape[0] * shape[1] != stored and "truncated" in str(exc) or "size" in str(exc), str(exc)
+        assert shape[0] * shape[1] != stored, str(exc)
+        assert "truncated" in str(exc) or "does not match" in str(exc) or "size" in str(exc), str(exc)
         return
     assert shape[0] * shape[1] == stored
     np.testing.assert_array_equal(blocklin.open(report["output"]).to_numpy(), data.reshape(shape))

@@ -100,3 +100,29 @@ def test_python_api_refusals(stores):
     (tmp_path / "one.csv").write_text("x\n1\n2\n")
     assert blocklin.convert(str(tmp_path / "one.csv"), str(tmp_path / "one.zarr"))["shape"] == [2, 1]
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize(("layout", "size", "body"), [
+    ("array", "0 0", "1.5\n"),                  # an empty matrix followed by a value
+    ("array", "1 1", "1.5\n2.5\n"),             # one value more than 1 x 1
+    ("coordinate", "5 5 0", "1 1 1.5\n"),       # no entries announced, one given
+])
+def test_matrix_market_data_beyond_the_size_line_is_refused(tmp_path, layout, size, body):
+    """Entries after those the size line announces mean a wrong size line: refused, not dropped."""
+    path = tmp_path / "f.mtx"
+    path.write_text(f"%%MatrixMarket matrix {layout} real general\n{size}\n{body}")
+    with pytest.raises(FormatError, match="must end after the entries the header announces"):
+        blocklin.convert(str(path), str(tmp_path / "o.zarr"))
+    assert not (tmp_path / "o.zarr").exists()
+
+
+def test_npy_data_beyond_its_header_is_refused(tmp_path):
+    """A .npy header whose shape covers less than the data that follows is damaged: refused."""
+    import io
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f8", "fortran_order": False, "shape": (2, 1)})
+    (tmp_path / "f.npy").write_bytes(buf.getvalue() + np.arange(3.0).tobytes())
+    with pytest.raises(FormatError, match="must hold exactly the bytes its header announces"):
+        blocklin.convert(str(tmp_path / "f.npy"), str(tmp_path / "o.zarr"))
+    assert not (tmp_path / "o.zarr").exists()

@@ -106,7 +106,7 @@ class LocalBackend(Backend):
         else:
             try:
                 os.unlink(p)
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):  # not there (a file in its parent's place)
                 pass
 
     def delete(self, key: str) -> None:

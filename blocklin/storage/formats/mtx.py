@@ -188,7 +188,11 @@ class MtxReader(Reader):
 
     def prepare(self) -> None:
         """Load the resident data (coordinate triplets or a symmetric array)."""
-        if self._data is not None or self.resident_bytes == 0:
+        if self._data is not None:
+            return
+        if self.resident_bytes == 0:  # nothing to load; no panel will be read when nothing is stored
+            if self.layout == "coordinate" or self.shape[0] * self.shape[1] == 0:
+                self._check_end()
             return
         self._consumed = 0
         if self.layout == "array":

@@ -52,6 +52,10 @@ class NpyReader(DenseFileReader):
             raise FormatError(explain("npy input", "must hold the bytes its header announces",
                                       f"{size} bytes, header says shape {(m, n)} {dtype.str} ({need} bytes)",
                                       "the file is truncated; re-create it"))
+        if size > need:  # np.save writes nothing after the data: the header is wrong (damaged or edited)
+            raise FormatError(explain("npy input", "must hold exactly the bytes its header announces",
+                                      f"{size} bytes, header says shape {(m, n)} {dtype.str} ({need} bytes)",
+                                      "the header does not match the data; re-create the file"))
         super().__init__(path, offset=offset, shape=(m, n), dtype=dtype, order="F" if fortran else "C")
 
 
