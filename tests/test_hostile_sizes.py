@@ -116,7 +116,7 @@ def test_a_graph_refuses_more_tasks_than_it_may_hold(tmp_path, monkeypatch):
     a = np.ones((64, 64))
     write_zarr(tmp_path / "a.zarr", a, (8, 8))
     with pytest.raises(BudgetError, match="at most 3 tasks.*raise the memory budget"):
-        blocklin.matmul(str(tmp_path / "a.zarr"), str(tmp_path / "a.zarr"), tmp_path / "c.zarr", memory="32KiB")
+        blocklin.matmul(str(tmp_path / "a.zarr"), str(tmp_path / "a.zarr"), tmp_path / "c.zarr", memory="16KiB")
     assert leftovers(tmp_path) == [] and not (tmp_path / "c.zarr").exists()
 
 

@@ -162,7 +162,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         raise ParameterError(_msg("resume", "needs the output path of the run to continue", "out=None",
                                   "pass the same out= as the interrupted run (CLI: -o X.zarr --resume)"))
     with Job("inv", **settings) as job:
-        M, out_dtype, plan = _operand_and_plan(job, a, precision)
+        M, out_dtype, plan = _operand_and_plan(job, a, precision, out)
         tol = _refine.default_tol(plan.n, out_dtype, in_core=not plan.nodes) if tol is None else tol
         params = {"precision": precision, "tol": tol, "seed": seed, "refine": str(refine), "max_refine": max_refine}
         token = _token(job, M, plan, out, params)
@@ -244,16 +244,20 @@ def inv_plan(a: Any, *, precision: str | None = None, **settings: Unpack[Setting
     (what ``blocklin inv --explain`` prints); same parameters as :func:`inv`."""
     precision = choice("precision", precision, PRECISIONS, fix="pass precision='mixed' or leave it None")
     with Job("inv", **settings) as job:
-        return _operand_and_plan(job, a, precision)[2]
+        return _operand_and_plan(job, a, precision, space=False)[2]
 
 
-def _operand_and_plan(job: Job, a: Any, precision: str | None) -> tuple[Any, np.dtype, InversePlan]:
-    """The validated square operand, the output dtype for ``precision`` and the plan."""
+def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
+                      space: bool = True) -> tuple[Any, np.dtype, InversePlan]:
+    """The validated square operand, the output dtype for ``precision`` and the plan (disk space
+    checked first: a budget suggestion must not lead to a run the disk cannot hold)."""
     M = job.operand(a, "a")
     n = square(M, "to be inverted", "for a least-squares or regularized solution use blocklin.solve(a, b, lam=...)")
     float_operand(M)
     out_dtype = np.dtype(np.float64) if precision in ("mixed", "tf32", "float64") else \
         np.dtype(np.float32) if precision == "float32" else M.dtype
+    if space:  # the run's output and work stores (not for a plan alone)
+        job.check_space(out, size=((n, n), out_dtype), temp_size=((n, 7 * n // 2), np.float64))
     plan = plan_inverse(n, out_dtype, memory=job.cfg.memory, kernels=MEMORY, source_dtype=M.dtype,
                         precision="mixed" if precision in ("mixed", "tf32") else None)
     return M, out_dtype, plan

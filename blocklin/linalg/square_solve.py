@@ -17,7 +17,7 @@ import numpy as np
 
 from blocklin.config import Settings
 from blocklin.errors import (ConvergenceError, ConvergenceWarning, NotPositiveDefiniteError, ParameterError,
-                             ShapeError, SingularMatrixError, explain, warn)
+                             SingularMatrixError, explain, warn)
 from blocklin.linalg.cholesky import factor_into
 from blocklin.linalg.lu import factor_lu_into
 from blocklin.matrix import Matrix
@@ -25,6 +25,7 @@ from blocklin.plan.factor import FactorPlan, plan_factor, plan_lu
 from blocklin.runtime.blockops import BlockOps, Region, swaps_to_permutation
 from blocklin.runtime.job import Job
 from blocklin.storage.zarr_store import create_array
+from blocklin import validate
 from blocklin.validate import choice, float_operand, same_rows, square
 
 ASSUME = ("gen", "pos", "sym")
@@ -204,9 +205,7 @@ def _operands(job: Job, a: Any, b: Any, assume_a: str) -> tuple[Any, Any]:
            "non-square a, or method='normal'/'qr'")
     same_rows(A, B)
     float_operand(A), float_operand(B)
-    if A.dtype != B.dtype:
-        raise ShapeError(explain("b", "must have the dtype of a for a square solve (no silent casts)",
-                                 f"a {A.dtype.name}, b {B.dtype.name}", "convert one of them"))
+    validate.same_dtype(A, B)
     return A, B
 
 

@@ -290,17 +290,24 @@ class Job:
             out = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
             resume = False
         check_zarr_output(out)
+        check_writable(getattr(out, "url", out) if isinstance(out, (str, os.PathLike, Location)) else None)
+        self.check_space(out, size=size, temp_size=temp_size)
+        # known to the job from its claim on, so an interrupt at any point still aborts it
+        return AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
+                            storage_options=self.cfg.storage_options, on_claim=self.outputs.append)
+
+    def check_space(self, out: Any, *, size: tuple | None = None, temp_size: tuple | None = None) -> None:
+        """Refuse up front an output of ``size`` (shape, dtype) at ``out`` (None: under the temp dir) or
+        intermediates of ``temp_size`` under the temp dir that do not fit the free space there."""
         local = getattr(out, "url", out) if isinstance(out, (str, os.PathLike, Location)) else None
-        check_writable(local)
+        if out is None:
+            local = temp_root(self.cfg) / f"blocklin-{self.operation}.zarr"
         for where, what, shape_dtype in ((local, "out", size), (temp_root(self.cfg) / "blocklin-work", "temp data",
                                                                  temp_size)):
             if shape_dtype is not None and where is not None:
                 shape, dtype = shape_dtype
                 nbytes = int(np.prod([int(d) for d in shape], dtype=object)) * np.dtype(dtype).itemsize
                 check_space(where, nbytes, what, f"{' x '.join(map(str, shape))} {np.dtype(dtype).name}")
-        # known to the job from its claim on, so an interrupt at any point still aborts it
-        return AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
-                            storage_options=self.cfg.storage_options, on_claim=self.outputs.append)
 
     # -- execution -----------------------------------------------------------------------------------
     def run(self, graph: TileGraph, *, workers: int = 1, blas_threads: int | None = None,
