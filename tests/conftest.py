@@ -8,6 +8,8 @@ which the stand-in saw a CUDA ordering violation.
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 
@@ -22,6 +24,11 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    # A shell without job control starts background commands with SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler (nor do the children it starts): the Ctrl-C tests need the
+    # default one, in this process and in the subprocesses they signal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if config.getoption("--cupy-standin"):
         import cupy_standin
 
