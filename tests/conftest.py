@@ -90,3 +90,16 @@ def rng():
 
 
 from s3server import s3, s3_server  # noqa: E402,F401 - the loopback S3 server fixtures
+
+
+@pytest.fixture(scope="module")
+def client():
+    """A two-process ``LocalCluster`` on 127.0.0.1 (one thread per worker) and a client of its own."""
+    from distributed import Client, LocalCluster
+
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                           host="127.0.0.1")
+    c = Client(cluster, set_as_default=False)
+    yield c
+    c.close()
+    cluster.close()

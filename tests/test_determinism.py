@@ -20,18 +20,6 @@ SCHEDULERS = ("threads", "processes", "cluster")
 DTYPES = (np.float32, np.float64)
 
 
-@pytest.fixture(scope="module")
-def client():
-    from distributed import Client, LocalCluster
-
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                           host="127.0.0.1")
-    c = Client(cluster, set_as_default=False)
-    yield c
-    c.close()
-    cluster.close()
-
-
 def _dense(x):
     if isinstance(x, bl.Matrix):
         return x.to_numpy()

@@ -13,18 +13,6 @@ import blocklin as bl
 distributed = pytest.importorskip("distributed")
 
 
-@pytest.fixture(scope="module")
-def client():
-    from distributed import Client, LocalCluster
-
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                           host="127.0.0.1")
-    c = Client(cluster, set_as_default=False)
-    yield c
-    c.close()
-    cluster.close()
-
-
 def test_gemm_on_cluster_equals_local(tmp_path, client):
     rng = np.random.default_rng(5)
     a = bl.from_array(rng.standard_normal((150, 120)), tmp_path / "a.zarr", chunks=(32, 32))

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import DTypeError, FormatError, OutputExistsError, StoreNotFoundError, explain
-from blocklin.storage.atomic import check_output_path
+from blocklin.storage.atomic import check_output_path, folder_size
 
 
 class Reader(abc.ABC):
@@ -189,16 +189,7 @@ def nbytes(shape: tuple[int, ...], dtype: Any) -> int:
 def disk_usage(path: str | os.PathLike) -> int:
     """Bytes of a file, or of all files under a folder."""
     p = Path(path)
-    if p.is_file():
-        return p.stat().st_size
-    total = 0
-    for root, _dirs, files in os.walk(p):
-        for f in files:
-            try:
-                total += os.stat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
+    return p.stat().st_size if p.is_file() else folder_size(str(p))
 
 
 def require_file(path: str, name: str = "input") -> str:
