@@ -44,14 +44,18 @@ from pathlib import Path
 
 import numpy as np
 
+#: Each child's peak resident memory (the high-water mark of its own process).
+PEAK = """def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+"""
+
 CHILD = textwrap.dedent(r"""
 import json, sys, time
 variant, a_path, b_path, out, x_out, memory = sys.argv[1:7]
 import numpy as np
-def peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
+{PEAK}
 import zarr, blocklin, scipy.linalg, dask.array as da
 base = peak()
 t0 = time.perf_counter()
@@ -84,16 +88,13 @@ elif variant == "dask":
     da.linalg.solve_triangular(low.T, y, lower=False).to_zarr(x_out)
     t2 = time.perf_counter()
 print(json.dumps({"factor_seconds": t1 - t0, "solve_seconds": t2 - t1, "peak": peak() - base}))
-""")
+""").replace("{PEAK}", PEAK)
 
 LU_CHILD = textwrap.dedent(r"""
 import json, sys, time
 variant, a_path, out, memory = sys.argv[1:5]
 import numpy as np
-def peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
+{PEAK}
 import zarr, blocklin, scipy.linalg, dask.array as da
 base = peak()
 t0 = time.perf_counter()
@@ -115,17 +116,14 @@ elif variant == "dask":
     da.to_zarr(l, out + "-l")
     da.to_zarr(u, out + "-u")
 print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak() - base, **extra}))
-""")
+""").replace("{PEAK}", PEAK)
 
 
 QR_CHILD = textwrap.dedent(r"""
 import json, sys, time
 variant, a_path, out, memory = sys.argv[1:5]
 import numpy as np
-def peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
+{PEAK}
 import zarr, blocklin, dask.array as da
 base = peak()
 t0 = time.perf_counter()
@@ -150,16 +148,13 @@ elif variant == "dask":
     da.to_zarr(q, out + "-q")
     da.to_zarr(r, out + "-r")
 print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak() - base, **extra}))
-""")
+""").replace("{PEAK}", PEAK)
 
 GEN_CHILD = textwrap.dedent(r"""
 import json, sys, time
 variant, a_path, b_path, out, memory = sys.argv[1:6]
 import numpy as np
-def peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
+{PEAK}
 import zarr, blocklin, scipy.linalg, dask.array as da
 base = peak()
 t0 = time.perf_counter()
@@ -180,7 +175,7 @@ elif variant == "dask":
     b = da.from_zarr(b_path).rechunk((a.chunks[0], -1))
     da.linalg.solve(a, b).to_zarr(out)
 print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak() - base, **extra}))
-""")
+""").replace("{PEAK}", PEAK)
 
 
 def run_child(code: str, *argv: str) -> dict:
@@ -249,17 +244,14 @@ def run_gen_solve(folder: Path, g_path: Path, args: argparse.Namespace) -> None:
 TIKHONOV_CHILD = textwrap.dedent(r"""
 import json, sys, time
 a_path, b_path, out, memory, lam = sys.argv[1:6]
-def peak():
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
+{PEAK}
 import blocklin
 base = peak()
 t0 = time.perf_counter()
 x = blocklin.solve(a_path, b_path, lam=float(lam), out=out, memory=memory)
 print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak() - base, "method": x.report["method"],
                   "gram": x.report.get("gram"), "residual_norm": x.report["residual_norm"]}))
-""")
+""").replace("{PEAK}", PEAK)
 
 
 def run_tikhonov(folder: Path, args: argparse.Namespace) -> None:
