@@ -25,8 +25,7 @@ from blocklin.plan.factor import FactorPlan, plan_factor, plan_lu
 from blocklin.runtime.blockops import BlockOps, Region, swaps_to_permutation
 from blocklin.runtime.job import Job
 from blocklin.storage.zarr_store import create_array
-from blocklin import validate
-from blocklin.validate import choice, float_operand, same_rows, square
+from blocklin.validate import choice, float_operand, same_dtype, same_rows, square
 
 ASSUME = ("gen", "pos", "sym")
 PRECISIONS = ("double", "mixed")
@@ -65,7 +64,7 @@ def operand_shape(x: Any) -> tuple[int, int] | None:
     return tuple(meta.shape) if meta is not None and len(meta.shape) == 2 else None
 
 
-def same_dtype(a: Any, b: Any) -> bool:
+def dtypes_known_equal(a: Any, b: Any) -> bool:
     """Whether two operands are known, without staging them, to share their dtype."""
     ma, mb = _peek(a), _peek(b)
     return ma is not None and mb is not None and np.dtype(ma.dtype) == np.dtype(mb.dtype)
@@ -205,7 +204,7 @@ def _operands(job: Job, a: Any, b: Any, assume_a: str) -> tuple[Any, Any]:
            "non-square a, or method='normal'/'qr'")
     same_rows(A, B)
     float_operand(A), float_operand(B)
-    validate.same_dtype(A, B)
+    same_dtype(A, B)
     return A, B
 
 
@@ -352,5 +351,5 @@ def _check_converged(ref: Refinement, tol: float, precision: str, dt: np.dtype) 
          f"(history {trail}; condition too large for {dt.name}?)", ConvergenceWarning)
 
 
-__all__ = ["ASSUME", "PRECISIONS", "Refinement", "operand_shape", "refine", "same_dtype", "solve_square",
+__all__ = ["ASSUME", "PRECISIONS", "Refinement", "operand_shape", "refine", "dtypes_known_equal", "solve_square",
            "square_route"]
