@@ -70,6 +70,8 @@ class _State:
         self.pinned: dict[int, tuple[int, int]] = {}  # id -> (start address, end address)
         self.pinned_used = 0
         self.pinned_free = 0
+        self.pinned_peak = 0  # high-water mark of pinned_used + pinned_free
+        self.device_count = 1  # CUDA devices the runtime reports (tests of the per-worker mapping)
         self.device_used = 0  # bytes held by live device arrays (the pool's used bytes)
         self.device_cached = 0  # freed blocks the pool keeps
         self.free_blocks: dict[tuple[int, int], list] = {}  # (arena stream id, bytes) -> freed blocks
@@ -437,6 +439,7 @@ def empty_pinned(shape, dtype=float, order="C") -> np.ndarray:
     with _LOCK:
         STATE.pinned[key] = (_addr(base), _addr(base) + base.nbytes)
         STATE.pinned_used += n
+        STATE.pinned_peak = max(STATE.pinned_peak, STATE.pinned_used + STATE.pinned_free)
     weakref.finalize(base, _unpin, key, n)
     out = base[:n].view(dtype).reshape(shape, order=order)
     _poison(out)
@@ -810,6 +813,7 @@ def gemm(transa, transb, a: ndarray, b: ndarray, out: ndarray | None = None, alp
         assert out.shape == (m, n)
         assert out.dtype == a.dtype
     mode = "tf32" if STATE.math_mode == CUBLAS_TF32_TENSOR_OP_MATH else None
+    STATE.count(f"cublas.gemm {a.dtype.name}")  # which precision the products ran in
     if mode and a.dtype == np.float32:
         STATE.count("cublas.gemm tf32")
     dt = a.dtype.type
@@ -1011,10 +1015,18 @@ def triu(x: ndarray, k: int = 0) -> ndarray:
 
 # -- runtime / device ------------------------------------------------------------------------------
 class Device:
+    """``cupy.cuda.Device``: ``Device()`` is this thread's current device; ``use()`` makes it current.
+
+    Several devices (``STATE.device_count``) share one model of memory and streams: enough to test
+    which device each thread selects, not transfers between devices.
+    """
+
     def __init__(self, device: int | None = None) -> None:
-        if device not in (None, 0):
+        if device is None:
+            device = _get_device()
+        if not 0 <= int(device) < STATE.device_count:
             raise CUDARuntimeError(f"cudaErrorInvalidDevice: invalid device ordinal {device}")
-        self.id = 0
+        self.id = int(device)
         self.compute_capability = "90"
 
     def synchronize(self) -> None:
@@ -1025,13 +1037,15 @@ class Device:
         return _mem_get_info()
 
     def use(self) -> None:
-        pass
+        STATE.local.device = self.id
 
     def __enter__(self):
+        self._prev = _get_device()
+        self.use()
         return self
 
     def __exit__(self, *exc):
-        pass
+        STATE.local.device = self._prev
 
 
 def _mem_get_info() -> tuple[int, int]:
@@ -1041,11 +1055,11 @@ def _mem_get_info() -> tuple[int, int]:
 
 
 def _device_count() -> int:
-    return 1
+    return STATE.device_count
 
 
 def _get_device() -> int:
-    return 0
+    return getattr(STATE.local, "device", 0)
 
 
 def _module(name: str, **attrs: Any) -> types.ModuleType:

@@ -79,13 +79,18 @@ class CudaDevice(Device):
     host_resident = False
     _instances: dict[int, CudaDevice] = {}
     _lock = threading.Lock()
+    #: Idle pinned host buffers by (shape, dtype), shared by the devices of every thread.
+    _pinned_cache: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
+    _pinned_lock = threading.Lock()
     #: Record CUDA timing events around every GEMM (see :meth:`profile`).
     _profiling = False
 
-    def __init__(self, device_memory: int | None = None) -> None:
+    def __init__(self, device_memory: int | None = None, device_id: int | None = None) -> None:
         import cupy
 
         self.cp = cupy
+        if device_id is not None:  # this thread's tasks run on that GPU (streams belong to a device)
+            cupy.cuda.Device(device_id).use()
         self.device_id = cupy.cuda.runtime.getDevice()
         self.device_memory = device_memory
         self.h2d = cupy.cuda.Stream(non_blocking=True)
@@ -95,18 +100,23 @@ class CudaDevice(Device):
         self._slot_spec: list[tuple[tuple[int, ...], np.dtype]] = []
         self._uploaded: dict[int, Any] = {}  # slot -> event after the last upload from its host buffers
         self._used: dict[int, Any] = {}  # slot -> event after the last compute that read its device buffers
-        self._pinned_cache: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
         self._tf32 = False
         self._timeline: list[list[tuple[Any, Any]]] = []  # per tile stream: (start, end) events of each GEMM
 
     @classmethod
     def current(cls, device_memory: int | None = None) -> CudaDevice:
-        """One instance per thread (streams are not shared between concurrent tile tasks)."""
+        """One instance per thread (streams are not shared between concurrent tile tasks), on the GPU of
+        the worker it runs in (:func:`blocklin.device.select.gpu_for_worker`)."""
         key = threading.get_ident()
         with cls._lock:
             inst = cls._instances.get(key)
             if inst is None:
-                inst = cls._instances[key] = cls(device_memory)
+                from blocklin.device.select import worker_gpu
+
+                inst = cls._instances[key] = cls(device_memory, device_id=worker_gpu())
+            elif inst.cp.cuda.runtime.getDevice() != inst.device_id:
+                # a new thread with the identifier of an ended one inherits its device and streams
+                inst.cp.cuda.Device(inst.device_id).use()
             return inst
 
     @classmethod
@@ -182,28 +192,43 @@ class CudaDevice(Device):
         return int(self.cp.cuda.runtime.memGetInfo()[1])
 
     def pinned_bytes(self) -> int:
-        """Pinned host bytes this device keeps cached for reuse."""
-        return sum(b.nbytes for bufs in self._pinned_cache.values() for b in bufs)
+        """Pinned host bytes this process keeps cached for reuse (shared by every thread's device)."""
+        with CudaDevice._pinned_lock:
+            return sum(b.nbytes for bufs in CudaDevice._pinned_cache.values() for b in bufs)
 
     # -- host buffers -----------------------------------------------------------------------------
+    # One cache of idle pinned buffers per process, not per thread: tile tasks of one job may run on
+    # fresh threads (one CudaDevice each), whose caches would each keep a plan's worth of buffers.
     def host_empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         import cupyx
 
         key = (tuple(shape), np.dtype(dtype).str)
-        pool = self._pinned_cache.get(key)
-        if pool:  # reuse pinned buffers across tiles: pinning is expensive
-            return pool.pop()
+        with CudaDevice._pinned_lock:
+            pool = CudaDevice._pinned_cache.get(key)
+            if pool:  # reuse pinned buffers across tiles: pinning is expensive
+                return pool.pop()
+            stale = [k for k, bufs in CudaDevice._pinned_cache.items() if k != key and bufs]
+            for k in stale:
+                del CudaDevice._pinned_cache[k]
+        if stale:
+            # Unpin the idle buffers of other shapes before pinning a new one: the host budget counts
+            # the buffers of the plan that runs, and those of an earlier plan of the job (the
+            # inverse's GEMMs change shapes from level to level) would be held on top of it. Cached
+            # buffers are idle (their copies completed before they were handed back).
+            self.cp.get_default_pinned_memory_pool().free_all_blocks()
         return cupyx.empty_pinned(shape, dtype=dtype)
 
     def release_host(self, buf: np.ndarray) -> None:
-        self._pinned_cache.setdefault((buf.shape, buf.dtype.str), []).append(buf)
+        with CudaDevice._pinned_lock:
+            CudaDevice._pinned_cache.setdefault((buf.shape, buf.dtype.str), []).append(buf)
 
     def release_pinned(self) -> None:
         """Drop the cached pinned buffers and have CuPy unpin them (after the queued work ran)."""
         # Called at the end of a job, possibly from another thread than this device's: the upload
         # events stay (a concurrent stream of this thread still refills its slots after them).
         self.synchronize()
-        self._pinned_cache.clear()
+        with CudaDevice._pinned_lock:
+            CudaDevice._pinned_cache.clear()
         self.cp.get_default_pinned_memory_pool().free_all_blocks()
 
     # -- operand slots ----------------------------------------------------------------------------

@@ -34,9 +34,10 @@ side is the :class:`BlockOps` chunk, so every task writes whole chunks of its ou
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import os
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
@@ -68,8 +69,9 @@ class BlockOps:
         self.steps = 0
         self.gemms = 0
         self.flops = 0
-        #: ``"tf32"``: the float32 GEMMs use TF32 tensor cores on a GPU (``inv(precision="tf32")``).
-        self.math: str | None = None
+        #: ``"tf32"``: the float32 GEMMs use TF32 tensor cores on a GPU (``precision="tf32"``; default:
+        #: the job's :attr:`~blocklin.runtime.job.Job.math`).
+        self.math: str | None = getattr(job, "math", None)
         #: Concurrent tasks of the triangular/symmetric operations (default: the job's workers).
         self.workers: int | None = None
 
@@ -123,9 +125,11 @@ class BlockOps:
     def _spec(self, dtype: Any, **fields: Any) -> TileOpSpec:
         job = self.job
         dev = job.device
-        return TileOpSpec(tile=self.chunk, dtype=np.dtype(dtype).name, device=dev,
+        dt = np.dtype(dtype)
+        return TileOpSpec(tile=self.chunk, dtype=dt.name, device=dev,
                           device_memory=job.device_memory() if dev == "gpu" else None,
-                          blas_threads=job.task_blas_threads(job.cores()), **fields)
+                          blas_threads=job.task_blas_threads(job.cores()),
+                          math=self.math if dt == np.float32 else None, **fields)
 
     def _run(self, graph: TileGraph, description: str) -> list[dict]:
         job = self.job
@@ -390,6 +394,28 @@ class TileOpSpec:
     shift: float = 0.0
     #: A triangular operand with a unit diagonal (not read).
     unit: bool = False
+    #: ``"tf32"``: the task's float32 GEMMs use TF32 tensor cores on a GPU (``Device.math``).
+    math: str | None = None
+
+
+def holds_device(tiles: Callable[..., float]) -> Callable:
+    """Run a tile task holding ``tiles(spec, *args)`` square tiles (``spec.tile`` wide, ``spec.dtype``)
+    from the device budget that every task on its GPU shares, in the spec's math mode.
+
+    Tasks of one process that share a GPU (several threads of a worker) then wait for each other
+    rather than exceed ``device_memory`` together, as the GEMM tile and row-pass tasks do; a no-op
+    on the CPU, whose tasks the host budget bounds.
+    """
+
+    def wrap(task: Callable) -> Callable:
+        @functools.wraps(task)
+        def run(spec: TileOpSpec, *args: Any) -> Any:
+            dev = get_device(spec.device, device_memory=spec.device_memory)
+            nbytes = int(tiles(spec, *args) * spec.tile * spec.tile * np.dtype(spec.dtype).itemsize)
+            with dev.reserve(nbytes), dev.math(spec.math):
+                return task(spec, *args)
+        return run
+    return wrap
 
 
 def _tiles(n: int, t: int) -> int:
@@ -423,6 +449,7 @@ def _load(spec: TileOpSpec, name: str) -> Any:
 
 
 @with_task_settings
+@holds_device(lambda spec, *_: 3)  # the accumulator and two tiles of A
 def syrk_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
     """Lower tile ``(i, j)`` of ``beta * C + alpha * A A^T`` (and its mirror with ``full``)."""
     t, dt = spec.tile, np.dtype(spec.dtype)
@@ -458,6 +485,7 @@ def syrk_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
 
 
 @with_task_settings
+@holds_device(lambda spec, *_: 5)  # the accumulator, two product tiles, the diagonal tile, the solve
 def trsm_tile_task(spec: TileOpSpec, i: int, c: int, deps: list) -> dict:
     """Tile ``(i, c)`` of ``X = alpha * T^-1 B``: ``T(i,i)^-1 (alpha B(i,c) - sum_k T(i,k) X(k,c))``."""
     marker = _done(spec, f"trsm-{i}-{c}")
@@ -498,18 +526,20 @@ def _triangle(block: np.ndarray, lower: bool) -> np.ndarray:
 
 
 @with_task_settings
+@holds_device(lambda spec: 3 * (spec.a.shape[0] / spec.tile) ** 2)  # the block, its factor, cuSOLVER's work
 def potrf_task(spec: TileOpSpec) -> dict:
     """In-core Cholesky of the diagonal block ``spec.a`` written to ``spec.out`` (whole chunks)."""
     dt = np.dtype(spec.dtype)
     n = spec.a.shape[0]
     dev = get_device(spec.device, device_memory=spec.device_memory)
     block = spec.a.read(0, 0, n, dt, spec.check)
-    low = _factor_diagonal(dev, block, 0, spec)
+    low = _factor_diagonal(dev, dev.to_device(block), 0, spec)
     spec.out.write(0, 0, n, low)
     return {"bytes_read": block.nbytes, "bytes_written": low.nbytes, "flops": n**3 // 3}
 
 
 @with_task_settings
+@holds_device(lambda spec, *_: 5)  # the accumulator, two factor tiles, L(j,j), the solve
 def cholesky_tile_task(spec: TileOpSpec, i: int, j: int, deps: list) -> dict:
     """Tile ``L(i, j)`` of the left-looking Cholesky: ``A(i,j) - sum_k L(i,k) L(j,k)^T``, then POTRF
     (``i == j``) or TRSM with ``L(j,j)^T`` (``i > j``); written once, so rerunning it is harmless."""
@@ -603,6 +633,7 @@ def _panel_pivots(spec: TileOpSpec, j: int) -> np.ndarray:
 
 
 @with_task_settings
+@holds_device(lambda spec, *_: 2 * spec.a.shape[0] / spec.tile + 4)  # the trailing panel and L block, 4 tiles
 def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     """Panel ``j`` of the left-looking LU (see :meth:`BlockOps.lu_panels`)."""
     marker = _done(spec, f"lu-{j}")

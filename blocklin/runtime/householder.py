@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from blocklin.device import get_device
-from blocklin.runtime.blockops import BlockOps, Region, TileOpSpec, _done, _load, _mark, _save, _skip, _tiles
+from blocklin.runtime.blockops import (BlockOps, Region, TileOpSpec, _done, _load, _mark, _save, _skip, _tiles,
+                                       holds_device)
 from blocklin.runtime.tiles import check_finite, open_array, with_task_settings
 from blocklin.storage.zarr_store import read_block, write_block
 
@@ -104,6 +105,7 @@ def _geqrt(panel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @with_task_settings
+@holds_device(lambda spec, *_: 2 * spec.a.shape[0] / spec.tile + 3)  # V, X and three w x w blocks
 def qr_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     """Panel ``j`` of the left-looking Householder QR (see :func:`qr_panels`)."""
     marker = _done(spec, f"qr-{j}")
@@ -155,6 +157,7 @@ def r_panel_task(spec: TileOpSpec, j: int, signs: np.ndarray) -> dict:
 
 
 @with_task_settings
+@holds_device(lambda spec, *_: 2 * spec.a.shape[0] / spec.tile + 3)  # V, X and three w x w blocks
 def q_panel_task(spec: TileOpSpec, c: int, signs: np.ndarray) -> dict:
     """Column panel ``c`` of the thin ``Q``: ``H_0 ... H_c`` applied to columns ``c0:c1`` of ``[I; 0]``."""
     marker = _done(spec, f"qrq-{c}")

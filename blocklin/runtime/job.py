@@ -142,6 +142,9 @@ class Job:
         self.read_notes: list[str] = []
         self.pass_counts: dict[str, int] = {}
         self._scratch = 0
+        #: ``"tf32"``: the float32 GEMMs of this job's tile tasks use TF32 tensor cores on a GPU
+        #: (``precision="tf32"``); block operations take it as their default math mode.
+        self.math: str | None = None
 
     def _resolve_device(self) -> str:
         """``auto``, ``cpu`` or ``gpu`` resolved where the tasks run: this machine, or the workers."""

@@ -1,0 +1,190 @@
+"""GPU resources on the CuPy stand-in: the device budget every device task holds, pinned host memory
+within the host budget, and one GPU per worker."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import cupy_standin
+
+import blocklin as bl
+from blocklin.device.cuda import CudaDevice, DeviceBudget
+from blocklin.device.select import gpu_for_worker
+from blocklin.errors import DeviceError
+
+
+@pytest.fixture
+def standin():
+    with cupy_standin.installed() as state:
+        import cupy
+
+        DeviceBudget._budgets.clear()
+        yield cupy
+        state.races.clear()
+
+
+def races() -> list[str]:
+    cupy_standin.synchronize_all()
+    out, cupy_standin.STATE.races = cupy_standin.STATE.races, []
+    return out
+
+
+def _spd(n, seed=0):
+    g = np.random.default_rng(seed).standard_normal((n, n))
+    return g @ g.T / n + np.eye(n)
+
+
+# -- one device budget for every device task ----------------------------------------------------------
+def test_factorization_tile_tasks_share_the_device_budget(standin):
+    """Cholesky's tile tasks (GEMM updates, POTRF, TRSM) hold their tiles from the GPU's one budget:
+    three concurrent tasks whose tiles together exceed it take turns."""
+    t, n = 32, 160
+    a = _spd(n)
+    one_task = 5 * t * t * 8  # cholesky_tile_task: accumulator, two factor tiles, L(j,j), the solve
+    budget = DeviceBudget.of(0)
+    f = bl.cholesky(a, tile=t, device="gpu", workers=3, scheduler="threads", device_memory=one_task + 1024)
+    # Cholesky's backward error is about n eps ||A|| (Higham 2002, Thm. 10.3): 4 n eps as a forward
+    # bound for cond(A) of a few
+    np.testing.assert_allclose(f[...], np.linalg.cholesky(a), rtol=0, atol=4 * n * np.finfo(float).eps * 4)
+    assert budget.peak == one_task  # never two tasks at once within a budget for one
+    assert budget.held == 0
+    budget.peak = 0
+    bl.cholesky(a, tile=t, device="gpu", workers=3, scheduler="threads", device_memory="64MiB")
+    assert one_task <= budget.peak <= 3 * one_task and budget.held == 0
+    assert races() == []
+
+
+@pytest.mark.parametrize("op", ["syrk", "trsm", "lu", "qr"])
+def test_every_block_operation_holds_the_device_budget(standin, op):
+    rng = np.random.default_rng(4)
+    n, t = 96, 32
+    budget = DeviceBudget.of(0)
+    holds = []
+    hold = DeviceBudget.hold
+
+    def record(self, nbytes, limit):
+        holds.append(nbytes)
+        return hold(self, nbytes, limit)
+
+    DeviceBudget.hold = record
+    try:
+        if op == "syrk":
+            x = rng.standard_normal((200, n))
+            g = bl.gram(x, device="gpu", memory="256KiB")
+            np.testing.assert_allclose(g[...], x.T @ x, rtol=1e-12, atol=1e-10)
+        elif op == "trsm":
+            low = np.tril(rng.standard_normal((n, n))) / 8 + 2 * np.eye(n)
+            b = rng.standard_normal((n, 3))
+            x = bl.solve_triangular(low, b, lower=True, tile=t, device="gpu")[...]
+            np.testing.assert_allclose(low @ x, b, rtol=0, atol=1e-12)
+        elif op == "lu":
+            g = rng.standard_normal((n, n))
+            f = bl.lu(g, tile=t, device="gpu")
+            import scipy.linalg as sl
+
+            np.testing.assert_allclose(f[...], sl.lu_factor(g)[0], rtol=0, atol=1e-11)
+        else:
+            a = rng.standard_normal((120, n))
+            q, r = bl.qr(a, mode="reduced", tile=t, device="gpu")
+            assert np.linalg.norm(a - q[...] @ r[...]) <= 4 * 120 * np.finfo(float).eps * np.linalg.norm(a)
+    finally:
+        DeviceBudget.hold = hold
+    assert holds and min(holds) > 0 and budget.held == 0
+    assert races() == []
+
+
+# -- pinned host memory ---------------------------------------------------------------------------
+def test_cached_pinned_buffers_of_other_shapes_are_unpinned_before_pinning_more(standin):
+    """Pinned buffers of an earlier plan were kept cached on top of the next plan's, beyond ``memory=``."""
+    dev = CudaDevice.current()
+    first = [dev.host_empty((64, 64), np.float64) for _ in range(3)]
+    for b in first:
+        dev.release_host(b)
+    del first, b
+    assert cupy_standin.pinned_bytes_held() == 3 * 64 * 64 * 8
+    again = dev.host_empty((64, 64), np.float64)  # same shape: reused, nothing pinned
+    assert cupy_standin.pinned_bytes_held() == 3 * 64 * 64 * 8
+    dev.release_host(again)
+    del again
+    other = dev.host_empty((32, 16), np.float32)
+    assert cupy_standin.pinned_bytes_held() == 32 * 16 * 4  # the idle 64 x 64 buffers were unpinned
+    dev.release_host(other)
+    del other
+    dev.release_pinned()
+    assert cupy_standin.pinned_bytes_held() == 0
+    assert races() == []
+
+
+def test_pinned_memory_stays_within_the_host_budget_across_plans(standin):
+    """The inverse runs GEMMs of many shapes in one job: its pinned buffers stay within ``memory=``
+    and are all unpinned when the job ends."""
+    rng = np.random.default_rng(2)
+    n = 256
+    m = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
+    cupy_standin.STATE.pinned_peak = 0
+    x = bl.inv(m, device="gpu", memory="384KiB")
+    assert np.linalg.norm(np.eye(n) - m @ x.to_numpy()) < n * np.finfo(float).eps * np.linalg.norm(m) * \
+        np.linalg.norm(x.to_numpy())
+    assert x.report["gemm_steps"] > 2  # several GEMM plans in one job
+    assert 0 < cupy_standin.STATE.pinned_peak <= 384 << 10
+    assert cupy_standin.pinned_bytes_held() == 0
+    assert races() == []
+
+
+# -- one GPU per worker ---------------------------------------------------------------------------
+def test_gpu_for_worker_mapping():
+    assert gpu_for_worker(None, 4) is None  # not in a worker: CuPy's current device
+    assert gpu_for_worker(0, 1) is None  # one GPU: nothing to map
+    assert [gpu_for_worker(i, 4) for i in range(6)] == [0, 1, 2, 3, 0, 1]  # LocalCluster names 0 .. n-1
+    assert gpu_for_worker("3", 4) == 3
+    assert gpu_for_worker("tcp://10.0.0.1:4000", 4) is None  # no index in the name
+    assert gpu_for_worker(2, 4, visible="2,3,0,1") is None  # dask-cuda: device 0 is the worker's own
+    assert gpu_for_worker(2, 4, explicit="1") == 1  # BLOCKLIN_GPU wins
+    with pytest.raises(DeviceError, match="BLOCKLIN_GPU.*below the 4 GPU"):
+        gpu_for_worker(None, 4, explicit="4")
+    with pytest.raises(DeviceError, match="BLOCKLIN_GPU"):
+        gpu_for_worker(None, 4, explicit="first")
+
+
+def test_each_worker_thread_drives_its_own_gpu(standin, monkeypatch):
+    """Threads of workers 0..3 on a 4-GPU machine get devices 0..3, each with its own budget."""
+    import distributed
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("BLOCKLIN_GPU", raising=False)
+    cupy_standin.STATE.device_count = 4
+    seen = {}
+
+    class FakeWorker:
+        def __init__(self, name):
+            self.name = name
+
+    local = threading.local()
+    monkeypatch.setattr(distributed, "get_worker", lambda: FakeWorker(local.name), raising=True)
+    alive = threading.Barrier(4)
+
+    def run(name):
+        local.name = name
+        dev = CudaDevice.current()
+        seen[name] = (dev.device_id, standin.cuda.runtime.getDevice())
+        with dev.reserve(100):
+            seen[name] += (DeviceBudget.of(dev.device_id).held,)
+        alive.wait()  # all four threads alive together: four thread identifiers, four devices
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert seen == {i: (i, i, 100) for i in range(4)}
+    assert sorted(d.device_id for d in CudaDevice.instances()) == [0, 1, 2, 3]
+    monkeypatch.setenv("BLOCKLIN_GPU", "2")
+    CudaDevice.reset()
+    alive = threading.Barrier(1)
+    th = threading.Thread(target=run, args=("named-worker",))
+    th.start()
+    th.join()
+    assert seen["named-worker"][:2] == (2, 2)
