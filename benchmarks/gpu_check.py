@@ -6,28 +6,34 @@ On a fresh machine with one NVIDIA GPU and a driver (no CUDA toolkit needed)::
 
 ``--install`` creates ``.venv`` (if missing), installs blocklin with the ``gpu`` extra (CuPy with the
 CUDA runtime libraries from wheels, ``cupy-cuda12x[ctk]``) and re-runs itself there. Without it the
-check runs in the current interpreter. Defaults take about 2-4 minutes on one H100/H200-class GPU;
-``--n``/``--inv-n`` size the timed parts.
+check runs in the current interpreter. The defaults are sized to run in under 5 minutes on one
+H100/H200-class GPU (not yet measured on one); ``--n``/``--inv-n`` size the timed parts.
 
 Steps:
 
 1. Correctness on the GPU against NumPy/SciPy: every dense device operation (GEMM accumulate, TF32
    GEMM, SYRK, Cholesky, triangular solves, QR, SVD, eigh, leaf inverse) and every public
-   operation (``matmul`` with transposes/alpha/beta/casts, ``inv`` in float64 and mixed precision,
-   ``solve`` tall, wide, SPD and by the normal equations (Gram pass), ``cholesky``,
+   operation (``matmul`` with transposes/alpha/beta/casts and ``precision="float32"``/``"tf32"``,
+   ``inv`` in float64, mixed and TF32 precision, ``solve`` tall, wide, SPD (also with
+   ``precision="mixed"``/``"tf32"``) and by the normal equations (Gram pass), ``cholesky``,
    ``solve_triangular``, ``lu``, ``svd`` with every method in memory and streamed, ``eigsh``,
    ``pca``, ``orthonormalize``) at small sizes with per-dtype tolerances.
 2. Out-of-core GEMM, float64 and float32, n x n operands in zarr on local disk with a device budget
    smaller than the operands, against in-core ``cupy.matmul`` on the same sizes (operands already on
    the GPU, timed with CUDA events). The overlap figure is the fraction of the k-loop during which
    the GPU computes: the sum of the GEMM kernel times (CUDA events around every GEMM) over the span
-   from the first GEMM's start to the last GEMM's end, per tile stream.
+   from the first GEMM's start to the last GEMM's end, per tile stream. Then the float64 operands
+   again with ``precision="tf32"`` (float32 tiles, TF32 tensor cores): time against the float64
+   run and the error against the float64 result.
 3. ``inv`` with ``precision="mixed"`` (float32 GEMMs) and ``"tf32"`` (TF32 tensor cores) against
-   ``precision="float64"``: time and backward error ``||I - A X||_F / (||A||_F ||X||_F)``.
+   ``precision="float64"``: time and backward error ``||I - A X||_F / (||A||_F ||X||_F)``; the
+   out-of-core SPD solve (``solve(assume_a="pos")``, tiled Cholesky) likewise, with its backward
+   error ``||b - A x||_F / (||A||_F ||x||_F + ||b||_F)``.
 
 Prints one JSON summary on the last line; exits 1 when a correctness check fails, 2 without a GPU.
-``--device cpu`` runs the same code paths on the CPU (overlap figures need CUDA); ``--dry-run`` does
-that at small sizes in about a minute (a check of the script itself). Each correctness entry
+``--device cpu`` runs the same code paths on the CPU (overlap figures need CUDA); ``--dry-run`` runs
+every step at small sizes (on the GPU when one is visible, else the CPU: a check of the script
+itself, which the test suite runs on the CuPy stand-in). Each correctness entry
 carries the operation's ``phases`` (where each phase ran); ``phases_elsewhere`` lists the operations
 with a phase off the requested device (for example LU's panel ``getrf``, which stays on the host).
 """
@@ -140,12 +146,24 @@ def operation_checks(kind: str, tmp: str) -> list[dict]:
     ref = a32.astype(np.float64) @ b64
     _check(out, "matmul float32 x float64 -> float64", "float64",
            np.abs(res.to_numpy() - ref).max() / np.abs(ref).max(), 4 * 300 * _eps(np.float64))
+    a64 = rng.standard_normal((500, 400))
+    for precision, u in (("float32", 2.0**-24), ("tf32", 2.0**-11)):
+        b = rng.standard_normal((400, 150))
+        res = bl.matmul(a64, b, os.path.join(tmp, f"prec-{precision}.zarr"), device=kind, precision=precision,
+                        **budget)
+        ref = a64 @ b
+        # float32 (TF32: 10-bit mantissa) products: |error| <= (k + 2) u |A||B| (Higham 2002, eq. 3.13)
+        err = (np.abs(res.to_numpy() - ref) / (np.abs(a64) @ np.abs(b))).max()
+        _check(out, f"matmul float64 data, precision={precision}", "float64", err, (400 + 2) * u,
+               compute_dtype=res.report["compute_dtype"], **_where(res))
 
     n = 600
     u, _ = np.linalg.qr(rng.standard_normal((n, n)))
     v, _ = np.linalg.qr(rng.standard_normal((n, n)))
     m = (u * np.logspace(0, -3, n)) @ v.T  # cond 1e3
-    for precision, dtype in ((None, "float64"), ("mixed", "float64")):
+    for precision, dtype in ((None, "float64"), ("mixed", "float64"), ("tf32", "float64")):
+        if precision == "tf32":  # TF32's 1e-3 start needs a well-conditioned matrix to converge
+            m = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
         res = bl.inv(m, precision=precision, device=kind, memory="16MiB")
         x = res.to_numpy()
         eta = np.linalg.norm(np.eye(n) - m @ x) / (np.linalg.norm(m) * np.linalg.norm(x))
@@ -189,10 +207,14 @@ def factor_checks(kind: str, rng: np.random.Generator) -> list[dict]:
     xr = scipy.linalg.solve_triangular(ref, b, lower=True)
     _check(out, "solve_triangular", "float64", np.abs(x.to_numpy() - xr).max() / np.abs(xr).max(),
            10 * n * _eps(np.float64), **_where(x))
-    x = bl.solve(spd, b, assume_a="pos", **kw)
     xr = np.linalg.solve(spd, b)
-    _check(out, "solve assume_a='pos'", "float64", np.abs(x.to_numpy() - xr).max() / np.abs(xr).max(),
-           10 * n * _eps(np.float64), **_where(x))
+    for precision in ("double", "mixed", "tf32"):
+        x = bl.solve(spd, b, assume_a="pos", precision=precision, **kw)
+        name = "solve assume_a='pos'" + ("" if precision == "double" else f", precision={precision}")
+        # refined to float64 backward error (float32 factor for mixed/tf32): forward error <= cond * eta
+        _check(out, name, "float64", np.abs(x.to_numpy() - xr).max() / np.abs(xr).max(),
+               10 * n * _eps(np.float64), backward_error=x.report["backward_error"],
+               refine_steps=x.report["refine_steps"], **_where(x))
     lu = bl.lu(g, **kw)
     packed, piv = lu.to_numpy(), np.asarray(lu.report["pivots"])
     l, u = np.tril(packed, -1) + np.eye(n), np.triu(packed)
@@ -296,6 +318,35 @@ def ooc_gemm(kind: str, n: int, dtype: str, memory: str, device_memory: str, tmp
     return result
 
 
+def ooc_gemm_precision(kind: str, base: dict, precision: str, memory: str, device_memory: str, tmp: str) -> dict:
+    """The float64 operands of ``base`` (an :func:`ooc_gemm` result) multiplied with ``precision=``: time
+    against the float64 run, error against its float64 result."""
+    import blocklin as bl
+
+    n = base["n"]
+    a, b = bl.open(os.path.join(tmp, "Afloat64.zarr")), bl.open(os.path.join(tmp, "Bfloat64.zarr"))
+    profiling = kind == "gpu"
+    if profiling:
+        from blocklin.device.cuda import CudaDevice
+
+        CudaDevice.profile(True)
+    try:
+        c = bl.matmul(a, b, os.path.join(tmp, f"C64-{precision}.zarr"), memory=memory, device=kind,
+                      device_memory=device_memory, precision=precision)
+        overlap = busy_fraction() if profiling else {"busy_fraction": None}
+    finally:
+        if profiling:
+            CudaDevice.profile(False)
+    secs = c.report["seconds"]
+    rows = slice(0, min(n, 256))
+    c64 = bl.open(os.path.join(tmp, "Cfloat64.zarr"))[rows, :]
+    return {"n": n, "dtype": "float64", "precision": precision, "compute_dtype": c.report["compute_dtype"],
+            "out_of_core_seconds": secs, "out_of_core_gflops": 2.0 * n**3 / secs / 1e9,
+            "speedup_vs_float64": base["out_of_core_seconds"] / secs,
+            "rel_error_vs_float64": float(np.abs(c[rows, :] - c64).max() / np.abs(c64).max()),
+            "plan": c.report["plan"], **overlap}
+
+
 def in_core_gemm(kind: str, a: Any, b: Any, flops: float) -> float:
     if kind != "gpu":
         x, y = a.to_numpy(), b.to_numpy()
@@ -338,6 +389,28 @@ def mixed_inverse(kind: str, n: int, memory: str, device_memory: str, tmp: str) 
     return out
 
 
+def mixed_solve(kind: str, n: int, memory: str, tmp: str) -> dict:
+    """The out-of-core SPD solve (tiled Cholesky, refinement) in float64, mixed and TF32 precision."""
+    import blocklin as bl
+
+    rng = np.random.default_rng(4)
+    g = bl.random(os.path.join(tmp, "G.zarr"), (n, n), seed=5, chunks=(min(n, 2048),) * 2)
+    # A = G G^T / n + I (cond ~ 5, SPD) formed out of core, then solved against 4 right-hand sides
+    a = bl.matmul(g, g, os.path.join(tmp, "S.zarr"), trans_b=True, alpha=1.0 / n, device=kind, memory=memory)
+    spd = a.to_numpy() + np.eye(n)
+    src = bl.from_array(spd, os.path.join(tmp, "SPD.zarr"), chunks=(min(n, 2048),) * 2)
+    b = rng.standard_normal((n, 4))
+    out: dict[str, Any] = {"n": n}
+    for precision in ("double", "mixed", "tf32"):
+        x = bl.solve(src, b, assume_a="pos", precision=precision, device=kind, memory=memory,
+                     out=os.path.join(tmp, f"x-{precision}.zarr"))
+        out[precision] = {"seconds": x.report["seconds"], "backward_error": x.report["backward_error"],
+                          "refine_steps": x.report["refine_steps"], "factor_dtype": x.report["factor_dtype"]}
+    out["speedup_mixed"] = out["double"]["seconds"] / out["mixed"]["seconds"]
+    out["speedup_tf32"] = out["double"]["seconds"] / out["tf32"]["seconds"]
+    return out
+
+
 # -- driver ------------------------------------------------------------------------------------------
 def install_and_rerun(argv: list[str]) -> int:
     venv = ROOT / ".venv"
@@ -362,11 +435,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true",
                    help="every step on the CPU at small sizes (checks the script itself; no GPU figures)")
     args = p.parse_args(argv)
-    if args.dry_run:
-        args.device, args.n, args.inv_n, args.memory, args.device_memory = "cpu", 512, 256, "1MiB", "1MiB"
     if args.install:
         return install_and_rerun(argv)
     from blocklin.device import gpu_available
+
+    if args.dry_run:  # small sizes; the GPU when one is visible (the CuPy stand-in in the tests)
+        args.device = "gpu" if gpu_available() else "cpu"
+        args.n, args.inv_n, args.memory, args.device_memory = 384, 256, "4MiB", "1MiB"
 
     if args.device == "gpu" and not gpu_available():
         print("gpu_check: no CUDA device visible to CuPy (run with --install on a GPU machine)", file=sys.stderr)
@@ -387,6 +462,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_timing:
             summary["gemm"] = [ooc_gemm(args.device, args.n, dt, args.memory, args.device_memory, tmp)
                                for dt in ("float64", "float32")]
+            summary["gemm_precision"] = [ooc_gemm_precision(args.device, summary["gemm"][0], p, args.memory,
+                                                            args.device_memory, tmp) for p in ("float32", "tf32")]
+            for g in summary["gemm_precision"]:
+                print(f"out-of-core float64 data, precision={g['precision']}: {g['out_of_core_gflops']:.0f} GFLOP/s, "
+                      f"{g['speedup_vs_float64']:.2f}x the float64 run, error {g['rel_error_vs_float64']:.1e}",
+                      flush=True)
             for g in summary["gemm"]:
                 bf = g["busy_fraction"]
                 print(f"out-of-core {g['dtype']} n={g['n']}: {g['out_of_core_gflops']:.0f} GFLOP/s vs in-core "
@@ -398,6 +479,11 @@ def main(argv: list[str] | None = None) -> int:
                   f" vs float64 {inv['float64']['seconds']:.1f} s (eta {inv['float64']['backward_error']:.1e}): "
                   f"{inv['speedup_mixed']:.2f}x; tf32 {inv['tf32']['seconds']:.1f} s "
                   f"(eta {inv['tf32']['backward_error']:.1e}): {inv['speedup_tf32']:.2f}x", flush=True)
+            summary["solve"] = mixed_solve(args.device, args.inv_n, args.memory, tmp)
+            sv = summary["solve"]
+            print(f"solve(assume_a='pos') n={sv['n']}: mixed {sv['speedup_mixed']:.2f}x, tf32 {sv['speedup_tf32']:.2f}x "
+                  f"the float64 time (eta {sv['mixed']['backward_error']:.1e}, {sv['tf32']['backward_error']:.1e})",
+                  flush=True)
         summary["seconds"] = time.perf_counter() - t0
         print(json.dumps(summary, default=str))
         return 0 if summary["correct"] else 1

@@ -23,6 +23,30 @@ FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 GEMM_DTYPES = FLOAT_DTYPES + (np.dtype(np.complex64), np.dtype(np.complex128))
 
 
+#: What ``precision=`` may ask for (``matmul``, ``solve``, ``inv``; each accepts those that make
+#: sense for it). ``None``, ``"default"`` and ``"double"`` (the solver's older name) mean the working
+#: dtype: the data's, or ``dtype=``.
+PRECISIONS = {
+    "default": "the working dtype (the data's, or dtype=)",
+    "float64": "compute in float64",
+    "float32": "compute in float32",
+    "tf32": "float32 with the GEMMs on TF32 tensor cores on a GPU (float32 on a CPU)",
+    "mixed": "the O(n^3) work in float32, refined to the float64 backward error",
+}
+
+
+def precision(value: Any, allowed: Sequence[str], *, operation: str, why: str = "", fix: str) -> str:
+    """``precision=`` normalized (``None``/``"double"`` to ``"default"``) and one that ``operation`` allows."""
+    v = "default" if value is None or (isinstance(value, str) and value.strip().lower() == "double") else value
+    v = v.strip().lower() if isinstance(v, str) else v
+    if v not in PRECISIONS:
+        raise ParameterError(explain("precision", f"must be one of {tuple(PRECISIONS)} (or None)", repr(value), fix))
+    if v not in allowed:
+        raise ParameterError(explain("precision", f"for {operation} must be one of {tuple(allowed)}"
+                                     + (f" ({why})" if why else ""), repr(value), fix))
+    return v
+
+
 def float_operand(op: Any) -> np.dtype:
     """The dtype of an operand that must be float32 or float64 (float16, integers, complex refused)."""
     if op.dtype not in FLOAT_DTYPES:

@@ -474,12 +474,21 @@ def test_gpu_check_runs_on_the_standin(standin, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("gpu_check", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    rc = mod.main(["--n", "384", "--inv-n", "256", "--memory", "4MiB", "--device-memory", "1MiB",
-                   "--dir", str(tmp_path)])
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rc == 0 and summary["correct"], [c for c in summary["checks"] if not c["ok"]]
+    rc = mod.main(["--dry-run", "--dir", str(tmp_path)])  # small sizes, on the GPU when one is visible
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(lines[-1])  # one JSON summary, on the last line
+    assert sum(line.startswith("{") for line in lines) == 1
+    assert rc == 0 and summary["device"] == "gpu" and summary["correct"], [c for c in summary["checks"] if not c["ok"]]
     names = {c["check"] for c in summary["checks"]}
     assert {"gemm_acc", "gemm_acc_tf32", "syrk_acc", "cholesky", "qr", "svd", "eigh", "inv_leaf"} <= names
+    # precision= of every operation that has one
+    assert {"matmul float64 data, precision=float32", "matmul float64 data, precision=tf32", "inv precision=tf32",
+            "solve assume_a='pos', precision=mixed", "solve assume_a='pos', precision=tf32"} <= names
+    assert [g["compute_dtype"] for g in summary["gemm_precision"]] == ["float32", "float32"]
+    assert all(g["rel_error_vs_float64"] < 1e-2 for g in summary["gemm_precision"])
+    for p in ("double", "mixed", "tf32"):
+        assert summary["solve"][p]["backward_error"] <= 16 * np.finfo(np.float64).eps
+    assert summary["solve"]["tf32"]["factor_dtype"] == "float32"
     assert {"lu (P A = L U)", "solve_triangular", "solve assume_a='pos'", "pca k=4", "svd sketch k=5 (in core)",
             "svd rsvd k=5 (streamed)", "solve tall, normal equations (Gram SYRK pass)"} <= names
     # every public operation says where it ran: on the GPU, but for LU's panel getrf and for the

@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trans-b", action="store_true", help="use B transposed")
     p.add_argument("--dtype", choices=("float32", "float64", "complex64", "complex128"),
                    help="compute dtype (casts while streaming; default: the inputs' common dtype)")
+    p.add_argument("--precision", choices=("float64", "float32", "tf32"),
+                   help="compute the tiles in this precision, store the result in the dtype: float32 (float32 "
+                        "BLAS/cuBLAS, error about k 2^-24 |A||B|), tf32 (float32 with TF32 tensor cores on a GPU)")
     ui.add_run_options(p, unit="tile tasks", resume="continue an interrupted run")
     ui.add_common(p)
     p.set_defaults(func=run)
@@ -32,7 +35,7 @@ def run(args: argparse.Namespace) -> dict:
 
     beta = args.beta if args.beta is not None else (1.0 if args.c else 0.0)
     kwargs = dict(c=args.c, alpha=args.alpha, beta=beta, trans_a=args.trans_a, trans_b=args.trans_b,
-                  dtype=args.dtype, **ui.run_settings(args))
+                  dtype=args.dtype, precision=args.precision, **ui.run_settings(args))
     if args.explain:
         plan = matmul(args.a, args.b, args.out, explain=True, **kwargs)
         advice = read_advice(open_matrix(args.a), open_matrix(args.b), plan, trans_a=args.trans_a,

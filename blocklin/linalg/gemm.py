@@ -11,10 +11,11 @@ import dataclasses
 import os
 from typing import Any, Unpack
 
+import numpy as np
 from dask.base import tokenize
 
 from blocklin.config import Settings
-from blocklin.errors import ShapeError, warn
+from blocklin.errors import ParameterError, ShapeError, warn
 from blocklin.errors import explain as _msg
 from blocklin.matrix import Matrix
 from blocklin.plan.gemm import GemmPlan, _panel_reads, plan_gemm
@@ -27,6 +28,10 @@ from blocklin.storage.atomic import open_or_create_array
 from blocklin.storage.location import as_location
 from blocklin.storage.zarr_store import read_kind
 from blocklin.validate import finite, result_dtype
+from blocklin.validate import precision as check_precision
+
+#: ``matmul(precision=...)``: a product has no refinement step, so ``"mixed"`` has no meaning here.
+PRECISIONS = ("default", "float64", "float32", "tf32")
 
 
 def _op_shape(shape: tuple[int, int], trans: bool) -> tuple[int, int]:
@@ -49,10 +54,18 @@ class Gemm:
     trans_a: bool
     trans_b: bool
     dtype: Any
+    #: The dtype the tiles are computed in (``dtype`` unless ``precision=`` asks for another).
+    compute: Any = None
+    #: ``precision=`` as normalized (``"default"``, ``"float64"``, ``"float32"``, ``"tf32"``).
+    precision: str = "default"
 
     @classmethod
     def of(cls, A: Any, B: Any, C: Any = None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
-           trans_b: bool = False, dtype: Any = None) -> Gemm:
+           trans_b: bool = False, dtype: Any = None, precision: Any = None) -> Gemm:
+        precision = check_precision(
+            precision, PRECISIONS, operation="matmul", why="a product has no refinement step: 'float32' or 'tf32' "
+            "compute it in float32 and store it in the result dtype",
+            fix="pass precision='float32' (or 'tf32', or None for the operands' dtype)")
         alpha = finite("alpha", alpha, fix="pass alpha=1.0")
         beta = finite("beta", beta, fix="pass beta=0.0 (or 1.0 to add c)")
         m, ka = _op_shape(A.shape, trans_a)
@@ -72,7 +85,8 @@ class Gemm:
         if C is None and beta != 0.0:
             raise ShapeError(_msg("c", "is required when beta != 0", "c=None", "pass c=... or beta=0.0"))
         dt = result_dtype([A, B] + ([C] if C is not None else []), dtype)
-        return cls(A=A, B=B, C=C, alpha=float(alpha), beta=float(beta), trans_a=trans_a, trans_b=trans_b, dtype=dt)
+        return cls(A=A, B=B, C=C, alpha=float(alpha), beta=float(beta), trans_a=trans_a, trans_b=trans_b, dtype=dt,
+                   compute=_compute_dtype(dt, precision), precision=precision)
 
     @property
     def operands(self) -> list:
@@ -86,7 +100,7 @@ class Gemm:
         """The plan in ``job``'s budget; ``out`` (the output's path, default under the temp dir) tells
         whether it is written straight to its chunk files."""
         m, k = _op_shape(self.A.shape, self.trans_a)
-        return plan_gemm(m, self.shape[1], k, self.dtype, a_chunks=_op_shape(self.A.chunks, self.trans_a),
+        return plan_gemm(m, self.shape[1], k, self.compute, out_dtype=self.dtype, a_chunks=_op_shape(self.A.chunks, self.trans_a),
                          b_chunks=_op_shape(self.B.chunks, self.trans_b), memory=job.cfg.memory,
                          source_dtypes=(self.A.dtype, self.B.dtype),
                          c_chunks=self.C.chunks if self.C is not None else None, workers=job.workers(1),
@@ -104,17 +118,26 @@ class Gemm:
                         plan.to_dict())[:16]
 
     def params(self) -> dict:
-        return {"alpha": self.alpha, "beta": self.beta, "trans_a": self.trans_a, "trans_b": self.trans_b,
-                "dtype": self.dtype.name}
+        p = {"alpha": self.alpha, "beta": self.beta, "trans_a": self.trans_a, "trans_b": self.trans_b,
+             "dtype": self.dtype.name}
+        if self.precision != "default":
+            p["precision"] = self.precision
+        return p
+
+    @property
+    def math(self) -> str | None:
+        """The device math mode of the tiles' GEMMs (TF32 for ``precision="tf32"``)."""
+        return "tf32" if self.precision == "tf32" else None
 
     def run(self, job: Job, plan: GemmPlan, out_path: Any, *, done_dir: Any = None,
             description: str = "gemm tiles", count_pass: str | None = None) -> None:
         """Write the product into the array at ``out_path`` (created with ``plan.out_chunks``)."""
         spec = GemmSpec(a=self.A.path, b=self.B.path, c=self.C.path if self.C is not None else None, out=out_path,
                         trans_a=self.trans_a, trans_b=self.trans_b, alpha=self.alpha, beta=self.beta,
-                        dtype=self.dtype.name, plan=plan, device=job.device, device_memory=job.device_memory(),
+                        dtype=self.compute.name, plan=plan, device=job.device, device_memory=job.device_memory(),
                         check_finite=job.check_finite, done_dir=done_dir,
-                        blas_threads=job.task_blas_threads(plan.blas_threads))
+                        blas_threads=job.task_blas_threads(plan.blas_threads), precision=self.math,
+                        out_dtype=self.dtype.name if self.compute != self.dtype else None)
         for note in self.read_advice(plan):
             job.note_reads(note)
         graph = TileGraph.named("gemm", self.token(plan))
@@ -144,6 +167,16 @@ def read_advice(A: Any, B: Any, plan: GemmPlan, *, trans_a: bool = False, trans_
     return notes
 
 
+def _compute_dtype(dt: np.dtype, precision: str) -> np.dtype:
+    """The dtype the tiles are computed in for ``precision`` (a complex product keeps its own)."""
+    if precision == "default":
+        return dt
+    if dt.kind == "c":
+        raise ParameterError(_msg("precision", "applies to real (float32/float64) products", f"{precision!r} for a "
+                                  f"{dt.name} product", "drop precision= (or pass dtype='complex64')"))
+    return np.dtype(np.float64) if precision == "float64" else np.dtype(np.float32)
+
+
 def _direct_output(job: Job, out: Any) -> bool:
     """Whether an output at ``out`` (None: under the temp dir) is written straight to chunk files."""
     if (job.cfg.codec or "none").lower() != "none":
@@ -155,9 +188,9 @@ def _direct_output(job: Job, out: Any) -> bool:
 
 
 def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0,
-           trans_a: bool = False, trans_b: bool = False, dtype: Any = None, overwrite: bool = False,
-           resume: bool = False, explain: bool = False, out_chunks: tuple[int, int] | None = None,
-           **settings: Unpack[Settings]) -> Any:
+           trans_a: bool = False, trans_b: bool = False, dtype: Any = None, precision: str | None = None,
+           overwrite: bool = False, resume: bool = False, explain: bool = False,
+           out_chunks: tuple[int, int] | None = None, **settings: Unpack[Settings]) -> Any:
     """Out-of-core ``alpha * op(A) @ op(B) + beta * C``, written to a zarr store.
 
     Each output tile is one task that streams its k-loop through the device (NumPy/BLAS with a
@@ -183,6 +216,15 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         Use ``A.T`` / ``B.T`` (read transposed tile by tile, never copied whole).
     dtype : {None, "float32", "float64", ...}
         Compute and output dtype; by default the operands' common dtype (mixed dtypes are an error).
+    precision : {None, "float64", "float32", "tf32"}
+        The dtype the tiles are computed in when it should differ from ``dtype`` (the output keeps
+        ``dtype``): ``"float32"`` reads float64 operands as float32 and accumulates in float32 (half
+        the memory per tile, the float32 BLAS/cuBLAS speed; the error grows to about ``k u_32 |A||B|``,
+        ``u_32 = 2^-24``); ``"tf32"`` the same with the GEMMs on TF32 tensor cores on a GPU (10-bit
+        mantissas, ``u = 2^-11``; plain float32 on a CPU); ``"float64"`` computes a float32 product in
+        float64. ``alpha`` and ``beta * C`` are applied in the output dtype. A product has no
+        refinement step, so there is no ``"mixed"`` here (see :func:`blocklin.solve` and
+        :func:`blocklin.inv`). ``None``: compute in ``dtype``.
     overwrite, resume : bool
         Replace an existing ``out``; continue an interrupted run (same inputs and plan).
     explain : bool
@@ -223,11 +265,11 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
     """
     if explain:  # the plan alone: matmul_plan
         return matmul_plan(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
-                           out_chunks=out_chunks, **settings)
+                           precision=precision, out_chunks=out_chunks, **settings)
     with Job("matmul", **settings) as job:
         A = job.operand(a, "a")
         op = Gemm.of(A, A if b is a else job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
-                     alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
+                     alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype, precision=precision)
         if out_chunks is None and _is_gram(op):
             return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
         plan = op.plan(job, out_chunks, out)
@@ -235,7 +277,8 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
                         resume=resume, token=op.token(plan), size=(op.shape, op.dtype))
         open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
         op.run(job, plan, ao.array_path(), done_dir=ao.done)
-        report = job.report(plan=plan.to_dict(), output=str(ao.path),
+        report = job.report(plan=plan.to_dict(), output=str(ao.path), precision=op.precision,
+                            compute_dtype=op.compute.name,
                             phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
         report["flops"] = plan.flops
         report["gflops"] = plan.flops / report["seconds"] / 1e9 if report["seconds"] > 0 else 0.0
@@ -244,8 +287,10 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
 
 
 def _is_gram(op: Gemm) -> bool:
-    """``X^T X`` or ``X X^T`` of one stored operand (the same store, one side transposed, no ``C``)."""
-    return op.C is None and op.trans_a != op.trans_b and _same_store(op.A.path, op.B.path)
+    """``X^T X`` or ``X X^T`` of one stored operand (the same store, one side transposed, no ``C``),
+    computed in its dtype (the Gram route has no other compute precision)."""
+    return (op.C is None and op.trans_a != op.trans_b and op.precision == "default"
+            and _same_store(op.A.path, op.B.path))
 
 
 def _same_store(p: Any, q: Any) -> bool:
@@ -269,8 +314,8 @@ def _as_gram(job: Job, op: Gemm, out: Any, *, overwrite: bool, resume: bool) -> 
 
 
 def matmul_plan(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
-                trans_b: bool = False, dtype: Any = None, out_chunks: tuple[int, int] | None = None,
-                **settings: Unpack[Settings]) -> GemmPlan:
+                trans_b: bool = False, dtype: Any = None, precision: str | None = None,
+                out_chunks: tuple[int, int] | None = None, **settings: Unpack[Settings]) -> GemmPlan:
     """The :class:`~blocklin.plan.GemmPlan` that :func:`matmul` would run with these arguments, without
     running it (what ``blocklin gemm --explain`` prints); same parameters as :func:`matmul`. For
     ``X^T X`` or ``X X^T`` of one stored operand, which :func:`matmul` hands to :func:`blocklin.gram`,
@@ -279,7 +324,7 @@ def matmul_plan(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float 
     with Job("matmul", **settings) as job:
         A = job.operand(a, "a")
         op = Gemm.of(A, A if b is a else job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
-                     alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype)
+                     alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype, precision=precision)
         if out_chunks is None and _is_gram(op):  # what matmul would run: the Gram plan
             from blocklin.linalg.gram import Gram
 

@@ -34,9 +34,17 @@ from blocklin.runtime.stages import Stages
 from blocklin.storage.backend import backend
 from blocklin.storage.location import as_location
 from blocklin.storage.zarr_store import create_array
-from blocklin.validate import choice, float_operand, positive, square
+from blocklin.validate import float_operand, positive, square
+from blocklin.validate import precision as check_precision
 
 PRECISIONS = (None, "mixed", "tf32", "float32", "float64")
+
+
+def _precision(value: Any) -> str | None:
+    """``precision=`` of :func:`inv` (``None`` for the input's dtype), with the shared validator's message."""
+    v = check_precision(value, ("default", "mixed", "tf32", "float32", "float64"), operation="inv",
+                        fix="pass precision='mixed' or leave it None")
+    return None if v == "default" else v
 
 
 class _LeafSingular(Exception):
@@ -153,7 +161,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     array([[ 0.3, -0.1],
            [-0.2,  0.4]])
     """
-    precision = choice("precision", precision, PRECISIONS, fix="pass precision='mixed' or leave it None")
+    precision = _precision(precision)
     steps = _refine_steps(refine, max_refine)
     tol = positive("tol", tol, optional=True, fix="leave it None for the default")
     if explain:  # the plan alone: inv_plan
@@ -242,7 +250,7 @@ def _invert_and_refine(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, *, s
 def inv_plan(a: Any, *, precision: str | None = None, **settings: Unpack[Settings]) -> InversePlan:
     """The :class:`~blocklin.plan.inverse.InversePlan` that :func:`inv` would run, without running it
     (what ``blocklin inv --explain`` prints); same parameters as :func:`inv`."""
-    precision = choice("precision", precision, PRECISIONS, fix="pass precision='mixed' or leave it None")
+    precision = _precision(precision)
     with Job("inv", **settings) as job:
         return _operand_and_plan(job, a, precision, space=False)[2]
 

@@ -28,10 +28,22 @@ from blocklin.storage.zarr_store import create_array
 from blocklin.validate import choice, float_operand, same_dtype, same_rows, square
 
 ASSUME = ("gen", "pos", "sym")
-PRECISIONS = ("double", "mixed")
+PRECISIONS = ("double", "mixed", "tf32")
 #: Most refinement steps: in the working precision each step gains little once the backward error
-#: is at ``sqrt(n) eps``; in mixed precision each step gains about ``cond(A) u_32``.
-MAX_REFINE = {"double": 3, "mixed": 10}
+#: is at ``sqrt(n) eps``; in mixed precision each step gains about ``cond(A) u_32`` (TF32: ``cond(A) 2^-11``).
+MAX_REFINE = {"double": 3, "mixed": 10, "tf32": 20}
+
+
+def solve_precision(value: Any) -> str:
+    """``precision=`` of the solvers: ``"double"`` (the working dtype; also ``None``/``"default"``),
+    ``"mixed"`` or ``"tf32"``, with the shared validator's message for anything else."""
+    from blocklin.validate import precision
+
+    v = precision(value, ("default", "mixed", "tf32"), operation="solve",
+                  why="the solution is in a's dtype, refined to its backward error: 'mixed' and 'tf32' factor in "
+                      "float32 (TF32 GEMMs on a GPU) and refine in float64",
+                  fix="pass precision='mixed' (or 'tf32', or None for a's dtype)")
+    return "double" if v == "default" else v
 
 REPORT_KEYS = ("method", "method_reason", "precision", "residual_norm", "backward_error", "refine_steps", "seconds",
                "growth_factor")
@@ -113,12 +125,14 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         to LU with partial pivoting when a pivot fails (symmetric indefinite: LU does not use the
         symmetry, costs ``2 n^3 / 3`` instead of ``n^3 / 3`` flops, and is as stable as for any
         matrix). ``"gen"``: LU with partial pivoting over whole columns (:func:`blocklin.lu`).
-    precision : {"double", "mixed"}
-        ``"double"``: everything in ``A``'s dtype. ``"mixed"`` (float64 ``A``): factor in float32
-        (half the memory and traffic, twice the BLAS speed), residuals and ``x`` in float64; the
-        refinement reaches the float64 backward error while ``cond(A) u_32 < 1`` (about
+    precision : {"double", "mixed", "tf32"}
+        ``"double"`` (or ``None``): everything in ``A``'s dtype. ``"mixed"`` (float64 ``A``): factor in
+        float32 (half the memory and traffic, twice the BLAS speed), residuals and ``x`` in float64;
+        the refinement reaches the float64 backward error while ``cond(A) u_32 < 1`` (about
         ``cond(A) < 10^7``), and :class:`~blocklin.errors.ConvergenceError` is raised when it does
-        not (then use ``"double"``).
+        not (then use ``"double"``). ``"tf32"``: the same with the factorization's GEMM updates on
+        TF32 tensor cores on a GPU (10-bit mantissas: for ``cond(A)`` up to about ``10^3``; plain
+        float32 on a CPU).
     reason : str, optional
         The ``method_reason`` to report (what :func:`blocklin.solve` decided).
     overwrite : bool
@@ -147,8 +161,9 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
     with float64 residuals converges to float64 backward error when ``cond(A) u_32`` is below 1.
     """
     assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen', 'pos' or 'sym'")
-    precision = choice("precision", precision, PRECISIONS, fix="pass precision='double' or 'mixed'")
+    precision = solve_precision(precision)
     with Job("solve", **settings) as job:
+        job.math = "tf32" if precision == "tf32" else None  # the float32 factorization's GEMMs
         A, B = _operands(job, a, b, assume_a)
         n, dt, k = A.shape[0], A.dtype, B.shape[1]
         fdt = _factor_dtype(dt, precision)
@@ -212,8 +227,8 @@ def _factor_dtype(dt: np.dtype, precision: str) -> np.dtype:
     if precision == "double":
         return dt
     if dt != np.float64:
-        raise ParameterError(explain("precision", "'mixed' factors in float32 and refines in float64, so a must "
-                                     "be float64", f"a is {dt.name}", "pass precision='double'"))
+        raise ParameterError(explain("precision", f"'{precision}' factors in float32 and refines in float64, so "
+                                     "a must be float64", f"a is {dt.name}", "pass precision='double'"))
     return np.dtype(np.float32)
 
 
@@ -263,7 +278,7 @@ def _lu(job: Job, A: Any, fdt: np.dtype) -> _Factor:
     lu_path = job.scratch("lu", (n, n), fdt, (plan.tile, plan.tile))
     pivots, max_a, max_u, min_pivot = factor_lu_into(job, A, lu_path, plan, done_dir=job.temp_dir() / "lu-panels")
     if not (np.isfinite(max_a) and np.isfinite(max_u)):
-        raise ParameterError(explain("precision", f"'mixed' needs A's entries within {np.dtype(fdt).name}'s range "
+        raise ParameterError(explain("precision", f"a float32 factorization needs A's entries within {np.dtype(fdt).name}'s range "
                                      "(the factorization overflowed)", f"max |A| {max_a:.3g}, max |U| {max_u:.3g}",
                                      "pass precision='double', or scale A"))
     if n and min_pivot == 0.0:
@@ -341,9 +356,9 @@ def _check_converged(ref: Refinement, tol: float, precision: str, dt: np.dtype) 
     if ref.eta <= tol:
         return
     trail = ", ".join(f"{h['backward_error']:.1e}" for h in ref.history)
-    if precision == "mixed":
+    if precision in ("mixed", "tf32"):
         raise ConvergenceError(explain(
-            "precision", "'mixed' must refine the float32 factorization to the float64 backward error",
+            "precision", f"'{precision}' must refine the float32 factorization to the float64 backward error",
             f"backward error {ref.eta:.1e} > tol {tol:.1e} after {ref.steps} step(s) (history {trail}): A is too "
             "ill-conditioned for a float32 factorization (cond(A) u_32 near or above 1)",
             "pass precision='double'"))
@@ -351,5 +366,5 @@ def _check_converged(ref: Refinement, tol: float, precision: str, dt: np.dtype) 
          f"(history {trail}; condition too large for {dt.name}?)", ConvergenceWarning)
 
 
-__all__ = ["ASSUME", "PRECISIONS", "Refinement", "operand_shape", "refine", "dtypes_known_equal", "solve_square",
-           "square_route"]
+__all__ = ["ASSUME", "PRECISIONS", "Refinement", "operand_shape", "refine", "dtypes_known_equal", "solve_precision",
+           "solve_square", "square_route"]

@@ -199,10 +199,12 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         ``"sym"``: symmetric: Cholesky when it succeeds, else LU (symmetric indefinite). These
         square routes need ``lam=0`` and refine to the dtype's backward error (``out`` keeps ``A``'s
         dtype); see :func:`blocklin.linalg.square_solve.solve_square`.
-    precision : {"double", "mixed"}
-        Square routes only. ``"mixed"``: factor a float64 ``A`` in float32 and refine in float64 to the
-        float64 backward error (while ``cond(A) < ~10^7``; else
-        :class:`~blocklin.errors.ConvergenceError`); the report gives the steps and backward error.
+    precision : {"double", "mixed", "tf32"}
+        Square routes only. ``"double"`` (or ``None``): ``A``'s dtype. ``"mixed"``: factor a float64
+        ``A`` in float32 and refine in float64 to the float64 backward error (while
+        ``cond(A) < ~10^7``; else :class:`~blocklin.errors.ConvergenceError`); the report gives the
+        steps and backward error. ``"tf32"``: the same with the factorization's GEMMs on TF32 tensor
+        cores on a GPU (for ``cond(A)`` up to about ``10^3``; plain float32 on a CPU).
     out : path, optional
         Output store for ``x`` (``n x k``; for a sequence of ``L`` values ``n x (L k)``, block ``l`` in
         columns ``l k : (l+1) k``). Atomic.
@@ -278,7 +280,9 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares; LU when square), "
                       "'pos' (SPD) or 'sym' (symmetric)")
     kind, lams = _parse_lam(lam)
-    precision = choice("precision", precision, ("double", "mixed"), fix="pass precision='double' or 'mixed'")
+    from blocklin.linalg.square_solve import solve_precision
+
+    precision = solve_precision(precision)
     if fit_intercept and assume_a != "gen":
         raise ParameterError(_msg("fit_intercept", "needs the least-squares problem (assume_a='gen')",
                                   f"fit_intercept=True with assume_a={assume_a!r}", "drop fit_intercept, or leave "
@@ -407,7 +411,7 @@ def _square_reason(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float
     reason = square_route(shape, assume_a=assume_a, lam_kind=kind, lams=lams, method=method,
                           fit_intercept=fit_intercept, same_dtypes=dtypes_known_equal(a, b)) if shape is not None else None
     if assume_a == "gen" and reason is None and precision != "double":
-        raise ParameterError(_msg("precision", "'mixed' applies to square systems (square a, lam=0, method='auto', "
+        raise ParameterError(_msg("precision", f"'{precision}' applies to square systems (square a, lam=0, method='auto', "
                                   "or assume_a='pos'/'sym')", f"precision={precision!r} for a least-squares problem "
                                   f"(a {shape}, lam {lams or kind}, method {method!r})", "drop precision="))
     return reason

@@ -67,6 +67,9 @@ class GemmPlan:
     #: narrower than the chunks, for a budget too small for chunk-wide ones; or A and B chunked
     #: differently along k).
     panel_rereads: int = 1
+    #: Output dtype when it differs from the compute dtype ``dtype`` (``matmul(precision=...)``):
+    #: finished strips are cast on the host, through two rotating strip buffers.
+    out_dtype: str | None = None
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -92,6 +95,8 @@ class GemmPlan:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
+        if d["out_dtype"] is None:  # the usual case: plans (and resume tokens) as before the field
+            del d["out_dtype"]
         d["grid"] = list(self.grid)
         d["k_steps"] = self.k_steps
         d["n_tasks"] = self.n_tasks
@@ -102,7 +107,8 @@ class GemmPlan:
         gm, gn = self.grid
         lines = [
             f"GEMM plan: C[{self.m} x {self.n}] = op(A)[{self.m} x {self.k}] @ op(B)[{self.k} x {self.n}]"
-            f" ({self.dtype}{', + beta*C0' if self.with_c else ''}) on {self.device}",
+            f" ({self.dtype if self.out_dtype is None else f'computed in {self.dtype}, output {self.out_dtype}'}"
+            f"{', + beta*C0' if self.with_c else ''}) on {self.device}",
             f"  tiles     {self.tm} x {self.tn} (grid {gm} x {gn} = {self.n_tasks} tasks),"
             f" k-panels {self.tk} wide ({self.k_steps} steps), prefetch {self.prefetch}",
             f"  output    chunks {self.out_chunks[0]} x {self.out_chunks[1]}",
@@ -172,14 +178,16 @@ def _panel_reads(t: int, unit: int, k: int, partial: bool = False) -> tuple[int,
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
                  c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool,
                  read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY,
-                 out_rows: int = 0, loaders: int = 1, direct: tuple[bool, bool] = (False, False)) -> tuple[int, int]:
+                 out_rows: int = 0, loaders: int = 1, direct: tuple[bool, bool] = (False, False),
+                 osz: int = 0) -> tuple[int, int]:
     """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once).
 
     ``direct``: the inputs, and the output, are read and written straight from and to their chunk
     files (:mod:`blocklin.storage.rawchunks`): reads go straight into the panel slots, with one set
     of chunk temporaries still planned per loader instead of one per chunk in flight; writes need
     one chunk buffer only to pad edge chunks (``out_chunk_bytes`` is then that buffer, or 0 without
-    edge chunks).
+    edge chunks). ``osz``: the output's itemsize when it differs from the compute dtype's (two
+    strips of the output dtype on the host, where finished strips are cast).
     """
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
@@ -191,11 +199,14 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     io = (loaders * (1 if direct[0] else min(IO_CONCURRENCY, read_chunks)) * 3 * io_chunk_bytes
           + (out_chunk_bytes if direct[1] else min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes))
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
+    out_cast = 2 * (out_rows or tm) * tn * osz if osz else 0
+    if osz and with_c:  # C read in its stored (the output's) dtype, added on the host
+        c_strip = (out_rows or c_rows) * tn * osz
     if on_gpu:
-        host = slots * panels_src + cast + c_strip + 3 * out_rows * tn * isz + io
-        device = tm * tn * isz + slots * (tm * tk + tk * tn) * isz + c_strip
+        host = slots * panels_src + cast + c_strip + 3 * out_rows * tn * isz + io + out_cast
+        device = tm * tn * isz + slots * (tm * tk + tk * tn) * isz + (0 if osz else c_strip)
         return host, device
-    return tm * tn * isz + slots * panels_src + cast + c_strip + io, 0
+    return tm * tn * isz + slots * panels_src + cast + c_strip + io + out_cast, 0
 
 
 def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chunks: tuple[int, int],
@@ -203,7 +214,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
               workers: int | None = None, cores: int | None = None, prefetch: int | None = None, device: str = "cpu",
               device_memory: int | None = None, out_chunks: tuple[int, int] | None = None,
               reads: tuple[str, str] = ("chunks", "chunks"), trans: tuple[bool, bool] = (False, False),
-              direct_writes: bool = False) -> GemmPlan:
+              direct_writes: bool = False, out_dtype=None) -> GemmPlan:
     """Choose tiles for ``op(A)[m x k] @ op(B)[k x n]`` within ``memory`` bytes.
 
     Parameters
@@ -243,6 +254,9 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         where a k-panel narrower than a chunk reads only its rows (``reads`` not ``"chunks"``).
     direct_writes : bool
         The output is written straight to its chunk files (local, uncompressed).
+    out_dtype : dtype, optional
+        Output dtype when it differs from the compute dtype ``dtype`` (a product computed in lower or
+        higher precision than it is stored in: ``matmul(precision=...)``).
 
     Returns
     -------
@@ -260,6 +274,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     panel slots for each operand, cast buffers, the ``C0`` strip and zarr's chunk temporaries.
     """
     dt = np.dtype(dtype)
+    odt = np.dtype(out_dtype) if out_dtype is not None else dt
     src = tuple(np.dtype(s) for s in (source_dtypes or (dt, dt)))
     workers = max(1, int(workers or 1))
     if device == "gpu" and device_memory is None:
@@ -272,7 +287,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     space = dataclasses.replace(
         # a k-panel reads only its part of a chunk along stored rows of uncompressed chunks, and
         # across columns too from local files (one read per row)
-        space, partial=(reads[0] == "direct" or reads[0] == "ranges" and trans[0],
+        space, osz=odt.itemsize if odt != dt else 0, partial=(reads[0] == "direct" or reads[0] == "ranges" and trans[0],
                         reads[1] == "direct" or reads[1] == "ranges" and not trans[1]),
         direct=(reads[0] == "direct" and reads[1] == "direct" and c_chunks is None, direct_writes))
     # Chunk-wide panels first; narrower ones only when the budget leaves no other way.
@@ -291,13 +306,14 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
                 prefetch, host, dev = depth, h2, d2
                 break
     isz = dt.itemsize
-    c_read = m * n * isz if space.with_c else 0
+    c_read = m * n * odt.itemsize if space.with_c else 0
     return GemmPlan(
         m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,
         out_chunks=oc, workers=workers, blas_threads=max(1, (cores or os.cpu_count() or 1) // workers),
         prefetch=prefetch, device=device, memory=memory, device_memory=device_memory, flops=2 * m * n * k,
-        bytes_read=read + c_read, bytes_written=m * n * isz, peak_memory=host * workers, task_memory=host,
+        bytes_read=read + c_read, bytes_written=m * n * odt.itemsize, peak_memory=host * workers, task_memory=host,
         device_peak=dev * workers if space.on_gpu else None, with_c=space.with_c, panel_rereads=rereads,
+        out_dtype=odt.name if odt != dt else None,
     )
 
 
@@ -328,6 +344,8 @@ class _Space:
     partial: tuple[bool, bool] = (False, False)
     #: (inputs read, output written) straight from and to chunk files: no zarr temporaries.
     direct: tuple[bool, bool] = (False, False)
+    #: Output itemsize when the output dtype differs from the compute dtype (else 0).
+    osz: int = 0
 
     @classmethod
     def of(cls, m: int, n: int, k: int, dt: np.dtype, src: tuple, *, a_chunks: tuple[int, int],
@@ -362,8 +380,9 @@ class _Space:
         edges = self.m % oc[0] or self.n % oc[1]  # padded edge chunks need a buffer on direct writes
         return _task_memory(tm, tn, tk, isz=self.isz, src_isz=self.src_isz, prefetch=self.prefetch,
                             with_c=self.with_c, c_rows=self.c_rows, io_chunk_bytes=self.io_chunk,
-                            out_chunk_bytes=oc[0] * oc[1] * self.isz if edges or not self.direct[1] else 0, on_gpu=self.on_gpu, read_chunks=read_chunks,
-                            write_chunks=write_chunks, out_rows=oc[0], loaders=self.loaders, direct=self.direct)
+                            out_chunk_bytes=oc[0] * oc[1] * (self.osz or self.isz) if edges or not self.direct[1] else 0,
+                            on_gpu=self.on_gpu, read_chunks=read_chunks, write_chunks=write_chunks, out_rows=oc[0],
+                            loaders=self.loaders, direct=self.direct, osz=self.osz)
 
     def read_chunks(self, tm: int, tn: int, tk: int) -> int:
         """Chunks one panel read touches (the larger of the two operands; panels may cut chunks)."""

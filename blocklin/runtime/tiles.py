@@ -241,6 +241,9 @@ class GemmSpec:
     epilogue: Epilogue | None = None
     #: ``"tf32"``: float32 GEMMs on a GPU use TF32 tensor cores (``Device.math``).
     precision: str | None = None
+    #: Output dtype when it differs from the compute dtype ``dtype`` (``matmul(precision=...)``):
+    #: ``alpha`` and ``beta * C`` are then applied on the host in the output dtype.
+    out_dtype: str | None = None
 
 
 class Epilogue:
@@ -326,6 +329,15 @@ class _GemmTile:
             for _ in range(min(3, len(self.strips))):
                 self.host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dt))
         self.cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.C.dtype) if self.C is not None else None
+        # A product computed in another dtype than it is stored in: strips are cast on the host into
+        # two rotating buffers of the output dtype (one filling, one being written)
+        self.out_dtype = np.dtype(spec.out_dtype) if spec.out_dtype is not None else dt
+        self.cast_bufs: queue.Queue = queue.Queue()
+        if self.out_dtype != dt:
+            if spec.epilogue is not None:
+                raise ValueError("gemm_tile: an epilogue needs the output in the compute dtype")
+            for _ in range(min(2, len(self.strips))):
+                self.cast_bufs.put(np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.out_dtype))
         self.extra = spec.epilogue.begin(rows, cols, spec.out_off) if spec.epilogue is not None else None
 
     def load(self, p: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
@@ -381,19 +393,26 @@ class _GemmTile:
             for r0, r1 in self.strips:
                 self.finish(self.start(r0, r1))
 
+    def _read_c(self, r0: int, r1: int) -> np.ndarray:
+        """Rows ``r0:r1`` of the tile's ``C`` (stored dtype), checked."""
+        spec = self.spec
+        c0, c1 = spec.c_off
+        rs = slice(c0 + self.rows.start + r0, c0 + self.rows.start + r1)
+        cs = slice(c1 + self.cols.start, c1 + self.cols.stop)
+        block = read_block(self.C, rs, cs, out=region(self.cbuf, (r1 - r0, self.tn)))
+        self.nbytes += block.nbytes
+        if spec.check_finite:
+            check_finite(block, spec.names[2], rs, cs)
+        return block
+
     def start(self, r0: int, r1: int) -> tuple:
         """Scale strip ``r0:r1`` and add ``beta * C``; on a GPU queue its download (not waited for)."""
         spec, device, acc = self.spec, self.device, self.acc
-        if self.C is not None:
-            c0, c1 = spec.c_off
-            rs = slice(c0 + self.rows.start + r0, c0 + self.rows.start + r1)
-            cs = slice(c1 + self.cols.start, c1 + self.cols.stop)
-            block = read_block(self.C, rs, cs, out=region(self.cbuf, (r1 - r0, self.tn)))
-            self.nbytes += block.nbytes
-            if spec.check_finite:
-                check_finite(block, spec.names[2], rs, cs)
+        scale = self.out_dtype == self.dtype  # else scaled in the output dtype on the host (finish)
+        if scale and self.C is not None:
+            block = self._read_c(r0, r1)
             device.axpby(acc[r0:r1], spec.alpha, block.astype(self.dtype, copy=False), spec.beta)
-        elif spec.alpha != 1.0:
+        elif scale and spec.alpha != 1.0:
             device.axpby(acc[r0:r1], spec.alpha, None, 0.0)
         if spec.epilogue is not None and spec.epilogue.on_device and not device.host_resident:
             spec.epilogue.device_strip(self.extra, device, acc[r0:r1], r0, r1)
@@ -408,10 +427,33 @@ class _GemmTile:
         r0, r1, host, ready, done = pending
         if ready is not None:
             ready.synchronize()
+        if self.out_dtype != self.dtype:
+            host, done = self._cast_strip(r0, r1, host, done)
         epi = self.spec.epilogue
         if epi is not None and not (epi.on_device and not self.device.host_resident):
             epi.strip(self.extra, host, r0, r1)
         self.writer.submit(r0, r1, host, done=done)
+
+    def _cast_strip(self, r0: int, r1: int, host: np.ndarray, done: Any) -> tuple[np.ndarray, Any]:
+        """Strip ``r0:r1`` in the output dtype: ``alpha * strip + beta * C`` computed there."""
+        spec = self.spec
+        buf = self.cast_bufs.get()  # waits while both buffers are queued for writing
+        out = region(buf, (r1 - r0, self.tn))
+        out[...] = host
+        if done is not None:  # the compute-dtype strip is copied: its download buffer is free again
+            done()
+        odt = self.out_dtype
+        if spec.alpha == 0.0:
+            out.fill(0)  # assign: 0 * NaN is NaN
+        elif spec.alpha != 1.0:
+            out *= odt.type(spec.alpha)
+        if self.C is not None:
+            c = self._read_c(r0, r1)
+            if spec.beta == 1.0:
+                out += c
+            else:
+                out += odt.type(spec.beta) * c.astype(odt, copy=False)
+        return out, lambda b=buf: self.cast_bufs.put(b)
 
     def close(self) -> None:
         """Flush the writer and free the buffers now.
@@ -427,7 +469,7 @@ class _GemmTile:
             while not self.host_bufs.empty():
                 self.device.release_host(self.host_bufs.get())
             self.load_seconds, self.wait_seconds = self.stream.load_seconds, self.stream.wait_seconds
-            self.stream = self.acc = self.cbuf = None
+            self.stream = self.acc = self.cbuf = self.cast_bufs = None
 
     def result(self, seconds: float) -> dict:
         spec = self.spec
@@ -435,7 +477,7 @@ class _GemmTile:
             "skipped": 0,
             "progress_units": self.told,
             "bytes_read": self.nbytes,
-            "bytes_written": self.tm * self.tn * self.dtype.itemsize,
+            "bytes_written": self.tm * self.tn * self.out_dtype.itemsize,
             "flops": 2 * self.tm * self.tn * (self.panels[-1][1] if self.panels else 0),
             "seconds": seconds,
             "load_seconds": self.load_seconds,
