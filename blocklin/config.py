@@ -89,7 +89,8 @@ class Config:
     memory : int
         Host memory budget in bytes for the buffers of one operation (all concurrent tasks together).
     device_memory : int or None
-        Device (GPU) memory budget in bytes; ``None`` uses 80% of the free device memory.
+        Device (GPU) memory budget in bytes; ``None`` uses 80% of what this process may use on the GPU
+        (total memory minus what other processes hold).
     device : {"auto", "cpu", "gpu"}
         Compute device; ``auto`` picks the GPU when CuPy and a device are present.
     scheduler : str or None

@@ -59,6 +59,10 @@ class Gemm:
     #: ``precision=`` as normalized (``"default"``, ``"float64"``, ``"float32"``, ``"tf32"``).
     precision: str = "default"
 
+    def __post_init__(self) -> None:
+        if self.compute is None:  # built without of(): computed in the output dtype
+            object.__setattr__(self, "compute", self.dtype)
+
     @classmethod
     def of(cls, A: Any, B: Any, C: Any = None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
            trans_b: bool = False, dtype: Any = None, precision: Any = None) -> Gemm:
