@@ -188,3 +188,24 @@ def test_each_worker_thread_drives_its_own_gpu(standin, monkeypatch):
     th.start()
     th.join()
     assert seen["named-worker"][:2] == (2, 2)
+
+
+def test_a_local_cluster_on_two_gpus_runs_one_worker_per_gpu(standin, monkeypatch):
+    """End to end: a two-worker LocalCluster (in-process, so the workers see the stand-in) on a machine
+    with two GPUs multiplies with every worker on its own GPU, each within its own device budget."""
+    from distributed import Client, LocalCluster
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("BLOCKLIN_GPU", raising=False)
+    cupy_standin.STATE.device_count = 2
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((256, 128)), rng.standard_normal((128, 192))
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        r = bl.matmul(a, b, scheduler=client, device="gpu", memory="256KiB", device_memory="128KiB")
+    assert r.report["tasks"] > 2
+    # blocked float64 sums over k = 128: 4 k eps relative to |A||B| (tests/conftest.py gemm_tol)
+    assert np.all(np.abs(r.to_numpy() - a @ b) <= 4 * 128 * np.finfo(float).eps * (np.abs(a) @ np.abs(b)))
+    assert sorted(d.device_id for d in CudaDevice.instances()) == [0, 1]
+    assert all(0 < DeviceBudget.of(i).peak <= 128 << 10 for i in (0, 1))
+    assert races() == []
