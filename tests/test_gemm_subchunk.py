@@ -78,7 +78,7 @@ def test_uneven_chunks_panels_divide_both():
 
 
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True)])
-@pytest.mark.parametrize("codec,memory", [("zstd", "4MiB"), ("none", "3MiB")])
+@pytest.mark.parametrize("codec,memory", [("zstd", "4MiB"), ("none", "2MiB")])
 def test_gemm_with_sub_chunk_panels_matches_numpy(tmp_path, trans_a, trans_b, codec, memory):
     # 256 x 256 float64 chunks (512 KiB). Read through zarr (zstd), chunk-wide panels need 5 MiB
     # and a 4 MiB budget forces 128-wide panels, each re-reading whole chunks; read straight from
@@ -94,10 +94,9 @@ def test_gemm_with_sub_chunk_panels_matches_numpy(tmp_path, trans_a, trans_b, co
     assert plan.tk < 256 and plan.peak_memory <= bl.config.parse_size(memory)
     assert plan.panel_rereads == 1 if codec == "none" else plan.panel_rereads > 1
     c = bl.matmul(a, b, tmp_path / "c.zarr", trans_a=trans_a, trans_b=trans_b, memory=memory)
-    if codec == "none":  # no chunk read whole per panel: only rows, and segments of rows; a
-        # segment wider than half a chunk row is read as whole rows in one call (at most 2x)
-        logical = c.report["bytes_logical"]
-        assert logical <= c.report["bytes_read"] <= 2 * logical
+    if codec == "none":  # no chunk read whole per panel: only rows, and segments of rows (mapped,
+        # only the wanted columns copied): the bytes read are the bytes used
+        assert c.report["bytes_read"] == c.report["bytes_logical"]
     an, bn = a.to_numpy(), b.to_numpy()
     opa, opb = (an.T if trans_a else an), (bn.T if trans_b else bn)
     ref = opa @ opb
@@ -124,11 +123,12 @@ CHILD = """
 
 
 @needs_hwm
-@pytest.mark.parametrize("codec,mib", [("zstd", 48), ("none", 40)])
+@pytest.mark.parametrize("codec,mib", [("zstd", 48), ("none", 18)])
 def test_sub_chunk_gemm_peak_within_budget(tmp_path, codec, mib):
     """The example's own layout: 1024 x 1024 chunks, operands 72 MiB each, budgets that force
     panels narrower than a chunk: read through zarr (zstd, re-reading whole chunks) at 48 MiB, or
-    straight from chunk files (fewer zarr temporaries, only the panel's part read) at 40 MiB."""
+    straight from chunk files (no zarr temporaries, only the panel's part read) at 18 MiB, a
+    quarter of one operand."""
     n = 3072
     a = bl.random(tmp_path / "a.zarr", (n, n), seed=1, chunks=(1024, 1024), codec=codec)
     b = bl.random(tmp_path / "b.zarr", (n, n), seed=2, chunks=(1024, 1024), codec=codec)

@@ -32,6 +32,9 @@ from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, shortfall, transfer_b
 TASK_OVERHEAD_BYTES = 4 * 2**20
 #: Target panel width of the k-loop: wide enough for BLAS efficiency, narrow enough to overlap.
 TARGET_TK = 512
+#: The k-block of OpenBLAS's double-precision kernels: narrower k-panels make BLAS re-read and
+#: re-write the accumulator more often than it would anyway.
+BLAS_KC = 256
 #: Narrowest sub-chunk panel, as a fraction of a k chunk: below it re-reading each chunk this many
 #: times costs more than rechunking the inputs once.
 MAX_PANEL_REREADS = 16
@@ -172,23 +175,24 @@ def _panel_reads(t: int, unit: int, k: int, partial: bool = False) -> tuple[int,
 def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int], prefetch: int, with_c: bool,
                  c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool,
                  read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY,
-                 out_rows: int = 0, loaders: int = 1, direct: tuple[bool, bool] = (False, False)) -> tuple[int, int]:
+                 out_rows: int = 0, loaders: int = 1, direct: tuple[bool, bool] = (False, False),
+                 read_reserve: bool = False) -> tuple[int, int]:
     """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once).
 
     ``direct``: the inputs, and the output, are read and written straight from and to their chunk
-    files (:mod:`blocklin.storage.rawchunks`): reads go straight into the panel slots, with one set
-    of chunk temporaries still planned per loader instead of one per chunk in flight; writes need
-    one chunk buffer only to pad edge chunks (``out_chunk_bytes`` is then that buffer, or 0 without
-    edge chunks).
+    files (:mod:`blocklin.storage.rawchunks`): reads go straight into the panel slots and need no
+    chunk temporaries (``read_reserve`` keeps one set per loader for callers that measured a need
+    for it beside their own buffers); writes need one chunk buffer only to pad edge chunks
+    (``out_chunk_bytes`` is then that buffer, or 0 without edge chunks).
     """
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
     cast = slots * (tm * tk + tk * tn) * isz if src_isz != (isz, isz) else 0
     # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
     # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
-    # Direct reads fill the slots in place, but one chunk set stays planned: measured over budget
-    # without it in the ridge solve's GEMMs (benchmarks/budgets.py, solve at 16 MiB).
-    io = (loaders * (1 if direct[0] else min(IO_CONCURRENCY, read_chunks)) * 3 * io_chunk_bytes
+    # Direct reads fill the slots in place (a scratch row at most); the ridge solve's GEMMs keep one
+    # chunk set (measured over budget without it, benchmarks/budgets.py, solve at 16 MiB).
+    io = (loaders * ((1 if read_reserve else 0) if direct[0] else min(IO_CONCURRENCY, read_chunks)) * 3 * io_chunk_bytes
           + (out_chunk_bytes if direct[1] else min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes))
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
     if on_gpu:
@@ -203,7 +207,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
               workers: int | None = None, cores: int | None = None, prefetch: int | None = None, device: str = "cpu",
               device_memory: int | None = None, out_chunks: tuple[int, int] | None = None,
               reads: tuple[str, str] = ("chunks", "chunks"), trans: tuple[bool, bool] = (False, False),
-              direct_writes: bool = False) -> GemmPlan:
+              direct_writes: bool = False, read_reserve: bool = False) -> GemmPlan:
     """Choose tiles for ``op(A)[m x k] @ op(B)[k x n]`` within ``memory`` bytes.
 
     Parameters
@@ -243,6 +247,9 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         where a k-panel narrower than a chunk reads only its rows (``reads`` not ``"chunks"``).
     direct_writes : bool
         The output is written straight to its chunk files (local, uncompressed).
+    read_reserve : bool
+        Plan one set of chunk temporaries per loader even for direct reads (which need none): for a
+        caller whose own memory beside the GEMM is not otherwise counted.
 
     Returns
     -------
@@ -274,14 +281,19 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         # across columns too from local files (one read per row)
         space, partial=(reads[0] == "direct" or reads[0] == "ranges" and trans[0],
                         reads[1] == "direct" or reads[1] == "ranges" and not trans[1]),
-        direct=(reads[0] == "direct" and reads[1] == "direct" and c_chunks is None, direct_writes))
-    # Chunk-wide panels first; narrower ones only when the budget leaves no other way.
-    best = (_search(space, workers=workers, memory=memory, device_memory=device_memory)
-            or _search(space, workers=workers, memory=memory, device_memory=device_memory,
-                       widths=space.sub_chunk_panels()))
+        direct=(reads[0] == "direct" and reads[1] == "direct" and c_chunks is None, direct_writes),
+        read_reserve=read_reserve)
+    # Chunk-wide panels first; narrower ones only when the budget leaves no other way, unless both
+    # operands read just their part of a chunk: then narrower panels cost no extra reads and may
+    # allow larger tiles (fewer reads in all), so both compete on cost.
+    best = _search(space, workers=workers, memory=memory, device_memory=device_memory)
+    if best is None or all(space.partial):
+        found = [x for x in (best, _search(space, workers=workers, memory=memory, device_memory=device_memory,
+                                           widths=space.sub_chunk_panels())) if x is not None]
+        best = min(found, key=lambda x: x[0]) if found else None
     if best is None:
         raise _smallest_does_not_fit(space, workers=workers, memory=memory, device_memory=device_memory)
-    tm, tn, tk, host, dev, oc, read, rereads = best
+    _, tm, tn, tk, host, dev, oc, read, rereads = best
     if auto_prefetch and space.on_gpu:
         for depth in (3, 2):  # read further ahead, with as many loader threads, when the budgets allow
             deeper = dataclasses.replace(space, prefetch=depth, loaders=depth)
@@ -328,6 +340,8 @@ class _Space:
     partial: tuple[bool, bool] = (False, False)
     #: (inputs read, output written) straight from and to chunk files: no zarr temporaries.
     direct: tuple[bool, bool] = (False, False)
+    #: One chunk set per loader planned even for direct reads (see :func:`plan_gemm`).
+    read_reserve: bool = False
 
     @classmethod
     def of(cls, m: int, n: int, k: int, dt: np.dtype, src: tuple, *, a_chunks: tuple[int, int],
@@ -363,7 +377,8 @@ class _Space:
         return _task_memory(tm, tn, tk, isz=self.isz, src_isz=self.src_isz, prefetch=self.prefetch,
                             with_c=self.with_c, c_rows=self.c_rows, io_chunk_bytes=self.io_chunk,
                             out_chunk_bytes=oc[0] * oc[1] * self.isz if edges or not self.direct[1] else 0, on_gpu=self.on_gpu, read_chunks=read_chunks,
-                            write_chunks=write_chunks, out_rows=oc[0], loaders=self.loaders, direct=self.direct)
+                            write_chunks=write_chunks, out_rows=oc[0], loaders=self.loaders, direct=self.direct,
+                            read_reserve=self.read_reserve)
 
     def read_chunks(self, tm: int, tn: int, tk: int) -> int:
         """Chunks one panel read touches (the larger of the two operands; panels may cut chunks)."""
@@ -374,9 +389,11 @@ class _Space:
 
 def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
             widths: list[int] | None = None) -> tuple | None:
-    """The cheapest tiling that fits: fewest bytes read plus task overheads, then widest panels.
+    """The cheapest tiling that fits: fewest bytes read plus task overheads (and accumulator
+    traffic for panels narrower than BLAS's own k-blocks), then widest panels.
 
-    ``widths`` are the k-panel widths to try, widest first (default: chunk-wide panels).
+    ``widths`` are the k-panel widths to try, widest first (default: chunk-wide panels). Returns
+    ``(key, tm, tn, tk, host, device, out_chunks, bytes_read, rereads)``, the smallest ``key`` best.
     """
     m, n, k = sp.m, sp.n, sp.k
     best = None
@@ -401,6 +418,8 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
                 tasks = gm * gn
                 idle = max(0, workers - tasks)  # concurrent slots with no tile to run
                 cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * sp.isz) // max(1, tasks * 64)
+                if tk < min(BLAS_KC, k):  # BLAS re-reads and re-writes the accumulator once per panel
+                    cost += m * n * sp.isz * math.ceil(k / tk)
                 # On a GPU, tiles below the compute/transfer crossover leave it waiting for the host
                 # link whatever the overlap: the largest tiles towards it first, then the cheapest.
                 below = round(shortfall(tm, tn, sp.dtype), 3) if sp.on_gpu else 0.0
@@ -408,7 +427,7 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
                 if best is None or key < best[0]:
                     best = (key, tm, tn, tk, host, dev, oc, read, max(ra_max, rb_max))
                 break  # the widest tk that fits
-    return None if best is None else best[1:]
+    return best
 
 
 def _smallest_does_not_fit(sp: _Space, *, workers: int, memory: int, device_memory: int | None) -> BudgetError:
