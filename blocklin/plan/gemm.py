@@ -18,7 +18,8 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,11 +31,16 @@ from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, shortfall, transfer_b
 
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.
 TASK_OVERHEAD_BYTES = 4 * 2**20
+#: Per k-panel cost (a read, a GEMM call and the hand-offs between the loader and the task), in
+#: bytes-read equivalents, so that narrow panels are not chosen to save a few bytes.
+STEP_OVERHEAD_BYTES = 256 * 2**10
 #: Target panel width of the k-loop: wide enough for BLAS efficiency, narrow enough to overlap.
 TARGET_TK = 512
 #: The k-block of OpenBLAS's double-precision kernels: narrower k-panels make BLAS re-read and
 #: re-write the accumulator more often than it would anyway.
 BLAS_KC = 256
+#: Narrowest first k-panel planned to start compute early (see ``GemmPlan.k_lead``).
+LEAD_MIN = 128
 #: Narrowest sub-chunk panel, as a fraction of a k chunk: below it re-reading each chunk this many
 #: times costs more than rechunking the inputs once.
 MAX_PANEL_REREADS = 16
@@ -70,6 +76,11 @@ class GemmPlan:
     #: narrower than the chunks, for a budget too small for chunk-wide ones; or A and B chunked
     #: differently along k).
     panel_rereads: int = 1
+    #: Width of a first k-panel narrower than ``tk`` (0: none). The first panel pair is read before
+    #: anything can be computed; a narrow one is read quickly and the rest of the first ``tk``
+    #: columns are read while it is multiplied. Planned only where a panel reads just its part of
+    #: each chunk (no chunk is read twice for it).
+    k_lead: int = 0
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -77,7 +88,7 @@ class GemmPlan:
 
     @property
     def k_steps(self) -> int:
-        return math.ceil(self.k / self.tk) if self.k else 0
+        return len(self.k_panels()) if self.k else 0
 
     @property
     def n_tasks(self) -> int:
@@ -91,7 +102,11 @@ class GemmPlan:
                 yield i, j, slice(r0, r1), slice(c0, c1)
 
     def k_panels(self) -> list[tuple[int, int]]:
-        return split(self.k, self.tk)
+        """The k-panels in summation order: ``tk`` wide, the first split at ``k_lead``."""
+        panels = split(self.k, self.tk)
+        if len(panels) and 0 < self.k_lead < panels[0][1]:
+            return _Led(panels, self.k_lead)
+        return panels
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -107,7 +122,8 @@ class GemmPlan:
             f"GEMM plan: C[{self.m} x {self.n}] = op(A)[{self.m} x {self.k}] @ op(B)[{self.k} x {self.n}]"
             f" ({self.dtype}{', + beta*C0' if self.with_c else ''}) on {self.device}",
             f"  tiles     {self.tm} x {self.tn} (grid {gm} x {gn} = {self.n_tasks} tasks),"
-            f" k-panels {self.tk} wide ({self.k_steps} steps), prefetch {self.prefetch}",
+            f" k-panels {self.tk} wide ({self.k_steps} steps{f', the first {self.k_lead} wide' if self.k_lead else ''}),"
+            f" prefetch {self.prefetch}",
             f"  output    chunks {self.out_chunks[0]} x {self.out_chunks[1]}",
             f"  threads   {self.workers} concurrent task(s) x {self.blas_threads} BLAS thread(s)",
             f"  work      {self.flops / 1e9:.1f} GFLOP, read {format_size(self.bytes_read)},"
@@ -127,6 +143,31 @@ class GemmPlan:
                              f"(compute-bound from ~{crossover_tile(self.dtype)} square for {self.dtype}); "
                              "a larger device_memory allows larger tiles")
         return "\n".join(lines)
+
+
+class _Led(Sequence):
+    """``panels`` with the first one split at ``lead`` (computed on access, like the pieces)."""
+
+    def __init__(self, panels: Sequence, lead: int) -> None:
+        self.panels, self.lead = panels, lead
+
+    def __len__(self) -> int:
+        return len(self.panels) + 1
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = index + len(self) if index < 0 else index
+        if not 0 <= i < len(self):
+            raise IndexError(index)
+        if i == 0:
+            return 0, self.lead
+        if i == 1:
+            return self.lead, self.panels[0][1]
+        return self.panels[i - 1]
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, tuple, Sequence)) else NotImplemented
 
 
 def _candidates(dim: int, unit: int) -> list[int]:
@@ -284,12 +325,14 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         direct=(reads[0] == "direct" and reads[1] == "direct" and c_chunks is None, direct_writes),
         read_reserve=read_reserve)
     # Chunk-wide panels first; narrower ones only when the budget leaves no other way, unless both
-    # operands read just their part of a chunk: then narrower panels cost no extra reads and may
-    # allow larger tiles (fewer reads in all), so both compete on cost.
+    # operands read just their part of a chunk: then narrower panels at least as wide as BLAS's
+    # k-blocks cost no extra reads and may allow larger tiles (fewer reads in all), so both compete
+    # on cost.
     best = _search(space, workers=workers, memory=memory, device_memory=device_memory)
     if best is None or all(space.partial):
+        widths = [w for w in space.sub_chunk_panels() if best is None or w >= BLAS_KC]
         found = [x for x in (best, _search(space, workers=workers, memory=memory, device_memory=device_memory,
-                                           widths=space.sub_chunk_panels())) if x is not None]
+                                           widths=widths) if widths else None) if x is not None]
         best = min(found, key=lambda x: x[0]) if found else None
     if best is None:
         raise _smallest_does_not_fit(space, workers=workers, memory=memory, device_memory=device_memory)
@@ -304,12 +347,16 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
                 break
     isz = dt.itemsize
     c_read = m * n * isz if space.with_c else 0
+    # A narrow first panel, where panels read only their part of each chunk: compute starts after
+    # reading an eighth of the first panel pair instead of all of it.
+    k_lead = max(LEAD_MIN, tk // 8) if all(space.partial) and tk >= 4 * LEAD_MIN and k > tk // 8 else 0
     return GemmPlan(
         m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,
         out_chunks=oc, workers=workers, blas_threads=max(1, (cores or os.cpu_count() or 1) // workers),
         prefetch=prefetch, device=device, memory=memory, device_memory=device_memory, flops=2 * m * n * k,
         bytes_read=read + c_read, bytes_written=m * n * isz, peak_memory=host * workers, task_memory=host,
         device_peak=dev * workers if space.on_gpu else None, with_c=space.with_c, panel_rereads=rereads,
+        k_lead=k_lead,
     )
 
 
@@ -417,7 +464,8 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
                 read = round((m * k * sp.src_isz[0]) * gn * ra + (k * n * sp.src_isz[1]) * gm * rb)
                 tasks = gm * gn
                 idle = max(0, workers - tasks)  # concurrent slots with no tile to run
-                cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * sp.isz) // max(1, tasks * 64)
+                cost = (read + tasks * (TASK_OVERHEAD_BYTES + math.ceil(k / tk) * STEP_OVERHEAD_BYTES)
+                        + idle * (m * n * k * sp.isz) // max(1, tasks * 64))
                 if tk < min(BLAS_KC, k):  # BLAS re-reads and re-writes the accumulator once per panel
                     cost += m * n * sp.isz * math.ceil(k / tk)
                 # On a GPU, tiles below the compute/transfer crossover leave it waiting for the host
