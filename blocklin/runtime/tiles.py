@@ -327,15 +327,19 @@ class _GemmTile:
                 self.host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dt))
         self.cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.C.dtype) if self.C is not None else None
         self.extra = spec.epilogue.begin(rows, cols, spec.out_off) if spec.epilogue is not None else None
+        # Each part of op(A) and op(B) is checked for NaN/Inf by one tile only, the first of its tile
+        # row (A) or column (B): every tile runs before the output is committed, so a non-finite
+        # input still fails the job, and the check costs one pass over each input, not one per read.
+        self.checks = (spec.check_finite and cols.start == 0, spec.check_finite and rows.start == 0)
 
     def load(self, p: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         """Read panel ``p`` of op(A) and op(B) into the stream's slots (cast, transposed views)."""
         spec = self.spec
         ks = slice(*self.panels[p])
         out = []
-        for arr, buf, trans, cast, name, sel, off in (
-            (self.A, bufs[0], spec.trans_a, self.casts[0], spec.names[0], (self.rows, ks), spec.a_off),
-            (self.B, bufs[1], spec.trans_b, self.casts[1], spec.names[1], (ks, self.cols), spec.b_off),
+        for arr, buf, trans, cast, name, sel, off, check in (
+            (self.A, bufs[0], spec.trans_a, self.casts[0], spec.names[0], (self.rows, ks), spec.a_off, self.checks[0]),
+            (self.B, bufs[1], spec.trans_b, self.casts[1], spec.names[1], (ks, self.cols), spec.b_off, self.checks[1]),
         ):
             stored = (sel[1], sel[0]) if trans else sel
             if off != (0, 0):
@@ -344,7 +348,7 @@ class _GemmTile:
             shape = (stored[0].stop - stored[0].start, stored[1].stop - stored[1].start)
             view = read_block(arr, stored[0], stored[1], out=region(buf, shape))
             self.nbytes += view.nbytes
-            if spec.check_finite:
+            if check:
                 check_finite(view, name, *stored)
             if cast:
                 view = view.astype(self.dtype)
