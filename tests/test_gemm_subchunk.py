@@ -200,3 +200,29 @@ def test_no_narrow_first_panel_for_chunks_read_whole(tmp_path):
     plan = plan_gemm(150, 130, 1500, "float64", a_chunks=(150, 750), b_chunks=(750, 130), memory=64 * MIB,
                      cores=2, reads=("chunks", "chunks"))
     assert plan.tk == 750 and plan.k_lead == 0 and len(plan.k_panels()) == 2
+
+
+def test_quarter_of_an_operand_plans_large_tiles_from_direct_reads():
+    """4096 x 4096 float64 in 1024 x 1024 chunks at 32 MiB (a quarter of one operand): inputs read
+    straight from their chunk files need no chunk temporaries, so the plan holds tiles of two
+    chunks with panels a quarter chunk wide (the k-block of BLAS), reading each operand a few
+    times and no chunk more than once per panel; read through zarr the same budget is refused."""
+    kw = dict(a_chunks=(1024, 1024), b_chunks=(1024, 1024), memory=32 * MIB, cores=2)
+    plan = plan_gemm(4096, 4096, 4096, "float64", reads=("direct", "direct"), direct_writes=True, **kw)
+    assert plan.peak_memory <= 32 * MIB and plan.panel_rereads == 1
+    assert plan.tm * plan.tn == 2 * 1024 * 1024 and plan.tk == 256
+    assert plan.bytes_read == 6 * 4096 * 4096 * 8  # A twice and B four times (or the other way round)
+    with pytest.raises(BudgetError, match="memory="):
+        plan_gemm(4096, 4096, 4096, "float64", **kw)
+
+
+def test_sub_chunk_panels_compete_when_reads_are_partial():
+    """With partial reads a narrower panel costs no re-reads: at 40 MiB the planner takes 512-wide
+    panels with twice the tiles' area (768 MiB read) over chunk-wide panels on single-chunk tiles
+    (1 GiB), but never panels narrower than BLAS's k-block when chunk-wide ones fit."""
+    kw = dict(a_chunks=(1024, 1024), b_chunks=(1024, 1024), cores=2, reads=("direct", "direct"), direct_writes=True)
+    plan = plan_gemm(4096, 4096, 4096, "float64", memory=40 * MIB, **kw)
+    assert (plan.tm * plan.tn, plan.tk, plan.bytes_read) == (2 * 1024 * 1024, 512, 6 * 4096 * 4096 * 8)
+    small = plan_gemm(300, 300, 300, "float64", a_chunks=(100, 100), b_chunks=(100, 100), cores=2,
+                      reads=("direct", "direct"), memory=2 * MIB)
+    assert small.tk % 100 == 0
