@@ -14,6 +14,7 @@ from typing import Any, Unpack
 from dask.base import tokenize
 
 from blocklin.config import Settings
+from blocklin.device.pool import reusing
 from blocklin.errors import ShapeError, warn
 from blocklin.errors import explain as _msg
 from blocklin.matrix import Matrix
@@ -123,8 +124,9 @@ class Gemm:
         graph = TileGraph.named("gemm", self.token(plan))
         for i, j, rows, cols in plan.tiles():  # progress in k-panels: a one-tile product still moves
             graph.weigh(graph.add((i, j), gemm_tile, spec, i, j, rows, cols), max(1, plan.k_steps), "k-panels")
-        job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
-                count_pass=count_pass)
+        with reusing():  # tiles run here take the accumulator and panel slots the previous one left
+            job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
+                    count_pass=count_pass)
 
 
 def read_advice(A: Any, B: Any, plan: GemmPlan, *, trans_a: bool = False, trans_b: bool = False) -> list[str]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 import blocklin._memory as _memory
-from blocklin.device import TileStream, get_device
+from blocklin.device import TileStream, get_device, pool
 from blocklin.errors import NonFiniteError, explain
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import GemmPlan
@@ -312,6 +312,7 @@ class _GemmTile:
         self.nbytes = 0
         self.told = 0  # k-panels reported to this process's progress bar
         self.acc: Any = None  # allocated once the first panels are being read (compute)
+        self.acc_buf: np.ndarray | None = None  # the host buffer under acc, handed back on close
         # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
         self.stream = TileStream(device, len(self.panels), self.load, [a_shape, b_shape],
                                  [self.A.dtype, self.B.dtype], depth=plan.prefetch, device_dtype=[dt, dt],
@@ -359,8 +360,12 @@ class _GemmTile:
         # Allocating the accumulator overlaps the first panel's read; the first panel's product is
         # written into it (Device.gemm_into) rather than added to zeros.
         self.stream.start()
-        self.acc = self.device.empty((self.tm, self.tn), self.dtype) if self.panels else \
-            self.device.zeros((self.tm, self.tn), self.dtype)
+        if self.panels and self.device.host_resident:  # the plan's full tile, reused between tiles
+            self.acc_buf = pool.empty((self.spec.plan.tm, self.spec.plan.tn), self.dtype)
+            self.acc = region(self.acc_buf, (self.tm, self.tn))
+        else:
+            self.acc = self.device.empty((self.tm, self.tn), self.dtype) if self.panels else \
+                self.device.zeros((self.tm, self.tn), self.dtype)
         last = len(self.panels) - 1
         for p, (a_dev, b_dev) in self.stream:
             gemm = self.device.gemm_into if p == 0 else self.device.gemm_acc
@@ -427,11 +432,14 @@ class _GemmTile:
         try:
             self.stream.stop()
             self.writer.close()
+            # Written, and the stream's slots handed back: the next tile may take the accumulator.
+            self.acc = None
+            pool.give(self.acc_buf)
         finally:
             while not self.host_bufs.empty():
                 self.device.release_host(self.host_bufs.get())
             self.load_seconds, self.wait_seconds = self.stream.load_seconds, self.stream.wait_seconds
-            self.stream = self.acc = self.cbuf = None
+            self.stream = self.acc = self.acc_buf = self.cbuf = None
 
     def result(self, seconds: float) -> dict:
         spec = self.spec
