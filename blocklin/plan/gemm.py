@@ -78,8 +78,8 @@ class GemmPlan:
     panel_rereads: int = 1
     #: Width of a first k-panel narrower than ``tk`` (0: none). The first panel pair is read before
     #: anything can be computed; a narrow one is read quickly and the rest of the first ``tk``
-    #: columns are read while it is multiplied. Planned only where a panel reads just its part of
-    #: each chunk (no chunk is read twice for it).
+    #: columns are read while it is multiplied. Planned only where panels read just their part of
+    #: each chunk from local files (no chunk is read twice for it, no request more to a store).
     k_lead: int = 0
 
     @property
@@ -325,11 +325,12 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         direct=(reads[0] == "direct" and reads[1] == "direct" and c_chunks is None, direct_writes),
         read_reserve=read_reserve)
     # Chunk-wide panels first; narrower ones only when the budget leaves no other way, unless both
-    # operands read just their part of a chunk: then narrower panels at least as wide as BLAS's
+    # operands are local files read in part: then narrower panels at least as wide as BLAS's
     # k-blocks cost no extra reads and may allow larger tiles (fewer reads in all), so both compete
-    # on cost.
+    # on cost (on object stores every panel is one more request per chunk, with its latency).
+    local_parts = reads[0] == reads[1] == "direct"
     best = _search(space, workers=workers, memory=memory, device_memory=device_memory)
-    if best is None or all(space.partial):
+    if best is None or local_parts:
         widths = [w for w in space.sub_chunk_panels() if best is None or w >= BLAS_KC]
         found = [x for x in (best, _search(space, workers=workers, memory=memory, device_memory=device_memory,
                                            widths=widths) if widths else None) if x is not None]
@@ -349,7 +350,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     c_read = m * n * isz if space.with_c else 0
     # A narrow first panel, where panels read only their part of each chunk: compute starts after
     # reading an eighth of the first panel pair instead of all of it.
-    k_lead = max(LEAD_MIN, tk // 8) if all(space.partial) and tk >= 4 * LEAD_MIN and k > tk // 8 else 0
+    k_lead = max(LEAD_MIN, tk // 8) if local_parts and tk >= 4 * LEAD_MIN and k > tk // 8 else 0
     return GemmPlan(
         m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,
         out_chunks=oc, workers=workers, blas_threads=max(1, (cores or os.cpu_count() or 1) // workers),
