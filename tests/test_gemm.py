@@ -171,6 +171,23 @@ def test_non_finite_detected_while_streaming(tmp_path, bad):
     assert not np.isfinite(res.to_numpy()[17]).all()
 
 
+@pytest.mark.parametrize("where", ["a", "b"])
+def test_non_finite_found_in_every_tile_row_and_column(tmp_path, where):
+    """Each part of A (B) is checked by the first tile of its tile row (column) only: a NaN in the
+    last tile row of A, or the last tile column of B, still fails the job with no output left."""
+    a, b = np.ones((96, 64)), np.ones((64, 96))
+    (a if where == "a" else b)[(95, 50) if where == "a" else (50, 95)] = np.nan
+    ap = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32)).path
+    bp = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 32)).path
+    plan = bl.matmul(ap, bp, memory="64KiB", explain=True)
+    assert plan.grid[0] > 1 and plan.grid[1] > 1
+    at = "[95, 50]" if where == "a" else "[50, 95]"
+    with pytest.raises(NonFiniteError, match=rf"{where}: must be finite.*at \{at[:-1]}\]"):
+        bl.matmul(ap, bp, tmp_path / "c.zarr", memory="64KiB")
+    assert not (tmp_path / "c.zarr").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".c.zarr")]
+
+
 def test_output_rules(tmp_path, rng):
     a = rng.standard_normal((8, 8))
     a_path = bl.from_array(a, tmp_path / "a.zarr").path

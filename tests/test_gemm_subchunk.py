@@ -78,7 +78,7 @@ def test_uneven_chunks_panels_divide_both():
 
 
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True)])
-@pytest.mark.parametrize("codec,memory", [("zstd", "4MiB"), ("none", "3MiB")])
+@pytest.mark.parametrize("codec,memory", [("zstd", "4MiB"), ("none", "2MiB")])
 def test_gemm_with_sub_chunk_panels_matches_numpy(tmp_path, trans_a, trans_b, codec, memory):
     # 256 x 256 float64 chunks (512 KiB). Read through zarr (zstd), chunk-wide panels need 5 MiB
     # and a 4 MiB budget forces 128-wide panels, each re-reading whole chunks; read straight from
@@ -94,10 +94,9 @@ def test_gemm_with_sub_chunk_panels_matches_numpy(tmp_path, trans_a, trans_b, co
     assert plan.tk < 256 and plan.peak_memory <= bl.config.parse_size(memory)
     assert plan.panel_rereads == 1 if codec == "none" else plan.panel_rereads > 1
     c = bl.matmul(a, b, tmp_path / "c.zarr", trans_a=trans_a, trans_b=trans_b, memory=memory)
-    if codec == "none":  # no chunk read whole per panel: only rows, and segments of rows; a
-        # segment wider than half a chunk row is read as whole rows in one call (at most 2x)
-        logical = c.report["bytes_logical"]
-        assert logical <= c.report["bytes_read"] <= 2 * logical
+    if codec == "none":  # no chunk read whole per panel: only rows, and segments of rows (mapped,
+        # only the wanted columns copied): the bytes read are the bytes used
+        assert c.report["bytes_read"] == c.report["bytes_logical"]
     an, bn = a.to_numpy(), b.to_numpy()
     opa, opb = (an.T if trans_a else an), (bn.T if trans_b else bn)
     ref = opa @ opb
@@ -124,11 +123,12 @@ CHILD = """
 
 
 @needs_hwm
-@pytest.mark.parametrize("codec,mib", [("zstd", 48), ("none", 40)])
+@pytest.mark.parametrize("codec,mib", [("zstd", 48), ("none", 18)])
 def test_sub_chunk_gemm_peak_within_budget(tmp_path, codec, mib):
     """The example's own layout: 1024 x 1024 chunks, operands 72 MiB each, budgets that force
     panels narrower than a chunk: read through zarr (zstd, re-reading whole chunks) at 48 MiB, or
-    straight from chunk files (fewer zarr temporaries, only the panel's part read) at 40 MiB."""
+    straight from chunk files (no zarr temporaries, only the panel's part read) at 18 MiB, a
+    quarter of one operand."""
     n = 3072
     a = bl.random(tmp_path / "a.zarr", (n, n), seed=1, chunks=(1024, 1024), codec=codec)
     b = bl.random(tmp_path / "b.zarr", (n, n), seed=2, chunks=(1024, 1024), codec=codec)
@@ -167,3 +167,62 @@ def test_gemm_with_differently_chunked_k_matches_numpy(tmp_path):
     eps = np.finfo(np.float64).eps
     bound = 2 * m * eps / (1 - m * eps) * (np.abs(an.T) @ np.abs(r))  # Higham, as above
     assert (np.abs(got - an.T @ r) <= bound).all()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True)])
+def test_narrow_first_panel_matches_numpy_and_schedulers(tmp_path, device, dtype, trans_a, trans_b):
+    """Inputs read in part (uncompressed, local): the plan starts with a narrow k-panel so that
+    compute starts after reading an eighth of the first panel pair; the k-panels still sum in one
+    fixed order, so every scheduler gives the same bits, and the product matches NumPy."""
+    from test_gemm import _check, _ref
+
+    rng = np.random.default_rng(5)
+    m, n, k = 150, 130, 1500
+    a = rng.standard_normal((k, m) if trans_a else (m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if trans_b else (k, n)).astype(dtype)
+    ap = bl.from_array(a, tmp_path / "a.zarr", chunks=(750, m) if trans_a else (m, 750)).path
+    bp = bl.from_array(b, tmp_path / "b.zarr", chunks=(n, 750) if trans_b else (750, n)).path
+    kw = dict(trans_a=trans_a, trans_b=trans_b, memory="64MiB", device=device, device_memory="64MiB")
+    plan = bl.matmul(ap, bp, explain=True, **kw)
+    panels = list(plan.k_panels())
+    assert plan.tk == 750 and plan.k_lead == 128 and panels[:3] == [(0, 128), (128, 750), (750, 1500)]
+    assert plan.k_steps == len(panels) == 3 and f"the first {plan.k_lead} wide" in plan.explain()
+    got = [bl.matmul(ap, bp, tmp_path / f"c-{s}.zarr", scheduler=s, **kw) for s in ("sync", "threads")]
+    _check(got[0], _ref(a, b, ta=trans_a, tb=trans_b), dtype, k)
+    np.testing.assert_array_equal(got[0].to_numpy(), got[1].to_numpy())
+    assert got[0].report["bytes_read"] == got[0].report["bytes_logical"] == a.nbytes + b.nbytes
+
+
+def test_no_narrow_first_panel_for_chunks_read_whole(tmp_path):
+    """Compressed chunks are read whole: a narrow first panel would read them twice, so none."""
+    plan = plan_gemm(150, 130, 1500, "float64", a_chunks=(150, 750), b_chunks=(750, 130), memory=64 * MIB,
+                     cores=2, reads=("chunks", "chunks"))
+    assert plan.tk == 750 and plan.k_lead == 0 and len(plan.k_panels()) == 2
+
+
+def test_quarter_of_an_operand_plans_large_tiles_from_direct_reads():
+    """4096 x 4096 float64 in 1024 x 1024 chunks at 32 MiB (a quarter of one operand): inputs read
+    straight from their chunk files need no chunk temporaries, so the plan holds tiles of two
+    chunks with panels a quarter chunk wide (the k-block of BLAS), reading each operand a few
+    times and no chunk more than once per panel; read through zarr the same budget is refused."""
+    kw = dict(a_chunks=(1024, 1024), b_chunks=(1024, 1024), memory=32 * MIB, cores=2)
+    plan = plan_gemm(4096, 4096, 4096, "float64", reads=("direct", "direct"), direct_writes=True, **kw)
+    assert plan.peak_memory <= 32 * MIB and plan.panel_rereads == 1
+    assert plan.tm * plan.tn == 2 * 1024 * 1024 and plan.tk == 256
+    assert plan.bytes_read == 6 * 4096 * 4096 * 8  # A twice and B four times (or the other way round)
+    with pytest.raises(BudgetError, match="memory="):
+        plan_gemm(4096, 4096, 4096, "float64", **kw)
+
+
+def test_sub_chunk_panels_compete_when_reads_are_partial():
+    """With partial reads a narrower panel costs no re-reads: at 40 MiB the planner takes 512-wide
+    panels with twice the tiles' area (768 MiB read) over chunk-wide panels on single-chunk tiles
+    (1 GiB), but never panels narrower than BLAS's k-block when chunk-wide ones fit."""
+    kw = dict(a_chunks=(1024, 1024), b_chunks=(1024, 1024), cores=2, reads=("direct", "direct"), direct_writes=True)
+    plan = plan_gemm(4096, 4096, 4096, "float64", memory=40 * MIB, **kw)
+    assert (plan.tm * plan.tn, plan.tk, plan.bytes_read) == (2 * 1024 * 1024, 512, 6 * 4096 * 4096 * 8)
+    small = plan_gemm(300, 300, 300, "float64", a_chunks=(100, 100), b_chunks=(100, 100), cores=2,
+                      reads=("direct", "direct"), memory=2 * MIB)
+    assert small.tk % 100 == 0

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.interrupt import check_cancelled
+from blocklin.device import pool
 from blocklin.device.base import Device
 import blocklin._readstats as readstats
 
@@ -71,7 +72,9 @@ class TileStream:
         self.loaders = max(1, min(int(loaders), self.depth)) if self.depth else 0
         n_slots = min(self.depth + 1, max(1, n_items))
         dtypes = _dtypes(dtype, len(buffer_shapes))
-        self.buffers = [tuple(device.host_empty(s, d) for s, d in zip(buffer_shapes, dtypes)) for _ in range(n_slots)]
+        # Host-resident devices take their slots from the run's reused buffers (blocklin.device.pool)
+        alloc = pool.empty if device.host_resident else device.host_empty
+        self.buffers = [tuple(alloc(s, d) for s, d in zip(buffer_shapes, dtypes)) for _ in range(n_slots)]
         device.slots(n_slots, list(buffer_shapes), _dtypes(dtype if device_dtype is None else device_dtype,
                                                            len(buffer_shapes)))
         self.load_seconds = 0.0
@@ -136,6 +139,8 @@ class TileStream:
         for bufs in self.buffers:
             for buf in bufs:
                 self.device.release_host(buf)
+                if self.device.host_resident:
+                    pool.give(buf)
         self.buffers = []
 
     def __iter__(self) -> Iterator[tuple[int, tuple[Any, ...]]]:

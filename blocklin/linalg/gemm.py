@@ -15,6 +15,7 @@ import numpy as np
 from dask.base import tokenize
 
 from blocklin.config import Settings
+from blocklin.device.pool import reusing
 from blocklin.errors import ParameterError, ShapeError, warn
 from blocklin.errors import explain as _msg
 from blocklin.matrix import Matrix
@@ -100,9 +101,11 @@ class Gemm:
     def shape(self) -> tuple[int, int]:
         return _op_shape(self.A.shape, self.trans_a)[0], _op_shape(self.B.shape, self.trans_b)[1]
 
-    def plan(self, job: Job, out_chunks: tuple[int, int] | None = None, out: Any = None) -> GemmPlan:
+    def plan(self, job: Job, out_chunks: tuple[int, int] | None = None, out: Any = None, *,
+             read_reserve: bool = False) -> GemmPlan:
         """The plan in ``job``'s budget; ``out`` (the output's path, default under the temp dir) tells
-        whether it is written straight to its chunk files."""
+        whether it is written straight to its chunk files; ``read_reserve`` as for
+        :func:`~blocklin.plan.gemm.plan_gemm`."""
         m, k = _op_shape(self.A.shape, self.trans_a)
         return plan_gemm(m, self.shape[1], k, self.compute, out_dtype=self.dtype, a_chunks=_op_shape(self.A.chunks, self.trans_a),
                          b_chunks=_op_shape(self.B.chunks, self.trans_b), memory=job.cfg.memory,
@@ -110,7 +113,8 @@ class Gemm:
                          c_chunks=self.C.chunks if self.C is not None else None, workers=job.workers(1),
                          cores=job.cores(), device=job.device, device_memory=job.device_memory(),
                          out_chunks=out_chunks, reads=(read_kind(self.A.path), read_kind(self.B.path)),
-                         trans=(self.trans_a, self.trans_b), direct_writes=_direct_output(job, out))
+                         trans=(self.trans_a, self.trans_b), direct_writes=_direct_output(job, out),
+                         read_reserve=read_reserve)
 
     def read_advice(self, plan: GemmPlan) -> list[str]:
         """Where the plan's k-panels re-read chunks of A or B, the rechunk that avoids it."""
@@ -147,8 +151,9 @@ class Gemm:
         graph = TileGraph.named("gemm", self.token(plan))
         for i, j, rows, cols in plan.tiles():  # progress in k-panels: a one-tile product still moves
             graph.weigh(graph.add((i, j), gemm_tile, spec, i, j, rows, cols), max(1, plan.k_steps), "k-panels")
-        job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
-                count_pass=count_pass)
+        with reusing():  # tiles run here take the accumulator and panel slots the previous one left
+            job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
+                    count_pass=count_pass)
 
 
 def read_advice(A: Any, B: Any, plan: GemmPlan, *, trans_a: bool = False, trans_b: bool = False) -> list[str]:

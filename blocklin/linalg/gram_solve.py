@@ -68,7 +68,8 @@ class _GramSolve:
     def gemm(self, out: str, a: Any, b: Any, c: Any = None, *, trans_a: bool = False, alpha: float = 1.0,
              beta: float = 0.0, description: str) -> None:
         op = Gemm.of(a, b, c, trans_a=trans_a, alpha=alpha, beta=beta, dtype="float64")
-        gp = op.plan(self.job, out_chunks=(min(self.t, op.shape[0]), min(self.t, op.shape[1])))
+        gp = op.plan(self.job, out_chunks=(min(self.t, op.shape[0]), min(self.t, op.shape[1])),
+                     read_reserve=True)  # measured over budget at 16 MiB without it
         op.run(self.job, gp, out, description=description, count_pass="a" if a is self.A else "intermediate")
 
     def region(self, path: str, rows: int) -> Region:

@@ -18,7 +18,8 @@ import dataclasses
 import functools
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,8 +31,16 @@ from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, shortfall, transfer_b
 
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.
 TASK_OVERHEAD_BYTES = 4 * 2**20
+#: Per k-panel cost (a read, a GEMM call and the hand-offs between the loader and the task), in
+#: bytes-read equivalents, so that narrow panels are not chosen to save a few bytes.
+STEP_OVERHEAD_BYTES = 256 * 2**10
 #: Target panel width of the k-loop: wide enough for BLAS efficiency, narrow enough to overlap.
 TARGET_TK = 512
+#: The k-block of OpenBLAS's double-precision kernels: narrower k-panels make BLAS re-read and
+#: re-write the accumulator more often than it would anyway.
+BLAS_KC = 256
+#: Narrowest first k-panel planned to start compute early (see ``GemmPlan.k_lead``).
+LEAD_MIN = 128
 #: Narrowest sub-chunk panel, as a fraction of a k chunk: below it re-reading each chunk this many
 #: times costs more than rechunking the inputs once.
 MAX_PANEL_REREADS = 16
@@ -70,6 +79,11 @@ class GemmPlan:
     #: Output dtype when it differs from the compute dtype ``dtype`` (``matmul(precision=...)``):
     #: finished strips are cast on the host, through two rotating strip buffers.
     out_dtype: str | None = None
+    #: Width of a first k-panel narrower than ``tk`` (0: none). The first panel pair is read before
+    #: anything can be computed; a narrow one is read quickly and the rest of the first ``tk``
+    #: columns are read while it is multiplied. Planned only where panels read just their part of
+    #: each chunk from local files (no chunk is read twice for it, no request more to a store).
+    k_lead: int = 0
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -77,7 +91,7 @@ class GemmPlan:
 
     @property
     def k_steps(self) -> int:
-        return math.ceil(self.k / self.tk) if self.k else 0
+        return len(self.k_panels()) if self.k else 0
 
     @property
     def n_tasks(self) -> int:
@@ -91,7 +105,11 @@ class GemmPlan:
                 yield i, j, slice(r0, r1), slice(c0, c1)
 
     def k_panels(self) -> list[tuple[int, int]]:
-        return split(self.k, self.tk)
+        """The k-panels in summation order: ``tk`` wide, the first split at ``k_lead``."""
+        panels = split(self.k, self.tk)
+        if len(panels) and 0 < self.k_lead < panels[0][1]:
+            return _Led(panels, self.k_lead)
+        return panels
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -110,7 +128,8 @@ class GemmPlan:
             f" ({self.dtype if self.out_dtype is None else f'computed in {self.dtype}, output {self.out_dtype}'}"
             f"{', + beta*C0' if self.with_c else ''}) on {self.device}",
             f"  tiles     {self.tm} x {self.tn} (grid {gm} x {gn} = {self.n_tasks} tasks),"
-            f" k-panels {self.tk} wide ({self.k_steps} steps), prefetch {self.prefetch}",
+            f" k-panels {self.tk} wide ({self.k_steps} steps{f', the first {self.k_lead} wide' if self.k_lead else ''}),"
+            f" prefetch {self.prefetch}",
             f"  output    chunks {self.out_chunks[0]} x {self.out_chunks[1]}",
             f"  threads   {self.workers} concurrent task(s) x {self.blas_threads} BLAS thread(s)",
             f"  work      {self.flops / 1e9:.1f} GFLOP, read {format_size(self.bytes_read)},"
@@ -130,6 +149,31 @@ class GemmPlan:
                              f"(compute-bound from ~{crossover_tile(self.dtype)} square for {self.dtype}); "
                              "a larger device_memory allows larger tiles")
         return "\n".join(lines)
+
+
+class _Led(Sequence):
+    """``panels`` with the first one split at ``lead`` (computed on access, like the pieces)."""
+
+    def __init__(self, panels: Sequence, lead: int) -> None:
+        self.panels, self.lead = panels, lead
+
+    def __len__(self) -> int:
+        return len(self.panels) + 1
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = index + len(self) if index < 0 else index
+        if not 0 <= i < len(self):
+            raise IndexError(index)
+        if i == 0:
+            return 0, self.lead
+        if i == 1:
+            return self.lead, self.panels[0][1]
+        return self.panels[i - 1]
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, tuple, Sequence)) else NotImplemented
 
 
 def _candidates(dim: int, unit: int) -> list[int]:
@@ -179,24 +223,25 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
                  c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool,
                  read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY,
                  out_rows: int = 0, loaders: int = 1, direct: tuple[bool, bool] = (False, False),
-                 osz: int = 0) -> tuple[int, int]:
+                 osz: int = 0, read_reserve: bool = False) -> tuple[int, int]:
     """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once).
 
     ``direct``: the inputs, and the output, are read and written straight from and to their chunk
-    files (:mod:`blocklin.storage.rawchunks`): reads go straight into the panel slots, with one set
-    of chunk temporaries still planned per loader instead of one per chunk in flight; writes need
-    one chunk buffer only to pad edge chunks (``out_chunk_bytes`` is then that buffer, or 0 without
-    edge chunks). ``osz``: the output's itemsize when it differs from the compute dtype's (two
-    strips of the output dtype on the host, where finished strips are cast).
+    files (:mod:`blocklin.storage.rawchunks`): reads go straight into the panel slots and need no
+    chunk temporaries (``read_reserve`` keeps one set per loader for callers that measured a need
+    for it beside their own buffers); writes need one chunk buffer only to pad edge chunks
+    (``out_chunk_bytes`` is then that buffer, or 0 without edge chunks). ``osz``: the output's
+    itemsize when it differs from the compute dtype's (two strips of the output dtype on the host,
+    where finished strips are cast).
     """
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
     cast = slots * (tm * tk + tk * tn) * isz if src_isz != (isz, isz) else 0
     # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
     # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
-    # Direct reads fill the slots in place, but one chunk set stays planned: measured over budget
-    # without it in the ridge solve's GEMMs (benchmarks/budgets.py, solve at 16 MiB).
-    io = (loaders * (1 if direct[0] else min(IO_CONCURRENCY, read_chunks)) * 3 * io_chunk_bytes
+    # Direct reads fill the slots in place (a scratch row at most); the ridge solve's GEMMs keep one
+    # chunk set (measured over budget without it, benchmarks/budgets.py, solve at 16 MiB).
+    io = (loaders * ((1 if read_reserve else 0) if direct[0] else min(IO_CONCURRENCY, read_chunks)) * 3 * io_chunk_bytes
           + (out_chunk_bytes if direct[1] else min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes))
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
     out_cast = 2 * (out_rows or tm) * tn * osz if osz else 0
@@ -214,7 +259,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
               workers: int | None = None, cores: int | None = None, prefetch: int | None = None, device: str = "cpu",
               device_memory: int | None = None, out_chunks: tuple[int, int] | None = None,
               reads: tuple[str, str] = ("chunks", "chunks"), trans: tuple[bool, bool] = (False, False),
-              direct_writes: bool = False, out_dtype=None) -> GemmPlan:
+              direct_writes: bool = False, out_dtype=None, read_reserve: bool = False) -> GemmPlan:
     """Choose tiles for ``op(A)[m x k] @ op(B)[k x n]`` within ``memory`` bytes.
 
     Parameters
@@ -257,6 +302,9 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     out_dtype : dtype, optional
         Output dtype when it differs from the compute dtype ``dtype`` (a product computed in lower or
         higher precision than it is stored in: ``matmul(precision=...)``).
+    read_reserve : bool
+        Plan one set of chunk temporaries per loader even for direct reads (which need none): for a
+        caller whose own memory beside the GEMM is not otherwise counted.
 
     Returns
     -------
@@ -289,14 +337,22 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         # across columns too from local files (one read per row)
         space, osz=odt.itemsize if odt != dt else 0, partial=(reads[0] == "direct" or reads[0] == "ranges" and trans[0],
                         reads[1] == "direct" or reads[1] == "ranges" and not trans[1]),
-        direct=(reads[0] == "direct" and reads[1] == "direct" and c_chunks is None, direct_writes))
-    # Chunk-wide panels first; narrower ones only when the budget leaves no other way.
-    best = (_search(space, workers=workers, memory=memory, device_memory=device_memory)
-            or _search(space, workers=workers, memory=memory, device_memory=device_memory,
-                       widths=space.sub_chunk_panels()))
+        direct=(reads[0] == "direct" and reads[1] == "direct" and c_chunks is None, direct_writes),
+        read_reserve=read_reserve)
+    # Chunk-wide panels first; narrower ones only when the budget leaves no other way, unless both
+    # operands are local files read in part: then narrower panels at least as wide as BLAS's
+    # k-blocks cost no extra reads and may allow larger tiles (fewer reads in all), so both compete
+    # on cost (on object stores every panel is one more request per chunk, with its latency).
+    local_parts = reads[0] == reads[1] == "direct"
+    best = _search(space, workers=workers, memory=memory, device_memory=device_memory)
+    if best is None or local_parts:
+        widths = [w for w in space.sub_chunk_panels() if best is None or w >= BLAS_KC]
+        found = [x for x in (best, _search(space, workers=workers, memory=memory, device_memory=device_memory,
+                                           widths=widths) if widths else None) if x is not None]
+        best = min(found, key=lambda x: x[0]) if found else None
     if best is None:
         raise _smallest_does_not_fit(space, workers=workers, memory=memory, device_memory=device_memory)
-    tm, tn, tk, host, dev, oc, read, rereads = best
+    _, tm, tn, tk, host, dev, oc, read, rereads = best
     if auto_prefetch and space.on_gpu:
         for depth in (3, 2):  # read further ahead, with as many loader threads, when the budgets allow
             deeper = dataclasses.replace(space, prefetch=depth, loaders=depth)
@@ -307,6 +363,9 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
                 break
     isz = dt.itemsize
     c_read = m * n * odt.itemsize if space.with_c else 0
+    # A narrow first panel, where panels read only their part of each chunk: compute starts after
+    # reading an eighth of the first panel pair instead of all of it.
+    k_lead = max(LEAD_MIN, tk // 8) if local_parts and tk >= 4 * LEAD_MIN and k > tk // 8 else 0
     return GemmPlan(
         m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,
         out_chunks=oc, workers=workers, blas_threads=max(1, (cores or os.cpu_count() or 1) // workers),
@@ -314,6 +373,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         bytes_read=read + c_read, bytes_written=m * n * odt.itemsize, peak_memory=host * workers, task_memory=host,
         device_peak=dev * workers if space.on_gpu else None, with_c=space.with_c, panel_rereads=rereads,
         out_dtype=odt.name if odt != dt else None,
+        k_lead=k_lead,
     )
 
 
@@ -346,6 +406,8 @@ class _Space:
     direct: tuple[bool, bool] = (False, False)
     #: Output itemsize when the output dtype differs from the compute dtype (else 0).
     osz: int = 0
+    #: One chunk set per loader planned even for direct reads (see :func:`plan_gemm`).
+    read_reserve: bool = False
 
     @classmethod
     def of(cls, m: int, n: int, k: int, dt: np.dtype, src: tuple, *, a_chunks: tuple[int, int],
@@ -382,7 +444,7 @@ class _Space:
                             with_c=self.with_c, c_rows=self.c_rows, io_chunk_bytes=self.io_chunk,
                             out_chunk_bytes=oc[0] * oc[1] * (self.osz or self.isz) if edges or not self.direct[1] else 0,
                             on_gpu=self.on_gpu, read_chunks=read_chunks, write_chunks=write_chunks, out_rows=oc[0],
-                            loaders=self.loaders, direct=self.direct, osz=self.osz)
+                            loaders=self.loaders, direct=self.direct, osz=self.osz, read_reserve=self.read_reserve)
 
     def read_chunks(self, tm: int, tn: int, tk: int) -> int:
         """Chunks one panel read touches (the larger of the two operands; panels may cut chunks)."""
@@ -393,9 +455,11 @@ class _Space:
 
 def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
             widths: list[int] | None = None) -> tuple | None:
-    """The cheapest tiling that fits: fewest bytes read plus task overheads, then widest panels.
+    """The cheapest tiling that fits: fewest bytes read plus task overheads (and accumulator
+    traffic for panels narrower than BLAS's own k-blocks), then widest panels.
 
-    ``widths`` are the k-panel widths to try, widest first (default: chunk-wide panels).
+    ``widths`` are the k-panel widths to try, widest first (default: chunk-wide panels). Returns
+    ``(key, tm, tn, tk, host, device, out_chunks, bytes_read, rereads)``, the smallest ``key`` best.
     """
     m, n, k = sp.m, sp.n, sp.k
     best = None
@@ -419,7 +483,10 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
                 read = round((m * k * sp.src_isz[0]) * gn * ra + (k * n * sp.src_isz[1]) * gm * rb)
                 tasks = gm * gn
                 idle = max(0, workers - tasks)  # concurrent slots with no tile to run
-                cost = read + tasks * TASK_OVERHEAD_BYTES + idle * (m * n * k * sp.isz) // max(1, tasks * 64)
+                cost = (read + tasks * (TASK_OVERHEAD_BYTES + math.ceil(k / tk) * STEP_OVERHEAD_BYTES)
+                        + idle * (m * n * k * sp.isz) // max(1, tasks * 64))
+                if tk < min(BLAS_KC, k):  # BLAS re-reads and re-writes the accumulator once per panel
+                    cost += m * n * sp.isz * math.ceil(k / tk)
                 # On a GPU, tiles below the compute/transfer crossover leave it waiting for the host
                 # link whatever the overlap: the largest tiles towards it first, then the cheapest.
                 below = round(shortfall(tm, tn, sp.dtype), 3) if sp.on_gpu else 0.0
@@ -427,7 +494,7 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
                 if best is None or key < best[0]:
                     best = (key, tm, tn, tk, host, dev, oc, read, max(ra_max, rb_max))
                 break  # the widest tk that fits
-    return None if best is None else best[1:]
+    return best
 
 
 def _smallest_does_not_fit(sp: _Space, *, workers: int, memory: int, device_memory: int | None) -> BudgetError:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 import blocklin._memory as _memory
-from blocklin.device import TileStream, get_device
+from blocklin.device import TileStream, get_device, pool
 from blocklin.errors import NonFiniteError, explain
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import GemmPlan
@@ -315,6 +315,7 @@ class _GemmTile:
         self.nbytes = 0
         self.told = 0  # k-panels reported to this process's progress bar
         self.acc: Any = None  # allocated once the first panels are being read (compute)
+        self.acc_buf: np.ndarray | None = None  # the host buffer under acc, handed back on close
         # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
         self.stream = TileStream(device, len(self.panels), self.load, [a_shape, b_shape],
                                  [self.A.dtype, self.B.dtype], depth=plan.prefetch, device_dtype=[dt, dt],
@@ -339,15 +340,19 @@ class _GemmTile:
             for _ in range(min(2, len(self.strips))):
                 self.cast_bufs.put(np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.out_dtype))
         self.extra = spec.epilogue.begin(rows, cols, spec.out_off) if spec.epilogue is not None else None
+        # Each part of op(A) and op(B) is checked for NaN/Inf by one tile only, the first of its tile
+        # row (A) or column (B): every tile runs before the output is committed, so a non-finite
+        # input still fails the job, and the check costs one pass over each input, not one per read.
+        self.checks = (spec.check_finite and cols.start == 0, spec.check_finite and rows.start == 0)
 
     def load(self, p: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         """Read panel ``p`` of op(A) and op(B) into the stream's slots (cast, transposed views)."""
         spec = self.spec
         ks = slice(*self.panels[p])
         out = []
-        for arr, buf, trans, cast, name, sel, off in (
-            (self.A, bufs[0], spec.trans_a, self.casts[0], spec.names[0], (self.rows, ks), spec.a_off),
-            (self.B, bufs[1], spec.trans_b, self.casts[1], spec.names[1], (ks, self.cols), spec.b_off),
+        for arr, buf, trans, cast, name, sel, off, check in (
+            (self.A, bufs[0], spec.trans_a, self.casts[0], spec.names[0], (self.rows, ks), spec.a_off, self.checks[0]),
+            (self.B, bufs[1], spec.trans_b, self.casts[1], spec.names[1], (ks, self.cols), spec.b_off, self.checks[1]),
         ):
             stored = (sel[1], sel[0]) if trans else sel
             if off != (0, 0):
@@ -356,7 +361,7 @@ class _GemmTile:
             shape = (stored[0].stop - stored[0].start, stored[1].stop - stored[1].start)
             view = read_block(arr, stored[0], stored[1], out=region(buf, shape))
             self.nbytes += view.nbytes
-            if spec.check_finite:
+            if check:
                 check_finite(view, name, *stored)
             if cast:
                 view = view.astype(self.dtype)
@@ -367,8 +372,12 @@ class _GemmTile:
         # Allocating the accumulator overlaps the first panel's read; the first panel's product is
         # written into it (Device.gemm_into) rather than added to zeros.
         self.stream.start()
-        self.acc = self.device.empty((self.tm, self.tn), self.dtype) if self.panels else \
-            self.device.zeros((self.tm, self.tn), self.dtype)
+        if self.panels and self.device.host_resident:  # the plan's full tile, reused between tiles
+            self.acc_buf = pool.empty((self.spec.plan.tm, self.spec.plan.tn), self.dtype)
+            self.acc = region(self.acc_buf, (self.tm, self.tn))
+        else:
+            self.acc = self.device.empty((self.tm, self.tn), self.dtype) if self.panels else \
+                self.device.zeros((self.tm, self.tn), self.dtype)
         last = len(self.panels) - 1
         for p, (a_dev, b_dev) in self.stream:
             gemm = self.device.gemm_into if p == 0 else self.device.gemm_acc
@@ -465,11 +474,14 @@ class _GemmTile:
         try:
             self.stream.stop()
             self.writer.close()
+            # Written, and the stream's slots handed back: the next tile may take the accumulator.
+            self.acc = None
+            pool.give(self.acc_buf)
         finally:
             while not self.host_bufs.empty():
                 self.device.release_host(self.host_bufs.get())
             self.load_seconds, self.wait_seconds = self.stream.load_seconds, self.stream.wait_seconds
-            self.stream = self.acc = self.cbuf = self.cast_bufs = None
+            self.stream = self.acc = self.acc_buf = self.cbuf = self.cast_bufs = None
 
     def result(self, seconds: float) -> dict:
         spec = self.spec

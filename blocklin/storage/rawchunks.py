@@ -4,7 +4,8 @@ For an array whose only codec is ``bytes`` (little-endian, no compression, no sh
 store, a chunk file is exactly the chunk's C-ordered bytes, so a row range of a chunk is one
 contiguous byte range. Reading just the rows a block needs with one ``preadv`` into the destination
 (or one reused chunk buffer) reads no more than is used (a strip narrower than a chunk no longer
-reads the whole chunk) and skips zarr's asynchronous machinery, whose many thread
+reads the whole chunk; a column range of a local chunk is mapped and only its columns copied)
+and skips zarr's asynchronous machinery, whose many thread
 hand-offs stall when BLAS keeps every core busy: measured here, a loader thread running beside a
 2-thread GEMM fell behind compute through zarr, and keeps ahead through this path. Writes of whole
 chunks go to the chunk files the same way. Anything else (compression, v2, sharding, other key
@@ -17,6 +18,7 @@ it fetched to :mod:`blocklin._readstats`.
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 import sys
 from typing import Any
@@ -27,6 +29,9 @@ import blocklin._readstats as readstats
 
 
 _IOV_MAX = 1024
+#: Most bytes of a chunk file mapped at once by a read of part of its width (what the mapping adds
+#: to the resident memory while it lasts).
+_MAP_WINDOW = 2**20
 
 
 class RawChunks:
@@ -108,74 +113,62 @@ class RawChunks:
         """Fill ``dest`` (rows ``r0:`` and columns ``c0:`` of a local chunk; each row contiguous)
         straight into place, without a chunk buffer.
 
-        Whole-width rows (a block wider than the chunk) and segments of more than half a row come
-        in with one scattering ``preadv`` per :data:`_IOV_MAX` buffers (the columns not wanted land
-        in a reused scratch row); narrower segments with one ``preadv`` each, reading only them.
+        The rows are mapped from the file (page-cache pages, no copy into a buffer) a window of at
+        most :data:`_MAP_WINDOW` bytes at a time, and only the wanted columns of each row are
+        copied into place, in one strided copy per window. Measured on a 1024 x 1024 float64 chunk
+        read a quarter of its width at a time: 1.3 ms, against 3.9 ms for one ``preadv`` per row
+        and 2.1 ms for reading the whole chunk; so narrow k-panels of a GEMM and narrow strips
+        cost the bytes they use, not a system call per row.
         """
         isz = self.dtype.itemsize
         row, seg = self.chunks[1] * isz, dest.shape[1] * isz
+        nrows = dest.shape[0]
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             dest.fill(self.fill_value)
             return
         try:
-            if 2 * seg <= row:
-                got = self._per_row(fd, r0 * row + c0 * isz, row, dest)
-            else:
-                got = self._scattered(fd, r0 * row, row, c0 * isz, dest)
+            # Checked before mapping: touching a mapped page past the end of a file is a SIGBUS.
+            if os.fstat(fd).st_size < (r0 + nrows - 1) * row + c0 * isz + seg:
+                from blocklin.errors import StoreReadError, explain
+
+                raise StoreReadError(explain("chunk", f"must hold {self.chunks[0] * row} bytes",
+                                             f"{os.fstat(fd).st_size} in {path}",
+                                             "the store is truncated or corrupt; re-create it"))
+            if seg == row:  # whole rows, each its own place in dest: one gathering preadv per _IOV_MAX
+                for i0 in range(0, nrows, _IOV_MAX):
+                    i1 = min(nrows, i0 + _IOV_MAX)
+                    n = os.preadv(fd, [dest[i].view(np.uint8) for i in range(i0, i1)], (r0 + i0) * row)
+                    for i in range(i0 + n // row, i1):  # a short count: the rest row by row
+                        _pread_full(fd, dest[i].view(np.uint8), (r0 + i) * row, n % row if i == i0 + n // row else 0)
+                readstats.count(nrows * seg)
+                return
+            per_window = max(1, _MAP_WINDOW // row)
+            for i0 in range(0, nrows, per_window):
+                i1 = min(nrows, i0 + per_window)
+                first = (r0 + i0) * row + c0 * isz  # the window's first wanted byte
+                base = first - first % mmap.ALLOCATIONGRANULARITY
+                length = (r0 + i1 - 1) * row + c0 * isz + seg - base
+                m = mmap.mmap(fd, length, prot=mmap.PROT_READ, flags=mmap.MAP_SHARED, offset=base)
+                try:
+                    src = np.ndarray((i1 - i0, dest.shape[1]), dtype=self.dtype, buffer=m, offset=first - base,
+                                     strides=(row, isz))
+                    dest[i0:i1] = src
+                    del src  # the mapping closes only once no view of it is left
+                finally:
+                    m.close()
         finally:
             os.close(fd)
-        readstats.count(got)
-        if got < 0:
-            from blocklin.errors import StoreReadError, explain
-
-            raise StoreReadError(explain("chunk", f"must hold {self.chunks[0] * row} bytes", f"fewer in {path}",
-                                         "the store is truncated or corrupt; re-create it"))
-
-    @staticmethod
-    def _per_row(fd: int, base: int, row: int, dest: np.ndarray) -> int:
-        """One ``preadv`` per row of just the segment; the bytes read, negative when a row is short."""
-        got, seg = 0, dest.shape[1] * dest.itemsize
-        for i in range(dest.shape[0]):
-            n = os.preadv(fd, [dest[i].view(np.uint8)], base + i * row)
-            if n != seg:
-                return -1
-            got += n
-        return got
-
-    def _scattered(self, fd: int, base: int, row: int, lead: int, dest: np.ndarray) -> int:
-        """Whole rows from ``base``, scattered: ``lead`` bytes and the rest of each row past the
-        segment go to a scratch row, the segment into ``dest``; negative when the file is short."""
-        seg = dest.shape[1] * dest.itemsize
-        tail = row - lead - seg
-        scratch = memoryview(bytearray(max(lead, tail, 1)))
-        per_call = _IOV_MAX // (1 + (lead > 0) + (tail > 0))
-        got = 0
-        for i0 in range(0, dest.shape[0], per_call):
-            bufs = []
-            for i in range(i0, min(dest.shape[0], i0 + per_call)):
-                if lead:
-                    bufs.append(scratch[:lead])
-                bufs.append(dest[i].view(np.uint8))
-                if tail:
-                    bufs.append(scratch[:tail])
-            want = (min(dest.shape[0], i0 + per_call) - i0) * row
-            done = 0
-            while done < want:  # a short count resumes at the first buffer not yet filled
-                n = os.preadv(fd, _skip(bufs, done), base + i0 * row + done)
-                if n <= 0:
-                    return -1
-                done += n
-            got += done
-        return got
+        readstats.count(nrows * seg)
 
     def read(self, rows: slice, cols: slice, out: np.ndarray) -> np.ndarray:
         """``out[...] = array[rows, cols]`` (``out`` C-contiguous of the selection's shape).
 
         Each chunk is read only in the rows the selection covers: one range when the selection
-        holds the chunk's whole width, else, from a local file, one ``preadv`` per row of just the
-        columns wanted, straight into place; from an object store, one range of whole-width rows
+        holds the chunk's whole width, else, from a local file, the rows mapped a window at a time
+        and just the columns wanted copied into place (whole-width rows that are not contiguous in
+        ``out``: one gathering ``preadv``); from an object store, one range of whole-width rows
         whose wanted columns are kept.
         """
         ch_r, ch_c = self.chunks
@@ -236,19 +229,14 @@ class RawChunks:
                 os.replace(tmp, path)  # a reader never sees half a chunk
 
 
-def _skip(bufs: list, n: int) -> list:
-    """The buffers after the first ``n`` bytes (for resuming a short ``preadv``)."""
-    if n == 0:
-        return bufs
-    out = []
-    for b in bufs:
-        size = len(memoryview(b).cast("B"))
-        if n >= size:
-            n -= size
-            continue
-        out.append(memoryview(b).cast("B")[n:] if n else b)
-        n = 0
-    return out
+def _pread_full(fd: int, buf: np.ndarray, offset: int, done: int) -> None:
+    """Fill the rest of ``buf`` (its first ``done`` bytes are in) from ``offset`` of ``fd``."""
+    view = memoryview(buf)
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n <= 0:
+            raise OSError(f"short read at byte {offset + done}")
+        done += n
 
 
 def _writev_rows(fd: int, src: np.ndarray) -> bool:
