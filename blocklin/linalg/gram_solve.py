@@ -80,13 +80,19 @@ class _GramSolve:
         self.ops.axpby(dst_reg, dst_reg, self.region(d, self.s), dtype=F64, description=description)
 
     def factor(self) -> None:
-        """``K = A^T A + lam^2 I`` (tall) or ``A A^T + lam^2 I`` (wide), lower tiles, and its Cholesky factor."""
+        """``K = A^T A + lam^2 I`` (tall) or ``A A^T + lam^2 I`` (wide), lower tiles, and its Cholesky factor.
+
+        Tall: ``c = A^T b`` comes from the same read of ``A`` (the diagonal SYRK blocks).
+        """
         s = self.s
         g_path, l_path = self.store("gram", s, s), self.store("l", s, s)
         a_reg = Region.of(self.A.path, self.A.shape)
+        self.c = None if self.wide else self.store("c", self.n, self.k)
         self.ops.syrk(Region.of(g_path, (s, s)), a_reg if self.wide else a_reg.T, dtype=F64, shift=self.lam**2,
                       check=self.job.check_finite,
-                      description=f"Gram tiles {'A A^T' if self.wide else 'A^T A'} + lam^2 I")
+                      rhs=None if self.wide else Region.of(self.B.path, self.B.shape),
+                      rhs_out=None if self.wide else self.region(self.c, self.n),
+                      description=f"Gram blocks {'A A^T' if self.wide else 'A^T A, A^T b'} + lam^2 I")
         self.ops.cholesky(Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=F64, check=False,
                           description="Cholesky of the Gram matrix")
         self.lreg = Region.of(l_path, (s, s))
@@ -122,8 +128,7 @@ class _GramSolve:
         """``x`` refined against the original problem; returns its store."""
         A, B, m, n, k = self.A, self.B, self.m, self.n, self.k
         zop = self.operand(self.z, (self.s, k), "z")
-        c_path = self.store("c", n, k)
-        self.gemm(c_path, A, B, trans_a=True, description="A^T b")
+        c_path = self.c  # A^T b, from the SYRK's read of A
         self.k_solve(c_path, self.z)
         for _ in range(steps):
             self.gemm(self.r, A, zop, B, alpha=-1.0, beta=1.0, description="r = b - A x")
