@@ -49,10 +49,7 @@ class _GramSolve:
         (self.m, self.n), self.k = A.shape, B.shape[1]
         self.wide = self.m < self.n
         self.s = self.m if self.wide else self.n
-        # tiles on A's square chunks when they fit: every store of the solve then shares them with A, which
-        # the region GEMMs over A need to plan within small budgets
-        plan = plan_factor("cholesky", self.s, F64, memory=job.cfg.memory, workers=job.workers(1),
-                           chunks=tuple(A.chunks))
+        plan = _tile_plan(job, A, self.s, self.k, self.wide)
         self.t = plan.tile
         self.ops = BlockOps(job, self.t)
         self.ops.workers = plan.workers
@@ -164,6 +161,36 @@ class _GramSolve:
                 "objective": norms(rr + lam**2 * xx), "refine_steps": steps, "gram": "out of core",
                 "residual_norm_source": "final residual pass", "gram_tile": t,
                 "norm_a": None, "cond_estimate": None, "phases": {"Gram SYRK, Cholesky, solves": self.job.device}}
+
+
+def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool) -> Any:
+    """Tiles of the Gram matrix, its factor and the solves.
+
+    On ``A``'s square chunks when they fit (every store of the solve then shares them with ``A``,
+    which the region GEMMs over ``A`` need to plan within small budgets); a larger multiple of them
+    when the budget holds it and those GEMMs still plan: the left-looking Cholesky reads
+    ``n^3 / (3 t)`` elements and runs ``(n / t)^2 / 2`` tasks, so the largest tile wins.
+    """
+    from blocklin.errors import BudgetError
+
+    base = plan_factor("cholesky", s, F64, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks))
+    try:
+        big = plan_factor("cholesky", s, F64, memory=job.cfg.memory, workers=job.workers(1))
+    except BudgetError:
+        return base
+    c = tuple(A.chunks)
+    if c[0] != c[1] or base.tile != c[0] or big.tile <= base.tile or big.tile % base.tile or big.tile >= s:
+        return base
+    m, n = A.shape
+    t = big.tile
+    try:  # the products over A that the solve runs, with its stores on tiles of t
+        v = Operand(name="v", path="", shape=(m if wide else n, k), dtype=F64, chunks=(t, t))
+        Gemm.of(A, v, trans_a=wide, dtype="float64").plan(job, out_chunks=(t, min(t, k)))
+        r = Operand(name="r", path="", shape=(n if wide else m, k), dtype=F64, chunks=(t, t))
+        Gemm.of(A, r, trans_a=not wide, dtype="float64").plan(job, out_chunks=(t, min(t, k)))
+    except BudgetError:
+        return base
+    return big
 
 
 def _col_sumsq(ops: BlockOps, path: str, shape: tuple[int, int]) -> np.ndarray:
