@@ -87,7 +87,8 @@ class CpuDevice(Device):
             return
         # BLAS is column-major: the upper triangle of the Fortran view acc.T is acc's lower triangle;
         # a.T @ a is a product "A A^T" of at = a.T, passed as a flag when a is C- or F-ordered
-        at, trans = (a.T, 0) if a.T.flags.f_contiguous else ((a, 1) if a.flags.f_contiguous else (np.asfortranarray(a.T), 0))
+        at, trans = ((a.T, 0) if a.T.flags.f_contiguous else
+                     (a, 1) if a.flags.f_contiguous else (np.asfortranarray(a.T), 0))
         f(1.0, at, beta=1.0, c=acc.T, trans=trans, lower=0, overwrite_c=1)
 
     def cholesky(self, x: np.ndarray) -> np.ndarray:

@@ -23,9 +23,9 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, x_path: str, *,
     """``min ||A x - b||^2 + lam^2 ||x||^2`` with the regularized Gram matrix stored, not held.
 
     Tall/square ``A`` (``m >= n``): ``K = A^T A + lam^2 I`` and ``A^T b`` by the blocked region SYRK over
-    ``A^T`` (in one read of ``A`` per block row; Dongarra et al., 1990, for SYRK), its tiled Cholesky, ``x = K^{-1} A^T b`` by two out-of-core triangular solves, then ``refine``
-    steps (default 1) of iterative refinement against the original problem
-    (``x += K^{-1} (A^T (b - A x) - lam^2 x)``). Wide ``A``: the dual form
+    ``A^T`` (in one read of ``A`` per block row; Dongarra et al., 1990, for SYRK), its tiled Cholesky,
+    ``x = K^{-1} A^T b`` by two out-of-core triangular solves, then ``refine`` steps (default 1) of
+    iterative refinement against the original problem (``x += K^{-1} (A^T (b - A x) - lam^2 x)``). Wide ``A``: the dual form
     ``x = A^T y``, ``(A A^T + lam^2 I) y = b``, refined on the dual system. Everything is computed
     in float64; ``x`` is written in the operands' dtype to ``x_path`` (created here).
 
@@ -123,7 +123,7 @@ class _GramSolve:
 
     def solve_tall(self, steps: int) -> str:
         """``x`` refined against the original problem; returns its store."""
-        A, B, m, n, k = self.A, self.B, self.m, self.n, self.k
+        A, B, m, k = self.A, self.B, self.m, self.k
         zop = self.operand(self.z, (self.s, k), "z")
         c_path = self.c  # A^T b, from the SYRK's read of A
         self.k_solve(c_path, self.z)

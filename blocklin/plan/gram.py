@@ -58,7 +58,8 @@ class GramPlan:
     def explain(self) -> str:
         how = (f"one row pass over {'the columns of ' if self.trans else ''}A, {self.workers} task(s) each "
                f"accumulating the {self.s} x {self.s} SYRK sum" if self.route == "pass" else
-               f"region SYRK in square blocks over {self.tile} x {self.tile} chunks (the result exceeds the budget), "
+               f"region SYRK in square blocks over {self.tile} x {self.tile} chunks (the result exceeds the "
+               "budget), "
                f"A read about {self.reads:.0f} times")
         return (f"gram {self.product}: {self.s} x {self.s} {self.dtype} from {self.k} {'columns' if self.trans else 'rows'}"
                 f"; {how}; read {format_size(self.bytes_read)}, write {format_size(self.bytes_written)}, "
