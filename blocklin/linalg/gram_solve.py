@@ -27,8 +27,7 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, x_path: str, *,
     ``x = K^{-1} A^T b`` by two out-of-core triangular solves, then ``refine`` steps (default 1) of
     iterative refinement against the original problem (``x += K^{-1} (A^T (b - A x) - lam^2 x)``).
     Wide ``A``: the dual form ``x = A^T y``, ``(A A^T + lam^2 I) y = b``, refined on the dual
-    system. Everything is computed
-    in float64; ``x`` is written in the operands' dtype to ``x_path`` (created here).
+    system. Everything is computed in float64; ``x`` is written in the operands' dtype to ``x_path`` (created here).
 
     Accuracy: ``cond(K) <= 1 + (sigma_1 / lam)^2``, so the error of ``x`` before refinement is about
     ``cond(K) eps``; refinement against the original problem recovers what the conditioning of the
