@@ -58,7 +58,7 @@ class GramPlan:
     def explain(self) -> str:
         how = (f"one row pass over {'the columns of ' if self.trans else ''}A, {self.workers} task(s) each "
                f"accumulating the {self.s} x {self.s} SYRK sum" if self.route == "pass" else
-               f"region SYRK in square blocks over {self.tile} x {self.tile} chunks (the result exceeds the "
+               f"region SYRK in square blocks of {self.tile} x {self.tile} tiles (the result exceeds the "
                "budget), "
                f"A read about {self.reads:.0f} times")
         return (f"gram {self.product}: {self.s} x {self.s} {self.dtype} from {self.k} {'columns' if self.trans else 'rows'}"
