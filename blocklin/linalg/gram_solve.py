@@ -56,11 +56,16 @@ class _GramSolve:
         s, k = self.s, self.k
         self.z, self.r, self.d = self.store("z", s, k), self.store("r", self.m, k), self.store("d", s, k)
 
+    def chunks(self, cols: int) -> tuple[int, int]:
+        """Tiles of ``t`` rows; a store of ``k < t`` columns (right-hand sides) is one chunk wide, not
+        padded to ``t`` columns (zarr stores a chunk whole: ``t / k`` times the bytes for each row tile)."""
+        return (self.t, min(self.t, max(1, cols)))
+
     def store(self, name: str, rows: int, cols: int) -> str:
-        return self.ops.store(name, rows, cols, F64)
+        return self.job.scratch(name, (rows, cols), F64, self.chunks(cols))
 
     def operand(self, path: str, shape: tuple[int, int], name: str) -> Operand:
-        return Operand(name=name, path=path, shape=shape, dtype=F64, chunks=(self.t, self.t))
+        return Operand(name=name, path=path, shape=shape, dtype=F64, chunks=self.chunks(shape[1]))
 
     def gemm(self, out: str, a: Any, b: Any, c: Any = None, *, trans_a: bool = False, alpha: float = 1.0,
              beta: float = 0.0, description: str) -> None:
@@ -82,7 +87,7 @@ class _GramSolve:
         Tall: ``c = A^T b`` comes from the same read of ``A`` (the diagonal SYRK blocks).
         """
         s = self.s
-        g_path, l_path = self.store("gram", s, s), self.store("l", s, s)
+        g_path, l_path = self.ops.store("gram", s, s, F64), self.ops.store("l", s, s, F64)
         a_reg = Region.of(self.A.path, self.A.shape)
         self.c = None if self.wide else self.store("c", self.n, self.k)
         self.ops.syrk(Region.of(g_path, (s, s)), a_reg if self.wide else a_reg.T, dtype=F64, shift=self.lam**2,
@@ -184,9 +189,9 @@ def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool) -> Any:
     m, n = A.shape
     t = big.tile
     try:  # the products over A that the solve runs, with its stores on tiles of t
-        v = Operand(name="v", path="", shape=(m if wide else n, k), dtype=F64, chunks=(t, t))
+        v = Operand(name="v", path="", shape=(m if wide else n, k), dtype=F64, chunks=(t, min(t, k)))
         Gemm.of(A, v, trans_a=wide, dtype="float64").plan(job, out_chunks=(t, min(t, k)))
-        r = Operand(name="r", path="", shape=(n if wide else m, k), dtype=F64, chunks=(t, t))
+        r = Operand(name="r", path="", shape=(n if wide else m, k), dtype=F64, chunks=(t, min(t, k)))
         Gemm.of(A, r, trans_a=not wide, dtype="float64").plan(job, out_chunks=(t, min(t, k)))
     except BudgetError:
         return base
