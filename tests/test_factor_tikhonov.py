@@ -52,13 +52,14 @@ def test_stored_gram_identical_bits_across_schedulers(tmp_path):
 
 
 def test_stored_gram_route_on_small_chunks_and_budget(tmp_path):
-    """The Gram tiles follow A's chunks, so the region GEMMs over A plan within a small budget."""
+    """The Gram tiles are A's chunks or a multiple of them (when the region GEMMs over A still plan
+    within the budget), so those GEMMs run within a small budget."""
     rng = np.random.default_rng(2)
     a = rng.standard_normal((600, 600))
     b = rng.standard_normal((600, 1))
     pa = bl.from_array(a, tmp_path / "a.zarr", chunks=(64, 64))
     x = bl.solve(pa, b, lam=1.0, memory="4MiB", scheduler="sync")
-    assert "out-of-core tiled Cholesky" in x.report["method_reason"] and x.report["gram_tile"] == 64
+    assert "out-of-core tiled Cholesky" in x.report["method_reason"] and x.report["gram_tile"] % 64 == 0
     ref = _reference(a, b, 1.0)
     # cond(K) <= 1 + (sigma_1 / lam)^2 ~ 2.4e3 with sigma_1 ~ 2 sqrt(600): float64 accuracy after refinement
     assert np.abs(x[...] - ref).max() <= 1e3 * np.finfo(np.float64).eps * np.abs(ref).max()
