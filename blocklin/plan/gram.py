@@ -165,7 +165,8 @@ def plan_gram(shape: tuple[int, int], dtype: Any, *, chunks: tuple[int, int], me
         fp = plan_factor("syrk", s, dt, memory=memory, workers=workers)
     except BudgetError:  # fewer concurrent tiles before refusing (the error then names one task's minimum)
         fp = plan_factor("syrk", s, dt, memory=memory, workers=1)
-    sb = plan_syrk_blocks(s, k, dt, memory=memory, tile=fp.tile, source_dtype=src, workers=workers)
+    sb = plan_syrk_blocks(s, k, dt, memory=memory, tile=fp.tile, source_dtype=src, workers=workers,
+                          k_chunk=chunks[1] if trans else chunks[0])
     return GramPlan(**common, route="tiles", out_chunks=(fp.tile, fp.tile), reads=sb.reads,
                     bytes_read=int(nbytes * sb.reads), peak_memory=sb.peak_memory, tile=fp.tile, workers=sb.workers)
 
