@@ -61,6 +61,8 @@ OPERATIONS = {
     "eigsh": lambda d, out, s: bl.eigsh(d["spd"], 3, seed=1, memory="200KiB", order="descending", **s),
     "pca": lambda d, out, s: bl.pca(d["tall"], 4, seed=1, memory="200KiB", **s),
     "solve": lambda d, out, s: bl.solve(d["tall"], d["b"], lam=0.1, memory="256KiB", **s),
+    # the Gram matrix over the budget: SYRK blocks, tiled Cholesky, out-of-core solves
+    "solve-stored-gram": lambda d, out, s: bl.solve(d["sq"], d["spd"][:, :2], lam=1.0, memory="180KiB", **s),
     "inv": lambda d, out, s: bl.inv(d["spd"], out=out / "inv.zarr", memory="96KiB", **s),
     "cholesky": lambda d, out, s: bl.cholesky(d["spd"], out / "chol.zarr", memory="96KiB", **s),
     "lu": lambda d, out, s: bl.lu(d["sq"], out / "lu.zarr", memory="128KiB", **s),

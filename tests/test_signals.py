@@ -40,6 +40,7 @@ COMMANDS = {
     "svd": ["svd", "A.zarr", "-k", "4", "-o", "OUT", "--memory", "1MiB", "--seed", "1"],
     "inv": ["inv", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
     "solve": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "4MiB"],
+    "solve-gram": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "1MiB", "--lam", "1"],
     "cholesky": ["factor", "cholesky", "S.zarr", "-o", "OUT", "--memory", "1MiB"],
     "lu": ["factor", "lu", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
     "qr": ["factor", "qr", "A.zarr", "-o", "OUT", "--memory", "1MiB", "--method", "tiled"],

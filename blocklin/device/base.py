@@ -112,6 +112,14 @@ class Device(abc.ABC):
     def syrk_acc(self, acc: Any, a: Any) -> None:
         """``acc += a.T @ a`` (both triangles), with SYRK's half of the GEMM flops."""
 
+    def syrk_lower_acc(self, acc: Any, a: Any) -> None:
+        """The lower triangle of ``acc += a.T @ a`` (the strictly upper triangle is then undefined).
+
+        Default: the full product; a device overrides it with an in-place SYRK (half the flops, no
+        temporary).
+        """
+        self.gemm_acc(acc, a.T, a)
+
     @abc.abstractmethod
     def cholesky(self, x: Any) -> Any:
         """Lower Cholesky factor ``L`` with ``x = L @ L.T``."""

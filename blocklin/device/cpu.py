@@ -78,6 +78,19 @@ class CpuDevice(Device):
         up = f(1.0, a, trans=1, lower=0)  # upper triangle of a.T @ a, n x n (small)
         acc += np.triu(up) + np.triu(up, 1).T
 
+    def syrk_lower_acc(self, acc: np.ndarray, a: np.ndarray) -> None:
+        from scipy.linalg import blas
+
+        f = {np.dtype(np.float64): blas.dsyrk, np.dtype(np.float32): blas.ssyrk}.get(a.dtype)
+        if f is None or acc.dtype != a.dtype or not acc.flags.c_contiguous:
+            _gemm_acc(acc, a.T, a)
+            return
+        # BLAS is column-major: the upper triangle of the Fortran view acc.T is acc's lower triangle;
+        # a.T @ a is a product "A A^T" of at = a.T, passed as a flag when a is C- or F-ordered
+        at, trans = ((a.T, 0) if a.T.flags.f_contiguous else
+                     (a, 1) if a.flags.f_contiguous else (np.asfortranarray(a.T), 0))
+        f(1.0, at, beta=1.0, c=acc.T, trans=trans, lower=0, overwrite_c=1)
+
     def cholesky(self, x: np.ndarray) -> np.ndarray:
         try:
             return np.linalg.cholesky(x)

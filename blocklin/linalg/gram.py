@@ -12,8 +12,9 @@ to it). Two routes, chosen by :func:`plan_gram`:
     lower triangle mirrored and the full symmetric result written. ``A`` is read exactly once.
 ``"tiles"``
     When the result exceeds the budget: the region SYRK of :class:`~blocklin.runtime.blockops.BlockOps`
-    writes each lower tile and its mirror (one task per tile pair, resumable tile by tile); ``A`` is
-    then read about ``tiles + 1`` times, which the plan states.
+    accumulates square output blocks as large as the budget allows and writes each lower chunk and
+    its mirror (one task per block, resumable block by block); ``A`` is then read about
+    ``s / block`` times, which the plan states.
 
 References
 ----------
@@ -152,8 +153,8 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
     Notes
     -----
     When the ``s x s`` result and one accumulator per concurrent task fit the budget, ``A`` is read
-    once; otherwise the result is built in stored tiles by the region SYRK, reading ``A`` about
-    ``tiles + 1`` times (``explain=True`` shows which). Flops: ``s^2 k`` (SYRK), against ``2 s^2 k``
+    once; otherwise the result is built in stored blocks by the region SYRK, reading ``A`` about
+    ``s / block`` times (``explain=True`` shows which). Flops: ``s^2 k`` (SYRK), against ``2 s^2 k``
     for the general product.
 
     Examples

@@ -22,12 +22,12 @@ F64 = np.dtype(np.float64)
 def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, x_path: str, *, refine: Any = "auto") -> dict:
     """``min ||A x - b||^2 + lam^2 ||x||^2`` with the regularized Gram matrix stored, not held.
 
-    Tall/square ``A`` (``m >= n``): ``K = A^T A + lam^2 I`` by a region SYRK over ``A^T`` (tile by tile),
-    its tiled Cholesky, ``x = K^{-1} A^T b`` by two out-of-core triangular solves, then ``refine``
-    steps (default 1) of iterative refinement against the original problem
-    (``x += K^{-1} (A^T (b - A x) - lam^2 x)``). Wide ``A``: the dual form
-    ``x = A^T y``, ``(A A^T + lam^2 I) y = b``, refined on the dual system. Everything is computed
-    in float64; ``x`` is written in the operands' dtype to ``x_path`` (created here).
+    Tall/square ``A`` (``m >= n``): ``K = A^T A + lam^2 I`` and ``A^T b`` by the blocked region SYRK over
+    ``A^T`` (in one read of ``A`` per block row; Dongarra et al., 1990, for SYRK), its tiled Cholesky,
+    ``x = K^{-1} A^T b`` by two out-of-core triangular solves, then ``refine`` steps (default 1) of
+    iterative refinement against the original problem (``x += K^{-1} (A^T (b - A x) - lam^2 x)``).
+    Wide ``A``: the dual form ``x = A^T y``, ``(A A^T + lam^2 I) y = b``, refined on the dual
+    system. Everything is computed in float64; ``x`` is written in the operands' dtype to ``x_path`` (created here).
 
     Accuracy: ``cond(K) <= 1 + (sigma_1 / lam)^2``, so the error of ``x`` before refinement is about
     ``cond(K) eps``; refinement against the original problem recovers what the conditioning of the
@@ -49,21 +49,23 @@ class _GramSolve:
         (self.m, self.n), self.k = A.shape, B.shape[1]
         self.wide = self.m < self.n
         self.s = self.m if self.wide else self.n
-        # tiles on A's square chunks when they fit: every store of the solve then shares them with A, which
-        # the region GEMMs over A need to plan within small budgets
-        plan = plan_factor("cholesky", self.s, F64, memory=job.cfg.memory, workers=job.workers(1),
-                           chunks=tuple(A.chunks))
+        plan = _tile_plan(job, A, self.s, self.k, self.wide)
         self.t = plan.tile
         self.ops = BlockOps(job, self.t)
         self.ops.workers = plan.workers
         s, k = self.s, self.k
         self.z, self.r, self.d = self.store("z", s, k), self.store("r", self.m, k), self.store("d", s, k)
 
+    def chunks(self, cols: int) -> tuple[int, int]:
+        """Tiles of ``t`` rows; a store of ``k < t`` columns (right-hand sides) is one chunk wide, not
+        padded to ``t`` columns (zarr stores a chunk whole: ``t / k`` times the bytes for each row tile)."""
+        return (self.t, min(self.t, max(1, cols)))
+
     def store(self, name: str, rows: int, cols: int) -> str:
-        return self.ops.store(name, rows, cols, F64)
+        return self.job.scratch(name, (rows, cols), F64, self.chunks(cols))
 
     def operand(self, path: str, shape: tuple[int, int], name: str) -> Operand:
-        return Operand(name=name, path=path, shape=shape, dtype=F64, chunks=(self.t, self.t))
+        return Operand(name=name, path=path, shape=shape, dtype=F64, chunks=self.chunks(shape[1]))
 
     def gemm(self, out: str, a: Any, b: Any, c: Any = None, *, trans_a: bool = False, alpha: float = 1.0,
              beta: float = 0.0, description: str) -> None:
@@ -81,13 +83,19 @@ class _GramSolve:
         self.ops.axpby(dst_reg, dst_reg, self.region(d, self.s), dtype=F64, description=description)
 
     def factor(self) -> None:
-        """``K = A^T A + lam^2 I`` (tall) or ``A A^T + lam^2 I`` (wide), lower tiles, and its Cholesky factor."""
+        """``K = A^T A + lam^2 I`` (tall) or ``A A^T + lam^2 I`` (wide), lower tiles, and its Cholesky factor.
+
+        Tall: ``c = A^T b`` comes from the same read of ``A`` (the diagonal SYRK blocks).
+        """
         s = self.s
-        g_path, l_path = self.store("gram", s, s), self.store("l", s, s)
+        g_path, l_path = self.ops.store("gram", s, s, F64), self.ops.store("l", s, s, F64)
         a_reg = Region.of(self.A.path, self.A.shape)
+        self.c = None if self.wide else self.store("c", self.n, self.k)
         self.ops.syrk(Region.of(g_path, (s, s)), a_reg if self.wide else a_reg.T, dtype=F64, shift=self.lam**2,
                       check=self.job.check_finite,
-                      description=f"Gram tiles {'A A^T' if self.wide else 'A^T A'} + lam^2 I")
+                      rhs=None if self.wide else Region.of(self.B.path, self.B.shape),
+                      rhs_out=None if self.wide else self.region(self.c, self.n),
+                      description=f"Gram blocks {'A A^T' if self.wide else 'A^T A, A^T b'} + lam^2 I")
         self.ops.cholesky(Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=F64, check=False,
                           description="Cholesky of the Gram matrix")
         self.lreg = Region.of(l_path, (s, s))
@@ -121,10 +129,9 @@ class _GramSolve:
 
     def solve_tall(self, steps: int) -> str:
         """``x`` refined against the original problem; returns its store."""
-        A, B, m, n, k = self.A, self.B, self.m, self.n, self.k
+        A, B, m, k = self.A, self.B, self.m, self.k
         zop = self.operand(self.z, (self.s, k), "z")
-        c_path = self.store("c", n, k)
-        self.gemm(c_path, A, B, trans_a=True, description="A^T b")
+        c_path = self.c  # A^T b, from the SYRK's read of A
         self.k_solve(c_path, self.z)
         for _ in range(steps):
             self.gemm(self.r, A, zop, B, alpha=-1.0, beta=1.0, description="r = b - A x")
@@ -160,6 +167,36 @@ class _GramSolve:
                 "objective": norms(rr + lam**2 * xx), "refine_steps": steps, "gram": "out of core",
                 "residual_norm_source": "final residual pass", "gram_tile": t,
                 "norm_a": None, "cond_estimate": None, "phases": {"Gram SYRK, Cholesky, solves": self.job.device}}
+
+
+def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool) -> Any:
+    """Tiles of the Gram matrix, its factor and the solves.
+
+    On ``A``'s square chunks when they fit (every store of the solve then shares them with ``A``,
+    which the region GEMMs over ``A`` need to plan within small budgets); a larger multiple of them
+    when the budget holds it and those GEMMs still plan: the left-looking Cholesky reads
+    ``n^3 / (3 t)`` elements and runs ``(n / t)^2 / 2`` tasks, so the largest tile wins.
+    """
+    from blocklin.errors import BudgetError
+
+    base = plan_factor("cholesky", s, F64, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks))
+    try:
+        big = plan_factor("cholesky", s, F64, memory=job.cfg.memory, workers=job.workers(1))
+    except BudgetError:
+        return base
+    c = tuple(A.chunks)
+    if c[0] != c[1] or base.tile != c[0] or big.tile <= base.tile or big.tile % base.tile or big.tile >= s:
+        return base
+    m, n = A.shape
+    t = big.tile
+    try:  # the products over A that the solve runs, with its stores on tiles of t
+        v = Operand(name="v", path="", shape=(m if wide else n, k), dtype=F64, chunks=(t, min(t, k)))
+        Gemm.of(A, v, trans_a=wide, dtype="float64").plan(job, out_chunks=(t, min(t, k)))
+        r = Operand(name="r", path="", shape=(n if wide else m, k), dtype=F64, chunks=(t, min(t, k)))
+        Gemm.of(A, r, trans_a=not wide, dtype="float64").plan(job, out_chunks=(t, min(t, k)))
+    except BudgetError:
+        return base
+    return big
 
 
 def _col_sumsq(ops: BlockOps, path: str, shape: tuple[int, int]) -> np.ndarray:

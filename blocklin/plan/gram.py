@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 
 from blocklin.config import format_size
-from blocklin.errors import BudgetError
+from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import auto_chunks
-from blocklin.plan.factor import TILE_BUFFERS, plan_factor
+from blocklin.plan.factor import plan_factor
 from blocklin.plan.passes import PassMemory, plan_pass
 
 #: Strips shorter than this make the SYRK call overhead dominate: the pass route is refused below it.
@@ -58,11 +58,79 @@ class GramPlan:
     def explain(self) -> str:
         how = (f"one row pass over {'the columns of ' if self.trans else ''}A, {self.workers} task(s) each "
                f"accumulating the {self.s} x {self.s} SYRK sum" if self.route == "pass" else
-               f"region SYRK in {self.tile} x {self.tile} tiles (the result exceeds the budget), "
+               f"region SYRK in square blocks of {self.tile} x {self.tile} tiles (the result exceeds the "
+               "budget), "
                f"A read about {self.reads:.0f} times")
         return (f"gram {self.product}: {self.s} x {self.s} {self.dtype} from {self.k} {'columns' if self.trans else 'rows'}"
                 f"; {how}; read {format_size(self.bytes_read)}, write {format_size(self.bytes_written)}, "
                 f"{self.flops / 1e9:.3g} GFLOP, peak {format_size(self.peak_memory)} of {format_size(self.memory)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyrkBlocks:
+    """How the region SYRK covers an ``s x s`` result: square output blocks of ``block`` (a multiple of
+    the store's chunk ``tile``), each accumulated in core over ``rows``-row slices of the summed
+    dimension ``k``; ``A`` is read about ``reads`` times, ``tasks`` blocks run ``workers`` at a time."""
+
+    block: int
+    rows: int
+    tile: int
+    blocks: int
+    tasks: int
+    workers: int
+    reads: float
+    peak_memory: int
+
+
+def syrk_block_memory(block: int, rows: int, tile: int, dtype: Any, source_dtype: Any = None) -> int:
+    """One block task: the ``block^2`` accumulator, two ``rows x block`` slices of ``A`` (as stored and, when
+    cast, in the compute dtype), and three ``tile^2`` chunks being written (symmetrized, mirrored)."""
+    d, s = np.dtype(dtype).itemsize, np.dtype(source_dtype or dtype).itemsize
+    per_slice = rows * block * (s + (d if np.dtype(source_dtype or dtype) != np.dtype(dtype) else 0))
+    return block * block * d + 2 * per_slice + 3 * tile * tile * d
+
+
+def plan_syrk_blocks(s: int, k: int, dtype: Any, *, memory: int, tile: int, source_dtype: Any = None,
+                     workers: int = 1, k_chunk: int | None = None) -> SyrkBlocks:
+    """The largest output block (a multiple of ``tile``) whose task fits ``memory``, and the slices
+    streamed into it (a quarter of the block's side, at least 64 rows; whole chunks of ``A`` along
+    ``k`` when they are ``k_chunk`` long and a slice holds one).
+
+    The block does not depend on ``workers`` (the sums, hence the bits, stay the same on every
+    scheduler); only as many blocks run at once as fit the budget side by side. ``A`` is read
+    ``blocks`` times for the ``blocks (blocks + 1) / 2`` lower blocks (a diagonal block reads its
+    slices once, an off-diagonal one two slices): larger blocks, fewer reads (Dongarra et al. 1990
+    for SYRK; the blocking is the usual out-of-core one, each output block read and written once).
+    """
+    tile = max(1, min(int(tile), max(s, 1)))
+    n_tiles = max(1, math.ceil(s / tile))
+    best = None
+    for mult in range(n_tiles, 0, -1):
+        block = min(mult * tile, s) if mult < n_tiles else s
+        rows = max(1, min(k, max(64, block // 4)))
+        if k_chunk and rows >= k_chunk and rows < k:
+            rows -= rows % k_chunk
+        need = syrk_block_memory(block, rows, tile, dtype, source_dtype)
+        if need <= memory:
+            best = (block, rows, need)
+            break
+    if best is None:
+        block = min(tile, s)
+        for rows in (max(1, min(k, r)) for r in (64, 32, 16, 8, 1)):
+            need = syrk_block_memory(block, rows, tile, dtype, source_dtype)
+            if need <= memory:
+                best = (block, rows, need)
+                break
+    if best is None:
+        need = syrk_block_memory(min(tile, s), 1, tile, dtype, source_dtype)
+        raise BudgetError(explain("memory", f"must hold one SYRK block of {min(tile, s)} x {min(tile, s)}",
+                                  format_size(memory), f"raise it to at least {format_size(need)}"))
+    block, rows, need = best
+    nb = max(1, math.ceil(s / block))
+    tasks = nb * (nb + 1) // 2
+    w = max(1, min(int(workers), tasks, memory // max(1, need)))
+    return SyrkBlocks(block=block, rows=rows, tile=tile, blocks=nb, tasks=tasks, workers=w, reads=float(nb),
+                      peak_memory=w * need)
 
 
 def gram_pass_memory(s: int, dtype: Any, *, cast: bool, gpu: bool) -> PassMemory:
@@ -97,9 +165,10 @@ def plan_gram(shape: tuple[int, int], dtype: Any, *, chunks: tuple[int, int], me
         fp = plan_factor("syrk", s, dt, memory=memory, workers=workers)
     except BudgetError:  # fewer concurrent tiles before refusing (the error then names one task's minimum)
         fp = plan_factor("syrk", s, dt, memory=memory, workers=1)
-    return GramPlan(**common, route="tiles", out_chunks=(fp.tile, fp.tile), reads=fp.tiles + 1.0,
-                    bytes_read=int(nbytes * (fp.tiles + 1)),
-                    peak_memory=fp.workers * TILE_BUFFERS * fp.tile**2 * dt.itemsize, tile=fp.tile, workers=fp.workers)
+    sb = plan_syrk_blocks(s, k, dt, memory=memory, tile=fp.tile, source_dtype=src, workers=workers,
+                          k_chunk=chunks[1] if trans else chunks[0])
+    return GramPlan(**common, route="tiles", out_chunks=(fp.tile, fp.tile), reads=sb.reads,
+                    bytes_read=int(nbytes * sb.reads), peak_memory=sb.peak_memory, tile=fp.tile, workers=sb.workers)
 
 
 def _plan_pass(common: dict, s: int, k: int, dt: np.dtype, src: np.dtype, chunks: tuple[int, int], memory: int,
@@ -121,4 +190,5 @@ def _plan_pass(common: dict, s: int, k: int, dt: np.dtype, src: np.dtype, chunks
                     peak_memory=pp.peak_memory + reduce_bytes, pass_plan=pp.to_dict(), workers=pp.workers)
 
 
-__all__ = ["GramPlan", "gram_out_chunks", "gram_pass_memory", "plan_gram"]
+__all__ = ["GramPlan", "SyrkBlocks", "gram_out_chunks", "gram_pass_memory", "plan_gram", "plan_syrk_blocks",
+           "syrk_block_memory"]

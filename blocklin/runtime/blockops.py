@@ -138,26 +138,46 @@ class BlockOps:
 
     def syrk(self, out: Region, a: Region, *, dtype: Any, alpha: float = 1.0, beta: float = 0.0,
              c: Region | None = None, full: bool = False, check: bool = False, shift: float = 0.0,
-             done_dir: Any = None, description: str = "syrk") -> list[dict]:
+             done_dir: Any = None, rhs: Region | None = None, rhs_out: Region | None = None,
+             description: str = "syrk") -> list[dict]:
         """``out = beta * C + alpha * A A^T + shift * I`` (``A`` an ``n x k`` region, transposed views allowed).
 
-        One task per lower tile ``(i, j)``, ``i >= j``, summing over the tile columns of ``A`` in
-        order; with ``full`` it also writes the mirrored upper tile (its own chunks). ``check``
-        tests the tiles of ``A`` for NaN/Inf; ``shift`` is added to the diagonal (a ridge); with
-        ``done_dir`` (an atomic output's markers) finished tiles are skipped on resume.
+        The lower triangle is covered by square output blocks as large as the budget allows
+        (:func:`~blocklin.plan.gram.plan_syrk_blocks`, a multiple of the chunk side): one task per
+        block ``(I, J)``, ``I >= J``, accumulating in core over slices of ``A``'s ``k`` columns in
+        order (read as stored, transposes passed to BLAS as flags; SYRK on the diagonal blocks),
+        then writing each of its lower chunks once; so ``A`` is read about ``n / block`` times, not
+        once per tile. With ``full`` the mirrored upper chunks are written too. ``check`` tests the
+        slices of ``A`` for NaN/Inf; ``shift`` is added to the diagonal (a ridge); with
+        ``done_dir`` (an atomic output's markers) finished blocks are skipped on resume. With
+        ``rhs`` (``k x r``) the diagonal blocks, which read every slice of their rows of ``A``,
+        also write ``rhs_out = alpha * A @ rhs`` (``n x r``; ``A^T b`` beside ``A^T A``) in the
+        same read.
         """
+        from blocklin.plan.gram import plan_syrk_blocks
+
         n, k = a.shape
         if out.shape != (n, n) or (c is not None and c.shape != (n, n)):
             raise ValueError(f"syrk: out {out.shape} and c {c and c.shape} must be {n} x {n}")
-        spec = self._spec(dtype, a=a, out=out, c=c, alpha=float(alpha), beta=float(beta), full=full, check=check,
-                          shift=float(shift), done_dir=done_dir)
+        if (rhs is None) != (rhs_out is None) or (rhs is not None and (rhs.shape[0] != k or
+                                                                       rhs_out.shape != (n, rhs.shape[1]))):
+            raise ValueError(f"syrk: rhs {rhs and rhs.shape} and rhs_out {rhs_out and rhs_out.shape} must be "
+                             f"{k} x r and {n} x r")
+        src = open_array(a.path)
+        k_chunk = src.chunks[0] if a.trans else src.chunks[1]
+        sb = plan_syrk_blocks(n, k, dtype, memory=self.job.cfg.memory, tile=self.chunk, source_dtype=src.dtype,
+                              workers=self.workers or self.job.workers(1), k_chunk=k_chunk)
+        spec = self._spec(dtype, a=a, out=out, c=c, b=rhs, lower=True, alpha=float(alpha), beta=float(beta),
+                          full=full, check=check, shift=float(shift), done_dir=done_dir)
+        spec = dataclasses.replace(spec, block=sb.block, rows=sb.rows, rhs_out=rhs_out)
         graph = self.graph("syrk", spec)
-        nt = _tiles(n, self.chunk)
-        for i in range(nt):
-            for j in range(i + 1):
-                graph.add((i, j), syrk_tile_task, spec, i, j)
+        for bi in range(sb.blocks):
+            for bj in range(bi + 1):
+                graph.add((bi, bj), syrk_tile_task, spec, bi, bj)
         self.flops += n * n * k
-        return self._run(graph, description)
+        job = self.job
+        return job.run(graph, workers=sb.workers, blas_threads=max(1, job.cores() // sb.workers),
+                       description=description)
 
     def trsm(self, t: Region, b: Region, out: Region, *, lower: bool, trans: bool = False, side: str = "left",
              alpha: float = 1.0, dtype: Any, check: bool = False, done_dir: Any = None, unit: bool = False,
@@ -366,6 +386,18 @@ class Region:
         block = block.T if self.trans else block
         return np.ascontiguousarray(block, dtype=dtype)
 
+    def read_rows(self, rows: slice, dtype: Any, check: bool = False, name: str = "a") -> np.ndarray:
+        """Rows ``rows`` of the view, every column, C-contiguous, in ``dtype``."""
+        rs, cs = slice(rows.start, rows.stop), slice(0, self.shape[1])
+        if self.trans:
+            rs, cs = cs, rs
+        rs = slice(self.off[0] + rs.start, self.off[0] + rs.stop)
+        cs = slice(self.off[1] + cs.start, self.off[1] + cs.stop)
+        block = read_block(open_array(self.path), rs, cs)
+        if check:
+            check_finite(block, name, rs, cs)
+        return np.ascontiguousarray(block.T if self.trans else block, dtype=dtype)
+
     def write(self, i: int, j: int, t: int, block: np.ndarray) -> None:
         rs, cs = self._stored_slices(i, j, t)
         write_block(open_array(self.path, mode="r+"), rs, cs, block.T if self.trans else block)
@@ -396,6 +428,10 @@ class TileOpSpec:
     unit: bool = False
     #: ``"tf32"``: the task's float32 GEMMs use TF32 tensor cores on a GPU (``Device.math``).
     math: str | None = None
+    #: SYRK: side of the output blocks, rows of ``k`` per slice, and where ``A @ rhs`` goes.
+    block: int = 0
+    rows: int = 0
+    rhs_out: Region | None = None
 
 
 def holds_device(tiles: Callable[..., float]) -> Callable:
@@ -448,40 +484,91 @@ def _load(spec: TileOpSpec, name: str) -> Any:
     return x.item() if x.dtype == object else x
 
 
+def _stored_block(region: Region, rows: slice, cols: slice, dtype: Any, check: bool, name: str) -> np.ndarray:
+    """``region[rows, cols]`` as stored (no transpose: the view's block is the result's ``.T`` when
+    ``region.trans``), in ``dtype``."""
+    if region.trans:
+        rows, cols = cols, rows
+    rs = slice(region.off[0] + rows.start, region.off[0] + rows.stop)
+    cs = slice(region.off[1] + cols.start, region.off[1] + cols.stop)
+    block = read_block(open_array(region.path), rs, cs)
+    if check:
+        check_finite(block, name, rs, cs)
+    return np.asarray(block, dtype=dtype)
+
+
 @with_task_settings
-@holds_device(lambda spec, *_: 3)  # the accumulator and two tiles of A
-def syrk_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
-    """Lower tile ``(i, j)`` of ``beta * C + alpha * A A^T`` (and its mirror with ``full``)."""
-    t, dt = spec.tile, np.dtype(spec.dtype)
-    marker = _done(spec, f"syrk-{i}-{j}")
+@holds_device(lambda spec, *_: (spec.block ** 2 + 2 * spec.block * spec.rows  # accumulator, two slices of A
+                                  + (spec.block * spec.b.shape[1] if spec.b is not None else 0)) / spec.tile ** 2)
+def syrk_tile_task(spec: TileOpSpec, bi: int, bj: int) -> dict:
+    """Output block ``(bi, bj)`` (``bi >= bj``) of ``beta * C + alpha * A A^T + shift * I`` (see
+    :meth:`BlockOps.syrk`): accumulated over the slices of ``k`` in order, its lower chunks written
+    once (and mirrored with ``full``)."""
+    marker = _done(spec, f"syrk-{bi}-{bj}")
     if _skip(marker):
         return {"skipped": 1}
+    T, t, dt = spec.block, spec.tile, np.dtype(spec.dtype)
+    n, k = spec.a.shape
+    rI = slice(bi * T, min(n, (bi + 1) * T))
+    rJ = slice(bj * T, min(n, (bj + 1) * T))
+    diag = bi == bj
     dev = get_device(spec.device, device_memory=spec.device_memory)
-    if spec.c is not None and spec.beta != 0.0:
-        acc = dev.to_device(spec.c.read(i, j, t, dt))
-        if spec.beta != 1.0:
-            dev.axpby(acc, spec.beta, None, 0.0)
-    else:
-        rows, cols = min(t, spec.out.shape[0] - i * t), min(t, spec.out.shape[1] - j * t)
-        acc = dev.zeros((rows, cols), dt)
+    acc = dev.zeros((rI.stop - rI.start, rJ.stop - rJ.start), dt)
+    racc = dev.zeros((rI.stop - rI.start, spec.b.shape[1]), dt) if diag and spec.b is not None else None
     nread = 0
-    for k in range(_tiles(spec.a.shape[1], t)):
-        aik = dev.to_device(spec.a.read(i, k, t, dt, spec.check))
-        ajk = aik if i == j else dev.to_device(spec.a.read(j, k, t, dt, spec.check))
-        dev.gemm_acc(acc, aik, ajk.T, spec.alpha)
-        nread += 2 * aik.nbytes
+    for k0 in range(0, k, spec.rows):  # fixed order over k: the same bits on every scheduler
+        ks = slice(k0, min(k, k0 + spec.rows))
+        # the view's block a[I, ks] is stored as A[ks, I] (a transposed view) or A[I, ks]
+        si = dev.to_device(_stored_block(spec.a, rI, ks, dt, spec.check, "a"))
+        nread += si.nbytes
+        ai = si.T if spec.a.trans else si  # a[I, ks]
+        if diag:
+            dev.syrk_lower_acc(acc, ai.T)
+        else:
+            sj = dev.to_device(_stored_block(spec.a, rJ, ks, dt, spec.check, "a"))
+            nread += sj.nbytes
+            dev.gemm_acc(acc, ai, sj if spec.a.trans else sj.T)
+            del sj
+        if racc is not None:
+            bk = dev.to_device(spec.b.read_rows(ks, dt, spec.check, "b"))
+            dev.gemm_acc(racc, ai, bk)
+            nread += bk.nbytes
+        del si, ai
     host = np.asarray(dev.to_host(acc))
-    if spec.shift and i == j:
-        host = host.copy() if not host.flags.writeable else host
-        host[np.diag_indices_from(host)] += dt.type(spec.shift)
-    if spec.full and i == j:  # a full result is exactly symmetric: mirror the diagonal tile's lower triangle
-        host = np.tril(host) + np.tril(host, -1).T
-    spec.out.write(i, j, t, host)
-    if spec.full and i != j:
-        spec.out.write(j, i, t, np.ascontiguousarray(host.T))
+    del acc
+    nwritten = 0
+    for ci in range(rI.start // t, -(-rI.stop // t)):
+        for cj in range(rJ.start // t, min(ci + 1, -(-rJ.stop // t)) if diag else -(-rJ.stop // t)):
+            r0, c0 = ci * t - rI.start, cj * t - rJ.start
+            blk = host[r0:r0 + t, c0:c0 + t]
+            if diag and ci == cj:  # symmetric from its lower triangle (the upper one is undefined after SYRK)
+                blk = np.tril(blk)
+                blk += np.tril(blk, -1).T
+            else:
+                blk = np.array(blk)
+            if spec.alpha != 1.0:
+                blk *= dt.type(spec.alpha)
+            if spec.c is not None and spec.beta != 0.0:
+                blk += dt.type(spec.beta) * spec.c.read(ci, cj, t, dt)
+            if spec.shift and ci == cj:
+                blk[np.diag_indices_from(blk)] += dt.type(spec.shift)
+            spec.out.write(ci, cj, t, blk)
+            nwritten += blk.nbytes
+            if spec.full and ci != cj:
+                spec.out.write(cj, ci, t, np.ascontiguousarray(blk.T))
+                nwritten += blk.nbytes
+    if racc is not None:
+        rh = np.asarray(dev.to_host(racc))
+        if spec.alpha != 1.0:
+            rh = rh * dt.type(spec.alpha)
+        for ci in range(rI.start // t, -(-rI.stop // t)):
+            r0 = ci * t - rI.start
+            for cj in range(_tiles(rh.shape[1], t)):
+                spec.rhs_out.write(ci, cj, t, np.ascontiguousarray(rh[r0:r0 + t, cj * t:(cj + 1) * t]))
+        nwritten += rh.nbytes
     _mark(marker)
-    return {"bytes_read": nread, "bytes_written": host.nbytes * (2 if spec.full and i != j else 1),
-            "flops": 2 * host.size * spec.a.shape[1]}
+    return {"bytes_read": nread, "bytes_written": nwritten,
+            "flops": host.shape[0] * host.shape[1] * k * (1 if diag else 2)}
 
 
 @with_task_settings
