@@ -41,6 +41,8 @@ COMMANDS = {
     "inv": ["inv", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
     "solve": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "4MiB"],  # square: LU, refinement
     "solve-pos": ["solve", "S.zarr", "B.zarr", "-o", "OUT", "--memory", "1MiB", "--assume-a", "pos"],  # Cholesky
+    # lam > 0 with the Gram matrix over the budget: SYRK and Cholesky tiles, refinement, out of core
+    "solve-gram": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "1MiB", "--lambda", "1"],
     "cholesky": ["factor", "cholesky", "S.zarr", "-o", "OUT", "--memory", "1MiB"],
     "lu": ["factor", "lu", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
     "qr": ["factor", "qr", "A.zarr", "-o", "OUT", "--memory", "1MiB", "--method", "tiled"],

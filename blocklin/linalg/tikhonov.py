@@ -220,7 +220,9 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     resume : bool
         Continue an interrupted run (SIGKILL, Ctrl-C) with the same inputs and parameters: the
         results of its finished passes are loaded instead of recomputed (bit-identical ``x``). The
-        stored-Gram route (a Gram matrix over the budget) starts over.
+        square routes (LU, Cholesky) and the stored-Gram route (a Gram matrix over the budget) skip the
+        finished tiles of their factorization and their finished steps, kept in a deterministic work
+        folder under the temp dir (removed by ``blocklin clean`` once its run is gone).
     fit_intercept : bool
         Fit ``A x + 1 x0 ~ b`` with an unpenalized intercept ``x0`` (per right-hand side), as
         ``sklearn.linear_model.Ridge(alpha=lam**2, fit_intercept=True)``: ``x`` solves the problem
@@ -304,7 +306,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                                           "center A and b "
                                           "yourself and solve without fit_intercept"))
             return _solve_gram_stored(job, A, B, lams[0], out=out, overwrite=overwrite, explain=False,
-                                      refine=refine, params={"lam": lam, "method": method})
+                                      refine=refine, params={"lam": lam, "method": method}, resume=resume)
         plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
                           refine=1 if refine == "auto" else refine)
         if plan.orientation == "wide" and method == "qr":
@@ -383,7 +385,7 @@ def _gram_exceeds_budget(job: Job, A: Any, B: Any, kind: str, method: str) -> bo
 
 
 def _solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwrite: bool, explain: bool,
-                       refine: Any, params: dict) -> Any:
+                       refine: Any, params: dict, resume: bool = False) -> Any:
     """The regularized Gram matrix exceeds the budget: store it and factor it out of core."""
     from blocklin.linalg.gram_solve import solve_gram_out_of_core
     from blocklin.plan.factor import plan_factor
@@ -391,11 +393,23 @@ def _solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwr
     (m, n), side = A.shape, min(A.shape)
     if explain:
         return plan_factor("cholesky", side, np.float64, memory=job.cfg.memory, workers=job.workers(1))
-    ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
-    info = solve_gram_out_of_core(job, A, B, lam, ao.array_path(), refine=refine)
+    token = _stored_gram_token(job, A, B, lam, refine, out)
+    ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite, resume=resume,
+                    token=token)
+    info = solve_gram_out_of_core(job, A, B, lam, ao, refine=refine, resume=resume, token=token)
     report = job.report(orientation="wide" if m < n else "tall", **info)
     path = ao.commit("solve", plan=info.get("plan", {}), params=params, report=job.brief(report, REPORT_KEYS))
     return Matrix(path, report=report, temporary=out is None)
+
+
+def _stored_gram_token(job: Job, A: Any, B: Any, lam: float, refine: Any, out: Any) -> str:
+    """Deterministic in what decides the stored-Gram route's bits: inputs, ``lam``, ``refine``, output and the
+    settings its tile plans depend on."""
+    from dask.base import tokenize
+
+    return tokenize("solve-gram", [(o.path, o.shape, o.dtype.str, o.chunks, o.staged) for o in (A, B)], lam, refine,
+                    str(out), job.cfg.memory, job.workers(1), job.parallelism(), job.cores(), job.device,
+                    job.cfg.codec)[:16]
 
 
 def _square_reason(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float], method: str, fit_intercept: bool,
