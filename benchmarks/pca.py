@@ -11,7 +11,9 @@ high-water mark):
 * ``sklearn``: the array read into memory, then ``PCA(k, svd_solver="randomized")`` (its
   ``iterated_power="auto"``: 7 power iterations when ``k < 0.1 min(m, n)``, else 4);
 * ``dask``: ``svd_compressed`` (4 power iterations, oversampling 10) on the centered Dask array
-  ``x - x.mean(axis=0)`` read from the same zarr store.
+  ``x - x.mean(axis=0)`` read from the same zarr store; ``dask-qr`` the same with ``iterator="QR"``
+  (re-orthonormalized after every product: the default power iterator overflows float32 when
+  ``s_1^9`` exceeds its range, as at the issue's size).
 
 Accuracy is measured against the exact covariance eigenvectors (accumulated in float64 from row
 blocks, then ``numpy.linalg.eigh``): the largest ``1 - |cos|`` between a component and its exact
@@ -63,13 +65,16 @@ CHILD = textwrap.dedent(r"""
         out["seconds"] = time.perf_counter() - t0
         comps, ev = p.components_, p.explained_variance_
         out["passes"] = "in memory"
-    elif variant == "dask":
+    elif variant.startswith("dask"):
         import dask, dask.array as da
         t0 = time.perf_counter()
         x = da.from_zarr(path)
         m = x.shape[0]
         xc = x - x.mean(axis=0)
-        u, s, v = da.linalg.svd_compressed(xc, k, n_power_iter=4, n_oversamples=10, seed=0, compute=False)
+        # "dask": its default power iterator (no re-orthonormalization: float32 overflows once s_1^(2q+1)
+        # exceeds 3.4e38); "dask-qr": iterator="QR", a QR after every product
+        u, s, v = da.linalg.svd_compressed(xc, k, n_power_iter=4, n_oversamples=10, seed=0, compute=False,
+                                           iterator="QR" if variant == "dask-qr" else "power")
         s, v = dask.compute(s, v)
         out["seconds"] = time.perf_counter() - t0
         comps, ev = v, s.astype(np.float64) ** 2 / (m - 1)

@@ -35,7 +35,9 @@ def test_pca_peak_within_budget(tmp_path, scale, shape):
     chunks = (1024, 200) if shape[0] > shape[1] else (200, 1024)
     a = bl.random(tmp_path / "a.zarr", shape, seed=1, chunks=chunks)  # 62.5 MiB: about 4x the budget
     r = run_child(CHILD, a.path, scale, "16MiB")
-    assert not r["in_core"] and r["passes"] == 1 + 1 + 1  # power iteration, projection, means
+    # power iteration, projection, and the means: in the first pass for a centered tall A, in a pass of
+    # their own when the standard deviations must scale the first product or A is wide
+    assert not r["in_core"] and r["passes"] == 1 + 1 + (scale == "1" or shape[0] < shape[1])
     used = r["peak"] - r["baseline"]
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over a {budget / 2**20:.0f} MiB budget"
     assert np.isfinite(r["ev0"]) and r["ev0"] > 0

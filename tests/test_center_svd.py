@@ -79,8 +79,12 @@ def test_streamed_passes_and_no_copy(tmp_path):
     res = bl.svd(a, K, center=True, power_iters=2, memory="256KiB", seed=0, temp_dir=str(tmp_path))
     rep = res.report
     assert not rep["in_core"]
-    assert rep["passes"] == 2 + 1 + 1  # q power iterations, the final projection, the means
-    assert "column means" in rep["passes_formula"]
+    # q power iterations (the first one also takes the means), the final projection
+    assert rep["passes"] == 2 + 1
+    assert "column means from the first pass" in rep["passes_formula"]
+    # a standardized PCA needs the standard deviations before its first product: a pass of its own
+    scaled = bl.svd(a, K, center=True, scale=True, power_iters=2, memory="256KiB", seed=0, temp_dir=str(tmp_path))
+    assert scaled.report["passes"] == 2 + 1 + 1 and "+ 1 (column means)" in scaled.report["passes_formula"]
     # nothing of A's size was written: only Y (m x l) and the factors
     assert rep["bytes_written"] < a.nbytes
 

@@ -39,8 +39,10 @@ COMMANDS = {
     "convert": ["convert", "A.npy", "OUT", "--memory", "256KiB", "--chunks", "40,40"],
     "svd": ["svd", "A.zarr", "-k", "4", "-o", "OUT", "--memory", "1MiB", "--seed", "1"],
     "inv": ["inv", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
-    "solve": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "4MiB"],
-    "solve-gram": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "1MiB", "--lam", "1"],
+    "solve": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "4MiB"],  # square: LU, refinement
+    "solve-pos": ["solve", "S.zarr", "B.zarr", "-o", "OUT", "--memory", "1MiB", "--assume-a", "pos"],  # Cholesky
+    # lam > 0 with the Gram matrix over the budget: SYRK and Cholesky tiles, refinement, out of core
+    "solve-gram": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "1MiB", "--lambda", "1"],
     "cholesky": ["factor", "cholesky", "S.zarr", "-o", "OUT", "--memory", "1MiB"],
     "lu": ["factor", "lu", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
     "qr": ["factor", "qr", "A.zarr", "-o", "OUT", "--memory", "1MiB", "--method", "tiled"],
@@ -141,10 +143,10 @@ def test_interrupt_then_rerun(data, references, name, sig, point, monkeypatch):
         word, code = ("interrupted", 130) if sig == "SIGINT" else ("terminated", 143)
         assert r.returncode == code, r.stderr
         assert len(lines) == 1 and lines[0].startswith(f"blocklin {COMMANDS[name][0]}: {word}"), r.stderr
-        # with --resume: the partial output and, for operations made of steps over work stores (inv),
-        # their resumable work folder; nothing else
+        # with --resume: the partial output and, for operations made of steps over work stores (inv, the
+        # square solves), their resumable work folder; nothing else
         kept = [f for f in _leftovers(data)
-                if f.startswith(f".{out}.partial-") or resume and f.startswith(f"tmp/blocklin-{name}-")]
+                if f.startswith(f".{out}.partial-") or resume and f.startswith(f"tmp/blocklin-{COMMANDS[name][0]}-")]
         assert [f for f in _leftovers(data) if f not in kept] == []
         assert not resume and not kept or resume and len(kept) <= 2
 
@@ -156,18 +158,22 @@ def test_interrupt_then_rerun(data, references, name, sig, point, monkeypatch):
     assert _leftovers(data) == []
 
 
-def test_clean_removes_what_sigkill_left(data, monkeypatch, capsys):
-    """``blocklin clean`` finds a killed svd's work folder and partial output, says what it removes
-    with sizes, removes them, and finds nothing the second time."""
+@pytest.mark.parametrize("name", ["inv", "solve"])
+def test_clean_removes_what_sigkill_left(data, monkeypatch, capsys, name):
+    """``blocklin clean`` finds a killed run's work folder and partial output (an inverse, a square solve
+    killed mid-factorization with ``--resume``), says what it removes with sizes, removes them, and finds
+    nothing the second time."""
     import json
 
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
     monkeypatch.chdir(data)
     tmp = str(data / "tmp")
-    r = _interrupt(data, _argv(COMMANDS["inv"], "killed.zarr", tmp), "SIGKILL", "mid", "killed.zarr")
+    r = _interrupt(data, _argv(COMMANDS[name], "killed.zarr", tmp, *(["--resume"] if name == "solve" else [])),
+                   "SIGKILL", "mid", "killed.zarr")
     assert r.returncode == -signal.SIGKILL
     left = _leftovers(data)
     assert left, "SIGKILL left nothing to clean"
+    assert any(f.startswith(f"tmp/blocklin-{name}-") for f in left), left  # the work folder
     assert main(["clean", str(data), tmp, "--dry-run", "--json"]) == 0
     dry = json.loads(capsys.readouterr().out)
     assert {i["action"] for i in dry["items"]} == {"would remove"} and _leftovers(data) == left

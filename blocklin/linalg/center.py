@@ -68,8 +68,34 @@ def _merge(n1: int, m1: np.ndarray, s1: np.ndarray, n2: int, m2: np.ndarray, s2:
 
 def _moments_memory(params: Any, sources: tuple) -> PassMemory:
     w = sources[0].width
-    # float64 mean and M2 accumulators; per strip row a float64 copy, its deviations and their squares
-    return PassMemory(fixed=4 * w * 8, per_row=3 * w * 8, chunk_temporaries=True)
+    # float64 mean and M2 accumulators, and the float64 deviations of one cache-sized block of rows
+    return PassMemory(fixed=4 * w * 8 + params["sub_bytes"] + 8 * w, chunk_temporaries=True)
+
+
+#: Bytes of the float64 deviations of one sub-block of a strip: small enough to stay in cache (a whole
+#: strip's float64 copy is memory-bound and took several times the pass's products).
+_SUB_BYTES = 1 << 21
+
+
+def sub_bytes(job: Any, memory: int | None) -> int:
+    """The bytes of one block of float64 deviations: :data:`_SUB_BYTES`, within an eighth of the budget."""
+    return max(1, min(_SUB_BYTES, (memory or job.cfg.memory) // 8))
+
+
+def _strip_moments(b: Any, sub: int) -> tuple[np.ndarray, np.ndarray]:
+    """Column means and sums of squared deviations of a strip, in float64: the means first, then the
+    deviations from them by cache-sized blocks of rows (the strip's M2 exactly, no pairwise merges)."""
+    b = np.asarray(b)
+    r = b.shape[0]
+    mean = b.sum(axis=0, dtype=np.float64) / max(r, 1)
+    m2 = np.zeros(b.shape[1])
+    step = max(1, sub // (8 * max(1, b.shape[1])))
+    for i in range(0, r, step):
+        d = b[i:i + step].astype(np.float64)
+        d -= mean
+        np.square(d, out=d)
+        m2 += d.sum(axis=0)
+    return mean, m2
 
 
 @row_kernel(memory=_moments_memory, device="cpu")  # a reduction of the data read: no device products
@@ -77,19 +103,37 @@ def moments_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: 
     """Per strip, the (count, mean, M2) of its columns merged into the state (``axis=0``), or, for
     column strips of ``A`` (``params["rows_are_columns"]``), the complete mean and M2 of each row
     collected as blocks."""
-    x = np.asarray(arrays[0], dtype=np.float64)
     if params["rows_are_columns"]:
-        mean = x.mean(axis=1)
-        m2 = ((x - mean[:, None]) ** 2).sum(axis=1)
+        mean, m2 = _strip_moments(np.asarray(arrays[0]).T, params["sub_bytes"])
         blocks = state or []
         blocks.append((rows.start, mean, m2))
         return blocks, None
-    mean = x.mean(axis=0)
-    m2 = ((x - mean) ** 2).sum(axis=0)
+    mean, m2 = _strip_moments(arrays[0], params["sub_bytes"])
     r = rows.stop - rows.start
     if state is None:
         return (r, mean, m2), None
     return _merge(*state, r, mean, m2), None
+
+
+def _moments_normal_memory(params: Any, sources: tuple) -> PassMemory:
+    n, c = params["Q"].shape
+    w = params["Q"].dtype.itemsize
+    base = _moments_memory(params, sources)
+    # Q, the float64 Z and one strip's product B_i^T Y_i (and its float64 copy); per row Y_i
+    return PassMemory(fixed=base.fixed + n * c * (w + 8 + w + 8), per_row=c * w, chunk_temporaries=True)
+
+
+@row_kernel(memory=_moments_normal_memory, device="cpu")
+def moments_normal_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: Any) -> tuple[Any, None]:
+    """The column moments (as :func:`moments_kernel`) and the uncentered ``Z = A^T (A Q)`` of one pass:
+    ``Y_i = A_i Q`` and ``A_i^T Y_i`` in the working precision per strip, summed over strips in float64."""
+    b = np.asarray(arrays[0])
+    z = (b.T @ (b @ params["Q"])).astype(np.float64)
+    mean, m2 = _strip_moments(b, params["sub_bytes"])
+    r = rows.stop - rows.start
+    if state is None:
+        return (r, mean, m2, z), None
+    return (*_merge(*state[:3], r, mean, m2), state[3] + z), None
 
 
 def column_moments(job: Any, A: Any, *, memory: int | None = None, over: str = "a") -> Moments:
@@ -97,7 +141,7 @@ def column_moments(job: Any, A: Any, *, memory: int | None = None, over: str = "
     wide ``A`` so each strip holds whole columns); float64 whatever the dtype of ``A``."""
     m, n = A.shape
     wide = m < n
-    states, _ = run_pass(job, moments_kernel, [source(A, transposed=wide)], {"rows_are_columns": wide},
+    states, _ = run_pass(job, moments_kernel, [source(A, transposed=wide)], {"rows_are_columns": wide, "sub_bytes": sub_bytes(job, memory)},
                          memory=memory, over=over, description=f"column means (pass over {over.upper()})")
     if wide:
         mean, m2 = np.empty(n), np.empty(n)
@@ -109,6 +153,25 @@ def column_moments(job: Any, A: Any, *, memory: int | None = None, over: str = "
     for st in states[1:]:  # row order: the result does not depend on the scheduler
         cnt, mean, m2 = _merge(cnt, mean, m2, *st)
     return Moments(mean, m2 / cnt, cnt)
+
+
+def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None) -> tuple[Moments, np.ndarray]:
+    """The column moments of a tall ``A`` and the centered ``A_c^T A_c Q`` in one pass.
+
+    ``A_c^T A_c Q = A^T (A Q) - m mu (mu^T Q)`` (with ``A^T 1 = m mu``): the first product of a
+    centered power or Lanczos iteration needs no means beforehand, so the means cost no pass of their
+    own. The uncentered product is rounded relative to ``||A||^2``, as the in-pass correction of the
+    later passes is (see the module docstring); its float64 sum over strips keeps the accumulation
+    from adding to that."""
+    qd = np.ascontiguousarray(q.astype(A.dtype))
+    states, _ = run_pass(job, moments_normal_kernel, [source(A)],
+                         {"Q": qd, "rows_are_columns": False, "sub_bytes": sub_bytes(job, memory)}, memory=memory,
+                         description="column means and the first product (pass over A)")
+    cnt, mean, m2, z = states[0]
+    for st in states[1:]:  # row order: the result does not depend on the scheduler
+        cnt, mean, m2 = _merge(cnt, mean, m2, *st[:3])
+        z = z + st[3]
+    return Moments(mean, m2 / cnt, cnt), z - cnt * np.outer(mean, mean @ qd.astype(np.float64))
 
 
 def moments_incore(b: np.ndarray, transposed: bool) -> Moments:

@@ -19,7 +19,8 @@ from blocklin.runtime.blockops import BlockOps, Region
 F64 = np.dtype(np.float64)
 
 
-def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, x_path: str, *, refine: Any = "auto") -> dict:
+def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, ao: Any, *, refine: Any = "auto",
+                           resume: bool = False, token: str = "") -> dict:
     """``min ||A x - b||^2 + lam^2 ||x||^2`` with the regularized Gram matrix stored, not held.
 
     Tall/square ``A`` (``m >= n``): ``K = A^T A + lam^2 I`` and ``A^T b`` by the blocked region SYRK over
@@ -33,18 +34,38 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, x_path: str, *,
     ``cond(K) eps``; refinement against the original problem recovers what the conditioning of the
     least-squares problem itself allows, while ``cond(K) eps < 1`` (else the Cholesky fails with
     :class:`~blocklin.errors.NotPositiveDefiniteError`: choose a larger ``lam``).
+
+    Resume (``resume=True``, the atomic output ``ao`` taken over): every step runs as a recorded stage
+    (:class:`~blocklin.runtime.stages.Stages`) over stores in a deterministic work folder named by
+    ``token``; the SYRK and Cholesky tiles keep their markers there, and the solution iterates alternate
+    between two stores, so no step writes what it reads and ``x`` has the bits of an uninterrupted run.
     """
-    g = _GramSolve(job, A, B, lam)
+    from dask.base import tokenize
+
+    from blocklin.runtime.stages import Stages
+    from blocklin.storage.zarr_store import create_array
+
+    g = _GramSolve(job, A, B, lam, stages=None)
+    x_path, (n, k) = ao.array_path(), (A.shape[1], B.shape[1])
+    # the output path is in the work folder's name: two runs without out= never share one
+    work = job.work_dir("solve", tokenize(token, str(ao.path))[:16], resume=resume)
+    g.stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
+        x_path, shape=(n, k), dtype=np.result_type(A.dtype, B.dtype), chunks=(min(g.t, n), min(g.t, k)),
+        codec=job.cfg.codec, overwrite=True))
+    g.markers = work / "tile-markers"
+    g.make_stores()
     g.factor()
     steps = 1 if refine == "auto" else int(refine)
     xs = g.solve_wide(steps) if g.wide else g.solve_tall(steps)
-    return g.finish(xs, x_path, steps)
+    info = g.finish(xs, x_path, steps)
+    info.update(resumed=g.stages.resumed, stages_skipped=g.stages.skipped)
+    return info
 
 
 class _GramSolve:
     """The stores and steps of one out-of-core Gram solve (all float64, square tiles of ``tile``)."""
 
-    def __init__(self, job: Any, A: Any, B: Any, lam: float) -> None:
+    def __init__(self, job: Any, A: Any, B: Any, lam: float, stages: Any) -> None:
         self.job, self.A, self.B, self.lam = job, A, B, lam
         (self.m, self.n), self.k = A.shape, B.shape[1]
         self.wide = self.m < self.n
@@ -53,8 +74,17 @@ class _GramSolve:
         self.t = plan.tile
         self.ops = BlockOps(job, self.t)
         self.ops.workers = plan.workers
-        s, k = self.s, self.k
-        self.z, self.r, self.d = self.store("z", s, k), self.store("r", self.m, k), self.store("d", s, k)
+        self.stages, self.markers = stages, None
+
+    def make_stores(self) -> None:
+        """Every store of the solve, created before any step in a fixed order (their names number them)."""
+        s, k, n = self.s, self.k, self.n
+        self.gram, self.l = self.store("gram", s, s), self.store("l", s, s)
+        self.y = self.store("y", s, k)
+        self.z, self.z_next = self.store("z", s, k), self.store("z", s, k)  # the iterates, alternating
+        self.r, self.d = self.store("r", self.m, k), self.store("d", s, k)
+        self.c = self.store("c", n, k) if not self.wide else None
+        self.xt = self.store("xt", n, k) if self.wide else None
 
     def chunks(self, cols: int) -> tuple[int, int]:
         """Tiles of ``t`` rows; a store of ``k < t`` columns (right-hand sides) is one chunk wide, not
@@ -62,7 +92,11 @@ class _GramSolve:
         return (self.t, min(self.t, max(1, cols)))
 
     def store(self, name: str, rows: int, cols: int) -> str:
-        return self.job.scratch(name, (rows, cols), F64, self.chunks(cols))
+        return self.stages.store(name, (rows, cols), F64, self.chunks(cols))
+
+    def step(self, name: str, fn: Any) -> Any:
+        """``fn()`` as a recorded stage (skipped when a resumed run finished it)."""
+        return self.stages.run(name, fn)
 
     def operand(self, path: str, shape: tuple[int, int], name: str) -> Operand:
         return Operand(name=name, path=path, shape=shape, dtype=F64, chunks=self.chunks(shape[1]))
@@ -77,10 +111,13 @@ class _GramSolve:
     def region(self, path: str, rows: int) -> Region:
         return Region.of(path, (rows, self.k))
 
-    def add_to(self, dst: str, d: str, description: str) -> None:
-        """``dst += d`` for ``s x k`` stores."""
-        dst_reg = self.region(dst, self.s)
-        self.ops.axpby(dst_reg, dst_reg, self.region(d, self.s), dtype=F64, description=description)
+    def add_to_z(self, description: str) -> None:
+        """``z_next = z + d``, then the two swap roles (out of place: a rerun of the step reads the same z)."""
+        self.ops.axpby(self.region(self.z_next, self.s), self.region(self.z, self.s), self.region(self.d, self.s),
+                       dtype=F64, description=description)
+
+    def swap(self) -> None:
+        self.z, self.z_next = self.z_next, self.z
 
     def factor(self) -> None:
         """``K = A^T A + lam^2 I`` (tall) or ``A A^T + lam^2 I`` (wide), lower tiles, and its Cholesky factor.
@@ -88,18 +125,18 @@ class _GramSolve:
         Tall: ``c = A^T b`` comes from the same read of ``A`` (the diagonal SYRK blocks).
         """
         s = self.s
-        g_path, l_path = self.ops.store("gram", s, s, F64), self.ops.store("l", s, s, F64)
+        g_path, l_path = self.gram, self.l
         a_reg = Region.of(self.A.path, self.A.shape)
-        self.c = None if self.wide else self.store("c", self.n, self.k)
-        self.ops.syrk(Region.of(g_path, (s, s)), a_reg if self.wide else a_reg.T, dtype=F64, shift=self.lam**2,
-                      check=self.job.check_finite,
-                      rhs=None if self.wide else Region.of(self.B.path, self.B.shape),
-                      rhs_out=None if self.wide else self.region(self.c, self.n),
-                      description=f"Gram blocks {'A A^T' if self.wide else 'A^T A, A^T b'} + lam^2 I")
-        self.ops.cholesky(Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=F64, check=False,
-                          description="Cholesky of the Gram matrix")
+        self.step("gram", lambda: self.ops.syrk(
+            Region.of(g_path, (s, s)), a_reg if self.wide else a_reg.T, dtype=F64, shift=self.lam**2,
+            check=self.job.check_finite, done_dir=self.markers,
+            rhs=None if self.wide else Region.of(self.B.path, self.B.shape),
+            rhs_out=None if self.wide else self.region(self.c, self.n),
+            description=f"Gram blocks {'A A^T' if self.wide else 'A^T A, A^T b'} + lam^2 I") and None)
+        self.step("cholesky", lambda: self.ops.cholesky(
+            Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=F64, check=False, done_dir=self.markers,
+            description="Cholesky of the Gram matrix") and None)
         self.lreg = Region.of(l_path, (s, s))
-        self.y = self.store("y", s, self.k)
 
     def k_solve(self, rhs: str, dst: str) -> None:
         """``dst = K^-1 rhs`` by forward and back substitution."""
@@ -112,48 +149,53 @@ class _GramSolve:
     def solve_wide(self, steps: int) -> str:
         """The dual variable ``y`` refined on ``(A A^T + lam^2 I) y = b``; returns the store of ``x = A^T y``."""
         A, B, m, n, k = self.A, self.B, self.m, self.n, self.k
-        zop = self.operand(self.z, (self.s, k), "z")
-        self.k_solve(B.path, self.z)
+        self.step("solve", lambda: self.k_solve(B.path, self.z))
         for _ in range(steps):  # rd = b - A A^T y - lam^2 y, y += K^-1 rd
-            x_tmp = self.store("xt", n, k)
-            self.gemm(x_tmp, A, zop, trans_a=True, description="x = A^T y")
-            self.gemm(self.r, A, self.operand(x_tmp, (n, k), "x"), B, alpha=-1.0, beta=1.0, description="b - A x")
-            r_reg = self.region(self.r, m)
-            self.ops.axpby(r_reg, r_reg, self.region(self.z, self.s), beta=-self.lam**2, dtype=F64,
-                           description="dual residual")
-            self.k_solve(self.r, self.d)
-            self.add_to(self.z, self.d, "y += d")
-        xs = self.store("x", n, k)
-        self.gemm(xs, A, zop, trans_a=True, description="x = A^T y")
+            zop, x_tmp = self.operand(self.z, (self.s, k), "z"), self.xt
+
+            def dual_residual() -> None:  # r is rewritten whole before its in-place update: a rerun is safe
+                self.gemm(x_tmp, A, zop, trans_a=True, description="x = A^T y")
+                self.gemm(self.r, A, self.operand(x_tmp, (n, k), "x"), B, alpha=-1.0, beta=1.0,
+                          description="b - A x")
+                r_reg = self.region(self.r, m)
+                self.ops.axpby(r_reg, r_reg, self.region(self.z, self.s), beta=-self.lam**2, dtype=F64,
+                               description="dual residual")
+            self.step("dual residual", dual_residual)
+            self.step("correction", lambda: self.k_solve(self.r, self.d))
+            self.step("update", lambda: self.add_to_z("y += d"))
+            self.swap()
+        xs, zop = self.xt, self.operand(self.z, (self.s, k), "z")
+        self.step("x", lambda: self.gemm(xs, A, zop, trans_a=True, description="x = A^T y"))
         return xs
 
     def solve_tall(self, steps: int) -> str:
         """``x`` refined against the original problem; returns its store."""
         A, B, m, k = self.A, self.B, self.m, self.k
-        zop = self.operand(self.z, (self.s, k), "z")
         c_path = self.c  # A^T b, from the SYRK's read of A
-        self.k_solve(c_path, self.z)
+        self.step("solve", lambda: self.k_solve(c_path, self.z))
         for _ in range(steps):
-            self.gemm(self.r, A, zop, B, alpha=-1.0, beta=1.0, description="r = b - A x")
-            self.gemm(c_path, A, self.operand(self.r, (m, k), "r"), zop, trans_a=True, alpha=1.0,
-                      beta=-self.lam**2, description="A^T r - lam^2 x")
-            self.k_solve(c_path, self.d)
-            self.add_to(self.z, self.d, "x += d")
+            zop = self.operand(self.z, (self.s, k), "z")
+            self.step("residual", lambda: self.gemm(self.r, A, zop, B, alpha=-1.0, beta=1.0,
+                                                    description="r = b - A x"))
+            self.step("normal residual", lambda: self.gemm(
+                c_path, A, self.operand(self.r, (m, k), "r"), zop, trans_a=True, alpha=1.0, beta=-self.lam**2,
+                description="A^T r - lam^2 x"))
+            self.step("correction", lambda: self.k_solve(c_path, self.d))
+            self.step("update", lambda: self.add_to_z("x += d"))
+            self.swap()
         return self.z
 
     def finish(self, xs: str, x_path: str, steps: int) -> dict:
-        """Write ``x`` to ``x_path`` in the operands' dtype; the report from the final residual."""
-        from blocklin.storage.zarr_store import create_array
-
-        A, B, m, n, k, t, lam = self.A, self.B, self.m, self.n, self.k, self.t, self.lam
-        self.gemm(self.r, A, self.operand(xs, (n, k), "x"), B, alpha=-1.0, beta=1.0,
-                  description="final residual b - A x")
+        """Write ``x`` to ``x_path`` (created at the start) in the operands' dtype; the report from the final
+        residual."""
+        A, B, m, n, k, lam = self.A, self.B, self.m, self.n, self.k, self.lam
+        self.step("final residual", lambda: self.gemm(self.r, A, self.operand(xs, (n, k), "x"), B, alpha=-1.0,
+                                                      beta=1.0, description="final residual b - A x"))
         rr = _col_sumsq(self.ops, self.r, (m, k))
         xx = _col_sumsq(self.ops, xs, (n, k))
-        out_dtype = np.result_type(A.dtype, B.dtype)
-        create_array(x_path, shape=(n, k), dtype=out_dtype, chunks=(min(t, n), min(t, k)), codec=self.job.cfg.codec)
         xreg = self.region(xs, n)
-        self.ops.axpby(self.region(x_path, n), xreg, xreg, alpha=1.0, beta=0.0, dtype=F64, description="write x")
+        self.step("write x", lambda: self.ops.axpby(self.region(x_path, n), xreg, xreg, alpha=1.0, beta=0.0,
+                                                    dtype=F64, description="write x") and None)
 
         def norms(v: np.ndarray) -> Any:
             v = np.sqrt(np.maximum(v, 0.0))
@@ -165,7 +207,7 @@ class _GramSolve:
                 "stored and factored by the out-of-core tiled Cholesky, refined against the original problem",
                 "lam": lam, "residual_norm": norms(rr), "solution_norm": norms(xx),
                 "objective": norms(rr + lam**2 * xx), "refine_steps": steps, "gram": "out of core",
-                "residual_norm_source": "final residual pass", "gram_tile": t,
+                "residual_norm_source": "final residual pass", "gram_tile": self.t,
                 "norm_a": None, "cond_estimate": None, "phases": {"Gram SYRK, Cholesky, solves": self.job.device}}
 
 

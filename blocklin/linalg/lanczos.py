@@ -83,7 +83,7 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
         history = [float(h) for h in np.atleast_1d(state["history"])]
         steps, restarts, counter = (int(state[key]) for key in ("steps", "restarts", "counter"))
     else:
-        x = orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, b), seed=seed) if x0 is None else x0
+        x = start_block(n, block, seed) if x0 is None else x0
         V, W, H = np.zeros((n, 0)), np.zeros((n, 0)), np.zeros((0, 0))
         history, steps, restarts, counter = [], 0, 0, 1
     while True:
@@ -127,6 +127,11 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
         if checkpoint is not None:
             checkpoint({"x": x, "V": V, "W": W, "H": H, "history": np.array(history), "steps": steps,
                         "restarts": restarts, "counter": counter})
+
+
+def start_block(n: int, block: int, seed: int) -> np.ndarray:
+    """The orthonormal starting block of :func:`block_lanczos` (``n x min(block, n)``) for ``seed``."""
+    return orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, max(1, min(block, n))), seed=seed)
 
 
 def default_tol(dtype: Any) -> float:

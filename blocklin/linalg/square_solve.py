@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any, Unpack
 
 import numpy as np
@@ -24,6 +23,9 @@ from blocklin.matrix import Matrix
 from blocklin.plan.factor import FactorPlan, plan_factor, plan_lu
 from blocklin.runtime.blockops import BlockOps, Region, swaps_to_permutation
 from blocklin.runtime.job import Job
+from blocklin.runtime.stages import Stages
+from blocklin.storage.backend import backend
+from blocklin.storage.location import as_location
 from blocklin.storage.zarr_store import create_array
 from blocklin.validate import choice, float_operand, same_dtype, same_rows, square
 
@@ -46,7 +48,7 @@ def solve_precision(value: Any) -> str:
     return "double" if v == "default" else v
 
 REPORT_KEYS = ("method", "method_reason", "precision", "residual_norm", "backward_error", "refine_steps", "seconds",
-               "growth_factor")
+               "growth_factor", "resumed")
 
 
 def square_route(shape: tuple[int, int], *, assume_a: str, lam_kind: str, lams: list[float], method: str,
@@ -108,7 +110,7 @@ class _Factor:
 
 def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", precision: str = "double",
                  reason: str | None = None, overwrite: bool = False, tol: float | None = None,
-                 max_refine: int | None = None, **settings: Unpack[Settings]) -> Matrix:
+                 max_refine: int | None = None, resume: bool = False, **settings: Unpack[Settings]) -> Matrix:
     """``A x = B`` for square ``A`` of any size, refined to the backward error of the working precision.
 
     Parameters
@@ -142,6 +144,12 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         Gaches 1967); default ``sqrt(n) eps`` of the output dtype.
     max_refine : int, optional
         Most refinement steps (default 3 in ``"double"``, 10 in ``"mixed"``).
+    resume : bool
+        Continue an interrupted run writing the same ``out`` (stored inputs): the factorization's
+        finished tiles (LU panels) and the finished steps (triangular solves, residuals, updates) are
+        not run again, and ``x`` has the bits of an uninterrupted run. The work stores live in a
+        deterministic work folder under the temp dir, kept after an error or Ctrl-C for the rerun
+        (``blocklin clean`` removes it once its run is gone).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
@@ -150,7 +158,8 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
     Matrix
         ``x`` with ``.report``: ``method`` (``"cholesky"`` or ``"lu"``), ``method_reason``,
         ``precision``, ``factor_dtype``, ``residual_norm``, ``backward_error``, ``tol``,
-        ``refine_steps``, ``history``, ``growth_factor`` (LU), ``norm_a``, ``solution_norm``, ``plan``.
+        ``refine_steps``, ``history``, ``growth_factor`` (LU), ``norm_a``, ``solution_norm``, ``plan``,
+        ``resumed`` and ``stages_skipped`` (steps a resumed run did not run again).
 
     Notes
     -----
@@ -162,6 +171,9 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
     """
     assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen', 'pos' or 'sym'")
     precision = solve_precision(precision)
+    if resume and out is None:
+        raise ParameterError(explain("resume", "needs the output path of the run to continue", "out=None",
+                                     "pass the same out= as the interrupted run (CLI: -o X.zarr --resume)"))
     with Job("solve", **settings) as job:
         job.math = "tf32" if precision == "tf32" else None  # the float32 factorization's GEMMs
         A, B = _operands(job, a, b, assume_a)
@@ -169,29 +181,111 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         fdt = _factor_dtype(dt, precision)
         tol = math.sqrt(max(n, 1)) * float(np.finfo(dt).eps) if tol is None else float(tol)
         steps_max = MAX_REFINE[precision] if max_refine is None else int(max_refine)
-        ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite,
-                        size=((n, k), dt), temp_size=((n, n), fdt))  # the factor in the temp dir
-        factor, why = _factor(job, A, fdt, assume_a)
+        token = _token(job, A, B, out, assume_a=assume_a, precision=precision, tol=tol, max_refine=steps_max)
+        ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite, resume=resume,
+                        token=token, size=((n, k), dt), temp_size=((n, n), fdt))  # the factor in the temp dir
+        run = _Run.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token)
+        factor, why = run.stages.run("factor", lambda: _factor(job, A, fdt, assume_a, run.factor_stores))
         ops = BlockOps(job, factor.plan.tile)
         ops.workers = factor.plan.workers
-        x_path = ao.array_path()
-        create_array(x_path, shape=(n, k), dtype=dt, chunks=(ops.chunk, ops.chunk), codec=job.cfg.codec)
-        norm_a = factor.norm_a if factor.norm_a is not None and precision == "double" else \
-            math.sqrt(ops.sumsq(Region.of(A.path, A.shape), description="||A||_F"))
-        ref = refine(job, ops, A, B, _solver(job, ops, factor, n, k), x_path, norm_a, tol, steps_max)
+        norm_a = run.stages.run("norm a", lambda: _norm_a(job, ops, A, factor, precision))
+        ref = refine(job, ops, A, B, _solver(ops, factor, n, k, run.solve_stores(factor)), run, norm_a, tol,
+                     steps_max)
         _check_converged(ref, tol, precision, dt)
-        col_res, col_x = (_norms(ops.col_sumsq(Region.of(p, (n, k)))) for p in (ref.r_path, x_path))
+        run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
+        col_res, col_x = (_norms(ops.col_sumsq(Region.of(p, (n, k)))) for p in (ref.r_path, ref.x_path))
         report = job.report(method=factor.kind, method_reason=reason or why, precision=precision,
                             factor_dtype=np.dtype(fdt).name, residual_norm=col_res, solution_norm=col_x,
                             residual_norm_fro=ref.residual, backward_error=ref.eta, passes=ref.steps + 2,
                             backward_error_definition="||b - A x||_F / (||A||_F ||x||_F + ||b||_F)", tol=tol,
                             refine_steps=ref.steps, history=ref.history, norm_a=norm_a,
                             growth_factor=factor.growth, plan=factor.plan.to_dict(), orientation="square", lam=0.0,
-                            phases=_phases(job, factor.kind))
+                            phases=_phases(job, factor.kind), resumed=run.stages.resumed,
+                            stages_skipped=run.stages.skipped)
         report["flops"] = factor.plan.flops + (ref.steps + 1) * 2 * n * n * k * 2
         path = ao.commit("solve", plan=factor.plan.to_dict(), params={"assume_a": assume_a, "precision": precision},
                          report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
+
+
+def _token(job: Job, A: Any, B: Any, out: Any, **params: Any) -> str:
+    """Deterministic in what decides the result's bits: the inputs (path, shape, dtype, chunks and a stamp of
+    their metadata), the parameters, the output, and the settings the plans depend on (budget, workers,
+    cores, device, codec)."""
+    from dask.base import tokenize
+
+    def ident(o: Any) -> tuple:
+        loc = as_location(o.path)
+        stamp = None if o.staged else (backend(loc).stamp("zarr.json") or backend(loc).stamp(".zarray"))
+        return (loc, o.shape, o.dtype.str, tuple(o.chunks), stamp)
+
+    return tokenize("solve-square", ident(A), ident(B), sorted(params.items()), str(out), job.cfg.memory,
+                    job.workers(1), job.parallelism(), job.cores(), job.device, job.cfg.codec)[:16]
+
+
+@dataclasses.dataclass
+class _Run:
+    """The recorded steps of one square solve and their stores, in a work folder a rerun continues.
+
+    Every store is created here, before any step, in a fixed order (their names number them): the factor
+    (both for ``sym``, which may fall back from Cholesky to LU), the triangular solves' work, the
+    residual, the correction and two iterates of ``x``, so that no step writes a store it reads."""
+
+    stages: Stages
+    work: Any
+    chunk: int
+    factor_stores: dict
+    stores: dict
+
+    @classmethod
+    def start(cls, job: Job, A: Any, B: Any, ao: Any, fdt: np.dtype, assume_a: str, *, resume: bool,
+              token: str) -> _Run:
+        from dask.base import tokenize
+
+        (n, k), dt = B.shape, A.dtype
+        plans = {kind: _plan(job, A, fdt, kind) for kind in _kinds(assume_a)}
+        chunk = plans["lu" if assume_a == "gen" else "cholesky"].tile  # x's chunks: those of the first route tried
+        x_path = ao.array_path()
+        # the output path is in the work folder's name: two runs without out= never share one
+        work = job.work_dir("solve", tokenize(token, str(ao.path))[:16], resume=resume)
+        stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
+            x_path, shape=(n, k), dtype=dt, chunks=(chunk, chunk), codec=job.cfg.codec, overwrite=True))
+        factor_stores = {kind: (stages.store(kind, (n, n), fdt, (p.tile, p.tile)), p, work / f"{kind}-markers")
+                         for kind, p in plans.items()}
+        stores = {}
+        for kind, p in plans.items():
+            t = p.tile
+            stores[kind] = {name: stages.store(name, (n, k), sdt, (t, t)) for name, sdt in
+                            (("y", fdt), ("pb", fdt), ("r", dt), ("d", dt), ("x0", dt), ("x1", dt))}
+        return cls(stages, work, chunk, factor_stores, stores)
+
+    def solve_stores(self, f: _Factor) -> dict:
+        return self.stores[f.kind]
+
+
+def _kinds(assume_a: str) -> tuple[str, ...]:
+    return {"gen": ("lu",), "pos": ("cholesky",), "sym": ("cholesky", "lu")}[assume_a]
+
+
+def _plan(job: Job, A: Any, fdt: np.dtype, kind: str) -> FactorPlan:
+    if kind == "lu":
+        return plan_lu(A.shape[0], fdt, memory=job.cfg.memory, chunks=tuple(A.chunks))
+    return plan_factor("cholesky", A.shape[0], fdt, memory=job.cfg.memory, workers=job.workers(1),
+                       chunks=tuple(A.chunks))
+
+
+def _norm_a(job: Job, ops: BlockOps, A: Any, factor: _Factor, precision: str) -> float:
+    """``||A||_F``: from the Cholesky tiles when every tile ran in this run, else by one read of ``A``."""
+    if factor.norm_a is not None and precision == "double":
+        return factor.norm_a
+    return math.sqrt(ops.sumsq(Region.of(A.path, A.shape), description="||A||_F"))
+
+
+def _write_x(job: Job, src: Any, dst: Any, shape: tuple[int, int], dt: np.dtype, chunk: int) -> None:
+    """Copy the final iterate into the output (tile by tile on the output's chunks)."""
+    ops = BlockOps(job, chunk)
+    reg = Region.of(src, shape)
+    ops.axpby(Region.of(dst, shape), reg, reg, alpha=1.0, beta=0.0, dtype=dt, description="write x")
 
 
 def _phases(job: Job, kind: str) -> dict:
@@ -232,24 +326,23 @@ def _factor_dtype(dt: np.dtype, precision: str) -> np.dtype:
     return np.dtype(np.float32)
 
 
-def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str) -> tuple[_Factor, str]:
-    """The stored factorization for ``assume_a`` and why it was chosen."""
-    n = A.shape[0]
+def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tuple[_Factor, str]:
+    """The stored factorization for ``assume_a`` and why it was chosen (``stores``: per kind of factor, its
+    store, plan and folder of tile markers)."""
     if assume_a == "gen":
-        return _lu(job, A, fdt), "assume_a='gen': out-of-core LU with partial pivoting"
+        return _lu(job, A, *stores["lu"]), "assume_a='gen': out-of-core LU with partial pivoting"
     if assume_a == "pos":
-        return _cholesky(job, A, fdt), ("assume_a='pos': out-of-core tiled Cholesky of A (any size), two triangular "
-                                        "solves, iterative refinement")
-    plan = plan_factor("cholesky", n, fdt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks))
-    bad = _first_nonpositive_diagonal(job, A, plan.tile)
+        return _cholesky(job, A, *stores["cholesky"]), ("assume_a='pos': out-of-core tiled Cholesky of A (any "
+                                                        "size), two triangular solves, iterative refinement")
+    bad = _first_nonpositive_diagonal(job, A, stores["cholesky"][1].tile)
     if bad is not None:
-        return _lu(job, A, fdt), (f"assume_a='sym': a[{bad}, {bad}] <= 0, so A is not positive definite: LU with "
-                                  "partial pivoting (symmetric indefinite)")
+        return _lu(job, A, *stores["lu"]), (f"assume_a='sym': a[{bad}, {bad}] <= 0, so A is not positive definite: "
+                                            "LU with partial pivoting (symmetric indefinite)")
     try:
-        return _cholesky(job, A, fdt), "assume_a='sym': Cholesky succeeded (A is positive definite)"
+        return _cholesky(job, A, *stores["cholesky"]), "assume_a='sym': Cholesky succeeded (A is positive definite)"
     except NotPositiveDefiniteError as e:
-        return _lu(job, A, fdt), (f"assume_a='sym': the Cholesky pivot at row {e.pivot} was <= 0 (A is indefinite): "
-                                  "LU with partial pivoting")
+        return _lu(job, A, *stores["lu"]), (f"assume_a='sym': the Cholesky pivot at row {e.pivot} was <= 0 (A is "
+                                            "indefinite): LU with partial pivoting")
 
 
 def _first_nonpositive_diagonal(job: Job, A: Any, t: int) -> int | None:
@@ -263,20 +356,18 @@ def _first_nonpositive_diagonal(job: Job, A: Any, t: int) -> int | None:
     return None
 
 
-def _cholesky(job: Job, A: Any, fdt: np.dtype) -> _Factor:
-    n = A.shape[0]
-    plan = plan_factor("cholesky", n, fdt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks))
-    l_path = job.scratch("l", (n, n), fdt, (plan.tile, plan.tile))
-    results = factor_into(job, A, l_path, plan)
-    return _Factor("cholesky", l_path, plan, norm_a=math.sqrt(sum(r.get("sumsq", 0.0) for r in results
-                                                                   if isinstance(r, dict))))
+def _cholesky(job: Job, A: Any, l_path: Any, plan: FactorPlan, markers: Any) -> _Factor:
+    results = [r for r in factor_into(job, A, l_path, plan, done_dir=markers) if isinstance(r, dict)]
+    # ||A||_F from the tiles' sums, unless a resumed run skipped some (then _norm_a reads A)
+    whole = not any(r.get("skipped") for r in results)
+    return _Factor("cholesky", l_path, plan, norm_a=math.sqrt(sum(r.get("sumsq", 0.0) for r in results))
+                   if whole else None)
 
 
-def _lu(job: Job, A: Any, fdt: np.dtype) -> _Factor:
+def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any) -> _Factor:
     n = A.shape[0]
-    plan = plan_lu(n, fdt, memory=job.cfg.memory, chunks=tuple(A.chunks))
-    lu_path = job.scratch("lu", (n, n), fdt, (plan.tile, plan.tile))
-    pivots, max_a, max_u, min_pivot = factor_lu_into(job, A, lu_path, plan, done_dir=job.temp_dir() / "lu-panels")
+    fdt = np.dtype(plan.dtype)
+    pivots, max_a, max_u, min_pivot = factor_lu_into(job, A, lu_path, plan, done_dir=markers)
     if not (np.isfinite(max_a) and np.isfinite(max_u)):
         raise ParameterError(explain("precision", f"a float32 factorization needs A's entries within {np.dtype(fdt).name}'s range "
                                      "(the factorization overflowed)", f"max |A| {max_a:.3g}, max |U| {max_u:.3g}",
@@ -289,24 +380,34 @@ def _lu(job: Job, A: Any, fdt: np.dtype) -> _Factor:
                    growth=max_u / max_a if max_a > 0 else 1.0)
 
 
-def _solver(job: Job, ops: BlockOps, f: _Factor, n: int, k: int) -> Callable[[Region, Region], None]:
-    """``solve(rhs, dst)``: ``dst = F^{-1} rhs`` by two out-of-core triangular solves (and the row
-    permutation of an LU), computed in the factor's dtype."""
-    fdt, t = np.dtype(f.plan.dtype), ops.chunk
-    freg = Region.of(f.path, (n, n))
-    yreg = Region.of(job.scratch("y", (n, k), fdt, (t, t)), (n, k))
-    if f.kind == "cholesky":
-        def solve(rhs: Region, dst: Region) -> None:
+def _solver(ops: BlockOps, f: _Factor, n: int, k: int, stores: dict) -> _Solver:
+    """``dst = F^{-1} rhs`` by two out-of-core triangular solves (and the row permutation of an LU),
+    computed in the factor's dtype, with the stores of ``stores`` (``y``, ``pb``, ``r``, ``d``, ``x0``, ``x1``)."""
+    return _Solver(ops, f, n, k, stores)
+
+
+@dataclasses.dataclass
+class _Solver:
+    ops: BlockOps
+    f: _Factor
+    n: int
+    k: int
+    stores: dict
+
+    def region(self, name: str) -> Region:
+        return Region.of(self.stores[name], (self.n, self.k))
+
+    def __call__(self, rhs: Region, dst: Region) -> None:
+        ops, f, fdt = self.ops, self.f, np.dtype(self.f.plan.dtype)
+        freg, yreg = Region.of(f.path, (self.n, self.n)), self.region("y")
+        if f.kind == "cholesky":
             ops.trsm(freg, rhs, yreg, lower=True, dtype=fdt, description="forward substitution L y = b")
             ops.trsm(freg, yreg, dst, lower=True, trans=True, dtype=fdt, description="back substitution L^T x = y")
-        return solve
-    preg = Region.of(job.scratch("pb", (n, k), fdt, (t, t)), (n, k))
-
-    def solve_lu(rhs: Region, dst: Region) -> None:
+            return
+        preg = self.region("pb")
         ops.permute_rows(rhs, preg, f.perm, dtype=fdt, description="row swaps P b")
         ops.trsm(freg, preg, yreg, lower=True, unit=True, dtype=fdt, description="forward substitution L y = P b")
         ops.trsm(freg, yreg, dst, lower=False, dtype=fdt, description="back substitution U x = y")
-    return solve_lu
 
 
 @dataclasses.dataclass
@@ -320,34 +421,45 @@ class Refinement:
     norm_x: float
     #: Store of the last residual ``B - A X``.
     r_path: Any = None
+    #: Store of the final ``X``.
+    x_path: Any = None
 
 
-def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: Callable[[Region, Region], None], x_path: Any,
-           norm_a: float, tol: float, max_refine: int) -> Refinement:
-    """``X = F^{-1} B`` into ``x_path``, refined while the backward error exceeds ``tol`` and halves.
+def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: _Solver, run: _Run, norm_a: float, tol: float,
+           max_refine: int) -> Refinement:
+    """``X = F^{-1} B``, refined while the backward error exceeds ``tol`` and halves; every step recorded.
 
-    Residuals ``B - A X`` and the update ``X += D`` are computed in ``X``'s dtype (that of ``A``).
-    """
-    (n, k), dt, t = B.shape, A.dtype, ops.chunk
-    breg, xreg = Region.of(B.path, (n, k)), Region.of(x_path, (n, k))
-    solve(breg, xreg)
-    norm_b = math.sqrt(ops.sumsq(breg))
-    norm_x = math.sqrt(ops.sumsq(xreg))
-    r_path, d_path = job.scratch("r", (n, k), dt, (t, t)), job.scratch("d", (n, k), dt, (t, t))
+    Residuals ``B - A X`` and the update ``X_{s+1} = X_s + D`` are computed in ``X``'s dtype (that of ``A``),
+    the iterates alternating between two stores so that no step writes what it reads (a step interrupted
+    and run again finds its inputs unchanged)."""
+    (n, k), dt, st = B.shape, A.dtype, run.stages
+    breg = Region.of(B.path, (n, k))
+    xs = [solve.region("x0"), solve.region("x1")]
+    rreg, dreg = solve.region("r"), solve.region("d")
+    st.run("solve", lambda: solve(breg, xs[0]))
+    norm_b = st.run("norm b", lambda: math.sqrt(ops.sumsq(breg)))
+    norm_x = st.run("norm x", lambda: math.sqrt(ops.sumsq(xs[0])))
     history: list[dict] = []
     steps = 0
-    while True:
-        ops.gemm(r_path, (0, 0), n, k, n, A.path, (0, 0), x_path, (0, 0), dtype=dt, c=B.path, alpha=-1.0,
+
+    def residual(x: Region) -> float:
+        ops.gemm(rreg.path, (0, 0), n, k, n, A.path, (0, 0), x.path, (0, 0), dtype=dt, c=B.path, alpha=-1.0,
                  beta=1.0, description="residual b - A x")
-        res = math.sqrt(ops.sumsq(Region.of(r_path, (n, k))))
+        return math.sqrt(ops.sumsq(rreg))
+
+    def update(x: Region, nxt: Region) -> float:
+        return math.sqrt(sum(r["sumsq"] for r in ops.axpby(nxt, x, dreg, dtype=dt, description="x += d")))
+
+    while True:
+        x = xs[steps % 2]
+        res = st.run("residual", lambda: residual(x))
         denom = norm_a * norm_x + norm_b
         eta = res / denom if denom > 0 else 0.0
         history.append({"step": steps, "residual": res, "backward_error": eta})
         if eta <= tol or steps >= max_refine or (steps and not eta < 0.5 * history[-2]["backward_error"]):
-            return Refinement(res, eta, steps, history, norm_x, r_path)
-        solve(Region.of(r_path, (n, k)), Region.of(d_path, (n, k)))
-        out_tiles = ops.axpby(xreg, xreg, Region.of(d_path, (n, k)), dtype=dt, description="x += d")
-        norm_x = math.sqrt(sum(r["sumsq"] for r in out_tiles))
+            return Refinement(res, eta, steps, history, norm_x, rreg.path, x.path)
+        st.run("correction", lambda: solve(rreg, dreg))
+        norm_x = st.run("update", lambda: update(x, xs[(steps + 1) % 2]))
         steps += 1
 
 

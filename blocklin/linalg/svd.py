@@ -18,9 +18,9 @@ from blocklin.config import Settings, format_size, parse_size, size_hint
 from blocklin.errors import BudgetError, ConvergenceWarning, explain, warn
 from blocklin.linalg import _tall_kernels as K
 from blocklin.linalg import random as rnd
-from blocklin.linalg.center import Moments, Shift, column_moments, moments_incore
+from blocklin.linalg.center import Moments, Shift, column_moments, moments_and_normal, moments_incore
 from blocklin.runtime.checkpoints import Checkpoints
-from blocklin.linalg.lanczos import block_lanczos, default_tol
+from blocklin.linalg.lanczos import block_lanczos, default_tol, start_block
 from blocklin.linalg.orth import cholqr_r, orth_incore
 from blocklin.linalg.results import open_group, write_group
 from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
@@ -162,6 +162,8 @@ class _Streamed:
         # a standardized wide A scales the rows of B = A^T, an operation only the CPU device has
         self.device = "cpu" if shift is not None and shift.r is not None else _pass_device(job, plan, A.dtype)
         self.memory = plan.pass_memory
+        #: ``(Q, B_c^T B_c Q)`` of a pass already made (the means pass fused with the first product)
+        self.first: tuple[np.ndarray, np.ndarray] | None = None
 
     def _plan(self, kernel: Any, params: dict) -> Any:
         # the whole budget with the in-core work reserved: a refusal names the total that suffices
@@ -200,6 +202,9 @@ class _Streamed:
         return params | (self.shift.params(self.dtype) if self.shift else {})
 
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
+        if self.first is not None and not (keep_y or gram) and np.array_equal(q, self.first[0]):
+            z, self.first = self.first[1], None
+            return z, None, None
         params = self._shifted({"gram": gram, "write_y": keep_y}, Q=q)
         plan = self._plan(K.normal_kernel, params)
         blk = self._tmp_block(q.shape[1], plan.strip) if keep_y else None
@@ -297,11 +302,16 @@ def _rayleigh_ritz(src: Any, Q: np.ndarray, k: int, dest: str | None, transposed
     return {"s": sig, "V": V, "long": long, "residuals": resid, "orth": orth_info}
 
 
+def _rsvd_start(n: int, l: int, seed: int) -> np.ndarray:
+    """The orthonormal random block randomized subspace iteration starts from."""
+    return orth_incore(rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, n, l))
+
+
 def _rsvd(src: Any, k: int, l: int, q: int | None, tol: float | None, seed: int, max_passes: int,
           dest: str | None, transposed_out: bool, ckpt: Checkpoints) -> dict:
     saved = ckpt.load("rsvd")
     if saved is None:
-        Q = orth_incore(rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, src.N, l))
+        Q = _rsvd_start(src.N, l, seed)
         used, history, done = 0, [], False
     else:  # resume: the block after the last completed power iteration, bit for bit
         Q, used, done = saved["Q"], int(saved["used"]), bool(saved["done"])
@@ -511,7 +521,9 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
         report.update(center=bool(center), scale=bool(scale), method_requested=requested, resumed=ao.resumed,
                       restored_checkpoints=[name for name in ckpt.restored if name != "seed"])
         ckpt.clear()
-        if (center or scale) and not plan.in_core:
+        if r.get("means_fused"):
+            report["passes_formula"] = f"{report['passes_formula']} (the column means from the first pass)"
+        elif (center or scale) and not plan.in_core:
             report["passes_formula"] = f"{report['passes_formula']} + 1 (column means)"
         return _result(job, out, A, plan, r, report, ao, overwrite)
 
@@ -571,7 +583,7 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
 
     With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.center`): centered
     in memory when ``B`` is held there, by the rank-one correction inside each pass otherwise."""
-    moments = shift = None
+    moments = shift = start = None
     if plan.in_core:
         b = load_incore(job, A, plan)
         if center or scale:
@@ -585,10 +597,13 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
         src: Any = _InCore(b, dev)
         phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
     else:
+        start = _fused_start(job, A, plan, seed, q) if center and not scale else None
         if center or scale:
-            moments = _moments(job, A, plan, ckpt)
+            moments, first = _moments(job, A, plan, ckpt, start)
             shift = Shift.of(moments, center=center, scale=scale, transposed=plan.transposed)
         src = _Streamed(job, A, plan, shift)
+        if start is not None and first is not None:
+            src.first = (start, first)
         if moments is not None and center:  # the products are rounded at ||A||, before the means are removed
             sq = moments.count * (moments.var + moments.mean ** 2) / (moments.std ** 2 if scale else 1.0)
             src.noise_scale = float(np.sqrt(sq.sum()))
@@ -603,6 +618,7 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
         r = _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed,
                      ckpt)
     r["phases"] = phases
+    r["means_fused"] = not plan.in_core and start is not None
     if moments is not None:
         r["moments"] = moments
         r["mean"] = moments.mean if center else None
@@ -610,15 +626,34 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
     return r
 
 
-def _moments(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None) -> Moments:
-    """The column moments from one pass, or from the checkpoint of an interrupted run."""
+def _fused_start(job: Job, A: Any, plan: SvdPlan, seed: int, q: int | None) -> np.ndarray | None:
+    """The block the first product of a centered streamed run is taken with, when the means pass can
+    make that product too (tall ``A``, a pass on the CPU, a method that starts with ``B_c^T B_c Q``)."""
+    if plan.transposed or _pass_device(job, plan, A.dtype) != "cpu":
+        return None
+    if plan.method == "lanczos":
+        return start_block(plan.N, plan.block, seed)
+    if plan.method == "rsvd" and q != 0:
+        return _rsvd_start(plan.N, plan.block, seed)
+    return None
+
+
+def _moments(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None,
+             start: np.ndarray | None = None) -> tuple[Moments, np.ndarray | None]:
+    """The column moments from one pass (with ``start``: and ``B_c^T B_c start`` from the same pass), or
+    from the checkpoint of an interrupted run."""
     saved = ckpt.load("moments") if ckpt is not None else None
     if saved is not None:
-        return Moments(saved["mean"], saved["var"], int(saved["count"]))
-    moments = column_moments(job, A, memory=plan.pass_memory)
+        return Moments(saved["mean"], saved["var"], int(saved["count"])), saved.get("first")
+    first = None
+    if start is not None:
+        moments, first = moments_and_normal(job, A, start, memory=plan.pass_memory)
+    else:
+        moments = column_moments(job, A, memory=plan.pass_memory)
     if ckpt is not None:
-        ckpt.save("moments", mean=moments.mean, var=moments.var, count=moments.count)
-    return moments
+        ckpt.save("moments", mean=moments.mean, var=moments.var, count=moments.count,
+                  **({"first": first} if first is not None else {}))
+    return moments, first
 
 
 def resume_token(A: Any, **params: Any) -> str:

@@ -14,7 +14,7 @@ from blocklin.errors import NonFiniteError, ParameterError, SingularMatrixError,
 from blocklin.errors import explain as _msg
 from blocklin.linalg import lambda_select
 from blocklin.linalg.center import column_moments
-from blocklin.runtime.checkpoints import PassResults
+from blocklin.runtime.stages import StepRecords
 from blocklin.linalg.gemm import Gemm
 from blocklin.linalg._solve_kernels import gram_kernel, residual_kernel, symmetrize_lower
 from blocklin.linalg.qr import tsqr_pass
@@ -222,7 +222,9 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     resume : bool
         Continue an interrupted run (SIGKILL, Ctrl-C) with the same inputs and parameters: the
         results of its finished passes are loaded instead of recomputed (bit-identical ``x``). The
-        stored-Gram route (a Gram matrix over the budget) starts over.
+        square routes (LU, Cholesky) and the stored-Gram route (a Gram matrix over the budget) skip the
+        finished tiles of their factorization and their finished steps, kept in a deterministic work
+        folder under the temp dir (removed by ``blocklin clean`` once its run is gone).
     fit_intercept : bool
         Fit ``A x + 1 x0 ~ b`` with an unpenalized intercept ``x0`` (per right-hand side), as
         ``sklearn.linear_model.Ridge(alpha=lam**2, fit_intercept=True)``: ``x`` solves the problem
@@ -291,7 +293,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                             fit_intercept=fit_intercept, precision=precision)
     if assume_a != "gen" or reason is not None:
         return _solve_square(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method, out=out,
-                             overwrite=overwrite, explain=explain, precision=precision, reason=reason, settings=settings)
+                             overwrite=overwrite, explain=explain, precision=precision, reason=reason, resume=resume,
+                             settings=settings)
     refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
     if explain:  # the plan alone: solve_plan
         return solve_plan(a, b, lam=lam, method=method, refine=refine, **settings)
@@ -307,7 +310,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                                           "center A and b "
                                           "yourself and solve without fit_intercept"))
             return _solve_gram_stored(job, A, B, lams[0], out=out, overwrite=overwrite, explain=False,
-                                      refine=refine, params={"lam": lam, "method": method})
+                                      refine=refine, params={"lam": lam, "method": method}, resume=resume)
         plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
                           refine=1 if refine == "auto" else refine)
         if plan.orientation == "wide" and method == "qr":
@@ -323,7 +326,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite,
                         resume=resume, token=_token(A, B, lam, method, refine, fit_intercept, plan))
         ctx = _Ctx(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
-                   intercept=bool(fit_intercept), saved=PassResults(ao.done if out is not None else None))
+                   intercept=bool(fit_intercept), saved=StepRecords(ao.done if out is not None else None))
         info = _solve_wide(ctx, ao.array_path()) if plan.orientation == "wide" else _solve_tall(ctx, ao.array_path())
         info.setdefault("phases", ctx.phases)
         info["fit_intercept"] = bool(fit_intercept)
@@ -386,7 +389,7 @@ def _gram_exceeds_budget(job: Job, A: Any, B: Any, kind: str, method: str) -> bo
 
 
 def _solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwrite: bool, explain: bool,
-                       refine: Any, params: dict) -> Any:
+                       refine: Any, params: dict, resume: bool = False) -> Any:
     """The regularized Gram matrix exceeds the budget: store it and factor it out of core."""
     from blocklin.linalg.gram_solve import solve_gram_out_of_core
     from blocklin.plan.factor import plan_factor
@@ -394,11 +397,23 @@ def _solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwr
     (m, n), side = A.shape, min(A.shape)
     if explain:
         return plan_factor("cholesky", side, np.float64, memory=job.cfg.memory, workers=job.workers(1))
-    ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite)
-    info = solve_gram_out_of_core(job, A, B, lam, ao.array_path(), refine=refine)
+    token = _stored_gram_token(job, A, B, lam, refine, out)
+    ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite, resume=resume,
+                    token=token)
+    info = solve_gram_out_of_core(job, A, B, lam, ao, refine=refine, resume=resume, token=token)
     report = job.report(orientation="wide" if m < n else "tall", **info)
     path = ao.commit("solve", plan=info.get("plan", {}), params=params, report=job.brief(report, REPORT_KEYS))
     return Matrix(path, report=report, temporary=out is None)
+
+
+def _stored_gram_token(job: Job, A: Any, B: Any, lam: float, refine: Any, out: Any) -> str:
+    """Deterministic in what decides the stored-Gram route's bits: inputs, ``lam``, ``refine``, output and the
+    settings its tile plans depend on."""
+    from dask.base import tokenize
+
+    return tokenize("solve-gram", [(o.path, o.shape, o.dtype.str, o.chunks, o.staged) for o in (A, B)], lam, refine,
+                    str(out), job.cfg.memory, job.workers(1), job.parallelism(), job.cores(), job.device,
+                    job.cfg.codec)[:16]
 
 
 def _square_reason(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float], method: str, fit_intercept: bool,
@@ -418,7 +433,7 @@ def _square_reason(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float
 
 
 def _solve_square(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float], method: str, out: Any,
-                  overwrite: bool, explain: bool, precision: str, reason: str | None, settings: dict) -> Any:
+                  overwrite: bool, explain: bool, precision: str, reason: str | None, resume: bool, settings: dict) -> Any:
     """The square routes: Cholesky (``pos``, ``sym``) or LU (``gen``, ``sym``) of ``A`` itself, any size."""
     if kind != "scalar" or lams[0] != 0.0:
         raise ParameterError(_msg("lam", f"must be 0 with assume_a='{assume_a}' (A itself is factored)",
@@ -436,7 +451,7 @@ def _solve_square(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float]
     from blocklin.linalg.square_solve import solve_square
 
     return solve_square(a, b, out, assume_a=assume_a, precision=precision, reason=reason, overwrite=overwrite,
-                        **settings)
+                        resume=resume, **settings)
 
 
 #: Report entries recorded in the output's attributes.
@@ -461,8 +476,8 @@ class _Ctx:
     #: fit_intercept on tall A: column means of A (float64) and of b, from one pass over each
     mu: np.ndarray | None = None
     bbar: np.ndarray | None = None
-    #: results of finished passes, kept for resume=True (runtime/checkpoints.py)
-    saved: PassResults = dataclasses.field(default_factory=PassResults)
+    #: results of finished passes, kept for resume=True (runtime/stages.py)
+    saved: StepRecords = dataclasses.field(default_factory=lambda: StepRecords(None))
 
     def offset(self, x: np.ndarray) -> np.ndarray:
         """The intercept ``bbar - mu^T x`` of a solution of the centered problem."""
@@ -493,7 +508,7 @@ def _pass_device(ctx: _Ctx, phase: str, flops: float) -> str:
 
 def _gram_pass(ctx: _Ctx) -> dict:
     """``A^T A``, ``A^T b``, ``||b||^2``, ``||A||_F^2`` (saved for resume)."""
-    gp = ctx.saved("gram-pass", lambda: _run_gram_pass(ctx))
+    gp = ctx.saved.run("gram-pass", lambda: _run_gram_pass(ctx))
     gp["aa"] = float(gp["aa"])
     return gp
 
@@ -515,7 +530,7 @@ def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``A^T (b - A x)`` and ``||b - A x||^2`` (saved for resume under a token of ``x``)."""
     from dask.base import tokenize
 
-    r = ctx.saved(f"residual-{tokenize(x)[:16]}", lambda: dict(zip(("atr", "rr"), _run_residual_pass(ctx, x))))
+    r = ctx.saved.run(f"residual-{tokenize(x)[:16]}", lambda: dict(zip(("atr", "rr"), _run_residual_pass(ctx, x))))
     return r["atr"], r["rr"]
 
 
@@ -535,7 +550,7 @@ def _run_residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def _center_gram(ctx: _Ctx, gp: dict) -> dict:
     """fit_intercept: the means of ``A`` and ``b`` (one pass each) and the Gram quantities of the centered
     problem by rank-one corrections, ``A_c^T A_c = A^T A - m mu mu^T``, ``A_c^T b_c = A^T b - m mu bbar^T``."""
-    means = ctx.saved("means", lambda: {"mu": column_moments(ctx.job, ctx.A).mean,
+    means = ctx.saved.run("means", lambda: {"mu": column_moments(ctx.job, ctx.A).mean,
                                          "bbar": column_moments(ctx.job, ctx.B, over="b").mean})
     ctx.mu, ctx.bbar = means["mu"], means["bbar"]
     m, mu, bbar = ctx.m, ctx.mu, ctx.bbar
@@ -693,7 +708,7 @@ def _qr_route(ctx: _Ctx, x_path: str, info: dict, reason: str) -> dict:
                        device=_pass_device(ctx, "tsqr pass", 2.0 * ctx.m * (ctx.n + ctx.k) ** 2))
         return {"r": sr.r, "qtb": sr.qtb, "rho": sr.rho, "norm_a": sr.norm_a}
 
-    sr = ctx.saved("tsqr-pass", run)
+    sr = ctx.saved.run("tsqr-pass", run)
     spec = _spectrum_from_r(sr["r"], sr["qtb"], sr["rho"], ctx.m)
     info.update(method="qr", method_reason=reason, norm_a=float(sr["norm_a"]))
     return _finish_spectral(ctx, spec, info, x_path)
@@ -765,7 +780,7 @@ def _solve_wide(ctx: _Ctx, x_path: str) -> dict:
     """
     job = ctx.job
     ctx.phases.update({"gram GEMM": job.device, "solution GEMM": job.device})
-    g = ctx.saved("wide-gram", lambda: {"g": _wide_gram(ctx)})["g"]
+    g = ctx.saved.run("wide-gram", lambda: {"g": _wide_gram(ctx)})["g"]
     bm = Matrix(ctx.B.path)[...].astype(np.float64)  # m x k, small (m is the short side)
     if job.check_finite and not np.all(np.isfinite(bm)):
         raise NonFiniteError(_msg("b", "must be finite (check_finite is on)", "NaN or Inf",

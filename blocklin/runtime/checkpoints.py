@@ -1,35 +1,27 @@
-"""Saved results of finished passes, so that ``resume=True`` skips them.
+"""Pass checkpoints of the iterative factorizations, so that ``resume=True`` skips finished passes.
 
-Two shapes of the same idea, both kept inside the unfinished output (so the commit removes them and
-a run without ``resume`` starts clean):
+:class:`Checkpoints` serves svd, eigsh and pca, whose whole state lives in memory between passes
+(the ``N x l`` block of a power iteration, the Krylov basis of block Lanczos, the column means).
+Each pass over ``A`` is deterministic in that state (seeded random blocks, a plan that does not
+depend on the scheduler). After every completed pass the state is saved in the output's partial
+folder (``OUT.partial-TOKEN/work/NAME.npz``, written to a temporary name and renamed, so a
+checkpoint is either complete or absent), overwriting the previous one; a rerun with the same token
+restores the newest and continues with the next pass, bit for bit. The commit removes them and a run
+without ``resume`` starts clean.
 
-* :class:`Checkpoints`, for the iterative factorizations (svd, eigsh, pca), whose whole state lives
-  in memory between passes (the ``N x l`` block of a power iteration, the Krylov basis of block
-  Lanczos, the column means). Each pass over ``A`` is deterministic in that state (seeded random
-  blocks, a plan that does not depend on the scheduler). After every completed pass the state is
-  saved in the output's partial folder (``OUT.partial-TOKEN/work/NAME.npz``, written to a temporary
-  name and renamed, so a checkpoint is either complete or absent); a rerun with the same token
-  restores the newest and continues with the next pass, bit for bit.
-* :class:`PassResults`, for operations whose output is written only at the end (a solve: passes
-  over ``A``, then a small in-core problem): each pass's result (a dict of arrays and numbers) is
-  saved exactly beside the output's resume markers, through the storage backend (object stores
-  too), named by the pass and, where a pass depends on an earlier result (a refinement pass on
-  ``x``), by a token of that input.
-
-Operations that run many steps over intermediate stores (the inverse) use
-:class:`blocklin.runtime.stages.Stages` instead.
+Operations that record the result of each step instead of one evolving state (a solve's passes,
+the inverse's and the square solve's steps over intermediate stores) use
+:mod:`blocklin.runtime.stages` (:class:`~blocklin.runtime.stages.StepRecords`,
+:class:`~blocklin.runtime.stages.Stages`).
 """
 
 from __future__ import annotations
 
-import io
 import os
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from blocklin.storage.backend import backend
 
 
 class Checkpoints:
@@ -78,28 +70,4 @@ class Checkpoints:
             self.folder = None
 
 
-class PassResults:
-    """Pass results saved under ``done`` (an atomic output's marker folder), or nowhere when ``done`` is None."""
-
-    def __init__(self, done: Any = None) -> None:
-        self.done = done
-        self.loaded: list[str] = []
-
-    def __call__(self, name: str, compute: Callable[[], dict]) -> dict:
-        """``compute()``, or its saved result from an interrupted run."""
-        if self.done is None:
-            return compute()
-        key = f"result-{name}.npz"
-        raw = backend(self.done).try_read(key)
-        if raw is not None:
-            with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-                self.loaded.append(name)
-                return {k: (z[k][()] if z[k].ndim == 0 else z[k]) for k in z.files}
-        result = compute()
-        buf = io.BytesIO()
-        np.savez(buf, **{k: np.asarray(v) for k, v in result.items()})
-        backend(self.done).write_bytes(key, buf.getvalue())
-        return result
-
-
-__all__ = ["Checkpoints", "PassResults"]
+__all__ = ["Checkpoints"]

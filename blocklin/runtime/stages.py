@@ -1,7 +1,16 @@
-"""Resumable stages: an operation as a sequence of steps whose results are recorded as they finish.
+"""Resumable steps: an operation as a sequence of steps whose results are recorded as they finish.
 
-An operation that runs many steps over intermediate stores (the inverse's leaves, region GEMMs
-and passes) resumes after SIGKILL or Ctrl-C by running the same steps again in the same order and
+One mechanism, two uses:
+
+* :class:`StepRecords`: the result of each finished step (a pass's reductions, a norm, the outcome of
+  a refinement step), written whole under a folder once the step is complete and read back instead
+  of running the step again. A solve whose output is written at the end keeps them beside its
+  output's resume markers, named by the pass (and by a token of the pass's input where it depends on
+  an earlier result, as a refinement pass on ``x`` does).
+* :class:`Stages`: an operation of many steps over intermediate stores (the inverse; the square and
+  stored-Gram solves), whose records are numbered in the order the steps run.
+
+An operation resumes after SIGKILL or Ctrl-C by running the same steps again in the same order and
 skipping those already recorded. :class:`Stages` keeps, in a work folder with a deterministic name
 (:meth:`blocklin.runtime.job.Job.work_dir`):
 
@@ -34,6 +43,47 @@ from blocklin.storage.ownership import OWNER_RECORD
 from blocklin.storage.zarr_store import create_array
 
 _RUN = "run-id"
+
+
+class StepRecords:
+    """Results of finished steps recorded under ``folder`` (a :class:`Location`), or nowhere (None).
+
+    Parameters
+    ----------
+    folder : Location or None
+        Where the records go (through the storage backend: object stores too). ``None``: nothing is
+        recorded and every step runs.
+    replay : bool
+        Use the records found there (a rerun that continues); without it every step runs and its
+        record is (re)written.
+
+    Attributes
+    ----------
+    loaded : list of str
+        Names of the steps whose recorded result was used instead of running them.
+    """
+
+    def __init__(self, folder: Location | None, *, replay: bool = True) -> None:
+        self.folder, self.replay = folder, replay
+        self._be = backend(folder) if folder is not None else None
+        self.loaded: list[str] = []
+
+    def run(self, name: str, step: Callable[[], Any]) -> Any:
+        """``step()``, or its recorded result; the result is recorded (atomically) once the step returns.
+
+        A record is the step's return value, pickled: the run's own data, read back only by a rerun of
+        the same operation on the same inputs."""
+        if self._be is None:
+            return step()
+        key = f"{name.replace('/', '_').replace(' ', '_')[:60]}.pkl"
+        if self.replay:
+            raw = self._be.try_read(key)
+            if raw is not None:
+                self.loaded.append(name)
+                return pickle.loads(raw)
+        result = step()
+        self._be.write_bytes(key, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+        return result
 
 
 class Stages:
@@ -78,7 +128,12 @@ class Stages:
             mark_done(marker_dir, f"run-{run}")
         self._stores = 0
         self._steps = 0
-        self.skipped = 0
+        self.records = StepRecords(folder / "stages", replay=self.resumed)
+
+    @property
+    def skipped(self) -> int:
+        """Steps whose recorded result was used instead of running them."""
+        return len(self.records.loaded)
 
     def _clear(self) -> None:
         """Empty the work folder of what an earlier run left, keeping this run's owner record."""
@@ -101,15 +156,7 @@ class Stages:
     def run(self, name: str, step: Callable[[], Any]) -> Any:
         """``step()``, or its recorded result when a resumed run finished it; the result is recorded."""
         self._steps += 1
-        key = f"stages/{self._steps:05d}-{name.replace('/', '_').replace(' ', '_')[:40]}.pkl"
-        if self.resumed:
-            raw = self._be.try_read(key)
-            if raw is not None:
-                self.skipped += 1
-                return pickle.loads(raw)
-        result = step()
-        self._be.write_bytes(key, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
-        return result
+        return self.records.run(f"{self._steps:05d}-{name.replace('/', '_').replace(' ', '_')[:40]}", step)
 
     @staticmethod
     def drop(path: Location) -> None:
@@ -117,4 +164,4 @@ class Stages:
         remove(path)
 
 
-__all__ = ["Stages"]
+__all__ = ["StepRecords", "Stages"]
