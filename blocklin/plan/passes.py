@@ -75,6 +75,18 @@ MAX_TASKS = 64
 #: Deepest read-ahead of a row pass: strips read ahead when the budget holds them beside strips
 #: as tall as the plan would cut anyway (the budget never shrinks strips for read-ahead).
 MAX_PREFETCH = 3
+#: A kept chunk band saves ``rereads - 1`` decodes of each chunk but costs the strips the band's
+#: memory takes from the strip height. Measured (a 40000 x 200 zstd array in 10000-row chunks, rsvd
+#: at 64 MiB on the shared 2-core machine): a strip costs about half a chunk decode, so a band is kept
+#: only when its strips per chunk are at most ``3 rereads - 2`` (keeping it with 11 strips per chunk
+#: instead of 2 strips each decoding the chunk took 1.8-2.4x as long, for half the bytes read).
+CACHE_STRIPS_PER_REREAD = 3
+#: A kept chunk band saves ``rereads - 1`` decodes of each chunk but costs the strips the band's
+#: memory takes from the strip height. Measured (a 40000 x 200 zstd array in 10000-row chunks, rsvd
+#: at 64 MiB on the shared 2-core machine): a strip costs about half a chunk decode, so a band is kept
+#: only when its strips per chunk are at most ``3 rereads - 2`` (keeping it with 11 strips per chunk
+#: instead of 2 strips each decoding the chunk took 1.8-2.4x as long, for half the bytes read).
+CACHE_STRIPS_PER_REREAD = 3
 #: Loader threads of a task whose reads need no zarr temporaries (direct or range reads): two
 #: reads in flight keep up with a fast device where one copy thread does not.
 MAX_LOADERS = 2
@@ -161,14 +173,16 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         strip = round_down_multiple(strip, chunk_rows)
     elif not partial_rows and m > strip:
         room = (per_task - cache_bytes) // per_row if cache_bytes else 0
-        if room >= 1:  # keep the band decoded for its strips: each chunk read once
-            cached = True
+        uncached = _dividing_strip(chunk_rows, strip)
+        rereads = -(-chunk_rows // uncached)
+        kept = _dividing_strip(chunk_rows, min(strip, room)) if room >= 1 else 0
+        if kept and -(-chunk_rows // kept) <= CACHE_STRIPS_PER_REREAD * rereads - 2:
+            # keep the band decoded for its strips: each chunk read once, in more (shorter) strips
+            cached, rereads, strip = True, 1, kept
             fixed_bytes += cache_bytes
             per_task -= cache_bytes
-            strip = _dividing_strip(chunk_rows, min(strip, room))
         else:
-            strip = _dividing_strip(chunk_rows, strip)
-            rereads = -(-chunk_rows // strip)
+            strip = uncached
     strip = max(1, strip)
     if auto_prefetch:  # deeper read-ahead only where the budget holds it beside strips this tall
         while prefetch < MAX_PREFETCH and per_task >= (row_bytes * (prefetch + 2) + strip_extra_row_bytes) * strip:
