@@ -126,21 +126,3 @@ def test_cli_eigs(tmp_path, capsys):
     bl.from_array(b, tmp_path / "b.zarr")
     rc = main(["eigs", str(tmp_path / "b.zarr"), "-k", "3", "-o", str(tmp_path / "f.zarr")])
     assert rc == 1 and "NotSymmetricError" in capsys.readouterr().err
-
-
-def test_default_restart_basis_within_the_budget():
-    """The default basis is 5 (k + oversample) when its in-core work fits a quarter of the budget, and
-    shrinks (never below the classic 3 (k + oversample)) when it does not."""
-    from blocklin.plan.svd import client_bytes, plan_svd
-
-    roomy = plan_svd(100000, 500, 20, np.dtype("f8"), method="lanczos", oversample=10, power_iters=None,
-                     memory=2**30, max_passes=60)
-    assert roomy.max_basis == 150 and roomy.block == 15
-    n = 200000  # a wide short dimension: the basis would dominate the budget
-    tight = plan_svd(10**6, n, 20, np.dtype("f8"), method="lanczos", oversample=10, power_iters=None,
-                     memory=2**30, max_passes=60)
-    assert 90 <= tight.max_basis < 150
-    assert tight.max_basis == 90 or client_bytes("lanczos", n, 20, tight.block, tight.max_basis, None) <= 2**28
-    fixed = plan_svd(100000, 500, 20, np.dtype("f8"), method="lanczos", oversample=10, power_iters=None,
-                     memory=2**30, max_passes=60, max_basis=64)
-    assert fixed.max_basis == 64

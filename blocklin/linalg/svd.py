@@ -434,9 +434,7 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     max_passes : int, optional
         Pass limit of the adaptive methods (default 20 for ``rsvd``, 60 for ``lanczos``).
     block_size, max_basis : int, optional
-        ``lanczos`` block size (default about ``(k + oversample) / 2``) and restart basis size (default
-        ``5 (k + oversample)``, less where the basis would take over a quarter of the budget; see
-        :func:`blocklin.plan.svd.default_basis`).
+        ``lanczos`` block size (default about ``(k + oversample) / 2``) and restart basis size.
     **settings
         As for every operation: :class:`~blocklin.config.Settings` (``progress``: one bar per pass).
 

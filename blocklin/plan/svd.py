@@ -91,25 +91,6 @@ def default_block(k: int, oversample: int, N: int) -> int:
     return max(1, min(N, k + oversample, max(8, math.ceil((k + oversample) / 2))))
 
 
-#: Restart basis of block Lanczos, in multiples of ``k + oversample``: thick restarts discard Krylov
-#: information, and on slowly decaying spectra a larger basis saves steps (passes over A). Measured
-#: on ``benchmarks/svd.py``'s spectra (N = 500, k = 20; N = 1000, k = 50): 5x instead of 3x takes
-#: the slow decay ``(1 + i)^-1/2`` from 12 to 11 steps (k = 20) and from 14 to 12 (k = 50), and
-#: changes no other spectrum's step count; the basis lives in the short dimension (``2 N basis``
-#: float64), so it is kept to a quarter of the budget and never below the 3x of the classic choice.
-BASIS_FACTOR = 5
-
-
-def default_basis(method: str, N: int, k: int, oversample: int, block: int, memory: int) -> int:
-    """Default Lanczos restart basis: ``BASIS_FACTOR (k + oversample)`` where the in-core work stays
-    within a quarter of ``memory``, else down to ``3 (k + oversample)`` (at least ``k + oversample + 2 block``)."""
-    low = max(3 * (k + oversample), k + oversample + 2 * block)
-    basis = max(BASIS_FACTOR * (k + oversample), low)
-    while basis > low and client_bytes(method, N, k, block, basis, None) > memory // 4:
-        basis = max(low, basis - (k + oversample))
-    return basis
-
-
 def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch: tuple[int, int] | None) -> int:
     """In-memory work outside the passes (float64 small factors, Krylov bases, sketches)."""
     if method == "rsvd":
@@ -147,7 +128,7 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
     else:
         block = block_size or default_block(k, oversample, N)
         block = max(1, min(block, N))
-        basis = max_basis or default_basis(method, N, k, oversample, block, memory)
+        basis = max_basis or max(3 * (k + oversample), k + oversample + 2 * block)
         basis = max(k + block, min(basis, N))
     cb = client_bytes(method, N, k, block, basis, sketch)
     a_bytes = M * N * dt.itemsize
