@@ -117,3 +117,47 @@ def test_parse_size(text, value):
 def test_parse_size_errors(text):
     with pytest.raises(ConfigError, match="memory: .*Fix:"):
         parse_size(text)
+
+
+@settings(derandomize=True, max_examples=150, deadline=None)
+@given(m=st.integers(1, 100000), row_bytes=st.integers(1, 10**4), chunk=st.integers(2, 5000),
+       memory=st.integers(2**16, 2**28), workers=st.integers(1, 3), fixed=st.integers(0, 2**20),
+       per_row=st.integers(0, 10**4), cache=st.booleans())
+def test_whole_chunk_reads_cached_or_counted(m, row_bytes, chunk, memory, workers, fixed, per_row, cache):
+    """Strips narrower than chunks read whole either keep the chunk band (counted in the plan, each chunk
+    read once, tasks cut on chunk boundaries) or count the re-reads; read-ahead never costs strip height."""
+    mem = PassMemory(fixed=fixed, per_row=per_row)
+    kw = dict(chunk_rows=chunk, memory=memory, workers=workers, cores=2, partial_rows=False)
+    try:
+        plan = plan_pass(mem, m, row_bytes, cache_bytes=chunk * row_bytes if cache else 0, **kw)
+    except BudgetError:
+        return
+    assert plan.peak_memory <= memory
+    assert plan.peak_memory >= plan.workers * (fixed + plan.cache_bytes
+                                               + ((plan.prefetch + 1) * row_bytes + per_row) * plan.strip)
+    if plan.cached:
+        assert cache and plan.rereads == 1 and plan.loaders == 1 and plan.cache_bytes == chunk * row_bytes
+        assert chunk % plan.strip != 0 or all(r0 % chunk == 0 for r0, _ in plan.groups)
+        assert plan.bytes_read == m * row_bytes
+        assert "decoded once" in plan.explain()
+    elif plan.strip < chunk and m > plan.strip:
+        assert plan.rereads == -(-chunk // plan.strip)
+        assert plan.bytes_read == m * row_bytes * plan.rereads
+    assert 1 <= plan.prefetch <= 3
+    rows = [s for g in range(len(plan.groups)) for s in plan.strips(g)]
+    assert rows[0][0] == 0 and rows[-1][1] == m
+    assert all(a[1] == b[0] for a, b in zip(rows, rows[1:]))
+
+
+def test_read_ahead_from_the_budget():
+    """A roomy budget reads up to 3 strips ahead with 2 loaders (direct reads); a tight one keeps one
+    strip ahead rather than shorter strips; reads through zarr keep one loader."""
+    mem = PassMemory(fixed=0, per_row=0)
+    roomy = plan_pass(mem, 10000, 8000, chunk_rows=1000, memory=2**30, partial_rows=True, direct=True, loaders=2)
+    one = plan_row_pass(10000, 8000, chunk_rows=1000, memory=2**30, prefetch=1)
+    assert roomy.prefetch == 3 and roomy.loaders == 2 and roomy.strip == one.strip == 3000  # canonical tasks
+    tight = plan_pass(mem, 10000, 8000, chunk_rows=1000, memory=40 * 2**20, partial_rows=True, direct=True, loaders=2)
+    one = plan_row_pass(10000, 8000, chunk_rows=1000, memory=40 * 2**20, prefetch=1)
+    assert tight.prefetch == 1 and tight.strip == one.strip == 2000 and tight.peak_memory <= 40 * 2**20
+    zarr_reads = plan_pass(PassMemory(chunk_temporaries=True), 10000, 8000, chunk_rows=1000, memory=2**30, loaders=2)
+    assert zarr_reads.loaders == 1

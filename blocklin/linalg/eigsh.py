@@ -230,7 +230,8 @@ def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
 
         def one(x: np.ndarray, step: int, check: bool = False) -> Any:
             states, _ = run_pass(job, rmat_kernel, src, {"Y": x.astype(dt), "n": n, "check": check},
-                                 memory=plan.pass_memory, description=f"eigsh: Lanczos step {step}", device=where)
+                                 memory=plan.memory, reserve=plan.client_bytes,  # a refusal names the total
+                                 description=f"eigsh: Lanczos step {step}", device=where)
             z = reduce_sum(states, "Z")
             return (z, collect_rows(states, n, x.shape[1])) if check else z
 

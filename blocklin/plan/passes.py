@@ -37,6 +37,13 @@ class RowPassPlan:
     #: than a chunk read it whole each time (compressed chunks).
     chunk_rows: int = 0
     rereads: int = 1
+    #: Whether each task keeps the decoded chunk rows its strips share (one band of ``chunk_rows``
+    #: rows of every operand read whole, ``cache_bytes`` in all, counted in ``fixed_bytes``): strips
+    #: narrower than a compressed chunk then read it once instead of ``rereads`` times.
+    cached: bool = False
+    cache_bytes: int = 0
+    #: Loader threads of a task (reads in flight beside the compute), at most ``prefetch``.
+    loaders: int = 1
 
     def strips(self, group: int) -> Pieces:
         """The strips of one task's group of rows, computed on access (a group may hold millions)."""
@@ -53,6 +60,11 @@ class RowPassPlan:
         if self.rereads > 1:
             text += (f"; strips of {self.strip} rows are narrower than the {self.chunk_rows}-row chunks, which "
                      f"are read whole {self.rereads} times per pass")
+        elif self.cached:
+            text += (f"; strips of {self.strip} rows share each {self.chunk_rows}-row chunk band, decoded once "
+                     f"and kept ({format_size(self.cache_bytes)} per task)")
+        if self.prefetch > 1 or self.loaders > 1:
+            text += f"; {self.prefetch} strip(s) read ahead by {self.loaders} loader(s)"
         return text
 
 
@@ -60,6 +72,24 @@ class RowPassPlan:
 TASK_BYTES = 32 << 20
 #: Most tasks one row pass is split into.
 MAX_TASKS = 64
+#: Deepest read-ahead of a row pass: strips read ahead when the budget holds them beside strips
+#: as tall as the plan would cut anyway (the budget never shrinks strips for read-ahead).
+MAX_PREFETCH = 3
+#: A kept chunk band saves ``rereads - 1`` decodes of each chunk but costs the strips the band's
+#: memory takes from the strip height. Measured (a 40000 x 200 zstd array in 10000-row chunks, rsvd
+#: at 64 MiB on the shared 2-core machine): a strip costs about half a chunk decode, so a band is kept
+#: only when its strips per chunk are at most ``3 rereads - 2`` (keeping it with 11 strips per chunk
+#: instead of 2 strips each decoding the chunk took 1.8-2.4x as long, for half the bytes read).
+CACHE_STRIPS_PER_REREAD = 3
+#: A kept chunk band saves ``rereads - 1`` decodes of each chunk but costs the strips the band's
+#: memory takes from the strip height. Measured (a 40000 x 200 zstd array in 10000-row chunks, rsvd
+#: at 64 MiB on the shared 2-core machine): a strip costs about half a chunk decode, so a band is kept
+#: only when its strips per chunk are at most ``3 rereads - 2`` (keeping it with 11 strips per chunk
+#: instead of 2 strips each decoding the chunk took 1.8-2.4x as long, for half the bytes read).
+CACHE_STRIPS_PER_REREAD = 3
+#: Loader threads of a task whose reads need no zarr temporaries (direct or range reads): two
+#: reads in flight keep up with a fast device where one copy thread does not.
+MAX_LOADERS = 2
 
 
 def canonical_tasks(m: int, row_bytes: int) -> int:
@@ -75,9 +105,9 @@ def canonical_tasks(m: int, row_bytes: int) -> int:
 
 
 def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed_bytes: int = 0,
-                  strip_extra_row_bytes: int = 0, workers: int = 1, cores: int = 1, prefetch: int = 1,
+                  strip_extra_row_bytes: int = 0, workers: int = 1, cores: int = 1, prefetch: int | None = 1,
                   max_strip: int | None = None, min_tasks: int | None = None, reserve: int = 0,
-                  partial_rows: bool = True) -> RowPassPlan:
+                  partial_rows: bool = True, cache_bytes: int = 0, loaders: int = 1) -> RowPassPlan:
     """Choose strip height so that every concurrent task fits ``memory``.
 
     Parameters
@@ -94,8 +124,11 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         Per-task memory independent of the strip (accumulators, broadcast parameters).
     strip_extra_row_bytes : int
         Per-row memory of a strip's temporaries (products, outputs being written).
-    workers, cores, prefetch : int
-        Concurrency, cores to share, strips read ahead.
+    workers, cores : int
+        Concurrency and the cores to share.
+    prefetch : int or None
+        Strips read ahead; ``None``: from the budget, one, or up to :data:`MAX_PREFETCH` where the
+        budget holds the extra strips beside strips of the height one read-ahead gives.
     max_strip : int, optional
         Upper bound on strip height (smaller strips overlap better).
     min_tasks : int, optional
@@ -108,8 +141,17 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         Whether a strip narrower than a chunk reads only its rows of it (uncompressed C-order
         chunks); otherwise each such strip reads the chunk whole, strips are cut to divide the chunk
         height (no strip straddles two chunks) and the re-reads are counted in ``bytes_read``.
+    cache_bytes : int
+        Bytes of one chunk band (``chunk_rows`` rows) of the operands read whole. Where strips must be
+        narrower than a chunk and the budget holds this band beside them, each task keeps the band
+        decoded for the strips that share it (``cached``): every chunk is read once, and the task
+        groups are cut on chunk boundaries so that no two tasks read the same chunk.
+    loaders : int
+        Loader threads wanted (used up to the read-ahead depth; one when a band is cached).
     """
     workers = max(1, workers)
+    auto_prefetch = prefetch is None
+    prefetch = 1 if auto_prefetch else max(0, int(prefetch))
     per_task = memory // workers - fixed_bytes
     per_row = row_bytes * (prefetch + 1) + strip_extra_row_bytes
     if per_task < per_row:
@@ -126,22 +168,51 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
         strip = min(strip, max_strip)
     if min_tasks and min_tasks > 1 and m:  # enough strips for every task that can run at once
         strip = min(strip, max(chunk_rows, math.ceil(m / min_tasks)))
-    rereads = 1
+    rereads, cached = 1, False
     if strip >= chunk_rows:
         strip = round_down_multiple(strip, chunk_rows)
     elif not partial_rows and m > strip:
-        rereads = -(-chunk_rows // max(1, strip))
-        strip = chunk_rows // rereads
+        room = (per_task - cache_bytes) // per_row if cache_bytes else 0
+        uncached = _dividing_strip(chunk_rows, strip)
+        rereads = -(-chunk_rows // uncached)
+        kept = _dividing_strip(chunk_rows, min(strip, room)) if room >= 1 else 0
+        if kept and -(-chunk_rows // kept) <= CACHE_STRIPS_PER_REREAD * rereads - 2:
+            # keep the band decoded for its strips: each chunk read once, in more (shorter) strips
+            cached, rereads, strip = True, 1, kept
+            fixed_bytes += cache_bytes
+            per_task -= cache_bytes
+        else:
+            strip = uncached
     strip = max(1, strip)
+    if auto_prefetch:  # deeper read-ahead only where the budget holds it beside strips this tall
+        while prefetch < MAX_PREFETCH and per_task >= (row_bytes * (prefetch + 2) + strip_extra_row_bytes) * strip:
+            prefetch += 1
+        per_row = row_bytes * (prefetch + 1) + strip_extra_row_bytes
     n_strips = math.ceil(m / strip) if m else 0
     tasks = max(1, min(n_strips, min_tasks))
     per_group = math.ceil(n_strips / tasks) if n_strips else 1
+    if cached and chunk_rows % strip == 0:  # groups of whole bands: no chunk is decoded by two tasks
+        band = chunk_rows // strip
+        per_group = -(-per_group // band) * band
     groups = tuple((s * strip * per_group, min(m, (s + 1) * strip * per_group)) for s in range(tasks)
                    if s * strip * per_group < m) or ((0, m),)
     peak = workers * (fixed_bytes + per_row * strip)
     return RowPassPlan(m=m, strip=strip, groups=groups, workers=workers, blas_threads=max(1, cores // workers),
                        prefetch=prefetch, row_bytes=row_bytes, fixed_bytes=fixed_bytes, peak_memory=peak,
-                       memory=memory, bytes_read=m * row_bytes * rereads, chunk_rows=chunk_rows, rereads=rereads)
+                       memory=memory, bytes_read=m * row_bytes * rereads, chunk_rows=chunk_rows, rereads=rereads,
+                       cached=cached, cache_bytes=cache_bytes if cached else 0,
+                       loaders=1 if cached or prefetch < 1 else max(1, min(loaders, prefetch)))
+
+
+def _dividing_strip(chunk_rows: int, limit: int) -> int:
+    """The tallest strip of at most ``limit`` rows that divides ``chunk_rows`` (no strip then straddles
+    two chunks), looking at most at twice as many strips per chunk as ``limit`` allows; else the
+    tallest of equal strips per chunk."""
+    d0 = -(-chunk_rows // max(1, limit))
+    for d in range(d0, 2 * d0 + 1):
+        if chunk_rows % d == 0:
+            return chunk_rows // d
+    return max(1, chunk_rows // d0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +251,7 @@ class PassMemory:
 def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memory: int, reserve: int = 0,
               workers: int = 1, cores: int = 1, chunk_bytes: int | None = None, chunks_across: int = 1,
               max_strip: int | None = None, min_tasks: int | None = None, partial_rows: bool = False,
-              direct: bool = False) -> RowPassPlan:
+              direct: bool = False, cache_bytes: int = 0, loaders: int = 1) -> RowPassPlan:
     """Plan a row pass of a kernel whose memory is ``mem``.
 
     Parameters
@@ -210,6 +281,13 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
     direct : bool
         Whether every operand is read straight from its local chunk files into the strip slots
         (:mod:`blocklin.storage.rawchunks`): no zarr chunk temporaries, no buffer.
+    cache_bytes : int
+        One chunk band of the operands read whole (see :func:`plan_row_pass`); 0: never cache.
+    loaders : int
+        Loader threads for reads without zarr temporaries (through zarr one loader: zarr already
+        keeps several chunks in flight, each with its temporaries).
+
+    The read-ahead depth comes from the budget (:func:`plan_row_pass` with ``prefetch=None``).
     """
     budget = memory - reserve
     workers = max(1, workers)
@@ -232,14 +310,15 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
         extra = 3 * cb if mem.chunk_temporaries else 0
         return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed + extra,
                              strip_extra_row_bytes=mem.per_row, workers=workers, cores=cores, max_strip=max_strip,
-                             min_tasks=min_tasks, reserve=reserve, partial_rows=partial_rows)
+                             min_tasks=min_tasks, reserve=reserve, partial_rows=partial_rows, prefetch=None,
+                             cache_bytes=cache_bytes, loaders=loaders if direct or not mem.chunk_temporaries else 1)
     error = None
     for in_flight in range(IO_CONCURRENCY, 0, -1):
         try:
             plan = plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget,
                                  fixed_bytes=mem.fixed + in_flight * 3 * cb, strip_extra_row_bytes=mem.per_row,
-                                 workers=workers, cores=cores, prefetch=1, max_strip=max_strip, min_tasks=min_tasks,
-                                 reserve=reserve, partial_rows=partial_rows)
+                                 workers=workers, cores=cores, prefetch=None, max_strip=max_strip, min_tasks=min_tasks,
+                                 reserve=reserve, partial_rows=partial_rows, cache_bytes=cache_bytes)
         except BudgetError as exc:
             error = exc
             continue

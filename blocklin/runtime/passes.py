@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from blocklin.device import TileStream, get_device
-from blocklin.plan.passes import PassMemory, RowPassPlan, plan_pass
+from blocklin.plan.passes import MAX_LOADERS, PassMemory, RowPassPlan, plan_pass
 from blocklin.progress import report_units
 from blocklin.plan.rechunk import rechunk_advice
 from blocklin.runtime.graph import TileGraph
@@ -180,7 +180,9 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
                      memory=job.cfg.memory if memory is None else memory, reserve=reserve,
                      workers=job.workers(1) if workers is None else workers, cores=job.cores(),
                      chunk_bytes=first.chunk_bytes, chunks_across=first.chunks_across, max_strip=max_strip,
-                     min_tasks=min_tasks)  # None: the canonical split (the same on every scheduler)
+                     min_tasks=min_tasks,  # None: the canonical split (the same on every scheduler)
+                     cache_bytes=sum(s.chunk_rows * s.row_bytes for s in sources if not s.partial_rows),
+                     loaders=MAX_LOADERS if all(s.partial_rows for s in sources) else 1)
 
 
 def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict | None = None, *,
@@ -266,13 +268,20 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
     shapes = [(cs.stop - cs.start, spec.plan.strip) if t else (spec.plan.strip, cs.stop - cs.start)
               for cs, t in zip(col_slices, trans)]
     nbytes = [0]
+    bands = [_Band(arr, t) if spec.plan.cached and _Band.wanted(path, arr, t, spec.plan.strip) else None
+             for path, arr, t in zip(spec.inputs, arrays, trans)]
 
     def load(i: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         r0, r1 = strips[i]
         rs = slice(r0, r1)
         views = []
-        for arr, buf, name, cs, t in zip(arrays, bufs, spec.names, col_slices, trans):
-            if t:  # column strip of the stored array, handed out as a transposed view
+        for arr, buf, name, cs, t, band in zip(arrays, bufs, spec.names, col_slices, trans, bands):
+            if band is not None and band.covers(r0, r1):  # rows of the kept chunk band (read once)
+                v = band.rows(r0, r1, region(buf, (cs.stop - cs.start, r1 - r0) if t else (r1 - r0, cs.stop - cs.start)))
+                if spec.check_finite:
+                    check_finite(v, name, *((cs, rs) if t else (rs, cs)))
+                v = v.T if t else v
+            elif t:  # column strip of the stored array, handed out as a transposed view
                 v = read_block(arr, cs, rs, out=region(buf, (cs.stop - cs.start, r1 - r0)))
                 if spec.check_finite:
                     check_finite(v, name, cs, rs)
@@ -297,7 +306,8 @@ def _stream_strips(spec: RowPassSpec, device: Any, strips: list, load: Any, shap
     """Run the kernel over the strips of one task; returns its state, the bytes written, the rows reported
     to the progress bar and the stream."""
     state = spec.init(device, spec.params) if spec.init else None
-    stream = TileStream(device, len(strips), load, shapes, [a.dtype for a in arrays], depth=spec.plan.prefetch)
+    stream = TileStream(device, len(strips), load, shapes, [a.dtype for a in arrays], depth=spec.plan.prefetch,
+                        loaders=spec.plan.loaders)
     written = told = 0
     for i, dev_arrays in stream:
         r0, r1 = strips[i]
@@ -310,6 +320,49 @@ def _stream_strips(spec: RowPassSpec, device: Any, strips: list, load: Any, shap
                 write_block(outs[name], slice(r0, r1), slice(0, block.shape[1]), block)
             written += block.nbytes
     return state, written, told, stream
+
+
+class _Band:
+    """The chunk band (``chunk_rows`` streamed rows, whole width) that a task's strips share, read once.
+
+    For operands whose chunks are read whole (compressed): strips narrower than a chunk copy their
+    rows out of the band instead of decoding the chunk again. One band per operand and task, filled
+    by the task's single loader thread (the plan gives a cached pass one loader), in row order.
+    """
+
+    def __init__(self, arr: Any, transposed: bool) -> None:
+        self.arr, self.transposed = arr, transposed
+        self.height = arr.chunks[1 if transposed else 0]
+        self.rows_total = arr.shape[1 if transposed else 0]
+        self.width = arr.shape[0 if transposed else 1]
+        self.index = -1
+        self.buf: np.ndarray | None = None
+
+    @staticmethod
+    def wanted(path: Any, arr: Any, transposed: bool, strip: int) -> bool:
+        """Whether strips of ``strip`` rows would read ``arr``'s chunks whole, more than once each."""
+        return read_kind(path) == "chunks" and arr.chunks[1 if transposed else 0] > strip
+
+    def covers(self, r0: int, r1: int) -> bool:
+        return r0 // self.height == (r1 - 1) // self.height
+
+    def rows(self, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
+        """Rows ``r0:r1`` (streamed orientation) into ``out``, reading their band first if not kept."""
+        b = r0 // self.height
+        if b != self.index:
+            b0, b1 = b * self.height, min(self.rows_total, (b + 1) * self.height)
+            if self.buf is None:
+                self.buf = np.empty((self.width, self.height) if self.transposed else (self.height, self.width),
+                                    dtype=self.arr.dtype)
+            whole = slice(0, self.width)
+            if self.transposed:
+                read_block(self.arr, whole, slice(b0, b1), out=self.buf[:, :b1 - b0])
+            else:
+                read_block(self.arr, slice(b0, b1), whole, out=self.buf[:b1 - b0])
+            self.index = b
+        o0, o1 = r0 - b * self.height, r1 - b * self.height
+        out[...] = self.buf[:, o0:o1] if self.transposed else self.buf[o0:o1]
+        return out
 
 
 def reduce_sum(states: list, name: str) -> np.ndarray:
