@@ -92,6 +92,8 @@ class _Factor:
     norm_a: float | None = None
     perm: np.ndarray | None = None
     growth: float | None = None
+    #: LU: the pivots, when ``path`` is the panels' work store (solved by ``BlockOps.lu_solve``).
+    pivots: np.ndarray | None = None
 
 
 def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", precision: str = "double",
@@ -156,13 +158,18 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         steps_max = MAX_REFINE[precision] if max_refine is None else int(max_refine)
         ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite,
                         size=((n, k), dt), temp_size=((n, n), fdt))  # the factor in the temp dir
-        factor, why = _factor(job, A, fdt, assume_a)
-        ops = BlockOps(job, factor.plan.tile)
+        factor, why = _factor(job, A, fdt, assume_a, k)
+        # the tile operations of the solve work on square tiles; the LU panels are wider (and
+        # streamed by BlockOps.lu_solve at their own width), so its stores get the Cholesky's tiles
+        chunk = factor.plan.tile if factor.pivots is None else plan_factor(
+            "cholesky", n, dt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks)).tile
+        ops = BlockOps(job, chunk)
         ops.workers = factor.plan.workers
         x_path = ao.array_path()
         create_array(x_path, shape=(n, k), dtype=dt, chunks=(ops.chunk, ops.chunk), codec=job.cfg.codec)
-        norm_a = factor.norm_a if factor.norm_a is not None and precision == "double" else \
-            math.sqrt(ops.sumsq(Region.of(A.path, A.shape), description="||A||_F"))
+        # the LU panels sum A's stored values; the Cholesky tiles the values cast to the factor's dtype
+        exact_norm = factor.norm_a is not None and (precision == "double" or factor.kind == "lu")
+        norm_a = factor.norm_a if exact_norm else math.sqrt(ops.sumsq(Region.of(A.path, A.shape), description="||A||_F"))
         ref = refine(job, ops, A, B, _solver(job, ops, factor, n, k), x_path, norm_a, tol, steps_max)
         _check_converged(ref, tol, precision, dt)
         col_res, col_x = (_norms(ops.col_sumsq(Region.of(p, (n, k)))) for p in (ref.r_path, x_path))
@@ -217,23 +224,23 @@ def _factor_dtype(dt: np.dtype, precision: str) -> np.dtype:
     return np.dtype(np.float32)
 
 
-def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str) -> tuple[_Factor, str]:
+def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str, k: int) -> tuple[_Factor, str]:
     """The stored factorization for ``assume_a`` and why it was chosen."""
     n = A.shape[0]
     if assume_a == "gen":
-        return _lu(job, A, fdt), "assume_a='gen': out-of-core LU with partial pivoting"
+        return _lu(job, A, fdt, k), "assume_a='gen': out-of-core LU with partial pivoting"
     if assume_a == "pos":
         return _cholesky(job, A, fdt), ("assume_a='pos': out-of-core tiled Cholesky of A (any size), two triangular "
                                         "solves, iterative refinement")
     plan = plan_factor("cholesky", n, fdt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks))
     bad = _first_nonpositive_diagonal(job, A, plan.tile)
     if bad is not None:
-        return _lu(job, A, fdt), (f"assume_a='sym': a[{bad}, {bad}] <= 0, so A is not positive definite: LU with "
+        return _lu(job, A, fdt, k), (f"assume_a='sym': a[{bad}, {bad}] <= 0, so A is not positive definite: LU with "
                                   "partial pivoting (symmetric indefinite)")
     try:
         return _cholesky(job, A, fdt), "assume_a='sym': Cholesky succeeded (A is positive definite)"
     except NotPositiveDefiniteError as e:
-        return _lu(job, A, fdt), (f"assume_a='sym': the Cholesky pivot at row {e.pivot} was <= 0 (A is indefinite): "
+        return _lu(job, A, fdt, k), (f"assume_a='sym': the Cholesky pivot at row {e.pivot} was <= 0 (A is indefinite): "
                                   "LU with partial pivoting")
 
 
@@ -257,21 +264,27 @@ def _cholesky(job: Job, A: Any, fdt: np.dtype) -> _Factor:
                                                                    if isinstance(r, dict))))
 
 
-def _lu(job: Job, A: Any, fdt: np.dtype) -> _Factor:
+def _lu(job: Job, A: Any, fdt: np.dtype, k: int) -> _Factor:
     n = A.shape[0]
     plan = plan_lu(n, fdt, memory=job.cfg.memory, chunks=tuple(A.chunks))
-    lu_path = job.scratch("lu", (n, n), fdt, (plan.tile, plan.tile))
-    pivots, max_a, max_u, min_pivot = factor_lu_into(job, A, lu_path, plan, done_dir=job.temp_dir() / "lu-panels")
-    if not (np.isfinite(max_a) and np.isfinite(max_u)):
+    # up to a panel's width of right-hand sides: solve on the panels as stored (BlockOps.lu_solve),
+    # without the pass that rewrites them in LAPACK's layout
+    streamed = k <= plan.tile
+    lu_path = None if streamed else job.scratch("lu", (n, n), fdt, (plan.tile, plan.tile))
+    f = factor_lu_into(job, A, lu_path, plan, done_dir=job.temp_dir() / "lu-panels")
+    if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
         raise ParameterError(explain("precision", f"'mixed' needs A's entries within {np.dtype(fdt).name}'s range "
-                                     "(the factorization overflowed)", f"max |A| {max_a:.3g}, max |U| {max_u:.3g}",
+                                     "(the factorization overflowed)", f"max |A| {f.max_a:.3g}, max |U| {f.max_u:.3g}",
                                      "pass precision='double', or scale A"))
-    if n and min_pivot == 0.0:
+    if n and f.min_pivot == 0.0:
         raise SingularMatrixError(explain("a", "must be nonsingular for a square solve", "LU with partial pivoting "
                                           "met an exact zero pivot (A is singular)", "regularize (lam > 0), or solve "
                                           "the least-squares problem with method='qr'"))
-    return _Factor("lu", lu_path, plan, perm=swaps_to_permutation(pivots),
-                   growth=max_u / max_a if max_a > 0 else 1.0)
+    growth = f.max_u / f.max_a if f.max_a > 0 else 1.0
+    if streamed:
+        return _Factor("lu", f.work, plan, norm_a=math.sqrt(f.sumsq), growth=growth, pivots=f.pivots)
+    return _Factor("lu", lu_path, plan, norm_a=math.sqrt(f.sumsq), perm=swaps_to_permutation(f.pivots),
+                   growth=growth)
 
 
 def _solver(job: Job, ops: BlockOps, f: _Factor, n: int, k: int) -> Callable[[Region, Region], None]:
@@ -285,6 +298,11 @@ def _solver(job: Job, ops: BlockOps, f: _Factor, n: int, k: int) -> Callable[[Re
             ops.trsm(freg, rhs, yreg, lower=True, dtype=fdt, description="forward substitution L y = b")
             ops.trsm(freg, yreg, dst, lower=True, trans=True, dtype=fdt, description="back substitution L^T x = y")
         return solve
+    if f.pivots is not None:
+        def solve_panels(rhs: Region, dst: Region) -> None:  # read and written in fdt (cast on the way)
+            ops.lu_solve(f.path, f.pivots, rhs, dst, dtype=fdt, tile=f.plan.tile,
+                         description="LU solve (forward and back)")
+        return solve_panels
     preg = Region.of(job.scratch("pb", (n, k), fdt, (t, t)), (n, k))
 
     def solve_lu(rhs: Region, dst: Region) -> None:
