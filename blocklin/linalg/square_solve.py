@@ -266,7 +266,7 @@ def _cholesky(job: Job, A: Any, fdt: np.dtype) -> _Factor:
 
 def _lu(job: Job, A: Any, fdt: np.dtype, k: int) -> _Factor:
     n = A.shape[0]
-    plan = plan_lu(n, fdt, memory=job.cfg.memory, chunks=tuple(A.chunks))
+    plan = plan_lu(n, fdt, memory=job.cfg.memory, chunks=tuple(A.chunks), source_dtype=A.dtype)
     # up to a panel's width of right-hand sides: solve on the panels as stored (BlockOps.lu_solve),
     # without the pass that rewrites them in LAPACK's layout
     streamed = k <= plan.tile

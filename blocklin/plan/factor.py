@@ -116,24 +116,28 @@ PANEL_BUFFERS = 2
 LU_STREAM_ROWS = 1024
 
 
-def lu_stream_rows(width: int) -> int:
-    """Rows of one streamed block of an earlier panel: a multiple of the panel width (whole chunks
-    of the work store), at least :data:`LU_STREAM_ROWS` so that each update GEMM is large."""
+def lu_stream_rows(width: int, n: int) -> int:
+    """Rows of one streamed block of an earlier panel of an ``n``-row LU: a multiple of the panel
+    width (whole chunks of the work store), about :data:`LU_STREAM_ROWS` so that each update GEMM
+    is large, and no more than the panel's rows."""
     width = max(1, int(width))
-    return width * max(1, LU_STREAM_ROWS // width)
+    return width * max(1, min(LU_STREAM_ROWS // width, -(-int(n) // width)))
 
 
-def lu_panel_bytes(n: int, width: int, itemsize: int) -> int:
-    """Bytes one LU panel task holds: :data:`PANEL_BUFFERS` panels of ``n x width``, a streamed block
-    of an earlier panel, its diagonal block and the ``U`` block, and a row block read in float64
-    before a cast (mixed precision)."""
-    rows = min(lu_stream_rows(width), max(n, 1))
-    return (PANEL_BUFFERS * max(n, 1) * width + rows * width + 2 * width * width) * itemsize + rows * width * 8
+def lu_panel_bytes(n: int, width: int, itemsize: int, source_itemsize: int | None = None) -> int:
+    """Bytes one LU panel task holds: :data:`PANEL_BUFFERS` panels of ``n x width``, two streamed
+    blocks of an earlier panel (one in use, one read ahead), the ``U`` block, the rows a panel's swaps
+    move (``2 width``), and, when the input has another dtype (``source_itemsize``: mixed precision),
+    a row block of it read before the cast."""
+    rows = lu_stream_rows(width, n)
+    cast = rows * width * source_itemsize if source_itemsize not in (None, itemsize) else 0
+    return (PANEL_BUFFERS * max(n, 1) * width + 2 * rows * width + 3 * width * width) * itemsize + cast
 
 
 def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
-            tile: int | None = None) -> FactorPlan:
-    """Panel width of the left-looking LU: as wide as :func:`lu_panel_bytes` allows in the budget.
+            tile: int | None = None, source_dtype: Any = None) -> FactorPlan:
+    """Panel width of the left-looking LU: as wide as :func:`lu_panel_bytes` allows in the budget
+    (``source_dtype``: the input's, when the factorization computes in another ``dtype``).
 
     Wide panels mean fewer passes over the earlier panels (``n^3 / (2 width)`` elements read) and
     larger update GEMMs; the width is a multiple of the input's square chunk side when that fits
@@ -141,9 +145,10 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
     after another (each needs the previous one's pivots), BLAS on every core.
     """
     dt = np.dtype(dtype)
+    src = np.dtype(source_dtype or dt).itemsize
 
     def fits(t: int) -> bool:
-        return lu_panel_bytes(n, min(t, max(n, 1)), dt.itemsize) <= memory
+        return lu_panel_bytes(n, min(t, max(n, 1)), dt.itemsize, src) <= memory
 
     if tile is None:
         if chunks is not None and chunks[0] == chunks[1] and chunks[0] >= 32 and fits(chunks[0]):
@@ -154,13 +159,13 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
         else:
             tile = next((t for t in TILE_SIDES if fits(t)), None)
         if tile is None:
-            need = lu_panel_bytes(n, 32, dt.itemsize)
+            need = lu_panel_bytes(n, 32, dt.itemsize, src)
             raise BudgetError(explain("memory", f"must hold {PANEL_BUFFERS} column panels of {n} x 32 for the LU",
                                       format_size(memory), f"raise it to at least {format_size(need)}"))
     tile = max(1, min(int(tile), max(n, 1)))
     nt = max(1, math.ceil(n / tile))
     return FactorPlan(operation="lu", n=n, dtype=dt.name, tile=tile, tiles=nt, workers=1,
-                      peak_memory=lu_panel_bytes(n, tile, dt.itemsize), memory=memory, flops=2 * n**3 // 3,
+                      peak_memory=lu_panel_bytes(n, tile, dt.itemsize, src), memory=memory, flops=2 * n**3 // 3,
                       bytes_read=int((n**3 / (2 * tile) + 2 * n * n) * dt.itemsize))
 
 

@@ -626,12 +626,23 @@ def swap_moves(piv: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
     return dst, src
 
 
-def _apply_swaps(dev: Any, x: Any, piv: np.ndarray, start: int, offset: int = 0) -> None:
-    """Apply the swaps ``i <-> piv[i - start]`` to rows ``i - offset`` of ``x`` (a host or device array)."""
+def _apply_swaps(dev: Any, x: Any, piv: np.ndarray, start: int, offset: int = 0,
+                 buf: np.ndarray | None = None) -> None:
+    """Apply the swaps ``i <-> piv[i - start]`` to rows ``i - offset`` of ``x`` (a host or device array).
+
+    ``buf`` (host arrays): a buffer of at least ``2 len(piv)`` rows like ``x``'s for the gathered
+    rows, reused from call to call (a fresh array of that size faults its pages in every time).
+    """
     dst, src = swap_moves(piv, start)
-    if dst.size:
-        with dev.on_compute():
-            x[dev.to_device(dst - offset)] = x[dev.to_device(src - offset)]
+    if not dst.size:
+        return
+    if isinstance(x, np.ndarray) and buf is not None:
+        rows = buf[: dst.size]
+        np.take(x, src - offset, axis=0, out=rows)
+        x[dst - offset] = rows
+        return
+    with dev.on_compute():
+        x[dev.to_device(dst - offset)] = x[dev.to_device(src - offset)]
 
 
 def _panel_pivots(spec: TileOpSpec, j: int) -> np.ndarray:
@@ -659,6 +670,20 @@ def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block
         if not same:
             panel[r0:r1] = block
     return panel, {"max_a": max_a, "sumsq": sumsq}
+
+
+def _stream_blocks(dev: Any, path: Any, blocks: list[tuple[int, int, int]], t: int, rb: int, dt: np.dtype) -> Any:
+    """A :class:`~blocklin.device.stream.TileStream` over the blocks ``(k, r0, r1)`` of a work store:
+    rows ``r0:r1`` of column panel ``k`` (``t`` wide, at most ``rb`` rows), one read ahead."""
+    from blocklin.device.stream import TileStream
+
+    work = open_array(path)
+
+    def load(i: int, buffers: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        k, r0, r1 = blocks[i]
+        return (read_block(work, slice(r0, r1), slice(k * t, (k + 1) * t), out=buffers[0][: r1 - r0]),)
+
+    return TileStream(dev, len(blocks), load, [(rb, t)], dt, depth=1)
 
 
 def _max_abs(x: np.ndarray, rows_per_block: int) -> float:
@@ -689,27 +714,30 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
         return {"skipped": 1, **_load(spec, f"lu-stats-{j}.npy")}
     t, dt = spec.tile, np.dtype(spec.dtype)
     n = spec.a.shape[0]
-    rb = lu_stream_rows(t)
+    rb = lu_stream_rows(t, n)
     dev = get_device(spec.device, device_memory=spec.device_memory)
     c0, c1 = j * t, min(n, (j + 1) * t)
     host, stats = _read_panel(spec, c0, c1, dt, rb)
     panel = dev.to_device(host)
-    work = open_array(spec.out.path)
     nread = host.nbytes
-    for k in range(j):  # left-looking updates, in panel order: identical sums on every scheduler
-        k0, k1 = k * t, min(n, (k + 1) * t)
-        _apply_swaps(dev, panel, _panel_pivots(spec, k), k0)
-        lkk = read_block(work, slice(k0, k1), slice(k0, k1))
-        ukj = dev.solve_triangular(dev.to_device(lkk), panel[k0:k1], lower=True, unit=True)
-        with dev.on_compute():
-            panel[k0:k1] = ukj
-        nread += lkk.nbytes
-        for r0 in range(k1, n, rb):
-            r1 = min(n, r0 + rb)
-            lblk = read_block(work, slice(r0, r1), slice(k0, k1))
-            dev.gemm_acc(panel[r0:r1], dev.to_device(lblk), ukj, -1.0)
-            nread += lblk.nbytes
-        del ukj, lkk
+    # the blocks of the earlier panels, in the order they are used: each panel's diagonal block
+    # (TRSM), then its row blocks below (GEMMs); read one ahead on a loader thread
+    blocks = [(k, r0, min(n, r0 + (t if r0 == k * t else rb))) for k in range(j)
+              for r0 in [k * t, *range((k + 1) * t, n, rb)]]
+    stream = _stream_blocks(dev, spec.out.path, blocks, t, rb, dt)
+    ukj = None
+    swap_buf = np.empty((2 * t, c1 - c0), dtype=dt) if j and isinstance(panel, np.ndarray) else None
+    for i, (lblk,) in stream:  # in panel order: identical sums on every scheduler
+        k, r0, r1 = blocks[i]
+        if r0 == k * t:  # panel k's swaps (the row order it was stored in), then U_kJ = L_kk^-1 P_kJ
+            _apply_swaps(dev, panel, _panel_pivots(spec, k), r0, buf=swap_buf)
+            ukj = dev.solve_triangular(lblk, panel[r0:r1], lower=True, unit=True)
+            with dev.on_compute():
+                panel[r0:r1] = ukj
+        else:
+            dev.gemm_acc(panel[r0:r1], lblk, ukj, -1.0)
+        nread += (r1 - r0) * t * dt.itemsize
+    del ukj, swap_buf
     lu, local = dev.lu_panel(dev.to_host(panel[c0:]))
     with dev.on_compute():  # a host panel takes getrf's column-major result as it is (one strided copy)
         panel[c0:] = lu if isinstance(panel, np.ndarray) else dev.to_device(lu)
@@ -750,7 +778,7 @@ def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray) -> dict:
 
     t, dt = spec.tile, np.dtype(spec.dtype)
     n, k = spec.b.shape
-    rb = lu_stream_rows(t)
+    rb = lu_stream_rows(t, n)
     dev = get_device(spec.device, device_memory=spec.device_memory)
     work = open_array(spec.a.path)
     y = dev.to_device(spec.b.read(0, 0, max(n, k, 1), dt, spec.check, "b"))
