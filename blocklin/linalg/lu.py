@@ -42,7 +42,8 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
     explain : bool
         Return the :class:`~blocklin.plan.factor.FactorPlan` without running.
     tile : int, optional
-        Panel width (default: the largest that fits 5 panels of ``n`` rows in the budget).
+        Panel width (default: the widest multiple of the input's chunk side for which
+        :func:`~blocklin.plan.factor.lu_panel_bytes` fits the budget: about two panels of ``n`` rows).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
@@ -127,7 +128,8 @@ def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: A
         create_array(work, shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
     ops = BlockOps(job, t)
     ops.workers = 1
-    results = ops.lu_panels(Region.of(A.path, A.shape), work, dtype=dt, done_dir=done_dir, check=job.check_finite)
+    results = ops.lu_panels(Region.of(A.path, A.shape), work, dtype=dt, done_dir=done_dir, check=job.check_finite,
+                            out=path)
     pivots = np.concatenate([np.load(io.BytesIO(backend(done_dir).read_bytes(f"lu-piv-{j}.npy")))
                              for j in range(plan.tiles)]) if n else np.zeros(0, dtype=np.int64)
     if path is not None:

@@ -252,7 +252,7 @@ class BlockOps:
             total[c0:c0 + cols.size] += cols
         return total
 
-    def lu_panels(self, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True,
+    def lu_panels(self, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True, out: Any = None,
                   description: str = "LU panels") -> list[dict]:
         """Left-looking LU with partial pivoting over whole column panels (one task per panel).
 
@@ -262,10 +262,14 @@ class BlockOps:
         with partial pivoting over all its rows: the pivot choice of ``getrf`` on the whole matrix.
         The panel is written once to the store ``work`` (its ``L`` rows in the order of its own
         swaps; :meth:`lu_finish` applies the later swaps) and its swaps to ``done_dir``, so a rerun
-        (``resume``) skips finished panels. Panels form one chain of tasks.
+        (``resume``) skips finished panels. Panels form one chain of tasks. With ``out`` (the packed
+        result, finished by :meth:`lu_finish`), the rows no later swap moves (``U`` and the
+        diagonal block) go straight there and only the ``L`` rows from the diagonal block down to
+        ``work``.
         """
         n = a.shape[0]
-        spec = self._spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir)
+        spec = self._spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir,
+                          c=Region.of(out, a.shape) if out is not None else None)
         graph = self.graph("lu", spec)
         prev = None
         for j in range(_tiles(n, self.chunk)):
@@ -289,8 +293,9 @@ class BlockOps:
     def lu_finish(self, work: Any, out: Any, n: int, pivots: np.ndarray, *, dtype: Any,
                   description: str = "LU row swaps") -> list[dict]:
         """``out``: the packed LU of ``work`` with every later row swap applied to each ``L`` panel
-        (as LAPACK stores it); one task per column panel, reading ``work`` and writing ``out``
-        (idempotent)."""
+        (as LAPACK stores it); one task per column panel, reading the ``L`` rows below its diagonal
+        block from ``work`` and writing them to ``out`` (idempotent; :meth:`lu_panels` with ``out``
+        wrote the rest)."""
         spec = self._spec(dtype, a=Region.of(work, (n, n)), out=Region.of(out, (n, n)), c=None)
         graph = self.graph("lu-swaps", spec, pivots.tobytes())
         for j in range(_tiles(n, self.chunk)):
@@ -749,7 +754,11 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     diag = np.abs(np.diagonal(host[c0:c1]))
     stats.update(max_u=max(_max_abs(host[:c0], rb), float(np.abs(np.triu(host[c0:c1])).max()) if c1 > c0 else 0.0),
                  min_pivot=float(diag.min()) if diag.size else 0.0)
-    write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), host)
+    if spec.c is None:
+        write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), host)
+    else:  # U and the diagonal block are final; the L rows below wait for the later swaps
+        write_block(open_array(spec.c.path, mode="r+"), slice(0, c1), slice(c0, c1), host[:c1])
+        write_block(open_array(spec.out.path, mode="r+"), slice(c0, n), slice(c0, c1), host[c0:])
     _save(spec, f"lu-stats-{j}.npy", stats)
     _mark(marker)
     w = c1 - c0
@@ -759,15 +768,17 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
 
 @with_task_settings
 def lu_swap_task(spec: TileOpSpec, j: int, pivots: np.ndarray) -> dict:
-    """Column panel ``j`` of the packed LU with the swaps of the later panels applied to its ``L`` rows."""
+    """The ``L`` rows below panel ``j``'s diagonal block with the swaps of the later panels applied."""
     t = spec.tile
     n = spec.a.shape[0]
     c0, c1 = j * t, min(n, (j + 1) * t)
-    block = read_block(open_array(spec.a.path), slice(0, n), slice(c0, c1))
+    if c1 >= n:
+        return {"bytes_read": 0, "bytes_written": 0}
+    block = read_block(open_array(spec.a.path), slice(c1, n), slice(c0, c1))
     dst, src = swap_moves(pivots[c1:], c1)
     if dst.size:
-        block[dst] = block[src]
-    write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), block)
+        block[dst - c1] = block[src - c1]
+    write_block(open_array(spec.out.path, mode="r+"), slice(c1, n), slice(c0, c1), block)
     return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
 
 
