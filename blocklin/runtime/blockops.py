@@ -128,9 +128,12 @@ class BlockOps:
                           blas_threads=job.task_blas_threads(job.cores()), **fields)
 
     def _run(self, graph: TileGraph, description: str) -> list[dict]:
+        """Run ``graph``; with one worker, in the calling thread on the local threaded scheduler
+        (:meth:`~blocklin.runtime.job.Job.run`'s ``in_caller``: tasks run one at a time anyway)."""
         job = self.job
         workers = self.workers or job.workers(1)
-        return job.run(graph, workers=workers, blas_threads=max(1, job.cores() // workers), description=description)
+        return job.run(graph, workers=workers, blas_threads=max(1, job.cores() // workers), description=description,
+                       in_caller=workers == 1)
 
     def syrk(self, out: Region, a: Region, *, dtype: Any, alpha: float = 1.0, beta: float = 0.0,
              c: Region | None = None, full: bool = False, check: bool = False, shift: float = 0.0,
