@@ -257,7 +257,8 @@ def _first_nonpositive_diagonal(job: Job, A: Any, t: int) -> int | None:
 
 def _cholesky(job: Job, A: Any, fdt: np.dtype) -> _Factor:
     n = A.shape[0]
-    plan = plan_factor("cholesky", n, fdt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks))
+    plan = plan_factor("cholesky", n, fdt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks),
+                       widen=True)
     l_path = job.scratch("l", (n, n), fdt, (plan.tile, plan.tile))
     results = factor_into(job, A, l_path, plan)
     return _Factor("cholesky", l_path, plan, norm_a=math.sqrt(sum(r.get("sumsq", 0.0) for r in results

@@ -14,6 +14,8 @@ from blocklin.errors import BudgetError, explain
 #: Tile-sized buffers one factorization task holds: the accumulator, the two update operands, the
 #: tile as read (before the cast), and zarr's chunk temporaries when the input chunks differ.
 TILE_BUFFERS = 6
+#: Tiles per side below which a tiled factorization does not widen its tiles past the chunk side.
+MIN_TILES = 4
 #: Tile sides tried, largest first (a tile task's BLAS calls are efficient from a few hundred up).
 TILE_SIDES = (2048, 1024, 512, 256, 128, 64, 32)
 
@@ -78,11 +80,15 @@ class FactorPlan:
 
 
 def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int = 1,
-                chunks: tuple[int, int] | None = None, tile: int | None = None) -> FactorPlan:
+                chunks: tuple[int, int] | None = None, tile: int | None = None, widen: bool = False) -> FactorPlan:
     """Tile side and concurrency of a tiled factorization of an ``n x n`` matrix within ``memory``.
 
-    The input's square chunk side is kept when it fits (tiles then read whole chunks); otherwise
-    the largest of :data:`TILE_SIDES` that fits ``workers`` tasks of :data:`TILE_BUFFERS` tiles.
+    The input's square chunk side is kept when it fits (tiles then read whole chunks); with
+    ``widen``, the largest multiple of it that fits the budget, up to the largest of
+    :data:`TILE_SIDES`, while at least :data:`MIN_TILES` tiles remain per side (larger tiles mean
+    fewer reads, ``n^3 / (3 tile)`` elements, and larger GEMMs: at n = 4096 with 512-chunks and a
+    64 MiB budget, tiles of 1024 ran the Cholesky in 9-13 s against 18-19 s with 512). Otherwise the
+    largest of :data:`TILE_SIDES` that fits ``workers`` tasks of :data:`TILE_BUFFERS` tiles.
     """
     dt = np.dtype(dtype)
     per_tile = dt.itemsize
@@ -92,7 +98,10 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
 
     if tile is None:
         if chunks is not None and chunks[0] == chunks[1] and 32 <= chunks[0] and fits(min(chunks[0], n), workers):
-            tile = chunks[0]
+            c = chunks[0]
+            tile = c
+            while widen and tile + c <= TILE_SIDES[0] and n >= MIN_TILES * (tile + c) and fits(tile + c, workers):
+                tile += c
         else:
             tile = next((t for t in TILE_SIDES if fits(min(t, max(n, 1)), workers)), None)
         if tile is None:
