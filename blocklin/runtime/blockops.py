@@ -45,6 +45,7 @@ from blocklin.plan.chunks import split
 from blocklin.plan.gemm import plan_gemm
 from blocklin.runtime.graph import TileGraph
 from blocklin.device import get_device
+from blocklin.device.base import PANEL_GETRF_THREADS
 from blocklin.errors import NotPositiveDefiniteError, SingularMatrixError, explain
 from blocklin.runtime.tiles import Epilogue, GemmSpec, check_finite, gemm_tile, open_array, with_task_settings
 from blocklin.storage.atomic import is_done, mark_done
@@ -573,9 +574,17 @@ def cholesky_tile_task(spec: TileOpSpec, i: int, j: int, deps: list) -> dict:
 
 def _factor_diagonal(dev: Any, acc: Any, offset: int, spec: TileOpSpec) -> np.ndarray:
     """``chol(acc)`` (lower, host array); a failed pivot raises :class:`NotPositiveDefiniteError`
-    naming its global index."""
+    naming its global index.
+
+    On one BLAS thread, as the LU's panel ``getrf`` (:meth:`~blocklin.device.base.Device.lu_panel`):
+    OpenBLAS's threaded ``potrf`` of a 1024 or 2048 tile took 2 to 10 times as long as one thread
+    on this project's shared 2-core machine (0.19-0.87 s against 0.05-0.08 s at 1024).
+    """
+    from threadpoolctl import threadpool_limits
+
     try:
-        low = dev.cholesky(acc)
+        with threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas"):
+            low = dev.cholesky(acc)
         out = np.asarray(dev.to_host(low))
         if np.isfinite(out).all():
             return np.tril(out)
