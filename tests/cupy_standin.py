@@ -519,14 +519,22 @@ class ndarray:
         return f"<stand-in cupy.ndarray {self.shape} {self.dtype} in {self._alloc.name}>"
 
     def __getitem__(self, key) -> ndarray:
+        if _row_index(key):  # x[rows]: a gather kernel into a new array
+            return _dense("gather", lambda v, k: v[k], self, key, outs=[((key.shape[0],) + self.shape[1:], self.dtype)])[0]
         if isinstance(key, ndarray) or (isinstance(key, tuple) and any(isinstance(k, ndarray) for k in key)):
-            raise NotImplementedError("advanced indexing is not modelled by the stand-in")
+            raise NotImplementedError("advanced indexing other than x[rows] is not modelled by the stand-in")
         v = self._a[key]
         if not isinstance(v, np.ndarray):
             raise NotImplementedError("scalar element access syncs the device; the stand-in refuses it")
         return self._wrap(v)
 
     def __setitem__(self, key, value) -> None:
+        if _row_index(key):  # x[rows] = value: a scatter kernel writing (conservatively) all of x
+            if not isinstance(value, ndarray):
+                raise TypeError(f"Unsupported type {type(value)}: upload host arrays before assigning them")
+            dst, k, v = self._a, key._a, value._a
+            _enqueue(None, lambda: dst.__setitem__(k, v), [(key, "r"), (value, "r"), (self, "w")], "scatter")
+            return
         target = self[key]
         if not (isinstance(value, ndarray) or _is_scalar(value)):
             raise TypeError(f"Unsupported type {type(value)}: upload host arrays before assigning them")
@@ -640,6 +648,11 @@ class ndarray:
         elif not pinned or s.is_null:
             _wait(s, op)
         return host
+
+
+def _row_index(key: Any) -> bool:
+    """A 1-D integer device array used as a row index (``x[rows]``), the one advanced index modelled."""
+    return isinstance(key, ndarray) and key.ndim == 1 and np.issubdtype(key.dtype, np.integer)
 
 
 def _operand(x: Any) -> Any:

@@ -62,5 +62,7 @@ def test_factor_lu_json(tmp_path, capsys):
     lu_ref, piv_ref = sl.lu_factor(a)
     np.testing.assert_allclose(m[...], lu_ref, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(m.provenance["pivots"], piv_ref)
+    assert main(["factor", "lu", pa, "-o", str(out), "--explain", "--memory", "120KiB"]) == 0
+    assert "2 column panels of 32" in capsys.readouterr().out  # 1 panel of 50 does not fit 120 KiB
     assert main(["factor", "lu", pa, "-o", str(out), "--explain"]) == 0
-    assert "column panels of 32" in capsys.readouterr().out
+    assert "1 column panels of 50" in capsys.readouterr().out  # as wide as the budget allows

@@ -17,7 +17,7 @@ CHILD = """
     reset_hwm()
     f = bl.lu(a_path, out, memory=memory)
     print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": f.report["plan"]["peak_memory"],
-                      "tasks": f.report["tasks"], "growth": f.report["growth_factor"]}))
+                      "tasks": f.report["tasks"], "growth": f.report["growth_factor"], "tile": f.report["plan"]["tile"]}))
 """
 
 
@@ -30,7 +30,7 @@ def test_lu_peak_within_budget(tmp_path):
     r = run_child(CHILD, a.path, str(tmp_path / "lu.zarr"), f"{memory_mib}MiB")
     used = r["peak"] - r["baseline"]
     assert r["plan_peak"] <= budget
-    assert r["tasks"] > 2 * (n // 256)  # panels narrower than the chunks, and the swap pass
+    assert r["tile"] < n // 4 and r["tasks"] == 2 * -(-n // r["tile"])  # several panels, and the swap pass
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget {memory_mib} MiB"
     # spot check: the first 64 rows of P A = L U against the stored input
     lu = bl.open(tmp_path / "lu.zarr")

@@ -148,3 +148,20 @@ def test_cli_solve_square(tmp_path, capsys):
     assert main(["solve", sym.path, b.path, "-o", str(tmp_path / "y.zarr"), "--assume-a", "sym", "--json",
                  "--no-progress"]) == 0
     assert json.loads(capsys.readouterr().out)["method"] in ("cholesky", "lu")
+
+
+def test_gen_solve_with_more_right_hand_sides_than_a_panel():
+    """Up to a panel's width of columns the solve streams the stored panels (BlockOps.lu_solve); more
+    go through the packed factor and the tile triangular solves: both against SciPy."""
+    rng = np.random.default_rng(11)
+    n = 100
+    a = rng.standard_normal((n, n))
+    b = rng.standard_normal((n, 70))
+    for cols in (5, 70):
+        x = bl.solve(a, b[:, :cols], memory="256KiB", scheduler="sync")
+        assert (cols <= x.report["plan"]["tile"]) == (cols == 5)
+        # refined to sqrt(n) u; the solution error is then within cond(A) times that
+        assert x.report["backward_error"] <= np.sqrt(n) * np.finfo(float).eps
+        assert _eta(a, x[...], b[:, :cols]) <= 4 * np.sqrt(n) * np.finfo(float).eps
+        np.testing.assert_allclose(x[...], sl.solve(a, b[:, :cols]), rtol=0,
+                                   atol=1e-10 * np.abs(sl.solve(a, b[:, :cols])).max())

@@ -125,8 +125,9 @@ class Device(abc.ABC):
         """Lower Cholesky factor ``L`` with ``x = L @ L.T``."""
 
     @abc.abstractmethod
-    def solve_triangular(self, t: Any, b: Any, *, lower: bool, trans: bool = False) -> Any:
-        """``op(t)^-1 @ b`` for triangular ``t`` (``op`` transposes when ``trans``)."""
+    def solve_triangular(self, t: Any, b: Any, *, lower: bool, trans: bool = False, unit: bool = False) -> Any:
+        """``op(t)^-1 @ b`` for triangular ``t`` (``op`` transposes when ``trans``); only the ``lower``
+        (or upper) triangle of ``t`` is read, and with ``unit`` not its diagonal (taken as ones)."""
 
     @abc.abstractmethod
     def qr(self, x: Any) -> tuple[Any, Any]:
@@ -192,16 +193,25 @@ class Device(abc.ABC):
         (unit lower ``L`` below the diagonal, ``U`` on and above) and LAPACK's 0-based row swaps.
 
         LAPACK ``getrf`` on the host on every device: a panel is tall and narrow, so its
-        factorization is bound by memory traffic, not flops. A zero pivot is kept (``U`` singular),
-        as LAPACK does; callers check ``U``'s diagonal.
+        factorization is bound by memory traffic, not flops. It runs on one BLAS thread: OpenBLAS's
+        threaded ``getrf`` synchronizes its threads at every column of a tall panel and is no faster
+        than one thread on an idle machine, and 2 to 10 times slower when other work shares the cores
+        (measured on 4096 x 512 to 16384 x 1024 panels). A zero pivot is kept (``U`` singular), as
+        LAPACK does; callers check ``U``'s diagonal.
         """
         from scipy.linalg import lapack
+        from threadpoolctl import threadpool_limits
 
         getrf = lapack.get_lapack_funcs("getrf", (x,))
-        lu, piv, info = getrf(x, overwrite_a=False)
+        with threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas"):
+            lu, piv, info = getrf(x, overwrite_a=False)
         if info < 0:
             raise ValueError(f"getrf: illegal argument {-info}")
         return lu, piv.astype(np.int64)
+
+
+#: BLAS threads of the panel factorization (:meth:`Device.lu_panel`).
+PANEL_GETRF_THREADS = 1
 
 
 def not_positive_definite(n: int) -> Exception:

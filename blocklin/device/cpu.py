@@ -97,10 +97,16 @@ class CpuDevice(Device):
         except np.linalg.LinAlgError:
             raise not_positive_definite(x.shape[0]) from None
 
-    def solve_triangular(self, t: np.ndarray, b: np.ndarray, *, lower: bool, trans: bool = False) -> np.ndarray:
-        from scipy.linalg import solve_triangular
+    def solve_triangular(self, t: np.ndarray, b: np.ndarray, *, lower: bool, trans: bool = False,
+                         unit: bool = False) -> np.ndarray:
+        trsm = _blas_trsm(t.dtype)
+        if (trsm is None or b.dtype != t.dtype or t.ndim != 2 or b.ndim != 2 or t.shape[0] != t.shape[1]
+                or (not unit and not np.diagonal(t).all())):  # an exact zero pivot: SciPy's error
+            from scipy.linalg import solve_triangular
 
-        return solve_triangular(t, b, lower=lower, trans=1 if trans else 0, check_finite=False)
+            return solve_triangular(t, b, lower=lower, trans=1 if trans else 0, unit_diagonal=unit,
+                                    check_finite=False)
+        return _trsm(trsm, t, b, lower=lower, trans=trans, unit=unit)
 
     def qr(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.linalg.qr(x, mode="reduced")
@@ -132,6 +138,36 @@ def _blas_gemm(dtype: np.dtype):
 
     return {np.dtype(np.float64): blas.dgemm, np.dtype(np.float32): blas.sgemm,
             np.dtype(np.complex128): blas.zgemm, np.dtype(np.complex64): blas.cgemm}.get(np.dtype(dtype))
+
+
+def _blas_trsm(dtype: np.dtype):
+    from scipy.linalg import blas
+
+    return {np.dtype(np.float64): blas.dtrsm, np.dtype(np.float32): blas.strsm}.get(np.dtype(dtype))
+
+
+def _trsm(trsm: Any, t: np.ndarray, b: np.ndarray, *, lower: bool, trans: bool, unit: bool) -> np.ndarray:
+    """``op(t)^-1 b`` by one BLAS TRSM on a copy of ``b``, with no other copy.
+
+    BLAS is column-major: a C-ordered ``t`` is passed as its Fortran-ordered transpose (the other
+    triangle, ``trans`` flipped); a C-ordered ``b`` is solved as ``X^T = B^T op(t)^-T`` from the right
+    on its Fortran-ordered transpose (SciPy's ``solve_triangular`` copies both to Fortran order).
+    """
+    if t.flags.f_contiguous:
+        a, flipped = t, False
+    elif t.flags.c_contiguous:
+        a, flipped = t.T, True
+    else:
+        a, flipped = np.asfortranarray(t), False
+    a_lower = lower != flipped
+    if b.flags.f_contiguous and not b.flags.c_contiguous:
+        out = np.array(b, order="F")  # op(t)^-1 B, from the left
+        trsm(1.0, a, out, side=0, lower=int(a_lower), trans_a=int(trans != flipped), diag=int(unit), overwrite_b=1)
+    else:
+        out = np.array(b, order="C")  # (B^T op(t)^-T)^T, from the right on out.T
+        trsm(1.0, a, out.T, side=1, lower=int(a_lower), trans_a=int((not trans) != flipped), diag=int(unit),
+             overwrite_b=1)
+    return out
 
 
 def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0, beta: float = 1.0) -> None:

@@ -455,11 +455,11 @@ class CudaDevice(Device):
         except np.linalg.LinAlgError:
             raise not_positive_definite(x.shape[0]) from None
 
-    def solve_triangular(self, t: Any, b: Any, *, lower: bool, trans: bool = False) -> Any:
+    def solve_triangular(self, t: Any, b: Any, *, lower: bool, trans: bool = False, unit: bool = False) -> Any:
         from cupyx.scipy.linalg import solve_triangular
 
         with self.compute:
-            return solve_triangular(t, b, lower=lower, trans=1 if trans else 0)
+            return solve_triangular(t, b, lower=lower, trans=1 if trans else 0, unit_diagonal=unit)
 
     def qr(self, x: Any) -> tuple[Any, Any]:
         with self.compute:

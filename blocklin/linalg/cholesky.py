@@ -91,7 +91,7 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
                    "blocklin.solve(a, b))")
         dt = float_operand(A)
         plan = plan_factor("cholesky", n, dt, memory=job.cfg.memory, workers=job.workers(1),
-                           chunks=tuple(A.chunks), tile=tile)
+                           chunks=tuple(A.chunks), tile=tile, widen=True)
         if explain:
             return plan
         token = tokenize("cholesky", A.path, A.shape, A.dtype.str, tuple(A.chunks), lower, plan.to_dict())[:16]

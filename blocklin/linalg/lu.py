@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from typing import Any, Unpack
 
@@ -41,7 +42,8 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
     explain : bool
         Return the :class:`~blocklin.plan.factor.FactorPlan` without running.
     tile : int, optional
-        Panel width (default: the largest that fits 5 panels of ``n`` rows in the budget).
+        Panel width (default: the widest multiple of the input's chunk side for which
+        :func:`~blocklin.plan.factor.lu_panel_bytes` fits the budget: about two panels of ``n`` rows).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
@@ -81,7 +83,8 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
             open_zarr(ao.array_path(), mode="r+")
         else:
             create_array(ao.array_path(), shape=(n, n), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
-        pivots, max_a, max_u, min_pivot = factor_lu_into(job, A, ao.array_path(), plan, done_dir=ao.done)
+        f = factor_lu_into(job, A, ao.array_path(), plan, done_dir=ao.done)
+        pivots, max_a, max_u, min_pivot = f.pivots, f.max_a, f.max_u, f.min_pivot
         if n and min_pivot == 0.0:
             warn("lu: an exact zero pivot: A is singular (U has a zero on its diagonal); the factors are "
                  "returned as LAPACK's getrf does")
@@ -95,13 +98,29 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
         return Matrix(path, report=report, temporary=out is None)
 
 
-def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: Any) -> tuple[np.ndarray, float,
-                                                                                              float, float]:
+@dataclasses.dataclass(frozen=True)
+class LUFactors:
+    """What :func:`factor_lu_into` leaves: the pivots, statistics, and where the panels are."""
+
+    #: LAPACK's 0-based row swaps.
+    pivots: np.ndarray
+    max_a: float
+    max_u: float
+    #: Smallest ``|U_ii|``.
+    min_pivot: float
+    #: ``||A||_F^2`` (float64, of the stored values: the panels read all of ``A``).
+    sumsq: float
+    #: The panels as factored (``L`` rows of panel ``j`` in the order of its own swaps), for
+    #: :meth:`~blocklin.runtime.blockops.BlockOps.lu_solve`.
+    work: Any
+
+
+def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: Any) -> LUFactors:
     """The packed LU of operand ``A`` (computed in ``plan.dtype``) into the existing store ``path``.
 
     ``done_dir`` (a folder) keeps the panels' pivots, statistics and resume markers, and the work
-    store of the panels (``lu-work.zarr``). Returns the pivots, ``max |A|``, ``max |U|`` and the
-    smallest ``|U_ii|``.
+    store of the panels (``lu-work.zarr``). With ``path=None`` the last pass (the later swaps applied
+    to each ``L`` panel, LAPACK's layout) is skipped: a solve uses the work store as it is.
     """
     n, dt, t = A.shape[0], np.dtype(plan.dtype), plan.tile
     work = (done_dir / "lu-work.zarr").with_pending(False)
@@ -109,14 +128,16 @@ def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: A
         create_array(work, shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
     ops = BlockOps(job, t)
     ops.workers = 1
-    results = ops.lu_panels(Region.of(A.path, A.shape), work, dtype=dt, done_dir=done_dir, check=job.check_finite)
+    results = ops.lu_panels(Region.of(A.path, A.shape), work, dtype=dt, done_dir=done_dir, check=job.check_finite,
+                            out=path)
     pivots = np.concatenate([np.load(io.BytesIO(backend(done_dir).read_bytes(f"lu-piv-{j}.npy")))
                              for j in range(plan.tiles)]) if n else np.zeros(0, dtype=np.int64)
-    ops.lu_finish(work, path, n, pivots, dtype=dt)
-    max_a = max((r["max_a"] for r in results), default=0.0)
-    max_u = max((r["max_u"] for r in results), default=0.0)
-    min_pivot = min((r["min_pivot"] for r in results), default=0.0)
-    return pivots, max_a, max_u, min_pivot
+    if path is not None:
+        ops.lu_finish(work, path, n, pivots, dtype=dt)
+    return LUFactors(pivots=pivots, max_a=max((r["max_a"] for r in results), default=0.0),
+                     max_u=max((r["max_u"] for r in results), default=0.0),
+                     min_pivot=min((r["min_pivot"] for r in results), default=0.0),
+                     sumsq=sum(r["sumsq"] for r in results), work=work)  # in panel order: deterministic
 
 
-__all__ = ["factor_lu_into", "lu"]
+__all__ = ["LUFactors", "factor_lu_into", "lu"]

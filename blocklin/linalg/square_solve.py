@@ -106,6 +106,8 @@ class _Factor:
     norm_a: float | None = None
     perm: np.ndarray | None = None
     growth: float | None = None
+    #: LU: the pivots, when ``path`` is the panels' work store (solved by ``BlockOps.lu_solve``).
+    pivots: np.ndarray | None = None
 
 
 def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", precision: str = "double",
@@ -186,7 +188,7 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
                         token=token, size=((n, k), dt), temp_size=((n, n), fdt))  # the factor in the temp dir
         run = _Run.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token)
         factor, why = run.stages.run("factor", lambda: _factor(job, A, fdt, assume_a, run.factor_stores))
-        ops = BlockOps(job, factor.plan.tile)
+        ops = BlockOps(job, run.tiles[factor.kind])
         ops.workers = factor.plan.workers
         norm_a = run.stages.run("norm a", lambda: _norm_a(job, ops, A, factor, precision))
         ref = refine(job, ops, A, B, _solver(ops, factor, n, k, run.solve_stores(factor)), run, norm_a, tol,
@@ -236,6 +238,8 @@ class _Run:
     chunk: int
     factor_stores: dict
     stores: dict
+    #: Per kind of factor, the square tiles of the solve's tile operations and stores.
+    tiles: dict
 
     @classmethod
     def start(cls, job: Job, A: Any, B: Any, ao: Any, fdt: np.dtype, assume_a: str, *, resume: bool,
@@ -244,20 +248,26 @@ class _Run:
 
         (n, k), dt = B.shape, A.dtype
         plans = {kind: _plan(job, A, fdt, kind) for kind in _kinds(assume_a)}
-        chunk = plans["lu" if assume_a == "gen" else "cholesky"].tile  # x's chunks: those of the first route tried
+        # the tile operations of the solve work on square tiles: the Cholesky's own; the LU panels are
+        # wider (and streamed by BlockOps.lu_solve at their own width), so its stores get Cholesky-sized tiles
+        tiles = {kind: p.tile if kind == "cholesky" else plan_factor(
+            "cholesky", n, dt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks)).tile
+            for kind, p in plans.items()}
+        chunk = tiles[_kinds(assume_a)[0]]  # x's chunks: those of the first route tried
         x_path = ao.array_path()
         # the output path is in the work folder's name: two runs without out= never share one
         work = job.work_dir("solve", tokenize(token, str(ao.path))[:16], resume=resume)
         stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
             x_path, shape=(n, k), dtype=dt, chunks=(chunk, chunk), codec=job.cfg.codec, overwrite=True))
-        factor_stores = {kind: (stages.store(kind, (n, n), fdt, (p.tile, p.tile)), p, work / f"{kind}-markers")
-                         for kind, p in plans.items()}
+        # up to a panel's width of right-hand sides an LU is solved on its panels as stored (no LAPACK-layout store)
+        factor_stores = {kind: (None if kind == "lu" and k <= p.tile else stages.store(kind, (n, n), fdt, (p.tile, p.tile)),
+                                p, work / f"{kind}-markers") for kind, p in plans.items()}
         stores = {}
-        for kind, p in plans.items():
-            t = p.tile
+        for kind in plans:
+            t = tiles[kind]
             stores[kind] = {name: stages.store(name, (n, k), sdt, (t, t)) for name, sdt in
                             (("y", fdt), ("pb", fdt), ("r", dt), ("d", dt), ("x0", dt), ("x1", dt))}
-        return cls(stages, work, chunk, factor_stores, stores)
+        return cls(stages, work, chunk, factor_stores, stores, tiles)
 
     def solve_stores(self, f: _Factor) -> dict:
         return self.stores[f.kind]
@@ -269,14 +279,16 @@ def _kinds(assume_a: str) -> tuple[str, ...]:
 
 def _plan(job: Job, A: Any, fdt: np.dtype, kind: str) -> FactorPlan:
     if kind == "lu":
-        return plan_lu(A.shape[0], fdt, memory=job.cfg.memory, chunks=tuple(A.chunks))
+        return plan_lu(A.shape[0], fdt, memory=job.cfg.memory, chunks=tuple(A.chunks), source_dtype=A.dtype)
     return plan_factor("cholesky", A.shape[0], fdt, memory=job.cfg.memory, workers=job.workers(1),
-                       chunks=tuple(A.chunks))
+                       chunks=tuple(A.chunks), widen=True)
 
 
 def _norm_a(job: Job, ops: BlockOps, A: Any, factor: _Factor, precision: str) -> float:
-    """``||A||_F``: from the Cholesky tiles when every tile ran in this run, else by one read of ``A``."""
-    if factor.norm_a is not None and precision == "double":
+    """``||A||_F``: from the factorization's reads of ``A`` (the LU panels sum A's stored values, also on
+    a resumed run; the Cholesky tiles the values cast to the factor's dtype, when every tile ran in this
+    run), else by one read of ``A``."""
+    if factor.norm_a is not None and (precision == "double" or factor.kind == "lu"):
         return factor.norm_a
     return math.sqrt(ops.sumsq(Region.of(A.path, A.shape), description="||A||_F"))
 
@@ -365,19 +377,25 @@ def _cholesky(job: Job, A: Any, l_path: Any, plan: FactorPlan, markers: Any) -> 
 
 
 def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any) -> _Factor:
+    """The LU into ``lu_path`` (LAPACK's layout), or with ``lu_path=None`` left in the panels' work store
+    for :meth:`BlockOps.lu_solve`."""
     n = A.shape[0]
     fdt = np.dtype(plan.dtype)
-    pivots, max_a, max_u, min_pivot = factor_lu_into(job, A, lu_path, plan, done_dir=markers)
-    if not (np.isfinite(max_a) and np.isfinite(max_u)):
-        raise ParameterError(explain("precision", f"a float32 factorization needs A's entries within {np.dtype(fdt).name}'s range "
-                                     "(the factorization overflowed)", f"max |A| {max_a:.3g}, max |U| {max_u:.3g}",
+    f = factor_lu_into(job, A, lu_path, plan, done_dir=markers)
+    if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
+        raise ParameterError(explain("precision", f"a float32 factorization needs A's entries within {fdt.name}'s "
+                                     "range (the factorization overflowed)",
+                                     f"max |A| {f.max_a:.3g}, max |U| {f.max_u:.3g}",
                                      "pass precision='double', or scale A"))
-    if n and min_pivot == 0.0:
+    if n and f.min_pivot == 0.0:
         raise SingularMatrixError(explain("a", "must be nonsingular for a square solve", "LU with partial pivoting "
                                           "met an exact zero pivot (A is singular)", "regularize (lam > 0), or solve "
                                           "the least-squares problem with method='qr'"))
-    return _Factor("lu", lu_path, plan, perm=swaps_to_permutation(pivots),
-                   growth=max_u / max_a if max_a > 0 else 1.0)
+    growth = f.max_u / f.max_a if f.max_a > 0 else 1.0
+    if lu_path is None:
+        return _Factor("lu", f.work, plan, norm_a=math.sqrt(f.sumsq), growth=growth, pivots=f.pivots)
+    return _Factor("lu", lu_path, plan, norm_a=math.sqrt(f.sumsq), perm=swaps_to_permutation(f.pivots),
+                   growth=growth)
 
 
 def _solver(ops: BlockOps, f: _Factor, n: int, k: int, stores: dict) -> _Solver:
@@ -403,6 +421,10 @@ class _Solver:
         if f.kind == "cholesky":
             ops.trsm(freg, rhs, yreg, lower=True, dtype=fdt, description="forward substitution L y = b")
             ops.trsm(freg, yreg, dst, lower=True, trans=True, dtype=fdt, description="back substitution L^T x = y")
+            return
+        if f.pivots is not None:  # read and written in the factor's dtype (cast on the way)
+            ops.lu_solve(f.path, f.pivots, rhs, dst, dtype=fdt, tile=f.plan.tile,
+                         description="LU solve (forward and back)")
             return
         preg = self.region("pb")
         ops.permute_rows(rhs, preg, f.perm, dtype=fdt, description="row swaps P b")

@@ -46,6 +46,7 @@ from blocklin.plan.chunks import split
 from blocklin.plan.gemm import plan_gemm
 from blocklin.runtime.graph import TileGraph
 from blocklin.device import get_device
+from blocklin.device.base import PANEL_GETRF_THREADS
 from blocklin.errors import NotPositiveDefiniteError, SingularMatrixError, explain
 from blocklin.runtime.tiles import Epilogue, GemmSpec, check_finite, gemm_tile, open_array, with_task_settings
 from blocklin.storage.atomic import is_done, mark_done
@@ -132,9 +133,12 @@ class BlockOps:
                           math=self.math if dt == np.float32 else None, **fields)
 
     def _run(self, graph: TileGraph, description: str) -> list[dict]:
+        """Run ``graph``; with one worker, in the calling thread on the local threaded scheduler
+        (:meth:`~blocklin.runtime.job.Job.run`'s ``in_caller``: tasks run one at a time anyway)."""
         job = self.job
         workers = self.workers or job.workers(1)
-        return job.run(graph, workers=workers, blas_threads=max(1, job.cores() // workers), description=description)
+        return job.run(graph, workers=workers, blas_threads=max(1, job.cores() // workers), description=description,
+                       in_caller=workers == 1)
 
     def syrk(self, out: Region, a: Region, *, dtype: Any, alpha: float = 1.0, beta: float = 0.0,
              c: Region | None = None, full: bool = False, check: bool = False, shift: float = 0.0,
@@ -276,7 +280,7 @@ class BlockOps:
             total[c0:c0 + cols.size] += cols
         return total
 
-    def lu_panels(self, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True,
+    def lu_panels(self, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True, out: Any = None,
                   description: str = "LU panels") -> list[dict]:
         """Left-looking LU with partial pivoting over whole column panels (one task per panel).
 
@@ -286,10 +290,14 @@ class BlockOps:
         with partial pivoting over all its rows: the pivot choice of ``getrf`` on the whole matrix.
         The panel is written once to the store ``work`` (its ``L`` rows in the order of its own
         swaps; :meth:`lu_finish` applies the later swaps) and its swaps to ``done_dir``, so a rerun
-        (``resume``) skips finished panels. Panels form one chain of tasks.
+        (``resume``) skips finished panels. Panels form one chain of tasks. With ``out`` (the packed
+        result, finished by :meth:`lu_finish`), the rows no later swap moves (``U`` and the
+        diagonal block) go straight there and only the ``L`` rows from the diagonal block down to
+        ``work``.
         """
         n = a.shape[0]
-        spec = self._spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir)
+        spec = self._spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir,
+                          c=Region.of(out, a.shape) if out is not None else None)
         graph = self.graph("lu", spec)
         prev = None
         for j in range(_tiles(n, self.chunk)):
@@ -313,12 +321,33 @@ class BlockOps:
     def lu_finish(self, work: Any, out: Any, n: int, pivots: np.ndarray, *, dtype: Any,
                   description: str = "LU row swaps") -> list[dict]:
         """``out``: the packed LU of ``work`` with every later row swap applied to each ``L`` panel
-        (as LAPACK stores it); one task per column panel, reading ``work`` and writing ``out``
-        (idempotent)."""
+        (as LAPACK stores it); one task per column panel, reading the ``L`` rows below its diagonal
+        block from ``work`` and writing them to ``out`` (idempotent; :meth:`lu_panels` with ``out``
+        wrote the rest)."""
         spec = self._spec(dtype, a=Region.of(work, (n, n)), out=Region.of(out, (n, n)), c=None)
         graph = self.graph("lu-swaps", spec, pivots.tobytes())
         for j in range(_tiles(n, self.chunk)):
             graph.add((j,), lu_swap_task, spec, j, pivots)
+        return self._run(graph, description)
+
+    def lu_solve(self, work: Any, pivots: np.ndarray, b: Region, out: Region, *, dtype: Any, tile: int | None = None,
+                 description: str = "LU solve") -> list[dict]:
+        """``out = (P^T L U)^-1 B`` from the panels as :meth:`lu_panels` stored them in ``work``.
+
+        One task holds ``B`` (``n x k``, ``k`` at most the panel width: the size of a panel) and
+        streams each panel twice in row blocks: forward substitution with the unit lower ``L``
+        (panel ``j``'s row swaps applied to ``B`` just before it, so its ``L`` is used in the row
+        order it was stored in, without :meth:`lu_finish`), then back substitution with ``U``, as
+        LAPACK's ``getrs`` with the swaps interleaved. ``n^2`` elements read, ``2 n^2 k`` flops.
+        ``tile``: the panel width of the factorization (default: the chunk of this object).
+        """
+        n = b.shape[0]
+        if b.shape != out.shape or b.trans or out.trans:
+            raise ValueError(f"lu_solve: b {b.shape} and out {out.shape} must agree (no transposed views)")
+        spec = dataclasses.replace(self._spec(dtype, a=Region.of(work, (n, n)), b=b, out=out), tile=tile or self.chunk)
+        graph = self.graph("lu-solve", spec, np.asarray(pivots).tobytes())
+        graph.add((0,), lu_solve_task, spec, np.asarray(pivots))
+        self.flops += 2 * n * n * b.shape[1]
         return self._run(graph, description)
 
 
@@ -662,9 +691,17 @@ def cholesky_tile_task(spec: TileOpSpec, i: int, j: int, deps: list) -> dict:
 
 def _factor_diagonal(dev: Any, acc: Any, offset: int, spec: TileOpSpec) -> np.ndarray:
     """``chol(acc)`` (lower, host array); a failed pivot raises :class:`NotPositiveDefiniteError`
-    naming its global index."""
+    naming its global index.
+
+    On one BLAS thread, as the LU's panel ``getrf`` (:meth:`~blocklin.device.base.Device.lu_panel`):
+    OpenBLAS's threaded ``potrf`` of a 1024 or 2048 tile took 2 to 10 times as long as one thread
+    on this project's shared 2-core machine (0.19-0.87 s against 0.05-0.08 s at 1024).
+    """
+    from threadpoolctl import threadpool_limits
+
     try:
-        low = dev.cholesky(acc)
+        with threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas"):
+            low = dev.cholesky(acc)
         out = np.asarray(dev.to_host(low))
         if np.isfinite(out).all():
             return np.tril(out)
@@ -707,82 +744,217 @@ def sumsq_tile_task(spec: TileOpSpec, i: int, j: int, columns: bool = False) -> 
     return out
 
 
-def _apply_swaps(x: np.ndarray, piv: np.ndarray, start: int, stop: int, offset: int = 0) -> None:
-    """Apply LAPACK row swaps ``i <-> piv[i]`` for ``i`` in ``[start, stop)`` to rows ``i - offset`` of ``x``."""
-    for i in range(start, stop):
-        p = int(piv[i])
+def swap_moves(piv: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """The LAPACK row swaps ``i <-> piv[i - start]`` (in order) as one gather: ``x[dst] = x[src]``.
+
+    Only the rows the swaps move are listed (at most ``2 len(piv)``), so applying a panel's swaps
+    costs a gather of those rows instead of one fancy-indexed exchange per swap.
+    """
+    pos: dict[int, int] = {}
+    for i, p in enumerate(np.asarray(piv, dtype=np.int64).tolist(), start):
         if p != i:
-            x[[i - offset, p - offset]] = x[[p - offset, i - offset]]
+            pos[i], pos[p] = pos.get(p, p), pos.get(i, i)
+    moved = [(d, s) for d, s in pos.items() if d != s]
+    dst = np.fromiter((d for d, _ in moved), dtype=np.int64, count=len(moved))
+    src = np.fromiter((s for _, s in moved), dtype=np.int64, count=len(moved))
+    return dst, src
+
+
+def _apply_swaps(dev: Any, x: Any, piv: np.ndarray, start: int, offset: int = 0,
+                 buf: np.ndarray | None = None) -> None:
+    """Apply the swaps ``i <-> piv[i - start]`` to rows ``i - offset`` of ``x`` (a host or device array).
+
+    ``buf`` (host arrays): a buffer of at least ``2 len(piv)`` rows like ``x``'s for the gathered
+    rows, reused from call to call (a fresh array of that size faults its pages in every time).
+    """
+    dst, src = swap_moves(piv, start)
+    if not dst.size:
+        return
+    if isinstance(x, np.ndarray) and buf is not None:
+        rows = buf[: dst.size]
+        np.take(x, src - offset, axis=0, out=rows)
+        x[dst - offset] = rows
+        return
+    with dev.on_compute():
+        x[dev.to_device(dst - offset)] = x[dev.to_device(src - offset)]
 
 
 def _panel_pivots(spec: TileOpSpec, j: int) -> np.ndarray:
     return _load(spec, f"lu-piv-{j}.npy")
 
 
+def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block: int) -> tuple[np.ndarray, dict]:
+    """Columns ``c0:c1`` of the input (all rows) as a C-ordered ``dt`` array, and their ``max |a|`` and
+    float64 ``sum a^2`` (of the stored values, before a cast)."""
+    n = spec.a.shape[0]
+    src = open_array(spec.a.path)
+    off_r, off_c = spec.a.off
+    cols = slice(off_c + c0, off_c + c1)
+    same = np.dtype(src.dtype) == dt
+    panel = read_block(src, slice(off_r, off_r + n), cols) if same else np.empty((n, c1 - c0), dtype=dt)
+    max_a, sumsq = 0.0, 0.0
+    for r0 in range(0, n, rows_per_block):  # row blocks: statistics (and the cast) without a panel-sized temporary
+        r1 = min(n, r0 + rows_per_block)
+        block = panel[r0:r1] if same else read_block(src, slice(off_r + r0, off_r + r1), cols)
+        if spec.check:
+            check_finite(block, "a", slice(off_r + r0, off_r + r1), cols)
+        if block.size:
+            max_a = max(max_a, float(block.max()), -float(block.min()))
+            sumsq += float(np.einsum("ij,ij->", block, block, dtype=np.float64))
+        if not same:
+            panel[r0:r1] = block
+    return panel, {"max_a": max_a, "sumsq": sumsq}
+
+
+def _stream_blocks(dev: Any, path: Any, blocks: list[tuple[int, int, int]], t: int, rb: int, dt: np.dtype) -> Any:
+    """A :class:`~blocklin.device.stream.TileStream` over the blocks ``(k, r0, r1)`` of a work store:
+    rows ``r0:r1`` of column panel ``k`` (``t`` wide, at most ``rb`` rows), one read ahead."""
+    from blocklin.device.stream import TileStream
+
+    work = open_array(path)
+
+    def load(i: int, buffers: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        k, r0, r1 = blocks[i]
+        return (read_block(work, slice(r0, r1), slice(k * t, (k + 1) * t), out=buffers[0][: r1 - r0]),)
+
+    return TileStream(dev, len(blocks), load, [(rb, t)], dt, depth=1)
+
+
+def _max_abs(x: np.ndarray, rows_per_block: int) -> float:
+    """``max |x|`` in row blocks (no temporary of ``x``'s size)."""
+    out = 0.0
+    for r0 in range(0, x.shape[0], rows_per_block):
+        block = x[r0:r0 + rows_per_block]
+        if block.size:
+            out = max(out, float(block.max()), -float(block.min()))
+    return out
+
+
 @with_task_settings
 @holds_device(lambda spec, *_: 2 * spec.a.shape[0] / spec.tile + 4)  # the trailing panel and L block, 4 tiles
 def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
-    """Panel ``j`` of the left-looking LU (see :meth:`BlockOps.lu_panels`)."""
+    """Panel ``j`` of the left-looking LU (see :meth:`BlockOps.lu_panels`).
+
+    The panel (columns ``J``, all rows) is read once and updated in place by each earlier panel
+    ``k`` in order: first panel ``k``'s own row swaps, which bring the panel into the row order
+    panel ``k`` was stored in (so its ``L`` is streamed as stored, never permuted), then
+    ``U_kJ = L_kk^-1 P_kJ`` (TRSM, unit diagonal) and ``P_{>k,J} -= L_{>k,k} U_kJ`` as GEMMs over
+    row blocks of ``L_{>k,k}`` (:func:`~blocklin.plan.factor.lu_stream_rows` rows each). LAPACK
+    ``getrf`` then factors the trailing part with partial pivoting over all its rows.
+    """
+    from blocklin.plan.factor import lu_stream_rows
+
     marker = _done(spec, f"lu-{j}")
     if _skip(marker):
         return {"skipped": 1, **_load(spec, f"lu-stats-{j}.npy")}
     t, dt = spec.tile, np.dtype(spec.dtype)
     n = spec.a.shape[0]
+    rb = lu_stream_rows(t, n)
     dev = get_device(spec.device, device_memory=spec.device_memory)
     c0, c1 = j * t, min(n, (j + 1) * t)
-    src = open_array(spec.a.path)
-    rows, cols = slice(spec.a.off[0], spec.a.off[0] + n), slice(spec.a.off[1] + c0, spec.a.off[1] + c1)
-    panel = read_block(src, rows, cols)
-    if spec.check:
-        check_finite(panel, "a", rows, cols)
-    panel = np.array(panel, dtype=dt, order="C")
-    max_a = float(np.abs(panel).max()) if panel.size else 0.0
-    piv = np.arange(n, dtype=np.int64)
-    for k in range(j):
-        k0, k1 = k * t, min(n, (k + 1) * t)
-        piv[k0:k1] = _panel_pivots(spec, k)
-    _apply_swaps(panel, piv, 0, c0)
-    work = open_array(spec.out.path)
-    nread = panel.nbytes
-    for k in range(j):  # left-looking updates, in panel order
-        k0, k1 = k * t, min(n, (k + 1) * t)
-        lk = read_block(work, slice(k0, n), slice(k0, k1))
-        lk = np.array(lk, dtype=dt, order="C")
-        _apply_swaps(lk, piv, k1, c0, offset=k0)  # the swaps of the panels after k
-        nread += lk.nbytes
-        lkk = dev.to_device(np.tril(lk[: k1 - k0], -1) + np.eye(k1 - k0, dtype=dt))
-        ukj = dev.solve_triangular(lkk, dev.to_device(panel[k0:k1]), lower=True)
-        panel[k0:k1] = dev.to_host(ukj)
-        if k1 < n:
-            acc = dev.to_device(panel[k1:])
-            dev.gemm_acc(acc, dev.to_device(lk[k1 - k0:]), dev.to_device(panel[k0:k1]), -1.0)
-            panel[k1:] = dev.to_host(acc)
-    lu, local = dev.lu_panel(panel[c0:])
-    panel[c0:] = lu
+    host, stats = _read_panel(spec, c0, c1, dt, rb)
+    panel = dev.to_device(host)
+    nread = host.nbytes
+    # the blocks of the earlier panels, in the order they are used: each panel's diagonal block
+    # (TRSM), then its row blocks below (GEMMs); read one ahead on a loader thread
+    blocks = [(k, r0, min(n, r0 + (t if r0 == k * t else rb))) for k in range(j)
+              for r0 in [k * t, *range((k + 1) * t, n, rb)]]
+    stream = _stream_blocks(dev, spec.out.path, blocks, t, rb, dt)
+    ukj = None
+    swap_buf = np.empty((2 * t, c1 - c0), dtype=dt) if j and isinstance(panel, np.ndarray) else None
+    for i, (lblk,) in stream:  # in panel order: identical sums on every scheduler
+        k, r0, r1 = blocks[i]
+        if r0 == k * t:  # panel k's swaps (the row order it was stored in), then U_kJ = L_kk^-1 P_kJ
+            _apply_swaps(dev, panel, _panel_pivots(spec, k), r0, buf=swap_buf)
+            ukj = dev.solve_triangular(lblk, panel[r0:r1], lower=True, unit=True)
+            with dev.on_compute():
+                panel[r0:r1] = ukj
+        else:
+            dev.gemm_acc(panel[r0:r1], lblk, ukj, -1.0)
+        nread += (r1 - r0) * t * dt.itemsize
+    del ukj, swap_buf
+    lu, local = dev.lu_panel(dev.to_host(panel[c0:]))
+    with dev.on_compute():  # a host panel takes getrf's column-major result as it is (one strided copy)
+        panel[c0:] = lu if isinstance(panel, np.ndarray) else dev.to_device(lu)
+    del lu
+    host = np.asarray(dev.to_host(panel))
+    del panel
     pj = local[: c1 - c0] + c0
     _save(spec, f"lu-piv-{j}.npy", pj)
-    diag = np.abs(np.diag(lu[: c1 - c0]))
-    upper = np.abs(np.triu(panel[:c1]))
-    stats = {"max_a": max_a, "max_u": float(upper.max()) if upper.size else 0.0,
-             "min_pivot": float(diag.min()) if diag.size else 0.0}
-    write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), panel)
+    diag = np.abs(np.diagonal(host[c0:c1]))
+    stats.update(max_u=max(_max_abs(host[:c0], rb), float(np.abs(np.triu(host[c0:c1])).max()) if c1 > c0 else 0.0),
+                 min_pivot=float(diag.min()) if diag.size else 0.0)
+    if spec.c is None:
+        write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), host)
+    else:  # U and the diagonal block are final; the L rows below wait for the later swaps
+        write_block(open_array(spec.c.path, mode="r+"), slice(0, c1), slice(c0, c1), host[:c1])
+        write_block(open_array(spec.out.path, mode="r+"), slice(c0, n), slice(c0, c1), host[c0:])
     _save(spec, f"lu-stats-{j}.npy", stats)
     _mark(marker)
     w = c1 - c0
-    return {"bytes_read": nread, "bytes_written": panel.nbytes, **stats,
+    return {"bytes_read": nread, "bytes_written": host.nbytes, **stats,
             "flops": 2 * w * (n * c0 - c0 * c0 / 2) + w * w * (n - c0)}
 
 
 @with_task_settings
 def lu_swap_task(spec: TileOpSpec, j: int, pivots: np.ndarray) -> dict:
-    """Column panel ``j`` of the packed LU with the swaps of the later panels applied to its ``L`` rows."""
+    """The ``L`` rows below panel ``j``'s diagonal block with the swaps of the later panels applied."""
     t = spec.tile
     n = spec.a.shape[0]
     c0, c1 = j * t, min(n, (j + 1) * t)
-    block = np.array(read_block(open_array(spec.a.path), slice(0, n), slice(c0, c1)))
-    _apply_swaps(block, pivots, c1, n)
-    write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), block)
+    if c1 >= n:
+        return {"bytes_read": 0, "bytes_written": 0}
+    block = read_block(open_array(spec.a.path), slice(c1, n), slice(c0, c1))
+    dst, src = swap_moves(pivots[c1:], c1)
+    if dst.size:
+        block[dst - c1] = block[src - c1]
+    write_block(open_array(spec.out.path, mode="r+"), slice(c1, n), slice(c0, c1), block)
     return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
+
+
+@with_task_settings
+def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray) -> dict:
+    """``X = U^-1 L^-1 P B`` from the LU work store ``spec.a`` (see :meth:`BlockOps.lu_solve`)."""
+    from blocklin.plan.factor import lu_stream_rows
+
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    n, k = spec.b.shape
+    rb = lu_stream_rows(t, n)
+    dev = get_device(spec.device, device_memory=spec.device_memory)
+    work = open_array(spec.a.path)
+    y = dev.to_device(spec.b.read(0, 0, max(n, k, 1), dt, spec.check, "b"))
+    nread = y.nbytes
+    nt = _tiles(n, t)
+    for j in range(nt):  # forward substitution, L y = P b, panel by panel
+        c0, c1 = j * t, min(n, (j + 1) * t)
+        _apply_swaps(dev, y, pivots[c0:c1], c0)
+        ljj = read_block(work, slice(c0, c1), slice(c0, c1))
+        yj = dev.solve_triangular(dev.to_device(ljj), y[c0:c1], lower=True, unit=True)
+        with dev.on_compute():
+            y[c0:c1] = yj
+        nread += ljj.nbytes
+        for r0 in range(c1, n, rb):
+            blk = read_block(work, slice(r0, min(n, r0 + rb)), slice(c0, c1))
+            dev.gemm_acc(y[r0:r0 + blk.shape[0]], dev.to_device(blk), yj, -1.0)
+            nread += blk.nbytes
+    for j in reversed(range(nt)):  # back substitution, U x = y
+        c0, c1 = j * t, min(n, (j + 1) * t)
+        ujj = read_block(work, slice(c0, c1), slice(c0, c1))
+        xj = dev.solve_triangular(dev.to_device(ujj), y[c0:c1], lower=False)
+        if not np.isfinite(np.asarray(dev.to_host(xj))).all():
+            raise SingularMatrixError(explain(
+                "a", "must be nonsingular (no zero pivot)", f"a singular or overflowing diagonal block of U at rows "
+                f"{c0}:{c1}", "regularize the system (lam > 0), or solve the least-squares problem with method='qr'"))
+        with dev.on_compute():
+            y[c0:c1] = xj
+        nread += ujj.nbytes
+        for r0 in range(0, c0, rb):
+            blk = read_block(work, slice(r0, min(c0, r0 + rb)), slice(c0, c1))
+            dev.gemm_acc(y[r0:r0 + blk.shape[0]], dev.to_device(blk), xj, -1.0)
+            nread += blk.nbytes
+    x = np.asarray(dev.to_host(y))
+    spec.out.write(0, 0, max(n, k, 1), x)
+    return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": 2 * n * n * k}
 
 
 def swaps_to_permutation(pivots: np.ndarray) -> np.ndarray:

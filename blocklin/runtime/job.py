@@ -314,11 +314,15 @@ class Job:
 
     # -- execution -----------------------------------------------------------------------------------
     def run(self, graph: TileGraph, *, workers: int = 1, blas_threads: int | None = None,
-            description: str | None = None, count_pass: str | None = None) -> list:
+            description: str | None = None, count_pass: str | None = None, in_caller: bool = False) -> list:
         """Execute ``graph`` and add the tasks' statistics to the job's.
 
         ``count_pass`` names what the graph reads once through when it is a pass (``"a"``: the
         operation's input, ``"intermediate"``: a store the operation wrote); see :meth:`passes`.
+        ``in_caller``: on the local threaded scheduler, run the tasks one after another in the
+        calling thread, as ``"sync"`` does (for graphs that run one task at a time anyway: a pool
+        thread only adds cost, up to 3x for the LU panels, whose large temporaries glibc serves from
+        a per-thread arena there; measured with ``MALLOC_ARENA_MAX=1`` giving most of it back).
         """
         ctx = contextlib.nullcontext()
         if blas_threads and self.scheduler.kind in ("threads", "sync"):
@@ -327,7 +331,10 @@ class Job:
             ctx = threadpool_limits(limits=blas_threads, user_api="blas")
         events: dict = {}
         with ctx:
-            results = execute(graph, scheduler=self.scheduler, workers=workers, progress=self.progress,
+            sched = self.scheduler
+            if in_caller and sched.kind == "threads":
+                sched = dataclasses.replace(sched, kind="sync")
+            results = execute(graph, scheduler=sched, workers=workers, progress=self.progress,
                               description=description or f"{self.operation}", events=events)
         if events["retried_tasks"] is None or self.stats["retried_tasks"] is None:
             self.stats["retried_tasks"] = None  # unknown on this scheduler
