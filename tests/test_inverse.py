@@ -342,3 +342,16 @@ def test_one_leaf_refuses_non_finite_and_singular(rng, tmp_path):
     with pytest.raises(SingularMatrixError, match="numerically singular matrix at rows 0:200"):
         bl.inv(b, out=tmp_path / "x.zarr", memory="64MiB")
     assert not (tmp_path / "x.zarr").exists()
+
+
+@pytest.mark.gpu
+def test_gpu_one_leaf_matches_numpy(rng):
+    """The one-leaf inverse on the GPU: cuSOLVER's inverse downloaded into the block read."""
+    a = rng.standard_normal((300, 300))
+    x = bl.inv(a, memory="64MiB", device="gpu")
+    r = x.report
+    assert r["plan"]["direct"] and r["phases"]["leaf inverses"] == "gpu"
+    ref = np.linalg.inv(a)
+    tol = 50 * np.linalg.cond(a) * np.finfo(np.float64).eps  # two backward-stable inverses
+    assert np.linalg.norm(x.to_numpy() - ref) / np.linalg.norm(ref) <= tol
+    assert exact_eta(a, x.to_numpy()) <= r["tol"]
