@@ -61,10 +61,12 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         M^{-1} = \\begin{bmatrix} A^{-1} + E S^{-1} F & -E S^{-1} \\\\ -S^{-1} F & S^{-1} \\end{bmatrix},
         \\quad E = A^{-1} B,\\ F = C A^{-1},
 
-    recursing on ``A`` and ``S`` down to leaves that fit half the budget, which are inverted in core by
-    LU with partial pivoting (LAPACK ``getrf``/``getri``). Each of the six products per level is an
-    out-of-core blocked GEMM over sub-blocks of the stored matrices. Finally ``X = V W^{-1}`` is
-    written column strip by column strip, and the residual is probed.
+    recursing on ``A`` and ``S`` down to leaves that fit the budget, which are inverted in core and in
+    place by LU with partial pivoting (LAPACK ``getrf``/``getri``). Each of the six products per level
+    is an out-of-core blocked GEMM over sub-blocks of the stored matrices. Finally ``X = V W^{-1}`` is
+    written column strip by column strip, and the residual is probed. A matrix that fits the budget
+    is one task instead: read once from the input, inverted in place by LAPACK, written once, its
+    residual probed in the same task (no staging, butterfly or probe pass).
 
     Parameters
     ----------
