@@ -445,7 +445,7 @@ def _leaf(run: _Run, src: Any, s_off: int, dst: Any, d_off: int, size: int, wdt:
     spec = LeafSpec(src=src, dst=dst, off=s_off, dst_off=d_off, size=size, dtype=wdt.name,
                     blas_threads=job.task_blas_threads(job.cores()), device=dev,
                     device_memory=job.device_memory() if dev == "gpu" else None, probe_seed=probe_seed,
-                    check_finite=job.check_finite)
+                    check_finite=job.check_finite, width=run.plan.chunk)
 
     def invert() -> dict:
         graph = run.ops.graph("leaf", spec)
