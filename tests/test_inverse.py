@@ -1,6 +1,6 @@
 """blocklin.inv: recursive Schur-complement inverse with a butterfly guard and Newton-Schulz refinement.
 
-Small matrices with budgets of about 1 MiB force the out-of-core recursion (leaves of ~250 rows,
+Small matrices with budgets of about 512 KiB force the out-of-core recursion (leaves of ~190 rows,
 32 x 32 working chunks); every result is checked against NumPy and against the exact backward
 error ``||I - M X||_F / (||M||_F ||X||_F)``.
 """
@@ -75,19 +75,19 @@ def test_structured(rng, kind):
     n = 280
     g = rng.standard_normal((n, n))
     a = g @ g.T / n + 0.1 * np.eye(n) if kind == "spd" else g + 2 * np.sqrt(n) * np.diag(np.sign(rng.standard_normal(n)) + 0.0) * 2
-    inv = bl.inv(a, memory="1MiB")
+    inv = bl.inv(a, memory="512KiB")
     x = inv.to_numpy()
     ref = np.linalg.inv(a)
     assert np.linalg.norm(x - ref) / np.linalg.norm(ref) <= 1e-10
     assert exact_eta(a, x) <= 2 * inv.report["tol"]
-    assert exact_eta(a, bl.inv(a, memory="1MiB", tol=1e-16).to_numpy()) <= 2e-16  # asked for: one step
+    assert exact_eta(a, bl.inv(a, memory="512KiB", tol=1e-16).to_numpy()) <= 2e-16  # asked for: one step
 
 
 @pytest.mark.parametrize("cond", [1e8, 1e10, 1e12])
 def test_ill_conditioned_refined_to_promised_backward_error(rng, cond):
     n = 290
     a = with_cond(rng, n, cond)
-    x = bl.inv(a, memory="1MiB")
+    x = bl.inv(a, memory="512KiB")
     r = x.report
     got = x.to_numpy()
     eta = exact_eta(a, got)
@@ -119,11 +119,11 @@ def test_default_tol_gives_numpys_accuracy_out_of_core(rng, cond):
     n = 300
     a = rng.standard_normal((n, n)) if cond is None else with_cond(rng, n, cond)
     ref = accurate_inverse(a)
-    x = bl.inv(a, memory="1MiB")
+    x = bl.inv(a, memory="512KiB")
     assert x.report["leaves"] >= 2  # out of core
     # 4x: both errors are ~ cond * eps times factors of order one that differ between the methods
     assert forward_error(x.to_numpy(), ref) <= 4 * forward_error(np.linalg.inv(a), ref)
-    unrefined = bl.inv(a, memory="1MiB", refine=False).to_numpy()
+    unrefined = bl.inv(a, memory="512KiB", refine=False).to_numpy()
     assert forward_error(unrefined, ref) > forward_error(x.to_numpy(), ref)  # the step was needed
 
 
@@ -131,7 +131,7 @@ def test_default_tol_gives_numpys_accuracy_out_of_core(rng, cond):
 def test_refine_n_takes_exactly_n_steps(rng, n_steps):
     n = 280
     a = rng.standard_normal((n, n))
-    x = bl.inv(a, memory="1MiB", refine=n_steps, tol=1e-3)  # met before any step: the steps are taken anyway
+    x = bl.inv(a, memory="512KiB", refine=n_steps, tol=1e-3)  # met before any step: the steps are taken anyway
     r = x.report
     assert r["refine_steps"] == n_steps
     assert [h["stage"] for h in r["history"] if h["stage"].startswith("step")] == \
@@ -145,7 +145,7 @@ def test_singular_leading_block_is_guarded(rng):
     a = np.zeros((n, n))
     a[:h, h:] = rng.standard_normal((h, h)) + 3 * np.eye(h)
     a[h:, :h] = rng.standard_normal((h, h)) + 3 * np.eye(h)
-    x = bl.inv(a, memory="1MiB")
+    x = bl.inv(a, memory="512KiB")
     assert x.report["leaves"] >= 2
     got = x.to_numpy()
     np.testing.assert_allclose(got, np.linalg.inv(a), atol=1e-10 * np.abs(got).max())
@@ -155,9 +155,10 @@ def test_singular_leading_block_is_guarded(rng):
 def test_permutation_matrix(rng):
     n = 270
     p = np.eye(n)[rng.permutation(n)]
-    # A one-sided butterfly leaves a singular leading block here; the documented retry handles it.
+    # A one-sided butterfly leaves a singular leading block here; the documented retry handles it
+    # (512 KiB: out of core, leaves below n).
     with pytest.warns(BlocklinWarning, match="retrying with a two-sided random butterfly"):
-        x = bl.inv(p, memory="1MiB").to_numpy()
+        x = bl.inv(p, memory="512KiB").to_numpy()
     np.testing.assert_allclose(x, p.T, atol=1e-12)
 
 
@@ -175,9 +176,9 @@ def test_mixed_precision_refines_to_float64(rng):
 def test_refine_switches(rng):
     n = 280
     a = rng.standard_normal((n, n))
-    none = bl.inv(a, memory="1MiB", refine=False)
+    none = bl.inv(a, memory="512KiB", refine=False)
     assert none.report["refine_steps"] == 0 and none.report["residual_method"] == "probed"
-    forced = bl.inv(a, memory="1MiB", refine=True)
+    forced = bl.inv(a, memory="512KiB", refine=True)
     assert forced.report["refine_steps"] >= 1
     assert exact_eta(a, forced.to_numpy()) <= exact_eta(a, none.to_numpy())
     # the probed estimate is within a small factor of the exact residual
@@ -216,10 +217,10 @@ def test_singular_raises_with_condition_and_pointer(rng, tmp_path):
     a = rng.standard_normal((n, n - 1)) @ rng.standard_normal((n - 1, n))
     out = tmp_path / "x.zarr"
     with pytest.raises(SingularMatrixError, match=r"condition.*solve\(a, b, lam"):
-        bl.inv(a, out=out, memory="1MiB")
+        bl.inv(a, out=out, memory="512KiB")
     assert not out.exists() and not any(p.name.startswith(".x.zarr") for p in tmp_path.iterdir())
     with pytest.raises(SingularMatrixError, match="lam"):
-        bl.inv(np.ones((5, 5)), memory="1MiB")
+        bl.inv(np.ones((5, 5)), memory="512KiB")
 
 
 @pytest.mark.parametrize("memory", ["256KiB", "1MiB", "64MiB"])
@@ -263,7 +264,7 @@ def test_bad_inputs(rng, tmp_path):
 
 def test_output_is_atomic_store_with_provenance(rng, tmp_path):
     a = bl.from_array(rng.standard_normal((280, 280)), tmp_path / "a.zarr", chunks=(100, 70))
-    x = bl.inv(a, out=tmp_path / "x.zarr", memory="1MiB")
+    x = bl.inv(a, out=tmp_path / "x.zarr", memory="512KiB")
     prov = x.provenance
     assert prov["operation"] == "inv" and prov["report"]["backward_error"] <= prov["params"]["tol"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
@@ -272,10 +273,10 @@ def test_output_is_atomic_store_with_provenance(rng, tmp_path):
 def test_distributed_matches_local(rng):
     distributed = pytest.importorskip("distributed")
     a = rng.standard_normal((280, 280))
-    local = bl.inv(a, memory="1MiB", scheduler="sync")
+    local = bl.inv(a, memory="512KiB", scheduler="sync")  # out of core: leaves below n
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
-        remote = bl.inv(a, memory="1MiB", scheduler=client)
+        remote = bl.inv(a, memory="512KiB", scheduler=client)
         assert remote.report["scheduler"] == "distributed"
         assert remote.report["leaves"] == local.report["leaves"] >= 2
         # same plan, butterfly and probes; BLAS thread counts differ, so equal up to rounding (cond * eps)
@@ -301,5 +302,56 @@ def test_cli_inv(rng, tmp_path, capsys):
 @pytest.mark.gpu
 def test_gpu_matches_cpu(rng):
     a = rng.standard_normal((300, 300))
-    x = bl.inv(a, memory="1MiB", device="gpu", precision="mixed")
+    x = bl.inv(a, memory="512KiB", device="gpu", precision="mixed")
     assert exact_eta(a, x.to_numpy()) <= 2 * x.report["tol"]
+
+
+@pytest.mark.parametrize("src_dtype,precision", [("float64", None), ("float32", "float64"), ("float32", None)])
+def test_one_leaf_straight_from_the_input(rng, tmp_path, src_dtype, precision):
+    """A matrix that fits the budget is read once, inverted in place by LAPACK and written once; the
+    residual is probed in the same task (left probes P^T (I - M X)) and agrees with the exact one."""
+    n = 300
+    a = bl.from_array(rng.standard_normal((n, n)).astype(src_dtype), tmp_path / "a.zarr", chunks=(128, 128))
+    x = bl.inv(a, memory="64MiB", precision=precision)
+    r = x.report
+    assert r["plan"]["direct"] and r["leaves"] == 1 and r["butterfly_depth"] == 0
+    assert r["refine_steps"] == 0 and r["residual_method"] == "probed"
+    out_dt = np.dtype(precision or src_dtype)
+    assert x.dtype == out_dt
+    m = a.to_numpy().astype(np.float64)
+    got = x.to_numpy().astype(np.float64)
+    exact = float(np.linalg.norm(np.eye(n) - m @ got))
+    # 32 Gaussian probes: the squared estimate has relative spread sqrt(2/32) = 0.25; 3x either way is
+    # far outside it
+    assert exact / 3 <= r["residual"] <= 3 * exact
+    assert r["norm_a"] == pytest.approx(np.linalg.norm(m), rel=1e-12)
+    # LAPACK's pivoted inverse of the same input: its backward error, up to rounding (n eps bound)
+    assert exact_eta(m, got) <= n * np.finfo(out_dt).eps and r["backward_error"] <= r["tol"]
+    ref = np.linalg.inv(m.astype(out_dt)).astype(np.float64)
+    tol = 50 * np.linalg.cond(m) * np.finfo(out_dt).eps  # forward error of two backward-stable inverses
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= tol
+
+
+def test_one_leaf_refuses_non_finite_and_singular(rng, tmp_path):
+    a = rng.standard_normal((200, 200))
+    a[17, 3] = np.nan
+    with pytest.raises(NonFiniteError, match=r"nan at \[17, 3\]"):
+        bl.inv(a, memory="64MiB")
+    b = rng.standard_normal((200, 200))
+    b[:, 5] = b[:, 9]
+    with pytest.raises(SingularMatrixError, match="numerically singular matrix at rows 0:200"):
+        bl.inv(b, out=tmp_path / "x.zarr", memory="64MiB")
+    assert not (tmp_path / "x.zarr").exists()
+
+
+@pytest.mark.gpu
+def test_gpu_one_leaf_matches_numpy(rng):
+    """The one-leaf inverse on the GPU: cuSOLVER's inverse downloaded into the block read."""
+    a = rng.standard_normal((300, 300))
+    x = bl.inv(a, memory="64MiB", device="gpu")
+    r = x.report
+    assert r["plan"]["direct"] and r["phases"]["leaf inverses"] == "gpu"
+    ref = np.linalg.inv(a)
+    tol = 50 * np.linalg.cond(a) * np.finfo(np.float64).eps  # two backward-stable inverses
+    assert np.linalg.norm(x.to_numpy() - ref) / np.linalg.norm(ref) <= tol
+    assert exact_eta(a, x.to_numpy()) <= r["tol"]

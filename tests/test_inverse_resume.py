@@ -48,10 +48,10 @@ CHILD = textwrap.dedent("""
     Stages.run = counting_run
     for module in (kernels, blockops, passes, tiles):
         module.write_block = signalling(module.write_block)
-    options = dict(memory="512KiB", refine=1, temp_dir=tmp, scheduler="sync")
+    options = dict(memory="256KiB", refine=1, temp_dir=tmp, scheduler="sync")
     if how == "cli":
         from blocklin.cli.main import main
-        sys.exit(main(["inv", a_path, "-o", out, "--refine", "1", "--memory", "512KiB", "--scheduler", "sync",
+        sys.exit(main(["inv", a_path, "-o", out, "--refine", "1", "--memory", "256KiB", "--scheduler", "sync",
                        "--temp-dir", tmp, "--json"] + (["--resume"] if resume == "1" else [])))
     x = bl.inv(a_path, out=out, resume=resume == "1", **options)
     print(json.dumps({"steps_run": step[0], "resumed": x.report["resumed"], "skipped": x.report["stages_skipped"],

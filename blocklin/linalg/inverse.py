@@ -16,6 +16,7 @@ from blocklin.linalg import refine as _refine
 from blocklin.linalg.refine import Iterate, Refinement, Steps
 from blocklin.linalg._inv_kernels import (
     MEMORY,
+    PROBES,
     Butterfly,
     LeafSpec,
     UnmixSpec,
@@ -68,10 +69,12 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         M^{-1} = \\begin{bmatrix} A^{-1} + E S^{-1} F & -E S^{-1} \\\\ -S^{-1} F & S^{-1} \\end{bmatrix},
         \\quad E = A^{-1} B,\\ F = C A^{-1},
 
-    recursing on ``A`` and ``S`` down to leaves that fit half the budget, which are inverted in core by
-    LU with partial pivoting (LAPACK ``getrf``/``getri``). Each of the six products per level is an
-    out-of-core blocked GEMM over sub-blocks of the stored matrices. Finally ``X = V W^{-1}`` is
-    written column strip by column strip, and the residual is probed.
+    recursing on ``A`` and ``S`` down to leaves that fit the budget, which are inverted in core and in
+    place by LU with partial pivoting (LAPACK ``getrf``, then ``getrs`` on strips of the identity). Each of the six products per level
+    is an out-of-core blocked GEMM over sub-blocks of the stored matrices. Finally ``X = V W^{-1}`` is
+    written column strip by column strip, and the residual is probed. A matrix that fits the budget
+    is one task instead: read once from the input, inverted in place by LAPACK, written once, its
+    residual probed in the same task (no staging, butterfly or probe pass).
 
     Parameters
     ----------
@@ -229,14 +232,18 @@ class _Run:
 def _invert_and_refine(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, *, seed: int, tol: float, steps: Steps,
                        precision: str | None) -> Refinement:
     """Invert into ``x_path``, probe, refine and accept (only a verified inverse is left there)."""
-    norm_m, norm_x, leaves, attempts = _invert_stored(run, M, x_path, out_dtype, seed)
+    if run.plan.direct:
+        norm_m, norm_x, leaves, attempts, res = _invert_direct(run, M, x_path, out_dtype, seed)
+    else:
+        norm_m, norm_x, leaves, attempts = _invert_stored(run, M, x_path, out_dtype, seed)
 
     def invert(operand: Any, out: Any, s: int) -> None:  # the preconditioned restart's (M X)^-1
         leaves.extend(_invert_stored(run, operand, out, out_dtype, s, shift=True)[2])
 
     ref = Refinement(run.ops, run.stages, M, n=run.plan.n, chunk=run.plan.chunk, dtype=out_dtype, seed=seed, tol=tol,
                      steps=steps, norm_m=norm_m, x=Iterate(x_path, np.nan, np.nan, "none", norm_x), invert=invert)
-    ref.x = ref.probed(x_path, seed, norm_x)
+    ref.x = Iterate(x_path, res, _refine.backward_error(res, norm_m, norm_x), "probed", norm_x) \
+        if run.plan.direct else ref.probed(x_path, seed, norm_x)
     ref.history[0] = {**ref.history[0], "residual": ref.x.res, "backward_error": ref.x.eta, "method": "probed"}
     ref.run()
     ref.accept(precision)
@@ -267,6 +274,7 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
     if space:  # the run's output and work stores (not for a plan alone)
         job.check_space(out, size=((n, n), out_dtype), temp_size=((n, 7 * n // 2), np.float64))
     plan = plan_inverse(n, out_dtype, memory=job.cfg.memory, kernels=MEMORY, source_dtype=M.dtype,
+                        source_chunk_bytes=math.prod(M.chunks) * M.dtype.itemsize if n else 0,
                         precision="mixed" if precision in ("mixed", "tf32") else None)
     return M, out_dtype, plan
 
@@ -352,12 +360,30 @@ def _invert_stored(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, seed: in
     return norm_m, norm_x, leaves, attempts
 
 
-def _singular(leaf: dict, last: bool) -> SingularMatrixError:
+def _invert_direct(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype,
+                   seed: int) -> tuple[float, float, list[dict], int, float]:
+    """The whole matrix as one leaf (:attr:`InversePlan.direct`): read once from the input, inverted by
+    LAPACK with partial pivoting (backward stable: no butterfly needed), written once into ``x_path``,
+    with ``||M||_F``, the NaN/Inf check and the probed residual from the same task.
+
+    Returns ``||M||_F``, ``||X||_F``, the leaf result, the attempts (1) and the probed ``||I - M X||_F``.
+    """
+    res = _leaf(run, M.path, 0, x_path, 0, run.plan.n, np.dtype(out_dtype), probe_seed=seed)
+    res = {**res, "off": 0}
+    if "norm_sumsq" in res:
+        run.norm_m = math.sqrt(res["norm_sumsq"])
+    if res["info"] != 0 or not res["rcond"] > float(np.finfo(out_dtype).eps):
+        raise _singular(res, True, "matrix")
+    return run.norm_m, math.sqrt(res["sumsq"]), [res], 1, math.sqrt(res["probe_sumsq"] / PROBES)
+
+
+def _singular(leaf: dict, last: bool, what: str | None = None) -> SingularMatrixError:
     rc = leaf["rcond"]
+    what = what or ("Schur complement" if last else "block")
     cond = "infinite (an exact zero pivot)" if rc == 0 else f"at least about {1 / rc:.1e}"
     return SingularMatrixError(_msg(
         "a", "must be nonsingular to be inverted",
-        f"a numerically singular {'Schur complement' if last else 'block'} at rows "
+        f"a numerically singular {what} at rows "
         f"{leaf['off']}:{leaf['off'] + leaf['size']} (reciprocal condition {rc:.1e}); condition number estimate {cond}",
         "regularize: blocklin.solve(a, b, lam=...) solves min ||A x - b||^2 + lam^2 ||x||^2 "
         "(lam='gcv' chooses lam), or use a pseudo-inverse"))
@@ -415,8 +441,10 @@ def _transforms_device(job: Job, plan: InversePlan) -> str:
     return transform_device(job.cfg.device, plan.n, 6.0 * max(1, plan.depth), job.device)
 
 
-def _leaf(run: _Run, src: Any, s_off: int, dst: Any, d_off: int, size: int, wdt: np.dtype) -> dict:
-    """In-core pivoted LU inverse of ``src[s_off:, s_off:]`` (``size``) into ``dst[d_off:, d_off:]``: one stage."""
+def _leaf(run: _Run, src: Any, s_off: int, dst: Any, d_off: int, size: int, wdt: np.dtype,
+          probe_seed: int | None = None) -> dict:
+    """In-core pivoted LU inverse of ``src[s_off:, s_off:]`` (``size``) into ``dst[d_off:, d_off:]``: one stage
+    (``probe_seed``: the one-leaf inverse straight from the input, see :class:`LeafSpec`)."""
     job = run.job
     from blocklin.device import pass_device
 
@@ -424,7 +452,8 @@ def _leaf(run: _Run, src: Any, s_off: int, dst: Any, d_off: int, size: int, wdt:
     dev = pass_device(job.cfg.device, 2.0 * size**3, size * size * wdt.itemsize, job.device)
     spec = LeafSpec(src=src, dst=dst, off=s_off, dst_off=d_off, size=size, dtype=wdt.name,
                     blas_threads=job.task_blas_threads(job.cores()), device=dev,
-                    device_memory=job.device_memory() if dev == "gpu" else None)
+                    device_memory=job.device_memory() if dev == "gpu" else None, probe_seed=probe_seed,
+                    check_finite=job.check_finite, width=run.plan.chunk)
 
     def invert() -> dict:
         graph = run.ops.graph("leaf", spec)

@@ -31,7 +31,8 @@ class KernelMemory:
     Attributes
     ----------
     leaf : callable
-        ``leaf(size, work_dtype, chunk_bytes) -> bytes`` of the in-core leaf inversion task.
+        ``leaf(size, work_dtype, chunk_bytes, probed=False) -> bytes`` of the in-core leaf inversion
+        task (``probed``: the one-leaf inverse that also probes its residual).
     staging : callable
         ``staging(n, work_dtype, source_dtype) -> PassMemory`` of one task of the staging row pass (``W = M V``).
     column : callable
@@ -39,7 +40,7 @@ class KernelMemory:
         pass that undoes the butterfly.
     """
 
-    leaf: Callable[[int, np.dtype, int], int]
+    leaf: Callable[..., int]
     staging: Callable[[int, np.dtype, np.dtype], PassMemory]
     column: Callable[[int, int, np.dtype, np.dtype, int], int]
 
@@ -72,6 +73,10 @@ class InversePlan:
     peak_memory : int
         Largest planned host memory of any step (leaf, strip pass, column pass); GEMM steps are
         planned separately within ``memory``.
+    direct : bool
+        The whole matrix is one leaf read straight from the input (chunk temporaries of the input's
+        chunks included): one read, LAPACK's pivoted inverse in place, one write, and the residual
+        probed inside the same task (no staging, butterfly or probe pass).
     """
 
     n: int
@@ -90,6 +95,7 @@ class InversePlan:
     column_memory: int
     peak_memory: int
     memory: int
+    direct: bool = False
 
     @property
     def gemm_steps(self) -> int:
@@ -113,6 +119,8 @@ class InversePlan:
             f"{format_size(self.memory)} budget",
             f"  working chunks {self.chunk} x {self.chunk}; leaves up to {self.leaf} ({len(self.leaves)} leaf/leaves,"
             f" {len(self.nodes)} Schur node(s), {self.gemm_steps} out-of-core GEMM step(s))",
+            *(["  one task: the matrix read once, factored in place by LAPACK (getrf/getrs), written once, "
+                "residual probed in the same task"] if self.direct else []),
             f"  stability guard: {'random butterfly of depth ' + str(self.depth) if self.depth else 'none needed (one pivoted LU leaf)'}",
             f"  work {self.flops / 1e9:.1f} GFLOP (+{self.refine_flops / 1e9:.1f} GFLOP per Newton-Schulz step)",
             f"  memory peak {format_size(self.peak_memory)} (leaf {format_size(self.leaf_memory)}, strip pass "
@@ -146,8 +154,8 @@ def _split(size: int, chunk: int, leaf: int | None = None) -> int:
 
 
 def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision: str | None = None,
-                 source_dtype=None, leaf: int | None = None, chunk: int | None = None,
-                 depth: int | None = None) -> InversePlan:
+                 source_dtype=None, source_chunk_bytes: int = 0, leaf: int | None = None,
+                 chunk: int | None = None, depth: int | None = None) -> InversePlan:
     """Plan the inversion of an ``n x n`` matrix of ``dtype`` within ``memory`` bytes.
 
     Parameters
@@ -163,6 +171,9 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
         ``"mixed"`` runs the recursion in float32.
     source_dtype : dtype, optional
         Stored dtype of the matrix (default ``dtype``): the rows the staging pass streams.
+    source_chunk_bytes : int
+        Bytes of one stored chunk of the matrix: the chunk temporaries of a leaf that reads the
+        whole matrix straight from the input (:attr:`InversePlan.direct`).
     leaf, chunk, depth : int, optional
         Override the leaf size, the working chunk side and the butterfly depth (tests, tuning).
 
@@ -196,10 +207,15 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
                                   format_size(memory), f"raise it to at least {format_size(need)} "
                                   f"(memory='{math.ceil(need / 2**20)}MiB')"))
     column = kernels.column(n, chunk, wdt, dt, chunk_bytes)
-    return InversePlan(n=n, dtype=dt.name, work_dtype=wdt.name, chunk=chunk, leaf=leaf, depth=depth,
+    # one leaf read straight from the input: its chunks, not the working ones, are zarr's temporaries
+    direct = not nodes and n > 0 and wdt == dt and \
+        kernels.leaf(n, wdt, max(chunk_bytes, int(source_chunk_bytes)), True) <= memory
+    if direct:
+        lm = kernels.leaf(n, wdt, max(chunk_bytes, int(source_chunk_bytes)), True)
+    return InversePlan(direct=direct, n=n, dtype=dt.name, work_dtype=wdt.name, chunk=chunk, leaf=leaf, depth=depth,
                        nodes=nodes, leaves=leaves, flops=flops, refine_flops=4 * n**3,
                        column_width=chunk, leaf_memory=lm, strip_memory=strip, column_memory=column,
-                       peak_memory=max(lm, strip, column), memory=memory)
+                       peak_memory=lm if direct else max(lm, strip, column), memory=memory)
 
 
 def _recursion(n: int, leaf: int, chunk: int) -> tuple[tuple, tuple, int]:
