@@ -63,6 +63,21 @@ def _standin_races(request):
     cupy_standin.check()
 
 
+@pytest.fixture
+def standin():
+    """The CuPy stand-in installed as ``cupy`` for one test (with fresh per-GPU device budgets)."""
+    import cupy_standin
+
+    from blocklin.device.cuda import DeviceBudget
+
+    with cupy_standin.installed() as state:
+        import cupy
+
+        DeviceBudget._budgets.clear()
+        yield cupy
+        state.races.clear()
+
+
 @pytest.fixture(autouse=True)
 def _isolated_config(tmp_path, monkeypatch):
     """Each test gets its own temp dir for staged inputs and default outputs."""

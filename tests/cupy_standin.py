@@ -110,6 +110,13 @@ def check() -> None:
         raise RaceError(f"{len(races)} CUDA ordering violation(s):\n- " + "\n- ".join(races))
 
 
+def take_races() -> list[str]:
+    """Run everything still queued and return (and forget) the races seen so far."""
+    synchronize_all()
+    races, STATE.races = STATE.races, []
+    return races
+
+
 def synchronize_all() -> None:
     with _LOCK:
         for s in list(STATE.streams):

@@ -16,20 +16,6 @@ from blocklin.device.select import gpu_for_worker
 from blocklin.errors import DeviceError
 
 
-@pytest.fixture
-def standin():
-    with cupy_standin.installed() as state:
-        import cupy
-
-        DeviceBudget._budgets.clear()
-        yield cupy
-        state.races.clear()
-
-
-def races() -> list[str]:
-    cupy_standin.synchronize_all()
-    out, cupy_standin.STATE.races = cupy_standin.STATE.races, []
-    return out
 
 
 def _spd(n, seed=0):
@@ -54,7 +40,7 @@ def test_factorization_tile_tasks_share_the_device_budget(standin):
     budget.peak = 0
     bl.cholesky(a, tile=t, device="gpu", workers=3, scheduler="threads", device_memory="64MiB")
     assert one_task <= budget.peak <= 3 * one_task and budget.held == 0
-    assert races() == []
+    assert cupy_standin.take_races() == []
 
 
 @pytest.mark.parametrize("op", ["syrk", "trsm", "lu", "qr"])
@@ -93,7 +79,7 @@ def test_every_block_operation_holds_the_device_budget(standin, op):
     finally:
         DeviceBudget.hold = hold
     assert holds and min(holds) > 0 and budget.held == 0
-    assert races() == []
+    assert cupy_standin.take_races() == []
 
 
 # -- pinned host memory ---------------------------------------------------------------------------
@@ -115,7 +101,7 @@ def test_cached_pinned_buffers_of_other_shapes_are_unpinned_before_pinning_more(
     del other
     dev.release_pinned()
     assert cupy_standin.pinned_bytes_held() == 0
-    assert races() == []
+    assert cupy_standin.take_races() == []
 
 
 def test_pinned_memory_stays_within_the_host_budget_across_plans(standin):
@@ -131,7 +117,7 @@ def test_pinned_memory_stays_within_the_host_budget_across_plans(standin):
     assert x.report["gemm_steps"] > 2  # several GEMM plans in one job
     assert 0 < cupy_standin.STATE.pinned_peak <= 384 << 10
     assert cupy_standin.pinned_bytes_held() == 0
-    assert races() == []
+    assert cupy_standin.take_races() == []
 
 
 # -- one GPU per worker ---------------------------------------------------------------------------
@@ -208,4 +194,4 @@ def test_a_local_cluster_on_two_gpus_runs_one_worker_per_gpu(standin, monkeypatc
     assert np.all(np.abs(r.to_numpy() - a @ b) <= 4 * 128 * np.finfo(float).eps * (np.abs(a) @ np.abs(b)))
     assert sorted(d.device_id for d in CudaDevice.instances()) == [0, 1]
     assert all(0 < DeviceBudget.of(i).peak <= 128 << 10 for i in (0, 1))
-    assert races() == []
+    assert cupy_standin.take_races() == []

@@ -164,19 +164,6 @@ def test_cli_precision_options(tmp_path):
 
 
 # -- on the CuPy stand-in -------------------------------------------------------------------------
-@pytest.fixture
-def standin():
-    with cupy_standin.installed() as state:
-        import cupy
-
-        yield cupy
-        state.races.clear()
-
-
-def _races():
-    cupy_standin.synchronize_all()
-    out, cupy_standin.STATE.races = cupy_standin.STATE.races, []
-    return out
 
 
 @pytest.mark.parametrize("precision", ["float32", "tf32"])
@@ -192,7 +179,7 @@ def test_matmul_precision_on_the_gpu_sets_dtype_and_math_mode(standin, data, pre
     u = UTF32 if precision == "tf32" else U32
     assert np.all(np.abs(r.to_numpy() - exact) <= 2.0 * _gemm_bound(a, b, u) + 4 * U64 * np.abs(exact))
     assert r.to_numpy().dtype == np.float64
-    assert _races() == []
+    assert cupy_standin.take_races() == []
 
 
 def test_solve_tf32_on_the_gpu_uses_tensor_cores_and_refines(standin):
@@ -209,4 +196,4 @@ def test_solve_tf32_on_the_gpu_uses_tensor_cores_and_refines(standin):
     cupy_standin.STATE.counts.clear()
     bl.solve(a, b, assume_a="pos", precision="mixed", device="gpu", memory="256KiB")
     assert cupy_standin.STATE.counts.get("cublas.gemm tf32", 0) == 0  # "mixed" stays full float32
-    assert _races() == []
+    assert cupy_standin.take_races() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -16,15 +17,14 @@ from blocklin.errors import BudgetError, explain
 MAX_CHUNK_BYTES = 16 * 2**20
 
 
-class Pieces(Sequence):
-    """Consecutive ``(start, stop)`` pieces of ``range(n)``, computed on access: a sequence in O(1)
-    memory, so that a declared shape of 10^12 rows never becomes a list of millions of tuples."""
+class LazyPieces(Sequence):
+    """A sequence of ``(start, stop)`` pieces computed on access (subclasses give :meth:`piece` and
+    ``__len__``): O(1) memory, so that a declared shape of 10^12 rows never becomes a list of millions
+    of tuples."""
 
-    def __init__(self, n: int, step: int, offset: int = 0) -> None:
-        self.n, self.step, self.offset = max(0, int(n)), max(1, int(step)), int(offset)
-
-    def __len__(self) -> int:
-        return -(-self.n // self.step)
+    @abc.abstractmethod
+    def piece(self, i: int) -> tuple[int, int]:
+        """Piece ``i`` (``0 <= i < len(self)``)."""
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
@@ -32,11 +32,24 @@ class Pieces(Sequence):
         i = index + len(self) if index < 0 else index
         if not 0 <= i < len(self):
             raise IndexError(index)
-        start = i * self.step
-        return self.offset + start, self.offset + min(start + self.step, self.n)
+        return self.piece(i)
 
     def __eq__(self, other: object) -> bool:
-        return list(self) == list(other) if isinstance(other, (list, tuple, Pieces)) else NotImplemented
+        return list(self) == list(other) if isinstance(other, (list, tuple, Sequence)) else NotImplemented
+
+
+class Pieces(LazyPieces):
+    """Consecutive ``(start, stop)`` pieces of ``range(n)``, computed on access."""
+
+    def __init__(self, n: int, step: int, offset: int = 0) -> None:
+        self.n, self.step, self.offset = max(0, int(n)), max(1, int(step)), int(offset)
+
+    def __len__(self) -> int:
+        return -(-self.n // self.step)
+
+    def piece(self, i: int) -> tuple[int, int]:
+        start = i * self.step
+        return self.offset + start, self.offset + min(start + self.step, self.n)
 
     def __repr__(self) -> str:
         return f"Pieces(n={self.n}, step={self.step}, offset={self.offset})"

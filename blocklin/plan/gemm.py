@@ -26,7 +26,7 @@ import numpy as np
 from blocklin._memory import IO_CONCURRENCY  # zarr's chunks in flight; each holds chunk temporaries
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
-from blocklin.plan.chunks import split
+from blocklin.plan.chunks import LazyPieces, split
 from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, shortfall, transfer_bound
 
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.
@@ -151,7 +151,7 @@ class GemmPlan:
         return "\n".join(lines)
 
 
-class _Led(Sequence):
+class _Led(LazyPieces):
     """``panels`` with the first one split at ``lead`` (computed on access, like the pieces)."""
 
     def __init__(self, panels: Sequence, lead: int) -> None:
@@ -160,20 +160,12 @@ class _Led(Sequence):
     def __len__(self) -> int:
         return len(self.panels) + 1
 
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        i = index + len(self) if index < 0 else index
-        if not 0 <= i < len(self):
-            raise IndexError(index)
+    def piece(self, i: int) -> tuple[int, int]:
         if i == 0:
             return 0, self.lead
         if i == 1:
             return self.lead, self.panels[0][1]
         return self.panels[i - 1]
-
-    def __eq__(self, other: object) -> bool:
-        return list(self) == list(other) if isinstance(other, (list, tuple, Sequence)) else NotImplemented
 
 
 def _candidates(dim: int, unit: int) -> list[int]:

@@ -415,16 +415,22 @@ class Region:
         block = block.T if self.trans else block
         return np.ascontiguousarray(block, dtype=dtype)
 
-    def read_rows(self, rows: slice, dtype: Any, check: bool = False, name: str = "a") -> np.ndarray:
-        """Rows ``rows`` of the view, every column, C-contiguous, in ``dtype``."""
-        rs, cs = slice(rows.start, rows.stop), slice(0, self.shape[1])
+    def read_stored(self, rows: slice, cols: slice, dtype: Any = None, check: bool = False,
+                    name: str = "a") -> np.ndarray:
+        """``view[rows, cols]`` as stored: its ``.T`` when the view is transposed (no copy for the
+        transpose; cast to ``dtype`` when given)."""
         if self.trans:
-            rs, cs = cs, rs
-        rs = slice(self.off[0] + rs.start, self.off[0] + rs.stop)
-        cs = slice(self.off[1] + cs.start, self.off[1] + cs.stop)
+            rows, cols = cols, rows
+        rs = slice(self.off[0] + rows.start, self.off[0] + rows.stop)
+        cs = slice(self.off[1] + cols.start, self.off[1] + cols.stop)
         block = read_block(open_array(self.path), rs, cs)
         if check:
             check_finite(block, name, rs, cs)
+        return block if dtype is None else np.asarray(block, dtype=dtype)
+
+    def read_rows(self, rows: slice, dtype: Any, check: bool = False, name: str = "a") -> np.ndarray:
+        """Rows ``rows`` of the view, every column, C-contiguous, in ``dtype``."""
+        block = self.read_stored(rows, slice(0, self.shape[1]), check=check, name=name)
         return np.ascontiguousarray(block.T if self.trans else block, dtype=dtype)
 
     def write(self, i: int, j: int, t: int, block: np.ndarray) -> None:
@@ -513,19 +519,6 @@ def _load(spec: TileOpSpec, name: str) -> Any:
     return x.item() if x.dtype == object else x
 
 
-def _stored_block(region: Region, rows: slice, cols: slice, dtype: Any, check: bool, name: str) -> np.ndarray:
-    """``region[rows, cols]`` as stored (no transpose: the view's block is the result's ``.T`` when
-    ``region.trans``), in ``dtype``."""
-    if region.trans:
-        rows, cols = cols, rows
-    rs = slice(region.off[0] + rows.start, region.off[0] + rows.stop)
-    cs = slice(region.off[1] + cols.start, region.off[1] + cols.stop)
-    block = read_block(open_array(region.path), rs, cs)
-    if check:
-        check_finite(block, name, rs, cs)
-    return np.asarray(block, dtype=dtype)
-
-
 @with_task_settings
 @holds_device(lambda spec, *_: (spec.block ** 2 + 2 * spec.block * spec.rows  # accumulator, two slices of A
                                   + (spec.block * spec.b.shape[1] if spec.b is not None else 0)) / spec.tile ** 2)
@@ -548,13 +541,13 @@ def syrk_tile_task(spec: TileOpSpec, bi: int, bj: int) -> dict:
     for k0 in range(0, k, spec.rows):  # fixed order over k: the same bits on every scheduler
         ks = slice(k0, min(k, k0 + spec.rows))
         # the view's block a[I, ks] is stored as A[ks, I] (a transposed view) or A[I, ks]
-        si = dev.to_device(_stored_block(spec.a, rI, ks, dt, spec.check, "a"))
+        si = dev.to_device(spec.a.read_stored(rI, ks, dt, spec.check, "a"))
         nread += si.nbytes
         ai = si.T if spec.a.trans else si  # a[I, ks]
         if diag:
             dev.syrk_lower_acc(acc, ai.T)
         else:
-            sj = dev.to_device(_stored_block(spec.a, rJ, ks, dt, spec.check, "a"))
+            sj = dev.to_device(spec.a.read_stored(rJ, ks, dt, spec.check, "a"))
             nread += sj.nbytes
             dev.gemm_acc(acc, ai, sj if spec.a.trans else sj.T)
             del sj
