@@ -82,6 +82,36 @@ def test_every_block_operation_holds_the_device_budget(standin, op):
     assert cupy_standin.take_races() == []
 
 
+@pytest.mark.parametrize("op", ["svd", "eigsh"])
+def test_in_memory_steps_hold_the_device_budget(standin, op):
+    """A matrix that fits is kept on the GPU for the whole job: held from the shared budget until it ends."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((300, 40))
+    budget = DeviceBudget.of(0)
+    holds = []
+    hold = DeviceBudget.hold
+
+    def record(self, nbytes, limit):
+        holds.append(nbytes)
+        return hold(self, nbytes, limit)
+
+    DeviceBudget.hold = record
+    try:
+        if op == "svd":
+            u, s, vt = bl.svd(a, 5, device="gpu", memory="64MiB")
+            np.testing.assert_allclose(s, np.linalg.svd(a, compute_uv=False)[:5], rtol=1e-10)
+            assert u.report["phases"]["products with A"] == "gpu"
+        else:
+            m = a.T @ a
+            w, _ = bl.eigsh(m, 5, order="descending", device="gpu", memory="64MiB")
+            np.testing.assert_allclose(w, np.linalg.eigvalsh(m)[::-1][:5], rtol=1e-10)
+    finally:
+        DeviceBudget.hold = hold
+    assert int(1.5 * a.nbytes) in holds or int(1.5 * (a.T @ a).nbytes) in holds
+    assert budget.held == 0  # released when the job ends
+    assert cupy_standin.take_races() == []
+
+
 # -- pinned host memory ---------------------------------------------------------------------------
 def test_cached_pinned_buffers_of_other_shapes_are_unpinned_before_pinning_more(standin):
     """Pinned buffers of an earlier plan were kept cached on top of the next plan's, beyond ``memory=``."""

@@ -211,6 +211,7 @@ def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
             from blocklin.device import get_device
 
             dev = get_device("gpu", device_memory=job.device_memory())
+            job.stack.enter_context(dev.reserve(int(1.5 * M.nbytes)))  # held from the GPU's shared budget
             Md = dev.to_device(M)  # kept on the GPU for the Lanczos products
         phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
 

@@ -223,8 +223,9 @@ def _householder(job: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     from blocklin.device import get_device
 
     dev = get_device("gpu", device_memory=job.device_memory())
-    q, r = dev.qr(dev.to_device(x))
-    return np.asarray(dev.to_host(q)), np.asarray(dev.to_host(r))
+    with dev.reserve(3 * x.nbytes):  # the block, Q and cuSOLVER's work, from the GPU's shared budget
+        q, r = dev.qr(dev.to_device(x))
+        return np.asarray(dev.to_host(q)), np.asarray(dev.to_host(r))
 
 
 #: Report entries recorded in the output's attributes.

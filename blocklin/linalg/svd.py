@@ -594,6 +594,8 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
             from blocklin.device import get_device
 
             dev = get_device("gpu", device_memory=job.device_memory())
+            # B stays on the GPU for the job, beside the products' blocks: held from its shared budget
+            job.stack.enter_context(dev.reserve(int(1.5 * b.nbytes)))
         src: Any = _InCore(b, dev)
         phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
     else:
