@@ -35,8 +35,9 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.errors import BudgetError
 from blocklin.plan.passes import PassMemory
-from blocklin.runtime.passes import row_kernel, run_pass, source
+from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +79,9 @@ _SUB_BYTES = 1 << 21
 
 
 def sub_bytes(job: Any, memory: int | None) -> int:
-    """The bytes of one block of float64 deviations: :data:`_SUB_BYTES`, within an eighth of the budget."""
-    return max(1, min(_SUB_BYTES, (memory or job.cfg.memory) // 8))
+    """The bytes of one block of float64 deviations: :data:`_SUB_BYTES`, within a 32nd of the budget (the
+    means pass runs within the budget planned for the method's own passes, which do not count it)."""
+    return max(1, min(_SUB_BYTES, (memory or job.cfg.memory) // 32))
 
 
 def _strip_moments(b: Any, sub: int) -> tuple[np.ndarray, np.ndarray]:
@@ -163,15 +165,29 @@ def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = 
     own. The uncentered product is rounded relative to ``||A||^2``, as the in-pass correction of the
     later passes is (see the module docstring); its float64 sum over strips keeps the accumulation
     from adding to that."""
-    qd = np.ascontiguousarray(q.astype(A.dtype))
-    states, _ = run_pass(job, moments_normal_kernel, [source(A)],
-                         {"Q": qd, "rows_are_columns": False, "sub_bytes": sub_bytes(job, memory)}, memory=memory,
+    params = _normal_params(job, A, q, memory)
+    qd = params["Q"]
+    states, _ = run_pass(job, moments_normal_kernel, [source(A)], params, memory=memory,
                          description="column means and the first product (pass over A)")
     cnt, mean, m2, z = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
         cnt, mean, m2 = _merge(cnt, mean, m2, *st[:3])
         z = z + st[3]
     return Moments(mean, m2 / cnt, cnt), z - cnt * np.outer(mean, mean @ qd.astype(np.float64))
+
+
+def moments_and_normal_fits(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None) -> bool:
+    """Whether the pass of :func:`moments_and_normal` plans within ``memory`` (its ``Q`` and product
+    beside the strips are more than the means pass holds); if not, the means take a pass of their own."""
+    try:
+        plan_kernel_pass(job, moments_normal_kernel, [source(A)], _normal_params(job, A, q, memory), memory=memory)
+    except BudgetError:
+        return False
+    return True
+
+
+def _normal_params(job: Any, A: Any, q: np.ndarray, memory: int | None) -> dict:
+    return {"Q": np.ascontiguousarray(q.astype(A.dtype)), "rows_are_columns": False, "sub_bytes": sub_bytes(job, memory)}
 
 
 def moments_incore(b: np.ndarray, transposed: bool) -> Moments:

@@ -18,7 +18,8 @@ from blocklin.config import Settings, format_size, parse_size, size_hint
 from blocklin.errors import BudgetError, ConvergenceWarning, explain, warn
 from blocklin.linalg import _tall_kernels as K
 from blocklin.linalg import random as rnd
-from blocklin.linalg.center import Moments, Shift, column_moments, moments_and_normal, moments_incore
+from blocklin.linalg.center import (Moments, Shift, column_moments, moments_and_normal, moments_and_normal_fits,
+                                    moments_incore)
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.lanczos import block_lanczos, default_tol, start_block
 from blocklin.linalg.orth import cholqr_r, orth_incore
@@ -630,14 +631,16 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
 
 def _fused_start(job: Job, A: Any, plan: SvdPlan, seed: int, q: int | None) -> np.ndarray | None:
     """The block the first product of a centered streamed run is taken with, when the means pass can
-    make that product too (tall ``A``, a pass on the CPU, a method that starts with ``B_c^T B_c Q``)."""
+    make that product too (tall ``A``, a pass on the CPU, a method that starts with ``B_c^T B_c Q``, a
+    budget that holds the fused pass)."""
     if plan.transposed or _pass_device(job, plan, A.dtype) != "cpu":
         return None
+    start = None
     if plan.method == "lanczos":
-        return start_block(plan.N, plan.block, seed)
-    if plan.method == "rsvd" and q != 0:
-        return _rsvd_start(plan.N, plan.block, seed)
-    return None
+        start = start_block(plan.N, plan.block, seed)
+    elif plan.method == "rsvd" and q != 0:
+        start = _rsvd_start(plan.N, plan.block, seed)
+    return start if start is not None and moments_and_normal_fits(job, A, start, memory=plan.pass_memory) else None
 
 
 def _moments(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None,
