@@ -43,70 +43,62 @@ def test_factorization_tile_tasks_share_the_device_budget(standin):
     assert cupy_standin.take_races() == []
 
 
-@pytest.mark.parametrize("op", ["syrk", "trsm", "lu", "qr"])
-def test_every_block_operation_holds_the_device_budget(standin, op):
-    rng = np.random.default_rng(4)
-    n, t = 96, 32
-    budget = DeviceBudget.of(0)
-    holds = []
+@pytest.fixture
+def holds(monkeypatch):
+    """The bytes of every ``DeviceBudget.hold`` during the test, in order."""
+    seen = []
     hold = DeviceBudget.hold
 
     def record(self, nbytes, limit):
-        holds.append(nbytes)
+        seen.append(nbytes)
         return hold(self, nbytes, limit)
 
-    DeviceBudget.hold = record
-    try:
-        if op == "syrk":
-            x = rng.standard_normal((200, n))
-            g = bl.gram(x, device="gpu", memory="256KiB")
-            np.testing.assert_allclose(g[...], x.T @ x, rtol=1e-12, atol=1e-10)
-        elif op == "trsm":
-            low = np.tril(rng.standard_normal((n, n))) / 8 + 2 * np.eye(n)
-            b = rng.standard_normal((n, 3))
-            x = bl.solve_triangular(low, b, lower=True, tile=t, device="gpu")[...]
-            np.testing.assert_allclose(low @ x, b, rtol=0, atol=1e-12)
-        elif op == "lu":
-            g = rng.standard_normal((n, n))
-            f = bl.lu(g, tile=t, device="gpu")
-            import scipy.linalg as sl
+    monkeypatch.setattr(DeviceBudget, "hold", record)
+    return seen
 
-            np.testing.assert_allclose(f[...], sl.lu_factor(g)[0], rtol=0, atol=1e-11)
-        else:
-            a = rng.standard_normal((120, n))
-            q, r = bl.qr(a, mode="reduced", tile=t, device="gpu")
-            assert np.linalg.norm(a - q[...] @ r[...]) <= 4 * 120 * np.finfo(float).eps * np.linalg.norm(a)
-    finally:
-        DeviceBudget.hold = hold
+
+@pytest.mark.parametrize("op", ["syrk", "trsm", "lu", "qr"])
+def test_every_block_operation_holds_the_device_budget(standin, holds, op):
+    rng = np.random.default_rng(4)
+    n, t = 96, 32
+    budget = DeviceBudget.of(0)
+    if op == "syrk":
+        x = rng.standard_normal((200, n))
+        g = bl.gram(x, device="gpu", memory="256KiB")
+        np.testing.assert_allclose(g[...], x.T @ x, rtol=1e-12, atol=1e-10)
+    elif op == "trsm":
+        low = np.tril(rng.standard_normal((n, n))) / 8 + 2 * np.eye(n)
+        b = rng.standard_normal((n, 3))
+        x = bl.solve_triangular(low, b, lower=True, tile=t, device="gpu")[...]
+        np.testing.assert_allclose(low @ x, b, rtol=0, atol=1e-12)
+    elif op == "lu":
+        g = rng.standard_normal((n, n))
+        f = bl.lu(g, tile=t, device="gpu")
+        import scipy.linalg as sl
+
+        np.testing.assert_allclose(f[...], sl.lu_factor(g)[0], rtol=0, atol=1e-11)
+    else:
+        a = rng.standard_normal((120, n))
+        q, r = bl.qr(a, mode="reduced", tile=t, device="gpu")
+        assert np.linalg.norm(a - q[...] @ r[...]) <= 4 * 120 * np.finfo(float).eps * np.linalg.norm(a)
     assert holds and min(holds) > 0 and budget.held == 0
     assert cupy_standin.take_races() == []
 
 
 @pytest.mark.parametrize("op", ["svd", "eigsh"])
-def test_in_memory_steps_hold_the_device_budget(standin, op):
+def test_in_memory_steps_hold_the_device_budget(standin, holds, op):
     """A matrix that fits is kept on the GPU for the whole job: held from the shared budget until it ends."""
     rng = np.random.default_rng(5)
     a = rng.standard_normal((300, 40))
     budget = DeviceBudget.of(0)
-    holds = []
-    hold = DeviceBudget.hold
-
-    def record(self, nbytes, limit):
-        holds.append(nbytes)
-        return hold(self, nbytes, limit)
-
-    DeviceBudget.hold = record
-    try:
-        if op == "svd":
-            u, s, vt = bl.svd(a, 5, device="gpu", memory="64MiB")
-            np.testing.assert_allclose(s, np.linalg.svd(a, compute_uv=False)[:5], rtol=1e-10)
-            assert u.report["phases"]["products with A"] == "gpu"
-        else:
-            m = a.T @ a
-            w, _ = bl.eigsh(m, 5, order="descending", device="gpu", memory="64MiB")
-            np.testing.assert_allclose(w, np.linalg.eigvalsh(m)[::-1][:5], rtol=1e-10)
-    finally:
-        DeviceBudget.hold = hold
+    if op == "svd":
+        u, s, vt = bl.svd(a, 5, device="gpu", memory="64MiB")
+        np.testing.assert_allclose(s, np.linalg.svd(a, compute_uv=False)[:5], rtol=1e-10)
+        assert u.report["phases"]["products with A"] == "gpu"
+    else:
+        m = a.T @ a
+        w, _ = bl.eigsh(m, 5, order="descending", device="gpu", memory="64MiB")
+        np.testing.assert_allclose(w, np.linalg.eigvalsh(m)[::-1][:5], rtol=1e-10)
     assert int(1.5 * a.nbytes) in holds or int(1.5 * (a.T @ a).nbytes) in holds
     assert budget.held == 0  # released when the job ends
     assert cupy_standin.take_races() == []
