@@ -104,8 +104,7 @@ class Matrix:
     # -- data --------------------------------------------------------------------------------------
     def _generation(self) -> Any:
         """What changes when the store is replaced (a new commit writes a new ``zarr.json``)."""
-        be = backend(self.location)
-        return be.stamp("zarr.json") or be.stamp(".zarray")
+        return backend(self.location).metadata_stamp()
 
     def _read(self, key: Any) -> np.ndarray:
         """Read ``key`` from one version of the store, never a mix.

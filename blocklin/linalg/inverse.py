@@ -201,7 +201,7 @@ def _token(job: Job, M: Any, plan: InversePlan, out: Any, params: dict) -> str:
     stamp of its metadata), the plan, the parameters, the output and the settings the tile and pass
     plans depend on (workers, cores, device)."""
     loc = as_location(M.path)
-    stamp = None if M.staged else (backend(loc).stamp("zarr.json") or backend(loc).stamp(".zarray"))
+    stamp = None if M.staged else backend(loc).metadata_stamp()
     return tokenize("inv", loc, M.shape, M.dtype.str, tuple(M.chunks), stamp, plan.to_dict(), params,
                     str(out), job.workers(1), job.parallelism(), job.cores(), job.device)[:16]
 

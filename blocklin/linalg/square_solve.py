@@ -218,7 +218,7 @@ def _token(job: Job, A: Any, B: Any, out: Any, **params: Any) -> str:
 
     def ident(o: Any) -> tuple:
         loc = as_location(o.path)
-        stamp = None if o.staged else (backend(loc).stamp("zarr.json") or backend(loc).stamp(".zarray"))
+        stamp = None if o.staged else backend(loc).metadata_stamp()
         return (loc, o.shape, o.dtype.str, tuple(o.chunks), stamp)
 
     return tokenize("solve-square", ident(A), ident(B), sorted(params.items()), str(out), job.cfg.memory,

@@ -64,6 +64,11 @@ class Backend(abc.ABC):
     def stamp(self, key: str) -> Any:
         """A value that changes whenever the object is rewritten (``None`` when missing)."""
 
+    def metadata_stamp(self) -> Any:
+        """The stamp of the array's zarr metadata (v3 ``zarr.json``, else v2 ``.zarray``): what a commit
+        or an overwrite changes (``None`` when the store has none)."""
+        return self.stamp("zarr.json") or self.stamp(".zarray")
+
     def read_text(self, key: str) -> str:
         return self.read_bytes(key).decode()
 

@@ -100,8 +100,7 @@ def _base(p: Any) -> str:
 
 def _stat_token(path: Any) -> list:
     if isinstance(path, Location):
-        be = backend(path)
-        return [str(be.stamp("zarr.json") or be.stamp(".zarray"))]
+        return [str(backend(path).metadata_stamp())]
     p = path
     for name in ("zarr.json", ".zarray"):
         if os.path.isdir(path) and os.path.exists(os.path.join(path, name)):
