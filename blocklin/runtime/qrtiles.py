@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.device.base import PANEL_GETRF_THREADS
 from blocklin.runtime.blockops import BlockOps, Region, _done, _load, _mark, _save, _skip, _tiles, holds_device
 from blocklin.runtime.tiles import check_finite, open_array, with_task_settings
 from blocklin.storage.zarr_store import create_array, read_block, write_block
@@ -173,16 +174,30 @@ def _check(info: int, name: str) -> None:
         raise ValueError(f"{name}: illegal argument {-info}")
 
 
+def _one_thread() -> Any:
+    """Every tile kernel on one BLAS thread, as the Cholesky and LU panels
+    (:data:`~blocklin.device.base.PANEL_GETRF_THREADS`). Their inner loops are level-2 (``geqrt3``,
+    ``tpqrt2``) or GEMMs of ``inner`` rows (``tprfb``, ``larfb``), which two OpenBLAS threads ran
+    10 to 100 times slower than one on a shared 2-core machine (a 512 tile: ``tpqrt`` 2.1 s against
+    0.03 s, ``tpmqrt`` 0.32 s against 0.010 s); a 2048 x 2048 ``R`` took 2.9 s on one thread against
+    8.5 s with two (benchmarks in docs/factor.md)."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas")
+
+
 def geqrt(tile: np.ndarray, inner: int) -> tuple[np.ndarray, np.ndarray]:
     """LAPACK ``geqrt`` of a tile with at least as many rows as columns: packed ``R``/``V`` and ``T``."""
-    packed, tk, info = _lapack("geqrt", tile)(min(inner, tile.shape[1]), tile)
+    with _one_thread():
+        packed, tk, info = _lapack("geqrt", tile)(min(inner, tile.shape[1]), tile)
     _check(info, "geqrt")
     return packed, tk
 
 
 def gemqrt(v: np.ndarray, tk: np.ndarray, c: np.ndarray, *, trans: bool) -> np.ndarray:
     """``Q^T c`` (``trans``) or ``Q c`` for the ``geqrt`` reflectors ``v`` (packed; the strict lower part is read)."""
-    out, info = _lapack("gemqrt", c)(v, tk, c, trans="T" if trans else "N")
+    with _one_thread():
+        out, info = _lapack("gemqrt", c)(v, tk, c, trans="T" if trans else "N")
     _check(info, "gemqrt")
     return out
 
@@ -190,7 +205,8 @@ def gemqrt(v: np.ndarray, tk: np.ndarray, c: np.ndarray, *, trans: bool) -> np.n
 def tpqrt(r: np.ndarray, b: np.ndarray, inner: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """QR of ``[triu(r); b]`` (LAPACK ``tpqrt``, ``l = 0``): the new ``R`` (upper part), ``V`` (in place
     of ``b``) and ``T``."""
-    r2, v, tk, info = _lapack("tpqrt", b)(0, min(inner, b.shape[1]), np.triu(r), b)
+    with _one_thread():
+        r2, v, tk, info = _lapack("tpqrt", b)(0, min(inner, b.shape[1]), np.triu(r), b)
     _check(info, "tpqrt")
     return r2, v, tk
 
@@ -198,7 +214,8 @@ def tpqrt(r: np.ndarray, b: np.ndarray, inner: int) -> tuple[np.ndarray, np.ndar
 def tpmqrt(v: np.ndarray, tk: np.ndarray, top: np.ndarray, b: np.ndarray, *,
            trans: bool) -> tuple[np.ndarray, np.ndarray]:
     """``[top; b]`` times the ``tpqrt`` reflectors' ``Q^T`` (``trans``) or ``Q`` (LAPACK ``tpmqrt``, ``l = 0``)."""
-    top2, b2, info = _lapack("tpmqrt", b)(0, v, tk, top, b, trans="T" if trans else "N")
+    with _one_thread():
+        top2, b2, info = _lapack("tpmqrt", b)(0, v, tk, top, b, trans="T" if trans else "N")
     _check(info, "tpmqrt")
     return top2, b2
 
