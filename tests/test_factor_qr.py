@@ -43,7 +43,8 @@ def _check_r(a, r, dtype):
 def test_tiled_qr_matches_numpy(tmp_path, dtype, shape, tile):
     m, n = shape
     a = np.random.default_rng(m + n).standard_normal(shape).astype(dtype)
-    q, r = bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", tile=tile, scheduler="sync")
+    q, r = bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", method="tiled", tile=tile,
+                 scheduler="sync")
     assert r.report["method"] == "tiled" and r.provenance["operation"] == "qr"
     _check_r(a, r[...], dtype)
     q64, r64, a64 = q[...].astype(np.float64), r[...].astype(np.float64), a.astype(np.float64)
@@ -68,12 +69,16 @@ def test_tsqr_route_for_r_alone(dtype):
 def test_auto_goes_tiled_when_r_exceeds_the_budget():
     a = np.random.default_rng(4).standard_normal((200, 200))
     r = bl.qr(a, memory="1MiB", scheduler="sync")  # R needs 5 n^2 floats = 1.5 MiB to hold and reduce
-    assert r.report["method"] == "tiled" and "exceeds the budget" in r.report["method_reason"]
+    # square: the tile QR (a tall matrix keeps the column panels: test_factor_qr_tiles.py)
+    assert r.report["method"] == "tiles" and "exceeds the budget" in r.report["method_reason"]
     assert r.report["plan"]["peak_memory"] <= 2**20
     _check_r(a, r[...], np.float64)
     b = np.random.default_rng(4).standard_normal((200, 100))
     r = bl.qr(b, memory="1MiB", scheduler="sync")  # R fits, but strips of 127 rows < 4 n: TSQR would refactor R
-    assert r.report["method"] == "tiled" and "strip of 127 rows" in r.report["method_reason"]
+    assert r.report["method"] == "tiles" and "strip of 127 rows" in r.report["method_reason"]
+    _check_r(b, r[...], np.float64)
+    r = bl.qr(b, memory="1MiB", method="tiled", scheduler="sync")
+    assert r.report["method"] == "tiled" and r.report["plan"]["peak_memory"] <= 2**20
     _check_r(b, r[...], np.float64)
 
 
@@ -112,7 +117,7 @@ def test_qr_identical_bits_across_schedulers(tmp_path):
 def test_qr_resume_keeps_finished_panels(tmp_path):
     a = bl.from_array(np.random.default_rng(7).standard_normal((80, 64)), tmp_path / "a.zarr", chunks=(16, 16))
     ref_q, ref_r = bl.qr(a, tmp_path / "ref-r.zarr", q=tmp_path / "ref-q.zarr", mode="reduced", tile=16,
-                         scheduler="sync")
+                         method="tiled", scheduler="sync")
     import blocklin.runtime.householder as hh
 
     real = hh._reflectors
@@ -126,13 +131,13 @@ def test_qr_resume_keeps_finished_panels(tmp_path):
     hh._reflectors = flaky
     try:
         with pytest.raises(WorkerLostError):
-            bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", tile=16, scheduler="sync",
-                  resume=True)
+            bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", tile=16, method="tiled",
+                  scheduler="sync", resume=True)
     finally:
         hh._reflectors = real
     assert len([p for p in os.listdir(tmp_path) if p.startswith(".r.zarr.partial")]) == 1
-    q, r = bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", tile=16, scheduler="sync",
-                 resume=True)
+    q, r = bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", tile=16, method="tiled",
+                 scheduler="sync", resume=True)
     assert r.report["skipped"] == 3
     np.testing.assert_array_equal(r[...], ref_r[...])
     np.testing.assert_array_equal(q[...], ref_q[...])
