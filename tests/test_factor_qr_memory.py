@@ -44,7 +44,9 @@ def test_tiled_qr_peak_within_budget(tmp_path, method):
     assert a.nbytes >= 3 * budget
     r = run_child(QR_CHILD, a.path, str(tmp_path / "r.zarr"), str(tmp_path / "q.zarr"), f"{memory_mib}MiB", method)
     used = r["peak"] - r["baseline"]
-    assert r["method"] == method and r["plan_peak"] <= budget and r["tile"] < 256
+    assert r["method"] == method and r["plan_peak"] <= budget
+    # the budget narrows the column panels below A's chunks; square tiles of 256 fit (8 tiles, 4 MiB)
+    assert r["tile"] < 256 if method == "tiled" else r["tile"] == 256
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget {memory_mib} MiB"
     # spot check: the first 48 columns of A = Q R, and Q's orthonormality there
     q, rr, a48 = bl.open(tmp_path / "q.zarr")[:, 0:48], bl.open(tmp_path / "r.zarr")[0:48, 0:48], a[:, 0:48]
