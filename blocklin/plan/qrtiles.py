@@ -50,9 +50,11 @@ def tile_qr_bytes(m: int, n: int, t: int, itemsize: int) -> int:
 
 
 def q_strip_width(m: int, t: int, itemsize: int, memory: int) -> int:
-    """Columns of ``Q`` per task: two copies of the ``m``-row strip beside four tiles, at most ``t``."""
+    """Columns of ``Q`` per task: two copies of the ``m``-row strip beside four tiles, at most ``t``,
+    and a divisor of ``t`` (the strips are ``Q``'s chunks, each written by one task)."""
     room = memory - 4 * t * t * itemsize
-    return max(1, min(t, room // max(1, 2 * m * itemsize)))
+    width = max(1, min(t, room // max(1, 2 * m * itemsize)))
+    return next(w for w in range(width, 0, -1) if t % w == 0)
 
 
 def plan_tile_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
