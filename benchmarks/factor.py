@@ -19,8 +19,8 @@ With ``--qr``, ``blocklin.qr`` (``Q`` and ``R``, tiled, and ``R`` alone, TSQR) o
 ``numpy.linalg.qr`` (read, factor, write) and ``dask.array.linalg.qr`` (``to_zarr`` of ``Q`` and ``R``; its
 TSQR needs one chunk across the columns). With ``--qr-square``, the square ``n x n`` case: the tile QR
 (``method="tiles"``) and the column panels (``method="tiled"``), ``Q`` and ``R`` and ``R`` alone, against
-``numpy.linalg.qr`` end to end (ratios to NumPy's time in the same run). With ``--gen-solve``, ``blocklin.solve(G, b)`` on the random square
-matrix (out-of-core LU, triangular solves, refinement; also ``precision="mixed"``) against
+``numpy.linalg.qr`` end to end (ratios to NumPy's time in the same run). With ``--gen-solve``,
+``blocklin.solve(G, b)`` on the random square matrix (out-of-core LU, triangular solves, refinement; also ``precision="mixed"``) against
 ``scipy.linalg.solve`` end to end and ``dask.array.linalg.solve``.
 
 With ``--tikhonov N``, ``blocklin.solve(A, b, lam=...)`` for a random ``N x N`` matrix whose Gram matrix
@@ -248,7 +248,8 @@ def run_qr_square(folder: Path, args: argparse.Namespace) -> None:
     na = np.linalg.norm(a)
     print(f"\nSquare QR, {n} x {n} float64 ({n * n * 8 / 2**20:.0f} MiB), random entries, blocklin memory "
           f"{args.memory}")
-    print(f"{'variant':16} {'seconds':>8} {'x numpy':>8} {'peak MiB':>9} {'||A-QR||/||A||':>15} {'||QtQ-I||':>10}  notes")
+    print(f"{'variant':16} {'seconds':>8} {'x numpy':>8} {'peak MiB':>9} {'||A-QR||/||A||':>15} "
+          f"{'||QtQ-I||':>10}  notes")
     ref = None
     for variant, method in (("numpy", ""), ("blocklin", "tiles"), ("blocklin", "tiled"), ("blocklin-r", "tiles"),
                             ("blocklin-r", "tiled")):

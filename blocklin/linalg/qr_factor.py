@@ -64,19 +64,22 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
         Output store of the thin ``Q`` (``m x n``, orthonormal columns; atomic) with ``mode="reduced"``.
     mode : {"r", "reduced"}
         ``"r"``: ``R`` only (as ``numpy.linalg.qr(a, mode="r")``); ``"reduced"``: ``Q`` and ``R``.
-    method : {"auto", "tiled", "tsqr"}
+    method : {"auto", "tiled", "tiles", "tsqr"}
         ``"tsqr"``: one streaming pass (``R`` held in core: about ``5 n^2`` float64 and ``3 n^2``
-        elements within ``memory``, :func:`tsqr_bytes`; no ``Q``). ``"tiled"``: blocked Householder over column panels (``6 m t`` elements per panel of
-        width ``t >= 32`` within ``memory``; ``R`` and ``Q`` stored tile by tile). ``"auto"``:
+        elements within ``memory``, :func:`tsqr_bytes`; no ``Q``). ``"tiled"``: blocked Householder
+        over column panels (``6 m t`` elements per panel of width ``t >= 32`` within ``memory``;
+        ``R`` and ``Q`` stored tile by tile). ``"tiles"``: the tile Householder QR on square tiles of
+        side ``t`` (``8 t^2`` elements per task; :mod:`blocklin.runtime.qrtiles`). ``"auto"``:
         ``"tsqr"`` for ``R`` alone when it fits in core with strips of at least ``4 n`` rows (a tall
-        ``A``: one pass, the fewest reads), else ``"tiled"``; the report says which and why.
+        ``A``: one pass, the fewest reads), else ``"tiles"`` for at most :data:`TILES_ASPECT` rows
+        per column on the CPU and ``"tiled"`` otherwise; the report says which and why.
     overwrite, resume : bool
         Replace existing outputs; continue an interrupted tiled run (finished panels are kept).
     explain : bool
         Return the :class:`~blocklin.plan.factor.FactorPlan` of the chosen route without running
         (``operation`` ``"qr"`` for the tiled route, ``"tsqr"`` for the streaming one).
     tile : int, optional
-        Panel width of the tiled route (default: planned from the budget).
+        Panel width (``"tiled"``) or tile side (``"tiles"``) (default: planned from the budget).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
@@ -101,6 +104,13 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
     kept beside the resume markers, so ``resume=True`` skips finished panels; the sums run in a fixed
     order, so the bits do not depend on the scheduler. Cost: ``2 m n^2 - 2 n^3 / 3`` flops for ``R``,
     as much again for ``Q``; ``m n^2 / (2 t)`` elements read.
+
+    *Tiles.* The tile algorithm of Buttari, Langou, Kurzak and Dongarra (Parallel Computing 35,
+    2009) with a flat reduction tree (Hadri et al. 2010): for each tile column ``k``, LAPACK
+    ``geqrt`` on tile ``(k, k)``, ``gemqrt`` on the tiles right of it, ``tpqrt`` on ``[R_kk; A_ik]``
+    for each tile below and ``tpmqrt`` on ``[A_kj; A_ij]``, each a task of a Dask graph that writes
+    only what it never reads (so ``resume=True`` skips finished tasks and gives the same bits). The
+    same backward error bound holds.
 
     *TSQR.* Row strips fold into a running triangular factor (Demmel, Grigori, Hoemmen and Langou,
     SIAM J. Sci. Comput. 34(1), 2012): one pass over ``A``, ``2 m n^2`` flops, equally stable.

@@ -44,7 +44,7 @@ import numpy as np
 
 from blocklin.device.base import PANEL_GETRF_THREADS
 from blocklin.runtime.blockops import BlockOps, Region, _done, _load, _mark, _save, _skip, _tiles, holds_device
-from blocklin.runtime.tiles import check_finite, open_array, with_task_settings
+from blocklin.runtime.tiles import open_array, with_task_settings
 from blocklin.storage.zarr_store import create_array, read_block, write_block
 
 
