@@ -19,9 +19,10 @@ With ``--qr``, ``blocklin.qr`` (``Q`` and ``R``, tiled, and ``R`` alone, TSQR) o
 ``numpy.linalg.qr`` (read, factor, write) and ``dask.array.linalg.qr`` (``to_zarr`` of ``Q`` and ``R``; its
 TSQR needs one chunk across the columns). With ``--qr-square``, the square ``n x n`` case: the tile QR
 (``method="tiles"``) and the column panels (``method="tiled"``), ``Q`` and ``R`` and ``R`` alone, against
-``numpy.linalg.qr`` end to end (ratios to NumPy's time in the same run). With ``--gen-solve``,
-``blocklin.solve(G, b)`` on the random square matrix (out-of-core LU, triangular solves, refinement; also ``precision="mixed"``) against
-``scipy.linalg.solve`` end to end and ``dask.array.linalg.solve``.
+``numpy.linalg.qr`` end to end (ratios to NumPy's time in the same run; ``--rows M`` for a tall
+``M x n``). With ``--gen-solve``, ``blocklin.solve(G, b)`` on the random square matrix (out-of-core LU,
+triangular solves, refinement; also ``precision="mixed"``) against ``scipy.linalg.solve`` end to end and
+``dask.array.linalg.solve``.
 
 With ``--tikhonov N``, ``blocklin.solve(A, b, lam=...)`` for a random ``N x N`` matrix whose Gram matrix
 exceeds ``--tikhonov-memory`` (the stored Gram route: out-of-core SYRK and Cholesky), after the same at
@@ -235,19 +236,20 @@ def _qr_notes(variant: str, r: dict) -> str:
 def run_qr_square(folder: Path, args: argparse.Namespace) -> None:
     """Square QR, ``n x n``: the tile QR (``method="tiles"``) against the column panels (``"tiled"``) and
     ``numpy.linalg.qr`` end to end (read, factor, write ``Q`` and ``R``), ``Q`` and ``R`` and ``R`` alone;
-    the ratios are to NumPy's time in the same run."""
+    the ratios are to NumPy's time in the same run. ``--rows M`` makes it ``M x n`` (tall)."""
     import zarr
 
     n = args.n
+    m = args.rows or n
     path = folder / "S.zarr"
-    z = zarr.create_array(str(path), shape=(n, n), dtype="float64", chunks=(args.chunk, args.chunk), compressors=None)
+    z = zarr.create_array(str(path), shape=(m, n), dtype="float64", chunks=(args.chunk, args.chunk), compressors=None)
     rng = np.random.default_rng(5)
-    for i in range(0, n, args.chunk):
-        z[i:i + args.chunk, :] = rng.standard_normal((min(args.chunk, n - i), n))
+    for i in range(0, m, args.chunk):
+        z[i:i + args.chunk, :] = rng.standard_normal((min(args.chunk, m - i), n))
     a = z[...]
     na = np.linalg.norm(a)
-    print(f"\nSquare QR, {n} x {n} float64 ({n * n * 8 / 2**20:.0f} MiB), random entries, blocklin memory "
-          f"{args.memory}")
+    print(f"\n{'Square' if m == n else 'Tall'} QR, {m} x {n} float64 ({m * n * 8 / 2**20:.0f} MiB), random entries, "
+          f"blocklin memory {args.memory}")
     print(f"{'variant':16} {'seconds':>8} {'x numpy':>8} {'peak MiB':>9} {'||A-QR||/||A||':>15} "
           f"{'||QtQ-I||':>10}  notes")
     ref = None
@@ -482,6 +484,7 @@ def main() -> None:
     ap.add_argument("--qr", action="store_true", help="also benchmark QR on a tall n x n/4 matrix")
     ap.add_argument("--qr-square", action="store_true",
                     help="also benchmark QR on the square n x n matrix (tile QR, column panels, NumPy)")
+    ap.add_argument("--rows", type=int, help="rows of the --qr-square matrix (default n: square; more: tall)")
     ap.add_argument("--gen-solve", action="store_true", help="also benchmark square solves (LU, mixed precision)")
     ap.add_argument("--no-cholesky", action="store_true", help="skip the Cholesky and SPD-solve part")
     ap.add_argument("--tikhonov", type=int, metavar="N", help="also a Tikhonov solve of a random N x N matrix")

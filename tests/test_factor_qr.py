@@ -90,8 +90,8 @@ def test_auto_falls_back_to_tiled_when_the_pass_is_refused(monkeypatch):
 
     monkeypatch.setattr(qf, "_tsqr", refused)
     a = np.random.default_rng(9).standard_normal((60, 20))
-    r = bl.qr(a, scheduler="sync")
-    assert r.report["method"] == "tiled" and "does not fit" in r.report["method_reason"]
+    r = bl.qr(a, scheduler="sync")  # 3 rows per column: the tile QR
+    assert r.report["method"] == "tiles" and "does not fit" in r.report["method_reason"]
     _check_r(a, r[...], np.float64)
     with pytest.raises(BudgetError):
         bl.qr(a, method="tsqr")
@@ -101,7 +101,7 @@ def test_rank_deficient_warns_and_still_factors():
     a = np.random.default_rng(5).standard_normal((40, 6))
     a[:, 3] = 0.0
     with pytest.warns(UserWarning, match="rank-deficient"):
-        q, r = bl.qr(a, mode="reduced", tile=4, scheduler="sync")
+        q, r = bl.qr(a, mode="reduced", tile=4, method="tiled", scheduler="sync")
     assert r.report["diag_ratio"] == 0.0
     np.testing.assert_allclose(q[...] @ r[...], a, atol=1e-13)
 
@@ -164,7 +164,7 @@ def test_cli_factor_qr(tmp_path, capsys):
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r.zarr"), "--q", str(tmp_path / "q.zarr"),
                  "--json", "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["method"] == "tiled" and out["q"] == str(tmp_path / "q.zarr")
+    assert out["method"] == "tiles" and out["q"] == str(tmp_path / "q.zarr")  # 2.4 rows per column
     q, r = bl.open(tmp_path / "q.zarr")[...], bl.open(tmp_path / "r.zarr")[...]
     np.testing.assert_allclose(q @ r, a[...], atol=1e-12)
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r2.zarr"), "--json", "--no-progress"]) == 0
@@ -172,6 +172,6 @@ def test_cli_factor_qr(tmp_path, capsys):
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r3.zarr"), "--explain", "--memory", "1MiB"]) == 0
     assert "one streaming TSQR pass" in capsys.readouterr().out  # R alone fits
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r3.zarr"), "--q", str(tmp_path / "q3.zarr"),
-                 "--explain", "--memory", "1MiB"]) == 0
+                 "--explain", "--memory", "1MiB", "--method", "tiled"]) == 0
     assert "column panels" in capsys.readouterr().out
     assert not (tmp_path / "r3.zarr").exists() and not (tmp_path / "q3.zarr").exists()

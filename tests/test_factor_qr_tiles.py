@@ -101,9 +101,10 @@ def test_auto_route_tiles_for_square_panels_for_tall():
     assert r.report["method"] == "tiles" and "Q requested" in r.report["method_reason"]
     assert "square tiles" in r.report["method_reason"]
     _check(sq, q[...], r[...], np.float64)
-    tall = np.random.default_rng(8).standard_normal((300, 100))  # 3 rows per column: panels
+    tall = np.random.default_rng(8).standard_normal((340, 20))  # 17 rows per column: panels
     q, r = bl.qr(tall, mode="reduced", memory="1MiB", scheduler="sync")
-    assert r.report["method"] == "tiled" and "more than 2 rows per column" in r.report["method_reason"]
+    assert r.report["method"] == "tiled" and "more than 16 rows per column" in r.report["method_reason"]
+    _check(tall, q[...], r[...], np.float64)
     plan = bl.qr(sq, mode="reduced", memory="1MiB", explain=True)
     assert plan.operation == "qr-tiles" and plan.peak_memory <= 2**20
     assert "tile Householder QR on" in plan.explain()

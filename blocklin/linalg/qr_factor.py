@@ -43,8 +43,8 @@ MODES = ("r", "reduced")
 TSQR_STRIP_RATIO = 4
 METHODS = ("auto", "tiled", "tiles", "tsqr")
 #: ``"auto"`` takes the tile QR (``"tiles"``) over the column panels for matrices with at most this
-#: many rows per column (square and near-square; see :func:`_route` for the measurements).
-TILES_ASPECT = 2
+#: many rows per column: the tallest shape measured (:func:`_householder`), where the tiles still won.
+TILES_ASPECT = 16
 REPORT_KEYS = ("method", "method_reason", "seconds", "flops", "gflops", "peak_memory", "diag_ratio", "tasks",
                "skipped")
 
@@ -162,16 +162,18 @@ def _householder(job: Job, m: int, n: int) -> tuple[str, str]:
     """The Householder route of ``"auto"`` once ``R`` is to be stored: ``("tiles" | "tiled", why)``.
 
     Square tiles hold a task in ``8 t^2`` elements where a column panel needs ``6 m t``, so within one
-    budget the tiles are wider and their GEMMs larger; a tall matrix's panels read it in long
-    sequential columns with fewer, larger tasks. Measured on 2 cores (``benchmarks/factor.py --qr``):
-    n = 4096 float64 in 64 MiB, tiles of 1024 against panels of 256, the tile QR took 0.6 of the panels'
-    time (docs/benchmarks.md). The tile kernels run on the host, so a GPU job keeps the panels.
+    budget the tiles are wider and their GEMMs larger, and a taller ``A`` narrows the panels further.
+    Measured with ``Q`` in 64 MiB (``benchmarks/factor.py --qr-square`` and single runs, shared 2-core
+    machine, load 9 to 12), tiles of 512 against panels of 256 to 64: tile QR / panels 0.40-0.43 at
+    4096 x 4096, 0.41 at 4096 x 2048, 0.45 at 4096 x 1024, 0.22-0.36 at 8192 x 1024, 0.16-0.20 at
+    16384 x 1024 (docs/factor.md). Taller shapes than measured keep the panels; the tile kernels run
+    on the host, so a GPU job keeps the panels too.
     """
     if job.device != "cpu":
         return "tiled", "blocked Householder over column panels (their block reflectors run on the device)"
     if m <= TILES_ASPECT * n:
-        return "tiles", (f"tile Householder QR on square tiles ({m} x {n}: at most {TILES_ASPECT} rows per column; "
-                         "larger tiles than column panels within the budget)")
+        return "tiles", (f"tile Householder QR on square tiles ({m} x {n}: at most {TILES_ASPECT} rows per "
+                         "column; larger tiles than column panels within the budget)")
     return "tiled", (f"blocked Householder over column panels ({m} x {n}: more than {TILES_ASPECT} rows per column, "
                      "long sequential panels)")
 
