@@ -17,9 +17,12 @@ in its own subprocess (its own peak RSS, over the baseline of its imports):
 
 With ``--qr``, ``blocklin.qr`` (``Q`` and ``R``, tiled, and ``R`` alone, TSQR) on a tall ``n x n/4`` matrix against
 ``numpy.linalg.qr`` (read, factor, write) and ``dask.array.linalg.qr`` (``to_zarr`` of ``Q`` and ``R``; its
-TSQR needs one chunk across the columns). With ``--gen-solve``, ``blocklin.solve(G, b)`` on the random square
-matrix (out-of-core LU, triangular solves, refinement; also ``precision="mixed"``) against
-``scipy.linalg.solve`` end to end and ``dask.array.linalg.solve``.
+TSQR needs one chunk across the columns). With ``--qr-square``, the square ``n x n`` case: the tile QR
+(``method="tiles"``) and the column panels (``method="tiled"``), ``Q`` and ``R`` and ``R`` alone, against
+``numpy.linalg.qr`` end to end (ratios to NumPy's time in the same run; ``--rows M`` for a tall
+``M x n``). With ``--gen-solve``, ``blocklin.solve(G, b)`` on the random square matrix (out-of-core LU,
+triangular solves, refinement; also ``precision="mixed"``) against ``scipy.linalg.solve`` end to end and
+``dask.array.linalg.solve``.
 
 With ``--tikhonov N``, ``blocklin.solve(A, b, lam=...)`` for a random ``N x N`` matrix whose Gram matrix
 exceeds ``--tikhonov-memory`` (the stored Gram route: out-of-core SYRK and Cholesky), after the same at
@@ -125,6 +128,7 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "peak": peak() - base, **
 QR_CHILD = textwrap.dedent(r"""
 import json, sys, time
 variant, a_path, out, memory = sys.argv[1:5]
+method = sys.argv[5] if len(sys.argv) > 5 else "auto"
 import numpy as np
 {PEAK}
 import zarr, blocklin, dask.array as da
@@ -132,11 +136,11 @@ base = peak()
 t0 = time.perf_counter()
 extra = {}
 if variant == "blocklin":
-    q, r = blocklin.qr(a_path, out + "-r", q=out + "-q", mode="reduced", memory=memory)
-    extra["tile"] = r.report["plan"]["tile"]
+    q, r = blocklin.qr(a_path, out + "-r", q=out + "-q", mode="reduced", memory=memory, method=method)
+    extra.update(tile=r.report["plan"]["tile"], method=r.report["method"])
 elif variant == "blocklin-r":
-    r = blocklin.qr(a_path, out + "-r", memory=memory)
-    extra["method"] = r.report["method"]
+    r = blocklin.qr(a_path, out + "-r", memory=memory, method=method)
+    extra.update(tile=r.report["plan"]["tile"], method=r.report["method"])
 elif variant == "numpy":
     a = zarr.open_array(a_path, mode="r")[...]
     q, r = np.linalg.qr(a)
@@ -217,9 +221,58 @@ def run_qr(folder: Path, args: argparse.Namespace) -> None:
             del q
         else:
             acc = np.linalg.norm(rr.T @ rr - a.T @ a) / np.linalg.norm(a) ** 2
-        notes = f"panels of {r['tile']}" if "tile" in r else (f"R only, {r['method']} (||R^TR-A^TA||/||A||^2)"
-                                                            if "method" in r else "")
+        notes = _qr_notes(variant, r)
         print(f"{variant:11} {r['seconds']:8.2f} {r['peak'] / 2**20:9.0f} {acc:15.1e} {qtq:10.1e}  {notes}")
+
+
+def _qr_notes(variant: str, r: dict) -> str:
+    if "method" not in r:
+        return ""
+    kind = {"tiled": "column panels of", "tiles": "tiles of", "tsqr": "TSQR"}[r["method"]]
+    notes = f"{r['method']}: {kind}" + (f" {r['tile']}" if r["method"] != "tsqr" else "")
+    return notes + (", R only (||R^TR-A^TA||/||A||^2)" if variant.endswith("-r") else "")
+
+
+def run_qr_square(folder: Path, args: argparse.Namespace) -> None:
+    """Square QR, ``n x n``: the tile QR (``method="tiles"``) against the column panels (``"tiled"``) and
+    ``numpy.linalg.qr`` end to end (read, factor, write ``Q`` and ``R``), ``Q`` and ``R`` and ``R`` alone;
+    the ratios are to NumPy's time in the same run. ``--rows M`` makes it ``M x n`` (tall)."""
+    import zarr
+
+    n = args.n
+    m = args.rows or n
+    path = folder / "S.zarr"
+    z = zarr.create_array(str(path), shape=(m, n), dtype="float64", chunks=(args.chunk, args.chunk), compressors=None)
+    rng = np.random.default_rng(5)
+    for i in range(0, m, args.chunk):
+        z[i:i + args.chunk, :] = rng.standard_normal((min(args.chunk, m - i), n))
+    a = z[...]
+    na = np.linalg.norm(a)
+    print(f"\n{'Square' if m == n else 'Tall'} QR, {m} x {n} float64 ({m * n * 8 / 2**20:.0f} MiB), random entries, "
+          f"blocklin memory {args.memory}")
+    print(f"{'variant':16} {'seconds':>8} {'x numpy':>8} {'peak MiB':>9} {'||A-QR||/||A||':>15} "
+          f"{'||QtQ-I||':>10}  notes")
+    ref = None
+    for variant, method in (("numpy", ""), ("blocklin", "tiles"), ("blocklin", "tiled"), ("blocklin-r", "tiles"),
+                            ("blocklin-r", "tiled")):
+        name = f"{variant}:{method}" if method else variant
+        out = str(folder / f"SQR-{variant}-{method}")
+        r = run_child(QR_CHILD, variant, str(path), out, args.memory, *([method] if method else []))
+        if "error" in r:
+            print(f"{name:16} failed: {r['error']}")
+            continue
+        rr = zarr.open_array(out + "-r")[...]
+        if variant != "blocklin-r":
+            q = zarr.open_array(out + "-q")[...]
+            acc = np.linalg.norm(a - q @ rr) / na
+            qtq = np.linalg.norm(q.T @ q - np.eye(n))
+            del q
+        else:
+            acc, qtq = np.linalg.norm(rr.T @ rr - a.T @ a) / na**2, float("nan")
+        ref = r["seconds"] if variant == "numpy" else ref
+        ratio = f"{r['seconds'] / ref:8.2f}" if ref else f"{'':8}"
+        print(f"{name:16} {r['seconds']:8.2f} {ratio} {r['peak'] / 2**20:9.0f} {acc:15.1e} {qtq:10.1e}  "
+              f"{_qr_notes(variant, r)}")
 
 
 def run_gen_solve(folder: Path, g_path: Path, args: argparse.Namespace) -> None:
@@ -429,6 +482,9 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--lu", action="store_true", help="also benchmark the LU factorization")
     ap.add_argument("--qr", action="store_true", help="also benchmark QR on a tall n x n/4 matrix")
+    ap.add_argument("--qr-square", action="store_true",
+                    help="also benchmark QR on the square n x n matrix (tile QR, column panels, NumPy)")
+    ap.add_argument("--rows", type=int, help="rows of the --qr-square matrix (default n: square; more: tall)")
     ap.add_argument("--gen-solve", action="store_true", help="also benchmark square solves (LU, mixed precision)")
     ap.add_argument("--no-cholesky", action="store_true", help="skip the Cholesky and SPD-solve part")
     ap.add_argument("--tikhonov", type=int, metavar="N", help="also a Tikhonov solve of a random N x N matrix")
@@ -448,6 +504,8 @@ def main() -> None:
             run_gen_solve(folder, make_random(folder, args), args)
         if args.qr:
             run_qr(folder, args)
+        if args.qr_square:
+            run_qr_square(folder, args)
         if args.tikhonov:
             run_tikhonov(folder, args)
     finally:

@@ -57,6 +57,10 @@ def test_qr_and_square_solve_on_gpu(tmp_path):
     assert r.report["device"] == "gpu" and r.report["method"] == "tiled"
     # Householder QR: ||A - Q R|| <= c m n u ||A|| (Higham 2002, Thm. 19.4), c m n -> 4 max(m, n)
     assert np.linalg.norm(a - q[...] @ r[...]) <= 4 * 90 * np.finfo(float).eps * np.linalg.norm(a)
+    # the tile QR asked for on a GPU job: host LAPACK kernels, the same bound
+    q, r = bl.qr(a, mode="reduced", method="tiles", tile=32, device="gpu", scheduler="sync")
+    assert r.report["method"] == "tiles"
+    assert np.linalg.norm(a - q[...] @ r[...]) <= 4 * 90 * np.finfo(float).eps * np.linalg.norm(a)
     g = rng.standard_normal((70, 70))
     b = rng.standard_normal((70, 2))
     x = bl.solve(g, b, device="gpu", scheduler="sync", memory="256KiB")

@@ -43,7 +43,8 @@ def _check_r(a, r, dtype):
 def test_tiled_qr_matches_numpy(tmp_path, dtype, shape, tile):
     m, n = shape
     a = np.random.default_rng(m + n).standard_normal(shape).astype(dtype)
-    q, r = bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", tile=tile, scheduler="sync")
+    q, r = bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", method="tiled", tile=tile,
+                 scheduler="sync")
     assert r.report["method"] == "tiled" and r.provenance["operation"] == "qr"
     _check_r(a, r[...], dtype)
     q64, r64, a64 = q[...].astype(np.float64), r[...].astype(np.float64), a.astype(np.float64)
@@ -68,12 +69,16 @@ def test_tsqr_route_for_r_alone(dtype):
 def test_auto_goes_tiled_when_r_exceeds_the_budget():
     a = np.random.default_rng(4).standard_normal((200, 200))
     r = bl.qr(a, memory="1MiB", scheduler="sync")  # R needs 5 n^2 floats = 1.5 MiB to hold and reduce
-    assert r.report["method"] == "tiled" and "exceeds the budget" in r.report["method_reason"]
+    # square: the tile QR (a tall matrix keeps the column panels: test_factor_qr_tiles.py)
+    assert r.report["method"] == "tiles" and "exceeds the budget" in r.report["method_reason"]
     assert r.report["plan"]["peak_memory"] <= 2**20
     _check_r(a, r[...], np.float64)
     b = np.random.default_rng(4).standard_normal((200, 100))
     r = bl.qr(b, memory="1MiB", scheduler="sync")  # R fits, but strips of 127 rows < 4 n: TSQR would refactor R
-    assert r.report["method"] == "tiled" and "strip of 127 rows" in r.report["method_reason"]
+    assert r.report["method"] == "tiles" and "strip of 127 rows" in r.report["method_reason"]
+    _check_r(b, r[...], np.float64)
+    r = bl.qr(b, memory="1MiB", method="tiled", scheduler="sync")
+    assert r.report["method"] == "tiled" and r.report["plan"]["peak_memory"] <= 2**20
     _check_r(b, r[...], np.float64)
 
 
@@ -85,8 +90,8 @@ def test_auto_falls_back_to_tiled_when_the_pass_is_refused(monkeypatch):
 
     monkeypatch.setattr(qf, "_tsqr", refused)
     a = np.random.default_rng(9).standard_normal((60, 20))
-    r = bl.qr(a, scheduler="sync")
-    assert r.report["method"] == "tiled" and "does not fit" in r.report["method_reason"]
+    r = bl.qr(a, scheduler="sync")  # 3 rows per column: the tile QR
+    assert r.report["method"] == "tiles" and "does not fit" in r.report["method_reason"]
     _check_r(a, r[...], np.float64)
     with pytest.raises(BudgetError):
         bl.qr(a, method="tsqr")
@@ -96,7 +101,7 @@ def test_rank_deficient_warns_and_still_factors():
     a = np.random.default_rng(5).standard_normal((40, 6))
     a[:, 3] = 0.0
     with pytest.warns(UserWarning, match="rank-deficient"):
-        q, r = bl.qr(a, mode="reduced", tile=4, scheduler="sync")
+        q, r = bl.qr(a, mode="reduced", tile=4, method="tiled", scheduler="sync")
     assert r.report["diag_ratio"] == 0.0
     np.testing.assert_allclose(q[...] @ r[...], a, atol=1e-13)
 
@@ -112,7 +117,7 @@ def test_qr_identical_bits_across_schedulers(tmp_path):
 def test_qr_resume_keeps_finished_panels(tmp_path):
     a = bl.from_array(np.random.default_rng(7).standard_normal((80, 64)), tmp_path / "a.zarr", chunks=(16, 16))
     ref_q, ref_r = bl.qr(a, tmp_path / "ref-r.zarr", q=tmp_path / "ref-q.zarr", mode="reduced", tile=16,
-                         scheduler="sync")
+                         method="tiled", scheduler="sync")
     import blocklin.runtime.householder as hh
 
     real = hh._reflectors
@@ -126,13 +131,13 @@ def test_qr_resume_keeps_finished_panels(tmp_path):
     hh._reflectors = flaky
     try:
         with pytest.raises(WorkerLostError):
-            bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", tile=16, scheduler="sync",
-                  resume=True)
+            bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", tile=16, method="tiled",
+                  scheduler="sync", resume=True)
     finally:
         hh._reflectors = real
     assert len([p for p in os.listdir(tmp_path) if p.startswith(".r.zarr.partial")]) == 1
-    q, r = bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", tile=16, scheduler="sync",
-                 resume=True)
+    q, r = bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", tile=16, method="tiled",
+                 scheduler="sync", resume=True)
     assert r.report["skipped"] == 3
     np.testing.assert_array_equal(r[...], ref_r[...])
     np.testing.assert_array_equal(q[...], ref_q[...])
@@ -159,7 +164,7 @@ def test_cli_factor_qr(tmp_path, capsys):
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r.zarr"), "--q", str(tmp_path / "q.zarr"),
                  "--json", "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["method"] == "tiled" and out["q"] == str(tmp_path / "q.zarr")
+    assert out["method"] == "tiles" and out["q"] == str(tmp_path / "q.zarr")  # 2.4 rows per column
     q, r = bl.open(tmp_path / "q.zarr")[...], bl.open(tmp_path / "r.zarr")[...]
     np.testing.assert_allclose(q @ r, a[...], atol=1e-12)
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r2.zarr"), "--json", "--no-progress"]) == 0
@@ -167,6 +172,6 @@ def test_cli_factor_qr(tmp_path, capsys):
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r3.zarr"), "--explain", "--memory", "1MiB"]) == 0
     assert "one streaming TSQR pass" in capsys.readouterr().out  # R alone fits
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r3.zarr"), "--q", str(tmp_path / "q3.zarr"),
-                 "--explain", "--memory", "1MiB"]) == 0
+                 "--explain", "--memory", "1MiB", "--method", "tiled"]) == 0
     assert "column panels" in capsys.readouterr().out
     assert not (tmp_path / "r3.zarr").exists() and not (tmp_path / "q3.zarr").exists()

@@ -6,6 +6,9 @@ Two routes, one result convention (``R`` with a non-negative diagonal):
   :mod:`blocklin.linalg.tsqr` (Demmel, Grigori, Hoemmen and Langou 2012): ``A`` is read once.
 * ``"tiled"``: left-looking blocked Householder QR over column panels
   (:mod:`blocklin.runtime.householder`), for ``R`` that does not fit in core and for ``Q``.
+* ``"tiles"``: the tile Householder QR of Buttari, Langou, Kurzak and Dongarra (2009) on square
+  tiles (:mod:`blocklin.runtime.qrtiles`): a task holds a few tiles, not an ``m``-row panel, so
+  its tiles (and GEMMs) are larger within one budget; for square and near-square matrices.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from blocklin.linalg.qr import tsqr_pass
 from blocklin.linalg.tsqr import MIN_STRIP_ROWS, positive_diagonal
 from blocklin.matrix import Matrix
 from blocklin.plan.factor import QR_PANEL_BUFFERS, FactorPlan, plan_qr
+from blocklin.plan.qrtiles import TileQRPlan, plan_tile_qr
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.householder import qr_extract_r, qr_form_q, qr_panels
+from blocklin.runtime.qrtiles import tile_qr, tile_qr_form_q, tile_qr_stores
 from blocklin.runtime.job import Job
 from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import create_array, open_zarr, write_block
@@ -36,7 +41,10 @@ MODES = ("r", "reduced")
 #: multiply the work (measured for 8192 x 2048 float64 in 300 MiB, strips of about 1.2 n: TSQR 172 s,
 #: tiled 35 s).
 TSQR_STRIP_RATIO = 4
-METHODS = ("auto", "tiled", "tsqr")
+METHODS = ("auto", "tiled", "tiles", "tsqr")
+#: ``"auto"`` takes the tile QR (``"tiles"``) over the column panels for matrices with at most this
+#: many rows per column: the tallest shape measured (:func:`_householder`), where the tiles still won.
+TILES_ASPECT = 16
 REPORT_KEYS = ("method", "method_reason", "seconds", "flops", "gflops", "peak_memory", "diag_ratio", "tasks",
                "skipped")
 
@@ -56,19 +64,22 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
         Output store of the thin ``Q`` (``m x n``, orthonormal columns; atomic) with ``mode="reduced"``.
     mode : {"r", "reduced"}
         ``"r"``: ``R`` only (as ``numpy.linalg.qr(a, mode="r")``); ``"reduced"``: ``Q`` and ``R``.
-    method : {"auto", "tiled", "tsqr"}
+    method : {"auto", "tiled", "tiles", "tsqr"}
         ``"tsqr"``: one streaming pass (``R`` held in core: about ``5 n^2`` float64 and ``3 n^2``
-        elements within ``memory``, :func:`tsqr_bytes`; no ``Q``). ``"tiled"``: blocked Householder over column panels (``6 m t`` elements per panel of
-        width ``t >= 32`` within ``memory``; ``R`` and ``Q`` stored tile by tile). ``"auto"``:
+        elements within ``memory``, :func:`tsqr_bytes`; no ``Q``). ``"tiled"``: blocked Householder
+        over column panels (``6 m t`` elements per panel of width ``t >= 32`` within ``memory``;
+        ``R`` and ``Q`` stored tile by tile). ``"tiles"``: the tile Householder QR on square tiles of
+        side ``t`` (``8 t^2`` elements per task; :mod:`blocklin.runtime.qrtiles`). ``"auto"``:
         ``"tsqr"`` for ``R`` alone when it fits in core with strips of at least ``4 n`` rows (a tall
-        ``A``: one pass, the fewest reads), else ``"tiled"``; the report says which and why.
+        ``A``: one pass, the fewest reads), else ``"tiles"`` for at most :data:`TILES_ASPECT` rows
+        per column on the CPU and ``"tiled"`` otherwise; the report says which and why.
     overwrite, resume : bool
         Replace existing outputs; continue an interrupted tiled run (finished panels are kept).
     explain : bool
         Return the :class:`~blocklin.plan.factor.FactorPlan` of the chosen route without running
         (``operation`` ``"qr"`` for the tiled route, ``"tsqr"`` for the streaming one).
     tile : int, optional
-        Panel width of the tiled route (default: planned from the budget).
+        Panel width (``"tiled"``) or tile side (``"tiles"``) (default: planned from the budget).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
@@ -93,6 +104,13 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
     kept beside the resume markers, so ``resume=True`` skips finished panels; the sums run in a fixed
     order, so the bits do not depend on the scheduler. Cost: ``2 m n^2 - 2 n^3 / 3`` flops for ``R``,
     as much again for ``Q``; ``m n^2 / (2 t)`` elements read.
+
+    *Tiles.* The tile algorithm of Buttari, Langou, Kurzak and Dongarra (Parallel Computing 35,
+    2009) with a flat reduction tree (Hadri et al. 2010): for each tile column ``k``, LAPACK
+    ``geqrt`` on tile ``(k, k)``, ``gemqrt`` on the tiles right of it, ``tpqrt`` on ``[R_kk; A_ik]``
+    for each tile below and ``tpmqrt`` on ``[A_kj; A_ij]``, each a task of a Dask graph that writes
+    only what it never reads (so ``resume=True`` skips finished tasks and gives the same bits). The
+    same backward error bound holds.
 
     *TSQR.* Row strips fold into a running triangular factor (Demmel, Grigori, Hoemmen and Langou,
     SIAM J. Sci. Comput. 34(1), 2012): one pass over ``A``, ``2 m n^2`` flops, equally stable.
@@ -120,8 +138,13 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
             except BudgetError:
                 if method != "auto":
                     raise
-                reason = ("the streaming TSQR pass does not fit the budget with its strips: blocked Householder "
-                          "over column panels, R stored")
+                route, why = _householder(job, m, n)
+                reason = f"the streaming TSQR pass does not fit the budget with its strips: {why}, R stored"
+        if route == "tiles":
+            tplan = plan_tile_qr(m, n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
+            if explain:
+                return tplan
+            return _tiles(job, A, tplan, out, q, mode=mode, overwrite=overwrite, resume=resume, reason=reason)
         plan = plan_qr(m, n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
         if explain:
             return plan
@@ -135,34 +158,60 @@ def tsqr_bytes(n: int, itemsize: int) -> int:
     return small_bytes(n, 0) + 3 * n * n * itemsize + 4 * MIN_STRIP_ROWS * n * itemsize
 
 
+def _householder(job: Job, m: int, n: int) -> tuple[str, str]:
+    """The Householder route of ``"auto"`` once ``R`` is to be stored: ``("tiles" | "tiled", why)``.
+
+    Square tiles hold a task in ``8 t^2`` elements where a column panel needs ``6 m t``, so within one
+    budget the tiles are wider and their GEMMs larger, and a taller ``A`` narrows the panels further.
+    Measured with ``Q`` in 64 MiB (``benchmarks/factor.py --qr-square`` and single runs, shared 2-core
+    machine, load 9 to 12), tiles of 512 against panels of 256 to 64: tile QR / panels 0.40-0.43 at
+    4096 x 4096, 0.41 at 4096 x 2048, 0.45 at 4096 x 1024, 0.22-0.36 at 8192 x 1024, 0.16-0.20 at
+    16384 x 1024 (docs/factor.md). Taller shapes than measured keep the panels; the tile kernels run
+    on the host, so a GPU job keeps the panels too.
+    """
+    if job.device != "cpu":
+        return "tiled", "blocked Householder over column panels (their block reflectors run on the device)"
+    if m <= TILES_ASPECT * n:
+        return "tiles", (f"tile Householder QR on square tiles ({m} x {n}: at most {TILES_ASPECT} rows per "
+                         "column; larger tiles than column panels within the budget)")
+    return "tiled", (f"blocked Householder over column panels ({m} x {n}: more than {TILES_ASPECT} rows per column, "
+                     "long sequential panels)")
+
+
 def _route(job: Job, m: int, n: int, itemsize: int, mode: str, method: str) -> tuple[str, str]:
-    """``("tsqr" | "tiled", why)``."""
+    """``("tsqr" | "tiled" | "tiles", why)``."""
     need = tsqr_bytes(n, itemsize)
     in_core = need <= job.cfg.memory
     if method == "tsqr":
         if mode == "reduced":
             raise ParameterError(_msg("method", "'tsqr' returns R only (Q is never formed)",
-                                         "method='tsqr' with mode='reduced'", "pass method='tiled' or 'auto'"))
+                                         "method='tsqr' with mode='reduced'",
+                                         "pass method='tiled', 'tiles' or 'auto'"))
         if not in_core:
             raise ParameterError(_msg("method", "'tsqr' holds the n x n R factor in core",
                                          f"R needs {format_size(need)}, over the budget of "
-                                         f"{format_size(job.cfg.memory)}", "pass method='tiled' or raise memory="))
+                                         f"{format_size(job.cfg.memory)}",
+                                         "pass method='tiled', 'tiles' or raise memory="))
         return "tsqr", "requested: one streaming pass (TSQR)"
     if method == "tiled":
         return "tiled", "requested: blocked Householder over column panels"
+    if method == "tiles":
+        return "tiles", "requested: tile Householder QR on square tiles"
     if mode == "reduced":
-        return "tiled", "Q requested: blocked Householder over column panels (Q stored tile by tile)"
+        route, why = _householder(job, m, n)
+        return route, f"Q requested: {why}, Q stored"
     if not in_core:
-        return "tiled", (f"R ({n} x {n}, {format_size(need)} to hold and reduce) exceeds the budget of "
-                         f"{format_size(job.cfg.memory)}: blocked Householder over column panels, R stored")
+        route, why = _householder(job, m, n)
+        return route, (f"R ({n} x {n}, {format_size(need)} to hold and reduce) exceeds the budget of "
+                       f"{format_size(job.cfg.memory)}: {why}, R stored")
     strip_rows = (job.cfg.memory - need) // (2 * n * itemsize)
     panels_fit = QR_PANEL_BUFFERS * m * 32 * itemsize <= job.cfg.memory
     if strip_rows >= TSQR_STRIP_RATIO * n or not panels_fit:
         return "tsqr", (f"R ({n} x {n}) fits in core with strips of {strip_rows} rows: one streaming pass over A "
                         "(TSQR), the fewest reads")
-    return "tiled", (f"R fits in core, but the streaming TSQR would refactor it with every strip of {strip_rows} "
-                     f"rows (< {TSQR_STRIP_RATIO} n; {-(-m // max(strip_rows, 1))} strips): blocked Householder over "
-                     "column panels (larger GEMMs)")
+    route, why = _householder(job, m, n)
+    return route, (f"R fits in core, but the streaming TSQR would refactor it with every strip of {strip_rows} "
+                   f"rows (< {TSQR_STRIP_RATIO} n; {-(-m // max(strip_rows, 1))} strips): {why}")
 
 
 def _tsqr(job: Job, A: Any, out: Any, *, overwrite: bool, reason: str) -> Matrix:
@@ -210,6 +259,44 @@ def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, o
     report = _report(job, np.array([d for pair in diag for d in pair]), method="tiled", reason=reason,
                      flops=plan.flops * (2 if qo is not None else 1), plan=plan.to_dict(), norm_a=None)
     params = {"mode": mode, "method": "tiled"}
+    r_path = ao.commit("qr", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
+    R = Matrix(r_path, report=report, temporary=out is None)
+    if qo is None:
+        return R
+    q_path = qo.commit("qr", plan=plan.to_dict(), params={**params, "factor": "Q"},
+                       report=job.brief(report, REPORT_KEYS))
+    return Matrix(q_path, report=report, temporary=q is None), R
+
+
+def _tiles(job: Job, A: Any, plan: TileQRPlan, out: Any, q: Any, *, mode: str, overwrite: bool, resume: bool,
+           reason: str) -> Matrix | tuple[Matrix, Matrix]:
+    m, n = A.shape
+    dt, t = np.dtype(plan.dtype), plan.tile
+    inputs = [A.path] if not A.staged else []
+    token = tokenize("qr-tiles", A.path, A.shape, A.dtype.str, tuple(A.chunks), plan.to_dict())[:16]
+    # R and, in its partial folder, the work stores (three m x n, the T tiles and four tile rows)
+    work_size = ((3 * m + 5 * t + plan.row_tiles * plan.inner_block + n, n), dt)
+    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token, size=work_size)
+    qo = job.output(q, inputs=inputs, overwrite=overwrite, resume=resume, token=token + "q",
+                    size=((m, n), dt)) if mode == "reduced" else None
+    stores = tile_qr_stores(ao.done, m, n, t, plan.inner_block, dt, job.cfg.codec)
+    if not (ao.resumed and ao.has_array()):
+        create_array(ao.array_path(), shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+    if qo is not None and not (qo.resumed and qo.has_array()):
+        create_array(qo.array_path(), shape=(m, n), dtype=dt, chunks=(min(t, m), plan.q_width), codec=job.cfg.codec)
+    ops = BlockOps(job, t)
+    ops.workers = 1
+    results = tile_qr(ops, Region.of(A.path, A.shape), stores, dtype=dt, inner=plan.inner_block, done_dir=ao.done,
+                      check=job.check_finite)
+    diag = sorted((r for r in results if "col" in r), key=lambda r: r["col"])
+    signs = np.concatenate([r["signs"] for r in diag]) if n else np.ones(0)
+    qr_extract_r(ops, stores["packed"], ao.array_path(), m, n, dtype=dt, signs=signs)
+    if qo is not None:
+        tile_qr_form_q(ops, stores, qo.array_path(), m, n, dtype=dt, inner=plan.inner_block, width=plan.q_width,
+                       done_dir=ao.done, signs=signs)
+    report = _report(job, np.array([d for r in diag for d in (r["min_r"], r["max_r"])]), method="tiles",
+                     reason=reason, flops=plan.flops * (2 if qo is not None else 1), plan=plan.to_dict(), norm_a=None)
+    params = {"mode": mode, "method": "tiles"}
     r_path = ao.commit("qr", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
     R = Matrix(r_path, report=report, temporary=out is None)
     if qo is None:
