@@ -38,6 +38,8 @@ class LanczosResult:
     steps: int
     restarts: int
     history: list
+    #: ``Op x - theta x`` of the returned pairs (n x k): the directions a final Rayleigh-Ritz step can add
+    residual_vectors: np.ndarray | None = None
 
 
 def _order(theta: np.ndarray, which: str) -> np.ndarray:
@@ -110,7 +112,7 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
         exhausted = V.shape[1] >= n
         if (kk == k and conv.all()) or exhausted or steps >= max_steps:
             ok = bool(kk == k and (conv.all() or exhausted))
-            return LanczosResult(theta[sel], ritz, rn, ok, steps, restarts, history)
+            return LanczosResult(theta[sel], ritz, rn, ok, steps, restarts, history, res)
         # next block: dominant directions of the residuals of the wanted (+ buffer) pairs
         cand = order[:min(len(order), k + b)]
         rc = W @ Y[:, cand] - (V @ Y[:, cand]) * theta[cand]
@@ -123,7 +125,7 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
         x = orth_against(V, rc, seed=seed, counter=counter)[:, :b]
         counter += 1
         if x.shape[1] == 0:
-            return LanczosResult(theta[sel], ritz, rn, bool(conv.all()), steps, restarts, history)
+            return LanczosResult(theta[sel], ritz, rn, bool(conv.all()), steps, restarts, history, res)
         if checkpoint is not None:
             checkpoint({"x": x, "V": V, "W": W, "H": H, "history": np.array(history), "steps": steps,
                         "restarts": restarts, "counter": counter})
