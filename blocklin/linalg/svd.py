@@ -21,7 +21,7 @@ from blocklin.linalg import random as rnd
 from blocklin.linalg.center import (Moments, Shift, column_moments, moments_and_normal, moments_and_normal_fits,
                                     moments_incore)
 from blocklin.runtime.checkpoints import Checkpoints
-from blocklin.linalg.lanczos import block_lanczos, start_block
+from blocklin.linalg.lanczos import block_lanczos, small_blas, start_block
 from blocklin.linalg.orth import cholqr_r, orth_against, orth_incore
 from blocklin.linalg.results import open_group, write_group
 from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
@@ -319,7 +319,8 @@ def _rayleigh_ritz(src: Any, Q: np.ndarray, k: int, dest: str | None, transposed
     so they are accurate to ``eps s_1`` down to zero (a rank-deficient ``A`` gives zeros)."""
     Zf, G, Y = src.normal(Q, keep_y=True, gram=True, description=f"{label}: final projection")
     R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
-    Ur, S, Vrt = np.linalg.svd(R)
+    with small_blas(R.shape[0], R.shape[1]):
+        Ur, S, Vrt = np.linalg.svd(R)
     # singular values at the rounding level of B Q are zeros of A (rank < k): exactly 0, with a zero U column
     # (relative to ||A|| itself when a streamed pass centers A after its products: see blocklin.linalg.center)
     ref = max(float(S[0]) if S.size else 0.0, getattr(src, "noise_scale", 0.0))
@@ -408,7 +409,8 @@ def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: 
     Q = res.vectors
     e = enrich_width(k, plan.block, src.N)
     if e and res.residual_vectors is not None:
-        Q = np.hstack([Q, orth_against(Q, res.residual_vectors, seed=seed, counter=res.steps + 1)[:, :e]])
+        with small_blas(src.N, 2 * k):
+            Q = np.hstack([Q, orth_against(Q, res.residual_vectors, seed=seed, counter=res.steps + 1)[:, :e]])
     r = _rayleigh_ritz(src, Q, k, dest, transposed_out, "lanczos")
     return r | {"lanczos_steps": res.steps, "restarts": res.restarts, "history": res.history,
                 "rayleigh_ritz_width": int(Q.shape[1])}
@@ -535,6 +537,18 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     >>> np.allclose(s, np.linalg.svd(x, compute_uv=False)[:3])
     True
     """
+    return factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, tol=tol, out=out, seed=seed,
+                     max_passes=max_passes, block_size=block_size, max_basis=max_basis, overwrite=overwrite,
+                     center=center, scale=scale, resume=resume, **settings)
+
+
+def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
+              tol: float | None = None, out: Any = None, seed: int | None = None, max_passes: int | None = None,
+              block_size: int | None = None, max_basis: int | None = None, overwrite: bool = False,
+              center: bool = False, scale: bool = False, resume: bool = False,
+              lanczos_tol: Any = default_tol, **settings: Unpack[Settings]) -> SVDResult:
+    """:func:`svd` with the default Lanczos tolerance a function of the dtype (``lanczos_tol``):
+    ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     oversample = count("oversample", oversample, fix="pass oversample=10")
     power_iters = count("power_iters", power_iters, auto=("auto",), fix="pass power_iters=2")
@@ -550,7 +564,7 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
         limit = max_passes or (20 if method == "rsvd" else 60)
         if method == "lanczos" and block_size is None and max_basis is None:
             block_size, max_basis = default_lanczos_block(k, oversample), 2 * default_lanczos_block(k, oversample)
-        tol = default_tol(A.dtype) if method == "lanczos" and tol is None else tol
+        tol = lanczos_tol(A.dtype) if method == "lanczos" and tol is None else tol
         plan = fitting_plan(job, A, k, dict(method=method, oversample=oversample, power_iters=q if method == "rsvd"
                             else None, max_passes=limit, block_size=block_size, max_basis=max_basis))
         _check_space(job, out, plan, m, n, k, A.dtype)
