@@ -432,7 +432,7 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     k : int
         Number of singular triplets, ``1 <= k < min(m, n)``.
     method : {"auto", "rsvd", "sketch", "lanczos"}
-        * ``auto`` (default): ``lanczos`` to ``tol`` (default ``10 sqrt(eps)``), or ``rsvd`` when
+        * ``auto`` (default): ``lanczos`` to ``tol`` (default ``sqrt(10 sqrt(eps))``), or ``rsvd`` when
           ``power_iters`` is an integer (a fixed cost). The default is at least as accurate as
           scikit-learn's ``randomized_svd`` and Dask's ``svd_compressed`` with their defaults on
           slowly and fast decaying spectra, flat tails and low rank plus noise (docs/svd.md has the
@@ -461,8 +461,11 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
         Accuracy target: every triplet's residual relative to its own singular value,
         ``||A^T u_i - s_i v_i|| <= tol * max(s_i, sqrt(eps) s_1)`` (the floor: singular values at the
         rounding level of ``s_1``, such as the zeros of a rank-deficient matrix). ``lanczos`` (and
-        ``auto``) default ``10 sqrt(eps)``: singular values then agree with the exact ones to a few
-        ``eps``. The passes follow from it. A tolerance not reached within the pass limit gives a
+        ``auto``) default ``sqrt(10 sqrt(eps))`` (3.9e-4 in float64): it targets the singular values,
+        whose error is about the square of the residual, to ``10 sqrt(eps)`` relative (measured:
+        1e-9 on a slowly decaying spectrum, a few ``eps`` on fast decay, flat tails and low rank plus
+        noise; docs/svd.md). ``tol=10 * sqrt(eps)`` gives residuals (vectors) at that level and the
+        singular values to a few ``eps``. The passes follow from it. A tolerance not reached within the pass limit gives a
         :class:`~blocklin.errors.ConvergenceWarning` naming the triplets and the worst one.
     out : path, optional
         Write a zarr group with ``U``, ``S``, ``Vt`` and the report in its attributes.
@@ -489,7 +492,8 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     max_passes : int, optional
         Pass limit of the adaptive methods (default 20 for ``rsvd``, 60 for ``lanczos``).
     block_size, max_basis : int, optional
-        ``lanczos`` block size (default about ``(k + oversample) / 2``) and restart basis size.
+        ``lanczos`` block size and restart basis size (default ``k + oversample`` and twice that;
+        with only one of them given, the other follows :func:`blocklin.plan.svd.plan_svd`).
     **settings
         As for every operation: :class:`~blocklin.config.Settings` (``progress``: one bar per pass).
 
