@@ -146,7 +146,7 @@ def run_variant(variant: str, path: str, k: int, memory: str, extra: dict) -> di
 
 
 VARIANTS = [
-    ("blocklin-defaults", {}),                                              # svd(a, k): Lanczos to 10 sqrt(eps)
+    ("blocklin-defaults", {}),                                              # svd(a, k): Lanczos, tol sqrt(10 sqrt(eps))
     ("blocklin-rsvd", {"method": "rsvd"}),                                  # q = 4 (auto), l = k + 10
     ("blocklin-rsvd-q1-p60", {"method": "rsvd", "power_iters": 1, "oversample": 60}),
     ("blocklin-rsvd-q2-p25", {"method": "rsvd", "power_iters": 2, "oversample": 25}),
@@ -191,7 +191,8 @@ def run_spectrum(args: argparse.Namespace, name: str, path: str) -> dict:
         if ref in by and "blocklin-defaults" in by:
             me, other = by["blocklin-defaults"], by[ref]
             print(f"# blocklin-defaults / {ref}: time {me['seconds'] / other['seconds']:.2f}x, error "
-                  f"{me['max_rel_error']:.1e} vs {other['max_rel_error']:.1e}", flush=True)
+                  f"{me['max_rel_error']:.1e} vs {other['max_rel_error']:.1e} ({me['passes']} passes vs "
+                  f"{other['passes']}); load average {os.getloadavg()[0]:.1f}", flush=True)
     return {"spectrum": name, "generate_seconds": gen, "results": results}
 
 

@@ -66,9 +66,16 @@ def test_default_is_lanczos_to_tol_and_accurate(dtype):
     r = res.report
     assert r["method"] == "lanczos" and r["method_requested"] == "auto" and r["converged"]
     eps = np.finfo(dtype).eps
-    assert max(r["relative_residuals"]) <= 10 * np.sqrt(eps)
-    # singular values: error about the square of the residual, plus the rounding of A (eps * s_1 * sqrt(m))
-    np.testing.assert_allclose(res.s, exact, rtol=100 * eps * np.sqrt(a.shape[0]))
+    # the default residual tolerance targets the singular values: sqrt(10 sqrt(eps))
+    assert r["tol"] == np.sqrt(10 * np.sqrt(eps)) and max(r["relative_residuals"]) <= r["tol"]
+    # singular values to the documented target 10 sqrt(eps) relative (the square of the default tol)
+    np.testing.assert_allclose(res.s, exact, rtol=10 * np.sqrt(eps))
+    # an explicit tol still converges to it: residuals at 10 sqrt(eps), singular values then to about the
+    # square of the residual, plus the rounding of A (eps * s_1 * sqrt(m))
+    tight = bl.svd(a, 5, seed=0, memory="192KiB", tol=10 * np.sqrt(eps))
+    assert tight.report["converged"] and max(tight.report["relative_residuals"]) <= 10 * np.sqrt(eps)
+    assert tight.report["passes"] >= r["passes"]
+    np.testing.assert_allclose(tight.s, exact, rtol=100 * eps * np.sqrt(a.shape[0]))
     assert bl.svd(a, 5, seed=0, memory="192KiB", power_iters=3).report["method"] == "rsvd"  # a fixed cost
 
 
@@ -85,7 +92,7 @@ def test_eigsh_order_deprecation_and_svd_consistency():
     np.testing.assert_array_equal(w_default, w_asc)
     np.testing.assert_array_equal(w, w_asc[::-1])
     assert V.shape == (150, 4)  # columns, as svd's U
-    U, s, Vt = bl.svd(a, 4, seed=0)
+    U, s, Vt = bl.svd(a, 4, seed=0, tol=10 * np.sqrt(np.finfo(np.float64).eps))  # eigsh's default tol
     np.testing.assert_allclose(w, s, rtol=1e-10)  # same order as svd's s
     np.testing.assert_allclose(np.abs(V.T @ U.to_numpy()), np.eye(4), atol=1e-7)
 

@@ -72,7 +72,8 @@ def add_method_options(p: argparse.ArgumentParser, *, rsvd: str, sketch: str) ->
     p.add_argument("--power-iters", default="auto", help="rsvd power iterations (integer or 'auto')")
     p.add_argument("--oversample", type=int, default=10, help="extra random columns (default 10)")
     p.add_argument("--tol", type=float, help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "
-                   "(its own singular value); default 10 sqrt(eps) for lanczos/auto")
+                   "(its own singular value); default sqrt(10 sqrt(eps)) for lanczos/auto, which "
+                   "gives singular values to about 10 sqrt(eps)")
 
 
 def worst_line(r: dict) -> str:

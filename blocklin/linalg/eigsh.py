@@ -177,12 +177,12 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
 
 def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighResult:
     """Eigenpairs of the covariance of the data matrix ``a`` through its centered SVD (no ``C`` formed)."""
-    from blocklin.linalg.svd import svd
+    from blocklin.linalg.svd import factorize
 
     if which == "SA":
         raise ParameterError(explain("which", "must be 'LA' or 'LM' with center=True (the leading eigenpairs of a "
                                      "covariance, from its centered SVD)", repr(which), "pass which='LA'"))
-    res = svd(a, k, method="lanczos", center=True, **kw)
+    res = factorize(a, k, method="lanczos", center=True, lanczos_tol=default_tol, **kw)  # eigsh's tol, 10 sqrt(eps)
     m = res.moments.count
     w = (res.s.astype(np.float64) ** 2 / max(m - 1, 1)).astype(res.s.dtype)
     V = (res.Vt.to_numpy() if hasattr(res.Vt, "to_numpy") else np.asarray(res.Vt)).T  # n x k, as svd's U

@@ -17,6 +17,7 @@ also probing symmetry); :func:`blocklin.svd` to the normal operator of a tall ma
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
@@ -38,6 +39,8 @@ class LanczosResult:
     steps: int
     restarts: int
     history: list
+    #: ``Op x - theta x`` of the returned pairs (n x k): the directions a final Rayleigh-Ritz step can add
+    residual_vectors: np.ndarray | None = None
 
 
 def _order(theta: np.ndarray, which: str) -> np.ndarray:
@@ -89,49 +92,69 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
     while True:
         z = np.asarray(first if (first is not None and steps == 0) else apply(x, steps + 1), dtype=np.float64)
         steps += 1
-        # extend the projected matrix: H = V^T W with the new columns
-        h12 = V.T @ z
-        h21 = x.T @ W
-        h22 = x.T @ z
-        H = np.block([[H, h12], [h21, h22]]) if H.size else h22
-        H = (H + H.T) / 2
-        V = np.hstack([V, x])
-        W = np.hstack([W, z])
-        theta, Y = np.linalg.eigh(H)
-        order = _order(theta, which)
-        kk = min(k, len(theta))
-        sel = order[:kk]
-        ritz = V @ Y[:, sel]
-        res = W @ Y[:, sel] - ritz * theta[sel]
-        rn = np.linalg.norm(res, axis=0)
-        bound = threshold(theta[sel])
-        conv = rn <= bound
-        history.append(float(np.max(rn / np.maximum(bound, 1e-300))) if kk else 0.0)
-        exhausted = V.shape[1] >= n
-        if (kk == k and conv.all()) or exhausted or steps >= max_steps:
-            ok = bool(kk == k and (conv.all() or exhausted))
-            return LanczosResult(theta[sel], ritz, rn, ok, steps, restarts, history)
-        # next block: dominant directions of the residuals of the wanted (+ buffer) pairs
-        cand = order[:min(len(order), k + b)]
-        rc = W @ Y[:, cand] - (V @ Y[:, cand]) * theta[cand]
-        if V.shape[1] + b > max_basis:  # thick restart to the best Ritz vectors (W = Op V stays exact)
-            keep = order[:min(len(order), max(k + b, max_basis // 2, k))]
-            V = V @ Y[:, keep]
-            W = W @ Y[:, keep]
-            H = np.diag(theta[keep])
-            restarts += 1
-        x = orth_against(V, rc, seed=seed, counter=counter)[:, :b]
-        counter += 1
-        if x.shape[1] == 0:
-            return LanczosResult(theta[sel], ritz, rn, bool(conv.all()), steps, restarts, history)
-        if checkpoint is not None:
-            checkpoint({"x": x, "V": V, "W": W, "H": H, "history": np.array(history), "steps": steps,
-                        "restarts": restarts, "counter": counter})
+        with small_blas(n, max_basis + b):  # the in-memory work of the step
+            # extend the projected matrix: H = V^T W with the new columns
+            h12 = V.T @ z
+            h21 = x.T @ W
+            h22 = x.T @ z
+            H = np.block([[H, h12], [h21, h22]]) if H.size else h22
+            H = (H + H.T) / 2
+            V = np.hstack([V, x])
+            W = np.hstack([W, z])
+            theta, Y = np.linalg.eigh(H)
+            order = _order(theta, which)
+            kk = min(k, len(theta))
+            sel = order[:kk]
+            ritz = V @ Y[:, sel]
+            res = W @ Y[:, sel] - ritz * theta[sel]
+            rn = np.linalg.norm(res, axis=0)
+            bound = threshold(theta[sel])
+            conv = rn <= bound
+            history.append(float(np.max(rn / np.maximum(bound, 1e-300))) if kk else 0.0)
+            exhausted = V.shape[1] >= n
+            if (kk == k and conv.all()) or exhausted or steps >= max_steps:
+                ok = bool(kk == k and (conv.all() or exhausted))
+                return LanczosResult(theta[sel], ritz, rn, ok, steps, restarts, history, res)
+            # next block: dominant directions of the residuals of the wanted (+ buffer) pairs
+            cand = order[:min(len(order), k + b)]
+            rc = W @ Y[:, cand] - (V @ Y[:, cand]) * theta[cand]
+            if V.shape[1] + b > max_basis:  # thick restart to the best Ritz vectors (W = Op V stays exact)
+                keep = order[:min(len(order), max(k + b, max_basis // 2, k))]
+                V = V @ Y[:, keep]
+                W = W @ Y[:, keep]
+                H = np.diag(theta[keep])
+                restarts += 1
+            x = orth_against(V, rc, seed=seed, counter=counter)[:, :b]
+            counter += 1
+            if x.shape[1] == 0:
+                return LanczosResult(theta[sel], ritz, rn, bool(conv.all()), steps, restarts, history, res)
+            if checkpoint is not None:
+                checkpoint({"x": x, "V": V, "W": W, "H": H, "history": np.array(history), "steps": steps,
+                            "restarts": restarts, "counter": counter})
+
+
+#: Elements of an ``n x cols`` block below which the in-memory work runs on one BLAS thread.
+SMALL_BLAS_ELEMENTS = 1 << 21
+
+
+def small_blas(n: int, cols: int) -> contextlib.AbstractContextManager:
+    """One BLAS thread for in-memory work on ``n x cols`` blocks of up to :data:`SMALL_BLAS_ELEMENTS`.
+
+    Threads only add synchronization to products, QR, SVD and eigh this small, and on a busy machine
+    they spin: QR, SVD and eigh of a 500 x 60 block took 75x longer on 2 threads than on one with
+    other jobs running (0.75 s against 0.01 s). The rule depends on the sizes only, not on the budget.
+    """
+    if n * cols > SMALL_BLAS_ELEMENTS:
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def start_block(n: int, block: int, seed: int) -> np.ndarray:
     """The orthonormal starting block of :func:`block_lanczos` (``n x min(block, n)``) for ``seed``."""
-    return orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, max(1, min(block, n))), seed=seed)
+    with small_blas(n, block):
+        return orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, max(1, min(block, n))), seed=seed)
 
 
 def default_tol(dtype: Any) -> float:

@@ -21,8 +21,8 @@ from blocklin.linalg import random as rnd
 from blocklin.linalg.center import (Moments, Shift, column_moments, moments_and_normal, moments_and_normal_fits,
                                     moments_incore)
 from blocklin.runtime.checkpoints import Checkpoints
-from blocklin.linalg.lanczos import block_lanczos, default_tol, start_block
-from blocklin.linalg.orth import cholqr_r, orth_incore
+from blocklin.linalg.lanczos import block_lanczos, small_blas, start_block
+from blocklin.linalg.orth import cholqr_r, orth_against, orth_incore
 from blocklin.linalg.results import open_group, write_group
 from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
 from blocklin.matrix import Matrix
@@ -37,6 +37,37 @@ from blocklin.validate import check_k, choice, count, float_operand, positive, r
 METHODS = ("auto", "rsvd", "sketch", "lanczos")
 #: Power iterations of ``power_iters="auto"`` without ``tol`` (as scikit-learn and Dask default to).
 AUTO_POWER_ITERS = 4
+
+
+def default_tol(dtype: Any) -> float:
+    """Default residual tolerance of the Lanczos SVD: ``sqrt(10 sqrt(eps))`` (3.9e-4 in float64, 5.9e-2 in float32).
+
+    It targets the singular values, not the residuals: the error of a Ritz value is about the square of
+    its relative residual (Kato-Temple: ``|s_i^2 - theta_i| <= r_i^2 / gap_i``), so a residual of
+    ``sqrt(10 sqrt(eps))`` gives singular values to about ``10 sqrt(eps)`` relative (better where the
+    gap ``gap_i`` is wide), and the final Rayleigh-Ritz step over the Ritz vectors and their residuals
+    (:func:`_lanczos`) squares the error once more. Pass ``tol=10 * sqrt(eps)`` for residuals (and
+    singular vectors) at that level.
+    """
+    return math.sqrt(10.0 * math.sqrt(float(np.finfo(np.dtype(dtype)).eps)))
+
+
+def default_lanczos_block(k: int, oversample: int) -> int:
+    """Block of the Lanczos SVD: ``k + oversample``, the wanted set in one block; the basis restarts
+    at twice that (the in-memory work is then the same as with the half-width block and the
+    ``3 (k + oversample)`` basis of :func:`blocklin.plan.svd.default_block`, which ``eigsh`` keeps).
+
+    A pass costs about the same read whatever the block (bound by reading ``A`` for ``N`` in the
+    hundreds), and a wider block takes fewer steps: on the slowly decaying ``(1 + i)^-1/2`` with
+    ``k = 20`` (``N = 500``) 7 where the half-width block takes 8, on the fast decay 3 instead of 4.
+    """
+    return k + oversample
+
+
+def enrich_width(k: int, block: int, N: int) -> int:
+    """Columns the final Rayleigh-Ritz step of the Lanczos SVD adds to the ``k`` Ritz vectors: their
+    residual directions, at most ``k`` (and at most the block, and what ``N`` leaves)."""
+    return max(0, min(k, block, N - k))
 
 
 class SVDResult(tuple):
@@ -178,8 +209,9 @@ class _Streamed:
         if p.method == "sketch":
             kp, s = p.sketch_size
             self._plan(K.sketch_kernel, {"seed": 0, "Omega": _Shape((N, kp), dt), "Psi": _Shape((N, s), dt)})
-        else:
-            self._plan(K.normal_kernel, {"gram": True, "write_y": True, "Q": _Shape((N, p.block), dt)})
+        else:  # the widest product: a step's block, or the final Rayleigh-Ritz over Ritz vectors and residuals
+            width = p.block if p.method != "lanczos" else max(p.block, k + enrich_width(k, p.block, N))
+            self._plan(K.normal_kernel, {"gram": True, "write_y": True, "Q": _Shape((N, width), dt)})
         if p.method == "lanczos":
             self._plan(K.apply_kernel, {"write": "F", "collect": False, "W": _Shape((N, k), dt)})
 
@@ -287,7 +319,8 @@ def _rayleigh_ritz(src: Any, Q: np.ndarray, k: int, dest: str | None, transposed
     so they are accurate to ``eps s_1`` down to zero (a rank-deficient ``A`` gives zeros)."""
     Zf, G, Y = src.normal(Q, keep_y=True, gram=True, description=f"{label}: final projection")
     R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
-    Ur, S, Vrt = np.linalg.svd(R)
+    with small_blas(R.shape[0], R.shape[1]):
+        Ur, S, Vrt = np.linalg.svd(R)
     # singular values at the rounding level of B Q are zeros of A (rank < k): exactly 0, with a zero U column
     # (relative to ||A|| itself when a streamed pass centers A after its products: see blocklin.linalg.center)
     ref = max(float(S[0]) if S.size else 0.0, getattr(src, "noise_scale", 0.0))
@@ -368,8 +401,19 @@ def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: 
     res = block_lanczos(apply, src.N, k, which="LA", block=plan.block, max_basis=plan.max_basis,
                         max_steps=max_steps, threshold=threshold, seed=seed, state=ckpt.load("lanczos"),
                         checkpoint=(lambda state: ckpt.save("lanczos", **state)) if ckpt.enabled else None)
-    r = _rayleigh_ritz(src, res.vectors, k, dest, transposed_out, "lanczos")
-    return r | {"lanczos_steps": res.steps, "restarts": res.restarts, "history": res.history}
+    # The final pass takes the Rayleigh-Ritz step over the Ritz vectors and their residual directions
+    # (one block Krylov step from them, at no extra pass: the pass is made anyway to write the long
+    # factor). span [X, R] holds span(X), so its Ritz values can only get closer to the exact ones; in
+    # practice their error drops by orders of magnitude (on the four spectra of benchmarks/svd.py from
+    # 1e-13 - 1e-7 to 1e-15 - 1e-9), which is what lets the default tolerance target the singular values.
+    Q = res.vectors
+    e = enrich_width(k, plan.block, src.N)
+    if e and res.residual_vectors is not None:
+        with small_blas(src.N, 2 * k):
+            Q = np.hstack([Q, orth_against(Q, res.residual_vectors, seed=seed, counter=res.steps + 1)[:, :e]])
+    r = _rayleigh_ritz(src, Q, k, dest, transposed_out, "lanczos")
+    return r | {"lanczos_steps": res.steps, "restarts": res.restarts, "history": res.history,
+                "rayleigh_ritz_width": int(Q.shape[1])}
 
 
 # -- public ----------------------------------------------------------------------------------------------
@@ -388,7 +432,7 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     k : int
         Number of singular triplets, ``1 <= k < min(m, n)``.
     method : {"auto", "rsvd", "sketch", "lanczos"}
-        * ``auto`` (default): ``lanczos`` to ``tol`` (default ``10 sqrt(eps)``), or ``rsvd`` when
+        * ``auto`` (default): ``lanczos`` to ``tol`` (default ``sqrt(10 sqrt(eps))``), or ``rsvd`` when
           ``power_iters`` is an integer (a fixed cost). The default is at least as accurate as
           scikit-learn's ``randomized_svd`` and Dask's ``svd_compressed`` with their defaults on
           slowly and fast decaying spectra, flat tails and low rank plus noise (docs/svd.md has the
@@ -417,8 +461,11 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
         Accuracy target: every triplet's residual relative to its own singular value,
         ``||A^T u_i - s_i v_i|| <= tol * max(s_i, sqrt(eps) s_1)`` (the floor: singular values at the
         rounding level of ``s_1``, such as the zeros of a rank-deficient matrix). ``lanczos`` (and
-        ``auto``) default ``10 sqrt(eps)``: singular values then agree with the exact ones to a few
-        ``eps``. The passes follow from it. A tolerance not reached within the pass limit gives a
+        ``auto``) default ``sqrt(10 sqrt(eps))`` (3.9e-4 in float64): it targets the singular values,
+        whose error is about the square of the residual, to ``10 sqrt(eps)`` relative (measured:
+        1e-9 on a slowly decaying spectrum, a few ``eps`` on fast decay, flat tails and low rank plus
+        noise; docs/svd.md). ``tol=10 * sqrt(eps)`` gives residuals (vectors) at that level and the
+        singular values to a few ``eps``. The passes follow from it. A tolerance not reached within the pass limit gives a
         :class:`~blocklin.errors.ConvergenceWarning` naming the triplets and the worst one.
     out : path, optional
         Write a zarr group with ``U``, ``S``, ``Vt`` and the report in its attributes.
@@ -445,7 +492,8 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     max_passes : int, optional
         Pass limit of the adaptive methods (default 20 for ``rsvd``, 60 for ``lanczos``).
     block_size, max_basis : int, optional
-        ``lanczos`` block size (default about ``(k + oversample) / 2``) and restart basis size.
+        ``lanczos`` block size and restart basis size (default ``k + oversample`` and twice that;
+        with only one of them given, the other follows :func:`blocklin.plan.svd.plan_svd`).
     **settings
         As for every operation: :class:`~blocklin.config.Settings` (``progress``: one bar per pass).
 
@@ -493,6 +541,18 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     >>> np.allclose(s, np.linalg.svd(x, compute_uv=False)[:3])
     True
     """
+    return factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, tol=tol, out=out, seed=seed,
+                     max_passes=max_passes, block_size=block_size, max_basis=max_basis, overwrite=overwrite,
+                     center=center, scale=scale, resume=resume, **settings)
+
+
+def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
+              tol: float | None = None, out: Any = None, seed: int | None = None, max_passes: int | None = None,
+              block_size: int | None = None, max_basis: int | None = None, overwrite: bool = False,
+              center: bool = False, scale: bool = False, resume: bool = False,
+              lanczos_tol: Any = default_tol, **settings: Unpack[Settings]) -> SVDResult:
+    """:func:`svd` with the default Lanczos tolerance a function of the dtype (``lanczos_tol``):
+    ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     oversample = count("oversample", oversample, fix="pass oversample=10")
     power_iters = count("power_iters", power_iters, auto=("auto",), fix="pass power_iters=2")
@@ -506,7 +566,9 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
         check_k(k, m, n)
         q = (None if tol is not None else AUTO_POWER_ITERS) if power_iters == "auto" else power_iters
         limit = max_passes or (20 if method == "rsvd" else 60)
-        tol = default_tol(A.dtype) if method == "lanczos" and tol is None else tol
+        if method == "lanczos" and block_size is None and max_basis is None:
+            block_size, max_basis = default_lanczos_block(k, oversample), 2 * default_lanczos_block(k, oversample)
+        tol = lanczos_tol(A.dtype) if method == "lanczos" and tol is None else tol
         plan = fitting_plan(job, A, k, dict(method=method, oversample=oversample, power_iters=q if method == "rsvd"
                             else None, max_passes=limit, block_size=block_size, max_basis=max_basis))
         _check_space(job, out, plan, m, n, k, A.dtype)
@@ -720,7 +782,7 @@ def _report(job: Job, plan: SvdPlan, r: dict, *, tol: float | None, seed: int, o
         intermediate_passes=job.passes("intermediate"), **triplets, converged=converged, tol=tol,
         seed=seed, oversample=oversample, block=plan.block, in_core=plan.in_core, plan=plan.to_dict(),
         sigma_max=s1, **{key: r[key] for key in ("power_iters", "orth", "lanczos_steps", "restarts", "history",
-                                                 "sketch_size", "phases") if key in r})
+                                                 "rayleigh_ritz_width", "sketch_size", "phases") if key in r})
     if r["residuals"] is None:
         report["residual_note"] = ("not computed: the single-pass sketch never reads A again; "
                                    "use method='rsvd' or 'lanczos' for residuals")
