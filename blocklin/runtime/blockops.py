@@ -88,16 +88,18 @@ class BlockOps:
     def gemm(self, out: str, out_off: tuple[int, int], m: int, n: int, k: int, a: str, a_off: tuple[int, int],
              b: str, b_off: tuple[int, int], *, dtype: Any, a_dtype: Any = None, b_dtype: Any = None,
              c: str | None = None, c_off: tuple[int, int] = (0, 0), alpha: float = 1.0, beta: float = 0.0,
-             epilogue: Epilogue | None = None, description: str = "gemm") -> list[dict]:
+             epilogue: Epilogue | None = None, memory: int | None = None,
+             description: str = "gemm") -> list[dict]:
         """``out[R] = alpha * A[Ra] @ B[Rb] + beta * C[Rc]`` over regions; returns the tile results.
 
         ``epilogue`` (an :class:`~blocklin.runtime.tiles.Epilogue` of the caller) sees every
-        finished strip; what it returns is in the tile results.
+        finished strip; what it returns is in the tile results. ``memory``: the budget of this
+        GEMM's plan (default: the job's).
         """
         job = self.job
         dt = np.dtype(dtype)
         ch = (self.chunk, self.chunk)
-        plan = plan_gemm(m, n, k, dt, a_chunks=ch, b_chunks=ch, memory=job.cfg.memory,
+        plan = plan_gemm(m, n, k, dt, a_chunks=ch, b_chunks=ch, memory=job.cfg.memory if memory is None else memory,
                          source_dtypes=(np.dtype(a_dtype or dt), np.dtype(b_dtype or dt)),
                          c_chunks=ch if c is not None and beta != 0.0 else None, workers=job.workers(1),
                          cores=job.cores(), device=job.device, device_memory=job.device_memory(), out_chunks=ch)
