@@ -148,15 +148,15 @@ def lu_panel_bytes(n: int, width: int, itemsize: int, source_itemsize: int | Non
     ahead), the ``U`` block and the rows a panel's swaps move (``2 width``), and, when the input has
     another dtype (``source_itemsize``: mixed precision), a row block of it read before the cast.
     The panel's own factorization (:func:`~blocklin.runtime.blockops.factor_panel`): the
-    column-major copy of one sub-panel (``n x lu_subpanel(width)``), the rows its swaps move, and
-    the temporary of one row block of the update GEMM.
+    column-major copy of one sub-panel (``n x lu_subpanel(width)``) and, with several sub-panels,
+    the rows its swaps move and the temporary of one row block (``width`` rows) of the update GEMM.
     """
     n = max(n, 1)
     rows = lu_stream_rows(width, n)
     sub = lu_subpanel(width)
     cast = rows * width * source_itemsize if source_itemsize not in (None, itemsize) else 0
     updates = (2 * rows * width + 3 * width * width) * itemsize + cast
-    own = (n * sub + 2 * sub * width + rows * width) * itemsize
+    own = (n * sub + (2 * sub * width + width * width if sub < width else 0)) * itemsize
     # the sum, not the larger of the two phases: the sweep (benchmarks/budgets.py) measured up to
     # 2 MiB more than the larger phase's buffers at 8 MiB (chunk reads, allocator pages), which the
     # other phase's allowance covers

@@ -836,7 +836,7 @@ def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
     (see :meth:`~blocklin.device.base.Device.lu_panel`), its swaps are applied to the whole rows of
     ``x`` (the sub-panel's own columns are then overwritten by its factors, as ``getrf`` left them),
     and the columns to its right are updated by a TRSM and GEMMs over row blocks of ``rows`` on every
-    core. The pivot of each column is chosen among all its remaining rows, as in ``getrf`` on the
+    core (temporaries of ``rows x w``). The pivot of each column is chosen among all its remaining rows, as in ``getrf`` on the
     whole panel; only a copy of ``m x sub`` is held besides ``x`` (``getrf`` of the panel copies it all).
     """
     from scipy.linalg import lapack
@@ -848,7 +848,7 @@ def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
     if not kk:
         return piv
     getrf = lapack.get_lapack_funcs("getrf", (x,))
-    buf = np.empty((2 * min(sub, kk), w), dtype=x.dtype)
+    buf = np.empty((2 * min(sub, kk), w), dtype=x.dtype) if sub < w else None
     cpu = get_device("cpu")
     for s0 in range(0, kk, sub):
         s1 = min(kk, s0 + sub)
@@ -857,7 +857,8 @@ def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
         if info < 0:
             raise ValueError(f"getrf: illegal argument {-info}")
         p = p[: s1 - s0].astype(np.int64) + s0
-        _apply_swaps(cpu, x, p, s0, buf=buf)
+        if s0 or s1 < w:  # the columns outside this sub-panel (getrf swapped its own)
+            _apply_swaps(cpu, x, p, s0, buf=buf)
         x[s0:, s0:s1] = lu
         del lu
         piv[s0:s1] = p
@@ -923,7 +924,7 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
         nread += (r1 - r0) * t * dt.itemsize
     del ukj, swap_buf, stream
     trailing = np.asarray(dev.to_host(panel[c0:]))  # a view of a host panel: factored in place
-    local = factor_panel(trailing, rb, lu_subpanel(c1 - c0))
+    local = factor_panel(trailing, c1 - c0, lu_subpanel(c1 - c0))
     if not isinstance(panel, np.ndarray):
         with dev.on_compute():
             panel[c0:] = dev.to_device(trailing)
