@@ -126,9 +126,8 @@ LU_SUBPANEL = 256
 
 def lu_subpanel(width: int) -> int:
     """Columns of the sub-panels in which an LU panel of ``width`` columns is factored: a quarter of
-    the panel (at least 32, at most :data:`LU_SUBPANEL`): ``getrf`` runs on one BLAS thread on these
-    (``n w sub / 2`` flops in all) and the rest of the panel's own work is TRSM and GEMM on every core;
-    the sub-panel's column-major copy is the only panel-high buffer besides the panel."""
+    the panel (at least 32, at most :data:`LU_SUBPANEL`); the sub-panel's column-major copy is the only
+    panel-high buffer besides the panel."""
     width = max(1, int(width))
     return min(width, max(32, min(LU_SUBPANEL, width // 4)))
 

@@ -832,12 +832,15 @@ def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
     returns LAPACK's 0-based row swaps (row ``i`` with ``piv[i]``, in order).
 
     Right-looking over sub-panels of ``sub`` columns (the blocked ``getrf`` of LAPACK; Anderson and
-    Dongarra 1990): LAPACK ``getrf`` factors a column-major copy of each sub-panel on one BLAS thread
-    (see :meth:`~blocklin.device.base.Device.lu_panel`), its swaps are applied to the whole rows of
-    ``x`` (the sub-panel's own columns are then overwritten by its factors, as ``getrf`` left them),
-    and the columns to its right are updated by a TRSM and GEMMs over row blocks of ``rows`` on every
-    core (temporaries of ``rows x w``). The pivot of each column is chosen among all its remaining rows, as in ``getrf`` on the
-    whole panel; only a copy of ``m x sub`` is held besides ``x`` (``getrf`` of the panel copies it all).
+    Dongarra 1990): LAPACK ``getrf`` factors a column-major copy of each sub-panel, its swaps are
+    applied to the panel's other columns (one gather of the rows they move), and the columns to its
+    right are updated by a TRSM and GEMMs over row blocks of ``rows`` (temporaries of ``rows x w``).
+    The pivot of each column is chosen among all its remaining rows, as in ``getrf`` on the whole
+    panel; only a copy of ``m x sub`` is held besides ``x`` (``getrf`` of the panel copies all of it).
+    All of it runs on :data:`~blocklin.device.base.PANEL_GETRF_THREADS` BLAS threads, as the panel
+    ``getrf`` did (see :meth:`~blocklin.device.base.Device.lu_panel`): on this project's shared
+    2-core machine (load 16), two threads made this step 2x slower than one, and one thread took
+    0.86-1.56x the time of ``getrf`` on the whole 8192 x 1024 panel.
     """
     from scipy.linalg import lapack
     from threadpoolctl import threadpool_limits
@@ -850,25 +853,25 @@ def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
     getrf = lapack.get_lapack_funcs("getrf", (x,))
     buf = np.empty((2 * min(sub, kk), w), dtype=x.dtype) if sub < w else None
     cpu = get_device("cpu")
-    for s0 in range(0, kk, sub):
-        s1 = min(kk, s0 + sub)
-        with threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas"):
+    with threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas"):
+        for s0 in range(0, kk, sub):
+            s1 = min(kk, s0 + sub)
             lu, p, info = getrf(np.asfortranarray(x[s0:, s0:s1]), overwrite_a=True)
-        if info < 0:
-            raise ValueError(f"getrf: illegal argument {-info}")
-        p = p[: s1 - s0].astype(np.int64) + s0
-        if s0 or s1 < w:  # the columns outside this sub-panel (getrf swapped its own)
-            _apply_swaps(cpu, x, p, s0, buf=buf)
-        x[s0:, s0:s1] = lu
-        del lu
-        piv[s0:s1] = p
-        if s1 < w:  # U12 = L11^-1 A12, then A22 -= L21 U12 in row blocks (temporaries of rows x (w - s1))
-            u12 = cpu.solve_triangular(x[s0:s1, s0:s1], x[s0:s1, s1:], lower=True, unit=True)
-            x[s0:s1, s1:] = u12
-            for r0 in range(s1, m, rows):
-                r1 = min(m, r0 + rows)
-                x[r0:r1, s1:] -= x[r0:r1, s0:s1] @ u12
-            del u12
+            if info < 0:
+                raise ValueError(f"getrf: illegal argument {-info}")
+            p = p[: s1 - s0].astype(np.int64) + s0
+            if s0 or s1 < w:  # the columns outside this sub-panel (getrf swapped its own)
+                _apply_swaps(cpu, x, p, s0, buf=buf)
+            x[s0:, s0:s1] = lu
+            del lu
+            piv[s0:s1] = p
+            if s1 < w:  # U12 = L11^-1 A12, then A22 -= L21 U12 in row blocks
+                u12 = cpu.solve_triangular(x[s0:s1, s0:s1], x[s0:s1, s1:], lower=True, unit=True)
+                x[s0:s1, s1:] = u12
+                for r0 in range(s1, m, rows):
+                    r1 = min(m, r0 + rows)
+                    x[r0:r1, s1:] -= x[r0:r1, s0:s1] @ u12
+                del u12
     return piv
 
 
