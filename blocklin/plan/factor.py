@@ -118,11 +118,18 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
                       flops=n**3 // 3, bytes_read=int(reads))
 
 
-#: Panel-sized buffers of one LU panel task: the panel, and LAPACK's column-major copy of its trailing
-#: part for ``getrf`` (the earlier panels are streamed in row blocks, not held).
-PANEL_BUFFERS = 2
 #: Rows of the blocks in which an LU panel task streams the earlier panels (at least the panel width).
-LU_STREAM_ROWS = 1024
+LU_STREAM_ROWS = 512
+#: Widest sub-panel of an LU panel's own factorization (:func:`~blocklin.runtime.blockops.factor_panel`).
+LU_SUBPANEL = 256
+
+
+def lu_subpanel(width: int) -> int:
+    """Columns of the sub-panels in which an LU panel of ``width`` columns is factored: a quarter of
+    the panel (at least 32, at most :data:`LU_SUBPANEL`); the sub-panel's column-major copy is the only
+    panel-high buffer besides the panel."""
+    width = max(1, int(width))
+    return min(width, max(32, min(LU_SUBPANEL, width // 4)))
 
 
 def lu_stream_rows(width: int, n: int) -> int:
@@ -134,13 +141,25 @@ def lu_stream_rows(width: int, n: int) -> int:
 
 
 def lu_panel_bytes(n: int, width: int, itemsize: int, source_itemsize: int | None = None) -> int:
-    """Bytes one LU panel task holds: :data:`PANEL_BUFFERS` panels of ``n x width``, two streamed
-    blocks of an earlier panel (one in use, one read ahead), the ``U`` block, the rows a panel's swaps
-    move (``2 width``), and, when the input has another dtype (``source_itemsize``: mixed precision),
-    a row block of it read before the cast."""
+    """Bytes one LU panel task holds: the ``n x width`` panel and the buffers of its two phases.
+
+    Updates by the earlier panels: two streamed blocks of an earlier panel (one in use, one read
+    ahead), the ``U`` block and the rows a panel's swaps move (``2 width``), and, when the input has
+    another dtype (``source_itemsize``: mixed precision), a row block of it read before the cast.
+    The panel's own factorization (:func:`~blocklin.runtime.blockops.factor_panel`): the
+    column-major copy of one sub-panel (``n x lu_subpanel(width)``) and, with several sub-panels,
+    the rows its swaps move and the temporary of one row block (``width`` rows) of the update GEMM.
+    """
+    n = max(n, 1)
     rows = lu_stream_rows(width, n)
+    sub = lu_subpanel(width)
     cast = rows * width * source_itemsize if source_itemsize not in (None, itemsize) else 0
-    return (PANEL_BUFFERS * max(n, 1) * width + 2 * rows * width + 3 * width * width) * itemsize + cast
+    updates = (2 * rows * width + 3 * width * width) * itemsize + cast
+    own = (n * sub + (2 * sub * width + width * width if sub < width else 0)) * itemsize
+    # the sum, not the larger of the two phases: the sweep (benchmarks/budgets.py) measured up to
+    # 2 MiB more than the larger phase's buffers at 8 MiB (chunk reads, allocator pages), which the
+    # other phase's allowance covers
+    return n * width * itemsize + updates + own
 
 
 def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
@@ -169,7 +188,7 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
             tile = next((t for t in TILE_SIDES if fits(t)), None)
         if tile is None:
             need = lu_panel_bytes(n, 32, dt.itemsize, src)
-            raise BudgetError(explain("memory", f"must hold {PANEL_BUFFERS} column panels of {n} x 32 for the LU",
+            raise BudgetError(explain("memory", f"must hold a column panel of {n} x 32 and its buffers for the LU",
                                       format_size(memory), f"raise it to at least {format_size(need)}"))
     tile = max(1, min(int(tile), max(n, 1)))
     nt = max(1, math.ceil(n / tile))

@@ -88,16 +88,18 @@ class BlockOps:
     def gemm(self, out: str, out_off: tuple[int, int], m: int, n: int, k: int, a: str, a_off: tuple[int, int],
              b: str, b_off: tuple[int, int], *, dtype: Any, a_dtype: Any = None, b_dtype: Any = None,
              c: str | None = None, c_off: tuple[int, int] = (0, 0), alpha: float = 1.0, beta: float = 0.0,
-             epilogue: Epilogue | None = None, description: str = "gemm") -> list[dict]:
+             epilogue: Epilogue | None = None, memory: int | None = None,
+             description: str = "gemm") -> list[dict]:
         """``out[R] = alpha * A[Ra] @ B[Rb] + beta * C[Rc]`` over regions; returns the tile results.
 
         ``epilogue`` (an :class:`~blocklin.runtime.tiles.Epilogue` of the caller) sees every
-        finished strip; what it returns is in the tile results.
+        finished strip; what it returns is in the tile results. ``memory``: the budget of this
+        GEMM's plan (default: the job's).
         """
         job = self.job
         dt = np.dtype(dtype)
         ch = (self.chunk, self.chunk)
-        plan = plan_gemm(m, n, k, dt, a_chunks=ch, b_chunks=ch, memory=job.cfg.memory,
+        plan = plan_gemm(m, n, k, dt, a_chunks=ch, b_chunks=ch, memory=job.cfg.memory if memory is None else memory,
                          source_dtypes=(np.dtype(a_dtype or dt), np.dtype(b_dtype or dt)),
                          c_chunks=ch if c is not None and beta != 0.0 else None, workers=job.workers(1),
                          cores=job.cores(), device=job.device, device_memory=job.device_memory(), out_chunks=ch)
@@ -765,7 +767,9 @@ def _apply_swaps(dev: Any, x: Any, piv: np.ndarray, start: int, offset: int = 0,
         return
     if isinstance(x, np.ndarray) and buf is not None:
         rows = buf[: dst.size]
-        np.take(x, src - offset, axis=0, out=rows)
+        # mode="clip" (the indices are in range): with the default "raise" NumPy buffers ``out``, an
+        # extra copy that made this gather 8x slower (2048 rows of 1024: 15 ms against 2 ms)
+        np.take(x, src - offset, axis=0, out=rows, mode="clip")
         x[dst - offset] = rows
         return
     with dev.on_compute():
@@ -823,6 +827,62 @@ def _max_abs(x: np.ndarray, rows_per_block: int) -> float:
     return out
 
 
+def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
+    """LU with partial pivoting of the C-ordered host panel ``x`` (``m x w``, ``m >= w``) in place;
+    returns LAPACK's 0-based row swaps (row ``i`` with ``piv[i]``, in order).
+
+    Right-looking over sub-panels of ``sub`` columns (the blocked ``getrf`` of LAPACK; Anderson and
+    Dongarra 1990): LAPACK ``getrf`` factors a column-major copy of each sub-panel, its swaps are
+    applied to the panel's other columns (one gather of the rows they move), and the columns to its
+    right are updated by a TRSM and GEMMs over row blocks of ``rows`` (temporaries of ``rows x w``).
+    The pivot of each column is chosen among all its remaining rows, as in ``getrf`` on the whole
+    panel; only a copy of ``m x sub`` is held besides ``x`` (``getrf`` of the panel copies all of it).
+    All of it runs on :data:`~blocklin.device.base.PANEL_GETRF_THREADS` BLAS threads, as the panel
+    ``getrf`` did (see :meth:`~blocklin.device.base.Device.lu_panel`): on this project's shared
+    2-core machine (load 16), two threads made this step 2x slower than one, and one thread took
+    0.86-1.56x the time of ``getrf`` on the whole 8192 x 1024 panel.
+    """
+    from scipy.linalg import lapack
+    from threadpoolctl import threadpool_limits
+
+    m, w = x.shape
+    kk = min(m, w)
+    piv = np.arange(kk, dtype=np.int64)
+    if not kk:
+        return piv
+    getrf = lapack.get_lapack_funcs("getrf", (x,))
+    buf = np.empty((2 * min(sub, kk), w), dtype=x.dtype) if sub < w else None
+    cpu = get_device("cpu")
+    with threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas"):
+        for s0 in range(0, kk, sub):
+            s1 = min(kk, s0 + sub)
+            lu, p, info = getrf(np.asfortranarray(x[s0:, s0:s1]), overwrite_a=True)
+            if info < 0:
+                raise ValueError(f"getrf: illegal argument {-info}")
+            p = p[: s1 - s0].astype(np.int64) + s0
+            if s0 or s1 < w:  # the columns outside this sub-panel (getrf swapped its own)
+                _apply_swaps(cpu, x, p, s0, buf=buf)
+            x[s0:, s0:s1] = lu
+            del lu
+            piv[s0:s1] = p
+            if s1 < w:  # U12 = L11^-1 A12, then A22 -= L21 U12 in row blocks
+                u12 = cpu.solve_triangular(x[s0:s1, s0:s1], x[s0:s1, s1:], lower=True, unit=True)
+                x[s0:s1, s1:] = u12
+                for r0 in range(s1, m, rows):
+                    r1 = min(m, r0 + rows)
+                    x[r0:r1, s1:] -= x[r0:r1, s0:s1] @ u12
+                del u12
+    return piv
+
+
+def lu_subpanel(width: int) -> int:
+    """Columns of the sub-panels :func:`factor_panel` factors with ``getrf`` (see
+    :func:`~blocklin.plan.factor.lu_subpanel`)."""
+    from blocklin.plan.factor import lu_subpanel as plan_subpanel
+
+    return plan_subpanel(width)
+
+
 @with_task_settings
 @holds_device(lambda spec, *_: 2 * spec.a.shape[0] / spec.tile + 4)  # the trailing panel and L block, 4 tiles
 def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
@@ -865,11 +925,13 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
         else:
             dev.gemm_acc(panel[r0:r1], lblk, ukj, -1.0)
         nread += (r1 - r0) * t * dt.itemsize
-    del ukj, swap_buf
-    lu, local = dev.lu_panel(dev.to_host(panel[c0:]))
-    with dev.on_compute():  # a host panel takes getrf's column-major result as it is (one strided copy)
-        panel[c0:] = lu if isinstance(panel, np.ndarray) else dev.to_device(lu)
-    del lu
+    del ukj, swap_buf, stream
+    trailing = np.asarray(dev.to_host(panel[c0:]))  # a view of a host panel: factored in place
+    local = factor_panel(trailing, c1 - c0, lu_subpanel(c1 - c0))
+    if not isinstance(panel, np.ndarray):
+        with dev.on_compute():
+            panel[c0:] = dev.to_device(trailing)
+    del trailing
     host = np.asarray(dev.to_host(panel))
     del panel
     pj = local[: c1 - c0] + c0
@@ -899,8 +961,9 @@ def lu_swap_task(spec: TileOpSpec, j: int, pivots: np.ndarray) -> dict:
         return {"bytes_read": 0, "bytes_written": 0}
     block = read_block(open_array(spec.a.path), slice(c1, n), slice(c0, c1))
     dst, src = swap_moves(pivots[c1:], c1)
-    if dst.size:
-        block[dst - c1] = block[src - c1]
+    if dst.size:  # a gather into a buffer, then a scatter (see _apply_swaps)
+        block[dst - c1] = np.take(block, src - c1, axis=0, out=np.empty((dst.size, block.shape[1]), block.dtype),
+                                  mode="clip")
     write_block(open_array(spec.out.path, mode="r+"), slice(c1, n), slice(c0, c1), block)
     return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
 
