@@ -204,7 +204,8 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
     leaf, chunk, depth : int, optional
         Override the leaf size, the working chunk side and the butterfly depth (tests, tuning).
     method : {"auto", "lu", "schur"}
-        Out-of-core route; ``"auto"``: the one-task inverse when the matrix fits, else ``"lu"``.
+        Out-of-core route; ``"auto"``: the one-task inverse when the matrix fits, else ``"lu"``, else
+        (two LU panels of ``n`` rows beyond the budget) ``"schur"``.
     source_chunks : tuple, optional
         The stored chunks of the matrix (the LU panels are multiples of a square chunk side).
 
@@ -223,7 +224,12 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
             kernels.leaf(n, wdt, max(chunk_bytes, int(source_chunk_bytes)), True) <= memory:
         method = "direct"
     if method in ("auto", "lu") and n > 0:
-        return _plan_lu(n, dt, wdt, src_dt, chunk, memory, kernels, source_chunks)
+        try:
+            return _plan_lu(n, dt, wdt, src_dt, chunk, memory, kernels, source_chunks)
+        except BudgetError:
+            if method == "lu":
+                raise
+            # "auto": two LU panels of n rows do not fit; the recursion's square blocks may
     if leaf is None:
         leaf = _largest_leaf(n, wdt, chunk_bytes, memory, kernels)
     if leaf < min(n, 2 * chunk):
