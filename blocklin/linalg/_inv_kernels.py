@@ -576,7 +576,13 @@ def lu_rows_memory(n: int, width: int, tile: int, work_dtype: Any, out_dtype: An
     rb = lu_stream_rows(tile, n)
     block = n * width * w_item + (n * width * o_item if o_item != w_item else 0)
     stream = rb * tile * w_item + IO_CHUNKS * tile * tile * w_item + 2 * tile * width * w_item
-    return block + stream + (n + width) * PROBES * 8 + _leaf_strip(n) * n * 8
+    cast = 0 if np.dtype(out_dtype) == np.dtype(np.float64) else _cast_rows(n) * n * 8
+    return block + stream + (n + width) * PROBES * 8 + cast
+
+
+def _cast_rows(n: int) -> int:
+    """Rows of a float32 strip cast to float64 at a time for the probe products (32 Ki elements)."""
+    return max(1, (1 << 15) // max(1, n))
 
 
 def _swap_back(y: np.ndarray, piv: np.ndarray, start: int) -> None:
@@ -646,8 +652,11 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
             "tiny pivot of the LU)", "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"))
     write_block(open_array(spec.dst, mode="r+"), slice(s0, s1), slice(0, n), x)
     p = probes(n, PROBES, spec.probe_seed)
-    xp = np.concatenate([np.asarray(x[r0:r1], dtype=np.float64) @ p for r0, r1 in split(w, _leaf_strip(n))]) \
-        if w else np.zeros((0, PROBES))
+    if x.dtype == np.float64:
+        xp = x @ p
+    else:  # cast a few rows at a time (see lu_rows_memory)
+        xp = np.concatenate([np.asarray(x[r0:r1], dtype=np.float64) @ p for r0, r1 in split(w, _cast_rows(n))]) \
+            if w else np.zeros((0, PROBES))
     return {"sumsq": sumsq(x), "xp": xp, "bytes_read": nread, "bytes_written": x.nbytes,
             "flops": w * (n * n + (n - s0) ** 2), "seconds": time.perf_counter() - t0}
 
