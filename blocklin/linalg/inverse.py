@@ -1,4 +1,4 @@
-"""Out-of-core matrix inverse: recursive Schur complements, a random butterfly guard, Newton-Schulz."""
+"""Out-of-core matrix inverse: pivoted LU (default) or recursive Schur complements with a random butterfly guard; Newton-Schulz."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         explain: bool = False, method: str = "auto", **settings: Unpack[Settings]) -> Matrix | InversePlan:
     """Inverse of a square matrix larger than memory, with a verified backward error.
 
-    The matrix ``M`` is staged once as ``W = M V`` with ``V`` a random butterfly of Givens
+    By default (``method="auto"``) out of core: LU with partial pivoting (see ``method``). With
+    ``method="schur"``: the matrix ``M`` is staged once as ``W = M V`` with ``V`` a random butterfly of Givens
     rotations (orthogonal, depth 2), and ``W`` is inverted (out of place) by the block elimination
 
     .. math::
@@ -117,6 +118,13 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     explain : bool
         Return the :class:`~blocklin.plan.inverse.InversePlan` without running (kept for
         compatibility: :func:`inv_plan` returns it and always one type).
+    method : {"auto", "lu", "schur"}
+        Out-of-core route (a matrix that fits the budget is always one in-core task). ``"lu"``: the
+        out-of-core LU with partial pivoting (:func:`blocklin.linalg.lu.factor_lu_into`), then the
+        rows of ``A^-1`` as ``A^-T e_i`` from its panels, unit vectors made in the task (LAPACK's
+        backward error: no refinement by default); ``"schur"``: the randomized Schur-complement
+        recursion described below (pivot-free, all GEMMs); ``"auto"``: ``"lu"``, or ``"schur"`` where two
+        LU panels of ``n`` rows do not fit the budget. ``report["method"]`` says which ran.
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
