@@ -364,10 +364,11 @@ def test_gpu_one_leaf_matches_numpy(rng):
 @pytest.mark.parametrize("n", [377, 256])  # panels and row strips that do and do not divide n
 def test_lu_route_has_lapacks_accuracy_without_refinement(rng, dtype, n):
     a = rng.standard_normal((n, n)).astype(dtype)
-    x = bl.inv(a, memory="1MiB")
+    x = bl.inv(a, memory="1MiB")  # out of core (float32 too: no one-task inverse)
     r = x.report
     assert r["method"] == "lu" and r["refine_steps"] == 0 and r["leaves"] == 0
-    assert r["plan"]["lu_tile"] < n and r["plan"]["row_width"] < n  # several panels and row strips
+    assert r["plan"]["lu_tile"] < n  # several panels (and, for float64, several strips of rows)
+    assert r["plan"]["row_width"] < n or dtype == "float32"
     got = x.to_numpy()
     assert got.dtype == np.dtype(dtype)
     eps = float(np.finfo(dtype).eps)

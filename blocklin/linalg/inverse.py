@@ -429,9 +429,7 @@ def _invert_lu(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype,
 
     plan, job, n = run.plan, run.job, run.plan.n
     wdt = np.dtype(plan.work_dtype)
-    fplan = plan_lu(n, wdt, memory=job.cfg.memory, chunks=tuple(M.chunks), source_dtype=M.dtype)
-    if fplan.tile != plan.lu_tile:  # the plan is what runs
-        raise RuntimeError(f"inv: LU panel width {fplan.tile} differs from the plan's {plan.lu_tile}")
+    fplan = plan_lu(n, wdt, memory=job.cfg.memory, tile=plan.lu_tile, source_dtype=M.dtype)
     f = factor_lu_into(job, M, None, fplan, done_dir=run.stages.folder / "lu-markers")
     if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
         raise ParameterError(_msg("precision", f"a {wdt.name} factorization needs A's entries within {wdt.name}'s "

@@ -220,8 +220,9 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
     n = int(n)
     chunk = _chunk(n, wdt, dt, src_dt, memory, kernels) if chunk is None else chunk
     chunk_bytes = chunk * chunk * max(wdt.itemsize, dt.itemsize)
-    if n > 0 and wdt == dt and \
-            kernels.leaf(n, wdt, max(chunk_bytes, int(source_chunk_bytes)), True) <= memory:
+    # the one-task inverse exactly where the recursion's plan below makes it (no node: one leaf of n)
+    if n > 0 and wdt == dt and (leaf if leaf is not None else _largest_leaf(n, wdt, chunk_bytes, memory, kernels)) >= n \
+            and kernels.leaf(n, wdt, max(chunk_bytes, int(source_chunk_bytes)), True) <= memory:
         method = "direct"
     if method in ("auto", "lu") and n > 0:
         try:
@@ -266,9 +267,17 @@ def _plan_lu(n: int, dt: np.dtype, wdt: np.dtype, src_dt: np.dtype, chunk: int, 
     output's chunk side) whose task fits the budget beside nothing else (tasks run one at a time)."""
     from blocklin.plan.factor import plan_lu
 
-    lu = plan_lu(n, wdt, memory=memory, chunks=source_chunks, source_dtype=src_dt)
+    from blocklin.plan.factor import TILE_SIDES
+
     if kernels.rows is None:
         raise ValueError("plan_inverse: method 'lu' needs the rows task's memory declaration")
+    lu = plan_lu(n, wdt, memory=memory, chunks=source_chunks, source_dtype=src_dt)
+    # the widest panels leave no room for the rows task's chunk temporaries of the panels' store:
+    # narrower panels (fewer bytes per chunk) until one chunk-wide strip of rows fits too
+    for t in (t for t in TILE_SIDES if t < lu.tile):
+        if kernels.rows(n, min(n, chunk), lu.tile, wdt, dt) <= memory:
+            break
+        lu = plan_lu(n, wdt, memory=memory, tile=t, source_dtype=src_dt)
     width = 0
     for w in range(chunk, max(n, chunk) + chunk, chunk):
         if kernels.rows(n, min(w, n), lu.tile, wdt, dt) > memory:
