@@ -11,6 +11,8 @@ stored or in-memory inverse:
 * ``blocklin``: ``blocklin.inv(A, out, memory=--memory)`` with the defaults (out of core the default
   tolerance is the unit roundoff: one Newton-Schulz step, for the forward accuracy of NumPy's inverse);
 * ``blocklin-norefine``: the same with ``refine=False`` (the inversion alone, residual still probed);
+* ``blocklin-schur``, ``blocklin-schur-norefine``: the same with ``method="schur"`` (the randomized
+  Schur-complement recursion instead of the default out-of-core pivoted LU);
 * ``numpy``: ``np.linalg.inv`` on the matrix loaded into memory (load time reported separately);
 * ``dask``: ``dask.array.linalg.inv`` on ``da.from_zarr`` (threaded scheduler), result computed.
 
@@ -46,13 +48,14 @@ if variant == "baseline":
     print(json.dumps({"seconds": 0.0, "peak": peak()})); sys.exit()
 if variant.startswith("blocklin"):
     t0 = time.perf_counter()
-    x = blocklin.inv(src, out=out, memory=memory, refine="auto" if variant == "blocklin" else False,
-                     tol=float(tol) if tol != "default" else None)
+    x = blocklin.inv(src, out=out, memory=memory, refine=False if variant.endswith("-norefine") else "auto",
+                     tol=float(tol) if tol != "default" else None,
+                     method="schur" if "-schur" in variant else "auto")
     secs = time.perf_counter() - t0
     r = x.report
     extra = {"reported_backward_error": r["backward_error"], "residual_method": r["residual_method"],
              "refine_steps": r["refine_steps"], "leaves": r["leaves"], "gemm_steps": r["gemm_steps"],
-             "plan_peak": r["plan"]["peak_memory"], "history": r["history"]}
+             "plan_peak": r["plan"]["peak_memory"], "history": r["history"], "method": r["method"]}
 elif variant == "numpy":
     t0 = time.perf_counter()
     a = zarr.open_array(src, mode="r")[...]
@@ -110,7 +113,8 @@ def main() -> None:
     ap.add_argument("--skip-dask", action="store_true")
     ap.add_argument("--tol", type=float, default=None, help="blocklin's backward-error target (default: its own)")
     ap.add_argument("--variants", default="blocklin,blocklin-norefine,numpy,dask",
-                    help="comma-separated subset of blocklin, blocklin-norefine, numpy, dask")
+                    help="comma-separated subset of blocklin, blocklin-norefine, blocklin-schur, "
+                         "blocklin-schur-norefine, numpy, dask")
     ap.add_argument("--json", action="store_true")
     opts = ap.parse_args()
     import blocklin
@@ -133,7 +137,7 @@ def main() -> None:
             results[variant] = r
             print(f"{variant:9s} {json.dumps(r)}", file=sys.stderr)
         summary = {"n": opts.n, "memory": opts.memory, "matrix_bytes": opts.n * opts.n * 8, "results": results}
-        for mine in ("blocklin", "blocklin-norefine"):
+        for mine in ("blocklin", "blocklin-norefine", "blocklin-schur", "blocklin-schur-norefine"):
             for other in ("numpy", "dask"):
                 b, o = results.get(mine, {}), results.get(other, {})
                 if "seconds" in b and "seconds" in o:
@@ -151,7 +155,7 @@ def main() -> None:
                     print(f"{name:10s} failed: {r['error']}")
                     continue
                 print(f"{name:10s} {r['seconds']:9.2f} {r['peak'] / 1e6:9.0f} {r['backward_error']:15.2e}")
-            for mine in ("blocklin", "blocklin-norefine"):
+            for mine in ("blocklin", "blocklin-norefine", "blocklin-schur", "blocklin-schur-norefine"):
                 for other in ("numpy", "dask"):
                     key = f"time_ratio_{mine}_vs_{other}"
                     if key in summary:

@@ -561,7 +561,7 @@ def test_inverse_leaves_run_on_the_gpu(standin, rng, precision):
     n = 300
     m = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
     cupy_standin.STATE.counts.clear()
-    x = bl.inv(m, device="gpu", precision=precision, memory="1MiB")
+    x = bl.inv(m, device="gpu", precision=precision, memory="1MiB", method="schur")
     eta = np.linalg.norm(np.eye(n) - m @ x.to_numpy()) / (np.linalg.norm(m) * np.linalg.norm(x.to_numpy()))
     assert eta < n * np.finfo(np.float64).eps  # refined to float64 backward error
     assert x.report["phases"]["leaf inverses"] == "gpu" and x.report["leaves"] >= 1
@@ -578,7 +578,7 @@ def test_tf32_inverse_uses_tensor_cores_and_refines_to_float64(standin):
     n = 256  # with 384 KiB: a recursion with float32 Schur-complement GEMMs
     m = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)  # cond ~ 3: TF32's 1e-3 start converges
     cupy_standin.STATE.counts.clear()
-    x = bl.inv(m, device="gpu", precision="tf32", memory="384KiB")
+    x = bl.inv(m, device="gpu", precision="tf32", memory="384KiB", method="schur")
     xs = x.to_numpy()
     assert x.dtype == np.float64
     assert np.linalg.norm(np.eye(n) - m @ xs) / (np.linalg.norm(m) * np.linalg.norm(xs)) < n * np.finfo(np.float64).eps
@@ -704,10 +704,10 @@ def test_inverse_butterfly_and_probes_run_where_asked(standin, rng):
     device='auto' keeps these read-bound passes on the CPU."""
     n = 256
     m = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
-    ref = bl.inv(m, device="cpu", memory="384KiB", seed=3)
+    ref = bl.inv(m, device="cpu", memory="384KiB", seed=3, method="schur")
     assert ref.report["butterfly_depth"] > 0
     cupy_standin.STATE.counts.clear()
-    x = bl.inv(m, device="gpu", memory="384KiB", seed=3)
+    x = bl.inv(m, device="gpu", memory="384KiB", seed=3, method="schur")
     phases = x.report["phases"]
     assert phases["butterfly transforms"] == "gpu" and phases["residual probes"] == "gpu"
     assert cupy_standin.STATE.counts.get("multiply", 0) > 0  # the rotations ran on the device
@@ -722,7 +722,7 @@ def test_inverse_butterfly_and_probes_run_where_asked(standin, rng):
     exact = np.linalg.norm(np.eye(n) - m @ xs) / (np.linalg.norm(m) * np.linalg.norm(xs))
     assert x.report["residual_method"] == "probed" and x.report["backward_error"] < n * np.finfo(float).eps
     assert exact / 10 < x.report["backward_error"] < 10 * exact  # 32 probes: within a small factor
-    auto = bl.inv(m, device="auto", memory="384KiB", seed=3)
+    auto = bl.inv(m, device="auto", memory="384KiB", seed=3, method="schur")
     assert auto.report["phases"]["butterfly transforms"] == "cpu"
     assert auto.report["phases"]["residual probes"] == "cpu"
     assert cupy_standin.take_races() == []

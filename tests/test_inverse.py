@@ -57,7 +57,7 @@ def test_in_core_leaf_matches_numpy(rng, dtype):
 def test_out_of_core_random_not_multiple_of_tiles(rng, dtype):
     n = 377  # not a multiple of the 32 x 32 working chunks; above the float32 and float64 leaf sizes
     a = rng.standard_normal((n, n)).astype(dtype)
-    x = bl.inv(a, memory="1MiB")
+    x = bl.inv(a, memory="1MiB", method="schur")
     r = x.report
     assert r["leaves"] >= 2 and r["gemm_steps"] >= 6 and r["butterfly_depth"] == 2
     got = x.to_numpy()
@@ -119,11 +119,11 @@ def test_default_tol_gives_numpys_accuracy_out_of_core(rng, cond):
     n = 300
     a = rng.standard_normal((n, n)) if cond is None else with_cond(rng, n, cond)
     ref = accurate_inverse(a)
-    x = bl.inv(a, memory="512KiB")
+    x = bl.inv(a, memory="512KiB", method="schur")
     assert x.report["leaves"] >= 2  # out of core
     # 4x: both errors are ~ cond * eps times factors of order one that differ between the methods
     assert forward_error(x.to_numpy(), ref) <= 4 * forward_error(np.linalg.inv(a), ref)
-    unrefined = bl.inv(a, memory="512KiB", refine=False).to_numpy()
+    unrefined = bl.inv(a, memory="512KiB", refine=False, method="schur").to_numpy()
     assert forward_error(unrefined, ref) > forward_error(x.to_numpy(), ref)  # the step was needed
 
 
@@ -145,7 +145,7 @@ def test_singular_leading_block_is_guarded(rng):
     a = np.zeros((n, n))
     a[:h, h:] = rng.standard_normal((h, h)) + 3 * np.eye(h)
     a[h:, :h] = rng.standard_normal((h, h)) + 3 * np.eye(h)
-    x = bl.inv(a, memory="512KiB")
+    x = bl.inv(a, memory="512KiB", method="schur")
     assert x.report["leaves"] >= 2
     got = x.to_numpy()
     np.testing.assert_allclose(got, np.linalg.inv(a), atol=1e-10 * np.abs(got).max())
@@ -158,7 +158,7 @@ def test_permutation_matrix(rng):
     # A one-sided butterfly leaves a singular leading block here; the documented retry handles it
     # (512 KiB: out of core, leaves below n).
     with pytest.warns(BlocklinWarning, match="retrying with a two-sided random butterfly"):
-        x = bl.inv(p, memory="512KiB").to_numpy()
+        x = bl.inv(p, memory="512KiB", method="schur").to_numpy()
     np.testing.assert_allclose(x, p.T, atol=1e-12)
 
 
@@ -273,10 +273,10 @@ def test_output_is_atomic_store_with_provenance(rng, tmp_path):
 def test_distributed_matches_local(rng):
     distributed = pytest.importorskip("distributed")
     a = rng.standard_normal((280, 280))
-    local = bl.inv(a, memory="512KiB", scheduler="sync")  # out of core: leaves below n
+    local = bl.inv(a, memory="512KiB", scheduler="sync", method="schur")  # out of core: leaves below n
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
-        remote = bl.inv(a, memory="512KiB", scheduler=client)
+        remote = bl.inv(a, memory="512KiB", scheduler=client, method="schur")
         assert remote.report["scheduler"] == "distributed"
         assert remote.report["leaves"] == local.report["leaves"] >= 2
         # same plan, butterfly and probes; BLAS thread counts differ, so equal up to rounding (cond * eps)
@@ -355,3 +355,91 @@ def test_gpu_one_leaf_matches_numpy(rng):
     tol = 50 * np.linalg.cond(a) * np.finfo(np.float64).eps  # two backward-stable inverses
     assert np.linalg.norm(x.to_numpy() - ref) / np.linalg.norm(ref) <= tol
     assert exact_eta(a, x.to_numpy()) <= r["tol"]
+
+
+# -- method "lu": the out-of-core pivoted LU, then the rows of the inverse from its panels ----------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n", [377, 256])  # panels and row strips that do and do not divide n
+def test_lu_route_has_lapacks_accuracy_without_refinement(rng, dtype, n):
+    a = rng.standard_normal((n, n)).astype(dtype)
+    x = bl.inv(a, memory="1MiB")  # out of core (float32 too: no one-task inverse)
+    r = x.report
+    assert r["method"] == "lu" and r["refine_steps"] == 0 and r["leaves"] == 0
+    assert r["plan"]["lu_tile"] < n  # several panels (and, for float64, several strips of rows)
+    assert r["plan"]["row_width"] < n or dtype == "float32"
+    got = x.to_numpy()
+    assert got.dtype == np.dtype(dtype)
+    eps = float(np.finfo(dtype).eps)
+    # LU with partial pivoting is backward stable: ||I - A X|| / (||A|| ||X||) is a small multiple of eps
+    # (Higham, ASNA 2nd ed., section 14.3); 4x NumPy's own (same algorithm, other blocking) plus 2 eps of
+    # rounding noise, and the default tol (n eps) is met without a Newton-Schulz step
+    eta = exact_eta(a, got)
+    assert eta <= 4 * exact_eta(a, np.linalg.inv(a)) + 2 * eps
+    assert eta <= r["tol"] and r["backward_error"] <= r["tol"]
+    ref = np.linalg.inv(a.astype(np.float64))
+    cond = np.linalg.cond(a.astype(np.float64))
+    # forward error <= cond * backward error (times sqrt(n) between norms)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 10 * cond * eps * np.sqrt(n)
+
+
+@pytest.mark.skipif(np.finfo(np.longdouble).eps >= np.finfo(np.float64).eps, reason="needs extended precision")
+@pytest.mark.parametrize("cond", [None, 1e8])
+def test_lu_route_gives_numpys_forward_accuracy_unrefined(rng, cond):
+    n = 300
+    a = rng.standard_normal((n, n)) if cond is None else with_cond(rng, n, cond)
+    ref = accurate_inverse(a)
+    x = bl.inv(a, memory="512KiB", refine=False)
+    assert x.report["method"] == "lu"
+    # 4x: the same algorithm as LAPACK's getrf/getri, with other blocking and summation orders
+    assert forward_error(x.to_numpy(), ref) <= 4 * forward_error(np.linalg.inv(a), ref)
+
+
+def test_lu_route_pivots_where_the_recursion_needs_a_butterfly(rng):
+    n, h = 300, 150
+    a = np.zeros((n, n))  # every leading block singular: partial pivoting needs no guard or retry
+    a[:h, h:] = rng.standard_normal((h, h)) + 3 * np.eye(h)
+    a[h:, :h] = rng.standard_normal((h, h)) + 3 * np.eye(h)
+    p = np.eye(n)[rng.permutation(n)]
+    for m in (a, p):
+        x = bl.inv(m, memory="512KiB", refine=False)
+        assert x.report["method"] == "lu"
+        np.testing.assert_allclose(x.to_numpy(), np.linalg.inv(m), atol=1e-13 * np.abs(np.linalg.inv(m)).max())
+
+
+def test_lu_route_mixed_precision(rng):
+    a = rng.standard_normal((300, 300))
+    x = bl.inv(a, memory="1MiB", precision="mixed")
+    r = x.report
+    assert r["method"] == "lu" and r["work_dtype"] == "float32" and r["refine_steps"] >= 1
+    assert x.to_numpy().dtype == np.float64
+    assert exact_eta(a, x.to_numpy()) <= 2 * r["tol"]
+
+
+def test_lu_route_refuses_singular(rng):
+    a = rng.standard_normal((300, 300))
+    a[:, 7] = a[:, 3]  # numerically singular: a tiny (not exactly zero) pivot
+    with pytest.raises(SingularMatrixError, match="nonsingular"):
+        bl.inv(a, memory="512KiB")
+    z = a.copy()
+    z[:, 5] = 0.0  # an exact zero pivot
+    with pytest.raises(SingularMatrixError, match="nonsingular"):
+        bl.inv(z, memory="512KiB")
+
+
+def test_method_choice_and_errors(rng):
+    from blocklin.errors import BudgetError, ParameterError
+
+    a = rng.standard_normal((300, 300))
+    with pytest.raises(ParameterError, match="method"):
+        bl.inv(a, method="qr")
+    assert bl.inv_plan(a, memory="512KiB").method == "lu"
+    assert "method lu" in bl.inv_plan(a, memory="512KiB").explain()
+    assert bl.inv_plan(a, memory="512KiB", method="schur").method == "schur"
+    assert bl.inv_plan(a, memory="64MiB", method="schur").method == "direct"  # fits: one task either way
+    # two LU panels of n rows beyond the budget: "auto" takes the recursion, "lu" refuses with the minimum
+    big = plan_inverse(1500, "float64", memory=2**20, kernels=MEMORY)
+    assert big.method == "schur"
+    with pytest.raises(BudgetError, match="raise it to at least"):
+        plan_inverse(1500, "float64", memory=2**20, kernels=MEMORY, method="lu")

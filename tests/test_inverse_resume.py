@@ -22,7 +22,7 @@ import blocklin as bl
 
 CHILD = textwrap.dedent("""
     import json, os, signal, sys
-    a_path, out, tmp, sig, kill_in, how, resume = sys.argv[1:8]
+    a_path, out, tmp, sig, kill_in, how, resume, method = sys.argv[1:9]
     kill_in = int(kill_in)
     import blocklin as bl
     import blocklin.linalg._inv_kernels as kernels
@@ -48,19 +48,19 @@ CHILD = textwrap.dedent("""
     Stages.run = counting_run
     for module in (kernels, blockops, passes, tiles):
         module.write_block = signalling(module.write_block)
-    options = dict(memory="256KiB", refine=1, temp_dir=tmp, scheduler="sync")
+    options = dict(memory="256KiB", refine=1, temp_dir=tmp, scheduler="sync", method=method)
     if how == "cli":
         from blocklin.cli.main import main
         sys.exit(main(["inv", a_path, "-o", out, "--refine", "1", "--memory", "256KiB", "--scheduler", "sync",
-                       "--temp-dir", tmp, "--json"] + (["--resume"] if resume == "1" else [])))
+                       "--temp-dir", tmp, "--json", "--method", method] + (["--resume"] if resume == "1" else [])))
     x = bl.inv(a_path, out=out, resume=resume == "1", **options)
     print(json.dumps({"steps_run": step[0], "resumed": x.report["resumed"], "skipped": x.report["stages_skipped"],
                       "steps": x.report["refine_steps"], "leaves": x.report["leaves"]}))
 """)
 
 
-def child(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", CHILD, *map(str, args)], capture_output=True, text=True,
+def child(*args: str, method: str = "schur") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CHILD, *map(str, args), method], capture_output=True, text=True,
                           timeout=300)
 
 
@@ -164,3 +164,43 @@ def test_a_killed_runs_work_folder_waits_for_resume_and_clean_removes_it(problem
     assert again.returncode == 0, again.stderr
     assert not json.loads(again.stdout.strip().splitlines()[-1])["resumed"]
     np.testing.assert_array_equal(bl.open(out).to_numpy(), ref)
+
+
+@pytest.fixture(scope="module")
+def problem_lu(problem, tmp_path_factory):
+    """The same matrix inverted by method "lu" (panels, then row strips), uninterrupted."""
+    d, a, _ = problem
+    tmp = d / "tmp-lu"
+    tmp.mkdir()
+    done = child(a.path, d / "ref-lu.zarr", tmp, "SIGKILL", -1, "api", 0, method="lu")
+    assert done.returncode == 0, done.stderr
+    info = json.loads(done.stdout.strip().splitlines()[-1])
+    assert info["leaves"] == 0 and info["steps"] == 1 and os.listdir(tmp) == []
+    # steps: the row strips (one each), the probe, R = I - A X, X + X R, probe products and probe, copy
+    assert info["steps_run"] >= 8
+    return d, a, bl.open(d / "ref-lu.zarr").to_numpy(), info["steps_run"]
+
+
+# kill_in 0: during the LU panels (before the first recorded step: the panels keep their own markers);
+# 1: the first strip of rows of the inverse; -3 from the end: the Newton-Schulz step
+@pytest.mark.parametrize(("sig", "kill_in", "how"), [("SIGKILL", 0, "api"), ("SIGINT", 1, "api"),
+                                                      ("SIGKILL", 2, "cli"), ("SIGKILL", -4, "api")])
+def test_lu_route_resume_gives_the_same_bits(problem_lu, tmp_path, sig, kill_in, how):
+    d, a, ref, total = problem_lu
+    kill_in = kill_in if kill_in >= 0 else total + kill_in + 1
+    out, tmp = tmp_path / "x.zarr", tmp_path / "tmp"
+    tmp.mkdir()
+    killed = child(a.path, out, tmp, sig, kill_in, how, 1, method="lu")
+    if sig == "SIGKILL":
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+    else:
+        assert killed.returncode != 0 and "nterrupt" in killed.stderr, killed.stderr
+    assert not out.exists() and len(os.listdir(tmp)) == 1
+    again = child(a.path, out, tmp, sig, -1, how, 1, method="lu")
+    assert again.returncode == 0, again.stderr
+    info = json.loads(again.stdout.strip().splitlines()[-1])
+    if how == "cli":
+        info["skipped"] = info["stages_skipped"]
+    assert info["resumed"] and info["skipped"] == max(0, kill_in - 1)
+    np.testing.assert_array_equal(bl.open(out).to_numpy(), ref)  # bit for bit
+    assert os.listdir(tmp) == []

@@ -22,8 +22,9 @@ def _refine(value: str) -> object:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inv", help="X = A^-1, out of core (Schur complements, Newton-Schulz refinement)",
-                       description="Invert a square zarr matrix out of core by recursive Schur complements guarded "
-                                   "by a random butterfly, refined by Newton-Schulz to the requested backward error.")
+                       description="Invert a square zarr matrix out of core: LU with partial pivoting (or, with "
+                                   "--method schur, recursive Schur complements guarded by a random butterfly), "
+                                   "refined by Newton-Schulz when the backward error exceeds the target.")
     p.add_argument("a", metavar="A", help="square zarr array (path)")
     p.add_argument("-o", "--out", required=True, metavar="X", help="output zarr array (path)")
     p.add_argument("--refine", type=_refine, default="auto", metavar="N",
@@ -32,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tol", type=float, help="target backward error ||I - A X||_F / (||A||_F ||X||_F)")
     p.add_argument("--precision", choices=("mixed", "tf32", "float32", "float64"),
                    help="mixed: invert in float32, refine to float64; tf32: the same with TF32 GEMMs on a GPU")
+    p.add_argument("--method", choices=("auto", "lu", "schur"), default="auto",
+                   help="out-of-core route: auto (default: lu, or schur where two LU panels do not fit), lu "
+                        "(pivoted LU, LAPACK's accuracy), schur (pivot-free recursion, all GEMMs)")
     ui.add_run_options(p, unit="tile tasks",
                        resume="continue an interrupted run (same input, output and options): finished steps are "
                               "skipped")
@@ -44,7 +48,7 @@ def run(args: argparse.Namespace) -> dict:
 
     refine = args.refine
     kwargs = dict(refine=refine, max_refine=refine if isinstance(refine, int) else 10, tol=args.tol,
-                  precision=args.precision, **ui.run_settings(args))
+                  precision=args.precision, method=args.method, **ui.run_settings(args))
     if args.explain:
         plan = inv(args.a, out=args.out, explain=True, **kwargs)
         summary = {"plan": plan.to_dict()}
@@ -56,10 +60,11 @@ def run(args: argparse.Namespace) -> dict:
                "backward_error": r["backward_error"], "residual": r["residual"],
                "residual_method": r["residual_method"], "tol": r["tol"], "refine_steps": r["refine_steps"],
                "cond_estimate": r["cond_estimate"], "passes": r.get("passes", 0), "peak_memory": r["peak_memory"],
-               "gemm_steps": r["gemm_steps"], "leaves": r["leaves"], "history": r["history"],
+               "gemm_steps": r["gemm_steps"], "leaves": r["leaves"], "method": r.get("method"), "history": r["history"],
                "scheduler": r["scheduler"], "device": r["device"], "resumed": r["resumed"],
                "stages_skipped": r["stages_skipped"]}
-    human = (f"wrote {x.path} ({x.shape[0]} x {x.shape[1]} {x.dtype.name}) in {r['seconds']:.2f} s: backward error "
+    human = (f"wrote {x.path} ({x.shape[0]} x {x.shape[1]} {x.dtype.name}) in {r['seconds']:.2f} s (method "
+             f"{r.get('method')}): backward error "
              f"{r['backward_error']:.2e} ({r['residual_method']}, tol {r['tol']:.1e}) after {r['refine_steps']} "
              f"Newton-Schulz step(s); condition estimate {r['cond_estimate']:.1e}; peak memory "
              f"{format_size(r['peak_memory'])}"

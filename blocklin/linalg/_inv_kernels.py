@@ -538,5 +538,128 @@ def unmix_columns_task(spec: UnmixSpec, c0: int, c1: int) -> dict:
             "bytes_written": x.nbytes, "seconds": time.perf_counter() - t0}
 
 
+
+
+# -- rows of the inverse from a stored LU -----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LURowsSpec:
+    """Rows of ``X = A^-1`` from the panels of the out-of-core LU (:func:`blocklin.linalg.lu.factor_lu_into`).
+
+    ``work``: the panels' store (``L`` of panel ``j`` in the row order of its own swaps, ``U`` above);
+    ``tile``: the panel width; ``dst``: the output (``dtype``); ``probe_seed``: the task also returns
+    its rows of ``X P`` (the probe products of :func:`blocklin.linalg.refine.probe_estimate`).
+    """
+
+    work: Any
+    dst: Any
+    n: int
+    tile: int
+    dtype: str
+    work_dtype: str
+    probe_seed: int
+    blas_threads: int | None = None
+
+
+def lu_rows_memory(n: int, width: int, tile: int, work_dtype: Any, out_dtype: Any) -> int:
+    """Memory of :func:`lu_inverse_rows_task` on ``width`` rows of an ``n x n`` inverse.
+
+    The ``n x width`` block of right-hand sides (work dtype) and its cast for the write (another
+    dtype), one streamed row block of a panel (:func:`~blocklin.plan.factor.lu_stream_rows` rows of
+    ``tile``) with its zarr chunk temporaries (``tile x tile`` chunks), the ``tile x width`` GEMM
+    product, the probes and the returned ``X P`` rows (float64).
+    """
+    from blocklin.plan.factor import lu_stream_rows
+
+    w_item, o_item = np.dtype(work_dtype).itemsize, np.dtype(out_dtype).itemsize
+    rb = lu_stream_rows(tile, n)
+    block = n * width * w_item + (n * width * o_item if o_item != w_item else 0)
+    stream = rb * tile * w_item + IO_CHUNKS * tile * tile * w_item + 2 * tile * width * w_item
+    cast = 0 if np.dtype(out_dtype) == np.dtype(np.float64) else _cast_rows(n) * n * 8
+    return block + stream + (n + width) * PROBES * 8 + cast
+
+
+def _cast_rows(n: int) -> int:
+    """Rows of a float32 strip cast to float64 at a time for the probe products (32 Ki elements)."""
+    return max(1, (1 << 15) // max(1, n))
+
+
+def _swap_back(y: np.ndarray, piv: np.ndarray, start: int) -> None:
+    """Undo the swaps ``i <-> piv[i - start]`` (in reverse order) on the rows of ``y``."""
+    for i in range(start + len(piv) - 1, start - 1, -1):
+        p = int(piv[i - start])
+        if p != i:
+            y[[i, p]] = y[[p, i]]
+
+
+@with_task_settings
+def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray) -> dict:
+    """Rows ``s0:s1`` of ``A^-1`` from the stored LU: ``A^-T e_i`` for the unit vectors ``e_i``, ``i`` in ``s0:s1``.
+
+    The panels give ``A = S_1 M_1^-1 ... S_J M_J^-1 U`` (``S_j`` panel ``j``'s swaps, ``M_j`` its
+    elimination as stored), so ``A^-T = S_1^T M_1^T ... S_J^T M_J^T U^-T``. The unit vectors are made
+    here (no stored identity), and ``U^T z = e_i`` is a forward substitution whose first ``s0`` rows
+    stay zero: the panels left of ``s0`` are not read (a third of the flops of a full solve saved,
+    as LAPACK's ``getri`` saves them on ``L``). Then ``M_j^T`` and ``S_j^T`` panel by panel, right to
+    left. Both sweeps read column panels only (``U[s0:c0, panel]``, ``L[c1:, panel]``), in row
+    blocks. The block ``Y`` (``n x width``) is Fortran-ordered so that ``Y^T``, the rows of
+    ``X``, is written C-ordered without a copy.
+    """
+    from scipy.linalg import solve_triangular
+
+    from blocklin.plan.factor import lu_stream_rows
+
+    t0 = time.perf_counter()
+    n, t, w = spec.n, spec.tile, s1 - s0
+    wdt = np.dtype(spec.work_dtype)
+    work = open_array(spec.work)
+    rb = lu_stream_rows(t, n)
+    y = np.zeros((n, w), dtype=wdt, order="F")
+    y[s0 + np.arange(w), np.arange(w)] = 1
+    nread = 0
+    nt = -(-n // t)
+    for j in range(s0 // t, nt):  # U^T z = e: rows above s0 stay zero
+        c0, c1 = j * t, min(n, (j + 1) * t)
+        for r0 in range(s0, c0, rb):  # z[c0:c1] -= U[s0:c0, c0:c1]^T z[s0:c0]
+            r1 = min(c0, r0 + rb)
+            blk = read_block(work, slice(r0, r1), slice(c0, c1))
+            y[c0:c1] -= blk.T @ y[r0:r1]
+            nread += blk.nbytes
+        ujj = read_block(work, slice(c0, c1), slice(c0, c1))
+        nread += ujj.nbytes
+        y[c0:c1] = solve_triangular(ujj, y[c0:c1], lower=False, trans="T", check_finite=False)
+    for j in reversed(range(nt)):  # then M_j^T and S_j^T, right to left
+        c0, c1 = j * t, min(n, (j + 1) * t)
+        for r0 in range(c1, n, rb):  # y[c0:c1] -= L[c1:, c0:c1]^T y[c1:]
+            r1 = min(n, r0 + rb)
+            blk = read_block(work, slice(r0, r1), slice(c0, c1))
+            y[c0:c1] -= blk.T @ y[r0:r1]
+            nread += blk.nbytes
+        ljj = read_block(work, slice(c0, c1), slice(c0, c1))
+        nread += ljj.nbytes
+        y[c0:c1] = solve_triangular(ljj, y[c0:c1], lower=True, unit_diagonal=True, trans="T", check_finite=False)
+        _swap_back(y, pivots[c0:c1], c0)
+    x = y.T  # rows s0:s1 of the inverse, C-ordered
+    if x.dtype != np.dtype(spec.dtype):
+        x = x.astype(spec.dtype)
+    del y
+    if not np.isfinite(x).all():
+        from blocklin.errors import SingularMatrixError, explain
+
+        raise SingularMatrixError(explain(
+            "a", "must be nonsingular to be inverted", f"rows {s0}:{s1} of the inverse overflowed (a zero or "
+            "tiny pivot of the LU)", "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"))
+    write_block(open_array(spec.dst, mode="r+"), slice(s0, s1), slice(0, n), x)
+    p = probes(n, PROBES, spec.probe_seed)
+    if x.dtype == np.float64:
+        xp = x @ p
+    else:  # cast a few rows at a time (see lu_rows_memory)
+        xp = np.concatenate([np.asarray(x[r0:r1], dtype=np.float64) @ p for r0, r1 in split(w, _cast_rows(n))]) \
+            if w else np.zeros((0, PROBES))
+    return {"sumsq": sumsq(x), "xp": xp, "bytes_read": nread, "bytes_written": x.nbytes,
+            "flops": w * (n * n + (n - s0) ** 2), "seconds": time.perf_counter() - t0}
+
+
 #: The memory declarations of the tasks above, which :func:`blocklin.plan.inverse.plan_inverse` reads.
-MEMORY = KernelMemory(leaf=leaf_memory, staging=staging_memory, column=column_memory)
+MEMORY = KernelMemory(leaf=leaf_memory, staging=staging_memory, column=column_memory, rows=lu_rows_memory)

@@ -1,4 +1,4 @@
-"""Out-of-core matrix inverse: recursive Schur complements, a random butterfly guard, Newton-Schulz."""
+"""Out-of-core matrix inverse: pivoted LU (default) or recursive Schur complements with a random butterfly guard; Newton-Schulz."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from blocklin.linalg import refine as _refine
 from blocklin.linalg.refine import Iterate, Refinement, Steps
 from blocklin.linalg._inv_kernels import (
     MEMORY,
+    LURowsSpec,
+    lu_inverse_rows_task,
     PROBES,
     Butterfly,
     LeafSpec,
@@ -39,6 +41,7 @@ from blocklin.validate import float_operand, positive, square
 from blocklin.validate import precision as check_precision
 
 PRECISIONS = (None, "mixed", "tf32", "float32", "float64")
+METHODS = ("auto", "lu", "schur")
 
 
 def _precision(value: Any) -> str | None:
@@ -57,10 +60,11 @@ class _LeafSingular(Exception):
 
 def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, tol: float | None = None,
         precision: str | None = None, overwrite: bool = False, resume: bool = False, seed: int = 0,
-        explain: bool = False, **settings: Unpack[Settings]) -> Matrix | InversePlan:
+        explain: bool = False, method: str = "auto", **settings: Unpack[Settings]) -> Matrix | InversePlan:
     """Inverse of a square matrix larger than memory, with a verified backward error.
 
-    The matrix ``M`` is staged once as ``W = M V`` with ``V`` a random butterfly of Givens
+    By default (``method="auto"``) out of core: LU with partial pivoting (see ``method``). With
+    ``method="schur"``: the matrix ``M`` is staged once as ``W = M V`` with ``V`` a random butterfly of Givens
     rotations (orthogonal, depth 2), and ``W`` is inverted (out of place) by the block elimination
 
     .. math::
@@ -114,6 +118,13 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     explain : bool
         Return the :class:`~blocklin.plan.inverse.InversePlan` without running (kept for
         compatibility: :func:`inv_plan` returns it and always one type).
+    method : {"auto", "lu", "schur"}
+        Out-of-core route (a matrix that fits the budget is always one in-core task). ``"lu"``: the
+        out-of-core LU with partial pivoting (:func:`blocklin.linalg.lu.factor_lu_into`), then the
+        rows of ``A^-1`` as ``A^-T e_i`` from its panels, unit vectors made in the task (LAPACK's
+        backward error: no refinement by default); ``"schur"``: the randomized Schur-complement
+        recursion described below (pivot-free, all GEMMs); ``"auto"``: ``"lu"``, or ``"schur"`` where two
+        LU panels of ``n`` rows do not fit the budget. ``report["method"]`` says which ran.
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
@@ -165,15 +176,16 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
            [-0.2,  0.4]])
     """
     precision = _precision(precision)
+    method = _method(method)
     steps = _refine_steps(refine, max_refine)
     tol = positive("tol", tol, optional=True, fix="leave it None for the default")
     if explain:  # the plan alone: inv_plan
-        return inv_plan(a, precision=precision, **settings)
+        return inv_plan(a, precision=precision, method=method, **settings)
     if resume and out is None:
         raise ParameterError(_msg("resume", "needs the output path of the run to continue", "out=None",
                                   "pass the same out= as the interrupted run (CLI: -o X.zarr --resume)"))
     with Job("inv", **settings) as job:
-        M, out_dtype, plan = _operand_and_plan(job, a, precision, out)
+        M, out_dtype, plan = _operand_and_plan(job, a, precision, out, method=method)
         tol = _refine.default_tol(plan.n, out_dtype, in_core=not plan.nodes) if tol is None else tol
         params = {"precision": precision, "tol": tol, "seed": seed, "refine": str(refine), "max_refine": max_refine}
         token = _token(job, M, plan, out, params)
@@ -234,6 +246,8 @@ def _invert_and_refine(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, *, s
     """Invert into ``x_path``, probe, refine and accept (only a verified inverse is left there)."""
     if run.plan.direct:
         norm_m, norm_x, leaves, attempts, res = _invert_direct(run, M, x_path, out_dtype, seed)
+    elif run.plan.method == "lu":
+        norm_m, norm_x, leaves, attempts, res = _invert_lu(run, M, x_path, out_dtype, seed)
     else:
         norm_m, norm_x, leaves, attempts = _invert_stored(run, M, x_path, out_dtype, seed)
 
@@ -242,8 +256,12 @@ def _invert_and_refine(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, *, s
 
     ref = Refinement(run.ops, run.stages, M, n=run.plan.n, chunk=run.plan.chunk, dtype=out_dtype, seed=seed, tol=tol,
                      steps=steps, norm_m=norm_m, x=Iterate(x_path, np.nan, np.nan, "none", norm_x), invert=invert)
+    if run.plan.method == "lu":
+        # a residual >= sqrt(n) after a pivoted LU means M is singular to working precision: no
+        # preconditioned restart (that is for the unpivoted recursion), accept() decides
+        ref.restarts = 1
     ref.x = Iterate(x_path, res, _refine.backward_error(res, norm_m, norm_x), "probed", norm_x) \
-        if run.plan.direct else ref.probed(x_path, seed, norm_x)
+        if run.plan.method in ("direct", "lu") else ref.probed(x_path, seed, norm_x)
     ref.history[0] = {**ref.history[0], "residual": ref.x.res, "backward_error": ref.x.eta, "method": "probed"}
     ref.run()
     ref.accept(precision)
@@ -254,16 +272,25 @@ def _invert_and_refine(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, *, s
     return ref
 
 
-def inv_plan(a: Any, *, precision: str | None = None, **settings: Unpack[Settings]) -> InversePlan:
+def inv_plan(a: Any, *, precision: str | None = None, method: str = "auto",
+             **settings: Unpack[Settings]) -> InversePlan:
     """The :class:`~blocklin.plan.inverse.InversePlan` that :func:`inv` would run, without running it
     (what ``blocklin inv --explain`` prints); same parameters as :func:`inv`."""
     precision = _precision(precision)
+    method = _method(method)
     with Job("inv", **settings) as job:
-        return _operand_and_plan(job, a, precision, space=False)[2]
+        return _operand_and_plan(job, a, precision, space=False, method=method)[2]
+
+
+def _method(value: Any) -> str:
+    if value not in METHODS:
+        raise ParameterError(_msg("method", "must be one of " + ", ".join(repr(m) for m in METHODS), repr(value),
+                                  "pass method='auto' (the pivoted LU out of core) or method='schur'"))
+    return value
 
 
 def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
-                      space: bool = True) -> tuple[Any, np.dtype, InversePlan]:
+                      space: bool = True, method: str = "auto") -> tuple[Any, np.dtype, InversePlan]:
     """The validated square operand, the output dtype for ``precision`` and the plan (disk space
     checked first: a budget suggestion must not lead to a run the disk cannot hold)."""
     M = job.operand(a, "a")
@@ -275,7 +302,8 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
         job.check_space(out, size=((n, n), out_dtype), temp_size=((n, 7 * n // 2), np.float64))
     plan = plan_inverse(n, out_dtype, memory=job.cfg.memory, kernels=MEMORY, source_dtype=M.dtype,
                         source_chunk_bytes=math.prod(M.chunks) * M.dtype.itemsize if n else 0,
-                        precision="mixed" if precision in ("mixed", "tf32") else None)
+                        precision="mixed" if precision in ("mixed", "tf32") else None, method=method,
+                        source_chunks=tuple(M.chunks))
     return M, out_dtype, plan
 
 
@@ -308,6 +336,7 @@ def _report(job: Job, ref: Refinement | None, plan: InversePlan, stages: Stages,
         backward_error_definition="||I - A X||_F / (||A||_F ||X||_F)", tol=ref.tol, refine_steps=ref.steps,
         history=ref.history, cond_estimate=ref.norm_m * x.norm_x, norm_a=ref.norm_m, norm_x=x.norm_x,
         attempts=ref.attempts, min_leaf_rcond=min(rcs) if rcs else None, leaves=len(ref.leaves),
+        method=plan.method, method_reason=_method_reason(plan),
         butterfly_depth=plan.depth, precision=precision, work_dtype=plan.work_dtype,
         gemm_steps=ref.recursion_gemms + ref.gemms,
         resumed=stages.resumed, stages_skipped=stages.skipped,
@@ -317,6 +346,14 @@ def _report(job: Job, ref: Refinement | None, plan: InversePlan, stages: Stages,
                 "residual probes": _refine.probe_device(job, plan.n)})
     report["flops"] = plan.flops + ref.ops.flops
     return report
+
+
+def _method_reason(plan: InversePlan) -> str:
+    if plan.method == "direct":
+        return "the matrix fits the budget: one in-core LAPACK inverse"
+    if plan.method == "lu":
+        return "out of core: LU with partial pivoting has LAPACK's backward error without refinement"
+    return "asked for (method='schur'): the pivot-free randomized recursion, all in GEMMs"
 
 
 # -- steps ------------------------------------------------------------------------------------------------
@@ -375,6 +412,50 @@ def _invert_direct(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype,
     if res["info"] != 0 or not res["rcond"] > float(np.finfo(out_dtype).eps):
         raise _singular(res, True, "matrix")
     return run.norm_m, math.sqrt(res["sumsq"]), [res], 1, math.sqrt(res["probe_sumsq"] / PROBES)
+
+
+def _invert_lu(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype,
+               seed: int) -> tuple[float, float, list[dict], int, float]:
+    """Method ``"lu"``: the out-of-core LU with partial pivoting of ``M`` (its panels left in a work
+    store, :func:`~blocklin.linalg.lu.factor_lu_into`), then ``X`` written strip of rows by strip of
+    rows (:func:`~blocklin.linalg._inv_kernels.lu_inverse_rows_task`, unit vectors made on the fly),
+    each strip a recorded stage that also returns its rows of ``X P`` for the residual probe.
+
+    Returns ``||M||_F``, ``||X||_F``, no leaves, the attempts (1) and the probed ``||I - M X||_F``.
+    """
+    from blocklin.linalg.lu import factor_lu_into
+    from blocklin.plan.chunks import split as split_rows
+    from blocklin.plan.factor import plan_lu
+
+    plan, job, n = run.plan, run.job, run.plan.n
+    wdt = np.dtype(plan.work_dtype)
+    fplan = plan_lu(n, wdt, memory=job.cfg.memory, tile=plan.lu_tile, source_dtype=M.dtype)
+    f = factor_lu_into(job, M, None, fplan, done_dir=run.stages.folder / "lu-markers")
+    if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
+        raise ParameterError(_msg("precision", f"a {wdt.name} factorization needs A's entries within {wdt.name}'s "
+                                  "range (the factorization overflowed)", f"max |A| {f.max_a:.3g}, max |U| {f.max_u:.3g}",
+                                  "invert without precision='mixed', or scale A"))
+    if f.min_pivot == 0.0:
+        raise SingularMatrixError(_msg("a", "must be nonsingular to be inverted", "LU with partial pivoting met an "
+                                       "exact zero pivot (A is singular)",
+                                       "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"))
+    run.norm_m = math.sqrt(f.sumsq)
+    spec = LURowsSpec(work=f.work, dst=x_path, n=n, tile=fplan.tile, dtype=out_dtype.name, work_dtype=wdt.name,
+                      probe_seed=seed, blas_threads=job.task_blas_threads(job.cores()))
+    pivots = np.asarray(f.pivots)
+
+    def rows(s0: int, s1: int) -> dict:
+        graph = run.ops.graph("lu-rows", spec, s0, s1, pivots.tobytes())
+        graph.add((0,), lu_inverse_rows_task, spec, s0, s1, pivots)
+        (res,) = job.run(graph, workers=1, blas_threads=job.cores(), description=f"inverse rows {s0}:{s1}")
+        return {"sumsq": res["sumsq"], "xp": res["xp"]}
+
+    results = [run.stages.run("lu-rows", lambda s0=s0, s1=s1: rows(s0, s1))
+               for s0, s1 in split_rows(n, plan.row_width)]
+    Stages.drop(f.work)
+    xp = np.concatenate([r["xp"] for r in results])
+    res = run.stages.run("probe", lambda: _refine.probe_estimate(job, M, xp, seed))
+    return run.norm_m, math.sqrt(sum(r["sumsq"] for r in results)), [], 1, res
 
 
 def _singular(leaf: dict, last: bool, what: str | None = None) -> SingularMatrixError:

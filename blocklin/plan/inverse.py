@@ -43,6 +43,9 @@ class KernelMemory:
     leaf: Callable[..., int]
     staging: Callable[[int, np.dtype, np.dtype], PassMemory]
     column: Callable[[int, int, np.dtype, np.dtype, int], int]
+    #: ``rows(n, width, tile, work_dtype, out_dtype) -> bytes`` of the task that solves ``width`` rows
+    #: of the inverse from the stored LU panels of width ``tile`` (method ``"lu"``).
+    rows: Callable[[int, int, int, np.dtype, np.dtype], int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +76,13 @@ class InversePlan:
     peak_memory : int
         Largest planned host memory of any step (leaf, strip pass, column pass); GEMM steps are
         planned separately within ``memory``.
+    method : {"direct", "lu", "schur"}
+        ``"direct"``: one in-core leaf (:attr:`direct`); ``"lu"``: the out-of-core LU with partial
+        pivoting (:func:`blocklin.linalg.lu.factor_lu_into`), then the rows of the inverse solved
+        from its panels; ``"schur"``: the randomized Schur-complement recursion.
+    lu_tile, row_width, lu_memory, rows_memory : int
+        Method ``"lu"``: the panel width of the factorization, the rows of the inverse one task
+        solves (a multiple of ``chunk``), the factorization's and that task's memory.
     direct : bool
         The whole matrix is one leaf read straight from the input (chunk temporaries of the input's
         chunks included): one read, LAPACK's pivoted inverse in place, one write, and the residual
@@ -96,6 +106,11 @@ class InversePlan:
     peak_memory: int
     memory: int
     direct: bool = False
+    method: str = "schur"
+    lu_tile: int = 0
+    row_width: int = 0
+    lu_memory: int = 0
+    rows_memory: int = 0
 
     @property
     def gemm_steps(self) -> int:
@@ -103,7 +118,7 @@ class InversePlan:
 
     @property
     def levels(self) -> int:
-        return _levels(self.n, self.leaf, self.chunk)
+        return _levels(self.n, self.leaf, self.chunk) if self.method != "lu" else 0
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -114,6 +129,17 @@ class InversePlan:
         return d
 
     def explain(self) -> str:
+        if self.method == "lu":
+            return "\n".join([
+                f"inverse plan: {self.n} x {self.n} {self.dtype} (LU in {self.work_dtype}) on a "
+                f"{format_size(self.memory)} budget",
+                f"  method lu: out-of-core LU with partial pivoting, panels of {self.lu_tile} columns; then "
+                f"A^-T e_i for the unit vectors, {self.row_width} rows of the inverse per task",
+                "  stability guard: partial pivoting (LAPACK's backward error, no refinement expected)",
+                f"  work {self.flops / 1e9:.1f} GFLOP (+{self.refine_flops / 1e9:.1f} GFLOP per Newton-Schulz step)",
+                f"  memory peak {format_size(self.peak_memory)} (LU panels {format_size(self.lu_memory)}, rows "
+                f"{format_size(self.rows_memory)})",
+            ])
         lines = [
             f"inverse plan: {self.n} x {self.n} {self.dtype} (recursion in {self.work_dtype}) on a "
             f"{format_size(self.memory)} budget",
@@ -155,7 +181,8 @@ def _split(size: int, chunk: int, leaf: int | None = None) -> int:
 
 def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision: str | None = None,
                  source_dtype=None, source_chunk_bytes: int = 0, leaf: int | None = None,
-                 chunk: int | None = None, depth: int | None = None) -> InversePlan:
+                 chunk: int | None = None, depth: int | None = None, method: str = "auto",
+                 source_chunks: tuple[int, int] | None = None) -> InversePlan:
     """Plan the inversion of an ``n x n`` matrix of ``dtype`` within ``memory`` bytes.
 
     Parameters
@@ -176,6 +203,11 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
         whole matrix straight from the input (:attr:`InversePlan.direct`).
     leaf, chunk, depth : int, optional
         Override the leaf size, the working chunk side and the butterfly depth (tests, tuning).
+    method : {"auto", "lu", "schur"}
+        Out-of-core route; ``"auto"``: the one-task inverse when the matrix fits, else ``"lu"``, else
+        (two LU panels of ``n`` rows beyond the budget) ``"schur"``.
+    source_chunks : tuple, optional
+        The stored chunks of the matrix (the LU panels are multiples of a square chunk side).
 
     Raises
     ------
@@ -188,6 +220,17 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
     n = int(n)
     chunk = _chunk(n, wdt, dt, src_dt, memory, kernels) if chunk is None else chunk
     chunk_bytes = chunk * chunk * max(wdt.itemsize, dt.itemsize)
+    # the one-task inverse exactly where the recursion's plan below makes it (no node: one leaf of n)
+    if n > 0 and wdt == dt and (leaf if leaf is not None else _largest_leaf(n, wdt, chunk_bytes, memory, kernels)) >= n \
+            and kernels.leaf(n, wdt, max(chunk_bytes, int(source_chunk_bytes)), True) <= memory:
+        method = "direct"
+    if method in ("auto", "lu") and n > 0:
+        try:
+            return _plan_lu(n, dt, wdt, src_dt, chunk, memory, kernels, source_chunks)
+        except BudgetError:
+            if method == "lu":
+                raise
+            # "auto": two LU panels of n rows do not fit; the recursion's square blocks may
     if leaf is None:
         leaf = _largest_leaf(n, wdt, chunk_bytes, memory, kernels)
     if leaf < min(n, 2 * chunk):
@@ -212,10 +255,47 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
         kernels.leaf(n, wdt, max(chunk_bytes, int(source_chunk_bytes)), True) <= memory
     if direct:
         lm = kernels.leaf(n, wdt, max(chunk_bytes, int(source_chunk_bytes)), True)
-    return InversePlan(direct=direct, n=n, dtype=dt.name, work_dtype=wdt.name, chunk=chunk, leaf=leaf, depth=depth,
+    return InversePlan(direct=direct, method="direct" if direct else "schur", n=n, dtype=dt.name, work_dtype=wdt.name, chunk=chunk, leaf=leaf, depth=depth,
                        nodes=nodes, leaves=leaves, flops=flops, refine_flops=4 * n**3,
                        column_width=chunk, leaf_memory=lm, strip_memory=strip, column_memory=column,
                        peak_memory=lm if direct else max(lm, strip, column), memory=memory)
+
+
+def _plan_lu(n: int, dt: np.dtype, wdt: np.dtype, src_dt: np.dtype, chunk: int, memory: int,
+             kernels: KernelMemory, source_chunks: tuple[int, int] | None) -> InversePlan:
+    """Method ``"lu"``: the LU panels' plan, and the widest row strip (a multiple of ``chunk``, the
+    output's chunk side) whose task fits the budget beside nothing else (tasks run one at a time)."""
+    from blocklin.plan.factor import plan_lu
+
+    from blocklin.plan.factor import TILE_SIDES
+
+    if kernels.rows is None:
+        raise ValueError("plan_inverse: method 'lu' needs the rows task's memory declaration")
+    lu = plan_lu(n, wdt, memory=memory, chunks=source_chunks, source_dtype=src_dt)
+    # the widest panels leave no room for the rows task's chunk temporaries of the panels' store:
+    # narrower panels (fewer bytes per chunk) until one chunk-wide strip of rows fits too
+    for t in (t for t in TILE_SIDES if t < lu.tile):
+        if kernels.rows(n, min(n, chunk), lu.tile, wdt, dt) <= memory:
+            break
+        lu = plan_lu(n, wdt, memory=memory, tile=t, source_dtype=src_dt)
+    width = 0
+    for w in range(chunk, max(n, chunk) + chunk, chunk):
+        if kernels.rows(n, min(w, n), lu.tile, wdt, dt) > memory:
+            break
+        width = min(w, n)
+        if width >= n:
+            break
+    if width == 0:
+        # narrower strips than a chunk would rewrite the output's chunks: the smallest chunk then
+        need = kernels.rows(n, min(n, chunk), lu.tile, wdt, dt)
+        raise BudgetError(explain("memory", f"must hold {min(n, chunk)} rows of the inverse being solved "
+                                  f"(an {n} x {min(n, chunk)} block and a streamed LU panel)", format_size(memory),
+                                  f"raise it to at least {format_size(need)} (memory='{math.ceil(need / 2**20)}MiB')"))
+    rows_mem = kernels.rows(n, width, lu.tile, wdt, dt)
+    return InversePlan(n=n, dtype=dt.name, work_dtype=wdt.name, chunk=chunk, leaf=0, depth=0, nodes=(), leaves=(),
+                       flops=2 * n**3, refine_flops=4 * n**3, column_width=chunk, leaf_memory=0, strip_memory=0,
+                       column_memory=0, peak_memory=max(lu.peak_memory, rows_mem), memory=memory, direct=False,
+                       method="lu", lu_tile=lu.tile, row_width=width, lu_memory=lu.peak_memory, rows_memory=rows_mem)
 
 
 def _recursion(n: int, leaf: int, chunk: int) -> tuple[tuple, tuple, int]:
