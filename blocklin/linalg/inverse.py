@@ -74,7 +74,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         \\quad E = A^{-1} B,\\ F = C A^{-1},
 
     recursing on ``A`` and ``S`` down to leaves that fit the budget, which are inverted in core and in
-    place by LU with partial pivoting (LAPACK ``getrf``, then ``getrs`` on strips of the identity). Each of the six products per level
+    place by LU with partial pivoting (LAPACK ``getrf``, then ``getri``). Each of the six products per level
     is an out-of-core blocked GEMM over sub-blocks of the stored matrices. Finally ``X = V W^{-1}`` is
     written column strip by column strip, and the residual is probed. A matrix that fits the budget
     is one task instead: read once from the input, inverted in place by LAPACK, written once, its

@@ -145,7 +145,7 @@ class InversePlan:
             f"{format_size(self.memory)} budget",
             f"  working chunks {self.chunk} x {self.chunk}; leaves up to {self.leaf} ({len(self.leaves)} leaf/leaves,"
             f" {len(self.nodes)} Schur node(s), {self.gemm_steps} out-of-core GEMM step(s))",
-            *(["  one task: the matrix read once, factored in place by LAPACK (getrf/getrs), written once, "
+            *(["  one task: the matrix read once, factored in place by LAPACK (getrf/getri), written once, "
                 "residual probed in the same task"] if self.direct else []),
             f"  stability guard: {'random butterfly of depth ' + str(self.depth) if self.depth else 'none needed (one pivoted LU leaf)'}",
             f"  work {self.flops / 1e9:.1f} GFLOP (+{self.refine_flops / 1e9:.1f} GFLOP per Newton-Schulz step)",
