@@ -254,7 +254,8 @@ def line(r: dict) -> str:
     if "failed" in r:
         return f"{head}  FAILED: {r['failed'][:150]}"
     if "refused" in r:
-        need = r["refused"].split("at least ")[-1].split(" (")[0].split(";")[0] if "at least" in r["refused"] else "?"
+        # the first "at least": the budget the operation states as sufficient (a nested step may follow)
+        need = r["refused"].split("at least ")[1].split(" (")[0].split(";")[0] if "at least" in r["refused"] else "?"
         return f"{head}  refused (needs at least {need}){'  ' + ', '.join(r['flags']) if r['flags'] else ''}"
     rate = f" {r['blas_ratio']:.2f}xBLAS" if "blas_ratio" in r else ""
     return (f"{head} {r['seconds']:8.2f}s {str(r['passes']):>6} {fmt_size(r['bytes_read']):>9} "
