@@ -309,8 +309,9 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
     write_rows = 3 * mem.write_row_bytes if mem.chunk_temporaries and mem.write_row_bytes else 0
     # Threaded BLAS packs the streamed strip into its own buffer for the strip's products (B_i^T Y_i):
     # measured with OpenBLAS, 2 threads, a 4096-column float64 strip, the resident memory grew by the
-    # strip's size (12.7 MiB for 376 rows; 0.9 MiB single-threaded); counted as one more strip copy.
-    blas_rows = row_bytes if max(1, cores // workers) > 1 else 0
+    # strip's size (12.7 MiB for 376 rows; 0.9 MiB single-threaded); counted as one more strip copy,
+    # whatever the BLAS threads: the strip height may not depend on the scheduler (the sums would).
+    blas_rows = row_bytes
     per_row = mem.per_row + write_rows + blas_rows
     if not mem.chunk_temporaries or direct:
         # Direct reads need no temporaries. A kernel that declares its writes has them counted per

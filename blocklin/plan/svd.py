@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from blocklin.config import format_size
+from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, ParameterError, explain
 
 #: Host bytes per element of in-core float64 work arrays.
@@ -151,7 +151,7 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
         raise BudgetError(explain(
             "memory", f"must hold the in-core part of {method} (N x block factors, bases) with room to stream A",
             f"{format_size(memory)} for {format_size(cb)} of in-core work (N={N}, block={block}, basis={basis})",
-            f"raise it to at least {format_size(need)} (memory='{math.ceil(need / 2**20)}MiB'), or lower "
+            f"raise it to at least {format_size(need)} (memory='{size_hint(need)}'), or lower "
             "k, oversample or the block size"), minimum=need)
     if method == "rsvd":
         passes = svd_passes("rsvd", in_core=in_core, power_iters=power_iters) if power_iters is not None else None
