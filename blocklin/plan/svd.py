@@ -96,14 +96,14 @@ def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch
 
     Sized from the traced allocations (``tracemalloc``) between the passes of a 4096 x 4096 float64
     run with ``k = 10`` (``block`` 20 for rsvd, 10 for lanczos and eigsh): rsvd's traced memory between
-    passes rose from 5 to 11 MiB over its passes, but its high-water marks in the budget sweep fit
-    ``10 N block`` elements (``Q``, ``Z``, the per-task states of the pass just made, the copies of
-    ``orth_incore``); lanczos up to 15.5 MiB and eigsh 19.1 MiB (about ``600 N`` elements:
+    passes rose from 5 to 11 MiB over its passes; ``10 N block`` elements left its 8 MiB run of the
+    budget sweep at 9.8 MiB (1.22x), so ``14 N block`` (``Q``, ``Z``, the per-task states of the pass
+    just made, the copies of ``orth_incore``); lanczos up to 15.5 MiB and eigsh 19.1 MiB (about ``600 N`` elements:
     ``V`` and ``W`` while ``hstack`` and the thick restart copy them, the Ritz and residual blocks,
     and the per-task states of the pass just made).
     """
     if method == "rsvd":
-        return 10 * N * block * F64 + 8 * block * block * F64
+        return 14 * N * block * F64 + 8 * block * block * F64
     if method == "sketch":
         kp, s = sketch
         return N * (4 * kp + 2 * s) * F64 + 4 * s * s * F64 + 4 * kp * kp * F64
