@@ -138,7 +138,8 @@ def _normal_memory(params: Any, sources: tuple) -> PassMemory:
     n, c = params["Q"].shape
     w = params["Q"].dtype.itemsize
     sf, sp = shift_memory(params, w, c)
-    return PassMemory(fixed=2 * n * c * w + c * c * w + sf + 4 * c * w, per_row=2 * c * w + sp, chunk_temporaries=True)
+    return PassMemory(fixed=2 * n * c * w + c * c * w + sf + 4 * c * w, per_row=2 * c * w + sp, chunk_temporaries=True,
+                      write_row_bytes=c * w if params.get("write_y") else 0)
 
 
 @row_kernel(memory=_normal_memory, init=normal_init)
@@ -189,7 +190,7 @@ def _apply_memory(params: Any, sources: tuple) -> PassMemory:
     w = ws[0].dtype.itemsize
     sf, sp = shift_memory(params, w, 0)
     return PassMemory(fixed=sources[0].width * c * w + c * c * w + sf + 2 * c * w, per_row=3 * c * w + sp,
-                      chunk_temporaries=True)
+                      chunk_temporaries=True, write_row_bytes=c * w if params.get("write") else 0)
 
 
 @row_kernel(memory=_apply_memory, init=apply_init)
@@ -231,7 +232,8 @@ def _rmat_memory(params: Any, sources: tuple) -> PassMemory:
     m, c = params["Y"].shape
     w = params["Y"].dtype.itemsize
     # the broadcast Y and its upload, and the accumulator
-    return PassMemory(fixed=2 * m * c * w + sources[0].width * c * w, per_row=2 * c * w, chunk_temporaries=True)
+    return PassMemory(fixed=2 * m * c * w + sources[0].width * c * w, per_row=2 * c * w, chunk_temporaries=True,
+                      write_row_bytes=0)
 
 
 @row_kernel(memory=_rmat_memory, init=rmat_init)
@@ -271,7 +273,8 @@ def _sketch_memory(params: Any, sources: tuple) -> PassMemory:
     w = params["Omega"].dtype.itemsize
     sf, sp = shift_memory(params, w, 0)
     return PassMemory(fixed=n * (2 * c + s) * w + (s * s + s * c + c * c) * w + sf + 4 * (c + s) * w,
-                      per_row=(2 * c + s) * w + (c + s) * (F64 + w) + sp, chunk_temporaries=True)
+                      per_row=(2 * c + s) * w + (c + s) * (F64 + w) + sp, chunk_temporaries=True,
+                      write_row_bytes=c * w)  # Y
 
 
 @row_kernel(memory=_sketch_memory, init=sketch_init)

@@ -81,12 +81,6 @@ MAX_PREFETCH = 3
 #: only when its strips per chunk are at most ``3 rereads - 2`` (keeping it with 11 strips per chunk
 #: instead of 2 strips each decoding the chunk took 1.8-2.4x as long, for half the bytes read).
 CACHE_STRIPS_PER_REREAD = 3
-#: A kept chunk band saves ``rereads - 1`` decodes of each chunk but costs the strips the band's
-#: memory takes from the strip height. Measured (a 40000 x 200 zstd array in 10000-row chunks, rsvd
-#: at 64 MiB on the shared 2-core machine): a strip costs about half a chunk decode, so a band is kept
-#: only when its strips per chunk are at most ``3 rereads - 2`` (keeping it with 11 strips per chunk
-#: instead of 2 strips each decoding the chunk took 1.8-2.4x as long, for half the bytes read).
-CACHE_STRIPS_PER_REREAD = 3
 #: Loader threads of a task whose reads need no zarr temporaries (direct or range reads): two
 #: reads in flight keep up with a fast device where one copy thread does not.
 MAX_LOADERS = 2
@@ -238,6 +232,12 @@ class PassMemory:
     min_rows : int
         Rows a strip must be able to hold for the pass to be worth running (amortizing per-strip
         work); a smaller budget is refused with :class:`~blocklin.errors.BudgetError`.
+    write_row_bytes : int, optional
+        Bytes per strip row of the tall outputs the kernel writes through zarr (0: it writes none).
+        Those outputs are chunked by the strip, so zarr's temporaries for them (counted as three
+        copies of each written row) grow with the strip, not with the input's chunks. ``None``:
+        not declared, and a pass whose reads need no zarr temporaries still keeps room for three
+        copies of one input chunk for its writes.
     """
 
     fixed: int = 0
@@ -246,6 +246,7 @@ class PassMemory:
     max_strip_bytes: int | None = None
     strip_floor: int = 0
     min_rows: int = 1
+    write_row_bytes: int | None = None
 
 
 def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memory: int, reserve: int = 0,
@@ -303,20 +304,29 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
         cap = max(chunk_rows, mem.max_strip_bytes // max(1, row_bytes), mem.strip_floor)
         max_strip = cap if max_strip is None else min(max_strip, cap)
     cb = chunk_bytes if chunk_bytes is not None else chunk_rows * row_bytes
+    # zarr's temporaries for the tall outputs written (chunked by the strip): a raw, an encoded and
+    # a staged copy of each written row
+    write_rows = 3 * mem.write_row_bytes if mem.chunk_temporaries and mem.write_row_bytes else 0
+    # Threaded BLAS packs the streamed strip into its own buffer for the strip's products (B_i^T Y_i):
+    # measured with OpenBLAS, 2 threads, a 4096-column float64 strip, the resident memory grew by the
+    # strip's size (12.7 MiB for 376 rows; 0.9 MiB single-threaded); counted as one more strip copy,
+    # whatever the BLAS threads: the strip height may not depend on the scheduler (the sums would).
+    blas_rows = row_bytes
+    per_row = mem.per_row + write_rows + blas_rows
     if not mem.chunk_temporaries or direct:
-        # Direct reads need no temporaries, but kernels that declare them also write through zarr
-        # (tall outputs): one chunk in flight is kept for those (measured: tests/test_svd_memory.py,
-        # benchmarks/budgets.py).
-        extra = 3 * cb if mem.chunk_temporaries else 0
+        # Direct reads need no temporaries. A kernel that declares its writes has them counted per
+        # row; one that does not keeps one input chunk in flight for them (measured:
+        # tests/test_svd_memory.py, benchmarks/budgets.py).
+        extra = 3 * cb if mem.chunk_temporaries and mem.write_row_bytes is None else 0
         return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed + extra,
-                             strip_extra_row_bytes=mem.per_row, workers=workers, cores=cores, max_strip=max_strip,
+                             strip_extra_row_bytes=per_row, workers=workers, cores=cores, max_strip=max_strip,
                              min_tasks=min_tasks, reserve=reserve, partial_rows=partial_rows, prefetch=None,
                              cache_bytes=cache_bytes, loaders=loaders if direct or not mem.chunk_temporaries else 1)
     error = None
     for in_flight in range(IO_CONCURRENCY, 0, -1):
         try:
             plan = plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget,
-                                 fixed_bytes=mem.fixed + in_flight * 3 * cb, strip_extra_row_bytes=mem.per_row,
+                                 fixed_bytes=mem.fixed + in_flight * 3 * cb, strip_extra_row_bytes=per_row,
                                  workers=workers, cores=cores, prefetch=None, max_strip=max_strip, min_tasks=min_tasks,
                                  reserve=reserve, partial_rows=partial_rows, cache_bytes=cache_bytes)
         except BudgetError as exc:
