@@ -32,7 +32,7 @@ def test_eigsh_out_of_core_float64(which):
     n = 400
     eigs = np.concatenate([np.linspace(-30, -10, 5), np.linspace(-1, 1, n - 10), np.linspace(10, 20, 5)])
     a = sym(n, eigs)
-    res = bl.eigsh(a, 4, which=which, seed=1, memory="1MiB", tol=1e-10)
+    res = bl.eigsh(a, 4, which=which, seed=1, memory="1280KiB", tol=1e-10)
     w, v = res
     assert not res.report["in_core"] and res.report["passes"] == res.report["lanczos_steps"]
     ref_w, ref_v = scipy.linalg.eigh(a)
@@ -47,7 +47,7 @@ def test_eigsh_float32_repeated_eigenvalues():
     n = 300
     eigs = np.concatenate([[9.0, 9.0, 9.0, 5.0, 5.0], np.linspace(0, 1, n - 5)])
     a = sym(n, eigs, np.float32, seed=2)
-    w, v = bl.eigsh(a, 5, seed=0, memory="768KiB")
+    w, v = bl.eigsh(a, 5, seed=0, memory="1088KiB")
     assert w.dtype == np.float32 and v.dtype == np.float32
     np.testing.assert_allclose(w, [5, 5, 9, 9, 9], rtol=1e-4)
     ref_w, ref_v = scipy.linalg.eigh(a.astype(np.float64))
@@ -66,7 +66,7 @@ def test_eigsh_rejects_non_symmetric_and_non_square():
     a = sym(200, np.linspace(1, 2, 200))
     a[3, 150] += 1e-3  # one asymmetric entry
     with pytest.raises(NotSymmetricError, match="symmetric.*asymmetry.*Fix"):
-        bl.eigsh(a, 3, memory="512KiB", seed=0)
+        bl.eigsh(a, 3, memory="640KiB", seed=0)
     with pytest.raises(NotSymmetricError):
         bl.eigsh(a, 3, memory="64MiB", seed=0)  # in core, same check
     with pytest.raises(ShapeError, match="square"):
@@ -78,13 +78,13 @@ def test_eigsh_rejects_non_symmetric_and_non_square():
     b = sym(200, np.linspace(1, 2, 200))
     b[5, 5] = np.nan
     with pytest.raises(NonFiniteError):
-        bl.eigsh(b, 2, memory="512KiB")
+        bl.eigsh(b, 2, memory="640KiB")
 
 
 def test_eigsh_unreachable_tol_warns():
     a = sym(300, np.linspace(0, 1, 300))  # no gap: slow convergence
     with pytest.warns(ConvergenceWarning, match="reached a relative residual of"):
-        res = bl.eigsh(a, 6, tol=1e-14, max_passes=3, memory="768KiB", seed=0)
+        res = bl.eigsh(a, 6, tol=1e-14, max_passes=3, memory="1088KiB", seed=0)
     assert res.report["passes"] == 3 and not res.report["converged"]
 
 
@@ -112,7 +112,7 @@ def test_cli_eigs(tmp_path, capsys):
 
     a = sym(200, np.linspace(0, 5, 200))
     bl.from_array(a, tmp_path / "s.zarr", chunks=(50, 200))
-    rc = main(["eigs", str(tmp_path / "s.zarr"), "-k", "3", "-o", str(tmp_path / "e.zarr"), "--memory", "512KiB",
+    rc = main(["eigs", str(tmp_path / "s.zarr"), "-k", "3", "-o", str(tmp_path / "e.zarr"), "--memory", "640KiB",
                "--json", "--seed", "0"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

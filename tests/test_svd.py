@@ -189,7 +189,7 @@ def test_unreachable_tol_warns_with_what_was_reached():
     a, _ = make(1000, 80, "slow")
     with pytest.warns(ConvergenceWarning, match=r"worst: triplet \d+ \(s = [0-9.e+-]+\), relative residual "
                                                 r"\|\|A\^T u - s v\|\| / s = [0-9.e+-]+"):
-        res = bl.svd(a, 10, tol=1e-13, max_passes=2, seed=0, memory="256KiB")
+        res = bl.svd(a, 10, tol=1e-13, max_passes=2, seed=0, memory="320KiB")
     assert res.report["passes"] == 2 and not res.report["converged"]
     with pytest.warns(ConvergenceWarning, match="lanczos"):
         bl.svd(a, 10, method="lanczos", tol=1e-14, max_passes=3, seed=0, memory="768KiB")

@@ -107,10 +107,9 @@ def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch
     if method == "sketch":
         kp, s = sketch
         return N * (4 * kp + 2 * s) * F64 + 4 * s * s * F64 + 4 * kp * kp * F64
-    # lanczos / eigsh: V and W bases, Ritz vectors and residual block, eigh of the projected matrix.
-    # Short of the traced peak above (the copies of V and W, the last pass's states): reserving that
-    # (about 600 N elements) refused the small budgets many tests and examples use; left open.
-    return (2 * max_basis + 2 * (k + block) + 2 * block) * N * F64 + 3 * max_basis * max_basis * F64
+    # lanczos / eigsh: V and W bases and the copies hstack and the thick restart make of them (three
+    # of each alive at a restart), Ritz vectors and residual block, eigh of the projected matrix.
+    return (6 * max_basis + 2 * (k + block) + 2 * block) * N * F64 + 3 * max_basis * max_basis * F64
 
 
 def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample: int, power_iters: int | None,
