@@ -69,13 +69,12 @@ def test_tsqr_route_for_r_alone(dtype):
 def test_auto_goes_tiled_when_r_exceeds_the_budget():
     a = np.random.default_rng(4).standard_normal((200, 200))
     r = bl.qr(a, memory="1MiB", scheduler="sync")  # R needs 5 n^2 floats = 1.5 MiB to hold and reduce
-    # square: the tile QR (a tall matrix keeps the column panels: test_factor_qr_tiles.py)
-    assert r.report["method"] == "tiles" and "exceeds the budget" in r.report["method_reason"]
+    assert r.report["method"] == "tiled" and "exceeds the budget" in r.report["method_reason"]
     assert r.report["plan"]["peak_memory"] <= 2**20
     _check_r(a, r[...], np.float64)
     b = np.random.default_rng(4).standard_normal((200, 100))
     r = bl.qr(b, memory="1MiB", scheduler="sync")  # R fits, but strips of 127 rows < 4 n: TSQR would refactor R
-    assert r.report["method"] == "tiles" and "strip of 127 rows" in r.report["method_reason"]
+    assert r.report["method"] == "tiled" and "strip of 127 rows" in r.report["method_reason"]
     _check_r(b, r[...], np.float64)
     r = bl.qr(b, memory="1MiB", method="tiled", scheduler="sync")
     assert r.report["method"] == "tiled" and r.report["plan"]["peak_memory"] <= 2**20
@@ -90,8 +89,8 @@ def test_auto_falls_back_to_tiled_when_the_pass_is_refused(monkeypatch):
 
     monkeypatch.setattr(qf, "_tsqr", refused)
     a = np.random.default_rng(9).standard_normal((60, 20))
-    r = bl.qr(a, scheduler="sync")  # 3 rows per column: the tile QR
-    assert r.report["method"] == "tiles" and "does not fit" in r.report["method_reason"]
+    r = bl.qr(a, scheduler="sync")
+    assert r.report["method"] == "tiled" and "does not fit" in r.report["method_reason"]
     _check_r(a, r[...], np.float64)
     with pytest.raises(BudgetError):
         bl.qr(a, method="tsqr")
@@ -164,7 +163,7 @@ def test_cli_factor_qr(tmp_path, capsys):
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r.zarr"), "--q", str(tmp_path / "q.zarr"),
                  "--json", "--no-progress"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["method"] == "tiles" and out["q"] == str(tmp_path / "q.zarr")  # 2.4 rows per column
+    assert out["method"] == "tiled" and out["q"] == str(tmp_path / "q.zarr")
     q, r = bl.open(tmp_path / "q.zarr")[...], bl.open(tmp_path / "r.zarr")[...]
     np.testing.assert_allclose(q @ r, a[...], atol=1e-12)
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r2.zarr"), "--json", "--no-progress"]) == 0

@@ -95,17 +95,13 @@ def test_tile_qr_agrees_with_the_column_panels():
     assert np.linalg.norm(tiles - panels) <= tol
 
 
-def test_auto_route_tiles_for_square_panels_for_tall():
+def test_auto_route_keeps_column_panels_and_tiles_on_request():
     sq = np.random.default_rng(7).standard_normal((120, 100))
     q, r = bl.qr(sq, mode="reduced", memory="1MiB", scheduler="sync")
-    assert r.report["method"] == "tiles" and "Q requested" in r.report["method_reason"]
-    assert "square tiles" in r.report["method_reason"]
+    assert r.report["method"] == "tiled" and "Q requested" in r.report["method_reason"]
+    assert "column panels" in r.report["method_reason"]
     _check(sq, q[...], r[...], np.float64)
-    tall = np.random.default_rng(8).standard_normal((340, 20))  # 17 rows per column: panels
-    q, r = bl.qr(tall, mode="reduced", memory="1MiB", scheduler="sync")
-    assert r.report["method"] == "tiled" and "more than 16 rows per column" in r.report["method_reason"]
-    _check(tall, q[...], r[...], np.float64)
-    plan = bl.qr(sq, mode="reduced", memory="1MiB", explain=True)
+    plan = bl.qr(sq, mode="reduced", memory="1MiB", method="tiles", explain=True)
     assert plan.operation == "qr-tiles" and plan.peak_memory <= 2**20
     assert "tile Householder QR on" in plan.explain()
 
@@ -173,5 +169,5 @@ def test_cli_factor_qr_tiles(tmp_path, capsys):
     q, r = bl.open(tmp_path / "q.zarr")[...], bl.open(tmp_path / "r.zarr")[...]
     _check(a[...], q, r, np.float64)
     assert main(["factor", "qr", a.path, "-o", str(tmp_path / "r2.zarr"), "--q", str(tmp_path / "q2.zarr"),
-                 "--explain", "--memory", "1MiB"]) == 0
+                 "--method", "tiles", "--explain", "--memory", "1MiB"]) == 0
     assert "tile Householder QR" in capsys.readouterr().out

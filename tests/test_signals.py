@@ -47,8 +47,8 @@ COMMANDS = {
     "lu": ["factor", "lu", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
     "qr": ["factor", "qr", "A.zarr", "-o", "OUT", "--memory", "1MiB", "--method", "tiled"],
     "gram": ["gram", "A.zarr", "-o", "OUT", "--memory", "256KiB"],
-    "pca": ["pca", "A.zarr", "-k", "4", "-o", "OUT", "--memory", "512KiB", "--seed", "1"],
-    "eigs": ["eigs", "S.zarr", "-k", "3", "-o", "OUT", "--memory", "512KiB", "--seed", "1"],
+    "pca": ["pca", "A.zarr", "-k", "4", "-o", "OUT", "--memory", "768KiB", "--seed", "1"],
+    "eigs": ["eigs", "S.zarr", "-k", "3", "-o", "OUT", "--memory", "768KiB", "--seed", "1"],
     "qr-tiles": ["factor", "qr", "A.zarr", "-o", "OUT", "--memory", "1MiB", "--method", "tiles"],
 }
 #: Each signal at both points, alternating over the commands (every command sees every signal).

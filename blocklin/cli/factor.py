@@ -50,15 +50,15 @@ def _explain(args: argparse.Namespace, factor: Any, kwargs: dict) -> dict:
 def _register_qr(kinds: argparse._SubParsersAction) -> None:
     r = kinds.add_parser("qr", help="A = Q R of a tall or square matrix (R, and Q with --q)",
                          description="QR out of core: one streaming TSQR pass when R alone fits in memory, else "
-                                     "the tile Householder QR on square tiles (up to 16 rows per column) or "
-                                     "blocked Householder over column panels (taller A), both resumable. R has a "
+                                     "blocked Householder over column panels (or, with --method tiles, the tile "
+                                     "Householder QR on square tiles), both resumable. R has a "
                                      "non-negative diagonal.")
     r.add_argument("a", metavar="A", help="tall or square zarr array (path), m x n with m >= n")
     r.add_argument("-o", "--out", required=True, metavar="R", help="output zarr array of R (path)")
     r.add_argument("--q", metavar="Q", help="also write the thin Q (m x n) to this zarr array (path)")
     r.add_argument("--method", choices=("auto", "tiled", "tiles", "tsqr"), default="auto",
-                   help="auto (default): TSQR for R alone when it fits in memory, else tiles (square tiles) for "
-                        "matrices up to 16 rows per column on the CPU, tiled (column panels) for taller ones")
+                   help="auto (default): TSQR for R alone when it fits in memory, else tiled (column panels, "
+                        "faster on a quiet machine); tiles: square tiles")
     r.add_argument("--tile", type=int, help="panel width (tiled) or tile side (tiles) (default: planned from the "
                                             "budget)")
     ui.add_run_options(r, unit=None, resume=_RESUME_PANELS)

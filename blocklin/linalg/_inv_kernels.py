@@ -628,26 +628,26 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
     y[s0 + np.arange(w), np.arange(w)] = 1
     nread = 0
     nt = -(-n // t)
+
+    def step(c0: int, c1: int, below: range, upper: bool) -> None:
+        """``y[c0:c1] -= F[below, c0:c1]^T y[below]`` by row blocks, then the diagonal tile's solve."""
+        nonlocal nread
+        for r0 in below:
+            r1 = min(below.stop, r0 + rb)
+            blk = read_block(work, slice(r0, r1), slice(c0, c1))
+            y[c0:c1] -= blk.T @ y[r0:r1]
+            nread += blk.nbytes
+        diag = read_block(work, slice(c0, c1), slice(c0, c1))
+        nread += diag.nbytes
+        y[c0:c1] = solve_triangular(diag, y[c0:c1], lower=not upper, unit_diagonal=not upper, trans="T",
+                                    check_finite=False)
+
     for j in range(s0 // t, nt):  # U^T z = e: rows above s0 stay zero
         c0, c1 = j * t, min(n, (j + 1) * t)
-        for r0 in range(s0, c0, rb):  # z[c0:c1] -= U[s0:c0, c0:c1]^T z[s0:c0]
-            r1 = min(c0, r0 + rb)
-            blk = read_block(work, slice(r0, r1), slice(c0, c1))
-            y[c0:c1] -= blk.T @ y[r0:r1]
-            nread += blk.nbytes
-        ujj = read_block(work, slice(c0, c1), slice(c0, c1))
-        nread += ujj.nbytes
-        y[c0:c1] = solve_triangular(ujj, y[c0:c1], lower=False, trans="T", check_finite=False)
+        step(c0, c1, range(s0, c0, rb), upper=True)
     for j in reversed(range(nt)):  # then M_j^T and S_j^T, right to left
         c0, c1 = j * t, min(n, (j + 1) * t)
-        for r0 in range(c1, n, rb):  # y[c0:c1] -= L[c1:, c0:c1]^T y[c1:]
-            r1 = min(n, r0 + rb)
-            blk = read_block(work, slice(r0, r1), slice(c0, c1))
-            y[c0:c1] -= blk.T @ y[r0:r1]
-            nread += blk.nbytes
-        ljj = read_block(work, slice(c0, c1), slice(c0, c1))
-        nread += ljj.nbytes
-        y[c0:c1] = solve_triangular(ljj, y[c0:c1], lower=True, unit_diagonal=True, trans="T", check_finite=False)
+        step(c0, c1, range(c1, n, rb), upper=False)
         _swap_back(y, pivots[c0:c1], c0)
     x = y.T  # rows s0:s1 of the inverse, C-ordered
     if x.dtype != np.dtype(spec.dtype):

@@ -42,9 +42,6 @@ MODES = ("r", "reduced")
 #: tiled 35 s).
 TSQR_STRIP_RATIO = 4
 METHODS = ("auto", "tiled", "tiles", "tsqr")
-#: ``"auto"`` takes the tile QR (``"tiles"``) over the column panels for matrices with at most this
-#: many rows per column: the tallest shape measured (:func:`_householder`), where the tiles still won.
-TILES_ASPECT = 16
 REPORT_KEYS = ("method", "method_reason", "seconds", "flops", "gflops", "peak_memory", "diag_ratio", "tasks",
                "skipped")
 
@@ -71,8 +68,8 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
         ``R`` and ``Q`` stored tile by tile). ``"tiles"``: the tile Householder QR on square tiles of
         side ``t`` (``8 t^2`` elements per task; :mod:`blocklin.runtime.qrtiles`). ``"auto"``:
         ``"tsqr"`` for ``R`` alone when it fits in core with strips of at least ``4 n`` rows (a tall
-        ``A``: one pass, the fewest reads), else ``"tiles"`` for at most :data:`TILES_ASPECT` rows
-        per column on the CPU and ``"tiled"`` otherwise; the report says which and why.
+        ``A``: one pass, the fewest reads), else ``"tiled"`` (faster than ``"tiles"`` on a
+        quiet machine, see :func:`_householder`); the report says which and why.
     overwrite, resume : bool
         Replace existing outputs; continue an interrupted tiled run (finished panels are kept).
     explain : bool
@@ -159,23 +156,16 @@ def tsqr_bytes(n: int, itemsize: int) -> int:
 
 
 def _householder(job: Job, m: int, n: int) -> tuple[str, str]:
-    """The Householder route of ``"auto"`` once ``R`` is to be stored: ``("tiles" | "tiled", why)``.
+    """The Householder route of ``"auto"`` once ``R`` is to be stored: ``("tiled", why)``.
 
-    Square tiles hold a task in ``8 t^2`` elements where a column panel needs ``6 m t``, so within one
-    budget the tiles are wider and their GEMMs larger, and a taller ``A`` narrows the panels further.
-    Measured with ``Q`` in 64 MiB (``benchmarks/factor.py --qr-square`` and single runs, shared 2-core
-    machine, load 9 to 12), tiles of 512 against panels of 256 to 64: tile QR / panels 0.40-0.43 at
-    4096 x 4096, 0.41 at 4096 x 2048, 0.45 at 4096 x 1024, 0.22-0.36 at 8192 x 1024, 0.16-0.20 at
-    16384 x 1024 (docs/factor.md). Taller shapes than measured keep the panels; the tile kernels run
-    on the host, so a GPU job keeps the panels too.
+    The column panels (on every BLAS thread) beat the tile QR (one BLAS thread per tile kernel) on a
+    quiet machine: with ``Q`` at 4096 x 4096 in 64 MiB, 4.43 s against 11.10 s (R alone 2.31 s against
+    6.58 s; ``benchmarks/factor.py --no-cholesky --qr-square --n 4096 --chunk 512 --memory 64MiB``, load
+    2). The tile QR won only on the machine loaded by other jobs (0.16-0.45x the panels' time, load
+    9-17), where threaded BLAS waits on descheduled threads; it stays available as ``method="tiles"``.
     """
-    if job.device != "cpu":
-        return "tiled", "blocked Householder over column panels (their block reflectors run on the device)"
-    if m <= TILES_ASPECT * n:
-        return "tiles", (f"tile Householder QR on square tiles ({m} x {n}: at most {TILES_ASPECT} rows per "
-                         "column; larger tiles than column panels within the budget)")
-    return "tiled", (f"blocked Householder over column panels ({m} x {n}: more than {TILES_ASPECT} rows per column, "
-                     "long sequential panels)")
+    return "tiled", (f"blocked Householder over column panels ({m} x {n}; every BLAS thread on each panel's "
+                     "GEMMs, faster than the single-threaded tile kernels)")
 
 
 def _route(job: Job, m: int, n: int, itemsize: int, mode: str, method: str) -> tuple[str, str]:
@@ -258,14 +248,7 @@ def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, o
     diag = [(r["min_r"], r["max_r"]) for r in results]
     report = _report(job, np.array([d for pair in diag for d in pair]), method="tiled", reason=reason,
                      flops=plan.flops * (2 if qo is not None else 1), plan=plan.to_dict(), norm_a=None)
-    params = {"mode": mode, "method": "tiled"}
-    r_path = ao.commit("qr", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
-    R = Matrix(r_path, report=report, temporary=out is None)
-    if qo is None:
-        return R
-    q_path = qo.commit("qr", plan=plan.to_dict(), params={**params, "factor": "Q"},
-                       report=job.brief(report, REPORT_KEYS))
-    return Matrix(q_path, report=report, temporary=q is None), R
+    return _commit(job, ao, qo, plan.to_dict(), {"mode": mode, "method": "tiled"}, report, out=out, q=q)
 
 
 def _tiles(job: Job, A: Any, plan: TileQRPlan, out: Any, q: Any, *, mode: str, overwrite: bool, resume: bool,
@@ -296,13 +279,17 @@ def _tiles(job: Job, A: Any, plan: TileQRPlan, out: Any, q: Any, *, mode: str, o
                        done_dir=ao.done, signs=signs)
     report = _report(job, np.array([d for r in diag for d in (r["min_r"], r["max_r"])]), method="tiles",
                      reason=reason, flops=plan.flops * (2 if qo is not None else 1), plan=plan.to_dict(), norm_a=None)
-    params = {"mode": mode, "method": "tiles"}
-    r_path = ao.commit("qr", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
+    return _commit(job, ao, qo, plan.to_dict(), {"mode": mode, "method": "tiles"}, report, out=out, q=q)
+
+
+def _commit(job: Job, ao: Any, qo: Any, plan: dict, params: dict, report: dict, *, out: Any,
+            q: Any) -> Matrix | tuple[Matrix, Matrix]:
+    """Commit ``R`` (and ``Q`` when asked for) with their provenance: ``R`` or ``(Q, R)``."""
+    r_path = ao.commit("qr", plan=plan, params=params, report=job.brief(report, REPORT_KEYS))
     R = Matrix(r_path, report=report, temporary=out is None)
     if qo is None:
         return R
-    q_path = qo.commit("qr", plan=plan.to_dict(), params={**params, "factor": "Q"},
-                       report=job.brief(report, REPORT_KEYS))
+    q_path = qo.commit("qr", plan=plan, params={**params, "factor": "Q"}, report=job.brief(report, REPORT_KEYS))
     return Matrix(q_path, report=report, temporary=q is None), R
 
 
