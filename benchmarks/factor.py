@@ -140,7 +140,7 @@ if variant == "blocklin":
     extra.update(tile=r.report["plan"]["tile"], method=r.report["method"])
 elif variant == "blocklin-r":
     r = blocklin.qr(a_path, out + "-r", memory=memory, method=method)
-    extra.update(tile=r.report["plan"]["tile"], method=r.report["method"])
+    extra.update(tile=r.report["plan"].get("tile"), method=r.report["method"])  # TSQR: no tile
 elif variant == "numpy":
     a = zarr.open_array(a_path, mode="r")[...]
     q, r = np.linalg.qr(a)
@@ -199,11 +199,7 @@ def run_qr(folder: Path, args: argparse.Namespace) -> None:
 
     m, n = args.n, max(1, args.n // 4)
     path = folder / "T.zarr"
-    z = zarr.create_array(str(path), shape=(m, n), dtype="float64", chunks=(args.chunk, args.chunk), compressors=None)
-    rng = np.random.default_rng(3)
-    for i in range(0, m, args.chunk):
-        z[i:i + args.chunk, :] = rng.standard_normal((min(args.chunk, m - i), n))
-    a = z[...]
+    a = _random_zarr(path, m, n, args.chunk, seed=3)[...]
     print(f"\nQR, {m} x {n} float64 ({m * n * 8 / 2**20:.0f} MiB), random entries")
     print(f"{'variant':11} {'seconds':>8} {'peak MiB':>9} {'||A-QR||/||A||':>15} {'||QtQ-I||':>10}  notes")
     for variant in ("blocklin", "blocklin-r", "numpy", "dask"):
@@ -242,11 +238,7 @@ def run_qr_square(folder: Path, args: argparse.Namespace) -> None:
     n = args.n
     m = args.rows or n
     path = folder / "S.zarr"
-    z = zarr.create_array(str(path), shape=(m, n), dtype="float64", chunks=(args.chunk, args.chunk), compressors=None)
-    rng = np.random.default_rng(5)
-    for i in range(0, m, args.chunk):
-        z[i:i + args.chunk, :] = rng.standard_normal((min(args.chunk, m - i), n))
-    a = z[...]
+    a = _random_zarr(path, m, n, args.chunk, seed=5)[...]
     na = np.linalg.norm(a)
     print(f"\n{'Square' if m == n else 'Tall'} QR, {m} x {n} float64 ({m * n * 8 / 2**20:.0f} MiB), random entries, "
           f"blocklin memory {args.memory}")
@@ -444,17 +436,23 @@ def make_spd(path: Path, n: int, chunk: int, seed: int = 0) -> None:
 
 def make_random(folder: Path, args: argparse.Namespace) -> Path:
     """The random square matrix ``G`` of the LU and square-solve benchmarks (written once)."""
-    import zarr
-
     g_path = folder / "G.zarr"
     if g_path.exists():
         return g_path
-    z = zarr.create_array(str(g_path), shape=(args.n, args.n), dtype="float64", chunks=(args.chunk, args.chunk),
-                          compressors=None)
-    rng = np.random.default_rng(2)
-    for i in range(0, args.n, args.chunk):
-        z[i:i + args.chunk, :] = rng.standard_normal((min(args.chunk, args.n - i), args.n))
+    _random_zarr(g_path, args.n, args.n, args.chunk, seed=2)
     return g_path
+
+
+def _random_zarr(path: Path, m: int, n: int, chunk: int, *, seed: int):
+    """An ``m x n`` float64 zarr array of standard normal entries in ``chunk``-square uncompressed
+    chunks, written a row of chunks at a time."""
+    import zarr
+
+    z = zarr.create_array(str(path), shape=(m, n), dtype="float64", chunks=(chunk, chunk), compressors=None)
+    rng = np.random.default_rng(seed)
+    for i in range(0, m, chunk):
+        z[i:i + chunk, :] = rng.standard_normal((min(chunk, m - i), n))
+    return z
 
 
 def run_lu(folder: Path, args: argparse.Namespace) -> None:
