@@ -769,14 +769,14 @@ def test_streamed_svd_and_eigsh_passes_where_they_win(standin, rng, device):
     """Out of core, a pass over A with a narrow block does a few flops per byte read: 'auto' keeps it on
     the CPU; 'gpu' runs it on the GPU. The results agree either way."""
     a = rng.standard_normal((400, 60)) * np.logspace(0, -2, 60)
-    res = bl.svd(a, 3, method="rsvd", seed=1, device=device, memory="96KiB")
+    res = bl.svd(a, 3, method="rsvd", seed=1, device=device, memory="128KiB")
     assert not res.report["in_core"]
     want = "cpu" if device == "auto" else "gpu"
     assert res.report["phases"] == {"passes over A": want}
     np.testing.assert_allclose(res.s, np.linalg.svd(a, compute_uv=False)[:3], rtol=1e-6)
     b = rng.standard_normal((400, 400))
-    s = b @ b.T  # 1.25 MiB: streamed with a 640 KiB budget
-    w = bl.eigsh(s, 2, seed=0, device=device, memory="640KiB")
+    s = b @ b.T  # 1.25 MiB: streamed with a 1 MiB budget
+    w = bl.eigsh(s, 2, seed=0, device=device, memory="1MiB")
     assert not w.report["in_core"] and w.report["phases"] == {"passes over A": want}
     np.testing.assert_allclose(np.sort(w.w), np.sort(np.linalg.eigvalsh(s))[-2:], rtol=1e-8)
     assert cupy_standin.take_races() == []

@@ -215,7 +215,7 @@ def test_worker_settings_unchanged_after_jobs(tmp_path):
         before = client.run(worker_probe.settings)
         assert not any(client.run(worker_probe.blocklin_imported).values())
         c = bl.matmul(a, a, tmp_path / "g.zarr", trans_a=True, memory="256KiB", scheduler=client)
-        s = bl.svd(a, 3, memory="256KiB", scheduler=client, seed=0)
+        s = bl.svd(a, 3, memory="320KiB", scheduler=client, seed=0)
         assert all(client.run(worker_probe.blocklin_imported).values())
         after = client.run(worker_probe.settings)
     for worker, (blas, io) in before.items():  # libraries loaded by the job itself are not compared

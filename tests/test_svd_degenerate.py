@@ -70,7 +70,9 @@ def test_eigsh_of_degenerate_symmetric_matrices(budget):
     for name, a in cases.items():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            w, V = bl.eigsh(a, 3, seed=0, memory="200KiB" if budget == "streamed" else "64MiB", order="descending")
+            res = bl.eigsh(a, 3, seed=0, memory="360KiB" if budget == "streamed" else "64MiB", order="descending")
+        w, V = res
+        assert res.report["in_core"] == (budget == "in-memory")
         exact = np.linalg.eigvalsh(a)[::-1][:3]
         np.testing.assert_allclose(w, exact, rtol=0, atol=1e-12 * max(1.0, exact[0]), err_msg=name)
         np.testing.assert_allclose(V.T @ V, np.eye(3), atol=1e-12, err_msg=name)

@@ -42,8 +42,9 @@ PROBES = 32
 #: zarr chunk temporaries of one tile task: a chunk in flight reading and one writing, each of up to
 #: ``IO_CONCURRENCY`` (see ``blocklin._memory``).
 IO_CHUNKS = 2 * IO_CONCURRENCY
-#: Most columns of the leaf's ``getri`` workspace (LAPACK's block size is 64 by default).
-GETRI_BLOCK = 128
+#: Most columns of the leaf's ``getri`` workspace (LAPACK's block size for it, 64 in the reference
+#: ``ilaenv``); narrower where the working chunk is (a smaller workspace only narrows its blocks).
+GETRI_BLOCK = 64
 _HOST = CpuDevice()
 
 
@@ -380,7 +381,7 @@ def leaf_memory(size: int, work_dtype: Any, chunk_bytes: int, probed: bool = Fal
     """Memory of :func:`leaf_inverse_task` on a ``size x size`` block.
 
     The block itself, factored and inverted in place (``getrf``, ``getri``), ``getri``'s workspace
-    (:data:`GETRI_BLOCK` columns); the probe's float64 copy of a written strip of a float32 block
+    (at most :data:`GETRI_BLOCK` columns, and no wider than a working chunk); the probe's float64 copy of a written strip of a float32 block
     (as wide as a working chunk, ``sqrt(chunk_bytes / itemsize)`` rows, at most ``size``); a float64 strip and its absolute values for the reductions, and
     :func:`sumsq`'s float64 rows of a float32 block; with ``probed`` (the one-leaf inverse read
     straight from the input) the probes, ``P^T M`` and the probed residual (five ``k x size``
@@ -393,14 +394,15 @@ def leaf_memory(size: int, work_dtype: Any, chunk_bytes: int, probed: bool = Fal
         strips += min(size * size, 1 << 18) * 8
     probes_ = 5 * PROBES * size * 8 if probed else 0
     width = min(size, math.isqrt(chunk_bytes // item))
-    work = size * min(size, GETRI_BLOCK) * item  # getri's workspace
+    work = size * min(width, GETRI_BLOCK) * item  # getri's workspace
     cast = width * size * 8 if probed and dt != np.dtype(np.float64) else 0  # a strip's float64 probe copy
     return size * size * item + work + cast + strips + probes_ + IO_CHUNKS * chunk_bytes
 
 
-def _getri_lwork(query: Any, n: int) -> int:
-    """getri's optimal workspace (``n`` times its block size, at most :data:`GETRI_BLOCK` columns)."""
-    return min(max(int(query(n)[0]), n), n * GETRI_BLOCK)
+def _getri_lwork(query: Any, n: int, width: int) -> int:
+    """getri's workspace: its optimum (``n`` times its block size), at most ``min(width, GETRI_BLOCK)``
+    columns (what :func:`leaf_memory` declares), at least one."""
+    return max(n, min(int(query(n)[0]), n * min(width, GETRI_BLOCK)))
 
 
 def _read_leaf(spec: LeafSpec, dtype: np.dtype) -> np.ndarray:
@@ -489,7 +491,8 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
         rcond = float(gecon(lu, anorm, norm="1")[0])
         # In place: (A^T)^-1 = A^-T in the block's memory, which read row-major is A^-1.
         # getri's optimal (blocked) workspace matters: the default unblocked one is 2-3x slower.
-        _, info = getri(lu, piv, lwork=_getri_lwork(getri_lwork, spec.size), overwrite_lu=True)
+        _, info = getri(lu, piv, lwork=_getri_lwork(getri_lwork, spec.size, spec.width or spec.size),
+                        overwrite_lu=True)
         if info != 0:
             return {**failed, "info": int(info)}
         for r0, r1 in split(spec.size, spec.width or spec.size):

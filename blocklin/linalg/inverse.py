@@ -295,6 +295,8 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
     checked first: a budget suggestion must not lead to a run the disk cannot hold)."""
     M = job.operand(a, "a")
     n = square(M, "to be inverted", "for a least-squares or regularized solution use blocklin.solve(a, b, lam=...)")
+    if method == "auto" and job.device == "gpu":
+        method = "schur"  # the LU route's panel factorization and row solves run on the host
     float_operand(M)
     out_dtype = np.dtype(np.float64) if precision in ("mixed", "tf32", "float64") else \
         np.dtype(np.float32) if precision == "float32" else M.dtype
@@ -336,24 +338,35 @@ def _report(job: Job, ref: Refinement | None, plan: InversePlan, stages: Stages,
         backward_error_definition="||I - A X||_F / (||A||_F ||X||_F)", tol=ref.tol, refine_steps=ref.steps,
         history=ref.history, cond_estimate=ref.norm_m * x.norm_x, norm_a=ref.norm_m, norm_x=x.norm_x,
         attempts=ref.attempts, min_leaf_rcond=min(rcs) if rcs else None, leaves=len(ref.leaves),
-        method=plan.method, method_reason=_method_reason(plan),
+        method=plan.method, method_reason=_method_reason(plan, job.device),
         butterfly_depth=plan.depth, precision=precision, work_dtype=plan.work_dtype,
         gemm_steps=ref.recursion_gemms + ref.gemms,
         resumed=stages.resumed, stages_skipped=stages.skipped,
-        phases={"GEMMs (recursion, Newton-Schulz)": job.device,
-                "leaf inverses": "/".join(sorted({lf.get("device", "cpu") for lf in ref.leaves})) or None,
-                "butterfly transforms": _transforms_device(job, plan),
-                "residual probes": _refine.probe_device(job, plan.n)})
+        phases=_phases(job, plan, ref))
     report["flops"] = plan.flops + ref.ops.flops
     return report
 
 
-def _method_reason(plan: InversePlan) -> str:
+def _method_reason(plan: InversePlan, device: str) -> str:
     if plan.method == "direct":
         return "the matrix fits the budget: one in-core LAPACK inverse"
     if plan.method == "lu":
         return "out of core: LU with partial pivoting has LAPACK's backward error without refinement"
+    if device == "gpu":
+        return "on a GPU: the pivot-free randomized recursion, all in GEMMs on the device"
     return "asked for (method='schur'): the pivot-free randomized recursion, all in GEMMs"
+
+
+def _phases(job: Job, plan: InversePlan, ref: Refinement) -> dict:
+    """Where each phase of the route that ran was computed."""
+    if plan.method == "lu":
+        return {"LU panel updates (TRSM, GEMM)": job.device, "LU panel factorization (getrf)": "cpu",
+                "rows of the inverse and residual probes": "cpu",
+                "Newton-Schulz steps": job.device if ref.steps else None}
+    return {"GEMMs (recursion, Newton-Schulz)": job.device,
+            "leaf inverses": "/".join(sorted({lf.get("device", "cpu") for lf in ref.leaves})) or None,
+            "butterfly transforms": _transforms_device(job, plan),
+            "residual probes": _refine.probe_device(job, plan.n)}
 
 
 # -- steps ------------------------------------------------------------------------------------------------
