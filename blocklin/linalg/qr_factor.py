@@ -223,13 +223,9 @@ def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, o
            reason: str) -> Matrix | tuple[Matrix, Matrix]:
     m, n = A.shape
     dt, t = np.dtype(plan.dtype), plan.tile
-    inputs = [A.path] if not A.staged else []
-    token = tokenize("qr", A.path, A.shape, A.dtype.str, tuple(A.chunks), plan.to_dict())[:16]
     # R and, in its partial folder, the Householder work store (m x n)
-    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token, size=((n + m, n), dt))
-    qo = job.output(q, inputs=inputs, overwrite=overwrite, resume=resume, token=token + "q",
-                    size=((m, n), dt)) if mode == "reduced" \
-        else None
+    ao, qo = _outputs(job, A, "qr", plan.to_dict(), out, q, mode=mode, overwrite=overwrite, resume=resume,
+                      size=((n + m, n), dt))
     work = (ao.done / "qr-work.zarr").with_pending(False)  # dropped with the markers at commit
     if not backend(work).exists("zarr.json"):
         # panels are read whole (rows k t : m): chunks of about 8 MiB down the column, not t x t
@@ -255,13 +251,9 @@ def _tiles(job: Job, A: Any, plan: TileQRPlan, out: Any, q: Any, *, mode: str, o
            reason: str) -> Matrix | tuple[Matrix, Matrix]:
     m, n = A.shape
     dt, t = np.dtype(plan.dtype), plan.tile
-    inputs = [A.path] if not A.staged else []
-    token = tokenize("qr-tiles", A.path, A.shape, A.dtype.str, tuple(A.chunks), plan.to_dict())[:16]
     # R and, in its partial folder, the work stores (three m x n, the T tiles and four tile rows)
-    work_size = ((3 * m + 5 * t + plan.row_tiles * plan.inner_block + n, n), dt)
-    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token, size=work_size)
-    qo = job.output(q, inputs=inputs, overwrite=overwrite, resume=resume, token=token + "q",
-                    size=((m, n), dt)) if mode == "reduced" else None
+    ao, qo = _outputs(job, A, "qr-tiles", plan.to_dict(), out, q, mode=mode, overwrite=overwrite, resume=resume,
+                      size=((3 * m + 5 * t + plan.row_tiles * plan.inner_block + n, n), dt))
     stores = tile_qr_stores(ao.done, m, n, t, plan.inner_block, dt, job.cfg.codec)
     if not (ao.resumed and ao.has_array()):
         create_array(ao.array_path(), shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
@@ -280,6 +272,18 @@ def _tiles(job: Job, A: Any, plan: TileQRPlan, out: Any, q: Any, *, mode: str, o
     report = _report(job, np.array([d for r in diag for d in (r["min_r"], r["max_r"])]), method="tiles",
                      reason=reason, flops=plan.flops * (2 if qo is not None else 1), plan=plan.to_dict(), norm_a=None)
     return _commit(job, ao, qo, plan.to_dict(), {"mode": mode, "method": "tiles"}, report, out=out, q=q)
+
+
+def _outputs(job: Job, A: Any, kind: str, plan: dict, out: Any, q: Any, *, mode: str, overwrite: bool,
+             resume: bool, size: tuple) -> tuple[Any, Any]:
+    """The atomic outputs of ``R`` (``size``: with the work stores in its partial folder) and, for
+    ``mode="reduced"``, of ``Q`` (else ``None``), under one token of the input and the plan."""
+    inputs = [A.path] if not A.staged else []
+    token = tokenize(kind, A.path, A.shape, A.dtype.str, tuple(A.chunks), plan)[:16]
+    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token, size=size)
+    qo = job.output(q, inputs=inputs, overwrite=overwrite, resume=resume, token=token + "q",
+                    size=((A.shape[0], A.shape[1]), size[1])) if mode == "reduced" else None
+    return ao, qo
 
 
 def _commit(job: Job, ao: Any, qo: Any, plan: dict, params: dict, report: dict, *, out: Any,
