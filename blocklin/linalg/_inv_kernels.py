@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -34,6 +35,7 @@ from blocklin.plan.inverse import KernelMemory
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
 from blocklin.runtime.tiles import Epilogue, open_array, with_task_settings
+from blocklin.storage.rawchunks import raw_access
 from blocklin.storage.zarr_store import read_block, write_block
 
 
@@ -418,13 +420,14 @@ def _read_leaf(spec: LeafSpec, dtype: np.dtype) -> np.ndarray:
     return a
 
 
-def _input_checks(spec: LeafSpec, a: np.ndarray) -> tuple[float, np.ndarray]:
-    """NaN/Inf check, ``||M||_F^2`` and ``Q = P^T M`` (``k x size``, float64) of the one-leaf inverse."""
+def _input_checks(spec: LeafSpec, a: np.ndarray) -> tuple[float, np.ndarray, float]:
+    """NaN/Inf check, ``||M||_F^2``, ``Q = P^T M`` (``k x size``, float64) and ``||M||_inf`` of the
+    one-leaf inverse, in one sweep over the block (each strip reduced while it is in cache)."""
     from blocklin.runtime.tiles import check_finite
 
     p = probes(spec.size, PROBES, spec.probe_seed)
     q = np.zeros((PROBES, spec.size))
-    ss = 0.0
+    ss = anorm = 0.0
     for r0, r1 in split(spec.size, _leaf_strip(spec.size)):
         blk = a[r0:r1]
         if spec.check_finite:
@@ -432,7 +435,8 @@ def _input_checks(spec: LeafSpec, a: np.ndarray) -> tuple[float, np.ndarray]:
         blk = np.asarray(blk, dtype=np.float64)
         ss += float(np.einsum("ij,ij->", blk, blk))
         q += p[r0:r1].T @ blk
-    return ss, q
+        anorm = max(anorm, float(np.abs(blk).sum(axis=1).max()))
+    return ss, q, anorm
 
 
 @with_task_settings
@@ -455,9 +459,10 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
     a = _read_leaf(spec, dtype)
     extra: dict = {}
     if spec.probe_seed is not None:
-        norm_ss, q = _input_checks(spec, a)
+        norm_ss, q, anorm = _input_checks(spec, a)
         extra = {"norm_sumsq": norm_ss}
-    anorm = _inf_norm(a)
+    else:
+        anorm = _inf_norm(a)
     flops = 2 * spec.size**3
     nbytes = a.nbytes
     failed = {"rcond": 0.0, "sumsq": float("nan"), "flops": flops, "bytes_read": nbytes, "bytes_written": 0,
@@ -468,20 +473,36 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
     resid = probes(spec.size, PROBES, spec.probe_seed).T.copy() if spec.probe_seed is not None else None
     ss = 0.0
 
-    def put(r0: int, r1: int, rows: np.ndarray) -> None:  # rows r0:r1 of the inverse
+    def put_all() -> None:
+        """Write the block's rows strip by strip, each strip's sums and probes computed while it is
+        written. Strips of whole chunk files (no zarr temporaries, no cast copy, no chunk shared
+        between strips) go two at a time, which halves the page-cache copy here; others in order."""
         nonlocal ss
-        write_block(dst, slice(d0 + r0, d0 + r1), cols, rows)
-        ss += sumsq(rows)
-        if resid is not None:
-            resid[...] -= q[:, r0:r1] @ np.asarray(rows, dtype=np.float64)
+        strips = split(spec.size, spec.width or spec.size)
+        raw = raw_access(dst)
+        parallel = raw is not None and np.dtype(dst.dtype) == a.dtype and all(raw.aligned(slice(d0 + r0, d0 + r1), cols) for r0, r1 in strips)
+        writer = ThreadPoolExecutor(2 if parallel else 1, thread_name_prefix="blocklin-write")
+        writes: list = []
+        try:
+            for r0, r1 in strips:
+                rows = a[r0:r1]
+                writes.append(writer.submit(write_block, dst, slice(d0 + r0, d0 + r1), cols, rows))
+                ss += sumsq(rows)
+                if resid is not None:
+                    resid[...] -= q[:, r0:r1] @ np.asarray(rows, dtype=np.float64)
+        finally:
+            try:
+                for w in writes:  # every strip on disk (or its error raised) before the block is freed
+                    w.result()
+            finally:
+                writer.shutdown(wait=True, cancel_futures=True)
 
     if spec.device == "gpu":
         rcond, info = _leaf_on_gpu(spec, a, anorm)
         extra["device"] = "gpu"
         if info:
             return {**failed, "info": info, "device": "gpu"}
-        for r0, r1 in split(spec.size, spec.width or spec.size):
-            put(r0, r1, a[r0:r1])
+        put_all()
     else:
         getrf, gecon, getri, getri_lwork = lapack.get_lapack_funcs(("getrf", "gecon", "getri", "getri_lwork"),
                                                                    (a.T,))
@@ -495,8 +516,7 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
                         overwrite_lu=True)
         if info != 0:
             return {**failed, "info": int(info)}
-        for r0, r1 in split(spec.size, spec.width or spec.size):
-            put(r0, r1, a[r0:r1])
+        put_all()
     if resid is not None:
         extra["probe_sumsq"] = float(np.einsum("ij,ij->", resid, resid))
     return {"rcond": rcond, "info": 0, "sumsq": ss, "flops": flops,
