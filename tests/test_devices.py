@@ -99,3 +99,21 @@ def test_gpu_prefetch_depth_from_the_budget():
     fixed = plan_gemm(4096, 4096, 4096, "float64", memory=2**32, device_memory=2**31, prefetch=1, **kw)
     assert fixed.prefetch == 1
     assert all(p.device_peak <= 2**31 for p in (roomy, fixed))
+
+
+def test_large_potrf_runs_on_one_blas_thread():
+    """OpenBLAS's threaded potrf segfaults from about n = 16000 in the wheels' builds: above
+    THREADED_POTRF_MAX the CPU factorizations run on one BLAS thread, below it on the runtime's."""
+    from threadpoolctl import threadpool_info
+
+    from blocklin.device.cpu import THREADED_POTRF_MAX, potrf_threads
+
+    def blas_threads() -> list[int]:
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    with potrf_threads(THREADED_POTRF_MAX):
+        assert blas_threads() == before
+    with potrf_threads(THREADED_POTRF_MAX + 1):
+        assert blas_threads() and all(t == 1 for t in blas_threads())
+    assert blas_threads() == before

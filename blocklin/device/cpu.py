@@ -9,6 +9,25 @@ import numpy as np
 from blocklin.device.base import Device, not_positive_definite, singular
 
 
+#: Largest order factored by a threaded LAPACK ``potrf``. The OpenBLAS builds in the NumPy and SciPy
+#: wheels (0.3.30, 0.3.31) segfault in their threaded ``potrf`` from about n = 16000 (n = 15500 ran,
+#: 16000 and 16384 crashed, with two threads, whatever the stack limit); larger matrices are
+#: factored on one thread, which costs time and not the process.
+THREADED_POTRF_MAX = 15000
+
+
+def potrf_threads(n: int) -> Any:
+    """A context for a ``potrf`` of order ``n`` on the CPU: one BLAS thread above
+    :data:`THREADED_POTRF_MAX`, else the threads the runtime set."""
+    import contextlib
+
+    if n <= THREADED_POTRF_MAX:
+        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 class CpuDevice(Device):
     """NumPy/BLAS device. Tiles stay in host memory; ``gemm_acc`` uses BLAS with ``beta=1``.
 
@@ -93,7 +112,8 @@ class CpuDevice(Device):
 
     def cholesky(self, x: np.ndarray) -> np.ndarray:
         try:
-            return np.linalg.cholesky(x)
+            with potrf_threads(x.shape[0]):
+                return np.linalg.cholesky(x)
         except np.linalg.LinAlgError:
             raise not_positive_definite(x.shape[0]) from None
 
