@@ -11,7 +11,9 @@ in its own subprocess (its own peak RSS, over the baseline of its imports):
 * ``blocklin``: ``blocklin.cholesky(A, out)`` within ``--memory``, and
   ``blocklin.solve(A, b, assume_a="pos")`` (Cholesky, triangular solves, refinement);
 * ``scipy``: read A from zarr, ``scipy.linalg.cho_factor``, write the factor to zarr (end to end), and
-  ``cho_solve`` for the solve;
+  ``cho_solve`` for the solve. Above ``n = 15000`` the factorization runs on one BLAS thread: the
+  threaded ``potrf`` of the wheels' OpenBLAS segfaults there (see ``blocklin.device.cpu``), so the
+  ratio at such sizes is against a one-thread reference and says so;
 * ``dask``: ``dask.array.linalg.cholesky(da.from_zarr(A), lower=True)`` written with ``to_zarr``
   (threaded scheduler), and ``dask.array.linalg.solve(..., sym_pos)`` via its Cholesky.
 
@@ -72,7 +74,9 @@ if variant == "blocklin":
     t2 = time.perf_counter()
 elif variant == "scipy":
     a = zarr.open_array(a_path, mode="r")[...]
-    c, low = scipy.linalg.cho_factor(a, lower=True, overwrite_a=True, check_finite=False)
+    from blocklin.device.cpu import potrf_threads  # one thread where the threaded potrf crashes
+    with potrf_threads(a.shape[0]):
+        c, low = scipy.linalg.cho_factor(a, lower=True, overwrite_a=True, check_finite=False)
     l = np.tril(c)
     z = zarr.create_array(out, shape=l.shape, dtype=l.dtype, chunks=zarr.open_array(a_path).chunks,
                           compressors=None)
@@ -549,6 +553,11 @@ def run_cholesky(folder: Path, args: argparse.Namespace) -> None:
             continue
         print(f"{r['variant']:10} {r['factor_seconds']:9.2f} {r['solve_seconds']:8.2f} {r['peak'] / 2**20:9.0f} "
               f"{r['factor_backward_error']:17.1e} {r['solve_backward_error']:10.1e}")
+    from blocklin.device.cpu import THREADED_POTRF_MAX
+
+    if args.n > THREADED_POTRF_MAX:
+        print(f"(scipy factored on one BLAS thread: n > {THREADED_POTRF_MAX}, where the threaded OpenBLAS potrf "
+              "of the wheels crashes)")
 
 
 if __name__ == "__main__":
