@@ -264,6 +264,8 @@ def sketch_init(device: Any, params: dict) -> dict:
              "G": device.zeros((kp, kp), dt), "YT": device.zeros((st, kp + s), dt),
              "Ub": np.empty((st, kp), dt), "Pb": np.empty((st, s), dt),
              "ups": GaussianRows(params["seed"], STREAM_UPSILON, kp), "phi": GaussianRows(params["seed"], STREAM_PHI, s)}
+    if params.get("y_chunk", 0) > st:  # Y's rows gathered into whole chunks of Y (see sketch_kernel)
+        state["Yw"], state["w0"], state["wn"] = np.empty((params["y_chunk"], kp), dt), 0, 0
     if params.get("shifted"):
         beta = np.zeros((1, kp + s))  # b^T diag(c) [Omega | Psi] in float64, a block of rows at a time
         for r0 in range(0, n, SKETCH_RNG_BLOCK):
@@ -282,6 +284,8 @@ def _sketch_memory(params: Any, sources: tuple) -> PassMemory:
     # Y^T Y; the two row generators' blocks (float64) and, centered, b and c and the offsets
     fixed = (n * (c + s) + n * c + s * (c + s) + c * c + 4 * (c + s)) * w
     fixed += SKETCH_RNG_BLOCK * (c + s) * F64 + (2 * n * F64 if params.get("shifted") else 0) + sf
+    # the buffer gathering Y's rows into chunks, and zarr's three copies of one where writes are not direct
+    fixed += params.get("y_buffer", 0) * (4 if params.get("y_temporaries") else 1)
     # per row: [Y T] (and its device copy of the written Y), the Upsilon and Phi rows and their device copies
     return PassMemory(fixed=fixed, per_row=(2 * (c + s) + c) * w + sp, chunk_temporaries=True,
                       write_row_bytes=c * w)  # Y
@@ -314,6 +318,14 @@ def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
     y = yt[:, :kp]
     device.gemm_acc(state["G"], y.T, y)
     out = device.download(yt, slice(0, r))[:, :kp]
+    if "Yw" in state:  # strips shorter than Y's chunks: gather them, write each chunk once, whole
+        if state["wn"] == 0:
+            state["w0"] = r0
+        state["Yw"][state["wn"]:state["wn"] + r] = out
+        state["wn"] += r
+        if state["wn"] < state["Yw"].shape[0] and r1 not in params["ends"]:
+            return state, None
+        out, state["wn"] = (state["w0"], state["Yw"][:state["wn"]]), 0
     return _finish(device, rows, params, state, ("Xt", "PZ", "G", "TX")), {"Y": out}
 
 

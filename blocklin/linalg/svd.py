@@ -251,7 +251,9 @@ class _Streamed:
         """The sketch pass's parameters: sizes and seed (its tasks generate ``[Omega | Psi]``), and
         centered, the column scale ``c`` and offsets ``b`` the tasks premultiply it with."""
         kp, s = self.plan.sketch_size
-        params = {"seed": seed, "N": self.N, "kp": kp, "s": s, "dtype": np.dtype(self.dtype).str}
+        params = {"seed": seed, "N": self.N, "kp": kp, "s": s, "dtype": np.dtype(self.dtype).str,
+                  "y_buffer": min(SKETCH_Y_BUFFER, self.plan.memory // 64, self.M * kp * np.dtype(self.dtype).itemsize),
+                  "y_temporaries": self.job.cfg.codec != "none" or temp_root(self.job.cfg).scheme != "local"}
         if self.shift:
             params |= {"shift_c": self.shift.c, "shift_b": self.shift.b} | self.shift.params(self.dtype)
         return params
@@ -266,7 +268,8 @@ class _Streamed:
     def sketch(self, kp: int, s: int, seed: int) -> tuple:
         params = self._sketch_params(seed)
         plan = self._plan_sketch(params)
-        blk = self._tmp_block(kp, plan.strip)
+        params["y_chunk"] = _y_chunk(plan, params["y_buffer"] // (kp * np.dtype(self.dtype).itemsize))
+        blk = self._tmp_block(kp, params["y_chunk"])
         states = self._run(K.sketch_kernel, params, plan, "sketch: single pass", outputs=(("Y", blk.path),))
         xt = reduce_sum(states, "Xt")
         if self.shift:
@@ -283,6 +286,25 @@ class _Streamed:
         states = self._run(K.apply_kernel, params, plan, description, outputs=(("F", dest),) if dest else (),
                            transposed_outputs=("F",) if transposed_out else ())
         return None if dest else collect_rows(states, self.M, c)
+
+
+#: Most bytes of the buffer that gathers the sketch's short strips of ``Y`` into taller chunks: each
+#: chunk is a file (and a folder of its row) to write, read twice and remove; strips of a few dozen
+#: rows (small budgets) made hundreds of them, and removing their folders alone took 0.3-0.5 s.
+SKETCH_Y_BUFFER = 256 << 10
+
+
+def _y_chunk(plan: Any, rows: int) -> int:
+    """Chunk height of the sketch's ``Y``: the strip times the most strips (at most ``rows`` rows in
+    all) that divide every task's share, so that no chunk is written by two tasks."""
+    strip = plan.strip
+    j_max = max(1, rows // strip)
+    if len(plan.groups) > 1:
+        per_group = (plan.groups[0][1] - plan.groups[0][0]) // strip
+        j = max(d for d in range(1, min(j_max, per_group) + 1) if per_group % d == 0)
+    else:
+        j = min(j_max, -(-plan.m // strip))
+    return strip * j
 
 
 def load_incore(job: Job, A: Any, plan: SvdPlan) -> np.ndarray:

@@ -124,11 +124,13 @@ def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch
     if method == "sketch":
         # The test matrices Omega and Psi are generated inside the pass's tasks, from the seed, and
         # Psi again block by block after it: none of them is held here. Held while a pass runs: the
-        # tasks' partial states (the sketch's pass), then X^T, its orthonormal basis P and V = P W
-        # (the passes over Y), with the small sketches.
+        # tasks' partial states (the sketch's pass), then X^T (the passes orthonormalizing Y) or
+        # V = P W (the pass writing U), with the small sketches. The steps between the passes (X^T's
+        # QR: X^T, P and LAPACK's copy, about 4 N kp) have the whole budget, which the passes' fixed
+        # buffers (N (2 kp + s) >= 3 N kp) and this reserve (>= N kp) already exceed.
         kp, s = sketch
         states = sketch_tasks(M, N, sketch, itemsize, memory) * sketch_state_bytes(N, sketch)
-        return max(states, (3 * kp + k) * N * F64) + 4 * (s * (kp + s) + kp * kp) * F64
+        return max(states, (kp + k) * N * F64) + 4 * (s * (kp + s) + kp * kp) * F64
     # lanczos / eigsh: V and W bases and the copies hstack and the thick restart make of them (three
     # of each alive at a restart), Ritz vectors and residual block, eigh of the projected matrix.
     return (6 * max_basis + 2 * (k + block) + 2 * block) * N * F64 + 3 * max_basis * max_basis * F64
