@@ -8,6 +8,7 @@ and reported, and the formulas are those of :mod:`blocklin.plan.svd`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Unpack
 
@@ -26,7 +27,7 @@ from blocklin.linalg.orth import cholqr_r, orth_against, orth_incore
 from blocklin.linalg.results import open_group, write_group
 from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
 from blocklin.matrix import Matrix
-from blocklin.plan.svd import SvdPlan, plan_svd, sketch_tasks
+from blocklin.plan.svd import SvdPlan, plan_svd, sketch_blas_threads, sketch_tasks
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source
 from blocklin.operands import temp_root
@@ -262,8 +263,10 @@ class _Streamed:
         """The sketch's pass within the budget, split as :func:`blocklin.plan.svd.sketch_tasks` says."""
         p = self.plan
         tasks = sketch_tasks(p.M, p.N, p.sketch_size, np.dtype(self.dtype).itemsize, p.memory)
-        return plan_kernel_pass(self.job, K.sketch_kernel, [self.source], params, memory=p.memory,
+        plan = plan_kernel_pass(self.job, K.sketch_kernel, [self.source], params, memory=p.memory,
                                 reserve=p.client_bytes, min_tasks=tasks)
+        threads = sketch_blas_threads(plan.blas_threads, plan.strip, p.N, p.sketch_size)
+        return plan if threads == plan.blas_threads else dataclasses.replace(plan, blas_threads=threads)
 
     def sketch(self, kp: int, s: int, seed: int) -> tuple:
         params = self._sketch_params(seed)

@@ -107,6 +107,19 @@ def sketch_tasks(M: int, N: int, sketch: tuple[int, int], itemsize: int, memory:
     return max(1, min(canonical_tasks(M, N * itemsize), (memory // 8) // sketch_state_bytes(N, sketch)))
 
 
+#: Multiply-adds of one strip's product ``B_i [Omega | Psi]`` under which the sketch's pass runs BLAS
+#: on one thread: splitting a product this small gains little (a 32 x 4096 by 4096 x 61 product took
+#: 0.33 ms on two threads, 0.43 ms on one, on 2 quiet cores), while each product waits for every
+#: thread to be scheduled, which on a loaded machine stalled it (180 ms on two threads, 0.46 ms on
+#: one, at a load average of 9 on the same 2 cores; 12-16 ms against 1.6-3.2 ms at 128-256 rows).
+SMALL_PRODUCT = 1 << 26
+
+
+def sketch_blas_threads(threads: int, strip: int, N: int, sketch: tuple[int, int]) -> int:
+    """BLAS threads of the sketch's pass: ``threads``, or one for strips whose product is small."""
+    return 1 if strip * N * sum(sketch) < SMALL_PRODUCT else threads
+
+
 def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch: tuple[int, int] | None,
                  *, M: int = 0, itemsize: int = F64, memory: int = 0) -> int:
     """In-memory work outside the passes (float64 small factors, Krylov bases, sketches).
