@@ -19,6 +19,7 @@ from blocklin.plan.svd import plan_svd, sketch_state_bytes, sketch_tasks
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import plan_kernel_pass, reduce_sum, run_pass
 from blocklin.storage import create_array
+from memcheck import needs_hwm, run_child
 
 
 def _spectrum_matrix(m: int, n: int, seed: int = 0) -> np.ndarray:
@@ -115,3 +116,30 @@ def test_sketch_refusal_states_a_smaller_minimum(tmp_path):
         plan = S.fitting_plan(job, A, 10, dict(method="sketch", oversample=10, power_iters=None, max_passes=60,
                                                block_size=None, max_basis=None))
         assert not plan.in_core and plan.memory == need
+
+
+PEAK_CHILD = """
+    import numpy as np, scipy.linalg
+    import blocklin as bl
+    import dask.threaded  # noqa: F401
+    path, warm, memory = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    bl.open(path)[0:1, 0:1]
+    bl.svd(warm, 2, method="sketch", memory=memory, seed=0)  # lazy imports and thread pools join the baseline
+    reset_hwm()
+    base = hwm()  # the resident memory now (the warm-up's own peak is not a baseline)
+    res = bl.svd(path, 10, method="sketch", memory=memory, seed=0)
+    print(json.dumps({"used": hwm() - base, "in_core": res.report["in_core"], "s0": float(res.s[0])}))
+"""
+
+
+@needs_hwm
+def test_sketch_peak_at_a_sixteenth_of_wide_rows(tmp_path):
+    """At 1/16 of a 4096 x 1024 operand (rows of 8 KiB, a fixed state of N (2 kp + s) elements), the
+    process's high-water mark stays within the budget + 10% (measured like benchmarks/budgets.py: after a
+    warm-up run, so imports and thread pools are in the baseline)."""
+    a = bl.random(tmp_path / "a.zarr", (4096, 1024), seed=1, chunks=(1024, 1024))
+    warm = bl.random(tmp_path / "w.zarr", (64, 64), seed=2, chunks=(32, 32))
+    budget = a.nbytes // 16  # 2 MiB
+    r = run_child(PEAK_CHILD, a.path, warm.path, str(budget))
+    assert not r["in_core"] and np.isfinite(r["s0"])
+    assert r["used"] <= 1.1 * budget, f"used {r['used'] / 2**20:.2f} MiB over a {budget / 2**20:.0f} MiB budget"
