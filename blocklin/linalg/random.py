@@ -43,7 +43,7 @@ def gaussian(seed: int, stream: int, r0: int, r1: int, width: int, dtype: Any = 
 
 class GaussianRows:
     """Consecutive rows of the standard-normal matrix of ``(seed, stream)``, ``width`` columns, in fixed
-    blocks of ``block`` rows (each seeded by ``(seed, stream, block index, width)``).
+    blocks of ``block`` rows (each seeded by ``(seed, stream, block index, width, block)``).
 
     The numbers depend on the seed, stream, width and ``block`` only. The block last generated is
     kept, so strips shorter than a block (taken in row order) generate each block once instead of once
