@@ -109,9 +109,10 @@ def sketch_tasks(M: int, N: int, sketch: tuple[int, int], itemsize: int, memory:
 
 #: Multiply-adds of one strip's product ``B_i [Omega | Psi]`` under which the sketch's pass runs BLAS
 #: on one thread: splitting a product this small gains little (a 32 x 4096 by 4096 x 61 product took
-#: 0.33 ms on two threads, 0.43 ms on one, on 2 quiet cores), while each product waits for every
-#: thread to be scheduled, which on a loaded machine stalled it (180 ms on two threads, 0.46 ms on
-#: one, at a load average of 9 on the same 2 cores; 12-16 ms against 1.6-3.2 ms at 128-256 rows).
+#: 0.33 ms on two threads, 0.43 ms on one, on a shared 2-core machine), while each product waits for
+#: every thread to be scheduled, which stalled it when the machine was busier (in other minutes of
+#: the same load average of about 9: 180 ms on two threads against 0.46 ms on one; 12-16 ms against
+#: 1.6-3.2 ms at 128-256 rows; no difference at 1024 rows).
 SMALL_PRODUCT = 1 << 26
 
 
