@@ -92,8 +92,8 @@ CHILD = textwrap.dedent(r"""
         pass
     import shutil
     shutil.rmtree(out, ignore_errors=True)
-    base = hwm()
     reset()
+    base = hwm()  # the resident memory now: the warm-up's own peak (since freed) is no baseline
     res = {"op": op, "memory": memory}
     t0 = time.perf_counter()
     try:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.linalg.random import STREAM_PHI, STREAM_UPSILON, gaussian
+from blocklin.linalg.random import SKETCH_RNG_BLOCK, STREAM_PHI, STREAM_UPSILON, GaussianRows, sketch_test_matrices
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
 
@@ -252,59 +252,81 @@ def rmat_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: di
 
 # -- single-pass sketch (Tropp, Yurtsever, Udell, Cevher 2019) -------------------------------------
 def sketch_init(device: Any, params: dict) -> dict:
-    om, ps = params["Omega"], params["Psi"]
-    dt = om.dtype
-    n, kp = om.shape
-    s = ps.shape[1]
+    """Generate the task's ``[Omega | Psi]`` from the seed (centered: scaled by ``c``, with the offsets
+    ``b^T diag(c) [Omega | Psi]``), its accumulators, strip buffers and row generators."""
+    n, kp, s = params["N"], params["kp"], params["s"]
+    dt = np.dtype(params["dtype"])
     st = params["strip"]
-    state = {"Om": upload(device, om), "Ps": upload(device, ps), "Xt": device.zeros((n, kp), dt),
-             "Z": device.zeros((s, s), dt), "PY": device.zeros((s, kp), dt), "G": device.zeros((kp, kp), dt),
-             "Ybuf": device.zeros((st, kp), dt), "Tbuf": device.zeros((st, s), dt)}
+    op = sketch_test_matrices(params["seed"], n, kp, s, dt)
+    if params.get("shift_c") is not None:
+        op *= params["shift_c"].astype(dt)[:, None]
+    state = {"OP": upload(device, op), "Xt": device.zeros((n, kp), dt), "PZ": device.zeros((s, kp + s), dt),
+             "G": device.zeros((kp, kp), dt), "YT": device.zeros((st, kp + s), dt),
+             "Ub": np.empty((st, kp), dt), "Pb": np.empty((st, s), dt),
+             "ups": GaussianRows(params["seed"], STREAM_UPSILON, kp), "phi": GaussianRows(params["seed"], STREAM_PHI, s)}
+    if params.get("y_chunk", 0) > st:  # Y's rows gathered into whole chunks of Y (see sketch_kernel)
+        state["Yw"], state["w0"], state["wn"] = np.empty((params["y_chunk"], kp), dt), 0, 0
     if params.get("shifted"):
-        state["beta_om"] = upload(device, params["beta_om"])
-        state["beta_ps"] = upload(device, params["beta_ps"])
+        beta = np.zeros((1, kp + s))  # b^T diag(c) [Omega | Psi] in float64, a block of rows at a time
+        for r0 in range(0, n, SKETCH_RNG_BLOCK):
+            beta += params["shift_b"][None, r0:r0 + SKETCH_RNG_BLOCK] @ op[r0:r0 + SKETCH_RNG_BLOCK].astype(np.float64)
+        state["beta"] = upload(device, beta.astype(dt))
         state["TX"] = device.zeros((1, kp), dt)
+    del op
     return shift_init(device, params, state, dt)
 
 
 def _sketch_memory(params: Any, sources: tuple) -> PassMemory:
-    n, c = params["Omega"].shape
-    s = params["Psi"].shape[1]
-    w = params["Omega"].dtype.itemsize
+    n, c, s = params["N"], params["kp"], params["s"]
+    w = np.dtype(params["dtype"]).itemsize
     sf, sp = shift_memory(params, w, 0)
-    return PassMemory(fixed=n * (2 * c + s) * w + (s * s + s * c + c * c) * w + sf + 4 * (c + s) * w,
-                      per_row=(2 * c + s) * w + (c + s) * (F64 + w) + sp, chunk_temporaries=True,
+    # [Omega | Psi] (generated on the host, then moved to the device's own memory), X^T, Phi [Y T],
+    # Y^T Y; the two row generators' blocks (float64) and, centered, b and c and the offsets
+    fixed = (n * (c + s) + n * c + s * (c + s) + c * c + 4 * (c + s)) * w
+    fixed += SKETCH_RNG_BLOCK * (c + s) * F64 + (2 * n * F64 if params.get("shifted") else 0) + sf
+    # the buffer gathering Y's rows into chunks, and zarr's three copies of one where writes are not direct
+    fixed += params.get("y_buffer", 0) * (4 if params.get("y_temporaries") else 1)
+    # per row: [Y T] (and its device copy of the written Y), the Upsilon and Phi rows and their device copies
+    return PassMemory(fixed=fixed, per_row=(2 * (c + s) + c) * w + sp, chunk_temporaries=True,
                       write_row_bytes=c * w)  # Y
 
 
 @row_kernel(memory=_sketch_memory, init=sketch_init)
 def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict]:
     """One strip of the three sketches: ``Y = B Omega`` (written), ``X^T = B^T Upsilon^T``,
-    ``Z = Phi B Psi`` (and ``Phi Y``, ``Y^T Y`` for the orthonormalization)."""
+    ``Phi [Y T]`` with ``T = B Psi`` (the core sketch ``Z = Phi T``, and ``Phi Y``), ``Y^T Y``.
+
+    One product ``B_i [Omega | Psi]`` makes ``Y_i`` and ``T_i``; the rows of ``Upsilon^T`` and
+    ``Phi^T`` come from the task's row generators, which make each block of rows once whatever
+    the strip height."""
     b = arrays[0]
     r0, r1 = rows.start, rows.stop
-    r = r1 - r0
-    dt = np.dtype(params["Omega"].dtype)
-    y = state["Ybuf"][:r]
-    t = state["Tbuf"][:r]
-    _zero(device, y)
-    _zero(device, t)
-    device.gemm_acc(y, b, state["Om"])
-    device.gemm_acc(t, b, state["Ps"])
-    correct(device, y, rows, state, state.get("beta_om"))
-    correct(device, t, rows, state, state.get("beta_ps"))
-    ups_h = gaussian(params["seed"], STREAM_UPSILON, r0, r1, params["Omega"].shape[1], dt)
+    r, kp = r1 - r0, params["kp"]
+    yt = state["YT"][:r]
+    _zero(device, yt)
+    device.gemm_acc(yt, b, state["OP"])
+    correct(device, yt, rows, state, state.get("beta"))
+    ups_h = state["ups"].rows(r0, r1, out=state["Ub"][:r])
     if params.get("shift_r") is not None:  # B_c^T Ups = diag(c) (B^T (r Ups) - b (a^T r Ups))
-        ups_h = ups_h * params["shift_r"][rows]
+        ups_h *= params["shift_r"][rows]
     ups = upload(device, ups_h)
-    phi = upload(device, gaussian(params["seed"], STREAM_PHI, r0, r1, params["Psi"].shape[1], dt))
+    phi = upload(device, state["phi"].rows(r0, r1, out=state["Pb"][:r]))
     device.gemm_acc(state["Xt"], b.T, ups)
     if "TX" in state:
         device.gemm_acc(state["TX"], _a_rows(state, rows).T, ups)
-    device.gemm_acc(state["Z"], phi.T, t)
-    device.gemm_acc(state["PY"], phi.T, y)
+    device.gemm_acc(state["PZ"], phi.T, yt)
+    y = yt[:, :kp]
     device.gemm_acc(state["G"], y.T, y)
-    return _finish(device, rows, params, state, ("Xt", "Z", "PY", "G", "TX")), {"Y": device.download(y, slice(0, r))}
+    out = device.download(yt, slice(0, r))[:, :kp]
+    if "Yw" in state:  # strips shorter than Y's chunks: gather them, write each chunk once, whole
+        if state["wn"] == 0:
+            state["w0"] = r0
+        state["Yw"][state["wn"]:state["wn"] + r] = out
+        state["wn"] += r
+        if state["wn"] < state["Yw"].shape[0] and r1 not in params["ends"]:
+            return state, None
+        out, state["wn"] = (state["w0"], state["Yw"][:state["wn"]]), 0
+    return _finish(device, rows, params, state, ("Xt", "PZ", "G", "TX")), {"Y": out}
 
 
 # -- whole-matrix load (the in-core path: a matrix that fits the budget is read once) -------------

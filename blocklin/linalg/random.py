@@ -14,6 +14,9 @@ import numpy as np
 
 #: Rows per independently seeded block of a random test matrix.
 RNG_BLOCK = 1024
+#: Rows per block of the single-pass sketch's test matrices (:class:`GaussianRows`): small, because a
+#: task keeps its current block of each while strips of a few rows take their rows from it.
+SKETCH_RNG_BLOCK = 64
 
 #: Streams of random numbers (independent for one seed).
 STREAM_OMEGA = 1      # right test matrix of rsvd (N x l)
@@ -36,6 +39,47 @@ def gaussian(seed: int, stream: int, r0: int, r1: int, width: int, dtype: Any = 
         lo, hi = max(r0, b * RNG_BLOCK), min(r1, (b + 1) * RNG_BLOCK)
         out[lo - r0:hi - r0] = block[lo - b * RNG_BLOCK:hi - b * RNG_BLOCK]
     return out.astype(dtype, copy=False)
+
+
+class GaussianRows:
+    """Consecutive rows of the standard-normal matrix of ``(seed, stream)``, ``width`` columns, in fixed
+    blocks of ``block`` rows (each seeded by ``(seed, stream, block index, width, block)``).
+
+    The numbers depend on the seed, stream, width and ``block`` only. The block last generated is
+    kept, so strips shorter than a block (taken in row order) generate each block once instead of once
+    per strip; memory: one block, ``block x width`` float64.
+    """
+
+    def __init__(self, seed: int, stream: int, width: int, block: int = SKETCH_RNG_BLOCK) -> None:
+        self.seed, self.stream, self.width, self.block = int(seed), int(stream), int(width), int(block)
+        self.index = -1
+        self.buf = np.empty((self.block, self.width), dtype=np.float64)
+
+    def _fill(self, b: int) -> np.ndarray:
+        if b != self.index:
+            ss = np.random.SeedSequence([self.seed, self.stream, b, self.width, self.block])
+            np.random.Generator(np.random.Philox(ss)).standard_normal(out=self.buf)
+            self.index = b
+        return self.buf
+
+    def rows(self, r0: int, r1: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows ``r0:r1`` into ``out`` (any ``(r1 - r0) x width`` array or view; new float64 if None)."""
+        out = np.empty((max(0, r1 - r0), self.width)) if out is None else out
+        h = self.block
+        for b in range(r0 // h, -(-r1 // h)):
+            lo, hi = max(r0, b * h), min(r1, (b + 1) * h)
+            out[lo - r0:hi - r0] = self._fill(b)[lo - b * h:hi - b * h]
+        return out
+
+
+def sketch_test_matrices(seed: int, n: int, kp: int, s: int, dtype: Any = np.float64) -> np.ndarray:
+    """``[Omega | Psi]`` (``n x (kp + s)``) of the single-pass sketch: its range and co-range test
+    matrices side by side, generated in place block by block (one :class:`GaussianRows` block of
+    temporaries), so that one product ``B_i [Omega | Psi]`` makes both sketches of a strip."""
+    out = np.empty((n, kp + s), dtype=dtype)
+    GaussianRows(seed, STREAM_SKETCH_OMEGA, kp).rows(0, n, out=out[:, :kp])
+    GaussianRows(seed, STREAM_SKETCH_PSI, s).rows(0, n, out=out[:, kp:])
+    return out
 
 
 def probes(n: int, k: int, seed: int) -> np.ndarray:

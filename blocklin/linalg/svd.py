@@ -8,6 +8,7 @@ and reported, and the formulas are those of :mod:`blocklin.plan.svd`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Unpack
 
@@ -26,7 +27,7 @@ from blocklin.linalg.orth import cholqr_r, orth_against, orth_incore
 from blocklin.linalg.results import open_group, write_group
 from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
 from blocklin.matrix import Matrix
-from blocklin.plan.svd import SvdPlan, plan_svd
+from blocklin.plan.svd import SvdPlan, plan_svd, sketch_blas_threads, sketch_tasks
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source
 from blocklin.operands import temp_root
@@ -136,30 +137,30 @@ class _InCore:
         self.dev.gemm_acc(out, a, self.dev.to_device(b.astype(self.dtype)))
         return out
 
-    def _sketch_on_device(self, om: np.ndarray, ps: np.ndarray, seed: int) -> tuple:
+    def _sketch_on_device(self, op: np.ndarray, kp: int, seed: int) -> tuple:
         d, dt, mm = self.dev, self.dtype, self._mm
-        y, t = mm(self.bd, om), mm(self.bd, ps)
-        ups = rnd.gaussian(seed, rnd.STREAM_UPSILON, 0, self.M, om.shape[1], dt)
-        phi = d.to_device(rnd.gaussian(seed, rnd.STREAM_PHI, 0, self.M, ps.shape[1], dt))
+        y, t = mm(self.bd, op[:, :kp]), mm(self.bd, op[:, kp:])
+        ups = rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp).rows(0, self.M).astype(dt)
+        phi = d.to_device(rnd.GaussianRows(seed, rnd.STREAM_PHI, op.shape[1] - kp).rows(0, self.M).astype(dt))
         small = []
-        for a, b in ((phi.T, t), (phi.T, y), (y.T, y)):
+        for a, b in ((phi.T, y), (phi.T, t), (y.T, y)):
             g = d.zeros((a.shape[0], b.shape[1]), dt)
             d.gemm_acc(g, a, b)
             small.append(np.asarray(d.to_host(g), dtype=np.float64))
         xt = np.asarray(d.to_host(mm(self.bd.T, ups)), dtype=np.float64)
-        return (xt, *small, DeviceBlock(d, y))
+        return xt, np.hstack(small[:2]), small[2], DeviceBlock(d, y)
 
-    def sketch(self, om: np.ndarray, ps: np.ndarray, seed: int) -> tuple:
+    def sketch(self, kp: int, s: int, seed: int) -> tuple:
+        """``(X^T, Phi [Y T], Y^T Y, Y)`` of the single-pass sketch (as :func:`K.sketch_kernel` makes them)."""
+        op = rnd.sketch_test_matrices(seed, self.N, kp, s, self.dtype)
         if self.dev is not None:
-            return self._sketch_on_device(om, ps, seed)
-        dt = self.dtype
-        y = self.b @ om.astype(dt)
-        t = self.b @ ps.astype(dt)
-        ups = rnd.gaussian(seed, rnd.STREAM_UPSILON, 0, self.M, om.shape[1], dt)
-        phi = rnd.gaussian(seed, rnd.STREAM_PHI, 0, self.M, ps.shape[1], dt)
+            return self._sketch_on_device(op, kp, seed)
         f = np.float64
-        return ((self.b.T @ ups).astype(f), (phi.T @ t).astype(f), (phi.T @ y).astype(f), (y.T @ y).astype(f),
-                ArrayBlock(y))
+        yt = self.b @ op
+        y = np.ascontiguousarray(yt[:, :kp])
+        ups = rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp).rows(0, self.M).astype(self.dtype)
+        phi = rnd.GaussianRows(seed, rnd.STREAM_PHI, s).rows(0, self.M).astype(self.dtype)
+        return (self.b.T @ ups).astype(f), (phi.T @ yt).astype(f), (y.T @ y).astype(f), ArrayBlock(y)
 
     def apply_write(self, w: np.ndarray, dest: str | None, transposed_out: bool, description: str = "") -> Any:
         blk = DeviceBlock(self.dev, self.bd) if self.dev is not None else ArrayBlock(self.b)
@@ -207,8 +208,7 @@ class _Streamed:
         too small for any of them is refused before the first pass, with the minimum that fits."""
         p, N, dt = self.plan, self.N, np.dtype(self.dtype)
         if p.method == "sketch":
-            kp, s = p.sketch_size
-            self._plan(K.sketch_kernel, {"seed": 0, "Omega": _Shape((N, kp), dt), "Psi": _Shape((N, s), dt)})
+            self._plan_sketch(self._sketch_params(0))
         else:  # the widest product: a step's block, or the final Rayleigh-Ritz over Ritz vectors and residuals
             width = p.block if p.method != "lanczos" else max(p.block, k + enrich_width(k, p.block, N))
             self._plan(K.normal_kernel, {"gram": True, "write_y": True, "Q": _Shape((N, width), dt)})
@@ -248,15 +248,36 @@ class _Streamed:
             z = self.shift.finish(z, reduce_sum(states, "T") if params.get("shifted") else None)
         return z, (reduce_sum(states, "G") if gram else None), blk
 
-    def sketch(self, om: np.ndarray, ps: np.ndarray, seed: int) -> tuple:
-        params = self._shifted({"seed": seed}, Omega=om, Psi=ps)
-        plan = self._plan(K.sketch_kernel, params)
-        blk = self._tmp_block(om.shape[1], plan.strip)
+    def _sketch_params(self, seed: int) -> dict:
+        """The sketch pass's parameters: sizes and seed (its tasks generate ``[Omega | Psi]``), and
+        centered, the column scale ``c`` and offsets ``b`` the tasks premultiply it with."""
+        kp, s = self.plan.sketch_size
+        params = {"seed": seed, "N": self.N, "kp": kp, "s": s, "dtype": np.dtype(self.dtype).str,
+                  "y_buffer": min(SKETCH_Y_BUFFER, self.plan.memory // 64, self.M * kp * np.dtype(self.dtype).itemsize),
+                  "y_temporaries": self.job.cfg.codec != "none" or temp_root(self.job.cfg).scheme != "local"}
+        if self.shift:
+            params |= {"shift_c": self.shift.c, "shift_b": self.shift.b} | self.shift.params(self.dtype)
+        return params
+
+    def _plan_sketch(self, params: dict) -> Any:
+        """The sketch's pass within the budget, split as :func:`blocklin.plan.svd.sketch_tasks` says."""
+        p = self.plan
+        tasks = sketch_tasks(p.M, p.N, p.sketch_size, np.dtype(self.dtype).itemsize, p.memory)
+        plan = plan_kernel_pass(self.job, K.sketch_kernel, [self.source], params, memory=p.memory,
+                                reserve=p.client_bytes, min_tasks=tasks)
+        threads = sketch_blas_threads(plan.blas_threads, plan.strip, p.N, p.sketch_size)
+        return plan if threads == plan.blas_threads else dataclasses.replace(plan, blas_threads=threads)
+
+    def sketch(self, kp: int, s: int, seed: int) -> tuple:
+        params = self._sketch_params(seed)
+        plan = self._plan_sketch(params)
+        params["y_chunk"] = _y_chunk(plan, params["y_buffer"] // (kp * np.dtype(self.dtype).itemsize))
+        blk = self._tmp_block(kp, params["y_chunk"])
         states = self._run(K.sketch_kernel, params, plan, "sketch: single pass", outputs=(("Y", blk.path),))
         xt = reduce_sum(states, "Xt")
         if self.shift:
             xt = self.shift.finish(xt, reduce_sum(states, "TX") if params.get("shifted") else None)
-        return xt, reduce_sum(states, "Z"), reduce_sum(states, "PY"), reduce_sum(states, "G"), blk
+        return xt, reduce_sum(states, "PZ"), reduce_sum(states, "G"), blk
 
     def apply_write(self, w: np.ndarray, dest: str | None, transposed_out: bool, description: str = "") -> Any:
         c = w.shape[1]
@@ -268,6 +289,25 @@ class _Streamed:
         states = self._run(K.apply_kernel, params, plan, description, outputs=(("F", dest),) if dest else (),
                            transposed_outputs=("F",) if transposed_out else ())
         return None if dest else collect_rows(states, self.M, c)
+
+
+#: Most bytes of the buffer that gathers the sketch's short strips of ``Y`` into taller chunks: each
+#: chunk is a file (and a folder of its row) to write, read twice and remove; strips of a few dozen
+#: rows (small budgets) made hundreds of them, and removing their folders alone took 0.3-0.5 s.
+SKETCH_Y_BUFFER = 256 << 10
+
+
+def _y_chunk(plan: Any, rows: int) -> int:
+    """Chunk height of the sketch's ``Y``: the strip times the most strips (at most ``rows`` rows in
+    all) that divide every task's share, so that no chunk is written by two tasks."""
+    strip = plan.strip
+    j_max = max(1, rows // strip)
+    if len(plan.groups) > 1:
+        per_group = (plan.groups[0][1] - plan.groups[0][0]) // strip
+        j = max(d for d in range(1, min(j_max, per_group) + 1) if per_group % d == 0)
+    else:
+        j = min(j_max, -(-plan.m // strip))
+    return strip * j
 
 
 def load_incore(job: Job, A: Any, plan: SvdPlan) -> np.ndarray:
@@ -363,21 +403,35 @@ def _rsvd(src: Any, k: int, l: int, q: int | None, tol: float | None, seed: int,
     return r | {"power_iters": used, "history": history}
 
 
+def _psi_t(seed: int, s: int, P: np.ndarray) -> np.ndarray:
+    """``Psi^T P``, generating ``Psi`` a block of rows at a time (the numbers of the sketch's pass)."""
+    gen = rnd.GaussianRows(seed, rnd.STREAM_SKETCH_PSI, s)
+    out = np.zeros((s, P.shape[1]))
+    for r0 in range(0, P.shape[0], gen.block):
+        r1 = min(P.shape[0], r0 + gen.block)
+        out += gen.rows(r0, r1).T @ P[r0:r1]
+    return out
+
+
 def _sketch(src: Any, k: int, kp: int, s: int, seed: int, dest: str | None, transposed_out: bool) -> dict:
-    N = src.N
-    om = rnd.gaussian(seed, rnd.STREAM_SKETCH_OMEGA, 0, N, kp)
-    ps = rnd.gaussian(seed, rnd.STREAM_SKETCH_PSI, 0, N, s)
-    Xt, Z, PY, G, Y = src.sketch(om, ps, seed)
+    """The single-pass sketch of Tropp, Yurtsever, Udell and Cevher (2019), "Streaming low-rank matrix
+    approximation with an application to scientific simulation", SIAM J. Sci. Comput. 41(4): range
+    sketch ``Y = B Omega``, co-range sketch ``X = Upsilon B`` and core sketch ``Z = Phi B Psi^T``
+    from one pass; the test matrices are generated from the seed where they are used."""
+    Xt, PZ, G, Y = src.sketch(kp, s, seed)
+    PY, Z = PZ[:, :kp], PZ[:, kp:]
     R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
     rinv = np.linalg.pinv(R)  # R is singular when A has rank < k + oversample (zero rows of R: zero columns of Q)
     P = orth_incore(Xt)
+    del Xt
     phiq = PY @ rinv
-    psitp = ps.T @ P
+    psitp = _psi_t(seed, s, P)
     c1 = scipy.linalg.lstsq(phiq, Z)[0]               # (Phi Q)^+ Z
     C = scipy.linalg.lstsq(psitp, c1.T)[0].T          # ... ((Psi^T P)^+)^T
     Uc, Sc, Vct = np.linalg.svd(C)
     sig = Sc[:k]
     V = P @ Vct.T[:, :k]
+    del P
     long = Y.apply_to(chain + [Uc[:, :k]], dest, transposed_out=transposed_out, description="sketch: write the long factor")
     return {"s": sig, "V": V, "long": long, "residuals": None, "orth": orth_info, "sketch_size": [kp, s]}
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, ParameterError, explain
+from blocklin.plan.passes import canonical_tasks
 
 #: Host bytes per element of in-core float64 work arrays.
 F64 = 8
@@ -91,7 +92,37 @@ def default_block(k: int, oversample: int, N: int) -> int:
     return max(1, min(N, k + oversample, max(8, math.ceil((k + oversample) / 2))))
 
 
-def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch: tuple[int, int] | None) -> int:
+def sketch_state_bytes(N: int, sketch: tuple[int, int]) -> int:
+    """Bytes of one task's partial state in the sketch's pass: the co-range sketch ``X^T`` (``N x kp``),
+    ``Phi [Y T]`` (``s x (kp + s)``), ``Y^T Y`` and the centering term (float64 at most)."""
+    kp, s = sketch
+    return (N * kp + s * (kp + s) + kp * kp + kp) * F64
+
+
+def sketch_tasks(M: int, N: int, sketch: tuple[int, int], itemsize: int, memory: int) -> int:
+    """Tasks of the sketch's pass: the canonical split of a row pass, fewer where their partial states
+    (every one holds an ``N x kp`` co-range sketch, all kept until the pass ends) would take more than
+    an eighth of the budget. A function of the data and the budget only, never of the scheduler, so
+    the sums are the same bits on every scheduler."""
+    return max(1, min(canonical_tasks(M, N * itemsize), (memory // 8) // sketch_state_bytes(N, sketch)))
+
+
+#: Multiply-adds of one strip's product ``B_i [Omega | Psi]`` under which the sketch's pass runs BLAS
+#: on one thread: splitting a product this small gains little (a 32 x 4096 by 4096 x 61 product took
+#: 0.33 ms on two threads, 0.43 ms on one, on a shared 2-core machine), while each product waits for
+#: every thread to be scheduled, which stalled it when the machine was busier (in other minutes of
+#: the same load average of about 9: 180 ms on two threads against 0.46 ms on one; 12-16 ms against
+#: 1.6-3.2 ms at 128-256 rows; no difference at 1024 rows).
+SMALL_PRODUCT = 1 << 26
+
+
+def sketch_blas_threads(threads: int, strip: int, N: int, sketch: tuple[int, int]) -> int:
+    """BLAS threads of the sketch's pass: ``threads``, or one for strips whose product is small."""
+    return 1 if strip * N * sum(sketch) < SMALL_PRODUCT else threads
+
+
+def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch: tuple[int, int] | None,
+                 *, M: int = 0, itemsize: int = F64, memory: int = 0) -> int:
     """In-memory work outside the passes (float64 small factors, Krylov bases, sketches).
 
     Sized from the traced allocations (``tracemalloc``) between the passes of a 4096 x 4096 float64
@@ -105,8 +136,15 @@ def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch
     if method == "rsvd":
         return 14 * N * block * F64 + 8 * block * block * F64
     if method == "sketch":
+        # The test matrices Omega and Psi are generated inside the pass's tasks, from the seed, and
+        # Psi again block by block after it: none of them is held here. Held while a pass runs: the
+        # tasks' partial states (the sketch's pass), then X^T (the passes orthonormalizing Y) or
+        # V = P W (the pass writing U), with the small sketches. The steps between the passes (X^T's
+        # QR: X^T, P and LAPACK's copy, about 4 N kp) have the whole budget, which the passes' fixed
+        # buffers (N (2 kp + s) >= 3 N kp) and this reserve (>= N kp) already exceed.
         kp, s = sketch
-        return N * (4 * kp + 2 * s) * F64 + 4 * s * s * F64 + 4 * kp * kp * F64
+        states = sketch_tasks(M, N, sketch, itemsize, memory) * sketch_state_bytes(N, sketch)
+        return max(states, (kp + k) * N * F64) + 4 * (s * (kp + s) + kp * kp) * F64
     # lanczos / eigsh: V and W bases and the copies hstack and the thick restart make of them (three
     # of each alive at a restart), Ritz vectors and residual block, eigh of the projected matrix.
     return (6 * max_basis + 2 * (k + block) + 2 * block) * N * F64 + 3 * max_basis * max_basis * F64
@@ -140,7 +178,7 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
         block = max(1, min(block, N))
         basis = max_basis or max(3 * (k + oversample), k + oversample + 2 * block)
         basis = max(k + block, min(basis, N))
-    cb = client_bytes(method, N, k, block, basis, sketch)
+    cb = client_bytes(method, N, k, block, basis, sketch, M=M, itemsize=dt.itemsize, memory=memory)
     a_bytes = M * N * dt.itemsize
     in_core_need = 2 * a_bytes + cb + 4 * M * block * F64
     in_core = in_core_need <= memory

@@ -10,6 +10,8 @@ so results do not depend on the scheduler or the number of workers.
 This module is the one way to run a row pass:
 
 * a kernel is a function ``kernel(device, arrays, rows, params, state) -> (state, writes)``
+  (``writes`` maps output names to the strip's rows, or to ``(first row, block)`` for rows a kernel
+  buffered over several strips to write whole chunks of an output chunked taller than the strip),
   marked with :func:`row_kernel`, which declares next to its code the memory one task allocates
   (a :class:`~blocklin.plan.passes.PassMemory` computed from the parameters and the streamed
   operands), its optional ``init`` and the device it runs on;
@@ -314,10 +316,14 @@ def _stream_strips(spec: RowPassSpec, device: Any, strips: list, load: Any, shap
         state, writes = spec.kernel(device, dev_arrays, slice(r0, r1), spec.params, state)
         told += report_units(r1 - r0)  # the progress bar moves strip by strip
         for name, block in (writes or {}).items():
+            w0 = r0
+            if isinstance(block, tuple):  # (first row, block): rows the kernel buffered over several strips
+                w0, block = block
+            w1 = w0 + block.shape[0]
             if name in spec.transposed_outputs:
-                write_block(outs[name], slice(0, block.shape[1]), slice(r0, r1), block.T)
+                write_block(outs[name], slice(0, block.shape[1]), slice(w0, w1), block.T)
             else:
-                write_block(outs[name], slice(r0, r1), slice(0, block.shape[1]), block)
+                write_block(outs[name], slice(w0, w1), slice(0, block.shape[1]), block)
             written += block.nbytes
     return state, written, told, stream
 
