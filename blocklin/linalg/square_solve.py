@@ -260,18 +260,21 @@ class _Run:
             "cholesky", n, dt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks)).tile
             for kind, p in plans.items()}
         chunk = tiles[_kinds(assume_a)[0]]  # x's chunks: those of the first route tried
+        # the n x k stores are chunked (tile, min(tile, k)): a chunk as wide as a tile would be padded to it on
+        # disk (a tile-wide chunk of one column: 1024 x 1024 written and read for 1024 values)
+        kc = min(chunk, max(k, 1))
         x_path = ao.array_path()
         # the output path is in the work folder's name: two runs without out= never share one
         work = job.work_dir("solve", tokenize(token, str(ao.path))[:16], resume=resume)
         stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
-            x_path, shape=(n, k), dtype=dt, chunks=(chunk, chunk), codec=job.cfg.codec, overwrite=True))
+            x_path, shape=(n, k), dtype=dt, chunks=(chunk, kc), codec=job.cfg.codec, overwrite=True))
         # up to a panel's width of right-hand sides an LU is solved on its panels as stored (no LAPACK-layout store)
         factor_stores = {kind: (None if kind == "lu" and k <= p.tile else stages.store(kind, (n, n), fdt, (p.tile, p.tile)),
                                 p, work / f"{kind}-markers") for kind, p in plans.items()}
         stores = {}
         for kind in plans:
             t = tiles[kind]
-            stores[kind] = {name: stages.store(name, (n, k), sdt, (t, t)) for name, sdt in
+            stores[kind] = {name: stages.store(name, (n, k), sdt, (t, min(t, max(k, 1)))) for name, sdt in
                             (("y", fdt), ("pb", fdt), ("r", dt), ("d", dt), ("x0", dt), ("x1", dt))}
         if "lu" in plans:  # B's forward substitution inside the panels, into the store y, where it fits beside them
             p = plans["lu"]
