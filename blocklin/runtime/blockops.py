@@ -936,9 +936,14 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
         k, r0, r1 = blocks[i]
         if r0 == k * t:  # panel k's swaps (the row order it was stored in), then U_kJ = L_kk^-1 P_kJ
             _apply_swaps(dev, panel, _panel_pivots(spec, k), r0, buf=swap_buf)
-            ukj = dev.solve_triangular(lblk, panel[r0:r1], lower=True, unit=True)
-            with dev.on_compute():
-                panel[r0:r1] = ukj
+            if isinstance(panel, np.ndarray):  # in place: the rows of a C-ordered panel are one block
+                from blocklin.device.cpu import trsm_inplace
+
+                ukj = trsm_inplace(lblk, panel[r0:r1], lower=True, unit=True)
+            else:
+                ukj = dev.solve_triangular(lblk, panel[r0:r1], lower=True, unit=True)
+                with dev.on_compute():
+                    panel[r0:r1] = ukj
         else:
             dev.gemm_acc(panel[r0:r1], lblk, ukj, -1.0)
         nread += (r1 - r0) * t * dt.itemsize
