@@ -218,7 +218,7 @@ def test_gen_solve_forward_substitution_only_where_it_fits_the_panel_budget(monk
     assert lu_rhs_fits(n, w, 1, 8, 8) and not lu_rhs_fits(n, w, w, 8, 8)
     free = lu_panel_bytes(n, w, 8) - n * w * 8
     k = max(j for j in range(1, w + 1) if lu_rhs_fits(n, w, j, 8, 8))
-    assert (n * k + 3 * w * k) * 8 <= free < (n + 3 * w) * (k + 1) * 8
+    assert (3 * n * k + 3 * w * k) * 8 <= free < (3 * n + 3 * w) * (k + 1) * 8  # y and its saved bytes
     assert not lu_rhs_fits(n, w, k, 4, 8)  # the float64 rows read before the cast to float32 count too
     rng = np.random.default_rng(13)
     m = 120
