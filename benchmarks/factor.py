@@ -276,21 +276,30 @@ def run_gen_solve(folder: Path, g_path: Path, args: argparse.Namespace) -> None:
     import zarr
 
     b_path = folder / "bg.zarr"
-    zb = zarr.create_array(str(b_path), shape=(args.n, 1), dtype="float64", chunks=(args.chunk, 1), compressors=None)
+    zb = zarr.create_array(str(b_path), shape=(args.n, 1), dtype="float64", chunks=(args.chunk, 1), compressors=None,
+                           overwrite=True)  # a kept --dir is reused
     zb[...] = np.random.default_rng(4).standard_normal((args.n, 1))
     a, b = zarr.open_array(str(g_path))[...], zb[...]
-    print(f"\nsquare solve A x = b, n = {args.n} float64, random entries")
-    print(f"{'variant':15} {'seconds':>8} {'peak MiB':>9} {'eta':>9}  notes")
-    for variant in ("blocklin", "blocklin-mixed", "scipy", "dask"):
+    print(f"\nsquare solve A x = b, n = {args.n} float64, random entries, budget {args.memory}")
+    rows = {}
+    for variant in args.gen_variants.split(","):
         out = str(folder / f"xg-{variant}.zarr")
+        shutil.rmtree(out, ignore_errors=True)
         r = run_child(GEN_CHILD, variant, str(g_path), str(b_path), out, args.memory)
+        if "error" not in r:
+            x = zarr.open_array(out)[...].reshape(args.n, -1)
+            r["eta"] = np.linalg.norm(b - a @ x) / (np.linalg.norm(a) * np.linalg.norm(x) + np.linalg.norm(b))
+        rows[variant] = r
+    # time over SciPy's in the same run (the issue's goal: 1.3x at most, holding half of A or less)
+    ref = rows.get("scipy", {}).get("seconds")
+    print(f"{'variant':15} {'seconds':>8} {'x scipy':>8} {'peak MiB':>9} {'eta':>9}  notes")
+    for variant, r in rows.items():
         if "error" in r:
             print(f"{variant:15} failed: {r['error']}")
             continue
-        x = zarr.open_array(out)[...].reshape(args.n, -1)
-        eta = np.linalg.norm(b - a @ x) / (np.linalg.norm(a) * np.linalg.norm(x) + np.linalg.norm(b))
+        ratio = f"{r['seconds'] / ref:8.2f}" if ref else f"{'-':>8}"
         notes = f"{r['method']}, {r['steps']} refinement step(s)" if "method" in r else ""
-        print(f"{variant:15} {r['seconds']:8.2f} {r['peak'] / 2**20:9.0f} {eta:9.1e}  {notes}")
+        print(f"{variant:15} {r['seconds']:8.2f} {ratio} {r['peak'] / 2**20:9.0f} {r['eta']:9.1e}  {notes}")
 
 
 TIKHONOV_CHILD = textwrap.dedent(r"""
@@ -488,6 +497,8 @@ def main() -> None:
                     help="also benchmark QR on the square n x n matrix (tile QR, column panels, NumPy)")
     ap.add_argument("--rows", type=int, help="rows of the --qr-square matrix (default n: square; more: tall)")
     ap.add_argument("--gen-solve", action="store_true", help="also benchmark square solves (LU, mixed precision)")
+    ap.add_argument("--gen-variants", default="blocklin,blocklin-mixed,scipy,dask",
+                    help="comma-separated variants of --gen-solve (e.g. blocklin,scipy)")
     ap.add_argument("--no-cholesky", action="store_true", help="skip the Cholesky and SPD-solve part")
     ap.add_argument("--tikhonov", type=int, metavar="N", help="also a Tikhonov solve of a random N x N matrix")
     ap.add_argument("--tikhonov-memory", default="512MiB", help="budget of the Tikhonov solve")

@@ -165,3 +165,116 @@ def test_gen_solve_with_more_right_hand_sides_than_a_panel():
         assert _eta(a, x[...], b[:, :cols]) <= 4 * np.sqrt(n) * np.finfo(float).eps
         np.testing.assert_allclose(x[...], sl.solve(a, b[:, :cols]), rtol=0,
                                    atol=1e-10 * np.abs(sl.solve(a, b[:, :cols])).max())
+
+
+def _spy_lu_solves(monkeypatch):
+    """The ``forward`` flag of every LU solve task (True: the solve also reads L back)."""
+    import blocklin.runtime.blockops as bo
+
+    calls, real = [], bo.lu_solve_task
+
+    def spy(spec, pivots, forward=True):
+        calls.append(forward)
+        return real(spec, pivots, forward)
+
+    monkeypatch.setattr(bo, "lu_solve_task", spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype,precision", [(np.float64, "double"), (np.float32, "double"), (np.float64, "mixed")])
+def test_gen_solve_forward_substitution_runs_in_the_panels(monkeypatch, dtype, precision):
+    """The first solve is the back substitution alone (the panels eliminated b as they were factored: Gaussian
+    elimination on [A | b]); refinement steps solve with the stored factors, forward and back."""
+    calls = _spy_lu_solves(monkeypatch)
+    rng = np.random.default_rng(12)
+    n = 150
+    a = (rng.standard_normal((n, n)) + (5 * np.eye(n) if precision == "mixed" else 0)).astype(dtype)
+    b = rng.standard_normal((n, 3)).astype(dtype)
+    x = bl.solve(a, b, memory="256KiB", scheduler="sync", precision=precision)
+    r = x.report
+    assert r["plan"]["tiles"] > 2
+    assert calls == [False] + [True] * r["refine_steps"]
+    if precision == "mixed":
+        assert r["refine_steps"] >= 1
+    else:  # the fused forward substitution alone reaches the target: a wrong one would need refinement steps
+        assert r["refine_steps"] == 0 and r["history"][0]["backward_error"] <= np.sqrt(n) * np.finfo(dtype).eps
+    eps = np.finfo(x.dtype).eps
+    assert r["backward_error"] <= np.sqrt(n) * eps
+    # the stored x's backward error, recomputed in float64: the target up to the rounding of x (a factor 4)
+    assert _eta(a, x[...], b) <= 4 * np.sqrt(n) * eps
+    ref = sl.solve(a.astype(np.float64), b.astype(np.float64))
+    cond = np.linalg.cond(a.astype(np.float64))  # forward error <= 2 cond(A) backward error (Higham (7.2))
+    assert np.linalg.norm(x[...] - ref) <= 2 * cond * 4 * np.sqrt(n) * eps * np.linalg.norm(ref)
+
+
+def test_gen_solve_forward_substitution_only_where_it_fits_the_panel_budget(monkeypatch):
+    """Right-hand sides that do not fit beside a panel (lu_rhs_fits) are solved after the factorization,
+    forward and back: the same solution up to rounding."""
+    import blocklin.linalg.square_solve as sq
+    from blocklin.plan.factor import lu_panel_bytes, lu_rhs_fits
+
+    # after its factorization a panel frees its update and sub-panel buffers: n x k must fit there
+    n, w = 65536, 1024
+    assert lu_rhs_fits(n, w, 1, 8, 8) and not lu_rhs_fits(n, w, w, 8, 8)
+    free = lu_panel_bytes(n, w, 8) - n * w * 8
+    k = max(j for j in range(1, w + 1) if lu_rhs_fits(n, w, j, 8, 8))
+    assert (3 * n * k + 3 * w * k) * 8 <= free < (3 * n + 3 * w) * (k + 1) * 8  # y and its saved bytes
+    assert not lu_rhs_fits(n, w, k, 4, 8)  # the float64 rows read before the cast to float32 count too
+    rng = np.random.default_rng(13)
+    m = 120
+    a, b = rng.standard_normal((m, m)), rng.standard_normal((m, 4))
+    xs = []
+    for fits in (True, False):
+        calls = _spy_lu_solves(monkeypatch)
+        if not fits:
+            monkeypatch.setattr(sq, "lu_rhs_fits", lambda *args: False)
+        x = bl.solve(a, b, memory="256KiB", scheduler="sync")
+        assert calls[0] == (not fits)
+        assert x.report["backward_error"] <= np.sqrt(m) * np.finfo(float).eps
+        xs.append(x[...])
+        monkeypatch.undo()
+    # both refined to sqrt(n) eps backward error: within cond(A) times that of each other and of SciPy
+    ref = sl.solve(a, b)
+    tol = 2 * np.linalg.cond(a) * 4 * np.sqrt(m) * np.finfo(float).eps * np.linalg.norm(ref)
+    for x in xs:
+        assert np.linalg.norm(x - ref) <= tol
+
+
+def test_gen_solve_resumes_inside_the_panels_forward_substitution(tmp_path, monkeypatch):
+    """Killed after some panels (their eliminated right-hand sides kept for the rerun), the rerun continues
+    from the last finished panel and gives the bits of an uninterrupted run."""
+    import os
+
+    import blocklin.runtime.blockops as bo
+
+    rng = np.random.default_rng(14)
+    a = bl.from_array(rng.standard_normal((160, 160)), tmp_path / "a.zarr", chunks=(32, 32))
+    b = bl.from_array(rng.standard_normal((160, 2)), tmp_path / "b.zarr", chunks=(32, 2))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    kw = dict(memory="256KiB", scheduler="sync", temp_dir=str(tmp))
+    ref = bl.solve(a.path, b.path, out=str(tmp_path / "ref.zarr"), **kw)
+    assert ref.report["plan"]["tiles"] >= 4
+    real, ran = bo._lu_forward_rhs, []
+
+    def dies_at_panel_3(spec, j, *args):
+        if j == 3:
+            raise KeyboardInterrupt
+        ran.append(j)
+        return real(spec, j, *args)
+
+    monkeypatch.setattr(bo, "_lu_forward_rhs", dies_at_panel_3)
+    with pytest.raises(KeyboardInterrupt):
+        bl.solve(a.path, b.path, out=str(tmp_path / "x.zarr"), resume=True, **kw)
+    monkeypatch.setattr(bo, "_lu_forward_rhs", lambda spec, j, *args: (ran.append(j), real(spec, j, *args))[1])
+    ran.clear()
+    x = bl.solve(a.path, b.path, out=str(tmp_path / "x.zarr"), resume=True, **kw)
+    assert x.report["resumed"] and ran[0] == 3  # panels 0-2 were not run again
+    np.testing.assert_array_equal(x[...], ref[...])
+    assert os.listdir(tmp) == []
+
+
+def test_gen_solve_vector_stores_are_not_padded_to_tiles():
+    """x is chunked (tile, k): a chunk as wide as a tile would be padded to tile x tile on disk."""
+    x = bl.solve(np.random.default_rng(15).standard_normal((100, 100)), np.ones(100), memory="256KiB")
+    assert x.chunks[1] == 1 and x.chunks[0] > 1

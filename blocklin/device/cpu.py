@@ -190,6 +190,28 @@ def _trsm(trsm: Any, t: np.ndarray, b: np.ndarray, *, lower: bool, trans: bool, 
     return out
 
 
+def trsm_inplace(t: np.ndarray, b: np.ndarray, *, lower: bool, unit: bool = False) -> np.ndarray:
+    """``b = t^-1 b`` in place for a C-contiguous ``b`` (one BLAS TRSM on the Fortran-ordered view
+    ``b.T``, as :func:`_trsm` does on its copy); returns ``b``. A ``b`` that BLAS cannot take in place, or
+    a non-unit ``t`` with a zero on its diagonal (SciPy's error), goes through a copy."""
+    trsm = _blas_trsm(t.dtype)
+    if (trsm is None or b.dtype != t.dtype or not b.flags.c_contiguous or b.ndim != 2 or t.ndim != 2
+            or (not unit and not np.diagonal(t).all())):
+        b[...] = CpuDevice().solve_triangular(t, b, lower=lower, unit=unit)
+        return b
+    if t.flags.f_contiguous:
+        a, flipped = t, False
+    elif t.flags.c_contiguous:
+        a, flipped = t.T, True
+    else:
+        a, flipped = np.asfortranarray(t), False
+    out = trsm(1.0, a, b.T, side=1, lower=int(lower != flipped), trans_a=int(not flipped), diag=int(unit),
+               overwrite_b=1)
+    if not np.shares_memory(out, b):  # the wrapper copied after all
+        b[...] = out.T
+    return b
+
+
 def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0, beta: float = 1.0) -> None:
     """``acc = alpha * a @ b + beta * acc`` (``beta`` 1 or 0) without a temporary: BLAS gemm into ``acc``.
 

@@ -20,7 +20,7 @@ from blocklin.errors import (ConvergenceError, ConvergenceWarning, NotPositiveDe
 from blocklin.linalg.cholesky import factor_into
 from blocklin.linalg.lu import factor_lu_into
 from blocklin.matrix import Matrix
-from blocklin.plan.factor import FactorPlan, plan_factor, plan_lu
+from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
 from blocklin.runtime.blockops import BlockOps, Region, swaps_to_permutation
 from blocklin.runtime.job import Job
 from blocklin.runtime.stages import Stages
@@ -111,6 +111,9 @@ class _Factor:
     growth: float | None = None
     #: LU: the pivots, when ``path`` is the panels' work store (solved by ``BlockOps.lu_solve``).
     pivots: np.ndarray | None = None
+    #: LU: ``L^-1 P B`` when the panels ran the forward substitution of ``B`` (the first solve is then
+    #: the back substitution alone).
+    forward: Any = None
 
 
 def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", precision: str = "double",
@@ -257,19 +260,27 @@ class _Run:
             "cholesky", n, dt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks)).tile
             for kind, p in plans.items()}
         chunk = tiles[_kinds(assume_a)[0]]  # x's chunks: those of the first route tried
+        # the n x k stores are chunked (tile, min(tile, k)): a chunk as wide as a tile would be padded to it on
+        # disk (a tile-wide chunk of one column: 1024 x 1024 written and read for 1024 values)
+        kc = min(chunk, max(k, 1))
         x_path = ao.array_path()
         # the output path is in the work folder's name: two runs without out= never share one
         work = job.work_dir("solve", tokenize(token, str(ao.path))[:16], resume=resume)
         stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
-            x_path, shape=(n, k), dtype=dt, chunks=(chunk, chunk), codec=job.cfg.codec, overwrite=True))
+            x_path, shape=(n, k), dtype=dt, chunks=(chunk, kc), codec=job.cfg.codec, overwrite=True))
         # up to a panel's width of right-hand sides an LU is solved on its panels as stored (no LAPACK-layout store)
         factor_stores = {kind: (None if kind == "lu" and k <= p.tile else stages.store(kind, (n, n), fdt, (p.tile, p.tile)),
                                 p, work / f"{kind}-markers") for kind, p in plans.items()}
         stores = {}
         for kind in plans:
             t = tiles[kind]
-            stores[kind] = {name: stages.store(name, (n, k), sdt, (t, t)) for name, sdt in
+            stores[kind] = {name: stages.store(name, (n, k), sdt, (t, min(t, max(k, 1)))) for name, sdt in
                             (("y", fdt), ("pb", fdt), ("r", dt), ("d", dt), ("x0", dt), ("x1", dt))}
+        if "lu" in plans:  # B's forward substitution inside the panels, into the store y, where it fits beside them
+            p = plans["lu"]
+            fused = (factor_stores["lu"][0] is None and lu_rhs_fits(n, p.tile, k, fdt.itemsize, dt.itemsize))
+            factor_stores["lu"] += ((Region.of(B.path, (n, k)), Region.of(stores["lu"]["y"], (n, k))) if fused
+                                    else None,)
         return cls(stages, work, chunk, factor_stores, stores, tiles)
 
     def solve_stores(self, f: _Factor) -> dict:
@@ -379,12 +390,14 @@ def _cholesky(job: Job, A: Any, l_path: Any, plan: FactorPlan, markers: Any) -> 
                    if whole else None)
 
 
-def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any) -> _Factor:
+def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: tuple | None = None) -> _Factor:
     """The LU into ``lu_path`` (LAPACK's layout), or with ``lu_path=None`` left in the panels' work store
-    for :meth:`BlockOps.lu_solve`."""
+    for :meth:`BlockOps.lu_solve`; with ``fused`` (regions ``B`` and ``Y``) the panels also write
+    ``Y = L^-1 P B`` (Gaussian elimination on ``[A | B]``: the first solve reads no ``L``)."""
     n = A.shape[0]
     fdt = np.dtype(plan.dtype)
-    f = factor_lu_into(job, A, lu_path, plan, done_dir=markers)
+    rhs, rhs_out = fused or (None, None)
+    f = factor_lu_into(job, A, lu_path, plan, done_dir=markers, rhs=rhs, rhs_out=rhs_out)
     if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
         raise ParameterError(explain("precision", f"a float32 factorization needs A's entries within {fdt.name}'s "
                                      "range (the factorization overflowed)",
@@ -396,7 +409,7 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any) -> _Fact
                                           "the least-squares problem with method='qr'"))
     growth = f.max_u / f.max_a if f.max_a > 0 else 1.0
     if lu_path is None:
-        return _Factor("lu", f.work, plan, norm_a=math.sqrt(f.sumsq), growth=growth, pivots=f.pivots)
+        return _Factor("lu", f.work, plan, norm_a=math.sqrt(f.sumsq), growth=growth, pivots=f.pivots, forward=rhs_out)
     return _Factor("lu", lu_path, plan, norm_a=math.sqrt(f.sumsq), perm=swaps_to_permutation(f.pivots),
                    growth=growth)
 
@@ -417,6 +430,16 @@ class _Solver:
 
     def region(self, name: str) -> Region:
         return Region.of(self.stores[name], (self.n, self.k))
+
+    def first(self, b: Region, dst: Region) -> None:
+        """``dst = F^{-1} B`` for the right-hand sides ``b`` themselves: when the LU panels already ran
+        their forward substitution (``L^-1 P B`` in the store ``y``), the back substitution alone."""
+        f = self.f
+        if f.forward is None:
+            self(b, dst)
+            return
+        self.ops.lu_solve(f.path, f.pivots, f.forward, dst, dtype=np.dtype(f.plan.dtype), tile=f.plan.tile,
+                          forward=False, description="LU back substitution U x = y")
 
     def __call__(self, rhs: Region, dst: Region) -> None:
         ops, f, fdt = self.ops, self.f, np.dtype(self.f.plan.dtype)
@@ -461,7 +484,7 @@ def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: _Solver, run: _Run, n
     breg = Region.of(B.path, (n, k))
     xs = [solve.region("x0"), solve.region("x1")]
     rreg, dreg = solve.region("r"), solve.region("d")
-    st.run("solve", lambda: solve(breg, xs[0]))
+    st.run("solve", lambda: solve.first(breg, xs[0]))
     norm_b = st.run("norm b", lambda: math.sqrt(ops.sumsq(breg)))
     norm_x = st.run("norm x", lambda: math.sqrt(ops.sumsq(xs[0])))
     history: list[dict] = []

@@ -162,6 +162,23 @@ def lu_panel_bytes(n: int, width: int, itemsize: int, source_itemsize: int | Non
     return n * width * itemsize + updates + own
 
 
+def lu_rhs_fits(n: int, width: int, k: int, itemsize: int, source_itemsize: int | None = None) -> bool:
+    """Whether an LU panel task of :func:`lu_panel_bytes` can also run the forward substitution of
+    ``k`` right-hand sides (:meth:`~blocklin.runtime.blockops.BlockOps.lu_panels` with ``rhs``).
+
+    That step runs after the panel is factored, when the buffers of the updates and of the panel's own
+    factorization are free: it holds the ``n x k`` right-hand sides three times over at most (the
+    array, and the bytes it is saved from or loaded from for the next panel, with their copy), and,
+    for the first panel, their rows as read before a cast (``source_itemsize``), the rows the panel's
+    swaps move (``2 width``) and the triangular solve's copy of ``width`` rows; these must fit in
+    the freed buffers.
+    """
+    n, width = max(n, 1), max(1, min(int(width), max(n, 1)))
+    src = source_itemsize if source_itemsize not in (None, itemsize) else 0
+    need = n * k * (3 * itemsize + src) + 3 * width * k * itemsize
+    return need <= lu_panel_bytes(n, width, itemsize, source_itemsize) - n * width * itemsize
+
+
 def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
             tile: int | None = None, source_dtype: Any = None) -> FactorPlan:
     """Panel width of the left-looking LU: as wide as :func:`lu_panel_bytes` allows in the budget

@@ -283,6 +283,7 @@ class BlockOps:
         return total
 
     def lu_panels(self, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True, out: Any = None,
+                  rhs: Region | None = None, rhs_out: Region | None = None,
                   description: str = "LU panels") -> list[dict]:
         """Left-looking LU with partial pivoting over whole column panels (one task per panel).
 
@@ -296,10 +297,24 @@ class BlockOps:
         result, finished by :meth:`lu_finish`), the rows no later swap moves (``U`` and the
         diagonal block) go straight there and only the ``L`` rows from the diagonal block down to
         ``work``.
+
+        With ``rhs`` (``n x k``, ``k`` small: see :func:`~blocklin.plan.factor.lu_rhs_fits`) the
+        forward substitution ``Y = L^-1 P B`` runs inside the panels, as Gaussian elimination on the
+        augmented matrix ``[A | B]`` does: once panel ``j`` is factored, its swaps are applied to
+        ``B`` (in the row order of the panels before it) and ``B`` is eliminated with panel ``j``'s
+        ``L`` while the panel is still in memory, so no pass reads ``L`` back for the first solve.
+        ``B`` goes from panel to panel through ``done_dir`` (``lu-rhs-J.npy``: a rerun continues from
+        the last finished panel); the last panel writes ``Y`` to ``rhs_out``, which
+        :meth:`lu_solve` with ``forward=False`` finishes by the back substitution.
         """
         n = a.shape[0]
+        if (rhs is None) != (rhs_out is None) or (rhs is not None and (done_dir is None or rhs.shape[0] != n
+                                                                       or rhs_out.shape != rhs.shape)):
+            raise ValueError(f"lu_panels: rhs {rhs and rhs.shape} and rhs_out {rhs_out and rhs_out.shape} must both be "
+                             f"{n} x k, with a done_dir")
         spec = self._spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir,
-                          c=Region.of(out, a.shape) if out is not None else None)
+                          c=Region.of(out, a.shape) if out is not None else None, b=rhs)
+        spec = dataclasses.replace(spec, rhs_out=rhs_out)
         graph = self.graph("lu", spec)
         prev = None
         for j in range(_tiles(n, self.chunk)):
@@ -333,7 +348,7 @@ class BlockOps:
         return self._run(graph, description)
 
     def lu_solve(self, work: Any, pivots: np.ndarray, b: Region, out: Region, *, dtype: Any, tile: int | None = None,
-                 description: str = "LU solve") -> list[dict]:
+                 forward: bool = True, description: str = "LU solve") -> list[dict]:
         """``out = (P^T L U)^-1 B`` from the panels as :meth:`lu_panels` stored them in ``work``.
 
         One task holds ``B`` (``n x k``, ``k`` at most the panel width: the size of a panel) and
@@ -342,14 +357,16 @@ class BlockOps:
         order it was stored in, without :meth:`lu_finish`), then back substitution with ``U``, as
         LAPACK's ``getrs`` with the swaps interleaved. ``n^2`` elements read, ``2 n^2 k`` flops.
         ``tile``: the panel width of the factorization (default: the chunk of this object).
+        ``forward=False``: ``B`` is already ``L^-1 P B`` (:meth:`lu_panels` with ``rhs``): only the
+        back substitution runs (``n^2 / 2`` elements read).
         """
         n = b.shape[0]
         if b.shape != out.shape or b.trans or out.trans:
             raise ValueError(f"lu_solve: b {b.shape} and out {out.shape} must agree (no transposed views)")
         spec = dataclasses.replace(self._spec(dtype, a=Region.of(work, (n, n)), b=b, out=out), tile=tile or self.chunk)
-        graph = self.graph("lu-solve", spec, np.asarray(pivots).tobytes())
-        graph.add((0,), lu_solve_task, spec, np.asarray(pivots))
-        self.flops += 2 * n * n * b.shape[1]
+        graph = self.graph("lu-solve", spec, np.asarray(pivots).tobytes(), forward)
+        graph.add((0,), lu_solve_task, spec, np.asarray(pivots), forward)
+        self.flops += (2 if forward else 1) * n * n * b.shape[1]
         return self._run(graph, description)
 
 
@@ -919,9 +936,14 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
         k, r0, r1 = blocks[i]
         if r0 == k * t:  # panel k's swaps (the row order it was stored in), then U_kJ = L_kk^-1 P_kJ
             _apply_swaps(dev, panel, _panel_pivots(spec, k), r0, buf=swap_buf)
-            ukj = dev.solve_triangular(lblk, panel[r0:r1], lower=True, unit=True)
-            with dev.on_compute():
-                panel[r0:r1] = ukj
+            if isinstance(panel, np.ndarray):  # in place: the rows of a C-ordered panel are one block
+                from blocklin.device.cpu import trsm_inplace
+
+                ukj = trsm_inplace(lblk, panel[r0:r1], lower=True, unit=True)
+            else:
+                ukj = dev.solve_triangular(lblk, panel[r0:r1], lower=True, unit=True)
+                with dev.on_compute():
+                    panel[r0:r1] = ukj
         else:
             dev.gemm_acc(panel[r0:r1], lblk, ukj, -1.0)
         nread += (r1 - r0) * t * dt.itemsize
@@ -944,11 +966,43 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     else:  # U and the diagonal block are final; the L rows below wait for the later swaps
         write_block(open_array(spec.c.path, mode="r+"), slice(0, c1), slice(c0, c1), host[:c1])
         write_block(open_array(spec.out.path, mode="r+"), slice(c0, n), slice(c0, c1), host[c0:])
+    w = c1 - c0
+    flops = 2 * w * (n * c0 - c0 * c0 / 2) + w * w * (n - c0)
+    if spec.b is not None:
+        flops += _lu_forward_rhs(spec, j, host, pj)
     _save(spec, f"lu-stats-{j}.npy", stats)
     _mark(marker)
-    w = c1 - c0
-    return {"bytes_read": nread, "bytes_written": host.nbytes, **stats,
-            "flops": 2 * w * (n * c0 - c0 * c0 / 2) + w * w * (n - c0)}
+    if spec.b is not None and j:  # panel j is done: a rerun starts from its right-hand side
+        backend(spec.done_dir).remove(f"lu-rhs-{j - 1}.npy")
+    return {"bytes_read": nread, "bytes_written": host.nbytes, **stats, "flops": flops}
+
+
+def _lu_forward_rhs(spec: TileOpSpec, j: int, host: np.ndarray, pj: np.ndarray) -> float:
+    """Panel ``j``'s step of the forward substitution ``L y = P b`` (see :meth:`BlockOps.lu_panels`).
+
+    ``host`` is the factored panel (rows ``c0:`` in the order of its own swaps ``pj``, as stored);
+    ``B`` as left by panel ``j - 1`` (the input ``spec.b`` for the first panel) gets ``pj``, then
+    ``y_J = L_JJ^-1 B_J`` and ``B_{>J} -= L_{>J,J} y_J``: the steps of :func:`lu_solve_task`'s forward
+    sweep on the panel in memory (host BLAS: ``2 n w k`` flops, small beside the panel's).
+    Returns the flops.
+    """
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    n, k = spec.b.shape
+    c0, c1 = j * t, min(n, (j + 1) * t)
+    cpu = get_device("cpu")
+    if j == 0:
+        y = spec.b.read(0, 0, max(n, k, 1), dt)
+    else:
+        y = np.ascontiguousarray(_load(spec, f"lu-rhs-{j - 1}.npy"), dtype=dt)
+    _apply_swaps(cpu, y, pj, c0, buf=np.empty((2 * (c1 - c0), k), dtype=dt))
+    yj = cpu.solve_triangular(host[c0:c1], y[c0:c1], lower=True, unit=True)
+    y[c0:c1] = yj
+    if c1 < n:
+        cpu.gemm_acc(y[c1:], host[c1:], yj, -1.0)
+    if c1 >= n:  # the last panel: y = L^-1 P b, for the back substitution
+        spec.rhs_out.write(0, 0, max(n, k, 1), y)
+    _save(spec, f"lu-rhs-{j}.npy", y)
+    return 2.0 * (n - c0) * (c1 - c0) * k
 
 
 @with_task_settings
@@ -969,8 +1023,9 @@ def lu_swap_task(spec: TileOpSpec, j: int, pivots: np.ndarray) -> dict:
 
 
 @with_task_settings
-def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray) -> dict:
-    """``X = U^-1 L^-1 P B`` from the LU work store ``spec.a`` (see :meth:`BlockOps.lu_solve`)."""
+def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray, forward: bool = True) -> dict:
+    """``X = U^-1 L^-1 P B`` from the LU work store ``spec.a`` (see :meth:`BlockOps.lu_solve`); with
+    ``forward=False``, ``X = U^-1 B`` (``B`` already forward-eliminated by the panels)."""
     from blocklin.plan.factor import lu_stream_rows
 
     t, dt = spec.tile, np.dtype(spec.dtype)
@@ -981,7 +1036,7 @@ def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray) -> dict:
     y = dev.to_device(spec.b.read(0, 0, max(n, k, 1), dt, spec.check, "b"))
     nread = y.nbytes
     nt = _tiles(n, t)
-    for j in range(nt):  # forward substitution, L y = P b, panel by panel
+    for j in range(nt if forward else 0):  # forward substitution, L y = P b, panel by panel
         c0, c1 = j * t, min(n, (j + 1) * t)
         _apply_swaps(dev, y, pivots[c0:c1], c0)
         ljj = read_block(work, slice(c0, c1), slice(c0, c1))
@@ -1010,7 +1065,7 @@ def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray) -> dict:
             nread += blk.nbytes
     x = np.asarray(dev.to_host(y))
     spec.out.write(0, 0, max(n, k, 1), x)
-    return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": 2 * n * n * k}
+    return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": (2 if forward else 1) * n * n * k}
 
 
 def swaps_to_permutation(pivots: np.ndarray) -> np.ndarray:
