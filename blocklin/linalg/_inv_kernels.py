@@ -581,8 +581,9 @@ def lu_rows_memory(n: int, width: int, tile: int, work_dtype: Any, out_dtype: An
     dtype); one buffer of a streamed row block of a panel (:func:`~blocklin.plan.factor.lu_stream_rows`
     rows of ``tile``), which also holds the ``tile x tile`` diagonal tile, with zarr's chunk
     temporaries (``tile x tile`` chunks); the ``tile x width`` accumulator and GEMM product; the
-    rows one panel's swaps move (:func:`_swap_columns`); the returned ``X P`` rows and their
-    products; and the strips of the final reductions (:func:`_strip_rows`): the regenerated probe
+    rows one panel's swaps move (:func:`_swap_columns`); the ``X P`` rows of the whole inverse
+    (``n x PROBES`` float64: the caller collects every task's rows for the probe pass) and one strip's
+    product; and the strips of the final reductions (:func:`_strip_rows`): the regenerated probe
     rows, the finiteness mask and a float64 copy of a strip of another dtype.
     """
     from blocklin.plan.factor import lu_stream_rows
@@ -594,7 +595,7 @@ def lu_rows_memory(n: int, width: int, tile: int, work_dtype: Any, out_dtype: An
     swaps = 2 * tile * _swap_columns(tile, width) * w_item
     pr = _strip_rows(n, width)
     strips = pr * PROBES * 8 + pr * width * (1 + (0 if np.dtype(work_dtype) == np.dtype(np.float64) else 8))
-    return block + stream + swaps + strips + 2 * width * PROBES * 8
+    return block + stream + swaps + strips + (n + width) * PROBES * 8
 
 
 def _strip_rows(n: int, width: int) -> int:
@@ -605,8 +606,8 @@ def _strip_rows(n: int, width: int) -> int:
 
 def _swap_columns(tile: int, width: int) -> int:
     """Columns of ``Y`` one gather of :func:`_swap_back` moves at a time: its temporary (up to
-    ``2 tile`` rows) stays within a ``tile x tile`` block."""
-    return max(1, min(width, tile // 2))
+    ``2 tile`` rows) stays within 16 Ki elements."""
+    return max(1, min(width, (1 << 13) // max(1, tile)))
 
 
 def _swap_back(y: np.ndarray, piv: np.ndarray, start: int, cols: int | None = None) -> None:

@@ -460,7 +460,9 @@ def _invert_lu(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype,
     def rows(s0: int, s1: int) -> dict:
         graph = run.ops.graph("lu-rows", spec, s0, s1, pivots.tobytes())
         graph.add((0,), lu_inverse_rows_task, spec, s0, s1, pivots)
-        (res,) = job.run(graph, workers=1, blas_threads=job.cores(), description=f"inverse rows {s0}:{s1}")
+        # one task at a time: in the calling thread (its allocator arena and BLAS buffers, not a pool thread's)
+        (res,) = job.run(graph, workers=1, blas_threads=job.cores(), description=f"inverse rows {s0}:{s1}",
+                         in_caller=True)
         return {"sumsq": res["sumsq"], "xp": res["xp"]}
 
     results = [run.stages.run("lu-rows", lambda s0=s0, s1=s1: rows(s0, s1))
