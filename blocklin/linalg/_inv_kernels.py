@@ -600,8 +600,8 @@ def lu_rows_memory(n: int, width: int, tile: int, work_dtype: Any, out_dtype: An
 
 def _strip_rows(n: int, width: int) -> int:
     """Rows of ``Y`` (columns of the inverse's rows) reduced at a time at the end of
-    :func:`lu_inverse_rows_task`: about 32 Ki elements per strip."""
-    return max(1, min(n, (1 << 15) // max(1, width)))
+    :func:`lu_inverse_rows_task`: at most 128, and at most 32 Ki elements per strip."""
+    return max(1, min(n, 128, (1 << 15) // max(1, width)))
 
 
 def _swap_columns(tile: int, width: int) -> int:
