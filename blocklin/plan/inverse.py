@@ -58,7 +58,8 @@ class InversePlan:
     dtype, work_dtype : str
         Output dtype and the dtype of the recursion (``float32`` for ``precision="mixed"``).
     chunk : int
-        Side of the working stores' square chunks; every split point is a multiple of it.
+        Side of the working stores' square chunks; every split point is a multiple of it. Method
+        ``"lu"``: the output's chunk side, which divides :attr:`row_width`.
     leaf : int
         Largest diagonal block inverted in core (LU with partial pivoting).
     depth : int
