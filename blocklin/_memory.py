@@ -51,6 +51,27 @@ def tune() -> None:
         zarr.config.set({"async.concurrency": IO_CONCURRENCY})
 
 
+_LIBC: list = []
+
+
+def release_free_memory() -> None:
+    """Return the allocator's free pages to the OS (glibc ``malloc_trim(0)``; elsewhere nothing).
+
+    Buffers below the mmap threshold come from heap arenas, and what a task frees there stays
+    resident (fragmentation, a pool thread's own arena) until a later allocation reuses it. A task
+    that runs alone at a small budget calls this before and after its work, so that the memory the
+    previous step freed does not add to its own peak.
+    """
+    if not _LIBC:
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.append(lib.malloc_trim)
+        except (OSError, AttributeError):  # not glibc
+            _LIBC.append(None)
+    if _LIBC[0] is not None:
+        _LIBC[0](0)
+
+
 def tune_on_import() -> None:
     """Tune a process that chose blocklin; leave a shared ``distributed`` worker alone.
 

@@ -14,6 +14,7 @@ chunks) with the default refinement.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import blocklin as bl
@@ -72,13 +73,14 @@ STRICT = """
     x = bl.inv(a_path, out=out, memory=memory)
     r = x.report
     print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": r["plan"]["peak_memory"],
-                      "leaves": r["leaves"], "steps": r["refine_steps"], "method": r["method"]}))
+                      "leaves": r["leaves"], "steps": r["refine_steps"], "method": r["method"],
+                      "tile": r["plan"]["lu_tile"], "row_width": r["plan"]["row_width"]}))
 """
 
 
 @needs_hwm
-# the default route out of core (LU panels, then row strips of the inverse); measured 1.44x at 4 MiB and
-# 1.14x at 8 MiB (see docs/inverse.md), within 1.1x from 16 MiB
+# the default route out of core (LU panels, then row strips of the inverse); the smallest budgets are
+# test_inverse_lu_route_peak_within_tiny_budgets
 @pytest.mark.parametrize("memory_mib", [16, 32])
 def test_inverse_peak_within_small_budgets(tmp_path, memory_mib):
     n = 2048  # 32 MiB
@@ -89,3 +91,31 @@ def test_inverse_peak_within_small_budgets(tmp_path, memory_mib):
     assert r["plan_peak"] <= budget
     assert r["method"] == "lu" and r["steps"] == 0  # out of core, LAPACK's accuracy without a step
     assert used <= 1.1 * budget, f"used {used / 2**20:.1f} MiB over baseline, budget {memory_mib} MiB"
+
+
+@needs_hwm
+# n = 1024 (8 MiB, 2x the budget) at 4 MiB; n = 2048 (32 MiB) at 8 MiB, as benchmarks/budgets.py runs it.
+# Before the rows task streamed into reused buffers and counted what it holds, these peaked at 1.3-1.8x
+# the budget. At 2 MiB the LU factorization's own panels measure up to 2.3 MiB (n = 1024, 64-column
+# panels declared 1.4 MiB by plan/factor.py): not asserted here (see docs/inverse.md).
+@pytest.mark.parametrize("n, memory_mib", [(1024, 4), (2048, 8)])
+def test_inverse_lu_route_peak_within_tiny_budgets(tmp_path, n, memory_mib):
+    rng = np.random.default_rng(5)
+    a_np = rng.standard_normal((n, n))
+    a = bl.from_array(a_np, tmp_path / "a.zarr", chunks=(256, 256))
+    budget = memory_mib * 2**20
+    assert a.nbytes >= 2 * budget
+    r = run_child(STRICT, a.path, str(tmp_path / "x.zarr"), f"{memory_mib}MiB", timeout=600)
+    used = r["peak"] - r["baseline"]
+    assert r["plan_peak"] <= budget
+    # out of core: several LU panels and several row strips of the inverse
+    assert r["method"] == "lu" and r["tile"] < n and r["row_width"] < n and r["steps"] == 0
+    assert used <= 1.1 * budget, f"used {used / 2**20:.2f} MiB over baseline, budget {memory_mib} MiB"
+    # LAPACK's accuracy: backward error ||I - A X||_F / (||A||_F ||X||_F) within n eps (getri's bound is
+    # a modest multiple of n eps ||A|| ||X||; measured about 1e-16 here), and the inverse NumPy's
+    x = bl.open(tmp_path / "x.zarr")[...]
+    eta = np.linalg.norm(np.eye(n) - a_np @ x) / (np.linalg.norm(a_np) * np.linalg.norm(x))
+    assert eta <= n * np.finfo(np.float64).eps, eta
+    ref = np.linalg.inv(a_np)
+    # forward error: cond(A) eps-scale for a random Gaussian A (cond ~ n here), with a factor 10 of room
+    assert np.abs(x - ref).max() <= 10 * np.linalg.cond(a_np) * np.finfo(np.float64).eps * np.abs(ref).max()

@@ -598,31 +598,65 @@ def lu_rows_memory(n: int, width: int, tile: int, work_dtype: Any, out_dtype: An
     """Memory of :func:`lu_inverse_rows_task` on ``width`` rows of an ``n x n`` inverse.
 
     The ``n x width`` block of right-hand sides (work dtype) and its cast for the write (another
-    dtype), one streamed row block of a panel (:func:`~blocklin.plan.factor.lu_stream_rows` rows of
-    ``tile``) with its zarr chunk temporaries (``tile x tile`` chunks), the ``tile x width`` GEMM
-    product, the probes and the returned ``X P`` rows (float64).
+    dtype); one buffer of a streamed row block of a panel (:func:`~blocklin.plan.factor.lu_stream_rows`
+    rows of ``tile``), which also holds the ``tile x tile`` diagonal tile, with zarr's chunk
+    temporaries (``tile x tile`` chunks); the ``tile x width`` accumulator and GEMM product; the
+    rows one panel's swaps move (:func:`_swap_columns`); the ``X P`` rows of the whole inverse
+    (``n x PROBES`` float64: the caller collects every task's rows for the probe pass) and one strip's
+    product; and the strips of the final reductions (:func:`_strip_rows`): the regenerated probe
+    rows, the finiteness mask and a float64 copy of a strip of another dtype.
     """
     from blocklin.plan.factor import lu_stream_rows
 
     w_item, o_item = np.dtype(work_dtype).itemsize, np.dtype(out_dtype).itemsize
     rb = lu_stream_rows(tile, n)
-    block = n * width * w_item + (n * width * o_item if o_item != w_item else 0)
+    block = n * width * w_item + (n * width * o_item if np.dtype(out_dtype) != np.dtype(work_dtype) else 0)
     stream = rb * tile * w_item + IO_CHUNKS * tile * tile * w_item + 2 * tile * width * w_item
-    cast = 0 if np.dtype(out_dtype) == np.dtype(np.float64) else _cast_rows(n) * n * 8
-    return block + stream + (n + width) * PROBES * 8 + cast
+    swaps = 2 * tile * _swap_columns(tile, width) * w_item
+    pr = _strip_rows(n, width)
+    strips = pr * PROBES * 8 + pr * width * (1 + (0 if np.dtype(work_dtype) == np.dtype(np.float64) else 8))
+    return block + stream + swaps + strips + (n + width) * PROBES * 8
 
 
-def _cast_rows(n: int) -> int:
-    """Rows of a float32 strip cast to float64 at a time for the probe products (32 Ki elements)."""
-    return max(1, (1 << 15) // max(1, n))
+def _strip_rows(n: int, width: int) -> int:
+    """Rows of ``Y`` (columns of the inverse's rows) reduced at a time at the end of
+    :func:`lu_inverse_rows_task`: at most 128, and at most 32 Ki elements per strip."""
+    return max(1, min(n, 128, (1 << 15) // max(1, width)))
 
 
-def _swap_back(y: np.ndarray, piv: np.ndarray, start: int) -> None:
-    """Undo the swaps ``i <-> piv[i - start]`` (in reverse order) on the rows of ``y``."""
-    for i in range(start + len(piv) - 1, start - 1, -1):
-        p = int(piv[i - start])
-        if p != i:
-            y[[i, p]] = y[[p, i]]
+def _swap_columns(tile: int, width: int) -> int:
+    """Columns of ``Y`` one gather of :func:`_swap_back` moves at a time: its temporary (up to
+    ``2 tile`` rows) stays within 16 Ki elements."""
+    return max(1, min(width, (1 << 13) // max(1, tile)))
+
+
+def _swap_back(y: np.ndarray, piv: np.ndarray, start: int, cols: int | None = None) -> None:
+    """Undo the swaps ``i <-> piv[i - start]`` on the rows of ``y``: the swaps applied in reverse order.
+
+    Composed once into a permutation of the rows they touch (``start + len(piv)`` rows and their
+    partners), then applied by one gather per block of ``cols`` columns (default: all)."""
+    piv = np.asarray(piv, dtype=np.int64)
+    k = len(piv)
+    if k == 0:
+        return
+    own = np.arange(start, start + k, dtype=np.int64)
+    moved = piv != own
+    if not moved.any():
+        return
+    rows = np.unique(np.concatenate([own[moved], piv[moved]]))  # every row a swap touches
+    pos = np.searchsorted(rows, piv)
+    mine = np.searchsorted(rows, own)
+    # The forward swaps in order give y_f = y[rows[perm]] on these rows (swaps_to_permutation); undoing
+    # them, applied in reverse, is the inverse permutation: y_new[rows[perm]] = y[rows].
+    perm = np.arange(len(rows), dtype=np.int64)
+    for i, p in zip(mine[moved].tolist(), pos[moved].tolist()):
+        perm[i], perm[p] = perm[p], perm[i]
+    keep = perm != np.arange(len(rows))
+    dst, src = rows[perm[keep]], rows[keep]
+    step = cols or y.shape[1]
+    for c0 in range(0, y.shape[1], step):
+        c = slice(c0, min(y.shape[1], c0 + step))
+        y[dst, c] = y[src, c]
 
 
 @with_task_settings
@@ -635,13 +669,18 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
     stay zero: the panels left of ``s0`` are not read (a third of the flops of a full solve saved,
     as LAPACK's ``getri`` saves them on ``L``). Then ``M_j^T`` and ``S_j^T`` panel by panel, right to
     left. Both sweeps read column panels only (``U[s0:c0, panel]``, ``L[c1:, panel]``), in row
-    blocks. The block ``Y`` (``n x width``) is Fortran-ordered so that ``Y^T``, the rows of
-    ``X``, is written C-ordered without a copy.
+    blocks, into one reused buffer. The block ``Y`` (``n x width``) is Fortran-ordered so that
+    ``Y^T``, the rows of ``X``, is written C-ordered without a copy; each panel's rows of ``Y`` are
+    updated in a contiguous ``tile x width`` accumulator (GEMM products into a second one, then the
+    triangular solve in place, BLAS ``trsm``) and copied back once: no temporary of a strided
+    update, nothing allocated per row block. Everything the task holds is in :func:`lu_rows_memory`.
     """
-    from scipy.linalg import solve_triangular
+    from scipy.linalg.blas import get_blas_funcs
 
+    from blocklin._memory import release_free_memory
     from blocklin.plan.factor import lu_stream_rows
 
+    release_free_memory()  # the factorization's freed buffers: not part of this task's peak
     t0 = time.perf_counter()
     n, t, w = spec.n, spec.tile, s1 - s0
     wdt = np.dtype(spec.work_dtype)
@@ -649,21 +688,34 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
     rb = lu_stream_rows(t, n)
     y = np.zeros((n, w), dtype=wdt, order="F")
     y[s0 + np.arange(w), np.arange(w)] = 1
+    buf = np.empty(rb * t, dtype=wdt)  # every streamed block and diagonal tile, C-ordered
+    acc = np.empty((t, w), dtype=wdt, order="F")
+    prod = np.empty((t, w), dtype=wdt, order="F")
+    (trsm,) = get_blas_funcs(("trsm",), (acc,))
     nread = 0
     nt = -(-n // t)
+    swap_cols = _swap_columns(t, w)
+
+    def read(rows: slice, cols: slice) -> np.ndarray:
+        nonlocal nread
+        blk = buf[:(rows.stop - rows.start) * (cols.stop - cols.start)].reshape(rows.stop - rows.start, -1)
+        blk = read_block(work, rows, cols, out=blk)
+        nread += blk.nbytes
+        return blk
 
     def step(c0: int, c1: int, below: range, upper: bool) -> None:
-        """``y[c0:c1] -= F[below, c0:c1]^T y[below]`` by row blocks, then the diagonal tile's solve."""
-        nonlocal nread
+        """``y[c0:c1] = F[c0:c1, c0:c1]^-T (y[c0:c1] - F[below, c0:c1]^T y[below])``, streamed by row blocks."""
+        a, p = acc[:c1 - c0], prod[:c1 - c0]
+        np.copyto(a, y[c0:c1])
         for r0 in below:
             r1 = min(below.stop, r0 + rb)
-            blk = read_block(work, slice(r0, r1), slice(c0, c1))
-            y[c0:c1] -= blk.T @ y[r0:r1]
-            nread += blk.nbytes
-        diag = read_block(work, slice(c0, c1), slice(c0, c1))
-        nread += diag.nbytes
-        y[c0:c1] = solve_triangular(diag, y[c0:c1], lower=not upper, unit_diagonal=not upper, trans="T",
-                                    check_finite=False)
+            blk = read(slice(r0, r1), slice(c0, c1))
+            np.matmul(blk.T, y[r0:r1], out=p)  # y[r0:r1] is a strided F-ordered block: BLAS takes it as is
+            a -= p
+        diag = read(slice(c0, c1), slice(c0, c1))
+        # diag^T x = a in place: diag.T is F-ordered (no copy), lower exactly where diag is upper
+        a[...] = trsm(1.0, diag.T, a, lower=int(upper), diag=int(not upper), overwrite_b=True)
+        np.copyto(y[c0:c1], a)
 
     for j in range(s0 // t, nt):  # U^T z = e: rows above s0 stay zero
         c0, c1 = j * t, min(n, (j + 1) * t)
@@ -671,25 +723,35 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
     for j in reversed(range(nt)):  # then M_j^T and S_j^T, right to left
         c0, c1 = j * t, min(n, (j + 1) * t)
         step(c0, c1, range(c1, n, rb), upper=False)
-        _swap_back(y, pivots[c0:c1], c0)
+        _swap_back(y, pivots[c0:c1], c0, swap_cols)
+    del buf, acc, prod
+    # NaN/Inf check, ||X||_F^2 and X P by strips of Y's rows (X's columns), the probes regenerated
+    # strip by strip from their stream (the same numbers as probes(n, PROBES, seed))
+    rng = np.random.default_rng([spec.probe_seed, 7])
+    xp, part = np.zeros((w, PROBES)), np.empty((w, PROBES))
+    ss = 0.0
+    for r0, r1 in split(n, _strip_rows(n, w)):
+        blk = y[r0:r1]
+        p = rng.standard_normal((r1 - r0, PROBES))
+        if not np.isfinite(blk).all():
+            from blocklin.errors import SingularMatrixError, explain
+
+            raise SingularMatrixError(explain(
+                "a", "must be nonsingular to be inverted", f"rows {s0}:{s1} of the inverse overflowed (a zero or "
+                "tiny pivot of the LU)", "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"))
+        b64 = np.asarray(blk, dtype=np.float64)
+        ss += float(np.einsum("ij,ij->", b64, b64))
+        np.matmul(b64.T, p, out=part)
+        xp += part
     x = y.T  # rows s0:s1 of the inverse, C-ordered
     if x.dtype != np.dtype(spec.dtype):
         x = x.astype(spec.dtype)
     del y
-    if not np.isfinite(x).all():
-        from blocklin.errors import SingularMatrixError, explain
-
-        raise SingularMatrixError(explain(
-            "a", "must be nonsingular to be inverted", f"rows {s0}:{s1} of the inverse overflowed (a zero or "
-            "tiny pivot of the LU)", "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"))
     write_block(open_array(spec.dst, mode="r+"), slice(s0, s1), slice(0, n), x)
-    p = probes(n, PROBES, spec.probe_seed)
-    if x.dtype == np.float64:
-        xp = x @ p
-    else:  # cast a few rows at a time (see lu_rows_memory)
-        xp = np.concatenate([np.asarray(x[r0:r1], dtype=np.float64) @ p for r0, r1 in split(w, _cast_rows(n))]) \
-            if w else np.zeros((0, PROBES))
-    return {"sumsq": sumsq(x), "xp": xp, "bytes_read": nread, "bytes_written": x.nbytes,
+    nbytes = x.nbytes
+    del x
+    release_free_memory()
+    return {"sumsq": ss, "xp": xp, "bytes_read": nread, "bytes_written": nbytes,
             "flops": w * (n * n + (n - s0) ** 2), "seconds": time.perf_counter() - t0}
 
 

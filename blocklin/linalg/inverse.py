@@ -460,15 +460,22 @@ def _invert_lu(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype,
     def rows(s0: int, s1: int) -> dict:
         graph = run.ops.graph("lu-rows", spec, s0, s1, pivots.tobytes())
         graph.add((0,), lu_inverse_rows_task, spec, s0, s1, pivots)
-        (res,) = job.run(graph, workers=1, blas_threads=job.cores(), description=f"inverse rows {s0}:{s1}")
+        # one task at a time: in the calling thread (its allocator arena and BLAS buffers, not a pool thread's)
+        (res,) = job.run(graph, workers=1, blas_threads=job.cores(), description=f"inverse rows {s0}:{s1}",
+                         in_caller=True)
         return {"sumsq": res["sumsq"], "xp": res["xp"]}
 
-    results = [run.stages.run("lu-rows", lambda s0=s0, s1=s1: rows(s0, s1))
-               for s0, s1 in split_rows(n, plan.row_width)]
+    # each strip's rows of X P straight into one array (what lu_rows_memory counts): no list of
+    # blocks beside their concatenation while the probe pass runs
+    xp, ss = np.empty((n, PROBES)), 0.0
+    for s0, s1 in split_rows(n, plan.row_width):
+        res = run.stages.run("lu-rows", lambda s0=s0, s1=s1: rows(s0, s1))
+        xp[s0:s1] = res["xp"]
+        ss += res["sumsq"]
+        del res
     Stages.drop(f.work)
-    xp = np.concatenate([r["xp"] for r in results])
     res = run.stages.run("probe", lambda: _refine.probe_estimate(job, M, xp, seed))
-    return run.norm_m, math.sqrt(sum(r["sumsq"] for r in results)), [], 1, res
+    return run.norm_m, math.sqrt(ss), [], 1, res
 
 
 def _singular(leaf: dict, last: bool, what: str | None = None) -> SingularMatrixError:

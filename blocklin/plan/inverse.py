@@ -58,7 +58,8 @@ class InversePlan:
     dtype, work_dtype : str
         Output dtype and the dtype of the recursion (``float32`` for ``precision="mixed"``).
     chunk : int
-        Side of the working stores' square chunks; every split point is a multiple of it.
+        Side of the working stores' square chunks; every split point is a multiple of it. Method
+        ``"lu"``: the output's chunk side, which divides :attr:`row_width`.
     leaf : int
         Largest diagonal block inverted in core (LU with partial pivoting).
     depth : int
@@ -292,6 +293,12 @@ def _plan_lu(n: int, dt: np.dtype, wdt: np.dtype, src_dt: np.dtype, chunk: int, 
                                   f"(an {n} x {min(n, chunk)} block and a streamed LU panel)", format_size(memory),
                                   f"raise it to at least {format_size(need)} (memory='{math.ceil(need / 2**20)}MiB')"))
     rows_mem = kernels.rows(n, width, lu.tile, wdt, dt)
+    # The output's chunks: the largest power of two dividing the strip width (strips own whole chunk
+    # rows) whose chunk row of X takes at most a quarter of the budget (a refinement's row passes).
+    # The recursion's working chunk is sized for square tiles and gives tiny chunks at small budgets
+    # (16 x 16 at 2 MiB: 16 Ki chunk files for n = 2048, which the commit's chunk census lists).
+    while width % (2 * chunk) == 0 and 2 * chunk <= MAX_CHUNK and 2 * chunk * n * dt.itemsize <= memory // 4:
+        chunk *= 2
     return InversePlan(n=n, dtype=dt.name, work_dtype=wdt.name, chunk=chunk, leaf=0, depth=0, nodes=(), leaves=(),
                        flops=2 * n**3, refine_flops=4 * n**3, column_width=chunk, leaf_memory=0, strip_memory=0,
                        column_memory=0, peak_memory=max(lu.peak_memory, rows_mem), memory=memory, direct=False,
