@@ -166,6 +166,16 @@ def _blas_trsm(dtype: np.dtype):
     return {np.dtype(np.float64): blas.dtrsm, np.dtype(np.float32): blas.strsm}.get(np.dtype(dtype))
 
 
+def _fortran_operand(t: np.ndarray) -> tuple[np.ndarray, bool]:
+    """``t`` as BLAS takes it (Fortran-ordered) without a copy where possible: a C-ordered ``t`` is
+    passed as its transpose (``flipped``: the other triangle, transposition flipped)."""
+    if t.flags.f_contiguous:
+        return t, False
+    if t.flags.c_contiguous:
+        return t.T, True
+    return np.asfortranarray(t), False
+
+
 def _trsm(trsm: Any, t: np.ndarray, b: np.ndarray, *, lower: bool, trans: bool, unit: bool) -> np.ndarray:
     """``op(t)^-1 b`` by one BLAS TRSM on a copy of ``b``, with no other copy.
 
@@ -173,12 +183,7 @@ def _trsm(trsm: Any, t: np.ndarray, b: np.ndarray, *, lower: bool, trans: bool, 
     triangle, ``trans`` flipped); a C-ordered ``b`` is solved as ``X^T = B^T op(t)^-T`` from the right
     on its Fortran-ordered transpose (SciPy's ``solve_triangular`` copies both to Fortran order).
     """
-    if t.flags.f_contiguous:
-        a, flipped = t, False
-    elif t.flags.c_contiguous:
-        a, flipped = t.T, True
-    else:
-        a, flipped = np.asfortranarray(t), False
+    a, flipped = _fortran_operand(t)
     a_lower = lower != flipped
     if b.flags.f_contiguous and not b.flags.c_contiguous:
         out = np.array(b, order="F")  # op(t)^-1 B, from the left
@@ -199,12 +204,7 @@ def trsm_inplace(t: np.ndarray, b: np.ndarray, *, lower: bool, unit: bool = Fals
             or (not unit and not np.diagonal(t).all())):
         b[...] = CpuDevice().solve_triangular(t, b, lower=lower, unit=unit)
         return b
-    if t.flags.f_contiguous:
-        a, flipped = t, False
-    elif t.flags.c_contiguous:
-        a, flipped = t.T, True
-    else:
-        a, flipped = np.asfortranarray(t), False
+    a, flipped = _fortran_operand(t)
     out = trsm(1.0, a, b.T, side=1, lower=int(lower != flipped), trans_a=int(not flipped), diag=int(unit),
                overwrite_b=1)
     if not np.shares_memory(out, b):  # the wrapper copied after all
