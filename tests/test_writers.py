@@ -308,3 +308,36 @@ def test_clean_object_store_output_of_a_gone_run(sleeper):
         assert not backend_.keys("")
     finally:
         remove(as_location(url))
+
+
+def test_overwriting_an_owned_array_keeps_its_heartbeat(tmp_path, monkeypatch):
+    """zarr's overwrite empties the folder and blocklin restores the owner record; a heartbeat in between
+    raced it (a record renamed into the folder being emptied: FileNotFoundError) or found no record and
+    stopped refreshing the output. Beats are paused meanwhile: with beats as fast as they go, the
+    record survives every overwrite and is still refreshed."""
+    import threading
+
+    from blocklin.storage import ownership
+    from blocklin.storage.location import as_location
+    from blocklin.storage.zarr_store import create_array
+
+    monkeypatch.setattr(ownership, "HEARTBEAT_SECONDS", 0.0)
+    loc = as_location(str(tmp_path / "out.zarr"))
+    rec = ownership.start_work_folder(loc)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            ownership.Heartbeat._wake.set()
+
+    waker = threading.Thread(target=beat, daemon=True)
+    waker.start()
+    try:
+        for _ in range(100):
+            create_array(loc, shape=(8, 8), dtype="float64", chunks=(4, 4), overwrite=True)
+            assert ownership.read_record(loc)["run"] == rec["run"]
+        assert ownership.Heartbeat.holds(rec)
+    finally:
+        stop.set()
+        waker.join()
+        ownership.end_work_folder(loc)

@@ -196,6 +196,14 @@ class Heartbeat:
             cls._held.pop(loc.url, None)
 
     @classmethod
+    @contextlib.contextmanager
+    def paused(cls) -> Iterator[None]:
+        """No beat runs inside: a caller that empties an owned folder and restores its record (zarr's
+        ``overwrite``) is neither raced by a record being renamed into it nor taken for gone."""
+        with cls._lock:
+            yield
+
+    @classmethod
     def _run(cls) -> None:
         while True:
             cls._wake.wait(HEARTBEAT_SECONDS)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import functools
 import json
 import os
@@ -240,15 +242,18 @@ def create_array(path: Any, *, shape: tuple[int, ...], dtype: Any, chunks: tuple
         backend(loc).write_text(DEFERRED_META, json.dumps(meta))
         return _open_deferred(loc, "r+")
     # zarr's overwrite empties the folder: a partial output keeps its owner record (a second writer
-    # must still find who writes it)
-    owner = backend(loc).try_read(OWNER_RECORD) if overwrite else None
-    arr = zarr.create_array(
-        store=zarr_store(loc), shape=shape, chunks=chunks, dtype=np.dtype(dtype),
-        compressors=codec_chain(codec, checksum) or None, fill_value=0, zarr_format=3,
-        attributes=attributes or {}, overwrite=overwrite,
-    )
-    if owner is not None:
-        backend(loc).write_bytes(OWNER_RECORD, owner)
+    # must still find who writes it), with this process's heartbeat paused meanwhile
+    from blocklin.storage.ownership import Heartbeat
+
+    with Heartbeat.paused() if overwrite else contextlib.nullcontext():
+        owner = backend(loc).try_read(OWNER_RECORD) if overwrite else None
+        arr = zarr.create_array(
+            store=zarr_store(loc), shape=shape, chunks=chunks, dtype=np.dtype(dtype),
+            compressors=codec_chain(codec, checksum) or None, fill_value=0, zarr_format=3,
+            attributes=attributes or {}, overwrite=overwrite,
+        )
+        if owner is not None:
+            backend(loc).write_bytes(OWNER_RECORD, owner)
     return arr
 
 
