@@ -181,9 +181,22 @@ def operation_checks(kind: str, tmp: str) -> list[dict]:
         _check(out, f"solve {shape[0]}x{shape[1]}", "float64",
                np.abs(x - ref).max() / np.abs(ref).max(), 1e5 * 100 * _eps(np.float64), **_where(res))
 
-    out += factor_checks(kind, rng)
-    out += spectral_checks(kind, rng)
+    out += guarded("factor checks", factor_checks, kind, rng)
+    out += guarded("spectral checks", spectral_checks, kind, rng)
     return out
+
+
+def guarded(name: str, fn: Any, *args: Any) -> list[dict]:
+    """``fn(*args)``'s checks, or one failed check carrying the exception: one crash must not hide the
+    other groups' results (a GPU run is scarce)."""
+    import traceback
+
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - reported as a failed check with its traceback
+        traceback.print_exc()
+        return [{"check": f"{name} (raised)", "dtype": "-", "error": float("inf"), "tol": 0.0, "ok": False,
+                 "exception": f"{type(exc).__name__}: {exc}"}]
 
 
 def factor_checks(kind: str, rng: np.random.Generator) -> list[dict]:
@@ -412,6 +425,44 @@ def mixed_solve(kind: str, n: int, memory: str, tmp: str) -> dict:
 
 
 # -- driver ------------------------------------------------------------------------------------------
+def run_timings(args: argparse.Namespace, summary: dict, timed_step: Any, tmp: str) -> None:
+    """Steps 2 and 3, each recorded (or its failure) before the next starts."""
+    gemm = []
+    for dt in ("float64", "float32"):
+        g = timed_step(f"gemm_{dt}", ooc_gemm, args.device, args.n, dt, args.memory, args.device_memory, tmp)
+        if "error" not in g:
+            gemm.append(g)
+            bf = g["busy_fraction"]
+            print(f"out-of-core {g['dtype']} n={g['n']}: {g['out_of_core_gflops']:.0f} GFLOP/s vs in-core "
+                  f"{g['in_core_gflops']:.0f} = {g['ratio_vs_in_core']:.2f}x; GPU computing "
+                  f"{'n/a' if bf is None else f'{100 * bf:.0f}%'} of the k-loop", flush=True)
+        summary.pop(f"gemm_{dt}")
+    summary["gemm"] = gemm
+    precision = []
+    if gemm and gemm[0]["dtype"] == "float64":
+        for p in ("float32", "tf32"):
+            g = timed_step(f"gemm_{p}", ooc_gemm_precision, args.device, gemm[0], p, args.memory,
+                           args.device_memory, tmp)
+            summary.pop(f"gemm_{p}")
+            if "error" not in g:
+                precision.append(g)
+                print(f"out-of-core float64 data, precision={p}: {g['out_of_core_gflops']:.0f} GFLOP/s, "
+                      f"{g['speedup_vs_float64']:.2f}x the float64 run, error {g['rel_error_vs_float64']:.1e}",
+                      flush=True)
+    summary["gemm_precision"] = precision
+    inv = timed_step("inverse", mixed_inverse, args.device, args.inv_n, args.memory, args.device_memory, tmp)
+    if "error" not in inv:
+        print(f"inv n={inv['n']}: mixed {inv['mixed']['seconds']:.1f} s (eta {inv['mixed']['backward_error']:.1e})"
+              f" vs float64 {inv['float64']['seconds']:.1f} s (eta {inv['float64']['backward_error']:.1e}): "
+              f"{inv['speedup_mixed']:.2f}x; tf32 {inv['tf32']['seconds']:.1f} s "
+              f"(eta {inv['tf32']['backward_error']:.1e}): {inv['speedup_tf32']:.2f}x", flush=True)
+    sv = timed_step("solve", mixed_solve, args.device, args.inv_n, args.memory, tmp)
+    if "error" not in sv:
+        print(f"solve(assume_a='pos') n={sv['n']}: mixed {sv['speedup_mixed']:.2f}x, tf32 {sv['speedup_tf32']:.2f}x "
+              f"the float64 time (eta {sv['mixed']['backward_error']:.1e}, {sv['tf32']['backward_error']:.1e})",
+              flush=True)
+
+
 def install_and_rerun(argv: list[str]) -> int:
     venv = ROOT / ".venv"
     py = venv / "bin" / "python"
@@ -432,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device-memory", default="6GiB", help="device budget (below the operands' size)")
     p.add_argument("--dir", default=None, help="scratch directory (local disk)")
     p.add_argument("--skip-timing", action="store_true", help="correctness only")
+    p.add_argument("--skip-checks", action="store_true", help="timings only (no correctness step)")
+    p.add_argument("--json", default=None, help="also write the summary to this file, after every step")
     p.add_argument("--dry-run", action="store_true",
                    help="every step on the CPU at small sizes (checks the script itself; no GPU figures)")
     args = p.parse_args(argv)
@@ -449,8 +502,27 @@ def main(argv: list[str] | None = None) -> int:
     tmp = tempfile.mkdtemp(prefix="blocklin-gpucheck-", dir=args.dir)
     t0 = time.perf_counter()
     summary: dict[str, Any] = {"device": args.device}
+
+    def save() -> None:
+        if args.json:
+            Path(args.json).write_text(json.dumps(summary, default=str))
+
+    def timed_step(key: str, fn: Any, *a: Any) -> Any:
+        """One timed step; a failure is recorded under ``key`` and the next step still runs."""
+        import traceback
+
+        try:
+            summary[key] = fn(*a)
+        except Exception as exc:  # noqa: BLE001 - reported in the summary, with the traceback on stderr
+            traceback.print_exc()
+            summary[key] = {"error": f"{type(exc).__name__}: {exc}"}
+            summary["timing_errors"] = summary.get("timing_errors", 0) + 1
+        save()
+        return summary[key]
+
     try:
-        checks = device_checks(args.device) + operation_checks(args.device, tmp)
+        checks = [] if args.skip_checks else (guarded("device checks", device_checks, args.device)
+                                              + guarded("operation checks", operation_checks, args.device, tmp))
         for c in checks:
             print(f"{c['check']:40s} {c['dtype']:8s} err {c['error']:.1e} (tol {c['tol']:.0e}) "
                   f"{'ok' if c['ok'] else 'FAIL'}", flush=True)
@@ -459,34 +531,13 @@ def main(argv: list[str] | None = None) -> int:
         # operations with a phase that did not run on the requested device (reads and writes aside)
         summary["phases_elsewhere"] = {c["check"]: c["phases"] for c in checks if c.get("phases") and any(
             v != args.device for k, v in c["phases"].items() if not k.startswith(("read", "reads")))}
+        save()
         if not args.skip_timing:
-            summary["gemm"] = [ooc_gemm(args.device, args.n, dt, args.memory, args.device_memory, tmp)
-                               for dt in ("float64", "float32")]
-            summary["gemm_precision"] = [ooc_gemm_precision(args.device, summary["gemm"][0], p, args.memory,
-                                                            args.device_memory, tmp) for p in ("float32", "tf32")]
-            for g in summary["gemm_precision"]:
-                print(f"out-of-core float64 data, precision={g['precision']}: {g['out_of_core_gflops']:.0f} GFLOP/s, "
-                      f"{g['speedup_vs_float64']:.2f}x the float64 run, error {g['rel_error_vs_float64']:.1e}",
-                      flush=True)
-            for g in summary["gemm"]:
-                bf = g["busy_fraction"]
-                print(f"out-of-core {g['dtype']} n={g['n']}: {g['out_of_core_gflops']:.0f} GFLOP/s vs in-core "
-                      f"{g['in_core_gflops']:.0f} = {g['ratio_vs_in_core']:.2f}x; GPU computing "
-                      f"{'n/a' if bf is None else f'{100 * bf:.0f}%'} of the k-loop", flush=True)
-            summary["inverse"] = mixed_inverse(args.device, args.inv_n, args.memory, args.device_memory, tmp)
-            inv = summary["inverse"]
-            print(f"inv n={inv['n']}: mixed {inv['mixed']['seconds']:.1f} s (eta {inv['mixed']['backward_error']:.1e})"
-                  f" vs float64 {inv['float64']['seconds']:.1f} s (eta {inv['float64']['backward_error']:.1e}): "
-                  f"{inv['speedup_mixed']:.2f}x; tf32 {inv['tf32']['seconds']:.1f} s "
-                  f"(eta {inv['tf32']['backward_error']:.1e}): {inv['speedup_tf32']:.2f}x", flush=True)
-            summary["solve"] = mixed_solve(args.device, args.inv_n, args.memory, tmp)
-            sv = summary["solve"]
-            print(f"solve(assume_a='pos') n={sv['n']}: mixed {sv['speedup_mixed']:.2f}x, tf32 {sv['speedup_tf32']:.2f}x "
-                  f"the float64 time (eta {sv['mixed']['backward_error']:.1e}, {sv['tf32']['backward_error']:.1e})",
-                  flush=True)
+            run_timings(args, summary, timed_step, tmp)
         summary["seconds"] = time.perf_counter() - t0
+        save()
         print(json.dumps(summary, default=str))
-        return 0 if summary["correct"] else 1
+        return 0 if summary["correct"] and not summary.get("timing_errors") else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -143,6 +143,44 @@ def test_pinned_memory_stays_within_the_host_budget_across_plans(standin):
     assert cupy_standin.take_races() == []
 
 
+def test_host_buffers_are_pinned_only_when_they_carry_enough_copies(standin):
+    """Pinning a buffer that carries one or two copies costs more than pageable copies (measured on an
+    H200 host: PIN_MIN_USES); such buffers come from the run's pool and nothing is pinned."""
+    from blocklin.device.cuda import PIN_MIN_USES
+
+    dev = CudaDevice.current()
+    few = dev.host_empty((64, 64), np.float64, uses=PIN_MIN_USES - 1)
+    assert cupy_standin.pinned_bytes_held() == 0 and not cupy_standin.is_pinned(few)
+    many = dev.host_empty((64, 64), np.float64, uses=PIN_MIN_USES)
+    default = dev.host_empty((64, 64), np.float64)  # callers that do not know: pinned, as before
+    assert cupy_standin.is_pinned(many) and cupy_standin.is_pinned(default)
+    for b in (few, many, default):
+        dev.release_host(b)
+    del few, many, default, b
+    assert cupy_standin.pinned_bytes_held() == 2 * 64 * 64 * 8  # the pageable one is not cached as pinned
+    dev.release_pinned()
+    assert cupy_standin.pinned_bytes_held() == 0
+
+
+@pytest.mark.parametrize("chunks, pinned", [((256, 256), False), ((32, 32), True)])
+def test_gemm_pins_its_slots_only_when_the_job_reuses_them(standin, tmp_path, chunks, pinned):
+    """One tile of two k-panels: pageable slots and download buffers (staged within their copy calls);
+    many tiles and k-panels: pinned ones. Same product, no race, on either."""
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((256, 256)), rng.standard_normal((256, 192))
+    A = bl.from_array(a, tmp_path / "a.zarr", chunks=chunks)
+    cupy_standin.STATE.pinned_peak = 0
+    memory, device_memory = ("64MiB", "64MiB") if not pinned else ("256KiB", "96KiB")
+    c = bl.matmul(A, b, tmp_path / "c.zarr", device="gpu", memory=memory, device_memory=device_memory)
+    np.testing.assert_allclose(c.to_numpy(), a @ b, rtol=1e-12, atol=1e-12 * np.abs(a @ b).max())
+    plan = c.report["plan"]
+    uses = plan["n_tasks"] * plan["k_steps"] / min(plan["prefetch"] + 1, plan["k_steps"])
+    assert (uses >= 3) == pinned, plan
+    assert (cupy_standin.STATE.pinned_peak > 0) == pinned
+    assert cupy_standin.pinned_bytes_held() == 0
+    assert cupy_standin.take_races() == []
+
+
 # -- one GPU per worker ---------------------------------------------------------------------------
 def test_gpu_for_worker_mapping():
     assert gpu_for_worker(None, 4) is None  # not in a worker: CuPy's current device

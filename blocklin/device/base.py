@@ -22,7 +22,9 @@ class Device(abc.ABC):
     #: Whether accumulator tiles live in host memory (CPU) or device memory (GPU).
     host_resident = True
 
-    def host_empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    def host_empty(self, shape: tuple[int, ...], dtype: Any, uses: float | None = None) -> np.ndarray:
+        """A host buffer for transfers; ``uses`` (copies it will carry over the job, None: many)
+        lets a GPU decide whether pinning it pays (:data:`blocklin.device.cuda.PIN_MIN_USES`)."""
         return np.empty(shape, dtype=dtype)
 
     def release_host(self, buf: np.ndarray) -> None:

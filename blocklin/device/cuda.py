@@ -2,7 +2,10 @@
 
 Stream discipline (checked without a GPU by the CuPy stand-in in the tests):
 
-- Host slots are pinned (page-locked), so uploads are truly asynchronous. Each upload goes to a
+- Host slots are pinned (page-locked), so uploads are truly asynchronous, unless a buffer carries
+  too few copies over the job for pinning to pay (:data:`PIN_MIN_USES`): CUDA then stages a
+  pageable upload before the call returns, and a pageable download completes within the call, so
+  such a buffer is free again as soon as its copy is queued. Each upload goes to a
   preallocated device slot on the ``h2d`` stream and records an event; the compute stream waits on
   that event. A pinned host slot is refilled only after that event completed
   (:meth:`CudaDevice.host_slot_free`), and a device slot is overwritten only after the compute that
@@ -26,8 +29,18 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.device import pool
 from blocklin.device.base import Device, not_positive_definite, singular
 from blocklin.errors import DeviceError, explain
+
+#: Pin a host transfer buffer only when it will carry at least this many copies in the job.
+#: Measured on an H200 host (16 cores, a virtual machine), per GiB: pinning 0.53-0.76 s and
+#: unpinning 0.15 s, against 0.36-0.43 s for the first touch of pageable memory; copies from
+#: pinned memory ran at 50 GB/s each way, from pageable memory at 5.6 GB/s up and 10 GB/s down
+#: (blocking the calling thread, a loader or the task). Pinning pays from about three copies; a
+#: short job (an n = 16384 float64 GEMM in five k-panels) spent 3.8 s of its 6.1 s pinning and
+#: unpinning buffers that each carried one or two copies.
+PIN_MIN_USES = 3
 
 #: cuBLAS math modes (cublasMath_t).
 _DEFAULT_MATH = 0
@@ -82,6 +95,8 @@ class CudaDevice(Device):
     #: Idle pinned host buffers by (shape, dtype), shared by the devices of every thread.
     _pinned_cache: dict[tuple[tuple[int, ...], str], list[np.ndarray]] = {}
     _pinned_lock = threading.Lock()
+    #: ids of the pageable buffers :meth:`host_empty` handed out (returned to the run's pool).
+    _pageable: set[int] = set()
     #: Record CUDA timing events around every GEMM (see :meth:`profile`).
     _profiling = False
 
@@ -199,14 +214,19 @@ class CudaDevice(Device):
     # -- host buffers -----------------------------------------------------------------------------
     # One cache of idle pinned buffers per process, not per thread: tile tasks of one job may run on
     # fresh threads (one CudaDevice each), whose caches would each keep a plan's worth of buffers.
-    def host_empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    def host_empty(self, shape: tuple[int, ...], dtype: Any, uses: float | None = None) -> np.ndarray:
         import cupyx
 
+        if uses is not None and uses < PIN_MIN_USES:  # pinning would cost more than it saves
+            buf = pool.empty(shape, dtype)
+            with CudaDevice._pinned_lock:
+                CudaDevice._pageable.add(id(buf))
+            return buf
         key = (tuple(shape), np.dtype(dtype).str)
         with CudaDevice._pinned_lock:
-            pool = CudaDevice._pinned_cache.get(key)
-            if pool:  # reuse pinned buffers across tiles: pinning is expensive
-                return pool.pop()
+            kept = CudaDevice._pinned_cache.get(key)
+            if kept:  # reuse pinned buffers across tiles: pinning is expensive
+                return kept.pop()
             stale = [k for k, bufs in CudaDevice._pinned_cache.items() if k != key and bufs]
             for k in stale:
                 del CudaDevice._pinned_cache[k]
@@ -220,7 +240,13 @@ class CudaDevice(Device):
 
     def release_host(self, buf: np.ndarray) -> None:
         with CudaDevice._pinned_lock:
-            CudaDevice._pinned_cache.setdefault((buf.shape, buf.dtype.str), []).append(buf)
+            pageable = id(buf) in CudaDevice._pageable
+            if pageable:
+                CudaDevice._pageable.discard(id(buf))
+            else:
+                CudaDevice._pinned_cache.setdefault((buf.shape, buf.dtype.str), []).append(buf)
+        if pageable:  # its copies completed within their calls: the run's next task may take it
+            pool.give(buf)
 
     def release_pinned(self) -> None:
         """Drop the cached pinned buffers and have CuPy unpin them (after the queued work ran)."""

@@ -55,6 +55,10 @@ class TileStream:
     loaders : int
         Loader threads (at most ``depth``): several reads in flight keep a fast device fed when
         one reader cannot; items are still consumed in order.
+    job_items : int, optional
+        Items that streams of these slot shapes carry over the whole job (tasks reuse a GPU's
+        cached slots); with the slot count it tells a GPU whether pinning the slots pays
+        (:meth:`Device.host_empty`). None: pin.
 
     Attributes
     ----------
@@ -64,7 +68,8 @@ class TileStream:
     """
 
     def __init__(self, device: Device, n_items: int, load: Loader, buffer_shapes: Sequence[tuple[int, ...]],
-                 dtype: Any, depth: int = 1, device_dtype: Any = None, loaders: int = 1) -> None:
+                 dtype: Any, depth: int = 1, device_dtype: Any = None, loaders: int = 1,
+                 job_items: int | None = None) -> None:
         self.device = device
         self.n_items = n_items
         self.load = load
@@ -73,7 +78,11 @@ class TileStream:
         n_slots = min(self.depth + 1, max(1, n_items))
         dtypes = _dtypes(dtype, len(buffer_shapes))
         # Host-resident devices take their slots from the run's reused buffers (blocklin.device.pool)
-        alloc = pool.empty if device.host_resident else device.host_empty
+        if device.host_resident:
+            alloc = pool.empty
+        else:
+            uses = None if job_items is None else job_items / n_slots
+            alloc = lambda s, d: device.host_empty(s, d, uses=uses)  # noqa: E731
         self.buffers = [tuple(alloc(s, d) for s, d in zip(buffer_shapes, dtypes)) for _ in range(n_slots)]
         device.slots(n_slots, list(buffer_shapes), _dtypes(dtype if device_dtype is None else device_dtype,
                                                            len(buffer_shapes)))

@@ -319,7 +319,8 @@ class _GemmTile:
         # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
         self.stream = TileStream(device, len(self.panels), self.load, [a_shape, b_shape],
                                  [self.A.dtype, self.B.dtype], depth=plan.prefetch, device_dtype=[dt, dt],
-                                 loaders=1 if device.host_resident else plan.prefetch)
+                                 loaders=1 if device.host_resident else plan.prefetch,
+                                 job_items=plan.n_tasks * len(self.panels))
         self.C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
         self.strips = split(tm, plan.out_chunks[0])
         o0, o1 = spec.out_off
@@ -327,8 +328,10 @@ class _GemmTile:
                                   slice(o1 + cols.start, o1 + cols.stop))
         self.host_bufs: queue.Queue = queue.Queue()
         if not device.host_resident:  # rotating download buffers: one filling, one queued, one writing
-            for _ in range(min(3, len(self.strips))):
-                self.host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dt))
+            n_bufs = min(3, len(self.strips))
+            for _ in range(n_bufs):
+                self.host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dt,
+                                                     uses=plan.n_tasks * len(self.strips) / n_bufs))
         self.cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.C.dtype) if self.C is not None else None
         # A product computed in another dtype than it is stored in: strips are cast on the host into
         # two rotating buffers of the output dtype (one filling, one being written)
