@@ -173,6 +173,38 @@ def test_mixed_precision_refines_to_float64(rng):
     assert exact_eta(a, x.to_numpy()) <= 2 * r["tol"] and r["tol"] < 1e-13
 
 
+@pytest.mark.parametrize("precision", ["mixed", "tf32"])
+def test_mixed_precision_in_core_runs_the_float64_inverse(rng, precision):
+    """In core the float64 one-task inverse (2 n^3 flops) beats float32 work refined by Newton-Schulz
+    (4 n^3 float64 flops a step): the request runs it, bit for bit, and the report says why."""
+    n = 300
+    a = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
+    x = bl.inv(a, memory="64MiB", precision=precision)
+    ref = bl.inv(a, memory="64MiB")
+    r = x.report
+    assert r["method"] == "direct" and r["work_dtype"] == "float64" and r["precision"] == "float64"
+    assert "fits one in-core inversion" in r["precision_reason"] and precision in r["precision_reason"]
+    np.testing.assert_array_equal(x.to_numpy(), ref.to_numpy())
+    assert "precision_reason" not in ref.report
+    assert precision in bl.inv(a, memory="64MiB", precision=precision, explain=True).explain()
+    # out of core the float32 recursion still runs
+    assert bl.inv(a, memory="1MiB", precision=precision).report["work_dtype"] == "float32"
+
+
+def test_mixed_precision_singular_float32_block_names_precision(rng):
+    """A block singular in float32 (cond 1e3 matrix, small leaves) is not a singular matrix: the
+    error says to invert in float64 instead of suggesting regularization first."""
+    n = 600
+    u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    m = (u * np.logspace(0, -3, n)) @ v.T
+    with pytest.warns(BlocklinWarning, match="retrying"), \
+            pytest.raises(SingularMatrixError, match=r"float32 block.*Fix: invert without precision="):
+        bl.inv(m, memory="2MiB", method="schur", precision="mixed")
+    x = bl.inv(m, memory="2MiB", method="schur")  # the fix works
+    assert exact_eta(m, x.to_numpy()) < 1e-14
+
+
 def test_refine_switches(rng):
     n = 280
     a = rng.standard_normal((n, n))

@@ -104,7 +104,10 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         float64); ``"tf32"``: the same with the float32 GEMMs on TF32 tensor cores on a GPU (10-bit
         mantissas: for well-conditioned matrices; the float64 refinement restores the accuracy, or
         fails with the usual error); ``"float32"``/``"float64"``: compute in that dtype; ``None``: the
-        input's dtype.
+        input's dtype. Where the matrix fits one in-core inversion, ``"mixed"`` and ``"tf32"`` run it
+        in float64 instead (faster and more accurate there: the refinement alone costs twice the
+        inversion), and ``report["precision_reason"]`` says so; they pay out of core, where float32
+        halves the bytes each recursion step moves.
     overwrite : bool
         Replace an existing ``out``.
     resume : bool
@@ -163,7 +166,10 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     the decision to refine comes from a probed estimate (one pass over ``M``), because a step costs
     twice the inversion. ``precision="mixed"`` follows Haidar, Tomov, Dongarra and Higham (SC18):
     the ``O(n^3)`` factorization work in float32, refinement to float64 accuracy; for an inverse the
-    refinement is itself ``O(n^3)`` (two float64 steps), so the gain is on GPUs with fast float32/TF32.
+    refinement is itself ``O(n^3)`` (4 n^3 float64 flops a step, twice the inversion), so in core it
+    never pays (an H200, whose float32 and float64 peaks are equal, measured 5.6 s mixed against
+    1.6 s float64 at n = 8192) and the one-task float64 inverse runs instead; out of core the float32
+    recursion halves the bytes moved.
 
     Examples
     --------
@@ -200,10 +206,13 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
                             x_path, shape=(plan.n,) * 2, dtype=out_dtype, chunks=(plan.chunk,) * 2,
                             codec=job.cfg.codec, overwrite=True))
         ops = BlockOps(job, plan.chunk)
-        ops.math = "tf32" if precision == "tf32" else None
+        ran = "float64" if plan.precision_note else precision  # see _operand_and_plan
+        ops.math = "tf32" if ran == "tf32" else None
         ref = _invert_and_refine(_Run(ops, stages, plan), M, x_path, out_dtype, seed=seed, tol=tol, steps=steps,
-                                 precision=precision) if plan.n else None
-        report = _report(job, ref, plan, stages, precision=precision or out_dtype.name, output=ao.path)
+                                 precision=ran) if plan.n else None
+        report = _report(job, ref, plan, stages, precision=ran or out_dtype.name, output=ao.path)
+        if plan.precision_note:
+            report["precision_reason"] = plan.precision_note
         path = ao.commit("inv", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
         return Matrix(path, report=report, temporary=out is None)
 
@@ -302,10 +311,19 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
         np.dtype(np.float32) if precision == "float32" else M.dtype
     if space:  # the run's output and work stores (not for a plan alone)
         job.check_space(out, size=((n, n), out_dtype), temp_size=((n, 7 * n // 2), np.float64))
-    plan = plan_inverse(n, out_dtype, memory=job.cfg.memory, kernels=MEMORY, source_dtype=M.dtype,
-                        source_chunk_bytes=math.prod(M.chunks) * M.dtype.itemsize if n else 0,
-                        precision="mixed" if precision in ("mixed", "tf32") else None, method=method,
-                        source_chunks=tuple(M.chunks))
+    kw = dict(memory=job.cfg.memory, kernels=MEMORY, source_dtype=M.dtype, method=method,
+              source_chunk_bytes=math.prod(M.chunks) * M.dtype.itemsize if n else 0, source_chunks=tuple(M.chunks))
+    if precision in ("mixed", "tf32") and n:
+        full = plan_inverse(n, out_dtype, precision=None, **kw)
+        if full.direct:
+            # One LAPACK inversion in float64 costs 2 n^3 flops; float32 work must be refined by
+            # Newton-Schulz steps of 4 n^3 float64 flops each, so where the matrix fits one task,
+            # mixed precision is slower and less accurate on every device (an H200 measured 1.6 s
+            # against 5.6 s at n = 8192). It pays only out of core, where it halves the bytes moved.
+            return M, out_dtype, dataclasses.replace(full, precision_note=(
+                f"precision={precision!r} ran in float64: the matrix fits one in-core inversion, which is "
+                "faster and more accurate than float32 work refined to float64"))
+    plan = plan_inverse(n, out_dtype, precision="mixed" if precision in ("mixed", "tf32") else None, **kw)
     return M, out_dtype, plan
 
 
@@ -400,7 +418,7 @@ def _invert_stored(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, seed: in
             Stages.drop(w_path)
             Stages.drop(y_path)
             if bad.last or attempts >= 2 or plan.depth == 0:
-                raise _singular(bad.leaf, bad.last) from None
+                raise _singular(bad.leaf, bad.last, work_dtype=wdt if wdt != np.dtype(out_dtype) else None) from None
             warn(f"inv: a leading block of the randomized matrix was numerically singular "
                  f"(rcond {bad.leaf['rcond']:.1e}); retrying with a two-sided random butterfly and balanced splits")
     Stages.drop(w_path)
@@ -478,16 +496,23 @@ def _invert_lu(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype,
     return run.norm_m, math.sqrt(ss), [], 1, res
 
 
-def _singular(leaf: dict, last: bool, what: str | None = None) -> SingularMatrixError:
+def _singular(leaf: dict, last: bool, what: str | None = None, work_dtype: Any = None) -> SingularMatrixError:
+    """``work_dtype``: the lower precision the recursion ran in (``precision="mixed"``/``"tf32"``), where a
+    block singular in float32 may be well within float64's range: the fix then names that first."""
     rc = leaf["rcond"]
     what = what or ("Schur complement" if last else "block")
     cond = "infinite (an exact zero pivot)" if rc == 0 else f"at least about {1 / rc:.1e}"
+    fix = ("regularize: blocklin.solve(a, b, lam=...) solves min ||A x - b||^2 + lam^2 ||x||^2 "
+           "(lam='gcv' chooses lam), or use a pseudo-inverse")
+    if work_dtype is not None:
+        fix = (f"invert without precision= (in float64): a block that is singular in {np.dtype(work_dtype).name} "
+               f"may not be in float64; if that fails too, {fix}")
+        what = f"{np.dtype(work_dtype).name} {what}"
     return SingularMatrixError(_msg(
         "a", "must be nonsingular to be inverted",
         f"a numerically singular {what} at rows "
         f"{leaf['off']}:{leaf['off'] + leaf['size']} (reciprocal condition {rc:.1e}); condition number estimate {cond}",
-        "regularize: blocklin.solve(a, b, lam=...) solves min ||A x - b||^2 + lam^2 ||x||^2 "
-        "(lam='gcv' chooses lam), or use a pseudo-inverse"))
+        fix))
 
 
 def _stage(run: _Run, M: Any, bf: Butterfly, bf_u: Butterfly | None, wdt: np.dtype, shift: bool, seed: int) -> Any:

@@ -107,6 +107,8 @@ class InversePlan:
     peak_memory: int
     memory: int
     direct: bool = False
+    #: Why a ``precision=`` request runs in another precision (empty when it runs as asked).
+    precision_note: str = ""
     method: str = "schur"
     lu_tile: int = 0
     row_width: int = 0
@@ -152,6 +154,7 @@ class InversePlan:
             f"  work {self.flops / 1e9:.1f} GFLOP (+{self.refine_flops / 1e9:.1f} GFLOP per Newton-Schulz step)",
             f"  memory peak {format_size(self.peak_memory)} (leaf {format_size(self.leaf_memory)}, strip pass "
             f"{format_size(self.strip_memory)}, column pass {format_size(self.column_memory)})",
+            *([f"  {self.precision_note}"] if self.precision_note else []),
         ]
         return "\n".join(lines)
 
