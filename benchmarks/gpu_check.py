@@ -7,7 +7,9 @@ On a fresh machine with one NVIDIA GPU and a driver (no CUDA toolkit needed)::
 ``--install`` creates ``.venv`` (if missing), installs blocklin with the ``gpu`` extra (CuPy with the
 CUDA runtime libraries from wheels, ``cupy-cuda12x[ctk]``) and re-runs itself there. Without it the
 check runs in the current interpreter. The defaults are sized to run in under 5 minutes on one
-H100/H200-class GPU (not yet measured on one); ``--n``/``--inv-n`` size the timed parts.
+H100/H200-class GPU; ``--n``/``--inv-n`` size the timed parts, ``--json`` writes the summary after
+every step, ``--skip-checks``/``--skip-timing`` run one half. A step that fails is recorded in the
+summary and the next one still runs.
 
 Steps:
 
@@ -26,7 +28,9 @@ Steps:
    again with ``precision="tf32"`` (float32 tiles, TF32 tensor cores): time against the float64
    run and the error against the float64 result.
 3. ``inv`` with ``precision="mixed"`` (float32 GEMMs) and ``"tf32"`` (TF32 tensor cores) against
-   ``precision="float64"``: time and backward error ``||I - A X||_F / (||A||_F ||X||_F)``; the
+   ``precision="float64"``, at a budget of a quarter of the matrix (``--inv-memory``) so that all three
+   run the out-of-core recursion (in core the mixed requests run the float64 one-task inverse):
+   time and backward error ``||I - A X||_F / (||A||_F ||X||_F)``; the
    out-of-core SPD solve (``solve(assume_a="pos")``, tiled Cholesky) likewise, with its backward
    error ``||b - A x||_F / (||A||_F ||x||_F + ||b||_F)``.
 
@@ -164,7 +168,9 @@ def operation_checks(kind: str, tmp: str) -> list[dict]:
     for precision, dtype in ((None, "float64"), ("mixed", "float64"), ("tf32", "float64")):
         if precision == "tf32":  # TF32's 1e-3 start needs a well-conditioned matrix to converge
             m = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
-        res = bl.inv(m, precision=precision, device=kind, memory="16MiB")
+        # 4 MiB: below the one-task inverse of this 2.9 MB matrix, so every precision runs the
+        # out-of-core recursion (in core "mixed"/"tf32" run the float64 inverse instead)
+        res = bl.inv(m, precision=precision, device=kind, memory="4MiB")
         x = res.to_numpy()
         eta = np.linalg.norm(np.eye(n) - m @ x) / (np.linalg.norm(m) * np.linalg.norm(x))
         # refined to float64 backward error: a small multiple of n * eps
@@ -321,6 +327,8 @@ def ooc_gemm(kind: str, n: int, dtype: str, memory: str, device_memory: str, tmp
     result = {"n": n, "dtype": dtype, "out_of_core_seconds": secs, "out_of_core_gflops": flops / secs / 1e9,
               "load_seconds": c.report["load_seconds"], "wait_seconds": c.report["wait_seconds"],
               "plan": plan.to_dict(), **overlap}
+    # copies each host slot carries over the job: pinned from PIN_MIN_USES up (blocklin.device.cuda)
+    result["slot_uses"] = plan.n_tasks * plan.k_steps / max(1, min(plan.prefetch + 1, plan.k_steps))
     result["in_core_gflops"] = in_core_gemm(kind, a, b, flops)
     result["ratio_vs_in_core"] = result["out_of_core_gflops"] / result["in_core_gflops"]
     # spot-check the result: one row block against the in-core product of the same operands
@@ -384,21 +392,27 @@ def in_core_gemm(kind: str, a: Any, b: Any, flops: float) -> float:
 
 
 # -- 3. mixed-precision inverse ----------------------------------------------------------------------
-def mixed_inverse(kind: str, n: int, memory: str, device_memory: str, tmp: str) -> dict:
+def mixed_inverse(kind: str, n: int, memory: str | None, device_memory: str, tmp: str) -> dict:
+    """``inv`` in float64, mixed and TF32 precision at a budget of a quarter of the matrix (``memory``
+    None), where all three run the out-of-core recursion: in core, "mixed" and "tf32" run the float64
+    one-task inverse, which is faster there."""
     import blocklin as bl
 
     rng = np.random.default_rng(3)
     m = rng.standard_normal((n, n)) + n**0.5 * np.eye(n)  # well conditioned (cond ~ 10)
     src = bl.from_array(m, os.path.join(tmp, "M.zarr"), chunks=(min(n, 2048), min(n, 2048)))
-    out = {}
+    memory = memory or f"{max(4, n * n * 8 // 4 >> 20)}MiB"
+    out: dict[str, Any] = {"n": n, "memory": memory}
     for precision in ("float64", "mixed", "tf32"):
         x = bl.inv(src, precision=precision, device=kind, memory=memory, out=os.path.join(tmp, f"X{precision}.zarr"))
         xs = x.to_numpy()
         eta = float(np.linalg.norm(np.eye(n) - m @ xs) / (np.linalg.norm(m) * np.linalg.norm(xs)))
-        out[precision] = {"seconds": x.report["seconds"], "backward_error": eta}
+        out[precision] = {"seconds": x.report["seconds"], "backward_error": eta, "method": x.report["method"],
+                          "work_dtype": x.report["work_dtype"], "refine_steps": x.report["refine_steps"],
+                          "bytes_read": x.report.get("bytes_read")}
+        shutil.rmtree(os.path.join(tmp, f"X{precision}.zarr"), ignore_errors=True)
     out["speedup_mixed"] = out["float64"]["seconds"] / out["mixed"]["seconds"]
     out["speedup_tf32"] = out["float64"]["seconds"] / out["tf32"]["seconds"]
-    out["n"] = n
     return out
 
 
@@ -427,6 +441,19 @@ def mixed_solve(kind: str, n: int, memory: str, tmp: str) -> dict:
 # -- driver ------------------------------------------------------------------------------------------
 def run_timings(args: argparse.Namespace, summary: dict, timed_step: Any, tmp: str) -> None:
     """Steps 2 and 3, each recorded (or its failure) before the next starts."""
+    if args.device == "gpu" and not args.dry_run:
+        # CuPy compiles each elementwise kernel on its first use in a machine (seconds in all, kept in
+        # ~/.cupy/kernel_cache): run every timed step once at a small size so the timings do not hold it
+        t0 = time.perf_counter()
+        warm = os.path.join(tmp, "warm-up")
+        os.makedirs(warm)
+        ooc_gemm_precision(args.device, ooc_gemm(args.device, 512, "float64", "64MiB", "8MiB", warm), "tf32",
+                           "64MiB", "8MiB", warm)
+        ooc_gemm(args.device, 512, "float32", "64MiB", "8MiB", warm)
+        mixed_inverse(args.device, 512, None, "8MiB", warm)
+        mixed_solve(args.device, 512, "1MiB", warm)
+        shutil.rmtree(warm, ignore_errors=True)
+        summary["warm_up_seconds"] = time.perf_counter() - t0
     gemm = []
     for dt in ("float64", "float32"):
         g = timed_step(f"gemm_{dt}", ooc_gemm, args.device, args.n, dt, args.memory, args.device_memory, tmp)
@@ -450,17 +477,17 @@ def run_timings(args: argparse.Namespace, summary: dict, timed_step: Any, tmp: s
                       f"{g['speedup_vs_float64']:.2f}x the float64 run, error {g['rel_error_vs_float64']:.1e}",
                       flush=True)
     summary["gemm_precision"] = precision
-    inv = timed_step("inverse", mixed_inverse, args.device, args.inv_n, args.memory, args.device_memory, tmp)
-    if "error" not in inv:
-        print(f"inv n={inv['n']}: mixed {inv['mixed']['seconds']:.1f} s (eta {inv['mixed']['backward_error']:.1e})"
-              f" vs float64 {inv['float64']['seconds']:.1f} s (eta {inv['float64']['backward_error']:.1e}): "
-              f"{inv['speedup_mixed']:.2f}x; tf32 {inv['tf32']['seconds']:.1f} s "
-              f"(eta {inv['tf32']['backward_error']:.1e}): {inv['speedup_tf32']:.2f}x", flush=True)
     sv = timed_step("solve", mixed_solve, args.device, args.inv_n, args.memory, tmp)
     if "error" not in sv:
         print(f"solve(assume_a='pos') n={sv['n']}: mixed {sv['speedup_mixed']:.2f}x, tf32 {sv['speedup_tf32']:.2f}x "
               f"the float64 time (eta {sv['mixed']['backward_error']:.1e}, {sv['tf32']['backward_error']:.1e})",
               flush=True)
+    inv = timed_step("inverse", mixed_inverse, args.device, args.inv_n, args.inv_memory, args.device_memory, tmp)
+    if "error" not in inv:
+        print(f"inv n={inv['n']}: mixed {inv['mixed']['seconds']:.1f} s (eta {inv['mixed']['backward_error']:.1e})"
+              f" vs float64 {inv['float64']['seconds']:.1f} s (eta {inv['float64']['backward_error']:.1e}): "
+              f"{inv['speedup_mixed']:.2f}x; tf32 {inv['tf32']['seconds']:.1f} s "
+              f"(eta {inv['tf32']['backward_error']:.1e}): {inv['speedup_tf32']:.2f}x", flush=True)
 
 
 def install_and_rerun(argv: list[str]) -> int:
@@ -480,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=20480, help="size of the out-of-core GEMM operands")
     p.add_argument("--inv-n", type=int, default=8192, help="size of the inverse comparison")
     p.add_argument("--memory", default="32GiB", help="host budget")
+    p.add_argument("--inv-memory", default=None, help="host budget of the inverse comparison (default: a quarter "
+                   "of the matrix, so that every precision runs out of core)")
     p.add_argument("--device-memory", default="6GiB", help="device budget (below the operands' size)")
     p.add_argument("--dir", default=None, help="scratch directory (local disk)")
     p.add_argument("--skip-timing", action="store_true", help="correctness only")
@@ -495,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:  # small sizes; the GPU when one is visible (the CuPy stand-in in the tests)
         args.device = "gpu" if gpu_available() else "cpu"
         args.n, args.inv_n, args.memory, args.device_memory = 384, 256, "4MiB", "1MiB"
+        args.inv_memory = "320KiB"  # below the one-task inverse: the recursion, as at full size
 
     if args.device == "gpu" and not gpu_available():
         print("gpu_check: no CUDA device visible to CuPy (run with --install on a GPU machine)", file=sys.stderr)

@@ -478,10 +478,14 @@ def test_gpu_check_runs_on_the_standin(standin, tmp_path, capsys):
     assert summary["solve"]["tf32"]["factor_dtype"] == "float32"
     assert {"lu (P A = L U)", "solve_triangular", "solve assume_a='pos'", "pca k=4", "svd sketch k=5 (in core)",
             "svd rsvd k=5 (streamed)", "solve tall, normal equations (Gram SYRK pass)"} <= names
-    # every public operation says where it ran: on the GPU, but for LU's panel getrf and for the
-    # read-bound passes that 'auto' keeps on the CPU (none here: the check asks for device='gpu')
+    # every public operation says where it ran: on the GPU, but for LU's panel getrf (also in the
+    # mixed-precision inverse, which takes the LU route) and for the read-bound passes that 'auto'
+    # keeps on the CPU (none here: the check asks for device='gpu')
+    lu_inv = {"LU panel updates (TRSM, GEMM)": "gpu", "LU panel factorization (getrf)": "cpu",
+              "rows of the inverse and residual probes": "cpu", "Newton-Schulz steps": "gpu"}
     assert summary["phases_elsewhere"] == {"lu (P A = L U)": {"panel updates (TRSM, GEMM)": "gpu",
-                                                               "panel factorization (getrf)": "cpu"}}
+                                                               "panel factorization (getrf)": "cpu"},
+                                           "inv precision=mixed": lu_inv, "inv precision=tf32": lu_inv}
     for g in summary["gemm"]:
         assert 0 < g["busy_fraction"] <= 1 and g["rel_error"] < 1e-4
         assert g["plan"]["n_tasks"] * g["plan"]["k_steps"] > 1  # really out of core: tiles and k-panels

@@ -304,8 +304,11 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
     checked first: a budget suggestion must not lead to a run the disk cannot hold)."""
     M = job.operand(a, "a")
     n = square(M, "to be inverted", "for a least-squares or regularized solution use blocklin.solve(a, b, lam=...)")
-    if method == "auto" and job.device == "gpu":
-        method = "schur"  # the LU route's panel factorization and row solves run on the host
+    if method == "auto" and job.device == "gpu" and precision not in ("mixed", "tf32"):
+        # the LU route's panel factorization and row solves run on the host; in float32 work the
+        # unpivoted recursion's leading blocks are too often ill-conditioned (a Gaussian block of a
+        # few thousand rows has rcond ~1e-6, near float32's eps), so mixed precision keeps the LU route
+        method = "schur"
     float_operand(M)
     out_dtype = np.dtype(np.float64) if precision in ("mixed", "tf32", "float64") else \
         np.dtype(np.float32) if precision == "float32" else M.dtype
@@ -604,7 +607,7 @@ def _invert(run: _Run, src: Any, s_off: int, dst: Any, d_off: int, size: int, wd
         res = _leaf(run, src, s_off, dst, d_off, size, wdt)
         res = {**res, "off": at}
         leaves.append(res)
-        if res["info"] != 0 or not res["rcond"] > (eps if last else plan.n * eps):
+        if res["info"] != 0 or not res["rcond"] > (eps if last or plan.work_dtype != plan.dtype else plan.n * eps):
             raise _LeafSingular(res, last)
         return
     n1 = _split(plan, size, balanced)
