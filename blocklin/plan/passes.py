@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 
 from blocklin.config import format_size, size_hint
@@ -84,6 +85,40 @@ CACHE_STRIPS_PER_REREAD = 3
 #: Loader threads of a task whose reads need no zarr temporaries (direct or range reads): two
 #: reads in flight keep up with a fast device where one copy thread does not.
 MAX_LOADERS = 2
+
+
+#: Concurrent tasks of a CPU row pass when the ``workers`` setting is not given, each with
+#: ``cores // PASS_WORKERS`` BLAS threads. A row pass's products are skinny (a strip times a
+#: ``n x b`` block, ``b`` a few dozen): split over its rows by BLAS they synchronize the BLAS threads
+#: every few milliseconds, and the threads spin beside the loader that reads the next strip.
+#: Measured on the shared 2-core machine (a Lanczos pass ``A^T (A Q)``, 100000 x 500 float64 in the
+#: page cache, ``Q`` 500 x 30, 96 MiB, load average 5-6): 1.4-2.6 s per pass with one task and two
+#: BLAS threads, 0.59-0.77 s with two tasks of one BLAS thread each. A constant, not the core count:
+#: the strip height (and so every floating-point sum) follows from it, and must not depend on the
+#: machine or the scheduler.
+PASS_WORKERS = 2
+#: Smallest strip (bytes of streamed rows) worth splitting the budget between :data:`PASS_WORKERS`
+#: tasks for; below it a pass keeps one task with every core's BLAS threads.
+PASS_WORKERS_MIN_STRIP = 1 << 20
+
+
+def pass_workers(plan: Callable[[int], RowPassPlan], device: str) -> RowPassPlan:
+    """The plan of a pass whose concurrency is not set: ``plan(workers)`` with :data:`PASS_WORKERS`
+    tasks at once on the CPU where the budget holds their strips (each at least
+    :data:`PASS_WORKERS_MIN_STRIP` and reading no chunk more often than one task would), else one.
+
+    A GPU pass keeps one task (its products are not split by BLAS threads, and its strips share the
+    device budget).
+    """
+    one = plan(1)
+    if device == "gpu" or PASS_WORKERS <= 1 or len(one.groups) < 2:
+        return one
+    try:
+        more = plan(PASS_WORKERS)
+    except BudgetError:
+        return one
+    big = more.strip * more.row_bytes >= PASS_WORKERS_MIN_STRIP or more.strip >= one.strip
+    return more if big and more.rereads <= one.rereads and more.cached == one.cached else one
 
 
 def canonical_tasks(m: int, row_bytes: int) -> int:
