@@ -53,6 +53,16 @@ def _zero(device: Any, buf: Any) -> None:
         device.axpby(buf, 0.0, None, 0.0)
 
 
+def _product(device: Any, out: Any, a: Any, b: Any) -> None:
+    """``out = a @ b`` into a reused strip buffer: on the host one BLAS call with ``beta = 0`` (the
+    same bits as accumulating into zeros, without the zeroing pass over the buffer)."""
+    if device.host_resident:
+        device.gemm_into(out, a, b)
+    else:
+        _zero(device, out)
+        device.gemm_acc(out, a, b)
+
+
 def _finish(device: Any, rows: slice, params: dict, state: dict, keep: tuple[str, ...]) -> dict:
     """At the end of a group: keep only the accumulators, on the host."""
     if rows.stop in params["ends"]:
@@ -151,8 +161,7 @@ def normal_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
     b = arrays[0]
     r = rows.stop - rows.start
     y = state["Ybuf"][:r]
-    _zero(device, y)
-    device.gemm_acc(y, b, state["Q"])
+    _product(device, y, b, state["Q"])
     correct(device, y, rows, state, state.get("beta"))
     w = _row_scaled(device, y, rows, state)
     device.gemm_acc(state["Z"], b.T, w)
@@ -201,8 +210,7 @@ def apply_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: d
     r = rows.stop - rows.start
     for i, (w, buf) in enumerate(zip(state["W"], state["bufs"])):
         y = buf[:r]
-        _zero(device, y)
-        device.gemm_acc(y, x, w)
+        _product(device, y, x, w)
         if i == 0 and (params.get("shifted") or params.get("shift_r") is not None):
             correct(device, y, rows, state, state.get("beta"))  # the centered B_c W1 (W1 premultiplied by c)
         x = y
@@ -244,8 +252,7 @@ def rmat_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: di
     if params.get("check"):
         r = rows.stop - rows.start
         c = state["Cbuf"][:r]
-        _zero(device, c)
-        device.gemm_acc(c, x, state["Yd"])
+        _product(device, c, x, state["Yd"])
         state["blocks"].append((rows.start, np.array(device.download(c, slice(0, r)))))
     return _finish(device, rows, params, state, ("Z",)), None
 
@@ -303,8 +310,7 @@ def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
     r0, r1 = rows.start, rows.stop
     r, kp = r1 - r0, params["kp"]
     yt = state["YT"][:r]
-    _zero(device, yt)
-    device.gemm_acc(yt, b, state["OP"])
+    _product(device, yt, b, state["OP"])
     correct(device, yt, rows, state, state.get("beta"))
     ups_h = state["ups"].rows(r0, r1, out=state["Ub"][:r])
     if params.get("shift_r") is not None:  # B_c^T Ups = diag(c) (B^T (r Ups) - b (a^T r Ups))
