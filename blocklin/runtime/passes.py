@@ -180,7 +180,7 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
     first = sources[0]
     mem = kernel.memory(params if params is not None else {}, sources)  # type: ignore[attr-defined]
 
-    def plan(w: int) -> RowPassPlan:
+    def plan(w: int, prefetch: int | None = None) -> RowPassPlan:
         return plan_pass(mem, first.rows, sum(s.row_bytes for s in sources), chunk_rows=first.chunk_rows,
                          partial_rows=all(s.partial_rows for s in sources),
                          direct=all(s.reads == "direct" for s in sources),
@@ -189,7 +189,7 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
                          chunk_bytes=first.chunk_bytes, chunks_across=first.chunks_across, max_strip=max_strip,
                          min_tasks=min_tasks,  # None: the canonical split (the same on every scheduler)
                          cache_bytes=sum(s.chunk_rows * s.row_bytes for s in sources if not s.partial_rows),
-                         loaders=MAX_LOADERS if all(s.partial_rows for s in sources) else 1)
+                         loaders=MAX_LOADERS if all(s.partial_rows for s in sources) else 1, prefetch=prefetch)
 
     if workers is None:
         workers = job.workers(0)  # the setting, or a cluster's threads per worker; 0: not set
