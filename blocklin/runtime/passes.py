@@ -242,11 +242,12 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
     for s in sources:
         if plan.rereads > 1 and not s.partial_rows and s.chunk_rows > plan.strip:
             job.note_reads(reread_advice(s, plan))
-    # A completed pass has read every element of its inputs: a stored input checked once for NaN/Inf
-    # in this job is not checked again (the check cost 8-10% of each pass of an iterative SVD).
-    checked = {str(s.path) for s in sources}
+    # A completed pass has read every element of its inputs: the operation's input, checked once for
+    # NaN/Inf in this job, is not checked again (the check cost 8-10% of each pass of an iterative SVD).
+    # Intermediates are checked on every pass (one path may be rewritten between passes).
+    checked = {str(s.path) for s in sources} if over != "intermediate" else set()
     check = job.check_finite if check_finite is None else check_finite
-    if check_finite is None and checked <= job.checked_finite:
+    if check_finite is None and checked and checked <= job.checked_finite:
         check = False
     spec = RowPassSpec(inputs=tuple(s.path for s in sources), names=tuple(s.name for s in sources), kernel=kernel,
                        params=Params(**params, strip=plan.strip, ends=tuple(g[1] for g in plan.groups)), plan=plan,
