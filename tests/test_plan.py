@@ -190,3 +190,29 @@ def test_cpu_row_passes_split_between_tasks_when_the_budget_holds_them():
     assert (small.workers, small.blas_threads, len(small.groups)) == (1, 1, 1)
     gpu = pass_workers(_kernel_plan(100000, 4000, 96 << 20), "gpu")
     assert (gpu.workers, gpu.blas_threads) == (1, 2)
+
+
+def test_row_pass_strips_same_locally_and_on_a_one_thread_cluster():
+    """A cluster whose workers run one task thread each plans a row pass as the local schedulers do
+    (the same strips, so the same sums); a ``workers=`` setting is planned as given."""
+    from types import SimpleNamespace
+
+    from blocklin.linalg._tall_kernels import normal_kernel
+    from blocklin.runtime.passes import Source, plan_kernel_pass
+
+    src = Source(path="a.zarr", name="a", rows=100000, width=500, dtype=np.dtype("float64"), chunk_rows=2048,
+                 chunk_bytes=2048 * 500 * 8, chunks_across=1, reads="direct")
+    params = {"Q": np.zeros((500, 30)), "gram": False, "write_y": False}
+
+    def job(cluster_threads, setting=None):
+        cluster = SimpleNamespace(threads_per_worker=cluster_threads) if cluster_threads else None
+        return SimpleNamespace(cfg=SimpleNamespace(memory=96 << 20, workers=setting), device="cpu",
+                               cluster=lambda: cluster, cores=lambda: 2,
+                               workers=lambda d=1: setting or (cluster.threads_per_worker if cluster else d))
+
+    local = plan_kernel_pass(job(None), normal_kernel, [src], params)
+    assert local.workers == 2 and local.strip == 2048
+    assert plan_kernel_pass(job(1), normal_kernel, [src], params).strip == local.strip
+    assert plan_kernel_pass(job(4), normal_kernel, [src], params).workers == 4
+    given = plan_kernel_pass(job(None, setting=1), normal_kernel, [src], params)
+    assert given.workers == 1 and given.blas_threads == 2

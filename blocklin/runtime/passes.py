@@ -193,6 +193,8 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
 
     if workers is None:
         workers = job.workers(0)  # the setting, or a cluster's threads per worker; 0: not set
+        if workers == 1 and job.cluster() is not None and not job.cfg.workers:
+            workers = 0  # one task thread per worker process: planned as locally (the same strips, the same bits)
     if workers:
         return plan(workers)
     if kernel.device != "any":  # type: ignore[attr-defined]
