@@ -98,7 +98,7 @@ MAX_LOADERS = 2
 #: machine or the scheduler.
 PASS_WORKERS = 2
 #: Smallest strip (bytes of streamed rows) worth splitting the budget between :data:`PASS_WORKERS`
-#: tasks for; below it a pass keeps one task with every core's BLAS threads.
+#: tasks for; below it a pass keeps one task (with the BLAS threads of one of them).
 PASS_WORKERS_MIN_STRIP = 1 << 20
 #: Strips read ahead by each of :data:`PASS_WORKERS` tasks (by one loader thread): the other task's
 #: products already overlap a task's reads. Measured as above (load average 3.5, 8 passes each,
