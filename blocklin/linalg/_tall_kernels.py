@@ -53,6 +53,14 @@ def _zero(device: Any, buf: Any) -> None:
         device.axpby(buf, 0.0, None, 0.0)
 
 
+def _strip_rows(buf: Any, r: int, c: int) -> Any:
+    """The first ``r`` rows of a strip buffer: a row slice of a 2-D buffer, or of a flat host buffer
+    the ``r x c`` column-major block at its start."""
+    if buf.ndim == 2:
+        return buf[:r]
+    return buf[: r * c].reshape(c, r).T
+
+
 def _product(device: Any, out: Any, a: Any, b: Any) -> None:
     """``out = a @ b`` into a reused strip buffer: on the host one BLAS call with ``beta = 0`` (the
     same bits as accumulating into zeros, without the zeroing pass over the buffer)."""
@@ -133,9 +141,16 @@ def normal_init(device: Any, params: dict) -> dict:
     q = params["Q"]
     l = q.shape[1]
     dt = q.dtype
-    st = {"Q": upload(device, q), "Z": device.zeros((q.shape[0], l), dt),
-          "G": device.zeros((l, l), dt) if params.get("gram") else None,
-          "Ybuf": device.zeros((params["strip"], l), dt)}
+    st = {"Q": upload(device, q), "G": device.zeros((l, l), dt) if params.get("gram") else None}
+    if device.host_resident:
+        # Column-major Y_i and Z on the host: B_i Q and B_i^T Y_i are then the GEMMs OpenBLAS runs
+        # fastest (tall by narrow, no transposed output). Measured on one thread (2048 x 500 strip,
+        # Q 500 x 30, loaded 2-core machine): 29-33 GFLOP/s against 14-22 for row-major Y_i and Z.
+        st["Ybuf"] = np.empty(params["strip"] * l, dtype=dt)
+        st["Z"] = np.zeros((q.shape[0], l), dtype=dt, order="F")
+    else:
+        st["Ybuf"] = device.zeros((params["strip"], l), dt)
+        st["Z"] = device.zeros((q.shape[0], l), dt)
     if params.get("shifted"):
         st["beta"] = upload(device, params["beta"])
         st["T"] = device.zeros((1, l), dt)
@@ -160,7 +175,7 @@ def normal_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
     ``T += a_i^T (r_i Y_i)``, from which the caller forms ``B_c^T Y`` (:meth:`Shift.finish`)."""
     b = arrays[0]
     r = rows.stop - rows.start
-    y = state["Ybuf"][:r]
+    y = _strip_rows(state["Ybuf"], r, state["Q"].shape[1])
     _product(device, y, b, state["Q"])
     correct(device, y, rows, state, state.get("beta"))
     w = _row_scaled(device, y, rows, state)
