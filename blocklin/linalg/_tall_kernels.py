@@ -53,6 +53,15 @@ def _zero(device: Any, buf: Any) -> None:
         device.axpby(buf, 0.0, None, 0.0)
 
 
+def _accumulator(device: Any, shape: tuple[int, int], dtype: Any) -> Any:
+    """A zeroed ``Z += B_i^T X_i`` accumulator: column-major on the host, where that product is a
+    plain GEMM into BLAS's own layout (one thread, 2048 x 500 strip, 30 columns: 45-47 GFLOP/s
+    against 29-31 into a row-major ``Z``)."""
+    if device.host_resident:
+        return np.zeros(shape, dtype=dtype, order="F")
+    return device.zeros(shape, dtype)
+
+
 def _strip_rows(buf: Any, r: int, c: int) -> Any:
     """The first ``r`` rows of a strip buffer: a row slice of a 2-D buffer, or of a flat host buffer
     the ``r x c`` column-major block at its start."""
@@ -147,10 +156,9 @@ def normal_init(device: Any, params: dict) -> dict:
         # fastest (tall by narrow, no transposed output). Measured on one thread (2048 x 500 strip,
         # Q 500 x 30, loaded 2-core machine): 29-33 GFLOP/s against 14-22 for row-major Y_i and Z.
         st["Ybuf"] = np.empty(params["strip"] * l, dtype=dt)
-        st["Z"] = np.zeros((q.shape[0], l), dtype=dt, order="F")
     else:
         st["Ybuf"] = device.zeros((params["strip"], l), dt)
-        st["Z"] = device.zeros((q.shape[0], l), dt)
+    st["Z"] = _accumulator(device, (q.shape[0], l), dt)
     if params.get("shifted"):
         st["beta"] = upload(device, params["beta"])
         st["T"] = device.zeros((1, l), dt)
@@ -244,7 +252,7 @@ def apply_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: d
 # -- transposed apply: Z = X^T Y for a broadcast tall Y (operator rmatmat, eigsh) ------------------
 def rmat_init(device: Any, params: dict) -> dict:
     y = params["Y"]
-    st = {"Yd": upload(device, y), "Z": device.zeros((params["n"], y.shape[1]), y.dtype)}
+    st = {"Yd": upload(device, y), "Z": _accumulator(device, (params["n"], y.shape[1]), y.dtype)}
     if params.get("check"):
         st["blocks"] = []
         st["Cbuf"] = device.zeros((params["strip"], y.shape[1]), y.dtype)
@@ -282,7 +290,7 @@ def sketch_init(device: Any, params: dict) -> dict:
     op = sketch_test_matrices(params["seed"], n, kp, s, dt)
     if params.get("shift_c") is not None:
         op *= params["shift_c"].astype(dt)[:, None]
-    state = {"OP": upload(device, op), "Xt": device.zeros((n, kp), dt), "PZ": device.zeros((s, kp + s), dt),
+    state = {"OP": upload(device, op), "Xt": _accumulator(device, (n, kp), dt), "PZ": device.zeros((s, kp + s), dt),
              "G": device.zeros((kp, kp), dt), "YT": device.zeros((st, kp + s), dt),
              "Ub": np.empty((st, kp), dt), "Pb": np.empty((st, s), dt),
              "ups": GaussianRows(params["seed"], STREAM_UPSILON, kp), "phi": GaussianRows(params["seed"], STREAM_PHI, s)}
