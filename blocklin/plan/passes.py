@@ -91,9 +91,10 @@ MAX_LOADERS = 2
 #: ``cores // PASS_WORKERS`` BLAS threads. A row pass's products are skinny (a strip times a
 #: ``n x b`` block, ``b`` a few dozen): split over its rows by BLAS they synchronize the BLAS threads
 #: every few milliseconds, and the threads spin beside the loader that reads the next strip.
-#: Measured on the shared 2-core machine (a Lanczos pass ``A^T (A Q)``, 100000 x 500 float64 in the
-#: page cache, ``Q`` 500 x 30, 96 MiB, load average 5-6): 1.4-2.6 s per pass with one task and two
-#: BLAS threads, 0.59-0.77 s with two tasks of one BLAS thread each. A constant, not the core count:
+#: Measured on the shared 2-core machine (``benchmarks/row_pass.py``: a Lanczos pass ``A^T (A Q)``,
+#: 100000 x 500 float64 in the page cache, ``Q`` 500 x 30, 96 MiB): 0.21 s per pass against 0.23 s
+#: for one task on two BLAS threads with the machine nearly quiet (load 2.8), 0.25-0.28 s against
+#: 2.4-2.5 s beside other jobs (load 3.8-6.3). A constant, not the core count:
 #: the strip height (and so every floating-point sum) follows from it, and must not depend on the
 #: machine or the scheduler.
 PASS_WORKERS = 2
