@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk-rows", type=int, default=4096)
     p.add_argument("--dir", default=None, help="folder for the test matrix (default: temp dir)")
     p.add_argument("--keep", action="store_true", help="keep the generated matrix")
-    p.add_argument("--data", help="reuse (or create and keep) the test matrix at this path")
+    p.add_argument("--data", help="reuse (or create and keep) the test matrix at this path; with several "
+                   "spectra, a folder holding one A-<spectrum>.zarr each")
     p.add_argument("--quick", action="store_true", help="skip scikit-learn and Dask")
     p.add_argument("--only", nargs="*", help="run only these variants")
     p.add_argument("--spectra", default="exp25", help=f"comma-separated, of {', '.join(SPECTRA)} (default exp25)")
@@ -215,8 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     folder = tempfile.mkdtemp(prefix="blocklin-bench-svd-", dir=args.dir)
     everything = []
     try:
-        for name in args.spectra.split(","):
-            path = args.data or os.path.join(folder, f"A-{name}.zarr")
+        names = args.spectra.split(",")
+        for name in names:
+            path = os.path.join(args.data or folder, f"A-{name}.zarr") if len(names) > 1 or not args.data else args.data
             everything.append(run_spectrum(args, name, path))
             if not (args.keep or args.data):
                 shutil.rmtree(path, ignore_errors=True)

@@ -117,3 +117,33 @@ def test_large_potrf_runs_on_one_blas_thread():
     with potrf_threads(THREADED_POTRF_MAX + 1):
         assert blas_threads() and all(t == 1 for t in blas_threads())
     assert blas_threads() == before
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("acc_order", ["C", "F"])
+@pytest.mark.parametrize("a_order", ["C", "F", "T"])
+@pytest.mark.parametrize("b_order", ["C", "F", "T"])
+def test_cpu_gemm_acc_into_either_layout(dtype, acc_order, a_order, b_order):
+    """``acc = alpha a @ b + beta acc`` in place for a C- or Fortran-ordered ``acc`` and operands of any
+    layout (transposed views included), against NumPy; the tolerance is a few units of rounding of a
+    40-term sum in the dtype (|terms| < 1)."""
+    from blocklin.device.cpu import _gemm_acc
+
+    rng = np.random.default_rng(3)
+
+    def operand(shape, order):
+        if order == "T":  # a transposed view of a C-ordered array
+            return rng.uniform(-1, 1, shape[::-1]).astype(dtype).T
+        return np.asarray(rng.uniform(-1, 1, shape).astype(dtype), order=order)
+
+    a, b = operand((37, 40), a_order), operand((40, 23), b_order)
+    a0, b0 = a.copy(), b.copy()
+    for alpha, beta in ((1.0, 1.0), (-0.5, 1.0), (1.0, 0.0)):
+        acc = np.asarray(rng.uniform(-1, 1, (37, 23)).astype(dtype), order=acc_order)
+        ref = alpha * (a.astype(np.float64) @ b.astype(np.float64)) + beta * acc.astype(np.float64)
+        view = acc
+        _gemm_acc(acc, a, b, alpha, beta)
+        assert acc is view and acc.flags[f"{acc_order}_CONTIGUOUS"]
+        np.testing.assert_allclose(acc, ref, rtol=0, atol=50 * np.finfo(dtype).eps)
+    np.testing.assert_array_equal(a, a0)  # operands untouched
+    np.testing.assert_array_equal(b, b0)

@@ -162,3 +162,57 @@ def test_read_ahead_from_the_budget():
     assert tight.prefetch == 1 and tight.strip == one.strip == 2000 and tight.peak_memory <= 50 * 2**20
     zarr_reads = plan_pass(PassMemory(chunk_temporaries=True), 10000, 8000, chunk_rows=1000, memory=2**30, loaders=2)
     assert zarr_reads.loaders == 1
+
+
+def _kernel_plan(m, row_bytes, memory, cores=2):
+    """``plan(workers, prefetch)`` as :func:`blocklin.runtime.passes.plan_kernel_pass` builds it."""
+    mem = PassMemory(fixed=0, per_row=240)
+    return lambda w, prefetch=None: plan_pass(mem, m, row_bytes, chunk_rows=2048, memory=memory, workers=w,
+                                              cores=cores, partial_rows=True, direct=True, loaders=2,
+                                              prefetch=prefetch)
+
+
+def test_cpu_row_passes_split_between_tasks_when_the_budget_holds_them():
+    """Unset concurrency: two tasks of one BLAS thread each (reading one strip ahead) where strips stay
+    at least PASS_WORKERS_MIN_STRIP; else one task, which also keeps to one BLAS thread; a GPU pass keeps
+    one task with every core. The strips never depend on the cores (the sums would)."""
+    from blocklin.plan.passes import PASS_WORKERS, PASS_WORKERS_MIN_STRIP, pass_workers
+
+    big = pass_workers(_kernel_plan(100000, 4000, 96 << 20), "cpu")
+    assert (big.workers, big.blas_threads, big.prefetch, big.loaders) == (PASS_WORKERS, 1, 1, 1)
+    assert big.strip * big.row_bytes >= PASS_WORKERS_MIN_STRIP and big.peak_memory <= 96 << 20
+    assert pass_workers(_kernel_plan(100000, 4000, 96 << 20, cores=8), "cpu").strip == big.strip
+    assert pass_workers(_kernel_plan(100000, 4000, 96 << 20, cores=8), "cpu").blas_threads == 4
+    tight = pass_workers(_kernel_plan(100000, 4000, 3 << 20), "cpu")  # two tasks' strips would be < 1 MiB
+    one = _kernel_plan(100000, 4000, 3 << 20)(1)
+    assert (tight.workers, tight.blas_threads, tight.strip) == (1, 1, one.strip)
+    small = pass_workers(_kernel_plan(4000, 320, 96 << 20), "cpu")  # one task's rows (canonical split)
+    assert (small.workers, small.blas_threads, len(small.groups)) == (1, 1, 1)
+    gpu = pass_workers(_kernel_plan(100000, 4000, 96 << 20), "gpu")
+    assert (gpu.workers, gpu.blas_threads) == (1, 2)
+
+
+def test_row_pass_strips_same_locally_and_on_a_one_thread_cluster():
+    """A cluster whose workers run one task thread each plans a row pass as the local schedulers do
+    (the same strips, so the same sums); a ``workers=`` setting is planned as given."""
+    from types import SimpleNamespace
+
+    from blocklin.linalg._tall_kernels import normal_kernel
+    from blocklin.runtime.passes import Source, plan_kernel_pass
+
+    src = Source(path="a.zarr", name="a", rows=100000, width=500, dtype=np.dtype("float64"), chunk_rows=2048,
+                 chunk_bytes=2048 * 500 * 8, chunks_across=1, reads="direct")
+    params = {"Q": np.zeros((500, 30)), "gram": False, "write_y": False}
+
+    def job(cluster_threads, setting=None):
+        cluster = SimpleNamespace(threads_per_worker=cluster_threads) if cluster_threads else None
+        return SimpleNamespace(cfg=SimpleNamespace(memory=96 << 20, workers=setting), device="cpu",
+                               cluster=lambda: cluster, cores=lambda: 2,
+                               workers=lambda d=1: setting or (cluster.threads_per_worker if cluster else d))
+
+    local = plan_kernel_pass(job(None), normal_kernel, [src], params)
+    assert local.workers == 2 and local.strip == 2048
+    assert plan_kernel_pass(job(1), normal_kernel, [src], params).strip == local.strip
+    assert plan_kernel_pass(job(4), normal_kernel, [src], params).workers == 4
+    given = plan_kernel_pass(job(None, setting=1), normal_kernel, [src], params)
+    assert given.workers == 1 and given.blas_threads == 2

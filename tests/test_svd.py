@@ -289,3 +289,22 @@ def test_gpu_matches_cpu(method):
     np.testing.assert_allclose(np.abs(dense(gpu.U)), np.abs(dense(cpu.U)), atol=1e-8)
     w = bl.eigsh(a.T @ a, 3, seed=0, memory="360KiB", device="gpu")
     np.testing.assert_allclose(w.w, np.sort(cpu.s[:3] ** 2), rtol=1e-8) if method == "lanczos" else None
+
+
+def test_input_checked_for_non_finite_values_once_per_job(monkeypatch):
+    """Every pass over A reads all of it: the first completed one checks it for NaN/Inf, later passes of
+    the same job do not (each element is checked exactly once); check_finite=False checks none."""
+    import blocklin.runtime.passes as passes
+
+    checked = []
+    real = passes.check_finite
+    monkeypatch.setattr(passes, "check_finite",  # A's strips only (the basis Y it writes is checked too)
+                        lambda block, *a: (block.shape[1] == 60 and checked.append(block.size), real(block, *a)))
+    a, s_ref = make(3000, 60, "slow")
+    res = bl.svd(a, 5, method="lanczos", memory="256KiB", seed=0)
+    assert res.report["passes"] >= 3 and not res.report["in_core"]
+    assert sum(checked) == a.size
+    np.testing.assert_allclose(res.s, s_ref[:5], rtol=1e-8)  # Lanczos default tolerance: s to ~sqrt(tol)
+    checked.clear()
+    bl.svd(a, 5, method="lanczos", memory="256KiB", seed=0, check_finite=False)
+    assert checked == []

@@ -215,10 +215,17 @@ def trsm_inplace(t: np.ndarray, b: np.ndarray, *, lower: bool, unit: bool = Fals
 def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0, beta: float = 1.0) -> None:
     """``acc = alpha * a @ b + beta * acc`` (``beta`` 1 or 0) without a temporary: BLAS gemm into ``acc``.
 
-    ``acc`` is C-contiguous; BLAS is column-major, so compute ``acc.T += b.T @ a.T`` on the
-    Fortran-ordered view ``acc.T``; transposed operands are passed as flags, never copied.
+    A C-contiguous ``acc``: BLAS is column-major, so compute ``acc.T += b.T @ a.T`` on the
+    Fortran-ordered view ``acc.T``; a Fortran-contiguous ``acc`` directly. Transposed operands are
+    passed as flags, never copied.
     """
     gemm = _blas_gemm(acc.dtype)
+    if gemm is not None and acc.flags.f_contiguous and not acc.flags.c_contiguous:
+        # a Fortran-ordered acc is BLAS's own layout: acc = a @ b directly (operands as flags)
+        af, trans_a = (a, 0) if a.flags.f_contiguous else ((a.T, 1) if a.T.flags.f_contiguous else (np.asfortranarray(a), 0))
+        bf, trans_b = (b, 0) if b.flags.f_contiguous else ((b.T, 1) if b.T.flags.f_contiguous else (np.asfortranarray(b), 0))
+        gemm(alpha, af, bf, beta=beta, c=acc, trans_a=trans_a, trans_b=trans_b, overwrite_c=True)
+        return
     if gemm is None or not acc.flags.c_contiguous:
         prod = a @ b if alpha == 1.0 else acc.dtype.type(alpha) * (a @ b)
         if beta == 0.0:

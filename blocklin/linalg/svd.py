@@ -201,7 +201,7 @@ class _Streamed:
     def _plan(self, kernel: Any, params: dict) -> Any:
         # the whole budget with the in-core work reserved: a refusal names the total that suffices
         return plan_kernel_pass(self.job, kernel, [self.source], params, memory=self.plan.memory,
-                                reserve=self.plan.client_bytes)
+                                reserve=self.plan.client_bytes, device=self.device)
 
     def preflight(self, k: int) -> None:
         """Plan every pass over ``A`` the method will run (shapes only, nothing read), so that a budget
@@ -264,7 +264,7 @@ class _Streamed:
         p = self.plan
         tasks = sketch_tasks(p.M, p.N, p.sketch_size, np.dtype(self.dtype).itemsize, p.memory)
         plan = plan_kernel_pass(self.job, K.sketch_kernel, [self.source], params, memory=p.memory,
-                                reserve=p.client_bytes, min_tasks=tasks)
+                                reserve=p.client_bytes, min_tasks=tasks, device=self.device)
         threads = sketch_blas_threads(plan.blas_threads, plan.strip, p.N, p.sketch_size)
         return plan if threads == plan.blas_threads else dataclasses.replace(plan, blas_threads=threads)
 

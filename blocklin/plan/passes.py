@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 
 from blocklin.config import format_size, size_hint
@@ -84,6 +85,54 @@ CACHE_STRIPS_PER_REREAD = 3
 #: Loader threads of a task whose reads need no zarr temporaries (direct or range reads): two
 #: reads in flight keep up with a fast device where one copy thread does not.
 MAX_LOADERS = 2
+
+
+#: Concurrent tasks of a CPU row pass when the ``workers`` setting is not given, each with
+#: ``cores // PASS_WORKERS`` BLAS threads. A row pass's products are skinny (a strip times a
+#: ``n x b`` block, ``b`` a few dozen): split over its rows by BLAS they synchronize the BLAS threads
+#: every few milliseconds, and the threads spin beside the loader that reads the next strip.
+#: Measured on the shared 2-core machine (``benchmarks/row_pass.py``: a Lanczos pass ``A^T (A Q)``,
+#: 100000 x 500 float64 in the page cache, ``Q`` 500 x 30, 96 MiB): 0.21 s per pass against 0.23 s
+#: for one task on two BLAS threads with the machine nearly quiet (load 2.8), 0.25-0.28 s against
+#: 2.4-2.5 s beside other jobs (load 3.8-6.3). A constant, not the core count:
+#: the strip height (and so every floating-point sum) follows from it, and must not depend on the
+#: machine or the scheduler.
+PASS_WORKERS = 2
+#: Smallest strip (bytes of streamed rows) worth splitting the budget between :data:`PASS_WORKERS`
+#: tasks for; below it a pass keeps one task (with the BLAS threads of one of them).
+PASS_WORKERS_MIN_STRIP = 1 << 20
+#: Strips read ahead by each of :data:`PASS_WORKERS` tasks (by one loader thread): the other task's
+#: products already overlap a task's reads. Measured as above (load average 3.5, 8 passes each,
+#: alternated): 0.32 s per pass (median) reading one strip ahead with one loader, 0.36 s two ahead,
+#: 0.44 s three ahead with two loaders (the read-ahead a budget this size gives one task).
+PASS_WORKERS_PREFETCH = 1
+
+
+def pass_workers(plan: Callable[..., RowPassPlan], device: str) -> RowPassPlan:
+    """The plan of a pass whose concurrency is not set: ``plan(workers, prefetch)`` (``prefetch``
+    ``None``: from the budget) with :data:`PASS_WORKERS` tasks at once on the CPU, each reading
+    :data:`PASS_WORKERS_PREFETCH` strip ahead, where the budget holds their strips (each at least
+    :data:`PASS_WORKERS_MIN_STRIP` and reading no chunk more often than one task would), else one.
+
+    One task on the CPU gets the BLAS threads of one of :data:`PASS_WORKERS` tasks. A GPU pass keeps
+    one task with every core (its products are not split by BLAS threads, and its strips share the
+    device budget).
+    """
+    one = plan(1, None)
+    if device == "gpu" or PASS_WORKERS <= 1:
+        return one
+    # One task keeps the BLAS threads of one of PASS_WORKERS tasks: its strips are small (one task's
+    # rows, or strips too short to split) and so are its products; measured under load on the 2-core
+    # machine, G += Y_i^T Y_i on 2048 x 40 strips of a 100000 x 40 block took 0.5 s on 2 BLAS threads.
+    single = dataclasses.replace(one, blas_threads=max(1, one.blas_threads // PASS_WORKERS))
+    if len(one.groups) < 2:
+        return single
+    try:
+        more = plan(PASS_WORKERS, PASS_WORKERS_PREFETCH)
+    except BudgetError:
+        return single
+    big = more.strip * more.row_bytes >= PASS_WORKERS_MIN_STRIP or more.strip >= one.strip
+    return more if big and more.rereads <= one.rereads and more.cached == one.cached else single
 
 
 def canonical_tasks(m: int, row_bytes: int) -> int:
@@ -252,7 +301,8 @@ class PassMemory:
 def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memory: int, reserve: int = 0,
               workers: int = 1, cores: int = 1, chunk_bytes: int | None = None, chunks_across: int = 1,
               max_strip: int | None = None, min_tasks: int | None = None, partial_rows: bool = False,
-              direct: bool = False, cache_bytes: int = 0, loaders: int = 1) -> RowPassPlan:
+              direct: bool = False, cache_bytes: int = 0, loaders: int = 1,
+              prefetch: int | None = None) -> RowPassPlan:
     """Plan a row pass of a kernel whose memory is ``mem``.
 
     Parameters
@@ -288,7 +338,8 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
         Loader threads for reads without zarr temporaries (through zarr one loader: zarr already
         keeps several chunks in flight, each with its temporaries).
 
-    The read-ahead depth comes from the budget (:func:`plan_row_pass` with ``prefetch=None``).
+    prefetch : int, optional
+        Strips read ahead per task; default: from the budget (:func:`plan_row_pass` with ``prefetch=None``).
     """
     budget = memory - reserve
     workers = max(1, workers)
@@ -320,14 +371,14 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
         extra = 3 * cb if mem.chunk_temporaries and mem.write_row_bytes is None else 0
         return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed + extra,
                              strip_extra_row_bytes=per_row, workers=workers, cores=cores, max_strip=max_strip,
-                             min_tasks=min_tasks, reserve=reserve, partial_rows=partial_rows, prefetch=None,
+                             min_tasks=min_tasks, reserve=reserve, partial_rows=partial_rows, prefetch=prefetch,
                              cache_bytes=cache_bytes, loaders=loaders if direct or not mem.chunk_temporaries else 1)
     error = None
     for in_flight in range(IO_CONCURRENCY, 0, -1):
         try:
             plan = plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget,
                                  fixed_bytes=mem.fixed + in_flight * 3 * cb, strip_extra_row_bytes=per_row,
-                                 workers=workers, cores=cores, prefetch=None, max_strip=max_strip, min_tasks=min_tasks,
+                                 workers=workers, cores=cores, prefetch=prefetch, max_strip=max_strip, min_tasks=min_tasks,
                                  reserve=reserve, partial_rows=partial_rows, cache_bytes=cache_bytes)
         except BudgetError as exc:
             error = exc

@@ -132,6 +132,9 @@ class Job:
             self.stack.close()  # the scoped settings above end with the failed job
             raise
         self.progress = make_progress(self.cfg.progress if progress is None else progress)
+        #: Stored inputs a completed row pass has checked for NaN/Inf (every element read): later
+        #: passes over them skip the check (see :func:`blocklin.runtime.passes.run_pass`).
+        self.checked_finite: set[str] = set()
         self.t0 = time.perf_counter()
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_physical": 0, "bytes_written": 0, "tasks": 0, "skipped": 0,
                       "retried_tasks": 0, "load_seconds": 0.0, "wait_seconds": 0.0}

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from blocklin.device import TileStream, get_device
-from blocklin.plan.passes import MAX_LOADERS, PassMemory, RowPassPlan, plan_pass
+from blocklin.plan.passes import MAX_LOADERS, PassMemory, RowPassPlan, pass_workers, plan_pass
 from blocklin.progress import report_units
 from blocklin.plan.rechunk import rechunk_advice
 from blocklin.runtime.graph import TileGraph
@@ -167,24 +167,39 @@ class PassResult(NamedTuple):
 
 def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: Any = None, *,
                      memory: int | None = None, reserve: int = 0, max_strip: int | None = None,
-                     min_tasks: int | None = None, workers: int | None = None) -> RowPassPlan:
+                     min_tasks: int | None = None, workers: int | None = None,
+                     device: str | None = None) -> RowPassPlan:
     """Plan a pass of ``kernel`` over ``sources`` from the kernel's memory declaration.
 
     ``memory`` is the budget of the pass (default: the job's); ``reserve`` the part of it held
-    outside the pass; ``workers`` the concurrent tasks (default: the job's).
+    outside the pass; ``workers`` the concurrent tasks (default: the job's ``workers`` setting, else
+    :func:`~blocklin.plan.passes.pass_workers` chooses for a CPU pass); ``device`` where the pass
+    runs (default: the kernel's, else the job's).
     """
     sources = tuple(sources)
     first = sources[0]
     mem = kernel.memory(params if params is not None else {}, sources)  # type: ignore[attr-defined]
-    return plan_pass(mem, first.rows, sum(s.row_bytes for s in sources), chunk_rows=first.chunk_rows,
-                     partial_rows=all(s.partial_rows for s in sources),
-                     direct=all(s.reads == "direct" for s in sources),
-                     memory=job.cfg.memory if memory is None else memory, reserve=reserve,
-                     workers=job.workers(1) if workers is None else workers, cores=job.cores(),
-                     chunk_bytes=first.chunk_bytes, chunks_across=first.chunks_across, max_strip=max_strip,
-                     min_tasks=min_tasks,  # None: the canonical split (the same on every scheduler)
-                     cache_bytes=sum(s.chunk_rows * s.row_bytes for s in sources if not s.partial_rows),
-                     loaders=MAX_LOADERS if all(s.partial_rows for s in sources) else 1)
+
+    def plan(w: int, prefetch: int | None = None) -> RowPassPlan:
+        return plan_pass(mem, first.rows, sum(s.row_bytes for s in sources), chunk_rows=first.chunk_rows,
+                         partial_rows=all(s.partial_rows for s in sources),
+                         direct=all(s.reads == "direct" for s in sources),
+                         memory=job.cfg.memory if memory is None else memory, reserve=reserve,
+                         workers=w, cores=job.cores(),
+                         chunk_bytes=first.chunk_bytes, chunks_across=first.chunks_across, max_strip=max_strip,
+                         min_tasks=min_tasks,  # None: the canonical split (the same on every scheduler)
+                         cache_bytes=sum(s.chunk_rows * s.row_bytes for s in sources if not s.partial_rows),
+                         loaders=MAX_LOADERS if all(s.partial_rows for s in sources) else 1, prefetch=prefetch)
+
+    if workers is None:
+        workers = job.workers(0)  # the setting, or a cluster's threads per worker; 0: not set
+        if workers == 1 and job.cluster() is not None and not job.cfg.workers:
+            workers = 0  # one task thread per worker process: planned as locally (the same strips, the same bits)
+    if workers:
+        return plan(workers)
+    if kernel.device != "any":  # type: ignore[attr-defined]
+        device = kernel.device  # type: ignore[attr-defined]
+    return pass_workers(plan, device or job.device)
 
 
 def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict | None = None, *,
@@ -225,14 +240,21 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
         if device == "gpu":  # the strips and states live on the GPU too: within both budgets
             memory = planning.get("memory") or job.cfg.memory
             planning["memory"] = min(memory, job.device_memory() or memory)
-        plan = plan_kernel_pass(job, kernel, sources, params, **planning)
+        plan = plan_kernel_pass(job, kernel, sources, params, device=device, **planning)
     for s in sources:
         if plan.rereads > 1 and not s.partial_rows and s.chunk_rows > plan.strip:
             job.note_reads(reread_advice(s, plan))
+    # A completed pass has read every element of its inputs: the operation's input, checked once for
+    # NaN/Inf in this job, is not checked again (the check cost 8-10% of each pass of an iterative SVD).
+    # Intermediates are checked on every pass (one path may be rewritten between passes).
+    checked = {str(s.path) for s in sources} if over != "intermediate" else set()
+    check = job.check_finite if check_finite is None else check_finite
+    if check_finite is None and checked and checked <= job.checked_finite:
+        check = False
     spec = RowPassSpec(inputs=tuple(s.path for s in sources), names=tuple(s.name for s in sources), kernel=kernel,
                        params=Params(**params, strip=plan.strip, ends=tuple(g[1] for g in plan.groups)), plan=plan,
                        device=device, device_memory=job.device_memory() if device == "gpu" else None,
-                       check_finite=job.check_finite if check_finite is None else check_finite,
+                       check_finite=check,
                        outputs=tuple(outputs), init=kernel.init,  # type: ignore[attr-defined]
                        blas_threads=job.task_blas_threads(plan.blas_threads),
                        transposed=tuple(s.transposed for s in sources), transposed_outputs=tuple(transposed_outputs))
@@ -242,6 +264,8 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
         graph.weigh(graph.add((g,), row_pass_task, spec, g), r1 - r0, "rows")
     results = job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
                       count_pass=over)
+    if check:
+        job.checked_finite |= checked
     return PassResult([r["state"] for r in results], plan)
 
 
