@@ -799,17 +799,36 @@ def _panel_pivots(spec: TileOpSpec, j: int) -> np.ndarray:
 
 def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block: int) -> tuple[np.ndarray, dict]:
     """Columns ``c0:c1`` of the input (all rows) as a C-ordered ``dt`` array, and their ``max |a|`` and
-    float64 ``sum a^2`` (of the stored values, before a cast)."""
+    float64 ``sum a^2`` (of the stored values, before a cast).
+
+    Uncompressed inputs are read in row blocks of :func:`panel_read_rows` rows: a panel narrower
+    than the input's chunks maps the chunks' whole rows from their files (or fetches them, from an
+    object store), pages that count in the resident memory while they last, so each read takes no
+    more than one block of the panel holds. Other inputs go through zarr, which decodes every chunk
+    it touches whole: the panel is read in one call (in blocks of ``rows_per_block`` before a cast),
+    each chunk decoded once.
+    """
+    from blocklin.storage.zarr_store import read_kind
+
     n = spec.a.shape[0]
     src = open_array(spec.a.path)
     off_r, off_c = spec.a.off
     cols = slice(off_c + c0, off_c + c1)
     same = np.dtype(src.dtype) == dt
-    panel = read_block(src, slice(off_r, off_r + n), cols) if same else np.empty((n, c1 - c0), dtype=dt)
+    raw = read_kind(spec.a.path) != "chunks"
+    step = panel_read_rows(rows_per_block, c1 - c0, src.chunks[1], np.dtype(src.dtype).itemsize, dt.itemsize)
+    panel = np.empty((n, c1 - c0), dtype=dt)
+    if same and not raw:
+        read_block(src, slice(off_r, off_r + n), cols, out=panel)
+    src_buf = None if same else np.empty((min(rows_per_block, max(n, 1)), c1 - c0), dtype=src.dtype)
     max_a, sumsq = 0.0, 0.0
     for r0 in range(0, n, rows_per_block):  # row blocks: statistics (and the cast) without a panel-sized temporary
         r1 = min(n, r0 + rows_per_block)
-        block = panel[r0:r1] if same else read_block(src, slice(off_r + r0, off_r + r1), cols)
+        block = panel[r0:r1] if same else src_buf[: r1 - r0]
+        if raw or not same:
+            for q0 in range(r0, r1, step if raw else rows_per_block):
+                q1 = min(r1, q0 + (step if raw else rows_per_block))
+                read_block(src, slice(off_r + q0, off_r + q1), cols, out=block[q0 - r0:q1 - r0])
         if spec.check:
             check_finite(block, "a", slice(off_r + r0, off_r + r1), cols)
         if block.size:
@@ -818,6 +837,19 @@ def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block
         if not same:
             panel[r0:r1] = block
     return panel, {"max_a": max_a, "sumsq": sumsq}
+
+
+def panel_read_rows(rows_per_block: int, width: int, chunk_cols: int, source_itemsize: int, itemsize: int) -> int:
+    """Rows read at a time into a panel of ``width`` columns (``itemsize`` bytes each) from an
+    uncompressed input of ``chunk_cols``-wide chunks (``source_itemsize``).
+
+    A read of part of a chunk's width maps (or fetches) whole chunk rows
+    (:mod:`blocklin.storage.rawchunks`); the rows are chosen so that these stay within the bytes
+    of one block of ``rows_per_block`` panel rows: a 32-column float64 panel of 512-column chunks
+    reads 32 rows at a time of a 512-row block (a 1 MiB mapping each time before, beside a 0.5 MiB panel).
+    """
+    per_row = max(1, chunk_cols if width < chunk_cols else width) * source_itemsize
+    return max(1, min(rows_per_block, rows_per_block * width * itemsize // per_row))
 
 
 def _stream_blocks(dev: Any, path: Any, blocks: list[tuple[int, int, int]], t: int, rb: int, dt: np.dtype) -> Any:
