@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin._memory import release_free_memory
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import plan_gemm
 from blocklin.runtime.graph import TileGraph
@@ -283,7 +284,7 @@ class BlockOps:
         return total
 
     def lu_panels(self, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True, out: Any = None,
-                  rhs: Region | None = None, rhs_out: Region | None = None,
+                  rhs: Region | None = None, rhs_out: Region | None = None, trim: bool = False,
                   description: str = "LU panels") -> list[dict]:
         """Left-looking LU with partial pivoting over whole column panels (one task per panel).
 
@@ -306,6 +307,10 @@ class BlockOps:
         ``B`` goes from panel to panel through ``done_dir`` (``lu-rhs-J.npy``: a rerun continues from
         the last finished panel); the last panel writes ``Y`` to ``rhs_out``, which
         :meth:`lu_solve` with ``forward=False`` finishes by the back substitution.
+
+        ``trim``: each panel task first returns the allocator's free pages to the OS
+        (:func:`~blocklin._memory.release_free_memory`), for a caller whose earlier steps freed
+        buffers in other threads' heap arenas, which the panel tasks would not reuse.
         """
         n = a.shape[0]
         if (rhs is None) != (rhs_out is None) or (rhs is not None and (done_dir is None or rhs.shape[0] != n
@@ -314,7 +319,7 @@ class BlockOps:
                              f"{n} x k, with a done_dir")
         spec = self._spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir,
                           c=Region.of(out, a.shape) if out is not None else None, b=rhs)
-        spec = dataclasses.replace(spec, rhs_out=rhs_out)
+        spec = dataclasses.replace(spec, rhs_out=rhs_out, trim=trim)
         graph = self.graph("lu", spec)
         prev = None
         for j in range(_tiles(n, self.chunk)):
@@ -486,6 +491,8 @@ class TileOpSpec:
     block: int = 0
     rows: int = 0
     rhs_out: Region | None = None
+    #: Return the allocator's free pages before the task (:func:`~blocklin._memory.release_free_memory`).
+    trim: bool = False
 
 
 def holds_device(tiles: Callable[..., float]) -> Callable:
@@ -952,6 +959,8 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     t, dt = spec.tile, np.dtype(spec.dtype)
     n = spec.a.shape[0]
     rb = lu_stream_rows(t, n)
+    if spec.trim:
+        release_free_memory()
     dev = get_device(spec.device, device_memory=spec.device_memory)
     c0, c1 = j * t, min(n, (j + 1) * t)
     host, stats = _read_panel(spec, c0, c1, dt, rb)
