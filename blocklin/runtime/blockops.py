@@ -853,7 +853,8 @@ def panel_read_rows(rows_per_block: int, width: int, chunk_cols: int, source_ite
     A read of part of a chunk's width maps (or fetches) whole chunk rows
     (:mod:`blocklin.storage.rawchunks`); the rows are chosen so that these stay within the bytes
     of one block of ``rows_per_block`` panel rows: a 32-column float64 panel of 512-column chunks
-    reads 32 rows at a time of a 512-row block (a 1 MiB mapping each time before, beside a 0.5 MiB panel).
+    reads 32 rows at a time of a 512-row block (128 KiB mapped; the whole panel in one read mapped
+    1 MiB at a time beside its 0.5 MiB, at n = 2048).
     """
     per_row = max(1, chunk_cols if width < chunk_cols else width) * source_itemsize
     return max(1, min(rows_per_block, rows_per_block * width * itemsize // per_row))
