@@ -116,7 +116,7 @@ class LUFactors:
 
 
 def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: Any, rhs: Any = None,
-                   rhs_out: Any = None) -> LUFactors:
+                   rhs_out: Any = None, trim: bool = False) -> LUFactors:
     """The packed LU of operand ``A`` (computed in ``plan.dtype``) into the existing store ``path``.
 
     ``done_dir`` (a folder) keeps the panels' pivots, statistics and resume markers, and the work
@@ -124,7 +124,8 @@ def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: A
     to each ``L`` panel, LAPACK's layout) is skipped: a solve uses the work store as it is.
     With ``rhs`` (a :class:`~blocklin.runtime.blockops.Region`, ``n x k``) the panels also run the
     forward substitution, writing ``L^-1 P rhs`` to the region ``rhs_out`` (see
-    :meth:`~blocklin.runtime.blockops.BlockOps.lu_panels`).
+    :meth:`~blocklin.runtime.blockops.BlockOps.lu_panels`). ``trim``: each panel task first returns
+    the allocator's free pages (see :meth:`~blocklin.runtime.blockops.BlockOps.lu_panels`).
     """
     n, dt, t = A.shape[0], np.dtype(plan.dtype), plan.tile
     work = (done_dir / "lu-work.zarr").with_pending(False)
@@ -133,7 +134,7 @@ def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: A
     ops = BlockOps(job, t)
     ops.workers = 1
     results = ops.lu_panels(Region.of(A.path, A.shape), work, dtype=dt, done_dir=done_dir, check=job.check_finite,
-                            out=path, rhs=rhs, rhs_out=rhs_out)
+                            out=path, rhs=rhs, rhs_out=rhs_out, trim=trim)
     pivots = np.concatenate([np.load(io.BytesIO(backend(done_dir).read_bytes(f"lu-piv-{j}.npy")))
                              for j in range(plan.tiles)]) if n else np.zeros(0, dtype=np.int64)
     if path is not None:

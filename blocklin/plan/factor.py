@@ -149,6 +149,9 @@ def lu_panel_bytes(n: int, width: int, itemsize: int, source_itemsize: int | Non
     The panel's own factorization (:func:`~blocklin.runtime.blockops.factor_panel`): the
     column-major copy of one sub-panel (``n x lu_subpanel(width)``) and, with several sub-panels,
     the rows its swaps move and the temporary of one row block (``width`` rows) of the update GEMM.
+    Reading the panel (before the updates) maps at most one streamed block's bytes of the input's
+    chunk rows at a time (:func:`~blocklin.runtime.blockops.panel_read_rows`), within the updates'
+    allowance.
     """
     n = max(n, 1)
     rows = lu_stream_rows(width, n)

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin._memory import release_free_memory
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import plan_gemm
 from blocklin.runtime.graph import TileGraph
@@ -283,7 +284,7 @@ class BlockOps:
         return total
 
     def lu_panels(self, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True, out: Any = None,
-                  rhs: Region | None = None, rhs_out: Region | None = None,
+                  rhs: Region | None = None, rhs_out: Region | None = None, trim: bool = False,
                   description: str = "LU panels") -> list[dict]:
         """Left-looking LU with partial pivoting over whole column panels (one task per panel).
 
@@ -306,6 +307,10 @@ class BlockOps:
         ``B`` goes from panel to panel through ``done_dir`` (``lu-rhs-J.npy``: a rerun continues from
         the last finished panel); the last panel writes ``Y`` to ``rhs_out``, which
         :meth:`lu_solve` with ``forward=False`` finishes by the back substitution.
+
+        ``trim``: each panel task first returns the allocator's free pages to the OS
+        (:func:`~blocklin._memory.release_free_memory`), for a caller whose earlier steps freed
+        buffers in other threads' heap arenas, which the panel tasks would not reuse.
         """
         n = a.shape[0]
         if (rhs is None) != (rhs_out is None) or (rhs is not None and (done_dir is None or rhs.shape[0] != n
@@ -314,7 +319,7 @@ class BlockOps:
                              f"{n} x k, with a done_dir")
         spec = self._spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir,
                           c=Region.of(out, a.shape) if out is not None else None, b=rhs)
-        spec = dataclasses.replace(spec, rhs_out=rhs_out)
+        spec = dataclasses.replace(spec, rhs_out=rhs_out, trim=trim)
         graph = self.graph("lu", spec)
         prev = None
         for j in range(_tiles(n, self.chunk)):
@@ -486,6 +491,8 @@ class TileOpSpec:
     block: int = 0
     rows: int = 0
     rhs_out: Region | None = None
+    #: Return the allocator's free pages before the task (:func:`~blocklin._memory.release_free_memory`).
+    trim: bool = False
 
 
 def holds_device(tiles: Callable[..., float]) -> Callable:
@@ -799,17 +806,36 @@ def _panel_pivots(spec: TileOpSpec, j: int) -> np.ndarray:
 
 def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block: int) -> tuple[np.ndarray, dict]:
     """Columns ``c0:c1`` of the input (all rows) as a C-ordered ``dt`` array, and their ``max |a|`` and
-    float64 ``sum a^2`` (of the stored values, before a cast)."""
+    float64 ``sum a^2`` (of the stored values, before a cast).
+
+    Uncompressed inputs are read in row blocks of :func:`panel_read_rows` rows: a panel narrower
+    than the input's chunks maps the chunks' whole rows from their files (or fetches them, from an
+    object store), pages that count in the resident memory while they last, so each read takes no
+    more than one block of the panel holds. Other inputs go through zarr, which decodes every chunk
+    it touches whole: the panel is read in one call (in blocks of ``rows_per_block`` before a cast),
+    each chunk decoded once.
+    """
+    from blocklin.storage.zarr_store import read_kind
+
     n = spec.a.shape[0]
     src = open_array(spec.a.path)
     off_r, off_c = spec.a.off
     cols = slice(off_c + c0, off_c + c1)
     same = np.dtype(src.dtype) == dt
-    panel = read_block(src, slice(off_r, off_r + n), cols) if same else np.empty((n, c1 - c0), dtype=dt)
+    raw = read_kind(spec.a.path) != "chunks"
+    step = panel_read_rows(rows_per_block, c1 - c0, src.chunks[1], np.dtype(src.dtype).itemsize, dt.itemsize)
+    panel = np.empty((n, c1 - c0), dtype=dt)
+    if same and not raw:
+        read_block(src, slice(off_r, off_r + n), cols, out=panel)
+    src_buf = None if same else np.empty((min(rows_per_block, max(n, 1)), c1 - c0), dtype=src.dtype)
     max_a, sumsq = 0.0, 0.0
     for r0 in range(0, n, rows_per_block):  # row blocks: statistics (and the cast) without a panel-sized temporary
         r1 = min(n, r0 + rows_per_block)
-        block = panel[r0:r1] if same else read_block(src, slice(off_r + r0, off_r + r1), cols)
+        block = panel[r0:r1] if same else src_buf[: r1 - r0]
+        if raw or not same:
+            for q0 in range(r0, r1, step if raw else rows_per_block):
+                q1 = min(r1, q0 + (step if raw else rows_per_block))
+                read_block(src, slice(off_r + q0, off_r + q1), cols, out=block[q0 - r0:q1 - r0])
         if spec.check:
             check_finite(block, "a", slice(off_r + r0, off_r + r1), cols)
         if block.size:
@@ -818,6 +844,20 @@ def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block
         if not same:
             panel[r0:r1] = block
     return panel, {"max_a": max_a, "sumsq": sumsq}
+
+
+def panel_read_rows(rows_per_block: int, width: int, chunk_cols: int, source_itemsize: int, itemsize: int) -> int:
+    """Rows read at a time into a panel of ``width`` columns (``itemsize`` bytes each) from an
+    uncompressed input of ``chunk_cols``-wide chunks (``source_itemsize``).
+
+    A read of part of a chunk's width maps (or fetches) whole chunk rows
+    (:mod:`blocklin.storage.rawchunks`); the rows are chosen so that these stay within the bytes
+    of one block of ``rows_per_block`` panel rows: a 32-column float64 panel of 512-column chunks
+    reads 32 rows at a time of a 512-row block (128 KiB mapped; the whole panel in one read mapped
+    1 MiB at a time beside its 0.5 MiB, at n = 2048).
+    """
+    per_row = max(1, chunk_cols if width < chunk_cols else width) * source_itemsize
+    return max(1, min(rows_per_block, rows_per_block * width * itemsize // per_row))
 
 
 def _stream_blocks(dev: Any, path: Any, blocks: list[tuple[int, int, int]], t: int, rb: int, dt: np.dtype) -> Any:
@@ -920,6 +960,8 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     t, dt = spec.tile, np.dtype(spec.dtype)
     n = spec.a.shape[0]
     rb = lu_stream_rows(t, n)
+    if spec.trim:
+        release_free_memory()
     dev = get_device(spec.device, device_memory=spec.device_memory)
     c0, c1 = j * t, min(n, (j + 1) * t)
     host, stats = _read_panel(spec, c0, c1, dt, rb)
