@@ -1,7 +1,8 @@
 """Shared harness for the subprocess peak-memory tests.
 
 A child process runs the given code after a prelude that defines ``hwm()`` (the kernel's
-high-water mark of resident memory, VmHWM) and ``reset_hwm()``; the child prints one JSON line,
+high-water mark of resident memory, VmHWM), ``reset_hwm()`` and ``warm(op)`` (warm-up before a
+strict baseline); the child prints one JSON line,
 which :func:`run_child` returns. The allowed peak above the child's baseline is the budget plus
 :func:`margin` (10% of the budget + 24 MiB for allocator slack, thread stacks and Python objects).
 """
@@ -23,6 +24,14 @@ PRELUDE = textwrap.dedent("""
                 return int(line.split()[1]) * 1024
     def reset_hwm():
         open('/proc/self/clear_refs', 'w').write('5')
+    def warm(op):
+        # before a strict baseline: one small out-of-core call of the operation (its threads and
+        # imports), then BLAS and LAPACK work buffers of full-size calls
+        import numpy as np
+        import dask.threaded  # noqa: F401
+        op(np.random.default_rng(1).standard_normal((300, 300)), memory="1MiB")
+        g = np.random.default_rng(2).standard_normal((1024, 1024))
+        np.linalg.inv(g @ g)
 """)
 
 
