@@ -255,6 +255,7 @@ class CudaDevice(Device):
         self.synchronize()
         with CudaDevice._pinned_lock:
             CudaDevice._pinned_cache.clear()
+            CudaDevice._pageable.clear()  # ids of a failed task's unreturned buffers must not outlive the job
         self.cp.get_default_pinned_memory_pool().free_all_blocks()
 
     # -- operand slots ----------------------------------------------------------------------------
