@@ -6,8 +6,8 @@ On a fresh machine with one NVIDIA GPU and a driver (no CUDA toolkit needed)::
 
 ``--install`` creates ``.venv`` (if missing), installs blocklin with the ``gpu`` extra (CuPy with the
 CUDA runtime libraries from wheels, ``cupy-cuda12x[ctk]``) and re-runs itself there. Without it the
-check runs in the current interpreter. The defaults ran in under 2 minutes on one H200 (23 s of
-correctness checks, 84 s of timings, operands on tmpfs); ``--n``/``--inv-n`` size the timed parts, ``--json`` writes the summary after
+check runs in the current interpreter. The defaults ran in 98 s on one H200 (correctness checks
+and timings, operands on tmpfs); ``--n``/``--inv-n`` size the timed parts, ``--json`` writes the summary after
 every step, ``--skip-checks``/``--skip-timing`` run one half. A step that fails is recorded in the
 summary and the next one still runs.
 
@@ -504,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--install", action="store_true", help="create .venv, install '.[gpu]' and rerun there")
     p.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
-    # the sizes measured on an H200: correctness 23 s, timings 84 s (docs/gpu.md)
+    # the sizes measured on an H200: 98 s for the whole check (docs/gpu.md)
     p.add_argument("--n", type=int, default=16384, help="size of the out-of-core GEMM operands")
     p.add_argument("--inv-n", type=int, default=4096, help="size of the inverse and SPD solve comparisons")
     p.add_argument("--memory", default="32GiB", help="host budget")
