@@ -147,3 +147,30 @@ def test_cpu_gemm_acc_into_either_layout(dtype, acc_order, a_order, b_order):
         np.testing.assert_allclose(acc, ref, rtol=0, atol=50 * np.finfo(dtype).eps)
     np.testing.assert_array_equal(a, a0)  # operands untouched
     np.testing.assert_array_equal(b, b0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("layout", ["C", "F", "strided C", "strided F", "one column"])
+@pytest.mark.parametrize("t_order", ["C", "F"])
+def test_trsm_inplace_every_layout(dtype, layout, t_order):
+    """``b = t^-1 b`` in place for the C-ordered blocks of the factorizations and the Fortran-ordered
+    (and strided) accumulators of the inverse's rows task, against NumPy in float64."""
+    from blocklin.device.cpu import trsm_inplace
+
+    rng = np.random.default_rng(0)
+    for lower in (True, False):
+        for unit in (True, False):
+            t = np.array(rng.standard_normal((7, 7)) + 7 * np.eye(7), dtype=dtype, order=t_order)
+            tri = np.tril(t) if lower else np.triu(t)
+            if unit:
+                np.fill_diagonal(tri, 1)
+            if layout == "one column":
+                b = rng.standard_normal((7, 1)).astype(dtype)
+            elif layout.startswith("strided"):
+                b = np.array(rng.standard_normal((9, 5)), dtype=dtype, order=layout[-1])[:7]
+            else:
+                b = np.array(rng.standard_normal((7, 5)), dtype=dtype, order=layout)
+            want = np.linalg.solve(tri.astype(np.float64), b.astype(np.float64))
+            assert trsm_inplace(t, b, lower=lower, unit=unit) is b
+            # cond(tri) < 3 (diagonal 7 +- a few units off it): a few eps of relative error
+            np.testing.assert_allclose(b, want, rtol=0, atol=50 * np.finfo(dtype).eps * np.abs(want).max())

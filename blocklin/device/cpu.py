@@ -196,15 +196,25 @@ def _trsm(trsm: Any, t: np.ndarray, b: np.ndarray, *, lower: bool, trans: bool, 
 
 
 def trsm_inplace(t: np.ndarray, b: np.ndarray, *, lower: bool, unit: bool = False) -> np.ndarray:
-    """``b = t^-1 b`` in place for a C-contiguous ``b`` (one BLAS TRSM on the Fortran-ordered view
-    ``b.T``, as :func:`_trsm` does on its copy); returns ``b``. A ``b`` that BLAS cannot take in place, or
-    a non-unit ``t`` with a zero on its diagonal (SciPy's error), goes through a copy."""
+    """``b = t^-1 b`` in place by one BLAS TRSM; returns ``b``. A C-contiguous ``b`` is solved as its
+    Fortran-ordered view ``b.T`` (``side`` right, as :func:`_trsm` does on its copy); any other ``b``
+    directly (``side`` left: in place when Fortran-ordered, else on the wrapper's Fortran copy, copied
+    back). ``t`` in either order is passed without a copy. A non-unit ``t`` with a zero on its
+    diagonal goes through SciPy (its error)."""
     trsm = _blas_trsm(t.dtype)
-    if (trsm is None or b.dtype != t.dtype or not b.flags.c_contiguous or b.ndim != 2 or t.ndim != 2
-            or (not unit and not np.diagonal(t).all())):
+    # BLAS's own layout, or a strided b (the wrapper solves a Fortran-ordered copy, copied back)
+    fortran = not b.flags.c_contiguous
+    if (trsm is None or b.dtype != t.dtype or b.ndim != 2
+            or t.ndim != 2 or (not unit and not np.diagonal(t).all())):
         b[...] = CpuDevice().solve_triangular(t, b, lower=lower, unit=unit)
         return b
     a, flipped = _fortran_operand(t)
+    if fortran:
+        out = trsm(1.0, a, b, side=0, lower=int(lower != flipped), trans_a=int(flipped), diag=int(unit),
+                   overwrite_b=1)
+        if not np.shares_memory(out, b):  # the wrapper copied after all
+            b[...] = out
+        return b
     out = trsm(1.0, a, b.T, side=1, lower=int(lower != flipped), trans_a=int(not flipped), diag=int(unit),
                overwrite_b=1)
     if not np.shares_memory(out, b):  # the wrapper copied after all

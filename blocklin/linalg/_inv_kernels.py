@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.device.cpu import CpuDevice
+from blocklin.device.cpu import CpuDevice, trsm_inplace
 from blocklin.linalg.random import probes
 from blocklin.plan.chunks import split
 from blocklin._memory import IO_CONCURRENCY
@@ -672,11 +672,9 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
     blocks, into one reused buffer. The block ``Y`` (``n x width``) is Fortran-ordered so that
     ``Y^T``, the rows of ``X``, is written C-ordered without a copy; each panel's rows of ``Y`` are
     updated in a contiguous ``tile x width`` accumulator (GEMM products into a second one, then the
-    triangular solve in place, BLAS ``trsm``) and copied back once: no temporary of a strided
+    triangular solve in place, :func:`~blocklin.device.cpu.trsm_inplace`) and copied back once: no temporary of a strided
     update, nothing allocated per row block. Everything the task holds is in :func:`lu_rows_memory`.
     """
-    from scipy.linalg.blas import get_blas_funcs
-
     from blocklin._memory import release_free_memory
     from blocklin.plan.factor import lu_stream_rows
 
@@ -691,7 +689,6 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
     buf = np.empty(rb * t, dtype=wdt)  # every streamed block and diagonal tile, C-ordered
     acc = np.empty((t, w), dtype=wdt, order="F")
     prod = np.empty((t, w), dtype=wdt, order="F")
-    (trsm,) = get_blas_funcs(("trsm",), (acc,))
     nread = 0
     nt = -(-n // t)
     swap_cols = _swap_columns(t, w)
@@ -713,8 +710,8 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
             np.matmul(blk.T, y[r0:r1], out=p)  # y[r0:r1] is a strided F-ordered block: BLAS takes it as is
             a -= p
         diag = read(slice(c0, c1), slice(c0, c1))
-        # diag^T x = a in place: diag.T is F-ordered (no copy), lower exactly where diag is upper
-        a[...] = trsm(1.0, diag.T, a, lower=int(upper), diag=int(not upper), overwrite_b=True)
+        # diag^T x = a in place (a is F-ordered): diag.T is lower exactly where diag is upper
+        trsm_inplace(diag.T, a, lower=upper, unit=not upper)
         np.copyto(y[c0:c1], a)
 
     for j in range(s0 // t, nt):  # U^T z = e: rows above s0 stay zero
