@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import blocklin as bl
+from blocklin.errors import ParameterError
 
 K = 4
 
@@ -49,8 +50,10 @@ def check(res, ref: np.ndarray, tol: float) -> None:
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", [(1200, 40), (40, 1200)])
 @pytest.mark.parametrize("memory", ["1GiB", "192KiB"])
-@pytest.mark.parametrize("method", ["rsvd", "lanczos"])
+@pytest.mark.parametrize("method", ["rsvd", "lanczos", "gram"])
 def test_centered_svd_matches_numpy(dtype, shape, memory, method, tmp_path):
+    if method == "gram" and shape[0] < shape[1]:
+        method = "auto"  # the Gram route centers tall matrices only: auto takes Lanczos here
     a, ac = make(*shape, dtype)
     res = bl.svd(a, K, center=True, method=method, memory=memory, seed=3, temp_dir=str(tmp_path))
     assert res.report["center"] and res.report["in_core"] == (memory == "1GiB")
@@ -117,7 +120,7 @@ def test_uncentered_default_unchanged(tmp_path):
 
 
 @pytest.mark.parametrize("shape", [(1200, 30), (30, 1200)])
-@pytest.mark.parametrize("method", ["rsvd", "sketch", "lanczos"])
+@pytest.mark.parametrize("method", ["rsvd", "sketch", "lanczos", "gram"])
 def test_centered_passes_on_the_gpu_standin(shape, method, tmp_path):
     """The correction's device operations (rank-one GEMMs, the row scale) under the CuPy stand-in,
     which checks stream ordering: the same results as on the CPU, and no race."""
@@ -125,6 +128,10 @@ def test_centered_passes_on_the_gpu_standin(shape, method, tmp_path):
 
     a, _ = make(*shape, np.float64, seed=6)
     a = a * np.linspace(1, 4, shape[1])
+    if method == "gram" and shape[0] < shape[1]:  # its means pass makes the Gram of a tall A only
+        with pytest.raises(ParameterError, match=r"method.*'gram' centers or scales a tall matrix only.*lanczos"):
+            bl.svd(a, K, center=True, method=method, memory="160KiB", seed=4, temp_dir=str(tmp_path))
+        return
     cpu = bl.svd(a, K, center=True, scale=True, method=method, memory="160KiB", seed=4, temp_dir=str(tmp_path))
     with cupy_standin.installed():
         gpu = bl.svd(a, K, center=True, scale=True, method=method, memory="160KiB", seed=4, device="gpu",

@@ -60,7 +60,7 @@ K_FOR = {"fast": 6, "slow": 6, "flat_tail": 6, "repeated": 6}
 
 
 @pytest.mark.parametrize("spectrum", list(SPECTRA))
-@pytest.mark.parametrize("method", ["rsvd", "lanczos"])
+@pytest.mark.parametrize("method", ["rsvd", "lanczos", "gram"])
 def test_accuracy_tall_float64_out_of_core(spectrum, method):
     a, s = make(1500, 90, spectrum)
     k = K_FOR[spectrum]
@@ -72,12 +72,13 @@ def test_accuracy_tall_float64_out_of_core(spectrum, method):
 
 
 @pytest.mark.parametrize("spectrum", ["fast", "flat_tail"])
-@pytest.mark.parametrize("method", ["rsvd", "sketch", "lanczos"])
+@pytest.mark.parametrize("method", ["rsvd", "sketch", "lanczos", "gram"])
 def test_accuracy_wide_float32(spectrum, method):
     a, s = make(70, 1300, spectrum, np.float32, seed=1)
     k = 5
     kw = {"oversample": 30} if method == "sketch" else {}
-    res = bl.svd(a, k, method=method, seed=4, memory="1MiB" if method == "sketch" else "256KiB", **kw)
+    memory = {"sketch": "1MiB", "gram": "384KiB"}.get(method, "256KiB")  # gram: the 70 x 70 Gram and its eigh
+    res = bl.svd(a, k, method=method, seed=4, memory=memory, **kw)
     assert not res.report["in_core"]
     assert isinstance(res.Vt, bl.Matrix) and isinstance(res.U, np.ndarray)
     tol = 1e-3 if method != "sketch" else 2e-2
@@ -95,7 +96,7 @@ def test_sketch_fast_decay_float64_tall():
 
 def test_square_in_core_read_once():
     a, s = make(120, 120, "flat_tail", seed=5)
-    for method in ("rsvd", "sketch", "lanczos"):
+    for method in ("rsvd", "sketch", "lanczos", "gram"):
         res = bl.svd(a, 4, method=method, seed=1, memory="64MiB")
         assert res.report["in_core"] and res.report["passes"] == 1
         assert res.report["bytes_read"] == a.nbytes
@@ -267,7 +268,7 @@ def test_cli_svd_and_plot(tmp_path, capsys):
 def test_distributed_matches_local():
     distributed = pytest.importorskip("distributed")
     a, _ = make(1500, 60, "flat_tail", seed=3)
-    local = {m: bl.svd(a, 4, method=m, seed=5, memory="512KiB") for m in ("rsvd", "sketch", "lanczos")}
+    local = {m: bl.svd(a, 4, method=m, seed=5, memory="512KiB") for m in ("rsvd", "sketch", "lanczos", "gram")}
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cl, \
             distributed.Client(cl) as client:
         for m, ref in local.items():
@@ -279,7 +280,7 @@ def test_distributed_matches_local():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["rsvd", "sketch", "lanczos"])
+@pytest.mark.parametrize("method", ["rsvd", "sketch", "lanczos", "gram"])
 def test_gpu_matches_cpu(method):
     a, _ = make(3000, 120, "flat_tail", seed=9)
     cpu = bl.svd(a, 5, method=method, seed=2, memory="1MiB", device="cpu")

@@ -30,7 +30,7 @@ CHILD = """
 
 
 @needs_hwm
-@pytest.mark.parametrize("method", ["rsvd", "sketch", "lanczos"])
+@pytest.mark.parametrize("method", ["rsvd", "sketch", "lanczos", "gram"])
 @pytest.mark.parametrize("shape", [(40960, 200), (200, 40960)], ids=["tall", "wide"])
 def test_svd_peak_within_budget(tmp_path, method, shape):
     budget = 16 * 2**20

@@ -66,13 +66,15 @@ def run(args: argparse.Namespace) -> dict:
 def add_method_options(p: argparse.ArgumentParser, *, rsvd: str, sketch: str) -> None:
     """``--method``, ``--power-iters``, ``--oversample`` and ``--tol`` (svd and pca; ``rsvd`` and
     ``sketch`` say what those methods cost)."""
-    p.add_argument("--method", choices=("auto", "rsvd", "sketch", "lanczos"), default="auto",
-                   help="auto (default): lanczos to --tol, or rsvd when --power-iters is a number; rsvd: "
-                        f"randomized, {rsvd}; sketch: {sketch}; lanczos: converged to --tol")
+    p.add_argument("--method", choices=("auto", "rsvd", "sketch", "lanczos", "gram"), default="auto",
+                   help="auto (default): gram for narrow matrices (at most 24 (k + oversample) columns, or rows "
+                        "when wide) and lanczos otherwise, both to --tol, or rsvd when --power-iters is a number; "
+                        f"rsvd: randomized, {rsvd}; sketch: {sketch}; lanczos: converged to --tol; gram: one "
+                        "pass for A^T A and one Rayleigh-Ritz pass, then lanczos where --tol is missed")
     p.add_argument("--power-iters", default="auto", help="rsvd power iterations (integer or 'auto')")
     p.add_argument("--oversample", type=int, default=10, help="extra random columns (default 10)")
     p.add_argument("--tol", type=float, help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "
-                   "(its own singular value); default sqrt(10 sqrt(eps)) for lanczos/auto, which "
+                   "(its own singular value); default sqrt(10 sqrt(eps)) for lanczos, gram and auto, which "
                    "gives singular values to about 10 sqrt(eps)")
 
 

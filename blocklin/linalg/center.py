@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import BudgetError
+from blocklin.linalg._solve_kernels import _syrk_acc
+from blocklin.plan.gram import MAX_GRAM_STRIP_BYTES, MIN_GRAM_ROWS
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, source
 
@@ -136,6 +138,59 @@ def moments_normal_kernel(device: Any, arrays: tuple, rows: slice, params: Any, 
     if state is None:
         return (r, mean, m2, z), None
     return (*_merge(*state[:3], r, mean, m2), state[3] + z), None
+
+
+def _merge_comoments(n1: int, m1: np.ndarray, c1: np.ndarray, n2: int, m2: np.ndarray, c2: np.ndarray) -> tuple:
+    """:func:`_merge` for co-moment matrices: ``C = C_1 + C_2 + (n_1 n_2 / n) d d^T`` (lower triangles), in place in ``c1``."""
+    n = n1 + n2
+    d = m2 - m1
+    c1 += c2
+    c1 += np.outer(d, d * (n1 * n2 / n))
+    return n, m1 + d * (n2 / n), c1
+
+
+def _moments_gram_memory(params: Any, sources: tuple) -> PassMemory:
+    w = sources[0].width
+    # the co-moment accumulator and the rank-one merge term, means; per row the float64 deviations
+    return PassMemory(fixed=2 * w * w * 8 + 4 * w * 8, per_row=w * 8, chunk_temporaries=True,
+                      max_strip_bytes=MAX_GRAM_STRIP_BYTES, min_rows=MIN_GRAM_ROWS)
+
+
+@row_kernel(memory=_moments_gram_memory, device="cpu")
+def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: Any) -> tuple[Any, None]:
+    """The column count, means and co-moment matrix ``(A_i - 1 m_i^T)^T (A_i - 1 m_i^T)`` of each strip
+    (float64 SYRK of the deviations from the strip's own means, lower triangle), merged into the state
+    by Chan, Golub and LeVeque's pairwise update: the centered Gram ``A_c^T A_c`` without the
+    cancellation of ``A^T A - m mu mu^T``."""
+    d = np.asarray(arrays[0], dtype=np.float64)
+    r = d.shape[0]
+    mean = d.sum(axis=0) / max(r, 1)
+    d = d - mean
+    if state is None:
+        c = np.zeros((d.shape[1], d.shape[1]))
+        _syrk_acc(c, d)
+        return (r, mean, c), None
+    n1, m1, c1 = state
+    _syrk_acc(c1, d)
+    return _merge_comoments(n1, m1, c1, r, mean, 0.0), None
+
+
+def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0) -> tuple[Moments, np.ndarray]:
+    """The column moments of a tall ``A`` and its centered Gram ``A_c^T A_c`` (full, float64) in one pass.
+
+    Each strip contributes the Gram of its deviations from its own means, and the strips' co-moments
+    are merged exactly as the variances are (:func:`_merge`), so the result is as accurate as the Gram
+    of the centered matrix, whatever the size of the means. ``A^T A`` itself is
+    ``A_c^T A_c + m mu mu^T``."""
+    from blocklin.linalg._solve_kernels import symmetrize_lower
+
+    states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, memory=memory, reserve=reserve,
+                         description="column means and the centered Gram (pass over A)")
+    cnt, mean, c = states[0]
+    for st in states[1:]:  # row order: the result does not depend on the scheduler
+        cnt, mean, c = _merge_comoments(cnt, mean, c, *st)
+    c = symmetrize_lower(c)
+    return Moments(mean, np.diag(c).copy() / cnt, cnt), c
 
 
 def column_moments(job: Any, A: Any, *, memory: int | None = None, over: str = "a") -> Moments:

@@ -1,4 +1,4 @@
-"""Truncated SVD of out-of-core matrices: randomized (HMT), single-pass sketch, block Lanczos.
+"""Truncated SVD of out-of-core matrices: randomized (HMT), single-pass sketch, block Lanczos, Gram.
 
 Every method works on the tall orientation ``B`` of ``A`` (``B = A`` when ``m >= n``, else ``B = A^T``
 streamed as column strips of ``A``): the ``N``-long factor lives in memory, the ``M``-long one is
@@ -16,18 +16,20 @@ import numpy as np
 import scipy.linalg
 
 from blocklin.config import Settings, format_size, parse_size, size_hint
-from blocklin.errors import BudgetError, ConvergenceWarning, explain, warn
+from blocklin.errors import BudgetError, ConvergenceWarning, ParameterError, explain, warn
 from blocklin.linalg import _tall_kernels as K
+from blocklin.linalg._gram_kernels import gram_pass_kernel
+from blocklin.linalg._solve_kernels import _syrk_acc, symmetrize_lower
 from blocklin.linalg import random as rnd
-from blocklin.linalg.center import (Moments, Shift, column_moments, moments_and_normal, moments_and_normal_fits,
-                                    moments_incore)
+from blocklin.linalg.center import (Moments, Shift, column_moments, moments_and_gram, moments_and_normal,
+                                    moments_and_normal_fits, moments_incore)
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.lanczos import block_lanczos, small_blas, start_block
 from blocklin.linalg.orth import cholqr_r, orth_against, orth_incore
 from blocklin.linalg.results import open_group, write_group
 from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
 from blocklin.matrix import Matrix
-from blocklin.plan.svd import SvdPlan, plan_svd, sketch_blas_threads, sketch_tasks
+from blocklin.plan.svd import SvdPlan, gram_route_fits, plan_svd, sketch_blas_threads, sketch_tasks
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source
 from blocklin.operands import temp_root
@@ -35,9 +37,11 @@ from blocklin.storage import create_array
 from blocklin.storage.space import check_space
 from blocklin.validate import check_k, choice, count, float_operand, positive, resolve_seed
 
-METHODS = ("auto", "rsvd", "sketch", "lanczos")
+METHODS = ("auto", "rsvd", "sketch", "lanczos", "gram")
 #: Power iterations of ``power_iters="auto"`` without ``tol`` (as scikit-learn and Dask default to).
 AUTO_POWER_ITERS = 4
+#: Bytes of the float64 copy of one block of rows while the Gram of an in-memory ``B`` is summed.
+GRAM_BLOCK_BYTES = 8 << 20
 
 
 def default_tol(dtype: Any) -> float:
@@ -131,6 +135,14 @@ class _InCore:
         g = (y.T @ y).astype(np.float64) if gram else None
         return z, g, (ArrayBlock(y) if keep_y else None)
 
+    def gram(self, description: str = "") -> np.ndarray:
+        """``B^T B`` in float64: SYRK by blocks of rows (float64 copies of one block at a time)."""
+        g = np.zeros((self.N, self.N))
+        step = max(1, GRAM_BLOCK_BYTES // (8 * self.N))
+        for r0 in range(0, self.M, step):
+            _syrk_acc(g, np.asarray(self.b[r0:r0 + step], dtype=np.float64))
+        return symmetrize_lower(g)
+
     def _mm(self, a: Any, b: np.ndarray) -> Any:
         """``a @ b`` on the device (``b`` a host matrix)."""
         out = self.dev.zeros((a.shape[0], b.shape[1]), self.dtype)
@@ -210,11 +222,27 @@ class _Streamed:
         if p.method == "sketch":
             self._plan_sketch(self._sketch_params(0))
         else:  # the widest product: a step's block, or the final Rayleigh-Ritz over Ritz vectors and residuals
-            width = p.block if p.method != "lanczos" else max(p.block, k + enrich_width(k, p.block, N))
+            width = p.block if p.method == "rsvd" else max(p.block, k + enrich_width(k, p.block, N))
             self._plan(K.normal_kernel, {"gram": True, "write_y": True, "Q": _Shape((N, width), dt)})
-        if p.method == "lanczos":
+        if p.method == "gram" and self.shift is None:
+            self._plan(gram_pass_kernel, self._gram_params())
+        if p.method in ("lanczos", "gram"):
             self._plan(K.apply_kernel, {"write": "F", "collect": False, "W": _Shape((N, k), dt)})
 
+
+    def _gram_params(self) -> dict:
+        # float64 sums whatever the dtype: the subspace of a float32 A then comes from its exact Gram
+        return {"dtype": "float64", "gpu": self.device == "gpu"}
+
+    def gram(self, description: str = "") -> np.ndarray:
+        """``B^T B`` (full, float64) from one SYRK pass (:func:`blocklin.linalg.gram`'s kernel)."""
+        params = self._gram_params()
+        states = self._run(gram_pass_kernel, params, self._plan(gram_pass_kernel, params), description)
+        total = None
+        while states:  # in row order, releasing each task's accumulator as it is added
+            g = np.asarray(states.pop(0)["g"], dtype=np.float64)
+            total = g.copy() if total is None else np.add(total, g, out=total)
+        return symmetrize_lower(total)
 
     def _run(self, kernel: Any, params: dict, plan: Any, description: str, **kw: Any) -> list:
         description = f"{description} (pass {self.job.passes('a') + 1} over A)"
@@ -351,13 +379,18 @@ def _ritz_relative_residuals(q: np.ndarray, z: np.ndarray, k: int, dtype: Any) -
 
 
 def _rayleigh_ritz(src: Any, Q: np.ndarray, k: int, dest: str | None, transposed_out: bool, label: str) -> dict:
-    """The final pass shared by rsvd and Lanczos: ``Y = B Q`` (stored, with ``Y^T Y`` and ``Z = B^T Y``),
-    ``Y = Q_Y R`` by CholeskyQR2, ``R = U_R S W^T``; writes ``U = Q_Y U_R``, returns ``s``, ``V = Q W``
-    and the exact residuals ``||B^T u - s v||`` (``B v - s u = 0`` by construction).
+    """The final pass shared by every method but the sketch: ``Y = B Q`` (stored, with ``Y^T Y`` and
+    ``Z = B^T Y``), ``Y = Q_Y R`` by CholeskyQR2, ``R = U_R S W^T``; writes ``U = Q_Y U_R``, returns
+    ``s``, ``V = Q W`` and the exact residuals ``||B^T u - s v||`` (``B v - s u = 0`` by construction).
 
     The singular values come from ``R`` (a factor of ``B Q``), not from the eigenvalues of ``B^T B``,
     so they are accurate to ``eps s_1`` down to zero (a rank-deficient ``A`` gives zeros)."""
     Zf, G, Y = src.normal(Q, keep_y=True, gram=True, description=f"{label}: final projection")
+    return _write_long(_project(src, Q, k, Zf, G, Y), dest, transposed_out, label)
+
+
+def _project(src: Any, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray, Y: Any) -> dict:
+    """The Rayleigh-Ritz step of :func:`_rayleigh_ritz` from its pass's ``Z = B^T B Q``, ``Y^T Y`` and ``Y``."""
     R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
     with small_blas(R.shape[0], R.shape[1]):
         Ur, S, Vrt = np.linalg.svd(R)
@@ -370,10 +403,16 @@ def _rayleigh_ritz(src: Any, Q: np.ndarray, k: int, dest: str | None, transposed
     Vr = Vrt.T[:, :k]
     V = Q @ Vr
     safe = np.where(sig > 0, sig, 1.0)
-    # U = Q_Y Ur with Q_Y = Y chain (CholeskyQR2 applied in sequence: orthonormal to working precision)
-    long = Y.apply_to(chain + [Ur], dest, transposed_out=transposed_out, description=f"{label}: write the long factor")
     resid = np.where(zero, 0.0, np.linalg.norm(Zf @ Vr / safe - V * sig, axis=0))  # u = 0: B^T u - 0 v = 0
-    return {"s": sig, "V": V, "long": long, "residuals": resid, "orth": orth_info}
+    return {"s": sig, "V": V, "residuals": resid, "orth": orth_info, "Y": Y, "chain": chain + [Ur]}
+
+
+def _write_long(p: dict, dest: str | None, transposed_out: bool, label: str) -> dict:
+    """Write the long factor ``U = Q_Y U_R`` of a Rayleigh-Ritz step (``Q_Y = Y chain``: CholeskyQR2
+    applied in sequence, orthonormal to working precision)."""
+    Y, chain = p.pop("Y"), p.pop("chain")
+    long = Y.apply_to(chain, dest, transposed_out=transposed_out, description=f"{label}: write the long factor")
+    return p | {"long": long}
 
 
 def _rsvd_start(n: int, l: int, seed: int) -> np.ndarray:
@@ -437,7 +476,8 @@ def _sketch(src: Any, k: int, kp: int, s: int, seed: int, dest: str | None, tran
 
 
 def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,
-             transposed_out: bool, ckpt: Checkpoints) -> dict:
+             transposed_out: bool, ckpt: Checkpoints, x0: np.ndarray | None = None,
+             first: np.ndarray | None = None) -> dict:
     floor = resolution_floor(src.dtype)
 
     def apply(x: np.ndarray, step: int) -> np.ndarray:
@@ -453,7 +493,8 @@ def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: 
         return np.maximum(tol * scale * scale, 10 * rounding_level(src.dtype, 1) * s1 * s1)
 
     res = block_lanczos(apply, src.N, k, which="LA", block=plan.block, max_basis=plan.max_basis,
-                        max_steps=max_steps, threshold=threshold, seed=seed, state=ckpt.load("lanczos"),
+                        max_steps=max_steps, threshold=threshold, seed=seed, x0=x0, first=first,
+                        state=ckpt.load("lanczos"),
                         checkpoint=(lambda state: ckpt.save("lanczos", **state)) if ckpt.enabled else None)
     # The final pass takes the Rayleigh-Ritz step over the Ritz vectors and their residual directions
     # (one block Krylov step from them, at no extra pass: the pass is made anyway to write the long
@@ -468,6 +509,42 @@ def _lanczos(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: 
     r = _rayleigh_ritz(src, Q, k, dest, transposed_out, "lanczos")
     return r | {"lanczos_steps": res.steps, "restarts": res.restarts, "history": res.history,
                 "rayleigh_ritz_width": int(Q.shape[1])}
+
+
+def gram_subspace(g: np.ndarray, width: int) -> np.ndarray:
+    """The eigenvectors of the ``width`` largest eigenvalues of the symmetric ``g``, descending."""
+    n = g.shape[0]
+    width = max(1, min(width, n))
+    _, v = scipy.linalg.eigh(g, subset_by_index=(n - width, n - 1), overwrite_a=True, check_finite=False)
+    return np.ascontiguousarray(v[:, ::-1])
+
+
+def _gram(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,
+          transposed_out: bool, ckpt: Checkpoints, start: np.ndarray | None = None) -> dict:
+    """Rayleigh-Ritz over the top ``block`` eigenvectors of ``B^T B``, continued by block Lanczos from
+    that subspace (and its product, no pass repeated) only where a triplet misses ``tol``.
+
+    The Gram's eigenvectors are the wanted singular vectors up to its rounding, ``eps ||B||^2`` over
+    the gap ``s_i^2 - s_{block+1}^2``; the Rayleigh-Ritz pass takes the singular values from ``B Q``
+    (accurate to ``eps s_1``, as every method's) and measures every triplet's residual exactly, so
+    the spectra where the Gram's rounding matters (singular values near ``sqrt(eps) s_1``) continue
+    instead of returning inaccurate triplets. ``start``: the subspace when the Gram came from the
+    means pass (centered or scaled ``A``)."""
+    saved = ckpt.load("gram")
+    if saved is not None:  # resume: the subspace (and, when the Rayleigh-Ritz step missed tol, its product)
+        Q, Z = saved["Q"], saved.get("Z")
+    else:
+        Q = start if start is not None else gram_subspace(src.gram(description="gram: B^T B by SYRK"), plan.block)
+        Z = None
+        ckpt.save("gram", Q=Q)
+    if Z is None:
+        Z, G, Y = src.normal(Q, keep_y=True, gram=True, description="gram: Rayleigh-Ritz over the Gram's eigenvectors")
+        p = _project(src, Q, k, Z, G, Y)
+        if all(triplet_report(p["s"], p["residuals"], tol, src.dtype)["converged_triplets"]):
+            return _write_long(p, dest, transposed_out, "gram") | {"lanczos_steps": 0}
+        del p, G, Y
+        ckpt.save("gram", Q=Q, Z=Z)
+    return _lanczos(src, k, plan, tol, seed, max_steps, dest, transposed_out, ckpt, x0=Q, first=Z)
 
 
 # -- public ----------------------------------------------------------------------------------------------
@@ -612,19 +689,32 @@ def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, pow
     power_iters = count("power_iters", power_iters, auto=("auto",), fix="pass power_iters=2")
     tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
     requested = method
-    method = resolve_method(method, power_iters)
     with Job("svd", **settings) as job:
         A = job.operand(a, "a")
         float_operand(A)
         m, n = A.shape
         check_k(k, m, n)
+        method = resolve_method(method, power_iters, shape=(m, n), k=k, oversample=oversample,
+                                shifted=bool(center or scale))
+        if method == "gram" and (center or scale) and m < n:
+            raise ParameterError(explain(
+                "method", "'gram' centers or scales a tall matrix only (its means pass makes the Gram)",
+                f"'gram' with center={center}, scale={scale} on a {m} x {n} matrix",
+                "pass method='auto' (block Lanczos here) or method='lanczos'"))
         q = (None if tol is not None else AUTO_POWER_ITERS) if power_iters == "auto" else power_iters
         limit = max_passes or (20 if method == "rsvd" else 60)
-        if method == "lanczos" and block_size is None and max_basis is None:
+        if method in ("lanczos", "gram") and block_size is None and max_basis is None:
             block_size, max_basis = default_lanczos_block(k, oversample), 2 * default_lanczos_block(k, oversample)
-        tol = lanczos_tol(A.dtype) if method == "lanczos" and tol is None else tol
-        plan = fitting_plan(job, A, k, dict(method=method, oversample=oversample, power_iters=q if method == "rsvd"
-                            else None, max_passes=limit, block_size=block_size, max_basis=max_basis))
+        tol = lanczos_tol(A.dtype) if method in ("lanczos", "gram") and tol is None else tol
+        kw = dict(method=method, oversample=oversample, power_iters=q if method == "rsvd" else None,
+                  max_passes=limit, block_size=block_size, max_basis=max_basis)
+        if method == "gram" and requested == "auto":
+            try:  # the Gram route where its N x N Gram fits the budget, else block Lanczos
+                plan = _try_plan(job, A, k, job.cfg.memory, kw)
+            except BudgetError:
+                method = kw["method"] = "lanczos"
+        if kw["method"] != "gram" or requested != "auto":
+            plan = fitting_plan(job, A, k, kw)
         _check_space(job, out, plan, m, n, k, A.dtype)
         token = resume_token(A, op="svd", k=k, method=method, oversample=oversample, q=q, tol=tol, limit=limit,
                              block=plan.block, basis=plan.max_basis, center=bool(center), scale=bool(scale),
@@ -700,7 +790,7 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
 
     With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.center`): centered
     in memory when ``B`` is held there, by the rank-one correction inside each pass otherwise."""
-    moments = shift = start = None
+    moments = shift = fused = gram_start = None
     if plan.in_core:
         b = load_incore(job, A, plan)
         if center or scale:
@@ -716,13 +806,17 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
         src: Any = _InCore(b, dev)
         phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
     else:
-        start = _fused_start(job, A, plan, seed, q) if center and not scale else None
-        if center or scale:
-            moments, first = _moments(job, A, plan, ckpt, start)
+        if plan.method == "gram" and (center or scale):  # the means pass makes the centered Gram too
+            moments, gram_start = _moments_gram(job, A, plan, ckpt, center=center, scale=scale)
+        else:
+            fused = _fused_start(job, A, plan, seed, q) if center and not scale else None
+            if center or scale:
+                moments, first = _moments(job, A, plan, ckpt, fused)
+        if moments is not None:
             shift = Shift.of(moments, center=center, scale=scale, transposed=plan.transposed)
         src = _Streamed(job, A, plan, shift)
-        if start is not None and first is not None:
-            src.first = (start, first)
+        if fused is not None and first is not None:
+            src.first = (fused, first)
         if moments is not None and center:  # the products are rounded at ||A||, before the means are removed
             sq = moments.count * (moments.var + moments.mean ** 2) / (moments.std ** 2 if scale else 1.0)
             src.noise_scale = float(np.sqrt(sq.sum()))
@@ -731,13 +825,16 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
     if plan.method == "rsvd":
         r = _rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
                   plan.transposed, ckpt)
+    elif plan.method == "gram":
+        r = _gram(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 2, dest, plan.transposed,
+                  ckpt, start=gram_start)
     elif plan.method == "sketch":
         r = _sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
     else:
         r = _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed,
                      ckpt)
     r["phases"] = phases
-    r["means_fused"] = not plan.in_core and start is not None
+    r["means_fused"] = not plan.in_core and (fused is not None or gram_start is not None)
     if moments is not None:
         r["moments"] = moments
         r["mean"] = moments.mean if center else None
@@ -757,6 +854,28 @@ def _fused_start(job: Job, A: Any, plan: SvdPlan, seed: int, q: int | None) -> n
     elif plan.method == "rsvd" and q != 0:
         start = _rsvd_start(plan.N, plan.block, seed)
     return start if start is not None and moments_and_normal_fits(job, A, start, memory=plan.pass_memory) else None
+
+
+def _moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, center: bool,
+                  scale: bool) -> tuple[Moments, np.ndarray | None]:
+    """The column moments and the Gram route's subspace (the top eigenvectors of the centered and/or
+    scaled Gram) from one pass over a tall ``A`` (:func:`moments_and_gram`), or from the checkpoints of
+    an interrupted run (then ``None``: the subspace is in the ``gram`` checkpoint)."""
+    saved = ckpt.load("moments") if ckpt is not None else None
+    if saved is not None and ckpt.load("gram") is not None:
+        return Moments(saved["mean"], saved["var"], int(saved["count"])), None
+    moments, g = moments_and_gram(job, A, memory=plan.memory, reserve=plan.client_bytes)
+    if not center:  # scaled only: the uncentered Gram, A^T A = A_c^T A_c + m mu mu^T (a sum, no cancellation)
+        g += moments.count * np.outer(moments.mean, moments.mean)
+    if scale:
+        inv = 1.0 / moments.std
+        g *= inv[:, None]
+        g *= inv[None, :]
+    q = gram_subspace(g, plan.block)
+    del g
+    if ckpt is not None:
+        ckpt.save("moments", mean=moments.mean, var=moments.var, count=moments.count)
+    return moments, q
 
 
 def _moments(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None,
@@ -795,11 +914,18 @@ def checkpointed_seed(ckpt: Checkpoints, seed: int | None) -> int:
     return seed
 
 
-def resolve_method(method: str, power_iters: int | str) -> str:
-    """``"auto"``: ``rsvd`` when the power iterations are fixed (a fixed cost), else block Lanczos to ``tol``."""
+def resolve_method(method: str, power_iters: int | str, *, shape: tuple[int, int], k: int, oversample: int,
+                   shifted: bool = False) -> str:
+    """``"auto"``: ``rsvd`` when the power iterations are fixed (a fixed cost); else the Gram route for
+    narrow tall orientations (:func:`blocklin.plan.svd.gram_route_fits`; a centered or scaled one only
+    for tall ``A``, whose means pass makes the Gram), block Lanczos to ``tol`` otherwise."""
     if method != "auto":
         return method
-    return "rsvd" if power_iters != "auto" else "lanczos"
+    if power_iters != "auto":
+        return "rsvd"
+    m, n = shape
+    M, N = max(m, n), min(m, n)
+    return "gram" if gram_route_fits(M, N, k, oversample) and not (shifted and m < n) else "lanczos"
 
 
 def triplet_report(s: np.ndarray, resid: np.ndarray | None, tol: float | None, dtype: Any) -> dict:

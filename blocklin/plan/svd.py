@@ -12,11 +12,14 @@ any, A in budget  1 (A is read once)         0
 rsvd              q + 1                      2 (CholeskyQR2 refinement, writing U)
 sketch            1                          2 (CholeskyQR2 refinement, writing U)
 lanczos           L + 1                      2 (CholeskyQR2 refinement, writing U)
+gram              2 (+ L)                    2 (CholeskyQR2 refinement, writing U)
 eigsh             L                          0
 ================  =========================  =============================================
 
 ``q`` is the number of power iterations (each one fused pass ``Z = B^T (B Q)``), ``L`` the number of
-block Lanczos steps (one fused pass each; adaptive, at most ``max_passes - 1``). A shifted
+block Lanczos steps (one fused pass each; adaptive, at most ``max_passes - 1``). ``gram`` reads ``A``
+once for ``B^T B`` (SYRK) and once for the Rayleigh-Ritz step over its top eigenvectors; Lanczos
+steps follow (``L``) only where that step's residuals miss the tolerance. A shifted
 CholeskyQR (ill-conditioned sketch) adds one pass over the intermediate, the TSQR fallback one more.
 """
 
@@ -81,9 +84,11 @@ def svd_passes(method: str, *, in_core: bool, power_iters: int = 0, lanczos_step
         return 1
     if method == "lanczos":
         return lanczos_steps + 1
+    if method == "gram":
+        return lanczos_steps + 2
     if method == "eigsh":
         return lanczos_steps
-    raise ParameterError(explain("method", "must be one of ('rsvd', 'sketch', 'lanczos', 'eigsh')", repr(method),
+    raise ParameterError(explain("method", "must be one of ('rsvd', 'sketch', 'lanczos', 'gram', 'eigsh')", repr(method),
                                  "pass method='rsvd'"))
 
 
@@ -147,13 +152,41 @@ def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch
         return max(states, (kp + k) * N * F64) + 4 * (s * (kp + s) + kp * kp) * F64
     # lanczos / eigsh: V and W bases and the copies hstack and the thick restart make of them (three
     # of each alive at a restart), Ritz vectors and residual block, eigh of the projected matrix.
-    return (6 * max_basis + 2 * (k + block) + 2 * block) * N * F64 + 3 * max_basis * max_basis * F64
+    lanczos = (6 * max_basis + 2 * (k + block) + 2 * block) * N * F64 + 3 * max_basis * max_basis * F64
+    if method == "gram":  # the Lanczos steps that may follow, or the N x N Gram with eigh's copy and vectors
+        return max(lanczos, gram_client_bytes(N))
+    return lanczos
+
+
+def gram_client_bytes(N: int) -> int:
+    """In-memory work of the Gram route: the float64 ``N x N`` Gram (the tasks' sums reduced into it),
+    and ``eigh``'s copy of it, its eigenvectors and workspace."""
+    return 4 * N * N * F64
+
+
+#: ``method="auto"`` takes the Gram route when ``N <= GRAM_BLOCKS * (k + oversample)``. Its SYRK pass
+#: does ``M N^2`` flops against ``4 M N (k + oversample)`` for a Lanczos step, and runs about twice as
+#: fast per flop (one thread, 2048 x 500 float64 strips: 0.28-0.33 s for the Gram of 100000 x 500,
+#: 0.15 s for ``B^T (B Q)`` with 30 columns), so it costs about ``N / (8 (k + oversample))`` steps:
+#: at most 3 here, while Lanczos took 2-7 steps on the spectra of ``benchmarks/svd.py``.
+GRAM_BLOCKS = 24
+#: ... and when ``M >= GRAM_ASPECT * N``: the ``O(N^3)`` eigendecomposition of the Gram then costs
+#: less than its pass (``M N^2``), which it would not for square matrices.
+GRAM_ASPECT = 8
+#: ... and at most this ``N`` (a 256 MiB Gram; its eigendecomposition takes seconds).
+GRAM_MAX_N = 8192
+
+
+def gram_route_fits(M: int, N: int, k: int, oversample: int) -> bool:
+    """Whether ``method="auto"`` takes the Gram route for a tall orientation ``M x N`` (the shapes
+    alone decide it, never the machine: see :data:`GRAM_BLOCKS`)."""
+    return N <= min(GRAM_MAX_N, GRAM_BLOCKS * (k + oversample)) and M >= GRAM_ASPECT * N
 
 
 def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample: int, power_iters: int | None,
              memory: int, max_passes: int, block_size: int | None = None, max_basis: int | None = None,
              square: bool = False) -> SvdPlan:
-    """Plan one factorization (``method`` in rsvd, sketch, lanczos, eigsh).
+    """Plan one factorization (``method`` in rsvd, sketch, lanczos, gram, eigsh).
 
     Raises
     ------
@@ -198,6 +231,8 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
         passes, formula, inter = 1, "1 (single pass)", 0 if in_core else 2
     elif method == "lanczos":
         passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "L + 1", 0 if in_core else 2
+    elif method == "gram":
+        passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "2 + L", 0 if in_core else 2
     else:
         passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "L", 0
     return SvdPlan(method=method, m=m, n=n, k=k, transposed=transposed, M=M, N=N, dtype=dt.name, block=block,
