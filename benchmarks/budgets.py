@@ -44,7 +44,7 @@ import time
 
 import numpy as np
 
-OPS = ("gemm", "svd-rsvd", "svd-sketch", "svd-lanczos", "eigsh", "solve", "inv", "convert", "cholesky", "lu")
+OPS = ("gemm", "svd-rsvd", "svd-sketch", "svd-lanczos", "svd-gram", "eigsh", "solve", "inv", "convert", "cholesky", "lu")
 FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2)
 K = 10  # singular/eigen triplets
 #: Whether the child warms BLAS/LAPACK (a 1024 x 1024 product and inverse in memory) before its baseline.

@@ -42,3 +42,17 @@ def test_svd_peak_within_budget(tmp_path, method, shape):
     used = r["peak"] - r["baseline"]
     assert used <= budget + margin(budget), f"{method}: used {used / 2**20:.1f} MiB over a {budget / 2**20:.0f} MiB budget"
     assert np.isfinite(r["s0"]) and r["s0"] > 0
+
+
+@needs_hwm
+def test_gram_route_peak_within_budget_when_the_gram_is_most_of_it(tmp_path):
+    """An 800 x 800 Gram (5 MiB; its tasks' sums, the total and eigh's work about 20 MiB) in a 32 MiB
+    budget beside the strips of a 122 MiB operand."""
+    budget = 32 * 2**20
+    a = bl.random(tmp_path / "a.zarr", (20000, 800), seed=2, chunks=(250, 800))
+    assert a.nbytes >= 3.5 * budget
+    r = run_child(CHILD, a.path, "gram", "32MiB")
+    assert not r["in_core"] and r["passes"] >= 2
+    used = r["peak"] - r["baseline"]
+    assert used <= budget + margin(budget), f"gram: used {used / 2**20:.1f} MiB over a {budget / 2**20:.0f} MiB budget"
+    assert np.isfinite(r["s0"]) and r["s0"] > 0

@@ -29,7 +29,7 @@ from blocklin.linalg.orth import cholqr_r, orth_against, orth_incore
 from blocklin.linalg.results import open_group, write_group
 from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
 from blocklin.matrix import Matrix
-from blocklin.plan.svd import SvdPlan, gram_route_fits, plan_svd, sketch_blas_threads, sketch_tasks
+from blocklin.plan.svd import GRAM_TASKS, SvdPlan, gram_route_fits, plan_svd, sketch_blas_threads, sketch_tasks
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source
 from blocklin.operands import temp_root
@@ -210,10 +210,10 @@ class _Streamed:
         #: ``(Q, B_c^T B_c Q)`` of a pass already made (the means pass fused with the first product)
         self.first: tuple[np.ndarray, np.ndarray] | None = None
 
-    def _plan(self, kernel: Any, params: dict) -> Any:
+    def _plan(self, kernel: Any, params: dict, **kw: Any) -> Any:
         # the whole budget with the in-core work reserved: a refusal names the total that suffices
         return plan_kernel_pass(self.job, kernel, [self.source], params, memory=self.plan.memory,
-                                reserve=self.plan.client_bytes, device=self.device)
+                                reserve=self.plan.client_bytes, device=self.device, **kw)
 
     def preflight(self, k: int) -> None:
         """Plan every pass over ``A`` the method will run (shapes only, nothing read), so that a budget
@@ -225,7 +225,7 @@ class _Streamed:
             width = p.block if p.method == "rsvd" else max(p.block, k + enrich_width(k, p.block, N))
             self._plan(K.normal_kernel, {"gram": True, "write_y": True, "Q": _Shape((N, width), dt)})
         if p.method == "gram" and self.shift is None:
-            self._plan(gram_pass_kernel, self._gram_params())
+            self._plan(gram_pass_kernel, self._gram_params(), min_tasks=GRAM_TASKS)
         if p.method in ("lanczos", "gram"):
             self._plan(K.apply_kernel, {"write": "F", "collect": False, "W": _Shape((N, k), dt)})
 
@@ -237,7 +237,8 @@ class _Streamed:
     def gram(self, description: str = "") -> np.ndarray:
         """``B^T B`` (full, float64) from one SYRK pass (:func:`blocklin.linalg.gram`'s kernel)."""
         params = self._gram_params()
-        states = self._run(gram_pass_kernel, params, self._plan(gram_pass_kernel, params), description)
+        states = self._run(gram_pass_kernel, params, self._plan(gram_pass_kernel, params, min_tasks=GRAM_TASKS),
+                           description)
         total = None
         while states:  # in row order, releasing each task's accumulator as it is added
             g = np.asarray(states.pop(0)["g"], dtype=np.float64)
@@ -864,7 +865,7 @@ def _moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, 
     saved = ckpt.load("moments") if ckpt is not None else None
     if saved is not None and ckpt.load("gram") is not None:
         return Moments(saved["mean"], saved["var"], int(saved["count"])), None
-    moments, g = moments_and_gram(job, A, memory=plan.memory, reserve=plan.client_bytes)
+    moments, g = moments_and_gram(job, A, memory=plan.memory, reserve=plan.client_bytes, tasks=GRAM_TASKS)
     if not center:  # scaled only: the uncentered Gram, A^T A = A_c^T A_c + m mu mu^T (a sum, no cancellation)
         g += moments.count * np.outer(moments.mean, moments.mean)
     if scale:
