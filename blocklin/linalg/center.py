@@ -175,18 +175,19 @@ def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, st
     return _merge_comoments(n1, m1, c1, r, mean, 0.0), None
 
 
-def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0,
-                     tasks: int | None = None) -> tuple[Moments, np.ndarray]:
+def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0, min_tasks: int | None = None,
+                     workers: int | None = None) -> tuple[Moments, np.ndarray]:
     """The column moments of a tall ``A`` and its centered Gram ``A_c^T A_c`` (full, float64) in one pass.
 
     Each strip contributes the Gram of its deviations from its own means, and the strips' co-moments
     are merged exactly as the variances are (:func:`_merge`), so the result is as accurate as the Gram
     of the centered matrix, whatever the size of the means. ``A^T A`` itself is
-    ``A_c^T A_c + m mu mu^T``. ``tasks``: how many (each keeps its ``n x n`` sum until the pass ends)."""
+    ``A_c^T A_c + m mu mu^T``. ``min_tasks``, ``workers``: the pass's split (each task keeps its ``n x n``
+    sum until the pass ends)."""
     from blocklin.linalg._solve_kernels import symmetrize_lower
 
-    states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, memory=memory, reserve=reserve, min_tasks=tasks,
-                         description="column means and the centered Gram (pass over A)")
+    states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, memory=memory, reserve=reserve,
+                         min_tasks=min_tasks, workers=workers, description="column means and the centered Gram (pass over A)")
     cnt, mean, c = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
         cnt, mean, c = _merge_comoments(cnt, mean, c, *st)

@@ -159,15 +159,9 @@ def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch
 
 
 def gram_client_bytes(N: int) -> int:
-    """In-memory work of the Gram route after its pass: the :data:`GRAM_TASKS` tasks' ``N x N`` float64
-    sums, the total they are added into (which ``eigh`` then overwrites), its eigenvectors and workspace."""
-    return (GRAM_TASKS + 2) * N * N * F64
-
-
-#: Tasks of the Gram route's pass. Every task's ``N x N`` sum is kept until the pass ends, so their
-#: number is a constant (not one per 32 MiB streamed, as other passes): the results still do not
-#: depend on the scheduler, and the memory held does not grow with the data.
-GRAM_TASKS = 2
+    """In-memory work of the Gram route after its pass: the task's ``N x N`` float64 sum, the total
+    it is copied into (which ``eigh`` then overwrites), its eigenvectors and workspace."""
+    return 3 * N * N * F64
 
 
 #: ``method="auto"`` takes the Gram route when ``N <= GRAM_BLOCKS * (k + oversample)``. Its SYRK pass
