@@ -235,7 +235,6 @@ class _Streamed:
         if p.method in ("lanczos", "gram"):
             self._plan(K.apply_kernel, {"write": "F", "collect": False, "W": _Shape((N, k), dt)})
 
-
     def _gram_params(self) -> dict:
         # float64 sums whatever the dtype: the subspace of a float32 A then comes from its exact Gram
         return {"dtype": "float64", "gpu": self.device == "gpu"}
@@ -714,12 +713,13 @@ def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, pow
         tol = lanczos_tol(A.dtype) if method in ("lanczos", "gram") and tol is None else tol
         kw = dict(method=method, oversample=oversample, power_iters=q if method == "rsvd" else None,
                   max_passes=limit, block_size=block_size, max_basis=max_basis)
+        plan = None
         if method == "gram" and requested == "auto":
             try:  # the Gram route where its N x N Gram fits the budget, else block Lanczos
                 plan = _try_plan(job, A, k, job.cfg.memory, kw)
             except BudgetError:
                 method = kw["method"] = "lanczos"
-        if kw["method"] != "gram" or requested != "auto":
+        if plan is None:
             plan = fitting_plan(job, A, k, kw)
         _check_space(job, out, plan, m, n, k, A.dtype)
         token = resume_token(A, op="svd", k=k, method=method, oversample=oversample, q=q, tol=tol, limit=limit,
