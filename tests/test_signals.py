@@ -211,3 +211,30 @@ def test_keyboard_interrupt_waits_for_threaded_tasks(tmp_path, monkeypatch):
     left = [os.path.relpath(os.path.join(r, f), tmp_path) for r, ds, fs in os.walk(tmp_path) for f in ds + fs
             if "A.zarr" not in r and f != "A.zarr"]
     assert left in ([], ["blocklin-tmp"]), left  # blocklin-tmp: the tests' (empty) temp dir
+
+
+def test_work_folder_removal_waits_for_writes_still_in_flight(tmp_path):
+    """Ctrl-C lands in the thread that waits on zarr's I/O loop, not in the loop: a write the loop still
+    runs must land before the job's deterministic work folder is removed, or it recreates the folder
+    (what a Ctrl-C'd inverse left behind once in a while)."""
+    import asyncio
+
+    from zarr.core import sync as zsync
+
+    from blocklin.runtime.job import Job
+
+    async def late_write(folder: str) -> None:
+        await asyncio.sleep(0.3)
+        os.makedirs(os.path.join(folder, "X.zarr", "c", "0"), exist_ok=True)
+        with open(os.path.join(folder, "X.zarr", "c", "0", "0"), "wb") as f:
+            f.write(b"chunk")
+
+    folder = []
+    with pytest.raises(KeyboardInterrupt):
+        with Job("inv", temp_dir=str(tmp_path)) as job:
+            folder.append(job.work_dir("inv", "0123456789abcdef").url)
+            zsync.sync(asyncio.sleep(0))  # zarr's loop is running, as in any job that wrote
+            asyncio.run_coroutine_threadsafe(late_write(folder[0]), zsync.loop[0])
+            raise KeyboardInterrupt
+    time.sleep(0.5)  # long after the write
+    assert folder[0].startswith(str(tmp_path)) and not os.path.exists(folder[0])

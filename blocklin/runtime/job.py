@@ -262,6 +262,7 @@ class Job:
         if not resume:
             remove(loc)
         self.stack.callback(self._end_work_dir, loc, resume)  # registered first: an interrupt cannot slip between
+        self.stack.callback(wait_for_pending_io)  # runs first: no write lands after the removal (as in temp_dir)
         claim_work_folder(loc, operation=name)
         return loc
 
