@@ -133,3 +133,19 @@ def test_centered_gram_svd_with_large_means():
     tol = 10 * np.sqrt(40) * np.finfo(np.float64).eps * np.linalg.norm(a, 2) / np.linalg.norm(a - a.mean(axis=0), 2)
     assert np.max(np.abs(res.s - s0)) <= tol * s0[0]
     np.testing.assert_allclose(res.mean, a.mean(axis=0), rtol=1e-14)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("memory", ["64MiB", "1MiB"], ids=["in-memory", "streamed"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gram_route_on_the_gpu_matches_the_cpu(memory, dtype):
+    a = make(3000, 90, slow(90), seed=7).astype(dtype)
+    cpu = bl.svd(a, 6, method="gram", seed=0, memory=memory, device="cpu")
+    gpu = bl.svd(a, 6, method="gram", seed=0, memory=memory, device="gpu")
+    assert gpu.report["in_core"] == cpu.report["in_core"] == (memory == "64MiB")
+    assert "gpu" in gpu.report["phases"].values() and gpu.report["passes"] == cpu.report["passes"]
+    # the same algorithm with float64 Gram sums on both devices: equal to the rounding of the products
+    rtol = 1e-10 if dtype == np.float64 else 1e-4
+    np.testing.assert_allclose(gpu.s, cpu.s, rtol=rtol)
+    U = lambda r: np.abs(np.asarray(r.U.to_numpy(), dtype=np.float64))  # noqa: E731 - signs are free
+    np.testing.assert_allclose(U(gpu), U(cpu), atol=100 * rtol)

@@ -142,9 +142,16 @@ class _InCore:
         return z, g, (ArrayBlock(y) if keep_y else None)
 
     def gram(self, description: str = "") -> np.ndarray:
-        """``B^T B`` in float64: SYRK by blocks of rows (float64 copies of one block at a time)."""
-        g = np.zeros((self.N, self.N))
+        """``B^T B`` in float64: SYRK by blocks of rows (float64 copies of one block at a time), on the
+        device that holds ``B`` for the products."""
         step = max(1, GRAM_BLOCK_BYTES // (8 * self.N))
+        if self.dev is not None:
+            d = self.dev
+            acc = d.zeros((self.N, self.N), np.float64)
+            for r0 in range(0, self.M, step):
+                d.syrk_acc(acc, d.cast(self.bd[r0:r0 + step], np.float64))
+            return symmetrize_lower(np.asarray(d.to_host(acc), dtype=np.float64))
+        g = np.zeros((self.N, self.N))
         for r0 in range(0, self.M, step):
             _syrk_acc(g, np.asarray(self.b[r0:r0 + step], dtype=np.float64))
         return symmetrize_lower(g)
