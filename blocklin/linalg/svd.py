@@ -574,11 +574,14 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
         read in column strips, never copied).
     k : int
         Number of singular triplets, ``1 <= k < min(m, n)``.
-    method : {"auto", "rsvd", "sketch", "lanczos"}
-        * ``auto`` (default): ``lanczos`` to ``tol`` (default ``sqrt(10 sqrt(eps))``), or ``rsvd`` when
-          ``power_iters`` is an integer (a fixed cost). The default is at least as accurate as
-          scikit-learn's ``randomized_svd`` and Dask's ``svd_compressed`` with their defaults on
-          slowly and fast decaying spectra, flat tails and low rank plus noise (docs/svd.md has the
+    method : {"auto", "rsvd", "sketch", "lanczos", "gram"}
+        * ``auto`` (default): ``gram`` for narrow matrices (short side ``N <= 24 (k + oversample)``,
+          long side at least ``8 N``, the Gram within the budget; a centered or scaled one only when
+          tall), else ``lanczos``, both to ``tol`` (default ``sqrt(10 sqrt(eps))``); ``rsvd`` when
+          ``power_iters`` is an integer (a fixed cost). The shape alone decides, never the machine.
+          On slowly and fast decaying spectra, flat tails and low rank plus noise the default reaches
+          the rounding of the data, where scikit-learn's ``randomized_svd`` and Dask's
+          ``svd_compressed`` with their defaults stop at up to 2.4e-4 and 0.5 (docs/svd.md has the
           figures).
         * ``rsvd``: randomized subspace iteration (Halko, Martinsson, Tropp 2011, Alg. 4.4) with
           ``l = k + oversample`` columns. Each power iteration is ONE fused pass ``Z = A^T (A Q)``
@@ -594,6 +597,12 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
           Golub and Kahan 1965; reorthogonalized as in Larsen's PROPACK; thick restart of Baglama
           and Reichel 2005), one fused pass per step, converged to ``tol`` on the residual of every
           triplet; one more pass writes the long factor. Passes: ``L + 1``.
+        * ``gram``: one SYRK pass forms ``B^T B`` (float64 sums), its top ``k + oversample``
+          eigenvectors are the subspace of one Rayleigh-Ritz pass (the final step of ``rsvd`` and
+          ``lanczos``: singular values from ``B Q``, exact residuals); triplets that still miss
+          ``tol`` (singular values near ``sqrt(eps) s_1``, where the Gram's rounding shows) continue
+          by block Lanczos from that subspace. Passes: 2 (``2 + L``). Holds ``3 N^2`` float64 in
+          memory; with ``center``/``scale`` the means pass makes the centered Gram (tall ``A`` only).
     oversample : int
         Extra columns of the random block (``rsvd``, ``sketch``) or of the wanted set (``lanczos``).
     power_iters : int or "auto"
@@ -633,9 +642,10 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
         ``StandardScaler``; a constant column is left unscaled): standardized PCA. Alone (without
         ``center``) it scales by the same standard deviations without subtracting the means.
     max_passes : int, optional
-        Pass limit of the adaptive methods (default 20 for ``rsvd``, 60 for ``lanczos``).
+        Pass limit of the adaptive methods (default 20 for ``rsvd``, 60 for ``lanczos`` and ``gram``).
     block_size, max_basis : int, optional
-        ``lanczos`` block size and restart basis size (default ``k + oversample`` and twice that;
+        ``lanczos`` block size and restart basis size (``gram``: the Rayleigh-Ritz width and those of
+        its continuation; default ``k + oversample`` and twice that;
         with only one of them given, the other follows :func:`blocklin.plan.svd.plan_svd`).
     **settings
         As for every operation: :class:`~blocklin.config.Settings` (``progress``: one bar per pass).
@@ -672,6 +682,8 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     application to scientific simulation", SIAM J. Sci. Comput. 41(4), 2019.
     G. Golub, W. Kahan, "Calculating the singular values and pseudo-inverse of a matrix", 1965.
     J. Baglama, L. Reichel, "Augmented implicitly restarted Lanczos bidiagonalization methods", 2005.
+    T. F. Chan, G. H. Golub, R. J. LeVeque, "Algorithms for computing the sample variance: analysis and
+    recommendations", The American Statistician 37(3), 1983 (the centered Gram's pairwise merge).
 
     Examples
     --------
