@@ -6,7 +6,9 @@ in bounded memory by Dask. Variants, each in its own subprocess (peak RSS is tha
 high-water mark):
 
 * ``blocklin``: ``blocklin.pca(path, k, memory=budget)`` with its defaults: centering inside the
-  passes, one pass for the means, block Lanczos to relative residuals ``10 sqrt(eps)``;
+  passes; for narrow data (``cols <= 24 (k + 10)``, as the default size) the Gram route (the means
+  pass also makes the centered Gram, then one Rayleigh-Ritz pass), else block Lanczos with the
+  means from its first pass, both to the default ``tol``;
 * ``blocklin-rsvd``: the same with ``power_iters=4`` (randomized SVD, ``4 + 1`` passes);
 * ``sklearn``: the array read into memory, then ``PCA(k, svd_solver="randomized")`` (its
   ``iterated_power="auto"``: 7 power iterations when ``k < 0.1 min(m, n)``, else 4);
