@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import BudgetError
-from blocklin.linalg._solve_kernels import _syrk_acc
+from blocklin.linalg._solve_kernels import _syrk_acc, symmetrize_lower
 from blocklin.plan.gram import MAX_GRAM_STRIP_BYTES, MIN_GRAM_ROWS
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, source
@@ -140,11 +140,14 @@ def moments_normal_kernel(device: Any, arrays: tuple, rows: slice, params: Any, 
     return (*_merge(*state[:3], r, mean, m2), state[3] + z), None
 
 
-def _merge_comoments(n1: int, m1: np.ndarray, c1: np.ndarray, n2: int, m2: np.ndarray, c2: np.ndarray) -> tuple:
-    """:func:`_merge` for co-moment matrices: ``C = C_1 + C_2 + (n_1 n_2 / n) d d^T`` (lower triangles), in place in ``c1``."""
+def _merge_comoments(n1: int, m1: np.ndarray, c1: np.ndarray, n2: int, m2: np.ndarray,
+                     c2: np.ndarray | None) -> tuple:
+    """:func:`_merge` for co-moment matrices, in place in ``c1``: ``C = C_1 + C_2 + (n_1 n_2 / n) d d^T``
+    (``c2`` ``None``: already added to ``c1``)."""
     n = n1 + n2
     d = m2 - m1
-    c1 += c2
+    if c2 is not None:
+        c1 += c2
     c1 += np.outer(d, d * (n1 * n2 / n))
     return n, m1 + d * (n2 / n), c1
 
@@ -171,12 +174,12 @@ def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, st
         _syrk_acc(c, d)
         return (r, mean, c), None
     n1, m1, c1 = state
-    _syrk_acc(c1, d)
-    return _merge_comoments(n1, m1, c1, r, mean, 0.0), None
+    _syrk_acc(c1, d)  # the strip's co-moments, added in place
+    return _merge_comoments(n1, m1, c1, r, mean, None), None
 
 
-def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0, min_tasks: int | None = None,
-                     workers: int | None = None) -> tuple[Moments, np.ndarray]:
+def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0,
+                     min_tasks: int | None = None, workers: int | None = None) -> tuple[Moments, np.ndarray]:
     """The column moments of a tall ``A`` and its centered Gram ``A_c^T A_c`` (full, float64) in one pass.
 
     Each strip contributes the Gram of its deviations from its own means, and the strips' co-moments
@@ -184,10 +187,9 @@ def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: in
     of the centered matrix, whatever the size of the means. ``A^T A`` itself is
     ``A_c^T A_c + m mu mu^T``. ``min_tasks``, ``workers``: the pass's split (each task keeps its ``n x n``
     sum until the pass ends)."""
-    from blocklin.linalg._solve_kernels import symmetrize_lower
-
     states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, memory=memory, reserve=reserve,
-                         min_tasks=min_tasks, workers=workers, description="column means and the centered Gram (pass over A)")
+                         min_tasks=min_tasks, workers=workers,
+                         description="column means and the centered Gram (pass over A)")
     cnt, mean, c = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
         cnt, mean, c = _merge_comoments(cnt, mean, c, *st)

@@ -88,8 +88,8 @@ def svd_passes(method: str, *, in_core: bool, power_iters: int = 0, lanczos_step
         return lanczos_steps + 2
     if method == "eigsh":
         return lanczos_steps
-    raise ParameterError(explain("method", "must be one of ('rsvd', 'sketch', 'lanczos', 'gram', 'eigsh')", repr(method),
-                                 "pass method='rsvd'"))
+    raise ParameterError(explain("method", "must be one of ('rsvd', 'sketch', 'lanczos', 'gram', 'eigsh')",
+                                 repr(method), "pass method='rsvd'"))
 
 
 def default_block(k: int, oversample: int, N: int) -> int:
@@ -166,9 +166,10 @@ def gram_client_bytes(N: int) -> int:
 
 #: ``method="auto"`` takes the Gram route when ``N <= GRAM_BLOCKS * (k + oversample)``. Its SYRK pass
 #: does ``M N^2`` flops against ``4 M N (k + oversample)`` for a Lanczos step, and runs about twice as
-#: fast per flop (one thread, 2048 x 500 float64 strips: 0.28-0.33 s for the Gram of 100000 x 500,
-#: 0.15 s for ``B^T (B Q)`` with 30 columns), so it costs about ``N / (8 (k + oversample))`` steps:
-#: at most 3 here, while Lanczos took 2-7 steps on the spectra of ``benchmarks/svd.py``.
+#: fast per flop (2048 x 500 float64 strips in memory: 0.28-0.33 s for the Gram of 100000 x 500 against
+#: 0.15 s for ``B^T (B Q)`` with 30 columns on both cores, 0.45 s against 0.25 s on one), so it costs
+#: about ``N / (8 (k + oversample))`` steps: at most 3 here, while Lanczos took 2-7 steps on the
+#: spectra of ``benchmarks/svd.py``.
 GRAM_BLOCKS = 24
 #: ... and when ``M >= GRAM_ASPECT * N``: the ``O(N^3)`` eigendecomposition of the Gram then costs
 #: less than its pass (``M N^2``), which it would not for square matrices.
