@@ -822,12 +822,14 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
             moments = moments_incore(b, plan.transposed)
             Shift.of(moments, center=center, scale=scale, transposed=plan.transposed).apply_incore(b)
         dev = None
-        if job.device == "gpu" and b.nbytes * 1.5 <= (job.device_memory() or 0):
+        # B stays on the GPU for the job, beside the products' blocks (and the Gram route's N x N sum, its
+        # SYRK output and a float64 row block): held from the device's shared budget
+        held = int(1.5 * b.nbytes) + (2 * plan.N * plan.N * 8 + GRAM_BLOCK_BYTES if plan.method == "gram" else 0)
+        if job.device == "gpu" and held <= (job.device_memory() or 0):
             from blocklin.device import get_device
 
             dev = get_device("gpu", device_memory=job.device_memory())
-            # B stays on the GPU for the job, beside the products' blocks: held from its shared budget
-            job.stack.enter_context(dev.reserve(int(1.5 * b.nbytes)))
+            job.stack.enter_context(dev.reserve(held))
         src: Any = _InCore(b, dev)
         phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
     else:
