@@ -149,3 +149,19 @@ def test_gram_route_on_the_gpu_matches_the_cpu(memory, dtype):
     np.testing.assert_allclose(gpu.s, cpu.s, rtol=rtol)
     U = lambda r: np.abs(np.asarray(r.U.to_numpy(), dtype=np.float64))  # noqa: E731 - signs are free
     np.testing.assert_allclose(U(gpu), U(cpu), atol=100 * rtol)
+
+
+def test_centered_gram_too_small_a_budget_is_refused_before_reading_with_a_minimum_that_works():
+    """The means pass that makes the centered Gram is planned with the others before anything is read."""
+    a = make(800, 60, slow(60), seed=8) + 1e3
+    with pytest.raises(BudgetError, match=r"memory.*svd \(gram\).*raise it to at least") as info:
+        bl.svd(a, 5, method="gram", center=True, seed=0, memory="256KiB")
+    need = info.value.minimum
+    res = bl.svd(a, 5, method="gram", center=True, seed=0, memory=need)
+    assert res.report["method"] == "gram" and not res.report["in_core"] and res.report["passes"] == 2
+    # auto at the small budget takes block Lanczos instead, with the same answer
+    low = bl.svd(a, 5, center=True, seed=0, memory="256KiB")
+    assert low.report["method"] == "lanczos"
+    s0 = np.linalg.svd(a - a.mean(axis=0), compute_uv=False)[:5]
+    np.testing.assert_allclose(res.s, s0, rtol=1e-9)
+    np.testing.assert_allclose(low.s, s0, rtol=10 * np.sqrt(np.finfo(np.float64).eps))

@@ -22,7 +22,7 @@ from blocklin.linalg._gram_kernels import gram_pass_kernel
 from blocklin.linalg._solve_kernels import _syrk_acc, symmetrize_lower
 from blocklin.linalg import random as rnd
 from blocklin.linalg.center import (Moments, Shift, column_moments, moments_and_gram, moments_and_normal,
-                                    moments_and_normal_fits, moments_incore)
+                                    moments_and_normal_fits, moments_gram_kernel, moments_incore)
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.lanczos import block_lanczos, small_blas, start_block
 from blocklin.linalg.orth import cholqr_r, orth_against, orth_incore
@@ -228,16 +228,20 @@ class _Streamed:
         return plan_kernel_pass(self.job, kernel, [self.source], params, memory=self.plan.memory,
                                 reserve=self.plan.client_bytes, device=self.device, **kw)
 
-    def preflight(self, k: int) -> None:
+    def preflight(self, k: int, *, means_gram: bool = False) -> None:
         """Plan every pass over ``A`` the method will run (shapes only, nothing read), so that a budget
-        too small for any of them is refused before the first pass, with the minimum that fits."""
+        too small for any of them is refused before the first pass, with the minimum that fits
+        (``means_gram``: the Gram route's Gram comes from the means pass of a centered or scaled ``A``)."""
         p, N, dt = self.plan, self.N, np.dtype(self.dtype)
         if p.method == "sketch":
             self._plan_sketch(self._sketch_params(0))
         else:  # the widest product: a step's block, or the final Rayleigh-Ritz over Ritz vectors and residuals
             width = p.block if p.method == "rsvd" else max(p.block, k + enrich_width(k, p.block, N))
             self._plan(K.normal_kernel, {"gram": True, "write_y": True, "Q": _Shape((N, width), dt)})
-        if p.method == "gram" and self.shift is None:
+        if p.method == "gram" and means_gram:
+            plan_kernel_pass(self.job, moments_gram_kernel, [source(self.A)], {}, memory=p.memory,
+                             reserve=p.client_bytes, **GRAM_PASS)
+        elif p.method == "gram":
             self._plan(gram_pass_kernel, self._gram_params(), **GRAM_PASS)
         if p.method in ("lanczos", "gram"):
             self._plan(K.apply_kernel, {"write": "F", "collect": False, "W": _Shape((N, k), dt)})
@@ -732,14 +736,15 @@ def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, pow
         tol = lanczos_tol(A.dtype) if method in ("lanczos", "gram") and tol is None else tol
         kw = dict(method=method, oversample=oversample, power_iters=q if method == "rsvd" else None,
                   max_passes=limit, block_size=block_size, max_basis=max_basis)
-        plan = None
+        plan, means_gram = None, method == "gram" and bool(center or scale)
         if method == "gram" and requested == "auto":
             try:  # the Gram route where its N x N Gram fits the budget, else block Lanczos
-                plan = _try_plan(job, A, k, job.cfg.memory, kw)
+                plan = _try_plan(job, A, k, job.cfg.memory, kw, means_gram=means_gram)
             except BudgetError:
                 method = kw["method"] = "lanczos"
+                means_gram = False
         if plan is None:
-            plan = fitting_plan(job, A, k, kw)
+            plan = fitting_plan(job, A, k, kw, means_gram=means_gram)
         _check_space(job, out, plan, m, n, k, A.dtype)
         token = resume_token(A, op="svd", k=k, method=method, oversample=oversample, q=q, tol=tol, limit=limit,
                              block=plan.block, basis=plan.max_basis, center=bool(center), scale=bool(scale),
@@ -760,20 +765,20 @@ def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, pow
         return _result(job, out, A, plan, r, report, ao, overwrite)
 
 
-def _try_plan(job: Job, A: Any, k: int, memory: int, kw: dict) -> SvdPlan:
+def _try_plan(job: Job, A: Any, k: int, memory: int, kw: dict, *, means_gram: bool = False) -> SvdPlan:
     plan = plan_svd(A.shape[0], A.shape[1], k, A.dtype, memory=memory, **kw)
     if not plan.in_core:
-        _Streamed(job, A, plan).preflight(k)
+        _Streamed(job, A, plan).preflight(k, means_gram=means_gram)
     return plan
 
 
-def fitting_plan(job: Job, A: Any, k: int, kw: dict) -> SvdPlan:
+def fitting_plan(job: Job, A: Any, k: int, kw: dict, *, means_gram: bool = False) -> SvdPlan:
     """:func:`plan_svd` at the job's budget with every streamed pass planned too; a budget too small
     for any of them is refused naming a budget that was checked to suffice (and that a retry gets)."""
     try:
-        return _try_plan(job, A, k, job.cfg.memory, kw)
+        return _try_plan(job, A, k, job.cfg.memory, kw, means_gram=means_gram)
     except BudgetError as exc:
-        need = _sufficient_budget(job, A, k, kw, exc)
+        need = _sufficient_budget(job, A, k, kw, exc, means_gram=means_gram)
         raise BudgetError(explain(
             "memory", f"must hold the in-core work of svd ({kw['method']}) and one strip of each pass over A",
             format_size(job.cfg.memory), f"raise it to at least {format_size(need)} (memory='{size_hint(need)}'), "
@@ -784,13 +789,13 @@ def fitting_plan(job: Job, A: Any, k: int, kw: dict) -> SvdPlan:
 _BUDGET_SEARCH_STEPS = 60
 
 
-def _sufficient_budget(job: Job, A: Any, k: int, kw: dict, exc: BudgetError) -> int:
+def _sufficient_budget(job: Job, A: Any, k: int, kw: dict, exc: BudgetError, *, means_gram: bool = False) -> int:
     """The smallest budget of the form :func:`size_hint` prints, from ``exc``'s minimum up, that plans."""
     need = max(job.cfg.memory + 1, exc.minimum or 0)
     for _ in range(_BUDGET_SEARCH_STEPS):
         hint = parse_size(size_hint(need))
         try:
-            _try_plan(job, A, k, hint, kw)
+            _try_plan(job, A, k, hint, kw, means_gram=means_gram)
             return hint
         except BudgetError as again:
             need = max(hint + 1, again.minimum or hint + hint // 4)
