@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.linalg._solve_kernels import _syrk_acc
+from blocklin.linalg._solve_kernels import _syrk_acc, symmetrize_lower
 from blocklin.plan.gram import gram_pass_memory
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
@@ -40,3 +40,18 @@ def gram_pass_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state
         state = {"g": np.zeros((a.shape[1], a.shape[1]), dt)}
     _syrk_acc(state["g"], a)
     return state, None
+
+
+def sum_gram_states(states: list) -> np.ndarray:
+    """The full symmetric float64 Gram from the pass's task states: their lower triangles summed in row
+    order (deterministic on every scheduler), each released as it is added (the first one is the
+    total when it is float64 and writable: a state from a cluster may be a read-only buffer), then
+    mirrored."""
+    total = None
+    while states:
+        g = np.asarray(states.pop(0)["g"], dtype=np.float64)
+        if total is None:
+            total = g if g.flags.writeable else g.copy()
+        else:
+            np.add(total, g, out=total)
+    return symmetrize_lower(total)

@@ -178,6 +178,14 @@ def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, st
     return _merge_comoments(n1, m1, c1, r, mean, None), None
 
 
+def plan_moments_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0,
+                      min_tasks: int | None = None, workers: int | None = None) -> Any:
+    """The pass of :func:`moments_and_gram` within ``memory`` (planned before anything is read: a
+    budget too small raises :class:`~blocklin.errors.BudgetError` with the minimum)."""
+    return plan_kernel_pass(job, moments_gram_kernel, [source(A)], {}, memory=memory, reserve=reserve,
+                            min_tasks=min_tasks, workers=workers)
+
+
 def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0,
                      min_tasks: int | None = None, workers: int | None = None) -> tuple[Moments, np.ndarray]:
     """The column moments of a tall ``A`` and its centered Gram ``A_c^T A_c`` (full, float64) in one pass.
@@ -187,8 +195,8 @@ def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: in
     of the centered matrix, whatever the size of the means. ``A^T A`` itself is
     ``A_c^T A_c + m mu mu^T``. ``min_tasks``, ``workers``: the pass's split (each task keeps its ``n x n``
     sum until the pass ends)."""
-    states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, memory=memory, reserve=reserve,
-                         min_tasks=min_tasks, workers=workers,
+    plan = plan_moments_gram(job, A, memory=memory, reserve=reserve, min_tasks=min_tasks, workers=workers)
+    states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, plan=plan,
                          description="column means and the centered Gram (pass over A)")
     cnt, mean, c = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler

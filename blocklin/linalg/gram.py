@@ -33,8 +33,7 @@ from dask.base import tokenize
 from blocklin.config import Settings
 from blocklin.errors import ParameterError
 from blocklin.errors import explain as explain_msg
-from blocklin.linalg._gram_kernels import gram_pass_kernel
-from blocklin.linalg._solve_kernels import symmetrize_lower
+from blocklin.linalg._gram_kernels import gram_pass_kernel, sum_gram_states
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import split
 from blocklin.plan.gram import GramPlan, plan_gram
@@ -101,14 +100,7 @@ class Gram:
         rp = RowPassPlan(**{**pp, "groups": tuple(tuple(g) for g in pp["groups"])})
         states, _ = run_pass(job, gram_pass_kernel, [self.source()], {"dtype": self.dtype.name,
                              "gpu": job.device == "gpu"}, plan=rp, description=f"Gram {plan.product} (SYRK)")
-        total = None
-        while states:  # sum in row order, releasing each task's accumulator as it is added
-            g = states.pop(0)["g"]
-            if total is None:
-                total = np.array(g, dtype=np.float64)
-            else:
-                np.add(total, g, out=total)
-        g = symmetrize_lower(total)
+        g = sum_gram_states(states)
         if self.alpha != 1.0:
             g *= self.alpha
         arr = open_zarr(out_path, mode="r+")

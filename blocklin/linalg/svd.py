@@ -18,11 +18,11 @@ import scipy.linalg
 from blocklin.config import Settings, format_size, parse_size, size_hint
 from blocklin.errors import BudgetError, ConvergenceWarning, ParameterError, explain, warn
 from blocklin.linalg import _tall_kernels as K
-from blocklin.linalg._gram_kernels import gram_pass_kernel
+from blocklin.linalg._gram_kernels import gram_pass_kernel, sum_gram_states
 from blocklin.linalg._solve_kernels import _syrk_acc, symmetrize_lower
 from blocklin.linalg import random as rnd
 from blocklin.linalg.center import (Moments, Shift, column_moments, moments_and_gram, moments_and_normal,
-                                    moments_and_normal_fits, moments_gram_kernel, moments_incore)
+                                    moments_and_normal_fits, moments_incore, plan_moments_gram)
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.lanczos import block_lanczos, small_blas, start_block
 from blocklin.linalg.orth import cholqr_r, orth_against, orth_incore
@@ -239,8 +239,7 @@ class _Streamed:
             width = p.block if p.method == "rsvd" else max(p.block, k + enrich_width(k, p.block, N))
             self._plan(K.normal_kernel, {"gram": True, "write_y": True, "Q": _Shape((N, width), dt)})
         if p.method == "gram" and means_gram:
-            plan_kernel_pass(self.job, moments_gram_kernel, [source(self.A)], {}, memory=p.memory,
-                             reserve=p.client_bytes, **GRAM_PASS)
+            plan_moments_gram(self.job, self.A, memory=p.memory, reserve=p.client_bytes, **GRAM_PASS)
         elif p.method == "gram":
             self._plan(gram_pass_kernel, self._gram_params(), **GRAM_PASS)
         if p.method in ("lanczos", "gram"):
@@ -253,12 +252,8 @@ class _Streamed:
     def gram(self, description: str = "") -> np.ndarray:
         """``B^T B`` (full, float64) from one SYRK pass (:func:`blocklin.linalg.gram`'s kernel)."""
         params = self._gram_params()
-        states = self._run(gram_pass_kernel, params, self._plan(gram_pass_kernel, params, **GRAM_PASS), description)
-        total = None
-        while states:  # in row order, releasing each task's accumulator as it is added
-            g = np.asarray(states.pop(0)["g"], dtype=np.float64)
-            total = g.copy() if total is None else np.add(total, g, out=total)
-        return symmetrize_lower(total)
+        return sum_gram_states(self._run(gram_pass_kernel, params, self._plan(gram_pass_kernel, params, **GRAM_PASS),
+                                         description))
 
     def _run(self, kernel: Any, params: dict, plan: Any, description: str, **kw: Any) -> list:
         description = f"{description} (pass {self.job.passes('a') + 1} over A)"
