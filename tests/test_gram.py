@@ -13,11 +13,7 @@ import pytest
 import blocklin as bl
 from blocklin.cli.main import main
 from memcheck import margin, needs_hwm, run_child
-
-
-def _tol(dtype, k):
-    # SYRK sums k products per entry, each rounding error ~eps relative to the largest entry (|x|^2 k)
-    return 4 * np.finfo(dtype).eps * np.sqrt(k)
+from tolerances import assert_gram
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +30,7 @@ def test_gram_matches_numpy(tmp_path, x64, dtype, trans, memory):
     ref = x.astype(np.float64) @ x.T.astype(np.float64) if trans else x.T.astype(np.float64) @ x.astype(np.float64)
     got = g.to_numpy()
     assert got.dtype == dtype and got.shape == ref.shape
-    k = x.shape[1] if trans else x.shape[0]
-    assert np.abs(got - ref).max() <= _tol(dtype, k) * np.abs(ref).max()
+    assert_gram(got, ref, x, trans=trans)
     assert np.array_equal(got, got.T)  # written full and exactly symmetric on both routes
     assert g.report["route"] == ("pass" if memory == "32MiB" else "tiles")
 
@@ -47,7 +42,7 @@ def test_gram_pass_reads_a_once(tmp_path, x64):
     assert g.report["flops"] == 90 * 90 * 700  # SYRK: half of GEMM's 2 n^2 m
     gt = bl.gram(a.path, tmp_path / "gt.zarr", trans=True, memory="32MiB")
     assert gt.report["passes"] == 1 and gt.report["bytes_read"] == x64.nbytes
-    assert np.allclose(gt.to_numpy(), x64 @ x64.T, rtol=0, atol=1e-12 * np.abs(x64 @ x64.T).max())
+    assert_gram(gt.to_numpy(), x64 @ x64.T, x64, trans=True)
 
 
 def test_gram_tiles_state_their_reads(tmp_path, x64):
@@ -66,12 +61,12 @@ def test_matmul_recognises_gram(tmp_path, x64):
     a = bl.from_array(x64, tmp_path / "a.zarr")
     c = bl.matmul(a.path, a.path, tmp_path / "c.zarr", trans_a=True, alpha=0.5, memory="32MiB")
     assert c.report["route"] == "pass" and "Gram" in c.report["route_reason"]
-    assert np.allclose(c.to_numpy(), 0.5 * x64.T @ x64, rtol=1e-13, atol=0)
+    assert_gram(c.to_numpy(), 0.5 * x64.T @ x64, x64, alpha=0.5)  # SYRK against NumPy's GEMM
     d = bl.matmul(x64, x64, tmp_path / "d.zarr", trans_b=True, memory="32MiB")  # the same array object
     assert d.report["route"] == "pass" and d.shape == (700, 700)
     e = bl.matmul(x64, x64.copy(), tmp_path / "e.zarr", trans_a=True, memory="32MiB")  # two operands: GEMM
     assert "route" not in e.report
-    assert np.allclose(e.to_numpy(), c.to_numpy() * 2, rtol=1e-13)
+    assert_gram(e.to_numpy(), c.to_numpy() * 2, x64)  # GEMM against the Gram route (x2 is exact)
 
 
 def test_gram_errors(tmp_path, x64):
@@ -97,7 +92,7 @@ def test_gram_cli(tmp_path, x64, capsys):
     assert main(["gram", a.path, "-o", str(tmp_path / "g.zarr"), "--trans", "--memory", "32MiB", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["product"] == "A A^T" and out["passes"] == 1 and out["shape"] == [700, 700]
-    assert np.allclose(bl.open(tmp_path / "g.zarr").to_numpy(), x64 @ x64.T, rtol=1e-12, atol=1e-10)
+    assert_gram(bl.open(tmp_path / "g.zarr").to_numpy(), x64 @ x64.T, x64, trans=True)
     assert main(["gram", a.path, "-o", str(tmp_path / "h.zarr"), "--memory", "256KiB", "--explain"]) == 0
     assert "region SYRK" in capsys.readouterr().out
 
@@ -165,8 +160,7 @@ def test_gram_on_gpu_matches_cpu(tmp_path, x64, trans, memory):
     assert gpu.report["device"] == "gpu"
     got = gpu.to_numpy()
     assert np.array_equal(got, got.T)
-    k = x64.shape[1] if trans else x64.shape[0]
-    assert np.abs(got - cpu).max() <= _tol(np.float64, k) * np.abs(cpu).max()
+    assert_gram(got, cpu, x64, trans=trans)
 
 
 def test_gemm_cli_on_one_operand_runs_and_explains_the_gram_route(tmp_path, x64, capsys):
@@ -178,7 +172,7 @@ def test_gemm_cli_on_one_operand_runs_and_explains_the_gram_route(tmp_path, x64,
                  "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["flops"] == 90 * 90 * 700 and out["bytes_read"] == x64.nbytes
-    assert np.allclose(bl.open(tmp_path / "c.zarr").to_numpy(), x64.T @ x64, rtol=1e-12, atol=1e-9)
+    assert_gram(bl.open(tmp_path / "c.zarr").to_numpy(), x64.T @ x64, x64)
 
 
 @pytest.mark.parametrize("memory", ["32MiB", "64KiB"])
