@@ -18,7 +18,7 @@ from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.dask_io import store_dask
-from blocklin.storage.location import Location
+from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import create_array, open_cached, write_block
 
 
@@ -58,6 +58,26 @@ def _random_rows_task(loc: Location, seed: int, r0: int, r1: int, n: int, dtype:
     return int(block.nbytes)
 
 
+def _sources(x: Any) -> list[Any]:
+    """The stores a lazy ``x`` still reads (a Dask array's zarr arrays, a memory-mapped file): the
+    output may not be, hold or sit inside them, since an object-store output is emptied first."""
+    found: list[Any] = []
+    if isinstance(getattr(x, "filename", None), str):  # numpy.memmap
+        found.append(x.filename)
+    graph = getattr(x, "__dask_graph__", lambda: None)()
+    for layer in getattr(graph, "layers", {}).values():
+        if type(layer).__name__ != "MaterializedLayer":  # where dask keeps the original arrays
+            continue
+        for value in layer.values():
+            value = getattr(value, "value", value)  # a DataNode in newer dask
+            if type(value).__module__.startswith("zarr"):
+                try:
+                    found.append(as_location(value))
+                except TypeError:  # an in-memory store: nothing on disk to protect
+                    pass
+    return found
+
+
 def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = None,
                overwrite: bool = False, memory: Any = None, storage_options: dict | None = None,
                scheduler: Any = None) -> Matrix:
@@ -69,7 +89,9 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
         A 2-D array (a 1-D one is stored as an ``n x 1`` column). Dask arrays are written chunk by chunk (bounded memory), by the workers when a
         ``distributed`` client is in use.
     path : path, URL, Location or zarr store
-        Output; refused if it exists unless ``overwrite``.
+        Output; refused if it exists unless ``overwrite``, which replaces only an output blocklin
+        wrote (or an empty folder), and refused if it is, holds or sits inside a store a Dask ``x``
+        reads.
     storage_options : dict, optional
         fsspec options for a URL output.
     scheduler : str or distributed.Client, optional
@@ -89,6 +111,7 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
     """
     cfg = resolve(memory=memory)
     is_dask = type(x).__module__.startswith("dask")
+    inputs = _sources(x)
     if not is_dask:
         x = np.asarray(x)
     if x.ndim == 1:  # a vector is stored as an n x 1 column, as every operation takes it
@@ -103,7 +126,7 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
     chunks = tuple(int(c) for c in chunks)
     if len(chunks) != 2 or min(chunks) < 1:
         raise ShapeError(explain("chunks", "must be two positive integers", repr(chunks), "pass chunks=(1024, 1024)"))
-    with AtomicOutput(path, overwrite=overwrite, storage_options=storage_options) as ao:
+    with AtomicOutput(path, inputs=inputs, overwrite=overwrite, storage_options=storage_options) as ao:
         arr = create_array(ao.array_path(), shape=x.shape, dtype=x.dtype, chunks=chunks, codec=codec or cfg.codec)
         if is_dask:
             store_dask(x.rechunk(chunks), ao.array_path(), _client(scheduler))

@@ -117,7 +117,11 @@ def test_existing_output_and_output_is_input(tmp_path, npy, a):
     (tmp_path / "o.npy").write_bytes(b"precious")
     with pytest.raises(OutputExistsError, match="--overwrite"):
         blocklin.convert(npy, tmp_path / "o.npy")
+    # overwrite replaces a .npy file only: this one is not (tests/test_output_safety.py has the rest)
+    with pytest.raises(OutputExistsError, match="not a .npy file"):
+        blocklin.convert(npy, tmp_path / "o.npy", overwrite=True)
     assert (tmp_path / "o.npy").read_bytes() == b"precious"
+    np.save(tmp_path / "o.npy", np.zeros((2, 2)))
     blocklin.convert(npy, tmp_path / "o.npy", overwrite=True)
     np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), a)
     with pytest.raises(OutputIsInputError):

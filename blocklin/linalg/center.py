@@ -187,7 +187,8 @@ def plan_moments_gram(job: Any, A: Any, *, memory: int | None = None, reserve: i
 
 
 def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0,
-                     min_tasks: int | None = None, workers: int | None = None) -> tuple[Moments, np.ndarray]:
+                     min_tasks: int | None = None, workers: int | None = None,
+                     scale: dict | None = None) -> tuple[Moments, np.ndarray]:
     """The column moments of a tall ``A`` and its centered Gram ``A_c^T A_c`` (full, float64) in one pass.
 
     Each strip contributes the Gram of its deviations from its own means, and the strips' co-moments
@@ -196,7 +197,7 @@ def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: in
     ``A_c^T A_c + m mu mu^T``. ``min_tasks``, ``workers``: the pass's split (each task keeps its ``n x n``
     sum until the pass ends)."""
     plan = plan_moments_gram(job, A, memory=memory, reserve=reserve, min_tasks=min_tasks, workers=workers)
-    states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, plan=plan,
+    states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, plan=plan, scale=scale,
                          description="column means and the centered Gram (pass over A)")
     cnt, mean, c = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
@@ -205,13 +206,14 @@ def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: in
     return Moments(mean, np.diag(c).copy() / cnt, cnt), c
 
 
-def column_moments(job: Any, A: Any, *, memory: int | None = None, over: str = "a") -> Moments:
+def column_moments(job: Any, A: Any, *, memory: int | None = None, over: str = "a",
+                   scale: dict | None = None) -> Moments:
     """Column means and variances of ``A`` in one pass (row strips of ``A``, or column strips for a
     wide ``A`` so each strip holds whole columns); float64 whatever the dtype of ``A``."""
     m, n = A.shape
     wide = m < n
     states, _ = run_pass(job, moments_kernel, [source(A, transposed=wide)], {"rows_are_columns": wide, "sub_bytes": sub_bytes(job, memory)},
-                         memory=memory, over=over, description=f"column means (pass over {over.upper()})")
+                         memory=memory, over=over, scale=scale, description=f"column means (pass over {over.upper()})")
     if wide:
         mean, m2 = np.empty(n), np.empty(n)
         for st in states:
@@ -224,7 +226,8 @@ def column_moments(job: Any, A: Any, *, memory: int | None = None, over: str = "
     return Moments(mean, m2 / cnt, cnt)
 
 
-def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None) -> tuple[Moments, np.ndarray]:
+def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None,
+                       scale: dict | None = None) -> tuple[Moments, np.ndarray]:
     """The column moments of a tall ``A`` and the centered ``A_c^T A_c Q`` in one pass.
 
     ``A_c^T A_c Q = A^T (A Q) - m mu (mu^T Q)`` (with ``A^T 1 = m mu``): the first product of a
@@ -234,7 +237,7 @@ def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = 
     from adding to that."""
     params = _normal_params(job, A, q, memory)
     qd = params["Q"]
-    states, _ = run_pass(job, moments_normal_kernel, [source(A)], params, memory=memory,
+    states, _ = run_pass(job, moments_normal_kernel, [source(A)], params, memory=memory, scale=scale,
                          description="column means and the first product (pass over A)")
     cnt, mean, m2, z = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler

@@ -34,6 +34,7 @@ from blocklin.config import Settings
 from blocklin.errors import ParameterError
 from blocklin.errors import explain as explain_msg
 from blocklin.linalg._gram_kernels import gram_pass_kernel, sum_gram_states
+from blocklin.linalg.scaling import Scaling
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import split
 from blocklin.plan.gram import GramPlan, plan_gram
@@ -43,7 +44,7 @@ from blocklin.runtime.job import Job
 from blocklin.runtime.passes import run_pass, source
 from blocklin.storage.atomic import open_or_create_array
 from blocklin.storage.zarr_store import open_zarr, write_block
-from blocklin.validate import result_dtype
+from blocklin.validate import FLOAT_DTYPES, result_dtype
 
 #: Report entries recorded in the output's attributes.
 REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_written", "peak_memory", "device", "scheduler",
@@ -61,7 +62,7 @@ class Gram:
 
     @classmethod
     def of(cls, A: Any, *, trans: bool = False, dtype: Any = None, alpha: float = 1.0) -> Gram:
-        return cls(A=A, trans=bool(trans), dtype=result_dtype([A], dtype), alpha=float(alpha))
+        return cls(A=A, trans=bool(trans), dtype=result_dtype([A], dtype, FLOAT_DTYPES, operation="gram"), alpha=float(alpha))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -83,8 +84,9 @@ class Gram:
         return tokenize("gram", (a.path, a.shape, a.dtype.str, a.chunks), self.trans, self.alpha, self.dtype.name,
                         plan.to_dict())[:16]
 
-    def run(self, job: Job, plan: GramPlan, out_path: Any, *, done_dir: Any = None) -> None:
-        """Write the full symmetric result into the array at ``out_path`` (created with ``plan.out_chunks``)."""
+    def run(self, job: Job, plan: GramPlan, out_path: Any, *, done_dir: Any = None) -> dict | None:
+        """Write the full symmetric result into the array at ``out_path`` (created with ``plan.out_chunks``);
+        returns the pass route's ``report["scaling"]`` (:mod:`blocklin.linalg.scaling`)."""
         if plan.route == "tiles":
             ops = BlockOps(job, plan.tile)
             ops.workers = plan.workers
@@ -92,26 +94,54 @@ class Gram:
             ops.syrk(Region.of(out_path, (plan.s, plan.s)), a if self.trans else a.T, dtype=self.dtype,
                      alpha=self.alpha, full=True, check=job.check_finite, done_dir=done_dir,
                      description=f"Gram tiles {plan.product}")
-            return
-        self._run_pass(job, plan, out_path)
+            return None
+        return self._run_pass(job, plan, out_path)
 
-    def _run_pass(self, job: Job, plan: GramPlan, out_path: Any) -> None:
+    def _unscaled(self, g: np.ndarray, scaling: Scaling) -> np.ndarray:
+        """``alpha 2^(2e) G'`` from the Gram ``G'`` of ``2^-e A`` (exact for a power-of-two ``alpha``);
+        a result beyond the output dtype's range raises, naming the ``scale`` that makes it fit."""
+        m, p = np.frexp(self.alpha)
+        e2 = 2 * scaling.exponent + int(p)
+        big = float(np.max(np.abs(g))) if g.size else 0.0
+        if big > 0:
+            top = int(np.frexp(big * abs(float(m)))[1]) + e2  # the result's largest entry is below 2^top
+            fi = np.finfo(self.dtype)
+            if top > fi.maxexp or top < fi.minexp + fi.nmant:
+                # the largest entry overflows, or lands where the smallest normal number would leave it a
+                # few significant bits: the power of two that puts it near 2^(maxexp / 2) instead
+                k = fi.maxexp // 2 - top + int(p)
+                if fi.minexp < k < fi.maxexp - 1:
+                    fix = f"compute it in a scaled form: gram(a, scale=2.0**{k}) returns scale * A^T A (exact)"
+                else:  # the factor itself is out of range: scale the data (by a power of two: exact)
+                    fix = (f"compute it in a scaled form: the Gram of a * 2.0**{k // 2} (exact) is 2^{2 * (k // 2)} "
+                           "times this one")
+                raise ParameterError(explain_msg(
+                    "a", f"must have a Gram matrix within the range of {self.dtype.name} (largest entry between "
+                    f"2^{fi.minexp + fi.nmant} and 2^{fi.maxexp})", f"a Gram whose largest entry is about "
+                    f"2^{top - 1} (max |a| = {scaling.amax:.3g})", fix))
+        with np.errstate(under="ignore"):
+            return np.ldexp(g * float(m), e2) if e2 or m != 1 else g
+
+    def _run_pass(self, job: Job, plan: GramPlan, out_path: Any) -> dict | None:
         pp = plan.pass_plan
         rp = RowPassPlan(**{**pp, "groups": tuple(tuple(g) for g in pp["groups"])})
-        states, _ = run_pass(job, gram_pass_kernel, [self.source()], {"dtype": self.dtype.name,
-                             "gpu": job.device == "gpu"}, plan=rp, description=f"Gram {plan.product} (SYRK)")
-        g = sum_gram_states(states)
-        if self.alpha != 1.0:
-            g *= self.alpha
+        src = self.source()
+        scaling = Scaling(str(src.path), self.A.dtype)
+        g = scaling.run(job, lambda sc: sum_gram_states(run_pass(
+            job, gram_pass_kernel, [src], {"dtype": self.dtype.name, "gpu": job.device == "gpu"}, plan=rp,
+            scale=sc, description=f"Gram {plan.product} (SYRK)").states))
+        g = self._unscaled(g, scaling)
         arr = open_zarr(out_path, mode="r+")
         for r0, r1 in split(plan.s, plan.out_chunks[0]):
             write_block(arr, slice(r0, r1), slice(0, plan.s), g[r0:r1].astype(self.dtype))
         job.stats["bytes_written"] += plan.bytes_written
         job.stats["flops"] += plan.flops
+        return scaling.report()
 
 
 def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, overwrite: bool = False,
-         resume: bool = False, explain: bool = False, **settings: Unpack[Settings]) -> Matrix | GramPlan:
+         resume: bool = False, explain: bool = False, scale: float = 1.0,
+         **settings: Unpack[Settings]) -> Matrix | GramPlan:
     """The Gram matrix ``A^T A`` (or ``A A^T`` with ``trans=True``) by SYRK, in one read of ``A``.
 
     Half the flops of ``matmul(a, a, trans_a=True)`` and half its reads: each strip ``S`` of ``A``
@@ -134,6 +164,11 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
         Replace an existing ``out``; continue an interrupted run (same input and plan: identical bits).
     explain : bool
         Return the :class:`GramPlan` without running.
+    scale : float
+        Return ``scale * A^T A`` (exact for a power of two): for a Gram whose entries overflow the
+        dtype (``A`` with entries near ``1e160`` in float64), which is refused otherwise. The
+        pass route scales ``A`` by a power of two as it reads it whenever its entries would overflow
+        or underflow when squared (:mod:`blocklin.linalg.scaling`; ``report["scaling"]``).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 
@@ -161,8 +196,11 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
     if not isinstance(trans, (bool, np.bool_)):
         raise ParameterError(explain_msg("trans", "must be True (A A^T) or False (A^T A)", repr(trans),
                                          "pass trans=True or trans=False"))
+    from blocklin.validate import positive
+
+    scale = positive("scale", scale, fix="pass scale=1.0")
     with Job("gram", **settings) as job:
-        op = Gram.of(job.operand(a, "a"), trans=trans, dtype=dtype)
+        op = Gram.of(job.operand(a, "a"), trans=trans, dtype=dtype, alpha=scale)
         plan = op.plan(job)
         if explain:
             return plan
@@ -178,9 +216,10 @@ def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool,
     ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=op.token(plan),
                     size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
-    op.run(job, plan, ao.array_path(), done_dir=ao.done)
+    scaling = op.run(job, plan, ao.array_path(), done_dir=ao.done)
     nbytes = int(np.prod(op.A.shape)) * op.A.dtype.itemsize
     report = job.report(plan=plan.to_dict(), output=str(ao.path), route=plan.route, product=plan.product)
+    report["scaling"] = scaling
     # how often A was read: exactly one pass on the pass route; measured from the bytes on the tiled one
     report["passes"] = job.passes("a") if plan.route == "pass" else round(report["bytes_read"] / max(1, nbytes), 2)
     report["flops"] = plan.flops

@@ -27,6 +27,7 @@ from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.lanczos import block_lanczos, small_blas, start_block
 from blocklin.linalg.orth import cholqr_r, orth_against, orth_incore
 from blocklin.linalg.results import open_group, write_group
+from blocklin.linalg.scaling import Scaling, check_finite_result, incore_exponent, unscale
 from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
 from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, gram_route_fits, plan_svd, sketch_blas_threads, sketch_tasks
@@ -35,7 +36,7 @@ from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, 
 from blocklin.operands import temp_root
 from blocklin.storage import create_array
 from blocklin.storage.space import check_space
-from blocklin.validate import check_k, choice, count, float_operand, positive, resolve_seed
+from blocklin.validate import check_k, choice, count, float_operand, positive, resolve_seed, size
 
 METHODS = ("auto", "rsvd", "sketch", "lanczos", "gram")
 #: Power iterations of ``power_iters="auto"`` without ``tol`` (as scikit-learn and Dask default to).
@@ -212,11 +213,14 @@ class _Shape:
 class _Streamed:
     """``B`` streamed from storage: every method call is one pass over ``A``, counted by the job."""
 
-    def __init__(self, job: Job, A: Any, plan: SvdPlan, shift: Shift | None = None) -> None:
+    def __init__(self, job: Job, A: Any, plan: SvdPlan, shift: Shift | None = None,
+                 scaling: Scaling | None = None) -> None:
         self.job, self.A, self.plan, self.shift = job, A, plan, shift
         self.M, self.N = plan.M, plan.N
         self.dtype = A.dtype
         self.source = source(A, transposed=plan.transposed)
+        #: the power of two the strips are divided by (learned from the first pass: blocklin.linalg.scaling)
+        self.scaling = scaling if scaling is not None else Scaling(str(self.source.path), A.dtype)
         # a standardized wide A scales the rows of B = A^T, an operation only the CPU device has
         self.device = "cpu" if shift is not None and shift.r is not None else _pass_device(job, plan, A.dtype)
         self.memory = plan.pass_memory
@@ -256,9 +260,12 @@ class _Streamed:
                                          description))
 
     def _run(self, kernel: Any, params: dict, plan: Any, description: str, **kw: Any) -> list:
-        description = f"{description} (pass {self.job.passes('a') + 1} over A)"
-        return run_pass(self.job, kernel, [self.source], params, plan=plan, description=description,
-                        device=self.device, **kw).states
+        def one(scale: dict) -> list:
+            what = f"{description} (pass {self.job.passes('a') + 1} over A)"
+            return run_pass(self.job, kernel, [self.source], params, plan=plan, description=what,
+                            device=self.device, scale=scale, **kw).states
+
+        return self.scaling.run(self.job, one)
 
     def _tmp_block(self, c: int, strip: int) -> TallBlock:
         path = self.job.scratch("Y", (self.M, c), self.dtype, (strip, c))
@@ -711,10 +718,13 @@ def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, pow
     oversample = count("oversample", oversample, fix="pass oversample=10")
     power_iters = count("power_iters", power_iters, auto=("auto",), fix="pass power_iters=2")
     tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
+    max_passes = size("max_passes", max_passes, fix="pass max_passes=60, or None for the default")
+    block_size = size("block_size", block_size, fix="pass block_size=8, or None for the planned one")
+    max_basis = size("max_basis", max_basis, fix="pass max_basis=32, or None for the planned one")
     requested = method
     with Job("svd", **settings) as job:
         A = job.operand(a, "a")
-        float_operand(A)
+        float_operand(A, "svd")
         m, n = A.shape
         check_k(k, m, n)
         method = resolve_method(method, power_iters, shape=(m, n), k=k, oversample=oversample,
@@ -816,8 +826,15 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
     With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.center`): centered
     in memory when ``B`` is held there, by the rank-one correction inside each pass otherwise."""
     moments = shift = fused = gram_start = None
+    scaling = Scaling(str(source(A, transposed=plan.transposed).path), A.dtype)
+    saved = ckpt.load("scaling") if ckpt is not None and not plan.in_core else None
+    if saved is not None:  # resume: the power of two the checkpointed passes were made with
+        scaling.e, scaling.amax = int(saved["e"]), float(saved["amax"])
     if plan.in_core:
         b = load_incore(job, A, plan)
+        scaling.e, scaling.amax = incore_exponent(b)
+        if scaling.e:  # held in memory: scaled in place (a power of two: exact)
+            np.ldexp(b, -scaling.e, out=b)
         if center or scale:
             moments = moments_incore(b, plan.transposed)
             Shift.of(moments, center=center, scale=scale, transposed=plan.transposed).apply_incore(b)
@@ -834,14 +851,14 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
         phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
     else:
         if plan.method == "gram" and (center or scale):  # the means pass makes the centered Gram too
-            moments, gram_start = _moments_gram(job, A, plan, ckpt, center=center, scale=scale)
+            moments, gram_start = _moments_gram(job, A, plan, ckpt, center=center, scale=scale, scaling=scaling)
         else:
             fused = _fused_start(job, A, plan, seed, q) if center and not scale else None
             if center or scale:
-                moments, first = _moments(job, A, plan, ckpt, fused)
+                moments, first = _moments(job, A, plan, ckpt, fused, scaling=scaling)
         if moments is not None:
             shift = Shift.of(moments, center=center, scale=scale, transposed=plan.transposed)
-        src = _Streamed(job, A, plan, shift)
+        src = _Streamed(job, A, plan, shift, scaling)
         if fused is not None and first is not None:
             src.first = (fused, first)
         if moments is not None and center:  # the products are rounded at ||A||, before the means are removed
@@ -862,6 +879,14 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
                      ckpt)
     r["phases"] = phases
     r["means_fused"] = not plan.in_core and (fused is not None or gram_start is not None)
+    e = scaling.exponent
+    if e:  # the factors of 2^-e B: singular values and residuals scale back by 2^e, vectors are unchanged
+        r["s"] = unscale(r["s"], e)
+        if r.get("residuals") is not None:
+            r["residuals"] = unscale(np.asarray(r["residuals"], dtype=np.float64), e)
+        if moments is not None:
+            moments = Moments(unscale(moments.mean, e), unscale(moments.var, 2 * e), moments.count)
+    r["scaling"] = scaling.report()
     if moments is not None:
         r["moments"] = moments
         r["mean"] = moments.mean if center else None
@@ -884,14 +909,16 @@ def _fused_start(job: Job, A: Any, plan: SvdPlan, seed: int, q: int | None) -> n
 
 
 def _moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, center: bool,
-                  scale: bool) -> tuple[Moments, np.ndarray | None]:
+                  scale: bool, scaling: Scaling) -> tuple[Moments, np.ndarray | None]:
     """The column moments and the Gram route's subspace (the top eigenvectors of the centered and/or
     scaled Gram) from one pass over a tall ``A`` (:func:`moments_and_gram`), or from the checkpoints of
     an interrupted run (then ``None``: the subspace is in the ``gram`` checkpoint)."""
     saved = ckpt.load("moments") if ckpt is not None else None
     if saved is not None and ckpt.load("gram") is not None:
         return Moments(saved["mean"], saved["var"], int(saved["count"])), None
-    moments, g = moments_and_gram(job, A, memory=plan.memory, reserve=plan.client_bytes, **GRAM_PASS)
+    moments, g = scaling.run(job, lambda sc: moments_and_gram(job, A, memory=plan.memory, reserve=plan.client_bytes,
+                                                               scale=sc, **GRAM_PASS))
+    _save_scaling(ckpt, scaling)
     if not center:  # scaled only: the uncentered Gram, A^T A = A_c^T A_c + m mu mu^T (a sum, no cancellation)
         g += moments.count * np.outer(moments.mean, moments.mean)
     if scale:
@@ -905,8 +932,14 @@ def _moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, 
     return moments, q
 
 
+def _save_scaling(ckpt: Checkpoints | None, scaling: Scaling) -> None:
+    """Checkpoint the power of two once known (a resumed run makes its passes with the same)."""
+    if ckpt is not None and scaling.known and ckpt.load("scaling") is None:
+        ckpt.save("scaling", e=scaling.exponent, amax=float(scaling.amax or 0.0))
+
+
 def _moments(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None,
-             start: np.ndarray | None = None) -> tuple[Moments, np.ndarray | None]:
+             start: np.ndarray | None = None, *, scaling: Scaling) -> tuple[Moments, np.ndarray | None]:
     """The column moments from one pass (with ``start``: and ``B_c^T B_c start`` from the same pass), or
     from the checkpoint of an interrupted run."""
     saved = ckpt.load("moments") if ckpt is not None else None
@@ -914,9 +947,11 @@ def _moments(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None,
         return Moments(saved["mean"], saved["var"], int(saved["count"])), saved.get("first")
     first = None
     if start is not None:
-        moments, first = moments_and_normal(job, A, start, memory=plan.pass_memory)
+        moments, first = scaling.run(job, lambda sc: moments_and_normal(job, A, start, memory=plan.pass_memory,
+                                                                        scale=sc))
     else:
-        moments = column_moments(job, A, memory=plan.pass_memory)
+        moments = scaling.run(job, lambda sc: column_moments(job, A, memory=plan.pass_memory, scale=sc))
+    _save_scaling(ckpt, scaling)
     if ckpt is not None:
         ckpt.save("moments", mean=moments.mean, var=moments.var, count=moments.count,
                   **({"first": first} if first is not None else {}))
@@ -964,7 +999,8 @@ def triplet_report(s: np.ndarray, resid: np.ndarray | None, tol: float | None, d
     if resid is None:
         return {"residuals": None, "relative_residuals": None, "converged_triplets": None, "worst_triplet": None}
     rel = resid / triplet_scale(s, dtype)
-    conv = rel <= tol * (1 + 1e-9) if tol is not None else np.ones(rel.shape, dtype=bool)
+    # a NaN residual (or singular value) was not checked: never converged
+    conv = np.isfinite(rel) & np.isfinite(s) & ((rel <= tol * (1 + 1e-9)) if tol is not None else True)
     worst = int(np.argmax(rel)) if rel.size else 0
     return {"residuals": resid.tolist(), "relative_residuals": rel.tolist(), "converged_triplets": conv.tolist(),
             "worst_triplet": {"index": worst + 1, "s": float(s[worst]), "relative_residual": float(rel[worst]),
@@ -974,6 +1010,7 @@ def triplet_report(s: np.ndarray, resid: np.ndarray | None, tol: float | None, d
 def _report(job: Job, plan: SvdPlan, r: dict, *, tol: float | None, seed: int, oversample: int) -> dict:
     """The report, with per-triplet residuals; warns when ``tol`` was not reached."""
     s = r["s"]
+    check_finite_result("s", s, f"the singular values of svd ({plan.method})")
     s1 = float(s[0]) if s.size and s[0] > 0 else 1.0
     triplets = triplet_report(s, r["residuals"], tol, plan.dtype)
     converged = all(triplets["converged_triplets"] or [True])
@@ -989,7 +1026,8 @@ def _report(job: Job, plan: SvdPlan, r: dict, *, tol: float | None, seed: int, o
         intermediate_passes=job.passes("intermediate"), **triplets, converged=converged, tol=tol,
         seed=seed, oversample=oversample, block=plan.block, in_core=plan.in_core, plan=plan.to_dict(),
         sigma_max=s1, **{key: r[key] for key in ("power_iters", "orth", "lanczos_steps", "restarts", "history",
-                                                 "rayleigh_ritz_width", "sketch_size", "phases") if key in r})
+                                                 "rayleigh_ritz_width", "sketch_size", "phases", "scaling", "fallback")
+                                                 if key in r})
     if r["residuals"] is None:
         report["residual_note"] = ("not computed: the single-pass sketch never reads A again; "
                                    "use method='rsvd' or 'lanczos' for residuals")

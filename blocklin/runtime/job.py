@@ -31,9 +31,10 @@ from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import remove
 from blocklin.storage.formats import check_zarr_output
 from blocklin.storage.space import check_space, check_writable
-from blocklin.storage.cleanup import sweep_stale
+from blocklin.storage.cleanup import keep_for_resume, remove_stale_work, report_kept, sweep_stale
 from blocklin.storage.location import Location
-from blocklin.storage.ownership import Heartbeat, claim_work_folder, end_work_folder, start_work_folder
+from blocklin.storage.ownership import (Heartbeat, claim_work_folder, end_work_folder, mark_released, read_record,
+                                        start_work_folder)
 from blocklin.storage.zarr_store import create_array, wait_for_pending_io
 
 
@@ -135,6 +136,9 @@ class Job:
         #: Stored inputs a completed row pass has checked for NaN/Inf (every element read): later
         #: passes over them skip the check (see :func:`blocklin.runtime.passes.run_pass`).
         self.checked_finite: set[str] = set()
+        #: Largest magnitude of each input, by path, recorded by the first row pass that read it whole
+        #: (what :mod:`blocklin.linalg.scaling` chooses its power of two from).
+        self.amax: dict[str, float] = {}
         self.t0 = time.perf_counter()
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_physical": 0, "bytes_written": 0, "tasks": 0, "skipped": 0,
                       "retried_tasks": 0, "load_seconds": 0.0, "wait_seconds": 0.0}
@@ -251,24 +255,39 @@ class Job:
             self._tmp = tmp
         return self._tmp
 
-    def work_dir(self, name: str, token: str, *, resume: bool = False) -> Location:
-        """A deterministic folder for intermediates that a rerun may continue: ``blocklin-NAME-TOKEN``
-        under the temp dir (``token``: the operation's identity, inputs and plan).
+    def work_dir(self, name: str, token: str, *, output: AtomicOutput, resume: bool = False) -> Location:
+        """A deterministic folder for intermediates that a rerun may continue, tied to ``output``:
+        ``blocklin-NAME-ID`` under the temp dir, ``ID`` a digest of ``token`` (the operation's
+        parameters and plan), the output's path (two runs without ``out=`` never share one) and its
+        inputs' content stamps (``output.input_digest``), so a changed input names a new folder.
 
-        Without ``resume`` whatever an earlier run left there is removed first. The folder is removed
-        when the job ends, except after an error or Ctrl-C with ``resume`` (a rerun continues it).
+        Without ``resume`` whatever an earlier run left there is removed first; so are the folders
+        that gone runs of the same operation and output left under another identity (no rerun can
+        continue them: their partial output is gone or started over). The folder is removed when
+        the job ends, except after an interrupt (Ctrl-C, SIGTERM) of a resumable output, or an error
+        with ``resume``: then a rerun with ``resume`` continues it.
         """
-        loc = temp_root(self.cfg) / f"blocklin-{name}-{token}"
+        from dask.base import tokenize
+
+        root = temp_root(self.cfg)
+        loc = root / f"blocklin-{name}-{tokenize(token, output.path.url, output.input_digest)[:16]}"
         if not resume:
             remove(loc)
-        self.stack.callback(self._end_work_dir, loc, resume)  # registered first: an interrupt cannot slip between
+        # registered first: an interrupt cannot slip between
+        self.stack.callback(self._end_work_dir, loc, resume, output.resumable)
         self.stack.callback(wait_for_pending_io)  # runs first: no write lands after the removal (as in temp_dir)
-        claim_work_folder(loc, operation=name)
+        claim_work_folder(loc, operation=name, for_output=output.path.url)
+        remove_stale_work(root, loc, operation=name, output=output.path.url)
         return loc
 
-    def _end_work_dir(self, loc: Location, keep_after_error: bool) -> None:
-        if keep_after_error and getattr(self, "_failed", False):
-            Heartbeat.release(loc)  # kept, with its owner record, for the rerun (or `blocklin clean`)
+    def _end_work_dir(self, loc: Location, keep_after_error: bool, resumable: bool) -> None:
+        interrupted = resumable and getattr(self, "_interrupted", False)
+        if interrupted or (keep_after_error and getattr(self, "_failed", False)):
+            # kept, its record marked released, for the rerun (or `blocklin clean`)
+            rec = read_record(loc)
+            mark_released(loc, rec) if rec else Heartbeat.release(loc)
+            if interrupted:
+                keep_for_resume(loc, "work folder")
         else:
             end_work_folder(loc)
 
@@ -293,15 +312,16 @@ class Job:
         operation will keep under the temp dir are checked against the free space of their
         destinations before anything is claimed or written (:func:`~blocklin.storage.space.check_space`).
         """
-        if out is None:
+        if out is None:  # a new name each run: nothing to resume, nothing kept after an interrupt
             out = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
-            resume = False
+            resume, token = False, None
         check_zarr_output(out)
         check_writable(getattr(out, "url", out) if isinstance(out, (str, os.PathLike, Location)) else None)
         self.check_space(out, size=size, temp_size=temp_size)
         # known to the job from its claim on, so an interrupt at any point still aborts it
         return AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
-                            storage_options=self.cfg.storage_options, on_claim=self.outputs.append)
+                            storage_options=self.cfg.storage_options, on_claim=self.outputs.append,
+                            temp_dir=temp_root(self.cfg))
 
     def check_space(self, out: Any, *, size: tuple | None = None, temp_size: tuple | None = None) -> None:
         """Refuse up front an output of ``size`` (shape, dtype) at ``out`` (None: under the temp dir) or
@@ -413,14 +433,17 @@ class Job:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._failed = exc_type is not None  # work folders kept for resume (work_dir)
+        self._interrupted = exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
         try:
             # after lost worker processes the finished tiles stay for resume=True (the error says so)
             keep = exc_type is None or issubclass(exc_type, WorkerLostError)
             for ao in self.outputs:
-                ao.release() if keep else ao.abort()
+                ao.release() if keep else ao.abort(interrupted=self._interrupted, report=False)
         finally:
             self.progress.close()
             self.stack.close()
+            if self._interrupted:
+                report_kept()  # what the interrupted run kept for a rerun with resume, said once
             if self.device == "gpu":
                 release_device_caches()
                 if self.scheduler.kind == "distributed":  # the workers' pinned buffers too

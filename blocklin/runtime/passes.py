@@ -156,6 +156,11 @@ class RowPassSpec:
     transposed: tuple[bool, ...] | None = None
     #: Outputs written transposed: a block for ``rows`` goes to ``out[:, rows] = block.T``.
     transposed_outputs: tuple[str, ...] = ()
+    #: Per input: the power of two ``e`` its strips are divided by as they are read (``x 2^-e``,
+    #: exact; :mod:`blocklin.linalg.scaling`), 0 for none.
+    scale: tuple[int, ...] | None = None
+    #: Per input: whether the task records the largest magnitude of what it read (``amax``).
+    amax: tuple[bool, ...] | None = None
 
 
 class PassResult(NamedTuple):
@@ -205,7 +210,8 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
 def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict | None = None, *,
              plan: RowPassPlan | None = None, outputs: Sequence[tuple[str, str]] = (),
              transposed_outputs: Sequence[str] = (), check_finite: bool | None = None, over: str = "a",
-             description: str = "pass", device: str | None = None, **planning: Any) -> PassResult:
+             description: str = "pass", device: str | None = None, scale: dict[str, int] | None = None,
+             **planning: Any) -> PassResult:
     """Plan (unless ``plan`` is given) and run one pass of ``kernel``; the job counts it.
 
     Parameters
@@ -228,6 +234,10 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
         What the pass reads, for the job's pass counts (``"a"``: the operation's input).
     device : {"cpu", "gpu"}, optional
         For a kernel that runs on any device: where this pass runs (default: the job's device).
+    scale : dict, optional
+        ``{path: e}``: the strips of that source are multiplied by ``2^-e`` as they are read (exact,
+        never a scaled copy on disk; :mod:`blocklin.linalg.scaling`). The largest magnitude of each
+        operand input read for the first time in the job is recorded in ``job.amax[path]``.
     **planning
         ``memory``, ``reserve``, ``max_strip``, ``min_tasks``, ``workers`` for :func:`plan_kernel_pass`.
     """
@@ -257,7 +267,9 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                        check_finite=check,
                        outputs=tuple(outputs), init=kernel.init,  # type: ignore[attr-defined]
                        blas_threads=job.task_blas_threads(plan.blas_threads),
-                       transposed=tuple(s.transposed for s in sources), transposed_outputs=tuple(transposed_outputs))
+                       transposed=tuple(s.transposed for s in sources), transposed_outputs=tuple(transposed_outputs),
+                       scale=tuple(int((scale or {}).get(str(s.path), 0)) for s in sources) if scale else None,
+                       amax=tuple(over != "intermediate" and str(s.path) not in job.amax for s in sources))
     graph = TileGraph.named("rowpass", spec.inputs, kernel.__module__, kernel.__qualname__, plan.to_dict(),
                             _params_token(spec.params), spec.outputs, spec.transposed, spec.transposed_outputs)
     for g, (r0, r1) in enumerate(plan.groups):
@@ -266,6 +278,9 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                       count_pass=over)
     if check:
         job.checked_finite |= checked
+    for j, s in enumerate(sources):  # the operands' largest magnitudes, from the first pass that read them
+        if spec.amax[j]:
+            job.amax[str(s.path)] = _max_nan([r["amax"][j] for r in results if "amax" in r])
     return PassResult([r["state"] for r in results], plan)
 
 
@@ -294,6 +309,9 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
     shapes = [(cs.stop - cs.start, spec.plan.strip) if t else (spec.plan.strip, cs.stop - cs.start)
               for cs, t in zip(col_slices, trans)]
     nbytes = [0]
+    scale = spec.scale or (0,) * len(arrays)
+    want = spec.amax or (False,) * len(arrays)
+    peaks: list[tuple[int, float]] = []  # (input, max |x| of one strip): appended by the loader threads
     bands = [_Band(arr, t) if spec.plan.cached and _Band.wanted(path, arr, t, spec.plan.strip) else None
              for path, arr, t in zip(spec.inputs, arrays, trans)]
 
@@ -316,6 +334,13 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
                 v = read_block(arr, rs, cs, out=region(buf, (r1 - r0, cs.stop - cs.start)))
                 if spec.check_finite:
                     check_finite(v, name, rs, cs)
+            j = len(views)
+            if want[j]:
+                peaks.append((j, _amax(v)))
+            if scale[j] and v.flags.writeable and np.may_share_memory(v, buf):
+                np.ldexp(v, -scale[j], out=v)  # the task's own read buffer
+            elif scale[j]:
+                v = np.ldexp(v, -scale[j]).astype(v.dtype, copy=False)
             nbytes[0] += v.nbytes
             views.append(v)
         return tuple(views)
@@ -323,8 +348,23 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
     # a task's share of the plan, held from the GPU's budget that this process's tasks share
     with device.reserve(spec.plan.peak_memory // max(1, spec.plan.workers)):
         state, written, told, stream = _stream_strips(spec, device, strips, load, shapes, arrays, outs)
-    return {"state": state, "bytes_read": nbytes[0], "bytes_written": written, "seconds": time.perf_counter() - t0,
+    amax = [_max_nan([p for j, p in peaks if j == i]) for i in range(len(arrays))]
+    return {"state": state, "amax": amax, "bytes_read": nbytes[0], "bytes_written": written,
+            "seconds": time.perf_counter() - t0,
             "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds, "progress_units": told}
+
+
+def _amax(v: np.ndarray) -> float:
+    """``max |v|`` without a temporary (NaN when ``v`` holds one: it propagates through max and min)."""
+    if v.size == 0:
+        return 0.0
+    hi, lo = float(v.max()), float(v.min())
+    return max(hi, -lo) if hi == hi and lo == lo else float("nan")
+
+
+def _max_nan(values: list[float]) -> float:
+    """The largest of ``values`` (0 for none), NaN if any is NaN."""
+    return float("nan") if any(x != x for x in values) else max(values, default=0.0)
 
 
 def _stream_strips(spec: RowPassSpec, device: Any, strips: list, load: Any, shapes: list, arrays: list,

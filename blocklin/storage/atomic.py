@@ -13,7 +13,8 @@ are written under the final prefix. The job first writes the pending record
 deletion is the commit. Until then plain zarr readers find no ``zarr.json`` at ``OUT``, and
 :func:`blocklin.open` / ``blocklin info`` refuse the output with a message saying how to resume or
 remove it. With ``overwrite=True`` the old output is removed when the job starts (after the
-pending record is written, so the prefix is never mistaken for a finished output).
+pending record is written, so the prefix is never mistaken for a finished output); only an output
+blocklin wrote is ever removed (:mod:`blocklin.storage.guard` holds the rules every output obeys).
 
 Either way each run *owns* its partial output: an owner record
 (:mod:`blocklin.storage.ownership`: pid, host, start time, heartbeat) is written inside it before any
@@ -44,10 +45,11 @@ from typing import Any
 import zarr
 
 from blocklin._version import __version__
-from blocklin.errors import OutputBusyError, OutputExistsError, OutputIsInputError, explain, warn
+from blocklin.errors import OutputBusyError, OutputExistsError, explain, warn
 from blocklin.storage import ownership
 from blocklin.storage.backend import backend
 from blocklin.storage.completeness import STORED_KEY, count_stored
+from blocklin.storage.guard import check_output, check_replaceable, check_replaceable_prefix
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import DEFERRED_META, PENDING_RECORD, wait_for_pending_io
 
@@ -57,30 +59,11 @@ _TMP_RE = re.compile(r"\.tmp-\d+-[0-9a-f]+$")
 
 
 def check_output_path(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), *,
-                      overwrite: bool = False, name: str = "out") -> Path:
-    """Validate a local output path: not an input, and not existing unless ``overwrite``."""
-    p = Path(out).expanduser()
-    real = os.path.realpath(p)
-    for inp in inputs:
-        if inp is None:
-            continue
-        base = str(inp).split(":", 1)[0] if ":" in str(inp) and not os.path.exists(str(inp)) else str(inp)
-        if os.path.realpath(base) == real:
-            raise OutputIsInputError(explain(name, "must differ from every input (inputs are never modified)",
-                                             f"{str(p)!r}, which is also an input", "choose another output path"))
-    if p.exists() and not overwrite:
-        raise OutputExistsError(explain(name, "must not exist unless overwriting is asked for", f"{str(p)!r} exists",
-                                        "pass overwrite=True (CLI: --overwrite) or choose another path"))
-    if not p.parent.exists():
-        raise OutputExistsError(explain(name, "must be in an existing folder", f"parent {str(p.parent)!r} is missing",
-                                        f"create it first: mkdir -p {p.parent}"))
-    return p
-
-
-def _same(a: str, b: Location) -> bool:
-    if b.is_local:
-        return "://" not in a and os.path.realpath(a) == os.path.realpath(b.url)
-    return a.rstrip("/") == b.url.rstrip("/")
+                      overwrite: bool = False, name: str = "out", kind: str = "zarr") -> Path:
+    """Validate a local output path (:func:`blocklin.storage.guard.check_output`: not an input, not
+    inside or holding one, and existing only where ``overwrite`` may replace it); returns it."""
+    check_output(out, inputs, overwrite=overwrite, name=name, kind=kind)
+    return Path(out).expanduser()
 
 
 def remove_stray_temporaries(folder: str) -> int:
@@ -107,13 +90,16 @@ class AtomicOutput:
     inputs : iterable
         Inputs of the operation, refused as output and recorded in the provenance.
     overwrite : bool
-        Replace an existing output (locally on commit; on object stores when the job starts).
+        Replace an existing output (locally on commit; on object stores when the job starts): only
+        one blocklin wrote, or an empty folder (:func:`blocklin.storage.guard.check_output`).
     resume : bool
         Continue the unfinished output an interrupted run with the same ``token`` left.
     token : str, optional
         Deterministic identity of the job (operation, inputs, plan); a random one when not resuming.
     storage_options : dict, optional
         fsspec options for a URL (merged over the configured ones).
+    temp_dir : path, URL or Location, optional
+        The job's temp dir (default: the configured one), which the output may not be nor hold.
 
     Attributes
     ----------
@@ -129,14 +115,14 @@ class AtomicOutput:
 
     def __init__(self, path: Any, *, inputs: Iterable[Any] = (), overwrite: bool = False,
                  resume: bool = False, token: str | None = None, name: str = "out",
-                 storage_options: dict | None = None, on_claim: Any = None) -> None:
+                 storage_options: dict | None = None, on_claim: Any = None, temp_dir: Any = None) -> None:
         self.path = as_location(path, storage_options, name=name)
         self.inputs = [str(i) for i in inputs if i is not None]
-        for inp in self.inputs:
-            if _same(inp, self.path):
-                raise OutputIsInputError(explain(name, "must differ from every input (inputs are never modified)",
-                                                 f"{self.path.url!r}, which is also an input",
-                                                 "choose another output path"))
+        if temp_dir is None:
+            from blocklin.config import get_config
+
+            temp_dir = get_config().temp_dir
+        check_output(self.path, self.inputs, overwrite=overwrite, name=name, temp_dir=temp_dir)  # before any claim
         self.overwrite = overwrite
         self.resume = resume
         self.token = token or uuid.uuid4().hex[:16]
@@ -150,7 +136,6 @@ class AtomicOutput:
             if self.in_place:
                 self._begin_in_place()
             else:
-                check_output_path(self.path.url, overwrite=overwrite, name=name)
                 self.partial = self.path.with_name(f".{self.path.name}.partial-{self.token}")
                 with ownership.claim_lock(os.path.dirname(self.partial.url)):
                     self._claim_local()
@@ -234,11 +219,8 @@ class AtomicOutput:
                 raise OutputExistsError(explain(self.name, "must not exist unless overwriting is asked for",
                                                 f"{self.path.url!r} exists",
                                                 "pass overwrite=True (CLI: --overwrite) or choose another path"))
-            if be.try_read("zarr.json") is None and be.try_read(".zarray") is None:
-                # Deleting objects cannot be undone: replace zarr stores only, never a bucket's other data.
-                raise OutputExistsError(explain(self.name, "may replace an existing zarr array or group only",
-                                                f"{self.path.url!r}, which holds other objects",
-                                                "choose a new prefix such as s3://bucket/result.zarr"))
+            # Deleting objects cannot be undone: only an output blocklin wrote, never other data.
+            check_replaceable_prefix(be, self.path, self.name)
         self.partial = self.path.with_pending()
         self.resumed = bool(record and self.resume and record.get("token") == self.token)
         self._claim()
@@ -312,10 +294,12 @@ class AtomicOutput:
         node.attrs.update({"blocklin": provenance})
         shutil.rmtree(os.path.join(partial, _DONE), ignore_errors=True)
         final = self.path.url
-        if os.path.exists(final) and not self.overwrite:  # appeared while we worked
-            raise OutputExistsError(explain(self.name, "must not exist unless overwriting is asked for",
-                                            f"{final!r} appeared during the run",
-                                            "pass overwrite=True or choose another path"))
+        if os.path.lexists(final):  # appeared while we worked (overwrite replaces only what may go)
+            if not self.overwrite:
+                raise OutputExistsError(explain(self.name, "must not exist unless overwriting is asked for",
+                                                f"{final!r} appeared during the run",
+                                                "pass overwrite=True or choose another path"))
+            check_replaceable(self.path, "zarr", self.name)
         ownership.Heartbeat.release(self.partial)  # no heartbeat may recreate the record below
         backend(self.partial).delete(ownership.OWNER_RECORD)
         remove_stray_temporaries(partial)

@@ -354,8 +354,8 @@ def _ends(src: Any, out: Any, storage_options: dict | None, from_format: str | N
         if loc is not None and fmt not in (None, "zarr", "zarr3", "zarr2"):
             raise ConfigError(explain(what, "URLs and store objects hold zarr arrays only", f"{fmt!r} for {loc.url}",
                                       f"convert through a local file, or pass --{what} zarr"))
-    if out_loc is None:
-        check_output_path(out_path, [src_path], overwrite=overwrite)
+    if out_loc is None:  # before anything is read; the writer checks again when it claims the output
+        check_output_path(out_path, [src_path], overwrite=overwrite, kind=out_fmt)
     if src_loc is not None or out_loc is not None:
         src, out = src_path, out_path
     return src, out, src_path, out_path, in_fmt, out_fmt

@@ -17,6 +17,7 @@ import numpy as np
 
 from blocklin.errors import DTypeError, FormatError, OutputExistsError, StoreNotFoundError, explain
 from blocklin.storage.atomic import check_output_path, folder_size
+from blocklin.storage.guard import check_replaceable
 
 
 class Reader(abc.ABC):
@@ -145,27 +146,29 @@ class Writer(abc.ABC):
 
 
 class AtomicFile:
-    """A single output file written under ``.NAME.partial-<token>`` and renamed into place."""
+    """A single output file written under ``.NAME.partial-<token>`` and renamed into place.
+
+    ``kind`` is the file's format: ``overwrite`` replaces only an existing regular file of that
+    format (:func:`blocklin.storage.guard.check_output`), never a folder or another kind of file.
+    """
 
     def __init__(self, path: str | os.PathLike, *, inputs: list[str] = (), overwrite: bool = False,
-                 token: str | None = None) -> None:
-        self.path = check_output_path(path, inputs, overwrite=overwrite)
+                 token: str | None = None, kind: str = "raw") -> None:
+        self.path = check_output_path(path, inputs, overwrite=overwrite, kind=kind)
         self.overwrite = overwrite
+        self.kind = kind
         self.partial = self.path.parent / f".{self.path.name}.partial-{token or uuid.uuid4().hex[:16]}"
         if self.partial.exists():  # a stale partial of the same job: file outputs restart
             self.partial.unlink()
         self.committed = False
 
     def commit(self) -> Path:
-        if self.path.exists():
+        if os.path.lexists(self.path):  # checked again: it may have appeared during the run
             if not self.overwrite:
                 raise OutputExistsError(explain("out", "must not exist unless overwriting is asked for",
                                                 f"{str(self.path)!r} appeared during the run",
                                                 "pass overwrite=True or choose another path"))
-            if self.path.is_dir():  # replacing a folder (a zarr store) with a file
-                import shutil
-
-                shutil.rmtree(self.path)
+            check_replaceable(self.path, self.kind)
         os.replace(self.partial, self.path)
         self.committed = True
         return self.path
@@ -251,7 +254,7 @@ class TextFileWriter(Writer):
     sequential = True
 
     def _open_text(self, inputs: list[str], overwrite: bool, token: str | None) -> None:
-        self._atomic = AtomicFile(self.path, inputs=list(inputs), overwrite=overwrite, token=token)
+        self._atomic = AtomicFile(self.path, inputs=list(inputs), overwrite=overwrite, token=token, kind=self.format)
         self._fh = open(self._atomic.partial, "w", encoding="ascii", newline="\n")
         self.bytes_written = 0
 

@@ -1,17 +1,28 @@
 """HDF5 datasets (``file.h5:/group/dataset``), read and written with h5py (extra ``hdf5``).
 
 Reads go through ``Dataset.read_direct`` into a fresh block, so only the block (and HDF5's chunk
-cache, capped here) is resident. The output is a new file holding one dataset, built under a
-temporary name and renamed into place.
+cache, capped here) is resident.
+
+The output is one dataset (``file.h5:/group/name``, default ``/data``). Into a new file it is
+written under a temporary file name and renamed into place. Into an existing HDF5 file it is
+written as a temporary dataset of that file (``/.blocklin-partial-NAME``) and moved to its name
+when complete: the file's other datasets and groups are never touched, and with ``overwrite`` an
+old dataset of that name stays readable until the new one replaces it (``del`` then
+``Group.move``). A file at that path that is not HDF5 is refused, and so is a group (not a
+dataset) at the name, since replacing it would delete what it holds. HDF5 has no crash-safe
+update of a file: a process killed mid-write leaves the temporary dataset (removed by the next
+write to that name) and HDF5 does not give the space of deleted datasets back (``h5repack`` does).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
-from blocklin.errors import ConfigError, FormatError, explain
+from blocklin.errors import ConfigError, FormatError, OutputExistsError, explain
+from blocklin.storage.guard import check_output
 from blocklin.storage.formats.base import AtomicFile, Reader, Writer, check_2d, check_matrix_dtype, require_file
 
 _CACHE_BYTES = 4 << 20  # HDF5 raw-chunk cache per open file
@@ -85,7 +96,7 @@ class Hdf5Reader(Reader):
 
 
 class Hdf5Writer(Writer):
-    """A new HDF5 file with one dataset (default ``/data``); ``codec`` none or gzip."""
+    """One dataset (default ``/data``) of a new or an existing HDF5 file; ``codec`` none or gzip."""
 
     format = "hdf5"
 
@@ -98,24 +109,53 @@ class Hdf5Writer(Writer):
         if codec not in ("none", "gzip"):
             raise ConfigError(explain("codec", "HDF5 output supports 'none' or 'gzip'", repr(codec),
                                       "pass --codec none or --codec gzip"))
-        self._atomic = AtomicFile(path, inputs=list(inputs), overwrite=overwrite, token=token)
+        # An existing HDF5 file is kept (only the named dataset is written); anything else there is refused.
+        check_output(path, inputs, overwrite=overwrite, kind="hdf5")
+        self.dataset = "/" + (dataset or "/data").strip("/")
+        self.overwrite = overwrite
+        self._atomic = None if os.path.lexists(path) else AtomicFile(path, inputs=list(inputs), overwrite=overwrite,
+                                                                      token=token, kind="hdf5")
         h5chunks = None
         if codec == "gzip" or isinstance(chunks, tuple):
             h5chunks = tuple(max(1, min(int(c), max(1, s))) for c, s in zip(
                 chunks if isinstance(chunks, tuple) else (256, 256), self.shape))
             self.unit = h5chunks
             self.chunks = h5chunks
+        self._tmp = self.dataset if self._atomic else "/.blocklin-partial-" + self.dataset.strip("/").replace("/", "%")
+        self._f = None
         try:
-            self._f = h5py.File(self._atomic.partial, "w", rdcc_nbytes=_CACHE_BYTES)
-            self._ds = self._f.create_dataset(dataset or "/data", shape=self.shape, dtype=self.dtype,
+            self._f = h5py.File(self._atomic.partial if self._atomic else path, "w" if self._atomic else "a",
+                                rdcc_nbytes=_CACHE_BYTES)
+            if not self._atomic:
+                self._check_target(h5py)
+                if self._tmp in self._f:  # what a killed write to this name left
+                    del self._f[self._tmp]
+            self._ds = self._f.create_dataset(self._tmp, shape=self.shape, dtype=self.dtype,
                                               chunks=h5chunks if min(self.shape, default=0) > 0 else None,
                                               compression="gzip" if codec == "gzip" else None)
         except BaseException:
-            self._atomic.abort()
+            self.abort()
             raise
         self.overhead_bytes = _CACHE_BYTES
         self.overhead_per_element = self.dtype.itemsize  # a C-contiguous copy of the block
         self.bytes_written = 0
+
+    def _check_target(self, h5py: Any) -> None:
+        """In an existing file: the named dataset exists only with ``overwrite``, and is a dataset."""
+        old = self._f.get(self.dataset, getlink=True)
+        if old is None:
+            return
+        where = f"{self.path}:{self.dataset}"
+        node = self._f.get(self.dataset)
+        if not isinstance(node, h5py.Dataset):
+            what = "a group" if isinstance(node, h5py.Group) else "a link to no dataset"
+            raise OutputExistsError(explain("out", "an HDF5 output replaces a dataset only, never a group (it holds "
+                                            "other data)", f"{where!r}, {what}", "name a new dataset, e.g. "
+                                            f"{self.path}:{self.dataset.rstrip('/')}/data"))
+        if not self.overwrite:
+            raise OutputExistsError(explain("out", "must not exist unless overwriting is asked for",
+                                            f"dataset {where!r} exists", "pass overwrite=True (CLI: --overwrite) "
+                                            "to replace that dataset (the file's others are kept), or name another"))
 
     def write(self, rows: slice, cols: slice, block: np.ndarray) -> None:
         if block.size:
@@ -123,12 +163,34 @@ class Hdf5Writer(Writer):
         self.bytes_written += block.size * self.dtype.itemsize
 
     def commit(self, **_: Any) -> str:
+        if self._atomic is not None:
+            self._f.close()
+            return str(self._atomic.commit())
+        import h5py
+
+        try:
+            self._check_target(h5py)  # checked again: another writer may have made it meanwhile
+            if self.dataset in self._f:
+                del self._f[self.dataset]  # the new one is complete: only now does the old one go
+            parent = self.dataset.rsplit("/", 1)[0]
+            if parent:
+                self._f.require_group(parent)
+            self._f.move(self._tmp, self.dataset)
+        except BaseException:
+            self.abort()
+            raise
         self._f.close()
-        return str(self._atomic.commit())
+        self._f = None
+        return self.path
 
     def abort(self) -> None:
-        try:
-            self._f.close()
-        except Exception:
-            pass
-        self._atomic.abort()
+        if self._f is not None:
+            try:
+                if self._atomic is None and self._f.id.valid and self._tmp in self._f:
+                    del self._f[self._tmp]
+                self._f.close()
+            except Exception:
+                pass
+            self._f = None
+        if self._atomic is not None:
+            self._atomic.abort()

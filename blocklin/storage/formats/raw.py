@@ -136,7 +136,7 @@ class DenseFileWriter(Writer):
                  **_: Any) -> None:
         super().__init__(path, shape, check_matrix_dtype(dtype, "dtype"))
         self.order = _parse_order(order, "out_order")
-        self._atomic = AtomicFile(path, inputs=list(inputs), overwrite=overwrite, token=token)
+        self._atomic = AtomicFile(path, inputs=list(inputs), overwrite=overwrite, token=token, kind=self.format)
         self._fd = os.open(self._atomic.partial, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(self._fd, header)

@@ -1,0 +1,151 @@
+"""Scaling by powers of two: data with entries near the ends of the floating-point range.
+
+Routes that square their operand (the Gram ``A^T A``, the normal operator ``A^T (A Q)``, the
+variances of a centered ``A``) overflow for entries near ``1e200`` and underflow for entries near
+``1e-200`` although the problem is well posed; LAPACK scales before it squares (``dlascl``, the
+scaling of ``xNRM2``) and so do these routes. The largest magnitude ``max |a|`` of an operand is
+recorded by the first row pass that reads it (:mod:`blocklin.runtime.passes`, beside the NaN/Inf
+check), a power of two ``2^e`` brings it near 1, every later pass divides its strips by ``2^e`` as
+it reads them (never a scaled copy on disk), and the results are multiplied back: singular values
+by ``2^e``, a Gram by ``2^(2e)``, a solution ``x`` of ``A x = b`` by ``2^(e_b - e_a)``. Multiplying
+by a power of two is exact in binary floating point (barring underflow of what sits ``2^-1074``
+below the largest entry), so the scaled problem is the problem.
+
+Data inside :func:`safe_range` is never scaled (``e = 0``): its bits and passes are those of an
+unscaled run. Outside it, a pass that was made before ``max |a|`` was known is made again scaled
+(one more pass, reported as ``report["scaling"]["extra_passes"]``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+T = TypeVar("T")
+
+
+def safe_range(dtype: Any) -> tuple[float, float]:
+    """``(low, high)``: magnitudes of ``max |a|`` that every route squares without overflow or underflow.
+
+    ``2^(+-maxexp/4)`` (``2^+-256`` in float64, ``2^+-32`` in float32): the square of the largest
+    entry times a sum over ``2^(maxexp/2)`` terms stays below the overflow threshold ``2^maxexp``, and
+    the square of an entry ``eps`` below the largest stays above the smallest normal number
+    (``2^(-maxexp/2 - 2 mant)`` > ``2^(minexp)``), so a Gram keeps its relative accuracy.
+    """
+    q = np.finfo(np.dtype(dtype)).maxexp // 4
+    return 2.0 ** -q, 2.0 ** q
+
+
+def exponent_for(amax: float, dtype: Any) -> int:
+    """The power ``e`` to divide by (``0``: no scaling): ``max |a| / 2^e`` in ``[0.5, 1)`` when
+    ``max |a|`` is outside :func:`safe_range`; ``0`` for zero, NaN or Inf (the NaN/Inf check names those)."""
+    if not math.isfinite(amax) or amax <= 0:
+        return 0
+    low, high = safe_range(dtype)
+    if low <= amax <= high:
+        return 0
+    return int(np.frexp(amax)[1])
+
+
+def scale(x: Any, e: int) -> Any:
+    """``x * 2^-e`` (exact), keeping the dtype; ``x`` itself when ``e == 0``."""
+    if not e:
+        return x
+    x = np.asarray(x)
+    return np.ldexp(x, -e).astype(x.dtype, copy=False)
+
+
+def unscale(x: Any, e: int) -> Any:
+    """``x * 2^e`` (exact where it fits), keeping the dtype; ``x`` itself when ``e == 0``."""
+    return scale(x, -e)
+
+
+def unscale_float(x: float, e: int) -> float:
+    """``x * 2^e`` for one Python float (``inf`` where it overflows, not an ``OverflowError``)."""
+    if not e:
+        return float(x)
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.ldexp(np.float64(x), e))
+
+
+@dataclasses.dataclass
+class Scaling:
+    """The power of two of one operand, once known (``e is None`` before its first pass)."""
+
+    path: str
+    dtype: Any
+    e: int | None = None
+    amax: float | None = None
+    extra_passes: int = 0
+
+    @property
+    def known(self) -> bool:
+        return self.e is not None
+
+    @property
+    def exponent(self) -> int:
+        return self.e or 0
+
+    def params(self) -> dict[str, int]:
+        """``run_pass(..., scale=...)`` for this operand (empty before it is known)."""
+        return {self.path: self.e} if self.e else {}
+
+    def learn(self, job: Any) -> int:
+        """Set ``e`` from ``job.amax`` (the first pass's record); the exponent."""
+        if self.e is None:
+            self.amax = float(job.amax.get(self.path, 0.0))
+            self.e = exponent_for(self.amax, self.dtype)
+        return self.e
+
+    def run(self, job: Any, run: Callable[[dict[str, int]], T], *, others: tuple[Scaling, ...] = ()) -> T:
+        """``run(scale)`` a pass over this operand (and ``others``, read by the same pass) scaled by
+        what is known; a pass that learned an exponent not zero is made again, scaled (the unscaled
+        one may have overflowed)."""
+        every = (self, *others)
+        fresh = [s for s in every if not s.known]
+        result = run(_merge(every))
+        if fresh and any(s.learn(job) for s in fresh):
+            self.extra_passes += 1
+            result = run(_merge(every))
+        for s in fresh:
+            s.learn(job)
+        return result
+
+    def report(self) -> dict | None:
+        """``report["scaling"]``: ``None`` when the data needed none."""
+        if not self.e:
+            return None
+        return {"exponent": int(self.e), "max_abs": self.amax, "extra_passes": self.extra_passes,
+                "note": f"the data was multiplied by 2^{-self.e} as it was read and the results by the "
+                        f"matching power of 2^{self.e} (max |a| = {self.amax:.3g} is outside the range "
+                        f"squared without overflow or underflow)"}
+
+
+def _merge(every: tuple[Scaling, ...]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for s in every:
+        out.update(s.params())
+    return out
+
+
+def incore_exponent(b: np.ndarray) -> tuple[int, float]:
+    """``(e, max |b|)`` of an array held in memory."""
+    amax = max(float(b.max()), -float(b.min())) if b.size else 0.0  # no temporary the size of b
+    return exponent_for(amax, b.dtype), amax
+
+
+def check_finite_result(name: str, values: Any, what: str) -> None:
+    """Raise :class:`~blocklin.errors.ConvergenceError` naming ``name`` when ``values`` holds NaN or
+    Inf: a result that is never reported as converged."""
+    from blocklin.errors import ConvergenceError, explain
+
+    v = np.asarray(values, dtype=np.float64)
+    if v.size and not np.isfinite(v).all():
+        raise ConvergenceError(explain(
+            name, f"must be finite ({what})", f"{int((~np.isfinite(v)).sum())} of {v.size} non-finite",
+            "check the input's range (entries near the overflow or underflow limits of the dtype); "
+            "use float64, or rescale the data"))

@@ -1,0 +1,329 @@
+"""What an output may be: the rules that keep a write from destroying anything blocklin did not write.
+
+Every output of every operation and converter is checked here before anything is claimed:
+
+* **Not an input, not inside one, not holding one.** Local paths are compared resolved (symlinks
+  followed), URLs by scheme and normalized bucket/prefix, component by component: ``s3://b/x``
+  holds ``s3://b/x/y`` but not ``s3://b/xy``. The file of an HDF5 or ``.npz`` member
+  (``file.h5:/dataset``) is what is compared.
+* **Not the temp dir, nor a folder above it**: jobs create and remove their work folders there,
+  other runs' included. The temp dir must not be an input or inside one either (inputs are never
+  modified, not even by a work folder that comes and goes).
+* **``overwrite`` replaces only what may go**: a zarr array or group blocklin wrote (its root
+  attributes carry ``"blocklin"`` provenance, written by ``AtomicOutput.commit``), an empty folder,
+  or for a file export an existing regular file of that format (``.npy`` magic, Matrix Market
+  header, a text file for CSV/TSV, any regular file for raw binary). Anything else (a zarr array
+  another tool wrote, a folder of other files, a file where a zarr folder would go, a folder where
+  a file would go) is refused with the command that removes it by hand. An HDF5 output names a
+  dataset: an existing HDF5 file is kept and only that dataset replaced (by the writer); a file at
+  that path that is not HDF5 is refused.
+
+Refusing is always safe; deleting cannot be undone. So URLs are compared without their storage
+options (two endpoints with the same bucket name are treated as one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+from collections.abc import Iterable
+from typing import Any
+
+from blocklin.errors import OutputExistsError, OutputIsInputError, TempDirError, explain
+from blocklin.storage.location import Location, as_location
+
+#: Output kinds: the zarr store every operation writes, and the file formats of ``convert``.
+FILE_KINDS = ("npy", "mtx", "csv", "tsv", "raw", "hdf5")
+_MEMBER_RE = re.compile(r"^(.*?\.(?:npz|h5|hdf5|he5|hdf)):.*$", re.IGNORECASE)
+_SCHEME_ALIASES = {"s3a": "s3", "gcs": "gs", "abfss": "abfs", "az": "abfs"}
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
+# -- comparing locations ---------------------------------------------------------------------------
+def _key(x: Any) -> tuple[str, tuple[str, ...]] | None:
+    """``(scheme, path components)`` of a location, local paths resolved; None for what names no storage."""
+    if isinstance(x, Location):
+        if x.is_local or x.scheme == "file":
+            return _local_key(x.path)
+        return _url_key(x.url)
+    if isinstance(x, os.PathLike):
+        x = os.fspath(x)
+    if isinstance(x, bytes):
+        x = x.decode()
+    if not isinstance(x, str):
+        try:
+            return _key(as_location(x))  # a zarr store or array
+        except (TypeError, ValueError):
+            return None
+    if "://" in x:
+        scheme, rest = x.split("://", 1)
+        return _local_key(rest) if scheme.lower() == "file" else _url_key(x)
+    path = os.path.expanduser(x)
+    m = _MEMBER_RE.match(path)
+    if m and not os.path.exists(path):
+        path = m.group(1)
+    return _local_key(path)
+
+
+def _local_key(path: str) -> tuple[str, tuple[str, ...]]:
+    real = os.path.realpath(os.path.abspath(os.path.expanduser(path)))
+    return "local", tuple(p for p in real.split(os.sep) if p)
+
+
+def _url_key(url: str) -> tuple[str, tuple[str, ...]]:
+    scheme, rest = url.split("://", 1)
+    scheme = scheme.lower()
+    return _SCHEME_ALIASES.get(scheme, scheme), tuple(p for p in rest.split("/") if p)
+
+
+def relation(a: Any, b: Any) -> str | None:
+    """How location ``a`` stands to ``b``: ``"same"``, ``"inside"`` (a below b), ``"contains"`` or None."""
+    ka, kb = _key(a), _key(b)
+    if ka is None or kb is None or ka[0] != kb[0]:
+        return None
+    pa, pb = ka[1], kb[1]
+    if pa == pb:
+        return "same"
+    if pa[: len(pb)] == pb:
+        return "inside"
+    if pb[: len(pa)] == pa:
+        return "contains"
+    return None
+
+
+def _shown(x: Any) -> str:
+    return x.url if isinstance(x, Location) else os.fspath(x) if isinstance(x, (str, os.PathLike)) else str(x)
+
+
+def check_not_input(out: Any, inputs: Iterable[Any], name: str = "out") -> None:
+    """Refuse an output equal to, inside or holding any input (:class:`OutputIsInputError`)."""
+    shown = _shown(out)
+    for inp in inputs:
+        if inp is None:
+            continue
+        rel = relation(out, inp)
+        if rel == "same":
+            raise OutputIsInputError(explain(name, "must differ from every input (inputs are never modified)",
+                                             f"{shown!r}, which is also an input", "choose another output path"))
+        if rel == "inside":
+            raise OutputIsInputError(explain(name, "must not be inside an input (inputs are never modified)",
+                                             f"{shown!r}, inside the input {_shown(inp)!r}",
+                                             "choose an output path outside every input"))
+        if rel == "contains":
+            raise OutputIsInputError(explain(name, "must not hold an input (replacing it would delete the input)",
+                                             f"{shown!r}, which holds the input {_shown(inp)!r}",
+                                             f"name a new store instead, such as {_join(shown, 'C.zarr')}"))
+
+
+def check_temp_dir(out: Any, inputs: Iterable[Any], temp_dir: Any, name: str = "out") -> None:
+    """Refuse an output that is (or holds) the temp dir, and a temp dir that is (or is inside) an input."""
+    if temp_dir is None:
+        return
+    rel = relation(out, temp_dir)
+    if rel in ("same", "contains"):
+        raise TempDirError(explain(name, "must not be the temp dir or hold it (jobs create and remove their work "
+                                   "folders there)", f"{_shown(out)!r}, temp dir {_shown(temp_dir)!r}",
+                                   "choose another output path, or another temp dir (--temp-dir, "
+                                   "BLOCKLIN_TEMP_DIR)"))
+    for inp in inputs:
+        if inp is not None and relation(temp_dir, inp) in ("same", "inside"):
+            raise TempDirError(explain("temp_dir", "must not be an input or inside one (inputs are never modified)",
+                                       f"{_shown(temp_dir)!r}, input {_shown(inp)!r}",
+                                       "pass another temp dir (--temp-dir DIR, BLOCKLIN_TEMP_DIR)"))
+
+
+def _join(base: str, name: str) -> str:
+    return base.rstrip("/") + "/" + name
+
+
+# -- what overwrite may replace --------------------------------------------------------------------
+def removal_command(loc: Any, *, folder: bool = True) -> str:
+    """The shell command that removes ``loc`` by hand (what the refusals suggest)."""
+    loc = as_location(loc) if not isinstance(loc, Location) else loc
+    if loc.is_local:
+        return f"rm {'-r ' if folder else ''}{shlex.quote(loc.url)}"
+    prefix = loc.url.rstrip("/") + "/"  # the slash: never a sibling whose name starts the same
+    if loc.scheme in ("s3", "s3a"):
+        return f"aws s3 rm --recursive {shlex.quote('s3://' + prefix.split('://', 1)[1])}"
+    if loc.scheme in ("gs", "gcs"):
+        return f"gcloud storage rm --recursive {shlex.quote('gs://' + prefix.split('://', 1)[1])}"
+    return f"remove every object under {prefix} with your storage's tools"
+
+
+def zarr_provenance(read: Any) -> str | None:
+    """``"blocklin"`` (a zarr node whose attributes carry blocklin's provenance), ``"zarr"`` (another
+    zarr node, or unreadable metadata) or None (no zarr metadata); ``read(key)`` returns bytes or None."""
+    raw = read("zarr.json")
+    if raw is not None:
+        try:
+            meta = json.loads(raw)
+        except ValueError:
+            return "zarr"
+        attrs = meta.get("attributes") if isinstance(meta, dict) else None
+        return "blocklin" if isinstance(attrs, dict) and isinstance(attrs.get("blocklin"), dict) else "zarr"
+    if read(".zarray") is None and read(".zgroup") is None:
+        return None
+    raw = read(".zattrs")
+    try:
+        attrs = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        return "zarr"
+    return "blocklin" if isinstance(attrs, dict) and isinstance(attrs.get("blocklin"), dict) else "zarr"
+
+
+def _read_local(folder: str) -> Any:
+    def read(key: str) -> bytes | None:
+        try:
+            with open(os.path.join(folder, key), "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+    return read
+
+
+def _refuse(name: str, rule: str, loc: Location, what: str, *, folder: bool) -> OutputExistsError:
+    return OutputExistsError(explain(name, rule, f"{loc.url!r}, {what}",
+                                     f"remove it by hand if it may go ({removal_command(loc, folder=folder)}) and "
+                                     "rerun, or choose another path"))
+
+
+_ZARR_RULE = ("overwrite replaces only a zarr output blocklin wrote (blocklin provenance in its attributes) "
+              "or an empty folder")
+
+
+def check_replaceable(out: Any, kind: str = "zarr", name: str = "out") -> None:
+    """Refuse, with the command that removes it by hand, an existing local ``out`` that ``overwrite``
+    may not replace (see the module docstring); nothing happens when ``out`` does not exist."""
+    loc = as_location(out) if not isinstance(out, Location) else out
+    path = loc.url
+    if not os.path.lexists(path):
+        return
+    real = os.path.realpath(path)
+    isdir, isfile = os.path.isdir(real), os.path.isfile(real)
+    if kind == "zarr":
+        if isdir:
+            entries = sorted(os.listdir(real))
+            if not entries:
+                return
+            prov = zarr_provenance(_read_local(real))
+            if prov == "blocklin":
+                return
+            what = ("a zarr store blocklin did not write (no blocklin provenance in its attributes)" if prov == "zarr"
+                    else f"a folder holding {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} "
+                         f"({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}), not a zarr store")
+            raise _refuse(name, _ZARR_RULE, loc, what, folder=True)
+        raise _refuse(name, _ZARR_RULE, loc, "a file, where a zarr folder would go" if isfile else
+                      "not a folder", folder=False)
+    label = {"npy": ".npy", "mtx": "Matrix Market", "csv": "text", "tsv": "text", "raw": "regular",
+             "hdf5": "HDF5"}[kind]
+    rule = ("an HDF5 output goes into a new or an existing HDF5 file only (its other datasets are kept)"
+            if kind == "hdf5" else f"overwrite replaces only an existing {label} file")
+    if isdir:
+        raise _refuse(name, rule, loc, "a folder, where a file would go", folder=True)
+    if not isfile:
+        raise _refuse(name, rule, loc, "not a regular file", folder=False)
+    if not is_format(real, kind):
+        raise _refuse(name, rule, loc, _NOT_FORMAT[kind], folder=False)
+
+
+_NOT_FORMAT = {"npy": "a file that is not a .npy file (no NumPy magic)",
+               "mtx": "a file that is not a Matrix Market file (no %%MatrixMarket header)",
+               "csv": "a file that is not text (it holds NUL bytes)", "tsv": "a file that is not text (it holds NUL bytes)",
+               "hdf5": "a file that is not an HDF5 file (no HDF5 signature)"}
+
+
+def is_format(path: str, kind: str) -> bool:
+    """Whether the regular file ``path`` is a file of ``kind`` (an empty file is any kind: nothing to lose)."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    if not head or kind == "raw":
+        return True
+    if kind == "npy":
+        return head.startswith(b"\x93NUMPY")
+    if kind == "mtx":
+        return head[:14].lower() == b"%%matrixmarket"
+    if kind in ("csv", "tsv"):
+        return b"\0" not in head
+    if kind == "hdf5":
+        return is_hdf5(path)
+    return False
+
+
+def is_hdf5(path: str) -> bool:
+    """An HDF5 signature at offset 0 or a user-block offset (512, 1024, 2048, ...)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        offset = 0
+        while offset + 8 <= size:
+            f.seek(offset)
+            if f.read(8) == _HDF5_SIGNATURE:
+                return True
+            offset = 512 if offset == 0 else offset * 2
+    return False
+
+
+def check_replaceable_prefix(be: Any, loc: Location, name: str = "out") -> None:
+    """The object-store form of :func:`check_replaceable` for the zarr output at ``loc`` (backend
+    ``be``), whose prefix holds objects and no pending record: only blocklin's own output may go."""
+    prov = zarr_provenance(be.try_read)
+    if prov == "blocklin":
+        return
+    what = ("a zarr store blocklin did not write (no blocklin provenance in its attributes)" if prov == "zarr"
+            else "which holds other objects, not a zarr store")
+    raise _refuse(name, _ZARR_RULE, loc, what, folder=True)
+
+
+def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = False, name: str = "out",
+                 kind: str = "zarr", temp_dir: Any = None) -> Location:
+    """Check an output before anything is claimed; returns its location.
+
+    Parameters
+    ----------
+    out : path, URL or Location
+        The output (for HDF5, the file).
+    inputs : iterable
+        The operation's inputs (paths, URLs, Locations; ``file.h5:/dataset`` members; None skipped).
+    overwrite : bool
+        Whether an existing output may be replaced (only what the module docstring lists may be).
+    name : str
+        The parameter named in errors.
+    kind : {"zarr", "npy", "mtx", "csv", "tsv", "raw", "hdf5"}
+        What is written: a zarr store (a folder or prefix) or a file of that format.
+    temp_dir : path, URL or Location, optional
+        The temp dir of the job, which ``out`` may not be nor hold.
+
+    Raises
+    ------
+    OutputIsInputError
+        ``out`` is, is inside, or holds an input.
+    TempDirError
+        ``out`` is or holds the temp dir, or the temp dir is an input or inside one.
+    OutputExistsError
+        ``out`` exists without ``overwrite``, or is something ``overwrite`` may not replace, or its
+        parent folder is missing. Object-store prefixes are checked by the commit protocol when the
+        job starts (:func:`check_replaceable_prefix`).
+    """
+    inputs = [i for i in inputs if i is not None]
+    check_not_input(out, inputs, name)
+    check_temp_dir(out, inputs, temp_dir, name)
+    loc = as_location(out, name=name) if not isinstance(out, Location) else out
+    if not loc.is_local:
+        return loc
+    path = loc.url
+    if os.path.lexists(path):
+        if not overwrite and kind != "hdf5":
+            raise OutputExistsError(explain(name, "must not exist unless overwriting is asked for",
+                                            f"{_shown(out)!r} exists",
+                                            "pass overwrite=True (CLI: --overwrite) or choose another path"))
+        check_replaceable(loc, kind, name)
+    parent = os.path.dirname(path)
+    if not os.path.isdir(parent):
+        raise OutputExistsError(explain(name, "must be in an existing folder", f"parent {parent!r} is missing",
+                                        f"create it first: mkdir -p {shlex.quote(parent)}"))
+    return loc
+
+
+__all__ = ["FILE_KINDS", "check_not_input", "check_output", "check_replaceable", "check_replaceable_prefix",
+           "check_temp_dir", "is_format", "is_hdf5", "relation", "removal_command", "zarr_provenance"]
