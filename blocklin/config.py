@@ -30,6 +30,8 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 DEVICES = ("auto", "cpu", "gpu")
+#: The largest byte size a budget may be (what an int64 holds).
+MAX_BYTES = 2**63 - 1
 CODECS = ("none", "zstd", "blosc-lz4", "blosc-zstd", "gzip")
 
 
@@ -47,16 +49,24 @@ def parse_size(value: int | float | str | None, name: str = "memory") -> int | N
         raise ConfigError(explain(name, "must be a byte size like '1GiB' or an integer", repr(value),
                                   f"pass {name}='1GiB'"))
     if isinstance(value, (int, float)):
-        size = int(value)
+        exact = value
     else:
         m = _SIZE_RE.match(str(value))
         unit = m.group(2).lower() if m else None
         if not m or unit not in _UNITS:
             raise ConfigError(explain(name, "must be a byte size such as '512MiB', '2GiB' or 1073741824",
                                       repr(value), f"write {name}='1GiB' (units: B, KB, MB, GB, KiB, MiB, GiB, TiB)"))
-        size = int(float(m.group(1)) * _UNITS[unit])
+        number = float(m.group(1)) if "." in m.group(1) or "e" in m.group(1).lower() else int(m.group(1))
+        # a fraction of a larger unit rounds down ("0.3GiB"); a bare byte count must be whole ("5.5")
+        exact = number * _UNITS[unit] if _UNITS[unit] == 1 else int(number * _UNITS[unit])
+    if exact != exact or exact in (float("inf"), float("-inf")) or exact != int(exact):
+        raise ConfigError(explain(name, "must be a whole number of bytes", repr(value), f"pass {name}='1GiB'"))
+    size = int(exact)
     if size <= 0:
         raise ConfigError(explain(name, "must be positive", repr(value), f"pass {name}='1GiB'"))
+    if size > MAX_BYTES:
+        raise ConfigError(explain(name, f"must be at most {MAX_BYTES} bytes (8 EiB)", repr(value),
+                                  f"pass {name}='1GiB'"))
     return size
 
 
@@ -143,7 +153,8 @@ class Config:
                                       "BLOCKLIN_STORAGE_OPTIONS"))
         if not isinstance(self.temp_dir, str) and type(self.temp_dir).__name__ != "Location":
             object.__setattr__(self, "temp_dir", os.fspath(self.temp_dir))  # a Location keeps its storage options
-        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
+        if self.workers is not None and (not isinstance(self.workers, int) or isinstance(self.workers, bool)
+                                         or not 1 <= self.workers <= MAX_BYTES):
             raise ConfigError(explain("workers", "must be a positive integer or None", repr(self.workers),
                                       "pass workers=1"))
 

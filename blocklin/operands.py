@@ -25,6 +25,7 @@ from blocklin.storage.ownership import end_work_folder, start_work_folder
 from blocklin.storage.dask_io import store_dask
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import create_array, open_zarr, store_path
+from blocklin.validate import native
 
 
 
@@ -110,7 +111,8 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
     _check_ndim(name, arr.shape, ndim)
     if not staged and isinstance(path, Location):
         check_complete(arr, path, name, bool(cfg.require_complete))
-    return Operand(name=name, path=path, shape=tuple(arr.shape), dtype=np.dtype(arr.dtype),
+    # a big-endian store (zarr v2 ``>f8``) is read as native: its dtype is compared and computed as such
+    return Operand(name=name, path=path, shape=tuple(arr.shape), dtype=native(arr.dtype),
                    chunks=tuple(arr.chunks), staged=staged)
 
 
@@ -137,6 +139,7 @@ def _stage_numpy(x: np.ndarray, name: str, cfg: Config, stack: contextlib.ExitSt
         x = x.reshape(-1, 1)
     if x.ndim != 2:
         _check_ndim(name, x.shape, 2)
+    x = x.astype(native(x.dtype), copy=False)  # staged in native byte order
     d = _stage_dir(cfg, stack) / f"{name}.zarr"
     arr = create_array(d, shape=x.shape, dtype=x.dtype, chunks=auto_chunks(x.shape, x.dtype, cfg.memory),
                        codec="none")

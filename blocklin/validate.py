@@ -47,29 +47,68 @@ def precision(value: Any, allowed: Sequence[str], *, operation: str, why: str = 
     return v
 
 
-def float_operand(op: Any) -> np.dtype:
-    """The dtype of an operand that must be float32 or float64 (float16, integers, complex refused)."""
-    if op.dtype not in FLOAT_DTYPES:
-        raise DTypeError(explain(op.name, "dtype must be float32 or float64", op.dtype.name,
+#: The fix a refusal of complex data offers, until every operation takes complex.
+COMPLEX_FIX = ("split it into real and imaginary parts (for a linear system, the real form [[Re, -Im], [Im, Re]]), "
+               "or use blocklin.matmul, which takes complex")
+
+
+def native(dtype: Any) -> np.dtype:
+    """``dtype`` in native byte order (a zarr v2 ``>f8`` is read as ``float64``; comparisons use this)."""
+    dt = np.dtype(dtype)
+    return dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
+
+
+def float_operand(op: Any, operation: str | None = None) -> np.dtype:
+    """The dtype of an operand that must be float32 or float64 (float16, integers, complex refused).
+
+    Complex data is refused with its own fix (converting it to a real dtype would drop the imaginary
+    parts); ``operation`` names the operation in that message.
+    """
+    dt = native(op.dtype)
+    if dt.kind == "c":
+        raise DTypeError(explain(op.name, f"dtype must be float32 or float64 ({operation or 'this operation'} does "
+                                 "not take complex data yet)", dt.name, COMPLEX_FIX))
+    if dt not in FLOAT_DTYPES:
+        raise DTypeError(explain(op.name, "dtype must be float32 or float64", dt.name,
                                  "convert it (blocklin convert --dtype float64)"))
-    return op.dtype
+    return dt
 
 
-def result_dtype(operands: Sequence[Any], dtype: Any, allowed: tuple = GEMM_DTYPES) -> np.dtype:
-    """The compute dtype: the operands' common dtype, or ``dtype`` when given (no silent upcast)."""
+def result_dtype(operands: Sequence[Any], dtype: Any, allowed: tuple = GEMM_DTYPES,
+                 operation: str | None = None) -> np.dtype:
+    """The compute dtype: the operands' common dtype, or ``dtype`` when given (no silent upcast).
+
+    A real ``dtype`` for complex operands is refused (the cast would drop the imaginary parts), and
+    so is complex data where ``allowed`` has no complex dtype (``operation`` names it then).
+    """
+    takes_complex = any(d.kind == "c" for d in allowed)
+    dts = {native(op.dtype) for op in operands}
     if dtype is not None:
-        dt = np.dtype(dtype)
+        dt = native(dtype)
+        if dt.kind == "c" and not takes_complex:
+            raise DTypeError(explain("dtype", f"must be one of {[d.name for d in allowed]} "
+                                     f"({operation or 'this operation'} does not take complex data yet)", dt.name,
+                                     COMPLEX_FIX))
         if dt not in allowed:
             raise DTypeError(explain("dtype", f"must be one of {[d.name for d in allowed]}", dt.name,
                                      "pass dtype='float64' or dtype='float32'"))
+        cplx = [op for op in operands if native(op.dtype).kind == "c"]
+        if cplx and dt.kind != "c":
+            raise DTypeError(explain("dtype", "a complex operand cannot be cast to a real dtype (the cast would drop "
+                                     "its imaginary parts)", f"dtype={dt.name} for {cplx[0].name}: "
+                                     f"{native(cplx[0].dtype).name}",
+                                     "pass a complex dtype or none" if takes_complex else COMPLEX_FIX))
         return dt
-    dts = {op.dtype for op in operands}
     if len(dts) > 1:
-        listing = ", ".join(f"{op.name}: {op.dtype.name}" for op in operands)
+        listing = ", ".join(f"{op.name}: {native(op.dtype).name}" for op in operands)
         raise DTypeError(explain("dtype", "operands must share one dtype (blocklin never upcasts silently)", listing,
                                  "pass dtype='float64' (or 'float32') to cast while streaming, or convert the "
                                  "inputs (blocklin convert --dtype)"))
     dt = dts.pop()
+    if dt.kind == "c" and not takes_complex:
+        raise DTypeError(explain(operands[0].name, f"dtype must be one of {[d.name for d in allowed]} "
+                                 f"({operation or 'this operation'} does not take complex data yet)", dt.name,
+                                 COMPLEX_FIX))
     if dt not in allowed:
         raise DTypeError(explain(operands[0].name, f"dtype must be one of {[d.name for d in allowed]}", dt.name,
                                  "convert it (blocklin convert --dtype float64) or pass dtype='float64'"))
@@ -78,9 +117,9 @@ def result_dtype(operands: Sequence[Any], dtype: Any, allowed: tuple = GEMM_DTYP
 
 def same_dtype(*operands: Any) -> np.dtype:
     """Operands that share one dtype (a solve casts nothing silently, as GEMM does not)."""
-    dts = {op.dtype for op in operands}
+    dts = {native(op.dtype) for op in operands}
     if len(dts) > 1:
-        listing = ", ".join(f"{op.name}: {op.dtype.name}" for op in operands)
+        listing = ", ".join(f"{op.name}: {native(op.dtype).name}" for op in operands)
         widest = max(dts, key=lambda d: d.itemsize).name
         raise DTypeError(explain("dtype", "operands must share one dtype (blocklin never upcasts silently)", listing,
                                  f"convert the narrower one: blocklin convert IN OUT.zarr --dtype {widest}"))
@@ -122,14 +161,35 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def count(name: str, value: Any, *, fix: str, minimum: int = 0, auto: tuple[Any, ...] = ()) -> Any:
-    """An integer ``>= minimum`` (or one of the ``auto`` words, returned as given)."""
+#: The largest size or count any option takes: what an int64 holds (sizes index int64 arrays).
+MAX_COUNT = 2**63 - 1
+
+
+def count(name: str, value: Any, *, fix: str, minimum: int = 0, auto: tuple[Any, ...] = (),
+          maximum: int | None = None, why: str = "") -> Any:
+    """An integer ``>= minimum`` and ``<= maximum`` (at most :data:`MAX_COUNT`), or one of the
+    ``auto`` words (``None`` among them for an optional count), returned as given.
+
+    Floats are refused even when whole (``5.0``), bools too: a size is an integer. ``why`` says
+    where ``maximum`` comes from (``"the matrix has 300 rows"``).
+    """
     if any(value is a or (isinstance(a, str) and value == a) for a in auto):
         return value
+    top = MAX_COUNT if maximum is None else min(int(maximum), MAX_COUNT)
+    words = "".join(f"{a!r} or " for a in auto)
     if not _is_int(value) or value < minimum:
-        words = "".join(f"{a!r} or " for a in auto)
         raise ParameterError(explain(name, f"must be {words}an integer >= {minimum}", repr(value), fix))
+    if value > top:
+        raise ParameterError(explain(name, f"must be {words}an integer <= {top}" + (f" ({why})" if why else ""),
+                                     repr(value), fix))
     return int(value)
+
+
+def size(name: str, value: Any, *, fix: str, maximum: int | None = None, why: str = "",
+         optional: bool = True) -> int | None:
+    """A positive integer size or count (a tile side, a number of workers, passes, chunks), ``None``
+    allowed when ``optional``: :func:`count` with ``minimum=1``."""
+    return count(name, value, fix=fix, minimum=1, auto=(None,) if optional else (), maximum=maximum, why=why)
 
 
 def positive(name: str, value: Any, *, fix: str, optional: bool = False) -> float | None:

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--from", dest="from_format", metavar="FMT", help="input format (npy, npz, mtx, hdf5, raw, csv, "
                                                                        "tsv, zarr); default from the extension")
     p.add_argument("--to", dest="to_format", metavar="FMT", help="output format; default from the extension")
-    p.add_argument("--chunks", default="auto", metavar="R,C|auto", help="output chunks (default: auto, sized for "
+    p.add_argument("--chunks", default="auto", type=ui.pair_arg("--chunks", auto=("auto",), example="4096,4096"), metavar="R,C|auto", help="output chunks (default: auto, sized for "
                                                                         "the engine's tiles and the budget)")
     p.add_argument("--dtype", metavar="DTYPE", help="output dtype (default: the input's); for raw input also the "
                                                     "file's dtype; for CSV the parse dtype")
@@ -37,13 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                    "(default: config, none)")
     p.add_argument("--checksum", action="store_true", help="crc32c checksum on every zarr chunk, verified on read")
     p.add_argument("--resume", action="store_true", help="continue an interrupted conversion (zarr output)")
-    p.add_argument("--shape", metavar="R,C", help="raw input shape")
+    p.add_argument("--shape", metavar="R,C", type=ui.pair_arg("--shape", example="20000,10000"), help="raw input shape")
     p.add_argument("--order", choices=("C", "F"), type=str.upper, help="raw input order (default C)")
     p.add_argument("--out-order", choices=("C", "F"), type=str.upper, help=".npy/raw output order "
                                                                            "(default: the input's)")
-    p.add_argument("--offset", type=int, default=0, metavar="N", help="raw input header bytes to skip")
+    p.add_argument("--offset", type=ui.count_arg("--offset", minimum=0, example="0"), default=0, metavar="N", help="raw input header bytes to skip")
     p.add_argument("--delimiter", metavar="CHAR", help="CSV delimiter (default by extension; 'tab', 'whitespace')")
-    p.add_argument("--skip-rows", type=int, metavar="N", help="CSV lines to skip before the data")
+    p.add_argument("--skip-rows", type=ui.count_arg("--skip-rows", minimum=0, example="1"), metavar="N", help="CSV lines to skip before the data")
     hdr = p.add_mutually_exclusive_group()
     hdr.add_argument("--header", dest="header", action="store_const", const=True, default="auto",
                      help="the first CSV line is a header (default: detected)")

@@ -14,7 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Create two random n x n matrices (each larger than --memory) as zarr files, "
                                    "multiply them out of core, verify sampled rows against NumPy, and report "
                                    "throughput and peak memory.")
-    p.add_argument("--size", type=int, default=6144, help="matrix order n (default 6144: 288 MiB per float64 matrix)")
+    p.add_argument("--size", type=ui.count_arg("--size", example="2048"), default=6144, help="matrix order n (default 6144: 288 MiB per float64 matrix)")
     p.add_argument("--dtype", choices=("float32", "float64"), default="float64")
     p.add_argument("--dir", help="folder for the matrices (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the matrices afterwards")

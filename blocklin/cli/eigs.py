@@ -16,12 +16,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "end first, as svd orders S (LA, LM: largest first; SA: smallest first), the "
                                    "eigenvectors as the columns of V (n x k, oriented as svd's U).")
     p.add_argument("a", metavar="A", help="zarr array (path), symmetric (with --center: any data matrix)")
-    p.add_argument("-k", type=int, required=True, help="number of eigenpairs (1 <= k < n)")
+    p.add_argument("-k", type=ui.count_arg("-k", example="10"), required=True, help="number of eigenpairs (1 <= k < n)")
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="output zarr group (path)")
     p.add_argument("--which", choices=("LA", "SA", "LM"), default="LA",
                    help="largest algebraic (default), smallest algebraic, largest magnitude")
     p.add_argument("--tol", type=float, help="relative residual tolerance ||A x - w x|| <= tol * max|w|")
-    p.add_argument("--max-passes", type=int, default=60, help="pass limit (default 60)")
+    p.add_argument("--max-passes", type=ui.count_arg("--max-passes", example="60"), default=60, help="pass limit (default 60)")
     p.add_argument("--seed", type=int, help="seed of the starting block")
     p.add_argument("--center", action="store_true",
                    help="A is a data matrix (samples x features): eigenpairs of its covariance, by the centered "

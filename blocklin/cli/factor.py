@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("a", metavar="A", help="square symmetric positive definite zarr array (path)")
     c.add_argument("-o", "--out", required=True, metavar="L", help="output zarr array (path)")
     c.add_argument("--upper", action="store_true", help="write U = L^T (reading the upper triangle of A)")
-    c.add_argument("--tile", type=int, help="tile side (default: the input's square chunks, or planned)")
+    c.add_argument("--tile", type=ui.count_arg("--tile", example="256"), help="tile side (default: the input's square chunks, or planned)")
     ui.add_run_options(c, unit="tile tasks", resume="continue an interrupted run, keeping its finished tiles")
     ui.add_common(c)
     c.set_defaults(func=run_cholesky)
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          description="Left-looking LU with partial pivoting over whole column panels (resumable).")
     u.add_argument("a", metavar="A", help="square zarr array (path)")
     u.add_argument("-o", "--out", required=True, metavar="LU", help="output zarr array (path)")
-    u.add_argument("--tile", type=int, help="panel width (default: planned from the budget)")
+    u.add_argument("--tile", type=ui.count_arg("--tile", example="256"), help="panel width (default: planned from the budget)")
     ui.add_run_options(u, unit=None, resume=_RESUME_PANELS)
     ui.add_common(u)
     u.set_defaults(func=run_lu)
@@ -59,7 +59,7 @@ def _register_qr(kinds: argparse._SubParsersAction) -> None:
     r.add_argument("--method", choices=("auto", "tiled", "tiles", "tsqr"), default="auto",
                    help="auto (default): TSQR for R alone when it fits in memory, else tiled (column panels, "
                         "faster on a quiet machine); tiles: square tiles")
-    r.add_argument("--tile", type=int, help="panel width (tiled) or tile side (tiles) (default: planned from the "
+    r.add_argument("--tile", type=ui.count_arg("--tile", example="256"), help="panel width (tiled) or tile side (tiles) (default: planned from the "
                                             "budget)")
     ui.add_run_options(r, unit=None, resume=_RESUME_PANELS)
     ui.add_common(r)

@@ -8,18 +8,6 @@ from blocklin.cli import ui
 from blocklin.config import format_size
 
 
-def _refine(value: str) -> object:
-    if value in ("auto",):
-        return "auto"
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--refine must be 'auto' or a number of steps, got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"--refine must be >= 0, got {n}")
-    return n
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inv", help="X = A^-1, out of core (Schur complements, Newton-Schulz refinement)",
                        description="Invert a square zarr matrix out of core: LU with partial pivoting (or, with "
@@ -27,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "refined by Newton-Schulz when the backward error exceeds the target.")
     p.add_argument("a", metavar="A", help="square zarr array (path)")
     p.add_argument("-o", "--out", required=True, metavar="X", help="output zarr array (path)")
-    p.add_argument("--refine", type=_refine, default="auto", metavar="N",
+    p.add_argument("--refine", type=ui.count_arg("--refine", minimum=0, auto=("auto",), example="2"), default="auto", metavar="N",
                    help="'auto' (default: refine while the backward error exceeds --tol) or exactly N "
                         "Newton-Schulz steps (0: none)")
     p.add_argument("--tol", type=float, help="target backward error ||I - A X||_F / (||A||_F ||X||_F)")

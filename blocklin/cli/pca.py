@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "the passes (one more pass for the means). Prints the explained variance and "
                                    "its ratio; with -o keeps U, S, Vt (the components), mean (and scale).")
     p.add_argument("a", metavar="A", help="zarr array (path): samples x features")
-    p.add_argument("-k", type=int, required=True, help="number of components (1 <= k < min(m, n))")
+    p.add_argument("-k", type=ui.count_arg("-k", example="10"), required=True, help="number of components (1 <= k < min(m, n))")
     p.add_argument("-o", "--out", metavar="OUT", help="output zarr group (path) for the factors")
     p.add_argument("--scale", action="store_true", help="standardize the columns (PCA of the correlation matrix)")
     add_method_options(p, rsvd="q + 2 passes", sketch="two passes")

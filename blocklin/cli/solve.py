@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="square systems: mixed factors a float64 A in float32 and refines in float64 to float64 "
                         "backward error (refused when A is too ill-conditioned); tf32: the same with the "
                         "factorization's GEMMs on TF32 tensor cores on a GPU")
-    p.add_argument("--refine", type=lambda v: v if v == "auto" else int(v), default="auto",
+    p.add_argument("--refine", type=ui.count_arg("--refine", minimum=0, auto=("auto",), example="1"), default="auto",
                    help="refinement passes of the normal equations: 'auto' (default: when ill-conditioned) or N")
     p.add_argument("--fit-intercept", action="store_true",
                    help="fit an unpenalized intercept (as scikit-learn's Ridge): the columns of A and b are centered "

@@ -16,10 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "Vt and the report (passes over A, bytes read, seconds, residuals) in its "
                                    "attributes.")
     p.add_argument("a", metavar="A", help="zarr array (path)")
-    p.add_argument("-k", type=int, required=True, help="number of singular triplets (1 <= k < min(m, n))")
+    p.add_argument("-k", type=ui.count_arg("-k", example="10"), required=True, help="number of singular triplets (1 <= k < min(m, n))")
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="output zarr group (path)")
     add_method_options(p, rsvd="q + 1 passes", sketch="one pass")
-    p.add_argument("--max-passes", type=int, help="pass limit of the adaptive methods")
+    p.add_argument("--max-passes", type=ui.count_arg("--max-passes", example="60"), help="pass limit of the adaptive methods")
     p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
     p.add_argument("--center", action="store_true",
                    help="factor A - 1 mu^T (column means subtracted inside the passes, no copy; one more pass)")
@@ -71,8 +71,8 @@ def add_method_options(p: argparse.ArgumentParser, *, rsvd: str, sketch: str) ->
                         "when wide) and lanczos otherwise, both to --tol, or rsvd when --power-iters is a number; "
                         f"rsvd: randomized, {rsvd}; sketch: {sketch}; lanczos: converged to --tol; gram: one "
                         "pass for A^T A and one Rayleigh-Ritz pass, then lanczos where --tol is missed")
-    p.add_argument("--power-iters", default="auto", help="rsvd power iterations (integer or 'auto')")
-    p.add_argument("--oversample", type=int, default=10, help="extra random columns (default 10)")
+    p.add_argument("--power-iters", default="auto", type=ui.count_arg("--power-iters", minimum=0, auto=("auto",), example="2"), help="rsvd power iterations (integer or 'auto')")
+    p.add_argument("--oversample", type=ui.count_arg("--oversample", minimum=0, example="10"), default=10, help="extra random columns (default 10)")
     p.add_argument("--tol", type=float, help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "
                    "(its own singular value); default sqrt(10 sqrt(eps)) for lanczos, gram and auto, which "
                    "gives singular values to about 10 sqrt(eps)")

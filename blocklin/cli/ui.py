@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import traceback
@@ -16,11 +17,86 @@ EXIT_USAGE = 2  # argparse's code for bad arguments
 EXIT_INTERRUPTED = 130
 
 
+def count_arg(option: str, *, minimum: int = 1, auto: tuple[str, ...] = (), example: str = "") -> Any:
+    """An ``argparse`` type for a size or count option: an integer ``>= minimum`` (at most
+    :data:`blocklin.validate.MAX_COUNT`) or one of the ``auto`` words, checked by
+    :func:`blocklin.validate.count` while parsing, so a bad value is a usage error (exit 2) naming
+    ``option``, before any file is opened. ``example`` is the fix's value."""
+    from blocklin.errors import ParameterError
+    from blocklin.validate import count
+
+    fix = f"pass {option} {example or max(minimum, 1) * 10}" + (f" (or {' / '.join(auto)})" if auto else "")
+
+    def parse(text: str) -> Any:
+        if text in auto:
+            return text
+        try:
+            value = int(text.strip())
+        except ValueError:  # "5.5", "hi", "2**63": a size is a whole number
+            value = text
+        try:
+            return count(option, value, fix=fix, minimum=minimum, auto=auto)
+        except ParameterError as exc:
+            raise argparse.ArgumentTypeError(_without_name(str(exc), option)) from None
+
+    parse.__name__ = option.lstrip("-").replace("-", "_")  # argparse names the type in some messages
+    return parse
+
+
+def pair_arg(option: str, *, auto: tuple[str, ...] = (), example: str = "1000,1000") -> Any:
+    """An ``argparse`` type for ``R,C`` options (``--chunks``, ``--shape``): two positive integers
+    (or one of the ``auto`` words), returned as given once checked."""
+    from blocklin.errors import ParameterError, explain
+    from blocklin.validate import count
+
+    fix = f"pass {option} {example}" + (f" (or {' / '.join(auto)})" if auto else "")
+
+    def parse(text: str) -> str:
+        if text in auto:
+            return text
+        parts = text.split(",")
+        try:
+            for part in parts if len(parts) == 2 else [None]:
+                value: Any = part
+                with contextlib.suppress(ValueError, AttributeError):
+                    value = int(part.strip())
+                count(option, value, fix=fix, minimum=1)
+        except ParameterError:
+            words = " or ".join(repr(a) for a in auto)
+            raise argparse.ArgumentTypeError(_without_name(explain(
+                option, f"must be two positive integers R,C{' or ' + words if words else ''}", repr(text), fix),
+                option)) from None
+        return text
+
+    parse.__name__ = option.lstrip("-").replace("-", "_")
+    return parse
+
+
+def memory_arg(text: str) -> int:
+    """``--memory``: a positive byte size (``1GiB``, ``512MB``, ``1073741824``), parsed while parsing."""
+    from blocklin.config import parse_size
+    from blocklin.errors import ConfigError
+
+    try:
+        return parse_size(text, "--memory")
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(_without_name(str(exc), "--memory")) from None
+
+
+memory_arg.__name__ = "memory"
+
+
+def _without_name(message: str, option: str) -> str:
+    """``"--tile: must be ...; got 0. Fix: ..."`` without the name argparse already prints."""
+    prefix = f"{option}: "
+    return message[len(prefix):] if message.startswith(prefix) else message
+
+
 def add_common(parser: argparse.ArgumentParser, *, memory: bool = True, device: bool = True,
                scheduler: bool = True, output: bool = True) -> None:
     """Options most commands share."""
     if memory:
-        parser.add_argument("--memory", metavar="SIZE", help="host memory budget, e.g. 1GiB (default: config)")
+        parser.add_argument("--memory", metavar="SIZE", type=memory_arg, help="host memory budget, e.g. 1GiB (default: config)")
     if device:
         parser.add_argument("--device", choices=("auto", "cpu", "gpu"), help="compute device (default: auto)")
     if scheduler:
@@ -47,7 +123,7 @@ def add_run_options(parser: argparse.ArgumentParser, *, unit: str | None = "task
     """Options of a command that runs an operation: ``--workers`` (concurrent ``unit``; None: none),
     ``--no-check-finite``, ``--resume`` (when ``resume`` gives its help) and ``--explain``."""
     if unit:
-        parser.add_argument("--workers", type=int, help=f"concurrent {unit} (local schedulers)")
+        parser.add_argument("--workers", type=count_arg("--workers", example="4"), help=f"concurrent {unit} (local schedulers)")
     parser.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
     if resume:
         parser.add_argument("--resume", action="store_true", help=resume)
@@ -127,8 +203,9 @@ def run_command(args: argparse.Namespace) -> int:
     """Run ``args.func(args)`` and map errors to exit codes with a one-line message.
 
     Ctrl-C (SIGINT) and SIGTERM both stop the command through the same cleanup (tasks in flight
-    finish or stop, partial outputs and work folders are removed unless ``--resume`` keeps them),
-    then print one line and exit 130 or 143.
+    finish or stop; a resumable operation's partial output and work folders are kept for a rerun with
+    ``--resume``, other partials are removed), then print one line (naming what was kept, and how to
+    continue or remove it) and exit 130 or 143.
     """
     import warnings
 
@@ -141,13 +218,13 @@ def run_command(args: argparse.Namespace) -> int:
         return EXIT_OK
     except KeyboardInterrupt as exc:
         interrupt.quiet_shutdown()
-        from blocklin.storage.cleanup import abandon_held
+        from blocklin.storage.cleanup import abandon_held, kept_message, take_kept
 
         abandon_held(keep_partials=bool(getattr(args, "resume", False)))
         terminated = isinstance(exc, interrupt.Terminated)
-        kept = " (finished work kept for --resume)" if getattr(args, "resume", False) else ""
+        kept = take_kept()  # what a resumable run kept, said in this one line
         print(f"blocklin {args.command}: {'terminated' if terminated else 'interrupted'}; "
-              f"no output was written{kept}", file=sys.stderr)
+              f"no output was written{'; ' + kept_message(kept) if kept else ''}", file=sys.stderr)
         return interrupt.EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
     except (BlocklinError, FileNotFoundError, ValueError, TypeError, MemoryError, OSError) as exc:
         if getattr(args, "debug", False):

@@ -89,7 +89,7 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
         A = job.operand(a, "a")
         n = square(A, "for a Cholesky factorization", "factor a square symmetric matrix (for least squares use "
                    "blocklin.solve(a, b))")
-        dt = float_operand(A)
+        dt = float_operand(A, "cholesky")
         plan = plan_factor("cholesky", n, dt, memory=job.cfg.memory, workers=job.workers(1),
                            chunks=tuple(A.chunks), tile=tile, widen=True)
         if explain:

@@ -25,7 +25,7 @@ from blocklin.linalg.svd import checkpointed_seed, load_incore, resume_token
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
-from blocklin.validate import check_k, choice, float_operand, positive, square
+from blocklin.validate import check_k, choice, float_operand, positive, size, square
 
 WHICH = ("LA", "SA", "LM")
 
@@ -132,6 +132,9 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         order = "ascending"
     order = choice("order", order, ("ascending", "descending"), fix="pass order='descending'")
     tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
+    max_passes = size("max_passes", max_passes, optional=False, fix="pass max_passes=60")
+    block_size = size("block_size", block_size, fix="pass block_size=8, or None for the planned one")
+    max_basis = size("max_basis", max_basis, fix="pass max_basis=32, or None for the planned one")
     if center:
         return _covariance(a, k, which=which, tol=tol, block_size=block_size, max_basis=max_basis,
                            max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, resume=resume,
@@ -139,7 +142,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     with Job("eigsh", **settings) as job:
         A = job.operand(a, "a")
         n = square(A, "(eigsh needs a symmetric matrix)", "use blocklin.svd for rectangular matrices")
-        dt = float_operand(A)
+        dt = float_operand(A, "eigsh")
         check_k(k, n, n)
         tol = default_tol(dt) if tol is None else tol
         plan = plan_svd(n, n, k, dt, method="eigsh", oversample=10, power_iters=None, memory=job.cfg.memory,

@@ -297,8 +297,9 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
 
 def _is_gram(op: Gemm) -> bool:
     """``X^T X`` or ``X X^T`` of one stored operand (the same store, one side transposed, no ``C``),
-    computed in its dtype (the Gram route has no other compute precision)."""
-    return (op.C is None and op.trans_a != op.trans_b and op.precision == "default"
+    computed in its dtype (the Gram route has no other compute precision). Real dtypes only: for
+    complex data ``X^T X`` is not the Gram matrix ``X^H X`` SYRK computes, so GEMM runs it."""
+    return (op.C is None and op.trans_a != op.trans_b and op.precision == "default" and op.dtype.kind == "f"
             and _same_store(op.A.path, op.B.path))
 
 

@@ -309,7 +309,7 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
         # unpivoted recursion's leading blocks are too often ill-conditioned (a Gaussian block of a
         # few thousand rows has rcond ~1e-6, near float32's eps), so mixed precision keeps the LU route
         method = "schur"
-    float_operand(M)
+    float_operand(M, "inv")
     out_dtype = np.dtype(np.float64) if precision in ("mixed", "tf32", "float64") else \
         np.dtype(np.float32) if precision == "float32" else M.dtype
     if space:  # the run's output and work stores (not for a plan alone)

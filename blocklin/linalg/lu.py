@@ -72,7 +72,7 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
     with Job("lu", **settings) as job:
         A = job.operand(a, "a")
         n = square(A, "for an LU factorization", "for least squares use blocklin.solve(a, b)")
-        dt = float_operand(A)
+        dt = float_operand(A, "lu")
         plan = plan_lu(n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
         if explain:
             return plan

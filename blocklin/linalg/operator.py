@@ -151,7 +151,7 @@ def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
         stack.close()
         raise
     try:
-        float_operand(op)
+        float_operand(op, "aslinearoperator")
     except DTypeError:
         stack.close()
         raise

@@ -123,7 +123,7 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
         if m < n:
             raise ShapeError(_msg("a", "must be tall or square (rows >= columns) for blocklin.qr",
                                      f"{m} x {n}", "factor the transpose (A^T = Q R gives A = R^T Q^T)"))
-        dt = float_operand(A)
+        dt = float_operand(A, "qr")
         route, reason = _route(job, m, n, dt.itemsize, mode, method)
         if route == "tsqr":
             if explain:

@@ -338,7 +338,7 @@ def _operands(job: Job, a: Any, b: Any, assume_a: str) -> tuple[Any, Any]:
     square(A, f"for assume_a='{assume_a}' (a square system)", "for least squares pass assume_a='gen' with a "
            "non-square a, or method='normal'/'qr'")
     same_rows(A, B)
-    float_operand(A), float_operand(B)
+    float_operand(A, "solve"), float_operand(B, "solve")
     same_dtype(A, B)
     return A, B
 

@@ -378,7 +378,7 @@ def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
         b = b.reshape(-1, 1)
     A, B = job.operand(a, "a"), job.operand(b, "b")
     same_rows(A, B)
-    float_operand(A), float_operand(B)
+    float_operand(A, "solve"), float_operand(B, "solve")
     same_dtype(A, B)
     return A, B
 

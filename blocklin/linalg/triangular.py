@@ -68,7 +68,7 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
         T, B = job.operand(t, "t"), job.operand(_rhs(b), "b")
         n = square(T, "to be triangular", "pass the n x n triangular factor")
         same_rows(T, B)
-        float_operand(T), float_operand(B)
+        float_operand(T, "solve_triangular"), float_operand(B, "solve_triangular")
         dt = result_dtype([T, B], None if T.dtype == B.dtype else np.result_type(T.dtype, B.dtype))
         plan = plan_factor("solve_triangular", n, dt, memory=job.cfg.memory, workers=job.workers(1),
                            chunks=tuple(T.chunks), tile=tile)

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from blocklin.config import format_size
-from blocklin.errors import BudgetError, explain
+from blocklin.errors import BudgetError, ParameterError, explain
+from blocklin.validate import size
 
 #: Tile-sized buffers one factorization task holds: the accumulator, the two update operands, the
 #: tile as read (before the cast), and zarr's chunk temporaries when the input chunks differ.
@@ -18,6 +19,49 @@ TILE_BUFFERS = 6
 MIN_TILES = 4
 #: Tile sides tried, largest first (a tile task's BLAS calls are efficient from a few hundred up).
 TILE_SIDES = (2048, 1024, 512, 256, 128, 64, 32)
+#: Most tile updates one factorization may plan, the limit of one graph
+#: (:data:`blocklin.runtime.graph.MAX_GRAPH_TASKS`). A tiled Cholesky or LU with ``t`` tiles per side
+#: does about ``t^3 / 6`` tile updates, each reading whole tiles from storage, so tiny tiles (``--tile
+#: 1`` on a 300 x 300 matrix: 4.5 million updates) would run for hours on per-chunk overheads.
+MAX_TILE_UPDATES = 200_000
+
+
+def tile_updates(tiles: int) -> int:
+    """Tile updates of a tiled factorization with ``tiles`` tiles (or panels) per side: ``tiles^3 / 6``."""
+    return tiles**3 // 6
+
+
+def min_tile(n: int) -> int:
+    """The smallest tile side whose factorization of an ``n x n`` matrix stays within :data:`MAX_TILE_UPDATES`."""
+    t = max(1, int((6 * MAX_TILE_UPDATES) ** (1 / 3)))
+    while tile_updates(t + 1) <= MAX_TILE_UPDATES:
+        t += 1
+    while t > 1 and tile_updates(t) > MAX_TILE_UPDATES:
+        t -= 1
+    return max(1, math.ceil(n / t))
+
+
+def _check_tile(tile: Any, n: int) -> int | None:
+    """An explicit ``tile=`` is a positive integer (one larger than the matrix means one tile)."""
+    return size("tile", tile, fix="pass a positive tile side such as tile=256 (--tile 256), or omit it for the "
+                "planned one")
+
+
+def _check_updates(operation: str, n: int, tile: int, planned: bool, memory: int) -> None:
+    """Refuse a plan whose tiles are so small that it would do more than :data:`MAX_TILE_UPDATES` updates."""
+    nt = max(1, math.ceil(n / tile))
+    if operation not in ("cholesky", "lu", "qr") or tile_updates(nt) <= MAX_TILE_UPDATES:
+        return
+    least = min_tile(n)
+    rule = (f"a {operation} plans at most {MAX_TILE_UPDATES} tile updates (tiles^3 / 6 for tiles per side; "
+            "smaller tiles spend the time on per-tile reads)")
+    actual = f"tile {tile} on a {n} x {n} matrix: {nt} tiles per side, {tile_updates(nt)} updates"
+    if planned:
+        raise BudgetError(explain("memory", rule, actual + f" (the largest tile a {format_size(memory)} budget "
+                                  "holds)", f"raise the memory budget (--memory / memory=) so that tiles of at least "
+                                  f"{least} fit"))
+    raise ParameterError(explain("tile", rule, actual, f"pass tile >= {least} (--tile {least}), or omit it for the "
+                                 "planned tile"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +136,7 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
     """
     dt = np.dtype(dtype)
     per_tile = dt.itemsize
+    planned = _check_tile(tile, n) is None
 
     def fits(t: int, w: int) -> bool:
         return w * TILE_BUFFERS * t * t * per_tile <= memory
@@ -109,6 +154,7 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
             raise BudgetError(explain("memory", f"must hold {workers} task(s) of {TILE_BUFFERS} tiles of 32 x 32",
                                       format_size(memory), f"raise it to at least {format_size(need)}"))
     tile = max(1, min(int(tile), max(n, 1)))
+    _check_updates(operation, n, tile, planned, memory)
     while workers > 1 and not fits(tile, workers):
         workers -= 1
     nt = max(1, math.ceil(n / tile))
@@ -195,6 +241,8 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
     dt = np.dtype(dtype)
     src = np.dtype(source_dtype or dt).itemsize
 
+    planned = _check_tile(tile, n) is None
+
     def fits(t: int) -> bool:
         return lu_panel_bytes(n, min(t, max(n, 1)), dt.itemsize, src) <= memory
 
@@ -211,6 +259,7 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
             raise BudgetError(explain("memory", f"must hold a column panel of {n} x 32 and its buffers for the LU",
                                       format_size(memory), f"raise it to at least {format_size(need)}"))
     tile = max(1, min(int(tile), max(n, 1)))
+    _check_updates("lu", n, tile, planned, memory)
     nt = max(1, math.ceil(n / tile))
     return FactorPlan(operation="lu", n=n, dtype=dt.name, tile=tile, tiles=nt, workers=1,
                       peak_memory=lu_panel_bytes(n, tile, dt.itemsize, src), memory=memory, flops=2 * n**3 // 3,
@@ -228,6 +277,7 @@ def plan_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] 
     :data:`QR_PANEL_BUFFERS` panels of ``m x width`` in the budget. ``flops``: those of ``R``
     (``2 m n^2 - 2 n^3 / 3``); forming ``Q`` costs as much again."""
     dt = np.dtype(dtype)
+    planned = _check_tile(tile, n) is None
 
     def fits(t: int) -> bool:
         return QR_PANEL_BUFFERS * max(m, 1) * t * dt.itemsize <= memory
@@ -243,6 +293,7 @@ def plan_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] 
                                       "tiled QR", format_size(memory), f"raise it to at least {format_size(need)}, "
                                       "or, for R alone of a tall matrix, use method='tsqr'"))
     tile = max(1, min(int(tile), max(n, 1)))
+    _check_updates("qr", n, tile, planned, memory)
     nt = max(1, math.ceil(n / tile))
     return FactorPlan(operation="qr", m=m, n=n, dtype=dt.name, tile=tile, tiles=nt, workers=1,
                       peak_memory=QR_PANEL_BUFFERS * m * tile * dt.itemsize, memory=memory,

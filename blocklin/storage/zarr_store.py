@@ -291,6 +291,8 @@ def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | Non
     elif out.flags.c_contiguous:
         arr.get_basic_selection((rows, cols), out=NDBuffer.from_numpy_array(out))
     else:
+        if out.dtype.byteorder not in ("=", "|"):  # a big-endian store (zarr v2 ``>f8``): read as native
+            out = out.astype(out.dtype.newbyteorder("="))
         out[...] = arr[rows, cols]
     readstats.count(fetched_bytes(arr, rows, cols))
     return out
