@@ -47,10 +47,12 @@ class StreamingR:
     report: dict
 
 
-def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = None) -> StreamingR:
+def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = None,
+              scale: dict | None = None) -> StreamingR:
     """The streaming QR pass inside an existing :class:`~blocklin.runtime.job.Job` (operands resolved).
 
-    ``device``: where it runs (default: for ``auto``, the GPU only where it wins, :func:`pass_device`).
+    ``device``: where it runs (default: for ``auto``, the GPU only where it wins, :func:`pass_device`);
+    ``scale``: the powers of two the strips are divided by (:mod:`blocklin.linalg.scaling`).
     """
     from blocklin.device import pass_device
 
@@ -62,7 +64,7 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = 
                                 m * (n * A.dtype.itemsize + k * (B.dtype.itemsize if B is not None else 0)),
                                 job.device)
     states, plan = run_pass(job, tsqr_kernel, sources, {"dtype": np.dtype(dtype).name}, reserve=small_bytes(n, k),
-                            description="streaming QR", device=dev)
+                            description="streaming QR", device=dev, scale=scale)
     states = [s for s in states if s is not None]
     r = reduce_r(states, n + k)
     aa = sum(s["aa"] for s in states)

@@ -108,7 +108,7 @@ class Scaling:
         every = (self, *others)
         fresh = [s for s in every if not s.known]
         result = run(_merge(every))
-        if fresh and any(s.learn(job) for s in fresh):
+        if fresh and any([s.learn(job) for s in fresh]):  # every operand learns its power first
             self.extra_passes += 1
             result = run(_merge(every))
         for s in fresh:

@@ -18,6 +18,7 @@ from blocklin.runtime.stages import StepRecords
 from blocklin.linalg.gemm import Gemm
 from blocklin.linalg._solve_kernels import gram_kernel, residual_kernel, symmetrize_lower
 from blocklin.linalg.qr import tsqr_pass
+from blocklin.linalg.scaling import Scaling, check_finite_result
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.solve import SolvePlan, plan_solve, small_bytes
@@ -154,11 +155,18 @@ def _parse_lam(lam: Any) -> tuple[str, list[float]]:
         if not math.isfinite(v) or v < 0:
             raise ParameterError(_msg("lam", "must be finite and >= 0 (it multiplies ||x|| in "
                                      "min ||A x - b||^2 + lam^2 ||x||^2)", repr(v), "pass lam=0.0 or a positive value"))
-        if v > LAM_MAX:
-            raise ParameterError(_msg("lam", f"must be <= {LAM_MAX:g} (lam^2 is added to A^T A in float64, where "
+    return kind, vals
+
+
+def _check_lam_max(vals: list[float], e: int = 0) -> None:
+    """``lam <= LAM_MAX`` for the problem whose ``A`` is divided by ``2^e`` (:mod:`blocklin.linalg.scaling`:
+    a tall ``A`` with huge entries takes a lambda of their size)."""
+    for v in vals:
+        if np.ldexp(v, -e) > LAM_MAX:
+            bound = f"{LAM_MAX:g}" if not e else f"{LAM_MAX:g} * 2^{e} (the scale of A)"
+            raise ParameterError(_msg("lam", f"must be <= {bound} (lam^2 is added to A^T A in float64, where "
                                      "a larger square overflows)", repr(v), "pass a smaller lam; scale A and b "
                                      "instead (x is about A^T b / lam^2 at such a lam)"))
-    return kind, vals
 
 
 def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
@@ -301,6 +309,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     with Job("solve", **settings) as job:
         A, B = _operands(job, a, b)
         (m, n), k = A.shape, B.shape[1]
+        if m < n or _gram_exceeds_budget(job, A, B, kind, method):  # routes that do not scale A: lam as given
+            _check_lam_max(lams)
         if _gram_exceeds_budget(job, A, B, kind, method):
             if fit_intercept:
                 raise ParameterError(_msg("fit_intercept", "needs the Gram matrix of the centered problem in "
@@ -327,7 +337,13 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                         resume=resume, token=_token(A, B, lam, method, refine, fit_intercept, plan))
         ctx = _Ctx(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
                    intercept=bool(fit_intercept), saved=StepRecords(ao.done if out is not None else None))
-        info = _solve_wide(ctx, ao.array_path()) if plan.orientation == "wide" else _solve_tall(ctx, ao.array_path())
+        if plan.orientation == "wide":
+            info = _solve_wide(ctx, ao.array_path())
+        else:
+            ctx.sa = Scaling(str(source(A).path), A.dtype)
+            ctx.sb = Scaling(str(source(B).path), B.dtype)
+            info = _unscale_info(ctx, _solve_tall(ctx, ao.array_path()))
+        _check_finite_info(info)
         info.setdefault("phases", ctx.phases)
         info["fit_intercept"] = bool(fit_intercept)
         info["resumed_passes"] = list(ctx.saved.loaded)
@@ -478,10 +494,43 @@ class _Ctx:
     bbar: np.ndarray | None = None
     #: results of finished passes, kept for resume=True (runtime/stages.py)
     saved: StepRecords = dataclasses.field(default_factory=lambda: StepRecords(None))
+    #: the powers of two A and B are divided by as they are read (blocklin.linalg.scaling); the problem
+    #: solved is then 2^-ea A x' = 2^-eb b with lam' = 2^-ea lam, and x = 2^(eb - ea) x'
+    sa: Scaling | None = None
+    sb: Scaling | None = None
+    #: whether ``lams`` are already those of the scaled problem
+    scaled_lams: bool = False
+
+    def scaled_run(self, run: Any) -> dict:
+        """``run(scale)`` a pass over ``A`` and ``B`` (made again scaled when its first reading finds
+        data outside the safe range); its result records the exponents (a resumed run reads them)."""
+        out = self.sa.run(self.job, run, others=(self.sb,))
+        return out | {"ea": self.sa.exponent, "eb": self.sb.exponent}
+
+    def adopt(self, rec: dict) -> None:
+        """The exponents of a pass's record (fresh or resumed); ``lams`` of the scaled problem."""
+        if "ea" in rec and not self.sa.known:
+            self.sa.e, self.sb.e = int(rec["ea"]), int(rec["eb"])
+        if not self.scaled_lams:
+            _check_lam_max(self.lams, self.sa.exponent)
+            self.lams = [float(np.ldexp(lam, -self.sa.exponent)) for lam in self.lams]
+            self.scaled_lams = True
+
+    @property
+    def scale(self) -> dict:
+        return self.sa.params() | self.sb.params()
 
     def offset(self, x: np.ndarray) -> np.ndarray:
         """The intercept ``bbar - mu^T x`` of a solution of the centered problem."""
         return self.bbar - self.mu @ x
+
+
+def _check_finite_info(info: dict) -> None:
+    """A NaN residual or solution norm is never reported (it would read as a finished solve)."""
+    for key in ("residual_norm", "solution_norm"):
+        if key in info:
+            check_finite_result(key, np.asarray(info[key], dtype=np.float64),
+                                f"the solve's {key.replace('_', ' ')} (method {info.get('method')})")
 
 
 def _norms(values: np.ndarray) -> Any:
@@ -508,14 +557,15 @@ def _pass_device(ctx: _Ctx, phase: str, flops: float) -> str:
 
 def _gram_pass(ctx: _Ctx) -> dict:
     """``A^T A``, ``A^T b``, ``||b||^2``, ``||A||_F^2`` (saved for resume)."""
-    gp = ctx.saved.run("gram-pass", lambda: _run_gram_pass(ctx))
+    gp = ctx.saved.run("gram-pass", lambda: ctx.scaled_run(lambda sc: _run_gram_pass(ctx, sc)))
+    ctx.adopt(gp)
     gp["aa"] = float(gp["aa"])
     return gp
 
 
-def _run_gram_pass(ctx: _Ctx) -> dict:
+def _run_gram_pass(ctx: _Ctx, scale: dict) -> dict:
     states, _ = run_pass(ctx.job, gram_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64"},
-                         reserve=small_bytes(ctx.n, ctx.k), description="Gram pass: A^T A, A^T b",
+                         reserve=small_bytes(ctx.n, ctx.k), description="Gram pass: A^T A, A^T b", scale=scale,
                          device=_pass_device(ctx, "gram pass", ctx.m * ctx.n * (ctx.n + 2 * ctx.k)))
     states = [s for s in states if s is not None]
     g = states[0]["g"]
@@ -536,7 +586,7 @@ def _residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _run_residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     states, _ = run_pass(ctx.job, residual_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64", "x": x},
-                         reserve=small_bytes(ctx.n, ctx.k), check_finite=False,
+                         reserve=small_bytes(ctx.n, ctx.k), check_finite=False, scale=ctx.scale,
                          description="refinement pass: A^T (b - A x)",
                          device=_pass_device(ctx, "residual pass", 4 * ctx.m * ctx.n * ctx.k))
     states = [s for s in states if s is not None]
@@ -550,8 +600,8 @@ def _run_residual_pass(ctx: _Ctx, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def _center_gram(ctx: _Ctx, gp: dict) -> dict:
     """fit_intercept: the means of ``A`` and ``b`` (one pass each) and the Gram quantities of the centered
     problem by rank-one corrections, ``A_c^T A_c = A^T A - m mu mu^T``, ``A_c^T b_c = A^T b - m mu bbar^T``."""
-    means = ctx.saved.run("means", lambda: {"mu": column_moments(ctx.job, ctx.A).mean,
-                                         "bbar": column_moments(ctx.job, ctx.B, over="b").mean})
+    means = ctx.saved.run("means", lambda: {"mu": column_moments(ctx.job, ctx.A, scale=ctx.sa.params()).mean,
+                                         "bbar": column_moments(ctx.job, ctx.B, over="b", scale=ctx.sb.params()).mean})
     ctx.mu, ctx.bbar = means["mu"], means["bbar"]
     m, mu, bbar = ctx.m, ctx.mu, ctx.bbar
     g = gp["g"] - m * np.outer(mu, mu)
@@ -706,12 +756,13 @@ def _solve_refined(ctx: _Ctx, gp: dict, cf: Any, rcond: float, lam: float) -> tu
 
 
 def _qr_route(ctx: _Ctx, x_path: str, info: dict, reason: str) -> dict:
-    def run() -> dict:
-        sr = tsqr_pass(ctx.job, ctx.A, ctx.B, np.float64,
+    def run(scale: dict) -> dict:
+        sr = tsqr_pass(ctx.job, ctx.A, ctx.B, np.float64, scale=scale,
                        device=_pass_device(ctx, "tsqr pass", 2.0 * ctx.m * (ctx.n + ctx.k) ** 2))
         return {"r": sr.r, "qtb": sr.qtb, "rho": sr.rho, "norm_a": sr.norm_a}
 
-    sr = ctx.saved.run("tsqr-pass", run)
+    sr = ctx.saved.run("tsqr-pass", lambda: ctx.scaled_run(run))
+    ctx.adopt(sr)
     spec = _spectrum_from_r(sr["r"], sr["qtb"], sr["rho"], ctx.m)
     info.update(method="qr", method_reason=reason, norm_a=float(sr["norm_a"]))
     return _finish_spectral(ctx, spec, info, x_path)
@@ -719,9 +770,58 @@ def _qr_route(ctx: _Ctx, x_path: str, info: dict, reason: str) -> dict:
 
 def _write_x(ctx: _Ctx, x_path: str, x: np.ndarray) -> None:
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
+    if ctx.sa is not None and ctx.sa.known:  # x of the scaled problem: x = 2^(eb - ea) x'
+        x = _unscaled_x(x, ctx.sb.exponent - ctx.sa.exponent, out_dtype)
     chunks = auto_chunks(x.shape, out_dtype, ctx.job.cfg.memory)
     arr = create_array(x_path, shape=x.shape, dtype=out_dtype, chunks=chunks, codec=ctx.job.cfg.codec)
     write_block(arr, slice(0, x.shape[0]), slice(0, x.shape[1]), x.astype(out_dtype, copy=False))
+
+
+def _unscaled_x(x: np.ndarray, e: int, dtype: Any) -> np.ndarray:
+    """``2^e x``; a solution beyond the output dtype's range raises (never an Inf written silently)."""
+    if not e:
+        return x
+    with np.errstate(over="ignore", under="ignore"):
+        out = np.ldexp(x, e)
+    if not np.isfinite(out.astype(dtype, copy=False)).all():
+        raise ParameterError(_msg("b", f"must give a solution within the range of {np.dtype(dtype).name}",
+                                  f"a solution x of norm about 2^{int(np.frexp(np.linalg.norm(x))[1]) + e}",
+                                  "scale b down (or a up) by a power of two and scale x back yourself"))
+    return out
+
+
+def _unscale_info(ctx: _Ctx, info: dict) -> dict:
+    """The report of the scaled problem in the units of the problem given: ``lam``, norms of ``A``,
+    residuals (``2^eb``), solutions (``2^(eb - ea)``), the intercept and the lambda curve."""
+    if ctx.sa is None or not (ctx.sa.exponent or ctx.sb.exponent):
+        return info
+    ea, eb = ctx.sa.exponent, ctx.sb.exponent
+
+    def sc(v: Any, e: int) -> Any:
+        if v is None or isinstance(v, str):
+            return v
+        if isinstance(v, (list, tuple)):
+            return [sc(x, e) for x in v]
+        with np.errstate(over="ignore", under="ignore"):
+            return float(np.ldexp(float(v), e))
+
+    for key, e in (("lam", ea), ("norm_a", ea), ("residual_norm", eb), ("objective", eb),
+                   ("solution_norm", eb - ea), ("intercept", eb)):
+        if key in info:
+            info[key] = sc(info[key], e)
+    if "gcv" in info:  # m ||r||^2 / (m - dof)^2
+        info["gcv"] = sc(info["gcv"], 2 * eb)
+    curve = info.get("curve")
+    if isinstance(curve, dict):
+        for key, e in (("lam", ea), ("chosen", ea), ("residual_norm", eb), ("solution_norm", eb - ea),
+                       ("gcv", 2 * eb)):
+            if key in curve:
+                curve[key] = sc(curve[key], e)
+    info["scaling"] = {"exponent_a": ea, "exponent_b": eb, "max_abs_a": ctx.sa.amax, "max_abs_b": ctx.sb.amax,
+                       "extra_passes": ctx.sa.extra_passes,
+                       "note": f"solved 2^{-ea} A x' = 2^{-eb} b with lam' = 2^{-ea} lam (exact powers of two); "
+                               f"x = 2^{eb - ea} x'"}
+    return info
 
 
 def _finish_spectral(ctx: _Ctx, spec: Spectrum, info: dict, x_path: str) -> dict:
