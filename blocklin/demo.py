@@ -40,6 +40,17 @@ def _status(field: str) -> int | None:
     return None
 
 
+def _demo_wrote(path: Path) -> bool:
+    """Whether ``path`` is a store the demo wrote (blocklin provenance of ``random`` or ``matmul``)."""
+    import json
+
+    try:
+        attrs = json.loads((path / "zarr.json").read_text()).get("attributes", {})
+    except (OSError, ValueError):
+        return False
+    return attrs.get("blocklin", {}).get("operation") in ("random", "matmul")
+
+
 def run_demo(*, n: int = 6144, memory: Any = "256MiB", dtype: str = "float64", folder: str | None = None,
              keep: bool = False, device: str | None = None, scheduler: Any = None, progress: Any = None,
              samples: int = 8, seed: int = 0) -> dict:
@@ -51,6 +62,7 @@ def run_demo(*, n: int = 6144, memory: Any = "256MiB", dtype: str = "float64", f
     """
     budget = parse_size(memory)
     base = Path(folder) if folder else Path(tempfile.mkdtemp(prefix="blocklin-demo-"))
+    made = folder is None or not base.exists()  # a folder the user had is kept: only the demo's stores go
     base.mkdir(parents=True, exist_ok=True)
     try:
         t0 = time.perf_counter()
@@ -93,4 +105,8 @@ def run_demo(*, n: int = 6144, memory: Any = "256MiB", dtype: str = "float64", f
         }
     finally:
         if not keep:
-            shutil.rmtree(base, ignore_errors=True)
+            for name in ("A.zarr", "B.zarr", "C.zarr") if not made else ():
+                if _demo_wrote(base / name):
+                    shutil.rmtree(base / name, ignore_errors=True)
+            if made:
+                shutil.rmtree(base, ignore_errors=True)

@@ -384,3 +384,13 @@ def test_s3_overwrite_replaces_a_blocklin_output_and_spares_its_siblings(s3work,
     assert backend(bl.storage.as_location(f"{base}/d", opts)).read_bytes("notes.txt") == b"not blocklin's"
     m = bl.from_array(2 * A, out, overwrite=True, storage_options=opts)  # from_array over a blocklin output
     np.testing.assert_array_equal(m.to_numpy(), 2 * A)
+
+
+def test_demo_in_an_existing_folder_removes_only_its_own_stores(tmp_path, capsys):
+    """``blocklin demo --dir DIR`` without --keep used to remove DIR whole."""
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "thesis.tex").write_text("keep")
+    before = tree(d)
+    assert main(["demo", "--size", "256", "--memory", "1MiB", "--dir", str(d)]) == 0
+    assert tree(d) == before
