@@ -15,7 +15,8 @@ examples:
   blocklin convert A.zarr B.zarr --chunks 4096,4096 --codec zstd --checksum
   blocklin convert data.bin A.zarr --shape 20000,10000 --dtype f8 --order F --offset 0
   blocklin convert table.csv A.zarr --skip-rows 1 --delimiter ';'
-  blocklin convert A.zarr A.mtx"""
+  blocklin convert A.zarr A.mtx
+  blocklin convert A.zarr results.h5:/A --overwrite   # replaces dataset /A only; the file's others stay"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

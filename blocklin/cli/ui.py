@@ -103,7 +103,8 @@ def add_common(parser: argparse.ArgumentParser, *, memory: bool = True, device: 
         parser.add_argument("--scheduler", metavar="S",
                             help="threads (default), sync, processes, distributed, or tcp://host:port")
     if output:
-        parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+        parser.add_argument("--overwrite", action="store_true", help="replace an existing output that blocklin wrote "
+                            "(or an empty folder; a file of the format for exports); other data is refused")
     parser.add_argument("--storage-option", action="append", metavar="KEY=VALUE", dest="storage_option",
                         help="fsspec option for s3://, gs://, ... paths (repeatable; dotted keys nest: "
                              "client_kwargs.endpoint_url=http://host:9000; values are JSON when they parse)")
