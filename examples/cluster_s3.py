@@ -25,6 +25,7 @@ import tempfile
 import numpy as np
 
 import blocklin
+from blocklin.config import format_size
 from blocklin.storage.location import storage_options_from_items
 
 
@@ -48,6 +49,18 @@ def loopback_s3():
         server.stop()
 
 
+def within_budget(what: str, op, want: int):
+    """``op(memory=want)``, or at the smallest budget its planner accepts when ``want`` cannot hold its
+    tiles: the planner refuses before anything is written and names a minimum checked to suffice
+    (``BudgetError.minimum``), so the budget follows the plan, whatever the chunks and the backend."""
+    try:
+        return op(memory=want), want
+    except blocklin.errors.BudgetError as exc:
+        print(f"{what}: {format_size(want)} cannot hold the plan's tiles; the planner's minimum is "
+              f"{format_size(exc.minimum)}")
+        return op(memory=exc.minimum), exc.minimum
+
+
 def run(client, bucket: str, options: dict) -> bool:
     small = os.environ.get("BLOCKLIN_EXAMPLE_SIZE") == "small"
     m, n, k = (1200, 300, 200) if small else (8000, 1000, 600)
@@ -55,16 +68,20 @@ def run(client, bucket: str, options: dict) -> bool:
     # Decaying spectrum plus noise: the kind of matrix a truncated SVD is for.
     a = (rng.standard_normal((m, 30)) * 0.7 ** np.arange(30)) @ rng.standard_normal((30, n))
     a += 0.01 * rng.standard_normal(a.shape)
+    # Each worker's budget: a quarter of A (no task holds A whole), or what the plan needs when that is
+    # more: reads from an object store decode whole chunks, so the chunks set the floor.
+    want = a.nbytes // 4
     ok = True
     with blocklin.config.set(storage_options=options, temp_dir=f"{bucket}/tmp", scheduler=client):
         # 1. Data in: A from this process's memory; B drawn by the workers, chunk row by chunk row.
-        A = blocklin.from_array(a, f"{bucket}/A.zarr", chunks=(m // 4, n), overwrite=True)
+        A = blocklin.from_array(a, f"{bucket}/A.zarr", chunks=(m // 8, n // 2), overwrite=True)
         blocklin.random(f"{bucket}/B.zarr", (n, k), seed=1, chunks=(n // 2, k), overwrite=True)
-        print(f"A {A.shape} at {A.path}, B ({n}, {k}) at {bucket}/B.zarr (written by the workers)")
+        print(f"A {A.shape} chunks {A.chunks} at {A.path}, B ({n}, {k}) at {bucket}/B.zarr (written by the "
+              f"workers); a quarter of A is {format_size(want)}")
 
         # 2. GEMM on the workers, output in the bucket; resume=True completes an interrupted run.
-        C = blocklin.matmul(A, f"{bucket}/B.zarr", f"{bucket}/C.zarr", memory="16MiB", overwrite=True,
-                            resume=True)
+        C, used = within_budget("gemm", lambda memory: blocklin.matmul(
+            A, f"{bucket}/B.zarr", f"{bucket}/C.zarr", memory=memory, overwrite=True, resume=True), want)
         b = blocklin.open(f"{bucket}/B.zarr").to_numpy()
         # Higham's bound for dot products of length n: |error| <= 2 gamma_n (|A| @ |B|).
         eps = np.finfo(np.float64).eps
@@ -72,14 +89,20 @@ def run(client, bucket: str, options: dict) -> bool:
         ratio = float(np.max(np.abs(C.to_numpy() - a @ b) / bound))
         ok &= ratio <= 1.0
         print(f"check: C = A @ B within the rounding-error bound ({ratio:.2g} of it): {ratio <= 1.0}")
-        print(f"cost: {C.report['seconds']:.2f} s, {C.report['tasks']} tasks on {C.report['scheduler']}")
+        plan = C.report["plan"]
+        print(f"cost: {C.report['seconds']:.2f} s, {C.report['tasks']} tasks on {C.report['scheduler']}, planned "
+              f"peak {format_size(plan['peak_memory'])} of {format_size(used)} per worker")
 
         # 3. Truncated SVD, factors in the bucket.
-        U, s, Vt = blocklin.svd(A, 5, out=f"{bucket}/svd.zarr", memory="16MiB", overwrite=True, seed=0)
+        res, used = within_budget("svd", lambda memory: blocklin.svd(
+            A, 5, out=f"{bucket}/svd.zarr", memory=memory, overwrite=True, seed=0), want)
+        U, s, Vt = res
         ref = np.linalg.svd(a, compute_uv=False)[:5]
         rel = float(np.max(np.abs(s - ref) / ref))
         ok &= rel <= 1e-6
         print(f"check: top singular values {np.round(s, 3)} match NumPy's to {rel:.1e}: {rel <= 1e-6}")
+        print(f"cost: {res.report['seconds']:.2f} s, {res.report['passes']} passes over A ({res.report['method']}), "
+              f"budget {format_size(used)} per worker")
         print(f"U {U.shape} at {U.path}; temp dir {bucket}/tmp left empty: "
               f"{not blocklin.storage.backend(blocklin.storage.as_location(f'{bucket}/tmp')).keys('')}")
     return ok

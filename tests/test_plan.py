@@ -24,6 +24,11 @@ def test_gemm_plan_fits_and_covers(m, n, k, cm, cn, ck, dtype, memory, workers, 
                          cores=4, c_chunks=(cm, cn) if with_c else None)
     except BudgetError as exc:
         assert "at least" in str(exc)
+        # the minimum it names plans (what callers retry with)
+        assert exc.minimum is not None and exc.minimum > memory
+        again = plan_gemm(m, n, k, dtype, a_chunks=(cm, ck), b_chunks=(ck, cn), memory=exc.minimum, workers=workers,
+                          cores=4, c_chunks=(cm, cn) if with_c else None)
+        assert again.peak_memory <= exc.minimum
         return
     assert plan.peak_memory <= memory
     cover = np.zeros((min(m, 300), min(n, 300)), dtype=np.int32)

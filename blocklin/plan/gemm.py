@@ -490,17 +490,31 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
 
 
 def _smallest_does_not_fit(sp: _Space, *, workers: int, memory: int, device_memory: int | None) -> BudgetError:
-    """The error naming the budget that one task with the smallest tiles needs."""
+    """The error naming the smallest budget that plans: the least a task needs over every tiling the
+    search tries, counted as the search counts it (chunks each panel touches, output chunks written),
+    so a budget of ``minimum`` finds a plan."""
     m_, n_ = max(sp.m, 1), max(sp.n, 1)
-    tm, tn, tk = min(m_, sp.mu), min(n_, sp.nu), min([min(max(1, sp.k), sp.ku)] + sp.sub_chunk_panels())
-    host, dev = sp.task_memory(tm, tn, tk, (tm, tn), read_chunks=1, write_chunks=1)
-    need = host * workers
-    which = "memory"
-    if sp.on_gpu and host * workers <= memory:
-        need, which = dev * workers, "device_memory"
+    widths = sorted({min(max(1, sp.k), sp.ku), *sp.sub_chunk_panels()})
+    tilings = []
+    for tm in _candidates(m_, sp.mu):
+        for tn in _candidates(n_, sp.nu):
+            oc = sp.out_chunks_for(tm, tn)
+            if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
+                continue
+            for tk in widths:
+                host, dev = sp.task_memory(tm, tn, tk, oc, read_chunks=sp.read_chunks(tm, tn, tk),
+                                           write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
+                tilings.append((host * workers, dev * workers, tm, tn, tk))
+    host_fits = [t for t in tilings if t[0] <= memory] if sp.on_gpu else []
+    if host_fits:  # the host budget holds some tiling: the device budget is what is short
+        need, _, tm, tn, tk = min(((t[1], t[0], *t[2:]) for t in host_fits))
+        which = "device_memory"
+    else:
+        need, _, tm, tn, tk = min(tilings)
+        which = "memory"
     return BudgetError(explain(
         which, "must hold the smallest tiles of every concurrent task "
         f"({workers} task(s) of {tm} x {tn} with {tk}-wide panels)",
         f"{format_size(memory if which == 'memory' else device_memory)}",
         f"raise it to at least {format_size(need)} ({which}='{size_hint(need)}'), "
-        "use fewer workers, or rechunk the inputs smaller (blocklin convert --chunks)"))
+        "use fewer workers, or rechunk the inputs smaller (blocklin convert --chunks)"), minimum=need)
