@@ -7,6 +7,7 @@ block, which checks symmetry. A matrix that fits the budget is read once and sol
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any, Unpack
@@ -21,6 +22,7 @@ from blocklin.linalg.orth import orth_against
 from blocklin.linalg.random import STREAM_LANCZOS, gaussian
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.results import open_group, write_group
+from blocklin.linalg.scaling import Scaling, check_finite_result, incore_exponent, unscale
 from blocklin.linalg.svd import checkpointed_seed, load_incore, resume_token
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
@@ -154,7 +156,13 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         seed = checkpointed_seed(ckpt, seed)
         state = ckpt.load("lanczos")
         x0 = orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, plan.block), seed=seed)
-        apply, first, phases = _operator(job, A, plan, x0, check_symmetric and state is None)
+        scaling = Scaling(str(source(A).path), dt)
+        saved = ckpt.load("scaling")
+        if saved is not None:  # resume: the power of two the checkpointed steps were taken with
+            scaling.e, scaling.amax = int(saved["e"]), float(saved["amax"])
+        apply, first, phases = _operator(job, A, plan, x0, check_symmetric and state is None, scaling)
+        if ckpt.enabled and saved is None and scaling.known:
+            ckpt.save("scaling", e=scaling.exponent, amax=float(scaling.amax or 0.0))
         scale = {"v": float(state.pop("scale")) if state is not None else 0.0}  # the threshold's running max
 
         def threshold(theta: np.ndarray) -> np.ndarray:
@@ -167,13 +175,18 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                             checkpoint=(lambda st: ckpt.save("lanczos", scale=scale["v"], **st))
                             if ckpt.enabled else None)
         ckpt.clear()
+        if scaling.exponent:  # the eigenpairs of 2^-e A: eigenvalues and residuals scale back by 2^e
+            res = dataclasses.replace(res, values=unscale(res.values, scaling.exponent),
+                               residuals=unscale(np.asarray(res.residuals, dtype=np.float64), scaling.exponent))
+            scale["v"] = float(np.ldexp(scale["v"], scaling.exponent))
+        check_finite_result("w", res.values, "the eigenvalues of eigsh")
         if not res.converged:
             warn(f"eigsh: tol={tol:g} not reached within {job.passes('a')} passes over A; reached a relative "
                  f"residual of {float(np.max(res.residuals)) / max(scale['v'], 1e-300):.2e} (max over the {k} "
                  "pairs). Raise max_passes, max_basis or block_size, or loosen tol", ConvergenceWarning)
         result = _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed, phases=phases,
                          order=order, ao=ao)
-        result.report.update(resumed=bool(ao is not None and ao.resumed),
+        result.report.update(scaling=scaling.report(), resumed=bool(ao is not None and ao.resumed),
                              restored_checkpoints=[name for name in ckpt.restored if name != "seed"])
         return result
 
@@ -200,14 +213,18 @@ def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighRes
     return EighResult(w[idx], np.ascontiguousarray(V[:, idx]), report)
 
 
-def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
-              check_symmetric: bool) -> tuple[Callable[[np.ndarray, int], np.ndarray], np.ndarray, dict]:
+def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray, check_symmetric: bool,
+              scaling: Scaling) -> tuple[Callable[[np.ndarray, int], np.ndarray], np.ndarray, dict]:
     """``apply(X, step) = A^T X`` (in memory, or one pass each), ``A^T x0`` (symmetry checked on ``x0``),
-    and where the phases run (in memory on a GPU: ``A`` kept on the device for the products)."""
+    and where the phases run (in memory on a GPU: ``A`` kept on the device for the products). ``A`` is
+    divided by ``scaling``'s power of two (:mod:`blocklin.linalg.scaling`), learned from its first read."""
     dt = A.dtype
     n = A.shape[0]
     if plan.in_core:
         M = load_incore(job, A, plan)
+        scaling.e, scaling.amax = incore_exponent(M)
+        if scaling.e:
+            np.ldexp(M, -scaling.e, out=M)
         ax, atx = M @ x0.astype(dt), M.T @ x0.astype(dt)
         dev = None
         if job.device == "gpu" and M.nbytes * 1.5 <= (job.device_memory() or 0):
@@ -233,9 +250,10 @@ def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray,
         phases = {"passes over A": where}
 
         def one(x: np.ndarray, step: int, check: bool = False) -> Any:
-            states, _ = run_pass(job, rmat_kernel, src, {"Y": x.astype(dt), "n": n, "check": check},
-                                 memory=plan.memory, reserve=plan.client_bytes,  # a refusal names the total
-                                 description=f"eigsh: Lanczos step {step}", device=where)
+            states = scaling.run(job, lambda sc: run_pass(
+                job, rmat_kernel, src, {"Y": x.astype(dt), "n": n, "check": check}, memory=plan.memory,
+                reserve=plan.client_bytes,  # a refusal names the total
+                description=f"eigsh: Lanczos step {step}", device=where, scale=sc).states)
             z = reduce_sum(states, "Z")
             return (z, collect_rows(states, n, x.shape[1])) if check else z
 

@@ -132,6 +132,20 @@ def _merge(every: tuple[Scaling, ...]) -> dict[str, int]:
     return out
 
 
+def squares_lose_columns(peaks: np.ndarray | None) -> int:
+    """How many nonzero columns a float64 Gram cannot hold: those whose largest entry is below
+    ``2^-511`` times the largest of all (their squares fall below ``2^-1022`` relative to the largest
+    square, out of float64's normal range: the Gram holds zeros or a few bits for them, and the
+    singular values they carry are lost however the data is scaled)."""
+    if peaks is None or peaks.size == 0:
+        return 0
+    top = float(peaks.max())
+    if not top > 0:
+        return 0
+    cut = np.ldexp(top, (np.finfo(np.float64).minexp + 1) // 2)
+    return int(np.count_nonzero((peaks > 0) & (peaks < cut)))
+
+
 def incore_exponent(b: np.ndarray) -> tuple[int, float]:
     """``(e, max |b|)`` of an array held in memory."""
     amax = max(float(b.max()), -float(b.min())) if b.size else 0.0  # no temporary the size of b

@@ -27,7 +27,8 @@ from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.lanczos import block_lanczos, small_blas, start_block
 from blocklin.linalg.orth import cholqr_r, orth_against, orth_incore
 from blocklin.linalg.results import open_group, write_group
-from blocklin.linalg.scaling import Scaling, check_finite_result, incore_exponent, unscale
+from blocklin.linalg.scaling import Scaling, check_finite_result, incore_exponent, squares_lose_columns, unscale
+from blocklin.linalg.tsqr import r_factor, reduce_r, tsqr_kernel
 from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
 from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, gram_route_fits, plan_svd, sketch_blas_threads, sketch_tasks
@@ -157,6 +158,10 @@ class _InCore:
             _syrk_acc(g, np.asarray(self.b[r0:r0 + step], dtype=np.float64))
         return symmetrize_lower(g)
 
+    def r_factor(self, description: str = "") -> np.ndarray:
+        """``R`` of ``B = Q R`` (Householder, float64): no squares (the Gram route's fallback)."""
+        return r_factor(np.array(self.b, dtype=np.float64))
+
     def _mm(self, a: Any, b: np.ndarray) -> Any:
         """``a @ b`` on the device (``b`` a host matrix)."""
         out = self.dev.zeros((a.shape[0], b.shape[1]), self.dtype)
@@ -224,6 +229,7 @@ class _Streamed:
         # a standardized wide A scales the rows of B = A^T, an operation only the CPU device has
         self.device = "cpu" if shift is not None and shift.r is not None else _pass_device(job, plan, A.dtype)
         self.memory = plan.pass_memory
+        self.shift = shift
         #: ``(Q, B_c^T B_c Q)`` of a pass already made (the means pass fused with the first product)
         self.first: tuple[np.ndarray, np.ndarray] | None = None
 
@@ -249,6 +255,11 @@ class _Streamed:
         if p.method in ("lanczos", "gram"):
             self._plan(K.apply_kernel, {"write": "F", "collect": False, "W": _Shape((N, k), dt)})
 
+    @property
+    def peaks(self) -> np.ndarray | None:
+        """Each column's ``max |B|``, recorded by the first pass over ``A`` (``None`` before it)."""
+        return self.job.peaks.get(str(self.source.path))
+
     def _gram_params(self) -> dict:
         # float64 sums whatever the dtype: the subspace of a float32 A then comes from its exact Gram
         return {"dtype": "float64", "gpu": self.device == "gpu"}
@@ -258,6 +269,11 @@ class _Streamed:
         params = self._gram_params()
         return sum_gram_states(self._run(gram_pass_kernel, params, self._plan(gram_pass_kernel, params, **GRAM_PASS),
                                          description))
+
+    def r_factor(self, description: str = "") -> np.ndarray:
+        """``R`` of ``B = Q R`` from one streaming TSQR pass (float64): no squares."""
+        params = {"dtype": "float64"}
+        return reduce_r(self._run(tsqr_kernel, params, self._plan(tsqr_kernel, params), description), self.N)
 
     def _run(self, kernel: Any, params: dict, plan: Any, description: str, **kw: Any) -> list:
         def one(scale: dict) -> list:
@@ -552,7 +568,12 @@ def _gram(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int
     if saved is not None:  # resume: the subspace (and, when the Rayleigh-Ritz step missed tol, its product)
         Q, Z = saved["Q"], saved.get("Z")
     else:
-        Q = start if start is not None else gram_subspace(src.gram(description="gram: B^T B by SYRK"), plan.block)
+        if start is None:
+            g = src.gram(description="gram: B^T B by SYRK")
+            why = _squares_lost(src, "gram")
+            if why:  # the squares left float64's range for some columns: a route without squares
+                return _tsqr_svd(src, k, dest, transposed_out) | {"lanczos_steps": 0, "fallback": why}
+        Q = start if start is not None else gram_subspace(g, plan.block)
         Z = None
         ckpt.save("gram", Q=Q)
     if Z is None:
@@ -563,6 +584,41 @@ def _gram(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int
         del p, G, Y
         ckpt.save("gram", Q=Q, Z=Z)
     return _lanczos(src, k, plan, tol, seed, max_steps, dest, transposed_out, ckpt, x0=Q, first=Z)
+
+
+def _squares_lost(src: Any, method: str) -> str | None:
+    """Why ``method`` (which works with ``B^T B``) cannot hold ``B``: the reason for the report's
+    ``fallback``, or ``None``. Only an unshifted ``B`` falls back (the QR has no centering)."""
+    if getattr(src, "shift", None) is not None:
+        return None
+    lost = squares_lose_columns(src.peaks)
+    if not lost:
+        return None
+    return (f"{method} -> tsqr: {lost} nonzero column(s) of B have entries below 2^-511 times the largest, so "
+            "their squares are out of float64's range in B^T B; the singular values come from the R factor of a "
+            "streaming Householder QR instead (no squares)")
+
+
+def _tsqr_svd(src: Any, k: int, dest: str | None, transposed_out: bool) -> dict:
+    """The SVD from ``B = Q R`` without squaring anything: ``R = U_R S V^T`` in memory, the long factor
+    ``U = B (R^-1 U_R)`` from one pass that also gives ``B^T U`` (so every triplet's residual
+    ``||B^T u - s v||`` is measured on ``B`` itself), then written. Householder QR keeps each column's
+    rounding relative to that column's norm, so a matrix whose columns differ in scale by more than
+    float64's range survives where ``B^T B`` does not (LAPACK's ``xGESDD`` starts with the same QR)."""
+    R = src.r_factor(description="tsqr: R factor of B (no squares)")
+    with small_blas(R.shape[0], R.shape[1]):
+        # xGESVD (QR iteration on the bidiagonal) keeps the small singular values of a graded R to their
+        # own rounding; xGESDD's divide and conquer with vectors returned them at eps ||R|| (measured)
+        Ur, S, Vrt = scipy.linalg.svd(R, lapack_driver="gesvd", check_finite=False)
+    kk = int(np.count_nonzero(S[:k] > 0))
+    W = np.zeros((src.N, k))
+    if kk:
+        W[:, :kk] = scipy.linalg.solve_triangular(R, Ur[:, :kk], check_finite=False)  # Q^T u = U_R: u = B R^-1 U_R
+    Z, _, Y = src.normal(W, keep_y=True, description="tsqr: the long factor and B^T U")
+    sig, V = np.where(np.arange(k) < kk, S[:k], 0.0), Vrt.T[:, :k]
+    resid = np.linalg.norm(Z - V * sig, axis=0)
+    return _write_long({"s": sig, "V": V, "residuals": resid, "orth": "tsqr", "Y": Y, "chain": [np.eye(k)]},
+                       dest, transposed_out, "tsqr")
 
 
 # -- public ----------------------------------------------------------------------------------------------
@@ -848,6 +904,7 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
             dev = get_device("gpu", device_memory=job.device_memory())
             job.stack.enter_context(dev.reserve(held))
         src: Any = _InCore(b, dev)
+        src.peaks = job.peaks.get(scaling.path)  # recorded by the pass that read B
         phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
     else:
         if plan.method == "gram" and (center or scale):  # the means pass makes the centered Gram too
@@ -877,6 +934,14 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
     else:
         r = _lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed,
                      ckpt)
+    why = _squares_lost(src, plan.method) if plan.method in ("rsvd", "lanczos") and not (center or scale) else None
+    if why:  # B^T B could not hold B: the answer again, without squares (2 more passes over A)
+        if dest is not None:  # the long factor the method wrote in this run's own partial output
+            from blocklin.storage.backend import remove
+            from blocklin.storage.location import as_location
+
+            remove(as_location(dest))
+        r = _tsqr_svd(src, k, dest, plan.transposed) | {"fallback": why}
     r["phases"] = phases
     r["means_fused"] = not plan.in_core and (fused is not None or gram_start is not None)
     e = scaling.exponent

@@ -139,6 +139,8 @@ class Job:
         #: Largest magnitude of each input, by path, recorded by the first row pass that read it whole
         #: (what :mod:`blocklin.linalg.scaling` chooses its power of two from).
         self.amax: dict[str, float] = {}
+        #: ... and of each column of the streamed orientation (rows of a source streamed transposed)
+        self.peaks: dict[str, Any] = {}
         self.t0 = time.perf_counter()
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_physical": 0, "bytes_written": 0, "tasks": 0, "skipped": 0,
                       "retried_tasks": 0, "load_seconds": 0.0, "wait_seconds": 0.0}

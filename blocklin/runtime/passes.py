@@ -23,6 +23,7 @@ This module is the one way to run a row pass:
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
@@ -159,7 +160,7 @@ class RowPassSpec:
     #: Per input: the power of two ``e`` its strips are divided by as they are read (``x 2^-e``,
     #: exact; :mod:`blocklin.linalg.scaling`), 0 for none.
     scale: tuple[int, ...] | None = None
-    #: Per input: whether the task records the largest magnitude of what it read (``amax``).
+    #: Per input: whether the task records the largest magnitude of each column it read (``peaks``).
     amax: tuple[bool, ...] | None = None
 
 
@@ -237,7 +238,8 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
     scale : dict, optional
         ``{path: e}``: the strips of that source are multiplied by ``2^-e`` as they are read (exact,
         never a scaled copy on disk; :mod:`blocklin.linalg.scaling`). The largest magnitude of each
-        operand input read for the first time in the job is recorded in ``job.amax[path]``.
+        operand input read for the first time in the job is recorded in ``job.amax[path]`` (and of
+        each column of the streamed orientation in ``job.peaks[path]``).
     **planning
         ``memory``, ``reserve``, ``max_strip``, ``min_tasks``, ``workers`` for :func:`plan_kernel_pass`.
     """
@@ -280,7 +282,10 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
         job.checked_finite |= checked
     for j, s in enumerate(sources):  # the operands' largest magnitudes, from the first pass that read them
         if spec.amax[j]:
-            job.amax[str(s.path)] = _max_nan([r["amax"][j] for r in results if "amax" in r])
+            peaks = _max_nan([r["peaks"][j] for r in results if "peaks" in r and r["peaks"][j] is not None])
+            job.peaks[str(s.path)] = peaks
+            job.amax[str(s.path)] = float("nan") if peaks is None or np.isnan(peaks).any() else \
+                float(peaks.max(initial=0.0))
     return PassResult([r["state"] for r in results], plan)
 
 
@@ -311,7 +316,8 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
     nbytes = [0]
     scale = spec.scale or (0,) * len(arrays)
     want = spec.amax or (False,) * len(arrays)
-    peaks: list[tuple[int, float]] = []  # (input, max |x| of one strip): appended by the loader threads
+    peaks: list[np.ndarray | None] = [None] * len(arrays)  # per input, max |x| of each column so far
+    lock = threading.Lock()  # the loader threads update them
     bands = [_Band(arr, t) if spec.plan.cached and _Band.wanted(path, arr, t, spec.plan.strip) else None
              for path, arr, t in zip(spec.inputs, arrays, trans)]
 
@@ -336,7 +342,9 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
                     check_finite(v, name, rs, cs)
             j = len(views)
             if want[j]:
-                peaks.append((j, _amax(v)))
+                p = _column_peaks(v)
+                with lock:
+                    peaks[j] = p if peaks[j] is None else _max_nan([peaks[j], p])
             if scale[j] and v.flags.writeable and np.may_share_memory(v, buf):
                 np.ldexp(v, -scale[j], out=v)  # the task's own read buffer
             elif scale[j]:
@@ -348,23 +356,24 @@ def row_pass_task(spec: RowPassSpec, group: int) -> dict:
     # a task's share of the plan, held from the GPU's budget that this process's tasks share
     with device.reserve(spec.plan.peak_memory // max(1, spec.plan.workers)):
         state, written, told, stream = _stream_strips(spec, device, strips, load, shapes, arrays, outs)
-    amax = [_max_nan([p for j, p in peaks if j == i]) for i in range(len(arrays))]
-    return {"state": state, "amax": amax, "bytes_read": nbytes[0], "bytes_written": written,
+    return {"state": state, "peaks": peaks, "bytes_read": nbytes[0], "bytes_written": written,
             "seconds": time.perf_counter() - t0,
             "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds, "progress_units": told}
 
 
-def _amax(v: np.ndarray) -> float:
-    """``max |v|`` without a temporary (NaN when ``v`` holds one: it propagates through max and min)."""
-    if v.size == 0:
-        return 0.0
-    hi, lo = float(v.max()), float(v.min())
-    return max(hi, -lo) if hi == hi and lo == lo else float("nan")
+def _column_peaks(v: np.ndarray) -> np.ndarray:
+    """``max |v|`` of each column, float64, without a temporary the size of ``v`` (NaN where a column
+    holds one: it propagates through max and min)."""
+    if v.shape[0] == 0:
+        return np.zeros(v.shape[1])
+    return np.maximum(v.max(axis=0).astype(np.float64), -v.min(axis=0).astype(np.float64))
 
 
-def _max_nan(values: list[float]) -> float:
-    """The largest of ``values`` (0 for none), NaN if any is NaN."""
-    return float("nan") if any(x != x for x in values) else max(values, default=0.0)
+def _max_nan(values: list) -> np.ndarray | None:
+    """The elementwise largest of the arrays ``values`` (``None`` for none), NaN where any is NaN."""
+    if not values:
+        return None
+    return np.maximum.reduce([np.asarray(x, dtype=np.float64) for x in values])  # maximum propagates NaN
 
 
 def _stream_strips(spec: RowPassSpec, device: Any, strips: list, load: Any, shapes: list, arrays: list,
