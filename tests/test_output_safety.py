@@ -135,6 +135,16 @@ def test_plain_zarr_array_is_the_users_data(work, tmp_path, capsys):
     assert (zarr.open_array(plain)[...] == 7.0).all()
 
 
+def test_a_blocklin_output_holding_other_files_is_refused(work, tmp_path, capsys):
+    """Provenance alone is not enough: files someone put inside a blocklin output are theirs."""
+    out = tmp_path / "C.zarr"
+    bl.matmul(work / "A.zarr", work / "B.zarr", out)
+    (out / "my-notes.txt").write_text("mine")
+    refused_cli(capsys, tmp_path, gemm_argv(work, out), "blocklin did not write (my-notes.txt)", f"rm -r {out}")
+    (out / "my-notes.txt").unlink()
+    assert main(gemm_argv(work, out)) == 0
+
+
 def test_a_file_where_a_zarr_folder_would_go_is_refused(work, tmp_path, capsys):
     (tmp_path / "C.zarr").write_text("a file")
     refused_cli(capsys, tmp_path, gemm_argv(work, tmp_path / "C.zarr"), "a file, where a zarr folder would go",
@@ -363,6 +373,11 @@ def test_s3_prefix_holding_other_data_is_refused(s3work, capsys):
                f"aws s3 rm --recursive {plain}/")
     backend(bl.storage.as_location(f"{base}/docs", opts)).write_bytes("thesis.tex", b"\\documentclass")
     refused_s3(capsys, base, opts, ["gemm", *ab, "-o", f"{base}/docs", "--overwrite", *so], "other objects")
+    # A blocklin output with an object someone added: that object is theirs.
+    bl.from_array(A, f"{base}/mixed.zarr", storage_options=opts)
+    backend(bl.storage.as_location(f"{base}/mixed.zarr", opts)).write_bytes("README", b"mine")
+    refused_s3(capsys, base, opts, ["gemm", *ab, "-o", f"{base}/mixed.zarr", "--overwrite", *so],
+               "blocklin did not write (README)")
     before = bucket_state(base, opts)
     with pytest.raises(OutputExistsError, match="blocklin did not write"):
         bl.from_array(A, plain, overwrite=True, storage_options=opts)

@@ -10,7 +10,8 @@ Every output of every operation and converter is checked here before anything is
   other runs' included. The temp dir must not be an input or inside one either (inputs are never
   modified, not even by a work folder that comes and goes).
 * **``overwrite`` replaces only what may go**: a zarr array or group blocklin wrote (its root
-  attributes carry ``"blocklin"`` provenance, written by ``AtomicOutput.commit``), an empty folder,
+  attributes carry ``"blocklin"`` provenance, written by ``AtomicOutput.commit``, and it holds
+  nothing but zarr metadata, chunks and blocklin's records), an empty folder,
   or for a file export an existing regular file of that format (``.npy`` magic, Matrix Market
   header, a text file for CSV/TSV, any regular file for raw binary). Anything else (a zarr array
   another tool wrote, a folder of other files, a file where a zarr folder would go, a folder where
@@ -173,6 +174,30 @@ def zarr_provenance(read: Any) -> str | None:
     return "blocklin" if isinstance(attrs, dict) and isinstance(attrs.get("blocklin"), dict) else "zarr"
 
 
+#: Keys of a zarr v3 store as blocklin writes it: metadata, chunks (default ``c/i/j`` encoding),
+#: blocklin's own records, and the temporary chunk names a killed writer leaves.
+_OWN_KEY = re.compile(r"^(?:.*/)?(?:zarr\.json|c(?:/\d+)+|\.blocklin-[^/]*|[^/]*\.tmp-\d+-[0-9a-f]+)$"
+                      r"|^(?:.*/)?\.blocklin-[^/]*/.*$")
+
+
+def foreign_keys(keys: Iterable[str]) -> list[str]:
+    """The keys (relative paths) of a store that blocklin would not have written there."""
+    return [k for k in keys if not _OWN_KEY.match(k)]
+
+
+def _local_keys(folder: str) -> list[str]:
+    out = []
+    for root, _dirs, files in os.walk(folder):
+        for f in files:
+            out.append(os.path.relpath(os.path.join(root, f), folder).replace(os.sep, "/"))
+    return out
+
+
+def _with_foreign(what: str, keys: list[str]) -> str:
+    shown = ", ".join(sorted(keys)[:3]) + (", ..." if len(keys) > 3 else "")
+    return f"{what} holding {len(keys)} file{'s' if len(keys) != 1 else ''} blocklin did not write ({shown})"
+
+
 def _read_local(folder: str) -> Any:
     def read(key: str) -> bytes | None:
         try:
@@ -209,7 +234,10 @@ def check_replaceable(out: Any, kind: str = "zarr", name: str = "out") -> None:
                 return
             prov = zarr_provenance(_read_local(real))
             if prov == "blocklin":
-                return
+                extra = foreign_keys(_local_keys(real))
+                if not extra:
+                    return
+                raise _refuse(name, _ZARR_RULE, loc, _with_foreign("a blocklin output", extra), folder=True)
             what = ("a zarr store blocklin did not write (no blocklin provenance in its attributes)" if prov == "zarr"
                     else f"a folder holding {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} "
                          f"({', '.join(entries[:3])}{', ...' if len(entries) > 3 else ''}), not a zarr store")
@@ -269,7 +297,10 @@ def check_replaceable_prefix(be: Any, loc: Location, name: str = "out") -> None:
     ``be``), whose prefix holds objects and no pending record: only blocklin's own output may go."""
     prov = zarr_provenance(be.try_read)
     if prov == "blocklin":
-        return
+        extra = foreign_keys(be.keys(""))
+        if not extra:
+            return
+        raise _refuse(name, _ZARR_RULE, loc, _with_foreign("a blocklin output", extra), folder=True)
     what = ("a zarr store blocklin did not write (no blocklin provenance in its attributes)" if prov == "zarr"
             else "which holds other objects, not a zarr store")
     raise _refuse(name, _ZARR_RULE, loc, what, folder=True)
@@ -325,5 +356,5 @@ def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = Fals
     return loc
 
 
-__all__ = ["FILE_KINDS", "check_not_input", "check_output", "check_replaceable", "check_replaceable_prefix",
+__all__ = ["FILE_KINDS", "check_not_input", "foreign_keys", "check_output", "check_replaceable", "check_replaceable_prefix",
            "check_temp_dir", "is_format", "is_hdf5", "relation", "removal_command", "zarr_provenance"]
