@@ -281,6 +281,78 @@ def test_coordinate_reader_states_its_memory(tmp_path):
     blocklin.convert(src, tmp_path / "o.zarr", memory=need)
 
 
+def _symmetric_array_file(path, a, symmetry, field="real"):
+    """``a``'s lower triangle column by column (below the diagonal when skew-symmetric), as the
+    Matrix Market ``array`` format stores a symmetric matrix."""
+    n = a.shape[0]
+    fmt = repr if field == "real" else str
+    with open(path, "w") as f:
+        f.write(f"%%MatrixMarket matrix array {field} {symmetry}\n% test\n{n} {n}\n")
+        for j in range(n):
+            col = a[j + (symmetry == "skew-symmetric"):, j].tolist()
+            f.write("".join(fmt(v) + "\n" for v in col))
+    return path
+
+
+@pytest.mark.parametrize("symmetry,field", [("symmetric", "real"), ("skew-symmetric", "real"),
+                                            ("symmetric", "integer")])
+def test_symmetric_array_mtx_is_mirrored_in_strips(tmp_path, rng, symmetry, field):
+    """A symmetric (or skew) dense file is mirrored into a scratch zarr strip by strip (several strips
+    at this budget, the last one narrower), within the budget, to the values scipy reads, bit for bit;
+    the scratch goes with the conversion, and every export of it holds the same values."""
+    import scipy.io
+
+    from blocklin.plan.convert import plan_mirror
+
+    n = 300
+    g = rng.standard_normal((n, n)) if field == "real" else rng.integers(-50, 50, (n, n))
+    a = np.tril(g, -1) + (np.tril(g, -1).T if symmetry == "symmetric" else -np.tril(g, -1).T)
+    if symmetry == "symmetric":
+        a += np.diag(np.diag(g))
+    src = _symmetric_array_file(tmp_path / "s.mtx", a, symmetry, field)
+    want = np.asarray(scipy.io.mmread(src))
+    np.testing.assert_array_equal(want, a)  # the file is what scipy reads
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    memory = 4 * 2**20 + 600_000  # the parse batch and strips of about 100 columns
+    width = plan_mirror(n, a.dtype, memory=memory, parse_bytes=4 << 20).width
+    assert 64 <= width < n and n % width  # several strips, a narrower last one
+    with blocklin.config.set(temp_dir=str(temp)):
+        rep = blocklin.convert(src, tmp_path / "s.zarr", memory=memory)
+        for out in ("s.npy", "s.csv", "s2.mtx"):
+            blocklin.convert(src, tmp_path / out, memory=memory)
+    got = zarr.open_array(tmp_path / "s.zarr")[:]
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.load(tmp_path / "s.npy"), want)
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "s.csv", delimiter=",", dtype=want.dtype), want)
+    np.testing.assert_array_equal(np.asarray(scipy.io.mmread(tmp_path / "s2.mtx")), want)
+    plan = rep["plan"]
+    assert 0 < plan["prepare_bytes"] <= plan["peak_memory"] <= memory
+    assert plan["fixed_bytes"] + plan["block_bytes"] <= plan["peak_memory"]
+    assert list(temp.iterdir()) == []  # the scratch went with the conversion
+
+
+def test_symmetric_array_mtx_budget_and_truncation(tmp_path, rng):
+    """Below one strip of the narrowest width the conversion is refused naming a budget that works;
+    a truncated file is refused after the strips read so far, and its scratch is removed too."""
+    n = 200
+    g = rng.standard_normal((n, n))
+    src = _symmetric_array_file(tmp_path / "s.mtx", np.tril(g) + np.tril(g, -1).T, "symmetric")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    with blocklin.config.set(temp_dir=str(temp)):
+        with pytest.raises(BudgetError, match=r"one strip of 64 columns.*mirrored.*at least (\S+)") as info:
+            blocklin.convert(src, tmp_path / "o.zarr", memory="4MiB")
+        blocklin.convert(src, tmp_path / "o.zarr", memory=info.value.minimum)
+        lines = src.read_text().splitlines(keepends=True)
+        cut = _write(tmp_path, "cut.mtx", "".join(lines[:len(lines) - 500]))
+        with pytest.raises(FormatError, match="truncated"):
+            blocklin.convert(cut, tmp_path / "c.zarr", memory="8MiB")
+    assert not (tmp_path / "c.zarr").exists() and list(temp.iterdir()) == []
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "o.zarr")[:], np.tril(g) + np.tril(g, -1).T)
+
+
 def test_budget_too_small_for_chunks(tmp_path, npy):
     with pytest.raises(BudgetError, match=r"one block of 100 x 90.*at least \d+KiB.*smaller --chunks"):
         blocklin.convert(npy, tmp_path / "o.zarr", chunks=(100, 100), memory="64KiB")

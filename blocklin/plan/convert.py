@@ -13,7 +13,12 @@ Memory model (bytes alive at the peak)::
                          + output itemsize if casting      # the cast copy
                          + output itemsize if re-laying    # C<->F copy for file writers
                          + writer extra per element)
-    peak   = fixed + block
+    peak   = max(fixed + block, prepare)                  # prepare: a reader's staging step, alone
+
+A symmetric dense Matrix Market file stores its lower triangle column by column, so a block of the
+full matrix needs values from columns far apart in the file. Its reader first mirrors the file into
+a scratch zarr of square chunks, one strip of columns at a time (:func:`plan_mirror`), and the copy
+then reads the scratch like any chunked source.
 
 Blocks are whole multiples of the writer's unit (the output chunks), so no two blocks write the same
 chunk; C-ordered sources are walked by row panels and F-ordered ones by column panels, full width when
@@ -60,7 +65,10 @@ class ConvertPlan:
     memory : int
         Budget in bytes.
     fixed_bytes, block_bytes, peak_memory : int
-        Planned bytes: fixed overheads, block buffers, and their sum.
+        Planned bytes: fixed overheads, block buffers, and the peak (their sum, or the reader's
+        staging step when that needs more).
+    prepare_bytes : int
+        Bytes of the reader's staging step before the copy (0: none), never held during the copy.
     bytes_read, bytes_written : int
         Dense bytes of the source and of the output (before compression).
     n_blocks : int
@@ -82,6 +90,7 @@ class ConvertPlan:
     bytes_read: int
     bytes_written: int
     n_blocks: int
+    prepare_bytes: int = 0
 
     def blocks(self) -> Iterator[tuple[int, int, int, int]]:
         """Yield ``(r0, r1, c0, c1)`` of every block in the planned order."""
@@ -143,7 +152,8 @@ def plan_convert(shape: tuple[int, int], in_dtype, out_dtype, *, memory: int, or
                  unit: tuple[int, int] = (1, 1), full_span: bool = False, align: tuple[int, int] | None = None,
                  resident: int = 0, resident_what: str = "", fixed: int = 0, in_chunk_bytes: int = 0,
                  out_chunk_bytes: int = 0, relayout: bool = False, extra_per_element: int = 0,
-                 prefetch: bool = True, max_block_bytes: int = MAX_BLOCK_BYTES) -> ConvertPlan:
+                 prefetch: bool = True, max_block_bytes: int = MAX_BLOCK_BYTES, out_chunk_copies: int = 2,
+                 prepare: int = 0, prepare_what: str = "") -> ConvertPlan:
     """Plan the blocks of a conversion so that its buffers fit ``memory``.
 
     Parameters
@@ -175,6 +185,13 @@ def plan_convert(shape: tuple[int, int], in_dtype, out_dtype, *, memory: int, or
         Other writer bytes per block element.
     prefetch : bool
         Read the next block while the current one is written, when the budget allows.
+    out_chunk_copies : int
+        Copies of an output chunk alive per write in flight: 2 (a contiguous copy and its encoding)
+        for local stores; 3 for fsspec stores (object stores), whose ``set`` also takes the encoded
+        chunk as one more ``bytes`` object for the request body.
+    prepare, prepare_what : int, str
+        Bytes of a staging step the reader runs alone before the copy (:func:`plan_mirror`), and
+        what it is, for the error message.
 
     Raises
     ------
@@ -190,7 +207,12 @@ def plan_convert(shape: tuple[int, int], in_dtype, out_dtype, *, memory: int, or
     uc = max(1, min(int(unit[1]), max(n, 1)))
     # zarr holds a raw, a decoded and a copied-in chunk per read in flight, a contiguous and an encoded
     # copy per write in flight (measured for the engine, see blocklin.plan.gemm).
-    chunk_cost = 3 * in_chunk_bytes + 2 * out_chunk_bytes
+    if prepare > memory:
+        raise BudgetError(explain("memory", f"must hold the reader's staging step: {prepare_what}",
+                                  f"{_mib(memory)} (needs {_mib(prepare)})",
+                                  f"raise the budget to at least {_mib(prepare)} (--memory {_mib(prepare)})"),
+                          minimum=int(prepare))
+    chunk_cost = 3 * in_chunk_bytes + int(out_chunk_copies) * out_chunk_bytes
     concurrency = 1 if chunk_cost == 0 else int(max(1, min(MAX_CONCURRENCY, (memory // 4) // chunk_cost)))
     fixed_bytes = int(resident + fixed + concurrency * chunk_cost)
     cast = in_dt != out_dt
@@ -237,6 +259,84 @@ def plan_convert(shape: tuple[int, int], in_dtype, out_dtype, *, memory: int, or
     return ConvertPlan(
         shape=(m, n), in_dtype=in_dt.str, out_dtype=out_dt.str, order=order, block=block, unit=(ur, uc),
         depth=depth, concurrency=concurrency, memory=memory, fixed_bytes=fixed_bytes, block_bytes=block_bytes,
-        peak_memory=fixed_bytes + block_bytes, bytes_read=m * n * in_dt.itemsize,
-        bytes_written=m * n * out_dt.itemsize, n_blocks=n_blocks,
+        peak_memory=max(fixed_bytes + block_bytes, int(prepare)), bytes_read=m * n * in_dt.itemsize,
+        bytes_written=m * n * out_dt.itemsize, n_blocks=n_blocks, prepare_bytes=int(prepare),
     )
+
+
+#: Narrowest mirror strip (and scratch chunk side): narrower ones make too many scratch chunks.
+MIRROR_MIN_WIDTH = 64
+#: Widest mirror strip: 8 MiB float64 scratch chunks, as the engine's own (larger ones read no faster).
+MIRROR_MAX_WIDTH = 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class MirrorPlan:
+    """How a symmetric dense Matrix Market file is mirrored into a scratch zarr.
+
+    The file stores column ``j``'s rows ``j..n-1`` (``j+1..n-1`` when skew-symmetric) column after
+    column. One forward pass reads ``width`` columns at a time (an ``n x width`` strip, zeros above
+    the diagonal) and writes it twice: as the scratch's column strip (its diagonal block completed
+    from its lower triangle) and, transposed, as the row strip right of the diagonal block, whose
+    values the file holds nowhere else. Scratch chunks are ``width x width``, so each is written
+    once and whole.
+
+    Attributes
+    ----------
+    n, itemsize : int
+        Matrix side and bytes per value.
+    width : int
+        Columns per strip, and the scratch chunk side.
+    memory : int
+        Budget in bytes.
+    peak_memory : int
+        Bytes alive at once: the parse batch, the strip, and four chunk-sized buffers (the diagonal
+        block's triangle copy; the contiguous copy, the encoding and, on an object store, the request
+        body of the one chunk being written: the writes go one chunk at a time).
+    bytes_written : int
+        Bytes of the scratch (the full matrix).
+    """
+
+    n: int
+    itemsize: int
+    width: int
+    memory: int
+    peak_memory: int
+    bytes_written: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def mirror_memory(n: int, itemsize: int, width: int, parse_bytes: int) -> int:
+    """Peak bytes of mirroring with strips of ``width`` columns (see :class:`MirrorPlan`)."""
+    return int(parse_bytes + n * width * itemsize + 4 * width * width * itemsize)
+
+
+def plan_mirror(n: int, dtype, *, memory: int, parse_bytes: int) -> MirrorPlan:
+    """The widest mirror strip (at most :data:`MIRROR_MAX_WIDTH`) whose buffers fit ``memory``.
+
+    Raises
+    ------
+    BudgetError
+        When a strip of :data:`MIRROR_MIN_WIDTH` columns (or all of them, for a smaller matrix) does
+        not fit; the message names that minimum.
+    """
+    n, itemsize, memory = int(n), np.dtype(dtype).itemsize, int(memory)
+    narrowest = max(1, min(n, MIRROR_MIN_WIDTH))
+    need = mirror_memory(n, itemsize, narrowest, parse_bytes)
+    if need > memory:
+        raise BudgetError(explain("memory", f"must hold one strip of {narrowest} columns of the {n} x {n} symmetric "
+                                  "matrix while it is mirrored into a scratch zarr", f"{_mib(memory)} (needs "
+                                  f"{_mib(need)})", f"raise the budget to at least {_mib(need)} (--memory {_mib(need)})"),
+                          minimum=need)
+    width = narrowest
+    hi = max(narrowest, min(n, MIRROR_MAX_WIDTH))
+    while width < hi:  # the widest that fits (the memory grows with the width)
+        mid = (width + hi + 1) // 2
+        if mirror_memory(n, itemsize, mid, parse_bytes) <= memory:
+            width = mid
+        else:
+            hi = mid - 1
+    return MirrorPlan(n=n, itemsize=itemsize, width=width, memory=memory,
+                      peak_memory=mirror_memory(n, itemsize, width, parse_bytes), bytes_written=n * n * itemsize)

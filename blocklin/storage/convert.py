@@ -256,7 +256,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
         task_memory = cfg.memory // _threads_per_worker(client) if client is not None else cfg.memory
         plan = _fitting_plan(reader, writer, out_dt, task_memory, (m, n), chunks == "auto" and out_fmt == "zarr")
-        reader.prepare()
+        _prepare(reader, plan, cfg)
         copy = _copy if client is None else functools.partial(_copy_on_cluster, client)
         blocks, skipped = copy(reader, writer, plan, out_dt, nan, progress,
                                f"convert {_base(src_path)} -> {_base(out_path)}")
@@ -383,8 +383,30 @@ def _reader_options(in_fmt: str, *, shape: Any, dtype: Any, order: str | None, o
     return {}
 
 
+def _prepare(reader: Any, plan: Any, cfg: Any) -> None:
+    """What the reader does before the copy: a symmetric array file is mirrored into a scratch zarr
+    under the temp dir (with the strips planned for the plan's budget), other readers load what they
+    hold resident."""
+    if getattr(reader, "mirrored", False):
+        reader.stage(reader.plan_mirror(plan.memory), as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir"))
+    reader.prepare()
+
+
+def _out_chunk_copies(writer: Any) -> int:
+    """Copies of an output chunk per zarr write in flight: a contiguous copy and its encoding, and on
+    fsspec stores (object stores) the ``bytes`` of the request body too (``FsspecStore.set`` takes
+    ``value.to_bytes()``)."""
+    loc = getattr(writer, "location", None)
+    return 3 if isinstance(loc, Location) and not loc.is_local else 2
+
+
 def _plan(reader: Any, writer: Any, out_dt: np.dtype, memory: int) -> Any:
-    """The block plan: in the order of whichever side is sequential (a whole span then), else the reader's."""
+    """The block plan: in the order of whichever side is sequential (a whole span then), else the reader's.
+
+    A reader that mirrors a symmetric file first (``mirrored``) plans its staging step for the same
+    budget; the copy then reads its scratch (square chunks, no parsing), and the plan's peak is the
+    larger of the two steps."""
+    mirror = reader.plan_mirror(memory) if getattr(reader, "mirrored", False) else None
     if reader.sequential:
         plan_order, full_span = reader.order, True
     elif writer.sequential:
@@ -394,10 +416,12 @@ def _plan(reader: Any, writer: Any, out_dt: np.dtype, memory: int) -> Any:
     return plan_convert(
         reader.shape, reader.dtype, out_dt, memory=memory, order=plan_order, unit=writer.unit,
         full_span=full_span, align=reader.chunks, resident=reader.resident_bytes,
-        resident_what=reader.resident_what, fixed=reader.overhead_bytes + writer.overhead_bytes,
+        resident_what=reader.resident_what, fixed=(0 if mirror else reader.overhead_bytes) + writer.overhead_bytes,
         in_chunk_bytes=getattr(reader, "chunk_bytes", 0), out_chunk_bytes=getattr(writer, "chunk_bytes", 0),
         relayout=bool(getattr(writer, "relayout_copy", False) and writer.order != plan_order),
-        extra_per_element=writer.overhead_per_element)
+        extra_per_element=writer.overhead_per_element, out_chunk_copies=_out_chunk_copies(writer),
+        prepare=mirror.peak_memory if mirror else 0,
+        prepare_what=f"mirroring the {reader.symmetry} file in strips of {mirror.width} columns" if mirror else "")
 
 
 def _work(reader, writer, plan, prog):

@@ -4,11 +4,14 @@ Readers:
 
 * ``array`` ``general``: values in column-major order, one per line; streamed forward by column
   panels (never whole).
-* ``array`` ``symmetric``/``skew-symmetric`` (lower triangle stored) and every ``coordinate`` file
-  (entries in any order) are held in memory: the reader states the bytes it needs
-  (:attr:`MtxReader.resident_bytes`) and the converter refuses, naming that figure, when the budget
-  cannot hold them. Symmetric and skew-symmetric entries are mirrored; duplicates are summed (as
-  :func:`scipy.io.mmread` does); ``pattern`` entries read as 1.
+* ``array`` ``symmetric``/``skew-symmetric``: the lower triangle, column by column. A block of the
+  full matrix needs values from columns far apart in the file, so the reader first mirrors the file
+  into a scratch zarr under the temp dir in strips of columns (:meth:`MtxReader.stage`, planned by
+  :func:`blocklin.plan.convert.plan_mirror` within the budget) and then reads the scratch by blocks.
+* every ``coordinate`` file (entries in any order) is held in memory: the reader states the bytes
+  it needs (:attr:`MtxReader.resident_bytes`) and the converter refuses, naming that figure, when
+  the budget cannot hold them. Symmetric and skew-symmetric entries are mirrored; duplicates are
+  summed (as :func:`scipy.io.mmread` does); ``pattern`` entries read as 1.
 
 The writer emits ``array`` ``general`` files (``real`` or ``integer``), one column panel at a time.
 """
@@ -138,10 +141,9 @@ class MtxReader(Reader):
             if self.symmetry == "general":
                 self.count = m * n
                 self.sequential = True
-            else:
+            else:  # mirrored through a scratch zarr (stage), then read by blocks
                 self.count = n * (n + 1) // 2 if self.symmetry == "symmetric" else n * (n - 1) // 2
-                self.resident_bytes = m * n * self.dtype.itemsize + _PARSE_SLACK
-                self.resident_what = f"a {self.symmetry} array file is expanded in memory ({m} x {n})"
+                self.mirrored = True
         else:
             self.order = "C"
             stored = self.nnz * (1 if self.symmetry == "general" else 2)
@@ -187,19 +189,116 @@ class MtxReader(Reader):
         raise _bad("data lines must be numbers", f"lines {first}-{first + len(batch) - 1}")  # pragma: no cover
 
     def prepare(self) -> None:
-        """Load the resident data (coordinate triplets or a symmetric array)."""
+        """Load the resident data (coordinate triplets); a symmetric array file is staged instead."""
         if self._data is not None:
+            return
+        if self.mirrored:
+            if self._scratch is None:
+                raise RuntimeError("a symmetric array file is read after MtxReader.stage()")  # pragma: no cover
             return
         if self.resident_bytes == 0:  # nothing to load; no panel will be read when nothing is stored
             if self.layout == "coordinate" or self.shape[0] * self.shape[1] == 0:
                 self._check_end()
             return
         self._consumed = 0
-        if self.layout == "array":
-            self._data = self._load_symmetric_array()
-        else:
-            self._data = self._load_coordinate()
+        self._data = self._load_coordinate()
         self._check_end()
+
+    # -- symmetric array files: mirrored into a scratch zarr ------------------------------------------
+    mirrored = False
+    _scratch = None
+    _work = None
+
+    def plan_mirror(self, memory: int) -> Any:
+        """The mirror plan for ``memory`` (:func:`blocklin.plan.convert.plan_mirror`); once planned,
+        the reader reads the scratch, by blocks aligned to its square chunks."""
+        from blocklin.plan.convert import plan_mirror
+
+        plan = plan_mirror(self.shape[0], self.dtype, memory=memory, parse_bytes=self.overhead_bytes)
+        self.chunks = (plan.width, plan.width)
+        self.chunk_bytes = plan.width * plan.width * self.dtype.itemsize
+        return plan
+
+    def stage(self, plan: Any, root: Any) -> None:
+        """Mirror the file into a scratch zarr in a work folder under ``root`` (the temp dir), one
+        strip of ``plan.width`` columns at a time; the folder goes when the reader is closed."""
+        import uuid
+
+        import zarr
+
+        from blocklin.storage.ownership import start_work_folder
+        from blocklin.storage.space import check_space
+        from blocklin.storage.zarr_store import create_array
+
+        n, w = self.shape[0], plan.width
+        self.chunks = (w, w)
+        work = root / f"blocklin-mirror-{uuid.uuid4().hex[:12]}"
+        check_space(work, n * n * self.dtype.itemsize, "temp_dir", f"a {n} x {n} {self.dtype.name} scratch copy of "
+                    f"the {self.symmetry} file")
+        start_work_folder(work, operation="convert-mirror")
+        self._work = work
+        try:
+            scratch = create_array(work / "mirror.zarr", shape=self.shape, dtype=self.dtype, chunks=(w, w),
+                                   codec="none")
+            with zarr.config.set({"async.concurrency": 1}):  # one chunk in flight, as planned
+                self._mirror_into(scratch, w)
+            self._check_end()
+        except BaseException:
+            self.close()
+            raise
+        self._scratch = scratch
+
+    def _mirror_into(self, scratch: Any, w: int) -> None:
+        """Write every strip of ``w`` columns twice: below the diagonal as it is stored, right of the
+        diagonal block transposed (negated when skew-symmetric)."""
+        from blocklin.storage.zarr_store import write_block
+
+        n = self.shape[0]
+        skew = self.symmetry == "skew-symmetric"
+        values = self._stored_values()
+        for c0 in range(0, n, w):
+            c1 = min(c0 + w, n)
+            strip = np.zeros((n - c0, c1 - c0), self.dtype, order="F")  # rows c0..n of columns c0..c1
+            for j in range(c0, c1):
+                strip[(j + 1 if skew else j) - c0:, j - c0] = next(values)
+            diag = strip[:c1 - c0]
+            lower = np.tril(diag, -1)
+            if skew:
+                diag -= lower.T
+            else:
+                diag += lower.T
+            del lower
+            write_block(scratch, slice(c0, n), slice(c0, c1), strip)
+            if c1 < n:
+                below = strip[c1 - c0:]
+                if skew:
+                    np.negative(below, out=below)
+                write_block(scratch, slice(c0, c1), slice(c1, n), below.T)  # rows of it are contiguous
+            del strip, diag
+
+    def _stored_values(self):
+        """The stored values column by column: yields one array per stored column (its rows from the
+        diagonal, or below it when skew-symmetric)."""
+        n = self.shape[0]
+        skew = self.symmetry == "skew-symmetric"
+        col = np.empty(n, self.dtype)
+        j, i = 0, 1 if skew else 0  # next stored (column, row)
+        for first, batch in self._lines(self.count):
+            vals = self._parse(first, batch, 1, self.dtype)[:, 0]
+            k = 0
+            while k < len(vals):
+                take = min(n - i, len(vals) - k)
+                col[i:i + take] = vals[k:k + take]
+                i += take
+                k += take
+                if i == n:
+                    yield col[(j + 1 if skew else j):]  # a view: the caller copies it before the next
+                    j += 1
+                    i = j + 1 if skew else j
+            self._consumed += len(vals)
+        while j < n:  # skew-symmetric: the last column stores nothing
+            yield col[:0]
+            j += 1
 
     def _check_end(self) -> None:
         for k, line in enumerate(self._fh):
@@ -242,27 +341,6 @@ class MtxReader(Reader):
         perm = np.argsort(rows, kind="stable")
         return rows[perm], cols[perm], vals[perm]
 
-    def _load_symmetric_array(self) -> np.ndarray:
-        n = self.shape[0]
-        a = np.zeros(self.shape, self.dtype, order="F")
-        skew = self.symmetry == "skew-symmetric"
-        j, i = 0, 1 if skew else 0  # next stored (column, row)
-        for first, batch in self._lines(self.count):
-            vals = self._parse(first, batch, 1, self.dtype)[:, 0]
-            k = 0
-            while k < len(vals):
-                take = min(n - i, len(vals) - k)
-                a[i:i + take, j] = vals[k:k + take]
-                i += take
-                k += take
-                if i == n:
-                    j += 1
-                    i = j + 1 if skew else j
-            self._consumed += len(vals)
-        lower = np.tril(a, -1)
-        a += -lower.T if skew else lower.T
-        return a
-
     # -- reading ----------------------------------------------------------------------------------
     def read(self, rows: slice, cols: slice) -> np.ndarray:
         m, n = self.shape
@@ -270,8 +348,13 @@ class MtxReader(Reader):
         c0, c1, _ = cols.indices(n)
         if self.resident_bytes and self._data is None:
             self.prepare()
-        if self.layout == "array" and self.symmetry != "general":
-            return np.array(self._data[r0:r1, c0:c1], order="F")
+        if self.mirrored:
+            from blocklin.storage.zarr_store import read_block
+
+            self.prepare()
+            out = np.empty((r1 - r0, c1 - c0), self.dtype)
+            read_block(self._scratch, slice(r0, r1), slice(c0, c1), out)
+            return out
         if self.layout == "coordinate":
             rr, cc, vv = self._data
             lo, hi = np.searchsorted(rr, [r0, r1])
@@ -315,7 +398,12 @@ class MtxReader(Reader):
 
     def close(self) -> None:
         self._fh.close()
-        self._data = None
+        self._data = self._scratch = None
+        if self._work is not None:
+            from blocklin.storage.ownership import end_work_folder
+
+            work, self._work = self._work, None
+            end_work_folder(work)
 
 
 class MtxWriter(TextFileWriter):
