@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from blocklin.errors import BlocklinError
 
 _CANCEL = threading.Event()
+#: Set while the CLI's :class:`handle_signals` is active: it reports interrupted work itself.
+_HANDLED = threading.Event()
 #: Exit status of a command stopped by SIGTERM (128 + 15, the shell's convention).
 EXIT_TERMINATED = 143
 
@@ -47,6 +50,32 @@ def check_cancelled() -> None:
         raise Cancelled("the run was interrupted")
 
 
+def signals_handled() -> bool:
+    """Whether the CLI handles interrupts (and says in one line what an interrupted run kept)."""
+    return _HANDLED.is_set()
+
+
+def wait_through(wait: Callable[[], Any]) -> None:
+    """Run ``wait`` (the join of threads that write) to its end even when an interrupt lands during
+    it, then re-raise the interrupt.
+
+    A writer thread outlives a join that Ctrl-C cut short and goes on writing while the job removes
+    (or keeps) its output: a chunk landing after the removal recreates the folder. A signal sent
+    while the main thread waits on another thread is handled at its next bytecode, which is often
+    inside such a join.
+    """
+    stopped: BaseException | None = None
+    while True:
+        try:
+            wait()
+            break
+        except KeyboardInterrupt as exc:
+            cancel()
+            stopped = exc
+    if stopped is not None:
+        raise stopped
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     cancel()
     raise Terminated()
@@ -66,11 +95,14 @@ class handle_signals:  # noqa: N801 - used as a context manager like a function
         if threading.current_thread() is threading.main_thread():
             for sig, handler in ((signal.SIGINT, _on_sigint), (signal.SIGTERM, _on_sigterm)):
                 self.saved[sig] = signal.signal(sig, handler)
+            _HANDLED.set()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self.saved.items():
             signal.signal(sig, handler)
+        if self.saved:
+            _HANDLED.clear()
 
 
 def quiet_shutdown() -> None:
@@ -88,4 +120,4 @@ def quiet_shutdown() -> None:
 
 
 __all__ = ["EXIT_TERMINATED", "Cancelled", "Terminated", "cancel", "cancelled", "check_cancelled",
-           "handle_signals", "quiet_shutdown", "reset"]
+           "handle_signals", "quiet_shutdown", "reset", "signals_handled", "wait_through"]

@@ -128,13 +128,25 @@ def test_without_resume_an_interrupted_run_starts_over(problem, tmp_path):
     assert os.listdir(tmp) == []
 
 
-def test_ctrl_c_without_resume_leaves_nothing(problem, tmp_path):
+def test_ctrl_c_without_resume_keeps_the_work_for_resume(problem, tmp_path):
+    """Ctrl-C of a run started without resume keeps its partial output and work folder, and says how
+    to continue (resume=True) or remove them (blocklin clean); the resumed run skips the finished
+    steps and gives the uninterrupted run's bits. Nothing may land in either after the interrupt."""
     d, a, ref = problem
     out, tmp = tmp_path / "x.zarr", tmp_path / "tmp"
     tmp.mkdir()
     killed = child(a.path, out, tmp, "SIGINT", 6, "api", 0)
     assert killed.returncode != 0 and "KeyboardInterrupt" in killed.stderr
-    assert os.listdir(tmp) == [] and not any("x.zarr" in p.name for p in tmp_path.iterdir())
+    assert "resume=True" in killed.stderr and "blocklin clean" in killed.stderr, killed.stderr
+    (partial,) = [p for p in tmp_path.iterdir() if p.name.startswith(".x.zarr.partial-")]
+    (work,) = os.listdir(tmp)
+    assert str(partial) in killed.stderr and work in killed.stderr
+    again = child(a.path, out, tmp, "SIGINT", -1, "api", 1)
+    assert again.returncode == 0, again.stderr
+    info = json.loads(again.stdout.strip().splitlines()[-1])
+    assert info["resumed"] and info["skipped"] == 5
+    np.testing.assert_array_equal(bl.open(out).to_numpy(), ref)  # bit for bit
+    assert os.listdir(tmp) == [] and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_resume_needs_an_output():

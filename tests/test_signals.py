@@ -7,8 +7,10 @@ matrices with KiB-MiB budgets. The signal is sent at a point the test waits for,
 item or finished unit has begun; ``slow_cli`` creates a mark file then); each signal meets each
 point, alternating over the commands. Then:
 
-* SIGINT / SIGTERM: exit 130 / 143 with one line on stderr, and nothing left behind (no partial
-  output, no work folder) unless ``--resume`` asked to keep the finished work;
+* SIGINT / SIGTERM: exit 130 / 143 with one line on stderr; a resumable command (with or without
+  ``--resume``) keeps its partial output and, for operations made of steps over work stores, its
+  work folder for a rerun with ``--resume``, and the line says how to continue or remove them;
+  nothing else is left behind;
 * SIGKILL: whatever the killed run left is found and removed by the rerun (or ``blocklin clean``);
 * the rerun, with ``--resume`` where the command supports it and without, gives results identical
   to an uninterrupted run, and leaves nothing behind.
@@ -144,12 +146,14 @@ def test_interrupt_then_rerun(data, references, name, sig, point, monkeypatch):
         word, code = ("interrupted", 130) if sig == "SIGINT" else ("terminated", 143)
         assert r.returncode == code, r.stderr
         assert len(lines) == 1 and lines[0].startswith(f"blocklin {COMMANDS[name][0]}: {word}"), r.stderr
-        # with --resume: the partial output and, for operations made of steps over work stores (inv, the
-        # square solves), their resumable work folder; nothing else
-        kept = [f for f in _leftovers(data)
-                if f.startswith(f".{out}.partial-") or resume and f.startswith(f"tmp/blocklin-{COMMANDS[name][0]}-")]
+        # resumable: the partial output and, for operations made of steps over work stores (inv, the square
+        # solves), their work folder, kept for --resume (a signal at "start" may land before either exists)
+        kept = [f for f in _leftovers(data) if resumable and (
+            f.startswith(f".{out}.partial-") or f.startswith(f"tmp/blocklin-{COMMANDS[name][0]}-"))]
         assert [f for f in _leftovers(data) if f not in kept] == []
-        assert not resume and not kept or resume and len(kept) <= 2
+        assert len(kept) <= 2
+        assert not kept or "--resume" in lines[0] and "blocklin clean" in lines[0], lines[0]
+        assert point == "start" or kept  # mid-run, finished work exists and is kept
 
     assert main(_argv(COMMANDS[name], out, tmp, *resume)) == 0
     got, ref = _load(data / out), references[name]
@@ -187,9 +191,9 @@ def test_clean_removes_what_sigkill_left(data, monkeypatch, capsys, name):
 
 
 def test_keyboard_interrupt_waits_for_threaded_tasks(tmp_path, monkeypatch):
-    """From Python: Ctrl-C while threaded tasks stream their panels stops them before the partial
-    output is removed, so no task writes into it afterwards (without the wait, a task thread went
-    on writing strips and left an orphan partial)."""
+    """From Python: Ctrl-C while threaded tasks stream their panels stops them before the job lets
+    the partial output go (kept for resume=True), so no task writes into it afterwards (without the
+    wait, a task thread went on writing strips after the cleanup)."""
 
     import blocklin.device.stream as stream
 
@@ -205,12 +209,18 @@ def test_keyboard_interrupt_waits_for_threaded_tasks(tmp_path, monkeypatch):
         real()
 
     monkeypatch.setattr(stream, "check_cancelled", slow_check)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="kept in partial output"):
         blocklin.matmul(a, a, tmp_path / "C.zarr", memory="256KiB", workers=2, scheduler="threads")
+
+    def files() -> dict:
+        return {os.path.relpath(os.path.join(r, f), tmp_path): os.stat(os.path.join(r, f)).st_mtime_ns
+                for r, ds, fs in os.walk(tmp_path) for f in fs if "A.zarr" not in r}
+
+    kept = files()
     time.sleep(0.5)  # a task that outlived the cleanup would write now
-    left = [os.path.relpath(os.path.join(r, f), tmp_path) for r, ds, fs in os.walk(tmp_path) for f in ds + fs
-            if "A.zarr" not in r and f != "A.zarr"]
-    assert left in ([], ["blocklin-tmp"]), left  # blocklin-tmp: the tests' (empty) temp dir
+    assert files() == kept
+    assert [f for f in os.listdir(tmp_path) if f not in ("A.zarr", "blocklin-tmp")] == \
+        [p for p in os.listdir(tmp_path) if p.startswith(".C.zarr.partial-")]  # only the kept partial
 
 
 def test_work_folder_removal_waits_for_writes_still_in_flight(tmp_path):
@@ -232,7 +242,8 @@ def test_work_folder_removal_waits_for_writes_still_in_flight(tmp_path):
     folder = []
     with pytest.raises(KeyboardInterrupt):
         with Job("inv", temp_dir=str(tmp_path)) as job:
-            folder.append(job.work_dir("inv", "0123456789abcdef").url)
+            out = job.output(str(tmp_path / "X.zarr"), inputs=[])  # no token: nothing kept for a resume
+            folder.append(job.work_dir("inv", "0123456789abcdef", output=out).url)
             zsync.sync(asyncio.sleep(0))  # zarr's loop is running, as in any job that wrote
             asyncio.run_coroutine_threadsafe(late_write(folder[0]), zsync.loop[0])
             raise KeyboardInterrupt

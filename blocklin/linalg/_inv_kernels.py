@@ -494,8 +494,10 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
             try:
                 for w in writes:  # every strip on disk (or its error raised) before the block is freed
                     w.result()
-            finally:
-                writer.shutdown(wait=True, cancel_futures=True)
+            finally:  # to the end even when Ctrl-C lands here: no strip may land after the cleanup
+                from blocklin.interrupt import wait_through
+
+                wait_through(lambda: writer.shutdown(wait=True, cancel_futures=True))
 
     if spec.device == "gpu":
         rcond, info = _leaf_on_gpu(spec, a, anorm)

@@ -40,15 +40,12 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, ao: Any, *, ref
     ``token``; the SYRK and Cholesky tiles keep their markers there, and the solution iterates alternate
     between two stores, so no step writes what it reads and ``x`` has the bits of an uninterrupted run.
     """
-    from dask.base import tokenize
-
     from blocklin.runtime.stages import Stages
     from blocklin.storage.zarr_store import create_array
 
     g = _GramSolve(job, A, B, lam, stages=None)
     x_path, (n, k) = ao.array_path(), (A.shape[1], B.shape[1])
-    # the output path is in the work folder's name: two runs without out= never share one
-    work = job.work_dir("solve", tokenize(token, str(ao.path))[:16], resume=resume)
+    work = job.work_dir("solve", token, output=ao, resume=resume)
     g.stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
         x_path, shape=(n, k), dtype=np.result_type(A.dtype, B.dtype), chunks=(min(g.t, n), min(g.t, k)),
         codec=job.cfg.codec, overwrite=True))

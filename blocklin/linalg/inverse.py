@@ -34,7 +34,6 @@ from blocklin.runtime.blockops import BlockOps, column_strips
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import plan_kernel_pass, run_pass, source
 from blocklin.runtime.stages import Stages
-from blocklin.storage.backend import backend
 from blocklin.storage.location import as_location
 from blocklin.storage.zarr_store import create_array
 from blocklin.validate import float_operand, positive, square
@@ -199,8 +198,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite, resume=resume, token=token,
                         size=((plan.n, plan.n), out_dtype), temp_size=((plan.n, 7 * plan.n // 2), plan.work_dtype))
         x_path = ao.array_path()
-        # the output path is in the work folder's name: two runs without out= never share one
-        work = job.work_dir("inv", tokenize(token, str(ao.path))[:16], resume=resume)
+        work = job.work_dir("inv", token, output=ao, resume=resume)
         stages = Stages(work, ao.done, resume=resume and ao.resumed,
                         codec=job.cfg.codec, start=lambda: create_array(
                             x_path, shape=(plan.n,) * 2, dtype=out_dtype, chunks=(plan.chunk,) * 2,
@@ -218,12 +216,11 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
 
 
 def _token(job: Job, M: Any, plan: InversePlan, out: Any, params: dict) -> str:
-    """Deterministic in what decides the result's bits: the input (path, shape, dtype, chunks and a
-    stamp of its metadata), the plan, the parameters, the output and the settings the tile and pass
-    plans depend on (workers, cores, device)."""
+    """Deterministic in what decides the result's bits: the input (path, shape, dtype, chunks; its
+    content is checked by the output, :mod:`blocklin.storage.stamps`), the plan, the parameters, the
+    output and the settings the tile and pass plans depend on (workers, cores, device)."""
     loc = as_location(M.path)
-    stamp = None if M.staged else backend(loc).metadata_stamp()
-    return tokenize("inv", loc, M.shape, M.dtype.str, tuple(M.chunks), stamp, plan.to_dict(), params,
+    return tokenize("inv", loc, M.shape, M.dtype.str, tuple(M.chunks), plan.to_dict(), params,
                     str(out), job.workers(1), job.parallelism(), job.cores(), job.device)[:16]
 
 

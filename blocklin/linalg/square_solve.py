@@ -24,7 +24,6 @@ from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
 from blocklin.runtime.blockops import BlockOps, Region, swaps_to_permutation
 from blocklin.runtime.job import Job
 from blocklin.runtime.stages import Stages
-from blocklin.storage.backend import backend
 from blocklin.storage.location import as_location
 from blocklin.storage.zarr_store import create_array
 from blocklin.validate import choice, float_operand, same_dtype, same_rows, square
@@ -217,15 +216,13 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
 
 
 def _token(job: Job, A: Any, B: Any, out: Any, **params: Any) -> str:
-    """Deterministic in what decides the result's bits: the inputs (path, shape, dtype, chunks and a stamp of
-    their metadata), the parameters, the output, and the settings the plans depend on (budget, workers,
-    cores, device, codec)."""
+    """Deterministic in what decides the result's bits: the inputs (path, shape, dtype, chunks; their
+    content is checked by the output, :mod:`blocklin.storage.stamps`), the parameters, the output, and
+    the settings the plans depend on (budget, workers, cores, device, codec)."""
     from dask.base import tokenize
 
     def ident(o: Any) -> tuple:
-        loc = as_location(o.path)
-        stamp = None if o.staged else backend(loc).metadata_stamp()
-        return (loc, o.shape, o.dtype.str, tuple(o.chunks), stamp)
+        return (as_location(o.path), o.shape, o.dtype.str, tuple(o.chunks))
 
     return tokenize("solve-square", ident(A), ident(B), sorted(params.items()), str(out), job.cfg.memory,
                     job.workers(1), job.parallelism(), job.cores(), job.device, job.cfg.codec)[:16]
@@ -250,8 +247,6 @@ class _Run:
     @classmethod
     def start(cls, job: Job, A: Any, B: Any, ao: Any, fdt: np.dtype, assume_a: str, *, resume: bool,
               token: str) -> _Run:
-        from dask.base import tokenize
-
         (n, k), dt = B.shape, A.dtype
         plans = {kind: _plan(job, A, fdt, kind) for kind in _kinds(assume_a)}
         # the tile operations of the solve work on square tiles: the Cholesky's own; the LU panels are
@@ -264,8 +259,7 @@ class _Run:
         # disk (a tile-wide chunk of one column: 1024 x 1024 written and read for 1024 values)
         kc = min(chunk, max(k, 1))
         x_path = ao.array_path()
-        # the output path is in the work folder's name: two runs without out= never share one
-        work = job.work_dir("solve", tokenize(token, str(ao.path))[:16], resume=resume)
+        work = job.work_dir("solve", token, output=ao, resume=resume)
         stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
             x_path, shape=(n, k), dtype=dt, chunks=(chunk, kc), codec=job.cfg.codec, overwrite=True))
         # up to a panel's width of right-hand sides an LU is solved on its panels as stored (no LAPACK-layout store)

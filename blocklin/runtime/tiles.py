@@ -204,8 +204,10 @@ class StripWriter:
         self.queue.put((r0, r1, block, done))
 
     def close(self) -> None:
+        from blocklin.interrupt import wait_through
+
         self.queue.put(None)
-        self.thread.join()
+        wait_through(self.thread.join)  # even when Ctrl-C lands here: no strip may land after the cleanup
         if self.error is not None:
             raise self.error
 

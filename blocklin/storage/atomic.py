@@ -28,6 +28,14 @@ whole output, never a mix; chunks of a committed output are never rewritten in p
 Either way each finished unit of work (a tile, a block) leaves a marker under ``.blocklin-done/``
 so a rerun with ``resume=True`` and the same token skips it; markers, deferred metadata and stray
 temporary chunk names are gone from a committed output.
+
+A resumable output (one claimed with a deterministic ``token``) records its inputs' content stamps
+(:mod:`blocklin.storage.stamps`) in ``.blocklin-inputs.json`` beside the markers when it is claimed;
+a run that resumes it compares them with today's and starts over, saying which input changed,
+when any differs (or the record is missing). So every resumable operation either continues work
+done on the inputs it reads today or starts over; no token builder has to stamp its inputs. An
+interrupt (Ctrl-C, SIGTERM) keeps a resumable output's partial for a rerun with ``resume=True``
+(with or without ``resume`` on the interrupted run); other errors remove it unless ``resume``.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -46,12 +55,12 @@ import zarr
 
 from blocklin._version import __version__
 from blocklin.errors import OutputBusyError, OutputExistsError, explain, warn
-from blocklin.storage import ownership
+from blocklin.storage import ownership, stamps
 from blocklin.storage.backend import backend
 from blocklin.storage.completeness import STORED_KEY, count_stored
 from blocklin.storage.guard import check_output, check_replaceable, check_replaceable_prefix
 from blocklin.storage.location import Location, as_location
-from blocklin.storage.zarr_store import DEFERRED_META, PENDING_RECORD, wait_for_pending_io
+from blocklin.storage.zarr_store import DEFERRED_META, INPUTS_RECORD, PENDING_RECORD, wait_for_pending_io
 
 _DONE = ".blocklin-done"
 #: Names of chunk files a writer killed mid-write can leave behind (``rawchunks`` and local backends).
@@ -88,14 +97,16 @@ class AtomicOutput:
     path : path, URL, Location or zarr store
         Final location.
     inputs : iterable
-        Inputs of the operation, refused as output and recorded in the provenance.
+        Inputs of the operation (Locations, paths, URLs or file specs), refused as output, recorded
+        in the provenance, and stamped for resume (see module docstring).
     overwrite : bool
         Replace an existing output (locally on commit; on object stores when the job starts): only
         one blocklin wrote, or an empty folder (:func:`blocklin.storage.guard.check_output`).
     resume : bool
         Continue the unfinished output an interrupted run with the same ``token`` left.
     token : str, optional
-        Deterministic identity of the job (operation, inputs, plan); a random one when not resuming.
+        Deterministic identity of the job (operation, inputs, plan): the output is then resumable
+        (an interrupt keeps its partial; see module docstring). None: a random one, not resumable.
     storage_options : dict, optional
         fsspec options for a URL (merged over the configured ones).
     temp_dir : path, URL or Location, optional
@@ -111,13 +122,18 @@ class AtomicOutput:
         Folder of the resume markers.
     resumed : bool
         Whether an interrupted run's work is being continued.
+    resumable : bool
+        Whether a rerun with ``resume=True`` may continue this output (a ``token`` was given).
+    input_record : list of dict
+        The inputs' content stamps recorded in the partial (empty when not resumable).
     """
 
     def __init__(self, path: Any, *, inputs: Iterable[Any] = (), overwrite: bool = False,
                  resume: bool = False, token: str | None = None, name: str = "out",
                  storage_options: dict | None = None, on_claim: Any = None, temp_dir: Any = None) -> None:
         self.path = as_location(path, storage_options, name=name)
-        self.inputs = [str(i) for i in inputs if i is not None]
+        inputs = [i for i in inputs if i is not None]
+        self.inputs = [str(i) for i in inputs]
         if temp_dir is None:
             from blocklin.config import get_config
 
@@ -125,7 +141,10 @@ class AtomicOutput:
         check_output(self.path, self.inputs, overwrite=overwrite, name=name, temp_dir=temp_dir)  # before any claim
         self.overwrite = overwrite
         self.resume = resume
+        self.resumable = token is not None
         self.token = token or uuid.uuid4().hex[:16]
+        self._input_locations = [stamps.input_location(i, storage_options) for i in inputs] if self.resumable else []
+        self.input_record: list[dict] = []
         self.committed = False
         self.name = name
         self.in_place = not self.path.is_local
@@ -180,6 +199,7 @@ class AtomicOutput:
         self.resumed = os.path.exists(self.partial.url)
         os.makedirs(self.partial.url, exist_ok=True)
         self._own()
+        self._check_inputs()
 
     def _claim(self) -> None:
         """From here on the partial is this run's: :meth:`abort` removes it (the caller, a job,
@@ -189,7 +209,8 @@ class AtomicOutput:
             self._on_claim(self)
 
     def _own(self) -> None:
-        self.owner = ownership.new_record(output=self.path.url, token=self.token)  # before the write: undo finds it
+        # before the write: undo finds it
+        self.owner = ownership.new_record(output=self.path.url, token=self.token, resumable=self.resumable)
         ownership.write_record(self.owner_location, self.owner)
         ownership.Heartbeat.hold(self.owner_location, self.owner)
 
@@ -235,6 +256,34 @@ class AtomicOutput:
             ownership.Heartbeat.release(self.path)
             self.owner, self._claimed = None, False  # the other run's now: abort leaves it alone
             raise OutputBusyError(busy_message(self.path.url, won or {}))
+        self._check_inputs()
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def _check_inputs(self) -> None:
+        """Record the inputs' content stamps in the partial; a resumed partial whose inputs changed
+        since its run (or that holds no record of them) is started over, with a warning that names
+        the input. A resume that finds nothing to continue says so too."""
+        if not self.resumable:
+            return
+        today = stamps.stamp_inputs(self._input_locations)
+        be = backend(self.partial)
+        if self.resumed:
+            recorded = stamps.read_record(be.try_read(INPUTS_RECORD))
+            what = (["no record of the interrupted run's inputs was found"] if recorded is None
+                    else stamps.changes(recorded, today))
+            if what:
+                warn(f"{'; '.join(what)}; starting over (the interrupted run's work on {self.path.url} is "
+                     "discarded)")
+                self.restart()
+        elif self.resume:
+            warn(f"resume: no unfinished run of {self.path.url} to continue; starting fresh")
+        be.write_text(INPUTS_RECORD, stamps.record_json(today))
+        self.input_record = today
+
+    @property
+    def input_digest(self) -> str:
+        """One digest of the inputs' content stamps (names the work folders tied to this output)."""
+        return stamps.digest(self.input_record)
 
     # -- work units -----------------------------------------------------------------------------
     def is_done(self, unit: str) -> bool:
@@ -293,6 +342,7 @@ class AtomicOutput:
         node = zarr.open(partial, mode="r+")
         node.attrs.update({"blocklin": provenance})
         shutil.rmtree(os.path.join(partial, _DONE), ignore_errors=True)
+        backend(self.partial).delete(INPUTS_RECORD)
         final = self.path.url
         if os.path.lexists(final):  # appeared while we worked (overwrite replaces only what may go)
             if not self.overwrite:
@@ -320,6 +370,7 @@ class AtomicOutput:
         ownership.Heartbeat.release(self.path)
         be.delete(ownership.OWNER_RECORD)
         be.remove(_DONE)
+        be.delete(INPUTS_RECORD)
         metas = [k for k in be.keys("") if k == DEFERRED_META or k.endswith("/" + DEFERRED_META)]
         # Children first, the root last: the root's zarr.json makes the output an array or group.
         for key in sorted(metas, key=lambda k: (-k.count("/"), k)):
@@ -336,7 +387,7 @@ class AtomicOutput:
 
     def restart(self) -> None:
         """Forget an interrupted run's work (markers and chunks): the output is started over."""
-        keep = (PENDING_RECORD, ownership.OWNER_RECORD)  # this run still writes it
+        keep = (PENDING_RECORD, ownership.OWNER_RECORD, INPUTS_RECORD)  # this run's, for the same inputs
         if self.in_place:
             be = backend(self.path)
             be.delete_many([k for k in be.keys("") if k not in keep])
@@ -347,19 +398,25 @@ class AtomicOutput:
                     backend(self.partial).remove(entry)
         self.resumed = False
 
-    def abort(self) -> None:
-        """Drop the unfinished output unless it may be resumed (then only stop owning it).
+    def abort(self, *, interrupted: bool | None = None, report: bool = True) -> None:
+        """Drop the unfinished output unless it may be resumed: after an error with ``resume``, or
+        after an interrupt (Ctrl-C, SIGTERM) of a resumable output, the partial is kept for a rerun
+        with ``resume=True``, its owner record marked released.
 
-        Call it only once no task writes to the partial any more (:meth:`Job.run` waits for the
-        tasks in flight before an interrupt or an error leaves it).
+        ``interrupted`` None: whether the exception being handled is a ``KeyboardInterrupt``.
+        ``report``: say at once what was kept (a job says it once for all it kept). Call it only
+        once no task writes to the partial any more (:meth:`Job.run` waits for the tasks in flight
+        before an interrupt or an error leaves it).
         """
         if self.committed or not self._claimed:
             return
-        if self.resume:
-            self.release()
-            return
+        if interrupted is None:
+            interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
         ownership.Heartbeat.release(self.owner_location)
-        wait_for_pending_io()  # writes of an interrupted zarr call would recreate the folder
+        wait_for_pending_io()  # writes of an interrupted zarr call would recreate the folder or land later
+        if self.resume or (interrupted and self.resumable):
+            self._keep(interrupted, report)
+            return
         if self.in_place:
             owner = ownership.read_record(self.path)
             if owner is None or self.owner is None or owner.get("run") == self.owner["run"]:
@@ -371,9 +428,22 @@ class AtomicOutput:
     def __enter__(self) -> AtomicOutput:
         return self
 
+    def _keep(self, interrupted: bool, report: bool) -> None:
+        """Keep the partial for a rerun with ``resume=True``: its record says its run let it go."""
+        owner, self.owner, self._claimed = self.owner, None, False
+        current = ownership.read_record(self.owner_location)
+        if owner is not None and current is not None and current.get("run") == owner["run"]:
+            ownership.mark_released(self.owner_location, current)
+        if interrupted:
+            from blocklin.storage import cleanup
+
+            cleanup.keep_for_resume(self.owner_location, "partial output")
+            if report:
+                cleanup.report_kept()
+
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
-            self.abort()
+            self.abort(interrupted=issubclass(exc_type, KeyboardInterrupt))
 
 
 def busy_message(out: str, rec: dict) -> str:

@@ -69,6 +69,12 @@ class Backend(abc.ABC):
         or an overwrite changes (``None`` when the store has none)."""
         return self.stamp("zarr.json") or self.stamp(".zarray")
 
+    @abc.abstractmethod
+    def file_stamps(self) -> dict[str, tuple]:
+        """Every object (file) under the location, or the location itself when it is one object, as
+        ``{key: stamp}`` from one listing: what a rewrite of the object changes (see
+        :mod:`blocklin.storage.stamps`, the one place that turns these into an input's content stamp)."""
+
     def read_text(self, key: str) -> str:
         return self.read_bytes(key).decode()
 
@@ -145,6 +151,43 @@ class LocalBackend(Backend):
         except OSError:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def file_stamps(self) -> dict[str, tuple]:
+        """Size, modification and change times (ns) and inode of each file: an in-place rewrite
+        changes the times, a rewrite by rename the inode. One ``scandir`` walk, symlinks followed
+        (each folder once)."""
+        try:
+            st = os.stat(self.loc.url)
+        except OSError:
+            return {}
+        if not os.path.isdir(self.loc.url):
+            return {"": _stat_tuple(st)}
+        out: dict[str, tuple] = {}
+        seen = {(st.st_dev, st.st_ino)}
+        todo = [("", self.loc.url)]
+        while todo:
+            rel, folder = todo.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for e in entries:
+                key = f"{rel}{e.name}"
+                try:
+                    est = e.stat()
+                except OSError:  # removed meanwhile, or a dangling link
+                    continue
+                if e.is_dir():
+                    if (est.st_dev, est.st_ino) not in seen:
+                        seen.add((est.st_dev, est.st_ino))
+                        todo.append((key + "/", e.path))
+                else:
+                    out[key] = _stat_tuple(est)
+        return out
+
+
+def _stat_tuple(st: os.stat_result) -> tuple:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
 
 class FsspecBackend(Backend):
@@ -225,6 +268,27 @@ class FsspecBackend(Backend):
         except (FileNotFoundError, OSError):
             return None
         return tuple(str(info.get(k)) for k in ("ETag", "LastModified", "mtime", "created", "size"))
+
+    def file_stamps(self) -> dict[str, tuple]:
+        """Size and version of each object from one listing: the ETag (S3, Azure), the generation
+        (GCS), else the modification or creation time the store reports (``file://``, ``memory://``)."""
+        self.fs.invalidate_cache()
+        try:
+            found = self.fs.find(self.root, detail=True)
+        except (FileNotFoundError, OSError):
+            return {}
+        root = self.fs._strip_protocol(self.root).rstrip("/")
+        out: dict[str, tuple] = {}
+        for name, info in found.items():
+            name = self.fs._strip_protocol(name)
+            key = name[len(root) + 1:] if name.startswith(root + "/") else ("" if name == root else name)
+            out[key] = (info.get("size"),) + tuple(str(info[k]) for k in _VERSION_FIELDS if info.get(k) is not None)
+        return out
+
+
+#: Fields of an fsspec listing that change when an object is rewritten (whichever the store reports).
+_VERSION_FIELDS = ("ETag", "etag", "generation", "version_id", "mtime", "LastModified", "last_modified", "created",
+                   "ino")
 
 
 @functools.lru_cache(maxsize=64)

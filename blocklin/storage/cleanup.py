@@ -231,10 +231,32 @@ def sweep_stale(root: Location) -> list[Leftover]:
     return items
 
 
+def remove_stale_work(root: Location, keep: Location, *, operation: str, output: str) -> list[Leftover]:
+    """Remove the work folders under ``root`` that gone runs of ``operation`` writing ``output`` left
+    under another identity than ``keep`` (their inputs or parameters changed since: no rerun can
+    continue them), saying what went."""
+    from blocklin.config import format_size
+    from blocklin.errors import warn
+
+    try:
+        items = [i for i in find_leftovers([root], sizes=False)
+                 if i.kind == "work folder" and i.action == "remove" and i.path != keep.url
+                 and (i.owner or {}).get("operation") == operation and (i.owner or {}).get("for_output") == output]
+    except OSError:
+        return []
+    for item in items:
+        if _remove(item):
+            item.action = "removed"
+            warn(f"removed the work folder of an earlier run of {operation} to {output} whose inputs or parameters "
+                 f"differ: {item.path} ({format_size(item.bytes)})")
+    return items
+
+
 def abandon_held(*, keep_partials: bool) -> None:
     """After an interrupt, drop what this process still owns: a signal that lands between a claim
-    and the code that would clean it up leaves it held. Partial outputs are released (their data
-    kept for ``--resume``) when ``keep_partials``, else removed; work folders are removed."""
+    and the code that would clean it up leaves it held. What a rerun with ``--resume`` continues
+    (resumable partial outputs and work folders, every partial output when ``keep_partials``) is
+    kept with its record marked released (:func:`keep_for_resume`); the rest is removed."""
     from blocklin.storage.zarr_store import wait_for_pending_io
 
     held = ownership.Heartbeat.held()
@@ -243,10 +265,46 @@ def abandon_held(*, keep_partials: bool) -> None:
     wait_for_pending_io()
     for loc, rec in held:
         ownership.Heartbeat.release(loc)
-        if "output" in rec and keep_partials:
-            backend(loc).delete(ownership.OWNER_RECORD)
+        if rec.get("resumable") or ("output" in rec and keep_partials):
+            ownership.mark_released(loc, rec)
+            keep_for_resume(loc, "partial output" if "output" in rec else "work folder")
         else:
             backend(loc).remove("")
 
 
-__all__ = ["Leftover", "abandon_held", "clean", "find_leftovers", "sweep_stale"]
+#: What interrupted runs of this process kept for a rerun with ``--resume``, not reported yet.
+_KEPT: list[tuple[str, str]] = []
+
+
+def keep_for_resume(loc: Location, kind: str) -> None:
+    """Note that an interrupted run kept ``loc`` (a partial output or a work folder) for ``--resume``."""
+    if loc.url not in {p for p, _ in _KEPT}:
+        _KEPT.append((loc.url, kind))
+
+
+def take_kept() -> list[tuple[str, str]]:
+    """``(path, kind)`` of what interrupted runs kept since the last call (and forget them)."""
+    kept = list(_KEPT)
+    _KEPT.clear()
+    return kept
+
+
+def kept_message(kept: list[tuple[str, str]]) -> str:
+    """How to continue or remove what an interrupted run kept (one line)."""
+    paths = " ".join(p for p, _ in kept)
+    what = " and ".join(f"{kind} {p}" for p, kind in kept)
+    return (f"the finished work is kept in {what}: rerun with --resume (resume=True) to continue it (a rerun "
+            f"without it starts over and removes it), or remove it with `blocklin clean {paths}`")
+
+
+def report_kept() -> None:
+    """Say what interrupted runs kept (a warning), unless the CLI says it in its own line."""
+    from blocklin import interrupt
+    from blocklin.errors import warn
+
+    if _KEPT and not interrupt.signals_handled():
+        warn(kept_message(take_kept()))
+
+
+__all__ = ["Leftover", "abandon_held", "clean", "find_leftovers", "keep_for_resume", "kept_message",
+           "remove_stale_work", "report_kept", "sweep_stale", "take_kept"]

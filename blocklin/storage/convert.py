@@ -98,20 +98,6 @@ def _base(p: Any) -> str:
     return p.name if isinstance(p, Location) else os.path.basename(p)
 
 
-def _stat_token(path: Any) -> list:
-    if isinstance(path, Location):
-        return [str(backend(path).metadata_stamp())]
-    p = path
-    for name in ("zarr.json", ".zarray"):
-        if os.path.isdir(path) and os.path.exists(os.path.join(path, name)):
-            p = os.path.join(path, name)
-    try:
-        st = os.stat(p)
-        return [st.st_size, st.st_mtime_ns]
-    except OSError:
-        return []
-
-
 def _unit_name(b: tuple[int, int, int, int]) -> str:
     return "block-{}-{}-{}-{}".format(*b)
 
@@ -249,8 +235,11 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         writer = open_writer(out, (m, n), out_dt, format=to_format, chunks=out_chunks if chunks != "auto" or
                              out_fmt == "zarr" else None, codec=codec, checksum=checksum,
                              order=(out_order or reader.order), delimiter=delimiter, inputs=[src_path],
+                             vector=getattr(reader, "ndim", 2) == 1,
                              overwrite=overwrite, resume=resume, token=token)
-        client = _cluster_client(scheduler) if in_fmt == "zarr" and out_fmt == "zarr" else None
+        # (a 1-D zarr array is copied here: the workers' block task reads 2-D arrays)
+        client = _cluster_client(scheduler) if in_fmt == "zarr" and out_fmt == "zarr" and \
+            getattr(reader, "ndim", 2) == 2 else None
         if client is None:
             check_budget(cfg.memory)
         # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
@@ -320,9 +309,10 @@ def _check_source_and_policy(src: Any, nan: str) -> None:
 
 def _resume_token(src: Any, src_path: Any, out_path: Any, in_fmt: str, out_fmt: str, reader: Any,
                   out_dt: np.dtype, out_chunks: Any, codec: str, checksum: bool) -> str:
-    """Equal for reruns of the same conversion of the same (unchanged) source: what resume matches."""
+    """Equal for reruns of the same conversion of the same source: what resume matches (the output checks
+    that the source's content is unchanged, :mod:`blocklin.storage.stamps`)."""
     return hashlib.sha1(json.dumps({
-        "src": _real(src_path), "spec": str(src), "stat": _stat_token(src_path), "fmt": in_fmt,
+        "src": _real(src_path), "spec": str(src), "fmt": in_fmt,
         "shape": list(reader.shape), "in": reader.dtype.str, "out": out_dt.str, "chunks": list(out_chunks),
         "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": _real(out_path),
     }, sort_keys=True).encode()).hexdigest()[:16]

@@ -13,6 +13,10 @@ A record's owner is *gone* when
 * it ran on another host and its heartbeat is older than :data:`LEASE_SECONDS` (a live writer
   refreshes it every :data:`HEARTBEAT_SECONDS` from a background thread).
 
+A record marked ``released`` belongs to a run that let its location go on purpose (an interrupted
+resumable run keeps its work for a rerun with ``resume``): its owner counts as gone at once, on
+every host.
+
 A location holding data but no readable record is treated as gone: runs create the record under
 the claim lock before writing anything else, so only a run that died at that instant, or an
 older blocklin, leaves such a folder.
@@ -102,7 +106,7 @@ def write_record(loc: Location, rec: dict) -> None:
 
 def is_alive(rec: dict | None, *, now: float | None = None) -> bool:
     """Whether the run that wrote ``rec`` may still be writing (see module docstring)."""
-    if not rec:
+    if not rec or rec.get("released"):
         return False
     if rec.get("host") != host():
         beat = float(rec.get("heartbeat") or 0.0)
@@ -229,6 +233,16 @@ class Heartbeat:
             pass
 
 
+def mark_released(loc: Location, rec: dict) -> None:
+    """Stop owning ``loc`` and keep it, its record saying that its run let it go (see
+    :func:`is_alive`): a rerun with ``resume`` takes it over, ``blocklin clean`` may remove it."""
+    Heartbeat.release(loc)
+    try:
+        write_record(loc, {**rec, "released": True})
+    except OSError:  # the record stays as it was: the owner is gone once this process is
+        pass
+
+
 def start_work_folder(loc: Location, **extra: Any) -> dict:
     """Create the work folder ``loc`` (locally) and own it: record written, heartbeat held."""
     if loc.is_local:
@@ -258,4 +272,4 @@ def end_work_folder(loc: Location) -> None:
 
 
 __all__ = ["HEARTBEAT_SECONDS", "LEASE_SECONDS", "OWNER_RECORD", "Heartbeat", "claim_lock", "describe",
-           "claim_work_folder", "end_work_folder", "host", "is_alive", "is_mine", "new_record", "read_record", "start_work_folder", "write_record"]
+           "claim_work_folder", "end_work_folder", "host", "is_alive", "is_mine", "mark_released", "new_record", "read_record", "start_work_folder", "write_record"]

@@ -70,6 +70,8 @@ DEFERRED_META = ".blocklin-meta.json"
 PENDING_RECORD = ".blocklin-pending.json"
 #: The owner record of a partial output or work folder (:mod:`blocklin.storage.ownership`).
 OWNER_RECORD = ".blocklin-owner.json"
+#: The content stamps of a resumable output's inputs, in its partial (:mod:`blocklin.storage.stamps`).
+INPUTS_RECORD = ".blocklin-inputs.json"
 
 
 def uncommitted_message(loc: Location, name: str) -> str:
@@ -241,18 +243,19 @@ def create_array(path: Any, *, shape: tuple[int, ...], dtype: Any, chunks: tuple
         backend(loc).write_text(DEFERRED_META, json.dumps(meta))
         return _open_deferred(loc, "r+")
     # zarr's overwrite empties the folder: a partial output keeps its owner record (a second writer
-    # must still find who writes it), with this process's heartbeat paused meanwhile
+    # must still find who writes it) and its inputs' stamps, with this process's heartbeat paused meanwhile
     from blocklin.storage.ownership import Heartbeat
 
     with Heartbeat.paused() if overwrite else contextlib.nullcontext():
-        owner = backend(loc).try_read(OWNER_RECORD) if overwrite else None
+        records = {k: backend(loc).try_read(k) for k in (OWNER_RECORD, INPUTS_RECORD)} if overwrite else {}
         arr = zarr.create_array(
             store=zarr_store(loc), shape=shape, chunks=chunks, dtype=np.dtype(dtype),
             compressors=codec_chain(codec, checksum) or None, fill_value=0, zarr_format=3,
             attributes=attributes or {}, overwrite=overwrite,
         )
-        if owner is not None:
-            backend(loc).write_bytes(OWNER_RECORD, owner)
+        for key, raw in records.items():
+            if raw is not None:
+                backend(loc).write_bytes(key, raw)
     return arr
 
 
