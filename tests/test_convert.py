@@ -353,6 +353,31 @@ def test_symmetric_array_mtx_budget_and_truncation(tmp_path, rng):
     np.testing.assert_array_equal(zarr.open_array(tmp_path / "o.zarr")[:], np.tril(g) + np.tril(g, -1).T)
 
 
+def test_one_dimensional_results_export(tmp_path, rng, capsys):
+    """1-D members of result groups (an SVD's S, a centered one's mean) export from the CLI: .npy
+    keeps them 1-D, CSV/text write one value a line and Matrix Market an n x 1 array, each holding
+    the stored values bit for bit; a zarr copy is an n x 1 column."""
+    import scipy.io
+
+    x = rng.standard_normal((200, 30)) + 3.0
+    blocklin.svd(x, 4, out=str(tmp_path / "svd.zarr"), center=True, memory="16MiB")
+    for name in ("S", "mean"):
+        stored = zarr.open_array(tmp_path / "svd.zarr" / name)[:]
+        assert stored.ndim == 1
+        member = str(tmp_path / "svd.zarr" / name)
+        for ext in ("npy", "csv", "txt", "mtx", "zarr"):
+            assert main(["convert", member, str(tmp_path / f"{name}.{ext}")]) == 0, capsys.readouterr().err
+        got = np.load(tmp_path / f"{name}.npy")
+        assert got.shape == stored.shape and got.dtype == stored.dtype
+        np.testing.assert_array_equal(got, stored)
+        np.testing.assert_array_equal(np.loadtxt(tmp_path / f"{name}.csv", delimiter=",", ndmin=1), stored)
+        np.testing.assert_array_equal(np.loadtxt(tmp_path / f"{name}.txt", ndmin=1), stored)
+        mtx = np.asarray(scipy.io.mmread(tmp_path / f"{name}.mtx"))
+        assert mtx.shape == (stored.size, 1)
+        np.testing.assert_array_equal(mtx[:, 0], stored)
+        np.testing.assert_array_equal(zarr.open_array(tmp_path / f"{name}.zarr")[:], stored[:, None])
+
+
 def test_budget_too_small_for_chunks(tmp_path, npy):
     with pytest.raises(BudgetError, match=r"one block of 100 x 90.*at least \d+KiB.*smaller --chunks"):
         blocklin.convert(npy, tmp_path / "o.zarr", chunks=(100, 100), memory="64KiB")

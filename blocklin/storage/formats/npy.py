@@ -57,6 +57,7 @@ class NpyReader(DenseFileReader):
                                       f"{size} bytes, header says shape {(m, n)} {dtype.str} ({need} bytes)",
                                       "the header does not match the data; re-create the file"))
         super().__init__(path, offset=offset, shape=(m, n), dtype=dtype, order="F" if fortran else "C")
+        self.ndim = len(shape)
 
 
 class NpzStreamReader(Reader):
@@ -168,12 +169,14 @@ class NpyWriter(DenseFileWriter):
 
     format = "npy"
 
-    def __init__(self, path: str, shape: tuple[int, int], dtype: Any, *, order: str = "C", **kw: Any) -> None:
+    def __init__(self, path: str, shape: tuple[int, int], dtype: Any, *, order: str = "C", vector: bool = False,
+                 **kw: Any) -> None:
         import io
 
         header = io.BytesIO()
+        # A 1-D source (``vector``, an n x 1 column) stays 1-D: the same bytes under the header (n,).
         d = {"descr": npformat.dtype_to_descr(np.dtype(dtype)), "fortran_order": str(order).upper() == "F",
-             "shape": tuple(int(s) for s in shape)}
+             "shape": (int(shape[0]),) if vector and int(shape[1]) == 1 else tuple(int(s) for s in shape)}
         _write_header(header, d)
         super().__init__(path, shape, dtype, order=order, header=header.getvalue(), **kw)
 

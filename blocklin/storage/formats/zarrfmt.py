@@ -33,9 +33,11 @@ class ZarrReader(Reader):
         self._arr = open_zarr(self._loc, name="input")
         if check_chunks:  # blocklin info reports missing chunk files instead
             check_complete(self._arr, self._loc, "input", bool(get_config().require_complete))
-        self.shape = check_2d(self._arr.shape, "zarr input")
+        # a 1-D array (an SVD's S, a PCA's mean) is read as an n x 1 column; ndim tells writers
+        self.ndim = len(self._arr.shape)
+        self.shape = check_2d(self._arr.shape, "zarr input", vector=True)
         self.dtype = check_matrix_dtype(self._arr.dtype, "zarr input")
-        self.chunks = tuple(int(c) for c in (self._arr.shards or self._arr.chunks))
+        self.chunks = tuple(int(c) for c in (self._arr.shards or self._arr.chunks)) + (1,) * (2 - self.ndim)
         self.chunk_bytes = int(np.prod(self.chunks)) * self.dtype.itemsize
         self.order = "C"
 
@@ -43,6 +45,11 @@ class ZarrReader(Reader):
         r0, r1, _ = rows.indices(self.shape[0])
         c0, c1, _ = cols.indices(self.shape[1])
         out = np.empty((r1 - r0, c1 - c0), self.dtype)
+        if self.ndim == 1:
+            if c1 > c0:
+                out[:, 0] = self._arr[r0:r1]
+                self.bytes_read += out.nbytes
+            return out
         # StoreReadError names a damaged chunk; what was fetched from storage (encoded chunks, or row ranges)
         self.bytes_read += readstats.measured(read_block, self._arr, slice(r0, r1), slice(c0, c1), out)
         return out
