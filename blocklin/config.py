@@ -70,6 +70,42 @@ def parse_size(value: int | float | str | None, name: str = "memory") -> int | N
     return size
 
 
+#: The address schemes of a Dask scheduler that blocklin connects to.
+SCHEDULER_SCHEMES = ("tcp", "tls", "ws", "wss")
+
+
+def scheduler_address(address: str) -> tuple[str, str, int]:
+    """``(scheme, host, port)`` of a Dask scheduler address such as ``"tcp://10.0.0.5:8786"``.
+
+    Checked before any connection is tried: ``distributed`` raises a bare ``ValueError`` for a
+    missing port and then hangs a minute closing the half-made client.
+
+    Raises
+    ------
+    ConfigError
+        When the scheme is not one of :data:`SCHEDULER_SCHEMES` or the host or port is missing.
+    """
+    from urllib.parse import urlsplit
+
+    fix = "pass an address with host and port, e.g. --scheduler tcp://127.0.0.1:8786 (scheduler='tcp://host:8786')"
+    text = address.strip()
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:  # a port that is not a number in 0..65535
+        raise ConfigError(explain("scheduler", "must be SCHEME://HOST:PORT with a port in 1..65535", repr(address),
+                                  fix)) from None
+    if parts.scheme.lower() not in SCHEDULER_SCHEMES:
+        raise ConfigError(explain("scheduler", f"an address must start with one of "
+                                  f"{', '.join(s + '://' for s in SCHEDULER_SCHEMES)}", repr(address), fix))
+    if not parts.hostname:
+        raise ConfigError(explain("scheduler", "an address must name the scheduler's host", repr(address), fix))
+    if not port:
+        raise ConfigError(explain("scheduler", "an address must name the scheduler's port (8786 by default)",
+                                  repr(address), fix))
+    return parts.scheme.lower(), parts.hostname, port
+
+
 def format_size(nbytes: float) -> str:
     """Format bytes as a short human string (``'1.50 GiB'``)."""
     nbytes = float(nbytes)
@@ -157,6 +193,9 @@ class Config:
                                          or not 1 <= self.workers <= MAX_BYTES):
             raise ConfigError(explain("workers", "must be a positive integer or None", repr(self.workers),
                                       "pass workers=1"))
+
+        if isinstance(self.scheduler, str) and "://" in self.scheduler:
+            scheduler_address(self.scheduler)
 
     def replace(self, **changes: Any) -> Config:
         """Return a copy with the non-None ``changes`` applied."""

@@ -63,6 +63,10 @@ class UncommittedOutputError(StoreReadError):
     """A store is an output that an interrupted job left unfinished (resume or remove it)."""
 
 
+class StorageUnreachableError(BlocklinError, ConnectionError):
+    """The storage endpoint (an S3 server, ...) cannot be reached; what is stored there is kept."""
+
+
 class DiskSpaceError(BlocklinError, OSError):
     """A store would not fit the free space of its destination, or the destination is not writable."""
 

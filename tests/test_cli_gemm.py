@@ -62,7 +62,7 @@ def test_gemm_errors_are_one_line(tmp_path, ab):
     r = run_cli("gemm", pa, pb, "-o", pa, "--overwrite")
     assert r.returncode == 1 and "must differ from every input" in r.stderr
     r = run_cli("gemm", pa, pb, "-o", str(tmp_path / "c.zarr"), "--memory", "lots")
-    assert r.returncode == 1 and "memory" in r.stderr and "Fix" in r.stderr
+    assert r.returncode == 2 and "--memory" in r.stderr and "Fix" in r.stderr  # a usage error, found while parsing
     r = run_cli("gemm", pa, pa, "-o", str(tmp_path / "c.zarr"), "--debug")
     assert r.returncode == 1 and "Traceback" in r.stderr
     r = run_cli("gemm", pa, pb, "-o", str(tmp_path / "c.zarr"), "--json", "--memory", "1KiB")

@@ -9,12 +9,14 @@ import sys
 import traceback
 from typing import Any
 
+from blocklin import jsonsafe
 from blocklin.errors import BlocklinError
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # bad input or failed operation
 EXIT_USAGE = 2  # argparse's code for bad arguments
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: stdout's reader closed the pipe (``blocklin ... --json | head -c0``)
 
 
 def count_arg(option: str, *, minimum: int = 1, auto: tuple[str, ...] = (), example: str = "") -> Any:
@@ -156,7 +158,7 @@ def progress_arg(args: argparse.Namespace) -> bool:
 def emit(args: argparse.Namespace, summary: dict[str, Any], human: str | None = None) -> None:
     """Print the JSON summary with --json, else the human text."""
     if getattr(args, "json", False):
-        print(json.dumps(summary, default=_default, sort_keys=True))
+        print(jsonsafe.dumps(summary, default=_default, sort_keys=True))  # NaN/Inf as null, named in "nonfinite"
     elif human:
         print(human)
 
@@ -196,6 +198,12 @@ def _storage_settings(args: argparse.Namespace) -> Any:
     return config.set(**settings) if settings else contextlib.nullcontext()
 
 
+def _written_urls(args: argparse.Namespace) -> tuple[str, ...]:
+    """The object-store URLs a command writes (its outputs and temp dir), to name a missing bucket."""
+    values = [getattr(args, key, None) for key in ("out", "output", "q", "temp_dir")]
+    return tuple(str(v) for v in values if isinstance(v, str) and "://" in v)
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001
     return f"blocklin: warning: {message}\n"
 
@@ -210,9 +218,33 @@ def run_command(args: argparse.Namespace) -> int:
     """
     import warnings
 
+    warnings.formatwarning = _one_line_warning
+    try:
+        return _run_command(args)
+    except BrokenPipeError:
+        # the reader of stdout (``| head``) went away: what the command wrote (its output store) is
+        # committed, so end quietly, as a process killed by SIGPIPE would (Python's signal docs)
+        quiet_stdout()
+        return EXIT_BROKEN_PIPE
+
+
+def quiet_stdout() -> None:
+    """Point stdout at ``/dev/null`` after its pipe closed, so that the interpreter's final flush
+    does not print a second ``BrokenPipeError``."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout already closed or replaced
+        pass
+    finally:
+        os.close(devnull)
+
+
+def _run_command(args: argparse.Namespace) -> int:
     from blocklin import interrupt
 
-    warnings.formatwarning = _one_line_warning
     try:
         with interrupt.handle_signals(), _storage_settings(args):
             args.func(args)
@@ -227,9 +259,18 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"blocklin {args.command}: {'terminated' if terminated else 'interrupted'}; "
               f"no output was written{'; ' + kept_message(kept) if kept else ''}", file=sys.stderr)
         return interrupt.EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
-    except (BlocklinError, FileNotFoundError, ValueError, TypeError, MemoryError, OSError) as exc:
+    except BrokenPipeError:
+        raise  # stdout's reader went away: run_command ends quietly
+    except Exception as exc:  # noqa: BLE001 - storage clients raise their own kinds (botocore's)
+        from blocklin.storage.readerrors import storage_error
+
+        mapped = storage_error(exc, _written_urls(args))  # an unreachable endpoint, a missing bucket
+        if mapped is None and not isinstance(exc, (BlocklinError, FileNotFoundError, ValueError, TypeError,
+                                                   MemoryError, OSError)):
+            raise
         if getattr(args, "debug", False):
             traceback.print_exc()
+        exc = mapped or exc
         name = type(exc).__name__
         if isinstance(exc, OSError) and not isinstance(exc, BlocklinError):
             from blocklin.storage.space import describe_os_error
@@ -237,5 +278,8 @@ def run_command(args: argparse.Namespace) -> int:
             exc = describe_os_error(exc) or exc  # a raw write failure: its path, setting and fix
         print(f"blocklin {args.command}: error: {name}: {exc}", file=sys.stderr)
         if getattr(args, "json", False):
-            print(json.dumps({"error": name, "message": str(exc)}))
+            try:
+                print(jsonsafe.dumps({"error": name, "message": str(exc)}))
+            except BrokenPipeError:
+                quiet_stdout()
         return EXIT_ERROR

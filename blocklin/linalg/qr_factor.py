@@ -117,6 +117,8 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
     if q is not None and mode != "reduced":
         raise ParameterError(_msg("q", "is the output of Q, which needs mode='reduced'", f"q={q!r} with mode='r'",
                                      "pass mode='reduced', or drop q"))
+    tile = size("tile", tile, fix="pass a positive tile side such as tile=256 (--tile 256), or omit it for the "
+                "planned one")
     with Job("qr", **settings) as job:
         A = job.operand(a, "a")
         m, n = A.shape

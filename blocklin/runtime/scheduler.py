@@ -6,6 +6,7 @@ import dataclasses
 import functools
 from typing import Any
 
+from blocklin.config import scheduler_address
 from blocklin.errors import ConfigError, explain
 
 LOCAL = ("threads", "sync", "processes")
@@ -36,11 +37,31 @@ def _active_client() -> Any:
         return None
 
 
+#: Seconds a connection to a cluster's scheduler may take before it is called unreachable.
+CONNECT_TIMEOUT = 10
+
+
+def _reachable(host: str, port: int, address: str) -> None:
+    """Refuse, within :data:`CONNECT_TIMEOUT`, a scheduler address where nothing listens (before
+    ``distributed`` makes a client, whose failed start costs a minute more while it closes)."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT).close()
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ConfigError(explain("scheduler", "must be a reachable Dask scheduler address", repr(address),
+                                  f"start the cluster first (dask scheduler --port {port}) or check the address; "
+                                  f"connecting to {host}:{port}: {reason}")) from None
+
+
 @functools.lru_cache(maxsize=8)
 def _client_for(address: str) -> Any:
     from distributed import Client
 
-    return Client(address, set_as_default=False)
+    _, host, port = scheduler_address(address)
+    _reachable(host, port, address)
+    return Client(address, set_as_default=False, timeout=CONNECT_TIMEOUT)
 
 
 def resolve_scheduler(scheduler: Any = None) -> Scheduler:
@@ -74,6 +95,7 @@ def resolve_scheduler(scheduler: Any = None) -> Scheduler:
                                       "like 'tcp://host:8786'"))
         return Scheduler("distributed", client)
     if "://" in name:
+        scheduler_address(scheduler)
         try:
             return Scheduler("distributed", _client_for(scheduler.strip()))
         except OSError as exc:

@@ -54,6 +54,7 @@ from typing import Any
 import zarr
 
 from blocklin._version import __version__
+from blocklin import jsonsafe
 from blocklin.errors import OutputBusyError, OutputExistsError, explain, warn
 from blocklin.storage import ownership, stamps
 from blocklin.storage.backend import backend
@@ -328,7 +329,7 @@ class AtomicOutput:
         stored = count_stored(self.partial)  # an array's chunk files, checked when it is read again
         if stored is not None:
             provenance[STORED_KEY] = stored
-        provenance = json.loads(json.dumps(provenance, default=_json_default))
+        provenance = jsonsafe.strict(provenance, default=_json_default)  # zarr attributes: strict JSON, no NaN
         if self.in_place:
             self._commit_in_place(provenance)
         else:

@@ -97,6 +97,92 @@ def read_error(arr: Any, rows: slice, cols: slice, exc: BaseException, name: str
     return StoreReadError(explain(name, _rule(cause), what, fix))
 
 
+#: Exceptions (by class name: botocore, aiohttp and urllib3 are optional) that mean the storage
+#: endpoint could not be reached or dropped the connection, not that the data is damaged.
+_CONNECTION_ERRORS = ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError",
+                      "ClientConnectorError", "ClientConnectionError", "ServerDisconnectedError",
+                      "NewConnectionError", "MaxRetryError", "ProxyConnectionError")
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _endpoint(exc: BaseException) -> str:
+    """The endpoint a connection failure was for: from the error (botocore names the URL), else the
+    configured ``endpoint_url``, else ``"the storage endpoint"``."""
+    from urllib.parse import urlsplit
+
+    for e in _chain(exc):
+        url = (getattr(e, "kwargs", None) or {}).get("endpoint_url")
+        if url:
+            parts = urlsplit(str(url))
+            return f"{parts.scheme}://{parts.netloc}" if parts.netloc else str(url)
+    try:
+        from blocklin.config import get_config
+
+        opts = get_config().storage_options or {}
+        url = opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+    except Exception:  # noqa: BLE001 - a broken configuration is reported elsewhere
+        url = None
+    return str(url) if url else "the storage endpoint"
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    for e in _chain(exc):
+        if isinstance(e, BrokenPipeError):  # stdout's reader went away: not storage
+            return False
+        if isinstance(e, ConnectionError) or any(c.__name__ in _CONNECTION_ERRORS for c in type(e).__mro__):
+            return True
+    return False
+
+
+def _is_missing_bucket(exc: BaseException) -> bool:
+    for e in _chain(exc):
+        code = str(((getattr(e, "response", None) or {}).get("Error") or {}).get("Code", ""))
+        if code == "NoSuchBucket" or type(e).__name__ == "NoSuchBucket" or "specified bucket does not exist" in str(e):
+            return True
+    return False
+
+
+def storage_error(exc: BaseException, urls: tuple[str, ...] = ()) -> BlocklinError | None:
+    """The blocklin error for a storage failure that is not about the data, or None.
+
+    An endpoint that cannot be reached (no server listening, a server stopped mid-job, a dropped
+    connection) becomes :class:`~blocklin.errors.StorageUnreachableError` naming the endpoint and
+    saying that what is stored is kept and how to continue; a bucket that does not exist becomes
+    :class:`~blocklin.errors.StoreNotFoundError` naming the bucket of ``urls`` (the object-store
+    URLs of the operation, when the caller knows them). Reads and writes both come through here:
+    :func:`reading` for chunk reads, the CLI's top-level handler for everything else.
+    """
+    from blocklin.errors import StorageUnreachableError, StoreNotFoundError
+
+    if isinstance(exc, BlocklinError):
+        return None
+    if _is_connection_error(exc):
+        where = _endpoint(exc)
+        cause = next((e for e in _chain(exc) if e is not exc), exc)
+        detail = f"{type(cause).__name__}: {str(cause).strip()[:160]}"
+        return StorageUnreachableError(explain(
+            "storage", "the storage endpoint must be reachable for the whole job", f"no connection to {where} "
+            f"({detail})", f"check that the server at {where} is running and reachable (endpoint_url in "
+            "--storage-option / storage_options=); nothing stored there was removed: inputs are unchanged, and "
+            "a resumable operation's finished work is kept, so rerun the same command with --resume "
+            "(resume=True) once it is back"))
+    if _is_missing_bucket(exc):
+        named = " or ".join(sorted({"{}://{}".format(*u.split("://", 1)[:1], u.split("://", 1)[1].split("/", 1)[0])
+                                   for u in urls if "://" in u})) or "the operation's bucket"
+        return StoreNotFoundError(explain("bucket", "an object-store URL must name an existing bucket",
+                                          f"{named} does not exist ({str(exc).strip()[:120]})",
+                                          "create the bucket first (aws s3 mb s3://BUCKET, or s3fs's "
+                                          "fs.mkdir('BUCKET')) or correct the URL"))
+    return None
+
+
 @contextlib.contextmanager
 def reading(arr: Any, rows: slice, cols: slice, name: str = "input") -> Iterator[None]:
     """Run a read of ``arr[rows, cols]``; codec, checksum and decoding failures become
@@ -106,7 +192,8 @@ def reading(arr: Any, rows: slice, cols: slice, name: str = "input") -> Iterator
     except (BlocklinError, MemoryError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - zarr and numcodecs raise many kinds for one damage
-        raise read_error(arr, rows, cols, exc, name) from exc
+        unreachable = storage_error(exc)  # the server, not the data: no chunk probing, no "damaged"
+        raise (unreachable or read_error(arr, rows, cols, exc, name)) from exc
 
 
 def check_metadata(arr: Any, where: str, name: str = "input") -> None:
@@ -125,4 +212,4 @@ def check_metadata(arr: Any, where: str, name: str = "input") -> None:
                                      "its source"))
 
 
-__all__ = ["MAX_PROBED_CHUNKS", "check_metadata", "failing_chunk", "read_error", "reading"]
+__all__ = ["MAX_PROBED_CHUNKS", "check_metadata", "failing_chunk", "read_error", "reading", "storage_error"]
