@@ -33,7 +33,7 @@ from blocklin.runtime.qrtiles import tile_qr, tile_qr_form_q, tile_qr_stores
 from blocklin.runtime.job import Job
 from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import create_array, open_zarr, write_block
-from blocklin.validate import choice, float_operand
+from blocklin.validate import choice, float_operand, size
 
 MODES = ("r", "reduced")
 #: ``"auto"`` takes the streaming TSQR for ``R`` alone when its strips can hold this many times ``n``
