@@ -274,6 +274,10 @@ def test_workers_and_memory_in_the_api_are_validated(tmp_path):
     for bad in ("5.5", 0, "-5", 2**63, "hi"):
         with pytest.raises(ConfigError, match="memory"):
             bl.matmul(A, A, memory=bad)
+    for bad in ((0, 5), (-1, 5), (2**63, 5), (5.5, 5), (True, 4), "hi"):
+        with pytest.raises(ConfigError, match="chunks.*positive integers"):
+            bl.convert(str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr"), chunks=bad)
+    assert not (tmp_path / "b.zarr").exists()
 
 
 # ---------------------------------------------------------------- tracebacks

@@ -35,6 +35,7 @@ from blocklin.storage.formats.base import disk_usage
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.space import check_space, make_temp_folder
 from blocklin.storage.zarr_store import open_cached, read_block, array_file_bytes, write_block
+from blocklin.validate import MAX_COUNT
 
 NAN_POLICIES = ("allow", "error")
 
@@ -48,7 +49,8 @@ def parse_chunks(chunks: Any) -> str | tuple[int, int]:
         pair = tuple(int(p) for p in parts)
     except (TypeError, ValueError):
         pair = ()
-    if len(pair) != 2 or min(pair) < 1:
+    whole = isinstance(chunks, str) or all(isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in parts)
+    if len(pair) != 2 or not whole or min(pair) < 1 or max(pair) > MAX_COUNT:  # 5.5 is not 5; 2**63 no size
         raise ConfigError(explain("chunks", "must be 'auto' or two positive integers ROWS,COLS", repr(chunks),
                                   "pass --chunks auto or --chunks 1024,1024"))
     return pair
