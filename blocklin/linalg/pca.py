@@ -13,7 +13,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import ShapeError
+from blocklin.errors import BlocklinWarning, ShapeError, warn
 from blocklin.linalg.svd import svd
 from blocklin.storage import remove
 
@@ -115,15 +115,26 @@ def pca(a: Any, k: int, *, scale: bool = False, method: str = "auto", oversample
     signs = np.sign(comps[np.arange(comps.shape[0]), big])
     comps = comps * np.where(signs == 0, 1, signs)[:, None].astype(comps.dtype)
     ddof = 1 if m > 1 else 0
-    var = moments.variance(ddof)
-    if scale:  # a standardized column has variance 1 (ddof=0); a constant one stays 0
-        var = np.where(moments.var > 0, var / np.where(moments.var > 0, moments.var, 1.0), 0.0)
-    total = float(var.sum())
-    ev = s.astype(np.float64) ** 2 / max(m - ddof, 1)
+    # the ratios from the variances of 2^-e A when the data was scaled (blocklin.linalg.scaling): the
+    # variances themselves leave float64's range for entries beyond about 2^512
+    mom, e = res.scaled_moments if res.scaled_moments is not None else (moments, 0)
+    var = mom.variance(ddof)
+    if scale:  # a standardized column has variance 1 (ddof=0); a constant one stays 0; s does not scale
+        var = np.where(mom.var > 0, var / np.where(mom.var > 0, mom.var, 1.0), 0.0)
+        e = 0
+    total_s = float(var.sum())
+    ev_s = np.ldexp(s.astype(np.float64), -e) ** 2 / max(m - ddof, 1)
+    with np.errstate(over="ignore", under="ignore"):
+        ev, total = np.ldexp(ev_s, 2 * e), float(np.ldexp(total_s, 2 * e))
+    if e and not (np.isfinite(total) and (total_s == 0 or total > 0)):
+        warn(f"pca: the variances are beyond float64's range (about 2^{int(np.frexp(total_s)[1]) + 2 * e}); "
+             "explained_variance_ and total_variance_ hold inf or 0, explained_variance_ratio_, "
+             "singular_values_, components_ and mean_ are exact; pass A scaled by a power of two for them",
+             BlocklinWarning)
     report = res.report
     report["total_variance"] = total
     return PCAResult(components_=comps, explained_variance_=ev.astype(s.dtype),
-                     explained_variance_ratio_=(ev / total if total > 0 else np.zeros_like(ev)).astype(s.dtype),
+                     explained_variance_ratio_=(ev_s / total_s if total_s > 0 else np.zeros_like(ev_s)).astype(s.dtype),
                      singular_values_=s, mean_=moments.mean, scale_=res.scale, n_components_=int(s.size),
                      n_samples_=int(m), n_features_in_=int(n), total_variance_=total, report=report,
                      svd=res if out is not None else None)

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import ConvergenceWarning, SingularMatrixError, warn
+from blocklin.errors import ConvergenceWarning, ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg._inv_kernels import PROBES, InverseEpilogue, probe_kernel, products_kernel, transform_device
 from blocklin.linalg.random import probes
@@ -276,6 +276,14 @@ class Refinement:
         x = self.x
         cond_est = self.norm_m * x.norm_x
         eps = float(np.finfo(self.dtype).eps)
+        if is_inverse(x.res, x.method) and not (0 < self.norm_m < np.inf and 0 < x.norm_x < np.inf):
+            # ||I - A X|| vouches for X, but ||A||_F or ||X||_F left float64's range (their sums of squares
+            # overflow or underflow for entries beyond about 2^+-500): the backward error is unknown
+            raise ParameterError(_msg(
+                "a", "must have ||A||_F and ||A^-1||_F within float64's range (their squares are summed)",
+                f"||A||_F = {self.norm_m:.1e}, ||X||_F = {x.norm_x:.1e} with ||I - A X||_F = {x.res:.1e}",
+                "scale A by a power of two c = 2^k so its entries sit near 1 (exact), invert, and scale back: "
+                "inv(c A) = inv(A) / c"))
         if not np.isfinite(x.eta) or not is_inverse(x.res, x.method):
             raise SingularMatrixError(_msg(
                 "a", "must be numerically nonsingular to be inverted in " + self.dtype.name,

@@ -90,12 +90,16 @@ class SVDResult(tuple):
     """
 
     def __new__(cls, U: Any, s: np.ndarray, Vt: Any, report: dict, mean: np.ndarray | None = None,
-                scale: np.ndarray | None = None, moments: Moments | None = None) -> SVDResult:
+                scale: np.ndarray | None = None, moments: Moments | None = None,
+                scaled: tuple[Moments, int] | None = None) -> SVDResult:
         obj = super().__new__(cls, (U, s, Vt))
         obj.report = report
         obj.mean = mean  # column means subtracted (center=True), else None
         obj.scale = scale  # column standard deviations divided by (scale=True), else None
         obj.moments = moments  # the column means and variances when centered or scaled
+        #: ``(moments of 2^-e A, e)`` when the data was scaled (blocklin.linalg.scaling): variances beyond
+        #: float64's range (entries beyond 2^512) are inf or 0 in ``moments``, finite here
+        obj.scaled_moments = scaled
         return obj
 
     @property
@@ -945,17 +949,21 @@ def _factorize(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: f
     r["phases"] = phases
     r["means_fused"] = not plan.in_core and (fused is not None or gram_start is not None)
     e = scaling.exponent
-    if e:  # the factors of 2^-e B: singular values and residuals scale back by 2^e, vectors are unchanged
-        r["s"] = unscale(r["s"], e)
+    if e and not scale:  # the factors of 2^-e B: s and residuals scale back by 2^e, vectors are unchanged
+        r["s"] = unscale(r["s"], e)  # (a standardized B is the same for 2^-e A: nothing to scale back)
         if r.get("residuals") is not None:
             r["residuals"] = unscale(np.asarray(r["residuals"], dtype=np.float64), e)
+    if e:
         if moments is not None:
+            r["scaled_moments"] = (moments, e)
+            # from the scaled variances (finite where var overflows); a constant column keeps its 1
+            std = np.where(moments.var > 0, unscale(moments.std, e), 1.0)
             moments = Moments(unscale(moments.mean, e), unscale(moments.var, 2 * e), moments.count)
     r["scaling"] = scaling.report()
     if moments is not None:
         r["moments"] = moments
         r["mean"] = moments.mean if center else None
-        r["scale"] = moments.std if scale else None
+        r["scale"] = (std if e else moments.std) if scale else None
     return r
 
 
@@ -1114,7 +1122,8 @@ def _result(job: Job, out: Any, A: Any, plan: SvdPlan, r: dict, report: dict, ao
     path = write_group(job, out, A, small, "svd", plan, report, overwrite, ao=ao)
     report["output"] = str(path)
     stored = Matrix(path / ("Vt" if plan.transposed else "U"), report=report, temporary=out is None)
-    extra = {"mean": r.get("mean"), "scale": r.get("scale"), "moments": r.get("moments")}
+    extra = {"mean": r.get("mean"), "scale": r.get("scale"), "moments": r.get("moments"),
+             "scaled": r.get("scaled_moments")}
     if plan.transposed:
         return SVDResult(small["U"], s, stored, report, **extra)
     return SVDResult(stored, s, small["Vt"], report, **extra)

@@ -18,7 +18,7 @@ from blocklin.runtime.stages import StepRecords
 from blocklin.linalg.gemm import Gemm
 from blocklin.linalg._solve_kernels import gram_kernel, residual_kernel, symmetrize_lower
 from blocklin.linalg.qr import tsqr_pass
-from blocklin.linalg.scaling import Scaling, check_finite_result
+from blocklin.linalg.scaling import Scaling, check_finite_result, incore_exponent
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.solve import SolvePlan, plan_solve, small_bytes
@@ -309,7 +309,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     with Job("solve", **settings) as job:
         A, B = _operands(job, a, b)
         (m, n), k = A.shape, B.shape[1]
-        if m < n or _gram_exceeds_budget(job, A, B, kind, method):  # routes that do not scale A: lam as given
+        if _gram_exceeds_budget(job, A, B, kind, method):  # the stored-Gram route does not scale A: lam as given
             _check_lam_max(lams)
         if _gram_exceeds_budget(job, A, B, kind, method):
             if fit_intercept:
@@ -337,12 +337,10 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                         resume=resume, token=_token(A, B, lam, method, refine, fit_intercept, plan))
         ctx = _Ctx(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
                    intercept=bool(fit_intercept), saved=StepRecords(ao.done if out is not None else None))
-        if plan.orientation == "wide":
-            info = _solve_wide(ctx, ao.array_path())
-        else:
-            ctx.sa = Scaling(str(source(A).path), A.dtype)
-            ctx.sb = Scaling(str(source(B).path), B.dtype)
-            info = _unscale_info(ctx, _solve_tall(ctx, ao.array_path()))
+        ctx.sa = Scaling(str(source(A).path), A.dtype)
+        ctx.sb = Scaling(str(source(B).path), B.dtype)
+        solve_route = _solve_wide if plan.orientation == "wide" else _solve_tall
+        info = _unscale_info(ctx, solve_route(ctx, ao.array_path()))
         _check_finite_info(info)
         info.setdefault("phases", ctx.phases)
         info["fit_intercept"] = bool(fit_intercept)
@@ -866,7 +864,27 @@ def _describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None,
         info["gcv"] = spec.gcv(lams[0])
 
 
-def _wide_gram(ctx: _Ctx) -> np.ndarray:
+def _wide_gram(ctx: _Ctx) -> dict:
+    """``A' A'^T`` (``m x m``, in memory) of ``A' = 2^-ea A``: one SYRK pass over column strips of ``A``
+    that divides them by the power of two their largest entry asks for (:mod:`blocklin.linalg.scaling`),
+    or, where that pass's ``m x m`` sums do not fit the budget, an out-of-core GEMM (unscaled)."""
+    from blocklin.errors import BudgetError
+    from blocklin.linalg._gram_kernels import gram_pass_kernel, sum_gram_states
+
+    job = ctx.job
+    src = source(ctx.A, transposed=True)
+    params = {"dtype": "float64", "gpu": job.device == "gpu"}
+    try:
+        g = ctx.sa.run(job, lambda sc: sum_gram_states(run_pass(
+            job, gram_pass_kernel, [src], params, scale=sc, min_tasks=1, workers=1,
+            description="Gram matrix A A^T (SYRK)").states))
+        return {"g": g, "ea": ctx.sa.exponent}
+    except BudgetError:
+        pass
+    return {"g": _wide_gram_gemm(ctx), "ea": 0}
+
+
+def _wide_gram_gemm(ctx: _Ctx) -> np.ndarray:
     """``A A^T`` (``m x m``, in memory) by an out-of-core GEMM into a scratch store."""
     job = ctx.job
     gram = Gemm.of(ctx.A, ctx.A, trans_b=True, dtype="float64")
@@ -883,11 +901,18 @@ def _solve_wide(ctx: _Ctx, x_path: str) -> dict:
     """
     job = ctx.job
     ctx.phases.update({"gram GEMM": job.device, "solution GEMM": job.device})
-    g = ctx.saved.run("wide-gram", lambda: {"g": _wide_gram(ctx)})["g"]
+    rec = ctx.saved.run("wide-gram", lambda: _wide_gram(ctx))
+    g, ea = rec["g"], int(rec.get("ea", 0))
     bm = Matrix(ctx.B.path)[...].astype(np.float64)  # m x k, small (m is the short side)
     if job.check_finite and not np.all(np.isfinite(bm)):
         raise NonFiniteError(_msg("b", "must be finite (check_finite is on)", "NaN or Inf",
                                   "clean the input, or pass check_finite=False"))
+    # the scaled problem: A' = 2^-ea A, b' = 2^-eb b, lam' = 2^-ea lam; y' = (A' A'^T + lam'^2 I)^-1 b'
+    # and x = 2^(eb - 2 ea) A^T y': the GEMM takes A^T (2^(eb - ea) y') (sums of the size of b) times 2^-ea
+    eb, amax_b = incore_exponent(bm)
+    ctx.sa.e, ctx.sb.e, ctx.sb.amax = ea, eb, amax_b
+    bm = np.ldexp(bm, -eb)
+    ctx.adopt({})
     g_raw = g
     if ctx.intercept:  # A_c A_c^T = P (A A^T) P and b_c = P b with P = I - 1 1^T / m: no means of A needed
         bbar = bm.mean(axis=0)
@@ -905,8 +930,8 @@ def _solve_wide(ctx: _Ctx, x_path: str) -> dict:
         ys = [y - y.mean(axis=0) for y in ys]
         icpt = [bbar - g_raw.mean(axis=0) @ y for y in ys]
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
-    Y = job.operand(np.hstack(ys).astype(out_dtype), "y")
-    product = Gemm.of(ctx.A, Y, trans_a=True, dtype=out_dtype)
+    Y = job.operand(_unscaled_x(np.hstack(ys), eb - ea, out_dtype).astype(out_dtype), "y")
+    product = Gemm.of(ctx.A, Y, trans_a=True, dtype=out_dtype, alpha=float(np.ldexp(1.0, -ea)))
     plan = product.plan(job, read_reserve=True)  # measured over budget at 16 MiB without it
     create_array(x_path, shape=product.shape, dtype=out_dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     product.run(job, plan, x_path, description="x = A^T y", count_pass="a")
