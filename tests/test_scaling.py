@@ -203,8 +203,8 @@ def test_solve_wide_and_square():
     g = rng.standard_normal((40, 40)) + 8 * np.eye(40)
     bg = rng.standard_normal((40, 1))
     spd = g @ g.T
-    refs = {"wide": bl.solve(w, bw, lam=0.2).to_numpy(), "lu": bl.solve(g, bg).to_numpy(),
-            "pos": bl.solve(spd, bg, assume_a="pos").to_numpy()}
+    solved = {"wide": bl.solve(w, bw, lam=0.2), "lu": bl.solve(g, bg), "pos": bl.solve(spd, bg, assume_a="pos")}
+    refs = {name: x.to_numpy() for name, x in solved.items()}
     # condition numbers below 1e3 here: forward error <= c n eps kappa^2 ||x|| (two runs)
     for ea, eb in ((-600, -600), (-300, 0), (300, 300), (600, 600)):
         got = {"wide": bl.solve(np.ldexp(w, ea), np.ldexp(bw, eb), lam=float(np.ldexp(0.2, ea))),
@@ -214,6 +214,11 @@ def test_solve_wide_and_square():
             x0 = refs[name]
             bound = 2 * 60 * eps(np.float64) * 1e6 * float(np.linalg.norm(x0))
             assert_close_to(_ldexp(x.to_numpy(), ea - eb), x0, bound=bound, what=f"solve {name} 2^{ea},2^{eb}")
+            if name != "wide":  # the refinement's report: norms scale, the backward error does not
+                r0 = solved[name].report
+                assert_close_to(_ldexp(x.report["norm_a"], -ea), r0["norm_a"], bound=60 * eps(np.float64) * r0["norm_a"],
+                                what=f"{name} norm_a")  # a sum of 1600 squares, computed twice
+                assert 0 < x.report["backward_error"] <= 10 * eps(np.float64)  # LAPACK's level, never 0 or NaN
 
 
 def test_solve_float32():

@@ -34,6 +34,7 @@ side is the :class:`BlockOps` chunk, so every task writes whole chunks of its ou
 from __future__ import annotations
 
 import dataclasses
+import math
 import functools
 import io
 import os
@@ -269,6 +270,16 @@ class BlockOps:
             for j in range(_tiles(a.shape[1], self.chunk)):
                 graph.add((i, j), sumsq_tile_task, spec, i, j)
         return float(sum(r["sumsq"] for r in self._run(graph, description)))
+
+    def norm(self, a: Region, *, description: str = "norm") -> float:
+        """``||A||_F`` of a region without overflow or underflow (each tile's sum of squares is taken of
+        the tile divided by a power of two near its largest entry; the tiles combined by ``hypot``)."""
+        spec = self._spec(np.float64, a=a, out=a)
+        graph = self.graph("safenorm", spec)
+        for i in range(_tiles(a.shape[0], self.chunk)):
+            for j in range(_tiles(a.shape[1], self.chunk)):
+                graph.add((i, j), sumsq_tile_task, spec, i, j, False, True)
+        return float(math.hypot(*(r["norm"] for r in self._run(graph, description))))
 
     def col_sumsq(self, a: Region, *, description: str = "column norms") -> np.ndarray:
         """Sums of squares of the columns of a region (float64, summed in tile order)."""
@@ -754,9 +765,16 @@ def axpby_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
 
 
 @with_task_settings
-def sumsq_tile_task(spec: TileOpSpec, i: int, j: int, columns: bool = False) -> dict:
-    """``sum(A(i,j)**2)`` in float64 (and per column, with the tile's first column, when ``columns``)."""
+def sumsq_tile_task(spec: TileOpSpec, i: int, j: int, columns: bool = False, safe: bool = False) -> dict:
+    """``sum(A(i,j)**2)`` in float64 (and per column, with the tile's first column, when ``columns``);
+    ``safe``: the tile's Frobenius ``norm`` instead, of the tile divided by a power of two near its
+    largest entry (exact), so that entries near 1e200 or 1e-200 neither overflow nor underflow."""
     x = spec.a.read(i, j, spec.tile, np.dtype(open_array(spec.a.path).dtype))
+    if safe:
+        top = float(np.max(np.abs(x))) if x.size else 0.0
+        e = int(np.frexp(top)[1]) if 0 < top < np.inf else 0
+        y = np.ldexp(x.astype(np.float64), -e)
+        return {"bytes_read": x.nbytes, "norm": float(np.ldexp(np.sqrt(np.einsum("ij,ij->", y, y)), e))}
     out = {"bytes_read": x.nbytes, "sumsq": float(np.einsum("ij,ij->", x, x, dtype=np.float64))}
     if columns:
         out["columns"] = (j * spec.tile, np.einsum("ij,ij->j", x, x, dtype=np.float64))
