@@ -162,6 +162,15 @@ def test_output_is_not_the_temp_dir_and_the_temp_dir_not_an_input(work, tmp_path
     assert not os.listdir(tmp)
 
 
+def test_two_outputs_of_one_operation_never_overlap(work, tmp_path):
+    from blocklin.errors import ParameterError
+
+    bl.from_array(A, tmp_path / "R.zarr")  # a blocklin output that --overwrite may replace
+    for q in (tmp_path / "R.zarr", tmp_path / "R.zarr" / "Q"):
+        refused_api(tmp_path, ParameterError, lambda: bl.qr(work / "A.zarr", tmp_path / "R.zarr", q=q, mode="reduced",
+                                                            overwrite=True), "outputs: must not overlap each other")
+
+
 def test_dask_array_cannot_overwrite_its_own_source(work, tmp_path):
     import dask.array as da
 

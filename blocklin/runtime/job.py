@@ -28,6 +28,7 @@ from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
 from blocklin.runtime.tiles import FROM_WORKER
 from blocklin.storage.atomic import AtomicOutput
+from blocklin.storage.guard import check_not_output
 from blocklin.storage.backend import remove
 from blocklin.storage.formats import check_zarr_output
 from blocklin.storage.space import check_space, check_writable
@@ -177,8 +178,11 @@ class Job:
 
     # -- inputs -------------------------------------------------------------------------------
     def operand(self, x: Any, name: str, ndim: int = 2) -> Operand:
-        return as_operand(x, name, self.cfg, self.stack, ndim=ndim,
-                          client=self.scheduler.client if self.scheduler.kind == "distributed" else None)
+        op = as_operand(x, name, self.cfg, self.stack, ndim=ndim,
+                        client=self.scheduler.client if self.scheduler.kind == "distributed" else None)
+        # a staged copy has a new path each run, so no token of this job names it twice: nothing to resume
+        self.staged_inputs = getattr(self, "staged_inputs", False) or op.staged
+        return op
 
     @property
     def check_finite(self) -> bool:
@@ -317,7 +321,10 @@ class Job:
         if out is None:  # a new name each run: nothing to resume, nothing kept after an interrupt
             out = temp_root(self.cfg) / f"blocklin-{self.operation}-{uuid.uuid4().hex[:12]}{suffix}"
             resume, token = False, None
+        if getattr(self, "staged_inputs", False):  # in-memory inputs: no rerun can continue it (see operand)
+            token = None
         check_zarr_output(out)
+        check_not_output(out, [o.path for o in self.outputs])  # one commit would replace the other
         check_writable(getattr(out, "url", out) if isinstance(out, (str, os.PathLike, Location)) else None)
         self.check_space(out, size=size, temp_size=temp_size)
         # known to the job from its claim on, so an interrupt at any point still aborts it

@@ -32,7 +32,7 @@ import shlex
 from collections.abc import Iterable
 from typing import Any
 
-from blocklin.errors import OutputExistsError, OutputIsInputError, TempDirError, explain
+from blocklin.errors import OutputExistsError, OutputIsInputError, ParameterError, TempDirError, explain
 from blocklin.storage.location import Location, as_location
 
 #: Output kinds: the zarr store every operation writes, and the file formats of ``convert``.
@@ -116,6 +116,18 @@ def check_not_input(out: Any, inputs: Iterable[Any], name: str = "out") -> None:
             raise OutputIsInputError(explain(name, "must not hold an input (replacing it would delete the input)",
                                              f"{shown!r}, which holds the input {_shown(inp)!r}",
                                              f"name a new store instead, such as {_join(shown, 'C.zarr')}"))
+
+
+def check_not_output(out: Any, others: Iterable[Any], name: str = "outputs") -> None:
+    """Refuse an output equal to, inside or holding another output of the same operation (the
+    commit of one would replace, or be replaced by, the other)."""
+    for other in others:
+        rel = relation(out, other)
+        if rel is not None:
+            where = {"same": "the same as", "inside": "inside", "contains": "holding"}[rel]
+            raise ParameterError(explain(name, "must not overlap each other (one commit would replace the other)",
+                                         f"{_shown(out)!r}, {where} the output {_shown(other)!r}",
+                                         "give each output its own path (siblings such as R.zarr and Q.zarr)"))
 
 
 def check_temp_dir(out: Any, inputs: Iterable[Any], temp_dir: Any, name: str = "out") -> None:
@@ -356,5 +368,5 @@ def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = Fals
     return loc
 
 
-__all__ = ["FILE_KINDS", "check_not_input", "foreign_keys", "check_output", "check_replaceable", "check_replaceable_prefix",
+__all__ = ["FILE_KINDS", "check_not_input", "check_not_output", "foreign_keys", "check_output", "check_replaceable", "check_replaceable_prefix",
            "check_temp_dir", "is_format", "is_hdf5", "relation", "removal_command", "zarr_provenance"]
