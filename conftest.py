@@ -95,6 +95,7 @@ PYTHON_FILES = {"README.md": (), "docs/convert.md": ("A.npy",), "docs/engine.md"
 SHELL_FILES = {
     "README.md": ("A.zarr", "B.zarr"),
     "docs/convert.md": ("A.npy", "data.bin", "table.csv"),
+    "docs/cluster.md": ("A.npy",),
     "docs/gemm.md": ("A8192.zarr", "B8192.zarr"),
     "docs/factor.md": ("P.zarr", "b.zarr", "A.zarr"),
 }

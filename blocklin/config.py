@@ -149,7 +149,7 @@ class Config:
         Folder or URL (``s3://bucket/tmp``) for staged inputs and intermediates. On a cluster every
         worker must reach it (checked before a job starts).
     storage_options : dict or None
-        fsspec options for URLs (credentials, ``client_kwargs={"endpoint_url": ...}``), flat or per
+        fsspec options for URLs (credentials, ``endpoint_url``), flat or per
         protocol (``{"s3": {...}, "gs": {...}}``); a call's ``storage_options=`` adds to them.
     codec : str
         Codec of the engine's own intermediates (``"none"`` by default: random floats do not compress).

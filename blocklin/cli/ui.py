@@ -108,8 +108,9 @@ def add_common(parser: argparse.ArgumentParser, *, memory: bool = True, device: 
         parser.add_argument("--overwrite", action="store_true", help="replace an existing output that blocklin wrote "
                             "(or an empty folder; a file of the format for exports); other data is refused")
     parser.add_argument("--storage-option", action="append", metavar="KEY=VALUE", dest="storage_option",
-                        help="fsspec option for s3://, gs://, ... paths (repeatable; dotted keys nest: "
-                             "client_kwargs.endpoint_url=http://host:9000; values are JSON when they parse)")
+                        help="fsspec option for s3://, gs://, ... paths (repeatable), e.g. "
+                             "endpoint_url=http://host:9000; dotted keys nest (client_kwargs.region_name=eu-west-1); "
+                             "values are JSON when they parse")
     parser.add_argument("--temp-dir", metavar="DIR_OR_URL", dest="temp_dir",
                         help="folder or URL for intermediates, e.g. s3://bucket/tmp on a cluster "
                              "(default: BLOCKLIN_TEMP_DIR, else the system temp dir)")

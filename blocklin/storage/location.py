@@ -261,13 +261,13 @@ def store_location(store: Any, storage_options: dict | None = None) -> Location 
 
 
 def parse_storage_option(item: str) -> tuple[list[str], Any]:
-    """Parse the CLI's ``KEY=VALUE`` (``client_kwargs.endpoint_url=http://...``): dotted keys nest,
+    """Parse the CLI's ``KEY=VALUE`` (``endpoint_url=http://...``): dotted keys nest (``client_kwargs.region_name=...``),
     values are JSON when they parse (``anon=true``, ``retries=3``), else strings."""
     key, sep, raw = item.partition("=")
     if not sep or not key.strip():
         raise ConfigError(explain("--storage-option", "must be KEY=VALUE", repr(item),
                                   "write --storage-option anon=true or --storage-option "
-                                  "client_kwargs.endpoint_url=http://127.0.0.1:9000"))
+                                  "endpoint_url=http://127.0.0.1:9000"))
     try:
         value = json.loads(raw)
     except ValueError:
