@@ -207,6 +207,8 @@ def test_hdf5_output_keeps_the_files_other_datasets(tmp_path, capsys):
         np.testing.assert_array_equal(f["precious"][...], np.arange(10.0))
     # A group at the name holds other data: never replaced.
     refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{out}:/grp", "--overwrite"], "a group")
+    refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{out}:/precious/x", "--overwrite"],
+                "parents must be groups")
     # The input's own file is the input.
     refused_cli(capsys, tmp_path, ["convert", f"{out}:/precious", f"{out}:/copy", "--overwrite"],
                 "must differ from every input")

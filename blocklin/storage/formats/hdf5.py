@@ -142,6 +142,13 @@ class Hdf5Writer(Writer):
 
     def _check_target(self, h5py: Any) -> None:
         """In an existing file: the named dataset exists only with ``overwrite``, and is a dataset."""
+        parts = self.dataset.strip("/").split("/")
+        for i in range(1, len(parts)):  # every parent must be a group (or not exist yet)
+            parent = "/" + "/".join(parts[:i])
+            if parent in self._f and not isinstance(self._f.get(parent), h5py.Group):
+                raise OutputExistsError(explain("out", "an HDF5 dataset's parents must be groups",
+                                                f"{self.path}:{parent} is a dataset",
+                                                f"name a dataset beside it, e.g. {self.path}:{parent}_{parts[-1]}"))
         old = self._f.get(self.dataset, getlink=True)
         if old is None:
             return
