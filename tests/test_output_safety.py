@@ -323,6 +323,7 @@ def test_relation_compares_components():
     assert relation("file:///tmp/a/b", "/tmp/a") == "inside"
     assert relation("/tmp/f.h5:/d", "/tmp/f.h5") == "same"
     assert removal_command("s3://b/x") == "aws s3 rm --recursive s3://b/x/"  # the slash spares s3://b/xy
+    assert removal_command("file:///tmp/my data") == "rm -r '/tmp/my data'"
 
 
 # -- object stores ---------------------------------------------------------------------------------

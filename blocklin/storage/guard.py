@@ -155,8 +155,8 @@ def _join(base: str, name: str) -> str:
 def removal_command(loc: Any, *, folder: bool = True) -> str:
     """The shell command that removes ``loc`` by hand (what the refusals suggest)."""
     loc = as_location(loc) if not isinstance(loc, Location) else loc
-    if loc.is_local:
-        return f"rm {'-r ' if folder else ''}{shlex.quote(loc.url)}"
+    if loc.is_local or loc.scheme == "file":
+        return f"rm {'-r ' if folder else ''}{shlex.quote(loc.path)}"
     prefix = loc.url.rstrip("/") + "/"  # the slash: never a sibling whose name starts the same
     if loc.scheme in ("s3", "s3a"):
         return f"aws s3 rm --recursive {shlex.quote('s3://' + prefix.split('://', 1)[1])}"
