@@ -113,7 +113,8 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
             history.append(float(np.max(rn / np.maximum(bound, 1e-300))) if kk else 0.0)
             exhausted = V.shape[1] >= n
             if (kk == k and conv.all()) or exhausted or steps >= max_steps:
-                ok = bool(kk == k and (conv.all() or exhausted))
+                # an exhausted Krylov space is converged, but never with a NaN residual (never checked)
+                ok = bool(kk == k and (conv.all() or (exhausted and np.isfinite(rn).all())))
                 return LanczosResult(theta[sel], ritz, rn, ok, steps, restarts, history, res)
             # next block: dominant directions of the residuals of the wanted (+ buffer) pairs
             cand = order[:min(len(order), k + b)]
