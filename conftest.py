@@ -15,6 +15,14 @@ temporary folder (removed afterwards), with the engine's temp dir inside it:
 
 Docstring ``Examples`` sections (``>>>`` with their output) in ``blocklin/`` run as doctests, each
 module in its own temporary folder.
+
+Temp dirs: for the whole session ``TMPDIR`` and ``BLOCKLIN_TEMP_DIR`` point at one folder under
+pytest's own temporary tree (``<basetemp>/system-temp``), so nothing the suite runs (module
+fixtures, cluster workers, subprocesses, ``tempfile``) writes to the system temp dir; tests get a
+temp dir of their own on top (tests/conftest.py). At the end of the session every leftover that
+``blocklin clean`` would find there (work folders, staged inputs, partial outputs), and every one a
+test left in its own temp dir, fails the run with its path and the test that left it: a run must
+remove what it made, and a test that interrupts a run on purpose cleans up what it kept.
 """
 
 from __future__ import annotations
@@ -35,6 +43,88 @@ from sybil.parsers.markdown import PythonCodeBlockParser, SkipParser
 from sybil.parsers.rest import DocTestParser
 
 ROOT = Path(__file__).resolve().parent
+#: (test id or "session", leftover path, kind) of what blocklin left behind; filled by
+#: :func:`record_leftovers`, reported (and failing the run) at the session's end.
+LEFTOVERS: list[tuple[str, str, str]] = []
+_TEMP_VARS = ("TMPDIR", "BLOCKLIN_TEMP_DIR")
+_saved_env: dict[str, str | None] = {}
+_SESSION_TEMP = pytest.StashKey[Path]()
+_SYSTEM_TEMP = pytest.StashKey[tuple]()
+_SYSTEM_NEW = pytest.StashKey[list]()
+
+
+def _blocklin_entries(folder: Path) -> set[str]:
+    try:
+        return {name for name in os.listdir(folder) if name.startswith(("blocklin-", ".blocklin-"))}
+    except OSError:
+        return set()
+
+
+def record_leftovers(where: str, folder: Path, *, work_only: bool = False) -> None:
+    """Record under ``where`` what ``blocklin clean`` finds at or directly under ``folder``.
+
+    ``work_only``: only work folders and staged inputs (a test's own folder may keep partial
+    outputs on purpose, to test that readers refuse them; a temp dir may not).
+    """
+    from blocklin.storage.cleanup import find_leftovers
+
+    if not folder.is_dir():
+        return
+    for item in find_leftovers([str(folder)], sizes=False):
+        if not work_only or item.kind == "work folder":
+            LEFTOVERS.append((where, item.path, item.kind))
+
+
+@pytest.fixture(scope="session", name="record_leftovers")
+def _record_leftovers_fixture():
+    """:func:`record_leftovers`, for the tests' conftest (which cannot import this one by name)."""
+    return record_leftovers
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    # after pytest's tmpdir plugin: its base folder is chosen before TMPDIR moves inside it
+    folder = config._tmp_path_factory.mktemp("system-temp", numbered=False)
+    config.stash[_SESSION_TEMP] = folder
+    config.stash[_SYSTEM_TEMP] = (Path(tempfile.gettempdir()), _blocklin_entries(Path(tempfile.gettempdir())))
+    for var in _TEMP_VARS:
+        _saved_env[var] = os.environ.get(var)
+        os.environ[var] = str(folder)
+    tempfile.tempdir = None  # gettempdir() caches its answer: read TMPDIR again
+
+
+def pytest_unconfigure(config):
+    for var, value in _saved_env.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+    tempfile.tempdir = None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    folder = session.config.stash.get(_SESSION_TEMP, None)
+    if folder is None:
+        return
+    record_leftovers("session", folder)
+    system, before = session.config.stash[_SYSTEM_TEMP]
+    session.config.stash[_SYSTEM_NEW] = sorted(_blocklin_entries(system) - before)
+    if LEFTOVERS and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if LEFTOVERS:
+        terminalreporter.section("blocklin leftovers", sep="=", red=True, bold=True)
+        terminalreporter.line("runs left these behind (remove them in the test, or fix the run that leaves them):")
+        for where, path, kind in LEFTOVERS:
+            terminalreporter.line(f"  {where}: {kind} {path}")
+    new = config.stash.get(_SYSTEM_NEW, [])
+    if new:  # another process on the machine may have made them: a warning, not a failure
+        terminalreporter.section("blocklin entries new in the system temp dir", sep="-", yellow=True)
+        terminalreporter.line(f"{len(new)} new blocklin-* entries in {tempfile.gettempdir()} during the session "
+                              f"(the suite writes to {config.stash[_SESSION_TEMP]}): {', '.join(new[:10])}"
+                              f"{' ...' if len(new) > 10 else ''}")
 SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console", "text"}
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)[ \t]*\n(?P<body>.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 CHECKER = doctest.OutputChecker()
@@ -124,7 +214,7 @@ def _enter_folder(namespace: dict, files: tuple[str, ...]) -> None:
     folder = Path(tempfile.mkdtemp(prefix="blocklin-doc-"))
     (folder / "temp").mkdir()
     namespace["_doc"] = {"folder": folder, "cwd": os.getcwd(), "env": os.environ.get("BLOCKLIN_TEMP_DIR"),
-                         "shells": 0}
+                         "shells": 0, "name": namespace.get("__name__") or namespace.get("__file__", "a document")}
     os.environ["BLOCKLIN_TEMP_DIR"] = str(folder / "temp")
     blocklin.config.reset()
     os.chdir(folder)
@@ -142,6 +232,7 @@ def _leave_folder(namespace: dict) -> None:
     else:
         os.environ["BLOCKLIN_TEMP_DIR"] = state["env"]
     blocklin.config.reset()
+    record_leftovers(f"examples of {state['name']}", state["folder"] / "temp")
     shutil.rmtree(state["folder"], ignore_errors=True)
 
 

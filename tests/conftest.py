@@ -79,13 +79,20 @@ def standin():
 
 
 @pytest.fixture(autouse=True)
-def _isolated_config(tmp_path, monkeypatch):
-    """Each test gets its own temp dir for staged inputs and default outputs."""
+def _isolated_config(request, tmp_path, monkeypatch, record_leftovers):
+    """Each test gets its own temp dir for staged inputs and default outputs.
+
+    What ``blocklin clean`` would find in it when the test ends (work folders, staged inputs,
+    partial outputs), and work folders of runs given ``temp_dir=tmp_path``, are recorded as the
+    test's leftovers: they fail the session (the root conftest.py reports them).
+    """
     monkeypatch.setenv("BLOCKLIN_TEMP_DIR", str(tmp_path / "blocklin-tmp"))
     (tmp_path / "blocklin-tmp").mkdir()
     blocklin.config.reset()
     yield
     blocklin.config.reset()
+    record_leftovers(request.node.nodeid, tmp_path / "blocklin-tmp")
+    record_leftovers(request.node.nodeid, tmp_path, work_only=True)
 
 
 def gemm_tol(dtype, k: int) -> float:

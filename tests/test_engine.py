@@ -10,6 +10,7 @@ from blocklin.errors import BlocklinError, DTypeError, ParameterError
 from blocklin.linalg._tall_kernels import apply_kernel
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, run_pass, source
+from tolerances import assert_factorization, assert_gram
 
 
 def test_plan_entries_return_what_explain_returns(rng):
@@ -31,9 +32,9 @@ def test_every_operation_takes_the_same_settings_and_refuses_unknown_ones(rng):
         bl.svd(a, 2, memroy="1MiB")
     # settings that used to be missing from some operations (workers, device_memory) are accepted
     q, r = bl.linalg.orth.orthonormalize(a, workers=1, device="cpu", memory="4MiB")
-    np.testing.assert_allclose(np.asarray(q) @ r, a, atol=1e-12)
+    assert_factorization(a, np.asarray(q) @ r)
     sr = bl.linalg.qr.streaming_r(a, device="cpu", device_memory="1GiB", memory="4MiB")
-    np.testing.assert_allclose(sr.r.T @ sr.r, a.T @ a, rtol=1e-10, atol=1e-10)
+    assert_gram(sr.r.T @ sr.r, a.T @ a, a, const=2 * (a.shape[1] + 1))  # QR's gamma_{mn}: see test_solve
 
 
 @pytest.mark.parametrize("call", [

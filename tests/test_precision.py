@@ -13,6 +13,7 @@ import cupy_standin
 
 import blocklin as bl
 from blocklin.errors import ParameterError
+from tolerances import assert_residual, assert_solve
 
 U32 = 2.0**-24  # unit roundoff of float32
 U64 = 2.0**-53
@@ -113,7 +114,8 @@ def test_solve_tf32_on_the_cpu_is_mixed_and_refines_to_float64(assume_a):
         assert r["precision"] == p and r["factor_dtype"] == "float32" and x.dtype == np.float64
         assert r["refine_steps"] >= 1  # the float32 factor alone is not float64-accurate
         assert r["backward_error"] <= np.sqrt(n) * np.finfo(np.float64).eps  # the default tol
-        np.testing.assert_allclose(x.to_numpy(), np.linalg.solve(a, b), rtol=1e-10, atol=1e-12)
+        assert_residual(a, x.to_numpy(), b, dtype=np.float64)  # refined to float64's backward error
+        assert_solve(x.to_numpy(), np.linalg.solve(a, b), a, dtype=np.float64)
     # no TF32 on a CPU: the same float32 computation, the same bits
     np.testing.assert_array_equal(runs["mixed"].to_numpy(), runs["tf32"].to_numpy())
 
@@ -157,7 +159,7 @@ def test_cli_precision_options(tmp_path):
     subprocess.run(run + ["solve", str(s.path), str(y.path), "-o", str(tmp_path / "x.zarr"), "--precision", "tf32"],
                    check=True, capture_output=True)
     x = bl.open(tmp_path / "x.zarr")
-    np.testing.assert_allclose(x.to_numpy(), np.linalg.solve(s.to_numpy(), y.to_numpy()), rtol=1e-10)
+    assert_solve(x.to_numpy(), np.linalg.solve(s.to_numpy(), y.to_numpy()), s.to_numpy(), dtype=np.float64)
     bad = subprocess.run(run + ["gemm", str(a.path), str(b.path), "-o", str(tmp_path / "d.zarr"), "--precision",
                                 "mixed"], capture_output=True, text=True)
     assert bad.returncode != 0 and "--precision" in bad.stderr
@@ -192,7 +194,8 @@ def test_solve_tf32_on_the_gpu_uses_tensor_cores_and_refines(standin):
     x = bl.solve(a, b, assume_a="pos", precision="tf32", device="gpu", memory="256KiB")
     assert cupy_standin.STATE.counts.get("cublas.gemm tf32", 0) > 0
     assert x.report["backward_error"] <= np.sqrt(n) * np.finfo(np.float64).eps
-    np.testing.assert_allclose(x.to_numpy(), np.linalg.solve(a, b), rtol=1e-10, atol=1e-12)
+    assert_residual(a, x.to_numpy(), b, dtype=np.float64)
+    assert_solve(x.to_numpy(), np.linalg.solve(a, b), a, dtype=np.float64)
     cupy_standin.STATE.counts.clear()
     bl.solve(a, b, assume_a="pos", precision="mixed", device="gpu", memory="256KiB")
     assert cupy_standin.STATE.counts.get("cublas.gemm tf32", 0) == 0  # "mixed" stays full float32

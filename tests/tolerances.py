@@ -22,8 +22,8 @@ import numpy as np
 
 __all__ = [
     "eps", "product_bound", "assert_product", "assert_gram", "assert_residual", "assert_solve",
-    "assert_factorization", "assert_singular_values", "assert_eigenvalues", "assert_orthonormal",
-    "assert_mean", "assert_std", "assert_close_to",
+    "assert_factorization", "assert_singular_values", "assert_ritz_values", "assert_eigenvalues", "assert_orthonormal",
+    "assert_mean", "assert_std", "assert_explained_variance", "assert_close_to",
 ]
 
 
@@ -72,16 +72,17 @@ def assert_product(got, ref, a, b, *, dtype=None, alpha: float = 1.0, const: flo
     _check(f"product of inner dimension {np.shape(a)[-1]}", _fro(_f64(got) - _f64(ref)), bound)
 
 
-def assert_gram(got, ref, a, *, dtype=None, trans: bool = False, alpha: float = 1.0, const: float = 2.0) -> None:
+def assert_gram(got, ref, a, *, dtype=None, trans: bool = False, alpha: float = 1.0, const: float = 2.0,
+                extra: float = 0.0) -> None:
     """Gram (SYRK) ``alpha A^T A`` (or ``alpha A A^T`` with ``trans``): the product bound with ``B = A^T``.
 
     ``||G - G_ref||_F <= c k eps |alpha| ||A||_F^2`` with k the number of products summed per entry
     (the rows of A for ``A^T A``, its columns for ``A A^T``); SYRK's half-triangle and mirroring are
-    exact, so the same ``c = 2`` as for a product.
+    exact, so the same ``c = 2`` as for a product. ``extra``: as for :func:`assert_product`.
     """
     a = _f64(a)
     k = a.shape[1] if trans else a.shape[0]
-    bound = const * max(k, 1) * eps(_dtype(got, dtype)) * abs(alpha) * _fro(a) ** 2
+    bound = const * max(k, 1) * eps(_dtype(got, dtype)) * abs(alpha) * _fro(a) ** 2 + extra
     _check(f"Gram of inner dimension {k}", _fro(_f64(got) - _f64(ref)), bound)
 
 
@@ -164,6 +165,27 @@ def assert_singular_values(got, ref, *, n: int, dtype=None, const: float = 4.0, 
            float(err[worst]) if s.size else 0.0, float(bound[worst]) if s.size else 1.0)
 
 
+def assert_ritz_values(got, ref, *, spectrum, residuals, n: int, norm: float, dtype=None,
+                       const: float = 4.0) -> None:
+    """Converged Rayleigh-Ritz values (eigenvalues or singular values) against exact ones.
+
+    A Ritz value whose (unit) Ritz vector has residual ``r`` lies within ``||r||^2 / gap`` of an exact
+    value, gap its distance to the rest of the spectrum (Kato-Temple; Parlett, *The Symmetric
+    Eigenvalue Problem*, Thm 11.7.1; for singular triplets the same on the Jordan-Wielandt matrix),
+    plus the rounding of the products that formed it (Weyl, as :func:`assert_singular_values`).
+    ``spectrum`` is the whole reference spectrum (for the gaps), ``residuals`` the absolute residual
+    norms the iteration reached (its tolerance times the value when it reports only that).
+    """
+    w, r = _f64(got).ravel(), _f64(ref).ravel()
+    full = np.sort(_f64(spectrum).ravel())
+    gaps = np.array([np.min(np.abs(np.delete(full, np.argmin(np.abs(full - x))) - x), initial=np.inf) for x in r])
+    res = np.broadcast_to(_f64(residuals), w.shape)
+    bound = res ** 2 / gaps + const * n * eps(_dtype(got, dtype)) * float(norm)
+    err = np.abs(w - r)
+    i = int(np.argmax(err / bound))
+    _check(f"Ritz value {i} of {w.size} (residual {res[i]:.3g}, gap {gaps[i]:.3g})", float(err[i]), float(bound[i]))
+
+
 def assert_eigenvalues(got, ref, *, norm: float, n: int, dtype=None, const: float = 4.0) -> None:
     """Symmetric eigenvalues against a reference: Weyl, ``|w_i - w_ref_i| <= c n eps ||A||_2``.
 
@@ -229,3 +251,29 @@ def assert_std(got, x, *, axis: int = 0, ddof: int = 0, dtype=None, const: float
 def assert_close_to(got, ref, *, bound: float, what: str) -> None:
     """``||got - ref||_F <= bound`` for a bound the caller derived (and states next to the call)."""
     _check(what, _fro(_f64(got) - _f64(ref)), bound)
+
+
+def assert_explained_variance(ev, ev_ref, ratio, ratio_ref, a, *, dtype=None, const: float = 4.0) -> None:
+    """PCA's explained variances ``s_i^2 / (m - 1)`` and their ratios to the total variance.
+
+    The centered products are rounded at the size of the data with its means (``||A||_2`` of the
+    uncentered A, see :func:`assert_singular_values` with ``s1``), so ``|s_i - s_ref_i| <= b`` with
+    ``b = c m eps ||A||_2`` and ``|ev_i - ev_ref_i| <= (2 s_i + b) b / (m - 1)``. The total variance
+    ``||A - 1 mu^T||_F^2 / (m - 1)`` is a sum of m squares per column after a cancellation against
+    the means: off by at most ``c m eps ||A||_F^2 / (m - 1)``; a ratio carries both relative errors.
+    """
+    a64 = _f64(a)
+    m = a64.shape[0]
+    e = eps(_dtype(ev, dtype))
+    b = const * m * e * float(np.linalg.norm(a64, 2))
+    s = np.sqrt(_f64(ev_ref) * (m - 1))
+    ev_bound = (2 * s + b) * b / (m - 1)
+    err = np.abs(_f64(ev) - _f64(ev_ref))
+    i = int(np.argmax(err / ev_bound))
+    _check(f"explained variance {i}", float(err[i]), float(ev_bound[i]))
+    total = float(np.sum(a64.var(axis=0, ddof=1)))
+    t_bound = const * m * e * _fro(a64) ** 2 / (m - 1)
+    r_bound = ev_bound / total + _f64(ratio_ref) * t_bound / total
+    err = np.abs(_f64(ratio) - _f64(ratio_ref))
+    i = int(np.argmax(err / r_bound))
+    _check(f"explained variance ratio {i}", float(err[i]), float(r_bound[i]))
