@@ -1,0 +1,301 @@
+"""The feed: how fast stored operands reach a device, against the storage's raw limit.
+
+One tall float64 matrix is stored twice as zarr v3 (uncompressed chunks, and zstd chunks), its
+chunk files read once so they sit in the page cache (or on tmpfs with ``--dir /dev/shm``). Then, in
+one process, each reader runs ``--repeats`` times, alternated round by round so that every figure
+comes from the same load, and the best round of each counts:
+
+* ``raw``: the chunk files read by 1..all cores' threads, each thread into one reused buffer
+  (``preadv``; for zstd, the file read and decoded with numcodecs into the buffer): the limit;
+* ``blocklin_cpu``: a row pass of a null kernel on the CPU device (the strips delivered to the
+  kernel by the task's ``TileStream``, nothing computed), at a budget of ``--memory`` (a fraction
+  of the operand, ``1/16`` by default: the operand is far larger than the budget);
+* ``blocklin_gpu``: the same pass on the CUDA device (``device="gpu"``): real CuPy where it imports
+  and sees a GPU, else the CuPy stand-in of ``tests/cupy_standin.py``, which then measures the host
+  side (pinned slots, uploads as NumPy copies);
+* ``zarr``: zarr's own read, one chunk row of strips at a time into one reused buffer
+  (``get_basic_selection(..., out=)``);
+* ``dask``: ``dask.array.from_zarr`` with a null ``map_blocks``, on the threaded scheduler;
+* ``numpy_fromfile``: ``numpy.fromfile`` of every chunk file (uncompressed only), one thread.
+
+It prints GB/s (10^9 bytes of decoded operand per second) for each, blocklin's ratio to the raw
+limit (the best thread count), and one JSON line last. Usage::
+
+    python benchmarks/feed.py                       # 1 GiB operand in a temp dir, about a minute
+    python benchmarks/feed.py --quick               # seconds: a check of the script itself
+    python benchmarks/feed.py --gib 4 --dir /dev/shm --memory 1/16,1/4 --repeats 5
+
+Figures mean something only on a quiet machine (``uptime``: load well under the core count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Every key of the JSON line (the test checks them).
+FIELDS = ("shape", "chunks", "operand_bytes", "cores", "load_average", "repeats", "gpu_backend", "raw",
+          "raw_limit", "blocklin_cpu", "blocklin_gpu", "zarr", "dask", "numpy_fromfile", "ratio_to_raw")
+CODECS = ("none", "zstd")
+
+
+# -- data ------------------------------------------------------------------------------------------
+def make(path: str, m: int, n: int, chunk_rows: int, codec: str) -> None:
+    """An ``m x n`` float64 zarr v3 array of normal deviates, chunks of ``chunk_rows`` whole rows."""
+    import zarr
+
+    compressors = None if codec == "none" else zarr.codecs.ZstdCodec(level=1)
+    arr = zarr.create_array(store=path, shape=(m, n), chunks=(chunk_rows, n), dtype="float64",
+                            compressors=compressors, zarr_format=3, fill_value=0.0)
+    for r0 in range(0, m, chunk_rows):
+        r1 = min(m, r0 + chunk_rows)
+        arr[r0:r1] = np.random.default_rng([7, r0]).standard_normal((r1 - r0, n))
+
+
+def chunk_files(path: str) -> list[str]:
+    folder = os.path.join(path, "c")
+    return [os.path.join(folder, ci, cj) for ci in sorted(os.listdir(folder), key=int)
+            for cj in sorted(os.listdir(os.path.join(folder, ci)), key=int)]
+
+
+# -- the raw limit -----------------------------------------------------------------------------------
+def raw_read(files: list[str], threads: int, chunk_bytes: int, codec: str) -> None:
+    """Every chunk file read (and decoded) by ``threads`` threads, each into one reused buffer."""
+    from numcodecs import Zstd
+
+    def lane(j: int) -> None:
+        buf = np.empty(chunk_bytes, dtype=np.uint8)
+        view = memoryview(buf)
+        raw = np.empty(chunk_bytes + 65536, dtype=np.uint8) if codec != "none" else None
+        zstd = Zstd()
+        for f in files[j::threads]:
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                if raw is None:
+                    got = os.preadv(fd, [view], 0)
+                else:
+                    size = os.fstat(fd).st_size
+                    if size > len(raw):
+                        raw = np.empty(size, dtype=np.uint8)
+                    got = os.preadv(fd, [memoryview(raw)[:size]], 0)
+                    zstd.decode(raw[:got], out=buf)
+            finally:
+                os.close(fd)
+            assert got > 0
+
+    ts = [threading.Thread(target=lane, args=(j,)) for j in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+# -- blocklin --------------------------------------------------------------------------------------
+def _null_memory(params: Any, sources: Any) -> Any:
+    from blocklin.plan.passes import PassMemory
+
+    return PassMemory(fixed=0)
+
+
+def _null_kernel() -> Callable:
+    from blocklin.runtime.passes import row_kernel
+
+    @row_kernel(memory=_null_memory, device="any")
+    def null_kernel(device: Any, arrays: Any, rows: slice, params: Any, state: Any) -> tuple[Any, None]:
+        return (0 if state is None else state) + (rows.stop - rows.start), None
+
+    return null_kernel
+
+
+NULL_KERNEL: Callable | None = None
+
+
+def blocklin_feed(path: str, memory: int, device: str) -> dict:
+    """A row pass of the null kernel over ``path`` on ``device``; its plan's shape."""
+    global NULL_KERNEL
+    from blocklin.runtime.job import Job
+    from blocklin.runtime.passes import run_pass, source
+
+    if NULL_KERNEL is None:
+        NULL_KERNEL = _null_kernel()
+    with Job("feed", memory=memory, device=device, check_finite=False) as job:
+        op = job.operand(path, "a")
+        # the stream's end waits for its slots' uploads: on a GPU every byte has reached the device
+        states, plan = run_pass(job, NULL_KERNEL, [source(op)], description="feed", check_finite=False)
+    assert sum(states) == op.shape[0], "the null pass saw every row once"
+    return {"strip": plan.strip, "workers": plan.workers, "prefetch": plan.prefetch, "loaders": plan.loaders}
+
+
+def gpu_backend() -> str:
+    """``"cupy"`` with a visible GPU, else ``"standin"`` (installed here)."""
+    try:
+        import cupy
+
+        if str(getattr(cupy, "__file__", "")).endswith("cupy_standin.py"):
+            return "standin"  # installed already (the test suite's --cupy-standin)
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return "cupy"
+    except Exception:  # noqa: BLE001 - no CuPy, or no GPU: the stand-in measures the host side
+        pass
+    sys.path.insert(0, str(ROOT / "tests"))
+    import cupy_standin
+
+    cupy_standin.install()
+    return "standin"
+
+
+# -- other readers ---------------------------------------------------------------------------------
+def zarr_read(path: str, chunk_rows: int) -> None:
+    import zarr
+    from zarr.core.buffer.cpu import NDBuffer
+
+    arr = zarr.open_array(path, mode="r")
+    m, n = arr.shape
+    buf = np.empty((chunk_rows, n))
+    for r0 in range(0, m, chunk_rows):
+        r1 = min(m, r0 + chunk_rows)
+        arr.get_basic_selection((slice(r0, r1), slice(0, n)), out=NDBuffer.from_numpy_array(buf[:r1 - r0]))
+
+
+def dask_read(path: str) -> None:
+    import dask
+    import dask.array as da
+
+    x = da.from_zarr(path)
+    nb = tuple((1,) * len(c) for c in x.chunks)
+    with dask.config.set(scheduler="threads"):
+        x.map_blocks(lambda b: np.zeros((1, 1)), chunks=nb, dtype=float).sum().compute()
+
+
+def fromfile_read(files: list[str]) -> None:
+    for f in files:
+        np.fromfile(f, dtype=np.uint8)
+
+
+# -- the run ----------------------------------------------------------------------------------------
+def best_rates(readers: dict[str, Callable[[], Any]], nbytes: int, repeats: int) -> tuple[dict[str, float], dict]:
+    """Each reader's best rate in GB/s over ``repeats`` rounds, readers alternated within a round."""
+    best = {k: 0.0 for k in readers}
+    info: dict = {}
+    for _ in range(repeats):
+        for name, fn in readers.items():
+            t0 = time.perf_counter()
+            out = fn()
+            dt = time.perf_counter() - t0
+            best[name] = max(best[name], nbytes / dt / 1e9)
+            if isinstance(out, dict):
+                info[name] = out
+    return best, info
+
+
+def parse_fraction(s: str) -> Fraction:
+    f = Fraction(s)
+    if not 0 < f <= 4:
+        raise argparse.ArgumentTypeError(f"--memory fractions must lie in (0, 4], got {s}")
+    return f
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gib", type=float, default=1.0, help="operand size in GiB (default 1)")
+    p.add_argument("--cols", type=int, default=512, help="operand columns (default 512)")
+    p.add_argument("--chunk-rows", type=int, default=2048, help="rows per chunk (default 2048: 8 MiB chunks)")
+    p.add_argument("--memory", default="1/16",
+                   help="blocklin's budgets as fractions of the operand, comma-separated (default 1/16)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds; the best of each reader counts (default 3)")
+    p.add_argument("--threads", type=int, default=None, help="most raw-read threads (default: all cores)")
+    p.add_argument("--codecs", default="none,zstd", help="stored variants (default none,zstd)")
+    p.add_argument("--dir", default=None, help="where to store the operand (default: a temp dir; /dev/shm for tmpfs)")
+    p.add_argument("--no-gpu", action="store_true", help="skip the CUDA device's feed")
+    p.add_argument("--quick", action="store_true", help="a seconds-long run at small sizes (checks the script)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.gib, args.cols, args.chunk_rows, args.repeats = 1 / 64, 128, 256, 1
+    fractions = [parse_fraction(s) for s in args.memory.split(",")]
+    codecs = [c for c in args.codecs.split(",") if c]
+    bad = [c for c in codecs if c not in CODECS]
+    if bad:
+        p.error(f"--codecs: {bad} not among {list(CODECS)}")
+    cores = os.cpu_count() or 1
+    threads = sorted({t for t in (1, 2, 4, 8, 16, 32, 64, cores, args.threads or cores) if t <= (args.threads or cores)})
+    n = args.cols
+    m = max(args.chunk_rows, int(args.gib * 2**30) // (8 * n) // args.chunk_rows * args.chunk_rows)
+    nbytes = m * n * 8
+    chunk_bytes = args.chunk_rows * n * 8
+    backend = "none" if args.no_gpu else gpu_backend()
+
+    work = tempfile.mkdtemp(prefix="blocklin-feed-", dir=args.dir)
+    summary: dict[str, Any] = {"shape": [m, n], "chunks": [args.chunk_rows, n], "operand_bytes": nbytes,
+                               "cores": cores, "load_average": list(os.getloadavg()), "repeats": args.repeats,
+                               "gpu_backend": backend, "raw": {}, "raw_limit": {}, "blocklin_cpu": {},
+                               "blocklin_gpu": {}, "zarr": {}, "dask": {}, "numpy_fromfile": None,
+                               "ratio_to_raw": {}}
+    try:
+        for codec in codecs:
+            path = os.path.join(work, f"a-{codec}.zarr")
+            make(path, m, n, args.chunk_rows, codec)
+            files = chunk_files(path)
+            raw_read(files, cores, chunk_bytes, codec)  # into the page cache
+            readers: dict[str, Callable[[], Any]] = {
+                f"raw_{t}": (lambda t=t: raw_read(files, t, chunk_bytes, codec)) for t in threads}
+            for f in fractions:
+                budget = max(1, int(nbytes * f))
+                readers[f"cpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu")
+                if backend != "none":
+                    readers[f"gpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "gpu")
+            readers["zarr"] = lambda: zarr_read(path, args.chunk_rows)
+            readers["dask"] = lambda: dask_read(path)
+            if codec == "none":
+                readers["numpy_fromfile"] = lambda: fromfile_read(files)
+            rates, plans = best_rates(readers, nbytes, args.repeats)
+            raw = {str(t): rates[f"raw_{t}"] for t in threads}
+            limit = max(raw.values())
+            summary["raw"][codec] = raw
+            summary["raw_limit"][codec] = limit
+            summary["zarr"][codec] = rates["zarr"]
+            summary["dask"][codec] = rates["dask"]
+            if codec == "none":
+                summary["numpy_fromfile"] = rates["numpy_fromfile"]
+            for dev in ("cpu", "gpu"):
+                got = {str(f): {"gbps": rates[f"{dev}_{f}"], "plan": plans.get(f"{dev}_{f}")}
+                       for f in fractions if f"{dev}_{f}" in rates}
+                summary[f"blocklin_{dev}"][codec] = got
+                for f, r in got.items():
+                    summary["ratio_to_raw"][f"{dev} {codec} {f}"] = r["gbps"] / limit
+            _print(codec, raw, rates, fractions, limit, backend)
+            shutil.rmtree(path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(summary))
+    return 0
+
+
+def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, backend: str) -> None:
+    print(f"-- {codec} chunks (GB/s, best round)")
+    print("raw, threads: " + ", ".join(f"{t}: {r:.2f}" for t, r in raw.items()) + f"  (limit {limit:.2f})")
+    for f in fractions:
+        for dev in ("cpu", "gpu"):
+            if f"{dev}_{f}" in rates:
+                r = rates[f"{dev}_{f}"]
+                where = f"gpu ({backend})" if dev == "gpu" else "cpu"
+                print(f"blocklin {where}, memory {f} of the operand: {r:.2f}  ({r / limit:.2f}x raw)")
+    print(f"zarr: {rates['zarr']:.2f}   dask from_zarr: {rates['dask']:.2f}"
+          + (f"   numpy fromfile: {rates['numpy_fromfile']:.2f}" if "numpy_fromfile" in rates else ""))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
