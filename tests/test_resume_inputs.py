@@ -237,3 +237,28 @@ def test_content_stamp_on_s3_uses_etags(s3_server):
     store = zarr.storage.FsspecStore.from_url(f"{base}/A.zarr", storage_options=opts)
     zarr.open_array(store, mode="r+")[0:4, 0:4] = np.full((4, 4), 2.0)  # same size, new ETag
     assert content_stamp(f"{base}/A.zarr", opts) != before
+
+
+def test_tall_solve_records_are_not_reused_for_a_changed_input(tmp_path):
+    """The tall solve's recorded passes (StepRecords beside the output's markers) go with the restart: a
+    solve killed after its Gram pass, its ``a`` rewritten in place, resumes to a fresh run's bits."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from test_resume_interrupted import KILL_SOLVE
+
+    rng = np.random.default_rng(8)
+    a = blocklin.from_array(rng.standard_normal((900, 30)) + 3.0, tmp_path / "a.zarr", chunks=(128, 30))
+    b = blocklin.from_array(rng.standard_normal((900, 2)), tmp_path / "b.zarr")
+    kw = {"lam": 1e-3, "refine": 1, "memory": "2MiB", "scheduler": "sync"}
+    code = textwrap.dedent(KILL_SOLVE.format(victim="_run_residual_pass", sig="KILL", lam=1e-3, extra=""))
+    out = tmp_path / "x.zarr"
+    assert subprocess.run([sys.executable, "-c", code, a.path, b.path, str(out)]).returncode == -signal.SIGKILL
+    new = rng.standard_normal((900, 30)) + 3.0
+    zarr.open_array(a.path, mode="r+")[...] = new
+    with pytest.warns(UserWarning, match=f"input {a.path} changed since the interrupted run"):
+        x = blocklin.solve(a.path, b.path, out=out, resume=True, **kw)
+    assert x.report["resumed_passes"] == []  # the old Gram pass was not reused
+    ref = blocklin.solve(a.path, b.path, out=tmp_path / "ref.zarr", **kw)
+    np.testing.assert_array_equal(x.to_numpy(), ref.to_numpy())

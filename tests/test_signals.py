@@ -251,3 +251,37 @@ def test_work_folder_removal_waits_for_writes_still_in_flight(tmp_path):
             raise KeyboardInterrupt
     time.sleep(0.5)  # long after the write
     assert folder[0].startswith(str(tmp_path)) and not os.path.exists(folder[0])
+
+
+def test_a_join_cut_short_by_ctrl_c_still_waits_for_the_writer(tmp_path):
+    """A writer thread outlives a join that Ctrl-C interrupts: interrupt.wait_through goes on waiting
+    and re-raises afterwards, so the write lands before any cleanup (the partial a Ctrl-C'd inverse
+    sometimes left under load: its leaf's writer pool was still writing after the removal)."""
+    import threading
+
+    from blocklin import interrupt
+
+    release, target = threading.Event(), tmp_path / "late-chunk"
+
+    def writer():
+        release.wait()
+        target.write_bytes(b"chunk")
+
+    t = threading.Thread(target=writer)
+    t.start()
+    calls = []
+
+    def join():
+        calls.append(1)
+        if len(calls) == 1:  # Ctrl-C lands in the first join, the writer still busy
+            release.set()
+            raise KeyboardInterrupt
+        t.join()
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.wait_through(join)
+        assert target.exists() and not t.is_alive() and len(calls) == 2
+        assert interrupt.cancelled()  # the tasks still running are told to stop
+    finally:
+        interrupt.reset()

@@ -6,8 +6,9 @@ Each pass over ``A`` is deterministic in that state (seeded random blocks, a pla
 depend on the scheduler). After every completed pass the state is saved in the output's partial
 folder (``OUT.partial-TOKEN/work/NAME.npz``, written to a temporary name and renamed, so a
 checkpoint is either complete or absent), overwriting the previous one; a rerun with the same token
-restores the newest and continues with the next pass, bit for bit. The commit removes them and a run
-without ``resume`` starts clean.
+restores the newest and continues with the next pass, bit for bit. The commit removes them, a run
+without ``resume`` starts clean, and so does a resumed run whose input changed since (the output's
+``restart``, :mod:`blocklin.storage.stamps`): the checkpoints live inside the partial.
 
 Operations that record the result of each step instead of one evolving state (a solve's passes,
 the inverse's and the square solve's steps over intermediate stores) use

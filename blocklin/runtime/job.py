@@ -314,6 +314,11 @@ class Job:
         """An atomic output at ``out`` (path, URL, Location or zarr store), or a new store under the
         temp dir when ``out`` is None (the caller owns it).
 
+        ``inputs``: the stored operands' ``Operand.path`` Locations (staged ones left out); with a
+        ``token`` the output is resumable and records their content stamps, against which a resumed
+        run is checked (:mod:`blocklin.storage.atomic`). Without ``out``, or with a staged operand,
+        the output is not resumable (no rerun names it again).
+
         ``size`` (shape, dtype) of the output and ``temp_size`` (shape, dtype) of the intermediates the
         operation will keep under the temp dir are checked against the free space of their
         destinations before anything is claimed or written (:func:`~blocklin.storage.space.check_space`).

@@ -25,7 +25,10 @@ reads, so a step run again finds its inputs as the first attempt did.
 
 The work folder is tied to the operation's output: a run identity is written to both, and a rerun
 continues only when they agree (an output partial removed by hand, or a work folder removed by a
-cleanup, starts the operation over instead of mixing old and new intermediates).
+cleanup, starts the operation over instead of mixing old and new intermediates). Its name holds the
+inputs' content stamps (:meth:`~blocklin.runtime.job.Job.work_dir`), and an output whose inputs
+changed starts over (:mod:`blocklin.storage.stamps`), so an input rewritten since the interrupted
+run never meets that run's steps. :class:`StepRecords` beside the output's markers go with them.
 """
 
 from __future__ import annotations
