@@ -191,6 +191,21 @@ def test_max_passes_is_validated(tmp_path, value):
         bl.eigsh(S, 3, max_passes=value, order="descending", memory=MEM)
 
 
+def test_huge_counts_do_not_run_away(tmp_path):
+    """``power_iters=2**62`` on an in-core matrix ran for hours; other huge counts are capped or refused."""
+    from blocklin.linalg.svd import MAX_POWER_ITERS
+
+    A = bl.from_array(_rand((60, 30), np.float64), str(tmp_path / "a.zarr"))
+    t0 = time.monotonic()
+    with pytest.raises(ParameterError, match=f"power_iters.*<= {MAX_POWER_ITERS}.*Fix:"):
+        bl.svd(A, 3, method="rsvd", power_iters=2**62, memory=MEM)
+    res = bl.svd(A, 3, block_size=2**62, max_basis=2**62, max_passes=2**62, memory=MEM)
+    ref = np.linalg.svd(A.to_numpy(), compute_uv=False)[:3]
+    # singular values to the default tolerance (about 10 sqrt(eps) relative) with a factor 10 of slack
+    assert np.max(np.abs(res.s - ref) / ref) <= 100 * np.sqrt(np.finfo(float).eps)
+    assert time.monotonic() - t0 < 60
+
+
 #: Every CLI option that takes a size or count, with a valid command line to put it in.
 SIZE_OPTIONS = [
     (["factor", "cholesky", "S.zarr", "-o", "o.zarr"], "--tile"),

@@ -626,6 +626,11 @@ def _tsqr_svd(src: Any, k: int, dest: str | None, transposed_out: bool) -> dict:
 
 
 # -- public ----------------------------------------------------------------------------------------------
+#: Most power iterations ``power_iters=`` asks for: ``(s_{k+1} / s_k)^(2q)`` has long stopped
+#: improving the basis (and a huge count would run for hours on an in-core matrix).
+MAX_POWER_ITERS = 100
+
+
 def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
         tol: float | None = None, out: Any = None, seed: int | None = None,
         max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
@@ -776,7 +781,9 @@ def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, pow
     ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     oversample = count("oversample", oversample, fix="pass oversample=10")
-    power_iters = count("power_iters", power_iters, auto=("auto",), fix="pass power_iters=2")
+    power_iters = count("power_iters", power_iters, auto=("auto",), maximum=MAX_POWER_ITERS,
+                        why="each costs two passes over A, and past a few dozen they no longer sharpen the basis",
+                        fix="pass power_iters=2, or method='lanczos' (converged to tol) for a slowly decaying spectrum")
     tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
     max_passes = size("max_passes", max_passes, fix="pass max_passes=60, or None for the default")
     block_size = size("block_size", block_size, fix="pass block_size=8, or None for the planned one")
