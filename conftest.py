@@ -50,7 +50,7 @@ _TEMP_VARS = ("TMPDIR", "BLOCKLIN_TEMP_DIR")
 _saved_env: dict[str, str | None] = {}
 _SESSION_TEMP = pytest.StashKey[Path]()
 _SYSTEM_TEMP = pytest.StashKey[tuple]()
-_SYSTEM_NEW = pytest.StashKey[list]()
+_SYSTEM_NEW = pytest.StashKey[tuple]()
 
 
 def _blocklin_entries(folder: Path) -> set[str]:
@@ -108,7 +108,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     record_leftovers("session", folder)
     system, before = session.config.stash[_SYSTEM_TEMP]
-    session.config.stash[_SYSTEM_NEW] = sorted(_blocklin_entries(system) - before)
+    session.config.stash[_SYSTEM_NEW] = (system, sorted(_blocklin_entries(system) - before))
     if LEFTOVERS and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -119,10 +119,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.line("runs left these behind (remove them in the test, or fix the run that leaves them):")
         for where, path, kind in LEFTOVERS:
             terminalreporter.line(f"  {where}: {kind} {path}")
-    new = config.stash.get(_SYSTEM_NEW, [])
+    system, new = config.stash.get(_SYSTEM_NEW, (None, []))
     if new:  # another process on the machine may have made them: a warning, not a failure
         terminalreporter.section("blocklin entries new in the system temp dir", sep="-", yellow=True)
-        terminalreporter.line(f"{len(new)} new blocklin-* entries in {tempfile.gettempdir()} during the session "
+        terminalreporter.line(f"{len(new)} new blocklin-* entries in {system} during the session "
                               f"(the suite writes to {config.stash[_SESSION_TEMP]}): {', '.join(new[:10])}"
                               f"{' ...' if len(new) > 10 else ''}")
 SHELL_LANGUAGES = {"", "bash", "sh", "shell", "console", "text"}

@@ -15,6 +15,7 @@ import cupy_standin
 
 import blocklin as bl
 from blocklin.device import TileStream, get_device
+from tolerances import assert_gram, assert_product
 
 
 
@@ -147,9 +148,10 @@ def test_gemm_and_syrk_match_numpy(standin, rng):
     a, b, c = rng.standard_normal((5, 4)), rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
     out = cp.asarray(c)
     cp.cublas.gemm("N", "N", cp.asarray(a), cp.asarray(b), out=out, alpha=2.0, beta=1.0)
-    np.testing.assert_allclose(out.get(), 2 * a @ b + c, rtol=1e-13)
+    # + beta C: one more rounding of each entry, at most eps ||C|| for the two computations
+    assert_product(out.get(), 2 * a @ b + c, a, b, alpha=2.0, extra=np.finfo(np.float64).eps * np.linalg.norm(c))
     g = cp.cublas.syrk("T", cp.asarray(a), out=cp.zeros((4, 4)), lower=True)
-    np.testing.assert_allclose(np.tril(g.get()), np.tril(a.T @ a), rtol=1e-13)
+    assert_gram(np.tril(g.get()), np.tril(a.T @ a), a)
     assert np.all(np.triu(g.get(), 1) == 0)  # the other triangle is not written
     assert cupy_standin.take_races() == []
 
@@ -204,7 +206,7 @@ def test_tile_stream_refills_pinned_slots_only_after_their_upload(standin, rng, 
     for _, (x,) in TileStream(dev, 5, load, [(6, 4)], "float64", depth=depth):
         dev.gemm_acc(acc, x, x.T)
     got = dev.download(acc, slice(0, 6))
-    np.testing.assert_allclose(got, full @ full.T, rtol=1e-12)
+    assert_gram(got, full @ full.T, full, trans=True)
     assert cupy_standin.take_races() == []
 
 
@@ -220,7 +222,7 @@ def test_two_tile_streams_on_one_thread_do_not_overlap(standin, rng):
         accs.append(acc)
         fulls.append(full)
     for acc, full in zip(accs, fulls):
-        np.testing.assert_allclose(dev.download(acc, slice(0, 4)), full @ full.T, rtol=1e-12)
+        assert_gram(dev.download(acc, slice(0, 4)), full @ full.T, full, trans=True)
     assert cupy_standin.take_races() == []
 
 
@@ -233,7 +235,7 @@ def test_non_contiguous_upload_is_ordered_with_compute(standin, rng):
     acc = dev.zeros((4, 4), np.float64)
     dev.gemm_acc(acc, x, x.T)
     dev.after_use(0)
-    np.testing.assert_allclose(dev.download(acc, slice(0, 4)), host[:, ::2] @ host[:, ::2].T, rtol=1e-12)
+    assert_gram(dev.download(acc, slice(0, 4)), host[:, ::2] @ host[:, ::2].T, host[:, ::2], trans=True)
     assert cupy_standin.take_races() == []
 
 
@@ -322,8 +324,8 @@ def test_download_async_lets_the_next_gemm_queue(standin, rng):
     dev.gemm_acc(acc[3:], xd[3:], xd.T)  # queued while the copy of rows 0:3 is in flight
     assert not done.done and not dev.compute.done  # nothing forced either
     done.synchronize()
-    np.testing.assert_allclose(view, x[:3] @ x.T, rtol=1e-13)
-    np.testing.assert_allclose(dev.download(acc, slice(3, 6)), x[3:] @ x.T, rtol=1e-13)
+    assert_product(view, x[:3] @ x.T, x[:3], x.T)
+    assert_product(dev.download(acc, slice(3, 6)), x[3:] @ x.T, x[3:], x.T)
     assert cupy_standin.take_races() == []
 
 
@@ -331,7 +333,7 @@ def test_pinned_memory_released_when_the_job_ends(standin, tmp_path, rng):
     a = rng.standard_normal((64, 48))
     b = rng.standard_normal((48, 32))
     res = bl.matmul(a, b, tmp_path / "c.zarr", device="gpu", memory="256KiB", device_memory="64KiB")
-    np.testing.assert_allclose(res.to_numpy(), a @ b, rtol=1e-12)
+    assert_product(res.to_numpy(), a @ b, a, b)
     assert cupy_standin.pinned_bytes_held() == 0
     assert cupy_standin.take_races() == []
 
@@ -377,7 +379,7 @@ def test_several_loaders_keep_order(standin, kind, loaders, rng):
         seen.append(i)
         dev.gemm_acc(acc, x, x.T)
     assert seen == list(range(9)) and stream.loaders == loaders
-    np.testing.assert_allclose(np.array(dev.download(acc, slice(0, 5))), full @ full.T, rtol=1e-12)
+    assert_gram(np.array(dev.download(acc, slice(0, 5))), full @ full.T, full, trans=True)
     assert cupy_standin.take_races() == []
 
 
@@ -748,7 +750,7 @@ def test_every_report_says_where_its_phases_ran(standin, rng, tmp_path):
     lu = bl.lu(spd, tmp_path / "lu.zarr", **kw)
     assert lu.report["phases"] == {"panel updates (TRSM, GEMM)": "gpu", "panel factorization (getrf)": "cpu"}
     g = bl.matmul(spd, spd, tmp_path / "g.zarr", **kw)
-    np.testing.assert_allclose(g.to_numpy(), spd @ spd, rtol=1e-12)
+    assert_product(g.to_numpy(), spd @ spd, spd, spd)
     assert g.report["phases"]["GEMM tiles (A B, alpha, beta C)"] == "gpu"
     assert cupy_standin.take_races() == []
 
@@ -848,8 +850,8 @@ def test_gpu_row_passes_fit_the_device_budget_and_hold_it(standin, rng):
         with Job("t", device="gpu", memory="4MiB", device_memory=dm) as job:
             res = run_pass(job, gram_kernel, [source(job.operand(a, "a")), source(job.operand(b, "b"))],
                            {"dtype": "float64"})
-        np.testing.assert_allclose(reduce_sum(res.states, "g"), a.T @ a, rtol=1e-12)
-        np.testing.assert_allclose(reduce_sum(res.states, "c"), a.T @ b, rtol=1e-12)
+        assert_gram(reduce_sum(res.states, "g"), a.T @ a, a)
+        assert_product(reduce_sum(res.states, "c"), a.T @ b, a.T, b)
         assert budget.held == 0 and 0 < budget.peak  # held while the tasks ran, released after
         peaks[dm] = res.plan.peak_memory
     assert peaks["256KiB"] <= 256 << 10 < peaks[None] <= 4 << 20

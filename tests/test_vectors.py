@@ -9,6 +9,7 @@ import zarr
 import blocklin as bl
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.gemm import plan_gemm
+from tolerances import assert_gram, assert_product
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -39,14 +40,16 @@ def test_1d_operands_everywhere(tmp_path):
     x = rng.standard_normal((3000, 40))
     y = rng.standard_normal(3000)
     xt_y = bl.matmul(x, y, trans_a=True, memory="16MiB").to_numpy()
-    assert xt_y.shape == (40, 1) and np.allclose(xt_y[:, 0], x.T @ y, rtol=1e-12, atol=1e-12)
+    assert xt_y.shape == (40, 1)
+    assert_product(xt_y[:, 0], x.T @ y, x.T, y)
     ones = bl.matmul(x, np.ones(40), memory="16MiB").to_numpy()
-    assert np.allclose(ones[:, 0], x.sum(axis=1), rtol=1e-12, atol=1e-12)
+    assert_product(ones[:, 0], x.sum(axis=1), x, np.ones(40))  # a product with ones is a sum
     zarr.create_array(tmp_path / "v.zarr", shape=(3000,), chunks=(700,), dtype="float64")[:] = y  # a stored vector
     stored = bl.matmul(x, tmp_path / "v.zarr", trans_a=True, memory="16MiB").to_numpy()
     assert np.array_equal(stored, xt_y)
     g = bl.gram(y, memory="16MiB").to_numpy()
-    assert g.shape == (1, 1) and np.isclose(g[0, 0], y @ y, rtol=1e-13)
+    assert g.shape == (1, 1)
+    assert_gram(g, [[y @ y]], y[:, None])
 
 
 def test_papercuts_get_clear_errors_or_work(tmp_path):
