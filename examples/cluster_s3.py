@@ -68,16 +68,17 @@ def run(client, bucket: str, options: dict) -> bool:
     # Decaying spectrum plus noise: the kind of matrix a truncated SVD is for.
     a = (rng.standard_normal((m, 30)) * 0.7 ** np.arange(30)) @ rng.standard_normal((30, n))
     a += 0.01 * rng.standard_normal(a.shape)
-    # Each worker's budget: a quarter of A (no task holds A whole), or what the plan needs when that is
-    # more: reads from an object store decode whole chunks, so the chunks set the floor.
-    want = a.nbytes // 4
+    # Each worker's budget: a quarter of A (no task holds A whole), but no less than 16 MiB (tasks on
+    # smaller strips spend their time on the object store's per-request latency), or what the plan
+    # needs when that is more: reads from an object store decode whole chunks, so the chunks set a floor.
+    want = max(a.nbytes // 4, 16 * 2**20)
     ok = True
     with blocklin.config.set(storage_options=options, temp_dir=f"{bucket}/tmp", scheduler=client):
         # 1. Data in: A from this process's memory; B drawn by the workers, chunk row by chunk row.
         A = blocklin.from_array(a, f"{bucket}/A.zarr", chunks=(m // 8, n // 2), overwrite=True)
         blocklin.random(f"{bucket}/B.zarr", (n, k), seed=1, chunks=(n // 2, k), overwrite=True)
         print(f"A {A.shape} chunks {A.chunks} at {A.path}, B ({n}, {k}) at {bucket}/B.zarr (written by the "
-              f"workers); a quarter of A is {format_size(want)}")
+              f"workers); budget per worker {format_size(want)}")
 
         # 2. GEMM on the workers, output in the bucket; resume=True completes an interrupted run.
         C, used = within_budget("gemm", lambda memory: blocklin.matmul(

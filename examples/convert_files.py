@@ -2,7 +2,8 @@
 
 Run: python examples/convert_files.py [folder]   (a temporary folder, removed at the end, by default)
 
-The .npy input is 3000 x 2000 float64 (46 MiB), converted within a 16 MiB budget;
+The .npy input is 3000 x 2000 float64 (46 MiB), converted within a third of its size (15 MiB; the
+planner's minimum instead, should that not hold one block);
 ``BLOCKLIN_EXAMPLE_SIZE=small`` uses 600 x 400 (the test suite does).
 """
 
@@ -19,6 +20,22 @@ import blocklin
 from blocklin.storage.inspect import format_info, inspect
 
 
+def within_budget(run, budget):
+    """``run(budget)``, or ``run`` at the budget the planner names when ``budget`` cannot hold its plan
+    (``BudgetError.minimum``, refused before the step reads anything; a step planned later may name
+    more, so each retry grows the budget by at least a quarter, as blocklin's own budget searches do)."""
+    for _ in range(5):
+        try:
+            return run(budget), budget
+        except blocklin.errors.BudgetError as exc:
+            if not exc.minimum:
+                raise
+            print(f"{blocklin.config.format_size(budget)} is below what the plan needs; the planner names "
+                  f"{blocklin.config.format_size(exc.minimum)}")
+            budget = max(exc.minimum, budget + budget // 4)
+    return run(budget), budget
+
+
 def main(folder: Path) -> None:
     small = os.environ.get("BLOCKLIN_EXAMPLE_SIZE") == "small"
     rng = np.random.default_rng(0)
@@ -27,10 +44,11 @@ def main(folder: Path) -> None:
     np.savetxt(folder / "a.csv", a[:50, :20], delimiter=",", header="generated", fmt="%.17g")
     (folder / "s.mtx").write_text("%%MatrixMarket matrix coordinate real symmetric\n3 3 3\n1 1 2\n2 1 -1\n3 3 4\n")
 
-    # 1. a .npy several times larger than the budget, into zarr with chunks sized for the budget
-    rep = blocklin.convert(folder / "a_fortran.npy", folder / "a.zarr", memory="16MiB", codec="zstd")
+    # 1. a .npy three times larger than the budget, into zarr with chunks sized for the budget
+    rep, budget = within_budget(lambda mem: blocklin.convert(folder / "a_fortran.npy", folder / "a.zarr", memory=mem,
+                                                             codec="zstd"), a.nbytes // 3)
     print(f"npy -> zarr: {rep['blocks']} blocks in {rep['seconds']:.2f} s, planned {rep['planned_memory'] / 2**20:.1f} "
-          f"MiB of 16 MiB, chunks {rep['chunks']}")
+          f"MiB of {budget / 2**20:.1f} MiB, chunks {rep['chunks']}")
 
     # 2. rechunk and add checksums; then what does the store hold and cost?
     blocklin.convert(folder / "a.zarr", folder / "b.zarr", chunks=(512, 512), checksum=True, memory="64MiB")

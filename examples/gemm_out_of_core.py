@@ -2,8 +2,9 @@
 
     python examples/gemm_out_of_core.py [n] [budget]
 
-By default two 4096 x 4096 float64 matrices (128 MiB each) are multiplied within a 64 MiB budget,
-so neither operand ever sits in memory whole. ``BLOCKLIN_EXAMPLE_SIZE=small`` runs a 2048 x 2048
+By default two 4096 x 4096 float64 matrices (128 MiB each) are multiplied within a budget of half
+of one operand (64 MiB), so neither operand ever sits in memory whole; the planner's minimum is used
+instead if that budget cannot hold its smallest tiles (it names it before anything is written). ``BLOCKLIN_EXAMPLE_SIZE=small`` runs a 2048 x 2048
 version (the test suite does). Everything is written under a temporary folder that is removed at
 the end, the engine's own intermediates included (``temp_dir``).
 """
@@ -18,16 +19,24 @@ import blocklin as bl
 
 small = os.environ.get("BLOCKLIN_EXAMPLE_SIZE") == "small"
 n = int(sys.argv[1]) if len(sys.argv) > 1 else (2048 if small else 4096)
-budget = sys.argv[2] if len(sys.argv) > 2 else "64MiB"
 
 with tempfile.TemporaryDirectory() as d, bl.config.set(temp_dir=d):
     # 1. Data in: random operands written chunk row by chunk row (1024 x 1024 chunks of 8 MiB).
     a = bl.random(f"{d}/A.zarr", (n, n), seed=1)
     b = bl.random(f"{d}/B.zarr", (n, n), seed=2)
-    print(f"A, B: {n} x {n} float64, {a.nbytes / 2**20:.0f} MiB each on disk, chunks {a.chunks}, budget {budget}")
+    # The budget: half of one operand (neither fits), or the planner's own minimum when that is more.
+    budget = bl.config.parse_size(sys.argv[2]) if len(sys.argv) > 2 else a.nbytes // 2
+    try:
+        plan = bl.matmul(a, b, memory=budget, explain=True)
+    except bl.errors.BudgetError as exc:
+        print(f"{bl.config.format_size(budget)} cannot hold the smallest tiles; using the planner's minimum")
+        budget = exc.minimum
+        plan = bl.matmul(a, b, memory=budget, explain=True)
+    print(f"A, B: {n} x {n} float64, {a.nbytes / 2**20:.0f} MiB each on disk, chunks {a.chunks}, "
+          f"budget {bl.config.format_size(budget)}")
 
     # 2. The plan, without running: tiles, k-panels, bytes read, planned peak memory.
-    print(bl.matmul(a, b, memory=budget, explain=True).explain())
+    print(plan.explain())
 
     # 3. The product, written to C.zarr (appears only when complete).
     c = bl.matmul(a, b, f"{d}/C.zarr", memory=budget)
@@ -54,5 +63,5 @@ with tempfile.TemporaryDirectory() as d, bl.config.set(temp_dir=d):
     r = c.report
     print(f"cost: {r['seconds']:.2f} s, {r['gflops']:.1f} GFLOP/s, read {r['plan']['bytes_read'] / 2**20:.0f} MiB "
           f"from storage, "
-          f"planned peak {r['plan']['peak_memory'] / 2**20:.0f} MiB of {budget}, "
+          f"planned peak {r['plan']['peak_memory'] / 2**20:.0f} MiB of {bl.config.format_size(budget)}, "
           f"process peak RSS {r['peak_memory'] / 2**20:.0f} MiB (interpreter and libraries included)")

@@ -3,7 +3,7 @@
     python examples/ridge_regression.py [rows] [budget]
 
 By default the design matrix is 100,000 x 200 float64 (153 MiB on disk) and every step runs within a
-64 MiB budget. ``BLOCKLIN_EXAMPLE_SIZE=small`` uses 20,000 rows (the test suite does). Everything,
+budget of a third of it (51 MiB), so A is streamed, never held. ``BLOCKLIN_EXAMPLE_SIZE=small`` uses 20,000 rows (the test suite does). Everything,
 the engine's intermediates included, is written under a temporary folder removed at the end.
 """
 
@@ -23,17 +23,18 @@ import blocklin as bl
 def main() -> None:
     small = os.environ.get("BLOCKLIN_EXAMPLE_SIZE") == "small"
     m = int(sys.argv[1]) if len(sys.argv) > 1 else (20_000 if small else 100_000)
-    budget = sys.argv[2] if len(sys.argv) > 2 else "64MiB"
+    n = 200
+    # a third of A: every step streams A (the solver's passes, the checks' products)
+    budget = bl.config.parse_size(sys.argv[2]) if len(sys.argv) > 2 else m * n * 8 // 3
     folder = Path(tempfile.mkdtemp(prefix="blocklin-ridge-"))
     try:
         with bl.config.set(temp_dir=str(folder), memory=budget):
-            run(folder, m, budget)
+            run(folder, m, n, bl.config.format_size(budget))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run(folder: Path, m: int, budget: str) -> None:
-    n = 200
+def run(folder: Path, m: int, n: int, budget: str) -> None:
     rng = np.random.default_rng(0)
     # 1. Data in: a design matrix stored as zarr, and a response whose coefficients decay (an
     #    ill-posed regression: most of x_true is below the noise).

@@ -33,7 +33,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from blocklin.config import size_hint
+from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 
 #: Largest block: bigger blocks do not read faster, and smaller ones keep the prefetch pipeline busy.
@@ -327,7 +327,7 @@ def plan_mirror(n: int, dtype, *, memory: int, parse_bytes: int) -> MirrorPlan:
     need = mirror_memory(n, itemsize, narrowest, parse_bytes)
     if need > memory:
         raise BudgetError(explain("memory", f"must hold one strip of {narrowest} columns of the {n} x {n} symmetric "
-                                  "matrix while it is mirrored into a scratch zarr", f"{_mib(memory)} (needs "
+                                  "matrix while it is mirrored into a scratch zarr", f"{format_size(memory)} (needs "
                                   f"{_mib(need)})", f"raise the budget to at least {_mib(need)} (--memory {_mib(need)})"),
                           minimum=need)
     width = narrowest
