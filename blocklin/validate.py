@@ -163,6 +163,10 @@ def _is_int(value: Any) -> bool:
 
 #: The largest size or count any option takes: what an int64 holds (sizes index int64 arrays).
 MAX_COUNT = 2**63 - 1
+#: Most refinement steps a ``refine=`` asks for (Newton-Schulz for ``inv``, the normal equations'
+#: passes for ``solve``): they converge quickly once they converge at all, so a few dozen reach
+#: any precision, while a huge count would run for hours.
+MAX_REFINE = 100
 
 
 def count(name: str, value: Any, *, fix: str, minimum: int = 0, auto: tuple[Any, ...] = (),

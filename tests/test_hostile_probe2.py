@@ -199,6 +199,10 @@ def test_huge_counts_do_not_run_away(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(ParameterError, match=f"power_iters.*<= {MAX_POWER_ITERS}.*Fix:"):
         bl.svd(A, 3, method="rsvd", power_iters=2**62, memory=MEM)
+    for call in (lambda: bl.inv(np.eye(4), refine=2**62), lambda: bl.inv(np.eye(4), max_refine=-1),
+                 lambda: bl.solve(A, np.ones(60), refine=2**62)):
+        with pytest.raises(ParameterError, match="refine.*Fix:"):
+            call()
     res = bl.svd(A, 3, block_size=2**62, max_basis=2**62, max_passes=2**62, memory=MEM)
     ref = np.linalg.svd(A.to_numpy(), compute_uv=False)[:3]
     # singular values to the default tolerance (about 10 sqrt(eps) relative) with a factor 10 of slack

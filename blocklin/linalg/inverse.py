@@ -36,7 +36,7 @@ from blocklin.runtime.passes import plan_kernel_pass, run_pass, source
 from blocklin.runtime.stages import Stages
 from blocklin.storage.location import as_location
 from blocklin.storage.zarr_store import create_array
-from blocklin.validate import float_operand, positive, square
+from blocklin.validate import MAX_REFINE, count, float_operand, positive, square
 from blocklin.validate import precision as check_precision
 
 PRECISIONS = (None, "mixed", "tf32", "float32", "float64")
@@ -334,6 +334,9 @@ REPORT_KEYS = ("seconds", "residual", "residual_method", "backward_error", "refi
 
 def _refine_steps(refine: Any, max_refine: int) -> Steps:
     """The Newton-Schulz :class:`~blocklin.linalg.refine.Steps` that ``refine`` asks for (see :func:`inv`)."""
+    if not isinstance(refine, bool) and isinstance(refine, (int, np.integer)):
+        refine = count("refine", refine, maximum=MAX_REFINE, fix="pass refine='auto' or refine=2")
+    max_refine = count("max_refine", max_refine, maximum=MAX_REFINE, fix="pass max_refine=10")
     if isinstance(refine, bool):
         return Steps(1, max(1, int(max_refine))) if refine else Steps(0, 0)
     if refine == "auto" or refine is None:

@@ -25,7 +25,7 @@ from blocklin.plan.solve import SolvePlan, plan_solve, small_bytes
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import run_pass, source
 from blocklin.storage.zarr_store import create_array, open_zarr, write_block
-from blocklin.validate import choice, count, float_operand, same_dtype, same_rows
+from blocklin.validate import MAX_REFINE, choice, count, float_operand, same_dtype, same_rows
 
 METHODS = ("auto", "normal", "qr")
 #: What ``solve`` may assume of ``a``: nothing (least squares; LU for a square system), symmetric
@@ -303,7 +303,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         return _solve_square(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method, out=out,
                              overwrite=overwrite, explain=explain, precision=precision, reason=reason, resume=resume,
                              settings=settings)
-    refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
+    refine = count("refine", refine, minimum=0, auto=("auto",), maximum=MAX_REFINE, fix="pass refine=1")
     if explain:  # the plan alone: solve_plan
         return solve_plan(a, b, lam=lam, method=method, refine=refine, **settings)
     with Job("solve", **settings) as job:
@@ -362,7 +362,7 @@ def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: 
     (square ``a``, ``lam=0``, ``method="auto"``); same parameters as :func:`solve`."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     kind, lams = _parse_lam(lam)
-    refine = count("refine", refine, minimum=0, auto=("auto",), fix="pass refine=1")
+    refine = count("refine", refine, minimum=0, auto=("auto",), maximum=MAX_REFINE, fix="pass refine=1")
     if _square_reason(a, b, assume_a="gen", kind=kind, lams=lams, method=method, fit_intercept=False,
                       precision="double"):  # a square system: the LU's plan
         from blocklin.linalg.lu import lu
