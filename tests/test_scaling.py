@@ -165,6 +165,15 @@ def test_gram(tall, memory):
     assert got.report["scaling"]["exponent"] > 0
 
 
+def test_gram_tiled_route_refuses_an_overflow():
+    """A Gram over the budget is built by tiles of unscaled squares: an overflow is refused with the fix."""
+    a = np.random.default_rng(11).standard_normal((60, 300))
+    ok = bl.gram(a, memory="256KiB")
+    assert ok.report["route"] == "tiles"
+    with pytest.raises(ParameterError, match="scale a by a power of two"):
+        bl.gram(np.ldexp(a, 600), memory="256KiB")
+
+
 # -- solve -----------------------------------------------------------------------------------------------
 def _lstsq_problem():
     rng = np.random.default_rng(4)

@@ -94,8 +94,25 @@ class Gram:
             ops.syrk(Region.of(out_path, (plan.s, plan.s)), a if self.trans else a.T, dtype=self.dtype,
                      alpha=self.alpha, full=True, check=job.check_finite, done_dir=done_dir,
                      description=f"Gram tiles {plan.product}")
+            self._check_tiles(plan, out_path)
             return None
         return self._run_pass(job, plan, out_path)
+
+    def _check_tiles(self, plan: GramPlan, out_path: Any) -> None:
+        """The tiled route sums unscaled squares: its diagonal (each column's sum of squares, the
+        largest entries of a Gram) says whether they overflowed, or fell where float64 keeps a few bits;
+        refused then, naming the fix (the pass route scales by itself)."""
+        arr = open_zarr(out_path, mode="r+")  # this run's own partial output
+        diag = np.concatenate([np.diag(np.asarray(arr[r0:r1, r0:r1], dtype=np.float64))
+                               for r0, r1 in split(plan.s, plan.out_chunks[0])])
+        fi = np.finfo(self.dtype)
+        top = float(np.max(np.abs(diag))) if diag.size else 0.0
+        if not np.isfinite(top) or 0 < top < 2.0 ** (fi.minexp + fi.nmant):
+            raise ParameterError(explain_msg(
+                "a", f"must have a Gram matrix within the range of {self.dtype.name} (the tiled route, for a "
+                f"result over the budget, sums unscaled squares)", f"a diagonal entry of {top:.3g}",
+                "scale a by a power of two so that its entries sit near 1 (exact) and scale the result back "
+                "by its square, or raise memory= so the pass route (which scales by itself) holds the result"))
 
     def _unscaled(self, g: np.ndarray, scaling: Scaling) -> np.ndarray:
         """``alpha 2^(2e) G'`` from the Gram ``G'`` of ``2^-e A`` (exact for a power-of-two ``alpha``);
