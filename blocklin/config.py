@@ -32,6 +32,9 @@ _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\
 DEVICES = ("auto", "cpu", "gpu")
 #: The largest byte size a budget may be (what an int64 holds).
 MAX_BYTES = 2**63 - 1
+#: Most concurrent tile tasks ``workers=`` may ask for (planners try counts downward from it, and
+#: tasks beyond the cores only queue).
+MAX_WORKERS = 4096
 CODECS = ("none", "zstd", "blosc-lz4", "blosc-zstd", "gzip")
 
 
@@ -190,9 +193,9 @@ class Config:
         if not isinstance(self.temp_dir, str) and type(self.temp_dir).__name__ != "Location":
             object.__setattr__(self, "temp_dir", os.fspath(self.temp_dir))  # a Location keeps its storage options
         if self.workers is not None and (not isinstance(self.workers, int) or isinstance(self.workers, bool)
-                                         or not 1 <= self.workers <= MAX_BYTES):
-            raise ConfigError(explain("workers", "must be a positive integer or None", repr(self.workers),
-                                      "pass workers=1"))
+                                         or not 1 <= self.workers <= MAX_WORKERS):
+            raise ConfigError(explain("workers", f"must be None or an integer in 1..{MAX_WORKERS}", repr(self.workers),
+                                      "pass workers=1 (or about the number of cores)"))
 
         if isinstance(self.scheduler, str) and "://" in self.scheduler:
             scheduler_address(self.scheduler)

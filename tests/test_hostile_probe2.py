@@ -287,9 +287,17 @@ def test_every_size_option_refuses_bad_values_at_once(tmp_path, monkeypatch, cap
 
 def test_workers_and_memory_in_the_api_are_validated(tmp_path):
     A = bl.from_array(_rand((20, 20), np.float64), str(tmp_path / "a.zarr"))
-    for bad in (0, -5, 5.5, "hi", 2**63):
+    from blocklin.config import MAX_WORKERS
+
+    for bad in (0, -5, 5.5, "hi", True, 2**62, MAX_WORKERS + 1):  # 2**62 workers: plans looped down from it
         with pytest.raises(ConfigError, match="workers"):
             bl.matmul(A, A, workers=bad)
+    # a tile beyond the matrix is one tile; the most workers the budget holds run
+    S = bl.from_array(np.eye(40) * 4, str(tmp_path / "s.zarr"))
+    t0 = time.monotonic()
+    L = bl.cholesky(S, tile=2**62, workers=MAX_WORKERS, memory=MEM)
+    assert L.report["plan"]["tile"] == 40 and np.allclose(L.to_numpy(), 2 * np.eye(40))
+    assert time.monotonic() - t0 < 30
     for bad in ("5.5", 0, "-5", 2**63, "hi"):
         with pytest.raises(ConfigError, match="memory"):
             bl.matmul(A, A, memory=bad)

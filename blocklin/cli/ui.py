@@ -19,7 +19,8 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: stdout's reader closed the pipe (``blocklin ... --json | head -c0``)
 
 
-def count_arg(option: str, *, minimum: int = 1, auto: tuple[str, ...] = (), example: str = "") -> Any:
+def count_arg(option: str, *, minimum: int = 1, auto: tuple[str, ...] = (), example: str = "",
+              maximum: int | None = None, why: str = "") -> Any:
     """An ``argparse`` type for a size or count option: an integer ``>= minimum`` (at most
     :data:`blocklin.validate.MAX_COUNT`) or one of the ``auto`` words, checked by
     :func:`blocklin.validate.count` while parsing, so a bad value is a usage error (exit 2) naming
@@ -37,7 +38,7 @@ def count_arg(option: str, *, minimum: int = 1, auto: tuple[str, ...] = (), exam
         except ValueError:  # "5.5", "hi", "2**63": a size is a whole number
             value = text
         try:
-            return count(option, value, fix=fix, minimum=minimum, auto=auto)
+            return count(option, value, fix=fix, minimum=minimum, auto=auto, maximum=maximum, why=why)
         except ParameterError as exc:
             raise argparse.ArgumentTypeError(_without_name(str(exc), option)) from None
 
@@ -127,7 +128,10 @@ def add_run_options(parser: argparse.ArgumentParser, *, unit: str | None = "task
     """Options of a command that runs an operation: ``--workers`` (concurrent ``unit``; None: none),
     ``--no-check-finite``, ``--resume`` (when ``resume`` gives its help) and ``--explain``."""
     if unit:
-        parser.add_argument("--workers", type=count_arg("--workers", example="4"), help=f"concurrent {unit} (local schedulers)")
+        from blocklin.config import MAX_WORKERS
+
+        parser.add_argument("--workers", type=count_arg("--workers", example="4", maximum=MAX_WORKERS,
+                                                        why="more tasks than cores only queue"), help=f"concurrent {unit} (local schedulers)")
     parser.add_argument("--no-check-finite", action="store_true", help="skip the NaN/Inf check")
     if resume:
         parser.add_argument("--resume", action="store_true", help=resume)

@@ -155,8 +155,8 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
                                       format_size(memory), f"raise it to at least {format_size(need)}"))
     tile = max(1, min(int(tile), max(n, 1)))
     _check_updates(operation, n, tile, planned, memory)
-    while workers > 1 and not fits(tile, workers):
-        workers -= 1
+    # as many of the asked workers as the budget holds (a division: workers may be huge)
+    workers = max(1, min(int(workers), memory // max(1, TILE_BUFFERS * tile * tile * per_tile)))
     nt = max(1, math.ceil(n / tile))
     reads = (n**3 / (3 * tile) + n * n / 2) * dt.itemsize
     return FactorPlan(operation=operation, n=n, dtype=dt.name, tile=tile, tiles=nt, workers=workers,
