@@ -1093,8 +1093,9 @@ def _report(job: Job, plan: SvdPlan, r: dict, *, tol: float | None, seed: int, o
     check_finite_result("s", s, f"the singular values of svd ({plan.method})")
     s1 = float(s[0]) if s.size and s[0] > 0 else 1.0
     triplets = triplet_report(s, r["residuals"], tol, plan.dtype)
-    converged = all(triplets["converged_triplets"] or [True])
-    if not converged:
+    # converged only for residuals actually measured: the single-pass sketch has none (None, with its note)
+    converged = None if r["residuals"] is None else all(triplets["converged_triplets"] or [True])
+    if converged is False:
         bad = [i + 1 for i, c in enumerate(triplets["converged_triplets"]) if not c]
         w = triplets["worst_triplet"]
         warn(f"svd ({plan.method}): tol={tol:g} not reached within {job.passes('a')} passes over A for triplet(s) "
