@@ -343,6 +343,12 @@ def test_nan_residuals_never_read_as_converged():
         scaling.check_finite_result("residual_norm", [1.0, np.nan], "the solve's residual norm")
 
 
+def test_sketch_is_never_reported_converged(tall):
+    """The single-pass sketch measures no residual: converged is None, with the note saying why."""
+    res = bl.svd(2.0 ** 600 * tall, 3, method="sketch", seed=0)
+    assert res.report["converged"] is None and "not computed" in res.report["residual_note"]
+
+
 def test_exponent_choice():
     lo, hi = scaling.safe_range(np.float64)
     assert (lo, hi) == (2.0 ** -256, 2.0 ** 256)

@@ -161,7 +161,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         if saved is not None:  # resume: the power of two the checkpointed steps were taken with
             scaling.e, scaling.amax = int(saved["e"]), float(saved["amax"])
         apply, first, phases = _operator(job, A, plan, x0, check_symmetric and state is None, scaling)
-        if ckpt.enabled and saved is None and scaling.known:
+        if ckpt.enabled and saved is None and scaling.exponent:  # e = 0: nothing to keep
             ckpt.save("scaling", e=scaling.exponent, amax=float(scaling.amax or 0.0))
         scale = {"v": float(state.pop("scale")) if state is not None else 0.0}  # the threshold's running max
 

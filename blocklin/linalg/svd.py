@@ -1014,7 +1014,7 @@ def _moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, 
 
 def _save_scaling(ckpt: Checkpoints | None, scaling: Scaling) -> None:
     """Checkpoint the power of two once known (a resumed run makes its passes with the same)."""
-    if ckpt is not None and scaling.known and ckpt.load("scaling") is None:
+    if ckpt is not None and scaling.exponent and ckpt.load("scaling") is None:  # e = 0: nothing to keep
         ckpt.save("scaling", e=scaling.exponent, amax=float(scaling.amax or 0.0))
 
 
