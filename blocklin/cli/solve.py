@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> dict:
                        precision=r["precision"], growth_factor=r.get("growth_factor"))
     if "curve" in r:
         summary["curve"] = r["curve"]
+    if r.get("scaling"):  # the data was scaled by powers of two (docs/solve.md, Scaled data)
+        summary["scaling"] = r["scaling"]
     if args.fit_intercept:
         summary["intercept"] = r["intercept"]
     if args.plot:

@@ -93,7 +93,7 @@ def summary_of(r: dict, operation: str, k: int) -> dict:
     keys = ("output", "method", "seconds", "passes", "passes_formula", "intermediate_passes", "bytes_read",
             "bytes_logical", "read_notes", "peak_memory", "memory_budget", "residuals", "relative_residuals",
             "converged", "converged_triplets", "worst_triplet", "tol", "seed",
-            "device", "scheduler", "in_core", "which", "center", "scale")
+            "device", "scheduler", "in_core", "which", "center", "scale", "scaling", "fallback")
     out = {key: r[key] for key in keys if key in r}
     out.update(operation=operation, k=k)
     return out

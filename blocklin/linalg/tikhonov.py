@@ -470,7 +470,7 @@ def _solve_square(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float]
 
 #: Report entries recorded in the output's attributes.
 REPORT_KEYS = ("lam", "method", "method_reason", "residual_norm", "solution_norm", "passes", "seconds", "intercept",
-               "resumed_passes")
+               "resumed_passes", "scaling")
 
 
 @dataclasses.dataclass
