@@ -338,6 +338,9 @@ def test_s3_endpoint_with_no_server(tmp_path):
     r = _cli(["gemm", "s3://bucket/a.zarr", "s3://bucket/a.zarr", "-o", "s3://bucket/c.zarr", *opts], timeout=120)
     assert r.returncode == ui.EXIT_ERROR
     _one_error_line(r.stderr, "StorageUnreachableError", f"127.0.0.1:{port}", "--resume", "Fix:")
+    so = {"key": "testing", "secret": "testing", "endpoint_url": f"http://127.0.0.1:{port}"}
+    with pytest.raises(StorageUnreachableError, match=f"127.0.0.1:{port}.*resume"):
+        bl.matmul("s3://bucket/a.zarr", "s3://bucket/a.zarr", out="s3://bucket/c.zarr", storage_options=so)
 
 
 def test_s3_missing_bucket(s3, tmp_path):  # noqa: F811
@@ -347,6 +350,8 @@ def test_s3_missing_bucket(s3, tmp_path):  # noqa: F811
     r = _cli(["gemm", f"{base}/a.zarr", f"{base}/a.zarr", "-o", "s3://blocklin-no-such-bucket/c.zarr", *so])
     assert r.returncode == ui.EXIT_ERROR
     _one_error_line(r.stderr, "StoreNotFoundError", "s3://blocklin-no-such-bucket", "bucket", "Fix:")
+    with pytest.raises(StoreNotFoundError, match="bucket.*Fix:"):
+        bl.matmul(f"{base}/a.zarr", f"{base}/a.zarr", out="s3://blocklin-no-such-bucket/c.zarr", storage_options=opts)
 
 
 def test_s3_server_stopped_mid_job_then_resumed(tmp_path):

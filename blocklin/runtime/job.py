@@ -463,3 +463,9 @@ class Job:
                 if self.scheduler.kind == "distributed":  # the workers' pinned buffers too
                     with contextlib.suppress(Exception):  # a lost worker keeps nothing pinned
                         self.scheduler.client.run(release_device_caches)
+        if isinstance(exc, Exception):  # an unreachable endpoint or a missing bucket, said as such (reads and writes)
+            from blocklin.storage.readerrors import storage_error
+
+            mapped = storage_error(exc, tuple(str(ao.path) for ao in self.outputs))
+            if mapped is not None:
+                raise mapped from exc
