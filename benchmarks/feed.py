@@ -13,6 +13,8 @@ comes from the same load, and the best round of each counts:
 * ``blocklin_gpu``: the same pass on the CUDA device (``device="gpu"``): real CuPy where it imports
   and sees a GPU, else the CuPy stand-in of ``tests/cupy_standin.py``, which then measures the host
   side (pinned slots, uploads as NumPy copies);
+* ``blocklin_gemm``: a thin product ``A @ B`` (``B`` ``n x 4``, in memory) by ``blocklin.matmul`` on the
+  CPU at the same budget: the GEMM tile task's loaders (its output, ``m x 4``, is written too);
 * ``zarr``: zarr's own read, one chunk row of strips at a time into one reused buffer
   (``get_basic_selection(..., out=)``);
 * ``dask``: ``dask.array.from_zarr`` with a null ``map_blocks``, on the threaded scheduler;
@@ -49,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Every key of the JSON line (the test checks them).
 FIELDS = ("shape", "chunks", "operand_bytes", "cores", "load_average", "repeats", "gpu_backend", "raw",
-          "raw_limit", "blocklin_cpu", "blocklin_gpu", "zarr", "dask", "numpy_fromfile", "ratio_to_raw")
+          "raw_limit", "blocklin_cpu", "blocklin_gpu", "blocklin_gemm", "zarr", "dask", "numpy_fromfile", "ratio_to_raw")
 CODECS = ("none", "zstd")
 
 
@@ -138,6 +140,19 @@ def blocklin_feed(path: str, memory: int, device: str) -> dict:
         states, plan = run_pass(job, NULL_KERNEL, [source(op)], description="feed", check_finite=False)
     assert sum(states) == op.shape[0], "the null pass saw every row once"
     return {"strip": plan.strip, "workers": plan.workers, "prefetch": plan.prefetch, "loaders": plan.loaders}
+
+
+def blocklin_thin_product(path: str, memory: int, work: str) -> dict:
+    """``A @ B`` with ``B`` a thin in-memory ``n x 4`` block: the GEMM tile task's feed."""
+    import blocklin
+
+    a = blocklin.open(path)
+    b = np.random.default_rng(3).standard_normal((a.shape[1], 4))
+    out = os.path.join(work, "thin.zarr")
+    res = blocklin.matmul(path, b, out, memory=memory, device="cpu", check_finite=False, overwrite=True)
+    plan = res.report.get("plan", {}) if isinstance(res.report, dict) else {}
+    shutil.rmtree(out)
+    return {k: plan[k] for k in ("tm", "tn", "tk", "workers", "prefetch", "n_tasks") if k in plan}
 
 
 def gpu_backend() -> str:
@@ -242,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"shape": [m, n], "chunks": [args.chunk_rows, n], "operand_bytes": nbytes,
                                "cores": cores, "load_average": list(os.getloadavg()), "repeats": args.repeats,
                                "gpu_backend": backend, "raw": {}, "raw_limit": {}, "blocklin_cpu": {},
-                               "blocklin_gpu": {}, "zarr": {}, "dask": {}, "numpy_fromfile": None,
+                               "blocklin_gpu": {}, "blocklin_gemm": {}, "zarr": {}, "dask": {}, "numpy_fromfile": None,
                                "ratio_to_raw": {}}
     try:
         for codec in codecs:
@@ -257,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                 readers[f"cpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu")
                 if backend != "none":
                     readers[f"gpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "gpu")
+                readers[f"gemm_{f}"] = lambda b=budget: blocklin_thin_product(path, b, work)
             readers["zarr"] = lambda: zarr_read(path, args.chunk_rows)
             readers["dask"] = lambda: dask_read(path)
             if codec == "none":
@@ -270,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["dask"][codec] = rates["dask"]
             if codec == "none":
                 summary["numpy_fromfile"] = rates["numpy_fromfile"]
-            for dev in ("cpu", "gpu"):
+            for dev in ("cpu", "gpu", "gemm"):
                 got = {str(f): {"gbps": rates[f"{dev}_{f}"], "plan": plans.get(f"{dev}_{f}")}
                        for f in fractions if f"{dev}_{f}" in rates}
                 summary[f"blocklin_{dev}"][codec] = got
@@ -288,10 +304,10 @@ def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, ba
     print(f"-- {codec} chunks (GB/s, best round)")
     print("raw, threads: " + ", ".join(f"{t}: {r:.2f}" for t, r in raw.items()) + f"  (limit {limit:.2f})")
     for f in fractions:
-        for dev in ("cpu", "gpu"):
+        for dev in ("cpu", "gpu", "gemm"):
             if f"{dev}_{f}" in rates:
                 r = rates[f"{dev}_{f}"]
-                where = f"gpu ({backend})" if dev == "gpu" else "cpu"
+                where = {"cpu": "row pass, cpu", "gpu": f"row pass, gpu ({backend})", "gemm": "thin product, cpu"}[dev]
                 print(f"blocklin {where}, memory {f} of the operand: {r:.2f}  ({r / limit:.2f}x raw)")
     print(f"zarr: {rates['zarr']:.2f}   dask from_zarr: {rates['dask']:.2f}"
           + (f"   numpy fromfile: {rates['numpy_fromfile']:.2f}" if "numpy_fromfile" in rates else ""))

@@ -13,14 +13,24 @@ encodings, big-endian data) returns ``None`` from :func:`raw_access`, and caller
 Uncompressed arrays on fsspec stores are read the same way with range requests
 (``raw_access(arr, remote=True)``) where a block covers part of a chunk. Every read adds the bytes
 it fetched to :mod:`blocklin._readstats`.
+
+Local arrays whose chunks are compressed by zstd or blosc alone (:func:`decoded_access`) are read
+without zarr too: each chunk file is read whole and decoded by numcodecs straight into its place in
+the destination (through one chunk buffer only where the block holds part of the chunk), the chunks
+of one read decoded at once by the threads of a pool shared by every task of the process
+(:data:`DECODE_THREADS`; numcodecs releases the GIL while it decodes). Such reads still fetch and
+decode every chunk they touch whole, as zarr's do, so planners treat them as zarr reads (``"chunks"``).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import mmap
 import os
+import struct
 import sys
+import threading
 from typing import Any
 
 import numpy as np
@@ -229,6 +239,142 @@ class RawChunks:
                 os.replace(tmp, path)  # a reader never sees half a chunk
 
 
+#: Threads of the process's decode pool: the chunks of one read are decoded at once, at most this
+#: many (and at most as many as zarr keeps in flight, whose temporaries the planners count: a
+#: decoding thread holds a chunk's encoded bytes and, for a part of a chunk, one decoded chunk).
+DECODE_THREADS = max(1, min(os.cpu_count() or 1, 4))
+
+_pool_lock = threading.Lock()
+_pool: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # (pid, pool)
+
+
+def _decode_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's decode pool (a forked child makes its own: threads do not survive a fork)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), concurrent.futures.ThreadPoolExecutor(DECODE_THREADS,
+                                                                        thread_name_prefix="blocklin-decode"))
+        return _pool[1]
+
+
+def _zstd_size(frame: np.ndarray) -> int | None:
+    """The content size a zstd frame's header declares (RFC 8878), None when it declares none."""
+    if len(frame) < 6 or int.from_bytes(frame[:4].tobytes(), "little") != 0xFD2FB528:
+        return None
+    fhd = int(frame[4])
+    fcs_flag, single = fhd >> 6, (fhd >> 5) & 1
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    size = (1 if single else 0, 2, 4, 8)[fcs_flag]
+    if size == 0 or len(frame) < pos + size:
+        return None
+    value = int.from_bytes(frame[pos:pos + size].tobytes(), "little")
+    return value + 256 if size == 2 else value
+
+
+def _blosc_size(frame: np.ndarray) -> int | None:
+    """The decoded size a blosc header declares."""
+    return struct.unpack_from("<I", frame, 4)[0] if len(frame) >= 16 else None
+
+
+_DECODERS = {"ZstdCodec": ("Zstd", _zstd_size), "BloscCodec": ("Blosc", _blosc_size)}
+
+
+class DecodedChunks:
+    """Read blocks of a local array of zstd- or blosc-compressed chunks straight into place.
+
+    Each chunk touched is read whole and decoded by numcodecs into the destination when the block
+    holds the whole chunk, else into a chunk buffer whose wanted part is copied; a chunk whose
+    header does not declare exactly one chunk of bytes is an error (zarr then names it). A missing
+    chunk is the fill value.
+    """
+
+    def __init__(self, root: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: np.dtype,
+                 fill_value: Any, separator: str, codec: str) -> None:
+        self.root, self.shape, self.chunks, self.dtype = root, shape, chunks, dtype
+        self.fill_value, self.separator = fill_value, separator
+        name, self._size = _DECODERS[codec]
+        import numcodecs
+
+        self._codec = getattr(numcodecs, name)()
+        self.chunk_bytes = int(np.prod(chunks)) * dtype.itemsize
+
+    def _path(self, ci: int, cj: int) -> str:
+        return os.path.join(self.root, "c" + self.separator + str(ci) + self.separator + str(cj))
+
+    def _decode(self, ci: int, cj: int, dest: np.ndarray, r0: int, c0: int) -> None:
+        """Chunk ``(ci, cj)``'s rows ``r0:`` and columns ``c0:`` (``dest``'s shape) into ``dest``."""
+        try:
+            fd = os.open(self._path(ci, cj), os.O_RDONLY)
+        except FileNotFoundError:
+            dest.fill(self.fill_value)
+            return
+        try:
+            frame = np.empty(os.fstat(fd).st_size, dtype=np.uint8)
+            _pread_full(fd, frame, 0, 0)
+        finally:
+            os.close(fd)
+        readstats.count(frame.nbytes)
+        if self._size(frame) != self.chunk_bytes:
+            raise ValueError(f"the chunk's codec header declares {self._size(frame)} bytes, not {self.chunk_bytes}")
+        whole = dest.shape == self.chunks and dest.flags.c_contiguous
+        target = dest if whole else np.empty(self.chunks, dtype=self.dtype)
+        self._codec.decode(frame, out=target.reshape(-1).view(np.uint8))
+        if not whole:
+            dest[...] = target[r0:r0 + dest.shape[0], c0:c0 + dest.shape[1]]
+
+    def read(self, rows: slice, cols: slice, out: np.ndarray) -> np.ndarray:
+        """``out[...] = array[rows, cols]``, the chunks decoded by up to :data:`DECODE_THREADS` at once."""
+        ch_r, ch_c = self.chunks
+        r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
+        work = []
+        for ci in range(r0 // ch_r, (r1 - 1) // ch_r + 1 if r1 > r0 else 0):
+            gr0 = ci * ch_r
+            sr0, sr1 = max(r0, gr0), min(r1, gr0 + ch_r)
+            for cj in range(c0 // ch_c, (c1 - 1) // ch_c + 1 if c1 > c0 else 0):
+                gc0 = cj * ch_c
+                sc0, sc1 = max(c0, gc0), min(c1, gc0 + ch_c)
+                work.append((ci, cj, out[sr0 - r0:sr1 - r0, sc0 - c0:sc1 - c0], sr0 - gr0, sc0 - gc0))
+        if len(work) <= 1 or DECODE_THREADS == 1:
+            for item in work:
+                self._decode(*item)
+            return out
+        _run_all(_decode_pool(), self._decode, work, min(DECODE_THREADS, len(work)))
+        return out
+
+
+def _run_all(pool: concurrent.futures.ThreadPoolExecutor, fn: Any, work: list, lanes: int) -> None:
+    """``fn(*item)`` for every item, on ``lanes`` threads of ``pool`` at once; returns once none runs
+    any more (also when one fails or the caller is interrupted: nothing writes into the caller's
+    buffers after it), raising the first failure."""
+    items = iter(work)
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def lane() -> None:
+        while not stop.is_set():
+            with lock:
+                item = next(items, None)
+            if item is None:
+                return
+            try:
+                fn(*item)
+            except BaseException:
+                stop.set()
+                raise
+
+    futures = [pool.submit(readstats.in_context(lane)) for _ in range(lanes)]
+    try:
+        for f in futures:
+            f.result()
+    except BaseException:
+        stop.set()
+        for f in futures:
+            f.cancel()
+        concurrent.futures.wait(futures)
+        raise
+
+
 def _pread_full(fd: int, buf: np.ndarray, offset: int, done: int) -> None:
     """Fill the rest of ``buf`` (its first ``done`` bytes are in) from ``offset`` of ``fd``."""
     view = memoryview(buf)
@@ -256,28 +402,11 @@ def raw_access(arr: Any, *, remote: bool = False) -> RawChunks | None:
     only the rows wanted (whole chunks are left to zarr, which fetches several at once).
     """
     try:
-        meta = arr.metadata
-        if getattr(meta, "zarr_format", None) != 3 or len(arr.shape) != 2:
+        layout = _layout(arr)
+        if layout is None or layout[0]:
             return None
-        codecs = tuple(meta.codecs)
-        if len(codecs) != 1 or type(codecs[0]).__name__ != "BytesCodec":
-            return None
-        dtype = np.dtype(arr.dtype)
-        endian = getattr(codecs[0], "endian", None)
-        if dtype.itemsize > 1 and (getattr(endian, "value", endian) != "little" or sys.byteorder != "little"):
-            return None
-        if dtype.kind not in "fciub" or not dtype.isnative:
-            return None
-        cke = meta.chunk_key_encoding
-        if type(cke).__name__ != "DefaultChunkKeyEncoding":
-            return None
-        grid = meta.chunk_grid
-        if type(grid).__name__ != "RegularChunkGrid":
-            return None
+        args = layout[1:]
         store = arr.store
-        if getattr(arr, "path", ""):
-            return None
-        args = (tuple(arr.shape), tuple(grid.chunk_shape), dtype.str, meta.fill_value, cke.separator)
         if type(store).__name__ == "LocalStore":
             return _cached(str(store.root), *args)
         if remote and type(store).__name__ == "FsspecStore":
@@ -285,6 +414,47 @@ def raw_access(arr: Any, *, remote: bool = False) -> RawChunks | None:
         return None
     except Exception:  # any unexpected metadata shape: use zarr
         return None
+
+
+def decoded_access(arr: Any) -> DecodedChunks | None:
+    """A :class:`DecodedChunks` for a local zarr v3 array whose chunks are little-endian bytes
+    compressed by zstd or blosc alone (no checksum codec, no sharding), else None."""
+    try:
+        layout = _layout(arr)
+        if layout is None or layout[0] not in _DECODERS or type(arr.store).__name__ != "LocalStore":
+            return None
+        codec, shape, chunks, dt, fill, sep = layout
+        return DecodedChunks(str(arr.store.root), shape, chunks, np.dtype(dt), _fill_key(fill), sep, codec)
+    except Exception:  # any unexpected metadata shape: use zarr
+        return None
+
+
+def _layout(arr: Any) -> tuple | None:
+    """``(compressor, shape, chunks, dtype str, fill value, separator)`` of a 2-D zarr v3 array of
+    C-ordered native little-endian chunks under the default key encoding (``compressor``: ``""`` for
+    none, else the class name of its one bytes-to-bytes codec), or None for any other layout."""
+    meta = arr.metadata
+    if getattr(meta, "zarr_format", None) != 3 or len(arr.shape) != 2:
+        return None
+    codecs = tuple(meta.codecs)
+    if not 1 <= len(codecs) <= 2 or type(codecs[0]).__name__ != "BytesCodec":
+        return None
+    compressor = type(codecs[1]).__name__ if len(codecs) == 2 else ""
+    dtype = np.dtype(arr.dtype)
+    endian = getattr(codecs[0], "endian", None)
+    if dtype.itemsize > 1 and (getattr(endian, "value", endian) != "little" or sys.byteorder != "little"):
+        return None
+    if dtype.kind not in "fciub" or not dtype.isnative:
+        return None
+    cke = meta.chunk_key_encoding
+    if type(cke).__name__ != "DefaultChunkKeyEncoding":
+        return None
+    grid = meta.chunk_grid
+    if type(grid).__name__ != "RegularChunkGrid":
+        return None
+    if getattr(arr, "path", ""):
+        return None
+    return compressor, tuple(arr.shape), tuple(grid.chunk_shape), dtype.str, meta.fill_value, cke.separator
 
 
 def _remote(store: Any, *args: Any) -> RawChunks | None:

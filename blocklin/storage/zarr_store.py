@@ -20,7 +20,7 @@ from blocklin.errors import ConfigError, StoreNotFoundError, StoreReadError, Unc
 from blocklin.storage.backend import backend, zarr_store
 from blocklin.storage.location import Location, as_location, store_location
 import blocklin._readstats as readstats
-from blocklin.storage.rawchunks import raw_access
+from blocklin.storage.rawchunks import decoded_access, raw_access
 from blocklin.storage.readerrors import check_metadata, reading
 from blocklin.storage.space import check_space, writing
 
@@ -289,6 +289,12 @@ def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | Non
                 out = np.empty(shape, dtype=arr.dtype)
             if out.flags.c_contiguous and out.shape == shape and out.dtype == arr.dtype:
                 return raw.read(rows, cols, out)
+    dec = decoded_access(arr) if out is not None and out.flags.c_contiguous and out.dtype == arr.dtype else None
+    if dec is not None:  # compressed local chunks: decoded straight into out, several at once
+        rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
+        if rows.step in (None, 1) and cols.step in (None, 1) and out.shape == (rows.stop - rows.start,
+                                                                               cols.stop - cols.start):
+            return dec.read(rows, cols, out)
     if out is None:
         out = np.asarray(arr[rows, cols])
     elif out.flags.c_contiguous:
