@@ -59,6 +59,20 @@ def test_gemm_plan_budget_error_names_minimum():
     assert plan.peak_memory <= 13 * 2**20
 
 
+@settings(derandomize=True, max_examples=60, deadline=None)
+@given(m=st.integers(1, 4000), n=st.integers(1, 4000), k=st.integers(1, 4000), c=st.integers(16, 700),
+       device_memory=st.integers(2**14, 2**26), workers=st.integers(1, 3))
+def test_gemm_plan_device_budget_minimum_plans(m, n, k, c, device_memory, workers):
+    """On a GPU with a roomy host budget the refusal names the device budget's minimum, and it plans."""
+    kw = dict(a_chunks=(c, c), b_chunks=(c, c), memory=2**34, workers=workers, cores=4, device="gpu")
+    try:
+        plan_gemm(m, n, k, "float64", device_memory=device_memory, **kw)
+    except BudgetError as exc:
+        assert "device_memory" in str(exc) and exc.minimum > device_memory
+        again = plan_gemm(m, n, k, "float64", device_memory=exc.minimum, **kw)
+        assert again.device_peak <= exc.minimum
+
+
 @settings(derandomize=True, max_examples=100, deadline=None)
 @given(m=st.integers(1, 100000), row_bytes=st.integers(1, 10**5), chunk=st.integers(1, 5000),
        memory=st.integers(2**16, 2**30), workers=st.integers(1, 3))
