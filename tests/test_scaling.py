@@ -230,6 +230,22 @@ def test_solve_wide_and_square():
                 assert 0 < x.report["backward_error"] <= 10 * eps(np.float64)  # LAPACK's level, never 0 or NaN
 
 
+@pytest.mark.slow
+def test_stored_gram_route_refuses_what_it_cannot_scale():
+    """A Gram over the budget is stored and summed from unscaled squares: exact where they fit (2^200),
+    refused with the fix where they underflow whole (2^-560), never a misleading 'not positive definite'."""
+    rng = np.random.default_rng(12)
+    a, b = rng.standard_normal((1500, 300)), rng.standard_normal((1500, 1))
+    ref = bl.solve(a, b, lam=0.1, memory="600KiB")
+    assert "exceeds" in ref.report["method_reason"]
+    got = bl.solve(np.ldexp(a, 200), np.ldexp(b, 200), lam=float(np.ldexp(0.1, 200)), memory="600KiB")
+    # the same roundings with other exponents (no under- or overflow at 2^200): within two runs' bound
+    assert_close_to(got.to_numpy(), ref.to_numpy(), bound=4 * 1500 * eps(np.float64) * np.linalg.norm(ref.to_numpy()),
+                    what="stored-Gram solve at 2^200")
+    with pytest.raises(ParameterError, match="scale a \\(and b\\) by a power of two"):
+        bl.solve(np.ldexp(a, -560), np.ldexp(b, -560), lam=float(np.ldexp(0.1, -560)), memory="600KiB")
+
+
 def test_solve_float32():
     a, b = _lstsq_problem()
     a, b = a.astype(np.float32), b.astype(np.float32)

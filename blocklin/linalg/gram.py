@@ -99,20 +99,10 @@ class Gram:
         return self._run_pass(job, plan, out_path)
 
     def _check_tiles(self, plan: GramPlan, out_path: Any) -> None:
-        """The tiled route sums unscaled squares: its diagonal (each column's sum of squares, the
-        largest entries of a Gram) says whether they overflowed, or fell where float64 keeps a few bits;
-        refused then, naming the fix (the pass route scales by itself)."""
-        arr = open_zarr(out_path, mode="r+")  # this run's own partial output
-        diag = np.concatenate([np.diag(np.asarray(arr[r0:r1, r0:r1], dtype=np.float64))
-                               for r0, r1 in split(plan.s, plan.out_chunks[0])])
-        fi = np.finfo(self.dtype)
-        top = float(np.max(np.abs(diag))) if diag.size else 0.0
-        if not np.isfinite(top) or 0 < top < 2.0 ** (fi.minexp + fi.nmant):
-            raise ParameterError(explain_msg(
-                "a", f"must have a Gram matrix within the range of {self.dtype.name} (the tiled route, for a "
-                f"result over the budget, sums unscaled squares)", f"a diagonal entry of {top:.3g}",
-                "scale a by a power of two so that its entries sit near 1 (exact) and scale the result back "
-                "by its square, or raise memory= so the pass route (which scales by itself) holds the result"))
+        """The tiled route sums unscaled squares: refused where they left the range (:func:`check_diagonal`)."""
+        check_diagonal(out_path, plan.s, plan.out_chunks[0], self.dtype, "the tiled route, for a result over the "
+                       "budget, sums unscaled squares", "or raise memory= so the pass route (which scales by "
+                       "itself) holds the result")
 
     def _unscaled(self, g: np.ndarray, scaling: Scaling) -> np.ndarray:
         """``alpha 2^(2e) G'`` from the Gram ``G'`` of ``2^-e A`` (exact for a power-of-two ``alpha``);
@@ -154,6 +144,22 @@ class Gram:
         job.stats["bytes_written"] += plan.bytes_written
         job.stats["flops"] += plan.flops
         return scaling.report()
+
+
+def check_diagonal(path: Any, s: int, chunk: int, dtype: Any, why: str, fix: str, *, zero_ok: bool = True) -> None:
+    """Refuse a stored Gram matrix whose diagonal (each column's sum of squares, its largest entries)
+    overflowed, or fell where float64 keeps only a few bits: computed from unscaled squares, it would
+    be Inf or lost digits (``zero_ok=False``: a zero diagonal too, squares that underflowed whole).
+    Reads the ``s / chunk`` diagonal blocks of this run's own output."""
+    arr = open_zarr(path, mode="r+")
+    diag = np.concatenate([np.diag(np.asarray(arr[r0:r1, r0:r1], dtype=np.float64)) for r0, r1 in split(s, chunk)])
+    fi = np.finfo(np.dtype(dtype))
+    top = float(np.max(np.abs(diag))) if diag.size else 0.0
+    if not np.isfinite(top) or 0 < top < 2.0 ** (fi.minexp + fi.nmant) or (top == 0 and not zero_ok):
+        raise ParameterError(explain_msg(
+            "a", f"must have a Gram matrix within the range of {np.dtype(dtype).name} ({why})",
+            f"a diagonal entry of {top:.3g}", "scale a (and b) by a power of two so that the entries sit near 1 "
+            f"(exact) and scale the result back, {fix}"))
 
 
 def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, overwrite: bool = False,

@@ -130,6 +130,12 @@ class _GramSolve:
             rhs=None if self.wide else Region.of(self.B.path, self.B.shape),
             rhs_out=None if self.wide else self.region(self.c, self.n),
             description=f"Gram blocks {'A A^T' if self.wide else 'A^T A, A^T b'} + lam^2 I") and None)
+        from blocklin.linalg.gram import check_diagonal
+
+        # the stored Gram is summed from unscaled squares: refused where they left float64's range
+        check_diagonal(g_path, s, self.t, F64, "the stored-Gram route, for a Gram over the budget, sums unscaled "
+                       "squares", "or raise memory= so the in-memory routes (which scale by themselves) hold it",
+                       zero_ok=self.lam == 0)  # lam > 0 makes a diagonal of zeros an underflow
         self.step("cholesky", lambda: self.ops.cholesky(
             Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=F64, check=False, done_dir=self.markers,
             description="Cholesky of the Gram matrix") and None)
