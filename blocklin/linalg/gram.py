@@ -146,7 +146,8 @@ class Gram:
         return scaling.report()
 
 
-def check_diagonal(path: Any, s: int, chunk: int, dtype: Any, why: str, fix: str, *, zero_ok: bool = True) -> None:
+def check_diagonal(path: Any, s: int, chunk: int, dtype: Any, why: str, fix: str, *, zero_ok: bool = True,
+                   operands: str = "a") -> None:
     """Refuse a stored Gram matrix whose diagonal (each column's sum of squares, its largest entries)
     overflowed, or fell where float64 keeps only a few bits: computed from unscaled squares, it would
     be Inf or lost digits (``zero_ok=False``: a zero diagonal too, squares that underflowed whole).
@@ -158,7 +159,7 @@ def check_diagonal(path: Any, s: int, chunk: int, dtype: Any, why: str, fix: str
     if not np.isfinite(top) or 0 < top < 2.0 ** (fi.minexp + fi.nmant) or (top == 0 and not zero_ok):
         raise ParameterError(explain_msg(
             "a", f"must have a Gram matrix within the range of {np.dtype(dtype).name} ({why})",
-            f"a diagonal entry of {top:.3g}", "scale a (and b) by a power of two so that the entries sit near 1 "
+            f"a diagonal entry of {top:.3g}", f"scale {operands} by a power of two so that the entries sit near 1 "
             f"(exact) and scale the result back, {fix}"))
 
 

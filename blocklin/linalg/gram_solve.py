@@ -135,7 +135,7 @@ class _GramSolve:
         # the stored Gram is summed from unscaled squares: refused where they left float64's range
         check_diagonal(g_path, s, self.t, F64, "the stored-Gram route, for a Gram over the budget, sums unscaled "
                        "squares", "or raise memory= so the in-memory routes (which scale by themselves) hold it",
-                       zero_ok=self.lam == 0)  # lam > 0 makes a diagonal of zeros an underflow
+                       zero_ok=self.lam == 0, operands="a (and b)")  # lam > 0: a zero diagonal underflowed
         self.step("cholesky", lambda: self.ops.cholesky(
             Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=F64, check=False, done_dir=self.markers,
             description="Cholesky of the Gram matrix") and None)
