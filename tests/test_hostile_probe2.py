@@ -129,6 +129,17 @@ def test_integers_are_refused_with_the_conversion(tmp_path):
             call()
 
 
+
+def test_integers_with_a_float_dtype_are_cast_and_right(tmp_path):
+    """``dtype="float64"`` on integer data is the cast NumPy makes: the Gram and the same-operand
+    product are exact here (small integers, sums far below 2^53)."""
+    a = np.arange(12, dtype=np.int64).reshape(4, 3)
+    A = bl.from_array(a, str(tmp_path / "i.zarr"))
+    ref = a.T.astype(np.float64) @ a
+    assert np.array_equal(bl.gram(A, dtype="float64")[...], ref)
+    assert np.array_equal(bl.matmul(A, A, trans_a=True, dtype="float64")[...], ref)
+
+
 # ---------------------------------------------------------------- runaways
 
 

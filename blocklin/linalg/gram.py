@@ -133,7 +133,7 @@ class Gram:
         pp = plan.pass_plan
         rp = RowPassPlan(**{**pp, "groups": tuple(tuple(g) for g in pp["groups"])})
         src = self.source()
-        scaling = Scaling(str(src.path), self.A.dtype)
+        scaling = Scaling(str(src.path), self.dtype)  # the squares are formed in the result's dtype
         g = scaling.run(job, lambda sc: sum_gram_states(run_pass(
             job, gram_pass_kernel, [src], {"dtype": self.dtype.name, "gpu": job.device == "gpu"}, plan=rp,
             scale=sc, description=f"Gram {plan.product} (SYRK)").states))

@@ -36,7 +36,10 @@ def safe_range(dtype: Any) -> tuple[float, float]:
     the square of an entry ``eps`` below the largest stays above the smallest normal number
     (``2^(-maxexp/2 - 2 mant)`` > ``2^(minexp)``), so a Gram keeps its relative accuracy.
     """
-    q = np.finfo(np.dtype(dtype)).maxexp // 4
+    dt = np.dtype(dtype)
+    if dt.kind not in "fc":  # integers are computed on as float64 (the cast NumPy and SciPy make)
+        dt = np.dtype(np.float64)
+    q = np.finfo(dt).maxexp // 4
     return 2.0 ** -q, 2.0 ** q
 
 
