@@ -185,6 +185,22 @@ def test_factor_tiny_tiles_are_refused_by_the_task_limit(spd300, kind):
         assert np.linalg.norm(f @ f.T - ref) <= 4 * 300 * np.finfo(float).eps * np.linalg.norm(ref)
 
 
+def test_tile_qr_tiny_tiles_are_refused_with_the_least_tile(spd300):
+    """``factor qr --method tiles --tile 1`` on 300 x 300 plans 4.5 million tile tasks: refused at
+    once naming the smallest tile side within the limit (not a memory raise, which would not help)."""
+    from blocklin.plan.factor import MAX_TILE_UPDATES
+    from blocklin.plan.qrtiles import plan_tile_qr, tile_tasks
+
+    d, _ = spd300
+    r = _cli(["factor", "qr", str(d / "S.zarr"), "-o", str(d / "tq1.zarr"), "--tile", "1", "--memory", MEM,
+              "--method", "tiles"], timeout=60)
+    assert r.returncode == ui.EXIT_ERROR and not (d / "tq1.zarr").exists()
+    least = int(r.stderr.split("--tile ")[-1].split(")")[0])
+    _one_error_line(r.stderr, "tile", str(MAX_TILE_UPDATES), f"--tile {least}")
+    assert tile_tasks(300, 300, least) <= MAX_TILE_UPDATES < tile_tasks(300, 300, least - 1)
+    assert plan_tile_qr(300, 300, "float64", memory=2**30, tile=least).tile == least  # the fix plans
+
+
 def test_tile_limit_when_the_budget_forces_small_tiles():
     from blocklin.plan.factor import plan_factor
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from blocklin.config import format_size
-from blocklin.errors import BudgetError, explain
-from blocklin.plan.factor import TILE_SIDES, FactorPlan
+from blocklin.errors import BudgetError, ParameterError, explain
+from blocklin.plan.factor import MAX_TILE_UPDATES, TILE_SIDES, FactorPlan
 
 #: Tile-sized buffers of one tile task: the running top tile, the tile below it, the reflectors
 #: ``V`` and ``T`` of the step, LAPACK's copies of both outputs, and the stores' encode buffers.
@@ -57,6 +57,25 @@ def q_strip_width(m: int, t: int, itemsize: int, memory: int) -> int:
     return next(w for w in range(width, 0, -1) if t % w == 0)
 
 
+def tile_tasks(m: int, n: int, t: int) -> int:
+    """Tile tasks of the tile QR of an ``m x n`` matrix with tiles of ``t``: ``sum_k (nt - k)(mt - k)``."""
+    nt, mt = max(1, math.ceil(n / t)), max(1, math.ceil(m / t))
+    return sum((nt - k) * (mt - k) for k in range(nt))
+
+
+def _refuse_tiny_tiles(m: int, n: int, tile: int, tasks: int, memory: int) -> None:
+    """A tile so small that the plan exceeds :data:`~blocklin.plan.factor.MAX_TILE_UPDATES` tasks:
+    refused with the smallest tile side that stays within it (the count falls as the tile grows)."""
+    lo, hi = tile, max(n, 1)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if tile_tasks(m, n, mid) <= MAX_TILE_UPDATES else (mid + 1, hi)
+    raise ParameterError(explain(
+        "tile", f"a tile QR plans at most {MAX_TILE_UPDATES} tile tasks (smaller tiles spend the time on per-tile "
+        "reads)", f"tile {tile} on a {m} x {n} matrix: {tasks} tasks", f"pass tile >= {lo} (--tile {lo}), or omit "
+        "it for the planned tile"))
+
+
 def plan_tile_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
                  tile: int | None = None) -> TileQRPlan:
     """Tile side of the tile QR of an ``m x n`` matrix (``m >= n``): the largest of
@@ -82,7 +101,9 @@ def plan_tile_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, 
                                       "the tile QR", format_size(memory), f"raise it to at least {format_size(need)}"))
     tile = max(1, min(int(tile), max(n, 1)))
     nt, mt = max(1, math.ceil(n / tile)), max(1, math.ceil(m / tile))
-    tasks = sum((nt - k) * (mt - k) for k in range(nt))
+    tasks = tile_tasks(m, n, tile)
+    if tasks > MAX_TILE_UPDATES:
+        _refuse_tiny_tiles(m, n, tile, tasks, memory)
     width = q_strip_width(m, tile, dt.itemsize, memory)
     peak = max(tile_qr_bytes(m, n, tile, dt.itemsize), 2 * m * width * dt.itemsize + 4 * tile * tile * dt.itemsize)
     return TileQRPlan(operation="qr-tiles", m=m, n=n, dtype=dt.name, tile=tile, tiles=nt, workers=1,
@@ -91,4 +112,4 @@ def plan_tile_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, 
                       row_tiles=mt, inner_block=min(INNER_BLOCK, tile), q_width=width)
 
 
-__all__ = ["INNER_BLOCK", "TILE_QR_BUFFERS", "TileQRPlan", "plan_tile_qr", "q_strip_width", "tile_qr_bytes"]
+__all__ = ["INNER_BLOCK", "TILE_QR_BUFFERS", "TileQRPlan", "plan_tile_qr", "q_strip_width", "tile_qr_bytes", "tile_tasks"]
