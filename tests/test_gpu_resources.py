@@ -12,6 +12,7 @@ import cupy_standin
 
 import blocklin as bl
 from blocklin.device.cuda import CudaDevice, DeviceBudget
+from blocklin.config import parse_size
 from blocklin.device.select import gpu_for_worker
 from blocklin.errors import DeviceError
 from tolerances import assert_gram, assert_product, assert_ritz_values
@@ -260,4 +261,40 @@ def test_a_local_cluster_on_two_gpus_runs_one_worker_per_gpu(standin, monkeypatc
     assert np.all(np.abs(r.to_numpy() - a @ b) <= 4 * 128 * np.finfo(float).eps * (np.abs(a) @ np.abs(b)))
     assert sorted(d.device_id for d in CudaDevice.instances()) == [0, 1]
     assert all(0 < DeviceBudget.of(i).peak <= 128 << 10 for i in (0, 1))
+    assert cupy_standin.take_races() == []
+
+
+# -- devices that persist across the jobs of one process --------------------------------------------
+@pytest.fixture
+def limits(monkeypatch):
+    """``(bytes, budget)`` of every ``DeviceBudget.hold`` during the test, in order."""
+    seen = []
+    hold = DeviceBudget.hold
+
+    def record(self, nbytes, limit):
+        seen.append((nbytes, limit))
+        return hold(self, nbytes, limit)
+
+    monkeypatch.setattr(DeviceBudget, "hold", record)
+    return seen
+
+
+@pytest.mark.parametrize("first, second", [("4MiB", "512MiB"), ("512MiB", "4MiB")])
+def test_each_job_holds_its_own_device_budget(standin, limits, first, second):
+    """A thread's device outlives the job that created it: the next job on the same threads holds its
+    tasks to its own ``device_memory``, not the first job's (a smaller first budget serialized the
+    second job's tasks; a larger one let the second exceed its budget)."""
+    t, n = 32, 160
+    a = _spd(n)
+    budget = DeviceBudget.of(0)
+    for mem in (first, second):
+        del limits[:]
+        budget.peak = 0
+        f = bl.cholesky(a, tile=t, device="gpu", workers=4, scheduler="threads", device_memory=mem)
+        # Cholesky's backward error is about n eps ||A|| (Higham 2002, Thm. 10.3): 4 n eps as a
+        # forward bound for cond(A) of a few
+        np.testing.assert_allclose(f[...], np.linalg.cholesky(a), rtol=0, atol=4 * n * np.finfo(float).eps * 4)
+        want = parse_size(mem)
+        assert limits and {lim for _, lim in limits} == {want}, (mem, {lim for _, lim in limits})
+        assert budget.peak <= max(want, max(b for b, _ in limits)) and budget.held == 0
     assert cupy_standin.take_races() == []

@@ -121,7 +121,12 @@ class CudaDevice(Device):
     @classmethod
     def current(cls, device_memory: int | None = None) -> CudaDevice:
         """One instance per thread (streams are not shared between concurrent tile tasks), on the GPU of
-        the worker it runs in (:func:`blocklin.device.select.gpu_for_worker`)."""
+        the worker it runs in (:func:`blocklin.device.select.gpu_for_worker`).
+
+        ``device_memory`` is the budget of the calling task's job, set on every call: the instance
+        outlives the job that created it, and the tasks of a later job on this thread hold their own
+        job's budget (a task asks for its device right before it reserves).
+        """
         key = threading.get_ident()
         with cls._lock:
             inst = cls._instances.get(key)
@@ -132,6 +137,7 @@ class CudaDevice(Device):
             elif inst.cp.cuda.runtime.getDevice() != inst.device_id:
                 # a new thread with the identifier of an ended one inherits its device and streams
                 inst.cp.cuda.Device(inst.device_id).use()
+            inst.device_memory = device_memory
             return inst
 
     @classmethod
