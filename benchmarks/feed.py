@@ -51,7 +51,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Every key of the JSON line (the test checks them).
 FIELDS = ("shape", "chunks", "operand_bytes", "cores", "load_average", "repeats", "gpu_backend", "raw",
-          "raw_limit", "blocklin_cpu", "blocklin_gpu", "blocklin_gemm", "zarr", "dask", "numpy_fromfile", "ratio_to_raw")
+          "raw_limit", "blocklin_cpu", "blocklin_gpu", "blocklin_gemm", "zarr", "dask", "numpy_fromfile",
+          "ratio_to_raw")
 CODECS = ("none", "zstd")
 
 
@@ -246,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"--codecs: {bad} not among {list(CODECS)}")
     cores = os.cpu_count() or 1
-    threads = sorted({t for t in (1, 2, 4, 8, 16, 32, 64, cores, args.threads or cores) if t <= (args.threads or cores)})
+    most = args.threads or cores
+    threads = sorted({t for t in (1, 2, 4, 8, 16, 32, 64, most) if t <= most})
     n = args.cols
     m = max(args.chunk_rows, int(args.gib * 2**30) // (8 * n) // args.chunk_rows * args.chunk_rows)
     nbytes = m * n * 8

@@ -20,6 +20,7 @@ import numpy as np
 
 import blocklin._memory as _memory
 from blocklin.device import TileStream, get_device, pool
+from blocklin.device.stream import start_lane
 from blocklin.errors import NonFiniteError, explain
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import GemmPlan
@@ -168,7 +169,7 @@ def check_finite(block: np.ndarray, name: str, rows: slice, cols: slice) -> None
 
 
 class StripWriter:
-    """Writes row strips of an output tile on a background thread.
+    """Writes row strips of an output tile on a background thread (a kept one: :func:`start_lane`).
 
     Strips cover whole chunk rows of the output, so concurrent writes never touch one chunk. Queued
     strips are views of the accumulator (host) or rotating download buffers (GPU, bounded by their
@@ -180,8 +181,7 @@ class StripWriter:
         self.arr, self.rows, self.cols = arr, rows, cols
         self.queue: queue.Queue = queue.Queue()
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="blocklin-writer", daemon=True)
-        self.thread.start()
+        self.thread = start_lane(self._run, "blocklin-writer")  # a kept thread: no thread start per tile
 
     def _run(self) -> None:
         while True:
