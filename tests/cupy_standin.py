@@ -73,6 +73,7 @@ class _State:
         self.pinned_peak = 0  # high-water mark of pinned_used + pinned_free
         self.device_count = 1  # CUDA devices the runtime reports (tests of the per-worker mapping)
         self.device_used = 0  # bytes held by live device arrays (the pool's used bytes)
+        self.device_peak = 0  # high-water mark of device_used
         self.device_cached = 0  # freed blocks the pool keeps
         self.free_blocks: dict[tuple[int, int], list] = {}  # (arena stream id, bytes) -> freed blocks
         self.others = 0  # bytes other processes hold on the device
@@ -332,6 +333,7 @@ class _Alloc:
             self.bytes = np.full(max(nbytes, 1), 0x5A, dtype=np.uint8)  # garbage, as cudaMalloc leaves it
             self.records: list[_Access] = []
         STATE.device_used += nbytes
+        STATE.device_peak = max(STATE.device_peak, STATE.device_used)
         weakref.finalize(self, _Alloc._free, arena.id, nbytes, self.bytes, self.records, self.name)
 
     @staticmethod

@@ -298,3 +298,37 @@ def test_each_job_holds_its_own_device_budget(standin, limits, first, second):
         assert limits and {lim for _, lim in limits} == {want}, (mem, {lim for _, lim in limits})
         assert budget.peak <= max(want, max(b for b, _ in limits)) and budget.held == 0
     assert cupy_standin.take_races() == []
+
+
+def test_new_device_slots_replace_the_old_ones_without_holding_both(standin):
+    """A change of slot shapes freed the old slots only after the new ones were allocated: the peak
+    was old plus new."""
+    dev = CudaDevice.current()
+    dev.slots(2, [(64, 32), (32, 64)], np.float64)
+    old = 2 * 2 * 64 * 32 * 8
+    assert cupy_standin.STATE.device_used == old
+    cupy_standin.STATE.device_peak = 0
+    dev.slots(2, [(128, 32), (32, 128)], np.float64)
+    new = 2 * 2 * 128 * 32 * 8
+    assert cupy_standin.STATE.device_used == new
+    assert cupy_standin.STATE.device_peak == new
+    assert cupy_standin.take_races() == []
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_no_device_bytes_stay_allocated_after_a_job(standin, tmp_path, workers):
+    """Each thread's panel slots outlived the job (CuPy's pool never returns live blocks, and the next
+    job's default budget counted them as free): after a job, nothing blocklin allocated is live on
+    the device, and the pool caches nothing either."""
+    rng = np.random.default_rng(6)
+    a, b = rng.standard_normal((256, 256)), rng.standard_normal((256, 192))
+    A = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32))
+    base = cupy_standin.STATE.device_used
+    c = bl.matmul(A, b, tmp_path / "c.zarr", device="gpu", memory="256KiB", device_memory="96KiB",
+                  workers=workers, scheduler="threads")
+    assert_product(c.to_numpy(), a @ b, a, b)
+    assert cupy_standin.STATE.device_peak > base  # the job did use the device
+    assert cupy_standin.STATE.device_used == base
+    assert cupy_standin.STATE.device_cached == 0
+    assert all(not inst._dev_slots for inst in CudaDevice.instances())
+    assert cupy_standin.take_races() == []

@@ -179,6 +179,7 @@ def test_bad_inputs(rng, tmp_path):
     assert np.all(np.isfinite(x.to_numpy()))
 
 
+@pytest.mark.slow  # a LocalCluster of its own; solve on a cluster is also checked bit for bit in test_determinism
 def test_distributed_matches_local(rng):
     distributed = pytest.importorskip("distributed")
     a = rng.standard_normal((3000, 16))

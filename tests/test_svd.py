@@ -268,6 +268,7 @@ def test_cli_svd_and_plot(tmp_path, capsys):
     assert not (tmp_path / "g.zarr").exists()
 
 
+@pytest.mark.slow  # a LocalCluster of its own; svd on a cluster is also checked bit for bit in test_determinism
 def test_distributed_matches_local():
     distributed = pytest.importorskip("distributed")
     a, _ = make(1500, 60, "flat_tail", seed=3)

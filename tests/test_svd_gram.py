@@ -90,6 +90,7 @@ def test_gram_continues_with_lanczos_where_tol_is_missed(monkeypatch):
     np.testing.assert_allclose(res.s, s0, rtol=1e-9)
 
 
+@pytest.mark.slow  # a converged Lanczos on 12000 x 400 at 3 MiB; the route choice is also in the auto cases above
 def test_gram_over_budget_auto_takes_lanczos_and_explicit_refuses():
     a = make(12000, 400, slow(400), seed=4)  # the 400 x 400 Gram route needs about 5 MiB of in-core work
     res = bl.svd(a, 20, seed=0, memory="3MiB")

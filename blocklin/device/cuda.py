@@ -116,6 +116,9 @@ class CudaDevice(Device):
         self._uploaded: dict[int, Any] = {}  # slot -> event after the last upload from its host buffers
         self._used: dict[int, Any] = {}  # slot -> event after the last compute that read its device buffers
         self._tf32 = False
+        self._state_lock = threading.Lock()
+        self._active = 0  # tasks holding the budget through this device (see reserve)
+        self._release_pending = False
         self._timeline: list[list[tuple[Any, Any]]] = []  # per tile stream: (start, end) events of each GEMM
 
     @classmethod
@@ -171,11 +174,23 @@ class CudaDevice(Device):
 
     @classmethod
     def release_all(cls) -> None:
-        """End of a job: drain every thread's device and return its pinned host memory to the OS."""
+        """End of a job: drain every thread's device, free its device slots and return its pinned host
+        memory to the OS.
+
+        The devices outlive the job (one per thread), their slots must not: CuPy's pool never returns
+        live blocks, and the next job's budget would count them as free. The pool's cached blocks go
+        back to the driver too, so other processes (and the next job's measured budget) see them free.
+        """
         with cls._lock:
             insts = list(cls._instances.values())
         for inst in insts:
             inst.release_pinned()
+            with inst._state_lock:
+                busy = inst._release_pending = inst._active > 0  # a task of a concurrent job: freed after it
+            if not busy:
+                inst.release_slots()
+        if insts:
+            insts[0].cp.get_default_memory_pool().free_all_blocks()
 
     @classmethod
     def reset(cls) -> None:
@@ -185,10 +200,26 @@ class CudaDevice(Device):
             cls._instances.clear()
 
     # -- memory -----------------------------------------------------------------------------------
-    def reserve(self, nbytes: int) -> contextlib.AbstractContextManager:
-        """Hold ``nbytes`` of this GPU's budget (``device_memory``, else 80% of :meth:`usable_memory`)."""
+    @contextlib.contextmanager
+    def reserve(self, nbytes: int) -> Iterator[None]:
+        """Hold ``nbytes`` of this GPU's budget (``device_memory``, else 80% of :meth:`usable_memory`).
+
+        While a task holds it, the end of another job (:meth:`release_all`) leaves this device's slots
+        to the task and frees them when it ends.
+        """
         budget = self.device_memory or int(0.8 * self.usable_memory())
-        return DeviceBudget.of(self.device_id).hold(int(nbytes), budget)
+        with self._state_lock:
+            self._active += 1
+        try:
+            with DeviceBudget.of(self.device_id).hold(int(nbytes), budget):
+                yield
+        finally:
+            with self._state_lock:
+                self._active -= 1
+                release = self._active == 0 and self._release_pending
+                self._release_pending = self._release_pending and not release
+            if release:
+                self.release_slots()
 
     def free_memory(self) -> int:
         """Bytes this process may still allocate: free memory plus the blocks CuPy's pool caches.
@@ -265,6 +296,14 @@ class CudaDevice(Device):
         self.cp.get_default_pinned_memory_pool().free_all_blocks()
 
     # -- operand slots ----------------------------------------------------------------------------
+    def release_slots(self) -> None:
+        """Free this device's slots (after the work queued on them ran); the next stream allocates anew."""
+        self.synchronize()
+        self._dev_slots = []
+        self._slot_spec = []
+        self._used.clear()
+        self._uploaded.clear()
+
     def slots(self, n: int, shapes: list[tuple[int, ...]], dtype: Any) -> None:
         """Prepare ``n`` device slots; ``dtype`` is one dtype or one per operand (the uploaded dtype)."""
         dtypes = [np.dtype(d) for d in dtype] if isinstance(dtype, (list, tuple)) else [np.dtype(dtype)] * len(shapes)
@@ -273,6 +312,8 @@ class CudaDevice(Device):
             # The previous stream's uploads into, and reads of, the old slots must be finished before
             # they are freed: CuPy's pool would hand the memory to the next allocation at once.
             self.synchronize()
+            # Free the old slots before allocating the new ones: holding both would need their sum.
+            self._dev_slots = []
             with self.compute:
                 self._dev_slots = [tuple(self.cp.empty(int(np.prod(s)), dtype=d) for s, d in want) for _ in range(n)]
             self._slot_spec = want
