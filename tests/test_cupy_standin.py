@@ -453,6 +453,7 @@ def test_dense_failures_raise_on_every_device(standin, kind):
     assert cupy_standin.take_races() == []
 
 
+@pytest.mark.slow  # the whole benchmark at its dry-run sizes (the slowest test of the default run before)
 def test_gpu_check_runs_on_the_standin(standin, tmp_path, capsys):
     """benchmarks/gpu_check.py's code paths at small sizes: correctness, out-of-core GEMM, overlap, inverse."""
     import importlib.util
