@@ -77,7 +77,7 @@ STRICT = """
 @needs_hwm
 # the default route out of core (LU panels, then row strips of the inverse); the smallest budgets are
 # test_inverse_lu_route_peak_within_tiny_budgets
-@pytest.mark.parametrize("memory_mib", [16, 32])
+@pytest.mark.parametrize("memory_mib", [16, pytest.param(32, marks=pytest.mark.slow)])  # 32: in the slow job
 def test_inverse_peak_within_small_budgets(tmp_path, memory_mib):
     n = 2048  # 32 MiB
     a = bl.random(tmp_path / "a.zarr", (n, n), seed=3, chunks=(512, 512))
@@ -94,7 +94,9 @@ def test_inverse_peak_within_small_budgets(tmp_path, memory_mib):
 # n = 1024 at 2 MiB (64-column panels). Before the rows task streamed into reused buffers and counted
 # what it holds, the first two peaked at 1.3-1.8x the budget; the third at 2.2-2.7 MiB (1.1-1.35x)
 # before the LU panels read the input in row blocks and returned the free pages of the steps before.
-@pytest.mark.parametrize("n, memory_mib", [(1024, 2), (1024, 4), (2048, 8)])
+# the tightest (1024 at 2 MiB) in the default run, the other two in the slow job
+@pytest.mark.parametrize("n, memory_mib", [(1024, 2), pytest.param(1024, 4, marks=pytest.mark.slow),
+                                           pytest.param(2048, 8, marks=pytest.mark.slow)])
 def test_inverse_lu_route_peak_within_tiny_budgets(tmp_path, n, memory_mib):
     rng = np.random.default_rng(5)
     a_np = rng.standard_normal((n, n))
