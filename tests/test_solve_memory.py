@@ -34,7 +34,7 @@ CHILD = """
 
 
 @needs_hwm
-@pytest.mark.parametrize("memory_mib", [2, 4])
+@pytest.mark.parametrize("memory_mib", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: in the slow job
 def test_gen_solve_peak_within_budget(tmp_path, memory_mib):
     n = 1024  # 8 MiB: 2x and 4x the budget
     budget = memory_mib * 2**20
