@@ -28,8 +28,13 @@ Races are collected in :data:`STATE` (``STATE.races``); ``check()`` raises :clas
   CuPy's pool does, without waiting for other streams): a freed buffer another stream still uses
   shows up as a race.
 
+- The pinned pool rounds every request up to a power of two (of at least 512 bytes) and caches
+  freed blocks by size until ``free_all_blocks``; ``asarray`` of pageable host data takes a
+  staging block of that pool, which stays cached after the copy. ``STATE.device_peak`` is the
+  high-water mark of live device bytes.
+
 Not modelled: multiple devices, kernels other than the ones below, size-class rounding of the
-pool, and streams per thread (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM``).
+device pool, and streams per thread (``CUPY_CUDA_PER_THREAD_DEFAULT_STREAM``).
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class _State:
         self.pinned_used = 0
         self.pinned_free = 0
         self.pinned_peak = 0  # high-water mark of pinned_used + pinned_free
+        self.pinned_blocks: dict[int, int] = {}  # block size -> free blocks the pinned pool caches
         self.device_count = 1  # CUDA devices the runtime reports (tests of the per-worker mapping)
         self.device_used = 0  # bytes held by live device arrays (the pool's used bytes)
         self.device_peak = 0  # high-water mark of device_used
@@ -390,14 +396,30 @@ class MemoryPool:
         pass
 
 
+#: CuPy's pinned pool rounds requests up to this unit (the alignment of ``cudaHostAlloc``)...
+PINNED_UNIT = 512
+
+
+def pinned_block(nbytes: int) -> int:
+    """...and then up to a power of two (``internal.clp2``, ``cupy/cuda/pinned_memory.pyx``, CuPy 13/14):
+    the bytes a pinned request of ``nbytes`` really holds (0 stays 0)."""
+    if nbytes <= 0:
+        return 0
+    units = -(-nbytes // PINNED_UNIT) * PINNED_UNIT
+    return 1 << (units - 1).bit_length()
+
+
 class PinnedMemoryPool:
-    """``cupy.get_default_pinned_memory_pool()``: freed pinned blocks stay pinned until ``free_all_blocks``."""
+    """``cupy.get_default_pinned_memory_pool()``: freed pinned blocks stay pinned until ``free_all_blocks``
+    and are handed to the next request of their (rounded) size."""
 
     def n_free_blocks(self) -> int:
-        return 1 if STATE.pinned_free else 0
+        return sum(STATE.pinned_blocks.values())
 
     def free_all_blocks(self) -> None:
-        STATE.pinned_free = 0
+        with _LOCK:
+            STATE.pinned_free = 0
+            STATE.pinned_blocks.clear()
 
 
 _POOL = MemoryPool()
@@ -443,23 +465,38 @@ def empty_pinned(shape, dtype=float, order="C") -> np.ndarray:
     """``cupyx.empty_pinned``: a NumPy array in page-locked memory (filled with NaN: never read it unset)."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    base = np.empty(max(n, 1), dtype=np.uint8)
+    size = pinned_block(n)  # what the pool takes: a cached block of that size, else a new one
+    base = np.empty(max(size, 1), dtype=np.uint8)
     key = id(base)
     with _LOCK:
+        _take_pinned(size)
         STATE.pinned[key] = (_addr(base), _addr(base) + base.nbytes)
-        STATE.pinned_used += n
-        STATE.pinned_peak = max(STATE.pinned_peak, STATE.pinned_used + STATE.pinned_free)
-    weakref.finalize(base, _unpin, key, n)
+    weakref.finalize(base, _unpin, key, size)
     out = base[:n].view(dtype).reshape(shape, order=order)
     _poison(out)
     return out
 
 
-def _unpin(key: int, n: int) -> None:
+def _take_pinned(size: int) -> None:
+    """Count a pinned block of ``size`` bytes in use: a cached one of that size, else a new one."""
+    if STATE.pinned_blocks.get(size):
+        STATE.pinned_blocks[size] -= 1
+        STATE.pinned_free -= size
+    STATE.pinned_used += size
+    STATE.pinned_peak = max(STATE.pinned_peak, STATE.pinned_used + STATE.pinned_free)
+
+
+def _unpin(key: int, size: int) -> None:
     with _LOCK:
         STATE.pinned.pop(key, None)
-        STATE.pinned_used -= n
-        STATE.pinned_free += n
+        _give_pinned(size)
+
+
+def _give_pinned(size: int) -> None:
+    """A pinned block back to the pool, which keeps it pinned (cached) until ``free_all_blocks``."""
+    STATE.pinned_used -= size
+    STATE.pinned_free += size
+    STATE.pinned_blocks[size] = STATE.pinned_blocks.get(size, 0) + 1
 
 
 def _poison(a: np.ndarray) -> None:
@@ -744,6 +781,12 @@ def asarray(a, dtype=None, order=None, *, blocking: bool = False) -> ndarray:
         return out
     host = np.array(a, dtype=dtype, order="F" if order == "F" else "C", copy=True)
     out = ndarray(host.shape, host.dtype, order="F" if order == "F" else "C")
+    # CuPy copies pageable data through a staging block of the pinned pool, returned to the pool
+    # (still pinned) once the copy ran: it stays cached until free_all_blocks()
+    with _LOCK:
+        STATE.count("asarray pinned staging")
+        _take_pinned(pinned_block(host.nbytes))
+        _give_pinned(pinned_block(host.nbytes))
     op = _enqueue(None, lambda: np.copyto(out._a, host), [(out, "w")], "h2d copy (asarray)")
     if blocking:
         _wait(get_current_stream(), op)

@@ -332,3 +332,60 @@ def test_no_device_bytes_stay_allocated_after_a_job(standin, tmp_path, workers):
     assert cupy_standin.STATE.device_cached == 0
     assert all(not inst._dev_slots for inst in CudaDevice.instances())
     assert cupy_standin.take_races() == []
+
+
+# -- pinned memory as CuPy's pinned pool allocates it ------------------------------------------------
+def test_pinned_bytes_are_counted_at_the_pinned_pool_block_size(standin):
+    """CuPy's pinned pool serves each request with a power-of-two block: blocklin counted ``nbytes``
+    (here 1.33-1.9x less than what the pool held)."""
+    from blocklin.device.cuda import pinned_nbytes
+
+    dev = CudaDevice.current()
+    shapes = [(3000, 300), (300, 1200), (600, 1200), (1000, 350), (7, 3)]
+    bufs = [dev.host_empty(s, np.float64) for s in shapes]
+    for s in shapes:
+        n = int(np.prod(s)) * 8
+        assert pinned_nbytes(n) == cupy_standin.pinned_block(n) and n <= pinned_nbytes(n) < 2 * n + 512
+    for b in bufs:
+        dev.release_host(b)
+    del bufs, b
+    held = cupy_standin.pinned_bytes_held()
+    assert held > sum(int(np.prod(s)) * 8 for s in shapes)  # the shapes of real plans are rounded up
+    assert dev.pinned_bytes() >= held
+    dev.release_pinned()
+    assert cupy_standin.pinned_bytes_held() == 0
+
+
+@pytest.mark.parametrize("m, n, k, chunks, memory", [(3000, 3000, 3000, (600, 600), "48MiB"),
+                                                      (5000, 3000, 7000, (1000, 700), "96MiB"),
+                                                      (1200, 900, 1500, (300, 300), "8MiB")])
+def test_gpu_gemm_plans_count_their_pinned_buffers_as_the_pool_allocates_them(m, n, k, chunks, memory):
+    """A GPU GEMM task pins ``prefetch + 1`` pairs of panel slots and three download strips: the
+    plan's host bytes hold them at the pinned pool's block sizes (reads straight into the slots, so
+    no chunk temporaries hide a shortfall)."""
+    from blocklin.plan.gemm import plan_gemm
+
+    p = plan_gemm(m, n, k, np.float64, a_chunks=chunks, b_chunks=chunks, memory=parse_size(memory), device="gpu",
+                  device_memory=parse_size(memory) * 2, reads=("direct", "direct"), direct_writes=True)
+    block = cupy_standin.pinned_block
+    strip = min(p.out_chunks[0], p.tm) * p.tn * 8
+    pinned = (p.prefetch + 1) * (block(p.tm * p.tk * 8) + block(p.tk * p.tn * 8)) + 3 * block(strip)
+    assert pinned <= p.task_memory and p.peak_memory <= parse_size(memory), p
+
+
+def test_a_gpu_gemm_with_c_pins_no_staging_blocks_and_unpins_everything(standin, tmp_path):
+    """``cupy.asarray`` of pageable data (C's strips, to_device) copies through a block of the pinned
+    pool that stays pinned after the copy: the device copies straight from host memory instead, the
+    pinned peak stays within the plan's host bytes, and nothing stays pinned after the job."""
+    rng = np.random.default_rng(7)
+    a, b, c0 = rng.standard_normal((288, 224)), rng.standard_normal((224, 160)), rng.standard_normal((288, 160))
+    A = bl.from_array(a, tmp_path / "a.zarr", chunks=(48, 56))
+    C0 = bl.from_array(c0, tmp_path / "c0.zarr", chunks=(48, 40))
+    cupy_standin.STATE.pinned_peak = 0
+    cupy_standin.STATE.counts.clear()
+    c = bl.matmul(A, b, tmp_path / "c.zarr", c=C0, beta=0.5, device="gpu", memory="384KiB", device_memory="160KiB")
+    assert_product(c.to_numpy() - 0.5 * c0, a @ b, a, b)
+    assert cupy_standin.STATE.counts.get("asarray pinned staging", 0) == 0
+    assert 0 < cupy_standin.STATE.pinned_peak <= c.report["plan"]["peak_memory"]
+    assert cupy_standin.pinned_bytes_held() == 0
+    assert cupy_standin.take_races() == []

@@ -42,6 +42,22 @@ from blocklin.errors import DeviceError, explain
 #: unpinning buffers that each carried one or two copies.
 PIN_MIN_USES = 3
 
+#: CuPy's pinned pool rounds every request up to a multiple of this (the alignment of
+#: ``cudaHostAlloc``) and then up to a power of two (``cupy/cuda/pinned_memory.pyx``, CuPy 13/14).
+PINNED_UNIT = 512
+
+
+def pinned_nbytes(nbytes: int) -> int:
+    """Pinned host bytes a buffer of ``nbytes`` really holds: CuPy's pinned pool serves every request
+    with a block of the next power of two (of at least :data:`PINNED_UNIT` bytes), 1.0-2.0x the
+    request; budgets count pinned buffers at this size."""
+    nbytes = int(nbytes)
+    if nbytes <= 0:
+        return 0
+    units = -(-nbytes // PINNED_UNIT) * PINNED_UNIT
+    return 1 << (units - 1).bit_length()
+
+
 #: cuBLAS math modes (cublasMath_t).
 _DEFAULT_MATH = 0
 _TF32_MATH = 3
@@ -244,9 +260,10 @@ class CudaDevice(Device):
         return int(self.cp.cuda.runtime.memGetInfo()[1])
 
     def pinned_bytes(self) -> int:
-        """Pinned host bytes this process keeps cached for reuse (shared by every thread's device)."""
+        """Pinned host bytes this process keeps cached for reuse (shared by every thread's device), as
+        CuPy's pinned pool holds them (:func:`pinned_nbytes`)."""
         with CudaDevice._pinned_lock:
-            return sum(b.nbytes for bufs in CudaDevice._pinned_cache.values() for b in bufs)
+            return sum(pinned_nbytes(b.nbytes) for bufs in CudaDevice._pinned_cache.values() for b in bufs)
 
     # -- host buffers -----------------------------------------------------------------------------
     # One cache of idle pinned buffers per process, not per thread: tile tasks of one job may run on
@@ -401,8 +418,19 @@ class CudaDevice(Device):
 
     def to_device(self, x: np.ndarray) -> Any:
         """A device copy of host array ``x``, ready for the compute stream."""
+        return self._upload_pageable(np.ascontiguousarray(x))
+
+    def _upload_pageable(self, x: np.ndarray) -> Any:
+        """``x`` copied to a new device array on the compute stream, straight from its host memory.
+
+        Not ``cupy.asarray``: from pageable memory it copies through a block of the pinned pool that
+        stays pinned (cached) after the copy, beside the host budget; CUDA stages a pageable copy
+        itself within the call.
+        """
         with self.compute:
-            return self.cp.asarray(np.ascontiguousarray(x))
+            dev = self.cp.empty(x.shape, dtype=x.dtype)
+        dev.set(x, stream=self.compute)
+        return dev
 
     def gemm_acc(self, acc: Any, a: Any, b: Any, alpha: float = 1.0) -> None:
         if self._profiling:
@@ -439,14 +467,13 @@ class CudaDevice(Device):
                 cublas.gemm("N", "N", a, b, out=acc, alpha=alpha, beta=1.0)
 
     def axpby(self, acc: Any, alpha: float, c: np.ndarray | None, beta: float) -> None:
-        cp = self.cp
         with self.compute:
             if alpha == 0.0:
                 acc.fill(0)  # assign: 0 * NaN is NaN
             elif alpha != 1.0:
                 acc *= acc.dtype.type(alpha)
             if c is not None and beta != 0.0:
-                dc = cp.asarray(np.ascontiguousarray(c, dtype=acc.dtype))
+                dc = self._upload_pageable(np.ascontiguousarray(c, dtype=acc.dtype))
                 if beta == 1.0:
                     acc += dc
                 else:

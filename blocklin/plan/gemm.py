@@ -25,6 +25,7 @@ import numpy as np
 
 from blocklin._memory import IO_CONCURRENCY  # zarr's chunks in flight; each holds chunk temporaries
 from blocklin.config import format_size, size_hint
+from blocklin.device.cuda import pinned_nbytes  # pinned buffers as CuPy's pool allocates them (no CuPy import)
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import LazyPieces, split
 from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, shortfall, transfer_bound
@@ -239,8 +240,10 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     out_cast = 2 * (out_rows or tm) * tn * osz if osz else 0
     if osz and with_c:  # C read in its stored (the output's) dtype, added on the host
         c_strip = (out_rows or c_rows) * tn * osz
-    if on_gpu:
-        host = slots * panels_src + cast + c_strip + 3 * out_rows * tn * isz + io + out_cast
+    if on_gpu:  # panel slots and download strips pinned, at the block sizes CuPy's pinned pool gives
+        pinned = slots * (pinned_nbytes(tm * tk * src_isz[0]) + pinned_nbytes(tk * tn * src_isz[1])) \
+            + 3 * pinned_nbytes(out_rows * tn * isz)
+        host = pinned + cast + c_strip + io + out_cast
         device = tm * tn * isz + slots * (tm * tk + tk * tn) * isz + (0 if osz else c_strip)
         return host, device
     return tm * tn * isz + slots * panels_src + cast + c_strip + io + out_cast, 0
