@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from blocklin.device import TileStream, get_device
+from blocklin.device import TileStream, get_device, pool
 from blocklin.plan.passes import MAX_LOADERS, PassMemory, RowPassPlan, pass_workers, plan_pass
 from blocklin.progress import report_units
 from blocklin.plan.rechunk import rechunk_advice
@@ -276,8 +276,11 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                             _params_token(spec.params), spec.outputs, spec.transposed, spec.transposed_outputs)
     for g, (r0, r1) in enumerate(plan.groups):
         graph.weigh(graph.add((g,), row_pass_task, spec, g), r1 - r0, "rows")
-    results = job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
-                      count_pass=over)
+    # Tasks run in this process take the strip slots the previous ones left (pool.reusing): fresh
+    # slots cost a page fault per page in every task (see blocklin.device.pool)
+    with pool.reusing():
+        results = job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
+                          count_pass=over)
     if check:
         job.checked_finite |= checked
     for j, s in enumerate(sources):  # the operands' largest magnitudes, from the first pass that read them
