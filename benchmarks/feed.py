@@ -23,7 +23,7 @@ comes from the same load, and the best round of each counts:
 It prints GB/s (10^9 bytes of decoded operand per second) for each, blocklin's ratio to the raw
 limit (the best thread count), and one JSON line last. Usage::
 
-    python benchmarks/feed.py                       # 1 GiB operand in a temp dir, about a minute
+    python benchmarks/feed.py                       # 1 GiB operand in a temp dir (160 s on 2 cores at load 8)
     python benchmarks/feed.py --quick               # seconds: a check of the script itself
     python benchmarks/feed.py --gib 4 --dir /dev/shm --memory 1/16,1/4 --repeats 5
 
