@@ -297,11 +297,11 @@ def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | Non
             return dec.read(rows, cols, out)
     if out is None:
         out = np.asarray(arr[rows, cols])
+        if out.dtype.byteorder not in ("=", "|"):  # a big-endian store (zarr v2 ``>f8``): read as native
+            out = out.astype(out.dtype.newbyteorder("="))
     elif out.flags.c_contiguous:
         arr.get_basic_selection((rows, cols), out=NDBuffer.from_numpy_array(out))
     else:
-        if out.dtype.byteorder not in ("=", "|"):  # a big-endian store (zarr v2 ``>f8``): read as native
-            out = out.astype(out.dtype.newbyteorder("="))
         out[...] = arr[rows, cols]
     readstats.count(fetched_bytes(arr, rows, cols))
     return out
