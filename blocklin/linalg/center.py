@@ -206,14 +206,31 @@ def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: in
     return Moments(mean, np.diag(c).copy() / cnt, cnt), c
 
 
-def column_moments(job: Any, A: Any, *, memory: int | None = None, over: str = "a",
+def _moments_params(job: Any, A: Any, memory: int | None, reserve: int) -> dict:
+    wide = A.shape[0] < A.shape[1]
+    # the deviations' blocks within the part of the budget the pass has (the bits follow the pass's budget)
+    pass_memory = None if memory is None else memory - reserve
+    return {"rows_are_columns": wide, "sub_bytes": sub_bytes(job, pass_memory)}
+
+
+def plan_column_moments(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0) -> Any:
+    """The pass of :func:`column_moments` within ``memory`` with ``reserve`` of it held outside the pass
+    (planned before anything is read: a budget too small raises :class:`~blocklin.errors.BudgetError`
+    naming the whole budget that suffices)."""
+    return plan_kernel_pass(job, moments_kernel, [source(A, transposed=A.shape[0] < A.shape[1])],
+                            _moments_params(job, A, memory, reserve), memory=memory, reserve=reserve)
+
+
+def column_moments(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0, over: str = "a",
                    scale: dict | None = None) -> Moments:
     """Column means and variances of ``A`` in one pass (row strips of ``A``, or column strips for a
-    wide ``A`` so each strip holds whole columns); float64 whatever the dtype of ``A``."""
+    wide ``A`` so each strip holds whole columns); float64 whatever the dtype of ``A``. ``reserve``: the
+    part of ``memory`` held outside the pass (the factorization's in-memory work)."""
     m, n = A.shape
     wide = m < n
-    states, _ = run_pass(job, moments_kernel, [source(A, transposed=wide)], {"rows_are_columns": wide, "sub_bytes": sub_bytes(job, memory)},
-                         memory=memory, over=over, scale=scale, description=f"column means (pass over {over.upper()})")
+    plan = plan_column_moments(job, A, memory=memory, reserve=reserve)
+    states, _ = run_pass(job, moments_kernel, [source(A, transposed=wide)], _moments_params(job, A, memory, reserve),
+                         plan=plan, over=over, scale=scale, description=f"column means (pass over {over.upper()})")
     if wide:
         mean, m2 = np.empty(n), np.empty(n)
         for st in states:
@@ -226,7 +243,7 @@ def column_moments(job: Any, A: Any, *, memory: int | None = None, over: str = "
     return Moments(mean, m2 / cnt, cnt)
 
 
-def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None,
+def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None, reserve: int = 0,
                        scale: dict | None = None) -> tuple[Moments, np.ndarray]:
     """The column moments of a tall ``A`` and the centered ``A_c^T A_c Q`` in one pass.
 
@@ -235,9 +252,9 @@ def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = 
     own. The uncentered product is rounded relative to ``||A||^2``, as the in-pass correction of the
     later passes is (see the module docstring); its float64 sum over strips keeps the accumulation
     from adding to that."""
-    params = _normal_params(job, A, q, memory)
+    params = _normal_params(job, A, q, memory, reserve)
     qd = params["Q"]
-    states, _ = run_pass(job, moments_normal_kernel, [source(A)], params, memory=memory, scale=scale,
+    states, _ = run_pass(job, moments_normal_kernel, [source(A)], params, memory=memory, reserve=reserve, scale=scale,
                          description="column means and the first product (pass over A)")
     cnt, mean, m2, z = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
@@ -246,18 +263,22 @@ def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = 
     return Moments(mean, m2 / cnt, cnt), z - cnt * np.outer(mean, mean @ qd.astype(np.float64))
 
 
-def moments_and_normal_fits(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None) -> bool:
+def moments_and_normal_fits(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None,
+                            reserve: int = 0) -> bool:
     """Whether the pass of :func:`moments_and_normal` plans within ``memory`` (its ``Q`` and product
     beside the strips are more than the means pass holds); if not, the means take a pass of their own."""
     try:
-        plan_kernel_pass(job, moments_normal_kernel, [source(A)], _normal_params(job, A, q, memory), memory=memory)
+        plan_kernel_pass(job, moments_normal_kernel, [source(A)], _normal_params(job, A, q, memory, reserve),
+                         memory=memory, reserve=reserve)
     except BudgetError:
         return False
     return True
 
 
-def _normal_params(job: Any, A: Any, q: np.ndarray, memory: int | None) -> dict:
-    return {"Q": np.ascontiguousarray(q.astype(A.dtype)), "rows_are_columns": False, "sub_bytes": sub_bytes(job, memory)}
+def _normal_params(job: Any, A: Any, q: np.ndarray, memory: int | None, reserve: int = 0) -> dict:
+    pass_memory = None if memory is None else memory - reserve
+    return {"Q": np.ascontiguousarray(q.astype(A.dtype)), "rows_are_columns": False,
+            "sub_bytes": sub_bytes(job, pass_memory)}
 
 
 def moments_incore(b: np.ndarray, transposed: bool) -> Moments:

@@ -22,7 +22,8 @@ from blocklin.linalg._gram_kernels import gram_pass_kernel, sum_gram_states
 from blocklin.linalg._solve_kernels import _syrk_acc, symmetrize_lower
 from blocklin.linalg import random as rnd
 from blocklin.linalg.center import (Moments, Shift, column_moments, moments_and_gram, moments_and_normal,
-                                    moments_and_normal_fits, moments_incore, plan_moments_gram)
+                                    moments_and_normal_fits, moments_incore, plan_column_moments,
+                                    plan_moments_gram)
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.lanczos import block_lanczos, small_blas, start_block
 from blocklin.linalg.orth import cholqr_r, orth_against, orth_incore
@@ -31,9 +32,10 @@ from blocklin.linalg.scaling import Scaling, check_finite_result, incore_exponen
 from blocklin.linalg.tsqr import r_factor, reduce_r, tsqr_kernel
 from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
 from blocklin.matrix import Matrix
-from blocklin.plan.svd import SvdPlan, gram_route_fits, plan_svd, sketch_blas_threads, sketch_tasks
+from blocklin.plan.svd import (SvdPlan, check_tsqr_incore, gram_route_fits, plan_svd, sketch_blas_threads,
+                               sketch_tasks, tsqr_fallback_possible, tsqr_reserve_bytes)
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source
+from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source, stored
 from blocklin.operands import temp_root
 from blocklin.storage import create_array
 from blocklin.storage.space import check_space
@@ -162,7 +164,7 @@ class _InCore:
             _syrk_acc(g, np.asarray(self.b[r0:r0 + step], dtype=np.float64))
         return symmetrize_lower(g)
 
-    def r_factor(self, description: str = "") -> np.ndarray:
+    def r_factor(self, k: int = 0, description: str = "") -> np.ndarray:
         """``R`` of ``B = Q R`` (Householder, float64): no squares (the Gram route's fallback)."""
         return r_factor(np.array(self.b, dtype=np.float64))
 
@@ -237,27 +239,55 @@ class _Streamed:
         #: ``(Q, B_c^T B_c Q)`` of a pass already made (the means pass fused with the first product)
         self.first: tuple[np.ndarray, np.ndarray] | None = None
 
-    def _plan(self, kernel: Any, params: dict, **kw: Any) -> Any:
+    def _plan(self, kernel: Any, params: dict, reserve: int | None = None, **kw: Any) -> Any:
         # the whole budget with the in-core work reserved: a refusal names the total that suffices
         return plan_kernel_pass(self.job, kernel, [self.source], params, memory=self.plan.memory,
-                                reserve=self.plan.client_bytes, device=self.device, **kw)
+                                reserve=self.plan.client_bytes if reserve is None else reserve,
+                                device=self.device, **kw)
+
+    def _plan_r_factor(self, k: int) -> Any:
+        # the method's bases are gone by the fallback's QR pass: only N x k blocks are held beside it
+        return self._plan(tsqr_kernel, {"dtype": "float64"}, reserve=tsqr_reserve_bytes(self.N, k))
 
     def preflight(self, k: int, *, means_gram: bool = False) -> None:
-        """Plan every pass over ``A`` the method will run (shapes only, nothing read), so that a budget
-        too small for any of them is refused before the first pass, with the minimum that fits
-        (``means_gram``: the Gram route's Gram comes from the means pass of a centered or scaled ``A``)."""
+        """Plan every pass over ``A`` the method may run (shapes only, nothing read), so that a budget
+        too small for any of them is refused before the first pass, with the minimum that fits: the
+        means pass of a centered or scaled ``A`` (made with a :class:`Shift` of the run's shapes,
+        :func:`_placeholder_shift`; ``means_gram``: the Gram route's Gram comes from the means pass),
+        the method's own passes with their centering terms, and the TSQR route it falls back to
+        (:func:`_tsqr_svd`) where the data can make it."""
         p, N, dt = self.plan, self.N, np.dtype(self.dtype)
+        shifted = self.shift is not None
+        if shifted and not means_gram:  # the fused means pass is taken only where it fits: this one must
+            plan_column_moments(self.job, self.A, memory=p.memory, reserve=p.client_bytes)
         if p.method == "sketch":
             self._plan_sketch(self._sketch_params(0))
         else:  # the widest product: a step's block, or the final Rayleigh-Ritz over Ritz vectors and residuals
             width = p.block if p.method == "rsvd" else max(p.block, k + enrich_width(k, p.block, N))
-            self._plan(K.normal_kernel, {"gram": True, "write_y": True, "Q": _Shape((N, width), dt)})
+            product = self._plan(K.normal_kernel, self._shifted({"gram": True, "write_y": True}, Q=np.zeros((N, width))))
+            self._plan_intermediate(p.block, product.strip, k)
         if p.method == "gram" and means_gram:
             plan_moments_gram(self.job, self.A, memory=p.memory, reserve=p.client_bytes, **GRAM_PASS)
         elif p.method == "gram":
             self._plan(gram_pass_kernel, self._gram_params(), **GRAM_PASS)
         if p.method in ("lanczos", "gram"):
-            self._plan(K.apply_kernel, {"write": "F", "collect": False, "W": _Shape((N, k), dt)})
+            self._plan(K.apply_kernel, self._shifted({"write": "F", "collect": False}, W=np.zeros((N, k))))
+        if tsqr_fallback_possible(p.method, dt, shifted=shifted):
+            # its QR pass, then the SVD of R in memory; its last pass is the width-k product planned above
+            check_tsqr_incore(N, k, p.memory)
+            self._plan_r_factor(k)
+
+    def _plan_intermediate(self, c: int, chunk_rows: int, k: int) -> None:
+        """Plan the passes over the stored ``M x c`` block ``Y`` (chunks of ``chunk_rows`` rows, as
+        :meth:`_tmp_block` writes it) that orthonormalize it and write the long factor
+        (:class:`TallBlock`: the budget less the in-core work): the chain of up to three ``c x c``
+        triangular factors and the ``c x k`` Ritz vectors, and its TSQR."""
+        dt = np.dtype(self.dtype)
+        y = dataclasses.replace(stored("(Y)", (self.M, c), dt, (chunk_rows, c)), reads="direct")
+        chain = [_Shape((c, c), dt)] * 3 + [_Shape((c, k), dt)]
+        for kernel, params in ((K.apply_kernel, {"W": chain, "write": "F", "collect": False}),
+                               (tsqr_kernel, {"dtype": "float64"})):
+            plan_kernel_pass(self.job, kernel, [y], params, memory=self.plan.memory, reserve=self.plan.client_bytes)
 
     @property
     def peaks(self) -> np.ndarray | None:
@@ -274,10 +304,10 @@ class _Streamed:
         return sum_gram_states(self._run(gram_pass_kernel, params, self._plan(gram_pass_kernel, params, **GRAM_PASS),
                                          description))
 
-    def r_factor(self, description: str = "") -> np.ndarray:
-        """``R`` of ``B = Q R`` from one streaming TSQR pass (float64): no squares."""
-        params = {"dtype": "float64"}
-        return reduce_r(self._run(tsqr_kernel, params, self._plan(tsqr_kernel, params), description), self.N)
+    def r_factor(self, k: int, description: str = "") -> np.ndarray:
+        """``R`` of ``B = Q R`` from one streaming TSQR pass (float64): no squares (planned up front,
+        :meth:`preflight`)."""
+        return reduce_r(self._run(tsqr_kernel, {"dtype": "float64"}, self._plan_r_factor(k), description), self.N)
 
     def _run(self, kernel: Any, params: dict, plan: Any, description: str, **kw: Any) -> list:
         def one(scale: dict) -> list:
@@ -576,6 +606,7 @@ def _gram(src: Any, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int
             g = src.gram(description="gram: B^T B by SYRK")
             why = _squares_lost(src, "gram")
             if why:  # the squares left float64's range for some columns: a route without squares
+                del g  # not held through the fallback's passes (planned without it)
                 return _tsqr_svd(src, k, dest, transposed_out) | {"lanczos_steps": 0, "fallback": why}
         Q = start if start is not None else gram_subspace(g, plan.block)
         Z = None
@@ -609,7 +640,7 @@ def _tsqr_svd(src: Any, k: int, dest: str | None, transposed_out: bool) -> dict:
     ``||B^T u - s v||`` is measured on ``B`` itself), then written. Householder QR keeps each column's
     rounding relative to that column's norm, so a matrix whose columns differ in scale by more than
     float64's range survives where ``B^T B`` does not (LAPACK's ``xGESDD`` starts with the same QR)."""
-    R = src.r_factor(description="tsqr: R factor of B (no squares)")
+    R = src.r_factor(k, description="tsqr: R factor of B (no squares)")
     with small_blas(R.shape[0], R.shape[1]):
         # xGESVD (QR iteration on the bidiagonal) keeps the small singular values of a graded R to their
         # own rounding; xGESDD's divide and conquer with vectors returned them at eps ||R|| (measured)
@@ -618,8 +649,9 @@ def _tsqr_svd(src: Any, k: int, dest: str | None, transposed_out: bool) -> dict:
     W = np.zeros((src.N, k))
     if kk:
         W[:, :kk] = scipy.linalg.solve_triangular(R, Ur[:, :kk], check_finite=False)  # Q^T u = U_R: u = B R^-1 U_R
+    sig, V = np.where(np.arange(k) < kk, S[:k], 0.0), Vrt.T[:, :k].copy()
+    del R, Ur, Vrt  # the N x N factors are not held through the last pass (planned without them)
     Z, _, Y = src.normal(W, keep_y=True, description="tsqr: the long factor and B^T U")
-    sig, V = np.where(np.arange(k) < kk, S[:k], 0.0), Vrt.T[:, :k]
     resid = np.linalg.norm(Z - V * sig, axis=0)
     return _write_long({"s": sig, "V": V, "residuals": resid, "orth": "tsqr", "Y": Y, "chain": [np.eye(k)]},
                        dest, transposed_out, "tsqr")
@@ -808,15 +840,20 @@ def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, pow
         tol = lanczos_tol(A.dtype) if method in ("lanczos", "gram") and tol is None else tol
         kw = dict(method=method, oversample=oversample, power_iters=q if method == "rsvd" else None,
                   max_passes=limit, block_size=block_size, max_basis=max_basis)
-        plan, means_gram = None, method == "gram" and bool(center or scale)
+        shift = (bool(center), bool(scale))
+        plan, means_gram = None, method == "gram" and any(shift)
         if method == "gram" and requested == "auto":
             try:  # the Gram route where its N x N Gram fits the budget, else block Lanczos
-                plan = _try_plan(job, A, k, job.cfg.memory, kw, means_gram=means_gram)
+                plan = _try_plan(job, A, k, job.cfg.memory, kw, means_gram=means_gram, shift=shift)
             except BudgetError:
                 method = kw["method"] = "lanczos"
                 means_gram = False
         if plan is None:
-            plan = fitting_plan(job, A, k, kw, means_gram=means_gram)
+            # method='auto' where the Gram route did not fit: the minimum named is block Lanczos's (at that
+            # budget the Gram route may fit and be taken: either plans every pass there)
+            plan = fitting_plan(job, A, k, kw, means_gram=means_gram, shift=shift,
+                                note=" (method='auto': the Gram route does not fit this budget)"
+                                if requested == "auto" and method == "lanczos" else "")
         _check_space(job, out, plan, m, n, k, A.dtype)
         token = resume_token(A, op="svd", k=k, method=method, oversample=oversample, q=q, tol=tol, limit=limit,
                              block=plan.block, basis=plan.max_basis, center=bool(center), scale=bool(scale),
@@ -837,22 +874,34 @@ def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, pow
         return _result(job, out, A, plan, r, report, ao, overwrite)
 
 
-def _try_plan(job: Job, A: Any, k: int, memory: int, kw: dict, *, means_gram: bool = False) -> SvdPlan:
+def _placeholder_shift(A: Any, plan: SvdPlan, shift: tuple[bool, bool]) -> Shift | None:
+    """A :class:`Shift` of the shapes a centered (``shift[0]``) and/or scaled (``shift[1]``) run uses, for
+    planning its passes before the means are known (their memory depends on the shapes only)."""
+    if not any(shift):
+        return None
+    m, n = A.shape
+    return Shift.of(Moments(np.zeros(n), np.ones(n), m), center=shift[0], scale=shift[1], transposed=plan.transposed)
+
+
+def _try_plan(job: Job, A: Any, k: int, memory: int, kw: dict, *, means_gram: bool = False,
+              shift: tuple[bool, bool] = (False, False)) -> SvdPlan:
     plan = plan_svd(A.shape[0], A.shape[1], k, A.dtype, memory=memory, **kw)
     if not plan.in_core:
-        _Streamed(job, A, plan).preflight(k, means_gram=means_gram)
+        _Streamed(job, A, plan, _placeholder_shift(A, plan, shift)).preflight(k, means_gram=means_gram)
     return plan
 
 
-def fitting_plan(job: Job, A: Any, k: int, kw: dict, *, means_gram: bool = False) -> SvdPlan:
+def fitting_plan(job: Job, A: Any, k: int, kw: dict, *, means_gram: bool = False,
+                 shift: tuple[bool, bool] = (False, False),
+                 note: str = "") -> SvdPlan:
     """:func:`plan_svd` at the job's budget with every streamed pass planned too; a budget too small
     for any of them is refused naming a budget that was checked to suffice (and that a retry gets)."""
     try:
-        return _try_plan(job, A, k, job.cfg.memory, kw, means_gram=means_gram)
+        return _try_plan(job, A, k, job.cfg.memory, kw, means_gram=means_gram, shift=shift)
     except BudgetError as exc:
-        need = _sufficient_budget(job, A, k, kw, exc, means_gram=means_gram)
+        need = _sufficient_budget(job, A, k, kw, exc, means_gram=means_gram, shift=shift)
         raise BudgetError(explain(
-            "memory", f"must hold the in-core work of svd ({kw['method']}) and one strip of each pass over A",
+            "memory", f"must hold the in-core work of svd ({kw['method']}){note} and one strip of each pass over A",
             format_size(job.cfg.memory), f"raise it to at least {format_size(need)} (memory='{size_hint(need)}'), "
             f"or lower k, oversample or the block size (the step that failed: {exc})"), minimum=need) from None
 
@@ -861,13 +910,14 @@ def fitting_plan(job: Job, A: Any, k: int, kw: dict, *, means_gram: bool = False
 _BUDGET_SEARCH_STEPS = 60
 
 
-def _sufficient_budget(job: Job, A: Any, k: int, kw: dict, exc: BudgetError, *, means_gram: bool = False) -> int:
+def _sufficient_budget(job: Job, A: Any, k: int, kw: dict, exc: BudgetError, *, means_gram: bool = False,
+                       shift: tuple[bool, bool] = (False, False)) -> int:
     """The smallest budget of the form :func:`size_hint` prints, from ``exc``'s minimum up, that plans."""
     need = max(job.cfg.memory + 1, exc.minimum or 0)
     for _ in range(_BUDGET_SEARCH_STEPS):
         hint = parse_size(size_hint(need))
         try:
-            _try_plan(job, A, k, hint, kw, means_gram=means_gram)
+            _try_plan(job, A, k, hint, kw, means_gram=means_gram, shift=shift)
             return hint
         except BudgetError as again:
             need = max(hint + 1, again.minimum or hint + hint // 4)
@@ -985,7 +1035,8 @@ def _fused_start(job: Job, A: Any, plan: SvdPlan, seed: int, q: int | None) -> n
         start = start_block(plan.N, plan.block, seed)
     elif plan.method == "rsvd" and q != 0:
         start = _rsvd_start(plan.N, plan.block, seed)
-    return start if start is not None and moments_and_normal_fits(job, A, start, memory=plan.pass_memory) else None
+    return start if start is not None and moments_and_normal_fits(job, A, start, memory=plan.memory,
+                                                                       reserve=plan.client_bytes) else None
 
 
 def _moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, center: bool,
@@ -1027,10 +1078,11 @@ def _moments(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None,
         return Moments(saved["mean"], saved["var"], int(saved["count"])), saved.get("first")
     first = None
     if start is not None:
-        moments, first = scaling.run(job, lambda sc: moments_and_normal(job, A, start, memory=plan.pass_memory,
-                                                                        scale=sc))
+        moments, first = scaling.run(job, lambda sc: moments_and_normal(job, A, start, memory=plan.memory,
+                                                                        reserve=plan.client_bytes, scale=sc))
     else:
-        moments = scaling.run(job, lambda sc: column_moments(job, A, memory=plan.pass_memory, scale=sc))
+        moments = scaling.run(job, lambda sc: column_moments(job, A, memory=plan.memory,
+                                                             reserve=plan.client_bytes, scale=sc))
     _save_scaling(ckpt, scaling)
     if ckpt is not None:
         ckpt.save("moments", mean=moments.mean, var=moments.var, count=moments.count,
