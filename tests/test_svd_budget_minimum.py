@@ -1,6 +1,5 @@
 """The budget an svd/pca refusal names is one that runs (docs/architecture.md: every suggested fix is
-checked to work), and every pass the run may make is planned before the first one, the TSQR route
-it falls back to included."""
+checked to work): every pass a streamed run makes is planned before the first one."""
 
 from __future__ import annotations
 
@@ -10,8 +9,6 @@ import numpy as np
 import pytest
 
 import blocklin as bl
-import blocklin.linalg.center as center_mod
-import blocklin.linalg.svd as svd_mod
 from blocklin.errors import BudgetError
 
 
@@ -71,60 +68,3 @@ def test_pca_centered_named_minimum_runs():
 def test_auto_refusal_names_the_method_it_planned():
     with pytest.raises(BudgetError, match=r"svd \((lanczos|gram)\)"):
         bl.svd(_data((4000, 30), "float64"), 3, center=True, memory=64 << 10, seed=0)
-
-
-@pytest.fixture
-def count_passes(monkeypatch):
-    """Counts the passes over A that the factorization starts (svd's own and the means passes)."""
-    calls = []
-
-    def counting(real):
-        def wrapper(*args, **kwargs):
-            calls.append(kwargs.get("description", ""))
-            return real(*args, **kwargs)
-        return wrapper
-
-    monkeypatch.setattr(svd_mod, "run_pass", counting(svd_mod.run_pass))
-    monkeypatch.setattr(center_mod, "run_pass", counting(center_mod.run_pass))
-    return calls
-
-
-def _graded(shape: tuple[int, int]) -> np.ndarray:
-    """Column 0 is 1e201 times the others: their squares leave float64's range beside its square, so
-    the Gram route, rsvd and lanczos fall back to the streaming Householder QR (report["fallback"])."""
-    a = np.random.default_rng(8).standard_normal(shape)
-    a[:, 0] *= 1e201
-    return a
-
-
-@pytest.mark.parametrize("method", ["gram", "lanczos", "rsvd"])
-@pytest.mark.parametrize("shape", [(6000, 200), (20000, 60)])
-def test_fallback_passes_planned_up_front(method, shape, monkeypatch, count_passes):
-    a = _graded(shape)
-
-    def refusal(memory):
-        with pytest.raises(BudgetError) as err:
-            bl.svd(a, 3, method=method, seed=0, memory=memory)
-        return err.value.minimum
-
-    # the budget the method's own passes fit (the fallback's not planned): the Gram route runs there...
-    with monkeypatch.context() as mp:
-        mp.setattr(svd_mod, "tsqr_fallback_possible", lambda *args, **kwargs: False)
-        route_only = refusal(1 << 10)
-    # ... but not the QR pass and the SVD of R the data makes it fall back to: refused before any pass
-    need = refusal(route_only)
-    assert need > route_only and count_passes == []
-    got = bl.svd(a, 3, method=method, seed=0, memory=need)
-    assert "tsqr" in got.report["fallback"] and count_passes
-    ref = np.linalg.svd(np.ldexp(a, -700), compute_uv=False)[:3]  # scaled by a power of two: exact
-    # s_1 carries column 0 (1e201), the others its rounding level; the fallback's values come from a
-    # Householder QR, relative to each column (Higham Thm 19.4): s_1 to a few eps of itself
-    assert abs(np.ldexp(got.s[0], -700) - ref[0]) <= 1e3 * np.finfo(np.float64).eps * ref[0]
-
-
-def test_float32_never_plans_the_fallback():
-    """float32's finite nonzero entries lie within 2^-277 of its largest: no column reaches 2^-511."""
-    assert not svd_mod.tsqr_fallback_possible("lanczos", np.dtype("float32"), shifted=False)
-    assert svd_mod.tsqr_fallback_possible("gram", np.dtype("float64"), shifted=False)
-    assert not svd_mod.tsqr_fallback_possible("gram", np.dtype("float64"), shifted=True)
-    assert not svd_mod.tsqr_fallback_possible("sketch", np.dtype("float64"), shifted=False)

@@ -32,8 +32,8 @@ from blocklin.linalg.scaling import Scaling, check_finite_result, incore_exponen
 from blocklin.linalg.tsqr import r_factor, reduce_r, tsqr_kernel
 from blocklin.linalg.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
 from blocklin.matrix import Matrix
-from blocklin.plan.svd import (SvdPlan, check_tsqr_incore, gram_route_fits, plan_svd, sketch_blas_threads,
-                               sketch_tasks, tsqr_fallback_possible, tsqr_reserve_bytes)
+from blocklin.plan.svd import (SvdPlan, gram_route_fits, plan_svd, sketch_blas_threads, sketch_tasks,
+                               tsqr_reserve_bytes)
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source, stored
 from blocklin.operands import temp_root
@@ -254,9 +254,9 @@ class _Streamed:
         too small for any of them is refused before the first pass, with the minimum that fits: the
         means pass of a centered or scaled ``A`` (made with a :class:`Shift` of the run's shapes,
         :func:`_placeholder_shift`; ``means_gram``: the Gram route's Gram comes from the means pass),
-        the method's own passes with their centering terms, and the TSQR route it falls back to
-        (:func:`_tsqr_svd`) where the data can make it."""
-        p, N, dt = self.plan, self.N, np.dtype(self.dtype)
+        and the method's own passes with their centering terms and over the stored ``Y``. (The TSQR
+        route a float64 run falls back to, :func:`_tsqr_svd`, is planned when the first pass shows it.)"""
+        p, N = self.plan, self.N
         shifted = self.shift is not None
         if shifted and not means_gram:  # the fused means pass is taken only where it fits: this one must
             plan_column_moments(self.job, self.A, memory=p.memory, reserve=p.client_bytes)
@@ -265,17 +265,13 @@ class _Streamed:
         else:  # the widest product: a step's block, or the final Rayleigh-Ritz over Ritz vectors and residuals
             width = p.block if p.method == "rsvd" else max(p.block, k + enrich_width(k, p.block, N))
             product = self._plan(K.normal_kernel, self._shifted({"gram": True, "write_y": True}, Q=np.zeros((N, width))))
-            self._plan_intermediate(p.block, product.strip, k)
+            self._plan_intermediate(width, product.strip, k)
         if p.method == "gram" and means_gram:
             plan_moments_gram(self.job, self.A, memory=p.memory, reserve=p.client_bytes, **GRAM_PASS)
         elif p.method == "gram":
             self._plan(gram_pass_kernel, self._gram_params(), **GRAM_PASS)
         if p.method in ("lanczos", "gram"):
             self._plan(K.apply_kernel, self._shifted({"write": "F", "collect": False}, W=np.zeros((N, k))))
-        if tsqr_fallback_possible(p.method, dt, shifted=shifted):
-            # its QR pass, then the SVD of R in memory; its last pass is the width-k product planned above
-            check_tsqr_incore(N, k, p.memory)
-            self._plan_r_factor(k)
 
     def _plan_intermediate(self, c: int, chunk_rows: int, k: int) -> None:
         """Plan the passes over the stored ``M x c`` block ``Y`` (chunks of ``chunk_rows`` rows, as
@@ -305,8 +301,7 @@ class _Streamed:
                                          description))
 
     def r_factor(self, k: int, description: str = "") -> np.ndarray:
-        """``R`` of ``B = Q R`` from one streaming TSQR pass (float64): no squares (planned up front,
-        :meth:`preflight`)."""
+        """``R`` of ``B = Q R`` from one streaming TSQR pass (float64): no squares."""
         return reduce_r(self._run(tsqr_kernel, {"dtype": "float64"}, self._plan_r_factor(k), description), self.N)
 
     def _run(self, kernel: Any, params: dict, plan: Any, description: str, **kw: Any) -> list:

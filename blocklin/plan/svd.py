@@ -164,33 +164,9 @@ def gram_client_bytes(N: int) -> int:
     return 3 * N * N * F64
 
 
-def tsqr_fallback_possible(method: str, dtype: np.dtype, *, shifted: bool) -> bool:
-    """Whether a run may fall back to the TSQR route (``report["fallback"]``): an unshifted ``B`` under a
-    method that works with ``B^T B``, in float64. A float32 ``B`` never does: its finite nonzero entries
-    lie within ``2^-277`` of its largest, and the fallback takes a column below ``2^-511`` of it."""
-    return method in ("rsvd", "lanczos", "gram") and not shifted and np.dtype(dtype).itemsize == 8
-
-
-def tsqr_incore_bytes(N: int, k: int) -> int:
-    """In-memory work of the TSQR route after its QR pass: ``R``, LAPACK's copy, ``U_R`` and
-    ``V_R^T`` (``N x N`` float64 each), and the ``N x k`` blocks of the long factor's pass."""
-    return 4 * N * N * F64 + 3 * N * k * F64
-
-
 def tsqr_reserve_bytes(N: int, k: int) -> int:
     """In-memory work held beside the TSQR route's QR pass: the ``N x k`` blocks of the method's result."""
     return 4 * N * k * F64
-
-
-def check_tsqr_incore(N: int, k: int, memory: int) -> None:
-    """Refuse a budget that cannot hold the in-memory SVD of the TSQR route's ``R``, naming the minimum."""
-    need = tsqr_incore_bytes(N, k)
-    if need > memory:
-        raise BudgetError(explain(
-            "memory", "must hold the in-memory SVD of R (N x N, float64) of the TSQR route the run falls back to "
-            "where a column of B is below 2^-511 times the largest",
-            f"{format_size(memory)} for {format_size(need)} (N={N})",
-            f"raise it to at least {format_size(need)} (memory='{size_hint(need)}')"), minimum=need)
 
 
 #: ``method="auto"`` takes the Gram route when ``N <= GRAM_BLOCKS * (k + oversample)``. Its SYRK pass
