@@ -14,6 +14,7 @@ from blocklin.errors import ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg import refine as _refine
 from blocklin.linalg.refine import Iterate, Refinement, Steps
+from blocklin.linalg.scaling import safe_norm
 from blocklin.linalg._inv_kernels import (
     MEMORY,
     LURowsSpec,
@@ -30,7 +31,7 @@ from blocklin.linalg._inv_kernels import (
 from blocklin.matrix import Matrix
 from blocklin.operands import Operand
 from blocklin.plan.inverse import InversePlan, plan_inverse
-from blocklin.runtime.blockops import BlockOps, column_strips
+from blocklin.runtime.blockops import BlockOps, Region, column_strips
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import plan_kernel_pass, run_pass, source
 from blocklin.runtime.stages import Stages
@@ -256,6 +257,12 @@ def _invert_and_refine(run: _Run, M: Any, x_path: Any, out_dtype: np.dtype, *, s
         norm_m, norm_x, leaves, attempts, res = _invert_lu(run, M, x_path, out_dtype, seed)
     else:
         norm_m, norm_x, leaves, attempts = _invert_stored(run, M, x_path, out_dtype, seed)
+
+    # Entries beyond about 2^+-500 take ||M||_F and ||X||_F out of their sums of squares' range: read
+    # them again by tiles scaled by powers of two (exact), so the backward error is measured, not 0 or NaN.
+    n = run.plan.n
+    norm_m = safe_norm(run.ops, Region.of(M.path, (n, n)), norm_m * norm_m)
+    norm_x = safe_norm(run.ops, Region.of(x_path, (n, n)), norm_x * norm_x)
 
     def invert(operand: Any, out: Any, s: int) -> None:  # the preconditioned restart's (M X)^-1
         leaves.extend(_invert_stored(run, operand, out, out_dtype, s, shift=True)[2])

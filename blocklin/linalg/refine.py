@@ -31,8 +31,9 @@ from blocklin.errors import ConvergenceWarning, ParameterError, SingularMatrixEr
 from blocklin.errors import explain as _msg
 from blocklin.linalg._inv_kernels import PROBES, InverseEpilogue, probe_kernel, products_kernel, transform_device
 from blocklin.linalg.random import probes
+from blocklin.linalg.scaling import safe_norm
 from blocklin.operands import Operand
-from blocklin.runtime.blockops import BlockOps
+from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.passes import collect_rows, run_pass, source, stored
 from blocklin.runtime.stages import Stages
 
@@ -111,7 +112,7 @@ def ns_update(ops: BlockOps, x: str, r: str, x_new: str, n: int, dtype: Any) -> 
     """``X_new = X + X R`` (the Newton-Schulz step); returns ``||X_new||_F``."""
     res = ops.gemm(x_new, (0, 0), n, n, n, x, (0, 0), r, (0, 0), dtype=dtype, c=x, beta=1.0,
                    epilogue=InverseEpilogue(), description="Newton-Schulz: X + X R")
-    return math.sqrt(sum(t["sumsq"] for t in res))
+    return safe_norm(ops, Region.of(x_new, (n, n)), sum(t["sumsq"] for t in res))
 
 
 def ns_product(ops: BlockOps, x: str, z: str, out: str, n: int, dtype: Any) -> float:

@@ -166,3 +166,21 @@ def check_finite_result(name: str, values: Any, what: str) -> None:
             name, f"must be finite ({what})", f"{int((~np.isfinite(v)).sum())} of {v.size} non-finite",
             "check the input's range (entries near the overflow or underflow limits of the dtype); "
             "use float64, or rescale the data"))
+
+
+#: Smallest float64 sum of squares taken as exact: a sum of squares below it lost digits to
+#: subnormal numbers (entries near 2^-450 and smaller).
+SUMSQ_FLOOR = 2.0 ** -900
+
+
+def sumsq_in_range(sumsq: float) -> bool:
+    """Whether a float64 sum of squares kept its digits (no overflow, no underflow towards subnormals)."""
+    return (sumsq == 0.0 or sumsq >= SUMSQ_FLOOR) and math.isfinite(sumsq)
+
+
+def safe_norm(ops: Any, region: Any, sumsq: float) -> float:
+    """``sqrt(sumsq)``, or where the sum of squares left float64's range (entries near 1e200 or 1e-200)
+    the Frobenius norm of ``region`` read again by tiles scaled by powers of two (``ops.norm``, a
+    :class:`~blocklin.runtime.blockops.BlockOps`)."""
+    return math.sqrt(sumsq) if sumsq_in_range(sumsq) and sumsq != 0.0 else ops.norm(region)
+

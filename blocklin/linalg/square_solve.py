@@ -19,6 +19,7 @@ from blocklin.errors import (ConvergenceError, ConvergenceWarning, NotPositiveDe
                              SingularMatrixError, explain, warn)
 from blocklin.linalg.cholesky import factor_into
 from blocklin.linalg.lu import factor_lu_into
+from blocklin.linalg.scaling import safe_norm, sumsq_in_range
 from blocklin.matrix import Matrix
 from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
 from blocklin.runtime.blockops import BlockOps, Region, swaps_to_permutation
@@ -297,24 +298,9 @@ def _norm_a(job: Job, ops: BlockOps, A: Any, factor: _Factor, precision: str) ->
     a resumed run; the Cholesky tiles the values cast to the factor's dtype, when every tile ran in this
     run), else by one read of ``A``."""
     if factor.norm_a is not None and (precision == "double" or factor.kind == "lu") and factor.norm_a > 0 \
-            and _in_range(factor.norm_a ** 2):
+            and sumsq_in_range(factor.norm_a ** 2):
         return factor.norm_a
-    return _safe_norm(ops, Region.of(A.path, A.shape), ops.sumsq(Region.of(A.path, A.shape), description="||A||_F"))
-
-
-def _in_range(sumsq: float) -> bool:
-    """Whether a float64 sum of squares kept its digits (no overflow, no underflow towards subnormals)."""
-    return (sumsq == 0.0 or sumsq >= _SUMSQ_FLOOR) and math.isfinite(sumsq)
-
-
-#: A sum of squares below this may hold underflowed squares (entries under 2^-511 square to subnormals).
-_SUMSQ_FLOOR = 2.0 ** -900
-
-
-def _safe_norm(ops: BlockOps, region: Region, sumsq: float) -> float:
-    """``sqrt(sumsq)``, or where the sum of squares left float64's range (entries near 1e200 or 1e-200)
-    the norm read again by tiles scaled by powers of two (:meth:`BlockOps.norm`)."""
-    return math.sqrt(sumsq) if _in_range(sumsq) and sumsq != 0.0 else ops.norm(region)
+    return safe_norm(ops, Region.of(A.path, A.shape), ops.sumsq(Region.of(A.path, A.shape), description="||A||_F"))
 
 
 def _write_x(job: Job, src: Any, dst: Any, shape: tuple[int, int], dt: np.dtype, chunk: int) -> None:
@@ -336,7 +322,7 @@ def _col_norms(ops: BlockOps, region: Region) -> float | list[float]:
     """Per right-hand side norms (:func:`_norms`), each column read again scaled where its sum of
     squares left float64's range."""
     ss = ops.col_sumsq(region)
-    if all(_in_range(float(v)) and v != 0.0 for v in ss):
+    if all(sumsq_in_range(float(v)) and v != 0.0 for v in ss):
         return _norms(ss)
     v = [ops.norm(Region.of(region.path, (region.shape[0], 1), (region.off[0], region.off[1] + j)))
          for j in range(region.shape[1])]
@@ -506,8 +492,8 @@ def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: _Solver, run: _Run, n
     xs = [solve.region("x0"), solve.region("x1")]
     rreg, dreg = solve.region("r"), solve.region("d")
     st.run("solve", lambda: solve.first(breg, xs[0]))
-    norm_b = st.run("norm b", lambda: _safe_norm(ops, breg, ops.sumsq(breg)))
-    norm_x = st.run("norm x", lambda: _safe_norm(ops, xs[0], ops.sumsq(xs[0])))
+    norm_b = st.run("norm b", lambda: safe_norm(ops, breg, ops.sumsq(breg)))
+    norm_x = st.run("norm x", lambda: safe_norm(ops, xs[0], ops.sumsq(xs[0])))
     history: list[dict] = []
     steps = 0
 
@@ -519,10 +505,10 @@ def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: _Solver, run: _Run, n
     def residual(x: Region) -> float:
         ops.gemm(rreg.path, (0, 0), n, k, n, A.path, (0, 0), x.path, (0, 0), dtype=dt, c=B.path, alpha=-1.0,
                  beta=1.0, memory=gemm_memory, description="residual b - A x")
-        return _safe_norm(ops, rreg, ops.sumsq(rreg))
+        return safe_norm(ops, rreg, ops.sumsq(rreg))
 
     def update(x: Region, nxt: Region) -> float:
-        return _safe_norm(ops, nxt, sum(r["sumsq"] for r in ops.axpby(nxt, x, dreg, dtype=dt, description="x += d")))
+        return safe_norm(ops, nxt, sum(r["sumsq"] for r in ops.axpby(nxt, x, dreg, dtype=dt, description="x += d")))
 
     while True:
         x = xs[steps % 2]
