@@ -81,7 +81,11 @@ def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
                  "bb": np.zeros(k)}
     _syrk_acc(state["g"], a)
     if b is not None:
-        state["c"] += a.T @ b
+        # Entries beyond 2^256 overflow here only in the pass that learns max|a| and |b|, which the
+        # solve repeats scaled (linalg.scaling); an overflow that stayed would reach x as Inf/NaN,
+        # which the solve refuses, so NumPy's warning would only alarm.
+        with np.errstate(over="ignore", invalid="ignore"):
+            state["c"] += a.T @ b
         state["bb"] += np.einsum("ij,ij->j", b, b, dtype=np.float64)
     return state, None  # ||A||_F^2 is the trace of the Gram matrix: no extra sweep
 
