@@ -28,6 +28,7 @@ remove what it made, and a test that interrupts a run on purpose cleans up what 
 from __future__ import annotations
 
 import doctest
+import gc
 import os
 import re
 import shutil
@@ -214,7 +215,7 @@ def _enter_folder(namespace: dict, files: tuple[str, ...]) -> None:
     folder = Path(tempfile.mkdtemp(prefix="blocklin-doc-"))
     (folder / "temp").mkdir()
     namespace["_doc"] = {"folder": folder, "cwd": os.getcwd(), "env": os.environ.get("BLOCKLIN_TEMP_DIR"),
-                         "shells": 0, "name": namespace.get("__name__") or namespace.get("__file__", "a document")}
+                         "shells": 0, "name": _doc_key(namespace["__file__"]) if namespace.get("__file__") else "a document"}
     os.environ["BLOCKLIN_TEMP_DIR"] = str(folder / "temp")
     blocklin.config.reset()
     os.chdir(folder)
@@ -226,6 +227,11 @@ def _leave_folder(namespace: dict) -> None:
     import blocklin
 
     state = namespace.pop("_doc")
+    # The document's program has ended: its objects go, as at a script's exit, so that what blocklin
+    # removes when a handle is collected (a LinearOperator's staged inputs) is removed before the check.
+    for name in [k for k in namespace if not k.startswith("__")]:
+        del namespace[name]
+    gc.collect()
     os.chdir(state["cwd"])
     if state["env"] is None:
         os.environ.pop("BLOCKLIN_TEMP_DIR", None)
