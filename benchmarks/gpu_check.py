@@ -256,7 +256,7 @@ def factor_checks(kind: str, rng: np.random.Generator) -> list[dict]:
 def spectral_checks(kind: str, rng: np.random.Generator) -> list[dict]:
     """svd (every method), eigsh, pca and orthonormalize against NumPy."""
     import blocklin as bl
-    from blocklin.linalg.orth import orthonormalize
+    from blocklin.linalg.blocks.orth import orthonormalize
 
     out: list[dict] = []
     a = rng.standard_normal((2000, 100)) * np.logspace(0, -2, 100)

@@ -81,7 +81,7 @@ def main() -> int:
     p.add_argument("--data", help="reuse (or create and keep) the matrix at this path")
     args = p.parse_args()
 
-    from blocklin.linalg import svd as S
+    from blocklin.linalg.lowrank import svd as S
     from blocklin.runtime.job import Job
 
     folder = None if args.data else tempfile.mkdtemp(prefix="blocklin-bench-rowpass-")

@@ -6,7 +6,7 @@ Usage::
 
 A random ``n x n`` float64 ``A`` and ``b`` (written once to ``--dir``, kept there for reruns) are solved
 by ``blocklin.solve(A, b, lam=1)`` with a budget below the Gram matrix (the route of
-:mod:`blocklin.linalg.gram_solve`); each :class:`~blocklin.runtime.blockops.BlockOps` operation (SYRK,
+:mod:`blocklin.linalg.solve.stored_gram`); each :class:`~blocklin.runtime.blockops.BlockOps` operation (SYRK,
 Cholesky, triangular solves) and each product over ``A`` is timed. To compare two versions of the code
 in one run, point ``PYTHONPATH`` at each checkout in turn with the same ``--dir``.
 """
@@ -47,7 +47,7 @@ def main() -> None:
     a_path, b_path = make(folder, args.n, args.chunk)
 
     import blocklin
-    from blocklin.linalg import gram_solve
+    from blocklin.linalg.solve import stored_gram as gram_solve
     from blocklin.runtime import blockops
 
     times: dict[str, float] = {}

@@ -11,18 +11,18 @@ _memory.tune_on_import()
 
 from blocklin.config import configure  # noqa: E402
 from blocklin.create import from_array, open, random  # noqa: E402,A004
-from blocklin.linalg.cholesky import cholesky  # noqa: E402
-from blocklin.linalg.gemm import matmul, matmul_plan  # noqa: E402
-from blocklin.linalg.gram import gram  # noqa: E402
-from blocklin.linalg.inverse import inv, inv_plan  # noqa: E402
-from blocklin.linalg.lu import lu  # noqa: E402
-from blocklin.linalg.eigsh import eigsh  # noqa: E402
+from blocklin.linalg.factor.cholesky import cholesky  # noqa: E402
+from blocklin.linalg.products.gemm import matmul, matmul_plan  # noqa: E402
+from blocklin.linalg.products.gram import gram  # noqa: E402
+from blocklin.linalg.inverse.inverse import inv, inv_plan  # noqa: E402
+from blocklin.linalg.factor.lu import lu  # noqa: E402
+from blocklin.linalg.lowrank.eigsh import eigsh  # noqa: E402
 from blocklin.linalg.operator import aslinearoperator  # noqa: E402
-from blocklin.linalg.pca import pca  # noqa: E402
-from blocklin.linalg.qr_factor import qr  # noqa: E402
-from blocklin.linalg.svd import svd  # noqa: E402
-from blocklin.linalg.tikhonov import solve, solve_plan  # noqa: E402
-from blocklin.linalg.triangular import solve_triangular  # noqa: E402
+from blocklin.linalg.lowrank.pca import pca  # noqa: E402
+from blocklin.linalg.factor.qr import qr  # noqa: E402
+from blocklin.linalg.lowrank.svd import svd  # noqa: E402
+from blocklin.linalg.solve.tikhonov import solve, solve_plan  # noqa: E402
+from blocklin.linalg.solve.triangular import solve_triangular  # noqa: E402
 from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 

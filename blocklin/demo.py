@@ -15,7 +15,7 @@ import numpy as np
 
 from blocklin.config import parse_size
 from blocklin.create import random
-from blocklin.linalg.gemm import matmul
+from blocklin.linalg.products.gemm import matmul
 from blocklin._memory import peak_rss
 
 

@@ -95,6 +95,14 @@ class OutputIsInputError(BlocklinError, ValueError):
     """The output path is one of the inputs."""
 
 
+class ArgumentTypeError(BlocklinError, TypeError):
+    """An argument of a kind blocklin cannot take (a storage name that is neither a path, a URL nor a store)."""
+
+
+class InternalError(BlocklinError, RuntimeError):
+    """A broken internal invariant: a bug in blocklin, not in the input (please report it with the message)."""
+
+
 class DeviceError(BlocklinError, RuntimeError):
     """The requested compute device is not available."""
 

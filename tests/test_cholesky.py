@@ -96,7 +96,7 @@ def test_resume_skips_finished_tiles(tmp_path):
     a = bl.from_array(_spd(100, np.float64, seed=5), tmp_path / "a.zarr", chunks=(25, 25))
     ref = bl.cholesky(a, tmp_path / "ref.zarr", scheduler="sync", tile=25)[...]
     # an interrupted run (its worker lost: the finished tiles stay) in the last diagonal tile
-    import blocklin.runtime.blockops as bo
+    import blocklin.linalg.factor.cholesky_tiles as bo
     from blocklin.errors import WorkerLostError
 
     calls = {"n": 0}
@@ -125,7 +125,7 @@ def test_resume_skips_finished_tiles(tmp_path):
 KILLED_CHILD = """
 import sys, time
 import blocklin as bl
-import blocklin.runtime.blockops as bo
+import blocklin.linalg.factor.cholesky_tiles as bo
 real = bo._factor_diagonal
 def slow(dev, acc, offset, spec):
     if offset >= 50:

@@ -687,7 +687,7 @@ def test_streaming_qr_solve_runs_on_the_gpu(standin, rng):
 def test_butterfly_on_the_device_is_the_host_butterfly(standin, rng, n):
     """The random butterfly's Givens rotations through the device (contiguous range pairs) apply the same
     orthogonal V as the host, on both sides and transposed, for odd and even sizes."""
-    from blocklin.linalg._inv_kernels import Butterfly
+    from blocklin.linalg.inverse.kernels import Butterfly
 
     bf = Butterfly(n, 3, seed=5)
     v = bf.right(np.eye(n))  # V = I V
@@ -757,7 +757,7 @@ def test_every_report_says_where_its_phases_ran(standin, rng, tmp_path):
 
 
 def test_orthonormalize_in_core_on_the_gpu(standin, rng):
-    from blocklin.linalg.orth import orthonormalize
+    from blocklin.linalg.blocks.orth import orthonormalize
 
     y = rng.standard_normal((200, 12))
     cupy_standin.STATE.counts.clear()
@@ -796,7 +796,7 @@ def test_inverse_epilogue_on_the_device_matches_the_host(standin, rng, work_dtyp
     before the strip's download: same written blocks and norms as on the CPU, for regions off the
     store's origin (diagonal entries cut by tiles and strips). The probe products ``X P`` are a row
     pass of their own (``refine.probe_products``), not part of the epilogue."""
-    from blocklin.linalg._inv_kernels import InverseEpilogue
+    from blocklin.linalg.inverse.kernels import InverseEpilogue
     from blocklin.runtime.blockops import BlockOps
     from blocklin.runtime.job import Job
     from blocklin.storage.zarr_store import open_zarr
@@ -839,7 +839,7 @@ def test_gpu_row_passes_fit_the_device_budget_and_hold_it(standin, rng):
     """A pass over stored data on the GPU keeps its strips and states there: planned within the device
     budget as well as the host's, and each task holds its share of the per-GPU budget while it runs."""
     from blocklin.device.cuda import DeviceBudget
-    from blocklin.linalg._solve_kernels import gram_kernel
+    from blocklin.linalg.solve.kernels import gram_kernel
     from blocklin.runtime.job import Job
     from blocklin.runtime.passes import reduce_sum, run_pass, source
 

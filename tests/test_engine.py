@@ -7,7 +7,7 @@ import pytest
 
 import blocklin as bl
 from blocklin.errors import BlocklinError, DTypeError, ParameterError
-from blocklin.linalg._tall_kernels import apply_kernel
+from blocklin.linalg.blocks.tall_kernels import apply_kernel
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, run_pass, source
 from tolerances import assert_factorization, assert_gram

@@ -7,6 +7,7 @@ import pytest
 import scipy.linalg as sl
 
 from blocklin.errors import NotPositiveDefiniteError
+from blocklin.linalg.factor.cholesky_tiles import potrf
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
 from blocklin.storage.zarr_store import create_array, open_zarr
@@ -101,7 +102,7 @@ def test_potrf_block(tmp_path, dtype):
     a_path = _store(tmp_path / "a.zarr", a, 8)
     out = _store(tmp_path / "l.zarr", np.zeros((40, 40), dtype), 8)
     with Job("test", scheduler="sync") as job:
-        BlockOps(job, 8).potrf(Region.of(a_path, (n, n), (8, 8)), Region.of(out, (n, n), (8, 8)), dtype=dtype)
+        potrf(BlockOps(job, 8), Region.of(a_path, (n, n), (8, 8)), Region.of(out, (n, n), (8, 8)), dtype=dtype)
     got = open_zarr(out)[...]
     ref = sl.cholesky(a[8:32, 8:32].astype(np.float64), lower=True)
     assert np.abs(got[8:32, 8:32] - ref).max() <= _tol(dtype, n) * np.abs(ref).max() * 4
@@ -114,6 +115,6 @@ def test_potrf_not_positive_definite_names_pivot(tmp_path):
     a_path = _store(tmp_path / "a.zarr", a, 8)
     out = _store(tmp_path / "l.zarr", np.zeros((16, 16)), 8)
     with Job("test", scheduler="sync") as job, pytest.raises(NotPositiveDefiniteError, match="row/column 5") as e:
-        BlockOps(job, 8).potrf(Region.of(a_path, (16, 16)), Region.of(out, (16, 16)), dtype=np.float64)
+        potrf(BlockOps(job, 8), Region.of(a_path, (16, 16)), Region.of(out, (16, 16)), dtype=np.float64)
     assert e.value.pivot == 5
     assert "lam" in str(e.value) and "assume_a='gen'" in str(e.value)

@@ -93,7 +93,7 @@ def test_lu_identical_bits_across_schedulers(tmp_path):
 def test_lu_resume_keeps_finished_panels(tmp_path):
     a = bl.from_array(np.random.default_rng(5).standard_normal((64, 64)), tmp_path / "a.zarr", chunks=(16, 16))
     ref = bl.lu(a, tmp_path / "ref.zarr", scheduler="sync", tile=16)
-    import blocklin.runtime.blockops as bo
+    import blocklin.linalg.factor.lu_panels as bo
 
     real = bo._panel_pivots
     state = {"fail": True}

@@ -82,7 +82,7 @@ def test_auto_goes_tiled_when_r_exceeds_the_budget():
 
 
 def test_auto_falls_back_to_tiled_when_the_pass_is_refused(monkeypatch):
-    import blocklin.linalg.qr_factor as qf
+    import blocklin.linalg.factor.qr as qf
 
     def refused(*args, **kwargs):
         raise BudgetError("memory: the pass does not fit")
@@ -117,7 +117,7 @@ def test_qr_resume_keeps_finished_panels(tmp_path):
     a = bl.from_array(np.random.default_rng(7).standard_normal((80, 64)), tmp_path / "a.zarr", chunks=(16, 16))
     ref_q, ref_r = bl.qr(a, tmp_path / "ref-r.zarr", q=tmp_path / "ref-q.zarr", mode="reduced", tile=16,
                          method="tiled", scheduler="sync")
-    import blocklin.runtime.householder as hh
+    import blocklin.linalg.factor.householder as hh
 
     real = hh._reflectors
     state = {"calls": 0}

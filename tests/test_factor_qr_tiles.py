@@ -119,7 +119,7 @@ def test_tile_qr_resume_identical_bits(tmp_path, fail_in):
     a = bl.from_array(np.random.default_rng(10).standard_normal((80, 64)), tmp_path / "a.zarr", chunks=(16, 16))
     ref_q, ref_r = bl.qr(a, tmp_path / "ref-r.zarr", q=tmp_path / "ref-q.zarr", mode="reduced", tile=16,
                          method="tiles", scheduler="sync")
-    import blocklin.runtime.qrtiles as qt
+    import blocklin.linalg.factor.qr_tiles as qt
 
     name = "tpmqrt" if fail_in != "tpqrt" else "tpqrt"
     real = getattr(qt, name)

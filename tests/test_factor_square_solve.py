@@ -171,7 +171,7 @@ def test_gen_solve_with_more_right_hand_sides_than_a_panel():
 
 def _spy_lu_solves(monkeypatch):
     """The ``forward`` flag of every LU solve task (True: the solve also reads L back)."""
-    import blocklin.runtime.blockops as bo
+    import blocklin.linalg.factor.lu_panels as bo
 
     calls, real = [], bo.lu_solve_task
 
@@ -212,7 +212,7 @@ def test_gen_solve_forward_substitution_runs_in_the_panels(monkeypatch, dtype, p
 def test_gen_solve_forward_substitution_only_where_it_fits_the_panel_budget(monkeypatch):
     """Right-hand sides that do not fit beside a panel (lu_rhs_fits) are solved after the factorization,
     forward and back: the same solution up to rounding."""
-    import blocklin.linalg.square_solve as sq
+    import blocklin.linalg.solve.square as sq
     from blocklin.plan.factor import lu_panel_bytes, lu_rhs_fits
 
     # after its factorization a panel frees its update and sub-panel buffers: n x k must fit there
@@ -247,7 +247,7 @@ def test_gen_solve_resumes_inside_the_panels_forward_substitution(tmp_path, monk
     from the last finished panel and gives the bits of an uninterrupted run."""
     import os
 
-    import blocklin.runtime.blockops as bo
+    import blocklin.linalg.factor.lu_panels as bo
 
     rng = np.random.default_rng(14)
     a = bl.from_array(rng.standard_normal((160, 160)), tmp_path / "a.zarr", chunks=(32, 32))

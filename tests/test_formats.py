@@ -11,7 +11,8 @@ import zarr
 
 import blocklin
 from blocklin.errors import DTypeError, FormatError
-from blocklin.storage.formats import detect_format, open_reader, open_writer, split_spec
+from blocklin.storage.formats import detect_format, open_reader, open_writer
+from blocklin.storage.location import split_spec
 
 DTYPES = ["float32", "float64", "int32", "int64"]
 # format -> (extension, dtype it reads back as for each source dtype, or None to keep)

@@ -223,7 +223,7 @@ def test_resume_skips_finished_tiles(tmp_path, rng):
 
     a_path = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32)).path
     b_path = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 32)).path
-    import blocklin.linalg.gemm as g
+    import blocklin.linalg.products.gemm as g
 
     g.gemm_tile = flaky
     try:
@@ -273,7 +273,7 @@ def test_zarr_v2_input_readable(tmp_path, rng):
 def test_region_tiles_with_offsets_identity_and_statistics(tmp_path, rng):
     """The GEMM tile task on sub-blocks of stored matrices, as the inverse uses it (its probe products
     ``X P`` are a row pass of their own, `refine.probe_products`)."""
-    from blocklin.linalg._inv_kernels import InverseEpilogue
+    from blocklin.linalg.inverse.kernels import InverseEpilogue
     from blocklin.runtime.blockops import BlockOps
     from blocklin.runtime.job import Job
     from blocklin.storage.zarr_store import open_zarr, write_block

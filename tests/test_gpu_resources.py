@@ -13,7 +13,7 @@ import cupy_standin
 import blocklin as bl
 from blocklin.device.cuda import CudaDevice, DeviceBudget
 from blocklin.config import parse_size
-from blocklin.device.select import gpu_for_worker
+from blocklin.device.workers import gpu_for_worker
 from blocklin.errors import DeviceError
 from tolerances import assert_gram, assert_product, assert_ritz_values
 
@@ -338,7 +338,7 @@ def test_no_device_bytes_stay_allocated_after_a_job(standin, tmp_path, workers):
 def test_pinned_bytes_are_counted_at_the_pinned_pool_block_size(standin):
     """CuPy's pinned pool serves each request with a power-of-two block: blocklin counted ``nbytes``
     (here 1.33-1.9x less than what the pool held)."""
-    from blocklin.device.cuda import pinned_nbytes
+    from blocklin.plan.gpu import pinned_nbytes
 
     dev = CudaDevice.current()
     shapes = [(3000, 300), (300, 1200), (600, 1200), (1000, 350), (7, 3)]

@@ -220,7 +220,7 @@ def test_max_passes_is_validated(tmp_path, value):
 
 def test_huge_counts_do_not_run_away(tmp_path):
     """``power_iters=2**62`` on an in-core matrix ran for hours; other huge counts are capped or refused."""
-    from blocklin.linalg.svd import MAX_POWER_ITERS
+    from blocklin.linalg.lowrank.svd import MAX_POWER_ITERS
 
     A = bl.from_array(_rand((60, 30), np.float64), str(tmp_path / "a.zarr"))
     t0 = time.monotonic()

@@ -16,7 +16,7 @@ import pytest
 import blocklin as bl
 from blocklin.errors import BlocklinWarning
 from blocklin.errors import NonFiniteError, OutputExistsError, ShapeError, SingularMatrixError
-from blocklin.linalg._inv_kernels import MEMORY
+from blocklin.linalg.inverse.kernels import MEMORY
 from blocklin.plan.inverse import plan_inverse
 
 
@@ -227,7 +227,7 @@ def test_refine_switches(rng):
 
 def test_a_step_that_does_not_improve_is_undone(rng, monkeypatch):
     """Newton-Schulz at the rounding floor can make X worse: the previous iterate is kept and returned."""
-    from blocklin.linalg import refine
+    from blocklin.linalg.inverse import refine
 
     n = 96
     a = rng.standard_normal((n, n)) + n**0.5 * np.eye(n)  # well conditioned: X is accurate before any step

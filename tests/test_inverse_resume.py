@@ -25,7 +25,7 @@ CHILD = textwrap.dedent("""
     a_path, out, tmp, sig, kill_in, how, resume, method = sys.argv[1:9]
     kill_in = int(kill_in)
     import blocklin as bl
-    import blocklin.linalg._inv_kernels as kernels
+    import blocklin.linalg.inverse.kernels as kernels
     import blocklin.runtime.blockops as blockops
     import blocklin.runtime.passes as passes
     import blocklin.runtime.tiles as tiles

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import blocklin as bl
-from blocklin.linalg.lambda_select import choose_lambda
-from blocklin.linalg.tikhonov import Spectrum
+from blocklin.linalg.solve.lambda_select import choose_lambda
+from blocklin.linalg.solve.tikhonov import Spectrum
 from memcheck import margin, needs_hwm, run_child
 
 

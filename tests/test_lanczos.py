@@ -11,7 +11,7 @@ import scipy.linalg
 import blocklin as bl
 from blocklin.errors import ConvergenceWarning, NonFiniteError, ShapeError
 from blocklin.errors import NotSymmetricError
-from blocklin.linalg.lanczos import block_lanczos
+from blocklin.linalg.lowrank.lanczos import block_lanczos
 
 
 def sym(n: int, eigs: np.ndarray, dtype=np.float64, seed: int = 0) -> np.ndarray:

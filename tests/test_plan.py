@@ -216,7 +216,7 @@ def test_row_pass_strips_same_locally_and_on_a_one_thread_cluster():
     (the same strips, so the same sums); a ``workers=`` setting is planned as given."""
     from types import SimpleNamespace
 
-    from blocklin.linalg._tall_kernels import normal_kernel
+    from blocklin.linalg.blocks.tall_kernels import normal_kernel
     from blocklin.runtime.passes import Source, plan_kernel_pass
 
     src = Source(path="a.zarr", name="a", rows=100000, width=500, dtype=np.dtype("float64"), chunk_rows=2048,

@@ -29,7 +29,7 @@ def test_gemm_resume_after_ctrl_c_left_a_partial_without_metadata(tmp_path, monk
     # Ctrl-C stops the scheduler, not the tasks in flight: they may write chunks and markers into the
     # partial output after the abort removed it. A partial without array metadata is started over
     # (its markers may name removed chunks), instead of failing with "convert it first".
-    import blocklin.linalg.gemm as gemm_mod
+    import blocklin.linalg.products.gemm as gemm_mod
 
     rng = np.random.default_rng(0)
     a = bl.from_array(rng.standard_normal((256, 192)), tmp_path / "a.zarr", chunks=(32, 32))
@@ -49,7 +49,7 @@ def test_gemm_resume_after_ctrl_c_left_a_partial_without_metadata(tmp_path, monk
 
 
 def test_gemm_resume_after_ctrl_c_continues(tmp_path, monkeypatch):
-    import blocklin.linalg.gemm as gemm_mod
+    import blocklin.linalg.products.gemm as gemm_mod
 
     rng = np.random.default_rng(1)
     a = bl.from_array(rng.standard_normal((256, 192)), tmp_path / "a.zarr", chunks=(32, 32))
@@ -66,7 +66,7 @@ def test_gemm_resume_after_ctrl_c_continues(tmp_path, monkeypatch):
 KILL_SOLVE = """
 import os, signal, sys
 import numpy as np
-import blocklin.linalg.tikhonov as tk
+import blocklin.linalg.solve.tikhonov as tk
 real = tk.{victim}
 def dying(*args, **kwargs):
     os.kill(os.getpid(), signal.SIG{sig})

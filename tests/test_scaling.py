@@ -1,5 +1,5 @@
 """Scaled data: every operation on ``c A`` (``c`` a power of two from ``2^-600`` to ``2^600``) gives the
-right power of ``c`` times its result on ``A``, in memory and streamed (blocklin.linalg.scaling).
+right power of ``c`` times its result on ``A``, in memory and streamed (blocklin.linalg.blocks.scaling).
 
 Multiplying by a power of two is exact in binary floating point, so ``c A`` is ``A`` with other
 exponents: a route that scales its data by a power of two before it squares or factors it makes the
@@ -20,8 +20,8 @@ import scipy.linalg
 
 import blocklin as bl
 from blocklin.errors import ConvergenceError, ParameterError
-from blocklin.linalg import scaling
-from blocklin.linalg.svd import triplet_report
+from blocklin.linalg.blocks import scaling
+from blocklin.linalg.lowrank.svd import triplet_report
 from tolerances import assert_close_to, eps
 
 #: The factors of the property tests (float64); float32 has its own smaller range.

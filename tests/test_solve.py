@@ -9,7 +9,7 @@ import pytest
 
 import blocklin as bl
 from blocklin.errors import NonFiniteError, ShapeError, SingularMatrixError
-from blocklin.linalg.qr import streaming_r
+from blocklin.linalg.blocks.streaming_qr import streaming_r
 from tolerances import assert_gram, assert_solve
 
 

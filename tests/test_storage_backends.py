@@ -34,7 +34,7 @@ class _Interrupt(RuntimeError):
 
 def _interrupt_after(monkeypatch, n: int) -> list:
     """Make the GEMM tile task fail after ``n`` tiles (a job killed mid-way); returns the call log."""
-    import blocklin.linalg.gemm as gemm_mod
+    import blocklin.linalg.products.gemm as gemm_mod
 
     real = gemm_mod.gemm_tile
     calls: list = []
@@ -189,7 +189,7 @@ class BackendTests:
 
 
     def test_ctrl_c_removes_temporaries_and_partial_output(self, loc, monkeypatch):
-        import blocklin.linalg.gemm as gemm_mod
+        import blocklin.linalg.products.gemm as gemm_mod
 
         def interrupted(*args, **kw):
             raise KeyboardInterrupt

@@ -11,7 +11,7 @@ import scipy.linalg
 
 import blocklin as bl
 from blocklin.errors import ConvergenceWarning, NonFiniteError
-from blocklin.linalg.orth import orthonormalize
+from blocklin.linalg.blocks.orth import orthonormalize
 from blocklin.plan.svd import svd_passes
 from tolerances import assert_singular_values
 
@@ -238,8 +238,8 @@ def test_orthonormalize_in_core_returns_the_same_type():
 
 
 def test_cholqr_falls_back_to_tsqr():
-    from blocklin.linalg.orth import cholqr_r
-    from blocklin.linalg.tallblock import ArrayBlock as _ArrayBlock
+    from blocklin.linalg.blocks.orth import cholqr_r
+    from blocklin.linalg.blocks.tallblock import ArrayBlock as _ArrayBlock
 
     rng = np.random.default_rng(1)
     y = rng.standard_normal((500, 6)) @ np.diag(np.logspace(0, -8, 6))

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import blocklin as bl
-import blocklin.linalg.svd as svd_module
+import blocklin.linalg.lowrank.svd as svd_module
 from blocklin.errors import BudgetError
-from blocklin.linalg.center import moments_and_gram
+from blocklin.linalg.blocks.center import moments_and_gram
 from blocklin.plan.svd import gram_route_fits
 from blocklin.runtime.job import Job
 from tolerances import assert_mean, assert_singular_values

@@ -11,9 +11,9 @@ import pytest
 
 import blocklin as bl
 from blocklin.errors import BudgetError
-from blocklin.linalg import _tall_kernels as K
-from blocklin.linalg import random as rnd
-from blocklin.linalg import svd as S
+from blocklin.linalg.blocks import tall_kernels as K
+from blocklin.linalg.blocks import random as rnd
+from blocklin.linalg.lowrank import svd as S
 from blocklin.plan import passes as P
 from blocklin.plan.svd import plan_svd, sketch_state_bytes, sketch_tasks
 from blocklin.runtime.job import Job

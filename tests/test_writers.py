@@ -138,7 +138,7 @@ def test_resume_takes_over_a_killed_run(ops, monkeypatch):
     """A partial kept for resume whose owner died is continued by the next resume, same bits."""
     a, b, out = ops
     ref = blocklin.matmul(a, b, out.parent / "ref.zarr", memory="64KiB", scheduler="sync")
-    import blocklin.linalg.gemm as gemm_mod
+    import blocklin.linalg.products.gemm as gemm_mod
 
     real, calls = gemm_mod.gemm_tile, []
 

@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.eigsh import eigsh
+    from blocklin.linalg.lowrank.eigsh import eigsh
 
     res = eigsh(args.a, args.k, which=args.which, tol=args.tol, max_passes=args.max_passes, seed=args.seed,
                 out=args.out, order="ascending" if args.which == "SA" else "descending", center=args.center,

@@ -67,7 +67,7 @@ def _register_qr(kinds: argparse._SubParsersAction) -> None:
 
 
 def run_qr(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.qr_factor import qr
+    from blocklin.linalg.factor.qr import qr
 
     kwargs = dict(q=args.q, mode="reduced" if args.q else "r", method=args.method, tile=args.tile,
                   **ui.run_settings(args))
@@ -90,7 +90,7 @@ def run_qr(args: argparse.Namespace) -> dict:
 
 
 def run_lu(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.lu import lu
+    from blocklin.linalg.factor.lu import lu
 
     kwargs = dict(tile=args.tile, **ui.run_settings(args))
     if args.explain:
@@ -110,7 +110,7 @@ def run_lu(args: argparse.Namespace) -> dict:
 
 
 def run_cholesky(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.cholesky import cholesky
+    from blocklin.linalg.factor.cholesky import cholesky
 
     kwargs = dict(lower=not args.upper, tile=args.tile, **ui.run_settings(args))
     if args.explain:

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.gemm import matmul, read_advice
+    from blocklin.linalg.products.gemm import matmul, read_advice
     from blocklin.create import open as open_matrix
 
     beta = args.beta if args.beta is not None else (1.0 if args.c else 0.0)

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.gram import gram
+    from blocklin.linalg.products.gram import gram
 
     kwargs = dict(trans=args.trans, dtype=args.dtype, **ui.run_settings(args))
     if args.explain:

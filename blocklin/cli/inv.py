@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.inverse import inv
+    from blocklin.linalg.inverse.inverse import inv
 
     refine = args.refine
     kwargs = dict(refine=refine, max_refine=refine if isinstance(refine, int) else 10, tol=args.tol,

@@ -31,7 +31,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from blocklin import __version__
+    from blocklin._version import __version__
 
     parser = Parser(prog="blocklin",
                     description="Out-of-core blocked linear algebra on chunked zarr matrices.")

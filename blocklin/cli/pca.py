@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.pca import pca
+    from blocklin.linalg.lowrank.pca import pca
 
     res = pca(args.a, args.k, scale=args.scale, method=args.method, oversample=args.oversample,
               power_iters=_power_iters(args.power_iters), tol=args.tol, out=args.out, seed=args.seed,

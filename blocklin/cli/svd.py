@@ -42,7 +42,7 @@ def _power_iters(value: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.svd import svd
+    from blocklin.linalg.lowrank.svd import svd
 
     res = svd(args.a, args.k, method=args.method, oversample=args.oversample, power_iters=_power_iters(args.power_iters),
               tol=args.tol, out=args.out, seed=args.seed, max_passes=args.max_passes,

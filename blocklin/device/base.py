@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.errors import InternalError
+
 
 class Device(abc.ABC):
     """What a tile kernel needs from a compute device.
@@ -185,7 +187,7 @@ class Device(abc.ABC):
         """``x[i, col0 + i] += 1`` for every row ``i`` of a C-contiguous ``x`` (the identity's part in a row strip)."""
         h, n = x.shape
         if h and not x.flags.c_contiguous:
-            raise ValueError("add_identity: x must be C-contiguous")
+            raise InternalError("add_identity: x must be C-contiguous")
         with self.on_compute():
             diag = x.reshape(-1)[col0::n + 1][:h]  # strided view of the entries (i, col0 + i)
             diag += 1
@@ -208,7 +210,7 @@ class Device(abc.ABC):
         with threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas"):
             lu, piv, info = getrf(x, overwrite_a=False)
         if info < 0:
-            raise ValueError(f"getrf: illegal argument {-info}")
+            raise InternalError(f"getrf: illegal argument {-info}")
         return lu, piv.astype(np.int64)
 
 
@@ -229,12 +231,3 @@ def singular(n: int) -> Exception:
 
     return SingularMatrixError(explain("matrix", "must be nonsingular to invert", f"a singular {n} x {n} block",
                                        "check the input, or solve a regularized problem (lam > 0)"))
-
-
-def __getattr__(name: str):
-    """``get_device``, ``gpu_available`` and ``resolved_kind`` live in :mod:`blocklin.device.select`."""
-    if name in ("get_device", "gpu_available", "resolved_kind"):
-        from blocklin.device import select
-
-        return getattr(select, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

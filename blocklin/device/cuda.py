@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.plan.gpu import pinned_nbytes
 from blocklin.device import pool
 from blocklin.device.base import Device, not_positive_definite, singular
 from blocklin.errors import DeviceError, explain
@@ -42,20 +43,6 @@ from blocklin.errors import DeviceError, explain
 #: unpinning buffers that each carried one or two copies.
 PIN_MIN_USES = 3
 
-#: CuPy's pinned pool rounds every request up to a multiple of this (the alignment of
-#: ``cudaHostAlloc``) and then up to a power of two (``cupy/cuda/pinned_memory.pyx``, CuPy 13/14).
-PINNED_UNIT = 512
-
-
-def pinned_nbytes(nbytes: int) -> int:
-    """Pinned host bytes a buffer of ``nbytes`` really holds: CuPy's pinned pool serves every request
-    with a block of the next power of two (of at least :data:`PINNED_UNIT` bytes), 1.0-2.0x the
-    request; budgets count pinned buffers at this size."""
-    nbytes = int(nbytes)
-    if nbytes <= 0:
-        return 0
-    units = -(-nbytes // PINNED_UNIT) * PINNED_UNIT
-    return 1 << (units - 1).bit_length()
 
 
 #: cuBLAS math modes (cublasMath_t).
@@ -140,7 +127,7 @@ class CudaDevice(Device):
     @classmethod
     def current(cls, device_memory: int | None = None) -> CudaDevice:
         """One instance per thread (streams are not shared between concurrent tile tasks), on the GPU of
-        the worker it runs in (:func:`blocklin.device.select.gpu_for_worker`).
+        the worker it runs in (:func:`blocklin.device.workers.gpu_for_worker`).
 
         ``device_memory`` is the budget of the calling task's job, set on every call: the instance
         outlives the job that created it, and the tasks of a later job on this thread hold their own
@@ -150,7 +137,7 @@ class CudaDevice(Device):
         with cls._lock:
             inst = cls._instances.get(key)
             if inst is None:
-                from blocklin.device.select import worker_gpu
+                from blocklin.device.workers import worker_gpu
 
                 inst = cls._instances[key] = cls(device_memory, device_id=worker_gpu())
             elif inst.cp.cuda.runtime.getDevice() != inst.device_id:

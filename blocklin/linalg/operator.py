@@ -18,7 +18,7 @@ from scipy.sparse.linalg import LinearOperator
 
 from blocklin.config import Settings, check_settings, resolve
 from blocklin.errors import DTypeError, ShapeError, explain
-from blocklin.linalg._tall_kernels import apply_kernel, rmat_kernel
+from blocklin.linalg.blocks.tall_kernels import apply_kernel, rmat_kernel
 from blocklin.operands import as_operand
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source

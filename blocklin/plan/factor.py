@@ -166,7 +166,7 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
 
 #: Rows of the blocks in which an LU panel task streams the earlier panels (at least the panel width).
 LU_STREAM_ROWS = 512
-#: Widest sub-panel of an LU panel's own factorization (:func:`~blocklin.runtime.blockops.factor_panel`).
+#: Widest sub-panel of an LU panel's own factorization (:func:`~blocklin.linalg.factor.lu_panels.factor_panel`).
 LU_SUBPANEL = 256
 
 
@@ -192,11 +192,11 @@ def lu_panel_bytes(n: int, width: int, itemsize: int, source_itemsize: int | Non
     Updates by the earlier panels: two streamed blocks of an earlier panel (one in use, one read
     ahead), the ``U`` block and the rows a panel's swaps move (``2 width``), and, when the input has
     another dtype (``source_itemsize``: mixed precision), a row block of it read before the cast.
-    The panel's own factorization (:func:`~blocklin.runtime.blockops.factor_panel`): the
+    The panel's own factorization (:func:`~blocklin.linalg.factor.lu_panels.factor_panel`): the
     column-major copy of one sub-panel (``n x lu_subpanel(width)``) and, with several sub-panels,
     the rows its swaps move and the temporary of one row block (``width`` rows) of the update GEMM.
     Reading the panel (before the updates) maps at most one streamed block's bytes of the input's
-    chunk rows at a time (:func:`~blocklin.runtime.blockops.panel_read_rows`), within the updates'
+    chunk rows at a time (:func:`~blocklin.linalg.factor.lu_panels.panel_read_rows`), within the updates'
     allowance.
     """
     n = max(n, 1)
@@ -213,7 +213,7 @@ def lu_panel_bytes(n: int, width: int, itemsize: int, source_itemsize: int | Non
 
 def lu_rhs_fits(n: int, width: int, k: int, itemsize: int, source_itemsize: int | None = None) -> bool:
     """Whether an LU panel task of :func:`lu_panel_bytes` can also run the forward substitution of
-    ``k`` right-hand sides (:meth:`~blocklin.runtime.blockops.BlockOps.lu_panels` with ``rhs``).
+    ``k`` right-hand sides (:func:`~blocklin.linalg.factor.lu_panels.lu_panels` with ``rhs``).
 
     That step runs after the panel is factored, when the buffers of the updates and of the panel's own
     factorization are free: it holds the ``n x k`` right-hand sides three times over at most (the

@@ -19,15 +19,14 @@ import functools
 import math
 import os
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
 from blocklin._memory import IO_CONCURRENCY  # zarr's chunks in flight; each holds chunk temporaries
 from blocklin.config import format_size, size_hint
-from blocklin.device.cuda import pinned_nbytes  # pinned buffers as CuPy's pool allocates them (no CuPy import)
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import LazyPieces, split
+from blocklin.plan.gpu import pinned_nbytes  # pinned buffers as CuPy's pool allocates them
 from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, shortfall, transfer_bound
 
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.

@@ -55,3 +55,19 @@ def shortfall(tm: int, tn: int, dtype, *, gpu: str = DEFAULT_GPU, precision: str
     dt = np.dtype(dtype)
     need = crossover_tile(dt, gpu=gpu, precision=precision, link=link) / dt.itemsize
     return max(0.0, 1.0 - intensity(tm, tn, dt.itemsize) / need)
+
+
+#: CuPy's pinned pool rounds every request up to a multiple of this (the alignment of
+#: ``cudaHostAlloc``) and then up to a power of two (``cupy/cuda/pinned_memory.pyx``, CuPy 13/14).
+PINNED_UNIT = 512
+
+
+def pinned_nbytes(nbytes: int) -> int:
+    """Pinned host bytes a buffer of ``nbytes`` really holds: CuPy's pinned pool serves every request
+    with a block of the next power of two (of at least :data:`PINNED_UNIT` bytes), 1.0-2.0x the
+    request; budgets count pinned buffers at this size."""
+    nbytes = int(nbytes)
+    if nbytes <= 0:
+        return 0
+    units = -(-nbytes // PINNED_UNIT) * PINNED_UNIT
+    return 1 << (units - 1).bit_length()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from blocklin.config import format_size
-from blocklin.errors import BudgetError, explain
+from blocklin.errors import BudgetError, InternalError, explain
 from blocklin.plan.passes import PassMemory, plan_pass
 
 #: Smallest and largest working chunk side.
@@ -79,7 +79,7 @@ class InversePlan:
         planned separately within ``memory``.
     method : {"direct", "lu", "schur"}
         ``"direct"``: one in-core leaf (:attr:`direct`); ``"lu"``: the out-of-core LU with partial
-        pivoting (:func:`blocklin.linalg.lu.factor_lu_into`), then the rows of the inverse solved
+        pivoting (:func:`blocklin.linalg.factor.lu.factor_lu_into`), then the rows of the inverse solved
         from its panels; ``"schur"``: the randomized Schur-complement recursion.
     lu_tile, row_width, lu_memory, rows_memory : int
         Method ``"lu"``: the panel width of the factorization, the rows of the inverse one task
@@ -197,7 +197,7 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
     memory : int
         Host budget in bytes.
     kernels : KernelMemory
-        The memory declarations of the inverse's tasks (``blocklin.linalg._inv_kernels.MEMORY``).
+        The memory declarations of the inverse's tasks (``blocklin.linalg.inverse.kernels.MEMORY``).
     precision : {None, "mixed"}
         ``"mixed"`` runs the recursion in float32.
     source_dtype : dtype, optional
@@ -274,7 +274,7 @@ def _plan_lu(n: int, dt: np.dtype, wdt: np.dtype, src_dt: np.dtype, chunk: int, 
     from blocklin.plan.factor import TILE_SIDES
 
     if kernels.rows is None:
-        raise ValueError("plan_inverse: method 'lu' needs the rows task's memory declaration")
+        raise InternalError("plan_inverse: method 'lu' needs the rows task's memory declaration")
     lu = plan_lu(n, wdt, memory=memory, chunks=source_chunks, source_dtype=src_dt)
     # the widest panels leave no room for the rows task's chunk temporaries of the panels' store:
     # narrower panels (fewer bytes per chunk) until one chunk-wide strip of rows fits too

@@ -1,4 +1,4 @@
-"""Plan of the tile Householder QR (:mod:`blocklin.runtime.qrtiles`): tile side within the budget."""
+"""Plan of the tile Householder QR (:mod:`blocklin.linalg.factor.qr_tiles`): tile side within the budget."""
 
 from __future__ import annotations
 

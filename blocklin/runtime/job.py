@@ -138,7 +138,7 @@ class Job:
         #: passes over them skip the check (see :func:`blocklin.runtime.passes.run_pass`).
         self.checked_finite: set[str] = set()
         #: Largest magnitude of each input, by path, recorded by the first row pass that read it whole
-        #: (what :mod:`blocklin.linalg.scaling` chooses its power of two from).
+        #: (what :mod:`blocklin.linalg.blocks.scaling` chooses its power of two from).
         self.amax: dict[str, float] = {}
         #: ... and of each column of the streamed orientation (rows of a source streamed transposed)
         self.peaks: dict[str, Any] = {}
@@ -410,14 +410,15 @@ class Job:
     def seconds(self) -> float:
         return time.perf_counter() - self.t0
 
-    def report(self, **extra: Any) -> dict:
+    def report(self, *, flops: float | None = None, **extra: Any) -> dict:
         """The operation's report: statistics, time, peak memory, device, scheduler.
 
         ``bytes_read`` is what the reads fetched from storage (chunk bytes, counted where they are
         read) and ``bytes_logical`` the bytes of the blocks the operation used; more read than used
         means chunks re-read or read in part of their width. ``peak_memory`` is this process's; where tasks ran in other processes (``processes``, a
         cluster), ``worker_peak_memory`` maps each of them (worker address or pid) to its peak,
-        and ``cluster`` describes the workers the plans were made for.
+        and ``cluster`` describes the workers the plans were made for. ``flops``: the operation's
+        count (a plan's), replacing the tasks' sum; ``gflops`` is the rate of whichever is reported.
         """
         secs = self.seconds()
         rep = dict(self.stats)
@@ -427,8 +428,10 @@ class Job:
         rep["bytes_read"] = rep.pop("bytes_physical") + self.driver_reads.bytes
         if self.read_notes:
             rep["read_notes"] = list(self.read_notes)
+        if flops is not None:
+            rep["flops"] = flops
         rep.update(seconds=secs, peak_memory=peak_rss(), memory_budget=self.cfg.memory, device=self.device,
-                   scheduler=self.scheduler.kind, gflops=self.stats["flops"] / secs / 1e9 if secs > 0 else 0.0)
+                   scheduler=self.scheduler.kind, gflops=rep["flops"] / secs / 1e9 if secs > 0 else 0.0)
         if self.scheduler.kind in ("processes", "distributed"):
             rep["worker_peak_memory"] = dict(self.stats.get("worker_peaks", {}))
         if self.cluster() is not None:

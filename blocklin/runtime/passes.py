@@ -158,7 +158,7 @@ class RowPassSpec:
     #: Outputs written transposed: a block for ``rows`` goes to ``out[:, rows] = block.T``.
     transposed_outputs: tuple[str, ...] = ()
     #: Per input: the power of two ``e`` its strips are divided by as they are read (``x 2^-e``,
-    #: exact; :mod:`blocklin.linalg.scaling`), 0 for none.
+    #: exact; :mod:`blocklin.linalg.blocks.scaling`), 0 for none.
     scale: tuple[int, ...] | None = None
     #: Per input: whether the task records the largest magnitude of each column it read (``peaks``).
     amax: tuple[bool, ...] | None = None
@@ -237,7 +237,7 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
         For a kernel that runs on any device: where this pass runs (default: the job's device).
     scale : dict, optional
         ``{path: e}``: the strips of that source are multiplied by ``2^-e`` as they are read (exact,
-        never a scaled copy on disk; :mod:`blocklin.linalg.scaling`). The largest magnitude of each
+        never a scaled copy on disk; :mod:`blocklin.linalg.blocks.scaling`). The largest magnitude of each
         operand input read for the first time in the job is recorded in ``job.amax[path]`` (and of
         each column of the streamed orientation in ``job.peaks[path]``).
     **planning

@@ -42,7 +42,7 @@ from typing import Any
 from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.backend import backend, remove
 from blocklin.storage.location import Location
-from blocklin.storage.ownership import OWNER_RECORD
+from blocklin.storage.records import OWNER_RECORD
 from blocklin.storage.zarr_store import create_array
 
 _RUN = "run-id"

@@ -21,7 +21,7 @@ import numpy as np
 import blocklin._memory as _memory
 from blocklin.device import TileStream, get_device, pool
 from blocklin.device.stream import start_lane
-from blocklin.errors import NonFiniteError, explain
+from blocklin.errors import InternalError, NonFiniteError, explain
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import GemmPlan
 import blocklin._readstats as readstats
@@ -341,7 +341,7 @@ class _GemmTile:
         self.cast_bufs: queue.Queue = queue.Queue()
         if self.out_dtype != dt:
             if spec.epilogue is not None:
-                raise ValueError("gemm_tile: an epilogue needs the output in the compute dtype")
+                raise InternalError("gemm_tile: an epilogue needs the output in the compute dtype")
             for _ in range(min(2, len(self.strips))):
                 self.cast_bufs.put(np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.out_dtype))
         self.extra = spec.epilogue.begin(rows, cols, spec.out_off) if spec.epilogue is not None else None

@@ -61,7 +61,9 @@ from blocklin.storage.backend import backend
 from blocklin.storage.completeness import STORED_KEY, count_stored
 from blocklin.storage.guard import check_output, check_replaceable, check_replaceable_prefix
 from blocklin.storage.location import Location, as_location
-from blocklin.storage.zarr_store import DEFERRED_META, INPUTS_RECORD, PENDING_RECORD, wait_for_pending_io
+from blocklin.storage.space import folder_size
+from blocklin.storage.records import DEFERRED_META, INPUTS_RECORD, OWNER_RECORD, PENDING_RECORD
+from blocklin.storage.zarr_store import wait_for_pending_io
 
 _DONE = ".blocklin-done"
 #: Names of chunk files a writer killed mid-write can leave behind (``rawchunks`` and local backends).
@@ -227,7 +229,7 @@ class AtomicOutput:
         try:
             current = ownership.read_record(self.owner_location)
             if current is not None and current.get("run") == owner["run"]:
-                backend(self.owner_location).delete(ownership.OWNER_RECORD)
+                backend(self.owner_location).delete(OWNER_RECORD)
         except OSError:
             pass
 
@@ -352,7 +354,7 @@ class AtomicOutput:
                                                 "pass overwrite=True or choose another path"))
             check_replaceable(self.path, "zarr", self.name)
         ownership.Heartbeat.release(self.partial)  # no heartbeat may recreate the record below
-        backend(self.partial).delete(ownership.OWNER_RECORD)
+        backend(self.partial).delete(OWNER_RECORD)
         remove_stray_temporaries(partial)
         publish(partial, final)
 
@@ -369,7 +371,7 @@ class AtomicOutput:
                                             f"{self.path.url!r} was taken over by another run during this one",
                                             "run one job per output; rerun this one with overwrite=True"))
         ownership.Heartbeat.release(self.path)
-        be.delete(ownership.OWNER_RECORD)
+        be.delete(OWNER_RECORD)
         be.remove(_DONE)
         be.delete(INPUTS_RECORD)
         metas = [k for k in be.keys("") if k == DEFERRED_META or k.endswith("/" + DEFERRED_META)]
@@ -388,7 +390,7 @@ class AtomicOutput:
 
     def restart(self) -> None:
         """Forget an interrupted run's work (markers and chunks): the output is started over."""
-        keep = (PENDING_RECORD, ownership.OWNER_RECORD, INPUTS_RECORD)  # this run's, for the same inputs
+        keep = (PENDING_RECORD, OWNER_RECORD, INPUTS_RECORD)  # this run's, for the same inputs
         if self.in_place:
             be = backend(self.path)
             be.delete_many([k for k in be.keys("") if k not in keep])
@@ -465,18 +467,6 @@ def report_removed(path: str, what: str) -> int:
 
     warn(f"removed {what}: {path} ({format_size(size)})")
     return size
-
-
-def folder_size(path: str) -> int:
-    """Bytes of the files under a local folder (0 when it is gone)."""
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.lstat(os.path.join(root, f)).st_size
-            except OSError:
-                pass
-    return total
 
 
 def publish(partial: str, final: str) -> None:

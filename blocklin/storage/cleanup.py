@@ -28,7 +28,8 @@ from typing import Any
 from blocklin.storage import ownership
 from blocklin.storage.backend import backend
 from blocklin.storage.location import Location, as_location
-from blocklin.storage.zarr_store import PENDING_RECORD
+from blocklin.storage.records import PENDING_RECORD
+from blocklin.storage.space import folder_size
 
 _PARTIAL = re.compile(r"^\..+\.partial-[0-9A-Za-z]+$")
 _OLD = re.compile(r"^\..+\.old-[0-9a-f]{8}$")
@@ -55,8 +56,6 @@ class Leftover:
 
 def _size(loc: Location) -> int:
     if loc.is_local:
-        from blocklin.storage.atomic import folder_size
-
         return folder_size(loc.url)
     return backend(loc).size("")
 

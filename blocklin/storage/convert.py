@@ -10,8 +10,6 @@ Converting is not math: values are copied (and cast when asked), never computed 
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 import re
 import resource
@@ -27,12 +25,13 @@ from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, N
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.convert import plan_convert
 from blocklin.progress import make_progress
+from blocklin.storage.identity import resume_token
 from blocklin.storage.atomic import check_output_path
-from blocklin.storage.formats import detect_format, open_reader, open_writer, split_spec
+from blocklin.storage.formats import detect_format, open_reader, open_writer
 from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.backend import backend
 from blocklin.storage.formats.base import disk_usage
-from blocklin.storage.location import Location, as_location
+from blocklin.storage.location import Location, as_location, split_spec
 from blocklin.storage.space import check_space, make_temp_folder
 from blocklin.storage.zarr_store import open_cached, read_block, array_file_bytes, write_block
 from blocklin.validate import MAX_COUNT
@@ -313,11 +312,10 @@ def _resume_token(src: Any, src_path: Any, out_path: Any, in_fmt: str, out_fmt: 
                   out_dt: np.dtype, out_chunks: Any, codec: str, checksum: bool) -> str:
     """Equal for reruns of the same conversion of the same source: what resume matches (the output checks
     that the source's content is unchanged, :mod:`blocklin.storage.stamps`)."""
-    return hashlib.sha1(json.dumps({
+    return resume_token("convert", [], {
         "src": _real(src_path), "spec": str(src), "fmt": in_fmt,
         "shape": list(reader.shape), "in": reader.dtype.str, "out": out_dt.str, "chunks": list(out_chunks),
-        "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": _real(out_path),
-    }, sort_keys=True).encode()).hexdigest()[:16]
+        "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": _real(out_path)})
 
 
 def _commit(writer: Any, plan: Any, report: dict, out_path: Any) -> Any:

@@ -21,7 +21,7 @@ import posixpath
 import re
 from typing import Any
 
-from blocklin.errors import ConfigError, StorageBackendError, explain
+from blocklin.errors import ArgumentTypeError, ConfigError, StorageBackendError, explain
 
 #: fsspec protocols whose implementation lives in a separate package, with that package.
 BACKEND_PACKAGES = {
@@ -128,7 +128,7 @@ class Location:
     def __fspath__(self) -> str:
         """Local locations act as paths; a URL raises instead of being written to ``./s3:/...``."""
         if not self.is_local:
-            raise TypeError(f"{self.url!r} is not a local path; open it through blocklin.storage")
+            raise ArgumentTypeError(f"{self.url!r} is not a local path; open it through blocklin.storage")
         return self.url
 
     def __dask_tokenize__(self) -> tuple:
@@ -208,7 +208,7 @@ def as_location(x: Any, storage_options: dict[str, Any] | None = None, *, name: 
         return Location(f"{scheme}://{rest.rstrip('/')}", _canonical_options(_merged(storage_options, scheme)))
     if _is_zarr_object(x):
         return _from_zarr(x, storage_options, name)
-    raise TypeError(explain(name, "must name storage: a path, a URL such as s3://bucket/A.zarr, a zarr store or "
+    raise ArgumentTypeError(explain(name, "must name storage: a path, a URL such as s3://bucket/A.zarr, a zarr store or "
                             "array, or a blocklin.storage.Location", type(x).__name__, "pass a path or a URL"))
 
 
@@ -236,7 +236,7 @@ def _from_zarr(x: Any, storage_options: dict | None, name: str) -> Location:
     sub = getattr(x, "path", "") if hasattr(x, "store") else ""
     base = store_location(store, storage_options)
     if base is None:
-        raise TypeError(explain(name, "must be a zarr store that other processes can open (a LocalStore or an "
+        raise ArgumentTypeError(explain(name, "must be a zarr store that other processes can open (a LocalStore or an "
                                 "FsspecStore)", type(store).__name__,
                                 "write it to a path or URL first (blocklin.from_array(x, 's3://bucket/A.zarr'))"))
     return base.child(sub) if sub else base
@@ -289,3 +289,22 @@ def storage_options_from_items(items: list[str] | None) -> dict[str, Any]:
 
 __all__ = ["BACKEND_PACKAGES", "Location", "as_location", "check_backend", "parse_storage_option",
            "storage_options_from_items", "store_location"]
+
+
+#: ``file.npz:member`` and ``file.h5:/group/dataset``: a member of a container file.
+_MEMBER_RE = re.compile(r"^(.*?\.(?:npz|h5|hdf5|he5|hdf))(?::(.*))?$", re.IGNORECASE)
+
+
+def split_spec(spec: Any) -> tuple[str, str | None]:
+    """Split ``file.npz:name`` or ``file.h5:/group/dataset`` into ``(path, member)``."""
+    s = os.fspath(spec) if not isinstance(spec, str) else spec
+    s = os.path.expanduser(s)
+    if os.path.exists(s):
+        return s, None
+    m = _MEMBER_RE.match(s)
+    if m:
+        return m.group(1), (m.group(2) or None)
+    head, sep, tail = s.rpartition(":")
+    if sep and head and os.path.isfile(head):
+        return head, tail or None
+    return s, None

@@ -43,7 +43,7 @@ from typing import Any
 from blocklin.storage.backend import backend
 from blocklin.storage.location import Location
 from blocklin.storage.space import make_temp_folder
-from blocklin.storage.zarr_store import OWNER_RECORD
+from blocklin.storage.records import OWNER_RECORD
 
 #: Seconds between heartbeats of a live writer.
 HEARTBEAT_SECONDS = 30.0

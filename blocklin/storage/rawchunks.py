@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.errors import FormatError
+
 import blocklin._readstats as readstats
 
 
@@ -316,7 +318,7 @@ class DecodedChunks:
             os.close(fd)
         readstats.count(frame.nbytes)
         if self._size(frame) != self.chunk_bytes:
-            raise ValueError(f"the chunk's codec header declares {self._size(frame)} bytes, not {self.chunk_bytes}")
+            raise FormatError(f"the chunk's codec header declares {self._size(frame)} bytes, not {self.chunk_bytes}")
         whole = dest.shape == self.chunks and dest.flags.c_contiguous
         target = dest if whole else np.empty(self.chunks, dtype=self.dtype)
         self._codec.decode(frame, out=target.reshape(-1).view(np.uint8))

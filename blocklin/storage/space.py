@@ -196,3 +196,15 @@ def describe_os_error(exc: OSError) -> str | None:
 
 
 __all__ = ["check_space", "check_writable", "describe_os_error", "make_temp_folder"]
+
+
+def folder_size(path: str) -> int:
+    """Bytes of the files under a local folder (0 when it is gone)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from blocklin.storage.backend import backend
-from blocklin.storage.location import Location, as_location
+from blocklin.storage.location import Location, as_location, split_spec
 
 #: Inputs with more files than this are recorded by their digest and file count only (the record
 #: then says that they changed, not how many files did).
@@ -44,8 +44,6 @@ def input_location(x: Any, storage_options: dict | None = None) -> Location:
         return x
     if (isinstance(x, str) and "://" in x) or not isinstance(x, (str, os.PathLike)):
         return as_location(x, storage_options, name="input")
-    from blocklin.storage.formats import split_spec  # the formats package imports the output protocol
-
     return as_location(split_spec(x)[0], name="input")
 
 

@@ -16,12 +16,13 @@ import zarr.storage
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
 
-from blocklin.errors import ConfigError, StoreNotFoundError, StoreReadError, UncommittedOutputError, explain
+from blocklin.errors import ConfigError, FormatError, StoreNotFoundError, StoreReadError, UncommittedOutputError, explain
 from blocklin.storage.backend import backend, zarr_store
 from blocklin.storage.location import Location, as_location, store_location
 import blocklin._readstats as readstats
 from blocklin.storage.rawchunks import decoded_access, raw_access
 from blocklin.storage.readerrors import check_metadata, reading
+from blocklin.storage.records import DEFERRED_META, INPUTS_RECORD, OWNER_RECORD, PENDING_RECORD
 from blocklin.storage.space import check_space, writing
 
 
@@ -64,14 +65,6 @@ def describe_codecs(arr: zarr.Array) -> str:
     return "+".join(names) if names else "none"
 
 
-#: Deferred zarr metadata of a node inside an uncommitted output (object-store commit protocol).
-DEFERRED_META = ".blocklin-meta.json"
-#: Record of an output being written in place; its removal is the commit (see storage.atomic).
-PENDING_RECORD = ".blocklin-pending.json"
-#: The owner record of a partial output or work folder (:mod:`blocklin.storage.ownership`).
-OWNER_RECORD = ".blocklin-owner.json"
-#: The content stamps of a resumable output's inputs, in its partial (:mod:`blocklin.storage.stamps`).
-INPUTS_RECORD = ".blocklin-inputs.json"
 
 
 def uncommitted_message(loc: Location, name: str) -> str:
@@ -160,7 +153,7 @@ def _from_metadata(loc: Location, meta: dict, mode: str) -> zarr.Array:
     from zarr.storage import StorePath
 
     if meta.get("node_type") != "array":
-        raise ValueError("not an array")
+        raise FormatError("not an array")
     store = zarr_store(loc, read_only=mode == "r")
     return zarr.Array(AsyncArray(metadata=meta, store_path=StorePath(store, "")))
 

@@ -17,11 +17,11 @@ format        files                                   notes
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 from blocklin.errors import ConfigError, FormatError, explain
 from blocklin.storage.formats.base import Reader, Writer
+from blocklin.storage.location import split_spec
 
 FORMATS = ("npy", "npz", "mtx", "hdf5", "raw", "csv", "tsv", "zarr")
 WRITABLE = ("npy", "mtx", "hdf5", "raw", "csv", "tsv", "zarr")
@@ -30,9 +30,8 @@ _ALIASES = {"h5": "hdf5", "hdf": "hdf5", "zarr2": "zarr", "zarr3": "zarr", "bin"
 _EXT = {".npy": "npy", ".npz": "npz", ".mtx": "mtx", ".mm": "mtx", ".h5": "hdf5", ".hdf5": "hdf5",
         ".he5": "hdf5", ".hdf": "hdf5", ".bin": "raw", ".raw": "raw", ".csv": "csv", ".txt": "csv",
         ".tsv": "tsv", ".tab": "tsv", ".zarr": "zarr"}
-_MEMBER_RE = re.compile(r"^(.*?\.(?:npz|h5|hdf5|he5|hdf))(?::(.*))?$", re.IGNORECASE)
 
-__all__ = ["FORMATS", "WRITABLE", "Reader", "Writer", "check_zarr_output", "detect_format", "open_reader", "open_writer", "split_spec"]
+__all__ = ["FORMATS", "WRITABLE", "Reader", "Writer", "check_zarr_output", "detect_format", "open_reader", "open_writer"]
 
 
 def _is_location(spec: Any) -> bool:
@@ -41,21 +40,6 @@ def _is_location(spec: Any) -> bool:
     if isinstance(spec, str) and "://" in spec:  # a URL names a zarr store (other formats are local files)
         return True
     return isinstance(spec, Location) and not spec.is_local or type(spec).__module__.startswith("zarr")
-
-
-def split_spec(spec: Any) -> tuple[str, str | None]:
-    """Split ``file.npz:name`` or ``file.h5:/group/dataset`` into ``(path, member)``."""
-    s = os.fspath(spec) if not isinstance(spec, str) else spec
-    s = os.path.expanduser(s)
-    if os.path.exists(s):
-        return s, None
-    m = _MEMBER_RE.match(s)
-    if m:
-        return m.group(1), (m.group(2) or None)
-    head, sep, tail = s.rpartition(":")
-    if sep and head and os.path.isfile(head):
-        return head, tail or None
-    return s, None
 
 
 def check_zarr_output(out: Any, name: str = "out") -> None:

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import DTypeError, FormatError, OutputExistsError, StoreNotFoundError, explain
-from blocklin.storage.atomic import check_output_path, folder_size
+from blocklin.storage.atomic import check_output_path
+from blocklin.storage.space import folder_size
 from blocklin.storage.guard import check_replaceable
 
 

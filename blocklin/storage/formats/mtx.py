@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import DTypeError, FormatError, explain
+from blocklin.errors import DTypeError, FormatError, InternalError, explain
 from blocklin.storage.formats.base import Reader, TextFileWriter, check_matrix_dtype, require_file
 from blocklin.storage.formats.text_util import FORMAT_BATCH, PARSE_BATCH_BYTES, field_error, formatter
 
@@ -194,7 +194,7 @@ class MtxReader(Reader):
             return
         if self.mirrored:
             if self._scratch is None:
-                raise RuntimeError("a symmetric array file is read after MtxReader.stage()")  # pragma: no cover
+                raise InternalError("a symmetric array file is read after MtxReader.stage()")  # pragma: no cover
             return
         if self.resident_bytes == 0:  # nothing to load; no panel will be read when nothing is stored
             if self.layout == "coordinate" or self.shape[0] * self.shape[1] == 0:
@@ -432,7 +432,7 @@ class MtxWriter(TextFileWriter):
     def write(self, rows: slice, cols: slice, block: np.ndarray) -> None:
         c0, c1, _ = cols.indices(self.shape[1])
         if c0 != self._next_col:  # pragma: no cover - the planner guarantees the order
-            raise RuntimeError("MtxWriter needs forward column panels")
+            raise InternalError("MtxWriter needs forward column panels")
         flat = np.asarray(block).reshape(-1, order="F")
         for s in range(0, flat.size, FORMAT_BATCH):
             text = "\n".join(self._fmt(flat[s:s + FORMAT_BATCH])) + "\n"

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import ConfigError, FormatError, explain
+from blocklin.errors import ConfigError, FormatError, InternalError, explain
 from blocklin.storage.formats.base import Reader, TextFileWriter, check_matrix_dtype, require_file
 from blocklin.storage.formats.text_util import FORMAT_BATCH, PARSE_BATCH_BYTES, field_error, formatter
 
@@ -228,7 +228,7 @@ class CsvWriter(TextFileWriter):
     def write(self, rows: slice, cols: slice, block: np.ndarray) -> None:
         r0, r1, _ = rows.indices(self.shape[0])
         if r0 != self._next_row:  # pragma: no cover - the planner guarantees the order
-            raise RuntimeError("CsvWriter needs forward row panels")
+            raise InternalError("CsvWriter needs forward row panels")
         n = max(1, self.shape[1])
         step = max(1, FORMAT_BATCH // n)
         d = self.delimiter

@@ -1,0 +1,350 @@
+"""Column centering and scaling applied inside the passes, never as a copy of ``A``.
+
+Centered (and standardized) factorizations work on ``A_c = (A - 1 mu^T) D^{-1}`` with ``mu`` the
+column means and ``D`` the column standard deviations (or ``I``). ``A_c`` is never formed: the
+kernels apply it as a rank-one correction of the products with ``A``,
+
+    ``A_c Q = A (D^{-1} Q) - 1 (mu^T D^{-1} Q)``,   ``A_c^T Y = D^{-1} (A^T Y - mu (1^T Y))``,
+
+so a pass costs what the uncentered pass costs plus ``O(rows x columns of Q)``. The algorithms work
+on the tall orientation ``B`` of ``A`` (``B = A`` or ``A^T``), where the correction reads
+
+    ``B_c = diag(r) (B - a b^T) diag(c)``
+
+with ``a = 1, b = mu, c = 1/sd, r = 1`` for ``B = A`` and ``a = mu, b = 1, c = 1, r = 1/sd`` for
+``B = A^T``; :class:`Shift` holds these four vectors. The means and variances come from one pass over
+``A`` (:func:`column_moments`), computed in float64 with Chan, Golub and LeVeque's pairwise update,
+so they do not suffer the cancellation of ``E[x^2] - E[x]^2``.
+
+The correction is exact in exact arithmetic; in floating point the products ``A Q`` are formed
+before the mean is removed, so their rounding error is relative to ``||A||`` rather than
+``||A - 1 mu^T||``: when the means dwarf the spread of the columns by ``10^3`` or more, float32
+loses that factor of accuracy and float64 is the remedy (or a matrix that fits the budget, which is
+centered in memory before any product).
+
+References
+----------
+T. F. Chan, G. H. Golub, R. J. LeVeque, "Algorithms for computing the sample variance: analysis and
+recommendations", The American Statistician 37(3), 1983.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import BudgetError
+from blocklin.linalg.blocks.syrk import syrk_acc, symmetrize_lower
+from blocklin.plan.gram import MAX_GRAM_STRIP_BYTES, MIN_GRAM_ROWS
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, source
+
+
+@dataclasses.dataclass(frozen=True)
+class Moments:
+    """Column means and variances (``ddof=0``, float64) of an ``m x n`` matrix, over its ``m`` rows."""
+
+    mean: np.ndarray
+    var: np.ndarray
+    count: int
+
+    def variance(self, ddof: int = 0) -> np.ndarray:
+        """Column variances with ``ddof`` delta degrees of freedom (``ddof=1``: the sample variance)."""
+        return self.var * (self.count / max(self.count - ddof, 1))
+
+    @property
+    def std(self) -> np.ndarray:
+        """Population standard deviations, with 1 for a constant column (as scikit-learn's
+        ``StandardScaler``: a constant column stays zero after centering instead of becoming NaN)."""
+        sd = np.sqrt(self.var)
+        return np.where(sd > 0, sd, 1.0)
+
+
+def _merge(n1: int, m1: np.ndarray, s1: np.ndarray, n2: int, m2: np.ndarray, s2: np.ndarray) -> tuple:
+    """Chan et al.'s pairwise update of (count, mean, sum of squared deviations)."""
+    n = n1 + n2
+    d = m2 - m1
+    return n, m1 + d * (n2 / n), s1 + s2 + d * d * (n1 * n2 / n)
+
+
+def _moments_memory(params: Any, sources: tuple) -> PassMemory:
+    w = sources[0].width
+    # float64 mean and M2 accumulators, and the float64 deviations of one cache-sized block of rows
+    return PassMemory(fixed=4 * w * 8 + params["sub_bytes"] + 8 * w, chunk_temporaries=True)
+
+
+#: Bytes of the float64 deviations of one sub-block of a strip: small enough to stay in cache (a whole
+#: strip's float64 copy is memory-bound and took several times the pass's products).
+_SUB_BYTES = 1 << 21
+
+
+def sub_bytes(job: Any, memory: int | None) -> int:
+    """The bytes of one block of float64 deviations: :data:`_SUB_BYTES`, within a 32nd of the budget (the
+    means pass runs within the budget planned for the method's own passes, which do not count it)."""
+    return max(1, min(_SUB_BYTES, (memory or job.cfg.memory) // 32))
+
+
+def _strip_moments(b: Any, sub: int) -> tuple[np.ndarray, np.ndarray]:
+    """Column means and sums of squared deviations of a strip, in float64: the means first, then the
+    deviations from them by cache-sized blocks of rows (the strip's M2 exactly, no pairwise merges)."""
+    b = np.asarray(b)
+    r = b.shape[0]
+    mean = b.sum(axis=0, dtype=np.float64) / max(r, 1)
+    m2 = np.zeros(b.shape[1])
+    step = max(1, sub // (8 * max(1, b.shape[1])))
+    for i in range(0, r, step):
+        d = b[i:i + step].astype(np.float64)
+        d -= mean
+        np.square(d, out=d)
+        m2 += d.sum(axis=0)
+    return mean, m2
+
+
+@row_kernel(memory=_moments_memory, device="cpu")  # a reduction of the data read: no device products
+def moments_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: Any) -> tuple[Any, None]:
+    """Per strip, the (count, mean, M2) of its columns merged into the state (``axis=0``), or, for
+    column strips of ``A`` (``params["rows_are_columns"]``), the complete mean and M2 of each row
+    collected as blocks."""
+    if params["rows_are_columns"]:
+        mean, m2 = _strip_moments(np.asarray(arrays[0]).T, params["sub_bytes"])
+        blocks = state or []
+        blocks.append((rows.start, mean, m2))
+        return blocks, None
+    mean, m2 = _strip_moments(arrays[0], params["sub_bytes"])
+    r = rows.stop - rows.start
+    if state is None:
+        return (r, mean, m2), None
+    return _merge(*state, r, mean, m2), None
+
+
+def _moments_normal_memory(params: Any, sources: tuple) -> PassMemory:
+    n, c = params["Q"].shape
+    w = params["Q"].dtype.itemsize
+    base = _moments_memory(params, sources)
+    # Q, the float64 Z and one strip's product B_i^T Y_i (and its float64 copy); per row Y_i
+    return PassMemory(fixed=base.fixed + n * c * (w + 8 + w + 8), per_row=c * w, chunk_temporaries=True)
+
+
+@row_kernel(memory=_moments_normal_memory, device="cpu")
+def moments_normal_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: Any) -> tuple[Any, None]:
+    """The column moments (as :func:`moments_kernel`) and the uncentered ``Z = A^T (A Q)`` of one pass:
+    ``Y_i = A_i Q`` and ``A_i^T Y_i`` in the working precision per strip, summed over strips in float64."""
+    b = np.asarray(arrays[0])
+    z = (b.T @ (b @ params["Q"])).astype(np.float64)
+    mean, m2 = _strip_moments(b, params["sub_bytes"])
+    r = rows.stop - rows.start
+    if state is None:
+        return (r, mean, m2, z), None
+    return (*_merge(*state[:3], r, mean, m2), state[3] + z), None
+
+
+def _merge_comoments(n1: int, m1: np.ndarray, c1: np.ndarray, n2: int, m2: np.ndarray,
+                     c2: np.ndarray | None) -> tuple:
+    """:func:`_merge` for co-moment matrices, in place in ``c1``: ``C = C_1 + C_2 + (n_1 n_2 / n) d d^T``
+    (``c2`` ``None``: already added to ``c1``)."""
+    n = n1 + n2
+    d = m2 - m1
+    if c2 is not None:
+        c1 += c2
+    c1 += np.outer(d, d * (n1 * n2 / n))
+    return n, m1 + d * (n2 / n), c1
+
+
+def _moments_gram_memory(params: Any, sources: tuple) -> PassMemory:
+    w = sources[0].width
+    # the co-moment accumulator and the rank-one merge term, means; per row the float64 deviations
+    return PassMemory(fixed=2 * w * w * 8 + 4 * w * 8, per_row=w * 8, chunk_temporaries=True,
+                      max_strip_bytes=MAX_GRAM_STRIP_BYTES, min_rows=MIN_GRAM_ROWS)
+
+
+@row_kernel(memory=_moments_gram_memory, device="cpu")
+def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: Any) -> tuple[Any, None]:
+    """The column count, means and co-moment matrix ``(A_i - 1 m_i^T)^T (A_i - 1 m_i^T)`` of each strip
+    (float64 SYRK of the deviations from the strip's own means, lower triangle), merged into the state
+    by Chan, Golub and LeVeque's pairwise update: the centered Gram ``A_c^T A_c`` without the
+    cancellation of ``A^T A - m mu mu^T``."""
+    d = np.asarray(arrays[0], dtype=np.float64)
+    r = d.shape[0]
+    mean = d.sum(axis=0) / max(r, 1)
+    d = d - mean
+    if state is None:
+        c = np.zeros((d.shape[1], d.shape[1]))
+        syrk_acc(c, d)
+        return (r, mean, c), None
+    n1, m1, c1 = state
+    syrk_acc(c1, d)  # the strip's co-moments, added in place
+    return _merge_comoments(n1, m1, c1, r, mean, None), None
+
+
+def plan_moments_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0,
+                      min_tasks: int | None = None, workers: int | None = None) -> Any:
+    """The pass of :func:`moments_and_gram` within ``memory`` (planned before anything is read: a
+    budget too small raises :class:`~blocklin.errors.BudgetError` with the minimum)."""
+    return plan_kernel_pass(job, moments_gram_kernel, [source(A)], {}, memory=memory, reserve=reserve,
+                            min_tasks=min_tasks, workers=workers)
+
+
+def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0,
+                     min_tasks: int | None = None, workers: int | None = None,
+                     scale: dict | None = None) -> tuple[Moments, np.ndarray]:
+    """The column moments of a tall ``A`` and its centered Gram ``A_c^T A_c`` (full, float64) in one pass.
+
+    Each strip contributes the Gram of its deviations from its own means, and the strips' co-moments
+    are merged exactly as the variances are (:func:`_merge`), so the result is as accurate as the Gram
+    of the centered matrix, whatever the size of the means. ``A^T A`` itself is
+    ``A_c^T A_c + m mu mu^T``. ``min_tasks``, ``workers``: the pass's split (each task keeps its ``n x n``
+    sum until the pass ends)."""
+    plan = plan_moments_gram(job, A, memory=memory, reserve=reserve, min_tasks=min_tasks, workers=workers)
+    states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, plan=plan, scale=scale,
+                         description="column means and the centered Gram (pass over A)")
+    cnt, mean, c = states[0]
+    for st in states[1:]:  # row order: the result does not depend on the scheduler
+        cnt, mean, c = _merge_comoments(cnt, mean, c, *st)
+    c = symmetrize_lower(c)
+    return Moments(mean, np.diag(c).copy() / cnt, cnt), c
+
+
+def _moments_params(job: Any, A: Any, memory: int | None, reserve: int) -> dict:
+    wide = A.shape[0] < A.shape[1]
+    # the deviations' blocks within the part of the budget the pass has (the bits follow the pass's budget)
+    pass_memory = None if memory is None else memory - reserve
+    return {"rows_are_columns": wide, "sub_bytes": sub_bytes(job, pass_memory)}
+
+
+def plan_column_moments(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0) -> Any:
+    """The pass of :func:`column_moments` within ``memory`` with ``reserve`` of it held outside the pass
+    (planned before anything is read: a budget too small raises :class:`~blocklin.errors.BudgetError`
+    naming the whole budget that suffices)."""
+    return plan_kernel_pass(job, moments_kernel, [source(A, transposed=A.shape[0] < A.shape[1])],
+                            _moments_params(job, A, memory, reserve), memory=memory, reserve=reserve)
+
+
+def column_moments(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0, over: str = "a",
+                   scale: dict | None = None) -> Moments:
+    """Column means and variances of ``A`` in one pass (row strips of ``A``, or column strips for a
+    wide ``A`` so each strip holds whole columns); float64 whatever the dtype of ``A``. ``reserve``: the
+    part of ``memory`` held outside the pass (the factorization's in-memory work)."""
+    m, n = A.shape
+    wide = m < n
+    plan = plan_column_moments(job, A, memory=memory, reserve=reserve)
+    states, _ = run_pass(job, moments_kernel, [source(A, transposed=wide)], _moments_params(job, A, memory, reserve),
+                         plan=plan, over=over, scale=scale, description=f"column means (pass over {over.upper()})")
+    if wide:
+        mean, m2 = np.empty(n), np.empty(n)
+        for st in states:
+            for r0, mu, s in st:
+                mean[r0:r0 + mu.size], m2[r0:r0 + mu.size] = mu, s
+        return Moments(mean, m2 / m, m)
+    cnt, mean, m2 = states[0]
+    for st in states[1:]:  # row order: the result does not depend on the scheduler
+        cnt, mean, m2 = _merge(cnt, mean, m2, *st)
+    return Moments(mean, m2 / cnt, cnt)
+
+
+def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None, reserve: int = 0,
+                       scale: dict | None = None) -> tuple[Moments, np.ndarray]:
+    """The column moments of a tall ``A`` and the centered ``A_c^T A_c Q`` in one pass.
+
+    ``A_c^T A_c Q = A^T (A Q) - m mu (mu^T Q)`` (with ``A^T 1 = m mu``): the first product of a
+    centered power or Lanczos iteration needs no means beforehand, so the means cost no pass of their
+    own. The uncentered product is rounded relative to ``||A||^2``, as the in-pass correction of the
+    later passes is (see the module docstring); its float64 sum over strips keeps the accumulation
+    from adding to that."""
+    params = _normal_params(job, A, q, memory, reserve)
+    qd = params["Q"]
+    states, _ = run_pass(job, moments_normal_kernel, [source(A)], params, memory=memory, reserve=reserve, scale=scale,
+                         description="column means and the first product (pass over A)")
+    cnt, mean, m2, z = states[0]
+    for st in states[1:]:  # row order: the result does not depend on the scheduler
+        cnt, mean, m2 = _merge(cnt, mean, m2, *st[:3])
+        z = z + st[3]
+    return Moments(mean, m2 / cnt, cnt), z - cnt * np.outer(mean, mean @ qd.astype(np.float64))
+
+
+def moments_and_normal_fits(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None,
+                            reserve: int = 0) -> bool:
+    """Whether the pass of :func:`moments_and_normal` plans within ``memory`` (its ``Q`` and product
+    beside the strips are more than the means pass holds); if not, the means take a pass of their own."""
+    try:
+        plan_kernel_pass(job, moments_normal_kernel, [source(A)], _normal_params(job, A, q, memory, reserve),
+                         memory=memory, reserve=reserve)
+    except BudgetError:
+        return False
+    return True
+
+
+def _normal_params(job: Any, A: Any, q: np.ndarray, memory: int | None, reserve: int = 0) -> dict:
+    pass_memory = None if memory is None else memory - reserve
+    return {"Q": np.ascontiguousarray(q.astype(A.dtype)), "rows_are_columns": False,
+            "sub_bytes": sub_bytes(job, pass_memory)}
+
+
+def moments_incore(b: np.ndarray, transposed: bool) -> Moments:
+    """:class:`Moments` of ``A`` from its tall orientation ``b`` held in memory (no pass), by blocks of
+    rows so that the float64 temporaries stay small beside ``b``."""
+    step = max(1, (1 << 20) // max(1, b.shape[1]))
+    if transposed:  # each row of b is a column of A
+        mean, m2 = np.empty(b.shape[0]), np.empty(b.shape[0])
+        for r0 in range(0, b.shape[0], step):
+            x = b[r0:r0 + step].astype(np.float64)
+            mean[r0:r0 + x.shape[0]] = mu = x.mean(axis=1)
+            m2[r0:r0 + x.shape[0]] = ((x - mu[:, None]) ** 2).sum(axis=1)
+        return Moments(mean, m2 / b.shape[1], b.shape[1])
+    state = None
+    for r0 in range(0, b.shape[0], step):
+        x = b[r0:r0 + step].astype(np.float64)
+        mu = x.mean(axis=0)
+        part = (x.shape[0], mu, ((x - mu) ** 2).sum(axis=0))
+        state = part if state is None else _merge(*state, *part)
+    cnt, mean, m2 = state
+    return Moments(mean, m2 / cnt, cnt)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shift:
+    """``B_c = diag(r) (B - a b^T) diag(c)`` for the tall orientation ``B`` (``None``: all ones;
+    ``b`` is ``None`` when nothing is subtracted)."""
+
+    a: np.ndarray | None
+    b: np.ndarray | None
+    c: np.ndarray | None
+    r: np.ndarray | None
+    N: int
+
+    @classmethod
+    def of(cls, moments: Moments, *, center: bool, scale: bool, transposed: bool) -> Shift:
+        inv = 1.0 / moments.std if scale else None
+        mu = moments.mean if center else None
+        if not transposed:  # B = A: columns of B are the columns of A
+            return cls(a=None, b=mu, c=inv, r=None, N=moments.mean.size)
+        # B = A^T: the rows of B are the columns of A; N = m
+        return cls(a=mu, b=None if mu is None else np.ones(moments.count), c=None, r=inv, N=moments.count)
+
+    def premultiply(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(diag(c) Q, b^T diag(c) Q)``: the operand of the pass and the row offset ``beta``."""
+        qc = q if self.c is None else q * self.c[:, None]
+        beta = None if self.b is None else (self.b @ qc)[None, :]
+        return qc, beta
+
+    def finish(self, zraw: np.ndarray, t: np.ndarray | None) -> np.ndarray:
+        """``B_c^T Y = diag(c) (B^T (r Y) - b (a^T r Y))`` from the pass's ``B^T (r Y)`` and ``a^T (r Y)``."""
+        z = zraw if t is None or self.b is None else zraw - self.b[:, None] * t
+        return z if self.c is None else z * self.c[:, None]
+
+    def params(self, dtype: Any) -> dict:
+        """Kernel parameters (``shift_a``: the per-row vector, ``shift_r``: the row scale)."""
+        dt = np.dtype(dtype)
+        return {"shift_a": None if self.a is None else self.a.astype(dt)[:, None],
+                "shift_r": None if self.r is None else self.r.astype(dt)[:, None],
+                "shifted": self.b is not None}
+
+    def apply_incore(self, x: np.ndarray) -> None:
+        """Center and scale the in-memory tall orientation ``x`` in place (the budget holds it)."""
+        if self.b is not None:  # the two forms of :meth:`of`: a = 1 (subtract b from every row) or b = 1
+            x -= self.b.astype(x.dtype)[None, :] if self.a is None else self.a.astype(x.dtype)[:, None]
+        if self.c is not None:
+            x *= self.c.astype(x.dtype)[None, :]
+        if self.r is not None:
+            x *= self.r.astype(x.dtype)[:, None]

@@ -1,0 +1,232 @@
+"""Orthonormalizing tall blocks: in core when they fit, else out-of-core CholeskyQR2.
+
+A tall block ``Y`` (``M x c``, ``c`` small) is orthonormalized through its R factor, ``Q = Y R^{-1}``:
+
+* in core (the block fits the budget): Householder QR (LAPACK);
+* out of core: CholeskyQR2 (Fukaya, Nakatsukasa, Yanagisawa, Yamamoto 2014). The Gram matrix
+  ``G = Y^T Y`` is usually accumulated for free by the pass that produced ``Y``; ``R1 = chol(G)``,
+  then one pass over ``Y`` forms ``G2 = (Y R1^{-1})^T (Y R1^{-1})`` and ``R = chol(G2) R1``. This is
+  as accurate as Householder QR when ``cond(Y) < eps^{-1/2}``. When ``chol(G)`` breaks down (the block
+  is more ill-conditioned), the shifted CholeskyQR3 of Fukaya, Kannan, Nakatsukasa, Yamamoto,
+  Yanagisawa (SIAM J. Sci. Comput. 2020) adds a shift ``s = 11 (M c + c (c + 1)) u ||G||`` and one more
+  refinement pass; if that fails too, a streaming TSQR pass (Householder per strip, Demmel et al. 2012)
+  gives ``R`` unconditionally.
+
+All out-of-core work runs as engine row passes over a :class:`~blocklin.linalg.blocks.tallblock.TallBlock`
+(:func:`blocklin.runtime.passes.run_pass`) whose products go through the device.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Unpack
+
+import numpy as np
+import scipy.linalg
+
+from blocklin.config import Settings
+from blocklin.errors import ShapeError, explain
+from blocklin.linalg.blocks.random import STREAM_FILL, gaussian
+from blocklin.linalg.blocks.tallblock import TallBlock
+from blocklin.linalg.blocks.tsqr import diagonal_signs
+
+
+# -- in-core helpers ---------------------------------------------------------------------------
+def orth_incore(x: np.ndarray) -> np.ndarray:
+    """Orthonormal basis of the columns of ``x`` (Householder QR, float64)."""
+    q, _ = np.linalg.qr(np.asarray(x, dtype=np.float64))
+    return q
+
+
+def orth_against(v: np.ndarray | None, x: np.ndarray, *, seed: int = 0, counter: int = 0,
+                 drop: float = 1e-10) -> np.ndarray:
+    """Orthonormal basis of ``(I - V V^T) x`` (block Gram-Schmidt twice, then an SVD).
+
+    Directions that are numerically in ``span(V)`` (relative norm below ``drop``) are replaced by
+    random directions (counter-based: ``(seed, counter)``), so the result always has ``x``'s width.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    n, b = x.shape
+    avail = n - (v.shape[1] if v is not None else 0)
+    b = min(b, avail)
+    if b <= 0:
+        return np.zeros((n, 0))
+    x = x[:, :b] if x.shape[1] > b else x
+    scale = np.linalg.norm(x, axis=0).max() or 1.0
+
+    def project(y: np.ndarray) -> np.ndarray:
+        if v is None or v.shape[1] == 0:
+            return y
+        for _ in range(2):
+            y = y - v @ (v.T @ y)
+        return y
+
+    y = project(x)
+    u, s, _ = np.linalg.svd(y, full_matrices=False)
+    good = s > drop * scale
+    q = u[:, good]
+    if q.shape[1] < b:  # breakdown: fill with random directions orthogonal to V and q
+        fill = gaussian(seed, STREAM_FILL, counter * n, (counter + 1) * n, b - q.shape[1])
+        basis = q if v is None else np.hstack([v, q])
+        for _ in range(2):
+            fill = fill - basis @ (basis.T @ fill)
+        qf, _ = np.linalg.qr(fill)
+        q = np.hstack([q, qf])
+    q = project(q)  # one more pass against V after normalization (keeps V q at eps)
+    q, _ = np.linalg.qr(q)
+    return q
+
+
+def cholesky_upper(g: np.ndarray) -> np.ndarray | None:
+    """Upper Cholesky factor of a symmetric ``g`` (float64), or None when it is not positive definite."""
+    try:
+        r = scipy.linalg.cholesky((g + g.T) / 2, lower=False, check_finite=False)
+    except np.linalg.LinAlgError:
+        return None
+    d = np.abs(np.diag(r))
+    if not np.all(np.isfinite(r)) or d.min(initial=1.0) <= 1e-300 or d.max(initial=0.0) > 1e300:
+        return None
+    return r
+
+
+def shift_for(g: np.ndarray, m: int) -> float:
+    """Shift of shifted CholeskyQR: ``11 (m c + c (c + 1)) u ||G||_2`` (Fukaya et al. 2020)."""
+    c = g.shape[0]
+    u = np.finfo(np.float64).eps / 2
+    return 11.0 * (m * c + c * (c + 1)) * u * float(np.linalg.norm(g, 2))
+
+
+def _inv_upper(r: np.ndarray) -> np.ndarray:
+    return scipy.linalg.solve_triangular(r, np.eye(r.shape[0]), lower=False)
+
+
+def cholqr_r(block: Any, g: np.ndarray, *, rank_revealing: bool = False) -> tuple[np.ndarray, list, dict]:
+    """R factor of a stored tall block whose Gram matrix ``g`` is known.
+
+    Returns ``(R, chain, info)``: ``Q = Y chain[0] chain[1] ...`` (applied in sequence) has orthonormal
+    columns and ``Y = Q R``. CholeskyQR2 (one refinement pass); shifted CholeskyQR3 when ``chol(G)``
+    breaks down (two refinement passes); TSQR then two CholeskyQR refinements as the last resort.
+
+    ``rank_revealing``: when ``chol(G)`` breaks down go to TSQR at once (one pass), and when its ``R``
+    is numerically singular (``Y`` of rank below its width, as for a rank-deficient or zero matrix)
+    return ``Q = Y W S^+`` from the SVD ``R = U_R S W^T`` (zero columns for the zero singular values,
+    whose ``R`` rows are zero) instead of a shifted factorization that would blur them to ``sqrt(u)``.
+    """
+    g = np.asarray(g, dtype=np.float64)
+    info = {"method": "cholqr2", "shift": 0.0}
+    refinements = 1
+    r1 = cholesky_upper(g)
+    if r1 is None and not rank_revealing:
+        sh = shift_for(g, block.M)
+        info.update(method="shifted-cholqr3", shift=sh)
+        r1 = cholesky_upper(g + sh * np.eye(g.shape[0]))
+        refinements = 2
+    if r1 is None:
+        info["method"] = "tsqr"
+        r1 = block.tsqr()
+        refinements = 2
+        if _numerically_singular(r1, block):
+            return _rank_deficient(r1, block, info)
+    chain = [_inv_upper(r1)]
+    r = r1
+    for _ in range(refinements):
+        gi = block.gram_after(chain)
+        ri = cholesky_upper(gi)
+        if ri is None:
+            ri = cholesky_upper(gi + shift_for(gi, block.M) * np.eye(gi.shape[0]))
+        if ri is None:
+            break
+        chain.append(_inv_upper(ri))
+        r = ri @ r
+    d = diagonal_signs(r)
+    chain[-1] = chain[-1] * d
+    return d[:, None] * r, chain, info
+
+
+def _numerically_singular(r: np.ndarray, block: Any) -> bool:
+    """``R`` (from Householder QR) has a diagonal entry at the rounding level of ``Y``'s dtype."""
+    d = np.abs(np.diag(r))
+    eps = float(np.finfo(np.dtype(getattr(block, "dtype", np.float64))).eps)
+    return bool(d.size and (d.max() == 0.0 or d.min() <= eps * math.sqrt(block.M) * d.max()))
+
+
+def _rank_deficient(r: np.ndarray, block: Any, info: dict) -> tuple[np.ndarray, list, dict]:
+    """``Y`` of numerical rank ``rho < c`` (a matrix of rank below the block width, the zero matrix):
+    ``R = U_R S W^T`` and ``Q = Y W S^+``, whose columns are orthonormal for the ``rho`` nonzero singular
+    values and zero for the others, with ``Y = Q (S W^T)`` to rounding (``Y W`` vanishes where ``S`` does)."""
+    ur, sv, wt = np.linalg.svd(r)
+    eps = float(np.finfo(np.dtype(getattr(block, "dtype", np.float64))).eps)
+    keep = sv > eps * math.sqrt(block.M) * sv.max(initial=0.0)
+    sinv = np.where(keep, 1.0 / np.where(keep, sv, 1.0), 0.0)
+    info.update(method="tsqr (rank-deficient)", rank=int(keep.sum()))
+    return (np.where(keep, sv, 0.0)[:, None] * wt), [wt.T * sinv], info
+
+
+# -- public ------------------------------------------------------------------------------------------
+def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
+                   **settings: Unpack[Settings]) -> tuple[Any, np.ndarray]:
+    """Orthonormalize the columns of a tall matrix: ``Y = Q R``.
+
+    In core (Householder QR) when ``Y`` fits the budget, else out of core with CholeskyQR2, a shifted
+    CholeskyQR3 when the Gram matrix is numerically singular, and streaming TSQR as the last resort
+    (see the module docstring).
+
+    Parameters
+    ----------
+    y : path, zarr array, Matrix, NumPy or Dask array
+        A tall ``M x c`` matrix, ``M >= c``.
+    out : path, optional
+        Where to write ``Q``; a temporary store (that you own) when omitted.
+    overwrite : bool
+        Replace an existing ``out``.
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`.
+
+    Returns
+    -------
+    Q : Matrix
+        ``M x c`` with orthonormal columns, in ``Y``'s dtype, with ``.report`` (``orth``: the method).
+    R : ndarray
+        ``c x c`` upper triangular, positive diagonal, float64.
+    """
+    from blocklin.matrix import Matrix
+    from blocklin.runtime.job import Job
+    from blocklin.storage import write_array
+
+    with Job("orth", **settings) as job:
+        Y = job.operand(y, "y")
+        M, c = Y.shape
+        if M < c:
+            raise ShapeError(explain("y", "must be tall (rows >= columns)", f"{M} x {c}",
+                                     "orthonormalize the transpose"))
+        blk = TallBlock(job, Y.path, M, c, Y.dtype, Y.chunks[0], job.cfg.memory)
+        ao = job.output(out, inputs=[Y.path] if not Y.staged else [], overwrite=overwrite)
+        if 3 * M * c * 8 <= job.cfg.memory:  # in core: Householder QR of the block read once
+            q, r = _householder(job, blk.apply_to([np.eye(c)], None, collect=True, description="orthonormalize: read"))
+            d = diagonal_signs(r)
+            write_array(ao.array_path(), np.ascontiguousarray((q * d).astype(Y.dtype)))
+            r, info = d[:, None] * r, {"method": "householder (in core)", "shift": 0.0}
+            phases = {"read Y": "cpu", "Householder QR": job.device}
+        else:
+            r, chain, info = cholqr_r(blk, blk.gram_after([np.eye(c)]))
+            blk.apply_to(chain, ao.array_path(), description="orthonormalize: write Q")
+            phases = {"passes over Y": job.device}
+        report = job.report(orth=info, intermediate_passes=job.passes("intermediate"), phases=phases)
+        path = ao.commit("orthonormalize", params={"method": info["method"]}, report=job.brief(report, REPORT_KEYS))
+        return Matrix(path, report=report, temporary=out is None), r
+
+
+def _householder(job: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Reduced Householder QR of an in-memory block, on the job's device (cuSOLVER on a GPU)."""
+    if job.device != "gpu":
+        return np.linalg.qr(x)
+    from blocklin.device import get_device
+
+    dev = get_device("gpu", device_memory=job.device_memory())
+    with dev.reserve(3 * x.nbytes):  # the block, Q and cuSOLVER's work, from the GPU's shared budget
+        q, r = dev.qr(dev.to_device(x))
+        return np.asarray(dev.to_host(q)), np.asarray(dev.to_host(r))
+
+
+#: Report entries recorded in the output's attributes.
+REPORT_KEYS = ("seconds", "bytes_read", "bytes_logical", "bytes_written", "peak_memory", "passes", "device", "scheduler", "orth")

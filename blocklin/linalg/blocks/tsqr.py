@@ -1,0 +1,114 @@
+"""Streaming TSQR: the R factor of a tall matrix in one pass, without forming ``Q``.
+
+Row strips of ``[A B]`` fold into a running triangular factor, ``R <- qr_r([R; strip])`` (a flat
+TSQR tree per task); the tasks' factors are reduced in row order by one more QR, so the result does
+not depend on the scheduler. This is the communication-avoiding TSQR of Demmel, Grigori, Hoemmen
+and Langou (SIAM J. Sci. Comput. 34(1), 2012). Householder QR is unconditionally stable, which
+makes it the fallback of the CholeskyQR family (:mod:`blocklin.linalg.blocks.orth`) and the accurate route
+of the regularized solver (:mod:`blocklin.linalg.solve.tikhonov`).
+
+The one sign convention of the package lives here too: :func:`diagonal_signs` makes an R factor's
+diagonal non-negative (``Q`` and ``R`` are unique up to those signs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime.passes import row_kernel
+
+#: Largest strip a QR pass reads at once (bigger strips do not make LAPACK faster, only memory larger).
+MAX_STRIP_BYTES = 96 * 2**20
+#: Rows a strip must hold for re-factoring ``[R; strip]`` to be amortized.
+MIN_STRIP_ROWS = 64
+
+
+def r_factor(x: np.ndarray) -> np.ndarray:
+    """Upper-triangular (trapezoidal when short) R of Householder QR, at most ``width`` rows."""
+    from scipy.linalg import qr
+
+    if x.shape[0] == 0:
+        return x
+    (r,) = qr(x, mode="r", overwrite_a=True, check_finite=False)
+    return np.ascontiguousarray(r[: min(x.shape)])
+
+
+def diagonal_signs(r: np.ndarray) -> np.ndarray:
+    """``d`` with ``d[i] = sign(r[i, i])`` (``+1`` for a zero): ``diag(d) R`` has a non-negative diagonal."""
+    d = np.sign(np.diag(r))
+    d[d == 0] = 1
+    return d
+
+
+def positive_diagonal(r: np.ndarray) -> np.ndarray:
+    """``diag(d) R`` with the signs of :func:`diagonal_signs` (the unique R with a non-negative diagonal)."""
+    return diagonal_signs(r)[:, None] * r
+
+
+def _tsqr_memory(params: Any, sources: tuple) -> PassMemory:
+    isz = np.dtype(params["dtype"]).itemsize
+    w = sum(s.width for s in sources)
+    # the running (w x w) factor, the stacked [R; strip] handed to LAPACK and its output; per row the
+    # [A B] copy, the stacked copy and LAPACK's column-major copy; zarr's chunk temporaries (a strip
+    # shorter than a chunk still decodes whole chunks)
+    return PassMemory(fixed=3 * w * w * isz, per_row=3 * w * isz, chunk_temporaries=True,
+                      max_strip_bytes=MAX_STRIP_BYTES, strip_floor=4 * w, min_rows=MIN_STRIP_ROWS)
+
+
+def _tsqr_on_device(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> dict:
+    """The GPU branch: the running factor stays on the device (cuSOLVER QR of ``[R; strip]``)."""
+    dt = np.dtype(params["dtype"])
+    parts = [device.cast(x, dt) for x in arrays]
+    strip = device.concat(parts, axis=1) if len(parts) > 1 else parts[0]
+    n, width = parts[0].shape[1], strip.shape[1]
+    if state is None:
+        state = {"r": None, "aa": device.zeros((n,), np.float64), "bb": device.zeros((width - n,), np.float64)}
+    device.sumsq_cols_acc(state["aa"], parts[0])
+    if len(parts) > 1:
+        device.sumsq_cols_acc(state["bb"], parts[1])
+    state["r"] = device.qr_r(strip if state["r"] is None else device.concat([state["r"], strip], axis=0))
+    if rows.stop in params["ends"]:  # the task's last strip: the state to the host for the reduction
+        return {"r": device.to_host(state["r"]), "aa": float(device.to_host(state["aa"]).sum()),
+                "bb": device.to_host(state["bb"])}
+    return state
+
+
+@row_kernel(memory=_tsqr_memory, device="any")
+def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
+    """``R <- R-factor of [R; A_i B_i]`` in ``params["dtype"]``; also ``||A||_F^2`` and ``||B_j||^2``.
+
+    The state holds the ``(n+k) x (n+k)`` upper-triangular factor of the rows seen so far, whose
+    leading ``n x n`` block is ``R`` of ``A``, whose last ``k`` columns hold ``Q^T B`` and the
+    residual factor ``T`` with ``||T e_j|| = min_x ||A x - b_j||``. On a GPU the factor stays on the
+    device until the task's last strip.
+    """
+    if not device.host_resident:
+        return _tsqr_on_device(device, arrays, rows, params, state), None
+    a = np.asarray(arrays[0], dtype=params["dtype"])
+    parts = [a]
+    if len(arrays) > 1:
+        parts.append(np.asarray(arrays[1], dtype=params["dtype"]))
+    strip = np.hstack(parts) if len(parts) > 1 else a
+    width = strip.shape[1]
+    if state is None:
+        state = {"r": np.zeros((0, width), params["dtype"]), "aa": 0.0, "bb": np.zeros(width - a.shape[1])}
+    state["aa"] += float(np.einsum("ij,ij->", a, a, dtype=np.float64))
+    if len(parts) > 1:
+        state["bb"] += np.einsum("ij,ij->j", parts[1], parts[1], dtype=np.float64)
+    state["r"] = r_factor(np.vstack([state["r"], strip]))
+    return state, None
+
+
+def reduce_r(states: list, width: int) -> np.ndarray:
+    """The ``width x width`` R factor of all rows from the tasks' factors (in row order).
+
+    Fewer rows than columns leave a trapezoid, padded with zero rows.
+    """
+    rs = [s["r"] for s in states if s is not None]
+    r = r_factor(np.vstack(rs)) if len(rs) > 1 else rs[0]
+    if r.shape[0] < width:
+        r = np.vstack([r, np.zeros((width - r.shape[0], width), r.dtype)])
+    return r

@@ -1,0 +1,465 @@
+"""LU with partial pivoting over whole column panels of a stored matrix: the panel tasks, the row
+swaps and the triangular solves with the packed factors.
+
+Left-looking: panel ``j`` is read once, brought up to date by every earlier panel (their row swaps,
+a TRSM and GEMMs streamed in row blocks) and its trailing part factored by a blocked ``getrf``
+whose pivots range over all remaining rows (:func:`factor_panel`; Anderson and Dongarra, "Evaluating
+block algorithm variants in LAPACK", 1990), so the pivot order is that of ``getrf`` on the whole
+matrix. Each panel is one task of a :class:`~blocklin.runtime.blockops.BlockOps` graph, its swaps
+and statistics recorded beside the resume markers. The drivers are
+:mod:`blocklin.linalg.factor.lu`, the inverse and the square solve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from blocklin._memory import release_free_memory
+from blocklin.device import get_device
+from blocklin.device.base import PANEL_GETRF_THREADS
+from blocklin.errors import InternalError, ShapeError, SingularMatrixError, explain
+from blocklin.runtime.blockops import (BlockOps, Region, TileOpSpec, done_marker, holds_device, load_record,
+                                       mark_finished, save_record, skip_done, tile_count)
+from blocklin.runtime.tiles import check_finite, open_array, with_task_settings
+from blocklin.storage.backend import backend
+from blocklin.storage.zarr_store import read_block, write_block
+
+
+def lu_panels(ops: BlockOps, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True, out: Any = None,
+              rhs: Region | None = None, rhs_out: Region | None = None, trim: bool = False,
+              description: str = "LU panels") -> list[dict]:
+    """Left-looking LU with partial pivoting over whole column panels (one task per panel).
+
+    Panel ``j`` (columns ``J``, all rows) is read, the row swaps of the panels before it are
+    applied, it is updated by every earlier panel (``U_kJ = L_kk^-1 P_kJ`` by TRSM,
+    ``P_{>k,J} -= L_{>k,k} U_kJ`` by GEMM), and its trailing part is factored by LAPACK ``getrf``
+    with partial pivoting over all its rows: the pivot choice of ``getrf`` on the whole matrix.
+    The panel is written once to the store ``work`` (its ``L`` rows in the order of its own
+    swaps; :func:`lu_finish` applies the later swaps) and its swaps to ``done_dir``, so a rerun
+    (``resume``) skips finished panels. Panels form one chain of tasks. With ``out`` (the packed
+    result, finished by :func:`lu_finish`), the rows no later swap moves (``U`` and the
+    diagonal block) go straight there and only the ``L`` rows from the diagonal block down to
+    ``work``.
+
+    With ``rhs`` (``n x k``, ``k`` small: see :func:`~blocklin.plan.factor.lu_rhs_fits`) the
+    forward substitution ``Y = L^-1 P B`` runs inside the panels, as Gaussian elimination on the
+    augmented matrix ``[A | B]`` does: once panel ``j`` is factored, its swaps are applied to
+    ``B`` (in the row order of the panels before it) and ``B`` is eliminated with panel ``j``'s
+    ``L`` while the panel is still in memory, so no pass reads ``L`` back for the first solve.
+    ``B`` goes from panel to panel through ``done_dir`` (``lu-rhs-J.npy``: a rerun continues from
+    the last finished panel); the last panel writes ``Y`` to ``rhs_out``, which
+    :func:`lu_solve` with ``forward=False`` finishes by the back substitution.
+
+    ``trim``: each panel task first returns the allocator's free pages to the OS
+    (:func:`~blocklin._memory.release_free_memory`), for a caller whose earlier steps freed
+    buffers in other threads' heap arenas, which the panel tasks would not reuse.
+    """
+    n = a.shape[0]
+    if (rhs is None) != (rhs_out is None) or (rhs is not None and (done_dir is None or rhs.shape[0] != n
+                                                                   or rhs_out.shape != rhs.shape)):
+        raise ShapeError(f"lu_panels: rhs {rhs and rhs.shape} and rhs_out {rhs_out and rhs_out.shape} must both be "
+                         f"{n} x k, with a done_dir")
+    spec = ops.spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir,
+                      c=Region.of(out, a.shape) if out is not None else None, b=rhs)
+    spec = dataclasses.replace(spec, rhs_out=rhs_out, trim=trim)
+    graph = ops.graph("lu", spec)
+    prev = None
+    for j in range(tile_count(n, ops.chunk)):
+        prev = graph.add((j,), lu_panel_task, spec, j, [prev] if prev else [])
+    ops.flops += 2 * n**3 // 3
+    return ops.run(graph, description)
+
+
+def lu_finish(ops: BlockOps, work: Any, out: Any, n: int, pivots: np.ndarray, *, dtype: Any,
+              description: str = "LU row swaps") -> list[dict]:
+    """``out``: the packed LU of ``work`` with every later row swap applied to each ``L`` panel
+    (as LAPACK stores it); one task per column panel, reading the ``L`` rows below its diagonal
+    block from ``work`` and writing them to ``out`` (idempotent; :func:`lu_panels` with ``out``
+    wrote the rest)."""
+    spec = ops.spec(dtype, a=Region.of(work, (n, n)), out=Region.of(out, (n, n)), c=None)
+    graph = ops.graph("lu-swaps", spec, pivots.tobytes())
+    for j in range(tile_count(n, ops.chunk)):
+        graph.add((j,), lu_swap_task, spec, j, pivots)
+    return ops.run(graph, description)
+
+
+def lu_solve(ops: BlockOps, work: Any, pivots: np.ndarray, b: Region, out: Region, *, dtype: Any, tile: int | None = None,
+             forward: bool = True, description: str = "LU solve") -> list[dict]:
+    """``out = (P^T L U)^-1 B`` from the panels as :func:`lu_panels` stored them in ``work``.
+
+    One task holds ``B`` (``n x k``, ``k`` at most the panel width: the size of a panel) and
+    streams each panel twice in row blocks: forward substitution with the unit lower ``L``
+    (panel ``j``'s row swaps applied to ``B`` just before it, so its ``L`` is used in the row
+    order it was stored in, without :func:`lu_finish`), then back substitution with ``U``, as
+    LAPACK's ``getrs`` with the swaps interleaved. ``n^2`` elements read, ``2 n^2 k`` flops.
+    ``tile``: the panel width of the factorization (default: the chunk of this object).
+    ``forward=False``: ``B`` is already ``L^-1 P B`` (:func:`lu_panels` with ``rhs``): only the
+    back substitution runs (``n^2 / 2`` elements read).
+    """
+    n = b.shape[0]
+    if b.shape != out.shape or b.trans or out.trans:
+        raise ShapeError(f"lu_solve: b {b.shape} and out {out.shape} must agree (no transposed views)")
+    spec = dataclasses.replace(ops.spec(dtype, a=Region.of(work, (n, n)), b=b, out=out), tile=tile or ops.chunk)
+    graph = ops.graph("lu-solve", spec, np.asarray(pivots).tobytes(), forward)
+    graph.add((0,), lu_solve_task, spec, np.asarray(pivots), forward)
+    ops.flops += (2 if forward else 1) * n * n * b.shape[1]
+    return ops.run(graph, description)
+
+
+def swap_moves(piv: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """The LAPACK row swaps ``i <-> piv[i - start]`` (in order) as one gather: ``x[dst] = x[src]``.
+
+    Only the rows the swaps move are listed (at most ``2 len(piv)``), so applying a panel's swaps
+    costs a gather of those rows instead of one fancy-indexed exchange per swap.
+    """
+    pos: dict[int, int] = {}
+    for i, p in enumerate(np.asarray(piv, dtype=np.int64).tolist(), start):
+        if p != i:
+            pos[i], pos[p] = pos.get(p, p), pos.get(i, i)
+    moved = [(d, s) for d, s in pos.items() if d != s]
+    dst = np.fromiter((d for d, _ in moved), dtype=np.int64, count=len(moved))
+    src = np.fromiter((s for _, s in moved), dtype=np.int64, count=len(moved))
+    return dst, src
+
+
+def _apply_swaps(dev: Any, x: Any, piv: np.ndarray, start: int, offset: int = 0,
+                 buf: np.ndarray | None = None) -> None:
+    """Apply the swaps ``i <-> piv[i - start]`` to rows ``i - offset`` of ``x`` (a host or device array).
+
+    ``buf`` (host arrays): a buffer of at least ``2 len(piv)`` rows like ``x``'s for the gathered
+    rows, reused from call to call (a fresh array of that size faults its pages in every time).
+    """
+    dst, src = swap_moves(piv, start)
+    if not dst.size:
+        return
+    if isinstance(x, np.ndarray) and buf is not None:
+        rows = buf[: dst.size]
+        # mode="clip" (the indices are in range): with the default "raise" NumPy buffers ``out``, an
+        # extra copy that made this gather 8x slower (2048 rows of 1024: 15 ms against 2 ms)
+        np.take(x, src - offset, axis=0, out=rows, mode="clip")
+        x[dst - offset] = rows
+        return
+    with dev.on_compute():
+        x[dev.to_device(dst - offset)] = x[dev.to_device(src - offset)]
+
+
+def _panel_pivots(spec: TileOpSpec, j: int) -> np.ndarray:
+    return load_record(spec, f"lu-piv-{j}.npy")
+
+
+def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block: int) -> tuple[np.ndarray, dict]:
+    """Columns ``c0:c1`` of the input (all rows) as a C-ordered ``dt`` array, and their ``max |a|`` and
+    float64 ``sum a^2`` (of the stored values, before a cast).
+
+    Uncompressed inputs are read in row blocks of :func:`panel_read_rows` rows: a panel narrower
+    than the input's chunks maps the chunks' whole rows from their files (or fetches them, from an
+    object store), pages that count in the resident memory while they last, so each read takes no
+    more than one block of the panel holds. Other inputs go through zarr, which decodes every chunk
+    it touches whole: the panel is read in one call (in blocks of ``rows_per_block`` before a cast),
+    each chunk decoded once.
+    """
+    from blocklin.storage.zarr_store import read_kind
+
+    n = spec.a.shape[0]
+    src = open_array(spec.a.path)
+    off_r, off_c = spec.a.off
+    cols = slice(off_c + c0, off_c + c1)
+    same = np.dtype(src.dtype) == dt
+    raw = read_kind(spec.a.path) != "chunks"
+    step = panel_read_rows(rows_per_block, c1 - c0, src.chunks[1], np.dtype(src.dtype).itemsize, dt.itemsize)
+    panel = np.empty((n, c1 - c0), dtype=dt)
+    if same and not raw:
+        read_block(src, slice(off_r, off_r + n), cols, out=panel)
+    src_buf = None if same else np.empty((min(rows_per_block, max(n, 1)), c1 - c0), dtype=src.dtype)
+    max_a, sumsq = 0.0, 0.0
+    for r0 in range(0, n, rows_per_block):  # row blocks: statistics (and the cast) without a panel-sized temporary
+        r1 = min(n, r0 + rows_per_block)
+        block = panel[r0:r1] if same else src_buf[: r1 - r0]
+        if raw or not same:
+            for q0 in range(r0, r1, step if raw else rows_per_block):
+                q1 = min(r1, q0 + (step if raw else rows_per_block))
+                read_block(src, slice(off_r + q0, off_r + q1), cols, out=block[q0 - r0:q1 - r0])
+        if spec.check:
+            check_finite(block, "a", slice(off_r + r0, off_r + r1), cols)
+        if block.size:
+            max_a = max(max_a, float(block.max()), -float(block.min()))
+            sumsq += float(np.einsum("ij,ij->", block, block, dtype=np.float64))
+        if not same:
+            panel[r0:r1] = block
+    return panel, {"max_a": max_a, "sumsq": sumsq}
+
+
+def panel_read_rows(rows_per_block: int, width: int, chunk_cols: int, source_itemsize: int, itemsize: int) -> int:
+    """Rows read at a time into a panel of ``width`` columns (``itemsize`` bytes each) from an
+    uncompressed input of ``chunk_cols``-wide chunks (``source_itemsize``).
+
+    A read of part of a chunk's width maps (or fetches) whole chunk rows
+    (:mod:`blocklin.storage.rawchunks`); the rows are chosen so that these stay within the bytes
+    of one block of ``rows_per_block`` panel rows: a 32-column float64 panel of 512-column chunks
+    reads 32 rows at a time of a 512-row block (128 KiB mapped; the whole panel in one read mapped
+    1 MiB at a time beside its 0.5 MiB, at n = 2048).
+    """
+    per_row = max(1, chunk_cols if width < chunk_cols else width) * source_itemsize
+    return max(1, min(rows_per_block, rows_per_block * width * itemsize // per_row))
+
+
+def _stream_blocks(dev: Any, path: Any, blocks: list[tuple[int, int, int]], t: int, rb: int, dt: np.dtype) -> Any:
+    """A :class:`~blocklin.device.stream.TileStream` over the blocks ``(k, r0, r1)`` of a work store:
+    rows ``r0:r1`` of column panel ``k`` (``t`` wide, at most ``rb`` rows), one read ahead."""
+    from blocklin.device.stream import TileStream
+
+    work = open_array(path)
+
+    def load(i: int, buffers: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        k, r0, r1 = blocks[i]
+        return (read_block(work, slice(r0, r1), slice(k * t, (k + 1) * t), out=buffers[0][: r1 - r0]),)
+
+    return TileStream(dev, len(blocks), load, [(rb, t)], dt, depth=1)
+
+
+def _max_abs(x: np.ndarray, rows_per_block: int) -> float:
+    """``max |x|`` in row blocks (no temporary of ``x``'s size)."""
+    out = 0.0
+    for r0 in range(0, x.shape[0], rows_per_block):
+        block = x[r0:r0 + rows_per_block]
+        if block.size:
+            out = max(out, float(block.max()), -float(block.min()))
+    return out
+
+
+def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
+    """LU with partial pivoting of the C-ordered host panel ``x`` (``m x w``, ``m >= w``) in place;
+    returns LAPACK's 0-based row swaps (row ``i`` with ``piv[i]``, in order).
+
+    Right-looking over sub-panels of ``sub`` columns (the blocked ``getrf`` of LAPACK; Anderson and
+    Dongarra 1990): LAPACK ``getrf`` factors a column-major copy of each sub-panel, its swaps are
+    applied to the panel's other columns (one gather of the rows they move), and the columns to its
+    right are updated by a TRSM and GEMMs over row blocks of ``rows`` (temporaries of ``rows x w``).
+    The pivot of each column is chosen among all its remaining rows, as in ``getrf`` on the whole
+    panel; only a copy of ``m x sub`` is held besides ``x`` (``getrf`` of the panel copies all of it).
+    All of it runs on :data:`~blocklin.device.base.PANEL_GETRF_THREADS` BLAS threads, as the panel
+    ``getrf`` did (see :meth:`~blocklin.device.base.Device.lu_panel`): on this project's shared
+    2-core machine (load 16), two threads made this step 2x slower than one, and one thread took
+    0.86-1.56x the time of ``getrf`` on the whole 8192 x 1024 panel.
+    """
+    from scipy.linalg import lapack
+    from threadpoolctl import threadpool_limits
+
+    m, w = x.shape
+    kk = min(m, w)
+    piv = np.arange(kk, dtype=np.int64)
+    if not kk:
+        return piv
+    getrf = lapack.get_lapack_funcs("getrf", (x,))
+    buf = np.empty((2 * min(sub, kk), w), dtype=x.dtype) if sub < w else None
+    cpu = get_device("cpu")
+    with threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas"):
+        for s0 in range(0, kk, sub):
+            s1 = min(kk, s0 + sub)
+            lu, p, info = getrf(np.asfortranarray(x[s0:, s0:s1]), overwrite_a=True)
+            if info < 0:
+                raise InternalError(f"getrf: illegal argument {-info}")
+            p = p[: s1 - s0].astype(np.int64) + s0
+            if s0 or s1 < w:  # the columns outside this sub-panel (getrf swapped its own)
+                _apply_swaps(cpu, x, p, s0, buf=buf)
+            x[s0:, s0:s1] = lu
+            del lu
+            piv[s0:s1] = p
+            if s1 < w:  # U12 = L11^-1 A12, then A22 -= L21 U12 in row blocks
+                u12 = cpu.solve_triangular(x[s0:s1, s0:s1], x[s0:s1, s1:], lower=True, unit=True)
+                x[s0:s1, s1:] = u12
+                for r0 in range(s1, m, rows):
+                    r1 = min(m, r0 + rows)
+                    x[r0:r1, s1:] -= x[r0:r1, s0:s1] @ u12
+                del u12
+    return piv
+
+
+def lu_subpanel(width: int) -> int:
+    """Columns of the sub-panels :func:`factor_panel` factors with ``getrf`` (see
+    :func:`~blocklin.plan.factor.lu_subpanel`)."""
+    from blocklin.plan.factor import lu_subpanel as plan_subpanel
+
+    return plan_subpanel(width)
+
+
+@with_task_settings
+@holds_device(lambda spec, *_: 2 * spec.a.shape[0] / spec.tile + 4)  # the trailing panel and L block, 4 tiles
+def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
+    """Panel ``j`` of the left-looking LU (see :func:`lu_panels`).
+
+    The panel (columns ``J``, all rows) is read once and updated in place by each earlier panel
+    ``k`` in order: first panel ``k``'s own row swaps, which bring the panel into the row order
+    panel ``k`` was stored in (so its ``L`` is streamed as stored, never permuted), then
+    ``U_kJ = L_kk^-1 P_kJ`` (TRSM, unit diagonal) and ``P_{>k,J} -= L_{>k,k} U_kJ`` as GEMMs over
+    row blocks of ``L_{>k,k}`` (:func:`~blocklin.plan.factor.lu_stream_rows` rows each). LAPACK
+    ``getrf`` then factors the trailing part with partial pivoting over all its rows.
+    """
+    from blocklin.plan.factor import lu_stream_rows
+
+    marker = done_marker(spec, f"lu-{j}")
+    if skip_done(marker):
+        return {"skipped": 1, **load_record(spec, f"lu-stats-{j}.npy")}
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    n = spec.a.shape[0]
+    rb = lu_stream_rows(t, n)
+    if spec.trim:
+        release_free_memory()
+    dev = get_device(spec.device, device_memory=spec.device_memory)
+    c0, c1 = j * t, min(n, (j + 1) * t)
+    host, stats = _read_panel(spec, c0, c1, dt, rb)
+    panel = dev.to_device(host)
+    nread = host.nbytes
+    # the blocks of the earlier panels, in the order they are used: each panel's diagonal block
+    # (TRSM), then its row blocks below (GEMMs); read one ahead on a loader thread
+    blocks = [(k, r0, min(n, r0 + (t if r0 == k * t else rb))) for k in range(j)
+              for r0 in [k * t, *range((k + 1) * t, n, rb)]]
+    stream = _stream_blocks(dev, spec.out.path, blocks, t, rb, dt)
+    ukj = None
+    swap_buf = np.empty((2 * t, c1 - c0), dtype=dt) if j and isinstance(panel, np.ndarray) else None
+    for i, (lblk,) in stream:  # in panel order: identical sums on every scheduler
+        k, r0, r1 = blocks[i]
+        if r0 == k * t:  # panel k's swaps (the row order it was stored in), then U_kJ = L_kk^-1 P_kJ
+            _apply_swaps(dev, panel, _panel_pivots(spec, k), r0, buf=swap_buf)
+            if isinstance(panel, np.ndarray):  # in place: the rows of a C-ordered panel are one block
+                from blocklin.device.cpu import trsm_inplace
+
+                ukj = trsm_inplace(lblk, panel[r0:r1], lower=True, unit=True)
+            else:
+                ukj = dev.solve_triangular(lblk, panel[r0:r1], lower=True, unit=True)
+                with dev.on_compute():
+                    panel[r0:r1] = ukj
+        else:
+            dev.gemm_acc(panel[r0:r1], lblk, ukj, -1.0)
+        nread += (r1 - r0) * t * dt.itemsize
+    del ukj, swap_buf, stream
+    trailing = np.asarray(dev.to_host(panel[c0:]))  # a view of a host panel: factored in place
+    local = factor_panel(trailing, c1 - c0, lu_subpanel(c1 - c0))
+    if not isinstance(panel, np.ndarray):
+        with dev.on_compute():
+            panel[c0:] = dev.to_device(trailing)
+    del trailing
+    host = np.asarray(dev.to_host(panel))
+    del panel
+    pj = local[: c1 - c0] + c0
+    save_record(spec, f"lu-piv-{j}.npy", pj)
+    diag = np.abs(np.diagonal(host[c0:c1]))
+    stats.update(max_u=max(_max_abs(host[:c0], rb), float(np.abs(np.triu(host[c0:c1])).max()) if c1 > c0 else 0.0),
+                 min_pivot=float(diag.min()) if diag.size else 0.0)
+    if spec.c is None:
+        write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), host)
+    else:  # U and the diagonal block are final; the L rows below wait for the later swaps
+        write_block(open_array(spec.c.path, mode="r+"), slice(0, c1), slice(c0, c1), host[:c1])
+        write_block(open_array(spec.out.path, mode="r+"), slice(c0, n), slice(c0, c1), host[c0:])
+    w = c1 - c0
+    flops = 2 * w * (n * c0 - c0 * c0 / 2) + w * w * (n - c0)
+    if spec.b is not None:
+        flops += _lu_forward_rhs(spec, j, host, pj)
+    save_record(spec, f"lu-stats-{j}.npy", stats)
+    mark_finished(marker)
+    if spec.b is not None and j:  # panel j is done: a rerun starts from its right-hand side
+        backend(spec.done_dir).remove(f"lu-rhs-{j - 1}.npy")
+    return {"bytes_read": nread, "bytes_written": host.nbytes, **stats, "flops": flops}
+
+
+def _lu_forward_rhs(spec: TileOpSpec, j: int, host: np.ndarray, pj: np.ndarray) -> float:
+    """Panel ``j``'s step of the forward substitution ``L y = P b`` (see :func:`lu_panels`).
+
+    ``host`` is the factored panel (rows ``c0:`` in the order of its own swaps ``pj``, as stored);
+    ``B`` as left by panel ``j - 1`` (the input ``spec.b`` for the first panel) gets ``pj``, then
+    ``y_J = L_JJ^-1 B_J`` and ``B_{>J} -= L_{>J,J} y_J``: the steps of :func:`lu_solve_task`'s forward
+    sweep on the panel in memory (host BLAS: ``2 n w k`` flops, small beside the panel's).
+    Returns the flops.
+    """
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    n, k = spec.b.shape
+    c0, c1 = j * t, min(n, (j + 1) * t)
+    cpu = get_device("cpu")
+    if j == 0:
+        y = spec.b.read(0, 0, max(n, k, 1), dt)
+    else:
+        y = np.ascontiguousarray(load_record(spec, f"lu-rhs-{j - 1}.npy"), dtype=dt)
+    _apply_swaps(cpu, y, pj, c0, buf=np.empty((2 * (c1 - c0), k), dtype=dt))
+    yj = cpu.solve_triangular(host[c0:c1], y[c0:c1], lower=True, unit=True)
+    y[c0:c1] = yj
+    if c1 < n:
+        cpu.gemm_acc(y[c1:], host[c1:], yj, -1.0)
+    if c1 >= n:  # the last panel: y = L^-1 P b, for the back substitution
+        spec.rhs_out.write(0, 0, max(n, k, 1), y)
+    save_record(spec, f"lu-rhs-{j}.npy", y)
+    return 2.0 * (n - c0) * (c1 - c0) * k
+
+
+@with_task_settings
+def lu_swap_task(spec: TileOpSpec, j: int, pivots: np.ndarray) -> dict:
+    """The ``L`` rows below panel ``j``'s diagonal block with the swaps of the later panels applied."""
+    t = spec.tile
+    n = spec.a.shape[0]
+    c0, c1 = j * t, min(n, (j + 1) * t)
+    if c1 >= n:
+        return {"bytes_read": 0, "bytes_written": 0}
+    block = read_block(open_array(spec.a.path), slice(c1, n), slice(c0, c1))
+    dst, src = swap_moves(pivots[c1:], c1)
+    if dst.size:  # a gather into a buffer, then a scatter (see _apply_swaps)
+        block[dst - c1] = np.take(block, src - c1, axis=0, out=np.empty((dst.size, block.shape[1]), block.dtype),
+                                  mode="clip")
+    write_block(open_array(spec.out.path, mode="r+"), slice(c1, n), slice(c0, c1), block)
+    return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
+
+
+@with_task_settings
+def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray, forward: bool = True) -> dict:
+    """``X = U^-1 L^-1 P B`` from the LU work store ``spec.a`` (see :func:`lu_solve`); with
+    ``forward=False``, ``X = U^-1 B`` (``B`` already forward-eliminated by the panels)."""
+    from blocklin.plan.factor import lu_stream_rows
+
+    t, dt = spec.tile, np.dtype(spec.dtype)
+    n, k = spec.b.shape
+    rb = lu_stream_rows(t, n)
+    dev = get_device(spec.device, device_memory=spec.device_memory)
+    work = open_array(spec.a.path)
+    y = dev.to_device(spec.b.read(0, 0, max(n, k, 1), dt, spec.check, "b"))
+    nread = y.nbytes
+    nt = tile_count(n, t)
+    for j in range(nt if forward else 0):  # forward substitution, L y = P b, panel by panel
+        c0, c1 = j * t, min(n, (j + 1) * t)
+        _apply_swaps(dev, y, pivots[c0:c1], c0)
+        ljj = read_block(work, slice(c0, c1), slice(c0, c1))
+        yj = dev.solve_triangular(dev.to_device(ljj), y[c0:c1], lower=True, unit=True)
+        with dev.on_compute():
+            y[c0:c1] = yj
+        nread += ljj.nbytes
+        for r0 in range(c1, n, rb):
+            blk = read_block(work, slice(r0, min(n, r0 + rb)), slice(c0, c1))
+            dev.gemm_acc(y[r0:r0 + blk.shape[0]], dev.to_device(blk), yj, -1.0)
+            nread += blk.nbytes
+    for j in reversed(range(nt)):  # back substitution, U x = y
+        c0, c1 = j * t, min(n, (j + 1) * t)
+        ujj = read_block(work, slice(c0, c1), slice(c0, c1))
+        xj = dev.solve_triangular(dev.to_device(ujj), y[c0:c1], lower=False)
+        if not np.isfinite(np.asarray(dev.to_host(xj))).all():
+            raise SingularMatrixError(explain(
+                "a", "must be nonsingular (no zero pivot)", f"a singular or overflowing diagonal block of U at rows "
+                f"{c0}:{c1}", "regularize the system (lam > 0), or solve the least-squares problem with method='qr'"))
+        with dev.on_compute():
+            y[c0:c1] = xj
+        nread += ujj.nbytes
+        for r0 in range(0, c0, rb):
+            blk = read_block(work, slice(r0, min(c0, r0 + rb)), slice(c0, c1))
+            dev.gemm_acc(y[r0:r0 + blk.shape[0]], dev.to_device(blk), xj, -1.0)
+            nread += blk.nbytes
+    x = np.asarray(dev.to_host(y))
+    spec.out.write(0, 0, max(n, k, 1), x)
+    return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": (2 if forward else 1) * n * n * k}
+
+
+def swaps_to_permutation(pivots: np.ndarray) -> np.ndarray:
+    """The row order ``perm`` with ``P A = A[perm]`` for LAPACK's (0-based) swaps ``i <-> pivots[i]``."""
+    perm = np.arange(len(pivots), dtype=np.int64)
+    for i, p in enumerate(np.asarray(pivots, dtype=np.int64)):
+        if p != i:
+            perm[[i, p]] = perm[[p, i]]
+    return perm

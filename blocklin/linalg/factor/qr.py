@@ -1,0 +1,311 @@
+"""``blocklin.qr``: QR factorization of tall and square matrices larger than memory.
+
+Two routes, one result convention (``R`` with a non-negative diagonal):
+
+* ``"tsqr"``: ``R`` alone when it fits in core, from the one-pass streaming TSQR of
+  :mod:`blocklin.linalg.blocks.tsqr` (Demmel, Grigori, Hoemmen and Langou 2012): ``A`` is read once.
+* ``"tiled"``: left-looking blocked Householder QR over column panels
+  (:mod:`blocklin.linalg.factor.householder`), for ``R`` that does not fit in core and for ``Q``.
+* ``"tiles"``: the tile Householder QR of Buttari, Langou, Kurzak and Dongarra (2009) on square
+  tiles (:mod:`blocklin.linalg.factor.qr_tiles`): a task holds a few tiles, not an ``m``-row panel, so
+  its tiles (and GEMMs) are larger within one budget; for square and near-square matrices.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Unpack
+
+import numpy as np
+
+from blocklin.config import Settings, format_size
+from blocklin.errors import BudgetError, ParameterError, ShapeError, warn
+from blocklin.errors import explain as _msg
+from blocklin.linalg.blocks.streaming_qr import tsqr_pass
+from blocklin.linalg.blocks.tsqr import MIN_STRIP_ROWS, positive_diagonal
+from blocklin.matrix import Matrix
+from blocklin.plan.factor import QR_PANEL_BUFFERS, FactorPlan, plan_qr
+from blocklin.plan.qrtiles import TileQRPlan, plan_tile_qr
+from blocklin.plan.solve import small_bytes
+from blocklin.runtime.blockops import BlockOps, Region
+from blocklin.linalg.factor.householder import qr_extract_r, qr_form_q, qr_panels
+from blocklin.linalg.factor.qr_tiles import tile_qr, tile_qr_form_q, tile_qr_stores
+from blocklin.runtime.job import Job
+from blocklin.storage.identity import resume_token
+from blocklin.storage.backend import backend
+from blocklin.storage.zarr_store import create_array, open_zarr, write_block
+from blocklin.validate import choice, float_operand, size
+
+MODES = ("r", "reduced")
+#: ``"auto"`` takes the streaming TSQR for ``R`` alone when its strips can hold this many times ``n``
+#: rows: each strip costs a QR of ``[R; strip]``, ``2 (s + n) n^2`` flops for ``s`` rows, so short strips
+#: multiply the work (measured for 8192 x 2048 float64 in 300 MiB, strips of about 1.2 n: TSQR 172 s,
+#: tiled 35 s).
+TSQR_STRIP_RATIO = 4
+METHODS = ("auto", "tiled", "tiles", "tsqr")
+REPORT_KEYS = ("method", "method_reason", "seconds", "flops", "gflops", "peak_memory", "diag_ratio", "tasks",
+               "skipped")
+
+
+def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str = "auto", overwrite: bool = False,
+       resume: bool = False, explain: bool = False, tile: int | None = None,
+       **settings: Unpack[Settings]) -> Matrix | tuple[Matrix, Matrix] | FactorPlan:
+    """QR factorization ``A = Q R`` of a tall or square matrix larger than memory.
+
+    Parameters
+    ----------
+    a : path, zarr array, Matrix, NumPy or Dask array
+        ``m x n`` with ``m >= n``, float32 or float64. Never modified.
+    out : path, optional
+        Output store of ``R`` (``n x n``, upper triangular; atomic).
+    q : path, optional
+        Output store of the thin ``Q`` (``m x n``, orthonormal columns; atomic) with ``mode="reduced"``.
+    mode : {"r", "reduced"}
+        ``"r"``: ``R`` only (as ``numpy.linalg.qr(a, mode="r")``); ``"reduced"``: ``Q`` and ``R``.
+    method : {"auto", "tiled", "tiles", "tsqr"}
+        ``"tsqr"``: one streaming pass (``R`` held in core: about ``5 n^2`` float64 and ``3 n^2``
+        elements within ``memory``, :func:`tsqr_bytes`; no ``Q``). ``"tiled"``: blocked Householder
+        over column panels (``6 m t`` elements per panel of width ``t >= 32`` within ``memory``;
+        ``R`` and ``Q`` stored tile by tile). ``"tiles"``: the tile Householder QR on square tiles of
+        side ``t`` (``8 t^2`` elements per task; :mod:`blocklin.linalg.factor.qr_tiles`). ``"auto"``:
+        ``"tsqr"`` for ``R`` alone when it fits in core with strips of at least ``4 n`` rows (a tall
+        ``A``: one pass, the fewest reads), else ``"tiled"`` (faster than ``"tiles"`` on a
+        quiet machine, see :func:`_householder`); the report says which and why.
+    overwrite, resume : bool
+        Replace existing outputs; continue an interrupted tiled run (finished panels are kept).
+    explain : bool
+        Return the :class:`~blocklin.plan.factor.FactorPlan` of the chosen route without running
+        (``operation`` ``"qr"`` for the tiled route, ``"tsqr"`` for the streaming one).
+    tile : int, optional
+        Panel width (``"tiled"``) or tile side (``"tiles"``) (default: planned from the budget).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`.
+
+    Returns
+    -------
+    Matrix or (Matrix, Matrix)
+        ``R`` (``mode="r"``) or ``(Q, R)``. ``R``'s diagonal is non-negative (the unique ``R`` of a
+        full-rank ``A``; LAPACK's and NumPy's may differ from it by the signs of rows, and their ``Q``
+        by the signs of columns). ``R.report``: ``method``, ``method_reason``, ``diag_ratio``
+        (``min |R_ii| / max |R_ii|``, a cheap rank indicator: 0 for a rank-deficient ``A``),
+        ``seconds``, ``flops``, ``peak_memory``, ``plan``.
+
+    Notes
+    -----
+    *Tiled.* Column panels of width ``t`` (all ``m`` rows) are factored in a chain of tasks:
+    panel ``j`` receives the block reflectors ``Q_k^T = I - V_k T_k^T V_k^T`` of the panels before it
+    (left-looking, as the out-of-core QR of Gunter and van de Geijn 2005 and of D'Azevedo and
+    Dongarra's out-of-core ScaLAPACK, 2000), then LAPACK ``geqrt`` factors its trailing part
+    (Householder reflectors in the compact WY form of Schreiber and Van Loan 1989). Householder QR
+    is backward stable whatever the conditioning: ``A + E = Q R`` with ``||E|| <= c m n u ||A||`` and
+    ``||Q^T Q - I|| <= c m n u`` (Higham 2002, Thm. 19.4). Every panel is written once and its ``T``
+    kept beside the resume markers, so ``resume=True`` skips finished panels; the sums run in a fixed
+    order, so the bits do not depend on the scheduler. Cost: ``2 m n^2 - 2 n^3 / 3`` flops for ``R``,
+    as much again for ``Q``; ``m n^2 / (2 t)`` elements read.
+
+    *Tiles.* The tile algorithm of Buttari, Langou, Kurzak and Dongarra (Parallel Computing 35,
+    2009) with a flat reduction tree (Hadri et al. 2010): for each tile column ``k``, LAPACK
+    ``geqrt`` on tile ``(k, k)``, ``gemqrt`` on the tiles right of it, ``tpqrt`` on ``[R_kk; A_ik]``
+    for each tile below and ``tpmqrt`` on ``[A_kj; A_ij]``, each a task of a Dask graph that writes
+    only what it never reads (so ``resume=True`` skips finished tasks and gives the same bits). The
+    same backward error bound holds.
+
+    *TSQR.* Row strips fold into a running triangular factor (Demmel, Grigori, Hoemmen and Langou,
+    SIAM J. Sci. Comput. 34(1), 2012): one pass over ``A``, ``2 m n^2`` flops, equally stable.
+    """
+    mode = choice("mode", mode, MODES, fix="pass mode='r' (R only) or 'reduced' (Q and R)")
+    method = choice("method", method, METHODS, fix="pass method='auto'")
+    if q is not None and mode != "reduced":
+        raise ParameterError(_msg("q", "is the output of Q, which needs mode='reduced'", f"q={q!r} with mode='r'",
+                                     "pass mode='reduced', or drop q"))
+    tile = size("tile", tile, fix="pass a positive tile side such as tile=256 (--tile 256), or omit it for the "
+                "planned one")
+    with Job("qr", **settings) as job:
+        A = job.operand(a, "a")
+        m, n = A.shape
+        if m < n:
+            raise ShapeError(_msg("a", "must be tall or square (rows >= columns) for blocklin.qr",
+                                     f"{m} x {n}", "factor the transpose (A^T = Q R gives A = R^T Q^T)"))
+        dt = float_operand(A, "qr")
+        route, reason = _route(job, m, n, dt.itemsize, mode, method)
+        if route == "tsqr":
+            if explain:
+                return FactorPlan(operation="tsqr", m=m, n=n, dtype=dt.name, tile=0, tiles=1, workers=1,
+                                  peak_memory=tsqr_bytes(n, dt.itemsize), memory=job.cfg.memory, flops=2 * m * n * n,
+                                  bytes_read=m * n * dt.itemsize)
+            try:
+                return _tsqr(job, A, out, overwrite=overwrite, reason=reason)
+            except BudgetError:
+                if method != "auto":
+                    raise
+                route, why = _householder(job, m, n)
+                reason = f"the streaming TSQR pass does not fit the budget with its strips: {why}, R stored"
+        if route == "tiles":
+            tplan = plan_tile_qr(m, n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
+            if explain:
+                return tplan
+            return _tiles(job, A, tplan, out, q, mode=mode, overwrite=overwrite, resume=resume, reason=reason)
+        plan = plan_qr(m, n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
+        if explain:
+            return plan
+        return _tiled(job, A, plan, out, q, mode=mode, overwrite=overwrite, resume=resume, reason=reason)
+
+
+def tsqr_bytes(n: int, itemsize: int) -> int:
+    """Memory of the streaming TSQR route: the in-core reduction of ``R`` (``small_bytes``), the
+    running ``n x n`` factor with LAPACK's copy and output (:mod:`blocklin.linalg.blocks.tsqr`), and strips of
+    at least 64 rows (with slack for the strips' chunk temporaries)."""
+    return small_bytes(n, 0) + 3 * n * n * itemsize + 4 * MIN_STRIP_ROWS * n * itemsize
+
+
+def _householder(job: Job, m: int, n: int) -> tuple[str, str]:
+    """The Householder route of ``"auto"`` once ``R`` is to be stored: ``("tiled", why)``.
+
+    The column panels (on every BLAS thread) beat the tile QR (one BLAS thread per tile kernel) on a
+    quiet machine: with ``Q`` at 4096 x 4096 in 64 MiB, 4.43 s against 11.10 s (R alone 2.31 s against
+    6.58 s; ``benchmarks/factor.py --no-cholesky --qr-square --n 4096 --chunk 512 --memory 64MiB``, load
+    2). The tile QR won only on the machine loaded by other jobs (0.16-0.45x the panels' time, load
+    9-17), where threaded BLAS waits on descheduled threads; it stays available as ``method="tiles"``.
+    """
+    return "tiled", (f"blocked Householder over column panels ({m} x {n}; every BLAS thread on each panel's "
+                     "GEMMs, faster than the single-threaded tile kernels)")
+
+
+def _route(job: Job, m: int, n: int, itemsize: int, mode: str, method: str) -> tuple[str, str]:
+    """``("tsqr" | "tiled" | "tiles", why)``."""
+    need = tsqr_bytes(n, itemsize)
+    in_core = need <= job.cfg.memory
+    if method == "tsqr":
+        if mode == "reduced":
+            raise ParameterError(_msg("method", "'tsqr' returns R only (Q is never formed)",
+                                         "method='tsqr' with mode='reduced'",
+                                         "pass method='tiled', 'tiles' or 'auto'"))
+        if not in_core:
+            raise ParameterError(_msg("method", "'tsqr' holds the n x n R factor in core",
+                                         f"R needs {format_size(need)}, over the budget of "
+                                         f"{format_size(job.cfg.memory)}",
+                                         "pass method='tiled', 'tiles' or raise memory="))
+        return "tsqr", "requested: one streaming pass (TSQR)"
+    if method == "tiled":
+        return "tiled", "requested: blocked Householder over column panels"
+    if method == "tiles":
+        return "tiles", "requested: tile Householder QR on square tiles"
+    if mode == "reduced":
+        route, why = _householder(job, m, n)
+        return route, f"Q requested: {why}, Q stored"
+    if not in_core:
+        route, why = _householder(job, m, n)
+        return route, (f"R ({n} x {n}, {format_size(need)} to hold and reduce) exceeds the budget of "
+                       f"{format_size(job.cfg.memory)}: {why}, R stored")
+    strip_rows = (job.cfg.memory - need) // (2 * n * itemsize)
+    panels_fit = QR_PANEL_BUFFERS * m * 32 * itemsize <= job.cfg.memory
+    if strip_rows >= TSQR_STRIP_RATIO * n or not panels_fit:
+        return "tsqr", (f"R ({n} x {n}) fits in core with strips of {strip_rows} rows: one streaming pass over A "
+                        "(TSQR), the fewest reads")
+    route, why = _householder(job, m, n)
+    return route, (f"R fits in core, but the streaming TSQR would refactor it with every strip of {strip_rows} "
+                   f"rows (< {TSQR_STRIP_RATIO} n; {-(-m // max(strip_rows, 1))} strips): {why}")
+
+
+def _tsqr(job: Job, A: Any, out: Any, *, overwrite: bool, reason: str) -> Matrix:
+    m, n = A.shape
+    result = tsqr_pass(job, A, None, A.dtype)
+    r = positive_diagonal(result.r).astype(A.dtype, copy=False)
+    ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite)
+    chunk = min(max(n, 1), 1024)
+    create_array(ao.array_path(), shape=(n, n), dtype=A.dtype, chunks=(chunk, chunk), codec=job.cfg.codec)
+    write_block(open_zarr(ao.array_path(), mode="r+"), slice(0, n), slice(0, n), r)
+    report = _report(job, np.abs(np.diag(r)), method="tsqr", reason=reason, flops=2 * m * n * n,
+                     plan=result.report["plan"], norm_a=result.norm_a)
+    path = ao.commit("qr", plan=result.report["plan"], params={"mode": "r", "method": "tsqr"},
+                     report=job.brief(report, REPORT_KEYS))
+    return Matrix(path, report=report, temporary=out is None)
+
+
+def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, overwrite: bool, resume: bool,
+           reason: str) -> Matrix | tuple[Matrix, Matrix]:
+    m, n = A.shape
+    dt, t = np.dtype(plan.dtype), plan.tile
+    # R and, in its partial folder, the Householder work store (m x n)
+    ao, qo = _outputs(job, A, "qr", plan.to_dict(), out, q, mode=mode, overwrite=overwrite, resume=resume,
+                      size=((n + m, n), dt))
+    work = (ao.done / "qr-work.zarr").with_pending(False)  # dropped with the markers at commit
+    if not backend(work).exists("zarr.json"):
+        # panels are read whole (rows k t : m): chunks of about 8 MiB down the column, not t x t
+        rows = max(t, min(m, (8 * 2**20) // (t * dt.itemsize) // t * t))
+        create_array(work, shape=(m, n), dtype=dt, chunks=(rows, t), codec=job.cfg.codec)
+    for o, shape in ((ao, (n, n)), (qo, (m, n))):
+        if o is not None and not (o.resumed and o.has_array()):  # interrupted before creating it: create it
+            create_array(o.array_path(), shape=shape, dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+    ops = BlockOps(job, t)
+    ops.workers = 1
+    results = qr_panels(ops, Region.of(A.path, A.shape), work, dtype=dt, done_dir=ao.done, check=job.check_finite)
+    signs = np.concatenate([r["signs"] for r in results]) if n else np.ones(0)
+    qr_extract_r(ops, work, ao.array_path(), m, n, dtype=dt, signs=signs)
+    if qo is not None:
+        qr_form_q(ops, work, qo.array_path(), m, n, dtype=dt, done_dir=ao.done, signs=signs)
+    diag = [(r["min_r"], r["max_r"]) for r in results]
+    report = _report(job, np.array([d for pair in diag for d in pair]), method="tiled", reason=reason,
+                     flops=plan.flops * (2 if qo is not None else 1), plan=plan.to_dict(), norm_a=None)
+    return _commit(job, ao, qo, plan.to_dict(), {"mode": mode, "method": "tiled"}, report, out=out, q=q)
+
+
+def _tiles(job: Job, A: Any, plan: TileQRPlan, out: Any, q: Any, *, mode: str, overwrite: bool, resume: bool,
+           reason: str) -> Matrix | tuple[Matrix, Matrix]:
+    m, n = A.shape
+    dt, t = np.dtype(plan.dtype), plan.tile
+    # R and, in its partial folder, the work stores (three m x n, the T tiles and four tile rows)
+    ao, qo = _outputs(job, A, "qr-tiles", plan.to_dict(), out, q, mode=mode, overwrite=overwrite, resume=resume,
+                      size=((3 * m + 5 * t + plan.row_tiles * plan.inner_block + n, n), dt))
+    stores = tile_qr_stores(ao.done, m, n, t, plan.inner_block, dt, job.cfg.codec)
+    if not (ao.resumed and ao.has_array()):
+        create_array(ao.array_path(), shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+    if qo is not None and not (qo.resumed and qo.has_array()):
+        create_array(qo.array_path(), shape=(m, n), dtype=dt, chunks=(min(t, m), plan.q_width), codec=job.cfg.codec)
+    ops = BlockOps(job, t)
+    ops.workers = 1
+    results = tile_qr(ops, Region.of(A.path, A.shape), stores, dtype=dt, inner=plan.inner_block, done_dir=ao.done,
+                      check=job.check_finite)
+    diag = sorted((r for r in results if "col" in r), key=lambda r: r["col"])
+    signs = np.concatenate([r["signs"] for r in diag]) if n else np.ones(0)
+    qr_extract_r(ops, stores["packed"], ao.array_path(), m, n, dtype=dt, signs=signs)
+    if qo is not None:
+        tile_qr_form_q(ops, stores, qo.array_path(), m, n, dtype=dt, inner=plan.inner_block, width=plan.q_width,
+                       done_dir=ao.done, signs=signs)
+    report = _report(job, np.array([d for r in diag for d in (r["min_r"], r["max_r"])]), method="tiles",
+                     reason=reason, flops=plan.flops * (2 if qo is not None else 1), plan=plan.to_dict(), norm_a=None)
+    return _commit(job, ao, qo, plan.to_dict(), {"mode": mode, "method": "tiles"}, report, out=out, q=q)
+
+
+def _outputs(job: Job, A: Any, kind: str, plan: dict, out: Any, q: Any, *, mode: str, overwrite: bool,
+             resume: bool, size: tuple) -> tuple[Any, Any]:
+    """The atomic outputs of ``R`` (``size``: with the work stores in its partial folder) and, for
+    ``mode="reduced"``, of ``Q`` (else ``None``), under one token of the input and the plan."""
+    inputs = [A.path] if not A.staged else []
+    token = resume_token(kind, [A], plan)
+    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token, size=size)
+    qo = job.output(q, inputs=inputs, overwrite=overwrite, resume=resume, token=token + "q",
+                    size=((A.shape[0], A.shape[1]), size[1])) if mode == "reduced" else None
+    return ao, qo
+
+
+def _commit(job: Job, ao: Any, qo: Any, plan: dict, params: dict, report: dict, *, out: Any,
+            q: Any) -> Matrix | tuple[Matrix, Matrix]:
+    """Commit ``R`` (and ``Q`` when asked for) with their provenance: ``R`` or ``(Q, R)``."""
+    r_path = ao.commit("qr", plan=plan, params=params, report=job.brief(report, REPORT_KEYS))
+    R = Matrix(r_path, report=report, temporary=out is None)
+    if qo is None:
+        return R
+    q_path = qo.commit("qr", plan=plan, params={**params, "factor": "Q"}, report=job.brief(report, REPORT_KEYS))
+    return Matrix(q_path, report=report, temporary=q is None), R
+
+
+def _report(job: Job, diag: np.ndarray, *, method: str, reason: str, flops: int, plan: dict,
+            norm_a: float | None) -> dict:
+    top = float(diag.max()) if diag.size else 0.0
+    ratio = float(diag.min()) / top if top > 0 else 0.0
+    if diag.size and ratio == 0.0:
+        warn("qr: R has a zero on its diagonal: A is rank-deficient (Q and R are still a valid factorization)")
+    return job.report(flops=flops, method=method, method_reason=reason, diag_ratio=ratio, plan=plan, norm_a=norm_a)
+
+
+__all__ = ["qr", "tsqr_bytes"]

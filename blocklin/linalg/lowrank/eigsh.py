@@ -1,0 +1,292 @@
+"""Eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
+
+Each Lanczos step (:func:`blocklin.linalg.lowrank.lanczos.block_lanczos`) is one row pass ``Z = A^T X``
+over ``A`` (equal to ``A X`` for symmetric ``A``); the first pass also forms ``A X`` for its random
+block, which checks symmetry. A matrix that fits the budget is read once and solved in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, Unpack
+
+import numpy as np
+
+from blocklin.config import Settings
+from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterError, explain, warn
+from blocklin.linalg.blocks.tall_kernels import rmat_kernel
+from blocklin.linalg.lowrank.lanczos import LanczosResult, block_lanczos, default_tol
+from blocklin.linalg.blocks.orth import orth_against
+from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
+from blocklin.runtime.checkpoints import Checkpoints
+from blocklin.linalg.blocks.results import open_group, write_group
+from blocklin.linalg.blocks.scaling import Scaling, check_finite_result, incore_exponent, unscale
+from blocklin.linalg.lowrank.svd import checkpointed_seed, load_incore, low_rank_token
+from blocklin.plan.svd import SvdPlan, plan_svd
+from blocklin.runtime.job import Job
+from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
+from blocklin.validate import check_k, choice, float_operand, positive, size, square
+
+WHICH = ("LA", "SA", "LM")
+
+
+class EighResult(tuple):
+    """``(w, V)`` with a ``report`` attribute."""
+
+    def __new__(cls, w: np.ndarray, V: np.ndarray, report: dict) -> EighResult:
+        obj = super().__new__(cls, (w, V))
+        obj.report = report
+        return obj
+
+    @property
+    def w(self) -> np.ndarray:
+        return self[0]
+
+    @property
+    def V(self) -> np.ndarray:
+        return self[1]
+
+
+def symmetry_rtol(dtype: Any) -> float:
+    """Relative asymmetry ``||A X - A^T X|| / ||A X||`` tolerated by :func:`eigsh`."""
+    return math.sqrt(float(np.finfo(np.dtype(dtype)).eps))
+
+
+def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_size: int | None = None,
+          max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
+          overwrite: bool = False, check_symmetric: bool = True, order: str | None = None, center: bool = False,
+          resume: bool = False, **settings: Unpack[Settings]) -> EighResult:
+    """``k`` eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
+
+    Each Lanczos step is one pass over ``A`` (``Z = A^T X``, equal to ``A X`` for symmetric ``A``).
+    The first pass also forms ``A X`` for its random block and compares: a matrix with
+    ``||A X - A^T X|| > sqrt(eps) ||A X||`` is refused with :class:`NotSymmetricError` (a sampled
+    check: a random block detects any asymmetry with probability one). A matrix that fits the budget
+    is read once and solved in memory.
+
+    Parameters
+    ----------
+    a : path, zarr array, Matrix, NumPy or Dask array
+        Symmetric ``n x n``, float32 or float64.
+    k : int
+        Number of eigenpairs, ``1 <= k < n``.
+    which : {"LA", "SA", "LM"}
+        Largest algebraic, smallest algebraic, or largest magnitude eigenvalues.
+    tol : float, optional
+        Converged when ``||A x - lambda x|| <= tol * max|lambda|`` for every pair;
+        default ``10 sqrt(eps)`` of the dtype.
+    block_size, max_basis : int, optional
+        Lanczos block size and the basis size at which it restarts.
+    max_passes : int
+        Pass limit; a :class:`~blocklin.errors.ConvergenceWarning` says what was reached.
+    seed : int, optional
+        Seed of the starting block (results are deterministic for a seed).
+    out : path, optional
+        Write a zarr group with ``w``, ``V`` and the report in its attributes.
+    overwrite : bool
+        Replace an existing ``out``.
+    check_symmetric : bool
+        Refuse a non-symmetric matrix (checked on the first pass).
+    order : {"ascending", "descending"}, optional
+        Order of the eigenvalues (and of the columns of ``V``): ``"ascending"`` as SciPy's ``eigsh``,
+        ``"descending"`` as :func:`blocklin.svd` orders ``s`` (largest first; what ``blocklin eigs``
+        writes for ``which="LA"`` and ``"LM"``). Not given: ``"ascending"`` with a ``FutureWarning``
+        (deprecation path: the default becomes svd's order, ``"descending"`` for ``LA``/``LM``, in
+        the next minor release; pass ``order`` to keep either one without the warning).
+    resume : bool
+        Continue the interrupted run that was writing ``out`` (same input, parameters and budget):
+        the completed Lanczos steps are restored from their checkpoints and skipped; the result is
+        identical, bit for bit, to an uninterrupted run. Needs ``out``.
+    center : bool
+        ``A`` is a data matrix (``m`` samples x ``n`` features, any shape): the eigenpairs of its
+        covariance ``C = (A - 1 mu^T)^T (A - 1 mu^T) / (m - 1)`` without forming ``C`` or a centered
+        copy, by the centered SVD (:func:`blocklin.svd` with ``center=True``, block Lanczos to
+        ``tol``): ``w = s^2 / (m - 1)`` and ``V`` the right singular vectors. ``which`` must be
+        ``"LA"`` or ``"LM"`` (the same for a covariance).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`.
+
+    Returns
+    -------
+    EighResult
+        ``w, V = result`` (eigenvalues in ``order``, ascending by default as in SciPy, and the
+        eigenvectors as the columns of ``V``, ``n x k``, oriented as :func:`blocklin.svd`'s ``U``), with
+        ``result.report``: passes, bytes read, seconds, peak memory, per-pair residuals.
+
+    References
+    ----------
+    Golub and Underwood (1977), the block Lanczos method; Wu and Simon (2000), thick restart.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> w, V = bl.eigsh(np.diag(np.arange(1.0, 51.0)), 3, which="LA", order="ascending")
+    >>> np.round(w, 8), V.shape
+    (array([48., 49., 50.]), (50, 3))
+    """
+    which = choice("which", which, WHICH, fix="pass which='LA'")
+    if order is None:
+        warn("eigsh: the default order will become 'descending' (largest first, as svd orders s) in the next "
+             "minor release; pass order='ascending' to keep SciPy's order, or order='descending'", FutureWarning)
+        order = "ascending"
+    order = choice("order", order, ("ascending", "descending"), fix="pass order='descending'")
+    tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
+    max_passes = size("max_passes", max_passes, optional=False, fix="pass max_passes=60")
+    block_size = size("block_size", block_size, fix="pass block_size=8, or None for the planned one")
+    max_basis = size("max_basis", max_basis, fix="pass max_basis=32, or None for the planned one")
+    if center:
+        return _covariance(a, k, which=which, tol=tol, block_size=block_size, max_basis=max_basis,
+                           max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, resume=resume,
+                           **settings)
+    with Job("eigsh", **settings) as job:
+        A = job.operand(a, "a")
+        n = square(A, "(eigsh needs a symmetric matrix)", "use blocklin.svd for rectangular matrices")
+        dt = float_operand(A, "eigsh")
+        check_k(k, n, n)
+        tol = default_tol(dt) if tol is None else tol
+        plan = plan_svd(n, n, k, dt, method="eigsh", oversample=10, power_iters=None, memory=job.cfg.memory,
+                        max_passes=max_passes, block_size=block_size, max_basis=max_basis, square=True)
+        ao = None if out is None else open_group(job, out, A, overwrite, resume=resume, token=low_rank_token(
+            A, op="eigsh", k=k, which=which, tol=tol, block=plan.block, basis=plan.max_basis, max_passes=max_passes,
+            check=check_symmetric, memory=job.cfg.memory, seed=seed))
+        ckpt = Checkpoints(ao, enabled=ao is not None and not plan.in_core)
+        seed = checkpointed_seed(ckpt, seed)
+        state = ckpt.load("lanczos")
+        x0 = orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, plan.block), seed=seed)
+        scaling = Scaling(str(source(A).path), dt)
+        saved = ckpt.load("scaling")
+        if saved is not None:  # resume: the power of two the checkpointed steps were taken with
+            scaling.e, scaling.amax = int(saved["e"]), float(saved["amax"])
+        apply, first, phases = _operator(job, A, plan, x0, check_symmetric and state is None, scaling)
+        if ckpt.enabled and saved is None and scaling.exponent:  # e = 0: nothing to keep
+            ckpt.save("scaling", e=scaling.exponent, amax=float(scaling.amax or 0.0))
+        scale = {"v": float(state.pop("scale")) if state is not None else 0.0}  # the threshold's running max
+
+        def threshold(theta: np.ndarray) -> np.ndarray:
+            scale["v"] = max(scale["v"], float(np.max(np.abs(theta))) if theta.size else 0.0)
+            return np.full(theta.shape, tol * max(scale["v"], np.finfo(np.float64).tiny))
+
+        steps_limit = max_passes if not plan.in_core else max(max_passes, 500)
+        res = block_lanczos(apply, n, k, which=which, block=plan.block, max_basis=plan.max_basis,
+                            max_steps=steps_limit, threshold=threshold, seed=seed, x0=x0, first=first, state=state,
+                            checkpoint=(lambda st: ckpt.save("lanczos", scale=scale["v"], **st))
+                            if ckpt.enabled else None)
+        ckpt.clear()
+        if scaling.exponent:  # the eigenpairs of 2^-e A: eigenvalues and residuals scale back by 2^e
+            res = dataclasses.replace(res, values=unscale(res.values, scaling.exponent),
+                               residuals=unscale(np.asarray(res.residuals, dtype=np.float64), scaling.exponent))
+            scale["v"] = float(np.ldexp(scale["v"], scaling.exponent))
+        check_finite_result("w", res.values, "the eigenvalues of eigsh")
+        if not res.converged:
+            warn(f"eigsh: tol={tol:g} not reached within {job.passes('a')} passes over A; reached a relative "
+                 f"residual of {float(np.max(res.residuals)) / max(scale['v'], 1e-300):.2e} (max over the {k} "
+                 "pairs). Raise max_passes, max_basis or block_size, or loosen tol", ConvergenceWarning)
+        result = _result(job, A, plan, res, out, overwrite, tol=tol, which=which, seed=seed, phases=phases,
+                         order=order, ao=ao)
+        result.report.update(scaling=scaling.report(), resumed=bool(ao is not None and ao.resumed),
+                             restored_checkpoints=[name for name in ckpt.restored if name != "seed"])
+        return result
+
+
+def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighResult:
+    """Eigenpairs of the covariance of the data matrix ``a`` through its centered SVD (no ``C`` formed)."""
+    from blocklin.linalg.lowrank.svd import factorize
+
+    if which == "SA":
+        raise ParameterError(explain("which", "must be 'LA' or 'LM' with center=True (the leading eigenpairs of a "
+                                     "covariance, from its centered SVD)", repr(which), "pass which='LA'"))
+    res = factorize(a, k, method="lanczos", center=True, lanczos_tol=default_tol, **kw)  # eigsh's tol, 10 sqrt(eps)
+    m = res.moments.count
+    w = (res.s.astype(np.float64) ** 2 / max(m - 1, 1)).astype(res.s.dtype)
+    V = (res.Vt.to_numpy() if hasattr(res.Vt, "to_numpy") else np.asarray(res.Vt)).T  # n x k, as svd's U
+    if res.report.get("output") and kw.get("out") is None:  # the temporary factors are not returned
+        from blocklin.storage import remove
+
+        remove((res.U if hasattr(res.U, "location") else res.Vt).location.parent)
+    idx = np.arange(k)[::-1] if order == "ascending" else np.arange(k)
+    # ||C v - w v|| = s ||A_c^T u - s v|| / (m - 1), since A_c v = s u
+    resid = np.asarray(res.report["residuals"]) * res.s.astype(np.float64) / max(m - 1, 1)
+    report = dict(res.report, which=which, order=order, center=True, covariance_ddof=1, residuals=resid[idx].tolist())
+    return EighResult(w[idx], np.ascontiguousarray(V[:, idx]), report)
+
+
+def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray, check_symmetric: bool,
+              scaling: Scaling) -> tuple[Callable[[np.ndarray, int], np.ndarray], np.ndarray, dict]:
+    """``apply(X, step) = A^T X`` (in memory, or one pass each), ``A^T x0`` (symmetry checked on ``x0``),
+    and where the phases run (in memory on a GPU: ``A`` kept on the device for the products). ``A`` is
+    divided by ``scaling``'s power of two (:mod:`blocklin.linalg.blocks.scaling`), learned from its first read."""
+    dt = A.dtype
+    n = A.shape[0]
+    if plan.in_core:
+        M = load_incore(job, A, plan)
+        scaling.e, scaling.amax = incore_exponent(M)
+        if scaling.e:
+            np.ldexp(M, -scaling.e, out=M)
+        ax, atx = M @ x0.astype(dt), M.T @ x0.astype(dt)
+        dev = None
+        if job.device == "gpu" and M.nbytes * 1.5 <= (job.device_memory() or 0):
+            from blocklin.device import get_device
+
+            dev = get_device("gpu", device_memory=job.device_memory())
+            job.stack.enter_context(dev.reserve(int(1.5 * M.nbytes)))  # held from the GPU's shared budget
+            Md = dev.to_device(M)  # kept on the GPU for the Lanczos products
+        phases = {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
+
+        def apply(x: np.ndarray, step: int) -> np.ndarray:
+            if dev is None:
+                return (M.T @ x.astype(dt)).astype(np.float64)
+            z = dev.zeros((M.shape[1], x.shape[1]), dt)
+            dev.gemm_acc(z, Md.T, dev.to_device(x.astype(dt)))
+            return dev.to_host(z).astype(np.float64)
+    else:
+        from blocklin.device import pass_device
+
+        src = [source(A)]
+        # a Lanczos step does 2 x block flops per entry read: read-bound on a GPU under 'auto' unless wide
+        where = pass_device(job.cfg.device, 2.0 * n * n * x0.shape[1], n * n * dt.itemsize, job.device)
+        phases = {"passes over A": where}
+
+        def one(x: np.ndarray, step: int, check: bool = False) -> Any:
+            states = scaling.run(job, lambda sc: run_pass(
+                job, rmat_kernel, src, {"Y": x.astype(dt), "n": n, "check": check}, memory=plan.memory,
+                reserve=plan.client_bytes,  # a refusal names the total
+                description=f"eigsh: Lanczos step {step}", device=where, scale=sc).states)
+            z = reduce_sum(states, "Z")
+            return (z, collect_rows(states, n, x.shape[1])) if check else z
+
+        atx, ax = one(x0, 1, check=True) if check_symmetric else (None, None)  # resumed: checked before
+        apply = one
+    if check_symmetric:
+        _check_symmetry(np.asarray(ax, dtype=np.float64), np.asarray(atx, dtype=np.float64), symmetry_rtol(dt))
+    return apply, atx, phases
+
+
+def _check_symmetry(ax: np.ndarray, atx: np.ndarray, rtol: float) -> None:
+    diff = float(np.linalg.norm(ax - atx))
+    size = float(np.linalg.norm(ax)) or 1.0
+    if diff > rtol * size:
+        raise NotSymmetricError(explain(
+            "a", "must be symmetric for eigsh (checked on a random block: ||A X - A^T X|| <= "
+            f"{rtol:.1e} ||A X||)", f"relative asymmetry {diff / size:.2e}",
+            "symmetrize it ((A + A^T)/2), or use blocklin.svd for a non-symmetric matrix"))
+
+
+def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overwrite: bool, *, tol: float,
+            which: str, seed: int, phases: dict | None = None, order: str = "ascending", ao: Any = None) -> EighResult:
+    """Eigenpairs in ``order``, the report, and the output group when ``out`` is given."""
+    key = res.values if order == "ascending" else -res.values
+    if order == "descending" and which == "LM":  # largest magnitude first
+        key = -np.abs(res.values)
+    order = np.argsort(key, kind="stable")
+    w = res.values[order].astype(A.dtype)
+    vecs = res.vectors[:, order].astype(A.dtype)
+    report = job.report(passes=job.passes("a"), passes_formula=plan.formula, lanczos_steps=res.steps,
+                        restarts=res.restarts, residuals=res.residuals[order].tolist(), tol=tol,
+                        converged=res.converged, which=which, seed=seed, block=plan.block, history=res.history,
+                        in_core=plan.in_core, plan=plan.to_dict(), phases=phases)
+    if out is not None:
+        write_group(job, out, A, {"w": w, "V": vecs}, "eigsh", plan, report, overwrite, ao=ao)
+    return EighResult(w, vecs, report)

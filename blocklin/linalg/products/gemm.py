@@ -1,0 +1,344 @@
+"""Blocked out-of-core GEMM: ``alpha * op(A) @ op(B) + beta * C``.
+
+:func:`matmul` is the public operation (its own job, output and report); :class:`Gemm` is the same
+product inside a job that another operation already runs (the wide regularized solve forms
+``A A^T`` and ``A^T y`` with it), so operations compose without nesting jobs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Unpack
+
+import numpy as np
+
+from blocklin.config import Settings
+from blocklin.device.pool import reusing
+from blocklin.errors import ParameterError, ShapeError, warn
+from blocklin.errors import explain as _msg
+from blocklin.matrix import Matrix
+from blocklin.plan.gemm import GemmPlan, _panel_reads, plan_gemm
+from blocklin.plan.rechunk import rechunk_advice
+from blocklin.runtime.graph import TileGraph
+from blocklin.runtime.job import Job
+from blocklin.storage.identity import resume_token
+from blocklin.runtime.tiles import GemmSpec, gemm_tile
+from blocklin.operands import temp_root
+from blocklin.storage.atomic import open_or_create_array
+from blocklin.storage.location import as_location
+from blocklin.storage.zarr_store import read_kind
+from blocklin.validate import finite, result_dtype
+from blocklin.validate import precision as check_precision
+
+#: ``matmul(precision=...)``: a product has no refinement step, so ``"mixed"`` has no meaning here.
+PRECISIONS = ("default", "float64", "float32", "tf32")
+
+
+def _op_shape(shape: tuple[int, int], trans: bool) -> tuple[int, int]:
+    return (shape[1], shape[0]) if trans else shape
+
+
+@dataclasses.dataclass(frozen=True)
+class Gemm:
+    """``alpha * op(A) @ op(B) + beta * C`` over resolved operands, run inside an existing job.
+
+    Build it with :meth:`of` (which checks the shapes), plan it with :meth:`plan` and write it into
+    an array created with the plan's output chunks with :meth:`run`.
+    """
+
+    A: Any
+    B: Any
+    C: Any
+    alpha: float
+    beta: float
+    trans_a: bool
+    trans_b: bool
+    dtype: Any
+    #: The dtype the tiles are computed in (``dtype`` unless ``precision=`` asks for another).
+    compute: Any = None
+    #: ``precision=`` as normalized (``"default"``, ``"float64"``, ``"float32"``, ``"tf32"``).
+    precision: str = "default"
+
+    def __post_init__(self) -> None:
+        if self.compute is None:  # built without of(): computed in the output dtype
+            object.__setattr__(self, "compute", self.dtype)
+
+    @classmethod
+    def of(cls, A: Any, B: Any, C: Any = None, *, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+           trans_b: bool = False, dtype: Any = None, precision: Any = None) -> Gemm:
+        precision = check_precision(
+            precision, PRECISIONS, operation="matmul", why="a product has no refinement step: 'float32' or 'tf32' "
+            "compute it in float32 and store it in the result dtype",
+            fix="pass precision='float32' (or 'tf32', or None for the operands' dtype)")
+        alpha = finite("alpha", alpha, fix="pass alpha=1.0")
+        beta = finite("beta", beta, fix="pass beta=0.0 (or 1.0 to add c)")
+        m, ka = _op_shape(A.shape, trans_a)
+        kb, n = _op_shape(B.shape, trans_b)
+        if ka != kb:
+            raise ShapeError(_msg(
+                "b", "rows of op(B) must equal columns of op(A) (no broadcasting)",
+                f"op(A) {m} x {ka}{' (A transposed)' if trans_a else ''} and op(B) {kb} x {n}"
+                f"{' (B transposed)' if trans_b else ''}",
+                "pass operands with matching inner dimensions, or set trans_a/trans_b"))
+        if C is not None and C.shape != (m, n):
+            raise ShapeError(_msg("c", "must have the shape of the result (no broadcasting)",
+                                  f"{C.shape[0]} x {C.shape[1]}, result {m} x {n}", f"pass a {m} x {n} matrix"))
+        if C is not None and beta == 0.0:
+            warn("c is ignored because beta=0; pass beta=1.0 to add it")
+            C = None
+        if C is None and beta != 0.0:
+            raise ShapeError(_msg("c", "is required when beta != 0", "c=None", "pass c=... or beta=0.0"))
+        dt = result_dtype([A, B] + ([C] if C is not None else []), dtype)
+        return cls(A=A, B=B, C=C, alpha=float(alpha), beta=float(beta), trans_a=trans_a, trans_b=trans_b, dtype=dt,
+                   compute=_compute_dtype(dt, precision), precision=precision)
+
+    @property
+    def operands(self) -> list:
+        return [self.A, self.B] + ([self.C] if self.C is not None else [])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return _op_shape(self.A.shape, self.trans_a)[0], _op_shape(self.B.shape, self.trans_b)[1]
+
+    def plan(self, job: Job, out_chunks: tuple[int, int] | None = None, out: Any = None, *,
+             read_reserve: bool = False) -> GemmPlan:
+        """The plan in ``job``'s budget; ``out`` (the output's path, default under the temp dir) tells
+        whether it is written straight to its chunk files; ``read_reserve`` as for
+        :func:`~blocklin.plan.gemm.plan_gemm`."""
+        m, k = _op_shape(self.A.shape, self.trans_a)
+        return plan_gemm(m, self.shape[1], k, self.compute, out_dtype=self.dtype, a_chunks=_op_shape(self.A.chunks, self.trans_a),
+                         b_chunks=_op_shape(self.B.chunks, self.trans_b), memory=job.cfg.memory,
+                         source_dtypes=(self.A.dtype, self.B.dtype),
+                         c_chunks=self.C.chunks if self.C is not None else None, workers=job.workers(1),
+                         cores=job.cores(), device=job.device, device_memory=job.device_memory(),
+                         out_chunks=out_chunks, reads=(read_kind(self.A.path), read_kind(self.B.path)),
+                         trans=(self.trans_a, self.trans_b), direct_writes=_direct_output(job, out),
+                         read_reserve=read_reserve)
+
+    def read_advice(self, plan: GemmPlan) -> list[str]:
+        """Where the plan's k-panels re-read chunks of A or B, the rechunk that avoids it."""
+        return read_advice(self.A, self.B, plan, trans_a=self.trans_a, trans_b=self.trans_b)
+
+    def token(self, plan: GemmPlan) -> str:
+        """Deterministic in the inputs, parameters and plan (what resuming an output checks)."""
+        return resume_token("matmul", self.operands, self.params(), plan.to_dict())
+
+    def params(self) -> dict:
+        p = {"alpha": self.alpha, "beta": self.beta, "trans_a": self.trans_a, "trans_b": self.trans_b,
+             "dtype": self.dtype.name}
+        if self.precision != "default":
+            p["precision"] = self.precision
+        return p
+
+    @property
+    def math(self) -> str | None:
+        """The device math mode of the tiles' GEMMs (TF32 for ``precision="tf32"``)."""
+        return "tf32" if self.precision == "tf32" else None
+
+    def run(self, job: Job, plan: GemmPlan, out_path: Any, *, done_dir: Any = None,
+            description: str = "gemm tiles", count_pass: str | None = None) -> None:
+        """Write the product into the array at ``out_path`` (created with ``plan.out_chunks``)."""
+        spec = GemmSpec(a=self.A.path, b=self.B.path, c=self.C.path if self.C is not None else None, out=out_path,
+                        trans_a=self.trans_a, trans_b=self.trans_b, alpha=self.alpha, beta=self.beta,
+                        dtype=self.compute.name, plan=plan, device=job.device, device_memory=job.device_memory(),
+                        check_finite=job.check_finite, done_dir=done_dir,
+                        blas_threads=job.task_blas_threads(plan.blas_threads), precision=self.math,
+                        out_dtype=self.dtype.name if self.compute != self.dtype else None)
+        for note in self.read_advice(plan):
+            job.note_reads(note)
+        graph = TileGraph.named("gemm", self.token(plan))
+        for i, j, rows, cols in plan.tiles():  # progress in k-panels: a one-tile product still moves
+            graph.weigh(graph.add((i, j), gemm_tile, spec, i, j, rows, cols), max(1, plan.k_steps), "k-panels")
+        with reusing():  # tiles run here take the accumulator and panel slots the previous one left
+            job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
+                    count_pass=count_pass)
+
+
+def read_advice(A: Any, B: Any, plan: GemmPlan, *, trans_a: bool = False, trans_b: bool = False) -> list[str]:
+    """Advice for each of ``A``, ``B`` (anything with ``path``, ``shape``, ``chunks``) whose chunks the
+    plan's k-panels read whole more than once per pass, with the ``blocklin convert`` that avoids it."""
+    if not isinstance(plan, GemmPlan):  # X^T X handed to gram: its plan states its own reads
+        return []
+    notes = []
+    for name, x, trans, k_axis in (("a", A, trans_a, 1), ("b", B, trans_b, 0)):
+        stored_k = k_axis if not trans else 1 - k_axis  # the stored axis k runs along
+        kind = read_kind(x.path)
+        partial = kind == "direct" or kind == "ranges" and stored_k == 0
+        rereads = _panel_reads(plan.tk, max(1, x.chunks[stored_k]), max(1, plan.k), partial)[1]
+        if rereads > 1:
+            want = list(x.chunks)
+            want[stored_k] = plan.tk
+            why = (f"{plan.tk}-wide k-panels cut them "
+                   + ("across their width" if stored_k == 1 else "and compressed chunks are read whole"))
+            notes.append(rechunk_advice(name, x.path, tuple(x.shape), tuple(x.chunks), tuple(want), rereads, why))
+    return notes
+
+
+def _compute_dtype(dt: np.dtype, precision: str) -> np.dtype:
+    """The dtype the tiles are computed in for ``precision`` (a complex product keeps its own)."""
+    if precision == "default":
+        return dt
+    if dt.kind == "c":
+        raise ParameterError(_msg("precision", "applies to real (float32/float64) products", f"{precision!r} for a "
+                                  f"{dt.name} product", "drop precision= (or pass dtype='complex64')"))
+    return np.dtype(np.float64) if precision == "float64" else np.dtype(np.float32)
+
+
+def _direct_output(job: Job, out: Any) -> bool:
+    """Whether an output at ``out`` (None: under the temp dir) is written straight to chunk files."""
+    if (job.cfg.codec or "none").lower() != "none":
+        return False
+    try:
+        return (as_location(out) if out is not None else temp_root(job.cfg)).is_local
+    except Exception:  # noqa: BLE001 - a store object or anything else: plan zarr's temporaries
+        return False
+
+
+def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0,
+           trans_a: bool = False, trans_b: bool = False, dtype: Any = None, precision: str | None = None,
+           overwrite: bool = False, resume: bool = False, explain: bool = False,
+           out_chunks: tuple[int, int] | None = None, **settings: Unpack[Settings]) -> Any:
+    """Out-of-core ``alpha * op(A) @ op(B) + beta * C``, written to a zarr store.
+
+    Each output tile is one task that streams its k-loop through the device (NumPy/BLAS with a
+    prefetch thread, or CuPy streams) and writes whole output chunks. The summation order over k is
+    fixed by the plan, so results are identical across schedulers and worker counts.
+
+    ``X^T X`` and ``X X^T`` of one stored operand (the same store or array object, one side
+    transposed, no ``c``, planner-chosen ``out_chunks``) are handed to :func:`blocklin.gram`: SYRK in
+    one read of ``X``, half the flops; the report's ``route`` and ``route_reason`` say so.
+
+    Parameters
+    ----------
+    a, b : path, zarr array, Matrix, NumPy or Dask array
+        Operands (2-D). Shapes must agree exactly: no broadcasting.
+    out : path, optional
+        Output zarr store; a new store under the temp dir when omitted. Written under a temporary
+        name and renamed when complete.
+    c : operand, optional
+        ``C`` of ``beta * C`` (shape ``m x n``).
+    alpha, beta : float
+        Scalars.
+    trans_a, trans_b : bool
+        Use ``A.T`` / ``B.T`` (read transposed tile by tile, never copied whole).
+    dtype : {None, "float32", "float64", ...}
+        Compute and output dtype; by default the operands' common dtype (mixed dtypes are an error).
+    precision : {None, "float64", "float32", "tf32"}
+        The dtype the tiles are computed in when it should differ from ``dtype`` (the output keeps
+        ``dtype``): ``"float32"`` reads float64 operands as float32 and accumulates in float32 (half
+        the memory per tile, the float32 BLAS/cuBLAS speed; the error grows to about ``k u_32 |A||B|``,
+        ``u_32 = 2^-24``); ``"tf32"`` the same with the GEMMs on TF32 tensor cores on a GPU (10-bit
+        mantissas, ``u = 2^-11``; plain float32 on a CPU); ``"float64"`` computes a float32 product in
+        float64. ``alpha`` and ``beta * C`` are applied in the output dtype. A product has no
+        refinement step, so there is no ``"mixed"`` here (see :func:`blocklin.solve` and
+        :func:`blocklin.inv`). ``None``: compute in ``dtype``.
+    overwrite, resume : bool
+        Replace an existing ``out``; continue an interrupted run (same inputs and plan).
+    explain : bool
+        Return the :class:`~blocklin.plan.GemmPlan` without running (kept for compatibility:
+        :func:`matmul_plan` returns it and always one type).
+    out_chunks : (int, int), optional
+        Output chunks (must divide the tiles); chosen by the planner by default.
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`.
+
+    Returns
+    -------
+    Matrix
+        The result, with ``.report`` (seconds, flops, bytes, peak memory, plan).
+
+    Notes
+    -----
+    The blocking follows the classical out-of-core GEMM analysis (the I/O lower bound of Hong and
+    Kung, 1981): with ``tm x tn`` output tiles, ``op(A)`` is read ``ceil(n/tn)`` times and ``op(B)``
+    ``ceil(m/tm)`` times; the planner maximizes the tiles that fit the budget.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> a = np.arange(6.0).reshape(2, 3)
+    >>> c = bl.matmul(a, a.T, "C.zarr", memory="64MiB")
+    >>> c.to_numpy()
+    array([[ 5., 14.],
+           [14., 50.]])
+    >>> c.shape, c.report["flops"]
+    ((2, 2), 24)
+    >>> plan = bl.matmul("C.zarr", a, memory="64MiB", explain=True)
+    >>> plan.grid, plan.k_steps
+    ((1, 1), 1)
+    >>> bl.matmul("C.zarr", "C.zarr", trans_b=True, memory="64MiB", explain=True).route  # C C^T: gram
+    'pass'
+    """
+    if explain:  # the plan alone: matmul_plan
+        return matmul_plan(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
+                           precision=precision, out_chunks=out_chunks, **settings)
+    with Job("matmul", **settings) as job:
+        A = job.operand(a, "a")
+        op = Gemm.of(A, A if b is a else job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
+                     alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype, precision=precision)
+        if out_chunks is None and _is_gram(op):
+            return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
+        plan = op.plan(job, out_chunks, out)
+        ao = job.output(out, inputs=[o.path for o in op.operands if not o.staged], overwrite=overwrite,
+                        resume=resume, token=op.token(plan), size=(op.shape, op.dtype))
+        open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
+        op.run(job, plan, ao.array_path(), done_dir=ao.done)
+        report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), precision=op.precision,
+                            compute_dtype=op.compute.name,
+                            phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
+        path = ao.commit("matmul", plan=plan.to_dict(), params=op.params(), report=job.brief(report, REPORT_KEYS))
+        return Matrix(path, report=report, temporary=out is None)
+
+
+def _is_gram(op: Gemm) -> bool:
+    """``X^T X`` or ``X X^T`` of one stored operand (the same store, one side transposed, no ``C``),
+    computed in its dtype (the Gram route has no other compute precision). Real dtypes only: for
+    complex data ``X^T X`` is not the Gram matrix ``X^H X`` SYRK computes, so GEMM runs it."""
+    return (op.C is None and op.trans_a != op.trans_b and op.precision == "default" and op.dtype.kind == "f"
+            and _same_store(op.A.path, op.B.path))
+
+
+def _same_store(p: Any, q: Any) -> bool:
+    if p is q:
+        return True
+    if getattr(p, "is_local", False) and getattr(q, "is_local", False):
+        return os.path.realpath(p.url) == os.path.realpath(q.url)
+    return getattr(p, "url", p) == getattr(q, "url", q) and getattr(p, "options", None) == getattr(q, "options", None)
+
+
+def _as_gram(job: Job, op: Gemm, out: Any, *, overwrite: bool, resume: bool) -> Matrix:
+    """Run ``X^T X`` / ``X X^T`` as :func:`blocklin.gram` (SYRK, one read of ``X``) inside this job."""
+    from blocklin.linalg.products.gram import Gram, write_gram
+
+    g = Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha)
+    result = write_gram(job, g, g.plan(job), out, overwrite=overwrite, resume=resume, operation="matmul",
+                        inputs=[o.path for o in op.operands if not o.staged], params={**op.params(), "route": "gram"})
+    result.report["route_reason"] = (f"{'X X^T' if g.trans else 'X^T X'} of one stored operand: computed as "
+                                     "its Gram matrix by SYRK (half the flops, one read)")
+    return result
+
+
+def matmul_plan(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0, beta: float = 0.0, trans_a: bool = False,
+                trans_b: bool = False, dtype: Any = None, precision: str | None = None,
+                out_chunks: tuple[int, int] | None = None, **settings: Unpack[Settings]) -> GemmPlan:
+    """The :class:`~blocklin.plan.GemmPlan` that :func:`matmul` would run with these arguments, without
+    running it (what ``blocklin gemm --explain`` prints); same parameters as :func:`matmul`. For
+    ``X^T X`` or ``X X^T`` of one stored operand, which :func:`matmul` hands to :func:`blocklin.gram`,
+    the :class:`~blocklin.plan.gram.GramPlan` (the same ``flops``, ``bytes_read``, ``peak_memory``,
+    ``explain()``)."""
+    with Job("matmul", **settings) as job:
+        A = job.operand(a, "a")
+        op = Gemm.of(A, A if b is a else job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
+                     alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype, precision=precision)
+        if out_chunks is None and _is_gram(op):  # what matmul would run: the Gram plan
+            from blocklin.linalg.products.gram import Gram
+
+            return Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha).plan(job)
+        return op.plan(job, out_chunks, out)
+
+
+#: Report entries recorded in the output's attributes.
+REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_logical", "read_notes", "bytes_written", "peak_memory",
+               "device", "scheduler", "tasks")

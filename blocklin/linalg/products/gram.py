@@ -1,0 +1,253 @@
+"""Gram matrices ``A^T A`` and ``A A^T`` by symmetric rank-k updates (SYRK), in one read of ``A``.
+
+:func:`gram` is the public operation; :class:`Gram` is the same product inside a job that another
+operation already runs (:func:`blocklin.matmul` hands ``X^T X`` and ``X X^T`` on one stored operand
+to it). Two routes, chosen by :func:`plan_gram`:
+
+``"pass"``
+    When the ``s x s`` result (``s`` the number of columns of ``A``, or of rows with ``trans``) fits
+    the budget with one accumulator per concurrent task: one row pass over ``A`` (column strips for
+    ``A A^T``), each task accumulating ``S^T S`` of its strips with BLAS SYRK (half the flops of a
+    GEMM), the task sums reduced in row order in float64 (deterministic on every scheduler), the
+    lower triangle mirrored and the full symmetric result written. ``A`` is read exactly once.
+``"tiles"``
+    When the result exceeds the budget: the region SYRK of :class:`~blocklin.runtime.blockops.BlockOps`
+    accumulates square output blocks as large as the budget allows and writes each lower chunk and
+    its mirror (one task per block, resumable block by block); ``A`` is then read about
+    ``s / block`` times, which the plan states.
+
+References
+----------
+J. J. Dongarra, J. Du Croz, S. Hammarling, I. S. Duff, "A set of level 3 basic linear algebra
+subprograms", ACM TOMS 16(1), 1990 (SYRK).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Unpack
+
+import numpy as np
+
+from blocklin.config import Settings
+from blocklin.errors import ParameterError
+from blocklin.errors import explain as explain_msg
+from blocklin.linalg.products.gram_kernels import gram_pass_kernel, sum_gram_states
+from blocklin.linalg.blocks.scaling import Scaling
+from blocklin.matrix import Matrix
+from blocklin.plan.chunks import split
+from blocklin.plan.gram import GramPlan, plan_gram
+from blocklin.plan.passes import RowPassPlan
+from blocklin.runtime.blockops import BlockOps, Region
+from blocklin.runtime.job import Job
+from blocklin.storage.identity import resume_token
+from blocklin.runtime.passes import run_pass, source
+from blocklin.storage.atomic import open_or_create_array
+from blocklin.storage.zarr_store import open_zarr, write_block
+from blocklin.validate import FLOAT_DTYPES, result_dtype
+
+#: Report entries recorded in the output's attributes.
+REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_written", "peak_memory", "device", "scheduler",
+               "tasks", "route", "passes")
+
+
+@dataclasses.dataclass(frozen=True)
+class Gram:
+    """``alpha * A^T A`` (or ``alpha * A A^T`` with ``trans``) of a resolved operand, inside a job."""
+
+    A: Any
+    trans: bool
+    dtype: np.dtype
+    alpha: float = 1.0
+
+    @classmethod
+    def of(cls, A: Any, *, trans: bool = False, dtype: Any = None, alpha: float = 1.0) -> Gram:
+        return cls(A=A, trans=bool(trans), dtype=result_dtype([A], dtype, FLOAT_DTYPES, operation="gram"), alpha=float(alpha))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        s = self.A.shape[0] if self.trans else self.A.shape[1]
+        return (s, s)
+
+    def source(self) -> Any:
+        return source(self.A, transposed=self.trans, name="a")
+
+    def plan(self, job: Job) -> GramPlan:
+        """The pass route when its accumulators fit the budget, else the tiled route (:func:`plan_gram`)."""
+        return plan_gram(self.A.shape, self.dtype, chunks=self.A.chunks, memory=job.cfg.memory, trans=self.trans,
+                         source_dtype=self.A.dtype, workers=job.workers(1), cores=job.cores(),
+                         gpu=job.device == "gpu")
+
+    def token(self, plan: GramPlan) -> str:
+        """Deterministic in the input, parameters and plan (what resuming an output checks)."""
+        return resume_token("gram", [self.A], self.trans, self.alpha, self.dtype.name, plan.to_dict())
+
+    def run(self, job: Job, plan: GramPlan, out_path: Any, *, done_dir: Any = None) -> dict | None:
+        """Write the full symmetric result into the array at ``out_path`` (created with ``plan.out_chunks``);
+        returns the pass route's ``report["scaling"]`` (:mod:`blocklin.linalg.blocks.scaling`)."""
+        if plan.route == "tiles":
+            ops = BlockOps(job, plan.tile)
+            ops.workers = plan.workers
+            a = Region.of(self.A.path, self.A.shape)
+            ops.syrk(Region.of(out_path, (plan.s, plan.s)), a if self.trans else a.T, dtype=self.dtype,
+                     alpha=self.alpha, full=True, check=job.check_finite, done_dir=done_dir,
+                     description=f"Gram tiles {plan.product}")
+            self._check_tiles(plan, out_path)
+            return None
+        return self._run_pass(job, plan, out_path)
+
+    def _check_tiles(self, plan: GramPlan, out_path: Any) -> None:
+        """The tiled route sums unscaled squares: refused where they left the range (:func:`check_diagonal`)."""
+        check_diagonal(out_path, plan.s, plan.out_chunks[0], self.dtype, "the tiled route, for a result over the "
+                       "budget, sums unscaled squares", "or raise memory= so the pass route (which scales by "
+                       "itself) holds the result")
+
+    def _unscaled(self, g: np.ndarray, scaling: Scaling) -> np.ndarray:
+        """``alpha 2^(2e) G'`` from the Gram ``G'`` of ``2^-e A`` (exact for a power-of-two ``alpha``);
+        a result beyond the output dtype's range raises, naming the ``scale`` that makes it fit."""
+        m, p = np.frexp(self.alpha)
+        e2 = 2 * scaling.exponent + int(p)
+        big = float(np.max(np.abs(g))) if g.size else 0.0
+        if big > 0:
+            top = int(np.frexp(big * abs(float(m)))[1]) + e2  # the result's largest entry is below 2^top
+            fi = np.finfo(self.dtype)
+            if top > fi.maxexp or top < fi.minexp + fi.nmant:
+                # the largest entry overflows, or lands where the smallest normal number would leave it a
+                # few significant bits: the power of two that puts it near 2^(maxexp / 2) instead
+                k = fi.maxexp // 2 - top + int(p)
+                if fi.minexp < k < fi.maxexp - 1:
+                    fix = f"compute it in a scaled form: gram(a, scale=2.0**{k}) returns scale * A^T A (exact)"
+                else:  # the factor itself is out of range: scale the data (by a power of two: exact)
+                    fix = (f"compute it in a scaled form: the Gram of a * 2.0**{k // 2} (exact) is 2^{2 * (k // 2)} "
+                           "times this one")
+                raise ParameterError(explain_msg(
+                    "a", f"must have a Gram matrix within the range of {self.dtype.name} (largest entry between "
+                    f"2^{fi.minexp + fi.nmant} and 2^{fi.maxexp})", f"a Gram whose largest entry is about "
+                    f"2^{top - 1} (max |a| = {scaling.amax:.3g})", fix))
+        with np.errstate(under="ignore"):
+            return np.ldexp(g * float(m), e2) if e2 or m != 1 else g
+
+    def _run_pass(self, job: Job, plan: GramPlan, out_path: Any) -> dict | None:
+        pp = plan.pass_plan
+        rp = RowPassPlan(**{**pp, "groups": tuple(tuple(g) for g in pp["groups"])})
+        src = self.source()
+        scaling = Scaling(str(src.path), self.dtype)  # the squares are formed in the result's dtype
+        g = scaling.run(job, lambda sc: sum_gram_states(run_pass(
+            job, gram_pass_kernel, [src], {"dtype": self.dtype.name, "gpu": job.device == "gpu"}, plan=rp,
+            scale=sc, description=f"Gram {plan.product} (SYRK)").states))
+        g = self._unscaled(g, scaling)
+        arr = open_zarr(out_path, mode="r+")
+        for r0, r1 in split(plan.s, plan.out_chunks[0]):
+            write_block(arr, slice(r0, r1), slice(0, plan.s), g[r0:r1].astype(self.dtype))
+        job.stats["bytes_written"] += plan.bytes_written
+        job.stats["flops"] += plan.flops
+        return scaling.report()
+
+
+def check_diagonal(path: Any, s: int, chunk: int, dtype: Any, why: str, fix: str, *, zero_ok: bool = True,
+                   operands: str = "a") -> None:
+    """Refuse a stored Gram matrix whose diagonal (each column's sum of squares, its largest entries)
+    overflowed, or fell where float64 keeps only a few bits: computed from unscaled squares, it would
+    be Inf or lost digits (``zero_ok=False``: a zero diagonal too, squares that underflowed whole).
+    Reads the ``s / chunk`` diagonal blocks of this run's own output."""
+    arr = open_zarr(path, mode="r+")
+    diag = np.concatenate([np.diag(np.asarray(arr[r0:r1, r0:r1], dtype=np.float64)) for r0, r1 in split(s, chunk)])
+    fi = np.finfo(np.dtype(dtype))
+    top = float(np.max(np.abs(diag))) if diag.size else 0.0
+    if not np.isfinite(top) or 0 < top < 2.0 ** (fi.minexp + fi.nmant) or (top == 0 and not zero_ok):
+        raise ParameterError(explain_msg(
+            "a", f"must have a Gram matrix within the range of {np.dtype(dtype).name} ({why})",
+            f"a diagonal entry of {top:.3g}", f"scale {operands} by a power of two so that the entries sit near 1 "
+            f"(exact) and scale the result back, {fix}"))
+
+
+def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, overwrite: bool = False,
+         resume: bool = False, explain: bool = False, scale: float = 1.0,
+         **settings: Unpack[Settings]) -> Matrix | GramPlan:
+    """The Gram matrix ``A^T A`` (or ``A A^T`` with ``trans=True``) by SYRK, in one read of ``A``.
+
+    Half the flops of ``matmul(a, a, trans_a=True)`` and half its reads: each strip ``S`` of ``A``
+    is read once and its ``S^T S`` accumulated (BLAS SYRK, lower triangle); the result is written
+    full and exactly symmetric.
+
+    Parameters
+    ----------
+    a : path, zarr array, Matrix, NumPy or Dask array
+        ``m x n`` matrix (a 1-D array is a column).
+    out : path, optional
+        Output zarr store; a new store under the temp dir when omitted. Written under a temporary
+        name and renamed when complete.
+    trans : bool
+        ``False``: ``A^T A`` (``n x n``, the Gram matrix of the columns); ``True``: ``A A^T``
+        (``m x m``, of the rows, streamed as column strips of ``A``).
+    dtype : {None, "float32", "float64"}
+        Compute and output dtype (default: ``A``'s). Task sums are added in float64.
+    overwrite, resume : bool
+        Replace an existing ``out``; continue an interrupted run (same input and plan: identical bits).
+    explain : bool
+        Return the :class:`GramPlan` without running.
+    scale : float
+        Return ``scale * A^T A`` (exact for a power of two): for a Gram whose entries overflow the
+        dtype (``A`` with entries near ``1e160`` in float64), which is refused otherwise. The
+        pass route scales ``A`` by a power of two as it reads it whenever its entries would overflow
+        or underflow when squared (:mod:`blocklin.linalg.blocks.scaling`; ``report["scaling"]``).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`.
+
+    Returns
+    -------
+    Matrix
+        The result, with ``.report`` (route, passes, seconds, flops, bytes read/written, peak memory).
+
+    Notes
+    -----
+    When the ``s x s`` result and one accumulator per concurrent task fit the budget, ``A`` is read
+    once; otherwise the result is built in stored blocks by the region SYRK, reading ``A`` about
+    ``s / block`` times (``explain=True`` shows which). Flops: ``s^2 k`` (SYRK), against ``2 s^2 k``
+    for the general product.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> x = np.arange(12.0).reshape(4, 3)
+    >>> g = bl.gram(x, "G.zarr", memory="64MiB")
+    >>> bool(np.array_equal(g.to_numpy(), x.T @ x)), g.report["route"], g.report["passes"]
+    (True, 'pass', 1)
+    """
+    if not isinstance(trans, (bool, np.bool_)):
+        raise ParameterError(explain_msg("trans", "must be True (A A^T) or False (A^T A)", repr(trans),
+                                         "pass trans=True or trans=False"))
+    from blocklin.validate import positive
+
+    scale = positive("scale", scale, fix="pass scale=1.0")
+    with Job("gram", **settings) as job:
+        op = Gram.of(job.operand(a, "a"), trans=trans, dtype=dtype, alpha=scale)
+        plan = op.plan(job)
+        if explain:
+            return plan
+        return write_gram(job, op, plan, out, overwrite=overwrite, resume=resume)
+
+
+def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool, resume: bool,
+               operation: str = "gram", inputs: list | None = None, params: dict | None = None) -> Matrix:
+    """Run ``op`` into the atomic output ``out`` and commit it with its report (``inputs`` and
+    ``params`` as the calling operation records them: matmul's own for ``X^T X``)."""
+    if inputs is None:
+        inputs = [op.A.path] if not op.A.staged else []
+    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=op.token(plan),
+                    size=(op.shape, op.dtype))
+    open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
+    scaling = op.run(job, plan, ao.array_path(), done_dir=ao.done)
+    nbytes = int(np.prod(op.A.shape)) * op.A.dtype.itemsize
+    report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), route=plan.route,
+                        product=plan.product)
+    report["scaling"] = scaling
+    # how often A was read: exactly one pass on the pass route; measured from the bytes on the tiled one
+    report["passes"] = job.passes("a") if plan.route == "pass" else round(report["bytes_read"] / max(1, nbytes), 2)
+    params = {"trans": op.trans, "alpha": op.alpha, "dtype": op.dtype.name} if params is None else params
+    path = ao.commit(operation, plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
+    return Matrix(path, report=report, temporary=out is None)
+
+
+__all__ = ["Gram", "GramPlan", "gram", "write_gram"]

@@ -1,0 +1,57 @@
+"""Row-pass kernel of :func:`blocklin.gram`: ``G += S^T S`` for each row strip ``S`` (BLAS SYRK).
+
+On the CPU the update is ``dsyrk``/``ssyrk`` into the lower triangle (row-major view) of a
+C-contiguous accumulator, half the flops of a GEMM; on a GPU it is the device's SYRK on its compute
+stream and the accumulator comes to the host at the end of each task's group of strips.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.linalg.blocks.syrk import syrk_acc, symmetrize_lower
+from blocklin.plan.gram import gram_pass_memory
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime.passes import row_kernel
+
+def gram_memory(params: Any, sources: tuple) -> PassMemory:
+    """See :func:`blocklin.plan.gram.gram_pass_memory` (shared with the planner of the route)."""
+    src = sources[0]
+    dt = np.dtype(params["dtype"])
+    return gram_pass_memory(src.width, dt, cast=src.dtype != dt or src.transposed, gpu=bool(params.get("gpu")))
+
+
+@row_kernel(memory=gram_memory, device="any")
+def gram_pass_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
+    """Accumulate the lower triangle of ``S^T S`` over the strips of one task (``S`` the strip)."""
+    dt = np.dtype(params["dtype"])
+    if not device.host_resident:
+        a = device.cast(arrays[0], dt)
+        if state is None:
+            state = {"g": device.zeros((a.shape[1], a.shape[1]), dt)}
+        device.syrk_acc(state["g"], a)
+        if rows.stop in params["ends"]:
+            state = {"g": device.to_host(state["g"])}
+        return state, None
+    a = np.asarray(arrays[0], dtype=dt)
+    if state is None:
+        state = {"g": np.zeros((a.shape[1], a.shape[1]), dt)}
+    syrk_acc(state["g"], a)
+    return state, None
+
+
+def sum_gram_states(states: list) -> np.ndarray:
+    """The full symmetric float64 Gram from the pass's task states: their lower triangles summed in row
+    order (deterministic on every scheduler), each released as it is added (the first one is the
+    total when it is float64 and writable: a state from a cluster may be a read-only buffer), then
+    mirrored."""
+    total = None
+    while states:
+        g = np.asarray(states.pop(0)["g"], dtype=np.float64)
+        if total is None:
+            total = g if g.flags.writeable else g.copy()
+        else:
+            np.add(total, g, out=total)
+    return symmetrize_lower(total)

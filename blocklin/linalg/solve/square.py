@@ -1,0 +1,537 @@
+"""Square systems ``A x = B`` of any size: out-of-core Cholesky or LU, triangular solves, refinement.
+
+What :func:`blocklin.solve` runs for ``assume_a="pos"`` and ``"sym"``, and for ``assume_a="gen"``
+with a square ``A``, ``lam=0`` and ``method="auto"`` (:func:`square_route` decides), in the working
+precision or in mixed precision (``precision="mixed"``: the factorization in float32, the residuals
+and the solution in float64).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Unpack
+
+import numpy as np
+
+from blocklin.config import Settings
+from blocklin.errors import (ConvergenceError, ConvergenceWarning, NotPositiveDefiniteError, ParameterError,
+                             SingularMatrixError, explain, warn)
+from blocklin.linalg.factor.cholesky import factor_into
+from blocklin.linalg.factor.lu import factor_lu_into
+from blocklin.linalg.blocks.scaling import safe_norm, sumsq_in_range
+from blocklin.matrix import Matrix
+from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
+from blocklin.linalg.factor.lu_panels import lu_solve, swaps_to_permutation
+from blocklin.runtime.blockops import BlockOps, Region
+from blocklin.runtime.job import Job
+from blocklin.storage.identity import plan_settings, resume_token
+from blocklin.runtime.stages import Stages
+from blocklin.storage.zarr_store import create_array
+from blocklin.validate import choice, float_operand, same_dtype, same_rows, square
+
+ASSUME = ("gen", "pos", "sym")
+PRECISIONS = ("double", "mixed", "tf32")
+#: Most refinement steps: in the working precision each step gains little once the backward error
+#: is at ``sqrt(n) eps``; in mixed precision each step gains about ``cond(A) u_32`` (TF32: ``cond(A) 2^-11``).
+MAX_REFINE = {"double": 3, "mixed": 10, "tf32": 20}
+#: Bytes of the budget the residual GEMM leaves to what runs beside its planned buffers (at most a
+#: quarter of the budget).
+RUNTIME_RESERVE = 512 * 2**10
+
+
+def solve_precision(value: Any) -> str:
+    """``precision=`` of the solvers: ``"double"`` (the working dtype; also ``None``/``"default"``),
+    ``"mixed"`` or ``"tf32"``, with the shared validator's message for anything else."""
+    from blocklin.validate import precision
+
+    v = precision(value, ("default", "mixed", "tf32"), operation="solve",
+                  why="the solution is in a's dtype, refined to its backward error: 'mixed' and 'tf32' factor in "
+                      "float32 (TF32 GEMMs on a GPU) and refine in float64",
+                  fix="pass precision='mixed' (or 'tf32', or None for a's dtype)")
+    return "double" if v == "default" else v
+
+REPORT_KEYS = ("method", "method_reason", "precision", "residual_norm", "backward_error", "refine_steps", "seconds",
+               "growth_factor", "resumed")
+
+
+def square_route(shape: tuple[int, int], *, assume_a: str, lam_kind: str, lams: list[float], method: str,
+                 fit_intercept: bool, same_dtypes: bool = True) -> str | None:
+    """Why ``solve`` takes the square route for a ``gen`` problem (``None``: it stays least squares).
+
+    A square ``A`` with ``lam = 0`` and ``method="auto"`` (and ``b`` of its dtype: the square
+    routes do not cast) is a linear system: LU with partial
+    pivoting costs ``2 n^3 / 3`` flops against ``n^3`` for the Gram matrix ``A^T A`` and
+    ``2 n^3`` for a QR, does not square the condition number as the normal equations do, and runs
+    for any ``n`` (the Gram route holds ``n x n`` in core). The least-squares routes stay for
+    ``lam > 0`` (Tikhonov), a requested ``method="normal"``/``"qr"`` (a singular or rank-deficient
+    square ``A``, where the least-squares routes report the condition), and ``fit_intercept``.
+    """
+    m, n = shape
+    if (assume_a != "gen" or m != n or lam_kind != "scalar" or lams[0] != 0.0 or method != "auto" or fit_intercept
+            or not same_dtypes):
+        return None
+    return (f"square a ({n} x {n}), lam=0, method='auto': a linear system; out-of-core LU with partial pivoting "
+            "(2n^3/3 flops, cond(A) not squared as in the normal equations, any n), two triangular solves, "
+            "iterative refinement")
+
+
+def operand_shape(x: Any) -> tuple[int, int] | None:
+    """The 2-D shape of an operand without staging it (``None`` when it cannot be told cheaply)."""
+    meta = _peek(x)
+    return tuple(meta.shape) if meta is not None and len(meta.shape) == 2 else None
+
+
+def dtypes_known_equal(a: Any, b: Any) -> bool:
+    """Whether two operands are known, without staging them, to share their dtype."""
+    ma, mb = _peek(a), _peek(b)
+    return ma is not None and mb is not None and np.dtype(ma.dtype) == np.dtype(mb.dtype)
+
+
+def _peek(x: Any) -> Any:
+    """An object with the operand's ``shape`` and ``dtype`` (an array, or the opened store), or None."""
+    if getattr(x, "shape", None) is not None and getattr(x, "dtype", None) is not None:
+        return x
+    try:
+        from blocklin.create import open as open_matrix
+
+        return open_matrix(x)
+    except Exception:  # not a stored matrix: the solver's own checks report it
+        return None
+
+
+@dataclasses.dataclass
+class _Factor:
+    """A stored factorization and how to solve with it."""
+
+    kind: str  # "cholesky" or "lu"
+    path: Any
+    plan: FactorPlan
+    norm_a: float | None = None
+    perm: np.ndarray | None = None
+    growth: float | None = None
+    #: LU: the pivots, when ``path`` is the panels' work store (solved by ``lu_panels.lu_solve``).
+    pivots: np.ndarray | None = None
+    #: LU: ``L^-1 P B`` when the panels ran the forward substitution of ``B`` (the first solve is then
+    #: the back substitution alone).
+    forward: Any = None
+
+
+def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", precision: str = "double",
+                 reason: str | None = None, overwrite: bool = False, tol: float | None = None,
+                 max_refine: int | None = None, resume: bool = False, **settings: Unpack[Settings]) -> Matrix:
+    """``A x = B`` for square ``A`` of any size, refined to the backward error of the working precision.
+
+    Parameters
+    ----------
+    a : path, zarr array, Matrix, NumPy or Dask array
+        ``n x n``, stored in full (the residuals use all of it). Never modified.
+    b : operand
+        ``n x k`` (a 1-D NumPy vector is one column), the dtype of ``a``.
+    out : path, optional
+        Output store for ``x`` (atomic, ``a``'s dtype).
+    assume_a : {"gen", "pos", "sym"}
+        ``"pos"``: symmetric positive definite, out-of-core Cholesky (the lower triangle is
+        factored). ``"sym"``: symmetric; Cholesky when every diagonal entry is positive, falling back
+        to LU with partial pivoting when a pivot fails (symmetric indefinite: LU does not use the
+        symmetry, costs ``2 n^3 / 3`` instead of ``n^3 / 3`` flops, and is as stable as for any
+        matrix). ``"gen"``: LU with partial pivoting over whole columns (:func:`blocklin.lu`).
+    precision : {"double", "mixed", "tf32"}
+        ``"double"`` (or ``None``): everything in ``A``'s dtype. ``"mixed"`` (float64 ``A``): factor in
+        float32 (half the memory and traffic, twice the BLAS speed), residuals and ``x`` in float64;
+        the refinement reaches the float64 backward error while ``cond(A) u_32 < 1`` (about
+        ``cond(A) < 10^7``), and :class:`~blocklin.errors.ConvergenceError` is raised when it does
+        not (then use ``"double"``). ``"tf32"``: the same with the factorization's GEMM updates on
+        TF32 tensor cores on a GPU (10-bit mantissas: for ``cond(A)`` up to about ``10^3``; plain
+        float32 on a CPU).
+    reason : str, optional
+        The ``method_reason`` to report (what :func:`blocklin.solve` decided).
+    overwrite : bool
+        Replace an existing ``out``.
+    tol : float, optional
+        Target normwise backward error ``||B - A X||_F / (||A||_F ||X||_F + ||B||_F)`` (Rigal and
+        Gaches 1967); default ``sqrt(n) eps`` of the output dtype.
+    max_refine : int, optional
+        Most refinement steps (default 3 in ``"double"``, 10 in ``"mixed"``).
+    resume : bool
+        Continue an interrupted run writing the same ``out`` (stored inputs): the factorization's
+        finished tiles (LU panels) and the finished steps (triangular solves, residuals, updates) are
+        not run again, and ``x`` has the bits of an uninterrupted run. The work stores live in a
+        deterministic work folder under the temp dir, kept after an error or Ctrl-C for the rerun
+        (``blocklin clean`` removes it once its run is gone).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`.
+
+    Returns
+    -------
+    Matrix
+        ``x`` with ``.report``: ``method`` (``"cholesky"`` or ``"lu"``), ``method_reason``,
+        ``precision``, ``factor_dtype``, ``residual_norm``, ``backward_error``, ``tol``,
+        ``refine_steps``, ``history``, ``growth_factor`` (LU), ``norm_a``, ``solution_norm``, ``plan``,
+        ``resumed`` and ``stages_skipped`` (steps a resumed run did not run again).
+
+    Notes
+    -----
+    Refinement (Wilkinson 1963; Skeel 1980; Higham 2002, ch. 12): ``R = B - A X`` by an out-of-core
+    GEMM in the output dtype, ``X += F^{-1} R`` with the stored factors, while the backward error
+    exceeds ``tol``, at most ``max_refine`` times, stopping when a step does not halve it. Mixed
+    precision is the scheme of Langou et al. (2006) and Carson and Higham (2018): a float32 LU
+    with float64 residuals converges to float64 backward error when ``cond(A) u_32`` is below 1.
+    """
+    assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen', 'pos' or 'sym'")
+    precision = solve_precision(precision)
+    if resume and out is None:
+        raise ParameterError(explain("resume", "needs the output path of the run to continue", "out=None",
+                                     "pass the same out= as the interrupted run (CLI: -o X.zarr --resume)"))
+    with Job("solve", **settings) as job:
+        job.math = "tf32" if precision == "tf32" else None  # the float32 factorization's GEMMs
+        A, B = _operands(job, a, b, assume_a)
+        n, dt, k = A.shape[0], A.dtype, B.shape[1]
+        fdt = _factor_dtype(dt, precision)
+        tol = math.sqrt(max(n, 1)) * float(np.finfo(dt).eps) if tol is None else float(tol)
+        steps_max = MAX_REFINE[precision] if max_refine is None else int(max_refine)
+        token = _token(job, A, B, out, assume_a=assume_a, precision=precision, tol=tol, max_refine=steps_max)
+        ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite, resume=resume,
+                        token=token, size=((n, k), dt), temp_size=((n, n), fdt))  # the factor in the temp dir
+        run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token)
+        factor, why = run.stages.run("factor", lambda: _factor(job, A, fdt, assume_a, run.factor_stores))
+        ops = BlockOps(job, run.tiles[factor.kind])
+        ops.workers = factor.plan.workers
+        norm_a = run.stages.run("norm a", lambda: _norm_a(job, ops, A, factor, precision))
+        ref = refine(job, ops, A, B, _solver(ops, factor, n, k, run.solve_stores(factor)), run, norm_a, tol,
+                     steps_max)
+        _check_converged(ref, tol, precision, dt)
+        run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
+        col_res, col_x = (_col_norms(ops, Region.of(p, (n, k))) for p in (ref.r_path, ref.x_path))
+        report = job.report(flops=factor.plan.flops + (ref.steps + 1) * 2 * n * n * k * 2,
+                            method=factor.kind, method_reason=reason or why, precision=precision,
+                            factor_dtype=np.dtype(fdt).name, residual_norm=col_res, solution_norm=col_x,
+                            residual_norm_fro=ref.residual, backward_error=ref.eta, passes=ref.steps + 2,
+                            backward_error_definition="||b - A x||_F / (||A||_F ||x||_F + ||b||_F)", tol=tol,
+                            refine_steps=ref.steps, history=ref.history, norm_a=norm_a,
+                            growth_factor=factor.growth, plan=factor.plan.to_dict(), orientation="square", lam=0.0,
+                            phases=_phases(job, factor.kind), resumed=run.stages.resumed,
+                            stages_skipped=run.stages.skipped)
+        path = ao.commit("solve", plan=factor.plan.to_dict(), params={"assume_a": assume_a, "precision": precision},
+                         report=job.brief(report, REPORT_KEYS))
+        return Matrix(path, report=report, temporary=out is None)
+
+
+def _token(job: Job, A: Any, B: Any, out: Any, **params: Any) -> str:
+    """Deterministic in what decides the result's bits: the inputs (path, shape, dtype, chunks; their
+    content is checked by the output, :mod:`blocklin.storage.stamps`), the parameters, the output, and
+    the settings the plans depend on (budget, workers, cores, device, codec)."""
+    return resume_token("solve-square", [A, B], sorted(params.items()), str(out), plan_settings(job))
+
+
+@dataclasses.dataclass
+class _SquareRun:
+    """The recorded steps of one square solve and their stores, in a work folder a rerun continues.
+
+    Every store is created here, before any step, in a fixed order (their names number them): the factor
+    (both for ``sym``, which may fall back from Cholesky to LU), the triangular solves' work, the
+    residual, the correction and two iterates of ``x``, so that no step writes a store it reads."""
+
+    stages: Stages
+    work: Any
+    chunk: int
+    factor_stores: dict
+    stores: dict
+    #: Per kind of factor, the square tiles of the solve's tile operations and stores.
+    tiles: dict
+
+    @classmethod
+    def start(cls, job: Job, A: Any, B: Any, ao: Any, fdt: np.dtype, assume_a: str, *, resume: bool,
+              token: str) -> _SquareRun:
+        (n, k), dt = B.shape, A.dtype
+        plans = {kind: _plan(job, A, fdt, kind) for kind in _kinds(assume_a)}
+        # the tile operations of the solve work on square tiles: the Cholesky's own; the LU panels are
+        # wider (and streamed by lu_panels.lu_solve at their own width), so its stores get Cholesky-sized tiles
+        tiles = {kind: p.tile if kind == "cholesky" else plan_factor(
+            "cholesky", n, dt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks)).tile
+            for kind, p in plans.items()}
+        chunk = tiles[_kinds(assume_a)[0]]  # x's chunks: those of the first route tried
+        # the n x k stores are chunked (tile, min(tile, k)): a chunk as wide as a tile would be padded to it on
+        # disk (a tile-wide chunk of one column: 1024 x 1024 written and read for 1024 values)
+        kc = min(chunk, max(k, 1))
+        x_path = ao.array_path()
+        work = job.work_dir("solve", token, output=ao, resume=resume)
+        stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
+            x_path, shape=(n, k), dtype=dt, chunks=(chunk, kc), codec=job.cfg.codec, overwrite=True))
+        # up to a panel's width of right-hand sides an LU is solved on its panels as stored (no LAPACK-layout store)
+        factor_stores = {kind: (None if kind == "lu" and k <= p.tile else stages.store(kind, (n, n), fdt, (p.tile, p.tile)),
+                                p, work / f"{kind}-markers") for kind, p in plans.items()}
+        stores = {}
+        for kind in plans:
+            t = tiles[kind]
+            stores[kind] = {name: stages.store(name, (n, k), sdt, (t, min(t, max(k, 1)))) for name, sdt in
+                            (("y", fdt), ("pb", fdt), ("r", dt), ("d", dt), ("x0", dt), ("x1", dt))}
+        if "lu" in plans:  # B's forward substitution inside the panels, into the store y, where it fits beside them
+            p = plans["lu"]
+            fused = (factor_stores["lu"][0] is None and lu_rhs_fits(n, p.tile, k, fdt.itemsize, dt.itemsize))
+            factor_stores["lu"] += ((Region.of(B.path, (n, k)), Region.of(stores["lu"]["y"], (n, k))) if fused
+                                    else None,)
+        return cls(stages, work, chunk, factor_stores, stores, tiles)
+
+    def solve_stores(self, f: _Factor) -> dict:
+        return self.stores[f.kind]
+
+
+def _kinds(assume_a: str) -> tuple[str, ...]:
+    return {"gen": ("lu",), "pos": ("cholesky",), "sym": ("cholesky", "lu")}[assume_a]
+
+
+def _plan(job: Job, A: Any, fdt: np.dtype, kind: str) -> FactorPlan:
+    if kind == "lu":
+        return plan_lu(A.shape[0], fdt, memory=job.cfg.memory, chunks=tuple(A.chunks), source_dtype=A.dtype)
+    return plan_factor("cholesky", A.shape[0], fdt, memory=job.cfg.memory, workers=job.workers(1),
+                       chunks=tuple(A.chunks), widen=True)
+
+
+def _norm_a(job: Job, ops: BlockOps, A: Any, factor: _Factor, precision: str) -> float:
+    """``||A||_F``: from the factorization's reads of ``A`` (the LU panels sum A's stored values, also on
+    a resumed run; the Cholesky tiles the values cast to the factor's dtype, when every tile ran in this
+    run), else by one read of ``A``."""
+    if factor.norm_a is not None and (precision == "double" or factor.kind == "lu") and factor.norm_a > 0 \
+            and sumsq_in_range(factor.norm_a ** 2):
+        return factor.norm_a
+    return safe_norm(ops, Region.of(A.path, A.shape), ops.sumsq(Region.of(A.path, A.shape), description="||A||_F"))
+
+
+def _write_x(job: Job, src: Any, dst: Any, shape: tuple[int, int], dt: np.dtype, chunk: int) -> None:
+    """Copy the final iterate into the output (tile by tile on the output's chunks)."""
+    ops = BlockOps(job, chunk)
+    reg = Region.of(src, shape)
+    ops.axpby(Region.of(dst, shape), reg, reg, alpha=1.0, beta=0.0, dtype=dt, description="write x")
+
+
+def _phases(job: Job, kind: str) -> dict:
+    """Where each phase ran: tile work on the job's device; LU's panel ``getrf`` on the host."""
+    phases = {"factorization tiles, triangular solves, residual GEMMs": job.device}
+    if kind == "lu":
+        phases["panel factorization (getrf)"] = "cpu"
+    return phases
+
+
+def _col_norms(ops: BlockOps, region: Region) -> float | list[float]:
+    """Per right-hand side norms (:func:`_norms`), each column read again scaled where its sum of
+    squares left float64's range."""
+    ss = ops.col_sumsq(region)
+    if all(sumsq_in_range(float(v)) and v != 0.0 for v in ss):
+        return _norms(ss)
+    v = [ops.norm(Region.of(region.path, (region.shape[0], 1), (region.off[0], region.off[1] + j)))
+         for j in range(region.shape[1])]
+    return v[0] if len(v) == 1 else v
+
+
+def _norms(sumsq: np.ndarray) -> float | list[float]:
+    """Per right-hand side norms: a float for one column, a list otherwise (as the other solve routes)."""
+    v = np.sqrt(np.maximum(sumsq, 0.0))
+    return float(v[0]) if v.size == 1 else v.tolist()
+
+
+def _rhs(b: Any) -> Any:
+    return b.reshape(-1, 1) if isinstance(b, np.ndarray) and b.ndim == 1 else b
+
+
+def _operands(job: Job, a: Any, b: Any, assume_a: str) -> tuple[Any, Any]:
+    """``A`` (square) and ``B`` (same rows, same float dtype), checked."""
+    A, B = job.operand(a, "a"), job.operand(_rhs(b), "b")
+    square(A, f"for assume_a='{assume_a}' (a square system)", "for least squares pass assume_a='gen' with a "
+           "non-square a, or method='normal'/'qr'")
+    same_rows(A, B)
+    float_operand(A, "solve"), float_operand(B, "solve")
+    same_dtype(A, B)
+    return A, B
+
+
+def _factor_dtype(dt: np.dtype, precision: str) -> np.dtype:
+    if precision == "double":
+        return dt
+    if dt != np.float64:
+        raise ParameterError(explain("precision", f"'{precision}' factors in float32 and refines in float64, so "
+                                     "a must be float64", f"a is {dt.name}", "pass precision='double'"))
+    return np.dtype(np.float32)
+
+
+def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tuple[_Factor, str]:
+    """The stored factorization for ``assume_a`` and why it was chosen (``stores``: per kind of factor, its
+    store, plan and folder of tile markers)."""
+    if assume_a == "gen":
+        return _lu(job, A, *stores["lu"]), "assume_a='gen': out-of-core LU with partial pivoting"
+    if assume_a == "pos":
+        return _cholesky(job, A, *stores["cholesky"]), ("assume_a='pos': out-of-core tiled Cholesky of A (any "
+                                                        "size), two triangular solves, iterative refinement")
+    bad = _first_nonpositive_diagonal(job, A, stores["cholesky"][1].tile)
+    if bad is not None:
+        return _lu(job, A, *stores["lu"]), (f"assume_a='sym': a[{bad}, {bad}] <= 0, so A is not positive definite: "
+                                            "LU with partial pivoting (symmetric indefinite)")
+    try:
+        return _cholesky(job, A, *stores["cholesky"]), "assume_a='sym': Cholesky succeeded (A is positive definite)"
+    except NotPositiveDefiniteError as e:
+        return _lu(job, A, *stores["lu"]), (f"assume_a='sym': the Cholesky pivot at row {e.pivot} was <= 0 (A is "
+                                            "indefinite): LU with partial pivoting")
+
+
+def _first_nonpositive_diagonal(job: Job, A: Any, t: int) -> int | None:
+    """Index of the first diagonal entry ``<= 0`` (read tile by tile), or None."""
+    reg = Region.of(A.path, A.shape)
+    for i in range(-(-A.shape[0] // t)):
+        d = np.diag(reg.read(i, i, t, A.dtype))
+        bad = np.flatnonzero(~(d > 0))
+        if bad.size:
+            return i * t + int(bad[0])
+    return None
+
+
+def _cholesky(job: Job, A: Any, l_path: Any, plan: FactorPlan, markers: Any) -> _Factor:
+    results = [r for r in factor_into(job, A, l_path, plan, done_dir=markers) if isinstance(r, dict)]
+    # ||A||_F from the tiles' sums, unless a resumed run skipped some (then _norm_a reads A)
+    whole = not any(r.get("skipped") for r in results)
+    return _Factor("cholesky", l_path, plan, norm_a=math.sqrt(sum(r.get("sumsq", 0.0) for r in results))
+                   if whole else None)
+
+
+def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: tuple | None = None) -> _Factor:
+    """The LU into ``lu_path`` (LAPACK's layout), or with ``lu_path=None`` left in the panels' work store
+    for :func:`~blocklin.linalg.factor.lu_panels.lu_solve`; with ``fused`` (regions ``B`` and ``Y``) the panels also write
+    ``Y = L^-1 P B`` (Gaussian elimination on ``[A | B]``: the first solve reads no ``L``)."""
+    n = A.shape[0]
+    fdt = np.dtype(plan.dtype)
+    rhs, rhs_out = fused or (None, None)
+    f = factor_lu_into(job, A, lu_path, plan, done_dir=markers, rhs=rhs, rhs_out=rhs_out)
+    if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
+        raise ParameterError(explain("precision", f"a float32 factorization needs A's entries within {fdt.name}'s "
+                                     "range (the factorization overflowed)",
+                                     f"max |A| {f.max_a:.3g}, max |U| {f.max_u:.3g}",
+                                     "pass precision='double', or scale A"))
+    if n and f.min_pivot == 0.0:
+        raise SingularMatrixError(explain("a", "must be nonsingular for a square solve", "LU with partial pivoting "
+                                          "met an exact zero pivot (A is singular)", "regularize (lam > 0), or solve "
+                                          "the least-squares problem with method='qr'"))
+    growth = f.max_u / f.max_a if f.max_a > 0 else 1.0
+    if lu_path is None:
+        return _Factor("lu", f.work, plan, norm_a=math.sqrt(f.sumsq), growth=growth, pivots=f.pivots, forward=rhs_out)
+    return _Factor("lu", lu_path, plan, norm_a=math.sqrt(f.sumsq), perm=swaps_to_permutation(f.pivots),
+                   growth=growth)
+
+
+def _solver(ops: BlockOps, f: _Factor, n: int, k: int, stores: dict) -> _Solver:
+    """``dst = F^{-1} rhs`` by two out-of-core triangular solves (and the row permutation of an LU),
+    computed in the factor's dtype, with the stores of ``stores`` (``y``, ``pb``, ``r``, ``d``, ``x0``, ``x1``)."""
+    return _Solver(ops, f, n, k, stores)
+
+
+@dataclasses.dataclass
+class _Solver:
+    ops: BlockOps
+    f: _Factor
+    n: int
+    k: int
+    stores: dict
+
+    def region(self, name: str) -> Region:
+        return Region.of(self.stores[name], (self.n, self.k))
+
+    def first(self, b: Region, dst: Region) -> None:
+        """``dst = F^{-1} B`` for the right-hand sides ``b`` themselves: when the LU panels already ran
+        their forward substitution (``L^-1 P B`` in the store ``y``), the back substitution alone."""
+        f = self.f
+        if f.forward is None:
+            self(b, dst)
+            return
+        lu_solve(self.ops, f.path, f.pivots, f.forward, dst, dtype=np.dtype(f.plan.dtype), tile=f.plan.tile,
+                 forward=False, description="LU back substitution U x = y")
+
+    def __call__(self, rhs: Region, dst: Region) -> None:
+        ops, f, fdt = self.ops, self.f, np.dtype(self.f.plan.dtype)
+        freg, yreg = Region.of(f.path, (self.n, self.n)), self.region("y")
+        if f.kind == "cholesky":
+            ops.trsm(freg, rhs, yreg, lower=True, dtype=fdt, description="forward substitution L y = b")
+            ops.trsm(freg, yreg, dst, lower=True, trans=True, dtype=fdt, description="back substitution L^T x = y")
+            return
+        if f.pivots is not None:  # read and written in the factor's dtype (cast on the way)
+            lu_solve(ops, f.path, f.pivots, rhs, dst, dtype=fdt, tile=f.plan.tile,
+                     description="LU solve (forward and back)")
+            return
+        preg = self.region("pb")
+        ops.permute_rows(rhs, preg, f.perm, dtype=fdt, description="row swaps P b")
+        ops.trsm(freg, preg, yreg, lower=True, unit=True, dtype=fdt, description="forward substitution L y = P b")
+        ops.trsm(freg, yreg, dst, lower=False, dtype=fdt, description="back substitution U x = y")
+
+
+@dataclasses.dataclass
+class SolveRefinement:
+    """Outcome of :func:`refine`."""
+
+    residual: float
+    eta: float
+    steps: int
+    history: list[dict]
+    norm_x: float
+    #: Store of the last residual ``B - A X``.
+    r_path: Any = None
+    #: Store of the final ``X``.
+    x_path: Any = None
+
+
+def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: _Solver, run: _SquareRun, norm_a: float, tol: float,
+           max_refine: int) -> SolveRefinement:
+    """``X = F^{-1} B``, refined while the backward error exceeds ``tol`` and halves; every step recorded.
+
+    Residuals ``B - A X`` and the update ``X_{s+1} = X_s + D`` are computed in ``X``'s dtype (that of ``A``),
+    the iterates alternating between two stores so that no step writes what it reads (a step interrupted
+    and run again finds its inputs unchanged)."""
+    (n, k), dt, st = B.shape, A.dtype, run.stages
+    breg = Region.of(B.path, (n, k))
+    xs = [solve.region("x0"), solve.region("x1")]
+    rreg, dreg = solve.region("r"), solve.region("d")
+    st.run("solve", lambda: solve.first(breg, xs[0]))
+    norm_b = st.run("norm b", lambda: safe_norm(ops, breg, ops.sumsq(breg)))
+    norm_x = st.run("norm x", lambda: safe_norm(ops, xs[0], ops.sumsq(xs[0])))
+    history: list[dict] = []
+    steps = 0
+
+    # the residual GEMM is planned within the budget less what its run holds beside the plan's buffers
+    # (the scheduler's thread, chunk metadata: about 0.45 MiB measured at a 2 MiB budget, where the plan
+    # alone peaked 1.15x the budget)
+    gemm_memory = job.cfg.memory - min(job.cfg.memory // 4, RUNTIME_RESERVE)
+
+    def residual(x: Region) -> float:
+        ops.gemm(rreg.path, (0, 0), n, k, n, A.path, (0, 0), x.path, (0, 0), dtype=dt, c=B.path, alpha=-1.0,
+                 beta=1.0, memory=gemm_memory, description="residual b - A x")
+        return safe_norm(ops, rreg, ops.sumsq(rreg))
+
+    def update(x: Region, nxt: Region) -> float:
+        return safe_norm(ops, nxt, sum(r["sumsq"] for r in ops.axpby(nxt, x, dreg, dtype=dt, description="x += d")))
+
+    while True:
+        x = xs[steps % 2]
+        res = st.run("residual", lambda: residual(x))
+        denom = norm_a * norm_x + norm_b
+        eta = res / denom if denom > 0 else 0.0
+        history.append({"step": steps, "residual": res, "backward_error": eta})
+        if eta <= tol or steps >= max_refine or (steps and not eta < 0.5 * history[-2]["backward_error"]):
+            return SolveRefinement(res, eta, steps, history, norm_x, rreg.path, x.path)
+        st.run("correction", lambda: solve(rreg, dreg))
+        norm_x = st.run("update", lambda: update(x, xs[(steps + 1) % 2]))
+        steps += 1
+
+
+def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dtype) -> None:
+    """Mixed precision that did not reach ``tol`` is refused; the working precision warns."""
+    if ref.eta <= tol:
+        return
+    trail = ", ".join(f"{h['backward_error']:.1e}" for h in ref.history)
+    if precision in ("mixed", "tf32"):
+        raise ConvergenceError(explain(
+            "precision", f"'{precision}' must refine the float32 factorization to the float64 backward error",
+            f"backward error {ref.eta:.1e} > tol {tol:.1e} after {ref.steps} step(s) (history {trail}): A is too "
+            "ill-conditioned for a float32 factorization (cond(A) u_32 near or above 1)",
+            "pass precision='double'"))
+    warn(f"solve: backward error {ref.eta:.1e} above tol {tol:.1e} after {ref.steps} refinement step(s) "
+         f"(history {trail}; condition too large for {dt.name}?)", ConvergenceWarning)
+
+
+__all__ = ["ASSUME", "PRECISIONS", "SolveRefinement", "operand_shape", "refine", "dtypes_known_equal", "solve_precision",
+           "solve_square", "square_route"]

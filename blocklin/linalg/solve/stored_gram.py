@@ -1,0 +1,254 @@
+"""Tikhonov solves whose Gram matrix exceeds the budget: out-of-core Cholesky of ``A^T A + lam^2 I``.
+
+:func:`blocklin.solve` keeps the ``n x n`` (``m x m`` for wide ``A``) regularized Gram matrix in core
+when it fits; beyond that it comes here (``method="auto"`` or ``"normal"``, one scalar ``lam``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.config import format_size
+from blocklin.linalg.products.gemm import Gemm
+from blocklin.operands import Operand
+from blocklin.plan.factor import plan_factor
+from blocklin.linalg.factor.cholesky_tiles import tiled_cholesky
+from blocklin.runtime.blockops import BlockOps, Region
+
+F64 = np.dtype(np.float64)
+
+
+def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, ao: Any, *, refine: Any = "auto",
+                           resume: bool = False, token: str = "") -> dict:
+    """``min ||A x - b||^2 + lam^2 ||x||^2`` with the regularized Gram matrix stored, not held.
+
+    Tall/square ``A`` (``m >= n``): ``K = A^T A + lam^2 I`` and ``A^T b`` by the blocked region SYRK over
+    ``A^T`` (in one read of ``A`` per block row; Dongarra et al., 1990, for SYRK), its tiled Cholesky,
+    ``x = K^{-1} A^T b`` by two out-of-core triangular solves, then ``refine`` steps (default 1) of
+    iterative refinement against the original problem (``x += K^{-1} (A^T (b - A x) - lam^2 x)``).
+    Wide ``A``: the dual form ``x = A^T y``, ``(A A^T + lam^2 I) y = b``, refined on the dual
+    system. Everything is computed in float64; ``x`` is written in the operands' dtype to ``x_path`` (created here).
+
+    Accuracy: ``cond(K) <= 1 + (sigma_1 / lam)^2``, so the error of ``x`` before refinement is about
+    ``cond(K) eps``; refinement against the original problem recovers what the conditioning of the
+    least-squares problem itself allows, while ``cond(K) eps < 1`` (else the Cholesky fails with
+    :class:`~blocklin.errors.NotPositiveDefiniteError`: choose a larger ``lam``).
+
+    Resume (``resume=True``, the atomic output ``ao`` taken over): every step runs as a recorded stage
+    (:class:`~blocklin.runtime.stages.Stages`) over stores in a deterministic work folder named by
+    ``token``; the SYRK and Cholesky tiles keep their markers there, and the solution iterates alternate
+    between two stores, so no step writes what it reads and ``x`` has the bits of an uninterrupted run.
+    """
+    from blocklin.runtime.stages import Stages
+    from blocklin.storage.zarr_store import create_array
+
+    g = _GramSolve(job, A, B, lam, stages=None)
+    x_path, (n, k) = ao.array_path(), (A.shape[1], B.shape[1])
+    work = job.work_dir("solve", token, output=ao, resume=resume)
+    g.stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
+        x_path, shape=(n, k), dtype=np.result_type(A.dtype, B.dtype), chunks=(min(g.t, n), min(g.t, k)),
+        codec=job.cfg.codec, overwrite=True))
+    g.markers = work / "tile-markers"
+    g.make_stores()
+    g.factor()
+    steps = 1 if refine == "auto" else int(refine)
+    xs = g.solve_wide(steps) if g.wide else g.solve_tall(steps)
+    info = g.finish(xs, x_path, steps)
+    info.update(resumed=g.stages.resumed, stages_skipped=g.stages.skipped)
+    return info
+
+
+class _GramSolve:
+    """The stores and steps of one out-of-core Gram solve (all float64, square tiles of ``tile``)."""
+
+    def __init__(self, job: Any, A: Any, B: Any, lam: float, stages: Any) -> None:
+        self.job, self.A, self.B, self.lam = job, A, B, lam
+        (self.m, self.n), self.k = A.shape, B.shape[1]
+        self.wide = self.m < self.n
+        self.s = self.m if self.wide else self.n
+        plan = _tile_plan(job, A, self.s, self.k, self.wide)
+        self.t = plan.tile
+        self.ops = BlockOps(job, self.t)
+        self.ops.workers = plan.workers
+        self.stages, self.markers = stages, None
+
+    def make_stores(self) -> None:
+        """Every store of the solve, created before any step in a fixed order (their names number them)."""
+        s, k, n = self.s, self.k, self.n
+        self.gram, self.l = self.store("gram", s, s), self.store("l", s, s)
+        self.y = self.store("y", s, k)
+        self.z, self.z_next = self.store("z", s, k), self.store("z", s, k)  # the iterates, alternating
+        self.r, self.d = self.store("r", self.m, k), self.store("d", s, k)
+        self.c = self.store("c", n, k) if not self.wide else None
+        self.xt = self.store("xt", n, k) if self.wide else None
+
+    def chunks(self, cols: int) -> tuple[int, int]:
+        """Tiles of ``t`` rows; a store of ``k < t`` columns (right-hand sides) is one chunk wide, not
+        padded to ``t`` columns (zarr stores a chunk whole: ``t / k`` times the bytes for each row tile)."""
+        return (self.t, min(self.t, max(1, cols)))
+
+    def store(self, name: str, rows: int, cols: int) -> str:
+        return self.stages.store(name, (rows, cols), F64, self.chunks(cols))
+
+    def step(self, name: str, fn: Any) -> Any:
+        """``fn()`` as a recorded stage (skipped when a resumed run finished it)."""
+        return self.stages.run(name, fn)
+
+    def operand(self, path: str, shape: tuple[int, int], name: str) -> Operand:
+        return Operand(name=name, path=path, shape=shape, dtype=F64, chunks=self.chunks(shape[1]))
+
+    def gemm(self, out: str, a: Any, b: Any, c: Any = None, *, trans_a: bool = False, alpha: float = 1.0,
+             beta: float = 0.0, description: str) -> None:
+        op = Gemm.of(a, b, c, trans_a=trans_a, alpha=alpha, beta=beta, dtype="float64")
+        gp = op.plan(self.job, out_chunks=(min(self.t, op.shape[0]), min(self.t, op.shape[1])),
+                     read_reserve=True)  # measured over budget at 16 MiB without it
+        op.run(self.job, gp, out, description=description, count_pass="a" if a is self.A else "intermediate")
+
+    def region(self, path: str, rows: int) -> Region:
+        return Region.of(path, (rows, self.k))
+
+    def add_to_z(self, description: str) -> None:
+        """``z_next = z + d``, then the two swap roles (out of place: a rerun of the step reads the same z)."""
+        self.ops.axpby(self.region(self.z_next, self.s), self.region(self.z, self.s), self.region(self.d, self.s),
+                       dtype=F64, description=description)
+
+    def swap(self) -> None:
+        self.z, self.z_next = self.z_next, self.z
+
+    def factor(self) -> None:
+        """``K = A^T A + lam^2 I`` (tall) or ``A A^T + lam^2 I`` (wide), lower tiles, and its Cholesky factor.
+
+        Tall: ``c = A^T b`` comes from the same read of ``A`` (the diagonal SYRK blocks).
+        """
+        s = self.s
+        g_path, l_path = self.gram, self.l
+        a_reg = Region.of(self.A.path, self.A.shape)
+        self.step("gram", lambda: self.ops.syrk(
+            Region.of(g_path, (s, s)), a_reg if self.wide else a_reg.T, dtype=F64, shift=self.lam**2,
+            check=self.job.check_finite, done_dir=self.markers,
+            rhs=None if self.wide else Region.of(self.B.path, self.B.shape),
+            rhs_out=None if self.wide else self.region(self.c, self.n),
+            description=f"Gram blocks {'A A^T' if self.wide else 'A^T A, A^T b'} + lam^2 I") and None)
+        from blocklin.linalg.products.gram import check_diagonal
+
+        # the stored Gram is summed from unscaled squares: refused where they left float64's range
+        check_diagonal(g_path, s, self.t, F64, "the stored-Gram route, for a Gram over the budget, sums unscaled "
+                       "squares", "or raise memory= so the in-memory routes (which scale by themselves) hold it",
+                       zero_ok=self.lam == 0, operands="a (and b)")  # lam > 0: a zero diagonal underflowed
+        self.step("cholesky", lambda: tiled_cholesky(
+            self.ops, Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=F64, check=False, done_dir=self.markers,
+            description="Cholesky of the Gram matrix") and None)
+        self.lreg = Region.of(l_path, (s, s))
+
+    def k_solve(self, rhs: str, dst: str) -> None:
+        """``dst = K^-1 rhs`` by forward and back substitution."""
+        y = self.region(self.y, self.s)
+        self.ops.trsm(self.lreg, self.region(rhs, self.s), y, lower=True, dtype=F64,
+                      description="forward substitution")
+        self.ops.trsm(self.lreg, y, self.region(dst, self.s), lower=True, trans=True, dtype=F64,
+                      description="back substitution")
+
+    def solve_wide(self, steps: int) -> str:
+        """The dual variable ``y`` refined on ``(A A^T + lam^2 I) y = b``; returns the store of ``x = A^T y``."""
+        A, B, m, n, k = self.A, self.B, self.m, self.n, self.k
+        self.step("solve", lambda: self.k_solve(B.path, self.z))
+        for _ in range(steps):  # rd = b - A A^T y - lam^2 y, y += K^-1 rd
+            zop, x_tmp = self.operand(self.z, (self.s, k), "z"), self.xt
+
+            def dual_residual() -> None:  # r is rewritten whole before its in-place update: a rerun is safe
+                self.gemm(x_tmp, A, zop, trans_a=True, description="x = A^T y")
+                self.gemm(self.r, A, self.operand(x_tmp, (n, k), "x"), B, alpha=-1.0, beta=1.0,
+                          description="b - A x")
+                r_reg = self.region(self.r, m)
+                self.ops.axpby(r_reg, r_reg, self.region(self.z, self.s), beta=-self.lam**2, dtype=F64,
+                               description="dual residual")
+            self.step("dual residual", dual_residual)
+            self.step("correction", lambda: self.k_solve(self.r, self.d))
+            self.step("update", lambda: self.add_to_z("y += d"))
+            self.swap()
+        xs, zop = self.xt, self.operand(self.z, (self.s, k), "z")
+        self.step("x", lambda: self.gemm(xs, A, zop, trans_a=True, description="x = A^T y"))
+        return xs
+
+    def solve_tall(self, steps: int) -> str:
+        """``x`` refined against the original problem; returns its store."""
+        A, B, m, k = self.A, self.B, self.m, self.k
+        c_path = self.c  # A^T b, from the SYRK's read of A
+        self.step("solve", lambda: self.k_solve(c_path, self.z))
+        for _ in range(steps):
+            zop = self.operand(self.z, (self.s, k), "z")
+            self.step("residual", lambda: self.gemm(self.r, A, zop, B, alpha=-1.0, beta=1.0,
+                                                    description="r = b - A x"))
+            self.step("normal residual", lambda: self.gemm(
+                c_path, A, self.operand(self.r, (m, k), "r"), zop, trans_a=True, alpha=1.0, beta=-self.lam**2,
+                description="A^T r - lam^2 x"))
+            self.step("correction", lambda: self.k_solve(c_path, self.d))
+            self.step("update", lambda: self.add_to_z("x += d"))
+            self.swap()
+        return self.z
+
+    def finish(self, xs: str, x_path: str, steps: int) -> dict:
+        """Write ``x`` to ``x_path`` (created at the start) in the operands' dtype; the report from the final
+        residual."""
+        A, B, m, n, k, lam = self.A, self.B, self.m, self.n, self.k, self.lam
+        self.step("final residual", lambda: self.gemm(self.r, A, self.operand(xs, (n, k), "x"), B, alpha=-1.0,
+                                                      beta=1.0, description="final residual b - A x"))
+        rr = _col_sumsq(self.ops, self.r, (m, k))
+        xx = _col_sumsq(self.ops, xs, (n, k))
+        xreg = self.region(xs, n)
+        self.step("write x", lambda: self.ops.axpby(self.region(x_path, n), xreg, xreg, alpha=1.0, beta=0.0,
+                                                    dtype=F64, description="write x") and None)
+
+        def norms(v: np.ndarray) -> Any:
+            v = np.sqrt(np.maximum(v, 0.0))
+            return float(v[0]) if v.size == 1 else v.tolist()
+
+        gram = "A A^T" if self.wide else "A^T A"
+        return {"method": "normal", "method_reason": f"the {self.s} x {self.s} regularized Gram matrix "
+                f"({gram} + lam^2 I, {format_size(self.s * self.s * 8)}) exceeds the budget: "
+                "stored and factored by the out-of-core tiled Cholesky, refined against the original problem",
+                "lam": lam, "residual_norm": norms(rr), "solution_norm": norms(xx),
+                "objective": norms(rr + lam**2 * xx), "refine_steps": steps, "gram": "out of core",
+                "residual_norm_source": "final residual pass", "gram_tile": self.t,
+                "norm_a": None, "cond_estimate": None, "phases": {"Gram SYRK, Cholesky, solves": self.job.device}}
+
+
+def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool) -> Any:
+    """Tiles of the Gram matrix, its factor and the solves.
+
+    On ``A``'s square chunks when they fit (every store of the solve then shares them with ``A``,
+    which the region GEMMs over ``A`` need to plan within small budgets); a larger multiple of them
+    when the budget holds it and those GEMMs still plan: the left-looking Cholesky reads
+    ``n^3 / (3 t)`` elements and runs ``(n / t)^2 / 2`` tasks, so the largest tile wins.
+    """
+    from blocklin.errors import BudgetError
+
+    base = plan_factor("cholesky", s, F64, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks))
+    try:
+        big = plan_factor("cholesky", s, F64, memory=job.cfg.memory, workers=job.workers(1))
+    except BudgetError:
+        return base
+    c = tuple(A.chunks)
+    if c[0] != c[1] or base.tile != c[0] or big.tile <= base.tile or big.tile % base.tile or big.tile >= s:
+        return base
+    m, n = A.shape
+    t = big.tile
+    try:  # the products over A that the solve runs, with its stores on tiles of t
+        v = Operand(name="v", path="", shape=(m if wide else n, k), dtype=F64, chunks=(t, min(t, k)))
+        Gemm.of(A, v, trans_a=wide, dtype="float64").plan(job, out_chunks=(t, min(t, k)))
+        r = Operand(name="r", path="", shape=(n if wide else m, k), dtype=F64, chunks=(t, min(t, k)))
+        Gemm.of(A, r, trans_a=not wide, dtype="float64").plan(job, out_chunks=(t, min(t, k)))
+    except BudgetError:
+        return base
+    return big
+
+
+def _col_sumsq(ops: BlockOps, path: str, shape: tuple[int, int]) -> np.ndarray:
+    """Column sums of squares of a stored ``rows x k`` matrix (k small), one block sumsq per column."""
+    return np.array([ops.sumsq(Region.of(path, (shape[0], 1), off=(0, j)), description="column norm")
+                     for j in range(shape[1])])
+
+
+__all__ = ["solve_gram_out_of_core"]

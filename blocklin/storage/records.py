@@ -1,0 +1,11 @@
+"""Names of the records blocklin keeps beside the data it writes (one place, read by every module that
+writes or checks them: the commit protocol, ownership, cleanup, resume)."""
+
+#: Deferred zarr metadata of a node inside an uncommitted output (object-store commit protocol).
+DEFERRED_META = ".blocklin-meta.json"
+#: Record of an output being written in place; its removal is the commit (see storage.atomic).
+PENDING_RECORD = ".blocklin-pending.json"
+#: The owner record of a partial output or work folder (:mod:`blocklin.storage.ownership`).
+OWNER_RECORD = ".blocklin-owner.json"
+#: The content stamps of a resumable output's inputs, in its partial (:mod:`blocklin.storage.stamps`).
+INPUTS_RECORD = ".blocklin-inputs.json"
