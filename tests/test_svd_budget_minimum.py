@@ -43,8 +43,13 @@ CASES = [c for c in itertools.product([(4000, 30), (30, 3000), (1200, 150)], ["f
          if not (c[2] and c[3] == "sketch") and not (c[2] and c[3] == "gram" and c[0][0] < c[0][1])]
 
 
-@pytest.mark.parametrize("shape,dtype,center,method", CASES,
-                         ids=[f"{m}x{n}-{d}-{'centered' if c else 'plain'}-{meth}" for (m, n), d, c, meth in CASES])
+# The default run takes every shape, centering and method once in float32; float64 doubles them in
+# the slow job (the planner's arithmetic is the same; only the itemsize changes).
+_PARAMS = [pytest.param(*c, marks=[pytest.mark.slow] if c[1] == "float64" else [],
+                        id=f"{c[0][0]}x{c[0][1]}-{c[1]}-{'centered' if c[2] else 'plain'}-{c[3]}") for c in CASES]
+
+
+@pytest.mark.parametrize("shape,dtype,center,method", _PARAMS)
 def test_named_minimum_runs(shape, dtype, center, method):
     a = _data(shape, dtype)
 
@@ -58,6 +63,7 @@ def test_named_minimum_runs(shape, dtype, center, method):
             assert got.report["method"] == method
 
 
+@pytest.mark.slow  # the examples' own sizes run in the slow job too
 def test_pca_centered_named_minimum_runs():
     """The case found sizing examples/pca_centered.py: large means, the Gram route or Lanczos (auto)."""
     a = _data((20000, 60), "float32")
