@@ -25,6 +25,7 @@ CHILD = textwrap.dedent("""
     a_path, out, tmp, sig, kill_in, how, resume, method = sys.argv[1:9]
     kill_in = int(kill_in)
     import blocklin as bl
+    import blocklin.linalg.factor.lu_panels as lu_panels
     import blocklin.linalg.inverse.kernels as kernels
     import blocklin.runtime.blockops as blockops
     import blocklin.runtime.passes as passes
@@ -46,7 +47,7 @@ CHILD = textwrap.dedent("""
         return write_block
 
     Stages.run = counting_run
-    for module in (kernels, blockops, passes, tiles):
+    for module in (kernels, lu_panels, blockops, passes, tiles):
         module.write_block = signalling(module.write_block)
     options = dict(memory="256KiB", refine=1, temp_dir=tmp, scheduler="sync", method=method)
     if how == "cli":
