@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import blocklin as bl
+import blocklin.linalg.factor.lu_panels as lu_panels
 import blocklin.runtime.blockops as blockops
 import blocklin.runtime.tiles as tiles
 from tolerances import assert_solve
@@ -60,14 +61,14 @@ def test_ctrl_c_then_resume_gives_the_same_bits(stored, tmp_path, monkeypatch, n
                 raise KeyboardInterrupt
         return write_block
 
-    for module in (blockops, tiles):
+    for module in (blockops, lu_panels, tiles):  # every module that writes blocks by name
         monkeypatch.setattr(module, "write_block", counting(module.write_block))
     ref = _solve(stored, name, tmp_path / "ref.zarr", tmp)
     monkeypatch.undo()
     assert os.listdir(tmp) == []  # a finished run leaves no work folder
     # mid-factorization early, mid-refinement late, whatever the plans' tiles make the count
     kill_at, writes[0] = max(1, round(when * writes[0])), 0
-    for module in (blockops, tiles):
+    for module in (blockops, lu_panels, tiles):  # every module that writes blocks by name
         monkeypatch.setattr(module, "write_block", counting(module.write_block, kill_at))
     with pytest.raises(KeyboardInterrupt):
         _solve(stored, name, tmp_path / "x.zarr", tmp, resume=True)

@@ -36,36 +36,36 @@ def qr_panels(ops: BlockOps, a: Region, work: Any, *, dtype: Any, done_dir: Any,
               description: str = "QR panels") -> list[dict]:
     """Left-looking blocked Householder QR of region ``a`` into the store ``work`` (see the module)."""
     m, n = a.shape
-    spec = ops._spec(dtype, a=a, out=Region.of(work, (m, n)), check=check, done_dir=done_dir)
+    spec = ops.spec(dtype, a=a, out=Region.of(work, (m, n)), check=check, done_dir=done_dir)
     graph = ops.graph("qr", spec)
     prev = None
     for j in range(tile_count(n, ops.chunk)):
         prev = graph.add((j,), qr_panel_task, spec, j, [prev] if prev else [])
     ops.flops += 2 * m * n * n - 2 * n**3 // 3
-    return ops._run(graph, description)
+    return ops.run(graph, description)
 
 
 def qr_extract_r(ops: BlockOps, work: Any, out: Any, m: int, n: int, *, dtype: Any, signs: np.ndarray,
                  description: str = "R factor") -> list[dict]:
     """``out = diag(signs) triu(work[:n, :n])`` (``R``, rows scaled by ``signs`` = +-1), one task per
     column panel (idempotent)."""
-    spec = ops._spec(dtype, a=Region.of(work, (m, n)), out=Region.of(out, (n, n)))
+    spec = ops.spec(dtype, a=Region.of(work, (m, n)), out=Region.of(out, (n, n)))
     graph = ops.graph("qr-r", spec, signs.tobytes())
     for j in range(tile_count(n, ops.chunk)):
         graph.add((j,), r_panel_task, spec, j, signs)
-    return ops._run(graph, description)
+    return ops.run(graph, description)
 
 
 def qr_form_q(ops: BlockOps, work: Any, out: Any, m: int, n: int, *, dtype: Any, done_dir: Any, signs: np.ndarray,
               description: str = "Q factor") -> list[dict]:
     """The thin ``Q`` (``m x n``) of the packed factors in ``work`` into ``out``, columns scaled by
     ``signs`` (one task per panel)."""
-    spec = ops._spec(dtype, a=Region.of(work, (m, n)), out=Region.of(out, (m, n)), done_dir=done_dir)
+    spec = ops.spec(dtype, a=Region.of(work, (m, n)), out=Region.of(out, (m, n)), done_dir=done_dir)
     graph = ops.graph("qr-q", spec, signs.tobytes())
     for c in range(tile_count(n, ops.chunk)):
         graph.add((c,), q_panel_task, spec, c, signs)
     ops.flops += 2 * m * n * n - 2 * n**3 // 3
-    return ops._run(graph, description)
+    return ops.run(graph, description)
 
 
 def _reflectors(spec: TileOpSpec, work: Region, k: int, dt: np.dtype) -> tuple[np.ndarray, np.ndarray, int]:

@@ -136,7 +136,7 @@ def tile_qr(ops: BlockOps, a: Region, stores: dict, *, dtype: Any, inner: int, d
                     deps.append(keys[("ts", k, i, k)])  # V_ik, T_ik
                 keys[("ts", k, i, j)] = graph.add(("ts", k, i, j), ts_task, spec, k, i, j, i == mt - 1, deps)
     ops.flops += 2 * m * n * n - 2 * n**3 // 3
-    return ops._run(graph, description)
+    return ops.run(graph, description)
 
 
 def _last(k: int, j: int, mt: int) -> tuple:
@@ -161,7 +161,7 @@ def tile_qr_form_q(ops: BlockOps, stores: dict, out: Any, m: int, n: int, *, dty
         c1 = min(n, c0 + width, (c0 // t + 1) * t)  # within one tile column
         graph.add((c0,), q_strip_task, spec, c0, c1, signs[c0:c1])
     ops.flops += 2 * m * n * n - 2 * n**3 // 3
-    return ops._run(graph, description)
+    return ops.run(graph, description)
 
 
 # -- kernels ---------------------------------------------------------------------------------------
