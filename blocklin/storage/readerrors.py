@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from blocklin.errors import BlocklinError, StoreReadError, explain
+from blocklin.errors import BlocklinError, FormatError, StoreReadError, explain
 from blocklin.storage.location import store_location
 
 #: Chunks probed one by one to find the failing one (a failed read of more names the region only).
@@ -189,6 +189,8 @@ def reading(arr: Any, rows: slice, cols: slice, name: str = "input") -> Iterator
     :class:`StoreReadError` naming the array, the chunk and the fix. blocklin's own errors pass."""
     try:
         yield
+    except FormatError as exc:  # a chunk blocklin decodes itself whose bytes are not what its metadata says
+        raise read_error(arr, rows, cols, exc, name) from exc
     except (BlocklinError, MemoryError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - zarr and numcodecs raise many kinds for one damage
