@@ -21,7 +21,7 @@ from blocklin.linalg.operator import aslinearoperator  # noqa: E402
 from blocklin.linalg.lowrank.pca import pca  # noqa: E402
 from blocklin.linalg.factor.qr import qr  # noqa: E402
 from blocklin.linalg.lowrank.svd import svd  # noqa: E402
-from blocklin.linalg.solve.tikhonov import solve, solve_plan  # noqa: E402
+from blocklin.linalg.solve.router import solve, solve_plan  # noqa: E402
 from blocklin.linalg.solve.triangular import solve_triangular  # noqa: E402
 from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402

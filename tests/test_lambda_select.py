@@ -10,7 +10,7 @@ import pytest
 
 import blocklin as bl
 from blocklin.linalg.solve.lambda_select import choose_lambda
-from blocklin.linalg.solve.tikhonov import Spectrum
+from blocklin.linalg.solve.spectrum import Spectrum
 from memcheck import margin, needs_hwm, run_child
 
 

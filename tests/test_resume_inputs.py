@@ -248,13 +248,14 @@ def test_tall_solve_records_are_not_reused_for_a_changed_input(tmp_path):
     import sys
     import textwrap
 
-    from test_resume_interrupted import KILL_SOLVE
+    from test_resume_interrupted import KILL_SOLVE, NORMAL
 
     rng = np.random.default_rng(8)
     a = blocklin.from_array(rng.standard_normal((900, 30)) + 3.0, tmp_path / "a.zarr", chunks=(128, 30))
     b = blocklin.from_array(rng.standard_normal((900, 2)), tmp_path / "b.zarr")
     kw = {"lam": 1e-3, "refine": 1, "memory": "2MiB", "scheduler": "sync"}
-    code = textwrap.dedent(KILL_SOLVE.format(victim="_run_residual_pass", sig="KILL", lam=1e-3, extra=""))
+    code = textwrap.dedent(KILL_SOLVE.format(module=NORMAL, victim="_run_residual_pass", sig="KILL", lam=1e-3,
+                                             extra=""))
     out = tmp_path / "x.zarr"
     assert subprocess.run([sys.executable, "-c", code, a.path, b.path, str(out)]).returncode == -signal.SIGKILL
     new = rng.standard_normal((900, 30)) + 3.0

@@ -66,24 +66,27 @@ def test_gemm_resume_after_ctrl_c_continues(tmp_path, monkeypatch):
 KILL_SOLVE = """
 import os, signal, sys
 import numpy as np
-import blocklin.linalg.solve.tikhonov as tk
-real = tk.{victim}
+import {module} as module
+real = module.{victim}
 def dying(*args, **kwargs):
     os.kill(os.getpid(), signal.SIG{sig})
-tk.{victim} = dying
+module.{victim} = dying
 import blocklin as bl
 bl.solve(sys.argv[1], sys.argv[2], out=sys.argv[3], lam={lam!r}, refine=1, memory="2MiB", scheduler="sync"{extra})
 """
 
 
-@pytest.mark.parametrize("lam,victim,extra,loaded", [
-    (1e-3, "_run_residual_pass", "", ["gram-pass"]),
-    ("gcv", "_run_residual_pass", "", ["gram-pass"]),
-    ([1e-8, 1e-2], "_finish_spectral", ", method='qr'", ["tsqr-pass"]),
-    (0.1, "_run_residual_pass", ", fit_intercept=True", ["gram-pass", "means"]),
+NORMAL, QR = "blocklin.linalg.solve.normal", "blocklin.linalg.solve.qr_route"  # where the victims are looked up
+
+
+@pytest.mark.parametrize("lam,module,victim,extra,loaded", [
+    (1e-3, NORMAL, "_run_residual_pass", "", ["gram-pass"]),
+    ("gcv", NORMAL, "_run_residual_pass", "", ["gram-pass"]),
+    ([1e-8, 1e-2], QR, "finish_spectral", ", method='qr'", ["tsqr-pass"]),
+    (0.1, NORMAL, "_run_residual_pass", ", fit_intercept=True", ["gram-pass", "means"]),
 ])
 @pytest.mark.parametrize("sig", ["KILL", "INT"])
-def test_solve_resume_is_bit_identical(tmp_path, lam, victim, extra, loaded, sig):
+def test_solve_resume_is_bit_identical(tmp_path, lam, module, victim, extra, loaded, sig):
     rng = np.random.default_rng(4)
     a = bl.from_array(rng.standard_normal((900, 30)) + 3.0, tmp_path / "a.zarr", chunks=(128, 30))
     b = bl.from_array(rng.standard_normal((900, 2)), tmp_path / "b.zarr")
@@ -94,7 +97,7 @@ def test_solve_resume_is_bit_identical(tmp_path, lam, victim, extra, loaded, sig
         kw["fit_intercept"] = True
     ref = bl.solve(a.path, b.path, out=tmp_path / "ref.zarr", **kw)
     out = tmp_path / "x.zarr"
-    code = textwrap.dedent(KILL_SOLVE.format(victim=victim, sig=sig, lam=lam, extra=extra))
+    code = textwrap.dedent(KILL_SOLVE.format(module=module, victim=victim, sig=sig, lam=lam, extra=extra))
     proc = subprocess.run([sys.executable, "-c", code, a.path, b.path, str(out)], capture_output=True)
     assert proc.returncode != 0 and not out.exists()
     partials = [p for p in tmp_path.iterdir() if p.name.startswith(".x.zarr.partial")]

@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from blocklin.linalg.solve.tikhonov import solve
+    from blocklin.linalg.solve.router import solve
 
     if args.plot and not isinstance(args.lam, str):
         raise ParameterError(explain("--plot", "needs --lambda gcv or --lambda lcurve (the curve is computed to "

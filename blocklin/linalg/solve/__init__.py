@@ -1,2 +1,4 @@
-"""Solves: the router ``blocklin.solve`` (Tikhonov least squares and its lambda rules), the square
-solves (LU, Cholesky), the stored-Gram route, triangular solves and the normal-equation kernels."""
+"""Solves: ``blocklin.solve`` (``router``) and its routes: the in-memory Tikhonov least squares
+(``least_squares`` over ``tikhonov``, ``normal``, ``qr_route``, ``wide``, ``spectrum``), the stored Gram
+matrix (``stored_gram``), the square systems (``square``); one report builder (``report``); triangular
+solves, the lambda rules and the normal equations' pass kernels."""

@@ -1,6 +1,6 @@
 """Choosing the Tikhonov parameter from a spectrum, and which spectrum is safe to choose it from.
 
-The rules work on a :class:`~blocklin.linalg.solve.tikhonov.Spectrum` (singular values ``s``, the
+The rules work on a :class:`~blocklin.linalg.solve.spectrum.Spectrum` (singular values ``s``, the
 projections ``beta`` of ``b`` and the unfittable ``rho0^2``): every ``lam`` costs ``O(n k)`` there, so
 a dense grid and a bounded refinement are cheap.
 

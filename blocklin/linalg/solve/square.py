@@ -20,6 +20,7 @@ from blocklin.errors import (ConvergenceError, ConvergenceWarning, NotPositiveDe
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks.scaling import safe_norm, sumsq_in_range
+from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
 from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
 from blocklin.linalg.factor.lu_panels import lu_solve, swaps_to_permutation
@@ -50,9 +51,6 @@ def solve_precision(value: Any) -> str:
                       "float32 (TF32 GEMMs on a GPU) and refine in float64",
                   fix="pass precision='mixed' (or 'tf32', or None for a's dtype)")
     return "double" if v == "default" else v
-
-REPORT_KEYS = ("method", "method_reason", "precision", "residual_norm", "backward_error", "refine_steps", "seconds",
-               "growth_factor", "resumed")
 
 
 def square_route(shape: tuple[int, int], *, assume_a: str, lam_kind: str, lams: list[float], method: str,
@@ -203,17 +201,17 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         _check_converged(ref, tol, precision, dt)
         run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
         col_res, col_x = (_col_norms(ops, Region.of(p, (n, k))) for p in (ref.r_path, ref.x_path))
-        report = job.report(flops=factor.plan.flops + (ref.steps + 1) * 2 * n * n * k * 2,
-                            method=factor.kind, method_reason=reason or why, precision=precision,
-                            factor_dtype=np.dtype(fdt).name, residual_norm=col_res, solution_norm=col_x,
-                            residual_norm_fro=ref.residual, backward_error=ref.eta, passes=ref.steps + 2,
-                            backward_error_definition="||b - A x||_F / (||A||_F ||x||_F + ||b||_F)", tol=tol,
-                            refine_steps=ref.steps, history=ref.history, norm_a=norm_a,
-                            growth_factor=factor.growth, plan=factor.plan.to_dict(), orientation="square", lam=0.0,
-                            phases=_phases(job, factor.kind), resumed=run.stages.resumed,
-                            stages_skipped=run.stages.skipped)
+        report, recorded = solve_report(
+            job, route="square", flops=factor.plan.flops + (ref.steps + 1) * 2 * n * n * k * 2,
+            method=factor.kind, method_reason=reason or why, precision=precision,
+            factor_dtype=np.dtype(fdt).name, residual_norm=col_res, solution_norm=col_x,
+            residual_norm_fro=ref.residual, backward_error=ref.eta, passes=ref.steps + 2,
+            backward_error_definition="||b - A x||_F / (||A||_F ||x||_F + ||b||_F)", tol=tol,
+            refine_steps=ref.steps, history=ref.history, norm_a=norm_a,
+            growth_factor=factor.growth, plan=factor.plan.to_dict(), orientation="square", lam=0.0,
+            phases=_phases(job, factor.kind), resumed=run.stages.resumed, stages_skipped=run.stages.skipped)
         path = ao.commit("solve", plan=factor.plan.to_dict(), params={"assume_a": assume_a, "precision": precision},
-                         report=job.brief(report, REPORT_KEYS))
+                         report=recorded)
         return Matrix(path, report=report, temporary=out is None)
 
 

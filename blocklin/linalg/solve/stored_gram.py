@@ -12,12 +12,37 @@ import numpy as np
 
 from blocklin.config import format_size
 from blocklin.linalg.products.gemm import Gemm
+from blocklin.linalg.solve.report import solve_report
+from blocklin.matrix import Matrix
 from blocklin.operands import Operand
 from blocklin.plan.factor import plan_factor
 from blocklin.linalg.factor.cholesky_tiles import tiled_cholesky
 from blocklin.runtime.blockops import BlockOps, Region
+from blocklin.runtime.job import Job
+from blocklin.storage.identity import plan_settings, resume_token
 
 F64 = np.dtype(np.float64)
+
+
+def solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwrite: bool, explain: bool,
+                      refine: Any, params: dict, resume: bool = False) -> Any:
+    """The regularized Gram matrix exceeds the budget: store it and factor it out of core."""
+    (m, n), side = A.shape, min(A.shape)
+    if explain:
+        return plan_factor("cholesky", side, np.float64, memory=job.cfg.memory, workers=job.workers(1))
+    token = _stored_gram_token(job, A, B, lam, refine, out)
+    ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite, resume=resume,
+                    token=token)
+    info = solve_gram_out_of_core(job, A, B, lam, ao, refine=refine, resume=resume, token=token)
+    report, recorded = solve_report(job, route="stored gram", orientation="wide" if m < n else "tall", **info)
+    path = ao.commit("solve", plan=info.get("plan", {}), params=params, report=recorded)
+    return Matrix(path, report=report, temporary=out is None)
+
+
+def _stored_gram_token(job: Job, A: Any, B: Any, lam: float, refine: Any, out: Any) -> str:
+    """Deterministic in what decides the stored-Gram route's bits: inputs, ``lam``, ``refine``, output and the
+    settings its tile plans depend on."""
+    return resume_token("solve-gram", [A, B], lam, refine, str(out), plan_settings(job))
 
 
 def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, ao: Any, *, refine: Any = "auto",
@@ -55,9 +80,7 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, ao: Any, *, ref
     g.factor()
     steps = 1 if refine == "auto" else int(refine)
     xs = g.solve_wide(steps) if g.wide else g.solve_tall(steps)
-    info = g.finish(xs, x_path, steps)
-    info.update(resumed=g.stages.resumed, stages_skipped=g.stages.skipped)
-    return info
+    return g.finish(xs, x_path, steps)
 
 
 class _GramSolve:
@@ -190,8 +213,8 @@ class _GramSolve:
         return self.z
 
     def finish(self, xs: str, x_path: str, steps: int) -> dict:
-        """Write ``x`` to ``x_path`` (created at the start) in the operands' dtype; the report from the final
-        residual."""
+        """Write ``x`` to ``x_path`` (created at the start) in the operands' dtype; the route's report fields
+        from the final residual, and what a resumed run skipped."""
         A, B, m, n, k, lam = self.A, self.B, self.m, self.n, self.k, self.lam
         self.step("final residual", lambda: self.gemm(self.r, A, self.operand(xs, (n, k), "x"), B, alpha=-1.0,
                                                       beta=1.0, description="final residual b - A x"))
@@ -212,7 +235,8 @@ class _GramSolve:
                 "lam": lam, "residual_norm": norms(rr), "solution_norm": norms(xx),
                 "objective": norms(rr + lam**2 * xx), "refine_steps": steps, "gram": "out of core",
                 "residual_norm_source": "final residual pass", "gram_tile": self.t,
-                "norm_a": None, "cond_estimate": None, "phases": {"Gram SYRK, Cholesky, solves": self.job.device}}
+                "norm_a": None, "cond_estimate": None, "phases": {"Gram SYRK, Cholesky, solves": self.job.device},
+                "resumed": self.stages.resumed, "stages_skipped": self.stages.skipped}
 
 
 def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool) -> Any:
@@ -251,4 +275,4 @@ def _col_sumsq(ops: BlockOps, path: str, shape: tuple[int, int]) -> np.ndarray:
                      for j in range(shape[1])])
 
 
-__all__ = ["solve_gram_out_of_core"]
+__all__ = ["solve_gram_out_of_core", "solve_gram_stored"]

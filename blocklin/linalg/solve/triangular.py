@@ -7,6 +7,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
+from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
 from blocklin.plan.factor import plan_factor
 from blocklin.runtime.blockops import BlockOps, Region
@@ -79,10 +80,11 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
         ops.workers = plan.workers
         ops.trsm(Region.of(T.path, T.shape), Region.of(B.path, B.shape), Region.of(ao.array_path(), (n, k)),
                  lower=lower, trans=trans, dtype=dt, check=job.check_finite, description="triangular solve")
-        report = job.report(plan=plan.to_dict(), flops=n * n * k, method="tiled substitution",
-                            phases={"tile updates (GEMM), diagonal solves (TRSM)": job.device})
+        report, recorded = solve_report(job, route="triangular", plan=plan.to_dict(), flops=n * n * k,
+                                        method="tiled substitution",
+                                        phases={"tile updates (GEMM), diagonal solves (TRSM)": job.device})
         path = ao.commit("solve_triangular", plan=plan.to_dict(), params={"lower": lower, "trans": trans},
-                         report=job.brief(report, ("seconds", "peak_memory", "tasks")))
+                         report=recorded)
         return Matrix(path, report=report, temporary=out is None)
 
 

@@ -1,0 +1,101 @@
+"""The in-memory Tikhonov least squares: the run that the tall and wide routes share.
+
+The regularized Gram matrix (or the R factor) fits the budget: one output, one
+:class:`~blocklin.linalg.solve.tikhonov.TikhonovRun`, the tall (:func:`~blocklin.linalg.solve.normal.solve_tall`)
+or wide (:func:`~blocklin.linalg.solve.wide.solve_wide`) route, then the report in the units of the
+problem given (the routes solve it scaled by powers of two) and the committed ``x``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.linalg.blocks.scaling import Scaling, check_finite_result
+from blocklin.linalg.solve.normal import solve_tall
+from blocklin.linalg.solve.report import solve_report
+from blocklin.linalg.solve.tikhonov import TikhonovRun
+from blocklin.linalg.solve.wide import solve_wide
+from blocklin.matrix import Matrix
+from blocklin.plan.solve import SolvePlan
+from blocklin.runtime.job import Job
+from blocklin.runtime.passes import source
+from blocklin.runtime.stages import StepRecords
+from blocklin.storage.identity import resume_token
+
+
+def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, kind: str, lams: list[float],
+                        method: str, refine: Any, fit_intercept: bool, out: Any, overwrite: bool,
+                        resume: bool) -> Matrix:
+    """``x`` of ``min ||A x - b||^2 + lam^2 ||x||^2`` on the route of ``plan``, committed with its report."""
+    (m, n), k = A.shape, B.shape[1]
+    ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite,
+                    resume=resume, token=_token(A, B, lam, method, refine, fit_intercept, plan))
+    ctx = TikhonovRun(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
+                      intercept=bool(fit_intercept), saved=StepRecords(ao.done if out is not None else None))
+    ctx.sa = Scaling(str(source(A).path), A.dtype)
+    ctx.sb = Scaling(str(source(B).path), B.dtype)
+    solve_route = solve_wide if plan.orientation == "wide" else solve_tall
+    info = _unscale_info(ctx, solve_route(ctx, ao.array_path()))
+    _check_finite_info(info)
+    report, recorded = solve_report(job, route="least squares", orientation=plan.orientation, **info,
+                                    phases=ctx.phases, fit_intercept=bool(fit_intercept),
+                                    resumed_passes=list(ctx.saved.loaded))
+    params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method,
+              "fit_intercept": bool(fit_intercept)}
+    path = ao.commit("solve", plan=plan.to_dict(), params=params, report=recorded)
+    x = Matrix(path, report=report, temporary=out is None)
+    x.intercept = np.asarray(report["intercept"]) if fit_intercept else None
+    return x
+
+
+def _token(A: Any, B: Any, lam: Any, method: str, refine: Any, fit_intercept: bool, plan: SolvePlan) -> str:
+    """Deterministic in the inputs, parameters and plan: what resuming an output checks."""
+    lam = lam.tolist() if isinstance(lam, np.ndarray) else lam
+    return resume_token("solve", [A, B], lam, method, refine, bool(fit_intercept), plan.to_dict())
+
+
+def _check_finite_info(info: dict) -> None:
+    """A NaN residual or solution norm is never reported (it would read as a finished solve)."""
+    for key in ("residual_norm", "solution_norm"):
+        if key in info:
+            check_finite_result(key, np.asarray(info[key], dtype=np.float64),
+                                f"the solve's {key.replace('_', ' ')} (method {info.get('method')})")
+
+
+def _unscale_info(ctx: TikhonovRun, info: dict) -> dict:
+    """The report of the scaled problem in the units of the problem given: ``lam``, norms of ``A``,
+    residuals (``2^eb``), solutions (``2^(eb - ea)``), the intercept and the lambda curve."""
+    if ctx.sa is None or not (ctx.sa.exponent or ctx.sb.exponent):
+        return info
+    ea, eb = ctx.sa.exponent, ctx.sb.exponent
+
+    def sc(v: Any, e: int) -> Any:
+        if v is None or isinstance(v, str):
+            return v
+        if isinstance(v, (list, tuple)):
+            return [sc(x, e) for x in v]
+        with np.errstate(over="ignore", under="ignore"):
+            return float(np.ldexp(float(v), e))
+
+    for key, e in (("lam", ea), ("norm_a", ea), ("residual_norm", eb), ("objective", eb),
+                   ("solution_norm", eb - ea), ("intercept", eb)):
+        if key in info:
+            info[key] = sc(info[key], e)
+    if "gcv" in info:  # m ||r||^2 / (m - dof)^2
+        info["gcv"] = sc(info["gcv"], 2 * eb)
+    curve = info.get("curve")
+    if isinstance(curve, dict):
+        for key, e in (("lam", ea), ("chosen", ea), ("residual_norm", eb), ("solution_norm", eb - ea),
+                       ("gcv", 2 * eb)):
+            if key in curve:
+                curve[key] = sc(curve[key], e)
+    info["scaling"] = {"exponent_a": ea, "exponent_b": eb, "max_abs_a": ctx.sa.amax, "max_abs_b": ctx.sb.amax,
+                       "extra_passes": ctx.sa.extra_passes,
+                       "note": f"solved 2^{-ea} A x' = 2^{-eb} b with lam' = 2^{-ea} lam (exact powers of two); "
+                               f"x = 2^{eb - ea} x'"}
+    return info
+
+
+__all__ = ["solve_least_squares"]

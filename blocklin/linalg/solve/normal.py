@@ -1,0 +1,237 @@
+"""The normal-equations routes of a tall (or square) Tikhonov solve.
+
+One pass gives ``A^T A``, ``A^T b`` and ``||b||^2``; a single ``lam`` is solved by
+the Cholesky factor of ``A^T A + lam^2 I`` and refinement passes against the original problem, a
+sequence or a rule by the eigen-decomposition of ``A^T A``; ``fit_intercept`` corrects the Gram
+quantities by rank one. ``method="auto"`` switches to :func:`~blocklin.linalg.solve.qr_route.qr_route`
+where ``A^T A + lam^2 I`` is ill-conditioned.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import SingularMatrixError, warn
+from blocklin.errors import explain as _msg
+from blocklin.linalg.blocks.center import column_moments
+from blocklin.linalg.blocks.syrk import symmetrize_lower
+from blocklin.linalg.solve import lambda_select
+from blocklin.linalg.solve.kernels import gram_kernel, residual_kernel
+from blocklin.linalg.solve.qr_route import qr_route
+from blocklin.linalg.solve.spectrum import coefficients, describe, finish_spectral, spectrum_from_gram
+from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass, norms, singular, write_x
+from blocklin.plan.solve import small_bytes
+from blocklin.runtime.passes import run_pass, source
+
+#: ``auto`` keeps the normal equations while the regularized Gram matrix's reciprocal condition
+#: estimate is above this (``cond(A)`` below about ``1e5``; refinement then recovers full accuracy).
+AUTO_RCOND = 1e-10
+#: ``refine="auto"`` runs a refinement pass when the reciprocal condition estimate of
+#: ``A^T A + lam^2 I`` is below this (its error bound ``cond * eps`` then exceeds ``~1e-12``).
+AUTO_REFINE_RCOND = 1e-4
+
+
+def _gram_pass(ctx: TikhonovRun) -> dict:
+    """``A^T A``, ``A^T b``, ``||b||^2``, ``||A||_F^2`` (saved for resume)."""
+    gp = ctx.saved.run("gram-pass", lambda: ctx.scaled_run(lambda sc: _run_gram_pass(ctx, sc)))
+    ctx.adopt(gp)
+    gp["aa"] = float(gp["aa"])
+    return gp
+
+
+def _run_gram_pass(ctx: TikhonovRun, scale: dict) -> dict:
+    states, _ = run_pass(ctx.job, gram_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64"},
+                         reserve=small_bytes(ctx.n, ctx.k), description="Gram pass: A^T A, A^T b", scale=scale,
+                         device=device_of_pass(ctx, "gram pass", ctx.m * ctx.n * (ctx.n + 2 * ctx.k)))
+    states = [s for s in states if s is not None]
+    g = states[0]["g"]
+    for s in states[1:]:
+        g += s["g"]
+    g = symmetrize_lower(g)
+    c = sum(s["c"] for s in states)
+    return {"g": g, "c": c, "bb": sum(s["bb"] for s in states), "aa": float(np.trace(g))}
+
+
+def _residual_pass(ctx: TikhonovRun, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``A^T (b - A x)`` and ``||b - A x||^2`` (saved for resume under a token of ``x``)."""
+    from dask.base import tokenize
+
+    r = ctx.saved.run(f"residual-{tokenize(x)[:16]}", lambda: dict(zip(("atr", "rr"), _run_residual_pass(ctx, x))))
+    return r["atr"], r["rr"]
+
+
+def _run_residual_pass(ctx: TikhonovRun, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    states, _ = run_pass(ctx.job, residual_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64", "x": x},
+                         reserve=small_bytes(ctx.n, ctx.k), check_finite=False, scale=ctx.scale,
+                         description="refinement pass: A^T (b - A x)",
+                         device=device_of_pass(ctx, "residual pass", 4 * ctx.m * ctx.n * ctx.k))
+    states = [s for s in states if s is not None]
+    atr, rr = sum(s["atr"] for s in states), sum(s["rr"] for s in states)
+    if ctx.mu is not None:  # centered: A_c^T r_c = A^T r - m mu d, ||r_c||^2 = ||r||^2 - m d^2, d = bbar - mu^T x
+        d = ctx.offset(x)
+        atr, rr = atr - ctx.m * np.outer(ctx.mu, d), rr - ctx.m * d**2
+    return atr, rr
+
+
+def _center_gram(ctx: TikhonovRun, gp: dict) -> dict:
+    """fit_intercept: the means of ``A`` and ``b`` (one pass each) and the Gram quantities of the centered
+    problem by rank-one corrections, ``A_c^T A_c = A^T A - m mu mu^T``, ``A_c^T b_c = A^T b - m mu bbar^T``."""
+    means = ctx.saved.run("means", lambda: {"mu": column_moments(ctx.job, ctx.A, scale=ctx.sa.params()).mean,
+                                         "bbar": column_moments(ctx.job, ctx.B, over="b", scale=ctx.sb.params()).mean})
+    ctx.mu, ctx.bbar = means["mu"], means["bbar"]
+    m, mu, bbar = ctx.m, ctx.mu, ctx.bbar
+    g = gp["g"] - m * np.outer(mu, mu)
+    return {"g": (g + g.T) / 2, "c": gp["c"] - m * np.outer(mu, bbar), "bb": gp["bb"] - m * bbar**2,
+            "aa": max(gp["aa"] - m * float(mu @ mu), 0.0)}
+
+
+def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:
+    """Tall or square ``A``: normal equations when well conditioned, else the streaming QR; writes ``x``."""
+    if ctx.intercept:
+        return _solve_tall_centered(ctx, x_path)
+    if ctx.method == "qr":
+        return qr_route(ctx, x_path, {}, "requested")
+    if ctx.method == "auto" and ctx.kind != "scalar":
+        return _solve_tall_spectral(ctx, x_path)
+    gp = _gram_pass(ctx)
+    if ctx.kind != "scalar":  # method="normal" with several lambdas: eigen-decomposition of A^T A
+        spec = spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
+        info = {"method": "normal", "method_reason": "requested (eigen-decomposition of A^T A; prefer 'qr' for "
+                "small lambda)"}
+        return finish_spectral(ctx, spec, info, x_path)
+    lam = ctx.lams[0]
+    cf, rcond = _factor_regularized(gp["g"], lam)
+    info = {"rcond_normal": rcond}
+    if cf is None or rcond < AUTO_RCOND:
+        if ctx.method == "auto":
+            return qr_route(ctx, x_path, info, f"A^T A + lam^2 I is ill-conditioned (reciprocal condition "
+                             f"{rcond:.1e} < {AUTO_RCOND:.0e}): switched to the streaming QR (one more pass)")
+        _refuse_or_warn(cf, rcond, lam)
+    x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
+    xx = np.einsum("ij,ij->j", x, x)
+    reason = "requested" if ctx.method == "normal" else \
+        f"well conditioned (reciprocal condition of A^T A + lam^2 I {rcond:.1e})"
+    info.update(residual_norm_source=source, method="normal", method_reason=reason, lam=lam,
+                residual_norm=norms(rr), solution_norm=norms(xx), objective=norms(rr + lam**2 * xx),
+                refine_steps=steps, cond_estimate=float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
+                norm_a=math.sqrt(gp["aa"]))
+    write_x(ctx, x_path, x)
+    return info
+
+
+def _solve_tall_spectral(ctx: TikhonovRun, x_path: str) -> dict:
+    """``method="auto"`` with a sequence or a rule: the one-pass spectrum of ``A^T A`` where the
+    conditioning allows it (:func:`blocklin.linalg.solve.lambda_select.spectrum_route`), else the streaming QR.
+
+    A rule's choice is then solved and refined as a single ``lam`` would be.
+    """
+    gp = _gram_pass(ctx)
+    spec = spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
+    rule = ctx.kind if ctx.kind in ("gcv", "lcurve") else None
+    if rule:
+        lam, curve = lambda_select.choose_lambda(spec, rule, quiet=True)
+        lams = [lam]
+    else:
+        lams, curve = list(ctx.lams), None
+    ok, rc, reason = lambda_select.spectrum_route(spec.s, lams, rule, rcond_rule=AUTO_RCOND,
+                                                  rcond_sequence=AUTO_REFINE_RCOND)
+    cf, rcond = _factor_regularized(gp["g"], lams[0]) if ok and rule else (None, rc)
+    if not ok or (rule and (cf is None or rcond < AUTO_RCOND)):
+        return qr_route(ctx, x_path, {"rcond_normal": rc}, reason)
+    info = {"method": "normal", "method_reason": reason, "rcond_normal": rc}
+    if rule is None:
+        return finish_spectral(ctx, spec, info, x_path)
+    lambda_select.warn_at_end(curve, rule)
+    x, rr, steps, src = _solve_refined(ctx, gp, cf, rcond, lams[0])
+    describe(info, spec, lams, curve, ctx)
+    xx = np.einsum("ij,ij->j", x, x)
+    smin = float(spec.s.min()) if spec.s.size else 0.0
+    info.update(residual_norm=norms(rr), solution_norm=norms(xx), objective=norms(rr + lams[0] ** 2 * xx),
+                refine_steps=steps, residual_norm_source=src, norm_a=math.sqrt(gp["aa"]),
+                cond_estimate=float(spec.s.max()) / smin if smin > 0 else float("inf"))
+    write_x(ctx, x_path, x)
+    return info
+
+
+def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
+    """fit_intercept on tall ``A``: the normal-equations route on the rank-one corrected Gram quantities."""
+    gp = _center_gram(ctx, _gram_pass(ctx))
+    if ctx.kind != "scalar":
+        spec = spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
+        info = {"method": "normal", "method_reason": "fit_intercept: eigen-decomposition of the centered "
+                "A^T A (rank-one corrected)"}
+        xs = coefficients(ctx, spec, info, "column")
+        info["intercept"] = [ctx.offset(x).tolist() for x in xs] if len(xs) > 1 else ctx.offset(xs[0]).tolist()
+        write_x(ctx, x_path, np.hstack(xs) if len(xs) > 1 else xs[0])
+        return info
+    lam = ctx.lams[0]
+    cf, rcond = _factor_regularized(gp["g"], lam)
+    if cf is None or rcond < AUTO_RCOND:
+        _refuse_or_warn(cf, rcond, lam)
+    x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
+    xx = np.einsum("ij,ij->j", x, x)
+    info = {"rcond_normal": rcond, "residual_norm_source": source, "method": "normal",
+            "method_reason": "fit_intercept: the centered normal equations (rank-one corrected A^T A)", "lam": lam,
+            "residual_norm": norms(rr), "solution_norm": norms(xx), "objective": norms(rr + lam**2 * xx),
+            "refine_steps": steps, "cond_estimate": float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
+            "norm_a": math.sqrt(gp["aa"]), "intercept": ctx.offset(x).tolist()}
+    write_x(ctx, x_path, x)
+    return info
+
+
+def _factor_regularized(g: np.ndarray, lam: float) -> tuple[Any, float]:
+    """Cholesky factor of ``A^T A + lam^2 I`` and its reciprocal condition estimate (None, 0 when it fails)."""
+    from scipy.linalg import cho_factor, lapack
+
+    from blocklin.device.cpu import potrf_threads
+
+    kmat = g.copy()
+    kmat[np.diag_indices_from(kmat)] += lam**2
+    anorm = float(np.abs(kmat).sum(axis=0).max()) if kmat.size else 0.0
+    try:
+        with potrf_threads(kmat.shape[0]):
+            cf = cho_factor(kmat, lower=False, check_finite=False)
+        return cf, float(lapack.dpocon(cf[0], anorm, uplo="U")[0]) if g.shape[0] else 1.0
+    except np.linalg.LinAlgError:
+        return None, 0.0
+
+
+def _refuse_or_warn(cf: Any, rcond: float, lam: float) -> None:
+    """``method="normal"`` on an ill-conditioned problem: refuse a singular one, warn otherwise."""
+    if cf is None or rcond < np.finfo(np.float64).eps:
+        if lam == 0:
+            raise singular(1.0 / max(rcond, 1e-300) ** 0.5, "column")
+        raise SingularMatrixError(_msg("a", "A^T A + lam^2 I must be positive definite",
+                                       f"Cholesky failed (reciprocal condition {rcond:.1e})",
+                                       "use method='qr' or a larger lam"))
+    warn(f"solve: A^T A + lam^2 I has reciprocal condition {rcond:.1e}; the normal equations may lose "
+         "accuracy (refinement helps); method='qr' avoids squaring the condition number")
+
+
+def _solve_refined(ctx: TikhonovRun, gp: dict, cf: Any, rcond: float, lam: float) -> tuple[np.ndarray, np.ndarray, int, str]:
+    """``x`` from the normal equations and refinement passes; ``||b - A x||^2``, the steps, its source."""
+    from scipy.linalg import cho_solve
+
+    g, c = gp["g"], gp["c"]
+    x = cho_solve(cf, c, check_finite=False)
+    rr_gram = gp["bb"] - 2 * np.einsum("ij,ij->j", x, c) + np.einsum("ij,ij->j", x, g @ x)
+    # "auto" refines when ill-conditioned, or when ||r||^2 from the Gram quantities suffers
+    # cancellation (a residual far below ||b||: an accurate one needs the pass anyway)
+    small_residual = bool(np.any(rr_gram < 1e-6 * gp["bb"]))
+    n_refine = (1 if rcond < AUTO_REFINE_RCOND or small_residual else 0) if ctx.refine == "auto" else ctx.refine
+    rr = None
+    for _ in range(n_refine):
+        atr, rr = _residual_pass(ctx, x)
+        d = cho_solve(cf, atr - lam**2 * x, check_finite=False)
+        # ||r - A d||^2 = ||r||^2 - 2 d^T A^T r + d^T G d (exact algebra; d is tiny)
+        rr = rr - 2 * np.einsum("ij,ij->j", d, atr) + np.einsum("ij,ij->j", d, g @ d)
+        x = x + d
+    if rr is None:
+        return x, rr_gram, 0, "Gram quantities"
+    return x, rr, n_refine, "refinement pass"
+
+
+__all__ = ["AUTO_RCOND", "AUTO_REFINE_RCOND", "solve_tall"]

@@ -1,0 +1,330 @@
+"""``blocklin.solve`` and ``blocklin.solve_plan``: the parameters checked, the route chosen and called.
+
+The routes: a square system (:mod:`~blocklin.linalg.solve.square`: LU or Cholesky of ``A`` itself),
+the stored regularized Gram matrix when the in-memory one exceeds the budget
+(:mod:`~blocklin.linalg.solve.stored_gram`), else the in-memory Tikhonov least squares
+(:mod:`~blocklin.linalg.solve.least_squares`: tall ``A`` by the normal equations or the streaming QR,
+wide ``A`` by the dual form).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Unpack
+
+import numpy as np
+
+from blocklin.config import Settings, format_size
+from blocklin.errors import ParameterError
+from blocklin.errors import explain as _msg
+from blocklin.linalg.solve.least_squares import solve_least_squares
+from blocklin.linalg.solve.tikhonov import check_lam_max
+from blocklin.matrix import Matrix
+from blocklin.plan.solve import SolvePlan, plan_solve, small_bytes
+from blocklin.runtime.job import Job
+from blocklin.validate import MAX_REFINE, choice, count, float_operand, same_dtype, same_rows
+
+METHODS = ("auto", "normal", "qr")
+#: What ``solve`` may assume of ``a``: nothing (least squares; LU for a square system), symmetric
+#: positive definite, or symmetric (:mod:`blocklin.linalg.solve.square`).
+ASSUME = ("gen", "pos", "sym")
+
+
+def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
+          refine: Any = "auto", overwrite: bool = False, explain: bool = False, fit_intercept: bool = False,
+          precision: str = "double", resume: bool = False, **settings: Unpack[Settings]) -> Matrix | SolvePlan:
+    """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
+
+    Parameters
+    ----------
+    a : path, zarr array, Matrix, NumPy or Dask array
+        ``m x n``. Never modified.
+    b : operand
+        ``m x k`` right-hand sides (a 1-D NumPy vector is taken as one column).
+    lam : float, sequence of floats, "gcv" or "lcurve"
+        Regularization ``lam >= 0``. A sequence solves every value from one pass (via the SVD of the
+        streaming R factor); ``"gcv"`` minimizes generalized cross-validation (Golub, Heath and
+        Wahba, 1979) and ``"lcurve"`` takes the corner of the L-curve (Hansen, 1998); both report the
+        chosen value and the curve. ``lam=0`` is ordinary least squares (full column rank needed for
+        tall ``A``; the minimum-norm solution for wide ``A``).
+    method : {"auto", "normal", "qr"}
+        For tall/square ``A``. ``"normal"``: ``A^T A`` and ``A^T b`` in one pass, Cholesky of
+        ``A^T A + lam^2 I``, then (``refine``) passes of iterative refinement against the original
+        problem (``r = b - A x``, ``x += K^{-1} (A^T r - lam^2 x)``). ``"qr"``: the R factor and ``Q^T b``
+        of a one-pass streaming QR (TSQR, Demmel, Grigori, Hoemmen and Langou, 2012), then the SVD of
+        ``R``: accurate when ``lam`` is tiny or ``A`` ill-conditioned (no squaring of the condition
+        number). ``"auto"``: the normal equations when the reciprocal condition estimate of
+        ``A^T A + lam^2 I`` exceeds ``1e-10``, otherwise QR (one more pass); sequences, GCV and the
+        L-curve use QR. The report says which was used and why. Wide ``A`` (``m < n``) uses the dual
+        form ``x = A^T (A A^T + lam^2 I)^{-1} b`` with ``A A^T`` from an out-of-core GEMM
+        (``method="qr"`` is refused there).
+    assume_a : {"gen", "pos", "sym"}
+        ``"gen"`` (default): the regularized least-squares problem above; a **square** ``A`` with
+        ``lam=0`` and ``method="auto"`` is a linear system, solved for any ``n`` by the out-of-core
+        LU with partial pivoting (:func:`blocklin.lu`), two out-of-core triangular solves and
+        iterative refinement (report ``method="lu"``; ``method="normal"``/``"qr"`` keep the
+        least-squares routes, e.g. for a singular ``A``). ``"pos"``: ``A`` square, symmetric positive
+        definite, stored in full: the out-of-core tiled Cholesky (:func:`blocklin.cholesky`) instead.
+        ``"sym"``: symmetric: Cholesky when it succeeds, else LU (symmetric indefinite). These
+        square routes need ``lam=0`` and refine to the dtype's backward error (``out`` keeps ``A``'s
+        dtype); see :func:`blocklin.linalg.solve.square.solve_square`.
+    precision : {"double", "mixed", "tf32"}
+        Square routes only. ``"double"`` (or ``None``): ``A``'s dtype. ``"mixed"``: factor a float64
+        ``A`` in float32 and refine in float64 to the float64 backward error (while
+        ``cond(A) < ~10^7``; else :class:`~blocklin.errors.ConvergenceError`); the report gives the
+        steps and backward error. ``"tf32"``: the same with the factorization's GEMMs on TF32 tensor
+        cores on a GPU (for ``cond(A)`` up to about ``10^3``; plain float32 on a CPU).
+    out : path, optional
+        Output store for ``x`` (``n x k``; for a sequence of ``L`` values ``n x (L k)``, block ``l`` in
+        columns ``l k : (l+1) k``). Atomic.
+    refine : "auto" or int
+        Refinement passes of the normal-equations route. ``"auto"`` (default): one pass when the
+        condition estimate of ``A^T A + lam^2 I`` exceeds ``1e4`` (where the normal equations' error
+        bound ``cond * eps`` passes ``~1e-12``) or the residual is below ``1e-3 ||b||`` (where
+        the Gram formula for it cancels), none otherwise (the residual norm then comes from the
+        Gram quantities, ``||b||^2 - 2 x^T A^T b + x^T A^T A x``).
+    overwrite : bool
+        Replace an existing ``out``.
+    explain : bool
+        Return the :class:`~blocklin.plan.solve.SolvePlan` without running (kept for compatibility:
+        :func:`solve_plan` returns it and always one type).
+    resume : bool
+        Continue an interrupted run (SIGKILL, Ctrl-C) with the same inputs and parameters: the
+        results of its finished passes are loaded instead of recomputed (bit-identical ``x``). The
+        square routes (LU, Cholesky) and the stored-Gram route (a Gram matrix over the budget) skip the
+        finished tiles of their factorization and their finished steps, kept in a deterministic work
+        folder under the temp dir (removed by ``blocklin clean`` once its run is gone).
+    fit_intercept : bool
+        Fit ``A x + 1 x0 ~ b`` with an unpenalized intercept ``x0`` (per right-hand side), as
+        ``sklearn.linear_model.Ridge(alpha=lam**2, fit_intercept=True)``: ``x`` solves the problem
+        on the centered ``A - 1 mu^T`` and ``b - 1 bbar``, and ``x0 = bbar - mu^T x``. Nothing is
+        copied: tall ``A`` takes one more pass for the column means and the Gram quantities and
+        refinement residuals get rank-one corrections (``A_c^T A_c = A^T A - m mu mu^T``); wide ``A``
+        centers the in-memory ``A A^T`` on both sides. Uses the normal equations (``method="qr"`` is
+        refused: the streaming R factor is not centered); lambda sequences and rules then use the
+        eigen-decomposition of the centered Gram matrix.
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the CPU.
+
+    Returns
+    -------
+    Matrix
+        ``x`` with ``.report``: ``lam``, ``method`` and ``method_reason``, ``residual_norm``
+        (``||A x - b||_2`` per right-hand side), ``solution_norm``, ``objective``, ``passes``,
+        ``seconds``, ``peak_memory``, ``cond_estimate`` (of ``A``, or of the regularized problem), and
+        ``curve`` for GCV/L-curve. With ``fit_intercept``: ``x.intercept`` (NumPy, ``k`` values, or
+        ``L x k`` for a sequence of ``L`` lambdas) and ``report["intercept"]`` (the same as lists).
+
+    Raises
+    ------
+    ShapeError
+        ``b`` does not have one row per row of ``A``.
+    ValueError
+        ``lam`` negative, NaN, or an unknown rule; unknown ``method``.
+    SingularMatrixError
+        ``lam = 0`` and ``A`` rank-deficient (numerically): the message gives the condition estimate
+        and suggests ``lam > 0`` or ``lam="gcv"``.
+    NonFiniteError
+        NaN or Inf in ``A`` or ``b``.
+
+    Notes
+    -----
+    ``cond(A^T A + lam^2 I) <= 1 + (sigma_1 / lam)^2``. Residual and solution norms of the QR and
+    sequence routes come from the SVD of ``R`` (``||r||^2 = rho_0^2 + sum (lam^2 beta_i / (s_i^2 + lam^2))^2``);
+    the normal route reports ``||b - A x||`` from its refinement pass, updated for the last correction.
+    Memory: the in-core problem is ``O((n + k)^2)`` (``O(m^2)`` for wide ``A``); ``A`` streams in row
+    strips within the budget. When that in-core problem exceeds the budget (one scalar ``lam``,
+    ``method`` "auto" or "normal"), the regularized Gram matrix is stored instead and factored by the
+    out-of-core tiled Cholesky (:func:`blocklin.linalg.solve.stored_gram.solve_gram_out_of_core`; the report's
+    ``method_reason`` says so), at the accuracy of the normal equations with one refinement step.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> a = np.random.default_rng(0).standard_normal((200, 5))
+    >>> x = bl.solve(a, a @ np.arange(5.0)[:, None], lam=0.0)   # ordinary least squares
+    >>> np.allclose(x.to_numpy().ravel(), [0, 1, 2, 3, 4]), x.report["method"]
+    (True, 'normal')
+    """
+    method, assume_a, kind, lams, precision = _checked(method, assume_a, lam, precision, fit_intercept)
+    reason = _square_reason(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method,
+                            fit_intercept=fit_intercept, precision=precision)
+    if assume_a != "gen" or reason is not None:
+        return _solve_square(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method, out=out,
+                             overwrite=overwrite, explain=explain, precision=precision, reason=reason, resume=resume,
+                             settings=settings)
+    refine = count("refine", refine, minimum=0, auto=("auto",), maximum=MAX_REFINE, fix="pass refine=1")
+    if explain:  # the plan alone: solve_plan
+        return solve_plan(a, b, lam=lam, method=method, refine=refine, **settings)
+    with Job("solve", **settings) as job:
+        A, B = _operands(job, a, b)
+        if _gram_exceeds_budget(job, A, B, kind, method):
+            return _solve_gram_stored(job, A, B, lam, lams, method=method, refine=refine, fit_intercept=fit_intercept,
+                                      out=out, overwrite=overwrite, resume=resume)
+        plan = _least_squares_plan(job, A, B, kind=kind, method=method, refine=refine, fit_intercept=fit_intercept)
+        return solve_least_squares(job, A, B, plan, lam=lam, kind=kind, lams=lams, method=method, refine=refine,
+                                   fit_intercept=fit_intercept, out=out, overwrite=overwrite, resume=resume)
+
+
+def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: Any = "auto",
+               **settings: Unpack[Settings]) -> Any:
+    """The plan that :func:`solve` would run, without running it (what ``blocklin solve --explain``
+    prints): a :class:`~blocklin.plan.solve.SolvePlan`, or the out-of-core Cholesky plan when the
+    regularized Gram matrix exceeds the budget, or the out-of-core LU's plan for a square system
+    (square ``a``, ``lam=0``, ``method="auto"``); same parameters as :func:`solve`."""
+    method = choice("method", method, METHODS, fix="pass method='auto'")
+    kind, lams = _parse_lam(lam)
+    refine = count("refine", refine, minimum=0, auto=("auto",), maximum=MAX_REFINE, fix="pass refine=1")
+    if _square_reason(a, b, assume_a="gen", kind=kind, lams=lams, method=method, fit_intercept=False,
+                      precision="double"):  # a square system: the LU's plan
+        from blocklin.linalg.factor.lu import lu
+
+        return lu(a, explain=True, **settings)
+    with Job("solve", **settings) as job:
+        A, B = _operands(job, a, b)
+        if _gram_exceeds_budget(job, A, B, kind, method):
+            from blocklin.linalg.solve.stored_gram import solve_gram_stored
+
+            return solve_gram_stored(job, A, B, lams[0], out=None, overwrite=False, explain=True, refine=refine,
+                                     params={})
+        return plan_solve(A.shape[0], A.shape[1], B.shape[1], method=method, memory=job.cfg.memory, lam_kind=kind,
+                          refine=1 if refine == "auto" else refine)
+
+
+def _checked(method: str, assume_a: str, lam: Any, precision: str,
+             fit_intercept: bool) -> tuple[str, str, str, list[float], str]:
+    """``method``, ``assume_a``, ``lam`` (its kind and values) and ``precision`` checked, in that order."""
+    method = choice("method", method, METHODS, fix="pass method='auto'")
+    assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares; LU when square), "
+                      "'pos' (SPD) or 'sym' (symmetric)")
+    kind, lams = _parse_lam(lam)
+    from blocklin.linalg.solve.square import solve_precision
+
+    precision = solve_precision(precision)
+    if fit_intercept and assume_a != "gen":
+        raise ParameterError(_msg("fit_intercept", "needs the least-squares problem (assume_a='gen')",
+                                  f"fit_intercept=True with assume_a={assume_a!r}", "drop fit_intercept, or leave "
+                                  "assume_a='gen'"))
+    return method, assume_a, kind, lams, precision
+
+
+def _parse_lam(lam: Any) -> tuple[str, list[float]]:
+    if isinstance(lam, str):
+        rule = lam.strip().lower()
+        if rule in ("gcv", "lcurve", "l-curve"):
+            return ("gcv" if rule == "gcv" else "lcurve"), []
+        raise ParameterError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv' or 'lcurve'", repr(lam),
+                                 "pass lam=1e-3, lam=[1e-4, 1e-3, 1e-2] or lam='gcv'"))
+    if isinstance(lam, (Sequence, np.ndarray)) and not isinstance(lam, str):
+        vals = [float(v) for v in np.asarray(lam, dtype=float).ravel()]
+        kind = "sequence"
+        if not vals:
+            raise ParameterError(_msg("lam", "sequence must not be empty", "[]", "pass at least one value"))
+    else:
+        try:
+            vals = [float(lam)]
+        except (TypeError, ValueError):
+            raise ParameterError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv' or 'lcurve'",
+                                     repr(lam), "pass lam=1e-3")) from None
+        kind = "scalar"
+    for v in vals:
+        if not math.isfinite(v) or v < 0:
+            raise ParameterError(_msg("lam", "must be finite and >= 0 (it multiplies ||x|| in "
+                                     "min ||A x - b||^2 + lam^2 ||x||^2)", repr(v), "pass lam=0.0 or a positive value"))
+    return kind, vals
+
+
+def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
+    """``A`` and ``B`` (a 1-D ``b`` as one column), checked."""
+    if isinstance(b, np.ndarray) and b.ndim == 1:
+        b = b.reshape(-1, 1)
+    A, B = job.operand(a, "a"), job.operand(b, "b")
+    same_rows(A, B)
+    float_operand(A, "solve"), float_operand(B, "solve")
+    same_dtype(A, B)
+    return A, B
+
+
+def _gram_exceeds_budget(job: Job, A: Any, B: Any, kind: str, method: str) -> bool:
+    """A single-lambda solve whose in-core Gram problem does not fit: the stored-Gram Cholesky route."""
+    return small_bytes(min(A.shape), B.shape[1]) > job.cfg.memory and kind == "scalar" and method != "qr"
+
+
+def _solve_gram_stored(job: Job, A: Any, B: Any, lam: Any, lams: list[float], *, method: str, refine: Any,
+                       fit_intercept: bool, out: Any, overwrite: bool, resume: bool) -> Matrix:
+    """The stored-Gram route, with ``lam`` as given (it does not scale ``A``) and no intercept."""
+    from blocklin.linalg.solve.stored_gram import solve_gram_stored
+
+    check_lam_max(lams)
+    if fit_intercept:
+        (m, n), k = A.shape, B.shape[1]
+        raise ParameterError(_msg("fit_intercept", "needs the Gram matrix of the centered problem in "
+                                  "memory (the stored, out-of-core Gram route does not center)",
+                                  f"min(m, n) = {min(m, n)} needs {format_size(small_bytes(min(m, n), k))}, "
+                                  f"over the budget of {format_size(job.cfg.memory)}", "raise memory=, or "
+                                  "center A and b "
+                                  "yourself and solve without fit_intercept"))
+    return solve_gram_stored(job, A, B, lams[0], out=out, overwrite=overwrite, explain=False, refine=refine,
+                             params={"lam": lam, "method": method}, resume=resume)
+
+
+def _least_squares_plan(job: Job, A: Any, B: Any, *, kind: str, method: str, refine: Any,
+                        fit_intercept: bool) -> SolvePlan:
+    """The in-memory route's plan; ``method="qr"`` refused where it cannot run (wide ``A``, an intercept)."""
+    (m, n), k = A.shape, B.shape[1]
+    plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
+                      refine=1 if refine == "auto" else refine)
+    if plan.orientation == "wide" and method == "qr":
+        raise ParameterError(_msg("method", "'qr' needs a tall or square a (rows >= columns)",
+                                  f"a {m} x {n}", "pass method='normal' (the dual form "
+                                  "x = A^T (A A^T + lam^2 I)^-1 b, used by 'auto'), or solve the transposed "
+                                  "problem"))
+    if fit_intercept and method == "qr":
+        raise ParameterError(_msg("method", "'qr' cannot fit an intercept (the streaming R factor is of the "
+                                  "uncentered A)", "method='qr' with fit_intercept=True",
+                                  "pass method='auto' or 'normal' (the centered normal equations), or center "
+                                  "A and b yourself"))
+    return plan
+
+
+def _square_reason(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float], method: str, fit_intercept: bool,
+                   precision: str) -> str | None:
+    """Why a ``gen`` problem is solved as a square system (None: least squares); ``precision="mixed"``
+    is refused where no square route runs."""
+    from blocklin.linalg.solve.square import dtypes_known_equal, operand_shape, square_route
+
+    shape = operand_shape(a) if assume_a == "gen" else None
+    reason = square_route(shape, assume_a=assume_a, lam_kind=kind, lams=lams, method=method,
+                          fit_intercept=fit_intercept, same_dtypes=dtypes_known_equal(a, b)) if shape is not None else None
+    if assume_a == "gen" and reason is None and precision != "double":
+        raise ParameterError(_msg("precision", f"'{precision}' applies to square systems (square a, lam=0, method='auto', "
+                                  "or assume_a='pos'/'sym')", f"precision={precision!r} for a least-squares problem "
+                                  f"(a {shape}, lam {lams or kind}, method {method!r})", "drop precision="))
+    return reason
+
+
+def _solve_square(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float], method: str, out: Any,
+                  overwrite: bool, explain: bool, precision: str, reason: str | None, resume: bool, settings: dict) -> Any:
+    """The square routes: Cholesky (``pos``, ``sym``) or LU (``gen``, ``sym``) of ``A`` itself, any size."""
+    if kind != "scalar" or lams[0] != 0.0:
+        raise ParameterError(_msg("lam", f"must be 0 with assume_a='{assume_a}' (A itself is factored)",
+                                  repr(lams or kind), "drop lam, or leave assume_a='gen' for the regularized "
+                                  "least-squares problem"))
+    if method != "auto":
+        raise ParameterError(_msg("method", f"must be 'auto' with assume_a='{assume_a}' (the method is "
+                                  f"{'Cholesky' if assume_a == 'pos' else 'Cholesky or LU'})", repr(method),
+                                  "drop method="))
+    if explain:
+        from blocklin.linalg.factor.cholesky import cholesky
+        from blocklin.linalg.factor.lu import lu
+
+        return (cholesky if assume_a == "pos" else lu)(a, explain=True, **settings)
+    from blocklin.linalg.solve.square import solve_square
+
+    return solve_square(a, b, out, assume_a=assume_a, precision=precision, reason=reason, overwrite=overwrite,
+                        resume=resume, **settings)
+
+
+__all__ = ["ASSUME", "METHODS", "solve", "solve_plan"]

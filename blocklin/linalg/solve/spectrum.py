@@ -1,0 +1,139 @@
+"""The small problem in spectral form, and the solutions of a tall or wide problem from its spectrum.
+
+A :class:`Spectrum` (from the eigen-decomposition of a Gram matrix, :func:`spectrum_from_gram`, or the
+SVD of the streaming R factor, :func:`blocklin.linalg.solve.qr_route.qr_route`) gives the solution,
+the residual and solution norms and the GCV value of every lambda without another pass over ``A``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from blocklin.linalg.solve import lambda_select
+from blocklin.linalg.solve.tikhonov import TikhonovRun, norms, singular, write_x
+
+#: Points of the lambda grid for GCV and the L-curve.
+GRID = 300
+
+
+@dataclasses.dataclass
+class Spectrum:
+    """``A = U diag(s) V^T`` reduced to what every lambda needs.
+
+    ``beta = U^T b`` (``r x k``) and ``rho0sq`` (``k``: ``||b||^2 - ||U^T b||^2``, the part of ``b``
+    no lambda can fit). For tall problems ``basis`` is ``V`` (``x = V diag(s/(s^2+lam^2)) beta``); for
+    wide ones it is ``U`` and ``x = A^T U diag(1/(s^2+lam^2)) beta`` (the dual form).
+    """
+
+    s: np.ndarray
+    basis: np.ndarray
+    beta: np.ndarray
+    rho0sq: np.ndarray
+    m: int
+    n: int
+    dual: bool = False
+
+    def filt(self, lam: float) -> np.ndarray:
+        s2 = self.s**2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(s2 + lam**2 > 0, 1.0 / (s2 + lam**2), 0.0)
+
+    def coefficients(self, lam: float) -> np.ndarray:
+        """``x`` (tall) or the dual ``y`` with ``x = A^T y`` (wide)."""
+        f = self.filt(lam)
+        w = (f if self.dual else self.s * f)[:, None] * self.beta
+        return self.basis @ w
+
+    def residual_sq(self, lam: float) -> np.ndarray:
+        g = lam**2 * self.filt(lam)
+        return self.rho0sq + np.einsum("i,ij->j", g**2, self.beta**2)
+
+    def solution_sq(self, lam: float) -> np.ndarray:
+        g = self.s * self.filt(lam)
+        return np.einsum("i,ij->j", g**2, self.beta**2)
+
+    def dof(self, lam: float) -> float:
+        return float(np.sum(self.s**2 * self.filt(lam)))
+
+    def gcv(self, lam: float) -> float:
+        """Golub-Heath-Wahba ``V(lam) = m ||r||^2 / (m - dof)^2`` (summed over right-hand sides)."""
+        den = (self.m - self.dof(lam)) ** 2
+        return float(self.m * self.residual_sq(lam).sum() / den) if den > 0 else float("inf")
+
+    def grid(self, points: int = GRID) -> np.ndarray:
+        smax = float(self.s.max()) if self.s.size else 1.0
+        smin = float(self.s[self.s > 0].min()) if np.any(self.s > 0) else smax
+        lo = max(smin, smax * 1e-16 ** 0.5 * 1e-4) / 10
+        return np.logspace(math.log10(max(lo, 1e-300)), math.log10(max(smax, 1e-300)), points)
+
+
+def spectrum_from_gram(g: np.ndarray, c: np.ndarray, bb: np.ndarray, m: int, *, dual: bool,
+                       n: int) -> Spectrum:
+    ev, w = np.linalg.eigh(g)
+    ev, w = ev[::-1], w[:, ::-1]
+    s = np.sqrt(np.clip(ev, 0.0, None))
+    if dual:  # g = A A^T, c = b: beta = U^T b
+        beta = w.T @ c
+    else:  # g = A^T A, c = A^T b: beta = diag(1/s) V^T A^T b
+        keep = s > s[0] * np.finfo(np.float64).eps * max(g.shape) if s.size else s > 0
+        beta = np.zeros((s.size, c.shape[1]))
+        beta[keep] = (w[:, keep].T @ c) / s[keep, None]
+    if dual:  # U spans R^m: every component of b is in beta (zero singular values fit nothing)
+        rho0sq = np.zeros(beta.shape[1])
+    else:
+        rho0sq = np.clip(bb - np.einsum("ij,ij->j", beta, beta), 0.0, None)
+    return Spectrum(s=s, basis=w, beta=beta, rho0sq=rho0sq, m=m, n=n, dual=dual)
+
+
+def choose_lambda(spec: Spectrum, rule: str) -> tuple[float, dict]:
+    """``"gcv"`` (Golub, Heath and Wahba, 1979) or ``"lcurve"`` (Hansen, 1998): lambda and the curve
+    (:func:`blocklin.linalg.solve.lambda_select.choose_lambda`: grids extended where the choice sits at an end)."""
+    return lambda_select.choose_lambda(spec, rule)
+
+
+def finish_spectral(ctx: TikhonovRun, spec: Spectrum, info: dict, x_path: str) -> dict:
+    """Pick lambda(s), evaluate the solution(s) of a tall problem from its spectrum, write ``x``."""
+    xs = coefficients(ctx, spec, info, "column")
+    write_x(ctx, x_path, np.hstack(xs) if len(xs) > 1 else xs[0])
+    return info
+
+
+def coefficients(ctx: TikhonovRun, spec: Spectrum, info: dict, rank: str) -> list[np.ndarray]:
+    """The chosen lambda(s) and their coefficients; refuses ``lam = 0`` on a rank-deficient problem."""
+    lams, curve = _lambdas(ctx, spec)
+    smax = float(spec.s.max()) if spec.s.size else 0.0
+    smin = float(spec.s.min()) if spec.s.size else 0.0
+    info["cond_estimate"] = smax / smin if smin > 0 else float("inf")
+    if min(lams) == 0 and (smin <= smax * max(ctx.m, ctx.n) * np.finfo(np.float64).eps or smax == 0):
+        raise singular(info["cond_estimate"], rank)
+    xs = [spec.coefficients(lam) for lam in lams]
+    describe(info, spec, lams, curve, ctx)
+    return xs
+
+
+def _lambdas(ctx: TikhonovRun, spec: Spectrum) -> tuple[list[float], dict | None]:
+    if ctx.kind in ("gcv", "lcurve"):
+        lam, curve = choose_lambda(spec, ctx.kind)
+        return [lam], curve
+    return list(ctx.lams), None
+
+
+def describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, ctx: TikhonovRun) -> None:
+    rr = [spec.residual_sq(l) for l in lams]
+    xx = [spec.solution_sq(l) for l in lams]
+    if len(lams) == 1 and ctx.kind != "sequence":
+        info.update(lam=lams[0], residual_norm=norms(rr[0]), solution_norm=norms(xx[0]),
+                    objective=norms(rr[0] + lams[0] ** 2 * xx[0]))
+    else:
+        info.update(lam=list(lams), residual_norm=[norms(r) for r in rr], solution_norm=[norms(x) for x in xx],
+                    objective=[norms(r + l**2 * x) for r, x, l in zip(rr, xx, lams)])
+    if curve is not None:
+        info["lam_rule"] = ctx.kind
+        info["curve"] = curve
+        info["gcv"] = spec.gcv(lams[0])
+
+
+__all__ = ["GRID", "Spectrum", "choose_lambda", "coefficients", "describe", "finish_spectral", "spectrum_from_gram"]
