@@ -9,6 +9,7 @@ next run starts.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -21,6 +22,11 @@ _CANCEL = threading.Event()
 _HANDLED = threading.Event()
 #: Exit status of a command stopped by SIGTERM (128 + 15, the shell's convention).
 EXIT_TERMINATED = 143
+#: Interrupts taken while :class:`handle_signals` is active (the first one stops the command).
+_TAKEN = [0]
+#: Further interrupts absorbed while the first is cleaned up (the next one stops at once): Ctrl-C
+#: pressed twice must not cut short the cleanup that keeps the finished work for ``--resume``.
+ABSORBED = 1
 
 
 class Cancelled(BlocklinError, RuntimeError):
@@ -76,22 +82,32 @@ def wait_through(wait: Callable[[], Any]) -> None:
         raise stopped
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _take(stop: type[KeyboardInterrupt]) -> None:
+    """The first interrupt stops the command; the next :data:`ABSORBED` ones while it stops only say
+    so (its cleanup keeps the finished work and says how to resume it); one more stops at once."""
     cancel()
-    raise Terminated()
+    _TAKEN[0] += 1
+    if _TAKEN[0] == 1 or _TAKEN[0] > 1 + ABSORBED:
+        raise stop()
+    os.write(2, b"blocklin: stopping: keeping the finished work for --resume (interrupt again to quit at once)\n")
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    _take(Terminated)
 
 
 def _on_sigint(signum: int, frame: Any) -> None:
-    cancel()
-    raise KeyboardInterrupt()
+    _take(KeyboardInterrupt)
 
 
 class handle_signals:  # noqa: N801 - used as a context manager like a function
     """In the main thread: SIGINT and SIGTERM raise (``KeyboardInterrupt``, :class:`Terminated`)
-    and set the cancel flag; the previous handlers come back on exit."""
+    and set the cancel flag; a second one while the first is handled is absorbed (see :func:`_take`),
+    so keep the cleanup inside. The previous handlers come back on exit."""
 
     def __enter__(self) -> handle_signals:
         self.saved: dict[int, Any] = {}
+        _TAKEN[0] = 0
         if threading.current_thread() is threading.main_thread():
             for sig, handler in ((signal.SIGINT, _on_sigint), (signal.SIGTERM, _on_sigterm)):
                 self.saved[sig] = signal.signal(sig, handler)
@@ -119,5 +135,5 @@ def quiet_shutdown() -> None:
     sys.unraisablehook = lambda unraisable: None
 
 
-__all__ = ["EXIT_TERMINATED", "Cancelled", "Terminated", "cancel", "cancelled", "check_cancelled",
+__all__ = ["ABSORBED", "EXIT_TERMINATED", "Cancelled", "Terminated", "cancel", "cancelled", "check_cancelled",
            "handle_signals", "quiet_shutdown", "reset", "signals_handled", "wait_through"]

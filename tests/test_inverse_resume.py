@@ -24,6 +24,8 @@ CHILD = textwrap.dedent("""
     import json, os, signal, sys
     a_path, out, tmp, sig, kill_in, how, resume, method = sys.argv[1:9]
     kill_in = int(kill_in)
+    sig, _, times = sig.partition("*")  # SIGINT*2: the signal again after the step's next chunk write
+    times, sent = int(times or 1), [0]
     import blocklin as bl
     import blocklin.linalg.factor.lu_panels as lu_panels
     import blocklin.linalg.inverse.kernels as kernels
@@ -42,7 +44,8 @@ CHILD = textwrap.dedent("""
     def signalling(real):
         def write_block(*args, **kwargs):
             real(*args, **kwargs)
-            if step[0] == kill_in:  # after the first chunk write of step kill_in
+            if step[0] == kill_in and sent[0] < times:  # after the first chunk write(s) of step kill_in
+                sent[0] += 1
                 os.kill(os.getpid(), getattr(signal, sig))
         return write_block
 
@@ -146,6 +149,28 @@ def test_ctrl_c_without_resume_keeps_the_work_for_resume(problem, tmp_path):
     assert again.returncode == 0, again.stderr
     info = json.loads(again.stdout.strip().splitlines()[-1])
     assert info["resumed"] and info["skipped"] == 5
+    np.testing.assert_array_equal(bl.open(out).to_numpy(), ref)  # bit for bit
+    assert os.listdir(tmp) == [] and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.slow  # timing decides where the second Ctrl-C lands; test_signals checks the handler itself
+def test_ctrl_c_pressed_twice_still_keeps_the_work_and_says_so(problem, tmp_path):
+    """A second Ctrl-C while the command stops (the leaf's next chunk write sends it) is absorbed: the
+    partial output and the work folder are kept and named in the one line, and --resume continues
+    them to the uninterrupted run's bits."""
+    d, a, ref = problem
+    out, tmp = tmp_path / "x.zarr", tmp_path / "tmp"
+    tmp.mkdir()
+    killed = child(a.path, out, tmp, "SIGINT*2", 6, "cli", 0)
+    assert killed.returncode == 130, killed.stderr
+    (partial,) = [p for p in tmp_path.iterdir() if p.name.startswith(".x.zarr.partial-")]
+    (work,) = os.listdir(tmp)
+    line = [ln for ln in killed.stderr.splitlines() if ln.startswith("blocklin inv: interrupted")]
+    assert line and str(partial) in line[0] and work in line[0] and "--resume" in line[0], killed.stderr
+    again = child(a.path, out, tmp, "SIGINT", -1, "cli", 1)
+    assert again.returncode == 0, again.stderr
+    info = json.loads(again.stdout.strip().splitlines()[-1])
+    assert info["resumed"] and info["stages_skipped"] == 5
     np.testing.assert_array_equal(bl.open(out).to_numpy(), ref)  # bit for bit
     assert os.listdir(tmp) == [] and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 

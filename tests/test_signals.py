@@ -285,3 +285,30 @@ def test_a_join_cut_short_by_ctrl_c_still_waits_for_the_writer(tmp_path):
         assert interrupt.cancelled()  # the tasks still running are told to stop
     finally:
         interrupt.reset()
+
+
+def test_ctrl_c_again_while_stopping_is_absorbed_once(capfd):
+    """Under the CLI's handlers the first Ctrl-C stops the command; one more while it stops (its cleanup
+    keeps the finished work and says how to resume) is absorbed with a note; the next one stops at once
+    (the test's child sent a SIGINT per chunk write and cut the inverse's cleanup short under load)."""
+    from blocklin import interrupt
+
+    def ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs at the next bytecode of the main thread
+            time.sleep(0)
+
+    assert interrupt.ABSORBED == 1
+    try:
+        with interrupt.handle_signals():
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c()
+            ctrl_c()  # while stopping: absorbed, said once on stderr
+            assert "interrupt again to quit at once" in capfd.readouterr().err
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c()
+        with interrupt.handle_signals():  # a new command starts counting again
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c()
+    finally:
+        interrupt.reset()

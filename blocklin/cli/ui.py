@@ -251,13 +251,19 @@ def _run_command(args: argparse.Namespace) -> int:
 
     try:
         with interrupt.handle_signals(), _storage_settings(args):
-            args.func(args)
+            try:
+                args.func(args)
+            except KeyboardInterrupt:
+                # still under the handlers: another Ctrl-C while stopping is absorbed
+                from blocklin.storage.cleanup import abandon_held
+
+                abandon_held(keep_partials=bool(getattr(args, "resume", False)))
+                raise
         return EXIT_OK
     except KeyboardInterrupt as exc:
         interrupt.quiet_shutdown()
-        from blocklin.storage.cleanup import abandon_held, kept_message, take_kept
+        from blocklin.storage.cleanup import kept_message, take_kept
 
-        abandon_held(keep_partials=bool(getattr(args, "resume", False)))
         terminated = isinstance(exc, interrupt.Terminated)
         kept = take_kept()  # what a resumable run kept, said in this one line
         print(f"blocklin {args.command}: {'terminated' if terminated else 'interrupted'}; "
