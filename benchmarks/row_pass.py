@@ -81,7 +81,8 @@ def main() -> int:
     p.add_argument("--data", help="reuse (or create and keep) the matrix at this path")
     args = p.parse_args()
 
-    from blocklin.linalg.lowrank import svd as S
+    from blocklin.linalg.blocks import tall_kernels as K
+    from blocklin.linalg.lowrank import budget, sources
     from blocklin.runtime.job import Job
 
     folder = None if args.data else tempfile.mkdtemp(prefix="blocklin-bench-rowpass-")
@@ -97,8 +98,8 @@ def main() -> int:
         for name, job in jobs.items():
             job.__enter__()
             A = job.operand(path, "a")
-            src = S._Streamed(job, A, S.fitting_plan(job, A, args.block - 10, kw))
-            plan = src._plan(S.K.normal_kernel, src._shifted({"gram": False, "write_y": False}, Q=q))
+            src = sources.Streamed(job, A, budget.fitting_plan(job, A, args.block - 10, kw))
+            plan = src._plan(K.normal_kernel, src._shifted({"gram": False, "write_y": False}, Q=q))
             print(f"# {name}: {plan.explain()}; {plan.blas_threads} BLAS thread(s) per task")
             src.normal(q)  # checks A for NaN/Inf; later passes do not
             passes[name] = src

@@ -21,7 +21,7 @@ import scipy.linalg
 import blocklin as bl
 from blocklin.errors import ConvergenceError, ParameterError
 from blocklin.linalg.blocks import scaling
-from blocklin.linalg.lowrank.svd import triplet_report
+from blocklin.linalg.lowrank.triplets import triplet_report
 from tolerances import assert_close_to, eps
 
 #: The factors of the property tests (float64); float32 has its own smaller range.

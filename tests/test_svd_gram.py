@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import blocklin as bl
-import blocklin.linalg.lowrank.svd as svd_module
+import blocklin.linalg.lowrank.methods as methods_module
 from blocklin.errors import BudgetError
 from blocklin.linalg.blocks.center import moments_and_gram
 from blocklin.plan.svd import gram_route_fits
@@ -80,7 +80,7 @@ def test_gram_continues_with_lanczos_where_tol_is_missed(monkeypatch):
         q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((g.shape[0], width)))
         return q
 
-    monkeypatch.setattr(svd_module, "gram_subspace", poor_subspace)
+    monkeypatch.setattr(methods_module, "gram_subspace", poor_subspace)
     res = bl.svd(a, k, method="gram", seed=0, memory="1MiB")
     r = res.report
     assert r["method"] == "gram" and r["converged"] and not r["in_core"]

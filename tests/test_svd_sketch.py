@@ -13,7 +13,7 @@ import blocklin as bl
 from blocklin.errors import BudgetError
 from blocklin.linalg.blocks import tall_kernels as K
 from blocklin.linalg.blocks import random as rnd
-from blocklin.linalg.lowrank import svd as S
+from blocklin.linalg.lowrank import budget, sources
 from blocklin.plan import passes as P
 from blocklin.plan.svd import plan_svd, sketch_state_bytes, sketch_tasks
 from blocklin.runtime.job import Job
@@ -53,11 +53,11 @@ def test_sketch_pass_with_short_strips_and_several_tasks(tmp_path, monkeypatch):
         plan = plan_svd(m, n, 3, a.dtype, method="sketch", oversample=3, power_iters=None, memory=4 << 20,
                         max_passes=60)
         assert plan.sketch_size == (kp, s)
-        src = S._Streamed(job, job.operand(A, "a"), plan)
+        src = sources.Streamed(job, job.operand(A, "a"), plan)
         params = src._sketch_params(seed)
         pp = plan_kernel_pass(job, K.sketch_kernel, [src.source], params, max_strip=7, min_tasks=3)
         assert pp.strip == 7 and len(pp.groups) == 3
-        params["y_chunk"] = S._y_chunk(pp, 40)
+        params["y_chunk"] = sources._y_chunk(pp, 40)
         assert params["y_chunk"] > pp.strip and params["y_chunk"] % pp.strip == 0
         per_group = (pp.groups[0][1] - pp.groups[0][0]) // pp.strip
         assert per_group % (params["y_chunk"] // pp.strip) == 0  # no chunk shared by two tasks
@@ -115,7 +115,7 @@ def test_sketch_refusal_states_a_smaller_minimum(tmp_path):
     assert 2 << 20 < need < 4 << 20
     with Job("svd", memory=need) as job:
         A = job.operand(path, "a")
-        plan = S.fitting_plan(job, A, 10, dict(method="sketch", oversample=10, power_iters=None, max_passes=60,
+        plan = budget.fitting_plan(job, A, 10, dict(method="sketch", oversample=10, power_iters=None, max_passes=60,
                                                block_size=None, max_basis=None))
         assert not plan.in_core and plan.memory == need
 

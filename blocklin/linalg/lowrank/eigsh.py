@@ -23,7 +23,8 @@ from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.blocks.results import open_group, write_group
 from blocklin.linalg.blocks.scaling import Scaling, check_finite_result, incore_exponent, unscale
-from blocklin.linalg.lowrank.svd import checkpointed_seed, load_incore, low_rank_token
+from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
+from blocklin.linalg.lowrank.sources import load_incore
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source

@@ -1,0 +1,82 @@
+"""The column moments of a streamed centered or scaled SVD (:mod:`blocklin.linalg.blocks.center`): one
+pass over ``A`` before the method's, fused where it can be with the method's first product
+(``B_c^T B_c Q``) or, for the Gram route, with the centered Gram; restored from the checkpoints of an
+interrupted run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.linalg.blocks.center import (Moments, column_moments, moments_and_gram, moments_and_normal,
+                                           moments_and_normal_fits)
+from blocklin.linalg.blocks.scaling import Scaling
+from blocklin.linalg.lowrank.checkpoint import save_scaling
+from blocklin.linalg.lowrank.lanczos import start_block
+from blocklin.linalg.lowrank.methods import gram_subspace, rsvd_start
+from blocklin.linalg.lowrank.sources import GRAM_PASS, passes_device
+from blocklin.plan.svd import SvdPlan
+from blocklin.runtime.checkpoints import Checkpoints
+from blocklin.runtime.job import Job
+
+
+def fused_start(job: Job, A: Any, plan: SvdPlan, seed: int, q: int | None) -> np.ndarray | None:
+    """The block the first product of a centered streamed run is taken with, when the means pass can
+    make that product too (tall ``A``, a pass on the CPU, a method that starts with ``B_c^T B_c Q``, a
+    budget that holds the fused pass)."""
+    if plan.transposed or passes_device(job, plan, A.dtype) != "cpu":
+        return None
+    start = None
+    if plan.method == "lanczos":
+        start = start_block(plan.N, plan.block, seed)
+    elif plan.method == "rsvd" and q != 0:
+        start = rsvd_start(plan.N, plan.block, seed)
+    return start if start is not None and moments_and_normal_fits(job, A, start, memory=plan.memory,
+                                                                       reserve=plan.client_bytes) else None
+
+
+def moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, center: bool,
+                 scale: bool, scaling: Scaling) -> tuple[Moments, np.ndarray | None]:
+    """The column moments and the Gram route's subspace (the top eigenvectors of the centered and/or
+    scaled Gram) from one pass over a tall ``A`` (:func:`moments_and_gram`), or from the checkpoints of
+    an interrupted run (then ``None``: the subspace is in the ``gram`` checkpoint)."""
+    saved = ckpt.load("moments") if ckpt is not None else None
+    if saved is not None and ckpt.load("gram") is not None:
+        return Moments(saved["mean"], saved["var"], int(saved["count"])), None
+    moments, g = scaling.run(job, lambda sc: moments_and_gram(job, A, memory=plan.memory, reserve=plan.client_bytes,
+                                                               scale=sc, **GRAM_PASS))
+    save_scaling(ckpt, scaling)
+    if not center:  # scaled only: the uncentered Gram, A^T A = A_c^T A_c + m mu mu^T (a sum, no cancellation)
+        g += moments.count * np.outer(moments.mean, moments.mean)
+    if scale:
+        inv = 1.0 / moments.std
+        g *= inv[:, None]
+        g *= inv[None, :]
+    q = gram_subspace(g, plan.block)
+    del g
+    if ckpt is not None:
+        ckpt.save("moments", mean=moments.mean, var=moments.var, count=moments.count)
+    return moments, q
+
+
+def means_pass(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None,
+               start: np.ndarray | None = None, *, scaling: Scaling) -> tuple[Moments, np.ndarray | None]:
+    """The column moments from one pass (with ``start``: and ``B_c^T B_c start`` from the same pass), or
+    from the checkpoint of an interrupted run."""
+    saved = ckpt.load("moments") if ckpt is not None else None
+    if saved is not None:
+        return Moments(saved["mean"], saved["var"], int(saved["count"])), saved.get("first")
+    first = None
+    if start is not None:
+        moments, first = scaling.run(job, lambda sc: moments_and_normal(job, A, start, memory=plan.memory,
+                                                                        reserve=plan.client_bytes, scale=sc))
+    else:
+        moments = scaling.run(job, lambda sc: column_moments(job, A, memory=plan.memory,
+                                                             reserve=plan.client_bytes, scale=sc))
+    save_scaling(ckpt, scaling)
+    if ckpt is not None:
+        ckpt.save("moments", mean=moments.mean, var=moments.var, count=moments.count,
+                  **({"first": first} if first is not None else {}))
+    return moments, first

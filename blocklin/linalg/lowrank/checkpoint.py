@@ -1,0 +1,37 @@
+"""What a resumed low-rank factorization (``svd``, ``pca``, ``eigsh``) needs to continue bit for bit.
+
+The checkpoints themselves are kept in the unfinished output (:mod:`blocklin.runtime.checkpoints`); this
+module holds the run's identity (the resume token), its seed, and the power of two its passes were
+scaled by (:mod:`blocklin.linalg.blocks.scaling`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from blocklin.linalg.blocks.scaling import Scaling
+from blocklin.runtime.checkpoints import Checkpoints
+from blocklin.storage.identity import resume_token
+from blocklin.validate import resolve_seed
+
+
+def low_rank_token(A: Any, **params: Any) -> str:
+    """Identity of a factorization for ``resume=True``: the input and every parameter that changes the
+    passes or their bits (the budget included: it fixes the strips)."""
+    return resume_token("low-rank", [A], sorted(params.items()))
+
+
+def checkpointed_seed(ckpt: Checkpoints, seed: int | None) -> int:
+    """The seed: given, or the one an interrupted run drew (so that resuming draws the same numbers)."""
+    saved = ckpt.load("seed")
+    if saved is not None:
+        return int(saved["seed"])
+    seed = resolve_seed(seed)
+    ckpt.save("seed", seed=seed)
+    return seed
+
+
+def save_scaling(ckpt: Checkpoints | None, scaling: Scaling) -> None:
+    """Checkpoint the power of two once known (a resumed run makes its passes with the same)."""
+    if ckpt is not None and scaling.exponent and ckpt.load("scaling") is None:  # e = 0: nothing to keep
+        ckpt.save("scaling", e=scaling.exponent, amax=float(scaling.amax or 0.0))

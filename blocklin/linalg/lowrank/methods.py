@@ -1,0 +1,282 @@
+"""The SVD's methods on a source of ``B`` (:class:`~blocklin.linalg.lowrank.sources.Source`): randomized
+subspace iteration (``rsvd``), the single-pass sketch, block Lanczos, the Gram route, and the streaming QR
+route (``tsqr``) where ``B^T B`` cannot hold ``B``. Each returns a :class:`Factorization`; every one but
+the sketch ends with the same Rayleigh-Ritz pass (:func:`rayleigh_ritz`), which writes the long factor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+
+from blocklin.linalg.blocks import random as rnd
+from blocklin.linalg.blocks.center import Moments
+from blocklin.linalg.blocks.orth import cholqr_r, orth_against, orth_incore
+from blocklin.linalg.blocks.scaling import squares_lose_columns
+from blocklin.linalg.lowrank.lanczos import block_lanczos, small_blas
+from blocklin.linalg.lowrank.sources import Source
+from blocklin.linalg.lowrank.triplets import (enrich_width, resolution_floor, rounding_level, triplet_report,
+                                              triplet_scale)
+from blocklin.plan.svd import SvdPlan
+from blocklin.runtime.checkpoints import Checkpoints
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Factorization:
+    """The truncated SVD of ``B`` (or of ``B_c``, centered and/or scaled) as a method leaves it, with what
+    the run adds (:func:`blocklin.linalg.lowrank.run.run_planned`); :func:`blocklin.svd` turns it into
+    its result and report. The optional fields are ``None`` where the method has nothing to say."""
+
+    s: np.ndarray  # the k singular values, descending
+    V: np.ndarray  # N x k: the right singular vectors of B (V for tall A, U for wide A)
+    residuals: np.ndarray | None  # per triplet ||B^T u - s v|| (None: the single-pass sketch never checks)
+    orth: dict | str  # how Y was orthonormalized (blocklin.linalg.blocks.orth.cholqr_r), or "tsqr"
+    long: Any = None  # what writing the long factor returned (None when it went to its array)
+    power_iters: int | None = None  # rsvd: the power iterations made
+    history: list | None = None  # rsvd, lanczos: the worst triplet's convergence measure after each pass
+    lanczos_steps: int | None = None  # lanczos, gram (0 where the Gram's subspace sufficed)
+    restarts: int | None = None  # lanczos: thick restarts
+    rayleigh_ritz_width: int | None = None  # lanczos: Ritz vectors and residual directions of the final step
+    sketch_size: list | None = None  # sketch: [k + oversample, 2 (k + oversample) + 1]
+    fallback: str | None = None  # why the method gave way to the streaming QR route
+    phases: dict | None = None  # where the reads and products ran (cpu, gpu)
+    means_fused: bool = False  # the column means came from the first pass of the method
+    scaling: dict | None = None  # the power of two of the data (blocklin.linalg.blocks.scaling), None if none
+    moments: Moments | None = None  # the column means and variances, centered or scaled
+    mean: np.ndarray | None = None  # the column means subtracted (center)
+    scale: np.ndarray | None = None  # the column standard deviations divided by (scale)
+    scaled_moments: tuple[Moments, int] | None = None  # (moments of 2^-e A, e) when the data was scaled
+
+
+def ritz_relative_residuals(q: np.ndarray, z: np.ndarray, k: int, dtype: Any) -> np.ndarray:
+    """Per triplet ``||B^T B v - s^2 v|| / (s max(s, sqrt(eps) s_1))`` for the top ``k`` Ritz pairs of ``span(q)``."""
+    h = q.T @ z
+    theta, y = np.linalg.eigh((h + h.T) / 2)
+    theta, y = theta[::-1][:k], y[:, ::-1][:, :k]
+    sig = np.sqrt(np.maximum(theta, 0))
+    r = np.linalg.norm(z @ y - (q @ y) * theta, axis=0)
+    scale = triplet_scale(sig, dtype)
+    return r / scale / scale
+
+
+def rayleigh_ritz(src: Source, Q: np.ndarray, k: int, dest: str | None, transposed_out: bool,
+                  label: str) -> Factorization:
+    """The final pass shared by every method but the sketch: ``Y = B Q`` (stored, with ``Y^T Y`` and
+    ``Z = B^T Y``), ``Y = Q_Y R`` by CholeskyQR2, ``R = U_R S W^T``; writes ``U = Q_Y U_R``, returns
+    ``s``, ``V = Q W`` and the exact residuals ``||B^T u - s v||`` (``B v - s u = 0`` by construction).
+
+    The singular values come from ``R`` (a factor of ``B Q``), not from the eigenvalues of ``B^T B``,
+    so they are accurate to ``eps s_1`` down to zero (a rank-deficient ``A`` gives zeros)."""
+    Zf, G, Y = src.normal(Q, keep_y=True, gram=True, description=f"{label}: final projection")
+    return write_long(*project(src, Q, k, Zf, G, Y), dest, transposed_out, label)
+
+
+def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
+            Y: Any) -> tuple[Factorization, Any, list]:
+    """The Rayleigh-Ritz step of :func:`rayleigh_ritz` from its pass's ``Z = B^T B Q``, ``Y^T Y`` and ``Y``:
+    the factorization without its long factor, ``Y`` and the chain that makes ``U`` of it."""
+    R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
+    with small_blas(R.shape[0], R.shape[1]):
+        Ur, S, Vrt = np.linalg.svd(R)
+    # singular values at the rounding level of B Q are zeros of A (rank < k): exactly 0, with a zero U column
+    # (relative to ||A|| itself when a streamed pass centers A after its products: see blocklin.linalg.blocks.center)
+    ref = max(float(S[0]) if S.size else 0.0, src.noise_scale)
+    zero = S[:k] <= rounding_level(src.dtype, src.M) * ref
+    sig = np.where(zero, 0.0, S[:k])
+    Ur = Ur[:, :k] * ~zero
+    Vr = Vrt.T[:, :k]
+    V = Q @ Vr
+    safe = np.where(sig > 0, sig, 1.0)
+    resid = np.where(zero, 0.0, np.linalg.norm(Zf @ Vr / safe - V * sig, axis=0))  # u = 0: B^T u - 0 v = 0
+    return Factorization(s=sig, V=V, residuals=resid, orth=orth_info), Y, chain + [Ur]
+
+
+def write_long(f: Factorization, Y: Any, chain: list, dest: str | None, transposed_out: bool,
+               label: str) -> Factorization:
+    """Write the long factor ``U = Q_Y U_R`` of a Rayleigh-Ritz step (``Q_Y = Y chain``: CholeskyQR2
+    applied in sequence, orthonormal to working precision)."""
+    long = Y.apply_to(chain, dest, transposed_out=transposed_out, description=f"{label}: write the long factor")
+    return dataclasses.replace(f, long=long)
+
+
+def rsvd_start(n: int, l: int, seed: int) -> np.ndarray:
+    """The orthonormal random block randomized subspace iteration starts from."""
+    return orth_incore(rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, n, l))
+
+
+def rsvd(src: Source, k: int, l: int, q: int | None, tol: float | None, seed: int, max_passes: int,
+         dest: str | None, transposed_out: bool, ckpt: Checkpoints) -> Factorization:
+    """Randomized subspace iteration (Halko, Martinsson, Tropp 2011, Alg. 4.4): ``q`` power iterations of
+    ``l`` columns, or with ``q=None`` until every Ritz triplet reaches ``tol``; then :func:`rayleigh_ritz`."""
+    saved = ckpt.load("rsvd")
+    if saved is None:
+        Q = rsvd_start(src.N, l, seed)
+        used, history, done = 0, [], False
+    else:  # resume: the block after the last completed power iteration, bit for bit
+        Q, used, done = saved["Q"], int(saved["used"]), bool(saved["done"])
+        history = [float(h) for h in np.atleast_1d(saved["history"])]
+    total = q if q is not None else max_passes - 1
+    while not done and used < total:
+        Z, _, _ = src.normal(Q, description=f"rsvd: power iteration {used + 1}" + (f"/{q}" if q is not None else ""))
+        if q is None:  # adaptive: stop when every Ritz triplet's own relative residual reaches tol
+            history.append(float(ritz_relative_residuals(Q, Z, k, src.dtype).max(initial=0.0)))
+            done = history[-1] <= tol
+        Q = orth_incore(Z)
+        used += 1
+        ckpt.save("rsvd", Q=Q, used=used, history=np.array(history, dtype=np.float64), done=done)
+    f = rayleigh_ritz(src, Q, k, dest, transposed_out, "rsvd")
+    return dataclasses.replace(f, power_iters=used, history=history)
+
+
+def psi_t(seed: int, s: int, P: np.ndarray) -> np.ndarray:
+    """``Psi^T P``, generating ``Psi`` a block of rows at a time (the numbers of the sketch's pass)."""
+    gen = rnd.GaussianRows(seed, rnd.STREAM_SKETCH_PSI, s)
+    out = np.zeros((s, P.shape[1]))
+    for r0 in range(0, P.shape[0], gen.block):
+        r1 = min(P.shape[0], r0 + gen.block)
+        out += gen.rows(r0, r1).T @ P[r0:r1]
+    return out
+
+
+def sketch(src: Source, k: int, kp: int, s: int, seed: int, dest: str | None,
+           transposed_out: bool) -> Factorization:
+    """The single-pass sketch of Tropp, Yurtsever, Udell and Cevher (2019), "Streaming low-rank matrix
+    approximation with an application to scientific simulation", SIAM J. Sci. Comput. 41(4): range
+    sketch ``Y = B Omega``, co-range sketch ``X = Upsilon B`` and core sketch ``Z = Phi B Psi^T``
+    from one pass; the test matrices are generated from the seed where they are used."""
+    Xt, PZ, G, Y = src.sketch(kp, s, seed)
+    PY, Z = PZ[:, :kp], PZ[:, kp:]
+    R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
+    rinv = np.linalg.pinv(R)  # R is singular when A has rank < k + oversample (zero rows of R: zero columns of Q)
+    P = orth_incore(Xt)
+    del Xt
+    phiq = PY @ rinv
+    psitp = psi_t(seed, s, P)
+    c1 = scipy.linalg.lstsq(phiq, Z)[0]               # (Phi Q)^+ Z
+    C = scipy.linalg.lstsq(psitp, c1.T)[0].T          # ... ((Psi^T P)^+)^T
+    Uc, Sc, Vct = np.linalg.svd(C)
+    sig = Sc[:k]
+    V = P @ Vct.T[:, :k]
+    del P
+    long = Y.apply_to(chain + [Uc[:, :k]], dest, transposed_out=transposed_out, description="sketch: write the long factor")
+    return Factorization(s=sig, V=V, long=long, residuals=None, orth=orth_info, sketch_size=[kp, s])
+
+
+def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,
+            transposed_out: bool, ckpt: Checkpoints, x0: np.ndarray | None = None,
+            first: np.ndarray | None = None) -> Factorization:
+    """Thick-restarted block Lanczos on ``B^T B`` (:func:`blocklin.linalg.lowrank.lanczos.block_lanczos`)
+    to ``tol`` on every triplet, from ``x0`` (and its product ``first``) when given; then
+    :func:`rayleigh_ritz` over the Ritz vectors and their residual directions."""
+    floor = resolution_floor(src.dtype)
+
+    def apply(x: np.ndarray, step: int) -> np.ndarray:
+        return src.normal(x, description=f"lanczos: step {step}")[0]
+
+    def threshold(theta: np.ndarray) -> np.ndarray:
+        sig = np.sqrt(np.maximum(theta, 0))
+        s1 = float(sig.max(initial=0.0))
+        scale = np.maximum(sig, floor * s1)
+        # triplet residual ||B^T u - s v|| = ||B^T B v - s^2 v|| / s <= tol * s (own singular value), but
+        # never below the rounding of B^T B x, about eps s_1^2 (the null vectors of a rank-deficient A stop
+        # there; a bound with sqrt(M) stopped float32 triplets below 0.4 s_1 far above their attainable accuracy)
+        return np.maximum(tol * scale * scale, 10 * rounding_level(src.dtype, 1) * s1 * s1)
+
+    res = block_lanczos(apply, src.N, k, which="LA", block=plan.block, max_basis=plan.max_basis,
+                        max_steps=max_steps, threshold=threshold, seed=seed, x0=x0, first=first,
+                        state=ckpt.load("lanczos"),
+                        checkpoint=(lambda state: ckpt.save("lanczos", **state)) if ckpt.enabled else None)
+    # The final pass takes the Rayleigh-Ritz step over the Ritz vectors and their residual directions
+    # (one block Krylov step from them, at no extra pass: the pass is made anyway to write the long
+    # factor). span [X, R] holds span(X), so its Ritz values can only get closer to the exact ones; in
+    # practice their error drops by orders of magnitude (on the four spectra of benchmarks/svd.py from
+    # 1e-13 - 1e-7 to 1e-15 - 1e-9), which is what lets the default tolerance target the singular values.
+    Q = res.vectors
+    e = enrich_width(k, plan.block, src.N)
+    if e and res.residual_vectors is not None:
+        with small_blas(src.N, 2 * k):
+            Q = np.hstack([Q, orth_against(Q, res.residual_vectors, seed=seed, counter=res.steps + 1)[:, :e]])
+    f = rayleigh_ritz(src, Q, k, dest, transposed_out, "lanczos")
+    return dataclasses.replace(f, lanczos_steps=res.steps, restarts=res.restarts, history=res.history,
+                               rayleigh_ritz_width=int(Q.shape[1]))
+
+
+def gram_subspace(g: np.ndarray, width: int) -> np.ndarray:
+    """The eigenvectors of the ``width`` largest eigenvalues of the symmetric ``g``, descending."""
+    n = g.shape[0]
+    width = max(1, min(width, n))
+    _, v = scipy.linalg.eigh(g, subset_by_index=(n - width, n - 1), overwrite_a=True, check_finite=False)
+    return np.ascontiguousarray(v[:, ::-1])
+
+
+def gram(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,
+         transposed_out: bool, ckpt: Checkpoints, start: np.ndarray | None = None) -> Factorization:
+    """Rayleigh-Ritz over the top ``block`` eigenvectors of ``B^T B``, continued by block Lanczos from
+    that subspace (and its product, no pass repeated) only where a triplet misses ``tol``.
+
+    The Gram's eigenvectors are the wanted singular vectors up to its rounding, ``eps ||B||^2`` over
+    the gap ``s_i^2 - s_{block+1}^2``; the Rayleigh-Ritz pass takes the singular values from ``B Q``
+    (accurate to ``eps s_1``, as every method's) and measures every triplet's residual exactly, so
+    the spectra where the Gram's rounding matters (singular values near ``sqrt(eps) s_1``) continue
+    instead of returning inaccurate triplets. ``start``: the subspace when the Gram came from the
+    means pass (centered or scaled ``A``)."""
+    saved = ckpt.load("gram")
+    if saved is not None:  # resume: the subspace (and, when the Rayleigh-Ritz step missed tol, its product)
+        Q, Z = saved["Q"], saved.get("Z")
+    else:
+        if start is None:
+            g = src.gram(description="gram: B^T B by SYRK")
+            why = squares_lost(src, "gram")
+            if why:  # the squares left float64's range for some columns: a route without squares
+                del g  # not held through the fallback's passes (planned without it)
+                return dataclasses.replace(tsqr_svd(src, k, dest, transposed_out), lanczos_steps=0, fallback=why)
+        Q = start if start is not None else gram_subspace(g, plan.block)
+        Z = None
+        ckpt.save("gram", Q=Q)
+    if Z is None:
+        Z, G, Y = src.normal(Q, keep_y=True, gram=True, description="gram: Rayleigh-Ritz over the Gram's eigenvectors")
+        f, Y, chain = project(src, Q, k, Z, G, Y)
+        if all(triplet_report(f.s, f.residuals, tol, src.dtype)["converged_triplets"]):
+            return dataclasses.replace(write_long(f, Y, chain, dest, transposed_out, "gram"), lanczos_steps=0)
+        del f, chain, G, Y
+        ckpt.save("gram", Q=Q, Z=Z)
+    return lanczos(src, k, plan, tol, seed, max_steps, dest, transposed_out, ckpt, x0=Q, first=Z)
+
+
+def squares_lost(src: Source, method: str) -> str | None:
+    """Why ``method`` (which works with ``B^T B``) cannot hold ``B``: the reason for the report's
+    ``fallback``, or ``None``. Only an unshifted ``B`` falls back (the QR has no centering)."""
+    if src.shift is not None:
+        return None
+    lost = squares_lose_columns(src.peaks)
+    if not lost:
+        return None
+    return (f"{method} -> tsqr: {lost} nonzero column(s) of B have entries below 2^-511 times the largest, so "
+            "their squares are out of float64's range in B^T B; the singular values come from the R factor of a "
+            "streaming Householder QR instead (no squares)")
+
+
+def tsqr_svd(src: Source, k: int, dest: str | None, transposed_out: bool) -> Factorization:
+    """The SVD from ``B = Q R`` without squaring anything: ``R = U_R S V^T`` in memory, the long factor
+    ``U = B (R^-1 U_R)`` from one pass that also gives ``B^T U`` (so every triplet's residual
+    ``||B^T u - s v||`` is measured on ``B`` itself), then written. Householder QR keeps each column's
+    rounding relative to that column's norm, so a matrix whose columns differ in scale by more than
+    float64's range survives where ``B^T B`` does not (LAPACK's ``xGESDD`` starts with the same QR)."""
+    R = src.r_factor(k, description="tsqr: R factor of B (no squares)")
+    with small_blas(R.shape[0], R.shape[1]):
+        # xGESVD (QR iteration on the bidiagonal) keeps the small singular values of a graded R to their
+        # own rounding; xGESDD's divide and conquer with vectors returned them at eps ||R|| (measured)
+        Ur, S, Vrt = scipy.linalg.svd(R, lapack_driver="gesvd", check_finite=False)
+    kk = int(np.count_nonzero(S[:k] > 0))
+    W = np.zeros((src.N, k))
+    if kk:
+        W[:, :kk] = scipy.linalg.solve_triangular(R, Ur[:, :kk], check_finite=False)  # Q^T u = U_R: u = B R^-1 U_R
+    sig, V = np.where(np.arange(k) < kk, S[:k], 0.0), Vrt.T[:, :k].copy()
+    del R, Ur, Vrt  # the N x N factors are not held through the last pass (planned without them)
+    Z, _, Y = src.normal(W, keep_y=True, description="tsqr: the long factor and B^T U")
+    resid = np.linalg.norm(Z - V * sig, axis=0)
+    return write_long(Factorization(s=sig, V=V, residuals=resid, orth="tsqr"), Y, [np.eye(k)], dest,
+                      transposed_out, "tsqr")

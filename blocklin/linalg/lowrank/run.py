@@ -1,0 +1,138 @@
+"""One run of a planned SVD: the source of ``B`` (held in memory, or streamed after the means pass of a
+centered or scaled ``A``), the planned method on it, the streaming QR route where ``B^T B`` cannot hold
+``B``, and the factors of ``A`` from those of its scaled copy (:mod:`blocklin.linalg.blocks.scaling`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from blocklin.linalg.blocks.center import Moments, Shift, moments_incore
+from blocklin.linalg.blocks.scaling import Scaling, incore_exponent, unscale
+from blocklin.linalg.lowrank.centering import fused_start, means_pass, moments_gram
+from blocklin.linalg.lowrank.methods import Factorization, gram, lanczos, rsvd, sketch, squares_lost, tsqr_svd
+from blocklin.linalg.lowrank.sources import GRAM_BLOCK_BYTES, InCore, Source, Streamed, load_incore
+from blocklin.plan.svd import SvdPlan
+from blocklin.runtime.checkpoints import Checkpoints
+from blocklin.runtime.job import Job
+from blocklin.runtime.passes import source
+
+
+def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
+                limit: int, dest: str, center: bool = False, scale: bool = False,
+                ckpt: Checkpoints | None = None) -> Factorization:
+    """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``.
+
+    With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.blocks.center`): centered
+    in memory when ``B`` is held there, by the rank-one correction inside each pass otherwise."""
+    scaling = Scaling(str(source(A, transposed=plan.transposed).path), A.dtype)
+    saved = ckpt.load("scaling") if ckpt is not None and not plan.in_core else None
+    if saved is not None:  # resume: the power of two the checkpointed passes were made with
+        scaling.e, scaling.amax = int(saved["e"]), float(saved["amax"])
+    gram_start, means_fused = None, False
+    if plan.in_core:
+        src, moments, phases = _in_memory(job, A, plan, scaling, center=center, scale=scale)
+    else:
+        src, moments, gram_start, means_fused = _streamed(job, A, plan, ckpt, scaling, seed=seed, q=q, center=center,
+                                                          scale=scale)
+        phases = {"passes over A": src.device or job.device}
+    ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
+    f = _method(src, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, dest=dest, ckpt=ckpt, gram_start=gram_start)
+    why = squares_lost(src, plan.method) if plan.method in ("rsvd", "lanczos") and not (center or scale) else None
+    if why:  # B^T B could not hold B: the answer again, without squares (2 more passes over A)
+        if dest is not None:  # the long factor the method wrote in this run's own partial output
+            from blocklin.storage.backend import remove
+            from blocklin.storage.location import as_location
+
+            remove(as_location(dest))
+        f = dataclasses.replace(tsqr_svd(src, k, dest, plan.transposed), fallback=why)
+    f = dataclasses.replace(f, phases=phases, means_fused=means_fused)
+    return _scaled_back(f, scaling, moments, center=center, scale=scale)
+
+
+def _in_memory(job: Job, A: Any, plan: SvdPlan, scaling: Scaling, *, center: bool,
+               scale: bool) -> tuple[InCore, Moments | None, dict]:
+    """``B`` read into memory, scaled by its power of two and centered and/or scaled in place; on a GPU
+    also kept on the device. Returns the source, the column moments and where the phases ran."""
+    moments = None
+    b = load_incore(job, A, plan)
+    scaling.e, scaling.amax = incore_exponent(b)
+    if scaling.e:  # held in memory: scaled in place (a power of two: exact)
+        np.ldexp(b, -scaling.e, out=b)
+    if center or scale:
+        moments = moments_incore(b, plan.transposed)
+        Shift.of(moments, center=center, scale=scale, transposed=plan.transposed).apply_incore(b)
+    dev = None
+    # B stays on the GPU for the job, beside the products' blocks (and the Gram route's N x N sum, its
+    # SYRK output and a float64 row block): held from the device's shared budget
+    held = int(1.5 * b.nbytes) + (2 * plan.N * plan.N * 8 + GRAM_BLOCK_BYTES if plan.method == "gram" else 0)
+    if job.device == "gpu" and held <= (job.device_memory() or 0):
+        from blocklin.device import get_device
+
+        dev = get_device("gpu", device_memory=job.device_memory())
+        job.stack.enter_context(dev.reserve(held))
+    src = InCore(b, dev, peaks=job.peaks.get(scaling.path))  # the peaks recorded by the pass that read B
+    return src, moments, {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
+
+
+def _streamed(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, scaling: Scaling, *, seed: int,
+              q: int | None, center: bool, scale: bool) -> tuple[Streamed, Moments | None, np.ndarray | None, bool]:
+    """``B`` streamed, after the means pass of a centered or scaled ``A``. Returns the source, the column
+    moments, the Gram route's subspace when the means pass made it, and whether the means pass was
+    fused with the method's first pass."""
+    moments = shift = fused = gram_start = first = None
+    if plan.method == "gram" and (center or scale):  # the means pass makes the centered Gram too
+        moments, gram_start = moments_gram(job, A, plan, ckpt, center=center, scale=scale, scaling=scaling)
+    else:
+        fused = fused_start(job, A, plan, seed, q) if center and not scale else None
+        if center or scale:
+            moments, first = means_pass(job, A, plan, ckpt, fused, scaling=scaling)
+    if moments is not None:
+        shift = Shift.of(moments, center=center, scale=scale, transposed=plan.transposed)
+    src = Streamed(job, A, plan, shift, scaling)
+    if fused is not None and first is not None:
+        src.first = (fused, first)
+    if moments is not None and center:  # the products are rounded at ||A||, before the means are removed
+        sq = moments.count * (moments.var + moments.mean ** 2) / (moments.std ** 2 if scale else 1.0)
+        src.noise_scale = float(np.sqrt(sq.sum()))
+    return src, moments, gram_start, fused is not None or gram_start is not None
+
+
+def _method(src: Source, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int, limit: int,
+            dest: str, ckpt: Checkpoints, gram_start: np.ndarray | None) -> Factorization:
+    """The planned method on ``src`` (in memory the iterative ones may take more steps: nothing is read again)."""
+    if plan.method == "rsvd":
+        return rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
+                    plan.transposed, ckpt)
+    if plan.method == "gram":
+        return gram(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 2, dest, plan.transposed,
+                    ckpt, start=gram_start)
+    if plan.method == "sketch":
+        return sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
+    return lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed,
+                   ckpt)
+
+
+def _scaled_back(f: Factorization, scaling: Scaling, moments: Moments | None, *, center: bool,
+                 scale: bool) -> Factorization:
+    """The factors of ``B`` from those of ``2^-e B`` the method made, with the scaling's report and the
+    column moments (of ``A``, and of ``2^-e A`` when scaled), means and standard deviations."""
+    e = scaling.exponent
+    if e and not scale:  # the factors of 2^-e B: s and residuals scale back by 2^e, vectors are unchanged
+        # (a standardized B is the same for 2^-e A: nothing to scale back)
+        residuals = None if f.residuals is None else unscale(np.asarray(f.residuals, dtype=np.float64), e)
+        f = dataclasses.replace(f, s=unscale(f.s, e), residuals=residuals)
+    if e:
+        if moments is not None:
+            f = dataclasses.replace(f, scaled_moments=(moments, e))
+            # from the scaled variances (finite where var overflows); a constant column keeps its 1
+            std = np.where(moments.var > 0, unscale(moments.std, e), 1.0)
+            moments = Moments(unscale(moments.mean, e), unscale(moments.var, 2 * e), moments.count)
+    f = dataclasses.replace(f, scaling=scaling.report())
+    if moments is not None:
+        f = dataclasses.replace(f, moments=moments, mean=moments.mean if center else None,
+                                scale=(std if e else moments.std) if scale else None)
+    return f
