@@ -129,7 +129,7 @@ def correct(device: Any, y: Any, rows: slice, state: dict, beta: Any) -> None:
 
 def _host_only(device: Any) -> None:
     # a row scale has no device operation (a GEMM with diag(r) would cost strip^2 columns): the
-    # caller runs such passes on the CPU (blocklin.linalg.lowrank.svd._Streamed)
+    # caller runs such passes on the CPU (blocklin.linalg.lowrank.sources.Streamed)
     if not device.host_resident:
         raise InternalError("a row-scaled (standardized wide) pass must run on the CPU device")
 

@@ -5,7 +5,7 @@ TSQR tree per task); the tasks' factors are reduced in row order by one more QR,
 not depend on the scheduler. This is the communication-avoiding TSQR of Demmel, Grigori, Hoemmen
 and Langou (SIAM J. Sci. Comput. 34(1), 2012). Householder QR is unconditionally stable, which
 makes it the fallback of the CholeskyQR family (:mod:`blocklin.linalg.blocks.orth`) and the accurate route
-of the regularized solver (:mod:`blocklin.linalg.solve.tikhonov`).
+of the regularized solver (:mod:`blocklin.linalg.solve.qr_route`).
 
 The one sign convention of the package lives here too: :func:`diagonal_signs` makes an R factor's
 diagonal non-negative (``Q`` and ``R`` are unique up to those signs).
