@@ -11,7 +11,7 @@ comes from the same load, and the best round of each counts:
   kernel by the task's ``TileStream``, nothing computed), at a budget of ``--memory`` (a fraction
   of the operand, ``1/16`` by default: the operand is far larger than the budget);
 * ``blocklin_gpu``: the same pass on the CUDA device (``device="gpu"``): real CuPy where it imports
-  and sees a GPU, else the CuPy stand-in of ``tests/cupy_standin.py``, which then measures the host
+  and sees a GPU, else the CuPy stand-in of ``tests/support/cupy_standin.py``, which then measures the host
   side (pinned slots, uploads as NumPy copies);
 * ``blocklin_gemm``: a thin product ``A @ B`` (``B`` ``n x 4``, in memory) by ``blocklin.matmul`` on the
   CPU at the same budget: the GEMM tile task's loaders (its output, ``m x 4``, is written too);
@@ -168,7 +168,7 @@ def gpu_backend() -> str:
     except Exception:  # noqa: BLE001 - no CuPy, or no GPU: the stand-in measures the host side
         pass
     sys.path.insert(0, str(ROOT / "tests"))
-    import cupy_standin
+    from support import cupy_standin
 
     cupy_standin.install()
     return "standin"

@@ -1,6 +1,6 @@
 """Shared fixtures: temp stores, dtype tolerances, GPU marker handling, the CuPy stand-in option.
 
-``pytest --cupy-standin`` installs the NumPy-backed CuPy stand-in (tests/cupy_standin.py) as
+``pytest --cupy-standin`` installs the NumPy-backed CuPy stand-in (tests/support/cupy_standin.py) as
 ``cupy``, runs only the tests marked ``gpu`` (the GPU halves of the device-parametrized test
 bodies), so that they execute through ``CudaDevice`` on the stand-in, and fails every test after
 which the stand-in saw a CUDA ordering violation.
@@ -30,7 +30,7 @@ def pytest_configure(config):
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if config.getoption("--cupy-standin"):
-        import cupy_standin
+        from support import cupy_standin
 
         cupy_standin.install()
 
@@ -56,7 +56,7 @@ def _standin_races(request):
     if not request.config.getoption("--cupy-standin"):
         yield
         return
-    import cupy_standin
+    from support import cupy_standin
 
     cupy_standin.STATE.races.clear()
     yield
@@ -66,7 +66,7 @@ def _standin_races(request):
 @pytest.fixture
 def standin():
     """The CuPy stand-in installed as ``cupy`` for one test (with fresh per-GPU device budgets)."""
-    import cupy_standin
+    from support import cupy_standin
 
     from blocklin.device.cuda import DeviceBudget
 
@@ -111,7 +111,7 @@ def rng():
     return np.random.default_rng(20261129)
 
 
-from s3server import s3, s3_server  # noqa: E402,F401 - the loopback S3 server fixtures
+from support.s3server import s3, s3_server  # noqa: E402,F401 - the loopback S3 server fixtures
 
 
 @pytest.fixture(scope="module")

@@ -230,7 +230,7 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
     cast = slots * (tm * tk + tk * tn) * isz if src_isz != (isz, isz) else 0
     # zarr holds a raw and a decoded copy of each chunk in flight on reads (plus our copy-in), and an
-    # encoded copy on writes: measured, not guessed (tests/test_gemm_memory.py).
+    # encoded copy on writes: measured, not guessed (tests/products/test_gemm_memory.py).
     # Direct reads fill the slots in place (a scratch row at most); the ridge solve's GEMMs keep one
     # chunk set (measured over budget without it, benchmarks/budgets.py, solve at 16 MiB).
     io = (loaders * ((1 if read_reserve else 0) if direct[0] else min(IO_CONCURRENCY, read_chunks)) * 3 * io_chunk_bytes

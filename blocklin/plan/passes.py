@@ -367,7 +367,7 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
     if not mem.chunk_temporaries or direct:
         # Direct reads need no temporaries. A kernel that declares its writes has them counted per
         # row; one that does not keeps one input chunk in flight for them (measured:
-        # tests/test_svd_memory.py, benchmarks/budgets.py).
+        # tests/lowrank/test_svd_memory.py, benchmarks/budgets.py).
         extra = 3 * cb if mem.chunk_temporaries and mem.write_row_bytes is None else 0
         return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget, fixed_bytes=mem.fixed + extra,
                              strip_extra_row_bytes=per_row, workers=workers, cores=cores, max_strip=max_strip,

@@ -5,7 +5,7 @@ go to a temporary name and are renamed into place) and :class:`FsspecBackend` (a
 filesystem: S3, GCS, Azure, memory, ``file://``), where each object write is atomic by the store's
 own semantics and nothing is ever renamed. :func:`zarr_store` opens the matching zarr store:
 ``LocalStore`` for local paths (which the raw-chunk fast path recognises) and ``FsspecStore`` for
-URLs. The same test suite (``tests/test_storage_backends.py``) runs against both.
+URLs. The same test suite (``tests/storage/test_storage_backends.py``) runs against both.
 """
 
 from __future__ import annotations

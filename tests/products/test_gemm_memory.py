@@ -1,0 +1,47 @@
+"""Peak memory of an out-of-core GEMM stays within its budget (subprocess peak RSS).
+
+The child measures its own baseline (interpreter, NumPy, zarr, Dask, blocklin imported and one
+store opened), resets the kernel's high-water mark, runs a GEMM whose operands are each several
+times the budget, and reports the new high-water mark. Allowed: budget + baseline + margin, where
+the margin (10% of the budget + 24 MiB) covers allocator slack, thread stacks and Python objects.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import blocklin as bl
+from support.memcheck import margin, needs_hwm, run_child
+
+CHILD = """
+    import blocklin as bl
+    a_path, b_path, out, memory = sys.argv[1:5]
+    precision = sys.argv[5] if len(sys.argv) > 5 else None
+    bl.open(a_path)[0:1, 0:1]
+    import dask.threaded  # noqa: F401  (imported by the run anyway; part of the baseline)
+    base = hwm()
+    reset_hwm()
+    c = bl.matmul(a_path, b_path, out, memory=memory, precision=precision)
+    print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": c.report["plan"]["peak_memory"],
+                      "tasks": c.report["tasks"]}))
+"""
+
+
+@needs_hwm
+# 48 MiB (the same plan with larger tiles) in the slow job
+@pytest.mark.parametrize("memory_mib, precision", [(24, None), pytest.param(48, None, marks=pytest.mark.slow),
+                                                   (24, "float32")])
+def test_gemm_peak_within_budget(tmp_path, memory_mib, precision):
+    """``precision="float32"``: float64 operands cast to float32 tiles, strips cast back (the plan
+    counts the cast panels and the two output-dtype strips)."""
+    n = 3072  # each operand 72 MiB: 1.5x to 3x the budget
+    a = bl.random(tmp_path / "a.zarr", (n, n), seed=1, chunks=(256, 256))
+    b = bl.random(tmp_path / "b.zarr", (n, n), seed=2, chunks=(256, 256))
+    budget = memory_mib * 2**20
+    assert a.nbytes >= 1.5 * budget
+    r = run_child(CHILD, a.path, b.path, str(tmp_path / "c.zarr"), f"{memory_mib}MiB",
+                  *([precision] if precision else []))
+    used = r["peak"] - r["baseline"]
+    assert r["plan_peak"] <= budget
+    assert r["tasks"] > 1
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget {memory_mib} MiB"

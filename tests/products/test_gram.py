@@ -1,0 +1,181 @@
+"""blocklin.gram and the Gram route of matmul against NumPy: values, symmetry, reads, resume, memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.cli.main import main
+from support.memcheck import margin, needs_hwm, run_child
+from support.tolerances import assert_gram
+
+
+@pytest.fixture(scope="module")
+def x64():
+    return np.random.default_rng(3).standard_normal((700, 90))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("memory", ["32MiB", "64KiB"])
+def test_gram_matches_numpy(tmp_path, x64, dtype, trans, memory):
+    x = x64.astype(dtype)
+    g = bl.gram(x, tmp_path / "g.zarr", trans=trans, memory=memory)
+    ref = x.astype(np.float64) @ x.T.astype(np.float64) if trans else x.T.astype(np.float64) @ x.astype(np.float64)
+    got = g.to_numpy()
+    assert got.dtype == dtype and got.shape == ref.shape
+    assert_gram(got, ref, x, trans=trans)
+    assert np.array_equal(got, got.T)  # written full and exactly symmetric on both routes
+    assert g.report["route"] == ("pass" if memory == "32MiB" else "tiles")
+
+
+def test_gram_pass_reads_a_once(tmp_path, x64):
+    a = bl.from_array(x64, tmp_path / "a.zarr", chunks=(64, 90))
+    g = bl.gram(a.path, tmp_path / "g.zarr", memory="32MiB")
+    assert g.report["passes"] == 1 and g.report["bytes_read"] == x64.nbytes
+    assert g.report["flops"] == 90 * 90 * 700  # SYRK: half of GEMM's 2 n^2 m
+    gt = bl.gram(a.path, tmp_path / "gt.zarr", trans=True, memory="32MiB")
+    assert gt.report["passes"] == 1 and gt.report["bytes_read"] == x64.nbytes
+    assert_gram(gt.to_numpy(), x64 @ x64.T, x64, trans=True)
+
+
+def test_gram_tiles_state_their_reads(tmp_path, x64):
+    plan = bl.gram(x64, memory="256KiB", explain=True)
+    assert plan.route == "tiles" and plan.tile < 90 and plan.reads >= 1
+    assert "tiles" in plan.explain() and plan.peak_memory <= 256 * 2**10
+    # the SYRK blocks read A as often as the plan says (bytes counted by the reads themselves; slices
+    # that cut a stored chunk fetch it whole, hence the margin)
+    g = bl.gram(x64, memory="256KiB", scheduler="sync")
+    assert g.report["route"] == "tiles" and g.report["passes"] == pytest.approx(plan.reads, rel=0.1)
+    tall = bl.gram(np.vstack([x64] * 4).T.copy(), memory="256KiB", explain=True)  # 2800 x 2800 result
+    assert tall.route == "tiles" and tall.reads > 1 and tall.peak_memory <= 256 * 2**10
+
+
+def test_matmul_recognises_gram(tmp_path, x64):
+    a = bl.from_array(x64, tmp_path / "a.zarr")
+    c = bl.matmul(a.path, a.path, tmp_path / "c.zarr", trans_a=True, alpha=0.5, memory="32MiB")
+    assert c.report["route"] == "pass" and "Gram" in c.report["route_reason"]
+    assert_gram(c.to_numpy(), 0.5 * x64.T @ x64, x64, alpha=0.5)  # SYRK against NumPy's GEMM
+    d = bl.matmul(x64, x64, tmp_path / "d.zarr", trans_b=True, memory="32MiB")  # the same array object
+    assert d.report["route"] == "pass" and d.shape == (700, 700)
+    e = bl.matmul(x64, x64.copy(), tmp_path / "e.zarr", trans_a=True, memory="32MiB")  # two operands: GEMM
+    assert "route" not in e.report
+    assert_gram(e.to_numpy(), c.to_numpy() * 2, x64)  # GEMM against the Gram route (x2 is exact)
+
+
+def test_gram_errors(tmp_path, x64):
+    with pytest.raises(bl.errors.DTypeError):
+        bl.gram(x64.astype(np.int32))
+    bad = x64.copy()
+    bad[5, 3] = np.nan
+    with pytest.raises(bl.errors.NonFiniteError):
+        bl.gram(bad, memory="32MiB")
+    bl.gram(x64, tmp_path / "g.zarr", memory="32MiB")
+    with pytest.raises(bl.errors.OutputExistsError):
+        bl.gram(x64, tmp_path / "g.zarr", memory="32MiB")
+
+
+def test_gram_1d_is_a_column(tmp_path):
+    v = np.arange(1.0, 6.0)
+    g = bl.gram(v, tmp_path / "g.zarr", memory="8MiB")
+    assert g.shape == (1, 1) and g.to_numpy()[0, 0] == v @ v
+
+
+def test_gram_cli(tmp_path, x64, capsys):
+    a = bl.from_array(x64, tmp_path / "a.zarr")
+    assert main(["gram", a.path, "-o", str(tmp_path / "g.zarr"), "--trans", "--memory", "32MiB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["product"] == "A A^T" and out["passes"] == 1 and out["shape"] == [700, 700]
+    assert_gram(bl.open(tmp_path / "g.zarr").to_numpy(), x64 @ x64.T, x64, trans=True)
+    assert main(["gram", a.path, "-o", str(tmp_path / "h.zarr"), "--memory", "256KiB", "--explain"]) == 0
+    assert "region SYRK" in capsys.readouterr().out
+
+
+KILLED = """
+import os, signal, sys
+import blocklin.runtime.blockops as bo
+real, seen = bo.syrk_tile_task, [0]
+def dying(*args):
+    seen[0] += 1
+    if seen[0] > 4:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args)
+bo.syrk_tile_task = dying
+import blocklin as bl
+bl.gram(sys.argv[1], sys.argv[2], memory="256KiB", scheduler="sync")
+"""
+
+
+def test_gram_resume_after_sigkill_is_identical(tmp_path, x64):
+    a = bl.from_array(x64.T.copy(), tmp_path / "a.zarr")  # 90 x 700: A^T A is 700 x 700, tiles at 256 KiB
+    ref = bl.gram(a.path, tmp_path / "ref.zarr", memory="256KiB", scheduler="sync").to_numpy()
+    out = tmp_path / "g.zarr"
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(KILLED), a.path, str(out)], capture_output=True)
+    assert proc.returncode == -9 and not out.exists()
+    g = bl.gram(a.path, out, memory="256KiB", scheduler="sync", resume=True)
+    assert g.report["skipped"] == 4 and np.array_equal(g.to_numpy(), ref)
+    assert not any(p.name.startswith(".g.zarr.partial") for p in tmp_path.iterdir())
+
+
+GRAM_CHILD = """
+    import blocklin as bl
+    a_path, out, memory, trans = sys.argv[1:5]
+    bl.open(a_path)[0:1, 0:1]
+    import dask.threaded  # noqa: F401
+    base = hwm()
+    reset_hwm()
+    g = bl.gram(a_path, out, memory=memory, trans=trans == "1")
+    print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": g.report["plan"]["peak_memory"],
+                      "route": g.report["route"]}))
+"""
+
+
+@needs_hwm
+@pytest.mark.parametrize("shape,trans,mib,route", [((40000, 300), "0", 24, "pass"), ((300, 40000), "1", 24, "pass"),
+                                                   ((3000, 1200), "0", 8, "tiles")])
+def test_gram_peak_within_budget(tmp_path, shape, trans, mib, route):
+    # A is 2x to 4x the budget; on the tiled route the 1200 x 1200 float64 result alone exceeds it
+    a = bl.random(tmp_path / "a.zarr", shape, seed=1, chunks=(1024, 300) if trans == "0" else (300, 1024))
+    budget = mib * 2**20
+    assert a.nbytes >= 2 * budget
+    r = run_child(GRAM_CHILD, a.path, str(tmp_path / "g.zarr"), f"{mib}MiB", trans)
+    used = r["peak"] - r["baseline"]
+    assert r["route"] == route and r["plan_peak"] <= budget
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget {mib} MiB"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("trans,memory", [(False, "8MiB"), (True, "8MiB"), (False, "64KiB")])
+def test_gram_on_gpu_matches_cpu(tmp_path, x64, trans, memory):
+    # the pass route's SYRK runs through the device (accumulator on the GPU until the task ends); the
+    # tiled route's region SYRK too; the float64 reduction in row order gives the CPU's bits or close
+    cpu = bl.gram(x64, trans=trans, memory=memory, device="cpu").to_numpy()
+    gpu = bl.gram(x64, trans=trans, memory=memory, device="gpu", device_memory="64MiB")
+    assert gpu.report["device"] == "gpu"
+    got = gpu.to_numpy()
+    assert np.array_equal(got, got.T)
+    assert_gram(got, cpu, x64, trans=trans)
+
+
+def test_gemm_cli_on_one_operand_runs_and_explains_the_gram_route(tmp_path, x64, capsys):
+    a = bl.from_array(x64, tmp_path / "a.zarr")
+    assert main(["gemm", a.path, a.path, "-o", str(tmp_path / "c.zarr"), "--trans-a", "--memory", "32MiB",
+                 "--explain"]) == 0
+    assert "gram A^T A" in capsys.readouterr().out
+    assert main(["gemm", a.path, a.path, "-o", str(tmp_path / "c.zarr"), "--trans-a", "--memory", "32MiB",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["flops"] == 90 * 90 * 700 and out["bytes_read"] == x64.nbytes
+    assert_gram(bl.open(tmp_path / "c.zarr").to_numpy(), x64.T @ x64, x64)
+
+
+@pytest.mark.parametrize("memory", ["32MiB", "64KiB"])
+def test_gram_identical_bits_on_every_scheduler(x64, memory):
+    runs = [bl.gram(x64, memory=memory, scheduler=s, workers=2).to_numpy() for s in ("sync", "threads", "processes")]
+    assert all(np.array_equal(runs[0], r) for r in runs[1:])

@@ -1,0 +1,52 @@
+"""benchmarks/feed.py at its --quick sizes: every reader runs and the JSON line has every field."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+from support import cupy_standin
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("feed_benchmark", ROOT / "benchmarks" / "feed.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rate(x) -> bool:
+    return isinstance(x, float) and math.isfinite(x) and x > 0
+
+
+def test_feed_quick_reports_every_reader(standin, tmp_path, capsys):
+    feed = _load()
+    where = tmp_path / "feed"
+    where.mkdir()
+    assert feed.main(["--quick", "--dir", str(where), "--memory", "1/16,1/4"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert sum(line.startswith("{") for line in lines) == 1
+    summary = json.loads(lines[-1])
+    assert set(feed.FIELDS) <= set(summary), set(feed.FIELDS) - set(summary)
+    assert summary["gpu_backend"] == "standin"  # the fixture's stand-in, measured through CudaDevice
+    m, n = summary["shape"]
+    assert summary["operand_bytes"] == m * n * 8 and summary["chunks"][1] == n
+    for codec in feed.CODECS:
+        raw = summary["raw"][codec]
+        assert "1" in raw and str(summary["cores"]) in raw and all(_rate(r) for r in raw.values())
+        assert summary["raw_limit"][codec] == max(raw.values())
+        assert _rate(summary["zarr"][codec]) and _rate(summary["dask"][codec])
+        for dev in ("cpu", "gpu", "gemm"):  # row passes on both devices, the thin product's tiles
+            got = summary[f"blocklin_{dev}"][codec]
+            assert set(got) == {"1/16", "1/4"}
+            for frac, entry in got.items():
+                assert _rate(entry["gbps"]) and (entry["plan"]["tm"] if dev == "gemm" else entry["plan"]["strip"]) > 0
+                ratio = summary["ratio_to_raw"][f"{dev} {codec} {frac}"]
+                assert math.isclose(ratio, entry["gbps"] / summary["raw_limit"][codec])
+    assert _rate(summary["numpy_fromfile"])
+    assert list(where.iterdir()) == []  # the operand and its work folder are gone
+    assert cupy_standin.take_races() == []

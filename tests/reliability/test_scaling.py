@@ -1,0 +1,374 @@
+"""Scaled data: every operation on ``c A`` (``c`` a power of two from ``2^-600`` to ``2^600``) gives the
+right power of ``c`` times its result on ``A``, in memory and streamed (blocklin.linalg.blocks.scaling).
+
+Multiplying by a power of two is exact in binary floating point, so ``c A`` is ``A`` with other
+exponents: a route that scales its data by a power of two before it squares or factors it makes the
+same roundings on ``c A`` as on ``A``. The comparisons are norm-wise with bounds from the rounding
+analysis of each result (``tests/support/tolerances.py``), never bit equality, so the tests do not depend on
+the routes being exactly equivariant (a streamed run of ``c A`` reads its first pass twice, once
+unscaled), only on them being right. The probe's cases (one column scaled by 1e201, entries near
+1e200 and 1e-200) are checked against references computed independently.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.linalg
+
+import blocklin as bl
+from blocklin.errors import ConvergenceError, ParameterError
+from blocklin.linalg.blocks import scaling
+from blocklin.linalg.lowrank.triplets import triplet_report
+from support.tolerances import assert_close_to, eps
+
+#: The factors of the property tests (float64); float32 has its own smaller range.
+C64 = [2.0 ** e for e in (-600, -300, -60, 0, 60, 300, 600)]
+C32 = [2.0 ** e for e in (-100, -60, 0, 60, 100)]
+#: A budget below every streamed operand here (they are a few hundred KiB), above the passes' minimum.
+STREAM = "160KiB"
+IN_MEMORY = "64MiB"
+
+
+def _ldexp(x, e):
+    with np.errstate(over="ignore", under="ignore"):
+        return np.ldexp(np.asarray(x, dtype=np.float64), e)
+
+
+def _exp(c: float) -> int:
+    return int(np.log2(c))
+
+
+@pytest.fixture(scope="module")
+def tall():
+    """A tall 600 x 16 matrix with singular values from 10 down to 0.1 (well separated at the top)."""
+    rng = np.random.default_rng(7)
+    u, _ = np.linalg.qr(rng.standard_normal((600, 16)))
+    v, _ = np.linalg.qr(rng.standard_normal((16, 16)))
+    return (u * np.logspace(1, -1, 16)) @ v.T
+
+
+def _svd(a, method, memory, dtype=np.float64):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bl.errors.ConvergenceWarning)  # a wrong answer must not look converged
+        return bl.svd(np.asarray(a, dtype=dtype), 3, method=method, seed=3, memory=memory)
+
+
+# -- svd ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["gram", "lanczos", "rsvd", "sketch", "auto"])
+def test_svd_of_cA_is_c_times_svd_of_A(tall, method):
+    ref = _svd(tall, method, IN_MEMORY)
+    # Weyl: each run's singular values are exact for A + E with ||E|| <= c n eps ||A|| (n = 600 rows
+    # summed); the two runs see A and c A, so |s(cA)/c - s(A)| <= 2 * 4 * 600 * eps * s_1 (the sketch
+    # is not backward stable but deterministic in its seed: the same bound holds against itself)
+    bound = 8 * 600 * eps(np.float64) * float(ref.s[0])
+    for c in C64:
+        got = _svd(c * tall, method, IN_MEMORY)
+        assert_close_to(_ldexp(got.s, -_exp(c)), ref.s, bound=bound, what=f"svd {method} s, c = 2^{_exp(c)}")
+        if method != "sketch":
+            assert got.report["converged"] is True
+            assert np.allclose(got.report["relative_residuals"], ref.report["relative_residuals"], rtol=0,
+                               atol=1e3 * eps(np.float64))  # relative residuals do not scale; both at rounding
+        # the short factor (V) does not scale: its columns agree up to sign to the singular gap's accuracy
+        # (the top three of 10 ... 0.1 are separated by 8 %: error <= ||E|| / gap ~ 1e3 eps)
+        v, v0 = np.abs(got.Vt), np.abs(ref.Vt)
+        assert_close_to(v, v0, bound=1e4 * eps(np.float64), what=f"svd {method} V, c = 2^{_exp(c)}")
+        assert (got.report.get("scaling") is not None) == (abs(_exp(c)) > 256)
+
+
+@pytest.mark.parametrize("method", ["gram", "lanczos", "rsvd", "sketch"])
+def test_svd_of_cA_streamed(tall, method):
+    ref = _svd(tall, method, STREAM)
+    assert ref.report["in_core"] is False and ref.report.get("scaling") is None
+    bound = 8 * 600 * eps(np.float64) * float(ref.s[0])  # as in memory (Weyl, two runs)
+    for c in (2.0 ** -600, 2.0 ** 600):
+        got = _svd(c * tall, method, STREAM)
+        assert_close_to(_ldexp(got.s, -_exp(c)), ref.s, bound=bound, what=f"streamed svd {method}, c = 2^{_exp(c)}")
+        # one more pass: the first pass over A met data outside the range that is squared safely
+        assert got.report["scaling"]["extra_passes"] == 1
+        assert got.report["passes"] == ref.report["passes"] + 1
+
+
+@pytest.mark.parametrize("method", ["gram", "lanczos"])
+def test_svd_float32(tall, method):
+    a = tall.astype(np.float32)
+    ref = _svd(a, method, IN_MEMORY, np.float32)
+    # float32: the same Weyl bound with float32's eps (the Gram route sums in float64, which only helps)
+    bound = 8 * 600 * eps(np.float32) * float(ref.s[0])
+    for c in C32:
+        got = _svd(c * a, method, IN_MEMORY, np.float32)
+        assert got.s.dtype == np.float32
+        assert_close_to(_ldexp(got.s, -_exp(c)), ref.s, bound=bound, what=f"float32 svd {method}, c = 2^{_exp(c)}")
+
+
+# -- pca, eigsh, gram ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("memory", [IN_MEMORY, pytest.param(STREAM, marks=pytest.mark.slow)])
+def test_pca_centered(tall, memory):
+    x = tall + 3.0  # means 3, spread ~0.4: the centering matters
+    ref = bl.pca(x, 3, seed=1, memory=memory)
+    # s: Weyl with the centered products rounded at ||A|| of the uncentered data (docs/svd.md)
+    bound = 8 * 600 * eps(np.float64) * float(np.linalg.norm(x, 2))
+    for c in (C64 if memory == IN_MEMORY else (2.0 ** -600, 2.0 ** 600)):
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            got = bl.pca(c * x, 3, seed=1, memory=memory)
+        e = _exp(c)
+        assert_close_to(_ldexp(got.singular_values_, -e), ref.singular_values_, bound=bound, what=f"pca s, 2^{e}")
+        # ratios and components do not scale (relative quantities: the same bound over s_1)
+        assert_close_to(got.explained_variance_ratio_, ref.explained_variance_ratio_,
+                        bound=4 * bound / float(ref.singular_values_[0]), what=f"pca ratio, 2^{e}")
+        assert_close_to(got.components_, ref.components_, bound=1e4 * eps(np.float64), what=f"pca components, 2^{e}")
+        assert_close_to(_ldexp(got.mean_, -e), ref.mean_, bound=600 * eps(np.float64) * 3.0 * 4,
+                        what=f"pca mean, 2^{e}")  # a sum of 600 terms of size 3 per column, 16 columns
+        if abs(e) >= 600:  # s_i^2 ~ 2^+-1200 is out of float64's range: said, not returned silently
+            assert any("beyond float64's range" in str(x.message) for x in w)
+        else:
+            assert_close_to(_ldexp(got.explained_variance_, -2 * e), ref.explained_variance_,
+                            bound=4 * bound * float(ref.singular_values_[0]) / 599, what=f"pca variance, 2^{e}")
+
+
+@pytest.mark.parametrize("memory", [IN_MEMORY, pytest.param("1MiB", marks=pytest.mark.slow)])
+def test_eigsh(memory):
+    rng = np.random.default_rng(2)
+    n = 200 if memory == IN_MEMORY else 400  # streamed: 1.25 MB, over the budget
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    s = (q * np.concatenate([[40.0, 30.0, 25.0], np.linspace(1, 20, n - 3)])) @ q.T
+    s = (s + s.T) / 2
+    ref = bl.eigsh(s, 3, order="descending", seed=0, memory=memory)
+    assert ref.report["in_core"] is (memory == IN_MEMORY)
+    # Ritz values of a symmetric matrix: |w_i - w_ref_i| <= c n eps ||S|| for each run (Weyl)
+    bound = 8 * n * eps(np.float64) * 40
+    for c in (C64 if memory == IN_MEMORY else (2.0 ** -600, 2.0 ** 600)):
+        got = bl.eigsh(c * s, 3, order="descending", seed=0, memory=memory)
+        assert got.report["converged"]
+        assert_close_to(_ldexp(got.w, -_exp(c)), ref.w, bound=bound, what=f"eigsh, 2^{_exp(c)}")
+
+
+@pytest.mark.parametrize("memory", [IN_MEMORY, STREAM])
+def test_gram(tall, memory):
+    g0 = tall.T @ tall
+    # product bound: |G - fl(G)| <= m eps |A|^T |A| entry-wise, norm-wise <= m eps ||A||_F^2 (each run)
+    bound = 2 * 600 * eps(np.float64) * float(np.linalg.norm(tall)) ** 2
+    for c in C64:
+        e = _exp(c)
+        if abs(e) >= 600:  # the true Gram (2^+-1200 times) is beyond float64: a clear error with the fix
+            with pytest.raises(ParameterError, match="scaled form"):
+                bl.gram(c * tall, memory=memory)
+            continue
+        got = bl.gram(c * tall, memory=memory)
+        assert_close_to(_ldexp(got.to_numpy(), -2 * e), g0, bound=bound, what=f"gram, 2^{e}")
+    # the fix the error names works: scale * A^T A with a power of two that fits
+    got = bl.gram(2.0 ** 600 * tall, scale=2.0 ** -1000, memory=memory)
+    assert_close_to(_ldexp(got.to_numpy(), -200), g0, bound=bound, what="gram(scale=2^-1000) of 2^600 A")
+    assert got.report["scaling"]["exponent"] > 0
+
+
+def test_gram_tiled_route_refuses_an_overflow():
+    """A Gram over the budget is built by tiles of unscaled squares: an overflow is refused with the fix."""
+    a = np.random.default_rng(11).standard_normal((60, 300))
+    ok = bl.gram(a, memory="256KiB")
+    assert ok.report["route"] == "tiles"
+    with pytest.raises(ParameterError, match="scale a by a power of two"):
+        bl.gram(np.ldexp(a, 600), memory="256KiB")
+
+
+# -- solve -----------------------------------------------------------------------------------------------
+def _lstsq_problem():
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((500, 12)) * np.logspace(0, -1, 12)
+    b = a @ rng.standard_normal((12, 2)) + 0.05 * rng.standard_normal((500, 2))
+    return a, b
+
+
+@pytest.mark.parametrize("method,lam", [("qr", 0.0), ("normal", 0.0), ("qr", 0.3), ("normal", 0.3),
+                                        ("auto", "gcv"), ("auto", [0.1, 1.0])])
+@pytest.mark.parametrize("memory", [IN_MEMORY, pytest.param(STREAM, marks=pytest.mark.slow)])
+def test_solve_tall(method, lam, memory):
+    a, b = _lstsq_problem()
+    ref = bl.solve(a, b, lam=lam, method=method, memory=memory)
+    x0 = ref.to_numpy()
+    kappa = np.linalg.cond(a)
+    # a backward-stable least-squares solve has forward error <= c m eps kappa^2 ||x|| (squared for the
+    # normal equations; kappa = 10 here); two runs
+    bound = 2 * 500 * eps(np.float64) * kappa ** 2 * float(np.linalg.norm(x0))
+    for ea, eb in ((-600, -600), (-300, -60), (0, 300), (600, 600), (300, -60)):
+        lam_c = lam if isinstance(lam, str) else (
+            [float(np.ldexp(v, ea)) for v in lam] if isinstance(lam, list) else float(np.ldexp(lam, ea)))
+        got = bl.solve(np.ldexp(a, ea), np.ldexp(b, eb), lam=lam_c, method=method, memory=memory)
+        # x(2^ea A, 2^eb b) = 2^(eb - ea) x(A, b); lambda scales with A
+        assert_close_to(_ldexp(got.to_numpy(), ea - eb), x0, bound=bound, what=f"solve {method} lam={lam} 2^{ea},2^{eb}")
+        assert_close_to(_ldexp(got.report["residual_norm"], -eb), ref.report["residual_norm"],
+                        bound=bound * float(np.linalg.norm(a, 2)) + 1e-12, what="residual norm")
+        assert_close_to(_ldexp(got.report["lam"], -ea), ref.report["lam"], bound=1e-6 * np.max(ref.report["lam"]),
+                        what="lambda")
+
+
+def test_solve_wide_and_square():
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((20, 60))
+    bw = rng.standard_normal((20, 1))
+    g = rng.standard_normal((40, 40)) + 8 * np.eye(40)
+    bg = rng.standard_normal((40, 1))
+    spd = g @ g.T
+    solved = {"wide": bl.solve(w, bw, lam=0.2), "lu": bl.solve(g, bg), "pos": bl.solve(spd, bg, assume_a="pos")}
+    refs = {name: x.to_numpy() for name, x in solved.items()}
+    # condition numbers below 1e3 here: forward error <= c n eps kappa^2 ||x|| (two runs)
+    for ea, eb in ((-600, -600), (-300, 0), (300, 300), (600, 600)):
+        got = {"wide": bl.solve(np.ldexp(w, ea), np.ldexp(bw, eb), lam=float(np.ldexp(0.2, ea))),
+               "lu": bl.solve(np.ldexp(g, ea), np.ldexp(bg, eb)),
+               "pos": bl.solve(np.ldexp(spd, ea), np.ldexp(bg, eb), assume_a="pos")}
+        for name, x in got.items():
+            x0 = refs[name]
+            bound = 2 * 60 * eps(np.float64) * 1e6 * float(np.linalg.norm(x0))
+            assert_close_to(_ldexp(x.to_numpy(), ea - eb), x0, bound=bound, what=f"solve {name} 2^{ea},2^{eb}")
+            if name != "wide":  # the refinement's report: norms scale, the backward error does not
+                r0 = solved[name].report
+                assert_close_to(_ldexp(x.report["norm_a"], -ea), r0["norm_a"], bound=60 * eps(np.float64) * r0["norm_a"],
+                                what=f"{name} norm_a")  # a sum of 1600 squares, computed twice
+                assert 0 < x.report["backward_error"] <= 10 * eps(np.float64)  # LAPACK's level, never 0 or NaN
+
+
+@pytest.mark.slow
+def test_stored_gram_route_refuses_what_it_cannot_scale():
+    """A Gram over the budget is stored and summed from unscaled squares: exact where they fit (2^200),
+    refused with the fix where they underflow whole (2^-560), never a misleading 'not positive definite'."""
+    rng = np.random.default_rng(12)
+    a, b = rng.standard_normal((1500, 300)), rng.standard_normal((1500, 1))
+    ref = bl.solve(a, b, lam=0.1, memory="600KiB")
+    assert "exceeds" in ref.report["method_reason"]
+    got = bl.solve(np.ldexp(a, 200), np.ldexp(b, 200), lam=float(np.ldexp(0.1, 200)), memory="600KiB")
+    # the same roundings with other exponents (no under- or overflow at 2^200): within two runs' bound
+    assert_close_to(got.to_numpy(), ref.to_numpy(), bound=4 * 1500 * eps(np.float64) * np.linalg.norm(ref.to_numpy()),
+                    what="stored-Gram solve at 2^200")
+    with pytest.raises(ParameterError, match="scale a \\(and b\\) by a power of two"):
+        bl.solve(np.ldexp(a, -560), np.ldexp(b, -560), lam=float(np.ldexp(0.1, -560)), memory="600KiB")
+
+
+def test_solve_float32():
+    a, b = _lstsq_problem()
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    ref = bl.solve(a, b, method="qr").to_numpy()
+    bound = 2 * 500 * eps(np.float32) * 100 * float(np.linalg.norm(ref))  # kappa^2 = 100
+    for e in (-100, 100):
+        got = bl.solve(np.ldexp(a, e), np.ldexp(b, e), method="qr").to_numpy()
+        assert_close_to(got, ref, bound=bound, what=f"float32 solve 2^{e}")
+
+
+# -- factorizations ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("memory", [IN_MEMORY, pytest.param("1MiB", marks=pytest.mark.slow)])
+def test_factorizations(memory):
+    rng = np.random.default_rng(6)
+    n = 96 if memory == IN_MEMORY else 256  # 1MiB: tiles of 64 (32 for the QR), out of core
+    x = rng.standard_normal((n, n))
+    spd, gen, t = x @ x.T + n * np.eye(n), x + 0.5 * np.eye(n), rng.standard_normal((2 * n, n))
+    l0 = bl.cholesky(spd, memory=memory).to_numpy()
+    p0 = bl.lu(gen, memory=memory).to_numpy()
+    r0 = bl.qr(t, memory=memory).to_numpy()
+    i0 = bl.inv(gen, memory=memory).to_numpy()
+    # every factor is backward stable: ||F(cA)/c^p - F(A)|| <= c n eps ||F(A)|| growth-free for SPD,
+    # Householder; LU's packed factors with partial pivoting (growth ~ 1 here); inv: kappa eps ||A^-1||
+    tol = 4 * n * eps(np.float64)
+    for c in (C64 if memory == IN_MEMORY else (2.0 ** -600, 2.0 ** 300, 2.0 ** 600)):
+        e = _exp(c)
+        assert_close_to(_ldexp(bl.cholesky(c * spd, memory=memory).to_numpy(), -e // 2), l0,
+                        bound=tol * np.linalg.norm(l0), what=f"cholesky 2^{e}")  # chol(c S) = sqrt(c) chol(S)
+        p = bl.lu(c * gen, memory=memory).to_numpy()
+        assert_close_to(np.tril(p, -1), np.tril(p0, -1), bound=tol * n, what=f"lu L 2^{e}")  # L does not scale
+        assert_close_to(_ldexp(np.triu(p), -e), np.triu(p0), bound=tol * n * np.linalg.norm(np.triu(p0)),
+                        what=f"lu U 2^{e}")
+        assert_close_to(_ldexp(bl.qr(c * t, memory=memory).to_numpy(), -e), r0, bound=tol * np.linalg.norm(r0),
+                        what=f"qr R 2^{e}")
+        # inv(c A) = inv(A) / c; beyond about 2^+-500 ||A||_F and ||X||_F are read again by scaled tiles
+        kappa = np.linalg.cond(gen)
+        x = bl.inv(c * gen, memory=memory)
+        assert_close_to(_ldexp(x.to_numpy(), e), i0, bound=tol * kappa * np.linalg.norm(i0), what=f"inv 2^{e}")
+        assert 0 < x.report["backward_error"] <= tol, (e, x.report["backward_error"])  # measured, not 0 or NaN
+
+
+# -- the probe's cases -----------------------------------------------------------------------------------
+def _graded_reference(a: np.ndarray, k: int) -> np.ndarray:
+    """Singular values of ``a`` whose column 0 is 1e201 times the others, from the exact structure:
+    s_1 = ||a_0|| (1 + O(1e-400)), the rest those of the other columns projected off a_0."""
+    a0 = a[:, 0] / scipy.linalg.norm(a[:, 0])  # scaled 2-norm: no overflow
+    rest = a[:, 1:] - np.outer(a0, a0 @ a[:, 1:])
+    return np.concatenate([[scipy.linalg.norm(a[:, 0])], np.linalg.svd(rest, compute_uv=False)[:k - 1]])
+
+
+@pytest.mark.parametrize("method", ["auto", "gram", "lanczos"])
+@pytest.mark.parametrize("memory", [IN_MEMORY, STREAM])
+def test_one_column_scaled_by_1e201(method, memory):
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((800, 12))
+    a[:, 0] *= 1e201
+    ref = _graded_reference(a, 3)
+    got = bl.svd(a, 3, method=method, seed=0, memory=memory)
+    # each singular value to its own rounding: Householder QR keeps each column's error relative to that
+    # column (Higham Thm 19.4), xGESVD the graded R's small values to their own size (checked: 1e-15)
+    assert np.all(np.abs(got.s - ref) <= 1e3 * eps(np.float64) * ref), (got.s, ref)
+    assert "tsqr" in got.report["fallback"] and got.report["converged"]
+    u = got.U.to_numpy()
+    assert_close_to(u.T @ u, np.eye(3), bound=100 * 800 * eps(np.float64), what="U orthonormal")
+
+
+@pytest.mark.parametrize("c", [1e200, 1e-200])
+def test_huge_and_tiny_entries_svd_k5(c):
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((300, 40)) @ np.diag(np.logspace(0, -2, 40))
+    ref = np.linalg.svd(a, compute_uv=False)[:5]
+    for memory in (IN_MEMORY, STREAM):
+        for method in ("auto", "lanczos"):
+            same = bl.svd(a, 5, method=method, seed=0, memory=memory).s
+            got = bl.svd(c * a, 5, method=method, seed=0, memory=memory)
+            assert got.report["converged"] and got.s.size == 5
+            # against LAPACK: the default tol targets the singular values to about 10 sqrt(eps) relative
+            # (docs/svd.md, Defaults and accuracy): |s_i - s_ref_i| <= 10 sqrt(eps) s_1 per value
+            assert_close_to(got.s / c, ref, bound=10 * np.sqrt(eps(np.float64)) * ref[0] * np.sqrt(5),
+                            what=f"svd {method} k=5 c={c:g} against LAPACK")
+            # against the same run on A (c is 2^+-664.4: not a power of two, so c A rounds once more per
+            # entry): Weyl with ||E|| <= eps ||A|| from that rounding plus both runs' 4 m eps s_1
+            assert_close_to(got.s / c, same, bound=(8 * 300 + 2) * eps(np.float64) * ref[0],
+                            what=f"svd {method} k=5 c={c:g} against A")
+
+
+@pytest.mark.parametrize("c", [1e200, 1e-200])
+def test_solve_with_scaled_a_and_b(c):
+    rng = np.random.default_rng(10)
+    a = rng.standard_normal((200, 30))
+    b = a @ rng.standard_normal((30, 1))
+    x_ref = np.linalg.lstsq(a, b, rcond=None)[0]
+    kappa = np.linalg.cond(a)
+    for method in ("qr", "normal", "auto"):
+        x = bl.solve(c * a, c * b, method=method, memory=STREAM)
+        assert np.isfinite(x.report["residual_norm"])
+        assert_close_to(x.to_numpy(), x_ref, bound=4 * 200 * eps(np.float64) * kappa ** 2 * np.linalg.norm(x_ref),
+                        what=f"solve {method} c={c:g}")
+
+
+# -- converged only for checked, finite residuals -------------------------------------------------------
+def test_nan_residuals_never_read_as_converged():
+    s = np.array([3.0, 2.0, 1.0])
+    rep = triplet_report(s, np.array([1e-12, np.nan, 1e-12]), 1e-4, np.float64)
+    assert rep["converged_triplets"] == [True, False, True]
+    rep = triplet_report(s, np.array([np.nan, 0.0, 0.0]), None, np.float64)  # no tol: still not converged
+    assert rep["converged_triplets"][0] is False
+    with pytest.raises(ConvergenceError, match="must be finite"):
+        scaling.check_finite_result("residual_norm", [1.0, np.nan], "the solve's residual norm")
+
+
+def test_sketch_is_never_reported_converged(tall):
+    """The single-pass sketch measures no residual: converged is None, with the note saying why."""
+    res = bl.svd(2.0 ** 600 * tall, 3, method="sketch", seed=0)
+    assert res.report["converged"] is None and "not computed" in res.report["residual_note"]
+
+
+def test_exponent_choice():
+    lo, hi = scaling.safe_range(np.float64)
+    assert (lo, hi) == (2.0 ** -256, 2.0 ** 256)
+    assert scaling.exponent_for(1.0, np.float64) == 0 and scaling.exponent_for(hi, np.float64) == 0
+    assert scaling.exponent_for(1e200, np.float64) == int(np.frexp(1e200)[1])
+    assert 0.5 <= 1e-200 / 2.0 ** scaling.exponent_for(1e-200, np.float64) < 1
+    assert scaling.exponent_for(float("nan"), np.float64) == 0 and scaling.exponent_for(0.0, np.float64) == 0
+    assert scaling.safe_range(np.float32) == (2.0 ** -32, 2.0 ** 32)
+    assert scaling.squares_lose_columns(np.array([1.0, 2.0 ** -520, 0.0, 2.0 ** -500])) == 1

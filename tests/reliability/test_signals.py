@@ -1,0 +1,314 @@
+"""Interrupts leave nothing: SIGINT, SIGTERM and SIGKILL for every command that writes an output.
+
+Each command runs as ``blocklin`` in a subprocess (``tests/support/slow_cli.py``: the real CLI with a small
+delay before each streamed item, so that the run is still writing when the signal comes) on small
+matrices with KiB-MiB budgets. The signal is sent at a point the test waits for, not after a sleep:
+``start`` (the partial output or the work folder has appeared) or ``mid`` (the second streamed
+item or finished unit has begun; ``slow_cli`` creates a mark file then); each signal meets each
+point, alternating over the commands. Then:
+
+* SIGINT / SIGTERM: exit 130 / 143 with one line on stderr; a resumable command (with or without
+  ``--resume``) keeps its partial output and, for operations made of steps over work stores, its
+  work folder for a rerun with ``--resume``, and the line says how to continue or remove them;
+  nothing else is left behind;
+* SIGKILL: whatever the killed run left is found and removed by the rerun (or ``blocklin clean``);
+* the rerun, with ``--resume`` where the command supports it and without, gives results identical
+  to an uninterrupted run, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+import blocklin
+from blocklin.cli.main import build_parser, main
+
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
+N = 240
+#: argv of each command (OUT is replaced by the output path), and whether it takes --resume
+COMMANDS = {
+    "gemm": ["gemm", "A.zarr", "A.zarr", "-o", "OUT", "--memory", "256KiB"],
+    "convert": ["convert", "A.npy", "OUT", "--memory", "256KiB", "--chunks", "40,40"],
+    "svd": ["svd", "A.zarr", "-k", "4", "-o", "OUT", "--memory", "1MiB", "--seed", "1"],
+    "inv": ["inv", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
+    "solve": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "4MiB"],  # square: LU, refinement
+    "solve-pos": ["solve", "S.zarr", "B.zarr", "-o", "OUT", "--memory", "1MiB", "--assume-a", "pos"],  # Cholesky
+    # lam > 0 with the Gram matrix over the budget: SYRK and Cholesky tiles, refinement, out of core
+    "solve-gram": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "1MiB", "--lambda", "1"],
+    "cholesky": ["factor", "cholesky", "S.zarr", "-o", "OUT", "--memory", "1MiB"],
+    "lu": ["factor", "lu", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
+    "qr": ["factor", "qr", "A.zarr", "-o", "OUT", "--memory", "1MiB", "--method", "tiled"],
+    "gram": ["gram", "A.zarr", "-o", "OUT", "--memory", "256KiB"],
+    "pca": ["pca", "A.zarr", "-k", "4", "-o", "OUT", "--memory", "768KiB", "--seed", "1"],
+    "eigs": ["eigs", "S.zarr", "-k", "3", "-o", "OUT", "--memory", "768KiB", "--seed", "1"],
+    "qr-tiles": ["factor", "qr", "A.zarr", "-o", "OUT", "--memory", "1MiB", "--method", "tiles"],
+}
+#: Each signal at both points, alternating over the commands (every command sees every signal).
+CASES = [(name, sig, point if i % 2 == 0 else {"start": "mid", "mid": "start"}[point])
+         for i, name in enumerate(COMMANDS)
+         for sig, point in (("SIGINT", "start"), ("SIGTERM", "mid"), ("SIGKILL", "mid"))]
+
+
+def _takes_resume(argv: list[str]) -> bool:
+    return "resume" in vars(build_parser().parse_args(_argv(argv, "X", "T")))
+
+
+def _argv(base: list[str], out: str, tmp: str, *extra: str) -> list[str]:
+    return [out if a == "OUT" else a for a in base] + ["--temp-dir", tmp, "--no-progress", *extra]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("signals")
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((N, N))
+    np.save(d / "A.npy", a)
+    blocklin.from_array(a, d / "A.zarr", chunks=(40, 40))
+    blocklin.from_array(a @ a.T + N * np.eye(N), d / "S.zarr", chunks=(40, 40))
+    blocklin.from_array(rng.standard_normal((N, 8)), d / "B.zarr", chunks=(40, 8))
+    (d / "tmp").mkdir()
+    return d
+
+
+@pytest.fixture(scope="module")
+def references(data):
+    """Each command's output from an uninterrupted run (what every rerun must reproduce bit for bit)."""
+    cwd, saved = os.getcwd(), warnings.formatwarning
+    os.chdir(data)
+    try:
+        for name, base in COMMANDS.items():
+            assert main(_argv(base, f"ref-{name}.zarr", str(data / "tmp"))) == 0
+    finally:
+        os.chdir(cwd)
+        warnings.formatwarning = saved
+    return {name: _load(data / f"ref-{name}.zarr") for name in COMMANDS}
+
+
+def _load(path: Path) -> dict[str, np.ndarray]:
+    node = zarr.open(str(path), mode="r")
+    if isinstance(node, zarr.Array):
+        return {"": node[...]}
+    return {k: v[...] for k, v in node.arrays()}
+
+
+def _leftovers(data: Path) -> list[str]:
+    here = [f for f in os.listdir(data) if ".partial-" in f or ".old-" in f]
+    return sorted(here + [f"tmp/{f}" for f in os.listdir(data / "tmp")])
+
+
+def _reached(point: str, data: Path, out: str) -> bool:
+    if point == "mid":
+        return (data / f"{out}.mark").exists()
+    return (any(f.startswith(f".{out}.partial-") for f in os.listdir(data))
+            or bool(os.listdir(data / "tmp")))
+
+
+def _interrupt(data: Path, argv: list[str], sig: str, point: str, out: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "BLOCKLIN_TEST_DELAY": "0.05", "BLOCKLIN_TEST_MARK": str(data / f"{out}.mark")}
+    proc = subprocess.Popen([sys.executable, str(SUPPORT / "slow_cli.py"), *argv], cwd=data, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not _reached(point, data, out):
+        assert proc.poll() is None, f"finished before {point}: {proc.communicate()}"
+        assert time.time() < deadline, f"{point} not reached"
+        time.sleep(0.002)
+    proc.send_signal(getattr(signal, sig))
+    stdout, stderr = proc.communicate(timeout=120)
+    (data / f"{out}.mark").unlink(missing_ok=True)
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize("name,sig,point", CASES)
+def test_interrupt_then_rerun(data, references, name, sig, point, monkeypatch):
+    out = f"{name}-{sig}.zarr"
+    tmp = str(data / "tmp")
+    resumable = _takes_resume(COMMANDS[name])
+    resume = ["--resume"] if resumable and sig != "SIGINT" else []  # SIGINT: the rerun without --resume
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    monkeypatch.chdir(data)
+
+    r = _interrupt(data, _argv(COMMANDS[name], out, tmp, *resume), sig, point, out)
+    assert not (data / out).exists()
+    if sig == "SIGKILL":
+        assert r.returncode == -signal.SIGKILL
+    else:
+        # a first run with --resume says once that it has nothing to continue; then the one line
+        lines = [ln for ln in r.stderr.strip().splitlines()
+                 if not (resume and ln.startswith("blocklin: warning: resume: no unfinished run"))]
+        word, code = ("interrupted", 130) if sig == "SIGINT" else ("terminated", 143)
+        assert r.returncode == code, r.stderr
+        assert len(lines) == 1 and lines[0].startswith(f"blocklin {COMMANDS[name][0]}: {word}"), r.stderr
+        # resumable: the partial output and, for operations made of steps over work stores (inv, the square
+        # solves), their work folder, kept for --resume (a signal at "start" may land before either exists)
+        kept = [f for f in _leftovers(data) if resumable and (
+            f.startswith(f".{out}.partial-") or f.startswith(f"tmp/blocklin-{COMMANDS[name][0]}-"))]
+        assert [f for f in _leftovers(data) if f not in kept] == []
+        assert len(kept) <= 2
+        assert not kept or "--resume" in lines[0] and "blocklin clean" in lines[0], lines[0]
+        assert point == "start" or kept  # mid-run, finished work exists and is kept
+
+    assert main(_argv(COMMANDS[name], out, tmp, *resume)) == 0
+    got, ref = _load(data / out), references[name]
+    assert got.keys() == ref.keys()
+    for key in ref:
+        np.testing.assert_array_equal(got[key], ref[key], err_msg=f"{name} {key}")
+    assert _leftovers(data) == []
+
+
+@pytest.mark.parametrize("name", ["inv", "solve"])
+def test_clean_removes_what_sigkill_left(data, monkeypatch, capsys, name):
+    """``blocklin clean`` finds a killed run's work folder and partial output (an inverse, a square solve
+    killed mid-factorization with ``--resume``), says what it removes with sizes, removes them, and finds
+    nothing the second time."""
+    import json
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    monkeypatch.chdir(data)
+    tmp = str(data / "tmp")
+    r = _interrupt(data, _argv(COMMANDS[name], "killed.zarr", tmp, *(["--resume"] if name == "solve" else [])),
+                   "SIGKILL", "mid", "killed.zarr")
+    assert r.returncode == -signal.SIGKILL
+    left = _leftovers(data)
+    assert left, "SIGKILL left nothing to clean"
+    assert any(f.startswith(f"tmp/blocklin-{name}-") for f in left), left  # the work folder
+    assert main(["clean", str(data), tmp, "--dry-run", "--json"]) == 0
+    dry = json.loads(capsys.readouterr().out)
+    assert {i["action"] for i in dry["items"]} == {"would remove"} and _leftovers(data) == left
+    assert main(["clean", str(data), tmp]) == 0
+    text = capsys.readouterr().out
+    assert text.count("removed ") == len(left) and "freed" in text
+    assert _leftovers(data) == []
+    assert main(["clean", str(data), tmp]) == 0
+    assert "nothing to clean" in capsys.readouterr().out
+
+
+def test_keyboard_interrupt_waits_for_threaded_tasks(tmp_path, monkeypatch):
+    """From Python: Ctrl-C while threaded tasks stream their panels stops them before the job lets
+    the partial output go (kept for resume=True), so no task writes into it afterwards (without the
+    wait, a task thread went on writing strips after the cleanup)."""
+
+    import blocklin.device.stream as stream
+
+    a = blocklin.from_array(np.random.default_rng(3).standard_normal((192, 192)), tmp_path / "A.zarr",
+                            chunks=(32, 32))
+    real, calls = stream.check_cancelled, []
+
+    def slow_check():
+        calls.append(1)
+        if len(calls) == 8:
+            os.kill(os.getpid(), signal.SIGINT)  # a real signal: it wakes the waiting main thread
+        time.sleep(0.02)  # tasks are mid-tile, arrays open, when the main thread starts its cleanup
+        real()
+
+    monkeypatch.setattr(stream, "check_cancelled", slow_check)
+    with pytest.raises(KeyboardInterrupt), pytest.warns(UserWarning, match="kept in partial output"):
+        blocklin.matmul(a, a, tmp_path / "C.zarr", memory="256KiB", workers=2, scheduler="threads")
+
+    def files() -> dict:
+        return {os.path.relpath(os.path.join(r, f), tmp_path): os.stat(os.path.join(r, f)).st_mtime_ns
+                for r, ds, fs in os.walk(tmp_path) for f in fs if "A.zarr" not in r}
+
+    kept = files()
+    time.sleep(0.5)  # a task that outlived the cleanup would write now
+    assert files() == kept
+    assert [f for f in os.listdir(tmp_path) if f not in ("A.zarr", "blocklin-tmp")] == \
+        [p for p in os.listdir(tmp_path) if p.startswith(".C.zarr.partial-")]  # only the kept partial
+
+
+def test_work_folder_removal_waits_for_writes_still_in_flight(tmp_path):
+    """Ctrl-C lands in the thread that waits on zarr's I/O loop, not in the loop: a write the loop still
+    runs must land before the job's deterministic work folder is removed, or it recreates the folder
+    (what a Ctrl-C'd inverse left behind once in a while)."""
+    import asyncio
+
+    from zarr.core import sync as zsync
+
+    from blocklin.runtime.job import Job
+
+    async def late_write(folder: str) -> None:
+        await asyncio.sleep(0.3)
+        os.makedirs(os.path.join(folder, "X.zarr", "c", "0"), exist_ok=True)
+        with open(os.path.join(folder, "X.zarr", "c", "0", "0"), "wb") as f:
+            f.write(b"chunk")
+
+    folder = []
+    with pytest.raises(KeyboardInterrupt):
+        with Job("inv", temp_dir=str(tmp_path)) as job:
+            out = job.output(str(tmp_path / "X.zarr"), inputs=[])  # no token: nothing kept for a resume
+            folder.append(job.work_dir("inv", "0123456789abcdef", output=out).url)
+            zsync.sync(asyncio.sleep(0))  # zarr's loop is running, as in any job that wrote
+            asyncio.run_coroutine_threadsafe(late_write(folder[0]), zsync.loop[0])
+            raise KeyboardInterrupt
+    time.sleep(0.5)  # long after the write
+    assert folder[0].startswith(str(tmp_path)) and not os.path.exists(folder[0])
+
+
+def test_a_join_cut_short_by_ctrl_c_still_waits_for_the_writer(tmp_path):
+    """A writer thread outlives a join that Ctrl-C interrupts: interrupt.wait_through goes on waiting
+    and re-raises afterwards, so the write lands before any cleanup (the partial a Ctrl-C'd inverse
+    sometimes left under load: its leaf's writer pool was still writing after the removal)."""
+    import threading
+
+    from blocklin import interrupt
+
+    release, target = threading.Event(), tmp_path / "late-chunk"
+
+    def writer():
+        release.wait()
+        target.write_bytes(b"chunk")
+
+    t = threading.Thread(target=writer)
+    t.start()
+    calls = []
+
+    def join():
+        calls.append(1)
+        if len(calls) == 1:  # Ctrl-C lands in the first join, the writer still busy
+            release.set()
+            raise KeyboardInterrupt
+        t.join()
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.wait_through(join)
+        assert target.exists() and not t.is_alive() and len(calls) == 2
+        assert interrupt.cancelled()  # the tasks still running are told to stop
+    finally:
+        interrupt.reset()
+
+
+def test_ctrl_c_again_while_stopping_is_absorbed_once(capfd):
+    """Under the CLI's handlers the first Ctrl-C stops the command; one more while it stops (its cleanup
+    keeps the finished work and says how to resume) is absorbed with a note; the next one stops at once
+    (the test's child sent a SIGINT per chunk write and cut the inverse's cleanup short under load)."""
+    from blocklin import interrupt
+
+    def ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs at the next bytecode of the main thread
+            time.sleep(0)
+
+    assert interrupt.ABSORBED == 1
+    try:
+        with interrupt.handle_signals():
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c()
+            ctrl_c()  # while stopping: absorbed, said once on stderr
+            assert "interrupt again to quit at once" in capfd.readouterr().err
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c()
+        with interrupt.handle_signals():  # a new command starts counting again
+            with pytest.raises(KeyboardInterrupt):
+                ctrl_c()
+    finally:
+        interrupt.reset()

@@ -1,0 +1,282 @@
+"""Square systems through solve(): LU (assume_a='gen'), 'sym' (Cholesky, else LU), mixed precision."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.linalg as sl
+
+import blocklin as bl
+from blocklin.cli.main import main
+from blocklin.errors import ConvergenceError, ParameterError, SingularMatrixError
+from support.tolerances import assert_residual, assert_solve
+
+
+def _eta(a, x, b):
+    """Normwise backward error ||b - A x||_F / (||A||_F ||x||_F + ||b||_F), in float64."""
+    a, x, b = (np.asarray(v, dtype=np.float64) for v in (a, x, b))
+    return np.linalg.norm(b - a @ x) / (np.linalg.norm(a) * np.linalg.norm(x) + np.linalg.norm(b))
+
+
+def _singular_leading_block(n):
+    a = np.zeros((n, n))
+    h = n // 2
+    a[:h, h:] = np.eye(h)
+    a[h:, :h] = np.eye(n - h)
+    return a + 1e-3 * np.random.default_rng(0).standard_normal((n, n))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n,memory", [(1, "1MiB"), (13, "1MiB"), (97, "256KiB"), (128, "256KiB")],
+                         ids=["1", "13-one-tile", "97-prime-many-tiles", "128-tile-multiple"])
+def test_gen_square_solve_is_lu_and_matches_scipy(dtype, n, memory):
+    rng = np.random.default_rng(n)
+    a = rng.standard_normal((n, n)).astype(dtype)
+    b = rng.standard_normal((n, 2)).astype(dtype)
+    x = bl.solve(a, b, memory=memory, scheduler="sync")
+    r = x.report
+    assert r["method"] == "lu" and "square a" in r["method_reason"] and x.dtype == dtype
+    eps = np.finfo(dtype).eps
+    # refined to the target sqrt(n) u; the stored x's backward error (recomputed in float64) is that
+    # up to the rounding of x itself (a factor 4)
+    assert r["backward_error"] <= np.sqrt(n) * eps
+    assert _eta(a, x[...], b) <= 4 * np.sqrt(n) * eps
+    ref = sl.solve(a.astype(np.float64), b.astype(np.float64))
+    # forward error <= 2 cond(A) * backward error (Higham 2002, (7.2))
+    cond = np.linalg.cond(a.astype(np.float64))
+    assert np.linalg.norm(x[...] - ref) <= 2 * cond * 4 * np.sqrt(n) * eps * np.linalg.norm(ref)
+    np.testing.assert_allclose(r["residual_norm"], np.linalg.norm(b - a.astype(np.float64) @ x[...], axis=0),
+                               rtol=0.5, atol=4 * eps * np.linalg.norm(a) * np.linalg.norm(x[...]))
+
+
+@pytest.mark.parametrize("make", [_singular_leading_block, lambda n: np.eye(n)[np.random.default_rng(2).permutation(n)],
+                                  lambda n: np.triu(np.ones((n, n))) + np.diag(np.arange(n, dtype=float))],
+                         ids=["singular-leading-block", "permutation", "upper-unit-dominant"])
+def test_gen_solve_pivots_where_block_pivoting_fails(make):
+    a = make(70)
+    b = np.random.default_rng(1).standard_normal((70, 1))
+    x = bl.solve(a, b, memory="128KiB", scheduler="sync")  # panels of 32: the leading block is singular
+    assert x.report["method"] == "lu" and x.report["plan"]["tiles"] > 1
+    assert_residual(a, x[...], b)
+    assert_solve(x[...], sl.solve(a, b), a)
+
+
+def test_mixed_precision_reaches_double_backward_error():
+    rng = np.random.default_rng(3)
+    n = 90
+    a = rng.standard_normal((n, n)) + 5 * np.eye(n)
+    b = rng.standard_normal((n, 3))
+    x = bl.solve(a, b, precision="mixed", memory="256KiB", scheduler="sync")
+    r = x.report
+    assert r["precision"] == "mixed" and r["factor_dtype"] == "float32" and x.dtype == np.float64
+    assert r["refine_steps"] >= 1 and r["backward_error"] <= np.sqrt(n) * np.finfo(np.float64).eps
+    assert _eta(a, x[...], b) <= 4 * np.sqrt(n) * np.finfo(np.float64).eps
+    assert [h["step"] for h in r["history"]] == list(range(r["refine_steps"] + 1))
+    spd = a @ a.T + n * np.eye(n)
+    y = bl.solve(spd, b, assume_a="pos", precision="mixed", memory="256KiB")
+    assert y.report["method"] == "cholesky" and y.report["backward_error"] <= np.sqrt(n) * np.finfo(float).eps
+
+
+def test_mixed_precision_refuses_when_it_cannot_converge(tmp_path):
+    rng = np.random.default_rng(4)
+    n = 60
+    u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    ill = u @ np.diag(np.logspace(0, -10, n)) @ v.T  # cond 1e10: cond * u_32 >> 1
+    with pytest.raises(ConvergenceError, match="precision='double'"):
+        bl.solve(ill, np.ones(n), precision="mixed", out=tmp_path / "x.zarr")
+    assert not (tmp_path / "x.zarr").exists()
+    with pytest.raises(ParameterError, match="float64"):
+        bl.solve(np.eye(4, dtype=np.float32), np.ones(4, dtype=np.float32), precision="mixed")
+    with pytest.raises(ParameterError, match="square systems"):
+        bl.solve(np.ones((6, 3)), np.ones(6), precision="mixed")
+
+
+def test_sym_uses_cholesky_when_positive_definite_else_lu():
+    rng = np.random.default_rng(5)
+    n = 75
+    g = rng.standard_normal((n, n))
+    b = rng.standard_normal((n, 1))
+    spd = g @ g.T + n * np.eye(n)
+    x = bl.solve(spd, b, assume_a="sym", memory="256KiB")
+    assert x.report["method"] == "cholesky"
+    assert_solve(x[...], sl.solve(spd, b), spd)
+    indefinite = g + g.T
+    y = bl.solve(indefinite, b, assume_a="sym", memory="256KiB")
+    assert y.report["method"] == "lu" and "<= 0" in y.report["method_reason"]
+    np.testing.assert_allclose(y[...], sl.solve(indefinite, b, assume_a="sym"), rtol=1e-8)
+    # positive diagonal but indefinite: the Cholesky pivot fails, LU takes over
+    late = np.diag(np.full(n, 2.0))
+    late[n - 1, 0] = late[0, n - 1] = 3.0
+    z = bl.solve(late, b, assume_a="sym", memory="256KiB")
+    assert z.report["method"] == "lu" and "Cholesky pivot" in z.report["method_reason"]
+    assert_solve(z[...], sl.solve(late, b), late)
+
+
+def test_least_squares_routes_stay_where_asked():
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((40, 40))
+    b = rng.standard_normal((40, 1))
+    assert bl.solve(a, b, method="qr").report["method"] == "qr"
+    assert bl.solve_plan(a, b).operation == "lu" == bl.solve(a, b, explain=True).operation
+    assert bl.solve(a, b, lam=0.1).report["method"] != "lu"
+    sing = np.ones((20, 20))
+    with pytest.raises(SingularMatrixError, match="lam"):
+        bl.solve(sing, np.ones(20))
+    with pytest.raises(ParameterError, match="lam"):
+        bl.solve(a, b, assume_a="sym", lam=0.5)
+
+
+def test_gen_solve_identical_bits_across_schedulers(tmp_path):
+    a = bl.from_array(np.random.default_rng(7).standard_normal((90, 90)), tmp_path / "a.zarr", chunks=(32, 32))
+    b = np.random.default_rng(8).standard_normal((90, 2))
+    xs = [bl.solve(a, b, scheduler=s, workers=2)[...] for s in ("sync", "threads", "processes")]
+    for x in xs[1:]:
+        np.testing.assert_array_equal(x, xs[0])
+
+
+def test_cli_solve_square(tmp_path, capsys):
+    rng = np.random.default_rng(9)
+    a = bl.from_array(rng.standard_normal((64, 64)) + 8 * np.eye(64), tmp_path / "a.zarr", chunks=(32, 32))
+    b = bl.from_array(rng.standard_normal((64, 1)), tmp_path / "b.zarr", chunks=(32, 1))
+    assert main(["solve", a.path, b.path, "-o", str(tmp_path / "x.zarr"), "--precision", "mixed", "--json",
+                 "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["method"] == "lu" and out["precision"] == "mixed" and out["backward_error"] <= 8 * 2.2e-16
+    assert_solve(bl.open(tmp_path / "x.zarr")[...], sl.solve(a[...], b[...]), a[...], dtype=np.float64)
+    sym = bl.from_array(a[...] + a[...].T, tmp_path / "s.zarr", chunks=(32, 32))
+    assert main(["solve", sym.path, b.path, "-o", str(tmp_path / "y.zarr"), "--assume-a", "sym", "--json",
+                 "--no-progress"]) == 0
+    assert json.loads(capsys.readouterr().out)["method"] in ("cholesky", "lu")
+
+
+def test_gen_solve_with_more_right_hand_sides_than_a_panel():
+    """Up to a panel's width of columns the solve streams the stored panels (BlockOps.lu_solve); more
+    go through the packed factor and the tile triangular solves: both against SciPy."""
+    rng = np.random.default_rng(11)
+    n = 100
+    a = rng.standard_normal((n, n))
+    b = rng.standard_normal((n, 70))
+    for cols in (5, 70):
+        x = bl.solve(a, b[:, :cols], memory="256KiB", scheduler="sync")
+        assert (cols <= x.report["plan"]["tile"]) == (cols == 5)
+        # refined to sqrt(n) u; the solution error is then within cond(A) times that
+        assert x.report["backward_error"] <= np.sqrt(n) * np.finfo(float).eps
+        assert _eta(a, x[...], b[:, :cols]) <= 4 * np.sqrt(n) * np.finfo(float).eps
+        np.testing.assert_allclose(x[...], sl.solve(a, b[:, :cols]), rtol=0,
+                                   atol=1e-10 * np.abs(sl.solve(a, b[:, :cols])).max())
+
+
+def _spy_lu_solves(monkeypatch):
+    """The ``forward`` flag of every LU solve task (True: the solve also reads L back)."""
+    import blocklin.linalg.factor.lu_panels as bo
+
+    calls, real = [], bo.lu_solve_task
+
+    def spy(spec, pivots, forward=True):
+        calls.append(forward)
+        return real(spec, pivots, forward)
+
+    monkeypatch.setattr(bo, "lu_solve_task", spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype,precision", [(np.float64, "double"), (np.float32, "double"), (np.float64, "mixed")])
+def test_gen_solve_forward_substitution_runs_in_the_panels(monkeypatch, dtype, precision):
+    """The first solve is the back substitution alone (the panels eliminated b as they were factored: Gaussian
+    elimination on [A | b]); refinement steps solve with the stored factors, forward and back."""
+    calls = _spy_lu_solves(monkeypatch)
+    rng = np.random.default_rng(12)
+    n = 150
+    a = (rng.standard_normal((n, n)) + (5 * np.eye(n) if precision == "mixed" else 0)).astype(dtype)
+    b = rng.standard_normal((n, 3)).astype(dtype)
+    x = bl.solve(a, b, memory="256KiB", scheduler="sync", precision=precision)
+    r = x.report
+    assert r["plan"]["tiles"] > 2
+    assert calls == [False] + [True] * r["refine_steps"]
+    if precision == "mixed":
+        assert r["refine_steps"] >= 1
+    else:  # the fused forward substitution alone reaches the target: a wrong one would need refinement steps
+        assert r["refine_steps"] == 0 and r["history"][0]["backward_error"] <= np.sqrt(n) * np.finfo(dtype).eps
+    eps = np.finfo(x.dtype).eps
+    assert r["backward_error"] <= np.sqrt(n) * eps
+    # the stored x's backward error, recomputed in float64: the target up to the rounding of x (a factor 4)
+    assert _eta(a, x[...], b) <= 4 * np.sqrt(n) * eps
+    ref = sl.solve(a.astype(np.float64), b.astype(np.float64))
+    cond = np.linalg.cond(a.astype(np.float64))  # forward error <= 2 cond(A) backward error (Higham (7.2))
+    assert np.linalg.norm(x[...] - ref) <= 2 * cond * 4 * np.sqrt(n) * eps * np.linalg.norm(ref)
+
+
+def test_gen_solve_forward_substitution_only_where_it_fits_the_panel_budget(monkeypatch):
+    """Right-hand sides that do not fit beside a panel (lu_rhs_fits) are solved after the factorization,
+    forward and back: the same solution up to rounding."""
+    import blocklin.linalg.solve.square as sq
+    from blocklin.plan.factor import lu_panel_bytes, lu_rhs_fits
+
+    # after its factorization a panel frees its update and sub-panel buffers: n x k must fit there
+    n, w = 65536, 1024
+    assert lu_rhs_fits(n, w, 1, 8, 8) and not lu_rhs_fits(n, w, w, 8, 8)
+    free = lu_panel_bytes(n, w, 8) - n * w * 8
+    k = max(j for j in range(1, w + 1) if lu_rhs_fits(n, w, j, 8, 8))
+    assert (3 * n * k + 3 * w * k) * 8 <= free < (3 * n + 3 * w) * (k + 1) * 8  # y and its saved bytes
+    assert not lu_rhs_fits(n, w, k, 4, 8)  # the float64 rows read before the cast to float32 count too
+    rng = np.random.default_rng(13)
+    m = 120
+    a, b = rng.standard_normal((m, m)), rng.standard_normal((m, 4))
+    xs = []
+    for fits in (True, False):
+        calls = _spy_lu_solves(monkeypatch)
+        if not fits:
+            monkeypatch.setattr(sq, "lu_rhs_fits", lambda *args: False)
+        x = bl.solve(a, b, memory="256KiB", scheduler="sync")
+        assert calls[0] == (not fits)
+        assert x.report["backward_error"] <= np.sqrt(m) * np.finfo(float).eps
+        xs.append(x[...])
+        monkeypatch.undo()
+    # both refined to sqrt(n) eps backward error: within cond(A) times that of each other and of SciPy
+    ref = sl.solve(a, b)
+    tol = 2 * np.linalg.cond(a) * 4 * np.sqrt(m) * np.finfo(float).eps * np.linalg.norm(ref)
+    for x in xs:
+        assert np.linalg.norm(x - ref) <= tol
+
+
+def test_gen_solve_resumes_inside_the_panels_forward_substitution(tmp_path, monkeypatch):
+    """Killed after some panels (their eliminated right-hand sides kept for the rerun), the rerun continues
+    from the last finished panel and gives the bits of an uninterrupted run."""
+    import os
+
+    import blocklin.linalg.factor.lu_panels as bo
+
+    rng = np.random.default_rng(14)
+    a = bl.from_array(rng.standard_normal((160, 160)), tmp_path / "a.zarr", chunks=(32, 32))
+    b = bl.from_array(rng.standard_normal((160, 2)), tmp_path / "b.zarr", chunks=(32, 2))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    kw = dict(memory="256KiB", scheduler="sync", temp_dir=str(tmp))
+    ref = bl.solve(a.path, b.path, out=str(tmp_path / "ref.zarr"), **kw)
+    assert ref.report["plan"]["tiles"] >= 4
+    real, ran = bo._lu_forward_rhs, []
+
+    def dies_at_panel_3(spec, j, *args):
+        if j == 3:
+            raise KeyboardInterrupt
+        ran.append(j)
+        return real(spec, j, *args)
+
+    monkeypatch.setattr(bo, "_lu_forward_rhs", dies_at_panel_3)
+    with pytest.raises(KeyboardInterrupt):
+        bl.solve(a.path, b.path, out=str(tmp_path / "x.zarr"), resume=True, **kw)
+    monkeypatch.setattr(bo, "_lu_forward_rhs", lambda spec, j, *args: (ran.append(j), real(spec, j, *args))[1])
+    ran.clear()
+    x = bl.solve(a.path, b.path, out=str(tmp_path / "x.zarr"), resume=True, **kw)
+    assert x.report["resumed"] and ran[0] == 3  # panels 0-2 were not run again
+    np.testing.assert_array_equal(x[...], ref[...])
+    assert os.listdir(tmp) == []
+
+
+def test_gen_solve_vector_stores_are_not_padded_to_tiles():
+    """x is chunked (tile, k): a chunk as wide as a tile would be padded to tile x tile on disk."""
+    x = bl.solve(np.random.default_rng(15).standard_normal((100, 100)), np.ones(100), memory="256KiB")
+    assert x.chunks[1] == 1 and x.chunks[0] > 1

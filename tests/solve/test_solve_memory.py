@@ -1,0 +1,55 @@
+"""Peak memory of the general square solve (LU, triangular solves, residual, refinement) at small budgets.
+
+Unlike :func:`memcheck.margin` (24 MiB of slack, for budgets of hundreds of MiB), these budgets are a few
+MiB, so the allowance is the goal of the budget sweep (``benchmarks/budgets.py``): the budget + 10%. The
+child first runs the same solve on a tiny input, so that lazy imports, thread pools and BLAS buffers are
+part of its baseline, as in the sweep.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from support.memcheck import needs_hwm, run_child
+
+CHILD = """
+    import shutil
+    import numpy as np
+    import blocklin as bl
+    a_path, b_path, wa, wb, out, memory = sys.argv[1:7]
+    import dask.threaded  # noqa: F401  (imported by the run anyway; part of the baseline)
+    import scipy.linalg  # noqa: F401
+    bl.open(a_path)[0:1, 0:1]
+    bl.solve(wa, wb, out=out, memory=memory, overwrite=True)  # warm-up on a tiny input
+    shutil.rmtree(out, ignore_errors=True)
+    reset_hwm()
+    base = hwm()
+    x = bl.solve(a_path, b_path, out=out, memory=memory)
+    r = x.report
+    print(json.dumps({"baseline": base, "peak": hwm(), "method": r["method"], "eta": r["backward_error"],
+                      "tol": r["tol"], "tile": r["plan"]["tile"]}))
+"""
+
+
+@needs_hwm
+@pytest.mark.parametrize("memory_mib", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: in the slow job
+def test_gen_solve_peak_within_budget(tmp_path, memory_mib):
+    n = 1024  # 8 MiB: 2x and 4x the budget
+    budget = memory_mib * 2**20
+    rng = np.random.default_rng(3)
+    a = bl.from_array(rng.standard_normal((n, n)), tmp_path / "a.zarr", chunks=(256, 256))
+    b = bl.from_array(rng.standard_normal((n, 1)), tmp_path / "b.zarr", chunks=(256, 1))
+    wa = bl.from_array(rng.standard_normal((48, 48)), tmp_path / "wa.zarr", chunks=(16, 16))
+    wb = bl.from_array(rng.standard_normal((48, 1)), tmp_path / "wb.zarr", chunks=(16, 1))
+    assert a.nbytes >= 2 * budget
+    r = run_child(CHILD, a.path, b.path, wa.path, wb.path, str(tmp_path / "x.zarr"), f"{memory_mib}MiB")
+    used = r["peak"] - r["baseline"]
+    assert r["method"] == "lu" and r["tile"] < n  # several panels: out of core
+    assert used <= 1.10 * budget, f"used {used / 2**20:.2f} MiB over baseline, budget {memory_mib} MiB"
+    # the refined solution reaches the solver's own target, sqrt(n) eps (checked here against NumPy)
+    x = bl.open(tmp_path / "x.zarr")[...]
+    an, bn = a[...], b[...]
+    eta = np.linalg.norm(bn - an @ x) / (np.linalg.norm(an) * np.linalg.norm(x) + np.linalg.norm(bn))
+    assert eta <= np.sqrt(n) * np.finfo(float).eps, eta

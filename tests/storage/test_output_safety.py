@@ -1,0 +1,423 @@
+"""Outputs never destroy what blocklin did not write (``blocklin.storage.guard``).
+
+The probe cases, each through the CLI (``main([...])`` returns the exit code: 1 for an error) and the
+Python API: an output inside an input, holding the inputs, an existing folder or file that is not a
+blocklin output, an HDF5 file's other datasets; the same on S3 (moto on 127.0.0.1). After every
+refusal the whole folder tree (or bucket) is byte-for-byte what it was. Then what ``overwrite`` may
+still replace: a blocklin output (locally and on S3), an empty folder, a file of the output's format,
+one HDF5 dataset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+import blocklin as bl
+from blocklin.cli.main import main
+from blocklin.errors import OutputExistsError, OutputIsInputError, TempDirError
+from blocklin.storage.backend import backend
+from blocklin.storage.guard import relation, removal_command
+from support.tolerances import assert_product
+
+RNG = np.random.default_rng(5)
+A = RNG.standard_normal((24, 16))
+B = RNG.standard_normal((16, 12))
+EXIT_ERROR = 1  # blocklin.cli.ui: every refused command exits 1 with a one-line message
+
+
+def tree(root) -> dict[str, str]:
+    """Every file and folder under ``root``: relative path -> content hash ("dir" for folders)."""
+    out = {}
+    for folder, dirs, files in os.walk(root):
+        for d in dirs:
+            out[os.path.relpath(os.path.join(folder, d), root)] = "dir"
+        for f in files:
+            p = os.path.join(folder, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, root)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+@pytest.fixture
+def work(tmp_path):
+    """A folder with blocklin inputs A.zarr and B.zarr and an unrelated notes.txt."""
+    w = tmp_path / "w"
+    w.mkdir()
+    bl.from_array(A, w / "A.zarr", chunks=(8, 8))
+    bl.from_array(B, w / "B.zarr", chunks=(8, 4))
+    (w / "notes.txt").write_text("not blocklin's")
+    return w
+
+
+def refused_cli(capsys, root, argv, *needles):
+    """Run the CLI; assert exit 1, a one-line error naming every needle, and ``root`` unchanged."""
+    before = tree(root)
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == EXIT_ERROR, err
+    assert err.count("\n") == 1 and "Fix:" in err and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    assert tree(root) == before
+    return err
+
+
+def refused_api(root, exc, call, *needles):
+    before = tree(root)
+    with pytest.raises(exc) as info:
+        call()
+    for needle in needles:
+        assert needle in str(info.value), (needle, str(info.value))
+    assert "Fix:" in str(info.value)
+    assert tree(root) == before
+    return str(info.value)
+
+
+def gemm_argv(w, out, *extra):
+    return ["gemm", str(w / "A.zarr"), str(w / "B.zarr"), "-o", str(out), "--overwrite", *extra]
+
+
+# -- the probe cases, locally ---------------------------------------------------------------------
+
+def test_output_inside_an_input_is_refused(work, tmp_path, capsys):
+    refused_cli(capsys, tmp_path, gemm_argv(work, work / "A.zarr" / "sub"), "OutputIsInputError",
+                "must not be inside an input")
+    refused_api(tmp_path, OutputIsInputError,
+                lambda: bl.matmul(work / "A.zarr", work / "B.zarr", work / "A.zarr" / "sub", overwrite=True),
+                "inside the input")
+    np.testing.assert_array_equal(bl.open(work / "A.zarr").to_numpy(), A)  # A still reads its data
+
+
+def test_output_holding_the_inputs_is_refused(work, tmp_path, capsys):
+    refused_cli(capsys, tmp_path, gemm_argv(work, work), "must not hold an input", f"{work}/C.zarr")
+    refused_api(tmp_path, OutputIsInputError,
+                lambda: bl.matmul(work / "A.zarr", work / "B.zarr", work, overwrite=True), "holds the input")
+    refused_api(tmp_path, OutputIsInputError,  # also a folder further up
+                lambda: bl.matmul(work / "A.zarr", work / "B.zarr", tmp_path, overwrite=True), "holds the input")
+
+
+def test_output_through_a_symlink_to_an_input_is_refused(work, tmp_path, capsys):
+    os.symlink(work / "A.zarr", tmp_path / "link.zarr")
+    refused_cli(capsys, tmp_path, gemm_argv(work, tmp_path / "link.zarr"), "must differ from every input")
+    os.symlink(work, tmp_path / "wlink")
+    refused_api(tmp_path, OutputIsInputError,
+                lambda: bl.matmul(work / "A.zarr", work / "B.zarr", tmp_path / "wlink" / "A.zarr" / "c", overwrite=True),
+                "inside the input")
+
+
+def test_existing_folder_that_is_not_a_zarr_store_is_refused(work, tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "thesis.tex").write_text("\\documentclass{article}")
+    err = refused_cli(capsys, tmp_path, gemm_argv(work, docs), "OutputExistsError", "thesis.tex",
+                      "overwrite replaces only a zarr output blocklin wrote", f"rm -r {docs}")
+    assert "an empty folder" in err
+    refused_api(tmp_path, OutputExistsError,
+                lambda: bl.matmul(work / "A.zarr", work / "B.zarr", docs, overwrite=True), f"rm -r {docs}")
+    refused_api(tmp_path, OutputExistsError, lambda: bl.from_array(A, docs, overwrite=True), "thesis.tex")
+    refused_api(tmp_path, OutputExistsError, lambda: bl.random(docs, (4, 4), overwrite=True), "thesis.tex")
+
+
+def test_plain_zarr_array_is_the_users_data(work, tmp_path, capsys):
+    """A zarr array blocklin did not write (no provenance) is refused even with --overwrite."""
+    plain = tmp_path / "plain.zarr"
+    z = zarr.create_array(plain, shape=(4, 4), chunks=(2, 2), dtype="f8")
+    z[...] = 7.0
+    refused_cli(capsys, tmp_path, gemm_argv(work, plain), "blocklin did not write", f"rm -r {plain}")
+    refused_api(tmp_path, OutputExistsError, lambda: bl.from_array(A, plain, overwrite=True), "blocklin did not write")
+    refused_cli(capsys, tmp_path, ["convert", str(work / "A.zarr"), str(plain), "--overwrite"], "blocklin did not write")
+    assert (zarr.open_array(plain)[...] == 7.0).all()
+
+
+def test_a_blocklin_output_holding_other_files_is_refused(work, tmp_path, capsys):
+    """Provenance alone is not enough: files someone put inside a blocklin output are theirs."""
+    out = tmp_path / "C.zarr"
+    bl.matmul(work / "A.zarr", work / "B.zarr", out)
+    (out / "my-notes.txt").write_text("mine")
+    refused_cli(capsys, tmp_path, gemm_argv(work, out), "blocklin did not write (my-notes.txt)", f"rm -r {out}")
+    (out / "my-notes.txt").unlink()
+    assert main(gemm_argv(work, out)) == 0
+
+
+def test_a_file_where_a_zarr_folder_would_go_is_refused(work, tmp_path, capsys):
+    (tmp_path / "C.zarr").write_text("a file")
+    refused_cli(capsys, tmp_path, gemm_argv(work, tmp_path / "C.zarr"), "a file, where a zarr folder would go",
+                f"rm {tmp_path / 'C.zarr'}")
+
+
+def test_output_is_not_the_temp_dir_and_the_temp_dir_not_an_input(work, tmp_path, capsys):
+    tmp = tmp_path / "blocklin-tmp"  # the conftest's temp dir
+    refused_api(tmp_path, TempDirError, lambda: bl.matmul(work / "A.zarr", work / "B.zarr", tmp, overwrite=True),
+                "must not be the temp dir")
+    refused_cli(capsys, tmp_path, gemm_argv(work, work / "T", "--temp-dir", str(work / "T" / "tmp")), "temp dir")
+    refused_api(tmp_path, TempDirError, lambda: bl.matmul(work / "A.zarr", work / "B.zarr", tmp_path / "C.zarr",
+                                                          temp_dir=work / "A.zarr"),
+                "temp_dir: must not be an input or inside one")
+    assert not os.listdir(tmp)
+
+
+def test_two_outputs_of_one_operation_never_overlap(work, tmp_path):
+    from blocklin.errors import ParameterError
+
+    bl.from_array(A, tmp_path / "R.zarr")  # a blocklin output that --overwrite may replace
+    for q in (tmp_path / "R.zarr", tmp_path / "R.zarr" / "Q"):
+        refused_api(tmp_path, ParameterError, lambda: bl.qr(work / "A.zarr", tmp_path / "R.zarr", q=q, mode="reduced",
+                                                            overwrite=True), "outputs: must not overlap each other")
+
+
+def test_dask_array_cannot_overwrite_its_own_source(work, tmp_path):
+    import dask.array as da
+
+    x = da.from_zarr(str(work / "A.zarr"))
+    refused_api(tmp_path, OutputIsInputError, lambda: bl.from_array(x, work / "A.zarr", overwrite=True),
+                "must differ from every input")
+    refused_api(tmp_path, OutputIsInputError, lambda: bl.from_array(x, work, overwrite=True), "holds the input")
+    np.testing.assert_array_equal(bl.from_array(x, work / "copy.zarr").to_numpy(), A)
+
+
+# -- convert and the file formats -------------------------------------------------------------------
+
+def test_hdf5_output_keeps_the_files_other_datasets(tmp_path, capsys):
+    h5py = pytest.importorskip("h5py")
+    x = RNG.standard_normal((6, 5))
+    np.save(tmp_path / "X.npy", x)
+    out = tmp_path / "out.h5"
+    with h5py.File(out, "w") as f:
+        f["precious"] = np.arange(10.0)
+        f.create_group("grp")["inner"] = np.ones(3)
+    assert main(["convert", str(tmp_path / "X.npy"), f"{out}:/new", "--overwrite"]) == 0
+    with h5py.File(out, "r") as f:
+        assert sorted(f) == ["grp", "new", "precious"]
+        np.testing.assert_array_equal(f["precious"][...], np.arange(10.0))
+        np.testing.assert_array_equal(f["grp/inner"][...], np.ones(3))
+        np.testing.assert_array_equal(f["new"][...], x)  # a copy: bit for bit
+    # Again without --overwrite: the dataset exists, refused; with it, only /new is replaced.
+    refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{out}:/new"], "dataset", "exists")
+    np.save(tmp_path / "Y.npy", 2 * x)
+    bl.convert(tmp_path / "Y.npy", f"{out}:/new", overwrite=True)
+    with h5py.File(out, "r") as f:
+        assert sorted(f) == ["grp", "new", "precious"]
+        np.testing.assert_array_equal(f["new"][...], 2 * x)
+        np.testing.assert_array_equal(f["precious"][...], np.arange(10.0))
+    # A group at the name holds other data: never replaced.
+    refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{out}:/grp", "--overwrite"], "a group")
+    refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{out}:/precious/x", "--overwrite"],
+                "parents must be groups")
+    # The input's own file is the input.
+    refused_cli(capsys, tmp_path, ["convert", f"{out}:/precious", f"{out}:/copy", "--overwrite"],
+                "must differ from every input")
+
+
+def test_hdf5_replacement_keeps_the_old_dataset_until_the_new_one_is_complete(tmp_path):
+    h5py = pytest.importorskip("h5py")
+    from blocklin.storage.formats import open_writer
+
+    out = tmp_path / "out.h5"
+    with h5py.File(out, "w") as f:
+        f["d"] = np.full((40, 3), 5.0)
+        f["precious"] = np.arange(4.0)
+    new = RNG.standard_normal((40, 3))
+    # Interrupted after half the blocks: the old dataset is whole, no temporary dataset stays.
+    w = open_writer(f"{out}:/d", (40, 3), "f8", overwrite=True)
+    w.write(slice(0, 20), slice(0, 3), new[:20])
+    np.testing.assert_array_equal(w._f["d"][...], np.full((40, 3), 5.0))  # the new rows went elsewhere
+    w.abort()
+    with h5py.File(out, "r") as f:
+        assert sorted(f) == ["d", "precious"]
+        np.testing.assert_array_equal(f["d"][...], np.full((40, 3), 5.0))
+    # Completed: the new dataset takes the name; the other dataset is untouched.
+    w = open_writer(f"{out}:/d", (40, 3), "f8", overwrite=True)
+    w.write(slice(0, 20), slice(0, 3), new[:20])
+    w.write(slice(20, 40), slice(0, 3), new[20:])
+    w.commit()
+    with h5py.File(out, "r") as f:
+        assert sorted(f) == ["d", "precious"]
+        np.testing.assert_array_equal(f["d"][...], new)
+        np.testing.assert_array_equal(f["precious"][...], np.arange(4.0))
+
+
+def test_hdf5_path_holding_another_file_is_refused(tmp_path, capsys):
+    pytest.importorskip("h5py")
+    np.save(tmp_path / "X.npy", A)
+    (tmp_path / "notes.h5").write_text("not HDF5")
+    refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{tmp_path}/notes.h5:/d", "--overwrite"],
+                "not an HDF5 file", f"rm {tmp_path / 'notes.h5'}")
+    (tmp_path / "dir.h5").mkdir()
+    refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{tmp_path}/dir.h5:/d", "--overwrite"],
+                "a folder, where a file would go")
+
+
+@pytest.mark.parametrize("ext,header", [("npy", b"\x93NUMPY"), ("mtx", b"%%MatrixMarket"),
+                                        ("csv", repr(float(A[0, 0])).encode() + b",")])
+def test_file_exports_replace_only_a_file_of_their_format(work, tmp_path, capsys, ext, header):
+    out = tmp_path / f"out.{ext}"
+    argv = ["convert", str(work / "A.zarr"), str(out), "--overwrite"]
+    out.mkdir()
+    (out / "keep.txt").write_text("keep")
+    refused_cli(capsys, tmp_path, argv, "a folder, where a file would go", f"rm -r {out}")
+    (out / "keep.txt").unlink()
+    out.rmdir()
+    out.write_bytes(b"\x00\x01binary, not this format\x00")
+    refused_cli(capsys, tmp_path, argv, "OutputExistsError", f"rm {out}")
+    # A file of that format is what --overwrite of an export replaces.
+    out.unlink()
+    assert main(["convert", str(work / "A.zarr"), str(out)]) == 0
+    assert out.read_bytes().startswith(header)
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert main(["convert", str(out), str(tmp_path / "back.zarr")]) == 0
+    # every format round-trips exactly (text holds the shortest repr that reads back to the same float64)
+    np.testing.assert_array_equal(bl.open(tmp_path / "back.zarr").to_numpy(), A)
+
+
+def test_convert_output_inside_or_holding_its_input_is_refused(work, tmp_path, capsys):
+    refused_cli(capsys, tmp_path, ["convert", str(work / "A.zarr"), str(work / "A.zarr" / "r.zarr"), "--overwrite"],
+                "must not be inside an input")
+    np.save(work / "X.npy", A)
+    refused_cli(capsys, tmp_path, ["convert", str(work / "X.npy"), str(work), "--to", "zarr", "--overwrite"],
+                "must not hold an input")
+
+
+# -- what --overwrite still replaces -------------------------------------------------------------
+
+def test_overwrite_replaces_a_blocklin_output_and_an_empty_folder(work, tmp_path, capsys):
+    out = tmp_path / "C.zarr"
+    assert main(gemm_argv(work, out)[:-1]) == 0
+    assert main(gemm_argv(work, out)) == 0
+    c = bl.open(out)
+    assert c.provenance["operation"] == "matmul"
+    assert_product(c.to_numpy(), A @ B, A, B)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(gemm_argv(work, empty)) == 0
+    assert_product(bl.open(empty).to_numpy(), A @ B, A, B)
+    # from_array and random over their own earlier outputs (both record provenance)
+    m = bl.from_array(A, tmp_path / "F.zarr")
+    assert m.provenance["operation"] == "from_array"
+    np.testing.assert_array_equal(bl.from_array(2 * A, tmp_path / "F.zarr", overwrite=True).to_numpy(), 2 * A)
+    r1 = bl.random(tmp_path / "R.zarr", (10, 6), seed=1, chunks=(5, 6)).to_numpy()
+    r2 = bl.random(tmp_path / "R.zarr", (10, 6), seed=2, chunks=(5, 6), overwrite=True)
+    assert r2.provenance["operation"] == "random" and not np.array_equal(r2.to_numpy(), r1)
+    assert (work / "notes.txt").read_text() == "not blocklin's"
+
+
+def test_output_beside_an_input_with_a_longer_name_is_not_inside_it(work, tmp_path):
+    c = bl.matmul(work / "A.zarr", work / "B.zarr", work / "A.zarr2")
+    assert_product(c.to_numpy(), A @ B, A, B)
+
+
+def test_relation_compares_components():
+    assert relation("s3://b/x/y", "s3://b/x") == "inside"
+    assert relation("s3://b/x", "s3://b/x/y") == "contains"
+    assert relation("s3://b/xy", "s3://b/x") is None
+    assert relation("s3://b/x/", "s3://b//x") == "same"
+    assert relation("s3a://b/x", "s3://b/x") == "same"
+    assert relation("gs://b/x", "s3://b/x") is None
+    assert relation("/tmp/ab", "/tmp/a") is None
+    assert relation("file:///tmp/a/b", "/tmp/a") == "inside"
+    assert relation("/tmp/f.h5:/d", "/tmp/f.h5") == "same"
+    assert removal_command("s3://b/x") == "aws s3 rm --recursive s3://b/x/"  # the slash spares s3://b/xy
+    assert removal_command("file:///tmp/my data") == "rm -r '/tmp/my data'"
+
+
+# -- object stores ---------------------------------------------------------------------------------
+
+def bucket_state(url, opts):
+    """Every object in the bucket of ``url``: key -> content hash."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**opts)
+    fs.invalidate_cache()
+    bucket = url.split("://", 1)[1].split("/", 1)[0]
+    return {k: hashlib.sha256(fs.cat_file(k)).hexdigest() for k in fs.find(bucket)}
+
+
+@pytest.fixture
+def s3work(s3):
+    base, opts = s3
+    bl.from_array(A, f"{base}/d/A.zarr", chunks=(8, 8), storage_options=opts)
+    bl.from_array(B, f"{base}/d/B.zarr", chunks=(8, 4), storage_options=opts)
+    backend(bl.storage.as_location(f"{base}/d", opts)).write_bytes("notes.txt", b"not blocklin's")
+    so = [f"--storage-option={k}={v}" for k, v in opts.items()]
+    return base, opts, so
+
+
+def refused_s3(capsys, base, opts, argv, *needles):
+    before = bucket_state(base, opts)
+    capsys.readouterr()
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == EXIT_ERROR, err
+    assert "Fix:" in err and "Traceback" not in err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    assert bucket_state(base, opts) == before
+    return err
+
+
+def test_s3_output_inside_or_holding_an_input_is_refused(s3work, capsys):
+    base, opts, so = s3work
+    ab = [f"{base}/d/A.zarr", f"{base}/d/B.zarr"]
+    refused_s3(capsys, base, opts, ["gemm", *ab, "-o", f"{base}/d/A.zarr/sub", "--overwrite", *so],
+               "must not be inside an input")
+    refused_s3(capsys, base, opts, ["gemm", *ab, "-o", f"{base}/d", "--overwrite", *so], "must not hold an input")
+    refused_s3(capsys, base, opts, ["gemm", *ab, "-o", f"{base}/d/", "--overwrite", *so], "must not hold an input")
+    before = bucket_state(base, opts)
+    with pytest.raises(OutputIsInputError, match="inside the input"):
+        bl.matmul(*ab, f"{base}/d/B.zarr/c", overwrite=True, storage_options=opts)
+    assert bucket_state(base, opts) == before
+
+
+def test_s3_prefix_holding_other_data_is_refused(s3work, capsys):
+    base, opts, so = s3work
+    ab = [f"{base}/d/A.zarr", f"{base}/d/B.zarr"]
+    plain = f"{base}/plain.zarr"
+    z = zarr.create_array(zarr.storage.FsspecStore.from_url(plain, storage_options=opts), shape=(4, 4), chunks=(2, 2),
+                          dtype="f8")
+    z[...] = 3.0
+    refused_s3(capsys, base, opts, ["gemm", *ab, "-o", plain, "--overwrite", *so], "blocklin did not write",
+               f"aws s3 rm --recursive {plain}/")
+    backend(bl.storage.as_location(f"{base}/docs", opts)).write_bytes("thesis.tex", b"\\documentclass")
+    refused_s3(capsys, base, opts, ["gemm", *ab, "-o", f"{base}/docs", "--overwrite", *so], "other objects")
+    # A blocklin output with an object someone added: that object is theirs.
+    bl.from_array(A, f"{base}/mixed.zarr", storage_options=opts)
+    backend(bl.storage.as_location(f"{base}/mixed.zarr", opts)).write_bytes("README", b"mine")
+    refused_s3(capsys, base, opts, ["gemm", *ab, "-o", f"{base}/mixed.zarr", "--overwrite", *so],
+               "blocklin did not write (README)")
+    before = bucket_state(base, opts)
+    with pytest.raises(OutputExistsError, match="blocklin did not write"):
+        bl.from_array(A, plain, overwrite=True, storage_options=opts)
+    assert bucket_state(base, opts) == before
+
+
+def test_s3_overwrite_replaces_a_blocklin_output_and_spares_its_siblings(s3work, capsys):
+    base, opts, so = s3work
+    ab = [f"{base}/d/A.zarr", f"{base}/d/B.zarr"]
+    out = f"{base}/C.zarr"
+    bl.from_array(np.zeros((3, 3)), f"{base}/C.zarr2", storage_options=opts)  # a sibling sharing the name's start
+    sibling = {k: v for k, v in bucket_state(base, opts).items() if "/C.zarr2/" in k}
+    assert main(["gemm", *ab, "-o", out, *so]) == 0
+    assert main(["gemm", *ab, "-o", out, "--overwrite", *so]) == 0
+    c = bl.open(out, storage_options=opts)
+    assert c.provenance["operation"] == "matmul"
+    assert_product(c.to_numpy(), A @ B, A, B)
+    assert {k: v for k, v in bucket_state(base, opts).items() if "/C.zarr2/" in k} == sibling
+    assert backend(bl.storage.as_location(f"{base}/d", opts)).read_bytes("notes.txt") == b"not blocklin's"
+    m = bl.from_array(2 * A, out, overwrite=True, storage_options=opts)  # from_array over a blocklin output
+    np.testing.assert_array_equal(m.to_numpy(), 2 * A)
+
+
+def test_demo_in_an_existing_folder_removes_only_its_own_stores(tmp_path, capsys):
+    """``blocklin demo --dir DIR`` without --keep used to remove DIR whole."""
+    d = tmp_path / "mine"
+    d.mkdir()
+    (d / "thesis.tex").write_text("keep")
+    before = tree(d)
+    assert main(["demo", "--size", "256", "--memory", "1MiB", "--dir", str(d)]) == 0
+    assert tree(d) == before
