@@ -22,6 +22,7 @@ from blocklin._memory import peak_rss
 from blocklin.config import Config, Settings, check_settings, format_size, resolve, size_hint
 from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
 from blocklin.errors import BudgetError, ConfigError, DeviceError, WorkerLostError, explain
+from blocklin.matrix import Matrix
 from blocklin.operands import Operand, as_operand, temp_root
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
@@ -336,6 +337,24 @@ class Job:
         return AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
                             storage_options=self.cfg.storage_options, on_claim=self.outputs.append,
                             temp_dir=temp_root(self.cfg))
+
+    def claim(self, out: Any, operands: list[Operand], *, token: str | None = None, overwrite: bool = False,
+              resume: bool = False, size: tuple | None = None, temp_size: tuple | None = None) -> AtomicOutput:
+        """The output of this job's operation on ``operands``: :meth:`output` with the stored operands
+        as the inputs whose content a resume checks (a staged copy has no content to check).
+        ``token``: :func:`~blocklin.storage.identity.resume_token`; with it the output is resumable."""
+        return self.output(out, inputs=[o.path for o in operands if not o.staged], overwrite=overwrite,
+                           resume=resume, token=token, size=size, temp_size=temp_size)
+
+    def finish(self, ao: AtomicOutput, out: Any, report: dict, *, operation: str, plan: dict | None = None,
+               params: dict | None = None, keys: tuple[str, ...] | None = None, recorded: dict | None = None,
+               extra: dict | None = None) -> Matrix:
+        """Commit ``ao`` with its provenance (``plan``, ``params``, the report's ``keys`` or the
+        ``recorded`` entries) and return the result as a :class:`~blocklin.matrix.Matrix` with its
+        report; without ``out`` the result is a temporary store the caller owns."""
+        path = ao.commit(operation, plan=plan, params=params,
+                         report=recorded if recorded is not None else self.brief(report, keys or ()), extra=extra)
+        return Matrix(path, report=report, temporary=out is None)
 
     def check_space(self, out: Any, *, size: tuple | None = None, temp_size: tuple | None = None) -> None:
         """Refuse up front an output of ``size`` (shape, dtype) at ``out`` (None: under the temp dir) or

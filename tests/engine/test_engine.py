@@ -31,9 +31,9 @@ def test_every_operation_takes_the_same_settings_and_refuses_unknown_ones(rng):
     with pytest.raises(ParameterError, match=r"memroy: is not a setting.*Fix: check the spelling"):
         bl.svd(a, 2, memroy="1MiB")
     # settings that used to be missing from some operations (workers, device_memory) are accepted
-    q, r = bl.linalg.orth.orthonormalize(a, workers=1, device="cpu", memory="4MiB")
+    q, r = bl.linalg.blocks.orth.orthonormalize(a, workers=1, device="cpu", memory="4MiB")
     assert_factorization(a, np.asarray(q) @ r)
-    sr = bl.linalg.qr.streaming_r(a, device="cpu", device_memory="1GiB", memory="4MiB")
+    sr = bl.linalg.blocks.streaming_qr.streaming_r(a, device="cpu", device_memory="1GiB", memory="4MiB")
     assert_gram(sr.r.T @ sr.r, a.T @ a, a, const=2 * (a.shape[1] + 1))  # QR's gamma_{mn}: see test_solve
 
 

@@ -189,7 +189,6 @@ def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
     R : ndarray
         ``c x c`` upper triangular, positive diagonal, float64.
     """
-    from blocklin.matrix import Matrix
     from blocklin.runtime.job import Job
     from blocklin.storage import write_array
 
@@ -200,7 +199,7 @@ def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
             raise ShapeError(explain("y", "must be tall (rows >= columns)", f"{M} x {c}",
                                      "orthonormalize the transpose"))
         blk = TallBlock(job, Y.path, M, c, Y.dtype, Y.chunks[0], job.cfg.memory)
-        ao = job.output(out, inputs=[Y.path] if not Y.staged else [], overwrite=overwrite)
+        ao = job.claim(out, [Y], overwrite=overwrite)
         if 3 * M * c * 8 <= job.cfg.memory:  # in core: Householder QR of the block read once
             q, r = _householder(job, blk.apply_to([np.eye(c)], None, collect=True, description="orthonormalize: read"))
             d = diagonal_signs(r)
@@ -212,8 +211,8 @@ def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
             blk.apply_to(chain, ao.array_path(), description="orthonormalize: write Q")
             phases = {"passes over Y": job.device}
         report = job.report(orth=info, intermediate_passes=job.passes("intermediate"), phases=phases)
-        path = ao.commit("orthonormalize", params={"method": info["method"]}, report=job.brief(report, REPORT_KEYS))
-        return Matrix(path, report=report, temporary=out is None), r
+        return job.finish(ao, out, report, operation="orthonormalize", params={"method": info["method"]},
+                          keys=REPORT_KEYS), r
 
 
 def _householder(job: Any, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -23,7 +23,7 @@ def open_group(job: Any, out: Any, A: Any, overwrite: bool, *, resume: bool = Fa
     if resume and out is None:
         raise ParameterError(explain("resume", "needs out= (an interrupted run is continued from its unfinished "
                                      "output)", "out=None", "pass out='factors.zarr' to both runs"))
-    ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token)
+    ao = job.claim(out, [A], overwrite=overwrite, resume=resume, token=token)
     create_group(ao.array_path())
     return ao
 

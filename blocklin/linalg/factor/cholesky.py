@@ -96,8 +96,7 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
         if explain:
             return plan
         token = resume_token("cholesky", [A], lower, plan.to_dict())
-        ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token,
-                        size=((n, n), dt))
+        ao = job.claim(out, [A], overwrite=overwrite, resume=resume, token=token, size=((n, n), dt))
         path = ao.array_path()
         if ao.resumed and ao.has_array():
             open_zarr(path, mode="r+")
@@ -106,8 +105,8 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
         results = factor_into(job, A, path, plan, lower=lower, done_dir=ao.done)
         report = _report(job, plan, results, output=ao.path)
         params = {"lower": lower}
-        path = ao.commit("cholesky", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
-        return Matrix(path, report=report, temporary=out is None)
+        return job.finish(ao, out, report, operation="cholesky", plan=plan.to_dict(), params=params,
+                          keys=REPORT_KEYS)
 
 
 def factor_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, lower: bool = True,

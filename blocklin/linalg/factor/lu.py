@@ -78,8 +78,8 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
         if explain:
             return plan
         token = resume_token("lu", [A], plan.to_dict())
-        ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite, resume=resume, token=token,
-                        size=((n, 2 * n), dt))  # the factor and its work store beside it
+        ao = job.claim(out, [A], overwrite=overwrite, resume=resume, token=token,
+                       size=((n, 2 * n), dt))  # the factor and its work store beside it
         if ao.resumed and ao.has_array():
             open_zarr(ao.array_path(), mode="r+")
         else:
@@ -92,9 +92,8 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
         report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), method="left-looking LU, partial pivoting",
                             phases={"panel updates (TRSM, GEMM)": job.device, "panel factorization (getrf)": "cpu"},
                             pivots=pivots, growth_factor=max_u / max_a if max_a > 0 else 1.0, min_pivot=min_pivot)
-        path = ao.commit("lu", plan=plan.to_dict(), params={}, report=job.brief(report, REPORT_KEYS),
-                         extra={"pivots": pivots.tolist()})
-        return Matrix(path, report=report, temporary=out is None)
+        return job.finish(ao, out, report, operation="lu", plan=plan.to_dict(), params={}, keys=REPORT_KEYS,
+                          extra={"pivots": pivots.tolist()})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -210,15 +210,14 @@ def _tsqr(job: Job, A: Any, out: Any, *, overwrite: bool, reason: str) -> Matrix
     m, n = A.shape
     result = tsqr_pass(job, A, None, A.dtype)
     r = positive_diagonal(result.r).astype(A.dtype, copy=False)
-    ao = job.output(out, inputs=[A.path] if not A.staged else [], overwrite=overwrite)
+    ao = job.claim(out, [A], overwrite=overwrite)
     chunk = min(max(n, 1), 1024)
     create_array(ao.array_path(), shape=(n, n), dtype=A.dtype, chunks=(chunk, chunk), codec=job.cfg.codec)
     write_block(open_zarr(ao.array_path(), mode="r+"), slice(0, n), slice(0, n), r)
     report = _report(job, np.abs(np.diag(r)), method="tsqr", reason=reason, flops=2 * m * n * n,
                      plan=result.report["plan"], norm_a=result.norm_a)
-    path = ao.commit("qr", plan=result.report["plan"], params={"mode": "r", "method": "tsqr"},
-                     report=job.brief(report, REPORT_KEYS))
-    return Matrix(path, report=report, temporary=out is None)
+    return job.finish(ao, out, report, operation="qr", plan=result.report["plan"],
+                      params={"mode": "r", "method": "tsqr"}, keys=REPORT_KEYS)
 
 
 def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, overwrite: bool, resume: bool,
@@ -280,23 +279,20 @@ def _outputs(job: Job, A: Any, kind: str, plan: dict, out: Any, q: Any, *, mode:
              resume: bool, size: tuple) -> tuple[Any, Any]:
     """The atomic outputs of ``R`` (``size``: with the work stores in its partial folder) and, for
     ``mode="reduced"``, of ``Q`` (else ``None``), under one token of the input and the plan."""
-    inputs = [A.path] if not A.staged else []
     token = resume_token(kind, [A], plan)
-    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token, size=size)
-    qo = job.output(q, inputs=inputs, overwrite=overwrite, resume=resume, token=token + "q",
-                    size=((A.shape[0], A.shape[1]), size[1])) if mode == "reduced" else None
+    ao = job.claim(out, [A], overwrite=overwrite, resume=resume, token=token, size=size)
+    qo = job.claim(q, [A], overwrite=overwrite, resume=resume, token=token + "q",
+                   size=((A.shape[0], A.shape[1]), size[1])) if mode == "reduced" else None
     return ao, qo
 
 
 def _commit(job: Job, ao: Any, qo: Any, plan: dict, params: dict, report: dict, *, out: Any,
             q: Any) -> Matrix | tuple[Matrix, Matrix]:
     """Commit ``R`` (and ``Q`` when asked for) with their provenance: ``R`` or ``(Q, R)``."""
-    r_path = ao.commit("qr", plan=plan, params=params, report=job.brief(report, REPORT_KEYS))
-    R = Matrix(r_path, report=report, temporary=out is None)
+    R = job.finish(ao, out, report, operation="qr", plan=plan, params=params, keys=REPORT_KEYS)
     if qo is None:
         return R
-    q_path = qo.commit("qr", plan=plan, params={**params, "factor": "Q"}, report=job.brief(report, REPORT_KEYS))
-    return Matrix(q_path, report=report, temporary=q is None), R
+    return job.finish(qo, q, report, operation="qr", plan=plan, params={**params, "factor": "Q"}, keys=REPORT_KEYS), R
 
 
 def _report(job: Job, diag: np.ndarray, *, method: str, reason: str, flops: int, plan: dict,

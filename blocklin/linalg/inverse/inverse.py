@@ -178,8 +178,8 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         params = {"precision": precision, "tol": tol, "seed": seed, "refine": str(refine), "max_refine": max_refine}
         token = _token(job, M, plan, out, params)
         # the work stores: the staged matrix, the Schur complements and A^-1 out of place, about 3.5 n^2
-        ao = job.output(out, inputs=[M.path] if not M.staged else [], overwrite=overwrite, resume=resume, token=token,
-                        size=((plan.n, plan.n), out_dtype), temp_size=((plan.n, 7 * plan.n // 2), plan.work_dtype))
+        ao = job.claim(out, [M], overwrite=overwrite, resume=resume, token=token,
+                       size=((plan.n, plan.n), out_dtype), temp_size=((plan.n, 7 * plan.n // 2), plan.work_dtype))
         x_path = ao.array_path()
         work = job.work_dir("inv", token, output=ao, resume=resume)
         stages = Stages(work, ao.done, resume=resume and ao.resumed,
@@ -194,8 +194,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         report = _report(job, ref, plan, stages, precision=ran or out_dtype.name, output=ao.path)
         if plan.precision_note:
             report["precision_reason"] = plan.precision_note
-        path = ao.commit("inv", plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
-        return Matrix(path, report=report, temporary=out is None)
+        return job.finish(ao, out, report, operation="inv", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
 
 
 def _token(job: Job, M: Any, plan: InversePlan, out: Any, params: dict) -> str:

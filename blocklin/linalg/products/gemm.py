@@ -281,15 +281,15 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         if out_chunks is None and _is_gram(op):
             return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
         plan = op.plan(job, out_chunks, out)
-        ao = job.output(out, inputs=[o.path for o in op.operands if not o.staged], overwrite=overwrite,
-                        resume=resume, token=op.token(plan), size=(op.shape, op.dtype))
+        ao = job.claim(out, op.operands, overwrite=overwrite, resume=resume, token=op.token(plan),
+                       size=(op.shape, op.dtype))
         open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
         op.run(job, plan, ao.array_path(), done_dir=ao.done)
         report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), precision=op.precision,
                             compute_dtype=op.compute.name,
                             phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
-        path = ao.commit("matmul", plan=plan.to_dict(), params=op.params(), report=job.brief(report, REPORT_KEYS))
-        return Matrix(path, report=report, temporary=out is None)
+        return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=op.params(),
+                          keys=REPORT_KEYS)
 
 
 def _is_gram(op: Gemm) -> bool:
@@ -314,7 +314,7 @@ def _as_gram(job: Job, op: Gemm, out: Any, *, overwrite: bool, resume: bool) -> 
 
     g = Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha)
     result = write_gram(job, g, g.plan(job), out, overwrite=overwrite, resume=resume, operation="matmul",
-                        inputs=[o.path for o in op.operands if not o.staged], params={**op.params(), "route": "gram"})
+                        operands=op.operands, params={**op.params(), "route": "gram"})
     result.report["route_reason"] = (f"{'X X^T' if g.trans else 'X^T X'} of one stored operand: computed as "
                                      "its Gram matrix by SYRK (half the flops, one read)")
     return result

@@ -230,13 +230,11 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
 
 
 def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool, resume: bool,
-               operation: str = "gram", inputs: list | None = None, params: dict | None = None) -> Matrix:
-    """Run ``op`` into the atomic output ``out`` and commit it with its report (``inputs`` and
+               operation: str = "gram", operands: list | None = None, params: dict | None = None) -> Matrix:
+    """Run ``op`` into the atomic output ``out`` and commit it with its report (``operands`` and
     ``params`` as the calling operation records them: matmul's own for ``X^T X``)."""
-    if inputs is None:
-        inputs = [op.A.path] if not op.A.staged else []
-    ao = job.output(out, inputs=inputs, overwrite=overwrite, resume=resume, token=op.token(plan),
-                    size=(op.shape, op.dtype))
+    ao = job.claim(out, [op.A] if operands is None else operands, overwrite=overwrite, resume=resume,
+                   token=op.token(plan), size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     scaling = op.run(job, plan, ao.array_path(), done_dir=ao.done)
     nbytes = int(np.prod(op.A.shape)) * op.A.dtype.itemsize
@@ -246,8 +244,7 @@ def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool,
     # how often A was read: exactly one pass on the pass route; measured from the bytes on the tiled one
     report["passes"] = job.passes("a") if plan.route == "pass" else round(report["bytes_read"] / max(1, nbytes), 2)
     params = {"trans": op.trans, "alpha": op.alpha, "dtype": op.dtype.name} if params is None else params
-    path = ao.commit(operation, plan=plan.to_dict(), params=params, report=job.brief(report, REPORT_KEYS))
-    return Matrix(path, report=report, temporary=out is None)
+    return job.finish(ao, out, report, operation=operation, plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
 
 
 __all__ = ["Gram", "GramPlan", "gram", "write_gram"]

@@ -30,8 +30,8 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
                         resume: bool) -> Matrix:
     """``x`` of ``min ||A x - b||^2 + lam^2 ||x||^2`` on the route of ``plan``, committed with its report."""
     (m, n), k = A.shape, B.shape[1]
-    ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite,
-                    resume=resume, token=_token(A, B, lam, method, refine, fit_intercept, plan))
+    ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume,
+                   token=_token(A, B, lam, method, refine, fit_intercept, plan))
     ctx = TikhonovRun(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
                       intercept=bool(fit_intercept), saved=StepRecords(ao.done if out is not None else None))
     ctx.sa = Scaling(str(source(A).path), A.dtype)
@@ -44,8 +44,7 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
                                     resumed_passes=list(ctx.saved.loaded))
     params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method,
               "fit_intercept": bool(fit_intercept)}
-    path = ao.commit("solve", plan=plan.to_dict(), params=params, report=recorded)
-    x = Matrix(path, report=report, temporary=out is None)
+    x = job.finish(ao, out, report, operation="solve", plan=plan.to_dict(), params=params, recorded=recorded)
     x.intercept = np.asarray(report["intercept"]) if fit_intercept else None
     return x
 

@@ -189,8 +189,8 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         tol = math.sqrt(max(n, 1)) * float(np.finfo(dt).eps) if tol is None else float(tol)
         steps_max = MAX_REFINE[precision] if max_refine is None else int(max_refine)
         token = _token(job, A, B, out, assume_a=assume_a, precision=precision, tol=tol, max_refine=steps_max)
-        ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite, resume=resume,
-                        token=token, size=((n, k), dt), temp_size=((n, n), fdt))  # the factor in the temp dir
+        ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume, token=token,
+                       size=((n, k), dt), temp_size=((n, n), fdt))  # the factor in the temp dir
         run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token)
         factor, why = run.stages.run("factor", lambda: _factor(job, A, fdt, assume_a, run.factor_stores))
         ops = BlockOps(job, run.tiles[factor.kind])
@@ -210,9 +210,8 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
             refine_steps=ref.steps, history=ref.history, norm_a=norm_a,
             growth_factor=factor.growth, plan=factor.plan.to_dict(), orientation="square", lam=0.0,
             phases=_phases(job, factor.kind), resumed=run.stages.resumed, stages_skipped=run.stages.skipped)
-        path = ao.commit("solve", plan=factor.plan.to_dict(), params={"assume_a": assume_a, "precision": precision},
-                         report=recorded)
-        return Matrix(path, report=report, temporary=out is None)
+        return job.finish(ao, out, report, operation="solve", plan=factor.plan.to_dict(),
+                          params={"assume_a": assume_a, "precision": precision}, recorded=recorded)
 
 
 def _token(job: Job, A: Any, B: Any, out: Any, **params: Any) -> str:

@@ -13,7 +13,6 @@ import numpy as np
 from blocklin.config import format_size
 from blocklin.linalg.products.gemm import Gemm
 from blocklin.linalg.solve.report import solve_report
-from blocklin.matrix import Matrix
 from blocklin.operands import Operand
 from blocklin.plan.factor import plan_factor
 from blocklin.linalg.factor.cholesky_tiles import tiled_cholesky
@@ -31,12 +30,11 @@ def solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwri
     if explain:
         return plan_factor("cholesky", side, np.float64, memory=job.cfg.memory, workers=job.workers(1))
     token = _stored_gram_token(job, A, B, lam, refine, out)
-    ao = job.output(out, inputs=[o.path for o in (A, B) if not o.staged], overwrite=overwrite, resume=resume,
-                    token=token)
+    ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume, token=token)
     info = solve_gram_out_of_core(job, A, B, lam, ao, refine=refine, resume=resume, token=token)
     report, recorded = solve_report(job, route="stored gram", orientation="wide" if m < n else "tall", **info)
-    path = ao.commit("solve", plan=info.get("plan", {}), params=params, report=recorded)
-    return Matrix(path, report=report, temporary=out is None)
+    return job.finish(ao, out, report, operation="solve", plan=info.get("plan", {}), params=params,
+                      recorded=recorded)
 
 
 def _stored_gram_token(job: Job, A: Any, B: Any, lam: float, refine: Any, out: Any) -> str:

@@ -73,7 +73,7 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
         dt = result_dtype([T, B], None if T.dtype == B.dtype else np.result_type(T.dtype, B.dtype))
         plan = plan_factor("solve_triangular", n, dt, memory=job.cfg.memory, workers=job.workers(1),
                            chunks=tuple(T.chunks), tile=tile)
-        ao = job.output(out, inputs=[o.path for o in (T, B) if not o.staged], overwrite=overwrite)
+        ao = job.claim(out, [T, B], overwrite=overwrite)
         k = B.shape[1]
         create_array(ao.array_path(), shape=(n, k), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
         ops = BlockOps(job, plan.tile)
@@ -83,9 +83,8 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
         report, recorded = solve_report(job, route="triangular", plan=plan.to_dict(), flops=n * n * k,
                                         method="tiled substitution",
                                         phases={"tile updates (GEMM), diagonal solves (TRSM)": job.device})
-        path = ao.commit("solve_triangular", plan=plan.to_dict(), params={"lower": lower, "trans": trans},
-                         report=recorded)
-        return Matrix(path, report=report, temporary=out is None)
+        return job.finish(ao, out, report, operation="solve_triangular", plan=plan.to_dict(),
+                          params={"lower": lower, "trans": trans}, recorded=recorded)
 
 
 def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: float | None = None,
