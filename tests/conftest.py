@@ -9,6 +9,7 @@ which the stand-in saw a CUDA ordering violation.
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,7 +36,16 @@ def pytest_configure(config):
         cupy_standin.install()
 
 
+#: Node ids the default job leaves to the slow job (see the file's header).
+SLOW_CASES = frozenset(line.strip() for line in (Path(__file__).parent / "slow_cases.txt").read_text().splitlines()
+                       if line.strip() and not line.startswith("#"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in SLOW_CASES:
+            item.add_marker(pytest.mark.slow)
     if config.getoption("--cupy-standin"):
         # the marker, not ``"gpu" in item.keywords``: keywords also hold directory names (a checkout in gpu/)
         keep = [item for item in items if item.get_closest_marker("gpu")]
