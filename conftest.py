@@ -19,7 +19,8 @@ module in its own temporary folder.
 Temp dirs: for the whole session ``TMPDIR`` and ``BLOCKLIN_TEMP_DIR`` point at one folder under
 pytest's own temporary tree (``<basetemp>/system-temp``), so nothing the suite runs (module
 fixtures, cluster workers, subprocesses, ``tempfile``) writes to the system temp dir; tests get a
-temp dir of their own on top (tests/conftest.py). At the end of the session every leftover that
+temp dir of their own on top (tests/conftest.py). ``XDG_CACHE_HOME`` (the rates cache) points
+inside it too. At the end of the session every leftover that
 ``blocklin clean`` would find there (work folders, staged inputs, partial outputs), and every one a
 test left in its own temp dir, fails the run with its path and the test that left it: a run must
 remove what it made, and a test that interrupts a run on purpose cleans up what it kept.
@@ -92,6 +93,10 @@ def pytest_configure(config):
         _saved_env[var] = os.environ.get(var)
         os.environ[var] = str(folder)
     tempfile.tempdir = None  # gettempdir() caches its answer: read TMPDIR again
+    # the rates cache of `blocklin calibrate` (blocklin/plan/rates.py): the session's own, so that
+    # `--explain` in the documents prints the default rates whatever this machine has measured
+    _saved_env["XDG_CACHE_HOME"] = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(folder / "cache")
 
 
 def pytest_unconfigure(config):

@@ -90,13 +90,16 @@ def standin():
 
 @pytest.fixture(autouse=True)
 def _isolated_config(request, tmp_path, monkeypatch, record_leftovers):
-    """Each test gets its own temp dir for staged inputs and default outputs.
+    """Each test gets its own temp dir for staged inputs and default outputs, and its own rates cache.
 
     What ``blocklin clean`` would find in it when the test ends (work folders, staged inputs,
     partial outputs), and work folders of runs given ``temp_dir=tmp_path``, are recorded as the
     test's leftovers: they fail the session (the root conftest.py reports them).
     """
     monkeypatch.setenv("BLOCKLIN_TEMP_DIR", str(tmp_path / "blocklin-tmp"))
+    # the rates cache (plan/rates.py) of this test alone: `--explain` prints the default rates unless
+    # a test calibrates, and no test writes the user's ~/.cache
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     (tmp_path / "blocklin-tmp").mkdir()
     blocklin.config.reset()
     yield

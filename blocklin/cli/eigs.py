@@ -52,5 +52,6 @@ def run(args: argparse.Namespace) -> dict:
     human = (f"wrote {args.out} ({stored}; k={args.k}, {args.which}) in {r['seconds']:.2f} s: {r['passes']} pass(es) "
              f"over A, read {format_size(r['bytes_read'])}, peak memory {format_size(r['peak_memory'])}, max relative "
              f"residual {max(rel):.1e}")
-    ui.emit(args, summary, ui.with_read_notes(human, r))
+    summary.update(ui.feed_summary(r))
+    ui.emit(args, summary, ui.report_text(human, r))
     return summary

@@ -43,7 +43,7 @@ def _explain(args: argparse.Namespace, factor: Any, kwargs: dict) -> dict:
     """``--explain``: print the plan ``factor`` would run, run nothing."""
     plan = factor(args.a, out=args.out, explain=True, **kwargs)
     summary = {"plan": plan.to_dict()}
-    ui.emit(args, summary, plan.explain())
+    ui.emit(args, summary, plan.explain(device=ui.plan_device(args, plan)))
     return summary
 
 
@@ -85,7 +85,8 @@ def run_qr(args: argparse.Namespace) -> dict:
     human = (f"wrote {f.path} (R, {f.shape[0]} x {f.shape[1]} {f.dtype.name}){also_q}"
              f" in {r['seconds']:.2f} s ({r['gflops']:.1f} GFLOP/s), method {r['method']} ({r['method_reason']}); "
              f"min/max |R_ii| {r['diag_ratio']:.3g}; peak memory {format_size(r['peak_memory'])}")
-    ui.emit(args, summary, human)
+    summary.update(ui.feed_summary(r))
+    ui.emit(args, summary, ui.report_text(human, r))
     return summary
 
 
@@ -105,7 +106,8 @@ def run_lu(args: argparse.Namespace) -> dict:
     human = (f"wrote {f.path} ({f.shape[0]} x {f.shape[1]} {f.dtype.name}, packed L\\U, pivots in its attributes) "
              f"in {r['seconds']:.2f} s ({r['gflops']:.1f} GFLOP/s); growth factor {r['growth_factor']:.3g}, "
              f"smallest pivot {r['min_pivot']:.3g}; peak memory {format_size(r['peak_memory'])}")
-    ui.emit(args, summary, human)
+    summary.update(ui.feed_summary(r))
+    ui.emit(args, summary, ui.report_text(human, r))
     return summary
 
 
@@ -127,5 +129,6 @@ def run_cholesky(args: argparse.Namespace) -> dict:
              f"{r['seconds']:.2f} s ({r['gflops']:.1f} GFLOP/s, {r['tasks']} tile tasks of {r['plan']['tile']}"
              f"{', ' + str(r['skipped']) + ' kept from the interrupted run' if r['skipped'] else ''}); peak memory "
              f"{format_size(r['peak_memory'])}")
-    ui.emit(args, summary, human)
+    summary.update(ui.feed_summary(r))
+    ui.emit(args, summary, ui.report_text(human, r))
     return summary

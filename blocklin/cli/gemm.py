@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> dict:
                              trans_b=args.trans_b)
         summary = {"plan": plan.to_dict(), "flops": plan.flops, "bytes_read": plan.bytes_read,
                    "bytes_written": plan.bytes_written, "peak_memory": plan.peak_memory, "read_notes": advice}
-        ui.emit(args, summary, "\n".join([plan.explain()] + [f"  rechunk   {note}" for note in advice]))
+        ui.emit(args, summary, "\n".join([plan.explain(device=ui.plan_device(args, plan))] + [f"  rechunk   {note}" for note in advice]))
         return summary
     result = matmul(args.a, args.b, args.out, **kwargs)
     r = result.report
@@ -55,5 +55,6 @@ def run(args: argparse.Namespace) -> dict:
     human = (f"wrote {result.path} ({result.shape[0]} x {result.shape[1]} {result.dtype.name}) in {r['seconds']:.2f} s: "
              f"{r['gflops']:.1f} GFLOP/s, read {format_size(r['bytes_read'])}, wrote {format_size(r['bytes_written'])}, "
              f"peak memory {format_size(r['peak_memory'])} (plan {format_size(r['plan']['peak_memory'])})")
-    ui.emit(args, summary, ui.with_read_notes(human, r))
+    summary.update(ui.feed_summary(r))
+    ui.emit(args, summary, ui.report_text(human, r))
     return summary

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> dict:
         plan = gram(args.a, args.out, explain=True, **kwargs)
         summary = {"plan": plan.to_dict(), "route": plan.route, "flops": plan.flops, "bytes_read": plan.bytes_read,
                    "bytes_written": plan.bytes_written, "peak_memory": plan.peak_memory}
-        ui.emit(args, summary, plan.explain())
+        ui.emit(args, summary, plan.explain(device=ui.plan_device(args, plan)))
         return summary
     result = gram(args.a, args.out, **kwargs)
     r = result.report
@@ -44,5 +44,6 @@ def run(args: argparse.Namespace) -> dict:
              f"{r['seconds']:.2f} s: {reads}, {r['gflops']:.1f} GFLOP/s, read {format_size(r['bytes_read'])}, "
              f"wrote {format_size(r['bytes_written'])}, peak memory {format_size(r['peak_memory'])} "
              f"(plan {format_size(r['plan']['peak_memory'])})")
-    ui.emit(args, summary, human)
+    summary.update(ui.feed_summary(r))
+    ui.emit(args, summary, ui.report_text(human, r))
     return summary

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.explain:
         plan = inv(args.a, out=args.out, explain=True, **kwargs)
         summary = {"plan": plan.to_dict()}
-        ui.emit(args, summary, plan.explain())
+        ui.emit(args, summary, plan.explain(device=ui.plan_device(args, plan)))
         return summary
     x = inv(args.a, out=args.out, **kwargs)
     r = x.report
@@ -57,5 +57,6 @@ def run(args: argparse.Namespace) -> dict:
              f"Newton-Schulz step(s); condition estimate {r['cond_estimate']:.1e}; peak memory "
              f"{format_size(r['peak_memory'])}"
              + (f"; resumed ({r['stages_skipped']} finished step(s) skipped)" if r["resumed"] else ""))
-    ui.emit(args, summary, human)
+    summary.update(ui.feed_summary(r))
+    ui.emit(args, summary, ui.report_text(human, r))
     return summary

@@ -44,5 +44,6 @@ def run(args: argparse.Namespace) -> dict:
              f"variance (first: {100 * float(res.explained_variance_ratio_[0]):.2f}%) in {r['seconds']:.2f} s: "
              f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
              f"peak memory {format_size(r['peak_memory'])}{worst_line(r)}")
-    ui.emit(args, summary, ui.with_read_notes(human, r))
+    summary.update(ui.feed_summary(r))
+    ui.emit(args, summary, ui.report_text(human, r))
     return summary

@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> dict:
              f"{' (' + r['lam_rule'] + ')' if 'lam_rule' in r else ''}, method {r['method']} ({r['method_reason']}), "
              f"residual norm {res_s}, {r.get('passes', 0)} pass(es), peak memory {format_size(r['peak_memory'])}"
              + (f"; intercept {r['intercept']}" if args.fit_intercept else ""))
-    ui.emit(args, summary, human)
+    summary.update(ui.feed_summary(r))
+    ui.emit(args, summary, ui.report_text(human, r))
     return summary
 
 

@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> dict:
     human = (f"wrote {r['output']} ({stored}; k={args.k}, {r['method']}) in {r['seconds']:.2f} s: "
              f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
              f"peak memory {format_size(r['peak_memory'])}{worst}")
-    ui.emit(args, summary, ui.with_read_notes(human, r))
+    summary.update(ui.feed_summary(r))
+    ui.emit(args, summary, ui.report_text(human, r))
     return summary
 
 

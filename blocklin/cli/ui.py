@@ -173,6 +173,42 @@ def with_read_notes(human: str, report: dict) -> str:
     return "\n".join([human] + [f"note: {n}" for n in notes])
 
 
+#: The report's entries that say what bounded the run (:meth:`blocklin.runtime.job.Job.report`).
+FEED_KEYS = ("feed_gbps", "compute_fraction", "wait_fraction", "bound")
+
+
+def feed_line(report: dict) -> str | None:
+    """``feed 1.2 GB/s, device computing 34% of the run: bound by feed`` (None for a report without them)."""
+    if "bound" not in report:
+        return None
+    gbps = float(report.get("feed_gbps") or 0.0)
+    rate = f"{gbps:.2g}" if gbps < 10 else f"{gbps:.0f}"
+    if report["bound"] == "unknown" or report.get("compute_fraction") is None:
+        return f"feed {rate} GB/s; no task streamed its data: bound unknown"
+    return f"feed {rate} GB/s, device computing {report['compute_fraction']:.0%} of the run: bound by {report['bound']}"
+
+
+def feed_summary(report: dict) -> dict:
+    """The :data:`FEED_KEYS` of ``report`` (for a command's ``--json`` summary)."""
+    return {k: report[k] for k in FEED_KEYS if k in report}
+
+
+def plan_device(args: argparse.Namespace, plan: Any = None) -> str:
+    """Where ``--explain`` expects ``plan`` to compute: the plan's own device where it has one (GEMM),
+    else ``"gpu"`` when ``--device`` (or the configured device) says ``gpu``, else ``"cpu"``."""
+    from blocklin.config import resolve
+
+    if getattr(plan, "device", None) in ("cpu", "gpu"):
+        return plan.device
+    return "gpu" if resolve(device=getattr(args, "device", None)).device == "gpu" else "cpu"
+
+
+def report_text(human: str, report: dict) -> str:
+    """``human``, the report's :func:`feed_line` and its read notes (:func:`with_read_notes`)."""
+    line = feed_line(report)
+    return with_read_notes(human if line is None else f"{human}\n{line}", report)
+
+
 def _default(obj: Any) -> Any:
     import numpy as np
 

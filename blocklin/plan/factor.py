@@ -10,6 +10,7 @@ import numpy as np
 
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, ParameterError, explain
+from blocklin.plan.rates import Rates, expected_line
 from blocklin.validate import size
 
 #: Tile-sized buffers one factorization task holds: the accumulator, the two update operands, the
@@ -102,7 +103,32 @@ class FactorPlan:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def explain(self) -> str:
+    @property
+    def bytes_written(self) -> int:
+        """Estimated bytes the tasks write (a property, not a field: plans and their resume tokens
+        stay as they were): Cholesky and SYRK the lower triangle's tiles (``n (n + tile) / 2``
+        elements); LU the panels into its work store, then the factor (``2 n^2``); the panel QR its
+        work store and ``R`` (``m n + n^2``; ``Q`` adds ``m n``); the TSQR ``R`` (``n^2``)."""
+        isz = np.dtype(self.dtype).itemsize
+        m, n, t = self.m or self.n, self.n, min(self.tile or self.n, self.n)
+        if self.operation == "lu":
+            return 2 * n * n * isz
+        if self.operation == "qr":
+            return (m * n + n * n) * isz
+        if self.operation == "tsqr":
+            return n * n * isz
+        return n * (n + t) // 2 * isz
+
+    def expected(self, rates: Rates | None = None, device: str = "cpu") -> str:
+        """The expected split of the run's time (:func:`~blocklin.plan.rates.expected_line`; ``rates``
+        default :func:`~blocklin.plan.rates.load_rates`)."""
+        return expected_line(self.bytes_read, self.bytes_written, self.flops, device, rates, dtype=self.dtype)
+
+    def explain(self, rates: Rates | None = None, device: str = "cpu") -> str:
+        """Two lines: the plan, and the expected split of its time on ``device`` (:meth:`expected`)."""
+        return f"{self._summary()}\n  {self.expected(rates, device)}"
+
+    def _summary(self) -> str:
         if self.operation == "tsqr":
             return (f"qr of a {self.m} x {self.n} {self.dtype} matrix: R alone fits in core "
                     f"({format_size(self.peak_memory)} of a {format_size(self.memory)} budget): one streaming TSQR "

@@ -28,6 +28,7 @@ from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import LazyPieces, split
 from blocklin.plan.gpu import pinned_nbytes  # pinned buffers as CuPy's pool allocates them
 from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, shortfall, transfer_bound
+from blocklin.plan.rates import Rates, expected_line
 
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.
 TASK_OVERHEAD_BYTES = 4 * 2**20
@@ -120,8 +121,10 @@ class GemmPlan:
         d["n_tasks"] = self.n_tasks
         return d
 
-    def explain(self) -> str:
-        """Human summary of the plan."""
+    def explain(self, rates: Rates | None = None, device: str | None = None) -> str:
+        """Human summary of the plan, with the expected split of its time on ``device`` (default the
+        plan's) at ``rates`` (default those ``blocklin calibrate`` cached, else the defaults:
+        :func:`~blocklin.plan.rates.load_rates`)."""
         gm, gn = self.grid
         lines = [
             f"GEMM plan: C[{self.m} x {self.n}] = op(A)[{self.m} x {self.k}] @ op(B)[{self.k} x {self.n}]"
@@ -136,6 +139,8 @@ class GemmPlan:
             f" write {format_size(self.bytes_written)}",
             f"  memory    peak {format_size(self.peak_memory)} of {format_size(self.memory)} host budget"
             f" ({format_size(self.task_memory)} per task)",
+            "  " + expected_line(self.bytes_read, self.bytes_written, self.flops, device or self.device, rates,
+                                 dtype=self.dtype),
         ]
         if self.panel_rereads > 1:
             lines.append(f"  note      k-panels cut through the inputs' chunks: a chunk is read up to"

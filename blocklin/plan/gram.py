@@ -17,6 +17,7 @@ from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.factor import plan_factor
 from blocklin.plan.passes import PassMemory, plan_pass
+from blocklin.plan.rates import Rates, expected_line
 
 #: Strips shorter than this make the SYRK call overhead dominate: the pass route is refused below it.
 MIN_GRAM_ROWS = 64
@@ -55,7 +56,9 @@ class GramPlan:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def explain(self) -> str:
+    def explain(self, rates: Rates | None = None, device: str = "cpu") -> str:
+        """One line of the route, read, written and flops, and one of the expected split of its time on
+        ``device`` (``rates``: default :func:`~blocklin.plan.rates.load_rates`)."""
         how = (f"one row pass over {'the columns of ' if self.trans else ''}A, {self.workers} task(s) each "
                f"accumulating the {self.s} x {self.s} SYRK sum" if self.route == "pass" else
                f"region SYRK in square blocks of {self.tile} x {self.tile} tiles (the result exceeds the "
@@ -63,7 +66,8 @@ class GramPlan:
                f"A read about {self.reads:.0f} times")
         return (f"gram {self.product}: {self.s} x {self.s} {self.dtype} from {self.k} {'columns' if self.trans else 'rows'}"
                 f"; {how}; read {format_size(self.bytes_read)}, write {format_size(self.bytes_written)}, "
-                f"{self.flops / 1e9:.3g} GFLOP, peak {format_size(self.peak_memory)} of {format_size(self.memory)}")
+                f"{self.flops / 1e9:.3g} GFLOP, peak {format_size(self.peak_memory)} of {format_size(self.memory)}"
+                "\n  " + expected_line(self.bytes_read, self.bytes_written, self.flops, device, rates, dtype=self.dtype))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ import numpy as np
 
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, InternalError, explain
+from blocklin.plan.rates import Rates, expected_line
 from blocklin.plan.passes import PassMemory, plan_pass
 
 #: Smallest and largest working chunk side.
@@ -131,7 +132,41 @@ class InversePlan:
         d["leaves"] = [list(x) for x in self.leaves]
         return d
 
-    def explain(self) -> str:
+    @property
+    def bytes_read(self) -> int:
+        """Estimated bytes read without refinement (a property: plans and tokens unchanged). Direct:
+        ``n^2``. LU: the factorization's panel reads (``n^3 / (2 lu_tile) + 2 n^2``), then every
+        row task streams the ``n^2`` panels. Schur: staging ``n^2``, each node's six GEMM steps
+        their operand blocks once (``3 size^2``), each leaf its block, the butterfly's undo ``n^2``."""
+        isz, n = np.dtype(self.work_dtype).itemsize, self.n
+        if self.method == "direct":
+            return n * n * isz
+        if self.method == "lu":
+            lu = n**3 / (2 * max(1, self.lu_tile)) + 2 * n * n
+            return int((lu + math.ceil(n / max(1, self.row_width)) * n * n) * isz)
+        return (2 * n * n + sum(3 * size**2 for _, size, _ in self.nodes) + sum(s * s for _, s in self.leaves)) * isz
+
+    @property
+    def bytes_written(self) -> int:
+        """Estimated bytes written without refinement: direct ``n^2``; LU its panels and factor
+        (``2 n^2``) and the inverse (``n^2``); Schur the staged copy and the undone result (``2 n^2``),
+        each node's GEMM results (``6 split (size - split)``) and each leaf's inverse."""
+        isz, n = np.dtype(self.work_dtype).itemsize, self.n
+        if self.method == "direct":
+            return n * n * isz
+        if self.method == "lu":
+            return 3 * n * n * isz
+        return (2 * n * n + sum(6 * sp * (size - sp) for _, size, sp in self.nodes)
+                + sum(s * s for _, s in self.leaves)) * isz
+
+    def explain(self, rates: Rates | None = None, device: str = "cpu") -> str:
+        """The plan, and the expected split of its time on ``device`` without refinement (``rates``:
+        default :func:`~blocklin.plan.rates.load_rates`)."""
+        expected = "  " + expected_line(self.bytes_read, self.bytes_written, self.flops, device, rates,
+                                        dtype=self.work_dtype, label="expected without refinement")
+        return f"{self._summary()}\n{expected}"
+
+    def _summary(self) -> str:
         if self.method == "lu":
             return "\n".join([
                 f"inverse plan: {self.n} x {self.n} {self.dtype} (LU in {self.work_dtype}) on a "

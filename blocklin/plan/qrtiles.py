@@ -35,7 +35,13 @@ class TileQRPlan(FactorPlan):
     inner_block: int = INNER_BLOCK
     q_width: int = 0
 
-    def explain(self) -> str:
+    @property
+    def bytes_written(self) -> int:
+        """Estimated bytes the tile tasks write: about two tiles per task (the updated tiles and the
+        reflectors' ``V`` and ``T``), then ``R`` (``n^2``); ``Q`` adds ``m n``."""
+        return (2 * tile_tasks(self.m, self.n, self.tile) * self.tile**2 + self.n**2) * np.dtype(self.dtype).itemsize
+
+    def _summary(self) -> str:
         nt, mt = self.tiles, self.row_tiles
         tasks = sum((nt - k) * (mt - k) for k in range(nt))
         return (f"qr of a {self.m} x {self.n} {self.dtype} matrix: tile Householder QR on {mt} x {nt} tiles of "

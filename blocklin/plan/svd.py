@@ -33,6 +33,7 @@ import numpy as np
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, ParameterError, explain
 from blocklin.plan.passes import canonical_tasks
+from blocklin.plan.rates import Rates, expected_line
 
 #: Host bytes per element of in-core float64 work arrays.
 F64 = 8
@@ -66,12 +67,43 @@ class SvdPlan:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def explain(self) -> str:
+    @property
+    def passes_bound(self) -> int:
+        """Passes over ``A``: :attr:`passes` where the plan knows them, else at most ``max_passes``."""
+        return self.passes if self.passes is not None else self.max_passes
+
+    @property
+    def bytes_read(self) -> int:
+        """Estimated bytes read (properties, not fields: plans and their tokens stay as they were):
+        ``A`` once per pass (:attr:`passes_bound`), the ``M x block`` intermediate once per
+        intermediate pass."""
+        isz = np.dtype(self.dtype).itemsize
+        return (self.passes_bound * self.M * self.N + self.intermediate_passes * self.M * self.block) * isz
+
+    @property
+    def bytes_written(self) -> int:
+        """Estimated bytes written: the ``M x block`` intermediate and ``U`` (``M x k`` in core)."""
+        isz = np.dtype(self.dtype).itemsize
+        return (2 * self.M * self.block if self.intermediate_passes else self.M * self.k) * isz
+
+    @property
+    def flops(self) -> int:
+        """Estimated flops: two products of ``A`` with a ``block``-wide factor per pass (``4 M N block``,
+        the normal pass ``B^T (B Q)``), and a CholeskyQR of the intermediate per intermediate pass."""
+        return (4 * self.passes_bound * self.M * self.N * self.block
+                + 2 * self.intermediate_passes * self.M * self.block**2)
+
+    def explain(self, rates: Rates | None = None, device: str = "cpu") -> str:
+        """The plan, and the expected split of its time on ``device`` (at ``max_passes`` where the
+        passes are adaptive; ``rates``: default :func:`~blocklin.plan.rates.load_rates`)."""
         where = "in memory (read once)" if self.in_core else "out of core"
         p = self.passes if self.passes is not None else f"<= {self.max_passes}"
+        label = "expected" if self.passes is not None else f"expected at {self.max_passes} passes (the most)"
         return (f"{self.method}: {self.m} x {self.n} {self.dtype}, k={self.k}, block {self.block}, {where}; "
                 f"passes over A: {p} ({self.formula}); in-core work {format_size(self.client_bytes)} of "
-                f"{format_size(self.memory)}")
+                f"{format_size(self.memory)}\n  "
+                + expected_line(self.bytes_read, self.bytes_written, self.flops, device, rates, dtype=self.dtype,
+                                label=label))
 
 
 def svd_passes(method: str, *, in_core: bool, power_iters: int = 0, lanczos_steps: int = 0) -> int:

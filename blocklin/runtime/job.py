@@ -40,6 +40,15 @@ from blocklin.storage.ownership import (Heartbeat, claim_work_folder, end_work_f
 from blocklin.storage.zarr_store import create_array, wait_for_pending_io
 
 
+#: Above this part of their time spent waiting for data, the streaming tasks' consumers were bound
+#: by the feed (the report's ``bound``). A consumer always waits for its first item, so a stream
+#: whose reads keep pace with its compute still waits ``1 / (n + 1)`` of its time over ``n`` items
+#: (20% at 4 strips or k-panels, the fewest a planned task usually has); above a quarter the reads
+#: fall behind the compute, and a feed fast enough to stop the waits would save that quarter or more
+#: of the run.
+FEED_BOUND_WAIT = 0.25
+
+
 @dataclasses.dataclass(frozen=True)
 class ClusterInfo:
     """What plans need to know of a ``distributed`` cluster's workers."""
@@ -145,7 +154,11 @@ class Job:
         self.peaks: dict[str, Any] = {}
         self.t0 = time.perf_counter()
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_physical": 0, "bytes_written": 0, "tasks": 0, "skipped": 0,
-                      "retried_tasks": 0, "load_seconds": 0.0, "wait_seconds": 0.0}
+                      "retried_tasks": 0, "load_seconds": 0.0, "wait_seconds": 0.0, "compute_seconds": 0.0}
+        #: The feed's figures (see :meth:`report`): tasks that reported a stream, their waits, the
+        #: most tasks one :meth:`run` ran at once, and the device's compute seconds (each task's
+        #: divided by the tasks its run ran at once, which share the device).
+        self._streams = {"tasks": 0, "wait": 0.0, "concurrent": 0, "device_compute": 0.0}
         # Reads made here rather than in tasks (small factors, in-core problems) count too.
         self.driver_reads = self.stack.enter_context(readstats.tallying())
         self.outputs: list[AtomicOutput] = []
@@ -391,6 +404,8 @@ class Job:
             sched = self.scheduler
             if in_caller and sched.kind == "threads":
                 sched = dataclasses.replace(sched, kind="sync")
+            slots = self._slots(sched.kind, workers, len(graph.tasks))
+            self._streams["concurrent"] = max(self._streams["concurrent"], slots)
             results = execute(graph, scheduler=sched, workers=workers, progress=self.progress,
                               description=description or f"{self.operation}", events=events)
         if events["retried_tasks"] is None or self.stats["retried_tasks"] is None:
@@ -399,21 +414,36 @@ class Job:
             self.stats["retried_tasks"] += events["retried_tasks"]
         for r in results:
             if isinstance(r, dict):
-                self.add_stats(r)
+                self.add_stats(r, share=slots)
         if count_pass is not None:
             self.stats["passes"] = self.stats.get("passes", 0) + 1
             self.pass_counts[count_pass] = self.pass_counts.get(count_pass, 0) + 1
         return results
 
+    def _slots(self, kind: str, workers: int, tasks: int) -> int:
+        """Tasks a run of ``tasks`` tasks runs at once: one on ``sync`` (and in the caller), else its
+        ``workers`` (a cluster: all its threads), never more than its tasks."""
+        if kind == "sync" or tasks <= 1:
+            return 1
+        cluster = self.cluster()
+        return max(1, min(cluster.threads if cluster else int(workers or 1), tasks))
+
     def passes(self, over: str | None = None) -> int:
         """Passes run so far: all of them, or those over one kind of data (``"a"``, ``"intermediate"``)."""
         return self.stats.get("passes", 0) if over is None else self.pass_counts.get(over, 0)
 
-    def add_stats(self, r: dict) -> None:
+    def add_stats(self, r: dict, *, share: int = 1) -> None:
+        """Add one task's statistics; ``share``: the tasks that ran beside it at once (itself
+        included), which shared the device with it."""
         self.stats["tasks"] += 1
-        for key in ("flops", "bytes_read", "bytes_written", "skipped", "load_seconds", "wait_seconds"):
+        for key in ("flops", "bytes_read", "bytes_written", "skipped", "load_seconds", "wait_seconds",
+                    "compute_seconds"):
             if key in r:
                 self.stats[key] += r[key]
+        if "compute_seconds" in r:  # a task that streamed its data (TileStream): its waits judge the feed
+            self._streams["tasks"] += 1
+            self._streams["wait"] += r.get("wait_seconds", 0.0)
+            self._streams["device_compute"] += r["compute_seconds"] / max(1, share)
         # a task that does not count its reads (none of blocklin's) is taken at its logical bytes
         self.stats["bytes_physical"] += r.get("bytes_physical", r.get("bytes_read", 0))
         if "process_peak" in r:
@@ -430,7 +460,7 @@ class Job:
         return time.perf_counter() - self.t0
 
     def report(self, *, flops: float | None = None, **extra: Any) -> dict:
-        """The operation's report: statistics, time, peak memory, device, scheduler.
+        """The operation's report: statistics, time, peak memory, device, scheduler, and what bounded it.
 
         ``bytes_read`` is what the reads fetched from storage (chunk bytes, counted where they are
         read) and ``bytes_logical`` the bytes of the blocks the operation used; more read than used
@@ -438,6 +468,34 @@ class Job:
         cluster), ``worker_peak_memory`` maps each of them (worker address or pid) to its peak,
         and ``cluster`` describes the workers the plans were made for. ``flops``: the operation's
         count (a plan's), replacing the tasks' sum; ``gflops`` is the rate of whichever is reported.
+
+        What bounded the run, from the tasks that streamed their data through a
+        :class:`~blocklin.device.stream.TileStream` (GEMM tiles, row passes; other tasks report no
+        stream and count as not computing):
+
+        ``load_seconds``, ``wait_seconds``, ``compute_seconds``
+            Summed over the tasks: time their loader threads spent reading, time their consumer
+            waited for an item, and time it held items (its compute and writes).
+        ``concurrent_tasks``
+            The most tasks one graph of the run ran at once: 1 on ``sync`` (and in the caller),
+            else the run's ``workers`` (a cluster: its threads), at most the graph's tasks.
+        ``device_compute_seconds``
+            The device's compute time: each task's ``compute_seconds`` divided by the
+            ``concurrent_tasks`` of its own graph, since the tasks that run at once share the device
+            (on a CPU each gets ``cores // workers`` BLAS threads). With one graph run it is
+            ``compute_seconds / concurrent_tasks``.
+        ``compute_fraction``
+            ``device_compute_seconds / seconds``, clamped to [0, 1]: the fraction of the run during
+            which the device computed (planning, in-core steps and commits count as not computing).
+            None when no task reported a stream.
+        ``feed_gbps``
+            ``bytes_read / seconds / 1e9``: what the operation's reads delivered over the whole run.
+        ``wait_fraction``
+            ``wait / (wait + compute_seconds)`` over the streaming tasks: the part of their consumers'
+            time spent waiting for data. None when no task reported a stream.
+        ``bound``
+            ``"feed"`` when ``wait_fraction`` exceeds :data:`FEED_BOUND_WAIT`, else ``"compute"``;
+            ``"unknown"`` when no task reported a stream (or the streams took no time).
         """
         secs = self.seconds()
         rep = dict(self.stats)
@@ -451,12 +509,25 @@ class Job:
             rep["flops"] = flops
         rep.update(seconds=secs, peak_memory=peak_rss(), memory_budget=self.cfg.memory, device=self.device,
                    scheduler=self.scheduler.kind, gflops=rep["flops"] / secs / 1e9 if secs > 0 else 0.0)
+        rep.update(self._feed(rep["bytes_read"], rep["compute_seconds"], secs))
         if self.scheduler.kind in ("processes", "distributed"):
             rep["worker_peak_memory"] = dict(self.stats.get("worker_peaks", {}))
         if self.cluster() is not None:
             rep["cluster"] = self.cluster().to_dict()
         rep.update(extra)
         return rep
+
+    def _feed(self, bytes_read: int, compute: float, secs: float) -> dict:
+        """The report's feed entries (defined in :meth:`report`)."""
+        st = self._streams
+        streamed = st["tasks"] > 0
+        held = st["wait"] + compute
+        wait_fraction = st["wait"] / held if streamed and held > 0 else None
+        return {"feed_gbps": bytes_read / secs / 1e9 if secs > 0 else 0.0,
+                "concurrent_tasks": st["concurrent"], "device_compute_seconds": st["device_compute"],
+                "compute_fraction": min(1.0, max(0.0, st["device_compute"] / secs)) if streamed and secs > 0 else None,
+                "wait_fraction": wait_fraction,
+                "bound": "unknown" if wait_fraction is None else "feed" if wait_fraction > FEED_BOUND_WAIT else "compute"}
 
     @staticmethod
     def brief(report: dict, keys: tuple[str, ...]) -> dict:
