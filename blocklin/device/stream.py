@@ -140,9 +140,9 @@ class TileStream:
 
     Attributes
     ----------
-    load_seconds, wait_seconds : float
-        Time spent reading on the loader thread, and time the consumer waited for data
-        (what the overlap failed to hide).
+    load_seconds, wait_seconds, compute_seconds : float
+        Time spent reading on the loader threads, time the consumer waited for data (what the
+        overlap failed to hide), and time the consumer held items (its compute and writes).
     """
 
     def __init__(self, device: Device, n_items: int, load: Loader, buffer_shapes: Sequence[tuple[int, ...]],
@@ -166,6 +166,7 @@ class TileStream:
                                                            len(buffer_shapes)))
         self.load_seconds = 0.0
         self.wait_seconds = 0.0
+        self.compute_seconds = 0.0
         self._free: queue.Queue[int] = queue.Queue()
         for s in range(n_slots):
             self._free.put(s)
@@ -247,7 +248,9 @@ class TileStream:
                 t0 = time.perf_counter()
                 views = self.load(i, self.buffers[0])
                 self.load_seconds += time.perf_counter() - t0
+                t1 = time.perf_counter()
                 yield i, self.device.upload(0, views)
+                self.compute_seconds += time.perf_counter() - t1
                 self.device.after_use(0)
             return
         self.start()
@@ -263,7 +266,9 @@ class TileStream:
                 if isinstance(item, BaseException):
                     raise item
                 slot, views = item
+                t1 = time.perf_counter()
                 yield i, self.device.upload(slot, views)
+                self.compute_seconds += time.perf_counter() - t1
                 self.device.after_use(slot)
                 self._free.put(slot)
         finally:

@@ -42,6 +42,20 @@ TARGET_TK = 512
 BLAS_KC = 256
 #: Narrowest first k-panel planned to start compute early (see ``GemmPlan.k_lead``).
 LEAD_MIN = 128
+#: Cost of a byte read by a k-panel narrower than a local chunk's width, per byte read in whole
+#: rows, in tiles bound by their reads (:data:`FEED_BOUND_FLOPS_PER_BYTE`; elsewhere the reads are
+#: hidden and the fewest bytes win): the part of each row is copied out of a mapping of the chunk file instead of one read
+#: of contiguous rows. Measured on the 2-core machine (a 14336-row panel of a 512-wide float64
+#: chunk column in the page cache, two threads): 3.3 GB/s for half the width against 4.5 GB/s
+#: whole (``benchmarks/feed.py``'s operand).
+PARTIAL_READ_COST = 1.4
+#: Flops per byte read below which a CPU tile is bound by its reads (a core reads the page cache at
+#: about 2.7 GB/s and multiplies at about 30 GFLOP/s, so below about 10 flops a byte the reads take
+#: longer). Such tiles get half the cores' BLAS threads (at least one): OpenBLAS's threads spin
+#: between the small GEMM calls and took the cores from the reads; measured, a thin product
+#: (``benchmarks/feed.py``, ``A @ B`` with ``B`` 512 x 4) delivered 0.6-0.9 GB/s on two BLAS threads
+#: against 1.3-1.6 GB/s on one.
+FEED_BOUND_FLOPS_PER_BYTE = 16
 #: Narrowest sub-chunk panel, as a fraction of a k chunk: below it re-reading each chunk this many
 #: times costs more than rechunking the inputs once.
 MAX_PANEL_REREADS = 16
@@ -367,13 +381,27 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     k_lead = max(LEAD_MIN, tk // 8) if local_parts and tk >= 4 * LEAD_MIN and k > tk // 8 else 0
     return GemmPlan(
         m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,
-        out_chunks=oc, workers=workers, blas_threads=max(1, (cores or os.cpu_count() or 1) // workers),
+        out_chunks=oc, workers=workers, blas_threads=_blas_threads(tm, tn, tk, src, cores, workers, device),
         prefetch=prefetch, device=device, memory=memory, device_memory=device_memory, flops=2 * m * n * k,
         bytes_read=read + c_read, bytes_written=m * n * odt.itemsize, peak_memory=host * workers, task_memory=host,
         device_peak=dev * workers if space.on_gpu else None, with_c=space.with_c, panel_rereads=rereads,
         out_dtype=odt.name if odt != dt else None,
         k_lead=k_lead,
     )
+
+
+def _blas_threads(tm: int, tn: int, tk: int, src: tuple, cores: int | None, workers: int, device: str) -> int:
+    """BLAS threads of each task: the task's share of the cores, halved (at least one) for CPU tiles
+    bound by their reads (:data:`FEED_BOUND_FLOPS_PER_BYTE`), whose reads need the cores more."""
+    share = max(1, (cores or os.cpu_count() or 1) // workers)
+    if device == "cpu" and _flops_per_byte(tm, tn, tk, (src[0].itemsize, src[1].itemsize)) < FEED_BOUND_FLOPS_PER_BYTE:
+        return max(1, share // 2)
+    return share
+
+
+def _flops_per_byte(tm: int, tn: int, tk: int, isz: tuple[int, int]) -> float:
+    """A tile's flops per byte of its panels read."""
+    return 2 * tm * tn * tk / max(1, tm * tk * isz[0] + tk * tn * isz[1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -482,7 +510,12 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
                 read = round((m * k * sp.src_isz[0]) * gn * ra + (k * n * sp.src_isz[1]) * gm * rb)
                 tasks = gm * gn
                 idle = max(0, workers - tasks)  # concurrent slots with no tile to run
-                cost = (read + tasks * (TASK_OVERHEAD_BYTES + math.ceil(k / tk) * STEP_OVERHEAD_BYTES)
+                # where the reads bound the tiles, their rate decides: parts of rows read slower
+                slow = sum(nbytes * (PARTIAL_READ_COST - 1) for nbytes, part, unit in (
+                    (m * k * sp.src_isz[0] * gn, sp.partial[0], sp.ku_a), (k * n * sp.src_isz[1] * gm, sp.partial[1], sp.ku_b))
+                    if part and sp.direct[0] and tk % unit and tk < k) \
+                    if not sp.on_gpu and _flops_per_byte(tm, tn, tk, sp.src_isz) < FEED_BOUND_FLOPS_PER_BYTE else 0
+                cost = (read + round(slow) + tasks * (TASK_OVERHEAD_BYTES + math.ceil(k / tk) * STEP_OVERHEAD_BYTES)
                         + idle * (m * n * k * sp.isz) // max(1, tasks * 64))
                 if tk < min(BLAS_KC, k):  # BLAS re-reads and re-writes the accumulator once per panel
                     cost += m * n * sp.isz * math.ceil(k / tk)

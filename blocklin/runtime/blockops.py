@@ -54,7 +54,7 @@ from blocklin.plan.gemm import plan_gemm
 from blocklin.runtime.graph import TileGraph
 from blocklin.device import get_device
 from blocklin.errors import ParameterError, ShapeError, SingularMatrixError, explain
-from blocklin.runtime.tiles import Epilogue, GemmSpec, check_finite, gemm_tile, open_array, with_task_settings
+from blocklin.runtime.tiles import Epilogue, GemmSpec, check_finite, gemm_runs, gemm_tiles, open_array, with_task_settings
 from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import read_block, write_block
@@ -116,8 +116,9 @@ class BlockOps:
                         b_off=tuple(b_off), c_off=tuple(c_off), out_off=tuple(out_off), epilogue=epilogue,
                         precision=self.math if dt == np.float32 else None)
         graph = self.graph("gemm", spec)
-        for i, j, rows, cols in plan.tiles():
-            graph.add((i, j), gemm_tile, spec, i, j, rows, cols)
+        graph.expect(plan.n_tasks, gemm_tiles)  # before the tiles are listed
+        for run in gemm_runs(list(plan.tiles()), plan.workers, job.scheduler.kind):
+            graph.add(run[0][:2], gemm_tiles, spec, run, units=len(run))
         results = job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description)
         self.gemms += 1
         self.flops += plan.flops

@@ -51,18 +51,28 @@ class TileGraph:
     #: counts units, reported within the tasks (:func:`blocklin.progress.report_units`).
     weights: dict[Hashable, int] = dataclasses.field(default_factory=dict)
     unit: str | None = None
+    #: Units of work the tasks run (tiles, groups), at least one per task: what the graph's size limit counts.
+    units: int = 0
 
     @classmethod
     def named(cls, operation: str, *identity: Any) -> TileGraph:
         """A graph whose name is deterministic in ``identity`` (inputs, parameters, plan)."""
         return cls(f"blocklin-{operation}-{tokenize(*identity)}")
 
-    def add(self, index: tuple, func: Callable, *args: Any) -> tuple:
-        if len(self.tasks) >= MAX_GRAPH_TASKS:
-            raise _too_many_tasks(self.name, func)
+    def add(self, index: tuple, func: Callable, *args: Any, units: int = 1) -> tuple:
+        """Add task ``func(*args)`` under ``index``; ``units``: the tiles or groups it runs, counted
+        against :data:`MAX_GRAPH_TASKS` as tasks of their own (a run of a million tiles is no smaller)."""
+        self.expect(units, func)
+        self.units += units
         key = (self.name, *index)
         self.tasks[key] = (func, *args)
         return key
+
+    def expect(self, units: int, func: Callable) -> None:
+        """Refuse up front ``units`` more units of ``func`` than the graph may hold (before a caller
+        builds their list)."""
+        if self.units + units > MAX_GRAPH_TASKS:
+            raise _too_many_tasks(self.name, func)
 
     def weigh(self, key: Hashable, units: int, unit: str) -> None:
         """Declare the work of task ``key`` (every task of a weighed graph is weighed in one unit)."""
@@ -170,7 +180,8 @@ def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progre
         if not weighed:
             progress.advance(1)
             return
-        told = result.get("progress_units", 0) if isinstance(result, dict) else 0
+        units = result if isinstance(result, list) else [result]  # a run returns one result per unit
+        told = sum(r.get("progress_units", 0) for r in units if isinstance(r, dict))
         if graph.weights[key] > told:
             progress.advance(graph.weights[key] - told)
 

@@ -412,6 +412,8 @@ class Job:
             self.stats["retried_tasks"] = None  # unknown on this scheduler
         else:
             self.stats["retried_tasks"] += events["retried_tasks"]
+        # a task that ran several units (a run of GEMM tiles) returns a list: one result per unit
+        results = [u for r in results for u in (r if isinstance(r, list) else [r])]
         for r in results:
             if isinstance(r, dict):
                 self.add_stats(r, share=slots)

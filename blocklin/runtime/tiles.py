@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import os
 import queue
 import sys
@@ -279,72 +280,100 @@ class Epilogue:
 
 
 @with_task_settings
-def gemm_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> dict:
-    """Compute output tile ``(i, j)`` = ``alpha * op(A)[rows, :] @ op(B)[:, cols] + beta * C0[rows, cols]``."""
-    unit = f"tile-{i}-{j}"
-    if is_done(spec.done_dir, unit):
-        return {"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0}
-    t_start = time.perf_counter()
+def gemm_tiles(spec: GemmSpec, tiles: tuple[tuple[int, int, slice, slice], ...]) -> list[dict]:
+    """Compute the output tiles ``tiles`` one after another, each ``(i, j, rows, cols)``:
+    ``alpha * op(A)[rows, :] @ op(B)[:, cols] + beta * C0[rows, cols]``; one result per tile.
+
+    One :class:`TileStream` reads the k-panels of all of them in order, so the next tile's first
+    panels are read while this tile computes its last panel and its strips are written, where a task
+    per tile starts its stream cold (its first read overlapping nothing) and leaves the loader idle
+    while its writes finish. Each tile's sums are those of a task of its own: the same panels in the
+    same order into a fresh accumulator.
+    """
+    return _run_tiles(spec, tiles)
+
+
+def gemm_runs(tiles: list[tuple[int, int, slice, slice]], workers: int,
+              scheduler: str) -> list[tuple[tuple[int, int, slice, slice], ...]]:
+    """The tasks of a tiled GEMM: runs of consecutive tiles, one :func:`gemm_tiles` task each.
+
+    In one process (``threads``, ``sync``) one run per concurrent task; other schedulers keep a
+    task per tile (spread over processes and hosts; a lost worker's retry redoes one tile).
+    """
+    if scheduler not in ("threads", "sync") or not tiles:
+        return [(t,) for t in tiles]
+    k = max(1, min(len(tiles), workers))
+    n = len(tiles)
+    return [tuple(tiles[n * r // k:n * (r + 1) // k]) for r in range(k)]
+
+
+def _run_tiles(spec: GemmSpec, tiles: tuple[tuple[int, int, slice, slice], ...]) -> list[dict]:
+    """The tiles not yet done, their panels read by one stream; one result per tile."""
+    results: list[dict] = [{"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0}] * len(tiles)
+    todo = [(t, i, j, rows, cols) for t, (i, j, rows, cols) in enumerate(tiles)
+            if not is_done(spec.done_dir, f"tile-{i}-{j}")]
+    if not todo:
+        return results
     device = get_device(spec.device, device_memory=spec.device_memory)
     plan = spec.plan
     # The task's planned device bytes come from the one budget of all tasks on this GPU (it waits
     # while others hold it); TF32 only where the spec asks for it.
     with device.reserve((plan.device_peak or 0) // max(1, plan.workers)), device.math(spec.precision):
-        tile = _GemmTile(spec, rows, cols)
+        readers = [_PanelReader(spec, rows, cols) for _, _, _, rows, cols in todo]
+        stream = _panel_stream(spec, device, readers)
+        items = iter(stream)
         try:
-            tile.compute()
+            for (t, i, j, rows, cols), reader in zip(todo, readers):
+                results[t] = run_tile(spec, i, j, rows, cols, (device, reader, stream, items))
         finally:
-            tile.close()
+            items.close()  # stops the loaders and hands the slots back (also on failure)
+    return results
+
+
+def run_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice, run: tuple) -> dict:
+    """Tile ``(i, j)`` of a run: its panels taken from the run's stream, computed, written, marked
+    done; its result. ``run``: the run's device, the tile's panel reader, the stream and its items."""
+    device, reader, stream, items = run
+    t_start = time.perf_counter()
+    before = (stream.load_seconds, stream.wait_seconds, stream.compute_seconds)
+    tile = _GemmTile(spec, rows, cols, device, reader, itertools.islice(items, len(reader.panels)))
+    try:
+        tile.compute()
+    finally:
+        tile.close()
     if spec.done_dir is not None:
-        mark_done(spec.done_dir, unit)
-    return tile.result(time.perf_counter() - t_start)
+        mark_done(spec.done_dir, f"tile-{i}-{j}")
+    return tile.result(time.perf_counter() - t_start, stream.load_seconds - before[0],
+                       stream.wait_seconds - before[1], stream.compute_seconds - before[2])
 
 
-class _GemmTile:
-    """One output tile: streams its k-panels through the device and writes finished strips."""
+def _panel_stream(spec: GemmSpec, device: Any, readers: list[_PanelReader]) -> TileStream:
+    """One stream over the k-panels of ``readers``' tiles in order (each tile has the plan's panels)."""
+    plan = spec.plan
+    dt = np.dtype(spec.dtype)
+    per = len(readers[0].panels)
+    a_shape = (plan.tk, plan.tm) if spec.trans_a else (plan.tm, plan.tk)
+    b_shape = (plan.tn, plan.tk) if spec.trans_b else (plan.tk, plan.tn)
+
+    def load(i: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+        return readers[i // per].load(i % per, bufs)
+
+    # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
+    return TileStream(device, per * len(readers), load, [a_shape, b_shape], [readers[0].A.dtype, readers[0].B.dtype],
+                      depth=plan.prefetch, device_dtype=[dt, dt], loaders=1 if device.host_resident else plan.prefetch,
+                      job_items=plan.n_tasks * per)
+
+
+class _PanelReader:
+    """Reads the k-panels of op(A) and op(B) for one output tile (on the stream's loader threads)."""
 
     def __init__(self, spec: GemmSpec, rows: slice, cols: slice) -> None:
         self.spec, self.rows, self.cols = spec, rows, cols
         self.A, self.B = open_array(spec.a), open_array(spec.b)
         self.dtype = dt = np.dtype(spec.dtype)
-        self.device = device = get_device(spec.device, device_memory=spec.device_memory)
-        plan = spec.plan
-        self.panels = plan.k_panels()
-        self.tm, self.tn = tm, tn = rows.stop - rows.start, cols.stop - cols.start
-        a_shape = (plan.tk, plan.tm) if spec.trans_a else (plan.tm, plan.tk)
-        b_shape = (plan.tn, plan.tk) if spec.trans_b else (plan.tk, plan.tn)
+        self.panels = spec.plan.k_panels()
         self.casts = (self.A.dtype != dt, self.B.dtype != dt)
         self.nbytes = 0
-        self.told = 0  # k-panels reported to this process's progress bar
-        self.acc: Any = None  # allocated once the first panels are being read (compute)
-        self.acc_buf: np.ndarray | None = None  # the host buffer under acc, handed back on close
-        # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
-        self.stream = TileStream(device, len(self.panels), self.load, [a_shape, b_shape],
-                                 [self.A.dtype, self.B.dtype], depth=plan.prefetch, device_dtype=[dt, dt],
-                                 loaders=1 if device.host_resident else plan.prefetch,
-                                 job_items=plan.n_tasks * len(self.panels))
-        self.C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
-        self.strips = split(tm, plan.out_chunks[0])
-        o0, o1 = spec.out_off
-        self.writer = StripWriter(open_array(spec.out, mode="r+"), slice(o0 + rows.start, o0 + rows.stop),
-                                  slice(o1 + cols.start, o1 + cols.stop))
-        self.host_bufs: queue.Queue = queue.Queue()
-        if not device.host_resident:  # rotating download buffers: one filling, one queued, one writing
-            n_bufs = min(3, len(self.strips))
-            for _ in range(n_bufs):
-                self.host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dt,
-                                                     uses=plan.n_tasks * len(self.strips) / n_bufs))
-        self.cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.C.dtype) if self.C is not None else None
-        # A product computed in another dtype than it is stored in: strips are cast on the host into
-        # two rotating buffers of the output dtype (one filling, one being written)
-        self.out_dtype = np.dtype(spec.out_dtype) if spec.out_dtype is not None else dt
-        self.cast_bufs: queue.Queue = queue.Queue()
-        if self.out_dtype != dt:
-            if spec.epilogue is not None:
-                raise InternalError("gemm_tile: an epilogue needs the output in the compute dtype")
-            for _ in range(min(2, len(self.strips))):
-                self.cast_bufs.put(np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.out_dtype))
-        self.extra = spec.epilogue.begin(rows, cols, spec.out_off) if spec.epilogue is not None else None
         # Each part of op(A) and op(B) is checked for NaN/Inf by one tile only, the first of its tile
         # row (A) or column (B): every tile runs before the output is committed, so a non-finite
         # input still fails the job, and the check costs one pass over each input, not one per read.
@@ -373,10 +402,49 @@ class _GemmTile:
             out.append(view.T if trans else view)
         return tuple(out)
 
+
+class _GemmTile:
+    """One output tile: takes its k-panels from the run's stream, computes, writes finished strips."""
+
+    def __init__(self, spec: GemmSpec, rows: slice, cols: slice, device: Any, reader: _PanelReader,
+                 items: Any) -> None:
+        self.spec, self.rows, self.cols = spec, rows, cols
+        self.reader, self.items = reader, items
+        self.dtype = dt = np.dtype(spec.dtype)
+        self.device = device
+        plan = spec.plan
+        self.panels = reader.panels
+        self.tm, self.tn = tm, tn = rows.stop - rows.start, cols.stop - cols.start
+        self.nbytes = 0  # C's reads; the panels' are the reader's
+        self.told = 0  # k-panels reported to this process's progress bar
+        self.acc: Any = None  # allocated once the first panels are being read (compute)
+        self.acc_buf: np.ndarray | None = None  # the host buffer under acc, handed back on close
+        self.C = open_array(spec.c) if spec.c is not None and spec.beta != 0.0 else None
+        self.strips = split(tm, plan.out_chunks[0])
+        o0, o1 = spec.out_off
+        self.writer = StripWriter(open_array(spec.out, mode="r+"), slice(o0 + rows.start, o0 + rows.stop),
+                                  slice(o1 + cols.start, o1 + cols.stop))
+        self.host_bufs: queue.Queue = queue.Queue()
+        if not device.host_resident:  # rotating download buffers: one filling, one queued, one writing
+            n_bufs = min(3, len(self.strips))
+            for _ in range(n_bufs):
+                self.host_bufs.put(device.host_empty((min(plan.out_chunks[0], tm), tn), dt,
+                                                     uses=plan.n_tasks * len(self.strips) / n_bufs))
+        self.cbuf = np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.C.dtype) if self.C is not None else None
+        # A product computed in another dtype than it is stored in: strips are cast on the host into
+        # two rotating buffers of the output dtype (one filling, one being written)
+        self.out_dtype = np.dtype(spec.out_dtype) if spec.out_dtype is not None else dt
+        self.cast_bufs: queue.Queue = queue.Queue()
+        if self.out_dtype != dt:
+            if spec.epilogue is not None:
+                raise InternalError("gemm_tiles: an epilogue needs the output in the compute dtype")
+            for _ in range(min(2, len(self.strips))):
+                self.cast_bufs.put(np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.out_dtype))
+        self.extra = spec.epilogue.begin(rows, cols, spec.out_off) if spec.epilogue is not None else None
+
     def compute(self) -> None:
         # Allocating the accumulator overlaps the first panel's read; the first panel's product is
         # written into it (Device.gemm_into) rather than added to zeros.
-        self.stream.start()
         if self.panels and self.device.host_resident:  # the plan's full tile, reused between tiles
             self.acc_buf = pool.empty((self.spec.plan.tm, self.spec.plan.tn), self.dtype)
             self.acc = region(self.acc_buf, (self.tm, self.tn))
@@ -384,7 +452,7 @@ class _GemmTile:
             self.acc = self.device.empty((self.tm, self.tn), self.dtype) if self.panels else \
                 self.device.zeros((self.tm, self.tn), self.dtype)
         last = len(self.panels) - 1
-        for p, (a_dev, b_dev) in self.stream:
+        for p, (_, (a_dev, b_dev)) in enumerate(self.items):
             gemm = self.device.gemm_into if p == 0 else self.device.gemm_acc
             if p < last:
                 gemm(self.acc, a_dev, b_dev)
@@ -477,7 +545,6 @@ class _GemmTile:
         while the next tile allocates its own, and the peak would exceed the plan.
         """
         try:
-            self.stream.stop()
             self.writer.close()
             # Written, and the stream's slots handed back: the next tile may take the accumulator.
             self.acc = None
@@ -485,19 +552,20 @@ class _GemmTile:
         finally:
             while not self.host_bufs.empty():
                 self.device.release_host(self.host_bufs.get())
-            self.load_seconds, self.wait_seconds = self.stream.load_seconds, self.stream.wait_seconds
-            self.stream = self.acc = self.acc_buf = self.cbuf = self.cast_bufs = None
+            self.items = self.acc = self.acc_buf = self.cbuf = self.cast_bufs = None
 
-    def result(self, seconds: float) -> dict:
+    def result(self, seconds: float, load_seconds: float, wait_seconds: float, compute_seconds: float) -> dict:
+        """The tile's statistics; the stream's times while the tile ran (its reads ahead included)."""
         spec = self.spec
         return {
             "skipped": 0,
             "progress_units": self.told,
-            "bytes_read": self.nbytes,
+            "bytes_read": self.reader.nbytes + self.nbytes,
             "bytes_written": self.tm * self.tn * self.out_dtype.itemsize,
             "flops": 2 * self.tm * self.tn * (self.panels[-1][1] if self.panels else 0),
             "seconds": seconds,
-            "load_seconds": self.load_seconds,
-            "wait_seconds": self.wait_seconds,
+            "load_seconds": load_seconds,
+            "wait_seconds": wait_seconds,
+            "compute_seconds": compute_seconds,
             **(spec.epilogue.end(self.extra) if spec.epilogue is not None else {}),
         }

@@ -213,24 +213,22 @@ def test_resume_skips_finished_tiles(tmp_path, rng):
     a = rng.standard_normal((120, 90))
     b = rng.standard_normal((90, 100))
     calls = {"n": 0}
-    real = tiles.gemm_tile
+    real = tiles.run_tile
 
-    def flaky(spec, i, j, rows, cols):
+    def flaky(spec, i, j, rows, cols, run):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt("simulated kill")
-        return real(spec, i, j, rows, cols)
+        return real(spec, i, j, rows, cols, run)
 
     a_path = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32)).path
     b_path = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 32)).path
-    import blocklin.linalg.products.gemm as g
-
-    g.gemm_tile = flaky
+    tiles.run_tile = flaky
     try:
         with pytest.raises(KeyboardInterrupt):
             bl.matmul(a_path, b_path, tmp_path / "c.zarr", memory="96KiB", scheduler="sync", resume=True)
     finally:
-        g.gemm_tile = real
+        tiles.run_tile = real
     assert not (tmp_path / "c.zarr").exists()  # nothing that looks finished
     partial = [p for p in tmp_path.iterdir() if p.name.startswith(".c.zarr.partial-")]
     assert len(partial) == 1

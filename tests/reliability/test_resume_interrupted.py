@@ -29,13 +29,13 @@ def test_gemm_resume_after_ctrl_c_left_a_partial_without_metadata(tmp_path, monk
     # Ctrl-C stops the scheduler, not the tasks in flight: they may write chunks and markers into the
     # partial output after the abort removed it. A partial without array metadata is started over
     # (its markers may name removed chunks), instead of failing with "convert it first".
-    import blocklin.linalg.products.gemm as gemm_mod
+    import blocklin.runtime.tiles as tiles_mod
 
     rng = np.random.default_rng(0)
     a = bl.from_array(rng.standard_normal((256, 192)), tmp_path / "a.zarr", chunks=(32, 32))
     ref = bl.matmul(a, a, trans_a=True, c=None, memory="96KiB", scheduler="sync", out_chunks=(32, 32)).to_numpy()
     out = tmp_path / "c.zarr"
-    _interrupt_after(monkeypatch, gemm_mod, "gemm_tile", 5)
+    _interrupt_after(monkeypatch, tiles_mod, "run_tile", 5)
     with pytest.raises(KeyboardInterrupt):
         bl.matmul(a, a, out, trans_a=True, memory="96KiB", scheduler="sync", resume=True, out_chunks=(32, 32))
     monkeypatch.undo()
@@ -49,13 +49,13 @@ def test_gemm_resume_after_ctrl_c_left_a_partial_without_metadata(tmp_path, monk
 
 
 def test_gemm_resume_after_ctrl_c_continues(tmp_path, monkeypatch):
-    import blocklin.linalg.products.gemm as gemm_mod
+    import blocklin.runtime.tiles as tiles_mod
 
     rng = np.random.default_rng(1)
     a = bl.from_array(rng.standard_normal((256, 192)), tmp_path / "a.zarr", chunks=(32, 32))
     b = bl.from_array(rng.standard_normal((192, 160)), tmp_path / "b.zarr", chunks=(32, 32))
     ref = bl.matmul(a, b, memory="96KiB", scheduler="sync").to_numpy()
-    _interrupt_after(monkeypatch, gemm_mod, "gemm_tile", 4)
+    _interrupt_after(monkeypatch, tiles_mod, "run_tile", 4)
     with pytest.raises(KeyboardInterrupt):
         bl.matmul(a, b, tmp_path / "c.zarr", memory="96KiB", scheduler="sync", resume=True)
     monkeypatch.undo()

@@ -34,9 +34,9 @@ class _Interrupt(RuntimeError):
 
 def _interrupt_after(monkeypatch, n: int) -> list:
     """Make the GEMM tile task fail after ``n`` tiles (a job killed mid-way); returns the call log."""
-    import blocklin.linalg.products.gemm as gemm_mod
+    import blocklin.runtime.tiles as tiles_mod
 
-    real = gemm_mod.gemm_tile
+    real = tiles_mod.run_tile
     calls: list = []
 
     def flaky(*args, **kw):
@@ -45,7 +45,7 @@ def _interrupt_after(monkeypatch, n: int) -> list:
         calls.append(args[1:3])
         return real(*args, **kw)
 
-    monkeypatch.setattr(gemm_mod, "gemm_tile", flaky)
+    monkeypatch.setattr(tiles_mod, "run_tile", flaky)
     return calls
 
 
@@ -189,12 +189,12 @@ class BackendTests:
 
 
     def test_ctrl_c_removes_temporaries_and_partial_output(self, loc, monkeypatch):
-        import blocklin.linalg.products.gemm as gemm_mod
+        import blocklin.runtime.tiles as tiles_mod
 
         def interrupted(*args, **kw):
             raise KeyboardInterrupt
 
-        monkeypatch.setattr(gemm_mod, "gemm_tile", interrupted)
+        monkeypatch.setattr(tiles_mod, "run_tile", interrupted)
         tmp, out = loc("tmp"), loc("C.zarr")
         with pytest.raises(KeyboardInterrupt):
             blocklin.matmul(A, B, out, memory="128KiB", scheduler="sync", temp_dir=tmp)

@@ -138,9 +138,9 @@ def test_resume_takes_over_a_killed_run(ops, monkeypatch):
     """A partial kept for resume whose owner died is continued by the next resume, same bits."""
     a, b, out = ops
     ref = blocklin.matmul(a, b, out.parent / "ref.zarr", memory="64KiB", scheduler="sync")
-    import blocklin.linalg.products.gemm as gemm_mod
+    import blocklin.runtime.tiles as tiles_mod
 
-    real, calls = gemm_mod.gemm_tile, []
+    real, calls = tiles_mod.run_tile, []
 
     def failing(*args, **kw):
         if len(calls) == 2:
@@ -148,7 +148,7 @@ def test_resume_takes_over_a_killed_run(ops, monkeypatch):
         calls.append(1)
         return real(*args, **kw)
 
-    monkeypatch.setattr(gemm_mod, "gemm_tile", failing)
+    monkeypatch.setattr(tiles_mod, "run_tile", failing)
     with pytest.raises(RuntimeError, match="stop"):
         blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True)
     monkeypatch.undo()

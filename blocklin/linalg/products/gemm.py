@@ -23,7 +23,7 @@ from blocklin.plan.rechunk import rechunk_advice
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.storage.identity import resume_token
-from blocklin.runtime.tiles import GemmSpec, gemm_tile
+from blocklin.runtime.tiles import GemmSpec, gemm_runs, gemm_tiles
 from blocklin.operands import temp_root
 from blocklin.storage.atomic import open_or_create_array
 from blocklin.storage.location import as_location
@@ -148,8 +148,12 @@ class Gemm:
         for note in self.read_advice(plan):
             job.note_reads(note)
         graph = TileGraph.named("gemm", self.token(plan))
-        for i, j, rows, cols in plan.tiles():  # progress in k-panels: a one-tile product still moves
-            graph.weigh(graph.add((i, j), gemm_tile, spec, i, j, rows, cols), max(1, plan.k_steps), "k-panels")
+        graph.expect(plan.n_tasks, gemm_tiles)  # before the tiles are listed
+        # progress in k-panels: a one-tile product still moves
+        for run in gemm_runs(list(plan.tiles()), plan.workers, job.scheduler.kind):
+            i, j = run[0][:2]
+            graph.weigh(graph.add((i, j), gemm_tiles, spec, run, units=len(run)), max(1, plan.k_steps) * len(run),
+                        "k-panels")
         with reusing():  # tiles run here take the accumulator and panel slots the previous one left
             job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
                     count_pass=count_pass)

@@ -1,0 +1,218 @@
+"""The feed: runs of row-pass groups and of GEMM tiles, and reads split over the chunk I/O pool.
+
+Each change only moves work between threads and tasks; the results must be the bits the old
+loaders gave (a task per group or tile, one thread per read), on every scheduler.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.errors import StoreReadError
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime import passes, tiles
+from blocklin.runtime.job import Job
+from blocklin.runtime.passes import row_kernel, run_pass, source
+from blocklin.storage import rawchunks
+from blocklin.storage.zarr_store import create_array, read_block
+
+
+def _sum_memory(params, sources):
+    return PassMemory(fixed=sources[0].width * 8)
+
+
+@row_kernel(memory=_sum_memory, device="cpu")
+def _column_sums(device, arrays, rows, params, state):
+    """float32 sums strip by strip: the order of the additions shows in the bits."""
+    (x,) = arrays
+    s = x.sum(axis=0, dtype=np.float32)
+    return (s if state is None else state + s), None
+
+
+def _per_unit(monkeypatch):
+    """The old scheduling: a task per row-pass group and per GEMM tile."""
+    monkeypatch.setattr(passes, "group_runs", lambda plan, scheduler: [(g, g + 1) for g in range(len(plan.groups))])
+    monkeypatch.setattr("blocklin.linalg.products.gemm.gemm_runs", lambda t, workers, scheduler: [(x,) for x in t])
+
+
+@pytest.fixture
+def tall(tmp_path):
+    x = (np.random.default_rng(3).standard_normal((3000, 40)) * 1e3).astype(np.float32)
+    return x, bl.from_array(x, tmp_path / "x.zarr", chunks=(100, 40))
+
+
+def _pass_states(path, scheduler):
+    with Job("feed-test", memory="96KiB", scheduler=scheduler, workers=2) as job:
+        op = job.operand(path, "a")
+        states, plan = run_pass(job, _column_sums, [source(op)], check_finite=False, min_tasks=8)
+    return states, plan
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads"])
+def test_row_pass_runs_give_each_groups_bits(tall, monkeypatch, scheduler):
+    _, a = tall
+    runs, plan = _pass_states(a.path, scheduler)
+    assert len(plan.groups) > 4 and len(passes.group_runs(plan, scheduler)) == 2
+    with monkeypatch.context() as m:
+        _per_unit(m)
+        alone, _ = _pass_states(a.path, scheduler)
+    assert len(runs) == len(alone) == len(plan.groups)
+    for r, s in zip(runs, alone):
+        assert r.dtype == np.float32 and np.array_equal(r, s)
+
+
+def test_group_runs_cover_the_groups_in_order():
+    class P:
+        groups = tuple((10 * g, 10 * g + 10) for g in range(7))
+        workers = 3
+
+    for sched, want in (("threads", 3), ("sync", 3), ("processes", 7), ("distributed", 7)):
+        runs = passes.group_runs(P, sched)
+        assert len(runs) == want
+        assert [g for a, b in runs for g in range(a, b)] == list(range(7))
+    assert tiles.gemm_runs([], 2, "threads") == []
+    t = [(i, 0, slice(i, i + 1), slice(0, 1)) for i in range(5)]
+    assert [x for run in tiles.gemm_runs(t, 2, "threads") for x in run] == t
+    assert tiles.gemm_runs(t, 2, "distributed") == [(x,) for x in t]
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads", "processes"])
+def test_gemm_runs_give_each_tiles_bits(tmp_path, monkeypatch, scheduler):
+    rng = np.random.default_rng(5)
+    a = bl.from_array(rng.standard_normal((300, 200)).astype(np.float32), tmp_path / "a.zarr", chunks=(50, 50))
+    b = bl.from_array(rng.standard_normal((200, 120)).astype(np.float32), tmp_path / "b.zarr", chunks=(50, 40))
+    kw = dict(memory="192KiB", scheduler=scheduler, workers=2)
+    runs = bl.matmul(a, b, tmp_path / "runs.zarr", **kw)
+    assert runs.report["plan"]["n_tasks"] > 2 and runs.report["tasks"] == runs.report["plan"]["n_tasks"]
+    with monkeypatch.context() as m:
+        _per_unit(m)
+        alone = bl.matmul(a, b, tmp_path / "alone.zarr", **kw)
+    assert np.array_equal(runs.to_numpy(), alone.to_numpy())
+    assert runs.report["bytes_read"] == alone.report["bytes_read"]
+
+
+def test_gemm_run_resumes_tile_by_tile(tmp_path, monkeypatch):
+    """A run interrupted after some tiles keeps their markers; the resumed run skips exactly those."""
+    rng = np.random.default_rng(6)
+    a = bl.from_array(rng.standard_normal((256, 160)), tmp_path / "a.zarr", chunks=(32, 32))
+    b = bl.from_array(rng.standard_normal((160, 96)), tmp_path / "b.zarr", chunks=(32, 32))
+    ref = bl.matmul(a, b, memory="96KiB", scheduler="sync").to_numpy()
+    real, seen = tiles.run_tile, []
+
+    def dying(*args, **kwargs):
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+        seen.append(args[1:3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tiles, "run_tile", dying)
+    with pytest.raises(KeyboardInterrupt):
+        bl.matmul(a, b, tmp_path / "c.zarr", memory="96KiB", scheduler="threads", workers=1, resume=True)
+    monkeypatch.undo()
+    c = bl.matmul(a, b, tmp_path / "c.zarr", memory="96KiB", scheduler="threads", workers=1, resume=True)
+    assert c.report["skipped"] == 3 and np.array_equal(c.to_numpy(), ref)
+
+
+@pytest.fixture
+def wide(tmp_path):
+    x = np.random.default_rng(4).standard_normal((700, 300))
+    arr = create_array(tmp_path / "w.zarr", shape=x.shape, dtype="float64", chunks=(256, 128))
+    arr[...] = x
+    return x, arr
+
+
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_pooled_reads_equal_serial_reads(wide, monkeypatch, threads):
+    x, arr = wide
+    monkeypatch.setattr(rawchunks, "READ_THREADS", threads)
+    monkeypatch.setattr(rawchunks, "READ_PIECE_BYTES", 4096)  # pieces even in a small array
+    for rows, cols in [(slice(0, 700), slice(0, 300)), (slice(3, 690), slice(0, 128)), (slice(250, 700), slice(5, 290)),
+                       (slice(0, 700), slice(128, 256)), (slice(699, 700), slice(0, 300))]:
+        out = np.full((rows.stop - rows.start, cols.stop - cols.start), np.nan)
+        assert np.array_equal(read_block(arr, rows, cols, out=out), x[rows, cols])
+
+
+def test_pooled_read_splits_only_where_cores_are_free(wide, monkeypatch):
+    _, arr = wide
+    monkeypatch.setattr(rawchunks, "READ_THREADS", 2)
+    monkeypatch.setattr(rawchunks, "READ_PIECE_BYTES", 4096)
+    lanes = []
+    real = rawchunks._run_all
+    monkeypatch.setattr(rawchunks, "_run_all", lambda *a: lanes.append(a[3]) or real(*a))
+    out = np.empty((700, 128))
+    read_block(arr, slice(0, 700), slice(0, 128), out=out)
+    assert lanes == [2]
+    with rawchunks._reading():  # another read under way takes the other core
+        read_block(arr, slice(0, 700), slice(0, 128), out=out)
+    assert lanes == [2]
+
+
+def test_truncated_chunk_in_a_pooled_read_names_it(wide, monkeypatch):
+    _, arr = wide
+    monkeypatch.setattr(rawchunks, "READ_THREADS", 2)
+    monkeypatch.setattr(rawchunks, "READ_PIECE_BYTES", 4096)
+    path = arr.store.root / "c" / "1" / "0"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(StoreReadError, match=r"c[/\\]1[/\\]0"):
+        read_block(arr, slice(0, 700), slice(0, 128), out=np.empty((700, 128)))
+
+
+def test_interrupted_pooled_read_leaves_no_piece_running(wide, monkeypatch):
+    """Ctrl-C in one piece: the read returns only once no piece writes into the buffer any more."""
+    _, arr = wide
+    monkeypatch.setattr(rawchunks, "READ_THREADS", 4)
+    monkeypatch.setattr(rawchunks, "READ_PIECE_BYTES", 4096)
+    real = rawchunks.RawChunks._read_rows_into
+    running, calls = [0], [0]
+    lock, other = threading.Lock(), threading.Event()
+
+    def piece(self, path, r0, r1, dest):
+        with lock:
+            calls[0] += 1
+            first = calls[0] == 1
+            running[0] += 1
+        try:
+            if first:
+                other.wait(5)  # interrupted while another piece is under way
+                raise KeyboardInterrupt
+            other.set()
+            real(self, path, r0, r1, dest)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(rawchunks.RawChunks, "_read_rows_into", piece)
+    with pytest.raises(KeyboardInterrupt):
+        read_block(arr, slice(0, 700), slice(0, 128), out=np.empty((700, 128)))
+    assert calls[0] > 1 and running[0] == 0 and rawchunks._readers == 0
+
+
+def test_feed_bound_tiles_leave_cores_to_the_reads():
+    from blocklin.plan.gemm import plan_gemm
+
+    thin = plan_gemm(262144, 4, 512, np.float64, a_chunks=(2048, 512), b_chunks=(512, 4), memory=64 << 20,
+                     cores=2, reads=("direct", "direct"))
+    square = plan_gemm(4096, 4096, 4096, np.float64, a_chunks=(1024, 1024), b_chunks=(1024, 1024),
+                       memory=512 << 20, cores=2, reads=("direct", "direct"))
+    assert thin.blas_threads == 1 and square.blas_threads == 2
+    # whole-width k-panels: a part of each row costs a mapping of the chunk, not one contiguous read
+    assert thin.tk == 512
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_first_pass_peaks_stand_in_for_the_finite_check(tmp_path, bad):
+    """The first pass's column peaks replace the NaN/Inf check where they are finite; where not, the
+    check still names the first bad value."""
+    from blocklin.errors import NonFiniteError
+
+    x = np.random.default_rng(9).standard_normal((600, 12))
+    x[437, 5] = bad
+    a = bl.from_array(x, tmp_path / "x.zarr", chunks=(100, 12))
+    with Job("feed-test", memory="64KiB") as job:
+        op = job.operand(a.path, "a")
+        with pytest.raises(NonFiniteError, match=r"\[437, 5\]"):
+            run_pass(job, _column_sums, [source(op)], min_tasks=3)
