@@ -8,6 +8,8 @@ Usage::
 Variants, each in its own subprocess (so its peak resident memory, ``VmHWM``, is its own):
 
 * ``raw read``: ``np.fromfile`` of the whole file (the read rate of the same bytes; needs their size);
+* ``raw copy``: the ``.npy``, and the chunk files of an uncompressed zarr copy of it, copied file by
+  file through one reused 64 MiB buffer, against ``blocklin.convert`` of each to uncompressed zarr;
 * ``blocklin``: ``blocklin.convert`` within ``--memory``;
 * ``zarr.from_array``: ``zarr.from_array(store, data=np.load(path, mmap_mode="r"))``;
 * ``dask``: ``dask.array.from_array(np.load(path, mmap_mode="r"), chunks).to_zarr(store)``;
@@ -45,6 +47,21 @@ t0 = time.perf_counter()
 if variant == "raw":
     a = np.fromfile(src, dtype=np.uint8)
     n = a.nbytes
+elif variant == "rawcopy":  # every file of src (a file or a folder) copied through one reused 64 MiB buffer
+    import os
+    buf = memoryview(bytearray(64 << 20))
+    files = [src] if os.path.isfile(src) else [os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs]
+    n = 0
+    for i, f in enumerate(files):
+        dst = out if os.path.isfile(src) else os.path.join(out, os.path.relpath(f, src))
+        os.makedirs(os.path.dirname(dst) or ".", exist_ok=True)
+        with open(f, "rb", buffering=0) as r, open(dst, "wb", buffering=0) as w:
+            while True:
+                got = r.readinto(buf)
+                if not got:
+                    break
+                w.write(buf[:got])
+                n += got
 elif variant == "blocklin":
     import blocklin
     rep = blocklin.convert(src, out, chunks=chunks, codec=codec, memory=memory)
@@ -68,12 +85,16 @@ print(json.dumps({"seconds": secs, "bytes": n, "peak": peak()}))
 
 def run(variant: str, src: str, out: str, memory: str, codec: str, chunks: tuple[int, int]) -> dict:
     shutil.rmtree(out, ignore_errors=True)
+    if os.path.isfile(out):
+        os.remove(out)
     proc = subprocess.run([sys.executable, "-c", CHILD, variant, src, out, memory, codec, f"{chunks[0]},{chunks[1]}"],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{variant} failed:\n{proc.stderr}")
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     shutil.rmtree(out, ignore_errors=True)
+    if os.path.isfile(out):
+        os.remove(out)
     return res
 
 
@@ -114,6 +135,21 @@ def main() -> None:
     print(f"  {'raw read (np.fromfile)':<34} {raw['seconds']:7.2f} s {rate_raw:6.2f} GB/s  "
           f"peak {raw['peak'] / 2**20:7.0f} MiB")
     results = {"raw": raw, "baseline_peak": base}
+    # The raw copy rate (issue 24's bar for conversions): the same bytes read and written by one
+    # thread through one buffer, for the .npy and for an uncompressed zarr copy of it (its chunk files).
+    zsrc = os.path.join(args.dir, "src.zarr")
+    if not os.path.exists(zsrc):
+        import blocklin
+
+        blocklin.convert(src, zsrc, chunks=chunks, codec="none", memory=args.memory)
+    for name, source in (("npy", src), ("zarr", zsrc)):
+        copy = run("rawcopy", source, out + (".copy" if name == "npy" else ""), args.memory, "none", chunks)
+        copy["gbps"] = copy["bytes"] / copy["seconds"] / 1e9
+        conv = run("blocklin", source, out, args.memory, "none", chunks)
+        conv["gbps"] = conv["bytes"] / conv["seconds"] / 1e9
+        results[f"copy_{name}"] = {"raw_copy": copy, "blocklin": conv}
+        print(f"  {name} -> zarr uncompressed: raw copy {copy['gbps']:.2f} GB/s, blocklin.convert {conv['gbps']:.2f} GB/s "
+              f"({conv['gbps'] / copy['gbps']:.2f}x the raw copy)")
     for codec in ("none", args.codec):
         rows_out = {}
         for variant, label in (("blocklin", "blocklin.convert"), ("zarr", "zarr.from_array"),
@@ -132,6 +168,7 @@ def main() -> None:
     print(json.dumps(results, default=str))
     if not args.keep:
         os.remove(src)
+        shutil.rmtree(zsrc, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
 
 
