@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.config import Config
-from blocklin.errors import ParameterError, ShapeError, explain
+from blocklin.errors import DTypeError, ParameterError, ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
 from blocklin.storage.completeness import check_complete
@@ -89,6 +89,11 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
         path = as_location(x, cfg.storage_options, name=name)
         arr = open_zarr(path, name=name)
     elif _is_dask(x):
+        _check_numeric(name, x.dtype)
+        if any(c != c for dim in x.chunks for c in dim):  # NaN: sizes known only once computed (a boolean mask)
+            # zarr needs every chunk's size before anything is written: Dask's own answer computes
+            # the array once to learn them (it is computed again as it is staged)
+            x = x.compute_chunk_sizes()
         if x.ndim == 1 and ndim == 2:  # a vector is a column
             x = x.reshape(-1, 1)
         _check_ndim(name, x.shape, ndim)
@@ -134,7 +139,18 @@ def _stage_column(arr: Any, name: str, cfg: Config, stack: contextlib.ExitStack)
     return d, out, True
 
 
+def _check_numeric(name: str, dtype: Any) -> None:
+    """Refuse arrays that do not hold numbers (object, string, datetime, structured dtypes)."""
+    dt = np.dtype(dtype)
+    if dt.kind not in "biufc":
+        held = {"O": "Python objects", "U": "strings", "S": "bytes", "M": "datetimes", "m": "timedeltas",
+                "V": "structured records"}.get(dt.kind, f"kind {dt.kind!r}")
+        raise DTypeError(explain(name, "must hold numbers (a float, integer, complex or bool dtype)",
+                                 f"dtype {dt} ({held})", "convert it first, for example x.astype(numpy.float64)"))
+
+
 def _stage_numpy(x: np.ndarray, name: str, cfg: Config, stack: contextlib.ExitStack) -> tuple[Location, Any, bool]:
+    _check_numeric(name, x.dtype)
     if x.ndim == 1:  # a vector is a column
         x = x.reshape(-1, 1)
     if x.ndim != 2:

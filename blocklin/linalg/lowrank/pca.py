@@ -51,15 +51,21 @@ class PCAResult:
         self.__dict__.update(attrs)
 
     def transform(self, x: Any) -> np.ndarray:
-        """Project in-memory samples ``x`` (``n x n_features``) on the components: ``((x - mean_) / scale_) C^T``."""
-        x = np.asarray(x, dtype=np.float64)
+        """Project in-memory samples ``x`` (``n x n_features``) on the components: ``((x - mean_) / scale_) C^T``.
+
+        Computed in float64, returned in the dtype scikit-learn's ``PCA.transform`` gives: float32 for
+        float32 samples and components, float64 where either is float64 (integers count as float64).
+        """
+        x = np.asarray(x)
+        out_dtype = np.result_type(x.dtype if x.dtype.kind == "f" else np.float64, self.components_.dtype)
+        x = x.astype(np.float64, copy=False)
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
             raise ShapeError(f"x: must have {self.n_features_in_} columns (n_features_in_); got shape {x.shape}. "
                              "Fix: pass samples as rows with the features the PCA was fitted on")
         x = x - self.mean_
         if self.scale_ is not None:
             x = x / self.scale_
-        return x @ self.components_.T.astype(np.float64)
+        return (x @ self.components_.T.astype(np.float64)).astype(out_dtype, copy=False)
 
     def __repr__(self) -> str:
         return (f"PCAResult(n_components_={self.n_components_}, n_samples_={self.n_samples_}, "
