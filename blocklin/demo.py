@@ -89,8 +89,10 @@ def run_demo(*, n: int = 6144, memory: Any = "256MiB", dtype: str = "float64", f
         bound = 8 * np.sqrt(n) * eps * (np.abs(a_rows) @ np.ones(n)).max() * 5.0  # |B| entries ~ N(0,1), < 5
         row_err = float(np.abs(got_rows - ref_rows).max())
         x = rng.standard_normal((n, 1)).astype(dtype)
-        cx = matmul(C, x, memory=budget).to_numpy().astype(np.float64)
-        abx = matmul(A, matmul(B, x, memory=budget), memory=budget).to_numpy().astype(np.float64)
+        # the products are stores of their own: in the demo's folder, removed with its matrices
+        cx = matmul(C, x, base / "Cx.zarr", memory=budget, overwrite=True).to_numpy().astype(np.float64)
+        bx = matmul(B, x, base / "Bx.zarr", memory=budget, overwrite=True)
+        abx = matmul(A, bx, base / "ABx.zarr", memory=budget, overwrite=True).to_numpy().astype(np.float64)
         frei = float(np.abs(cx - abx).max() / max(1.0, np.abs(abx).max()))
         ok = row_err <= bound and frei <= 100 * np.sqrt(n) * eps
         return {
@@ -105,7 +107,7 @@ def run_demo(*, n: int = 6144, memory: Any = "256MiB", dtype: str = "float64", f
         }
     finally:
         if not keep:
-            for name in ("A.zarr", "B.zarr", "C.zarr") if not made else ():
+            for name in ("A.zarr", "B.zarr", "C.zarr", "Cx.zarr", "Bx.zarr", "ABx.zarr") if not made else ():
                 if _demo_wrote(base / name):
                     shutil.rmtree(base / name, ignore_errors=True)
             if made:

@@ -419,5 +419,9 @@ def test_demo_in_an_existing_folder_removes_only_its_own_stores(tmp_path, capsys
     d.mkdir()
     (d / "thesis.tex").write_text("keep")
     before = tree(d)
-    assert main(["demo", "--size", "256", "--memory", "1MiB", "--dir", str(d)]) == 0
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    with bl.config.set(temp_dir=str(temp)):
+        assert main(["demo", "--size", "256", "--memory", "1MiB", "--dir", str(d)]) == 0
     assert tree(d) == before
+    assert list(temp.iterdir()) == []  # the verification's products were stores in the demo's folder too
