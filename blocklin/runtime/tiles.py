@@ -309,7 +309,7 @@ def gemm_runs(tiles: list[tuple[int, int, slice, slice]], workers: int,
 
 def _run_tiles(spec: GemmSpec, tiles: tuple[tuple[int, int, slice, slice], ...]) -> list[dict]:
     """The tiles not yet done, their panels read by one stream; one result per tile."""
-    results: list[dict] = [{"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0}] * len(tiles)
+    results: list[dict] = [{"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0} for _ in tiles]
     todo = [(t, i, j, rows, cols) for t, (i, j, rows, cols) in enumerate(tiles)
             if not is_done(spec.done_dir, f"tile-{i}-{j}")]
     if not todo:
