@@ -282,6 +282,19 @@ def quiet_stdout() -> None:
         os.close(devnull)
 
 
+def _interrupted(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
+    """The one line an interrupted command prints (what a resumable run kept), and its exit status."""
+    from blocklin import interrupt
+    from blocklin.storage.cleanup import kept_message, take_kept
+
+    interrupt.quiet_shutdown()
+    terminated = isinstance(exc, interrupt.Terminated)
+    kept = take_kept()  # what a resumable run kept, said in this one line
+    print(f"blocklin {args.command}: {'terminated' if terminated else 'interrupted'}; "
+          f"no output was written{'; ' + kept_message(kept) if kept else ''}", file=sys.stderr)
+    return interrupt.EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+
+
 def _run_command(args: argparse.Namespace) -> int:
     from blocklin import interrupt
 
@@ -289,22 +302,17 @@ def _run_command(args: argparse.Namespace) -> int:
         with interrupt.handle_signals(), _storage_settings(args):
             try:
                 args.func(args)
-            except KeyboardInterrupt:
-                # still under the handlers: another Ctrl-C while stopping is absorbed
+            except KeyboardInterrupt as exc:
+                # still under the handlers, to the last line: another Ctrl-C while stopping (or while
+                # the line is printed) is absorbed; the default handler, back once the block ends,
+                # killed the process mid-message (a CI run of test_inverse_resume's twice-Ctrl-C case)
                 from blocklin.storage.cleanup import abandon_held
 
                 abandon_held(keep_partials=bool(getattr(args, "resume", False)))
-                raise
+                return _interrupted(args, exc)
         return EXIT_OK
-    except KeyboardInterrupt as exc:
-        interrupt.quiet_shutdown()
-        from blocklin.storage.cleanup import kept_message, take_kept
-
-        terminated = isinstance(exc, interrupt.Terminated)
-        kept = take_kept()  # what a resumable run kept, said in this one line
-        print(f"blocklin {args.command}: {'terminated' if terminated else 'interrupted'}; "
-              f"no output was written{'; ' + kept_message(kept) if kept else ''}", file=sys.stderr)
-        return interrupt.EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # before the handlers, or one interrupt more than they absorb
+        return _interrupted(args, exc)
     except BrokenPipeError:
         raise  # stdout's reader went away: run_command ends quietly
     except Exception as exc:  # noqa: BLE001 - storage clients raise their own kinds (botocore's)
