@@ -204,9 +204,9 @@ class RawChunks:
                 sc0, sc1 = max(c0, gc0), min(c1, gc0 + ch_c)
                 dest = out[sr0 - r0:sr1 - r0, sc0 - c0:sc1 - c0]
                 if (sc0, sc1) == (gc0, gc0 + ch_c) and dest.flags.c_contiguous:
-                    work.append((self._read_rows_into, self._path(ci, cj), sr0 - gr0, dest, 0))  # straight into place
+                    work.append((True, self._path(ci, cj), sr0 - gr0, dest, 0))  # straight into place
                 elif self.fs is None:
-                    work.append((self._read_segments_into, self._path(ci, cj), sr0 - gr0, dest, sc0 - gc0))
+                    work.append((False, self._path(ci, cj), sr0 - gr0, dest, sc0 - gc0))
                 else:  # through the one reused rows buffer: not shared between threads
                     buf = self._rows_buffer(sr1 - sr0)
                     self._read_rows_into(self._path(ci, cj), sr0 - gr0, sr1 - gr0, buf)
@@ -216,10 +216,17 @@ class RawChunks:
             pieces = _split_pieces(work, out.nbytes, threads)
             if threads <= 1 or len(pieces) <= 1:
                 for piece in pieces:
-                    _read_piece(*piece)
+                    self._read_piece(*piece)
             else:
-                _run_all(_io_pool(), _read_piece, pieces, min(threads, len(pieces)))
+                _run_all(_io_pool(), self._read_piece, pieces, min(threads, len(pieces)))
         return out
+
+    def _read_piece(self, whole: bool, path: str, r0: int, dest: np.ndarray, c0: int) -> None:
+        """One piece of :meth:`read`: rows ``r0:`` of a chunk, its whole width or from column ``c0``."""
+        if whole:
+            self._read_rows_into(path, r0, r0 + dest.shape[0], dest)
+        else:
+            self._read_segments_into(path, r0, c0, dest)
 
     def aligned(self, rows: slice, cols: slice) -> bool:
         """Whether ``[rows, cols]`` covers whole chunks (edge chunks up to the array's end)."""
@@ -307,27 +314,20 @@ def _reading() -> Iterator[int]:
 
 
 def _split_pieces(work: list[tuple], total: int, threads: int) -> list[tuple]:
-    """``work`` (``(read, path, first row, dest, first column)`` per chunk) cut along its rows into
+    """``work`` (``(whole width, path, first row, dest, first column)`` per chunk) cut along its rows into
     about ``threads`` pieces of at least :data:`READ_PIECE_BYTES` (rows of a chunk are independent
     byte ranges, and ``dest``'s rows independent places)."""
     if threads <= 1 or total < 2 * READ_PIECE_BYTES:
         return work
     target = max(READ_PIECE_BYTES, -(-total // threads))
     pieces = []
-    for read, path, r0, dest, c0 in work:
+    for whole, path, r0, dest, c0 in work:
         n = dest.shape[0]
         parts = max(1, min(n, dest.nbytes // target))
         for p in range(parts):
             a, b = n * p // parts, n * (p + 1) // parts
-            pieces.append((read, path, r0 + a, dest[a:b], c0))
+            pieces.append((whole, path, r0 + a, dest[a:b], c0))
     return pieces
-
-
-def _read_piece(read: Any, path: str, r0: int, dest: np.ndarray, c0: int) -> None:
-    if read.__name__ == "_read_rows_into":
-        read(path, r0, r0 + dest.shape[0], dest)
-    else:
-        read(path, r0, c0, dest)
 
 
 def _zstd_size(frame: np.ndarray) -> int | None:
