@@ -206,14 +206,17 @@ def positive(name: str, value: Any, *, fix: str, optional: bool = False) -> floa
     return float(value)
 
 
-def check_k(k: Any, m: int, n: int) -> int:
-    """``k`` wanted pairs of an ``m x n`` matrix: an integer with ``1 <= k < min(m, n)``."""
+def check_k(k: Any, m: int, n: int, *, whole: bool = False) -> int:
+    """``k`` wanted pairs of an ``m x n`` matrix: an integer with ``1 <= k < min(m, n)`` (``<=`` with
+    ``whole``: the operation also computes every pair)."""
     if not _is_int(k):
         raise ParameterError(explain("k", "must be an integer", repr(k), "pass k=10"))
-    if not 1 <= k < min(m, n):
-        raise ParameterError(explain("k", f"must satisfy 1 <= k < min(m, n) = {min(m, n)}", f"k={k} for a "
-                                     f"{m} x {n} matrix", f"pass 1 <= k <= {min(m, n) - 1} (use scipy.linalg.svd / "
-                                     "eigh for a full decomposition)"))
+    top = min(m, n) if whole else min(m, n) - 1
+    if not 1 <= k <= top:
+        rule = f"1 <= k <= min(m, n) = {top}" if whole else f"1 <= k < min(m, n) = {min(m, n)}"
+        raise ParameterError(explain("k", f"must satisfy {rule}", f"k={k} for a {m} x {n} matrix",
+                                     f"pass 1 <= k <= {top}" + ("" if whole else
+                                                                " (use scipy.linalg.eigh for a full decomposition)")))
     return int(k)
 
 

@@ -16,7 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "Vt and the report (passes over A, bytes read, seconds, residuals) in its "
                                    "attributes.")
     p.add_argument("a", metavar="A", help="zarr array (path)")
-    p.add_argument("-k", type=ui.count_arg("-k", example="10"), required=True, help="number of singular triplets (1 <= k < min(m, n))")
+    p.add_argument("-k", type=ui.count_arg("-k", example="10", auto=("all",)), required=True,
+                   help="number of singular triplets (1 <= k <= min(m, n)), or 'all' (every triplet: --method full)")
+    p.add_argument("--which", choices=("LM", "SM"), default="LM",
+                   help="LM (default): the k largest singular values; SM: the k smallest (--method full)")
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="output zarr group (path)")
     add_method_options(p, rsvd="q + 1 passes", sketch="one pass")
     p.add_argument("--max-passes", type=ui.count_arg("--max-passes", example="60"), help="pass limit of the adaptive methods")
@@ -44,19 +47,20 @@ def _power_iters(value: str) -> Any:
 def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.lowrank.svd import svd
 
-    res = svd(args.a, args.k, method=args.method, oversample=args.oversample, power_iters=_power_iters(args.power_iters),
+    res = svd(args.a, None if args.k == "all" else args.k, which=args.which, method=args.method, oversample=args.oversample, power_iters=_power_iters(args.power_iters),
               tol=args.tol, out=args.out, seed=args.seed, max_passes=args.max_passes,
               center=args.center, scale=args.scale, **ui.run_settings(args))
     r = res.report
-    summary = summary_of(r, "svd", args.k)
+    summary = summary_of(r, "svd", len(res.s))
     summary["s"] = [float(x) for x in res.s]
     if args.plot:
-        plot_spectrum(args.plot, res.s, r.get("relative_residuals"), title=f"blocklin svd ({r['method']}), k={args.k}",
+        plot_spectrum(args.plot, res.s, r.get("relative_residuals"), title=f"blocklin svd ({r['method']}), k={len(res.s)}",
                       label="singular value")
         summary["plot"] = args.plot
     worst = worst_line(r)
     stored = "U, S, Vt" + (", mean" if args.center else "") + (", scale" if args.scale else "")
-    human = (f"wrote {r['output']} ({stored}; k={args.k}, {r['method']}) in {r['seconds']:.2f} s: "
+    human = (f"wrote {r['output']} ({stored}; k={len(res.s)}{', smallest' if args.which == 'SM' else ''}, "
+             f"{r['method']}) in {r['seconds']:.2f} s: "
              f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
              f"peak memory {format_size(r['peak_memory'])}{worst}")
     summary.update(ui.feed_summary(r))
@@ -67,11 +71,13 @@ def run(args: argparse.Namespace) -> dict:
 def add_method_options(p: argparse.ArgumentParser, *, rsvd: str, sketch: str) -> None:
     """``--method``, ``--power-iters``, ``--oversample`` and ``--tol`` (svd and pca; ``rsvd`` and
     ``sketch`` say what those methods cost)."""
-    p.add_argument("--method", choices=("auto", "rsvd", "sketch", "lanczos", "gram"), default="auto",
-                   help="auto (default): gram for narrow matrices (at most 24 (k + oversample) columns, or rows "
-                        "when wide) and lanczos otherwise, both to --tol, or rsvd when --power-iters is a number; "
-                        f"rsvd: randomized, {rsvd}; sketch: {sketch}; lanczos: converged to --tol; gram: one "
-                        "pass for A^T A and one Rayleigh-Ritz pass, then lanczos where --tol is missed")
+    p.add_argument("--method", choices=("auto", "rsvd", "sketch", "lanczos", "gram", "full"), default="auto",
+                   help="auto (default): full for every triplet or the smallest, gram for narrow matrices (at most "
+                        "24 (k + oversample) columns, or rows when wide) and lanczos otherwise, both to --tol, or "
+                        f"rsvd when --power-iters is a number; rsvd: randomized, {rsvd}; sketch: {sketch}; lanczos: "
+                        "converged to --tol; gram: one pass for A^T A and one Rayleigh-Ritz pass, then lanczos where "
+                        "--tol is missed; full: every triplet from the QR of A and LAPACK's SVD of its R (one pass, "
+                        "N x N factors in memory)")
     p.add_argument("--power-iters", default="auto", type=ui.count_arg("--power-iters", minimum=0, auto=("auto",), example="2"), help="rsvd power iterations (integer or 'auto')")
     p.add_argument("--oversample", type=ui.count_arg("--oversample", minimum=0, example="10"), default=10, help="extra random columns (default 10)")
     p.add_argument("--tol", type=float, help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "

@@ -13,13 +13,16 @@ rsvd              q + 1                      2 (CholeskyQR2 refinement, writing 
 sketch            1                          2 (CholeskyQR2 refinement, writing U)
 lanczos           L + 1                      2 (CholeskyQR2 refinement, writing U)
 gram              2 (+ L)                    2 (CholeskyQR2 refinement, writing U)
+full              1                          2 (CholeskyQR2 refinement, writing U)
 eigsh             L                          0
 ================  =========================  =============================================
 
 ``q`` is the number of power iterations (each one fused pass ``Z = B^T (B Q)``), ``L`` the number of
 block Lanczos steps (one fused pass each; adaptive, at most ``max_passes - 1``). ``gram`` reads ``A``
 once for ``B^T B`` (SYRK) and once for the Rayleigh-Ritz step over its top eigenvectors; Lanczos
-steps follow (``L``) only where that step's residuals miss the tolerance. A shifted
+steps follow (``L``) only where that step's residuals miss the tolerance. ``full`` (every singular
+triplet, or the smallest) is the Rayleigh-Ritz step over the whole space: ``Y = B`` itself is
+orthonormalized and the SVD of its ``N x N`` triangular factor taken in memory. A shifted
 CholeskyQR (ill-conditioned sketch) adds one pass over the intermediate, the TSQR fallback one more.
 """
 
@@ -118,9 +121,11 @@ def svd_passes(method: str, *, in_core: bool, power_iters: int = 0, lanczos_step
         return lanczos_steps + 1
     if method == "gram":
         return lanczos_steps + 2
+    if method == "full":
+        return 1
     if method == "eigsh":
         return lanczos_steps
-    raise ParameterError(explain("method", "must be one of ('rsvd', 'sketch', 'lanczos', 'gram', 'eigsh')",
+    raise ParameterError(explain("method", "must be one of ('rsvd', 'sketch', 'lanczos', 'gram', 'full', 'eigsh')",
                                  repr(method), "pass method='rsvd'"))
 
 
@@ -170,7 +175,7 @@ def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch
     ``V`` and ``W`` while ``hstack`` and the thick restart copy them, the Ritz and residual blocks,
     and the per-task states of the pass just made).
     """
-    if method == "rsvd":
+    if method in ("rsvd", "full"):  # full: rsvd's one pass with the N x N identity as its block
         return 14 * N * block * F64 + 8 * block * block * F64
     if method == "sketch":
         # The test matrices Omega and Psi are generated inside the pass's tasks, from the seed, and
@@ -224,7 +229,7 @@ def gram_route_fits(M: int, N: int, k: int, oversample: int) -> bool:
 def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample: int, power_iters: int | None,
              memory: int, max_passes: int, block_size: int | None = None, max_basis: int | None = None,
              square: bool = False) -> SvdPlan:
-    """Plan one factorization (``method`` in rsvd, sketch, lanczos, gram, eigsh).
+    """Plan one factorization (``method`` in rsvd, sketch, lanczos, gram, full, eigsh).
 
     Raises
     ------
@@ -238,6 +243,8 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
     if method == "rsvd":
         block = min(N, k + oversample)
         basis = block
+    elif method == "full":  # the whole space: the N x N identity is the block
+        block = basis = N
     elif method == "sketch":
         kp = min(N, k + oversample)
         s = min(N, 2 * kp + 1)
@@ -259,8 +266,9 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
         raise BudgetError(explain(
             "memory", f"must hold the in-core part of {method} (N x block factors, bases) with room to stream A",
             f"{format_size(memory)} for {format_size(cb)} of in-core work (N={N}, block={block}, basis={basis})",
-            f"raise it to at least {format_size(need)} (memory='{size_hint(need)}'), or lower "
-            "k, oversample or the block size"), minimum=need)
+            f"raise it to at least {format_size(need)} (memory='{size_hint(need)}')"
+            + (" (the whole space holds N x N factors)" if method == "full" else
+               ", or lower k, oversample or the block size")), minimum=need)
     if method == "rsvd":
         passes = svd_passes("rsvd", in_core=in_core, power_iters=power_iters) if power_iters is not None else None
         formula = "1 (in core)" if in_core else "q + 1"
@@ -271,6 +279,8 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
         passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "L + 1", 0 if in_core else 2
     elif method == "gram":
         passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "2 + L", 0 if in_core else 2
+    elif method == "full":
+        passes, formula, inter = 1, "1 (in core)" if in_core else "1 (the whole space)", 0 if in_core else 2
     else:
         passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "L", 0
     return SvdPlan(method=method, m=m, n=n, k=k, transposed=transposed, M=M, N=N, dtype=dt.name, block=block,

@@ -70,7 +70,8 @@ def fitting_plan(job: Job, A: Any, k: int, kw: dict, *, means_gram: bool = False
         raise BudgetError(explain(
             "memory", f"must hold the in-core work of svd ({kw['method']}){note} and one strip of each pass over A",
             format_size(job.cfg.memory), f"raise it to at least {format_size(need)} (memory='{size_hint(need)}'), "
-            f"or lower k, oversample or the block size (the step that failed: {exc})"), minimum=need) from None
+            f"{'' if kw['method'] == 'full' else 'or lower k, oversample or the block size '}"
+                f"(the step that failed: {exc})"), minimum=need) from None
 
 
 #: Steps of the search for a sufficient budget (each grows it by at least a quarter).

@@ -1,7 +1,8 @@
 """The SVD's methods on a source of ``B`` (:class:`~blocklin.linalg.lowrank.sources.Source`): randomized
-subspace iteration (``rsvd``), the single-pass sketch, block Lanczos, the Gram route, and the streaming QR
-route (``tsqr``) where ``B^T B`` cannot hold ``B``. Each returns a :class:`Factorization`; every one but
-the sketch ends with the same Rayleigh-Ritz pass (:func:`rayleigh_ritz`), which writes the long factor.
+subspace iteration (``rsvd``), the single-pass sketch, block Lanczos, the Gram route, the whole space
+(``full``: every triplet, or the smallest), and the streaming QR route (``tsqr``) where ``B^T B`` cannot
+hold ``B``. Each returns a :class:`Factorization`; every one but the sketch ends with the same
+Rayleigh-Ritz pass (:func:`rayleigh_ritz`, :func:`whole_space`), which writes the long factor.
 """
 
 from __future__ import annotations
@@ -97,9 +98,47 @@ def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
 def write_long(f: Factorization, Y: Any, chain: list, dest: str | None, transposed_out: bool,
                label: str) -> Factorization:
     """Write the long factor ``U = Q_Y U_R`` of a Rayleigh-Ritz step (``Q_Y = Y chain``: CholeskyQR2
-    applied in sequence, orthonormal to working precision)."""
+    applied in sequence, orthonormal to working precision). ``dest=None``: the caller wants no long
+    factor (``return_singular_vectors``), so nothing is written and no pass is made."""
+    if dest is None:
+        return f
     long = Y.apply_to(chain, dest, transposed_out=transposed_out, description=f"{label}: write the long factor")
     return dataclasses.replace(f, long=long)
+
+
+def picked(count: int, k: int, which: str) -> np.ndarray:
+    """Indices of the wanted ``k`` of ``count`` descending singular values: the first (``"LM"``, largest)
+    or the last (``"SM"``, smallest), kept in descending order."""
+    return np.arange(k) if which == "LM" else np.arange(count - k, count)
+
+
+def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_out: bool) -> Factorization:
+    """Every singular triplet of ``B`` (or the ``k`` largest or smallest): the Rayleigh-Ritz step over the
+    whole space, ``Q = I``. One pass stores ``Y = B`` with its Gram matrix; ``Y = Q_Y R`` (CholeskyQR2,
+    rank-revealing TSQR where ``chol(Y^T Y)`` breaks down: :func:`blocklin.linalg.blocks.orth.cholqr_r`),
+    ``R = U_R S V^T`` by LAPACK in memory, and ``U = Q_Y U_R`` is written.
+
+    This is how LAPACK's ``xGESVD`` treats a tall matrix (a QR first, then the SVD of ``R``; Chan,
+    "An improved algorithm for computing the singular value decomposition", ACM TOMS 8(1), 1982), so
+    the singular values carry its backward error: within a small multiple of ``eps ||B||_2`` of the
+    exact ones, the smallest included (those at the rounding level of a rank-deficient ``B`` come out
+    as zeros, with zero columns of ``U``). ``U`` is orthonormal to working precision whatever ``B``'s
+    condition, as ``Q_Y`` and ``U_R`` are. The residuals are those of ``R``'s SVD,
+    ``||R^T u_R - s v||`` (``B^T u - s v`` differs from it by the factorization's backward error): the
+    products ``B^T B v / s`` the other methods measure carry ``eps ||B||^2 / s``, which says nothing
+    about a small triplet."""
+    N = src.N
+    eye = np.eye(N)
+    _, G, Y = src.normal(eye, keep_y=True, gram=True, description="full: B and its Gram matrix")
+    R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
+    del G
+    with small_blas(N, N):
+        Ur, S, Vrt = scipy.linalg.svd(R, lapack_driver="gesvd", check_finite=False)
+    idx = picked(N, k, which)
+    Ur, sig, V = Ur[:, idx], S[idx], np.ascontiguousarray(Vrt[idx].T)
+    resid = np.linalg.norm(R.T @ Ur - V * sig, axis=0)
+    f = Factorization(s=sig, V=V, residuals=resid, orth=orth_info)
+    return write_long(f, Y, chain + [Ur], dest, transposed_out, "full")
 
 
 def rsvd_start(n: int, l: int, seed: int) -> np.ndarray:
@@ -259,7 +298,7 @@ def squares_lost(src: Source, method: str) -> str | None:
             "streaming Householder QR instead (no squares)")
 
 
-def tsqr_svd(src: Source, k: int, dest: str | None, transposed_out: bool) -> Factorization:
+def tsqr_svd(src: Source, k: int, dest: str | None, transposed_out: bool, which: str = "LM") -> Factorization:
     """The SVD from ``B = Q R`` without squaring anything: ``R = U_R S V^T`` in memory, the long factor
     ``U = B (R^-1 U_R)`` from one pass that also gives ``B^T U`` (so every triplet's residual
     ``||B^T u - s v||`` is measured on ``B`` itself), then written. Householder QR keeps each column's
@@ -270,11 +309,13 @@ def tsqr_svd(src: Source, k: int, dest: str | None, transposed_out: bool) -> Fac
         # xGESVD (QR iteration on the bidiagonal) keeps the small singular values of a graded R to their
         # own rounding; xGESDD's divide and conquer with vectors returned them at eps ||R|| (measured)
         Ur, S, Vrt = scipy.linalg.svd(R, lapack_driver="gesvd", check_finite=False)
-    kk = int(np.count_nonzero(S[:k] > 0))
+    idx = picked(S.size, k, which)
+    S, Ur, Vrt = S[idx], Ur[:, idx], Vrt[idx]
+    nz = S > 0
     W = np.zeros((src.N, k))
-    if kk:
-        W[:, :kk] = scipy.linalg.solve_triangular(R, Ur[:, :kk], check_finite=False)  # Q^T u = U_R: u = B R^-1 U_R
-    sig, V = np.where(np.arange(k) < kk, S[:k], 0.0), Vrt.T[:, :k].copy()
+    if nz.any():  # Q^T u = U_R: u = B R^-1 U_R
+        W[:, nz] = scipy.linalg.solve_triangular(R, Ur[:, nz], check_finite=False)
+    sig, V = np.where(nz, S, 0.0), Vrt.T.copy()
     del R, Ur, Vrt  # the N x N factors are not held through the last pass (planned without them)
     Z, _, Y = src.normal(W, keep_y=True, description="tsqr: the long factor and B^T U")
     resid = np.linalg.norm(Z - V * sig, axis=0)

@@ -13,7 +13,8 @@ import numpy as np
 from blocklin.linalg.blocks.center import Moments, Shift, moments_incore
 from blocklin.linalg.blocks.scaling import Scaling, incore_exponent, unscale
 from blocklin.linalg.lowrank.centering import fused_start, means_pass, moments_gram
-from blocklin.linalg.lowrank.methods import Factorization, gram, lanczos, rsvd, sketch, squares_lost, tsqr_svd
+from blocklin.linalg.lowrank.methods import (Factorization, gram, lanczos, rsvd, sketch, squares_lost, tsqr_svd,
+                                             whole_space)
 from blocklin.linalg.lowrank.sources import GRAM_BLOCK_BYTES, InCore, Source, Streamed, load_incore
 from blocklin.plan.svd import SvdPlan
 from blocklin.runtime.checkpoints import Checkpoints
@@ -22,9 +23,11 @@ from blocklin.runtime.passes import source
 
 
 def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
-                limit: int, dest: str, center: bool = False, scale: bool = False,
-                ckpt: Checkpoints | None = None) -> Factorization:
-    """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``.
+                limit: int, dest: str | None, center: bool = False, scale: bool = False,
+                ckpt: Checkpoints | None = None, which: str = "LM") -> Factorization:
+    """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``
+    (``None``: not wanted, not computed). ``which``: the largest (``"LM"``) or, for ``method="full"``, the
+    smallest (``"SM"``) ``k`` triplets.
 
     With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.blocks.center`): centered
     in memory when ``B`` is held there, by the rank-one correction inside each pass otherwise."""
@@ -40,15 +43,17 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
                                                           scale=scale)
         phases = {"passes over A": src.device or job.device}
     ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
-    f = _method(src, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, dest=dest, ckpt=ckpt, gram_start=gram_start)
-    why = squares_lost(src, plan.method) if plan.method in ("rsvd", "lanczos") and not (center or scale) else None
+    f = _method(src, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, dest=dest, ckpt=ckpt, gram_start=gram_start,
+                which=which)
+    why = (squares_lost(src, plan.method) if plan.method in ("rsvd", "lanczos", "full") and not (center or scale)
+           else None)
     if why:  # B^T B could not hold B: the answer again, without squares (2 more passes over A)
         if dest is not None:  # the long factor the method wrote in this run's own partial output
             from blocklin.storage.backend import remove
             from blocklin.storage.location import as_location
 
             remove(as_location(dest))
-        f = dataclasses.replace(tsqr_svd(src, k, dest, plan.transposed), fallback=why)
+        f = dataclasses.replace(tsqr_svd(src, k, dest, plan.transposed, which), fallback=why)
     f = dataclasses.replace(f, phases=phases, means_fused=means_fused)
     return _scaled_back(f, scaling, moments, center=center, scale=scale)
 
@@ -102,8 +107,10 @@ def _streamed(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, scaling
 
 
 def _method(src: Source, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int, limit: int,
-            dest: str, ckpt: Checkpoints, gram_start: np.ndarray | None) -> Factorization:
+            dest: str | None, ckpt: Checkpoints, gram_start: np.ndarray | None, which: str = "LM") -> Factorization:
     """The planned method on ``src`` (in memory the iterative ones may take more steps: nothing is read again)."""
+    if plan.method == "full":
+        return whole_space(src, k, which, dest, plan.transposed)
     if plan.method == "rsvd":
         return rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
                     plan.transposed, ckpt)

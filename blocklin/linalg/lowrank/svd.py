@@ -35,10 +35,15 @@ from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, gram_route_fits
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
+from blocklin.storage import remove
 from blocklin.validate import check_k, choice, count, float_operand, positive, size
 
 
-METHODS = ("auto", "rsvd", "sketch", "lanczos", "gram")
+METHODS = ("auto", "rsvd", "sketch", "lanczos", "gram", "full")
+#: ``which=``: the largest (``"LM"``) or the smallest (``"SM"``) singular values, as ``scipy.sparse.linalg.svds``.
+WHICH = ("LM", "SM")
+#: ``return_singular_vectors=`` as ``scipy.sparse.linalg.svds`` takes it.
+RETURN_VECTORS = (True, False, "u", "vh")
 #: Power iterations of ``power_iters="auto"`` without ``tol`` (as scikit-learn and Dask default to).
 AUTO_POWER_ITERS = 4
 #: Most power iterations ``power_iters=`` asks for: ``(s_{k+1} / s_k)^(2q)`` has long stopped
@@ -104,24 +109,35 @@ class SVDResult(tuple):
 
 
 def resolve_method(method: str, power_iters: int | str, *, shape: tuple[int, int], k: int, oversample: int,
-                   shifted: bool = False) -> str:
-    """``"auto"``: ``rsvd`` when the power iterations are fixed (a fixed cost); else the Gram route for
-    narrow tall orientations (:func:`blocklin.plan.svd.gram_route_fits`; a centered or scaled one only
-    for tall ``A``, whose means pass makes the Gram), block Lanczos to ``tol`` otherwise."""
-    if method != "auto":
-        return method
-    if power_iters != "auto":
-        return "rsvd"
+                   shifted: bool = False, which: str = "LM") -> str:
+    """``"auto"``: ``full`` for every triplet (``k = min(m, n)``) or the smallest (``which="SM"``);
+    ``rsvd`` when the power iterations are fixed (a fixed cost); else the Gram route for narrow tall
+    orientations (:func:`blocklin.plan.svd.gram_route_fits`; a centered or scaled one only for tall
+    ``A``, whose means pass makes the Gram), block Lanczos to ``tol`` otherwise."""
     m, n = shape
     M, N = max(m, n), min(m, n)
+    whole = k == N or which == "SM"
+    if method not in ("auto", "full") and whole:
+        why = f"k={k} = min(m, n)" if k == N else "which='SM'"
+        raise ParameterError(explain(
+            "method", "the smallest triplets, or all of them, come from the whole space (method='full')",
+            f"method={method!r} with {why} for a {m} x {n} matrix",
+            "pass method='auto' (or 'full'), or k < min(m, n) with which='LM' for the largest triplets"))
+    if method != "auto":
+        return method
+    if whole:
+        return "full"
+    if power_iters != "auto":
+        return "rsvd"
     return "gram" if gram_route_fits(M, N, k, oversample) and not (shifted and m < n) else "lanczos"
 
 
-def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
+def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vectors: bool | str = True,
+        method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
         tol: float | None = None, out: Any = None, seed: int | None = None,
         max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
         overwrite: bool = False, center: bool = False, scale: bool = False, resume: bool = False,
-        **settings: Unpack[Settings]) -> SVDResult:
+        **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """Truncated SVD ``A ~ U diag(s) Vt`` of an out-of-core matrix, counting passes over ``A``.
 
     Parameters
@@ -129,10 +145,19 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     a : path, zarr array, Matrix, NumPy or Dask array
         ``m x n``, float32 or float64; tall, wide or square (wide matrices are processed as ``A^T``
         read in column strips, never copied).
-    k : int
-        Number of singular triplets, ``1 <= k < min(m, n)``.
-    method : {"auto", "rsvd", "sketch", "lanczos", "gram"}
-        * ``auto`` (default): ``gram`` for narrow matrices (short side ``N <= 24 (k + oversample)``,
+    k : int, optional
+        Number of singular triplets, ``1 <= k <= min(m, n)``. ``None`` (default) or ``min(m, n)``: every
+        triplet, the thin SVD ``numpy.linalg.svd(a, full_matrices=False)`` returns (``method="full"``).
+    which : {"LM", "SM"}
+        The ``k`` largest (default) or smallest singular values, as ``scipy.sparse.linalg.svds``; the
+        smallest come from ``method="full"``. Returned in descending order either way (``svds`` returns
+        ascending values: ``s[::-1]`` to compare).
+    return_singular_vectors : {True, False, "u", "vh"}
+        As ``scipy.sparse.linalg.svds``: ``False`` returns the singular values alone (a NumPy array),
+        ``"u"`` ``(U, s, None)``, ``"vh"`` ``(None, s, Vt)``. A long factor that is not returned is
+        never written (a pass over the stored intermediate less, and no disk for it).
+    method : {"auto", "rsvd", "sketch", "lanczos", "gram", "full"}
+        * ``auto`` (default): ``full`` for ``k = min(m, n)`` or ``which="SM"``; ``gram`` for narrow matrices (short side ``N <= 24 (k + oversample)``,
           long side at least ``8 N``, the Gram within the budget; a centered or scaled one only when
           tall), else ``lanczos``, both to ``tol`` (default ``sqrt(10 sqrt(eps))``); ``rsvd`` when
           ``power_iters`` is an integer (a fixed cost). The shape alone decides, never the machine.
@@ -160,6 +185,12 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
           ``tol`` (singular values near ``sqrt(eps) s_1``, where the Gram's rounding shows) continue
           by block Lanczos from that subspace. Passes: 2 (``2 + L``). Holds ``3 N^2`` float64 in
           memory; with ``center``/``scale`` the means pass makes the centered Gram (tall ``A`` only).
+        * ``full``: the Rayleigh-Ritz step over the whole space (every triplet, or the ``k`` smallest):
+          one pass stores ``B`` with its Gram matrix, ``B = Q R`` (CholeskyQR2, rank-revealing TSQR
+          where it breaks down), the SVD of ``R`` by LAPACK in memory, ``U = Q U_R`` written: LAPACK's
+          own route for tall matrices (Chan 1982), with its backward error, smallest values included.
+          Passes: 1 (and 2 over the stored copy of ``B``, which needs ``B``'s size on disk); holds
+          about ``22 N^2`` float64 in memory.
     oversample : int
         Extra columns of the random block (``rsvd``, ``sketch``) or of the wanted set (``lanczos``).
     power_iters : int or "auto"
@@ -238,6 +269,7 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     J. A. Tropp, A. Yurtsever, M. Udell, V. Cevher, "Streaming low-rank matrix approximation with an
     application to scientific simulation", SIAM J. Sci. Comput. 41(4), 2019.
     G. Golub, W. Kahan, "Calculating the singular values and pseudo-inverse of a matrix", 1965.
+    T. F. Chan, "An improved algorithm for computing the singular value decomposition", ACM TOMS 8(1), 1982.
     J. Baglama, L. Reichel, "Augmented implicitly restarted Lanczos bidiagonalization methods", 2005.
     T. F. Chan, G. H. Golub, R. J. LeVeque, "Algorithms for computing the sample variance: analysis and
     recommendations", The American Statistician 37(3), 1983 (the centered Gram's pairwise merge).
@@ -253,19 +285,26 @@ def svd(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_ite
     >>> np.allclose(s, np.linalg.svd(x, compute_uv=False)[:3])
     True
     """
-    return factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, tol=tol, out=out, seed=seed,
+    return factorize(a, k, which=which, return_singular_vectors=return_singular_vectors, method=method,
+                     oversample=oversample, power_iters=power_iters, tol=tol, out=out, seed=seed,
                      max_passes=max_passes, block_size=block_size, max_basis=max_basis, overwrite=overwrite,
                      center=center, scale=scale, resume=resume, **settings)
 
 
-def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
+def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vectors: bool | str = True,
+              method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
               tol: float | None = None, out: Any = None, seed: int | None = None, max_passes: int | None = None,
               block_size: int | None = None, max_basis: int | None = None, overwrite: bool = False,
               center: bool = False, scale: bool = False, resume: bool = False,
-              lanczos_tol: Any = default_tol, **settings: Unpack[Settings]) -> SVDResult:
+              lanczos_tol: Any = default_tol, check_shape: Any = None,
+              **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """:func:`svd` with the default Lanczos tolerance a function of the dtype (``lanczos_tol``):
-    ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it."""
+    ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it. ``check_shape(m, n)``
+    refuses a shape before anything is read (``pca(n_components="mle")``)."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
+    which = choice("which", which, WHICH, fix="pass which='LM' (largest) or which='SM' (smallest)")
+    vectors = choice("return_singular_vectors", return_singular_vectors, RETURN_VECTORS,
+                     fix="pass return_singular_vectors=True, False, 'u' or 'vh'")
     oversample = count("oversample", oversample, fix="pass oversample=10")
     power_iters = count("power_iters", power_iters, auto=("auto",), maximum=MAX_POWER_ITERS,
                         why="each costs two passes over A, and past a few dozen they no longer sharpen the basis",
@@ -279,9 +318,15 @@ def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, pow
         A = job.operand(a, "a")
         float_operand(A, "svd")
         m, n = A.shape
-        check_k(k, m, n)
+        if check_shape is not None:
+            check_shape(m, n)
+        k = check_k(min(m, n) if k is None else k, m, n, whole=True)
         method = resolve_method(method, power_iters, shape=(m, n), k=k, oversample=oversample,
-                                shifted=bool(center or scale))
+                                shifted=bool(center or scale), which=which)
+        if method != "full" and k == min(m, n):
+            raise ParameterError(explain(
+                "k", f"must be below min(m, n) = {min(m, n)} for method={method!r} (every triplet is method='full')",
+                f"k={k}", "pass method='auto' (or 'full')"))
         if method == "gram" and (center or scale) and m < n:
             raise ParameterError(explain(
                 "method", "'gram' centers or scales a tall matrix only (its means pass makes the Gram)",
@@ -296,19 +341,30 @@ def factorize(a: Any, k: int, *, method: str = "auto", oversample: int = 10, pow
                   max_passes=limit, block_size=block_size, max_basis=max_basis)
         plan = choose_plan(job, A, k, kw, requested=requested, shift=(bool(center), bool(scale)))
         check_disk_space(job, out, plan, m, n, k, A.dtype)
+        long_wanted = vectors is True or vectors == ("vh" if plan.transposed else "u")
         token = low_rank_token(A, op="svd", k=k, method=plan.method, oversample=oversample, q=q, tol=tol,
                                limit=limit, block=plan.block, basis=plan.max_basis, center=bool(center),
-                               scale=bool(scale), memory=job.cfg.memory, seed=seed)
+                               scale=bool(scale), memory=job.cfg.memory, seed=seed, which=which,
+                               long=long_wanted)
         ao = open_group(job, out, A, overwrite, resume=resume, token=token)
         ckpt = Checkpoints(ao, enabled=out is not None)
         seed = checkpointed_seed(ckpt, seed)
         f = run_planned(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, ckpt=ckpt,
-                        dest=ao.array_path("Vt" if plan.transposed else "U"), center=bool(center), scale=bool(scale))
+                        dest=ao.array_path("Vt" if plan.transposed else "U") if long_wanted else None,
+                        center=bool(center), scale=bool(scale), which=which)
         report = _report(job, plan, f, tol=tol, seed=seed, oversample=oversample, center=bool(center),
                          scale=bool(scale), requested=requested, resumed=ao.resumed,
                          restored=[name for name in ckpt.restored if name != "seed"])
+        report["which"] = which
         ckpt.clear()
-        return _result(job, out, A, plan, f, report, ao, overwrite)
+        res = _result(job, out, A, plan, f, report, ao, overwrite, long_wanted)
+    if vectors is False:
+        return res.s
+    if vectors in ("u", "vh"):  # svds: the factor not asked for is None
+        keep = (res.U, res.s, None) if vectors == "u" else (None, res.s, res.Vt)
+        return SVDResult(*keep, res.report, mean=res.mean, scale=res.scale, moments=res.moments,
+                         scaled=res.scaled_moments)
+    return res
 
 
 #: The fields of a :class:`Factorization` the report carries as they are, in this order: those the
@@ -342,6 +398,9 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
     if f.residuals is None:
         report["residual_note"] = ("not computed: the single-pass sketch never reads A again; "
                                    "use method='rsvd' or 'lanczos' for residuals")
+    elif plan.method == "full":
+        report["residual_note"] = ("of the SVD of R, B = Q R (B^T u - s v differs by the QR's backward error, "
+                                   "about eps ||A||)")
     report.update(center=center, scale=scale, method_requested=requested, resumed=resumed,
                   restored_checkpoints=restored)
     if f.means_fused:
@@ -352,11 +411,12 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
 
 
 def _result(job: Job, out: Any, A: Any, plan: SvdPlan, f: Factorization, report: dict, ao: Any,
-            overwrite: bool) -> SVDResult:
+            overwrite: bool, long_wanted: bool = True) -> SVDResult:
     """Commit the group (the long factor is already in it) and return ``(U, s, Vt)``.
 
     The long factor (``U`` for tall, ``Vt`` for wide ``A``) is always the stored :class:`Matrix`, the
-    other factor and ``s`` NumPy arrays, whether ``A`` was factored in memory or streamed.
+    other factor and ``s`` NumPy arrays, whether ``A`` was factored in memory or streamed; ``None``
+    where it was not wanted (``return_singular_vectors``).
     """
     s = f.s.astype(A.dtype)
     short = f.V.astype(A.dtype)  # N x k: V for tall A, U for wide A
@@ -366,7 +426,10 @@ def _result(job: Job, out: Any, A: Any, plan: SvdPlan, f: Factorization, report:
             small[name] = getattr(f, name)
     path = write_group(job, out, A, small, "svd", plan, report, overwrite, ao=ao)
     report["output"] = str(path)
-    stored = Matrix(path / ("Vt" if plan.transposed else "U"), report=report, temporary=out is None)
+    stored = Matrix(path / ("Vt" if plan.transposed else "U"), report=report, temporary=out is None) \
+        if long_wanted else None
+    if stored is None and out is None:  # nothing of the temporary group is returned
+        remove(path)
     extra = {"mean": f.mean, "scale": f.scale, "moments": f.moments, "scaled": f.scaled_moments}
     if plan.transposed:
         return SVDResult(small["U"], s, stored, report, **extra)

@@ -1,0 +1,169 @@
+"""Every singular triplet, or the smallest: ``svd(a)`` / ``svd(a, min(m, n))`` and ``which="SM"``
+(``method="full"``, the Rayleigh-Ritz step over the whole space), with ``return_singular_vectors`` as
+``scipy.sparse.linalg.svds`` takes it.
+
+References are NumPy's LAPACK SVD of the same data. The bounds are those of a backward-stable SVD
+(:mod:`support.tolerances`): singular values within ``c M eps ||A||_2`` of the reference (Weyl), the
+smallest included, which a route through ``A^T A`` cannot give (it loses them below ``sqrt(eps) s_1``);
+``A = U diag(s) Vt`` to ``c N eps ||A||_F`` (each row of ``U`` is a product with ``N x N`` factors),
+orthonormal factors to ``c M eps``. Ported cases cite the peer test they come from.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.errors import ParameterError
+from support.tolerances import assert_factorization, assert_orthonormal, assert_singular_values
+
+# A 2000 x 30 float64 matrix is 469 KiB: 1 MiB streams it (the whole space needs its copy, four times its
+# size, beside it in memory), 256 MiB reads it once.
+BUDGETS = {"streamed": "1MiB", "in-memory": "256MiB"}
+
+
+def dense(x):
+    return x.to_numpy() if isinstance(x, bl.Matrix) else np.asarray(x)
+
+
+def graded(m: int, n: int, *, cond: float = 1e8, seed: int = 0, dtype=np.float64) -> np.ndarray:
+    """``m x n`` with singular values from 1 down to ``1 / cond`` (geometric), random singular vectors."""
+    rng = np.random.default_rng(seed)
+    k = min(m, n)
+    u, _ = np.linalg.qr(rng.standard_normal((m, k)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, k)))
+    return ((u * np.logspace(0, -np.log10(cond), k)) @ v.T).astype(dtype)
+
+
+def check_full(a, res, *, dtype=None) -> None:
+    """``res`` is the thin SVD of ``a`` within a backward-stable SVD's bounds."""
+    U, s, Vt = dense(res.U), res.s, dense(res.Vt)
+    ref = np.linalg.svd(a.astype(np.float64), compute_uv=False)
+    assert s.shape == ref.shape and np.all(np.diff(s) <= 0)
+    assert_singular_values(s, ref, n=max(a.shape), dtype=dtype)
+    assert_factorization(a.T if a.shape[0] < a.shape[1] else a,
+                         ((U * s) @ Vt).T if a.shape[0] < a.shape[1] else (U * s) @ Vt, dtype=dtype, const=4.0)
+    assert_orthonormal(U, dtype=dtype, n=max(a.shape))
+    assert_orthonormal(Vt.T, dtype=dtype, n=max(a.shape))
+
+
+@pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.mark.parametrize("shape", [(2000, 30), (30, 2000), (300, 300)], ids=["tall", "wide", "square"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_full_svd_matches_lapack(shape, budget, dtype):
+    """NumPy's ``svd(a, full_matrices=False)`` (Dask's ``test_svd`` and SciPy's ``test_svds`` shapes).
+
+    A square matrix is never streamed: its ``N x N`` factors are larger than itself (the smallest budget
+    that holds them reads it into memory)."""
+    a = graded(*shape, cond=1e3 if dtype == np.float32 else 1e8, dtype=dtype)
+    if shape == (300, 300) and budget == "streamed":
+        with pytest.raises(bl.errors.BudgetError) as e:
+            bl.svd(a, memory="2MiB")
+        assert "whole space" in str(e.value) and "lower k" not in str(e.value)
+        assert bl.svd(a, memory=e.value.minimum).report["in_core"]
+        return
+    memory = BUDGETS[budget]
+    res = bl.svd(a, memory=memory)
+    assert res.report["method"] == "full" and res.report["in_core"] == (budget == "in-memory")
+    assert res.report["passes"] == 1 and res.s.dtype == dtype
+    assert bl.svd(a, min(shape), memory=memory).s.tolist() == res.s.tolist()  # k = min(m, n) is the same
+    check_full(a, res, dtype=dtype)
+
+
+@pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.mark.parametrize("wide", [False, True], ids=["tall", "wide"])
+def test_smallest_singular_values(budget, wide):
+    """``which="SM"``, as ``scipy.sparse.linalg.svds`` (``test_svds.py``'s ``which`` cases): the smallest
+    of a matrix with condition 1e8, where ``A^T A`` carries no digit of them (``eps s_1^2 / s_k^2 > 1``)."""
+    a = graded(2000, 30, cond=1e8, seed=3)
+    a = a.T.copy() if wide else a
+    U, s, Vt = res = bl.svd(a, 4, which="SM", memory=BUDGETS[budget])
+    assert res.report["method"] == "full" and res.report["which"] == "SM"
+    full = np.linalg.svd(a)
+    assert_singular_values(s, full.S[-4:], n=2000, s1=full.S[0])
+    u, vt = dense(U), dense(Vt)
+    assert u.shape == (a.shape[0], 4) and vt.shape == (4, a.shape[1])
+    # each triplet: A v = s u and A^T u = s v to the backward error eps ||A|| of the whole SVD
+    bound = 4 * 2000 * np.finfo(np.float64).eps * full.S[0]
+    assert np.linalg.norm(a @ vt.T - u * s, axis=0).max() <= bound
+    assert np.linalg.norm(a.T @ u - vt.T * s, axis=0).max() <= bound
+    assert_orthonormal(u, n=2000)
+
+
+def test_return_singular_vectors_as_svds(tmp_path):
+    """``False``: the values alone; ``"u"`` / ``"vh"``: the other factor ``None``; a long factor that is
+    not returned is not written (SciPy's ``test_svds_parameter_tol``/``return_singular_vectors`` cases)."""
+    a = graded(2000, 30, seed=5)
+    ref = np.linalg.svd(a, compute_uv=False)
+    s = bl.svd(a, 5, return_singular_vectors=False, memory="1MiB", seed=0)
+    assert isinstance(s, np.ndarray) and s.shape == (5,)
+    assert_singular_values(s, ref[:5], n=2000)
+    out = tmp_path / "vh.zarr"
+    U, s, Vt = res = bl.svd(a, 5, return_singular_vectors="vh", memory="1MiB", seed=0, out=out)
+    assert U is None and Vt.shape == (5, 30)
+    assert sorted(p for p in os.listdir(out) if not p.endswith(".json")) == ["S", "Vt"]  # no U written
+    assert res.report["passes_total"] < bl.svd(a, 5, memory="1MiB", seed=0).report["passes_total"]
+    U, s, Vt = bl.svd(a, 5, return_singular_vectors="u", memory="1MiB", seed=0)
+    assert Vt is None and dense(U).shape == (2000, 5)
+    # every triplet without vectors: one pass over A and none over the stored copy to write U
+    s = bl.svd(a, which="LM", return_singular_vectors=False, memory="1MiB")
+    assert_singular_values(s, ref, n=2000)
+
+
+def test_full_centered_is_full_pca():
+    """Every component of the centered matrix (``PCA(n_components=None)``), streamed and in memory."""
+    rng = np.random.default_rng(7)
+    a = graded(2000, 30, cond=1e4, seed=7) + rng.standard_normal(30) * 10
+    ac = a - a.mean(axis=0)
+    ref = np.linalg.svd(ac, compute_uv=False)
+    for memory in BUDGETS.values():
+        res = bl.svd(a, center=True, memory=memory)
+        # centered products are rounded at ||A|| with its means (support.tolerances.assert_explained_variance)
+        assert_singular_values(res.s, ref, n=2000, s1=np.linalg.norm(a, 2))
+        U, Vt = dense(res.U), dense(res.Vt)
+        assert_factorization(ac, (U * res.s) @ Vt, const=4.0 * np.linalg.norm(a) / np.linalg.norm(ac))
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+def test_full_svd_on_every_scheduler(scheduler):
+    a = graded(2000, 30, seed=11)
+    ref = bl.svd(a, memory="1MiB", scheduler="sync")
+    res = bl.svd(a, memory="1MiB", scheduler=scheduler)
+    assert res.report["scheduler"] == scheduler
+    check_full(a, res)
+    assert_singular_values(res.s, ref.s, n=2000)
+
+
+@pytest.mark.slow
+def test_full_svd_on_a_cluster(client):
+    a = graded(2000, 30, seed=13)
+    res = bl.svd(a, 3, which="SM", memory="1MiB", scheduler=client)
+    assert res.report["scheduler"] == "distributed"
+    full = np.linalg.svd(a, compute_uv=False)
+    assert_singular_values(res.s, full[-3:], n=2000, s1=full[0])
+
+
+@pytest.mark.gpu
+def test_full_svd_on_the_gpu():
+    a = graded(2000, 30, seed=17)
+    res = bl.svd(a, memory="1MiB", device="gpu")
+    assert res.report["device"] == "gpu"
+    check_full(a, res)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(k=31), ["k", "1 <= k <= min(m, n) = 30", "k=31"]),
+    (dict(k=30, method="rsvd"), ["method", "method='full'", "k=30"]),
+    (dict(k=3, which="SM", method="lanczos"), ["method", "which='SM'"]),
+    (dict(k=3, which="BE"), ["which", "'LM'", "'BE'"]),
+    (dict(k=3, return_singular_vectors="v"), ["return_singular_vectors", "'vh'", "'v'"]),
+])
+def test_bad_arguments_are_refused_by_name(kwargs, words):
+    a = graded(200, 30)
+    with pytest.raises(ParameterError) as e:
+        bl.svd(a, **kwargs)
+    for w in words:
+        assert w in str(e.value)
