@@ -15,7 +15,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "the passes (one more pass for the means). Prints the explained variance and "
                                    "its ratio; with -o keeps U, S, Vt (the components), mean (and scale).")
     p.add_argument("a", metavar="A", help="zarr array (path): samples x features")
-    p.add_argument("-k", type=ui.count_arg("-k", example="10"), required=True, help="number of components (1 <= k < min(m, n))")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("-k", type=ui.count_arg("-k", example="10", auto=("all", "mle")),
+                     help="number of components (1 <= k <= min(m, n)), 'all', or 'mle' (Minka's choice)")
+    how.add_argument("--variance", type=_fraction, metavar="FRACTION",
+                     help="the fewest components whose explained variance ratios sum past FRACTION, in (0, 1)")
     p.add_argument("-o", "--out", metavar="OUT", help="output zarr group (path) for the factors")
     p.add_argument("--scale", action="store_true", help="standardize the columns (PCA of the correlation matrix)")
     add_method_options(p, rsvd="q + 2 passes", sketch="two passes")
@@ -25,22 +29,35 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be a fraction of the variance in (0, 1); got {text!r}. "
+                                         "Fix: pass --variance 0.95")
+    return value
+
+
 def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.lowrank.pca import pca
 
-    res = pca(args.a, args.k, scale=args.scale, method=args.method, oversample=args.oversample,
+    n_components = args.variance if args.variance is not None else None if args.k == "all" else args.k
+    res = pca(args.a, n_components, scale=args.scale, method=args.method, oversample=args.oversample,
               power_iters=_power_iters(args.power_iters), tol=args.tol, out=args.out, seed=args.seed,
               **ui.run_settings(args))
     r = res.report
-    summary = summary_of(r, "pca", args.k)
+    summary = summary_of(r, "pca", res.n_components_)
     if not args.out:
         summary.pop("output", None)
     summary.update(explained_variance=res.explained_variance_, explained_variance_ratio=res.explained_variance_ratio_,
                    singular_values=res.singular_values_, total_variance=res.total_variance_,
-                   n_samples=res.n_samples_, n_features=res.n_features_in_, scale=bool(args.scale))
+                   n_samples=res.n_samples_, n_features=res.n_features_in_, scale=bool(args.scale),
+                   noise_variance=res.noise_variance_)
     ratio = float(res.explained_variance_ratio_.sum())
     where = f"wrote {r['output']} (U, S, Vt, mean{', scale' if args.scale else ''}); " if args.out else ""
-    human = (f"{where}{args.k} components of {res.n_samples_} x {res.n_features_in_} explain {100 * ratio:.2f}% of the "
+    human = (f"{where}{res.n_components_} components of {res.n_samples_} x {res.n_features_in_} explain {100 * ratio:.2f}% of the "
              f"variance (first: {100 * float(res.explained_variance_ratio_[0]):.2f}%) in {r['seconds']:.2f} s: "
              f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
              f"peak memory {format_size(r['peak_memory'])}{worst_line(r)}")

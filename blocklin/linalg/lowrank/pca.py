@@ -3,19 +3,25 @@
 The rows of ``A`` are samples, its columns features. The components are the right singular vectors
 of ``A - 1 mu^T`` (:func:`blocklin.svd` with ``center=True``; the centering is a rank-one correction
 inside the passes, never a copy), the explained variances ``s^2 / (m - 1)``, and their ratios are
-relative to the total variance ``sum_j var(A[:, j])`` (``ddof=1``) from the means pass.
+relative to the total variance ``sum_j var(A[:, j])`` (``ddof=1``) from the means pass. The fitted
+model is scikit-learn's probabilistic PCA (Tipping and Bishop 1999): the noise variance is the mean
+variance of the components left out, which the total variance gives without computing them.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Unpack
 
 import numpy as np
+import scipy.special
 
 from blocklin.config import Settings
-from blocklin.errors import BlocklinWarning, ShapeError, warn
-from blocklin.linalg.lowrank.svd import svd
+from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain, warn
+from blocklin.linalg.lowrank.svd import factorize
+from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.storage import remove
+from blocklin.validate import _is_int
 
 
 class PCAResult:
@@ -26,6 +32,12 @@ class PCAResult:
     components_ : ndarray, ``k x n_features``
         Principal axes (orthonormal rows), by decreasing explained variance. Signs follow
         scikit-learn (>= 1.5): the entry of largest magnitude of each row is positive.
+    noise_variance_ : float
+        The variance of the components left out, per component (``0`` when none is):
+        ``(total_variance_ - sum(explained_variance_)) / (min(n_samples, n_features) - k)``, the
+        maximum-likelihood noise of probabilistic PCA.
+    whiten : bool
+        Whether :meth:`transform` scales the projections to unit variance.
     explained_variance_ : ndarray, ``k``
         Variance along each axis, ``s^2 / (n_samples - 1)``.
     explained_variance_ratio_ : ndarray, ``k``
@@ -50,66 +62,219 @@ class PCAResult:
     def __init__(self, **attrs: Any) -> None:
         self.__dict__.update(attrs)
 
-    def transform(self, x: Any) -> np.ndarray:
-        """Project in-memory samples ``x`` (``n x n_features``) on the components: ``((x - mean_) / scale_) C^T``.
-
-        Computed in float64, returned in the dtype scikit-learn's ``PCA.transform`` gives: float32 for
-        float32 samples and components, float64 where either is float64 (integers count as float64).
-        """
+    def _samples(self, x: Any, name: str = "x") -> tuple[np.ndarray, np.dtype]:
+        """``(x - mean_) / scale_`` in float64, and the dtype scikit-learn returns for ``x``."""
         x = np.asarray(x)
         out_dtype = np.result_type(x.dtype if x.dtype.kind == "f" else np.float64, self.components_.dtype)
         x = x.astype(np.float64, copy=False)
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
-            raise ShapeError(f"x: must have {self.n_features_in_} columns (n_features_in_); got shape {x.shape}. "
-                             "Fix: pass samples as rows with the features the PCA was fitted on")
+            raise ShapeError(f"{name}: must have {self.n_features_in_} columns (n_features_in_); got shape "
+                             f"{x.shape}. Fix: pass samples as rows with the features the PCA was fitted on")
         x = x - self.mean_
         if self.scale_ is not None:
             x = x / self.scale_
-        return (x @ self.components_.T.astype(np.float64)).astype(out_dtype, copy=False)
+        return x, out_dtype
+
+    def _axes(self) -> np.ndarray:
+        """The components in float64, each scaled by its standard deviation when whitened."""
+        c = self.components_.astype(np.float64)
+        return c * np.sqrt(self.explained_variance_.astype(np.float64))[:, None] if self.whiten else c
+
+    def transform(self, x: Any) -> np.ndarray:
+        """Project in-memory samples ``x`` (``n x n_features``) on the components: ``((x - mean_) / scale_) C^T``
+        (divided by ``sqrt(explained_variance_)`` when ``whiten``).
+
+        Computed in float64, returned in the dtype scikit-learn's ``PCA.transform`` gives: float32 for
+        float32 samples and components, float64 where either is float64 (integers count as float64).
+        """
+        x, out_dtype = self._samples(x)
+        y = x @ self.components_.T.astype(np.float64)
+        if self.whiten:  # a component of zero variance stays zero (scikit-learn divides by its eps floor)
+            sd = np.sqrt(self.explained_variance_.astype(np.float64))
+            y = y / np.where(sd > 0, sd, 1.0)
+        return y.astype(out_dtype, copy=False)
+
+    def inverse_transform(self, y: Any) -> np.ndarray:
+        """Samples back in feature space from their projections ``y`` (``n x n_components_``):
+        ``y C (* scale_) + mean_``, undoing the whitening when ``whiten``."""
+        y = np.asarray(y)
+        out_dtype = np.result_type(y.dtype if y.dtype.kind == "f" else np.float64, self.components_.dtype)
+        if y.ndim != 2 or y.shape[1] != self.n_components_:
+            raise ShapeError(f"y: must have {self.n_components_} columns (n_components_); got shape {y.shape}. "
+                             "Fix: pass the output of transform")
+        x = y.astype(np.float64) @ self._axes()
+        if self.scale_ is not None:
+            x = x * self.scale_
+        return (x + self.mean_).astype(out_dtype, copy=False)
+
+    def get_covariance(self) -> np.ndarray:
+        """The model's covariance of the (scaled) features: ``C^T diag(ev - noise) C + noise I``
+        (``n_features x n_features``, in memory), as scikit-learn's ``PCA.get_covariance``."""
+        c = self._axes()
+        ev = self.explained_variance_.astype(np.float64)
+        diff = np.where(ev > self.noise_variance_, ev - self.noise_variance_, 0.0)
+        cov = (c.T * diff) @ c
+        cov[np.diag_indices_from(cov)] += self.noise_variance_
+        return cov
+
+    def get_precision(self) -> np.ndarray:
+        """The inverse of :meth:`get_covariance`, by the matrix inversion lemma when the noise is nonzero
+        (a ``k x k`` inverse instead of ``n_features x n_features``)."""
+        noise = float(self.noise_variance_)
+        n = self.n_features_in_
+        if noise == 0.0:
+            return np.linalg.inv(self.get_covariance())
+        c = self._axes()
+        ev = self.explained_variance_.astype(np.float64)
+        diff = np.where(ev > noise, ev - noise, 0.0)
+        # (noise I + C^T D C)^-1 = I / noise - C^T (D^-1 + C C^T / noise)^-1 C / noise^2
+        inner = c @ c.T / noise
+        with np.errstate(divide="ignore"):
+            inner[np.diag_indices_from(inner)] += 1.0 / diff
+        prec = -(c.T @ np.linalg.inv(inner) @ c) / noise ** 2
+        prec[np.diag_indices(n)] += 1.0 / noise
+        return prec
+
+    def score_samples(self, x: Any) -> np.ndarray:
+        """Log-likelihood of each sample under the probabilistic PCA model (Tipping and Bishop 1999;
+        Bishop, *Pattern Recognition and Machine Learning*, 12.2.1), as scikit-learn's ``score_samples``."""
+        xc, _ = self._samples(x)
+        prec = self.get_precision()
+        sign, logdet = np.linalg.slogdet(prec)
+        logdet = logdet if sign > 0 else -np.inf
+        return -0.5 * np.sum(xc * (xc @ prec), axis=1) - 0.5 * (self.n_features_in_ * math.log(2 * math.pi) - logdet)
+
+    def score(self, x: Any, y: Any = None) -> float:
+        """Mean log-likelihood of the samples ``x`` (:meth:`score_samples`)."""
+        return float(np.mean(self.score_samples(x)))
 
     def __repr__(self) -> str:
         return (f"PCAResult(n_components_={self.n_components_}, n_samples_={self.n_samples_}, "
                 f"n_features_in_={self.n_features_in_}, explained_variance_ratio_={self.explained_variance_ratio_})")
 
 
-def pca(a: Any, k: int, *, scale: bool = False, method: str = "auto", oversample: int = 10,
-        power_iters: int | str = "auto", tol: float | None = None, seed: int | None = None, out: Any = None,
-        overwrite: bool = False, resume: bool = False, **settings: Unpack[Settings]) -> PCAResult:
+def check_n_components(n_components: Any) -> Any:
+    """``None``, a positive integer, a fraction of the variance in ``(0, 1)`` or ``"mle"``."""
+    if n_components is None or (isinstance(n_components, str) and n_components == "mle"):
+        return n_components
+    if _is_int(n_components) and not isinstance(n_components, bool) and n_components >= 1:
+        return int(n_components)
+    if isinstance(n_components, float) and 0.0 < n_components < 1.0:
+        return n_components
+    raise ParameterError(explain(
+        "n_components", "must be None (every component), an integer >= 1, a fraction of the variance in (0, 1) "
+        "or 'mle'", repr(n_components), "pass n_components=10, 0.95 or 'mle'"))
+
+
+def minka_dimension(ev: np.ndarray, n_samples: int) -> int:
+    """The dimension of Minka's Laplace approximation to the PCA evidence (T. P. Minka, "Automatic choice
+    of dimensionality for PCA", NIPS 2000), maximized over ``1 <= k < len(ev)``: ``n_components="mle"``.
+
+    ``ev``: every explained variance (descending). Ranks at variances below ``1e-15`` are excluded as
+    scikit-learn excludes them, so that both pick the same ``k``."""
+    ev = np.asarray(ev, dtype=np.float64)
+    d, n = ev.size, float(n_samples)
+    tiny = 1e-15
+    best, best_ll = 1, -np.inf
+    logs = np.log(np.maximum(ev, np.finfo(np.float64).tiny))
+    for k in range(1, d):
+        if ev[k - 1] < tiny:
+            break
+        i = np.arange(1, k + 1)
+        # log p(U): the uniform prior on the Stiefel manifold (Minka eq. 31)
+        pu = -k * math.log(2.0) + float(np.sum(scipy.special.gammaln((d - i + 1) / 2.0)
+                                               - math.log(math.pi) * (d - i + 1) / 2.0))
+        pl = -float(np.sum(logs[:k])) * n / 2.0
+        v = max(tiny, float(np.sum(ev[k:])) / (d - k))
+        pv = -math.log(v) * n * (d - k) / 2.0
+        mdim = d * k - k * (k + 1) / 2.0
+        pp = math.log(2.0 * math.pi) * (mdim + k) / 2.0
+        # log |A_Z|: the Hessian's determinant over the pairs (i, j), j beyond i (eq. 30)
+        lam = np.concatenate([ev[:k], np.full(d - k, v)])
+        hess = 0.0
+        for a in range(k):
+            j = np.arange(a + 1, d)
+            hess += float(np.sum(np.log((ev[a] - ev[j]) * (1.0 / lam[j] - 1.0 / lam[a])))) + j.size * math.log(n)
+        ll = pu + pl + pv + pp - hess / 2.0 - k * math.log(n) / 2.0
+        if ll > best_ll:
+            best, best_ll = k, ll
+    return best
+
+
+def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool = False, scale: bool = False,
+        method: str = "auto", oversample: int = 10, power_iters: int | str = "auto", tol: float | None = None,
+        seed: int | None = None, out: Any = None, overwrite: bool = False, resume: bool = False,
+        k: int | None = None, **settings: Unpack[Settings]) -> PCAResult:
     """Principal components of the rows of ``A`` (samples x features), out of core.
 
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
         ``m x n``: ``m`` samples of ``n`` features, float32 or float64.
-    k : int
-        Number of components, ``1 <= k < min(m, n)``.
+    n_components : int, float, "mle" or None
+        As scikit-learn's ``PCA``: an integer ``1 <= k <= min(m, n)``; ``None`` (default) for every
+        component (``min(m, n)``); a fraction in ``(0, 1)`` for the fewest components whose explained
+        variance ratios sum past it; ``"mle"`` for Minka's choice (``m >= n``). All but an integer
+        ``k < min(m, n)`` compute every component (:func:`blocklin.svd`'s ``method="full"``: ``N x N``
+        factors in memory, ``N = min(m, n)``) and keep those chosen.
+    whiten : bool
+        :meth:`PCAResult.transform` divides the projections by ``sqrt(explained_variance_)`` (unit
+        variance), as scikit-learn's ``whiten=True``.
     scale : bool
         Standardize the columns (divide by their ``ddof=0`` standard deviation, as
         ``StandardScaler``) after centering: PCA on the correlation matrix.
     method, oversample, power_iters, tol, seed, overwrite, resume, **settings
         As for :func:`blocklin.svd` (``resume=True`` continues an interrupted run writing ``out``).
+    k : int, optional
+        The number of components under :func:`blocklin.svd`'s name (``n_components`` or ``k``, not both).
     out : path, optional
         Keep the factorization (``U``, ``S``, ``Vt``, ``mean``, ``scale``) as a zarr group; without it
-        the temporary factors are removed once the attributes are read.
+        the temporary factors are removed once the attributes are read. With ``None``, a fraction or
+        ``"mle"`` it holds every component computed.
 
     Returns
     -------
     PCAResult
-        scikit-learn's attribute names (``components_``, ``explained_variance_``, ...) and ``report``.
+        scikit-learn's attribute names (``components_``, ``explained_variance_``, ``noise_variance_``,
+        ...), its methods (``transform``, ``inverse_transform``, ``get_covariance``,
+        ``get_precision``, ``score_samples``, ``score``) and ``report``.
 
     Notes
     -----
     Costs the SVD's passes plus one pass for the means (none when ``A`` fits the budget). The result
-    matches ``sklearn.decomposition.PCA(n_components=k, svd_solver="full")`` to the accuracy of the
-    truncated SVD (see :func:`blocklin.svd`'s ``tol`` and ``power_iters``).
+    matches ``sklearn.decomposition.PCA(n_components, whiten=whiten, svd_solver="full")`` to the
+    accuracy of the truncated SVD (see :func:`blocklin.svd`'s ``tol`` and ``power_iters``); every
+    component (``None``, a fraction, ``"mle"``) to that of LAPACK's SVD.
 
     References
     ----------
     N. Halko, P.-G. Martinsson, J. A. Tropp, "Finding structure with randomness", SIAM Review 53(2), 2011
     (Section 1.6: PCA as a centered low-rank approximation).
+    M. E. Tipping, C. M. Bishop, "Probabilistic principal component analysis", J. R. Stat. Soc. B 61(3), 1999.
+    T. P. Minka, "Automatic choice of dimensionality for PCA", NIPS 2000.
     """
-    res = svd(a, k, method=method, oversample=oversample, power_iters=power_iters, tol=tol, seed=seed, out=out,
-              overwrite=overwrite, center=True, scale=scale, resume=resume, **settings)
+    if k is not None:
+        if n_components is not None:
+            raise ParameterError(explain("k", "names n_components again: pass one of them",
+                                         f"n_components={n_components!r} and k={k!r}", f"pass n_components={k!r}"))
+        n_components = k
+    n_components = check_n_components(n_components)
+    whiten = bool(whiten)
+
+    def check_shape(m: int, n: int) -> None:
+        if n_components == "mle" and m < n:
+            raise ParameterError(explain(
+                "n_components", "'mle' needs at least as many samples as features (Minka's evidence)",
+                f"'mle' for {m} samples of {n} features", "pass an integer or a fraction of the variance"))
+        if isinstance(n_components, int) and n_components > min(m, n):
+            raise ParameterError(explain(
+                "n_components", f"must satisfy 1 <= n_components <= min(n_samples, n_features) = {min(m, n)}",
+                f"{n_components} for a {m} x {n} matrix", f"pass n_components <= {min(m, n)}, or None for all"))
+
+    k = n_components if isinstance(n_components, int) else None
+    res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, tol=tol, seed=seed,
+                    out=out, overwrite=overwrite, center=True, scale=scale, resume=resume, check_shape=check_shape,
+                    **settings)
     U, s, Vt = res
     moments = res.moments
     m = moments.count
@@ -130,17 +295,31 @@ def pca(a: Any, k: int, *, scale: bool = False, method: str = "auto", oversample
         e = 0
     total_s = float(var.sum())
     ev_s = np.ldexp(s.astype(np.float64), -e) ** 2 / max(m - ddof, 1)
+    ratio_s = ev_s / total_s if total_s > 0 else np.zeros_like(ev_s)
+    keep = s.size
+    if n_components == "mle":
+        keep = minka_dimension(ev_s, m)
+    elif isinstance(n_components, float):  # the fewest whose ratios sum past the fraction (scikit-learn's rule)
+        keep = min(int(np.searchsorted(np.cumsum(ratio_s), n_components, side="right")) + 1, s.size)
+    comps, s, ev_s, ratio_s = comps[:keep], s[:keep], ev_s[:keep], ratio_s[:keep]
+    rest = min(m, n) - keep
+    noise_s = max(total_s - float(ev_s.sum()), 0.0) / rest if rest > 0 else 0.0
     with np.errstate(over="ignore", under="ignore"):
         ev, total = np.ldexp(ev_s, 2 * e), float(np.ldexp(total_s, 2 * e))
+        noise = float(np.ldexp(noise_s, 2 * e))
     if e and not (np.isfinite(total) and (total_s == 0 or total > 0)):
         warn(f"pca: the variances are beyond float64's range (about 2^{int(np.frexp(total_s)[1]) + 2 * e}); "
-             "explained_variance_ and total_variance_ hold inf or 0, explained_variance_ratio_, "
+             "explained_variance_, noise_variance_ and total_variance_ hold inf or 0, explained_variance_ratio_, "
              "singular_values_, components_ and mean_ are exact; pass A scaled by a power of two for them",
              BlocklinWarning)
     report = res.report
     report["total_variance"] = total
+    if keep < res.s.size and report.get("residuals") is not None:  # the report speaks of the kept triplets
+        report.update(triplet_report(s.astype(np.float64), np.asarray(report["residuals"][:keep]), report["tol"],
+                                     s.dtype))
+        report["converged"] = all(report["converged_triplets"])
     return PCAResult(components_=comps, explained_variance_=ev.astype(s.dtype),
-                     explained_variance_ratio_=(ev_s / total_s if total_s > 0 else np.zeros_like(ev_s)).astype(s.dtype),
-                     singular_values_=s, mean_=moments.mean, scale_=res.scale, n_components_=int(s.size),
-                     n_samples_=int(m), n_features_in_=int(n), total_variance_=total, report=report,
+                     explained_variance_ratio_=ratio_s.astype(s.dtype), singular_values_=s, mean_=moments.mean,
+                     scale_=res.scale, n_components_=int(s.size), n_samples_=int(m), n_features_in_=int(n),
+                     total_variance_=total, noise_variance_=noise, whiten=whiten, report=report,
                      svd=res if out is not None else None)
