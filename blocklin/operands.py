@@ -139,6 +139,24 @@ def _stage_column(arr: Any, name: str, cfg: Config, stack: contextlib.ExitStack)
     return d, out, True
 
 
+def cast_integers(op: Operand, cfg: Config, stack: contextlib.ExitStack) -> Operand:
+    """``op`` as float64 when it holds integers or booleans (as ``numpy.linalg`` and ``scipy.linalg``
+    cast them), else ``op`` itself: a staged float64 copy, written in row blocks of at most a sixteenth
+    of the budget, removed with the job. Integers beyond ``2^53`` round as NumPy's cast rounds them."""
+    if np.dtype(op.dtype).kind not in "biu":
+        return op
+    src = open_zarr(op.path, name=op.name)
+    m, n = op.shape
+    d = _stage_dir(cfg, stack) / f"{op.name}-float64.zarr"
+    chunks = auto_chunks(op.shape, np.float64, cfg.memory)
+    out = create_array(d, shape=op.shape, dtype=np.float64, chunks=chunks, codec="none")
+    step = max(chunks[0], (cfg.memory // 16 // max(1, 8 * n)) // chunks[0] * chunks[0])
+    for r0 in range(0, m, step):
+        out[r0:r0 + step] = np.asarray(src[r0:r0 + step]).astype(np.float64)
+    return Operand(name=op.name, path=d, shape=op.shape, dtype=np.dtype(np.float64), chunks=tuple(chunks),
+                   staged=True)
+
+
 def _check_numeric(name: str, dtype: Any) -> None:
     """Refuse arrays that do not hold numbers (object, string, datetime, structured dtypes)."""
     dt = np.dtype(dtype)

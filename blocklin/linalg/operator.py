@@ -19,7 +19,7 @@ from scipy.sparse.linalg import LinearOperator
 from blocklin.config import Settings, check_settings, resolve
 from blocklin.errors import DTypeError, ShapeError, explain
 from blocklin.linalg.blocks.tall_kernels import apply_kernel, rmat_kernel
-from blocklin.operands import as_operand
+from blocklin.operands import as_operand, cast_integers
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
 from blocklin.validate import float_operand
@@ -146,7 +146,7 @@ def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
     cfg = resolve(**{k: v for k, v in settings.items() if k != "progress"})
     stack = contextlib.ExitStack()
     try:
-        op = as_operand(a, "a", cfg, stack)
+        op = cast_integers(as_operand(a, "a", cfg, stack), cfg, stack)  # as numpy.linalg casts integers
     except BaseException:
         stack.close()
         raise

@@ -23,7 +23,7 @@ from blocklin.config import Config, Settings, check_settings, format_size, resol
 from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
 from blocklin.errors import BudgetError, ConfigError, DeviceError, WorkerLostError, explain
 from blocklin.matrix import Matrix
-from blocklin.operands import Operand, as_operand, temp_root
+from blocklin.operands import Operand, as_operand, cast_integers, temp_root
 from blocklin.runtime.graph import TileGraph, execute
 from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
@@ -191,9 +191,16 @@ class Job:
         return self.cfg.device
 
     # -- inputs -------------------------------------------------------------------------------
-    def operand(self, x: Any, name: str, ndim: int = 2) -> Operand:
+    def operand(self, x: Any, name: str, ndim: int = 2, *, integers: str = "refuse") -> Operand:
+        """``x`` as a stored operand (:func:`blocklin.operands.as_operand`). ``integers="cast"``: integer
+        and boolean data become a staged float64 copy, as ``numpy.linalg`` casts them (the report's
+        ``read_notes`` say so); ``"refuse"`` leaves them to the operation's dtype check."""
         op = as_operand(x, name, self.cfg, self.stack, ndim=ndim,
                         client=self.scheduler.client if self.scheduler.kind == "distributed" else None)
+        if integers == "cast" and np.dtype(op.dtype).kind in "biu":
+            was = np.dtype(op.dtype).name
+            op = cast_integers(op, self.cfg, self.stack)
+            self.read_notes.append(f"{name}: {was} data cast to float64 (a staged copy), as numpy.linalg casts it")
         # a staged copy has a new path each run, so no token of this job names it twice: nothing to resume
         self.staged_inputs = getattr(self, "staged_inputs", False) or op.staged
         return op

@@ -122,11 +122,14 @@ def test_gram_cli_refuses_complex128(tmp_path):
     assert not (tmp_path / "G.zarr").exists()
 
 
-def test_integers_are_refused_with_the_conversion(tmp_path):
+def test_integers_are_refused_with_the_conversion_by_the_products(tmp_path):
+    """Products keep NumPy's integer rule and refuse (blocklin has no integer GEMM); the linalg
+    operations cast as numpy.linalg does (tests/engine/test_integer_inputs.py)."""
     A = bl.from_array(np.arange(12, dtype=np.int64).reshape(4, 3), str(tmp_path / "i.zarr"))
-    for call in (lambda: bl.gram(A), lambda: bl.svd(A, 1), lambda: bl.qr(A), lambda: bl.matmul(A, A, trans_a=True)):
+    for call in (lambda: bl.gram(A), lambda: bl.matmul(A, A, trans_a=True)):
         with pytest.raises(DTypeError, match="int64.*Fix:.*convert"):
             call()
+    assert bl.svd(A, 1).s.dtype == np.float64
 
 
 

@@ -87,7 +87,7 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
     Numerical Algorithms*, 2002, Thm. 10.3): ``L L^T = A + E`` with ``|E| <= c n u |L| |L^T|``.
     """
     with Job("cholesky", **settings) as job:
-        A = job.operand(a, "a")
+        A = job.operand(a, "a", integers="cast")
         n = square(A, "for a Cholesky factorization", "factor a square symmetric matrix (for least squares use "
                    "blocklin.solve(a, b))")
         dt = float_operand(A, "cholesky")

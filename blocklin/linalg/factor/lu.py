@@ -71,7 +71,7 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
     every core; a last pass applies the later swaps to each ``L`` panel.
     """
     with Job("lu", **settings) as job:
-        A = job.operand(a, "a")
+        A = job.operand(a, "a", integers="cast")
         n = square(A, "for an LU factorization", "for least squares use blocklin.solve(a, b)")
         dt = float_operand(A, "lu")
         plan = plan_lu(n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)

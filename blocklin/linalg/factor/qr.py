@@ -120,7 +120,7 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
     tile = size("tile", tile, fix="pass a positive tile side such as tile=256 (--tile 256), or omit it for the "
                 "planned one")
     with Job("qr", **settings) as job:
-        A = job.operand(a, "a")
+        A = job.operand(a, "a", integers="cast")
         m, n = A.shape
         if m < n:
             raise ShapeError(_msg("a", "must be tall or square (rows >= columns) for blocklin.qr",

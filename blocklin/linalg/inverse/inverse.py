@@ -258,7 +258,7 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
                       space: bool = True, method: str = "auto") -> tuple[Any, np.dtype, InversePlan]:
     """The validated square operand, the output dtype for ``precision`` and the plan (disk space
     checked first: a budget suggestion must not lead to a run the disk cannot hold)."""
-    M = job.operand(a, "a")
+    M = job.operand(a, "a", integers="cast")
     n = square(M, "to be inverted", "for a least-squares or regularized solution use blocklin.solve(a, b, lam=...)")
     if method == "auto" and job.device == "gpu" and precision not in ("mixed", "tf32"):
         # the LU route's panel factorization and row solves run on the host; in float32 work the

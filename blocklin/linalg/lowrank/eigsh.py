@@ -143,7 +143,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                            max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, resume=resume,
                            **settings)
     with Job("eigsh", **settings) as job:
-        A = job.operand(a, "a")
+        A = job.operand(a, "a", integers="cast")
         n = square(A, "(eigsh needs a symmetric matrix)", "use blocklin.svd for rectangular matrices")
         dt = float_operand(A, "eigsh")
         check_k(k, n, n)

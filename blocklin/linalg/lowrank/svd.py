@@ -315,7 +315,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
     max_basis = size("max_basis", max_basis, fix="pass max_basis=32, or None for the planned one")
     requested = method
     with Job("svd", **settings) as job:
-        A = job.operand(a, "a")
+        A = job.operand(a, "a", integers="cast")
         float_operand(A, "svd")
         m, n = A.shape
         if check_shape is not None:

@@ -240,7 +240,7 @@ def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
     """``A`` and ``B`` (a 1-D ``b`` as one column), checked."""
     if isinstance(b, np.ndarray) and b.ndim == 1:
         b = b.reshape(-1, 1)
-    A, B = job.operand(a, "a"), job.operand(b, "b")
+    A, B = job.operand(a, "a", integers="cast"), job.operand(b, "b", integers="cast")
     same_rows(A, B)
     float_operand(A, "solve"), float_operand(B, "solve")
     same_dtype(A, B)

@@ -333,7 +333,7 @@ def _rhs(b: Any) -> Any:
 
 def _operands(job: Job, a: Any, b: Any, assume_a: str) -> tuple[Any, Any]:
     """``A`` (square) and ``B`` (same rows, same float dtype), checked."""
-    A, B = job.operand(a, "a"), job.operand(_rhs(b), "b")
+    A, B = job.operand(a, "a", integers="cast"), job.operand(_rhs(b), "b", integers="cast")
     square(A, f"for assume_a='{assume_a}' (a square system)", "for least squares pass assume_a='gen' with a "
            "non-square a, or method='normal'/'qr'")
     same_rows(A, B)

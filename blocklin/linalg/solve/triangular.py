@@ -66,7 +66,7 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
     ``n^2 k`` flops; ``T`` is read once per tile column of ``B``.
     """
     with Job("solve_triangular", **settings) as job:
-        T, B = job.operand(t, "t"), job.operand(_rhs(b), "b")
+        T, B = job.operand(t, "t", integers="cast"), job.operand(_rhs(b), "b", integers="cast")
         n = square(T, "to be triangular", "pass the n x n triangular factor")
         same_rows(T, B)
         float_operand(T, "solve_triangular"), float_operand(B, "solve_triangular")
