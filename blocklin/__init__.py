@@ -21,6 +21,7 @@ from blocklin.linalg.operator import aslinearoperator  # noqa: E402
 from blocklin.linalg.lowrank.pca import pca  # noqa: E402
 from blocklin.linalg.factor.qr import qr  # noqa: E402
 from blocklin.linalg.lowrank.svd import svd  # noqa: E402
+from blocklin.linalg.solve.lstsq import lstsq  # noqa: E402
 from blocklin.linalg.solve.router import solve, solve_plan  # noqa: E402
 from blocklin.linalg.solve.triangular import solve_triangular  # noqa: E402
 from blocklin.matrix import Matrix  # noqa: E402
@@ -28,7 +29,7 @@ from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
     "Matrix", "__version__", "aslinearoperator", "cholesky", "config", "configure", "convert", "eigsh", "errors",
-    "from_array", "gram", "inv", "inv_plan", "lu", "matmul", "matmul_plan", "open", "pca", "qr", "random", "solve",
+    "from_array", "gram", "inv", "inv_plan", "lstsq", "lu", "matmul", "matmul_plan", "open", "pca", "qr", "random", "solve",
     "solve_plan",
     "solve_triangular", "svd",
 ]

@@ -67,11 +67,12 @@ def fitting_plan(job: Job, A: Any, k: int, kw: dict, *, means_gram: bool = False
         return _try_plan(job, A, k, job.cfg.memory, kw, means_gram=means_gram, shift=shift)
     except BudgetError as exc:
         need = _sufficient_budget(job, A, k, kw, exc, means_gram=means_gram, shift=shift)
+        lower = (" (the whole space holds N x N factors)" if kw["method"] == "full" else
+                 ", or lower k, oversample or the block size")
         raise BudgetError(explain(
             "memory", f"must hold the in-core work of svd ({kw['method']}){note} and one strip of each pass over A",
-            format_size(job.cfg.memory), f"raise it to at least {format_size(need)} (memory='{size_hint(need)}'), "
-            f"{'' if kw['method'] == 'full' else 'or lower k, oversample or the block size '}"
-                f"(the step that failed: {exc})"), minimum=need) from None
+            format_size(job.cfg.memory), f"raise it to at least {format_size(need)} (memory='{size_hint(need)}')"
+            f"{lower} (the step that failed: {exc})"), minimum=need) from None
 
 
 #: Steps of the search for a sufficient budget (each grows it by at least a quarter).

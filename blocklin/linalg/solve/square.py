@@ -404,8 +404,8 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
                                      "pass precision='double', or scale A"))
     if n and f.min_pivot == 0.0:
         raise SingularMatrixError(explain("a", "must be nonsingular for a square solve", "LU with partial pivoting "
-                                          "met an exact zero pivot (A is singular)", "regularize (lam > 0), or solve "
-                                          "the least-squares problem with method='qr'"))
+                                          "met an exact zero pivot (A is singular)", "blocklin.lstsq(a, b) for the "
+                                          "minimum-norm least-squares solution, or regularize (lam > 0)"))
     growth = f.max_u / f.max_a if f.max_a > 0 else 1.0
     if lu_path is None:
         return _Factor("lu", f.work, plan, norm_a=math.sqrt(f.sumsq), growth=growth, pivots=f.pivots, forward=rhs_out)

@@ -99,7 +99,8 @@ def singular(cond: float, what: str) -> SingularMatrixError:
     return SingularMatrixError(_msg(
         "a", f"must have full {what} rank for lam = 0 (ordinary least squares)",
         f"a numerically rank-deficient matrix (condition estimate {cond:.1e})",
-        "regularize with lam > 0, e.g. blocklin.solve(a, b, lam=1e-3 * ||A||), or let lam='gcv' choose it"))
+        "blocklin.lstsq(a, b) for the minimum-norm solution (numpy.linalg.lstsq's), or regularize with lam > 0, "
+        "e.g. blocklin.solve(a, b, lam=1e-3 * ||A||), or let lam='gcv' choose it"))
 
 
 def device_of_pass(ctx: TikhonovRun, phase: str, flops: float) -> str:

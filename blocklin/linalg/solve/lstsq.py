@@ -1,0 +1,139 @@
+"""``numpy.linalg.lstsq`` out of core: the minimum-norm least-squares solution of any rank and shape.
+
+``A = U diag(s) V^T`` by the SVD over the whole space (:func:`blocklin.svd`, ``method="full"``: the QR
+of ``A``'s tall orientation and LAPACK's SVD of its ``R``), then ``x = V diag(1/s_i) U^T b`` over the
+singular values above ``rcond * s_1``: the truncated-SVD solution LAPACK's ``xGELSS`` returns
+(Golub and Van Loan, *Matrix Computations*, 4th ed., 5.5.4), with its rank and singular values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Unpack
+
+import numpy as np
+
+from blocklin.config import Settings
+from blocklin.errors import ParameterError, ShapeError, explain
+from blocklin.linalg.lowrank.svd import svd
+from blocklin.linalg.products.gemm import matmul
+from blocklin.matrix import Matrix
+from blocklin.storage import remove
+
+
+class LstsqResult(tuple):
+    """``(x, residuals, rank, s)`` as ``numpy.linalg.lstsq`` returns them, with a ``report`` attribute:
+    the SVD's report (passes, bytes read, peak memory) and ``passes_total`` over all steps."""
+
+    def __new__(cls, x: np.ndarray, residuals: np.ndarray, rank: int, s: np.ndarray, report: dict) -> LstsqResult:
+        obj = super().__new__(cls, (x, residuals, rank, s))
+        obj.report = report
+        return obj
+
+
+def _dense(x: Any) -> np.ndarray:
+    return x.to_numpy() if isinstance(x, Matrix) else np.asarray(x)
+
+
+def _drop(x: Any, *, group: bool = False) -> None:
+    """Remove a temporary stored result once read: a product's store, or the SVD's group (``group``)."""
+    if isinstance(x, Matrix) and x.temporary:
+        remove(x.location.parent) if group else x.delete()
+
+
+def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Settings]) -> LstsqResult:
+    """Least-squares solution of ``A x = b`` of minimum norm, for any rank, tall or wide ``A``.
+
+    Parameters
+    ----------
+    a : path, zarr array, Matrix, NumPy or Dask array
+        ``m x n``, any rank (integers are cast to float64, as NumPy casts them).
+    b : array_like
+        ``m`` or ``m x k`` right-hand sides (held in memory, as ``x`` is).
+    rcond : float, optional
+        Singular values at most ``rcond * s_1`` count as zero. ``None`` (default): ``eps * max(m, n)``,
+        NumPy's default.
+    **settings
+        As for every operation (:class:`~blocklin.config.Settings`).
+
+    Returns
+    -------
+    LstsqResult
+        ``x, residuals, rank, s = result`` as ``numpy.linalg.lstsq``: ``x`` (``n`` or ``n x k``),
+        ``residuals`` the squared norms ``||b - A x||^2`` per column when ``rank == n < m`` (computed
+        from ``b - A x`` by one more pass over ``A``, not from a difference of squares), else empty;
+        ``rank`` and ``s`` (every singular value, descending). ``result.report`` has the SVD's report.
+
+    Notes
+    -----
+    Costs the SVD over the whole space (one pass over ``A``, a stored copy of its tall orientation and
+    two passes over it, ``N x N`` factors in memory with ``N = min(m, n)``), one pass over the stored
+    long factor for ``U^T b`` (tall ``A``) or ``V y`` (wide ``A``), and for full-rank tall ``A`` one pass
+    over ``A`` for the residuals. Backward stable as LAPACK's ``xGELSS``: the solution of a nearby
+    problem whose rank decision is that of ``rcond``.
+
+    References
+    ----------
+    G. H. Golub, C. F. Van Loan, *Matrix Computations*, 4th ed., Johns Hopkins, 2013, 5.5.4.
+    T. F. Chan, "An improved algorithm for computing the singular value decomposition", ACM TOMS 8(1), 1982.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> a = np.array([[1.0, 2.0], [2.0, 4.0], [3.0, 6.0]])   # rank one
+    >>> x, res, rank, s = bl.lstsq(a, np.array([1.0, 2.0, 3.0]))
+    >>> rank, np.allclose(x, np.linalg.lstsq(a, [1.0, 2.0, 3.0])[0])
+    (1, True)
+    """
+    if rcond is not None and not (isinstance(rcond, (int, float)) and not isinstance(rcond, bool)
+                                  and np.isfinite(rcond) and rcond >= 0):
+        raise ParameterError(explain("rcond", "must be a non-negative number or None", repr(rcond),
+                                     "pass rcond=None (eps * max(m, n), NumPy's default)"))
+    bb = np.asarray(b)
+    vector = bb.ndim == 1
+    if bb.ndim not in (1, 2):
+        raise ShapeError(explain("b", "must be 1-D or 2-D", f"shape {bb.shape}", "pass m or m x k right-hand sides"))
+    bb = bb.reshape(-1, 1) if vector else bb
+    U, s, Vt = res = svd(a, **settings)
+    report = dict(res.report)
+    try:
+        m, n = U.shape[0], Vt.shape[1]
+        if bb.shape[0] != m:
+            raise ShapeError(explain("b", f"must have m = {m} rows (A is {m} x {n})", f"shape {np.asarray(b).shape}",
+                                     f"pass a right-hand side of length {m}"))
+        dtype = np.result_type(s.dtype, bb.dtype if bb.dtype.kind == "f" else np.float64)
+        bb = bb.astype(np.float64)
+        cut = (np.finfo(s.dtype).eps * max(m, n) if rcond is None else float(rcond)) * (float(s[0]) if s.size else 0.0)
+        keep = s > cut
+        rank = int(np.count_nonzero(keep))
+        inv = np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0)
+        passes = report.get("passes_total", report.get("passes", 0))
+        if m >= n:  # U is the stored long factor: c = U^T b in one pass over it
+            c = _product(U, bb, s.dtype, trans_a=True, settings=settings)
+            x = _dense(Vt).astype(np.float64).T @ (c * inv[:, None])
+        else:  # V is the stored long factor: x = V (S^+ U^T b) in one pass over it
+            y = (_dense(U).astype(np.float64).T @ bb) * inv[:, None]
+            x = _product(Vt, y, s.dtype, trans_a=True, settings=settings)
+        passes += 1
+        residuals = np.empty((0,), dtype=dtype)
+        if rank == n and m > n:  # NumPy's rule: residuals only for a full-rank overdetermined system
+            r = bb - _product(a, x, s.dtype, trans_a=False, settings=settings)
+            residuals = np.sum(r * r, axis=0).astype(dtype)
+            passes += 1
+    finally:
+        _drop(U, group=True)
+        _drop(Vt, group=True)
+    report.update(operation="lstsq", rank=rank, rcond=cut / float(s[0]) if s.size and s[0] > 0 else cut,
+                  passes_total=passes)
+    x = x.astype(dtype)
+    return LstsqResult(x[:, 0] if vector else x, residuals, rank, s, report)
+
+
+def _product(a: Any, x: np.ndarray, dtype: np.dtype, *, trans_a: bool, settings: dict) -> np.ndarray:
+    """``op(A) x`` in the SVD's dtype (integers of ``A`` cast as the SVD cast them) for a small in-memory
+    ``x``, returned in memory in float64 (its temporary store removed)."""
+    p = matmul(a, x.astype(dtype), trans_a=trans_a, dtype=dtype, **settings)
+    try:
+        return _dense(p).astype(np.float64)
+    finally:
+        _drop(p)

@@ -1,0 +1,120 @@
+"""``blocklin.lstsq`` against ``numpy.linalg.lstsq``: minimum-norm solutions of any rank and shape, with
+NumPy's rank, singular values and residuals (ported from NumPy's ``linalg/tests/test_linalg.py``
+``TestLstsq`` and Dask's ``array/tests/test_linalg.py::test_lstsq``, whose rank-deficient case repeats
+a column).
+
+Bounds. The singular values: a backward-stable SVD's, ``c M eps s_1`` (Weyl; :mod:`support.tolerances`).
+The solution: the truncated-SVD solution of rank ``r`` is that of a problem within ``eps ||A||`` of the
+given one, and its perturbation (Wedin; Higham, *Accuracy and Stability*, 2nd ed., Thm 20.1, applied to
+the rank-``r`` part, whose singular values are separated from the dropped zeros) is
+``||dx|| <= c M eps kappa_r (||x|| + kappa_r ||r|| / s_1)`` with ``kappa_r = s_1 / s_r``; ``c = 8``
+covers ours and NumPy's. The residual norms: ``||r||^2`` moves by ``2 ||r|| ||A dx|| + ||A dx||^2``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.errors import ParameterError, ShapeError
+from support.tolerances import assert_close_to, assert_singular_values, eps
+
+BUDGETS = {"streamed": "1MiB", "in-memory": "256MiB"}
+
+
+def of_rank(m: int, n: int, r: int, *, seed: int = 0, dtype=np.float64) -> np.ndarray:
+    """``m x n`` of rank ``r`` with singular values from 10 down to 1 (then exact zeros)."""
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.standard_normal((m, r)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, r)))
+    return ((u * np.linspace(10.0, 1.0, r)) @ v.T).astype(dtype)
+
+
+def check(a, b, got, *, dtype=np.float64):
+    x, res, rank, s = got
+    xr, resr, rankr, sr = np.linalg.lstsq(a.astype(np.float64), np.asarray(b, dtype=np.float64), rcond=None)
+    M = max(a.shape)
+    assert rank == rankr and x.shape == xr.shape and x.dtype == dtype
+    assert_singular_values(s, sr, n=M, dtype=dtype)
+    kappa = sr[0] / sr[rank - 1]
+    r = np.linalg.norm(np.asarray(b, dtype=np.float64) - a.astype(np.float64) @ xr)
+    bound = 8 * M * eps(dtype) * kappa * (np.linalg.norm(xr) + kappa * r / sr[0])
+    assert_close_to(x, xr, bound=bound, what="x")
+    assert res.shape == resr.shape
+    if res.size:
+        adx = sr[0] * bound
+        assert_close_to(res, resr, bound=(2 * r * adx + adx ** 2) * np.sqrt(res.size), what="residuals")
+
+
+@pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.mark.parametrize("m, n, r", [(2000, 30, 30), (2000, 30, 12), (30, 2000, 30), (30, 2000, 12)],
+                         ids=["tall", "tall-deficient", "wide", "wide-deficient"])
+@pytest.mark.parametrize("k", [None, 3], ids=["vector", "block"])
+def test_any_rank_and_shape_as_numpy(m, n, r, k, budget):
+    a = of_rank(m, n, r, seed=m + r)
+    rng = np.random.default_rng(1)
+    b = rng.standard_normal(m) if k is None else rng.standard_normal((m, k))
+    got = bl.lstsq(a, b, memory=BUDGETS[budget])
+    assert got.report["in_core"] == (budget == "in-memory") and got.report["method"] == "full"
+    check(a, b, got)
+
+
+def test_repeated_column_as_dask():
+    """Dask's ``test_lstsq``: a 100 x 10 matrix whose last column repeats its first has rank 9."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((100, 10))
+    a[:, -1] = a[:, 0]
+    b = rng.standard_normal(100)
+    got = bl.lstsq(a, b, memory="64KiB")
+    assert got[2] == 9
+    check(a, b, got)
+
+
+def test_square_singular_in_memory():
+    a = of_rank(120, 120, 80, seed=3)
+    b = np.random.default_rng(2).standard_normal(120)
+    check(a, b, bl.lstsq(a, b))
+
+
+def test_rcond_cuts_as_numpy():
+    """NumPy's ``test_future_rcond`` rule: values at most ``rcond * s_1`` count as zero."""
+    a = of_rank(500, 20, 20, seed=4)  # singular values 10 ... 1
+    b = np.arange(500.0)
+    x, res, rank, s = bl.lstsq(a, b, rcond=0.5)
+    assert rank == np.linalg.lstsq(a, b, rcond=0.5)[2] == int(np.sum(s > 5.0))
+    assert res.size == 0  # rank < n: NumPy returns no residuals
+
+
+def test_float32_and_integers():
+    a = of_rank(1000, 12, 12, seed=5, dtype=np.float32)
+    b = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
+    check(a, b, bl.lstsq(a, b, memory="256KiB"), dtype=np.float32)
+    ai = np.random.default_rng(4).integers(-3, 4, (300, 8))
+    check(ai, np.arange(300) % 5, bl.lstsq(ai, np.arange(300) % 5, memory="64KiB"))
+
+
+@pytest.mark.parametrize("scheduler", ["processes"])
+def test_on_another_scheduler(scheduler):
+    a = of_rank(2000, 30, 12, seed=6)
+    b = np.random.default_rng(5).standard_normal(2000)
+    check(a, b, bl.lstsq(a, b, memory="1MiB", scheduler=scheduler))
+
+
+def test_nothing_left_in_the_temp_dir(tmp_path):
+    """The SVD's group and the products are temporary stores lstsq removes (the test's temp dir is
+    BLOCKLIN_TEMP_DIR, tests/conftest.py)."""
+    a = of_rank(2000, 30, 12, seed=7)
+    bl.lstsq(a, np.ones(2000), memory="1MiB")
+    bl.lstsq(a.T.copy(), np.ones(30), memory="1MiB")
+    assert not list((tmp_path / "blocklin-tmp").iterdir())
+
+
+def test_bad_arguments():
+    a = of_rank(50, 5, 5)
+    with pytest.raises(ParameterError, match="rcond: must be a non-negative number or None; got -1"):
+        bl.lstsq(a, np.ones(50), rcond=-1)
+    with pytest.raises(ShapeError, match=r"b: must have m = 50 rows .* shape \(49,\)"):
+        bl.lstsq(a, np.ones(49))
+    with pytest.raises(ShapeError, match="b: must be 1-D or 2-D"):
+        bl.lstsq(a, np.ones((50, 1, 1)))
