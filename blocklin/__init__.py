@@ -19,6 +19,8 @@ from blocklin.linalg.factor.lu import lu  # noqa: E402
 from blocklin.linalg.lowrank.eigsh import eigsh  # noqa: E402
 from blocklin.linalg.operator import aslinearoperator  # noqa: E402
 from blocklin.linalg.lowrank.pca import pca  # noqa: E402
+from blocklin.linalg.norms import cond, det, norm, slogdet  # noqa: E402
+from blocklin.linalg import numpy_api  # noqa: E402,F401 - NumPy's protocols on Matrix
 from blocklin.linalg.factor.qr import qr  # noqa: E402
 from blocklin.linalg.lowrank.svd import svd  # noqa: E402
 from blocklin.linalg.solve.lstsq import lstsq  # noqa: E402
@@ -28,8 +30,9 @@ from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
-    "Matrix", "__version__", "aslinearoperator", "cholesky", "config", "configure", "convert", "eigsh", "errors",
-    "from_array", "gram", "inv", "inv_plan", "lstsq", "lu", "matmul", "matmul_plan", "open", "pca", "qr", "random", "solve",
+    "Matrix", "__version__", "aslinearoperator", "cholesky", "cond", "config", "configure", "convert", "det", "eigsh",
+    "errors",
+    "from_array", "gram", "inv", "inv_plan", "lstsq", "lu", "matmul", "matmul_plan", "norm", "open", "pca", "qr", "random", "slogdet", "solve",
     "solve_plan",
     "solve_triangular", "svd",
 ]

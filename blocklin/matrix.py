@@ -33,8 +33,26 @@ def _check_fits_memory(shape: tuple[int, ...], dtype: np.dtype, path: str) -> No
                                   "check that the shape in the store's metadata is the intended one"), minimum=need)
 
 
+#: NumPy functions a :class:`Matrix` computes out of core (NEP 18), filled by
+#: :mod:`blocklin.linalg.numpy_api` (this layer knows no operation); any other function loads it.
+ARRAY_FUNCTIONS: dict = {}
+
+
+def _loaded(x: Any) -> Any:
+    """``x`` with every Matrix in it (one level of lists and tuples too) loaded as NumPy."""
+    if isinstance(x, Matrix):
+        return np.asarray(x)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_loaded(v) for v in x)
+    return x
+
+
 class Matrix:
     """A 2-D matrix stored as a zarr array (local folder or object store); nothing is loaded until asked.
+
+    NumPy's ``@``/``np.matmul``, ``np.dot`` and ``np.linalg``'s ``solve``, ``inv``, ``svd``, ``qr``,
+    ``cholesky``, ``lstsq``, ``norm``, ``cond``, ``det`` and ``slogdet`` on a Matrix compute out of core
+    (:mod:`blocklin.linalg.numpy_api`); every other NumPy function loads it (``np.asarray``).
 
     Parameters
     ----------
@@ -133,6 +151,24 @@ class Matrix:
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         arr = self.to_numpy()
         return arr.astype(dtype, copy=False) if dtype is not None else arr
+
+    # -- NumPy's dispatch protocols ----------------------------------------------------------------
+    def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        impl = ARRAY_FUNCTIONS.get(func)
+        if impl is None:  # not an out-of-core operation: NumPy's own on the loaded arrays
+            return func._implementation(*_loaded(args), **{k: _loaded(v) for k, v in kwargs.items()})
+        return impl(*args, **kwargs)
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        if ufunc is np.matmul and method == "__call__" and not kwargs and np.matmul in ARRAY_FUNCTIONS:
+            return ARRAY_FUNCTIONS[np.matmul](*inputs)
+        return getattr(ufunc, method)(*_loaded(inputs), **kwargs)
+
+    def __matmul__(self, other: Any) -> Any:
+        return np.matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Any:
+        return np.matmul(other, self)
 
     def __getitem__(self, key: Any) -> np.ndarray:
         """Read a region; an output replaced during the read is read again, never mixed."""

@@ -201,6 +201,63 @@ def minka_dimension(ev: np.ndarray, n_samples: int) -> int:
     return best
 
 
+def _signed(comps: np.ndarray) -> np.ndarray:
+    """scikit-learn's signs (>= 1.5): the entry of largest magnitude of each component positive."""
+    big = np.argmax(np.abs(comps), axis=1)
+    signs = np.sign(comps[np.arange(comps.shape[0]), big])
+    return comps * np.where(signs == 0, 1, signs)[:, None].astype(comps.dtype)
+
+
+def _variances(res: Any, s: np.ndarray, scale: bool) -> tuple[np.ndarray, float, int]:
+    """Explained and total variances of ``2^-e A`` and ``e`` (0 unless the data was scaled,
+    :mod:`blocklin.linalg.blocks.scaling`: the variances themselves leave float64's range for entries
+    beyond about 2^512, their ratios do not)."""
+    moments = res.moments
+    m = moments.count
+    ddof = 1 if m > 1 else 0
+    mom, e = res.scaled_moments if res.scaled_moments is not None else (moments, 0)
+    var = mom.variance(ddof)
+    if scale:  # a standardized column has variance 1 (ddof=0); a constant one stays 0; s does not scale
+        var = np.where(mom.var > 0, var / np.where(mom.var > 0, mom.var, 1.0), 0.0)
+        e = 0
+    return np.ldexp(s.astype(np.float64), -e) ** 2 / max(m - ddof, 1), float(var.sum()), e
+
+
+def _unscaled(ev_s: np.ndarray, total_s: float, noise_s: float, e: int) -> tuple[np.ndarray, float, float]:
+    """The variances of ``A`` from those of ``2^-e A`` (inf or 0 beyond float64's range, said once)."""
+    with np.errstate(over="ignore", under="ignore"):
+        ev, total = np.ldexp(ev_s, 2 * e), float(np.ldexp(total_s, 2 * e))
+        noise = float(np.ldexp(noise_s, 2 * e))
+    if e and not (np.isfinite(total) and (total_s == 0 or total > 0)):
+        warn(f"pca: the variances are beyond float64's range (about 2^{int(np.frexp(total_s)[1]) + 2 * e}); "
+             "explained_variance_, noise_variance_ and total_variance_ hold inf or 0, explained_variance_ratio_, "
+             "singular_values_, components_ and mean_ are exact; pass A scaled by a power of two for them",
+             BlocklinWarning)
+    return ev, total, noise
+
+
+def _check_shape(n_components: Any, m: int, n: int) -> None:
+    """``n_components`` for an ``m x n`` matrix, before anything is read."""
+    if n_components == "mle" and m < n:
+        raise ParameterError(explain(
+            "n_components", "'mle' needs at least as many samples as features (Minka's evidence)",
+            f"'mle' for {m} samples of {n} features", "pass an integer or a fraction of the variance"))
+    if isinstance(n_components, int) and n_components > min(m, n):
+        raise ParameterError(explain(
+            "n_components", f"must satisfy 1 <= n_components <= min(n_samples, n_features) = {min(m, n)}",
+            f"{n_components} for a {m} x {n} matrix", f"pass n_components <= {min(m, n)}, or None for all"))
+
+
+def _kept(n_components: Any, ev: np.ndarray, ratio: np.ndarray, m: int) -> int:
+    """How many of the computed components ``n_components`` keeps: Minka's choice for ``"mle"``, the
+    fewest whose ratios sum past a fraction (scikit-learn's rule), else all."""
+    if n_components == "mle":
+        return minka_dimension(ev, m)
+    if isinstance(n_components, float):
+        return min(int(np.searchsorted(np.cumsum(ratio), n_components, side="right")) + 1, ev.size)
+    return ev.size
+
+
 def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool = False, scale: bool = False,
         method: str = "auto", oversample: int = 10, power_iters: int | str = "auto", tol: float | None = None,
         seed: int | None = None, out: Any = None, overwrite: bool = False, resume: bool = False,
@@ -261,19 +318,10 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     n_components = check_n_components(n_components)
     whiten = bool(whiten)
 
-    def check_shape(m: int, n: int) -> None:
-        if n_components == "mle" and m < n:
-            raise ParameterError(explain(
-                "n_components", "'mle' needs at least as many samples as features (Minka's evidence)",
-                f"'mle' for {m} samples of {n} features", "pass an integer or a fraction of the variance"))
-        if isinstance(n_components, int) and n_components > min(m, n):
-            raise ParameterError(explain(
-                "n_components", f"must satisfy 1 <= n_components <= min(n_samples, n_features) = {min(m, n)}",
-                f"{n_components} for a {m} x {n} matrix", f"pass n_components <= {min(m, n)}, or None for all"))
-
     k = n_components if isinstance(n_components, int) else None
     res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, tol=tol, seed=seed,
-                    out=out, overwrite=overwrite, center=True, scale=scale, resume=resume, check_shape=check_shape,
+                    out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
+                    check_shape=lambda m, n: _check_shape(n_components, m, n),
                     **settings)
     U, s, Vt = res
     moments = res.moments
@@ -282,36 +330,14 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     comps = (Vt.to_numpy() if hasattr(Vt, "to_numpy") else np.asarray(Vt)).astype(s.dtype, copy=False)
     if out is None:  # the scores U (or the long Vt) were a temporary store: nothing of it is returned
         remove((U if hasattr(U, "location") else Vt).location.parent)
-    big = np.argmax(np.abs(comps), axis=1)
-    signs = np.sign(comps[np.arange(comps.shape[0]), big])
-    comps = comps * np.where(signs == 0, 1, signs)[:, None].astype(comps.dtype)
-    ddof = 1 if m > 1 else 0
-    # the ratios from the variances of 2^-e A when the data was scaled (blocklin.linalg.blocks.scaling): the
-    # variances themselves leave float64's range for entries beyond about 2^512
-    mom, e = res.scaled_moments if res.scaled_moments is not None else (moments, 0)
-    var = mom.variance(ddof)
-    if scale:  # a standardized column has variance 1 (ddof=0); a constant one stays 0; s does not scale
-        var = np.where(mom.var > 0, var / np.where(mom.var > 0, mom.var, 1.0), 0.0)
-        e = 0
-    total_s = float(var.sum())
-    ev_s = np.ldexp(s.astype(np.float64), -e) ** 2 / max(m - ddof, 1)
+    comps = _signed(comps)
+    ev_s, total_s, e = _variances(res, s, scale)
     ratio_s = ev_s / total_s if total_s > 0 else np.zeros_like(ev_s)
-    keep = s.size
-    if n_components == "mle":
-        keep = minka_dimension(ev_s, m)
-    elif isinstance(n_components, float):  # the fewest whose ratios sum past the fraction (scikit-learn's rule)
-        keep = min(int(np.searchsorted(np.cumsum(ratio_s), n_components, side="right")) + 1, s.size)
+    keep = _kept(n_components, ev_s, ratio_s, m)
     comps, s, ev_s, ratio_s = comps[:keep], s[:keep], ev_s[:keep], ratio_s[:keep]
     rest = min(m, n) - keep
     noise_s = max(total_s - float(ev_s.sum()), 0.0) / rest if rest > 0 else 0.0
-    with np.errstate(over="ignore", under="ignore"):
-        ev, total = np.ldexp(ev_s, 2 * e), float(np.ldexp(total_s, 2 * e))
-        noise = float(np.ldexp(noise_s, 2 * e))
-    if e and not (np.isfinite(total) and (total_s == 0 or total > 0)):
-        warn(f"pca: the variances are beyond float64's range (about 2^{int(np.frexp(total_s)[1]) + 2 * e}); "
-             "explained_variance_, noise_variance_ and total_variance_ hold inf or 0, explained_variance_ratio_, "
-             "singular_values_, components_ and mean_ are exact; pass A scaled by a power of two for them",
-             BlocklinWarning)
+    ev, total, noise = _unscaled(ev_s, total_s, noise_s, e)
     report = res.report
     report["total_variance"] = total
     if keep < res.s.size and report.get("residuals") is not None:  # the report speaks of the kept triplets

@@ -323,15 +323,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         k = check_k(min(m, n) if k is None else k, m, n, whole=True)
         method = resolve_method(method, power_iters, shape=(m, n), k=k, oversample=oversample,
                                 shifted=bool(center or scale), which=which)
-        if method != "full" and k == min(m, n):
-            raise ParameterError(explain(
-                "k", f"must be below min(m, n) = {min(m, n)} for method={method!r} (every triplet is method='full')",
-                f"k={k}", "pass method='auto' (or 'full')"))
-        if method == "gram" and (center or scale) and m < n:
-            raise ParameterError(explain(
-                "method", "'gram' centers or scales a tall matrix only (its means pass makes the Gram)",
-                f"'gram' with center={center}, scale={scale} on a {m} x {n} matrix",
-                "pass method='auto' (block Lanczos here) or method='lanczos'"))
+        _check_method(method, m, n, center=bool(center), scale=bool(scale))
         q = (None if tol is not None else AUTO_POWER_ITERS) if power_iters == "auto" else power_iters
         limit = max_passes or (20 if method == "rsvd" else 60)
         if method in ("lanczos", "gram") and block_size is None and max_basis is None:
@@ -358,9 +350,23 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         report["which"] = which
         ckpt.clear()
         res = _result(job, out, A, plan, f, report, ao, overwrite, long_wanted)
+    return _returned(res, vectors)
+
+
+def _check_method(method: str, m: int, n: int, *, center: bool, scale: bool) -> None:
+    """The Gram route centers or scales a tall matrix only."""
+    if method == "gram" and (center or scale) and m < n:
+        raise ParameterError(explain(
+            "method", "'gram' centers or scales a tall matrix only (its means pass makes the Gram)",
+            f"'gram' with center={center}, scale={scale} on a {m} x {n} matrix",
+            "pass method='auto' (block Lanczos here) or method='lanczos'"))
+
+
+def _returned(res: SVDResult, vectors: bool | str) -> SVDResult | np.ndarray:
+    """What ``return_singular_vectors`` asks for, as ``scipy.sparse.linalg.svds`` returns it."""
     if vectors is False:
         return res.s
-    if vectors in ("u", "vh"):  # svds: the factor not asked for is None
+    if vectors in ("u", "vh"):  # the factor not asked for is None
         keep = (res.U, res.s, None) if vectors == "u" else (None, res.s, res.Vt)
         return SVDResult(*keep, res.report, mean=res.mean, scale=res.scale, moments=res.moments,
                          scaled=res.scaled_moments)

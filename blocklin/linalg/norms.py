@@ -1,0 +1,231 @@
+"""Matrix norms, condition numbers and determinants of out-of-core matrices, as ``numpy.linalg`` names them.
+
+The entry-wise norms (Frobenius, the largest column and row sums ``1`` and ``inf`` and their minima)
+come from one row pass that keeps, per task, LAPACK's scaled sum of squares (``xLASSQ``: ``scale`` and
+``ssq`` with ``sum a^2 = scale^2 ssq``, so no square overflows or underflows), the column sums of
+``|a|`` and the extremes of the row sums. The spectral norms (``2``, ``-2``, ``nuc``) and the condition
+number come from the singular values (:func:`blocklin.svd`), the determinant from the LU factors
+(:func:`blocklin.lu`): ``det A = (-1)^swaps prod U_ii``, accumulated as ``slogdet`` so that it neither
+overflows nor underflows.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Unpack
+
+import numpy as np
+
+from blocklin.config import Settings
+from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime.job import Job
+from blocklin.runtime.passes import row_kernel, run_pass, source
+
+#: ``ord`` values of :func:`norm` for a matrix (NumPy's).
+ORDS = (None, "fro", "nuc", 1, -1, 2, -2, np.inf, -np.inf)
+
+
+def _sums_memory(params: Any, sources: tuple) -> PassMemory:
+    w = sources[0].width
+    # the column sums (float64) and, per strip row, |a| in float64 and its row sums
+    return PassMemory(fixed=2 * w * 8, per_row=(w + 1) * 8, chunk_temporaries=True)
+
+
+def _sums_init(device: Any, params: dict) -> dict:
+    return {"scale": 0.0, "ssq": 1.0, "cols": np.zeros(params["n"]), "row_max": 0.0, "row_min": math.inf}
+
+
+@row_kernel(memory=_sums_memory, init=_sums_init, device="cpu")
+def sums_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
+    """Per strip: fold ``|a|`` into the scaled sum of squares, the column sums and the row sums' extremes."""
+    a = np.abs(np.asarray(arrays[0], dtype=np.float64))
+    if a.size:
+        peak = float(a.max())
+        if peak > 0:
+            state = _lassq(state, a, peak)
+        state["cols"] += a.sum(axis=0)
+        r = a.sum(axis=1)
+        state["row_max"] = max(state["row_max"], float(r.max()))
+        state["row_min"] = min(state["row_min"], float(r.min()))
+    return state, None
+
+
+def _lassq(state: dict, a: np.ndarray, peak: float) -> dict:
+    """``scale^2 ssq += sum a^2`` without forming a square beyond the range (LAPACK's ``xLASSQ`` rule)."""
+    scale, ssq = state["scale"], state["ssq"]
+    part = float(np.sum(np.square(a / peak)))
+    if peak > scale:
+        ssq = part + ssq * (scale / peak) ** 2 if scale > 0 else part
+        scale = peak
+    else:
+        ssq += part * (peak / scale) ** 2
+    return state | {"scale": scale, "ssq": ssq}
+
+
+def _merge(states: list) -> dict:
+    total = _sums_init(None, {"n": states[0]["cols"].size})
+    for st in states:
+        if st["scale"] > 0:
+            if st["scale"] > total["scale"]:
+                total["ssq"] = st["ssq"] + (total["ssq"] * (total["scale"] / st["scale"]) ** 2
+                                            if total["scale"] > 0 else 0.0)
+                total["scale"] = st["scale"]
+            else:
+                total["ssq"] += st["ssq"] * (st["scale"] / total["scale"]) ** 2
+        total["cols"] += st["cols"]
+        total["row_max"] = max(total["row_max"], st["row_max"])
+        total["row_min"] = min(total["row_min"], st["row_min"])
+    return total
+
+
+def entrywise(a: Any, **settings: Unpack[Settings]) -> dict:
+    """One pass over ``A``: ``fro`` (scaled, no overflow), the column sums of ``|A|`` and the largest and
+    smallest row sums; with the job's ``report``."""
+    with Job("norm", **settings) as job:
+        A = job.operand(a, "a", integers="cast")
+        m, n = A.shape
+        states = run_pass(job, sums_kernel, [source(A)], {"n": n}, description="norm: sums over A").states
+        total = _merge([st for st in states if st is not None])
+        fro = total["scale"] * math.sqrt(total["ssq"]) if total["scale"] > 0 else 0.0
+        return {"fro": fro, "cols": total["cols"], "row_max": total["row_max"],
+                "row_min": total["row_min"] if m else 0.0, "report": job.report(operation="norm")}
+
+
+def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noqa: A002 - NumPy's name
+    """The matrix norm ``numpy.linalg.norm(a, ord)`` of an out-of-core matrix.
+
+    Parameters
+    ----------
+    a : path, zarr array, Matrix, NumPy or Dask array
+        ``m x n``.
+    ord : {None, "fro", "nuc", 1, -1, 2, -2, inf, -inf}
+        As NumPy for matrices: ``None``/``"fro"`` Frobenius, ``1``/``-1`` the largest/smallest column sum
+        of ``|a|``, ``inf``/``-inf`` the largest/smallest row sum (one pass over ``A``); ``2``/``-2`` the
+        largest/smallest singular value, ``"nuc"`` their sum (:func:`blocklin.svd`: the largest by block
+        Lanczos to ``10 sqrt(eps)``, the others from every singular value, ``N x N`` in memory).
+    **settings
+        As for every operation.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> a = np.arange(12.0).reshape(4, 3)
+    >>> [bool(np.isclose(bl.norm(a, o), np.linalg.norm(a, o))) for o in (None, 1, np.inf, 2, "nuc")]
+    [True, True, True, True, True]
+    """
+    ord = _check_ord(ord)
+    if ord in (2, -2, "nuc"):
+        return _spectral(a, ord, settings)
+    sums = entrywise(a, **settings)
+    if ord is None or ord == "fro":
+        return float(sums["fro"])
+    cols = sums["cols"] if sums["cols"].size else np.zeros(1)
+    if ord == 1:
+        return float(cols.max())
+    if ord == -1:
+        return float(cols.min())
+    return float(sums["row_max"] if ord == np.inf else sums["row_min"])
+
+
+def _check_ord(ord: Any) -> Any:
+    """``ord`` as one of :data:`ORDS` (numbers compared by value, booleans refused)."""
+    if ord is None or (isinstance(ord, str) and ord in ("fro", "nuc")):
+        return ord
+    if isinstance(ord, (int, float, np.integer, np.floating)) and not isinstance(ord, (bool, np.bool_)) \
+            and float(ord) in (1.0, -1.0, 2.0, -2.0, math.inf, -math.inf):
+        return float(ord) if math.isinf(float(ord)) else int(ord)
+    raise ParameterError(explain("ord", "must be one of None, 'fro', 'nuc', 1, -1, 2, -2, inf, -inf (a matrix norm, "
+                                 "as numpy.linalg.norm)", repr(ord), "pass ord=None (Frobenius)"))
+
+
+def _spectral(a: Any, ord: Any, settings: dict) -> float:
+    from blocklin.linalg.lowrank.svd import svd
+
+    if ord == 2:
+        shape = _shape(a, settings)
+        if min(shape) > 1:  # the largest alone: block Lanczos, converged to its residual tolerance
+            eps = float(np.finfo(np.float64).eps)
+            return float(svd(a, 1, tol=10 * math.sqrt(eps), return_singular_vectors=False, seed=0, **settings)[0])
+    s = svd(a, return_singular_vectors=False, **settings)
+    return float(s[0] if ord == 2 else s[-1] if ord == -2 else np.sum(s, dtype=np.float64))
+
+
+def _shape(a: Any, settings: dict) -> tuple[int, int]:
+    with Job("norm", **settings) as job:
+        return job.operand(a, "a", integers="cast").shape
+
+
+def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
+    """The condition number ``numpy.linalg.cond(a, p)`` of an out-of-core matrix.
+
+    ``p=None``/``2``: ``s_1 / s_N`` from every singular value (:func:`blocklin.svd`; ``inf`` for a
+    singular matrix, as NumPy); ``-2``: its inverse; ``"fro"``, ``1``, ``-1``, ``inf``, ``-inf``:
+    ``norm(a, p) * norm(inv(a), p)`` for square ``a`` (:func:`blocklin.inv`).
+    """
+    from blocklin.linalg.inverse.inverse import inv
+    from blocklin.linalg.lowrank.svd import svd
+
+    if p is None or (p in (2, -2) and not isinstance(p, bool)):
+        s = svd(a, return_singular_vectors=False, **settings)
+        with np.errstate(divide="ignore"):
+            c = s[0] / s[-1] if s[-1] > 0 else np.inf
+        return float(c if p != -2 else (1.0 / c if c else np.inf))
+    shape = _shape(a, settings)
+    if shape[0] != shape[1]:
+        raise ShapeError(explain("a", f"must be square for cond(p={p!r}) (a norm of the inverse)",
+                                 f"shape {shape}", "pass p=None (the 2-norm condition of any shape)"))
+    x = inv(a, **settings)
+    try:
+        return norm(a, p, **settings) * norm(x, p, **settings)
+    finally:
+        x.delete()
+
+
+def slogdet(a: Any, **settings: Unpack[Settings]) -> tuple[float, float]:
+    """``(sign, logabsdet)`` of a square out-of-core matrix, as ``numpy.linalg.slogdet``: from the LU
+    factors with partial pivoting (:func:`blocklin.lu`), ``sign = (-1)^swaps prod sign(U_ii)`` and
+    ``logabsdet = sum log |U_ii|`` (``(0, -inf)`` for a singular matrix)."""
+    from blocklin.linalg.factor.lu import lu
+
+    with warnings.catch_warnings():  # a zero pivot is the answer here, (0, -inf), not a warning
+        warnings.filterwarnings("ignore", message="lu: an exact zero pivot", category=BlocklinWarning)
+        f = lu(a, **settings)
+    try:
+        d = diagonal(f)
+        swaps = int(np.count_nonzero(np.asarray(f.report["pivots"]) != np.arange(len(f.report["pivots"]))))
+    finally:
+        if f.temporary:
+            f.delete()
+    if not np.all(d != 0):
+        return 0.0, -math.inf
+    sign = (-1.0) ** swaps * float(np.prod(np.sign(d)))
+    return sign, float(np.sum(np.log(np.abs(d))))
+
+
+def det(a: Any, **settings: Unpack[Settings]) -> float:
+    """``numpy.linalg.det`` of a square out-of-core matrix: ``sign * exp(logabsdet)`` of :func:`slogdet`
+    (``inf`` or ``0`` where the determinant leaves float64's range, as NumPy's overflows)."""
+    sign, logdet = slogdet(a, **settings)
+    with np.errstate(over="ignore"):
+        return float(sign * np.exp(logdet))
+
+
+def diagonal(x: Any) -> np.ndarray:
+    """The diagonal of a stored square matrix, read one diagonal chunk block at a time."""
+    arr = x.zarr
+    n = min(arr.shape)
+    r, c = arr.chunks
+    out = np.empty(n, dtype=np.float64)
+    i = 0
+    while i < n:
+        j = min(n, (i // r + 1) * r, (i // c + 1) * c)
+        out[i:j] = np.diagonal(np.asarray(arr[i:j, i:j]))
+        i = j
+    return out

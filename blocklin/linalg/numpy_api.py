@@ -1,0 +1,137 @@
+"""NumPy's dispatch protocols on :class:`~blocklin.Matrix` (NEP 18 ``__array_function__`` and the
+``matmul`` ufunc's ``__array_ufunc__``): NumPy-written code runs out of core on stored matrices.
+
+``np.matmul`` (``@``), ``np.dot`` and ``np.linalg``'s ``solve``, ``inv``, ``svd``, ``qr``, ``cholesky``,
+``lstsq``, ``norm``, ``cond``, ``det`` and ``slogdet`` called with a ``Matrix`` run the blocklin operation
+and return a ``Matrix`` where the result is as large as an operand (products, inverses, factors) and
+NumPy values where it is small (norms, determinants, singular values, solutions of a vector right-hand
+side). Any other NumPy function loads the matrix through ``__array__`` as before (``np.asarray(M)`` is
+the explicit "load it all", refused when it exceeds this machine's memory).
+
+The table is filled here and read by :class:`~blocklin.Matrix` (the storage layer knows no operation):
+``blocklin/__init__.py`` imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import ParameterError, explain
+from blocklin.matrix import ARRAY_FUNCTIONS, Matrix
+
+
+def _vector_result(x: Any, b: Any) -> Any:
+    """``x`` as NumPy returns it for a 1-D right-hand side or operand: a 1-D array (it is vector-sized)."""
+    if np.ndim(b) == 1 and isinstance(x, Matrix):
+        v = x.to_numpy().reshape(-1)
+        if x.temporary:
+            x.delete()
+        return v
+    return x
+
+
+def matmul(a: Any, b: Any) -> Any:
+    from blocklin.linalg.products.gemm import matmul as bl_matmul
+
+    if np.ndim(a) == 1:  # a row vector times B: (B^T a)^T, vector-sized
+        return _vector_result(bl_matmul(b, np.asarray(a), trans_a=True), a)
+    return _vector_result(bl_matmul(a, b), b)
+
+
+def dot(a: Any, b: Any, out: Any = None) -> Any:
+    if out is not None:
+        raise ParameterError(explain("out", "is not taken by np.dot on a blocklin.Matrix (the result is a new "
+                                     "store)", "an array", "drop out= and use the returned Matrix"))
+    if np.ndim(a) == 0 or np.ndim(b) == 0:
+        return np.asarray(a) * np.asarray(b) if not isinstance(a, Matrix) and not isinstance(b, Matrix) else \
+            _load_then(np.multiply, a, b)
+    return matmul(a, b)
+
+
+def solve(a: Any, b: Any) -> Any:
+    from blocklin.linalg.solve.router import solve as bl_solve
+
+    return _vector_result(bl_solve(a, b), b)
+
+
+def inv(a: Any) -> Matrix:
+    from blocklin.linalg.inverse.inverse import inv as bl_inv
+
+    return bl_inv(a)
+
+
+def svd(a: Any, full_matrices: bool = True, compute_uv: bool = True, hermitian: bool = False) -> Any:
+    from blocklin.linalg.lowrank.svd import svd as bl_svd
+
+    m, n = np.shape(a)
+    if compute_uv and full_matrices and m != n:
+        raise ParameterError(explain(
+            "full_matrices", "must be False for a non-square blocklin.Matrix (the square factor of the long side "
+            "is larger than the matrix and holds nothing it needs)", f"True for a {m} x {n} matrix",
+            "pass full_matrices=False (the thin SVD, as numpy.linalg.svd(a, full_matrices=False))"))
+    return bl_svd(a, return_singular_vectors=bool(compute_uv))
+
+
+def qr(a: Any, mode: str = "reduced") -> Any:
+    from blocklin.linalg.factor.qr import qr as bl_qr
+
+    if mode not in ("reduced", "r"):
+        raise ParameterError(explain("mode", "must be 'reduced' or 'r' for a blocklin.Matrix", repr(mode),
+                                     "pass mode='reduced' (Q and R) or mode='r'"))
+    return bl_qr(a, mode=mode)
+
+
+def cholesky(a: Any, upper: bool = False) -> Matrix:
+    from blocklin.linalg.factor.cholesky import cholesky as bl_cholesky
+
+    return bl_cholesky(a, lower=not upper)
+
+
+def lstsq(a: Any, b: Any, rcond: Any = None) -> tuple:
+    from blocklin.linalg.solve.lstsq import lstsq as bl_lstsq
+
+    return bl_lstsq(a, b, rcond=rcond)
+
+
+def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A002
+    from blocklin.linalg.norms import norm as bl_norm
+
+    if axis is not None or keepdims:
+        return _load_then(np.linalg.norm, x, ord=ord, axis=axis, keepdims=keepdims)
+    return bl_norm(x, ord)
+
+
+def cond(x: Any, p: Any = None) -> float:
+    from blocklin.linalg.norms import cond as bl_cond
+
+    return bl_cond(x, p)
+
+
+def det(a: Any) -> float:
+    from blocklin.linalg.norms import det as bl_det
+
+    return bl_det(a)
+
+
+def slogdet(a: Any) -> tuple[float, float]:
+    from blocklin.linalg.norms import slogdet as bl_slogdet
+
+    return bl_slogdet(a)
+
+
+def _load_then(func: Any, *args: Any, **kwargs: Any) -> Any:
+    """``func`` on the loaded arrays (what NumPy did before the protocol: ``__array__``)."""
+    load = [np.asarray(x) if isinstance(x, Matrix) else x for x in args]
+    return func(*load, **kwargs)
+
+
+ARRAY_FUNCTIONS.update({
+    np.dot: dot, np.matmul: matmul,
+    np.linalg.solve: solve, np.linalg.inv: inv, np.linalg.svd: svd, np.linalg.qr: qr,
+    np.linalg.cholesky: cholesky, np.linalg.lstsq: lstsq, np.linalg.norm: norm, np.linalg.cond: cond,
+    np.linalg.det: det, np.linalg.slogdet: slogdet,
+})
+if hasattr(np.linalg, "matmul"):  # NumPy 2's array-API spelling
+    ARRAY_FUNCTIONS[np.linalg.matmul] = matmul

@@ -1,0 +1,154 @@
+"""``blocklin.norm``, ``cond``, ``det``, ``slogdet`` against ``numpy.linalg``, and NumPy's dispatch
+protocols on ``Matrix`` (NEP 18): NumPy-written code computes out of core on stored matrices.
+
+Bounds, per quantity (``u = eps / 2``; Higham, *Accuracy and Stability*, 2nd ed.):
+
+- sums of ``|a|`` (norms 1, inf) and of squares (Frobenius, LAPACK's scaled ``xLASSQ``): each a sum
+  of ``t`` non-negative terms, relative error at most ``gamma_t`` for any order (Thm 3.5 / 4.3); two
+  computations: ``2 t eps``;
+- singular values (2, -2, nuc, cond): a backward-stable SVD moves each by ``c M eps s_1`` (Weyl), the
+  2-norm by block Lanczos to a residual ``r = 10 sqrt(eps) s_1`` is within ``r^2 / gap`` more (Kato-Temple);
+- ``log |det A|``: LU's backward error ``|dA| <= gamma_n |L| |U|`` (Thm 9.3) moves it by
+  ``tr(A^-1 dA) <= n ||A^-1||_2 ||dA||_2`` to first order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.errors import ParameterError, ShapeError
+from support.tolerances import eps
+
+BUDGETS = {"streamed": "1MiB", "in-memory": "256MiB"}
+
+
+def spectrum(m: int, n: int, s: np.ndarray, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    u, _ = np.linalg.qr(rng.standard_normal((m, len(s))))
+    v, _ = np.linalg.qr(rng.standard_normal((n, len(s))))
+    return (u * s) @ v.T
+
+
+@pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.mark.parametrize("scale", [1.0, 2.0 ** 600, 2.0 ** -600], ids=["unit", "huge", "tiny"])
+def test_entrywise_norms(scale, budget):
+    """Frobenius without overflow or underflow at 2^±600 (its squares leave float64), 1, inf, -1, -inf."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((3000, 40))
+    ref = {o: np.linalg.norm(a, o) for o in (None, "fro", 1, -1, np.inf, -np.inf)}
+    x = a * scale
+    for o, r in ref.items():
+        got = bl.norm(x, o, memory=BUDGETS[budget]) / scale
+        t = a.size if o in (None, "fro") else max(a.shape)
+        assert abs(got - r) <= 2 * t * eps(np.float64) * r, (o, got, r)
+
+
+@pytest.mark.parametrize("budget", list(BUDGETS))
+def test_spectral_norms(budget):
+    s = np.concatenate([[10.0, 5.0], np.linspace(2.0, 0.01, 28)])  # s_1 well apart: gap 75 in s^2
+    a = spectrum(3000, 30, s, seed=2)
+    M, s1 = 3000, s[0]
+    r = 10 * math.sqrt(eps(np.float64)) * s1
+    assert abs(bl.norm(a, 2, memory=BUDGETS[budget]) - s1) <= r ** 2 / (s1 ** 2 - s[1] ** 2) * s1 + 4 * M * eps(
+        np.float64) * s1
+    assert abs(bl.norm(a, -2, memory=BUDGETS[budget]) - s[-1]) <= 4 * M * eps(np.float64) * s1
+    assert abs(bl.norm(a, "nuc", memory=BUDGETS[budget]) - s.sum()) <= 30 * 4 * M * eps(np.float64) * s1
+    kappa = s1 / s[-1]
+    assert abs(bl.cond(a, memory=BUDGETS[budget]) - kappa) <= 4 * M * eps(np.float64) * (1 + kappa) * kappa
+
+
+def test_determinants_and_cond_of_a_square_matrix():
+    rng = np.random.default_rng(3)
+    n = 200
+    a = rng.standard_normal((n, n)) + 20 * np.eye(n)  # log|det| about 600: det overflows nowhere, slogdet is exact
+    sign, logdet = bl.slogdet(a, memory="256KiB")
+    ref = np.linalg.slogdet(a)
+    bound = n * np.linalg.norm(np.linalg.inv(a), 2) * 2 * n * eps(np.float64) * np.linalg.norm(a) * 2
+    assert sign == ref.sign and abs(logdet - ref.logabsdet) <= bound
+    small = a[:20, :20] / 20
+    assert abs(bl.det(small) - np.linalg.det(small)) <= 20 * 20 * eps(np.float64) * np.linalg.norm(
+        np.linalg.inv(small), 2) * np.linalg.norm(small) * 4 * abs(np.linalg.det(small))
+    singular = a.copy()
+    singular[:, 3] = 0.0
+    assert bl.slogdet(singular) == (0.0, -math.inf) and bl.det(singular) == 0.0
+    k1 = np.linalg.cond(a, 1)
+    assert abs(bl.cond(a, 1, memory="256KiB") - k1) <= 16 * n * eps(np.float64) * np.linalg.cond(a) * k1
+
+
+def test_bad_arguments():
+    a = np.eye(4)
+    with pytest.raises(ParameterError, match="ord: must be one of None, 'fro', 'nuc'.*got 3"):
+        bl.norm(a, 3)
+    with pytest.raises(ParameterError, match="ord"):
+        bl.norm(a, True)
+    with pytest.raises(ShapeError, match="a: must be square for cond"):
+        bl.cond(np.ones((4, 3)), 1)
+
+
+# -- NEP 18 -------------------------------------------------------------------------------------------
+@pytest.fixture
+def stored(tmp_path):
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((120, 120))
+    a = a @ a.T + 120 * np.eye(120)
+    b = rng.standard_normal((120, 7))
+    return a, b, bl.from_array(a, str(tmp_path / "a.zarr")), bl.from_array(b, str(tmp_path / "b.zarr"))
+
+
+def test_numpy_products_run_out_of_core(stored):
+    a, b, A, B = stored
+    for c in (A @ B, np.matmul(A, B), np.dot(A, B), a @ B):
+        assert isinstance(c, bl.Matrix) and "flops" in c.report  # computed by blocklin, stored
+        # a product: k = 120 terms, norm-wise (support.tolerances.product_bound)
+        assert np.linalg.norm(c.to_numpy() - a @ b) <= 2 * 120 * eps(np.float64) * np.linalg.norm(a) * np.linalg.norm(b)
+    v = np.matmul(A, np.ones(120))
+    assert isinstance(v, np.ndarray) and v.shape == (120,)
+    w = np.ones(120) @ A
+    assert w.shape == (120,) and np.allclose(w, a.sum(axis=0), rtol=0, atol=240 * eps(np.float64) * np.abs(a).sum(0).max())
+
+
+def test_numpy_linalg_runs_out_of_core(stored):
+    a, b, A, B = stored
+    inv = np.linalg.inv(A)
+    assert isinstance(inv, bl.Matrix) and "backward_error" in inv.report  # blocklin.inv, refined
+    kappa = np.linalg.cond(a)
+    assert np.linalg.norm(a @ inv.to_numpy() - np.eye(120)) <= 8 * 120 * eps(np.float64) * kappa * 120
+    L = np.linalg.cholesky(A)
+    assert isinstance(L, bl.Matrix) and np.linalg.norm(L.to_numpy() @ L.to_numpy().T - a) <= 4 * 120 * eps(
+        np.float64) * np.linalg.norm(a)
+    x = np.linalg.solve(A, np.ones(120))
+    assert isinstance(x, np.ndarray) and x.shape == (120,)
+    assert np.linalg.norm(a @ x - 1) <= 8 * 120 * eps(np.float64) * np.linalg.norm(a) * np.linalg.norm(x)
+    U, s, Vt = np.linalg.svd(B, full_matrices=False)
+    assert isinstance(U, bl.Matrix) and U.shape == (120, 7)
+    assert np.abs(s - np.linalg.svd(b, compute_uv=False)).max() <= 4 * 120 * eps(np.float64) * s[0]
+    assert np.linalg.svd(B, compute_uv=False).shape == (7,)
+    Q, R = np.linalg.qr(B)
+    assert isinstance(Q, bl.Matrix) and isinstance(R, bl.Matrix) and Q.shape == (120, 7)
+    assert np.linalg.norm(Q.to_numpy() @ R.to_numpy() - b) <= 4 * 120 * eps(np.float64) * np.linalg.norm(b)
+    assert abs(np.linalg.norm(A) - np.linalg.norm(a)) <= 2 * a.size * eps(np.float64) * np.linalg.norm(a)
+    sign, logdet = np.linalg.slogdet(A)
+    # LU's backward error through tr(A^-1 dA) (module docstring), two computations
+    bound = 120 * np.linalg.norm(np.linalg.inv(a), 2) * 2 * 120 * eps(np.float64) * np.linalg.norm(a) * 2
+    assert sign == 1.0 and abs(logdet - np.linalg.slogdet(a).logabsdet) <= bound
+    x, res, rank, sv = np.linalg.lstsq(B, np.ones(120), rcond=None)
+    assert rank == 7 and x.shape == (7,)
+
+
+def test_full_matrices_of_a_rectangle_is_refused_with_the_fix(stored):
+    _, _, _, B = stored
+    with pytest.raises(ParameterError, match="full_matrices: must be False.*Fix: pass full_matrices=False"):
+        np.linalg.svd(B)
+
+
+def test_other_numpy_functions_load_the_matrix(stored):
+    a, _, A, _ = stored
+    assert np.sum(A) == np.sum(a)
+    assert np.concatenate([A, A]).shape == (240, 120)
+    assert np.array_equal(np.add(A, 1.0), a + 1.0)
+    assert np.array_equal(np.asarray(A), a)
+    assert np.allclose(np.linalg.norm(A, axis=0), np.linalg.norm(a, axis=0), rtol=240 * eps(np.float64), atol=0)
