@@ -23,6 +23,7 @@ from blocklin.linalg.norms import cond, det, norm, slogdet  # noqa: E402
 from blocklin.linalg import numpy_api  # noqa: E402,F401 - NumPy's protocols on Matrix
 from blocklin.linalg.factor.qr import qr  # noqa: E402
 from blocklin.linalg.lowrank.svd import svd  # noqa: E402
+from blocklin.linalg.solve.factored import cho_solve, lu_solve  # noqa: E402
 from blocklin.linalg.solve.lstsq import lstsq  # noqa: E402
 from blocklin.linalg.solve.router import solve, solve_plan  # noqa: E402
 from blocklin.linalg.solve.triangular import solve_triangular  # noqa: E402
@@ -30,9 +31,9 @@ from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
-    "Matrix", "__version__", "aslinearoperator", "cholesky", "cond", "config", "configure", "convert", "det", "eigsh",
+    "Matrix", "__version__", "aslinearoperator", "cho_solve", "cholesky", "cond", "config", "configure", "convert", "det", "eigsh",
     "errors",
-    "from_array", "gram", "inv", "inv_plan", "lstsq", "lu", "matmul", "matmul_plan", "norm", "open", "pca", "qr", "random", "slogdet", "solve",
+    "from_array", "gram", "inv", "inv_plan", "lstsq", "lu", "lu_solve", "matmul", "matmul_plan", "norm", "open", "pca", "qr", "random", "slogdet", "solve",
     "solve_plan",
     "solve_triangular", "svd",
 ]

@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="fit an unpenalized intercept (as scikit-learn's Ridge): the columns of A and b are centered "
                         "by rank-one corrections, no copy; the intercept is printed and kept in the report")
     p.add_argument("--plot", metavar="PNG", help="plot the L-curve / GCV curve (with --lambda gcv or lcurve)")
+    p.add_argument("--factored", choices=("cholesky", "lu"),
+                   help="A is a stored factor (blocklin factor cholesky / lu wrote it): solve with it, no new "
+                        "factorization (scipy's cho_solve / lu_solve; the LU's recorded pivots are used)")
     ui.add_run_options(p, resume="continue an interrupted run: finished passes are not run again (identical result)",
                        explain=False)
     ui.add_common(p)
@@ -59,6 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.solve.router import solve
 
+    if args.factored:
+        return _run_factored(args)
     if args.plot and not isinstance(args.lam, str):
         raise ParameterError(explain("--plot", "needs --lambda gcv or --lambda lcurve (the curve is computed to "
                                      "choose lambda)", f"--lambda {args.lam}", "pass --lambda gcv"))
@@ -139,3 +144,24 @@ def _decade_ticks(ax: Any) -> None:
         if scale == "log":
             axis.set_major_locator(LogLocator(base=10, numticks=6))
             axis.set_minor_formatter(NullFormatter())
+
+
+def _run_factored(args: argparse.Namespace) -> dict:
+    """``--factored``: the two triangular solves with a stored factor (the other solve options do not apply)."""
+    from blocklin.linalg.solve.factored import cho_solve, lu_solve
+
+    if args.lam != 0.0 or args.fit_intercept or args.plot or args.method != "auto":
+        raise ParameterError(explain("--factored", "solves with the given factor only (no lambda, intercept, "
+                                     "method or plot)", "with --lambda/--fit-intercept/--method/--plot",
+                                     "drop those options, or drop --factored to factor A"))
+    run = cho_solve if args.factored == "cholesky" else lu_solve
+    settings = ui.run_settings(args)
+    settings.pop("resume", None)  # two triangular solves: nothing to resume, a rerun redoes them
+    x = run(args.a, args.b, args.out, **settings)
+    r = x.report
+    summary = {"output": x.path, "shape": list(x.shape), "method": r["method"], "factored": args.factored,
+               "seconds": r["seconds"], "peak_memory": r["peak_memory"]}
+    human = (f"wrote {x.path} ({x.shape[0]} x {x.shape[1]}) in {r['seconds']:.2f} s with the stored {args.factored} "
+             f"factor {args.a} ({r['method']}), peak memory {format_size(r['peak_memory'])}")
+    ui.emit(args, summary, ui.report_text(human, r))
+    return summary

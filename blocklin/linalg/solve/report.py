@@ -20,6 +20,7 @@ RECORDED = {
     "square": ("method", "method_reason", "precision", "residual_norm", "backward_error", "refine_steps", "seconds",
                "growth_factor", "resumed"),
     "triangular": ("seconds", "peak_memory", "tasks"),
+    "factored": ("method", "seconds", "peak_memory", "tasks"),  # cho_solve, lu_solve with a stored factor
 }
 
 

@@ -24,6 +24,7 @@ from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
 from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
 from blocklin.linalg.factor.lu_panels import lu_solve, swaps_to_permutation
+from blocklin.linalg.solve.triangular import as_columns
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
 from blocklin.storage.identity import plan_settings, resume_token
@@ -327,13 +328,9 @@ def _norms(sumsq: np.ndarray) -> float | list[float]:
     return float(v[0]) if v.size == 1 else v.tolist()
 
 
-def _rhs(b: Any) -> Any:
-    return b.reshape(-1, 1) if isinstance(b, np.ndarray) and b.ndim == 1 else b
-
-
 def _operands(job: Job, a: Any, b: Any, assume_a: str) -> tuple[Any, Any]:
     """``A`` (square) and ``B`` (same rows, same float dtype), checked."""
-    A, B = job.operand(a, "a", integers="cast"), job.operand(_rhs(b), "b", integers="cast")
+    A, B = job.operand(a, "a", integers="cast"), job.operand(as_columns(b), "b", integers="cast")
     square(A, f"for assume_a='{assume_a}' (a square system)", "for least squares pass assume_a='gen' with a "
            "non-square a, or method='normal'/'qr'")
     same_rows(A, B)

@@ -19,7 +19,8 @@ from blocklin.validate import float_operand, result_dtype, same_rows, square
 MAX_REFINE = 3
 
 
-def _rhs(b: Any) -> Any:
+def as_columns(b: Any) -> Any:
+    """A 1-D NumPy right-hand side as one column (stored and 2-D operands as they are)."""
     return b.reshape(-1, 1) if isinstance(b, np.ndarray) and b.ndim == 1 else b
 
 
@@ -66,7 +67,7 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
     ``n^2 k`` flops; ``T`` is read once per tile column of ``B``.
     """
     with Job("solve_triangular", **settings) as job:
-        T, B = job.operand(t, "t", integers="cast"), job.operand(_rhs(b), "b", integers="cast")
+        T, B = job.operand(t, "t", integers="cast"), job.operand(as_columns(b), "b", integers="cast")
         n = square(T, "to be triangular", "pass the n x n triangular factor")
         same_rows(T, B)
         float_operand(T, "solve_triangular"), float_operand(B, "solve_triangular")
@@ -105,4 +106,4 @@ def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: 
                         max_refine=max_refine if precision == "double" else None, **settings)
 
 
-__all__ = ["solve_spd", "solve_triangular"]
+__all__ = ["as_columns", "solve_spd", "solve_triangular"]

@@ -1,0 +1,167 @@
+"""Solves with a stored factorization, as ``scipy.linalg.cho_solve`` and ``lu_solve``: new right-hand
+sides against a Cholesky or LU factor :func:`blocklin.cholesky` or :func:`blocklin.lu` wrote (or any
+stored factor of that form), without factoring again.
+
+``cho_solve``: ``L y = b``, ``L^T x = y`` (or ``U^T y = b``, ``U x = y`` for an upper factor).
+``lu_solve``: the packed factors of ``P A = L U`` with LAPACK's pivots (``getrf``'s ``ipiv``, 0-based:
+row ``i`` swapped with row ``piv[i]``, in order), ``x = U^-1 L^-1 P b``. Each step is a tiled
+out-of-core triangular solve (:meth:`blocklin.runtime.blockops.BlockOps.trsm`), backward stable as
+LAPACK's ``xPOTRS``/``xGETRS`` (Higham, *Accuracy and Stability*, 2nd ed., Thm 8.5, 9.4 and 10.4).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Unpack
+
+import numpy as np
+
+from blocklin.config import Settings
+from blocklin.errors import ParameterError, explain
+from blocklin.linalg.factor.lu_panels import swaps_to_permutation
+from blocklin.linalg.solve.report import solve_report
+from blocklin.linalg.solve.triangular import as_columns
+from blocklin.matrix import Matrix
+from blocklin.plan.factor import plan_factor
+from blocklin.runtime.blockops import BlockOps, Region
+from blocklin.runtime.job import Job
+from blocklin.storage.zarr_store import create_array
+from blocklin.validate import float_operand, result_dtype, same_rows, square
+
+
+def _factor_and_flag(f: Any, flag: Any, name: str) -> tuple[Any, Any]:
+    """SciPy's ``(c, lower)`` / ``(lu, piv)`` pair, or the factor alone."""
+    if isinstance(f, tuple):
+        if len(f) != 2:
+            raise ParameterError(explain(name, "must be the factor or SciPy's pair (factor, flag)",
+                                         f"a tuple of {len(f)}", f"pass {name}=(factor, flag) or the factor"))
+        return f
+    return f, flag
+
+
+def cho_solve(c: Any, b: Any, out: Any = None, *, lower: bool = True, overwrite: bool = False,
+              tile: int | None = None, **settings: Unpack[Settings]) -> Matrix:
+    """``A x = b`` from the Cholesky factor of ``A``, as ``scipy.linalg.cho_solve``.
+
+    Parameters
+    ----------
+    c : path, zarr array, Matrix, NumPy array, or ``(c, lower)``
+        The ``n x n`` factor: ``L`` with ``A = L L^T`` (``lower=True``, :func:`blocklin.cholesky`'s
+        default) or ``U`` with ``A = U^T U``; only that triangle is read. SciPy's ``(c, lower)`` pair
+        is taken too.
+    b : operand
+        ``n x k`` right-hand sides (a 1-D vector is one column).
+    out : path, optional
+        Output store for ``x`` (atomic).
+    lower, overwrite, tile, **settings
+        Which triangle; replace an existing ``out``; the tile side (default planned from the budget);
+        the engine's settings.
+
+    Returns
+    -------
+    Matrix
+        ``x`` (``n x k``) with ``.report``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> a = np.array([[4.0, 2.0], [2.0, 3.0]])
+    >>> x = bl.cho_solve(bl.cholesky(a), np.array([1.0, 2.0]))
+    >>> bool(np.allclose(a @ x.to_numpy().ravel(), [1.0, 2.0]))
+    True
+    """
+    c, lower = _factor_and_flag(c, lower, "c")
+    steps = (("forward substitution L y = b", True, False), ("back substitution L^T x = y", True, True)) if lower \
+        else (("forward substitution U^T y = b", False, True), ("back substitution U x = y", False, False))
+    return _solve_with(c, b, out, "cho_solve", steps, overwrite=overwrite, tile=tile, params={"lower": bool(lower)},
+                       settings=settings)
+
+
+def lu_solve(lu: Any, b: Any, out: Any = None, *, piv: Any = None, overwrite: bool = False,
+             tile: int | None = None, **settings: Unpack[Settings]) -> Matrix:
+    """``A x = b`` from the packed LU factors of ``A``, as ``scipy.linalg.lu_solve``.
+
+    Parameters
+    ----------
+    lu : path, zarr array, Matrix, NumPy array, or ``(lu, piv)``
+        The ``n x n`` packed factors of ``P A = L U`` (unit lower ``L`` below the diagonal, ``U`` on and
+        above it), as :func:`blocklin.lu` and ``scipy.linalg.lu_factor`` return them.
+    b : operand
+        ``n x k`` right-hand sides (a 1-D vector is one column).
+    out : path, optional
+        Output store for ``x`` (atomic).
+    piv : array_like, optional
+        LAPACK's pivots (0-based). Default: those :func:`blocklin.lu` recorded in its output.
+    overwrite, tile, **settings
+        As for :func:`cho_solve`.
+
+    Returns
+    -------
+    Matrix
+        ``x`` (``n x k``) with ``.report``.
+    """
+    lu, piv = _factor_and_flag(lu, piv, "lu")
+    if piv is None:
+        piv = _recorded_pivots(lu)
+    piv = np.asarray(piv)
+    if piv.ndim != 1 or piv.dtype.kind not in "iu":
+        raise ParameterError(explain("piv", "must be a 1-D integer array (LAPACK's 0-based pivots)",
+                                     f"{piv.dtype} of shape {piv.shape}", "pass the pivots blocklin.lu recorded"))
+    steps = (("forward substitution L y = P b", True, False), ("back substitution U x = y", False, False))
+    return _solve_with(lu, b, out, "lu_solve", steps, overwrite=overwrite, tile=tile, params={}, settings=settings,
+                       pivots=piv)
+
+
+def _recorded_pivots(lu: Any) -> np.ndarray:
+    """The pivots :func:`blocklin.lu` recorded with its output (its report, or the store's attributes)."""
+    report = getattr(lu, "report", None) or {}
+    if "pivots" in report:
+        return np.asarray(report["pivots"])
+    try:
+        attrs = Matrix(lu).attrs if not isinstance(lu, Matrix) else lu.attrs
+    except Exception:  # not a stored blocklin output (an in-memory array): the pivots must be given
+        attrs = {}
+    piv = (attrs.get("blocklin") or {}).get("pivots")
+    if piv is None:
+        raise ParameterError(explain("piv", "is needed for factors blocklin.lu did not write (their pivots are not "
+                                     "recorded)", "None", "pass piv= (scipy.linalg.lu_factor's second result)"))
+    return np.asarray(piv)
+
+
+def _solve_with(f: Any, b: Any, out: Any, operation: str, steps: tuple, *, overwrite: bool, tile: int | None,
+                params: dict, settings: dict, pivots: np.ndarray | None = None) -> Matrix:
+    """The two tiled triangular solves of ``steps`` (``(description, lower, trans)``), with the row
+    permutation of ``pivots`` first (LU)."""
+    with Job(operation, **settings) as job:
+        F, B = job.operand(f, "factor", integers="cast"), job.operand(as_columns(b), "b", integers="cast")
+        n = square(F, "to be a factor", "pass the n x n factor")
+        same_rows(F, B)
+        float_operand(F, operation), float_operand(B, operation)
+        if pivots is not None and (pivots.size != n or pivots.min(initial=0) < 0 or pivots.max(initial=0) >= n):
+            raise ParameterError(explain("piv", f"must hold n = {n} row indices in [0, {n})",
+                                         f"{pivots.size} pivots in [{pivots.min(initial=0)}, {pivots.max(initial=0)}]",
+                                         "pass the pivots of this factorization"))
+        dt = result_dtype([F, B], None if F.dtype == B.dtype else np.result_type(F.dtype, B.dtype))
+        plan = plan_factor("solve_triangular", n, dt, memory=job.cfg.memory, workers=job.workers(1),
+                           chunks=tuple(F.chunks), tile=tile)
+        ao = job.claim(out, [F, B], overwrite=overwrite)
+        k = B.shape[1]
+        create_array(ao.array_path(), shape=(n, k), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
+        ops = BlockOps(job, plan.tile)
+        ops.workers = plan.workers
+        freg, rhs = Region.of(F.path, F.shape), Region.of(B.path, B.shape)
+        if pivots is not None:
+            pb = Region.of(job.scratch("pb", (n, k), dt, (plan.tile, plan.tile)), (n, k))
+            ops.permute_rows(rhs, pb, swaps_to_permutation(pivots), dtype=dt, description="row swaps P b")
+            rhs = pb
+        y = Region.of(job.scratch("y", (n, k), dt, (plan.tile, plan.tile)), (n, k))
+        (d1, lower1, trans1), (d2, lower2, trans2) = steps
+        ops.trsm(freg, rhs, y, lower=lower1, trans=trans1, unit=pivots is not None, dtype=dt,
+                 check=job.check_finite, description=d1)
+        ops.trsm(freg, y, Region.of(ao.array_path(), (n, k)), lower=lower2, trans=trans2, dtype=dt,
+                 description=d2)
+        report, recorded = solve_report(job, route="factored", plan=plan.to_dict(), flops=2 * n * n * k,
+                                        method="two tiled triangular solves" + (" after the row swaps" if pivots
+                                                                                   is not None else ""),
+                                        phases={"tile updates (GEMM), diagonal solves (TRSM)": job.device})
+        return job.finish(ao, out, report, operation=operation, plan=plan.to_dict(), params=params, recorded=recorded)
