@@ -72,7 +72,7 @@ def rayleigh_ritz(src: Source, Q: np.ndarray, k: int, dest: str | None, transpos
     The singular values come from ``R`` (a factor of ``B Q``), not from the eigenvalues of ``B^T B``,
     so they are accurate to ``eps s_1`` down to zero (a rank-deficient ``A`` gives zeros)."""
     Zf, G, Y = src.normal(Q, keep_y=True, gram=True, description=f"{label}: final projection")
-    return write_long(*project(src, Q, k, Zf, G, Y), dest, transposed_out, label)
+    return write_long(*project(src, Q, k, Zf, G, Y), dest, transposed_out, label, signs=src.signs)
 
 
 def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
@@ -95,11 +95,27 @@ def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
     return Factorization(s=sig, V=V, residuals=resid, orth=orth_info), Y, chain + [Ur]
 
 
+def component_signs(V: np.ndarray) -> np.ndarray:
+    """scikit-learn's sign rule (``svd_flip`` on the components, >= 1.5): ``d_i = +-1`` making the entry
+    of largest magnitude of column ``i`` of ``V`` positive (``+1`` for a zero column)."""
+    if V.size == 0:
+        return np.ones(V.shape[1])
+    big = np.argmax(np.abs(V), axis=0)
+    d = np.sign(V[big, np.arange(V.shape[1])])
+    return np.where(d == 0, 1.0, d)
+
+
 def write_long(f: Factorization, Y: Any, chain: list, dest: str | None, transposed_out: bool,
-               label: str) -> Factorization:
+               label: str, *, signs: bool = False) -> Factorization:
     """Write the long factor ``U = Q_Y U_R`` of a Rayleigh-Ritz step (``Q_Y = Y chain``: CholeskyQR2
     applied in sequence, orthonormal to working precision). ``dest=None``: the caller wants no long
-    factor (``return_singular_vectors``), so nothing is written and no pass is made."""
+    factor (``return_singular_vectors``), so nothing is written and no pass is made. ``signs``: each
+    triplet's sign chosen by :func:`component_signs` on ``V`` (PCA's components), applied to ``U`` as
+    it is written (``A = U diag(s) V^T`` is unchanged)."""
+    if signs:
+        d = component_signs(f.V)
+        f = dataclasses.replace(f, V=f.V * d)
+        chain = [*chain[:-1], chain[-1] * d]
     if dest is None:
         return f
     long = Y.apply_to(chain, dest, transposed_out=transposed_out, description=f"{label}: write the long factor")
@@ -138,7 +154,7 @@ def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_ou
     Ur, sig, V = Ur[:, idx], S[idx], np.ascontiguousarray(Vrt[idx].T)
     resid = np.linalg.norm(R.T @ Ur - V * sig, axis=0)
     f = Factorization(s=sig, V=V, residuals=resid, orth=orth_info)
-    return write_long(f, Y, chain + [Ur], dest, transposed_out, "full")
+    return write_long(f, Y, chain + [Ur], dest, transposed_out, "full", signs=src.signs)
 
 
 def rsvd_start(n: int, l: int, seed: int) -> np.ndarray:
@@ -200,8 +216,8 @@ def sketch(src: Source, k: int, kp: int, s: int, seed: int, dest: str | None,
     sig = Sc[:k]
     V = P @ Vct.T[:, :k]
     del P
-    long = Y.apply_to(chain + [Uc[:, :k]], dest, transposed_out=transposed_out, description="sketch: write the long factor")
-    return Factorization(s=sig, V=V, long=long, residuals=None, orth=orth_info, sketch_size=[kp, s])
+    f = Factorization(s=sig, V=V, residuals=None, orth=orth_info, sketch_size=[kp, s])
+    return write_long(f, Y, chain + [Uc[:, :k]], dest, transposed_out, "sketch", signs=src.signs)
 
 
 def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,
@@ -279,7 +295,8 @@ def gram(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: i
         Z, G, Y = src.normal(Q, keep_y=True, gram=True, description="gram: Rayleigh-Ritz over the Gram's eigenvectors")
         f, Y, chain = project(src, Q, k, Z, G, Y)
         if all(triplet_report(f.s, f.residuals, tol, src.dtype)["converged_triplets"]):
-            return dataclasses.replace(write_long(f, Y, chain, dest, transposed_out, "gram"), lanczos_steps=0)
+            return dataclasses.replace(write_long(f, Y, chain, dest, transposed_out, "gram", signs=src.signs),
+                                       lanczos_steps=0)
         del f, chain, G, Y
         ckpt.save("gram", Q=Q, Z=Z)
     return lanczos(src, k, plan, tol, seed, max_steps, dest, transposed_out, ckpt, x0=Q, first=Z)
@@ -320,4 +337,4 @@ def tsqr_svd(src: Source, k: int, dest: str | None, transposed_out: bool, which:
     Z, _, Y = src.normal(W, keep_y=True, description="tsqr: the long factor and B^T U")
     resid = np.linalg.norm(Z - V * sig, axis=0)
     return write_long(Factorization(s=sig, V=V, residuals=resid, orth="tsqr"), Y, [np.eye(k)], dest,
-                      transposed_out, "tsqr")
+                      transposed_out, "tsqr", signs=src.signs)

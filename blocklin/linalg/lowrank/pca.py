@@ -54,9 +54,9 @@ class PCAResult:
     report : dict
         The SVD's report (passes, bytes read, peak memory, residuals, ...).
     svd : SVDResult or None
-        The underlying factorization when ``out`` was given (its ``U`` holds the unnormalized scores
-        ``U`` with the signs of the SVD, not those of ``components_``); ``None`` otherwise, when
-        its temporary store is removed once the attributes are read.
+        The underlying factorization when ``out`` was given (its ``U`` holds the unnormalized scores,
+        its ``Vt`` every computed component, with the signs of ``components_``: stored so too); ``None``
+        otherwise, when its temporary store is removed once the attributes are read.
     """
 
     def __init__(self, **attrs: Any) -> None:
@@ -201,13 +201,6 @@ def minka_dimension(ev: np.ndarray, n_samples: int) -> int:
     return best
 
 
-def _signed(comps: np.ndarray) -> np.ndarray:
-    """scikit-learn's signs (>= 1.5): the entry of largest magnitude of each component positive."""
-    big = np.argmax(np.abs(comps), axis=1)
-    signs = np.sign(comps[np.arange(comps.shape[0]), big])
-    return comps * np.where(signs == 0, 1, signs)[:, None].astype(comps.dtype)
-
-
 def _variances(res: Any, s: np.ndarray, scale: bool) -> tuple[np.ndarray, float, int]:
     """Explained and total variances of ``2^-e A`` and ``e`` (0 unless the data was scaled,
     :mod:`blocklin.linalg.blocks.scaling`: the variances themselves leave float64's range for entries
@@ -321,7 +314,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     k = n_components if isinstance(n_components, int) else None
     res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, tol=tol, seed=seed,
                     out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
-                    check_shape=lambda m, n: _check_shape(n_components, m, n),
+                    check_shape=lambda m, n: _check_shape(n_components, m, n), signs=True,
                     **settings)
     U, s, Vt = res
     moments = res.moments
@@ -330,7 +323,6 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     comps = (Vt.to_numpy() if hasattr(Vt, "to_numpy") else np.asarray(Vt)).astype(s.dtype, copy=False)
     if out is None:  # the scores U (or the long Vt) were a temporary store: nothing of it is returned
         remove((U if hasattr(U, "location") else Vt).location.parent)
-    comps = _signed(comps)
     ev_s, total_s, e = _variances(res, s, scale)
     ratio_s = ev_s / total_s if total_s > 0 else np.zeros_like(ev_s)
     keep = _kept(n_components, ev_s, ratio_s, m)

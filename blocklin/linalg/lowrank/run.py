@@ -24,10 +24,12 @@ from blocklin.runtime.passes import source
 
 def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
                 limit: int, dest: str | None, center: bool = False, scale: bool = False,
-                ckpt: Checkpoints | None = None, which: str = "LM") -> Factorization:
+                ckpt: Checkpoints | None = None, which: str = "LM", signs: bool = False) -> Factorization:
     """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``
     (``None``: not wanted, not computed). ``which``: the largest (``"LM"``) or, for ``method="full"``, the
-    smallest (``"SM"``) ``k`` triplets.
+    smallest (``"SM"``) ``k`` triplets. ``signs``: tall ``A``'s triplets signed by the components' rule
+    as the long factor is written (:func:`~blocklin.linalg.lowrank.methods.component_signs`; a wide
+    ``A``'s components are its long factor, signed by :func:`blocklin.svd` once written).
 
     With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.blocks.center`): centered
     in memory when ``B`` is held there, by the rank-one correction inside each pass otherwise."""
@@ -43,6 +45,7 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
                                                           scale=scale)
         phases = {"passes over A": src.device or job.device}
     ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
+    src.signs = signs and not plan.transposed
     f = _method(src, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, dest=dest, ckpt=ckpt, gram_start=gram_start,
                 which=which)
     why = (squares_lost(src, plan.method) if plan.method in ("rsvd", "lanczos", "full") and not (center or scale)

@@ -77,6 +77,7 @@ class InCore:
 
     shift = None  # centered or scaled in memory: B itself is B_c
     noise_scale = 0.0
+    signs = False  # the long factor written with the components' signs (methods.component_signs)
 
     def __init__(self, b: np.ndarray, device: Any = None, peaks: np.ndarray | None = None) -> None:
         self.b = b
@@ -183,6 +184,7 @@ class Streamed:
     """``B`` streamed from storage: every method call is one pass over ``A``, counted by the job."""
 
     noise_scale = 0.0  # set for a centered B: the products are rounded at ||B||, before the means are removed
+    signs = False  # the long factor written with the components' signs (methods.component_signs)
 
     def __init__(self, job: Job, A: Any, plan: SvdPlan, shift: Shift | None = None,
                  scaling: Scaling | None = None) -> None:

@@ -16,6 +16,7 @@ in memory or streamed), :mod:`~blocklin.linalg.lowrank.centering` (the means pas
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Unpack
 
@@ -28,7 +29,7 @@ from blocklin.linalg.blocks.results import open_group, write_group
 from blocklin.linalg.blocks.scaling import check_finite_result
 from blocklin.linalg.lowrank.budget import check_disk_space, choose_plan
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
-from blocklin.linalg.lowrank.methods import Factorization
+from blocklin.linalg.lowrank.methods import Factorization, component_signs
 from blocklin.linalg.lowrank.run import run_planned
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.matrix import Matrix
@@ -36,6 +37,7 @@ from blocklin.plan.svd import SvdPlan, gram_route_fits
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
 from blocklin.storage import remove
+from blocklin.storage.zarr_store import open_zarr
 from blocklin.validate import check_k, choice, count, float_operand, positive, size
 
 
@@ -296,11 +298,13 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
               tol: float | None = None, out: Any = None, seed: int | None = None, max_passes: int | None = None,
               block_size: int | None = None, max_basis: int | None = None, overwrite: bool = False,
               center: bool = False, scale: bool = False, resume: bool = False,
-              lanczos_tol: Any = default_tol, check_shape: Any = None,
+              lanczos_tol: Any = default_tol, check_shape: Any = None, signs: bool = False,
               **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """:func:`svd` with the default Lanczos tolerance a function of the dtype (``lanczos_tol``):
     ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it. ``check_shape(m, n)``
-    refuses a shape before anything is read (``pca(n_components="mle")``)."""
+    refuses a shape before anything is read (``pca(n_components="mle")``). ``signs``: every triplet
+    signed by scikit-learn's rule on the right singular vectors (PCA's components), in the returned
+    and the stored factors alike."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     which = choice("which", which, WHICH, fix="pass which='LM' (largest) or which='SM' (smallest)")
     vectors = choice("return_singular_vectors", return_singular_vectors, RETURN_VECTORS,
@@ -337,20 +341,32 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         token = low_rank_token(A, op="svd", k=k, method=plan.method, oversample=oversample, q=q, tol=tol,
                                limit=limit, block=plan.block, basis=plan.max_basis, center=bool(center),
                                scale=bool(scale), memory=job.cfg.memory, seed=seed, which=which,
-                               long=long_wanted)
+                               long=long_wanted, signs=bool(signs))
         ao = open_group(job, out, A, overwrite, resume=resume, token=token)
         ckpt = Checkpoints(ao, enabled=out is not None)
         seed = checkpointed_seed(ckpt, seed)
         f = run_planned(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, ckpt=ckpt,
                         dest=ao.array_path("Vt" if plan.transposed else "U") if long_wanted else None,
-                        center=bool(center), scale=bool(scale), which=which)
+                        center=bool(center), scale=bool(scale), which=which, signs=bool(signs))
         report = _report(job, plan, f, tol=tol, seed=seed, oversample=oversample, center=bool(center),
                          scale=bool(scale), requested=requested, resumed=ao.resumed,
                          restored=[name for name in ckpt.restored if name != "seed"])
         report["which"] = which
         ckpt.clear()
+        if signs and plan.transposed and long_wanted:  # the components are the stored long factor
+            f = _signed_long(f, ao.array_path("Vt"))
         res = _result(job, out, A, plan, f, report, ao, overwrite, long_wanted)
     return _returned(res, vectors)
+
+
+def _signed_long(f: Factorization, path: Any) -> Factorization:
+    """A wide ``A``'s components (the rows of the stored ``Vt``) signed by scikit-learn's rule, in place
+    before the commit, and the short ``U`` with them (``k x n``: what PCA loads anyway)."""
+    arr = open_zarr(path, mode="r+")
+    vt = np.asarray(arr[...])
+    d = component_signs(vt.T)
+    arr[...] = vt * d[:, None].astype(vt.dtype)
+    return dataclasses.replace(f, V=f.V * d)
 
 
 def _check_method(method: str, m: int, n: int, *, center: bool, scale: bool) -> None:
