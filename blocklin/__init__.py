@@ -19,8 +19,8 @@ from blocklin.linalg.factor.lu import lu  # noqa: E402
 from blocklin.linalg.lowrank.eigsh import eigsh  # noqa: E402
 from blocklin.linalg.operator import aslinearoperator  # noqa: E402
 from blocklin.linalg.lowrank.pca import pca  # noqa: E402
-from blocklin.linalg.norms import cond, det, norm, slogdet  # noqa: E402
-from blocklin.linalg import numpy_api  # noqa: E402,F401 - NumPy's protocols on Matrix
+from blocklin.linalg.interop.norms import cond, det, norm, slogdet  # noqa: E402
+from blocklin.linalg.interop import numpy_protocol  # noqa: E402,F401 - NumPy's protocols on Matrix
 from blocklin.linalg.factor.qr import qr  # noqa: E402
 from blocklin.linalg.lowrank.svd import svd  # noqa: E402
 from blocklin.linalg.solve.factored import cho_solve, lu_solve  # noqa: E402

@@ -34,7 +34,7 @@ def _check_fits_memory(shape: tuple[int, ...], dtype: np.dtype, path: str) -> No
 
 
 #: NumPy functions a :class:`Matrix` computes out of core (NEP 18), filled by
-#: :mod:`blocklin.linalg.numpy_api` (this layer knows no operation); any other function loads it.
+#: :mod:`blocklin.linalg.interop.numpy_protocol` (this layer knows no operation); any other function loads it.
 ARRAY_FUNCTIONS: dict = {}
 
 
@@ -52,7 +52,7 @@ class Matrix:
 
     NumPy's ``@``/``np.matmul``, ``np.dot`` and ``np.linalg``'s ``solve``, ``inv``, ``svd``, ``qr``,
     ``cholesky``, ``lstsq``, ``norm``, ``cond``, ``det`` and ``slogdet`` on a Matrix compute out of core
-    (:mod:`blocklin.linalg.numpy_api`); every other NumPy function loads it (``np.asarray``).
+    (:mod:`blocklin.linalg.interop.numpy_protocol`); every other NumPy function loads it (``np.asarray``).
 
     Parameters
     ----------

@@ -73,6 +73,8 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
         For paths that do not hold a readable zarr array.
     """
     staged = False
+    if type(x).__module__.startswith("xarray") and hasattr(x, "dims") and hasattr(x, "data"):
+        x = x.data  # a DataArray: its NumPy or Dask data (the labels are the API's to carry)
     if isinstance(x, Matrix):
         path, arr = x.location, x.zarr
     elif isinstance(x, (str, os.PathLike, Location)):
@@ -119,6 +121,11 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
     # a big-endian store (zarr v2 ``>f8``) is read as native: its dtype is compared and computed as such
     return Operand(name=name, path=path, shape=tuple(arr.shape), dtype=native(arr.dtype),
                    chunks=tuple(arr.chunks), staged=staged)
+
+
+def as_columns(b: Any) -> Any:
+    """A 1-D NumPy right-hand side as one column (stored and 2-D operands as they are)."""
+    return b.reshape(-1, 1) if isinstance(b, np.ndarray) and b.ndim == 1 else b
 
 
 def _check_ndim(name: str, shape: tuple[int, ...], ndim: int) -> None:

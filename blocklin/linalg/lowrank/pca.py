@@ -18,6 +18,7 @@ import scipy.special
 
 from blocklin.config import Settings
 from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain, warn
+from blocklin.linalg.labels import MODE, label_pca, label_rows, labels_of
 from blocklin.linalg.lowrank.svd import factorize
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.storage import remove
@@ -62,23 +63,28 @@ class PCAResult:
     def __init__(self, **attrs: Any) -> None:
         self.__dict__.update(attrs)
 
+    def _np(self, name: str) -> Any:
+        """An attribute as NumPy (a DataArray's values when the PCA was fitted on a DataArray)."""
+        v = getattr(self, name)
+        return None if v is None else np.asarray(v)
+
     def _samples(self, x: Any, name: str = "x") -> tuple[np.ndarray, np.dtype]:
         """``(x - mean_) / scale_`` in float64, and the dtype scikit-learn returns for ``x``."""
         x = np.asarray(x)
-        out_dtype = np.result_type(x.dtype if x.dtype.kind == "f" else np.float64, self.components_.dtype)
+        out_dtype = np.result_type(x.dtype if x.dtype.kind == "f" else np.float64, self._np("components_").dtype)
         x = x.astype(np.float64, copy=False)
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
             raise ShapeError(f"{name}: must have {self.n_features_in_} columns (n_features_in_); got shape "
                              f"{x.shape}. Fix: pass samples as rows with the features the PCA was fitted on")
-        x = x - self.mean_
+        x = x - self._np("mean_")
         if self.scale_ is not None:
-            x = x / self.scale_
+            x = x / self._np("scale_")
         return x, out_dtype
 
     def _axes(self) -> np.ndarray:
         """The components in float64, each scaled by its standard deviation when whitened."""
-        c = self.components_.astype(np.float64)
-        return c * np.sqrt(self.explained_variance_.astype(np.float64))[:, None] if self.whiten else c
+        c = self._np("components_").astype(np.float64)
+        return c * np.sqrt(self._np("explained_variance_").astype(np.float64))[:, None] if self.whiten else c
 
     def transform(self, x: Any) -> np.ndarray:
         """Project in-memory samples ``x`` (``n x n_features``) on the components: ``((x - mean_) / scale_) C^T``
@@ -87,31 +93,36 @@ class PCAResult:
         Computed in float64, returned in the dtype scikit-learn's ``PCA.transform`` gives: float32 for
         float32 samples and components, float64 where either is float64 (integers count as float64).
         """
-        x, out_dtype = self._samples(x)
-        y = x @ self.components_.T.astype(np.float64)
+        xc, out_dtype = self._samples(x)
+        y = xc @ self._np("components_").T.astype(np.float64)
         if self.whiten:  # a component of zero variance stays zero (scikit-learn divides by its eps floor)
-            sd = np.sqrt(self.explained_variance_.astype(np.float64))
+            sd = np.sqrt(self._np("explained_variance_").astype(np.float64))
             y = y / np.where(sd > 0, sd, 1.0)
-        return y.astype(out_dtype, copy=False)
+        y = y.astype(out_dtype, copy=False)
+        return label_rows(y, x, ("", MODE), {MODE: np.arange(1, y.shape[1] + 1)}) if self.labels is not None else y
 
     def inverse_transform(self, y: Any) -> np.ndarray:
         """Samples back in feature space from their projections ``y`` (``n x n_components_``):
         ``y C (* scale_) + mean_``, undoing the whitening when ``whiten``."""
-        y = np.asarray(y)
-        out_dtype = np.result_type(y.dtype if y.dtype.kind == "f" else np.float64, self.components_.dtype)
-        if y.ndim != 2 or y.shape[1] != self.n_components_:
-            raise ShapeError(f"y: must have {self.n_components_} columns (n_components_); got shape {y.shape}. "
+        ya = np.asarray(y)
+        out_dtype = np.result_type(ya.dtype if ya.dtype.kind == "f" else np.float64, self._np("components_").dtype)
+        if ya.ndim != 2 or ya.shape[1] != self.n_components_:
+            raise ShapeError(f"y: must have {self.n_components_} columns (n_components_); got shape {ya.shape}. "
                              "Fix: pass the output of transform")
-        x = y.astype(np.float64) @ self._axes()
+        x = np.asarray(y).astype(np.float64) @ self._axes()
         if self.scale_ is not None:
-            x = x * self.scale_
-        return (x + self.mean_).astype(out_dtype, copy=False)
+            x = x * self._np("scale_")
+        x = (x + self._np("mean_")).astype(out_dtype, copy=False)
+        if self.labels is None:
+            return x
+        feats = self.labels.cols
+        return label_rows(x, y, ("", feats), self.labels.coord(feats))
 
     def get_covariance(self) -> np.ndarray:
         """The model's covariance of the (scaled) features: ``C^T diag(ev - noise) C + noise I``
         (``n_features x n_features``, in memory), as scikit-learn's ``PCA.get_covariance``."""
         c = self._axes()
-        ev = self.explained_variance_.astype(np.float64)
+        ev = self._np("explained_variance_").astype(np.float64)
         diff = np.where(ev > self.noise_variance_, ev - self.noise_variance_, 0.0)
         cov = (c.T * diff) @ c
         cov[np.diag_indices_from(cov)] += self.noise_variance_
@@ -125,7 +136,7 @@ class PCAResult:
         if noise == 0.0:
             return np.linalg.inv(self.get_covariance())
         c = self._axes()
-        ev = self.explained_variance_.astype(np.float64)
+        ev = self._np("explained_variance_").astype(np.float64)
         diff = np.where(ev > noise, ev - noise, 0.0)
         # (noise I + C^T D C)^-1 = I / noise - C^T (D^-1 + C C^T / noise)^-1 C / noise^2
         inner = c @ c.T / noise
@@ -259,8 +270,11 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
 
     Parameters
     ----------
-    a : path, zarr array, Matrix, NumPy or Dask array
-        ``m x n``: ``m`` samples of ``n`` features, float32 or float64.
+    a : path, zarr array, Matrix, NumPy or Dask array, or xarray DataArray
+        ``m x n``: ``m`` samples of ``n`` features, float32 or float64. A ``DataArray`` (samples,
+        features) gives labelled results: ``components_`` over (``mode``, features), the variances
+        over ``mode``, ``mean_`` over the features, and ``transform`` of a ``DataArray`` over (samples,
+        ``mode``) with its sample coordinates (:mod:`blocklin.linalg.labels`).
     n_components : int, float, "mle" or None
         As scikit-learn's ``PCA``: an integer ``1 <= k <= min(m, n)``; ``None`` (default) for every
         component (``min(m, n)``); a fraction in ``(0, 1)`` for the fewest components whose explained
@@ -311,6 +325,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     n_components = check_n_components(n_components)
     whiten = bool(whiten)
 
+    lab = labels_of(a)
     k = n_components if isinstance(n_components, int) else None
     res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, tol=tol, seed=seed,
                     out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
@@ -336,8 +351,9 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
         report.update(triplet_report(s.astype(np.float64), np.asarray(report["residuals"][:keep]), report["tol"],
                                      s.dtype))
         report["converged"] = all(report["converged_triplets"])
-    return PCAResult(components_=comps, explained_variance_=ev.astype(s.dtype),
-                     explained_variance_ratio_=ratio_s.astype(s.dtype), singular_values_=s, mean_=moments.mean,
-                     scale_=res.scale, n_components_=int(s.size), n_samples_=int(m), n_features_in_=int(n),
-                     total_variance_=total, noise_variance_=noise, whiten=whiten, report=report,
-                     svd=res if out is not None else None)
+    p = PCAResult(components_=comps, explained_variance_=ev.astype(s.dtype),
+                  explained_variance_ratio_=ratio_s.astype(s.dtype), singular_values_=s, mean_=moments.mean,
+                  scale_=res.scale, n_components_=int(s.size), n_samples_=int(m), n_features_in_=int(n),
+                  total_variance_=total, noise_variance_=noise, whiten=whiten, report=report,
+                  svd=res if out is not None else None, labels=None)
+    return label_pca(p, lab) if lab is not None else p

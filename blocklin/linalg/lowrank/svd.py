@@ -27,6 +27,7 @@ from blocklin.errors import ConvergenceWarning, ParameterError, explain, warn
 from blocklin.linalg.blocks.center import Moments
 from blocklin.linalg.blocks.results import open_group, write_group
 from blocklin.linalg.blocks.scaling import check_finite_result
+from blocklin.linalg.labels import label_svd, labels_of
 from blocklin.linalg.lowrank.budget import check_disk_space, choose_plan
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
 from blocklin.linalg.lowrank.methods import Factorization, component_signs
@@ -144,9 +145,11 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
 
     Parameters
     ----------
-    a : path, zarr array, Matrix, NumPy or Dask array
+    a : path, zarr array, Matrix, NumPy or Dask array, or xarray DataArray
         ``m x n``, float32 or float64; tall, wide or square (wide matrices are processed as ``A^T``
-        read in column strips, never copied).
+        read in column strips, never copied). A ``DataArray`` gives labelled factors
+        (:mod:`blocklin.linalg.labels`): ``U`` over (rows, ``mode``), ``s`` over ``mode``, ``Vt`` over
+        (``mode``, columns), with the input's coordinates; the stored factors are then ``result.stored``.
     k : int, optional
         Number of singular triplets, ``1 <= k <= min(m, n)``. ``None`` (default) or ``min(m, n)``: every
         triplet, the thin SVD ``numpy.linalg.svd(a, full_matrices=False)`` returns (``method="full"``).
@@ -287,10 +290,16 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
     >>> np.allclose(s, np.linalg.svd(x, compute_uv=False)[:3])
     True
     """
-    return factorize(a, k, which=which, return_singular_vectors=return_singular_vectors, method=method,
-                     oversample=oversample, power_iters=power_iters, tol=tol, out=out, seed=seed,
-                     max_passes=max_passes, block_size=block_size, max_basis=max_basis, overwrite=overwrite,
-                     center=center, scale=scale, resume=resume, **settings)
+    lab = labels_of(a)
+    res = factorize(a, k, which=which, return_singular_vectors=return_singular_vectors, method=method,
+                    oversample=oversample, power_iters=power_iters, tol=tol, out=out, seed=seed,
+                    max_passes=max_passes, block_size=block_size, max_basis=max_basis, overwrite=overwrite,
+                    center=center, scale=scale, resume=resume, **settings)
+    if lab is None:
+        return res
+    if isinstance(res, np.ndarray):  # the singular values alone
+        return label_svd(SVDResult(None, res, None, {}), lab)[1]
+    return label_svd(res, lab)
 
 
 def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vectors: bool | str = True,

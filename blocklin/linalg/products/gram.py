@@ -32,6 +32,7 @@ import numpy as np
 from blocklin.config import Settings
 from blocklin.errors import ParameterError
 from blocklin.errors import explain as explain_msg
+from blocklin.linalg.labels import is_dataarray, label_gram, labels_of
 from blocklin.linalg.products.gram_kernels import gram_pass_kernel, sum_gram_states
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.matrix import Matrix
@@ -221,6 +222,9 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
     from blocklin.validate import positive
 
     scale = positive("scale", scale, fix="pass scale=1.0")
+    if is_dataarray(a) and not explain:  # labelled: over A's columns (rows for trans) twice
+        g = gram(a.data, out, trans=trans, dtype=dtype, overwrite=overwrite, resume=resume, scale=scale, **settings)
+        return label_gram(g, labels_of(a), trans)
     with Job("gram", **settings) as job:
         op = Gram.of(job.operand(a, "a"), trans=trans, dtype=dtype, alpha=scale)
         plan = op.plan(job)

@@ -19,8 +19,8 @@ from blocklin.config import Settings
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.factor.lu_panels import swaps_to_permutation
 from blocklin.linalg.solve.report import solve_report
-from blocklin.linalg.solve.triangular import as_columns
 from blocklin.matrix import Matrix
+from blocklin.operands import as_columns
 from blocklin.plan.factor import plan_factor
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job

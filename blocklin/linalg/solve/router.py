@@ -18,6 +18,7 @@ import numpy as np
 from blocklin.config import Settings, format_size
 from blocklin.errors import ParameterError
 from blocklin.errors import explain as _msg
+from blocklin.linalg.labels import is_dataarray, label_solution, labels_of
 from blocklin.linalg.solve.least_squares import solve_least_squares
 from blocklin.linalg.solve.tikhonov import check_lam_max
 from blocklin.matrix import Matrix
@@ -148,6 +149,11 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     >>> np.allclose(x.to_numpy().ravel(), [0, 1, 2, 3, 4]), x.report["method"]
     (True, 'normal')
     """
+    if is_dataarray(a) and not explain:  # labelled: x over A's columns (and b's), from the unlabelled solve
+        x = solve(a.data, b.data if is_dataarray(b) else b, lam=lam, method=method, assume_a=assume_a, out=out,
+                  refine=refine, overwrite=overwrite, fit_intercept=fit_intercept, precision=precision, resume=resume,
+                  **settings)
+        return label_solution(x, labels_of(a), labels_of(b))
     method, assume_a, kind, lams, precision = _checked(method, assume_a, lam, precision, fit_intercept)
     reason = _square_reason(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method,
                             fit_intercept=fit_intercept, precision=precision)

@@ -22,9 +22,9 @@ from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks.scaling import safe_norm, sumsq_in_range
 from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
+from blocklin.operands import as_columns
 from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
 from blocklin.linalg.factor.lu_panels import lu_solve, swaps_to_permutation
-from blocklin.linalg.solve.triangular import as_columns
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
 from blocklin.storage.identity import plan_settings, resume_token

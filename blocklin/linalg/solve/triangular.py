@@ -9,6 +9,7 @@ import numpy as np
 from blocklin.config import Settings
 from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
+from blocklin.operands import as_columns
 from blocklin.plan.factor import plan_factor
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
@@ -17,11 +18,6 @@ from blocklin.validate import float_operand, result_dtype, same_rows, square
 
 #: Most refinement steps of the SPD solve (each: one GEMM over A and two triangular solves).
 MAX_REFINE = 3
-
-
-def as_columns(b: Any) -> Any:
-    """A 1-D NumPy right-hand side as one column (stored and 2-D operands as they are)."""
-    return b.reshape(-1, 1) if isinstance(b, np.ndarray) and b.ndim == 1 else b
 
 
 def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, trans: bool = False,
@@ -106,4 +102,4 @@ def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: 
                         max_refine=max_refine if precision == "double" else None, **settings)
 
 
-__all__ = ["as_columns", "solve_spd", "solve_triangular"]
+__all__ = ["solve_spd", "solve_triangular"]

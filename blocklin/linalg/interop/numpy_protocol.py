@@ -96,7 +96,7 @@ def lstsq(a: Any, b: Any, rcond: Any = None) -> tuple:
 
 
 def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> Any:  # noqa: A002
-    from blocklin.linalg.norms import norm as bl_norm
+    from blocklin.linalg.interop.norms import norm as bl_norm
 
     if axis is not None or keepdims:
         return _load_then(np.linalg.norm, x, ord=ord, axis=axis, keepdims=keepdims)
@@ -104,19 +104,19 @@ def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> A
 
 
 def cond(x: Any, p: Any = None) -> float:
-    from blocklin.linalg.norms import cond as bl_cond
+    from blocklin.linalg.interop.norms import cond as bl_cond
 
     return bl_cond(x, p)
 
 
 def det(a: Any) -> float:
-    from blocklin.linalg.norms import det as bl_det
+    from blocklin.linalg.interop.norms import det as bl_det
 
     return bl_det(a)
 
 
 def slogdet(a: Any) -> tuple[float, float]:
-    from blocklin.linalg.norms import slogdet as bl_slogdet
+    from blocklin.linalg.interop.norms import slogdet as bl_slogdet
 
     return bl_slogdet(a)
 
