@@ -220,10 +220,25 @@ def check_k(k: Any, m: int, n: int, *, whole: bool = False) -> int:
     return int(k)
 
 
+def seed_arg(seed: Any) -> int | None:
+    """``seed`` as an integer or ``None``: a NumPy ``Generator``, ``RandomState`` or ``SeedSequence``
+    (scikit-learn's ``random_state``, SciPy's ``rng``) gives one integer drawn from it, so the same
+    generator state gives the same results (the integer is recorded in the report)."""
+    if isinstance(seed, np.random.Generator):
+        return int(seed.integers(0, 2**63 - 1))
+    if isinstance(seed, np.random.RandomState):
+        return int(seed.randint(0, 2**63 - 1, dtype=np.int64))
+    if isinstance(seed, np.random.SeedSequence):
+        return int(seed.generate_state(1, dtype=np.uint64)[0] % (2**63))
+    if seed is None or (_is_int(seed) and seed >= 0):
+        return None if seed is None else int(seed)
+    raise ParameterError(explain("seed", "must be a non-negative integer, None, or a NumPy Generator, RandomState or "
+                                 "SeedSequence", repr(seed), "pass seed=0"))
+
+
 def resolve_seed(seed: Any) -> int:
-    """A non-negative integer seed; ``None`` draws one (to be recorded in the report)."""
+    """A non-negative integer seed (:func:`seed_arg`); ``None`` draws one (to be recorded in the report)."""
+    seed = seed_arg(seed)
     if seed is None:
         return int(np.random.SeedSequence().entropy % (2**63))
-    if _is_int(seed) and seed >= 0:
-        return int(seed)
-    raise ParameterError(explain("seed", "must be a non-negative integer or None", repr(seed), "pass seed=0"))
+    return seed

@@ -167,3 +167,18 @@ def test_bad_arguments_are_refused_by_name(kwargs, words):
         bl.svd(a, **kwargs)
     for w in words:
         assert w in str(e.value)
+
+
+def test_numpy_generators_as_seeds():
+    """scikit-learn's ``random_state`` and SciPy's ``rng``: a Generator, RandomState or SeedSequence gives
+    one integer drawn from it (recorded in the report), so the same state gives the same bits."""
+    a = graded(600, 30, seed=19)
+    for make in (lambda: np.random.default_rng(5), lambda: np.random.RandomState(5),
+                 lambda: np.random.SeedSequence(5)):
+        first, again = (bl.svd(a, 3, method="rsvd", seed=make(), memory="256KiB") for _ in range(2))
+        assert first.report["seed"] == again.report["seed"] and np.array_equal(first.s, again.s)
+        assert np.array_equal(bl.svd(a, 3, method="rsvd", seed=first.report["seed"], memory="256KiB").s, first.s)
+    w = bl.eigsh(a.T @ a, 2, seed=np.random.default_rng(1), order="descending").w
+    assert w.shape == (2,)
+    with pytest.raises(ParameterError, match="seed: must be a non-negative integer, None, or a NumPy Generator"):
+        bl.svd(a, 3, seed=-1)

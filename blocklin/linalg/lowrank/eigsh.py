@@ -28,7 +28,7 @@ from blocklin.linalg.lowrank.sources import load_incore
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
-from blocklin.validate import check_k, choice, float_operand, positive, size, square
+from blocklin.validate import check_k, choice, float_operand, positive, seed_arg, size, square
 
 WHICH = ("LA", "SA", "LM")
 
@@ -138,6 +138,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     max_passes = size("max_passes", max_passes, optional=False, fix="pass max_passes=60")
     block_size = size("block_size", block_size, fix="pass block_size=8, or None for the planned one")
     max_basis = size("max_basis", max_basis, fix="pass max_basis=32, or None for the planned one")
+    seed = seed_arg(seed)  # a generator draws its integer once, before the token names it
     if center:
         return _covariance(a, k, which=which, tol=tol, block_size=block_size, max_basis=max_basis,
                            max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, resume=resume,

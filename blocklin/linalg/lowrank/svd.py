@@ -39,7 +39,7 @@ from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
 from blocklin.storage import remove
 from blocklin.storage.zarr_store import open_zarr
-from blocklin.validate import check_k, choice, count, float_operand, positive, size
+from blocklin.validate import check_k, choice, count, float_operand, positive, seed_arg, size
 
 
 METHODS = ("auto", "rsvd", "sketch", "lanczos", "gram", "full")
@@ -214,9 +214,10 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
         :class:`~blocklin.errors.ConvergenceWarning` naming the triplets and the worst one.
     out : path, optional
         Write a zarr group with ``U``, ``S``, ``Vt`` and the report in its attributes.
-    seed : int, optional
+    seed : int, NumPy Generator, RandomState or SeedSequence, optional
         Seed of the counter-based random test matrices: results are deterministic for a seed,
-        whatever the budget, scheduler or workers. ``None`` draws one (recorded in the report).
+        whatever the budget, scheduler or workers. ``None`` draws one (recorded in the report); a
+        generator (scikit-learn's ``random_state``) gives one integer drawn from it.
     overwrite : bool
         Replace an existing ``out``.
     resume : bool
@@ -326,6 +327,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
     max_passes = size("max_passes", max_passes, fix="pass max_passes=60, or None for the default")
     block_size = size("block_size", block_size, fix="pass block_size=8, or None for the planned one")
     max_basis = size("max_basis", max_basis, fix="pass max_basis=32, or None for the planned one")
+    seed = seed_arg(seed)  # a generator draws its integer once, before the token names it
     requested = method
     with Job("svd", **settings) as job:
         A = job.operand(a, "a", integers="cast")
