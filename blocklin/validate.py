@@ -236,6 +236,18 @@ def seed_arg(seed: Any) -> int | None:
                                  "SeedSequence", repr(seed), "pass seed=0"))
 
 
+def start_vector(v0: Any, n: int) -> np.ndarray | None:
+    """A starting vector: ``None``, or ``n`` finite float64 values, not all zero."""
+    if v0 is None:
+        return None
+    v = np.asarray(v0)
+    if v.dtype.kind not in "biuf" or v.ndim != 1 or v.size != n or not np.all(np.isfinite(v)) or not np.any(v):
+        raise ParameterError(explain("v0", f"must be a finite, nonzero real vector of length min(m, n) = {n}",
+                                     f"dtype {v.dtype}, shape {v.shape}", "pass v0=None (a random start) or such a "
+                                     "vector"))
+    return v.astype(np.float64)
+
+
 def resolve_seed(seed: Any) -> int:
     """A non-negative integer seed (:func:`seed_arg`); ``None`` draws one (to be recorded in the report)."""
     seed = seed_arg(seed)

@@ -182,3 +182,21 @@ def test_numpy_generators_as_seeds():
     assert w.shape == (2,)
     with pytest.raises(ParameterError, match="seed: must be a non-negative integer, None, or a NumPy Generator"):
         bl.svd(a, 3, seed=-1)
+
+
+@pytest.mark.parametrize("method", ["rsvd", "lanczos"])
+@pytest.mark.parametrize("budget", list(BUDGETS))
+def test_a_starting_vector_as_svds_v0(method, budget):
+    """SciPy's ``v0``: the first column of the starting block. The exact top right singular vector makes
+    the top triplet exact after one product (rsvd with no power iteration), a random one does not."""
+    a = graded(2000, 30, cond=10.0, seed=23)
+    full = np.linalg.svd(a)
+    kw = {"power_iters": 0} if method == "rsvd" else {}
+    res = bl.svd(a, 2, method=method, seed=0, v0=full.Vh[0], memory=BUDGETS[budget], **kw)
+    assert_singular_values(res.s[:1], full.S[:1], n=2000)
+    w = bl.eigsh(a.T @ a, 1, seed=0, v0=full.Vh[0], order="descending").w
+    # Kato-Temple with eigsh's default residual 10 sqrt(eps) lambda_1, plus the rounding of A^T A's products
+    lam, tol = full.S ** 2, 10 * np.sqrt(np.finfo(float).eps)
+    assert abs(w[0] - lam[0]) <= (tol * lam[0]) ** 2 / (lam[0] - lam[1]) + 4 * 30 * np.finfo(float).eps * lam[0]
+    with pytest.raises(ParameterError, match=r"v0: must be a finite, nonzero real vector of length min\(m, n\) = 30"):
+        bl.svd(a, 2, method=method, v0=np.zeros(30))

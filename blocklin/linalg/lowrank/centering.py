@@ -22,7 +22,8 @@ from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
 
 
-def fused_start(job: Job, A: Any, plan: SvdPlan, seed: int, q: int | None) -> np.ndarray | None:
+def fused_start(job: Job, A: Any, plan: SvdPlan, seed: int, q: int | None,
+                v0: np.ndarray | None = None) -> np.ndarray | None:
     """The block the first product of a centered streamed run is taken with, when the means pass can
     make that product too (tall ``A``, a pass on the CPU, a method that starts with ``B_c^T B_c Q``, a
     budget that holds the fused pass)."""
@@ -30,9 +31,9 @@ def fused_start(job: Job, A: Any, plan: SvdPlan, seed: int, q: int | None) -> np
         return None
     start = None
     if plan.method == "lanczos":
-        start = start_block(plan.N, plan.block, seed)
+        start = start_block(plan.N, plan.block, seed, v0)
     elif plan.method == "rsvd" and q != 0:
-        start = rsvd_start(plan.N, plan.block, seed)
+        start = rsvd_start(plan.N, plan.block, seed, v0)
     return start if start is not None and moments_and_normal_fits(job, A, start, memory=plan.memory,
                                                                        reserve=plan.client_bytes) else None
 

@@ -28,7 +28,7 @@ from blocklin.linalg.lowrank.sources import load_incore
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
-from blocklin.validate import check_k, choice, float_operand, positive, seed_arg, size, square
+from blocklin.validate import check_k, choice, float_operand, positive, seed_arg, size, square, start_vector
 
 WHICH = ("LA", "SA", "LM")
 
@@ -58,7 +58,7 @@ def symmetry_rtol(dtype: Any) -> float:
 def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_size: int | None = None,
           max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
           overwrite: bool = False, check_symmetric: bool = True, order: str | None = None, center: bool = False,
-          resume: bool = False, **settings: Unpack[Settings]) -> EighResult:
+          resume: bool = False, v0: Any = None, **settings: Unpack[Settings]) -> EighResult:
     """``k`` eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
 
     Each Lanczos step is one pass over ``A`` (``Z = A^T X``, equal to ``A X`` for symmetric ``A``).
@@ -84,6 +84,9 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         Pass limit; a :class:`~blocklin.errors.ConvergenceWarning` says what was reached.
     seed : int, optional
         Seed of the starting block (results are deterministic for a seed).
+    v0 : array_like, optional
+        A starting vector of length ``n`` (``scipy.sparse.linalg.eigsh``'s ``v0``): the first column of the
+        starting block (with ``center=True``, of length ``min(m, n)`` as :func:`blocklin.svd`'s).
     out : path, optional
         Write a zarr group with ``w``, ``V`` and the report in its attributes.
     overwrite : bool
@@ -142,22 +145,26 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     if center:
         return _covariance(a, k, which=which, tol=tol, block_size=block_size, max_basis=max_basis,
                            max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, resume=resume,
-                           **settings)
+                           v0=v0, **settings)
     with Job("eigsh", **settings) as job:
         A = job.operand(a, "a", integers="cast")
         n = square(A, "(eigsh needs a symmetric matrix)", "use blocklin.svd for rectangular matrices")
         dt = float_operand(A, "eigsh")
         check_k(k, n, n)
+        v0 = start_vector(v0, n)
         tol = default_tol(dt) if tol is None else tol
         plan = plan_svd(n, n, k, dt, method="eigsh", oversample=10, power_iters=None, memory=job.cfg.memory,
                         max_passes=max_passes, block_size=block_size, max_basis=max_basis, square=True)
         ao = None if out is None else open_group(job, out, A, overwrite, resume=resume, token=low_rank_token(
             A, op="eigsh", k=k, which=which, tol=tol, block=plan.block, basis=plan.max_basis, max_passes=max_passes,
-            check=check_symmetric, memory=job.cfg.memory, seed=seed))
+            check=check_symmetric, memory=job.cfg.memory, seed=seed, v0=v0))
         ckpt = Checkpoints(ao, enabled=ao is not None and not plan.in_core)
         seed = checkpointed_seed(ckpt, seed)
         state = ckpt.load("lanczos")
-        x0 = orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, plan.block), seed=seed)
+        g = gaussian(seed, STREAM_LANCZOS, 0, n, plan.block)
+        if v0 is not None:  # SciPy's starting vector: the block's first column
+            g[:, 0] = v0
+        x0 = orth_against(None, g, seed=seed)
         scaling = Scaling(str(source(A).path), dt)
         saved = ckpt.load("scaling")
         if saved is not None:  # resume: the power of two the checkpointed steps were taken with

@@ -152,10 +152,14 @@ def small_blas(n: int, cols: int) -> contextlib.AbstractContextManager:
     return threadpool_limits(limits=1, user_api="blas")
 
 
-def start_block(n: int, block: int, seed: int) -> np.ndarray:
-    """The orthonormal starting block of :func:`block_lanczos` (``n x min(block, n)``) for ``seed``."""
+def start_block(n: int, block: int, seed: int, v0: np.ndarray | None = None) -> np.ndarray:
+    """The orthonormal starting block of :func:`block_lanczos` (``n x min(block, n)``) for ``seed``;
+    ``v0`` (SciPy's starting vector) takes the place of its first random column."""
+    g = gaussian(seed, STREAM_LANCZOS, 0, n, max(1, min(block, n)))
+    if v0 is not None:
+        g[:, 0] = v0
     with small_blas(n, block):
-        return orth_against(None, gaussian(seed, STREAM_LANCZOS, 0, n, max(1, min(block, n))), seed=seed)
+        return orth_against(None, g, seed=seed)
 
 
 def default_tol(dtype: Any) -> float:

@@ -17,7 +17,7 @@ from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.blocks.center import Moments
 from blocklin.linalg.blocks.orth import cholqr_r, orth_against, orth_incore
 from blocklin.linalg.blocks.scaling import squares_lose_columns
-from blocklin.linalg.lowrank.lanczos import block_lanczos, small_blas
+from blocklin.linalg.lowrank.lanczos import block_lanczos, small_blas, start_block
 from blocklin.linalg.lowrank.sources import Source
 from blocklin.linalg.lowrank.triplets import (enrich_width, resolution_floor, rounding_level, triplet_report,
                                               triplet_scale)
@@ -157,18 +157,21 @@ def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_ou
     return write_long(f, Y, chain + [Ur], dest, transposed_out, "full", signs=src.signs)
 
 
-def rsvd_start(n: int, l: int, seed: int) -> np.ndarray:
-    """The orthonormal random block randomized subspace iteration starts from."""
-    return orth_incore(rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, n, l))
+def rsvd_start(n: int, l: int, seed: int, v0: np.ndarray | None = None) -> np.ndarray:
+    """The orthonormal random block randomized subspace iteration starts from (``v0`` its first column)."""
+    g = rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, n, l)
+    if v0 is not None:
+        g[:, 0] = v0
+    return orth_incore(g)
 
 
 def rsvd(src: Source, k: int, l: int, q: int | None, tol: float | None, seed: int, max_passes: int,
-         dest: str | None, transposed_out: bool, ckpt: Checkpoints) -> Factorization:
+         dest: str | None, transposed_out: bool, ckpt: Checkpoints, v0: np.ndarray | None = None) -> Factorization:
     """Randomized subspace iteration (Halko, Martinsson, Tropp 2011, Alg. 4.4): ``q`` power iterations of
     ``l`` columns, or with ``q=None`` until every Ritz triplet reaches ``tol``; then :func:`rayleigh_ritz`."""
     saved = ckpt.load("rsvd")
     if saved is None:
-        Q = rsvd_start(src.N, l, seed)
+        Q = rsvd_start(src.N, l, seed, v0)
         used, history, done = 0, [], False
     else:  # resume: the block after the last completed power iteration, bit for bit
         Q, used, done = saved["Q"], int(saved["used"]), bool(saved["done"])
@@ -222,7 +225,7 @@ def sketch(src: Source, k: int, kp: int, s: int, seed: int, dest: str | None,
 
 def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,
             transposed_out: bool, ckpt: Checkpoints, x0: np.ndarray | None = None,
-            first: np.ndarray | None = None) -> Factorization:
+            first: np.ndarray | None = None, v0: np.ndarray | None = None) -> Factorization:
     """Thick-restarted block Lanczos on ``B^T B`` (:func:`blocklin.linalg.lowrank.lanczos.block_lanczos`)
     to ``tol`` on every triplet, from ``x0`` (and its product ``first``) when given; then
     :func:`rayleigh_ritz` over the Ritz vectors and their residual directions."""
@@ -240,6 +243,8 @@ def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps
         # there; a bound with sqrt(M) stopped float32 triplets below 0.4 s_1 far above their attainable accuracy)
         return np.maximum(tol * scale * scale, 10 * rounding_level(src.dtype, 1) * s1 * s1)
 
+    if x0 is None and v0 is not None:
+        x0 = start_block(src.N, plan.block, seed, v0)
     res = block_lanczos(apply, src.N, k, which="LA", block=plan.block, max_basis=plan.max_basis,
                         max_steps=max_steps, threshold=threshold, seed=seed, x0=x0, first=first,
                         state=ckpt.load("lanczos"),

@@ -24,7 +24,8 @@ from blocklin.runtime.passes import source
 
 def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
                 limit: int, dest: str | None, center: bool = False, scale: bool = False,
-                ckpt: Checkpoints | None = None, which: str = "LM", signs: bool = False) -> Factorization:
+                ckpt: Checkpoints | None = None, which: str = "LM", signs: bool = False,
+                v0: np.ndarray | None = None) -> Factorization:
     """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``
     (``None``: not wanted, not computed). ``which``: the largest (``"LM"``) or, for ``method="full"``, the
     smallest (``"SM"``) ``k`` triplets. ``signs``: tall ``A``'s triplets signed by the components' rule
@@ -42,12 +43,12 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
         src, moments, phases = _in_memory(job, A, plan, scaling, center=center, scale=scale)
     else:
         src, moments, gram_start, means_fused = _streamed(job, A, plan, ckpt, scaling, seed=seed, q=q, center=center,
-                                                          scale=scale)
+                                                          scale=scale, v0=v0)
         phases = {"passes over A": src.device or job.device}
     ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
     src.signs = signs and not plan.transposed
     f = _method(src, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, dest=dest, ckpt=ckpt, gram_start=gram_start,
-                which=which)
+                which=which, v0=v0)
     why = (squares_lost(src, plan.method) if plan.method in ("rsvd", "lanczos", "full") and not (center or scale)
            else None)
     if why:  # B^T B could not hold B: the answer again, without squares (2 more passes over A)
@@ -87,7 +88,8 @@ def _in_memory(job: Job, A: Any, plan: SvdPlan, scaling: Scaling, *, center: boo
 
 
 def _streamed(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, scaling: Scaling, *, seed: int,
-              q: int | None, center: bool, scale: bool) -> tuple[Streamed, Moments | None, np.ndarray | None, bool]:
+              q: int | None, center: bool, scale: bool,
+              v0: np.ndarray | None = None) -> tuple[Streamed, Moments | None, np.ndarray | None, bool]:
     """``B`` streamed, after the means pass of a centered or scaled ``A``. Returns the source, the column
     moments, the Gram route's subspace when the means pass made it, and whether the means pass was
     fused with the method's first pass."""
@@ -95,7 +97,7 @@ def _streamed(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, scaling
     if plan.method == "gram" and (center or scale):  # the means pass makes the centered Gram too
         moments, gram_start = moments_gram(job, A, plan, ckpt, center=center, scale=scale, scaling=scaling)
     else:
-        fused = fused_start(job, A, plan, seed, q) if center and not scale else None
+        fused = fused_start(job, A, plan, seed, q, v0) if center and not scale else None
         if center or scale:
             moments, first = means_pass(job, A, plan, ckpt, fused, scaling=scaling)
     if moments is not None:
@@ -110,20 +112,21 @@ def _streamed(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, scaling
 
 
 def _method(src: Source, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int, limit: int,
-            dest: str | None, ckpt: Checkpoints, gram_start: np.ndarray | None, which: str = "LM") -> Factorization:
+            dest: str | None, ckpt: Checkpoints, gram_start: np.ndarray | None, which: str = "LM",
+            v0: np.ndarray | None = None) -> Factorization:
     """The planned method on ``src`` (in memory the iterative ones may take more steps: nothing is read again)."""
     if plan.method == "full":
         return whole_space(src, k, which, dest, plan.transposed)
     if plan.method == "rsvd":
         return rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
-                    plan.transposed, ckpt)
+                    plan.transposed, ckpt, v0)
     if plan.method == "gram":
         return gram(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 2, dest, plan.transposed,
                     ckpt, start=gram_start)
     if plan.method == "sketch":
         return sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
     return lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed,
-                   ckpt)
+                   ckpt, v0=v0)
 
 
 def _scaled_back(f: Factorization, scaling: Scaling, moments: Moments | None, *, center: bool,

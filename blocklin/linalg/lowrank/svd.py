@@ -39,7 +39,7 @@ from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
 from blocklin.storage import remove
 from blocklin.storage.zarr_store import open_zarr
-from blocklin.validate import check_k, choice, count, float_operand, positive, seed_arg, size
+from blocklin.validate import check_k, choice, count, float_operand, positive, seed_arg, size, start_vector
 
 
 METHODS = ("auto", "rsvd", "sketch", "lanczos", "gram", "full")
@@ -140,7 +140,7 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
         tol: float | None = None, out: Any = None, seed: int | None = None,
         max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
         overwrite: bool = False, center: bool = False, scale: bool = False, resume: bool = False,
-        **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
+        v0: Any = None, **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """Truncated SVD ``A ~ U diag(s) Vt`` of an out-of-core matrix, counting passes over ``A``.
 
     Parameters
@@ -220,6 +220,10 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
         generator (scikit-learn's ``random_state``) gives one integer drawn from it.
     overwrite : bool
         Replace an existing ``out``.
+    v0 : array_like, optional
+        A starting vector of length ``min(m, n)`` (``scipy.sparse.linalg.svds``' ``v0``: an approximate
+        right singular vector of tall ``A``, left of wide ``A``): the first column of the starting block
+        of ``rsvd`` and ``lanczos`` (the others do not start from a vector).
     resume : bool
         Continue the run that was writing ``out`` when it was interrupted (SIGKILL, Ctrl-C, a crash)
         with the same input, parameters and budget: the passes it completed are skipped (their
@@ -295,7 +299,7 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
     res = factorize(a, k, which=which, return_singular_vectors=return_singular_vectors, method=method,
                     oversample=oversample, power_iters=power_iters, tol=tol, out=out, seed=seed,
                     max_passes=max_passes, block_size=block_size, max_basis=max_basis, overwrite=overwrite,
-                    center=center, scale=scale, resume=resume, **settings)
+                    center=center, scale=scale, resume=resume, v0=v0, **settings)
     if lab is None:
         return res
     if isinstance(res, np.ndarray):  # the singular values alone
@@ -309,7 +313,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
               block_size: int | None = None, max_basis: int | None = None, overwrite: bool = False,
               center: bool = False, scale: bool = False, resume: bool = False,
               lanczos_tol: Any = default_tol, check_shape: Any = None, signs: bool = False,
-              **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
+              v0: Any = None, **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """:func:`svd` with the default Lanczos tolerance a function of the dtype (``lanczos_tol``):
     ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it. ``check_shape(m, n)``
     refuses a shape before anything is read (``pca(n_components="mle")``). ``signs``: every triplet
@@ -336,6 +340,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         if check_shape is not None:
             check_shape(m, n)
         k = check_k(min(m, n) if k is None else k, m, n, whole=True)
+        v0 = start_vector(v0, min(m, n))
         method = resolve_method(method, power_iters, shape=(m, n), k=k, oversample=oversample,
                                 shifted=bool(center or scale), which=which)
         _check_method(method, m, n, center=bool(center), scale=bool(scale))
@@ -352,13 +357,13 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         token = low_rank_token(A, op="svd", k=k, method=plan.method, oversample=oversample, q=q, tol=tol,
                                limit=limit, block=plan.block, basis=plan.max_basis, center=bool(center),
                                scale=bool(scale), memory=job.cfg.memory, seed=seed, which=which,
-                               long=long_wanted, signs=bool(signs))
+                               long=long_wanted, signs=bool(signs), v0=v0)
         ao = open_group(job, out, A, overwrite, resume=resume, token=token)
         ckpt = Checkpoints(ao, enabled=out is not None)
         seed = checkpointed_seed(ckpt, seed)
         f = run_planned(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, ckpt=ckpt,
                         dest=ao.array_path("Vt" if plan.transposed else "U") if long_wanted else None,
-                        center=bool(center), scale=bool(scale), which=which, signs=bool(signs))
+                        center=bool(center), scale=bool(scale), which=which, signs=bool(signs), v0=v0)
         report = _report(job, plan, f, tol=tol, seed=seed, oversample=oversample, center=bool(center),
                          scale=bool(scale), requested=requested, resumed=ao.resumed,
                          restored=[name for name in ckpt.restored if name != "seed"])
