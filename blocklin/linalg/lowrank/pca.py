@@ -263,7 +263,8 @@ def _kept(n_components: Any, ev: np.ndarray, ratio: np.ndarray, m: int) -> int:
 
 
 def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool = False, scale: bool = False,
-        method: str = "auto", oversample: int = 10, power_iters: int | str = "auto", tol: float | None = None,
+        method: str = "auto", oversample: int = 10, power_iters: int | str = "auto", n_iter: int | str | None = None,
+        tol: float | None = None,
         seed: int | None = None, out: Any = None, overwrite: bool = False, resume: bool = False,
         k: int | None = None, **settings: Unpack[Settings]) -> PCAResult:
     """Principal components of the rows of ``A`` (samples x features), out of core.
@@ -287,7 +288,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     scale : bool
         Standardize the columns (divide by their ``ddof=0`` standard deviation, as
         ``StandardScaler``) after centering: PCA on the correlation matrix.
-    method, oversample, power_iters, tol, seed, overwrite, resume, **settings
+    method, oversample, power_iters, n_iter, tol, seed, overwrite, resume, **settings
         As for :func:`blocklin.svd` (``resume=True`` continues an interrupted run writing ``out``).
     k : int, optional
         The number of components under :func:`blocklin.svd`'s name (``n_components`` or ``k``, not both).
@@ -327,7 +328,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
 
     lab = labels_of(a)
     k = n_components if isinstance(n_components, int) else None
-    res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, tol=tol, seed=seed,
+    res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol, seed=seed,
                     out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
                     check_shape=lambda m, n: _check_shape(n_components, m, n), signs=True,
                     **settings)

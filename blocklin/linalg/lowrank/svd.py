@@ -47,8 +47,25 @@ METHODS = ("auto", "rsvd", "sketch", "lanczos", "gram", "full")
 WHICH = ("LM", "SM")
 #: ``return_singular_vectors=`` as ``scipy.sparse.linalg.svds`` takes it.
 RETURN_VECTORS = (True, False, "u", "vh")
-#: Power iterations of ``power_iters="auto"`` without ``tol`` (as scikit-learn and Dask default to).
-AUTO_POWER_ITERS = 4
+def auto_power_iters(k: int, m: int, n: int) -> int:
+    """``power_iters="auto"`` of ``rsvd`` without ``tol``: scikit-learn's ``n_iter="auto"`` (7 when
+    ``k < 0.1 min(m, n)``, else 4) plus one, so that the default is at least as accurate as
+    scikit-learn's (:func:`power_passes`)."""
+    return power_passes(7 if k < 0.1 * min(m, n) else 4)
+
+
+def power_passes(n_iter: int) -> int:
+    """The fused power passes whose subspace is at least as good as scikit-learn's ``n_iter`` (and
+    Dask's ``n_power_iter``): ``n_iter + 1``.
+
+    Their range finder takes ``Q = orth((A A^T)^q A Omega)`` in ``2 q + 1`` products and approximates
+    ``A`` by ``Q Q^T A``; ``q`` fused passes here take ``V = orth((A^T A)^q Omega)`` and approximate it
+    by ``A V V^T``, half a step lower. With ``q + 1`` passes, ``V`` spans ``A^T Q``, and ``A V V^T`` is the
+    best approximation with rows in that span, which ``Q Q^T A``'s rows are in: at most its error, in
+    ``q + 2`` passes over ``A`` against ``2 q + 2`` (Halko, Martinsson, Tropp 2011, Sec. 4.5)."""
+    return n_iter + 1
+
+
 #: Most power iterations ``power_iters=`` asks for: ``(s_{k+1} / s_k)^(2q)`` has long stopped
 #: improving the basis (and a huge count would run for hours on an in-core matrix).
 MAX_POWER_ITERS = 100
@@ -136,7 +153,7 @@ def resolve_method(method: str, power_iters: int | str, *, shape: tuple[int, int
 
 
 def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vectors: bool | str = True,
-        method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
+        method: str = "auto", oversample: int = 10, power_iters: int | str = "auto", n_iter: int | str | None = None,
         tol: float | None = None, out: Any = None, seed: int | None = None,
         max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
         overwrite: bool = False, center: bool = False, scale: bool = False, resume: bool = False,
@@ -199,9 +216,18 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
     oversample : int
         Extra columns of the random block (``rsvd``, ``sketch``) or of the wanted set (``lanczos``).
     power_iters : int or "auto"
-        ``rsvd`` power iterations ``q``. ``"auto"``: adaptive when ``tol`` is given (stop when every
-        triplet's relative residual is ``<= tol``, at most ``max_passes`` passes), else 4. An integer
-        with ``method="auto"`` selects ``rsvd``.
+        ``rsvd`` power iterations ``q``, each one fused pass ``Z = A^T (A Q)``: ``q + 1`` passes in all.
+        ``q`` fused passes build scikit-learn's ``n_iter = q - 1`` subspace and half a step more
+        (:func:`power_passes`; pass ``n_iter=`` for scikit-learn's count). ``"auto"``: adaptive when
+        ``tol`` is given (stop when every triplet's relative residual is ``<= tol``, at most
+        ``max_passes`` passes), else scikit-learn's default plus one (:func:`auto_power_iters`: 8 when
+        ``k < 0.1 min(m, n)``, else 5), at least as accurate as scikit-learn's and Dask's defaults in
+        about half their passes. An integer with ``method="auto"`` selects ``rsvd``.
+    n_iter : int or "auto", optional
+        scikit-learn's ``randomized_svd(n_iter=)`` (Dask's ``n_power_iter``): ``rsvd`` with
+        ``power_iters = n_iter + 1``, at least as accurate as theirs in ``n_iter + 2`` passes against
+        their ``2 n_iter + 2``; ``"auto"`` their rule (7 when ``k < 0.1 min(m, n)``, else 4). Not with
+        ``power_iters``.
     tol : float, optional
         Accuracy target: every triplet's residual relative to its own singular value,
         ``||A^T u_i - s_i v_i|| <= tol * max(s_i, sqrt(eps) s_1)`` (the floor: singular values at the
@@ -297,7 +323,7 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
     """
     lab = labels_of(a)
     res = factorize(a, k, which=which, return_singular_vectors=return_singular_vectors, method=method,
-                    oversample=oversample, power_iters=power_iters, tol=tol, out=out, seed=seed,
+                    oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol, out=out, seed=seed,
                     max_passes=max_passes, block_size=block_size, max_basis=max_basis, overwrite=overwrite,
                     center=center, scale=scale, resume=resume, v0=v0, **settings)
     if lab is None:
@@ -309,6 +335,7 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
 
 def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vectors: bool | str = True,
               method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
+              n_iter: int | str | None = None,
               tol: float | None = None, out: Any = None, seed: int | None = None, max_passes: int | None = None,
               block_size: int | None = None, max_basis: int | None = None, overwrite: bool = False,
               center: bool = False, scale: bool = False, resume: bool = False,
@@ -327,6 +354,12 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
     power_iters = count("power_iters", power_iters, auto=("auto",), maximum=MAX_POWER_ITERS,
                         why="each costs two passes over A, and past a few dozen they no longer sharpen the basis",
                         fix="pass power_iters=2, or method='lanczos' (converged to tol) for a slowly decaying spectrum")
+    n_iter = None if n_iter is None else count("n_iter", n_iter, minimum=0, auto=("auto",),
+                                               maximum=MAX_POWER_ITERS - 1, fix="pass n_iter=4 (scikit-learn's count)")
+    if n_iter is not None and power_iters != "auto":
+        raise ParameterError(explain("n_iter", "is scikit-learn's name for power_iters - 1: pass one of them",
+                                     f"n_iter={n_iter!r} and power_iters={power_iters!r}",
+                                     f"pass n_iter={n_iter!r} alone"))
     tol = positive("tol", tol, optional=True, fix="pass tol=1e-6")
     max_passes = size("max_passes", max_passes, fix="pass max_passes=60, or None for the default")
     block_size = size("block_size", block_size, fix="pass block_size=8, or None for the planned one")
@@ -341,10 +374,12 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
             check_shape(m, n)
         k = check_k(min(m, n) if k is None else k, m, n, whole=True)
         v0 = start_vector(v0, min(m, n))
+        if n_iter is not None:  # scikit-learn's count: rsvd with one fused pass more (power_passes)
+            power_iters = power_passes(7 if k < 0.1 * min(m, n) else 4) if n_iter == "auto" else power_passes(n_iter)
         method = resolve_method(method, power_iters, shape=(m, n), k=k, oversample=oversample,
                                 shifted=bool(center or scale), which=which)
         _check_method(method, m, n, center=bool(center), scale=bool(scale))
-        q = (None if tol is not None else AUTO_POWER_ITERS) if power_iters == "auto" else power_iters
+        q = (None if tol is not None else auto_power_iters(k, m, n)) if power_iters == "auto" else power_iters
         limit = max_passes or (20 if method == "rsvd" else 60)
         if method in ("lanczos", "gram") and block_size is None and max_basis is None:
             block_size, max_basis = default_lanczos_block(k, oversample), 2 * default_lanczos_block(k, oversample)
