@@ -48,12 +48,12 @@ def _explain(args: argparse.Namespace, factor: Any, kwargs: dict) -> dict:
 
 
 def _register_qr(kinds: argparse._SubParsersAction) -> None:
-    r = kinds.add_parser("qr", help="A = Q R of a tall or square matrix (R, and Q with --q)",
+    r = kinds.add_parser("qr", help="A = Q R of a tall, square or wide matrix (R, and Q with --q)",
                          description="QR out of core: one streaming TSQR pass when R alone fits in memory, else "
                                      "blocked Householder over column panels (or, with --method tiles, the tile "
                                      "Householder QR on square tiles), both resumable. R has a "
                                      "non-negative diagonal.")
-    r.add_argument("a", metavar="A", help="tall or square zarr array (path), m x n with m >= n")
+    r.add_argument("a", metavar="A", help="zarr array (path), m x n (wide: R is m x n, Q m x m)")
     r.add_argument("-o", "--out", required=True, metavar="R", help="output zarr array of R (path)")
     r.add_argument("--q", metavar="Q", help="also write the thin Q (m x n) to this zarr array (path)")
     r.add_argument("--method", choices=("auto", "tiled", "tiles", "tsqr"), default="auto",

@@ -117,6 +117,8 @@ class FactorPlan:
             return (m * n + n * n) * isz
         if self.operation == "tsqr":
             return n * n * isz
+        if self.operation == "qr-wide":  # R (m x n) and Q (m x m)
+            return (m * n + m * m) * isz
         return n * (n + t) // 2 * isz
 
     def expected(self, rates: Rates | None = None, device: str = "cpu") -> str:
@@ -133,6 +135,11 @@ class FactorPlan:
             return (f"qr of a {self.m} x {self.n} {self.dtype} matrix: R alone fits in core "
                     f"({format_size(self.peak_memory)} of a {format_size(self.memory)} budget): one streaming TSQR "
                     f"pass over A ({format_size(self.bytes_read)} read), {self.flops / 1e9:.1f} GFLOP")
+        if self.operation == "qr-wide":
+            return (f"qr of a wide {self.m} x {self.n} {self.dtype} matrix: Householder QR of its leading "
+                    f"{self.m} x {self.m} block in memory ({format_size(self.peak_memory)} of a "
+                    f"{format_size(self.memory)} budget), then R_2 = Q^T A_2 by one GEMM pass; "
+                    f"{self.flops / 1e9:.1f} GFLOP, {format_size(self.bytes_read)} read")
         if self.operation == "qr":
             return (f"qr of a {self.m} x {self.n} {self.dtype} matrix: {self.tiles} column panels of {self.tile} "
                     f"(one after another, Householder with compact WY block reflectors); peak "

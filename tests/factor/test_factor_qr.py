@@ -10,7 +10,7 @@ import pytest
 
 import blocklin as bl
 from blocklin.cli.main import main
-from blocklin.errors import BudgetError, ParameterError, ShapeError, WorkerLostError
+from blocklin.errors import BudgetError, ParameterError, WorkerLostError
 
 
 def _signed(r):
@@ -144,8 +144,8 @@ def test_qr_resume_keeps_finished_panels(tmp_path):
 
 
 def test_qr_errors(tmp_path):
-    with pytest.raises(ShapeError, match="transpose"):
-        bl.qr(np.ones((3, 5)))
+    with pytest.raises(BudgetError, match="m x m leading block of a wide A"):  # wide: its m x m block in memory
+        bl.qr(np.ones((300, 400)), memory="64KiB")
     with pytest.raises(ParameterError, match="mode='reduced'"):
         bl.qr(np.eye(4), q=tmp_path / "q.zarr")
     with pytest.raises(ParameterError, match="'tsqr' returns R only"):
@@ -174,3 +174,27 @@ def test_cli_factor_qr(tmp_path, capsys):
                  "--explain", "--memory", "1MiB", "--method", "tiled"]) == 0
     assert "column panels" in capsys.readouterr().out
     assert not (tmp_path / "r3.zarr").exists() and not (tmp_path / "q3.zarr").exists()
+
+
+@pytest.mark.parametrize("memory", ["256KiB", "64MiB"])
+@pytest.mark.parametrize("mode", ["r", "reduced"])
+def test_wide_qr_as_numpy(tmp_path, memory, mode):
+    """A wide A (m < n): R m x n upper trapezoidal, Q m x m, as numpy.linalg.qr(a, "reduced") (Dask's
+    ``test_linalg.py::test_qr`` wide shapes; NumPy's ``TestQR`` ``(2, 3)`` case): Householder QR of the
+    leading block, R_2 = Q^T A_2 by a GEMM; backward error as Householder QR's (support.tolerances)."""
+    from support.tolerances import assert_factorization, assert_orthonormal
+
+    a = np.random.default_rng(7).standard_normal((60, 700))
+    res = bl.qr(a, tmp_path / "r.zarr", q=(tmp_path / "q.zarr") if mode == "reduced" else None, mode=mode,
+                memory=memory)
+    Q, R = res if mode == "reduced" else (None, res)
+    r = R.to_numpy()
+    assert r.shape == (60, 700) and np.array_equal(r, np.triu(r)) and np.all(np.diag(r) >= 0)
+    assert R.report["method"] == "wide"
+    q_ref, r_ref = np.linalg.qr(a)
+    d = np.sign(np.diag(r_ref))
+    # R is unique up to the row signs: against NumPy's, each computed with a Householder bound
+    assert np.linalg.norm(r - d[:, None] * r_ref) <= 4 * 700 * np.finfo(float).eps * np.linalg.norm(a)
+    if Q is not None:
+        assert_orthonormal(Q.to_numpy())
+        assert_factorization(a, Q.to_numpy() @ r, const=4.0)

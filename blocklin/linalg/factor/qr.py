@@ -18,10 +18,10 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings, format_size
-from blocklin.errors import BudgetError, ParameterError, ShapeError, warn
+from blocklin.errors import BudgetError, ParameterError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.streaming_qr import tsqr_pass
-from blocklin.linalg.blocks.tsqr import MIN_STRIP_ROWS, positive_diagonal
+from blocklin.linalg.blocks.tsqr import MIN_STRIP_ROWS, diagonal_signs, positive_diagonal
 from blocklin.matrix import Matrix
 from blocklin.plan.factor import QR_PANEL_BUFFERS, FactorPlan, plan_qr
 from blocklin.plan.qrtiles import TileQRPlan, plan_tile_qr
@@ -49,12 +49,14 @@ REPORT_KEYS = ("method", "method_reason", "seconds", "flops", "gflops", "peak_me
 def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str = "auto", overwrite: bool = False,
        resume: bool = False, explain: bool = False, tile: int | None = None,
        **settings: Unpack[Settings]) -> Matrix | tuple[Matrix, Matrix] | FactorPlan:
-    """QR factorization ``A = Q R`` of a tall or square matrix larger than memory.
+    """QR factorization ``A = Q R`` of a matrix larger than memory, tall, square or wide.
 
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
-        ``m x n`` with ``m >= n``, float32 or float64. Never modified.
+        ``m x n``, float32 or float64. Never modified. A wide ``A`` (``m < n``) gives ``R`` ``m x n``
+        upper trapezoidal and ``Q`` ``m x m`` (the Householder QR of its leading block in memory, then
+        one GEMM pass: :func:`_wide`).
     out : path, optional
         Output store of ``R`` (``n x n``, upper triangular; atomic).
     q : path, optional
@@ -122,10 +124,9 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
     with Job("qr", **settings) as job:
         A = job.operand(a, "a", integers="cast")
         m, n = A.shape
-        if m < n:
-            raise ShapeError(_msg("a", "must be tall or square (rows >= columns) for blocklin.qr",
-                                     f"{m} x {n}", "factor the transpose (A^T = Q R gives A = R^T Q^T)"))
         dt = float_operand(A, "qr")
+        if m < n:
+            return _wide(job, A, out, q, mode=mode, overwrite=overwrite, explain=explain)
         route, reason = _route(job, m, n, dt.itemsize, mode, method)
         if route == "tsqr":
             if explain:
@@ -218,6 +219,49 @@ def _tsqr(job: Job, A: Any, out: Any, *, overwrite: bool, reason: str) -> Matrix
                      plan=result.report["plan"], norm_a=result.norm_a)
     return job.finish(ao, out, report, operation="qr", plan=result.report["plan"],
                       params={"mode": "r", "method": "tsqr"}, keys=REPORT_KEYS)
+
+
+def _wide(job: Job, A: Any, out: Any, q: Any, *, mode: str, overwrite: bool,
+          explain: bool) -> Matrix | tuple[Matrix, Matrix] | FactorPlan:
+    """A wide ``A = [A_1 A_2]`` (``m < n``): ``A_1 = Q R_1`` by LAPACK's Householder QR in memory (the
+    ``m x m`` leading block), then ``R_2 = Q^T A_2`` by one out-of-core GEMM pass; ``R = [R_1 R_2]``
+    is ``m x n`` upper trapezoidal and ``Q`` ``m x m``, as ``numpy.linalg.qr(a, "reduced")`` returns
+    them. Backward stable: ``R_1`` carries Householder QR's bound and ``R_2`` a product's
+    (Higham 2002, Thm. 19.4 and 3.5)."""
+    m, n = A.shape
+    dt = np.dtype(A.dtype)
+    held = 4 * m * m * 8  # A_1, LAPACK's copy, Q and R_1 in float64
+    t = max(1, min(m, 1024))
+    plan = FactorPlan(operation="qr-wide", m=m, n=n, dtype=dt.name, tile=t, tiles=1, workers=1, peak_memory=held,
+                      memory=job.cfg.memory, flops=4 * m * m * m // 3 + 2 * m * m * (n - m),
+                      bytes_read=m * n * dt.itemsize)
+    if explain:
+        return plan
+    if held > job.cfg.memory:
+        raise BudgetError(_msg("memory", "must hold the m x m leading block of a wide A with its Q and R (4 m^2 "
+                               "float64)", format_size(job.cfg.memory), f"raise it to at least {format_size(held)}"),
+                          minimum=held)
+    a1 = np.asarray(open_zarr(A.path)[:, :m], dtype=np.float64)
+    q1, r1 = np.linalg.qr(a1)
+    del a1
+    d = diagonal_signs(r1)  # the R with a non-negative diagonal, as every blocklin QR
+    r1, q1 = d[:, None] * r1, q1 * d
+    ao, qo = _outputs(job, A, "qr", plan.to_dict(), out, q, mode=mode, overwrite=overwrite, resume=False,
+                      size=((m + m, n), dt))
+    create_array(ao.array_path(), shape=(m, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+    write_block(open_zarr(ao.array_path(), mode="r+"), slice(0, m), slice(0, m), np.triu(r1).astype(dt))
+    if n > m:
+        qt = job.scratch("qt", (m, m), dt, (t, t))
+        write_block(open_zarr(qt, mode="r+"), slice(0, m), slice(0, m), np.ascontiguousarray(q1.T).astype(dt))
+        BlockOps(job, t).gemm(ao.array_path(), (0, m), m, n - m, m, qt, (0, 0), A.path, (0, m), dtype=dt,
+                              description="qr (wide): R_2 = Q^T A_2")
+    if qo is not None:
+        create_array(qo.array_path(), shape=(m, m), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+        write_block(open_zarr(qo.array_path(), mode="r+"), slice(0, m), slice(0, m), q1.astype(dt))
+    report = _report(job, np.abs(np.diag(r1)), method="wide",
+                     reason="wide A: Householder QR of its leading m x m block in memory, R_2 = Q^T A_2 by one GEMM "
+                            "pass", flops=plan.flops, plan=plan.to_dict(), norm_a=None)
+    return _commit(job, ao, qo, plan.to_dict(), {"mode": mode, "method": "wide"}, report, out=out, q=q)
 
 
 def _tiled(job: Job, A: Any, plan: FactorPlan, out: Any, q: Any, *, mode: str, overwrite: bool, resume: bool,
