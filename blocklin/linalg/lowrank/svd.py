@@ -31,15 +31,17 @@ from blocklin.linalg.labels import label_svd, labels_of
 from blocklin.linalg.lowrank.budget import check_disk_space, choose_plan
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
 from blocklin.linalg.lowrank.methods import Factorization, component_signs
+from blocklin.linalg.lowrank.operator_svd import is_operator, operator_svd
 from blocklin.linalg.lowrank.run import run_planned
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, gram_route_fits
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
-from blocklin.storage import remove
+from blocklin.storage import create_group, remove
 from blocklin.storage.zarr_store import open_zarr
-from blocklin.validate import check_k, choice, count, float_operand, positive, seed_arg, size, start_vector
+from blocklin.validate import (check_k, choice, count, float_operand, positive, resolve_seed, seed_arg, size,
+                               start_vector)
 
 
 METHODS = ("auto", "rsvd", "sketch", "lanczos", "gram", "full")
@@ -366,6 +368,14 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
     max_basis = size("max_basis", max_basis, fix="pass max_basis=32, or None for the planned one")
     seed = seed_arg(seed)  # a generator draws its integer once, before the token names it
     requested = method
+    if is_operator(a):
+        return _returned(_of_operator(a, k, method=method, oversample=oversample, power_iters=power_iters,
+                                      n_iter=n_iter, tol=tol, seed=seed, out=out, max_passes=max_passes,
+                                      block_size=block_size, max_basis=max_basis, overwrite=overwrite,
+                                      vectors=vectors, refused={"center": center, "scale": scale, "resume": resume,
+                                                                "which='SM'": which == "SM", "v0": v0 is not None,
+                                                                "signs": signs},
+                                      lanczos_tol=lanczos_tol, settings=settings), vectors)
     with Job("svd", **settings) as job:
         A = job.operand(a, "a", integers="cast")
         float_operand(A, "svd")
@@ -406,8 +416,47 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         ckpt.clear()
         if signs and plan.transposed and long_wanted:  # the components are the stored long factor
             f = _signed_long(f, ao.array_path("Vt"))
-        res = _result(job, out, A, plan, f, report, ao, overwrite, long_wanted)
+        res = _result(job, out, A.dtype, plan, f, report, ao, overwrite, long_wanted)
     return _returned(res, vectors)
+
+
+def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: Any, n_iter: Any, tol: Any,
+                 seed: int | None, out: Any, max_passes: Any, block_size: Any, max_basis: Any, overwrite: bool,
+                 vectors: Any, refused: dict, lanczos_tol: Any, settings: dict) -> SVDResult:
+    """The SVD of a SciPy ``LinearOperator`` (:mod:`blocklin.linalg.lowrank.operator_svd`): rsvd or block
+    Lanczos through its products, the result stored as every SVD's."""
+    asked = [name for name, on in refused.items() if on]
+    if asked:
+        raise ParameterError(explain("a", "a LinearOperator takes rsvd or block Lanczos for the largest triplets "
+                                     "only", f"a LinearOperator with {', '.join(asked)}",
+                                     "pass the matrix itself (a path, a Matrix or an array) for those"))
+    dt = np.dtype(op.dtype)
+    if dt not in (np.float32, np.float64):
+        raise ParameterError(explain("a", "must be a float32 or float64 LinearOperator", dt.name,
+                                     "wrap the operator with dtype=float64"))
+    m, n = op.shape
+    k = check_k(k, m, n)  # every triplet (k=None) comes from the whole space, which an operator does not give
+    if n_iter is not None:
+        power_iters = power_passes(7 if k < 0.1 * min(m, n) else 4) if n_iter == "auto" else power_passes(n_iter)
+    method = ("rsvd" if power_iters != "auto" else "lanczos") if method == "auto" else method
+    q = (None if tol is not None else auto_power_iters(k, m, n)) if power_iters == "auto" else power_iters
+    limit = max_passes or (20 if method == "rsvd" else 60)
+    if method == "lanczos" and block_size is None and max_basis is None:
+        block_size, max_basis = default_lanczos_block(k, oversample), 2 * default_lanczos_block(k, oversample)
+    tol = lanczos_tol(dt) if method == "lanczos" and tol is None else tol
+    long_wanted = vectors is True or vectors == ("vh" if m < n else "u")
+    with Job("svd", **settings) as job:
+        ao = job.claim(out, [], overwrite=overwrite)
+        create_group(ao.array_path())
+        seed = resolve_seed(seed)
+        f, plan, products = operator_svd(job, op, k, method=method, oversample=oversample, q=q, tol=tol, seed=seed,
+                                         limit=limit, block_size=block_size, max_basis=max_basis,
+                                         dest=ao.array_path("Vt" if m < n else "U") if long_wanted else None)
+        report = _report(job, plan, f, tol=tol, seed=seed, oversample=oversample, center=False, scale=False,
+                         requested=method, resumed=False, restored=[])
+        report.update(passes=products, operator_products=products, which="LM",
+                      passes_formula=f"{plan.formula} (products with the operator: matmat and rmatmat)")
+        return _result(job, out, dt, plan, f, report, ao, overwrite, long_wanted)
 
 
 def _signed_long(f: Factorization, path: Any) -> Factorization:
@@ -483,7 +532,7 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
     return report
 
 
-def _result(job: Job, out: Any, A: Any, plan: SvdPlan, f: Factorization, report: dict, ao: Any,
+def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, report: dict, ao: Any,
             overwrite: bool, long_wanted: bool = True) -> SVDResult:
     """Commit the group (the long factor is already in it) and return ``(U, s, Vt)``.
 
@@ -491,13 +540,13 @@ def _result(job: Job, out: Any, A: Any, plan: SvdPlan, f: Factorization, report:
     other factor and ``s`` NumPy arrays, whether ``A`` was factored in memory or streamed; ``None``
     where it was not wanted (``return_singular_vectors``).
     """
-    s = f.s.astype(A.dtype)
-    short = f.V.astype(A.dtype)  # N x k: V for tall A, U for wide A
+    s = f.s.astype(dtype)
+    short = f.V.astype(dtype)  # N x k: V for tall A, U for wide A
     small = {"S": s, "U": short} if plan.transposed else {"S": s, "Vt": short.T.copy()}
     for name in ("mean", "scale"):
         if getattr(f, name) is not None:
             small[name] = getattr(f, name)
-    path = write_group(job, out, A, small, "svd", plan, report, overwrite, ao=ao)
+    path = write_group(job, out, None, small, "svd", plan, report, overwrite, ao=ao)
     report["output"] = str(path)
     stored = Matrix(path / ("Vt" if plan.transposed else "U"), report=report, temporary=out is None) \
         if long_wanted else None

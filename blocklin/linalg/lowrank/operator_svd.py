@@ -1,0 +1,85 @@
+"""The SVD of a SciPy ``LinearOperator`` (what ``scipy.sparse.linalg.svds`` takes): randomized subspace
+iteration or block Lanczos through its ``matmat`` and ``rmatmat``, one pair of products per step, the
+same methods and Rayleigh-Ritz step as for a stored matrix (:mod:`blocklin.linalg.lowrank.methods`).
+
+The operator's products are its own (in memory or not); the ``M x l`` blocks ``B Q`` are held in
+memory, the long factor written to the result's group as for every SVD. A
+:class:`~blocklin.linalg.operator.BlocklinOperator` (``blocklin.aslinearoperator``) is its stored
+matrix and takes the streamed route instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import ParameterError, explain
+from blocklin.linalg.blocks.tallblock import ArrayBlock
+from blocklin.linalg.lowrank.methods import Factorization, lanczos, rsvd
+from blocklin.plan.svd import plan_svd
+from blocklin.runtime.checkpoints import Checkpoints
+from blocklin.runtime.job import Job
+
+#: The methods an operator takes: those that only multiply by ``B`` and ``B^T`` in blocks.
+OPERATOR_METHODS = ("rsvd", "lanczos")
+
+
+def is_operator(a: Any) -> bool:
+    """``a`` is a SciPy ``LinearOperator`` not backed by a stored matrix of blocklin's."""
+    from scipy.sparse.linalg import LinearOperator
+
+    return isinstance(a, LinearOperator) and not hasattr(a, "path")
+
+
+class OperatorSource:
+    """``B`` (``op`` for tall, ``op^T`` for wide) behind the :class:`~blocklin.linalg.lowrank.sources.Source`
+    protocol: every product one ``matmat`` and one ``rmatmat`` (counted as a pass)."""
+
+    shift = None
+    noise_scale = 0.0
+    signs = False
+    peaks = None
+    device = "cpu"
+
+    def __init__(self, op: Any, transposed: bool, job: Job) -> None:
+        self.op, self.transposed, self.job = op, transposed, job
+        m, n = op.shape
+        self.M, self.N = (n, m) if transposed else (m, n)
+        self.dtype = np.dtype(op.dtype)
+        self.products = 0
+
+    def _b(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self.op.rmatmat(x) if self.transposed else self.op.matmat(x), dtype=np.float64)
+
+    def _bt(self, y: np.ndarray) -> np.ndarray:
+        return np.asarray(self.op.matmat(y) if self.transposed else self.op.rmatmat(y), dtype=np.float64)
+
+    def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
+        y = self._b(np.asarray(q, dtype=self.dtype))
+        z = self._bt(y.astype(self.dtype))
+        self.products += 1
+        return z, (y.T @ y if gram else None), (ArrayBlock(y.astype(self.dtype)) if keep_y else None)
+
+
+def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: int | None, tol: float,
+                 seed: int, limit: int, block_size: int | None, max_basis: int | None,
+                 dest: str | None) -> tuple[Factorization, Any]:
+    """The factorization of ``op`` by ``method`` (rsvd or lanczos) and its plan; the long factor goes to
+    ``dest`` (``None``: not computed)."""
+    if method not in OPERATOR_METHODS:
+        raise ParameterError(explain("method", f"must be one of {OPERATOR_METHODS} for a LinearOperator (the others "
+                                     "read the matrix itself)", repr(method), "pass method='auto' (block Lanczos)"))
+    m, n = op.shape
+    plan = plan_svd(m, n, k, np.dtype(op.dtype), method=method, oversample=oversample,
+                    power_iters=q if method == "rsvd" else None, memory=job.cfg.memory, max_passes=limit,
+                    block_size=block_size, max_basis=max_basis)
+    plan = dataclasses.replace(plan, in_core=False)
+    src = OperatorSource(op, plan.transposed, job)
+    ckpt = Checkpoints(None)
+    if method == "rsvd":
+        f = rsvd(src, k, plan.block, q, tol, seed, limit, dest, plan.transposed, ckpt)
+    else:
+        f = lanczos(src, k, plan, tol, seed, limit - 1, dest, plan.transposed, ckpt)
+    return dataclasses.replace(f, phases={"products with the operator": "caller"}), plan, src.products
