@@ -31,9 +31,7 @@ from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
-    "Matrix", "__version__", "aslinearoperator", "cho_solve", "cholesky", "cond", "config", "configure", "convert", "det", "eigsh",
-    "errors",
-    "from_array", "gram", "inv", "inv_plan", "lstsq", "lu", "lu_solve", "matmul", "matmul_plan", "norm", "open", "pca", "qr", "random", "slogdet", "solve",
-    "solve_plan",
-    "solve_triangular", "svd",
+    "Matrix", "__version__", "aslinearoperator", "cho_solve", "cholesky", "cond", "config", "configure", "convert",
+    "det", "eigsh", "errors", "from_array", "gram", "inv", "inv_plan", "lstsq", "lu", "lu_solve", "matmul",
+    "matmul_plan", "norm", "open", "pca", "qr", "random", "slogdet", "solve", "solve_plan", "solve_triangular", "svd",
 ]

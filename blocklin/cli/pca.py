@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> dict:
                    noise_variance=res.noise_variance_)
     ratio = float(res.explained_variance_ratio_.sum())
     where = f"wrote {r['output']} (U, S, Vt, mean{', scale' if args.scale else ''}); " if args.out else ""
-    human = (f"{where}{res.n_components_} components of {res.n_samples_} x {res.n_features_in_} explain {100 * ratio:.2f}% of the "
+    human = (f"{where}{res.n_components_} components of {res.n_samples_} x {res.n_features_in_} explain "
+             f"{100 * ratio:.2f}% of the "
              f"variance (first: {100 * float(res.explained_variance_ratio_[0]):.2f}%) in {r['seconds']:.2f} s: "
              f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
              f"peak memory {format_size(r['peak_memory'])}{worst_line(r)}")

@@ -47,14 +47,16 @@ def _power_iters(value: str) -> Any:
 def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.lowrank.svd import svd
 
-    res = svd(args.a, None if args.k == "all" else args.k, which=args.which, method=args.method, oversample=args.oversample, power_iters=_power_iters(args.power_iters),
+    res = svd(args.a, None if args.k == "all" else args.k, which=args.which, method=args.method,
+              oversample=args.oversample, power_iters=_power_iters(args.power_iters),
               tol=args.tol, out=args.out, seed=args.seed, max_passes=args.max_passes,
               center=args.center, scale=args.scale, **ui.run_settings(args))
     r = res.report
     summary = summary_of(r, "svd", len(res.s))
     summary["s"] = [float(x) for x in res.s]
     if args.plot:
-        plot_spectrum(args.plot, res.s, r.get("relative_residuals"), title=f"blocklin svd ({r['method']}), k={len(res.s)}",
+        plot_spectrum(args.plot, res.s, r.get("relative_residuals"),
+                      title=f"blocklin svd ({r['method']}), k={len(res.s)}",
                       label="singular value")
         summary["plot"] = args.plot
     worst = worst_line(r)

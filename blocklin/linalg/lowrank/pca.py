@@ -263,8 +263,8 @@ def _kept(n_components: Any, ev: np.ndarray, ratio: np.ndarray, m: int) -> int:
 
 
 def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool = False, scale: bool = False,
-        method: str = "auto", oversample: int = 10, power_iters: int | str = "auto", n_iter: int | str | None = None,
-        tol: float | None = None,
+        method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
+        n_iter: int | str | None = None, tol: float | None = None,
         seed: int | None = None, out: Any = None, overwrite: bool = False, resume: bool = False,
         k: int | None = None, **settings: Unpack[Settings]) -> PCAResult:
     """Principal components of the rows of ``A`` (samples x features), out of core.
@@ -328,7 +328,8 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
 
     lab = labels_of(a)
     k = n_components if isinstance(n_components, int) else None
-    res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol, seed=seed,
+    res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
+                    seed=seed,
                     out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
                     check_shape=lambda m, n: _check_shape(n_components, m, n), signs=True,
                     **settings)

@@ -181,9 +181,9 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
         ``"u"`` ``(U, s, None)``, ``"vh"`` ``(None, s, Vt)``. A long factor that is not returned is
         never written (a pass over the stored intermediate less, and no disk for it).
     method : {"auto", "rsvd", "sketch", "lanczos", "gram", "full"}
-        * ``auto`` (default): ``full`` for ``k = min(m, n)`` or ``which="SM"``; ``gram`` for narrow matrices (short side ``N <= 24 (k + oversample)``,
-          long side at least ``8 N``, the Gram within the budget; a centered or scaled one only when
-          tall), else ``lanczos``, both to ``tol`` (default ``sqrt(10 sqrt(eps))``); ``rsvd`` when
+        * ``auto`` (default): ``full`` for ``k = min(m, n)`` or ``which="SM"``; ``gram`` for narrow
+          matrices (short side ``N <= 24 (k + oversample)``, long side at least ``8 N``, the Gram
+          within the budget; a centered or scaled one only when tall), else ``lanczos``, both to ``tol`` (default ``sqrt(10 sqrt(eps))``); ``rsvd`` when
           ``power_iters`` is an integer (a fixed cost). The shape alone decides, never the machine.
           On slowly and fast decaying spectra, flat tails and low rank plus noise the default reaches
           the rounding of the data, where scikit-learn's ``randomized_svd`` and Dask's

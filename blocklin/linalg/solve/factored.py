@@ -19,13 +19,10 @@ from blocklin.config import Settings
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.factor.lu_panels import swaps_to_permutation
 from blocklin.linalg.solve.report import solve_report
+from blocklin.linalg.solve.triangular import TriangularSetup
 from blocklin.matrix import Matrix
-from blocklin.operands import as_columns
-from blocklin.plan.factor import plan_factor
-from blocklin.runtime.blockops import BlockOps, Region
+from blocklin.runtime.blockops import Region
 from blocklin.runtime.job import Job
-from blocklin.storage.zarr_store import create_array
-from blocklin.validate import float_operand, result_dtype, same_rows, square
 
 
 def _factor_and_flag(f: Any, flag: Any, name: str) -> tuple[Any, Any]:
@@ -133,23 +130,13 @@ def _solve_with(f: Any, b: Any, out: Any, operation: str, steps: tuple, *, overw
     """The two tiled triangular solves of ``steps`` (``(description, lower, trans)``), with the row
     permutation of ``pivots`` first (LU)."""
     with Job(operation, **settings) as job:
-        F, B = job.operand(f, "factor", integers="cast"), job.operand(as_columns(b), "b", integers="cast")
-        n = square(F, "to be a factor", "pass the n x n factor")
-        same_rows(F, B)
-        float_operand(F, operation), float_operand(B, operation)
+        st = TriangularSetup.of(job, f, b, "factor", operation, out=out, overwrite=overwrite, tile=tile)
+        n, k, dt, plan, ao, ops, rhs = st.n, st.k, st.dtype, st.plan, st.ao, st.ops, st.rhs
         if pivots is not None and (pivots.size != n or pivots.min(initial=0) < 0 or pivots.max(initial=0) >= n):
             raise ParameterError(explain("piv", f"must hold n = {n} row indices in [0, {n})",
                                          f"{pivots.size} pivots in [{pivots.min(initial=0)}, {pivots.max(initial=0)}]",
                                          "pass the pivots of this factorization"))
-        dt = result_dtype([F, B], None if F.dtype == B.dtype else np.result_type(F.dtype, B.dtype))
-        plan = plan_factor("solve_triangular", n, dt, memory=job.cfg.memory, workers=job.workers(1),
-                           chunks=tuple(F.chunks), tile=tile)
-        ao = job.claim(out, [F, B], overwrite=overwrite)
-        k = B.shape[1]
-        create_array(ao.array_path(), shape=(n, k), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
-        ops = BlockOps(job, plan.tile)
-        ops.workers = plan.workers
-        freg, rhs = Region.of(F.path, F.shape), Region.of(B.path, B.shape)
+        freg = Region.of(st.T.path, st.T.shape)
         if pivots is not None:
             pb = Region.of(job.scratch("pb", (n, k), dt, (plan.tile, plan.tile)), (n, k))
             ops.permute_rows(rhs, pb, swaps_to_permutation(pivots), dtype=dt, description="row swaps P b")

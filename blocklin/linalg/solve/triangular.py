@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from typing import Any, Unpack
 
 import numpy as np
@@ -18,6 +20,40 @@ from blocklin.validate import float_operand, result_dtype, same_rows, square
 
 #: Most refinement steps of the SPD solve (each: one GEMM over A and two triangular solves).
 MAX_REFINE = 3
+
+
+@dataclasses.dataclass
+class TriangularSetup:
+    """What every solve with a stored triangular factor starts from: the factor and right-hand sides as
+    operands (checked), the dtype, the tile plan, the claimed output ``x`` (``n x k``) and the block
+    operations that run the tiles."""
+
+    T: Any
+    rhs: Region
+    n: int
+    k: int
+    dtype: np.dtype
+    plan: Any
+    ao: Any
+    ops: BlockOps
+
+    @classmethod
+    def of(cls, job: Job, t: Any, b: Any, name: str, operation: str, *, out: Any, overwrite: bool,
+           tile: int | None) -> TriangularSetup:
+        T, B = job.operand(t, name, integers="cast"), job.operand(as_columns(b), "b", integers="cast")
+        what = "triangular factor" if name == "t" else "factor"
+        n = square(T, "to be triangular" if name == "t" else "to be a factor", f"pass the n x n {what}")
+        same_rows(T, B)
+        float_operand(T, operation), float_operand(B, operation)
+        dt = result_dtype([T, B], None if T.dtype == B.dtype else np.result_type(T.dtype, B.dtype))
+        plan = plan_factor("solve_triangular", n, dt, memory=job.cfg.memory, workers=job.workers(1),
+                           chunks=tuple(T.chunks), tile=tile)
+        ao = job.claim(out, [T, B], overwrite=overwrite)
+        k = B.shape[1]
+        create_array(ao.array_path(), shape=(n, k), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
+        ops = BlockOps(job, plan.tile)
+        ops.workers = plan.workers
+        return cls(T, Region.of(B.path, B.shape), n, k, np.dtype(dt), plan, ao, ops)
 
 
 def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, trans: bool = False,
@@ -63,19 +99,9 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
     ``n^2 k`` flops; ``T`` is read once per tile column of ``B``.
     """
     with Job("solve_triangular", **settings) as job:
-        T, B = job.operand(t, "t", integers="cast"), job.operand(as_columns(b), "b", integers="cast")
-        n = square(T, "to be triangular", "pass the n x n triangular factor")
-        same_rows(T, B)
-        float_operand(T, "solve_triangular"), float_operand(B, "solve_triangular")
-        dt = result_dtype([T, B], None if T.dtype == B.dtype else np.result_type(T.dtype, B.dtype))
-        plan = plan_factor("solve_triangular", n, dt, memory=job.cfg.memory, workers=job.workers(1),
-                           chunks=tuple(T.chunks), tile=tile)
-        ao = job.claim(out, [T, B], overwrite=overwrite)
-        k = B.shape[1]
-        create_array(ao.array_path(), shape=(n, k), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
-        ops = BlockOps(job, plan.tile)
-        ops.workers = plan.workers
-        ops.trsm(Region.of(T.path, T.shape), Region.of(B.path, B.shape), Region.of(ao.array_path(), (n, k)),
+        st = TriangularSetup.of(job, t, b, "t", "solve_triangular", out=out, overwrite=overwrite, tile=tile)
+        T, n, k, dt, plan, ao, ops = st.T, st.n, st.k, st.dtype, st.plan, st.ao, st.ops
+        ops.trsm(Region.of(T.path, T.shape), st.rhs, Region.of(ao.array_path(), (n, k)),
                  lower=lower, trans=trans, dtype=dt, check=job.check_finite, description="triangular solve")
         report, recorded = solve_report(job, route="triangular", plan=plan.to_dict(), flops=n * n * k,
                                         method="tiled substitution",
