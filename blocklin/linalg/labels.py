@@ -110,7 +110,7 @@ def label_solution(x: Any, a: Labels, b: Labels | None) -> Any:
     """``x`` of ``A x = b`` over A's columns (and b's columns)."""
     xr = _xr()
     data = _data(x)
-    if b is not None and b.cols is None or data.shape[1] == 1 and (b is None or b.cols is None):
+    if data.shape[1] == 1 and (b is None or b.cols is None):  # one right-hand side given as a vector
         return xr.DataArray(data[:, 0], dims=(a.cols,), coords=a.coord(a.cols))
     other = b.cols if b is not None and b.cols is not None else "rhs"
     coords = a.coord(a.cols) | (b.coord(other) if b is not None else {})

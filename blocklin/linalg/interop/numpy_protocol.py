@@ -44,9 +44,8 @@ def dot(a: Any, b: Any, out: Any = None) -> Any:
     if out is not None:
         raise ParameterError(explain("out", "is not taken by np.dot on a blocklin.Matrix (the result is a new "
                                      "store)", "an array", "drop out= and use the returned Matrix"))
-    if np.ndim(a) == 0 or np.ndim(b) == 0:
-        return np.asarray(a) * np.asarray(b) if not isinstance(a, Matrix) and not isinstance(b, Matrix) else \
-            _load_then(np.multiply, a, b)
+    if np.ndim(a) == 0 or np.ndim(b) == 0:  # a scalar times the matrix: NumPy's own, on the loaded matrix
+        return _load_then(np.multiply, a, b)
     return matmul(a, b)
 
 

@@ -329,8 +329,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     lab = labels_of(a)
     k = n_components if isinstance(n_components, int) else None
     res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
-                    seed=seed,
-                    out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
+                    seed=seed, out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
                     check_shape=lambda m, n: _check_shape(n_components, m, n), signs=True,
                     **settings)
     U, s, Vt = res
