@@ -13,7 +13,7 @@ rsvd              q + 1                      2 (CholeskyQR2 refinement, writing 
 sketch            1                          2 (CholeskyQR2 refinement, writing U)
 lanczos           L + 1                      2 (CholeskyQR2 refinement, writing U)
 gram              2 (+ L)                    2 (CholeskyQR2 refinement, writing U)
-full              1                          2 (CholeskyQR2 refinement, writing U)
+full              1                          3 (CholeskyQR3 refinements, writing U)
 eigsh             L                          0
 ================  =========================  =============================================
 
@@ -280,7 +280,7 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
     elif method == "gram":
         passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "2 + L", 0 if in_core else 2
     elif method == "full":
-        passes, formula, inter = 1, "1 (in core)" if in_core else "1 (the whole space)", 0 if in_core else 2
+        passes, formula, inter = 1, "1 (in core)" if in_core else "1 (the whole space)", 0 if in_core else 3
     else:
         passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "L", 0
     return SvdPlan(method=method, m=m, n=n, k=k, transposed=transposed, M=M, N=N, dtype=dt.name, block=block,

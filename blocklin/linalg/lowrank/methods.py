@@ -15,7 +15,7 @@ import scipy.linalg
 
 from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.blocks.center import Moments
-from blocklin.linalg.blocks.orth import cholqr_r, orth_against, orth_incore
+from blocklin.linalg.blocks.orth import cholqr_r, orth_against, orth_incore, refine_once
 from blocklin.linalg.blocks.scaling import squares_lose_columns
 from blocklin.linalg.lowrank.lanczos import block_lanczos, small_blas, start_block
 from blocklin.linalg.lowrank.sources import Source
@@ -130,8 +130,10 @@ def picked(count: int, k: int, which: str) -> np.ndarray:
 
 def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_out: bool) -> Factorization:
     """Every singular triplet of ``B`` (or the ``k`` largest or smallest): the Rayleigh-Ritz step over the
-    whole space, ``Q = I``. One pass stores ``Y = B`` with its Gram matrix; ``Y = Q_Y R`` (CholeskyQR2,
-    rank-revealing TSQR where ``chol(Y^T Y)`` breaks down: :func:`blocklin.linalg.blocks.orth.cholqr_r`),
+    whole space, ``Q = I``. One pass stores ``Y = B`` with its Gram matrix; ``Y = Q_Y R`` (CholeskyQR2 and
+    a third step, :func:`~blocklin.linalg.blocks.orth.refine_once`, since ``B`` may be as ill-conditioned
+    as its smallest triplets; rank-revealing TSQR where ``chol(Y^T Y)`` breaks down:
+    :func:`blocklin.linalg.blocks.orth.cholqr_r`),
     ``R = U_R S V^T`` by LAPACK in memory, and ``U = Q_Y U_R`` is written.
 
     This is how LAPACK's ``xGESVD`` treats a tall matrix (a QR first, then the SVD of ``R``; Chan,
@@ -148,6 +150,9 @@ def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_ou
     _, G, Y = src.normal(eye, keep_y=True, gram=True, description="full: B and its Gram matrix")
     R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
     del G
+    if orth_info["method"] == "cholqr2":  # B's condition may reach eps^-1/2 here: a third step keeps U orthonormal
+        R, chain = refine_once(Y, R, chain)
+        orth_info = orth_info | {"method": "cholqr3"}
     with small_blas(N, N):
         Ur, S, Vrt = scipy.linalg.svd(R, lapack_driver="gesvd", check_finite=False)
     idx = picked(N, k, which)

@@ -213,7 +213,7 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
           one pass stores ``B`` with its Gram matrix, ``B = Q R`` (CholeskyQR2, rank-revealing TSQR
           where it breaks down), the SVD of ``R`` by LAPACK in memory, ``U = Q U_R`` written: LAPACK's
           own route for tall matrices (Chan 1982), with its backward error, smallest values included.
-          Passes: 1 (and 2 over the stored copy of ``B``, which needs ``B``'s size on disk); holds
+          Passes: 1 (and 3 over the stored copy of ``B``, which needs ``B``'s size on disk); holds
           about ``22 N^2`` float64 in memory.
     oversample : int
         Extra columns of the random block (``rsvd``, ``sketch``) or of the wanted set (``lanczos``).

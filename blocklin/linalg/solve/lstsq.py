@@ -66,7 +66,7 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
     Notes
     -----
     Costs the SVD over the whole space (one pass over ``A``, a stored copy of its tall orientation and
-    two passes over it, ``N x N`` factors in memory with ``N = min(m, n)``), one pass over the stored
+    three passes over it, ``N x N`` factors in memory with ``N = min(m, n)``), one pass over the stored
     long factor for ``U^T b`` (tall ``A``) or ``V y`` (wide ``A``), and for full-rank tall ``A`` one pass
     over ``A`` for the residuals. Backward stable as LAPACK's ``xGELSS``: the solution of a nearby
     problem whose rank decision is that of ``rcond``.
