@@ -10,7 +10,7 @@ from blocklin import _memory, config, errors  # noqa: E402
 _memory.tune_on_import()
 
 from blocklin.config import configure  # noqa: E402
-from blocklin.create import from_array, open, random  # noqa: E402,A004
+from blocklin.create import from_array, from_sparse, open, random  # noqa: E402,A004
 from blocklin.linalg.factor.cholesky import cholesky  # noqa: E402
 from blocklin.linalg.products.gemm import matmul, matmul_plan  # noqa: E402
 from blocklin.linalg.products.gram import gram  # noqa: E402
@@ -28,10 +28,12 @@ from blocklin.linalg.solve.lstsq import lstsq  # noqa: E402
 from blocklin.linalg.solve.router import solve, solve_plan  # noqa: E402
 from blocklin.linalg.solve.triangular import solve_triangular  # noqa: E402
 from blocklin.matrix import Matrix  # noqa: E402
+from blocklin.sparse import SparseMatrix  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
-    "Matrix", "__version__", "aslinearoperator", "cho_solve", "cholesky", "cond", "config", "configure", "convert",
-    "det", "eigsh", "errors", "from_array", "gram", "inv", "inv_plan", "lstsq", "lu", "lu_solve", "matmul",
+    "Matrix", "SparseMatrix", "__version__", "aslinearoperator", "cho_solve", "cholesky", "cond", "config",
+    "configure", "convert", "det", "eigsh", "errors", "from_array", "from_sparse", "gram", "inv", "inv_plan", "lstsq",
+    "lu", "lu_solve", "matmul",
     "matmul_plan", "norm", "open", "pca", "qr", "random", "slogdet", "solve", "solve_plan", "solve_triangular", "svd",
 ]

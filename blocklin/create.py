@@ -15,6 +15,8 @@ import numpy as np
 from blocklin.config import resolve
 from blocklin.errors import ShapeError, explain
 from blocklin.matrix import Matrix
+from blocklin.sparse import SparseMatrix
+from blocklin.storage.sparse import sparse_attributes
 from blocklin.plan.chunks import auto_chunks
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.dask_io import store_dask
@@ -22,8 +24,9 @@ from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import create_array, open_cached, write_block
 
 
-def open(path: Any, *, storage_options: dict | None = None) -> Matrix:  # noqa: A001 - the public API's name
-    """Open a zarr array (v3, or v2 read-only use) as a :class:`Matrix`.
+def open(path: Any, *, storage_options: dict | None = None) -> Matrix | SparseMatrix:  # noqa: A001 - the API's name
+    """Open a zarr array (v3, or v2 read-only use) as a :class:`Matrix`, or a sparse matrix (a
+    ``blocklin-csr`` group, ``docs/sparse.md``) as a :class:`~blocklin.sparse.SparseMatrix`.
 
     ``path`` is a local path, a URL (``s3://bucket/A.zarr``, with ``storage_options`` or the
     configured ones), a :class:`~blocklin.storage.Location`, a zarr store or a ``zarr.Array``. An
@@ -39,7 +42,48 @@ def open(path: Any, *, storage_options: dict | None = None) -> Matrix:  # noqa: 
     ((2, 3), array([[1., 2.],
            [4., 5.]]))
     """
+    if sparse_attributes(as_location(path, storage_options) if not type(path).__module__.startswith("zarr")
+                         else None) is not None:
+        return SparseMatrix(path, storage_options=storage_options)
     return Matrix(path, storage_options=storage_options)
+
+
+def from_sparse(x: Any, path: Any, *, memory: Any = None, overwrite: bool = False, dtype: Any = None) -> SparseMatrix:
+    """Write a SciPy sparse matrix (or array) as a ``blocklin-csr`` group at ``path`` and open it.
+
+    The entries go through the same bounded-memory sort as ``blocklin convert`` (duplicates summed,
+    column indices sorted within each row), so the stored row blocks fit ``memory``.
+
+    Parameters
+    ----------
+    x : scipy.sparse matrix or array
+        Any format (``csr``, ``csc``, ``coo``, ...).
+    path : path
+        A local output folder (``A.zarr``); refused if it exists unless ``overwrite``.
+    memory : int or str, optional
+        Budget of the conversion (default: the configured one).
+    dtype : dtype, optional
+        Value dtype (default: ``x``'s).
+
+    Examples
+    --------
+    >>> import scipy.sparse
+    >>> import blocklin as bl
+    >>> s = bl.from_sparse(scipy.sparse.random(50, 40, density=0.1, random_state=0), "R.zarr")
+    >>> s.shape, s.nnz
+    ((50, 40), 200)
+    """
+    import scipy.sparse
+
+    from blocklin.storage.sparse_convert import ScipySource, write_sparse
+
+    if not scipy.sparse.issparse(x) or len(x.shape) != 2:
+        raise ShapeError(explain("x", "must be a 2-D scipy.sparse matrix or array", f"{type(x).__name__} of shape "
+                                 f"{getattr(x, 'shape', '?')}", "pass scipy.sparse.csr_matrix(x), or write dense "
+                                 "arrays with blocklin.from_array"))
+    write_sparse(ScipySource(x), path, memory=memory, dtype=dtype, overwrite=overwrite, operation="from_sparse",
+                 params={"from": "scipy"})
+    return SparseMatrix(path)
 
 
 def _client(scheduler: Any) -> Any:

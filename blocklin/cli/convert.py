@@ -16,6 +16,9 @@ examples:
   blocklin convert data.bin A.zarr --shape 20000,10000 --dtype f8 --order F --offset 0
   blocklin convert table.csv A.zarr --skip-rows 1 --delimiter ';'
   blocklin convert A.zarr A.mtx
+  blocklin convert sparse.mtx S.zarr --memory 256MiB   # coordinate file: a sparse blocklin-csr group
+  blocklin convert sparse.mtx D.zarr --dense            # ... or densified into a zarr array
+  blocklin convert S.zarr S.mtx                          # a sparse group back to coordinate (or .npz)
   blocklin convert A.zarr results.h5:/A --overwrite   # replaces dataset /A only; the file's others stay"""
 
 
@@ -51,6 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     hdr.add_argument("--no-header", dest="header", action="store_const", const=False,
                      help="the first CSV line is data")
     p.add_argument("--nan", choices=("allow", "error"), default="allow", help="NaN values: copy (default) or fail")
+    lay = p.add_mutually_exclusive_group()
+    lay.add_argument("--dense", dest="layout", action="store_const", const="dense", default="auto",
+                     help="write a coordinate .mtx densely into a zarr array (default: a sparse group)")
+    lay.add_argument("--sparse", dest="layout", action="store_const", const="sparse",
+                     help="insist on a sparse output (refused for dense sources)")
     ui.add_common(p, device=False, scheduler=False)
     p.set_defaults(func=run)
 
@@ -62,7 +70,10 @@ def run(args: argparse.Namespace) -> dict:
                 codec=args.codec, checksum=args.checksum, memory=args.memory, overwrite=args.overwrite,
                 resume=args.resume, from_format=args.from_format, to_format=args.to_format, shape=args.shape,
                 order=args.order, out_order=args.out_order, offset=args.offset, delimiter=args.delimiter,
-                skip_rows=args.skip_rows, header=args.header, nan=args.nan, progress=ui.progress_arg(args))
+                skip_rows=args.skip_rows, header=args.header, nan=args.nan, progress=ui.progress_arg(args),
+                layout=args.layout)
+    if r.get("layout") == "sparse":
+        return _sparse_summary(args, r)
     summary = {k: v for k, v in r.items() if k != "plan"}
     summary["plan"] = {k: r["plan"][k] for k in ("order", "block", "n_blocks", "peak_memory", "concurrency")}
     shape = " x ".join(str(s) for s in r["shape"])
@@ -72,5 +83,19 @@ def run(args: argparse.Namespace) -> dict:
              f"read {format_size(r['bytes_read'])}, wrote {format_size(r['bytes_written'])}, "
              f"peak memory {format_size(r['peak_memory'])} (plan {format_size(r['planned_memory'])} of "
              f"{format_size(r['memory'])}){resumed}")
+    ui.emit(args, summary, human)
+    return summary
+
+
+def _sparse_summary(args: argparse.Namespace, r: dict) -> dict:
+    """The report of a sparse conversion or export."""
+    summary = {k: v for k, v in r.items() if k != "plan"}
+    shape = " x ".join(str(s) for s in r["shape"])
+    blocks = f", {r['row_blocks']} row blocks from {r['runs']} runs" if "row_blocks" in r else ""
+    planned = f" (plan {format_size(r['planned_memory'])} of {format_size(r['memory'])})" \
+        if r.get("planned_memory") else ""
+    human = (f"wrote {r['output']} ({shape} sparse {r['dtype']}, {r['nnz']} entries{blocks}) in "
+             f"{r['seconds']:.2f} s: wrote {format_size(r['bytes_written'])}, peak memory "
+             f"{format_size(r['peak_memory'])}{planned}")
     ui.emit(args, summary, human)
     return summary

@@ -37,6 +37,9 @@ from blocklin.storage.zarr_store import open_cached, read_block, array_file_byte
 from blocklin.validate import MAX_COUNT
 
 NAN_POLICIES = ("allow", "error")
+#: ``layout=``: ``auto`` keeps coordinate sources (Matrix Market ``coordinate``, SciPy ``.npz``) sparse
+#: in a zarr output and writes every other source dense; ``sparse`` and ``dense`` insist.
+LAYOUTS = ("auto", "sparse", "dense")
 
 
 def parse_chunks(chunks: Any) -> str | tuple[int, int]:
@@ -133,7 +136,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             from_format: str | None = None, to_format: str | None = None, shape: Any = None, in_dtype: Any = None,
             order: str | None = None, out_order: str | None = None, offset: int = 0, delimiter: str | None = None,
             skip_rows: int | None = None, header: Any = "auto", nan: str = "allow", progress: Any = None,
-            storage_options: dict | None = None, scheduler: Any = None) -> dict[str, Any]:
+            storage_options: dict | None = None, scheduler: Any = None, layout: str = "auto") -> dict[str, Any]:
     """Convert a matrix file to another format (or rechunk/re-encode a zarr array) in bounded memory.
 
     Parameters
@@ -178,6 +181,13 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         With a ``distributed`` client (given, or active when None), a zarr-to-zarr conversion is
         copied by the workers, one output block per task (bounded memory per worker); other
         conversions stream through this process.
+    layout : {"auto", "sparse", "dense"}
+        ``"auto"`` (default): a coordinate Matrix Market file or a SciPy ``save_npz`` file converted
+        to ``.zarr`` stays sparse (a ``blocklin-csr`` group, ``docs/sparse.md``, opened by
+        :func:`blocklin.open` as a :class:`~blocklin.sparse.SparseMatrix`), through an external sort
+        within ``memory``; every other source is written dense. ``"dense"``: a coordinate file is
+        densified into a zarr array (as before sparse outputs existed). A stored sparse matrix as
+        ``src`` is exported to ``.mtx`` (coordinate general) or ``.npz``.
 
     Returns
     -------
@@ -212,6 +222,10 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
     if hasattr(src, "location") and hasattr(src, "zarr"):  # a blocklin.Matrix: convert (rechunk) its store
         src = src.location if not src.location.is_local else src.path
     _check_source_and_policy(src, nan)
+    route = _sparse_route(src, out, layout, from_format, to_format)
+    if route is not None:
+        return _convert_sparse(route, src, out, memory=memory, dtype=dtype, overwrite=overwrite, nan=nan,
+                               progress=progress, chunks=chunks, codec=codec, checksum=checksum, resume=resume)
     t0 = time.perf_counter()
     rss0 = _current_rss()
     cfg = resolve(memory=memory)
@@ -306,6 +320,85 @@ def _check_source_and_policy(src: Any, nan: str) -> None:
                                      "chunks='auto'), which takes NumPy and Dask arrays"))
     if nan not in NAN_POLICIES:
         raise ConfigError(explain("nan", f"must be one of {NAN_POLICIES}", repr(nan), "pass nan='allow'"))
+
+
+def _mtx_layout(path: str) -> str | None:
+    """The FORMAT word of a Matrix Market banner (``coordinate`` or ``array``), None when unreadable."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            toks = fh.readline(4096).split()
+    except OSError:
+        return None
+    return toks[2].lower() if len(toks) >= 3 and toks[0].lower() == "%%matrixmarket" else None
+
+
+def _sparse_route(src: Any, out: Any, layout: str, from_format: str | None, to_format: str | None) -> str | None:
+    """``"export"`` (a stored sparse matrix to a file), ``"sparse"`` (a coordinate source to a sparse
+    group) or None (the dense copy), by the source, the output and ``layout``."""
+    from blocklin.storage.sparse import is_sparse
+    from blocklin.storage.sparse_convert import is_scipy_npz
+
+    if layout not in LAYOUTS:
+        raise ConfigError(explain("layout", f"must be one of {LAYOUTS}", repr(layout), "pass layout='auto'"))
+    if not isinstance(src, (str, os.PathLike)) or "://" in str(src) or not isinstance(out, (str, os.PathLike)) \
+            or "://" in str(out):
+        if layout == "sparse":
+            raise ConfigError(explain("layout", "sparse conversions read and write local files",
+                                      f"{src!s} -> {out!s}", "convert through local paths"))
+        return None
+    path, member = split_spec(src)
+    if os.path.isdir(path) and is_sparse(path):
+        return "export"
+    in_fmt = detect_format(path, from_format)
+    coordinate = (in_fmt == "mtx" and _mtx_layout(path) == "coordinate") or \
+        (in_fmt == "npz" and member is None and is_scipy_npz(path))
+    sparse_npz = in_fmt == "npz" and member is None and is_scipy_npz(path)
+    if layout == "dense":
+        if sparse_npz:
+            raise FormatError(explain("layout", "a SciPy sparse .npz converts to a sparse matrix only",
+                                      f"layout='dense' for {path!r}", "drop --dense (layout='auto'); densify "
+                                      "row blocks with SparseMatrix.rows(r0, r1).toarray()"))
+        return None
+    out_fmt = detect_format(os.fspath(split_spec(out)[0]), to_format, output=True)
+    if layout == "sparse" and not coordinate:
+        raise FormatError(explain("layout", "a sparse output needs a coordinate source (a coordinate Matrix "
+                                  "Market file or a scipy.sparse.save_npz file)", f"{path!r} ({in_fmt})",
+                                  "drop --sparse (layout='auto')"))
+    if coordinate and out_fmt != "zarr":
+        if sparse_npz or layout == "sparse":
+            raise FormatError(explain("out", "a sparse matrix is written to a .zarr group", repr(str(out)),
+                                      "write OUT.zarr, then export it (blocklin convert OUT.zarr A.mtx)"))
+        return None
+    return "sparse" if coordinate else None
+
+
+def _convert_sparse(route: str, src: Any, out: Any, *, memory: Any, dtype: Any, overwrite: bool, nan: str,
+                    progress: Any, chunks: Any, codec: Any, checksum: bool, resume: bool) -> dict[str, Any]:
+    """A sparse conversion (:mod:`blocklin.storage.sparse_convert`): options of dense zarr outputs refused."""
+    from blocklin.storage.sparse_convert import export_sparse, open_source, write_sparse
+
+    for name, value, bad, fix in (
+            ("chunks", chunks, parse_chunks(chunks) != "auto", "drop --chunks (row blocks follow the budget)"),
+            ("codec", codec, (codec or "none").lower() != "none", "drop --codec (sparse arrays are uncompressed)"),
+            ("checksum", checksum, bool(checksum), "drop --checksum"),
+            ("resume", resume, bool(resume), "rerun without --resume (a sparse conversion is not resumable)")):
+        if bad:
+            raise ConfigError(explain(name, "applies to dense outputs only", f"{name}={value!r} for a sparse "
+                                      "conversion", f"{fix}, or pass --dense (layout='dense')"))
+    path = split_spec(src)[0]
+    if route == "export":
+        ext = os.path.splitext(os.fspath(out).lower())[1]
+        fmt = {".mtx": "mtx", ".mm": "mtx", ".npz": "npz"}.get(ext, ext.lstrip(".") or "?")
+        return export_sparse(path, out, fmt, memory=memory, overwrite=overwrite, progress=progress)
+    check_output_path(out, [path], overwrite=overwrite)
+    source = open_source(path)
+    try:
+        report, _final = write_sparse(source, out, memory=memory, dtype=dtype, overwrite=overwrite, nan=nan,
+                                      progress=progress, inputs=[path], params={"from": source.kind})
+    finally:
+        source.close()
+    report.update({"input": str(src), "from": source.kind, "to": "zarr"})
+    return report
 
 
 def _resume_token(src: Any, src_path: Any, out_path: Any, in_fmt: str, out_fmt: str, reader: Any,

@@ -91,6 +91,9 @@ def inspect(path: Any, *, format: str | None = None, memory: Any = None, **reade
         ``estimates`` (see :func:`estimates`), plus format details.
     """
     cfg = resolve(memory=memory)
+    sparse = _sparse_info(path, cfg.memory)
+    if sparse is not None:
+        return sparse
     # info reports missing chunk files (chunk_files) instead of refusing the store
     reader = open_reader(path, format=format, check_chunks=False, **reader_opts)
     try:
@@ -105,6 +108,49 @@ def inspect(path: Any, *, format: str | None = None, memory: Any = None, **reade
     d["estimates"] = estimates(tuple(d["shape"]), d["dtype"], tuple(d["chunks"]) if d.get("chunks") else None,
                                cfg.memory, rate, resident)
     return d
+
+
+def _sparse_info(path: Any, memory: int) -> dict[str, Any] | None:
+    """The facts of a stored sparse matrix (a ``blocklin-csr`` group), None for anything else."""
+    from blocklin.storage.location import as_location
+    from blocklin.storage.sparse import SparseStore, is_sparse
+
+    if not isinstance(path, (str, os.PathLike)) or not is_sparse(path):
+        return None
+    store = SparseStore(path)
+    m, n = store.shape
+    rows = np.diff(store.row_blocks)
+    in_memory = store.nnz * (store.dtype.itemsize + store.index_dtype.itemsize) + (m + 1) * 8
+    on_disk = store.bytes_on_disk()
+    prov = store.attrs.get("blocklin")
+    return {"format": "blocklin-csr", "sparse": True, "path": as_location(path).url, "shape": [m, n],
+            "dtype": store.dtype.str, "nnz": store.nnz, "density": store.nnz / (m * n) if m * n else 0.0,
+            "index_dtype": store.index_dtype.name, "row_blocks": int(rows.size),
+            "block_rows": [int(rows.min()), int(rows.max())] if rows.size else [0, 0],
+            "entry_chunk": int(store.attrs.get("entry_chunk", 0)), "bytes_on_disk": on_disk,
+            "bytes_in_memory": in_memory, "bytes_dense": m * n * store.dtype.itemsize,
+            "compression_ratio": in_memory / on_disk if on_disk else None, "memory_budget": memory,
+            "fits_budget": in_memory <= memory, "provenance": prov, "estimates": {}}
+
+
+def _format_sparse(d: dict[str, Any]) -> str:
+    shape = " x ".join(str(s) for s in d["shape"])
+    lo, hi = d["block_rows"]
+    lines = [f"{d['path']}",
+             f"  format       blocklin-csr (sparse CSR row blocks, zarr v3 group)",
+             f"  shape        {shape}",
+             f"  dtype        {np.dtype(d['dtype']).name} ({d['dtype']}), column indices {d['index_dtype']}",
+             f"  entries      {d['nnz']} stored, density {d['density']:.3g}",
+             f"  row blocks   {d['row_blocks']} of {lo}" + (f"..{hi}" if hi != lo else "") + " rows",
+             f"  on disk      {format_size(d['bytes_on_disk'])}",
+             f"  in memory    {format_size(d['bytes_in_memory'])} as CSR "
+             f"({'fits' if d['fits_budget'] else 'exceeds'} memory={format_size(d['memory_budget'])}); "
+             f"{format_size(d['bytes_dense'])} dense"]
+    prov = d.get("provenance")
+    if prov:
+        lines.append(f"  provenance   {prov.get('operation')} of {', '.join(prov.get('inputs', [])) or '-'} "
+                     f"by blocklin {prov.get('version')} at {prov.get('created')}")
+    return "\n".join(lines)
 
 
 def _duration(seconds: float) -> str:
@@ -131,6 +177,8 @@ def _chunk_line(c: dict[str, Any]) -> str:
 
 def format_info(d: dict[str, Any]) -> str:
     """Human text for :func:`inspect`'s dict."""
+    if d.get("sparse"):
+        return _format_sparse(d)
     shape = " x ".join(str(s) for s in d["shape"])
     lines = [
         f"{d['path']}",

@@ -32,7 +32,7 @@ def test_declared_shapes_refused_up_front_by_every_command(tmp_path):
         ["convert", "big.zarr", "o1.zarr", "--memory", "64MiB"],
         ["convert", "big.zarr", "o2.npy", "--memory", "64MiB"],
         ["inv", "big.zarr", "-o", "o3.zarr", "--memory", "64MiB"],
-        ["convert", "huge.mtx", "o4.zarr", "--memory", "64MiB"],
+        ["convert", "huge.mtx", "o4.zarr", "--memory", "64MiB", "--dense"],
         ["gemm", "tall.zarr", "b.zarr", "-o", "o5.zarr", "--memory", "64MiB"],
         ["svd", "tall.zarr", "-k", "2", "-o", "o6", "--memory", "64MiB"],
     ]

@@ -275,10 +275,10 @@ def test_coordinate_reader_states_its_memory(tmp_path):
     src = _write(tmp_path, "big.mtx", f"%%MatrixMarket matrix coordinate real symmetric\n1000 1000 {n}\n" + body)
     with pytest.raises(BudgetError, match=r"holds its 300000 entries \(mirrored\) as triplets \((\d+)MiB\).*"
                                           r"at least (\d+)MiB") as info:
-        blocklin.convert(src, tmp_path / "o.zarr", memory="16MiB")
+        blocklin.convert(src, tmp_path / "o.zarr", memory="16MiB", layout="dense")
     assert not (tmp_path / "o.zarr").exists()
     need = str(info.value).split("at least ")[1].split(" ")[0]
-    blocklin.convert(src, tmp_path / "o.zarr", memory=need)
+    blocklin.convert(src, tmp_path / "o.zarr", memory=need, layout="dense")
 
 
 def _symmetric_array_file(path, a, symmetry, field="real"):

@@ -145,7 +145,7 @@ MTX_CASES = {
 def test_matrix_market_matches_scipy(tmp_path, case):
     text = MTX_CASES[case]
     (tmp_path / "m.mtx").write_text(text)
-    blocklin.convert(tmp_path / "m.mtx", tmp_path / "m.zarr", chunks=(2, 2), memory="32MiB")
+    blocklin.convert(tmp_path / "m.mtx", tmp_path / "m.zarr", chunks=(2, 2), memory="32MiB", layout="dense")
     got = zarr.open_array(tmp_path / "m.zarr")[:]
     want = _mm(text)
     want = want.toarray() if hasattr(want, "toarray") else np.asarray(want)

@@ -307,16 +307,17 @@ class MtxReader(Reader):
                            f"extra data at line {self._next_line + k}: {line.strip()[:40]!r}",
                            "fix the count in the size line or remove the extra lines")
 
-    def _load_coordinate(self):
+    def entries(self):
+        """Yield the coordinate entries batch by batch, checked, as ``(first_line, rows, cols, values,
+        stored)``: 0-based ``rows``/``cols`` (int64), ``values`` in the reader's dtype (pattern: 1), the
+        batch's ``stored`` entries in file order (entry ``i`` on line ``first_line + i``) followed by
+        their mirror images (symmetric, skew-symmetric: off-diagonal entries transposed, negated when
+        skew). Ends by checking that nothing follows the announced entries."""
         m, n = self.shape
-        nnz = self.nnz
         ncols = 2 if self.field == "pattern" else 3
-        rows = np.empty(nnz, np.int64)
-        cols = np.empty(nnz, np.int64)
-        vals = np.empty(nnz, self.dtype)
-        pos = 0
         parse_dt = np.int64 if self.field in ("integer", "pattern") else np.float64
-        for first, batch in self._lines(nnz):
+        self._consumed = 0
+        for first, batch in self._lines(self.nnz):
             arr = self._parse(first, batch, ncols, parse_dt)
             k = len(batch)
             r = arr[:, 0].astype(np.int64)
@@ -326,18 +327,30 @@ class MtxReader(Reader):
                 b = bad[0]
                 raise _bad(f"entry indices must lie in 1..{m} (rows) and 1..{n} (columns)",
                            f"({r[b]}, {c[b]}) at line {first + b}", "fix the entry or the size line")
-            rows[pos:pos + k] = r - 1
-            cols[pos:pos + k] = c - 1
-            vals[pos:pos + k] = 1 if self.field == "pattern" else arr[:, 2]
-            pos += k
-            self._consumed = pos
-        if self.symmetry != "general":
-            off = rows != cols
-            if self.symmetry == "skew-symmetric" and np.any(vals[~off] != 0):
-                raise _bad("a skew-symmetric matrix has a zero diagonal", "a nonzero diagonal entry")
-            mirrored = -vals[off] if self.symmetry == "skew-symmetric" else vals[off]
-            rows, cols, vals = (np.concatenate([rows, cols[off]]), np.concatenate([cols, rows[off]]),
-                                np.concatenate([vals, mirrored]))
+            r -= 1
+            c -= 1
+            v = np.ones(k, self.dtype) if self.field == "pattern" else arr[:, 2].astype(self.dtype, copy=False)
+            del arr
+            if self.symmetry != "general":
+                off = r != c
+                if self.symmetry == "skew-symmetric" and np.any(v[~off] != 0):
+                    b = np.flatnonzero(~off & (v != 0))[0]
+                    raise _bad("a skew-symmetric matrix has a zero diagonal",
+                               f"a nonzero diagonal entry at line {first + b}", "fix the entry or the symmetry")
+                mirrored = -v[off] if self.symmetry == "skew-symmetric" else v[off]
+                r, c, v = np.concatenate([r, c[off]]), np.concatenate([c, r[off]]), np.concatenate([v, mirrored])
+            self._consumed += k
+            yield first, r, c, v, k
+        self._check_end()
+
+    def _load_coordinate(self):
+        cap = self.nnz * (1 if self.symmetry == "general" else 2)
+        rows, cols, vals = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, self.dtype)
+        pos = 0
+        for _first, r, c, v, _k in self.entries():
+            rows[pos:pos + len(r)], cols[pos:pos + len(r)], vals[pos:pos + len(r)] = r, c, v
+            pos += len(r)
+        rows, cols, vals = rows[:pos], cols[:pos], vals[:pos]
         perm = np.argsort(rows, kind="stable")
         return rows[perm], cols[perm], vals[perm]
 

@@ -1,0 +1,172 @@
+"""The :class:`SparseMatrix` handle: a stored CSR matrix (``blocklin-csr`` zarr group), read by row strips."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from blocklin.errors import BudgetError, ParameterError, explain
+from blocklin.storage.location import as_location
+from blocklin.storage.sparse import SparseStore
+
+
+def _csr(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, shape: tuple[int, int]) -> Any:
+    import scipy.sparse
+
+    # the arrays as stored: CSR in canonical form (sorted, unique column indices within each row)
+    out = scipy.sparse.csr_matrix((data, indices, indptr), shape=shape, copy=False)
+    out.has_sorted_indices = True
+    return out
+
+
+class SparseMatrix:
+    """A sparse matrix stored as CSR row blocks in a zarr v3 group (``docs/sparse.md``); nothing is
+    loaded until asked.
+
+    Parameters
+    ----------
+    path : path, URL or Location
+        The group (``"A.zarr"``), written by ``blocklin convert`` or :func:`blocklin.from_sparse`.
+    storage_options : dict, optional
+        fsspec options for a URL.
+
+    Attributes
+    ----------
+    path : str
+        Folder or URL of the group.
+    shape : (int, int)
+    dtype : numpy.dtype
+        Value dtype.
+    nnz : int
+        Stored entries (explicit zeros included).
+    row_blocks : numpy.ndarray
+        Row-block boundaries (``b + 1`` int64 from 0 to ``m``); block ``k`` is rows
+        ``row_blocks[k]:row_blocks[k + 1]``.
+
+    Examples
+    --------
+    >>> import scipy.sparse
+    >>> import blocklin as bl
+    >>> s = bl.from_sparse(scipy.sparse.eye(4, format="csr"), "I4.zarr")
+    >>> s.shape, s.nnz, s.rows(1, 3).toarray()
+    ((4, 4), 4, array([[0., 1., 0., 0.],
+           [0., 0., 1., 0.]]))
+    """
+
+    def __init__(self, path: Any, *, storage_options: dict | None = None) -> None:
+        self.location = as_location(path, storage_options)
+        self.path = self.location.url
+        self._store = SparseStore(self.location)
+
+    # -- metadata --------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self._store.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._store.dtype
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def nnz(self) -> int:
+        return self._store.nnz
+
+    @property
+    def density(self) -> float:
+        """Stored entries over ``m * n`` (0 for an empty shape)."""
+        m, n = self.shape
+        return self.nnz / (m * n) if m * n else 0.0
+
+    @property
+    def index_dtype(self) -> np.dtype:
+        return self._store.index_dtype
+
+    @property
+    def row_blocks(self) -> np.ndarray:
+        return self._store.row_blocks.copy()
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self._store.row_blocks) - 1
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        """Rows of each row block (dask's chunks convention along the rows)."""
+        return tuple(int(d) for d in np.diff(self._store.row_blocks))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the CSR arrays in memory (values, column indices, row offsets)."""
+        return self.nnz * (self.dtype.itemsize + self.index_dtype.itemsize) + (self.shape[0] + 1) * 8
+
+    @property
+    def attrs(self) -> dict:
+        return dict(self._store.attrs)
+
+    @property
+    def provenance(self) -> dict:
+        """What blocklin recorded when it wrote this matrix (operation, inputs, plan, version)."""
+        return dict(self._store.attrs.get("blocklin", {}))
+
+    # -- data --------------------------------------------------------------------------------------
+    def rows(self, r0: int, r1: int) -> Any:
+        """Rows ``r0:r1`` as a ``scipy.sparse.csr_matrix`` of shape ``(r1 - r0, n)``."""
+        m = self.shape[0]
+        if not (isinstance(r0, (int, np.integer)) and isinstance(r1, (int, np.integer)) and 0 <= r0 <= r1 <= m):
+            raise ParameterError(explain("rows", f"must be integers with 0 <= r0 <= r1 <= {m}", f"({r0!r}, {r1!r})",
+                                         f"pass a row range inside the matrix, e.g. rows(0, {min(m, 1000)})"))
+        ptr, idx, val = self._store.read_rows(int(r0), int(r1))
+        return _csr(ptr, idx, val, (int(r1) - int(r0), self.shape[1]))
+
+    def row_block(self, i: int) -> Any:
+        """Row block ``i`` (rows ``row_blocks[i]:row_blocks[i + 1]``) as a ``scipy.sparse.csr_matrix``."""
+        b = self.n_blocks
+        if not isinstance(i, (int, np.integer)) or not -b <= i < b:
+            raise ParameterError(explain("i", f"must be a row-block number in 0..{b - 1}", repr(i),
+                                         "iterate over range(matrix.n_blocks)"))
+        i = int(i) % b
+        bounds = self._store.row_blocks
+        return self.rows(int(bounds[i]), int(bounds[i + 1]))
+
+    def iter_row_blocks(self) -> Iterator[tuple[int, Any]]:
+        """``(first row, CSR strip)`` of every row block in order (one block in memory at a time)."""
+        bounds = self._store.row_blocks
+        for k in range(self.n_blocks):
+            yield int(bounds[k]), self.rows(int(bounds[k]), int(bounds[k + 1]))
+
+    def to_scipy(self, *, memory: Any = None) -> Any:
+        """The whole matrix as a ``scipy.sparse.csr_matrix``; refused when its arrays exceed the memory
+        budget (``memory``, default the configured one)."""
+        from blocklin.config import format_size, resolve
+
+        budget = resolve(memory=memory).memory
+        if self.nbytes > budget:
+            raise BudgetError(explain("memory", "to_scipy() loads the whole CSR matrix, which must fit the memory "
+                                      f"budget ({format_size(budget)})", f"{self.shape[0]} x {self.shape[1]} with "
+                                      f"{self.nnz} entries ({format_size(self.nbytes)}) in {self.path}",
+                                      "read row blocks (row_block(i), rows(r0, r1)), or raise the budget "
+                                      f"(memory='{format_size(self.nbytes * 5 // 4 + 1)}')"), minimum=self.nbytes)
+        return self.rows(0, self.shape[0])
+
+    def toarray(self) -> np.ndarray:
+        """The whole matrix dense (the same check as :meth:`to_scipy`, on the dense bytes)."""
+        from blocklin.matrix import _check_fits_memory
+
+        _check_fits_memory(self.shape, self.dtype, self.path)
+        return self.to_scipy().toarray()
+
+    def to_numpy(self) -> np.ndarray:
+        """The whole matrix dense, as :meth:`blocklin.Matrix.to_numpy` (:meth:`toarray`)."""
+        return self.toarray()
+
+    def __repr__(self) -> str:
+        return (f"SparseMatrix(path={self.path!r}, shape={self.shape}, nnz={self.nnz}, density={self.density:.3g}, "
+                f"dtype={self.dtype.name}, row_blocks={self.n_blocks})")
+
+
+__all__ = ["SparseMatrix"]

@@ -1,0 +1,675 @@
+"""Sparse files to and from the ``blocklin-csr`` layout (:mod:`blocklin.storage.sparse`) in bounded memory.
+
+Coordinate input (a Matrix Market ``coordinate`` file, a SciPy ``save_npz`` file in any of its
+formats) comes in any order, so it goes through an external sort by row block:
+
+1. **Runs.** The entries are parsed in batches and each batch is bucketed by row block (rows
+   ``k R : (k + 1) R``, ``R`` planned from the announced entries and the budget) and appended to that
+   block's run file in a work folder under the temp dir (24 bytes an entry: row, column, value).
+2. **Blocks.** Each run is loaded alone, sorted by (row, column), its duplicates summed (as
+   :func:`scipy.io.mmread`'s COO to CSR conversion does), and appended to the output as one row
+   block. A run larger than the budget (skewed rows) is bucketed again into narrower row ranges,
+   which become row blocks of their own (the layout's ``row_blocks`` records them).
+
+The work folder goes when the conversion ends, however it ends; the output appears only when
+complete. Export (``.mtx`` coordinate general, ``.npz`` by :func:`scipy.sparse.save_npz`) streams the
+row blocks (the ``.npz`` is refused when the matrix exceeds the budget: SciPy writes it from memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import uuid
+import zipfile
+from typing import Any, Iterator
+
+import numpy as np
+
+from blocklin.config import format_size, resolve, size_hint
+from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError, explain
+from blocklin.progress import make_progress
+from blocklin.storage.location import as_location
+from blocklin.storage.sparse import (
+    SparseStore, SparseWriter, entry_chunk_for, index_dtype_for, writer_bytes,
+)
+
+#: Bytes per entry while a run is sorted and summed: the loaded records (24), the sort key and
+#: permutation (16), the gathered values (8), then the unique keys, sums, columns and row numbers
+#: (about 40 with the run freed first); with slack for NumPy's sort buffer.
+SORT_BYTES_PER_ENTRY = 72
+#: Bytes per row of a row block: local offsets, row counts and their cumulative sum.
+ROW_BYTES = 32
+#: Bytes per parsed entry of one batch in the run step (values as parsed, mirrored copies, block
+#: numbers, the bucketing permutation and the records written), beyond the parser's own.
+BATCH_BYTES_PER_ENTRY = 200
+#: Entries per batch of a SciPy ``.npz`` source.
+NPZ_BATCH = 1 << 15
+#: Fewest entries a run must be able to hold.
+MIN_BLOCK_ENTRIES = 1 << 12
+#: Run files kept open at once while bucketing.
+_OPEN_RUNS = 64
+
+
+def run_dtype(value_dtype: Any) -> np.dtype:
+    """One entry of a run file: row and column (int64), value."""
+    return np.dtype([("r", "<i8"), ("c", "<i8"), ("v", np.dtype(value_dtype).newbyteorder("<"))])
+
+
+@dataclasses.dataclass(frozen=True)
+class SortPlan:
+    """The external sort's sizes for one budget.
+
+    Attributes
+    ----------
+    rows_per_block : int
+        Rows of a first-pass row block (``R``).
+    block_entries : int
+        Most entries one run may hold to be sorted in memory (larger runs are split by rows).
+    entry_chunk, row_chunk : int
+        Chunks of the output's ``indices``/``data`` and ``indptr`` arrays.
+    batch_bytes : int
+        The run step's peak (a parsed batch and its buckets).
+    peak_memory : int
+        The larger of the two steps.
+    """
+
+    rows_per_block: int
+    block_entries: int
+    entry_chunk: int
+    row_chunk: int
+    batch_bytes: int
+    peak_memory: int
+    memory: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def plan_sort(shape: tuple[int, int], entries: int, value_dtype: Any, memory: int, *, batch_entries: int,
+              parse_bytes: int = 0) -> SortPlan:
+    """Plan the external sort of ``entries`` (announced, mirrored images included) into row blocks.
+
+    Half of what the budget leaves after the writer's buffers holds the entries of one run; row
+    blocks are sized for half of that on average, so runs of rows denser than the average still fit.
+
+    Raises
+    ------
+    BudgetError
+        The budget cannot hold the writer's buffers, a parsed batch and a run of a few rows.
+    """
+    m, n = (int(s) for s in shape)
+    vdt = np.dtype(value_dtype)
+    entry_chunk = entry_chunk_for(memory, vdt.itemsize + index_dtype_for(n).itemsize)
+    row_chunk = entry_chunk
+    fixed = writer_bytes(entry_chunk, row_chunk, vdt, index_dtype_for(n))
+    batch = parse_bytes + batch_entries * BATCH_BYTES_PER_ENTRY + fixed
+    room = memory - fixed
+    # The minimum does not depend on the budget it is checked at (the writer's chunks grow with the
+    # budget, to at most a tenth of it), so the budget it names suffices.
+    base = max(parse_bytes + batch_entries * BATCH_BYTES_PER_ENTRY,
+               SORT_BYTES_PER_ENTRY * MIN_BLOCK_ENTRIES + ROW_BYTES)
+    need = base * 4 // 3
+    if memory < need:
+        hint = size_hint(need)
+        raise BudgetError(explain("memory", "the sparse conversion needs a parsed batch of "
+                                  f"{batch_entries} entries, a sort of at least {MIN_BLOCK_ENTRIES} entries and the "
+                                  f"output writer's buffers", f"memory={format_size(memory)}",
+                                  f"raise the budget to at least {hint} (--memory {hint})"),
+                          minimum=need)
+    per_row = max(entries, 1) / max(m, 1)
+    # row blocks hold half a run on average (runs of denser rows still fit), their offsets a quarter
+    rows_cap = max(1, room // 4 // ROW_BYTES)
+    block_entries = max(MIN_BLOCK_ENTRIES, (room - min(rows_cap, max(m, 1)) * ROW_BYTES) // SORT_BYTES_PER_ENTRY)
+    rows = int(min(max(m, 1), rows_cap, max(1, block_entries / 2 / per_row)))
+    sort_peak = fixed + block_entries * SORT_BYTES_PER_ENTRY + rows * ROW_BYTES
+    return SortPlan(rows_per_block=rows, block_entries=int(block_entries), entry_chunk=entry_chunk,
+                    row_chunk=row_chunk, batch_bytes=int(batch), peak_memory=int(max(batch, sort_peak)),
+                    memory=int(memory))
+
+
+# -- sources: batches of checked, 0-based entries ---------------------------------------------------
+
+@dataclasses.dataclass
+class Batch:
+    """Entries of one batch: ``rows``, ``cols`` (0-based int64), ``vals``; the first ``stored`` are in
+    source order (``where(i)`` names the position of entry ``i``), the rest mirrored images."""
+
+    rows: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+    stored: int
+    where: Any
+
+
+class MtxSource:
+    """A coordinate Matrix Market file as batches (:meth:`MtxReader.entries`); values as float64."""
+
+    kind = "mtx"
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
+        self.shape = reader.shape
+        self.dtype = np.dtype(np.float64)
+        self.entries = reader.nnz * (1 if reader.symmetry == "general" else 2)
+        from blocklin.storage.formats.text_util import PARSE_BATCH_BYTES
+
+        self.batch_entries = 2 * max(1, PARSE_BATCH_BYTES // 32)
+        self.parse_bytes = reader.overhead_bytes
+
+    @property
+    def bytes_read(self) -> int:
+        return self.reader.bytes_read
+
+    def batches(self) -> Iterator[Batch]:
+        for first, r, c, v, k in self.reader.entries():
+            yield Batch(r, c, v.astype(self.dtype, copy=False), k, lambda i, f=first: f"line {f + i}")
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class _NpyStream:
+    """One ``.npy`` member of a zip read forward in pieces (never whole)."""
+
+    def __init__(self, zf: zipfile.ZipFile, name: str, what: str) -> None:
+        from blocklin.storage.formats.npy import _read_header
+
+        self.fh = zf.open(name)
+        shape, fortran, dtype = _read_header(self.fh, what)
+        if len(shape) != 1:
+            raise FormatError(explain(what, "must be a 1-D array", f"shape {shape}", "write it with "
+                                      "scipy.sparse.save_npz"))
+        self.size, self.dtype, self.what, self.pos = int(shape[0]), np.dtype(dtype), what, 0
+        self.bytes_read = 0
+
+    def read(self, count: int) -> np.ndarray:
+        count = min(count, self.size - self.pos)
+        raw = self.fh.read(count * self.dtype.itemsize)
+        if len(raw) != count * self.dtype.itemsize:
+            raise FormatError(explain(self.what, "must hold the values its header announces",
+                                      f"{self.pos + len(raw) // self.dtype.itemsize} of {self.size}",
+                                      "the file is truncated; write it again with scipy.sparse.save_npz"))
+        self.pos += count
+        self.bytes_read += len(raw)
+        return np.frombuffer(raw, self.dtype)
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _small_member(zf: zipfile.ZipFile, name: str) -> np.ndarray:
+    with zf.open(name) as fh:
+        return np.lib.format.read_array(fh, allow_pickle=False)
+
+
+def is_scipy_npz(path: str) -> bool:
+    """Whether ``path`` is a zip written by :func:`scipy.sparse.save_npz` (it names its ``format``)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = set(zf.namelist())
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return {"format.npy", "shape.npy", "data.npy"} <= names
+
+
+class NpzSource:
+    """A SciPy ``save_npz`` file (csr, csc or coo) as batches of entries, read forward in pieces."""
+
+    kind = "npz"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self.zf = zipfile.ZipFile(path)
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise FormatError(explain("npz input", "must be a zip archive written by scipy.sparse.save_npz",
+                                      f"{path!r} ({exc})", "write it with scipy.sparse.save_npz")) from None
+        try:
+            fmt = _small_member(self.zf, "format.npy").item()
+            self.format = (fmt.decode("ascii", "replace") if isinstance(fmt, bytes) else str(fmt)).lower()
+            shape = tuple(int(s) for s in _small_member(self.zf, "shape.npy"))
+        except (KeyError, ValueError) as exc:
+            self.zf.close()
+            raise FormatError(explain("npz input", "must hold format.npy and shape.npy (scipy.sparse.save_npz)",
+                                      f"{path!r} ({exc})", "write it with scipy.sparse.save_npz")) from None
+        if self.format not in ("csr", "csc", "coo") or len(shape) != 2 or min(shape) < 0:
+            self.zf.close()
+            raise FormatError(explain("npz input", "must be a 2-D csr, csc or coo matrix",
+                                      f"format {self.format!r}, shape {shape}", "convert it first: "
+                                      "scipy.sparse.save_npz(path, x.tocsr())"))
+        self.shape = shape
+        names = ("row", "col", "data") if self.format == "coo" else ("indptr", "indices", "data")
+        self._streams = []
+        try:
+            for nm in names:
+                self._streams.append(_NpyStream(self.zf, f"{nm}.npy", f"npz member {nm}"))
+        except KeyError as exc:
+            self.close()
+            raise FormatError(explain("npz input", f"a {self.format} file must hold {names}", f"{exc}",
+                                      "write it with scipy.sparse.save_npz")) from None
+        except BaseException:
+            self.close()
+            raise
+        data = self._streams[2]
+        if data.dtype.kind not in "biufc":
+            self.close()
+            raise DTypeError(explain("npz member data", "must hold numbers", f"dtype {data.dtype}",
+                                     "convert the values to a numeric dtype"))
+        self.dtype = data.dtype.newbyteorder("=")
+        self.entries = data.size
+        self.batch_entries = NPZ_BATCH
+        self.parse_bytes = 0
+        a, b = self._streams[0], self._streams[1]
+        major = self.shape[0] if self.format == "csr" else self.shape[1]
+        bad = (b.size != data.size) or (a.size != (data.size if self.format == "coo" else major + 1))
+        if bad:
+            self.close()
+            raise FormatError(explain("npz input", f"the {names} arrays must have consistent lengths",
+                                      f"{a.size}, {b.size}, {data.size} for shape {self.shape}",
+                                      "the file is damaged; write it again with scipy.sparse.save_npz"))
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(s.bytes_read for s in self._streams)
+
+    def _check_range(self, what: str, idx: np.ndarray, limit: int, pos: int) -> None:
+        bad = np.flatnonzero((idx < 0) | (idx >= limit))
+        if bad.size:
+            raise FormatError(explain("npz input", f"{what} indices must lie in 0..{limit - 1}",
+                                      f"{idx[bad[0]]} at entry {pos + int(bad[0])}",
+                                      "fix the matrix and save it again"))
+
+    def batches(self) -> Iterator[Batch]:
+        m, n = self.shape
+        a, b, data = self._streams
+        if self.format == "coo":
+            pos = 0
+            while pos < data.size:
+                k = min(NPZ_BATCH, data.size - pos)
+                r, c, v = a.read(k).astype(np.int64), b.read(k).astype(np.int64), data.read(k)
+                self._check_range("row", r, m, pos)
+                self._check_range("column", c, n, pos)
+                yield Batch(r, c, v.astype(self.dtype, copy=False), k, lambda i, p=pos: f"entry {p + i}")
+                pos += k
+            return
+        major_n = m if self.format == "csr" else n
+        minor_n = n if self.format == "csr" else m
+        prev = int(a.read(1)[0]) if a.size else 0
+        if prev != 0:
+            raise FormatError(explain("npz input", "indptr must start at 0", str(prev), "save the matrix again"))
+        i = 0  # next major index
+        pos = 0
+        while i < major_n:
+            ptr = np.concatenate([[prev], a.read(NPZ_BATCH).astype(np.int64)])
+            if np.any(np.diff(ptr) < 0) or ptr[-1] > data.size:
+                raise FormatError(explain("npz input", "indptr must be non-decreasing and end at nnz",
+                                          f"offsets up to {ptr.max()} near index {i}, nnz {data.size}",
+                                          "the file is damaged; save the matrix again"))
+            majors = np.arange(i, i + len(ptr) - 1)
+            while pos < ptr[-1]:
+                k = int(min(NPZ_BATCH, ptr[-1] - pos))
+                idx, v = b.read(k).astype(np.int64), data.read(k)
+                self._check_range("row" if self.format == "csc" else "column", idx, minor_n, pos)
+                maj = majors[np.searchsorted(ptr, np.arange(pos, pos + k), side="right") - 1]
+                r, c = (maj, idx) if self.format == "csr" else (idx, maj)
+                yield Batch(r, c, v.astype(self.dtype, copy=False), k, lambda j, p=pos: f"entry {p + j}")
+                pos += k
+            i += len(ptr) - 1
+            prev = int(ptr[-1])
+        if pos != data.size:
+            raise FormatError(explain("npz input", "indptr must end at nnz", f"{pos}, nnz {data.size}",
+                                      "the file is damaged; save the matrix again"))
+
+    def close(self) -> None:
+        for s in getattr(self, "_streams", []):
+            s.close()
+        self.zf.close()
+
+
+class ScipySource:
+    """An in-memory SciPy sparse matrix (or array) as batches of its COO entries."""
+
+    kind = "scipy"
+
+    def __init__(self, x: Any) -> None:
+        self.x = x.tocoo(copy=False) if hasattr(x, "tocoo") else x
+        self.shape = tuple(int(s) for s in self.x.shape)
+        self.dtype = np.dtype(self.x.dtype)
+        self.entries = int(self.x.nnz)
+        self.batch_entries = NPZ_BATCH
+        self.parse_bytes = 0
+        self.bytes_read = 0
+
+    def batches(self) -> Iterator[Batch]:
+        coo = self.x
+        for p in range(0, self.entries, NPZ_BATCH):
+            q = min(self.entries, p + NPZ_BATCH)
+            yield Batch(np.asarray(coo.row[p:q], np.int64), np.asarray(coo.col[p:q], np.int64),
+                        np.asarray(coo.data[p:q]), q - p, lambda i, s=p: f"entry {s + i}")
+
+    def close(self) -> None:
+        pass
+
+
+# -- the external sort -----------------------------------------------------------------------------
+
+class _Runs:
+    """The run files of one sort in its work folder, a few kept open for appends."""
+
+    def __init__(self, folder: str, rec: np.dtype) -> None:
+        self.folder, self.rec = folder, rec
+        self._open: dict[str, Any] = {}
+        self.count = 0
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+    def append(self, name: str, records: np.ndarray) -> None:
+        fh = self._open.get(name)
+        if fh is None:
+            if len(self._open) >= _OPEN_RUNS:
+                self._open.pop(next(iter(self._open))).close()
+            fh = self._open[name] = open(self.path(name), "ab")
+        records.tofile(fh)
+
+    def close_all(self) -> None:
+        for fh in self._open.values():
+            fh.close()
+        self._open.clear()
+
+    def size(self, name: str) -> int:
+        try:
+            return os.path.getsize(self.path(name)) // self.rec.itemsize
+        except FileNotFoundError:
+            return 0
+
+    def load(self, name: str, start: int = 0, count: int = -1) -> np.ndarray:
+        p = self.path(name)
+        if not os.path.exists(p):
+            return np.empty(0, self.rec)
+        return np.fromfile(p, self.rec, count=count, offset=start * self.rec.itemsize)
+
+    def remove(self, name: str) -> None:
+        fh = self._open.pop(name, None)
+        if fh is not None:
+            fh.close()
+        try:
+            os.unlink(self.path(name))
+        except FileNotFoundError:
+            pass
+
+
+def _bucket(runs: _Runs, prefix: str, rec: np.ndarray, keys: np.ndarray) -> None:
+    """Append the records to the runs ``prefix-KEY`` of their ``keys`` (in source order within each)."""
+    if rec.size == 0:
+        return
+    order = np.argsort(keys, kind="stable")
+    ks = keys[order]
+    starts = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
+    ends = np.append(starts[1:], len(ks))
+    recs = rec[order]
+    del order
+    for s, e in zip(starts.tolist(), ends.tolist()):
+        runs.append(f"{prefix}-{int(ks[s])}", recs[s:e])
+
+
+def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dtype
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CSR of rows ``r0:r1`` from their records in any order: sorted by (row, column), duplicates summed
+    (in source order, as SciPy's COO to CSR conversion sums them)."""
+    if (r1 - r0) * n < 2**62:
+        key = rec["r"] - r0
+        key *= n
+        key += rec["c"]
+        order = np.argsort(key, kind="stable")
+        vals = rec["v"][order]
+        key = key[order]
+    else:  # pragma: no cover - a key of row and column would overflow int64
+        order = np.lexsort((rec["c"], rec["r"]))
+        vals = rec["v"][order]
+        key = None
+        rr, cc = rec["r"][order] - r0, rec["c"][order]
+    del order
+    if key is not None:
+        new = np.empty(len(key), bool)
+        if len(key):
+            new[0] = True
+            np.not_equal(key[1:], key[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
+        del new
+        uk = key[starts]
+        del key
+        rows_local, cols = np.divmod(uk, n)
+        del uk
+    else:  # pragma: no cover
+        new = np.ones(len(rr), bool)
+        new[1:] = (rr[1:] != rr[:-1]) | (cc[1:] != cc[:-1])
+        starts = np.flatnonzero(new)
+        rows_local, cols = rr[starts], cc[starts]
+    sums = np.add.reduceat(vals, starts) if len(starts) else vals[:0]
+    del vals, starts
+    indptr = np.zeros(r1 - r0 + 1, np.int64)
+    np.cumsum(np.bincount(rows_local, minlength=r1 - r0), out=indptr[1:])
+    return indptr, cols.astype(index_dtype), sums
+
+
+def _emit(runs: _Runs, name: str, r0: int, r1: int, plan: SortPlan, writer: SparseWriter, n: int,
+          depth: int = 0) -> None:
+    """Write rows ``r0:r1`` from run ``name``: sorted in memory when it fits, else split by rows."""
+    count = runs.size(name)
+    if count <= plan.block_entries:
+        rec = runs.load(name)
+        runs.remove(name)
+        indptr, cols, sums = _sorted_block(rec, r0, r1, n, writer.index_dtype)
+        del rec
+        writer.write_rows(r0, r1, indptr, cols, sums.astype(writer.dtype, copy=False))
+        return
+    if r1 - r0 == 1:
+        need = plan.memory + (count - plan.block_entries) * SORT_BYTES_PER_ENTRY
+        raise BudgetError(explain("memory", "the entries of one row must fit the sort's half of the budget",
+                                  f"row {r0 + 1} holds {count} entries (the budget sorts {plan.block_entries})",
+                                  f"raise the budget to at least {size_hint(need)} (--memory {size_hint(need)})"),
+                          minimum=need)
+    parts = int(min(r1 - r0, max(2, 2 * -(-count // plan.block_entries))))
+    width = -(-(r1 - r0) // parts)
+    sub = f"{name}.{depth}"
+    for start in range(0, count, plan.block_entries):  # bucketed again in pieces the budget holds
+        rec = runs.load(name, start, min(plan.block_entries, count - start))
+        _bucket(runs, sub, rec, (rec["r"] - r0) // width)
+        del rec
+    runs.close_all()
+    runs.remove(name)
+    for k in range(parts):
+        a, b = r0 + k * width, min(r1, r0 + (k + 1) * width)
+        if a < b:
+            _emit(runs, f"{sub}-{k}", a, b, plan, writer, n, depth + 1)
+
+
+def external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str, *, nan: str = "allow",
+                  progress: Any = None, desc: str = "") -> dict:
+    """Bucket ``source``'s batches into runs under ``work`` and write them as row blocks (see the
+    module notes). Returns counts for the report."""
+    m, n = source.shape
+    rpb = plan.rows_per_block
+    runs = _Runs(work, run_dtype(writer.dtype))
+    n_runs = -(-m // rpb) if m else 0
+    prog = make_progress(progress)
+    prog.start(n_runs, desc)
+    stored = 0
+    try:
+        for batch in source.batches():
+            if nan == "error" and batch.vals.dtype.kind in "fc":
+                bad = np.flatnonzero(np.isnan(batch.vals[:batch.stored]))
+                if bad.size:
+                    raise NonFiniteError(explain("input", "must not hold NaN when nan='error'",
+                                                 f"NaN at {batch.where(int(bad[0]))}",
+                                                 "fix the value, or pass nan='allow' (CLI: --nan allow)"))
+            rec = np.empty(len(batch.rows), runs.rec)
+            rec["r"], rec["c"], rec["v"] = batch.rows, batch.cols, batch.vals
+            stored += len(rec)
+            _bucket(runs, "run", rec, batch.rows // rpb)
+            del rec, batch
+        runs.close_all()
+        for k in range(n_runs):
+            r0, r1 = k * rpb, min(m, (k + 1) * rpb)
+            _emit(runs, f"run-{k}", r0, r1, plan, writer, n)
+            prog.advance(1)
+    finally:
+        runs.close_all()
+        prog.close()
+    return {"entries_read": stored, "runs": n_runs}
+
+
+# -- drivers ---------------------------------------------------------------------------------------
+
+def _value_dtype(src: np.dtype, requested: Any) -> np.dtype:
+    from blocklin.storage.convert import output_dtype
+
+    return output_dtype(src, requested)
+
+
+def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None, overwrite: bool = False,
+                 nan: str = "allow", progress: Any = None, inputs: list = (), operation: str = "convert",
+                 params: dict | None = None) -> tuple[dict, Any]:
+    """Write ``source`` (an :class:`MtxSource`, :class:`NpzSource` or :class:`ScipySource`) as a
+    ``blocklin-csr`` group at ``out`` within the budget. Returns ``(report, committed location)``."""
+    from blocklin._memory import check_budget, peak_rss
+    from blocklin.storage.ownership import end_work_folder, start_work_folder
+    from blocklin.storage.space import check_space
+
+    t0 = time.perf_counter()
+    cfg = resolve(memory=memory)
+    check_budget(cfg.memory)
+    out_dt = _value_dtype(source.dtype, dtype)
+    m, n = source.shape
+    plan = plan_sort((m, n), source.entries, out_dt, cfg.memory, batch_entries=source.batch_entries,
+                     parse_bytes=source.parse_bytes)
+    idx = index_dtype_for(n)
+    check_space(as_location(out, name="out"), source.entries * (out_dt.itemsize + idx.itemsize) + (m + 1) * 8, "out",
+                f"a {m} x {n} sparse matrix of up to {source.entries} entries")
+    root = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir")
+    if not root.is_local:
+        raise ConfigError(explain("temp_dir", "the sparse conversion's run files need a local temp dir",
+                                  root.url, "point BLOCKLIN_TEMP_DIR (--temp-dir) at a local folder"))
+    writer = SparseWriter(out, (m, n), out_dt, inputs=list(inputs), overwrite=overwrite,
+                          entry_chunk=plan.entry_chunk, row_chunk=plan.row_chunk)
+    work = root / f"blocklin-sort-{uuid.uuid4().hex[:12]}"
+    try:
+        check_space(work, source.entries * run_dtype(out_dt).itemsize, "temp_dir",
+                    f"the run files of {source.entries} entries")
+        start_work_folder(work, operation="convert-sort")
+        try:
+            counts = external_sort(source, writer, plan, work.url, nan=nan, progress=progress,
+                                   desc=f"convert {os.path.basename(str(out))} (sparse)")
+        finally:
+            end_work_folder(work)
+        report = {"output": str(out), "layout": "sparse", "format": "blocklin-csr", "shape": [m, n],
+                  "dtype": out_dt.name, "nnz": int(writer.nnz), "entries_read": counts["entries_read"],
+                  "row_blocks": writer.n_blocks, "runs": counts["runs"], "memory": cfg.memory,
+                  "planned_memory": plan.peak_memory, "bytes_read": int(source.bytes_read),
+                  "seconds": time.perf_counter() - t0}
+        final = writer.commit(operation=operation, plan=plan.to_dict(),
+                              params={"dtype": out_dt.name, "memory": cfg.memory, **(params or {})},
+                              report=dict(report))
+    except BaseException:
+        writer.abort()
+        raise
+    from blocklin.storage.formats.base import disk_usage
+
+    report.update(output=str(out), seconds=time.perf_counter() - t0, peak_memory=peak_rss(),
+                  bytes_written=disk_usage(final.url), plan=plan.to_dict())
+    return report, final
+
+
+def open_source(src: str, *, nan: str = "allow") -> Any:
+    """The coordinate source at ``src``: a Matrix Market coordinate file or a SciPy ``.npz``."""
+    if str(src).lower().endswith(".npz"):
+        return NpzSource(src)
+    from blocklin.storage.formats.mtx import MtxReader
+
+    reader = MtxReader(src)
+    if reader.layout != "coordinate":
+        reader.close()
+        raise FormatError(explain("layout", "a sparse output needs a coordinate Matrix Market file",
+                                  f"{src!r} is an array (dense) file", "convert it dense: drop --sparse "
+                                  "(layout='auto') or pass --dense"))
+    return MtxSource(reader)
+
+
+def export_sparse(src: Any, out: Any, fmt: str, *, memory: Any = None, overwrite: bool = False,
+                  progress: Any = None) -> dict:
+    """Write the stored sparse matrix ``src`` as a coordinate ``general`` Matrix Market file (``fmt``
+    ``"mtx"``, streamed by row blocks) or a SciPy ``.npz`` (``"npz"``, refused beyond the budget)."""
+    from blocklin._memory import peak_rss
+    from blocklin.storage.formats.base import AtomicFile
+
+    t0 = time.perf_counter()
+    cfg = resolve(memory=memory)
+    store = SparseStore(src, name="input")
+    m, n = store.shape
+    fmt = fmt.lower()
+    if fmt not in ("mtx", "npz"):
+        raise FormatError(explain("out", "a sparse matrix is exported as .mtx (coordinate) or .npz "
+                                  "(scipy.sparse.save_npz)", f"{str(out)!r} ({fmt})",
+                                  "write OUT.mtx or OUT.npz"))
+    nbytes = store.nnz * (store.dtype.itemsize + store.index_dtype.itemsize) + (m + 1) * 8
+    if fmt == "npz" and 2 * nbytes > cfg.memory:  # the matrix and save_npz's compressed copy of each array
+        raise BudgetError(explain("memory", "an .npz is written by scipy.sparse.save_npz from memory: twice the "
+                                  f"CSR arrays must fit the budget ({format_size(cfg.memory)})",
+                                  f"{m} x {n} with {store.nnz} entries ({format_size(nbytes)})",
+                                  f"export to .mtx (streamed), or raise the budget to at least "
+                                  f"{size_hint(2 * nbytes * 5 // 4)} (--memory {size_hint(2 * nbytes * 5 // 4)})"),
+                          minimum=2 * nbytes)
+    target = AtomicFile(out, inputs=[store.location.url], overwrite=overwrite, kind="mtx" if fmt == "mtx" else "raw")
+    prog = make_progress(progress)
+    bounds = store.row_blocks
+    prog.start(len(bounds) - 1, f"export {os.path.basename(str(out))}")
+    try:
+        if fmt == "npz":
+            import scipy.sparse
+
+            ptr, idx, val = store.read_rows(0, m)
+            with open(target.partial, "wb") as fh:  # a file object: save_npz adds no ".npz" to the name
+                scipy.sparse.save_npz(fh, scipy.sparse.csr_matrix((val, idx, ptr), shape=(m, n)))
+            prog.advance(len(bounds) - 1)
+        else:
+            _write_mtx(store, target.partial, prog)
+        final = target.commit()
+    except BaseException:
+        target.abort()
+        raise
+    finally:
+        prog.close()
+    return {"output": str(final), "input": str(src), "layout": "sparse", "from": "blocklin-csr", "to": fmt,
+            "shape": [m, n], "dtype": store.dtype.name, "nnz": store.nnz, "memory": cfg.memory,
+            "planned_memory": 2 * nbytes if fmt == "npz" else None, "bytes_written": os.path.getsize(final),
+            "seconds": time.perf_counter() - t0, "peak_memory": peak_rss()}
+
+
+def _write_mtx(store: SparseStore, path: Any, prog: Any) -> None:
+    from blocklin.storage.formats.text_util import FORMAT_BATCH, formatter
+
+    m, n = store.shape
+    field = "integer" if store.dtype.kind in "iub" else "real"
+    if store.dtype.kind == "c":
+        raise DTypeError(explain("dtype", "Matrix Market output holds real or integer values",
+                                 f"dtype {store.dtype}", "export the real and imaginary parts separately"))
+    fmt = formatter(store.dtype)
+    bounds = store.row_blocks
+    with open(path, "w", encoding="ascii", newline="\n") as fh:
+        fh.write(f"%%MatrixMarket matrix coordinate {field} general\n% written by blocklin\n{m} {n} {store.nnz}\n")
+        for k in range(len(bounds) - 1):
+            r0, r1 = int(bounds[k]), int(bounds[k + 1])
+            ptr, idx, val = store.read_rows(r0, r1)
+            rows = np.repeat(np.arange(r0 + 1, r1 + 1), np.diff(ptr))
+            for s in range(0, len(idx), FORMAT_BATCH):
+                e = s + FORMAT_BATCH
+                fh.write("".join(f"{r} {c} {v}\n" for r, c, v in zip(rows[s:e].tolist(), (idx[s:e] + 1).tolist(),
+                                                                     fmt(val[s:e]))))
+            prog.advance(1)
+
+
+__all__ = ["MtxSource", "NpzSource", "ScipySource", "SortPlan", "export_sparse", "external_sort", "is_scipy_npz",
+           "open_source", "plan_sort", "write_sparse"]

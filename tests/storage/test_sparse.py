@@ -1,0 +1,352 @@
+"""Sparse stored matrices (``blocklin-csr``): the layout, conversion by external sort, export, refusals.
+
+Conversions do no arithmetic but duplicate sums, so results are compared exactly with SciPy's own
+(``scipy.io.mmread`` / ``scipy.sparse``, canonical CSR: duplicates summed, indices sorted); where
+duplicates are summed the values are integers, so every summation order gives the same bits.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+import scipy.io
+import scipy.sparse
+import zarr
+
+import blocklin
+from blocklin.cli.main import main
+from blocklin.errors import BudgetError, ConfigError, FormatError, NonFiniteError, ParameterError
+from blocklin.sparse import SparseMatrix
+from blocklin.storage.sparse import SparseWriter
+from blocklin.storage.sparse_convert import ScipySource, SortPlan, external_sort
+from support.hostile import leftovers
+
+
+def _canonical(x) -> scipy.sparse.csr_matrix:
+    c = scipy.sparse.csr_matrix(x, copy=True)
+    c.sum_duplicates()
+    c.sort_indices()
+    return c
+
+
+def _assert_same(got: scipy.sparse.csr_matrix, want) -> None:
+    want = _canonical(want)
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got.indptr, want.indptr)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.data, want.data)
+
+
+def _mtx(rows, cols, vals, shape, field="integer", symmetry="general") -> str:
+    head = f"%%MatrixMarket matrix coordinate {field} {symmetry}\n% comment\n{shape[0]} {shape[1]} {len(rows)}\n"
+    if field == "pattern":
+        return head + "".join(f"{r} {c}\n" for r, c in zip(rows, cols))
+    return head + "".join(f"{r} {c} {v}\n" for r, c, v in zip(rows, cols, vals))
+
+
+def _entries(rng, m, n, k, *, lower=False, strict=False):
+    r = rng.integers(1, m + 1, k)
+    c = rng.integers(1, n + 1, k)
+    if lower:
+        r, c = np.maximum(r, c), np.minimum(r, c)
+        if strict:
+            keep = r != c
+            r, c = r[keep], c[keep]
+    v = rng.integers(-9, 10, len(r))
+    return r.tolist(), c.tolist(), v.tolist()
+
+
+def _nothing_left(tmp_path, *outputs):
+    assert leftovers(tmp_path) == []
+    for out in outputs:
+        assert not (tmp_path / out).exists()
+
+
+# -- every field and symmetry, unsorted input with duplicates, against scipy.io.mmread --------------
+
+@pytest.mark.parametrize(("field", "symmetry"), [
+    ("real", "general"), ("integer", "general"), ("pattern", "general"), ("integer", "symmetric"),
+    ("pattern", "symmetric"), ("real", "skew-symmetric"), ("integer", "skew-symmetric"),
+])
+def test_mtx_round_trip_matches_scipy(tmp_path, rng, field, symmetry):
+    m = n = 40
+    r, c, v = _entries(rng, m, n, 600, lower=symmetry != "general", strict=symmetry == "skew-symmetric")
+    if field == "real":
+        v = [x / 4 for x in v]  # quarters: sums of a few are exact in any order
+    text = _mtx(r, c, v, (m, n), field, symmetry)
+    (tmp_path / "a.mtx").write_text(text)
+    rep = blocklin.convert(tmp_path / "a.mtx", tmp_path / "a.zarr", memory="64MiB")
+    assert rep["layout"] == "sparse" and rep["from"] == "mtx"
+    s = blocklin.open(tmp_path / "a.zarr")
+    assert isinstance(s, SparseMatrix) and s.dtype == np.float64
+    want = scipy.io.mmread(io.StringIO(text))
+    _assert_same(s.to_scipy(), want)
+    assert s.nnz == _canonical(want).nnz == rep["nnz"]
+    assert len(set(zip(r, c))) < len(r)  # the input had duplicates (summed above)
+
+
+def test_unsorted_duplicates_and_explicit_zeros_rectangular(tmp_path, rng):
+    r, c, v = _entries(rng, 7, 300, 2000)
+    v[:50] = [0] * 50
+    text = _mtx(r, c, v, (7, 300))
+    (tmp_path / "w.mtx").write_text(text)
+    blocklin.convert(tmp_path / "w.mtx", tmp_path / "w.zarr", memory="64MiB")
+    _assert_same(blocklin.open(tmp_path / "w.zarr").to_scipy(), scipy.io.mmread(io.StringIO(text)))
+
+
+def test_empty_and_zero_row_matrices(tmp_path):
+    (tmp_path / "e.mtx").write_text("%%MatrixMarket matrix coordinate real general\n5 3 0\n")
+    blocklin.convert(tmp_path / "e.mtx", tmp_path / "e.zarr")
+    s = blocklin.open(tmp_path / "e.zarr")
+    assert s.shape == (5, 3) and s.nnz == 0 and s.to_scipy().toarray().sum() == 0
+    (tmp_path / "z.mtx").write_text("%%MatrixMarket matrix coordinate real general\n0 4 0\n")
+    blocklin.convert(tmp_path / "z.mtx", tmp_path / "z.zarr")
+    assert blocklin.open(tmp_path / "z.zarr").to_scipy().shape == (0, 4)
+
+
+# -- the layout: any zarr reader opens it ------------------------------------------------------------
+
+def test_layout_is_plain_zarr(tmp_path, rng):
+    x = scipy.sparse.random(90, 70, density=0.1, random_state=3, format="csr")
+    blocklin.from_sparse(x, tmp_path / "x.zarr", memory="64MiB")
+    g = zarr.open_group(str(tmp_path / "x.zarr"), mode="r")
+    attrs = dict(g.attrs)
+    assert attrs["format"] == "blocklin-csr" and attrs["format_version"] == 1
+    assert attrs["shape"] == [90, 70] and attrs["dtype"] == "float64" and attrs["nnz"] == x.nnz
+    assert attrs["blocklin"]["operation"] == "from_sparse"
+    assert g["indptr"].dtype == np.int64 and g["indices"].dtype == np.int32 and g["row_blocks"].dtype == np.int64
+    got = scipy.sparse.csr_matrix((g["data"][:], g["indices"][:], g["indptr"][:]), shape=(90, 70))
+    _assert_same(got, x)
+    rb = g["row_blocks"][:]
+    assert rb[0] == 0 and rb[-1] == 90 and np.all(np.diff(rb) > 0)
+    assert sorted(p.name for p in (tmp_path / "x.zarr").iterdir()) == ["data", "indices", "indptr", "row_blocks",
+                                                                       "zarr.json"]
+
+
+def test_handle_reads_strips_and_refuses_what_does_not_fit(tmp_path):
+    x = scipy.sparse.random(500, 80, density=0.05, random_state=1, format="csr")
+    s = blocklin.from_sparse(x, tmp_path / "s.zarr")
+    assert s.shape == (500, 80) and s.nnz == x.nnz and s.density == pytest.approx(x.nnz / 40000)
+    assert sum(s.chunks) == 500 and s.n_blocks == len(s.row_blocks) - 1
+    _assert_same(s.rows(17, 230), x[17:230])
+    _assert_same(s.rows(5, 5), x[5:5])
+    b0, b1 = int(s.row_blocks[0]), int(s.row_blocks[1])
+    _assert_same(s.row_block(0), x[b0:b1])
+    _assert_same(scipy.sparse.vstack([blk for _r0, blk in s.iter_row_blocks()]), x)
+    assert "SparseMatrix(" in repr(s) and "nnz=" in repr(s) and "shape=(500, 80)" in repr(s)
+    np.testing.assert_array_equal(s.to_numpy(), x.toarray())
+    with pytest.raises(BudgetError, match=r"memory: to_scipy\(\) loads the whole CSR matrix.*row_block"):
+        s.to_scipy(memory="1KiB")
+    with pytest.raises(ParameterError, match="rows: must be integers with 0 <= r0 <= r1 <= 500"):
+        s.rows(10, 501)
+    with pytest.raises(ParameterError, match="i: must be a row-block number"):
+        s.row_block(s.n_blocks)
+
+
+# -- the external sort ----------------------------------------------------------------------------
+
+def test_budget_forces_several_runs(tmp_path, rng):
+    m, n, k = 6000, 3000, 300_000
+    r, c, v = _entries(rng, m, n, k)
+    text = _mtx(r, c, v, (m, n))
+    (tmp_path / "b.mtx").write_text(text)
+    rep = blocklin.convert(tmp_path / "b.mtx", tmp_path / "b.zarr", memory="24MiB")
+    assert rep["runs"] > 1 and rep["row_blocks"] == rep["runs"]
+    assert rep["planned_memory"] <= 24 * 2**20
+    _assert_same(blocklin.open(tmp_path / "b.zarr").to_scipy(), scipy.io.mmread(tmp_path / "b.mtx"))
+
+
+def test_runs_larger_than_the_budget_are_split_by_rows(tmp_path, rng):
+    """Skewed rows: a run over the sort's capacity is bucketed again into narrower row blocks; one
+    row over it is refused naming the row and a budget."""
+    m, n = 64, 50
+    r = np.concatenate([rng.integers(0, 4, 9000), rng.integers(0, m, 500)])  # rows 0..3 dense
+    c = rng.integers(0, n, len(r))
+    x = scipy.sparse.coo_matrix((rng.integers(1, 5, len(r)).astype(float), (r, c)), shape=(m, n))
+    plan = SortPlan(rows_per_block=32, block_entries=4096, entry_chunk=1024, row_chunk=1024, batch_bytes=0,
+                    peak_memory=0, memory=1 << 24)
+    w = SparseWriter(tmp_path / "k.zarr", (m, n), np.float64, entry_chunk=1024, row_chunk=1024)
+    work = tmp_path / "work"
+    work.mkdir()
+    external_sort(ScipySource(x), w, plan, str(work))
+    assert w.n_blocks > 2 and list(work.iterdir()) == []
+    w.commit()
+    s = blocklin.open(tmp_path / "k.zarr")
+    _assert_same(s.to_scipy(), x)
+    assert s.row_blocks[1] < 32  # the first run was split
+
+    one = scipy.sparse.coo_matrix((np.ones(6000), (np.zeros(6000, int), np.arange(6000) % n)), shape=(m, n))
+    w = SparseWriter(tmp_path / "one.zarr", (m, n), np.float64, entry_chunk=1024, row_chunk=1024)
+    with pytest.raises(BudgetError, match="memory: the entries of one row must fit.*row 1 holds 6000 entries"):
+        external_sort(ScipySource(one), w, plan, str(work))
+    w.abort()
+    for f in work.iterdir():
+        f.unlink()
+    work.rmdir()
+    assert not (tmp_path / "one.zarr").exists()
+
+
+def test_budget_too_small_names_a_budget_that_suffices(tmp_path, rng):
+    r, c, v = _entries(rng, 50, 50, 100)
+    (tmp_path / "a.mtx").write_text(_mtx(r, c, v, (50, 50)))
+    with pytest.raises(BudgetError) as info:
+        blocklin.convert(tmp_path / "a.mtx", tmp_path / "a.zarr", memory="1MiB")
+    hint = str(info.value).rsplit("--memory ", 1)[1].rstrip(")")
+    blocklin.convert(tmp_path / "a.mtx", tmp_path / "a.zarr", memory=hint)
+    assert blocklin.open(tmp_path / "a.zarr").nnz > 0
+
+
+# -- SciPy .npz in, exports out -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["csr", "csc", "coo"])
+def test_scipy_npz_round_trip(tmp_path, fmt):
+    x = scipy.sparse.random(120, 90, density=0.08, random_state=4, format=fmt, dtype=np.float32)
+    scipy.sparse.save_npz(tmp_path / "x.npz", x)
+    rep = blocklin.convert(tmp_path / "x.npz", tmp_path / "x.zarr")
+    assert rep["from"] == "npz" and rep["dtype"] == "float32"
+    s = blocklin.open(tmp_path / "x.zarr")
+    assert s.dtype == np.float32
+    _assert_same(s.to_scipy(), x)
+
+
+def test_npz_with_duplicates_and_unsorted_indices(tmp_path):
+    data, indices, indptr = [1.0, 2.0, 3.0, 4.0, 5.0], [3, 0, 3, 1, 1], [0, 3, 3, 5]
+    x = scipy.sparse.csr_matrix((data, indices, indptr), shape=(3, 4))
+    scipy.sparse.save_npz(tmp_path / "d.npz", x, compressed=False)
+    blocklin.convert(tmp_path / "d.npz", tmp_path / "d.zarr")
+    _assert_same(blocklin.open(tmp_path / "d.zarr").to_scipy(), x)
+
+
+def test_export_mtx_and_npz(tmp_path, rng):
+    r, c, v = _entries(rng, 300, 200, 3000)
+    text = _mtx(r, c, [x / 8 for x in v], (300, 200), "real", "general")
+    (tmp_path / "a.mtx").write_text(text)
+    blocklin.convert(tmp_path / "a.mtx", tmp_path / "a.zarr", memory="24MiB")
+    want = scipy.io.mmread(io.StringIO(text))
+    rep = blocklin.convert(tmp_path / "a.zarr", tmp_path / "back.mtx")
+    assert rep["to"] == "mtx" and (tmp_path / "back.mtx").read_text().startswith(
+        "%%MatrixMarket matrix coordinate real general")
+    back = scipy.io.mmread(tmp_path / "back.mtx")
+    assert back.nnz == _canonical(want).nnz  # no duplicates written
+    _assert_same(_canonical(back), want)
+    blocklin.convert(tmp_path / "a.zarr", tmp_path / "back.npz")
+    _assert_same(scipy.sparse.load_npz(tmp_path / "back.npz"), want)
+    with pytest.raises(BudgetError, match="memory: an .npz is written by scipy.sparse.save_npz from memory"):
+        blocklin.convert(tmp_path / "a.zarr", tmp_path / "small.npz", memory="16KiB")
+    with pytest.raises(FormatError, match="exported as .mtx"):
+        blocklin.convert(tmp_path / "a.zarr", tmp_path / "a.npy")
+    _nothing_left(tmp_path, "small.npz", "a.npy")
+
+
+def test_layout_options(tmp_path, rng):
+    r, c, v = _entries(rng, 20, 20, 50)
+    (tmp_path / "a.mtx").write_text(_mtx(r, c, v, (20, 20)))
+    rep = blocklin.convert(tmp_path / "a.mtx", tmp_path / "d.zarr", layout="dense")
+    assert isinstance(blocklin.open(tmp_path / "d.zarr"), blocklin.Matrix) and "layout" not in rep
+    np.testing.assert_array_equal(blocklin.open(tmp_path / "d.zarr").to_numpy(),
+                                  scipy.io.mmread(tmp_path / "a.mtx").toarray())
+    blocklin.convert(tmp_path / "a.mtx", tmp_path / "a.npy")  # a file output stays dense
+    (tmp_path / "arr.mtx").write_text("%%MatrixMarket matrix array real general\n2 1\n1\n2\n")
+    blocklin.convert(tmp_path / "arr.mtx", tmp_path / "arr.zarr")  # array files stay dense
+    assert isinstance(blocklin.open(tmp_path / "arr.zarr"), blocklin.Matrix)
+    with pytest.raises(FormatError, match="layout: a sparse output needs a coordinate source"):
+        blocklin.convert(tmp_path / "arr.mtx", tmp_path / "x.zarr", layout="sparse")
+    with pytest.raises(ConfigError, match="chunks: applies to dense outputs only"):
+        blocklin.convert(tmp_path / "a.mtx", tmp_path / "x.zarr", chunks=(4, 4))
+    with pytest.raises(ConfigError, match="layout: must be one of"):
+        blocklin.convert(tmp_path / "a.mtx", tmp_path / "x.zarr", layout="csr")
+    _nothing_left(tmp_path, "x.zarr")
+
+
+# -- hostile input: refused, nothing left behind ------------------------------------------------------
+
+HOSTILE = {
+    "row out of range": ("3 3 2\n1 1 1\n4 1 2\n", FormatError, r"indices must lie in 1..3.*\(4, 1\) at line 5"),
+    "column zero": ("3 3 2\n1 1 1\n2 0 2\n", FormatError, r"indices must lie in 1..3.*\(2, 0\) at line 5"),
+    "fewer than announced": ("3 3 3\n1 1 1\n2 2 2\n", FormatError, "truncated"),
+    "more than announced": ("3 3 1\n1 1 1\n2 2 2\n", FormatError, "must end after the entries the header announces"),
+    "malformed line": ("3 3 2\n1 1 1\n2 2 two\n", FormatError, "line 5"),
+    "missing value": ("3 3 2\n1 1 1\n2 2\n", FormatError, "each data line must hold 3 fields"),
+    "NaN refused": ("3 3 2\n1 1 1\n2 2 nan\n", NonFiniteError, "must not hold NaN.*line 5.*--nan allow"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_mtx_is_refused_and_leaves_nothing(tmp_path, case):
+    body, error, pattern = HOSTILE[case]
+    (tmp_path / "h.mtx").write_text("%%MatrixMarket matrix coordinate real general\n% c\n" + body)
+    with pytest.raises(error, match=pattern):
+        blocklin.convert(tmp_path / "h.mtx", tmp_path / "h.zarr", nan="error")
+    _nothing_left(tmp_path, "h.zarr")
+
+
+def test_nan_copied_by_default_and_skew_diagonal_refused(tmp_path):
+    (tmp_path / "n.mtx").write_text("%%MatrixMarket matrix coordinate real general\n2 2 2\n1 1 nan\n2 2 1\n")
+    blocklin.convert(tmp_path / "n.mtx", tmp_path / "n.zarr")
+    assert np.isnan(blocklin.open(tmp_path / "n.zarr").to_scipy()[0, 0])
+    (tmp_path / "k.mtx").write_text("%%MatrixMarket matrix coordinate real skew-symmetric\n2 2 1\n1 1 3\n")
+    with pytest.raises(FormatError, match="skew-symmetric matrix has a zero diagonal.*line 3"):
+        blocklin.convert(tmp_path / "k.mtx", tmp_path / "k.zarr")
+    _nothing_left(tmp_path, "k.zarr")
+
+
+def test_hostile_npz_is_refused(tmp_path):
+    x = scipy.sparse.csr_matrix(([1.0, 2.0], [0, 7], [0, 1, 2]), shape=(2, 8))
+    bad = {"format": np.array(b"csr"), "shape": np.array([2, 3]), "data": x.data, "indices": x.indices,
+           "indptr": x.indptr}
+    np.savez(tmp_path / "bad.npz", **bad)
+    with pytest.raises(FormatError, match=r"npz input: column indices must lie in 0..2; got 7 at entry 1"):
+        blocklin.convert(tmp_path / "bad.npz", tmp_path / "o.zarr")
+    np.savez(tmp_path / "short.npz", **{**bad, "shape": np.array([2, 8]), "indptr": np.array([0, 1])})
+    with pytest.raises(FormatError, match="consistent lengths"):
+        blocklin.convert(tmp_path / "short.npz", tmp_path / "o.zarr")
+    np.savez(tmp_path / "dense.npz", x=np.ones((2, 2)))
+    blocklin.convert(tmp_path / "dense.npz:x", tmp_path / "dense.zarr")  # a NumPy .npz member stays dense
+    with pytest.raises(FormatError, match="layout: a SciPy sparse .npz converts to a sparse matrix only"):
+        blocklin.convert(tmp_path / "bad.npz", tmp_path / "o.zarr", layout="dense")
+    _nothing_left(tmp_path, "o.zarr")
+
+
+def test_output_rules_hold(tmp_path, rng):
+    r, c, v = _entries(rng, 10, 10, 20)
+    (tmp_path / "a.mtx").write_text(_mtx(r, c, v, (10, 10)))
+    blocklin.convert(tmp_path / "a.mtx", tmp_path / "a.zarr")
+    from blocklin.errors import OutputExistsError
+
+    with pytest.raises(OutputExistsError):
+        blocklin.convert(tmp_path / "a.mtx", tmp_path / "a.zarr")
+    blocklin.convert(tmp_path / "a.mtx", tmp_path / "a.zarr", overwrite=True)
+    (tmp_path / "mine.zarr").mkdir()
+    (tmp_path / "mine.zarr" / "notes.txt").write_text("keep")
+    with pytest.raises(OutputExistsError):
+        blocklin.convert(tmp_path / "a.mtx", tmp_path / "mine.zarr", overwrite=True)
+    assert (tmp_path / "mine.zarr" / "notes.txt").read_text() == "keep"
+    _nothing_left(tmp_path)
+
+
+# -- command line -------------------------------------------------------------------------------------
+
+def test_cli_convert_info_and_export(tmp_path, rng, capsys):
+    r, c, v = _entries(rng, 30, 40, 200)
+    (tmp_path / "a.mtx").write_text(_mtx(r, c, v, (30, 40), "integer", "general"))
+    assert main(["convert", str(tmp_path / "a.mtx"), str(tmp_path / "a.zarr"), "--memory", "32MiB"]) == 0
+    out = capsys.readouterr().out
+    assert "sparse float64" in out and "row blocks" in out
+    assert main(["info", str(tmp_path / "a.zarr")]) == 0
+    out = capsys.readouterr().out
+    assert "blocklin-csr" in out and "30 x 40" in out and "density" in out and "row blocks" in out
+    assert main(["info", str(tmp_path / "a.zarr"), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["nnz"] == blocklin.open(tmp_path / "a.zarr").nnz and d["format"] == "blocklin-csr"
+    assert main(["convert", str(tmp_path / "a.zarr"), str(tmp_path / "b.mtx"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["to"] == "mtx"
+    _assert_same(scipy.io.mmread(tmp_path / "b.mtx").tocsr(), scipy.io.mmread(tmp_path / "a.mtx"))
+    assert main(["convert", str(tmp_path / "a.mtx"), str(tmp_path / "d.zarr"), "--dense"]) == 0
+    assert isinstance(blocklin.open(tmp_path / "d.zarr"), blocklin.Matrix)
+    capsys.readouterr()
+    assert main(["convert", str(tmp_path / "a.mtx"), str(tmp_path / "e.zarr"), "--codec", "zstd"]) == 1
+    assert "codec: applies to dense outputs only" in capsys.readouterr().err
+    _nothing_left(tmp_path, "e.zarr")

@@ -1,0 +1,59 @@
+"""Peak memory of a sparse conversion (external sort) whose entries are several times the budget.
+
+The child converts a coordinate file of 1.5 million entries (36 MB of run records, 18 MB of CSR
+arrays, 50 MB of text) with a 24 MiB budget; its peak resident set (``VmHWM``) must stay within
+the import baseline (a child that imports the same modules) plus the budget plus the margin of
+:mod:`support.memcheck` (measured: about 13 MiB above the baseline).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from support.memcheck import margin, needs_hwm, run_child
+
+MiB = 2**20
+BUDGET = 24 * MiB
+ENTRIES = 1_500_000
+
+_CODE = """
+import json, sys
+import numpy, scipy.sparse, zarr
+import blocklin
+from blocklin.storage import sparse_convert  # noqa: F401 - imported in the baseline too
+args = json.loads(sys.argv[1])
+report = None
+if args:
+    report = blocklin.convert(args["src"], args["out"], memory=args["memory"])
+    report = {k: report[k] for k in ("planned_memory", "runs", "row_blocks", "nnz")}
+print(json.dumps({"peak": hwm(), "report": report}))
+"""
+
+
+@pytest.fixture(scope="module")
+def coordinate_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sparse-mem") / "big.mtx"
+    rng = np.random.default_rng(5)
+    m, n = 50_000, 20_000
+    with open(path, "w") as f:
+        f.write(f"%%MatrixMarket matrix coordinate integer general\n{m} {n} {ENTRIES}\n")
+        for s in range(0, ENTRIES, 250_000):
+            k = min(250_000, ENTRIES - s)
+            r, c, v = rng.integers(1, m + 1, k), rng.integers(1, n + 1, k), rng.integers(-99, 100, k)
+            f.write("".join(f"{a} {b} {d}\n" for a, b, d in zip(r.tolist(), c.tolist(), v.tolist())))
+    return path
+
+
+@pytest.mark.slow  # about 3 s: a 50 MB file parsed in a child process
+@needs_hwm
+def test_sparse_conversion_stays_within_budget(tmp_path, coordinate_file):
+    import json
+
+    base = run_child(_CODE, json.dumps({}))["peak"]
+    res = run_child(_CODE, json.dumps({"src": str(coordinate_file), "out": str(tmp_path / "o.zarr"),
+                                       "memory": BUDGET}))
+    rep = res["report"]
+    assert rep["runs"] >= 4 and rep["planned_memory"] <= BUDGET and rep["nnz"] > 0.99 * ENTRIES
+    used = res["peak"] - base
+    assert used <= BUDGET + margin(BUDGET), f"{used / MiB:.1f} MiB above the baseline for a {BUDGET / MiB} MiB budget"
