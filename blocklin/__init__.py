@@ -27,13 +27,16 @@ from blocklin.linalg.solve.factored import cho_solve, lu_solve  # noqa: E402
 from blocklin.linalg.solve.lstsq import lstsq  # noqa: E402
 from blocklin.linalg.solve.router import solve, solve_plan  # noqa: E402
 from blocklin.linalg.solve.triangular import solve_triangular  # noqa: E402
+from blocklin.linalg.update import update  # noqa: E402
 from blocklin.matrix import Matrix  # noqa: E402
 from blocklin.sparse import SparseMatrix  # noqa: E402
+from blocklin.storage.append import append, rollback as rollback_append  # noqa: E402
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
     "Matrix", "SparseMatrix", "__version__", "aslinearoperator", "cho_solve", "cholesky", "cond", "config",
     "configure", "convert", "det", "eigsh", "errors", "from_array", "from_sparse", "gram", "inv", "inv_plan", "lstsq",
     "lu", "lu_solve", "matmul",
-    "matmul_plan", "norm", "open", "pca", "qr", "random", "slogdet", "solve", "solve_plan", "solve_triangular", "svd",
+    "matmul_plan", "norm", "open", "pca", "qr", "random", "rollback_append", "slogdet", "solve", "solve_plan",
+    "solve_triangular", "svd", "update",
 ]

@@ -39,6 +39,15 @@ class Operand:
     dtype: np.dtype
     chunks: tuple[int, ...]
     staged: bool = False
+    #: The stored row of this operand's row 0: rows ``first_row:first_row + shape[0]`` of the
+    #: array at ``path`` (:func:`row_range`).
+    first_row: int = 0
+
+
+def row_range(op: Operand, start: int, stop: int) -> Operand:
+    """Rows ``start:stop`` of a stored operand, as an operand (passes read those rows only)."""
+    return dataclasses.replace(op, shape=(int(stop) - int(start),) + tuple(op.shape[1:]),
+                               first_row=op.first_row + int(start))
 
 
 def _is_dask(x: Any) -> bool:

@@ -14,8 +14,8 @@ import sys
 
 from blocklin.cli import ui
 
-COMMANDS = ("info", "gemm", "gram", "demo", "convert", "svd", "pca", "eigs", "inv", "solve", "factor", "clean",
-            "calibrate")
+COMMANDS = ("info", "gemm", "gram", "demo", "convert", "append", "update", "svd", "pca", "eigs", "inv", "solve",
+            "factor", "clean", "calibrate")
 
 #: Negative numbers as option values, exponents and ``-inf`` included (``--alpha -3.3e-06``); Python
 #: 3.11's argparse reads ``-3.3e-06`` as an unknown option. No blocklin option looks like a number.

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from blocklin.device import TileStream, get_device, pool
+from blocklin.errors import InternalError
 from blocklin.plan.passes import MAX_LOADERS, PassMemory, RowPassPlan, pass_workers, plan_pass
 from blocklin.progress import report_units
 from blocklin.plan.rechunk import rechunk_advice
@@ -110,6 +111,9 @@ class Source:
     #: temporaries, row ranges read alone), ``"ranges"`` (uncompressed on an object store: row
     #: ranges by range requests) or ``"chunks"`` (through zarr, every chunk touched read whole).
     reads: str = "chunks"
+    #: The stored row where the streamed rows start (a pass over rows appended since a result,
+    #: :mod:`blocklin.linalg.update`); row strips only.
+    first_row: int = 0
 
     @property
     def partial_rows(self) -> bool:
@@ -125,17 +129,21 @@ class Source:
 def source(operand: Any, *, transposed: bool = False, name: str | None = None) -> Source:
     """The :class:`Source` of an operand (anything with ``path``, ``shape``, ``dtype``, ``chunks``)."""
     return stored(operand.path, operand.shape, operand.dtype, operand.chunks,
-                  name=name or getattr(operand, "name", "a"), transposed=transposed)
+                  name=name or getattr(operand, "name", "a"), transposed=transposed,
+                  first_row=getattr(operand, "first_row", 0))
 
 
 def stored(path: str, shape: tuple[int, int], dtype: Any, chunks: tuple[int, int], *, name: str = "a",
-           transposed: bool = False) -> Source:
-    """The :class:`Source` of a stored array given its metadata (row strips, or column strips)."""
+           transposed: bool = False, first_row: int = 0) -> Source:
+    """The :class:`Source` of a stored array given its metadata (row strips, or column strips);
+    ``shape`` is that of the streamed rows ``first_row:first_row + shape[0]``."""
     dt = np.dtype(dtype)
     r, w = (1, 0) if transposed else (0, 1)
+    if first_row and transposed:
+        raise InternalError("a pass streams a range of rows as row strips only")
     return Source(path=path, name=name, rows=shape[r], width=shape[w], dtype=dt, chunk_rows=chunks[r],
                   chunk_bytes=int(np.prod(chunks)) * dt.itemsize, chunks_across=-(-shape[w] // max(1, chunks[w])),
-                  transposed=transposed, reads=read_kind(path))
+                  transposed=transposed, reads=read_kind(path), first_row=int(first_row))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,6 +170,8 @@ class RowPassSpec:
     scale: tuple[int, ...] | None = None
     #: Per input: whether the task records the largest magnitude of each column it read (``peaks``).
     amax: tuple[bool, ...] | None = None
+    #: Per input: the stored row of streamed row 0 (:attr:`Source.first_row`); None for all 0.
+    offsets: tuple[int, ...] | None = None
 
 
 class PassResult(NamedTuple):
@@ -271,9 +281,11 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                        blas_threads=job.task_blas_threads(plan.blas_threads),
                        transposed=tuple(s.transposed for s in sources), transposed_outputs=tuple(transposed_outputs),
                        scale=tuple(int((scale or {}).get(str(s.path), 0)) for s in sources) if scale else None,
-                       amax=tuple(over != "intermediate" and str(s.path) not in job.amax for s in sources))
+                       amax=tuple(over != "intermediate" and str(s.path) not in job.amax for s in sources),
+                       offsets=tuple(s.first_row for s in sources) if any(s.first_row for s in sources) else None)
     graph = TileGraph.named("rowpass", spec.inputs, kernel.__module__, kernel.__qualname__, plan.to_dict(),
-                            _params_token(spec.params), spec.outputs, spec.transposed, spec.transposed_outputs)
+                            _params_token(spec.params), spec.outputs, spec.transposed, spec.transposed_outputs,
+                            *(() if spec.offsets is None else (spec.offsets,)))
     for first, stop in group_runs(plan, job.scheduler.kind):
         rows = plan.groups[stop - 1][1] - plan.groups[first][0]
         graph.weigh(graph.add((first,), row_pass_task, spec, first, stop, units=stop - first), rows, "rows")
@@ -365,13 +377,16 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
     bands = [_Band(arr, t) if spec.plan.cached and _Band.wanted(path, arr, t, spec.plan.strip) else None
              for path, arr, t in zip(spec.inputs, arrays, trans)]
 
+    offsets = spec.offsets or (0,) * len(arrays)
+
     def load(i: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
         r0, r1 = strips[i]
-        rs = slice(r0, r1)
         views = []
-        for arr, buf, name, cs, t, band in zip(arrays, bufs, spec.names, col_slices, trans, bands):
-            if band is not None and band.covers(r0, r1):  # rows of the kept chunk band (read once)
-                stored = band.rows(r0, r1, region(buf, (cs.stop - cs.start, r1 - r0) if t else (r1 - r0, cs.stop - cs.start)))
+        for arr, buf, name, cs, t, band, off in zip(arrays, bufs, spec.names, col_slices, trans, bands, offsets):
+            rs = slice(r0 + off, r1 + off)  # the stored rows of this strip
+            if band is not None and band.covers(rs.start, rs.stop):  # rows of the kept chunk band (read once)
+                stored = band.rows(rs.start, rs.stop, region(buf, (cs.stop - cs.start, r1 - r0) if t else
+                                                             (r1 - r0, cs.stop - cs.start)))
             elif t:  # column strip of the stored array, handed out as a transposed view
                 stored = read_block(arr, cs, rs, out=region(buf, (cs.stop - cs.start, r1 - r0)))
             else:

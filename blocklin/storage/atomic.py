@@ -78,6 +78,22 @@ def check_output_path(out: str | os.PathLike, inputs: Iterable[str | os.PathLike
     return Path(out).expanduser()
 
 
+def _coverage(inputs: list, storage_options: dict | None) -> list[dict]:
+    """What the output is computed from, per stored zarr input (:func:`blocklin.storage.versions.coverage`):
+    recorded in its provenance so that :func:`blocklin.update` can tell which rows are new."""
+    from blocklin.storage.versions import coverage
+
+    out = []
+    for i in inputs:
+        try:
+            c = coverage(stamps.input_location(i, storage_options))
+        except (OSError, ValueError, TypeError, KeyError):  # not a zarr array: nothing a later append grows
+            c = None
+        if c is not None:
+            out.append(c)
+    return out
+
+
 def remove_stray_temporaries(folder: str) -> int:
     """Delete chunk files that a killed writer left under a temporary name; returns how many."""
     n = 0
@@ -147,6 +163,7 @@ class AtomicOutput:
         self.resumable = token is not None
         self.token = token or uuid.uuid4().hex[:16]
         self._input_locations = [stamps.input_location(i, storage_options) for i in inputs] if self.resumable else []
+        self.covers = _coverage(inputs, storage_options)  # before any read: what the result is computed from
         self.input_record: list[dict] = []
         self.committed = False
         self.name = name
@@ -326,6 +343,8 @@ class AtomicOutput:
             "version": __version__,
             "created": _now(),
         }
+        if self.covers:
+            provenance["covers"] = self.covers
         if extra:
             provenance.update(extra)
         stored = count_stored(self.partial)  # an array's chunk files, checked when it is read again

@@ -21,9 +21,12 @@ TOKEN_CHARS = 16
 
 
 def operand_identity(operand: Any) -> tuple:
-    """What names an operand: location (URL and storage options), shape, dtype, chunks, staged."""
-    return (operand.path, tuple(operand.shape), operand.dtype.str, tuple(operand.chunks),
-            bool(getattr(operand, "staged", False)))
+    """What names an operand: location (URL and storage options), shape, dtype, chunks, staged, and the
+    first stored row of a range of rows."""
+    ident = (operand.path, tuple(operand.shape), operand.dtype.str, tuple(operand.chunks),
+             bool(getattr(operand, "staged", False)))
+    first = int(getattr(operand, "first_row", 0))
+    return ident + (first,) if first else ident
 
 
 def plan_settings(job: Any) -> tuple:

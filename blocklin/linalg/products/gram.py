@@ -83,19 +83,24 @@ class Gram:
         """Deterministic in the input, parameters and plan (what resuming an output checks)."""
         return resume_token("gram", [self.A], self.trans, self.alpha, self.dtype.name, plan.to_dict())
 
-    def run(self, job: Job, plan: GramPlan, out_path: Any, *, done_dir: Any = None) -> dict | None:
+    def run(self, job: Job, plan: GramPlan, out_path: Any, *, done_dir: Any = None, add: Any = None) -> dict | None:
         """Write the full symmetric result into the array at ``out_path`` (created with ``plan.out_chunks``);
-        returns the pass route's ``report["scaling"]`` (:mod:`blocklin.linalg.blocks.scaling`)."""
+        returns the pass route's ``report["scaling"]`` (:mod:`blocklin.linalg.blocks.scaling`).
+
+        ``add``: a stored ``s x s`` matrix added to the result (the Gram of the rows before an
+        append, :mod:`blocklin.linalg.update`); the pass route adds it to the float64 task sums
+        before rounding to the result's dtype."""
         if plan.route == "tiles":
             ops = BlockOps(job, plan.tile)
             ops.workers = plan.workers
-            a = Region.of(self.A.path, self.A.shape)
+            a = Region.of(self.A.path, self.A.shape, off=(getattr(self.A, "first_row", 0), 0))
             ops.syrk(Region.of(out_path, (plan.s, plan.s)), a if self.trans else a.T, dtype=self.dtype,
                      alpha=self.alpha, full=True, check=job.check_finite, done_dir=done_dir,
+                     c=None if add is None else Region.of(add, (plan.s, plan.s)), beta=0.0 if add is None else 1.0,
                      description=f"Gram tiles {plan.product}")
             self._check_tiles(plan, out_path)
             return None
-        return self._run_pass(job, plan, out_path)
+        return self._run_pass(job, plan, out_path, add)
 
     def _check_tiles(self, plan: GramPlan, out_path: Any) -> None:
         """The tiled route sums unscaled squares: refused where they left the range (:func:`check_diagonal`)."""
@@ -128,7 +133,7 @@ class Gram:
         with np.errstate(under="ignore"):
             return np.ldexp(g * float(m), e2) if e2 or m != 1 else g
 
-    def _run_pass(self, job: Job, plan: GramPlan, out_path: Any) -> dict | None:
+    def _run_pass(self, job: Job, plan: GramPlan, out_path: Any, add: Any = None) -> dict | None:
         pp = plan.pass_plan
         rp = RowPassPlan(**{**pp, "groups": tuple(tuple(g) for g in pp["groups"])})
         src = self.source()
@@ -138,8 +143,10 @@ class Gram:
             scale=sc, description=f"Gram {plan.product} (SYRK)").states))
         g = self._unscaled(g, scaling)
         arr = open_zarr(out_path, mode="r+")
+        old = None if add is None else open_zarr(add)
         for r0, r1 in split(plan.s, plan.out_chunks[0]):
-            write_block(arr, slice(r0, r1), slice(0, plan.s), g[r0:r1].astype(self.dtype))
+            band = g[r0:r1] if old is None else g[r0:r1] + np.asarray(old[r0:r1], dtype=np.float64)
+            write_block(arr, slice(r0, r1), slice(0, plan.s), band.astype(self.dtype))
         job.stats["bytes_written"] += plan.bytes_written
         job.stats["flops"] += plan.flops
         return scaling.report()

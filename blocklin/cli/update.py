@@ -1,0 +1,39 @@
+"""``blocklin update OUT``: a result brought up to date after rows were appended to its inputs."""
+
+from __future__ import annotations
+
+import argparse
+
+from blocklin.cli import ui
+from blocklin.config import format_size
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("update", help="bring a result up to date with rows appended to its inputs",
+                       description="Update OUT (a result blocklin wrote) by reading only the rows appended to its "
+                                   "inputs since it was computed ('blocklin append'); rewritten atomically. A "
+                                   "result that cannot be updated is refused with the command that recomputes it.")
+    p.add_argument("out", metavar="OUT", help="result to update (path or URL)")
+    ui.add_run_options(p, resume="continue an interrupted update (identical result)", explain=False)
+    ui.add_common(p, output=False)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from blocklin.linalg.update import update
+
+    kwargs = ui.run_settings(args)
+    result = update(args.out, **kwargs)
+    r = result.report
+    done = r.get("updated")
+    summary = {"output": str(result.path), "shape": list(result.shape), "updated": done,
+               "current": r.get("current", True)}
+    if done is None:
+        ui.emit(args, summary, f"{result.path} is up to date: nothing to read")
+        return summary
+    summary.update({k: r[k] for k in ("seconds", "bytes_read", "bytes_written", "peak_memory", "passes") if k in r})
+    human = (f"updated {result.path} ({r.get('operation', '')}) from rows {done['rows_before']}:{done['rows']} of "
+             f"{done['input']} ({done['how']}) in {r['seconds']:.2f} s: read {format_size(r['bytes_read'])}, "
+             f"peak memory {format_size(r['peak_memory'])}")
+    ui.emit(args, summary, human)
+    return summary

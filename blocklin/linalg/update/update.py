@@ -1,0 +1,134 @@
+"""``blocklin.update(OUT)``: a result brought up to date after rows were appended to its inputs.
+
+Every output records what it was computed from (``covers`` in its ``blocklin`` attribute:
+:func:`blocklin.storage.versions.coverage`). :func:`update` checks each input against that record
+(:func:`blocklin.storage.versions.growth`: grown by appends alone, nothing else changed) and hands
+the new rows to the result's updater, which reads only them and rewrites the result atomically
+(the same commit protocol as every output; resumable with ``resume=True``).
+
+Which results can be updated, and how (each updater's module says why its update is exact or
+within which bound):
+
+================  ==============================================================================
+``gram``           ``A^T A``: the new rows' Gram added to the stored one (:mod:`.gram`)
+================  ==============================================================================
+
+Others are refused with the command that recomputes them: products, inverses and factorizations of
+square matrices depend on every row, and the iterative factorizations (``svd``, ``pca``,
+``eigsh``) and solves are not updated yet.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Unpack
+
+from blocklin.config import Settings, resolve
+from blocklin.errors import ParameterError, StoreNotFoundError, explain
+from blocklin.linalg.update.gram import update_gram
+from blocklin.matrix import Matrix
+from blocklin.runtime.job import Job
+from blocklin.storage.backend import backend
+from blocklin.storage.location import as_location
+from blocklin.storage.versions import Growth, growth
+
+#: Operations whose results :func:`update` brings up to date, and their updaters.
+UPDATABLE = {"gram": update_gram}
+
+
+def _provenance(out: Any, storage_options: dict | None) -> tuple[Any, dict]:
+    import json
+
+    loc = as_location(out, storage_options, name="out")
+    raw = backend(loc).try_read("zarr.json")
+    if raw is None:
+        raise StoreNotFoundError(explain("out", "must name a result blocklin wrote", f"{loc.url!r}, which holds no "
+                                         "zarr.json", "pass the output path of the operation to update"))
+    prov = (json.loads(raw).get("attributes") or {}).get("blocklin")
+    if not isinstance(prov, dict) or "operation" not in prov:
+        raise ParameterError(explain("out", "must be a result blocklin wrote", f"{loc.url!r}, without blocklin "
+                                     "provenance", "pass the output of a blocklin operation"))
+    return loc, prov
+
+
+def status(out: Any, *, storage_options: dict | None = None) -> dict:
+    """Whether a result is current: ``{"operation", "current": bool or None, "inputs": [...],
+    "updatable": bool}``, per input its rows then and now, or why it cannot be told."""
+    loc, prov = _provenance(out, storage_options)
+    covers = prov.get("covers") or []
+    inputs, current = [], True if covers else None
+    for c in covers:
+        try:
+            g = growth(c, as_location(c["url"], storage_options, name="input"))
+            inputs.append({"url": g.url, "rows_then": g.old_rows, "rows_now": g.rows, "current": g.current})
+            current = current and g.current
+        except (ParameterError, OSError) as exc:
+            inputs.append({"url": c.get("url"), "error": str(exc)})
+            current = False
+    return {"operation": prov["operation"], "current": current, "inputs": inputs,
+            "updatable": prov["operation"] in UPDATABLE and not (prov.get("params") or {}).get("trans")}
+
+
+def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> Matrix:
+    """Bring a result up to date with rows appended to its inputs since it was computed.
+
+    Reads only the appended rows (:func:`blocklin.append`) and rewrites ``out`` atomically: a reader
+    sees the old result or the new one. A result that is already current is returned unchanged.
+
+    Parameters
+    ----------
+    out : path, URL or Location
+        A result blocklin wrote (its provenance records which version of each input it covers).
+    resume : bool
+        Continue an interrupted update (same inputs: identical bits).
+    **settings
+        As for every operation: :class:`~blocklin.config.Settings` (``memory``, ``scheduler``,
+        ``storage_options`` for URLs, ...).
+
+    Returns
+    -------
+    Matrix
+        The updated result; ``.report["updated"]`` says which rows were read and how the result was
+        updated (``None`` when it was current).
+
+    Raises
+    ------
+    ParameterError
+        When an input changed other than by appended rows (rows rewritten, columns added, chunks
+        changed), or when the result's operation cannot be updated: the message names the command
+        that recomputes it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> _ = bl.from_array(np.ones((4, 2)), "U.zarr", chunks=(2, 2))
+    >>> _ = bl.gram("U.zarr", "UG.zarr")
+    >>> _ = bl.append("U.zarr", np.full((2, 2), 2.0))
+    >>> bl.update("UG.zarr").to_numpy()
+    array([[12., 12.],
+           [12., 12.]])
+    """
+    options = resolve(storage_options=settings.get("storage_options")).storage_options
+    loc, prov = _provenance(out, options)
+    op = prov["operation"]
+    covers = prov.get("covers")
+    if not covers:
+        raise ParameterError(explain("out", "must record which version of each input it covers", f"{loc.url!r} "
+                                     f"({op}) records none (an in-memory input, or written by an older blocklin)",
+                                     "recompute it on stored inputs with --overwrite"))
+    grown: list[Growth] = [growth(c, as_location(c["url"], options, name="input")) for c in covers]
+    if all(g.current for g in grown):
+        result = Matrix(loc)
+        result.report = {"operation": op, "updated": None, "current": True}
+        return result
+    updater = UPDATABLE.get(op)
+    if updater is None:
+        raise ParameterError(explain(
+            "out", "must be a result blocklin can update from appended rows (" + ", ".join(sorted(UPDATABLE)) + ")",
+            f"{loc.url!r}, a {op} result", f"recompute it on today's input: rerun blocklin {op} with the same "
+            "arguments and --overwrite (overwrite=True in Python)"))
+    with Job(f"update-{op}", **settings) as job:
+        return updater(job, loc, prov, grown, resume=resume)
+
+
+__all__ = ["UPDATABLE", "status", "update"]

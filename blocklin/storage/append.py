@@ -1,0 +1,362 @@
+"""Appending rows to a stored matrix, atomically and in bounded memory.
+
+A zarr array's chunks beyond its shape are invisible to every reader, and its shape lives in one
+object, ``zarr.json``. So :func:`append` (``blocklin append A NEW``):
+
+1. writes a journal, ``A/.blocklin-append.json`` (the rows before and after, the source's stamp,
+   the version history, and an owner record so that a second append waits its turn);
+2. writes the new rows' chunks beyond the old shape, and rewrites the chunk band that held the
+   last old rows (its old rows' bytes unchanged) whole: every chunk write is one object written
+   whole (a temporary file renamed into place locally, one PUT on object stores), so a reader of
+   the old shape finds the same values in it before and after;
+3. writes ``zarr.json`` with the new shape, the version history (:mod:`blocklin.storage.versions`)
+   and the new chunk count: that write is the commit (atomic locally and on object stores);
+4. removes the journal.
+
+A reader sees the old matrix or the new one, never a mix. An append that fails or is interrupted
+(Ctrl-C, SIGTERM) before its commit undoes its writes itself; one whose process was killed leaves
+the old matrix readable and its journal, and then running the same append again finishes it (its
+writes are idempotent), or :func:`rollback` (``blocklin append --rollback A``) removes what it
+wrote. Only matrices blocklin wrote are appended to (files blocklin did not write are never
+modified).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from blocklin.config import format_size, resolve
+from blocklin.errors import (BudgetError, DTypeError, OutputBusyError, ParameterError, ShapeError, StoreNotFoundError,
+                             StoreReadError, UncommittedOutputError, explain)
+from blocklin.progress import make_progress
+from blocklin.storage import ownership
+from blocklin.storage.backend import backend
+from blocklin.storage.completeness import STORED_KEY, stored_chunk_indices
+from blocklin.storage.location import Location, as_location
+from blocklin.storage.records import PENDING_RECORD
+from blocklin.storage.versions import VERSIONS_KEY, chunk_grid, data_stamp, history, now, read_meta
+from blocklin.storage.zarr_store import _from_metadata, read_block, write_block
+
+#: The journal of an append under way (or interrupted) inside the matrix's folder or prefix.
+JOURNAL = ".blocklin-append.json"
+#: Copies of a panel an append holds at once: the source block, its cast, zarr's write temporaries.
+PANEL_COPIES = 3
+
+
+def _target(a: Any, storage_options: dict | None) -> tuple[Location, dict]:
+    """The matrix appended to and its metadata; refused unless it is a committed 2-D zarr v3 array
+    blocklin wrote."""
+    if hasattr(a, "path") and not isinstance(a, (str, Location)):  # a Matrix
+        a = a.path
+    loc = as_location(a, storage_options, name="a")
+    be = backend(loc)
+    meta = read_meta(loc)
+    if meta is None:
+        if not be.exists(""):
+            raise StoreNotFoundError(explain("a", "must name an existing zarr array", f"{loc.url!r}, which does "
+                                             "not exist", "convert the first rows: blocklin convert FILE A.zarr"))
+        raise StoreReadError(explain("a", "must be a zarr v3 array that blocklin wrote", repr(loc.url),
+                                     "convert it first: blocklin convert A A2.zarr, then append to A2.zarr"))
+    if be.try_read(PENDING_RECORD) is not None:
+        raise UncommittedOutputError(explain("a", "must be a committed output", f"{loc.url!r}, an output an "
+                                             "interrupted run left unfinished", "finish that run (--resume) first"))
+    if not isinstance((meta.get("attributes") or {}).get("blocklin"), dict):
+        raise ParameterError(explain("a", "must be a matrix blocklin wrote (blocklin never modifies data it did not "
+                                     "write)", f"{loc.url!r}, which has no blocklin provenance",
+                                     "copy it first: blocklin convert A.zarr A2.zarr, then append to A2.zarr"))
+    if len(meta["shape"]) != 2:
+        raise ShapeError(explain("a", "must be 2-D", f"shape {tuple(meta['shape'])}", "append to a matrix"))
+    return loc, meta
+
+
+class _ArrayRows:
+    """Rows from a NumPy, Dask or zarr array (the reader interface of :mod:`blocklin.storage.formats`)."""
+
+    def __init__(self, x: Any) -> None:
+        self.x = x
+        self.shape = tuple(int(s) for s in x.shape)
+        self.dtype = np.dtype(x.dtype)
+
+    def read(self, rows: slice, cols: slice) -> np.ndarray:
+        block = self.x[rows, cols]
+        return np.asarray(block.compute() if hasattr(block, "compute") else block)
+
+    def close(self) -> None:
+        pass
+
+
+def _rows_source(rows: Any, width: int, from_format: str | None, opts: dict) -> tuple[Any, str, Location | None]:
+    """A reader of the rows to append, what to call them, and the stored location (None in memory)."""
+    if hasattr(rows, "path") and hasattr(rows, "shape") and not hasattr(rows, "__array_function__"):
+        rows = rows.path  # a Matrix
+    if isinstance(rows, (str, Location)) or hasattr(rows, "__fspath__"):
+        from blocklin.storage.formats import open_reader
+        from blocklin.storage.stamps import input_location
+
+        reader = open_reader(rows if isinstance(rows, Location) else str(rows), format=from_format, **opts)
+        return reader, str(getattr(rows, "url", rows)), input_location(rows)
+    if type(rows).__module__.startswith(("dask", "zarr")):
+        x = rows
+    else:
+        x = np.asarray(rows)
+        if x.dtype == object:
+            raise DTypeError(explain("rows", "must hold numbers", "an object array", "pass a float array"))
+    if x.ndim == 1:  # one row (as numpy.vstack takes it), or a column of a one-column matrix
+        x = x.reshape((-1, 1) if width == 1 else (1, -1))
+    if x.ndim != 2:
+        raise ShapeError(explain("rows", "must be 2-D (rows to append)", f"shape {tuple(x.shape)}",
+                                 f"reshape it to (-1, {width})"))
+    return _ArrayRows(x), f"an array of shape {tuple(x.shape)}", None
+
+
+def _check_source(reader: Any, meta: dict, loc: Location) -> np.dtype:
+    n, dt = int(meta["shape"][1]), np.dtype(meta["data_type"])
+    if reader.shape[1] != n:
+        raise ShapeError(explain("rows", f"must have the matrix's {n} columns", f"{reader.shape[0]} x "
+                                 f"{reader.shape[1]}", f"append rows of width {n} to {loc.url}"))
+    src = np.dtype(reader.dtype)
+    if src.kind not in "biuf" or not np.can_cast(src, dt, "safe") and not (src.kind in "iub" and dt.kind == "f"):
+        raise DTypeError(explain("rows", f"must convert to the matrix's {dt.name} without loss", src.name,
+                                 f"cast the rows first (rows.astype('{dt.name}')) if the loss is intended"))
+    return dt
+
+
+def _panel_rows(chunk: int, width: int, dt: np.dtype, memory: int) -> int:
+    """Rows per panel: a multiple of the chunk height whose copies fit the budget."""
+    row_bytes = width * dt.itemsize * PANEL_COPIES
+    need = chunk * row_bytes
+    if need > memory:
+        raise BudgetError(explain("memory", "must hold one chunk band of the matrix a few times over while "
+                                  "appending", format_size(memory), f"pass memory='{format_size(need)}' or more "
+                                  f"({PANEL_COPIES} copies of {chunk} rows x {width} columns)"), minimum=need)
+    return max(chunk, memory // row_bytes // chunk * chunk)
+
+
+def _journal(loc: Location) -> dict | None:
+    raw = backend(loc).try_read(JOURNAL)
+    if raw is None:
+        return None
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+def _check_not_busy(loc: Location, rec: dict) -> None:
+    owner = rec.get("owner")
+    if ownership.is_alive(owner) and not ownership.is_mine(owner):
+        raise OutputBusyError(f"another append is writing {loc.url} ({ownership.describe(owner)}). Fix: wait for it "
+                              "to finish; if it was stopped, run the same append again or roll it back "
+                              f"(blocklin append --rollback {loc.url})")
+
+
+def _versions_before(loc: Location, meta: dict) -> list[dict]:
+    """The history up to today's version: version 0 recorded on the first append, and a version
+    marked ``rewritten`` when the chunks changed since the last append (not by an append)."""
+    chain = history(meta)
+    stamp = data_stamp(loc)
+    rows = int(meta["shape"][0])
+    if not chain:
+        created = (meta.get("attributes") or {}).get("blocklin", {}).get("created")
+        return [{"rows": rows, "stamp": stamp, "at": created or now()}]
+    last = chain[-1]
+    if stamp != last.get("stamp") and stamp not in (last.get("aliases") or []):
+        chain.append({"rows": rows, "stamp": stamp, "at": now(), "rewritten": True})
+    return chain
+
+
+def append(a: Any, rows: Any, *, memory: Any = None, storage_options: dict | None = None, progress: Any = None,
+           nan: str = "allow", from_format: str | None = None, **reader_options: Any) -> Any:
+    """Append rows to a stored matrix, atomically, in bounded memory.
+
+    Parameters
+    ----------
+    a : path, URL, Location or Matrix
+        A 2-D zarr v3 matrix blocklin wrote (``blocklin convert``, ``from_array``, an operation's output).
+    rows : array_like, Dask array, Matrix, or path
+        The rows: ``p x n`` (a 1-D array of ``n`` values is one row), in memory or in any format
+        ``blocklin convert`` reads (``.npy``, ``.zarr``, ``FILE.h5:/DATASET``, ``.csv``, ...; format
+        options such as ``delimiter`` or ``shape`` as keywords). Cast to ``a``'s dtype when that loses
+        nothing (integers into floats, float32 into float64); other dtypes are refused.
+    memory : int or str, optional
+        Budget (default from the config): a panel of rows and its copies.
+    storage_options : dict, optional
+        fsspec options for URLs.
+    progress : bool or object, optional
+        Progress bar (:func:`blocklin.progress.make_progress`).
+    nan : {"allow", "error"}
+        NaN or Inf in the rows: stored (default, as ``convert`` does), or an error naming the position.
+
+    Returns
+    -------
+    Matrix
+        ``a`` with its new shape; ``.report`` holds the rows before and after, bytes and seconds.
+
+    Notes
+    -----
+    A reader sees the old matrix or the new one (module notes). The matrix records every version in
+    its attributes (``blocklin_versions``), which :func:`blocklin.update` reads to bring results up
+    to date by reading only the new rows. An interrupted append is finished by running it again or
+    undone by :func:`rollback`; another append meanwhile is refused.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import blocklin as bl
+    >>> _ = bl.from_array(np.ones((4, 3)), "G.zarr", chunks=(2, 3))
+    >>> bl.append("G.zarr", np.zeros((3, 3))).shape
+    (7, 3)
+    """
+    from blocklin.matrix import Matrix
+
+    if nan not in ("allow", "error"):
+        raise ParameterError(explain("nan", "must be 'allow' or 'error'", repr(nan), "pass nan='error'"))
+    t0 = time.perf_counter()
+    cfg = resolve(memory=memory)
+    loc, meta = _target(a, storage_options)
+    m0, n = (int(s) for s in meta["shape"])
+    chunks = chunk_grid(meta)
+    rec = _journal(loc)
+    if rec is not None:
+        _check_not_busy(loc, rec)
+    reader, what, src_loc = _rows_source(rows, n, from_format, reader_options)
+    try:
+        if src_loc is not None:
+            from blocklin.storage.guard import relation
+
+            if relation(src_loc, loc):
+                raise ParameterError(explain("rows", "must not be the matrix appended to, nor inside it", what,
+                                             "copy the rows elsewhere first"))
+        dt = _check_source(reader, meta, loc)
+        p = int(reader.shape[0])
+        stamp = _source_stamp(src_loc)
+        if rec is not None:  # an interrupted append: the same one is finished, any other refused
+            if rec.get("from_rows") != m0 or rec.get("to_rows") != m0 + p or rec.get("source_stamp") != stamp or \
+                    stamp is None:
+                raise ParameterError(explain(
+                    "a", "must not hold an interrupted append of other rows", f"{loc.url} holds an append of "
+                    f"{rec.get('source', '?')} (rows {rec.get('from_rows')} to {rec.get('to_rows')}) that did not "
+                    "finish", f"run that append again to finish it, or roll it back first: blocklin append "
+                    f"--rollback {loc.url} (blocklin.rollback_append)"))
+            chain = rec["versions"]
+        else:
+            chain = _versions_before(loc, meta)
+        if p == 0:
+            return Matrix(loc)
+        panel = _panel_rows(chunks[0], n, dt, cfg.memory)
+        journal = {"owner": ownership.new_record(operation="append"), "from_rows": m0, "to_rows": m0 + p,
+                   "source": what, "source_stamp": stamp, "versions": chain}
+        backend(loc).write_text(JOURNAL, json.dumps(journal))
+        try:
+            written = _copy(loc, meta, reader, m0, p, dt, panel, nan, progress)
+        except BaseException:  # an error or Ctrl-C: undone here; only a killed process leaves the journal
+            rollback(loc)
+            raise
+    finally:
+        reader.close()
+    new = dict(meta, shape=[m0 + p, n])
+    big = _from_metadata(loc, new, "r")
+    chain = chain + [{"rows": m0 + p, "stamp": data_stamp(loc), "at": now(), "source": what, "added": p}]
+    _commit(loc, new, chain, len(stored_chunk_indices(big, loc)))
+    backend(loc).delete(JOURNAL)
+    out = Matrix(loc)
+    out.report = {"operation": "append", "rows_before": m0, "rows_added": p, "rows": m0 + p, "source": what,
+                  "bytes_written": written, "seconds": time.perf_counter() - t0, "version": len(chain) - 1}
+    return out
+
+
+def _source_stamp(src_loc: Location | None) -> str | None:
+    """The content stamp of stored rows (None in memory: an interrupted append of an array is rolled back)."""
+    if src_loc is None:
+        return None
+    from blocklin.storage.stamps import content_stamp
+
+    return content_stamp(src_loc)
+
+
+def _copy(loc: Location, meta: dict, reader: Any, m0: int, p: int, dt: np.dtype, panel: int, nan: str,
+          progress: Any) -> int:
+    """Write rows ``m0:m0 + p`` (and the old rows sharing their first chunk band) panel by panel."""
+    n, ch = int(meta["shape"][1]), chunk_grid(meta)[0]
+    old = _from_metadata(loc, meta, "r")
+    big = _from_metadata(loc, dict(meta, shape=[m0 + p, n]), "r+")
+    start = m0 // ch * ch  # the band holding the last old rows is rewritten whole
+    prog = make_progress(progress)
+    prog.start(-(-(m0 + p - start) // panel), f"append {p} rows to {loc.name}")
+    written = 0
+    try:
+        for r0 in range(start, m0 + p, panel):
+            r1 = min(m0 + p, r0 + panel)
+            block = np.empty((r1 - r0, n), dtype=dt)
+            if r0 < m0:
+                read_block(old, slice(r0, m0), slice(0, n), out=block[: m0 - r0])
+            s0 = max(r0, m0)
+            src = reader.read(slice(s0 - m0, r1 - m0), slice(0, n))
+            if nan == "error" and src.dtype.kind == "f" and not np.isfinite(src).all():
+                i, j = np.argwhere(~np.isfinite(src))[0]
+                raise ParameterError(explain("rows", "must be finite (nan='error')", f"{src[i, j]} at row "
+                                             f"{s0 - m0 + i}, column {j} of the rows", "fix the data, or pass "
+                                             "nan='allow' to store it"))
+            block[s0 - r0:] = src
+            write_block(big, slice(r0, r1), slice(0, n), block)
+            written += block.nbytes
+            prog.advance(1)
+    finally:
+        prog.close()
+    return written
+
+
+def _commit(loc: Location, meta: dict, chain: list[dict], stored: int) -> None:
+    """Write ``zarr.json`` with the new shape and history: one object written whole (the commit)."""
+    attrs = dict(meta.get("attributes") or {})
+    attrs[VERSIONS_KEY] = chain
+    prov = dict(attrs.get("blocklin") or {})
+    if STORED_KEY in prov:
+        prov[STORED_KEY] = stored
+    attrs["blocklin"] = prov
+    backend(loc).write_text("zarr.json", json.dumps(dict(meta, attributes=attrs), indent=2))
+
+
+def rollback(a: Any, *, storage_options: dict | None = None) -> dict:
+    """Undo an interrupted append: remove the chunks it wrote beyond the matrix's shape.
+
+    The chunk band it rewrote holds the old rows' bytes unchanged; its new stamp is recorded as the
+    same version's (so results computed before stay updatable). Returns ``{"interrupted": whether an
+    append was, "removed": chunk files removed, "rows": the matrix's rows}``.
+    """
+    loc, meta = _target(a, storage_options)
+    rec = _journal(loc)
+    if rec is None:
+        return {"interrupted": False, "removed": 0, "rows": int(meta["shape"][0])}
+    _check_not_busy(loc, rec)
+    m0, n = (int(s) for s in meta["shape"])
+    ch = chunk_grid(meta)
+    big = _from_metadata(loc, dict(meta, shape=[int(rec.get("to_rows") or m0), n]), "r")
+    keep = -(-m0 // ch[0])
+    beyond = [str(big.metadata.encode_chunk_key(idx)) for idx in stored_chunk_indices(big, loc) if idx[0] >= keep]
+    backend(loc).delete_many(beyond)
+    if loc.is_local:  # the chunk rows' folders the append made (c/<row>), now empty
+        for folder in sorted({os.path.dirname(os.path.join(loc.url, k)) for k in beyond}, reverse=True):
+            while folder.startswith(loc.url + os.sep):
+                try:
+                    os.rmdir(folder)
+                except OSError:  # not empty: it holds chunks of the matrix
+                    break
+                folder = os.path.dirname(folder)
+    chain = rec.get("versions") or _versions_before(loc, meta)
+    last = dict(chain[-1])
+    stamp = data_stamp(loc)
+    if stamp != last.get("stamp"):
+        last["aliases"] = list(last.get("aliases") or []) + [stamp]
+    _commit(loc, meta, chain[:-1] + [last], len(stored_chunk_indices(_from_metadata(loc, meta, "r"), loc)))
+    backend(loc).delete(JOURNAL)
+    return {"interrupted": True, "removed": len(beyond), "rows": m0}
+
+
+__all__ = ["JOURNAL", "append", "rollback"]

@@ -1,0 +1,202 @@
+"""blocklin.append: rows added to a stored matrix atomically, its versions, interrupted appends."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.cli.main import main
+from blocklin.errors import BudgetError, DTypeError, ParameterError, ShapeError
+from blocklin.storage.append import JOURNAL
+
+
+@pytest.fixture
+def base(tmp_path):
+    a = np.random.default_rng(0).standard_normal((1000, 30))
+    bl.from_array(a, tmp_path / "A.zarr", chunks=(128, 30))
+    return a, tmp_path / "A.zarr"
+
+
+def _versions(path):
+    return json.load(open(os.path.join(path, "zarr.json")))["attributes"]["blocklin_versions"]
+
+
+@pytest.mark.parametrize("kind", ["numpy", "npy", "zarr", "dask", "csv"])
+def test_append_every_kind_of_source(tmp_path, base, kind):
+    a, path = base
+    rows = np.random.default_rng(1).standard_normal((301, 30))
+    if kind == "npy":
+        np.save(tmp_path / "r.npy", rows)
+        src = str(tmp_path / "r.npy")
+    elif kind == "zarr":
+        src = bl.from_array(rows, tmp_path / "r.zarr", chunks=(50, 7)).path
+    elif kind == "dask":
+        import dask.array as da
+
+        src = da.from_array(rows, chunks=(40, 30))
+    elif kind == "csv":
+        np.savetxt(tmp_path / "r.csv", rows, delimiter=",", fmt="%.17g")
+        src = str(tmp_path / "r.csv")
+    else:
+        src = rows
+    m = bl.append(path, src, memory="256KiB")  # panels of a few chunk bands: the band of the old last rows too
+    assert m.shape == (1301, 30) and m.report["rows_added"] == 301 and m.report["version"] == 1
+    assert np.array_equal(m.to_numpy(), np.vstack([a, rows]))
+    v = _versions(path)
+    assert [x["rows"] for x in v] == [1000, 1301] and v[1]["added"] == 301
+    assert not os.path.exists(path / JOURNAL)
+
+
+def test_append_casts_without_loss_and_refuses_the_rest(tmp_path, base):
+    a, path = base
+    ints = np.arange(60).reshape(2, 30)
+    m = bl.append(path, ints)
+    assert np.array_equal(m[1000:], ints.astype(np.float64))
+    assert np.array_equal(bl.append(path, np.ones(30, dtype=np.float32))[1002], np.ones(30))  # one row
+    f32 = bl.from_array(np.ones((4, 3), np.float32), tmp_path / "f.zarr")
+    with pytest.raises(DTypeError, match="without loss.*float64"):
+        bl.append(f32, np.ones((1, 3)))
+    with pytest.raises(ShapeError, match="must have the matrix's 30 columns.*5 x 29"):
+        bl.append(path, np.ones((5, 29)))
+    with pytest.raises(DTypeError, match="numbers"):
+        bl.append(path, np.array([[object()] * 30]))
+    with pytest.raises(ParameterError, match="finite.*row 1, column 2"):
+        bad = np.ones((3, 30))
+        bad[1, 2] = np.nan
+        bl.append(path, bad, nan="error")
+    assert bl.open(path).shape == (1003, 30)  # nothing of the refused appends stayed
+    with pytest.raises(BudgetError, match="memory='") as e:
+        bl.append(path, np.ones((3, 30)), memory="1KiB")
+    assert e.value.minimum == 128 * 30 * 8 * 3
+
+
+def test_append_refuses_data_blocklin_did_not_write(tmp_path):
+    import zarr
+
+    zarr.create_array(str(tmp_path / "z.zarr"), shape=(4, 3), chunks=(2, 3), dtype="f8")[:] = 1.0
+    before = sorted(os.listdir(tmp_path / "z.zarr"))
+    with pytest.raises(ParameterError, match="blocklin wrote.*convert A.zarr A2.zarr"):
+        bl.append(tmp_path / "z.zarr", np.ones((2, 3)))
+    assert sorted(os.listdir(tmp_path / "z.zarr")) == before
+    with pytest.raises(ParameterError, match="must not be the matrix appended to"):
+        m = bl.from_array(np.ones((4, 3)), tmp_path / "s.zarr")
+        bl.append(m, m.path)
+
+
+def test_readers_see_the_old_or_the_new_matrix(tmp_path, base, monkeypatch):
+    """A reader during an append finds the old rows (shape unchanged until the commit), then all."""
+    import blocklin.storage.append as ap
+
+    a, path = base
+    rows = np.random.default_rng(2).standard_normal((700, 30))
+    new = np.vstack([a, rows])
+    real = ap.write_block
+    seen, stop = [], threading.Event()
+
+    def slow(*args, **kw):
+        real(*args, **kw)
+        stop.wait(0.02)
+
+    monkeypatch.setattr(ap, "write_block", slow)
+
+    def read():
+        while not stop.is_set():
+            x = bl.open(path).to_numpy()
+            seen.append(x.shape[0])
+            assert np.array_equal(x, a) or np.array_equal(x, new)
+
+    t = threading.Thread(target=read)
+    t.start()
+    try:
+        bl.append(path, rows, memory="128KiB")
+    finally:
+        stop.set()
+        t.join()
+    assert 1000 in seen and np.array_equal(bl.open(path).to_numpy(), new)
+
+
+_KILL = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    import blocklin.storage.append as ap
+    real, count = ap.write_block, [0]
+    def killed(*args, **kw):
+        real(*args, **kw)
+        count[0] += 1
+        if count[0] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    ap.write_block = killed
+    ap.append(sys.argv[1], sys.argv[2], memory="128KiB")
+""")
+
+
+def test_sigkill_mid_append_then_finish_or_roll_back(tmp_path, base):
+    a, path = base
+    rows = np.random.default_rng(3).standard_normal((900, 30))
+    np.save(tmp_path / "r.npy", rows)
+    g = bl.gram(path, tmp_path / "G.zarr")  # a result of the old version, updatable throughout
+
+    def kill():
+        p = subprocess.run([sys.executable, "-c", _KILL, str(path), str(tmp_path / "r.npy")], cwd=tmp_path)
+        assert p.returncode == -9
+        assert bl.open(path).shape == (1000, 30) and np.array_equal(bl.open(path).to_numpy(), a)
+        assert os.path.exists(path / JOURNAL)
+
+    kill()
+    with pytest.raises(ParameterError, match="interrupted append.*--rollback"):
+        bl.append(path, rows[:5])  # other rows: refused until finished or rolled back
+    m = bl.append(path, str(tmp_path / "r.npy"))  # the same append again finishes it
+    assert np.array_equal(m.to_numpy(), np.vstack([a, rows])) and not os.path.exists(path / JOURNAL)
+
+    kill_path = tmp_path / "B.zarr"
+    bl.from_array(a, kill_path, chunks=(128, 30))
+    g = bl.gram(kill_path, tmp_path / "GB.zarr")
+    path = kill_path
+    kill()
+    files = sorted(os.listdir(path / "c"))
+    assert main(["append", "--rollback", str(path)]) == 0
+    assert sorted(os.listdir(path / "c")) == [f for f in files if int(f) < 8]  # chunk rows beyond 1000 removed
+    assert np.array_equal(bl.open(path).to_numpy(), a) and not os.path.exists(path / JOURNAL)
+    assert bl.update(g.path).report["current"]  # the rolled-back band holds the same rows: still current
+    bl.append(path, rows[:10])
+    assert bl.update(g.path).report["updated"]["rows_read"] == 10
+    assert bl.rollback_append(path) == {"interrupted": False, "removed": 0, "rows": 1010}
+
+
+def test_a_rewrite_between_appends_is_recorded(tmp_path, base):
+    a, path = base
+    g = bl.gram(path, tmp_path / "G.zarr")
+    bl.append(path, np.ones((3, 30)))
+    import zarr
+
+    z = zarr.open_array(str(path), mode="r+")
+    z[0, 0] = 5.0  # rows rewritten in place, not by an append
+    bl.append(path, np.ones((3, 30)))
+    assert _versions(path)[2].get("rewritten") is True
+    with pytest.raises(ParameterError, match="rewritten after the result"):
+        bl.update(g.path)
+
+
+def test_cli_append_and_update(tmp_path, base, capsys):
+    a, path = base
+    rows = np.random.default_rng(4).standard_normal((50, 30))
+    np.save(tmp_path / "r.npy", rows)
+    assert main(["gram", str(path), "-o", str(tmp_path / "G.zarr")]) == 0
+    capsys.readouterr()
+    assert main(["append", str(path), str(tmp_path / "r.npy"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["shape"] == [1050, 30] and out["rows_added"] == 50 and out["version"] == 1
+    assert main(["update", str(tmp_path / "G.zarr")]) == 0
+    assert "rows 1000:1050" in capsys.readouterr().out
+    assert main(["update", str(tmp_path / "G.zarr")]) == 0
+    assert "up to date" in capsys.readouterr().out
+    assert main(["append", str(path)]) == 1
+    assert "NEW" in capsys.readouterr().err
