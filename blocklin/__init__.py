@@ -34,9 +34,8 @@ from blocklin.storage.append import append, rollback as rollback_append  # noqa:
 from blocklin.storage.convert import convert  # noqa: E402
 
 __all__ = [
-    "Matrix", "SparseMatrix", "__version__", "aslinearoperator", "cho_solve", "cholesky", "cond", "config",
+    "Matrix", "SparseMatrix", "__version__", "append", "aslinearoperator", "cho_solve", "cholesky", "cond", "config",
     "configure", "convert", "det", "eigsh", "errors", "from_array", "from_sparse", "gram", "inv", "inv_plan", "lstsq",
-    "lu", "lu_solve", "matmul",
-    "matmul_plan", "norm", "open", "pca", "qr", "random", "rollback_append", "slogdet", "solve", "solve_plan",
-    "solve_triangular", "svd", "update",
+    "lu", "lu_solve", "matmul", "matmul_plan", "norm", "open", "pca", "qr", "random", "rollback_append", "slogdet",
+    "solve", "solve_plan", "solve_triangular", "svd", "update",
 ]
