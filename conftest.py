@@ -172,6 +172,14 @@ def _shape_only(folder: Path, name: str, n: int) -> None:
     create_array(folder / name, shape=(n, n), dtype="float64", chunks=(1024, 1024))
 
 
+def _coordinate(path: Path) -> None:
+    """A 2000 x 1000 coordinate Matrix Market file of 20000 integer entries (some duplicated)."""
+    rng = np.random.default_rng(8)
+    r, c, v = rng.integers(1, 2001, 20000), rng.integers(1, 1001, 20000), rng.integers(-9, 10, 20000)
+    path.write_text("%%MatrixMarket matrix coordinate integer general\n2000 1000 20000\n"
+                    + "".join(f"{a} {b} {d}\n" for a, b, d in zip(r.tolist(), c.tolist(), v.tolist())))
+
+
 SAMPLES = {
     "A.zarr": lambda f: _square(f, "A.zarr", 1),
     "B.zarr": lambda f: _square(f, "B.zarr", 2),
@@ -183,12 +191,13 @@ SAMPLES = {
     "table.csv": lambda f: np.savetxt(f / "table.csv", _normal((50, 4), 7), delimiter=";", header="w;x;y;z",
                                       comments=""),
     "A8192.zarr": lambda f: _shape_only(f, "A.zarr", 8192),
+    "sparse.mtx": lambda f: _coordinate(f / "sparse.mtx"),
     "B8192.zarr": lambda f: _shape_only(f, "B.zarr", 8192),
 }
 DEFAULT_FILES = ("A.zarr", "B.zarr", "S.zarr", "b.zarr")
 #: Samples written in a document's folder before its Python blocks run (default: DEFAULT_FILES).
 PYTHON_FILES = {"README.md": (), "docs/convert.md": ("A.npy",), "docs/engine.md": ("A.zarr",),
-                "docs/factor.md": ("P.zarr", "b.zarr", "A.zarr")}
+                "docs/factor.md": ("P.zarr", "b.zarr", "A.zarr"), "docs/sparse.md": ("sparse.mtx",)}
 #: Samples written in each shell block's folder (default: DEFAULT_FILES).
 SHELL_FILES = {
     "README.md": ("A.zarr", "B.zarr"),
@@ -196,6 +205,7 @@ SHELL_FILES = {
     "docs/cluster.md": ("A.npy",),
     "docs/gemm.md": ("A8192.zarr", "B8192.zarr"),
     "docs/factor.md": ("P.zarr", "b.zarr", "A.zarr"),
+    "docs/sparse.md": ("sparse.mtx",),
 }
 
 

@@ -91,7 +91,8 @@ def _sparse_summary(args: argparse.Namespace, r: dict) -> dict:
     """The report of a sparse conversion or export."""
     summary = {k: v for k, v in r.items() if k != "plan"}
     shape = " x ".join(str(s) for s in r["shape"])
-    blocks = f", {r['row_blocks']} row blocks from {r['runs']} runs" if "row_blocks" in r else ""
+    blocks = (f", {r['row_blocks']} row block{'s' * (r['row_blocks'] != 1)} from {r['runs']} "
+              f"run{'s' * (r['runs'] != 1)}") if "row_blocks" in r else ""
     planned = f" (plan {format_size(r['planned_memory'])} of {format_size(r['memory'])})" \
         if r.get("planned_memory") else ""
     human = (f"wrote {r['output']} ({shape} sparse {r['dtype']}, {r['nnz']} entries{blocks}) in "

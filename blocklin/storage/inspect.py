@@ -112,7 +112,6 @@ def inspect(path: Any, *, format: str | None = None, memory: Any = None, **reade
 
 def _sparse_info(path: Any, memory: int) -> dict[str, Any] | None:
     """The facts of a stored sparse matrix (a ``blocklin-csr`` group), None for anything else."""
-    from blocklin.storage.location import as_location
     from blocklin.storage.sparse import SparseStore, is_sparse
 
     if not isinstance(path, (str, os.PathLike)) or not is_sparse(path):
@@ -123,7 +122,7 @@ def _sparse_info(path: Any, memory: int) -> dict[str, Any] | None:
     in_memory = store.nnz * (store.dtype.itemsize + store.index_dtype.itemsize) + (m + 1) * 8
     on_disk = store.bytes_on_disk()
     prov = store.attrs.get("blocklin")
-    return {"format": "blocklin-csr", "sparse": True, "path": as_location(path).url, "shape": [m, n],
+    return {"format": "blocklin-csr", "sparse": True, "path": str(path), "shape": [m, n],
             "dtype": store.dtype.str, "nnz": store.nnz, "density": store.nnz / (m * n) if m * n else 0.0,
             "index_dtype": store.index_dtype.name, "row_blocks": int(rows.size),
             "block_rows": [int(rows.min()), int(rows.max())] if rows.size else [0, 0],

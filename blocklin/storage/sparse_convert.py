@@ -32,7 +32,7 @@ from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, N
 from blocklin.progress import make_progress
 from blocklin.storage.location import as_location
 from blocklin.storage.sparse import (
-    SparseStore, SparseWriter, entry_chunk_for, index_dtype_for, writer_bytes,
+    MIN_ENTRY_CHUNK, SparseStore, SparseWriter, entry_chunk_for, index_dtype_for, writer_bytes,
 )
 
 #: Bytes per entry while a run is sorted and summed: the loaded records (24), the sort key and
@@ -103,6 +103,9 @@ def plan_sort(shape: tuple[int, int], entries: int, value_dtype: Any, memory: in
     vdt = np.dtype(value_dtype)
     entry_chunk = entry_chunk_for(memory, vdt.itemsize + index_dtype_for(n).itemsize)
     row_chunk = entry_chunk
+    # zarr stores an edge chunk whole: a small matrix gets chunks no larger than it needs
+    entry_chunk = min(entry_chunk, max(MIN_ENTRY_CHUNK, 1 << max(0, int(entries - 1).bit_length())))
+    row_chunk = min(row_chunk, max(MIN_ENTRY_CHUNK, 1 << int(m).bit_length()))
     fixed = writer_bytes(entry_chunk, row_chunk, vdt, index_dtype_for(n))
     batch = parse_bytes + batch_entries * BATCH_BYTES_PER_ENTRY + fixed
     room = memory - fixed
@@ -123,7 +126,7 @@ def plan_sort(shape: tuple[int, int], entries: int, value_dtype: Any, memory: in
     rows_cap = max(1, room // 4 // ROW_BYTES)
     block_entries = max(MIN_BLOCK_ENTRIES, (room - min(rows_cap, max(m, 1)) * ROW_BYTES) // SORT_BYTES_PER_ENTRY)
     rows = int(min(max(m, 1), rows_cap, max(1, block_entries / 2 / per_row)))
-    sort_peak = fixed + block_entries * SORT_BYTES_PER_ENTRY + rows * ROW_BYTES
+    sort_peak = fixed + min(block_entries, max(entries, MIN_BLOCK_ENTRIES)) * SORT_BYTES_PER_ENTRY + rows * ROW_BYTES
     return SortPlan(rows_per_block=rows, block_entries=int(block_entries), entry_chunk=entry_chunk,
                     row_chunk=row_chunk, batch_bytes=int(batch), peak_memory=int(max(batch, sort_peak)),
                     memory=int(memory))

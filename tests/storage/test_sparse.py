@@ -334,7 +334,7 @@ def test_cli_convert_info_and_export(tmp_path, rng, capsys):
     (tmp_path / "a.mtx").write_text(_mtx(r, c, v, (30, 40), "integer", "general"))
     assert main(["convert", str(tmp_path / "a.mtx"), str(tmp_path / "a.zarr"), "--memory", "32MiB"]) == 0
     out = capsys.readouterr().out
-    assert "sparse float64" in out and "row blocks" in out
+    assert "sparse float64" in out and "1 row block from 1 run" in out
     assert main(["info", str(tmp_path / "a.zarr")]) == 0
     out = capsys.readouterr().out
     assert "blocklin-csr" in out and "30 x 40" in out and "density" in out and "row blocks" in out
