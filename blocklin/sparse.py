@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator
 
 import numpy as np
@@ -164,9 +165,85 @@ class SparseMatrix:
         """The whole matrix dense, as :meth:`blocklin.Matrix.to_numpy` (:meth:`toarray`)."""
         return self.toarray()
 
+    def aslinearoperator(self) -> SparseOperator:
+        """A ``scipy.sparse.linalg.LinearOperator`` whose products stream the row blocks (one block in
+        memory at a time); :func:`blocklin.svd` takes the matrix itself the same way (rsvd or block Lanczos)."""
+        return SparseOperator(self)
+
     def __repr__(self) -> str:
         return (f"SparseMatrix(path={self.path!r}, shape={self.shape}, nnz={self.nnz}, density={self.density:.3g}, "
                 f"dtype={self.dtype.name}, row_blocks={self.n_blocks})")
 
 
-__all__ = ["SparseMatrix"]
+def _operator_base() -> type:
+    from scipy.sparse.linalg import LinearOperator
+
+    return LinearOperator
+
+
+class SparseOperator(_operator_base()):
+    """``A X`` and ``A^T Y`` of a :class:`SparseMatrix`, each one pass over its row blocks.
+
+    The products hold one row block (its CSR arrays, sized by the conversion's budget), ``X`` or
+    ``Y`` and the result (``m x k`` or ``n x k``) in memory, as every SciPy operator's do. Integer
+    values are multiplied as float64.
+
+    Attributes
+    ----------
+    matrix : SparseMatrix
+    products : int
+        Passes over the row blocks so far (one per ``matvec``/``matmat``/``rmatvec``/``rmatmat``).
+    """
+
+    def __init__(self, matrix: SparseMatrix) -> None:
+        self.matrix = matrix  # no ``path``: blocklin.svd takes this as an operator, not a stored dense matrix
+        self.products = 0
+        dt = matrix.dtype if matrix.dtype in (np.float32, np.float64) else np.dtype(np.float64)
+        super().__init__(dtype=dt, shape=matrix.shape)
+
+    def _blocks(self) -> Iterator[tuple[int, Any]]:
+        self.products += 1
+        for r0, blk in self.matrix.iter_row_blocks():
+            yield r0, (blk if blk.dtype == self.dtype else blk.astype(self.dtype))
+
+    def _matmat(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x)
+        out = np.empty((self.shape[0], x.shape[1]), np.result_type(self.dtype, x.dtype))
+        for r0, blk in self._blocks():
+            out[r0:r0 + blk.shape[0]] = blk @ x
+        return out
+
+    def _rmatmat(self, y: np.ndarray) -> np.ndarray:
+        y = np.asarray(y)
+        out = np.zeros((self.shape[1], y.shape[1]), np.result_type(self.dtype, y.dtype))
+        for r0, blk in self._blocks():
+            out += blk.T @ y[r0:r0 + blk.shape[0]]
+        return out
+
+    def _matvec(self, x: np.ndarray) -> np.ndarray:
+        return self._matmat(np.asarray(x).reshape(-1, 1))[:, 0]
+
+    def _rmatvec(self, y: np.ndarray) -> np.ndarray:
+        return self._rmatmat(np.asarray(y).reshape(-1, 1))[:, 0]
+
+    def _adjoint(self) -> Any:
+        from scipy.sparse.linalg import LinearOperator
+
+        return LinearOperator(dtype=self.dtype, shape=(self.shape[1], self.shape[0]), matvec=self._rmatvec,
+                              rmatvec=self._matvec, matmat=self._rmatmat, rmatmat=self._matmat)
+
+
+def as_sparse_operator(a: Any) -> Any:
+    """``a`` as a :class:`SparseOperator` when it is a :class:`SparseMatrix` or names a stored sparse
+    matrix (a local ``blocklin-csr`` group); anything else unchanged."""
+    if isinstance(a, SparseMatrix):
+        return a.aslinearoperator()
+    if isinstance(a, (str, os.PathLike)) and "://" not in str(a):
+        from blocklin.storage.sparse import is_sparse
+
+        if is_sparse(a):
+            return SparseMatrix(a).aslinearoperator()
+    return a
+
+
+__all__ = ["SparseMatrix", "SparseOperator", "as_sparse_operator"]

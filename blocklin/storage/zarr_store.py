@@ -121,6 +121,11 @@ def open_zarr(path: Any, *, name: str = "path", mode: str = "r", allow_pending: 
                         or (not has_meta and backend(loc.parent).try_read(PENDING_RECORD) is not None)):
         raise UncommittedOutputError(uncommitted_message(loc, name))
     if meta is not None and b'"group"' in meta and json.loads(meta).get("node_type") == "group":
+        if (json.loads(meta).get("attributes") or {}).get("format") == "blocklin-csr":
+            raise StoreReadError(explain(name, "must be a dense zarr array for this operation",
+                                         f"{loc.url!r}, a sparse matrix (blocklin-csr group)",
+                                         "open it with blocklin.open(PATH) (a SparseMatrix, which blocklin.svd "
+                                         "takes), or convert its source with --dense for dense operations"))
         raise StoreReadError(explain(name, "must be a zarr array", f"{loc.url!r}, a zarr group",
                                      "name one of its arrays (PATH/NAME)"))
     if meta is not None and not loc.is_local:

@@ -21,16 +21,18 @@ from blocklin.linalg.lowrank.methods import Factorization, lanczos, rsvd
 from blocklin.plan.svd import plan_svd
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
+from blocklin.sparse import SparseMatrix, as_sparse_operator
 
 #: The methods an operator takes: those that only multiply by ``B`` and ``B^T`` in blocks.
 OPERATOR_METHODS = ("rsvd", "lanczos")
 
 
 def is_operator(a: Any) -> bool:
-    """``a`` is a SciPy ``LinearOperator`` not backed by a stored matrix of blocklin's."""
+    """``a`` is a SciPy ``LinearOperator`` not backed by a stored dense matrix of blocklin's, or a stored
+    sparse matrix (:class:`~blocklin.sparse.SparseMatrix`, taken through its row-block operator)."""
     from scipy.sparse.linalg import LinearOperator
 
-    return isinstance(a, LinearOperator) and not hasattr(a, "path")
+    return isinstance(a, LinearOperator) and not hasattr(a, "path") or isinstance(a, SparseMatrix)
 
 
 class OperatorSource:
@@ -71,6 +73,7 @@ def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: 
     if method not in OPERATOR_METHODS:
         raise ParameterError(explain("method", f"must be one of {OPERATOR_METHODS} for a LinearOperator (the others "
                                      "read the matrix itself)", repr(method), "pass method='auto' (block Lanczos)"))
+    op = as_sparse_operator(op)  # a SparseMatrix: its row blocks streamed by each product
     m, n = op.shape
     plan = plan_svd(m, n, k, np.dtype(op.dtype), method=method, oversample=oversample,
                     power_iters=q if method == "rsvd" else None, memory=job.cfg.memory, max_passes=limit,

@@ -1,0 +1,78 @@
+"""``svd`` of a stored sparse matrix (``blocklin-csr``): block Lanczos or rsvd through its row-block
+operator (:class:`blocklin.sparse.SparseOperator`), against LAPACK's SVD of the dense matrix.
+
+Bounds as in ``test_svd_operator_input.py``: Ritz values within the residual's square over the gap
+plus the products' rounding (:func:`assert_ritz_values`); the products against SciPy's own within
+the rounding of their dot products (the stored rows' entries are summed in sorted column order).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse
+
+import blocklin as bl
+from blocklin.sparse import SparseOperator
+from support.tolerances import assert_ritz_values, eps
+
+
+def _decaying_sparse(m: int, n: int, seed: int) -> scipy.sparse.csr_matrix:
+    """A sparse ``m x n`` matrix whose columns decay from 1 to 1e-4 (a decaying spectrum)."""
+    x = scipy.sparse.random(m, n, density=0.05, random_state=seed, format="csr")
+    return (x @ scipy.sparse.diags(np.logspace(0, -4, n))).tocsr()
+
+
+@pytest.fixture
+def stored(tmp_path):
+    x = _decaying_sparse(1500, 60, 1)
+    return x, bl.from_sparse(x, tmp_path / "x.zarr")
+
+
+def test_operator_products_equal_scipy(stored, rng):
+    x, s = stored
+    op = s.aslinearoperator()
+    assert isinstance(op, SparseOperator) and op.shape == x.shape and op.dtype == np.float64
+    v, w = rng.standard_normal((60, 3)), rng.standard_normal((1500, 2))
+    # the same products in another summation order: the rounding of a dot product of the row's length
+    tol = 4 * 60 * eps(np.float64) * abs(x).max() * np.abs(v).max() * 60
+    np.testing.assert_allclose(op.matmat(v), x @ v, rtol=0, atol=tol)
+    np.testing.assert_allclose(op.matvec(v[:, 0]), x @ v[:, 0], rtol=0, atol=tol)
+    tol = 4 * 1500 * eps(np.float64) * abs(x).max() * np.abs(w).max() * 1500
+    np.testing.assert_allclose(op.rmatmat(w), x.T @ w, rtol=0, atol=tol)
+    np.testing.assert_allclose(op.H.matvec(w[:, 0]), x.T @ w[:, 0], rtol=0, atol=tol)
+    assert op.products == 4
+
+
+@pytest.mark.parametrize("kw", [{"method": "lanczos"}, {"method": "rsvd", "power_iters": 6}],
+                         ids=["lanczos", "rsvd"])
+def test_svd_of_a_sparse_matrix(stored, kw):
+    x, s = stored
+    U, sv, Vt = res = bl.svd(s, 5, seed=0, **kw)
+    assert res.report["method"] == kw["method"] and res.report["operator_products"] >= 1
+    full = np.linalg.svd(x.toarray(), compute_uv=False)
+    residuals = np.array(res.report["residuals"])
+    assert_ritz_values(sv, full[:5], spectrum=full, residuals=residuals, n=1500, norm=full[0])
+    u = U.to_numpy() if isinstance(U, bl.Matrix) else U
+    rounding = 8 * 1500 * eps(np.float64) * full[0]
+    assert np.linalg.norm(x @ Vt.T - u * sv, axis=0).max() <= rounding
+
+
+def test_svd_refuses_what_an_operator_cannot_do(stored):
+    _x, s = stored
+    from blocklin.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="for a LinearOperator"):
+        bl.svd(s, 3, method="gram")
+    with pytest.raises(ParameterError, match="a LinearOperator takes rsvd or block Lanczos"):
+        bl.svd(s, 3, center=True)
+
+
+def test_dense_operations_name_the_sparse_route(stored):
+    _x, s = stored
+    from blocklin.errors import StoreReadError
+
+    with pytest.raises(StoreReadError, match=r"a sparse matrix \(blocklin-csr group\).*blocklin.open\(PATH\)"):
+        bl.svd(s.path, 3)
+    with pytest.raises(StoreReadError, match="a sparse matrix"):
+        bl.gram(s.path)
