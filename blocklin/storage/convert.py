@@ -219,7 +219,8 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
            [ 4.,  5.,  6.,  7.],
            [ 8.,  9., 10., 11.]])
     """
-    if hasattr(src, "location") and hasattr(src, "zarr"):  # a blocklin.Matrix: convert (rechunk) its store
+    if hasattr(src, "location") and (hasattr(src, "zarr") or hasattr(src, "aslinearoperator")):
+        # a blocklin.Matrix (convert, rechunk) or SparseMatrix (export): its store
         src = src.location if not src.location.is_local else src.path
     _check_source_and_policy(src, nan)
     route = _sparse_route(src, out, layout, from_format, to_format)

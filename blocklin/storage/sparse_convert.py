@@ -470,8 +470,9 @@ def _emit(runs: _Runs, name: str, r0: int, r1: int, plan: SortPlan, writer: Spar
         writer.write_rows(r0, r1, indptr, cols, sums.astype(writer.dtype, copy=False))
         return
     if r1 - r0 == 1:
-        need = plan.memory + (count - plan.block_entries) * SORT_BYTES_PER_ENTRY
-        raise BudgetError(explain("memory", "the entries of one row must fit the sort's half of the budget",
+        # the writer's chunks grow with the budget too (to a tenth of it): a quarter more covers them
+        need = (plan.memory + (count - plan.block_entries) * SORT_BYTES_PER_ENTRY) * 5 // 4
+        raise BudgetError(explain("memory", "the entries of one row must fit one in-memory sort",
                                   f"row {r0 + 1} holds {count} entries (the budget sorts {plan.block_entries})",
                                   f"raise the budget to at least {size_hint(need)} (--memory {size_hint(need)})"),
                           minimum=need)

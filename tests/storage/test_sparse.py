@@ -350,3 +350,28 @@ def test_cli_convert_info_and_export(tmp_path, rng, capsys):
     assert main(["convert", str(tmp_path / "a.mtx"), str(tmp_path / "e.zarr"), "--codec", "zstd"]) == 1
     assert "codec: applies to dense outputs only" in capsys.readouterr().err
     _nothing_left(tmp_path, "e.zarr")
+
+
+def test_handle_converts_like_its_path(tmp_path):
+    s = blocklin.from_sparse(scipy.sparse.eye(5, format="csr") * 2, tmp_path / "e.zarr")
+    blocklin.convert(s, tmp_path / "e.mtx")
+    _assert_same(_canonical(scipy.io.mmread(tmp_path / "e.mtx")), scipy.sparse.eye(5) * 2)
+
+
+def test_failures_after_runs_were_written_leave_nothing(tmp_path, rng):
+    """A bad line in a later batch (runs already on disk) and a row too dense for the budget (found
+    while the runs are sorted): refused, the work folder and the partial output gone."""
+    r, c, v = _entries(rng, 500, 500, 70_000)
+    text = _mtx(r, c, v, (500, 500)).replace("% comment\n500 500 70000", "% comment\n500 500 70001")
+    (tmp_path / "late.mtx").write_text(text + "1 1 x\n")
+    with pytest.raises(FormatError, match="line 70004"):
+        blocklin.convert(tmp_path / "late.mtx", tmp_path / "late.zarr", memory="24MiB")
+    k = 400_000  # more than the 327451 entries a 24 MiB budget sorts at once
+    (tmp_path / "row.mtx").write_text(f"%%MatrixMarket matrix coordinate pattern general\n2 {k} {k}\n"
+                                      + "".join(f"1 {j}\n" for j in range(1, k + 1)))
+    with pytest.raises(BudgetError, match=f"row 1 holds {k} entries.*--memory") as info:
+        blocklin.convert(tmp_path / "row.mtx", tmp_path / "row.zarr", memory="24MiB")
+    _nothing_left(tmp_path, "late.zarr", "row.zarr")
+    hint = str(info.value).rsplit("--memory ", 1)[1].rstrip(")")
+    assert blocklin.convert(tmp_path / "row.mtx", tmp_path / "row.zarr", memory=hint)["nnz"] == k
+    assert list((tmp_path / "blocklin-tmp").iterdir()) == []
