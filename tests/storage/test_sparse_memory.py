@@ -1,4 +1,5 @@
-"""Peak memory of a sparse conversion (external sort) whose entries are several times the budget.
+"""Peak memory of a sparse conversion (external sort) whose entries are several times the budget, and
+what a signal during it leaves (nothing).
 
 The child converts a coordinate file of 1.5 million entries (36 MB of run records, 18 MB of CSR
 arrays, 50 MB of text) with a 24 MiB budget; its peak resident set (``VmHWM``) must stay within
@@ -57,3 +58,31 @@ def test_sparse_conversion_stays_within_budget(tmp_path, coordinate_file):
     assert rep["runs"] >= 4 and rep["planned_memory"] <= BUDGET and rep["nnz"] > 0.99 * ENTRIES
     used = res["peak"] - base
     assert used <= BUDGET + margin(BUDGET), f"{used / MiB:.1f} MiB above the baseline for a {BUDGET / MiB} MiB budget"
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_interrupted_sparse_conversion_leaves_nothing(tmp_path, coordinate_file, sig):
+    """A signal while the run files are written: exit 130/143, no partial output, no work folder."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    temp = tmp_path / "blocklin-tmp"
+    env = {**os.environ, "BLOCKLIN_TEMP_DIR": str(temp)}
+    proc = subprocess.Popen([sys.executable, "-m", "blocklin.cli.main", "convert", str(coordinate_file),
+                             str(tmp_path / "o.zarr"), "--memory", "24MiB"], env=env, stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:  # until run files exist
+        if any(any(d.iterdir()) for d in temp.glob("blocklin-sort-*") if d.is_dir()):
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "the conversion ended before the signal"
+    proc.send_signal(getattr(signal, sig))
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[sig], err
+    assert not (tmp_path / "o.zarr").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name != "blocklin-tmp"] == []
+    assert list(temp.iterdir()) == []
