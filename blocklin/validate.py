@@ -157,6 +157,13 @@ def choice(name: str, value: Any, options: Sequence[Any], *, fix: str) -> Any:
     return value
 
 
+def flag(name: str, value: Any, *, fix: str | None = None) -> bool:
+    """A yes/no option: ``True`` or ``False`` (NumPy's booleans too), never a truthy string or number."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ParameterError(explain(name, "must be True or False", repr(value), fix or f"pass {name}=True or {name}=False"))
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 

@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="the fewest components whose explained variance ratios sum past FRACTION, in (0, 1)")
     p.add_argument("-o", "--out", metavar="OUT", help="output zarr group (path) for the factors")
     p.add_argument("--scale", action="store_true", help="standardize the columns (PCA of the correlation matrix)")
+    p.add_argument("--updatable", action="store_true",
+                   help="keep the co-moments in OUT (n x n, one pass more) so that 'blocklin update OUT' brings the "
+                        "PCA up to date from rows appended later without reading the old ones")
     add_method_options(p, rsvd="q + 2 passes", sketch="two passes")
     p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
     ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> dict:
     n_components = args.variance if args.variance is not None else None if args.k == "all" else args.k
     res = pca(args.a, n_components, scale=args.scale, method=args.method, oversample=args.oversample,
               power_iters=_power_iters(args.power_iters), tol=args.tol, out=args.out, seed=args.seed,
-              **ui.run_settings(args))
+              updatable=args.updatable, **ui.run_settings(args))
     r = res.report
     summary = summary_of(r, "pca", res.n_components_)
     if not args.out:

@@ -28,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="factor A - 1 mu^T (column means subtracted inside the passes, no copy; one more pass)")
     p.add_argument("--scale", action="store_true",
                    help="divide the columns by their standard deviations (with --center: standardized PCA)")
+    p.add_argument("--updatable", action="store_true",
+                   help="keep A's co-moments (n x n, one pass more) so that 'blocklin update OUT' brings the result "
+                        "up to date from rows appended later without reading the old ones")
     p.add_argument("--plot", metavar="PNG", help="draw the singular value spectrum and residuals (needs matplotlib)")
     ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
     ui.add_common(p)
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> dict:
     res = svd(args.a, None if args.k == "all" else args.k, which=args.which, method=args.method,
               oversample=args.oversample, power_iters=_power_iters(args.power_iters),
               tol=args.tol, out=args.out, seed=args.seed, max_passes=args.max_passes,
-              center=args.center, scale=args.scale, **ui.run_settings(args))
+              center=args.center, scale=args.scale, updatable=args.updatable, **ui.run_settings(args))
     r = res.report
     summary = summary_of(r, "svd", len(res.s))
     summary["s"] = [float(x) for x in res.s]

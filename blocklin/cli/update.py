@@ -22,18 +22,23 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.update import update
 
-    kwargs = ui.run_settings(args)
-    result = update(args.out, **kwargs)
+    result = update(args.out, **ui.run_settings(args))
     r = result.report
     done = r.get("updated")
-    summary = {"output": str(result.path), "shape": list(result.shape), "updated": done,
-               "current": r.get("current", True)}
+    summary = {"output": args.out, "updated": done, "current": r.get("current", False)}
+    if hasattr(result, "shape"):
+        summary["shape"] = list(result.shape)
+    else:  # a factorization: (U, s, Vt)
+        summary["s"] = [float(x) for x in result.s]
+        for key in ("relative_residuals", "u_errors", "converged"):
+            if key in r:
+                summary[key] = r[key]
     if done is None:
-        ui.emit(args, summary, f"{result.path} is up to date: nothing to read")
+        ui.emit(args, summary, f"{args.out} is up to date: nothing to read")
         return summary
     summary.update({k: r[k] for k in ("seconds", "bytes_read", "bytes_written", "peak_memory", "passes") if k in r})
-    human = (f"updated {result.path} ({r.get('operation', '')}) from rows {done['rows_before']}:{done['rows']} of "
-             f"{done['input']} ({done['how']}) in {r['seconds']:.2f} s: read {format_size(r['bytes_read'])}, "
+    human = (f"updated {args.out} from rows {done['rows_before']}:{done['rows']} of {done['input']} "
+             f"({done['how']}) in {r['seconds']:.2f} s: read {format_size(r['bytes_read'])}, "
              f"peak memory {format_size(r['peak_memory'])}")
     ui.emit(args, summary, human)
     return summary

@@ -140,7 +140,7 @@ def moments_normal_kernel(device: Any, arrays: tuple, rows: slice, params: Any, 
     return (*_merge(*state[:3], r, mean, m2), state[3] + z), None
 
 
-def _merge_comoments(n1: int, m1: np.ndarray, c1: np.ndarray, n2: int, m2: np.ndarray,
+def merge_comoments(n1: int, m1: np.ndarray, c1: np.ndarray, n2: int, m2: np.ndarray,
                      c2: np.ndarray | None) -> tuple:
     """:func:`_merge` for co-moment matrices, in place in ``c1``: ``C = C_1 + C_2 + (n_1 n_2 / n) d d^T``
     (``c2`` ``None``: already added to ``c1``)."""
@@ -175,7 +175,7 @@ def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, st
         return (r, mean, c), None
     n1, m1, c1 = state
     syrk_acc(c1, d)  # the strip's co-moments, added in place
-    return _merge_comoments(n1, m1, c1, r, mean, None), None
+    return merge_comoments(n1, m1, c1, r, mean, None), None
 
 
 def plan_moments_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0,
@@ -201,7 +201,7 @@ def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: in
                          description="column means and the centered Gram (pass over A)")
     cnt, mean, c = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
-        cnt, mean, c = _merge_comoments(cnt, mean, c, *st)
+        cnt, mean, c = merge_comoments(cnt, mean, c, *st)
     c = symmetrize_lower(c)
     return Moments(mean, np.diag(c).copy() / cnt, cnt), c
 

@@ -29,11 +29,12 @@ def open_group(job: Any, out: Any, A: Any, overwrite: bool, *, resume: bool = Fa
 
 
 def write_group(job: Any, out: Any, A: Any, arrays: dict, operation: str, plan: Any, report: dict,
-                overwrite: bool, ao: Any = None) -> Any:
-    """Write small arrays into the output group and commit it (``ao`` may already hold a long factor)."""
+                overwrite: bool, ao: Any = None, params: dict | None = None) -> Any:
+    """Write small arrays into the output group and commit it (``ao`` may already hold a long factor);
+    ``params``: recorded beside ``k`` and ``method``."""
     if ao is None:
         ao = open_group(job, out, A, overwrite)
     for name, x in arrays.items():
         write_array(ao.array_path(name), np.ascontiguousarray(x))
-    return ao.commit(operation, plan=plan.to_dict(), params={"k": plan.k, "method": plan.method},
+    return ao.commit(operation, plan=plan.to_dict(), params={"k": plan.k, "method": plan.method, **(params or {})},
                      report=job.brief(report, GROUP_REPORT_KEYS))

@@ -266,7 +266,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
         method: str = "auto", oversample: int = 10, power_iters: int | str = "auto",
         n_iter: int | str | None = None, tol: float | None = None,
         seed: int | None = None, out: Any = None, overwrite: bool = False, resume: bool = False,
-        k: int | None = None, **settings: Unpack[Settings]) -> PCAResult:
+        k: int | None = None, updatable: bool = False, **settings: Unpack[Settings]) -> PCAResult:
     """Principal components of the rows of ``A`` (samples x features), out of core.
 
     Parameters
@@ -296,6 +296,10 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
         Keep the factorization (``U``, ``S``, ``Vt``, ``mean``, ``scale``) as a zarr group; without it
         the temporary factors are removed once the attributes are read. With ``None``, a fraction or
         ``"mle"`` it holds every component computed.
+    updatable : bool
+        Keep the co-moments of ``A`` in ``out`` (``n x n`` float64, one pass more) so that
+        :func:`blocklin.update` brings the PCA up to date after rows are appended
+        (:func:`blocklin.append`) by reading only those rows (:mod:`blocklin.linalg.update.svd`).
 
     Returns
     -------
@@ -331,7 +335,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
                     seed=seed, out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
                     check_shape=lambda m, n: _check_shape(n_components, m, n), signs=True,
-                    **settings)
+                    updatable=updatable, **settings)
     U, s, Vt = res
     moments = res.moments
     m = moments.count

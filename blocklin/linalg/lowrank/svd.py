@@ -34,14 +34,15 @@ from blocklin.linalg.lowrank.methods import Factorization, component_signs
 from blocklin.linalg.lowrank.operator_svd import is_operator, operator_svd
 from blocklin.linalg.lowrank.run import run_planned
 from blocklin.linalg.lowrank.triplets import triplet_report
+from blocklin.linalg.lowrank.updatable import check_updatable, keep_state
 from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, gram_route_fits
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
 from blocklin.storage import create_group, remove
 from blocklin.storage.zarr_store import open_zarr
-from blocklin.validate import (check_k, choice, count, float_operand, positive, resolve_seed, seed_arg, size,
-                               start_vector)
+from blocklin.validate import (check_k, choice, count, flag, float_operand, positive, resolve_seed, seed_arg,
+                               size, start_vector)
 
 
 METHODS = ("auto", "rsvd", "sketch", "lanczos", "gram", "full")
@@ -159,7 +160,7 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
         tol: float | None = None, out: Any = None, seed: int | None = None,
         max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
         overwrite: bool = False, center: bool = False, scale: bool = False, resume: bool = False,
-        v0: Any = None, **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
+        v0: Any = None, updatable: bool = False, **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """Truncated SVD ``A ~ U diag(s) Vt`` of an out-of-core matrix, counting passes over ``A``.
 
     Parameters
@@ -252,6 +253,11 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
         A starting vector of length ``min(m, n)`` (``scipy.sparse.linalg.svds``' ``v0``: an approximate
         right singular vector of tall ``A``, left of wide ``A``): the first column of the starting block
         of ``rsvd`` and ``lanczos`` (the others do not start from a vector).
+    updatable : bool
+        Keep the co-moments of ``A`` (count, means, centered Gram: ``n x n`` float64, one pass more) in
+        ``out``, so that :func:`blocklin.update` brings the result up to date after rows are appended
+        (:func:`blocklin.append`) by reading only those rows (:mod:`blocklin.linalg.update.svd`). Tall
+        ``A``, ``which="LM"``, any method but the sketch.
     resume : bool
         Continue the run that was writing ``out`` when it was interrupted (SIGKILL, Ctrl-C, a crash)
         with the same input, parameters and budget: the passes it completed are skipped (their
@@ -327,7 +333,7 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
     res = factorize(a, k, which=which, return_singular_vectors=return_singular_vectors, method=method,
                     oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol, out=out, seed=seed,
                     max_passes=max_passes, block_size=block_size, max_basis=max_basis, overwrite=overwrite,
-                    center=center, scale=scale, resume=resume, v0=v0, **settings)
+                    center=center, scale=scale, resume=resume, v0=v0, updatable=updatable, **settings)
     if lab is None:
         return res
     if isinstance(res, np.ndarray):  # the singular values alone
@@ -342,7 +348,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
               block_size: int | None = None, max_basis: int | None = None, overwrite: bool = False,
               center: bool = False, scale: bool = False, resume: bool = False,
               lanczos_tol: Any = default_tol, check_shape: Any = None, signs: bool = False,
-              v0: Any = None, **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
+              v0: Any = None, updatable: bool = False, **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """:func:`svd` with the default Lanczos tolerance a function of the dtype (``lanczos_tol``):
     ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it. ``check_shape(m, n)``
     refuses a shape before anything is read (``pca(n_components="mle")``). ``signs``: every triplet
@@ -367,6 +373,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
     block_size = size("block_size", block_size, fix="pass block_size=8, or None for the planned one")
     max_basis = size("max_basis", max_basis, fix="pass max_basis=32, or None for the planned one")
     seed = seed_arg(seed)  # a generator draws its integer once, before the token names it
+    updatable = flag("updatable", updatable)
     requested = method
     if is_operator(a):
         return _returned(_of_operator(a, k, method=method, oversample=oversample, power_iters=power_iters,
@@ -374,7 +381,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                                       block_size=block_size, max_basis=max_basis, overwrite=overwrite,
                                       vectors=vectors, refused={"center": center, "scale": scale, "resume": resume,
                                                                 "which='SM'": which == "SM", "v0": v0 is not None,
-                                                                "signs": signs},
+                                                                "signs": signs, "updatable": updatable},
                                       lanczos_tol=lanczos_tol, settings=settings), vectors)
     with Job("svd", **settings) as job:
         A = job.operand(a, "a", integers="cast")
@@ -397,13 +404,16 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         kw = dict(method=method, oversample=oversample, power_iters=q if method == "rsvd" else None,
                   max_passes=limit, block_size=block_size, max_basis=max_basis)
         plan = choose_plan(job, A, k, kw, requested=requested, shift=(bool(center), bool(scale)))
+        if updatable:
+            check_updatable(out=out, method=plan.method, which=which, transposed=plan.transposed, shape=(m, n))
         check_disk_space(job, out, plan, m, n, k, A.dtype)
         long_wanted = vectors is True or vectors == ("vh" if plan.transposed else "u")
         token = low_rank_token(A, op="svd", k=k, method=plan.method, oversample=oversample, q=q, tol=tol,
                                limit=limit, block=plan.block, basis=plan.max_basis, center=bool(center),
                                scale=bool(scale), memory=job.cfg.memory, seed=seed, which=which,
-                               long=long_wanted, signs=bool(signs), v0=v0)
+                               long=long_wanted, signs=bool(signs), v0=v0, updatable=updatable)
         ao = open_group(job, out, A, overwrite, resume=resume, token=token)
+        state = keep_state(job, A, job.cfg.memory) if updatable else None
         ckpt = Checkpoints(ao, enabled=out is not None)
         seed = checkpointed_seed(ckpt, seed)
         f = run_planned(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, ckpt=ckpt,
@@ -416,7 +426,10 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         ckpt.clear()
         if signs and plan.transposed and long_wanted:  # the components are the stored long factor
             f = _signed_long(f, ao.array_path("Vt"))
-        res = _result(job, out, A.dtype, plan, f, report, ao, overwrite, long_wanted)
+        kept = None if state is None else (state, {"k": k, "center": bool(center), "scale": bool(scale),
+                                                   "signs": bool(signs), "tol": tol, "count": m, "method": plan.method,
+                                                   "oversample": oversample, "seed": seed})
+        res = _result(job, out, A.dtype, plan, f, report, ao, overwrite, long_wanted, kept)
     return _returned(res, vectors)
 
 
@@ -533,8 +546,9 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
 
 
 def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, report: dict, ao: Any,
-            overwrite: bool, long_wanted: bool = True) -> SVDResult:
-    """Commit the group (the long factor is already in it) and return ``(U, s, Vt)``.
+            overwrite: bool, long_wanted: bool = True, kept: tuple | None = None) -> SVDResult:
+    """Commit the group (the long factor is already in it) and return ``(U, s, Vt)``; ``kept``: the
+    co-moments an update reads and what was factored (:mod:`blocklin.linalg.lowrank.updatable`).
 
     The long factor (``U`` for tall, ``Vt`` for wide ``A``) is always the stored :class:`Matrix`, the
     other factor and ``s`` NumPy arrays, whether ``A`` was factored in memory or streamed; ``None``
@@ -546,7 +560,11 @@ def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, rep
     for name in ("mean", "scale"):
         if getattr(f, name) is not None:
             small[name] = getattr(f, name)
-    path = write_group(job, out, None, small, "svd", plan, report, overwrite, ao=ao)
+    params = None
+    if kept is not None:
+        small.update(kept[0])
+        params = {"update": kept[1]}
+    path = write_group(job, out, None, small, "svd", plan, report, overwrite, ao=ao, params=params)
     report["output"] = str(path)
     stored = Matrix(path / ("Vt" if plan.transposed else "U"), report=report, temporary=out is None) \
         if long_wanted else None

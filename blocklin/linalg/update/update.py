@@ -11,11 +11,13 @@ within which bound):
 
 ================  ==============================================================================
 ``gram``           ``A^T A``: the new rows' Gram added to the stored one (:mod:`.gram`)
+``svd``, ``pca``   computed with ``updatable=True``: the kept co-moments merged with the new rows',
+                   the factors from the updated Gram, the old scores rotated with a computed error
+                   bound; recomputed where a triplet or score would miss ``tol`` (:mod:`.svd`)
 ================  ==============================================================================
 
 Others are refused with the command that recomputes them: products, inverses and factorizations of
-square matrices depend on every row, and the iterative factorizations (``svd``, ``pca``,
-``eigsh``) and solves are not updated yet.
+square matrices depend on every row; ``eigsh`` results and solves are not updated yet.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any, Unpack
 from blocklin.config import Settings, resolve
 from blocklin.errors import ParameterError, StoreNotFoundError, explain
 from blocklin.linalg.update.gram import update_gram
+from blocklin.linalg.update.svd import Recompute, update_svd
+from blocklin.linalg.update.svd import load as load_svd
 from blocklin.matrix import Matrix
 from blocklin.runtime.job import Job
 from blocklin.storage.backend import backend
@@ -32,7 +36,7 @@ from blocklin.storage.location import as_location
 from blocklin.storage.versions import Growth, growth
 
 #: Operations whose results :func:`update` brings up to date, and their updaters.
-UPDATABLE = {"gram": update_gram}
+UPDATABLE = {"gram": update_gram, "svd": update_svd}
 
 
 def _provenance(out: Any, storage_options: dict | None) -> tuple[Any, dict]:
@@ -65,7 +69,14 @@ def status(out: Any, *, storage_options: dict | None = None) -> dict:
             inputs.append({"url": c.get("url"), "error": str(exc)})
             current = False
     return {"operation": prov["operation"], "current": current, "inputs": inputs,
-            "updatable": prov["operation"] in UPDATABLE and not (prov.get("params") or {}).get("trans")}
+            "updatable": _updatable(prov)}
+
+
+def _updatable(prov: dict) -> bool:
+    params = prov.get("params") or {}
+    if prov["operation"] == "svd":
+        return isinstance(params.get("update"), dict)
+    return prov["operation"] in UPDATABLE and not params.get("trans")
 
 
 def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> Matrix:
@@ -86,9 +97,10 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> M
 
     Returns
     -------
-    Matrix
-        The updated result; ``.report["updated"]`` says which rows were read and how the result was
-        updated (``None`` when it was current).
+    Matrix or SVDResult
+        The updated result as its operation returns it (a Matrix for ``gram``, ``(U, s, Vt)`` for
+        ``svd`` and a stored PCA's factors); ``.report["updated"]`` says which rows were read and
+        how the result was updated (``None`` when it was current).
 
     Raises
     ------
@@ -118,8 +130,11 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> M
                                      "recompute it on stored inputs with --overwrite"))
     grown: list[Growth] = [growth(c, as_location(c["url"], options, name="input")) for c in covers]
     if all(g.current for g in grown):
+        report = {"operation": op, "updated": None, "current": True}
+        if op == "svd":
+            return load_svd(loc, report)
         result = Matrix(loc)
-        result.report = {"operation": op, "updated": None, "current": True}
+        result.report = report
         return result
     updater = UPDATABLE.get(op)
     if updater is None:
@@ -128,7 +143,24 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> M
             f"{loc.url!r}, a {op} result", f"recompute it on today's input: rerun blocklin {op} with the same "
             "arguments and --overwrite (overwrite=True in Python)"))
     with Job(f"update-{op}", **settings) as job:
-        return updater(job, loc, prov, grown, resume=resume)
+        result = updater(job, loc, prov, grown, resume=resume)
+    if isinstance(result, Recompute):  # the update would miss tol: a full run, with the same parameters
+        result = _recompute(loc, prov, grown, result.why, settings)
+    return result
+
+
+def _recompute(loc: Any, prov: dict, grown: list[Growth], why: str, settings: dict) -> Any:
+    """Rerun the factorization a result records (``params["update"]``) over its output."""
+    from blocklin.linalg.lowrank.svd import factorize
+
+    upd = prov["params"]["update"]
+    (g,) = grown
+    res = factorize(g.url, int(upd["k"]), method=upd["method"], oversample=int(upd["oversample"]), tol=upd["tol"],
+                    seed=upd["seed"], out=loc, overwrite=True, center=bool(upd["center"]),
+                    scale=bool(upd["scale"]), signs=bool(upd["signs"]), updatable=True, **settings)
+    res.report["updated"] = {"input": g.url, "rows_before": g.old_rows, "rows": g.rows, "rows_read": g.rows,
+                             "how": f"recomputed: {why}"}
+    return res
 
 
 __all__ = ["UPDATABLE", "status", "update"]

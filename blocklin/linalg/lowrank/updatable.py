@@ -1,0 +1,59 @@
+"""What an ``svd`` or ``pca`` result keeps so that :func:`blocklin.update` can bring it up to date.
+
+With ``updatable=True`` the stored result group also holds the *co-moments* of ``A``: the row count
+``m``, the column means ``mu`` and the centered Gram ``C = (A - 1 mu^T)^T (A - 1 mu^T)`` (float64,
+``n x n``), from one pass (:func:`blocklin.linalg.blocks.center.moments_and_gram`, Chan, Golub and
+LeVeque's pairwise merge of each strip's co-moments, so no cancellation however large the means).
+They are sums over rows: rows appended later merge into them exactly as strips do, so the updated
+co-moments are those of the whole grown matrix, and the Gram of what was factored (centered and/or
+scaled, or ``A^T A = C + m mu mu^T``) follows from them without reading the old rows
+(:mod:`blocklin.linalg.update.svd`).
+
+Arrays in the group: ``state_comoments`` (``n x n``), ``state_mean`` (``n``); the count and what
+was factored are in the provenance's ``params["update"]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import ParameterError, explain
+from blocklin.linalg.blocks.center import moments_and_gram
+
+#: Group arrays of the kept co-moments.
+COMOMENTS, MEAN = "state_comoments", "state_mean"
+
+
+def check_updatable(*, out: Any, method: str, which: str, transposed: bool, shape: tuple[int, int]) -> None:
+    """Refuse ``updatable=True`` where an update could not be made (each reason with its fix)."""
+    rule = "needs"
+    if out is None:
+        raise ParameterError(explain("updatable", f"{rule} out= (the result updated later is a stored one)",
+                                     "out=None", "pass out='factors.zarr'"))
+    if transposed:
+        raise ParameterError(explain("updatable", "needs a tall A (rows appended to a wide A grow its short side, "
+                                     "whose n x n Gram is kept)", f"A of shape {shape[0]} x {shape[1]}",
+                                     "factor A^T, or recompute after each append"))
+    if method == "sketch":
+        raise ParameterError(explain("updatable", "needs a method whose long factor is A V / s (every method but "
+                                     "the single-pass sketch)", "method='sketch'", "pass method='auto'"))
+    if which != "LM":
+        raise ParameterError(explain("updatable", "keeps the Gram, which resolves the largest singular values only",
+                                     f"which={which!r}", "pass which='LM', or recompute after each append"))
+
+
+def keep_state(job: Any, A: Any, memory: int) -> dict[str, np.ndarray]:
+    """The co-moments of ``A`` from one pass, as the group arrays; refused where the squares leave
+    float64's range (data near 1e154 or below 1e-154: scale it by a power of two)."""
+    moments, c = moments_and_gram(job, A, memory=memory)
+    top = float(np.max(np.abs(np.diag(c)))) if c.size else 0.0
+    if not np.isfinite(c).all() or 0 < top < np.finfo(np.float64).tiny / np.finfo(np.float64).eps:
+        raise ParameterError(explain("updatable", "keeps A's co-moments in float64, which must hold its squares",
+                                     f"a largest column sum of squares of {top:.3g}", "scale A by a power of two "
+                                     "so that its entries sit near 1 (exact), or pass updatable=False"))
+    return {COMOMENTS: c, MEAN: moments.mean}
+
+
+__all__ = ["COMOMENTS", "MEAN", "check_updatable", "keep_state"]

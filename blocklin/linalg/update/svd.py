@@ -1,0 +1,269 @@
+"""A truncated SVD (or PCA) brought up to date after rows were appended, from the new rows alone.
+
+A result computed with ``updatable=True`` keeps the co-moments of ``A`` (count ``m0``, means
+``mu0``, centered Gram ``C0``: :mod:`blocklin.linalg.lowrank.updatable`). The update
+
+1. reads the ``p`` new rows ``P`` once: their count, means and centered Gram, merged into the kept
+   ones by Chan, Golub and LeVeque's pairwise update (exact sums: the co-moments of the whole grown
+   matrix ``A``, whatever the size of the means);
+2. forms the Gram of what was factored, ``B = (A - 1 s^T) D^-1`` (``s = mu`` when centered, ``D``
+   the column standard deviations when scaled), ``B^T B = D^-1 (C + m (mu - s)(mu - s)^T) D^-1``,
+   and takes its top ``k`` eigenpairs: ``V`` and ``s_i = sqrt(lambda_i)``, the right singular
+   vectors and values of the grown matrix (the Gram route of :func:`blocklin.svd`, exact up to the
+   Gram's rounding);
+3. writes the long factor ``U = B V S^-1`` without reading the old rows of ``A``: for them
+   ``B_old V S^-1 = U0 (S0 V0^T D0 D^-1 V S^-1) + 1 c^T + E0 D0 D^-1 V S^-1``, with ``c`` the change of
+   the shift and ``E0 = B0 (I - V0 V0^T)`` what the old factors left out. ``U0`` holds
+   ``B0 V0 S0^-1`` (every method's Rayleigh-Ritz step), so ``E0^T E0 = (I - P0) B0^T B0 (I - P0)``
+   comes from the kept co-moments, and so does the error of each column of ``U``'s old rows,
+   ``||E0 w_i|| / s_i`` (reported as ``u_errors``); the new rows are ``(P - 1 s^T) D^-1 V S^-1``.
+   Where an old row's error would exceed ``tol`` (the new rows turned the subspace by more than
+   the old factors resolve), ``U = B V S^-1`` is written from every row of ``A`` instead: one pass,
+   against the several of a recompute, since ``V`` and ``S`` are those of the grown matrix anyway.
+
+Each triplet's residual ``||B^T u - s v||`` (with ``u = B v / s``: ``||(B^T B v - s^2 v)|| / s``) comes
+from the updated Gram, plus its rounding (``m eps ||B||_F^2 / s``). Where a residual misses ``tol``
+(singular values near the Gram's rounding), the result is recomputed instead (one full run; the
+report says why).
+
+References
+----------
+M. Brand, "Fast low-rank modifications of the thin singular value decomposition", Linear Algebra
+Appl. 415, 2006 (the update of the thin SVD by appended rows).
+T. F. Chan, G. H. Golub, R. J. LeVeque, "Algorithms for computing the sample variance: analysis and
+recommendations", The American Statistician 37(3), 1983 (the merge of co-moments).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+
+from blocklin.config import format_size
+from blocklin.errors import BudgetError, ParameterError, explain
+from blocklin.linalg.blocks.center import merge_comoments, moments_and_gram
+from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
+from blocklin.linalg.lowrank.methods import component_signs
+from blocklin.linalg.lowrank.svd import SVDResult, default_tol
+from blocklin.linalg.lowrank.triplets import triplet_report
+from blocklin.linalg.lowrank.updatable import COMOMENTS, MEAN
+from blocklin.matrix import Matrix
+from blocklin.operands import row_range
+from blocklin.progress import make_progress
+from blocklin.runtime.job import Job
+from blocklin.storage import create_group, write_array
+from blocklin.storage.identity import resume_token
+from blocklin.storage.location import Location
+from blocklin.storage.versions import Growth
+from blocklin.storage.zarr_store import create_array, open_zarr, read_block, write_block
+
+
+@dataclasses.dataclass(frozen=True)
+class Recompute:
+    """An update that could not meet ``tol``: the result is recomputed (``why`` goes in the report)."""
+
+    why: str
+
+
+@dataclasses.dataclass
+class _Stored:
+    """The old result's arrays (small ones in memory) and what was factored."""
+
+    S: np.ndarray
+    V: np.ndarray
+    C: np.ndarray
+    mean: np.ndarray
+    params: dict
+    U: Any  # the stored long factor (zarr array), or None when it was not kept
+    dtype: np.dtype
+
+
+def _open(out: Location, params: dict) -> _Stored:
+    upd = params.get("update")
+    if not isinstance(upd, dict):
+        raise ParameterError(explain("out", "must be an svd/pca result computed with updatable=True (it keeps the "
+                                     "co-moments an update reads)", f"{out.url}, computed without them",
+                                     "recompute it with updatable=True (--updatable) and --overwrite"))
+    s = np.asarray(open_zarr(out / "S"))
+    vt = open_zarr(out / "Vt")
+    u = None
+    try:
+        u = open_zarr(out / "U")
+    except (FileNotFoundError, OSError):
+        u = None  # return_singular_vectors without U: none to update
+    return _Stored(S=s.astype(np.float64), V=np.asarray(vt, dtype=np.float64).T,
+                   C=np.asarray(open_zarr(out / COMOMENTS)), mean=np.asarray(open_zarr(out / MEAN)),
+                   params=upd, U=u, dtype=np.dtype(vt.dtype))
+
+
+def _sd(c: np.ndarray, m: int) -> np.ndarray:
+    """Population standard deviations from co-moments, 1 for a constant column (as the svd's scaling)."""
+    sd = np.sqrt(np.maximum(np.diag(c), 0.0) / max(m, 1))
+    return np.where(sd > 0, sd, 1.0)
+
+
+def _factored_gram(c: np.ndarray, m: int, mean: np.ndarray, center: bool, scale: bool) -> tuple:
+    """``B^T B`` of ``B = (A - 1 s^T) D^-1``, with ``s`` and ``D`` (ones where not scaled)."""
+    shift = mean if center else np.zeros_like(mean)
+    g = c.copy() if center else c + m * np.outer(mean, mean)  # A^T A = C + m mu mu^T: a sum, no cancellation
+    d = _sd(c, m) if scale else np.ones_like(mean)
+    if scale:
+        g /= d[:, None]
+        g /= d[None, :]
+    return g, shift, d
+
+
+def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, resume: bool) -> Any:
+    """The updated factors written over ``out`` (an :class:`SVDResult`), or :class:`Recompute`."""
+    (g,) = growth
+    old = _open(out, prov.get("params") or {})
+    upd = old.params
+    m0, p = int(upd["count"]), g.rows - g.old_rows
+    if m0 != g.old_rows:
+        raise ParameterError(explain("out", "must keep the co-moments of the rows it covers", f"{m0} rows kept, "
+                                     f"{g.old_rows} covered", "recompute it with updatable=True and --overwrite"))
+    A = job.operand(g.url, "a")
+    k, center, scale = int(upd["k"]), bool(upd["center"]), bool(upd["scale"])
+    tol = float(upd["tol"]) if upd.get("tol") is not None else default_tol(A.dtype)
+    mom, cp = moments_and_gram(job, row_range(A, g.old_rows, g.rows), memory=job.cfg.memory)
+    if not np.isfinite(cp).all():
+        return Recompute("the new rows' squares leave float64's range")
+    m1, mean, c = merge_comoments(m0, old.mean, old.C.copy(), p, mom.mean, cp)
+    gb, shift, d = _factored_gram(c, m1, mean, center, scale)
+    gb0, shift0, d0 = _factored_gram(old.C, m0, old.mean, center, scale)
+    n = gb.shape[0]
+    lam, V = scipy.linalg.eigh(gb, subset_by_index=(n - k, n - 1))
+    lam, V = lam[::-1], np.ascontiguousarray(V[:, ::-1])
+    sig = np.sqrt(np.maximum(lam, 0.0))
+    sign = component_signs(V) if upd.get("signs") else _aligned(V, old.V)
+    V = V * sign
+    rounding = m1 * np.finfo(np.float64).eps * float(np.trace(gb))  # ||dG||_F <= gamma_m ||B||_F^2
+    safe = np.where(sig > 0, sig, 1.0)
+    resid = np.where(sig > 0, (np.linalg.norm(gb @ V - V * lam, axis=0) + rounding) / safe, 0.0)
+    triplets = triplet_report(sig, resid, tol, A.dtype)
+    w = V * (d0 / d)[:, None]
+    proj = w - old.V @ (old.V.T @ w)  # (I - P0) w: what U0 cannot express
+    u_err = np.where(sig > 0, np.sqrt(np.maximum(np.einsum("ij,ij->j", proj, gb0 @ proj), 0.0)) / safe, 0.0)
+    bad = [i + 1 for i, ok in enumerate(triplets["converged_triplets"]) if not ok]
+    if bad:
+        return Recompute(f"triplet(s) {bad[:10]} of the updated Gram miss tol={tol:g}")
+    rotate = old.U is not None and bool((u_err <= tol).all())
+    how = "the old scores rotated (Brand 2006)"
+    if old.U is not None and not rotate:
+        worst = int(np.argmax(u_err))
+        how = (f"the scores written from every row of A (one pass): rotated, the old rows' scores of triplet "
+               f"{worst + 1} would be off by {u_err[worst]:.2e} relative, beyond tol={tol:g}")
+    inv = np.where(sig > 0, 1.0 / safe, 0.0)
+    T = (old.S[:, None] * (old.V.T @ w)) * inv[None, :]  # old rows: U0 T + 1 c^T
+    cvec = (((shift0 - shift) / d) @ V) * inv
+    W = (V / d[:, None]) * inv[None, :]  # new rows: (P - 1 s^T) D^-1 V S^-1 = P W + b
+    b = -((shift / d) @ V) * inv
+    token = resume_token("svd-update", [row_range(A, g.old_rows, g.rows)], g.stamp, out.url, k, tol)
+    if old.U is not None and not out.is_local:  # an object store's output is removed when the overwriting run starts
+        old.U = _copied(job, old.U)
+    ao = job.claim(out, [A], overwrite=True, resume=resume, token=token)
+    create_group(ao.array_path())
+    if old.U is not None:
+        _write_scores(job, ao.array_path("U"), old.U, A, m0 if rotate else 0, m1, (T, cvec), (W, b), old.dtype)
+    small = {"S": sig.astype(old.dtype), "Vt": V.T.astype(old.dtype).copy(), COMOMENTS: c, MEAN: mean}
+    if center:
+        small["mean"] = mean
+    if scale:
+        small["scale"] = d
+    for name, x in small.items():
+        write_array(ao.array_path(name), np.ascontiguousarray(x))
+    updated = {"input": g.url, "rows_before": g.old_rows, "rows": g.rows,
+               "rows_read": p if rotate or old.U is None else g.rows,
+               "how": f"updated: the new rows' co-moments merged, the updated Gram's top eigenpairs; {how}",
+               "scores": None if old.U is None else ("rotated" if rotate else "from every row")}
+    report = job.report(method="update", passes=job.passes("a"), **triplets, converged=True, tol=tol,
+                        u_errors=u_err.tolist(), updated=updated, sigma_max=float(sig[0]) if sig.size else 0.0,
+                        center=center, scale=scale)
+    params = {**(prov.get("params") or {}), "update": {**upd, "count": m1}}
+    history = list(prov.get("updates") or []) + [updated]
+    path = ao.commit("svd", plan=prov.get("plan"), params=params,
+                     report=job.brief(report, GROUP_REPORT_KEYS + ("u_errors", "updated")),
+                     extra={"updates": history})
+    U = Matrix(path / "U", report=report) if old.U is not None else None
+    return SVDResult(U, sig.astype(old.dtype), V.T.astype(old.dtype), report, mean=mean if center else None,
+                     scale=d if scale else None)
+
+
+def load(out: Location, report: dict) -> SVDResult:
+    """A stored factorization as :func:`blocklin.svd` returns it (``U`` stored, ``s`` and ``Vt`` in memory)."""
+    arrays = {}
+    for name in ("S", "Vt", "mean", "scale"):
+        try:
+            arrays[name] = np.asarray(open_zarr(out / name))
+        except (FileNotFoundError, OSError):
+            arrays[name] = None
+    try:
+        U = Matrix(out / "U", report=report)
+    except (FileNotFoundError, OSError):
+        U = None
+    return SVDResult(U, arrays["S"], arrays["Vt"], report, mean=arrays["mean"], scale=arrays["scale"])
+
+
+def _aligned(V: np.ndarray, V0: np.ndarray) -> np.ndarray:
+    """Signs that keep each updated right singular vector on the side of the old one it is closest to."""
+    k = min(V.shape[1], V0.shape[1])
+    dots = np.ones(V.shape[1])
+    dots[:k] = np.einsum("ij,ij->j", V[:, :k], V0[:, :k])
+    s = np.sign(dots)
+    return np.where(s == 0, 1.0, s)
+
+
+def _copied(job: Job, U0: Any) -> Any:
+    """A scratch copy of the stored scores (chunk band by chunk band)."""
+    ch = int(U0.chunks[0])
+    dest = job.scratch("scores-before", tuple(U0.shape), U0.dtype, tuple(U0.chunks))
+    copy = open_zarr(dest, mode="r+")
+    band = max(ch, job.cfg.memory // 4 // max(1, U0.shape[1] * U0.dtype.itemsize) // ch * ch)
+    for r0 in range(0, U0.shape[0], band):
+        r1 = min(U0.shape[0], r0 + band)
+        write_block(copy, slice(r0, r1), slice(0, U0.shape[1]), read_block(U0, slice(r0, r1), slice(0, U0.shape[1])))
+    return open_zarr(dest)
+
+
+def _write_scores(job: Job, dest: Any, U0: Any, A: Any, m0: int, m1: int, old: tuple, new: tuple,
+                  dtype: np.dtype) -> None:
+    """``U`` (``m1 x k``) band by band of its chunk rows: old rows ``U0 T + 1 c^T``, new rows ``P W + b``;
+    each band written whole by this one writer (no two writers share a chunk)."""
+    k = old[0].shape[1]
+    n = A.shape[1]
+    ch = int(U0.chunks[0])
+    row_bytes = 8 * (n + 3 * k) + A.dtype.itemsize * n
+    budget = job.cfg.memory // 4
+    if ch * row_bytes > budget:
+        raise BudgetError(explain("memory", "must hold one chunk band of the scores and of the new rows while "
+                                  "writing them", format_size(job.cfg.memory), f"pass memory='"
+                                  f"{format_size(4 * ch * row_bytes)}' or more"), minimum=4 * ch * row_bytes)
+    band = max(ch, budget // row_bytes // ch * ch)
+    U = create_array(dest, shape=(m1, k), dtype=dtype, chunks=(ch, k), codec=job.cfg.codec)
+    Ad = open_zarr(A.path)
+    prog = make_progress(job.progress)
+    prog.start(math.ceil(m1 / band), "update the scores U")
+    try:
+        for r0 in range(0, m1, band):
+            r1 = min(m1, r0 + band)
+            block = np.empty((r1 - r0, k))
+            if r0 < m0:
+                e = min(r1, m0)
+                block[: e - r0] = read_block(U0, slice(r0, e), slice(0, U0.shape[1])).astype(np.float64) @ old[0]
+                block[: e - r0] += old[1]
+            if r1 > m0:
+                s0 = max(r0, m0)
+                rows = read_block(Ad, slice(s0, r1), slice(0, n)).astype(np.float64)
+                block[s0 - r0:] = rows @ new[0] + new[1]
+            write_block(U, slice(r0, r1), slice(0, k), block.astype(dtype))
+            prog.advance(1)
+    finally:
+        prog.close()
+    job.stats["bytes_written"] += m1 * k * dtype.itemsize
+
+
+__all__ = ["Recompute", "load", "update_svd"]

@@ -1,0 +1,155 @@
+"""blocklin.update of svd and pca results kept with updatable=True, against the SVD of the grown matrix."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.cli.main import main
+from blocklin.errors import ConvergenceWarning, ParameterError
+from support.tolerances import assert_singular_values, eps
+
+M, N, K = 2400, 48, 4
+
+
+def _rows(rng, p, *, noise, dtype=np.float64, offset=3.0):
+    """Rows of a rank-K signal (well separated singular values) plus noise, with column means of
+    ``offset`` (an uncentered SVD of rank K wants 0: the means are a direction of their own)."""
+    basis = np.linalg.qr(np.random.default_rng(99).standard_normal((N, N)))[0]
+    signal = rng.standard_normal((p, K)) * np.array([40.0, 20.0, 10.0, 5.0])
+    noise_part = noise * rng.standard_normal((p, N - K))
+    return (np.hstack([signal, noise_part]) @ basis.T + offset).astype(dtype)
+
+
+def _grown(tmp_path, *, noise, dtype=np.float64, p=120, offset=3.0):
+    rng = np.random.default_rng(1)
+    a = _rows(rng, M, noise=noise, dtype=dtype, offset=offset)
+    bl.from_array(a, tmp_path / "A.zarr", chunks=(256, N))
+    return a, _rows(rng, p, noise=noise, dtype=dtype, offset=offset), tmp_path / "A.zarr"
+
+
+def _reference(x, center):
+    x = x.astype(np.float64)
+    if center:
+        x = x - x.mean(axis=0)
+    return np.linalg.svd(x, full_matrices=False)
+
+
+def _check_factors(res, x, *, center, dtype, u_errors=None):
+    """Singular values by Weyl on the Gram (the update's route); each right vector within Davis-Kahan's
+    ``||dG|| / gap`` and each left one within the same through ``B dv / s`` plus what the report says the
+    rotated old rows lost (``u_errors``)."""
+    U, s, Vt = res
+    u_ref, s_ref, vt_ref = _reference(x, center)
+    m = x.shape[0]
+    assert_singular_values(s, s_ref[:K], n=m, dtype=dtype, gram=True, s1=s_ref[0])  # stored in the data's dtype
+    lam = s_ref ** 2
+    gaps = np.array([min(lam[i - 1] - lam[i] if i else np.inf, lam[i] - lam[i + 1]) for i in range(K)])
+    dg = 4 * m * eps(np.float64) * lam[0] + 4 * m * eps(dtype) * lam[0]  # the Gram's rounding, the data's
+    V = np.asarray(Vt, dtype=np.float64).T
+    d = np.sign(np.einsum("ij,ij->j", V, vt_ref[:K].T))
+    v_err = np.linalg.norm(V - vt_ref[:K].T * d, axis=0)
+    assert (v_err <= dg / gaps + 4 * np.sqrt(N) * eps(dtype)).all(), (v_err, dg / gaps)
+    if U is not None:
+        u = U.to_numpy().astype(np.float64)
+        u_err = np.linalg.norm(u - u_ref[:, :K] * d, axis=0)
+        allowed = dg / gaps * s_ref[0] / s_ref[:K] + 4 * np.sqrt(m) * eps(dtype)
+        if u_errors is not None:
+            allowed = allowed + np.asarray(u_errors)
+        assert (u_err <= allowed).all(), (u_err, allowed)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("center", [False, True])
+def test_update_rotates_the_scores_when_the_subspace_holds(tmp_path, dtype, center):
+    a, new, path = _grown(tmp_path, noise=1e-6, dtype=dtype, offset=3.0 if center else 0.0)
+    kw = dict(n_components=K) if center else dict(k=K)
+    make = bl.pca if center else bl.svd
+    make(path, **kw, out=tmp_path / "F.zarr", updatable=True)
+    bl.append(path, new)
+    res = bl.update(tmp_path / "F.zarr")
+    r = res.report
+    assert r["updated"]["scores"] == "rotated" and r["updated"]["rows_read"] == 120
+    assert r["bytes_read"] < 0.5 * a.nbytes  # the old rows of A are not read (the stored scores are)
+    assert r["converged"] and max(r["u_errors"]) <= r["tol"]
+    _check_factors(res, np.vstack([a, new]), center=center, dtype=dtype, u_errors=r["u_errors"])
+    stored = json.load(open(tmp_path / "F.zarr" / "zarr.json"))["attributes"]["blocklin"]
+    assert stored["params"]["update"]["count"] == M + 120 and len(stored["updates"]) == 1
+    assert bl.update(tmp_path / "F.zarr").report["current"]
+
+
+def test_update_writes_the_scores_from_every_row_when_the_subspace_turns(tmp_path):
+    a, new, path = _grown(tmp_path, noise=2.0)  # a heavy tail: new rows turn the subspace
+    bl.pca(path, K, out=tmp_path / "F.zarr", updatable=True, scale=True)
+    bl.append(path, new)
+    res = bl.update(tmp_path / "F.zarr")
+    assert res.report["updated"]["scores"] == "from every row" and res.report["updated"]["rows_read"] == M + 120
+    x = np.vstack([a, new])
+    xs = (x - x.mean(axis=0)) / x.std(axis=0)
+    _check_factors(res, xs, center=True, dtype=np.float64)
+    p = bl.pca(path, K, scale=True)  # a recompute: the same components
+    assert np.linalg.norm(np.asarray(res.Vt) - p.components_) <= 1e-8
+
+
+def test_update_recomputes_where_the_gram_misses_tol(tmp_path):
+    a, new, path = _grown(tmp_path, noise=1e-6, offset=0.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # tol below the rounding: the first run warns too
+        bl.svd(path, K, method="gram", tol=1e-15, out=tmp_path / "F.zarr", updatable=True)
+        bl.append(path, new)
+        res = bl.update(tmp_path / "F.zarr")
+    assert res.report["updated"]["how"].startswith("recomputed: triplet(s)")
+    _check_factors(res, np.vstack([a, new]), center=False, dtype=np.float64)
+    assert bl.update(tmp_path / "F.zarr").report["current"]  # recomputed updatable: current again
+
+
+def test_updatable_refusals(tmp_path):
+    a, new, path = _grown(tmp_path, noise=1e-6)
+    with pytest.raises(ParameterError, match="updatable: needs out="):
+        bl.svd(path, K, updatable=True)
+    with pytest.raises(ParameterError, match="updatable: needs a tall A"):
+        bl.svd(bl.from_array(a[:40], tmp_path / "W.zarr"), 3, out=tmp_path / "FW.zarr", updatable=True)
+    with pytest.raises(ParameterError, match="single-pass sketch"):
+        bl.svd(path, K, method="sketch", out=tmp_path / "FS.zarr", updatable=True)
+    with pytest.raises(ParameterError, match="updatable: must be True or False"):
+        bl.svd(path, K, out=tmp_path / "FX.zarr", updatable="yes")
+    bl.svd(path, K, out=tmp_path / "F.zarr")
+    bl.append(path, new)
+    with pytest.raises(ParameterError, match="updatable=True.*--updatable"):
+        bl.update(tmp_path / "F.zarr")
+
+
+def test_cli_svd_updatable_then_update(tmp_path, capsys):
+    a, new, path = _grown(tmp_path, noise=1e-6)
+    np.save(tmp_path / "new.npy", new)
+    assert main(["pca", str(path), "-k", str(K), "-o", str(tmp_path / "F.zarr"), "--updatable"]) == 0
+    assert main(["append", str(path), str(tmp_path / "new.npy")]) == 0
+    capsys.readouterr()
+    assert main(["update", str(tmp_path / "F.zarr"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["updated"]["scores"] == "rotated" and len(out["s"]) == K and out["converged"]
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "processes"])
+def test_svd_update_on_every_scheduler(tmp_path, scheduler):
+    a, new, path = _grown(tmp_path, noise=1e-6, offset=0.0)
+    bl.svd(path, K, out=tmp_path / "F.zarr", updatable=True, scheduler=scheduler)
+    bl.append(path, new)
+    res = bl.update(tmp_path / "F.zarr", scheduler=scheduler)
+    _check_factors(res, np.vstack([a, new]), center=False, dtype=np.float64, u_errors=res.report["u_errors"])
+
+
+def test_svd_update_on_s3(s3):
+    base, opts = s3
+    rng = np.random.default_rng(3)
+    a, new = _rows(rng, 600, noise=1e-6), _rows(rng, 50, noise=1e-6)
+    bl.from_array(a, f"{base}/A.zarr", chunks=(128, N), storage_options=opts)
+    bl.pca(f"{base}/A.zarr", K, out=f"{base}/F.zarr", updatable=True, storage_options=opts)
+    bl.append(f"{base}/A.zarr", new, storage_options=opts)
+    res = bl.update(f"{base}/F.zarr", storage_options=opts)
+    assert res.report["updated"]["scores"] == "rotated"
+    _check_factors(res, np.vstack([a, new]), center=True, dtype=np.float64, u_errors=res.report["u_errors"])
