@@ -551,6 +551,7 @@ def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None
     plan = plan_sort((m, n), source.entries, out_dt, cfg.memory, batch_entries=source.batch_entries,
                      parse_bytes=source.parse_bytes)
     idx = index_dtype_for(n)
+    _check_rows_backed(source, out_dt.itemsize + idx.itemsize)
     check_space(as_location(out, name="out"), source.entries * (out_dt.itemsize + idx.itemsize) + (m + 1) * 8, "out",
                 f"a {m} x {n} sparse matrix of up to {source.entries} entries")
     root = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir")
@@ -585,6 +586,26 @@ def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None
     report.update(output=str(out), seconds=time.perf_counter() - t0, peak_memory=peak_rss(),
                   bytes_written=disk_usage(final.url), plan=plan.to_dict())
     return report, final
+
+
+#: Row offsets (``indptr``, 8 bytes a row) allowed beyond :data:`ROWS_PER_ENTRY_BYTES` times the
+#: entries' bytes: a size line declaring far more rows than its entries fill is refused up front.
+ROW_OFFSET_SLACK = 1 << 30
+ROWS_PER_ENTRY_BYTES = 64
+
+
+def _check_rows_backed(source: Any, entry_bytes: int) -> None:
+    """Refuse a declared row count whose offsets alone dwarf the entries (a size line the data does
+    not back: ``10^9 x 10^9`` with two entries would write 8 GB of ``indptr``)."""
+    m = source.shape[0]
+    offsets, entries = (m + 1) * 8, source.entries * entry_bytes
+    if offsets > ROW_OFFSET_SLACK + ROWS_PER_ENTRY_BYTES * entries:
+        raise FormatError(explain(f"{source.kind} input", "the declared rows must be backed by entries: the CSR "
+                                  f"row offsets (8 bytes a row) may exceed {ROWS_PER_ENTRY_BYTES} times the "
+                                  f"entries' bytes by at most {format_size(ROW_OFFSET_SLACK)}",
+                                  f"{m} rows ({format_size(offsets)} of offsets) for {source.entries} entries",
+                                  "check the size line (or shape); a matrix this empty is better stored transposed "
+                                  "or as its nonzero rows"))
 
 
 def open_source(src: str, *, nan: str = "allow") -> Any:

@@ -264,6 +264,8 @@ def test_layout_options(tmp_path, rng):
 # -- hostile input: refused, nothing left behind ------------------------------------------------------
 
 HOSTILE = {
+    "rows the entries do not back": ("1000000000 1000000000 2\n1 1 1\n5 5 2\n", FormatError,
+                                     r"declared rows must be backed by entries.*1000000000 rows \(7.45 GiB"),
     "row out of range": ("3 3 2\n1 1 1\n4 1 2\n", FormatError, r"indices must lie in 1..3.*\(4, 1\) at line 5"),
     "column zero": ("3 3 2\n1 1 1\n2 0 2\n", FormatError, r"indices must lie in 1..3.*\(2, 0\) at line 5"),
     "fewer than announced": ("3 3 3\n1 1 1\n2 2 2\n", FormatError, "truncated"),
