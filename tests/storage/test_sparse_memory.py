@@ -60,9 +60,10 @@ def test_sparse_conversion_stays_within_budget(tmp_path, coordinate_file):
     assert used <= BUDGET + margin(BUDGET), f"{used / MiB:.1f} MiB above the baseline for a {BUDGET / MiB} MiB budget"
 
 
-@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGKILL"])
 def test_interrupted_sparse_conversion_leaves_nothing(tmp_path, coordinate_file, sig):
-    """A signal while the run files are written: exit 130/143, no partial output, no work folder."""
+    """A signal while the run files are written: exit 130/143, no partial output, no work folder; what
+    a SIGKILL leaves (both, with owner records) ``blocklin clean`` finds and removes."""
     import os
     import signal
     import subprocess
@@ -82,7 +83,14 @@ def test_interrupted_sparse_conversion_leaves_nothing(tmp_path, coordinate_file,
     assert proc.poll() is None, "the conversion ended before the signal"
     proc.send_signal(getattr(signal, sig))
     _out, err = proc.communicate(timeout=60)
-    assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[sig], err
+    if sig == "SIGKILL":
+        from blocklin.storage.cleanup import clean
+
+        removed = clean([temp, tmp_path / "o.zarr"])
+        assert {i.kind for i in removed} == {"partial output", "work folder"}
+        assert all(i.action == "removed" for i in removed), removed
+    else:
+        assert proc.returncode == {"SIGINT": 130, "SIGTERM": 143}[sig], err
     assert not (tmp_path / "o.zarr").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name != "blocklin-tmp"] == []
     assert list(temp.iterdir()) == []
