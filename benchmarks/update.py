@@ -1,11 +1,14 @@
 """Growing data: ``blocklin.update`` after ``blocklin.append`` against recomputing, in one run.
 
-A tall float32 matrix (rank-40 signal with decaying scales plus noise, column means of 1) is stored,
-its Gram ``A^T A`` and its k-component PCA (``updatable=True``) computed; then 1% more rows are
-appended and each result is brought up to date by ``blocklin.update`` and recomputed on the grown
-matrix with the same call (``blocklin.gram``; ``blocklin.pca`` without ``updatable``, what a user
+A tall float32 matrix (rank-40 signal with decaying scales plus noise, column means of 1) and a
+response ``b`` (a linear model of its columns plus noise) are stored; the Gram ``A^T A``, the
+k-component PCA and a ridge regression with an intercept and lambda by GCV (both
+``updatable=True``) computed; then 1% more rows are appended to ``A`` and ``b`` and each result is
+brought up to date by ``blocklin.update`` and recomputed on the grown data with the same call
+(``blocklin.gram``; ``blocklin.pca`` and ``blocklin.solve`` without ``updatable``, what a user
 reruns). It prints the seconds of each, the update's share of the recompute's time, the agreement
-(Gram: ``||G_update - G_recompute||_F`` over the Gram's rounding bound ``2 m eps ||A||_F^2``; PCA:
+(Gram: ``||G_update - G_recompute||_F`` over the Gram's rounding bound ``2 m eps ||A||_F^2``; ridge:
+the chosen lambdas and ``||x_update - x_recompute|| / ||x_recompute||``; PCA:
 the largest relative difference of the singular values and the sine of the largest principal angle
 between the components, of the update and of the recompute, each against the exact ones from the
 centered Gram in float64 (NumPy, two plain passes), and the update's worst reported residual), then ``--days`` further appends
@@ -18,7 +21,6 @@ Usage::
     python benchmarks/update.py --rows 200000 --days 5   # a quicker run
     python benchmarks/update.py --quick                  # seconds: a check of the script itself
 
-Ridge and Tikhonov solves are not updatable yet (docs/append.md, "Not yet").
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 import blocklin as bl  # noqa: E402
 
 #: Every key of the JSON line.
-FIELDS = ("shape", "appended", "k", "memory", "seconds", "update_share", "gram_agreement", "pca_agreement", "days")
+FIELDS = ("shape", "appended", "k", "memory", "seconds", "update_share", "gram_agreement", "ridge_agreement",
+          "pca_agreement", "days")
 RANK = 40
 
 
@@ -52,6 +55,13 @@ def _rows(seed: int, p: int, n: int) -> np.ndarray:
     return (signal + 0.1 * rng.standard_normal((p, n)) + 1.0).astype(np.float32)
 
 
+def _response(x: np.ndarray) -> np.ndarray:
+    """``b`` of rows ``x``: a fixed linear model of the columns, an offset and noise (seeded by the rows)."""
+    w = np.random.default_rng(777).standard_normal((x.shape[1], 1)).astype(np.float32)
+    noise = np.random.default_rng(int(abs(float(x[0, 0])) * 1e6) % (2**32)).standard_normal((x.shape[0], 1))
+    return (x @ w + 2.0 + noise).astype(np.float32)
+
+
 def _store(path: Path, m: int, n: int, block: int) -> None:
     import dask.array as da
 
@@ -60,6 +70,8 @@ def _store(path: Path, m: int, n: int, block: int) -> None:
     x = da.map_blocks(lambda blk, block_info=None: _rows(block_info[None]["chunk-location"][0], blk.shape[0], n),
                       da.zeros((m, n), chunks=chunks, dtype=np.float32), dtype=np.float32)
     bl.from_array(x, path, chunks=(block, n), scheduler="threads")
+    y = da.map_blocks(_response, x, chunks=(chunks[0], (1,)), dtype=np.float32)
+    bl.from_array(y, path.with_name("b.zarr"), chunks=(block, 1), scheduler="threads")
 
 
 def _timed(fn):
@@ -114,11 +126,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stored {m} x {n} float32 ({m * n * 4 / 1e9:.2f} GB) in {t_store:.1f} s")
         _, t_gram0 = _timed(lambda: bl.gram(a, root / "G.zarr", **kw))
         _, t_pca0 = _timed(lambda: bl.pca(a, k, out=root / "P.zarr", updatable=True, **kw))
-        print(f"gram {t_gram0:.2f} s, pca (updatable, k={k}) {t_pca0:.2f} s")
+        b = root / "b.zarr"
+        ridge = dict(lam="gcv", fit_intercept=True, **kw)
+        _, t_ridge0 = _timed(lambda: bl.solve(a, b, out=root / "x.zarr", updatable=True, **ridge))
+        print(f"gram {t_gram0:.2f} s, pca (updatable, k={k}) {t_pca0:.2f} s, ridge (GCV, intercept, updatable) "
+              f"{t_ridge0:.2f} s")
         p1 = max(1, m // 100)
-        _, t_append = _timed(lambda: bl.append(a, _rows(10**6, p1, n), **kw))
+        new = _rows(10**6, p1, n)
+        _, t_append = _timed(lambda: (bl.append(a, new, **kw), bl.append(b, _response(new), **kw)))
         g_upd, t_gram_upd = _timed(lambda: bl.update(root / "G.zarr", **kw))
         g_rec, t_gram_rec = _timed(lambda: bl.gram(a, root / "G2.zarr", **kw))
+        x_upd, t_ridge_upd = _timed(lambda: bl.update(root / "x.zarr", **kw))
+        x_rec, t_ridge_rec = _timed(lambda: bl.solve(a, b, **ridge))
+        xr = x_rec.to_numpy().astype(np.float64)
+        ridge_agree = {"lam_update": x_upd.report["lam"], "lam_recompute": x_rec.report["lam"],
+                       "x_relative": float(np.linalg.norm(x_upd.to_numpy() - xr) / np.linalg.norm(xr)),
+                       "intercept_update": float(np.ravel(x_upd.intercept)[0]),
+                       "intercept_recompute": float(np.ravel(x_rec.intercept)[0])}
         p_upd, t_pca_upd = _timed(lambda: bl.update(root / "P.zarr", **kw))
         p_rec, t_pca_rec = _timed(lambda: bl.pca(a, k, **kw))
         m1 = m + p1
@@ -133,13 +157,17 @@ def main(argv: list[str] | None = None) -> int:
                      "worst_relative_residual": float(max(p_upd.report["relative_residuals"])),
                      "tol": p_upd.report.get("tol"), "how": p_upd.report["updated"]["how"],
                      "scores": p_upd.report["updated"].get("scores")}
-        secs = {"store": t_store, "gram": t_gram0, "pca_updatable": t_pca0, "append": t_append,
-                "gram_update": t_gram_upd, "gram_recompute": t_gram_rec, "pca_update": t_pca_upd,
+        secs = {"store": t_store, "gram": t_gram0, "pca_updatable": t_pca0, "ridge_updatable": t_ridge0,
+                "append": t_append, "gram_update": t_gram_upd, "gram_recompute": t_gram_rec,
+                "ridge_update": t_ridge_upd, "ridge_recompute": t_ridge_rec, "pca_update": t_pca_upd,
                 "pca_recompute": t_pca_rec}
-        share = {"gram": t_gram_upd / t_gram_rec, "pca": t_pca_upd / t_pca_rec}
-        print(f"append {p1} rows: {t_append:.2f} s")
+        share = {"gram": t_gram_upd / t_gram_rec, "ridge": t_ridge_upd / t_ridge_rec, "pca": t_pca_upd / t_pca_rec}
+        print(f"append {p1} rows to A and b: {t_append:.2f} s")
         print(f"gram: update {t_gram_upd:.2f} s, recompute {t_gram_rec:.2f} s: {share['gram']:.3f}x; "
               f"difference {gram_ratio:.2e} of the rounding bound")
+        print(f"ridge: update {t_ridge_upd:.2f} s, recompute {t_ridge_rec:.2f} s: {share['ridge']:.3f}x; lambda "
+              f"{ridge_agree['lam_update']:.4g} and {ridge_agree['lam_recompute']:.4g}, x differs by "
+              f"{ridge_agree['x_relative']:.1e} relative")
         print(f"pca:  update {t_pca_upd:.2f} s, recompute {t_pca_rec:.2f} s: {share['pca']:.3f}x; against the "
               f"exact centered Gram's (NumPy, float64): update singular values {pca_agree['s_relative']:.1e} "
               f"relative, subspace sine {pca_agree['subspace_sine']:.1e}; recompute "
@@ -148,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{pca_agree['scores']}")
         days = []
         for d in range(args.days):
-            bl.append(a, _rows(2 * 10**6 + d, max(1, m // 1000), n), **kw)
+            day = _rows(2 * 10**6 + d, max(1, m // 1000), n)
+            bl.append(a, day, **kw)
+            bl.append(b, _response(day), **kw)
             r, t = _timed(lambda: bl.update(root / "P.zarr", **kw))
             how = r.report["updated"]["how"]
             days.append({"seconds": t, "scores": r.report["updated"].get("scores"),
@@ -172,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             days_summary = None
         print(json.dumps({"shape": [m, n], "appended": p1, "k": k, "memory": args.memory, "seconds": secs,
-                          "update_share": share, "gram_agreement": gram_ratio, "pca_agreement": pca_agree,
+                          "update_share": share, "gram_agreement": gram_ratio, "ridge_agreement": ridge_agree,
+                          "pca_agreement": pca_agree,
                           "days": days_summary}))
     finally:
         if not args.dir:

@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fit-intercept", action="store_true",
                    help="fit an unpenalized intercept (as scikit-learn's Ridge): the columns of A and b are centered "
                         "by rank-one corrections, no copy; the intercept is printed and kept in the report")
+    p.add_argument("--updatable", action="store_true",
+                   help="keep the sums of the normal equations in OUT ((n + k)^2 float64) so that 'blocklin update "
+                        "OUT' solves again after rows are appended to A and b, reading only those rows")
     p.add_argument("--plot", metavar="PNG", help="plot the L-curve / GCV curve (with --lambda gcv or lcurve)")
     p.add_argument("--factored", choices=("cholesky", "lu"),
                    help="A is a stored factor (blocklin factor cholesky / lu wrote it): solve with it, no new "
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> dict:
                                      "choose lambda)", f"--lambda {args.lam}", "pass --lambda gcv"))
     x = solve(args.a, args.b, lam=args.lam, method=args.method, assume_a=args.assume_a, out=args.out,
               refine=args.refine, precision=args.precision,
-              fit_intercept=args.fit_intercept, **ui.run_settings(args))
+              fit_intercept=args.fit_intercept, updatable=args.updatable, **ui.run_settings(args))
     r = x.report
     summary = {"output": x.path, "shape": list(x.shape), "lam": r["lam"], "method": r["method"],
                "method_reason": r["method_reason"], "residual_norm": r["residual_norm"],

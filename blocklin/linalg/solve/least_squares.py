@@ -16,6 +16,7 @@ from blocklin.linalg.blocks.scaling import Scaling, check_finite_result
 from blocklin.linalg.solve.normal import solve_tall
 from blocklin.linalg.solve.report import solve_report
 from blocklin.linalg.solve.tikhonov import TikhonovRun
+from blocklin.linalg.solve.updatable import check_updatable, keep_sums
 from blocklin.linalg.solve.wide import solve_wide
 from blocklin.matrix import Matrix
 from blocklin.plan.solve import SolvePlan
@@ -27,11 +28,14 @@ from blocklin.storage.identity import resume_token
 
 def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, kind: str, lams: list[float],
                         method: str, refine: Any, fit_intercept: bool, out: Any, overwrite: bool,
-                        resume: bool) -> Matrix:
-    """``x`` of ``min ||A x - b||^2 + lam^2 ||x||^2`` on the route of ``plan``, committed with its report."""
+                        resume: bool, updatable: bool = False) -> Matrix:
+    """``x`` of ``min ||A x - b||^2 + lam^2 ||x||^2`` on the route of ``plan``, committed with its report;
+    ``updatable``: with the sums :func:`blocklin.update` reads (:mod:`blocklin.linalg.solve.updatable`)."""
     (m, n), k = A.shape, B.shape[1]
+    if updatable:
+        check_updatable(out=out, orientation=plan.orientation)
     ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume,
-                   token=_token(A, B, lam, method, refine, fit_intercept, plan))
+                   token=_token(A, B, lam, method, refine, fit_intercept, plan, updatable))
     ctx = TikhonovRun(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
                       intercept=bool(fit_intercept), saved=StepRecords(ao.done if out is not None else None))
     ctx.sa = Scaling(str(source(A).path), A.dtype)
@@ -39,20 +43,24 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
     solve_route = solve_wide if plan.orientation == "wide" else solve_tall
     info = _unscale_info(ctx, solve_route(ctx, ao.array_path()))
     _check_finite_info(info)
+    if updatable:
+        keep_sums(ctx, ao.array_path())
     report, recorded = solve_report(job, route="least squares", orientation=plan.orientation, **info,
                                     phases=ctx.phases, fit_intercept=bool(fit_intercept),
                                     resumed_passes=list(ctx.saved.loaded))
     params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method,
-              "fit_intercept": bool(fit_intercept)}
+              "fit_intercept": bool(fit_intercept), "refine": refine, "updatable": bool(updatable)}
     x = job.finish(ao, out, report, operation="solve", plan=plan.to_dict(), params=params, recorded=recorded)
     x.intercept = np.asarray(report["intercept"]) if fit_intercept else None
     return x
 
 
-def _token(A: Any, B: Any, lam: Any, method: str, refine: Any, fit_intercept: bool, plan: SolvePlan) -> str:
+def _token(A: Any, B: Any, lam: Any, method: str, refine: Any, fit_intercept: bool, plan: SolvePlan,
+           updatable: bool = False) -> str:
     """Deterministic in the inputs, parameters and plan: what resuming an output checks."""
     lam = lam.tolist() if isinstance(lam, np.ndarray) else lam
-    return resume_token("solve", [A, B], lam, method, refine, bool(fit_intercept), plan.to_dict())
+    extra = ("updatable",) if updatable else ()
+    return resume_token("solve", [A, B], lam, method, refine, bool(fit_intercept), plan.to_dict(), *extra)
 
 
 def _check_finite_info(info: dict) -> None:

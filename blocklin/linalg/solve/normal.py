@@ -34,6 +34,15 @@ AUTO_RCOND = 1e-10
 AUTO_REFINE_RCOND = 1e-4
 
 
+def gram_sums(ctx: TikhonovRun) -> dict:
+    """``A^T A``, ``A^T b``, ``||b||^2``, ``||A||_F^2`` of the run's problem: its Gram pass (recorded for
+    resume; made now when the route made none) and, with an intercept, the column means it found."""
+    gp = _gram_pass(ctx)
+    if ctx.intercept and ctx.mu is None:
+        _center_gram(ctx, gp)
+    return gp
+
+
 def _gram_pass(ctx: TikhonovRun) -> dict:
     """``A^T A``, ``A^T b``, ``||b||^2``, ``||A||_F^2`` (saved for resume)."""
     gp = ctx.saved.run("gram-pass", lambda: ctx.scaled_run(lambda sc: _run_gram_pass(ctx, sc)))
@@ -103,7 +112,7 @@ def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:
                 "small lambda)"}
         return finish_spectral(ctx, spec, info, x_path)
     lam = ctx.lams[0]
-    cf, rcond = _factor_regularized(gp["g"], lam)
+    cf, rcond = factor_regularized(gp["g"], lam)
     info = {"rcond_normal": rcond}
     if cf is None or rcond < AUTO_RCOND:
         if ctx.method == "auto":
@@ -138,7 +147,7 @@ def _solve_tall_spectral(ctx: TikhonovRun, x_path: str) -> dict:
         lams, curve = list(ctx.lams), None
     ok, rc, reason = lambda_select.spectrum_route(spec.s, lams, rule, rcond_rule=AUTO_RCOND,
                                                   rcond_sequence=AUTO_REFINE_RCOND)
-    cf, rcond = _factor_regularized(gp["g"], lams[0]) if ok and rule else (None, rc)
+    cf, rcond = factor_regularized(gp["g"], lams[0]) if ok and rule else (None, rc)
     if not ok or (rule and (cf is None or rcond < AUTO_RCOND)):
         return qr_route(ctx, x_path, {"rcond_normal": rc}, reason)
     info = {"method": "normal", "method_reason": reason, "rcond_normal": rc}
@@ -168,7 +177,7 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
         write_x(ctx, x_path, np.hstack(xs) if len(xs) > 1 else xs[0])
         return info
     lam = ctx.lams[0]
-    cf, rcond = _factor_regularized(gp["g"], lam)
+    cf, rcond = factor_regularized(gp["g"], lam)
     if cf is None or rcond < AUTO_RCOND:
         _refuse_or_warn(cf, rcond, lam)
     x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
@@ -182,7 +191,7 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
     return info
 
 
-def _factor_regularized(g: np.ndarray, lam: float) -> tuple[Any, float]:
+def factor_regularized(g: np.ndarray, lam: float) -> tuple[Any, float]:
     """Cholesky factor of ``A^T A + lam^2 I`` and its reciprocal condition estimate (None, 0 when it fails)."""
     from scipy.linalg import cho_factor, lapack
 
@@ -234,4 +243,4 @@ def _solve_refined(ctx: TikhonovRun, gp: dict, cf: Any, rcond: float, lam: float
     return x, rr, n_refine, "refinement pass"
 
 
-__all__ = ["AUTO_RCOND", "AUTO_REFINE_RCOND", "solve_tall"]
+__all__ = ["AUTO_RCOND", "AUTO_REFINE_RCOND", "gram_sums", "solve_tall"]

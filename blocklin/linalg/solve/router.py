@@ -24,7 +24,7 @@ from blocklin.linalg.solve.tikhonov import check_lam_max
 from blocklin.matrix import Matrix
 from blocklin.plan.solve import SolvePlan, plan_solve, small_bytes
 from blocklin.runtime.job import Job
-from blocklin.validate import MAX_REFINE, choice, count, float_operand, same_dtype, same_rows
+from blocklin.validate import MAX_REFINE, choice, count, flag, float_operand, same_dtype, same_rows
 
 METHODS = ("auto", "normal", "qr")
 #: What ``solve`` may assume of ``a``: nothing (least squares; LU for a square system), symmetric
@@ -34,7 +34,8 @@ ASSUME = ("gen", "pos", "sym")
 
 def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
           refine: Any = "auto", overwrite: bool = False, explain: bool = False, fit_intercept: bool = False,
-          precision: str = "double", resume: bool = False, **settings: Unpack[Settings]) -> Matrix | SolvePlan:
+          precision: str = "double", resume: bool = False, updatable: bool = False,
+          **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
     Parameters
@@ -105,6 +106,12 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         centers the in-memory ``A A^T`` on both sides. Uses the normal equations (``method="qr"`` is
         refused: the streaming R factor is not centered); lambda sequences and rules then use the
         eigen-decomposition of the centered Gram matrix.
+    updatable : bool
+        Keep the sums of the normal equations (``A^T A``, ``A^T b``, ``||b||^2``, the means with
+        ``fit_intercept``: ``(n + k)^2`` float64) in ``out``, so that :func:`blocklin.update` solves again,
+        for the same ``lam`` (or rule), after rows are appended to ``A`` and ``b``
+        (:func:`blocklin.append`) by reading only those rows (:mod:`blocklin.linalg.update.solve`). A
+        least-squares solve of a tall ``A``; one pass more where the route made no Gram pass (the QR).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the CPU.
 
@@ -155,8 +162,13 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                   **settings)
         return label_solution(x, labels_of(a), labels_of(b))
     method, assume_a, kind, lams, precision = _checked(method, assume_a, lam, precision, fit_intercept)
+    updatable = flag("updatable", updatable)
     reason = _square_reason(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method,
                             fit_intercept=fit_intercept, precision=precision)
+    if updatable and (assume_a != "gen" or reason is not None):
+        raise ParameterError(_msg("updatable", "needs a least-squares solve of a tall A (a square system's "
+                                  "factors depend on every row)", f"a square solve ({reason or assume_a})",
+                                  "recompute after each append, or pass updatable=False"))
     if assume_a != "gen" or reason is not None:
         return _solve_square(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method, out=out,
                              overwrite=overwrite, explain=explain, precision=precision, reason=reason, resume=resume,
@@ -167,11 +179,16 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     with Job("solve", **settings) as job:
         A, B = _operands(job, a, b)
         if _gram_exceeds_budget(job, A, B, kind, method):
+            if updatable:
+                raise ParameterError(_msg("updatable", "keeps A^T A in memory, which must fit the budget",
+                                          f"min(m, n) = {min(A.shape)} columns over memory={format_size(job.cfg.memory)}",
+                                          "raise memory=, or pass updatable=False"))
             return _solve_gram_stored(job, A, B, lam, lams, method=method, refine=refine, fit_intercept=fit_intercept,
                                       out=out, overwrite=overwrite, resume=resume)
         plan = _least_squares_plan(job, A, B, kind=kind, method=method, refine=refine, fit_intercept=fit_intercept)
         return solve_least_squares(job, A, B, plan, lam=lam, kind=kind, lams=lams, method=method, refine=refine,
-                                   fit_intercept=fit_intercept, out=out, overwrite=overwrite, resume=resume)
+                                   fit_intercept=fit_intercept, out=out, overwrite=overwrite, resume=resume,
+                                   updatable=updatable)
 
 
 def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: Any = "auto",
@@ -181,7 +198,7 @@ def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: 
     regularized Gram matrix exceeds the budget, or the out-of-core LU's plan for a square system
     (square ``a``, ``lam=0``, ``method="auto"``); same parameters as :func:`solve`."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
-    kind, lams = _parse_lam(lam)
+    kind, lams = parse_lam(lam)
     refine = count("refine", refine, minimum=0, auto=("auto",), maximum=MAX_REFINE, fix="pass refine=1")
     if _square_reason(a, b, assume_a="gen", kind=kind, lams=lams, method=method, fit_intercept=False,
                       precision="double"):  # a square system: the LU's plan
@@ -205,7 +222,7 @@ def _checked(method: str, assume_a: str, lam: Any, precision: str,
     method = choice("method", method, METHODS, fix="pass method='auto'")
     assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares; LU when square), "
                       "'pos' (SPD) or 'sym' (symmetric)")
-    kind, lams = _parse_lam(lam)
+    kind, lams = parse_lam(lam)
     from blocklin.linalg.solve.square import solve_precision
 
     precision = solve_precision(precision)
@@ -216,7 +233,7 @@ def _checked(method: str, assume_a: str, lam: Any, precision: str,
     return method, assume_a, kind, lams, precision
 
 
-def _parse_lam(lam: Any) -> tuple[str, list[float]]:
+def parse_lam(lam: Any) -> tuple[str, list[float]]:
     if isinstance(lam, str):
         rule = lam.strip().lower()
         if rule in ("gcv", "lcurve", "l-curve"):

@@ -14,10 +14,13 @@ within which bound):
 ``svd``, ``pca``   computed with ``updatable=True``: the kept co-moments merged with the new rows',
                    the factors from the updated Gram, the old scores rotated with a computed error
                    bound; recomputed where a triplet or score would miss ``tol`` (:mod:`.svd`)
+``solve``          a tall least-squares / ridge solve computed with ``updatable=True``: the kept sums
+                   of its normal equations plus the new rows', solved again for the same ``lam``,
+                   sequence or rule; recomputed where they are ill-conditioned (:mod:`.solve`)
 ================  ==============================================================================
 
 Others are refused with the command that recomputes them: products, inverses and factorizations of
-square matrices depend on every row; ``eigsh`` results and solves are not updated yet.
+square matrices depend on every row; ``eigsh`` results are not updated yet.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, Unpack
 from blocklin.config import Settings, resolve
 from blocklin.errors import ParameterError, StoreNotFoundError, explain
 from blocklin.linalg.update.gram import update_gram
+from blocklin.linalg.update.solve import update_solve
 from blocklin.linalg.update.svd import Recompute, update_svd
 from blocklin.linalg.update.svd import load as load_svd
 from blocklin.matrix import Matrix
@@ -36,7 +40,7 @@ from blocklin.storage.location import as_location
 from blocklin.storage.versions import Growth, growth
 
 #: Operations whose results :func:`update` brings up to date, and their updaters.
-UPDATABLE = {"gram": update_gram, "svd": update_svd}
+UPDATABLE = {"gram": update_gram, "svd": update_svd, "solve": update_solve}
 
 
 def _provenance(out: Any, storage_options: dict | None) -> tuple[Any, dict]:
@@ -76,6 +80,8 @@ def _updatable(prov: dict) -> bool:
     params = prov.get("params") or {}
     if prov["operation"] == "svd":
         return isinstance(params.get("update"), dict)
+    if prov["operation"] == "solve":
+        return bool(params.get("updatable"))
     return prov["operation"] in UPDATABLE and not params.get("trans")
 
 
@@ -150,14 +156,21 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> M
 
 
 def _recompute(loc: Any, prov: dict, grown: list[Growth], why: str, settings: dict) -> Any:
-    """Rerun the factorization a result records (``params["update"]``) over its output."""
-    from blocklin.linalg.lowrank.svd import factorize
+    """Rerun the operation a result records (its parameters) over its output, updatable again."""
+    params = prov["params"]
+    g = grown[0]
+    if prov["operation"] == "solve":
+        from blocklin.linalg.solve.router import solve
 
-    upd = prov["params"]["update"]
-    (g,) = grown
-    res = factorize(g.url, int(upd["k"]), method=upd["method"], oversample=int(upd["oversample"]), tol=upd["tol"],
-                    seed=upd["seed"], out=loc, overwrite=True, center=bool(upd["center"]),
-                    scale=bool(upd["scale"]), signs=bool(upd["signs"]), updatable=True, **settings)
+        res = solve(g.url, grown[1].url, lam=params["lam"], method=params["method"], refine=params.get("refine", "auto"),
+                    fit_intercept=bool(params.get("fit_intercept")), out=loc, overwrite=True, updatable=True, **settings)
+    else:
+        from blocklin.linalg.lowrank.svd import factorize
+
+        upd = params["update"]
+        res = factorize(g.url, int(upd["k"]), method=upd["method"], oversample=int(upd["oversample"]), tol=upd["tol"],
+                        seed=upd["seed"], out=loc, overwrite=True, center=bool(upd["center"]),
+                        scale=bool(upd["scale"]), signs=bool(upd["signs"]), updatable=True, **settings)
     res.report["updated"] = {"input": g.url, "rows_before": g.old_rows, "rows": g.rows, "rows_read": g.rows,
                              "how": f"recomputed: {why}"}
     return res
