@@ -36,5 +36,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.offset:
         opts["offset"] = args.offset
     info = inspect(args.path, format=args.from_format, memory=args.memory, **opts)
-    ui.emit(args, info, format_info(info))
+    if (info.get("provenance") or {}).get("covers"):  # a result: is it up to date with its inputs?
+        from blocklin.linalg.update.update import status
+
+        info["current"] = status(args.path)
+    ui.emit(args, info, format_info(info).replace("blocklin update PATH", f"blocklin update {args.path}"))
     return info

@@ -149,7 +149,28 @@ def _format_sparse(d: dict[str, Any]) -> str:
     if prov:
         lines.append(f"  provenance   {prov.get('operation')} of {', '.join(prov.get('inputs', [])) or '-'} "
                      f"by blocklin {prov.get('version')} at {prov.get('created')}")
+    versions = d.get("versions")
+    if versions:
+        rows = " -> ".join(str(v.get("rows")) for v in versions[-6:])
+        lines.append(f"  versions     {len(versions)} ({'... -> ' if len(versions) > 6 else ''}{rows} rows; "
+                     f"grown by blocklin append)")
+    current = d.get("current")
+    if current:
+        lines.append(f"  current      {_current_line(current)}")
     return "\n".join(lines)
+
+
+def _current_line(c: dict[str, Any]) -> str:
+    """Whether a result is up to date with its inputs (``linalg.update.status``), in one line."""
+    if c.get("current") is None:
+        return "unknown (the result records no stored input's version)"
+    if c["current"]:
+        return "yes (every input as it was computed from)"
+    grown = [f"{i['url']}: {i['rows_then']} rows then, {i['rows_now']} now" for i in c["inputs"]
+             if "rows_now" in i and not i["current"]]
+    changed = [f"{i['url']}: {i['error']}" for i in c["inputs"] if "error" in i]
+    fix = "blocklin update PATH" if c.get("updatable") and not changed else "recompute it with --overwrite"
+    return f"no ({'; '.join(grown + changed)}); {fix}"
 
 
 def _duration(seconds: float) -> str:
@@ -203,6 +224,14 @@ def format_info(d: dict[str, Any]) -> str:
     if prov:
         lines.append(f"  provenance   {prov.get('operation')} of {', '.join(prov.get('inputs', [])) or '-'} "
                      f"by blocklin {prov.get('version')} at {prov.get('created')}")
+    versions = d.get("versions")
+    if versions:
+        rows = " -> ".join(str(v.get("rows")) for v in versions[-6:])
+        lines.append(f"  versions     {len(versions)} ({'... -> ' if len(versions) > 6 else ''}{rows} rows; "
+                     f"grown by blocklin append)")
+    current = d.get("current")
+    if current:
+        lines.append(f"  current      {_current_line(current)}")
     lines.append(f"  estimates with memory={format_size(d['memory_budget'])} (rough rates):")
     for name, e in d["estimates"].items():
         if "error" in e:

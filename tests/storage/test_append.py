@@ -194,8 +194,15 @@ def test_cli_append_and_update(tmp_path, base, capsys):
     assert main(["append", str(path), str(tmp_path / "r.npy"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["shape"] == [1050, 30] and out["rows_added"] == 50 and out["version"] == 1
+    assert main(["info", str(tmp_path / "G.zarr")]) == 0
+    assert f"current      no ({path}: 1000 rows then, 1050 now); blocklin update {tmp_path / 'G.zarr'}" in \
+        capsys.readouterr().out
+    assert main(["info", str(path)]) == 0
+    assert "versions     2 (1000 -> 1050 rows" in capsys.readouterr().out
     assert main(["update", str(tmp_path / "G.zarr")]) == 0
     assert "rows 1000:1050" in capsys.readouterr().out
+    assert main(["info", str(tmp_path / "G.zarr"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["current"]["current"] is True
     assert main(["update", str(tmp_path / "G.zarr")]) == 0
     assert "up to date" in capsys.readouterr().out
     assert main(["append", str(path)]) == 1

@@ -18,6 +18,7 @@ from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.completeness import check_complete, chunk_census
 from blocklin.storage.backend import backend
 from blocklin.storage.location import as_location
+from blocklin.storage.versions import VERSIONS_KEY
 from blocklin.storage.formats.base import Reader, Writer, check_2d, check_matrix_dtype
 from blocklin.storage.zarr_store import create_array, describe_codecs, open_zarr, read_block, write_block
 
@@ -62,6 +63,8 @@ class ZarrReader(Reader):
                  bytes_on_disk=self._loc and backend(self._loc).size(""),
                  checksum=any("crc32c" in type(c).__name__.lower() for c in _codecs(self._arr)),
                  provenance=json.loads(json.dumps(prov)) if prov is not None else None,
+                 versions=json.loads(json.dumps(self._arr.attrs.get(VERSIONS_KEY))) if VERSIONS_KEY in self._arr.attrs
+                 else None,
                  chunk_files=chunk_census(self._arr, self._loc))
         return d
 
