@@ -4,7 +4,8 @@ A zarr array's chunks beyond its shape are invisible to every reader, and its sh
 object, ``zarr.json``. So :func:`append` (``blocklin append A NEW``):
 
 1. writes a journal, ``A/.blocklin-append.json`` (the rows before and after, the source's stamp,
-   the version history, and an owner record so that a second append waits its turn);
+   the version history, and an owner record: on an object store, which has no locks, a second
+   append is refused while the first runs; locally appends to one matrix take turns under a lock);
 2. writes the new rows' chunks beyond the old shape, and rewrites the chunk band that held the
    last old rows (its old rows' bytes unchanged) whole: every chunk write is one object written
    whole (a temporary file renamed into place locally, one PUT on object stores), so a reader of
@@ -23,9 +24,11 @@ modified).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -51,9 +54,7 @@ PANEL_COPIES = 3
 def _target(a: Any, storage_options: dict | None) -> tuple[Location, dict]:
     """The matrix appended to and its metadata; refused unless it is a committed 2-D zarr v3 array
     blocklin wrote."""
-    if hasattr(a, "path") and not isinstance(a, (str, Location)):  # a Matrix
-        a = a.path
-    loc = as_location(a, storage_options, name="a")
+    loc = _location(a, storage_options)
     be = backend(loc)
     meta = read_meta(loc)
     if meta is None:
@@ -92,8 +93,10 @@ class _ArrayRows:
 
 def _rows_source(rows: Any, width: int, from_format: str | None, opts: dict) -> tuple[Any, str, Location | None]:
     """A reader of the rows to append, what to call them, and the stored location (None in memory)."""
-    if hasattr(rows, "path") and hasattr(rows, "shape") and not hasattr(rows, "__array_function__"):
-        rows = rows.path  # a Matrix
+    from blocklin.matrix import Matrix
+
+    if isinstance(rows, Matrix):
+        rows = rows.location  # read by row panels, never loaded whole
     if isinstance(rows, (str, Location)) or hasattr(rows, "__fspath__"):
         from blocklin.storage.formats import open_reader
         from blocklin.storage.stamps import input_location
@@ -182,8 +185,9 @@ def append(a: Any, rows: Any, *, memory: Any = None, storage_options: dict | Non
     rows : array_like, Dask array, Matrix, or path
         The rows: ``p x n`` (a 1-D array of ``n`` values is one row), in memory or in any format
         ``blocklin convert`` reads (``.npy``, ``.zarr``, ``FILE.h5:/DATASET``, ``.csv``, ...; format
-        options such as ``delimiter`` or ``shape`` as keywords). Cast to ``a``'s dtype when that loses
-        nothing (integers into floats, float32 into float64); other dtypes are refused.
+        options such as ``delimiter`` or ``shape`` as keywords). Cast to ``a``'s dtype where NumPy casts
+        safely (float32 into float64) and integers into floats (as NumPy's linear algebra casts them);
+        other dtypes (float64 into float32, complex) are refused.
     memory : int or str, optional
         Budget (default from the config): a panel of rows and its copies.
     storage_options : dict, optional
@@ -203,7 +207,8 @@ def append(a: Any, rows: Any, *, memory: Any = None, storage_options: dict | Non
     A reader sees the old matrix or the new one (module notes). The matrix records every version in
     its attributes (``blocklin_versions``), which :func:`blocklin.update` reads to bring results up
     to date by reading only the new rows. An interrupted append is finished by running it again or
-    undone by :func:`rollback`; another append meanwhile is refused.
+    undone by :func:`rollback`. Appends to one local matrix run one at a time (a second waits for the
+    first); on an object store a second one is refused while the first runs.
 
     Examples
     --------
@@ -213,12 +218,35 @@ def append(a: Any, rows: Any, *, memory: Any = None, storage_options: dict | Non
     >>> bl.append("G.zarr", np.zeros((3, 3))).shape
     (7, 3)
     """
-    from blocklin.matrix import Matrix
-
     if nan not in ("allow", "error"):
         raise ParameterError(explain("nan", "must be 'allow' or 'error'", repr(nan), "pass nan='error'"))
-    t0 = time.perf_counter()
     cfg = resolve(memory=memory)
+    with _exclusive(_location(a, storage_options)):  # a second append here waits for this one
+        return _append(a, rows, cfg.memory, storage_options, progress, nan, from_format, reader_options)
+
+
+def _location(a: Any, storage_options: dict | None) -> Location:
+    if hasattr(a, "path") and not isinstance(a, (str, Location)):  # a Matrix
+        a = a.path
+    return as_location(a, storage_options, name="a")
+
+
+@contextlib.contextmanager
+def _exclusive(loc: Location) -> Iterator[None]:
+    """Appends to one local matrix one at a time (an advisory lock on its folder); object stores have
+    no locks: there the journal's owner record refuses a second append."""
+    if not loc.is_local or not os.path.isdir(loc.url):
+        yield
+        return
+    with ownership.claim_lock(loc.url):
+        yield
+
+
+def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progress: Any, nan: str,
+            from_format: str | None, reader_options: dict) -> Any:
+    from blocklin.matrix import Matrix
+
+    t0 = time.perf_counter()
     loc, meta = _target(a, storage_options)
     m0, n = (int(s) for s in meta["shape"])
     chunks = chunk_grid(meta)
@@ -249,14 +277,14 @@ def append(a: Any, rows: Any, *, memory: Any = None, storage_options: dict | Non
             chain = _versions_before(loc, meta)
         if p == 0:
             return Matrix(loc)
-        panel = _panel_rows(chunks[0], n, dt, cfg.memory)
+        panel = _panel_rows(chunks[0], n, dt, memory)
         journal = {"owner": ownership.new_record(operation="append"), "from_rows": m0, "to_rows": m0 + p,
                    "source": what, "source_stamp": stamp, "versions": chain}
         backend(loc).write_text(JOURNAL, json.dumps(journal))
         try:
             written = _copy(loc, meta, reader, m0, p, dt, panel, nan, progress)
         except BaseException:  # an error or Ctrl-C: undone here; only a killed process leaves the journal
-            rollback(loc)
+            _rollback(loc, None)
             raise
     finally:
         reader.close()
@@ -330,6 +358,11 @@ def rollback(a: Any, *, storage_options: dict | None = None) -> dict:
     same version's (so results computed before stay updatable). Returns ``{"interrupted": whether an
     append was, "removed": chunk files removed, "rows": the matrix's rows}``.
     """
+    with _exclusive(_location(a, storage_options)):
+        return _rollback(a, storage_options)
+
+
+def _rollback(a: Any, storage_options: dict | None) -> dict:
     loc, meta = _target(a, storage_options)
     rec = _journal(loc)
     if rec is None:

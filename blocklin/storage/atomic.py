@@ -78,15 +78,18 @@ def check_output_path(out: str | os.PathLike, inputs: Iterable[str | os.PathLike
     return Path(out).expanduser()
 
 
-def _coverage(inputs: list, storage_options: dict | None) -> list[dict]:
-    """What the output is computed from, per stored zarr input (:func:`blocklin.storage.versions.coverage`):
-    recorded in its provenance so that :func:`blocklin.update` can tell which rows are new."""
+def _coverage(inputs: list, storage_options: dict | None, record: list[dict]) -> list[dict]:
+    """What the output is computed from, per stored zarr input (:func:`blocklin.storage.versions.coverage`),
+    from the inputs' stamp ``record`` where it lists their files (no second listing): recorded in the
+    provenance so that :func:`blocklin.update` can tell which rows are new."""
     from blocklin.storage.versions import coverage
 
+    listed = {r["url"]: r.get("entries") for r in record}
     out = []
     for i in inputs:
         try:
-            c = coverage(stamps.input_location(i, storage_options))
+            loc = stamps.input_location(i, storage_options)
+            c = coverage(loc, entries=listed.get(loc.url))
         except (OSError, ValueError, TypeError, KeyError):  # not a zarr array: nothing a later append grows
             c = None
         if c is not None:
@@ -163,7 +166,6 @@ class AtomicOutput:
         self.resumable = token is not None
         self.token = token or uuid.uuid4().hex[:16]
         self._input_locations = [stamps.input_location(i, storage_options) for i in inputs] if self.resumable else []
-        self.covers = _coverage(inputs, storage_options)  # before any read: what the result is computed from
         self.input_record: list[dict] = []
         self.committed = False
         self.name = name
@@ -180,6 +182,8 @@ class AtomicOutput:
                     self._claim_local()
             self.done = self.partial / _DONE
             self._be = backend(self.partial)
+            # before any read: what the result is computed from (the stamps just listed, where resumable)
+            self.covers = _coverage(inputs, storage_options, self.input_record)
         except BaseException:  # refused, or interrupted mid-claim: nothing of this run stays
             self.abort()
             raise

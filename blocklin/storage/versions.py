@@ -37,13 +37,14 @@ VERSIONS_KEY = "blocklin_versions"
 _METADATA = {"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"}
 
 
-def data_stamp(loc: Location) -> str:
+def data_stamp(loc: Location, entries: dict[str, str] | None = None) -> str:
     """A digest of the stamps of the chunk files under ``loc`` (metadata and blocklin's records left
-    out): equal while no chunk was rewritten, added or removed."""
+    out): equal while no chunk was rewritten, added or removed. ``entries``: the location's
+    :func:`~blocklin.storage.stamps.file_stamps`, when already listed."""
     import hashlib
 
-    entries = sorted((k, v) for k, v in file_stamps(loc).items() if _is_data(k))
-    return hashlib.sha1(json.dumps(entries).encode()).hexdigest()[:16]
+    listed = file_stamps(loc) if entries is None else entries
+    return hashlib.sha1(json.dumps(sorted((k, v) for k, v in listed.items() if _is_data(k))).encode()).hexdigest()[:16]
 
 
 def _is_data(key: str) -> bool:
@@ -79,14 +80,15 @@ def chunk_grid(meta: dict) -> tuple[int, ...]:
     return tuple(int(c) for c in meta["chunk_grid"]["configuration"]["chunk_shape"])
 
 
-def coverage(loc: Location) -> dict | None:
+def coverage(loc: Location, entries: dict[str, str] | None = None) -> dict | None:
     """What an output records of a stored input: URL, shape, chunks, dtype and data stamp (None for
-    inputs that are not zarr v3 arrays: files of other formats are never appended to)."""
+    inputs that are not zarr v3 arrays: files of other formats are never appended to); ``entries``
+    as for :func:`data_stamp`."""
     meta = read_meta(loc)
     if meta is None:
         return None
     return {"url": loc.url, "shape": [int(s) for s in meta["shape"]], "chunks": list(chunk_grid(meta)),
-            "dtype": str(meta.get("data_type")), "stamp": data_stamp(loc)}
+            "dtype": str(meta.get("data_type")), "stamp": data_stamp(loc, entries)}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,7 +29,7 @@ def _versions(path):
     return json.load(open(os.path.join(path, "zarr.json")))["attributes"]["blocklin_versions"]
 
 
-@pytest.mark.parametrize("kind", ["numpy", "npy", "zarr", "dask", "csv"])
+@pytest.mark.parametrize("kind", ["numpy", "npy", "zarr", "matrix", "dask", "csv"])
 def test_append_every_kind_of_source(tmp_path, base, kind):
     a, path = base
     rows = np.random.default_rng(1).standard_normal((301, 30))
@@ -38,6 +38,8 @@ def test_append_every_kind_of_source(tmp_path, base, kind):
         src = str(tmp_path / "r.npy")
     elif kind == "zarr":
         src = bl.from_array(rows, tmp_path / "r.zarr", chunks=(50, 7)).path
+    elif kind == "matrix":  # read by panels through its location, never loaded whole
+        src = bl.from_array(rows, tmp_path / "r.zarr", chunks=(64, 30))
     elif kind == "dask":
         import dask.array as da
 
@@ -183,6 +185,22 @@ def test_a_rewrite_between_appends_is_recorded(tmp_path, base):
     assert _versions(path)[2].get("rewritten") is True
     with pytest.raises(ParameterError, match="rewritten after the result"):
         bl.update(g.path)
+
+
+def test_appends_to_one_matrix_take_turns(tmp_path, base):
+    """Two appends at once from two threads: both land, one after the other, nothing mixed."""
+    a, path = base
+    rows = [np.full((200, 30), float(i)) for i in (1, 2)]
+    threads = [threading.Thread(target=bl.append, args=(path, r)) for r in rows]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = bl.open(path).to_numpy()
+    assert got.shape == (1400, 30) and np.array_equal(got[:1000], a)
+    tail = got[1000:]
+    assert {float(tail[0, 0]), float(tail[200, 0])} == {1.0, 2.0}
+    assert np.array_equal(tail[:200], np.full((200, 30), tail[0, 0])) and len(_versions(path)) == 3
 
 
 def test_cli_append_and_update(tmp_path, base, capsys):
