@@ -73,12 +73,12 @@ def test_float64_update_equals_recompute_up_to_summation_order(tmp_path):
 def test_what_cannot_be_updated_is_refused_with_the_recompute(tmp_path):
     a, path = _stored(tmp_path)
     gt = bl.gram(path, tmp_path / "GT.zarr", trans=True)
-    p = bl.matmul(path, np.ones((40, 3)), tmp_path / "P.zarr")
+    p = bl.qr(path, tmp_path / "R.zarr")  # R of a QR: not a sum over rows
     inmem = bl.gram(a, tmp_path / "GM.zarr")
     bl.append(path, np.ones((5, 40)))
     with pytest.raises(ParameterError, match="A A\\^T.*recompute it: blocklin gram A OUT --trans --overwrite"):
         bl.update(gt.path)
-    with pytest.raises(ParameterError, match="a matmul result.*--overwrite"):
+    with pytest.raises(ParameterError, match="a qr result.*--overwrite"):
         bl.update(p.path)
     with pytest.raises(ParameterError, match="records none"):
         bl.update(inmem.path)
@@ -137,3 +137,56 @@ def test_append_and_update_on_s3(s3):
     assert u.report["updated"]["rows_read"] == 130
     _check_gram(u.to_numpy(), np.vstack([a, new]), np.float64)
     assert bl.update(f"{base}/G.zarr", storage_options=opts).report["current"]
+
+
+def _check_product(got, a, b, dtype):
+    """A^T B's product bound (any summation order) plus one rounding of the stored result per update."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    from support.tolerances import assert_product
+
+    assert_product(got, a64.T @ b64, a64.T, b64, dtype=dtype,
+                   extra=eps(dtype) * float(np.linalg.norm(a64) * np.linalg.norm(b64)))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_product_at_b_update(tmp_path, dtype):
+    rng = np.random.default_rng(10)
+    a, b = rng.standard_normal((900, 30)).astype(dtype), rng.standard_normal((900, 7)).astype(dtype)
+    pa, pb = bl.from_array(a, tmp_path / "A.zarr", chunks=(128, 30)), bl.from_array(b, tmp_path / "B.zarr", chunks=(128, 7))
+    c = bl.matmul(pa.path, pb.path, tmp_path / "C.zarr", trans_a=True, alpha=0.5)
+    g = bl.matmul(pa.path, pa.path, tmp_path / "G.zarr", trans_a=True)  # matmul's Gram route
+    a2, b2 = rng.standard_normal((77, 30)).astype(dtype), rng.standard_normal((77, 7)).astype(dtype)
+    bl.append(pa.path, a2)
+    bl.append(pb.path, b2)
+    A, B = np.vstack([a, a2]), np.vstack([b, b2])
+    u = bl.update(c.path)
+    assert u.report["updated"]["rows_read"] == 77 and u.dtype == dtype
+    _check_product(u.to_numpy() * 2.0, A, B, dtype)
+    v = bl.update(g.path)
+    assert v.report["updated"]["rows_read"] == 77
+    _check_gram(v.to_numpy(), A, dtype)
+
+
+def test_products_that_grow_or_add_c_are_refused(tmp_path):
+    a, path = _stored(tmp_path)
+    ab = bl.matmul(path, np.ones((40, 2)), tmp_path / "AB.zarr")
+    atc = bl.matmul(path, path, tmp_path / "ATC.zarr", trans_a=True, c=np.ones((40, 40)), beta=1.0)
+    xxt = bl.matmul(path, path, tmp_path / "XXT.zarr", trans_b=True)
+    bl.append(path, np.ones((5, 40)))
+    for p, what in ((ab.path, "trans_a=False"), (atc.path, "beta=1.0"), (xxt.path, "X X\\^T")):
+        with pytest.raises(ParameterError, match=what):
+            bl.update(p)
+
+
+def test_product_update_on_s3(s3):
+    base, opts = s3
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((400, 12)), rng.standard_normal((400, 3))
+    bl.from_array(a, f"{base}/A.zarr", chunks=(64, 12), storage_options=opts)
+    bl.from_array(b, f"{base}/B.zarr", chunks=(64, 3), storage_options=opts)
+    bl.matmul(f"{base}/A.zarr", f"{base}/B.zarr", f"{base}/C.zarr", trans_a=True, storage_options=opts)
+    a2, b2 = rng.standard_normal((30, 12)), rng.standard_normal((30, 3))
+    bl.append(f"{base}/A.zarr", a2, storage_options=opts)
+    bl.append(f"{base}/B.zarr", b2, storage_options=opts)
+    u = bl.update(f"{base}/C.zarr", storage_options=opts)
+    _check_product(u.to_numpy(), np.vstack([a, a2]), np.vstack([b, b2]), np.float64)

@@ -144,7 +144,9 @@ class Gemm:
                         dtype=self.compute.name, plan=plan, device=job.device, device_memory=job.device_memory(),
                         check_finite=job.check_finite, done_dir=done_dir,
                         blas_threads=job.task_blas_threads(plan.blas_threads), precision=self.math,
-                        out_dtype=self.dtype.name if self.compute != self.dtype else None)
+                        out_dtype=self.dtype.name if self.compute != self.dtype else None,
+                        # rows of a stored operand from a stored row on (appended rows, operands.row_range)
+                        a_off=(getattr(self.A, "first_row", 0), 0), b_off=(getattr(self.B, "first_row", 0), 0))
         for note in self.read_advice(plan):
             job.note_reads(note)
         graph = TileGraph.named("gemm", self.token(plan))

@@ -26,8 +26,35 @@ from blocklin.storage.versions import Growth
 from blocklin.storage.zarr_store import open_zarr
 
 
-def update_gram(job: Job, out: Location, prov: dict, growth: list[Growth], *, resume: bool) -> Any:
-    """Write ``G + A[m0:m1]^T A[m0:m1]`` over ``out`` (atomically, resumable); returns the Matrix."""
+def copied_before_claim(job: Job, out: Location, old: Any) -> Location:
+    """Where the stored result is read from while its update is written: ``out`` itself locally (the
+    update's partial is a sibling, swapped in at the commit), else a scratch copy (an object store's
+    output is removed when the overwriting run starts)."""
+    if out.is_local:
+        return out
+    copy = job.scratch("before-update", old.shape, old.dtype, tuple(old.chunks))
+    if old.shape[0] == old.shape[1] and old.chunks[0] == old.chunks[1]:
+        BlockOps(job, int(old.chunks[0])).copy(out, copy, old.shape[0])
+    else:
+        _copy_rows(old, copy)
+    return copy
+
+
+def _copy_rows(old: Any, dest: Location) -> None:
+    from blocklin.storage.zarr_store import read_block, write_block
+
+    arr = open_zarr(dest, mode="r+")
+    ch = int(old.chunks[0])
+    for r0 in range(0, old.shape[0], ch):
+        r1 = min(old.shape[0], r0 + ch)
+        write_block(arr, slice(r0, r1), slice(0, old.shape[1]), read_block(old, slice(r0, r1), slice(0, old.shape[1])))
+
+
+def update_gram(job: Job, out: Location, prov: dict, growth: list[Growth], *, resume: bool,
+                operation: str = "gram", params: dict | None = None) -> Any:
+    """Write ``G + A[m0:m1]^T A[m0:m1]`` over ``out`` (atomically, resumable); returns the Matrix.
+    ``operation``, ``params``: as the result records them (matmul's ``X^T X`` is a Gram)."""
+    recorded = params
     params = prov.get("params") or {}
     if params.get("trans"):
         raise ParameterError(explain(
@@ -43,10 +70,7 @@ def update_gram(job: Job, out: Location, prov: dict, growth: list[Growth], *, re
     if old.shape != op.shape:
         raise ParameterError(explain("out", f"must be the {op.shape[0]} x {op.shape[1]} Gram of its input",
                                      f"shape {old.shape}", "recompute it with --overwrite"))
-    add = out
-    if not out.is_local:  # an object store's output is removed when the overwriting run starts: copy it first
-        add = job.scratch("gram-before", old.shape, old.dtype, tuple(old.chunks))
-        BlockOps(job, int(old.chunks[0])).copy(out, add, old.shape[0])
+    add = copied_before_claim(job, out, old)
     token = resume_token("gram-update", [new], g.stamp, out.url, plan.to_dict(), op.alpha, op.dtype.name)
     ao = job.claim(out, [a], overwrite=True, resume=resume, token=token, size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
@@ -57,8 +81,9 @@ def update_gram(job: Job, out: Location, prov: dict, growth: list[Growth], *, re
     report["passes"] = job.passes("a")
     report["updated"] = _updated(g)
     history = list(prov.get("updates") or []) + [report["updated"]]
-    return job.finish(ao, out, report, operation="gram", plan=plan.to_dict(), params=params,
-                      keys=REPORT_KEYS + ("updated",), extra={"updates": history})
+    return job.finish(ao, out, report, operation=operation, plan=plan.to_dict(),
+                      params=params if recorded is None else recorded, keys=REPORT_KEYS + ("updated",),
+                      extra={"updates": history})
 
 
 def _updated(g: Growth) -> dict:
@@ -66,4 +91,4 @@ def _updated(g: Growth) -> dict:
             "how": "exact: the new rows' sum added to the stored result"}
 
 
-__all__ = ["update_gram"]
+__all__ = ["copied_before_claim", "update_gram"]

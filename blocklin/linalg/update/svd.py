@@ -231,34 +231,35 @@ def _copied(job: Job, U0: Any) -> Any:
 
 def _write_scores(job: Job, dest: Any, U0: Any, A: Any, m0: int, m1: int, old: tuple, new: tuple,
                   dtype: np.dtype) -> None:
-    """``U`` (``m1 x k``) band by band of its chunk rows: old rows ``U0 T + 1 c^T``, new rows ``P W + b``;
-    each band written whole by this one writer (no two writers share a chunk)."""
+    """``U`` (``m1 x k``) one chunk band at a time, each written whole by this one writer (no two writers
+    share a chunk): old rows ``U0 T + 1 c^T``, new rows ``P W + b``, ``P`` read in sub-blocks that fit
+    the budget beside the band."""
     k = old[0].shape[1]
     n = A.shape[1]
     ch = int(U0.chunks[0])
-    row_bytes = 8 * (n + 3 * k) + A.dtype.itemsize * n
-    budget = job.cfg.memory // 4
-    if ch * row_bytes > budget:
-        raise BudgetError(explain("memory", "must hold one chunk band of the scores and of the new rows while "
-                                  "writing them", format_size(job.cfg.memory), f"pass memory='"
-                                  f"{format_size(4 * ch * row_bytes)}' or more"), minimum=4 * ch * row_bytes)
-    band = max(ch, budget // row_bytes // ch * ch)
+    band_bytes = ch * k * (8 + dtype.itemsize + U0.dtype.itemsize)
+    row_bytes = n * (8 + A.dtype.itemsize)  # a row of P as read and as float64
+    if band_bytes + row_bytes > job.cfg.memory // 2:
+        need = 2 * (band_bytes + row_bytes)
+        raise BudgetError(explain("memory", "must hold one chunk band of the scores U while writing them",
+                                  format_size(job.cfg.memory), f"pass memory='{format_size(need)}' or more"),
+                          minimum=need)
+    sub = max(1, (job.cfg.memory // 2 - band_bytes) // row_bytes)
     U = create_array(dest, shape=(m1, k), dtype=dtype, chunks=(ch, k), codec=job.cfg.codec)
     Ad = open_zarr(A.path)
     prog = make_progress(job.progress)
-    prog.start(math.ceil(m1 / band), "update the scores U")
+    prog.start(math.ceil(m1 / ch), "update the scores U")
     try:
-        for r0 in range(0, m1, band):
-            r1 = min(m1, r0 + band)
+        for r0 in range(0, m1, ch):
+            r1 = min(m1, r0 + ch)
             block = np.empty((r1 - r0, k))
             if r0 < m0:
                 e = min(r1, m0)
                 block[: e - r0] = read_block(U0, slice(r0, e), slice(0, U0.shape[1])).astype(np.float64) @ old[0]
                 block[: e - r0] += old[1]
-            if r1 > m0:
-                s0 = max(r0, m0)
-                rows = read_block(Ad, slice(s0, r1), slice(0, n)).astype(np.float64)
-                block[s0 - r0:] = rows @ new[0] + new[1]
+            for s0 in range(max(r0, m0), r1, sub):
+                s1 = min(r1, s0 + sub)
+                block[s0 - r0:s1 - r0] = read_block(Ad, slice(s0, s1), slice(0, n)).astype(np.float64) @ new[0] + new[1]
             write_block(U, slice(r0, r1), slice(0, k), block.astype(dtype))
             prog.advance(1)
     finally:

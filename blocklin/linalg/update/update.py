@@ -11,6 +11,7 @@ within which bound):
 
 ================  ==============================================================================
 ``gram``           ``A^T A``: the new rows' Gram added to the stored one (:mod:`.gram`)
+``matmul``         ``A^T B`` (``trans_a=True``, no ``c``): the new rows' product added (:mod:`.products`)
 ``svd``, ``pca``   computed with ``updatable=True``: the kept co-moments merged with the new rows',
                    the factors from the updated Gram, the old scores rotated with a computed error
                    bound; recomputed where a triplet or score would miss ``tol`` (:mod:`.svd`)
@@ -19,8 +20,9 @@ within which bound):
                    sequence or rule; recomputed where they are ill-conditioned (:mod:`.solve`)
 ================  ==============================================================================
 
-Others are refused with the command that recomputes them: products, inverses and factorizations of
-square matrices depend on every row; ``eigsh`` results are not updated yet.
+Others are refused with the command that recomputes them: products ``A B`` (the result grows),
+inverses and factorizations of square matrices depend on every row; ``eigsh`` results are not
+updated yet.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any, Unpack
 from blocklin.config import Settings, resolve
 from blocklin.errors import ParameterError, StoreNotFoundError, explain
 from blocklin.linalg.update.gram import update_gram
+from blocklin.linalg.update.products import update_matmul
 from blocklin.linalg.update.solve import update_solve
 from blocklin.linalg.update.svd import Recompute, update_svd
 from blocklin.linalg.update.svd import load as load_svd
@@ -40,7 +43,7 @@ from blocklin.storage.location import as_location
 from blocklin.storage.versions import Growth, growth
 
 #: Operations whose results :func:`update` brings up to date, and their updaters.
-UPDATABLE = {"gram": update_gram, "svd": update_svd, "solve": update_solve}
+UPDATABLE = {"gram": update_gram, "matmul": update_matmul, "svd": update_svd, "solve": update_solve}
 
 
 def _provenance(out: Any, storage_options: dict | None) -> tuple[Any, dict]:
@@ -82,6 +85,9 @@ def _updatable(prov: dict) -> bool:
         return isinstance(params.get("update"), dict)
     if prov["operation"] == "solve":
         return bool(params.get("updatable"))
+    if prov["operation"] == "matmul":
+        return params.get("route") == "gram" and not params.get("trans_b") or \
+            bool(params.get("trans_a")) and not params.get("trans_b") and not params.get("beta")
     return prov["operation"] in UPDATABLE and not params.get("trans")
 
 
