@@ -145,6 +145,14 @@ def _format_sparse(d: dict[str, Any]) -> str:
              f"  in memory    {format_size(d['bytes_in_memory'])} as CSR "
              f"({'fits' if d['fits_budget'] else 'exceeds'} memory={format_size(d['memory_budget'])}); "
              f"{format_size(d['bytes_dense'])} dense"]
+    lines += _history_lines(d)
+    return "\n".join(lines)
+
+
+def _history_lines(d: dict[str, Any]) -> list[str]:
+    """Where a store came from: blocklin's provenance, the versions of a grown matrix, and whether a
+    result is current with its inputs."""
+    lines = []
     prov = d.get("provenance")
     if prov:
         lines.append(f"  provenance   {prov.get('operation')} of {', '.join(prov.get('inputs', [])) or '-'} "
@@ -154,10 +162,9 @@ def _format_sparse(d: dict[str, Any]) -> str:
         rows = " -> ".join(str(v.get("rows")) for v in versions[-6:])
         lines.append(f"  versions     {len(versions)} ({'... -> ' if len(versions) > 6 else ''}{rows} rows; "
                      f"grown by blocklin append)")
-    current = d.get("current")
-    if current:
-        lines.append(f"  current      {_current_line(current)}")
-    return "\n".join(lines)
+    if d.get("current"):
+        lines.append(f"  current      {_current_line(d['current'])}")
+    return lines
 
 
 def _current_line(c: dict[str, Any]) -> str:
@@ -220,18 +227,7 @@ def format_info(d: dict[str, Any]) -> str:
     census = d.get("chunk_files")
     if census:
         lines.append(_chunk_line(census))
-    prov = d.get("provenance")
-    if prov:
-        lines.append(f"  provenance   {prov.get('operation')} of {', '.join(prov.get('inputs', [])) or '-'} "
-                     f"by blocklin {prov.get('version')} at {prov.get('created')}")
-    versions = d.get("versions")
-    if versions:
-        rows = " -> ".join(str(v.get("rows")) for v in versions[-6:])
-        lines.append(f"  versions     {len(versions)} ({'... -> ' if len(versions) > 6 else ''}{rows} rows; "
-                     f"grown by blocklin append)")
-    current = d.get("current")
-    if current:
-        lines.append(f"  current      {_current_line(current)}")
+    lines += _history_lines(d)
     lines.append(f"  estimates with memory={format_size(d['memory_budget'])} (rough rates):")
     for name, e in d["estimates"].items():
         if "error" in e:

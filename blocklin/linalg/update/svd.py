@@ -117,6 +117,43 @@ def _factored_gram(c: np.ndarray, m: int, mean: np.ndarray, center: bool, scale:
     return g, shift, d
 
 
+@dataclasses.dataclass
+class _Factors:
+    """The grown matrix's factors from its co-moments, and the maps that write its scores."""
+
+    s: np.ndarray
+    V: np.ndarray
+    residuals: np.ndarray  # per triplet ||B^T u - s v||, rounding of the Gram included
+    u_errors: np.ndarray  # per triplet, the rotated old rows' error ||E0 w_i|| / s_i
+    old_map: tuple  # (T, c): old rows' scores U0 T + 1 c^T
+    new_map: tuple  # (W, b): a row p's scores p W + b
+    scale: np.ndarray  # D: the column scales (ones when not scaled)
+
+
+def _factors(old: _Stored, m0: int, m1: int, mean: np.ndarray, c: np.ndarray) -> _Factors:
+    """Steps 2 and 3 of the module notes: the top eigenpairs of the updated Gram, their residuals,
+    and what rotating the stored scores would cost in accuracy."""
+    upd = old.params
+    k, center, scale = int(upd["k"]), bool(upd["center"]), bool(upd["scale"])
+    gb, shift, d = _factored_gram(c, m1, mean, center, scale)
+    gb0, shift0, d0 = _factored_gram(old.C, m0, old.mean, center, scale)
+    n = gb.shape[0]
+    lam, V = scipy.linalg.eigh(gb, subset_by_index=(n - k, n - 1))
+    lam, V = lam[::-1], np.ascontiguousarray(V[:, ::-1])
+    sig = np.sqrt(np.maximum(lam, 0.0))
+    V = V * (component_signs(V) if upd.get("signs") else _aligned(V, old.V))
+    rounding = m1 * np.finfo(np.float64).eps * float(np.trace(gb))  # ||dG||_F <= gamma_m ||B||_F^2
+    safe = np.where(sig > 0, sig, 1.0)
+    inv = np.where(sig > 0, 1.0 / safe, 0.0)
+    resid = np.where(sig > 0, (np.linalg.norm(gb @ V - V * lam, axis=0) + rounding) / safe, 0.0)
+    w = V * (d0 / d)[:, None]
+    proj = w - old.V @ (old.V.T @ w)  # (I - P0) w: what U0 cannot express
+    u_err = np.sqrt(np.maximum(np.einsum("ij,ij->j", proj, gb0 @ proj), 0.0)) * inv
+    return _Factors(s=sig, V=V, residuals=resid, u_errors=u_err,
+                    old_map=((old.S[:, None] * (old.V.T @ w)) * inv[None, :], (((shift0 - shift) / d) @ V) * inv),
+                    new_map=((V / d[:, None]) * inv[None, :], -((shift / d) @ V) * inv), scale=d)
+
+
 def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, resume: bool) -> Any:
     """The updated factors written over ``out`` (an :class:`SVDResult`), or :class:`Recompute`."""
     (g,) = growth
@@ -127,70 +164,54 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
         raise ParameterError(explain("out", "must keep the co-moments of the rows it covers", f"{m0} rows kept, "
                                      f"{g.old_rows} covered", "recompute it with updatable=True and --overwrite"))
     A = job.operand(g.url, "a")
-    k, center, scale = int(upd["k"]), bool(upd["center"]), bool(upd["scale"])
     tol = float(upd["tol"]) if upd.get("tol") is not None else default_tol(A.dtype)
     mom, cp = moments_and_gram(job, row_range(A, g.old_rows, g.rows), memory=job.cfg.memory)
     if not np.isfinite(cp).all():
         return Recompute("the new rows' squares leave float64's range")
     m1, mean, c = merge_comoments(m0, old.mean, old.C.copy(), p, mom.mean, cp)
-    gb, shift, d = _factored_gram(c, m1, mean, center, scale)
-    gb0, shift0, d0 = _factored_gram(old.C, m0, old.mean, center, scale)
-    n = gb.shape[0]
-    lam, V = scipy.linalg.eigh(gb, subset_by_index=(n - k, n - 1))
-    lam, V = lam[::-1], np.ascontiguousarray(V[:, ::-1])
-    sig = np.sqrt(np.maximum(lam, 0.0))
-    sign = component_signs(V) if upd.get("signs") else _aligned(V, old.V)
-    V = V * sign
-    rounding = m1 * np.finfo(np.float64).eps * float(np.trace(gb))  # ||dG||_F <= gamma_m ||B||_F^2
-    safe = np.where(sig > 0, sig, 1.0)
-    resid = np.where(sig > 0, (np.linalg.norm(gb @ V - V * lam, axis=0) + rounding) / safe, 0.0)
-    triplets = triplet_report(sig, resid, tol, A.dtype)
-    w = V * (d0 / d)[:, None]
-    proj = w - old.V @ (old.V.T @ w)  # (I - P0) w: what U0 cannot express
-    u_err = np.where(sig > 0, np.sqrt(np.maximum(np.einsum("ij,ij->j", proj, gb0 @ proj), 0.0)) / safe, 0.0)
+    f = _factors(old, m0, m1, mean, c)
+    triplets = triplet_report(f.s, f.residuals, tol, A.dtype)
     bad = [i + 1 for i, ok in enumerate(triplets["converged_triplets"]) if not ok]
     if bad:
         return Recompute(f"triplet(s) {bad[:10]} of the updated Gram miss tol={tol:g}")
-    rotate = old.U is not None and bool((u_err <= tol).all())
+    rotate = old.U is not None and bool((f.u_errors <= tol).all())
     how = "the old scores rotated (Brand 2006)"
     if old.U is not None and not rotate:
-        worst = int(np.argmax(u_err))
+        worst = int(np.argmax(f.u_errors))
         how = (f"the scores written from every row of A (one pass): rotated, the old rows' scores of triplet "
-               f"{worst + 1} would be off by {u_err[worst]:.2e} relative, beyond tol={tol:g}")
-    inv = np.where(sig > 0, 1.0 / safe, 0.0)
-    T = (old.S[:, None] * (old.V.T @ w)) * inv[None, :]  # old rows: U0 T + 1 c^T
-    cvec = (((shift0 - shift) / d) @ V) * inv
-    W = (V / d[:, None]) * inv[None, :]  # new rows: (P - 1 s^T) D^-1 V S^-1 = P W + b
-    b = -((shift / d) @ V) * inv
-    token = resume_token("svd-update", [row_range(A, g.old_rows, g.rows)], g.stamp, out.url, k, tol)
+               f"{worst + 1} would be off by {f.u_errors[worst]:.2e} relative, beyond tol={tol:g}")
     if old.U is not None and not out.is_local:  # an object store's output is removed when the overwriting run starts
         old.U = _copied(job, old.U)
+    token = resume_token("svd-update", [row_range(A, g.old_rows, g.rows)], g.stamp, out.url, int(upd["k"]), tol)
     ao = job.claim(out, [A], overwrite=True, resume=resume, token=token)
     create_group(ao.array_path())
     if old.U is not None:
-        _write_scores(job, ao.array_path("U"), old.U, A, m0 if rotate else 0, m1, (T, cvec), (W, b), old.dtype)
-    small = {"S": sig.astype(old.dtype), "Vt": V.T.astype(old.dtype).copy(), COMOMENTS: c, MEAN: mean}
-    if center:
-        small["mean"] = mean
-    if scale:
-        small["scale"] = d
-    for name, x in small.items():
-        write_array(ao.array_path(name), np.ascontiguousarray(x))
+        _write_scores(job, ao.array_path("U"), old.U, A, m0 if rotate else 0, m1, f.old_map, f.new_map, old.dtype)
+    _write_small(ao, old, f, mean, c)
     updated = {"input": g.url, "rows_before": g.old_rows, "rows": g.rows,
                "rows_read": p if rotate or old.U is None else g.rows,
                "how": f"updated: the new rows' co-moments merged, the updated Gram's top eigenpairs; {how}",
                "scores": None if old.U is None else ("rotated" if rotate else "from every row")}
     report = job.report(method="update", passes=job.passes("a"), **triplets, converged=True, tol=tol,
-                        u_errors=u_err.tolist(), updated=updated, sigma_max=float(sig[0]) if sig.size else 0.0,
-                        center=center, scale=scale)
-    params = {**(prov.get("params") or {}), "update": {**upd, "count": m1}}
-    history = list(prov.get("updates") or []) + [updated]
-    path = ao.commit("svd", plan=prov.get("plan"), params=params,
+                        u_errors=f.u_errors.tolist(), updated=updated, sigma_max=float(f.s[0]) if f.s.size else 0.0,
+                        center=bool(upd["center"]), scale=bool(upd["scale"]))
+    path = ao.commit("svd", plan=prov.get("plan"), params={**(prov.get("params") or {}), "update": {**upd, "count": m1}},
                      report=job.brief(report, GROUP_REPORT_KEYS + ("u_errors", "updated")),
-                     extra={"updates": history})
-    U = Matrix(path / "U", report=report) if old.U is not None else None
-    return SVDResult(U, sig.astype(old.dtype), V.T.astype(old.dtype), report, mean=mean if center else None,
-                     scale=d if scale else None)
+                     extra={"updates": list(prov.get("updates") or []) + [updated]})
+    return SVDResult(Matrix(path / "U", report=report) if old.U is not None else None, f.s.astype(old.dtype),
+                     f.V.T.astype(old.dtype), report, mean=mean if upd["center"] else None,
+                     scale=f.scale if upd["scale"] else None)
+
+
+def _write_small(ao: Any, old: _Stored, f: _Factors, mean: np.ndarray, c: np.ndarray) -> None:
+    """The group's small arrays: ``S``, ``Vt``, the means and scales factored with, the co-moments kept."""
+    small = {"S": f.s.astype(old.dtype), "Vt": f.V.T.astype(old.dtype).copy(), COMOMENTS: c, MEAN: mean}
+    if old.params["center"]:
+        small["mean"] = mean
+    if old.params["scale"]:
+        small["scale"] = f.scale
+    for name, x in small.items():
+        write_array(ao.array_path(name), np.ascontiguousarray(x))
 
 
 def load(out: Location, report: dict) -> SVDResult:
