@@ -12,7 +12,7 @@ import pytest
 
 import blocklin as bl
 from blocklin.errors import ParameterError
-from support.tolerances import assert_gram, eps
+from support.tolerances import assert_gram, assert_singular_values, eps
 
 
 def _stored(tmp_path, m=900, n=40, dtype=np.float64, seed=0, chunks=(128, 40)):
@@ -190,3 +190,31 @@ def test_product_update_on_s3(s3):
     bl.append(f"{base}/B.zarr", b2, storage_options=opts)
     u = bl.update(f"{base}/C.zarr", storage_options=opts)
     _check_product(u.to_numpy(), np.vstack([a, a2]), np.vstack([b, b2]), np.float64)
+
+
+@pytest.mark.slow
+def test_updates_on_a_cluster(tmp_path, client):
+    """Append, then update a Gram, a PCA and a ridge solve with every pass on a LocalCluster's workers."""
+    a, path = _stored(tmp_path)
+    b = a @ np.ones((40, 1))
+    bl.from_array(b, tmp_path / "b.zarr", chunks=(128, 1))
+    g = bl.gram(path, tmp_path / "G.zarr", scheduler=client)
+    p = bl.pca(path, 3, out=tmp_path / "P.zarr", updatable=True, scheduler=client)
+    x = bl.solve(path, tmp_path / "b.zarr", lam=0.1, out=tmp_path / "x.zarr", updatable=True, scheduler=client)
+    new = np.random.default_rng(12).standard_normal((200, 40))
+    bl.append(path, new)
+    bl.append(tmp_path / "b.zarr", new @ np.ones((40, 1)))
+    full = np.vstack([a, new])
+    _check_gram(bl.update(g.path, scheduler=client).to_numpy(), full, np.float64)
+    res = bl.update(tmp_path / "P.zarr", scheduler=client)
+    ref = np.linalg.svd(full - full.mean(axis=0), compute_uv=False)
+    assert res.report["converged"]
+    assert_singular_values(res.s, ref[:3], n=full.shape[0], gram=True, s1=ref[0])
+    u = bl.update(x.path, scheduler=client)
+    assert u.report["updated"]["rows_read"] == 200
+    K = full.T @ full + 0.01 * np.eye(40)
+    ref_x = np.linalg.solve(K, full.T @ (full @ np.ones((40, 1))))
+    # forward error by cond(K): the two solves' backward errors and forming A^T A from m rows (both sides)
+    bound = np.linalg.cond(K) * (8 * 40 * eps(np.float64) * np.linalg.norm(K) + 2 * full.shape[0]
+                                 * eps(np.float64) * np.linalg.norm(full) ** 2) / np.linalg.norm(K, 2)
+    assert np.linalg.norm(u.to_numpy() - ref_x) <= bound * np.linalg.norm(ref_x)
