@@ -36,6 +36,7 @@ recommendations", The American Statistician 37(3), 1983 (the merge of co-moments
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 from typing import Any
@@ -250,6 +251,10 @@ def _copied(job: Job, U0: Any) -> Any:
     return open_zarr(dest)
 
 
+#: Fewest rows of a band of the new scores (chunks much shorter only add files).
+_MIN_BAND = 4096
+
+
 def _write_scores(job: Job, dest: Any, U0: Any, A: Any, m0: int, m1: int, old: tuple, new: tuple,
                   dtype: np.dtype) -> None:
     """``U`` (``m1 x k``) one chunk band at a time, each written whole by this one writer (no two writers
@@ -257,8 +262,11 @@ def _write_scores(job: Job, dest: Any, U0: Any, A: Any, m0: int, m1: int, old: t
     the budget beside the band."""
     k = old[0].shape[1]
     n = A.shape[1]
-    ch = int(U0.chunks[0])
-    band_bytes = ch * k * (8 + dtype.itemsize + U0.dtype.itemsize)
+    per_row = k * (2 * dtype.itemsize + U0.dtype.itemsize)  # two bands: one written, one made
+    # the new U's chunks: the old ones, or bands of a sixteenth of the budget if smaller (several
+    # bands let a band be written while the next is made)
+    ch = max(1, min(int(U0.chunks[0]), max(_MIN_BAND, job.cfg.memory // 16 // per_row)))
+    band_bytes = ch * per_row
     row_bytes = n * (8 + A.dtype.itemsize)  # a row of P as read and as float64
     if band_bytes + row_bytes > job.cfg.memory // 2:
         need = 2 * (band_bytes + row_bytes)
@@ -271,18 +279,28 @@ def _write_scores(job: Job, dest: Any, U0: Any, A: Any, m0: int, m1: int, old: t
     prog = make_progress(job.progress)
     prog.start(math.ceil(m1 / ch), "update the scores U")
     try:
-        for r0 in range(0, m1, ch):
-            r1 = min(m1, r0 + ch)
-            block = np.empty((r1 - r0, k))
-            if r0 < m0:
-                e = min(r1, m0)
-                block[: e - r0] = read_block(U0, slice(r0, e), slice(0, U0.shape[1])).astype(np.float64) @ old[0]
-                block[: e - r0] += old[1]
-            for s0 in range(max(r0, m0), r1, sub):
-                s1 = min(r1, s0 + sub)
-                block[s0 - r0:s1 - r0] = read_block(Ad, slice(s0, s1), slice(0, n)).astype(np.float64) @ new[0] + new[1]
-            write_block(U, slice(r0, r1), slice(0, k), block.astype(dtype))
-            prog.advance(1)
+        # the old rows' rotation in the scores' own dtype (stored in it anyway: a float32 product adds
+        # k eps_32 relative, below their rounding); the new rows' scores in float64
+        T, c = (np.ascontiguousarray(x, dtype=dtype) for x in old)
+        with concurrent.futures.ThreadPoolExecutor(1) as writer:  # a band is written while the next is made
+            pending = None
+            for r0 in range(0, m1, ch):
+                r1 = min(m1, r0 + ch)
+                block = np.empty((r1 - r0, k), dtype=dtype)
+                if r0 < m0:
+                    e = min(r1, m0)
+                    np.matmul(read_block(U0, slice(r0, e), slice(0, U0.shape[1])), T, out=block[: e - r0])
+                    block[: e - r0] += c
+                for s0 in range(max(r0, m0), r1, sub):
+                    s1 = min(r1, s0 + sub)
+                    block[s0 - r0:s1 - r0] = read_block(Ad, slice(s0, s1), slice(0, n)).astype(np.float64) @ new[0] \
+                        + new[1]
+                if pending is not None:
+                    pending.result()
+                pending = writer.submit(write_block, U, slice(r0, r1), slice(0, k), block)
+                prog.advance(1)
+            if pending is not None:
+                pending.result()
     finally:
         prog.close()
     job.stats["bytes_written"] += m1 * k * dtype.itemsize
