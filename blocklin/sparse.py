@@ -233,6 +233,22 @@ class SparseOperator(_operator_base()):
                               rmatvec=self._matvec, matmat=self._rmatmat, rmatmat=self._matmat)
 
 
+def as_sparse_matrix(a: Any, storage_options: dict | None = None) -> Any:
+    """``a`` as a :class:`SparseMatrix` when it names a stored sparse matrix (a path, URL or Location of
+    a committed ``blocklin-csr`` group: one small read of its ``zarr.json``); a :class:`SparseMatrix`
+    and anything else unchanged."""
+    from blocklin.storage.location import Location
+    from blocklin.storage.sparse import sparse_attributes
+
+    if not isinstance(a, (str, os.PathLike, Location)):
+        return a
+    try:
+        loc = as_location(a, storage_options)
+    except Exception:  # noqa: BLE001 - not a storage name: the dense route says what is wrong with it
+        return a
+    return SparseMatrix(loc) if sparse_attributes(loc) is not None else a
+
+
 def as_sparse_operator(a: Any) -> Any:
     """``a`` as a :class:`SparseOperator` when it is a :class:`SparseMatrix` or names a stored sparse
     matrix (a local ``blocklin-csr`` group); anything else unchanged."""
@@ -246,4 +262,4 @@ def as_sparse_operator(a: Any) -> Any:
     return a
 
 
-__all__ = ["SparseMatrix", "SparseOperator", "as_sparse_operator"]
+__all__ = ["SparseMatrix", "SparseOperator", "as_sparse_matrix", "as_sparse_operator"]

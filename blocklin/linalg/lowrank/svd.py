@@ -39,6 +39,7 @@ from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, gram_route_fits
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
+from blocklin.sparse import as_sparse_matrix
 from blocklin.storage import create_group, remove
 from blocklin.storage.zarr_store import open_zarr
 from blocklin.validate import (check_k, choice, count, flag, float_operand, positive, resolve_seed, seed_arg,
@@ -375,6 +376,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
     seed = seed_arg(seed)  # a generator draws its integer once, before the token names it
     updatable = flag("updatable", updatable)
     requested = method
+    a = as_sparse_matrix(a, settings.get("storage_options"))  # a stored sparse group: its row-block operator
     if is_operator(a):
         return _returned(_of_operator(a, k, method=method, oversample=oversample, power_iters=power_iters,
                                       n_iter=n_iter, tol=tol, seed=seed, out=out, max_passes=max_passes,
