@@ -277,6 +277,11 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
     >>> bl.matmul("C.zarr", "C.zarr", trans_b=True, memory="64MiB", explain=True).route  # C C^T: gram
     'pass'
     """
+    sparse = _sparse_route(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
+                           precision=precision, overwrite=overwrite, resume=resume, explain=explain,
+                           out_chunks=out_chunks, settings=settings)
+    if sparse is not None:
+        return sparse
     if explain:  # the plan alone: matmul_plan
         return matmul_plan(a, b, out, c=c, alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype,
                            precision=precision, out_chunks=out_chunks, **settings)
@@ -296,6 +301,28 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
                             phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
         return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=op.params(),
                           keys=REPORT_KEYS)
+
+
+def _sparse_route(a: Any, b: Any, out: Any, *, c: Any, alpha: float, beta: float, trans_a: bool, trans_b: bool,
+                  dtype: Any, precision: Any, overwrite: bool, resume: bool, explain: bool, out_chunks: Any,
+                  settings: dict) -> Any:
+    """``S B`` or ``S^T B`` of a stored sparse ``a`` (:mod:`blocklin.linalg.products.sparse_gemm`); None
+    when ``a`` is dense. A sparse ``b`` is refused with the transposed product that computes it."""
+    from blocklin.linalg.products.sparse_gemm import refuse_options, sparse_matmul, sparse_operand
+
+    so = settings.get("storage_options")
+    s = sparse_operand(a, "a", so)
+    if s is None:
+        if sparse_operand(b, "b", so) is not None:
+            raise ParameterError(_msg(
+                "b", "a sparse matrix is taken as the left operand only (S B and S^T B stream its rows)",
+                "a dense a and a stored sparse b",
+                "compute (S^T A^T)^T: blocklin.matmul(S, A^T, trans_a=True) with A^T stored, then transpose it"))
+        return None
+    refuse_options(c=c is not None, beta=beta != 0.0, alpha=alpha != 1.0, trans_b=bool(trans_b),
+                   precision=precision not in (None, "default"), explain=bool(explain), out_chunks=out_chunks is not None)
+    return sparse_matmul(s, b, out, trans_a=bool(trans_a), dtype=dtype, overwrite=overwrite, resume=resume,
+                         settings=settings)
 
 
 def _is_gram(op: Gemm) -> bool:

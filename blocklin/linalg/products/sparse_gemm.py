@@ -1,0 +1,496 @@
+"""Products of a stored sparse matrix with a dense one, out of core: ``S B``, ``S^T B`` and ``S^T S``.
+
+``S`` is a ``blocklin-csr`` group (:mod:`blocklin.storage.sparse`, ``docs/sparse.md``): CSR row
+blocks whose rows are contiguous ranges of its ``indices`` and ``data`` arrays. Every task reads
+``S`` in pieces of at most ``plan.entries`` stored entries (a piece may cut a row: both products are
+sums over the entries, so a row's entries may be split between pieces), the rows of ``B`` it needs
+and its output tile, and writes whole output chunks:
+
+* ``S B`` (``m x p``): one task per output tile (``rows`` rows of ``S`` x ``cols`` columns of
+  ``B``), ``B`` read in panels of ``inner`` rows; each tile sums its panels in order.
+* ``S^T B`` (``n x p``): one task per output tile (``inner`` columns of ``S`` x ``cols`` columns of
+  ``B``), streaming every row strip of ``S`` (``rows`` rows) with the same rows of ``B``, summed
+  in row order.
+* ``S^T S`` (``n x n``, :func:`sparse_gram`): one task, one pass over the rows in strips of whole
+  rows, ``S_b^T S_b`` accumulated in float64.
+
+Sums run in float64 and are stored in the result dtype. The plan depends on the shapes and the
+budget only, so the result is the same, bit for bit, on every scheduler and worker count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from blocklin.config import format_size
+from blocklin.errors import BudgetError, ParameterError, ShapeError, explain
+from blocklin.runtime.graph import TileGraph
+from blocklin.runtime.job import Job
+from blocklin.runtime.tiles import open_array, with_task_settings
+from blocklin.sparse import SparseMatrix
+from blocklin.storage.atomic import is_done, mark_done, open_or_create_array
+from blocklin.storage.identity import resume_token
+from blocklin.storage.location import Location
+from blocklin.storage.sparse import SparseStore
+from blocklin.storage.zarr_store import read_block, write_block
+from blocklin.validate import result_dtype
+
+#: Entries of ``S`` one task reads at once, at most and fewest (the plan halves from the most).
+MAX_ENTRIES = 1 << 18
+MIN_ENTRIES = 256
+#: Rows of ``S`` (and of the output for ``S B``) per strip at most.
+MAX_ROWS = 4096
+#: Copies of one chunk of a 1-D array of ``S`` zarr may hold while it reads a range.
+_CHUNK_COPIES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseOperand:
+    """A stored sparse matrix as an operation's operand (what names it in a resume identity)."""
+
+    name: str
+    path: Location
+    shape: tuple[int, int]
+    dtype: np.dtype
+    chunks: tuple[int, int]
+    nnz: int
+    index_dtype: np.dtype
+    entry_chunk: int
+    row_chunk: int
+    staged: bool = False
+
+    @classmethod
+    def of(cls, s: SparseMatrix, name: str = "a") -> SparseOperand:
+        st = s._store
+        return cls(name=name, path=s.location, shape=tuple(s.shape), dtype=np.dtype(s.dtype),
+                   chunks=(max(1, int(np.diff(st.row_blocks).max(initial=1))), s.shape[1]), nnz=int(s.nnz),
+                   index_dtype=np.dtype(s.index_dtype), entry_chunk=int(st.indices.chunks[0]),
+                   row_chunk=int(st.indptr.chunks[0]))
+
+
+@dataclasses.dataclass(frozen=True)
+class SparsePlan:
+    """Tiles of a sparse product and what one task holds.
+
+    ``rows``: rows of ``S`` per strip (``S B``: the output tile's rows); ``cols``: columns of ``B``
+    (and of the output) per tile; ``inner``: ``S B``: rows of ``B`` per panel, ``S^T B``: columns
+    of ``S`` (output rows) per tile, ``S^T S``: ``n``; ``entries``: entries of ``S`` read at once.
+    """
+
+    op: str  # "SB", "STB" or "STS"
+    m: int
+    n: int
+    p: int
+    rows: int
+    cols: int
+    inner: int
+    entries: int
+    task_memory: int
+    memory: int
+    nnz: int
+    flops: int
+
+    @property
+    def out_shape(self) -> tuple[int, int]:
+        return (self.m, self.p) if self.op == "SB" else (self.n, self.p)
+
+    @property
+    def out_chunks(self) -> tuple[int, int]:
+        if self.op == "SB":
+            return (max(1, self.rows), max(1, self.cols))
+        return (max(1, self.inner), max(1, self.cols))
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        r, c = self.out_chunks
+        return math.ceil(self.out_shape[0] / r), math.ceil(self.out_shape[1] / c)
+
+    @property
+    def n_tasks(self) -> int:
+        return 1 if self.op == "STS" else self.grid[0] * self.grid[1]
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.update(out_chunks=list(self.out_chunks), grid=list(self.grid), n_tasks=self.n_tasks)
+        return d
+
+
+def _task_memory(op: str, rows: int, cols: int, inner: int, entries: int, s: SparseOperand, b_item: int,
+                 b_chunk_bytes: int, out_item: int) -> int:
+    """Bytes one task holds (every buffer named):
+
+    * ``S``'s piece: values and indices as read, a cast copy and a column slice (3 copies), the
+      strip's row offsets as read, clipped and as SciPy's index dtype (3 copies), and zarr's
+      temporaries of one chunk of each 1-D array (:data:`_CHUNK_COPIES`);
+    * ``S B``: ``B``'s panel (``inner x cols``, read and cast) and one chunk of ``B`` zarr may decode,
+      the float64 sum and the piece's product (``rows x cols``), the output tile and its write copy;
+    * ``S^T B``: ``B``'s strip (``rows x cols``, read and cast) and one chunk of it, the float64 sum
+      and the product (``inner x cols``), the output tile and its write copy;
+    * ``S^T S``: the strip dense (``rows x n`` float64), the float64 sum and the product (``n x n``),
+      the output and its write copy.
+    """
+    per_entry = s.dtype.itemsize + s.index_dtype.itemsize + 2 * (8 + s.index_dtype.itemsize)
+    fixed = entries * per_entry + 3 * (rows + 1) * 8
+    fixed += _CHUNK_COPIES * (s.entry_chunk * (s.dtype.itemsize + s.index_dtype.itemsize) + s.row_chunk * 8)
+    if op == "SB":
+        return fixed + inner * cols * (b_item + 8) + b_chunk_bytes + rows * cols * (16 + 2 * out_item)
+    if op == "STB":
+        return fixed + rows * cols * (b_item + 8) + b_chunk_bytes + inner * cols * (16 + 2 * out_item)
+    n = inner
+    return fixed + rows * n * 8 + n * n * (16 + 2 * out_item)
+
+
+def plan_sparse(op: str, s: SparseOperand, p: int, *, memory: int, b_item: int = 8, b_chunks: tuple = (1, 1),
+                out_item: int = 8) -> SparsePlan:
+    """The tiles of ``op`` (``"SB"``, ``"STB"``, ``"STS"``) that fit ``memory`` (the budget alone:
+    no worker count, so the bits are the scheduler's own). Halves the largest term first: the
+    panel or strip of ``B``, the output tile, the piece of ``S``; refuses with the minimum."""
+    m, n = s.shape
+    b_chunk_bytes = int(np.prod(b_chunks)) * b_item
+    if op == "STS":
+        p = n
+    rows = max(1, min(m, MAX_ROWS))
+    cols = max(1, p) if op != "STS" else n
+    inner = max(1, n)
+    entries = max(1, min(MAX_ENTRIES, max(s.nnz, MIN_ENTRIES)))
+
+    def mem(r: int, c: int, i: int, e: int) -> int:
+        return _task_memory(op, r, c, i, e, s, b_item, b_chunk_bytes, out_item)
+
+    minimum = mem(1, 1 if op != "STS" else n, 1 if op != "STS" else n, min(entries, MIN_ENTRIES))
+    if minimum > memory:
+        what = {"SB": "S B", "STB": "S^T B", "STS": "S^T S"}[op]
+        why = ("the n x n Gram matrix and its float64 sum are held whole" if op == "STS" else
+               "a task holds one piece of S (at least 256 entries), the chunks zarr reads of S's arrays, one "
+               "row of B and of the output")
+        raise BudgetError(explain("memory", f"must hold one task of the sparse product {what} ({why})",
+                                  f"{format_size(memory)} for S {m} x {n} ({s.nnz} entries, entry chunks of "
+                                  f"{s.entry_chunk}), p = {p}",
+                                  f"pass memory='{format_size(_round_up(minimum))}' or more"), minimum=minimum)
+    best = None
+    for r in _halvings(rows):
+        for c in (_halvings(cols) if op != "STS" else [n]):
+            for i in (_halvings(inner) if op != "STS" else [n]):
+                for e in _halvings(entries, MIN_ENTRIES):
+                    if mem(r, c, i, e) <= memory:
+                        cost = _cost(op, m, n, p, r, c, i, e, s, b_item)
+                        if best is None or cost < best[0]:
+                            best = (cost, r, c, i, e)
+                        break  # fewer entries only cost more pieces
+    _, rows, cols, inner, entries = best
+    flops = 2 * s.nnz * (p if op != "STS" else 1)
+    if op == "STS":  # each row's entries pair with each other: sum of nnz_r^2 (at most nnz * max row)
+        flops = 2 * s.nnz * n
+    return SparsePlan(op=op, m=m, n=n, p=p, rows=rows, cols=cols, inner=inner, entries=entries,
+                      task_memory=mem(rows, cols, inner, entries), memory=memory, nnz=s.nnz, flops=flops)
+
+
+#: What one task and one read of a piece or panel cost, in bytes read at about 1 GB/s (scheduling
+#: and Python overhead measured at about a millisecond a task, a tenth of that a loop step).
+TASK_COST = 1 << 20
+STEP_COST = 100 << 10
+
+
+def _halvings(top: int, bottom: int = 1) -> list[int]:
+    """``top``, then halvings (rounded up) down to ``bottom``."""
+    out, v = [max(1, top)], max(1, top)
+    while v > bottom:
+        v = max(bottom, (v + 1) // 2)
+        out.append(v)
+        if v == bottom:
+            break
+    return out
+
+
+def _cost(op: str, m: int, n: int, p: int, rows: int, cols: int, inner: int, entries: int, s: SparseOperand,
+          b_item: int) -> float:
+    """Bytes read plus the tasks' and loop steps' overhead of a tiling (what the plan minimizes)."""
+    s_bytes = s.nnz * (s.dtype.itemsize + s.index_dtype.itemsize) + (m + 1) * 8
+    pieces = max(1, math.ceil(s.nnz / entries))
+    if op == "SB":
+        tasks = math.ceil(m / rows) * math.ceil(p / cols)
+        panels = math.ceil(n / inner)
+        reads = s_bytes * math.ceil(p / cols) * panels + n * p * b_item * math.ceil(m / rows)
+        steps = tasks * panels + pieces * panels * math.ceil(p / cols)
+    elif op == "STB":
+        tasks = math.ceil(n / inner) * math.ceil(p / cols)
+        strips = math.ceil(m / rows)
+        reads = s_bytes * tasks + m * p * b_item * math.ceil(n / inner)
+        steps = tasks * (strips + pieces)
+    else:
+        tasks, reads, steps = 1, s_bytes, math.ceil(m / rows) + pieces
+    return reads + tasks * TASK_COST + steps * STEP_COST
+
+
+def _round_up(nbytes: int) -> int:
+    """A budget figure above ``nbytes``: the next multiple of 64 KiB, with an eighth to spare."""
+    step = 64 << 10
+    return -(-(nbytes * 9 // 8) // step) * step
+
+
+# -- tasks ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseSpec:
+    """What a sparse product's task reads and writes (locations, never arrays)."""
+
+    s: Location
+    b: Location | None
+    out: Location
+    plan: SparsePlan
+    dtype: str
+    b_first_row: int = 0
+    done_dir: Location | None = None
+    blas_threads: int | None = None
+    check_finite: bool = True
+
+
+class _Pieces:
+    """Rows ``r0:r1`` of a stored ``S``, read in pieces of at most ``entries`` entries as CSR matrices
+    of shape ``(r1 - r0, n)`` (each holding a contiguous range of the rows' entries)."""
+
+    def __init__(self, store: SparseStore, dtype: np.dtype) -> None:
+        self.store, self.dtype, self.bytes = store, dtype, 0
+
+    def __call__(self, r0: int, r1: int, entries: int, *, whole_rows: bool = False) -> Any:
+        import scipy.sparse
+
+        st = self.store
+        ptr = np.asarray(st.indptr[r0:r1 + 1], np.int64)
+        self.bytes += ptr.nbytes
+        p0, p1 = int(ptr[0]), int(ptr[-1])
+        shape = (r1 - r0, st.shape[1])
+        starts = _piece_starts(ptr, entries) if whole_rows else list(range(p0, p1, max(1, entries)))
+        for k, a in enumerate(starts):
+            b = starts[k + 1] if k + 1 < len(starts) else p1
+            idx = np.asarray(st.indices[a:b])
+            val = np.asarray(st.data[a:b])
+            self.bytes += idx.nbytes + val.nbytes
+            local = np.clip(ptr, a, b) - a
+            piece = scipy.sparse.csr_matrix((val.astype(self.dtype, copy=False), idx, local), shape=shape)
+            piece.has_sorted_indices = True
+            yield piece
+
+
+def _piece_starts(ptr: np.ndarray, entries: int) -> list[int]:
+    """Entry offsets where pieces of whole rows start (a row longer than ``entries`` is a piece alone)."""
+    starts, p0 = [], int(ptr[0])
+    end = int(ptr[-1])
+    a = p0
+    while a < end:
+        starts.append(a)
+        # the last row boundary at or before a + entries, past a
+        j = int(np.searchsorted(ptr, a + entries, side="right")) - 1
+        nxt = int(ptr[j])
+        if nxt <= a:  # one row holds more than entries: it alone
+            nxt = int(ptr[np.searchsorted(ptr, a, side="right")])
+        a = nxt
+    return starts
+
+
+def _check_finite(block: np.ndarray, what: str) -> None:
+    if not np.isfinite(block).all():
+        from blocklin.errors import NonFiniteError
+
+        raise NonFiniteError(explain(what, "must hold finite values (NaN/Inf found)", "a NaN or Inf in the block "
+                                     "read", "remove or replace them, or pass check_finite=False"))
+
+
+@with_task_settings
+def sparse_tile(spec: SparseSpec, i: int, j: int) -> dict:
+    """One output tile of ``S B`` or ``S^T B`` (see the module docstring)."""
+    unit = f"{i}.{j}"
+    if is_done(spec.done_dir, unit):
+        return {"skipped": 1}
+    plan, dt = spec.plan, np.dtype(spec.dtype)
+    store = SparseStore(spec.s)
+    pieces = _Pieces(store, dt)
+    barr = open_array(spec.b)
+    r_out, c_out = plan.out_chunks
+    o0, o1 = i * r_out, min(plan.out_shape[0], (i + 1) * r_out)
+    c0, c1 = j * plan.cols, min(plan.p, (j + 1) * plan.cols)
+    acc = np.zeros((o1 - o0, c1 - c0), np.float64)
+    b_bytes = 0
+    if plan.op == "SB":  # rows o0:o1 of S times B[:, c0:c1], B in panels of plan.inner rows
+        for k0 in range(0, plan.n, plan.inner):
+            k1 = min(plan.n, k0 + plan.inner)
+            bp = read_block(barr, slice(spec.b_first_row + k0, spec.b_first_row + k1), slice(c0, c1)).astype(dt)
+            b_bytes += bp.nbytes
+            if spec.check_finite:
+                _check_finite(bp, "b")
+            for piece in pieces(o0, o1, plan.entries):
+                part = piece if (k0, k1) == (0, plan.n) else piece[:, k0:k1]
+                acc += part @ bp
+    else:  # S^T B: columns o0:o1 of S against every row strip of S and B, in row order
+        for r0 in range(0, plan.m, plan.rows):
+            r1 = min(plan.m, r0 + plan.rows)
+            bs = read_block(barr, slice(spec.b_first_row + r0, spec.b_first_row + r1), slice(c0, c1)).astype(dt)
+            b_bytes += bs.nbytes
+            if spec.check_finite:
+                _check_finite(bs, "b")
+            for piece in pieces(r0, r1, plan.entries):
+                part = piece if (o0, o1) == (0, plan.n) else piece[:, o0:o1]
+                acc += part.T @ bs
+    out = open_array(spec.out, mode="r+")
+    write_block(out, slice(o0, o1), slice(c0, c1), acc.astype(out.dtype))
+    if spec.done_dir is not None:
+        mark_done(spec.done_dir, unit)
+    return {"flops": 0, "bytes_read": pieces.bytes + b_bytes, "bytes_physical": pieces.bytes,
+            "bytes_written": acc.size * out.dtype.itemsize}
+
+
+
+@with_task_settings
+def sparse_gram_task(spec: SparseSpec) -> dict:
+    """``S^T S`` in one pass: strips of whole rows, each ``S_b^T S_b`` (against the strip dense)
+    added to a float64 sum in row order; the output written in row bands of its chunks."""
+    if is_done(spec.done_dir, "gram"):
+        return {"skipped": 1}
+    plan, dt = spec.plan, np.dtype(spec.dtype)
+    store = SparseStore(spec.s)
+    pieces = _Pieces(store, np.dtype(np.float64))
+    n = plan.n
+    acc = np.zeros((n, n), np.float64)
+    for r0 in range(0, plan.m, plan.rows):
+        r1 = min(plan.m, r0 + plan.rows)
+        for piece in pieces(r0, r1, plan.entries, whole_rows=True):
+            acc += piece.T @ piece.toarray()
+    out = open_array(spec.out, mode="r+")
+    band = max(1, out.chunks[0])
+    for a in range(0, n, band):
+        write_block(out, slice(a, min(n, a + band)), slice(0, n), acc[a:a + band].astype(dt))
+    if spec.done_dir is not None:
+        mark_done(spec.done_dir, "gram")
+    return {"flops": 0, "bytes_read": pieces.bytes, "bytes_physical": pieces.bytes,
+            "bytes_written": n * n * dt.itemsize}
+
+
+
+# -- drivers -------------------------------------------------------------------------------------------
+
+
+def sparse_operand(a: Any, name: str = "a", storage_options: dict | None = None) -> SparseOperand | None:
+    """``a`` as a :class:`SparseOperand` when it is a :class:`~blocklin.sparse.SparseMatrix` or names a
+    stored sparse matrix, else None."""
+    from blocklin.sparse import as_sparse_matrix
+
+    s = as_sparse_matrix(a, storage_options)
+    return SparseOperand.of(s, name) if isinstance(s, SparseMatrix) else None
+
+
+#: Report entries recorded in the output's attributes.
+REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_written", "peak_memory", "device", "scheduler",
+               "tasks", "nnz")
+
+
+def refuse_options(**given: Any) -> None:
+    asked = [name for name, on in given.items() if on]
+    if asked:
+        raise ParameterError(explain(
+            "a", "a stored sparse matrix takes matmul(S, B, out, trans_a=..., dtype=...) only (S B or S^T B)",
+            f"a sparse matrix with {', '.join(asked)}",
+            "drop those options, or convert S to a dense array (blocklin convert S.mtx D.zarr --dense) for them"))
+
+
+def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = False, dtype: Any = None,
+                  overwrite: bool = False, resume: bool = False, settings: dict) -> Any:
+    """``S B`` or ``S^T B`` (``trans_a``) of a stored sparse ``S`` and a dense ``B``, written to ``out``.
+
+    Parameters
+    ----------
+    s : SparseOperand
+        The stored sparse matrix (``m x n``).
+    b : path, zarr array, Matrix, NumPy or Dask array
+        ``n x p`` (``S B``) or ``m x p`` (``S^T B``), dense.
+    out : path, optional
+        The dense result, ``m x p`` or ``n x p`` (a new store under the temp dir when omitted).
+    trans_a : bool
+        ``S^T B``: each output tile sums the row strips of ``S`` in row order.
+    dtype : {None, "float32", "float64"}
+        Result dtype (default: the operands' common dtype; mixed dtypes are refused).
+
+    Returns
+    -------
+    Matrix
+        With ``.report``: ``seconds``, ``bytes_read``, ``nnz``, ``flops`` (``2 nnz p``), ``plan``.
+
+    Notes
+    -----
+    Sparse times dense by rows of CSR (Gustavson, "Two fast algorithms for sparse matrices:
+    multiplication and permuted transposition", ACM TOMS 4(3), 1978), blocked for the budget: a task
+    holds one piece of ``S`` (``plan.entries`` entries), one panel or strip of ``B`` and its output
+    tile; ``S`` is read ``ceil(p / cols)`` times (times the panels of ``B``), ``B`` ``ceil(m / rows)``
+    times for ``S B`` and ``ceil(n / inner)`` for ``S^T B``.
+    """
+    with Job("matmul", **settings) as job:
+        B = job.operand(b, "b")
+        m, n = s.shape
+        want = m if trans_a else n
+        if len(B.shape) != 2 or B.shape[0] != want:
+            raise ShapeError(explain(
+                "b", f"rows of b must equal the {'rows' if trans_a else 'columns'} of the sparse a "
+                f"({'S^T B' if trans_a else 'S B'}; no broadcasting)",
+                f"a {m} x {n} (sparse){' transposed' if trans_a else ''} and b {' x '.join(map(str, B.shape))}",
+                f"pass b with {want} rows{'' if trans_a else ', or trans_a=True for S^T B'}"))
+        dt = result_dtype([s, B], dtype, allowed=(np.dtype(np.float32), np.dtype(np.float64)), operation="matmul")
+        p = int(B.shape[1])
+        op = "STB" if trans_a else "SB"
+        plan = plan_sparse(op, s, p, memory=job.cfg.memory, b_item=B.dtype.itemsize, b_chunks=tuple(B.chunks),
+                           out_item=dt.itemsize)
+        params = {"trans_a": bool(trans_a), "dtype": dt.name, "route": "sparse"}
+        token = resume_token("matmul-sparse", [s, B], params, plan.to_dict())
+        ao = job.output(out, inputs=[s.path] + ([] if B.staged else [B.path]), overwrite=overwrite, resume=resume,
+                        token=token, size=(plan.out_shape, dt))
+        open_or_create_array(ao, shape=plan.out_shape, dtype=dt, chunks=plan.out_chunks, codec=job.cfg.codec)
+        spec = SparseSpec(s=s.path, b=B.path, out=ao.array_path(), plan=plan, dtype=dt.name,
+                          b_first_row=int(getattr(B, "first_row", 0)), done_dir=ao.done,
+                          blas_threads=job.task_blas_threads(1), check_finite=job.check_finite)
+        graph = TileGraph.named("matmul-sparse", token)
+        gi, gj = plan.grid
+        for i in range(gi):
+            for j in range(gj):
+                graph.add((i, j), sparse_tile, spec, i, j)
+        workers = max(1, min(job.workers(job.cores()), job.cfg.memory // max(1, plan.task_memory), plan.n_tasks))
+        job.run(graph, workers=workers, description=f"sparse {'S^T B' if trans_a else 'S B'} tiles",
+                count_pass="a")
+        report = job.report(flops=plan.flops, nnz=s.nnz, plan=plan.to_dict(), output=str(ao.path),
+                            route="sparse", workers=workers,
+                            phases={"sparse tiles (CSR pieces times B)": "cpu", "reads and writes": "cpu"})
+        return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
+
+
+def sparse_gram(s: SparseOperand, out: Any = None, *, dtype: Any = None, overwrite: bool = False,
+                resume: bool = False, settings: dict) -> Any:
+    """``S^T S`` (``n x n`` dense) of a stored sparse ``S`` in one pass over its rows, when the Gram
+    matrix fits the budget (refused with the minimum otherwise).
+
+    The rows are read in strips of whole rows (at most ``plan.entries`` entries, a longer row alone);
+    each strip's ``S_b^T S_b`` is added to a float64 sum in row order, then stored in the result
+    dtype. Memory: the ``n x n`` sum and one product (``16 n^2`` bytes), a strip dense
+    (``8 rows n``), the output's write copies.
+    """
+    with Job("gram", **settings) as job:
+        m, n = s.shape
+        dt = result_dtype([s], dtype, allowed=(np.dtype(np.float32), np.dtype(np.float64)), operation="gram")
+        plan = plan_sparse("STS", s, n, memory=job.cfg.memory, out_item=dt.itemsize)
+        params = {"trans": False, "dtype": dt.name, "route": "sparse"}
+        token = resume_token("gram-sparse", [s], params, plan.to_dict())
+        ao = job.output(out, inputs=[s.path], overwrite=overwrite, resume=resume, token=token, size=((n, n), dt))
+        band = max(1, min(n, (1 << 20) // max(1, n * dt.itemsize) or 1))
+        open_or_create_array(ao, shape=(n, n), dtype=dt, chunks=(band, max(1, n)), codec=job.cfg.codec)
+        spec = SparseSpec(s=s.path, b=None, out=ao.array_path(), plan=plan, dtype=dt.name, done_dir=ao.done,
+                          blas_threads=job.task_blas_threads(1), check_finite=job.check_finite)
+        graph = TileGraph.named("gram-sparse", token)
+        graph.add((0,), sparse_gram_task, spec)
+        job.run(graph, workers=1, description="sparse S^T S", count_pass="a")
+        report = job.report(flops=plan.flops, nnz=s.nnz, plan=plan.to_dict(), output=str(ao.path), route="sparse",
+                            passes=job.passes("a"))
+        return job.finish(ao, out, report, operation="gram", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
+
+
+__all__ = ["SparseOperand", "SparsePlan", "plan_sparse", "sparse_gram", "sparse_matmul", "sparse_operand"]

@@ -1,0 +1,124 @@
+"""Products of a stored sparse matrix (``blocklin-csr``) with dense ones: ``S B``, ``S^T B`` (matmul)
+and ``S^T S`` (gram), against SciPy's in-memory products.
+
+Bounds from :mod:`support.tolerances`: a product's error is at most ``c k eps |A| |B|`` with ``k``
+the entries summed per output element; for ``S B`` that is at most the most entries of a row of
+``S``, for ``S^T B`` and ``S^T S`` the most entries of a column, so the dense ``S`` passed to
+:func:`assert_product` carries ``k = n`` or ``m`` (an upper bound of both).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse
+
+import blocklin as bl
+from blocklin.errors import BudgetError, DTypeError, ParameterError, ShapeError
+from support.tolerances import assert_product
+
+
+def _sparse(m: int, n: int, seed: int, dtype=np.float64, density: float = 0.05) -> scipy.sparse.csr_matrix:
+    return scipy.sparse.random(m, n, density=density, random_state=seed, format="csr", dtype=dtype)
+
+
+@pytest.fixture
+def stored(tmp_path):
+    """A 700 x 90 sparse matrix with all-zero rows 100:400 (whole empty row blocks) and a zero column."""
+    x = _sparse(700, 90, 3).tolil()
+    x[100:400] = 0
+    x[:, 7] = 0
+    x = x.tocsr()
+    x.eliminate_zeros()
+    return x, bl.from_sparse(x, tmp_path / "s.zarr")
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads"])
+def test_s_times_b(stored, rng, tmp_path, scheduler):
+    x, s = stored
+    b = rng.standard_normal((90, 7))
+    c = bl.matmul(s, b, tmp_path / "c.zarr", scheduler=scheduler, memory="1MiB")
+    assert c.shape == (700, 7) and c.dtype == np.float64
+    assert_product(c.to_numpy(), x @ b, x.toarray(), b)
+    r = c.report
+    assert r["nnz"] == x.nnz and r["flops"] == 2 * x.nnz * 7 and r["bytes_read"] > 0 and r["seconds"] > 0
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads", "processes"])
+def test_s_transposed_times_b(stored, rng, tmp_path, scheduler):
+    x, s = stored
+    y = rng.standard_normal((700, 5))
+    d = bl.matmul(s.path, y, tmp_path / "d.zarr", trans_a=True, scheduler=scheduler, memory="1MiB")
+    assert d.shape == (90, 5)
+    assert_product(d.to_numpy(), x.T @ y, x.toarray().T, y)
+    assert d.report["flops"] == 2 * x.nnz * 5 and d.report["nnz"] == x.nnz
+
+
+def test_bits_do_not_depend_on_the_scheduler_and_small_budgets_tile(stored, rng, tmp_path):
+    x, s = stored
+    y = rng.standard_normal((700, 40))
+    runs = [bl.matmul(s, y, tmp_path / f"t{i}.zarr", trans_a=True, scheduler=sched, memory="192KiB", workers=w)
+            for i, (sched, w) in enumerate([("sync", 1), ("threads", 2)])]
+    plan = runs[0].report["plan"]
+    assert plan["n_tasks"] > 1 and plan["rows"] < 700  # tiles and strips: bounded memory
+    assert np.array_equal(runs[0].to_numpy(), runs[1].to_numpy())
+    assert_product(runs[0].to_numpy(), x.T @ y, x.toarray().T, y)
+    # S B with B in panels of rows and S in pieces of entries
+    b = rng.standard_normal((90, 300))
+    c = bl.matmul(s, b, tmp_path / "c.zarr", memory="256KiB")
+    assert c.report["plan"]["n_tasks"] > 1
+    assert_product(c.to_numpy(), x @ b, x.toarray(), b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dtypes_and_a_stored_dense_b(tmp_path, rng, dtype):
+    x = _sparse(300, 50, 5, dtype=dtype, density=0.1)
+    s = bl.from_sparse(x, tmp_path / "s.zarr")
+    b = rng.standard_normal((50, 4)).astype(dtype)
+    stored_b = bl.matmul(np.eye(50, dtype=dtype), b, tmp_path / "b.zarr")  # a stored dense operand: B itself
+    c = bl.matmul(s, stored_b, tmp_path / "c.zarr")
+    assert c.dtype == dtype
+    assert_product(c.to_numpy(), x.astype(np.float64) @ b.astype(np.float64), x.toarray(), b, dtype=dtype)
+    with pytest.raises(DTypeError, match="operands must share one dtype"):
+        bl.matmul(s, b.astype(np.float64 if dtype == np.float32 else np.float32))
+
+
+def test_refusals_name_the_rule_and_the_fix(stored, rng):
+    x, s = stored
+    with pytest.raises(ShapeError, match=r"b: rows of b must equal the columns of the sparse a.*700 x 90.*"
+                                         r"b 89 x 3.*Fix: pass b with 90 rows"):
+        bl.matmul(s, rng.standard_normal((89, 3)))
+    with pytest.raises(ShapeError, match=r"rows of b must equal the rows of the sparse a .*S\^T B"):
+        bl.matmul(s, rng.standard_normal((90, 3)), trans_a=True)
+    with pytest.raises(BudgetError, match=r"memory: must hold one task of the sparse product S B.*"
+                                          r"Fix: pass memory='.*' or more") as info:
+        bl.matmul(s, rng.standard_normal((90, 3)), memory="16KiB")
+    assert info.value.minimum > 16 * 1024
+    with pytest.raises(ParameterError, match=r"a stored sparse matrix takes matmul\(S, B, out.*with c, beta, trans_b"):
+        bl.matmul(s, rng.standard_normal((3, 90)), c=np.zeros((700, 3)), beta=1.0, trans_b=True)
+    with pytest.raises(ParameterError, match=r"b: a sparse matrix is taken as the left operand only.*"
+                                             r"Fix: compute \(S\^T A\^T\)\^T"):
+        bl.matmul(rng.standard_normal((4, 700)), s)
+
+
+def test_resume_and_overwrite_follow_every_output(stored, rng, tmp_path):
+    x, s = stored
+    b = rng.standard_normal((90, 3))
+    out = tmp_path / "c.zarr"
+    bl.matmul(s, b, out)
+    from blocklin.errors import BlocklinError
+
+    with pytest.raises(BlocklinError, match="overwrite"):
+        bl.matmul(s, b, out)
+    c = bl.matmul(s, 2 * b, out, overwrite=True)
+    assert_product(c.to_numpy(), x @ (2 * b), x.toarray(), 2 * b)
+
+
+@pytest.mark.slow
+def test_on_a_local_cluster(stored, rng, tmp_path, client):
+    x, s = stored
+    y = rng.standard_normal((700, 3))
+    d = bl.matmul(s, y, tmp_path / "d.zarr", trans_a=True, scheduler=client, memory="1MiB")
+    assert_product(d.to_numpy(), x.T @ y, x.toarray().T, y)
+    c = bl.matmul(s, y[:90], tmp_path / "c.zarr", scheduler=client, memory="1MiB")
+    assert_product(c.to_numpy(), x @ y[:90], x.toarray(), y[:90])
