@@ -91,7 +91,7 @@ def _updatable(prov: dict) -> bool:
     return prov["operation"] in UPDATABLE and not params.get("trans")
 
 
-def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> Matrix:
+def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> Any:
     """Bring a result up to date with rows appended to its inputs since it was computed.
 
     Reads only the appended rows (:func:`blocklin.append`) and rewrites ``out`` atomically: a reader
