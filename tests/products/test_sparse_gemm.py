@@ -15,7 +15,7 @@ import scipy.sparse
 
 import blocklin as bl
 from blocklin.errors import BudgetError, DTypeError, ParameterError, ShapeError
-from support.tolerances import assert_product
+from support.tolerances import assert_gram, assert_product
 
 
 def _sparse(m: int, n: int, seed: int, dtype=np.float64, density: float = 0.05) -> scipy.sparse.csr_matrix:
@@ -79,8 +79,28 @@ def test_dtypes_and_a_stored_dense_b(tmp_path, rng, dtype):
     c = bl.matmul(s, stored_b, tmp_path / "c.zarr")
     assert c.dtype == dtype
     assert_product(c.to_numpy(), x.astype(np.float64) @ b.astype(np.float64), x.toarray(), b, dtype=dtype)
+    g = bl.gram(s)  # summed in float64, stored in the dtype
+    assert g.dtype == dtype
+    assert_gram(g.to_numpy(), (x.T @ x).astype(np.float64).toarray(), x.toarray(), dtype=dtype)
     with pytest.raises(DTypeError, match="operands must share one dtype"):
         bl.matmul(s, b.astype(np.float64 if dtype == np.float32 else np.float32))
+
+
+def test_sparse_gram(stored, tmp_path):
+    x, s = stored
+    g = bl.gram(s, tmp_path / "g.zarr", memory="2MiB")
+    assert g.shape == (90, 90) and g.report["route"] == "sparse" and g.report["passes"] == 1
+    ref = (x.T @ x).toarray()
+    assert_gram(g.to_numpy(), ref, x.toarray())
+    g2 = bl.gram(s.path, tmp_path / "g2.zarr", scheduler="processes", memory="2MiB")
+    assert np.array_equal(g.to_numpy(), g2.to_numpy())
+    h = bl.matmul(s, s.path, trans_a=True)  # S^T S named as a product: the same pass
+    assert h.report["route"] == "sparse" and np.array_equal(h.to_numpy(), g.to_numpy())
+    with pytest.raises(ParameterError, match=r"a stored sparse matrix takes gram\(S, out, dtype=...\) only.*with trans"):
+        bl.gram(s, trans=True)
+    with pytest.raises(BudgetError, match=r"memory: must hold .*S\^T S.*Fix: pass memory='") as info:
+        bl.gram(s, memory="64KiB")
+    assert info.value.minimum > 64 * 1024
 
 
 def test_refusals_name_the_rule_and_the_fix(stored, rng):
@@ -122,3 +142,5 @@ def test_on_a_local_cluster(stored, rng, tmp_path, client):
     assert_product(d.to_numpy(), x.T @ y, x.toarray().T, y)
     c = bl.matmul(s, y[:90], tmp_path / "c.zarr", scheduler=client, memory="1MiB")
     assert_product(c.to_numpy(), x @ y[:90], x.toarray(), y[:90])
+    g = bl.gram(s, tmp_path / "g.zarr", scheduler=client, memory="2MiB")
+    assert_gram(g.to_numpy(), (x.T @ x).toarray(), x.toarray())

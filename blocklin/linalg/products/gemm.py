@@ -319,6 +319,13 @@ def _sparse_route(a: Any, b: Any, out: Any, *, c: Any, alpha: float, beta: float
                 "a dense a and a stored sparse b",
                 "compute (S^T A^T)^T: blocklin.matmul(S, A^T, trans_a=True) with A^T stored, then transpose it"))
         return None
+    if trans_a and sparse_operand(b, "b", so) is not None and _same_store(s.path, sparse_operand(b, "b", so).path):
+        from blocklin.linalg.products.sparse_gemm import sparse_gram
+
+        refuse_options(c=c is not None, beta=beta != 0.0, alpha=alpha != 1.0, trans_b=bool(trans_b),
+                       precision=precision not in (None, "default"), explain=bool(explain),
+                       out_chunks=out_chunks is not None)
+        return sparse_gram(s, out, dtype=dtype, overwrite=overwrite, resume=resume, settings=settings)  # S^T S
     refuse_options(c=c is not None, beta=beta != 0.0, alpha=alpha != 1.0, trans_b=bool(trans_b),
                    precision=precision not in (None, "default"), explain=bool(explain), out_chunks=out_chunks is not None)
     return sparse_matmul(s, b, out, trans_a=bool(trans_a), dtype=dtype, overwrite=overwrite, resume=resume,

@@ -388,11 +388,13 @@ REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_written", "pea
                "tasks", "nnz")
 
 
-def refuse_options(**given: Any) -> None:
+def refuse_options(operation: str = "matmul(S, B, out, trans_a=..., dtype=...) only (S B or S^T B)",
+                   **given: Any) -> None:
+    """Refuse, by name, the options ``given`` as true that the sparse route of ``operation`` lacks."""
     asked = [name for name, on in given.items() if on]
     if asked:
         raise ParameterError(explain(
-            "a", "a stored sparse matrix takes matmul(S, B, out, trans_a=..., dtype=...) only (S B or S^T B)",
+            "a", f"a stored sparse matrix takes {operation}",
             f"a sparse matrix with {', '.join(asked)}",
             "drop those options, or convert S to a dense array (blocklin convert S.mtx D.zarr --dense) for them"))
 
