@@ -21,6 +21,8 @@ from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain
 from blocklin.linalg.labels import MODE, label_pca, label_rows, labels_of
 from blocklin.linalg.lowrank.svd import factorize
 from blocklin.linalg.lowrank.triplets import triplet_report
+from blocklin.linalg.lowrank.sparse_pca import sparse_pca
+from blocklin.sparse import SparseMatrix, as_sparse_matrix
 from blocklin.storage import remove
 from blocklin.validate import _is_int
 
@@ -330,6 +332,12 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     n_components = check_n_components(n_components)
     whiten = bool(whiten)
 
+    sparse = as_sparse_matrix(a, settings.get("storage_options"))
+    if isinstance(sparse, SparseMatrix):  # centered implicitly through its operator (never densified)
+        return _of_sparse(sparse, n_components, whiten=whiten, scale=scale, resume=resume, updatable=updatable,
+                          out=out, svd_kw=dict(method=method, oversample=oversample, power_iters=power_iters,
+                                               n_iter=n_iter, tol=tol, seed=seed, out=out, overwrite=overwrite,
+                                               **settings))
     lab = labels_of(a)
     k = n_components if isinstance(n_components, int) else None
     res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
@@ -362,3 +370,28 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
                   total_variance_=total, noise_variance_=noise, whiten=whiten, report=report,
                   svd=res if out is not None else None, labels=None)
     return label_pca(p, lab) if lab is not None else p
+
+
+def _of_sparse(s: SparseMatrix, n_components: Any, *, whiten: bool, scale: bool, resume: bool, updatable: bool,
+               out: Any, svd_kw: dict) -> PCAResult:
+    """PCA of a stored sparse matrix (:mod:`blocklin.linalg.lowrank.sparse_pca`): the centered operator's
+    SVD, the variances from the means pass's centered sums of squares."""
+    res, mean, m2, comps = sparse_pca(s, n_components, scale=scale, resume=resume, updatable=updatable,
+                                      factorize=factorize, svd_kw=svd_kw)
+    U, sv, Vt = res
+    m, n = s.shape
+    if out is None:  # the temporary factors: nothing of them is returned
+        remove((U if hasattr(U, "location") else Vt).location.parent)
+    ddof = 1 if m > 1 else 0
+    ev = sv.astype(np.float64) ** 2 / max(m - ddof, 1)
+    total = float(m2.sum()) / max(m - ddof, 1)
+    ratio = ev / total if total > 0 else np.zeros_like(ev)
+    rest = min(m, n) - sv.size
+    noise = max(total - float(ev.sum()), 0.0) / rest if rest > 0 else 0.0
+    report = res.report
+    report.update(total_variance=total, center="implicit (sparse operator)")
+    return PCAResult(components_=comps, explained_variance_=ev.astype(sv.dtype),
+                     explained_variance_ratio_=ratio.astype(sv.dtype), singular_values_=sv, mean_=mean, scale_=None,
+                     n_components_=int(sv.size), n_samples_=int(m), n_features_in_=int(n), total_variance_=total,
+                     noise_variance_=noise, whiten=whiten, report=report, svd=res if out is not None else None,
+                     labels=None)

@@ -1,0 +1,103 @@
+"""PCA of a stored sparse matrix, centered implicitly: the SVD of the operator ``x -> S x - 1 (mu^T x)``
+(adjoint ``y -> S^T y - mu (1^T y)``), never a dense or centered copy of ``S``.
+
+One pass over the row blocks gives the column means ``mu`` and the centered sums of squares (each
+block's moments from its stored entries and its implicit zeros, merged pairwise: Chan, Golub and
+LeVeque 1983); the components then come from :func:`blocklin.svd`'s operator route (block Lanczos
+or rsvd through the centered operator's products, :mod:`blocklin.linalg.lowrank.operator_svd`),
+each product one pass over ``S``'s row blocks plus a rank-one correction in memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import ParameterError, explain
+from blocklin.linalg.lowrank.methods import component_signs
+from blocklin.sparse import SparseMatrix
+
+
+def sparse_moments(s: SparseMatrix) -> tuple[np.ndarray, np.ndarray]:
+    """Column means and centered sums of squares ``sum_i (s_ij - mu_j)^2`` (float64) in one pass over
+    the row blocks, one block in memory: per block from its stored entries plus its implicit zeros
+    (``(h - nnz_j) mean_j^2``), merged pairwise (Chan, Golub, LeVeque 1983)."""
+    n = s.shape[1]
+    count, mean, m2 = 0, np.zeros(n), np.zeros(n)
+    for _r0, blk in s.iter_row_blocks():
+        h = blk.shape[0]
+        if h == 0:
+            continue
+        cols, vals = blk.indices, np.asarray(blk.data, np.float64)
+        mean_b = np.bincount(cols, vals, minlength=n) / h
+        d = vals - mean_b[cols]
+        m2_b = np.bincount(cols, d * d, minlength=n) + (h - np.bincount(cols, minlength=n)) * mean_b ** 2
+        delta = mean_b - mean
+        total = count + h
+        mean = mean + delta * (h / total)
+        m2 = m2 + m2_b + delta ** 2 * (count * h / total)
+        count = total
+    return mean, m2
+
+
+def _centered_operator(s: SparseMatrix, mu: np.ndarray) -> Any:
+    """``S - 1 mu^T`` as a SciPy ``LinearOperator`` over ``S``'s row-block operator."""
+    from scipy.sparse.linalg import LinearOperator
+
+    op = s.aslinearoperator()
+    dt = np.dtype(op.dtype)
+    mu_t = mu.astype(dt)
+    m, n = op.shape
+
+    def matmat(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x).reshape(n, -1)
+        return op.matmat(x) - (mu_t @ x)[None, :]
+
+    def rmatmat(y: np.ndarray) -> np.ndarray:
+        y = np.asarray(y).reshape(m, -1)
+        return op.rmatmat(y) - np.outer(mu_t, y.sum(axis=0))
+
+    return LinearOperator(dtype=dt, shape=(m, n), matvec=lambda x: matmat(x)[:, 0],
+                          rmatvec=lambda y: rmatmat(y)[:, 0], matmat=matmat, rmatmat=rmatmat)
+
+
+def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool, updatable: bool,
+               factorize: Any, svd_kw: dict) -> tuple:
+    """The centered SVD of ``s`` and its moments: ``(res, mean, m2, comps)`` with the components
+    signed by scikit-learn's rule (the stored long factor too). ``factorize`` is
+    :func:`blocklin.linalg.lowrank.svd.factorize`; ``svd_kw`` its method options and settings."""
+    asked = [name for name, on in (("scale", scale), ("resume", resume), ("updatable", updatable)) if on]
+    if asked:
+        raise ParameterError(explain("a", "a stored sparse matrix takes pca(S, k) through its centered operator: "
+                                     "the largest k components only", f"a sparse matrix with {', '.join(asked)}",
+                                     "drop those options (or convert S to a dense array: blocklin convert S.mtx "
+                                     "D.zarr --dense)"))
+    m, n = s.shape
+    if not isinstance(n_components, int) or isinstance(n_components, bool) or not 1 <= n_components < min(m, n):
+        raise ParameterError(explain(
+            "n_components", f"must be an integer k with 1 <= k < min(m, n) = {min(m, n)} for a stored sparse matrix "
+            "(its centered operator gives the largest components; every one needs the dense matrix)",
+            repr(n_components), f"pass n_components={min(10, max(1, min(m, n) - 1))}"))
+    mean, m2 = sparse_moments(s)
+    op = _centered_operator(s, mean)
+    res = factorize(op, n_components, **svd_kw)
+    U, sv, Vt = res
+    transposed = m < n  # the stored long factor is Vt
+    comps = (Vt.to_numpy() if hasattr(Vt, "to_numpy") else np.asarray(Vt)).astype(sv.dtype, copy=False)
+    d = component_signs(comps.T).astype(sv.dtype)
+    comps = comps * d[:, None]
+    long = Vt if transposed else U
+    if svd_kw.get("out") is not None and hasattr(long, "location"):  # the stored factors signed as well
+        from blocklin.storage.zarr_store import open_zarr
+
+        for name, axis in (("U", 1), ("Vt", 0)):
+            arr = open_zarr(long.location.parent / name, mode="r+")
+            vals = np.asarray(arr[...])  # m x k or k x n: what the operator route held in memory anyway
+            arr[...] = vals * (d[None, :] if axis == 1 else d[:, None]).astype(vals.dtype)
+        if transposed:
+            res = type(res)(res.U * d[None, :], sv, Vt, res.report)
+        else:
+            res = type(res)(U, sv, comps, res.report)
+    res.report["passes_formula"] = f"{res.report.get('passes_formula', '')} + 1 (column means and variances)"
+    return res, mean, m2, comps
