@@ -153,3 +153,15 @@ def test_svd_update_on_s3(s3):
     res = bl.update(f"{base}/F.zarr", storage_options=opts)
     assert res.report["updated"]["scores"] == "rotated"
     _check_factors(res, np.vstack([a, new]), center=True, dtype=np.float64, u_errors=res.report["u_errors"])
+
+
+def test_updatable_pca_costs_no_pass_on_the_gram_route(tmp_path):
+    """The centered Gram route's means pass makes the co-moments anyway: kept without another pass."""
+    a, new, path = _grown(tmp_path, noise=1e-6)
+    plain = bl.pca(path, K, memory="1MiB")
+    kept = bl.pca(path, K, out=tmp_path / "F.zarr", updatable=True, memory="1MiB")
+    assert plain.report["method"] == kept.report["method"] == "gram" and not plain.report["in_core"]
+    assert kept.report["passes"] == plain.report["passes"]
+    bl.append(path, new)
+    res = bl.update(tmp_path / "F.zarr", memory="1MiB")
+    _check_factors(res, np.vstack([a, new]), center=True, dtype=np.float64, u_errors=res.report["u_errors"])

@@ -17,6 +17,7 @@ from blocklin.linalg.lowrank.checkpoint import save_scaling
 from blocklin.linalg.lowrank.lanczos import start_block
 from blocklin.linalg.lowrank.methods import gram_subspace, rsvd_start
 from blocklin.linalg.lowrank.sources import GRAM_PASS, passes_device
+from blocklin.linalg.lowrank.updatable import kept_state
 from blocklin.plan.svd import SvdPlan
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
@@ -39,16 +40,19 @@ def fused_start(job: Job, A: Any, plan: SvdPlan, seed: int, q: int | None,
 
 
 def moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, center: bool,
-                 scale: bool, scaling: Scaling) -> tuple[Moments, np.ndarray | None]:
+                 scale: bool, scaling: Scaling, keep: dict | None = None) -> tuple[Moments, np.ndarray | None]:
     """The column moments and the Gram route's subspace (the top eigenvectors of the centered and/or
     scaled Gram) from one pass over a tall ``A`` (:func:`moments_and_gram`), or from the checkpoints of
-    an interrupted run (then ``None``: the subspace is in the ``gram`` checkpoint)."""
+    an interrupted run (then ``None``: the subspace is in the ``gram`` checkpoint). ``keep``: filled with
+    the co-moments (:func:`blocklin.linalg.lowrank.updatable.kept_state`) when made here."""
     saved = ckpt.load("moments") if ckpt is not None else None
     if saved is not None and ckpt.load("gram") is not None:
         return Moments(saved["mean"], saved["var"], int(saved["count"])), None
     moments, g = scaling.run(job, lambda sc: moments_and_gram(job, A, memory=plan.memory, reserve=plan.client_bytes,
                                                                scale=sc, **GRAM_PASS))
     save_scaling(ckpt, scaling)
+    if keep is not None and not scaling.exponent:  # the co-moments an updatable result keeps (unscaled data)
+        keep.update(kept_state(moments, g))
     if not center:  # scaled only: the uncentered Gram, A^T A = A_c^T A_c + m mu mu^T (a sum, no cancellation)
         g += moments.count * np.outer(moments.mean, moments.mean)
     if scale:

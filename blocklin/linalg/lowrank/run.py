@@ -25,7 +25,7 @@ from blocklin.runtime.passes import source
 def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
                 limit: int, dest: str | None, center: bool = False, scale: bool = False,
                 ckpt: Checkpoints | None = None, which: str = "LM", signs: bool = False,
-                v0: np.ndarray | None = None) -> Factorization:
+                v0: np.ndarray | None = None, keep: dict | None = None) -> Factorization:
     """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``
     (``None``: not wanted, not computed). ``which``: the largest (``"LM"``) or, for ``method="full"``, the
     smallest (``"SM"``) ``k`` triplets. ``signs``: tall ``A``'s triplets signed by the components' rule
@@ -33,7 +33,9 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
     ``A``'s components are its long factor, signed by :func:`blocklin.svd` once written).
 
     With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.blocks.center`): centered
-    in memory when ``B`` is held there, by the rank-one correction inside each pass otherwise."""
+    in memory when ``B`` is held there, by the rank-one correction inside each pass otherwise. ``keep``:
+    filled with the co-moments where the means pass makes them (an updatable result keeps them,
+    :mod:`blocklin.linalg.lowrank.updatable`)."""
     scaling = Scaling(str(source(A, transposed=plan.transposed).path), A.dtype)
     saved = ckpt.load("scaling") if ckpt is not None and not plan.in_core else None
     if saved is not None:  # resume: the power of two the checkpointed passes were made with
@@ -43,7 +45,7 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
         src, moments, phases = _in_memory(job, A, plan, scaling, center=center, scale=scale)
     else:
         src, moments, gram_start, means_fused = _streamed(job, A, plan, ckpt, scaling, seed=seed, q=q, center=center,
-                                                          scale=scale, v0=v0)
+                                                          scale=scale, v0=v0, keep=keep)
         phases = {"passes over A": src.device or job.device}
     ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
     src.signs = signs and not plan.transposed
@@ -88,14 +90,15 @@ def _in_memory(job: Job, A: Any, plan: SvdPlan, scaling: Scaling, *, center: boo
 
 
 def _streamed(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, scaling: Scaling, *, seed: int,
-              q: int | None, center: bool, scale: bool,
-              v0: np.ndarray | None = None) -> tuple[Streamed, Moments | None, np.ndarray | None, bool]:
+              q: int | None, center: bool, scale: bool, v0: np.ndarray | None = None,
+              keep: dict | None = None) -> tuple[Streamed, Moments | None, np.ndarray | None, bool]:
     """``B`` streamed, after the means pass of a centered or scaled ``A``. Returns the source, the column
     moments, the Gram route's subspace when the means pass made it, and whether the means pass was
     fused with the method's first pass."""
     moments = shift = fused = gram_start = first = None
     if plan.method == "gram" and (center or scale):  # the means pass makes the centered Gram too
-        moments, gram_start = moments_gram(job, A, plan, ckpt, center=center, scale=scale, scaling=scaling)
+        moments, gram_start = moments_gram(job, A, plan, ckpt, center=center, scale=scale, scaling=scaling,
+                                           keep=keep)
     else:
         fused = fused_start(job, A, plan, seed, q, v0) if center and not scale else None
         if center or scale:

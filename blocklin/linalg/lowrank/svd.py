@@ -415,12 +415,14 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                                scale=bool(scale), memory=job.cfg.memory, seed=seed, which=which,
                                long=long_wanted, signs=bool(signs), v0=v0, updatable=updatable)
         ao = open_group(job, out, A, overwrite, resume=resume, token=token)
-        state = keep_state(job, A, job.cfg.memory) if updatable else None
+        made: dict = {}  # the co-moments, where the method's means pass makes them
         ckpt = Checkpoints(ao, enabled=out is not None)
         seed = checkpointed_seed(ckpt, seed)
         f = run_planned(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, ckpt=ckpt,
                         dest=ao.array_path("Vt" if plan.transposed else "U") if long_wanted else None,
-                        center=bool(center), scale=bool(scale), which=which, signs=bool(signs), v0=v0)
+                        center=bool(center), scale=bool(scale), which=which, signs=bool(signs), v0=v0,
+                        keep=made if updatable else None)
+        state = keep_state(job, A, job.cfg.memory, made) if updatable else None
         report = _report(job, plan, f, tol=tol, seed=seed, oversample=oversample, center=bool(center),
                          scale=bool(scale), requested=requested, resumed=ao.resumed,
                          restored=[name for name in ckpt.restored if name != "seed"])

@@ -3,7 +3,8 @@
 With ``updatable=True`` the stored result group also holds the *co-moments* of ``A``: the row count
 ``m``, the column means ``mu`` and the centered Gram ``C = (A - 1 mu^T)^T (A - 1 mu^T)`` (float64,
 ``n x n``), from one pass (:func:`blocklin.linalg.blocks.center.moments_and_gram`, Chan, Golub and
-LeVeque's pairwise merge of each strip's co-moments, so no cancellation however large the means).
+LeVeque's pairwise merge of each strip's co-moments, so no cancellation however large the means),
+or from the means pass of the centered (scaled) Gram route, which makes them anyway.
 They are sums over rows: rows appended later merge into them exactly as strips do, so the updated
 co-moments are those of the whole grown matrix, and the Gram of what was factored (centered and/or
 scaled, or ``A^T A = C + m mu mu^T``) follows from them without reading the old rows
@@ -44,16 +45,26 @@ def check_updatable(*, out: Any, method: str, which: str, transposed: bool, shap
                                      f"which={which!r}", "pass which='LM', or recompute after each append"))
 
 
-def keep_state(job: Any, A: Any, memory: int) -> dict[str, np.ndarray]:
-    """The co-moments of ``A`` from one pass, as the group arrays; refused where the squares leave
-    float64's range (data near 1e154 or below 1e-154: scale it by a power of two)."""
-    moments, c = moments_and_gram(job, A, memory=memory)
+def kept_state(moments: Any, c: np.ndarray) -> dict[str, np.ndarray]:
+    """The group arrays of co-moments made elsewhere (the Gram route's means pass): copies."""
+    return {COMOMENTS: np.array(c, dtype=np.float64), MEAN: np.array(moments.mean, dtype=np.float64)}
+
+
+def keep_state(job: Any, A: Any, memory: int, made: dict | None = None) -> dict[str, np.ndarray]:
+    """The co-moments of ``A``: ``made`` where the method's means pass made them, else from one pass;
+    as the group arrays. Refused where the squares leave float64's range (data near 1e154 or below
+    1e-154: scale it by a power of two)."""
+    if made:
+        c = made[COMOMENTS]
+        moments = None
+    else:
+        moments, c = moments_and_gram(job, A, memory=memory)
     top = float(np.max(np.abs(np.diag(c)))) if c.size else 0.0
     if not np.isfinite(c).all() or 0 < top < np.finfo(np.float64).tiny / np.finfo(np.float64).eps:
         raise ParameterError(explain("updatable", "keeps A's co-moments in float64, which must hold its squares",
                                      f"a largest column sum of squares of {top:.3g}", "scale A by a power of two "
                                      "so that its entries sit near 1 (exact), or pass updatable=False"))
-    return {COMOMENTS: c, MEAN: moments.mean}
+    return made if made else kept_state(moments, c)
 
 
-__all__ = ["COMOMENTS", "MEAN", "check_updatable", "keep_state"]
+__all__ = ["COMOMENTS", "MEAN", "check_updatable", "keep_state", "kept_state"]
