@@ -73,13 +73,13 @@ def test_float64_update_equals_recompute_up_to_summation_order(tmp_path):
 def test_what_cannot_be_updated_is_refused_with_the_recompute(tmp_path):
     a, path = _stored(tmp_path)
     gt = bl.gram(path, tmp_path / "GT.zarr", trans=True)
-    p = bl.qr(path, tmp_path / "R.zarr")  # R of a QR: not a sum over rows
+    bl.convert(path, tmp_path / "C.zarr", chunks=(64, 40))  # a copy: recomputed, not updated
     inmem = bl.gram(a, tmp_path / "GM.zarr")
     bl.append(path, np.ones((5, 40)))
     with pytest.raises(ParameterError, match="A A\\^T.*recompute it: blocklin gram A OUT --trans --overwrite"):
         bl.update(gt.path)
-    with pytest.raises(ParameterError, match="a qr result.*--overwrite"):
-        bl.update(p.path)
+    with pytest.raises(ParameterError, match="a convert result.*--overwrite"):
+        bl.update(tmp_path / "C.zarr")
     with pytest.raises(ParameterError, match="records none"):
         bl.update(inmem.path)
 
@@ -218,3 +218,23 @@ def test_updates_on_a_cluster(tmp_path, client):
     bound = np.linalg.cond(K) * (8 * 40 * eps(np.float64) * np.linalg.norm(K) + 2 * full.shape[0]
                                  * eps(np.float64) * np.linalg.norm(full) ** 2) / np.linalg.norm(K, 2)
     assert np.linalg.norm(u.to_numpy() - ref_x) <= bound * np.linalg.norm(ref_x)
+
+
+@pytest.mark.parametrize("method", ["tsqr", "tiled"])
+def test_qr_r_update(tmp_path, method):
+    """R of [R; R_new]: R^T R is the grown A^T A within the Gram's rounding bound (QR is backward stable:
+    R^T R = A^T A + E, ||E|| <= c m eps ||A||^2), with the non-negative diagonal of every blocklin R."""
+    a, path = _stored(tmp_path)
+    r = bl.qr(path, tmp_path / "R.zarr", method=method)
+    new = np.random.default_rng(13).standard_normal((150, 40))
+    bl.append(path, new)
+    u = bl.update(r.path)
+    assert u.report["updated"]["rows_read"] == 150
+    got = u.to_numpy()
+    full = np.vstack([a, new])
+    assert np.array_equal(got, np.triu(got)) and (np.diag(got) >= 0).all()
+    assert_gram(got.T @ got, full.T @ full, full, const=4.0)
+    q, _ = bl.qr(path, tmp_path / "R2.zarr", q=tmp_path / "Q.zarr", mode="reduced")
+    bl.append(path, new[:3])
+    with pytest.raises(ParameterError, match="a stored Q"):
+        bl.update(tmp_path / "R2.zarr")

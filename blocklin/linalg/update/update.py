@@ -12,6 +12,7 @@ within which bound):
 ================  ==============================================================================
 ``gram``           ``A^T A``: the new rows' Gram added to the stored one (:mod:`.gram`)
 ``matmul``         ``A^T B`` (``trans_a=True``, no ``c``): the new rows' product added (:mod:`.products`)
+``qr``             ``R`` alone (``mode="r"``): the R of the old R stacked on the new rows' TSQR (:mod:`.qr`)
 ``svd``, ``pca``   computed with ``updatable=True``: the kept co-moments merged with the new rows',
                    the factors from the updated Gram, the old scores rotated with a computed error
                    bound; recomputed where a triplet or score would miss ``tol`` (:mod:`.svd`)
@@ -33,6 +34,7 @@ from blocklin.config import Settings, resolve
 from blocklin.errors import ParameterError, StoreNotFoundError, explain
 from blocklin.linalg.update.gram import update_gram
 from blocklin.linalg.update.products import update_matmul
+from blocklin.linalg.update.qr import update_qr
 from blocklin.linalg.update.solve import update_solve
 from blocklin.linalg.update.svd import Recompute, update_svd
 from blocklin.linalg.update.svd import load as load_svd
@@ -43,7 +45,7 @@ from blocklin.storage.location import as_location
 from blocklin.storage.versions import Growth, growth
 
 #: Operations whose results :func:`update` brings up to date, and their updaters.
-UPDATABLE = {"gram": update_gram, "matmul": update_matmul, "svd": update_svd, "solve": update_solve}
+UPDATABLE = {"gram": update_gram, "matmul": update_matmul, "qr": update_qr, "svd": update_svd, "solve": update_solve}
 
 
 def _provenance(out: Any, storage_options: dict | None) -> tuple[Any, dict]:
@@ -85,6 +87,8 @@ def _updatable(prov: dict) -> bool:
         return isinstance(params.get("update"), dict)
     if prov["operation"] == "solve":
         return bool(params.get("updatable"))
+    if prov["operation"] == "qr":
+        return params.get("mode") == "r"
     if prov["operation"] == "matmul":
         return params.get("route") == "gram" and not params.get("trans_b") or \
             bool(params.get("trans_a")) and not params.get("trans_b") and not params.get("beta")
