@@ -144,3 +144,35 @@ def test_on_a_local_cluster(stored, rng, tmp_path, client):
     assert_product(c.to_numpy(), x @ y[:90], x.toarray(), y[:90])
     g = bl.gram(s, tmp_path / "g.zarr", scheduler=client, memory="2MiB")
     assert_gram(g.to_numpy(), (x.T @ x).toarray(), x.toarray())
+
+
+def test_nan_in_s_or_b_is_refused(tmp_path, rng):
+    from blocklin.errors import NonFiniteError
+
+    x = _sparse(50, 8, 1, density=0.3)
+    x.data[3] = np.nan
+    s = bl.from_sparse(x, tmp_path / "s.zarr")
+    with pytest.raises(NonFiniteError, match="a: must hold finite values"):
+        bl.matmul(s, rng.standard_normal((8, 2)))
+    t = bl.from_sparse(_sparse(50, 8, 2, density=0.3), tmp_path / "t.zarr")
+    b = rng.standard_normal((50, 2))
+    b[4, 1] = np.inf
+    with pytest.raises(NonFiniteError, match="b: must hold finite values"):
+        bl.matmul(t, b, trans_a=True)
+
+
+def test_cli_gemm_and_gram_of_a_sparse_store(stored, rng, tmp_path, capsys):
+    import json
+
+    from blocklin.cli.main import main
+
+    x, s = stored
+    b = rng.standard_normal((90, 3))
+    stored_b = bl.matmul(np.eye(90), b, tmp_path / "b.zarr")
+    assert main(["gemm", s.path, stored_b.path, "-o", str(tmp_path / "c.zarr"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["shape"] == [700, 3] and summary["flops"] == 2 * x.nnz * 3
+    assert_product(bl.open(tmp_path / "c.zarr").to_numpy(), x @ b, x.toarray(), b)
+    assert main(["gram", s.path, "-o", str(tmp_path / "g.zarr"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["shape"] == [90, 90]
+    assert_gram(bl.open(tmp_path / "g.zarr").to_numpy(), (x.T @ x).toarray(), x.toarray())

@@ -113,9 +113,11 @@ class SparsePlan:
     def n_tasks(self) -> int:
         return 1 if self.op == "STS" else self.grid[0] * self.grid[1]
 
-    def to_dict(self) -> dict:
+    def to_dict(self, workers: int = 1) -> dict:
+        """The plan's fields, its tiles and ``peak_memory``: the bytes of ``workers`` tasks at once."""
         d = dataclasses.asdict(self)
-        d.update(out_chunks=list(self.out_chunks), grid=list(self.grid), n_tasks=self.n_tasks)
+        d.update(out_chunks=list(self.out_chunks), grid=list(self.grid), n_tasks=self.n_tasks,
+                 peak_memory=self.task_memory * max(1, workers))
         return d
 
 
@@ -254,8 +256,8 @@ class _Pieces:
     """Rows ``r0:r1`` of a stored ``S``, read in pieces of at most ``entries`` entries as CSR matrices
     of shape ``(r1 - r0, n)`` (each holding a contiguous range of the rows' entries)."""
 
-    def __init__(self, store: SparseStore, dtype: np.dtype) -> None:
-        self.store, self.dtype, self.bytes = store, dtype, 0
+    def __init__(self, store: SparseStore, dtype: np.dtype, check_finite: bool = False) -> None:
+        self.store, self.dtype, self.bytes, self.check = store, dtype, 0, check_finite
 
     def __call__(self, r0: int, r1: int, entries: int, *, whole_rows: bool = False) -> Any:
         import scipy.sparse
@@ -271,6 +273,8 @@ class _Pieces:
             idx = np.asarray(st.indices[a:b])
             val = np.asarray(st.data[a:b])
             self.bytes += idx.nbytes + val.nbytes
+            if self.check:
+                _check_finite(val, "a")
             local = np.clip(ptr, a, b) - a
             piece = scipy.sparse.csr_matrix((val.astype(self.dtype, copy=False), idx, local), shape=shape)
             piece.has_sorted_indices = True
@@ -309,7 +313,7 @@ def sparse_tile(spec: SparseSpec, i: int, j: int) -> dict:
         return {"skipped": 1}
     plan, dt = spec.plan, np.dtype(spec.dtype)
     store = SparseStore(spec.s)
-    pieces = _Pieces(store, dt)
+    pieces = _Pieces(store, dt, spec.check_finite)
     barr = open_array(spec.b)
     r_out, c_out = plan.out_chunks
     o0, o1 = i * r_out, min(plan.out_shape[0], (i + 1) * r_out)
@@ -353,7 +357,7 @@ def sparse_gram_task(spec: SparseSpec) -> dict:
         return {"skipped": 1}
     plan, dt = spec.plan, np.dtype(spec.dtype)
     store = SparseStore(spec.s)
-    pieces = _Pieces(store, np.dtype(np.float64))
+    pieces = _Pieces(store, np.dtype(np.float64), spec.check_finite)
     n = plan.n
     acc = np.zeros((n, n), np.float64)
     for r0 in range(0, plan.m, plan.rows):
@@ -460,8 +464,8 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
         workers = max(1, min(job.workers(job.cores()), job.cfg.memory // max(1, plan.task_memory), plan.n_tasks))
         job.run(graph, workers=workers, description=f"sparse {'S^T B' if trans_a else 'S B'} tiles",
                 count_pass="a")
-        report = job.report(flops=plan.flops, nnz=s.nnz, plan=plan.to_dict(), output=str(ao.path),
-                            route="sparse", workers=workers,
+        report = job.report(flops=plan.flops, nnz=s.nnz, plan=plan.to_dict(workers), output=str(ao.path),
+                            route="sparse", workers=workers, product="S^T B" if trans_a else "S B",
                             phases={"sparse tiles (CSR pieces times B)": "cpu", "reads and writes": "cpu"})
         return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
 
@@ -491,7 +495,7 @@ def sparse_gram(s: SparseOperand, out: Any = None, *, dtype: Any = None, overwri
         graph.add((0,), sparse_gram_task, spec)
         job.run(graph, workers=1, description="sparse S^T S", count_pass="a")
         report = job.report(flops=plan.flops, nnz=s.nnz, plan=plan.to_dict(), output=str(ao.path), route="sparse",
-                            passes=job.passes("a"))
+                            passes=job.passes("a"), product="S^T S")
         return job.finish(ao, out, report, operation="gram", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
 
 
