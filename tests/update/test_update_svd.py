@@ -165,3 +165,13 @@ def test_updatable_pca_costs_no_pass_on_the_gram_route(tmp_path):
     bl.append(path, new)
     res = bl.update(tmp_path / "F.zarr", memory="1MiB")
     _check_factors(res, np.vstack([a, new]), center=True, dtype=np.float64, u_errors=res.report["u_errors"])
+
+
+def test_update_of_factors_kept_without_u(tmp_path):
+    """return_singular_vectors='vh': no scores stored, none written; V and s of the grown matrix."""
+    a, new, path = _grown(tmp_path, noise=1e-6, offset=0.0)
+    bl.svd(path, K, return_singular_vectors="vh", out=tmp_path / "F.zarr", updatable=True)
+    bl.append(path, new)
+    res = bl.update(tmp_path / "F.zarr")
+    assert res.U is None and res.report["updated"]["scores"] is None and res.report["updated"]["rows_read"] == 120
+    _check_factors(res, np.vstack([a, new]), center=False, dtype=np.float64)
