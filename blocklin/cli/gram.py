@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> dict:
                "gflops": r["gflops"], "bytes_read": r["bytes_read"], "bytes_written": r["bytes_written"],
                "peak_memory": r["peak_memory"], "planned_peak_memory": r["plan"]["peak_memory"], "tasks": r["tasks"],
                "skipped": r["skipped"], "device": r["device"], "scheduler": r["scheduler"]}
-    reads = "one read of A" if r["route"] == "pass" else f"A read {r['passes']} times (stored tiles)"
+    reads = {"pass": "one read of A", "sparse": "one read of the sparse A"}.get(
+        r["route"], f"A read {r['passes']} times (stored tiles)")
     human = (f"wrote {result.path} ({r['product']}, {result.shape[0]} x {result.shape[1]} {result.dtype.name}) in "
              f"{r['seconds']:.2f} s: {reads}, {r['gflops']:.1f} GFLOP/s, read {format_size(r['bytes_read'])}, "
              f"wrote {format_size(r['bytes_written'])}, peak memory {format_size(r['peak_memory'])} "
