@@ -64,7 +64,7 @@ LAYERS = {"cli": 5, "linalg": 4, "runtime": 3, "storage": 2, "device": 2, "plan"
 ROOT_LAYER = max(LAYERS.values()) + 1
 #: Base modules that may import any layer (the public surface); their upward imports are listed
 #: as information only. ``__init__`` is the package's own ``__init__.py``.
-MAY_IMPORT_ANYTHING = ("__init__", "demo", "create", "matrix", "operands")
+MAY_IMPORT_ANYTHING = ("__init__", "demo", "create", "matrix", "sparse", "operands")
 #: The group whose subfolders (rooms) get an import graph of their own.
 ROOMS_IN = "linalg"
 #: What counts as a site, by kind. ``call_names``: a call of that name (``f(...)`` or ``x.f(...)``);

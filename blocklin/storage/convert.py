@@ -30,7 +30,7 @@ from blocklin.storage.atomic import check_output_path
 from blocklin.storage.formats import detect_format, open_reader, open_writer
 from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.backend import backend
-from blocklin.storage.formats.base import disk_usage
+from blocklin.storage.formats.base import disk_usage, output_dtype
 from blocklin.storage.location import Location, as_location, split_spec
 from blocklin.storage.space import check_space, make_temp_folder
 from blocklin.storage.zarr_store import open_cached, read_block, array_file_bytes, write_block
@@ -56,31 +56,6 @@ def parse_chunks(chunks: Any) -> str | tuple[int, int]:
         raise ConfigError(explain("chunks", "must be 'auto' or two positive integers ROWS,COLS", repr(chunks),
                                   "pass --chunks auto or --chunks 1024,1024"))
     return pair
-
-
-def output_dtype(src: np.dtype, requested: Any) -> np.dtype:
-    """The output dtype: the source's (native byte order) unless ``requested``; lossy kinds refused.
-
-    Float to integer (or bool) and complex to real casts are refused; narrowing within a kind
-    (float64 to float32, int64 to int32) is done because it was asked for, and integer narrowing is
-    checked for overflow block by block.
-    """
-    src = np.dtype(src)
-    if requested is None:
-        return src.newbyteorder("=")
-    try:
-        out = np.dtype(requested)
-    except TypeError:
-        raise ConfigError(explain("dtype", "must be a numpy dtype name", repr(requested),
-                                  "pass --dtype float64 (or float32, int64, ...)")) from None
-    if out.kind not in "biufc":
-        raise DTypeError(explain("dtype", "must be numeric", f"{out}", "pass --dtype float64"))
-    if (src.kind == "f" and out.kind in "biu") or (src.kind == "c" and out.kind != "c") or \
-            (src.kind in "iu" and out.kind == "b"):
-        raise DTypeError(explain("dtype", f"the cast from {src.name} to {out.name} would lose values "
-                                 "(fractions, imaginary parts or magnitudes)", f"{src.name} -> {out.name}",
-                                 f"keep {src.name}, or pick a wider dtype (float64)"))
-    return out.newbyteorder("=")
 
 
 def _remote(x: Any, storage_options: dict | None, name: str) -> Location | None:

@@ -30,6 +30,7 @@ import numpy as np
 from blocklin.config import format_size, resolve, size_hint
 from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError, explain
 from blocklin.progress import make_progress
+from blocklin.storage.formats.base import output_dtype
 from blocklin.storage.location import as_location
 from blocklin.storage.sparse import (
     MIN_ENTRY_CHUNK, SparseStore, SparseWriter, entry_chunk_for, index_dtype_for, writer_bytes,
@@ -529,8 +530,6 @@ def external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str, 
 # -- drivers ---------------------------------------------------------------------------------------
 
 def _value_dtype(src: np.dtype, requested: Any) -> np.dtype:
-    from blocklin.storage.convert import output_dtype
-
     return output_dtype(src, requested)
 
 

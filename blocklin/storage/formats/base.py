@@ -15,10 +15,35 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import DTypeError, FormatError, OutputExistsError, StoreNotFoundError, explain
+from blocklin.errors import ConfigError, DTypeError, FormatError, OutputExistsError, StoreNotFoundError, explain
 from blocklin.storage.atomic import check_output_path
 from blocklin.storage.space import folder_size
 from blocklin.storage.guard import check_replaceable
+
+
+def output_dtype(src: np.dtype, requested: Any) -> np.dtype:
+    """The output dtype: the source's (native byte order) unless ``requested``; lossy kinds refused.
+
+    Float to integer (or bool) and complex to real casts are refused; narrowing within a kind
+    (float64 to float32, int64 to int32) is done because it was asked for, and integer narrowing is
+    checked for overflow block by block.
+    """
+    src = np.dtype(src)
+    if requested is None:
+        return src.newbyteorder("=")
+    try:
+        out = np.dtype(requested)
+    except TypeError:
+        raise ConfigError(explain("dtype", "must be a numpy dtype name", repr(requested),
+                                  "pass --dtype float64 (or float32, int64, ...)")) from None
+    if out.kind not in "biufc":
+        raise DTypeError(explain("dtype", "must be numeric", f"{out}", "pass --dtype float64"))
+    if (src.kind == "f" and out.kind in "biu") or (src.kind == "c" and out.kind != "c") or \
+            (src.kind in "iu" and out.kind == "b"):
+        raise DTypeError(explain("dtype", f"the cast from {src.name} to {out.name} would lose values "
+                                 "(fractions, imaginary parts or magnitudes)", f"{src.name} -> {out.name}",
+                                 f"keep {src.name}, or pick a wider dtype (float64)"))
+    return out.newbyteorder("=")
 
 
 class Reader(abc.ABC):
