@@ -25,10 +25,13 @@ from blocklin.linalg.blocks.results import open_group, write_group
 from blocklin.linalg.blocks.scaling import Scaling, check_finite_result, incore_exponent, unscale
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
 from blocklin.linalg.lowrank.sources import load_incore
+from blocklin.linalg.lowrank.sparse_eigsh import sparse_eigsh
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
-from blocklin.validate import check_k, choice, float_operand, positive, seed_arg, size, square, start_vector
+from blocklin.sparse import SparseMatrix, as_sparse_matrix
+from blocklin.validate import (check_k, choice, float_operand, positive, resolve_seed, seed_arg, size, square,
+                               start_vector)
 
 WHICH = ("LA", "SA", "LM")
 
@@ -142,6 +145,13 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     block_size = size("block_size", block_size, fix="pass block_size=8, or None for the planned one")
     max_basis = size("max_basis", max_basis, fix="pass max_basis=32, or None for the planned one")
     seed = seed_arg(seed)  # a generator draws its integer once, before the token names it
+    sparse = as_sparse_matrix(a, settings.get("storage_options"))
+    if isinstance(sparse, SparseMatrix):  # a stored sparse matrix: Lanczos on its row-block products
+        return EighResult(*sparse_eigsh(
+            sparse, k, which=which, tol=default_tol(sparse.dtype) if tol is None else tol, max_passes=max_passes,
+            block_size=block_size, max_basis=max_basis, seed=resolve_seed(seed), order=order, v0=v0,
+            symmetry_rtol=symmetry_rtol(sparse.dtype) if check_symmetric else None,
+            refused={"out": out is not None, "resume": resume, "center": center}))
     if center:
         return _covariance(a, k, which=which, tol=tol, block_size=block_size, max_basis=max_basis,
                            max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, resume=resume,
