@@ -8,7 +8,7 @@ from blocklin.cli import ui
 from blocklin.config import format_size
 
 _EPILOG = """formats (by extension, or --from/--to): .npy, FILE.npz:NAME (read), .mtx, FILE.h5:/DATASET,
-raw binary (.bin/.raw, with --shape --dtype --order --offset), .csv/.tsv/.txt, zarr v2/v3 folders.
+FILE.h5:/GROUP (read: a CSR/CSC group of anndata, 10x Genomics or h5sparse, written sparse), raw binary (.bin/.raw, with --shape --dtype --order --offset), .csv/.tsv/.txt, zarr v2/v3 folders.
 
 examples:
   blocklin convert A.npy A.zarr --memory 512MiB
@@ -19,6 +19,8 @@ examples:
   blocklin convert sparse.mtx S.zarr --memory 256MiB   # coordinate file: a sparse blocklin-csr group
   blocklin convert sparse.mtx D.zarr --dense            # ... or densified into a zarr array
   blocklin convert S.zarr S.mtx                          # a sparse group back to coordinate (or .npz)
+  blocklin convert data.h5ad:/X S.zarr --memory 256MiB   # an HDF5 CSR/CSC group: a sparse group
+  blocklin convert m.h5:/M S.zarr --sparse-format csc    # ... whose attributes do not say CSR or CSC
   blocklin convert A.zarr results.h5:/A --overwrite   # replaces dataset /A only; the file's others stay"""
 
 
@@ -59,6 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="write a coordinate .mtx densely into a zarr array (default: a sparse group)")
     lay.add_argument("--sparse", dest="layout", action="store_const", const="sparse",
                      help="insist on a sparse output (refused for dense sources)")
+    p.add_argument("--sparse-format", choices=("csr", "csc"), help="an HDF5 sparse group (FILE.h5:/GROUP with "
+                   "data, indices, indptr) compresses rows (csr) or columns (csc); for groups whose attributes "
+                   "do not say")
     ui.add_common(p, device=False, scheduler=False)
     p.set_defaults(func=run)
 
@@ -71,7 +76,7 @@ def run(args: argparse.Namespace) -> dict:
                 resume=args.resume, from_format=args.from_format, to_format=args.to_format, shape=args.shape,
                 order=args.order, out_order=args.out_order, offset=args.offset, delimiter=args.delimiter,
                 skip_rows=args.skip_rows, header=args.header, nan=args.nan, progress=ui.progress_arg(args),
-                layout=args.layout)
+                layout=args.layout, sparse_format=args.sparse_format)
     if r.get("layout") == "sparse":
         return _sparse_summary(args, r)
     summary = {k: v for k, v in r.items() if k != "plan"}
@@ -93,6 +98,8 @@ def _sparse_summary(args: argparse.Namespace, r: dict) -> dict:
     shape = " x ".join(str(s) for s in r["shape"])
     blocks = (f", {r['row_blocks']} row block{'s' * (r['row_blocks'] != 1)} from {r['runs']} "
               f"run{'s' * (r['runs'] != 1)}") if "row_blocks" in r else ""
+    if "row_blocks" in r and not r["runs"] and r.get("from") == "hdf5":  # CSR: streamed, no sort
+        blocks = f", {r['row_blocks']} row block{'s' * (r['row_blocks'] != 1)} streamed from CSR"
     planned = f" (plan {format_size(r['planned_memory'])} of {format_size(r['memory'])})" \
         if r.get("planned_memory") else ""
     human = (f"wrote {r['output']} ({shape} sparse {r['dtype']}, {r['nnz']} entries{blocks}) in "

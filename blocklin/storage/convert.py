@@ -111,7 +111,8 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             from_format: str | None = None, to_format: str | None = None, shape: Any = None, in_dtype: Any = None,
             order: str | None = None, out_order: str | None = None, offset: int = 0, delimiter: str | None = None,
             skip_rows: int | None = None, header: Any = "auto", nan: str = "allow", progress: Any = None,
-            storage_options: dict | None = None, scheduler: Any = None, layout: str = "auto") -> dict[str, Any]:
+            storage_options: dict | None = None, scheduler: Any = None, layout: str = "auto",
+            sparse_format: str | None = None) -> dict[str, Any]:
     """Convert a matrix file to another format (or rechunk/re-encode a zarr array) in bounded memory.
 
     Parameters
@@ -162,7 +163,12 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         :func:`blocklin.open` as a :class:`~blocklin.sparse.SparseMatrix`), through an external sort
         within ``memory``; every other source is written dense. ``"dense"``: a coordinate file is
         densified into a zarr array (as before sparse outputs existed). A stored sparse matrix as
-        ``src`` is exported to ``.mtx`` (coordinate general) or ``.npz``.
+        ``src`` is exported to ``.mtx`` (coordinate general) or ``.npz``. An HDF5 group holding a
+        CSR or CSC matrix (``file.h5:/X``: anndata, 10x Genomics, h5sparse) converts to a sparse
+        group too (:mod:`blocklin.storage.sparse_hdf5`).
+    sparse_format : {"csr", "csc"}, optional
+        Whether an HDF5 sparse group compresses rows or columns, for a group whose attributes do
+        not say (refused for other sources, and when the group says otherwise).
 
     Returns
     -------
@@ -199,9 +205,13 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         src = src.location if not src.location.is_local else src.path
     _check_source_and_policy(src, nan)
     route = _sparse_route(src, out, layout, from_format, to_format)
+    if sparse_format is not None and route != "hdf5":
+        raise ConfigError(explain("sparse_format", "applies to an HDF5 group holding a CSR or CSC matrix",
+                                  f"sparse_format={sparse_format!r} for {src!s}", "drop --sparse-format"))
     if route is not None:
         return _convert_sparse(route, src, out, memory=memory, dtype=dtype, overwrite=overwrite, nan=nan,
-                               progress=progress, chunks=chunks, codec=codec, checksum=checksum, resume=resume)
+                               progress=progress, chunks=chunks, codec=codec, checksum=checksum, resume=resume,
+                               sparse_format=sparse_format, from_format=from_format)
     t0 = time.perf_counter()
     rss0 = _current_rss()
     cfg = resolve(memory=memory)
@@ -326,30 +336,42 @@ def _sparse_route(src: Any, out: Any, layout: str, from_format: str | None, to_f
     if os.path.isdir(path) and is_sparse(path):
         return "export"
     in_fmt = detect_format(path, from_format)
-    coordinate = (in_fmt == "mtx" and _mtx_layout(path) == "coordinate") or \
-        (in_fmt == "npz" and member is None and is_scipy_npz(path))
     sparse_npz = in_fmt == "npz" and member is None and is_scipy_npz(path)
+    sparse_h5 = in_fmt == "hdf5" and _hdf5_sparse(path, member)
+    coordinate = (in_fmt == "mtx" and _mtx_layout(path) == "coordinate") or sparse_npz or sparse_h5
     if layout == "dense":
-        if sparse_npz:
-            raise FormatError(explain("layout", "a SciPy sparse .npz converts to a sparse matrix only",
-                                      f"layout='dense' for {path!r}", "drop --dense (layout='auto'); densify "
+        if sparse_npz or sparse_h5:
+            what = "a SciPy sparse .npz" if sparse_npz else "an HDF5 sparse group"
+            raise FormatError(explain("layout", f"{what} converts to a sparse matrix only",
+                                      f"layout='dense' for {src!s}", "drop --dense (layout='auto'); densify "
                                       "row blocks with SparseMatrix.rows(r0, r1).toarray()"))
         return None
     out_fmt = detect_format(os.fspath(split_spec(out)[0]), to_format, output=True)
     if layout == "sparse" and not coordinate:
         raise FormatError(explain("layout", "a sparse output needs a coordinate source (a coordinate Matrix "
-                                  "Market file or a scipy.sparse.save_npz file)", f"{path!r} ({in_fmt})",
-                                  "drop --sparse (layout='auto')"))
+                                  "Market file, a scipy.sparse.save_npz file or an HDF5 CSR/CSC group)",
+                                  f"{path!r} ({in_fmt})", "drop --sparse (layout='auto')"))
     if coordinate and out_fmt != "zarr":
-        if sparse_npz or layout == "sparse":
+        if sparse_npz or sparse_h5 or layout == "sparse":
             raise FormatError(explain("out", "a sparse matrix is written to a .zarr group", repr(str(out)),
                                       "write OUT.zarr, then export it (blocklin convert OUT.zarr A.mtx)"))
         return None
+    if sparse_h5:
+        return "hdf5"
     return "sparse" if coordinate else None
 
 
+def _hdf5_sparse(path: str, member: str | None) -> bool:
+    """Whether ``path:member`` is an HDF5 group holding a CSR/CSC matrix (a group that holds none is
+    refused; a dataset is dense)."""
+    from blocklin.storage.sparse_hdf5 import hdf5_member_kind
+
+    return os.path.isfile(path) and hdf5_member_kind(path, member) == "sparse"
+
+
 def _convert_sparse(route: str, src: Any, out: Any, *, memory: Any, dtype: Any, overwrite: bool, nan: str,
-                    progress: Any, chunks: Any, codec: Any, checksum: bool, resume: bool) -> dict[str, Any]:
+                    progress: Any, chunks: Any, codec: Any, checksum: bool, resume: bool,
+                    sparse_format: str | None = None, from_format: str | None = None) -> dict[str, Any]:
     """A sparse conversion (:mod:`blocklin.storage.sparse_convert`): options of dense zarr outputs refused."""
     from blocklin.storage.sparse_convert import export_sparse, open_source, write_sparse
 
@@ -361,19 +383,25 @@ def _convert_sparse(route: str, src: Any, out: Any, *, memory: Any, dtype: Any, 
         if bad:
             raise ConfigError(explain(name, "applies to dense outputs only", f"{name}={value!r} for a sparse "
                                       "conversion", f"{fix}, or pass --dense (layout='dense')"))
-    path = split_spec(src)[0]
+    path, member = split_spec(src)
     if route == "export":
         ext = os.path.splitext(os.fspath(out).lower())[1]
         fmt = {".mtx": "mtx", ".mm": "mtx", ".npz": "npz"}.get(ext, ext.lstrip(".") or "?")
         return export_sparse(path, out, fmt, memory=memory, overwrite=overwrite, progress=progress)
     check_output_path(out, [path], overwrite=overwrite)
-    source = open_source(path)
+    source = open_source(path, member=member if route == "hdf5" else None, sparse_format=sparse_format,
+                         from_format=from_format)
+    params = {"from": source.kind}
+    if route == "hdf5":
+        params.update(group=source.group, sparse_format=source.format, convention=source.convention)
     try:
         report, _final = write_sparse(source, out, memory=memory, dtype=dtype, overwrite=overwrite, nan=nan,
-                                      progress=progress, inputs=[path], params={"from": source.kind})
+                                      progress=progress, inputs=[path], params=params)
     finally:
         source.close()
     report.update({"input": str(src), "from": source.kind, "to": "zarr"})
+    if route == "hdf5":
+        report.update(sparse_format=source.format, convention=source.convention)
     return report
 
 

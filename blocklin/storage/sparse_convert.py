@@ -1,7 +1,9 @@
 """Sparse files to and from the ``blocklin-csr`` layout (:mod:`blocklin.storage.sparse`) in bounded memory.
 
 Coordinate input (a Matrix Market ``coordinate`` file, a SciPy ``save_npz`` file in any of its
-formats) comes in any order, so it goes through an external sort by row block:
+formats, an HDF5 CSC group of :mod:`blocklin.storage.sparse_hdf5`) comes in any order, so it goes
+through an external sort by row block (an HDF5 CSR group is in row order already and streams its
+row blocks instead):
 
 1. **Runs.** The entries are parsed in batches and each batch is bucketed by row block (rows
    ``k R : (k + 1) R``, ``R`` planned from the announced entries and the budget) and appended to that
@@ -222,6 +224,9 @@ class NpzSource:
     """A SciPy ``save_npz`` file (csr, csc or coo) as batches of entries, read forward in pieces."""
 
     kind = "npz"
+    #: What messages about the entries name (:class:`~blocklin.storage.sparse_hdf5.Hdf5SparseSource`
+    #: reads HDF5 groups through the same batches).
+    label = "npz input"
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -281,7 +286,7 @@ class NpzSource:
     def _check_range(self, what: str, idx: np.ndarray, limit: int, pos: int) -> None:
         bad = np.flatnonzero((idx < 0) | (idx >= limit))
         if bad.size:
-            raise FormatError(explain("npz input", f"{what} indices must lie in 0..{limit - 1}",
+            raise FormatError(explain(self.label, f"{what} indices must lie in 0..{limit - 1}",
                                       f"{idx[bad[0]]} at entry {pos + int(bad[0])}",
                                       "fix the matrix and save it again"))
 
@@ -302,13 +307,13 @@ class NpzSource:
         minor_n = n if self.format == "csr" else m
         prev = int(a.read(1)[0]) if a.size else 0
         if prev != 0:
-            raise FormatError(explain("npz input", "indptr must start at 0", str(prev), "save the matrix again"))
+            raise FormatError(explain(self.label, "indptr must start at 0", str(prev), "save the matrix again"))
         i = 0  # next major index
         pos = 0
         while i < major_n:
             ptr = np.concatenate([[prev], a.read(NPZ_BATCH).astype(np.int64)])
             if np.any(np.diff(ptr) < 0) or ptr[-1] > data.size:
-                raise FormatError(explain("npz input", "indptr must be non-decreasing and end at nnz",
+                raise FormatError(explain(self.label, "indptr must be non-decreasing and end at nnz",
                                           f"offsets up to {ptr.max()} near index {i}, nnz {data.size}",
                                           "the file is damaged; save the matrix again"))
             majors = np.arange(i, i + len(ptr) - 1)
@@ -323,7 +328,7 @@ class NpzSource:
             i += len(ptr) - 1
             prev = int(ptr[-1])
         if pos != data.size:
-            raise FormatError(explain("npz input", "indptr must end at nnz", f"{pos}, nnz {data.size}",
+            raise FormatError(explain(self.label, "indptr must end at nnz", f"{pos}, nnz {data.size}",
                                       "the file is damaged; save the matrix again"))
 
     def close(self) -> None:
@@ -553,22 +558,27 @@ def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None
     _check_rows_backed(source, out_dt.itemsize + idx.itemsize)
     check_space(as_location(out, name="out"), source.entries * (out_dt.itemsize + idx.itemsize) + (m + 1) * 8, "out",
                 f"a {m} x {n} sparse matrix of up to {source.entries} entries")
+    # A source already in row order (an HDF5 CSR group) streams its row blocks: no runs, no sort.
+    streamed = bool(getattr(source, "row_ordered", False))
     root = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir")
-    if not root.is_local:
+    if not root.is_local and not streamed:
         raise ConfigError(explain("temp_dir", "the sparse conversion's run files need a local temp dir",
                                   root.url, "point BLOCKLIN_TEMP_DIR (--temp-dir) at a local folder"))
     writer = SparseWriter(out, (m, n), out_dt, inputs=list(inputs), overwrite=overwrite,
                           entry_chunk=plan.entry_chunk, row_chunk=plan.row_chunk)
     work = root / f"blocklin-sort-{uuid.uuid4().hex[:12]}"
+    desc = f"convert {os.path.basename(str(out))} (sparse)"
     try:
-        check_space(work, source.entries * run_dtype(out_dt).itemsize, "temp_dir",
-                    f"the run files of {source.entries} entries")
-        start_work_folder(work, operation="convert-sort")
-        try:
-            counts = external_sort(source, writer, plan, work.url, nan=nan, progress=progress,
-                                   desc=f"convert {os.path.basename(str(out))} (sparse)")
-        finally:
-            end_work_folder(work)
+        if streamed:
+            counts = source.write_rows(writer, plan, nan=nan, progress=progress, desc=desc)
+        else:
+            check_space(work, source.entries * run_dtype(out_dt).itemsize, "temp_dir",
+                        f"the run files of {source.entries} entries")
+            start_work_folder(work, operation="convert-sort")
+            try:
+                counts = external_sort(source, writer, plan, work.url, nan=nan, progress=progress, desc=desc)
+            finally:
+                end_work_folder(work)
         report = {"output": str(out), "layout": "sparse", "format": "blocklin-csr", "shape": [m, n],
                   "dtype": out_dt.name, "nnz": int(writer.nnz), "entries_read": counts["entries_read"],
                   "row_blocks": writer.n_blocks, "runs": counts["runs"], "memory": cfg.memory,
@@ -607,8 +617,17 @@ def _check_rows_backed(source: Any, entry_bytes: int) -> None:
                                   "or as its nonzero rows"))
 
 
-def open_source(src: str, *, nan: str = "allow") -> Any:
-    """The coordinate source at ``src``: a Matrix Market coordinate file or a SciPy ``.npz``."""
+def open_source(src: str, *, nan: str = "allow", member: str | None = None, sparse_format: str | None = None,
+                from_format: str | None = None) -> Any:
+    """The coordinate source at ``src``: a Matrix Market coordinate file, a SciPy ``.npz``, or the HDF5
+    group ``member`` of ``src`` holding a CSR or CSC matrix (``sparse_format`` when the group does not
+    say which)."""
+    from blocklin.storage.formats import detect_format
+
+    if detect_format(src, from_format) == "hdf5":
+        from blocklin.storage.sparse_hdf5 import Hdf5SparseSource
+
+        return Hdf5SparseSource(src, member, sparse_format=sparse_format)
     if str(src).lower().endswith(".npz"):
         return NpzSource(src)
     from blocklin.storage.formats.mtx import MtxReader

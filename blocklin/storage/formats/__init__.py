@@ -28,7 +28,7 @@ WRITABLE = ("npy", "mtx", "hdf5", "raw", "csv", "tsv", "zarr")
 _ALIASES = {"h5": "hdf5", "hdf": "hdf5", "zarr2": "zarr", "zarr3": "zarr", "bin": "raw", "binary": "raw",
             "txt": "csv", "text": "csv", "mm": "mtx", "matrixmarket": "mtx", "matrix-market": "mtx"}
 _EXT = {".npy": "npy", ".npz": "npz", ".mtx": "mtx", ".mm": "mtx", ".h5": "hdf5", ".hdf5": "hdf5",
-        ".he5": "hdf5", ".hdf": "hdf5", ".bin": "raw", ".raw": "raw", ".csv": "csv", ".txt": "csv",
+        ".he5": "hdf5", ".hdf": "hdf5", ".h5ad": "hdf5", ".bin": "raw", ".raw": "raw", ".csv": "csv", ".txt": "csv",
         ".tsv": "tsv", ".tab": "tsv", ".zarr": "zarr"}
 
 __all__ = ["FORMATS", "WRITABLE", "Reader", "Writer", "check_zarr_output", "detect_format", "open_reader", "open_writer"]
