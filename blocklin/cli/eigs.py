@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--center", action="store_true",
                    help="A is a data matrix (samples x features): eigenpairs of its covariance, by the centered "
                         "SVD (no covariance or centered copy formed)")
+    p.add_argument("--laplacian", choices=("combinatorial", "normalized"),
+                   help="A is a sparse graph's adjacency (a blocklin-csr group): eigenpairs of its Laplacian D - W or "
+                        "I - D^-1/2 W D^-1/2, never formed (with --which SA: the smallest, for spectral clustering)")
     p.add_argument("--plot", metavar="PNG", help="draw the eigenvalues and residuals (needs matplotlib)")
     ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
     ui.add_common(p)
@@ -37,7 +40,7 @@ def run(args: argparse.Namespace) -> dict:
 
     res = eigsh(args.a, args.k, which=args.which, tol=args.tol, max_passes=args.max_passes, seed=args.seed,
                 out=args.out, order="ascending" if args.which == "SA" else "descending", center=args.center,
-                **ui.run_settings(args))
+                laplacian=args.laplacian, **ui.run_settings(args))
     r = res.report
     r["output"] = args.out
     summary = summary_of(r, "eigs", args.k)

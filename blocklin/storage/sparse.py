@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+import blocklin._readstats as readstats
 from blocklin.errors import ConfigError, FormatError, InternalError, StoreNotFoundError, StoreReadError, explain
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import backend, zarr_store
@@ -287,7 +288,10 @@ class SparseStore:
             raise FormatError(explain("path", "indptr must be non-decreasing and end at nnz",
                                       f"offsets {p0}..{p1} for rows {r0}:{r1}, nnz {self.nnz} in "
                                       f"{self.location.url!r}", "the store is damaged; convert the source again"))
-        return ptr - p0, np.asarray(self.indices[p0:p1]), np.asarray(self.data[p0:p1])
+        idx, val = np.asarray(self.indices[p0:p1]), np.asarray(self.data[p0:p1])
+        # the arrays are stored uncompressed: their decoded bytes are what the reads fetched
+        readstats.count(ptr.nbytes + idx.nbytes + val.nbytes)
+        return ptr - p0, idx, val
 
     def bytes_on_disk(self) -> int:
         return int(backend(self.location).size(""))

@@ -40,8 +40,8 @@ def test_sparse_eigsh_matches_lapack(tmp_path, which, dtype):
 
 def test_sparse_eigsh_refusals(tmp_path):
     s = bl.from_sparse(sp.csr_matrix(_symmetric(60)), tmp_path / "S.zarr")
-    with pytest.raises(ParameterError, match="out: is not available for a sparse matrix"):
-        bl.eigsh(s, 2, out=tmp_path / "E.zarr", order="ascending")
+    with pytest.raises(ParameterError, match="resume: is not available for a sparse matrix"):
+        bl.eigsh(s, 2, out=tmp_path / "E.zarr", resume=True, order="ascending")
     with pytest.raises(ParameterError, match="center: is not available"):
         bl.eigsh(s, 2, center=True, order="ascending")
     a = bl.from_sparse(sp.random(60, 60, density=0.2, random_state=1, format="csr"), tmp_path / "A.zarr")

@@ -8,7 +8,6 @@ block, which checks symmetry. A matrix that fits the budget is read once and sol
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any, Unpack
 
@@ -25,7 +24,8 @@ from blocklin.linalg.blocks.results import open_group, write_group
 from blocklin.linalg.blocks.scaling import Scaling, check_finite_result, incore_exponent, unscale
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
 from blocklin.linalg.lowrank.sources import load_incore
-from blocklin.linalg.lowrank.sparse_eigsh import sparse_eigsh
+from blocklin.linalg.lowrank.laplacian import KINDS
+from blocklin.linalg.lowrank.sparse_eigsh import eigen_order, sparse_eigsh, symmetry_rtol
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
@@ -53,15 +53,11 @@ class EighResult(tuple):
         return self[1]
 
 
-def symmetry_rtol(dtype: Any) -> float:
-    """Relative asymmetry ``||A X - A^T X|| / ||A X||`` tolerated by :func:`eigsh`."""
-    return math.sqrt(float(np.finfo(np.dtype(dtype)).eps))
-
-
 def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_size: int | None = None,
           max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
           overwrite: bool = False, check_symmetric: bool = True, order: str | None = None, center: bool = False,
-          resume: bool = False, v0: Any = None, **settings: Unpack[Settings]) -> EighResult:
+          resume: bool = False, v0: Any = None, laplacian: str | None = None,
+          **settings: Unpack[Settings]) -> EighResult:
     """``k`` eigenpairs of a symmetric out-of-core matrix by thick-restarted block Lanczos.
 
     Each Lanczos step is one pass over ``A`` (``Z = A^T X``, equal to ``A X`` for symmetric ``A``).
@@ -106,6 +102,13 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         Continue the interrupted run that was writing ``out`` (same input, parameters and budget):
         the completed Lanczos steps are restored from their checkpoints and skipped; the result is
         identical, bit for bit, to an uninterrupted run. Needs ``out``.
+    laplacian : {"combinatorial", "normalized"}, optional
+        ``a`` is a stored sparse graph's adjacency ``A`` (weights, symmetric): the eigenpairs of its
+        Laplacian ``L = D - W`` or ``I - D^{-1/2} W D^{-1/2}`` (``W``: ``A`` without its diagonal,
+        ``D``: the degrees), as ``scipy.sparse.csgraph.laplacian(A, normed=...)`` defines it, by one
+        degree pass and then products with ``A`` (``L`` never formed). With ``which="SA"``: the
+        smallest eigenpairs, as spectral clustering takes them (von Luxburg, 2007). The values are
+        float64.
     center : bool
         ``A`` is a data matrix (``m`` samples x ``n`` features, any shape): the eigenpairs of its
         covariance ``C = (A - 1 mu^T)^T (A - 1 mu^T) / (m - 1)`` without forming ``C`` or a centered
@@ -146,12 +149,17 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     max_basis = size("max_basis", max_basis, fix="pass max_basis=32, or None for the planned one")
     seed = seed_arg(seed)  # a generator draws its integer once, before the token names it
     sparse = as_sparse_matrix(a, settings.get("storage_options"))
+    if laplacian is not None:
+        laplacian = choice("laplacian", laplacian, KINDS, fix="pass laplacian='normalized' or 'combinatorial'")
+        if not isinstance(sparse, SparseMatrix):
+            raise ParameterError(explain("laplacian", "takes a stored sparse adjacency matrix (a blocklin-csr "
+                                         "group)", f"a {type(a).__name__}", "store the graph sparse first: "
+                                         "blocklin.from_sparse(adjacency, 'G.zarr') or blocklin convert G.mtx G.zarr"))
     if isinstance(sparse, SparseMatrix):  # a stored sparse matrix: Lanczos on its row-block products
         return EighResult(*sparse_eigsh(
-            sparse, k, which=which, tol=default_tol(sparse.dtype) if tol is None else tol, max_passes=max_passes,
-            block_size=block_size, max_basis=max_basis, seed=resolve_seed(seed), order=order, v0=v0,
-            symmetry_rtol=symmetry_rtol(sparse.dtype) if check_symmetric else None,
-            refused={"out": out is not None, "resume": resume, "center": center}))
+            sparse, k, which=which, tol=tol, max_passes=max_passes, block_size=block_size, max_basis=max_basis,
+            seed=resolve_seed(seed), order=order, v0=v0, check_symmetric=check_symmetric, laplacian=laplacian,
+            out=out, overwrite=overwrite, refused={"resume": resume, "center": center}, settings=settings))
     if center:
         return _covariance(a, k, which=which, tol=tol, block_size=block_size, max_basis=max_basis,
                            max_passes=max_passes, seed=seed, out=out, overwrite=overwrite, order=order, resume=resume,
@@ -296,10 +304,7 @@ def _check_symmetry(ax: np.ndarray, atx: np.ndarray, rtol: float) -> None:
 def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overwrite: bool, *, tol: float,
             which: str, seed: int, phases: dict | None = None, order: str = "ascending", ao: Any = None) -> EighResult:
     """Eigenpairs in ``order``, the report, and the output group when ``out`` is given."""
-    key = res.values if order == "ascending" else -res.values
-    if order == "descending" and which == "LM":  # largest magnitude first
-        key = -np.abs(res.values)
-    order = np.argsort(key, kind="stable")
+    order = eigen_order(res.values, order, which)
     w = res.values[order].astype(A.dtype)
     vecs = res.vectors[:, order].astype(A.dtype)
     report = job.report(passes=job.passes("a"), passes_formula=plan.formula, lanczos_steps=res.steps,
