@@ -113,3 +113,16 @@ def test_dense_operations_name_the_sparse_route(stored):
 
     with pytest.raises(StoreReadError, match=r"a sparse matrix \(blocklin-csr group\).*blocklin.open\(PATH\)"):
         bl.qr(s.path)  # a dense operation (eigsh takes a sparse symmetric matrix: test_eigsh_sparse.py)
+
+
+def test_svd_of_integer_values_is_float64(tmp_path):
+    x = scipy.sparse.random(300, 80, density=0.05, random_state=2, format="csr")
+    x.data[:] = np.arange(x.nnz) % 5 + 1
+    x = x.astype(np.int32)
+    s = bl.from_sparse(x, tmp_path / "i.zarr")
+    res = bl.svd(s, 3, seed=0)
+    _, S, _ = res
+    full = np.linalg.svd(x.toarray().astype(np.float64), compute_uv=False)
+    assert S.dtype == np.float64  # integer values multiply as float64 (SparseOperator), never truncated
+    assert_ritz_values(S, full[:3], spectrum=full, residuals=np.asarray(res.report["residuals"]), n=300,
+                       norm=float(full[0]))

@@ -39,7 +39,7 @@ from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, gram_route_fits
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
-from blocklin.sparse import as_sparse_matrix
+from blocklin.sparse import as_sparse_matrix, as_sparse_operator
 from blocklin.storage import create_group, remove
 from blocklin.storage.zarr_store import open_zarr
 from blocklin.validate import (check_k, choice, count, flag, float_operand, positive, resolve_seed, seed_arg,
@@ -447,6 +447,7 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
         raise ParameterError(explain("a", "a LinearOperator takes rsvd or block Lanczos for the largest triplets "
                                      "only", f"a LinearOperator with {', '.join(asked)}",
                                      "pass the matrix itself (a path, a Matrix or an array) for those"))
+    op = as_sparse_operator(op)  # a stored sparse matrix: float64 products for integer values
     dt = np.dtype(op.dtype)
     if dt not in (np.float32, np.float64):
         raise ParameterError(explain("a", "must be a float32 or float64 LinearOperator", dt.name,
