@@ -186,7 +186,9 @@ class SparseOperator(_operator_base()):
 
     The products hold one row block (its CSR arrays, sized by the conversion's budget), ``X`` or
     ``Y`` and the result (``m x k`` or ``n x k``) in memory, as every SciPy operator's do. Integer
-    values are multiplied as float64.
+    values are multiplied as float64. Called inside a blocklin operation, the products run as tasks
+    on its scheduler (groups of row blocks; :mod:`blocklin.runtime.sparse_pass`), with the same bits
+    as in the caller.
 
     Attributes
     ----------
@@ -201,24 +203,22 @@ class SparseOperator(_operator_base()):
         dt = matrix.dtype if matrix.dtype in (np.float32, np.float64) else np.dtype(np.float64)
         super().__init__(dtype=dt, shape=matrix.shape)
 
-    def _blocks(self) -> Iterator[tuple[int, Any]]:
+    def _product(self, x: np.ndarray, transposed: bool) -> np.ndarray:
+        from blocklin.runtime.job import current_job
+        from blocklin.runtime.sparse_pass import product_in_process, sparse_product
+
         self.products += 1
-        for r0, blk in self.matrix.iter_row_blocks():
-            yield r0, (blk if blk.dtype == self.dtype else blk.astype(self.dtype))
+        x = np.asarray(x)
+        job = current_job()  # inside an operation: its groups of row blocks run as the job's tasks
+        if job is not None:
+            return sparse_product(job, self.matrix, x, transposed, self.dtype)
+        return product_in_process(self.matrix._store, x, transposed, self.dtype)
 
     def _matmat(self, x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x)
-        out = np.empty((self.shape[0], x.shape[1]), np.result_type(self.dtype, x.dtype))
-        for r0, blk in self._blocks():
-            out[r0:r0 + blk.shape[0]] = blk @ x
-        return out
+        return self._product(x, False)
 
     def _rmatmat(self, y: np.ndarray) -> np.ndarray:
-        y = np.asarray(y)
-        out = np.zeros((self.shape[1], y.shape[1]), np.result_type(self.dtype, y.dtype))
-        for r0, blk in self._blocks():
-            out += blk.T @ y[r0:r0 + blk.shape[0]]
-        return out
+        return self._product(y, True)
 
     def _matvec(self, x: np.ndarray) -> np.ndarray:
         return self._matmat(np.asarray(x).reshape(-1, 1))[:, 0]

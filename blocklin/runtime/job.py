@@ -8,6 +8,7 @@ every operation reports (seconds, flops, bytes read and written, passes, peak me
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import os
 import time
@@ -107,6 +108,16 @@ class ClusterInfo:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+#: The job whose ``with`` block the caller is in (the innermost): where the products of a stored
+#: sparse matrix's operator run (:mod:`blocklin.runtime.sparse_pass`), wrapped however deep.
+_running: contextvars.ContextVar[Job | None] = contextvars.ContextVar("blocklin_job", default=None)
+
+
+def current_job() -> Job | None:
+    """The innermost :class:`Job` whose ``with`` block is running in this context, if any."""
+    return _running.get()
 
 
 class Job:
@@ -545,6 +556,7 @@ class Job:
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def __enter__(self) -> Job:
+        self._running_token = _running.set(self)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -556,6 +568,8 @@ class Job:
             for ao in self.outputs:
                 ao.release() if keep else ao.abort(interrupted=self._interrupted, report=False)
         finally:
+            with contextlib.suppress(ValueError):  # exited in another context than it was entered
+                _running.reset(self._running_token)
             self.progress.close()
             self.stack.close()
             if self._interrupted:

@@ -1,0 +1,157 @@
+"""Products ``S X`` and ``S^T Y`` of a stored sparse matrix with a dense block in memory, run as tasks
+on the job's scheduler: every iterative method on a sparse matrix (Lanczos, rsvd, LSQR, a Laplacian's
+eigenpairs) takes its products from here, so its passes run on the job's workers (threads,
+processes, a cluster), next to the data, rather than in the client.
+
+The row blocks of ``S`` (fixed when it was stored, sized by the conversion's budget) are cut into
+groups of whole blocks of about :data:`GROUP_ENTRIES` entries, one task each. A task reads its
+blocks one at a time and returns its rows of ``S X``, or its partial ``S_g^T Y_g`` (``n x k``, summed
+over its blocks in row order); the partials are added in group order. The groups depend on the
+matrix alone, never on the scheduler, the workers or the budget, and the in-process product
+(:func:`product_in_process`, what a :class:`~blocklin.sparse.SparseOperator` outside a job does) runs
+the same groups in the same order, so a result has the same bits wherever it ran.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from typing import Any
+
+import numpy as np
+
+from blocklin.config import format_size
+from blocklin.errors import BudgetError, explain
+from blocklin.runtime.graph import TileGraph
+from blocklin.runtime.tiles import with_task_settings
+from blocklin.storage.sparse import SparseStore
+
+#: Entries per task's group of row blocks (a group holds at least one block). A constant: the groups
+#: fix the order of the partial sums of ``S^T Y``.
+GROUP_ENTRIES = 1 << 22
+
+
+def row_groups(store: SparseStore) -> list[tuple[int, int]]:
+    """``(first block, stop block)`` of each group of consecutive row blocks holding about
+    :data:`GROUP_ENTRIES` entries (one small read of ``indptr`` at the block boundaries)."""
+    bounds = store.row_blocks
+    ends = np.asarray(store.indptr.get_coordinate_selection(bounds), np.int64)
+    groups, first, start = [], 0, int(ends[0])
+    for b in range(1, len(bounds)):
+        if int(ends[b]) - start >= GROUP_ENTRIES or b == len(bounds) - 1:
+            groups.append((first, b))
+            first, start = b, int(ends[b])
+    return groups or [(0, 0)]
+
+
+def group_product(store: SparseStore, b0: int, b1: int, x: np.ndarray, transposed: bool, dtype: Any) -> np.ndarray:
+    """Rows ``row_blocks[b0]:row_blocks[b1]`` of ``S X`` (``transposed=False``), or the partial
+    ``S_g^T Y_g`` of those rows (``Y = x``), with the blocks in ``dtype``."""
+    import scipy.sparse
+
+    bounds, dt = store.row_blocks, np.dtype(dtype)
+    r0, r1 = int(bounds[b0]), int(bounds[b1])
+    k = x.shape[1]
+    out = np.zeros((store.shape[1], k) if transposed else (r1 - r0, k), np.result_type(dt, x.dtype))
+    for b in range(b0, b1):
+        s0, s1 = int(bounds[b]), int(bounds[b + 1])
+        ptr, idx, val = store.read_rows(s0, s1)
+        blk = scipy.sparse.csr_matrix((val.astype(dt, copy=False), idx, ptr), shape=(s1 - s0, store.shape[1]))
+        if transposed:
+            out += blk.T @ x[s0:s1]
+        else:
+            out[s0 - r0:s1 - r0] = blk @ x
+    return out
+
+
+def product_in_process(store: SparseStore, x: np.ndarray, transposed: bool, dtype: Any) -> np.ndarray:
+    """``S X`` or ``S^T X`` in this process, group by group as the tasks would compute it."""
+    return _combine(store, [(g, group_product(store, *g, x, transposed, dtype)) for g in row_groups(store)], x,
+                    transposed, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProductSpec:
+    """What a product task needs: where ``S`` is, the product, the blocks' dtype, BLAS threads."""
+
+    s: Any
+    transposed: bool
+    dtype: str
+    blas_threads: int | None
+
+
+@with_task_settings
+def product_task(spec: ProductSpec, b0: int, b1: int, x: np.ndarray) -> dict:
+    """One group's rows of ``S X`` or its partial ``S^T Y`` (see the module docstring)."""
+    store = SparseStore(spec.s)
+    out = group_product(store, b0, b1, x, spec.transposed, spec.dtype)
+    r0, r1 = int(store.row_blocks[b0]), int(store.row_blocks[b1])
+    entries = int(store.indptr[r1]) - int(store.indptr[r0]) if r1 > r0 else 0
+    return {"group": (b0, b1), "result": out, "flops": 2 * entries * x.shape[1],
+            "bytes_read": entries * (store.dtype.itemsize + store.index_dtype.itemsize) + (r1 - r0 + 1) * 8}
+
+
+def task_memory(store: SparseStore, groups: list[tuple[int, int]], k: int, transposed: bool, dtype: Any) -> int:
+    """Bytes one task allocates beside the shared ``X``: its largest block's CSR arrays as read and
+    cast, and its result (a group's rows of ``S X``, or an ``n x k`` partial and a block's product)."""
+    bounds = store.row_blocks
+    ends = np.asarray(store.indptr.get_coordinate_selection(bounds), np.int64)
+    block_entries = int(np.diff(ends).max(initial=0))
+    block_rows = int(np.diff(bounds).max(initial=0))
+    entry = store.dtype.itemsize + store.index_dtype.itemsize
+    csr = block_entries * (entry + np.dtype(dtype).itemsize + 8) + 2 * (block_rows + 1) * 8
+    if transposed:
+        return csr + 2 * store.shape[1] * k * 8
+    rows = max(int(bounds[b1]) - int(bounds[b0]) for b0, b1 in groups)
+    return csr + (rows + block_rows) * k * 8
+
+
+def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype: Any) -> np.ndarray:
+    """``S X`` (``transposed=False``) or ``S^T X`` of the stored sparse ``matrix``, its groups run as
+    tasks of ``job`` (one pass over ``S``, counted); refused with the minimum budget when one task and
+    the product's operands do not fit ``job``'s memory budget."""
+    store = matrix._store
+    groups = row_groups(store)
+    m, n = store.shape
+    k = x.shape[1]
+    held = x.nbytes + (n if transposed else m) * k * 8  # X and the result, in the caller
+    per_task = task_memory(store, groups, k, transposed, dtype)
+    budget = job.cfg.memory
+    if held + per_task > budget:
+        need = held + per_task
+        raise BudgetError(explain("memory", f"a product {'S^T X' if transposed else 'S X'} holds X, the result and "
+                                  "one task's row block and partial", f"{format_size(need)} needed, the budget is "
+                                  f"{format_size(budget)} ({m} x {n} sparse, {store.nnz} entries, X with {k} "
+                                  "columns)", f"raise the budget (memory='{format_size(need * 5 // 4 + 1)}'), or "
+                                  "convert S again with a smaller --memory (smaller row blocks)"), minimum=need)
+    workers = max(1, min(job.workers(job.cores()), (budget - held) // max(1, per_task), len(groups)))
+    spec = ProductSpec(s=store.location, transposed=transposed, dtype=np.dtype(dtype).name,
+                       blas_threads=job.task_blas_threads(1))
+    graph = TileGraph.named("sparse-product", uuid.uuid4().hex)  # X differs on every call: a fresh name
+    for g in groups:
+        graph.add(g, product_task, spec, *g, x)
+    results = job.run(graph, workers=workers, description=f"sparse {'S^T X' if transposed else 'S X'}",
+                      count_pass="a")
+    parts = {r["group"]: r["result"] for r in results}
+    return _combine(store, [(g, parts[g]) for g in groups], x, transposed, dtype)
+
+
+def _combine(store: SparseStore, parts: list[tuple[tuple[int, int], np.ndarray]], x: np.ndarray, transposed: bool,
+             dtype: Any) -> np.ndarray:
+    """The groups' results in order: rows placed, or partials added in group order."""
+    m, n = store.shape
+    rt = np.result_type(np.dtype(dtype), x.dtype)
+    if transposed:
+        out = np.zeros((n, x.shape[1]), rt)
+        for _g, p in parts:
+            out += p
+        return out
+    out = np.empty((m, x.shape[1]), rt)
+    bounds = store.row_blocks
+    for (b0, b1), p in parts:
+        out[int(bounds[b0]):int(bounds[b1])] = p
+    return out
+
+
+__all__ = ["GROUP_ENTRIES", "ProductSpec", "group_product", "product_in_process", "product_task", "row_groups",
+           "sparse_product", "task_memory"]

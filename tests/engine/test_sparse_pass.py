@@ -1,0 +1,87 @@
+"""Products of a stored sparse matrix run as tasks on the job's scheduler
+(:mod:`blocklin.runtime.sparse_pass`): the same bits on every scheduler and in the caller, against
+SciPy's product within the rounding of its dot products, and the budget refused with its minimum."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import blocklin as bl
+import blocklin.runtime.sparse_pass as sparse_pass
+from blocklin.errors import BudgetError
+from blocklin.runtime.job import Job, current_job
+from support.tolerances import eps
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """A 30000 x 300 sparse matrix stored at the conversion's smallest budget: several row blocks."""
+    x = sp.random(30000, 300, density=0.03, random_state=4, format="csr")
+    return x, bl.from_sparse(x, tmp_path_factory.mktemp("sparse") / "S.zarr", memory="9MiB")
+
+
+@pytest.fixture
+def stored(written, monkeypatch):
+    """The matrix with its row blocks cut into several groups (tasks)."""
+    monkeypatch.setattr(sparse_pass, "GROUP_ENTRIES", 50000)
+    x, s = written
+    assert s.n_blocks >= 5 and len(sparse_pass.row_groups(s._store)) >= 3
+    return x, s
+
+
+def _products(s, x, y, **settings):
+    op = s.aslinearoperator()
+    if not settings:
+        return op.matmat(x), op.rmatmat(y), None
+    with Job("test", **settings) as job:
+        assert current_job() is job
+        sx, sty = op.matmat(x), op.rmatmat(y)
+        return sx, sty, job.stats["tasks"]
+
+
+def test_products_have_the_same_bits_on_every_scheduler(stored, rng):
+    xs, s = stored
+    x, y = rng.standard_normal((300, 5)), rng.standard_normal((30000, 5))
+    ref_sx, ref_sty, _ = _products(s, x, y)  # in the caller, no job
+    groups = len(sparse_pass.row_groups(s._store))
+    for scheduler in ("sync", "threads", "processes"):
+        sx, sty, tasks = _products(s, x, y, scheduler=scheduler, workers=2)
+        assert tasks == 2 * groups, scheduler  # every group a task, for each product
+        assert np.array_equal(sx, ref_sx) and np.array_equal(sty, ref_sty), scheduler
+    # SciPy's product: each entry a dot product of at most the row's (column's) entries, so within
+    # gamma_nnz |S| |x| (Higham, Accuracy and Stability, 3.5); nnz per row is below 40 here, per column below 1100
+    bound = 40 * eps(np.float64) * (abs(xs) @ abs(x))
+    assert (abs(ref_sx - xs @ x) <= bound).all()
+    assert (abs(ref_sty - xs.T @ y) <= 1100 * eps(np.float64) * (abs(xs).T @ abs(y))).all()
+    assert current_job() is None
+
+
+def test_svd_passes_run_as_tasks_and_match_the_caller(stored):
+    xs, s = stored
+    res = bl.svd(s, 3, seed=0, scheduler="threads", workers=2)
+    again = bl.svd(s, 3, seed=0, scheduler="sync")
+    assert res.report["tasks"] >= 2 * res.report["operator_products"]
+    assert np.array_equal(res[1], again[1])
+    full = np.linalg.svd(xs.toarray(), compute_uv=False)
+    assert np.allclose(res[1], full[:3], rtol=0, atol=float(np.max(res.report["residuals"])) * 10 + 1e-12)
+
+
+def test_a_budget_below_one_task_is_refused_with_the_minimum(stored, rng):
+    _, s = stored
+    with Job("test", memory="16KiB") as job:
+        with pytest.raises(BudgetError, match=r"memory: a product S X holds X, the result and one task's row block.*"
+                                              r"raise the budget \(memory='") as info:
+            s.aslinearoperator().matmat(rng.standard_normal((300, 2)))
+        assert job.stats["tasks"] == 0
+    assert info.value.minimum > 16 * 1024
+
+
+@pytest.mark.slow
+def test_products_on_a_cluster_have_the_same_bits(stored, rng, client):
+    _, s = stored
+    x, y = rng.standard_normal((300, 3)), rng.standard_normal((30000, 3))
+    ref_sx, ref_sty, _ = _products(s, x, y)
+    sx, sty, tasks = _products(s, x, y, scheduler=client)
+    assert tasks > 0 and np.array_equal(sx, ref_sx) and np.array_equal(sty, ref_sty)
