@@ -233,6 +233,35 @@ class SparseOperator(_operator_base()):
                               rmatvec=self._matvec, matmat=self._rmatmat, rmatmat=self._matmat)
 
 
+def centered_operator(s: SparseMatrix, mu: np.ndarray, dtype: Any = None) -> Any:
+    """``S - 1 mu^T`` as a SciPy ``LinearOperator`` over ``S``'s row-block operator (centered
+    implicitly: never a dense or centered copy of ``S``).
+
+    ``x -> S x - 1 (mu^T x)`` and the adjoint ``y -> S^T y - mu (1^T y)``: each product one pass over
+    the row blocks (:class:`SparseOperator`) plus a rank-one correction in memory. ``dtype``: of the
+    operator and of ``mu`` in the correction (default the row-block operator's: float32 for float32
+    values); pass float64 to keep the means exact when the products are taken with float64 blocks.
+    Used by :func:`blocklin.pca` of a sparse matrix and the sparse least squares of :func:`blocklin.solve`.
+    """
+    from scipy.sparse.linalg import LinearOperator
+
+    op = s.aslinearoperator()
+    dt = np.dtype(op.dtype if dtype is None else dtype)
+    mu_t = np.asarray(mu).astype(dt)
+    m, n = op.shape
+
+    def matmat(x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x).reshape(n, -1)
+        return op.matmat(x) - (mu_t @ x)[None, :]
+
+    def rmatmat(y: np.ndarray) -> np.ndarray:
+        y = np.asarray(y).reshape(m, -1)
+        return op.rmatmat(y) - np.outer(mu_t, y.sum(axis=0))
+
+    return LinearOperator(dtype=dt, shape=(m, n), matvec=lambda x: matmat(x)[:, 0],
+                          rmatvec=lambda y: rmatmat(y)[:, 0], matmat=matmat, rmatmat=rmatmat)
+
+
 def as_sparse_matrix(a: Any, storage_options: dict | None = None) -> Any:
     """``a`` as a :class:`SparseMatrix` when it names a stored sparse matrix (a path, URL or Location of
     a committed ``blocklin-csr`` group: one small read of its ``zarr.json``); a :class:`SparseMatrix`
@@ -262,4 +291,4 @@ def as_sparse_operator(a: Any) -> Any:
     return a
 
 
-__all__ = ["SparseMatrix", "SparseOperator", "as_sparse_matrix", "as_sparse_operator"]
+__all__ = ["SparseMatrix", "SparseOperator", "as_sparse_matrix", "as_sparse_operator", "centered_operator"]

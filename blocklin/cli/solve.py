@@ -1,4 +1,4 @@
-"""``blocklin solve A B -o X``: Tikhonov-regularized least squares, out of core."""
+"""``blocklin solve A B -o X``: Tikhonov-regularized least squares, out of core (LSQR for a sparse ``A``)."""
 
 from __future__ import annotations
 
@@ -30,12 +30,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Solve a (regularized) least-squares problem with zarr A and B: normal equations "
                                    "with refinement, or a one-pass streaming QR; lambda fixed, a list, or chosen "
                                    "by GCV or the L-curve.")
-    p.add_argument("a", metavar="A", help="zarr array (path), m x n")
+    p.add_argument("a", metavar="A", help="zarr array (path), m x n; or a sparse group (blocklin convert A.mtx "
+                                          "S.zarr), solved by LSQR on its row blocks")
     p.add_argument("b", metavar="B", help="zarr array (path), m x k right-hand sides")
     p.add_argument("-o", "--out", required=True, metavar="X", help="output zarr array (path)")
     p.add_argument("--lambda", dest="lam", type=_lam, default=0.0, metavar="LAM",
                    help="regularization: a number >= 0 (default 0), a comma list, 'gcv' or 'lcurve'")
-    p.add_argument("--method", choices=("auto", "normal", "qr"), default="auto")
+    p.add_argument("--method", choices=("auto", "normal", "qr", "lsqr"), default="auto",
+                   help="dense A: normal or qr (auto chooses); sparse A: lsqr (auto is lsqr)")
+    p.add_argument("--tol", type=float, default=None,
+                   help="sparse A: LSQR's relative tolerance (default 1e-10 for float64 values, 1e-6 for float32)")
+    p.add_argument("--max-iter", dest="max_iter", type=ui.count_arg("--max-iter", minimum=1, example="200"),
+                   default=None, help="sparse A: LSQR iterations at most, two passes each (default 2 min(m, n), "
+                                      "at most 10000)")
     p.add_argument("--assume-a", dest="assume_a", choices=("gen", "pos", "sym"), default="gen",
                    help="gen (default): least squares, and for square A with lambda 0 the out-of-core LU with "
                         "partial pivoting; pos: symmetric positive definite A of any size (out-of-core Cholesky); "
@@ -56,8 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--factored", choices=("cholesky", "lu"),
                    help="A is a stored factor (blocklin factor cholesky / lu wrote it): solve with it, no new "
                         "factorization (scipy's cho_solve / lu_solve; the LU's recorded pivots are used)")
-    ui.add_run_options(p, resume="continue an interrupted run: finished passes are not run again (identical result)",
-                       explain=False)
+    ui.add_run_options(p, resume="continue an interrupted run: finished passes are not run again (identical result)")
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -70,9 +76,11 @@ def run(args: argparse.Namespace) -> dict:
     if args.plot and not isinstance(args.lam, str):
         raise ParameterError(explain("--plot", "needs --lambda gcv or --lambda lcurve (the curve is computed to "
                                      "choose lambda)", f"--lambda {args.lam}", "pass --lambda gcv"))
+    if args.explain:
+        return _explain(args)
     x = solve(args.a, args.b, lam=args.lam, method=args.method, assume_a=args.assume_a, out=args.out,
-              refine=args.refine, precision=args.precision,
-              fit_intercept=args.fit_intercept, updatable=args.updatable, **ui.run_settings(args))
+              refine=args.refine, precision=args.precision, fit_intercept=args.fit_intercept,
+              updatable=args.updatable, **_sparse_options(args), **ui.run_settings(args))
     r = x.report
     summary = {"output": x.path, "shape": list(x.shape), "lam": r["lam"], "method": r["method"],
                "method_reason": r["method_reason"], "residual_norm": r["residual_norm"],
@@ -87,6 +95,8 @@ def run(args: argparse.Namespace) -> dict:
         summary["scaling"] = r["scaling"]
     if args.fit_intercept:
         summary["intercept"] = r["intercept"]
+    if r.get("method") == "lsqr":  # a sparse A
+        summary.update(iterations=r["iterations"], converged=r["converged"], tol=r["tol"], nnz=r["nnz"])
     if args.plot:
         summary["plot"] = _plot(r, args.plot)
     lam = r["lam"]
@@ -95,10 +105,38 @@ def run(args: argparse.Namespace) -> dict:
     res_s = f"{res:.3e}" if isinstance(res, float) else str(res)
     human = (f"wrote {x.path} ({x.shape[0]} x {x.shape[1]}) in {r['seconds']:.2f} s: lambda {lam_s}"
              f"{' (' + r['lam_rule'] + ')' if 'lam_rule' in r else ''}, method {r['method']} ({r['method_reason']}), "
-             f"residual norm {res_s}, {r.get('passes', 0)} pass(es), peak memory {format_size(r['peak_memory'])}"
+             f"residual norm {res_s}, {r.get('passes', 0)} pass(es)"
+             + (f" ({r['iterations']} LSQR iterations{'' if r['converged'] else ', NOT converged'})"
+                if r.get("method") == "lsqr" else "")
+             + f", peak memory {format_size(r['peak_memory'])}"
              + (f"; intercept {r['intercept']}" if args.fit_intercept else ""))
     summary.update(ui.feed_summary(r))
     ui.emit(args, summary, ui.report_text(human, r))
+    return summary
+
+
+def _sparse_options(args: argparse.Namespace) -> dict:
+    """``--tol`` and ``--max-iter`` where given (the sparse route's; a dense A refuses them by name)."""
+    return {name: getattr(args, name) for name in ("tol", "max_iter") if getattr(args, name) is not None}
+
+
+def _explain(args: argparse.Namespace) -> dict:
+    """``--explain``: the plan :func:`blocklin.solve_plan` returns, printed; nothing is run or written."""
+    from blocklin.linalg.solve.router import solve_plan
+
+    settings = ui.run_settings(args)
+    settings.pop("resume", None)
+    settings.pop("overwrite", None)
+    plan = solve_plan(args.a, args.b, lam=args.lam, method=args.method, refine=args.refine,
+                      fit_intercept=args.fit_intercept, **_sparse_options(args), **settings)
+    summary = {"plan": plan.to_dict() if hasattr(plan, "to_dict") else str(plan)}
+    if hasattr(plan, "explain"):
+        text = plan.explain(device=ui.plan_device(args, plan))
+    else:  # the in-memory least squares' SolvePlan
+        text = (f"solve {plan.m} x {plan.n}, {plan.k} right-hand side(s): {plan.orientation}, method {plan.method}, "
+                f"{plan.passes} pass(es) over A, in-core problem {format_size(plan.small_memory)} of "
+                f"{format_size(plan.memory)}")
+    ui.emit(args, summary, text)
     return summary
 
 

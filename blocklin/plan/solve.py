@@ -66,3 +66,109 @@ def plan_solve(m: int, n: int, k: int, *, method: str, memory: int, lam_kind: st
         passes = 1 + refine
     return SolvePlan(m=m, n=n, k=k, orientation=orientation, method=method, passes=passes, small_memory=small,
                      memory=memory)
+
+
+#: float64 vectors of the sparse LSQR per right-hand side, over ``m`` rows (``u``, ``S v`` and the
+#: update of ``u``) and over ``n`` rows (``v``, ``S^T u``, one block's ``S_b^T u_b``, the update of
+#: ``v``); per (rhs, lambda) column over ``m`` rows (``S x`` and ``b - S x`` of the residual pass at
+#: the end) and over ``n`` rows (``x``, ``w`` and their updates); ``b`` itself besides (``m`` per rhs).
+LSQR_RHS_VECTORS = (3, 4)
+LSQR_COLUMN_VECTORS = (2, 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseSolvePlan:
+    """What :func:`blocklin.solve` does with a stored sparse ``a``: LSQR (Paige and Saunders 1982) on the
+    row-block products, every right-hand side and lambda at once.
+
+    Attributes
+    ----------
+    m, n, k : int
+        Rows and columns of ``S``, right-hand sides.
+    lams : int
+        Lambda values solved together (``L``; the output is ``n x (L k)``).
+    nnz : int
+        Stored entries of ``S``.
+    bytes_per_pass : int
+        Bytes one pass reads: ``nnz (value + index bytes) + 8 (m + 1)`` (the row offsets).
+    setup_passes : int
+        Passes outside the iterations: ``S^T b``, the residual ``b - S x`` at the end, and the means
+        with ``fit_intercept``.
+    max_iter : int
+        Iteration limit; each iteration is two passes (``S v`` and ``S^T u``).
+    max_passes : int
+        ``setup_passes + 2 max_iter``.
+    vector_memory, block_memory, peak_memory : int
+        Bytes of the float64 vectors (``b``, the LSQR vectors of ``k`` and of ``L k`` columns), of one
+        row block being multiplied (its CSR arrays, their float64 copy, the zarr chunks decoded, the
+        block's product), and their sum.
+    memory : int
+        The budget.
+    """
+
+    m: int
+    n: int
+    k: int
+    lams: int
+    nnz: int
+    row_blocks: int
+    max_block_entries: int
+    bytes_per_pass: int
+    setup_passes: int
+    max_iter: int
+    max_passes: int
+    vector_memory: int
+    block_memory: int
+    peak_memory: int
+    memory: int
+    method: str = "lsqr"
+
+    @property
+    def flops_per_iteration(self) -> int:
+        """``S v`` and ``S^T u`` of ``k`` columns: ``4 nnz k``."""
+        return 4 * self.nnz * self.k
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def explain(self, device: str = "cpu") -> str:
+        """What ``blocklin solve --explain`` prints for a sparse ``a``."""
+        return (f"solve sparse {self.m} x {self.n} ({self.nnz} entries, {self.row_blocks} row block(s)), "
+                f"{self.k} right-hand side(s) x {self.lams} lambda(s): LSQR (Paige-Saunders), each iteration one "
+                f"pass S v and one pass S^T u over the row blocks ({format_size(self.bytes_per_pass)} read per pass, "
+                f"{self.flops_per_iteration / 1e9:.3g} GFLOP per iteration); at most {self.max_iter} iterations = "
+                f"{self.max_passes} passes ({self.setup_passes} outside the iterations); peak "
+                f"{format_size(self.peak_memory)} of {format_size(self.memory)} (vectors "
+                f"{format_size(self.vector_memory)}, one row block {format_size(self.block_memory)}); {device}")
+
+    __str__ = explain
+
+
+def plan_sparse_solve(m: int, n: int, k: int, *, lams: int, nnz: int, value_bytes: int, index_bytes: int,
+                      row_blocks: int, max_block_rows: int, max_block_entries: int, chunk_bytes: int,
+                      max_iter: int, intercept: bool, memory: int) -> SparseSolvePlan:
+    """The sparse LSQR solve's passes and memory; a :class:`~blocklin.errors.BudgetError` naming the
+    budget that suffices when the vectors and one row block do not fit ``memory``.
+
+    ``chunk_bytes``: what zarr decodes around one block's read (a chunk of each 1-D array at either
+    end of the range, as the sparse products count them).
+    """
+    cols = k * lams
+    (rm, rn), (cm, cn) = LSQR_RHS_VECTORS, LSQR_COLUMN_VECTORS
+    vectors = 8 * (m * k + rm * m * k + rn * n * k + cm * m * cols + cn * n * cols)
+    # the CSR arrays read, SciPy's float64 copy of the values, the block's product S_b v
+    block = max_block_entries * (value_bytes + index_bytes + 8) + 8 * (max_block_rows + 1) \
+        + 8 * max_block_rows * max(k, cols) + chunk_bytes
+    peak = vectors + block
+    setup = 2 + int(intercept)
+    if peak > memory:
+        raise BudgetError(explain(
+            "memory", "must hold the sparse LSQR solve's float64 vectors (b and about 4 (m + n) numbers per "
+            "right-hand side and lambda) and one row block of S", f"{format_size(memory)} for vectors of "
+            f"{format_size(vectors)} and a row block of {format_size(block)} ({m} x {n}, {k} right-hand side(s), "
+            f"{lams} lambda(s))", f"raise it to at least {format_size(peak)} (memory='{math.ceil(peak / 2**20)}MiB'), "
+            "or solve fewer right-hand sides or lambdas at a time"), minimum=peak)
+    return SparseSolvePlan(m=m, n=n, k=k, lams=lams, nnz=nnz, row_blocks=row_blocks,
+                           max_block_entries=max_block_entries, bytes_per_pass=nnz * (value_bytes + index_bytes)
+                           + 8 * (m + 1), setup_passes=setup, max_iter=max_iter, max_passes=setup + 2 * max_iter,
+                           vector_memory=vectors, block_memory=block, peak_memory=peak, memory=memory)

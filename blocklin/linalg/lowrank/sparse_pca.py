@@ -16,7 +16,7 @@ import numpy as np
 
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.lowrank.methods import component_signs
-from blocklin.sparse import SparseMatrix
+from blocklin.sparse import SparseMatrix, centered_operator
 
 
 def sparse_moments(s: SparseMatrix) -> tuple[np.ndarray, np.ndarray]:
@@ -41,27 +41,6 @@ def sparse_moments(s: SparseMatrix) -> tuple[np.ndarray, np.ndarray]:
     return mean, m2
 
 
-def _centered_operator(s: SparseMatrix, mu: np.ndarray) -> Any:
-    """``S - 1 mu^T`` as a SciPy ``LinearOperator`` over ``S``'s row-block operator."""
-    from scipy.sparse.linalg import LinearOperator
-
-    op = s.aslinearoperator()
-    dt = np.dtype(op.dtype)
-    mu_t = mu.astype(dt)
-    m, n = op.shape
-
-    def matmat(x: np.ndarray) -> np.ndarray:
-        x = np.asarray(x).reshape(n, -1)
-        return op.matmat(x) - (mu_t @ x)[None, :]
-
-    def rmatmat(y: np.ndarray) -> np.ndarray:
-        y = np.asarray(y).reshape(m, -1)
-        return op.rmatmat(y) - np.outer(mu_t, y.sum(axis=0))
-
-    return LinearOperator(dtype=dt, shape=(m, n), matvec=lambda x: matmat(x)[:, 0],
-                          rmatvec=lambda y: rmatmat(y)[:, 0], matmat=matmat, rmatmat=rmatmat)
-
-
 def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool, updatable: bool,
                factorize: Any, svd_kw: dict) -> tuple:
     """The centered SVD of ``s`` and its moments: ``(res, mean, m2, comps)`` with the components
@@ -80,7 +59,7 @@ def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool,
             "(its centered operator gives the largest components; every one needs the dense matrix)",
             repr(n_components), f"pass n_components={min(10, max(1, min(m, n) - 1))}"))
     mean, m2 = sparse_moments(s)
-    op = _centered_operator(s, mean)
+    op = centered_operator(s, mean)
     res = factorize(op, n_components, **svd_kw)
     U, sv, Vt = res
     transposed = m < n  # the stored long factor is Vt

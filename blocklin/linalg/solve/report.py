@@ -17,6 +17,10 @@ _LEAST_SQUARES = ("lam", "method", "method_reason", "residual_norm", "solution_n
 RECORDED = {
     "least squares": _LEAST_SQUARES,  # the Gram matrix or R factor in memory (tall, wide)
     "stored gram": _LEAST_SQUARES,  # the regularized Gram matrix stored and factored out of core
+    # LSQR on a stored sparse matrix's row-block products (sparse_lsqr)
+    "sparse least squares": ("lam", "method", "method_reason", "residual_norm", "solution_norm", "passes", "seconds",
+                             "intercept", "iterations", "converged", "column_converged", "tol", "max_iter", "nnz",
+                             "flops"),
     "square": ("method", "method_reason", "precision", "residual_norm", "backward_error", "refine_steps", "seconds",
                "growth_factor", "resumed"),
     "triangular": ("seconds", "peak_memory", "tasks"),
@@ -32,7 +36,7 @@ def solve_report(job: Job, *, route: str, flops: float | None = None, **fields: 
     job : Job
         The solve's job: its statistics, time, peak memory and device open the report
         (:meth:`~blocklin.runtime.job.Job.report`, which takes ``flops``).
-    route : {"least squares", "stored gram", "square", "triangular"}
+    route : {"least squares", "stored gram", "sparse least squares", "square", "triangular", "factored"}
         Which entries of the report the output's attributes record (:data:`RECORDED`).
     **fields
         The route's entries, in the order they are reported.

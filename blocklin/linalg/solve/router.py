@@ -1,6 +1,7 @@
 """``blocklin.solve`` and ``blocklin.solve_plan``: the parameters checked, the route chosen and called.
 
-The routes: a square system (:mod:`~blocklin.linalg.solve.square`: LU or Cholesky of ``A`` itself),
+The routes: a stored sparse ``a`` (:mod:`~blocklin.linalg.solve.sparse_lsqr`: LSQR on its row-block
+products), a square system (:mod:`~blocklin.linalg.solve.square`: LU or Cholesky of ``A`` itself),
 the stored regularized Gram matrix when the in-memory one exceeds the budget
 (:mod:`~blocklin.linalg.solve.stored_gram`), else the in-memory Tikhonov least squares
 (:mod:`~blocklin.linalg.solve.least_squares`: tall ``A`` by the normal equations or the streaming QR,
@@ -24,6 +25,7 @@ from blocklin.linalg.solve.tikhonov import check_lam_max
 from blocklin.matrix import Matrix
 from blocklin.plan.solve import SolvePlan, plan_solve, small_bytes
 from blocklin.runtime.job import Job
+from blocklin.sparse import SparseMatrix, as_sparse_matrix
 from blocklin.validate import MAX_REFINE, choice, count, flag, float_operand, same_dtype, same_rows
 
 METHODS = ("auto", "normal", "qr")
@@ -34,16 +36,27 @@ ASSUME = ("gen", "pos", "sym")
 
 def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
           refine: Any = "auto", overwrite: bool = False, explain: bool = False, fit_intercept: bool = False,
-          precision: str = "double", resume: bool = False, updatable: bool = False,
-          **settings: Unpack[Settings]) -> Matrix | SolvePlan:
+          precision: str = "double", resume: bool = False, updatable: bool = False, tol: Any = None,
+          max_iter: Any = None, **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
+
+    A stored **sparse** ``a`` (a :class:`~blocklin.sparse.SparseMatrix`, or the path or URL of its
+    ``blocklin-csr`` group) is solved by LSQR (Paige and Saunders, ACM TOMS 8(1), 1982) with
+    ``damp = lam``, never densified: every iteration is one pass ``S V`` and one pass ``S^T U`` over
+    the row blocks for all right-hand sides and lambdas together
+    (:mod:`blocklin.linalg.solve.sparse_lsqr`). There ``method`` is ``"auto"`` or ``"lsqr"``, ``lam`` a
+    number or a sequence (the rules need the SVD and are refused), ``fit_intercept`` centers
+    implicitly, ``tol`` and ``max_iter`` apply, and ``assume_a``, ``precision``, ``refine``, ``resume``
+    and ``updatable`` are refused by name. Columns that miss ``tol`` within ``max_iter`` give a
+    :class:`~blocklin.errors.ConvergenceWarning` (``x`` is still written; the report says which).
 
     Parameters
     ----------
-    a : path, zarr array, Matrix, NumPy or Dask array
+    a : path, zarr array, Matrix, NumPy or Dask array, SparseMatrix
         ``m x n``. Never modified.
     b : operand
-        ``m x k`` right-hand sides (a 1-D NumPy vector is taken as one column).
+        ``m x k`` right-hand sides (a 1-D NumPy vector is taken as one column). With a sparse ``a`` it
+        is read into memory (``8 m k`` bytes, counted in the plan).
     lam : float, sequence of floats, "gcv" or "lcurve"
         Regularization ``lam >= 0``. A sequence solves every value from one pass (via the SVD of the
         streaming R factor); ``"gcv"`` minimizes generalized cross-validation (Golub, Heath and
@@ -112,13 +125,23 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         for the same ``lam`` (or rule), after rows are appended to ``A`` and ``b``
         (:func:`blocklin.append`) by reading only those rows (:mod:`blocklin.linalg.update.solve`). A
         least-squares solve of a tall ``A``; one pass more where the route made no Gram pass (the QR).
+    tol : float, optional
+        Sparse ``a`` only: LSQR's ``atol = btol`` (default ``1e-10`` for float64 values, ``1e-6`` for
+        float32; :data:`blocklin.linalg.solve.sparse_lsqr.DEFAULT_TOL` says why). ``x`` then solves a
+        problem whose ``S`` and ``b`` are perturbed by about ``tol`` relative.
+    max_iter : int, optional
+        Sparse ``a`` only: LSQR iterations at most (two passes each); default ``2 min(m, n)``, at most
+        10000.
     **settings
-        As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the CPU.
+        As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the
+        CPU; a sparse ``a``'s products run in the calling process whatever the scheduler.
 
     Returns
     -------
     Matrix
-        ``x`` with ``.report``: ``lam``, ``method`` and ``method_reason``, ``residual_norm``
+        ``x`` (with a sparse ``a``, also ``iterations``, ``column_iterations``, ``converged``,
+        ``column_converged``, ``stop_reasons``, ``tol``, ``nnz``, ``flops`` in ``.report``) with ``.report``:
+        ``lam``, ``method`` and ``method_reason``, ``residual_norm``
         (``||A x - b||_2`` per right-hand side), ``solution_norm``, ``objective``, ``passes``,
         ``seconds``, ``peak_memory``, ``cond_estimate`` (of ``A``, or of the regularized problem), and
         ``curve`` for GCV/L-curve. With ``fit_intercept``: ``x.intercept`` (NumPy, ``k`` values, or
@@ -156,6 +179,12 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     >>> np.allclose(x.to_numpy().ravel(), [0, 1, 2, 3, 4]), x.report["method"]
     (True, 'normal')
     """
+    sparse = as_sparse_matrix(a, settings.get("storage_options"))
+    if isinstance(sparse, SparseMatrix):  # a stored sparse matrix: LSQR on its row-block products
+        return _solve_sparse(sparse, b, lam=lam, method=method, assume_a=assume_a, out=out, refine=refine,
+                             overwrite=overwrite, explain=explain, fit_intercept=fit_intercept, precision=precision,
+                             resume=resume, updatable=updatable, tol=tol, max_iter=max_iter, settings=settings)
+    _refuse_sparse_only(method, tol, max_iter)
     if is_dataarray(a) and not explain:  # labelled: x over A's columns (and b's), from the unlabelled solve
         x = solve(a.data, b.data if is_dataarray(b) else b, lam=lam, method=method, assume_a=assume_a, out=out,
                   refine=refine, overwrite=overwrite, fit_intercept=fit_intercept, precision=precision, resume=resume,
@@ -192,11 +221,20 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
 
 
 def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: Any = "auto",
+               fit_intercept: bool = False, tol: Any = None, max_iter: Any = None,
                **settings: Unpack[Settings]) -> Any:
     """The plan that :func:`solve` would run, without running it (what ``blocklin solve --explain``
     prints): a :class:`~blocklin.plan.solve.SolvePlan`, or the out-of-core Cholesky plan when the
     regularized Gram matrix exceeds the budget, or the out-of-core LU's plan for a square system
-    (square ``a``, ``lam=0``, ``method="auto"``); same parameters as :func:`solve`."""
+    (square ``a``, ``lam=0``, ``method="auto"``), or for a stored sparse ``a`` the
+    :class:`~blocklin.plan.solve.SparseSolvePlan` of its LSQR (passes, bytes read per pass, memory;
+    ``fit_intercept``, ``tol`` and ``max_iter`` count there only); same parameters as :func:`solve`."""
+    sparse = as_sparse_matrix(a, settings.get("storage_options"))
+    if isinstance(sparse, SparseMatrix):
+        return _solve_sparse(sparse, b, lam=lam, method=method, assume_a="gen", out=None, refine=refine,
+                             overwrite=False, explain=True, fit_intercept=fit_intercept, precision="double",
+                             resume=False, updatable=False, tol=tol, max_iter=max_iter, settings=settings)
+    _refuse_sparse_only(method, tol, max_iter)
     method = choice("method", method, METHODS, fix="pass method='auto'")
     kind, lams = parse_lam(lam)
     refine = count("refine", refine, minimum=0, auto=("auto",), maximum=MAX_REFINE, fix="pass refine=1")
@@ -214,6 +252,31 @@ def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: 
                                      params={})
         return plan_solve(A.shape[0], A.shape[1], B.shape[1], method=method, memory=job.cfg.memory, lam_kind=kind,
                           refine=1 if refine == "auto" else refine)
+
+
+def _solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, method: str, assume_a: str, out: Any, refine: Any,
+                  overwrite: bool, explain: bool, fit_intercept: bool, precision: Any, resume: Any, updatable: Any,
+                  tol: Any, max_iter: Any, settings: dict) -> Any:
+    """The sparse route (:mod:`~blocklin.linalg.solve.sparse_lsqr`): its refusals, then LSQR or its plan."""
+    from blocklin.linalg.solve.sparse_lsqr import refuse_sparse_options, solve_sparse
+
+    kind, lams = parse_lam(lam)
+    refuse_sparse_options(method=method, assume_a=assume_a, precision=precision, resume=resume, updatable=updatable,
+                          refine=refine, kind=kind)
+    return solve_sparse(s, b, lam=lam, kind=kind, lams=lams, method=method, out=out, overwrite=overwrite,
+                        explain_only=explain, fit_intercept=flag("fit_intercept", fit_intercept), tol=tol,
+                        max_iter=max_iter, settings=settings)
+
+
+def _refuse_sparse_only(method: str, tol: Any, max_iter: Any) -> None:
+    """``method="lsqr"``, ``tol`` and ``max_iter`` belong to the sparse route."""
+    given = [name for name, on in (("method", method == "lsqr"), ("tol", tol is not None),
+                                   ("max_iter", max_iter is not None)) if on]
+    if given:
+        raise ParameterError(_msg(given[0], "applies to a stored sparse a only (LSQR); a dense a is solved by the "
+                                  "normal equations, QR or LU", f"{given[0]} with a dense a",
+                                  f"drop {given[0]}=, or convert a sparse file to a sparse group "
+                                  "(blocklin convert A.mtx S.zarr) and pass that"))
 
 
 def _checked(method: str, assume_a: str, lam: Any, precision: str,

@@ -1,0 +1,437 @@
+"""Least squares and ridge on a stored sparse matrix: LSQR on the row-block products, never a dense ``S``.
+
+:func:`blocklin.solve` with a stored sparse ``a`` (a :class:`~blocklin.sparse.SparseMatrix`, or the
+path or URL of its ``blocklin-csr`` group) solves ``min ||S x - b||^2 + lam^2 ||x||^2`` by LSQR (Paige
+and Saunders 1982) with ``damp = lam``, for every right-hand side and every lambda of a sequence at
+once. The Golub-Kahan bidiagonalization ``beta_1 u_1 = b``, ``alpha_1 v_1 = S^T u_1``, ... does not
+depend on ``damp`` (only the plane rotations that follow it do), so the ``k`` right-hand sides share one
+bidiagonalization for all ``L`` lambdas: each iteration is exactly one product ``S V`` and one
+``S^T U`` of the ``k`` columns still iterating (:class:`~blocklin.sparse.SparseOperator`: each a pass
+over the row blocks, one block in memory), and the rotations, norm estimates and stopping tests are
+per (rhs, lambda) column. A column that meets its tests freezes (its ``x`` and ``w`` stop changing);
+an rhs whose every lambda froze leaves the products. In exact arithmetic each column is what a
+separate LSQR run on it computes.
+
+``fit_intercept`` works on ``S - 1 mu^T`` through :func:`~blocklin.sparse.centered_operator` (the means
+from one pass, :func:`~blocklin.linalg.lowrank.sparse_pca.sparse_moments`) and ``b - 1 bbar``, and the
+intercept is ``x0 = bbar - mu^T x``, as the dense route and scikit-learn's ``Ridge`` give it.
+
+References
+----------
+C. C. Paige, M. A. Saunders, "LSQR: An algorithm for sparse linear equations and sparse least
+squares", ACM Trans. Math. Softw. 8(1), 43-71, 1982 (and "Algorithm 583. LSQR", 8(2), 195-209).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from blocklin.errors import (ConvergenceWarning, DTypeError, FormatError, NonFiniteError, ParameterError, ShapeError,
+                             StoreNotFoundError, explain, warn)
+from blocklin.interrupt import check_cancelled
+from blocklin.linalg.solve.report import solve_report
+from blocklin.linalg.solve.tikhonov import check_lam_max, norms
+from blocklin.plan.chunks import auto_chunks
+from blocklin.plan.solve import SparseSolvePlan, plan_sparse_solve
+from blocklin.runtime.job import Job
+from blocklin.sparse import SparseMatrix, centered_operator
+from blocklin.storage.zarr_store import create_array, open_zarr, write_block
+
+#: ``method=`` for a sparse ``a`` (``"auto"`` is LSQR).
+SPARSE_METHODS = ("auto", "lsqr")
+#: Default ``tol`` (LSQR's ``atol = btol``) by the stored values' dtype. The stopping tests make ``x``
+#: the exact solution of a problem whose ``S`` and ``b`` are perturbed by about ``tol`` relative
+#: (Paige and Saunders 1982, section 6), so a tolerance below the data's own rounding buys nothing:
+#: float32 values carry ``6e-8``, and ``1e-6`` (SciPy's ``lsqr`` default) is within 20 of it. Float64
+#: values would allow ``1e-15``, but every digit costs iterations (two passes over ``S`` each) and
+#: without reorthogonalization the iterates stagnate near ``eps cond(S)`` anyway: ``1e-10`` leaves a
+#: forward error near ``1e-10 cond`` for about half the iterations ``1e-15`` would take.
+DEFAULT_TOL = {"float32": 1e-6, "float64": 1e-10}
+#: Iteration limit by default: ``2 min(m, n)`` (in exact arithmetic LSQR ends within ``min(m, n)``;
+#: rounding makes twice that enough in practice), at most this many (each iteration reads ``S`` twice).
+MAX_ITER_CAP = 10_000
+#: Why a column stopped (Paige and Saunders' ``istop``): 0-2, 4, 5 converged; 3, 6 ill-conditioned; 7 the limit.
+STOP_REASONS = {0: "x = 0 is exact (b = 0 or S^T b = 0)", 1: "S x = b within tol (a compatible system)",
+                2: "least squares: ||S^T r|| within tol", 3: "condition estimate over conlim",
+                4: "S x = b to machine precision", 5: "least squares to machine precision",
+                6: "condition estimate over 1/eps", 7: "iteration limit"}
+CONVERGED = (0, 1, 2, 4, 5)
+
+
+def default_tol(dtype: Any) -> float:
+    """:data:`DEFAULT_TOL` of the stored values' dtype (integers are read as float64)."""
+    return DEFAULT_TOL["float32" if np.dtype(dtype) == np.float32 else "float64"]
+
+
+def default_max_iter(m: int, n: int) -> int:
+    return max(1, min(2 * min(m, n), MAX_ITER_CAP))
+
+
+@dataclasses.dataclass
+class LsqrResult:
+    """Every (rhs, lambda) column's solution and how its run ended; column ``l k + i`` is lambda ``l``, rhs ``i``."""
+
+    x: np.ndarray
+    iterations: np.ndarray
+    istop: np.ndarray
+    acond: np.ndarray
+    anorm: np.ndarray
+    products: list[int]  # columns of each product, in order (the passes and their flops)
+
+    @property
+    def converged(self) -> np.ndarray:
+        return np.isin(self.istop, CONVERGED)
+
+
+def lsqr_columns(matmat: Callable[[np.ndarray], np.ndarray], rmatmat: Callable[[np.ndarray], np.ndarray],
+                 b: np.ndarray, damps: list[float], *, tol: float, conlim: float, max_iter: int) -> LsqrResult:
+    """LSQR (Paige and Saunders 1982) of every column of ``b`` (``m x k``) and every ``damp`` at once.
+
+    Parameters
+    ----------
+    matmat, rmatmat : callable
+        ``V -> S V`` (``n x c`` to ``m x c``) and ``U -> S^T U``; each is called once per iteration
+        with the ``c <= k`` right-hand sides still iterating.
+    b : numpy.ndarray
+        ``m x k`` float64.
+    damps : list of float
+        ``lam`` values (``L``): the problem ``min ||S x - b||^2 + damp^2 ||x||^2``.
+    tol : float
+        ``atol = btol`` of the stopping tests: stop when ``||r|| <= tol ||b|| + tol ||S|| ||x||`` (a
+        compatible system) or ``||S^T r - damp^2 x|| <= tol ||[S; damp I]|| ||r||`` (least squares),
+        with LSQR's estimates of these norms (``r`` the damped residual).
+    conlim : float
+        Stop a column whose estimate of ``cond([S; damp I])`` exceeds it (not converged).
+    max_iter : int
+        Iterations at most (each two products).
+
+    Returns
+    -------
+    LsqrResult
+        ``x`` (``n x L k``), per column the iteration it stopped at, its ``istop``
+        (:data:`STOP_REASONS`), the condition and norm estimates of ``[S; damp I]``.
+    """
+    m, k = b.shape
+    L = len(damps)
+    damp = np.repeat(np.asarray(damps, np.float64), k)  # column l k + i: lambda l, rhs i
+    rhs = np.tile(np.arange(k), L)
+    cols = L * k
+    products: list[int] = []
+    tiny = np.finfo(np.float64).eps
+    # the bidiagonalization, per rhs: beta_1 u_1 = b, alpha_1 v_1 = S^T u_1
+    u = np.array(b, np.float64)
+    beta = np.linalg.norm(u, axis=0)
+    bnorm = beta.copy()
+    u[:, beta > 0] /= beta[beta > 0]
+    v = _finite(np.asarray(rmatmat(u), np.float64), 0)
+    products.append(k)
+    n = v.shape[0]
+    alpha = np.linalg.norm(v, axis=0)
+    v[:, alpha > 0] /= alpha[alpha > 0]
+    x = np.zeros((n, cols))
+    w = v[:, rhs].copy()
+    # the rotations and norm estimates, per (rhs, lambda) column, started as in Paige and Saunders
+    rhobar, phibar = alpha[rhs].copy(), beta[rhs].copy()
+    anorm, acond, ddnorm, res2, xxnorm, z = (np.zeros(cols) for _ in range(6))
+    cs2, sn2 = -np.ones(cols), np.zeros(cols)
+    iterations, istop = np.zeros(cols, np.int64), np.zeros(cols, np.int64)
+    live = (alpha * beta)[rhs] > 0  # ||S^T b|| = 0: x = 0 is the solution (istop 0)
+    itn = 0
+    while live.any() and itn < max_iter:
+        check_cancelled()
+        itn += 1
+        act = np.unique(rhs[live])  # right-hand sides with a lambda still iterating
+        alpha_old = alpha.copy()
+        su = _finite(np.asarray(matmat(v[:, act]), np.float64), itn)
+        products.append(act.size)
+        u[:, act] = su - alpha[act] * u[:, act]
+        beta[act] = np.linalg.norm(u[:, act], axis=0)
+        # beta = 0: S v is in the span of u, the system is compatible and this column ends now (as
+        # LSQR, which then skips the update of v and keeps alpha)
+        grow = act[beta[act] > 0]
+        u[:, grow] /= beta[grow]
+        sv = _finite(np.asarray(rmatmat(u[:, act]), np.float64), itn)
+        products.append(act.size)
+        pos = np.searchsorted(act, grow)
+        v[:, grow] = sv[:, pos] - beta[grow] * v[:, grow]
+        alpha[grow] = np.linalg.norm(v[:, grow], axis=0)
+        nz = grow[alpha[grow] > 0]
+        v[:, nz] /= alpha[nz]
+        lc = np.flatnonzero(live)
+        ri, dm = rhs[lc], damp[lc]
+        al, be = alpha[ri], beta[ri]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            anorm[lc] = np.where(be > 0, np.sqrt(anorm[lc] ** 2 + alpha_old[ri] ** 2 + be ** 2 + dm ** 2), anorm[lc])
+            # the rotation that eliminates the damping, then the one that eliminates beta
+            rhobar1 = np.hypot(rhobar[lc], dm)
+            cs1, sn1 = rhobar[lc] / rhobar1, dm / rhobar1
+            psi, phib = sn1 * phibar[lc], cs1 * phibar[lc]
+            rho = np.hypot(rhobar1, be)
+            cs, sn = rhobar1 / rho, be / rho
+            theta = sn * al
+            rhobar[lc] = -cs * al
+            phi = cs * phib
+            phibar[lc] = sn * phib
+            tau = sn * phi
+            wl = w[:, lc]
+            ddnorm[lc] += (np.linalg.norm(wl, axis=0) / rho) ** 2
+            x[:, lc] += wl * (phi / rho)
+            w[:, lc] = v[:, ri] + wl * (-theta / rho)
+            # ||x|| by the second QR of the bidiagonal (Paige and Saunders, section 5.2)
+            delta, gambar = sn2[lc] * rho, -cs2[lc] * rho
+            zrhs = phi - delta * z[lc]
+            xnorm = np.sqrt(xxnorm[lc] + (zrhs / gambar) ** 2)
+            gamma = np.hypot(gambar, theta)
+            cs2[lc], sn2[lc] = gambar / gamma, theta / gamma
+            z[lc] = zrhs / gamma
+            xxnorm[lc] += z[lc] ** 2
+            acond[lc] = anorm[lc] * np.sqrt(ddnorm[lc])
+            res2[lc] += psi ** 2
+            rnorm = np.sqrt(phibar[lc] ** 2 + res2[lc])
+            arnorm = al * np.abs(tau)
+            test1 = rnorm / bnorm[ri]
+            test2 = arnorm / (anorm[lc] * rnorm + tiny)
+            test3 = 1.0 / (acond[lc] + tiny)
+            t1 = test1 / (1 + anorm[lc] * xnorm / bnorm[ri])
+            rtol = tol + tol * anorm[lc] * xnorm / bnorm[ri]
+        st = np.zeros(lc.size, np.int64)  # the tests in LSQR's order: a later one overrides
+        for code, hit in ((6, 1 + test3 <= 1), (5, 1 + test2 <= 1), (4, 1 + t1 <= 1), (3, test3 <= 1.0 / conlim),
+                          (2, test2 <= tol), (1, test1 <= rtol)):
+            st[hit] = code
+        done = st > 0
+        iterations[lc] = itn
+        istop[lc[done]] = st[done]
+        live[lc[done]] = False
+    istop[live] = 7
+    return LsqrResult(x=x, iterations=iterations, istop=istop, acond=acond, anorm=anorm, products=products)
+
+
+def _finite(y: np.ndarray, itn: int) -> np.ndarray:
+    """A product holding NaN or Inf: ``S`` holds them (``b`` was checked before)."""
+    if not np.isfinite(y).all():
+        raise NonFiniteError(explain("a", "must hold finite values (LSQR multiplies by every stored entry)",
+                                     f"NaN or Inf in a product with S at iteration {itn}",
+                                     "replace or drop the non-finite entries (blocklin convert ... --nan error "
+                                     "names them)"))
+    return y
+
+
+def refuse_sparse_options(*, method: str, assume_a: str, precision: Any, resume: Any, updatable: Any, refine: Any,
+                          kind: str) -> None:
+    """Refuse by name what the sparse route does not do."""
+    def no(name: str, rule: str, got: str, fix: str) -> None:
+        raise ParameterError(explain(name, f"{rule} for a stored sparse a (LSQR on its row-block products)", got,
+                                     fix))
+
+    if method not in SPARSE_METHODS:
+        no("method", "must be 'auto' or 'lsqr'", repr(method), "pass method='lsqr' (or convert S to a dense array, "
+           "blocklin convert S.mtx D.zarr --dense, for 'normal'/'qr')")
+    if assume_a != "gen":
+        no("assume_a", "must be 'gen' (LSQR solves the least-squares problem; it factors nothing)", repr(assume_a),
+           "drop assume_a (LSQR also solves a square nonsingular system)")
+    if precision not in (None, "double"):
+        no("precision", "must be 'double' (LSQR computes in float64 whatever the storage dtype)", repr(precision),
+           "drop precision=")
+    if resume:
+        no("resume", "is not available (the iteration is held in memory)", "resume=True", "drop resume=")
+    if updatable:
+        no("updatable", "is not available (it keeps the normal equations' sums, which LSQR never forms)",
+           "updatable=True", "drop updatable=, or solve again after an append")
+    if refine != "auto":
+        no("refine", "applies to the normal equations only", f"refine={refine!r}", "drop refine= (tol= sets "
+           "LSQR's accuracy)")
+    if kind in ("gcv", "lcurve"):
+        no("lam", f"'{kind}' needs the singular values of S, which LSQR does not compute", repr(kind),
+           "pass a sequence, e.g. lam=[1e-3, 1e-2, 1e-1, 1] (every value from the same passes), and compare the "
+           "reported residual and solution norms")
+
+
+def check_tol(tol: Any, dtype: Any) -> float:
+    if tol is None:
+        return default_tol(dtype)
+    if isinstance(tol, bool) or not isinstance(tol, (int, float, np.integer, np.floating)) \
+            or not (0 < float(tol) < 1):
+        raise ParameterError(explain("tol", "must be a number with 0 < tol < 1 (LSQR's relative atol = btol)",
+                                     repr(tol), f"pass tol={default_tol(dtype):g} (the default for "
+                                     f"{np.dtype(dtype).name} values) or leave it out"))
+    return float(tol)
+
+
+def check_max_iter(max_iter: Any, m: int, n: int) -> int:
+    if max_iter is None:
+        return default_max_iter(m, n)
+    if isinstance(max_iter, bool) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+        raise ParameterError(explain("max_iter", "must be an integer >= 1 (LSQR iterations, two passes each)",
+                                     repr(max_iter), f"pass max_iter={default_max_iter(m, n)} or leave it out"))
+    return int(max_iter)
+
+
+def _rhs(job: Job, b: Any, m: int) -> tuple[np.ndarray | None, Any, tuple[int, int], np.dtype]:
+    """``b`` in memory when given as NumPy, else its stored operand (read after the plan fits): ``(array or
+    None, operand or None, shape, dtype)``; a 1-D ``b`` is one column."""
+    if isinstance(b, (str, os.PathLike)) and str(b).endswith(".npy") and "://" not in str(b):
+        b = _load_npy(b)  # a memory map: nothing is read before the plan fits
+    if isinstance(b, (np.ndarray, list, tuple)):
+        arr = np.asarray(b)
+        if arr.ndim == 1:
+            arr = arr.reshape(-1, 1)
+        if arr.ndim != 2:
+            raise ShapeError(explain("b", "must be a vector or an m x k matrix", f"{arr.ndim} dimensions",
+                                     "pass b with one row per row of a"))
+        op, shape, dt = None, arr.shape, arr.dtype
+    else:
+        if hasattr(b, "ndim") and b.ndim == 1 and hasattr(b, "reshape") and not isinstance(b, (str,)):
+            b = b.reshape(-1, 1)
+        arr, op = None, job.operand(b, "b", integers="cast")
+        shape, dt = tuple(op.shape), np.dtype(op.dtype)
+    if shape[0] != m:
+        raise ShapeError(explain("b", "must have one row per row of a (no broadcasting)",
+                                 f"a sparse {m} x ... and b {' x '.join(map(str, shape))}", f"pass b with {m} rows"))
+    if dt.kind not in "fbiu":
+        raise DTypeError(explain("b", "must be real (float, or integers read as float64)", dt.name,
+                                 "pass float32 or float64 right-hand sides"))
+    return arr, op, (int(shape[0]), int(shape[1])), (dt if dt.kind == "f" else np.dtype(np.float64))
+
+
+def _load_npy(path: Any) -> np.ndarray:
+    """A local ``.npy`` file of right-hand sides, mapped (read whole once the plan holds it)."""
+    if not os.path.isfile(path):
+        raise StoreNotFoundError(explain("b", "must name an existing .npy file or a zarr array", repr(str(path)),
+                                         "check the path"))
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        raise FormatError(explain("b", "must be a NumPy .npy file of numbers", f"{str(path)!r} ({exc})",
+                                  "save it with numpy.save, or convert it: blocklin convert FILE b.zarr")) from None
+
+
+def _block_stats(s: SparseMatrix) -> tuple[int, int, int]:
+    """Most rows and most entries of one row block, and the bytes zarr decodes around one block's read."""
+    st = s._store
+    rb = st.row_blocks
+    ptr = np.asarray(st.indptr.get_coordinate_selection(rb), np.int64)
+    rows = int(np.diff(rb).max(initial=0))
+    entries = int(np.diff(ptr).max(initial=0))
+    chunk = 2 * int(st.indices.chunks[0]) * (s.dtype.itemsize + s.index_dtype.itemsize) + 2 * int(st.indptr.chunks[0]) * 8
+    return rows, entries, chunk
+
+
+def sparse_plan(s: SparseMatrix, k: int, lams: int, *, max_iter: int, intercept: bool, memory: int) -> SparseSolvePlan:
+    rows, entries, chunk = _block_stats(s)
+    m, n = s.shape
+    value = s.dtype.itemsize
+    return plan_sparse_solve(m, n, k, lams=lams, nnz=s.nnz, value_bytes=value, index_bytes=s.index_dtype.itemsize,
+                             row_blocks=s.n_blocks, max_block_rows=rows, max_block_entries=entries, chunk_bytes=chunk,
+                             max_iter=max_iter, intercept=intercept, memory=memory)
+
+
+def solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, kind: str, lams: list[float], method: str, out: Any,
+                 overwrite: bool, explain_only: bool, fit_intercept: bool, tol: Any, max_iter: Any,
+                 settings: dict) -> Any:
+    """``x`` of ``min ||S x - b||^2 + lam^2 ||x||^2`` for a stored sparse ``S`` by LSQR, committed to
+    ``out`` (a temporary store without it) with its report; the plan alone with ``explain_only``.
+
+    The options were checked by :func:`refuse_sparse_options`; see :func:`blocklin.solve` for the
+    parameters and the module notes for the algorithm.
+    """
+    m, n = s.shape
+    storage = s.dtype if s.dtype.kind == "f" else np.dtype(np.float64)
+    tol = check_tol(tol, storage)
+    max_iter = check_max_iter(max_iter, m, n)
+    check_lam_max(lams)
+    with Job("solve", **settings) as job:
+        arr, B, (_, k), bdt = _rhs(job, b, m)
+        plan = sparse_plan(s, k, len(lams), max_iter=max_iter, intercept=bool(fit_intercept), memory=job.cfg.memory)
+        if explain_only:
+            return plan
+        out_dtype = np.result_type(storage, bdt)
+        ao = job.output(out, inputs=[s.location] + ([] if B is None or B.staged else [B.path]), overwrite=overwrite,
+                        size=((n, len(lams) * k), out_dtype))
+        if arr is None:  # the stored b, read whole: the plan counted it
+            z = open_zarr(B.path)
+            arr = np.asarray(z[B.first_row:B.first_row + m, :])
+        bm = np.array(arr, np.float64)
+        if job.check_finite and not np.isfinite(bm).all():
+            raise NonFiniteError(explain("b", "must hold finite values", "NaN or Inf in b",
+                                         "replace them, or pass check_finite=False to skip the check"))
+        info = _run(s, bm, lams, tol=tol, max_iter=max_iter, intercept=bool(fit_intercept), kind=kind, method=method)
+        x = info.pop("x")
+        arr_out = create_array(ao.array_path(), shape=x.shape, dtype=out_dtype,
+                               chunks=auto_chunks(x.shape, out_dtype, job.cfg.memory), codec=job.cfg.codec)
+        write_block(arr_out, slice(0, n), slice(0, x.shape[1]), x.astype(out_dtype, copy=False))
+        flops = info.pop("flops")
+        report, recorded = solve_report(job, route="sparse least squares", flops=flops, **info)
+        params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method,
+                  "fit_intercept": bool(fit_intercept), "tol": tol, "max_iter": max_iter}
+        result = job.finish(ao, out, report, operation="solve", plan=plan.to_dict(), params=params, recorded=recorded)
+        result.intercept = np.asarray(report["intercept"]) if fit_intercept else None
+        return result
+
+
+def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_iter: int, intercept: bool, kind: str,
+         method: str) -> dict:
+    """LSQR, the residual pass, and the report's entries (``x`` and ``flops`` among them)."""
+    m, n = s.shape
+    k = b.shape[1]
+    passes = 0
+    mu = bbar = None
+    if intercept:
+        from blocklin.linalg.lowrank.sparse_pca import sparse_moments
+
+        mu, _ = sparse_moments(s)  # one pass
+        passes += 1
+        bbar = b.mean(axis=0)
+        b = b - bbar
+        op = centered_operator(s, mu, np.float64)
+    else:
+        op = s.aslinearoperator()
+    with np.errstate(over="ignore"):
+        res = lsqr_columns(op.matmat, op.rmatmat, b, lams, tol=tol, conlim=1.0 / (100 * tol), max_iter=max_iter)
+    x = res.x
+    rhs = np.tile(np.arange(k), len(lams))
+    r = b[:, rhs] - np.asarray(op.matmat(x), np.float64)  # the residual itself, one pass more
+    passes += len(res.products) + 1
+    rr, xx = np.einsum("ij,ij->j", r, r), np.einsum("ij,ij->j", x, x)
+    del r
+    L = len(lams)
+    if kind == "scalar":
+        lam_out: Any = lams[0]
+        rn, sn = norms(rr), norms(xx)
+        obj = norms(rr + lams[0] ** 2 * xx)
+    else:
+        lam_out = list(lams)
+        rn = [norms(rr[l * k:(l + 1) * k]) for l in range(L)]
+        sn = [norms(xx[l * k:(l + 1) * k]) for l in range(L)]
+        obj = [norms(rr[l * k:(l + 1) * k] + lams[l] ** 2 * xx[l * k:(l + 1) * k]) for l in range(L)]
+    converged = res.converged
+    stops = [STOP_REASONS[int(c)] for c in res.istop]
+    flops = 2 * s.nnz * (sum(res.products) + x.shape[1])
+    info = {"x": x, "flops": float(flops), "lam": lam_out, "method": "lsqr",
+            "method_reason": "a is a stored sparse matrix: LSQR (Paige-Saunders) on its row-block products, every "
+                             "right-hand side and lambda at once" + (" (method='auto')" if method == "auto" else ""),
+            "residual_norm": rn, "solution_norm": sn, "objective": obj, "passes": passes,
+            "iterations": int(res.iterations.max(initial=0)), "column_iterations": res.iterations.tolist(),
+            "converged": bool(converged.all()), "column_converged": converged.tolist(), "stop_reasons": stops,
+            "tol": tol, "max_iter": max_iter, "cond_estimate": float(res.acond.max(initial=0.0)),
+            "norm_a_estimate": float(res.anorm.max(initial=0.0)), "residual_norm_source": "b - S x (one more pass)",
+            "nnz": s.nnz, "orientation": "tall" if m >= n else "wide", "fit_intercept": intercept}
+    if intercept:
+        x0 = bbar[rhs] - mu @ x
+        info["intercept"] = x0.tolist() if kind == "scalar" else [x0[l * k:(l + 1) * k].tolist() for l in range(L)]
+    if not converged.all():
+        bad = np.flatnonzero(~converged)
+        c = int(bad[0])
+        warn(f"solve: LSQR stopped before tol={tol:g} for {bad.size} of {converged.size} (rhs, lambda) column(s) "
+             f"(column {c}, lambda {lams[c // k]:g}: {stops[c]} after {int(res.iterations[c])} iterations); x is "
+             "written and report['column_converged'] says which. Raise max_iter, loosen tol, or regularize "
+             "(a larger lam converges faster)", ConvergenceWarning)
+    return info
+
+
+__all__ = ["CONVERGED", "DEFAULT_TOL", "MAX_ITER_CAP", "SPARSE_METHODS", "STOP_REASONS", "LsqrResult",
+           "check_max_iter", "check_tol", "default_max_iter", "default_tol", "lsqr_columns", "refuse_sparse_options",
+           "solve_sparse", "sparse_plan"]
