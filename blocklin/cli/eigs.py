@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from blocklin.cli import ui
-from blocklin.cli.svd import plot_spectrum, summary_of
+from blocklin.cli.svd import add_sparse_explain, explain_sparse, plot_spectrum, summary_of
 from blocklin.config import format_size
 
 
@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "I - D^-1/2 W D^-1/2, never formed (with --which SA: the smallest, for spectral clustering)")
     p.add_argument("--plot", metavar="PNG", help="draw the eigenvalues and residuals (needs matplotlib)")
     ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
+    add_sparse_explain(p)
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -38,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.lowrank.eigsh import eigsh
 
+    if args.explain:
+        return explain_sparse(args, "eigsh", args.k, max_passes=args.max_passes, laplacian=args.laplacian,
+                              out=args.out)
     res = eigsh(args.a, args.k, which=args.which, tol=args.tol, max_passes=args.max_passes, seed=args.seed,
                 out=args.out, order="ascending" if args.which == "SA" else "descending", center=args.center,
                 laplacian=args.laplacian, **ui.run_settings(args))

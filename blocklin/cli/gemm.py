@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> dict:
                   dtype=args.dtype, precision=args.precision, **ui.run_settings(args))
     if args.explain:
         plan = matmul(args.a, args.b, args.out, explain=True, **kwargs)
-        advice = read_advice(open_matrix(args.a), open_matrix(args.b), plan, trans_a=args.trans_a,
-                             trans_b=args.trans_b)
+        advice = [] if getattr(plan, "route", None) == "sparse" else read_advice(  # a sparse S: no rechunk advice
+            open_matrix(args.a), open_matrix(args.b), plan, trans_a=args.trans_a, trans_b=args.trans_b)
         summary = {"plan": plan.to_dict(), "flops": plan.flops, "bytes_read": plan.bytes_read,
                    "bytes_written": plan.bytes_written, "peak_memory": plan.peak_memory, "read_notes": advice}
         ui.emit(args, summary, "\n".join([plan.explain(device=ui.plan_device(args, plan))] + [f"  rechunk   {note}" for note in advice]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from blocklin.cli import ui
-from blocklin.cli.svd import _power_iters, add_method_options, summary_of, worst_line
+from blocklin.cli.svd import _power_iters, add_method_options, add_sparse_explain, explain_sparse, summary_of, worst_line
 from blocklin.config import format_size
 
 
@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_method_options(p, rsvd="q + 2 passes", sketch="two passes")
     p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
     ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
+    add_sparse_explain(p)
     ui.add_common(p)
     p.set_defaults(func=run)
 
@@ -47,6 +48,9 @@ def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.lowrank.pca import pca
 
     n_components = args.variance if args.variance is not None else None if args.k == "all" else args.k
+    if args.explain:
+        return explain_sparse(args, "pca", n_components, method=args.method, oversample=args.oversample,
+                              power_iters=_power_iters(args.power_iters), tol=args.tol)
     res = pca(args.a, n_components, scale=args.scale, method=args.method, oversample=args.oversample,
               power_iters=_power_iters(args.power_iters), tol=args.tol, out=args.out, seed=args.seed,
               updatable=args.updatable, **ui.run_settings(args))

@@ -33,8 +33,34 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "up to date from rows appended later without reading the old ones")
     p.add_argument("--plot", metavar="PNG", help="draw the singular value spectrum and residuals (needs matplotlib)")
     ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
+    add_sparse_explain(p)
     ui.add_common(p)
     p.set_defaults(func=run)
+
+
+def add_sparse_explain(p: argparse.ArgumentParser) -> None:
+    """``--explain`` of svd, pca and eigs: the plan of a stored sparse matrix, counted in nonzeros."""
+    p.add_argument("--explain", action="store_true", help="print the plan and exit (a sparse blocklin-csr A: nnz, "
+                   "bytes per pass, passes, memory held)")
+
+
+def explain_sparse(args: argparse.Namespace, operation: str, k: Any, **options: Any) -> dict:
+    """Print the plan of ``operation`` of the sparse ``args.a`` (:mod:`blocklin.linalg.lowrank.sparse_plan`);
+    a dense ``A`` is refused (its plan is in the run's report)."""
+    from blocklin.linalg.lowrank.sparse_plan import sparse_lowrank_plan
+    from blocklin.sparse import SparseMatrix, as_sparse_matrix
+
+    if not isinstance(as_sparse_matrix(args.a), SparseMatrix):
+        raise ParameterError(explain("--explain", f"{operation} --explain plans a stored sparse matrix (a "
+                                     "blocklin-csr group)", f"{args.a!r}, not a sparse group",
+                                     "drop --explain: the run's report holds its plan and passes"))
+    plan = sparse_lowrank_plan(args.a, k, operation=operation, memory=args.memory, **options)
+    summary = {"plan": plan.to_dict(), "route": plan.route, "nnz": plan.nnz, "pass_bytes": plan.pass_bytes,
+               "passes": plan.passes, "passes_bound": plan.passes_bound, "bytes_read": plan.bytes_read,
+               "bytes_written": plan.bytes_written, "flops": plan.flops, "peak_memory": plan.peak_memory,
+               "fits": plan.fits}
+    ui.emit(args, summary, plan.explain(device=ui.plan_device(args, plan)))
+    return summary
 
 
 def _power_iters(value: str) -> Any:
@@ -50,6 +76,10 @@ def _power_iters(value: str) -> Any:
 def run(args: argparse.Namespace) -> dict:
     from blocklin.linalg.lowrank.svd import svd
 
+    if args.explain:
+        return explain_sparse(args, "svd", None if args.k == "all" else args.k, method=args.method,
+                              oversample=args.oversample, power_iters=_power_iters(args.power_iters), tol=args.tol,
+                              max_passes=args.max_passes)
     res = svd(args.a, None if args.k == "all" else args.k, which=args.which, method=args.method,
               oversample=args.oversample, power_iters=_power_iters(args.power_iters),
               tol=args.tol, out=args.out, seed=args.seed, max_passes=args.max_passes,

@@ -106,17 +106,14 @@ def task_memory(store: SparseStore, groups: list[tuple[int, int]], k: int, trans
     return csr + (rows + block_rows) * k * 8
 
 
-def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype: Any) -> np.ndarray:
-    """``S X`` (``transposed=False``) or ``S^T X`` of the stored sparse ``matrix``, its groups run as
-    tasks of ``job`` (one pass over ``S``, counted); refused with the minimum budget when one task and
-    the product's operands do not fit ``job``'s memory budget."""
-    store = matrix._store
-    groups = row_groups(store)
+def product_memory(store: SparseStore, groups: list[tuple[int, int]], k: int, x_nbytes: int, transposed: bool,
+                   dtype: Any, budget: int) -> tuple[int, int]:
+    """``(held, per_task)``: the bytes a product holds in the caller (``X`` of ``x_nbytes`` and the
+    ``k``-column result) and per task (:func:`task_memory`); refused with the minimum budget when one
+    task and the caller's operands do not fit ``budget`` (also what ``--explain`` plans with)."""
     m, n = store.shape
-    k = x.shape[1]
-    held = x.nbytes + (n if transposed else m) * k * 8  # X and the result, in the caller
+    held = x_nbytes + (n if transposed else m) * k * 8  # X and the result, in the caller
     per_task = task_memory(store, groups, k, transposed, dtype)
-    budget = job.cfg.memory
     if held + per_task > budget:
         need = held + per_task
         raise BudgetError(explain("memory", f"a product {'S^T X' if transposed else 'S X'} holds X, the result and "
@@ -124,6 +121,17 @@ def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype
                                   f"{format_size(budget)} ({m} x {n} sparse, {store.nnz} entries, X with {k} "
                                   "columns)", f"raise the budget (memory='{format_size(need * 5 // 4 + 1)}'), or "
                                   "convert S again with a smaller --memory (smaller row blocks)"), minimum=need)
+    return held, per_task
+
+
+def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype: Any) -> np.ndarray:
+    """``S X`` (``transposed=False``) or ``S^T X`` of the stored sparse ``matrix``, its groups run as
+    tasks of ``job`` (one pass over ``S``, counted); refused with the minimum budget when one task and
+    the product's operands do not fit ``job``'s memory budget."""
+    store = matrix._store
+    groups = row_groups(store)
+    budget = job.cfg.memory
+    held, per_task = product_memory(store, groups, x.shape[1], x.nbytes, transposed, dtype, budget)
     workers = max(1, min(job.workers(job.cores()), (budget - held) // max(1, per_task), len(groups)))
     spec = ProductSpec(s=store.location, transposed=transposed, dtype=np.dtype(dtype).name,
                        blas_threads=job.task_blas_threads(1))
@@ -153,5 +161,5 @@ def _combine(store: SparseStore, parts: list[tuple[tuple[int, int], np.ndarray]]
     return out
 
 
-__all__ = ["GROUP_ENTRIES", "ProductSpec", "group_product", "product_in_process", "product_task", "row_groups",
-           "sparse_product", "task_memory"]
+__all__ = ["GROUP_ENTRIES", "ProductSpec", "group_product", "product_in_process", "product_memory", "product_task",
+           "row_groups", "sparse_product", "task_memory"]

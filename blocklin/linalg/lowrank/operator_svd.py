@@ -65,20 +65,32 @@ class OperatorSource:
         return z, (y.T @ y if gram else None), (ArrayBlock(y.astype(self.dtype)) if keep_y else None)
 
 
+def operator_plan(shape: tuple[int, int], dtype: Any, k: int, *, method: str, oversample: int, q: int | None,
+                  limit: int, block_size: int | None, max_basis: int | None, memory: int) -> Any:
+    """The :class:`~blocklin.plan.svd.SvdPlan` of the operator route (never in core: the operator is not
+    read into memory); raises the run's ``BudgetError`` when its in-core work leaves no room, and a
+    ``ParameterError`` for a method other than rsvd and block Lanczos."""
+    if method not in OPERATOR_METHODS:
+        raise ParameterError(explain("method", f"must be one of {OPERATOR_METHODS} for a LinearOperator (the others "
+                                     "read the matrix itself)", repr(method), "pass method='auto' (block Lanczos)"))
+    m, n = shape
+    plan = plan_svd(m, n, k, np.dtype(dtype), method=method, oversample=oversample,
+                    power_iters=q if method == "rsvd" else None, memory=memory, max_passes=limit,
+                    block_size=block_size, max_basis=max_basis)
+    if plan.in_core:  # sized as if A fitted: the passes are still the products' (the out-of-core formulas)
+        plan = dataclasses.replace(plan, in_core=False, passes=q + 1 if method == "rsvd" and q is not None else None,
+                                   formula="q + 1" if method == "rsvd" else "L + 1")
+    return plan
+
+
 def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: int | None, tol: float,
                  seed: int, limit: int, block_size: int | None, max_basis: int | None,
                  dest: str | None) -> tuple[Factorization, Any]:
     """The factorization of ``op`` by ``method`` (rsvd or lanczos) and its plan; the long factor goes to
     ``dest`` (``None``: not computed)."""
-    if method not in OPERATOR_METHODS:
-        raise ParameterError(explain("method", f"must be one of {OPERATOR_METHODS} for a LinearOperator (the others "
-                                     "read the matrix itself)", repr(method), "pass method='auto' (block Lanczos)"))
     op = as_sparse_operator(op)  # a SparseMatrix: its row blocks streamed by each product
-    m, n = op.shape
-    plan = plan_svd(m, n, k, np.dtype(op.dtype), method=method, oversample=oversample,
-                    power_iters=q if method == "rsvd" else None, memory=job.cfg.memory, max_passes=limit,
-                    block_size=block_size, max_basis=max_basis)
-    plan = dataclasses.replace(plan, in_core=False)
+    plan = operator_plan(op.shape, op.dtype, k, method=method, oversample=oversample, q=q, limit=limit,
+                         block_size=block_size, max_basis=max_basis, memory=job.cfg.memory)
     src = OperatorSource(op, plan.transposed, job)
     ckpt = Checkpoints(None)
     if method == "rsvd":

@@ -453,15 +453,9 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
         raise ParameterError(explain("a", "must be a float32 or float64 LinearOperator", dt.name,
                                      "wrap the operator with dtype=float64"))
     m, n = op.shape
-    k = check_k(k, m, n)  # every triplet (k=None) comes from the whole space, which an operator does not give
-    if n_iter is not None:
-        power_iters = power_passes(7 if k < 0.1 * min(m, n) else 4) if n_iter == "auto" else power_passes(n_iter)
-    method = ("rsvd" if power_iters != "auto" else "lanczos") if method == "auto" else method
-    q = (None if tol is not None else auto_power_iters(k, m, n)) if power_iters == "auto" else power_iters
-    limit = max_passes or (20 if method == "rsvd" else 60)
-    if method == "lanczos" and block_size is None and max_basis is None:
-        block_size, max_basis = default_lanczos_block(k, oversample), 2 * default_lanczos_block(k, oversample)
-    tol = lanczos_tol(dt) if method == "lanczos" and tol is None else tol
+    k, method, q, tol, limit, block_size, max_basis = operator_options(
+        (m, n), dt, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
+        max_passes=max_passes, block_size=block_size, max_basis=max_basis, lanczos_tol=lanczos_tol)
     long_wanted = vectors is True or vectors == ("vh" if m < n else "u")
     with Job("svd", **settings) as job:
         ao = job.claim(out, [], overwrite=overwrite)
@@ -475,6 +469,25 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
         report.update(passes=products, operator_products=products, which="LM",
                       passes_formula=f"{plan.formula} (products with the operator: matmat and rmatmat)")
         return _result(job, out, dt, plan, f, report, ao, overwrite, long_wanted)
+
+
+def operator_options(shape: tuple[int, int], dtype: Any, k: Any, *, method: str, oversample: int, power_iters: Any,
+                     n_iter: Any, tol: Any, max_passes: Any, block_size: Any, max_basis: Any,
+                     lanczos_tol: Any = default_tol) -> tuple:
+    """The operator route's resolved options, ``(k, method, q, tol, limit, block_size, max_basis)``:
+    ``method="auto"`` is block Lanczos (rsvd when ``power_iters`` is given), the default pass limit and
+    Lanczos block; shared by the run and its plan (:mod:`blocklin.linalg.lowrank.sparse_plan`)."""
+    m, n = shape
+    k = check_k(k, m, n)  # every triplet (k=None) comes from the whole space, which an operator does not give
+    if n_iter is not None:
+        power_iters = power_passes(7 if k < 0.1 * min(m, n) else 4) if n_iter == "auto" else power_passes(n_iter)
+    method = ("rsvd" if power_iters != "auto" else "lanczos") if method == "auto" else method
+    q = (None if tol is not None else auto_power_iters(k, m, n)) if power_iters == "auto" else power_iters
+    limit = max_passes or (20 if method == "rsvd" else 60)
+    if method == "lanczos" and block_size is None and max_basis is None:
+        block_size, max_basis = default_lanczos_block(k, oversample), 2 * default_lanczos_block(k, oversample)
+    tol = lanczos_tol(np.dtype(dtype)) if method == "lanczos" and tol is None else tol
+    return k, method, q, tol, limit, block_size, max_basis
 
 
 def _signed_long(f: Factorization, path: Any) -> Factorization:

@@ -308,7 +308,7 @@ def _sparse_route(a: Any, b: Any, out: Any, *, c: Any, alpha: float, beta: float
                   settings: dict) -> Any:
     """``S B`` or ``S^T B`` of a stored sparse ``a`` (:mod:`blocklin.linalg.products.sparse_gemm`); None
     when ``a`` is dense. A sparse ``b`` is refused with the transposed product that computes it."""
-    from blocklin.linalg.products.sparse_gemm import refuse_options, sparse_matmul, sparse_operand
+    from blocklin.linalg.products.sparse_gemm import refuse_options, sparse_matmul, sparse_operand, sparse_product_plan
 
     so = settings.get("storage_options")
     s = sparse_operand(a, "a", so)
@@ -323,11 +323,14 @@ def _sparse_route(a: Any, b: Any, out: Any, *, c: Any, alpha: float, beta: float
         from blocklin.linalg.products.sparse_gemm import sparse_gram
 
         refuse_options(c=c is not None, beta=beta != 0.0, alpha=alpha != 1.0, trans_b=bool(trans_b),
-                       precision=precision not in (None, "default"), explain=bool(explain),
-                       out_chunks=out_chunks is not None)
+                       precision=precision not in (None, "default"), out_chunks=out_chunks is not None)
+        if explain:  # the plan alone, counted in nonzeros
+            return sparse_product_plan(s, gram=True, dtype=dtype, settings=settings)
         return sparse_gram(s, out, dtype=dtype, overwrite=overwrite, resume=resume, settings=settings)  # S^T S
     refuse_options(c=c is not None, beta=beta != 0.0, alpha=alpha != 1.0, trans_b=bool(trans_b),
-                   precision=precision not in (None, "default"), explain=bool(explain), out_chunks=out_chunks is not None)
+                   precision=precision not in (None, "default"), out_chunks=out_chunks is not None)
+    if explain:
+        return sparse_product_plan(s, b, trans_a=bool(trans_a), dtype=dtype, settings=settings)
     return sparse_matmul(s, b, out, trans_a=bool(trans_a), dtype=dtype, overwrite=overwrite, resume=resume,
                          settings=settings)
 

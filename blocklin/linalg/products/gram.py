@@ -229,12 +229,13 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
     from blocklin.validate import positive
 
     scale = positive("scale", scale, fix="pass scale=1.0")
-    from blocklin.linalg.products.sparse_gemm import refuse_options, sparse_gram, sparse_operand
+    from blocklin.linalg.products.sparse_gemm import refuse_options, sparse_gram, sparse_operand, sparse_product_plan
 
     sparse = sparse_operand(a, "a", settings.get("storage_options"))
     if sparse is not None:  # a stored sparse S: S^T S in one pass over its rows
-        refuse_options(operation="gram(S, out, dtype=...) only (S^T S)", trans=bool(trans), scale=scale != 1.0,
-                       explain=bool(explain))
+        refuse_options(operation="gram(S, out, dtype=...) only (S^T S)", trans=bool(trans), scale=scale != 1.0)
+        if explain:  # the plan alone, counted in nonzeros
+            return sparse_product_plan(sparse, gram=True, dtype=dtype, settings=settings)
         return sparse_gram(sparse, out, dtype=dtype, overwrite=overwrite, resume=resume, settings=settings)
     if is_dataarray(a) and not explain:  # labelled: over A's columns (rows for trans) twice
         g = gram(a.data, out, trans=trans, dtype=dtype, overwrite=overwrite, resume=resume, scale=scale, **settings)

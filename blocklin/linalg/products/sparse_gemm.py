@@ -435,19 +435,7 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
     """
     with Job("matmul", **settings) as job:
         B = job.operand(b, "b")
-        m, n = s.shape
-        want = m if trans_a else n
-        if len(B.shape) != 2 or B.shape[0] != want:
-            raise ShapeError(explain(
-                "b", f"rows of b must equal the {'rows' if trans_a else 'columns'} of the sparse a "
-                f"({'S^T B' if trans_a else 'S B'}; no broadcasting)",
-                f"a {m} x {n} (sparse){' transposed' if trans_a else ''} and b {' x '.join(map(str, B.shape))}",
-                f"pass b with {want} rows{'' if trans_a else ', or trans_a=True for S^T B'}"))
-        dt = result_dtype([s, B], dtype, allowed=(np.dtype(np.float32), np.dtype(np.float64)), operation="matmul")
-        p = int(B.shape[1])
-        op = "STB" if trans_a else "SB"
-        plan = plan_sparse(op, s, p, memory=job.cfg.memory, b_item=B.dtype.itemsize, b_chunks=tuple(B.chunks),
-                           out_item=dt.itemsize)
+        plan, dt = _product_plan(job, s, B, trans_a=trans_a, dtype=dtype)
         params = {"trans_a": bool(trans_a), "dtype": dt.name, "route": "sparse"}
         token = resume_token("matmul-sparse", [s, B], params, plan.to_dict())
         ao = job.output(out, inputs=[s.path] + ([] if B.staged else [B.path]), overwrite=overwrite, resume=resume,
@@ -461,13 +449,57 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
         for i in range(gi):
             for j in range(gj):
                 graph.add((i, j), sparse_tile, spec, i, j)
-        workers = max(1, min(job.workers(job.cores()), job.cfg.memory // max(1, plan.task_memory), plan.n_tasks))
+        workers = _workers(job, plan)
         job.run(graph, workers=workers, description=f"sparse {'S^T B' if trans_a else 'S B'} tiles",
                 count_pass="a")
         report = job.report(flops=plan.flops, nnz=s.nnz, plan=plan.to_dict(workers), output=str(ao.path),
                             route="sparse", workers=workers, product="S^T B" if trans_a else "S B",
                             phases={"sparse tiles (CSR pieces times B)": "cpu", "reads and writes": "cpu"})
         return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
+
+
+def _product_plan(job: Job, s: SparseOperand, B: Any, *, trans_a: bool, dtype: Any) -> tuple[SparsePlan, np.dtype]:
+    """The tiles of ``S B`` / ``S^T B`` and the result dtype, the shapes checked (no broadcasting)."""
+    m, n = s.shape
+    want = m if trans_a else n
+    if len(B.shape) != 2 or B.shape[0] != want:
+        raise ShapeError(explain(
+            "b", f"rows of b must equal the {'rows' if trans_a else 'columns'} of the sparse a "
+            f"({'S^T B' if trans_a else 'S B'}; no broadcasting)",
+            f"a {m} x {n} (sparse){' transposed' if trans_a else ''} and b {' x '.join(map(str, B.shape))}",
+            f"pass b with {want} rows{'' if trans_a else ', or trans_a=True for S^T B'}"))
+    dt = result_dtype([s, B], dtype, allowed=(np.dtype(np.float32), np.dtype(np.float64)), operation="matmul")
+    plan = plan_sparse("STB" if trans_a else "SB", s, int(B.shape[1]), memory=job.cfg.memory,
+                       b_item=B.dtype.itemsize, b_chunks=tuple(B.chunks), out_item=dt.itemsize)
+    return plan, dt
+
+
+def _workers(job: Job, plan: SparsePlan) -> int:
+    """Tasks at once: the job's workers, as many as the budget holds, at most the tasks."""
+    return max(1, min(job.workers(job.cores()), job.cfg.memory // max(1, plan.task_memory), plan.n_tasks))
+
+
+def sparse_product_plan(s: SparseOperand, b: Any = None, *, trans_a: bool = False, dtype: Any = None,
+                        gram: bool = False, settings: dict) -> Any:
+    """The :class:`~blocklin.plan.sparse.SparseOpPlan` of ``S B``, ``S^T B`` (``trans_a``) or ``S^T S``
+    (``gram``) without running it (``matmul(..., explain=True)``, ``gram(..., explain=True)``, the
+    CLI's ``--explain``): the tiles the run takes, counted in nonzeros; a budget the run refuses is
+    refused with its message (:func:`plan_sparse`)."""
+    from blocklin.plan.sparse import plan_sparse_product
+
+    with Job("gram" if gram else "matmul", **settings) as job:
+        if gram:
+            dt = result_dtype([s], dtype, allowed=(np.dtype(np.float32), np.dtype(np.float64)), operation="gram")
+            plan = plan_sparse("STS", s, s.shape[1], memory=job.cfg.memory, out_item=dt.itemsize)
+            workers, b_item = 1, 0
+        else:
+            B = job.operand(b, "b")
+            plan, dt = _product_plan(job, s, B, trans_a=trans_a, dtype=dtype)
+            workers, b_item = _workers(job, plan), B.dtype.itemsize
+        return plan_sparse_product(plan.op, shape=s.shape, dtype=s.dtype, nnz=s.nnz, index_dtype=s.index_dtype,
+                                   p=plan.p, rows=plan.rows, cols=plan.cols, inner=plan.inner, entries=plan.entries,
+                                   task_memory=plan.task_memory, workers=workers, memory=job.cfg.memory,
+                                   flops=plan.flops, b_itemsize=b_item, out_itemsize=dt.itemsize)
 
 
 def sparse_gram(s: SparseOperand, out: Any = None, *, dtype: Any = None, overwrite: bool = False,
@@ -499,4 +531,5 @@ def sparse_gram(s: SparseOperand, out: Any = None, *, dtype: Any = None, overwri
         return job.finish(ao, out, report, operation="gram", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
 
 
-__all__ = ["SparseOperand", "SparsePlan", "plan_sparse", "sparse_gram", "sparse_matmul", "sparse_operand"]
+__all__ = ["SparseOperand", "SparsePlan", "plan_sparse", "sparse_gram", "sparse_matmul", "sparse_operand",
+           "sparse_product_plan"]

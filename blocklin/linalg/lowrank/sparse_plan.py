@@ -1,0 +1,110 @@
+"""The plans of ``svd``, ``pca`` and ``eigsh`` of a stored sparse matrix, without running them (what
+``blocklin svd|pca|eigs --explain`` prints for a ``blocklin-csr`` group): the pure
+:func:`blocklin.plan.sparse.plan_sparse_lowrank` fed with the matrix's metadata (one small read of
+its attributes, row blocks and their offsets), the dense plan the run itself makes and the products'
+memory as the run checks it (so a budget the run refuses is refused here with its message).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from blocklin.config import resolve
+from blocklin.errors import ParameterError, explain
+from blocklin.plan.sparse import SparseOpPlan, plan_sparse_lowrank
+from blocklin.plan.svd import client_bytes, default_block
+from blocklin.sparse import SparseMatrix, as_sparse_matrix
+from blocklin.validate import check_k
+
+OPERATIONS = ("svd", "pca", "eigsh")
+
+
+def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str = "auto", oversample: int = 10,
+                        power_iters: Any = "auto", n_iter: Any = None, tol: float | None = None,
+                        max_passes: int | None = None, block_size: int | None = None, max_basis: int | None = None,
+                        check_symmetric: bool = True, laplacian: str | None = None, out: Any = None,
+                        memory: Any = None, storage_options: dict | None = None) -> SparseOpPlan:
+    """The :class:`~blocklin.plan.sparse.SparseOpPlan` of ``operation`` (``"svd"``, ``"pca"``,
+    ``"eigsh"``) of the stored sparse matrix ``a`` with these options (as :func:`blocklin.svd`,
+    :func:`blocklin.pca`, :func:`blocklin.eigsh` take them; ``check_symmetric``, ``laplacian`` and
+    ``out``: eigsh's, for its symmetry check's and degree pass's reads and the ``w``, ``V`` it writes).
+
+    Raises
+    ------
+    ParameterError
+        ``a`` is not a stored sparse matrix, or ``k`` is out of range.
+    BudgetError
+        Where the run refuses the budget: the same planner, the same message.
+    """
+    from blocklin.linalg.lowrank.operator_svd import operator_plan
+    from blocklin.linalg.lowrank.svd import operator_options
+
+    if operation not in OPERATIONS:
+        raise ParameterError(explain("operation", f"must be one of {OPERATIONS}", repr(operation),
+                                     "pass operation='svd'"))
+    s = as_sparse_matrix(a, storage_options)
+    if not isinstance(s, SparseMatrix):
+        raise ParameterError(explain("a", "must be a stored sparse matrix (a blocklin-csr group) for a sparse plan",
+                                     f"a {type(a).__name__}", "convert it: blocklin convert S.mtx S.zarr"))
+    cfg = resolve(memory=memory)
+    m, n = s.shape
+    dt = np.dtype(s.aslinearoperator().dtype)  # the row-block operator's: float64 for integer values
+    if operation == "eigsh":
+        if m != n:
+            raise ParameterError(explain("a", "must be square and symmetric (eigsh)", f"a sparse {m} x {n} matrix",
+                                         "use blocklin.svd for rectangular matrices"))
+        check_k(k, n, n)
+        # as sparse_eigsh: no budget check of its own; the block and basis it takes
+        block = max(1, min(n, block_size or default_block(k, 10, n)))
+        basis = max_basis or 3 * block
+        limit = max_passes or 60
+        svd_plan = SimpleNamespace(method="lanczos", block=block, max_basis=basis, power_iters=None, passes=None,
+                                   formula="L", client_bytes=client_bytes("eigsh", n, k, block, basis, None))
+    else:
+        if operation == "pca" and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k < min(m, n)):
+            raise ParameterError(explain(
+                "n_components", f"must be an integer k with 1 <= k < min(m, n) = {min(m, n)} for a stored sparse "
+                "matrix", repr(k), f"pass n_components={min(10, max(1, min(m, n) - 1))}"))
+        k, method, q, _tol, limit, block_size, max_basis = operator_options(
+            (m, n), dt, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
+            max_passes=max_passes, block_size=block_size, max_basis=max_basis)
+        svd_plan = operator_plan((m, n), dt, k, method=method, oversample=oversample, q=q, limit=limit,
+                                 block_size=block_size, max_basis=max_basis, memory=cfg.memory)
+    product = _product_bytes(s, operation, int(svd_plan.block), dt, cfg.memory, check_symmetric)
+    eig = {}
+    if operation == "eigsh":  # the symmetry check's S^T X, the Laplacian's degree pass; w and V written to out
+        eig = dict(extra_reads=int(bool(check_symmetric)) + int(laplacian is not None),
+                   also_held=(("degrees", 2 * n * 8),) if laplacian is not None else (),
+                   bytes_written=n * (int(k) + 1) * 8 if out is not None else 0)
+    return plan_sparse_lowrank(operation, shape=(m, n), dtype=s.dtype, nnz=s.nnz, index_dtype=s.index_dtype,
+                               product_bytes=product, svd_plan=svd_plan, k=int(k), memory=cfg.memory,
+                               max_passes=limit, **eig)
+
+
+def _product_bytes(s: SparseMatrix, operation: str, width: int, dtype: np.dtype, budget: int,
+                   check_symmetric: bool) -> int:
+    """What the larger product of the run holds (X, its result, one task), checked against the budget in
+    the order the run multiplies (:func:`blocklin.runtime.sparse_pass.product_memory`, the run's own
+    refusal): svd and pca ``S Q`` then ``S^T Y`` (the other way round for a wide matrix), eigsh
+    ``S X`` (and ``S^T X`` for its symmetry check), with ``X`` in the operator's dtype (eigsh: float64)."""
+    from blocklin.runtime.sparse_pass import product_memory, row_groups
+
+    store = s._store
+    m, n = s.shape
+    groups = row_groups(store)
+    if operation == "eigsh":
+        order, item = [False] + ([True] if check_symmetric else []), 8
+    else:
+        order, item = ([True, False] if m < n else [False, True]), dtype.itemsize
+    need = 0
+    for transposed in order:
+        held, per_task = product_memory(store, groups, width, (m if transposed else n) * width * item, transposed,
+                                        dtype, budget)
+        need = max(need, held + per_task)
+    return need
+
+
+__all__ = ["OPERATIONS", "sparse_lowrank_plan"]
