@@ -100,8 +100,9 @@ class SparseSolvePlan:
         ``setup_passes + 2 max_iter``.
     vector_memory, block_memory, peak_memory : int
         Bytes of the float64 vectors (``b``, the LSQR vectors of ``k`` and of ``L k`` columns), of one
-        row block being multiplied (its CSR arrays, their float64 copy, the zarr chunks decoded, the
-        block's product), and their sum.
+        product task (:func:`blocklin.runtime.sparse_pass.task_memory`: its largest row block's CSR
+        arrays as read and cast, its result or partial; and the zarr chunks decoded around the
+        block), and their sum.
     memory : int
         The budget.
     """
@@ -145,20 +146,19 @@ class SparseSolvePlan:
 
 
 def plan_sparse_solve(m: int, n: int, k: int, *, lams: int, nnz: int, value_bytes: int, index_bytes: int,
-                      row_blocks: int, max_block_rows: int, max_block_entries: int, chunk_bytes: int,
+                      row_blocks: int, max_block_entries: int, task_bytes: int, chunk_bytes: int,
                       max_iter: int, intercept: bool, memory: int) -> SparseSolvePlan:
     """The sparse LSQR solve's passes and memory; a :class:`~blocklin.errors.BudgetError` naming the
-    budget that suffices when the vectors and one row block do not fit ``memory``.
+    budget that suffices when the vectors and one product task do not fit ``memory``.
 
-    ``chunk_bytes``: what zarr decodes around one block's read (a chunk of each 1-D array at either
-    end of the range, as the sparse products count them).
+    ``task_bytes``: what one product task allocates (the larger of ``S V`` and ``S^T U``'s, with
+    ``k`` columns); ``chunk_bytes``: what zarr decodes around one block's read (a chunk of each 1-D
+    array at either end of the range).
     """
     cols = k * lams
     (rm, rn), (cm, cn) = LSQR_RHS_VECTORS, LSQR_COLUMN_VECTORS
     vectors = 8 * (m * k + rm * m * k + rn * n * k + cm * m * cols + cn * n * cols)
-    # the CSR arrays read, SciPy's float64 copy of the values, the block's product S_b v
-    block = max_block_entries * (value_bytes + index_bytes + 8) + 8 * (max_block_rows + 1) \
-        + 8 * max_block_rows * max(k, cols) + chunk_bytes
+    block = task_bytes + chunk_bytes
     peak = vectors + block
     setup = 2 + int(intercept)
     if peak > memory:
@@ -167,7 +167,8 @@ def plan_sparse_solve(m: int, n: int, k: int, *, lams: int, nnz: int, value_byte
             "right-hand side and lambda) and one row block of S", f"{format_size(memory)} for vectors of "
             f"{format_size(vectors)} and a row block of {format_size(block)} ({m} x {n}, {k} right-hand side(s), "
             f"{lams} lambda(s))", f"raise it to at least {format_size(peak)} (memory='{math.ceil(peak / 2**20)}MiB'), "
-            "or solve fewer right-hand sides or lambdas at a time"), minimum=peak)
+            "or solve fewer right-hand sides or lambdas at a time (or convert S again with a smaller --memory: "
+            "smaller row blocks)"), minimum=peak)
     return SparseSolvePlan(m=m, n=n, k=k, lams=lams, nnz=nnz, row_blocks=row_blocks,
                            max_block_entries=max_block_entries, bytes_per_pass=nnz * (value_bytes + index_bytes)
                            + 8 * (m + 1), setup_passes=setup, max_iter=max_iter, max_passes=setup + 2 * max_iter,

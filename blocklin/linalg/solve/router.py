@@ -134,7 +134,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         10000.
     **settings
         As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the
-        CPU; a sparse ``a``'s products run in the calling process whatever the scheduler.
+        CPU; a sparse ``a``'s products run as tasks on the scheduler (groups of row blocks fixed by the
+        matrix, :mod:`blocklin.runtime.sparse_pass`: the same bits on every scheduler).
 
     Returns
     -------

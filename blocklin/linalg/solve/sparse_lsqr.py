@@ -7,7 +7,8 @@ once. The Golub-Kahan bidiagonalization ``beta_1 u_1 = b``, ``alpha_1 v_1 = S^T 
 depend on ``damp`` (only the plane rotations that follow it do), so the ``k`` right-hand sides share one
 bidiagonalization for all ``L`` lambdas: each iteration is exactly one product ``S V`` and one
 ``S^T U`` of the ``k`` columns still iterating (:class:`~blocklin.sparse.SparseOperator`: each a pass
-over the row blocks, one block in memory), and the rotations, norm estimates and stopping tests are
+over the row blocks, one block in memory per task, run as tasks on the job's scheduler by
+:mod:`blocklin.runtime.sparse_pass`), and the rotations, norm estimates and stopping tests are
 per (rhs, lambda) column. A column that meets its tests freezes (its ``x`` and ``w`` stop changing);
 an rhs whose every lambda froze leaves the products. In exact arithmetic each column is what a
 separate LSQR run on it computes.
@@ -38,6 +39,7 @@ from blocklin.linalg.solve.tikhonov import check_lam_max, norms
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.solve import SparseSolvePlan, plan_sparse_solve
 from blocklin.runtime.job import Job
+from blocklin.runtime.sparse_pass import row_groups, task_memory
 from blocklin.sparse import SparseMatrix, centered_operator
 from blocklin.storage.zarr_store import create_array, open_zarr, write_block
 
@@ -115,99 +117,158 @@ def lsqr_columns(matmat: Callable[[np.ndarray], np.ndarray], rmatmat: Callable[[
         ``x`` (``n x L k``), per column the iteration it stopped at, its ``istop``
         (:data:`STOP_REASONS`), the condition and norm estimates of ``[S; damp I]``.
     """
-    m, k = b.shape
-    L = len(damps)
-    damp = np.repeat(np.asarray(damps, np.float64), k)  # column l k + i: lambda l, rhs i
-    rhs = np.tile(np.arange(k), L)
-    cols = L * k
-    products: list[int] = []
-    tiny = np.finfo(np.float64).eps
-    # the bidiagonalization, per rhs: beta_1 u_1 = b, alpha_1 v_1 = S^T u_1
-    u = np.array(b, np.float64)
-    beta = np.linalg.norm(u, axis=0)
-    bnorm = beta.copy()
-    u[:, beta > 0] /= beta[beta > 0]
-    v = _finite(np.asarray(rmatmat(u), np.float64), 0)
-    products.append(k)
-    n = v.shape[0]
-    alpha = np.linalg.norm(v, axis=0)
-    v[:, alpha > 0] /= alpha[alpha > 0]
-    x = np.zeros((n, cols))
-    w = v[:, rhs].copy()
-    # the rotations and norm estimates, per (rhs, lambda) column, started as in Paige and Saunders
-    rhobar, phibar = alpha[rhs].copy(), beta[rhs].copy()
-    anorm, acond, ddnorm, res2, xxnorm, z = (np.zeros(cols) for _ in range(6))
-    cs2, sn2 = -np.ones(cols), np.zeros(cols)
-    iterations, istop = np.zeros(cols, np.int64), np.zeros(cols, np.int64)
-    live = (alpha * beta)[rhs] > 0  # ||S^T b|| = 0: x = 0 is the solution (istop 0)
+    bd = _Bidiagonal.start(b, rmatmat)
+    cols = _Columns.start(bd, damps)
     itn = 0
-    while live.any() and itn < max_iter:
+    while cols.live.any() and itn < max_iter:
         check_cancelled()
         itn += 1
-        act = np.unique(rhs[live])  # right-hand sides with a lambda still iterating
-        alpha_old = alpha.copy()
+        alpha_old = bd.alpha.copy()
+        bd.step(np.unique(cols.rhs[cols.live]), matmat, rmatmat, itn)  # the rhs with a lambda still iterating
+        cols.update(bd, alpha_old, tol=tol, conlim=conlim, itn=itn)
+    cols.istop[cols.live] = 7
+    return LsqrResult(x=cols.x, iterations=cols.iterations, istop=cols.istop, acond=cols.acond, anorm=cols.anorm,
+                      products=bd.products)
+
+
+@dataclasses.dataclass
+class _Bidiagonal:
+    """The Golub-Kahan bidiagonalization of ``S`` from each column of ``b``: ``u`` (``m x k``), ``v``
+    (``n x k``), ``alpha`` and ``beta`` per right-hand side; the columns of each product made."""
+
+    u: np.ndarray
+    v: np.ndarray
+    alpha: np.ndarray
+    beta: np.ndarray
+    bnorm: np.ndarray
+    products: list[int]
+
+    @classmethod
+    def start(cls, b: np.ndarray, rmatmat: Callable) -> _Bidiagonal:
+        """``beta_1 u_1 = b``, ``alpha_1 v_1 = S^T u_1`` (one product)."""
+        u = np.array(b, np.float64)
+        beta = np.linalg.norm(u, axis=0)
+        u[:, beta > 0] /= beta[beta > 0]
+        v = _finite(np.asarray(rmatmat(u), np.float64), 0)
+        alpha = np.linalg.norm(v, axis=0)
+        v[:, alpha > 0] /= alpha[alpha > 0]
+        return cls(u=u, v=v, alpha=alpha, beta=beta, bnorm=beta.copy(), products=[u.shape[1]])
+
+    def step(self, act: np.ndarray, matmat: Callable, rmatmat: Callable, itn: int) -> None:
+        """``beta u = S v - alpha u``, ``alpha v = S^T u - beta v`` for the right-hand sides ``act``: one
+        product each way. ``beta = 0`` (``S v`` in the span of ``u``: a compatible system, whose
+        columns end now) skips the update of ``v`` and keeps ``alpha``, as LSQR does."""
+        u, v, alpha, beta = self.u, self.v, self.alpha, self.beta
         su = _finite(np.asarray(matmat(v[:, act]), np.float64), itn)
-        products.append(act.size)
         u[:, act] = su - alpha[act] * u[:, act]
         beta[act] = np.linalg.norm(u[:, act], axis=0)
-        # beta = 0: S v is in the span of u, the system is compatible and this column ends now (as
-        # LSQR, which then skips the update of v and keeps alpha)
         grow = act[beta[act] > 0]
         u[:, grow] /= beta[grow]
         sv = _finite(np.asarray(rmatmat(u[:, act]), np.float64), itn)
-        products.append(act.size)
-        pos = np.searchsorted(act, grow)
-        v[:, grow] = sv[:, pos] - beta[grow] * v[:, grow]
+        v[:, grow] = sv[:, np.searchsorted(act, grow)] - beta[grow] * v[:, grow]
         alpha[grow] = np.linalg.norm(v[:, grow], axis=0)
         nz = grow[alpha[grow] > 0]
         v[:, nz] /= alpha[nz]
-        lc = np.flatnonzero(live)
-        ri, dm = rhs[lc], damp[lc]
-        al, be = alpha[ri], beta[ri]
+        self.products += [act.size, act.size]
+
+
+@dataclasses.dataclass
+class _Columns:
+    """Per (rhs, lambda) column ``l k + i``: ``x``, ``w`` and LSQR's scalars (Paige and Saunders 1982,
+    sections 4 and 5: the two plane rotations, the estimates of ``||[S; damp I]||``, its condition,
+    ``||x||`` and the residuals), which column is still iterating and how each one stopped."""
+
+    damp: np.ndarray
+    rhs: np.ndarray
+    x: np.ndarray
+    w: np.ndarray
+    rhobar: np.ndarray
+    phibar: np.ndarray
+    live: np.ndarray
+    s: dict  # anorm, acond, ddnorm, res2, xxnorm, z, cs2, sn2
+    iterations: np.ndarray
+    istop: np.ndarray
+
+    @classmethod
+    def start(cls, bd: _Bidiagonal, damps: list[float]) -> _Columns:
+        n, k = bd.v.shape
+        cols = len(damps) * k
+        rhs = np.tile(np.arange(k), len(damps))
+        zeros = {name: np.zeros(cols) for name in ("anorm", "acond", "ddnorm", "res2", "xxnorm", "z", "sn2")}
+        return cls(damp=np.repeat(np.asarray(damps, np.float64), k), rhs=rhs, x=np.zeros((n, cols)),
+                   w=bd.v[:, rhs].copy(), rhobar=bd.alpha[rhs].copy(), phibar=bd.beta[rhs].copy(),
+                   live=(bd.alpha * bd.beta)[rhs] > 0,  # S^T b = 0: x = 0 is the solution (istop 0)
+                   s=zeros | {"cs2": -np.ones(cols)}, iterations=np.zeros(cols, np.int64),
+                   istop=np.zeros(cols, np.int64))
+
+    @property
+    def anorm(self) -> np.ndarray:
+        return self.s["anorm"]
+
+    @property
+    def acond(self) -> np.ndarray:
+        return self.s["acond"]
+
+    def update(self, bd: _Bidiagonal, alpha_old: np.ndarray, *, tol: float, conlim: float, itn: int) -> None:
+        """The rotations, the updates of ``x`` and ``w``, the norm estimates and the stopping tests of
+        every live column, after the bidiagonalization's step ``itn``; stopped columns freeze."""
+        lc = np.flatnonzero(self.live)
+        ri, dm, s = self.rhs[lc], self.damp[lc], self.s
+        al, be = bd.alpha[ri], bd.beta[ri]
         with np.errstate(divide="ignore", invalid="ignore"):
-            anorm[lc] = np.where(be > 0, np.sqrt(anorm[lc] ** 2 + alpha_old[ri] ** 2 + be ** 2 + dm ** 2), anorm[lc])
+            s["anorm"][lc] = np.where(be > 0, np.sqrt(s["anorm"][lc] ** 2 + alpha_old[ri] ** 2 + be ** 2 + dm ** 2),
+                                      s["anorm"][lc])
             # the rotation that eliminates the damping, then the one that eliminates beta
-            rhobar1 = np.hypot(rhobar[lc], dm)
-            cs1, sn1 = rhobar[lc] / rhobar1, dm / rhobar1
-            psi, phib = sn1 * phibar[lc], cs1 * phibar[lc]
+            rhobar1 = np.hypot(self.rhobar[lc], dm)
+            psi, phib = dm / rhobar1 * self.phibar[lc], self.rhobar[lc] / rhobar1 * self.phibar[lc]
             rho = np.hypot(rhobar1, be)
             cs, sn = rhobar1 / rho, be / rho
-            theta = sn * al
-            rhobar[lc] = -cs * al
-            phi = cs * phib
-            phibar[lc] = sn * phib
-            tau = sn * phi
-            wl = w[:, lc]
-            ddnorm[lc] += (np.linalg.norm(wl, axis=0) / rho) ** 2
-            x[:, lc] += wl * (phi / rho)
-            w[:, lc] = v[:, ri] + wl * (-theta / rho)
-            # ||x|| by the second QR of the bidiagonal (Paige and Saunders, section 5.2)
-            delta, gambar = sn2[lc] * rho, -cs2[lc] * rho
-            zrhs = phi - delta * z[lc]
-            xnorm = np.sqrt(xxnorm[lc] + (zrhs / gambar) ** 2)
-            gamma = np.hypot(gambar, theta)
-            cs2[lc], sn2[lc] = gambar / gamma, theta / gamma
-            z[lc] = zrhs / gamma
-            xxnorm[lc] += z[lc] ** 2
-            acond[lc] = anorm[lc] * np.sqrt(ddnorm[lc])
-            res2[lc] += psi ** 2
-            rnorm = np.sqrt(phibar[lc] ** 2 + res2[lc])
-            arnorm = al * np.abs(tau)
-            test1 = rnorm / bnorm[ri]
-            test2 = arnorm / (anorm[lc] * rnorm + tiny)
-            test3 = 1.0 / (acond[lc] + tiny)
-            t1 = test1 / (1 + anorm[lc] * xnorm / bnorm[ri])
-            rtol = tol + tol * anorm[lc] * xnorm / bnorm[ri]
-        st = np.zeros(lc.size, np.int64)  # the tests in LSQR's order: a later one overrides
-        for code, hit in ((6, 1 + test3 <= 1), (5, 1 + test2 <= 1), (4, 1 + t1 <= 1), (3, test3 <= 1.0 / conlim),
-                          (2, test2 <= tol), (1, test1 <= rtol)):
-            st[hit] = code
+            theta, phi = sn * al, cs * phib
+            self.rhobar[lc], self.phibar[lc] = -cs * al, sn * phib
+            wl = self.w[:, lc]
+            s["ddnorm"][lc] += (np.linalg.norm(wl, axis=0) / rho) ** 2
+            self.x[:, lc] += wl * (phi / rho)
+            self.w[:, lc] = bd.v[:, ri] + wl * (-theta / rho)
+            xnorm = self._xnorm(lc, rho, theta, phi)
+            s["acond"][lc] = s["anorm"][lc] * np.sqrt(s["ddnorm"][lc])
+            s["res2"][lc] += psi ** 2
+            rnorm = np.sqrt(self.phibar[lc] ** 2 + s["res2"][lc])
+            st = _stop_tests(rnorm=rnorm, arnorm=al * np.abs(sn * phi), anorm=s["anorm"][lc], acond=s["acond"][lc],
+                             xnorm=xnorm, bnorm=bd.bnorm[ri], tol=tol, conlim=conlim)
         done = st > 0
-        iterations[lc] = itn
-        istop[lc[done]] = st[done]
-        live[lc[done]] = False
-    istop[live] = 7
-    return LsqrResult(x=x, iterations=iterations, istop=istop, acond=acond, anorm=anorm, products=products)
+        self.iterations[lc] = itn
+        self.istop[lc[done]] = st[done]
+        self.live[lc[done]] = False
+
+    def _xnorm(self, lc: np.ndarray, rho: np.ndarray, theta: np.ndarray, phi: np.ndarray) -> np.ndarray:
+        """``||x||`` by the second QR of the bidiagonal (Paige and Saunders 1982, section 5.2)."""
+        s = self.s
+        delta, gambar = s["sn2"][lc] * rho, -s["cs2"][lc] * rho
+        zrhs = phi - delta * s["z"][lc]
+        xnorm = np.sqrt(s["xxnorm"][lc] + (zrhs / gambar) ** 2)
+        gamma = np.hypot(gambar, theta)
+        s["cs2"][lc], s["sn2"][lc] = gambar / gamma, theta / gamma
+        s["z"][lc] = zrhs / gamma
+        s["xxnorm"][lc] += s["z"][lc] ** 2
+        return xnorm
+
+
+def _stop_tests(*, rnorm: np.ndarray, arnorm: np.ndarray, anorm: np.ndarray, acond: np.ndarray, xnorm: np.ndarray,
+                bnorm: np.ndarray, tol: float, conlim: float) -> np.ndarray:
+    """Paige and Saunders' ``istop`` of each column (0: goes on), their tests in their order (a later
+    one overrides): S1 ``||r|| <= btol ||b|| + atol ||A|| ||x||``, S2 ``||A^T r|| <= atol ||A|| ||r||``,
+    S3 ``cond(A) >= conlim``, and the same at machine precision (4-6)."""
+    tiny = np.finfo(np.float64).eps
+    test1 = rnorm / bnorm
+    test2 = arnorm / (anorm * rnorm + tiny)
+    test3 = 1.0 / (acond + tiny)
+    t1 = test1 / (1 + anorm * xnorm / bnorm)
+    rtol = tol + tol * anorm * xnorm / bnorm
+    st = np.zeros(rnorm.size, np.int64)
+    for code, hit in ((6, 1 + test3 <= 1), (5, 1 + test2 <= 1), (4, 1 + t1 <= 1), (3, test3 <= 1.0 / conlim),
+                      (2, test2 <= tol), (1, test1 <= rtol)):
+        st[hit] = code
+    return st
 
 
 def _finite(y: np.ndarray, itn: int) -> np.ndarray:
@@ -309,23 +370,19 @@ def _load_npy(path: Any) -> np.ndarray:
                                   "save it with numpy.save, or convert it: blocklin convert FILE b.zarr")) from None
 
 
-def _block_stats(s: SparseMatrix) -> tuple[int, int, int]:
-    """Most rows and most entries of one row block, and the bytes zarr decodes around one block's read."""
-    st = s._store
-    rb = st.row_blocks
-    ptr = np.asarray(st.indptr.get_coordinate_selection(rb), np.int64)
-    rows = int(np.diff(rb).max(initial=0))
-    entries = int(np.diff(ptr).max(initial=0))
-    chunk = 2 * int(st.indices.chunks[0]) * (s.dtype.itemsize + s.index_dtype.itemsize) + 2 * int(st.indptr.chunks[0]) * 8
-    return rows, entries, chunk
-
-
 def sparse_plan(s: SparseMatrix, k: int, lams: int, *, max_iter: int, intercept: bool, memory: int) -> SparseSolvePlan:
-    rows, entries, chunk = _block_stats(s)
+    """The :class:`~blocklin.plan.solve.SparseSolvePlan` of ``s`` (one small read of its row offsets at
+    the block boundaries), with the product tasks' memory as :mod:`blocklin.runtime.sparse_pass` counts it."""
+    st = s._store
+    groups = row_groups(st)
+    ends = np.asarray(st.indptr.get_coordinate_selection(st.row_blocks), np.int64)
+    dt = s.aslinearoperator().dtype
+    task = max(task_memory(st, groups, k, transposed, dt) for transposed in (False, True))
+    chunk = 2 * int(st.indices.chunks[0]) * (s.dtype.itemsize + s.index_dtype.itemsize) + 2 * int(st.indptr.chunks[0]) * 8
     m, n = s.shape
-    value = s.dtype.itemsize
-    return plan_sparse_solve(m, n, k, lams=lams, nnz=s.nnz, value_bytes=value, index_bytes=s.index_dtype.itemsize,
-                             row_blocks=s.n_blocks, max_block_rows=rows, max_block_entries=entries, chunk_bytes=chunk,
+    return plan_sparse_solve(m, n, k, lams=lams, nnz=s.nnz, value_bytes=s.dtype.itemsize,
+                             index_bytes=s.index_dtype.itemsize, row_blocks=s.n_blocks,
+                             max_block_entries=int(np.diff(ends).max(initial=0)), task_bytes=task, chunk_bytes=chunk,
                              max_iter=max_iter, intercept=intercept, memory=memory)
 
 
