@@ -139,6 +139,35 @@ def test_append_and_update_on_s3(s3):
     assert bl.update(f"{base}/G.zarr", storage_options=opts).report["current"]
 
 
+def test_pca_update_on_s3_rewrites_the_scores_from_a_copy(s3):
+    """On an object store the old scores are copied before the overwriting run starts (their output is
+    removed then), and the new U is written band by band by the job's tasks."""
+    base, opts = s3
+    rng = np.random.default_rng(18)
+    basis = np.linalg.qr(rng.standard_normal((12, 12)))[0]
+
+    def rows(p):  # a rank-3 signal with separated scales plus small noise: the old subspace holds
+        return (np.hstack([rng.standard_normal((p, 3)) * [30.0, 20.0, 10.0], 1e-9 * rng.standard_normal((p, 9))])
+                @ basis.T + 2.0)
+
+    a = rows(600)
+    bl.from_array(a, f"{base}/A.zarr", chunks=(64, 12), storage_options=opts)
+    bl.pca(f"{base}/A.zarr", 3, out=f"{base}/P.zarr", updatable=True, storage_options=opts)
+    new = rows(90)
+    bl.append(f"{base}/A.zarr", new, storage_options=opts)
+    res = bl.update(f"{base}/P.zarr", storage_options=opts)
+    full = np.vstack([a, new])
+    c = full - full.mean(axis=0)
+    u_ref, s_ref, _ = np.linalg.svd(c, full_matrices=False)
+    assert res.report["updated"]["rows_read"] == 90 and res.report["updated"]["scores"] == "rotated"
+    assert_singular_values(res.s, s_ref[:3], n=690, gram=True, s1=s_ref[0])
+    u = bl.open(f"{base}/P.zarr/U", storage_options=opts).to_numpy()
+    # B v_i = s_i u_i: the stored scores against the grown, centered rows and the updated factors,
+    # within the rotation's rounding and the u_errors the update reports
+    resid = np.linalg.norm(c @ res.Vt.T - u * res.s, axis=0) / res.s
+    assert (resid <= np.asarray(res.report["u_errors"]) + 64 * 690 * eps(np.float64)).all(), resid
+
+
 def _check_product(got, a, b, dtype):
     """A^T B's product bound (any summation order) plus one rounding of the stored result per update."""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)

@@ -175,3 +175,18 @@ def test_update_of_factors_kept_without_u(tmp_path):
     res = bl.update(tmp_path / "F.zarr")
     assert res.U is None and res.report["updated"]["scores"] is None and res.report["updated"]["rows_read"] == 120
     _check_factors(res, np.vstack([a, new]), center=False, dtype=np.float64)
+
+
+def test_updated_scores_have_the_same_bits_on_every_scheduler(tmp_path):
+    """The new U is written in chunk bands, each by one task from its own rows: the scheduler and the
+    number of tasks at once change nothing."""
+    a, new, path = _grown(tmp_path, noise=1e-6)
+    for name in ("F1.zarr", "F2.zarr", "F3.zarr"):
+        bl.pca(path, K, out=tmp_path / name, updatable=True)
+    bl.append(path, new)
+    got = [bl.update(tmp_path / name, **kw) for name, kw in (("F1.zarr", {"scheduler": "sync"}),
+                                                            ("F2.zarr", {"scheduler": "threads", "workers": 2}),
+                                                            ("F3.zarr", {"scheduler": "processes", "workers": 2}))]
+    assert got[0].report["updated"]["scores"] == "rotated" and got[1].report["tasks"] > 2
+    u = [r.U.to_numpy() for r in got]
+    assert np.array_equal(u[0], u[1]) and np.array_equal(u[0], u[2])

@@ -16,6 +16,7 @@ from typing import Any
 
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.products.gram import REPORT_KEYS, Gram
+from blocklin.linalg.update.bands import copy_rows
 from blocklin.operands import row_range
 from blocklin.runtime.blockops import BlockOps
 from blocklin.runtime.job import Job
@@ -36,18 +37,8 @@ def copied_before_claim(job: Job, out: Location, old: Any) -> Location:
     if old.shape[0] == old.shape[1] and old.chunks[0] == old.chunks[1]:
         BlockOps(job, int(old.chunks[0])).copy(out, copy, old.shape[0])
     else:
-        _copy_rows(old, copy)
+        copy_rows(job, out, copy)
     return copy
-
-
-def _copy_rows(old: Any, dest: Location) -> None:
-    from blocklin.storage.zarr_store import read_block, write_block
-
-    arr = open_zarr(dest, mode="r+")
-    ch = int(old.chunks[0])
-    for r0 in range(0, old.shape[0], ch):
-        r1 = min(old.shape[0], r0 + ch)
-        write_block(arr, slice(r0, r1), slice(0, old.shape[1]), read_block(old, slice(r0, r1), slice(0, old.shape[1])))
 
 
 def update_gram(job: Job, out: Location, prov: dict, growth: list[Growth], *, resume: bool,

@@ -36,31 +36,28 @@ recommendations", The American Statistician 37(3), 1983 (the merge of co-moments
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
 import scipy.linalg
 
-from blocklin.config import format_size
-from blocklin.errors import BudgetError, ParameterError, explain
+from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.center import merge_comoments, moments_and_gram
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.lowrank.methods import component_signs
 from blocklin.linalg.lowrank.svd import SVDResult, default_tol
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.linalg.lowrank.updatable import COMOMENTS, MEAN
+from blocklin.linalg.update.bands import copy_rows, write_affine
 from blocklin.matrix import Matrix
 from blocklin.operands import row_range
-from blocklin.progress import make_progress
 from blocklin.runtime.job import Job
 from blocklin.storage import create_group, write_array
 from blocklin.storage.identity import resume_token
 from blocklin.storage.location import Location
 from blocklin.storage.versions import Growth
-from blocklin.storage.zarr_store import create_array, open_zarr, read_block, write_block
+from blocklin.storage.zarr_store import open_zarr
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,13 +178,16 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
         worst = int(np.argmax(f.u_errors))
         how = (f"the scores written from every row of A (one pass): rotated, the old rows' scores of triplet "
                f"{worst + 1} would be off by {f.u_errors[worst]:.2e} relative, beyond tol={tol:g}")
+    scores = out / "U"
     if old.U is not None and not out.is_local:  # an object store's output is removed when the overwriting run starts
-        old.U = _copied(job, old.U)
+        scores = job.scratch("scores-before", tuple(old.U.shape), old.U.dtype, tuple(old.U.chunks))
+        copy_rows(job, out / "U", scores)
     token = resume_token("svd-update", [row_range(A, g.old_rows, g.rows)], g.stamp, out.url, int(upd["k"]), tol)
     ao = job.claim(out, [A], overwrite=True, resume=resume, token=token)
     create_group(ao.array_path())
     if old.U is not None:
-        _write_scores(job, ao.array_path("U"), old.U, A, m0 if rotate else 0, m1, f.old_map, f.new_map, old.dtype)
+        write_affine(job, ao.array_path("U"), scores, A.path, m0=m0 if rotate else 0, m1=m1, old_map=f.old_map,
+                     new_map=f.new_map, dtype=old.dtype, old_chunk=int(old.U.chunks[0]))
     _write_small(ao, old, f, mean, c)
     updated = {"input": g.url, "rows_before": g.old_rows, "rows": g.rows,
                "rows_read": p if rotate or old.U is None else g.rows,
@@ -237,73 +237,6 @@ def _aligned(V: np.ndarray, V0: np.ndarray) -> np.ndarray:
     dots[:k] = np.einsum("ij,ij->j", V[:, :k], V0[:, :k])
     s = np.sign(dots)
     return np.where(s == 0, 1.0, s)
-
-
-def _copied(job: Job, U0: Any) -> Any:
-    """A scratch copy of the stored scores (chunk band by chunk band)."""
-    ch = int(U0.chunks[0])
-    dest = job.scratch("scores-before", tuple(U0.shape), U0.dtype, tuple(U0.chunks))
-    copy = open_zarr(dest, mode="r+")
-    band = max(ch, job.cfg.memory // 4 // max(1, U0.shape[1] * U0.dtype.itemsize) // ch * ch)
-    for r0 in range(0, U0.shape[0], band):
-        r1 = min(U0.shape[0], r0 + band)
-        write_block(copy, slice(r0, r1), slice(0, U0.shape[1]), read_block(U0, slice(r0, r1), slice(0, U0.shape[1])))
-    return open_zarr(dest)
-
-
-#: Fewest rows of a band of the new scores (chunks much shorter only add files).
-_MIN_BAND = 4096
-
-
-def _write_scores(job: Job, dest: Any, U0: Any, A: Any, m0: int, m1: int, old: tuple, new: tuple,
-                  dtype: np.dtype) -> None:
-    """``U`` (``m1 x k``) one chunk band at a time, each written whole by this one writer (no two writers
-    share a chunk): old rows ``U0 T + 1 c^T``, new rows ``P W + b``, ``P`` read in sub-blocks that fit
-    the budget beside the band."""
-    k = old[0].shape[1]
-    n = A.shape[1]
-    per_row = k * (2 * dtype.itemsize + U0.dtype.itemsize)  # two bands: one written, one made
-    # the new U's chunks: the old ones, or bands of a sixteenth of the budget if smaller (several
-    # bands let a band be written while the next is made)
-    ch = max(1, min(int(U0.chunks[0]), max(_MIN_BAND, job.cfg.memory // 16 // per_row)))
-    band_bytes = ch * per_row
-    row_bytes = n * (8 + A.dtype.itemsize)  # a row of P as read and as float64
-    if band_bytes + row_bytes > job.cfg.memory // 2:
-        need = 2 * (band_bytes + row_bytes)
-        raise BudgetError(explain("memory", "must hold one chunk band of the scores U while writing them",
-                                  format_size(job.cfg.memory), f"pass memory='{format_size(need)}' or more"),
-                          minimum=need)
-    sub = max(1, (job.cfg.memory // 2 - band_bytes) // row_bytes)
-    U = create_array(dest, shape=(m1, k), dtype=dtype, chunks=(ch, k), codec=job.cfg.codec)
-    Ad = open_zarr(A.path)
-    prog = make_progress(job.progress)
-    prog.start(math.ceil(m1 / ch), "update the scores U")
-    try:
-        # the old rows' rotation in the scores' own dtype (stored in it anyway: a float32 product adds
-        # k eps_32 relative, below their rounding); the new rows' scores in float64
-        T, c = (np.ascontiguousarray(x, dtype=dtype) for x in old)
-        with concurrent.futures.ThreadPoolExecutor(1) as writer:  # a band is written while the next is made
-            pending = None
-            for r0 in range(0, m1, ch):
-                r1 = min(m1, r0 + ch)
-                block = np.empty((r1 - r0, k), dtype=dtype)
-                if r0 < m0:
-                    e = min(r1, m0)
-                    np.matmul(read_block(U0, slice(r0, e), slice(0, U0.shape[1])), T, out=block[: e - r0])
-                    block[: e - r0] += c
-                for s0 in range(max(r0, m0), r1, sub):
-                    s1 = min(r1, s0 + sub)
-                    block[s0 - r0:s1 - r0] = read_block(Ad, slice(s0, s1), slice(0, n)).astype(np.float64) @ new[0] \
-                        + new[1]
-                if pending is not None:
-                    pending.result()
-                pending = writer.submit(write_block, U, slice(r0, r1), slice(0, k), block)
-                prog.advance(1)
-            if pending is not None:
-                pending.result()
-    finally:
-        prog.close()
-    job.stats["bytes_written"] += m1 * k * dtype.itemsize
 
 
 __all__ = ["Recompute", "load", "update_svd"]

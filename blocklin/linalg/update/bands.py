@@ -1,0 +1,139 @@
+"""Row bands of a tall stored array written by tasks on the job's scheduler: the long factor of an
+updated SVD (affine maps of the old factor's rows and of ``A``'s rows) and copies of stored rows.
+
+Each task writes whole chunk bands of its destination (no two tasks share a chunk) and computes
+them from its rows alone, so the bits do not depend on the scheduler or on how many tasks ran at
+once; the tasks run where the job's do (threads, processes, a cluster's workers next to the data).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from blocklin.config import format_size
+from blocklin.errors import BudgetError, explain
+from blocklin.runtime.graph import TileGraph
+from blocklin.runtime.tiles import open_array, with_task_settings
+from blocklin.storage.zarr_store import create_array, open_zarr, read_block, write_block
+
+#: Fewest rows of a band of a new long factor (chunks much shorter only add files).
+MIN_BAND = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class AffineSpec:
+    """``dest[r] = old[r] T + c`` for rows ``r < m0`` and ``dest[r] = A[r] W + b`` for ``m0 <= r < m1``
+    (``A``'s rows as float64, read ``sub`` rows at a time); ``T, c`` in ``dtype``, ``W, b`` float64."""
+
+    dest: Any
+    old: Any
+    a: Any
+    m0: int
+    T: np.ndarray
+    c: np.ndarray
+    W: np.ndarray
+    b: np.ndarray
+    dtype: str
+    sub: int
+    blas_threads: int | None
+
+
+@with_task_settings
+def affine_band(spec: AffineSpec, r0: int, r1: int) -> dict:
+    """Rows ``r0:r1`` of ``dest`` (one chunk band), computed and written whole."""
+    dt = np.dtype(spec.dtype)
+    k = spec.T.shape[1]
+    block = np.empty((r1 - r0, k), dtype=dt)
+    read = 0
+    if r0 < spec.m0:  # the old rows' map in the factor's own dtype (stored in it anyway)
+        e = min(r1, spec.m0)
+        old = read_block(open_array(spec.old), slice(r0, e), slice(0, spec.T.shape[0]))
+        np.matmul(old, spec.T, out=block[:e - r0])
+        block[:e - r0] += spec.c
+        read += old.nbytes
+    if r1 > spec.m0:
+        arr = open_array(spec.a)
+        n = arr.shape[1]
+        for s0 in range(max(r0, spec.m0), r1, spec.sub):
+            s1 = min(r1, s0 + spec.sub)
+            rows = read_block(arr, slice(s0, s1), slice(0, n))
+            block[s0 - r0:s1 - r0] = rows.astype(np.float64) @ spec.W + spec.b
+            read += rows.nbytes
+    write_block(open_array(spec.dest, mode="r+"), slice(r0, r1), slice(0, k), block)
+    return {"bytes_read": read, "bytes_written": block.nbytes, "flops": 2 * (r1 - r0) * k * max(spec.T.shape[0], 1)}
+
+
+def write_affine(job: Any, dest: Any, old: Any, a: Any, *, m0: int, m1: int, old_map: tuple, new_map: tuple,
+                 dtype: Any, old_chunk: int) -> int:
+    """Create ``dest`` (``m1 x k``, ``dtype``) and write it by :func:`affine_band` tasks of ``job``;
+    ``old`` (``m0 x k0``) and ``a`` (``>= m1`` rows) are stored arrays (``old`` unread when ``m0 == 0``).
+    Returns the bytes written. Refused with the minimum when one band and a row of ``a`` do not fit
+    the budget."""
+    dt = np.dtype(dtype)
+    T, c = (np.ascontiguousarray(x, dtype=dt) for x in old_map)
+    W, b = (np.ascontiguousarray(x, dtype=np.float64) for x in new_map)
+    k = T.shape[1]
+    a_meta = open_array(a)
+    n = a_meta.shape[1]
+    per_row = k * (2 * dt.itemsize + 8)  # the band, the old rows read, a product row in float64
+    budget = job.cfg.memory
+    ch = max(1, min(int(old_chunk), max(MIN_BAND, budget // 16 // per_row)))
+    band_bytes = ch * per_row
+    row_bytes = n * (8 + a_meta.dtype.itemsize)  # a row of A as read and as float64
+    if band_bytes + row_bytes > budget // 2:
+        need = 2 * (band_bytes + row_bytes)
+        raise BudgetError(explain("memory", "must hold one chunk band of the long factor while writing it",
+                                  format_size(budget), f"pass memory='{format_size(need)}' or more"), minimum=need)
+    sub = max(1, (budget // 2 - band_bytes) // row_bytes)
+    task_memory = band_bytes + min(sub, ch) * row_bytes
+    create_array(dest, shape=(m1, k), dtype=dt, chunks=(ch, k), codec=job.cfg.codec)
+    spec = AffineSpec(dest=dest, old=old, a=a, m0=m0, T=T, c=c, W=W, b=b, dtype=dt.name, sub=int(sub),
+                      blas_threads=job.task_blas_threads(1))
+    graph = TileGraph.named("affine-bands", str(dest), m0, m1, ch)
+    bands = math.ceil(m1 / ch)
+    for i in range(bands):
+        graph.add((i,), affine_band, spec, i * ch, min(m1, (i + 1) * ch))
+    workers = max(1, min(job.workers(job.cores()), budget // max(1, task_memory), bands))
+    job.run(graph, workers=workers, description="write the long factor")
+    return m1 * k * dt.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class CopySpec:
+    src: Any
+    dest: Any
+    blas_threads: int | None = None
+
+
+@with_task_settings
+def copy_band(spec: CopySpec, r0: int, r1: int) -> dict:
+    """Rows ``r0:r1`` of ``src`` written to ``dest`` (whole chunk bands of ``dest``)."""
+    src = open_array(spec.src)
+    rows = read_block(src, slice(r0, r1), slice(0, src.shape[1]))
+    write_block(open_array(spec.dest, mode="r+"), slice(r0, r1), slice(0, src.shape[1]), rows)
+    return {"bytes_read": rows.nbytes, "bytes_written": rows.nbytes}
+
+
+def copy_rows(job: Any, src: Any, dest: Any) -> None:
+    """Copy the stored 2-D array ``src`` into ``dest`` (created with ``src``'s shape, dtype and chunks)
+    by bands of chunk rows, as tasks of ``job`` within its budget."""
+    arr = open_zarr(src)
+    rows, width = arr.shape
+    band = int(arr.chunks[0])
+    per_task = 2 * band * width * arr.dtype.itemsize  # a band as read, and zarr's copy as written
+    if per_task > job.cfg.memory:
+        raise BudgetError(explain("memory", "must hold one chunk band of the stored result while copying it",
+                                  format_size(job.cfg.memory), f"pass memory='{format_size(per_task)}' or more"),
+                          minimum=per_task)
+    graph = TileGraph.named("copy-rows", str(src), str(dest))
+    for r0 in range(0, rows, band):
+        graph.add((r0,), copy_band, CopySpec(src, dest, job.task_blas_threads(1)), r0, min(rows, r0 + band))
+    workers = max(1, min(job.workers(job.cores()), job.cfg.memory // per_task, len(graph.tasks)))
+    job.run(graph, workers=workers, description="copy the stored result")
+
+
+__all__ = ["AffineSpec", "CopySpec", "MIN_BAND", "affine_band", "copy_band", "copy_rows", "write_affine"]
