@@ -74,9 +74,10 @@ def hdf5_member_kind(path: str, member: str | None) -> str | None:
     FormatError
         ``member`` names a group that holds no sparse matrix (its datasets are listed).
     """
-    if not member:
-        return None
     h5py = _h5py()
+    if not member:
+        _refuse_unnamed_sparse(path, h5py)
+        return None
     try:
         f = h5py.File(path, "r")
     except OSError:
@@ -97,6 +98,26 @@ def hdf5_member_kind(path: str, member: str | None) -> str | None:
                                   "a CSR/CSC group"))
     finally:
         f.close()
+
+
+def _refuse_unnamed_sparse(path: str, h5py: Any) -> None:
+    """A file named without a member that holds no 2-D dataset but sparse groups: refused naming them
+    (the dense reader would say only that it found no dataset)."""
+    try:
+        f = h5py.File(path, "r")
+    except OSError:
+        return
+    try:
+        dense: list[str] = []
+        groups: list[str] = ["/"] if is_sparse_group(f) else []
+        f.visititems(lambda name, o: dense.append(name) if isinstance(o, h5py.Dataset) and o.ndim == 2 else
+                     groups.append("/" + name) if is_sparse_group(o) else None)
+    finally:
+        f.close()
+    if groups and not dense:
+        raise FormatError(explain("hdf5 input", "must name the group of a sparse matrix (FILE.h5:/GROUP)",
+                                  f"{path!r}, which holds the sparse groups {groups[:10]}",
+                                  f"write {path}:{groups[0]}"))
 
 
 def _shape_of(group: Any, attr: str) -> tuple[int, int] | None:

@@ -219,6 +219,9 @@ def test_dense_datasets_and_other_groups(tmp_path, rng):
     np.testing.assert_array_equal(a.to_numpy(), np.arange(12.0).reshape(3, 4))
     with pytest.raises(FormatError, match=r"hdf5 input: a group must hold a sparse matrix.*/obs/names"):
         blocklin.convert(f"{tmp_path / 'm.h5'}:/obs", tmp_path / "o.zarr")
+    _anndata(tmp_path / "only.h5ad", "X", x, "csr")
+    with pytest.raises(FormatError, match=r"hdf5 input: must name the group of a sparse matrix.*\['/X'\].*only.h5ad:/X"):
+        blocklin.convert(tmp_path / "only.h5ad", tmp_path / "o.zarr")
     with pytest.raises(FormatError, match="layout: an HDF5 sparse group converts to a sparse matrix only"):
         blocklin.convert(f"{tmp_path / 'm.h5'}:/X", tmp_path / "d.zarr", layout="dense")
     with pytest.raises(FormatError, match="out: a sparse matrix is written to a .zarr group"):
