@@ -378,7 +378,8 @@ def sparse_plan(s: SparseMatrix, k: int, lams: int, *, max_iter: int, intercept:
     ends = np.asarray(st.indptr.get_coordinate_selection(st.row_blocks), np.int64)
     dt = s.aslinearoperator().dtype
     task = max(task_memory(st, groups, k, transposed, dt) for transposed in (False, True))
-    chunk = 2 * int(st.indices.chunks[0]) * (s.dtype.itemsize + s.index_dtype.itemsize) + 2 * int(st.indptr.chunks[0]) * 8
+    entry = s.dtype.itemsize + s.index_dtype.itemsize
+    chunk = 2 * int(st.indices.chunks[0]) * entry + 2 * int(st.indptr.chunks[0]) * 8  # zarr's decoded chunks
     m, n = s.shape
     return plan_sparse_solve(m, n, k, lams=lams, nnz=s.nnz, value_bytes=s.dtype.itemsize,
                              index_bytes=s.index_dtype.itemsize, row_blocks=s.n_blocks,
@@ -415,7 +416,7 @@ def solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, kind: str, lams: list[flo
         if job.check_finite and not np.isfinite(bm).all():
             raise NonFiniteError(explain("b", "must hold finite values", "NaN or Inf in b",
                                          "replace them, or pass check_finite=False to skip the check"))
-        info = _run(s, bm, lams, tol=tol, max_iter=max_iter, intercept=bool(fit_intercept), kind=kind, method=method)
+        info = _run(s, bm, lams, tol=tol, max_iter=max_iter, intercept=bool(fit_intercept), kind=kind)
         x = info.pop("x")
         arr_out = create_array(ao.array_path(), shape=x.shape, dtype=out_dtype,
                                chunks=auto_chunks(x.shape, out_dtype, job.cfg.memory), codec=job.cfg.codec)
@@ -429,8 +430,8 @@ def solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, kind: str, lams: list[flo
         return result
 
 
-def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_iter: int, intercept: bool, kind: str,
-         method: str) -> dict:
+def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_iter: int, intercept: bool,
+         kind: str) -> dict:
     """LSQR, the residual pass, and the report's entries (``x`` and ``flops`` among them)."""
     m, n = s.shape
     k = b.shape[1]
@@ -446,6 +447,8 @@ def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_i
         op = centered_operator(s, mu, np.float64)
     else:
         op = s.aslinearoperator()
+    # conlim: past cond 1 / (100 tol), data perturbed by tol no longer fixes x to 1%: numerically singular
+    # at this tolerance (1e8 for float32's tol, SciPy's default; 1e12 for float64's)
     with np.errstate(over="ignore"):
         res = lsqr_columns(op.matmat, op.rmatmat, b, lams, tol=tol, conlim=1.0 / (100 * tol), max_iter=max_iter)
     x = res.x
@@ -468,8 +471,8 @@ def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_i
     stops = [STOP_REASONS[int(c)] for c in res.istop]
     flops = 2 * s.nnz * (sum(res.products) + x.shape[1])
     info = {"x": x, "flops": float(flops), "lam": lam_out, "method": "lsqr",
-            "method_reason": "a is a stored sparse matrix: LSQR (Paige-Saunders) on its row-block products, every "
-                             "right-hand side and lambda at once" + (" (method='auto')" if method == "auto" else ""),
+            "method_reason": "a stored sparse a: LSQR (Paige-Saunders) on its row-block products, never densified, "
+                             "every right-hand side and lambda at once",
             "residual_norm": rn, "solution_norm": sn, "objective": obj, "passes": passes,
             "iterations": int(res.iterations.max(initial=0)), "column_iterations": res.iterations.tolist(),
             "converged": bool(converged.all()), "column_converged": converged.tolist(), "stop_reasons": stops,
