@@ -32,6 +32,7 @@ from blocklin.errors import (BudgetError, ConvergenceWarning, NonFiniteError, Ou
 from blocklin.linalg.solve.sparse_lsqr import DEFAULT_TOL
 from blocklin.plan.solve import SparseSolvePlan
 from blocklin.storage.sparse import SparseWriter
+from support.memcheck import margin, needs_hwm, run_child
 from support.tolerances import assert_close_to, eps
 
 
@@ -315,3 +316,38 @@ def test_cli_runs_and_explains(tmp_path, rng, capsys):
         assert main(["solve", str(s.path), str(tmp_path / "b.npy"), "-o", str(tmp_path / "W.zarr"), "--max-iter", "1",
                      "--tol", "1e-12"]) == 0
     assert "NOT converged" in capsys.readouterr().out
+
+
+LSQR_CHILD = """
+    import numpy as np
+    import scipy.sparse.linalg  # noqa: F401  (imported by the run anyway; part of the baseline)
+    import dask.threaded  # noqa: F401
+    import warnings
+    import blocklin as bl
+    s_path, b_path, memory = sys.argv[1:4]
+    b = np.load(b_path)
+    base = hwm()
+    reset_hwm()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 3 iterations: not converged, and that is not the point
+        x = bl.solve(s_path, b, lam=[0.1, 1.0], memory=memory, max_iter=3)
+    plan = bl.solve_plan(s_path, b, lam=[0.1, 1.0], memory=memory, max_iter=3)
+    print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": plan.peak_memory, "passes": x.report["passes"]}))
+"""
+
+
+@needs_hwm
+@pytest.mark.slow
+def test_lsqr_peak_within_budget(tmp_path):
+    """The solve streams S (46 MiB of CSR, more than the budget and its margin) with 16 MiB: the
+    vectors and one product task, as planned (about 20 s, most of it the conversion)."""
+    x = sp.random(60000, 4000, density=0.0167, random_state=1, format="csr")  # 4 M entries
+    s = bl.from_sparse(x, tmp_path / "s.zarr", memory="16MiB")
+    np.save(tmp_path / "b.npy", np.random.default_rng(0).standard_normal((60000, 2)))
+    budget = 16 * 2**20
+    assert s.nbytes >= budget + margin(budget)
+    r = run_child(LSQR_CHILD, s.path, str(tmp_path / "b.npy"), "16MiB")
+    used = r["peak"] - r["baseline"]
+    print(f"used {used / 2**20:.1f} MiB, plan {r['plan_peak'] / 2**20:.1f} MiB, {r['passes']} passes")
+    assert r["plan_peak"] <= budget and r["passes"] == 8
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 16 MiB"
