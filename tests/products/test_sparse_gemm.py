@@ -116,9 +116,40 @@ def test_refusals_name_the_rule_and_the_fix(stored, rng):
     assert info.value.minimum > 16 * 1024
     with pytest.raises(ParameterError, match=r"a stored sparse matrix takes matmul\(S, B, out.*with c, beta, trans_b"):
         bl.matmul(s, rng.standard_normal((3, 90)), c=np.zeros((700, 3)), beta=1.0, trans_b=True)
-    with pytest.raises(ParameterError, match=r"b: a sparse matrix is taken as the left operand only.*"
-                                             r"Fix: compute \(S\^T A\^T\)\^T"):
-        bl.matmul(rng.standard_normal((4, 700)), s)
+    with pytest.raises(ShapeError, match=r"a: the columns of the dense a must equal the rows of the sparse b "
+                                         r"\(X S; no broadcasting\); got a 4 x 699 and b 700 x 90.*"
+                                         r"Fix: pass a with 700 columns"):
+        bl.matmul(rng.standard_normal((4, 699)), s)
+    with pytest.raises(ParameterError, match=r"a stored sparse matrix takes matmul\(A, S, out.*with c, beta"):
+        bl.matmul(rng.standard_normal((4, 700)), s, c=np.zeros((4, 90)), beta=1.0)
+
+
+@pytest.mark.parametrize("trans_a", [False, True], ids=["X", "XT"])
+@pytest.mark.parametrize("trans_b", [False, True], ids=["S", "ST"])
+def test_dense_left_operand(stored, rng, tmp_path, trans_a, trans_b):
+    """op(X) op(S), computed as (op(S)^T op(X)^T)^T: the same tiles, X read across, each tile written
+    across; its entries are sums over S's columns (or rows), bounded as the module says."""
+    x, s = stored
+    inner = 90 if trans_b else 700
+    X = rng.standard_normal((6, inner))
+    sd = x.toarray().T if trans_b else x.toarray()
+    c = bl.matmul(X.T.copy() if trans_a else X, s, tmp_path / "c.zarr", trans_a=trans_a, trans_b=trans_b,
+                  memory="256KiB")
+    assert c.shape == (6, sd.shape[1]) and c.report["product"] == ("X^T" if trans_a else "X") + (" S^T" if trans_b
+                                                                                                 else " S")
+    assert_product(c.to_numpy(), X @ sd, X, sd)
+    assert c.report["flops"] == 2 * x.nnz * 6
+
+
+def test_dense_left_bits_do_not_depend_on_the_scheduler(stored, rng, tmp_path):
+    x, s = stored
+    X = rng.standard_normal((200, 700))
+    runs = [bl.matmul(X, s, tmp_path / f"l{i}.zarr", scheduler=sched, memory="192KiB", workers=w)
+            for i, (sched, w) in enumerate([("sync", 1), ("threads", 2), ("processes", 2)])]
+    assert runs[0].report["tasks"] > 1
+    assert all(np.array_equal(r.to_numpy(), runs[0].to_numpy()) for r in runs[1:])
+    plan = bl.matmul(X, s, memory="192KiB", explain=True)
+    assert plan.nnz == x.nnz
 
 
 def test_resume_and_overwrite_follow_every_output(stored, rng, tmp_path):

@@ -306,19 +306,25 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
 def _sparse_route(a: Any, b: Any, out: Any, *, c: Any, alpha: float, beta: float, trans_a: bool, trans_b: bool,
                   dtype: Any, precision: Any, overwrite: bool, resume: bool, explain: bool, out_chunks: Any,
                   settings: dict) -> Any:
-    """``S B`` or ``S^T B`` of a stored sparse ``a`` (:mod:`blocklin.linalg.products.sparse_gemm`); None
-    when ``a`` is dense. A sparse ``b`` is refused with the transposed product that computes it."""
+    """``S B`` or ``S^T B`` of a stored sparse ``a``, or ``op(A) op(S)`` of a dense ``a`` and a stored sparse
+    ``b`` (:mod:`blocklin.linalg.products.sparse_gemm`); None when both are dense."""
     from blocklin.linalg.products.sparse_gemm import refuse_options, sparse_matmul, sparse_operand, sparse_product_plan
 
     so = settings.get("storage_options")
     s = sparse_operand(a, "a", so)
     if s is None:
-        if sparse_operand(b, "b", so) is not None:
-            raise ParameterError(_msg(
-                "b", "a sparse matrix is taken as the left operand only (S B and S^T B stream its rows)",
-                "a dense a and a stored sparse b",
-                "compute (S^T A^T)^T: blocklin.matmul(S, A^T, trans_a=True) with A^T stored, then transpose it"))
-        return None
+        right = sparse_operand(b, "b", so)
+        if right is None:
+            return None
+        # op(A) op(S) = (op(S)^T op(A)^T)^T: the sparse tiles with A read across
+        refuse_options(operation="matmul(A, S, out, trans_a=..., trans_b=..., dtype=...) only",
+                       c=c is not None, beta=beta != 0.0, alpha=alpha != 1.0,
+                       precision=precision not in (None, "default"), out_chunks=out_chunks is not None)
+        if explain:
+            return sparse_product_plan(right, a, trans_a=bool(trans_b), dtype=dtype, dense_left=True,
+                                       trans_dense=bool(trans_a), settings=settings)
+        return sparse_matmul(right, a, out, trans_a=bool(trans_b), dtype=dtype, overwrite=overwrite, resume=resume,
+                             dense_left=True, trans_dense=bool(trans_a), settings=settings)
     if trans_a and sparse_operand(b, "b", so) is not None and _same_store(s.path, sparse_operand(b, "b", so).path):
         from blocklin.linalg.products.sparse_gemm import sparse_gram
 

@@ -250,6 +250,10 @@ class SparseSpec:
     done_dir: Location | None = None
     blas_threads: int | None = None
     check_finite: bool = True
+    #: ``B`` is the transpose of the stored dense operand, and the stored result the transpose of
+    #: the product: a dense left operand, ``X S = (S^T X^T)^T`` (:func:`sparse_matmul`'s ``left``).
+    b_transposed: bool = False
+    out_transposed: bool = False
 
 
 class _Pieces:
@@ -323,30 +327,40 @@ def sparse_tile(spec: SparseSpec, i: int, j: int) -> dict:
     if plan.op == "SB":  # rows o0:o1 of S times B[:, c0:c1], B in panels of plan.inner rows
         for k0 in range(0, plan.n, plan.inner):
             k1 = min(plan.n, k0 + plan.inner)
-            bp = read_block(barr, slice(spec.b_first_row + k0, spec.b_first_row + k1), slice(c0, c1)).astype(dt)
+            bp = _b_block(spec, barr, k0, k1, c0, c1, dt)
             b_bytes += bp.nbytes
-            if spec.check_finite:
-                _check_finite(bp, "b")
             for piece in pieces(o0, o1, plan.entries):
                 part = piece if (k0, k1) == (0, plan.n) else piece[:, k0:k1]
                 acc += part @ bp
     else:  # S^T B: columns o0:o1 of S against every row strip of S and B, in row order
         for r0 in range(0, plan.m, plan.rows):
             r1 = min(plan.m, r0 + plan.rows)
-            bs = read_block(barr, slice(spec.b_first_row + r0, spec.b_first_row + r1), slice(c0, c1)).astype(dt)
+            bs = _b_block(spec, barr, r0, r1, c0, c1, dt)
             b_bytes += bs.nbytes
-            if spec.check_finite:
-                _check_finite(bs, "b")
             for piece in pieces(r0, r1, plan.entries):
                 part = piece if (o0, o1) == (0, plan.n) else piece[:, o0:o1]
                 acc += part.T @ bs
     out = open_array(spec.out, mode="r+")
-    write_block(out, slice(o0, o1), slice(c0, c1), acc.astype(out.dtype))
+    if spec.out_transposed:  # the product of a dense left operand, (S^T X^T)^T: the tile written across
+        write_block(out, slice(c0, c1), slice(o0, o1), acc.T.astype(out.dtype))
+    else:
+        write_block(out, slice(o0, o1), slice(c0, c1), acc.astype(out.dtype))
     if spec.done_dir is not None:
         mark_done(spec.done_dir, unit)
     return {"flops": 0, "bytes_read": pieces.bytes + b_bytes, "bytes_physical": pieces.bytes,
             "bytes_written": acc.size * out.dtype.itemsize}
 
+
+def _b_block(spec: SparseSpec, barr: Any, r0: int, r1: int, c0: int, c1: int, dt: np.dtype) -> np.ndarray:
+    """Rows ``r0:r1`` and columns ``c0:c1`` of ``B`` (the stored dense operand, or its transpose when the
+    product's dense operand is on the left), cast to ``dt`` and checked for NaN/Inf."""
+    if spec.b_transposed:
+        blk = read_block(barr, slice(c0, c1), slice(r0, r1)).T.astype(dt)
+    else:
+        blk = read_block(barr, slice(spec.b_first_row + r0, spec.b_first_row + r1), slice(c0, c1)).astype(dt)
+    if spec.check_finite:
+        _check_finite(blk, "b")
+    return blk
 
 
 @with_task_settings
@@ -404,21 +418,29 @@ def refuse_options(operation: str = "matmul(S, B, out, trans_a=..., dtype=...) o
 
 
 def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = False, dtype: Any = None,
-                  overwrite: bool = False, resume: bool = False, settings: dict) -> Any:
-    """``S B`` or ``S^T B`` (``trans_a``) of a stored sparse ``S`` and a dense ``B``, written to ``out``.
+                  overwrite: bool = False, resume: bool = False, dense_left: bool = False, trans_dense: bool = False,
+                  settings: dict) -> Any:
+    """``S B`` or ``S^T B`` (``trans_a``) of a stored sparse ``S`` and a dense ``B``, written to ``out``;
+    with ``dense_left``, ``op(X) S`` or ``op(X) S^T`` of a dense left operand ``X = b``.
 
     Parameters
     ----------
     s : SparseOperand
         The stored sparse matrix (``m x n``).
     b : path, zarr array, Matrix, NumPy or Dask array
-        ``n x p`` (``S B``) or ``m x p`` (``S^T B``), dense.
+        ``n x p`` (``S B``) or ``m x p`` (``S^T B``), dense; with ``dense_left``, ``X``: ``q x m``
+        (``X S``) or ``q x n`` (``X S^T``), or its transpose with ``trans_dense``.
     out : path, optional
-        The dense result, ``m x p`` or ``n x p`` (a new store under the temp dir when omitted).
+        The dense result, ``m x p`` or ``n x p`` (``q x n`` or ``q x m`` with ``dense_left``; a new
+        store under the temp dir when omitted).
     trans_a : bool
-        ``S^T B``: each output tile sums the row strips of ``S`` in row order.
+        ``S^T`` in the product: each output tile sums the row strips of ``S`` in row order.
     dtype : {None, "float32", "float64"}
         Result dtype (default: the operands' common dtype; mixed dtypes are refused).
+    dense_left, trans_dense : bool
+        The dense operand on the left, ``op(X) op(S)`` with ``op(X) = X^T`` for ``trans_dense``:
+        computed as ``(op(S)^T op(X)^T)^T``, the same tiles with ``op(X)^T`` read as column strips of
+        the stored ``X`` (or its row strips for ``trans_dense``) and each output tile written across.
 
     Returns
     -------
@@ -434,43 +456,78 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
     times for ``S B`` and ``ceil(n / inner)`` for ``S^T B``.
     """
     with Job("matmul", **settings) as job:
-        B = job.operand(b, "b")
-        plan, dt = _product_plan(job, s, B, trans_a=trans_a, dtype=dtype)
+        B = job.operand(b, "b" if not dense_left else "a")
+        inner_trans, b_transposed = (not trans_a, not trans_dense) if dense_left else (trans_a, False)
+        if dense_left:
+            _check_left(s, B, trans_a=trans_a, trans_dense=trans_dense)
+        plan, dt = _product_plan(job, s, B, trans_a=inner_trans, dtype=dtype, b_transposed=b_transposed)
+        product = _product_name(trans_a, dense_left, trans_dense)
         params = {"trans_a": bool(trans_a), "dtype": dt.name, "route": "sparse"}
+        if dense_left:
+            params.update(dense_left=True, trans_dense=bool(trans_dense))
         token = resume_token("matmul-sparse", [s, B], params, plan.to_dict())
+        out_shape, out_chunks = plan.out_shape, plan.out_chunks
+        if dense_left:
+            out_shape, out_chunks = out_shape[::-1], out_chunks[::-1]
         ao = job.output(out, inputs=[s.path] + ([] if B.staged else [B.path]), overwrite=overwrite, resume=resume,
-                        token=token, size=(plan.out_shape, dt))
-        open_or_create_array(ao, shape=plan.out_shape, dtype=dt, chunks=plan.out_chunks, codec=job.cfg.codec)
+                        token=token, size=(out_shape, dt))
+        open_or_create_array(ao, shape=out_shape, dtype=dt, chunks=out_chunks, codec=job.cfg.codec)
         spec = SparseSpec(s=s.path, b=B.path, out=ao.array_path(), plan=plan, dtype=dt.name,
                           b_first_row=int(getattr(B, "first_row", 0)), done_dir=ao.done,
-                          blas_threads=job.task_blas_threads(1), check_finite=job.check_finite)
+                          blas_threads=job.task_blas_threads(1), check_finite=job.check_finite,
+                          b_transposed=b_transposed, out_transposed=dense_left)
         graph = TileGraph.named("matmul-sparse", token)
         gi, gj = plan.grid
         for i in range(gi):
             for j in range(gj):
                 graph.add((i, j), sparse_tile, spec, i, j)
         workers = _workers(job, plan)
-        job.run(graph, workers=workers, description=f"sparse {'S^T B' if trans_a else 'S B'} tiles",
-                count_pass="a")
+        job.run(graph, workers=workers, description=f"sparse {product} tiles", count_pass="a")
         report = job.report(flops=plan.flops, nnz=s.nnz, plan=plan.to_dict(workers), output=str(ao.path),
-                            route="sparse", workers=workers, product="S^T B" if trans_a else "S B",
+                            route="sparse", workers=workers, product=product,
                             phases={"sparse tiles (CSR pieces times B)": "cpu", "reads and writes": "cpu"})
         return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
 
 
-def _product_plan(job: Job, s: SparseOperand, B: Any, *, trans_a: bool, dtype: Any) -> tuple[SparsePlan, np.dtype]:
-    """The tiles of ``S B`` / ``S^T B`` and the result dtype, the shapes checked (no broadcasting)."""
+def _product_name(trans_a: bool, dense_left: bool, trans_dense: bool) -> str:
+    s = "S^T" if trans_a else "S"
+    return f"{'X^T' if trans_dense else 'X'} {s}" if dense_left else f"{s} B"
+
+
+def _check_left(s: SparseOperand, X: Any, *, trans_a: bool, trans_dense: bool) -> None:
+    """``op(X) op(S)``: the inner dimensions agree (no broadcasting)."""
+    m, n = s.shape
+    want = n if trans_a else m
+    shape = tuple(X.shape)
+    inner = shape[0] if trans_dense else shape[-1]
+    if len(shape) != 2 or inner != want:
+        raise ShapeError(explain(
+            "a", f"the {'rows' if trans_dense else 'columns'} of the dense a must equal the "
+            f"{'columns' if trans_a else 'rows'} of the sparse b ({_product_name(trans_a, True, trans_dense)}; "
+            "no broadcasting)", f"a {' x '.join(map(str, shape))} and b {m} x {n} (sparse)",
+            f"pass a with {want} {'rows' if trans_dense else 'columns'}"))
+
+
+def _product_plan(job: Job, s: SparseOperand, B: Any, *, trans_a: bool, dtype: Any,
+                  b_transposed: bool = False) -> tuple[SparsePlan, np.dtype]:
+    """The tiles of ``S B`` / ``S^T B`` and the result dtype, the shapes checked (no broadcasting);
+    ``b_transposed``: ``B`` is the transpose of the stored operand."""
     m, n = s.shape
     want = m if trans_a else n
-    if len(B.shape) != 2 or B.shape[0] != want:
+    shape = tuple(B.shape)[::-1] if b_transposed else tuple(B.shape)
+    if len(shape) != 2 or shape[0] != want:
         raise ShapeError(explain(
             "b", f"rows of b must equal the {'rows' if trans_a else 'columns'} of the sparse a "
             f"({'S^T B' if trans_a else 'S B'}; no broadcasting)",
             f"a {m} x {n} (sparse){' transposed' if trans_a else ''} and b {' x '.join(map(str, B.shape))}",
             f"pass b with {want} rows{'' if trans_a else ', or trans_a=True for S^T B'}"))
+    if b_transposed and getattr(B, "first_row", 0):
+        raise ParameterError(explain("a", "a dense left operand is read whole", "a row range of a stored matrix",
+                                     "pass the stored matrix itself"))
     dt = result_dtype([s, B], dtype, allowed=(np.dtype(np.float32), np.dtype(np.float64)), operation="matmul")
-    plan = plan_sparse("STB" if trans_a else "SB", s, int(B.shape[1]), memory=job.cfg.memory,
-                       b_item=B.dtype.itemsize, b_chunks=tuple(B.chunks), out_item=dt.itemsize)
+    chunks = tuple(B.chunks)[::-1] if b_transposed else tuple(B.chunks)
+    plan = plan_sparse("STB" if trans_a else "SB", s, int(shape[1]), memory=job.cfg.memory,
+                       b_item=B.dtype.itemsize, b_chunks=chunks, out_item=dt.itemsize)
     return plan, dt
 
 
@@ -480,9 +537,10 @@ def _workers(job: Job, plan: SparsePlan) -> int:
 
 
 def sparse_product_plan(s: SparseOperand, b: Any = None, *, trans_a: bool = False, dtype: Any = None,
-                        gram: bool = False, settings: dict) -> Any:
-    """The :class:`~blocklin.plan.sparse.SparseOpPlan` of ``S B``, ``S^T B`` (``trans_a``) or ``S^T S``
-    (``gram``) without running it (``matmul(..., explain=True)``, ``gram(..., explain=True)``, the
+                        gram: bool = False, dense_left: bool = False, trans_dense: bool = False,
+                        settings: dict) -> Any:
+    """The :class:`~blocklin.plan.sparse.SparseOpPlan` of ``S B``, ``S^T B`` (``trans_a``), ``op(X) op(S)``
+    (``dense_left``, as :func:`sparse_matmul`) or ``S^T S`` (``gram``) without running it (``matmul(..., explain=True)``, ``gram(..., explain=True)``, the
     CLI's ``--explain``): the tiles the run takes, counted in nonzeros; a budget the run refuses is
     refused with its message (:func:`plan_sparse`)."""
     from blocklin.plan.sparse import plan_sparse_product
@@ -493,8 +551,11 @@ def sparse_product_plan(s: SparseOperand, b: Any = None, *, trans_a: bool = Fals
             plan = plan_sparse("STS", s, s.shape[1], memory=job.cfg.memory, out_item=dt.itemsize)
             workers, b_item = 1, 0
         else:
-            B = job.operand(b, "b")
-            plan, dt = _product_plan(job, s, B, trans_a=trans_a, dtype=dtype)
+            B = job.operand(b, "b" if not dense_left else "a")
+            if dense_left:
+                _check_left(s, B, trans_a=trans_a, trans_dense=trans_dense)
+            plan, dt = _product_plan(job, s, B, trans_a=not trans_a if dense_left else trans_a, dtype=dtype,
+                                     b_transposed=dense_left and not trans_dense)
             workers, b_item = _workers(job, plan), B.dtype.itemsize
         return plan_sparse_product(plan.op, shape=s.shape, dtype=s.dtype, nnz=s.nnz, index_dtype=s.index_dtype,
                                    p=plan.p, rows=plan.rows, cols=plan.cols, inner=plan.inner, entries=plan.entries,
