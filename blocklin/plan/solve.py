@@ -68,12 +68,13 @@ def plan_solve(m: int, n: int, k: int, *, method: str, memory: int, lam_kind: st
                      memory=memory)
 
 
-#: float64 vectors of the sparse LSQR per right-hand side, over ``m`` rows (``u``, ``S v`` and the
-#: update of ``u``) and over ``n`` rows (``v``, ``S^T u``, one block's ``S_b^T u_b``, the update of
-#: ``v``); per (rhs, lambda) column over ``m`` rows (``S x`` and ``b - S x`` of the residual pass at
-#: the end) and over ``n`` rows (``x``, ``w`` and their updates); ``b`` itself besides (``m`` per rhs).
+#: float64 vectors of the sparse LSQR per right-hand side, over ``m`` rows (``u``, ``S v``, the scaled
+#: copy of ``u``) and over ``n`` rows (``v``, ``S^T u``, the copies the update of ``v`` makes); per
+#: (rhs, lambda) column over ``m`` rows (``b`` repeated and ``S x`` of the residual pass at the end)
+#: and over ``n`` rows (``x``, ``w``, the copies of the live columns and the updates' temporaries);
+#: ``b`` itself besides (``m`` per rhs).
 LSQR_RHS_VECTORS = (3, 4)
-LSQR_COLUMN_VECTORS = (2, 4)
+LSQR_COLUMN_VECTORS = (2, 6)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,8 +152,8 @@ def plan_sparse_solve(m: int, n: int, k: int, *, lams: int, nnz: int, value_byte
     """The sparse LSQR solve's passes and memory; a :class:`~blocklin.errors.BudgetError` naming the
     budget that suffices when the vectors and one product task do not fit ``memory``.
 
-    ``task_bytes``: what one product task allocates (the larger of ``S V`` and ``S^T U``'s, with
-    ``k`` columns); ``chunk_bytes``: what zarr decodes around one block's read (a chunk of each 1-D
+    ``task_bytes``: what one product task allocates (the largest of ``S^T U``'s with ``k`` columns and
+    the residual's ``S x`` with ``L k``); ``chunk_bytes``: what zarr decodes around one block's read (a chunk of each 1-D
     array at either end of the range).
     """
     cols = k * lams
@@ -164,7 +165,7 @@ def plan_sparse_solve(m: int, n: int, k: int, *, lams: int, nnz: int, value_byte
     if peak > memory:
         raise BudgetError(explain(
             "memory", "must hold the sparse LSQR solve's float64 vectors (b and about 4 (m + n) numbers per "
-            "right-hand side and lambda) and one row block of S", f"{format_size(memory)} for vectors of "
+            "right-hand side and lambda) and one product task (a row block of S and its product)", f"{format_size(memory)} for vectors of "
             f"{format_size(vectors)} and a row block of {format_size(block)} ({m} x {n}, {k} right-hand side(s), "
             f"{lams} lambda(s))", f"raise it to at least {format_size(peak)} (memory='{math.ceil(peak / 2**20)}MiB'), "
             "or solve fewer right-hand sides or lambdas at a time (or convert S again with a smaller --memory: "

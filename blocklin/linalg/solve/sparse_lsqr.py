@@ -160,7 +160,12 @@ class _Bidiagonal:
         columns end now) skips the update of ``v`` and keeps ``alpha``, as LSQR does."""
         u, v, alpha, beta = self.u, self.v, self.alpha, self.beta
         su = _finite(np.asarray(matmat(v[:, act]), np.float64), itn)
-        u[:, act] = su - alpha[act] * u[:, act]
+        tmp = u[:, act]  # a copy (fancy indexing), scaled in place: S v and one more m x c at a time
+        tmp *= alpha[act]
+        su -= tmp
+        del tmp
+        u[:, act] = su
+        del su
         beta[act] = np.linalg.norm(u[:, act], axis=0)
         grow = act[beta[act] > 0]
         u[:, grow] /= beta[grow]
@@ -377,7 +382,7 @@ def sparse_plan(s: SparseMatrix, k: int, lams: int, *, max_iter: int, intercept:
     groups = row_groups(st)
     ends = np.asarray(st.indptr.get_coordinate_selection(st.row_blocks), np.int64)
     dt = s.aslinearoperator().dtype
-    task = max(task_memory(st, groups, k, transposed, dt) for transposed in (False, True))
+    task = max(task_memory(st, groups, k, True, dt), task_memory(st, groups, k * lams, False, dt))  # S x: L k columns
     entry = s.dtype.itemsize + s.index_dtype.itemsize
     chunk = 2 * int(st.indices.chunks[0]) * entry + 2 * int(st.indptr.chunks[0]) * 8  # zarr's decoded chunks
     m, n = s.shape
@@ -453,7 +458,8 @@ def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_i
         res = lsqr_columns(op.matmat, op.rmatmat, b, lams, tol=tol, conlim=1.0 / (100 * tol), max_iter=max_iter)
     x = res.x
     rhs = np.tile(np.arange(k), len(lams))
-    r = b[:, rhs] - np.asarray(op.matmat(x), np.float64)  # the residual itself, one pass more
+    r = b[:, rhs]  # the residual itself, one pass more
+    r -= np.asarray(op.matmat(x), np.float64)
     passes += len(res.products) + 1
     rr, xx = np.einsum("ij,ij->j", r, r), np.einsum("ij,ij->j", x, x)
     del r
