@@ -28,6 +28,7 @@ import numpy as np
 
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, ParameterError, ShapeError, explain
+from blocklin.operands import Operand
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import open_array, with_task_settings
@@ -49,19 +50,15 @@ _CHUNK_COPIES = 2
 
 
 @dataclasses.dataclass(frozen=True)
-class SparseOperand:
-    """A stored sparse matrix as an operation's operand (what names it in a resume identity)."""
+class SparseOperand(Operand):
+    """A stored sparse matrix as an operation's operand (what names it in a resume identity): an
+    :class:`~blocklin.operands.Operand` whose ``chunks`` are its largest row block by its width,
+    with its entry count and the chunking of its 1-D arrays."""
 
-    name: str
-    path: Location
-    shape: tuple[int, int]
-    dtype: np.dtype
-    chunks: tuple[int, int]
-    nnz: int
-    index_dtype: np.dtype
-    entry_chunk: int
-    row_chunk: int
-    staged: bool = False
+    nnz: int = 0
+    index_dtype: np.dtype = np.dtype(np.int64)
+    entry_chunk: int = 1
+    row_chunk: int = 1
 
     @classmethod
     def of(cls, s: SparseMatrix, name: str = "a") -> SparseOperand:
