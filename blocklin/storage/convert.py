@@ -369,11 +369,34 @@ def _hdf5_sparse(path: str, member: str | None) -> bool:
     return os.path.isfile(path) and hdf5_member_kind(path, member) == "sparse"
 
 
+def _sparse_source(src: str, *, member: str | None = None, sparse_format: str | None = None,
+                   from_format: str | None = None) -> Any:
+    """The coordinate source at ``src``: a Matrix Market coordinate file, a SciPy ``.npz``, or the HDF5
+    group ``member`` of ``src`` holding a CSR or CSC matrix (``sparse_format`` when the group does not
+    say which)."""
+    from blocklin.storage.formats.mtx import MtxReader
+    from blocklin.storage.sparse_convert import MtxSource, NpzSource
+
+    if detect_format(src, from_format) == "hdf5":
+        from blocklin.storage.sparse_hdf5 import Hdf5SparseSource
+
+        return Hdf5SparseSource(src, member, sparse_format=sparse_format)
+    if str(src).lower().endswith(".npz"):
+        return NpzSource(src)
+    reader = MtxReader(src)
+    if reader.layout != "coordinate":
+        reader.close()
+        raise FormatError(explain("layout", "a sparse output needs a coordinate Matrix Market file",
+                                  f"{src!r} is an array (dense) file", "convert it dense: drop --sparse "
+                                  "(layout='auto') or pass --dense"))
+    return MtxSource(reader)
+
+
 def _convert_sparse(route: str, src: Any, out: Any, *, memory: Any, dtype: Any, overwrite: bool, nan: str,
                     progress: Any, chunks: Any, codec: Any, checksum: bool, resume: bool,
                     sparse_format: str | None = None, from_format: str | None = None) -> dict[str, Any]:
     """A sparse conversion (:mod:`blocklin.storage.sparse_convert`): options of dense zarr outputs refused."""
-    from blocklin.storage.sparse_convert import export_sparse, open_source, write_sparse
+    from blocklin.storage.sparse_convert import export_sparse, write_sparse
 
     for name, value, bad, fix in (
             ("chunks", chunks, parse_chunks(chunks) != "auto", "drop --chunks (row blocks follow the budget)"),
@@ -389,8 +412,8 @@ def _convert_sparse(route: str, src: Any, out: Any, *, memory: Any, dtype: Any, 
         fmt = {".mtx": "mtx", ".mm": "mtx", ".npz": "npz"}.get(ext, ext.lstrip(".") or "?")
         return export_sparse(path, out, fmt, memory=memory, overwrite=overwrite, progress=progress)
     check_output_path(out, [path], overwrite=overwrite)
-    source = open_source(path, member=member if route == "hdf5" else None, sparse_format=sparse_format,
-                         from_format=from_format)
+    source = _sparse_source(path, member=member if route == "hdf5" else None, sparse_format=sparse_format,
+                            from_format=from_format)
     params = {"from": source.kind}
     if route == "hdf5":
         params.update(group=source.group, sparse_format=source.format, convention=source.convention)

@@ -617,30 +617,6 @@ def _check_rows_backed(source: Any, entry_bytes: int) -> None:
                                   "or as its nonzero rows"))
 
 
-def open_source(src: str, *, nan: str = "allow", member: str | None = None, sparse_format: str | None = None,
-                from_format: str | None = None) -> Any:
-    """The coordinate source at ``src``: a Matrix Market coordinate file, a SciPy ``.npz``, or the HDF5
-    group ``member`` of ``src`` holding a CSR or CSC matrix (``sparse_format`` when the group does not
-    say which)."""
-    from blocklin.storage.formats import detect_format
-
-    if detect_format(src, from_format) == "hdf5":
-        from blocklin.storage.sparse_hdf5 import Hdf5SparseSource
-
-        return Hdf5SparseSource(src, member, sparse_format=sparse_format)
-    if str(src).lower().endswith(".npz"):
-        return NpzSource(src)
-    from blocklin.storage.formats.mtx import MtxReader
-
-    reader = MtxReader(src)
-    if reader.layout != "coordinate":
-        reader.close()
-        raise FormatError(explain("layout", "a sparse output needs a coordinate Matrix Market file",
-                                  f"{src!r} is an array (dense) file", "convert it dense: drop --sparse "
-                                  "(layout='auto') or pass --dense"))
-    return MtxSource(reader)
-
-
 def export_sparse(src: Any, out: Any, fmt: str, *, memory: Any = None, overwrite: bool = False,
                   progress: Any = None) -> dict:
     """Write the stored sparse matrix ``src`` as a coordinate ``general`` Matrix Market file (``fmt``
@@ -715,4 +691,4 @@ def _write_mtx(store: SparseStore, path: Any, prog: Any) -> None:
 
 
 __all__ = ["MtxSource", "NpzSource", "ScipySource", "SortPlan", "export_sparse", "external_sort", "is_scipy_npz",
-           "open_source", "plan_sort", "write_sparse"]
+           "plan_sort", "write_sparse"]
