@@ -29,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scale", action="store_true",
                    help="divide the columns by their standard deviations (with --center: standardized PCA)")
     p.add_argument("--updatable", action="store_true",
-                   help="keep A's co-moments (n x n, one pass more) so that 'blocklin update OUT' brings the result "
-                        "up to date from rows appended later without reading the old ones")
+                   help="keep A's co-moments (n x n, one pass more; --method sketch: the sketch's own state, no "
+                        "pass more) so that 'blocklin update OUT' brings the result up to date from rows appended "
+                        "later without reading the old ones")
     p.add_argument("--plot", metavar="PNG", help="draw the singular value spectrum and residuals (needs matplotlib)")
     ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
     add_sparse_explain(p)

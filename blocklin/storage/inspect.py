@@ -94,6 +94,9 @@ def inspect(path: Any, *, format: str | None = None, memory: Any = None, **reade
     sparse = _sparse_info(path, cfg.memory)
     if sparse is not None:
         return sparse
+    group = _group_info(path, cfg.memory)
+    if group is not None:
+        return group
     # info reports missing chunk files (chunk_files) instead of refusing the store
     reader = open_reader(path, format=format, check_chunks=False, **reader_opts)
     try:
@@ -130,6 +133,38 @@ def _sparse_info(path: Any, memory: int) -> dict[str, Any] | None:
             "bytes_in_memory": in_memory, "bytes_dense": m * n * store.dtype.itemsize,
             "compression_ratio": in_memory / on_disk if on_disk else None, "memory_budget": memory,
             "fits_budget": in_memory <= memory, "provenance": prov, "estimates": {}}
+
+
+def _group_info(path: Any, memory: int) -> dict[str, Any] | None:
+    """A result group blocklin wrote (an svd's ``U``, ``S``, ``Vt``, what an update keeps): its arrays
+    and provenance (``blocklin info`` then says whether it is current); None for anything else."""
+    import json
+
+    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(os.path.join(path, "zarr.json")):
+        return None
+    with open(os.path.join(path, "zarr.json")) as f:
+        meta = json.load(f)
+    if meta.get("node_type") != "group":
+        return None
+    arrays = {}
+    for name in sorted(os.listdir(path)):
+        try:
+            with open(os.path.join(path, name, "zarr.json")) as f:
+                sub = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if sub.get("node_type") == "array":
+            arrays[name] = {"shape": sub.get("shape"), "dtype": str(sub.get("data_type"))}
+    return {"format": "zarr group", "group": True, "path": str(path), "arrays": arrays,
+            "provenance": (meta.get("attributes") or {}).get("blocklin"), "memory_budget": memory, "estimates": {}}
+
+
+def _format_group(d: dict[str, Any]) -> str:
+    lines = [f"{d['path']}", "  format       zarr group (zarr v3)"]
+    for name, a in d["arrays"].items():
+        lines.append(f"  {name:<17} {' x '.join(str(x) for x in a['shape'] or [])} {a['dtype']}")
+    lines += _history_lines(d)
+    return "\n".join(lines)
 
 
 def _format_sparse(d: dict[str, Any]) -> str:
@@ -206,6 +241,8 @@ def format_info(d: dict[str, Any]) -> str:
     """Human text for :func:`inspect`'s dict."""
     if d.get("sparse"):
         return _format_sparse(d)
+    if d.get("group"):
+        return _format_group(d)
     shape = " x ".join(str(s) for s in d["shape"])
     lines = [
         f"{d['path']}",

@@ -113,8 +113,8 @@ def test_updatable_refusals(tmp_path):
         bl.svd(path, K, updatable=True)
     with pytest.raises(ParameterError, match="updatable: needs a tall A"):
         bl.svd(bl.from_array(a[:40], tmp_path / "W.zarr"), 3, out=tmp_path / "FW.zarr", updatable=True)
-    with pytest.raises(ParameterError, match="single-pass sketch"):
-        bl.svd(path, K, method="sketch", out=tmp_path / "FS.zarr", updatable=True)
+    with pytest.raises(ParameterError, match="single-pass sketch"):  # centered: tests/update/test_update_sketch.py
+        bl.pca(path, K, method="sketch", out=tmp_path / "FS.zarr", updatable=True)
     with pytest.raises(ParameterError, match="updatable: must be True or False"):
         bl.svd(path, K, out=tmp_path / "FX.zarr", updatable="yes")
     bl.svd(path, K, out=tmp_path / "F.zarr")

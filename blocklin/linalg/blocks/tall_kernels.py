@@ -336,11 +336,14 @@ def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
     yt = state["YT"][:r]
     _product(device, yt, b, state["OP"])
     correct(device, yt, rows, state, state.get("beta"))
-    ups_h = state["ups"].rows(r0, r1, out=state["Ub"][:r])
+    # Upsilon and Phi are indexed by the stored row (``row0``: where a pass over appended rows starts), so
+    # the sketch of new rows alone adds exactly the terms a sketch of the grown matrix has for them
+    g0 = params.get("row0", 0)
+    ups_h = state["ups"].rows(g0 + r0, g0 + r1, out=state["Ub"][:r])
     if params.get("shift_r") is not None:  # B_c^T Ups = diag(c) (B^T (r Ups) - b (a^T r Ups))
         ups_h *= params["shift_r"][rows]
     ups = upload(device, ups_h)
-    phi = upload(device, state["phi"].rows(r0, r1, out=state["Pb"][:r]))
+    phi = upload(device, state["phi"].rows(g0 + r0, g0 + r1, out=state["Pb"][:r]))
     device.gemm_acc(state["Xt"], b.T, ups)
     if "TX" in state:
         device.gemm_acc(state["TX"], _a_rows(state, rows).T, ups)

@@ -205,12 +205,44 @@ def psi_t(seed: int, s: int, P: np.ndarray) -> np.ndarray:
 
 
 def sketch(src: Source, k: int, kp: int, s: int, seed: int, dest: str | None,
-           transposed_out: bool) -> Factorization:
+           transposed_out: bool, keep: dict | None = None, y_path: Any = None) -> Factorization:
     """The single-pass sketch of Tropp, Yurtsever, Udell and Cevher (2019), "Streaming low-rank matrix
     approximation with an application to scientific simulation", SIAM J. Sci. Comput. 41(4): range
     sketch ``Y = B Omega``, co-range sketch ``X = Upsilon B`` and core sketch ``Z = Phi B Psi^T``
-    from one pass; the test matrices are generated from the seed where they are used."""
-    Xt, PZ, G, Y = src.sketch(kp, s, seed)
+    from one pass; the test matrices are generated from the seed where they are used. Then
+    :func:`sketch_finish`. ``keep``: filled with the sketch's state (sums over rows, float64) and
+    ``y_path``: where ``Y`` is stored, for an updatable result (:mod:`blocklin.linalg.update.sketch`)."""
+    state = list(src.sketch(kp, s, seed, y_path=y_path))
+    if keep is not None:
+        keep.update(sketch_state(*state[:3]))
+    return sketch_finish(state, k=k, seed=seed, dest=dest, transposed_out=transposed_out, signs=src.signs)
+
+
+#: Group arrays of an updatable sketch's state (:mod:`blocklin.linalg.update.sketch`): the co-range
+#: sketch ``X^T = B^T Upsilon^T`` (``N x kp``), ``Phi^T [Y T]`` (``s x (kp + s)``), ``Y^T Y``
+#: (``kp x kp``), all float64 sums over rows, and the range sketch ``Y = B Omega`` (``M x kp``, rows).
+SKETCH_XT, SKETCH_CORE, SKETCH_GRAM, SKETCH_Y = "state_corange", "state_core", "state_range_gram", "state_range"
+
+
+def sketch_state(Xt: np.ndarray, PZ: np.ndarray, G: np.ndarray) -> dict[str, np.ndarray]:
+    """The sketch's small sums as the group arrays of an updatable result (float64 copies)."""
+    return {SKETCH_XT: np.array(Xt, dtype=np.float64), SKETCH_CORE: np.array(PZ, dtype=np.float64),
+            SKETCH_GRAM: np.array(G, dtype=np.float64)}
+
+
+def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transposed_out: bool,
+                  signs: bool = False) -> Factorization:
+    """The single-pass sketch's factors from its state ``[X^T, Phi^T [Y T], G, Y]`` alone (Tropp et
+    al. 2019, Alg. 7 with the orthonormalizations of ``Y`` and ``X^T``; the list is emptied, so that
+    ``X^T`` is not held past its QR): ``Y = Q R`` by CholeskyQR from ``G = Y^T Y``,
+    ``P = orth(X^T)``, the core ``C = (Phi Q)^+ Z ((Psi^T P)^+)^T`` by two least-squares solves,
+    ``C = U_C S W^T``, ``V = P W`` and ``U = Q U_C`` written to ``dest`` (a pass over ``Y``, never over
+    ``A``). A fixed function of ``(X^T, Phi^T [Y T], G, Y)`` and the seed (``Psi`` is regenerated):
+    the one-pass sketch and its update (:mod:`blocklin.linalg.update.sketch`) both end here."""
+    Xt, PZ, G, Y = state
+    state.clear()
+    kp = Xt.shape[1]
+    s = PZ.shape[0]
     PY, Z = PZ[:, :kp], PZ[:, kp:]
     R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
     rinv = np.linalg.pinv(R)  # R is singular when A has rank < k + oversample (zero rows of R: zero columns of Q)
@@ -225,7 +257,7 @@ def sketch(src: Source, k: int, kp: int, s: int, seed: int, dest: str | None,
     V = P @ Vct.T[:, :k]
     del P
     f = Factorization(s=sig, V=V, residuals=None, orth=orth_info, sketch_size=[kp, s])
-    return write_long(f, Y, chain + [Uc[:, :k]], dest, transposed_out, "sketch", signs=src.signs)
+    return write_long(f, Y, chain + [Uc[:, :k]], dest, transposed_out, "sketch", signs=signs)
 
 
 def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,

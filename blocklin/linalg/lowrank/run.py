@@ -25,7 +25,7 @@ from blocklin.runtime.passes import source
 def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
                 limit: int, dest: str | None, center: bool = False, scale: bool = False,
                 ckpt: Checkpoints | None = None, which: str = "LM", signs: bool = False,
-                v0: np.ndarray | None = None, keep: dict | None = None) -> Factorization:
+                v0: np.ndarray | None = None, keep: dict | None = None, sketch_y: Any = None) -> Factorization:
     """Run the planned method on ``B`` in memory (read once) or streamed; the long factor goes to ``dest``
     (``None``: not wanted, not computed). ``which``: the largest (``"LM"``) or, for ``method="full"``, the
     smallest (``"SM"``) ``k`` triplets. ``signs``: tall ``A``'s triplets signed by the components' rule
@@ -35,7 +35,8 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
     With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.blocks.center`): centered
     in memory when ``B`` is held there, by the rank-one correction inside each pass otherwise. ``keep``:
     filled with the co-moments where the means pass makes them (an updatable result keeps them,
-    :mod:`blocklin.linalg.lowrank.updatable`)."""
+    :mod:`blocklin.linalg.lowrank.updatable`), or with the single-pass sketch's state, whose ``Y`` is
+    then stored at ``sketch_y`` (:mod:`blocklin.linalg.update.sketch`)."""
     scaling = Scaling(str(source(A, transposed=plan.transposed).path), A.dtype)
     saved = ckpt.load("scaling") if ckpt is not None and not plan.in_core else None
     if saved is not None:  # resume: the power of two the checkpointed passes were made with
@@ -50,7 +51,7 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
     ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
     src.signs = signs and not plan.transposed
     f = _method(src, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, dest=dest, ckpt=ckpt, gram_start=gram_start,
-                which=which, v0=v0)
+                which=which, v0=v0, keep=keep if sketch_y is not None else None, sketch_y=sketch_y)
     why = (squares_lost(src, plan.method) if plan.method in ("rsvd", "lanczos", "full") and not (center or scale)
            else None)
     if why:  # B^T B could not hold B: the answer again, without squares (2 more passes over A)
@@ -116,7 +117,7 @@ def _streamed(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, scaling
 
 def _method(src: Source, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int, limit: int,
             dest: str | None, ckpt: Checkpoints, gram_start: np.ndarray | None, which: str = "LM",
-            v0: np.ndarray | None = None) -> Factorization:
+            v0: np.ndarray | None = None, keep: dict | None = None, sketch_y: Any = None) -> Factorization:
     """The planned method on ``src`` (in memory the iterative ones may take more steps: nothing is read again)."""
     if plan.method == "full":
         return whole_space(src, k, which, dest, plan.transposed)
@@ -127,7 +128,7 @@ def _method(src: Source, plan: SvdPlan, *, k: int, q: int | None, tol: float | N
         return gram(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 2, dest, plan.transposed,
                     ckpt, start=gram_start)
     if plan.method == "sketch":
-        return sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
+        return sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed, keep=keep, y_path=sketch_y)
     return lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed,
                    ckpt, v0=v0)
 

@@ -24,7 +24,7 @@ from blocklin.operands import temp_root
 from blocklin.plan.svd import SvdPlan, sketch_blas_threads, sketch_tasks, tsqr_reserve_bytes
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source, stored
-from blocklin.storage import create_array
+from blocklin.storage import create_array, write_array
 
 #: Bytes of the float64 copy of one block of rows while the Gram of an in-memory ``B`` is summed.
 GRAM_BLOCK_BYTES = 8 << 20
@@ -68,8 +68,9 @@ class Source(Protocol):
     def r_factor(self, k: int, description: str = "") -> np.ndarray:
         """``R`` of ``B = Q R`` in float64: no squares (the methods' fallback)."""
 
-    def sketch(self, kp: int, s: int, seed: int) -> tuple:
-        """``(X^T, Phi [Y T], Y^T Y, Y)`` of the single-pass sketch."""
+    def sketch(self, kp: int, s: int, seed: int, y_path: Any = None) -> tuple:
+        """``(X^T, Phi [Y T], Y^T Y, Y)`` of the single-pass sketch; ``y_path``: where ``Y`` is stored
+        (an updatable result keeps it), else a scratch store (streamed) or memory."""
 
 
 class InCore:
@@ -146,17 +147,23 @@ class InCore:
         xt = np.asarray(d.to_host(mm(self.bd.T, ups)), dtype=np.float64)
         return xt, np.hstack(small[:2]), small[2], DeviceBlock(d, y)
 
-    def sketch(self, kp: int, s: int, seed: int) -> tuple:
-        """``(X^T, Phi [Y T], Y^T Y, Y)`` of the single-pass sketch (as :func:`K.sketch_kernel` makes them)."""
+    def sketch(self, kp: int, s: int, seed: int, y_path: Any = None) -> tuple:
+        """``(X^T, Phi [Y T], Y^T Y, Y)`` of the single-pass sketch (as :func:`K.sketch_kernel` makes them);
+        ``Y`` also written to ``y_path`` when given."""
         op = rnd.sketch_test_matrices(seed, self.N, kp, s, self.dtype)
         if self.dev is not None:
-            return self._sketch_on_device(op, kp, seed)
-        f = np.float64
-        yt = self.b @ op
-        y = np.ascontiguousarray(yt[:, :kp])
-        ups = rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp).rows(0, self.M).astype(self.dtype)
-        phi = rnd.GaussianRows(seed, rnd.STREAM_PHI, s).rows(0, self.M).astype(self.dtype)
-        return (self.b.T @ ups).astype(f), (phi.T @ yt).astype(f), (y.T @ y).astype(f), ArrayBlock(y)
+            out = self._sketch_on_device(op, kp, seed)
+        else:
+            f = np.float64
+            yt = self.b @ op
+            y = np.ascontiguousarray(yt[:, :kp])
+            ups = rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp).rows(0, self.M).astype(self.dtype)
+            phi = rnd.GaussianRows(seed, rnd.STREAM_PHI, s).rows(0, self.M).astype(self.dtype)
+            out = (self.b.T @ ups).astype(f), (phi.T @ yt).astype(f), (y.T @ y).astype(f), ArrayBlock(y)
+        if y_path is not None:
+            y = out[3].y if isinstance(out[3], ArrayBlock) else out[3].dev.to_host(out[3].y)
+            write_array(y_path, np.ascontiguousarray(y), chunks=(stored_y_rows(self.M, kp, self.dtype), kp))
+        return out
 
     def apply_write(self, w: np.ndarray, dest: str | None, transposed_out: bool, description: str = "") -> Any:
         blk = DeviceBlock(self.dev, self.bd) if self.dev is not None else ArrayBlock(self.b)
@@ -310,6 +317,8 @@ class Streamed:
                   "y_temporaries": self.job.cfg.codec != "none" or temp_root(self.job.cfg).scheme != "local"}
         if self.shift:
             params |= {"shift_c": self.shift.c, "shift_b": self.shift.b} | self.shift.params(self.dtype)
+        if self.source.first_row:  # a pass over appended rows: the test matrices' rows where they are stored
+            params["row0"] = self.source.first_row
         return params
 
     def _plan_sketch(self, params: dict) -> Any:
@@ -321,11 +330,15 @@ class Streamed:
         threads = sketch_blas_threads(plan.blas_threads, plan.strip, p.N, p.sketch_size)
         return plan if threads == plan.blas_threads else dataclasses.replace(plan, blas_threads=threads)
 
-    def sketch(self, kp: int, s: int, seed: int) -> tuple:
+    def sketch(self, kp: int, s: int, seed: int, y_path: Any = None) -> tuple:
         params = self._sketch_params(seed)
         plan = self._plan_sketch(params)
         params["y_chunk"] = _y_chunk(plan, params["y_buffer"] // (kp * np.dtype(self.dtype).itemsize))
-        blk = self._tmp_block(kp, params["y_chunk"])
+        if y_path is None:
+            blk = self._tmp_block(kp, params["y_chunk"])
+        else:  # kept in the output (an updatable result): written there by the pass, read there after it
+            create_array(y_path, shape=(self.M, kp), dtype=self.dtype, chunks=(params["y_chunk"], kp), codec="none")
+            blk = TallBlock(self.job, y_path, self.M, kp, self.dtype, params["y_chunk"], self.memory)
         states = self._run(K.sketch_kernel, params, plan, "sketch: single pass", outputs=(("Y", blk.path),))
         xt = reduce_sum(states, "Xt")
         if self.shift:
@@ -342,6 +355,11 @@ class Streamed:
         states = self._run(K.apply_kernel, params, plan, description, outputs=(("F", dest),) if dest else (),
                            transposed_outputs=("F",) if transposed_out else ())
         return None if dest else collect_rows(states, self.M, c)
+
+
+def stored_y_rows(M: int, kp: int, dtype: Any) -> int:
+    """Chunk height of a kept ``Y`` written from memory: about :data:`SKETCH_Y_BUFFER` per chunk."""
+    return max(1, min(M, SKETCH_Y_BUFFER // max(1, kp * np.dtype(dtype).itemsize)))
 
 
 def _y_chunk(plan: Any, rows: int) -> int:

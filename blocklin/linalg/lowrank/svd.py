@@ -30,7 +30,7 @@ from blocklin.linalg.blocks.scaling import check_finite_result
 from blocklin.linalg.labels import label_svd, labels_of
 from blocklin.linalg.lowrank.budget import check_disk_space, choose_plan
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
-from blocklin.linalg.lowrank.methods import Factorization, component_signs
+from blocklin.linalg.lowrank.methods import SKETCH_Y, Factorization, component_signs
 from blocklin.linalg.lowrank.operator_svd import is_operator, operator_svd
 from blocklin.linalg.lowrank.run import run_planned
 from blocklin.linalg.lowrank.triplets import triplet_report
@@ -258,7 +258,11 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
         Keep the co-moments of ``A`` (count, means, centered Gram: ``n x n`` float64, one pass more) in
         ``out``, so that :func:`blocklin.update` brings the result up to date after rows are appended
         (:func:`blocklin.append`) by reading only those rows (:mod:`blocklin.linalg.update.svd`). Tall
-        ``A``, ``which="LM"``, any method but the sketch.
+        ``A``, ``which="LM"``. ``method="sketch"`` keeps its own state instead, at no pass more (the
+        sums ``X^T``, ``Phi^T [Y T]``, ``Y^T Y`` in float64 and the range sketch ``Y``, ``m x (k +
+        oversample)``): its update sketches the new rows alone with the same seed and equals the sketch
+        of the grown matrix up to the order of its sums (:mod:`blocklin.linalg.update.sketch`); not
+        with ``center`` or ``scale``, which move every row's sketch.
     resume : bool
         Continue the run that was writing ``out`` when it was interrupted (SIGKILL, Ctrl-C, a crash)
         with the same input, parameters and budget: the passes it completed are skipped (their
@@ -407,7 +411,8 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                   max_passes=limit, block_size=block_size, max_basis=max_basis)
         plan = choose_plan(job, A, k, kw, requested=requested, shift=(bool(center), bool(scale)))
         if updatable:
-            check_updatable(out=out, method=plan.method, which=which, transposed=plan.transposed, shape=(m, n))
+            check_updatable(out=out, method=plan.method, which=which, transposed=plan.transposed, shape=(m, n),
+                            center=bool(center), scale=bool(scale))
         check_disk_space(job, out, plan, m, n, k, A.dtype)
         long_wanted = vectors is True or vectors == ("vh" if plan.transposed else "u")
         token = low_rank_token(A, op="svd", k=k, method=plan.method, oversample=oversample, q=q, tol=tol,
@@ -421,7 +426,8 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         f = run_planned(job, A, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, ckpt=ckpt,
                         dest=ao.array_path("Vt" if plan.transposed else "U") if long_wanted else None,
                         center=bool(center), scale=bool(scale), which=which, signs=bool(signs), v0=v0,
-                        keep=made if updatable else None)
+                        keep=made if updatable else None,
+                        sketch_y=ao.array_path(SKETCH_Y) if updatable and plan.method == "sketch" else None)
         state = keep_state(job, A, job.cfg.memory, made) if updatable else None
         report = _report(job, plan, f, tol=tol, seed=seed, oversample=oversample, center=bool(center),
                          scale=bool(scale), requested=requested, resumed=ao.resumed,
@@ -432,9 +438,18 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
             f = _signed_long(f, ao.array_path("Vt"))
         kept = None if state is None else (state, {"k": k, "center": bool(center), "scale": bool(scale),
                                                    "signs": bool(signs), "tol": tol, "count": m, "method": plan.method,
-                                                   "oversample": oversample, "seed": seed})
+                                                   "oversample": oversample, "seed": seed,
+                                                   **_sketch_kept(plan, f)})
         res = _result(job, out, A.dtype, plan, f, report, ao, overwrite, long_wanted, kept)
     return _returned(res, vectors)
+
+
+def _sketch_kept(plan: SvdPlan, f: Factorization) -> dict:
+    """What an update of a single-pass sketch reads beside its state: the sketch sizes and the power of
+    two its data was divided by (the state is that of ``2^-e A``; :mod:`blocklin.linalg.blocks.scaling`)."""
+    if plan.method != "sketch":
+        return {}
+    return {"sketch_size": list(plan.sketch_size), "exponent": int((f.scaling or {}).get("exponent", 0))}
 
 
 def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: Any, n_iter: Any, tol: Any,

@@ -12,6 +12,12 @@ scaled, or ``A^T A = C + m mu mu^T``) follows from them without reading the old 
 
 Arrays in the group: ``state_comoments`` (``n x n``), ``state_mean`` (``n``); the count and what
 was factored are in the provenance's ``params["update"]``.
+
+The single-pass sketch (``method="sketch"``) keeps its own state instead, which is a sum over rows
+as it stands: ``state_corange`` (``X^T``), ``state_core`` (``Phi^T [Y T]``), ``state_range_gram``
+(``Y^T Y``) and the range sketch ``state_range`` (``Y``, ``m x kp``, one row per row of ``A``)
+(:data:`blocklin.linalg.lowrank.methods.SKETCH_XT` and beside it; :mod:`blocklin.linalg.update.sketch`).
+Costs no pass more.
 """
 
 from __future__ import annotations
@@ -22,12 +28,14 @@ import numpy as np
 
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.center import moments_and_gram
+from blocklin.linalg.lowrank.methods import SKETCH_XT
 
 #: Group arrays of the kept co-moments.
 COMOMENTS, MEAN = "state_comoments", "state_mean"
 
 
-def check_updatable(*, out: Any, method: str, which: str, transposed: bool, shape: tuple[int, int]) -> None:
+def check_updatable(*, out: Any, method: str, which: str, transposed: bool, shape: tuple[int, int],
+                     center: bool = False, scale: bool = False) -> None:
     """Refuse ``updatable=True`` where an update could not be made (each reason with its fix)."""
     rule = "needs"
     if out is None:
@@ -37,9 +45,12 @@ def check_updatable(*, out: Any, method: str, which: str, transposed: bool, shap
         raise ParameterError(explain("updatable", "needs a tall A (rows appended to a wide A grow its short side, "
                                      "whose n x n Gram is kept)", f"A of shape {shape[0]} x {shape[1]}",
                                      "factor A^T, or recompute after each append"))
-    if method == "sketch":
-        raise ParameterError(explain("updatable", "needs a method whose long factor is A V / s (every method but "
-                                     "the single-pass sketch)", "method='sketch'", "pass method='auto'"))
+    if method == "sketch" and (center or scale):
+        # the means (and scales) move with every appended row, and they enter every row's sketch
+        raise ParameterError(explain("updatable", "keeps the single-pass sketch of A itself (a sum over rows): "
+                                     "a centered or scaled sketch changes in every row when rows are appended",
+                                     f"method='sketch' with center={center}, scale={scale}",
+                                     "pass method='auto' (the co-moments are kept), or updatable=False"))
     if which != "LM":
         raise ParameterError(explain("updatable", "keeps the Gram, which resolves the largest singular values only",
                                      f"which={which!r}", "pass which='LM', or recompute after each append"))
@@ -54,6 +65,8 @@ def keep_state(job: Any, A: Any, memory: int, made: dict | None = None) -> dict[
     """The co-moments of ``A``: ``made`` where the method's means pass made them, else from one pass;
     as the group arrays. Refused where the squares leave float64's range (data near 1e154 or below
     1e-154: scale it by a power of two)."""
+    if made and SKETCH_XT in made:  # the single-pass sketch's state: its sums, finite where its run was
+        return made
     if made:
         c = made[COMOMENTS]
         moments = None

@@ -16,6 +16,9 @@ within which bound):
 ``svd``, ``pca``   computed with ``updatable=True``: the kept co-moments merged with the new rows',
                    the factors from the updated Gram, the old scores rotated with a computed error
                    bound; recomputed where a triplet or score would miss ``tol`` (:mod:`.svd`)
+``svd`` (sketch)   ``method="sketch", updatable=True``: the new rows' sketch added to the kept state
+                   (a sum over rows), the sketch finished again from it: the sketch of the grown
+                   matrix with the same seed up to the order of its sums (:mod:`.sketch`)
 ``solve``          a tall least-squares / ridge solve computed with ``updatable=True``: the kept sums
                    of its normal equations plus the new rows', solved again for the same ``lam``,
                    sequence or rule; recomputed where they are ill-conditioned (:mod:`.solve`)
@@ -35,6 +38,7 @@ from blocklin.errors import ParameterError, StoreNotFoundError, explain
 from blocklin.linalg.update.gram import update_gram
 from blocklin.linalg.update.products import update_matmul
 from blocklin.linalg.update.qr import update_qr
+from blocklin.linalg.update.sketch import is_sketch, update_sketch
 from blocklin.linalg.update.solve import update_solve
 from blocklin.linalg.update.svd import Recompute, update_svd
 from blocklin.linalg.update.svd import load as load_svd
@@ -152,7 +156,7 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
         result = Matrix(loc)
         result.report = report
         return result
-    updater = UPDATABLE.get(op)
+    updater = update_sketch if op == "svd" and is_sketch(prov) else UPDATABLE.get(op)
     if updater is None:
         raise ParameterError(explain(
             "out", "must be a result blocklin can update from appended rows (" + ", ".join(sorted(UPDATABLE)) + ")",
