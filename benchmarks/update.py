@@ -11,7 +11,9 @@ reruns). It prints the seconds of each, the update's share of the recompute's ti
 the chosen lambdas and ``||x_update - x_recompute|| / ||x_recompute||``; PCA:
 the largest relative difference of the singular values and the sine of the largest principal angle
 between the components, of the update and of the recompute, each against the exact ones from the
-centered Gram in float64 (NumPy, two plain passes), and the update's worst reported residual), then ``--days`` further appends
+centered Gram in float64 (NumPy, two plain passes), and the update's worst reported residual; the
+single-pass sketch, ``svd(method="sketch", updatable=True)``: its singular values against a recompute
+with the same seed, relative to ``s_1``, which only the order of its sums separates), then ``--days`` further appends
 of 0.1% each with an update after each (how each update was made: scores rotated, written from
 every row, or recomputed), and one JSON line last.
 
@@ -43,7 +45,7 @@ import blocklin as bl  # noqa: E402
 
 #: Every key of the JSON line.
 FIELDS = ("shape", "appended", "k", "memory", "seconds", "update_share", "gram_agreement", "ridge_agreement",
-          "pca_agreement", "days")
+          "pca_agreement", "sketch_agreement", "days")
 RANK = 40
 
 
@@ -129,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         b = root / "b.zarr"
         ridge = dict(lam="gcv", fit_intercept=True, **kw)
         _, t_ridge0 = _timed(lambda: bl.solve(a, b, out=root / "x.zarr", updatable=True, **ridge))
+        sketch = dict(k=k, method="sketch", seed=0, **kw)
+        _, t_sketch0 = _timed(lambda: bl.svd(a, out=root / "S.zarr", updatable=True, **sketch))
         print(f"gram {t_gram0:.2f} s, pca (updatable, k={k}) {t_pca0:.2f} s, ridge (GCV, intercept, updatable) "
-              f"{t_ridge0:.2f} s")
+              f"{t_ridge0:.2f} s, sketch (updatable) {t_sketch0:.2f} s")
         p1 = max(1, m // 100)
         new = _rows(10**6, p1, n)
         _, t_append = _timed(lambda: (bl.append(a, new, **kw), bl.append(b, _response(new), **kw)))
@@ -145,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                        "intercept_recompute": float(np.ravel(x_rec.intercept)[0])}
         p_upd, t_pca_upd = _timed(lambda: bl.update(root / "P.zarr", **kw))
         p_rec, t_pca_rec = _timed(lambda: bl.pca(a, k, **kw))
+        s_upd, t_sketch_upd = _timed(lambda: bl.update(root / "S.zarr", **kw))
+        s_rec, t_sketch_rec = _timed(lambda: bl.svd(a, **sketch))
+        sketch_agree = {"s_relative": float(np.max(np.abs(s_upd.s.astype(np.float64) - s_rec.s) / s_rec.s[0])),
+                        "rows_read": s_upd.report["updated"]["rows_read"], "passes": s_upd.report["passes"]}
         m1 = m + p1
         a_norm2 = sum(float(np.square(bl.open(a)[r:r + 65536].astype(np.float64)).sum()) for r in range(0, m1, 65536))
         gram_bound = 2 * m1 * np.finfo(np.float32).eps * a_norm2
@@ -160,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         secs = {"store": t_store, "gram": t_gram0, "pca_updatable": t_pca0, "ridge_updatable": t_ridge0,
                 "append": t_append, "gram_update": t_gram_upd, "gram_recompute": t_gram_rec,
                 "ridge_update": t_ridge_upd, "ridge_recompute": t_ridge_rec, "pca_update": t_pca_upd,
-                "pca_recompute": t_pca_rec}
-        share = {"gram": t_gram_upd / t_gram_rec, "ridge": t_ridge_upd / t_ridge_rec, "pca": t_pca_upd / t_pca_rec}
+                "pca_recompute": t_pca_rec, "sketch_updatable": t_sketch0, "sketch_update": t_sketch_upd,
+                "sketch_recompute": t_sketch_rec}
+        share = {"gram": t_gram_upd / t_gram_rec, "ridge": t_ridge_upd / t_ridge_rec, "pca": t_pca_upd / t_pca_rec,
+                 "sketch": t_sketch_upd / t_sketch_rec}
         print(f"append {p1} rows to A and b: {t_append:.2f} s")
         print(f"gram: update {t_gram_upd:.2f} s, recompute {t_gram_rec:.2f} s: {share['gram']:.3f}x; "
               f"difference {gram_ratio:.2e} of the rounding bound")
@@ -174,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{pca_agree['recompute_s_relative']:.1e}, {pca_agree['recompute_subspace_sine']:.1e}; update's worst "
               f"residual {pca_agree['worst_relative_residual']:.1e} (tol {pca_agree['tol']:.1e}); scores "
               f"{pca_agree['scores']}")
+        print(f"sketch: update {t_sketch_upd:.2f} s, recompute {t_sketch_rec:.2f} s: {share['sketch']:.3f}x; singular "
+              f"values differ from the recompute's (same seed) by {sketch_agree['s_relative']:.1e} of s_1")
         days = []
         for d in range(args.days):
             day = _rows(2 * 10**6 + d, max(1, m // 1000), n)
@@ -203,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             days_summary = None
         print(json.dumps({"shape": [m, n], "appended": p1, "k": k, "memory": args.memory, "seconds": secs,
                           "update_share": share, "gram_agreement": gram_ratio, "ridge_agreement": ridge_agree,
-                          "pca_agreement": pca_agree,
+                          "pca_agreement": pca_agree, "sketch_agreement": sketch_agree,
                           "days": days_summary}))
     finally:
         if not args.dir:
