@@ -50,8 +50,8 @@ SPARSE_METHODS = ("auto", "lsqr")
 #: (Paige and Saunders 1982, section 6), so a tolerance below the data's own rounding buys nothing:
 #: float32 values carry ``6e-8``, and ``1e-6`` (SciPy's ``lsqr`` default) is within 20 of it. Float64
 #: values would allow ``1e-15``, but every digit costs iterations (two passes over ``S`` each) and
-#: without reorthogonalization the iterates stagnate near ``eps cond(S)`` anyway: ``1e-10`` leaves a
-#: forward error near ``1e-10 cond`` for about half the iterations ``1e-15`` would take.
+#: without reorthogonalization the iterates stagnate near ``eps cond(S)`` anyway; ``1e-10`` is a
+#: perturbation far below the accuracy of measured data, a few digits above where LSQR stagnates.
 DEFAULT_TOL = {"float32": 1e-6, "float64": 1e-10}
 #: Iteration limit by default: ``2 min(m, n)`` (in exact arithmetic LSQR ends within ``min(m, n)``;
 #: rounding makes twice that enough in practice), at most this many (each iteration reads ``S`` twice).
