@@ -159,6 +159,34 @@ def test_update_without_u(tmp_path):
     _check_against_recompute(tmp_path, res, np.vstack([a, new]), np.float64)
 
 
+def test_update_of_data_near_overflow_keeps_its_power_of_two(tmp_path):
+    """Entries near 1e210: the kept state is that of 2^-e A, and the new rows are divided by the same 2^e."""
+    rng = np.random.default_rng(2)
+    a, new = _rows(rng, 600, np.float64) * 2.0 ** 700, _rows(rng, 40, np.float64) * 2.0 ** 700
+    bl.from_array(a, tmp_path / "A.zarr", chunks=(256, N))
+    first = bl.svd(tmp_path / "A.zarr", K, method="sketch", seed=SEED, out=tmp_path / "F.zarr", updatable=True)
+    e = first.report["scaling"]["exponent"]
+    assert e > 600
+    bl.append(tmp_path / "A.zarr", new)
+    res = bl.update(tmp_path / "F.zarr", memory="256KiB")
+    assert res.report["passes"] == 1 and res.report["scaling"] == {"exponent": e}
+    rec = bl.svd(tmp_path / "A.zarr", K, method="sketch", seed=SEED, out=tmp_path / "R.zarr", updatable=True)
+    kappa = _core_condition(_state(tmp_path / "R.zarr"), K + 10)
+    assert np.abs(res.s - rec.s).max() <= 8 * eps(np.float64) * kappa * rec.s[0]
+
+
+def test_update_recomputes_when_the_new_rows_leave_the_kept_scale(tmp_path):
+    """Rows near 1e300 appended to data near 1: their sketch overflows at the kept state's scale, so the
+    sketch is recomputed (scaled by its power of two), updatable again."""
+    a, _, path = _stored(tmp_path, np.float64)
+    bl.svd(path, K, method="sketch", seed=SEED, out=tmp_path / "F.zarr", updatable=True)
+    bl.append(path, np.random.default_rng(5).standard_normal((30, N)) * 1e300)
+    res = bl.update(tmp_path / "F.zarr")
+    assert res.report["updated"]["how"].startswith("recomputed: the new rows' sketch leaves float64's range")
+    assert np.isfinite(res.s).all() and res.report["scaling"]["exponent"] > 0
+    assert bl.update(tmp_path / "F.zarr").report["current"]
+
+
 def test_refusals(tmp_path):
     a, (new,), path = _stored(tmp_path, np.float64)
     wide = bl.from_array(np.ascontiguousarray(a[:30]), tmp_path / "W.zarr")  # 30 x 40
