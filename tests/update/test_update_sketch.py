@@ -26,7 +26,8 @@ import blocklin as bl
 from blocklin.cli.main import main
 from blocklin.errors import ParameterError
 from blocklin.linalg.blocks import random as rnd
-from blocklin.linalg.lowrank.methods import SKETCH_CORE, SKETCH_GRAM, SKETCH_XT, SKETCH_Y, psi_t
+from blocklin.linalg.lowrank.methods import psi_t
+from blocklin.linalg.lowrank.updatable import SKETCH_CORE, SKETCH_GRAM, SKETCH_XT, SKETCH_Y
 from support.tolerances import eps
 
 M, N, K, SEED = 1200, 40, 5, 7

@@ -21,6 +21,7 @@ from blocklin.linalg.lowrank.lanczos import block_lanczos, small_blas, start_blo
 from blocklin.linalg.lowrank.sources import Source
 from blocklin.linalg.lowrank.triplets import (enrich_width, resolution_floor, rounding_level, triplet_report,
                                               triplet_scale)
+from blocklin.linalg.lowrank.updatable import sketch_state
 from blocklin.plan.svd import SvdPlan
 from blocklin.runtime.checkpoints import Checkpoints
 
@@ -216,18 +217,6 @@ def sketch(src: Source, k: int, kp: int, s: int, seed: int, dest: str | None,
     if keep is not None:
         keep.update(sketch_state(*state[:3]))
     return sketch_finish(state, k=k, seed=seed, dest=dest, transposed_out=transposed_out, signs=src.signs)
-
-
-#: Group arrays of an updatable sketch's state (:mod:`blocklin.linalg.update.sketch`): the co-range
-#: sketch ``X^T = B^T Upsilon^T`` (``N x kp``), ``Phi^T [Y T]`` (``s x (kp + s)``), ``Y^T Y``
-#: (``kp x kp``), all float64 sums over rows, and the range sketch ``Y = B Omega`` (``M x kp``, rows).
-SKETCH_XT, SKETCH_CORE, SKETCH_GRAM, SKETCH_Y = "state_corange", "state_core", "state_range_gram", "state_range"
-
-
-def sketch_state(Xt: np.ndarray, PZ: np.ndarray, G: np.ndarray) -> dict[str, np.ndarray]:
-    """The sketch's small sums as the group arrays of an updatable result (float64 copies)."""
-    return {SKETCH_XT: np.array(Xt, dtype=np.float64), SKETCH_CORE: np.array(PZ, dtype=np.float64),
-            SKETCH_GRAM: np.array(G, dtype=np.float64)}
 
 
 def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transposed_out: bool,

@@ -30,11 +30,11 @@ from blocklin.linalg.blocks.scaling import check_finite_result
 from blocklin.linalg.labels import label_svd, labels_of
 from blocklin.linalg.lowrank.budget import check_disk_space, choose_plan
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
-from blocklin.linalg.lowrank.methods import SKETCH_Y, Factorization, component_signs
+from blocklin.linalg.lowrank.methods import Factorization, component_signs
 from blocklin.linalg.lowrank.operator_svd import is_operator, operator_svd
 from blocklin.linalg.lowrank.run import run_planned
 from blocklin.linalg.lowrank.triplets import triplet_report
-from blocklin.linalg.lowrank.updatable import check_updatable, keep_state
+from blocklin.linalg.lowrank.updatable import SKETCH_Y, check_updatable, keep_state
 from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, gram_route_fits
 from blocklin.runtime.checkpoints import Checkpoints

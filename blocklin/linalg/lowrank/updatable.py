@@ -16,7 +16,7 @@ was factored are in the provenance's ``params["update"]``.
 The single-pass sketch (``method="sketch"``) keeps its own state instead, which is a sum over rows
 as it stands: ``state_corange`` (``X^T``), ``state_core`` (``Phi^T [Y T]``), ``state_range_gram``
 (``Y^T Y``) and the range sketch ``state_range`` (``Y``, ``m x kp``, one row per row of ``A``)
-(:data:`blocklin.linalg.lowrank.methods.SKETCH_XT` and beside it; :mod:`blocklin.linalg.update.sketch`).
+(:data:`SKETCH_XT` and beside it; :mod:`blocklin.linalg.update.sketch`).
 Costs no pass more.
 """
 
@@ -28,10 +28,13 @@ import numpy as np
 
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.center import moments_and_gram
-from blocklin.linalg.lowrank.methods import SKETCH_XT
 
 #: Group arrays of the kept co-moments.
 COMOMENTS, MEAN = "state_comoments", "state_mean"
+#: Group arrays of an updatable single-pass sketch: the co-range sketch ``X^T = B^T Upsilon^T``
+#: (``N x kp``), ``Phi^T [Y T]`` (``s x (kp + s)``), ``Y^T Y`` (``kp x kp``), float64 sums over rows,
+#: and the range sketch ``Y = B Omega`` (``M x kp``, one row per row of ``A``).
+SKETCH_XT, SKETCH_CORE, SKETCH_GRAM, SKETCH_Y = "state_corange", "state_core", "state_range_gram", "state_range"
 
 
 def check_updatable(*, out: Any, method: str, which: str, transposed: bool, shape: tuple[int, int],
@@ -54,6 +57,12 @@ def check_updatable(*, out: Any, method: str, which: str, transposed: bool, shap
     if which != "LM":
         raise ParameterError(explain("updatable", "keeps the Gram, which resolves the largest singular values only",
                                      f"which={which!r}", "pass which='LM', or recompute after each append"))
+
+
+def sketch_state(Xt: np.ndarray, PZ: np.ndarray, G: np.ndarray) -> dict[str, np.ndarray]:
+    """The single-pass sketch's small sums as the group arrays of an updatable result (float64 copies)."""
+    return {SKETCH_XT: np.array(Xt, dtype=np.float64), SKETCH_CORE: np.array(PZ, dtype=np.float64),
+            SKETCH_GRAM: np.array(G, dtype=np.float64)}
 
 
 def kept_state(moments: Any, c: np.ndarray) -> dict[str, np.ndarray]:
@@ -80,4 +89,5 @@ def keep_state(job: Any, A: Any, memory: int, made: dict | None = None) -> dict[
     return made if made else kept_state(moments, c)
 
 
-__all__ = ["COMOMENTS", "MEAN", "check_updatable", "keep_state", "kept_state"]
+__all__ = ["COMOMENTS", "MEAN", "SKETCH_CORE", "SKETCH_GRAM", "SKETCH_XT", "SKETCH_Y", "check_updatable", "keep_state",
+           "kept_state", "sketch_state"]

@@ -49,11 +49,11 @@ from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.blocks.scaling import Scaling, unscale
 from blocklin.linalg.blocks.tallblock import TallBlock
-from blocklin.linalg.lowrank.methods import (SKETCH_CORE, SKETCH_GRAM, SKETCH_XT, SKETCH_Y, sketch_finish,
-                                             sketch_state)
+from blocklin.linalg.lowrank.methods import sketch_finish
 from blocklin.linalg.lowrank.sources import Streamed
 from blocklin.linalg.lowrank.svd import SVDResult
 from blocklin.linalg.lowrank.triplets import triplet_report
+from blocklin.linalg.lowrank.updatable import SKETCH_CORE, SKETCH_GRAM, SKETCH_XT, SKETCH_Y, sketch_state
 from blocklin.linalg.update.gram import copied_before_claim
 from blocklin.linalg.update.svd import Recompute
 from blocklin.matrix import Matrix
