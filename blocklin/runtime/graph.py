@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import os
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -136,8 +138,38 @@ def _run_serial(dsk: dict, keys: list, finished: Callable[[Hashable, Any], None]
 POOL_RETRIES = 2
 
 
+class ProcessPools:
+    """Process pools kept for one job's graphs under ``processes``, one per concurrency: a pool's
+    processes start once (each imports blocklin, about a second) rather than once per graph, which
+    an iterative method (a product per step) would pay at every step."""
+
+    def __init__(self) -> None:
+        self._pools: dict[int, Any] = {}
+
+    def get(self, workers: int, *, fresh: bool = False) -> Any:
+        """The pool of ``workers`` processes; ``fresh``: a new one (after one of its processes died)."""
+        if fresh and workers in self._pools:
+            self._pools.pop(workers).shutdown(wait=False, cancel_futures=True)
+        if workers not in self._pools:
+            from concurrent.futures import ProcessPoolExecutor
+
+            from dask.multiprocessing import get_context, initialize_worker_process
+
+            if os.environ.get("PYTHONHASHSEED") in (None, "0"):  # as dask's own pools: consistent hashing
+                os.environ["PYTHONHASHSEED"] = "6640"
+            self._pools[workers] = ProcessPoolExecutor(
+                workers, mp_context=get_context(),
+                initializer=functools.partial(initialize_worker_process, user_initializer=None))
+        return self._pools[workers]
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._pools.clear()
+
+
 def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progress: Any = None,
-            description: str = "tiles", events: dict | None = None) -> list:
+            description: str = "tiles", events: dict | None = None, pools: ProcessPools | None = None) -> list:
     """Run every task of ``graph``; return their results in key order.
 
     Parameters
@@ -152,6 +184,9 @@ def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progre
         Progress bar label.
     events : dict, optional
         Receives ``retried_tasks``: tasks run again after their worker process died.
+    pools : ProcessPools, optional
+        Under ``processes``, the pools to run in (a job's, kept between its graphs); None: a pool for
+        this graph alone.
 
     Raises
     ------
@@ -190,7 +225,7 @@ def execute(graph: TileGraph, *, scheduler: Any = None, workers: int = 1, progre
             return _run_serial(dsk, keys, finished)
         if sched.kind == "distributed":
             return _run_distributed(sched.client, dsk, keys, finished, events)
-        return _run_local(sched.kind, dsk, keys, workers, finished, events)
+        return _run_local(sched.kind, dsk, keys, workers, finished, events, pools)
 
 
 def _run_distributed(client: Any, dsk: dict, keys: list, finished: Callable[[Hashable, Any], None],
@@ -218,7 +253,7 @@ def _run_distributed(client: Any, dsk: dict, keys: list, finished: Callable[[Has
 
 
 def _run_local(kind: str, dsk: dict, keys: list, workers: int, finished: Callable[[Hashable, Any], None],
-               events: dict) -> list:
+               events: dict, pools: ProcessPools | None = None) -> list:
     """Dask's threaded or multiprocessing scheduler; a dead pool process costs only its tasks.
 
     Tile tasks are idempotent (each writes whole chunks of its own), so after a pool process dies
@@ -238,17 +273,18 @@ def _run_local(kind: str, dsk: dict, keys: list, workers: int, finished: Callabl
                 done[key] = result
                 finished(key, result)
 
-    if kind == "processes":
-        import dask.multiprocessing
-
-        get = dask.multiprocessing.get
-    else:
-        get = _threaded_get
     attempt = 0
     while True:
         todo = [k for k in keys if k not in done]
         # with dependencies, finished inputs of unfinished tasks are recomputed (cheap, idempotent)
         sub = dsk if has_deps else {k: dsk[k] for k in todo}
+        if kind == "processes":
+            import dask.multiprocessing
+
+            pool = pools.get(max(1, workers), fresh=attempt > 0) if pools is not None else None
+            get = functools.partial(dask.multiprocessing.get, pool=pool)
+        else:
+            get = _threaded_get
         try:
             with _Progress():
                 results = get(sub, todo, num_workers=max(1, workers))

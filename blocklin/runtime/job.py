@@ -25,7 +25,7 @@ from blocklin.device.select import gpu_available, release_device_caches, resolve
 from blocklin.errors import BudgetError, ConfigError, DeviceError, WorkerLostError, explain
 from blocklin.matrix import Matrix
 from blocklin.operands import Operand, as_operand, cast_integers, temp_root
-from blocklin.runtime.graph import TileGraph, execute
+from blocklin.runtime.graph import ProcessPools, TileGraph, execute
 from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
 from blocklin.runtime.tiles import FROM_WORKER
@@ -137,6 +137,8 @@ class Job:
             cfg = cfg.replace(storage_options={**(cfg.storage_options or {}), **storage_options})
         self.cfg: Config = cfg
         self.stack = contextlib.ExitStack()
+        self.pools = ProcessPools()  # processes kept between this job's graphs (scheduler "processes")
+        self.stack.callback(self.pools.close)
         if settings.get("temp_dir") is not None or storage_options:
             # Scoped, so that nested operations (solve's GEMMs) and the opener see the same storage.
             import blocklin.config as _config
@@ -424,7 +426,7 @@ class Job:
                 sched = dataclasses.replace(sched, kind="sync")
             slots = self._slots(sched.kind, workers, len(graph.tasks))
             self._streams["concurrent"] = max(self._streams["concurrent"], slots)
-            results = execute(graph, scheduler=sched, workers=workers, progress=self.progress,
+            results = execute(graph, scheduler=sched, workers=workers, progress=self.progress, pools=self.pools,
                               description=description or f"{self.operation}", events=events)
         if events["retried_tasks"] is None or self.stats["retried_tasks"] is None:
             self.stats["retried_tasks"] = None  # unknown on this scheduler
