@@ -17,14 +17,15 @@ import numpy as np
 
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.tallblock import ArrayBlock
-from blocklin.linalg.lowrank.methods import Factorization, lanczos, rsvd
+from blocklin.linalg.blocks import random as rnd
+from blocklin.linalg.lowrank.methods import Factorization, lanczos, rsvd, sketch
 from blocklin.plan.svd import plan_svd
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
-from blocklin.sparse import SparseMatrix, as_sparse_operator
+from blocklin.sparse import SparseMatrix, SparseOperator, as_sparse_operator
 
 #: The methods an operator takes: those that only multiply by ``B`` and ``B^T`` in blocks.
-OPERATOR_METHODS = ("rsvd", "lanczos")
+OPERATOR_METHODS = ("rsvd", "lanczos", "sketch")
 
 
 def is_operator(a: Any) -> bool:
@@ -64,6 +65,17 @@ class OperatorSource:
         self.products += 1
         return z, (y.T @ y if gram else None), (ArrayBlock(y.astype(self.dtype)) if keep_y else None)
 
+    def sketch(self, kp: int, s: int, seed: int, y_path: Any = None) -> tuple:
+        """``(X^T, Phi^T [Y T], Y^T Y, Y)`` of the single-pass sketch with the test matrices of a stored
+        matrix's (the same seed gives the same sketch): ``B [Omega | Psi]`` and ``B^T Upsilon^T``, one
+        ``matmat`` and one ``rmatmat`` (an operator's products cannot share one read)."""
+        yt = self._b(rnd.sketch_test_matrices(seed, self.N, kp, s))
+        y = np.ascontiguousarray(yt[:, :kp])
+        xt = self._bt(rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp).rows(0, self.M))
+        phi = rnd.GaussianRows(seed, rnd.STREAM_PHI, s).rows(0, self.M)
+        self.products += 1
+        return xt, phi.T @ yt, y.T @ y, ArrayBlock(y.astype(self.dtype))
+
 
 def operator_plan(shape: tuple[int, int], dtype: Any, k: int, *, method: str, oversample: int, q: int | None,
                   limit: int, block_size: int | None, max_basis: int | None, memory: int) -> Any:
@@ -78,16 +90,17 @@ def operator_plan(shape: tuple[int, int], dtype: Any, k: int, *, method: str, ov
                     power_iters=q if method == "rsvd" else None, memory=memory, max_passes=limit,
                     block_size=block_size, max_basis=max_basis)
     if plan.in_core:  # sized as if A fitted: the passes are still the products' (the out-of-core formulas)
-        plan = dataclasses.replace(plan, in_core=False, passes=q + 1 if method == "rsvd" and q is not None else None,
-                                   formula="q + 1" if method == "rsvd" else "L + 1")
+        passes, formula = {"rsvd": (q + 1 if q is not None else None, "q + 1"), "sketch": (1, "1")}.get(
+            method, (None, "L + 1"))
+        plan = dataclasses.replace(plan, in_core=False, passes=passes, formula=formula)
     return plan
 
 
 def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: int | None, tol: float,
                  seed: int, limit: int, block_size: int | None, max_basis: int | None,
                  dest: str | None) -> tuple[Factorization, Any]:
-    """The factorization of ``op`` by ``method`` (rsvd or lanczos) and its plan; the long factor goes to
-    ``dest`` (``None``: not computed)."""
+    """The factorization of ``op`` by ``method`` (rsvd, lanczos or the sketch) and its plan; the long
+    factor goes to ``dest`` (``None``: not computed)."""
     op = as_sparse_operator(op)  # a SparseMatrix: its row blocks streamed by each product
     plan = operator_plan(op.shape, op.dtype, k, method=method, oversample=oversample, q=q, limit=limit,
                          block_size=block_size, max_basis=max_basis, memory=job.cfg.memory)
@@ -95,6 +108,9 @@ def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: 
     ckpt = Checkpoints(None)
     if method == "rsvd":
         f = rsvd(src, k, plan.block, q, tol, seed, limit, dest, plan.transposed, ckpt)
+    elif method == "sketch":
+        f = sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
     else:
         f = lanczos(src, k, plan, tol, seed, limit - 1, dest, plan.transposed, ckpt)
-    return dataclasses.replace(f, phases={"products with the operator": "caller"}), plan, src.products
+    where = "the job's tasks (row blocks)" if isinstance(op, SparseOperator) else "caller"
+    return dataclasses.replace(f, phases={"products with the operator": where}), plan, src.products
