@@ -267,3 +267,18 @@ def test_qr_r_update(tmp_path, method):
     bl.append(path, new[:3])
     with pytest.raises(ParameterError, match="a stored Q"):
         bl.update(tmp_path / "R2.zarr")
+
+
+def test_results_that_cannot_be_updated_name_the_command_that_recomputes(tmp_path):
+    rng = np.random.default_rng(21)
+    a = rng.standard_normal((96, 96))
+    path = bl.from_array(a + a.T, tmp_path / "A.zarr", chunks=(32, 96)).path
+    bl.eigsh(path, 2, out=tmp_path / "E.zarr", order="descending")
+    bl.inv(path, out=tmp_path / "I.zarr")
+    before = {p: sorted(os.listdir(tmp_path / p)) for p in ("E.zarr", "I.zarr")}
+    bl.append(path, rng.standard_normal((4, 96)))
+    for name, op, cli in (("E.zarr", "eigsh", "eigs"), ("I.zarr", "inv", "inv")):
+        with pytest.raises(ParameterError, match=rf"out: must be a result blocklin can update from appended rows.*"
+                                                 rf"an? {op} result.*rerun blocklin {cli} \(blocklin.{op} in Python\)"):
+            bl.update(tmp_path / name)
+        assert sorted(os.listdir(tmp_path / name)) == before[name]  # nothing touched

@@ -158,10 +158,12 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
         return result
     updater = update_sketch if op == "svd" and is_sketch(prov) else UPDATABLE.get(op)
     if updater is None:
+        cli = {"matmul": "gemm", "eigsh": "eigs"}.get(op, op)  # the command that computes what the function does
         raise ParameterError(explain(
             "out", "must be a result blocklin can update from appended rows (" + ", ".join(sorted(UPDATABLE)) + ")",
-            f"{loc.url!r}, a {op} result", f"recompute it on today's input: rerun blocklin {op} with the same "
-            "arguments and --overwrite (overwrite=True in Python)"))
+            f"{loc.url!r}, {'an' if op[:1] in 'aeiou' else 'a'} {op} result",
+            f"recompute it on today's input: rerun blocklin {cli} (blocklin.{op} in Python) with the same "
+            "arguments and --overwrite (overwrite=True)"))
     with Job(f"update-{op}", **settings) as job:
         result = updater(job, loc, prov, grown, resume=resume)
     if isinstance(result, Recompute):  # the update would miss tol: a full run, with the same parameters
