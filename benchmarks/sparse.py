@@ -197,6 +197,8 @@ def large(args: argparse.Namespace, folder: Path, budget: int) -> dict:
     common = {"out": str(zarr_path), "k": args.k}
     for what, extra in (("svd", {"tol": SVD_TOL, "factors": str(folder / "F.zarr")}),
                         ("eigsh", {"tol": EIGSH_TOL, "max_passes": args.max_passes})):
+        if what not in args.ops.split(","):
+            continue
         shutil.rmtree(folder / "F.zarr", ignore_errors=True)
         r, refusal = _budgeted(what, {**common, **extra}, budget)
         out[what] = r
@@ -325,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-large", action="store_true", help="only the in-memory comparison")
     p.add_argument("--skip-small", action="store_true", help="only the large graph")
+    p.add_argument("--ops", default="svd,eigsh", help="the operations run on the large graph (default svd,eigsh)")
     p.add_argument("--convert-only", action="store_true", help="on the large graph, the conversion step only "
                    "(no svd or eigsh)")
     p.add_argument("--dir", help="folder for the files (default: a temp dir, removed)")
