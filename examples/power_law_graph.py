@@ -18,7 +18,7 @@ chunks, so the generator's memory is the weights and one chunk whatever ``E`` is
 * ``blocklin.svd(S, k)``: the largest singular triplets,
 
 and checks every pair's and triplet's residual with a separate pass over the row blocks.
-The defaults are 200,000 nodes, 1,000,000 edges and a 64 MiB budget (under a minute here);
+The defaults are 50,000 nodes, 250,000 edges and a 64 MiB budget (1 to 2 minutes on a 2-core machine);
 ``BLOCKLIN_EXAMPLE_SIZE=small`` uses 5,000 nodes (the test suite does). Everything is written
 under a temporary folder that is removed at the end.
 
@@ -133,7 +133,7 @@ def main() -> int:
     import blocklin as bl
 
     small = os.environ.get("BLOCKLIN_EXAMPLE_SIZE") == "small"
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else (5_000 if small else 200_000)
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else (5_000 if small else 50_000)
     budget = sys.argv[2] if len(sys.argv) > 2 else "64MiB"
     edges, k = 5 * n, 10
     with tempfile.TemporaryDirectory() as d, bl.config.set(temp_dir=d):

@@ -84,7 +84,7 @@ def _power_law(out: str, small: bool) -> None:
     # Residuals recomputed by the example in its own pass over the row blocks, not the solvers' figures.
     assert re.search(r"^check: every residual <= 1e-6 .*: True$", out, re.MULTILINE), out
     assert _number(r"difference ([\d.e+-]+) \(relative\)", out) <= 1e-6
-    assert _number(r"S: (\d+) x", out) == (5_000 if small else 200_000)
+    assert _number(r"S: (\d+) x", out) == (5_000 if small else 50_000)
 
 
 #: What each known example must print, beyond its ``check:`` line.
