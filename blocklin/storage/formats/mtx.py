@@ -18,6 +18,7 @@ The writer emits ``array`` ``general`` files (``real`` or ``integer``), one colu
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
 from typing import Any
@@ -39,6 +40,19 @@ _PARSE_SLACK = 8 << 20
 #: Fewest bytes of one coordinate entry (``"1 1 1\n"``; pattern files ``"1 1\n"``) and one array value.
 MIN_ENTRY_BYTES = 4
 MIN_VALUE_BYTES = 2
+
+
+def _nth_newline(text: str, k: int, count: int) -> int:
+    """Index of the ``k``-th newline (from 1) of ``text``, which holds ``count >= k`` of them."""
+    extra = count - k
+    if extra <= 64:  # the usual case: a read a few lines past the block, searched from the end
+        pos = len(text)
+        for _ in range(extra + 1):
+            pos = text.rfind("\n", 0, pos)
+        return pos
+    # one code point a byte ("?" for any other), so the offsets are the text's
+    codes = np.frombuffer(text.encode("ascii", "replace"), np.uint8)
+    return int(np.flatnonzero(codes == 10)[k - 1])
 
 
 def _bad(rule: str, actual: str, fix: str = "check the file (see https://math.nist.gov/MatrixMarket/formats.html)"):
@@ -168,6 +182,48 @@ class MtxReader(Reader):
             yield self._next_line, batch
             self._next_line += len(batch)
             left -= len(batch)
+
+    def _entry_blocks(self, count: int):
+        """Yield ``(first_line_number, text, lines)`` for the next ``count`` data lines: blocks of at most
+        ``PARSE_BATCH_BYTES // 32`` whole lines (as :meth:`_lines` batches them, so a batch's entries stay
+        within the plan) read as text blocks, not line by line (a Python list of lines and their
+        lengths cost more than the parse). What is read past the last line is kept for
+        :meth:`_check_end`."""
+        cap = max(1, PARSE_BATCH_BYTES // 32)
+        left, buf, eof, per_line = count, "", False, 16.0
+        while left > 0:
+            take = min(left, cap)
+            have = buf.count("\n")
+            while have < take and not eof:
+                # sized from the lines seen so far, so a read rarely overshoots by more than a few lines
+                chunk = self._fh.read(int(min(PARSE_BATCH_BYTES, (take - have) * per_line + 256)))
+                eof = not chunk
+                have += chunk.count("\n")
+                buf += chunk
+            if have >= take:
+                cut, lines = _nth_newline(buf, take, have) + 1, take
+            else:  # end of file: a last line without its newline counts
+                lines = have + (1 if buf and not buf.endswith("\n") else 0)
+                if lines < take:
+                    self._pending = ""
+                    raise _bad(f"must hold the {self.nnz} entries the header announces",
+                               f"end of file at line {self._next_line + lines} ({count - left + lines} found)",
+                               "the file is truncated; re-create it")
+                cut = len(buf)
+            text, buf = buf[:cut], buf[cut:]
+            per_line = max(4.0, len(text) / lines)
+            self.bytes_read += len(text)
+            yield self._next_line, text, lines
+            self._next_line += lines
+            left -= lines
+        self._pending = buf
+
+    def _parse_block(self, first: int, text: str, lines: int, ncols: int, dtype: np.dtype) -> np.ndarray:
+        """:meth:`_parse` of a block of ``lines`` lines given as one text (see :meth:`_entry_blocks`)."""
+        batch = text.split("\n")  # only "\n" ends a line, as when the file is read line by line
+        if len(batch) > lines:
+            batch.pop()  # the empty piece after the last newline
+        return self._parse(first, batch, ncols, dtype)
 
     def _parse(self, first: int, batch: list[str], ncols: int, dtype: np.dtype) -> np.ndarray:
         try:
@@ -301,7 +357,10 @@ class MtxReader(Reader):
             j += 1
 
     def _check_end(self) -> None:
-        for k, line in enumerate(self._fh):
+        pending, self._pending = self._pending, ""
+        # text read past the entries (_entry_blocks), completed to its line's end, then the rest
+        head = io.StringIO(pending + self._fh.readline()) if pending else ()
+        for k, line in enumerate(itertools.chain(head, self._fh)):
             if line.strip():
                 raise _bad("must end after the entries the header announces",
                            f"extra data at line {self._next_line + k}: {line.strip()[:40]!r}",
@@ -317,9 +376,9 @@ class MtxReader(Reader):
         ncols = 2 if self.field == "pattern" else 3
         parse_dt = np.int64 if self.field in ("integer", "pattern") else np.float64
         self._consumed = 0
-        for first, batch in self._lines(self.nnz):
-            arr = self._parse(first, batch, ncols, parse_dt)
-            k = len(batch)
+        for first, text, k in self._entry_blocks(self.nnz):
+            arr = self._parse_block(first, text, k, ncols, parse_dt)
+            del text
             r = arr[:, 0].astype(np.int64)
             c = arr[:, 1].astype(np.int64)
             bad = np.flatnonzero((r < 1) | (r > m) | (c < 1) | (c > n))
@@ -396,6 +455,7 @@ class MtxReader(Reader):
 
     _next_col = 0
     _consumed = 0
+    _pending = ""
 
     def locate(self, row: int, col: int) -> str:
         if self.layout == "array" and self.symmetry == "general":
