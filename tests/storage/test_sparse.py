@@ -377,3 +377,101 @@ def test_failures_after_runs_were_written_leave_nothing(tmp_path, rng):
     hint = str(info.value).rsplit("--memory ", 1)[1].rstrip(")")
     assert blocklin.convert(tmp_path / "row.mtx", tmp_path / "row.zarr", memory=hint)["nnz"] == k
     assert list((tmp_path / "blocklin-tmp").iterdir()) == []
+
+
+# -- the coordinate parse in text blocks and the run sort ---------------------------------------------
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of at most 10 lines read 320 characters at a time: every block boundary case is hit."""
+    from blocklin.storage.formats import mtx
+
+    monkeypatch.setattr(mtx, "PARSE_BATCH_BYTES", 320)
+
+
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+@pytest.mark.parametrize("last_newline", [True, False])
+def test_mtx_read_in_small_blocks_matches_scipy(tmp_path, rng, small_blocks, ending, last_newline):
+    r, c, v = _entries(rng, 30, 20, 237)
+    lines = [f"{a}{' ' * (k % 3 + 1)}{b}\t{x / 4}" for k, (a, b, x) in enumerate(zip(r, c, v))]
+    text = "%%MatrixMarket matrix coordinate real general\n% c\n30 20 237\n" + "\n".join(lines)
+    text = (text + ("\n" if last_newline else "")).replace("\n", ending)
+    (tmp_path / "b.mtx").write_bytes(text.encode())
+    rep = blocklin.convert(tmp_path / "b.mtx", tmp_path / "b.zarr", memory="64MiB")
+    want = scipy.io.mmread(io.StringIO(text.replace("\r\n", "\n")))
+    _assert_same(blocklin.open(tmp_path / "b.zarr").to_scipy(), want)
+    assert rep["entries_read"] == 237
+
+
+@pytest.mark.parametrize(("line", "bad", "error", "pattern"), [
+    (150, "% a comment among the entries", FormatError, "each data line must hold 3 fields.*line 150"),
+    (151, "", FormatError, "each data line must hold 3 fields.*0 at line 151"),
+    (152, "1 1 1 1", FormatError, "each data line must hold 3 fields.*4 at line 152"),
+    (153, "1 x 1", FormatError, "line 153"),
+    (154, "31 1 1", FormatError, r"\(31, 1\) at line 154"),
+    (155, "1 1 nan", NonFiniteError, "NaN at line 155"),
+])
+def test_bad_lines_in_later_blocks_name_their_line(tmp_path, rng, small_blocks, line, bad, error, pattern):
+    r, c, v = _entries(rng, 30, 20, 200)
+    lines = [f"{a} {b} {x}" for a, b, x in zip(r, c, v)]
+    lines[line - 4] = bad  # the banner, a comment and the size line come first
+    (tmp_path / "e.mtx").write_text("%%MatrixMarket matrix coordinate real general\n% c\n30 20 200\n"
+                                    + "\n".join(lines) + "\n")
+    with pytest.raises(error, match=pattern):
+        blocklin.convert(tmp_path / "e.mtx", tmp_path / "e.zarr", memory="64MiB", nan="error")
+    _nothing_left(tmp_path, "e.zarr")
+
+
+@pytest.mark.parametrize(("tail", "pattern"), [
+    ("1 1 1\n", "extra data at line 204"),
+    ("\n\n  \n1 1 1\n", "extra data at line 207"),
+    ("1 1", "extra data at line 204"),
+])
+def test_extra_data_right_after_the_entries_is_refused(tmp_path, rng, small_blocks, tail, pattern):
+    r, c, v = _entries(rng, 30, 20, 200)
+    body = "".join(f"{a} {b} {x}\n" for a, b, x in zip(r, c, v))
+    (tmp_path / "x.mtx").write_text("%%MatrixMarket matrix coordinate real general\n% c\n30 20 200\n" + body + tail)
+    with pytest.raises(FormatError, match=pattern):
+        blocklin.convert(tmp_path / "x.mtx", tmp_path / "x.zarr", memory="64MiB")
+    (tmp_path / "y.mtx").write_text("%%MatrixMarket matrix coordinate real general\n% c\n30 20 201\n" + body)
+    with pytest.raises(FormatError, match=r"end of file at line 204 \(200 found\).*truncated"):
+        blocklin.convert(tmp_path / "y.mtx", tmp_path / "y.zarr", memory="64MiB")
+    (tmp_path / "z.mtx").write_text("%%MatrixMarket matrix coordinate real general\n% c\n30 20 200\n" + body
+                                    + "\n  \n")
+    assert blocklin.convert(tmp_path / "z.mtx", tmp_path / "z.zarr", memory="64MiB")["entries_read"] == 200
+    _nothing_left(tmp_path, "x.zarr", "y.zarr")
+
+
+def test_nth_newline_both_ways():
+    from blocklin.storage.formats.mtx import _nth_newline
+
+    text = "".join(f"{k} {k}\n" for k in range(300)) + "7 7"
+    where = [i for i, ch in enumerate(text) if ch == "\n"]
+    for k in (1, 2, 150, 236, 237, 299, 300):  # searched from the end (<= 64 past) and by index
+        assert _nth_newline(text, k, 300) == where[k - 1]
+    assert _nth_newline("a\u00e9\ufffdb\nc\n", 2, 2) == 6  # one offset a character, ASCII or not
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_run_sort_keeps_source_order_of_duplicates(rng, wide):
+    """The packed key sort and, for keys too wide to pack, the unstable argsort with ties put back in
+    order both give what a stable argsort gives: duplicates summed in source order, bit for bit."""
+    from blocklin.storage.sparse_convert import _sorted_block, _stable_argsort, run_dtype
+
+    n = 2**50 + 3 if wide else 37
+    k = 5000
+    rec = np.empty(k, run_dtype(np.float64))
+    rec["r"] = rng.integers(0, 20, k) + 100
+    rec["c"] = rng.integers(0, 30, k) * (n // 30)
+    rec["v"] = rng.standard_normal(k) * 10.0 ** rng.integers(-12, 12, k)  # sums depend on their order
+    key = (rec["r"] - 100) * n + rec["c"]
+    order = np.argsort(key, kind="stable")
+    got, ks = _stable_argsort(key)
+    np.testing.assert_array_equal(got, order)
+    np.testing.assert_array_equal(ks, key[order])
+    starts = np.flatnonzero(np.concatenate([[True], key[order][1:] != key[order][:-1]]))
+    indptr, cols, sums = _sorted_block(rec, 100, 120, n, np.dtype(np.int64))
+    assert sums.tobytes() == np.add.reduceat(rec["v"][order], starts).tobytes()
+    np.testing.assert_array_equal(cols, key[order][starts] % n)
+    np.testing.assert_array_equal(indptr, np.concatenate([[0], np.cumsum(np.bincount(key[order][starts] // n,
+                                                                                      minlength=20))]))
