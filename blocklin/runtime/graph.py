@@ -110,28 +110,32 @@ class TileGraph:
 
 
 def _run_serial(dsk: dict, keys: list, finished: Callable[[Hashable, Any], None]) -> list:
-    """Reference executor: plain Python, tasks in insertion order (dependencies first)."""
+    """Reference executor: plain Python, tasks in insertion order (dependencies first). Module-level
+    helpers rather than closures that call each other: such closures form a reference cycle holding
+    the graph (its arguments) and every result until the cyclic collector runs, which an iterative
+    method's hundreds of small graphs outpace (measured: 24 products' blocks alive at once)."""
     cache: dict = {}
+    return [_run_key(k, dsk, cache, finished) for k in keys]
 
-    def evaluate(arg: Any) -> Any:
-        try:  # specs may be frozen dataclasses holding unhashable parameters
-            is_key = isinstance(arg, Hashable) and not isinstance(arg, (str, bytes)) and arg in dsk
-        except TypeError:
-            is_key = False
-        if is_key:
-            return run(arg)
-        if isinstance(arg, list):
-            return [evaluate(a) for a in arg]
-        return arg
 
-    def run(key: Hashable) -> Any:
-        if key not in cache:
-            func, *args = dsk[key]
-            cache[key] = func(*[evaluate(a) for a in args])
-            finished(key, cache[key])
-        return cache[key]
+def _run_key(key: Hashable, dsk: dict, cache: dict, finished: Callable[[Hashable, Any], None]) -> Any:
+    if key not in cache:
+        func, *args = dsk[key]
+        cache[key] = func(*[_evaluate(a, dsk, cache, finished) for a in args])
+        finished(key, cache[key])
+    return cache[key]
 
-    return [run(k) for k in keys]
+
+def _evaluate(arg: Any, dsk: dict, cache: dict, finished: Callable[[Hashable, Any], None]) -> Any:
+    try:  # specs may be frozen dataclasses holding unhashable parameters
+        is_key = isinstance(arg, Hashable) and not isinstance(arg, (str, bytes)) and arg in dsk
+    except TypeError:
+        is_key = False
+    if is_key:
+        return _run_key(arg, dsk, cache, finished)
+    if isinstance(arg, list):
+        return [_evaluate(a, dsk, cache, finished) for a in arg]
+    return arg
 
 
 #: Times a local process pool is rebuilt after one of its processes died (SIGKILL, out of memory).

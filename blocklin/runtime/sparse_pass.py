@@ -107,21 +107,41 @@ def task_memory(store: SparseStore, groups: list[tuple[int, int]], k: int, trans
 
 
 def product_memory(store: SparseStore, groups: list[tuple[int, int]], k: int, x_nbytes: int, transposed: bool,
-                   dtype: Any, budget: int) -> tuple[int, int]:
+                   dtype: Any, budget: int, reserved: int = 0) -> tuple[int, int]:
     """``(held, per_task)``: the bytes a product holds in the caller (``X`` of ``x_nbytes`` and the
     ``k``-column result) and per task (:func:`task_memory`); refused with the minimum budget when one
-    task and the caller's operands do not fit ``budget`` (also what ``--explain`` plans with)."""
+    task and the caller's operands do not fit ``budget`` beside the ``reserved`` bytes the calling
+    method holds (also what ``--explain`` plans with)."""
     m, n = store.shape
     held = x_nbytes + (n if transposed else m) * k * 8  # X and the result, in the caller
     per_task = task_memory(store, groups, k, transposed, dtype)
-    if held + per_task > budget:
-        need = held + per_task
+    if reserved + held + per_task > budget:
+        need = reserved + held + per_task
+        besides = f", beside {format_size(reserved)} the method holds" if reserved else ""
         raise BudgetError(explain("memory", f"a product {'S^T X' if transposed else 'S X'} holds X, the result and "
-                                  "one task's row block and partial", f"{format_size(need)} needed, the budget is "
-                                  f"{format_size(budget)} ({m} x {n} sparse, {store.nnz} entries, X with {k} "
-                                  "columns)", f"raise the budget (memory='{format_size(need * 5 // 4 + 1)}'), or "
+                                  f"one task's row block and partial{besides}", f"{format_size(need)} needed, the "
+                                  f"budget is {format_size(budget)} ({m} x {n} sparse, {store.nnz} entries, X with "
+                                  f"{k} columns)", f"raise the budget (memory='{format_size(need * 5 // 4 + 1)}'), or "
                                   "convert S again with a smaller --memory (smaller row blocks)"), minimum=need)
     return held, per_task
+
+
+def check_products(store: SparseStore, width: int, orders: list[bool], item: int, dtype: Any, budget: int,
+                   reserved: int = 0) -> int:
+    """The most any of a method's products holds (``X`` of ``width`` columns of ``item`` bytes, the result,
+    one task), each product of ``orders`` (``S^T X`` where True, in the order the method multiplies)
+    checked as the run checks it (:func:`product_memory`, beside the ``reserved`` bytes of the method):
+    a method refuses up front the budget its first product would refuse, naming the whole call's minimum."""
+    m, n = store.shape
+    groups = row_groups(store)
+    needs = []
+    for transposed in orders:  # every product's need first: a refusal names the largest
+        held, per_task = product_memory(store, groups, width, (m if transposed else n) * width * item, transposed,
+                                        dtype, 1 << 62)
+        needs.append((held + per_task, transposed))
+    need, transposed = max(needs)
+    product_memory(store, groups, width, (m if transposed else n) * width * item, transposed, dtype, budget, reserved)
+    return need
 
 
 def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype: Any) -> np.ndarray:
@@ -130,9 +150,9 @@ def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype
     the product's operands do not fit ``job``'s memory budget."""
     store = matrix._store
     groups = row_groups(store)
-    budget = job.cfg.memory
-    held, per_task = product_memory(store, groups, x.shape[1], x.nbytes, transposed, dtype, budget)
-    workers = max(1, min(job.workers(job.cores()), (budget - held) // max(1, per_task), len(groups)))
+    budget, reserved = job.cfg.memory, job.client_reserved
+    held, per_task = product_memory(store, groups, x.shape[1], x.nbytes, transposed, dtype, budget, reserved)
+    workers = max(1, min(job.workers(job.cores()), (budget - reserved - held) // max(1, per_task), len(groups)))
     spec = ProductSpec(s=store.location, transposed=transposed, dtype=np.dtype(dtype).name,
                        blas_threads=job.task_blas_threads(1))
     graph = TileGraph.named("sparse-product", uuid.uuid4().hex)  # X differs on every call: a fresh name
@@ -161,5 +181,5 @@ def _combine(store: SparseStore, parts: list[tuple[tuple[int, int], np.ndarray]]
     return out
 
 
-__all__ = ["GROUP_ENTRIES", "ProductSpec", "group_product", "product_in_process", "product_memory", "product_task",
+__all__ = ["GROUP_ENTRIES", "check_products", "ProductSpec", "group_product", "product_in_process", "product_memory", "product_task",
            "row_groups", "sparse_product", "task_memory"]

@@ -79,5 +79,5 @@ def test_sparse_pca_refusals(tmp_path):
     with pytest.raises(ParameterError, match=r"n_components: must be an integer k with 1 <= k < min\(m, n\) = 20.*"
                                              r"got None"):
         bl.pca(s, None)
-    with pytest.raises(ParameterError, match=r"method: must be one of \('rsvd', 'lanczos'\).*'gram'"):
+    with pytest.raises(ParameterError, match=r"method: must be one of \('rsvd', 'lanczos', 'sketch'\).*'gram'"):
         bl.pca(s, 3, method="gram")

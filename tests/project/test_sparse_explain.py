@@ -144,7 +144,8 @@ def test_gram_plan_and_its_refusal_are_the_runs(tmp_path, stored, capsys):
 
 
 @pytest.mark.parametrize(("memory", "kw", "what"), [
-    ("2MiB", dict(method="lanczos", block_size=200, max_basis=400), "in-core part of lanczos"),  # the dense plan's
+    # the Lanczos bases over the budget: the whole call's minimum, the bases beside a product
+    ("2MiB", dict(method="lanczos", block_size=200, max_basis=400), "one task's row block and partial, beside"),
     ("1MiB", dict(method="rsvd", power_iters=1), "a product S X holds X, the result"),  # the products'
 ])
 def test_svd_refusal_is_the_runs(stored, memory, kw, what):

@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import ParameterError, explain
+from blocklin.errors import BudgetError, ParameterError, explain
 from blocklin.linalg.blocks.tallblock import ArrayBlock
 from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.lowrank.methods import Factorization, lanczos, rsvd, sketch
 from blocklin.plan.svd import plan_svd
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
+from blocklin.runtime.sparse_pass import check_products
 from blocklin.sparse import SparseMatrix, SparseOperator, as_sparse_operator
 
 #: The methods an operator takes: those that only multiply by ``B`` and ``B^T`` in blocks.
@@ -96,14 +97,30 @@ def operator_plan(shape: tuple[int, int], dtype: Any, k: int, *, method: str, ov
     return plan
 
 
+def operator_svd_plan(shape: tuple[int, int], dtype: Any, k: int, *, memory: int, **options: Any) -> Any:
+    """:func:`operator_plan` at ``memory``, or where that budget cannot hold the in-core work, the plan at
+    the least budget that does (the block sizes do not depend on the budget): what a stored sparse
+    matrix's run checks beside its products, so that it names the whole call's minimum."""
+    try:
+        return operator_plan(shape, dtype, k, memory=memory, **options)
+    except BudgetError as exc:
+        return operator_plan(shape, dtype, k, memory=max(int(exc.minimum), memory), **options)
+
+
 def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: int | None, tol: float,
                  seed: int, limit: int, block_size: int | None, max_basis: int | None,
                  dest: str | None) -> tuple[Factorization, Any]:
     """The factorization of ``op`` by ``method`` (rsvd, lanczos or the sketch) and its plan; the long
     factor goes to ``dest`` (``None``: not computed)."""
     op = as_sparse_operator(op)  # a SparseMatrix: its row blocks streamed by each product
-    plan = operator_plan(op.shape, op.dtype, k, method=method, oversample=oversample, q=q, limit=limit,
-                         block_size=block_size, max_basis=max_basis, memory=job.cfg.memory)
+    options = dict(method=method, oversample=oversample, q=q, limit=limit, block_size=block_size, max_basis=max_basis)
+    if isinstance(op, SparseOperator):  # the bases and factors, and beside them every product, refused up front
+        plan = operator_svd_plan(op.shape, op.dtype, k, memory=job.cfg.memory, **options)
+        m, n = op.shape
+        check_products(op.matrix._store, int(plan.block), [True, False] if m < n else [False, True],
+                       np.dtype(op.dtype).itemsize, op.dtype, job.cfg.memory, int(plan.client_bytes))
+    plan = operator_plan(op.shape, op.dtype, k, memory=job.cfg.memory, **options)
+    job.client_reserved = int(plan.client_bytes)  # what the products (a sparse matrix's tasks) may not take
     src = OperatorSource(op, plan.transposed, job)
     ckpt = Checkpoints(None)
     if method == "rsvd":

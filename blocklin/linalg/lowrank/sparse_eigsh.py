@@ -29,8 +29,9 @@ from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol
 from blocklin.linalg.lowrank.laplacian import laplacian_operator
-from blocklin.plan.svd import default_block
+from blocklin.plan.svd import client_bytes, default_block
 from blocklin.runtime.job import Job
+from blocklin.runtime.sparse_pass import check_products
 from blocklin.storage.zarr_store import create_group, write_array
 from blocklin.validate import check_k, start_vector
 
@@ -61,6 +62,12 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
             create_group(ao.array_path())
         op = s.aslinearoperator()
         dt = np.dtype(np.float64) if laplacian else op.dtype  # integer values and Laplacians: float64
+        # the Lanczos bases and Ritz vectors (and a Laplacian's degrees) stay in memory beside every
+        # product: the whole call's need refused up front, and the products' tasks take what is left
+        reserved = client_bytes("eigsh", n, k, block, basis, None) + (2 * n * 8 if laplacian else 0)
+        check_products(s._store, block, [False] + ([True] if check_symmetric else []), 8, op.dtype,
+                       job.cfg.memory, reserved)
+        job.client_reserved = reserved
         tol = default_tol(dt) if tol is None else tol
         found: dict = {}
         if laplacian:

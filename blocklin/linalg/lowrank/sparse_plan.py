@@ -39,7 +39,7 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
     BudgetError
         Where the run refuses the budget: the same planner, the same message.
     """
-    from blocklin.linalg.lowrank.operator_svd import operator_plan
+    from blocklin.linalg.lowrank.operator_svd import operator_svd_plan
     from blocklin.linalg.lowrank.svd import operator_options
 
     if operation not in OPERATIONS:
@@ -71,9 +71,10 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
         k, method, q, _tol, limit, block_size, max_basis = operator_options(
             (m, n), dt, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
             max_passes=max_passes, block_size=block_size, max_basis=max_basis)
-        svd_plan = operator_plan((m, n), dt, k, method=method, oversample=oversample, q=q, limit=limit,
-                                 block_size=block_size, max_basis=max_basis, memory=cfg.memory)
-    product = _product_bytes(s, operation, int(svd_plan.block), dt, cfg.memory, check_symmetric)
+        svd_plan = operator_svd_plan((m, n), dt, k, method=method, oversample=oversample, q=q, limit=limit,
+                                     block_size=block_size, max_basis=max_basis, memory=cfg.memory)
+    reserved = int(svd_plan.client_bytes) + (2 * n * 8 if operation == "eigsh" and laplacian is not None else 0)
+    product = _product_bytes(s, operation, int(svd_plan.block), dt, cfg.memory, check_symmetric, reserved)
     eig = {}
     if operation == "eigsh":  # the symmetry check's S^T X, the Laplacian's degree pass; w and V written to out
         eig = dict(extra_reads=int(bool(check_symmetric)) + int(laplacian is not None),
@@ -85,26 +86,19 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
 
 
 def _product_bytes(s: SparseMatrix, operation: str, width: int, dtype: np.dtype, budget: int,
-                   check_symmetric: bool) -> int:
+                   check_symmetric: bool, reserved: int = 0) -> int:
     """What the larger product of the run holds (X, its result, one task), checked against the budget in
     the order the run multiplies (:func:`blocklin.runtime.sparse_pass.product_memory`, the run's own
     refusal): svd and pca ``S Q`` then ``S^T Y`` (the other way round for a wide matrix), eigsh
     ``S X`` (and ``S^T X`` for its symmetry check), with ``X`` in the operator's dtype (eigsh: float64)."""
-    from blocklin.runtime.sparse_pass import product_memory, row_groups
+    from blocklin.runtime.sparse_pass import check_products
 
-    store = s._store
     m, n = s.shape
-    groups = row_groups(store)
     if operation == "eigsh":
         order, item = [False] + ([True] if check_symmetric else []), 8
     else:
         order, item = ([True, False] if m < n else [False, True]), dtype.itemsize
-    need = 0
-    for transposed in order:
-        held, per_task = product_memory(store, groups, width, (m if transposed else n) * width * item, transposed,
-                                        dtype, budget)
-        need = max(need, held + per_task)
-    return need
+    return check_products(s._store, width, order, item, dtype, budget, reserved)
 
 
 __all__ = ["OPERATIONS", "sparse_lowrank_plan"]
