@@ -30,7 +30,9 @@ from typing import Any, Iterator
 import numpy as np
 
 from blocklin.config import format_size, resolve, size_hint
-from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError, explain
+from blocklin.errors import (
+    BudgetError, ConfigError, DTypeError, FormatError, InternalError, NonFiniteError, explain,
+)
 from blocklin.progress import make_progress
 from blocklin.storage.formats.base import output_dtype
 from blocklin.storage.location import as_location
@@ -400,6 +402,15 @@ class _Runs:
             return np.empty(0, self.rec)
         return np.fromfile(p, self.rec, count=count, offset=start * self.rec.itemsize)
 
+    def load_into(self, name: str, out: np.ndarray) -> np.ndarray:
+        """The whole run ``name`` read into ``out`` (exactly its size)."""
+        if out.size:
+            with open(self.path(name), "rb") as fh:
+                got = fh.readinto(memoryview(out.view(np.uint8)))
+            if got != out.nbytes:
+                raise InternalError(f"run {name}: {got} of {out.nbytes} bytes read")
+        return out
+
     def remove(self, name: str) -> None:
         fh = self._open.pop(name, None)
         if fh is not None:
@@ -410,10 +421,8 @@ class _Runs:
             pass
 
 
-def _bucket(runs: _Runs, prefix: str, rec: np.ndarray, keys: np.ndarray) -> None:
-    """Append the records to the runs ``prefix-KEY`` of their ``keys`` (in source order within each)."""
-    if rec.size == 0:
-        return
+def _bucket_order(keys: np.ndarray) -> tuple[np.ndarray, list[tuple[int, int, int]]]:
+    """The stable order of ``keys`` and each key's ``(key, start, end)`` in it."""
     hi = int(keys.max())
     if int(keys.min()) >= 0 and hi < 1 << 16:
         # NumPy's stable sort of 8- and 16-bit integers is a radix sort: several times faster
@@ -422,10 +431,47 @@ def _bucket(runs: _Runs, prefix: str, rec: np.ndarray, keys: np.ndarray) -> None
     ks = keys[order]
     starts = np.flatnonzero(np.concatenate([[True], ks[1:] != ks[:-1]]))
     ends = np.append(starts[1:], len(ks))
-    recs = rec[order]
+    return order, [(int(ks[a]), a, b) for a, b in zip(starts.tolist(), ends.tolist())]
+
+
+def _append_parts(runs: _Runs, prefix: str, recs: np.ndarray, parts: list[tuple[int, int, int]]) -> None:
+    for key, a, b in parts:
+        runs.append(f"{prefix}-{key}", recs[a:b])
+
+
+def _bucket(runs: _Runs, prefix: str, rec: np.ndarray, keys: np.ndarray) -> None:
+    """Append the records to the runs ``prefix-KEY`` of their ``keys`` (in source order within each)."""
+    if rec.size == 0:
+        return
+    order, parts = _bucket_order(keys)
+    # gathered as opaque items of the record's size: a copy each, not a field-by-field one
+    whole = np.dtype((np.void, rec.dtype.itemsize))
+    recs = np.ascontiguousarray(rec).view(whole)[order].view(rec.dtype)
     del order
-    for s, e in zip(starts.tolist(), ends.tolist()):
-        runs.append(f"{prefix}-{int(ks[s])}", recs[s:e])
+    _append_parts(runs, prefix, recs, parts)
+
+
+def _bucket_batch(runs: _Runs, batch: Batch, rpb: int, buffer: list) -> None:
+    """:func:`_bucket` of a batch by row block, its records gathered in bucket order straight from the
+    batch's arrays into ``buffer[0]`` (kept from batch to batch: the process maps large arrays afresh,
+    and their page faults would cost more than the gathers)."""
+    count = len(batch.rows)
+    if count == 0:
+        return
+    if buffer[0] is None or len(buffer[0]) < count:
+        buffer[0] = np.empty(count, runs.rec)
+    rec = buffer[0][:count]
+    keys = buffer[1] if buffer[1] is not None and len(buffer[1]) >= count else np.empty(count, np.int64)
+    buffer[1] = keys
+    keys = np.floor_divide(batch.rows, rpb, out=keys[:count])
+    order, parts = _bucket_order(keys)
+    for field, src in (("r", batch.rows), ("c", batch.cols), ("v", batch.vals)):
+        if src.dtype == rec.dtype[field]:
+            np.take(src, order, out=rec[field], mode="clip")  # "clip": unbuffered; the order is in range
+        else:  # a cast (values narrowed to the output dtype)
+            rec[field] = src[order]
+    del order
+    _append_parts(runs, "run", rec, parts)
 
 
 def _stable_argsort(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -441,10 +487,39 @@ def _stable_argsort(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order, ks
 
 
-def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dtype
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+class _SortSpace:
+    """The buffers of one run's sort (records, keys, order, values), kept from run to run: the process
+    maps every large array afresh (:mod:`blocklin._memory`), and a run's page faults in new arrays
+    would cost more than its sort."""
+
+    def __init__(self, rec: np.dtype) -> None:
+        self.dtype, self.size = rec, 0
+        self.rec = self.key = self.order = self.vals = None
+
+    def reserve(self, count: int) -> "_SortSpace":
+        if count > self.size or self.rec is None:
+            self.release()
+            self.rec = np.empty(count, self.dtype)
+            self.key, self.order = np.empty(count, np.int64), np.empty(count, np.int64)
+            self.vals = np.empty(count, self.dtype["v"])
+            self.size = count
+        return self
+
+    def release(self) -> None:
+        self.rec = self.key = self.order = self.vals = None
+        self.size = 0
+
+
+def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dtype,
+                  space: _SortSpace | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR of rows ``r0:r1`` from their records in any order: sorted by (row, column), duplicates summed
-    (in source order, as SciPy's COO to CSR conversion sums them)."""
+    (in source order, as SciPy's COO to CSR conversion sums them).
+
+    ``rec`` is consumed: once its keys and values are taken, its memory holds the returned columns and
+    sums. The process maps every large array afresh (:mod:`blocklin._memory`), so each new array costs
+    its page faults, more than the arithmetic here; the buffers are reused instead (``space``'s keys,
+    order and values when given).
+    """
     count = len(rec)
     span = (r1 - r0) * n
     bits = max(count - 1, 0).bit_length()
@@ -452,61 +527,90 @@ def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dty
         # The (row, column) key shifted left, with the record's position in the low bits, is unique:
         # a plain sort of it in place (NumPy's vectorized sort, several times a stable argsort's speed)
         # gives the stable order, so duplicates are summed in source order, as SciPy sums them.
-        key = rec["r"] - r0
+        key = np.subtract(rec["r"], r0, out=space.key[:count] if space else None)
         key *= n
         key += rec["c"]
         key <<= bits
         key |= np.arange(count, dtype=np.int64)
         key.sort()
-        order = key & ((1 << bits) - 1)
+        order = np.bitwise_and(key, (1 << bits) - 1, out=space.order[:count] if space else None)
         key >>= bits
-        vals = rec["v"][order]
     elif span < 2**62:
         key = rec["r"] - r0
         key *= n
         key += rec["c"]
         order, key = _stable_argsort(key)
-        vals = rec["v"][order]
     else:  # pragma: no cover - a key of row and column would overflow int64
-        order = np.lexsort((rec["c"], rec["r"]))
-        vals = rec["v"][order]
-        key = None
-        rr, cc = rec["r"][order] - r0, rec["c"][order]
-    del order
-    if key is not None:
-        new = np.empty(len(key), bool)
-        if len(key):
-            new[0] = True
-            np.not_equal(key[1:], key[:-1], out=new[1:])
-        starts = np.flatnonzero(new)
-        del new
-        uk = key[starts]
-        del key
-        rows_local, cols = np.divmod(uk, n)
-        del uk
-    else:  # pragma: no cover
-        new = np.ones(len(rr), bool)
-        new[1:] = (rr[1:] != rr[:-1]) | (cc[1:] != cc[:-1])
-        starts = np.flatnonzero(new)
-        rows_local, cols = rr[starts], cc[starts]
+        return _sorted_block_wide(rec, r0, r1, n, index_dtype)
+    vals = np.take(rec["v"], order, out=space.vals[:count] if space else None, mode="clip")
+    new = order.view(np.bool_)[:count]  # the order is spent once the values are gathered
+    if count:
+        new[0] = True
+        np.not_equal(key[1:], key[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    del new
+    u = len(starts)
+    if u == count:  # no duplicates: nothing to gather or sum
+        uk, rows, sums = key, order[:u], vals
+    else:
+        uk = np.take(key, starts, out=order[:u])
+        rows = key[:u]
+    np.floor_divide(uk, n, out=rows)
+    scratch = _scratch_of(rec)
+    vdt = vals.dtype
+    at = -(-u * vdt.itemsize // 8) * 8  # the columns after the sums, 8-byte aligned
+    fits = scratch is not None and at + u * np.dtype(index_dtype).itemsize <= scratch.size
+    if u != count:
+        sums = np.add.reduceat(vals, starts, out=scratch[:u * vdt.itemsize].view(vdt) if fits else None) \
+            if u else vals[:0]
+    del vals
+    np.multiply(rows, n, out=starts)
+    cols = scratch[at:at + u * np.dtype(index_dtype).itemsize].view(index_dtype) if fits else \
+        np.empty(u, index_dtype)
+    np.subtract(uk, starts, out=cols, casting="unsafe")  # uk % n; it fits the index dtype (n does)
+    del uk, starts
+    indptr = np.zeros(r1 - r0 + 1, np.int64)
+    np.cumsum(np.bincount(rows, minlength=r1 - r0), out=indptr[1:])
+    return indptr, cols, sums
+
+
+def _scratch_of(rec: np.ndarray) -> np.ndarray | None:
+    """``rec``'s memory as bytes to write results into, or None when it cannot be (a view, read-only)."""
+    if not (rec.flags.c_contiguous and rec.flags.writeable):
+        return None
+    return rec.view(np.uint8)
+
+
+def _sorted_block_wide(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dtype
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
+    """:func:`_sorted_block` when a key of row and column would overflow int64."""
+    order = np.lexsort((rec["c"], rec["r"]))
+    vals = rec["v"][order]
+    rr, cc = rec["r"][order] - r0, rec["c"][order]
+    new = np.ones(len(rr), bool)
+    new[1:] = (rr[1:] != rr[:-1]) | (cc[1:] != cc[:-1])
+    starts = np.flatnonzero(new)
+    rows_local, cols = rr[starts], cc[starts]
     sums = np.add.reduceat(vals, starts) if len(starts) else vals[:0]
-    del vals, starts
     indptr = np.zeros(r1 - r0 + 1, np.int64)
     np.cumsum(np.bincount(rows_local, minlength=r1 - r0), out=indptr[1:])
     return indptr, cols.astype(index_dtype), sums
 
 
 def _emit(runs: _Runs, name: str, r0: int, r1: int, plan: SortPlan, writer: SparseWriter, n: int,
-          depth: int = 0) -> None:
+          space: _SortSpace, depth: int = 0) -> None:
     """Write rows ``r0:r1`` from run ``name``: sorted in memory when it fits, else split by rows."""
     count = runs.size(name)
     if count <= plan.block_entries:
-        rec = runs.load(name)
+        space.reserve(count)
+        rec = runs.load_into(name, space.rec[:count])
         runs.remove(name)
-        indptr, cols, sums = _sorted_block(rec, r0, r1, n, writer.index_dtype)
+        indptr, cols, sums = _sorted_block(rec, r0, r1, n, writer.index_dtype, space)
         del rec
+        # the writer copies them into its chunk buffers: the space can take the next run
         writer.write_rows(r0, r1, indptr, cols, sums.astype(writer.dtype, copy=False))
         return
+    space.release()  # the pieces bucketed below are what the budget holds
     if r1 - r0 == 1:
         # the writer's chunks grow with the budget too (to a tenth of it): a quarter more covers them
         need = (plan.memory + (count - plan.block_entries) * SORT_BYTES_PER_ENTRY) * 5 // 4
@@ -526,7 +630,7 @@ def _emit(runs: _Runs, name: str, r0: int, r1: int, plan: SortPlan, writer: Spar
     for k in range(parts):
         a, b = r0 + k * width, min(r1, r0 + (k + 1) * width)
         if a < b:
-            _emit(runs, f"{sub}-{k}", a, b, plan, writer, n, depth + 1)
+            _emit(runs, f"{sub}-{k}", a, b, plan, writer, n, space, depth + 1)
 
 
 def external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str, *, nan: str = "allow",
@@ -540,6 +644,7 @@ def external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str, 
     prog = make_progress(progress)
     prog.start(n_runs, desc)
     stored = 0
+    buffer: list = [None, None]  # the records and block numbers of one batch, reused
     try:
         for batch in source.batches():
             if nan == "error" and batch.vals.dtype.kind in "fc":
@@ -548,16 +653,17 @@ def external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str, 
                     raise NonFiniteError(explain("input", "must not hold NaN when nan='error'",
                                                  f"NaN at {batch.where(int(bad[0]))}",
                                                  "fix the value, or pass nan='allow' (CLI: --nan allow)"))
-            rec = np.empty(len(batch.rows), runs.rec)
-            rec["r"], rec["c"], rec["v"] = batch.rows, batch.cols, batch.vals
-            stored += len(rec)
-            _bucket(runs, "run", rec, batch.rows // rpb)
-            del rec, batch
+            stored += len(batch.rows)
+            _bucket_batch(runs, batch, rpb, buffer)
+            del batch
         runs.close_all()
+        del buffer[:]
+        space = _SortSpace(runs.rec)
         for k in range(n_runs):
             r0, r1 = k * rpb, min(m, (k + 1) * rpb)
-            _emit(runs, f"run-{k}", r0, r1, plan, writer, n)
+            _emit(runs, f"run-{k}", r0, r1, plan, writer, n, space)
             prog.advance(1)
+        space.release()
     finally:
         runs.close_all()
         prog.close()

@@ -470,7 +470,7 @@ def test_run_sort_keeps_source_order_of_duplicates(rng, wide):
     np.testing.assert_array_equal(got, order)
     np.testing.assert_array_equal(ks, key[order])
     starts = np.flatnonzero(np.concatenate([[True], key[order][1:] != key[order][:-1]]))
-    indptr, cols, sums = _sorted_block(rec, 100, 120, n, np.dtype(np.int64))
+    indptr, cols, sums = _sorted_block(rec.copy(), 100, 120, n, np.dtype(np.int64))  # it reuses its input
     assert sums.tobytes() == np.add.reduceat(rec["v"][order], starts).tobytes()
     np.testing.assert_array_equal(cols, key[order][starts] % n)
     np.testing.assert_array_equal(indptr, np.concatenate([[0], np.cumsum(np.bincount(key[order][starts] // n,

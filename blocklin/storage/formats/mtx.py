@@ -371,35 +371,55 @@ class MtxReader(Reader):
         stored)``: 0-based ``rows``/``cols`` (int64), ``values`` in the reader's dtype (pattern: 1), the
         batch's ``stored`` entries in file order (entry ``i`` on line ``first_line + i``) followed by
         their mirror images (symmetric, skew-symmetric: off-diagonal entries transposed, negated when
-        skew). Ends by checking that nothing follows the announced entries."""
+        skew). Ends by checking that nothing follows the announced entries.
+
+        The arrays are views of buffers reused from batch to batch (valid until the next batch): the
+        process maps every large array afresh (:mod:`blocklin._memory`), and the page faults of a
+        batch's new arrays cost more than parsing it.
+        """
         m, n = self.shape
         ncols = 2 if self.field == "pattern" else 3
         parse_dt = np.int64 if self.field in ("integer", "pattern") else np.float64
+        mirror = self.symmetry != "general"
+        cap = max(1, PARSE_BATCH_BYTES // 32) * (2 if mirror else 1)
+        rows, cols, vals = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, self.dtype)
         self._consumed = 0
         for first, text, k in self._entry_blocks(self.nnz):
             arr = self._parse_block(first, text, k, ncols, parse_dt)
             del text
-            r = arr[:, 0].astype(np.int64)
-            c = arr[:, 1].astype(np.int64)
-            bad = np.flatnonzero((r < 1) | (r > m) | (c < 1) | (c > n))
-            if bad.size:
+            r, c = rows[:k], cols[:k]
+            np.copyto(r, arr[:, 0], casting="unsafe")  # as astype(np.int64)
+            np.copyto(c, arr[:, 1], casting="unsafe")
+            # four reductions, no temporaries; the masks only to name a bad entry
+            if k and (r.min() < 1 or r.max() > m or c.min() < 1 or c.max() > n):
+                bad = np.flatnonzero((r < 1) | (r > m) | (c < 1) | (c > n))
                 b = bad[0]
                 raise _bad(f"entry indices must lie in 1..{m} (rows) and 1..{n} (columns)",
                            f"({r[b]}, {c[b]}) at line {first + b}", "fix the entry or the size line")
             r -= 1
             c -= 1
-            v = np.ones(k, self.dtype) if self.field == "pattern" else arr[:, 2].astype(self.dtype, copy=False)
+            v = vals[:k]
+            if self.field == "pattern":
+                v.fill(1)
+            else:
+                np.copyto(v, arr[:, 2], casting="unsafe")
             del arr
-            if self.symmetry != "general":
+            total = k
+            if mirror:
                 off = r != c
                 if self.symmetry == "skew-symmetric" and np.any(v[~off] != 0):
                     b = np.flatnonzero(~off & (v != 0))[0]
                     raise _bad("a skew-symmetric matrix has a zero diagonal",
                                f"a nonzero diagonal entry at line {first + b}", "fix the entry or the symmetry")
-                mirrored = -v[off] if self.symmetry == "skew-symmetric" else v[off]
-                r, c, v = np.concatenate([r, c[off]]), np.concatenate([c, r[off]]), np.concatenate([v, mirrored])
+                total = k + int(np.count_nonzero(off))
+                np.compress(off, c, out=rows[k:total])
+                np.compress(off, r, out=cols[k:total])
+                np.compress(off, v, out=vals[k:total])
+                if self.symmetry == "skew-symmetric":
+                    np.negative(vals[k:total], out=vals[k:total])
+                del off
             self._consumed += k
-            yield first, r, c, v, k
+            yield first, rows[:total], cols[:total], vals[:total], k
         self._check_end()
 
     def _load_coordinate(self):
