@@ -41,13 +41,15 @@ from blocklin.storage.sparse import (
 )
 
 #: Bytes per entry while a run is sorted and summed: the loaded records (24), the sort key and
-#: permutation (16), the gathered values (8), then the unique keys, sums, columns and row numbers
-#: (about 40 with the run freed first); with slack for NumPy's sort buffer.
+#: permutation (16), the gathered values (8), the key's positions while it is built (8) or the
+#: duplicates' starts (8); the sums and columns are written over the records (``_SortSpace``,
+#: :func:`_sorted_block`); with slack.
 SORT_BYTES_PER_ENTRY = 72
 #: Bytes per row of a row block: local offsets, row counts and their cumulative sum.
 ROW_BYTES = 32
-#: Bytes per parsed entry of one batch in the run step (values as parsed, mirrored copies, block
-#: numbers, the bucketing permutation and the records written), beyond the parser's own.
+#: Bytes per parsed entry of one batch in the run step (values as parsed, the reader's row, column
+#: and value buffers, block numbers, the bucketing permutation and the record buffer), beyond the
+#: parser's own.
 BATCH_BYTES_PER_ENTRY = 200
 #: Entries per batch of a SciPy ``.npz`` source.
 NPZ_BATCH = 1 << 15
