@@ -41,9 +41,9 @@ from blocklin.storage.sparse import (
 )
 
 #: Bytes per entry while a run is sorted and summed: the loaded records (24), the sort key and
-#: permutation (16), the gathered values (8), the key's positions while it is built (8) or the
-#: duplicates' starts (8); the sums and columns are written over the records (``_SortSpace``,
-#: :func:`_sorted_block`); with slack.
+#: permutation (16), the gathered values (8), the records' positions (8) and the duplicates' starts
+#: (8); the sums and columns are written over the records (``_SortSpace``, :func:`_sorted_block`);
+#: with slack.
 SORT_BYTES_PER_ENTRY = 72
 #: Bytes per row of a row block: local offsets, row counts and their cumulative sum.
 ROW_BYTES = 32
@@ -490,13 +490,13 @@ def _stable_argsort(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _SortSpace:
-    """The buffers of one run's sort (records, keys, order, values), kept from run to run: the process
-    maps every large array afresh (:mod:`blocklin._memory`), and a run's page faults in new arrays
-    would cost more than its sort."""
+    """The buffers of one run's sort (records, keys, order, values, positions), kept from run to run:
+    the process maps every large array afresh (:mod:`blocklin._memory`), and a run's page faults in
+    new arrays would cost more than its sort."""
 
     def __init__(self, rec: np.dtype) -> None:
         self.dtype, self.size = rec, 0
-        self.rec = self.key = self.order = self.vals = None
+        self.rec = self.key = self.order = self.vals = self.positions = None
 
     def reserve(self, count: int) -> "_SortSpace":
         if count > self.size or self.rec is None:
@@ -504,11 +504,12 @@ class _SortSpace:
             self.rec = np.empty(count, self.dtype)
             self.key, self.order = np.empty(count, np.int64), np.empty(count, np.int64)
             self.vals = np.empty(count, self.dtype["v"])
+            self.positions = np.arange(count, dtype=np.int64)
             self.size = count
         return self
 
     def release(self) -> None:
-        self.rec = self.key = self.order = self.vals = None
+        self.rec = self.key = self.order = self.vals = self.positions = None
         self.size = 0
 
 
@@ -533,7 +534,7 @@ def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dty
         key *= n
         key += rec["c"]
         key <<= bits
-        key |= np.arange(count, dtype=np.int64)
+        key |= space.positions[:count] if space else np.arange(count, dtype=np.int64)
         key.sort()
         order = np.bitwise_and(key, (1 << bits) - 1, out=space.order[:count] if space else None)
         key >>= bits
