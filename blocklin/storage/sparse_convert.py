@@ -468,8 +468,10 @@ def _bucket_batch(runs: _Runs, batch: Batch, rpb: int, buffer: list) -> None:
     keys = np.floor_divide(batch.rows, rpb, out=keys[:count])
     order, parts = _bucket_order(keys)
     for field, src in (("r", batch.rows), ("c", batch.cols), ("v", batch.vals)):
-        if src.dtype == rec.dtype[field]:
-            np.take(src, order, out=rec[field], mode="clip")  # "clip": unbuffered; the order is in range
+        if src.dtype == rec.dtype[field] and src.dtype.itemsize == keys.itemsize:
+            # gathered into the spent block numbers, then copied into the field: both together are
+            # three times faster than a gather straight into the records' strided field
+            rec[field] = np.take(src, order, out=keys.view(src.dtype), mode="clip")
         else:  # a cast (values narrowed to the output dtype)
             rec[field] = src[order]
     del order
