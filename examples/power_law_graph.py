@@ -22,7 +22,7 @@ The defaults are 50,000 nodes, 250,000 edges and a 64 MiB budget (1 to 2 minutes
 ``BLOCKLIN_EXAMPLE_SIZE=small`` uses 5,000 nodes (the test suite does). Everything is written
 under a temporary folder that is removed at the end.
 
-:func:`write_power_law_mtx` is the generator ``benchmarks/sparse.py`` and the tests import.
+:func:`write_power_law_mtx` is the generator ``benchmarks/sparse_matrices.py`` and the tests import.
 """
 
 from __future__ import annotations

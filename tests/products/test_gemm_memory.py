@@ -11,20 +11,7 @@ from __future__ import annotations
 import pytest
 
 import blocklin as bl
-from support.memcheck import margin, needs_hwm, run_child
-
-CHILD = """
-    import blocklin as bl
-    a_path, b_path, out, memory = sys.argv[1:5]
-    precision = sys.argv[5] if len(sys.argv) > 5 else None
-    bl.open(a_path)[0:1, 0:1]
-    import dask.threaded  # noqa: F401  (imported by the run anyway; part of the baseline)
-    base = hwm()
-    reset_hwm()
-    c = bl.matmul(a_path, b_path, out, memory=memory, precision=precision)
-    print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": c.report["plan"]["peak_memory"],
-                      "tasks": c.report["tasks"]}))
-"""
+from support.memcheck import GEMM_CHILD as CHILD, margin, needs_hwm, run_child
 
 
 @needs_hwm

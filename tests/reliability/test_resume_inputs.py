@@ -25,9 +25,9 @@ import blocklin
 from blocklin.cli.main import main
 from blocklin.storage.location import Location
 from blocklin.storage.stamps import content_stamp
-from test_signals import COMMANDS, N, _argv, _interrupt, _leftovers, _load, _takes_resume
+from support.interrupts import COMMANDS, N, cli_argv, interrupt, leftovers, load_output, takes_resume
 
-RESUMABLE = [name for name, argv in COMMANDS.items() if _takes_resume(argv)]
+RESUMABLE = [name for name, argv in COMMANDS.items() if takes_resume(argv)]
 
 
 @pytest.fixture(scope="module")
@@ -107,21 +107,21 @@ def test_changed_input_is_not_mixed_into_a_resumed_run(data, monkeypatch, name):
     monkeypatch.setenv("BLOCKLIN_TEST_MARK_AFTER", str(KILL_AT[name]))
     tmp, base_argv = str(data / "tmp"), COMMANDS[name]
     src = _first_input(base_argv)
-    r = _interrupt(data, _argv(base_argv, "out.zarr", tmp), "SIGKILL", "mid", "out.zarr")
+    r = interrupt(data, cli_argv(base_argv, "out.zarr", tmp), "SIGKILL", "mid", "out.zarr")
     assert r.returncode == -signal.SIGKILL, r.stderr
-    assert _finished_units(data), _leftovers(data)  # work that a resume without the check would reuse
+    assert _finished_units(data), leftovers(data)  # work that a resume without the check would reuse
     _rewrite(data / src, seed=99)
 
-    rc, said = _warnings_of(lambda: main(_argv(base_argv, "out.zarr", tmp, "--resume")))
+    rc, said = _warnings_of(lambda: main(cli_argv(base_argv, "out.zarr", tmp, "--resume")))
     assert rc == 0
     changed = [w for w in said if "changed since the interrupted run" in w]
     assert len(changed) == 1 and f"input {data / src} " in changed[0] and "starting over" in changed[0], said
-    assert main(_argv(base_argv, "fresh.zarr", tmp)) == 0  # an uninterrupted run on the new input
-    got, ref = _load(data / "out.zarr"), _load(data / "fresh.zarr")
+    assert main(cli_argv(base_argv, "fresh.zarr", tmp)) == 0  # an uninterrupted run on the new input
+    got, ref = load_output(data / "out.zarr"), load_output(data / "fresh.zarr")
     assert got.keys() == ref.keys()
     for key in ref:
         np.testing.assert_array_equal(got[key], ref[key], err_msg=f"{name} {key}")
-    assert _leftovers(data) == []  # the old run's partial and work folder went with the restart
+    assert leftovers(data) == []  # the old run's partial and work folder went with the restart
 
 
 def test_changed_s3_input_after_sigterm(s3_server, tmp_path, monkeypatch):
@@ -143,16 +143,16 @@ def test_changed_s3_input_after_sigterm(s3_server, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv = ["gemm", f"{base}/A.zarr", f"{base}/A.zarr", "-o", "OUT", "--memory", "256KiB", *so]
     monkeypatch.setenv("BLOCKLIN_TEST_MARK_AFTER", "6")  # of about 12: a tile or two finished
-    r = _interrupt(tmp_path, _argv(argv, f"{base}/C.zarr", str(tmp_path / "tmp")), "SIGTERM", "mid", "C.zarr")
+    r = interrupt(tmp_path, cli_argv(argv, f"{base}/C.zarr", str(tmp_path / "tmp")), "SIGTERM", "mid", "C.zarr")
     assert r.returncode == 143 and "--resume" in r.stderr and "blocklin clean" in r.stderr, r.stderr
     assert s3fs.S3FileSystem(**opts).find(f"{base[5:]}/C.zarr/.blocklin-done")  # finished tiles, kept
     new = np.random.default_rng(4).standard_normal((n, n))
     store = zarr.storage.FsspecStore.from_url(f"{base}/A.zarr", storage_options=opts)
     zarr.open_array(store, mode="r+")[...] = new
 
-    rc, said = _warnings_of(lambda: main(_argv(argv, f"{base}/C.zarr", str(tmp_path / "tmp"), "--resume")))
+    rc, said = _warnings_of(lambda: main(cli_argv(argv, f"{base}/C.zarr", str(tmp_path / "tmp"), "--resume")))
     assert rc == 0 and any(f"input {base}/A.zarr changed since the interrupted run" in w for w in said), said
-    assert main(_argv(argv, f"{base}/F.zarr", str(tmp_path / "tmp"))) == 0
+    assert main(cli_argv(argv, f"{base}/F.zarr", str(tmp_path / "tmp"))) == 0
     got, ref = (blocklin.open(f"{base}/{x}.zarr", storage_options=opts).to_numpy() for x in ("C", "F"))
     np.testing.assert_array_equal(got, ref)
     # and it is new @ new: ||C - A A|| <= k eps ||A||^2 (float64 products of k = n terms)
@@ -163,23 +163,23 @@ def test_ctrl_c_without_resume_keeps_the_work_and_says_how_to_continue(data, mon
     monkeypatch.chdir(data)
     monkeypatch.setenv("BLOCKLIN_TEST_MARK_AFTER", str(KILL_AT["gemm"]))
     tmp, argv = str(data / "tmp"), COMMANDS["gemm"]
-    r = _interrupt(data, _argv(argv, "out.zarr", tmp), "SIGINT", "mid", "out.zarr")
+    r = interrupt(data, cli_argv(argv, "out.zarr", tmp), "SIGINT", "mid", "out.zarr")
     assert r.returncode == 130
     (line,) = r.stderr.strip().splitlines()
-    (partial,) = [f for f in _leftovers(data) if f.startswith(".out.zarr.partial-")]
+    (partial,) = [f for f in leftovers(data) if f.startswith(".out.zarr.partial-")]
     assert "--resume" in line and f"blocklin clean {data / partial}" in line, line
     assert os.listdir(data / partial / ".blocklin-done")  # finished tiles, kept
-    rc, said = _warnings_of(lambda: main(_argv(argv, "out.zarr", tmp, "--resume", "--json")))
+    rc, said = _warnings_of(lambda: main(cli_argv(argv, "out.zarr", tmp, "--resume", "--json")))
     assert rc == 0 and not [w for w in said if "starting" in w], said
     assert json.loads(capsys.readouterr().out)["skipped"] > 0  # continued, not started over
-    assert main(_argv(argv, "fresh.zarr", tmp)) == 0
-    np.testing.assert_array_equal(_load(data / "out.zarr")[""], _load(data / "fresh.zarr")[""])
-    assert _leftovers(data) == []
+    assert main(cli_argv(argv, "fresh.zarr", tmp)) == 0
+    np.testing.assert_array_equal(load_output(data / "out.zarr")[""], load_output(data / "fresh.zarr")[""])
+    assert leftovers(data) == []
 
 
 def test_resume_with_nothing_to_resume_says_it_starts_fresh(data, monkeypatch):
     monkeypatch.chdir(data)
-    rc, said = _warnings_of(lambda: main(_argv(COMMANDS["gemm"], "out.zarr", str(data / "tmp"), "--resume")))
+    rc, said = _warnings_of(lambda: main(cli_argv(COMMANDS["gemm"], "out.zarr", str(data / "tmp"), "--resume")))
     assert rc == 0 and [w for w in said if "no unfinished run" in w and "starting fresh" in w], said
 
 

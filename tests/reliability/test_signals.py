@@ -20,51 +20,20 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 
 import blocklin
-from blocklin.cli.main import build_parser, main
+from blocklin.cli.main import main
+from support.interrupts import COMMANDS, N, cli_argv, interrupt, leftovers, load_output, takes_resume
 
-SUPPORT = Path(__file__).resolve().parents[1] / "support"
-N = 240
-#: argv of each command (OUT is replaced by the output path), and whether it takes --resume
-COMMANDS = {
-    "gemm": ["gemm", "A.zarr", "A.zarr", "-o", "OUT", "--memory", "256KiB"],
-    "convert": ["convert", "A.npy", "OUT", "--memory", "256KiB", "--chunks", "40,40"],
-    "svd": ["svd", "A.zarr", "-k", "4", "-o", "OUT", "--memory", "1MiB", "--seed", "1"],
-    "inv": ["inv", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
-    "solve": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "4MiB"],  # square: LU, refinement
-    "solve-pos": ["solve", "S.zarr", "B.zarr", "-o", "OUT", "--memory", "1MiB", "--assume-a", "pos"],  # Cholesky
-    # lam > 0 with the Gram matrix over the budget: SYRK and Cholesky tiles, refinement, out of core
-    "solve-gram": ["solve", "A.zarr", "B.zarr", "-o", "OUT", "--memory", "1MiB", "--lambda", "1"],
-    "cholesky": ["factor", "cholesky", "S.zarr", "-o", "OUT", "--memory", "1MiB"],
-    "lu": ["factor", "lu", "A.zarr", "-o", "OUT", "--memory", "1MiB"],
-    "qr": ["factor", "qr", "A.zarr", "-o", "OUT", "--memory", "1MiB", "--method", "tiled"],
-    "gram": ["gram", "A.zarr", "-o", "OUT", "--memory", "256KiB"],
-    "pca": ["pca", "A.zarr", "-k", "4", "-o", "OUT", "--memory", "768KiB", "--seed", "1"],
-    "eigs": ["eigs", "S.zarr", "-k", "3", "-o", "OUT", "--memory", "768KiB", "--seed", "1"],
-    "qr-tiles": ["factor", "qr", "A.zarr", "-o", "OUT", "--memory", "1MiB", "--method", "tiles"],
-}
 #: Each signal at both points, alternating over the commands (every command sees every signal).
 CASES = [(name, sig, point if i % 2 == 0 else {"start": "mid", "mid": "start"}[point])
          for i, name in enumerate(COMMANDS)
          for sig, point in (("SIGINT", "start"), ("SIGTERM", "mid"), ("SIGKILL", "mid"))]
-
-
-def _takes_resume(argv: list[str]) -> bool:
-    return "resume" in vars(build_parser().parse_args(_argv(argv, "X", "T")))
-
-
-def _argv(base: list[str], out: str, tmp: str, *extra: str) -> list[str]:
-    return [out if a == "OUT" else a for a in base] + ["--temp-dir", tmp, "--no-progress", *extra]
 
 
 @pytest.fixture(scope="module")
@@ -87,57 +56,23 @@ def references(data):
     os.chdir(data)
     try:
         for name, base in COMMANDS.items():
-            assert main(_argv(base, f"ref-{name}.zarr", str(data / "tmp"))) == 0
+            assert main(cli_argv(base, f"ref-{name}.zarr", str(data / "tmp"))) == 0
     finally:
         os.chdir(cwd)
         warnings.formatwarning = saved
-    return {name: _load(data / f"ref-{name}.zarr") for name in COMMANDS}
-
-
-def _load(path: Path) -> dict[str, np.ndarray]:
-    node = zarr.open(str(path), mode="r")
-    if isinstance(node, zarr.Array):
-        return {"": node[...]}
-    return {k: v[...] for k, v in node.arrays()}
-
-
-def _leftovers(data: Path) -> list[str]:
-    here = [f for f in os.listdir(data) if ".partial-" in f or ".old-" in f]
-    return sorted(here + [f"tmp/{f}" for f in os.listdir(data / "tmp")])
-
-
-def _reached(point: str, data: Path, out: str) -> bool:
-    if point == "mid":
-        return (data / f"{out}.mark").exists()
-    return (any(f.startswith(f".{out}.partial-") for f in os.listdir(data))
-            or bool(os.listdir(data / "tmp")))
-
-
-def _interrupt(data: Path, argv: list[str], sig: str, point: str, out: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "BLOCKLIN_TEST_DELAY": "0.05", "BLOCKLIN_TEST_MARK": str(data / f"{out}.mark")}
-    proc = subprocess.Popen([sys.executable, str(SUPPORT / "slow_cli.py"), *argv], cwd=data, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not _reached(point, data, out):
-        assert proc.poll() is None, f"finished before {point}: {proc.communicate()}"
-        assert time.time() < deadline, f"{point} not reached"
-        time.sleep(0.002)
-    proc.send_signal(getattr(signal, sig))
-    stdout, stderr = proc.communicate(timeout=120)
-    (data / f"{out}.mark").unlink(missing_ok=True)
-    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+    return {name: load_output(data / f"ref-{name}.zarr") for name in COMMANDS}
 
 
 @pytest.mark.parametrize("name,sig,point", CASES)
 def test_interrupt_then_rerun(data, references, name, sig, point, monkeypatch):
     out = f"{name}-{sig}.zarr"
     tmp = str(data / "tmp")
-    resumable = _takes_resume(COMMANDS[name])
+    resumable = takes_resume(COMMANDS[name])
     resume = ["--resume"] if resumable and sig != "SIGINT" else []  # SIGINT: the rerun without --resume
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
     monkeypatch.chdir(data)
 
-    r = _interrupt(data, _argv(COMMANDS[name], out, tmp, *resume), sig, point, out)
+    r = interrupt(data, cli_argv(COMMANDS[name], out, tmp, *resume), sig, point, out)
     assert not (data / out).exists()
     if sig == "SIGKILL":
         assert r.returncode == -signal.SIGKILL
@@ -150,19 +85,19 @@ def test_interrupt_then_rerun(data, references, name, sig, point, monkeypatch):
         assert len(lines) == 1 and lines[0].startswith(f"blocklin {COMMANDS[name][0]}: {word}"), r.stderr
         # resumable: the partial output and, for operations made of steps over work stores (inv, the square
         # solves), their work folder, kept for --resume (a signal at "start" may land before either exists)
-        kept = [f for f in _leftovers(data) if resumable and (
+        kept = [f for f in leftovers(data) if resumable and (
             f.startswith(f".{out}.partial-") or f.startswith(f"tmp/blocklin-{COMMANDS[name][0]}-"))]
-        assert [f for f in _leftovers(data) if f not in kept] == []
+        assert [f for f in leftovers(data) if f not in kept] == []
         assert len(kept) <= 2
         assert not kept or "--resume" in lines[0] and "blocklin clean" in lines[0], lines[0]
         assert point == "start" or kept  # mid-run, finished work exists and is kept
 
-    assert main(_argv(COMMANDS[name], out, tmp, *resume)) == 0
-    got, ref = _load(data / out), references[name]
+    assert main(cli_argv(COMMANDS[name], out, tmp, *resume)) == 0
+    got, ref = load_output(data / out), references[name]
     assert got.keys() == ref.keys()
     for key in ref:
         np.testing.assert_array_equal(got[key], ref[key], err_msg=f"{name} {key}")
-    assert _leftovers(data) == []
+    assert leftovers(data) == []
 
 
 @pytest.mark.parametrize("name", ["inv", "solve"])
@@ -175,19 +110,19 @@ def test_clean_removes_what_sigkill_left(data, monkeypatch, capsys, name):
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
     monkeypatch.chdir(data)
     tmp = str(data / "tmp")
-    r = _interrupt(data, _argv(COMMANDS[name], "killed.zarr", tmp, *(["--resume"] if name == "solve" else [])),
+    r = interrupt(data, cli_argv(COMMANDS[name], "killed.zarr", tmp, *(["--resume"] if name == "solve" else [])),
                    "SIGKILL", "mid", "killed.zarr")
     assert r.returncode == -signal.SIGKILL
-    left = _leftovers(data)
+    left = leftovers(data)
     assert left, "SIGKILL left nothing to clean"
     assert any(f.startswith(f"tmp/blocklin-{name}-") for f in left), left  # the work folder
     assert main(["clean", str(data), tmp, "--dry-run", "--json"]) == 0
     dry = json.loads(capsys.readouterr().out)
-    assert {i["action"] for i in dry["items"]} == {"would remove"} and _leftovers(data) == left
+    assert {i["action"] for i in dry["items"]} == {"would remove"} and leftovers(data) == left
     assert main(["clean", str(data), tmp]) == 0
     text = capsys.readouterr().out
     assert text.count("removed ") == len(left) and "freed" in text
-    assert _leftovers(data) == []
+    assert leftovers(data) == []
     assert main(["clean", str(data), tmp]) == 0
     assert "nothing to clean" in capsys.readouterr().out
 

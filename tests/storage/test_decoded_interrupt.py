@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 from blocklin.cli.main import main
-from test_signals import _argv, _interrupt, _leftovers, _load
+from support.interrupts import cli_argv, interrupt, leftovers, load_output
 
 N = 240
 #: gemm reads k-panels that span several 40 x 40 zstd chunks (decoded on the pool); gram's tiles read
@@ -34,7 +34,7 @@ def zdata(tmp_path_factory):
     os.chdir(d)
     try:
         for name, base in COMMANDS.items():
-            assert main(_argv(base, f"ref-{name}.zarr", str(d / "tmp"))) == 0
+            assert main(cli_argv(base, f"ref-{name}.zarr", str(d / "tmp"))) == 0
     finally:
         os.chdir(cwd)
     return d
@@ -46,19 +46,19 @@ def test_interrupted_pooled_reads_leave_nothing_behind(zdata, name, sig, monkeyp
     out = f"{name}-{sig}.zarr"
     tmp = str(zdata / "tmp")
     monkeypatch.chdir(zdata)
-    r = _interrupt(zdata, _argv(COMMANDS[name], out, tmp, "--resume"), sig, "mid", out)
+    r = interrupt(zdata, cli_argv(COMMANDS[name], out, tmp, "--resume"), sig, "mid", out)
     assert not (zdata / out).exists()
     if sig == "SIGKILL":
         assert r.returncode == -signal.SIGKILL
     else:
         assert r.returncode == 130, r.stderr
         # only the resumable partial output may be kept, and the message says how to continue or remove it
-        kept = [f for f in _leftovers(zdata) if f.startswith(f".{out}.partial-")]
-        assert [f for f in _leftovers(zdata) if f not in kept] == [], r.stderr
+        kept = [f for f in leftovers(zdata) if f.startswith(f".{out}.partial-")]
+        assert [f for f in leftovers(zdata) if f not in kept] == [], r.stderr
         assert not kept or "--resume" in r.stderr and "blocklin clean" in r.stderr
-    assert main(_argv(COMMANDS[name], out, tmp, "--resume")) == 0
-    got, ref = _load(zdata / out), _load(zdata / f"ref-{name}.zarr")
+    assert main(cli_argv(COMMANDS[name], out, tmp, "--resume")) == 0
+    got, ref = load_output(zdata / out), load_output(zdata / f"ref-{name}.zarr")
     assert got.keys() == ref.keys()
     for key in ref:
         np.testing.assert_array_equal(got[key], ref[key], err_msg=f"{name} {key}")
-    assert _leftovers(zdata) == []
+    assert leftovers(zdata) == []

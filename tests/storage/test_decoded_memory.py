@@ -7,8 +7,7 @@ from __future__ import annotations
 import numpy as np
 import zarr
 
-from support.memcheck import margin, needs_hwm, run_child
-from test_gemm_memory import CHILD
+from support.memcheck import GEMM_CHILD as CHILD, margin, needs_hwm, run_child
 
 
 def _zstd(path, n, seed):

@@ -59,3 +59,20 @@ def run_child(code: str, *args: str, timeout: int = 300) -> dict:
                           text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+#: A child that runs one out-of-core GEMM (argv: A, B, OUT, memory[, precision]) and prints its
+#: baseline, peak, planned peak and task count (tests/products/test_gemm_memory.py and the decoded-chunk
+#: memory test).
+GEMM_CHILD = """
+    import blocklin as bl
+    a_path, b_path, out, memory = sys.argv[1:5]
+    precision = sys.argv[5] if len(sys.argv) > 5 else None
+    bl.open(a_path)[0:1, 0:1]
+    import dask.threaded  # noqa: F401  (imported by the run anyway; part of the baseline)
+    base = hwm()
+    reset_hwm()
+    c = bl.matmul(a_path, b_path, out, memory=memory, precision=precision)
+    print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": c.report["plan"]["peak_memory"],
+                      "tasks": c.report["tasks"]}))
+"""

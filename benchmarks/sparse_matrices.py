@@ -23,9 +23,9 @@ It prints a table, then one ``goal met`` / ``goal missed`` line per goal of issu
 
 Usage::
 
-    python benchmarks/sparse.py                                  # 10^6 nodes, 2x10^7 entries, 256MiB
-    python benchmarks/sparse.py --n 1000000 --nnz 5000000        # a smaller graph
-    python benchmarks/sparse.py --quick                          # seconds: a check of the script itself
+    python benchmarks/sparse_matrices.py                                  # 10^6 nodes, 2x10^7 entries, 256MiB
+    python benchmarks/sparse_matrices.py --n 1000000 --nnz 5000000        # a smaller graph
+    python benchmarks/sparse_matrices.py --quick                          # seconds: a check of the script itself
 """
 
 from __future__ import annotations
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
 
     budget = parse_size(args.memory)
     folder = Path(tempfile.mkdtemp(prefix="blocklin-bench-sparse-", dir=args.dir))
-    print(f"# blocklin benchmarks/sparse.py: {' '.join(sys.argv[1:]) or '(defaults)'}; {os.cpu_count()} CPUs",
+    print(f"# blocklin benchmarks/sparse_matrices.py: {' '.join(sys.argv[1:]) or '(defaults)'}; {os.cpu_count()} CPUs",
           flush=True)
     try:
         big = None if args.skip_large else large(args, folder, budget)
