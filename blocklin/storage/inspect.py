@@ -137,20 +137,30 @@ def _sparse_info(path: Any, memory: int) -> dict[str, Any] | None:
 
 def _group_info(path: Any, memory: int) -> dict[str, Any] | None:
     """A result group blocklin wrote (an svd's ``U``, ``S``, ``Vt``, what an update keeps): its arrays
-    and provenance (``blocklin info`` then says whether it is current); None for anything else."""
+    and provenance (``blocklin info`` then says whether it is current); None for anything else, and
+    for an uncommitted output (the reader then refuses it with the way to resume or remove it)."""
     import json
 
-    if not isinstance(path, (str, os.PathLike)) or not os.path.isfile(os.path.join(path, "zarr.json")):
+    from blocklin.storage.backend import backend
+    from blocklin.storage.location import Location, as_location
+    from blocklin.storage.records import PENDING_RECORD
+
+    if not isinstance(path, (str, os.PathLike, Location)):
         return None
-    with open(os.path.join(path, "zarr.json")) as f:
-        meta = json.load(f)
-    if meta.get("node_type") != "group":
+    be = backend(as_location(path))
+    meta = be.try_read("zarr.json")
+    if meta is None or b'"group"' not in meta:
+        return None
+    meta = json.loads(meta)
+    if meta.get("node_type") != "group" or be.try_read(PENDING_RECORD) is not None:
         return None
     arrays = {}
-    for name in sorted(os.listdir(path)):
+    # the children's metadata: one level down (a local listing, or the object keys of a store)
+    names = (sorted(os.listdir(be.loc.url)) if be.loc.is_local
+             else sorted({k.split("/")[0] for k in be.keys() if k.count("/") == 1 and k.endswith("/zarr.json")}))
+    for name in names:
         try:
-            with open(os.path.join(path, name, "zarr.json")) as f:
-                sub = json.load(f)
+            sub = json.loads(be.read_bytes(f"{name}/zarr.json"))
         except (OSError, ValueError):
             continue
         if sub.get("node_type") == "array":

@@ -96,6 +96,18 @@ class BackendTests:
         np.testing.assert_array_equal(got, A[10:70, 5:77])  # storage copies bits: exact
         assert blocklin.open(where).shape == A.shape
 
+    def test_info_describes_a_result_group(self, loc):
+        """``blocklin info`` of a committed result group (an svd's ``U``, ``S``, ``Vt``) names its arrays
+        and provenance on every backend."""
+        from blocklin.storage.inspect import inspect
+
+        a = blocklin.from_array(A, loc("A.zarr"), chunks=(32, 40))
+        blocklin.svd(a, 3, out=loc("S.zarr"), seed=1, scheduler="sync")
+        d = inspect(loc("S.zarr"))
+        assert d["format"] == "zarr group" and d["provenance"]["operation"] == "svd"
+        assert d["arrays"]["U"]["shape"] == [96, 3] and d["arrays"]["S"]["shape"] == [3]
+        assert d["arrays"]["Vt"] == {"shape": [3, 80], "dtype": "float64"}
+
     def test_missing_store_named(self, loc):
         with pytest.raises(StoreNotFoundError, match="does not exist"):
             blocklin.open(loc("nothing.zarr"))
