@@ -14,15 +14,25 @@ from blocklin.errors import ParameterError, explain
 
 def _lam(value: str) -> object:
     v = value.strip().lower()
-    if v in ("gcv", "lcurve", "l-curve"):
+    if v in ("gcv", "lcurve", "l-curve", "loo"):
         return v
     try:
+        if v.startswith("loo:"):  # the leave-one-out grid: loo:0.1,1,10
+            return ("loo", [float(t) for t in v[4:].split(",") if t])
         if "," in v:
             return [float(t) for t in v.split(",") if t]
         return float(v)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"--lambda must be a number, a comma-separated list, 'gcv' or 'lcurve', got {value!r}") from None
+            f"--lambda must be a number, a comma-separated list, 'gcv', 'lcurve', 'loo' or 'loo:L1,L2,...', "
+            f"got {value!r}") from None
+
+
+def _weights(path: str | None) -> object:
+    """``--sample-weight``: a zarr array (path or URL), or a ``.npy`` file (memory-mapped, staged by the solve)."""
+    if path is None or not path.lower().endswith(".npy"):
+        return path
+    return np.load(path, mmap_mode="r")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +45,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", metavar="B", help="zarr array (path), m x k right-hand sides")
     p.add_argument("-o", "--out", required=True, metavar="X", help="output zarr array (path)")
     p.add_argument("--lambda", dest="lam", type=_lam, default=0.0, metavar="LAM",
-                   help="regularization: a number >= 0 (default 0), a comma list, 'gcv' or 'lcurve'")
+                   help="regularization: a number >= 0 (default 0), a comma list, 'gcv', 'lcurve', or 'loo' "
+                        "(leave-one-out as scikit-learn's RidgeCV, one more pass; 'loo:0.1,1,10' gives the grid of "
+                        "lambdas = sqrt(alphas))")
+    p.add_argument("--lambda-per-target", dest="lam_per_target", action="store_true",
+                   help="with --lambda loo: one lambda per column of B (RidgeCV's alpha_per_target)")
+    p.add_argument("--sample-weight", dest="sample_weight", metavar="W",
+                   help="row weights >= 0 (a zarr vector or m x 1 array, or a .npy file): weighted least squares as "
+                        "scikit-learn's Ridge.fit(X, y, sample_weight=w)")
+    p.add_argument("--positive", action="store_true",
+                   help="constrain x >= 0 (as Ridge(positive=True)): nonnegative least squares on the Cholesky factor "
+                        "of the in-memory Gram matrix; tall A, lambda a number or a list")
     p.add_argument("--method", choices=("auto", "normal", "qr", "lsqr"), default="auto",
                    help="dense A: normal or qr (auto chooses); sparse A: lsqr (auto is lsqr)")
     p.add_argument("--tol", type=float, default=None,
@@ -73,14 +93,14 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.factored:
         return _run_factored(args)
-    if args.plot and not isinstance(args.lam, str):
+    if args.plot and (not isinstance(args.lam, str) or args.lam == "loo"):
         raise ParameterError(explain("--plot", "needs --lambda gcv or --lambda lcurve (the curve is computed to "
                                      "choose lambda)", f"--lambda {args.lam}", "pass --lambda gcv"))
     if args.explain:
         return _explain(args)
     x = solve(args.a, args.b, lam=args.lam, method=args.method, assume_a=args.assume_a, out=args.out,
               refine=args.refine, precision=args.precision, fit_intercept=args.fit_intercept,
-              updatable=args.updatable, **_sparse_options(args), **ui.run_settings(args))
+              updatable=args.updatable, **_sparse_options(args), **_ridge_options(args), **ui.run_settings(args))
     r = x.report
     summary = {"output": x.path, "shape": list(x.shape), "lam": r["lam"], "method": r["method"],
                "method_reason": r["method_reason"], "residual_norm": r["residual_norm"],
@@ -95,12 +115,17 @@ def run(args: argparse.Namespace) -> dict:
         summary["scaling"] = r["scaling"]
     if args.fit_intercept:
         summary["intercept"] = r["intercept"]
+    for key in ("alpha_", "best_score_", "positive", "sample_weight", "lam_per_target"):
+        if key in r:
+            summary[key] = r[key]
     if r.get("method") == "lsqr":  # a sparse A
         summary.update(iterations=r["iterations"], converged=r["converged"], tol=r["tol"], nnz=r["nnz"])
     if args.plot:
         summary["plot"] = _plot(r, args.plot)
     lam = r["lam"]
     lam_s = f"{lam:.3g}" if isinstance(lam, float) else ", ".join(f"{v:.3g}" for v in lam)
+    if "best_score_" in r:  # the leave-one-out choice, in RidgeCV's terms
+        lam_s += f" (alpha_ = lambda^2, mean squared leave-one-out error {_neg(r['best_score_'])})"
     res = r["residual_norm"]
     res_s = f"{res:.3e}" if isinstance(res, float) else str(res)
     human = (f"wrote {x.path} ({x.shape[0]} x {x.shape[1]}) in {r['seconds']:.2f} s: lambda {lam_s}"
@@ -115,6 +140,17 @@ def run(args: argparse.Namespace) -> dict:
     return summary
 
 
+def _neg(score: object) -> str:
+    return ", ".join(f"{-v:.4g}" for v in score) if isinstance(score, list) else f"{-score:.4g}"
+
+
+def _ridge_options(args: argparse.Namespace) -> dict:
+    """``--sample-weight``, ``--positive``, ``--lambda-per-target`` where given."""
+    opts = {"sample_weight": _weights(args.sample_weight), "positive": args.positive,
+            "lam_per_target": args.lam_per_target}
+    return {k: v for k, v in opts.items() if v is not None and v is not False}
+
+
 def _sparse_options(args: argparse.Namespace) -> dict:
     """``--tol`` and ``--max-iter`` where given (the sparse route's; a dense A refuses them by name)."""
     return {name: getattr(args, name) for name in ("tol", "max_iter") if getattr(args, name) is not None}
@@ -127,15 +163,12 @@ def _explain(args: argparse.Namespace) -> dict:
     settings = ui.run_settings(args)
     settings.pop("resume", None)
     settings.pop("overwrite", None)
+    ridge = _ridge_options(args)
+    ridge.pop("lam_per_target", None)
     plan = solve_plan(args.a, args.b, lam=args.lam, method=args.method, refine=args.refine,
-                      fit_intercept=args.fit_intercept, **_sparse_options(args), **settings)
+                      fit_intercept=args.fit_intercept, **ridge, **_sparse_options(args), **settings)
     summary = {"plan": plan.to_dict() if hasattr(plan, "to_dict") else str(plan)}
-    if hasattr(plan, "explain"):
-        text = plan.explain(device=ui.plan_device(args, plan))
-    else:  # the in-memory least squares' SolvePlan
-        text = (f"solve {plan.m} x {plan.n}, {plan.k} right-hand side(s): {plan.orientation}, method {plan.method}, "
-                f"{plan.passes} pass(es) over A, in-core problem {format_size(plan.small_memory)} of "
-                f"{format_size(plan.memory)}")
+    text = plan.explain(device=ui.plan_device(args, plan)) if hasattr(plan, "explain") else str(plan)
     ui.emit(args, summary, text)
     return summary
 
@@ -191,7 +224,7 @@ def _run_factored(args: argparse.Namespace) -> dict:
     """``--factored``: the two triangular solves with a stored factor (the other solve options do not apply)."""
     from blocklin.linalg.solve.factored import cho_solve, lu_solve
 
-    if args.lam != 0.0 or args.fit_intercept or args.plot or args.method != "auto":
+    if args.lam != 0.0 or args.fit_intercept or args.plot or args.method != "auto" or _ridge_options(args):
         raise ParameterError(explain("--factored", "solves with the given factor only (no lambda, intercept, "
                                      "method or plot)", "with --lambda/--fit-intercept/--method/--plot",
                                      "drop those options, or drop --factored to factor A"))

@@ -31,6 +31,9 @@ class SolvePlan:
         Passes over ``A`` planned (``auto`` may add one: it is reported).
     small_memory : int
         Bytes of the in-core small problem.
+    steps : tuple of str
+        What the run does beyond the route's first pass (the leave-one-out pass, the check of the
+        sample weights, the means of an intercept), as ``--explain`` prints it.
     """
 
     m: int
@@ -41,13 +44,22 @@ class SolvePlan:
     passes: int
     small_memory: int
     memory: int
+    steps: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def explain(self, device: str = "cpu") -> str:
+        """What ``blocklin solve --explain`` prints."""
+        text = (f"solve {self.m} x {self.n}, {self.k} right-hand side(s): {self.orientation}, method {self.method}, "
+                f"{self.passes} pass(es) over A, in-core problem {format_size(self.small_memory)} of "
+                f"{format_size(self.memory)}")
+        return text + "".join(f"\n  {s}" for s in self.steps)
+
 
 def plan_solve(m: int, n: int, k: int, *, method: str, memory: int, lam_kind: str = "scalar",
-               refine: int = 1) -> SolvePlan:
+               refine: int = 1, weighted: bool = False, positive: bool = False,
+               fit_intercept: bool = False) -> SolvePlan:
     """Orientation, method and pass count of a solve (validation of the in-core size included)."""
     orientation = "tall" if m >= n else "wide"
     small = small_bytes(min(m, n), k)
@@ -58,14 +70,36 @@ def plan_solve(m: int, n: int, k: int, *, method: str, memory: int, lam_kind: st
                                   f"raise it to at least {format_size(small)} "
                                   f"(memory='{math.ceil(small / 2**20)}MiB'); "
                                   "for very wide or very tall-and-wide problems use an iterative method"))
+    steps = []
     if orientation == "wide":
         passes = 2 + (lam_kind == "scalar")
-    elif method == "qr" or lam_kind != "scalar" and method == "auto":
+    elif positive:
+        passes = 1  # the Gram pass; NNLS in memory
+    elif method == "qr" or lam_kind != "scalar" and method == "auto" and not (weighted or fit_intercept):
         passes = 1
+    elif lam_kind != "scalar":
+        passes = 1  # the (weighted, centered) Gram pass and its eigen-decomposition
     else:
         passes = 1 + refine
+    if weighted:
+        steps.append("sample_weight: one pass over the m weights checks them (finite, >= 0, not all zero); "
+                     + ("A's rows scaled by sqrt(w) as they are read (normal equations, on the CPU)"
+                        if orientation == "tall" else "A A^T scaled by sqrt(w) on both sides, in memory"))
+    if fit_intercept and orientation == "tall" and not weighted:
+        steps.append("fit_intercept: one more pass for the column means of A")
+    elif fit_intercept and orientation == "tall":
+        steps.append("fit_intercept: the weighted means from the Gram pass (no extra pass)")
+    if lam_kind == "loo" and orientation == "tall":
+        passes += 1
+        steps.append("leave-one-out: one more pass over A and b for the hat diagonals h_ii and residuals of every "
+                     "grid lambda at once (e_i / (1 - h_ii)); one more still if method 'auto' switches to the QR")
+    elif lam_kind == "loo":
+        steps.append("leave-one-out: from the eigen-decomposition of A A^T in memory (no extra pass)")
+    if positive:
+        steps.append("positive: nonnegative least squares (Lawson-Hanson) on the Cholesky factor of the "
+                     "n x n Gram matrix plus lam^2 I, in memory")
     return SolvePlan(m=m, n=n, k=k, orientation=orientation, method=method, passes=passes, small_memory=small,
-                     memory=memory)
+                     memory=memory, steps=tuple(steps))
 
 
 #: float64 vectors of the sparse LSQR per right-hand side, over ``m`` rows (``u``, ``S v``, the scaled

@@ -7,6 +7,11 @@ BLAS (the Gram update is a BLAS ``syrk``, half the flops of a GEMM); on a GPU th
 device (cuBLAS SYRK/GEMM through the device's operations, on its compute stream) and come to the
 host at the end of each task's group of strips (``params["ends"]``). The caller chooses the device
 (:func:`blocklin.device.pass_device`). The streaming QR pass is :mod:`blocklin.linalg.blocks.tsqr`.
+
+A third source ``w`` (``m x 1``, ``sample_weight``) weights the rows: the Gram and residual kernels then
+sum over ``sqrt(w_i)``-scaled rows on the CPU (the weighted solve runs its passes there).
+:func:`weight_check_kernel` reads the weights alone; :func:`loo_kernel` gives the leave-one-out errors
+of every lambda of a grid (Golub, Heath and Wahba 1979; scikit-learn's ``_RidgeGCV``).
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from blocklin.runtime.passes import row_kernel
 def _gram_memory(params: Any, sources: tuple) -> PassMemory:
     isz = np.dtype(params["dtype"]).itemsize
     n, k = sources[0].width, sum(s.width for s in sources[1:])
-    # the Gram and A^T B accumulators; per row a cast copy of [A B]
-    return PassMemory(fixed=(n * n + n * k) * isz, per_row=(n + k) * isz, max_strip_bytes=MAX_STRIP_BYTES,
-                      min_rows=MIN_STRIP_ROWS)
+    # the Gram and A^T B accumulators; per row a cast copy of [A B] (and its sqrt(w)-scaled copy)
+    copies = 2 if len(sources) > 2 else 1
+    return PassMemory(fixed=(n * n + n * k + n + k) * isz, per_row=copies * (n + k) * isz,
+                      max_strip_bytes=MAX_STRIP_BYTES, min_rows=MIN_STRIP_ROWS)
 
 
 def _group_end(device: Any, rows: slice, params: Any, state: dict) -> dict:
@@ -58,6 +64,15 @@ def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
         k = b.shape[1] if b is not None else 0
         state = {"g": np.zeros((n, n), params["dtype"]), "c": np.zeros((n, k), params["dtype"]),
                  "bb": np.zeros(k)}
+    if len(arrays) > 2:  # sample weights: the sums of sqrt(w)-scaled rows, and A^T w, B^T w, sum(w)
+        w = np.asarray(arrays[2], dtype=np.float64)[:, 0]
+        if "aw" not in state:
+            state.update(aw=np.zeros(a.shape[1]), bw=np.zeros(b.shape[1]), ws=0.0)
+        state["aw"] += a.T @ w
+        state["bw"] += b.T @ w
+        state["ws"] += float(w.sum())
+        sw = np.sqrt(w)[:, None]
+        a, b = a * sw, b * sw
     syrk_acc(state["g"], a)
     if b is not None:
         # Entries beyond 2^256 overflow here only in the pass that learns max|a| and |b|, which the
@@ -71,7 +86,7 @@ def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
 
 def _residual_memory(params: Any, sources: tuple) -> PassMemory:
     isz = np.dtype(params["dtype"]).itemsize
-    n, k = sources[0].width, sum(s.width for s in sources[1:])
+    n, k = sources[0].width, sum(s.width for s in sources[1:])  # (w, when given, counts as one more column)
     # the broadcast x and the A^T r accumulator; per row cast copies of [A B] and r, A x
     return PassMemory(fixed=2 * n * k * isz, per_row=(n + 3 * k) * isz, max_strip_bytes=MAX_STRIP_BYTES,
                       min_rows=MIN_STRIP_ROWS)
@@ -98,6 +113,80 @@ def residual_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state:
     r = b - a @ x
     if state is None:
         state = {"atr": np.zeros(x.shape, params["dtype"]), "rr": np.zeros(x.shape[1])}
-    state["atr"] += a.T @ r
-    state["rr"] += np.einsum("ij,ij->j", r, r, dtype=np.float64)
+    wr = r * np.asarray(arrays[2], dtype=np.float64) if len(arrays) > 2 else r  # W r for sample weights
+    state["atr"] += a.T @ wr
+    state["rr"] += np.einsum("ij,ij->j", wr, r, dtype=np.float64)
+    return state, None
+
+
+def _weights_memory(params: Any, sources: tuple) -> PassMemory:
+    return PassMemory(fixed=64, per_row=16, max_strip_bytes=MAX_STRIP_BYTES, min_rows=1)
+
+
+@row_kernel(memory=_weights_memory, device="cpu")
+def weight_check_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
+    """What the checks of ``sample_weight`` need: its smallest entry (and where), non-finite and positive
+    counts, the sum (float64)."""
+    w = np.asarray(arrays[0], dtype=np.float64)[:, 0]
+    if state is None:
+        state = {"min": np.inf, "argmin": -1, "bad": 0, "first_bad": -1, "positive": 0, "sum": 0.0}
+    finite = np.isfinite(w)
+    if not finite.all():
+        if state["first_bad"] < 0:
+            state["first_bad"] = rows.start + int(np.argmin(finite))
+        state["bad"] += int((~finite).sum())
+        w = np.where(finite, w, 0.0)
+    if w.size and float(w.min()) < state["min"]:
+        state["min"], state["argmin"] = float(w.min()), rows.start + int(np.argmin(w))
+    state["positive"] += int((w > 0).sum())
+    state["sum"] += float(w.sum())
+    return state, None
+
+
+def _loo_memory(params: Any, sources: tuple) -> PassMemory:
+    n, k = sources[0].width, sources[1].width
+    grid = len(params["lams"])
+    stored = grid * k if params["store"] else 0
+    # V, the coefficients of every lambda, 1/(s^2 + lam^2), the sums; per row the centered (and weighted)
+    # copies of [A B], A V and its square, the hat diagonals, the fits, errors and their squares, and
+    # the per-row squared errors kept for cv_results
+    return PassMemory(fixed=8 * (n * n + n * grid * k + n * grid + 2 * grid * k + n + k),
+                      per_row=8 * (3 * n + 2 * k + 2 * grid + 3 * grid * k + stored + 1),
+                      max_strip_bytes=MAX_STRIP_BYTES, min_rows=1)
+
+
+@row_kernel(memory=_loo_memory, device="cpu")
+def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
+    """Leave-one-out errors of every lambda of a grid from the spectrum ``A_c = U diag(s) V^T``.
+
+    Rows ``a_i`` centered by ``mu`` and scaled by ``sqrt(w_i)`` as the spectrum's problem was; with
+    ``p_i = V^T a_i``: the hat diagonal ``h_ii = sum_j p_ij^2 / (s_j^2 + lam^2)`` (plus ``w_i / sum w``
+    for the unpenalized intercept, whose column is orthogonal to the centered ones), the residual
+    ``e_i = b_i - p_i^T diag(s / (s^2 + lam^2)) beta`` and the leave-one-out error
+    ``e_i / (1 - h_ii)`` (Golub, Heath and Wahba 1979; scikit-learn ``_RidgeGCV``, whose
+    ``looe`` this is, weighted by ``sqrt(w_i)``). Accumulates the squared errors per lambda and
+    right-hand side (``L x k``), and keeps them per row when ``params["store"]``.
+    """
+    a = np.asarray(arrays[0], dtype=np.float64)
+    b = np.asarray(arrays[1], dtype=np.float64)
+    lams, k = params["lams"], b.shape[1]
+    if state is None:
+        state = {"sq": np.zeros((len(lams), k)), "blocks": []}
+    if params["mu"] is not None:
+        a, b = a - params["mu"], b - params["bbar"]
+    w = np.asarray(arrays[2], dtype=np.float64)[:, 0] if len(arrays) > 2 else None
+    if w is not None:
+        sw = np.sqrt(w)[:, None]
+        a, b = a * sw, b * sw
+    p = a @ params["v"]
+    h = (p * p) @ params["finv"]
+    if params["intercept"]:
+        h += (w[:, None] if w is not None else 1.0) / params["wsum"]
+    fit = (p @ params["coef"]).reshape(len(a), len(lams), k)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        looe = (b[:, None, :] - fit) / (1.0 - h)[:, :, None]
+    sq = looe * looe
+    state["sq"] += sq.sum(axis=0)
+    if params["store"]:
+        state["blocks"].append((rows.start, sq.reshape(len(a), -1)))
     return state, None

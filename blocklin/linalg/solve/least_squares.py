@@ -28,39 +28,70 @@ from blocklin.storage.identity import resume_token
 
 def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, kind: str, lams: list[float],
                         method: str, refine: Any, fit_intercept: bool, out: Any, overwrite: bool,
-                        resume: bool, updatable: bool = False) -> Matrix:
+                        resume: bool, updatable: bool = False, W: Any = None, weights: tuple | None = None,
+                        positive: bool = False, per_target: bool = False, store_cv: bool = False) -> Matrix:
     """``x`` of ``min ||A x - b||^2 + lam^2 ||x||^2`` on the route of ``plan``, committed with its report;
-    ``updatable``: with the sums :func:`blocklin.update` reads (:mod:`blocklin.linalg.solve.updatable`)."""
+    ``updatable``: with the sums :func:`blocklin.update` reads (:mod:`blocklin.linalg.solve.updatable`).
+    ``W``: the checked ``sample_weight`` operand, ``weights`` its ``(sum, positive count)``
+    (:mod:`blocklin.linalg.solve.weights`); ``positive``, ``per_target``, ``store_cv`` as :func:`blocklin.solve`
+    says."""
     (m, n), k = A.shape, B.shape[1]
     if updatable:
         check_updatable(out=out, orientation=plan.orientation)
-    ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume,
-                   token=_token(A, B, lam, method, refine, fit_intercept, plan, updatable))
+    options = _options(W, positive, per_target, store_cv)
+    inputs = [A, B] + ([W] if W is not None else [])
+    ao = job.claim(out, inputs, overwrite=overwrite, resume=resume,
+                   token=_token(inputs, lam, method, refine, fit_intercept, plan, updatable, options))
     ctx = TikhonovRun(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
-                      intercept=bool(fit_intercept), saved=StepRecords(ao.done if out is not None else None))
+                      intercept=bool(fit_intercept), saved=StepRecords(ao.done if out is not None else None),
+                      W=W, wsum=weights[0] if weights else None, wpos=weights[1] if weights else None,
+                      positive=bool(positive), per_target=bool(per_target), store_cv=bool(store_cv))
     ctx.sa = Scaling(str(source(A).path), A.dtype)
     ctx.sb = Scaling(str(source(B).path), B.dtype)
     solve_route = solve_wide if plan.orientation == "wide" else solve_tall
     info = _unscale_info(ctx, solve_route(ctx, ao.array_path()))
     _check_finite_info(info)
+    if kind == "loo":
+        from blocklin.linalg.solve.loo import report_entries
+
+        report_entries(ctx, info)
     if updatable:
         keep_sums(ctx, ao.array_path())
     report, recorded = solve_report(job, route="least squares", orientation=plan.orientation, **info,
                                     phases=ctx.phases, fit_intercept=bool(fit_intercept),
-                                    resumed_passes=list(ctx.saved.loaded))
-    params = {"lam": lam.tolist() if isinstance(lam, np.ndarray) else lam, "method": method,
-              "fit_intercept": bool(fit_intercept), "refine": refine, "updatable": bool(updatable)}
+                                    resumed_passes=list(ctx.saved.loaded), **options)
+    params = {"lam": _lam_param(lam), "method": method,
+              "fit_intercept": bool(fit_intercept), "refine": refine, "updatable": bool(updatable), **options}
     x = job.finish(ao, out, report, operation="solve", plan=plan.to_dict(), params=params, recorded=recorded)
     x.intercept = np.asarray(report["intercept"]) if fit_intercept else None
+    if "cv_results_" in report:
+        x.cv_results_ = report["cv_results_"]
     return x
 
 
-def _token(A: Any, B: Any, lam: Any, method: str, refine: Any, fit_intercept: bool, plan: SolvePlan,
-           updatable: bool = False) -> str:
+def _options(W: Any, positive: bool, per_target: bool, store_cv: bool) -> dict:
+    """The options beyond the original ones, as the report and the provenance record them (only those set)."""
+    opts = {"sample_weight": W is not None, "positive": bool(positive), "lam_per_target": bool(per_target),
+            "store_cv_results": bool(store_cv)}
+    return {k: v for k, v in opts.items() if v}
+
+
+def _lam_param(lam: Any) -> Any:
+    """``lam`` as JSON: a number, a list, a rule, or ``["loo", [grid]]``."""
+    if isinstance(lam, np.ndarray):
+        return lam.tolist()
+    if isinstance(lam, tuple):
+        return [_lam_param(v) for v in lam]
+    return lam
+
+
+def _token(inputs: list, lam: Any, method: str, refine: Any, fit_intercept: bool, plan: SolvePlan,
+           updatable: bool = False, options: dict | None = None) -> str:
     """Deterministic in the inputs, parameters and plan: what resuming an output checks."""
-    lam = lam.tolist() if isinstance(lam, np.ndarray) else lam
     extra = ("updatable",) if updatable else ()
-    return resume_token("solve", [A, B], lam, method, refine, bool(fit_intercept), plan.to_dict(), *extra)
+    if options:
+        extra += (sorted(options.items()),)
+    return resume_token("solve", inputs, _lam_param(lam), method, refine, bool(fit_intercept), plan.to_dict(), *extra)
 
 
 def _check_finite_info(info: dict) -> None:
@@ -95,7 +126,7 @@ def _unscale_info(ctx: TikhonovRun, info: dict) -> dict:
     curve = info.get("curve")
     if isinstance(curve, dict):
         for key, e in (("lam", ea), ("chosen", ea), ("residual_norm", eb), ("solution_norm", eb - ea),
-                       ("gcv", 2 * eb)):
+                       ("gcv", 2 * eb), ("loo", 2 * eb), ("loo_per_target", 2 * eb)):
             if key in curve:
                 curve[key] = sc(curve[key], e)
     info["scaling"] = {"exponent_a": ea, "exponent_b": eb, "max_abs_a": ctx.sa.amax, "max_abs_b": ctx.sb.amax,

@@ -18,13 +18,13 @@ from blocklin.errors import SingularMatrixError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.center import column_moments
 from blocklin.linalg.blocks.syrk import symmetrize_lower
-from blocklin.linalg.solve import lambda_select
+from blocklin.linalg.solve import lambda_select, loo
 from blocklin.linalg.solve.kernels import gram_kernel, residual_kernel
 from blocklin.linalg.solve.qr_route import qr_route
 from blocklin.linalg.solve.spectrum import coefficients, describe, finish_spectral, spectrum_from_gram
 from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass, norms, singular, write_x
 from blocklin.plan.solve import small_bytes
-from blocklin.runtime.passes import run_pass, source
+from blocklin.runtime.passes import run_pass
 
 #: ``auto`` keeps the normal equations while the regularized Gram matrix's reciprocal condition
 #: estimate is above this (``cond(A)`` below about ``1e5``; refinement then recovers full accuracy).
@@ -52,16 +52,28 @@ def _gram_pass(ctx: TikhonovRun) -> dict:
 
 
 def _run_gram_pass(ctx: TikhonovRun, scale: dict) -> dict:
-    states, _ = run_pass(ctx.job, gram_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64"},
-                         reserve=small_bytes(ctx.n, ctx.k), description="Gram pass: A^T A, A^T b", scale=scale,
-                         device=device_of_pass(ctx, "gram pass", ctx.m * ctx.n * (ctx.n + 2 * ctx.k)))
+    what = "Gram pass: A^T W A, A^T W b, A^T w (sample weights)" if ctx.weighted else "Gram pass: A^T A, A^T b"
+    states, _ = run_pass(ctx.job, gram_kernel, ctx.sources(), {"dtype": "float64"},
+                         reserve=small_bytes(ctx.n, ctx.k), description=what, scale=scale,
+                         device=_pass_device(ctx, "gram pass", ctx.m * ctx.n * (ctx.n + 2 * ctx.k)))
     states = [s for s in states if s is not None]
     g = states[0]["g"]
     for s in states[1:]:
         g += s["g"]
     g = symmetrize_lower(g)
     c = sum(s["c"] for s in states)
-    return {"g": g, "c": c, "bb": sum(s["bb"] for s in states), "aa": float(np.trace(g))}
+    out = {"g": g, "c": c, "bb": sum(s["bb"] for s in states), "aa": float(np.trace(g))}
+    if ctx.weighted:  # the weighted means' sums, from the same pass
+        out.update(aw=sum(s["aw"] for s in states if "aw" in s), bw=sum(s["bw"] for s in states if "bw" in s))
+    return out
+
+
+def _pass_device(ctx: TikhonovRun, phase: str, flops: float) -> str:
+    """The device of a pass over ``A`` and ``B``; a weighted pass scales its rows on the CPU."""
+    if ctx.weighted:
+        ctx.phases[phase] = "cpu"
+        return "cpu"
+    return device_of_pass(ctx, phase, flops)
 
 
 def _residual_pass(ctx: TikhonovRun, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -73,33 +85,43 @@ def _residual_pass(ctx: TikhonovRun, x: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def _run_residual_pass(ctx: TikhonovRun, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    states, _ = run_pass(ctx.job, residual_kernel, [source(ctx.A), source(ctx.B)], {"dtype": "float64", "x": x},
+    states, _ = run_pass(ctx.job, residual_kernel, ctx.sources(), {"dtype": "float64", "x": x},
                          reserve=small_bytes(ctx.n, ctx.k), check_finite=False, scale=ctx.scale,
-                         description="refinement pass: A^T (b - A x)",
-                         device=device_of_pass(ctx, "residual pass", 4 * ctx.m * ctx.n * ctx.k))
+                         description="refinement pass: A^T W (b - A x)" if ctx.weighted else
+                         "refinement pass: A^T (b - A x)",
+                         device=_pass_device(ctx, "residual pass", 4 * ctx.m * ctx.n * ctx.k))
     states = [s for s in states if s is not None]
     atr, rr = sum(s["atr"] for s in states), sum(s["rr"] for s in states)
-    if ctx.mu is not None:  # centered: A_c^T r_c = A^T r - m mu d, ||r_c||^2 = ||r||^2 - m d^2, d = bbar - mu^T x
-        d = ctx.offset(x)
-        atr, rr = atr - ctx.m * np.outer(ctx.mu, d), rr - ctx.m * d**2
+    if ctx.mu is not None:  # centered: A_c^T W r_c = A^T W r - S mu d, ||r_c||_W^2 = ||r||_W^2 - S d^2, with
+        d = ctx.offset(x)   # d = bbar - mu^T x and S = sum w (m unweighted), since w^T r = S d
+        S = ctx.total_weight
+        atr, rr = atr - S * np.outer(ctx.mu, d), rr - S * d**2
     return atr, rr
 
 
 def _center_gram(ctx: TikhonovRun, gp: dict) -> dict:
-    """fit_intercept: the means of ``A`` and ``b`` (one pass each) and the Gram quantities of the centered
-    problem by rank-one corrections, ``A_c^T A_c = A^T A - m mu mu^T``, ``A_c^T b_c = A^T b - m mu bbar^T``."""
-    means = ctx.saved.run("means", lambda: {"mu": column_moments(ctx.job, ctx.A, scale=ctx.sa.params()).mean,
-                                         "bbar": column_moments(ctx.job, ctx.B, over="b", scale=ctx.sb.params()).mean})
-    ctx.mu, ctx.bbar = means["mu"], means["bbar"]
-    m, mu, bbar = ctx.m, ctx.mu, ctx.bbar
-    g = gp["g"] - m * np.outer(mu, mu)
-    return {"g": (g + g.T) / 2, "c": gp["c"] - m * np.outer(mu, bbar), "bb": gp["bb"] - m * bbar**2,
-            "aa": max(gp["aa"] - m * float(mu @ mu), 0.0)}
+    """fit_intercept: the means of ``A`` and ``b`` (one pass each; weighted: ``A^T w / S`` from the Gram
+    pass) and the Gram quantities of the centered problem by rank-one corrections,
+    ``A_c^T W A_c = A^T W A - S mu mu^T``, ``A_c^T W b_c = A^T W b - S mu bbar^T`` (``S = sum w``, ``m``
+    unweighted). Without an intercept the quantities as they are."""
+    if not ctx.intercept:
+        return gp
+    if ctx.weighted:
+        ctx.mu, ctx.bbar = gp["aw"] / ctx.total_weight, gp["bw"] / ctx.total_weight
+    else:
+        means = ctx.saved.run("means", lambda: {
+            "mu": column_moments(ctx.job, ctx.A, scale=ctx.sa.params()).mean,
+            "bbar": column_moments(ctx.job, ctx.B, over="b", scale=ctx.sb.params()).mean})
+        ctx.mu, ctx.bbar = means["mu"], means["bbar"]
+    S, mu, bbar = ctx.total_weight, ctx.mu, ctx.bbar
+    g = gp["g"] - S * np.outer(mu, mu)
+    return {"g": (g + g.T) / 2, "c": gp["c"] - S * np.outer(mu, bbar), "bb": gp["bb"] - S * bbar**2,
+            "aa": max(gp["aa"] - S * float(mu @ mu), 0.0)}
 
 
 def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:
     """Tall or square ``A``: normal equations when well conditioned, else the streaming QR; writes ``x``."""
-    if ctx.intercept:
+    if ctx.intercept or ctx.weighted or ctx.positive:
         return _solve_tall_centered(ctx, x_path)
     if ctx.method == "qr":
         return qr_route(ctx, x_path, {}, "requested")
@@ -139,21 +161,25 @@ def _solve_tall_spectral(ctx: TikhonovRun, x_path: str) -> dict:
     """
     gp = _gram_pass(ctx)
     spec = spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
-    rule = ctx.kind if ctx.kind in ("gcv", "lcurve") else None
-    if rule:
+    rule = ctx.kind if ctx.kind in ("gcv", "lcurve", "loo") else None
+    if rule == "loo":  # the leave-one-out pass over A (one lambda, or one per right-hand side)
+        lams, curve = loo.choose(ctx, spec)
+    elif rule:
         lam, curve = lambda_select.choose_lambda(spec, rule, quiet=True)
         lams = [lam]
     else:
         lams, curve = list(ctx.lams), None
-    ok, rc, reason = lambda_select.spectrum_route(spec.s, lams, rule, rcond_rule=AUTO_RCOND,
+    several = len(lams) > 1  # a sequence, or leave-one-out lambdas per right-hand side: no refinement
+    ok, rc, reason = lambda_select.spectrum_route(spec.s, lams, None if several else rule, rcond_rule=AUTO_RCOND,
                                                   rcond_sequence=AUTO_REFINE_RCOND)
-    cf, rcond = factor_regularized(gp["g"], lams[0]) if ok and rule else (None, rc)
-    if not ok or (rule and (cf is None or rcond < AUTO_RCOND)):
+    cf, rcond = factor_regularized(gp["g"], lams[0]) if ok and rule and not several else (None, rc)
+    if not ok or (rule and not several and (cf is None or rcond < AUTO_RCOND)):
         return qr_route(ctx, x_path, {"rcond_normal": rc}, reason)
     info = {"method": "normal", "method_reason": reason, "rcond_normal": rc}
-    if rule is None:
+    if rule is None or several:
         return finish_spectral(ctx, spec, info, x_path)
-    lambda_select.warn_at_end(curve, rule)
+    if rule != "loo":
+        lambda_select.warn_at_end(curve, rule)
     x, rr, steps, src = _solve_refined(ctx, gp, cf, rcond, lams[0])
     describe(info, spec, lams, curve, ctx)
     xx = np.einsum("ij,ij->j", x, x)
@@ -166,14 +192,25 @@ def _solve_tall_spectral(ctx: TikhonovRun, x_path: str) -> dict:
 
 
 def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
-    """fit_intercept on tall ``A``: the normal-equations route on the rank-one corrected Gram quantities."""
+    """fit_intercept, sample weights or ``positive`` on tall ``A``: the normal-equations route on the
+    weighted (``sqrt(w)``-scaled rows) and centered (rank-one corrected) Gram quantities."""
     gp = _center_gram(ctx, _gram_pass(ctx))
+    what = " and ".join(w for w, on in (("fit_intercept", ctx.intercept), ("sample_weight", ctx.weighted)) if on)
+    gram = ("the weighted " if ctx.weighted else "the ") + ("centered (rank-one corrected) " if ctx.intercept else "") \
+        + ("A^T W A" if ctx.weighted else "A^T A")
+    if ctx.positive:
+        from blocklin.linalg.solve.positive import solve_positive
+
+        info = solve_positive(ctx, gp, x_path, f"positive=True{', ' + what if what else ''}: NNLS on the Cholesky "
+                              f"factor of {gram} + lam^2 I")
+        info["norm_a"] = math.sqrt(gp["aa"])
+        return info
     if ctx.kind != "scalar":
-        spec = spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
-        info = {"method": "normal", "method_reason": "fit_intercept: eigen-decomposition of the centered "
-                "A^T A (rank-one corrected)"}
+        spec = spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.rows_in_problem, dual=False, n=ctx.n)
+        info = {"method": "normal", "method_reason": f"{what}: eigen-decomposition of {gram}"}
         xs = coefficients(ctx, spec, info, "column")
-        info["intercept"] = [ctx.offset(x).tolist() for x in xs] if len(xs) > 1 else ctx.offset(xs[0]).tolist()
+        if ctx.intercept:
+            info["intercept"] = [ctx.offset(x).tolist() for x in xs] if len(xs) > 1 else ctx.offset(xs[0]).tolist()
         write_x(ctx, x_path, np.hstack(xs) if len(xs) > 1 else xs[0])
         return info
     lam = ctx.lams[0]
@@ -183,10 +220,12 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
     x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
     xx = np.einsum("ij,ij->j", x, x)
     info = {"rcond_normal": rcond, "residual_norm_source": source, "method": "normal",
-            "method_reason": "fit_intercept: the centered normal equations (rank-one corrected A^T A)", "lam": lam,
+            "method_reason": f"{what}: the normal equations of {gram}", "lam": lam,
             "residual_norm": norms(rr), "solution_norm": norms(xx), "objective": norms(rr + lam**2 * xx),
             "refine_steps": steps, "cond_estimate": float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
-            "norm_a": math.sqrt(gp["aa"]), "intercept": ctx.offset(x).tolist()}
+            "norm_a": math.sqrt(gp["aa"])}
+    if ctx.intercept:
+        info["intercept"] = ctx.offset(x).tolist()
     write_x(ctx, x_path, x)
     return info
 

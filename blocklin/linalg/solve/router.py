@@ -22,6 +22,7 @@ from blocklin.errors import explain as _msg
 from blocklin.linalg.labels import is_dataarray, label_solution, labels_of
 from blocklin.linalg.solve.least_squares import solve_least_squares
 from blocklin.linalg.solve.tikhonov import check_lam_max
+from blocklin.linalg.solve.weights import check_weights, weight_operand
 from blocklin.matrix import Matrix
 from blocklin.plan.solve import SolvePlan, plan_solve, small_bytes
 from blocklin.runtime.job import Job
@@ -37,7 +38,8 @@ ASSUME = ("gen", "pos", "sym")
 def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str = "gen", out: Any = None,
           refine: Any = "auto", overwrite: bool = False, explain: bool = False, fit_intercept: bool = False,
           precision: str = "double", resume: bool = False, updatable: bool = False, tol: Any = None,
-          max_iter: Any = None, **settings: Unpack[Settings]) -> Matrix | SolvePlan:
+          max_iter: Any = None, sample_weight: Any = None, positive: bool = False, lam_per_target: bool = False,
+          store_cv_results: bool = False, **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
     A stored **sparse** ``a`` (a :class:`~blocklin.sparse.SparseMatrix`, or the path or URL of its
@@ -57,12 +59,19 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     b : operand
         ``m x k`` right-hand sides (a 1-D NumPy vector is taken as one column). With a sparse ``a`` it
         is read into memory (``8 m k`` bytes, counted in the plan).
-    lam : float, sequence of floats, "gcv" or "lcurve"
+    lam : float, sequence of floats, "gcv", "lcurve", "loo" or ("loo", grid)
         Regularization ``lam >= 0``. A sequence solves every value from one pass (via the SVD of the
         streaming R factor); ``"gcv"`` minimizes generalized cross-validation (Golub, Heath and
         Wahba, 1979) and ``"lcurve"`` takes the corner of the L-curve (Hansen, 1998); both report the
-        chosen value and the curve. ``lam=0`` is ordinary least squares (full column rank needed for
-        tall ``A``; the minimum-norm solution for wide ``A``).
+        chosen value and the curve. ``"loo"`` takes the grid value of smallest mean squared
+        leave-one-out error, as ``sklearn.linear_model.RidgeCV(alphas=grid**2)`` (its default
+        ``cv=None``, ``scoring=None``): the exact errors ``e_i / (1 - h_ii)`` of every grid value
+        from one more pass over tall ``A`` (in memory for wide ``A``;
+        :mod:`blocklin.linalg.solve.loo`); ``("loo", grid)`` gives the grid (values ``> 0``), ``"loo"``
+        alone a grid spanning the spectrum. The report then has ``alpha_`` (``lam**2``),
+        ``best_score_`` and ``curve`` (``lam``, ``loo``: the mean squared error per value). ``lam=0``
+        is ordinary least squares (full column rank needed for tall ``A``; the minimum-norm solution
+        for wide ``A``).
     method : {"auto", "normal", "qr"}
         For tall/square ``A``. ``"normal"``: ``A^T A`` and ``A^T b`` in one pass, Cholesky of
         ``A^T A + lam^2 I``, then (``refine``) passes of iterative refinement against the original
@@ -132,6 +141,27 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     max_iter : int, optional
         Sparse ``a`` only: LSQR iterations at most (two passes each); default ``2 min(m, n)``, at most
         10000.
+    sample_weight : vector of length m, optional
+        Row weights ``w_i >= 0`` (NumPy, Dask, or a stored vector or ``m x 1`` array; finite, not all
+        zero): ``min sum_i w_i (a_i^T x + x0 - b_i)^2 + lam^2 ||x||^2``, as
+        ``sklearn.linear_model.Ridge.fit(X, y, sample_weight=w)``: rows scaled by ``sqrt(w_i)`` as they
+        are read, the intercept with weighted means (:mod:`blocklin.linalg.solve.weights`). One pass
+        over the weights checks them. Tall ``A`` takes the normal equations on the CPU (``method="qr"``
+        is refused); GCV and the L-curve apply to the weighted problem with ``m`` the rows of positive
+        weight, ``"loo"`` weighs each error by ``sqrt(w_i)`` as ``RidgeCV`` does.
+    positive : bool
+        Constrain ``x >= 0``, as ``Ridge(positive=True)``: nonnegative least squares on the Cholesky
+        factor of the in-memory ``A^T A + lam^2 I`` (exact; :mod:`blocklin.linalg.solve.positive`).
+        Tall ``A``, ``lam`` a number or a sequence (the rules choose from the unconstrained spectrum
+        and are refused), not ``method="qr"``.
+    lam_per_target : bool
+        With ``lam="loo"``: one lambda per right-hand side (``RidgeCV(alpha_per_target=True)``);
+        ``report["lam"]``, ``alpha_`` and ``best_score_`` are then lists.
+    store_cv_results : bool
+        With ``lam="loo"``: keep the squared leave-one-out errors of every row, right-hand side and
+        grid value in ``x.cv_results_`` and ``report["cv_results_"]`` (NumPy, ``m x k x L``, as
+        ``RidgeCV(store_cv_results=True)``'s ``cv_results_`` for a 2-D ``y``; in memory, within the
+        budget).
     **settings
         As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the
         CPU; a sparse ``a``'s products run as tasks on the scheduler (groups of row blocks fixed by the
@@ -180,8 +210,11 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     >>> np.allclose(x.to_numpy().ravel(), [0, 1, 2, 3, 4]), x.report["method"]
     (True, 'normal')
     """
+    extras = {"sample_weight": sample_weight, "positive": positive, "lam_per_target": lam_per_target,
+              "store_cv_results": store_cv_results}
     sparse = as_sparse_matrix(a, settings.get("storage_options"))
     if isinstance(sparse, SparseMatrix):  # a stored sparse matrix: LSQR on its row-block products
+        _refuse_sparse_extras(lam, extras)
         return _solve_sparse(sparse, b, lam=lam, method=method, assume_a=assume_a, out=out, refine=refine,
                              overwrite=overwrite, explain=explain, fit_intercept=fit_intercept, precision=precision,
                              resume=resume, updatable=updatable, tol=tol, max_iter=max_iter, settings=settings)
@@ -189,15 +222,23 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     if is_dataarray(a) and not explain:  # labelled: x over A's columns (and b's), from the unlabelled solve
         x = solve(a.data, b.data if is_dataarray(b) else b, lam=lam, method=method, assume_a=assume_a, out=out,
                   refine=refine, overwrite=overwrite, fit_intercept=fit_intercept, precision=precision, resume=resume,
-                  **settings)
+                  **extras, **settings)
         return label_solution(x, labels_of(a), labels_of(b))
     method, assume_a, kind, lams, precision = _checked(method, assume_a, lam, precision, fit_intercept)
+    positive, per_target, store_cv = _checked_extras(kind, method, assume_a, sample_weight is not None, positive,
+                                                     lam_per_target, store_cv_results)
     updatable = flag("updatable", updatable)
+    weighted = sample_weight is not None
     reason = _square_reason(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method,
-                            fit_intercept=fit_intercept, precision=precision)
+                            fit_intercept=fit_intercept or weighted or positive, precision=precision)
     if updatable and (assume_a != "gen" or reason is not None):
         raise ParameterError(_msg("updatable", "needs a least-squares solve of a tall A (a square system's "
                                   "factors depend on every row)", f"a square solve ({reason or assume_a})",
+                                  "recompute after each append, or pass updatable=False"))
+    if updatable and (weighted or positive or kind == "loo"):
+        what = "sample_weight" if weighted else "positive=True" if positive else "lam='loo'"
+        raise ParameterError(_msg("updatable", "keeps the plain normal equations' sums (an update reads only the new "
+                                  "rows; leave-one-out errors, weights and the constrained solution need more)", what,
                                   "recompute after each append, or pass updatable=False"))
     if assume_a != "gen" or reason is not None:
         return _solve_square(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method, out=out,
@@ -205,41 +246,52 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                              settings=settings)
     refine = count("refine", refine, minimum=0, auto=("auto",), maximum=MAX_REFINE, fix="pass refine=1")
     if explain:  # the plan alone: solve_plan
-        return solve_plan(a, b, lam=lam, method=method, refine=refine, **settings)
+        return solve_plan(a, b, lam=lam, method=method, refine=refine, fit_intercept=fit_intercept,
+                          sample_weight=sample_weight, positive=positive, **settings)
     with Job("solve", **settings) as job:
         A, B = _operands(job, a, b)
+        W = weight_operand(job, sample_weight, A.shape[0]) if weighted else None
         if _gram_exceeds_budget(job, A, B, kind, method):
             if updatable:
                 raise ParameterError(_msg("updatable", "keeps A^T A in memory, which must fit the budget",
                                           f"min(m, n) = {min(A.shape)} columns over memory={format_size(job.cfg.memory)}",
                                           "raise memory=, or pass updatable=False"))
+            _refuse_stored_gram_extras(job, A, B, weighted, positive)
             return _solve_gram_stored(job, A, B, lam, lams, method=method, refine=refine, fit_intercept=fit_intercept,
                                       out=out, overwrite=overwrite, resume=resume)
-        plan = _least_squares_plan(job, A, B, kind=kind, method=method, refine=refine, fit_intercept=fit_intercept)
+        plan = _least_squares_plan(job, A, B, kind=kind, method=method, refine=refine, fit_intercept=fit_intercept,
+                                   weighted=weighted, positive=positive)
+        weights = check_weights(job, W) if weighted else None
         return solve_least_squares(job, A, B, plan, lam=lam, kind=kind, lams=lams, method=method, refine=refine,
                                    fit_intercept=fit_intercept, out=out, overwrite=overwrite, resume=resume,
-                                   updatable=updatable)
+                                   updatable=updatable, W=W, weights=weights, positive=positive,
+                                   per_target=per_target, store_cv=store_cv)
 
 
 def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: Any = "auto",
-               fit_intercept: bool = False, tol: Any = None, max_iter: Any = None,
-               **settings: Unpack[Settings]) -> Any:
+               fit_intercept: bool = False, tol: Any = None, max_iter: Any = None, sample_weight: Any = None,
+               positive: bool = False, **settings: Unpack[Settings]) -> Any:
     """The plan that :func:`solve` would run, without running it (what ``blocklin solve --explain``
     prints): a :class:`~blocklin.plan.solve.SolvePlan`, or the out-of-core Cholesky plan when the
     regularized Gram matrix exceeds the budget, or the out-of-core LU's plan for a square system
     (square ``a``, ``lam=0``, ``method="auto"``), or for a stored sparse ``a`` the
     :class:`~blocklin.plan.solve.SparseSolvePlan` of its LSQR (passes, bytes read per pass, memory;
-    ``fit_intercept``, ``tol`` and ``max_iter`` count there only); same parameters as :func:`solve`."""
+    ``fit_intercept``, ``tol`` and ``max_iter`` count there only); same parameters as :func:`solve`
+    (``sample_weight`` is not read: the plan names its pass; ``lam="loo"`` the leave-one-out pass)."""
     sparse = as_sparse_matrix(a, settings.get("storage_options"))
     if isinstance(sparse, SparseMatrix):
+        _refuse_sparse_extras(lam, {"sample_weight": sample_weight, "positive": positive})
         return _solve_sparse(sparse, b, lam=lam, method=method, assume_a="gen", out=None, refine=refine,
                              overwrite=False, explain=True, fit_intercept=fit_intercept, precision="double",
                              resume=False, updatable=False, tol=tol, max_iter=max_iter, settings=settings)
     _refuse_sparse_only(method, tol, max_iter)
     method = choice("method", method, METHODS, fix="pass method='auto'")
     kind, lams = parse_lam(lam)
+    weighted = sample_weight is not None
+    positive = _checked_extras(kind, method, "gen", weighted, positive, False, False)[0]
     refine = count("refine", refine, minimum=0, auto=("auto",), maximum=MAX_REFINE, fix="pass refine=1")
-    if _square_reason(a, b, assume_a="gen", kind=kind, lams=lams, method=method, fit_intercept=False,
+    if _square_reason(a, b, assume_a="gen", kind=kind, lams=lams, method=method,
+                      fit_intercept=bool(fit_intercept) or weighted or positive,
                       precision="double"):  # a square system: the LU's plan
         from blocklin.linalg.factor.lu import lu
 
@@ -249,10 +301,11 @@ def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: 
         if _gram_exceeds_budget(job, A, B, kind, method):
             from blocklin.linalg.solve.stored_gram import solve_gram_stored
 
+            _refuse_stored_gram_extras(job, A, B, weighted, positive)
             return solve_gram_stored(job, A, B, lams[0], out=None, overwrite=False, explain=True, refine=refine,
                                      params={})
-        return plan_solve(A.shape[0], A.shape[1], B.shape[1], method=method, memory=job.cfg.memory, lam_kind=kind,
-                          refine=1 if refine == "auto" else refine)
+        return _least_squares_plan(job, A, B, kind=kind, method=method, refine=refine,
+                                   fit_intercept=bool(fit_intercept), weighted=weighted, positive=positive)
 
 
 def _solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, method: str, assume_a: str, out: Any, refine: Any,
@@ -298,12 +351,18 @@ def _checked(method: str, assume_a: str, lam: Any, precision: str,
 
 
 def parse_lam(lam: Any) -> tuple[str, list[float]]:
+    """``(kind, values)``: ``"scalar"``, ``"sequence"``, a rule (``"gcv"``, ``"lcurve"``: no values) or
+    ``"loo"`` with its grid (empty for the default grid)."""
     if isinstance(lam, str):
         rule = lam.strip().lower()
         if rule in ("gcv", "lcurve", "l-curve"):
             return ("gcv" if rule == "gcv" else "lcurve"), []
-        raise ParameterError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv' or 'lcurve'", repr(lam),
-                                 "pass lam=1e-3, lam=[1e-4, 1e-3, 1e-2] or lam='gcv'"))
+        if rule == "loo":
+            return "loo", []
+        raise ParameterError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv', 'lcurve', 'loo' or "
+                                 "('loo', grid)", repr(lam), "pass lam=1e-3, lam=[1e-4, 1e-3, 1e-2] or lam='gcv'"))
+    if isinstance(lam, tuple) and lam and isinstance(lam[0], str):
+        return "loo", _loo_grid(lam)
     if isinstance(lam, (Sequence, np.ndarray)) and not isinstance(lam, str):
         vals = [float(v) for v in np.asarray(lam, dtype=float).ravel()]
         kind = "sequence"
@@ -321,6 +380,77 @@ def parse_lam(lam: Any) -> tuple[str, list[float]]:
             raise ParameterError(_msg("lam", "must be finite and >= 0 (it multiplies ||x|| in "
                                      "min ||A x - b||^2 + lam^2 ||x||^2)", repr(v), "pass lam=0.0 or a positive value"))
     return kind, vals
+
+
+def _loo_grid(lam: tuple) -> list[float]:
+    """The grid of ``lam=("loo", grid)``: values finite and > 0 (the leave-one-out formula divides by
+    ``1 - h_ii``, which is 0 for an unregularized fit through a row of leverage 1; RidgeCV refuses 0 too)."""
+    fix = "pass lam=('loo', [0.1, 1.0, 10.0]) (lam = sqrt(alpha) of RidgeCV's alphas), or lam='loo'"
+    if lam[0].strip().lower() != "loo" or len(lam) > 2:
+        raise ParameterError(_msg("lam", "as a tuple must be ('loo', grid)", repr(lam), fix))
+    if len(lam) == 1:
+        return []
+    try:
+        vals = [float(v) for v in np.asarray(lam[1], dtype=float).ravel()]
+    except (TypeError, ValueError):
+        raise ParameterError(_msg("lam", "grid of ('loo', grid) must be numbers", repr(lam[1]), fix)) from None
+    if not vals:
+        raise ParameterError(_msg("lam", "grid of ('loo', grid) must not be empty", "[]", fix))
+    for v in vals:
+        if not math.isfinite(v) or v <= 0:
+            raise ParameterError(_msg("lam", "grid values of ('loo', grid) must be finite and > 0 (leave-one-out "
+                                      "divides by 1 - h_ii, which lam = 0 can make 0)", repr(v), fix))
+    return vals
+
+
+def _checked_extras(kind: str, method: str, assume_a: str, weighted: bool, positive: Any, per_target: Any,
+                    store_cv: Any) -> tuple[bool, bool, bool]:
+    """``positive``, ``lam_per_target`` and ``store_cv_results`` checked against the other options."""
+    positive = flag("positive", positive)
+    per_target = flag("lam_per_target", per_target)
+    store_cv = flag("store_cv_results", store_cv)
+    for name, on in (("lam_per_target", per_target), ("store_cv_results", store_cv)):
+        if on and kind != "loo":
+            raise ParameterError(_msg(name, "applies to the leave-one-out choice (lam='loo' or ('loo', grid))",
+                                      f"{name}=True with lam of kind {kind!r}", f"pass lam='loo', or drop {name}"))
+    if positive and kind in ("gcv", "lcurve", "loo"):
+        raise ParameterError(_msg("positive", "needs lam given (a number or a sequence): the rules choose lam from "
+                                  "the unconstrained problem's spectrum, which the constrained solution does not have",
+                                  f"positive=True with lam={kind!r}", "choose lam without the constraint first "
+                                  "(e.g. solve(a, b, lam='loo').report['lam']), then solve with that lam and "
+                                  "positive=True; or pass a sequence and compare"))
+    for name, on in (("positive", positive), ("sample_weight", weighted)):
+        if on and method == "qr":
+            raise ParameterError(_msg("method", f"'qr' cannot take {name} (the streaming R factor is of the "
+                                      "unweighted, unconstrained A)", f"method='qr' with {name}",
+                                      "pass method='auto' or 'normal' (the normal equations)"))
+        if on and assume_a != "gen":
+            raise ParameterError(_msg(name, "needs the least-squares problem (assume_a='gen')",
+                                      f"{name} with assume_a={assume_a!r}", f"drop {name}, or leave assume_a='gen'"))
+    return positive, per_target, store_cv
+
+
+def _refuse_sparse_extras(lam: Any, extras: dict) -> None:
+    """A stored sparse ``a`` (LSQR) takes none of ``sample_weight``, ``positive``, ``lam='loo'``."""
+    kind = parse_lam(lam)[0]
+    given = [k for k, v in extras.items() if (v is not None if k == "sample_weight" else bool(v))]
+    if kind == "loo" or given:
+        what = given[0] if given else "lam"
+        raise ParameterError(_msg(what, "is not available for a stored sparse a (LSQR on its row-block products: no "
+                                  "row weights, constraints or leave-one-out hat diagonals)",
+                                  f"{what} with a sparse a", "drop it, or convert a dense-enough matrix to a dense "
+                                  "array (blocklin convert S.mtx D.zarr --dense)"))
+
+
+def _refuse_stored_gram_extras(job: Job, A: Any, B: Any, weighted: bool, positive: bool) -> None:
+    """The stored, out-of-core Gram route neither weighs rows nor constrains ``x``."""
+    if weighted or positive:
+        (m, n), k = A.shape, B.shape[1]
+        what = "sample_weight" if weighted else "positive"
+        raise ParameterError(_msg(what, "needs the Gram matrix in memory (the stored, out-of-core Gram route "
+                                  "neither weighs rows nor constrains x)",
+                                  f"min(m, n) = {min(m, n)} needs {format_size(small_bytes(min(m, n), k))}, over "
+                                  f"the budget of {format_size(job.cfg.memory)}", "raise memory="))
 
 
 def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
@@ -358,11 +488,18 @@ def _solve_gram_stored(job: Job, A: Any, B: Any, lam: Any, lams: list[float], *,
 
 
 def _least_squares_plan(job: Job, A: Any, B: Any, *, kind: str, method: str, refine: Any,
-                        fit_intercept: bool) -> SolvePlan:
-    """The in-memory route's plan; ``method="qr"`` refused where it cannot run (wide ``A``, an intercept)."""
+                        fit_intercept: bool, weighted: bool = False, positive: bool = False) -> SolvePlan:
+    """The in-memory route's plan; ``method="qr"`` refused where it cannot run (wide ``A``, an intercept),
+    ``positive`` for a wide ``A``."""
     (m, n), k = A.shape, B.shape[1]
     plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
-                      refine=1 if refine == "auto" else refine)
+                      refine=1 if refine == "auto" else refine, weighted=weighted, positive=positive,
+                      fit_intercept=bool(fit_intercept))
+    if plan.orientation == "wide" and positive:
+        raise ParameterError(_msg("positive", "needs a tall or square a (rows >= columns: the n x n Gram matrix "
+                                  "in memory, whose Cholesky factor the nonnegative least squares runs on)",
+                                  f"a {m} x {n}", "solve the transposed problem if that is what you mean, or "
+                                  "drop positive"))
     if plan.orientation == "wide" and method == "qr":
         raise ParameterError(_msg("method", "'qr' needs a tall or square a (rows >= columns)",
                                   f"a {m} x {n}", "pass method='normal' (the dual form "

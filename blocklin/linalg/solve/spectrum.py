@@ -109,19 +109,37 @@ def coefficients(ctx: TikhonovRun, spec: Spectrum, info: dict, rank: str) -> lis
     info["cond_estimate"] = smax / smin if smin > 0 else float("inf")
     if min(lams) == 0 and (smin <= smax * max(ctx.m, ctx.n) * np.finfo(np.float64).eps or smax == 0):
         raise singular(info["cond_estimate"], rank)
-    xs = [spec.coefficients(lam) for lam in lams]
+    if per_target(ctx, lams):  # column j at its own lambda
+        xs = [np.column_stack([spec.coefficients(lam)[:, j] for j, lam in enumerate(lams)])]
+    else:
+        xs = [spec.coefficients(lam) for lam in lams]
     describe(info, spec, lams, curve, ctx)
     return xs
+
+
+def per_target(ctx: TikhonovRun, lams: list[float]) -> bool:
+    """Leave-one-out lambdas chosen per right-hand side (one per column of ``b``)."""
+    return ctx.kind == "loo" and ctx.per_target and len(lams) > 1
 
 
 def _lambdas(ctx: TikhonovRun, spec: Spectrum) -> tuple[list[float], dict | None]:
     if ctx.kind in ("gcv", "lcurve"):
         lam, curve = choose_lambda(spec, ctx.kind)
         return [lam], curve
+    if ctx.kind == "loo":
+        from blocklin.linalg.solve import loo
+
+        return loo.choose(ctx, spec)
     return list(ctx.lams), None
 
 
 def describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, ctx: TikhonovRun) -> None:
+    if per_target(ctx, lams):
+        rr = np.array([spec.residual_sq(l)[j] for j, l in enumerate(lams)])
+        xx = np.array([spec.solution_sq(l)[j] for j, l in enumerate(lams)])
+        info.update(lam=list(lams), residual_norm=norms(rr), solution_norm=norms(xx),
+                    objective=norms(rr + np.asarray(lams) ** 2 * xx), lam_rule="loo", curve=curve)
+        return
     rr = [spec.residual_sq(l) for l in lams]
     xx = [spec.solution_sq(l) for l in lams]
     if len(lams) == 1 and ctx.kind != "sequence":
@@ -133,7 +151,9 @@ def describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, 
     if curve is not None:
         info["lam_rule"] = ctx.kind
         info["curve"] = curve
-        info["gcv"] = spec.gcv(lams[0])
+        if ctx.kind != "loo":
+            info["gcv"] = spec.gcv(lams[0])
 
 
-__all__ = ["GRID", "Spectrum", "choose_lambda", "coefficients", "describe", "finish_spectral", "spectrum_from_gram"]
+__all__ = ["GRID", "Spectrum", "choose_lambda", "coefficients", "describe", "finish_spectral", "per_target",
+           "spectrum_from_gram"]

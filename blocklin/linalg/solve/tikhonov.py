@@ -65,6 +65,20 @@ class TikhonovRun:
     sb: Scaling | None = None
     #: whether ``lams`` are already those of the scaled problem
     scaled_lams: bool = False
+    #: ``sample_weight`` as a stored ``m x 1`` operand (None: every row weighs 1), checked by
+    #: :func:`blocklin.linalg.solve.weights.check_weights`: its sum and count of positive entries
+    W: Any = None
+    wsum: float | None = None
+    wpos: int | None = None
+    #: the weights in memory (the wide route, whose ``m`` is small)
+    wvec: Any = None
+    #: ``positive=True``: coefficients >= 0 (:mod:`blocklin.linalg.solve.positive`)
+    positive: bool = False
+    #: ``lam="loo"``: one lambda per right-hand side, and the per-row squared errors kept
+    per_target: bool = False
+    store_cv: bool = False
+    #: the leave-one-out choice of the last spectrum it was made on (:mod:`blocklin.linalg.solve.loo`)
+    loo_choice: Any = None
 
     def scaled_run(self, run: Any) -> dict:
         """``run(scale)`` a pass over ``A`` and ``B`` (made again scaled when its first reading finds
@@ -80,6 +94,26 @@ class TikhonovRun:
             check_lam_max(self.lams, self.sa.exponent)
             self.lams = [float(np.ldexp(lam, -self.sa.exponent)) for lam in self.lams]
             self.scaled_lams = True
+
+    @property
+    def weighted(self) -> bool:
+        return self.W is not None
+
+    @property
+    def total_weight(self) -> float:
+        """``sum w`` (``m`` unweighted): what the centering corrections multiply by."""
+        return float(self.wsum) if self.weighted else float(self.m)
+
+    @property
+    def rows_in_problem(self) -> int:
+        """Rows of positive weight (all ``m`` unweighted): the ``m`` of GCV (a zero row is no data)."""
+        return int(self.wpos) if self.weighted else self.m
+
+    def sources(self) -> list:
+        """The row-pass sources ``A``, ``B`` (and ``w``)."""
+        from blocklin.runtime.passes import source
+
+        return [source(self.A), source(self.B)] + ([source(self.W)] if self.weighted else [])
 
     @property
     def scale(self) -> dict:

@@ -2,7 +2,9 @@
 
 ``A A^T`` (``m x m``, in memory) from one SYRK pass over column strips of ``A`` or an out-of-core
 GEMM, its eigen-decomposition for every lambda, and ``x = A^T y`` by another GEMM; ``fit_intercept``
-centers ``A A^T`` on both sides.
+centers ``A A^T`` on both sides (by the weighted means with ``sample_weight``, whose ``sqrt(w)`` then
+scales it on both sides), and ``lam="loo"`` chooses from the same eigen-decomposition in memory
+(:mod:`blocklin.linalg.solve.loo`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     rec = ctx.saved.run("wide-gram", lambda: _wide_gram(ctx))
     g, ea = rec["g"], int(rec.get("ea", 0))
     bm = Matrix(ctx.B.path)[...].astype(np.float64)  # m x k, small (m is the short side)
+    if ctx.weighted:
+        ctx.wvec = Matrix(ctx.W.path)[...].astype(np.float64)[:, 0]
     if job.check_finite and not np.all(np.isfinite(bm)):
         raise NonFiniteError(_msg("b", "must be finite (check_finite is on)", "NaN or Inf",
                                   "clean the input, or pass check_finite=False"))
@@ -72,21 +76,31 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     bm = np.ldexp(bm, -eb)
     ctx.adopt({})
     g_raw = g
-    if ctx.intercept:  # A_c A_c^T = P (A A^T) P and b_c = P b with P = I - 1 1^T / m: no means of A needed
-        bbar = bm.mean(axis=0)
+    # sample weights w (S = sum w; w = 1, S = m without): the problem of D P_w A and D P_w b with
+    # D = diag(sqrt(w)) and, with an intercept, P_w = I - 1 w^T / S (the weighted centering)
+    w = ctx.wvec if ctx.weighted else np.ones(ctx.m)
+    S = ctx.total_weight
+    if ctx.intercept:  # P_w (A A^T) P_w^T and P_w b: no means of A needed
+        bbar = w @ bm / S
         bm = bm - bbar
-        g = g - g.mean(axis=0)
-        g = g - g.mean(axis=1)[:, None]
+        g = g - (w @ g)[None, :] / S
+        g = g - (g @ w)[:, None] / S
         g = (g + g.T) / 2
-    spec = spectrum_from_gram(g, bm, np.einsum("ij,ij->j", bm, bm), ctx.m, dual=True, n=ctx.n)
+    if ctx.weighted:
+        sw = np.sqrt(w)
+        g = sw[:, None] * g * sw[None, :]
+        bm = sw[:, None] * bm
+    spec = spectrum_from_gram(g, bm, np.einsum("ij,ij->j", bm, bm), ctx.rows_in_problem, dual=True, n=ctx.n)
     info = {"method": "normal", "method_reason": "wide a: dual form x = A^T (A A^T + lam^2 I)^-1 b",
             "norm_a": math.sqrt(max(float(np.trace(g)), 0.0))}
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
     ys = coefficients(ctx, spec, info, "row")
+    if ctx.weighted:  # x = (D P_w A)^T y = A^T P_w^T (D y)
+        ys = [sw[:, None] * y for y in ys]
     if ctx.intercept:
-        # x = A_c^T y = A^T (P y); the intercept bbar - mu^T x with mu^T x = 1^T (A A^T) (P y) / m
-        ys = [y - y.mean(axis=0) for y in ys]
-        icpt = [bbar - g_raw.mean(axis=0) @ y for y in ys]
+        # x = A^T (P_w^T y); the intercept bbar - mu^T x with mu^T x = w^T (A A^T) (P_w^T y) / S
+        ys = [y - np.outer(w, y.sum(axis=0)) / S for y in ys]
+        icpt = [bbar - (w @ g_raw) @ y / S for y in ys]
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
     Y = job.operand(unscaled_x(np.hstack(ys), eb - ea, out_dtype).astype(out_dtype), "y")
     product = Gemm.of(ctx.A, Y, trans_a=True, dtype=out_dtype, alpha=float(np.ldexp(1.0, -ea)))

@@ -1,0 +1,162 @@
+"""Leave-one-out choice of lambda from a grid: scikit-learn's ``RidgeCV`` (``cv=None``, ``scoring=None``).
+
+For ridge regression the leave-one-out error of row ``i`` has a closed form, ``e_i / (1 - h_ii)``,
+with ``e_i`` the residual of the fit on every row and ``h_ii`` the hat diagonal
+``a_i^T (A^T A + lam^2 I)^{-1} a_i`` (Golub, Heath and Wahba 1979; Rifkin and Lippert 2007, the
+notes scikit-learn's ``_RidgeGCV`` cites: exact leave-one-out, which its code calls "gcv" mode).
+From a spectrum ``A = U diag(s) V^T`` (the eigen-decomposition of the Gram matrix or the SVD of the
+streaming ``R``, whichever the route has) every lambda of the grid costs one product per row:
+
+* tall ``A``: one more pass over ``A`` and ``B`` (:func:`~blocklin.linalg.solve.kernels.loo_kernel`),
+  ``p_i = V^T a_i``, ``h_ii = sum_j p_ij^2 / (s_j^2 + lam^2)`` and
+  ``e_i = b_i - p_i^T diag(s / (s^2 + lam^2)) beta`` for the whole grid at once;
+* wide ``A`` (the dual form): in memory from ``A A^T = U diag(s^2) U^T`` (``m x m``, held already),
+  ``c = U D U^T b``, ``d = diag(U D U^T)``, ``D = (s^2 + lam^2)^{-1}``, error ``c_i / d_i`` (the
+  kernel form of ``_RidgeGCV``'s ``gram`` mode).
+
+As scikit-learn does: rows weighted by ``sqrt(w_i)`` and centered by the (weighted) means, and with
+``fit_intercept`` the unpenalized intercept's leverage ``w_i / sum w`` added to ``h_ii`` (its column
+``sqrt(w)`` is orthogonal to the centered ones, the correction ``_RidgeGCV`` applies as
+``d -= sqrt_sw * G^-1 sqrt_sw / sum(sw)``). The score is the mean squared error over the rows and
+right-hand sides (``best_score_`` is its negative), or per right-hand side with ``per_target``
+(``alpha_per_target``); the first grid value of the smallest error wins, as there.
+
+The default grid (``lam="loo"``) spans the GCV grid (:func:`blocklin.linalg.solve.lambda_select.base_grid`)
+widened by :data:`~blocklin.linalg.solve.lambda_select.EXTEND_DECADES` on each side, at
+:data:`PER_DECADE` points per decade: one pass evaluates it all, so it is not extended afterwards; a
+choice at its end is reported (``curve["at_grid_end"]``) with a warning.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from blocklin.config import format_size
+from blocklin.errors import BudgetError, warn
+from blocklin.errors import explain as _msg
+from blocklin.linalg.solve.kernels import loo_kernel
+from blocklin.linalg.solve.lambda_select import EXTEND_DECADES, base_grid
+from blocklin.plan.solve import small_bytes
+from blocklin.runtime.passes import run_pass
+
+#: Points per decade of the default leave-one-out grid.
+PER_DECADE = 20
+
+
+def default_grid(s: np.ndarray) -> np.ndarray:
+    """The GCV grid's span widened by ``EXTEND_DECADES`` on each side, ``PER_DECADE`` points a decade."""
+    base = base_grid(s)
+    lo, hi = math.log10(base[0]) - EXTEND_DECADES, math.log10(base[-1]) + EXTEND_DECADES
+    return np.logspace(lo, hi, int(math.ceil((hi - lo) * PER_DECADE)) + 1)
+
+
+def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
+    """The lambda(s) of smallest leave-one-out error on the grid, and the curve (cached per spectrum)."""
+    if ctx.loo_choice is not None and ctx.loo_choice[0] is spec:
+        return ctx.loo_choice[1], ctx.loo_choice[2]
+    given = bool(ctx.lams)
+    grid = np.asarray(ctx.lams, dtype=np.float64) if given else default_grid(spec.s)
+    sq, rows = _dual(ctx, spec, grid) if spec.dual else _pass(ctx, spec, grid)
+    k = sq.shape[1]
+    per = sq / ctx.m  # mean squared error per lambda and right-hand side
+    mse = sq.sum(axis=1) / (ctx.m * k)
+
+    def first_min(v: np.ndarray) -> int:
+        return int(np.argmin(np.where(np.isfinite(v), v, np.inf)))
+
+    if ctx.per_target and k > 1:
+        idx = [first_min(per[:, j]) for j in range(k)]
+        lams = [float(grid[i]) for i in idx]
+    else:
+        idx = first_min(mse)
+        lams = [float(grid[idx])]
+    ends = {("low" if i == 0 else "high") for i in np.atleast_1d(idx) if i in (0, len(grid) - 1)}
+    end = ",".join(sorted(ends)) if ends else None
+    curve = {"lam": grid.tolist(), "loo": mse.tolist(), "loo_per_target": per.tolist(),
+             "chosen": lams if len(lams) > 1 else lams[0], "chosen_index": idx, "at_grid_end": end,
+             "grid": "given" if given else "default"}
+    if end and not given:
+        warn(f"solve: the leave-one-out minimum sits at the {end} end of lambda in [{grid[0]:.3g}, {grid[-1]:.3g}]; "
+             "the chosen value is a bound (pass lam=('loo', [...]) with a grid beyond it)")
+    ctx.loo_choice = (spec, lams, curve, rows)
+    return lams, curve
+
+
+def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Tall ``A``: the squared leave-one-out errors of every grid value from one pass over ``A`` and ``B``."""
+    from dask.base import tokenize
+
+    k, n_lam = spec.beta.shape[1], len(grid)
+    s2 = spec.s**2
+    finv = 1.0 / (s2[:, None] + grid[None, :] ** 2)
+    coef = (spec.s[:, None, None] * finv[:, :, None] * spec.beta[:, None, :]).reshape(spec.s.size, n_lam * k)
+    params = {"v": np.ascontiguousarray(spec.basis), "finv": finv, "coef": coef, "lams": grid,
+              "mu": ctx.mu if ctx.intercept else None, "bbar": ctx.bbar if ctx.intercept else None,
+              "intercept": bool(ctx.intercept), "wsum": ctx.total_weight, "store": bool(ctx.store_cv)}
+    kept = 8 * ctx.m * n_lam * k if ctx.store_cv else 0
+    reserve = small_bytes(ctx.n, ctx.k) + kept
+    if ctx.store_cv and reserve > ctx.job.cfg.memory:
+        raise BudgetError(_msg("memory", "must hold cv_results_ (m x k x L float64, store_cv_results=True) beside "
+                               "the in-core problem", f"{format_size(kept)} for {ctx.m} rows x {k} x {n_lam} "
+                               f"lambdas over memory={format_size(ctx.job.cfg.memory)}",
+                               f"raise memory= to at least {format_size(reserve)} (plus a strip), pass a shorter "
+                               "grid, or drop store_cv_results"))
+
+    def run() -> dict:
+        states, _ = run_pass(ctx.job, loo_kernel, ctx.sources(), params, reserve=reserve, check_finite=False,
+                             scale=ctx.scale, device="cpu",
+                             description=f"leave-one-out pass: hat diagonals and residuals of {n_lam} lambdas")
+        states = [st for st in states if st is not None]
+        out = {"sq": sum(st["sq"] for st in states)}
+        if ctx.store_cv:
+            out["rows"] = np.concatenate([blk for st in states for _, blk in st["blocks"]], axis=0)
+        return out
+
+    ctx.phases["leave-one-out pass"] = "cpu"
+    rec = ctx.saved.run(f"loo-{tokenize(grid, spec.s, spec.beta, ctx.store_cv)[:16]}", run)
+    return np.asarray(rec["sq"]), rec.get("rows")
+
+
+def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Wide ``A``: the squared leave-one-out errors from ``A A^T = U diag(s^2) U^T`` in memory."""
+    u, beta, s2 = spec.basis, spec.beta, spec.s**2
+    sw = np.sqrt(ctx.wvec) if ctx.wvec is not None else np.ones(ctx.m)
+    u2 = u * u
+    sq, rows = [], []
+    for lam in grid:
+        d_ = 1.0 / (s2 + lam**2)
+        c = u @ (d_[:, None] * beta)
+        d = u2 @ d_
+        if ctx.intercept:
+            d = d - (u @ (d_ * (u.T @ sw))) * sw / ctx.total_weight
+        with np.errstate(divide="ignore", invalid="ignore"):
+            e2 = (c / d[:, None]) ** 2
+        sq.append(e2.sum(axis=0))
+        rows.append(e2)
+    stored = np.stack(rows, axis=1).reshape(ctx.m, -1) if ctx.store_cv else None
+    return np.array(sq), stored
+
+
+def report_entries(ctx: Any, info: dict) -> None:
+    """scikit-learn's names, in the units of the problem given (after unscaling): ``alpha_`` (``lam**2``),
+    ``best_score_`` (minus the mean squared leave-one-out error at the choice; per right-hand side with
+    ``per_target``) and, with ``store_cv_results``, ``cv_results_`` (``m x k x L`` squared errors)."""
+    curve = info["curve"]
+    lam = info["lam"]
+    info["alpha_"] = [v * v for v in lam] if isinstance(lam, list) else lam * lam
+    idx = curve["chosen_index"]
+    if isinstance(idx, list):
+        info["best_score_"] = [-curve["loo_per_target"][i][j] for j, i in enumerate(idx)]
+    else:
+        info["best_score_"] = -curve["loo"][idx]
+    rows = ctx.loo_choice[3] if ctx.loo_choice is not None else None
+    if rows is not None:
+        eb = ctx.sb.exponent if ctx.sb is not None else 0
+        cv = np.ldexp(np.asarray(rows, dtype=np.float64), 2 * eb) if eb else np.asarray(rows, dtype=np.float64)
+        info["cv_results_"] = cv.reshape(ctx.m, len(curve["lam"]), -1).transpose(0, 2, 1)
+
+
+__all__ = ["PER_DECADE", "choose", "default_grid", "report_entries"]
