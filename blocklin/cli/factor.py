@@ -11,7 +11,7 @@ from blocklin.config import format_size
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("factor", help="factor a zarr matrix out of core (cholesky, lu, qr)",
-                       description="Factor a square zarr matrix out of core, tile by tile.")
+                       description="Factor a zarr matrix out of core, tile by tile or panel by panel.")
     kinds = p.add_subparsers(dest="kind", metavar="KIND")
     c = kinds.add_parser("cholesky", help="A = L L^T (or U^T U) of a symmetric positive definite matrix",
                          description="Tiled left-looking Cholesky (one Dask task per tile; resumable). Reads the "
@@ -25,8 +25,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=run_cholesky)
     u = kinds.add_parser("lu", help="P A = L U with partial pivoting, packed as LAPACK's getrf (pivots in the "
                                     "output's attributes)",
-                         description="Left-looking LU with partial pivoting over whole column panels (resumable).")
-    u.add_argument("a", metavar="A", help="square zarr array (path)")
+                         description="Left-looking LU with partial pivoting over whole column panels (resumable). "
+                                     "Of an m x n A: L m x min(m, n) unit lower, U min(m, n) x n upper, "
+                                     "packed m x n with min(m, n) pivots, as LAPACK's getrf.")
+    u.add_argument("a", metavar="A", help="zarr array (path), m x n (square, tall or wide)")
     u.add_argument("-o", "--out", required=True, metavar="LU", help="output zarr array (path)")
     u.add_argument("--tile", type=ui.count_arg("--tile", example="256"), help="panel width (default: planned from the budget)")
     ui.add_run_options(u, unit=None, resume=_RESUME_PANELS)

@@ -48,15 +48,36 @@ def _check_tile(tile: Any, n: int) -> int | None:
                 "planned one")
 
 
-def _check_updates(operation: str, n: int, tile: int, planned: bool, memory: int) -> None:
-    """Refuse a plan whose tiles are so small that it would do more than :data:`MAX_TILE_UPDATES` updates."""
+def rect_updates(m: int, n: int, tile: int) -> int:
+    """Tile updates of the LU of an ``m x n`` matrix with ``tile``-wide panels: ``tiles^3 / 6`` with the
+    three sides' tile counts (the pivot columns ``min(m, n)``, the columns, the rows) for ``tiles^3``;
+    :func:`tile_updates` for a square one."""
+    k = min(m, n)
+    return max(1, math.ceil(k / tile)) * max(1, math.ceil(n / tile)) * max(1, math.ceil(m / tile)) // 6
+
+
+def min_rect_tile(m: int, n: int) -> int:
+    """The smallest panel width whose LU of an ``m x n`` matrix stays within :data:`MAX_TILE_UPDATES`."""
+    lo, hi = 1, max(1, m, n)
+    while lo < hi:  # rect_updates falls as the tile grows
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if rect_updates(m, n, mid) > MAX_TILE_UPDATES else (lo, mid)
+    return lo
+
+
+def _check_updates(operation: str, n: int, tile: int, planned: bool, memory: int, m: int | None = None) -> None:
+    """Refuse a plan whose tiles are so small that it would do more than :data:`MAX_TILE_UPDATES` updates
+    (``m``: the rows of a rectangular LU)."""
     nt = max(1, math.ceil(n / tile))
-    if operation not in ("cholesky", "lu", "qr") or tile_updates(nt) <= MAX_TILE_UPDATES:
+    rect = m is not None and m != n
+    updates = rect_updates(m, n, tile) if rect else tile_updates(nt)
+    if operation not in ("cholesky", "lu", "qr") or updates <= MAX_TILE_UPDATES:
         return
-    least = min_tile(n)
+    least = min_rect_tile(m, n) if rect else min_tile(n)
     rule = (f"a {operation} plans at most {MAX_TILE_UPDATES} tile updates (tiles^3 / 6 for tiles per side; "
             "smaller tiles spend the time on per-tile reads)")
-    actual = f"tile {tile} on a {n} x {n} matrix: {nt} tiles per side, {tile_updates(nt)} updates"
+    actual = (f"tile {tile} on a {m} x {n} matrix: {updates} updates" if rect
+              else f"tile {tile} on a {n} x {n} matrix: {nt} tiles per side, {tile_updates(nt)} updates")
     if planned:
         raise BudgetError(explain("memory", rule, actual + f" (the largest tile a {format_size(memory)} budget "
                                   "holds)", f"raise the memory budget (--memory / memory=) so that tiles of at least "
@@ -97,7 +118,8 @@ class FactorPlan:
     memory: int
     flops: int
     bytes_read: int
-    #: Rows, for the QR of an ``m x n`` matrix (``n`` is then its columns); None for square operations.
+    #: Rows, for the QR or the LU of an ``m x n`` matrix (``n`` is then its columns); None for square
+    #: operations and a square LU.
     m: int | None = None
 
     def to_dict(self) -> dict:
@@ -112,7 +134,7 @@ class FactorPlan:
         isz = np.dtype(self.dtype).itemsize
         m, n, t = self.m or self.n, self.n, min(self.tile or self.n, self.n)
         if self.operation == "lu":
-            return 2 * n * n * isz
+            return 2 * m * n * isz
         if self.operation == "qr":
             return (m * n + n * n) * isz
         if self.operation == "tsqr":
@@ -146,8 +168,15 @@ class FactorPlan:
                     f"{format_size(self.peak_memory)} of a {format_size(self.memory)} budget; "
                     f"{self.flops / 1e9:.1f} GFLOP for R (as much again for Q), {format_size(self.bytes_read)} read")
         if self.operation == "lu":
-            return (f"lu of a {self.n} x {self.n} {self.dtype} matrix: {self.tiles} column panels of {self.tile} "
-                    f"(one after another, partial pivoting over all rows); peak {format_size(self.peak_memory)} "
+            m, n = self.m or self.n, self.n
+            k = min(m, n)
+            shape = ("" if m == n else f" (tall: L {m} x {n} unit lower trapezoidal, U {n} x {n})" if m > n
+                     else f" (wide: L {m} x {m}, U {m} x {n} upper trapezoidal)")
+            return (f"lu of a {m} x {n} {self.dtype} matrix{shape}: {self.tiles} column panels of {self.tile} "
+                    f"(one after another, partial pivoting over all rows"
+                    + (f"; the {self.tiles - math.ceil(k / self.tile)} right of column {k} updated only"
+                       if math.ceil(k / self.tile) < self.tiles else "")
+                    + f"); peak {format_size(self.peak_memory)} "
                     f"of a {format_size(self.memory)} budget; {self.flops / 1e9:.1f} GFLOP, "
                     f"{format_size(self.bytes_read)} read")
         return (f"{self.operation} of a {self.n} x {self.n} {self.dtype} matrix: {self.tiles} x {self.tiles} tiles "
@@ -261,23 +290,34 @@ def lu_rhs_fits(n: int, width: int, k: int, itemsize: int, source_itemsize: int 
     return need <= lu_panel_bytes(n, width, itemsize, source_itemsize) - n * width * itemsize
 
 
-def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
-            tile: int | None = None, source_dtype: Any = None) -> FactorPlan:
-    """Panel width of the left-looking LU: as wide as :func:`lu_panel_bytes` allows in the budget
-    (``source_dtype``: the input's, when the factorization computes in another ``dtype``).
+def lu_flops(m: int, n: int) -> int:
+    """Flops of the LU of an ``m x n`` matrix: ``2 m n k - (m + n) k^2 + 2 k^3 / 3`` with ``k = min(m, n)``
+    (each pivot column ``i`` scales ``m - i`` entries and updates ``(m - i) (n - i)``; ``2 n^3 / 3``
+    when square, LAPACK's ``m n^2 - n^3 / 3`` for ``m >= n``)."""
+    k = min(m, n)
+    return (6 * m * n * k - 3 * (m + n) * k * k + 2 * k**3) // 3
 
-    Wide panels mean fewer passes over the earlier panels (``n^3 / (2 width)`` elements read) and
-    larger update GEMMs; the width is a multiple of the input's square chunk side when that fits
-    (panels read whole chunks), else the largest of :data:`TILE_SIDES` that fits. Panels run one
-    after another (each needs the previous one's pivots), BLAS on every core.
+
+def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
+            tile: int | None = None, source_dtype: Any = None, m: int | None = None) -> FactorPlan:
+    """Panel width of the left-looking LU of an ``m x n`` matrix (``m``: the rows, default ``n``): as
+    wide as :func:`lu_panel_bytes` of ``m`` rows allows in the budget (``source_dtype``: the input's,
+    when the factorization computes in another ``dtype``).
+
+    Wide panels mean fewer passes over the earlier panels (``m k^2 / (2 width) + m k (n - k) / width``
+    elements read, ``k = min(m, n)``; ``n^3 / (2 width)`` square) and larger update GEMMs; the width is
+    a multiple of the input's square chunk side when that fits (panels read whole chunks), else the
+    largest of :data:`TILE_SIDES` that fits. Panels run one after another (each needs the previous
+    one's pivots), BLAS on every core. A wide matrix's panels right of column ``m`` have no pivots:
+    the earlier panels update them, and that is all.
     """
     dt = np.dtype(dtype)
     src = np.dtype(source_dtype or dt).itemsize
-
+    rows = n if m is None else m
     planned = _check_tile(tile, n) is None
 
     def fits(t: int) -> bool:
-        return lu_panel_bytes(n, min(t, max(n, 1)), dt.itemsize, src) <= memory
+        return lu_panel_bytes(rows, min(t, max(n, 1)), dt.itemsize, src) <= memory
 
     if tile is None:
         if chunks is not None and chunks[0] == chunks[1] and chunks[0] >= 32 and fits(chunks[0]):
@@ -288,15 +328,20 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
         else:
             tile = next((t for t in TILE_SIDES if fits(t)), None)
         if tile is None:
-            need = lu_panel_bytes(n, 32, dt.itemsize, src)
-            raise BudgetError(explain("memory", f"must hold a column panel of {n} x 32 and its buffers for the LU",
+            need = lu_panel_bytes(rows, 32, dt.itemsize, src)
+            raise BudgetError(explain("memory", f"must hold a column panel of {rows} x 32 and its buffers for the LU",
                                       format_size(memory), f"raise it to at least {format_size(need)}"))
     tile = max(1, min(int(tile), max(n, 1)))
-    _check_updates("lu", n, tile, planned, memory)
+    _check_updates("lu", n, tile, planned, memory, m=rows)
     nt = max(1, math.ceil(n / tile))
+    if rows == n:
+        reads = (n**3 / (2 * tile) + 2 * n * n) * dt.itemsize
+    else:  # every earlier panel with pivots read whole (m rows) by each later panel, then A and the L rows
+        k = min(rows, n)
+        reads = (rows * (k * k / 2 + k * (n - k)) / tile + 2 * rows * n) * dt.itemsize
     return FactorPlan(operation="lu", n=n, dtype=dt.name, tile=tile, tiles=nt, workers=1,
-                      peak_memory=lu_panel_bytes(n, tile, dt.itemsize, src), memory=memory, flops=2 * n**3 // 3,
-                      bytes_read=int((n**3 / (2 * tile) + 2 * n * n) * dt.itemsize))
+                      peak_memory=lu_panel_bytes(rows, tile, dt.itemsize, src), memory=memory,
+                      flops=lu_flops(rows, n), bytes_read=int(reads), m=None if rows == n else rows)
 
 
 #: Panel-sized buffers of one Householder QR panel task: the panel, an earlier panel as read and as

@@ -1,9 +1,11 @@
-"""Out-of-core LU factorization with partial pivoting over whole columns (left-looking panels)."""
+"""Out-of-core LU factorization with partial pivoting over whole columns (left-looking panels), of a
+matrix of any shape."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import math
 from typing import Any, Unpack
 
 import numpy as np
@@ -25,17 +27,22 @@ REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_logical", "pea
 
 def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False, explain: bool = False,
        tile: int | None = None, **settings: Unpack[Settings]) -> Matrix | FactorPlan:
-    """LU factorization ``P A = L U`` with partial pivoting, of a square matrix larger than memory.
+    """LU factorization ``P A = L U`` with partial pivoting, of an ``m x n`` matrix larger than memory.
 
     The result is packed as LAPACK's ``getrf`` leaves it (and :func:`scipy.linalg.lu_factor`
-    returns it): unit lower ``L`` below the diagonal, ``U`` on and above it, in one store; the row
-    swaps are ``report["pivots"]`` and the output's attribute ``blocklin.pivots`` (0-based: row
-    ``i`` was swapped with row ``pivots[i]``, in order).
+    returns it), ``m x n`` like ``A``: unit lower ``L`` below the diagonal, ``U`` on and above it; the
+    ``k = min(m, n)`` row swaps are ``report["pivots"]`` and the output's attribute
+    ``blocklin.pivots`` (0-based: row ``i`` was swapped with row ``pivots[i]``, in order). For a
+    tall ``A`` (``m > n``) ``L`` is ``m x n`` unit lower trapezoidal and ``U`` ``n x n`` upper
+    triangular; for a wide one (``m < n``) ``L`` is ``m x m`` unit lower triangular and ``U``
+    ``m x n`` upper trapezoidal: ``scipy.linalg.lu(A)``'s ``(p, l, u)`` are
+    ``np.tril(F, -1)[:, :k] + np.eye(m, k)``, ``np.triu(F)[:k]`` and the permutation of the pivots
+    (``p[perm, arange(m)] = 1`` for the row order ``perm`` they give).
 
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
-        Square, float32 or float64. Never modified.
+        ``m x n`` (any shape), float32 or float64. Never modified.
     out : path, optional
         Output store (atomic).
     overwrite, resume : bool
@@ -64,31 +71,51 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
     on the whole matrix, so the usual bound holds (growth factor ``<= 2^(n-1)``, in practice
     ``O(n^(2/3))``; Trefethen and Schreiber 1990) and the measured growth factor is reported. A
     singular leading block does not break it, unlike pivoting inside diagonal blocks (as in
-    ``dask.array.linalg.lu``). A zero pivot (``A`` singular) is kept, as LAPACK does, with a warning.
+    ``dask.array.linalg.lu``). A zero pivot (``A`` singular, or a rectangular ``A`` of rank below
+    ``min(m, n)``) is kept, as LAPACK does, with a warning. Of a rectangle, the panels are those of
+    the same elimination stopped after ``min(m, n)`` columns: a tall ``A``'s pivots range over all
+    ``m`` rows, and a wide ``A``'s panels right of column ``m`` are only updated (they are rows of
+    ``U``), so the factors are ``getrf``'s on the whole matrix up to rounding.
 
-    *Cost.* ``2 n^3 / 3`` flops; panel ``j`` reads the ``j`` earlier panels (``n^3 / (2 t)``
-    elements in all); the panels run one after another (each needs the previous pivots), with BLAS on
-    every core; a last pass applies the later swaps to each ``L`` panel.
+    *Cost.* ``2 m n k - (m + n) k^2 + 2 k^3 / 3`` flops (``2 n^3 / 3`` square); panel ``j`` reads
+    the earlier panels (``n^3 / (2 t)`` elements in all, square); the panels run one after another
+    (each needs the previous pivots), with BLAS on every core; a last pass applies the later swaps to
+    each ``L`` panel.
     """
+    return _factor(a, out, overwrite, resume, explain, tile, None, settings)
+
+
+def square_lu(a: Any, why: str, fix: str, **settings: Unpack[Settings]) -> Matrix:
+    """:func:`lu` of an ``a`` that must be square (a ``ShapeError`` with ``why`` and ``fix`` otherwise,
+    before anything is read): the determinant's factorization."""
+    return _factor(a, None, False, False, False, None, (why, fix), settings)
+
+
+def _factor(a: Any, out: Any, overwrite: bool, resume: bool, explain: bool, tile: int | None,
+            require_square: tuple[str, str] | None, settings: dict) -> Matrix | FactorPlan:
     with Job("lu", **settings) as job:
         A = job.operand(a, "a", integers="cast")
-        n = square(A, "for an LU factorization", "for least squares use blocklin.solve(a, b)")
+        m, n = A.shape
+        if require_square is not None:
+            square(A, *require_square)
         dt = float_operand(A, "lu")
-        plan = plan_lu(n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
+        plan = plan_lu(n, dt, m=m, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
         if explain:
             return plan
         token = resume_token("lu", [A], plan.to_dict())
         ao = job.claim(out, [A], overwrite=overwrite, resume=resume, token=token,
-                       size=((n, 2 * n), dt))  # the factor and its work store beside it
+                       size=((m, 2 * n), dt))  # the factor and its work store beside it
         if ao.resumed and ao.has_array():
             open_zarr(ao.array_path(), mode="r+")
         else:
-            create_array(ao.array_path(), shape=(n, n), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
+            create_array(ao.array_path(), shape=(m, n), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
         f = factor_lu_into(job, A, ao.array_path(), plan, done_dir=ao.done)
         pivots, max_a, max_u, min_pivot = f.pivots, f.max_a, f.max_u, f.min_pivot
-        if n and min_pivot == 0.0:
+        if min(m, n) and min_pivot == 0.0:
             warn("lu: an exact zero pivot: A is singular (U has a zero on its diagonal); the factors are "
-                 "returned as LAPACK's getrf does")
+                 "returned as LAPACK's getrf does" if m == n else
+                 f"lu: an exact zero pivot: the {m} x {n} A has rank below {min(m, n)} (U has a zero on its "
+                 "diagonal); the factors are returned as LAPACK's getrf does")
         report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), method="left-looking LU, partial pivoting",
                             phases={"panel updates (TRSM, GEMM)": job.device, "panel factorization (getrf)": "cpu"},
                             pivots=pivots, growth_factor=max_u / max_a if max_a > 0 else 1.0, min_pivot=min_pivot)
@@ -100,7 +127,7 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
 class LUFactors:
     """What :func:`factor_lu_into` leaves: the pivots, statistics, and where the panels are."""
 
-    #: LAPACK's 0-based row swaps.
+    #: LAPACK's 0-based row swaps, ``min(m, n)`` of them.
     pivots: np.ndarray
     max_a: float
     max_u: float
@@ -115,7 +142,7 @@ class LUFactors:
 
 def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: Any, rhs: Any = None,
                    rhs_out: Any = None, trim: bool = False) -> LUFactors:
-    """The packed LU of operand ``A`` (computed in ``plan.dtype``) into the existing store ``path``.
+    """The packed LU of operand ``A`` (``m x n``, computed in ``plan.dtype``) into the existing store ``path``.
 
     ``done_dir`` (a folder) keeps the panels' pivots, statistics and resume markers, and the work
     store of the panels (``lu-work.zarr``). With ``path=None`` the last pass (the later swaps applied
@@ -125,22 +152,23 @@ def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: A
     :func:`~blocklin.linalg.factor.lu_panels.lu_panels`). ``trim``: each panel task first returns
     the allocator's free pages (see :func:`~blocklin.linalg.factor.lu_panels.lu_panels`).
     """
-    n, dt, t = A.shape[0], np.dtype(plan.dtype), plan.tile
+    (m, n), dt, t = A.shape, np.dtype(plan.dtype), plan.tile
     work = (done_dir / "lu-work.zarr").with_pending(False)
     if not backend(work).exists("zarr.json"):
-        create_array(work, shape=(n, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
+        create_array(work, shape=(m, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
     ops = BlockOps(job, t)
     ops.workers = 1
     results = lu_panels(ops, Region.of(A.path, A.shape), work, dtype=dt, done_dir=done_dir, check=job.check_finite,
                         out=path, rhs=rhs, rhs_out=rhs_out, trim=trim)
     pivots = np.concatenate([np.load(io.BytesIO(backend(done_dir).read_bytes(f"lu-piv-{j}.npy")))
-                             for j in range(plan.tiles)]) if n else np.zeros(0, dtype=np.int64)
+                             for j in range(plan.tiles)]) if min(m, n) else np.zeros(0, dtype=np.int64)
     if path is not None:
-        lu_finish(ops, work, path, n, pivots, dtype=dt)
+        lu_finish(ops, work, path, (m, n), pivots, dtype=dt)
+    min_pivot = min((r["min_pivot"] for r in results), default=0.0)  # inf: a panel without pivots
     return LUFactors(pivots=pivots, max_a=max((r["max_a"] for r in results), default=0.0),
                      max_u=max((r["max_u"] for r in results), default=0.0),
-                     min_pivot=min((r["min_pivot"] for r in results), default=0.0),
+                     min_pivot=min_pivot if math.isfinite(min_pivot) else 0.0,
                      sumsq=sum(r["sumsq"] for r in results), work=work)  # in panel order: deterministic
 
 
-__all__ = ["LUFactors", "factor_lu_into", "lu"]
+__all__ = ["LUFactors", "factor_lu_into", "lu", "square_lu"]

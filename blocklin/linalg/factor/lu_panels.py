@@ -13,6 +13,7 @@ and statistics recorded beside the resume markers. The drivers are
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,12 @@ def lu_panels(ops: BlockOps, a: Region, work: Any, *, dtype: Any, done_dir: Any,
               description: str = "LU panels") -> list[dict]:
     """Left-looking LU with partial pivoting over whole column panels (one task per panel).
 
-    Panel ``j`` (columns ``J``, all rows) is read, the row swaps of the panels before it are
+    ``a`` is ``m x n``, of any shape: panel ``j`` (columns ``J``, all ``m`` rows) is read, the row swaps of the panels before it are
     applied, it is updated by every earlier panel (``U_kJ = L_kk^-1 P_kJ`` by TRSM,
     ``P_{>k,J} -= L_{>k,k} U_kJ`` by GEMM), and its trailing part is factored by LAPACK ``getrf``
     with partial pivoting over all its rows: the pivot choice of ``getrf`` on the whole matrix.
+    Panels (of a wide ``a``) right of column ``m`` have no rows left to pivot: the updates make
+    them rows of ``U``. The pivots are ``min(m, n)`` in all (``lu-piv-J.npy``, empty for such panels).
     The panel is written once to the store ``work`` (its ``L`` rows in the order of its own
     swaps; :func:`lu_finish` applies the later swaps) and its swaps to ``done_dir``, so a rerun
     (``resume``) skips finished panels. Panels form one chain of tasks. With ``out`` (the packed
@@ -57,11 +60,11 @@ def lu_panels(ops: BlockOps, a: Region, work: Any, *, dtype: Any, done_dir: Any,
     (:func:`~blocklin._memory.release_free_memory`), for a caller whose earlier steps freed
     buffers in other threads' heap arenas, which the panel tasks would not reuse.
     """
-    n = a.shape[0]
-    if (rhs is None) != (rhs_out is None) or (rhs is not None and (done_dir is None or rhs.shape[0] != n
+    m, n = a.shape
+    if (rhs is None) != (rhs_out is None) or (rhs is not None and (done_dir is None or rhs.shape[0] != n or m != n
                                                                    or rhs_out.shape != rhs.shape)):
         raise ShapeError(f"lu_panels: rhs {rhs and rhs.shape} and rhs_out {rhs_out and rhs_out.shape} must both be "
-                         f"{n} x k, with a done_dir")
+                         f"{n} x k, with a done_dir and a square a (not {m} x {n})")
     spec = ops.spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir,
                       c=Region.of(out, a.shape) if out is not None else None, b=rhs)
     spec = dataclasses.replace(spec, rhs_out=rhs_out, trim=trim)
@@ -69,19 +72,21 @@ def lu_panels(ops: BlockOps, a: Region, work: Any, *, dtype: Any, done_dir: Any,
     prev = None
     for j in range(tile_count(n, ops.chunk)):
         prev = graph.add((j,), lu_panel_task, spec, j, [prev] if prev else [])
-    ops.flops += 2 * n**3 // 3
+    from blocklin.plan.factor import lu_flops
+
+    ops.flops += lu_flops(m, n)
     return ops.run(graph, description)
 
 
-def lu_finish(ops: BlockOps, work: Any, out: Any, n: int, pivots: np.ndarray, *, dtype: Any,
+def lu_finish(ops: BlockOps, work: Any, out: Any, shape: tuple[int, int], pivots: np.ndarray, *, dtype: Any,
               description: str = "LU row swaps") -> list[dict]:
-    """``out``: the packed LU of ``work`` with every later row swap applied to each ``L`` panel
-    (as LAPACK stores it); one task per column panel, reading the ``L`` rows below its diagonal
-    block from ``work`` and writing them to ``out`` (idempotent; :func:`lu_panels` with ``out``
-    wrote the rest)."""
-    spec = ops.spec(dtype, a=Region.of(work, (n, n)), out=Region.of(out, (n, n)), c=None)
+    """``out``: the packed LU (``shape``, ``m x n``) of ``work`` with every later row swap applied to
+    each ``L`` panel (as LAPACK stores it); one task per column panel, reading the ``L`` rows below
+    its diagonal block from ``work`` and writing them to ``out`` (idempotent; :func:`lu_panels` with
+    ``out`` wrote the rest)."""
+    spec = ops.spec(dtype, a=Region.of(work, tuple(shape)), out=Region.of(out, tuple(shape)), c=None)
     graph = ops.graph("lu-swaps", spec, pivots.tobytes())
-    for j in range(tile_count(n, ops.chunk)):
+    for j in range(tile_count(shape[1], ops.chunk)):
         graph.add((j,), lu_swap_task, spec, j, pivots)
     return ops.run(graph, description)
 
@@ -148,6 +153,13 @@ def _apply_swaps(dev: Any, x: Any, piv: np.ndarray, start: int, offset: int = 0,
 
 def _panel_pivots(spec: TileOpSpec, j: int) -> np.ndarray:
     return load_record(spec, f"lu-piv-{j}.npy")
+
+
+def pivot_rows(j: int, t: int, m: int, n: int) -> int:
+    """Pivot columns of column panel ``j`` (``t`` wide) of an ``m x n`` LU: its columns left of
+    ``min(m, n)`` (all of them but in the panel of a wide matrix that holds column ``m``, and
+    the panels right of it)."""
+    return max(0, min(m, n, (j + 1) * t) - j * t)
 
 
 def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block: int) -> tuple[np.ndarray, dict]:
@@ -296,7 +308,10 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     panel ``k`` was stored in (so its ``L`` is streamed as stored, never permuted), then
     ``U_kJ = L_kk^-1 P_kJ`` (TRSM, unit diagonal) and ``P_{>k,J} -= L_{>k,k} U_kJ`` as GEMMs over
     row blocks of ``L_{>k,k}`` (:func:`~blocklin.plan.factor.lu_stream_rows` rows each). LAPACK
-    ``getrf`` then factors the trailing part with partial pivoting over all its rows.
+    ``getrf`` then factors the trailing part with partial pivoting over all its rows. Of an ``m x n``
+    matrix: the earlier panels are those with pivots (:func:`pivot_rows`; the diagonal block of a
+    wide matrix's panel that holds column ``m`` is its first ``m - k t`` columns), and a panel right
+    of column ``m`` has no trailing part.
     """
     from blocklin.plan.factor import lu_stream_rows
 
@@ -304,8 +319,8 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     if skip_done(marker):
         return {"skipped": 1, **load_record(spec, f"lu-stats-{j}.npy")}
     t, dt = spec.tile, np.dtype(spec.dtype)
-    n = spec.a.shape[0]
-    rb = lu_stream_rows(t, n)
+    m, n = spec.a.shape
+    rb = lu_stream_rows(t, m)
     if spec.trim:
         release_free_memory()
     dev = get_device(spec.device, device_memory=spec.device_memory)
@@ -315,8 +330,9 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     nread = host.nbytes
     # the blocks of the earlier panels, in the order they are used: each panel's diagonal block
     # (TRSM), then its row blocks below (GEMMs); read one ahead on a loader thread
-    blocks = [(k, r0, min(n, r0 + (t if r0 == k * t else rb))) for k in range(j)
-              for r0 in [k * t, *range((k + 1) * t, n, rb)]]
+    blocks = [(k, r0, min(m, r0 + (pivot_rows(k, t, m, n) if r0 == k * t else rb)))
+              for k in range(j) if pivot_rows(k, t, m, n)
+              for r0 in [k * t, *range(k * t + pivot_rows(k, t, m, n), m, rb)]]
     stream = _stream_blocks(dev, spec.out.path, blocks, t, rb, dt)
     ukj = None
     swap_buf = np.empty((2 * t, c1 - c0), dtype=dt) if j and isinstance(panel, np.ndarray) else None
@@ -324,6 +340,8 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
         k, r0, r1 = blocks[i]
         if r0 == k * t:  # panel k's swaps (the row order it was stored in), then U_kJ = L_kk^-1 P_kJ
             _apply_swaps(dev, panel, _panel_pivots(spec, k), r0, buf=swap_buf)
+            if r1 - r0 < lblk.shape[1]:  # a wide matrix's panel holding column m: L_kk is its left part
+                lblk = lblk[:, : r1 - r0]
             if isinstance(panel, np.ndarray):  # in place: the rows of a C-ordered panel are one block
                 from blocklin.device.cpu import trsm_inplace
 
@@ -336,26 +354,30 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
             dev.gemm_acc(panel[r0:r1], lblk, ukj, -1.0)
         nread += (r1 - r0) * t * dt.itemsize
     del ukj, swap_buf, stream
-    trailing = np.asarray(dev.to_host(panel[c0:]))  # a view of a host panel: factored in place
-    local = factor_panel(trailing, c1 - c0, lu_subpanel(c1 - c0))
-    if not isinstance(panel, np.ndarray):
-        with dev.on_compute():
-            panel[c0:] = dev.to_device(trailing)
-    del trailing
+    d = pivot_rows(j, t, m, n)
+    local = np.zeros(0, dtype=np.int64)
+    if d:  # the trailing part (none right of column m)
+        trailing = np.asarray(dev.to_host(panel[c0:]))  # a view of a host panel: factored in place
+        local = factor_panel(trailing, c1 - c0, lu_subpanel(c1 - c0))
+        if not isinstance(panel, np.ndarray):
+            with dev.on_compute():
+                panel[c0:] = dev.to_device(trailing)
+        del trailing
     host = np.asarray(dev.to_host(panel))
     del panel
-    pj = local[: c1 - c0] + c0
+    pj = local[:d] + c0
     save_record(spec, f"lu-piv-{j}.npy", pj)
     diag = np.abs(np.diagonal(host[c0:c1]))
-    stats.update(max_u=max(_max_abs(host[:c0], rb), float(np.abs(np.triu(host[c0:c1])).max()) if c1 > c0 else 0.0),
-                 min_pivot=float(diag.min()) if diag.size else 0.0)
+    stats.update(max_u=max(_max_abs(host[:c0], rb), float(np.abs(np.triu(host[c0:c1])).max()) if diag.size else 0.0),
+                 min_pivot=float(diag.min()) if diag.size else math.inf)  # inf: no pivot in this panel
     if spec.c is None:
-        write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), host)
+        write_block(open_array(spec.out.path, mode="r+"), slice(0, m), slice(c0, c1), host)
     else:  # U and the diagonal block are final; the L rows below wait for the later swaps
-        write_block(open_array(spec.c.path, mode="r+"), slice(0, c1), slice(c0, c1), host[:c1])
-        write_block(open_array(spec.out.path, mode="r+"), slice(c0, n), slice(c0, c1), host[c0:])
-    w = c1 - c0
-    flops = 2 * w * (n * c0 - c0 * c0 / 2) + w * w * (n - c0)
+        write_block(open_array(spec.c.path, mode="r+"), slice(0, min(c1, m)), slice(c0, c1), host[:c1])
+        if d:
+            write_block(open_array(spec.out.path, mode="r+"), slice(c0, m), slice(c0, c1), host[c0:])
+    w, p = c1 - c0, min(c0, m, n)
+    flops = 2 * w * (m * p - p * p / 2) + w * d * (m - c0)
     if spec.b is not None:
         flops += _lu_forward_rhs(spec, j, host, pj)
     save_record(spec, f"lu-stats-{j}.npy", stats)
@@ -397,16 +419,16 @@ def _lu_forward_rhs(spec: TileOpSpec, j: int, host: np.ndarray, pj: np.ndarray) 
 def lu_swap_task(spec: TileOpSpec, j: int, pivots: np.ndarray) -> dict:
     """The ``L`` rows below panel ``j``'s diagonal block with the swaps of the later panels applied."""
     t = spec.tile
-    n = spec.a.shape[0]
+    m, n = spec.a.shape
     c0, c1 = j * t, min(n, (j + 1) * t)
-    if c1 >= n:
+    if c1 >= m:  # no rows below the diagonal block
         return {"bytes_read": 0, "bytes_written": 0}
-    block = read_block(open_array(spec.a.path), slice(c1, n), slice(c0, c1))
+    block = read_block(open_array(spec.a.path), slice(c1, m), slice(c0, c1))
     dst, src = swap_moves(pivots[c1:], c1)
     if dst.size:  # a gather into a buffer, then a scatter (see _apply_swaps)
         block[dst - c1] = np.take(block, src - c1, axis=0, out=np.empty((dst.size, block.shape[1]), block.dtype),
                                   mode="clip")
-    write_block(open_array(spec.out.path, mode="r+"), slice(c1, n), slice(c0, c1), block)
+    write_block(open_array(spec.out.path, mode="r+"), slice(c1, m), slice(c0, c1), block)
     return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
 
 

@@ -192,11 +192,14 @@ def slogdet(a: Any, **settings: Unpack[Settings]) -> tuple[float, float]:
     """``(sign, logabsdet)`` of a square out-of-core matrix, as ``numpy.linalg.slogdet``: from the LU
     factors with partial pivoting (:func:`blocklin.lu`), ``sign = (-1)^swaps prod sign(U_ii)`` and
     ``logabsdet = sum log |U_ii|`` (``(0, -inf)`` for a singular matrix)."""
-    from blocklin.linalg.factor.lu import lu
+    from blocklin.linalg.factor.lu import square_lu
 
     with warnings.catch_warnings():  # a zero pivot is the answer here, (0, -inf), not a warning
         warnings.filterwarnings("ignore", message="lu: an exact zero pivot", category=BlocklinWarning)
-        f = lu(a, **settings)
+        # blocklin.lu factors any shape; a determinant needs a square matrix (numpy.linalg refuses others too)
+        f = square_lu(a, "for a determinant (det, slogdet)", "pass a square matrix; for the volume a rectangular "
+                      "matrix scales by, multiply its singular values (blocklin.svd(a, return_singular_vectors=False))",
+                      **settings)
     try:
         d = diagonal(f)
         swaps = int(np.count_nonzero(np.asarray(f.report["pivots"]) != np.arange(len(f.report["pivots"]))))

@@ -82,7 +82,8 @@ def lu_solve(lu: Any, b: Any, out: Any = None, *, piv: Any = None, overwrite: bo
     ----------
     lu : path, zarr array, Matrix, NumPy array, or ``(lu, piv)``
         The ``n x n`` packed factors of ``P A = L U`` (unit lower ``L`` below the diagonal, ``U`` on and
-        above it), as :func:`blocklin.lu` and ``scipy.linalg.lu_factor`` return them.
+        above it), as :func:`blocklin.lu` and ``scipy.linalg.lu_factor`` return them; the factors of a
+        rectangular matrix are refused (``ShapeError``), as ``scipy.linalg.lu_solve`` refuses them.
     b : operand
         ``n x k`` right-hand sides (a 1-D vector is one column).
     out : path, optional
@@ -106,7 +107,10 @@ def lu_solve(lu: Any, b: Any, out: Any = None, *, piv: Any = None, overwrite: bo
                                      f"{piv.dtype} of shape {piv.shape}", "pass the pivots blocklin.lu recorded"))
     steps = (("forward substitution L y = P b", True, False), ("back substitution U x = y", False, False))
     return _solve_with(lu, b, out, "lu_solve", steps, overwrite=overwrite, tile=tile, params={}, settings=settings,
-                       pivots=piv)
+                       pivots=piv, square_rule=(
+                           "for lu_solve (blocklin.lu of an m x n matrix packs m x n factors; a solve needs square "
+                           "L and U)", "factor a square matrix; for least squares with a rectangular a use "
+                           "blocklin.lstsq(a, b) or blocklin.solve(a, b)"))
 
 
 def _recorded_pivots(lu: Any) -> np.ndarray:
@@ -126,11 +130,14 @@ def _recorded_pivots(lu: Any) -> np.ndarray:
 
 
 def _solve_with(f: Any, b: Any, out: Any, operation: str, steps: tuple, *, overwrite: bool, tile: int | None,
-                params: dict, settings: dict, pivots: np.ndarray | None = None) -> Matrix:
+                params: dict, settings: dict, pivots: np.ndarray | None = None,
+                square_rule: tuple[str, str] | None = None) -> Matrix:
     """The two tiled triangular solves of ``steps`` (``(description, lower, trans)``), with the row
-    permutation of ``pivots`` first (LU)."""
+    permutation of ``pivots`` first (LU); ``square_rule``: the error's ``(why, fix)`` for a factor
+    that is not square."""
     with Job(operation, **settings) as job:
-        st = TriangularSetup.of(job, f, b, "factor", operation, out=out, overwrite=overwrite, tile=tile)
+        st = TriangularSetup.of(job, f, b, "factor", operation, out=out, overwrite=overwrite, tile=tile,
+                                square_rule=square_rule)
         n, k, dt, plan, ao, ops, rhs = st.n, st.k, st.dtype, st.plan, st.ao, st.ops, st.rhs
         if pivots is not None and (pivots.size != n or pivots.min(initial=0) < 0 or pivots.max(initial=0) >= n):
             raise ParameterError(explain("piv", f"must hold n = {n} row indices in [0, {n})",

@@ -39,10 +39,12 @@ class TriangularSetup:
 
     @classmethod
     def of(cls, job: Job, t: Any, b: Any, name: str, operation: str, *, out: Any, overwrite: bool,
-           tile: int | None) -> TriangularSetup:
+           tile: int | None, square_rule: tuple[str, str] | None = None) -> TriangularSetup:
+        """``square_rule``: the ``(why, fix)`` of the error for a factor that is not square."""
         T, B = job.operand(t, name, integers="cast"), job.operand(as_columns(b), "b", integers="cast")
         what = "triangular factor" if name == "t" else "factor"
-        n = square(T, "to be triangular" if name == "t" else "to be a factor", f"pass the n x n {what}")
+        n = square(T, *(square_rule or ("to be triangular" if name == "t" else "to be a factor",
+                                        f"pass the n x n {what}")))
         same_rows(T, B)
         float_operand(T, operation), float_operand(B, operation)
         dt = result_dtype([T, B], None if T.dtype == B.dtype else np.result_type(T.dtype, B.dtype))
