@@ -282,6 +282,19 @@ def test_square_only_operations_refuse_rectangular_factors(tmp_path, m, n):
             op(f if op in (np.linalg.det, np.linalg.slogdet) else a)
 
 
+def test_rectangles_on_an_object_store():
+    """URL outputs (the in-place commit protocol): the factors and pivots; no markers or work store left."""
+    import fsspec
+
+    for m, n in ((70, 30), (30, 70)):
+        a = np.random.default_rng(15).standard_normal((m, n))
+        f = bl.lu(a, f"memory://lu-rect-test/lu{m}.zarr", tile=16, scheduler="sync")
+        check_against_lapack(a, f, np.float64)
+    keys = fsspec.filesystem("memory").find("/lu-rect-test")
+    assert keys and not [k for k in keys if "blocklin-done" in k or "lu-work" in k or "pending" in k]
+    fsspec.filesystem("memory").rm("/lu-rect-test", recursive=True)
+
+
 def test_explain_and_budget_of_a_rectangle(tmp_path):
     a = bl.from_array(np.random.default_rng(12).standard_normal((300, 90)), tmp_path / "a.zarr", chunks=(32, 32))
     plan = bl.lu(a, memory="400KiB", explain=True)

@@ -64,7 +64,7 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
 
     Notes
     -----
-    *Pivoting.* Each column panel (all ``n`` rows, ``t`` columns) is factored by LAPACK ``getrf``
+    *Pivoting.* Each column panel (all ``m`` rows, ``t`` columns) is factored by LAPACK ``getrf``
     after the updates from the panels before it (left-looking: Du Croz, Mayes and Radicati, and
     the out-of-core ScaLAPACK of D'Azevedo and Dongarra, 2000). The pivot of every column is
     chosen among all its remaining rows, exactly as in Gaussian elimination with partial pivoting
