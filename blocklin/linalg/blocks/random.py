@@ -27,6 +27,7 @@ STREAM_SKETCH_OMEGA = 5
 STREAM_SKETCH_PSI = 6
 STREAM_FILL = 7       # Lanczos: random directions after a breakdown
 STREAM_CHECK = 8      # eigsh: symmetry probe
+STREAM_COMPLETE = 9   # svd: the orthonormal completion of a long factor (rows of B)
 
 
 def gaussian(seed: int, stream: int, r0: int, r1: int, width: int, dtype: Any = np.float64) -> np.ndarray:

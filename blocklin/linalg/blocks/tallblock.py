@@ -101,6 +101,7 @@ class DeviceBlock:
     def __init__(self, device: Any, y: Any) -> None:
         self.dev, self.y = device, y
         self.M, self.c = y.shape
+        self.dtype = np.dtype(y.dtype)
 
     def _chain(self, ws: list) -> Any:
         d, t = self.dev, self.y

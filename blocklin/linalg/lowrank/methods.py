@@ -14,13 +14,15 @@ import numpy as np
 import scipy.linalg
 
 from blocklin.linalg.blocks import random as rnd
+from blocklin.linalg.blocks.complete import complete_incore, complete_stored
 from blocklin.linalg.blocks.center import Moments
 from blocklin.linalg.blocks.orth import cholqr_r, orth_against, orth_incore, refine_once
 from blocklin.linalg.blocks.scaling import squares_lose_columns
+from blocklin.linalg.blocks.tallblock import TallBlock
 from blocklin.linalg.lowrank.lanczos import block_lanczos, small_blas, start_block
 from blocklin.linalg.lowrank.sources import Source
-from blocklin.linalg.lowrank.triplets import (enrich_width, resolution_floor, rounding_level, triplet_report,
-                                              triplet_scale)
+from blocklin.linalg.lowrank.triplets import (enrich_width, numerically_zero, resolution_floor, rounding_level,
+                                              triplet_report, triplet_scale)
 from blocklin.linalg.lowrank.updatable import sketch_state
 from blocklin.plan.svd import SvdPlan
 from blocklin.runtime.checkpoints import Checkpoints
@@ -65,15 +67,16 @@ def ritz_relative_residuals(q: np.ndarray, z: np.ndarray, k: int, dtype: Any) ->
 
 
 def rayleigh_ritz(src: Source, Q: np.ndarray, k: int, dest: str | None, transposed_out: bool,
-                  label: str) -> Factorization:
+                  label: str, seed: int = 0) -> Factorization:
     """The final pass shared by every method but the sketch: ``Y = B Q`` (stored, with ``Y^T Y`` and
     ``Z = B^T Y``), ``Y = Q_Y R`` by CholeskyQR2, ``R = U_R S W^T``; writes ``U = Q_Y U_R``, returns
     ``s``, ``V = Q W`` and the exact residuals ``||B^T u - s v||`` (``B v - s u = 0`` by construction).
 
     The singular values come from ``R`` (a factor of ``B Q``), not from the eigenvalues of ``B^T B``,
-    so they are accurate to ``eps s_1`` down to zero (a rank-deficient ``A`` gives zeros)."""
+    so they are accurate to ``eps s_1`` down to zero (a rank-deficient ``A`` gives zeros, whose columns
+    of ``U`` are completed from ``seed``: :func:`write_long`)."""
     Zf, G, Y = src.normal(Q, keep_y=True, gram=True, description=f"{label}: final projection")
-    return write_long(*project(src, Q, k, Zf, G, Y), dest, transposed_out, label, signs=src.signs)
+    return write_long(*project(src, Q, k, Zf, G, Y), dest, transposed_out, label, signs=src.signs, seed=seed)
 
 
 def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
@@ -83,16 +86,18 @@ def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
     R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
     with small_blas(R.shape[0], R.shape[1]):
         Ur, S, Vrt = np.linalg.svd(R)
-    # singular values at the rounding level of B Q are zeros of A (rank < k): exactly 0, with a zero U column
-    # (relative to ||A|| itself when a streamed pass centers A after its products: see blocklin.linalg.blocks.center)
+    # singular values at the rounding level of B Q are zeros of A (rank < k): exactly 0, their U columns
+    # completed as the long factor is written (write_long); relative to ||A|| itself when a streamed pass
+    # centers A after its products (see blocklin.linalg.blocks.center)
     ref = max(float(S[0]) if S.size else 0.0, src.noise_scale)
-    zero = S[:k] <= rounding_level(src.dtype, src.M) * ref
+    zero = numerically_zero(S[:k], ref, src.dtype, src.M)
     sig = np.where(zero, 0.0, S[:k])
     Ur = Ur[:, :k] * ~zero
     Vr = Vrt.T[:, :k]
     V = Q @ Vr
     safe = np.where(sig > 0, sig, 1.0)
-    resid = np.where(zero, 0.0, np.linalg.norm(Zf @ Vr / safe - V * sig, axis=0))  # u = 0: B^T u - 0 v = 0
+    # a completed u is orthogonal to range(B Q), which holds range(B) here: B^T u - 0 v = 0 to rounding
+    resid = np.where(zero, 0.0, np.linalg.norm(Zf @ Vr / safe - V * sig, axis=0))
     return Factorization(s=sig, V=V, residuals=resid, orth=orth_info), Y, chain + [Ur]
 
 
@@ -107,20 +112,38 @@ def component_signs(V: np.ndarray) -> np.ndarray:
 
 
 def write_long(f: Factorization, Y: Any, chain: list, dest: str | None, transposed_out: bool,
-               label: str, *, signs: bool = False) -> Factorization:
-    """Write the long factor ``U = Q_Y U_R`` of a Rayleigh-Ritz step (``Q_Y = Y chain``: CholeskyQR2
-    applied in sequence, orthonormal to working precision). ``dest=None``: the caller wants no long
-    factor (``return_singular_vectors``), so nothing is written and no pass is made. ``signs``: each
-    triplet's sign chosen by :func:`component_signs` on ``V`` (PCA's components), applied to ``U`` as
-    it is written (``A = U diag(s) V^T`` is unchanged)."""
+               label: str, *, signs: bool = False, seed: int = 0) -> Factorization:
+    """Write the long factor ``U = Q_Y U_R`` of a Rayleigh-Ritz step (``Q_Y = Y chain[:-1]``: CholeskyQR2
+    applied in sequence, orthonormal to working precision, zero columns where ``Y`` is rank-deficient;
+    ``U_R = chain[-1]``). ``dest=None``: the caller wants no long factor (``return_singular_vectors``), so
+    nothing is written and no pass is made. ``signs``: each triplet's sign chosen by
+    :func:`component_signs` on ``V`` (PCA's components), applied to ``U`` as it is written
+    (``A = U diag(s) V^T`` is unchanged).
+
+    The columns of zero singular values (``f.s == 0``: the methods report a numerically zero value as
+    ``0``, :func:`~blocklin.linalg.lowrank.triplets.numerically_zero`) are an orthonormal completion,
+    orthogonal to ``Q_Y`` and to each other, from the normal rows of ``seed``
+    (:mod:`blocklin.linalg.blocks.complete`): ``U^T U = I`` as LAPACK's and ``svds``' factors."""
     if signs:
         d = component_signs(f.V)
         f = dataclasses.replace(f, V=f.V * d)
         chain = [*chain[:-1], chain[-1] * d]
     if dest is None:
         return f
-    long = Y.apply_to(chain, dest, transposed_out=transposed_out, description=f"{label}: write the long factor")
-    return dataclasses.replace(f, long=long)
+    what = f"{label}: write the long factor"
+    zero = np.asarray(f.s) == 0
+    if not zero.any():
+        return dataclasses.replace(f, long=Y.apply_to(chain, dest, transposed_out=transposed_out, description=what))
+    basis = chain[:-1]
+    if isinstance(Y, TallBlock):
+        complete_stored(Y, basis, chain[-1], zero, seed, dest, transposed_out=transposed_out, description=what)
+        return f
+    from blocklin.storage import write_array
+
+    q = Y.apply_to(basis or [np.eye(Y.c)], None)  # in memory (on the host from a device)
+    u = complete_incore(np.asarray(q), chain[-1], zero, seed).astype(q.dtype)
+    write_array(dest, np.ascontiguousarray(u.T if transposed_out else u))
+    return f
 
 
 def picked(count: int, k: int, which: str) -> np.ndarray:
@@ -129,7 +152,8 @@ def picked(count: int, k: int, which: str) -> np.ndarray:
     return np.arange(k) if which == "LM" else np.arange(count - k, count)
 
 
-def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_out: bool) -> Factorization:
+def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_out: bool,
+                seed: int = 0) -> Factorization:
     """Every singular triplet of ``B`` (or the ``k`` largest or smallest): the Rayleigh-Ritz step over the
     whole space, ``Q = I``. One pass stores ``Y = B`` with its Gram matrix; ``Y = Q_Y R`` (CholeskyQR2 and
     a third step, :func:`~blocklin.linalg.blocks.orth.refine_once`, since ``B`` may be as ill-conditioned
@@ -140,9 +164,9 @@ def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_ou
     This is how LAPACK's ``xGESVD`` treats a tall matrix (a QR first, then the SVD of ``R``; Chan,
     "An improved algorithm for computing the singular value decomposition", ACM TOMS 8(1), 1982), so
     the singular values carry its backward error: within a small multiple of ``eps ||B||_2`` of the
-    exact ones, the smallest included (those at the rounding level of a rank-deficient ``B`` come out
-    as zeros, with zero columns of ``U``). ``U`` is orthonormal to working precision whatever ``B``'s
-    condition, as ``Q_Y`` and ``U_R`` are. The residuals are those of ``R``'s SVD,
+    exact ones, the smallest included (those at the rounding level, ``eps sqrt(M) s_1``, come out as
+    zeros, with an orthonormal completion as their columns of ``U``: :func:`write_long`). ``U`` is
+    orthonormal to working precision whatever ``B``'s condition, as ``Q_Y`` and ``U_R`` are. The residuals are those of ``R``'s SVD,
     ``||R^T u_R - s v||`` (``B^T u - s v`` differs from it by the factorization's backward error): the
     products ``B^T B v / s`` the other methods measure carry ``eps ||B||^2 / s``, which says nothing
     about a small triplet."""
@@ -159,8 +183,9 @@ def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_ou
     idx = picked(N, k, which)
     Ur, sig, V = Ur[:, idx], S[idx], np.ascontiguousarray(Vrt[idx].T)
     resid = np.linalg.norm(R.T @ Ur - V * sig, axis=0)
+    sig = np.where(numerically_zero(sig, float(S[0]) if S.size else 0.0, src.dtype, src.M), 0.0, sig)
     f = Factorization(s=sig, V=V, residuals=resid, orth=orth_info)
-    return write_long(f, Y, chain + [Ur], dest, transposed_out, "full", signs=src.signs)
+    return write_long(f, Y, chain + [Ur], dest, transposed_out, "full", signs=src.signs, seed=seed)
 
 
 def rsvd_start(n: int, l: int, seed: int, v0: np.ndarray | None = None) -> np.ndarray:
@@ -191,7 +216,7 @@ def rsvd(src: Source, k: int, l: int, q: int | None, tol: float | None, seed: in
         Q = orth_incore(Z)
         used += 1
         ckpt.save("rsvd", Q=Q, used=used, history=np.array(history, dtype=np.float64), done=done)
-    f = rayleigh_ritz(src, Q, k, dest, transposed_out, "rsvd")
+    f = rayleigh_ritz(src, Q, k, dest, transposed_out, "rsvd", seed)
     return dataclasses.replace(f, power_iters=used, history=history)
 
 
@@ -242,11 +267,14 @@ def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transpose
     c1 = scipy.linalg.lstsq(phiq, Z)[0]               # (Phi Q)^+ Z
     C = scipy.linalg.lstsq(psitp, c1.T)[0].T          # ... ((Psi^T P)^+)^T
     Uc, Sc, Vct = np.linalg.svd(C)
-    sig = Sc[:k]
+    # C has rank at most Q's: values beyond it, and those at the rounding level, are zeros of A
+    zero = numerically_zero(Sc[:k], float(Sc[0]) if Sc.size else 0.0, Y.dtype, Y.M)
+    zero |= np.arange(k) >= int(orth_info.get("rank", kp))
+    sig = np.where(zero, 0.0, Sc[:k])
     V = P @ Vct.T[:, :k]
     del P
     f = Factorization(s=sig, V=V, residuals=None, orth=orth_info, sketch_size=[kp, s])
-    return write_long(f, Y, chain + [Uc[:, :k]], dest, transposed_out, "sketch", signs=signs)
+    return write_long(f, Y, chain + [Uc[:, :k]], dest, transposed_out, "sketch", signs=signs, seed=seed)
 
 
 def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,
@@ -285,7 +313,7 @@ def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps
     if e and res.residual_vectors is not None:
         with small_blas(src.N, 2 * k):
             Q = np.hstack([Q, orth_against(Q, res.residual_vectors, seed=seed, counter=res.steps + 1)[:, :e]])
-    f = rayleigh_ritz(src, Q, k, dest, transposed_out, "lanczos")
+    f = rayleigh_ritz(src, Q, k, dest, transposed_out, "lanczos", seed)
     return dataclasses.replace(f, lanczos_steps=res.steps, restarts=res.restarts, history=res.history,
                                rayleigh_ritz_width=int(Q.shape[1]))
 
@@ -318,7 +346,8 @@ def gram(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: i
             why = squares_lost(src, "gram")
             if why:  # the squares left float64's range for some columns: a route without squares
                 del g  # not held through the fallback's passes (planned without it)
-                return dataclasses.replace(tsqr_svd(src, k, dest, transposed_out), lanczos_steps=0, fallback=why)
+                return dataclasses.replace(tsqr_svd(src, k, dest, transposed_out, seed=seed), lanczos_steps=0,
+                                           fallback=why)
         Q = start if start is not None else gram_subspace(g, plan.block)
         Z = None
         ckpt.save("gram", Q=Q)
@@ -326,8 +355,8 @@ def gram(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: i
         Z, G, Y = src.normal(Q, keep_y=True, gram=True, description="gram: Rayleigh-Ritz over the Gram's eigenvectors")
         f, Y, chain = project(src, Q, k, Z, G, Y)
         if all(triplet_report(f.s, f.residuals, tol, src.dtype)["converged_triplets"]):
-            return dataclasses.replace(write_long(f, Y, chain, dest, transposed_out, "gram", signs=src.signs),
-                                       lanczos_steps=0)
+            return dataclasses.replace(write_long(f, Y, chain, dest, transposed_out, "gram", signs=src.signs,
+                                                  seed=seed), lanczos_steps=0)
         del f, chain, G, Y
         ckpt.save("gram", Q=Q, Z=Z)
     return lanczos(src, k, plan, tol, seed, max_steps, dest, transposed_out, ckpt, x0=Q, first=Z)
@@ -346,12 +375,15 @@ def squares_lost(src: Source, method: str) -> str | None:
             "streaming Householder QR instead (no squares)")
 
 
-def tsqr_svd(src: Source, k: int, dest: str | None, transposed_out: bool, which: str = "LM") -> Factorization:
+def tsqr_svd(src: Source, k: int, dest: str | None, transposed_out: bool, which: str = "LM",
+             seed: int = 0) -> Factorization:
     """The SVD from ``B = Q R`` without squaring anything: ``R = U_R S V^T`` in memory, the long factor
     ``U = B (R^-1 U_R)`` from one pass that also gives ``B^T U`` (so every triplet's residual
     ``||B^T u - s v||`` is measured on ``B`` itself), then written. Householder QR keeps each column's
     rounding relative to that column's norm, so a matrix whose columns differ in scale by more than
-    float64's range survives where ``B^T B`` does not (LAPACK's ``xGESDD`` starts with the same QR)."""
+    float64's range survives where ``B^T B`` does not (LAPACK's ``xGESDD`` starts with the same QR). Its
+    singular values are kept down to their own rounding (no :func:`~blocklin.linalg.lowrank.triplets.numerically_zero`:
+    that is this route's purpose); only exact zeros get a completed column of ``U``."""
     R = src.r_factor(k, description="tsqr: R factor of B (no squares)")
     with small_blas(R.shape[0], R.shape[1]):
         # xGESVD (QR iteration on the bidiagonal) keeps the small singular values of a graded R to their
@@ -368,4 +400,4 @@ def tsqr_svd(src: Source, k: int, dest: str | None, transposed_out: bool, which:
     Z, _, Y = src.normal(W, keep_y=True, description="tsqr: the long factor and B^T U")
     resid = np.linalg.norm(Z - V * sig, axis=0)
     return write_long(Factorization(s=sig, V=V, residuals=resid, orth="tsqr"), Y, [np.eye(k)], dest,
-                      transposed_out, "tsqr", signs=src.signs)
+                      transposed_out, "tsqr", signs=src.signs, seed=seed)

@@ -60,7 +60,7 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
             from blocklin.storage.location import as_location
 
             remove(as_location(dest))
-        f = dataclasses.replace(tsqr_svd(src, k, dest, plan.transposed, which), fallback=why)
+        f = dataclasses.replace(tsqr_svd(src, k, dest, plan.transposed, which, seed=seed), fallback=why)
     f = dataclasses.replace(f, phases=phases, means_fused=means_fused)
     return _scaled_back(f, scaling, moments, center=center, scale=scale)
 
@@ -120,7 +120,7 @@ def _method(src: Source, plan: SvdPlan, *, k: int, q: int | None, tol: float | N
             v0: np.ndarray | None = None, keep: dict | None = None, sketch_y: Any = None) -> Factorization:
     """The planned method on ``src`` (in memory the iterative ones may take more steps: nothing is read again)."""
     if plan.method == "full":
-        return whole_space(src, k, which, dest, plan.transposed)
+        return whole_space(src, k, which, dest, plan.transposed, seed)
     if plan.method == "rsvd":
         return rsvd(src, k, plan.block, q, tol, seed, limit if not plan.in_core else max(limit, 100), dest,
                     plan.transposed, ckpt, v0)

@@ -14,6 +14,7 @@ import numpy as np
 from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.blocks import tall_kernels as K
 from blocklin.linalg.blocks.center import Shift, plan_column_moments, plan_moments_gram
+from blocklin.linalg.blocks.complete import plan_completion
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.linalg.blocks.syrk import symmetrize_lower, syrk_acc
 from blocklin.linalg.blocks.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
@@ -253,6 +254,8 @@ class Streamed:
         for kernel, params in ((K.apply_kernel, {"W": chain, "write": "F", "collect": False}),
                                (tsqr_kernel, {"dtype": "float64"})):
             plan_kernel_pass(self.job, kernel, [y], params, memory=self.plan.memory, reserve=self.plan.client_bytes)
+        # the long factor's columns of zero singular values completed (every one, at worst) as it is written
+        plan_completion(self.job, y, chain[:-1], k, memory=self.plan.memory, reserve=self.plan.client_bytes)
 
     @property
     def peaks(self) -> np.ndarray | None:

@@ -25,6 +25,19 @@ def rounding_level(dtype: Any, M: int) -> float:
     return float(np.finfo(np.dtype(dtype)).eps) * math.sqrt(max(M, 1))
 
 
+def numerically_zero(s: np.ndarray, ref: float, dtype: Any, M: int) -> np.ndarray:
+    """Which computed singular values are zeros of ``A``: ``s_i <= eps sqrt(M) ref``, ``ref`` the largest
+    singular value (or what the products were rounded at, when larger).
+
+    The methods compute ``s`` from a factor of a product with ``M``-long columns, whose rounding is
+    ``eps sqrt(M) ||A||`` (the probabilistic bound of Higham and Mary, SIAM J. Sci. Comput. 41(5), 2019;
+    LAPACK's own bound on the singular values, Weyl's ``p(M, N) eps s_1``, is above it): a value at or
+    below it may be a zero of ``A`` and is reported as ``0``, its long factor's column an orthonormal
+    completion (:mod:`blocklin.linalg.blocks.complete`). Moving it to ``0`` stays within that rounding;
+    it is NumPy's ``matrix_rank`` rule with ``sqrt(M)`` for its worst-case ``max(m, n)``."""
+    return np.asarray(s) <= rounding_level(dtype, M) * ref
+
+
 def triplet_scale(sig: np.ndarray, dtype: Any) -> np.ndarray:
     """What each triplet's residual is relative to: its own ``s_i``, floored at ``sqrt(eps) s_1``."""
     s1 = float(sig.max(initial=0.0))

@@ -1,0 +1,209 @@
+"""The orthonormal completion of a long factor: its columns for zero singular values.
+
+A long factor is written as ``U = Y W_1 ... W_p L`` (:meth:`~blocklin.linalg.blocks.tallblock.TallBlock.apply_to`):
+``Q = Y W_1 ... W_p`` is an orthonormal basis of ``range(Y)`` (a rank-deficient ``Y`` leaves zero
+columns in it, :func:`blocklin.linalg.blocks.orth.cholqr_r`) and ``L`` the small factor's vectors. Where a
+singular value is zero, ``Q L``'s column is zero (or rounding): ``range(Y)`` holds no direction for
+it. LAPACK and ``scipy.sparse.linalg.svds`` return an orthonormal completion there (``U^T U = I``,
+any orthonormal vectors orthogonal to the others); so does this module, without a pass over ``A``:
+
+* ``G`` (``M x z``, ``z`` zero singular values): standard normal rows generated from ``(seed,
+  STREAM_COMPLETE, row)``, the same numbers whatever the strips, budget or scheduler;
+* ``G`` projected twice against ``Q`` (classical Gram-Schmidt twice, "twice is enough": Giraud,
+  Langou, Rozloznik, van den Eshof, Numer. Math. 101, 2005): ``C = Q^T G + Q^T (G - Q Q^T G)`` and
+  ``(G - Q C)^T (G - Q C)`` from two passes over ``Y``; ``range(Q)`` holds ``range(A)`` where the
+  method found every nonzero triplet, so the completion is orthogonal to ``range(A)`` too
+  (``A^T u = 0``: a true singular vector of the zero singular value);
+* ``X = (G - Q C) R^-1`` by CholeskyQR2 (one more pass for the second Gram; shifted CholeskyQR3
+  where the first Cholesky breaks down: :func:`~blocklin.linalg.blocks.orth.shift_for`);
+* written with ``U`` in the same pass: ``U = Q (L D - C R^-1 S^T) + G R^-1 S^T`` (``D`` zeroes the
+  completed columns, ``S`` selects them).
+
+Three passes over the stored ``Y`` (none in memory) before the write, only where a zero singular value
+occurs. The passes run on the CPU (:func:`fill_kernel`): the blocks are ``z`` columns wide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import scipy.linalg
+
+from blocklin.linalg.blocks.orth import cholesky_upper, shift_for
+from blocklin.linalg.blocks.random import SKETCH_RNG_BLOCK, STREAM_COMPLETE, GaussianRows
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime.passes import plan_kernel_pass, reduce_sum, row_kernel, run_pass
+
+#: Host bytes of a float64 element.
+F64 = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """What the write pass adds: ``z`` columns ``(G - Q C) R^-1`` into the ``zero`` columns of ``U``."""
+
+    seed: int
+    zero: np.ndarray  # k booleans: the columns completed
+    C: np.ndarray  # c x z: the projection of G on Q
+    rinv: tuple  # z x z inverse triangular factors, applied in sequence
+
+    def finals(self, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(T, E)`` of the write ``U = Q T + G E``: ``T = L D - C R^-1 S^T`` and ``E = R^-1 S^T``."""
+        k, z = self.zero.size, int(self.zero.sum())
+        e = np.eye(z)
+        for r in self.rinv:
+            e = e @ r
+        E = np.zeros((z, k))
+        E[:, self.zero] = e
+        return np.asarray(last, dtype=np.float64) * ~self.zero - self.C @ E, E
+
+
+def _gaussian(seed: int, z: int) -> GaussianRows:
+    return GaussianRows(seed, STREAM_COMPLETE, z)
+
+
+def _basis(y: np.ndarray, ws: list) -> np.ndarray:
+    """``Y_i W_1 ... W_p`` in float64 (``Q``'s rows of the strip)."""
+    t = np.asarray(y, dtype=np.float64)
+    for w in ws:
+        t = t @ w
+    return t
+
+
+def _strip(q: np.ndarray, g: np.ndarray, params: Any, state: dict) -> np.ndarray | None:
+    """One strip of the completion's passes on ``Q_i`` and ``G_i``: the projection's sums, the
+    Gram after the triangular factors, or the rows of ``U`` to write (returned)."""
+    stage = params["stage"]
+    if stage == "write":
+        return q @ params["T"] + g @ params["E"]
+    if params.get("C") is not None:
+        g = g - q @ params["C"]
+    if stage == "project":
+        state["P"] += q.T @ g
+        state["H"] += g.T @ g
+        return None
+    for r in params["rinv"]:  # "gram": (G - Q C) R^-1 ..., then its Gram
+        g = g @ r
+    state["H"] += g.T @ g
+    return None
+
+
+def fill_init(device: Any, params: Any) -> dict:
+    c, z = params["W"][-1].shape[1] if params["W"] else params["c"], params["z"]
+    return {"gen": _gaussian(params["seed"], z), "P": np.zeros((c, z)), "H": np.zeros((z, z))}
+
+
+def _fill_memory(params: Any, sources: tuple) -> PassMemory:
+    ws = list(params["W"])
+    c = ws[-1].shape[1] if ws else sources[0].width
+    z, k = params["z"], params.get("k", 0)
+    small = sum(w.shape[0] * w.shape[1] for w in ws) + 2 * c * z + 3 * z * z + (c + z) * k
+    # per row: the float64 strip, each factor's product, G's rows and the projected copy, the written rows
+    per_row = (sources[0].width + sum(w.shape[1] for w in ws) + 2 * z + k) * F64 + k * sources[0].dtype.itemsize
+    return PassMemory(fixed=small * F64 + SKETCH_RNG_BLOCK * z * F64, per_row=per_row, chunk_temporaries=True,
+                      write_row_bytes=k * sources[0].dtype.itemsize if params.get("write") else 0)
+
+
+@row_kernel(memory=_fill_memory, init=fill_init, device="cpu")
+def fill_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict) -> tuple[dict, dict | None]:
+    """A strip of a pass of the completion (:func:`complete`): ``Q_i = Y_i W_1 ... W_p`` and
+    ``G_i`` (rows ``rows`` of the seed's normal matrix), then :func:`_strip`'s stage."""
+    q = _basis(arrays[0], params["W"])
+    g = state["gen"].rows(rows.start, rows.stop)
+    out = _strip(q, g, params, state)
+    writes = None
+    if params.get("write"):
+        writes = {params["write"]: np.ascontiguousarray(out.astype(params["dtype"]))}
+    if rows.stop in params["ends"]:
+        return {"P": state["P"], "H": state["H"]}, writes
+    return state, writes
+
+
+def _chol(h: np.ndarray, M: int) -> tuple[np.ndarray, bool]:
+    """Upper Cholesky factor of ``h``, shifted (Fukaya et al. 2020) where it breaks down."""
+    r = cholesky_upper(h)
+    if r is not None:
+        return r, False
+    r = cholesky_upper(h + shift_for(h, M) * np.eye(h.shape[0]))
+    if r is None:  # G's projection numerically rank-deficient (beyond any seed's odds): R with R^T R = h + shift
+        w, v = np.linalg.eigh(h)
+        w = np.maximum(w, shift_for(h, M) + np.finfo(np.float64).tiny)
+        r = np.linalg.qr(np.sqrt(w)[:, None] * v.T, mode="r")
+    return r, True
+
+
+def _inv(r: np.ndarray) -> np.ndarray:
+    return scipy.linalg.solve_triangular(r, np.eye(r.shape[0]), lower=False)
+
+
+def complete(sums: Any, *, zero: np.ndarray, seed: int, M: int) -> Completion:
+    """The completion of the ``zero`` columns from ``sums(stage, C, rinv) -> (P, H)``, the sums of one
+    pass of :func:`_strip` over every row (a pass over ``Y``, or one call in memory)."""
+    c1, _ = sums("project", None, ())
+    c2, h = sums("project", c1, ())
+    C = c1 + c2
+    h = h - c2.T @ c2  # (G1 - Q C2)^T (G1 - Q C2) with Q^T G1 = C2 and Q^T Q = I on Q's nonzero columns
+    h = (h + h.T) / 2
+    r, shifted = _chol(h, M)
+    rinv = [_inv(r)]
+    for _ in range(2 if shifted else 1):  # CholeskyQR2 (shifted CholeskyQR3)
+        _, h2 = sums("gram", C, tuple(rinv))
+        r2 = cholesky_upper(h2)
+        if r2 is None:
+            break
+        rinv.append(_inv(r2))
+    return Completion(seed=int(seed), zero=np.asarray(zero, dtype=bool), C=C, rinv=tuple(rinv))
+
+
+def complete_incore(u_basis: np.ndarray, last: np.ndarray, zero: np.ndarray, seed: int) -> np.ndarray:
+    """``U = Q L`` with its ``zero`` columns completed, ``Q`` (``M x c``) held in memory (float64)."""
+    M = u_basis.shape[0]
+    g = _gaussian(seed, int(zero.sum())).rows(0, M)
+
+    def sums(stage: str, C: Any, rinv: tuple) -> tuple:
+        state = {"P": np.zeros((u_basis.shape[1], g.shape[1])), "H": np.zeros((g.shape[1],) * 2)}
+        _strip(u_basis, g, {"stage": stage, "C": C, "rinv": rinv}, state)
+        return state["P"], state["H"]
+
+    comp = complete(sums, zero=zero, seed=seed, M=M)
+    T, E = comp.finals(last)
+    return _strip(u_basis, g, {"stage": "write", "T": T, "E": E}, {})
+
+
+def complete_stored(block: Any, ws: list, last: np.ndarray, zero: np.ndarray, seed: int, out_path: str, *,
+                    transposed_out: bool = False, description: str = "write the long factor") -> None:
+    """``U = (Y W_1 ... W_p) L`` written to ``out_path`` with its ``zero`` columns completed, ``Y`` the
+    stored :class:`~blocklin.linalg.blocks.tallblock.TallBlock` ``block``: three passes over it and the
+    write (the one pass it had without zeros)."""
+    from blocklin.storage import create_array
+
+    ws = [np.asarray(w, dtype=np.float64) for w in ws]
+    z, k = int(zero.sum()), int(zero.size)
+    base = {"W": ws, "z": z, "seed": int(seed), "c": block.c}
+
+    def run(params: dict, what: str, **kw: Any) -> list:
+        states, _ = run_pass(block.job, fill_kernel, [block.source], params, memory=block.memory,
+                             over="intermediate", description=f"orthonormal completion: {what}", **kw)
+        return states
+
+    def sums(stage: str, C: Any, rinv: tuple) -> tuple:
+        states = run(base | {"stage": stage, "C": C, "rinv": list(rinv)}, "projection" if stage == "project" else "Gram")
+        return reduce_sum(states, "P"), reduce_sum(states, "H")
+
+    comp = complete(sums, zero=zero, seed=seed, M=block.M)
+    T, E = comp.finals(last)
+    params = base | {"stage": "write", "T": T, "E": E, "k": k, "write": "F", "dtype": block.dtype.str}
+    plan = plan_kernel_pass(block.job, fill_kernel, [block.source], params, memory=block.memory)
+    shape, chunks = ((k, block.M), (k, plan.strip)) if transposed_out else ((block.M, k), (plan.strip, k))
+    create_array(out_path, shape=shape, dtype=block.dtype, chunks=chunks, codec="none")
+    run(params, description, plan=plan, outputs=(("F", out_path),), transposed_outputs=("F",) if transposed_out else ())
+
+
+def plan_completion(job: Any, src: Any, ws: list, k: int, *, memory: int, reserve: int = 0) -> Any:
+    """Plan the completion's widest pass (every one of ``k`` columns completed, the write) over the
+    stored block ``src`` (a :class:`~blocklin.runtime.passes.Source`; ``ws``: anything with the shapes of
+    ``Q``'s factors): what a run's preflight checks before its first pass."""
+    params = {"W": ws, "z": k, "k": k, "stage": "write", "write": "F"}
+    return plan_kernel_pass(job, fill_kernel, [src], params, memory=memory, reserve=reserve)

@@ -1,0 +1,161 @@
+"""Zero singular values: the long factor's columns are an orthonormal completion (``U^T U = I``), as
+LAPACK's (``numpy.linalg.svd``) and ``scipy.sparse.linalg.svds``' are, on every route of ``svd``.
+
+Rank-deficient tall and wide matrices (all zero, rank one, repeated columns as Dask's
+``test_svd_supported_array_shapes`` builds them), in memory and streamed, on every scheduler. Checked
+against NumPy with the error-analysis bounds of ``support.tolerances``: orthonormality of both factors
+(``c n eps``), the reconstruction ``||A - U S V^T||`` (``c n eps ||A||``, ``n`` the long side: the
+products are that long), the singular values (Weyl), and ``A^T u = 0`` for each completed column
+(orthogonal to ``range(A)``: a singular vector of the zero singular value, not just any unit vector).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from support.tolerances import assert_factorization, assert_orthonormal, assert_singular_values, eps
+
+import blocklin as bl
+from blocklin.errors import BudgetError
+
+M, N = 2000, 30
+# 2000 x 30 float64 is 469 KiB: 1 MiB streams every method (the whole space included), 64 MiB holds it
+BUDGETS = {"streamed": "1MiB", "in-memory": "64MiB"}
+
+
+def _matrix(name: str, dtype=np.float64) -> np.ndarray:
+    rng = np.random.default_rng(5)
+    if name == "zero":
+        a = np.zeros((M, N))
+    elif name == "rank-one":
+        a = np.outer(rng.standard_normal(M), rng.standard_normal(N))
+    else:  # repeated columns: rank 6
+        a = np.repeat(rng.standard_normal((M, 6)), N // 6, axis=1)
+    return a.astype(dtype)
+
+
+def _dense(x) -> np.ndarray:
+    return x.to_numpy() if isinstance(x, bl.Matrix) else np.asarray(x)
+
+
+def check(a: np.ndarray, res, *, which: str = "LM") -> None:
+    """Both factors orthonormal, the reconstruction of ``A`` (every triplet beyond the rank kept), the
+    singular values against NumPy's and the completed columns in the null space of ``A^T``."""
+    u, s, vt = _dense(res.U), np.asarray(res.s), _dense(res.Vt)
+    k = s.size
+    long_side = max(a.shape)
+    exact = np.linalg.svd(a.astype(np.float64), compute_uv=False)
+    ref = exact[:k] if which == "LM" else exact[-k:]
+    assert_singular_values(s, ref, n=long_side, s1=max(exact[0], np.finfo(float).tiny), dtype=a.dtype)
+    assert_orthonormal(u, dtype=a.dtype)
+    assert_orthonormal(vt.T, dtype=a.dtype)
+    if which == "LM":
+        recon = (u * s) @ vt
+        wide = a if a.shape[0] < a.shape[1] else a.T  # n in the bound: the long side
+        assert_factorization(wide, recon if a.shape[0] < a.shape[1] else recon.T, const=4.0, dtype=a.dtype)
+    zero = s == 0
+    assert zero.any(), "the case must have a zero singular value"
+    long, tall_a = (vt.T, a.T) if a.shape[0] < a.shape[1] else (u, a)
+    # completed long-factor columns: B^T u = 0 to the rounding of the products (B the tall orientation)
+    resid = np.linalg.norm(tall_a.astype(np.float64).T @ long[:, zero].astype(np.float64))
+    bound = 4 * long_side * eps(a.dtype) * max(np.linalg.norm(a.astype(np.float64)), np.finfo(float).tiny)
+    assert resid <= bound, f"||B^T u|| = {resid:.3e} > {bound:.3e} for the completed columns"
+
+
+ROUTES = {"rsvd": dict(k=12, method="rsvd"), "lanczos": dict(k=12, method="lanczos"),
+          "gram": dict(k=12, method="gram"), "sketch": dict(k=12, method="sketch"),
+          "full": dict(), "full-smallest": dict(k=4, which="SM")}
+
+
+@pytest.mark.parametrize("wide", [False, True], ids=["tall", "wide"])
+@pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.mark.parametrize("route", list(ROUTES))
+@pytest.mark.parametrize("name", ["zero", "rank-one", "repeated"])
+def test_long_factor_is_orthonormal_at_zero_singular_values(name, route, budget, wide):
+    a = _matrix(name)
+    a = a.T.copy() if wide else a
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no ConvergenceWarning: the answer is exact
+        res = bl.svd(a, seed=3, memory=BUDGETS[budget], scheduler="sync", **ROUTES[route])
+    assert res.report["in_core"] == (budget == "in-memory")
+    check(a, res, which=ROUTES[route].get("which", "LM"))
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+@pytest.mark.parametrize("route", ["rsvd", "full"])
+def test_completion_is_the_same_on_every_scheduler(route, scheduler):
+    a = _matrix("repeated")
+    ref = bl.svd(a, seed=3, memory=BUDGETS["streamed"], scheduler="sync", **ROUTES[route])
+    res = bl.svd(a, seed=3, memory=BUDGETS["streamed"], scheduler=scheduler, **ROUTES[route])
+    assert res.report["scheduler"] == scheduler and not res.report["in_core"]
+    check(a, res)
+    np.testing.assert_array_equal(_dense(res.U), _dense(ref.U))  # the completion's numbers come from the seed
+    np.testing.assert_array_equal(res.s, ref.s)
+
+
+def test_float32():
+    a = _matrix("rank-one", np.float32)
+    for memory in BUDGETS.values():
+        res = bl.svd(a, 8, method="lanczos", seed=0, memory=memory)
+        assert res.U.dtype == np.float32
+        check(a, res)
+
+
+def test_numpy_full_svd_of_zeros():
+    """``numpy.linalg.svd(np.zeros((m, n)), full_matrices=False)``: zeros and orthonormal factors."""
+    for shape in [(50, 7), (7, 50), (9, 9)]:
+        a = np.zeros(shape)
+        res = bl.svd(a)
+        assert np.all(res.s == 0) and res.s.shape == (min(shape),)
+        assert_orthonormal(_dense(res.U))
+        assert_orthonormal(_dense(res.Vt).T)
+
+
+def test_square_singular_full_space():
+    """A singular square matrix: the completion fills exactly the left null space (``r + z = n``)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((40, 37))
+    a = np.hstack([x, x[:, :3]])  # 40 x 40, rank 37
+    check(a, bl.svd(a, memory=BUDGETS["in-memory"]))
+
+
+def test_linear_operator_route():
+    """``svd`` of a SciPy ``LinearOperator`` (blocks in memory): the zero operator's factors."""
+    from scipy.sparse.linalg import aslinearoperator
+
+    a = np.zeros((300, 20))
+    for method in ("rsvd", "lanczos", "sketch"):
+        res = bl.svd(aslinearoperator(a), 5, method=method, seed=0)
+        assert np.all(res.s == 0)
+        assert_orthonormal(_dense(res.U))
+        assert_orthonormal(_dense(res.Vt).T)
+
+
+def test_pca_of_a_wide_constant_matrix():
+    """A wide matrix's components are its long factor: orthonormal where the variance is zero."""
+    a = np.full((30, 400), 2.5)
+    for memory in BUDGETS.values():
+        p = bl.pca(a, 4, seed=0, memory=memory)
+        assert np.all(p.singular_values_ == 0)
+        assert_orthonormal(p.components_.T)
+
+
+def test_named_minimum_covers_the_completion():
+    """The budget a refusal names plans the completion's passes too: a retry there runs."""
+    a = _matrix("zero")
+    for kw in (dict(k=12, method="rsvd"), dict()):
+        with pytest.raises(BudgetError) as err:
+            bl.svd(a, seed=0, memory="64KiB", **kw)
+        res = bl.svd(a, seed=0, memory=err.value.minimum, **kw)
+        check(a, res)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu():
+    """In memory on a GPU the blocks stay on the device: the completion is made from their host copy."""
+    a = _matrix("repeated")
+    res = bl.svd(a, 12, method="rsvd", seed=3, memory=BUDGETS["in-memory"], device="gpu")
+    assert res.report["device"] == "gpu"
+    check(a, res)
