@@ -1,0 +1,228 @@
+"""solve(lam="loo" | ("loo", grid)) against sklearn.linear_model.RidgeCV (cv=None: its exact leave-one-out).
+
+Ports of scikit-learn's sklearn/linear_model/tests/test_ridge.py: test_ridge_gcv_vs_ridge_loo_cv (alpha_,
+coef_, intercept_ of the closed form against RidgeCV), test_ridge_gcv_sample_weights (weighted errors,
+cv_results_), test_ridgecv_store_cv_results, test_ridge_alpha_per_target-style per-target choice
+(RidgeCV(alpha_per_target=True)), test_ridgecv_alphas_zero / test_ridgecv_negative_alphas (grid values
+must be > 0). Tall A is out of core: larger than memory=, streamed in row strips. Bounds: tests/support/ridge.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from sklearn.linear_model import RidgeCV
+
+import blocklin as bl
+from blocklin.errors import BudgetError, ParameterError
+from support.ridge import coef_bound, intercept_bound, loo_score_bound, problem, weights
+
+GRID = np.array([0.3, 1.0, 3.0, 10.0, 30.0, 100.0])  # lam; RidgeCV's alphas are GRID**2
+M, N = 4000, 10
+MEMORY = "256KiB"  # A is 4000 x 10 float64 = 312.5 KiB: streamed
+
+
+def reference(a, b, w, fit_intercept, grid=GRID, **kw):
+    return RidgeCV(alphas=np.asarray(grid) ** 2, fit_intercept=fit_intercept, **kw).fit(a, b, sample_weight=w)
+
+
+def check_against(x, ref, a, b, w, fit_intercept, dtype, one_d: bool = False):
+    r = x.report
+    assert r["lam_rule"] == "loo"
+    assert r["alpha_"] == pytest.approx(ref.alpha_, rel=1e-15)
+    coef = x.to_numpy().T
+    ref_coef = np.asarray(ref.coef_, np.float64).reshape(coef.shape)
+    lam = float(np.sqrt(ref.alpha_))
+    xb = coef_bound(a, b, w, lam, fit_intercept, dtype, ref_coef)
+    assert np.linalg.norm(coef - ref_coef) <= xb
+    ac = np.asarray(a, np.float64)
+    looe = np.sqrt(-ref.best_score_ * b.size)  # the norm of the errors at the choice, from the mean
+    sb = loo_score_bound(a, b, w, lam, fit_intercept, ref_coef, np.full(b.size, looe / np.sqrt(b.size)))
+    assert abs(r["best_score_"] - ref.best_score_) <= sb
+    if fit_intercept:
+        ib = intercept_bound(ac, w, ref_coef, np.atleast_1d(ref.intercept_), xb, dtype)
+        assert np.abs(x.intercept - np.atleast_1d(ref.intercept_)).max() <= ib
+    else:
+        assert x.intercept is None
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("fit_intercept", [False, True])
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_loo_matches_ridgecv_out_of_core(dtype, fit_intercept, k, weighted, tmp_path):
+    """test_ridge_gcv_vs_ridge_loo_cv / test_ridge_gcv_sample_weights: alpha_, best_score_, coef_, intercept_."""
+    a, b = problem(M, N, k, seed=k, dtype=dtype)
+    memory = 256 * 1024 if dtype == np.float64 else 128 * 1024
+    assert a.nbytes > memory  # larger than the budget: the passes stream it
+    w = weights(M) if weighted else None
+    pa = bl.from_array(a, str(tmp_path / "a.zarr"), chunks=(500, N))
+    rhs = b[:, 0] if k == 1 else b
+    x = bl.solve(pa, rhs, lam=("loo", GRID), fit_intercept=fit_intercept, sample_weight=w, memory=memory,
+                 temp_dir=str(tmp_path))
+    ref = reference(a, rhs, w, fit_intercept)
+    check_against(x, ref, a, b, w, fit_intercept, dtype)
+    assert x.dtype == dtype
+    assert 0 < ref.alpha_ and GRID[0] ** 2 < ref.alpha_ < GRID[-1] ** 2  # an interior choice: a real test
+    assert "leave-one-out pass" in x.report["phases"]
+
+
+@pytest.mark.parametrize("fit_intercept", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_cv_results_match(fit_intercept, weighted, tmp_path):
+    """test_ridgecv_store_cv_results: the squared errors per row, target and alpha (m x k x L)."""
+    a, b = problem(1500, 6, 2, seed=4)
+    w = weights(1500) if weighted else None
+    x = bl.solve(a, b, lam=("loo", GRID), fit_intercept=fit_intercept, sample_weight=w, store_cv_results=True,
+                 memory="1MiB", temp_dir=str(tmp_path))
+    ref = reference(a, b, w, fit_intercept, store_cv_results=True)
+    got = x.cv_results_
+    assert got.shape == ref.cv_results_.shape == (1500, 2, len(GRID))
+    assert x.report["cv_results_"] is got
+    for i, lam in enumerate(GRID):  # per alpha, the bound of the mean of squares, times m k for the sum
+        r = RidgeCV(alphas=[lam**2], fit_intercept=fit_intercept).fit(a, b, sample_weight=w)
+        looe = np.sqrt(ref.cv_results_[:, :, i]).ravel()
+        bound = loo_score_bound(a, b, w, lam, fit_intercept, r.coef_.T, looe) * looe.size
+        assert np.abs(got[:, :, i] - ref.cv_results_[:, :, i]).sum() <= bound
+    assert np.allclose(x.report["curve"]["loo"], ref.cv_results_.mean(axis=(0, 1)), rtol=1e-9, atol=0)
+
+
+def test_per_target(tmp_path):
+    """RidgeCV(alpha_per_target=True): one lambda per column, its own coefficients and score."""
+    rng = np.random.default_rng(5)
+    a, b = problem(M, N, 3, seed=5)
+    b[:, 1] += 6 * rng.standard_normal(M)  # a noisier target wants a larger lambda
+    x = bl.solve(a, b, lam=("loo", GRID), lam_per_target=True, memory=MEMORY, temp_dir=str(tmp_path))
+    ref = reference(a, b, None, False, alpha_per_target=True)
+    r = x.report
+    assert r["alpha_"] == pytest.approx(list(ref.alpha_), rel=1e-15) and len(set(r["alpha_"])) > 1
+    assert r["lam_per_target"] is True and len(r["lam"]) == 3
+    coef = x.to_numpy().T
+    for j, alpha in enumerate(ref.alpha_):
+        bound = coef_bound(a, b[:, j], None, float(np.sqrt(alpha)), False, np.float64, ref.coef_[j])
+        assert np.linalg.norm(coef[j] - ref.coef_[j]) <= bound
+    assert np.allclose(r["best_score_"], ref.best_score_, rtol=1e-9, atol=0)
+
+
+def test_default_grid_and_qr_route(tmp_path):
+    """lam="loo": the grid spans the spectrum; the choice is RidgeCV's on that grid (one pass more than
+    the Gram pass); method="qr" takes the same errors from the SVD of the streaming R."""
+    a, b = problem(M, N, 2, seed=6)
+    x = bl.solve(a, b, lam="loo", memory=MEMORY, temp_dir=str(tmp_path))
+    curve = x.report["curve"]
+    grid = np.asarray(curve["lam"])
+    assert curve["grid"] == "default" and curve["at_grid_end"] is None and len(grid) > 100
+    ref = reference(a, b, None, False, grid=grid)
+    scores = np.asarray(curve["loo"])
+    i = int(np.argmin(scores))
+    assert x.report["lam"] == grid[i]
+    j = int(np.argmin(np.abs(np.asarray(grid) ** 2 - ref.alpha_)))  # a tie within rounding may pick a neighbour
+    assert i == j or abs(scores[i] - scores[j]) <= 1e-12 * scores[i]
+    assert x.report["passes"] == 2 + x.report.get("refine_steps", 0)  # Gram pass, leave-one-out pass
+    q = bl.solve(a, b, lam=("loo", GRID), method="qr", memory=MEMORY, temp_dir=str(tmp_path))
+    assert q.report["method"] == "qr"
+    check_against(q, reference(a, b, None, False), a, b, None, False, np.float64)
+
+
+@pytest.mark.parametrize("fit_intercept", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_wide_loo_in_memory(fit_intercept, weighted, tmp_path):
+    """Wide A: RidgeCV's gram mode (kernel form) from the eigen-decomposition of A A^T in memory."""
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((60, 150)) + 2.0
+    b = a @ rng.standard_normal((150, 2)) * 0.1 + 1.0 + rng.standard_normal((60, 2))
+    w = weights(60, zeros=2) if weighted else None
+    grid = np.array([1.0, 3.0, 10.0, 30.0, 100.0])
+    x = bl.solve(a, b, lam=("loo", grid), fit_intercept=fit_intercept, sample_weight=w, store_cv_results=True,
+                 memory="256KiB", temp_dir=str(tmp_path))
+    ref = reference(a, b, w, fit_intercept, grid=grid, store_cv_results=True)
+    assert x.report["orientation"] == "wide" and x.report["alpha_"] == pytest.approx(ref.alpha_, rel=1e-15)
+    lam = float(np.sqrt(ref.alpha_))
+    # the dual problem's matrix is A_c A_c^T + lam^2 I (m x m): its condition bounds the forward error
+    ac = np.asarray(a, np.float64) - (np.average(a, axis=0, weights=w) if fit_intercept else 0)
+    s = np.linalg.svd(ac * np.sqrt(w if weighted else np.ones(60))[:, None], compute_uv=False)
+    cond = (s[0] ** 2 + lam**2) / (s[-1] ** 2 + lam**2)
+    bound = 16 * 60 * np.finfo(float).eps * cond * np.linalg.norm(ref.coef_) * (1 + 2.0**2 * fit_intercept)
+    assert np.linalg.norm(x.to_numpy().T - ref.coef_) <= bound
+    rel = 16 * 60 * np.finfo(float).eps * cond ** 2
+    assert np.abs(x.cv_results_ - ref.cv_results_).max() <= rel * ref.cv_results_.max()
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads", "processes"])
+def test_schedulers_same_bits(scheduler, tmp_path):
+    """Every scheduler gives the same choice and the same bits (strips fixed by the data)."""
+    a, b = problem(M, N, 2, seed=8)
+    w = weights(M)
+    pa = bl.from_array(a, str(tmp_path / "a.zarr"), chunks=(500, N))
+    x = bl.solve(pa, b, lam=("loo", GRID), fit_intercept=True, sample_weight=w, memory=MEMORY, scheduler=scheduler,
+                 workers=2, temp_dir=str(tmp_path))
+    ref = bl.solve(pa, b, lam=("loo", GRID), fit_intercept=True, sample_weight=w, memory=MEMORY, scheduler="sync",
+                   workers=2, temp_dir=str(tmp_path))
+    assert x.report["scheduler"] == scheduler
+    assert np.array_equal(x.to_numpy(), ref.to_numpy()) and x.report["alpha_"] == ref.report["alpha_"]
+    check_against(x, reference(a, b, w, True), a, b, w, True, np.float64)
+
+
+def test_refusals(tmp_path):
+    a, b = problem(400, 5, 1)
+    for bad in (("loo", [0.0, 1.0]), ("loo", [-1.0]), ("loo", [np.nan]), ("loo", []), ("gcv", [1.0])):
+        with pytest.raises(ParameterError, match="lam.*Fix"):
+            bl.solve(a, b, lam=bad, temp_dir=str(tmp_path))
+    with pytest.raises(ParameterError, match="lam_per_target.*applies to the leave-one-out.*Fix"):
+        bl.solve(a, b, lam=1.0, lam_per_target=True, temp_dir=str(tmp_path))
+    with pytest.raises(ParameterError, match="store_cv_results.*Fix"):
+        bl.solve(a, b, lam="gcv", store_cv_results=True, temp_dir=str(tmp_path))
+    with pytest.raises(ParameterError, match="positive.*needs lam given.*Fix"):
+        bl.solve(a, b, lam="loo", positive=True, temp_dir=str(tmp_path))
+    with pytest.raises(ParameterError, match="updatable.*lam='loo'.*Fix"):
+        bl.solve(a, b, lam="loo", updatable=True, out=str(tmp_path / "x.zarr"), temp_dir=str(tmp_path))
+    with pytest.raises(ParameterError, match="lam.*must be 0 with assume_a"):
+        bl.solve(a[:5], b[:5], lam="loo", assume_a="pos", temp_dir=str(tmp_path))
+    big, bb = problem(M, N, 2)
+    with pytest.raises(BudgetError, match="cv_results_.*got 375.00 KiB.*Fix: raise memory= to at least"):
+        bl.solve(big, bb, lam=("loo", GRID), store_cv_results=True, memory=MEMORY, temp_dir=str(tmp_path))
+
+
+def stored_sparse(path: str):
+    """A small blocklin-csr group (two row blocks)."""
+    import scipy.sparse as sp
+
+    from blocklin.storage.sparse import SparseWriter
+
+    x = sp.random(300, 20, density=0.2, random_state=0, format="csr")
+    w = SparseWriter(path, x.shape, x.dtype, entry_chunk=128, row_chunk=32)
+    for r0 in (0, 150):
+        blk = x[r0:r0 + 150]
+        w.write_rows(r0, r0 + 150, blk.indptr, blk.indices, blk.data)
+    w.commit()
+    return bl.open(path)
+
+
+def test_sparse_refused(tmp_path):
+    s = stored_sparse(str(tmp_path / "s.zarr"))
+    with pytest.raises(ParameterError, match="lam.*not available for a stored sparse a.*Fix"):
+        bl.solve(s, np.ones(300), lam="loo", temp_dir=str(tmp_path))
+
+
+def test_cli_loo(tmp_path, capsys):
+    from blocklin.cli.main import main
+
+    a, b = problem(M, N, 1, seed=9)
+    w = weights(M)
+    pa, pb, pw = str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr"), str(tmp_path / "w.npy")
+    bl.from_array(a, pa, chunks=(500, N))
+    bl.from_array(b, pb)
+    np.save(pw, w)
+    grid = ",".join(str(v) for v in GRID)
+    assert main(["solve", pa, pb, "-o", str(tmp_path / "x.zarr"), "--lambda", f"loo:{grid}", "--fit-intercept",
+                 "--sample-weight", pw, "--memory", MEMORY, "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert "leave-one-out: one more pass" in text and "sample_weight" in text
+    assert main(["solve", pa, pb, "-o", str(tmp_path / "x.zarr"), "--lambda", f"loo:{grid}", "--fit-intercept",
+                 "--sample-weight", pw, "--memory", MEMORY, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ref = reference(a, b[:, 0], w, True)
+    assert out["alpha_"] == pytest.approx(ref.alpha_, rel=1e-15) and out["sample_weight"] is True
+    assert out["best_score_"] == pytest.approx(ref.best_score_, rel=1e-9)
