@@ -1,0 +1,171 @@
+"""solve(sample_weight=w) against sklearn.linear_model.Ridge.fit(X, y, sample_weight=w).
+
+Ports of scikit-learn's sklearn/linear_model/tests/test_ridge.py: test_ridge_regression_sample_weights
+(Ridge with weights against the data stacked twice with weights w and 1 - w), test_ridge_sample_weights
+(weighted against Ridge), test_ridge_gcv_sample_weights (integer weights are repeated rows), and
+test_sample_weight_invariance-style checks (zero weight = row removed; bad weights refused). Tall A is out
+of core (larger than memory=), and the rules (sequences, gcv) are checked on the weighted problem's
+definition: the unweighted solve of sqrt(w)-scaled rows with the zero-weight rows dropped.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.linear_model import Ridge
+
+import blocklin as bl
+from blocklin.errors import NonFiniteError, ParameterError, ShapeError
+from support.ridge import coef_bound, intercept_bound, problem, weights
+
+M, N = 4000, 10
+
+
+def check(x, a, b, w, lam, fit_intercept, dtype=np.float64):
+    # Ridge keeps float32 data in float32 (its error would be cond * eps32); the reference is the float64
+    # solution of the same data, which blocklin's float64 sums reach before rounding x to float32
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    ref = Ridge(alpha=lam**2, fit_intercept=fit_intercept, solver="svd").fit(a, b, sample_weight=w)
+    coef = x.to_numpy().T
+    ref_coef = np.asarray(ref.coef_, np.float64).reshape(coef.shape)
+    xb = coef_bound(a, b, w, lam, fit_intercept, dtype, ref_coef)
+    assert np.linalg.norm(coef - ref_coef) <= xb
+    if fit_intercept:
+        ib = intercept_bound(a, w, ref_coef, np.atleast_1d(ref.intercept_), xb, dtype)
+        assert np.abs(x.intercept - np.atleast_1d(ref.intercept_)).max() <= ib
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("fit_intercept", [False, True])
+@pytest.mark.parametrize("k", [1, 3])
+def test_weighted_matches_ridge_out_of_core(dtype, fit_intercept, k, tmp_path):
+    """test_ridge_sample_weights: weighted coefficients and intercept, A streamed, w stored."""
+    a, b = problem(M, N, k, seed=10 + k, dtype=dtype)
+    memory = 256 * 1024 if dtype == np.float64 else 128 * 1024
+    assert a.nbytes > memory
+    w = weights(M)
+    pa = bl.from_array(a, str(tmp_path / "a.zarr"), chunks=(500, N))
+    pw = bl.from_array(w, str(tmp_path / "w.zarr"))
+    x = bl.solve(pa, b[:, 0] if k == 1 else b, lam=2.0, fit_intercept=fit_intercept, sample_weight=pw,
+                 memory=memory, temp_dir=str(tmp_path))
+    check(x, a, b[:, 0] if k == 1 else b, w, 2.0, fit_intercept, dtype)
+    assert x.dtype == dtype and x.report["sample_weight"] is True and x.report["phases"]["gram pass"] == "cpu"
+
+
+@pytest.mark.parametrize("fit_intercept", [False, True])
+def test_stacked_twice_with_complementary_weights(fit_intercept, tmp_path):
+    """test_ridge_regression_sample_weights: [X; X] with weights [s; 1 - s] is X unweighted."""
+    a, b = problem(2000, 8, 2, seed=12)
+    s = np.random.default_rng(3).uniform(0, 1, 2000)
+    x2 = bl.solve(np.vstack([a, a]), np.vstack([b, b]), lam=1.5, sample_weight=np.r_[s, 1 - s],
+                  fit_intercept=fit_intercept, memory="256KiB", temp_dir=str(tmp_path))
+    x1 = bl.solve(a, b, lam=1.5, fit_intercept=fit_intercept, memory="256KiB", temp_dir=str(tmp_path))
+    bound = coef_bound(a, b, None, 1.5, fit_intercept, np.float64, x1.to_numpy())
+    assert np.linalg.norm(x2.to_numpy() - x1.to_numpy()) <= bound
+    check(x2, np.vstack([a, a]), np.vstack([b, b]), np.r_[s, 1 - s], 1.5, fit_intercept)
+
+
+def test_integer_weights_are_repeated_rows_and_zero_drops(tmp_path):
+    """test_ridge_gcv_sample_weights' premise: weight 3 is a row three times, weight 0 no row at all."""
+    a, b = problem(1500, 6, 1, seed=13)
+    w = np.random.default_rng(4).integers(0, 4, 1500).astype(float)
+    rep = np.repeat(np.arange(1500), w.astype(int))
+    for lam in (0.5, [0.1, 1.0, 10.0]):
+        xw = bl.solve(a, b, lam=lam, sample_weight=w, fit_intercept=True, memory="128KiB", temp_dir=str(tmp_path))
+        xr = bl.solve(a[rep], b[rep], lam=lam, fit_intercept=True, memory="128KiB", temp_dir=str(tmp_path))
+        bound = coef_bound(a[rep], b[rep], None, 0.1, True, np.float64, xr.to_numpy())
+        assert np.linalg.norm(xw.to_numpy() - xr.to_numpy()) <= bound
+        assert np.abs(xw.intercept - xr.intercept).max() <= bound * np.abs(a.mean(axis=0)).sum() + 1e-12
+
+
+def test_rules_mean_the_weighted_problem(tmp_path):
+    """gcv / lcurve / a sequence with weights: those of sqrt(w) A, sqrt(w) b without the zero-weight rows
+    (GCV's m is the rows of positive weight)."""
+    a, b = problem(3000, 8, 2, seed=14)
+    w = weights(3000, zeros=40)
+    keep = w > 0
+    sa, sb = a[keep] * np.sqrt(w[keep])[:, None], b[keep] * np.sqrt(w[keep])[:, None]
+    for rule in ("gcv", "lcurve"):
+        xw = bl.solve(a, b, lam=rule, sample_weight=w, memory="256KiB", temp_dir=str(tmp_path))
+        xs = bl.solve(sa, sb, lam=rule, method="normal", memory="256KiB", temp_dir=str(tmp_path))
+        assert xw.report["lam"] == pytest.approx(xs.report["lam"], rel=1e-6)
+        bound = coef_bound(sa, sb, None, xs.report["lam"], False, np.float64, xs.to_numpy())
+        assert np.linalg.norm(xw.to_numpy() - xs.to_numpy()) <= bound
+    lams = [0.3, 3.0, 30.0]
+    xw = bl.solve(a, b, lam=lams, sample_weight=w, fit_intercept=True, memory="256KiB", temp_dir=str(tmp_path))
+    for i, lam in enumerate(lams):
+        ref = Ridge(alpha=lam**2, solver="svd").fit(a, b, sample_weight=w)
+        got = xw.to_numpy()[:, 2 * i:2 * i + 2].T
+        assert np.linalg.norm(got - ref.coef_) <= coef_bound(a, b, w, lam, True, np.float64, ref.coef_)
+        assert np.abs(xw.intercept[i] - ref.intercept_).max() <= 1e-9 * np.abs(ref.intercept_).max()
+
+
+@pytest.mark.parametrize("fit_intercept", [False, True])
+def test_wide_weighted(fit_intercept, tmp_path):
+    rng = np.random.default_rng(15)
+    a = rng.standard_normal((50, 120)) + 1.5
+    b = rng.standard_normal((50, 2)) + 2.0
+    w = weights(50, zeros=3)
+    x = bl.solve(a, b, lam=3.0, sample_weight=w, fit_intercept=fit_intercept, memory="256KiB",
+                 temp_dir=str(tmp_path))
+    ref = Ridge(alpha=9.0, fit_intercept=fit_intercept, solver="svd").fit(a, b, sample_weight=w)
+    assert x.report["orientation"] == "wide"
+    ac = (a - np.average(a, axis=0, weights=w) * fit_intercept) * np.sqrt(w)[:, None]
+    s = np.linalg.svd(ac, compute_uv=False)
+    cond = (s[0] ** 2 + 9.0) / 9.0  # the dual matrix A_c A_c^T + lam^2 I (its smallest eigenvalue >= lam^2)
+    bound = 16 * 50 * np.finfo(float).eps * cond * np.linalg.norm(ref.coef_) * (1 + 1.5**2 * fit_intercept)
+    assert np.linalg.norm(x.to_numpy().T - ref.coef_) <= bound
+    if fit_intercept:
+        assert np.abs(x.intercept - ref.intercept_).max() <= bound * np.linalg.norm(a.mean(axis=0)) + 1e-12
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads", "processes"])
+def test_schedulers(scheduler, tmp_path):
+    a, b = problem(M, N, 2, seed=16)
+    w = weights(M)
+    pa = bl.from_array(a, str(tmp_path / "a.zarr"), chunks=(500, N))
+    kw = dict(lam=2.0, fit_intercept=True, sample_weight=w, memory="256KiB", workers=2, temp_dir=str(tmp_path))
+    x = bl.solve(pa, b, scheduler=scheduler, **kw)
+    ref = bl.solve(pa, b, scheduler="sync", **kw)
+    assert np.array_equal(x.to_numpy(), ref.to_numpy())
+    check(x, a, b, w, 2.0, True)
+
+
+def test_bad_weights(tmp_path):
+    a, b = problem(400, 5, 1)
+    w = np.ones(400)
+    cases = [
+        (np.r_[w[:-1], -0.5], ParameterError, r"sample_weight: must be >= 0.*-0.5 at row 399.*Fix"),
+        (np.r_[np.nan, w[1:]], NonFiniteError, r"sample_weight: must be finite.*1 NaN or Inf.*row 0.*Fix"),
+        (np.r_[w[:5], np.inf, w[6:]], NonFiniteError, r"sample_weight: must be finite.*row 5"),
+        (np.ones(399), ShapeError, r"sample_weight: must have one weight per row.*399.*Fix: pass a vector of length 400"),
+        (np.ones((400, 2)), ShapeError, r"sample_weight.*shape \(400, 2\)"),
+        (np.zeros(400), ParameterError, r"sample_weight: must have a positive weight.*all zero.*Fix"),
+        (2.0, ParameterError, r"sample_weight: must be a vector.*Fix"),
+        (np.array(["a"] * 400), ParameterError, r"sample_weight: must hold real numbers"),
+    ]
+    for bad, err, match in cases:
+        with pytest.raises(err, match=match):
+            bl.solve(a, b, lam=1.0, sample_weight=bad, temp_dir=str(tmp_path))
+    with pytest.raises(ParameterError, match=r"method: 'qr' cannot take sample_weight.*Fix"):
+        bl.solve(a, b, lam=1.0, sample_weight=w, method="qr", temp_dir=str(tmp_path))
+    with pytest.raises(ParameterError, match=r"updatable.*sample_weight.*Fix"):
+        bl.solve(a, b, lam=1.0, sample_weight=w, updatable=True, out=str(tmp_path / "x.zarr"), temp_dir=str(tmp_path))
+    with pytest.raises(ParameterError, match=r"sample_weight: needs the least-squares problem"):
+        bl.solve(a[:5], b[:5], sample_weight=w[:5], assume_a="pos", temp_dir=str(tmp_path))
+    big = np.random.default_rng(0).standard_normal((3000, 400))
+    with pytest.raises(ParameterError, match=r"sample_weight: needs the Gram matrix in memory.*Fix: raise memory"):
+        bl.solve(big, big[:, :1], lam=1.0, sample_weight=np.ones(3000), memory="1MiB", temp_dir=str(tmp_path))
+    # a square A with lam=0 stays least squares when weighted (never the unweighted LU)
+    sq, sb = problem(12, 12, 1, seed=2)
+    x = bl.solve(sq, sb, sample_weight=np.arange(1.0, 13.0), temp_dir=str(tmp_path))
+    assert x.report["method"] == "normal"
+    check(x, sq, sb, np.arange(1.0, 13.0), 0.0, False)
+
+
+def test_sparse_refused(tmp_path):
+    from test_ridge_loo import stored_sparse
+
+    s = stored_sparse(str(tmp_path / "s.zarr"))
+    with pytest.raises(ParameterError, match="sample_weight.*not available for a stored sparse a.*Fix"):
+        bl.solve(s, np.ones(300), lam=1.0, sample_weight=np.ones(300), temp_dir=str(tmp_path))
