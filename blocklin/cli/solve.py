@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="regularization: a number >= 0 (default 0), a comma list, 'gcv', 'lcurve', or 'loo' "
                         "(leave-one-out as scikit-learn's RidgeCV, one more pass; 'loo:0.1,1,10' gives the grid of "
                         "lambdas = sqrt(alphas))")
-    p.add_argument("--lambda-per-target", dest="lam_per_target", action="store_true",
+    p.add_argument("--loo-per-target", dest="lam_per_target", action="store_true",
                    help="with --lambda loo: one lambda per column of B (RidgeCV's alpha_per_target)")
     p.add_argument("--sample-weight", dest="sample_weight", metavar="W",
                    help="row weights >= 0 (a zarr vector or m x 1 array, or a .npy file): weighted least squares as "
@@ -145,7 +145,7 @@ def _neg(score: object) -> str:
 
 
 def _ridge_options(args: argparse.Namespace) -> dict:
-    """``--sample-weight``, ``--positive``, ``--lambda-per-target`` where given."""
+    """``--sample-weight``, ``--positive``, ``--loo-per-target`` where given."""
     opts = {"sample_weight": _weights(args.sample_weight), "positive": args.positive,
             "lam_per_target": args.lam_per_target}
     return {k: v for k, v in opts.items() if v is not None and v is not False}

@@ -169,3 +169,16 @@ def test_sparse_refused(tmp_path):
     s = stored_sparse(str(tmp_path / "s.zarr"))
     with pytest.raises(ParameterError, match="sample_weight.*not available for a stored sparse a.*Fix"):
         bl.solve(s, np.ones(300), lam=1.0, sample_weight=np.ones(300), temp_dir=str(tmp_path))
+
+
+def test_dask_and_column_weights(tmp_path):
+    """w as a Dask vector and as an m x 1 column give the NumPy vector's bits."""
+    import dask.array as da
+
+    a, b = problem(2000, 6, 1, seed=17)
+    w = weights(2000)
+    kw = dict(lam=1.0, fit_intercept=True, memory="128KiB", temp_dir=str(tmp_path))
+    ref = bl.solve(a, b, sample_weight=w, **kw).to_numpy()
+    assert np.array_equal(bl.solve(a, b, sample_weight=da.from_array(w, chunks=700), **kw).to_numpy(), ref)
+    assert np.array_equal(bl.solve(a, b, sample_weight=w[:, None], **kw).to_numpy(), ref)
+    check(bl.solve(a, b, sample_weight=w, **kw), a, b, w, 1.0, True)
