@@ -214,7 +214,7 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
         if tile is None:
             need = workers * TILE_BUFFERS * 32 * 32 * per_tile
             raise BudgetError(explain("memory", f"must hold {workers} task(s) of {TILE_BUFFERS} tiles of 32 x 32",
-                                      format_size(memory), f"raise it to at least {format_size(need)}"))
+                                      format_size(memory), f"raise it to at least {format_size(need)}"), minimum=need)
     tile = max(1, min(int(tile), max(n, 1)))
     _check_updates(operation, n, tile, planned, memory)
     # as many of the asked workers as the budget holds (a division: workers may be huge)
@@ -336,7 +336,7 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
         if tile is None:
             need = lu_panel_bytes(rows, 32, dt.itemsize, src)
             raise BudgetError(explain("memory", f"must hold a column panel of {rows} x 32 and its buffers for the LU",
-                                      format_size(memory), f"raise it to at least {format_size(need)}"))
+                                      format_size(memory), f"raise it to at least {format_size(need)}"), minimum=need)
     tile = max(1, min(int(tile), max(n, 1)))
     _check_updates("lu", n, tile, planned, memory, m=rows)
     nt = max(1, math.ceil(n / tile))
@@ -375,7 +375,7 @@ def plan_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] 
             need = QR_PANEL_BUFFERS * m * 32 * dt.itemsize
             raise BudgetError(explain("memory", f"must hold {QR_PANEL_BUFFERS} column panels of {m} x 32 for the "
                                       "tiled QR", format_size(memory), f"raise it to at least {format_size(need)}, "
-                                      "or, for R alone of a tall matrix, use method='tsqr'"))
+                                      "or, for R alone of a tall matrix, use method='tsqr'"), minimum=need)
     tile = max(1, min(int(tile), max(n, 1)))
     _check_updates("qr", n, tile, planned, memory)
     nt = max(1, math.ceil(n / tile))

@@ -276,7 +276,7 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
         need = kernels.leaf(min(n, 2 * chunk), wdt, chunk_bytes)
         raise BudgetError(explain("memory", f"must hold an in-core leaf of at least two {chunk} x {chunk} chunks",
                                   format_size(memory), f"raise it to at least {format_size(need)} "
-                                  f"(memory='{math.ceil(need / 2**20)}MiB')"))
+                                  f"(memory='{math.ceil(need / 2**20)}MiB')"), minimum=need)
     leaf = max(leaf, 1)
     nodes, leaves, flops = _recursion(n, leaf, chunk)
     if depth is None:
@@ -287,7 +287,7 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
         need = _staging_peak(n, chunk, wdt, src_dt, 2**62, kernels)
         raise BudgetError(explain("memory", f"must hold one staging strip of {min(n, chunk)} rows of the matrix",
                                   format_size(memory), f"raise it to at least {format_size(need)} "
-                                  f"(memory='{math.ceil(need / 2**20)}MiB')"))
+                                  f"(memory='{math.ceil(need / 2**20)}MiB')"), minimum=need)
     column = kernels.column(n, chunk, wdt, dt, chunk_bytes)
     # one leaf read straight from the input: its chunks, not the working ones, are zarr's temporaries
     direct = not nodes and n > 0 and wdt == dt and \
@@ -329,7 +329,8 @@ def _plan_lu(n: int, dt: np.dtype, wdt: np.dtype, src_dt: np.dtype, chunk: int, 
         need = kernels.rows(n, min(n, chunk), lu.tile, wdt, dt)
         raise BudgetError(explain("memory", f"must hold {min(n, chunk)} rows of the inverse being solved "
                                   f"(an {n} x {min(n, chunk)} block and a streamed LU panel)", format_size(memory),
-                                  f"raise it to at least {format_size(need)} (memory='{math.ceil(need / 2**20)}MiB')"))
+                                  f"raise it to at least {format_size(need)} (memory='{math.ceil(need / 2**20)}MiB')"),
+                          minimum=need)
     rows_mem = kernels.rows(n, width, lu.tile, wdt, dt)
     # The output's chunks: the largest power of two dividing the strip width (strips own whole chunk
     # rows) whose chunk row of X takes at most a quarter of the budget (a refinement's row passes).

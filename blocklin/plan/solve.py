@@ -69,7 +69,7 @@ def plan_solve(m: int, n: int, k: int, *, method: str, memory: int, lam_kind: st
                                   "its factorization and SVD)", format_size(memory),
                                   f"raise it to at least {format_size(small)} "
                                   f"(memory='{math.ceil(small / 2**20)}MiB'); "
-                                  "for very wide or very tall-and-wide problems use an iterative method"))
+                                  "for very wide or very tall-and-wide problems use an iterative method"), minimum=small)
     steps = []
     if orientation == "wide":
         passes = 2 + (lam_kind == "scalar")

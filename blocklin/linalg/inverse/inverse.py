@@ -21,6 +21,7 @@ from blocklin.linalg.inverse.kernels import MEMORY
 from blocklin.linalg.inverse.routes import InverseRun, butterfly_device, invert_as_planned, invert_schur
 from blocklin.matrix import Matrix
 from blocklin.plan.inverse import InversePlan, plan_inverse
+from blocklin.plan.minimum import whole_call
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
 from blocklin.storage.identity import plan_settings, resume_token
@@ -272,18 +273,23 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
         job.check_space(out, size=((n, n), out_dtype), temp_size=((n, 7 * n // 2), np.float64))
     kw = dict(memory=job.cfg.memory, kernels=MEMORY, source_dtype=M.dtype, method=method,
               source_chunk_bytes=math.prod(M.chunks) * M.dtype.itemsize if n else 0, source_chunks=tuple(M.chunks))
-    if precision in ("mixed", "tf32") and n:
-        full = plan_inverse(n, out_dtype, precision=None, **kw)
-        if full.direct:
-            # One LAPACK inversion in float64 costs 2 n^3 flops; float32 work must be refined by
-            # Newton-Schulz steps of 4 n^3 float64 flops each, so where the matrix fits one task,
-            # mixed precision is slower and less accurate on every device (an H200 measured 1.6 s
-            # against 5.6 s at n = 8192). It pays only out of core, where it halves the bytes moved.
-            return M, out_dtype, dataclasses.replace(full, precision_note=(
-                f"precision={precision!r} ran in float64: the matrix fits one in-core inversion, which is "
-                "faster and more accurate than float32 work refined to float64"))
-    plan = plan_inverse(n, out_dtype, precision="mixed" if precision in ("mixed", "tf32") else None, **kw)
-    return M, out_dtype, plan
+
+    def plans(memory: int) -> InversePlan:
+        kwm = kw | {"memory": memory}
+        if precision in ("mixed", "tf32") and n:
+            full = plan_inverse(n, out_dtype, precision=None, **kwm)
+            if full.direct:
+                # One LAPACK inversion in float64 costs 2 n^3 flops; float32 work must be refined by
+                # Newton-Schulz steps of 4 n^3 float64 flops each, so where the matrix fits one task,
+                # mixed precision is slower and less accurate on every device (an H200 measured 1.6 s
+                # against 5.6 s at n = 8192). It pays only out of core, where it halves the bytes moved.
+                return dataclasses.replace(full, precision_note=(
+                    f"precision={precision!r} ran in float64: the matrix fits one in-core inversion, which is "
+                    "faster and more accurate than float32 work refined to float64"))
+        return plan_inverse(n, out_dtype, precision="mixed" if precision in ("mixed", "tf32") else None, **kwm)
+
+    # a refusal names the budget at which every step plans (the leaf, the staging strip, the LU panels)
+    return M, out_dtype, whole_call(plans, job.cfg.memory, "inv")
 
 
 #: Report entries recorded in the output's attributes.

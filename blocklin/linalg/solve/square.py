@@ -24,6 +24,8 @@ from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
 from blocklin.operands import as_columns
 from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
+from blocklin.plan.gemm import plan_gemm
+from blocklin.plan.minimum import whole_call
 from blocklin.linalg.factor.lu_panels import lu_solve, swaps_to_permutation
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
@@ -187,6 +189,8 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         A, B = _operands(job, a, b, assume_a)
         n, dt, k = A.shape[0], A.dtype, B.shape[1]
         fdt = _factor_dtype(dt, precision)
+        # before anything is written: a refusal names the budget at which every step plans
+        whole_call(lambda memory: _plan_steps(job, A, B, fdt, assume_a, memory), job.cfg.memory, "the square solve")
         tol = math.sqrt(max(n, 1)) * float(np.finfo(dt).eps) if tol is None else float(tol)
         steps_max = MAX_REFINE[precision] if max_refine is None else int(max_refine)
         token = _token(job, A, B, out, assume_a=assume_a, precision=precision, tol=tol, max_refine=steps_max)
@@ -279,11 +283,33 @@ def _kinds(assume_a: str) -> tuple[str, ...]:
     return {"gen": ("lu",), "pos": ("cholesky",), "sym": ("cholesky", "lu")}[assume_a]
 
 
-def _plan(job: Job, A: Any, fdt: np.dtype, kind: str) -> FactorPlan:
+def _plan(job: Job, A: Any, fdt: np.dtype, kind: str, memory: int | None = None) -> FactorPlan:
+    memory = job.cfg.memory if memory is None else memory
     if kind == "lu":
-        return plan_lu(A.shape[0], fdt, memory=job.cfg.memory, chunks=tuple(A.chunks), source_dtype=A.dtype)
-    return plan_factor("cholesky", A.shape[0], fdt, memory=job.cfg.memory, workers=job.workers(1),
+        return plan_lu(A.shape[0], fdt, memory=memory, chunks=tuple(A.chunks), source_dtype=A.dtype)
+    return plan_factor("cholesky", A.shape[0], fdt, memory=memory, workers=job.workers(1),
                        chunks=tuple(A.chunks), widen=True)
+
+
+def _gemm_memory(memory: int) -> int:
+    """The residual GEMM's budget: the whole less what its run holds beside the plan's buffers (the
+    scheduler's thread, chunk metadata: about 0.45 MiB measured at a 2 MiB budget, where the plan
+    alone peaked 1.15x the budget)."""
+    return memory - min(memory // 4, RUNTIME_RESERVE)
+
+
+def _plan_steps(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: int) -> None:
+    """Every step of the square solve planned at ``memory`` (nothing read): each factorization it may
+    take, the tiles of its stores and the residual GEMM of the refinement within its share."""
+    n, k, dt = A.shape[0], B.shape[1], np.dtype(A.dtype)
+    for kind in _kinds(assume_a):
+        p = _plan(job, A, fdt, kind, memory)
+        t = p.tile if kind == "cholesky" else plan_factor(
+            "cholesky", n, dt, memory=memory, workers=job.workers(1), chunks=tuple(A.chunks)).tile
+        ch = (t, t)
+        plan_gemm(n, k, n, dt, a_chunks=ch, b_chunks=ch, memory=_gemm_memory(memory), c_chunks=ch,
+                  workers=job.workers(1), cores=job.cores(), device=job.device, device_memory=job.device_memory(),
+                  out_chunks=ch)
 
 
 def _norm_a(job: Job, ops: BlockOps, A: Any, factor: _Factor, precision: str) -> float:
@@ -486,10 +512,7 @@ def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: _Solver, run: _Square
     history: list[dict] = []
     steps = 0
 
-    # the residual GEMM is planned within the budget less what its run holds beside the plan's buffers
-    # (the scheduler's thread, chunk metadata: about 0.45 MiB measured at a 2 MiB budget, where the plan
-    # alone peaked 1.15x the budget)
-    gemm_memory = job.cfg.memory - min(job.cfg.memory // 4, RUNTIME_RESERVE)
+    gemm_memory = _gemm_memory(job.cfg.memory)  # within the budget less what its run holds beside it
 
     def residual(x: Region) -> float:
         ops.gemm(rreg.path, (0, 0), n, k, n, A.path, (0, 0), x.path, (0, 0), dtype=dt, c=B.path, alpha=-1.0,

@@ -13,6 +13,7 @@ from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
 from blocklin.operands import as_columns
 from blocklin.plan.factor import plan_factor
+from blocklin.plan.minimum import whole_call
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
 from blocklin.storage.zarr_store import create_array
@@ -48,8 +49,8 @@ class TriangularSetup:
         same_rows(T, B)
         float_operand(T, operation), float_operand(B, operation)
         dt = result_dtype([T, B], None if T.dtype == B.dtype else np.result_type(T.dtype, B.dtype))
-        plan = plan_factor("solve_triangular", n, dt, memory=job.cfg.memory, workers=job.workers(1),
-                           chunks=tuple(T.chunks), tile=tile)
+        plan = whole_call(lambda memory: plan_factor("solve_triangular", n, dt, memory=memory, workers=job.workers(1),
+                                                     chunks=tuple(T.chunks), tile=tile), job.cfg.memory, operation)
         ao = job.claim(out, [T, B], overwrite=overwrite)
         k = B.shape[1]
         create_array(ao.array_path(), shape=(n, k), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)

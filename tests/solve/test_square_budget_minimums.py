@@ -1,0 +1,83 @@
+"""A refusal of ``inv``, the square ``solve`` (LU, Cholesky), ``cho_solve`` and ``lu_solve`` names the
+minimum of the whole call, carries it as ``.minimum``, and a retry at exactly that budget runs
+(``blocklin/plan/minimum.py``): a sweep of budgets from 16 KiB doubling, each refusal retried once at
+its named minimum, the result checked against NumPy (backward error ``c n eps ||A|| ||x||``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.linalg
+import zarr
+from support.tolerances import assert_residual
+
+import blocklin as bl
+from blocklin.errors import BudgetError
+
+
+def _system(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
+    x = rng.standard_normal((n, n))
+    return a, x @ x.T + n * np.eye(n), rng.standard_normal((n, 3))
+
+
+def _calls(n: int, chunks: int | None, folder) -> dict:
+    """Each call with its check; with ``chunks`` the square operands stored in chunks of that side."""
+    a, p, b = _system(n)
+    lu, piv = scipy.linalg.lu_factor(a)
+    c = np.linalg.cholesky(p)
+
+    def stored(name: str, x: np.ndarray):
+        if chunks is None:
+            return x
+        arr = zarr.create_array(store=str(folder / f"{name}.zarr"), shape=x.shape, dtype=x.dtype,
+                                chunks=(chunks, chunks))
+        arr[...] = x
+        return str(folder / f"{name}.zarr")
+
+    sa, sp, sc, slu = stored("a", a), stored("p", p), stored("c", c), stored("lu", lu)
+    kw = {"scheduler": "sync"}
+    return {
+        "inv": (lambda m: bl.inv(sa, memory=m, **kw), lambda x: assert_residual(a, x, np.eye(n))),
+        "solve-lu": (lambda m: bl.solve(sa, b, memory=m, **kw), lambda x: assert_residual(a, x, b)),
+        "solve-cholesky": (lambda m: bl.solve(sp, b, assume_a="pos", memory=m, **kw),
+                           lambda x: assert_residual(p, x, b)),
+        "cho_solve": (lambda m: bl.cho_solve((sc, True), b, memory=m, **kw), lambda x: assert_residual(p, x, b)),
+        "lu_solve": (lambda m: bl.lu_solve((slu, piv), b, memory=m, **kw), lambda x: assert_residual(a, x, b)),
+    }
+
+
+def sweep(run, check) -> int:
+    """Budgets from 16 KiB, doubling until the call runs; every refusal is retried at its minimum."""
+    refusals, budget = 0, 16 << 10
+    while True:
+        try:
+            res = run(budget)
+        except BudgetError as err:
+            need = err.minimum
+            assert need is not None and need > budget, f"{budget}: no minimum above the budget: {err}"
+            check(run(need).to_numpy())  # never refused again: the whole call plans at its minimum
+            refusals += 1
+            budget *= 2
+            assert budget < 1 << 30
+            continue
+        check(res.to_numpy())
+        return refusals
+
+
+@pytest.mark.parametrize("chunks", [None, 32], ids=["default-chunks", "chunks-32"])
+@pytest.mark.parametrize("n", [96, pytest.param(200, marks=pytest.mark.slow)])  # the default job: n = 96
+@pytest.mark.parametrize("call", ["inv", "solve-lu", "solve-cholesky", "cho_solve", "lu_solve"])
+def test_named_minimum_of_the_whole_call_runs(call, n, chunks, tmp_path):
+    run, check = _calls(n, chunks, tmp_path)[call]
+    assert sweep(run, check) >= 1  # the sweep starts below every route's minimum
+
+
+def test_refusal_carries_the_minimum_it_names():
+    a, _, _ = _system(96)
+    with pytest.raises(BudgetError) as err:
+        bl.inv(a, memory="16KiB", scheduler="sync")
+    assert err.value.minimum > 16 << 10 and "every step of inv" in str(err.value)
+    assert isinstance(err.value.__reduce__()[1][1], int)  # kept across process boundaries
