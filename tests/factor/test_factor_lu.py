@@ -90,9 +90,10 @@ def test_lu_identical_bits_across_schedulers(tmp_path):
         np.testing.assert_array_equal(x, outs[0])
 
 
-def test_lu_resume_keeps_finished_panels(tmp_path):
-    a = bl.from_array(np.random.default_rng(5).standard_normal((64, 64)), tmp_path / "a.zarr", chunks=(16, 16))
-    ref = bl.lu(a, tmp_path / "ref.zarr", scheduler="sync", tile=16)
+@pytest.mark.parametrize("m,n,tile", [(64, 64, 16), (64, 40, 8), (40, 64, 8)], ids=["square", "tall", "wide"])
+def test_lu_resume_keeps_finished_panels(tmp_path, m, n, tile):
+    a = bl.from_array(np.random.default_rng(5).standard_normal((m, n)), tmp_path / "a.zarr", chunks=(tile, tile))
+    ref = bl.lu(a, tmp_path / "ref.zarr", scheduler="sync", tile=tile)
     import blocklin.linalg.factor.lu_panels as bo
 
     real = bo._panel_pivots
@@ -106,11 +107,11 @@ def test_lu_resume_keeps_finished_panels(tmp_path):
     bo._panel_pivots = flaky
     try:
         with pytest.raises(WorkerLostError):
-            bl.lu(a, tmp_path / "lu.zarr", scheduler="sync", resume=True, tile=16)
+            bl.lu(a, tmp_path / "lu.zarr", scheduler="sync", resume=True, tile=tile)
     finally:
         bo._panel_pivots = real
     assert len([p for p in os.listdir(tmp_path) if p.startswith(".lu.zarr.partial")]) == 1
-    f = bl.lu(a, tmp_path / "lu.zarr", scheduler="sync", resume=True, tile=16)
+    f = bl.lu(a, tmp_path / "lu.zarr", scheduler="sync", resume=True, tile=tile)
     assert f.report["skipped"] == 3
     np.testing.assert_array_equal(f[...], ref[...])
     np.testing.assert_array_equal(f.report["pivots"], ref.report["pivots"])

@@ -7,6 +7,8 @@ import pytest
 
 import blocklin as bl
 from support.memcheck import margin, needs_hwm, run_child
+from support.tolerances import assert_factorization
+from test_lu_rectangular import unpack
 
 CHILD = """
     import blocklin as bl
@@ -18,7 +20,8 @@ CHILD = """
     reset_hwm()
     f = bl.lu(a_path, out, memory=memory)
     print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": f.report["plan"]["peak_memory"],
-                      "tasks": f.report["tasks"], "growth": f.report["growth_factor"], "tile": f.report["plan"]["tile"]}))
+                      "tasks": f.report["tasks"], "growth": f.report["growth_factor"], "tile": f.report["plan"]["tile"],
+                      "tiles": f.report["plan"]["tiles"]}))
 """
 
 
@@ -86,3 +89,23 @@ def test_lu_peak_within_tiny_budgets(tmp_path, n, memory_mib):
     low, up = np.tril(packed, -1) + np.eye(n), np.triu(packed)
     np.testing.assert_allclose(low @ up, a_np[perm], rtol=0,
                                atol=4 * n * np.finfo(float).eps * r["growth"] * np.abs(a_np).max())
+
+
+@needs_hwm
+@pytest.mark.slow
+@pytest.mark.parametrize("m,n", [(6144, 640), (640, 6144)], ids=["tall", "wide"])
+def test_rectangular_lu_peak_within_budget(tmp_path, m, n):
+    """An operand 3.75x the budget (30 MiB, 8 MiB): the measured peak within the budget and margin."""
+    memory_mib = 8
+    a = bl.random(tmp_path / "a.zarr", (m, n), seed=1, chunks=(128, 128))
+    budget = memory_mib * 2**20
+    assert a.nbytes >= 3 * budget
+    r = run_child(CHILD, a.path, str(tmp_path / "lu.zarr"), f"{memory_mib}MiB")
+    used = r["peak"] - r["baseline"]
+    assert r["plan_peak"] <= budget and r["tiles"] >= 4
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget {memory_mib} MiB"
+    # spot check: the first 64 columns of P A = L U (they need all of L's first 64 columns and U's first block)
+    lu = bl.open(tmp_path / "lu.zarr")
+    perm, low, up = unpack(lu[:, 0:64], lu.provenance["pivots"])  # every swap: L's rows are in their final order
+    a64 = a[:, 0:64]
+    assert_factorization(a64[perm], low @ up, factors=(low, up))
