@@ -19,8 +19,10 @@ from blocklin.errors import DTypeError, ParameterError, ShapeError, explain
 
 #: The floating dtypes the factorizations compute in (float16 has too few digits for them).
 FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+#: The complex dtypes (GEMM, LU, Cholesky and the solves built on them compute in these too).
+COMPLEX_DTYPES = (np.dtype(np.complex64), np.dtype(np.complex128))
 #: The dtypes GEMM computes in.
-GEMM_DTYPES = FLOAT_DTYPES + (np.dtype(np.complex64), np.dtype(np.complex128))
+GEMM_DTYPES = FLOAT_DTYPES + COMPLEX_DTYPES
 
 
 #: What ``precision=`` may ask for (``matmul``, ``solve``, ``inv``; each accepts those that make
@@ -49,7 +51,8 @@ def precision(value: Any, allowed: Sequence[str], *, operation: str, why: str = 
 
 #: The fix a refusal of complex data offers, until every operation takes complex.
 COMPLEX_FIX = ("split it into real and imaginary parts (for a linear system, the real form [[Re, -Im], [Im, Re]]), "
-               "or use blocklin.matmul, which takes complex")
+               "or use an operation that takes complex: blocklin.matmul, lu, cholesky, lu_solve, cho_solve, "
+               "solve_triangular, det, slogdet, or solve of a square system (assume_a='gen' with lam=0, or 'pos')")
 
 
 def native(dtype: Any) -> np.dtype:
@@ -58,13 +61,16 @@ def native(dtype: Any) -> np.dtype:
     return dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
 
 
-def float_operand(op: Any, operation: str | None = None) -> np.dtype:
-    """The dtype of an operand that must be float32 or float64 (float16, integers, complex refused).
+def float_operand(op: Any, operation: str | None = None, *, complex_ok: bool = False) -> np.dtype:
+    """The dtype of an operand that must be float32 or float64 (float16, integers, complex refused),
+    or with ``complex_ok`` also complex64 or complex128 (an operation built and tested for complex data).
 
     Complex data is refused with its own fix (converting it to a real dtype would drop the imaginary
     parts); ``operation`` names the operation in that message.
     """
     dt = native(op.dtype)
+    if dt in COMPLEX_DTYPES and complex_ok:
+        return dt
     if dt.kind == "c":
         raise DTypeError(explain(op.name, f"dtype must be float32 or float64 ({operation or 'this operation'} does "
                                  "not take complex data yet)", dt.name, COMPLEX_FIX))
@@ -72,6 +78,15 @@ def float_operand(op: Any, operation: str | None = None) -> np.dtype:
         raise DTypeError(explain(op.name, "dtype must be float32 or float64", dt.name,
                                  "convert it (blocklin convert --dtype float64)"))
     return dt
+
+
+def real_operand(op: Any, operation: str) -> None:
+    """Refuse complex data where ``operation`` takes any real dtype but not complex (its sums of ``a``
+    or ``a^2`` would drop or mix the imaginary parts)."""
+    dt = native(op.dtype)
+    if dt.kind == "c":
+        raise DTypeError(explain(op.name, f"must be real ({operation} does not take complex data yet)", dt.name,
+                                 COMPLEX_FIX))
 
 
 def result_dtype(operands: Sequence[Any], dtype: Any, allowed: tuple = GEMM_DTYPES,
@@ -115,9 +130,18 @@ def result_dtype(operands: Sequence[Any], dtype: Any, allowed: tuple = GEMM_DTYP
     return dt
 
 
-def same_dtype(*operands: Any) -> np.dtype:
-    """Operands that share one dtype (a solve casts nothing silently, as GEMM does not)."""
+def same_dtype(*operands: Any, complex_promotion: bool = False) -> np.dtype:
+    """Operands that share one dtype (a solve casts nothing silently, as GEMM does not).
+
+    With ``complex_promotion`` a real and a complex operand of one precision (float64 and complex128,
+    float32 and complex64) give the complex dtype, NumPy's promotion (the real one is read as complex;
+    nothing gains precision); any other mix is refused.
+    """
     dts = {native(op.dtype) for op in operands}
+    if complex_promotion and len(dts) == 2 and len({d.kind for d in dts}) == 2:
+        promoted = np.result_type(*dts)
+        if all(np.finfo(d).dtype == np.finfo(promoted).dtype for d in dts):
+            return promoted
     if len(dts) > 1:
         listing = ", ".join(f"{op.name}: {native(op.dtype).name}" for op in operands)
         widest = max(dts, key=lambda d: d.itemsize).name

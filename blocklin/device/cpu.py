@@ -163,7 +163,10 @@ def _blas_gemm(dtype: np.dtype):
 def _blas_trsm(dtype: np.dtype):
     from scipy.linalg import blas
 
-    return {np.dtype(np.float64): blas.dtrsm, np.dtype(np.float32): blas.strsm}.get(np.dtype(dtype))
+    # complex too: the calls below use only transposes (trans_a 0 or 1), never BLAS's conjugate (2),
+    # so the C-ordered operands passed as their transposes stay exact for complex data
+    return {np.dtype(np.float64): blas.dtrsm, np.dtype(np.float32): blas.strsm,
+            np.dtype(np.complex128): blas.ztrsm, np.dtype(np.complex64): blas.ctrsm}.get(np.dtype(dtype))
 
 
 def _fortran_operand(t: np.ndarray) -> tuple[np.ndarray, bool]:

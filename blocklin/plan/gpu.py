@@ -33,7 +33,10 @@ def crossover_tile(dtype, *, gpu: str = DEFAULT_GPU, precision: str | None = Non
     """Smallest square tile that keeps ``gpu`` compute-bound for ``dtype`` (TF32 when ``precision='tf32'``)."""
     dt = np.dtype(dtype)
     spec = GPUS[gpu]
-    peak = spec["tf32"] if precision == "tf32" and dt == np.float32 else spec[dt.name]
+    if dt.kind == "c":  # a complex multiply-add is four real ones: a quarter of the real peak in complex flops
+        peak = spec[np.finfo(dt).dtype.name] / 4
+    else:
+        peak = spec["tf32"] if precision == "tf32" and dt == np.float32 else spec[dt.name]
     return math.ceil(peak / (link or spec["link"]) * dt.itemsize)
 
 

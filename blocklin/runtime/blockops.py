@@ -193,13 +193,14 @@ class BlockOps:
         return job.run(graph, workers=sb.workers, blas_threads=max(1, job.cores() // sb.workers),
                        description=description)
 
-    def trsm(self, t: Region, b: Region, out: Region, *, lower: bool, trans: bool = False, side: str = "left",
+    def trsm(self, t: Region, b: Region, out: Region, *, lower: bool, trans: bool | str = False, side: str = "left",
              alpha: float = 1.0, dtype: Any, check: bool = False, done_dir: Any = None, unit: bool = False,
              description: str = "trsm") -> list[dict]:
         """``out = alpha * op(T)^-1 B`` (``side="left"``) or ``alpha * B op(T)^-1`` (``"right"``).
 
-        ``T`` is read only in its ``lower`` (or upper) triangle; ``op(T) = T^T`` when ``trans``;
-        ``unit``: ``T`` has a unit diagonal, not read (the ``L`` of a packed LU).
+        ``T`` is read only in its ``lower`` (or upper) triangle; ``op(T)`` is ``T`` (``trans`` False
+        or ``"N"``), ``T^T`` (True or ``"T"``) or ``T^H`` (``"C"``, BLAS's conjugate transpose; ``T^T``
+        of real data); ``unit``: ``T`` has a unit diagonal, not read (the ``L`` of a packed LU).
         The right-side solve is the left-side solve of the transposed system
         (``op(T)^T X^T = B^T``), read and written through transposed views. Tile ``(i, c)`` of
         ``X`` is one task: ``B(i, c)`` minus the products with the already solved tiles of
@@ -207,11 +208,15 @@ class BlockOps:
         """
         if side not in ("left", "right"):
             raise ParameterError(f"trsm: side must be 'left' or 'right', got {side!r}")
+        op = {False: "N", True: "T"}.get(trans, trans) if isinstance(trans, bool) else trans
+        if op not in ("N", "T", "C"):
+            raise ParameterError(f"trsm: trans must be 'N', 'T', 'C' or a bool, got {trans!r}")
         n = t.shape[0]
-        if side == "right":
-            t_l, b_l, x_l = t.T if not trans else t, b.T, out.T
+        if side == "right":  # X op(T) = B is op(T)^T X^T = B^T: op(T)^T is T^T, T, or conj(T)
+            t_l = {"N": t.T, "T": t, "C": dataclasses.replace(t, conj=not t.conj)}[op]
+            b_l, x_l = b.T, out.T
         else:
-            t_l, b_l, x_l = t.T if trans else t, b, out
+            t_l, b_l, x_l = {"N": t, "T": t.T, "C": t.H}[op], b, out
         lower_eff = lower != (t_l.trans != t.trans)
         if t.shape != (n, n) or b_l.shape[0] != n or x_l.shape != b_l.shape:
             raise ShapeError(f"trsm: shapes do not agree: t {t.shape}, b {b.shape}, out {out.shape}, side {side}")
@@ -302,11 +307,12 @@ def column_strips(n: int, width: int) -> list[tuple[int, int]]:
 
 @dataclasses.dataclass(frozen=True)
 class Region:
-    """The matrix ``X[r0:r0+rows, c0:c0+cols]`` of store ``path``, or its transpose when ``trans``.
+    """The matrix ``X[r0:r0+rows, c0:c0+cols]`` of store ``path``, or its transpose when ``trans``,
+    its complex conjugate when ``conj`` (``.H``: the conjugate transpose; a no-op on real data).
 
     ``shape`` is the shape of the view (transposed when ``trans``). Tiles of side ``t`` of the view
     map onto whole chunks of the store when the offsets are multiples of the chunk side and ``t``
-    is that side.
+    is that side. A conjugated view is conjugated as it is read and as it is written.
     """
 
     #: A local path, URL or :class:`~blocklin.storage.location.Location` (storage options kept).
@@ -314,6 +320,7 @@ class Region:
     off: tuple[int, int]
     stored: tuple[int, int]
     trans: bool = False
+    conj: bool = False
 
     @classmethod
     def of(cls, path: Any, shape: tuple[int, int], off: tuple[int, int] = (0, 0)) -> Region:
@@ -328,6 +335,14 @@ class Region:
     @property
     def T(self) -> Region:  # noqa: N802
         return dataclasses.replace(self, trans=not self.trans)
+
+    @property
+    def H(self) -> Region:  # noqa: N802
+        """The conjugate transpose (LAPACK's ``'C'``; the transpose of real data)."""
+        return dataclasses.replace(self, trans=not self.trans, conj=not self.conj)
+
+    def _conj(self, block: np.ndarray) -> np.ndarray:
+        return np.conj(block) if self.conj and block.dtype.kind == "c" else block
 
     def _stored_slices(self, i: int, j: int, t: int) -> tuple[slice, slice]:
         rows, cols = self.shape
@@ -344,13 +359,13 @@ class Region:
         block = read_block(open_array(self.path), rs, cs)
         if check:
             check_finite(block, name, rs, cs)
-        block = block.T if self.trans else block
+        block = self._conj(block.T if self.trans else block)
         return np.ascontiguousarray(block, dtype=dtype)
 
     def read_stored(self, rows: slice, cols: slice, dtype: Any = None, check: bool = False,
                     name: str = "a") -> np.ndarray:
         """``view[rows, cols]`` as stored: its ``.T`` when the view is transposed (no copy for the
-        transpose; cast to ``dtype`` when given)."""
+        transpose; cast to ``dtype`` when given; conjugated when the view is)."""
         if self.trans:
             rows, cols = cols, rows
         rs = slice(self.off[0] + rows.start, self.off[0] + rows.stop)
@@ -358,6 +373,7 @@ class Region:
         block = read_block(open_array(self.path), rs, cs)
         if check:
             check_finite(block, name, rs, cs)
+        block = self._conj(block)
         return block if dtype is None else np.asarray(block, dtype=dtype)
 
     def read_rows(self, rows: slice, dtype: Any, check: bool = False, name: str = "a") -> np.ndarray:
@@ -367,7 +383,7 @@ class Region:
 
     def write(self, i: int, j: int, t: int, block: np.ndarray) -> None:
         rs, cs = self._stored_slices(i, j, t)
-        write_block(open_array(self.path, mode="r+"), rs, cs, block.T if self.trans else block)
+        write_block(open_array(self.path, mode="r+"), rs, cs, self._conj(block.T if self.trans else block))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -581,24 +597,38 @@ def axpby_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
     y = spec.b.read(i, j, t, dt)
     z = dt.type(spec.alpha) * x + dt.type(spec.beta) * y
     spec.out.write(i, j, t, z)
-    return {"bytes_read": x.nbytes + y.nbytes, "bytes_written": z.nbytes,
-            "sumsq": float(np.einsum("ij,ij->", z, z, dtype=np.float64))}
+    return {"bytes_read": x.nbytes + y.nbytes, "bytes_written": z.nbytes, "sumsq": sum_squares(z)}
+
+
+def real_parts(x: np.ndarray) -> np.ndarray:
+    """A real array whose squares sum to ``sum |x_ij|^2``: ``x`` itself, or for complex ``x`` its real
+    and imaginary parts interleaved along the last axis (a view of a C-contiguous ``x``, ``m x 2n``)."""
+    return np.ascontiguousarray(x).view(x.real.dtype) if x.dtype.kind == "c" else x
+
+
+def sum_squares(x: np.ndarray) -> float:
+    """``sum |x_ij|^2`` of a 2-D block in float64 (``||x||_F^2``; ``x^H x`` summed for complex)."""
+    r = real_parts(x)
+    return float(np.einsum("ij,ij->", r, r, dtype=np.float64))
 
 
 @with_task_settings
 def sumsq_tile_task(spec: TileOpSpec, i: int, j: int, columns: bool = False, safe: bool = False) -> dict:
-    """``sum(A(i,j)**2)`` in float64 (and per column, with the tile's first column, when ``columns``);
+    """``sum |A(i,j)|^2`` in float64 (and per column, with the tile's first column, when ``columns``);
     ``safe``: the tile's Frobenius ``norm`` instead, of the tile divided by a power of two near its
     largest entry (exact), so that entries near 1e200 or 1e-200 neither overflow nor underflow."""
     x = spec.a.read(i, j, spec.tile, np.dtype(open_array(spec.a.path).dtype))
+    nbytes, cplx = x.nbytes, x.dtype.kind == "c"
+    x = real_parts(x)  # |z|^2 = Re^2 + Im^2: the squares of both parts (interleaved columns)
     if safe:
         top = float(np.max(np.abs(x))) if x.size else 0.0
         e = int(np.frexp(top)[1]) if 0 < top < np.inf else 0
         y = np.ldexp(x.astype(np.float64), -e)
-        return {"bytes_read": x.nbytes, "norm": float(np.ldexp(np.sqrt(np.einsum("ij,ij->", y, y)), e))}
-    out = {"bytes_read": x.nbytes, "sumsq": float(np.einsum("ij,ij->", x, x, dtype=np.float64))}
+        return {"bytes_read": nbytes, "norm": float(np.ldexp(np.sqrt(np.einsum("ij,ij->", y, y)), e))}
+    out = {"bytes_read": nbytes, "sumsq": float(np.einsum("ij,ij->", x, x, dtype=np.float64))}
     if columns:
-        out["columns"] = (j * spec.tile, np.einsum("ij,ij->j", x, x, dtype=np.float64))
+        per = np.einsum("ij,ij->j", x, x, dtype=np.float64)
+        out["columns"] = (j * spec.tile, per[0::2] + per[1::2] if cplx else per)
     return out
 
 

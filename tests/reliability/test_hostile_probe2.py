@@ -89,12 +89,12 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
         "pca": lambda: bl.pca(Z, 3, memory=MEM),
         "eigsh": lambda: bl.eigsh(S, 3, order="descending", memory=MEM),
         "solve": lambda: bl.solve(Z, z[:, :2].copy(), memory=MEM),
-        "solve square": lambda: bl.solve(S, s[:, :2].copy(), memory=MEM),
+        "solve square, lam > 0": lambda: bl.solve(S, s[:, :2].copy(), lam=0.5, memory=MEM),
+        "solve square, assume_a='gen', method='normal'": lambda: bl.solve(S, s[:, :2].copy(), method="normal",
+                                                                          memory=MEM),
         "inv": lambda: bl.inv(S, memory=MEM),
-        "cholesky": lambda: bl.cholesky(S, memory=MEM),
-        "lu": lambda: bl.lu(S, memory=MEM),
         "qr": lambda: bl.qr(Z, memory=MEM),
-        "solve_triangular": lambda: bl.solve_triangular(S, s[:, :2].copy(), memory=MEM),
+        "norm": lambda: bl.norm(S, memory=MEM),
         "aslinearoperator": lambda: bl.aslinearoperator(Z),
     }
     for name, call in refusing.items():
@@ -109,6 +109,23 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
     c = bl.matmul(Z, S, memory=MEM).to_numpy()
     ref = z.astype(np.complex128) @ s.astype(np.complex128)
     assert np.linalg.norm(c - ref) <= 4 * 30 * eps * np.linalg.norm(z) * np.linalg.norm(s)
+    # LU, Cholesky and the square solves take complex (tests/factor/test_complex_factors.py and
+    # tests/solve/test_complex_solves.py check them in depth): here, their backward errors
+    f = bl.lu(S, memory=MEM)
+    perm = np.arange(30)
+    for i, p in enumerate(f.report["pivots"]):
+        perm[[i, p]] = perm[[p, i]]
+    packed = f.to_numpy().astype(np.complex128)
+    low, up = np.tril(packed, -1) + np.eye(30), np.triu(packed)
+    # GEPP's backward error 2 n eps ||L|| ||U||, times 3 sqrt(2) for complex arithmetic (Higham Lemma 3.5)
+    assert np.linalg.norm(s[perm] - low @ up) <= 3 * np.sqrt(2) * 2 * 30 * eps * np.linalg.norm(low) * np.linalg.norm(up)
+    c = bl.cholesky(S, memory=MEM).to_numpy().astype(np.complex128)
+    assert np.linalg.norm(s - c @ c.conj().T) <= 3 * np.sqrt(2) * 4 * 30 * eps * np.linalg.norm(s)
+    rhs = s[:, :2].copy()
+    for x in (bl.solve(S, rhs, memory=MEM), bl.solve(S, rhs, assume_a="pos", memory=MEM),
+              bl.cho_solve(bl.cholesky(S, memory=MEM), rhs, memory=MEM), bl.lu_solve(f, rhs, memory=MEM)):
+        xs = x.to_numpy().astype(np.complex128)
+        assert np.linalg.norm(s @ xs - rhs) <= 3 * np.sqrt(2) * 4 * 30 * eps * np.linalg.norm(s) * np.linalg.norm(xs)
     bl.convert(str(tmp_path / "z.zarr"), str(tmp_path / "copy.zarr"))
     assert np.array_equal(bl.open(str(tmp_path / "copy.zarr")).to_numpy(), z)  # a copy: bit for bit
 

@@ -746,6 +746,18 @@ ndarray.__matmul__ = lambda self, other: matmul(self, other)
 ndarray.__neg__ = lambda self: _rbinary(np.multiply, self, -1)
 
 
+def _conj(self: ndarray) -> ndarray:
+    """``x.conj()``: ``x`` itself for real data (as CuPy), else a kernel into a new array of ``x``'s layout."""
+    if self.dtype.kind != "c":
+        return self
+    fortran = self._a.flags.f_contiguous and not self._a.flags.c_contiguous
+    out = ndarray(self.shape, self.dtype, order="F" if fortran else "C")
+    return _elementwise(lambda dst, src: np.conjugate(src, out=dst), out, [self], "conj")
+
+
+ndarray.conj = ndarray.conjugate = _conj
+
+
 # -- creation and conversion --------------------------------------------------------------------------
 def empty(shape, dtype=float, order="C") -> ndarray:
     return ndarray(shape, dtype, order=order)

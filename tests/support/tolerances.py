@@ -28,12 +28,14 @@ __all__ = [
 
 
 def eps(dtype) -> float:
-    """Machine epsilon of the dtype a computation ran in (``2 u``, u the unit roundoff)."""
+    """Machine epsilon of the dtype a computation ran in (``2 u``, u the unit roundoff; of a complex
+    dtype, that of its real and imaginary parts)."""
     return float(np.finfo(np.dtype(dtype)).eps)
 
 
 def _f64(x) -> np.ndarray:
-    return np.asarray(x, dtype=np.float64)
+    """``x`` in float64, or complex128 for complex data (never its real part alone)."""
+    return np.asarray(x, dtype=np.complex128 if np.iscomplexobj(x) else np.float64)
 
 
 def _fro(x) -> float:

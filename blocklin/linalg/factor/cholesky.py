@@ -22,31 +22,34 @@ REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_logical", "byt
 
 def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = False, resume: bool = False,
              explain: bool = False, tile: int | None = None, **settings: Unpack[Settings]) -> Matrix | FactorPlan:
-    """Cholesky factor of a symmetric positive definite matrix larger than memory.
+    """Cholesky factor of a symmetric (Hermitian) positive definite matrix larger than memory.
 
-    ``A = L L^T`` (``lower=True``, ``L`` written) or ``A = U^T U`` (``lower=False``, ``U = L^T``
-    written). Like LAPACK's ``potrf``, only the triangle named by ``lower`` is read; the other
-    triangle of the output is zero.
+    ``A = L L^H`` (``lower=True``, ``L`` written) or ``A = U^H U`` (``lower=False``, ``U = L^H``
+    written); ``^H`` is the conjugate transpose, ``^T`` of real data (LAPACK's ``potrf`` and
+    ``scipy.linalg.cholesky``). Like LAPACK's ``potrf``, only the triangle named by ``lower`` is
+    read (the other one is taken to be its conjugate transpose, never checked); the other triangle
+    of the output is zero.
 
     The matrix is cut into square tiles of side ``t`` (the output's chunk side). Tile ``(i, j)``,
     ``i >= j``, of ``L`` is one task of a Dask graph (left-looking, "Crout" order):
 
     .. math::
 
-        S = A_{ij} - \\sum_{k<j} L_{ik} L_{jk}^T,\\qquad
-        L_{jj} = \\operatorname{chol}(S)\\ (i = j),\\qquad L_{ij} = S L_{jj}^{-T}\\ (i > j).
+        S = A_{ij} - \\sum_{k<j} L_{ik} L_{jk}^H,\\qquad
+        L_{jj} = \\operatorname{chol}(S)\\ (i = j),\\qquad L_{ij} = S L_{jj}^{-H}\\ (i > j).
 
     Each task reads its input tile and ``2 j`` finished factor tiles, and writes its tile once.
 
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
-        Square, symmetric positive definite, float32 or float64. Never modified.
+        Square, symmetric positive definite, float32 or float64, or Hermitian positive definite,
+        complex64 or complex128. Never modified.
     out : path, optional
         Output store (atomic: written under a temporary name and renamed when complete); a new
         store under the temp dir when omitted.
     lower : bool
-        Return ``L`` (reading the lower triangle of ``A``) or ``U = L^T`` (reading the upper one).
+        Return ``L`` (reading the lower triangle of ``A``) or ``U = L^H`` (reading the upper one).
     overwrite : bool
         Replace an existing ``out``.
     resume : bool
@@ -71,9 +74,11 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
     ------
     NotPositiveDefiniteError
         A pivot ``<= 0``: the message names its row/column and suggests a ridge (``lam=``) or
-        ``assume_a="gen"``.
+        ``assume_a="gen"``. Of complex data also a diagonal entry of ``A`` that is not real (beyond
+        rounding: ``|Im a_jj| > sqrt(eps) |a_jj|``; a Hermitian matrix has a real diagonal, and a
+        smaller imaginary part is dropped, as ``zpotrf`` reads only the real part of each pivot).
     ShapeError, DTypeError, NonFiniteError
-        ``a`` not square, not float32/float64, or holding NaN/Inf.
+        ``a`` not square, not of the four dtypes, or holding NaN/Inf.
 
     Notes
     -----
@@ -84,13 +89,15 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
     the bits do not depend on the scheduler or the number of workers. Cost: ``n^3/3`` flops;
     ``n^3 / (3 t)`` elements read (``t`` the tile side); memory: ``6`` tiles per concurrent task.
     Backward stability is that of the blocked Cholesky (Higham, *Accuracy and Stability of
-    Numerical Algorithms*, 2002, Thm. 10.3): ``L L^T = A + E`` with ``|E| <= c n u |L| |L^T|``.
+    Numerical Algorithms*, 2002, Thm. 10.3): ``L L^H = A + E`` with ``|E| <= c n u |L| |L^H|``
+    (complex arithmetic: a larger constant, Higham §3.6). Complex data costs four times the real
+    flops (``flops`` counts ``n^3 / 3`` operations of the dtype, as for real data).
     """
     with Job("cholesky", **settings) as job:
         A = job.operand(a, "a", integers="cast")
         n = square(A, "for a Cholesky factorization", "factor a square symmetric matrix (for least squares use "
                    "blocklin.solve(a, b))")
-        dt = float_operand(A, "cholesky")
+        dt = float_operand(A, "cholesky", complex_ok=True)
         plan = plan_factor("cholesky", n, dt, memory=job.cfg.memory, workers=job.workers(1),
                            chunks=tuple(A.chunks), tile=tile, widen=True)
         if explain:
@@ -116,8 +123,8 @@ def factor_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, lower: bool = 
     ops.workers = plan.workers
     src = Region.of(A.path, A.shape)
     dst = Region.of(path, A.shape)
-    # an upper factor: read A's upper triangle as the lower one of A^T, write L^T
-    return tiled_cholesky(ops, src if lower else src.T, dst if lower else dst.T, dtype=plan.dtype,
+    # an upper factor: read A's upper triangle as the lower one of A^H, write L^H (A^T, L^T of real data)
+    return tiled_cholesky(ops, src if lower else src.H, dst if lower else dst.H, dtype=plan.dtype,
                           check=job.check_finite, done_dir=done_dir, description="Cholesky tiles")
 
 

@@ -9,6 +9,7 @@ of parallel tiled linear algebra algorithms for multicore architectures", Parall
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from typing import Any
 
@@ -18,7 +19,7 @@ from blocklin.device import get_device
 from blocklin.device.base import PANEL_GETRF_THREADS
 from blocklin.errors import NotPositiveDefiniteError, SingularMatrixError, explain
 from blocklin.runtime.blockops import (BlockOps, Region, TileOpSpec, done_marker, holds_device, mark_finished,
-                                       skip_done, tile_count)
+                                       skip_done, sum_squares, tile_count)
 from blocklin.runtime.tiles import with_task_settings
 
 
@@ -33,10 +34,11 @@ def potrf(ops: BlockOps, a: Region, out: Region, *, dtype: Any, description: str
 
 def tiled_cholesky(ops: BlockOps, a: Region, out: Region, *, dtype: Any, check: bool = True, done_dir: Any = None,
              description: str = "cholesky") -> list[dict]:
-    """Tiled left-looking Cholesky ``A = L L^T`` of a stored region into ``out`` (lower tiles).
+    """Tiled left-looking Cholesky ``A = L L^H`` of a stored region into ``out`` (lower tiles; ``L L^T``
+    of real data).
 
-    Only the lower triangle of ``a`` is read (pass a transposed view to factor from the upper
-    one; pass ``out.T`` to store ``L^T``). Tile ``(i, j)`` waits for ``(i, j-1)`` and, below the
+    Only the lower triangle of ``a`` is read (pass a conjugate-transposed view ``a.H`` to factor from
+    the upper one; pass ``out.H`` to store ``L^H``). Tile ``(i, j)`` waits for ``(i, j-1)`` and, below the
     diagonal, for ``(j, j)``: these chains order the whole column ``j`` after column ``j - 1``.
     """
     n = a.shape[0]
@@ -70,8 +72,9 @@ def potrf_task(spec: TileOpSpec) -> dict:
 @with_task_settings
 @holds_device(lambda spec, *_: 5)  # the accumulator, two factor tiles, L(j,j), the solve
 def cholesky_tile_task(spec: TileOpSpec, i: int, j: int, deps: list) -> dict:
-    """Tile ``L(i, j)`` of the left-looking Cholesky: ``A(i,j) - sum_k L(i,k) L(j,k)^T``, then POTRF
-    (``i == j``) or TRSM with ``L(j,j)^T`` (``i > j``); written once, so rerunning it is harmless."""
+    """Tile ``L(i, j)`` of the left-looking Cholesky: ``A(i,j) - sum_k L(i,k) L(j,k)^H``, then POTRF
+    (``i == j``) or TRSM with ``L(j,j)^H`` (``i > j``); written once, so rerunning it is harmless.
+    ``^H`` is the conjugate transpose (LAPACK's ``zherk``/``ztrsm`` with ``'C'``), ``^T`` of real data."""
     marker = done_marker(spec, f"chol-{i}-{j}")
     if skip_done(marker):
         return {"skipped": 1}
@@ -79,27 +82,67 @@ def cholesky_tile_task(spec: TileOpSpec, i: int, j: int, deps: list) -> dict:
     dev = get_device(spec.device, device_memory=spec.device_memory)
     host = spec.a.read(i, j, t, dt, spec.check)
     if i == j:  # only the lower triangle is read (as LAPACK's potrf with uplo='L')
-        host = np.tril(host) + np.tril(host, -1).T
+        if dt.kind == "c":
+            host = _hermitian_diagonal_tile(host, j * t)
+        else:
+            host = np.tril(host) + np.tril(host, -1).T
     # ||A||_F^2 from the lower tiles (an off-diagonal tile stands for two)
-    sumsq = float(np.einsum("ij,ij->", host, host, dtype=np.float64)) * (1 if i == j else 2)
+    sumsq = sum_squares(host) * (1 if i == j else 2)
     acc = dev.to_device(host)
     nread = host.nbytes
     for k in range(j):  # fixed order over k: the same bits on every scheduler and worker count
         lik = dev.to_device(spec.out.read(i, k, t, dt))
         ljk = lik if i == j else dev.to_device(spec.out.read(j, k, t, dt))
-        dev.gemm_acc(acc, lik, ljk.T, -1.0)
+        dev.gemm_acc(acc, lik, _ct(dev, ljk), -1.0)  # L(i,k) L(j,k)^H (^T of real data)
         nread += lik.nbytes * (1 if i == j else 2)
     if i == j:
         tile = _factor_diagonal(dev, acc, j * t, spec)
     else:
         ljj = dev.to_device(spec.out.read(j, j, t, dt))
-        tile = np.asarray(dev.to_host(dev.solve_triangular(ljj, acc.T, lower=True))).T  # A(i,j) L(j,j)^-T
+        # A(i,j) L(j,j)^-H = (L(j,j)^-1 A(i,j)^H)^H
+        tile = _ct(dev, np.asarray(dev.to_host(dev.solve_triangular(ljj, _ct(dev, acc), lower=True))))
         nread += ljj.nbytes
     spec.out.write(i, j, t, tile)
     mark_finished(marker)
     rows, cols = tile.shape
     return {"bytes_read": nread, "bytes_written": tile.nbytes, "sumsq": sumsq,
             "flops": 2 * rows * cols * j * t + (cols**3 // 3 if i == j else rows * cols * cols)}
+
+
+def _ct(dev: Any, x: Any) -> Any:
+    """The conjugate transpose of a host or device tile (its transpose, a view, for real data; a
+    device tile is conjugated on the device's compute stream)."""
+    if x.dtype.kind != "c":
+        return x.T
+    with dev.on_compute():
+        return x.T.conj()
+
+
+def hermitian_rtol(dtype: Any) -> float:
+    """Largest ``|Im a_jj| / |a_jj|`` a complex Cholesky takes as rounding (``sqrt(eps)``, the relative
+    asymmetry :func:`blocklin.eigsh` tolerates): a Hermitian matrix formed in floating point, such as
+    ``B @ B.conj().T``, can carry imaginary parts of about ``n eps |a_jj|`` on its diagonal."""
+    return math.sqrt(float(np.finfo(np.dtype(dtype)).eps))
+
+
+def _hermitian_diagonal_tile(host: np.ndarray, offset: int) -> np.ndarray:
+    """A complex diagonal tile from its lower triangle, Hermitian: ``tril(A) + tril(A, -1)^H`` with a real
+    diagonal. The diagonal of a Hermitian matrix is real: an imaginary part beyond :func:`hermitian_rtol`
+    is refused as not Hermitian positive definite, a smaller one dropped (LAPACK's ``zpotrf`` reads
+    only the real part of each pivot)."""
+    d = np.diagonal(host)
+    bad = np.flatnonzero(np.abs(d.imag) > hermitian_rtol(host.dtype) * np.abs(d))
+    if bad.size:
+        pivot = offset + int(bad[0])
+        raise NotPositiveDefiniteError(explain(
+            "a", "must be Hermitian positive definite for a Cholesky factorization (a Hermitian matrix has a "
+            f"real diagonal; imaginary parts up to {hermitian_rtol(host.dtype):.1e} |a_jj| are taken as rounding)",
+            f"a[{pivot}, {pivot}] = {complex(d[bad[0]]):.6g}, not real", "pass a Hermitian matrix (for example "
+            "(A + A^H) / 2), or, for a general or complex symmetric matrix, solve with assume_a='gen'"), pivot=pivot)
+    low = np.tril(host)
+    out = low + np.tril(host, -1).T.conj()
+    np.fill_diagonal(out, d.real)
+    return out
 
 
 def _factor_diagonal(dev: Any, acc: Any, offset: int, spec: TileOpSpec) -> np.ndarray:
@@ -122,13 +165,15 @@ def _factor_diagonal(dev: Any, acc: Any, offset: int, spec: TileOpSpec) -> np.nd
         pass
     from scipy.linalg import lapack
 
-    host = np.array(dev.to_host(acc), dtype=np.float64)
-    info = lapack.dpotrf(host, lower=1, clean=1)[1] if np.isfinite(host).all() else 1
+    host = np.array(dev.to_host(acc), dtype=np.complex128 if acc.dtype.kind == "c" else np.float64)
+    potrf = lapack.get_lapack_funcs("potrf", (host,))
+    info = potrf(host, lower=1, clean=1)[1] if np.isfinite(host).all() else 1
     local = max(int(info), 1) - 1
     size = host.shape[0]
     pivot = offset + local
     raise NotPositiveDefiniteError(explain(
-        "a", "must be symmetric positive definite for a Cholesky factorization",
+        "a", f"must be {'Hermitian' if acc.dtype.kind == 'c' else 'symmetric'} positive definite for a Cholesky "
+        "factorization",
         f"a pivot <= 0 (or NaN) at row/column {pivot} (diagonal tile rows {offset}:{offset + size}, after the "
         f"updates from the columns before it)",
         "regularize with a ridge (blocklin.solve(a, b, lam=...) or add lam to the diagonal), or, for a "

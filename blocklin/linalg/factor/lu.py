@@ -42,7 +42,7 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
-        ``m x n`` (any shape), float32 or float64. Never modified.
+        ``m x n`` (any shape), float32, float64, complex64 or complex128. Never modified.
     out : path, optional
         Output store (atomic).
     overwrite, resume : bool
@@ -68,7 +68,9 @@ def lu(a: Any, out: Any = None, *, overwrite: bool = False, resume: bool = False
     after the updates from the panels before it (left-looking: Du Croz, Mayes and Radicati, and
     the out-of-core ScaLAPACK of D'Azevedo and Dongarra, 2000). The pivot of every column is
     chosen among all its remaining rows, exactly as in Gaussian elimination with partial pivoting
-    on the whole matrix, so the usual bound holds (growth factor ``<= 2^(n-1)``, in practice
+    on the whole matrix (of complex data by LAPACK's rule, the largest ``|Re| + |Im|``: reference
+    BLAS ``izamax``, which ``zgetrf`` uses, so the pivots are ``scipy.linalg.lu_factor``'s), so the
+    usual bound holds (growth factor ``<= 2^(n-1)``, in practice
     ``O(n^(2/3))``; Trefethen and Schreiber 1990) and the measured growth factor is reported. A
     singular leading block does not break it, unlike pivoting inside diagonal blocks (as in
     ``dask.array.linalg.lu``). A zero pivot (``A`` singular, or a rectangular ``A`` of rank below
@@ -98,7 +100,7 @@ def _factor(a: Any, out: Any, overwrite: bool, resume: bool, explain: bool, tile
         m, n = A.shape
         if require_square is not None:
             square(A, *require_square)
-        dt = float_operand(A, "lu")
+        dt = float_operand(A, "lu", complex_ok=True)
         plan = plan_lu(n, dt, m=m, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
         if explain:
             return plan

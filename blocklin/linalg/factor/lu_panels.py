@@ -23,7 +23,7 @@ from blocklin.device import get_device
 from blocklin.device.base import PANEL_GETRF_THREADS
 from blocklin.errors import InternalError, ShapeError, SingularMatrixError, explain
 from blocklin.runtime.blockops import (BlockOps, Region, TileOpSpec, done_marker, holds_device, load_record,
-                                       mark_finished, save_record, skip_done, tile_count)
+                                       mark_finished, save_record, skip_done, sum_squares, tile_count)
 from blocklin.runtime.tiles import check_finite, open_array, with_task_settings
 from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import read_block, write_block
@@ -164,7 +164,7 @@ def pivot_rows(j: int, t: int, m: int, n: int) -> int:
 
 def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block: int) -> tuple[np.ndarray, dict]:
     """Columns ``c0:c1`` of the input (all rows) as a C-ordered ``dt`` array, and their ``max |a|`` and
-    float64 ``sum a^2`` (of the stored values, before a cast).
+    float64 ``sum |a|^2`` (of the stored values, before a cast).
 
     Uncompressed inputs are read in row blocks of :func:`panel_read_rows` rows: a panel narrower
     than the input's chunks maps the chunks' whole rows from their files (or fetches them, from an
@@ -197,8 +197,8 @@ def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block
         if spec.check:
             check_finite(block, "a", slice(off_r + r0, off_r + r1), cols)
         if block.size:
-            max_a = max(max_a, float(block.max()), -float(block.min()))
-            sumsq += float(np.einsum("ij,ij->", block, block, dtype=np.float64))
+            max_a = max(max_a, _block_max_abs(block))
+            sumsq += sum_squares(block)
         if not same:
             panel[r0:r1] = block
     return panel, {"max_a": max_a, "sumsq": sumsq}
@@ -238,8 +238,15 @@ def _max_abs(x: np.ndarray, rows_per_block: int) -> float:
     for r0 in range(0, x.shape[0], rows_per_block):
         block = x[r0:r0 + rows_per_block]
         if block.size:
-            out = max(out, float(block.max()), -float(block.min()))
+            out = max(out, _block_max_abs(block))
     return out
+
+
+def _block_max_abs(block: np.ndarray) -> float:
+    """``max |x|`` of a block: from its largest and smallest entries (real), or the moduli (complex)."""
+    if block.dtype.kind == "c":
+        return float(np.abs(block).max())
+    return max(float(block.max()), -float(block.min()))
 
 
 def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
@@ -435,7 +442,8 @@ def lu_swap_task(spec: TileOpSpec, j: int, pivots: np.ndarray) -> dict:
 @with_task_settings
 def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray, forward: bool = True) -> dict:
     """``X = U^-1 L^-1 P B`` from the LU work store ``spec.a`` (see :func:`lu_solve`); with
-    ``forward=False``, ``X = U^-1 B`` (``B`` already forward-eliminated by the panels)."""
+    ``forward=False``, ``X = U^-1 B`` (``B`` already forward-eliminated by the panels). Computed in
+    ``spec.dtype``: the factor's blocks are cast as read (a real factor with complex ``B``)."""
     from blocklin.plan.factor import lu_stream_rows
 
     t, dt = spec.tile, np.dtype(spec.dtype)
@@ -449,18 +457,18 @@ def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray, forward: bool = True) ->
     for j in range(nt if forward else 0):  # forward substitution, L y = P b, panel by panel
         c0, c1 = j * t, min(n, (j + 1) * t)
         _apply_swaps(dev, y, pivots[c0:c1], c0)
-        ljj = read_block(work, slice(c0, c1), slice(c0, c1))
+        ljj = np.asarray(read_block(work, slice(c0, c1), slice(c0, c1)), dtype=dt)
         yj = dev.solve_triangular(dev.to_device(ljj), y[c0:c1], lower=True, unit=True)
         with dev.on_compute():
             y[c0:c1] = yj
         nread += ljj.nbytes
         for r0 in range(c1, n, rb):
-            blk = read_block(work, slice(r0, min(n, r0 + rb)), slice(c0, c1))
+            blk = np.asarray(read_block(work, slice(r0, min(n, r0 + rb)), slice(c0, c1)), dtype=dt)
             dev.gemm_acc(y[r0:r0 + blk.shape[0]], dev.to_device(blk), yj, -1.0)
             nread += blk.nbytes
     for j in reversed(range(nt)):  # back substitution, U x = y
         c0, c1 = j * t, min(n, (j + 1) * t)
-        ujj = read_block(work, slice(c0, c1), slice(c0, c1))
+        ujj = np.asarray(read_block(work, slice(c0, c1), slice(c0, c1)), dtype=dt)
         xj = dev.solve_triangular(dev.to_device(ujj), y[c0:c1], lower=False)
         if not np.isfinite(np.asarray(dev.to_host(xj))).all():
             raise SingularMatrixError(explain(
@@ -470,7 +478,7 @@ def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray, forward: bool = True) ->
             y[c0:c1] = xj
         nread += ujj.nbytes
         for r0 in range(0, c0, rb):
-            blk = read_block(work, slice(r0, min(c0, r0 + rb)), slice(c0, c1))
+            blk = np.asarray(read_block(work, slice(r0, min(c0, r0 + rb)), slice(c0, c1)), dtype=dt)
             dev.gemm_acc(y[r0:r0 + blk.shape[0]], dev.to_device(blk), xj, -1.0)
             nread += blk.nbytes
     x = np.asarray(dev.to_host(y))

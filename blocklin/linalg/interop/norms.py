@@ -22,6 +22,7 @@ from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import row_kernel, run_pass, source
+from blocklin.validate import real_operand
 
 #: ``ord`` values of :func:`norm` for a matrix (NumPy's).
 ORDS = (None, "fro", "nuc", 1, -1, 2, -2, np.inf, -np.inf)
@@ -85,6 +86,7 @@ def entrywise(a: Any, **settings: Unpack[Settings]) -> dict:
     smallest row sums; with the job's ``report``."""
     with Job("norm", **settings) as job:
         A = job.operand(a, "a", integers="cast")
+        real_operand(A, "norm")
         m, n = A.shape
         states = run_pass(job, sums_kernel, [source(A)], {"n": n}, description="norm: sums over A").states
         total = _merge([st for st in states if st is not None])
@@ -188,10 +190,11 @@ def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
         x.delete()
 
 
-def slogdet(a: Any, **settings: Unpack[Settings]) -> tuple[float, float]:
+def slogdet(a: Any, **settings: Unpack[Settings]) -> tuple[float | complex, float]:
     """``(sign, logabsdet)`` of a square out-of-core matrix, as ``numpy.linalg.slogdet``: from the LU
     factors with partial pivoting (:func:`blocklin.lu`), ``sign = (-1)^swaps prod sign(U_ii)`` and
-    ``logabsdet = sum log |U_ii|`` (``(0, -inf)`` for a singular matrix)."""
+    ``logabsdet = sum log |U_ii|`` (``(0, -inf)`` for a singular matrix). Of a complex matrix ``sign``
+    is a complex number of modulus 1, ``(-1)^swaps prod U_ii / |U_ii|``, as NumPy's."""
     from blocklin.linalg.factor.lu import square_lu
 
     with warnings.catch_warnings():  # a zero pivot is the answer here, (0, -inf), not a warning
@@ -207,17 +210,23 @@ def slogdet(a: Any, **settings: Unpack[Settings]) -> tuple[float, float]:
         if f.temporary:
             f.delete()
     if not np.all(d != 0):
-        return 0.0, -math.inf
+        return (0j if d.dtype.kind == "c" else 0.0), -math.inf
+    mod = np.abs(d)
+    if d.dtype.kind == "c":  # the unit phases' product, renormalized against its rounding drift
+        phase = complex(np.prod(d / mod))
+        return (-1.0) ** swaps * phase / abs(phase), float(np.sum(np.log(mod)))
     sign = (-1.0) ** swaps * float(np.prod(np.sign(d)))
-    return sign, float(np.sum(np.log(np.abs(d))))
+    return sign, float(np.sum(np.log(mod)))
 
 
-def det(a: Any, **settings: Unpack[Settings]) -> float:
+def det(a: Any, **settings: Unpack[Settings]) -> float | complex:
     """``numpy.linalg.det`` of a square out-of-core matrix: ``sign * exp(logabsdet)`` of :func:`slogdet`
-    (``inf`` or ``0`` where the determinant leaves float64's range, as NumPy's overflows)."""
+    (``inf`` or ``0`` where the determinant leaves float64's range, as NumPy's overflows; complex for a
+    complex matrix)."""
     sign, logdet = slogdet(a, **settings)
-    with np.errstate(over="ignore"):
-        return float(sign * np.exp(logdet))
+    with np.errstate(over="ignore", invalid="ignore"):
+        value = sign * np.exp(logdet)
+    return complex(value) if isinstance(sign, complex) else float(value)
 
 
 def diagonal(x: Any) -> np.ndarray:
@@ -225,7 +234,7 @@ def diagonal(x: Any) -> np.ndarray:
     arr = x.zarr
     n = min(arr.shape)
     r, c = arr.chunks
-    out = np.empty(n, dtype=np.float64)
+    out = np.empty(n, dtype=np.complex128 if np.dtype(arr.dtype).kind == "c" else np.float64)
     i = 0
     while i < n:
         j = min(n, (i // r + 1) * r, (i // c + 1) * c)

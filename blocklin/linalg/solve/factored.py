@@ -2,7 +2,8 @@
 sides against a Cholesky or LU factor :func:`blocklin.cholesky` or :func:`blocklin.lu` wrote (or any
 stored factor of that form), without factoring again.
 
-``cho_solve``: ``L y = b``, ``L^T x = y`` (or ``U^T y = b``, ``U x = y`` for an upper factor).
+``cho_solve``: ``L y = b``, ``L^H x = y`` (or ``U^H y = b``, ``U x = y`` for an upper factor; ``^H``
+the conjugate transpose, ``^T`` of real data).
 ``lu_solve``: the packed factors of ``P A = L U`` with LAPACK's pivots (``getrf``'s ``ipiv``, 0-based:
 row ``i`` swapped with row ``piv[i]``, in order), ``x = U^-1 L^-1 P b``. Each step is a tiled
 out-of-core triangular solve (:meth:`blocklin.runtime.blockops.BlockOps.trsm`), backward stable as
@@ -42,11 +43,12 @@ def cho_solve(c: Any, b: Any, out: Any = None, *, lower: bool = True, overwrite:
     Parameters
     ----------
     c : path, zarr array, Matrix, NumPy array, or ``(c, lower)``
-        The ``n x n`` factor: ``L`` with ``A = L L^T`` (``lower=True``, :func:`blocklin.cholesky`'s
-        default) or ``U`` with ``A = U^T U``; only that triangle is read. SciPy's ``(c, lower)`` pair
-        is taken too.
+        The ``n x n`` factor: ``L`` with ``A = L L^H`` (``lower=True``, :func:`blocklin.cholesky`'s
+        default) or ``U`` with ``A = U^H U``; only that triangle is read. SciPy's ``(c, lower)`` pair
+        is taken too. Real or complex.
     b : operand
-        ``n x k`` right-hand sides (a 1-D vector is one column).
+        ``n x k`` right-hand sides (a 1-D vector is one column). ``x`` has NumPy's promoted dtype of
+        ``c`` and ``b`` (a real factor with a complex ``b`` gives complex ``x``).
     out : path, optional
         Output store for ``x`` (atomic).
     lower, overwrite, tile, **settings
@@ -68,8 +70,9 @@ def cho_solve(c: Any, b: Any, out: Any = None, *, lower: bool = True, overwrite:
     True
     """
     c, lower = _factor_and_flag(c, lower, "c")
-    steps = (("forward substitution L y = b", True, False), ("back substitution L^T x = y", True, True)) if lower \
-        else (("forward substitution U^T y = b", False, True), ("back substitution U x = y", False, False))
+    # "C": the conjugate transpose (the transpose of real data), A = L L^H
+    steps = (("forward substitution L y = b", True, False), ("back substitution L^H x = y", True, "C")) if lower \
+        else (("forward substitution U^H y = b", False, "C"), ("back substitution U x = y", False, False))
     return _solve_with(c, b, out, "cho_solve", steps, overwrite=overwrite, tile=tile, params={"lower": bool(lower)},
                        settings=settings)
 
@@ -84,8 +87,9 @@ def lu_solve(lu: Any, b: Any, out: Any = None, *, piv: Any = None, overwrite: bo
         The ``n x n`` packed factors of ``P A = L U`` (unit lower ``L`` below the diagonal, ``U`` on and
         above it), as :func:`blocklin.lu` and ``scipy.linalg.lu_factor`` return them; the factors of a
         rectangular matrix are refused (``ShapeError``), as ``scipy.linalg.lu_solve`` refuses them.
+        Real or complex.
     b : operand
-        ``n x k`` right-hand sides (a 1-D vector is one column).
+        ``n x k`` right-hand sides (a 1-D vector is one column); ``x`` has NumPy's promoted dtype.
     out : path, optional
         Output store for ``x`` (atomic).
     piv : array_like, optional

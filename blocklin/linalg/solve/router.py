@@ -517,11 +517,11 @@ def _square_reason(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float
                    precision: str) -> str | None:
     """Why a ``gen`` problem is solved as a square system (None: least squares); ``precision="mixed"``
     is refused where no square route runs."""
-    from blocklin.linalg.solve.square import dtypes_known_equal, operand_shape, square_route
+    from blocklin.linalg.solve.square import dtypes_known_square, operand_shape, square_route
 
     shape = operand_shape(a) if assume_a == "gen" else None
     reason = square_route(shape, assume_a=assume_a, lam_kind=kind, lams=lams, method=method,
-                          fit_intercept=fit_intercept, same_dtypes=dtypes_known_equal(a, b)) if shape is not None else None
+                          fit_intercept=fit_intercept, same_dtypes=dtypes_known_square(a, b)) if shape is not None else None
     if assume_a == "gen" and reason is None and precision != "double":
         raise ParameterError(_msg("precision", f"'{precision}' applies to square systems (square a, lam=0, method='auto', "
                                   "or assume_a='pos'/'sym')", f"precision={precision!r} for a least-squares problem "

@@ -89,6 +89,18 @@ def dtypes_known_equal(a: Any, b: Any) -> bool:
     return ma is not None and mb is not None and np.dtype(ma.dtype) == np.dtype(mb.dtype)
 
 
+def dtypes_known_square(a: Any, b: Any) -> bool:
+    """Whether the operands' dtypes, known without staging them, let a square system take the square
+    routes: equal, or either complex (a real and a complex one of one precision are promoted as NumPy
+    does; :func:`_operands` refuses any other mix with its reason), so that complex data never falls
+    to the least-squares routes, which refuse it."""
+    ma, mb = _peek(a), _peek(b)
+    if ma is None or mb is None:
+        return False
+    da, db = np.dtype(ma.dtype), np.dtype(mb.dtype)
+    return da == db or "c" in (da.kind, db.kind)
+
+
 def _peek(x: Any) -> Any:
     """An object with the operand's ``shape`` and ``dtype`` (an array, or the opened store), or None."""
     if getattr(x, "shape", None) is not None and getattr(x, "dtype", None) is not None:
@@ -186,9 +198,9 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
                                      "pass the same out= as the interrupted run (CLI: -o X.zarr --resume)"))
     with Job("solve", **settings) as job:
         job.math = "tf32" if precision == "tf32" else None  # the float32 factorization's GEMMs
-        A, B = _operands(job, a, b, assume_a)
-        n, dt, k = A.shape[0], A.dtype, B.shape[1]
-        fdt = _factor_dtype(dt, precision)
+        A, B, dt = _operands(job, a, b, assume_a)
+        n, k = A.shape[0], B.shape[1]
+        fdt = _factor_dtype(dt, precision, A.dtype)
         # before anything is written: a refusal names the budget at which every step plans
         whole_call(lambda memory: _plan_steps(job, A, B, fdt, assume_a, memory), job.cfg.memory, "the square solve")
         tol = math.sqrt(max(n, 1)) * float(np.finfo(dt).eps) if tol is None else float(tol)
@@ -196,13 +208,13 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         token = _token(job, A, B, out, assume_a=assume_a, precision=precision, tol=tol, max_refine=steps_max)
         ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume, token=token,
                        size=((n, k), dt), temp_size=((n, n), fdt))  # the factor in the temp dir
-        run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token)
+        run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token, dtype=dt)
         factor, why = run.stages.run("factor", lambda: _factor(job, A, fdt, assume_a, run.factor_stores))
         ops = BlockOps(job, run.tiles[factor.kind])
         ops.workers = factor.plan.workers
         norm_a = run.stages.run("norm a", lambda: _norm_a(job, ops, A, factor, precision))
-        ref = refine(job, ops, A, B, _solver(ops, factor, n, k, run.solve_stores(factor)), run, norm_a, tol,
-                     steps_max)
+        ref = refine(job, ops, A, B, _solver(ops, factor, n, k, run.solve_stores(factor), solve_dtype(fdt, dt)), run,
+                     norm_a, tol, steps_max, dtype=dt)
         _check_converged(ref, tol, precision, dt)
         run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
         col_res, col_x = (_col_norms(ops, Region.of(p, (n, k))) for p in (ref.r_path, ref.x_path))
@@ -244,8 +256,8 @@ class _SquareRun:
 
     @classmethod
     def start(cls, job: Job, A: Any, B: Any, ao: Any, fdt: np.dtype, assume_a: str, *, resume: bool,
-              token: str) -> _SquareRun:
-        (n, k), dt = B.shape, A.dtype
+              token: str, dtype: np.dtype) -> _SquareRun:
+        (n, k), dt, sdt = B.shape, dtype, solve_dtype(fdt, dtype)
         plans = {kind: _plan(job, A, fdt, kind) for kind in _kinds(assume_a)}
         # the tile operations of the solve work on square tiles: the Cholesky's own; the LU panels are
         # wider (and streamed by lu_panels.lu_solve at their own width), so its stores get Cholesky-sized tiles
@@ -266,11 +278,13 @@ class _SquareRun:
         stores = {}
         for kind in plans:
             t = tiles[kind]
-            stores[kind] = {name: stages.store(name, (n, k), sdt, (t, min(t, max(k, 1)))) for name, sdt in
-                            (("y", fdt), ("pb", fdt), ("r", dt), ("d", dt), ("x0", dt), ("x1", dt))}
+            stores[kind] = {name: stages.store(name, (n, k), ndt, (t, min(t, max(k, 1)))) for name, ndt in
+                            (("y", sdt), ("pb", sdt), ("r", dt), ("d", dt), ("x0", dt), ("x1", dt))}
         if "lu" in plans:  # B's forward substitution inside the panels, into the store y, where it fits beside them
             p = plans["lu"]
-            fused = (factor_stores["lu"][0] is None and lu_rhs_fits(n, p.tile, k, fdt.itemsize, dt.itemsize))
+            # (not for a complex B with a real A: the panels eliminate B in the factor's dtype)
+            fused = (factor_stores["lu"][0] is None and sdt == fdt
+                     and lu_rhs_fits(n, p.tile, k, fdt.itemsize, dt.itemsize))
             factor_stores["lu"] += ((Region.of(B.path, (n, k)), Region.of(stores["lu"]["y"], (n, k))) if fused
                                     else None,)
         return cls(stages, work, chunk, factor_stores, stores, tiles)
@@ -354,20 +368,36 @@ def _norms(sumsq: np.ndarray) -> float | list[float]:
     return float(v[0]) if v.size == 1 else v.tolist()
 
 
-def _operands(job: Job, a: Any, b: Any, assume_a: str) -> tuple[Any, Any]:
-    """``A`` (square) and ``B`` (same rows, same float dtype), checked."""
+def _operands(job: Job, a: Any, b: Any, assume_a: str) -> tuple[Any, Any, np.dtype]:
+    """``A`` (square) and ``B`` (same rows, same float dtype, or a real and a complex one of one precision:
+    NumPy's promotion), checked, and the dtype of ``x``."""
     A, B = job.operand(a, "a", integers="cast"), job.operand(as_columns(b), "b", integers="cast")
     square(A, f"for assume_a='{assume_a}' (a square system)", "for least squares pass assume_a='gen' with a "
            "non-square a, or method='normal'/'qr'")
     same_rows(A, B)
-    float_operand(A, "solve"), float_operand(B, "solve")
-    same_dtype(A, B)
-    return A, B
+    float_operand(A, "solve", complex_ok=True), float_operand(B, "solve", complex_ok=True)
+    dt = same_dtype(A, B, complex_promotion=True)
+    if assume_a == "sym" and dt.kind == "c":  # SciPy's 'sym' of complex data is complex symmetric, not Hermitian
+        raise ParameterError(explain("assume_a", "must be 'gen' or 'pos' for complex data (SciPy's 'sym' means "
+                                     "complex symmetric, A = A^T, which blocklin does not factor; 'pos' is Hermitian "
+                                     "positive definite)", f"assume_a='sym' with {A.name}: {A.dtype.name}, "
+                                     f"{B.name}: {B.dtype.name}", "pass assume_a='gen' (LU with partial pivoting), "
+                                     "or 'pos' for a Hermitian positive definite a"))
+    return A, B, dt
 
 
-def _factor_dtype(dt: np.dtype, precision: str) -> np.dtype:
+def solve_dtype(fdt: np.dtype, dt: np.dtype) -> np.dtype:
+    """The dtype of the triangular solves with a factor of dtype ``fdt`` for an ``x`` of dtype ``dt``: the
+    factor's, made complex for a complex ``x`` (a real ``A`` with a complex ``B`` is factored in its real
+    dtype, at a quarter of the complex flops, and solved in complex)."""
+    return np.result_type(fdt, np.complex64) if dt.kind == "c" else np.dtype(fdt)
+
+
+def _factor_dtype(dt: np.dtype, precision: str, a_dtype: np.dtype | None = None) -> np.dtype:
+    """The factor's dtype for ``x`` of dtype ``dt``: ``A``'s own in the working precision (``a_dtype``:
+    real for a real ``A`` with a complex ``B``), float32 for ``"mixed"``/``"tf32"`` (float64 only)."""
     if precision == "double":
-        return dt
+        return np.dtype(a_dtype if a_dtype is not None else dt)
     if dt != np.float64:
         raise ParameterError(explain("precision", f"'{precision}' factors in float32 and refines in float64, so "
                                      "a must be float64", f"a is {dt.name}", "pass precision='double'"))
@@ -436,10 +466,11 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
                    growth=growth)
 
 
-def _solver(ops: BlockOps, f: _Factor, n: int, k: int, stores: dict) -> _Solver:
+def _solver(ops: BlockOps, f: _Factor, n: int, k: int, stores: dict, dtype: np.dtype) -> _Solver:
     """``dst = F^{-1} rhs`` by two out-of-core triangular solves (and the row permutation of an LU),
-    computed in the factor's dtype, with the stores of ``stores`` (``y``, ``pb``, ``r``, ``d``, ``x0``, ``x1``)."""
-    return _Solver(ops, f, n, k, stores)
+    computed in ``dtype`` (:func:`solve_dtype`: the factor's, complex for a complex ``x``), with the stores
+    of ``stores`` (``y``, ``pb``, ``r``, ``d``, ``x0``, ``x1``)."""
+    return _Solver(ops, f, n, k, stores, np.dtype(dtype))
 
 
 @dataclasses.dataclass
@@ -449,6 +480,7 @@ class _Solver:
     n: int
     k: int
     stores: dict
+    dtype: np.dtype
 
     def region(self, name: str) -> Region:
         return Region.of(self.stores[name], (self.n, self.k))
@@ -460,17 +492,17 @@ class _Solver:
         if f.forward is None:
             self(b, dst)
             return
-        lu_solve(self.ops, f.path, f.pivots, f.forward, dst, dtype=np.dtype(f.plan.dtype), tile=f.plan.tile,
+        lu_solve(self.ops, f.path, f.pivots, f.forward, dst, dtype=self.dtype, tile=f.plan.tile,
                  forward=False, description="LU back substitution U x = y")
 
     def __call__(self, rhs: Region, dst: Region) -> None:
-        ops, f, fdt = self.ops, self.f, np.dtype(self.f.plan.dtype)
+        ops, f, fdt = self.ops, self.f, self.dtype
         freg, yreg = Region.of(f.path, (self.n, self.n)), self.region("y")
         if f.kind == "cholesky":
             ops.trsm(freg, rhs, yreg, lower=True, dtype=fdt, description="forward substitution L y = b")
-            ops.trsm(freg, yreg, dst, lower=True, trans=True, dtype=fdt, description="back substitution L^T x = y")
+            ops.trsm(freg, yreg, dst, lower=True, trans="C", dtype=fdt, description="back substitution L^H x = y")
             return
-        if f.pivots is not None:  # read and written in the factor's dtype (cast on the way)
+        if f.pivots is not None:  # read and written in the solves' dtype (cast on the way)
             lu_solve(ops, f.path, f.pivots, rhs, dst, dtype=fdt, tile=f.plan.tile,
                      description="LU solve (forward and back)")
             return
@@ -496,13 +528,14 @@ class SolveRefinement:
 
 
 def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: _Solver, run: _SquareRun, norm_a: float, tol: float,
-           max_refine: int) -> SolveRefinement:
+           max_refine: int, *, dtype: Any = None) -> SolveRefinement:
     """``X = F^{-1} B``, refined while the backward error exceeds ``tol`` and halves; every step recorded.
 
-    Residuals ``B - A X`` and the update ``X_{s+1} = X_s + D`` are computed in ``X``'s dtype (that of ``A``),
-    the iterates alternating between two stores so that no step writes what it reads (a step interrupted
-    and run again finds its inputs unchanged)."""
-    (n, k), dt, st = B.shape, A.dtype, run.stages
+    Residuals ``B - A X`` and the update ``X_{s+1} = X_s + D`` are computed in ``X``'s dtype ``dtype``
+    (that of ``A``, or complex for a complex ``B``; complex residuals for complex data), the iterates
+    alternating between two stores so that no step writes what it reads (a step interrupted and run
+    again finds its inputs unchanged)."""
+    (n, k), dt, st = B.shape, np.dtype(dtype if dtype is not None else A.dtype), run.stages
     breg = Region.of(B.path, (n, k))
     xs = [solve.region("x0"), solve.region("x1")]
     rreg, dreg = solve.region("r"), solve.region("d")
@@ -515,8 +548,8 @@ def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: _Solver, run: _Square
     gemm_memory = _gemm_memory(job.cfg.memory)  # within the budget less what its run holds beside it
 
     def residual(x: Region) -> float:
-        ops.gemm(rreg.path, (0, 0), n, k, n, A.path, (0, 0), x.path, (0, 0), dtype=dt, c=B.path, alpha=-1.0,
-                 beta=1.0, memory=gemm_memory, description="residual b - A x")
+        ops.gemm(rreg.path, (0, 0), n, k, n, A.path, (0, 0), x.path, (0, 0), dtype=dt, a_dtype=A.dtype, c=B.path,
+                 alpha=-1.0, beta=1.0, memory=gemm_memory, description="residual b - A x")
         return safe_norm(ops, rreg, ops.sumsq(rreg))
 
     def update(x: Region, nxt: Region) -> float:
@@ -550,5 +583,5 @@ def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dt
          f"(history {trail}; condition too large for {dt.name}?)", ConvergenceWarning)
 
 
-__all__ = ["ASSUME", "PRECISIONS", "SolveRefinement", "operand_shape", "refine", "dtypes_known_equal", "solve_precision",
-           "solve_square", "square_route"]
+__all__ = ["ASSUME", "PRECISIONS", "SolveRefinement", "operand_shape", "refine", "dtypes_known_equal",
+           "dtypes_known_square", "solve_dtype", "solve_precision", "solve_square", "square_route"]

@@ -9,6 +9,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
+from blocklin.errors import ParameterError, explain
 from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
 from blocklin.operands import as_columns
@@ -47,7 +48,7 @@ class TriangularSetup:
         n = square(T, *(square_rule or ("to be triangular" if name == "t" else "to be a factor",
                                         f"pass the n x n {what}")))
         same_rows(T, B)
-        float_operand(T, operation), float_operand(B, operation)
+        float_operand(T, operation, complex_ok=True), float_operand(B, operation, complex_ok=True)
         dt = result_dtype([T, B], None if T.dtype == B.dtype else np.result_type(T.dtype, B.dtype))
         plan = whole_call(lambda memory: plan_factor("solve_triangular", n, dt, memory=memory, workers=job.workers(1),
                                                      chunks=tuple(T.chunks), tile=tile), job.cfg.memory, operation)
@@ -59,7 +60,7 @@ class TriangularSetup:
         return cls(T, Region.of(B.path, B.shape), n, k, np.dtype(dt), plan, ao, ops)
 
 
-def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, trans: bool = False,
+def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, trans: Any = False,
                      overwrite: bool = False, tile: int | None = None, **settings: Unpack[Settings]) -> Matrix:
     """Solve ``op(T) X = B`` for triangular ``T`` larger than memory.
 
@@ -69,13 +70,15 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
         ``n x n`` triangular matrix; only the triangle named by ``lower`` is read (as LAPACK's
         ``trsm``; the default ``lower=False`` matches :func:`scipy.linalg.solve_triangular`).
     b : operand
-        ``n x k`` right-hand sides (a 1-D NumPy vector is one column).
+        ``n x k`` right-hand sides (a 1-D NumPy vector is one column). ``T`` and ``B`` may be real
+        or complex; ``X`` has NumPy's promoted dtype of the two.
     out : path, optional
         Output store for ``X`` (atomic).
     lower : bool
         ``T`` is lower (else upper) triangular.
-    trans : bool
-        Solve ``T^T X = B``.
+    trans : {0, 1, 2, 'N', 'T', 'C'} or bool
+        As :func:`scipy.linalg.solve_triangular`: solve ``T X = B`` (0, ``'N'``, False), ``T^T X = B``
+        (1, ``'T'``, True) or ``T^H X = B`` (2, ``'C'``: the conjugate transpose, ``T^T`` of real data).
     overwrite : bool
         Replace an existing ``out``.
     tile : int, optional
@@ -101,16 +104,33 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
     in-core solve: ``(op(T) + E) x = b`` with ``|E| <= c n u |T|`` (Higham 2002, Thm. 8.5).
     ``n^2 k`` flops; ``T`` is read once per tile column of ``B``.
     """
+    op = trans_code(trans)
     with Job("solve_triangular", **settings) as job:
         st = TriangularSetup.of(job, t, b, "t", "solve_triangular", out=out, overwrite=overwrite, tile=tile)
         T, n, k, dt, plan, ao, ops = st.T, st.n, st.k, st.dtype, st.plan, st.ao, st.ops
         ops.trsm(Region.of(T.path, T.shape), st.rhs, Region.of(ao.array_path(), (n, k)),
-                 lower=lower, trans=trans, dtype=dt, check=job.check_finite, description="triangular solve")
+                 lower=lower, trans=op, dtype=dt, check=job.check_finite, description="triangular solve")
         report, recorded = solve_report(job, route="triangular", plan=plan.to_dict(), flops=n * n * k,
                                         method="tiled substitution",
                                         phases={"tile updates (GEMM), diagonal solves (TRSM)": job.device})
         return job.finish(ao, out, report, operation="solve_triangular", plan=plan.to_dict(),
-                          params={"lower": lower, "trans": trans}, recorded=recorded)
+                          params={"lower": lower, "trans": op}, recorded=recorded)
+
+
+#: SciPy's ``trans`` values and the BLAS letter each means.
+TRANS = {0: "N", 1: "T", 2: "C", "N": "N", "T": "T", "C": "C"}
+
+
+def trans_code(trans: Any) -> str:
+    """``trans=`` of :func:`solve_triangular` as BLAS's letter (``'N'``, ``'T'`` or ``'C'``), as
+    :func:`scipy.linalg.solve_triangular` takes it: 0/1/2, ``'N'``/``'T'``/``'C'`` or a bool."""
+    key = trans.upper() if isinstance(trans, str) else \
+        int(trans) if isinstance(trans, (bool, np.bool_, int, np.integer)) else None  # False/True: 0/1
+    if key not in TRANS:
+        raise ParameterError(explain("trans", "must be 0, 1, 2, 'N', 'T', 'C' or a bool (as "
+                                     "scipy.linalg.solve_triangular)", repr(trans),
+                                     "pass trans='N' (T X = B), 'T' (T^T X = B) or 'C' (T^H X = B)"))
+    return TRANS[key]
 
 
 def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: float | None = None,
@@ -131,4 +151,4 @@ def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: 
                         max_refine=max_refine if precision == "double" else None, **settings)
 
 
-__all__ = ["solve_spd", "solve_triangular"]
+__all__ = ["TRANS", "solve_spd", "solve_triangular", "trans_code"]
