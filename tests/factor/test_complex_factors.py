@@ -282,3 +282,42 @@ def test_complex_factors_on_gpu(dtype):
     h[40, 40] = -1.0
     with pytest.raises(NotPositiveDefiniteError):
         bl.cholesky(h, tile=32, device="gpu", scheduler="sync")
+
+
+def test_complex_factors_resume_to_the_same_bits(tmp_path, monkeypatch):
+    """A lost worker mid-factorization: the rerun with resume=True keeps the finished tiles and panels and
+    writes the bits of an uninterrupted run (as tests/factor/test_cholesky.py and test_factor_lu.py, complex)."""
+    import blocklin.linalg.factor.cholesky_tiles as ct
+    import blocklin.linalg.factor.lu_panels as lp
+    from blocklin.errors import WorkerLostError
+
+    h = bl.from_array(_hpd(64, np.complex128, seed=12), tmp_path / "h.zarr", chunks=(16, 16))
+    a = bl.from_array(_crandn(np.random.default_rng(12), (64, 64)), tmp_path / "a.zarr", chunks=(16, 16))
+    ref_c = bl.cholesky(h, tmp_path / "ref-l.zarr", tile=16, scheduler="sync")[...]
+    ref_f = bl.lu(a, tmp_path / "ref-lu.zarr", tile=16, scheduler="sync")
+    real_diag, real_piv = ct._factor_diagonal, lp._panel_pivots
+
+    def lost_diag(dev, acc, offset, spec):
+        if offset == 48:
+            raise WorkerLostError("lost")
+        return real_diag(dev, acc, offset, spec)
+
+    def lost_piv(spec, j):
+        if j == 2:
+            raise WorkerLostError("lost")
+        return real_piv(spec, j)
+
+    monkeypatch.setattr(ct, "_factor_diagonal", lost_diag)
+    monkeypatch.setattr(lp, "_panel_pivots", lost_piv)
+    with pytest.raises(WorkerLostError):
+        bl.cholesky(h, tmp_path / "l.zarr", tile=16, scheduler="sync", resume=True)
+    with pytest.raises(WorkerLostError):
+        bl.lu(a, tmp_path / "lu.zarr", tile=16, scheduler="sync", resume=True)
+    monkeypatch.setattr(ct, "_factor_diagonal", real_diag)
+    monkeypatch.setattr(lp, "_panel_pivots", real_piv)
+    c = bl.cholesky(h, tmp_path / "l.zarr", tile=16, scheduler="sync", resume=True)
+    f = bl.lu(a, tmp_path / "lu.zarr", tile=16, scheduler="sync", resume=True)
+    assert c.report["skipped"] == 9 and f.report["skipped"] == 3  # columns 0-2 of tiles; panels 0-2
+    np.testing.assert_array_equal(c[...], ref_c)
+    np.testing.assert_array_equal(f[...], ref_f[...])
+    np.testing.assert_array_equal(f.report["pivots"], ref_f.report["pivots"])

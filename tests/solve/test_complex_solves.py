@@ -165,6 +165,20 @@ def test_solve_real_and_complex_operands_promote(dtype):
     _check_solve(ac, x[...], br, dtype, np.linalg.solve(ac, br))
 
 
+@pytest.mark.parametrize("real_a", [False, True], ids=["complex-a", "real-a"])
+def test_solve_complex_more_right_hand_sides_than_a_panel(real_a):
+    """``k`` wider than a panel: the LU in LAPACK's layout, the row swaps and the tiled solves (not the panels'
+    own solve), complex right-hand sides with a complex or a real ``a``."""
+    n, k = 96, 70
+    rng = np.random.default_rng(16)
+    a = (rng.standard_normal((n, n)) + 3 * np.sqrt(n) * np.eye(n)) if real_a else _general(n, np.complex128, seed=16)
+    b = _crandn(rng, (n, k))
+    x = bl.solve(a, b, memory="256KiB", scheduler="sync")
+    assert x.report["plan"]["tile"] < k and x.dtype == np.complex128
+    assert x.report["backward_error"] <= np.sqrt(n) * eps(np.complex128)
+    _check_solve(a, x[...], b, np.complex128, np.linalg.solve(a, b))
+
+
 def test_solve_complex_refusals():
     n = 20
     a = _general(n, np.complex128)
