@@ -399,8 +399,10 @@ def _factor_dtype(dt: np.dtype, precision: str, a_dtype: np.dtype | None = None)
     if precision == "double":
         return np.dtype(a_dtype if a_dtype is not None else dt)
     if dt != np.float64:
+        what = f"a is {dt.name}" if a_dtype is None or np.dtype(a_dtype) == dt else \
+            f"a is {np.dtype(a_dtype).name}, x would be {dt.name}"
         raise ParameterError(explain("precision", f"'{precision}' factors in float32 and refines in float64, so "
-                                     "a must be float64", f"a is {dt.name}", "pass precision='double'"))
+                                     "a and b must be float64 (not complex)", what, "pass precision='double'"))
     return np.dtype(np.float32)
 
 
