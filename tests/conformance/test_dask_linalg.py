@@ -350,7 +350,6 @@ def test_cholesky(shape, chunk, memory):
                         what="Cholesky factor against SciPy's")
 
 
-@pytest.mark.xfail(strict=True, reason="complex data: cholesky does not take complex yet")
 @pytest.mark.parametrize("shape,chunk", [(20, 10), (12, 3), (30, 6)])
 def test_cholesky_complex(shape, chunk):
     """Dask's test_cholesky_complex: Hermitian positive definite, lower and upper."""
