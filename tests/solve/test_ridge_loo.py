@@ -181,7 +181,7 @@ def test_refusals(tmp_path):
     with pytest.raises(ParameterError, match="lam.*must be 0 with assume_a"):
         bl.solve(a[:5], b[:5], lam="loo", assume_a="pos", temp_dir=str(tmp_path))
     big, bb = problem(M, N, 2)
-    with pytest.raises(BudgetError, match="cv_results_.*got 375.00 KiB.*Fix: raise memory= to at least"):
+    with pytest.raises(BudgetError, match="every step of the least-squares solve.*cv_results_.*got 375.00 KiB.*raise memory= to at least"):
         bl.solve(big, bb, lam=("loo", GRID), store_cv_results=True, memory=MEMORY, temp_dir=str(tmp_path))
 
 

@@ -15,7 +15,7 @@ import pytest
 from sklearn.linear_model import Ridge
 
 import blocklin as bl
-from blocklin.errors import NonFiniteError, ParameterError, ShapeError
+from blocklin.errors import BudgetError, NonFiniteError, ParameterError, ShapeError
 from support.ridge import coef_bound, intercept_bound, problem, weights
 
 M, N = 4000, 10
@@ -154,8 +154,11 @@ def test_bad_weights(tmp_path):
     with pytest.raises(ParameterError, match=r"sample_weight: needs the least-squares problem"):
         bl.solve(a[:5], b[:5], sample_weight=w[:5], assume_a="pos", temp_dir=str(tmp_path))
     big = np.random.default_rng(0).standard_normal((3000, 400))
-    with pytest.raises(ParameterError, match=r"sample_weight: needs the Gram matrix in memory.*Fix: raise memory"):
+    # the stored-Gram route (a Gram over the budget) weighs no rows: refused with the whole call's minimum
+    with pytest.raises(BudgetError, match=r"every step of the least-squares solve.*sample_weight needs.*stored, "
+                       r"out-of-core Gram route") as err:
         bl.solve(big, big[:, :1], lam=1.0, sample_weight=np.ones(3000), memory="1MiB", temp_dir=str(tmp_path))
+    assert err.value.minimum >= 5 * 401**2 * 8
     # a square A with lam=0 stays least squares when weighted (never the unweighted LU)
     sq, sb = problem(12, 12, 1, seed=2)
     x = bl.solve(sq, sb, sample_weight=np.arange(1.0, 13.0), temp_dir=str(tmp_path))

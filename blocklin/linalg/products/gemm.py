@@ -102,17 +102,19 @@ class Gemm:
         return _op_shape(self.A.shape, self.trans_a)[0], _op_shape(self.B.shape, self.trans_b)[1]
 
     def plan(self, job: Job, out_chunks: tuple[int, int] | None = None, out: Any = None, *,
-             read_reserve: bool = False) -> GemmPlan:
+             read_reserve: bool = False, reads: tuple[str, str] | None = None) -> GemmPlan:
         """The plan in ``job``'s budget; ``out`` (the output's path, default under the temp dir) tells
         whether it is written straight to its chunk files; ``read_reserve`` as for
-        :func:`~blocklin.plan.gemm.plan_gemm`."""
+        :func:`~blocklin.plan.gemm.plan_gemm`; ``reads``: how ``A`` and ``B`` will be read where they
+        are not stored yet (a call planning its later products before it writes their operands),
+        else from their stores (:func:`~blocklin.storage.zarr_store.read_kind`)."""
         m, k = _op_shape(self.A.shape, self.trans_a)
         return plan_gemm(m, self.shape[1], k, self.compute, out_dtype=self.dtype, a_chunks=_op_shape(self.A.chunks, self.trans_a),
                          b_chunks=_op_shape(self.B.chunks, self.trans_b), memory=job.cfg.memory,
                          source_dtypes=(self.A.dtype, self.B.dtype),
                          c_chunks=self.C.chunks if self.C is not None else None, workers=job.workers(1),
                          cores=job.cores(), device=job.device, device_memory=job.device_memory(),
-                         out_chunks=out_chunks, reads=(read_kind(self.A.path), read_kind(self.B.path)),
+                         out_chunks=out_chunks, reads=reads or (read_kind(self.A.path), read_kind(self.B.path)),
                          trans=(self.trans_a, self.trans_b), direct_writes=_direct_output(job, out),
                          read_reserve=read_reserve)
 

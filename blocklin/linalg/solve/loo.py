@@ -53,6 +53,13 @@ def default_grid(s: np.ndarray) -> np.ndarray:
     return np.logspace(lo, hi, int(math.ceil((hi - lo) * PER_DECADE)) + 1)
 
 
+def max_grid() -> int:
+    """The most points :func:`default_grid` gives: the GCV grid spans at most 13 decades (from a tenth of
+    ``1e-12`` times the largest singular value), widened by ``EXTEND_DECADES`` on each side (what the
+    leave-one-out pass is planned for before the spectrum is known)."""
+    return int(math.ceil((13 + 2 * EXTEND_DECADES) * PER_DECADE)) + 2
+
+
 def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     """The lambda(s) of smallest leave-one-out error on the grid, and the curve (cached per spectrum)."""
     if ctx.loo_choice is not None and ctx.loo_choice[0] is spec:
@@ -85,6 +92,20 @@ def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     return lams, curve
 
 
+def pass_reserve(m: int, n: int, k: int, n_lam: int, store: bool, memory: int) -> int:
+    """What the leave-one-out pass holds outside its strips: the in-core problem and, with ``store``
+    (``store_cv_results``), the ``m x k x L`` squared errors; refused where they exceed ``memory``."""
+    kept = 8 * m * n_lam * k if store else 0
+    reserve = small_bytes(n, k) + kept
+    if store and reserve > memory:
+        raise BudgetError(_msg("memory", "must hold cv_results_ (m x k x L float64, store_cv_results=True) beside "
+                               "the in-core problem", f"{format_size(kept)} for {m} rows x {k} x {n_lam} "
+                               f"lambdas over memory={format_size(memory)}",
+                               f"raise memory= to at least {format_size(reserve)} (plus a strip), pass a shorter "
+                               "grid, or drop store_cv_results"), minimum=reserve)
+    return reserve
+
+
 def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """Tall ``A``: the squared leave-one-out errors of every grid value from one pass over ``A`` and ``B``."""
     from dask.base import tokenize
@@ -96,14 +117,7 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     params = {"v": np.ascontiguousarray(spec.basis), "finv": finv, "coef": coef, "lams": grid,
               "mu": ctx.mu if ctx.intercept else None, "bbar": ctx.bbar if ctx.intercept else None,
               "intercept": bool(ctx.intercept), "wsum": ctx.total_weight, "store": bool(ctx.store_cv)}
-    kept = 8 * ctx.m * n_lam * k if ctx.store_cv else 0
-    reserve = small_bytes(ctx.n, ctx.k) + kept
-    if ctx.store_cv and reserve > ctx.job.cfg.memory:
-        raise BudgetError(_msg("memory", "must hold cv_results_ (m x k x L float64, store_cv_results=True) beside "
-                               "the in-core problem", f"{format_size(kept)} for {ctx.m} rows x {k} x {n_lam} "
-                               f"lambdas over memory={format_size(ctx.job.cfg.memory)}",
-                               f"raise memory= to at least {format_size(reserve)} (plus a strip), pass a shorter "
-                               "grid, or drop store_cv_results"))
+    reserve = pass_reserve(ctx.m, ctx.n, k, n_lam, ctx.store_cv, ctx.job.cfg.memory)
 
     def run() -> dict:
         states, _ = run_pass(ctx.job, loo_kernel, ctx.sources(), params, reserve=reserve, check_finite=False,
@@ -159,4 +173,4 @@ def report_entries(ctx: Any, info: dict) -> None:
         info["cv_results_"] = cv.reshape(ctx.m, len(curve["lam"]), -1).transpose(0, 2, 1)
 
 
-__all__ = ["PER_DECADE", "choose", "default_grid", "report_entries"]
+__all__ = ["PER_DECADE", "choose", "default_grid", "max_grid", "pass_reserve", "report_entries"]

@@ -21,6 +21,7 @@ from blocklin.errors import ParameterError
 from blocklin.errors import explain as _msg
 from blocklin.linalg.labels import is_dataarray, label_solution, labels_of
 from blocklin.linalg.solve.least_squares import solve_least_squares
+from blocklin.linalg.solve.least_squares_budget import plan_least_squares
 from blocklin.linalg.solve.tikhonov import check_lam_max
 from blocklin.linalg.solve.weights import check_weights, weight_operand
 from blocklin.matrix import Matrix
@@ -251,6 +252,9 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     with Job("solve", **settings) as job:
         A, B = _operands(job, a, b)
         W = weight_operand(job, sample_weight, A.shape[0]) if weighted else None
+        # before anything is written: a refusal names the budget at which every step of the call plans
+        plan_least_squares(job, A, B, W, kind=kind, lams=lams, method=method, refine=refine,
+                           intercept=bool(fit_intercept), positive=positive, store_cv=store_cv, updatable=updatable)
         if _gram_exceeds_budget(job, A, B, kind, method):
             if updatable:
                 raise ParameterError(_msg("updatable", "keeps A^T A in memory, which must fit the budget",
