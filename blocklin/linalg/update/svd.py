@@ -21,6 +21,13 @@ A result computed with ``updatable=True`` keeps the co-moments of ``A`` (count `
    the old factors resolve), ``U = B V S^-1`` is written from every row of ``A`` instead: one pass,
    against the several of a recompute, since ``V`` and ``S`` are those of the grown matrix anyway.
 
+A singular value the updated Gram cannot tell from zero (its eigenvalue within the Gram's rounding
+``m eps ||B||_F^2``) has for its column of ``U`` an orthonormal completion in :func:`blocklin.svd`
+(:mod:`blocklin.linalg.blocks.complete`): vectors orthogonal to ``range(A)`` over every row, which the
+new rows alone do not give (``B V S^-1`` is ``0 / 0`` there). The update then recomputes (one full run
+with the result's seed: the completion :func:`blocklin.svd` writes, the same bits on every scheduler
+and budget; the report says why).
+
 Each triplet's residual ``||B^T u - s v||`` (with ``u = B v / s``: ``||(B^T B v - s^2 v)|| / s``) comes
 from the updated Gram, plus its rounding (``m eps ||B||_F^2 / s``). Where a residual misses ``tol``
 (singular values near the Gram's rounding), the result is recomputed instead (one full run; the
@@ -126,6 +133,7 @@ class _Factors:
     old_map: tuple  # (T, c): old rows' scores U0 T + 1 c^T
     new_map: tuple  # (W, b): a row p's scores p W + b
     scale: np.ndarray  # D: the column scales (ones when not scaled)
+    zero: np.ndarray  # per triplet, whether its value is zero within the updated Gram's rounding
 
 
 def _factors(old: _Stored, m0: int, m1: int, mean: np.ndarray, c: np.ndarray) -> _Factors:
@@ -149,7 +157,8 @@ def _factors(old: _Stored, m0: int, m1: int, mean: np.ndarray, c: np.ndarray) ->
     u_err = np.sqrt(np.maximum(np.einsum("ij,ij->j", proj, gb0 @ proj), 0.0)) * inv
     return _Factors(s=sig, V=V, residuals=resid, u_errors=u_err,
                     old_map=((old.S[:, None] * (old.V.T @ w)) * inv[None, :], (((shift0 - shift) / d) @ V) * inv),
-                    new_map=((V / d[:, None]) * inv[None, :], -((shift / d) @ V) * inv), scale=d)
+                    new_map=((V / d[:, None]) * inv[None, :], -((shift / d) @ V) * inv), scale=d,
+                    zero=lam <= rounding)
 
 
 def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, resume: bool) -> Any:
@@ -168,6 +177,10 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
         return Recompute("the new rows' squares leave float64's range")
     m1, mean, c = merge_comoments(m0, old.mean, old.C.copy(), p, mom.mean, cp)
     f = _factors(old, m0, m1, mean, c)
+    if f.zero.any():  # U's columns there are an orthonormal completion, orthogonal to range(A) over every row
+        return Recompute(f"singular value(s) {[int(i) + 1 for i in np.flatnonzero(f.zero)][:10]} of the grown matrix are "
+                         "zero within the updated Gram's rounding: their columns of U are an orthonormal completion "
+                         "from the seed (as svd writes them), which needs every row of A")
     triplets = triplet_report(f.s, f.residuals, tol, A.dtype)
     bad = [i + 1 for i, ok in enumerate(triplets["converged_triplets"]) if not ok]
     if bad:
