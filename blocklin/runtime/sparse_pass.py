@@ -126,20 +126,20 @@ def product_memory(store: SparseStore, groups: list[tuple[int, int]], k: int, x_
     return held, per_task
 
 
-def check_products(store: SparseStore, width: int, orders: list[bool], item: int, dtype: Any, budget: int,
+def check_products(store: SparseStore, products: list[tuple[int, bool]], item: int, dtype: Any, budget: int,
                    reserved: int = 0) -> int:
-    """The most any of a method's products holds (``X`` of ``width`` columns of ``item`` bytes, the result,
-    one task), each product of ``orders`` (``S^T X`` where True, in the order the method multiplies)
-    checked as the run checks it (:func:`product_memory`, beside the ``reserved`` bytes of the method):
-    a method refuses up front the budget its first product would refuse, naming the whole call's minimum."""
+    """The most any of a method's ``products`` holds (each ``(width, transposed)``: ``X`` of ``width``
+    columns of ``item`` bytes, ``S^T X`` where ``transposed``; the result, one task), checked as the run
+    checks it (:func:`product_memory`, beside the ``reserved`` bytes of the method): a method refuses up
+    front, naming the whole call's minimum, the budget its largest product would refuse."""
     m, n = store.shape
     groups = row_groups(store)
     needs = []
-    for transposed in orders:  # every product's need first: a refusal names the largest
+    for width, transposed in products:  # every product's need first: a refusal names the largest
         held, per_task = product_memory(store, groups, width, (m if transposed else n) * width * item, transposed,
                                         dtype, 1 << 62)
-        needs.append((held + per_task, transposed))
-    need, transposed = max(needs)
+        needs.append((held + per_task, width, transposed))
+    need, width, transposed = max(needs)
     product_memory(store, groups, width, (m if transposed else n) * width * item, transposed, dtype, budget, reserved)
     return need
 

@@ -148,3 +148,32 @@ def test_sketch_of_a_sparse_matrix_recovers_a_low_rank_one(tmp_path):
     assert np.abs(sv[:4] - full[:4]).max() <= bound and sv[4] <= bound
     dense = bl.svd(x.toarray(), 5, method="sketch", seed=2)  # the stored route's sketch, same test matrices
     assert np.abs(dense[1][:4] - sv[:4]).max() <= 2 * bound
+
+
+@pytest.mark.parametrize("shape", [(3000, 400), (400, 3000)], ids=["tall", "wide"])
+@pytest.mark.parametrize("method", ["lanczos", "rsvd", "sketch"])
+def test_sparse_svd_runs_at_the_minimum_its_refusal_names(tmp_path, shape, method):
+    """The minimum a refusal names is the whole call's: with k = 20 the block Lanczos route's last
+    Rayleigh-Ritz product is 40 columns wide against a block of 30, and the sketch's ``B [Omega | Psi]``
+    is wider than its ``B^T Upsilon^T``; a retry at the named minimum runs (issue 28's sweep, on the
+    sparse route), and the plan (``sparse_lowrank_plan``) names the same minimum."""
+    from blocklin.linalg.lowrank.sparse_plan import sparse_lowrank_plan
+
+    x = scipy.sparse.random(*shape, density=0.02, random_state=3, format="csr")
+    s = bl.from_sparse(x, tmp_path / "s.zarr")
+    kw = dict(method=method, **({"power_iters": 1} if method == "rsvd" else {}))
+    budget, retried = 64 << 10, 0
+    while budget <= 64 << 20:
+        try:
+            bl.svd(s, 20, memory=budget, scheduler="sync", seed=0, **kw)
+            break
+        except bl.errors.BudgetError as exc:
+            assert exc.minimum and exc.minimum > budget, str(exc)
+            with pytest.raises(bl.errors.BudgetError) as planned:
+                sparse_lowrank_plan(s, 20, memory=budget, **kw)
+            assert planned.value.minimum == exc.minimum
+            res = bl.svd(s, 20, memory=exc.minimum, scheduler="sync", seed=0, **kw)  # not refused again
+            assert res.report["operator_products"] >= 1
+            retried += 1
+            budget *= 4
+    assert retried >= 1

@@ -19,6 +19,7 @@ from blocklin.errors import BudgetError, ParameterError, explain
 from blocklin.linalg.blocks.tallblock import ArrayBlock
 from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.lowrank.methods import Factorization, lanczos, rsvd, sketch
+from blocklin.linalg.lowrank.triplets import enrich_width
 from blocklin.plan.svd import plan_svd
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
@@ -107,6 +108,23 @@ def operator_svd_plan(shape: tuple[int, int], dtype: Any, k: int, *, memory: int
         return operator_plan(shape, dtype, k, memory=max(int(exc.minimum), memory), **options)
 
 
+def operator_products(plan: Any, k: int, shape: tuple[int, int]) -> list[tuple[int, bool]]:
+    """Every product the operator route makes, as ``(columns of X, transposed)`` (``S^T X`` where
+    ``transposed``): rsvd ``B Q`` and ``B^T Y`` of one block; block Lanczos those, and its last
+    Rayleigh-Ritz pass over the ``k`` Ritz vectors and up to ``k`` residual directions
+    (:func:`~blocklin.linalg.lowrank.triplets.enrich_width`), wider than the block when ``k`` is; the
+    sketch ``B [Omega | Psi]`` and ``B^T Upsilon^T``. ``B`` is ``A``, or ``A^T`` for a transposed plan."""
+    m, n = shape
+    b, bt = bool(plan.transposed), not plan.transposed  # B X is S^T X when B = A^T
+    if plan.method == "sketch":
+        kp, s = plan.sketch_size
+        return [(kp + s, b), (kp, bt)]
+    widths = {int(plan.block)}
+    if plan.method != "rsvd":
+        widths.add(k + enrich_width(k, int(plan.block), m if plan.transposed else n))
+    return [(w, t) for w in sorted(widths) for t in (b, bt)]
+
+
 def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: int | None, tol: float,
                  seed: int, limit: int, block_size: int | None, max_basis: int | None,
                  dest: str | None) -> tuple[Factorization, Any]:
@@ -116,9 +134,8 @@ def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: 
     options = dict(method=method, oversample=oversample, q=q, limit=limit, block_size=block_size, max_basis=max_basis)
     if isinstance(op, SparseOperator):  # the bases and factors, and beside them every product, refused up front
         plan = operator_svd_plan(op.shape, op.dtype, k, memory=job.cfg.memory, **options)
-        m, n = op.shape
-        check_products(op.matrix._store, int(plan.block), [True, False] if m < n else [False, True],
-                       np.dtype(op.dtype).itemsize, op.dtype, job.cfg.memory, int(plan.client_bytes))
+        check_products(op.matrix._store, operator_products(plan, k, op.shape), np.dtype(op.dtype).itemsize,
+                       op.dtype, job.cfg.memory, int(plan.client_bytes))
     plan = operator_plan(op.shape, op.dtype, k, memory=job.cfg.memory, **options)
     job.client_reserved = int(plan.client_bytes)  # what the products (a sparse matrix's tasks) may not take
     src = OperatorSource(op, plan.transposed, job)

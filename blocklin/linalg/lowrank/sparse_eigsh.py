@@ -65,7 +65,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
         # the Lanczos bases and Ritz vectors (and a Laplacian's degrees) stay in memory beside every
         # product: the whole call's need refused up front, and the products' tasks take what is left
         reserved = client_bytes("eigsh", n, k, block, basis, None) + (2 * n * 8 if laplacian else 0)
-        check_products(s._store, block, [False] + ([True] if check_symmetric else []), 8, op.dtype,
+        check_products(s._store, [(block, False)] + ([(block, True)] if check_symmetric else []), 8, op.dtype,
                        job.cfg.memory, reserved)
         job.client_reserved = reserved
         tol = default_tol(dt) if tol is None else tol

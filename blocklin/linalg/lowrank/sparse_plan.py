@@ -74,7 +74,7 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
         svd_plan = operator_svd_plan((m, n), dt, k, method=method, oversample=oversample, q=q, limit=limit,
                                      block_size=block_size, max_basis=max_basis, memory=cfg.memory)
     reserved = int(svd_plan.client_bytes) + (2 * n * 8 if operation == "eigsh" and laplacian is not None else 0)
-    product = _product_bytes(s, operation, int(svd_plan.block), dt, cfg.memory, check_symmetric, reserved)
+    product = _product_bytes(s, operation, svd_plan, int(k), dt, cfg.memory, check_symmetric, reserved)
     eig = {}
     if operation == "eigsh":  # the symmetry check's S^T X, the Laplacian's degree pass; w and V written to out
         eig = dict(extra_reads=int(bool(check_symmetric)) + int(laplacian is not None),
@@ -85,20 +85,22 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
                                max_passes=limit, **eig)
 
 
-def _product_bytes(s: SparseMatrix, operation: str, width: int, dtype: np.dtype, budget: int,
+def _product_bytes(s: SparseMatrix, operation: str, svd_plan: Any, k: int, dtype: np.dtype, budget: int,
                    check_symmetric: bool, reserved: int = 0) -> int:
-    """What the larger product of the run holds (X, its result, one task), checked against the budget in
-    the order the run multiplies (:func:`blocklin.runtime.sparse_pass.product_memory`, the run's own
-    refusal): svd and pca ``S Q`` then ``S^T Y`` (the other way round for a wide matrix), eigsh
-    ``S X`` (and ``S^T X`` for its symmetry check), with ``X`` in the operator's dtype (eigsh: float64)."""
+    """What the largest product of the run holds (X, its result, one task), checked against the budget as
+    the run checks it (:func:`blocklin.runtime.sparse_pass.check_products`, the run's own refusal): svd
+    and pca every product :func:`~blocklin.linalg.lowrank.operator_svd.operator_products` lists, eigsh
+    ``S X`` of one block (and ``S^T X`` for its symmetry check), with ``X`` in the operator's dtype
+    (eigsh: float64)."""
+    from blocklin.linalg.lowrank.operator_svd import operator_products
     from blocklin.runtime.sparse_pass import check_products
 
-    m, n = s.shape
     if operation == "eigsh":
-        order, item = [False] + ([True] if check_symmetric else []), 8
+        block = int(svd_plan.block)
+        products, item = [(block, False)] + ([(block, True)] if check_symmetric else []), 8
     else:
-        order, item = ([True, False] if m < n else [False, True]), dtype.itemsize
-    return check_products(s._store, width, order, item, dtype, budget, reserved)
+        products, item = operator_products(svd_plan, k, s.shape), dtype.itemsize
+    return check_products(s._store, products, item, dtype, budget, reserved)
 
 
 __all__ = ["OPERATIONS", "sparse_lowrank_plan"]
