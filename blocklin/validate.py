@@ -80,15 +80,6 @@ def float_operand(op: Any, operation: str | None = None, *, complex_ok: bool = F
     return dt
 
 
-def real_operand(op: Any, operation: str) -> None:
-    """Refuse complex data where ``operation`` takes any real dtype but not complex (its sums of ``a``
-    or ``a^2`` would drop or mix the imaginary parts)."""
-    dt = native(op.dtype)
-    if dt.kind == "c":
-        raise DTypeError(explain(op.name, f"must be real ({operation} does not take complex data yet)", dt.name,
-                                 COMPLEX_FIX))
-
-
 def result_dtype(operands: Sequence[Any], dtype: Any, allowed: tuple = GEMM_DTYPES,
                  operation: str | None = None) -> np.dtype:
     """The compute dtype: the operands' common dtype, or ``dtype`` when given (no silent upcast).

@@ -94,7 +94,7 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
                                                                           memory=MEM),
         "inv": lambda: bl.inv(S, memory=MEM),
         "qr": lambda: bl.qr(Z, memory=MEM),
-        "norm": lambda: bl.norm(S, memory=MEM),
+        "norm ord=2": lambda: bl.norm(S, 2, memory=MEM),
         "aslinearoperator": lambda: bl.aslinearoperator(Z),
     }
     for name, call in refusing.items():
@@ -126,6 +126,11 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
               bl.cho_solve(bl.cholesky(S, memory=MEM), rhs, memory=MEM), bl.lu_solve(f, rhs, memory=MEM)):
         xs = x.to_numpy().astype(np.complex128)
         assert np.linalg.norm(s @ xs - rhs) <= 3 * np.sqrt(2) * 4 * 30 * eps * np.linalg.norm(s) * np.linalg.norm(xs)
+    # the entry-wise norms of |z| (moduli): sums of one pass, within n eps of NumPy's (row and column sums
+    # of at most 50 terms, and the scaled sum of squares)
+    for o in (None, 1, -1, np.inf, -np.inf):
+        ref = np.linalg.norm(z.astype(np.complex128), o)
+        assert abs(bl.norm(Z, o, memory=MEM) - ref) <= 4 * 50 * eps * ref, o
     bl.convert(str(tmp_path / "z.zarr"), str(tmp_path / "copy.zarr"))
     assert np.array_equal(bl.open(str(tmp_path / "copy.zarr")).to_numpy(), z)  # a copy: bit for bit
 

@@ -22,7 +22,6 @@ from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import row_kernel, run_pass, source
-from blocklin.validate import real_operand
 
 #: ``ord`` values of :func:`norm` for a matrix (NumPy's).
 ORDS = (None, "fro", "nuc", 1, -1, 2, -2, np.inf, -np.inf)
@@ -40,8 +39,10 @@ def _sums_init(device: Any, params: dict) -> dict:
 
 @row_kernel(memory=_sums_memory, init=_sums_init, device="cpu")
 def sums_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
-    """Per strip: fold ``|a|`` into the scaled sum of squares, the column sums and the row sums' extremes."""
-    a = np.abs(np.asarray(arrays[0], dtype=np.float64))
+    """Per strip: fold ``|a|`` into the scaled sum of squares, the column sums and the row sums' extremes
+    (of complex data the moduli, ``hypot(re, im)``, as ``numpy.linalg.norm`` takes them)."""
+    x = np.asarray(arrays[0])
+    a = np.abs(x).astype(np.float64, copy=False) if x.dtype.kind == "c" else np.abs(x.astype(np.float64))
     if a.size:
         peak = float(a.max())
         if peak > 0:
@@ -86,7 +87,6 @@ def entrywise(a: Any, **settings: Unpack[Settings]) -> dict:
     smallest row sums; with the job's ``report``."""
     with Job("norm", **settings) as job:
         A = job.operand(a, "a", integers="cast")
-        real_operand(A, "norm")
         m, n = A.shape
         states = run_pass(job, sums_kernel, [source(A)], {"n": n}, description="norm: sums over A").states
         total = _merge([st for st in states if st is not None])
@@ -104,9 +104,10 @@ def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noq
         ``m x n``.
     ord : {None, "fro", "nuc", 1, -1, 2, -2, inf, -inf}
         As NumPy for matrices: ``None``/``"fro"`` Frobenius, ``1``/``-1`` the largest/smallest column sum
-        of ``|a|``, ``inf``/``-inf`` the largest/smallest row sum (one pass over ``A``); ``2``/``-2`` the
+        of ``|a|`` (moduli for complex ``a``), ``inf``/``-inf`` the largest/smallest row sum (one pass over ``A``); ``2``/``-2`` the
         largest/smallest singular value, ``"nuc"`` their sum (:func:`blocklin.svd`: the largest by block
-        Lanczos to ``10 sqrt(eps)``, the others from every singular value, ``N x N`` in memory).
+        Lanczos to ``10 sqrt(eps)``, the others from every singular value, ``N x N`` in memory; refused
+        for complex ``a`` while svd is).
     **settings
         As for every operation.
 
@@ -124,7 +125,7 @@ def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noq
     """
     ord = _check_ord(ord)
     if ord in (2, -2, "nuc"):
-        return _spectral(a, ord, settings)
+        return _spectral(a, ord, settings)  # complex data: refused there, by svd
     sums = entrywise(a, **settings)
     if ord is None or ord == "fro":
         return float(sums["fro"])
