@@ -477,7 +477,6 @@ def test_norm_2dim(norm, precision):
     assert abs(got - ref) <= 4 * 6 * eps(dtype) * np.linalg.norm(a.astype(np.float64)) * 6
 
 
-@pytest.mark.xfail(strict=True, reason="complex data: norm does not take complex yet")
 @pytest.mark.parametrize("norm", [None, 1, -1, np.inf, -np.inf])
 def test_norm_complex(norm):
     """Dask's test_norm_any_prec with ``isreal=False`` (2-D)."""

@@ -179,8 +179,6 @@ def test_lu_solve(memory):
 DT = [int, float, np.float32, pytest.param(complex, marks=COMPLEX), pytest.param(np.complex64, marks=COMPLEX)]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: lu_solve refuses the empty pivots of a 0 x 0 factor "
-                                      "(solve/factored.py: pivots.max(initial=0) >= n is true for n = 0)")
 @pytest.mark.parametrize("dt", DT)
 @pytest.mark.parametrize("dt_b", DT)
 def test_lu_solve_empty(dt, dt_b):

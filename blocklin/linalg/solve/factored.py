@@ -143,7 +143,7 @@ def _solve_with(f: Any, b: Any, out: Any, operation: str, steps: tuple, *, overw
         st = TriangularSetup.of(job, f, b, "factor", operation, out=out, overwrite=overwrite, tile=tile,
                                 square_rule=square_rule)
         n, k, dt, plan, ao, ops, rhs = st.n, st.k, st.dtype, st.plan, st.ao, st.ops, st.rhs
-        if pivots is not None and (pivots.size != n or pivots.min(initial=0) < 0 or pivots.max(initial=0) >= n):
+        if pivots is not None and (pivots.size != n or pivots.min(initial=0) < 0 or pivots.max(initial=-1) >= n):
             raise ParameterError(explain("piv", f"must hold n = {n} row indices in [0, {n})",
                                          f"{pivots.size} pivots in [{pivots.min(initial=0)}, {pivots.max(initial=0)}]",
                                          "pass the pivots of this factorization"))
