@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", metavar="A", help="zarr array (path or URL)")
     p.add_argument("-o", "--out", required=True, metavar="G", help="output zarr array (path or URL)")
     p.add_argument("--trans", action="store_true", help="A A^T (the Gram matrix of the rows) instead of A^T A")
-    p.add_argument("--dtype", choices=("float32", "float64"), help="compute and output dtype (default: A's)")
+    p.add_argument("--dtype", choices=("float32", "float64", "complex64", "complex128"),
+                   help="compute and output dtype (default: A's; a complex A takes a complex one)")
     ui.add_run_options(p, resume="continue an interrupted run (identical result)")
     ui.add_common(p)
     p.set_defaults(func=run)

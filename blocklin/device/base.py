@@ -114,14 +114,21 @@ class Device(abc.ABC):
 
     @abc.abstractmethod
     def syrk_acc(self, acc: Any, a: Any) -> None:
-        """``acc += a.T @ a`` (both triangles), with SYRK's half of the GEMM flops."""
+        """``acc += a.T @ a`` (both triangles), with SYRK's half of the GEMM flops; ``a^H a`` of
+        complex data (HERK: Hermitian, its diagonal real)."""
 
     def syrk_lower_acc(self, acc: Any, a: Any) -> None:
-        """The lower triangle of ``acc += a.T @ a`` (the strictly upper triangle is then undefined).
+        """The lower triangle of ``acc += a.T @ a`` (``a^H a`` of complex data; the strictly upper
+        triangle is then undefined).
 
         Default: the full product; a device overrides it with an in-place SYRK (half the flops, no
         temporary).
         """
+        if a.dtype.kind == "c":
+            with self.on_compute():  # conjugated where the device computes (ordered with its uploads)
+                ah = a.T.conj()
+            self.gemm_acc(acc, ah, a)
+            return
         self.gemm_acc(acc, a.T, a)
 
     @abc.abstractmethod

@@ -88,6 +88,13 @@ class CpuDevice(Device):
         return x
 
     def syrk_acc(self, acc: np.ndarray, a: np.ndarray) -> None:
+        from blocklin.linalg.blocks.syrk import symmetrize_lower, syrk_acc
+
+        if a.dtype.kind == "c":  # HERK: a^H a, Hermitian with a real diagonal
+            low = np.zeros((a.shape[1], a.shape[1]), dtype=acc.dtype)
+            syrk_acc(low, a)
+            acc += symmetrize_lower(low)
+            return
         from scipy.linalg import blas
 
         f = {np.dtype(np.float64): blas.dsyrk, np.dtype(np.float32): blas.ssyrk}.get(a.dtype)
@@ -100,6 +107,11 @@ class CpuDevice(Device):
     def syrk_lower_acc(self, acc: np.ndarray, a: np.ndarray) -> None:
         from scipy.linalg import blas
 
+        if a.dtype.kind == "c":  # HERK: lower(a^H a)
+            from blocklin.linalg.blocks.syrk import syrk_acc
+
+            syrk_acc(acc, a) if acc.flags.c_contiguous else _gemm_acc(acc, a.conj().T, a)
+            return
         f = {np.dtype(np.float64): blas.dsyrk, np.dtype(np.float32): blas.ssyrk}.get(a.dtype)
         if f is None or acc.dtype != a.dtype or not acc.flags.c_contiguous:
             _gemm_acc(acc, a.T, a)

@@ -526,6 +526,13 @@ class CudaDevice(Device):
 
         cp = self.cp
         n = a.shape[1]
+        if a.dtype.kind == "c":  # HERK as a GEMM (CuPy's cuBLAS wrappers have no herk): a^H a made exactly
+            with self.compute:  # Hermitian, its diagonal real ((z + conj z) / 2 is Re z, exactly)
+                g = cp.matmul(a.T.conj(), a)
+                g = g + g.T.conj()  # a new array: CuPy does not guard in-place overlap
+                g *= 0.5
+                acc += g
+            return
         with self.compute:
             low = cp.zeros((n, n), dtype=a.dtype, order="F")
             cublas.syrk("T", a, out=low, alpha=1.0, beta=0.0, lower=True)  # lower triangle of a.T @ a

@@ -178,7 +178,8 @@ def plan_gram(shape: tuple[int, int], dtype: Any, *, chunks: tuple[int, int], me
 def _plan_pass(common: dict, s: int, k: int, dt: np.dtype, src: np.dtype, chunks: tuple[int, int], memory: int,
                trans: bool, workers: int, cores: int, gpu: bool, nbytes: int) -> GramPlan:
     oc = gram_out_chunks(s, dt)
-    reduce_bytes = s * s * 8 + oc[0] * s * (8 + dt.itemsize)  # the float64 sum and one row strip being written
+    wide = 16 if dt.kind == "c" else 8  # the reduction's float64 (complex128 for complex data) entries
+    reduce_bytes = s * s * wide + oc[0] * s * (wide + dt.itemsize)  # the sum and one row strip being written
     mem = gram_pass_memory(s, dt, cast=src != dt or trans, gpu=gpu)
     chunk_rows, chunk_w = (chunks[1], chunks[0]) if trans else chunks
     for w in range(max(1, workers), 0, -1):

@@ -154,7 +154,8 @@ class BlockOps:
              c: Region | None = None, full: bool = False, check: bool = False, shift: float = 0.0,
              done_dir: Any = None, rhs: Region | None = None, rhs_out: Region | None = None,
              description: str = "syrk") -> list[dict]:
-        """``out = beta * C + alpha * A A^T + shift * I`` (``A`` an ``n x k`` region, transposed views allowed).
+        """``out = beta * C + alpha * A A^T + shift * I`` (``A`` an ``n x k`` region, transposed views allowed;
+        ``A A^H`` of complex data, HERK: Hermitian, its diagonal real).
 
         The lower triangle is covered by square output blocks as large as the budget allows
         (:func:`~blocklin.plan.gram.plan_syrk_blocks`, a multiple of the chunk side): one task per
@@ -489,6 +490,7 @@ def syrk_tile_task(spec: TileOpSpec, bi: int, bj: int) -> dict:
     rI = slice(bi * T, min(n, (bi + 1) * T))
     rJ = slice(bj * T, min(n, (bj + 1) * T))
     diag = bi == bj
+    cplx = dt.kind == "c"  # A A^H (HERK): the conjugate of the right factor, a Hermitian result
     dev = get_device(spec.device, device_memory=spec.device_memory)
     acc = dev.zeros((rI.stop - rI.start, rJ.stop - rJ.start), dt)
     racc = dev.zeros((rI.stop - rI.start, spec.b.shape[1]), dt) if diag and spec.b is not None else None
@@ -499,10 +501,17 @@ def syrk_tile_task(spec: TileOpSpec, bi: int, bj: int) -> dict:
         si = dev.to_device(spec.a.read_stored(rI, ks, dt, spec.check, "a"))
         nread += si.nbytes
         ai = si.T if spec.a.trans else si  # a[I, ks]
-        if diag:
-            dev.syrk_lower_acc(acc, ai.T)
-        else:
-            sj = dev.to_device(spec.a.read_stored(rJ, ks, dt, spec.check, "a"))
+        if diag:  # lower(a_I a_I^H): the device's SYRK of b = conj(a_I)^T, b^H b (HERK of complex data)
+            if cplx:
+                with dev.on_compute():  # conjugated where the device computes (ordered with the upload)
+                    b = ai.T.conj()
+                dev.syrk_lower_acc(acc, b)
+                del b
+            else:
+                dev.syrk_lower_acc(acc, ai.T)
+        else:  # a_I a_J^H: a_J conjugated on the host as it is read
+            sj = spec.a.read_stored(rJ, ks, dt, spec.check, "a")
+            sj = dev.to_device(np.conj(sj) if cplx else sj)
             nread += sj.nbytes
             dev.gemm_acc(acc, ai, sj if spec.a.trans else sj.T)
             del sj
@@ -520,7 +529,11 @@ def syrk_tile_task(spec: TileOpSpec, bi: int, bj: int) -> dict:
             blk = host[r0:r0 + t, c0:c0 + t]
             if diag and ci == cj:  # symmetric from its lower triangle (the upper one is undefined after SYRK)
                 blk = np.tril(blk)
-                blk += np.tril(blk, -1).T
+                if cplx:  # Hermitian, the diagonal real (HERK's convention)
+                    blk += np.tril(blk, -1).T.conj()
+                    blk.imag[np.diag_indices_from(blk)] = 0
+                else:
+                    blk += np.tril(blk, -1).T
             else:
                 blk = np.array(blk)
             if spec.alpha != 1.0:
@@ -532,7 +545,7 @@ def syrk_tile_task(spec: TileOpSpec, bi: int, bj: int) -> dict:
             spec.out.write(ci, cj, t, blk)
             nwritten += blk.nbytes
             if spec.full and ci != cj:
-                spec.out.write(cj, ci, t, np.ascontiguousarray(blk.T))
+                spec.out.write(cj, ci, t, np.ascontiguousarray(blk.T.conj() if cplx else blk.T))
                 nwritten += blk.nbytes
     if racc is not None:
         rh = np.asarray(dev.to_host(racc))

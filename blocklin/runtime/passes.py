@@ -402,9 +402,9 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
                 with lock:
                     peaks[j] = p if peaks[j] is None else _max_nan([peaks[j], p])
             if scale[j] and v.flags.writeable and np.may_share_memory(v, buf):
-                np.ldexp(v, -scale[j], out=v)  # the task's own read buffer
+                ldexp(v, -scale[j], out=v)  # the task's own read buffer
             elif scale[j]:
-                v = np.ldexp(v, -scale[j]).astype(v.dtype, copy=False)
+                v = ldexp(v, -scale[j])
             nbytes[0] += v.nbytes
             views.append(v)
         return tuple(views)
@@ -418,11 +418,25 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
             "compute_seconds": stream.compute_seconds, "progress_units": told}
 
 
+def ldexp(x: np.ndarray, e: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``x * 2^e`` (exact where it fits), keeping the dtype; complex data by its real and imaginary
+    parts (``numpy.ldexp`` takes real data only); in place with ``out=x``."""
+    x = np.asarray(x)
+    if x.dtype.kind != "c":
+        return np.ldexp(x, e, out=out) if out is not None else np.ldexp(x, e).astype(x.dtype, copy=False)
+    r = out if out is not None else np.empty_like(x)
+    np.ldexp(x.real, e, out=r.real)
+    np.ldexp(x.imag, e, out=r.imag)
+    return r
+
+
 def _column_peaks(v: np.ndarray) -> np.ndarray:
     """``max |v|`` of each column, float64, without a temporary the size of ``v`` (NaN where a column
     holds one: it propagates through max and min)."""
     if v.shape[0] == 0:
         return np.zeros(v.shape[1])
+    if v.dtype.kind == "c":  # max(|Re|, |Im|): within sqrt(2) of the largest modulus, which a scaling allows
+        return np.maximum(_column_peaks(v.real), _column_peaks(v.imag))
     return np.maximum(v.max(axis=0).astype(np.float64), -v.min(axis=0).astype(np.float64))
 
 

@@ -82,7 +82,6 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
     s = z.conj().T @ z + 30 * np.eye(30, dtype=dtype)
     Z, S = bl.from_array(z, str(tmp_path / "z.zarr")), bl.from_array(s, str(tmp_path / "s.zarr"))
     refusing = {
-        "gram": lambda: bl.gram(Z, memory=MEM),
         "gram dtype=float64": lambda: bl.gram(Z, dtype="float64", memory=MEM),
         "matmul dtype=float64": lambda: bl.matmul(Z, Z, trans_a=True, dtype="float64", memory=MEM),
         "svd": lambda: bl.svd(Z, 3, memory=MEM),
@@ -109,6 +108,12 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
     c = bl.matmul(Z, S, memory=MEM).to_numpy()
     ref = z.astype(np.complex128) @ s.astype(np.complex128)
     assert np.linalg.norm(c - ref) <= 4 * 30 * eps * np.linalg.norm(z) * np.linalg.norm(s)
+    # gram is A^H A (HERK; tests/products/test_complex_gram.py checks it in depth): Hermitian, its diagonal
+    # real, within 3 sqrt(2) times the real Gram bound 2 m eps ||A||^2
+    g = bl.gram(Z, memory=MEM).to_numpy()
+    assert np.array_equal(g, g.conj().T) and not np.diagonal(g).imag.any()
+    ref = z.astype(np.complex128).conj().T @ z.astype(np.complex128)
+    assert np.linalg.norm(g - ref) <= 3 * np.sqrt(2) * 2 * 50 * eps * np.linalg.norm(z) ** 2
     # LU, Cholesky and the square solves take complex (tests/factor/test_complex_factors.py and
     # tests/solve/test_complex_solves.py check them in depth): here, their backward errors
     f = bl.lu(S, memory=MEM)
@@ -135,13 +140,18 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
     assert np.array_equal(bl.open(str(tmp_path / "copy.zarr")).to_numpy(), z)  # a copy: bit for bit
 
 
-def test_gram_cli_refuses_complex128(tmp_path):
+def test_gram_cli_takes_complex128_and_refuses_a_real_dtype(tmp_path):
     path = str(tmp_path / "z.zarr")
-    bl.from_array(_rand((40, 20), np.complex128), path)
+    z = _rand((40, 20), np.complex128)
+    bl.from_array(z, path)
     r = _cli(["gram", path, "-o", str(tmp_path / "G.zarr"), "--memory", MEM])
+    assert r.returncode == 0, r.stderr
+    g = bl.open(str(tmp_path / "G.zarr")).to_numpy()
+    assert np.linalg.norm(g - z.conj().T @ z) <= 3 * np.sqrt(2) * 2 * 40 * np.finfo(np.float64).eps * np.linalg.norm(z) ** 2
+    r = _cli(["gram", path, "-o", str(tmp_path / "G64.zarr"), "--dtype", "float64", "--memory", MEM])
     assert r.returncode == ui.EXIT_ERROR
-    _one_error_line(r.stderr, "DTypeError", "complex128", "gram", "Fix:", "blocklin.matmul")
-    assert not (tmp_path / "G.zarr").exists()
+    _one_error_line(r.stderr, "DTypeError", "complex128", "float64", "Fix:")
+    assert not (tmp_path / "G64.zarr").exists()
 
 
 def test_integers_are_refused_with_the_conversion_by_the_products(tmp_path):

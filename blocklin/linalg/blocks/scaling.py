@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from blocklin.runtime.passes import ldexp
+
 T = TypeVar("T")
 
 
@@ -58,8 +60,7 @@ def scale(x: Any, e: int) -> Any:
     """``x * 2^-e`` (exact), keeping the dtype; ``x`` itself when ``e == 0``."""
     if not e:
         return x
-    x = np.asarray(x)
-    return np.ldexp(x, -e).astype(x.dtype, copy=False)
+    return ldexp(np.asarray(x), -e)
 
 
 def unscale(x: Any, e: int) -> Any:

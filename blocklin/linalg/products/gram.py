@@ -1,4 +1,5 @@
-"""Gram matrices ``A^T A`` and ``A A^T`` by symmetric rank-k updates (SYRK), in one read of ``A``.
+"""Gram matrices ``A^T A`` and ``A A^T`` by symmetric rank-k updates (SYRK), in one read of ``A``
+(``A^H A`` and ``A A^H`` of complex data, by Hermitian ones: HERK).
 
 :func:`gram` is the public operation; :class:`Gram` is the same product inside a job that another
 operation already runs (:func:`blocklin.matmul` hands ``X^T X`` and ``X X^T`` on one stored operand
@@ -45,7 +46,8 @@ from blocklin.storage.identity import resume_token
 from blocklin.runtime.passes import run_pass, source
 from blocklin.storage.atomic import open_or_create_array
 from blocklin.storage.zarr_store import open_zarr, write_block
-from blocklin.validate import FLOAT_DTYPES, result_dtype
+from blocklin.runtime.passes import ldexp
+from blocklin.validate import COMPLEX_DTYPES, FLOAT_DTYPES, result_dtype
 
 #: Report entries recorded in the output's attributes.
 REPORT_KEYS = ("seconds", "flops", "gflops", "bytes_read", "bytes_written", "peak_memory", "device", "scheduler",
@@ -63,7 +65,8 @@ class Gram:
 
     @classmethod
     def of(cls, A: Any, *, trans: bool = False, dtype: Any = None, alpha: float = 1.0) -> Gram:
-        return cls(A=A, trans=bool(trans), dtype=result_dtype([A], dtype, FLOAT_DTYPES, operation="gram"), alpha=float(alpha))
+        return cls(A=A, trans=bool(trans), dtype=result_dtype([A], dtype, FLOAT_DTYPES + COMPLEX_DTYPES,
+                                                               operation="gram"), alpha=float(alpha))
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -94,7 +97,7 @@ class Gram:
             ops = BlockOps(job, plan.tile)
             ops.workers = plan.workers
             a = Region.of(self.A.path, self.A.shape, off=(getattr(self.A, "first_row", 0), 0))
-            ops.syrk(Region.of(out_path, (plan.s, plan.s)), a if self.trans else a.T, dtype=self.dtype,
+            ops.syrk(Region.of(out_path, (plan.s, plan.s)), a if self.trans else a.H, dtype=self.dtype,
                      alpha=self.alpha, full=True, check=job.check_finite, done_dir=done_dir,
                      c=None if add is None else Region.of(add, (plan.s, plan.s)), beta=0.0 if add is None else 1.0,
                      description=f"Gram tiles {plan.product}")
@@ -131,7 +134,7 @@ class Gram:
                     f"2^{fi.minexp + fi.nmant} and 2^{fi.maxexp})", f"a Gram whose largest entry is about "
                     f"2^{top - 1} (max |a| = {scaling.amax:.3g})", fix))
         with np.errstate(under="ignore"):
-            return np.ldexp(g * float(m), e2) if e2 or m != 1 else g
+            return ldexp(g * float(m), e2) if e2 or m != 1 else g
 
     def _run_pass(self, job: Job, plan: GramPlan, out_path: Any, add: Any = None) -> dict | None:
         pp = plan.pass_plan
@@ -141,11 +144,14 @@ class Gram:
         g = scaling.run(job, lambda sc: sum_gram_states(run_pass(
             job, gram_pass_kernel, [src], {"dtype": self.dtype.name, "gpu": job.device == "gpu"}, plan=rp,
             scale=sc, description=f"Gram {plan.product} (SYRK)").states))
+        if self.trans and g.dtype.kind == "c":  # the strips are S = A[:, cols]^T: S^H S is conj(A A^H)
+            np.conjugate(g, out=g)
+            g.imag[np.diag_indices_from(g)] = 0  # +0, not conj's -0
         g = self._unscaled(g, scaling)
         arr = open_zarr(out_path, mode="r+")
         old = None if add is None else open_zarr(add)
         for r0, r1 in split(plan.s, plan.out_chunks[0]):
-            band = g[r0:r1] if old is None else g[r0:r1] + np.asarray(old[r0:r1], dtype=np.float64)
+            band = g[r0:r1] if old is None else g[r0:r1] + np.asarray(old[r0:r1], dtype=g.dtype)
             write_block(arr, slice(r0, r1), slice(0, plan.s), band.astype(self.dtype))
         job.stats["bytes_written"] += plan.bytes_written
         job.stats["flops"] += plan.flops
@@ -159,7 +165,8 @@ def check_diagonal(path: Any, s: int, chunk: int, dtype: Any, why: str, fix: str
     be Inf or lost digits (``zero_ok=False``: a zero diagonal too, squares that underflowed whole).
     Reads the ``s / chunk`` diagonal blocks of this run's own output."""
     arr = open_zarr(path, mode="r+")
-    diag = np.concatenate([np.diag(np.asarray(arr[r0:r1, r0:r1], dtype=np.float64)) for r0, r1 in split(s, chunk)])
+    diag = np.concatenate([np.diag(np.asarray(arr[r0:r1, r0:r1]).real.astype(np.float64))
+                           for r0, r1 in split(s, chunk)])  # real: a Hermitian Gram's diagonal is
     fi = np.finfo(np.dtype(dtype))
     top = float(np.max(np.abs(diag))) if diag.size else 0.0
     if not np.isfinite(top) or 0 < top < 2.0 ** (fi.minexp + fi.nmant) or (top == 0 and not zero_ok):
@@ -188,8 +195,9 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
     trans : bool
         ``False``: ``A^T A`` (``n x n``, the Gram matrix of the columns); ``True``: ``A A^T``
         (``m x m``, of the rows, streamed as column strips of ``A``).
-    dtype : {None, "float32", "float64"}
-        Compute and output dtype (default: ``A``'s). Task sums are added in float64.
+    dtype : {None, "float32", "float64", "complex64", "complex128"}
+        Compute and output dtype (default: ``A``'s). Task sums are added in float64 (complex128).
+        A real dtype for complex ``A`` is refused (the cast would drop the imaginary parts).
     overwrite, resume : bool
         Replace an existing ``out``; continue an interrupted run (same input and plan: identical bits).
     explain : bool
@@ -209,6 +217,9 @@ def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, ove
 
     Notes
     -----
+    Complex ``A``: ``A^H A`` (``A A^H`` with ``trans``), NumPy's ``a.conj().T @ a``, by HERK
+    (``zherk``/``cherk``): written full, exactly Hermitian, its diagonal real (HERK's convention).
+
     When the ``s x s`` result and one accumulator per concurrent task fit the budget, ``A`` is read
     once; otherwise the result is built in stored blocks by the region SYRK, reading ``A`` about
     ``s / block`` times (``explain=True`` shows which). Flops: ``s^2 k`` (SYRK), against ``2 s^2 k``

@@ -43,13 +43,14 @@ def gram_pass_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state
 
 
 def sum_gram_states(states: list) -> np.ndarray:
-    """The full symmetric float64 Gram from the pass's task states: their lower triangles summed in row
+    """The full symmetric float64 Gram (Hermitian complex128 of complex data) from the pass's task states: their lower triangles summed in row
     order (deterministic on every scheduler), each released as it is added (the first one is the
     total when it is float64 and writable: a state from a cluster may be a read-only buffer), then
     mirrored."""
     total = None
     while states:
-        g = np.asarray(states.pop(0)["g"], dtype=np.float64)
+        g = states.pop(0)["g"]
+        g = np.asarray(g, dtype=np.complex128 if np.asarray(g).dtype.kind == "c" else np.float64)
         if total is None:
             total = g if g.flags.writeable else g.copy()
         else:
