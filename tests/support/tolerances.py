@@ -200,7 +200,7 @@ def assert_eigenvalues(got, ref, *, norm: float, n: int, dtype=None, const: floa
 
 
 def assert_orthonormal(q, *, dtype=None, const: float = 2.0, n: int | None = None) -> None:
-    """``||Q^T Q - I||_F <= c n eps``, n the rows of Q.
+    """``||Q^T Q - I||_F <= c n eps``, n the rows of Q (``Q^H Q`` of complex Q).
 
     Householder QR's computed Q is orthonormal to ``gamma_{cn}`` (Higham Thm 19.4), Gram-Schmidt
     with reorthogonalization likewise; forming ``Q^T Q`` adds ``gamma_n ||Q||_F^2`` with
@@ -211,7 +211,7 @@ def assert_orthonormal(q, *, dtype=None, const: float = 2.0, n: int | None = Non
     rows, k = q64.shape
     n = rows if n is None else n
     bound = const * n * eps(_dtype(q, dtype)) * np.sqrt(k)
-    _check(f"orthonormality of {k} columns of length {rows}", _fro(q64.T @ q64 - np.eye(k)), bound)
+    _check(f"orthonormality of {k} columns of length {rows}", _fro(q64.conj().T @ q64 - np.eye(k)), bound)
 
 
 def assert_mean(got, x, *, axis: int = 0, dtype=None, const: float = 2.0) -> None:

@@ -8,7 +8,9 @@ makes it the fallback of the CholeskyQR family (:mod:`blocklin.linalg.blocks.ort
 of the regularized solver (:mod:`blocklin.linalg.solve.qr_route`).
 
 The one sign convention of the package lives here too: :func:`diagonal_signs` makes an R factor's
-diagonal non-negative (``Q`` and ``R`` are unique up to those signs).
+diagonal non-negative (``Q`` and ``R`` are unique up to those signs), and real for complex data
+(``Q`` and ``R`` are unique up to a unit-modulus factor per column; LAPACK's ``zgeqrf`` leaves a
+complex diagonal).
 """
 
 from __future__ import annotations
@@ -37,15 +39,42 @@ def r_factor(x: np.ndarray) -> np.ndarray:
 
 
 def diagonal_signs(r: np.ndarray) -> np.ndarray:
-    """``d`` with ``d[i] = sign(r[i, i])`` (``+1`` for a zero): ``diag(d) R`` has a non-negative diagonal."""
+    """``d`` with ``d[i] = sign(r[i, i])`` (``+1`` for a zero): ``diag(d) R`` has a non-negative diagonal.
+
+    Complex ``r``: ``d[i] = conj(r_ii) / |r_ii|``, so ``diag(d) R`` has a real non-negative diagonal
+    (``Q diag(d)^H`` the matching ``Q``: :func:`signed_columns`)."""
     d = np.sign(np.diag(r))
     d[d == 0] = 1
-    return d
+    return d.conj() if d.dtype.kind == "c" else d
+
+
+def signed_columns(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """``Q diag(d)^H``: the ``Q`` of ``diag(d) R`` (``d`` from :func:`diagonal_signs`, unit modulus)."""
+    return q * (d.conj() if d.dtype.kind == "c" else d)
 
 
 def positive_diagonal(r: np.ndarray) -> np.ndarray:
-    """``diag(d) R`` with the signs of :func:`diagonal_signs` (the unique R with a non-negative diagonal)."""
-    return diagonal_signs(r)[:, None] * r
+    """``diag(d) R`` with the signs of :func:`diagonal_signs` (the unique R with a non-negative diagonal;
+    of complex data, a real one: its moduli, exactly, rather than ``conj(r_ii) r_ii / |r_ii|`` rounded)."""
+    out = diagonal_signs(r)[:, None] * r
+    if out.dtype.kind == "c":
+        k = min(out.shape)
+        out[np.arange(k), np.arange(k)] = np.abs(np.diag(r)[:k])
+    return out
+
+
+def sumsq(a: np.ndarray) -> float:
+    """``||a||_F^2`` accumulated in float64 (of complex data, the moduli squared)."""
+    if a.dtype.kind == "c":
+        return sumsq(a.real) + sumsq(a.imag)
+    return float(np.einsum("ij,ij->", a, a, dtype=np.float64))
+
+
+def sumsq_cols(a: np.ndarray) -> np.ndarray:
+    """Each column's ``sum |a_ij|^2``, float64."""
+    if a.dtype.kind == "c":
+        return sumsq_cols(a.real) + sumsq_cols(a.imag)
+    return np.einsum("ij,ij->j", a, a, dtype=np.float64)
 
 
 def _tsqr_memory(params: Any, sources: tuple) -> PassMemory:
@@ -95,9 +124,9 @@ def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
     width = strip.shape[1]
     if state is None:
         state = {"r": np.zeros((0, width), params["dtype"]), "aa": 0.0, "bb": np.zeros(width - a.shape[1])}
-    state["aa"] += float(np.einsum("ij,ij->", a, a, dtype=np.float64))
+    state["aa"] += sumsq(a)
     if len(parts) > 1:
-        state["bb"] += np.einsum("ij,ij->j", parts[1], parts[1], dtype=np.float64)
+        state["bb"] += sumsq_cols(parts[1])
     state["r"] = r_factor(np.vstack([state["r"], strip]))
     return state, None
 

@@ -28,6 +28,8 @@ from blocklin.errors import InternalError
 from blocklin.device import get_device
 from blocklin.runtime.blockops import (BlockOps, Region, TileOpSpec, done_marker, holds_device, load_record,
                                        mark_finished, save_record, skip_done, tile_count)
+from blocklin.linalg.blocks.tsqr import diagonal_signs, signed_columns
+from blocklin.linalg.blocks.tsqr import sumsq as sumsq_of
 from blocklin.runtime.tiles import check_finite, open_array, with_task_settings
 from blocklin.storage.zarr_store import read_block, write_block
 
@@ -80,12 +82,20 @@ def _reflectors(spec: TileOpSpec, work: Region, k: int, dt: np.dtype) -> tuple[n
 
 
 def _apply_block(dev: Any, v: np.ndarray, tk: np.ndarray, x: np.ndarray, *, transpose: bool) -> None:
-    """``x <- (I - V T V^T) x``, or with ``T^T`` (``Q_k^T``) when ``transpose``; ``x`` on the host, in place."""
-    dv, dx = dev.to_device(v), dev.to_device(x)
+    """``x <- (I - V T V^H) x``, or with ``T^H`` (``Q_k^H``) when ``transpose``; ``x`` on the host, in
+    place (``^H`` the transpose of real data; complex reflectors as LAPACK's ``zgeqrt``/``zgemqrt``)."""
+    dx = dev.to_device(x)
     w = dev.zeros((v.shape[1], x.shape[1]), x.dtype)
-    dev.gemm_acc(w, dv.T, dx, 1.0)  # W = V^T X
+    if v.dtype.kind == "c":  # V^H X from conj(V), uploaded conjugated and released before V itself
+        dvc = dev.to_device(np.conj(v))
+        dev.gemm_acc(w, dvc.T, dx, 1.0)
+        del dvc
+        dv = dev.to_device(v)
+    else:
+        dv = dev.to_device(v)
+        dev.gemm_acc(w, dv.T, dx, 1.0)  # W = V^T X
     tw = dev.zeros(w.shape, x.dtype)
-    dt = dev.to_device(np.ascontiguousarray(tk.T if transpose else tk))
+    dt = dev.to_device(np.ascontiguousarray(tk.conj().T if transpose else tk))
     dev.gemm_acc(tw, dt, w, 1.0)
     dev.gemm_acc(dx, dv, tw, -1.0)  # X -= V (T W)
     x[...] = dev.to_host(dx)
@@ -121,7 +131,7 @@ def qr_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     if spec.check:
         check_finite(panel, "a", rows, cols)
     panel = np.array(panel, dtype=dt, order="C")
-    sumsq = float(np.einsum("ij,ij->", panel, panel, dtype=np.float64))
+    sumsq = sumsq_of(panel)
     nread = panel.nbytes
     for k in range(j):  # left-looking: Q_k^T, in panel order (the same bits on every scheduler)
         v, tk, k0 = _reflectors(spec, spec.out, k, dt)
@@ -131,7 +141,9 @@ def qr_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     panel[c0:] = packed
     save_record(spec, f"qr-t-{j}.npy", tk)
     diag = np.diag(packed[: c1 - c0])
-    signs = np.where(diag < 0, -1.0, 1.0)  # R with a non-negative diagonal (Q's columns flipped alike)
+    # R with a non-negative diagonal (Q's columns flipped alike); of complex data a real one,
+    # diag(conj(r_ii) / |r_ii|) R and Q diag(r_ii / |r_ii|)
+    signs = diagonal_signs(packed[: c1 - c0]) if dt.kind == "c" else np.where(diag < 0, -1.0, 1.0)
     diag = np.abs(diag)
     stats = {"sumsq": sumsq, "max_r": float(diag.max()) if diag.size else 0.0,
              "min_r": float(diag.min()) if diag.size else 0.0, "signs": signs}
@@ -152,7 +164,10 @@ def r_panel_task(spec: TileOpSpec, j: int, signs: np.ndarray) -> dict:
     block = np.array(read_block(open_array(spec.a.path), slice(0, n), slice(c0, c1)))
     block[c0:] = np.triu(block[c0:])
     block[c1:] = 0
+    moduli = np.abs(np.diag(block[c0:c1]))
     block *= signs[:, None].astype(block.dtype)
+    if block.dtype.kind == "c":  # the diagonal real, exactly: its moduli
+        block[np.arange(c0, c1), np.arange(c1 - c0)] = moduli
     write_block(open_array(spec.out.path, mode="r+"), slice(0, n), slice(c0, c1), block)
     return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
 
@@ -175,7 +190,7 @@ def q_panel_task(spec: TileOpSpec, c: int, signs: np.ndarray) -> dict:
         v, tk, k0 = _reflectors(spec, spec.a, k, dt)
         _apply_block(dev, v, tk, x[k0:], transpose=False)
         nread += v.nbytes
-    x *= signs[c0:c1].astype(dt)
+    x = signed_columns(x, signs[c0:c1].astype(dt))
     write_block(open_array(spec.out.path, mode="r+"), slice(0, m), slice(c0, c1), x)
     mark_finished(marker)
     return {"bytes_read": nread, "bytes_written": x.nbytes,

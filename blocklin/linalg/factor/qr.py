@@ -18,10 +18,10 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings, format_size
-from blocklin.errors import BudgetError, ParameterError, warn
+from blocklin.errors import BudgetError, DTypeError, ParameterError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.streaming_qr import tsqr_pass
-from blocklin.linalg.blocks.tsqr import MIN_STRIP_ROWS, diagonal_signs, positive_diagonal
+from blocklin.linalg.blocks.tsqr import MIN_STRIP_ROWS, diagonal_signs, positive_diagonal, signed_columns
 from blocklin.matrix import Matrix
 from blocklin.plan.factor import QR_PANEL_BUFFERS, FactorPlan, plan_qr
 from blocklin.plan.qrtiles import TileQRPlan, plan_tile_qr
@@ -54,7 +54,7 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
-        ``m x n``, float32 or float64. Never modified. A wide ``A`` (``m < n``) gives ``R`` ``m x n``
+        ``m x n``, float32, float64, complex64 or complex128. Never modified. A wide ``A`` (``m < n``) gives ``R`` ``m x n``
         upper trapezoidal and ``Q`` ``m x m`` (the Householder QR of its leading block in memory, then
         one GEMM pass: :func:`_wide`).
     out : path, optional
@@ -87,7 +87,12 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
     Matrix or (Matrix, Matrix)
         ``R`` (``mode="r"``) or ``(Q, R)``. ``R``'s diagonal is non-negative (the unique ``R`` of a
         full-rank ``A``; LAPACK's and NumPy's may differ from it by the signs of rows, and their ``Q``
-        by the signs of columns). ``R.report``: ``method``, ``method_reason``, ``diag_ratio``
+        by the signs of columns). Complex ``A``: ``A = Q R`` with ``Q^H Q = I`` and ``R``'s diagonal
+        real and non-negative (LAPACK's ``zgeqrf`` and NumPy leave it complex: blocklin's rows are
+        theirs times ``conj(r_ii) / |r_ii|``, its ``Q``'s columns theirs times ``r_ii / |r_ii|``);
+        the reflectors are LAPACK's complex ones (``I - V T V^H``), applied as ``Q^H`` with ``T^H``.
+        ``method="tiles"`` takes real data only (refused for complex; ``"auto"`` never picks it), and
+        the streaming TSQR of complex strips runs on the CPU. ``R.report``: ``method``, ``method_reason``, ``diag_ratio``
         (``min |R_ii| / max |R_ii|``, a cheap rank indicator: 0 for a rank-deficient ``A``),
         ``seconds``, ``flops``, ``peak_memory``, ``plan``.
 
@@ -124,7 +129,11 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
     with Job("qr", **settings) as job:
         A = job.operand(a, "a", integers="cast")
         m, n = A.shape
-        dt = float_operand(A, "qr")
+        dt = float_operand(A, "qr", complex_ok=True)
+        if dt.kind == "c" and method == "tiles":
+            raise DTypeError(_msg("method", "for complex data must be 'auto', 'tiled' or 'tsqr' (the tile QR "
+                                  "takes real data only)", f"method='tiles' with a {dt.name}",
+                                  "pass method='auto' (or 'tiled'): the same complex QR by column panels"))
         if m < n:
             return _wide(job, A, out, q, mode=mode, overwrite=overwrite, explain=explain)
         route, reason = _route(job, m, n, dt.itemsize, mode, method)
@@ -209,7 +218,8 @@ def _route(job: Job, m: int, n: int, itemsize: int, mode: str, method: str) -> t
 
 def _tsqr(job: Job, A: Any, out: Any, *, overwrite: bool, reason: str) -> Matrix:
     m, n = A.shape
-    result = tsqr_pass(job, A, None, A.dtype)
+    # complex strips are factored on the CPU (the device's streaming QR keeps real sums)
+    result = tsqr_pass(job, A, None, A.dtype, device="cpu" if np.dtype(A.dtype).kind == "c" else None)
     r = positive_diagonal(result.r).astype(A.dtype, copy=False)
     ao = job.claim(out, [A], overwrite=overwrite)
     chunk = min(max(n, 1), 1024)
@@ -230,7 +240,8 @@ def _wide(job: Job, A: Any, out: Any, q: Any, *, mode: str, overwrite: bool,
     (Higham 2002, Thm. 19.4 and 3.5)."""
     m, n = A.shape
     dt = np.dtype(A.dtype)
-    held = 4 * m * m * 8  # A_1, LAPACK's copy, Q and R_1 in float64
+    wide = np.complex128 if dt.kind == "c" else np.float64
+    held = 4 * m * m * np.dtype(wide).itemsize  # A_1, LAPACK's copy, Q and R_1 in float64 (complex128)
     t = max(1, min(m, 1024))
     plan = FactorPlan(operation="qr-wide", m=m, n=n, dtype=dt.name, tile=t, tiles=1, workers=1, peak_memory=held,
                       memory=job.cfg.memory, flops=4 * m * m * m // 3 + 2 * m * m * (n - m),
@@ -241,20 +252,20 @@ def _wide(job: Job, A: Any, out: Any, q: Any, *, mode: str, overwrite: bool,
         raise BudgetError(_msg("memory", "must hold the m x m leading block of a wide A with its Q and R (4 m^2 "
                                "float64)", format_size(job.cfg.memory), f"raise it to at least {format_size(held)}"),
                           minimum=held)
-    a1 = np.asarray(open_zarr(A.path)[:, :m], dtype=np.float64)
+    a1 = np.asarray(open_zarr(A.path)[:, :m], dtype=wide)
     q1, r1 = np.linalg.qr(a1)
     del a1
-    d = diagonal_signs(r1)  # the R with a non-negative diagonal, as every blocklin QR
-    r1, q1 = d[:, None] * r1, q1 * d
+    d = diagonal_signs(r1)  # the R with a non-negative (real) diagonal, as every blocklin QR
+    r1, q1 = positive_diagonal(r1), signed_columns(q1, d)
     ao, qo = _outputs(job, A, "qr", plan.to_dict(), out, q, mode=mode, overwrite=overwrite, resume=False,
                       size=((m + m, n), dt))
     create_array(ao.array_path(), shape=(m, n), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
     write_block(open_zarr(ao.array_path(), mode="r+"), slice(0, m), slice(0, m), np.triu(r1).astype(dt))
     if n > m:
         qt = job.scratch("qt", (m, m), dt, (t, t))
-        write_block(open_zarr(qt, mode="r+"), slice(0, m), slice(0, m), np.ascontiguousarray(q1.T).astype(dt))
+        write_block(open_zarr(qt, mode="r+"), slice(0, m), slice(0, m), np.ascontiguousarray(q1.conj().T).astype(dt))
         BlockOps(job, t).gemm(ao.array_path(), (0, m), m, n - m, m, qt, (0, 0), A.path, (0, m), dtype=dt,
-                              description="qr (wide): R_2 = Q^T A_2")
+                              description="qr (wide): R_2 = Q^H A_2")
     if qo is not None:
         create_array(qo.array_path(), shape=(m, m), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
         write_block(open_zarr(qo.array_path(), mode="r+"), slice(0, m), slice(0, m), q1.astype(dt))
