@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 import blocklin as bl
-from blocklin.errors import DTypeError
 from support.tolerances import assert_factorization, assert_orthonormal, eps
 
 CDTYPES = [np.complex64, np.complex128]
@@ -68,16 +67,19 @@ def _check_qr(a, q, r, dtype):
 
 
 @pytest.mark.parametrize("dtype", CDTYPES)
+@pytest.mark.parametrize("method", ["tiled", "tiles"])
 @pytest.mark.parametrize("shape,tile", [((1, 1), 32), ((37, 37), 8), ((101, 61), 16), ((130, 13), 32)],
                          ids=["1x1", "37-prime", "101x61", "130x13-tall"])
-def test_complex_tiled_qr_matches_numpy(tmp_path, dtype, shape, tile):
+def test_complex_householder_qr_matches_numpy(tmp_path, dtype, method, shape, tile):
+    # column panels (geqrt, reflectors applied as I - V T^H V^H) and square tiles (geqrt, gemqrt,
+    # tpqrt, tpmqrt with 'C')
     a = _rand(shape, dtype, seed=sum(shape))
-    q, r = bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", method="tiled", tile=tile,
+    q, r = bl.qr(a, tmp_path / "r.zarr", q=tmp_path / "q.zarr", mode="reduced", method=method, tile=tile,
                  scheduler="sync")
-    assert r.report["method"] == "tiled"
+    assert r.report["method"] == method
     _check_qr(a, q[...], r[...], dtype)
     # R alone (mode="r") is the same R
-    r_only = bl.qr(a, method="tiled", tile=tile, scheduler="sync")
+    r_only = bl.qr(a, method=method, tile=tile, scheduler="sync")
     assert np.array_equal(r_only[...], r[...])
 
 
@@ -116,19 +118,19 @@ def test_complex_qr_scipy_simple_complex():
     _check_qr(a, q[...], r[...], np.complex128)
 
 
-def test_complex_qr_identical_bits_across_schedulers(tmp_path):
+@pytest.mark.parametrize("method", ["tiled", "tiles", "tsqr"])
+def test_complex_qr_identical_bits_across_schedulers(tmp_path, method):
     a = bl.from_array(_rand((90, 70), np.complex128, seed=6), tmp_path / "a.zarr", chunks=(32, 32))
-    outs = [bl.qr(a, mode="reduced", method="tiled", tile=32, scheduler=s) for s in ("sync", "threads", "processes")]
+    if method == "tsqr":
+        rs = [bl.qr(a, memory="4MiB", method="tsqr", scheduler=s, workers=2)[...]
+              for s in ("sync", "threads", "processes")]
+        assert all(np.array_equal(rs[0], x) for x in rs[1:])
+        return
+    outs = [bl.qr(a, mode="reduced", method=method, tile=32, scheduler=s, workers=2)
+            for s in ("sync", "threads", "processes")]
     for q, r in outs[1:]:
         np.testing.assert_array_equal(r[...], outs[0][1][...])
         np.testing.assert_array_equal(q[...], outs[0][0][...])
-    rs = [bl.qr(a, memory="4MiB", scheduler=s, workers=2)[...] for s in ("sync", "threads", "processes")]
-    assert all(np.array_equal(rs[0], x) for x in rs[1:])
-
-
-def test_complex_qr_refuses_the_tile_method():
-    with pytest.raises(DTypeError, match="method.*complex.*'tiles'.*complex128.*Fix"):
-        bl.qr(_rand((40, 30), np.complex128), method="tiles")
 
 
 def test_complex_qr_checks_can_fail():

@@ -18,7 +18,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings, format_size
-from blocklin.errors import BudgetError, DTypeError, ParameterError, warn
+from blocklin.errors import BudgetError, ParameterError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.streaming_qr import tsqr_pass
 from blocklin.linalg.blocks.tsqr import MIN_STRIP_ROWS, diagonal_signs, positive_diagonal, signed_columns
@@ -90,9 +90,9 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
         by the signs of columns). Complex ``A``: ``A = Q R`` with ``Q^H Q = I`` and ``R``'s diagonal
         real and non-negative (LAPACK's ``zgeqrf`` and NumPy leave it complex: blocklin's rows are
         theirs times ``conj(r_ii) / |r_ii|``, its ``Q``'s columns theirs times ``r_ii / |r_ii|``);
-        the reflectors are LAPACK's complex ones (``I - V T V^H``), applied as ``Q^H`` with ``T^H``.
-        ``method="tiles"`` takes real data only (refused for complex; ``"auto"`` never picks it), and
-        the streaming TSQR of complex strips runs on the CPU. ``R.report``: ``method``, ``method_reason``, ``diag_ratio``
+        the reflectors are LAPACK's complex ones (``I - V T V^H``), applied as ``Q^H`` with ``T^H``
+        (``gemqrt``/``tpmqrt`` with ``'C'`` on the tiles route). The streaming TSQR of complex strips
+        runs on the CPU. ``R.report``: ``method``, ``method_reason``, ``diag_ratio``
         (``min |R_ii| / max |R_ii|``, a cheap rank indicator: 0 for a rank-deficient ``A``),
         ``seconds``, ``flops``, ``peak_memory``, ``plan``.
 
@@ -130,10 +130,6 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
         A = job.operand(a, "a", integers="cast")
         m, n = A.shape
         dt = float_operand(A, "qr", complex_ok=True)
-        if dt.kind == "c" and method == "tiles":
-            raise DTypeError(_msg("method", "for complex data must be 'auto', 'tiled' or 'tsqr' (the tile QR "
-                                  "takes real data only)", f"method='tiles' with a {dt.name}",
-                                  "pass method='auto' (or 'tiled'): the same complex QR by column panels"))
         if m < n:
             return _wide(job, A, out, q, mode=mode, overwrite=overwrite, explain=explain)
         route, reason = _route(job, m, n, dt.itemsize, mode, method)

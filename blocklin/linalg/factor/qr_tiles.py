@@ -31,7 +31,9 @@ never reads, so it is idempotent and ``resume`` skips finished tasks:
 
 The thin ``Q`` (:func:`tile_qr_form_q`) is formed strip by strip of columns: the reflectors applied
 in reverse order to ``[I; 0]`` (steps after the strip's tile column leave it unchanged), one
-independent task per strip. The kernels run on the host's LAPACK on either device.
+independent task per strip. The kernels run on the host's LAPACK on either device. Complex data
+takes LAPACK's complex kernels, ``Q^H`` applied with ``trans='C'``, and the diagonal convention of
+:func:`~blocklin.linalg.blocks.tsqr.diagonal_signs` (``R``'s diagonal real and non-negative).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import numpy as np
 
 from blocklin.errors import InternalError
 from blocklin.device.base import PANEL_GETRF_THREADS
+from blocklin.linalg.blocks.tsqr import diagonal_signs, signed_columns
 from blocklin.runtime.blockops import (BlockOps, Region, done_marker, holds_device, load_record, mark_finished,
                                        save_record, skip_done, tile_count)
 from blocklin.runtime.tiles import open_array, with_task_settings
@@ -196,10 +199,16 @@ def geqrt(tile: np.ndarray, inner: int) -> tuple[np.ndarray, np.ndarray]:
     return packed, tk
 
 
+def _trans(x: np.ndarray) -> str:
+    """LAPACK's adjoint flag: ``'T'`` for real data, ``'C'`` (conjugate transpose) for complex."""
+    return "C" if x.dtype.kind == "c" else "T"
+
+
 def gemqrt(v: np.ndarray, tk: np.ndarray, c: np.ndarray, *, trans: bool) -> np.ndarray:
-    """``Q^T c`` (``trans``) or ``Q c`` for the ``geqrt`` reflectors ``v`` (packed; the strict lower part is read)."""
+    """``Q^T c`` (``trans``; ``Q^H c`` of complex data) or ``Q c`` for the ``geqrt`` reflectors ``v`` (packed;
+    the strict lower part is read)."""
     with _one_thread():
-        out, info = _lapack("gemqrt", c)(v, tk, c, trans="T" if trans else "N")
+        out, info = _lapack("gemqrt", c)(v, tk, c, trans=_trans(c) if trans else "N")
     _check(info, "gemqrt")
     return out
 
@@ -215,9 +224,10 @@ def tpqrt(r: np.ndarray, b: np.ndarray, inner: int) -> tuple[np.ndarray, np.ndar
 
 def tpmqrt(v: np.ndarray, tk: np.ndarray, top: np.ndarray, b: np.ndarray, *,
            trans: bool) -> tuple[np.ndarray, np.ndarray]:
-    """``[top; b]`` times the ``tpqrt`` reflectors' ``Q^T`` (``trans``) or ``Q`` (LAPACK ``tpmqrt``, ``l = 0``)."""
+    """``[top; b]`` times the ``tpqrt`` reflectors' ``Q^T`` (``trans``; ``Q^H`` of complex data) or ``Q``
+    (LAPACK ``tpmqrt``, ``l = 0``)."""
     with _one_thread():
-        top2, b2, info = _lapack("tpmqrt", b)(0, v, tk, top, b, trans="T" if trans else "N")
+        top2, b2, info = _lapack("tpmqrt", b)(0, v, tk, top, b, trans=_trans(b) if trans else "N")
     _check(info, "tpmqrt")
     return top2, b2
 
@@ -269,7 +279,8 @@ def _put_top(spec: TileQRSpec, k: int, i: int, j: int, top: np.ndarray, last: bo
 def _diag_stats(spec: TileQRSpec, k: int, top: np.ndarray) -> dict:
     w = _span(k, spec.tile, spec.n)
     diag = np.diag(top[: w.stop - w.start])
-    signs = np.where(diag < 0, -1.0, 1.0)  # R with a non-negative diagonal (Q's columns flipped alike)
+    # R with a non-negative diagonal (Q's columns flipped alike); of complex data a real one
+    signs = diagonal_signs(top[: w.stop - w.start]) if diag.dtype.kind == "c" else np.where(diag < 0, -1.0, 1.0)
     diag = np.abs(diag)
     return {"col": k, "signs": signs, "max_r": float(diag.max()) if diag.size else 0.0,
             "min_r": float(diag.min()) if diag.size else 0.0}
@@ -374,7 +385,7 @@ def q_strip_task(spec: TileQRSpec, c0: int, c1: int, signs: np.ndarray) -> dict:
         x[kr] = gemqrt(v, tk, np.asfortranarray(x[kr]), trans=False)
         nread += v.nbytes + tk.nbytes
         flops += 4 * v.shape[0] * w * (c1 - c0)
-    x *= signs.astype(dt)
+    x = signed_columns(x, signs.astype(dt))
     _write(spec.a.path, slice(0, m), slice(c0, c1), x)
     mark_finished(marker)
     return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": flops}
