@@ -432,10 +432,11 @@ class Job:
             self._streams["concurrent"] = max(self._streams["concurrent"], slots)
             results = execute(graph, scheduler=sched, workers=workers, progress=self.progress, pools=self.pools,
                               description=description or f"{self.operation}", events=events)
-        # The schedulers leave reference cycles (frames, closures) holding the graph's arguments and
-        # results until the cyclic collector runs; an iterative method's hundreds of small graphs
-        # (a sparse product per step) outpace it, measured at twice the planned memory. The young
-        # generations hold them: collecting those costs about half a millisecond.
+        # A graph's arguments and results must not outlive it in a reference cycle: an iterative
+        # method's hundreds of small graphs (a sparse product per step) would each leave its X and
+        # result behind. The local executors make none (graph._Progress is one module-level class);
+        # what the schedulers' own frames and closures leave is young: collecting it costs about half
+        # a millisecond.
         gc.collect(1)
         if events["retried_tasks"] is None or self.stats["retried_tasks"] is None:
             self.stats["retried_tasks"] = None  # unknown on this scheduler
