@@ -39,11 +39,13 @@ def orth_incore(x: np.ndarray) -> np.ndarray:
 
 
 def orth_against(v: np.ndarray | None, x: np.ndarray, *, seed: int = 0, counter: int = 0,
-                 drop: float = 1e-10) -> np.ndarray:
+                 drop: float = 1e-10, width: int | None = None) -> np.ndarray:
     """Orthonormal basis of ``(I - V V^T) x`` (block Gram-Schmidt twice, then an SVD).
 
     Directions that are numerically in ``span(V)`` (relative norm below ``drop``) are replaced by
-    random directions (counter-based: ``(seed, counter)``), so the result always has ``x``'s width.
+    random directions (counter-based: ``(seed, counter)``), so the result always has ``x``'s width, or
+    ``width`` columns when given: the ``width`` dominant directions of the projected ``x`` (its leading
+    left singular vectors), the rest never orthonormalized or filled.
     """
     x = np.asarray(x, dtype=np.float64)
     n, b = x.shape
@@ -52,27 +54,36 @@ def orth_against(v: np.ndarray | None, x: np.ndarray, *, seed: int = 0, counter:
     if b <= 0:
         return np.zeros((n, 0))
     x = x[:, :b] if x.shape[1] > b else x
+    keep = b if width is None else max(0, min(width, b))
     scale = np.linalg.norm(x, axis=0).max() or 1.0
 
-    def project(y: np.ndarray) -> np.ndarray:
+    def project(y: np.ndarray, owned: bool) -> np.ndarray:
+        # in place once the block is this function's own: two n x c blocks alive, not three
         if v is None or v.shape[1] == 0:
             return y
         for _ in range(2):
-            y = y - v @ (v.T @ y)
+            p = v @ (v.T @ y)
+            if owned:
+                y -= p
+            else:
+                y, owned = y - p, True
+            del p
         return y
 
-    y = project(x)
+    y = project(x, owned=False)
     u, s, _ = np.linalg.svd(y, full_matrices=False)
+    del y
     good = s > drop * scale
-    q = u[:, good]
-    if q.shape[1] < b:  # breakdown: fill with random directions orthogonal to V and q
-        fill = gaussian(seed, STREAM_FILL, counter * n, (counter + 1) * n, b - q.shape[1])
-        basis = q if v is None else np.hstack([v, q])
-        for _ in range(2):
-            fill = fill - basis @ (basis.T @ fill)
+    q = u[:, np.flatnonzero(good)[:keep]]
+    del u
+    if q.shape[1] < keep:  # breakdown: fill with random directions orthogonal to V and q
+        fill = gaussian(seed, STREAM_FILL, counter * n, (counter + 1) * n, keep - q.shape[1])
+        for basis in ((v, q) if v is not None else (q,)):
+            for _ in range(2):
+                fill -= basis @ (basis.T @ fill)
         qf, _ = np.linalg.qr(fill)
         q = np.hstack([q, qf])
-    q = project(q)  # one more pass against V after normalization (keeps V q at eps)
+    q = project(q, owned=True)  # one more pass against V after normalization (keeps V q at eps)
     q, _ = np.linalg.qr(q)
     return q
 

@@ -101,6 +101,7 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
             H = (H + H.T) / 2
             V = np.hstack([V, x])
             W = np.hstack([W, z])
+            del x, z  # copied into the bases: the step's in-memory work holds V and W, not both twice
             theta, Y = np.linalg.eigh(H)
             order = _order(theta, which)
             kk = min(k, len(theta))
@@ -116,19 +117,29 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
                 # an exhausted Krylov space is converged, but never with a NaN residual (never checked)
                 ok = bool(kk == k and (conv.all() or (exhausted and np.isfinite(rn).all())))
                 return LanczosResult(theta[sel], ritz, rn, ok, steps, restarts, history, res)
+            del ritz, res  # recomputed at the next step: not held through the restart
             # next block: dominant directions of the residuals of the wanted (+ buffer) pairs
             cand = order[:min(len(order), k + b)]
-            rc = W @ Y[:, cand] - (V @ Y[:, cand]) * theta[cand]
+            rc = W @ Y[:, cand]
+            t = V @ Y[:, cand]
+            t *= theta[cand]
+            rc -= t
+            del t
+            coef = Y[:, sel]  # the Ritz vectors' coordinates in V (after a restart: its leading columns)
             if V.shape[1] + b > max_basis:  # thick restart to the best Ritz vectors (W = Op V stays exact)
                 keep = order[:min(len(order), max(k + b, max_basis // 2, k))]
                 V = V @ Y[:, keep]
                 W = W @ Y[:, keep]
                 H = np.diag(theta[keep])
+                coef = np.eye(len(keep), kk)
                 restarts += 1
-            x = orth_against(V, rc, seed=seed, counter=counter)[:, :b]
+            x = orth_against(V, rc, seed=seed, counter=counter, width=b)
+            del rc
             counter += 1
-            if x.shape[1] == 0:
-                return LanczosResult(theta[sel], ritz, rn, bool(conv.all()), steps, restarts, history, res)
+            if x.shape[1] == 0:  # no direction left outside span(V): the pairs as they stand
+                ritz = V @ coef
+                return LanczosResult(theta[sel], ritz, rn, bool(conv.all()), steps, restarts, history,
+                                     W @ coef - ritz * theta[sel])
             if checkpoint is not None:
                 checkpoint({"x": x, "V": V, "W": W, "H": H, "history": np.array(history), "steps": steps,
                             "restarts": restarts, "counter": counter})
