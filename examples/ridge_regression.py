@@ -38,14 +38,18 @@ def run(folder: Path, m: int, n: int, budget: str) -> None:
     rng = np.random.default_rng(0)
     # 1. Data in: a design matrix stored as zarr, and a response whose coefficients decay (an
     #    ill-posed regression: most of x_true is below the noise).
-    a = bl.random(folder / "A.zarr", (m, n), seed=1, chunks=(4096, n))
+    # chunks of whole rows, at most a twentieth of A: the streaming QR that method="auto" may switch to
+    # (an ill-conditioned A^T A) holds a strip of at least one chunk row band per task
+    rows = min(4096, max(256, m // 20))
+    a = bl.random(folder / "A.zarr", (m, n), seed=1, chunks=(rows, n))
     scales = np.logspace(0, -4, n)
     x_true = rng.standard_normal((n, 1))
     b = bl.matmul(a, scales[:, None] * x_true).to_numpy() + 0.5 * rng.standard_normal((m, 1))
-    bl.from_array(b, folder / "b.zarr", chunks=(4096, 1))
+    bl.from_array(b, folder / "b.zarr", chunks=(rows, 1))
     print(f"A: {m} x {n} float64, {a.nbytes / 2**20:.0f} MiB on disk, budget {budget}")
 
-    # 2. One pass over A (streaming QR), every lambda from the SVD of R, GCV picks one.
+    # 2. One pass over A (its Gram matrix, or the streaming QR where A^T A is ill-conditioned), every
+    #    lambda from the spectrum, GCV picks one.
     fit = bl.solve(folder / "A.zarr", folder / "b.zarr", lam="gcv", out=folder / "x.zarr")
     r = fit.report
     print(f"GCV chose lambda = {r['lam']:.3g} ({r['method']}, {r['passes']} pass, {r['seconds']:.2f} s)")
