@@ -18,6 +18,7 @@ from support.ridge import EPS64, centered, coef_bound, intercept_bound, problem,
 
 import blocklin as bl
 from blocklin.errors import BudgetError
+from support.budgets import sweep
 
 
 def ridge_check(a, b, w=None, fit_intercept=False, lams=None):
@@ -115,24 +116,6 @@ def _wide_calls(m, n, chunks, folder):
         "wide-intercept-weights": (solve(lam=0.5, fit_intercept=True, sample_weight=w), ridge_check(a, b, w, True)),
         "wide-gcv": (solve(lam="gcv"), ridge_check(a, b)),
     }
-
-
-def sweep(run, check) -> int:
-    """Budgets from 16 KiB, doubling until the call runs; every refusal is retried at its minimum."""
-    refusals, budget = 0, 16 << 10
-    while True:
-        try:
-            res = run(budget)
-        except BudgetError as err:
-            need = err.minimum
-            assert need is not None and need > budget, f"{budget}: no minimum above the budget: {err}"
-            check(run(need))  # never refused again: the whole call plans at its minimum
-            refusals += 1
-            budget *= 2
-            assert budget < 1 << 30
-            continue
-        check(res)
-        return refusals
 
 
 TALL = ["normal", "normal-refine2", "qr", "auto", "sequence", "sequence-qr", "gcv", "lcurve", "loo", "loo-grid-cv",

@@ -14,6 +14,7 @@ from support.tolerances import assert_residual
 
 import blocklin as bl
 from blocklin.errors import BudgetError
+from support.budgets import sweep
 
 
 def _system(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -49,30 +50,12 @@ def _calls(n: int, chunks: int | None, folder) -> dict:
     }
 
 
-def sweep(run, check) -> int:
-    """Budgets from 16 KiB, doubling until the call runs; every refusal is retried at its minimum."""
-    refusals, budget = 0, 16 << 10
-    while True:
-        try:
-            res = run(budget)
-        except BudgetError as err:
-            need = err.minimum
-            assert need is not None and need > budget, f"{budget}: no minimum above the budget: {err}"
-            check(run(need).to_numpy())  # never refused again: the whole call plans at its minimum
-            refusals += 1
-            budget *= 2
-            assert budget < 1 << 30
-            continue
-        check(res.to_numpy())
-        return refusals
-
-
 @pytest.mark.parametrize("chunks", [None, 32], ids=["default-chunks", "chunks-32"])
 @pytest.mark.parametrize("n", [96, pytest.param(200, marks=pytest.mark.slow)])  # the default job: n = 96
 @pytest.mark.parametrize("call", ["inv", "solve-lu", "solve-cholesky", "cho_solve", "lu_solve"])
 def test_named_minimum_of_the_whole_call_runs(call, n, chunks, tmp_path):
     run, check = _calls(n, chunks, tmp_path)[call]
-    assert sweep(run, check) >= 1  # the sweep starts below every route's minimum
+    assert sweep(run, lambda x: check(x.to_numpy())) >= 1  # the sweep starts below every route's minimum
 
 
 def test_refusal_carries_the_minimum_it_names():
