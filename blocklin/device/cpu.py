@@ -88,7 +88,7 @@ class CpuDevice(Device):
         return x
 
     def syrk_acc(self, acc: np.ndarray, a: np.ndarray) -> None:
-        from blocklin.linalg.blocks.syrk import symmetrize_lower, syrk_acc
+        from blocklin.device.syrk import symmetrize_lower, syrk_acc
 
         if a.dtype.kind == "c":  # HERK: a^H a, Hermitian with a real diagonal
             low = np.zeros((a.shape[1], a.shape[1]), dtype=acc.dtype)
@@ -108,7 +108,7 @@ class CpuDevice(Device):
         from scipy.linalg import blas
 
         if a.dtype.kind == "c":  # HERK: lower(a^H a)
-            from blocklin.linalg.blocks.syrk import syrk_acc
+            from blocklin.device.syrk import syrk_acc
 
             syrk_acc(acc, a) if acc.flags.c_contiguous else _gemm_acc(acc, a.conj().T, a)
             return

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import BudgetError
-from blocklin.linalg.blocks.syrk import syrk_acc, symmetrize_lower
+from blocklin.device.syrk import syrk_acc, symmetrize_lower
 from blocklin.plan.gram import MAX_GRAM_STRIP_BYTES, MIN_GRAM_ROWS
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, source

@@ -16,7 +16,7 @@ from blocklin.linalg.blocks import tall_kernels as K
 from blocklin.linalg.blocks.center import Shift, plan_column_moments, plan_moments_gram
 from blocklin.linalg.blocks.complete import plan_completion
 from blocklin.linalg.blocks.scaling import Scaling
-from blocklin.linalg.blocks.syrk import symmetrize_lower, syrk_acc
+from blocklin.device.syrk import symmetrize_lower, syrk_acc
 from blocklin.linalg.blocks.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
 from blocklin.linalg.blocks.tsqr import r_factor, reduce_r, tsqr_kernel
 from blocklin.linalg.lowrank.triplets import enrich_width

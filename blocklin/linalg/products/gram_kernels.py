@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.linalg.blocks.syrk import syrk_acc, symmetrize_lower
+from blocklin.device.syrk import syrk_acc, symmetrize_lower
 from blocklin.plan.gram import gram_pass_memory
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.linalg.blocks.syrk import syrk_acc
+from blocklin.device.syrk import syrk_acc
 from blocklin.linalg.blocks.tsqr import MAX_STRIP_BYTES, MIN_STRIP_ROWS
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel

@@ -17,12 +17,12 @@ import numpy as np
 from blocklin.errors import SingularMatrixError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.center import column_moments
-from blocklin.linalg.blocks.syrk import symmetrize_lower
+from blocklin.device.syrk import symmetrize_lower
 from blocklin.linalg.solve import lambda_select, loo
 from blocklin.linalg.solve.kernels import gram_kernel, residual_kernel
 from blocklin.linalg.solve.qr_route import qr_route
 from blocklin.linalg.solve.spectrum import coefficients, describe, finish_spectral, spectrum_from_gram
-from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass, norms, singular, write_x
+from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass, factor_regularized, norms, singular, write_x
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.passes import run_pass
 
@@ -228,23 +228,6 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
         info["intercept"] = ctx.offset(x).tolist()
     write_x(ctx, x_path, x)
     return info
-
-
-def factor_regularized(g: np.ndarray, lam: float) -> tuple[Any, float]:
-    """Cholesky factor of ``A^T A + lam^2 I`` and its reciprocal condition estimate (None, 0 when it fails)."""
-    from scipy.linalg import cho_factor, lapack
-
-    from blocklin.device.cpu import potrf_threads
-
-    kmat = g.copy()
-    kmat[np.diag_indices_from(kmat)] += lam**2
-    anorm = float(np.abs(kmat).sum(axis=0).max()) if kmat.size else 0.0
-    try:
-        with potrf_threads(kmat.shape[0]):
-            cf = cho_factor(kmat, lower=False, check_finite=False)
-        return cf, float(lapack.dpocon(cf[0], anorm, uplo="U")[0]) if g.shape[0] else 1.0
-    except np.linalg.LinAlgError:
-        return None, 0.0
 
 
 def _refuse_or_warn(cf: Any, rcond: float, lam: float) -> None:

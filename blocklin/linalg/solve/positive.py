@@ -20,7 +20,7 @@ import numpy as np
 
 from blocklin.errors import ConvergenceError, SingularMatrixError
 from blocklin.errors import explain as _msg
-from blocklin.linalg.solve.tikhonov import TikhonovRun, norms, singular, write_x
+from blocklin.linalg.solve.tikhonov import TikhonovRun, factor_regularized, norms, singular, write_x
 
 #: Active-set iterations of one NNLS at most, per unknown (Lawson-Hanson rarely needs more than ``n``).
 ITERATIONS_PER_UNKNOWN = 30
@@ -46,8 +46,6 @@ def solve_positive(ctx: TikhonovRun, gp: dict, x_path: str, reason: str) -> dict
     """The constrained solution of every lambda (a number or a sequence) from the Gram quantities ``gp``
     (weighted and centered as the run asks); writes ``x`` and returns the route's report entries."""
     from scipy.linalg import solve_triangular
-
-    from blocklin.linalg.solve.normal import factor_regularized
 
     g, c, bb = gp["g"], gp["c"], gp["bb"]
     xs, rr_all, xx_all, conds, active = [], [], [], [], []

@@ -169,4 +169,21 @@ def unscaled_x(x: np.ndarray, e: int, dtype: Any) -> np.ndarray:
     return out
 
 
-__all__ = ["LAM_MAX", "TikhonovRun", "check_lam_max", "device_of_pass", "norms", "singular", "unscaled_x", "write_x"]
+def factor_regularized(g: np.ndarray, lam: float) -> tuple[Any, float]:
+    """Cholesky factor of ``A^T A + lam^2 I`` and its reciprocal condition estimate (None, 0 when it fails)."""
+    from scipy.linalg import cho_factor, lapack
+
+    from blocklin.device.cpu import potrf_threads
+
+    kmat = g.copy()
+    kmat[np.diag_indices_from(kmat)] += lam**2
+    anorm = float(np.abs(kmat).sum(axis=0).max()) if kmat.size else 0.0
+    try:
+        with potrf_threads(kmat.shape[0]):
+            cf = cho_factor(kmat, lower=False, check_finite=False)
+        return cf, float(lapack.dpocon(cf[0], anorm, uplo="U")[0]) if g.shape[0] else 1.0
+    except np.linalg.LinAlgError:
+        return None, 0.0
+
+
+__all__ = ["LAM_MAX", "TikhonovRun", "check_lam_max", "device_of_pass", "factor_regularized", "norms", "singular", "unscaled_x", "write_x"]

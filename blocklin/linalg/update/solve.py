@@ -25,10 +25,11 @@ import numpy as np
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.center import column_moments
 from blocklin.linalg.blocks.scaling import Scaling
-from blocklin.linalg.blocks.syrk import symmetrize_lower
+from blocklin.device.syrk import symmetrize_lower
 from blocklin.linalg.solve import lambda_select
 from blocklin.linalg.solve.kernels import gram_kernel
-from blocklin.linalg.solve.normal import AUTO_RCOND, AUTO_REFINE_RCOND, factor_regularized, solve_tall
+from blocklin.linalg.solve.normal import AUTO_RCOND, AUTO_REFINE_RCOND, solve_tall
+from blocklin.linalg.solve.tikhonov import factor_regularized
 from blocklin.linalg.solve.report import solve_report
 from blocklin.linalg.solve.router import parse_lam
 from blocklin.linalg.solve.spectrum import spectrum_from_gram

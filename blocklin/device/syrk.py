@@ -1,6 +1,7 @@
 """SYRK helpers of the Gram sums: ``G += A^T A`` on one triangle by BLAS, and the mirror that completes it.
 
-Shared by every pass that forms a Gram matrix in memory (the solver's normal equations, the
+Host BLAS (the CPU device's HERK uses them, so they live in the device layer). Shared by every pass
+that forms a Gram matrix in memory (the solver's normal equations, the
 ``gram`` operation's strips, the centered moments, the SVD's Gram route). A SYRK costs half the
 flops of the GEMM ``A^T @ A``. Complex data takes HERK: ``G += A^H A``, Hermitian, its diagonal
 real (LAPACK's ``zherk``/``cherk`` convention: the diagonal's imaginary parts are set to zero).
