@@ -95,8 +95,6 @@ def _max_loading_positive(u):
     return (np.abs(u).argmax(axis=0) == np.argmax(u, axis=0)).all()
 
 
-@pytest.mark.xfail(strict=True, reason="method='rsvd' with k = min(m, n): blocklin takes every triplet from "
-                                      "method='full' only (scikit-learn's randomized_svd takes k = min)")
 def test_randomized_svd_sign_flip():
     """test_randomized_svd_sign_flip: deterministic signs, the largest loading of U positive (u-based)."""
     a = np.array([[2.0, 0.0], [0.0, 1.0]])

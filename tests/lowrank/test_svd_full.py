@@ -154,9 +154,21 @@ def test_full_svd_on_the_gpu():
     check_full(a, res)
 
 
+@pytest.mark.parametrize("memory", [None, "1MiB"], ids=["in-memory", "streamed"])
+@pytest.mark.parametrize("shape", [(2000, 30), (30, 2000)], ids=["tall", "wide"])
+def test_rsvd_of_every_triplet_is_the_whole_space(shape, memory):
+    """``method="rsvd"`` with ``k = min(m, n)``, as scikit-learn's ``randomized_svd`` takes it: the
+    subspace is the whole space, so its Rayleigh-Ritz step gives LAPACK's SVD (within the full route's
+    bounds, ``check_full``)."""
+    a = graded(*shape, cond=1e8)
+    res = bl.svd(a, min(shape), method="rsvd", seed=0, **({"memory": memory} if memory else {}))
+    assert res.report["method"] == "rsvd"
+    check_full(a, res)
+
+
 @pytest.mark.parametrize("kwargs, words", [
     (dict(k=31), ["k", "1 <= k <= min(m, n) = 30", "k=31"]),
-    (dict(k=30, method="rsvd"), ["method", "method='full'", "k=30"]),
+    (dict(k=30, method="lanczos"), ["method", "method='full'", "k=30"]),
     (dict(k=3, which="SM", method="lanczos"), ["method", "which='SM'"]),
     (dict(k=3, which="BE"), ["which", "'LM'", "'BE'"]),
     (dict(k=3, return_singular_vectors="v"), ["return_singular_vectors", "'vh'", "'v'"]),

@@ -141,7 +141,9 @@ def resolve_method(method: str, power_iters: int | str, *, shape: tuple[int, int
     m, n = shape
     M, N = max(m, n), min(m, n)
     whole = k == N or which == "SM"
-    if method not in ("auto", "full") and whole:
+    # rsvd's subspace, of min(k + oversample, N) columns, is then the whole space: its Rayleigh-Ritz
+    # step is exact, as scikit-learn's randomized_svd with n_components = min(m, n)
+    if method not in ("auto", "full") and whole and not (method == "rsvd" and which == "LM"):
         why = f"k={k} = min(m, n)" if k == N else "which='SM'"
         raise ParameterError(explain(
             "method", "the smallest triplets, or all of them, come from the whole space (method='full')",
