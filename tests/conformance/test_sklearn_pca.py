@@ -265,9 +265,11 @@ def test_pca_score_consistency_solvers(svd_solver):
     np.testing.assert_allclose(full.score(x), other.score(x), rtol=5e-6)
 
 
+# Not strict: whether the score of this degenerate model is finite is decided by rounding (it flips
+# with OPENBLAS_NUM_THREADS), so neither outcome may fail the run; the gap is listed in docs/porting.md.
 @pytest.mark.parametrize("svd_solver", ["full", pytest.param("randomized", marks=pytest.mark.xfail(
-    strict=True, reason="a degenerate model: 3 samples give a zero third variance and zero noise, a singular "
-    "covariance; blocklin's score is -inf through rsvd and finite through full (rounding decides)"))])
+    strict=False, reason="a degenerate model: 3 samples give a zero third variance and zero noise, a singular "
+    "covariance; blocklin's score through rsvd is -inf or finite as rounding decides"))])
 def test_pca_zero_noise_variance_edge_cases(svd_solver):
     """test_pca_zero_noise_variance_edge_cases: ``n_components = min(m, n)``: noise variance 0, score defined."""
     rng = np.random.RandomState(0)
