@@ -66,7 +66,10 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
-        Square matrix (float32 or float64). Never modified.
+        Square matrix (float32, float64, complex64 or complex128). Never modified. Complex data takes
+        every route with LAPACK's conventions (``xgetrf``/``xgetri`` leaves, the pivoted LU, complex GEMMs
+        and residuals ``I - A X`` in the refinement; the butterfly stays a real orthogonal one, which is
+        unitary), in its own dtype (``precision`` must then be None).
     out : path, optional
         Output store (atomic: written under a temporary name and renamed when complete).
     refine : {"auto", True, False} or int
@@ -87,7 +90,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         float64); ``"tf32"``: the same with the float32 GEMMs on TF32 tensor cores on a GPU (10-bit
         mantissas: for well-conditioned matrices; the float64 refinement restores the accuracy, or
         fails with the usual error); ``"float32"``/``"float64"``: compute in that dtype; ``None``: the
-        input's dtype. Where the matrix fits one in-core inversion, ``"mixed"`` and ``"tf32"`` run it
+        input's dtype (the only choice for complex data: the others name real working dtypes). Where the matrix fits one in-core inversion, ``"mixed"`` and ``"tf32"`` run it
         in float64 instead (faster and more accurate there: the refinement alone costs twice the
         inversion), and ``report["precision_reason"]`` says so; they pay out of core, where float32
         halves the bytes each recursion step moves.
@@ -266,7 +269,11 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
         # unpivoted recursion's leading blocks are too often ill-conditioned (a Gaussian block of a
         # few thousand rows has rcond ~1e-6, near float32's eps), so mixed precision keeps the LU route
         method = "schur"
-    float_operand(M, "inv")
+    if float_operand(M, "inv", complex_ok=True).kind == "c" and precision is not None:
+        raise ParameterError(_msg("precision", "must be None for complex data (the inverse is computed and refined "
+                                  "in a's own complex dtype; 'mixed', 'tf32', 'float32' and 'float64' name real "
+                                  "working dtypes)", f"precision={precision!r} with a: {M.dtype.name}",
+                                  "pass precision=None (or cast a to complex128 first for a complex128 result)"))
     out_dtype = np.dtype(np.float64) if precision in ("mixed", "tf32", "float64") else \
         np.dtype(np.float32) if precision == "float32" else M.dtype
     if space:  # the run's output and work stores (not for a plan alone)

@@ -50,14 +50,32 @@ GETRI_BLOCK = 64
 _HOST = CpuDevice()
 
 
+def wide(dtype: Any) -> np.dtype:
+    """The dtype the reductions of a ``dtype`` block run in: float64, or complex128 for complex data."""
+    return np.dtype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)
+
+
 def sumsq(x: np.ndarray) -> float:
-    """``||x||_F^2`` in float64 without a full-size temporary."""
+    """``||x||_F^2`` (``sum |x_ij|^2`` of complex data) in float64 without a full-size temporary."""
     total = 0.0
     rows = max(1, (1 << 18) // max(1, x.shape[1])) if x.ndim == 2 and x.shape[1] else max(1, x.shape[0])
     for r0 in range(0, x.shape[0], rows):
-        blk = np.asarray(x[r0:r0 + rows], dtype=np.float64)
-        total += float(np.einsum("ij,ij->", blk, blk))
+        blk = np.asarray(x[r0:r0 + rows], dtype=wide(x.dtype))
+        for part in ((blk.real, blk.imag) if blk.dtype.kind == "c" else (blk,)):
+            total += float(np.einsum("ij,ij->", part, part))
     return total
+
+
+def sumsq_acc(device: Any, cols: int, dtype: Any) -> Any:
+    """The float64 accumulator of :func:`sumsq_cols_acc` on ``device`` for ``cols`` columns of ``dtype``
+    (``2 cols`` of complex data: the real and imaginary parts' columns; only its total is read)."""
+    return device.zeros((2 * cols if np.dtype(dtype).kind == "c" else cols,), np.float64)
+
+
+def sumsq_cols_acc(device: Any, acc: Any, x: Any) -> None:
+    """``acc += |x_ij|^2`` summed down the columns on ``device``: of complex data, the squares of the real
+    and imaginary parts, interleaved (the device's ``x * x`` would square the complex numbers)."""
+    device.sumsq_cols_acc(acc, x.view(np.finfo(x.dtype).dtype) if x.dtype.kind == "c" else x)
 
 
 
@@ -88,12 +106,12 @@ class InverseEpilogue(Epilogue):
 
     def device_strip(self, st: dict, device: Any, acc: Any, r0: int, r1: int) -> None:
         if "ss" not in st:  # the tile's device state, downloaded once by end()
-            st["device"], st["ss"] = device, device.zeros((acc.shape[1],), np.float64)
+            st["device"], st["ss"] = device, sumsq_acc(device, acc.shape[1], acc.dtype)
         if self.identity:
             i0, c0, count = self._diagonal(st, r0, r1)
             if count:
                 device.add_identity(acc[i0:i0 + count], c0)
-        device.sumsq_cols_acc(st["ss"], acc)
+        sumsq_cols_acc(device, st["ss"], acc)
 
     def strip(self, st: dict, block: np.ndarray, r0: int, r1: int) -> None:
         if self.identity:  # global diagonal entries that fall in this strip
@@ -199,9 +217,9 @@ def staging_memory(n: int, work_dtype: Any, source_dtype: Any) -> PassMemory:
     the direct chunk-file path where the store allows it, and the budget must not refuse a matrix
     stored in chunks larger than the working ones.
     """
-    f64 = np.dtype(np.float64)
-    per_row = 3 * n * 8
-    per_row += 0 if np.dtype(source_dtype) == f64 else n * 8
+    f64 = wide(work_dtype)  # float64, complex128 for complex data
+    per_row = 3 * n * f64.itemsize
+    per_row += 0 if np.dtype(source_dtype) == f64 else n * f64.itemsize
     per_row += 0 if np.dtype(work_dtype) == f64 else n * np.dtype(work_dtype).itemsize
     return PassMemory(fixed=0, per_row=per_row)
 
@@ -218,7 +236,7 @@ def mix_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dic
     if not device.host_resident:
         return _mix_on_device(device, arrays[0], rows, params, state)
     (m,) = arrays
-    x = np.asarray(m, dtype=np.float64)
+    x = np.asarray(m, dtype=wide(params["dtype"]))
     if params["shift"]:  # stage I - M
         x = -x if x is not m else np.negative(x, out=x)
         idx = np.arange(rows.stop - rows.start)
@@ -236,17 +254,17 @@ def mix_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dic
 
 def _mix_on_device(device: Any, m: Any, rows: slice, params: dict, state: dict) -> tuple[dict, dict]:
     """:func:`mix_kernel` with the strip on a GPU: rotations and norms there, ``W`` downloaded."""
-    x = device.cast(m, np.float64)
+    x = device.cast(m, wide(params["dtype"]))
     if not x.flags.c_contiguous:
         x = device.copy(x)
     n = x.shape[1]
     if "ss" not in state:  # the task's device state: norms, butterfly coefficients
-        state["ss"] = device.zeros((n,), np.float64)
+        state["ss"] = sumsq_acc(device, n, x.dtype)
         state["coef"] = params["butterfly"].coefficients(device)
     if params["shift"]:  # stage I - M (the uploaded strip is ours to overwrite)
         device.axpby(x, -1.0, None, 0.0)
         device.add_identity(x, rows.start)
-    device.sumsq_cols_acc(state["ss"], x)
+    sumsq_cols_acc(device, state["ss"], x)
     if params["butterfly"].depth:
         params["butterfly"].right(x, transpose=params["transpose"], device=device, coef=state["coef"])
     w = device.to_host(device.cast(x, params["dtype"]))
@@ -262,27 +280,28 @@ def probe_init(device: Any, params: Any) -> dict:
 def _probe_memory(params: Any, sources: tuple) -> PassMemory:
     """The broadcast ``W = X P`` and the regenerated probes; per row a float64 strip and residual rows."""
     n, k = params["w"].shape
-    return PassMemory(fixed=3 * n * k * 8, per_row=sources[0].width * 8 + 3 * k * 8)
+    isz = params["w"].dtype.itemsize  # float64, complex128 for complex data
+    return PassMemory(fixed=3 * n * k * isz, per_row=(sources[0].width + 3 * k) * isz)
 
 
 @row_kernel(memory=_probe_memory, init=probe_init, device="any")
 def probe_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
     """Accumulate ``||P[rows] - M[rows] @ W||_F^2`` with ``W = X P`` (``P`` regenerated from its seed)."""
     (m,) = arrays
-    w = params["w"]
+    w = params["w"]  # float64, or complex128 for complex data
     p = probes(params["n"], w.shape[1], params["seed"])[rows]
     if not device.host_resident:  # the GEMM on the GPU, W kept there for the task's strips
         if "wd" not in state:
             state["wd"] = device.to_device(w)
-            state["ss"] = device.zeros((w.shape[1],), np.float64)
-        r = device.to_device(p)
-        device.gemm_acc(r, device.cast(m, np.float64), state["wd"], alpha=-1.0)
-        device.sumsq_cols_acc(state["ss"], r)
+            state["ss"] = sumsq_acc(device, w.shape[1], w.dtype)
+        r = device.to_device(p.astype(w.dtype, copy=False))
+        device.gemm_acc(r, device.cast(m, w.dtype), state["wd"], alpha=-1.0)
+        sumsq_cols_acc(device, state["ss"], r)
         if rows.stop in params["ends"]:
             state = {"sumsq": state["sumsq"] + float(device.to_host(state["ss"]).sum())}
         return state, None
-    r = p - np.asarray(m, dtype=np.float64) @ w
-    state["sumsq"] += float(np.einsum("ij,ij->", r, r))
+    r = p - np.asarray(m, dtype=w.dtype) @ w
+    state["sumsq"] += sumsq(r)
     return state, None
 
 
@@ -302,16 +321,16 @@ def products_init(device: Any, params: Any) -> dict:
 def _products_memory(params: Any, sources: tuple) -> PassMemory:
     """The ``n x k`` probes regenerated once per task; per row a float64 copy of a non-float64
     strip and the collected rows of ``X P``."""
-    n, k = sources[0].width, params["k"]
-    cast = 0 if sources[0].dtype == np.dtype(np.float64) else n * 8
-    return PassMemory(fixed=n * k * 8, per_row=cast + k * 8)
+    n, k, isz = sources[0].width, params["k"], wide(sources[0].dtype).itemsize
+    cast = 0 if sources[0].dtype == wide(sources[0].dtype) else n * isz
+    return PassMemory(fixed=n * k * 8, per_row=cast + k * isz)
 
 
 @row_kernel(memory=_products_memory, init=products_init, device="cpu")
 def products_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
     """Rows ``(X P)[rows] = X[rows] @ P`` of the probe products (collected, disjoint across tasks)."""
     (x,) = arrays
-    state["blocks"].append((rows.start, np.asarray(x, dtype=np.float64) @ state["p"]))
+    state["blocks"].append((rows.start, np.asarray(x, dtype=wide(x.dtype)) @ state["p"]))
     if rows.stop in params["ends"]:  # the task's last strip: send back the rows, not the probes
         del state["p"]
     return state, None
@@ -387,24 +406,25 @@ def leaf_memory(size: int, work_dtype: Any, chunk_bytes: int, probed: bool = Fal
     (as wide as a working chunk, ``sqrt(chunk_bytes / itemsize)`` rows, at most ``size``); a float64 strip and its absolute values for the reductions, and
     :func:`sumsq`'s float64 rows of a float32 block; with ``probed`` (the one-leaf inverse read
     straight from the input) the probes, ``P^T M`` and the probed residual (five ``k x size``
-    float64 arrays); and zarr's chunk temporaries of the read and the write.
+    float64 arrays); and zarr's chunk temporaries of the read and the write. Of complex data each
+    float64 array is complex128 (:func:`wide`).
     """
     dt = np.dtype(work_dtype)
-    item = dt.itemsize
-    strips = _leaf_strip(size) * size * (8 + item)
-    if dt != np.dtype(np.float64):
-        strips += min(size * size, 1 << 18) * 8
-    probes_ = 5 * PROBES * size * 8 if probed else 0
+    item, wdt = dt.itemsize, wide(dt)
+    strips = _leaf_strip(size) * size * (wdt.itemsize + item)
+    if dt != wdt:
+        strips += min(size * size, 1 << 18) * wdt.itemsize
+    probes_ = 5 * PROBES * size * wdt.itemsize if probed else 0
     width = min(size, math.isqrt(chunk_bytes // item))
     work = size * min(width, GETRI_BLOCK) * item  # getri's workspace
-    cast = width * size * 8 if probed and dt != np.dtype(np.float64) else 0  # a strip's float64 probe copy
+    cast = width * size * wdt.itemsize if probed and dt != wdt else 0  # a strip's float64 probe copy
     return size * size * item + work + cast + strips + probes_ + IO_CHUNKS * chunk_bytes
 
 
 def _getri_lwork(query: Any, n: int, width: int) -> int:
     """getri's workspace: its optimum (``n`` times its block size), at most ``min(width, GETRI_BLOCK)``
     columns (what :func:`leaf_memory` declares), at least one."""
-    return max(n, min(int(query(n)[0]), n * min(width, GETRI_BLOCK)))
+    return max(n, min(int(np.real(query(n)[0])), n * min(width, GETRI_BLOCK)))  # complex getri: a complex lwork
 
 
 def _read_leaf(spec: LeafSpec, dtype: np.dtype) -> np.ndarray:
@@ -426,14 +446,14 @@ def _input_checks(spec: LeafSpec, a: np.ndarray) -> tuple[float, np.ndarray, flo
     from blocklin.runtime.tiles import check_finite
 
     p = probes(spec.size, PROBES, spec.probe_seed)
-    q = np.zeros((PROBES, spec.size))
+    q = np.zeros((PROBES, spec.size), dtype=wide(a.dtype))
     ss = anorm = 0.0
     for r0, r1 in split(spec.size, _leaf_strip(spec.size)):
         blk = a[r0:r1]
         if spec.check_finite:
             check_finite(blk, "a", slice(r0, r1), slice(0, spec.size))
-        blk = np.asarray(blk, dtype=np.float64)
-        ss += float(np.einsum("ij,ij->", blk, blk))
+        blk = np.asarray(blk, dtype=q.dtype)
+        ss += sumsq(blk)
         q += p[r0:r1].T @ blk
         anorm = max(anorm, float(np.abs(blk).sum(axis=1).max()))
     return ss, q, anorm
@@ -470,7 +490,7 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
     dst = open_array(spec.dst, mode="r+")
     d0 = spec.dst_slice.start
     cols = spec.dst_slice
-    resid = probes(spec.size, PROBES, spec.probe_seed).T.copy() if spec.probe_seed is not None else None
+    resid = probes(spec.size, PROBES, spec.probe_seed).T.astype(wide(dtype)) if spec.probe_seed is not None else None
     ss = 0.0
 
     def put_all() -> None:
@@ -489,7 +509,7 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
                 writes.append(writer.submit(write_block, dst, slice(d0 + r0, d0 + r1), cols, rows))
                 ss += sumsq(rows)
                 if resid is not None:
-                    resid[...] -= q[:, r0:r1] @ np.asarray(rows, dtype=np.float64)
+                    resid[...] -= q[:, r0:r1] @ np.asarray(rows, dtype=resid.dtype)
         finally:
             try:
                 for w in writes:  # every strip on disk (or its error raised) before the block is freed
@@ -520,7 +540,7 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
             return {**failed, "info": int(info)}
         put_all()
     if resid is not None:
-        extra["probe_sumsq"] = float(np.einsum("ij,ij->", resid, resid))
+        extra["probe_sumsq"] = sumsq(resid)
     return {"rcond": rcond, "info": 0, "sumsq": ss, "flops": flops,
             "bytes_read": nbytes, "bytes_written": nbytes, "seconds": time.perf_counter() - t0,
             "off": spec.off, "size": spec.size, "anorm": anorm, **extra}
@@ -606,18 +626,20 @@ def lu_rows_memory(n: int, width: int, tile: int, work_dtype: Any, out_dtype: An
     rows one panel's swaps move (:func:`_swap_columns`); the ``X P`` rows of the whole inverse
     (``n x PROBES`` float64: the caller collects every task's rows for the probe pass) and one strip's
     product; and the strips of the final reductions (:func:`_strip_rows`): the regenerated probe
-    rows, the finiteness mask and a float64 copy of a strip of another dtype.
+    rows, the finiteness mask and a float64 copy of a strip of another dtype (complex128 products and
+    copies of complex data, :func:`wide`).
     """
     from blocklin.plan.factor import lu_stream_rows
 
     w_item, o_item = np.dtype(work_dtype).itemsize, np.dtype(out_dtype).itemsize
+    f64 = wide(work_dtype)
     rb = lu_stream_rows(tile, n)
     block = n * width * w_item + (n * width * o_item if np.dtype(out_dtype) != np.dtype(work_dtype) else 0)
     stream = rb * tile * w_item + IO_CHUNKS * tile * tile * w_item + 2 * tile * width * w_item
     swaps = 2 * tile * _swap_columns(tile, width) * w_item
     pr = _strip_rows(n, width)
-    strips = pr * PROBES * 8 + pr * width * (1 + (0 if np.dtype(work_dtype) == np.dtype(np.float64) else 8))
-    return block + stream + swaps + strips + (n + width) * PROBES * 8
+    strips = pr * PROBES * 8 + pr * width * (1 + (0 if np.dtype(work_dtype) == f64 else f64.itemsize))
+    return block + stream + swaps + strips + (n + width) * PROBES * f64.itemsize
 
 
 def _strip_rows(n: int, width: int) -> int:
@@ -727,7 +749,7 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
     # NaN/Inf check, ||X||_F^2 and X P by strips of Y's rows (X's columns), the probes regenerated
     # strip by strip from their stream (the same numbers as probes(n, PROBES, seed))
     rng = np.random.default_rng([spec.probe_seed, 7])
-    xp, part = np.zeros((w, PROBES)), np.empty((w, PROBES))
+    xp, part = np.zeros((w, PROBES), dtype=wide(wdt)), np.empty((w, PROBES), dtype=wide(wdt))
     ss = 0.0
     for r0, r1 in split(n, _strip_rows(n, w)):
         blk = y[r0:r1]
@@ -738,9 +760,9 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
             raise SingularMatrixError(explain(
                 "a", "must be nonsingular to be inverted", f"rows {s0}:{s1} of the inverse overflowed (a zero or "
                 "tiny pivot of the LU)", "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"))
-        b64 = np.asarray(blk, dtype=np.float64)
-        ss += float(np.einsum("ij,ij->", b64, b64))
-        np.matmul(b64.T, p, out=part)
+        b64 = np.asarray(blk, dtype=xp.dtype)
+        ss += sumsq(b64)
+        np.matmul(b64.T, p.astype(xp.dtype, copy=False), out=part)
         xp += part
     x = y.T  # rows s0:s1 of the inverse, C-ordered
     if x.dtype != np.dtype(spec.dtype):

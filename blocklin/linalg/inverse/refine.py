@@ -29,7 +29,7 @@ import numpy as np
 
 from blocklin.errors import ConvergenceWarning, ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg.inverse.kernels import PROBES, InverseEpilogue, probe_kernel, products_kernel, transform_device
+from blocklin.linalg.inverse.kernels import PROBES, InverseEpilogue, probe_kernel, products_kernel, transform_device, wide
 from blocklin.linalg.blocks.random import probes
 from blocklin.linalg.blocks.scaling import safe_norm
 from blocklin.operands import Operand
@@ -94,11 +94,18 @@ def probe_device(job: Any, n: int) -> str:
 
 
 def probe_products(job: Any, x: Any, n: int, dtype: Any, chunk: int, seed: int) -> np.ndarray:
-    """``X P`` (``n x k``, float64) by one row pass over the stored ``X``: each task sends back only its rows."""
+    """``X P`` (``n x k``, float64; complex128 of complex ``X``) by one row pass over the stored ``X``:
+    each task sends back only its rows."""
     src = stored(x, (n, n), dtype, (chunk, chunk), name="x")
     states, _ = run_pass(job, products_kernel, [src], {"n": n, "k": PROBES, "seed": seed}, check_finite=False,
                          over="intermediate", description="probe products X P")
-    return collect_rows(states, n, PROBES)
+    if np.dtype(dtype).kind != "c":
+        return collect_rows(states, n, PROBES)
+    out = np.empty((n, PROBES), dtype=wide(dtype))
+    for st in states:
+        for r0, blk in st["blocks"]:
+            out[r0:r0 + blk.shape[0]] = blk
+    return out
 
 
 def ns_residual(ops: BlockOps, m: Any, x: str, r: str, n: int, dtype: Any) -> float:

@@ -25,6 +25,7 @@ from blocklin.linalg.inverse.kernels import (
     mix_kernel,
     transform_device,
     unmix_columns_task,
+    wide,
 )
 from blocklin.operands import Operand
 from blocklin.plan.inverse import InversePlan
@@ -140,7 +141,7 @@ def invert_lu(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed: i
 
     # each strip's rows of X P straight into one array (what lu_rows_memory counts): no list of
     # blocks beside their concatenation while the probe pass runs
-    xp, ss = np.empty((n, PROBES)), 0.0
+    xp, ss = np.empty((n, PROBES), dtype=wide(wdt)), 0.0
     for s0, s1 in split_rows(n, plan.row_width):
         res = run.stages.run("lu-rows", lambda s0=s0, s1=s1: rows(s0, s1))
         xp[s0:s1] = res["xp"]
