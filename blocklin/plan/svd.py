@@ -256,9 +256,10 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
         block = max(1, min(block, N))
         basis = max_basis or max(3 * (k + oversample), k + oversample + 2 * block)
         basis = max(k + block, min(basis, N))
-    cb = client_bytes(method, N, k, block, basis, sketch, M=M, itemsize=dt.itemsize, memory=memory)
+    work = 2 if dt.kind == "c" else 1  # complex data's in-memory work is complex128: twice float64's bytes
+    cb = work * client_bytes(method, N, k, block, basis, sketch, M=M, itemsize=dt.itemsize, memory=memory)
     a_bytes = M * N * dt.itemsize
-    in_core_need = 2 * a_bytes + cb + 4 * M * block * F64
+    in_core_need = 2 * a_bytes + cb + 4 * M * block * F64 * work
     in_core = in_core_need <= memory
     pass_memory = memory - cb
     if not in_core and pass_memory < memory // 8:

@@ -525,17 +525,21 @@ class _Band:
 
 
 def reduce_sum(states: list, name: str) -> np.ndarray:
-    """Sum one accumulator over the groups, in row order (deterministic), in float64."""
+    """Sum one accumulator over the groups, in row order (deterministic), in float64 (complex128 of
+    complex accumulators)."""
     total = None
     for st in states:
-        x = np.asarray(st[name], dtype=np.float64)
+        x = np.asarray(st[name])
+        x = x.astype(np.complex128 if x.dtype.kind == "c" else np.float64, copy=False)
         total = x.copy() if total is None else total + x
     return total
 
 
 def collect_rows(states: list, n_rows: int, width: int) -> np.ndarray:
-    """Assemble the row blocks that kernels collected (``state["blocks"]``) into ``n_rows x width``."""
-    out = np.empty((n_rows, width))
+    """Assemble the row blocks that kernels collected (``state["blocks"]``) into ``n_rows x width``
+    (float64, or complex128 when a block is complex)."""
+    cplx = any(np.asarray(blk).dtype.kind == "c" for st in states for _, blk in st["blocks"])
+    out = np.empty((n_rows, width), dtype=np.complex128 if cplx else np.float64)
     for st in states:
         for r0, blk in st["blocks"]:
             out[r0:r0 + blk.shape[0]] = blk

@@ -21,6 +21,9 @@ any orthonormal vectors orthogonal to the others); so does this module, without 
 
 Three passes over the stored ``Y`` (none in memory) before the write, only where a zero singular value
 occurs. The passes run on the CPU (:func:`fill_kernel`): the blocks are ``z`` columns wide.
+
+Complex ``Y``: ``G`` is complex Gaussian, the projections ``Q^H G`` and Grams ``G^H G`` (complex128),
+so that ``U^H U = I`` as LAPACK's complex factors.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 import numpy as np
 import scipy.linalg
 
-from blocklin.linalg.blocks.orth import cholesky_upper, shift_for
+from blocklin.linalg.blocks.orth import cholesky_upper, ct, shift_for, work_dtype
 from blocklin.linalg.blocks.random import SKETCH_RNG_BLOCK, STREAM_COMPLETE, GaussianRows
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import plan_kernel_pass, reduce_sum, row_kernel, run_pass
@@ -55,18 +58,18 @@ class Completion:
         e = np.eye(z)
         for r in self.rinv:
             e = e @ r
-        E = np.zeros((z, k))
+        E = np.zeros((z, k), dtype=self.C.dtype)
         E[:, self.zero] = e
-        return np.asarray(last, dtype=np.float64) * ~self.zero - self.C @ E, E
+        return np.asarray(last, dtype=self.C.dtype) * ~self.zero - self.C @ E, E
 
 
-def _gaussian(seed: int, z: int) -> GaussianRows:
-    return GaussianRows(seed, STREAM_COMPLETE, z)
+def _gaussian(seed: int, z: int, dtype: Any = np.float64) -> GaussianRows:
+    return GaussianRows(seed, STREAM_COMPLETE, z, complex=np.dtype(dtype).kind == "c")
 
 
 def _basis(y: np.ndarray, ws: list) -> np.ndarray:
-    """``Y_i W_1 ... W_p`` in float64 (``Q``'s rows of the strip)."""
-    t = np.asarray(y, dtype=np.float64)
+    """``Y_i W_1 ... W_p`` in float64 or complex128 (``Q``'s rows of the strip)."""
+    t = np.asarray(y, dtype=work_dtype(y.dtype))
     for w in ws:
         t = t @ w
     return t
@@ -81,18 +84,19 @@ def _strip(q: np.ndarray, g: np.ndarray, params: Any, state: dict) -> np.ndarray
     if params.get("C") is not None:
         g = g - q @ params["C"]
     if stage == "project":
-        state["P"] += q.T @ g
-        state["H"] += g.T @ g
+        state["P"] += ct(q) @ g
+        state["H"] += ct(g) @ g
         return None
     for r in params["rinv"]:  # "gram": (G - Q C) R^-1 ..., then its Gram
         g = g @ r
-    state["H"] += g.T @ g
+    state["H"] += ct(g) @ g
     return None
 
 
 def fill_init(device: Any, params: Any) -> dict:
     c, z = params["W"][-1].shape[1] if params["W"] else params["c"], params["z"]
-    return {"gen": _gaussian(params["seed"], z), "P": np.zeros((c, z)), "H": np.zeros((z, z))}
+    wd = np.dtype(params.get("work", "float64"))
+    return {"gen": _gaussian(params["seed"], z, wd), "P": np.zeros((c, z), dtype=wd), "H": np.zeros((z, z), dtype=wd)}
 
 
 def _fill_memory(params: Any, sources: tuple) -> PassMemory:
@@ -100,9 +104,10 @@ def _fill_memory(params: Any, sources: tuple) -> PassMemory:
     c = ws[-1].shape[1] if ws else sources[0].width
     z, k = params["z"], params.get("k", 0)
     small = sum(w.shape[0] * w.shape[1] for w in ws) + 2 * c * z + 3 * z * z + (c + z) * k
+    el = np.dtype(params.get("work", "float64")).itemsize  # float64, or complex128 of complex data
     # per row: the float64 strip, each factor's product, G's rows and the projected copy, the written rows
-    per_row = (sources[0].width + sum(w.shape[1] for w in ws) + 2 * z + k) * F64 + k * sources[0].dtype.itemsize
-    return PassMemory(fixed=small * F64 + SKETCH_RNG_BLOCK * z * F64, per_row=per_row, chunk_temporaries=True,
+    per_row = (sources[0].width + sum(w.shape[1] for w in ws) + 2 * z + k) * el + k * sources[0].dtype.itemsize
+    return PassMemory(fixed=small * el + SKETCH_RNG_BLOCK * z * el, per_row=per_row, chunk_temporaries=True,
                       write_row_bytes=k * sources[0].dtype.itemsize if params.get("write") else 0)
 
 
@@ -130,7 +135,7 @@ def _chol(h: np.ndarray, M: int) -> tuple[np.ndarray, bool]:
     if r is None:  # G's projection numerically rank-deficient (beyond any seed's odds): R with R^T R = h + shift
         w, v = np.linalg.eigh(h)
         w = np.maximum(w, shift_for(h, M) + np.finfo(np.float64).tiny)
-        r = np.linalg.qr(np.sqrt(w)[:, None] * v.T, mode="r")
+        r = np.linalg.qr(np.sqrt(w)[:, None] * ct(v), mode="r")
     return r, True
 
 
@@ -144,8 +149,8 @@ def complete(sums: Any, *, zero: np.ndarray, seed: int, M: int) -> Completion:
     c1, _ = sums("project", None, ())
     c2, h = sums("project", c1, ())
     C = c1 + c2
-    h = h - c2.T @ c2  # (G1 - Q C2)^T (G1 - Q C2) with Q^T G1 = C2 and Q^T Q = I on Q's nonzero columns
-    h = (h + h.T) / 2
+    h = h - ct(c2) @ c2  # (G1 - Q C2)^H (G1 - Q C2) with Q^H G1 = C2 and Q^H Q = I on Q's nonzero columns
+    h = (h + ct(h)) / 2
     r, shifted = _chol(h, M)
     rinv = [_inv(r)]
     for _ in range(2 if shifted else 1):  # CholeskyQR2 (shifted CholeskyQR3)
@@ -158,12 +163,13 @@ def complete(sums: Any, *, zero: np.ndarray, seed: int, M: int) -> Completion:
 
 
 def complete_incore(u_basis: np.ndarray, last: np.ndarray, zero: np.ndarray, seed: int) -> np.ndarray:
-    """``U = Q L`` with its ``zero`` columns completed, ``Q`` (``M x c``) held in memory (float64)."""
+    """``U = Q L`` with its ``zero`` columns completed, ``Q`` (``M x c``) held in memory (float64 or complex128)."""
     M = u_basis.shape[0]
-    g = _gaussian(seed, int(zero.sum())).rows(0, M)
+    wd = work_dtype(u_basis.dtype)
+    g = _gaussian(seed, int(zero.sum()), wd).rows(0, M)
 
     def sums(stage: str, C: Any, rinv: tuple) -> tuple:
-        state = {"P": np.zeros((u_basis.shape[1], g.shape[1])), "H": np.zeros((g.shape[1],) * 2)}
+        state = {"P": np.zeros((u_basis.shape[1], g.shape[1]), dtype=wd), "H": np.zeros((g.shape[1],) * 2, dtype=wd)}
         _strip(u_basis, g, {"stage": stage, "C": C, "rinv": rinv}, state)
         return state["P"], state["H"]
 
@@ -179,9 +185,10 @@ def complete_stored(block: Any, ws: list, last: np.ndarray, zero: np.ndarray, se
     write (the one pass it had without zeros)."""
     from blocklin.storage import create_array
 
-    ws = [np.asarray(w, dtype=np.float64) for w in ws]
+    wd = work_dtype(block.dtype)
+    ws = [np.asarray(w, dtype=wd) for w in ws]
     z, k = int(zero.sum()), int(zero.size)
-    base = {"W": ws, "z": z, "seed": int(seed), "c": block.c}
+    base = {"W": ws, "z": z, "seed": int(seed), "c": block.c, "work": wd.name}
 
     def run(params: dict, what: str, **kw: Any) -> list:
         states, _ = run_pass(block.job, fill_kernel, [block.source], params, memory=block.memory,
@@ -205,5 +212,5 @@ def plan_completion(job: Any, src: Any, ws: list, k: int, *, memory: int, reserv
     """Plan the completion's widest pass (every one of ``k`` columns completed, the write) over the
     stored block ``src`` (a :class:`~blocklin.runtime.passes.Source`; ``ws``: anything with the shapes of
     ``Q``'s factors): what a run's preflight checks before its first pass."""
-    params = {"W": ws, "z": k, "k": k, "stage": "write", "write": "F"}
+    params = {"W": ws, "z": k, "k": k, "stage": "write", "write": "F", "work": work_dtype(src.dtype).name}
     return plan_kernel_pass(job, fill_kernel, [src], params, memory=memory, reserve=reserve)

@@ -12,6 +12,10 @@ A tall block ``Y`` (``M x c``, ``c`` small) is orthonormalized through its R fac
   refinement pass; if that fails too, a streaming TSQR pass (Householder per strip, Demmel et al. 2012)
   gives ``R`` unconditionally.
 
+Complex blocks take the same steps with conjugate transposes (``G = Y^H Y``, Hermitian Cholesky,
+``Q^H Q = I``) in complex128, LAPACK's conventions; every in-memory factor is float64 for real data,
+complex128 for complex (:func:`work_dtype`).
+
 All out-of-core work runs as engine row passes over a :class:`~blocklin.linalg.blocks.tallblock.TallBlock`
 (:func:`blocklin.runtime.passes.run_pass`) whose products go through the device.
 """
@@ -28,31 +32,41 @@ from blocklin.config import Settings
 from blocklin.errors import ShapeError, explain
 from blocklin.linalg.blocks.random import STREAM_FILL, gaussian
 from blocklin.linalg.blocks.tallblock import TallBlock
-from blocklin.linalg.blocks.tsqr import diagonal_signs
+from blocklin.linalg.blocks.tsqr import diagonal_signs, signed_columns
 
 
 # -- in-core helpers ---------------------------------------------------------------------------
+def work_dtype(dtype: Any) -> np.dtype:
+    """The precision of the in-memory steps: float64, or complex128 for complex data."""
+    return np.dtype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)
+
+
+def ct(x: np.ndarray) -> np.ndarray:
+    """The conjugate transpose ``x^H`` (``x^T`` of real data, a view: no copy)."""
+    return x.conj().T
+
+
 def orth_incore(x: np.ndarray) -> np.ndarray:
-    """Orthonormal basis of the columns of ``x`` (Householder QR, float64)."""
-    q, _ = np.linalg.qr(np.asarray(x, dtype=np.float64))
+    """Orthonormal basis of the columns of ``x`` (Householder QR, float64 or complex128)."""
+    q, _ = np.linalg.qr(np.asarray(x, dtype=work_dtype(x.dtype)))
     return q
 
 
 def orth_against(v: np.ndarray | None, x: np.ndarray, *, seed: int = 0, counter: int = 0,
                  drop: float = 1e-10, width: int | None = None) -> np.ndarray:
-    """Orthonormal basis of ``(I - V V^T) x`` (block Gram-Schmidt twice, then an SVD).
+    """Orthonormal basis of ``(I - V V^H) x`` (block Gram-Schmidt twice, then an SVD).
 
     Directions that are numerically in ``span(V)`` (relative norm below ``drop``) are replaced by
     random directions (counter-based: ``(seed, counter)``), so the result always has ``x``'s width, or
     ``width`` columns when given: the ``width`` dominant directions of the projected ``x`` (its leading
     left singular vectors), the rest never orthonormalized or filled.
     """
-    x = np.asarray(x, dtype=np.float64)
+    x = np.asarray(x, dtype=work_dtype(x.dtype))
     n, b = x.shape
     avail = n - (v.shape[1] if v is not None else 0)
     b = min(b, avail)
     if b <= 0:
-        return np.zeros((n, 0))
+        return np.zeros((n, 0), dtype=x.dtype)
     x = x[:, :b] if x.shape[1] > b else x
     keep = b if width is None else max(0, min(width, b))
     scale = np.linalg.norm(x, axis=0).max() or 1.0
@@ -62,7 +76,7 @@ def orth_against(v: np.ndarray | None, x: np.ndarray, *, seed: int = 0, counter:
         if v is None or v.shape[1] == 0:
             return y
         for _ in range(2):
-            p = v @ (v.T @ y)
+            p = v @ (ct(v) @ y)
             if owned:
                 y -= p
             else:
@@ -77,10 +91,10 @@ def orth_against(v: np.ndarray | None, x: np.ndarray, *, seed: int = 0, counter:
     q = u[:, np.flatnonzero(good)[:keep]]
     del u
     if q.shape[1] < keep:  # breakdown: fill with random directions orthogonal to V and q
-        fill = gaussian(seed, STREAM_FILL, counter * n, (counter + 1) * n, keep - q.shape[1])
+        fill = gaussian(seed, STREAM_FILL, counter * n, (counter + 1) * n, keep - q.shape[1], x.dtype)
         for basis in ((v, q) if v is not None else (q,)):
             for _ in range(2):
-                fill -= basis @ (basis.T @ fill)
+                fill -= basis @ (ct(basis) @ fill)
         qf, _ = np.linalg.qr(fill)
         q = np.hstack([q, qf])
     q = project(q, owned=True)  # one more pass against V after normalization (keeps V q at eps)
@@ -89,9 +103,10 @@ def orth_against(v: np.ndarray | None, x: np.ndarray, *, seed: int = 0, counter:
 
 
 def cholesky_upper(g: np.ndarray) -> np.ndarray | None:
-    """Upper Cholesky factor of a symmetric ``g`` (float64), or None when it is not positive definite."""
+    """Upper Cholesky factor of a symmetric ``g`` (float64; Hermitian complex128, ``g = R^H R``), or None
+    when it is not positive definite."""
     try:
-        r = scipy.linalg.cholesky((g + g.T) / 2, lower=False, check_finite=False)
+        r = scipy.linalg.cholesky((g + ct(g)) / 2, lower=False, check_finite=False)
     except np.linalg.LinAlgError:
         return None
     d = np.abs(np.diag(r))
@@ -133,7 +148,7 @@ def cholqr_r(block: Any, g: np.ndarray, *, rank_revealing: bool = False) -> tupl
     return ``Q = Y W S^+`` from the SVD ``R = U_R S W^T`` (zero columns for the zero singular values,
     whose ``R`` rows are zero) instead of a shifted factorization that would blur them to ``sqrt(u)``.
     """
-    g = np.asarray(g, dtype=np.float64)
+    g = np.asarray(g, dtype=work_dtype(g.dtype))
     info = {"method": "cholqr2", "shift": 0.0}
     refinements = 1
     r1 = cholesky_upper(g)
@@ -160,7 +175,7 @@ def cholqr_r(block: Any, g: np.ndarray, *, rank_revealing: bool = False) -> tupl
         chain.append(_inv_upper(ri))
         r = ri @ r
     d = diagonal_signs(r)
-    chain[-1] = chain[-1] * d
+    chain[-1] = signed_columns(chain[-1], d)
     return d[:, None] * r, chain, info
 
 
@@ -173,14 +188,14 @@ def _numerically_singular(r: np.ndarray, block: Any) -> bool:
 
 def _rank_deficient(r: np.ndarray, block: Any, info: dict) -> tuple[np.ndarray, list, dict]:
     """``Y`` of numerical rank ``rho < c`` (a matrix of rank below the block width, the zero matrix):
-    ``R = U_R S W^T`` and ``Q = Y W S^+``, whose columns are orthonormal for the ``rho`` nonzero singular
-    values and zero for the others, with ``Y = Q (S W^T)`` to rounding (``Y W`` vanishes where ``S`` does)."""
+    ``R = U_R S W^H`` and ``Q = Y W S^+``, whose columns are orthonormal for the ``rho`` nonzero singular
+    values and zero for the others, with ``Y = Q (S W^H)`` to rounding (``Y W`` vanishes where ``S`` does)."""
     ur, sv, wt = np.linalg.svd(r)
     eps = float(np.finfo(np.dtype(getattr(block, "dtype", np.float64))).eps)
     keep = sv > eps * math.sqrt(block.M) * sv.max(initial=0.0)
     sinv = np.where(keep, 1.0 / np.where(keep, sv, 1.0), 0.0)
     info.update(method="tsqr (rank-deficient)", rank=int(keep.sum()))
-    return (np.where(keep, sv, 0.0)[:, None] * wt), [wt.T * sinv], info
+    return (np.where(keep, sv, 0.0)[:, None] * wt), [ct(wt) * sinv], info
 
 
 # -- public ------------------------------------------------------------------------------------------
@@ -224,7 +239,7 @@ def orthonormalize(y: Any, out: Any = None, *, overwrite: bool = False,
         if 3 * M * c * 8 <= job.cfg.memory:  # in core: Householder QR of the block read once
             q, r = _householder(job, blk.apply_to([np.eye(c)], None, collect=True, description="orthonormalize: read"))
             d = diagonal_signs(r)
-            write_array(ao.array_path(), np.ascontiguousarray((q * d).astype(Y.dtype)))
+            write_array(ao.array_path(), np.ascontiguousarray(signed_columns(q, d).astype(Y.dtype)))
             r, info = d[:, None] * r, {"method": "householder (in core)", "shift": 0.0}
             phases = {"read Y": "cpu", "Householder QR": job.device}
         else:

@@ -12,6 +12,11 @@ the device and scheduler.
 Memory declarations count, per task, the broadcast operands and their device copies and the
 accumulators (``fixed``), and per strip row the products and blocks being written (``per_row``);
 zarr's chunk temporaries are counted by the planner (``chunk_temporaries``).
+
+Complex data: the products with ``B^H`` accumulate ``B^T conj(X)`` (a conjugated copy of the narrow
+block, never of the strip) and are conjugated once at the end of a group (:func:`_finish_conj`),
+Gram matrices ``Y^H Y`` go through the device's HERK (``syrk_acc``), and the sketch's co-range test
+matrix is the conjugate of the generated rows.
 """
 
 from __future__ import annotations
@@ -89,6 +94,34 @@ def _finish(device: Any, rows: slice, params: dict, state: dict, keep: tuple[str
     return state
 
 
+def _complex(dtype: Any) -> bool:
+    return np.dtype(dtype).kind == "c"
+
+
+def _conj_into(device: Any, out: Any, x: Any) -> Any:
+    """``out = conj(x)`` (``out`` a buffer of ``x``'s shape), where the device computes."""
+    with device.on_compute():
+        np.conjugate(x, out=out)
+    return out
+
+
+def _gram_acc(device: Any, g: Any, y: Any) -> None:
+    """``G += Y^T Y``, or ``Y^H Y`` (HERK) of complex data."""
+    if _complex(y.dtype):
+        device.syrk_acc(g, y)
+    else:
+        device.gemm_acc(g, y.T, y)
+
+
+def _finish_conj(done: dict, rows: slice, params: dict, names: tuple[str, ...]) -> dict:
+    """At the end of a group, the conjugates of the accumulated ``B^T conj(X)``: ``B^H X`` (host arrays)."""
+    if rows.stop in params["ends"]:
+        for name in names:
+            if isinstance(done.get(name), np.ndarray) and _complex(done[name].dtype):
+                np.conjugate(done[name], out=done[name])
+    return done
+
+
 # -- centering: B_c = diag(r) (B - a b^T) diag(c) as a rank-one correction (blocklin.linalg.blocks.center) --
 def shift_init(device: Any, params: dict, st: dict, dtype: Any) -> dict:
     """Upload the per-row vectors of the correction once per task: ``a`` (or a strip of ones) and ``r``."""
@@ -159,6 +192,8 @@ def normal_init(device: Any, params: dict) -> dict:
         st["Ybuf"] = np.empty(params["strip"] * l, dtype=dt)
     else:
         st["Ybuf"] = device.zeros((params["strip"], l), dt)
+    if _complex(dt):  # conj(B Q) for B^T conj(Y): the conjugate of B^H Y
+        st["Cbuf"] = device.zeros((params["strip"], l), dt)
     st["Z"] = _accumulator(device, (q.shape[0], l), dt)
     if params.get("shifted"):
         st["beta"] = upload(device, params["beta"])
@@ -172,6 +207,7 @@ def _normal_memory(params: Any, sources: tuple) -> PassMemory:
     n, c = params["Q"].shape
     w = params["Q"].dtype.itemsize
     sf, sp = shift_memory(params, w, c)
+    sp += c * w if _complex(params["Q"].dtype) else 0  # the conjugated product
     return PassMemory(fixed=2 * n * c * w + c * c * w + sf + 4 * c * w, per_row=2 * c * w + sp, chunk_temporaries=True,
                       write_row_bytes=c * w if params.get("write_y") else 0)
 
@@ -181,20 +217,23 @@ def normal_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
     """``Y_i = B_i Q``; ``Z += B_i^T Y_i``; ``G += Y_i^T Y_i`` (gram); write ``Y_i`` (write_y).
 
     Centered (``shifted``): ``Y_i = r_i (B_i Q - a_i beta)`` and ``Z += B_i^T (r_i Y_i)``,
-    ``T += a_i^T (r_i Y_i)``, from which the caller forms ``B_c^T Y`` (:meth:`Shift.finish`)."""
+    ``T += a_i^T (r_i Y_i)``, from which the caller forms ``B_c^T Y`` (:meth:`Shift.finish`).
+    Complex: ``Z = B^H Y``, ``G = Y^H Y`` (and ``T = a^H (r Y)``)."""
     b = arrays[0]
     r = rows.stop - rows.start
     y = _strip_rows(state["Ybuf"], r, state["Q"].shape[1])
     _product(device, y, b, state["Q"])
     correct(device, y, rows, state, state.get("beta"))
     w = _row_scaled(device, y, rows, state)
+    if "Cbuf" in state:
+        w = _conj_into(device, state["Cbuf"][:r], w)
     device.gemm_acc(state["Z"], b.T, w)
     if "T" in state:
         device.gemm_acc(state["T"], _a_rows(state, rows).T, w)
     if state["G"] is not None:
-        device.gemm_acc(state["G"], y.T, y)
+        _gram_acc(device, state["G"], y)
     writes = {"Y": device.download(y, slice(0, r))} if params.get("write_y") else None
-    return _finish(device, rows, params, state, ("Z", "G", "T")), writes
+    return _finish_conj(_finish(device, rows, params, state, ("Z", "G", "T")), rows, params, ("Z", "T")), writes
 
 
 # -- apply pass: Y = X W1 W2 ... (X = B or a stored tall block), written, collected, or reduced to Y^T Y --
@@ -229,7 +268,8 @@ def _apply_memory(params: Any, sources: tuple) -> PassMemory:
 @row_kernel(memory=_apply_memory, init=apply_init)
 def apply_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict | None]:
     """``Y_i = X_i W1 W2 ...`` (applied in sequence: CholeskyQR2 needs ``(Y R1^-1) R2^-1``, not
-    ``Y (R1^-1 R2^-1)``); write it as ``params["write"]``, collect it, and/or accumulate ``G += Y_i^T Y_i``."""
+    ``Y (R1^-1 R2^-1)``); write it as ``params["write"]``, collect it, and/or accumulate ``G += Y_i^T Y_i``
+    (``Y_i^H Y_i`` of complex data)."""
     x = arrays[0]
     r = rows.stop - rows.start
     for i, (w, buf) in enumerate(zip(state["W"], state["bufs"])):
@@ -239,7 +279,7 @@ def apply_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: d
             correct(device, y, rows, state, state.get("beta"))  # the centered B_c W1 (W1 premultiplied by c)
         x = y
     if state["G"] is not None:
-        device.gemm_acc(state["G"], y.T, y)
+        _gram_acc(device, state["G"], y)
     writes = None
     if params.get("write") or params.get("collect"):
         host = device.download(y, slice(0, r))
@@ -294,7 +334,8 @@ def sketch_init(device: Any, params: dict) -> dict:
     state = {"OP": upload(device, op), "Xt": _accumulator(device, (n, kp), dt), "PZ": device.zeros((s, kp + s), dt),
              "G": device.zeros((kp, kp), dt), "YT": device.zeros((st, kp + s), dt),
              "Ub": np.empty((st, kp), dt), "Pb": np.empty((st, s), dt),
-             "ups": GaussianRows(params["seed"], STREAM_UPSILON, kp), "phi": GaussianRows(params["seed"], STREAM_PHI, s)}
+             "ups": GaussianRows(params["seed"], STREAM_UPSILON, kp, complex=_complex(dt)),
+             "phi": GaussianRows(params["seed"], STREAM_PHI, s, complex=_complex(dt))}
     if params.get("y_chunk", 0) > st:  # Y's rows gathered into whole chunks of Y (see sketch_kernel)
         state["Yw"], state["w0"], state["wn"] = np.empty((params["y_chunk"], kp), dt), 0, 0
     if params.get("shifted"):
@@ -329,7 +370,8 @@ def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
 
     One product ``B_i [Omega | Psi]`` makes ``Y_i`` and ``T_i``; the rows of ``Upsilon^T`` and
     ``Phi^T`` come from the task's row generators, which make each block of rows once whatever
-    the strip height."""
+    the strip height. Complex: ``X^H = B^H conj(Ups^T)`` (accumulated as ``B^T Ups^T`` and conjugated at
+    the end of the group) and ``G = Y^H Y``."""
     b = arrays[0]
     r0, r1 = rows.start, rows.stop
     r, kp = r1 - r0, params["kp"]
@@ -349,7 +391,7 @@ def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
         device.gemm_acc(state["TX"], _a_rows(state, rows).T, ups)
     device.gemm_acc(state["PZ"], phi.T, yt)
     y = yt[:, :kp]
-    device.gemm_acc(state["G"], y.T, y)
+    _gram_acc(device, state["G"], y)
     out = device.download(yt, slice(0, r))[:, :kp]
     if "Yw" in state:  # strips shorter than Y's chunks: gather them, write each chunk once, whole
         if state["wn"] == 0:
@@ -359,7 +401,8 @@ def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
         if state["wn"] < state["Yw"].shape[0] and r1 not in params["ends"]:
             return state, None
         out, state["wn"] = (state["w0"], state["Yw"][:state["wn"]]), 0
-    return _finish(device, rows, params, state, ("Xt", "PZ", "G", "TX")), {"Y": out}
+    done = _finish(device, rows, params, state, ("Xt", "PZ", "G", "TX"))
+    return _finish_conj(done, rows, params, ("Xt", "TX")), {"Y": out}
 
 
 # -- whole-matrix load (the in-core path: a matrix that fits the budget is read once) -------------

@@ -5,7 +5,8 @@ through its R factor (:func:`blocklin.linalg.blocks.orth.cholqr_r`); every step 
 its Gram matrix after applying triangular factors, its R factor by TSQR, or ``Y W1 W2 ...`` written
 to an output. :class:`TallBlock` runs these passes over a stored block, :class:`ArrayBlock` computes
 them on an in-memory block (a matrix that fits the budget), :class:`DeviceBlock` on a block kept on
-a GPU (the in-core SVD with ``device="gpu"``), so the algorithms are written once.
+a GPU (the in-core SVD with ``device="gpu"``), so the algorithms are written once. Complex blocks
+give ``Y^H Y`` and a complex128 ``R`` (LAPACK's conventions).
 :func:`load_tall` reads a whole operand into memory in one pass.
 """
 
@@ -39,14 +40,14 @@ class TallBlock:
         return states
 
     def gram_after(self, ws: list) -> np.ndarray:
-        """``(Y W1 W2 ...)^T (Y W1 W2 ...)`` (one pass over Y)."""
+        """``(Y W1 W2 ...)^H (Y W1 W2 ...)`` (one pass over Y)."""
         ws = [w.astype(self.dtype) for w in ws]
         states = self._run(apply_kernel, {"W": ws, "gram": True}, "orthonormalize: CholeskyQR refinement")
         return reduce_sum(states, "G")
 
     def tsqr(self) -> np.ndarray:
-        """R of Y by streaming Householder QR in float64 (one pass), with a non-negative diagonal."""
-        states = self._run(tsqr_kernel, {"dtype": "float64"}, "orthonormalize: TSQR")
+        """R of Y by streaming Householder QR in float64 or complex128 (one pass), with a non-negative diagonal."""
+        states = self._run(tsqr_kernel, {"dtype": _work(self.dtype).name}, "orthonormalize: TSQR")
         return positive_diagonal(reduce_r(states, self.c)[: self.c])
 
     def apply_to(self, ws: list, out_path: str | None, *, transposed_out: bool = False,
@@ -80,10 +81,10 @@ class ArrayBlock:
 
     def gram_after(self, ws: list) -> np.ndarray:
         t = self._chain(ws)
-        return (t.T @ t).astype(np.float64)
+        return (t.conj().T @ t).astype(_work(t.dtype))
 
     def tsqr(self) -> np.ndarray:
-        return positive_diagonal(np.linalg.qr(self.y.astype(np.float64), mode="r"))
+        return positive_diagonal(np.linalg.qr(self.y.astype(_work(self.dtype)), mode="r"))
 
     def apply_to(self, ws: list, out_path: str | None, *, transposed_out: bool = False,
                  description: str = "", collect: bool = False) -> np.ndarray:
@@ -115,11 +116,11 @@ class DeviceBlock:
         t = self._chain(ws)
         g = self.dev.zeros((t.shape[1], t.shape[1]), t.dtype)
         self.dev.syrk_acc(g, t)
-        return np.asarray(self.dev.to_host(g), dtype=np.float64)
+        return np.asarray(self.dev.to_host(g), dtype=_work(t.dtype))
 
     def tsqr(self) -> np.ndarray:
         d = self.dev
-        return positive_diagonal(np.asarray(d.to_host(d.qr_r(d.cast(self.y, np.float64)))))
+        return positive_diagonal(np.asarray(d.to_host(d.qr_r(d.cast(self.y, _work(self.dtype))))))
 
     def apply_to(self, ws: list, out_path: str | None, *, transposed_out: bool = False,
                  description: str = "", collect: bool = False) -> np.ndarray:
@@ -127,6 +128,11 @@ class DeviceBlock:
         if out_path:
             write_array(out_path, np.ascontiguousarray(f.T if transposed_out else f))
         return f
+
+
+def _work(dtype: Any) -> np.dtype:
+    """float64, or complex128 for complex data: the precision of the small results."""
+    return np.dtype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)
 
 
 def load_tall(job: Any, A: Any, *, transposed: bool, memory: int, description: str) -> np.ndarray:

@@ -3,6 +3,10 @@
 Each Lanczos step (:func:`blocklin.linalg.lowrank.lanczos.block_lanczos`) is one row pass ``Z = A^T X``
 over ``A`` (equal to ``A X`` for symmetric ``A``); the first pass also forms ``A X`` for its random
 block, which checks symmetry. A matrix that fits the budget is read once and solved in memory.
+
+A complex matrix must be Hermitian (``A = A^H``): its eigenvalues are real and its eigenvectors complex
+(``scipy.linalg.eigh``'s and ARPACK's conventions). The passes form ``A^T conj(X)``, whose conjugate is
+``A^H X = A X``; the first one takes ``[X, conj(X)]`` and compares ``A X`` with ``A^H X``.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from blocklin.config import Settings
 from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterError, explain, warn
 from blocklin.linalg.blocks.tall_kernels import rmat_kernel
 from blocklin.linalg.lowrank.lanczos import LanczosResult, block_lanczos, default_tol
-from blocklin.linalg.blocks.orth import orth_against
+from blocklin.linalg.blocks.orth import orth_against, work_dtype
+from blocklin.runtime.passes import ldexp
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.blocks.results import open_group, write_group
 from blocklin.linalg.blocks.scaling import Scaling, check_finite_result, incore_exponent, unscale
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
+from blocklin.linalg.lowrank.run import real_parts
 from blocklin.linalg.lowrank.sources import load_incore
 from blocklin.linalg.lowrank.laplacian import KINDS
 from blocklin.linalg.lowrank.sparse_eigsh import eigen_order, sparse_eigsh, symmetry_rtol
@@ -167,7 +173,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     with Job("eigsh", **settings) as job:
         A = job.operand(a, "a", integers="cast")
         n = square(A, "(eigsh needs a symmetric matrix)", "use blocklin.svd for rectangular matrices")
-        dt = float_operand(A, "eigsh")
+        dt = float_operand(A, "eigsh", complex_ok=True)
         check_k(k, n, n)
         v0 = start_vector(v0, n)
         tol = default_tol(dt) if tol is None else tol
@@ -179,7 +185,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         ckpt = Checkpoints(ao, enabled=ao is not None and not plan.in_core)
         seed = checkpointed_seed(ckpt, seed)
         state = ckpt.load("lanczos")
-        g = gaussian(seed, STREAM_LANCZOS, 0, n, plan.block)
+        g = gaussian(seed, STREAM_LANCZOS, 0, n, plan.block, work_dtype(dt))
         if v0 is not None:  # SciPy's starting vector: the block's first column
             g[:, 0] = v0
         x0 = orth_against(None, g, seed=seed)
@@ -199,6 +205,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         steps_limit = max_passes if not plan.in_core else max(max_passes, 500)
         res = block_lanczos(apply, n, k, which=which, block=plan.block, max_basis=plan.max_basis,
                             max_steps=steps_limit, threshold=threshold, seed=seed, x0=x0, first=first, state=state,
+                            dtype=dt,
                             checkpoint=(lambda st: ckpt.save("lanczos", scale=scale["v"], **st))
                             if ckpt.enabled else None)
         ckpt.clear()
@@ -225,7 +232,7 @@ def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighRes
     if which == "SA":
         raise ParameterError(explain("which", "must be 'LA' or 'LM' with center=True (the leading eigenpairs of a "
                                      "covariance, from its centered SVD)", repr(which), "pass which='LA'"))
-    res = factorize(a, k, method="lanczos", center=True, lanczos_tol=default_tol, **kw)  # eigsh's tol, 10 sqrt(eps)
+    res = factorize(a, k, method="lanczos", center=True, lanczos_tol=default_tol, caller="eigsh", **kw)  # eigsh's tol, 10 sqrt(eps)
     m = res.moments.count
     w = (res.s.astype(np.float64) ** 2 / max(m - 1, 1)).astype(res.s.dtype)
     V = (res.Vt.to_numpy() if hasattr(res.Vt, "to_numpy") else np.asarray(res.Vt)).T  # n x k, as svd's U
@@ -247,12 +254,17 @@ def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray, check_symmetric: 
     divided by ``scaling``'s power of two (:mod:`blocklin.linalg.blocks.scaling`), learned from its first read."""
     dt = A.dtype
     n = A.shape[0]
+    cplx = dt.kind == "c"  # A^H X = conj(A^T conj(X)): the products never conjugate A
+
+    def herm(z: np.ndarray) -> np.ndarray:
+        return np.conj(z) if cplx else z
+
     if plan.in_core:
         M = load_incore(job, A, plan)
-        scaling.e, scaling.amax = incore_exponent(M)
+        scaling.e, scaling.amax = incore_exponent(real_parts(M))
         if scaling.e:
-            np.ldexp(M, -scaling.e, out=M)
-        ax, atx = M @ x0.astype(dt), M.T @ x0.astype(dt)
+            ldexp(M, -scaling.e, out=M)
+        ax, atx = M @ x0.astype(dt), herm(M.T @ herm(x0.astype(dt)))
         dev = None
         if job.device == "gpu" and M.nbytes * 1.5 <= (job.device_memory() or 0):
             from blocklin.device import get_device
@@ -264,10 +276,10 @@ def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray, check_symmetric: 
 
         def apply(x: np.ndarray, step: int) -> np.ndarray:
             if dev is None:
-                return (M.T @ x.astype(dt)).astype(np.float64)
+                return herm(M.T @ herm(x.astype(dt))).astype(work_dtype(dt))
             z = dev.zeros((M.shape[1], x.shape[1]), dt)
-            dev.gemm_acc(z, Md.T, dev.to_device(x.astype(dt)))
-            return dev.to_host(z).astype(np.float64)
+            dev.gemm_acc(z, Md.T, dev.to_device(herm(x.astype(dt))))
+            return herm(np.asarray(dev.to_host(z))).astype(work_dtype(dt))
     else:
         from blocklin.device import pass_device
 
@@ -277,35 +289,44 @@ def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray, check_symmetric: 
         phases = {"passes over A": where}
 
         def one(x: np.ndarray, step: int, check: bool = False) -> Any:
+            y = x.astype(dt)
+            b = y.shape[1]
+            if cplx:  # A^T conj(X); the check also takes A X from X itself
+                y = np.hstack([y, y.conj()]) if check else np.ascontiguousarray(y.conj())
             states = scaling.run(job, lambda sc: run_pass(
-                job, rmat_kernel, src, {"Y": x.astype(dt), "n": n, "check": check}, memory=plan.memory,
+                job, rmat_kernel, src, {"Y": y, "n": n, "check": check}, memory=plan.memory,
                 reserve=plan.client_bytes,  # a refusal names the total
                 description=f"eigsh: Lanczos step {step}", device=where, scale=sc).states)
             z = reduce_sum(states, "Z")
-            return (z, collect_rows(states, n, x.shape[1])) if check else z
+            z = herm(z[:, b:] if cplx and check else z)
+            return (z, collect_rows(states, n, y.shape[1])[:, :b]) if check else z
 
         atx, ax = one(x0, 1, check=True) if check_symmetric else (None, None)  # resumed: checked before
         apply = one
     if check_symmetric:
-        _check_symmetry(np.asarray(ax, dtype=np.float64), np.asarray(atx, dtype=np.float64), symmetry_rtol(dt))
+        wd = work_dtype(dt)
+        _check_symmetry(np.asarray(ax, dtype=wd), np.asarray(atx, dtype=wd), symmetry_rtol(dt))
     return apply, atx, phases
 
 
 def _check_symmetry(ax: np.ndarray, atx: np.ndarray, rtol: float) -> None:
+    """``A X`` against ``A^T X`` (``A^H X`` of complex data: a Hermitian matrix is required)."""
     diff = float(np.linalg.norm(ax - atx))
     size = float(np.linalg.norm(ax)) or 1.0
     if diff > rtol * size:
+        h = "H" if ax.dtype.kind == "c" else "T"
         raise NotSymmetricError(explain(
-            "a", "must be symmetric for eigsh (checked on a random block: ||A X - A^T X|| <= "
-            f"{rtol:.1e} ||A X||)", f"relative asymmetry {diff / size:.2e}",
-            "symmetrize it ((A + A^T)/2), or use blocklin.svd for a non-symmetric matrix"))
+            "a", f"must be {'Hermitian' if h == 'H' else 'symmetric'} for eigsh (checked on a random block: "
+            f"||A X - A^{h} X|| <= {rtol:.1e} ||A X||)", f"relative asymmetry {diff / size:.2e}",
+            f"symmetrize it ((A + A^{h})/2), or use blocklin.svd for a non-{'Hermitian' if h == 'H' else 'symmetric'} "
+            "matrix"))
 
 
 def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overwrite: bool, *, tol: float,
             which: str, seed: int, phases: dict | None = None, order: str = "ascending", ao: Any = None) -> EighResult:
     """Eigenpairs in ``order``, the report, and the output group when ``out`` is given."""
     order = eigen_order(res.values, order, which)
-    w = res.values[order].astype(A.dtype)
+    w = res.values[order].astype(np.finfo(A.dtype).dtype)  # real: float32 of complex64 data
     vecs = res.vectors[:, order].astype(A.dtype)
     report = job.report(passes=job.passes("a"), passes_formula=plan.formula, lanczos_steps=res.steps,
                         restarts=res.restarts, residuals=res.residuals[order].tolist(), tol=tol,

@@ -13,6 +13,9 @@ Larsen's PROPACK for reorthogonalized bidiagonalization).
 
 :func:`blocklin.linalg.lowrank.eigsh.eigsh` applies it to symmetric matrices (one pass per step, the first one
 also probing symmetry); :func:`blocklin.svd` to the normal operator of a tall matrix.
+
+A complex (Hermitian) operator takes the same steps in complex128 with ``H = V^H W`` Hermitian, whose
+eigenvalues are real (the Hermitian Lanczos process; ARPACK's ``znaupd`` and LAPACK's ``zheev`` conventions).
 """
 
 from __future__ import annotations
@@ -26,14 +29,14 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ParameterError, explain
-from blocklin.linalg.blocks.orth import orth_against
+from blocklin.linalg.blocks.orth import ct, orth_against, work_dtype
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 
 
 @dataclasses.dataclass
 class LanczosResult:
     values: np.ndarray      # wanted Ritz values, in "which" order
-    vectors: np.ndarray     # n x k Ritz vectors (float64)
+    vectors: np.ndarray     # n x k Ritz vectors (float64, or complex128)
     residuals: np.ndarray   # ||Op x - theta x|| per pair
     converged: bool
     steps: int
@@ -56,13 +59,14 @@ def _order(theta: np.ndarray, which: str) -> np.ndarray:
 def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int, *, which: str, block: int,
                   max_basis: int, max_steps: int, threshold: Callable[[np.ndarray], np.ndarray], seed: int,
                   x0: np.ndarray | None = None, first: np.ndarray | None = None,
-                  checkpoint: Callable[[dict], None] | None = None, state: dict | None = None) -> LanczosResult:
+                  checkpoint: Callable[[dict], None] | None = None, state: dict | None = None,
+                  dtype: Any = np.float64) -> LanczosResult:
     """Thick-restarted block Lanczos (see module docstring).
 
     Parameters
     ----------
     apply : callable
-        ``apply(X, step) -> Op X`` for an ``n x b`` float64 block (one pass on disk).
+        ``apply(X, step) -> Op X`` for an ``n x b`` float64 (complex128) block (one pass on disk).
     n, k : int
         Dimension and wanted pairs.
     which : {"LA", "SA", "LM"}
@@ -79,26 +83,29 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
         counters) from which ``state=`` resumes it exactly.
     state : dict, optional
         A state saved by ``checkpoint``: continue from it instead of starting.
+    dtype : dtype
+        The operator's: a complex one is Hermitian, and the bases are complex128.
     """
     b = max(1, min(block, n))
+    wd = work_dtype(dtype)
     if state is not None:
-        x, V, W, H = (np.asarray(state[key], dtype=np.float64) for key in ("x", "V", "W", "H"))
+        x, V, W, H = (np.asarray(state[key], dtype=wd) for key in ("x", "V", "W", "H"))
         history = [float(h) for h in np.atleast_1d(state["history"])]
         steps, restarts, counter = (int(state[key]) for key in ("steps", "restarts", "counter"))
     else:
-        x = start_block(n, block, seed) if x0 is None else x0
-        V, W, H = np.zeros((n, 0)), np.zeros((n, 0)), np.zeros((0, 0))
+        x = start_block(n, block, seed, dtype=wd) if x0 is None else x0
+        V, W, H = np.zeros((n, 0), dtype=wd), np.zeros((n, 0), dtype=wd), np.zeros((0, 0), dtype=wd)
         history, steps, restarts, counter = [], 0, 0, 1
     while True:
-        z = np.asarray(first if (first is not None and steps == 0) else apply(x, steps + 1), dtype=np.float64)
+        z = np.asarray(first if (first is not None and steps == 0) else apply(x, steps + 1), dtype=wd)
         steps += 1
         with small_blas(n, max_basis + b):  # the in-memory work of the step
-            # extend the projected matrix: H = V^T W with the new columns
-            h12 = V.T @ z
-            h21 = x.T @ W
-            h22 = x.T @ z
+            # extend the projected matrix: H = V^H W with the new columns
+            h12 = ct(V) @ z
+            h21 = ct(x) @ W
+            h22 = ct(x) @ z
             H = np.block([[H, h12], [h21, h22]]) if H.size else h22
-            H = (H + H.T) / 2
+            H = (H + ct(H)) / 2
             V = np.hstack([V, x])
             W = np.hstack([W, z])
             del x, z  # copied into the bases: the step's in-memory work holds V and W, not both twice
@@ -130,7 +137,7 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
                 keep = order[:min(len(order), max(k + b, max_basis // 2, k))]
                 V = V @ Y[:, keep]
                 W = W @ Y[:, keep]
-                H = np.diag(theta[keep])
+                H = np.diag(theta[keep]).astype(wd)
                 coef = np.eye(len(keep), kk)
                 restarts += 1
             x = orth_against(V, rc, seed=seed, counter=counter, width=b)
@@ -163,10 +170,11 @@ def small_blas(n: int, cols: int) -> contextlib.AbstractContextManager:
     return threadpool_limits(limits=1, user_api="blas")
 
 
-def start_block(n: int, block: int, seed: int, v0: np.ndarray | None = None) -> np.ndarray:
+def start_block(n: int, block: int, seed: int, v0: np.ndarray | None = None, dtype: Any = np.float64) -> np.ndarray:
     """The orthonormal starting block of :func:`block_lanczos` (``n x min(block, n)``) for ``seed``;
-    ``v0`` (SciPy's starting vector) takes the place of its first random column."""
-    g = gaussian(seed, STREAM_LANCZOS, 0, n, max(1, min(block, n)))
+    ``v0`` (SciPy's starting vector) takes the place of its first random column. Complex ``dtype``: a
+    complex Gaussian block."""
+    g = gaussian(seed, STREAM_LANCZOS, 0, n, max(1, min(block, n)), work_dtype(dtype))
     if v0 is not None:
         g[:, 0] = v0
     with small_blas(n, block):

@@ -3,6 +3,9 @@ subspace iteration (``rsvd``), the single-pass sketch, block Lanczos, the Gram r
 (``full``: every triplet, or the smallest), and the streaming QR route (``tsqr``) where ``B^T B`` cannot
 hold ``B``. Each returns a :class:`Factorization`; every one but the sketch ends with the same
 Rayleigh-Ritz pass (:func:`rayleigh_ritz`, :func:`whole_space`), which writes the long factor.
+
+Complex ``B`` takes the same steps with conjugate transposes (``B = U diag(s) V^H``, ``B^H B``), its
+small factors in complex128; the sources and the tall-block passes conjugate where they must.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import scipy.linalg
 from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.blocks.complete import complete_incore, complete_stored
 from blocklin.linalg.blocks.center import Moments
-from blocklin.linalg.blocks.orth import cholqr_r, orth_against, orth_incore, refine_once
+from blocklin.linalg.blocks.orth import cholqr_r, ct, orth_against, orth_incore, refine_once, work_dtype
 from blocklin.linalg.blocks.scaling import squares_lose_columns
 from blocklin.linalg.blocks.tallblock import TallBlock
 from blocklin.linalg.lowrank.lanczos import block_lanczos, small_blas, start_block
@@ -57,8 +60,8 @@ class Factorization:
 
 def ritz_relative_residuals(q: np.ndarray, z: np.ndarray, k: int, dtype: Any) -> np.ndarray:
     """Per triplet ``||B^T B v - s^2 v|| / (s max(s, sqrt(eps) s_1))`` for the top ``k`` Ritz pairs of ``span(q)``."""
-    h = q.T @ z
-    theta, y = np.linalg.eigh((h + h.T) / 2)
+    h = ct(q) @ z
+    theta, y = np.linalg.eigh((h + ct(h)) / 2)
     theta, y = theta[::-1][:k], y[:, ::-1][:, :k]
     sig = np.sqrt(np.maximum(theta, 0))
     r = np.linalg.norm(z @ y - (q @ y) * theta, axis=0)
@@ -93,7 +96,7 @@ def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
     zero = numerically_zero(S[:k], ref, src.dtype, src.M)
     sig = np.where(zero, 0.0, S[:k])
     Ur = Ur[:, :k] * ~zero
-    Vr = Vrt.T[:, :k]
+    Vr = ct(Vrt)[:, :k]
     V = Q @ Vr
     safe = np.where(sig > 0, sig, 1.0)
     # a completed u is orthogonal to range(B Q), which holds range(B) here: B^T u - 0 v = 0 to rounding
@@ -103,11 +106,17 @@ def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
 
 def component_signs(V: np.ndarray) -> np.ndarray:
     """scikit-learn's sign rule (``svd_flip`` on the components, >= 1.5): ``d_i = +-1`` making the entry
-    of largest magnitude of column ``i`` of ``V`` positive (``+1`` for a zero column)."""
+    of largest magnitude of column ``i`` of ``V`` positive (``+1`` for a zero column).
+
+    Complex ``V``: the phase ``d_i = conj(v_ji) / |v_ji|`` of that entry, which makes it real and positive
+    (the complex SVD's convention: each triplet is unique up to a unit-modulus factor, applied to ``u`` and
+    ``v`` alike; the first of equal moduli, as ``argmax`` takes it)."""
     if V.size == 0:
-        return np.ones(V.shape[1])
+        return np.ones(V.shape[1], dtype=V.dtype if V.dtype.kind == "c" else np.float64)
     big = np.argmax(np.abs(V), axis=0)
-    d = np.sign(V[big, np.arange(V.shape[1])])
+    d = np.sign(V[big, np.arange(V.shape[1])])  # of complex data z / |z|
+    if d.dtype.kind == "c":
+        return np.where(d == 0, 1.0, d.conj())
     return np.where(d == 0, 1.0, d)
 
 
@@ -116,9 +125,9 @@ def write_long(f: Factorization, Y: Any, chain: list, dest: str | None, transpos
     """Write the long factor ``U = Q_Y U_R`` of a Rayleigh-Ritz step (``Q_Y = Y chain[:-1]``: CholeskyQR2
     applied in sequence, orthonormal to working precision, zero columns where ``Y`` is rank-deficient;
     ``U_R = chain[-1]``). ``dest=None``: the caller wants no long factor (``return_singular_vectors``), so
-    nothing is written and no pass is made. ``signs``: each triplet's sign chosen by
-    :func:`component_signs` on ``V`` (PCA's components), applied to ``U`` as it is written
-    (``A = U diag(s) V^T`` is unchanged).
+    nothing is written and no pass is made. ``signs``: each triplet's sign (of complex data, phase) chosen
+    by :func:`component_signs` on ``V`` (PCA's components), applied to ``U`` as it is written
+    (``A = U diag(s) V^H`` is unchanged).
 
     The columns of zero singular values (``f.s == 0``: the methods report a numerically zero value as
     ``0``, :func:`~blocklin.linalg.lowrank.triplets.numerically_zero`) are an orthonormal completion,
@@ -140,7 +149,7 @@ def write_long(f: Factorization, Y: Any, chain: list, dest: str | None, transpos
         return f
     from blocklin.storage import write_array
 
-    q = Y.apply_to(basis or [np.eye(Y.c)], None)  # in memory (on the host from a device)
+    q = Y.apply_to(basis or [np.eye(Y.c, dtype=work_dtype(Y.dtype))], None)  # in memory (on the host from a device)
     u = complete_incore(np.asarray(q), chain[-1], zero, seed).astype(q.dtype)
     write_array(dest, np.ascontiguousarray(u.T if transposed_out else u))
     return f
@@ -171,7 +180,7 @@ def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_ou
     products ``B^T B v / s`` the other methods measure carry ``eps ||B||^2 / s``, which says nothing
     about a small triplet."""
     N = src.N
-    eye = np.eye(N)
+    eye = np.eye(N, dtype=work_dtype(src.dtype))
     _, G, Y = src.normal(eye, keep_y=True, gram=True, description="full: B and its Gram matrix")
     R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
     del G
@@ -181,16 +190,17 @@ def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_ou
     with small_blas(N, N):
         Ur, S, Vrt = scipy.linalg.svd(R, lapack_driver="gesvd", check_finite=False)
     idx = picked(N, k, which)
-    Ur, sig, V = Ur[:, idx], S[idx], np.ascontiguousarray(Vrt[idx].T)
-    resid = np.linalg.norm(R.T @ Ur - V * sig, axis=0)
+    Ur, sig, V = Ur[:, idx], S[idx], np.ascontiguousarray(ct(Vrt[idx]))
+    resid = np.linalg.norm(ct(R) @ Ur - V * sig, axis=0)
     sig = np.where(numerically_zero(sig, float(S[0]) if S.size else 0.0, src.dtype, src.M), 0.0, sig)
     f = Factorization(s=sig, V=V, residuals=resid, orth=orth_info)
     return write_long(f, Y, chain + [Ur], dest, transposed_out, "full", signs=src.signs, seed=seed)
 
 
-def rsvd_start(n: int, l: int, seed: int, v0: np.ndarray | None = None) -> np.ndarray:
-    """The orthonormal random block randomized subspace iteration starts from (``v0`` its first column)."""
-    g = rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, n, l)
+def rsvd_start(n: int, l: int, seed: int, v0: np.ndarray | None = None, dtype: Any = np.float64) -> np.ndarray:
+    """The orthonormal random block randomized subspace iteration starts from (``v0`` its first column;
+    complex Gaussian for complex ``dtype``)."""
+    g = rnd.gaussian(seed, rnd.STREAM_OMEGA, 0, n, l, work_dtype(dtype))
     if v0 is not None:
         g[:, 0] = v0
     return orth_incore(g)
@@ -202,7 +212,7 @@ def rsvd(src: Source, k: int, l: int, q: int | None, tol: float | None, seed: in
     ``l`` columns, or with ``q=None`` until every Ritz triplet reaches ``tol``; then :func:`rayleigh_ritz`."""
     saved = ckpt.load("rsvd")
     if saved is None:
-        Q = rsvd_start(src.N, l, seed, v0)
+        Q = rsvd_start(src.N, l, seed, v0, src.dtype)
         used, history, done = 0, [], False
     else:  # resume: the block after the last completed power iteration, bit for bit
         Q, used, done = saved["Q"], int(saved["used"]), bool(saved["done"])
@@ -221,9 +231,10 @@ def rsvd(src: Source, k: int, l: int, q: int | None, tol: float | None, seed: in
 
 
 def psi_t(seed: int, s: int, P: np.ndarray) -> np.ndarray:
-    """``Psi^T P``, generating ``Psi`` a block of rows at a time (the numbers of the sketch's pass)."""
-    gen = rnd.GaussianRows(seed, rnd.STREAM_SKETCH_PSI, s)
-    out = np.zeros((s, P.shape[1]))
+    """``Psi^T P``, generating ``Psi`` a block of rows at a time (the numbers of the sketch's pass;
+    complex ``P``: the complex ``Psi`` of a complex sketch)."""
+    gen = rnd.GaussianRows(seed, rnd.STREAM_SKETCH_PSI, s, complex=P.dtype.kind == "c")
+    out = np.zeros((s, P.shape[1]), dtype=work_dtype(P.dtype))
     for r0 in range(0, P.shape[0], gen.block):
         r1 = min(P.shape[0], r0 + gen.block)
         out += gen.rows(r0, r1).T @ P[r0:r1]
@@ -252,7 +263,10 @@ def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transpose
     ``P = orth(X^T)``, the core ``C = (Phi Q)^+ Z ((Psi^T P)^+)^T`` by two least-squares solves,
     ``C = U_C S W^T``, ``V = P W`` and ``U = Q U_C`` written to ``dest`` (a pass over ``Y``, never over
     ``A``). A fixed function of ``(X^T, Phi^T [Y T], G, Y)`` and the seed (``Psi`` is regenerated):
-    the one-pass sketch and its update (:mod:`blocklin.linalg.update.sketch`) both end here."""
+    the one-pass sketch and its update (:mod:`blocklin.linalg.update.sketch`) both end here.
+
+    Complex data: ``B ~ Q C P^H`` and ``Z = Phi B Psi ~ (Phi Q) C (P^H Psi)``, so the second solve takes
+    ``(P^H Psi)^T = Psi^T conj(P)``, and ``V = P W`` from ``C = U_C S W^H``."""
     Xt, PZ, G, Y = state
     state.clear()
     kp = Xt.shape[1]
@@ -263,7 +277,7 @@ def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transpose
     P = orth_incore(Xt)
     del Xt
     phiq = PY @ rinv
-    psitp = psi_t(seed, s, P)
+    psitp = psi_t(seed, s, P.conj())
     c1 = scipy.linalg.lstsq(phiq, Z)[0]               # (Phi Q)^+ Z
     C = scipy.linalg.lstsq(psitp, c1.T)[0].T          # ... ((Psi^T P)^+)^T
     Uc, Sc, Vct = np.linalg.svd(C)
@@ -271,7 +285,7 @@ def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transpose
     zero = numerically_zero(Sc[:k], float(Sc[0]) if Sc.size else 0.0, Y.dtype, Y.M)
     zero |= np.arange(k) >= int(orth_info.get("rank", kp))
     sig = np.where(zero, 0.0, Sc[:k])
-    V = P @ Vct.T[:, :k]
+    V = P @ ct(Vct)[:, :k]
     del P
     f = Factorization(s=sig, V=V, residuals=None, orth=orth_info, sketch_size=[kp, s])
     return write_long(f, Y, chain + [Uc[:, :k]], dest, transposed_out, "sketch", signs=signs, seed=seed)
@@ -298,10 +312,10 @@ def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps
         return np.maximum(tol * scale * scale, 10 * rounding_level(src.dtype, 1) * s1 * s1)
 
     if x0 is None and v0 is not None:
-        x0 = start_block(src.N, plan.block, seed, v0)
+        x0 = start_block(src.N, plan.block, seed, v0, dtype=src.dtype)
     res = block_lanczos(apply, src.N, k, which="LA", block=plan.block, max_basis=plan.max_basis,
                         max_steps=max_steps, threshold=threshold, seed=seed, x0=x0, first=first,
-                        state=ckpt.load("lanczos"),
+                        state=ckpt.load("lanczos"), dtype=src.dtype,
                         checkpoint=(lambda state: ckpt.save("lanczos", **state)) if ckpt.enabled else None)
     # The final pass takes the Rayleigh-Ritz step over the Ritz vectors and their residual directions
     # (one block Krylov step from them, at no extra pass: the pass is made anyway to write the long
@@ -392,12 +406,12 @@ def tsqr_svd(src: Source, k: int, dest: str | None, transposed_out: bool, which:
     idx = picked(S.size, k, which)
     S, Ur, Vrt = S[idx], Ur[:, idx], Vrt[idx]
     nz = S > 0
-    W = np.zeros((src.N, k))
-    if nz.any():  # Q^T u = U_R: u = B R^-1 U_R
+    W = np.zeros((src.N, k), dtype=work_dtype(src.dtype))
+    if nz.any():  # Q^H u = U_R: u = B R^-1 U_R
         W[:, nz] = scipy.linalg.solve_triangular(R, Ur[:, nz], check_finite=False)
-    sig, V = np.where(nz, S, 0.0), Vrt.T.copy()
+    sig, V = np.where(nz, S, 0.0), ct(Vrt).copy()
     del R, Ur, Vrt  # the N x N factors are not held through the last pass (planned without them)
     Z, _, Y = src.normal(W, keep_y=True, description="tsqr: the long factor and B^T U")
     resid = np.linalg.norm(Z - V * sig, axis=0)
-    return write_long(Factorization(s=sig, V=V, residuals=resid, orth="tsqr"), Y, [np.eye(k)], dest,
+    return write_long(Factorization(s=sig, V=V, residuals=resid, orth="tsqr"), Y, [np.eye(k, dtype=W.dtype)], dest,
                       transposed_out, "tsqr", signs=src.signs, seed=seed)

@@ -19,7 +19,7 @@ from blocklin.linalg.lowrank.sources import GRAM_BLOCK_BYTES, InCore, Source, St
 from blocklin.plan.svd import SvdPlan
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import source
+from blocklin.runtime.passes import ldexp, source
 
 
 def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
@@ -30,7 +30,8 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
     (``None``: not wanted, not computed). ``which``: the largest (``"LM"``) or, for ``method="full"``, the
     smallest (``"SM"``) ``k`` triplets. ``signs``: tall ``A``'s triplets signed by the components' rule
     as the long factor is written (:func:`~blocklin.linalg.lowrank.methods.component_signs`; a wide
-    ``A``'s components are its long factor, signed by :func:`blocklin.svd` once written).
+    real ``A``'s components are its long factor, signed by :func:`blocklin.svd` once written; complex
+    ``A``'s phases are always those of the short factor, ``V`` of ``B``).
 
     With ``center``/``scale`` the factored matrix is ``B_c`` (:mod:`blocklin.linalg.blocks.center`): centered
     in memory when ``B`` is held there, by the rank-one correction inside each pass otherwise. ``keep``:
@@ -49,7 +50,8 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
                                                           scale=scale, v0=v0, keep=keep)
         phases = {"passes over A": src.device or job.device}
     ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
-    src.signs = signs and not plan.transposed
+    # complex data: the phase rule on the short factor, B's V (svd's convention, whatever is returned)
+    src.signs = signs and (not plan.transposed or np.dtype(A.dtype).kind == "c")
     f = _method(src, plan, k=k, q=q, tol=tol, seed=seed, limit=limit, dest=dest, ckpt=ckpt, gram_start=gram_start,
                 which=which, v0=v0, keep=keep if sketch_y is not None else None, sketch_y=sketch_y)
     why = (squares_lost(src, plan.method) if plan.method in ("rsvd", "lanczos", "full") and not (center or scale)
@@ -71,9 +73,9 @@ def _in_memory(job: Job, A: Any, plan: SvdPlan, scaling: Scaling, *, center: boo
     also kept on the device. Returns the source, the column moments and where the phases ran."""
     moments = None
     b = load_incore(job, A, plan)
-    scaling.e, scaling.amax = incore_exponent(b)
+    scaling.e, scaling.amax = incore_exponent(real_parts(b))
     if scaling.e:  # held in memory: scaled in place (a power of two: exact)
-        np.ldexp(b, -scaling.e, out=b)
+        ldexp(b, -scaling.e, out=b)
     if center or scale:
         moments = moments_incore(b, plan.transposed)
         Shift.of(moments, center=center, scale=scale, transposed=plan.transposed).apply_incore(b)
@@ -88,6 +90,14 @@ def _in_memory(job: Job, A: Any, plan: SvdPlan, scaling: Scaling, *, center: boo
         job.stack.enter_context(dev.reserve(held))
     src = InCore(b, dev, peaks=job.peaks.get(scaling.path))  # the peaks recorded by the pass that read B
     return src, moments, {"read A": "cpu", "products with A": "gpu" if dev is not None else "cpu"}
+
+
+def real_parts(b: np.ndarray) -> np.ndarray:
+    """A real view of ``b``: itself, or the real and imaginary parts of complex data side by side (their
+    largest magnitude is what the scaling of the passes reads, :func:`blocklin.runtime.passes.ldexp`)."""
+    if b.dtype.kind != "c":
+        return b
+    return b.view(b.real.dtype) if b.flags.c_contiguous else np.stack((b.real, b.imag))
 
 
 def _streamed(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, scaling: Scaling, *, seed: int,

@@ -2,6 +2,9 @@
 
 ``B = A`` when ``m >= n``, else ``B = A^T`` streamed as column strips of ``A``. Both sources offer the
 operations of :class:`Source`; on :class:`Streamed` each is one pass over ``A``, counted by the job.
+
+Complex ``B``: every product with ``B^T`` below is with ``B^H`` (``Z = B^H (B q)``, ``G = Y^H Y``), and
+the small results are complex128 where real data's are float64 (LAPACK's conventions).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.blocks import tall_kernels as K
 from blocklin.linalg.blocks.center import Shift, plan_column_moments, plan_moments_gram
 from blocklin.linalg.blocks.complete import plan_completion
+from blocklin.linalg.blocks.orth import work_dtype
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.device.syrk import symmetrize_lower, syrk_acc
 from blocklin.linalg.blocks.tallblock import ArrayBlock, DeviceBlock, TallBlock, load_tall
@@ -90,44 +94,54 @@ class InCore:
         self.bd = device.to_device(b) if device is not None else None
 
     def _normal_on_device(self, q: np.ndarray, keep_y: bool, gram: bool) -> tuple:
-        d, l = self.dev, q.shape[1]
+        d, l, wd = self.dev, q.shape[1], work_dtype(self.dtype)
         y = d.zeros((self.M, l), self.dtype)
         d.gemm_acc(y, self.bd, d.to_device(q.astype(self.dtype)))
         z = d.zeros((self.N, l), self.dtype)
-        d.gemm_acc(z, self.bd.T, y)
+        if wd.kind == "c":  # B^H Y as conj(B^T conj(Y)): the narrow block conjugated, never B
+            with d.on_compute():
+                yc = y.conj()
+            d.gemm_acc(z, self.bd.T, yc)
+            del yc
+        else:
+            d.gemm_acc(z, self.bd.T, y)
         g = None
         if gram:
             g = d.zeros((l, l), self.dtype)
-            d.gemm_acc(g, y.T, y)
-            g = d.to_host(g).astype(np.float64)
-        return d.to_host(z).astype(np.float64), g, (DeviceBlock(d, y) if keep_y else None)
+            d.syrk_acc(g, y) if wd.kind == "c" else d.gemm_acc(g, y.T, y)
+            g = d.to_host(g).astype(wd)
+        z = d.to_host(z).astype(wd)
+        return (np.conj(z) if wd.kind == "c" else z), g, (DeviceBlock(d, y) if keep_y else None)
 
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
         if self.dev is not None:
             return self._normal_on_device(q, keep_y, gram)
+        wd = work_dtype(self.dtype)
         y = self.b @ q.astype(self.dtype)
-        z = (self.b.T @ y).astype(np.float64)
-        g = (y.T @ y).astype(np.float64) if gram else None
+        # complex: B^H Y = conj(B^T conj(Y)), no conjugated copy of B
+        z = (np.conj(self.b.T @ np.conj(y)) if wd.kind == "c" else self.b.T @ y).astype(wd)
+        g = (y.conj().T @ y).astype(wd) if gram else None
         return z, g, (ArrayBlock(y) if keep_y else None)
 
     def gram(self, description: str = "") -> np.ndarray:
-        """``B^T B`` in float64: SYRK by blocks of rows (float64 copies of one block at a time), on the
-        device that holds ``B`` for the products."""
-        step = max(1, GRAM_BLOCK_BYTES // (8 * self.N))
+        """``B^T B`` in float64 (``B^H B`` in complex128): SYRK (HERK) by blocks of rows (float64 copies of
+        one block at a time), on the device that holds ``B`` for the products."""
+        wd = work_dtype(self.dtype)
+        step = max(1, GRAM_BLOCK_BYTES // (wd.itemsize * self.N))
         if self.dev is not None:
             d = self.dev
-            acc = d.zeros((self.N, self.N), np.float64)
+            acc = d.zeros((self.N, self.N), wd)
             for r0 in range(0, self.M, step):
-                d.syrk_acc(acc, d.cast(self.bd[r0:r0 + step], np.float64))
-            return symmetrize_lower(np.asarray(d.to_host(acc), dtype=np.float64))
-        g = np.zeros((self.N, self.N))
+                d.syrk_acc(acc, d.cast(self.bd[r0:r0 + step], wd))
+            return symmetrize_lower(np.asarray(d.to_host(acc), dtype=wd))
+        g = np.zeros((self.N, self.N), dtype=wd)
         for r0 in range(0, self.M, step):
-            syrk_acc(g, np.asarray(self.b[r0:r0 + step], dtype=np.float64))
+            syrk_acc(g, np.asarray(self.b[r0:r0 + step], dtype=wd))
         return symmetrize_lower(g)
 
     def r_factor(self, k: int = 0, description: str = "") -> np.ndarray:
-        """``R`` of ``B = Q R`` (Householder, float64): no squares (the Gram route's fallback)."""
-        return r_factor(np.array(self.b, dtype=np.float64))
+        """``R`` of ``B = Q R`` (Householder, float64 or complex128): no squares (the Gram route's fallback)."""
+        return r_factor(np.array(self.b, dtype=work_dtype(self.dtype)))
 
     def _mm(self, a: Any, b: np.ndarray) -> Any:
         """``a @ b`` on the device (``b`` a host matrix)."""
@@ -136,17 +150,22 @@ class InCore:
         return out
 
     def _sketch_on_device(self, op: np.ndarray, kp: int, seed: int) -> tuple:
-        d, dt, mm = self.dev, self.dtype, self._mm
+        d, dt, mm, wd = self.dev, self.dtype, self._mm, work_dtype(self.dtype)
+        cplx = wd.kind == "c"
         y, t = mm(self.bd, op[:, :kp]), mm(self.bd, op[:, kp:])
-        ups = rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp).rows(0, self.M).astype(dt)
-        phi = d.to_device(rnd.GaussianRows(seed, rnd.STREAM_PHI, op.shape[1] - kp).rows(0, self.M).astype(dt))
+        ups = rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp, complex=cplx).rows(0, self.M).astype(dt)
+        phi = d.to_device(rnd.GaussianRows(seed, rnd.STREAM_PHI, op.shape[1] - kp, complex=cplx)
+                          .rows(0, self.M).astype(dt))
         small = []
-        for a, b in ((phi.T, y), (phi.T, t), (y.T, y)):
+        for a, b in ((phi.T, y), (phi.T, t)):
             g = d.zeros((a.shape[0], b.shape[1]), dt)
             d.gemm_acc(g, a, b)
-            small.append(np.asarray(d.to_host(g), dtype=np.float64))
-        xt = np.asarray(d.to_host(mm(self.bd.T, ups)), dtype=np.float64)
-        return xt, np.hstack(small[:2]), small[2], DeviceBlock(d, y)
+            small.append(np.asarray(d.to_host(g), dtype=wd))
+        g = d.zeros((kp, kp), dt)
+        d.syrk_acc(g, y) if cplx else d.gemm_acc(g, y.T, y)
+        small.append(np.asarray(d.to_host(g), dtype=wd))
+        xt = np.asarray(d.to_host(mm(self.bd.T, ups)), dtype=wd)
+        return (np.conj(xt) if cplx else xt), np.hstack(small[:2]), small[2], DeviceBlock(d, y)
 
     def sketch(self, kp: int, s: int, seed: int, y_path: Any = None) -> tuple:
         """``(X^T, Phi [Y T], Y^T Y, Y)`` of the single-pass sketch (as :func:`K.sketch_kernel` makes them);
@@ -155,12 +174,14 @@ class InCore:
         if self.dev is not None:
             out = self._sketch_on_device(op, kp, seed)
         else:
-            f = np.float64
+            f = work_dtype(self.dtype)
+            cplx = f.kind == "c"
             yt = self.b @ op
             y = np.ascontiguousarray(yt[:, :kp])
-            ups = rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp).rows(0, self.M).astype(self.dtype)
-            phi = rnd.GaussianRows(seed, rnd.STREAM_PHI, s).rows(0, self.M).astype(self.dtype)
-            out = (self.b.T @ ups).astype(f), (phi.T @ yt).astype(f), (y.T @ y).astype(f), ArrayBlock(y)
+            ups = rnd.GaussianRows(seed, rnd.STREAM_UPSILON, kp, complex=cplx).rows(0, self.M).astype(self.dtype)
+            phi = rnd.GaussianRows(seed, rnd.STREAM_PHI, s, complex=cplx).rows(0, self.M).astype(self.dtype)
+            xt = np.conj(self.b.T @ ups) if cplx else self.b.T @ ups  # X^H = B^H conj(Ups^T), as the pass
+            out = xt.astype(f), (phi.T @ yt).astype(f), (y.conj().T @ y).astype(f), ArrayBlock(y)
         if y_path is not None:
             y = out[3].y if isinstance(out[3], ArrayBlock) else out[3].dev.to_host(out[3].y)
             write_array(y_path, np.ascontiguousarray(y), chunks=(stored_y_rows(self.M, kp, self.dtype), kp))
@@ -216,7 +237,7 @@ class Streamed:
 
     def _plan_r_factor(self, k: int) -> Any:
         # the method's bases are gone by the fallback's QR pass: only N x k blocks are held beside it
-        return self._plan(tsqr_kernel, {"dtype": "float64"}, reserve=tsqr_reserve_bytes(self.N, k))
+        return self._plan(tsqr_kernel, {"dtype": work_dtype(self.dtype).name}, reserve=tsqr_reserve_bytes(self.N, k))
 
     def preflight(self, k: int, *, means_gram: bool = False) -> None:
         """Plan every pass over ``A`` the method may run (shapes only, nothing read), so that a budget
@@ -252,7 +273,7 @@ class Streamed:
         y = dataclasses.replace(stored("(Y)", (self.M, c), dt, (chunk_rows, c)), reads="direct")
         chain = [_Shape((c, c), dt)] * 3 + [_Shape((c, k), dt)]
         for kernel, params in ((K.apply_kernel, {"W": chain, "write": "F", "collect": False}),
-                               (tsqr_kernel, {"dtype": "float64"})):
+                               (tsqr_kernel, {"dtype": work_dtype(dt).name})):
             plan_kernel_pass(self.job, kernel, [y], params, memory=self.plan.memory, reserve=self.plan.client_bytes)
         # the long factor's columns of zero singular values completed (every one, at worst) as it is written
         plan_completion(self.job, y, chain[:-1], k, memory=self.plan.memory, reserve=self.plan.client_bytes)
@@ -264,7 +285,7 @@ class Streamed:
 
     def _gram_params(self) -> dict:
         # float64 sums whatever the dtype: the subspace of a float32 A then comes from its exact Gram
-        return {"dtype": "float64", "gpu": self.device == "gpu"}
+        return {"dtype": work_dtype(self.dtype).name, "gpu": self.device == "gpu"}
 
     def gram(self, description: str = "") -> np.ndarray:
         """``B^T B`` (full, float64) from one SYRK pass (:func:`blocklin.linalg.products.gram`'s kernel)."""
@@ -274,7 +295,8 @@ class Streamed:
 
     def r_factor(self, k: int, description: str = "") -> np.ndarray:
         """``R`` of ``B = Q R`` from one streaming TSQR pass (float64): no squares."""
-        return reduce_r(self._run(tsqr_kernel, {"dtype": "float64"}, self._plan_r_factor(k), description), self.N)
+        return reduce_r(self._run(tsqr_kernel, {"dtype": work_dtype(self.dtype).name}, self._plan_r_factor(k),
+                                  description), self.N)
 
     def _run(self, kernel: Any, params: dict, plan: Any, description: str, **kw: Any) -> list:
         def one(scale: dict) -> list:

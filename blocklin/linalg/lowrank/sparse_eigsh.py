@@ -127,9 +127,9 @@ def eigen_order(values: np.ndarray, order: str, which: str) -> np.ndarray:
 
 def symmetry_rtol(dtype: Any) -> float:
     """Relative asymmetry ``||A X - A^T X|| / ||A X||`` tolerated by :func:`blocklin.eigsh`: ``sqrt(eps)``
-    of the dtype (float64 for integer values)."""
+    of the dtype (float64 for integer values; of complex data, its parts' and ``A^H X``)."""
     dt = np.dtype(dtype)
-    return math.sqrt(float(np.finfo(dt if dt.kind == "f" else np.float64).eps))
+    return math.sqrt(float(np.finfo(dt if dt.kind in "fc" else np.float64).eps))
 
 
 __all__ = ["eigen_order", "sparse_eigsh", "symmetry_rtol"]

@@ -23,7 +23,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import ConvergenceWarning, ParameterError, explain, warn
+from blocklin.errors import ConvergenceWarning, DTypeError, ParameterError, explain, warn
 from blocklin.linalg.blocks.center import Moments
 from blocklin.linalg.blocks.results import open_group, write_group
 from blocklin.linalg.blocks.scaling import check_finite_result
@@ -355,12 +355,13 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
               block_size: int | None = None, max_basis: int | None = None, overwrite: bool = False,
               center: bool = False, scale: bool = False, resume: bool = False,
               lanczos_tol: Any = default_tol, check_shape: Any = None, signs: bool = False,
-              v0: Any = None, updatable: bool = False, **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
+              v0: Any = None, updatable: bool = False, caller: str = "svd",
+              **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """:func:`svd` with the default Lanczos tolerance a function of the dtype (``lanczos_tol``):
     ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it. ``check_shape(m, n)``
     refuses a shape before anything is read (``pca(n_components="mle")``). ``signs``: every triplet
     signed by scikit-learn's rule on the right singular vectors (PCA's components), in the returned
-    and the stored factors alike."""
+    and the stored factors alike. ``caller``: the public function a refusal names (``pca``, ``eigsh``)."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     which = choice("which", which, WHICH, fix="pass which='LM' (largest) or which='SM' (smallest)")
     vectors = choice("return_singular_vectors", return_singular_vectors, RETURN_VECTORS,
@@ -393,7 +394,9 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                                       lanczos_tol=lanczos_tol, settings=settings), vectors)
     with Job("svd", **settings) as job:
         A = job.operand(a, "a", integers="cast")
-        float_operand(A, "svd")
+        if float_operand(A, "svd", complex_ok=True).kind == "c":
+            _check_complex(caller, center=bool(center), scale=bool(scale), updatable=updatable)
+            signs = True  # the phase convention: the short factor's (methods.component_signs)
         m, n = A.shape
         if check_shape is not None:
             check_shape(m, n)
@@ -436,7 +439,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                          restored=[name for name in ckpt.restored if name != "seed"])
         report["which"] = which
         ckpt.clear()
-        if signs and plan.transposed and long_wanted:  # the components are the stored long factor
+        if signs and plan.transposed and long_wanted and A.dtype.kind != "c":  # the components: the long factor
             f = _signed_long(f, ao.array_path("Vt"))
         kept = None if state is None else (state, {"k": k, "center": bool(center), "scale": bool(scale),
                                                    "signs": bool(signs), "tol": tol, "count": m, "method": plan.method,
@@ -509,12 +512,38 @@ def operator_options(shape: tuple[int, int], dtype: Any, k: Any, *, method: str,
 
 def _signed_long(f: Factorization, path: Any) -> Factorization:
     """A wide ``A``'s components (the rows of the stored ``Vt``) signed by scikit-learn's rule, in place
-    before the commit, and the short ``U`` with them (``k x n``: what PCA loads anyway)."""
+    before the commit, and the short ``U`` with them (``k x n``: what PCA loads anyway). Real data only
+    (PCA's); complex triplets take their phases from the short factor as it is formed (:func:`run_planned`)."""
     arr = open_zarr(path, mode="r+")
     vt = np.asarray(arr[...])
     d = component_signs(vt.T)
     arr[...] = vt * d[:, None].astype(vt.dtype)
     return dataclasses.replace(f, V=f.V * d)
+
+
+def _check_complex(caller: str, *, center: bool, scale: bool, updatable: bool) -> None:
+    """What complex data does not take yet: PCA (scikit-learn's conventions are real), the means pass
+    (real moments) and the updatable state."""
+    if caller == "pca":
+        raise DTypeError(explain(
+            "a", "pca takes real data only: scikit-learn's PCA refuses complex input, and its conventions "
+            "(svd_flip's real signs, the explained variance of real features) are not defined for it",
+            "complex A", "use blocklin.svd of the centered data (a - a.mean(axis=0)): its complex triplets follow "
+            "LAPACK's conventions (docs/svd.md), and s**2 / (m - 1) are the covariance's eigenvalues"))
+    if caller == "eigsh":
+        raise DTypeError(explain(
+            "a", "eigsh(center=True) takes real data only (the covariance goes through the centered SVD, "
+            "whose means pass keeps real moments)", "complex A",
+            "center the data yourself and pass it to blocklin.svd: w = s**2 / (m - 1), V = Vt^H"))
+    if center or scale:
+        raise ParameterError(explain(
+            "center" if center else "scale", "centering and scaling are not built for complex data (the means "
+            "pass and the in-pass correction keep real moments)", f"center={center}, scale={scale} with complex A",
+            "subtract the column means yourself (a - a.mean(axis=0)) and call svd without center or scale"))
+    if updatable:
+        raise ParameterError(explain(
+            "updatable", "is not built for complex data (append and update of complex data stay refused)",
+            "updatable=True with complex A", "pass updatable=False, and recompute after appending rows"))
 
 
 def _check_method(method: str, m: int, n: int, *, center: bool, scale: bool) -> None:
@@ -589,9 +618,11 @@ def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, rep
     other factor and ``s`` NumPy arrays, whether ``A`` was factored in memory or streamed; ``None``
     where it was not wanted (``return_singular_vectors``).
     """
-    s = f.s.astype(dtype)
+    s = f.s.astype(np.finfo(dtype).dtype)  # real: float32 of complex64 data
     short = f.V.astype(dtype)  # N x k: V for tall A, U for wide A
-    small = {"S": s, "U": short} if plan.transposed else {"S": s, "Vt": short.T.copy()}
+    if plan.transposed and short.dtype.kind == "c":  # A^T = conj(V) S U^T: U is the conjugate of B's V
+        short = short.conj()
+    small = {"S": s, "U": short} if plan.transposed else {"S": s, "Vt": short.conj().T.copy()}
     for name in ("mean", "scale"):
         if getattr(f, name) is not None:
             small[name] = getattr(f, name)
