@@ -27,8 +27,6 @@ from blocklin.errors import BlocklinError
 from support.conformance import dense, run
 from support.tolerances import assert_orthonormal, assert_singular_values
 
-COMPLEX = pytest.mark.xfail(strict=True, reason="complex data: svd does not take complex yet")
-
 
 def _check_svds(a, k, res, which="LM"):
     """SciPy's _check_svds: shapes, semi-orthogonal factors, the values of ``scipy.linalg.svd``."""
@@ -37,7 +35,7 @@ def _check_svds(a, k, res, which="LM"):
     assert u.shape == (m, k) and s.shape == (k,) and vh.shape == (k, n)
     assert_orthonormal(u, n=max(m, n), const=8.0)
     assert_orthonormal(vh.T, n=max(m, n), const=8.0)
-    full = np.linalg.svd(a.astype(np.float64), compute_uv=False)
+    full = np.linalg.svd(a.astype(np.complex128 if np.iscomplexobj(a) else np.float64), compute_uv=False)
     ref = full[:k] if which == "LM" else full[::-1][:k][::-1]
     assert_singular_values(np.sort(s)[::-1], ref, n=max(m, n), s1=full[0])
 
@@ -130,7 +128,7 @@ _A2 = np.array([[1, 2, 3, 8 + 5j], [3 - 2j, 4, 3, 5], [1, 0, 2, 3], [0, 0, 1, 0]
 
 
 @pytest.mark.parametrize("transpose", (False, True))
-@pytest.mark.parametrize("real", (True, pytest.param(False, marks=COMPLEX)))
+@pytest.mark.parametrize("real", (True, False))
 @pytest.mark.parametrize("k", range(1, 5))
 @pytest.mark.parametrize("name", ["A1", "A2"])
 def test_svd_simple(name, k, real, transpose):
@@ -144,7 +142,7 @@ def test_svd_simple(name, k, real, transpose):
 
 
 @pytest.mark.parametrize("shape", ((6, 5), (5, 5), (5, 6)))
-@pytest.mark.parametrize("dtype", (float, pytest.param(complex, marks=COMPLEX)))
+@pytest.mark.parametrize("dtype", (float, complex))
 def test_svd_LM_ones_matrix(shape, dtype):
     """test_svd_LM_ones_matrix: rank one, k = 3: ``s = [sqrt(mn), 0, 0]``, ``U S V^T = A``."""
     a = np.ones(shape, dtype=dtype)
@@ -157,7 +155,7 @@ def test_svd_LM_ones_matrix(shape, dtype):
 
 
 @pytest.mark.parametrize("shape", ((3, 4), (4, 4), (4, 3), (4, 2)))
-@pytest.mark.parametrize("dtype", (float, pytest.param(complex, marks=COMPLEX)))
+@pytest.mark.parametrize("dtype", (float, complex))
 def test_zero_matrix(shape, dtype):
     """test_zero_matrix: k = 1 of zeros: ``s = 0``, orthonormal factors."""
     a = np.zeros(shape, dtype=dtype)
@@ -169,8 +167,7 @@ def test_zero_matrix(shape, dtype):
 
 @pytest.mark.parametrize("memory", [None, "least"])
 @pytest.mark.parametrize("shape", ((20, 20), (20, 21), (21, 20)))
-@pytest.mark.parametrize("dtype", (np.float32, np.float64, pytest.param(np.complex64, marks=COMPLEX),
-                                   pytest.param(np.complex128, marks=COMPLEX)))
+@pytest.mark.parametrize("dtype", (np.float32, np.float64, np.complex64, np.complex128))
 def test_small_sigma(shape, dtype, memory):
     """test_small_sigma: singular values 1e-8 ... 1e-4 (the smallest ``k = 5`` with ``which="SM"``)."""
     rng = np.random.default_rng(0)
