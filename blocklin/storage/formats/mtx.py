@@ -27,6 +27,7 @@ import numpy as np
 
 from blocklin.errors import DTypeError, FormatError, InternalError, explain
 from blocklin.storage.formats.base import Reader, TextFileWriter, check_matrix_dtype, require_file
+from blocklin.storage.formats.mtx_parse import parse_coordinate_block
 from blocklin.storage.formats.text_util import FORMAT_BATCH, PARSE_BATCH_BYTES, field_error, formatter
 
 _FIELDS = {"real": np.float64, "double": np.float64, "integer": np.int64, "pattern": np.float64}
@@ -384,26 +385,33 @@ class MtxReader(Reader):
         cap = max(1, PARSE_BATCH_BYTES // 32) * (2 if mirror else 1)
         rows, cols, vals = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, self.dtype)
         self._consumed = 0
+        fast_field = "integer" if self.field == "integer" else "pattern" if self.field == "pattern" else "real"
         for first, text, k in self._entry_blocks(self.nnz):
-            arr = self._parse_block(first, text, k, ncols, parse_dt)
-            del text
-            r, c = rows[:k], cols[:k]
-            np.copyto(r, arr[:, 0], casting="unsafe")  # as astype(np.int64)
-            np.copyto(c, arr[:, 1], casting="unsafe")
-            # four reductions, no temporaries; the masks only to name a bad entry
-            if k and (r.min() < 1 or r.max() > m or c.min() < 1 or c.max() > n):
-                bad = np.flatnonzero((r < 1) | (r > m) | (c < 1) | (c > n))
-                b = bad[0]
-                raise _bad(f"entry indices must lie in 1..{m} (rows) and 1..{n} (columns)",
-                           f"({r[b]}, {c[b]}) at line {first + b}", "fix the entry or the size line")
-            r -= 1
-            c -= 1
-            v = vals[:k]
+            r, c, v = rows[:k], cols[:k], vals[:k]
+            data = text.encode("ascii", "replace")
+            if not data.endswith(b"\n"):  # the file's last line
+                data += b"\n"
+            if not parse_coordinate_block(data, k, (m, n), fast_field, r, c, v):
+                # outside the fast parse's grammar, or refused by it: line by line, as np.loadtxt reads
+                arr = self._parse_block(first, text, k, ncols, parse_dt)
+                if parse_dt is np.float64:  # a real file's lines are parsed as floats: "1.5" is no index
+                    frac = np.flatnonzero(np.any(arr[:, :2] != np.trunc(arr[:, :2]), axis=1))
+                    if frac.size:
+                        b = frac[0]
+                        raise _bad("entry indices must be integers", f"({arr[b, 0]:g}, {arr[b, 1]:g}) at line "
+                                   f"{first + b}", "fix the entry")
+                    self._check_range(first, arr[:, 0], arr[:, 1])  # before the cast, which would wrap
+                np.copyto(r, arr[:, 0], casting="unsafe")  # as astype(np.int64)
+                np.copyto(c, arr[:, 1], casting="unsafe")
+                if self.field != "pattern":
+                    np.copyto(v, arr[:, 2], casting="unsafe")
+                del arr
+                r -= 1
+                c -= 1
+            del text, data
+            self._check_range(first, r, c, 0)
             if self.field == "pattern":
                 v.fill(1)
-            else:
-                np.copyto(v, arr[:, 2], casting="unsafe")
-            del arr
             total = k
             if mirror:
                 off = r != c
@@ -421,6 +429,16 @@ class MtxReader(Reader):
             self._consumed += k
             yield first, rows[:total], cols[:total], vals[:total], k
         self._check_end()
+
+    def _check_range(self, first: int, r: np.ndarray, c: np.ndarray, base: int = 1) -> None:
+        """Refuse an entry index outside the size line, naming its line (``base``: 1 or 0-based)."""
+        m, n = self.shape
+        # four reductions, no temporaries; the masks only to name a bad entry
+        if len(r) and (r.min() < base or r.max() >= m + base or c.min() < base or c.max() >= n + base):
+            b = np.flatnonzero((r < base) | (r >= m + base) | (c < base) | (c >= n + base))[0]
+            shown = [f"{x:g}" if isinstance(x, float) else str(x) for x in (r[b] + 1 - base, c[b] + 1 - base)]
+            raise _bad(f"entry indices must lie in 1..{m} (rows) and 1..{n} (columns)",
+                       f"({shown[0]}, {shown[1]}) at line {first + b}", "fix the entry or the size line")
 
     def _load_coordinate(self):
         cap = self.nnz * (1 if self.symmetry == "general" else 2)
