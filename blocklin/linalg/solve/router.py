@@ -368,6 +368,9 @@ def parse_lam(lam: Any) -> tuple[str, list[float]]:
     if isinstance(lam, tuple) and lam and isinstance(lam[0], str):
         return "loo", _loo_grid(lam)
     if isinstance(lam, (Sequence, np.ndarray)) and not isinstance(lam, str):
+        if _has_strings(lam):
+            raise ParameterError(_msg("lam", "sequence must hold numbers (a string is not read as one)", repr(lam),
+                                     "pass lam=[1e-4, 1e-3, 1e-2]"))
         vals = [float(v) for v in np.asarray(lam, dtype=float).ravel()]
         kind = "sequence"
         if not vals:
@@ -386,6 +389,11 @@ def parse_lam(lam: Any) -> tuple[str, list[float]]:
     return kind, vals
 
 
+def _has_strings(values: Any) -> bool:
+    """Strings among ``values``: NumPy would read ``"1"`` as 1.0 (RidgeCV refuses a string alpha)."""
+    return any(isinstance(v, (str, bytes)) for v in np.asarray(values, dtype=object).ravel())
+
+
 def _loo_grid(lam: tuple) -> list[float]:
     """The grid of ``lam=("loo", grid)``: values finite and > 0 (the leave-one-out formula divides by
     ``1 - h_ii``, which is 0 for an unregularized fit through a row of leverage 1; RidgeCV refuses 0 too)."""
@@ -394,6 +402,9 @@ def _loo_grid(lam: tuple) -> list[float]:
         raise ParameterError(_msg("lam", "as a tuple must be ('loo', grid)", repr(lam), fix))
     if len(lam) == 1:
         return []
+    if _has_strings(lam[1]):
+        raise ParameterError(_msg("lam", "grid of ('loo', grid) must be numbers (a string is not read as one)",
+                                  repr(lam[1]), fix))
     try:
         vals = [float(v) for v in np.asarray(lam[1], dtype=float).ravel()]
     except (TypeError, ValueError):
