@@ -228,3 +228,19 @@ def test_complex_refusals_name_the_parameter(kw, name):
 def test_complex_pca_is_refused_with_the_reason():
     with pytest.raises(DTypeError, match="scikit-learn's PCA refuses complex input"):
         bl.pca(_matrix((M, N), np.complex128), 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(M, N), (N, M)], ids=["tall", "wide"])
+@pytest.mark.parametrize("memory", ["8MiB", "least"], ids=["in-memory", "streamed"])
+@pytest.mark.parametrize("method", ["lanczos", "sketch", "gram"])
+def test_complex_svd_on_gpu(shape, memory, method):
+    """The device path: conjugates where the device computes, HERK for ``Y^H Y``; as the CPU's to rounding."""
+    a = _matrix(shape, np.complex128, rank=5 if method == "sketch" else None)
+    call = (lambda mem: bl.svd(a, 5, method=method, seed=6, memory=mem, device="gpu", device_memory="64MiB"))
+    res = least_budget(call) if memory == "least" else call(memory)
+    assert res.report["device"] == "gpu"
+    cpu = bl.svd(a, 5, method=method, seed=6)
+    assert_singular_values(res.s, cpu.s, n=max(shape), dtype=np.complex128, const=8 * COMPLEX)
+    assert_orthonormal(_dense(res.U), const=2 * COMPLEX)
+    assert_orthonormal(_dense(res.Vt).conj().T, const=2 * COMPLEX)

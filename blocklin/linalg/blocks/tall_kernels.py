@@ -100,8 +100,10 @@ def _complex(dtype: Any) -> bool:
 
 def _conj_into(device: Any, out: Any, x: Any) -> Any:
     """``out = conj(x)`` (``out`` a buffer of ``x``'s shape), where the device computes."""
-    with device.on_compute():
-        np.conjugate(x, out=out)
+    if device.host_resident:
+        return np.conjugate(x, out=out)
+    with device.on_compute():  # ordered with the product that made x (a narrow temporary)
+        out[...] = x.conj()
     return out
 
 
