@@ -10,7 +10,9 @@ then factored by ``blocklin.lu`` and ``blocklin.cholesky`` with a budget of ``--
 matrix's bytes (out of core: several panels and tiles), the best of ``--repeat`` runs each. A complex
 multiply-add is four real ones, so the complex runs are credited ``4 x`` the real flop count
 (``8 n^3 / 3`` real flops for LU, ``4 n^3 / 3`` for Cholesky); the last column is the complex rate over
-the real one, per real flop (1.0: complex costs exactly its four times the flops).
+the real one, per real flop (1.0: complex costs exactly its four times the flops). The ``svd`` row: the
+general matrix's ``k = 20`` triplets by ``rsvd`` with 2 power iterations (3 passes over ``A``, each
+``4 n^2 (k + 10)`` real flops of products with ``A``; the in-memory steps are not counted).
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ def main(argv: list[str] | None = None) -> None:
                 scale = 4 if dtype.kind == "c" else 1
                 for op, run, flops in (
                         ("lu", lambda: bl.lu(pa, memory=memory), 2 * n**3 / 3),
-                        ("cholesky", lambda: bl.cholesky(ph, memory=memory), n**3 / 3)):
+                        ("cholesky", lambda: bl.cholesky(ph, memory=memory), n**3 / 3),
+                        ("svd", lambda: bl.svd(pa, 20, method="rsvd", power_iters=2, memory=memory, seed=0).U,
+                         3 * 4 * n**2 * 30)):
                     seconds, report = _best(run, args.repeat)
                     rate = scale * flops / seconds / 1e9
                     plan = report.get("plan", {})
