@@ -110,9 +110,10 @@ SCORING = pytest.mark.xfail(strict=True, reason="RidgeCV's scoring= other than i
 MIN_NORM_OLS = pytest.mark.xfail(strict=True, reason="solve(lam=0) refuses a rank-deficient A (SingularMatrixError "
                                                      "naming bl.lstsq, whose minimum-norm solution takes no "
                                                      "fit_intercept)")
-MIN_NORM_INTERCEPT = pytest.mark.xfail(strict=True, reason="the minimum-norm (x0, x) of an unpenalized wide fit "
-                                                           "with an intercept: blocklin leaves x0 out of the norm "
-                                                           "(the peer xfails it for scikit-learn too)")
+MIN_NORM_INTERCEPT = pytest.mark.xfail(strict=True, reason="solve(lam=0, fit_intercept=True) of a wide A: the "
+                                                           "centered A (rank m - 1) is refused as rank-deficient; "
+                                                           "the minimum norm of (x0, x) the peer asks for is not "
+                                                           "scikit-learn's either (the peer xfails these)")
 WIDE_POSITIVE = pytest.mark.xfail(strict=True, reason="positive=True needs a tall A (NNLS on the Cholesky factor "
                                                       "of the n x n Gram): wide A refused")
 
@@ -147,6 +148,13 @@ def coef_bound(a, b, lam, coef_ref, *, w=None, fit_intercept=False, dtype=np.flo
     sw = np.sqrt(np.ones(len(a64)) if w is None else np.asarray(w, np.float64))[:, None]
     rhs = float(np.linalg.norm(a64 * sw) * np.linalg.norm(np.asarray(b, np.float64).reshape(len(a64), -1) * sw))
     bound += const * a64.shape[0] * EPS64 * rhs / (s[r - 1] ** 2 + lam**2)
+    if a64.shape[0] < a64.shape[1]:
+        # the dual form's x = A^T (D y) is a GEMM in the data's dtype (y rounded to it first), with
+        # ||D y|| <= sqrt(max w) ||W^1/2 b|| / (s_r^2 + lam^2): gamma_m |A|^T |D y| (Higham §3.5)
+        wmax = 1.0 if w is None else float(np.max(w))
+        bnorm = float(np.linalg.norm(np.asarray(b, np.float64).reshape(len(a64), -1) * sw))
+        bound += const * a64.shape[0] * float(np.finfo(dtype).eps) * float(np.linalg.norm(a64)) * np.sqrt(wmax) \
+            * bnorm / (s[r - 1] ** 2 + lam**2)
     if ref_lam is not None:
         bound += abs(lam**2 - ref_lam**2) / (s[r - 1] ** 2 + lam**2) * norm
     return bound
