@@ -84,15 +84,12 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
     refusing = {
         "gram dtype=float64": lambda: bl.gram(Z, dtype="float64", memory=MEM),
         "matmul dtype=float64": lambda: bl.matmul(Z, Z, trans_a=True, dtype="float64", memory=MEM),
-        "svd": lambda: bl.svd(Z, 3, memory=MEM),
-        "pca": lambda: bl.pca(Z, 3, memory=MEM),
-        "eigsh": lambda: bl.eigsh(S, 3, order="descending", memory=MEM),
+        "pca": lambda: bl.pca(Z, 3, memory=MEM),  # scikit-learn's PCA refuses complex input too
         "solve": lambda: bl.solve(Z, z[:, :2].copy(), memory=MEM),
         "solve square, lam > 0": lambda: bl.solve(S, s[:, :2].copy(), lam=0.5, memory=MEM),
         "solve square, assume_a='gen', method='normal'": lambda: bl.solve(S, s[:, :2].copy(), method="normal",
                                                                           memory=MEM),
         "inv": lambda: bl.inv(S, memory=MEM),
-        "norm ord=2": lambda: bl.norm(S, 2, memory=MEM),
         "aslinearoperator": lambda: bl.aslinearoperator(Z),
     }
     for name, call in refusing.items():
@@ -143,6 +140,21 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
     for o in (None, 1, -1, np.inf, -np.inf):
         ref = np.linalg.norm(z.astype(np.complex128), o)
         assert abs(bl.norm(Z, o, memory=MEM) - ref) <= 4 * 50 * eps * ref, o
+    # svd, eigsh (Hermitian) and the spectral norms (tests/lowrank/test_complex_svd.py and
+    # test_complex_eigsh.py in depth): A = U diag(s) V^H and Weyl's bound, times 3 sqrt(2); s and w real;
+    # eigsh's eigenvalues within its residual tolerance 10 sqrt(eps) max |w| (Hermitian: |w - w_ref| <= ||r||)
+    z128, s128 = z.astype(np.complex128), s.astype(np.complex128)
+    ref = np.linalg.svd(z128, compute_uv=False)
+    res = bl.svd(Z, 30, memory=MEM)
+    u, vt = res.U.to_numpy().astype(np.complex128), np.asarray(res.Vt, dtype=np.complex128)
+    assert res.s.dtype == np.finfo(dtype).dtype and np.max(np.abs(res.s - ref)) <= 3 * np.sqrt(2) * 4 * 50 * eps * ref[0]
+    assert np.linalg.norm(z128 - (u * res.s) @ vt) <= 3 * np.sqrt(2) * 4 * 50 * eps * np.linalg.norm(z128)
+    w, _ = bl.eigsh(S, 3, order="descending", memory=MEM)
+    wref = np.linalg.eigvalsh(s128)[::-1][:3]
+    assert np.max(np.abs(w - wref)) <= (10 * np.sqrt(eps) + 3 * np.sqrt(2) * 4 * 30 * eps) * wref[0]
+    for o in (2, -2, "nuc"):
+        ref = np.linalg.norm(s128, o)
+        assert abs(bl.norm(S, o, memory=MEM) - ref) <= (10 * np.sqrt(eps) + 3 * np.sqrt(2) * 4 * 30 * 30 * eps) * ref, o
     bl.convert(str(tmp_path / "z.zarr"), str(tmp_path / "copy.zarr"))
     assert np.array_equal(bl.open(str(tmp_path / "copy.zarr")).to_numpy(), z)  # a copy: bit for bit
 

@@ -106,8 +106,8 @@ def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noq
         As NumPy for matrices: ``None``/``"fro"`` Frobenius, ``1``/``-1`` the largest/smallest column sum
         of ``|a|`` (moduli for complex ``a``), ``inf``/``-inf`` the largest/smallest row sum (one pass over ``A``); ``2``/``-2`` the
         largest/smallest singular value, ``"nuc"`` their sum (:func:`blocklin.svd`: the largest by block
-        Lanczos to ``10 sqrt(eps)``, the others from every singular value, ``N x N`` in memory; refused
-        for complex ``a`` while svd is).
+        Lanczos to ``10 sqrt(eps)``, the others from every singular value, ``N x N`` in memory; of complex
+        ``a`` too).
     **settings
         As for every operation.
 
@@ -125,7 +125,7 @@ def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noq
     """
     ord = _check_ord(ord)
     if ord in (2, -2, "nuc"):
-        return _spectral(a, ord, settings)  # complex data: refused there, by svd
+        return _spectral(a, ord, settings)
     sums = entrywise(a, **settings)
     if ord is None or ord == "fro":
         return float(sums["fro"])

@@ -75,7 +75,8 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
-        Symmetric ``n x n``, float32 or float64.
+        Symmetric ``n x n``, float32 or float64; or Hermitian complex64 or complex128 (real eigenvalues,
+        float32 or float64, complex eigenvectors).
     k : int
         Number of eigenpairs, ``1 <= k < n``.
     which : {"LA", "SA", "LM"}

@@ -169,8 +169,10 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array, or xarray DataArray
-        ``m x n``, float32 or float64; tall, wide or square (wide matrices are processed as ``A^T``
-        read in column strips, never copied). A ``DataArray`` gives labelled factors
+        ``m x n``, float32 or float64, or complex64 or complex128 (``A = U diag(s) V^H``, ``Vt = V^H``
+        as NumPy's ``vh``, ``s`` real; each triplet's phase makes the largest-modulus entry of the short
+        factor's vector real positive: docs/svd.md, Complex data); tall, wide or square (wide matrices
+        are processed as ``A^T`` read in column strips, never copied). A ``DataArray`` gives labelled factors
         (:mod:`blocklin.linalg.labels`): ``U`` over (rows, ``mode``), ``s`` over ``mode``, ``Vt`` over
         (``mode``, columns), with the input's coordinates; the stored factors are then ``result.stored``.
     k : int, optional
@@ -394,8 +396,9 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                                       lanczos_tol=lanczos_tol, settings=settings), vectors)
     with Job("svd", **settings) as job:
         A = job.operand(a, "a", integers="cast")
-        if float_operand(A, "svd", complex_ok=True).kind == "c":
-            _check_complex(caller, center=bool(center), scale=bool(scale), updatable=updatable)
+        dt = float_operand(A, "svd", complex_ok=True)
+        if dt.kind == "c":
+            _check_complex(caller, dt, center=bool(center), scale=bool(scale), updatable=updatable)
             signs = True  # the phase convention: the short factor's (methods.component_signs)
         m, n = A.shape
         if check_shape is not None:
@@ -521,29 +524,29 @@ def _signed_long(f: Factorization, path: Any) -> Factorization:
     return dataclasses.replace(f, V=f.V * d)
 
 
-def _check_complex(caller: str, *, center: bool, scale: bool, updatable: bool) -> None:
+def _check_complex(caller: str, dt: np.dtype, *, center: bool, scale: bool, updatable: bool) -> None:
     """What complex data does not take yet: PCA (scikit-learn's conventions are real), the means pass
     (real moments) and the updatable state."""
     if caller == "pca":
         raise DTypeError(explain(
             "a", "pca takes real data only: scikit-learn's PCA refuses complex input, and its conventions "
             "(svd_flip's real signs, the explained variance of real features) are not defined for it",
-            "complex A", "use blocklin.svd of the centered data (a - a.mean(axis=0)): its complex triplets follow "
+            f"{dt.name} A", "use blocklin.svd of the centered data (a - a.mean(axis=0)): its complex triplets follow "
             "LAPACK's conventions (docs/svd.md), and s**2 / (m - 1) are the covariance's eigenvalues"))
     if caller == "eigsh":
         raise DTypeError(explain(
             "a", "eigsh(center=True) takes real data only (the covariance goes through the centered SVD, "
-            "whose means pass keeps real moments)", "complex A",
+            "whose means pass keeps real moments)", f"{dt.name} A",
             "center the data yourself and pass it to blocklin.svd: w = s**2 / (m - 1), V = Vt^H"))
     if center or scale:
         raise ParameterError(explain(
             "center" if center else "scale", "centering and scaling are not built for complex data (the means "
-            "pass and the in-pass correction keep real moments)", f"center={center}, scale={scale} with complex A",
+            "pass and the in-pass correction keep real moments)", f"center={center}, scale={scale} with {dt.name} A",
             "subtract the column means yourself (a - a.mean(axis=0)) and call svd without center or scale"))
     if updatable:
         raise ParameterError(explain(
             "updatable", "is not built for complex data (append and update of complex data stay refused)",
-            "updatable=True with complex A", "pass updatable=False, and recompute after appending rows"))
+            f"updatable=True with {dt.name} A", "pass updatable=False, and recompute after appending rows"))
 
 
 def _check_method(method: str, m: int, n: int, *, center: bool, scale: bool) -> None:
