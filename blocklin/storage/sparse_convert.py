@@ -59,9 +59,13 @@ MIN_BLOCK_ENTRIES = 1 << 12
 _OPEN_RUNS = 64
 
 
-def run_dtype(value_dtype: Any) -> np.dtype:
-    """One entry of a run file: row and column (int64), value."""
-    return np.dtype([("r", "<i8"), ("c", "<i8"), ("v", np.dtype(value_dtype).newbyteorder("<"))])
+def run_dtype(value_dtype: Any, *, values: bool = True) -> np.dtype:
+    """One entry of a run file: row and column (int64), value (none when ``values`` is False: every
+    value is 1, as in a ``pattern`` file, and the sort counts the duplicates instead of summing)."""
+    fields = [("r", "<i8"), ("c", "<i8")]
+    if values:
+        fields.append(("v", np.dtype(value_dtype).newbyteorder("<")))
+    return np.dtype(fields)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +171,8 @@ class MtxSource:
 
         self.batch_entries = 2 * max(1, PARSE_BATCH_BYTES // 32)
         self.parse_bytes = reader.overhead_bytes
+        #: Every value is 1 (a pattern file; skew-symmetric mirrors are -1): the runs hold no values.
+        self.unit_values = reader.field == "pattern" and reader.symmetry in ("general", "symmetric")
 
     @property
     def bytes_read(self) -> int:
@@ -467,7 +473,7 @@ def _bucket_batch(runs: _Runs, batch: Batch, rpb: int, buffer: list) -> None:
     buffer[1] = keys
     keys = np.floor_divide(batch.rows, rpb, out=keys[:count])
     order, parts = _bucket_order(keys)
-    for field, src in (("r", batch.rows), ("c", batch.cols), ("v", batch.vals)):
+    for field, src in (("r", batch.rows), ("c", batch.cols), ("v", batch.vals))[:len(rec.dtype.names)]:
         if src.dtype == rec.dtype[field] and src.dtype.itemsize == keys.itemsize:
             # gathered into the spent block numbers, then copied into the field: both together are
             # three times faster than a gather straight into the records' strided field
@@ -496,8 +502,9 @@ class _SortSpace:
     the process maps every large array afresh (:mod:`blocklin._memory`), and a run's page faults in
     new arrays would cost more than its sort."""
 
-    def __init__(self, rec: np.dtype) -> None:
+    def __init__(self, rec: np.dtype, value_dtype: Any = None) -> None:
         self.dtype, self.size = rec, 0
+        self.value_dtype = rec["v"] if "v" in rec.names else np.dtype(value_dtype)
         self.rec = self.key = self.order = self.vals = self.positions = None
 
     def reserve(self, count: int) -> "_SortSpace":
@@ -505,7 +512,7 @@ class _SortSpace:
             self.release()
             self.rec = np.empty(count, self.dtype)
             self.key, self.order = np.empty(count, np.int64), np.empty(count, np.int64)
-            self.vals = np.empty(count, self.dtype["v"])
+            self.vals = np.empty(count, self.value_dtype)
             self.positions = np.arange(count, dtype=np.int64)
             self.size = count
         return self
@@ -516,9 +523,11 @@ class _SortSpace:
 
 
 def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dtype,
-                  space: _SortSpace | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  space: _SortSpace | None = None, value_dtype: Any = np.float64
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CSR of rows ``r0:r1`` from their records in any order: sorted by (row, column), duplicates summed
-    (in source order, as SciPy's COO to CSR conversion sums them).
+    (in source order, as SciPy's COO to CSR conversion sums them). Records without values (every
+    value 1, :func:`run_dtype`) give each entry its count of duplicates, as ``value_dtype``.
 
     ``rec`` is consumed: once its keys and values are taken, its memory holds the returned columns and
     sums. The process maps every large array afresh (:mod:`blocklin._memory`), so each new array costs
@@ -546,8 +555,12 @@ def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dty
         key += rec["c"]
         order, key = _stable_argsort(key)
     else:  # pragma: no cover - a key of row and column would overflow int64
-        return _sorted_block_wide(rec, r0, r1, n, index_dtype)
-    vals = np.take(rec["v"], order, out=space.vals[:count] if space else None, mode="clip")
+        return _sorted_block_wide(rec, r0, r1, n, index_dtype, value_dtype)
+    if "v" in rec.dtype.names:
+        vals = np.take(rec["v"], order, out=space.vals[:count] if space else None, mode="clip")
+    else:  # every value 1: nothing to gather (a random gather of the whole run)
+        vals = space.vals[:count] if space else np.empty(count, value_dtype)
+        vals.fill(1)
     new = order.view(np.bool_)[:count]  # the order is spent once the values are gathered
     if count:
         new[0] = True
@@ -586,11 +599,11 @@ def _scratch_of(rec: np.ndarray) -> np.ndarray | None:
     return rec.view(np.uint8)
 
 
-def _sorted_block_wide(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dtype
+def _sorted_block_wide(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dtype, value_dtype: Any
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """:func:`_sorted_block` when a key of row and column would overflow int64."""
     order = np.lexsort((rec["c"], rec["r"]))
-    vals = rec["v"][order]
+    vals = rec["v"][order] if "v" in rec.dtype.names else np.ones(len(order), value_dtype)
     rr, cc = rec["r"][order] - r0, rec["c"][order]
     new = np.ones(len(rr), bool)
     new[1:] = (rr[1:] != rr[:-1]) | (cc[1:] != cc[:-1])
@@ -610,7 +623,7 @@ def _emit(runs: _Runs, name: str, r0: int, r1: int, plan: SortPlan, writer: Spar
         space.reserve(count)
         rec = runs.load_into(name, space.rec[:count])
         runs.remove(name)
-        indptr, cols, sums = _sorted_block(rec, r0, r1, n, writer.index_dtype, space)
+        indptr, cols, sums = _sorted_block(rec, r0, r1, n, writer.index_dtype, space, writer.dtype)
         del rec
         # the writer copies them into its chunk buffers: the space can take the next run
         writer.write_rows(r0, r1, indptr, cols, sums.astype(writer.dtype, copy=False))
@@ -644,7 +657,7 @@ def external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str, 
     module notes). Returns counts for the report."""
     m, n = source.shape
     rpb = plan.rows_per_block
-    runs = _Runs(work, run_dtype(writer.dtype))
+    runs = _Runs(work, run_dtype(writer.dtype, values=not getattr(source, "unit_values", False)))
     n_runs = -(-m // rpb) if m else 0
     prog = make_progress(progress)
     prog.start(n_runs, desc)
@@ -663,7 +676,7 @@ def external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str, 
             del batch
         runs.close_all()
         del buffer[:]
-        space = _SortSpace(runs.rec)
+        space = _SortSpace(runs.rec, writer.dtype)
         for k in range(n_runs):
             r0, r1 = k * rpb, min(m, (k + 1) * rpb)
             _emit(runs, f"run-{k}", r0, r1, plan, writer, n, space)

@@ -51,8 +51,7 @@ def _fast(lines: list[str], field: str):
     k = len(lines)
     r, c = np.empty(k, np.int64), np.empty(k, np.int64)
     v = np.empty(k, np.int64 if field == "integer" else np.float64)
-    data = ("\n".join(lines) + "\n").encode("ascii", "replace")
-    if not parse_coordinate_block(data, k, SHAPE, field, r, c, v):
+    if not parse_coordinate_block("\n".join(lines) + "\n", k, SHAPE, field, r, c, v):
         return None
     return r, c, (v if field != "pattern" else None)
 
@@ -231,8 +230,7 @@ def test_huge_indices_within_int64():
     m = n = 3 * 2**31
     body = f"%%MatrixMarket matrix coordinate real general\n{m} {n} 3\n{m} {n} 1.5\n1 {n} 2\n{m} 1 -3e-3\n"
     r, c, v = np.empty(3, np.int64), np.empty(3, np.int64), np.empty(3)
-    data = body.split("\n", 2)[2].encode()
-    assert parse_coordinate_block(data, 3, (m, n), "real", r, c, v)
+    assert parse_coordinate_block(body.split("\n", 2)[2], 3, (m, n), "real", r, c, v)
     want = scipy.io.mmread(io.StringIO(body))
     np.testing.assert_array_equal(r, want.row)
     np.testing.assert_array_equal(c, want.col)

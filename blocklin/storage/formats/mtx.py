@@ -388,10 +388,7 @@ class MtxReader(Reader):
         fast_field = "integer" if self.field == "integer" else "pattern" if self.field == "pattern" else "real"
         for first, text, k in self._entry_blocks(self.nnz):
             r, c, v = rows[:k], cols[:k], vals[:k]
-            data = text.encode("ascii", "replace")
-            if not data.endswith(b"\n"):  # the file's last line
-                data += b"\n"
-            if not parse_coordinate_block(data, k, (m, n), fast_field, r, c, v):
+            if not parse_coordinate_block(text, k, (m, n), fast_field, r, c, v):
                 # outside the fast parse's grammar, or refused by it: line by line, as np.loadtxt reads
                 arr = self._parse_block(first, text, k, ncols, parse_dt)
                 if parse_dt is np.float64:  # a real file's lines are parsed as floats: "1.5" is no index
@@ -408,7 +405,7 @@ class MtxReader(Reader):
                 del arr
                 r -= 1
                 c -= 1
-            del text, data
+            del text
             self._check_range(first, r, c, 0)
             if self.field == "pattern":
                 v.fill(1)

@@ -53,26 +53,34 @@ def _well_formed(data: bytes, lines: int, ncols: int, field: str) -> bool:
     if data.translate(None, _ALLOWED[field]) or not data.endswith(b"\n"):
         return False
     b = np.frombuffer(data, np.uint8)
+    # two bool arrays of the block's length and the events' positions at most: with the bytes and
+    # the caller's text, within the parse batch the plan counts (MtxReader.overhead_bytes)
     sep = b <= _SPACE  # space, tab or newline: the allowed bytes below "0"
     start = np.empty(len(b), bool)  # where a field starts: a non-separator after a separator, or first
     start[0] = not sep[0]
     np.greater(sep[:-1], sep[1:], out=start[1:])
+    del sep
     if np.count_nonzero(start) != lines * ncols:
         return False
     if field == "pattern":
         return True
+    work = np.equal(b, _MINUS if field == "integer" else _NEWLINE)
     if field == "integer":
-        minus = b == _MINUS
-        return not np.any(minus & ~start)
-    nl = b == _NEWLINE
-    start |= nl
+        return not np.any(work > start)  # a minus where no field starts
+    start |= work
     at = np.flatnonzero(start)  # field starts and newlines
     per_line = ncols + 1
-    kinds = nl[at].reshape(lines, per_line)  # each line: ncols field starts, then its newline
+    kinds = (b[at] == _NEWLINE).reshape(lines, per_line)  # each line: ncols field starts, then its newline
     if kinds[:, :ncols].any() or not kinds[:, ncols].all():
         return False
-    digit = (b - np.uint8(_ZERO)) <= _NINE - _ZERO  # uint8 arithmetic: below "0" wraps above 9
-    sp = np.flatnonzero(~(digit | sep))
+    del kinds
+    digit = start  # reused
+    np.subtract(b, np.uint8(_ZERO), out=work.view(np.uint8))  # uint8: the bytes below "0" wrap above 9
+    np.less_equal(work.view(np.uint8), _NINE - _ZERO, out=digit)
+    np.greater(b, _SPACE, out=work)  # not a separator
+    np.greater(work, digit, out=work)  # nor a digit
+    sp = np.flatnonzero(work)
+    del work
     if not len(sp):
         return True
     # the field each special byte is in: the last event before it, which must be the value's start
@@ -103,24 +111,30 @@ def _well_formed(data: bytes, lines: int, ncols: int, field: str) -> bool:
     return not np.any((e[1:] == e[:-1]) & ~(d[:-1] & ~d[1:]))
 
 
-def parse_coordinate_block(data: bytes, lines: int, shape: tuple[int, int], field: str, rows: np.ndarray,
+def parse_coordinate_block(text: str, lines: int, shape: tuple[int, int], field: str, rows: np.ndarray,
                            cols: np.ndarray, vals: np.ndarray) -> bool:
-    """Parse ``lines`` coordinate entry lines ``data`` into ``rows``, ``cols`` (0-based int64) and
-    ``vals`` (float64; int64 for ``integer``; untouched for ``pattern``), each of length ``lines``.
+    """Parse ``lines`` coordinate entry lines ``text`` (each ended by ``"\\n"``, the last one may not
+    be) into ``rows``, ``cols`` (0-based int64) and ``vals`` (float64; int64 for ``integer``;
+    untouched for ``pattern``), each of length ``lines``.
 
     Returns False, with the buffers in any state, when the block is not in the module's grammar or
     the C++ reader refuses it (an index outside ``shape``, an overflow): the caller parses it line by
-    line then, for the values or for the message naming the bad line.
+    line then, for the values or for the message naming the bad line. Transient memory: about four
+    times the block's bytes (its bytes, the check's arrays; then the bytes behind the header and the
+    reader's copy of them).
     """
     if not AVAILABLE or not lines:
         return False
     ncols = 2 if field == "pattern" else 3
+    data = text.encode("ascii", "replace")  # not ASCII: "?", which the check refuses
+    if not data.endswith(b"\n"):
+        data += b"\n"
     if not _well_formed(data, lines, ncols, field):
         return False
-    header = b"%%%%MatrixMarket matrix coordinate %s general\n%d %d %d\n" % (
-        field.encode(), shape[0], shape[1], lines)
+    data = b"%%%%MatrixMarket matrix coordinate %s general\n%d %d %d\n" % (
+        field.encode(), shape[0], shape[1], lines) + data
     try:
-        cursor = _fmm_core.open_read_stream(io.BytesIO(header + data), 1)
+        cursor = _fmm_core.open_read_stream(io.BytesIO(data), 1)
         _fmm_core.read_body_coo(cursor, rows, cols, vals)
     except (ValueError, OverflowError, RuntimeError):
         return False
