@@ -1,4 +1,4 @@
-"""Complex against real LU and Cholesky out of core: speed per real flop (a small measurement, not a benchmark suite).
+"""Complex against real LU, Cholesky and inv out of core: speed per real flop (a small measurement, not a benchmark suite).
 
 Usage::
 
@@ -6,10 +6,10 @@ Usage::
 
 For each of float64 and complex128 (and float32/complex64 with ``--single``) a random ``n x n``
 matrix (LU) and a Hermitian positive definite one (Cholesky) are written to zarr with square chunks,
-then factored by ``blocklin.lu`` and ``blocklin.cholesky`` with a budget of ``--fraction`` of the
+then factored by ``blocklin.lu`` and ``blocklin.cholesky`` (and the first inverted by ``blocklin.inv``) with a budget of ``--fraction`` of the
 matrix's bytes (out of core: several panels and tiles), the best of ``--repeat`` runs each. A complex
 multiply-add is four real ones, so the complex runs are credited ``4 x`` the real flop count
-(``8 n^3 / 3`` real flops for LU, ``4 n^3 / 3`` for Cholesky); the last column is the complex rate over
+(``8 n^3 / 3`` real flops for LU, ``4 n^3 / 3`` for Cholesky, ``8 n^3`` for the inverse); the last column is the complex rate over
 the real one, per real flop (1.0: complex costs exactly its four times the flops). The ``svd`` row: the
 general matrix's ``k = 20`` triplets by ``rsvd`` with 2 power iterations (3 passes over ``A``, each
 ``4 n^2 (k + 10)`` real flops of products with ``A``; the in-memory steps are not counted).
@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
                 for op, run, flops in (
                         ("lu", lambda: bl.lu(pa, memory=memory), 2 * n**3 / 3),
                         ("cholesky", lambda: bl.cholesky(ph, memory=memory), n**3 / 3),
+                        ("inv", lambda: bl.inv(pa, memory=memory), 2 * n**3),  # out of core: the LU route
                         ("svd", lambda: bl.svd(pa, 20, method="rsvd", power_iters=2, memory=memory, seed=0).U,
                          3 * 4 * n**2 * 30)):
                     seconds, report = _best(run, args.repeat)

@@ -389,8 +389,7 @@ def _check_lstsq(a, b, got, chunk):
                     * np.linalg.norm(b) ** 2, what="residual sum of squares")
 
 
-@pytest.mark.parametrize("iscomplex", [False, pytest.param(True, marks=pytest.mark.xfail(
-    strict=True, reason="complex data: lstsq (svd) does not take complex yet"))])
+@pytest.mark.parametrize("iscomplex", [False, True])
 @pytest.mark.parametrize("nrow,ncol,chunk", [(20, 10, 5), (100, 10, 10)])
 def test_lstsq(nrow, ncol, chunk, iscomplex):
     """Dask's test_lstsq: full rank (x, residuals, rank, s), a repeated column (rank only), 2-D ``b``."""

@@ -9,7 +9,7 @@ import numpy as np
 
 from blocklin.config import Settings
 from blocklin.errors import ShapeError, explain
-from blocklin.linalg.blocks.tsqr import reduce_r, tsqr_kernel
+from blocklin.linalg.blocks.tsqr import reduce_r, sumsq_cols, tsqr_kernel
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import run_pass, source
@@ -71,7 +71,7 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = 
     bb = sum(s["bb"] for s in states) if k else None
     rn = np.array(r[:n, :n])
     qtb = np.array(r[:n, n:]) if k else None
-    rho = np.sqrt(np.einsum("ij,ij->j", r[n:, n:], r[n:, n:])) if k else None
+    rho = np.sqrt(sumsq_cols(r[n:, n:])) if k else None  # |t_ij|^2 of complex data
     return StreamingR(r=rn, qtb=qtb, rho=rho, norm_a=float(np.sqrt(aa)),
                       norm_b=np.sqrt(bb) if bb is not None else None, m=m,
                       report={"plan": plan.to_dict(), "passes": 1})

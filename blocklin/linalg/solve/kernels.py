@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.device.syrk import syrk_acc
-from blocklin.linalg.blocks.tsqr import MAX_STRIP_BYTES, MIN_STRIP_ROWS
+from blocklin.linalg.blocks.tsqr import MAX_STRIP_BYTES, MIN_STRIP_ROWS, sumsq_cols
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
 
@@ -64,10 +64,15 @@ def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
         k = b.shape[1] if b is not None else 0
         state = {"g": np.zeros((n, n), params["dtype"]), "c": np.zeros((n, k), params["dtype"]),
                  "bb": np.zeros(k)}
+    if params.get("sums"):  # the column sums of complex data's intercept (the means pass is real)
+        if "as" not in state:
+            state.update({"as": np.zeros(a.shape[1], a.dtype), "bs": np.zeros(b.shape[1], b.dtype)})
+        state["as"] += a.sum(axis=0)
+        state["bs"] += b.sum(axis=0)
     if len(arrays) > 2:  # sample weights: the sums of sqrt(w)-scaled rows, and A^T w, B^T w, sum(w)
         w = np.asarray(arrays[2], dtype=np.float64)[:, 0]
         if "aw" not in state:
-            state.update(aw=np.zeros(a.shape[1]), bw=np.zeros(b.shape[1]), ws=0.0)
+            state.update(aw=np.zeros(a.shape[1], a.dtype), bw=np.zeros(b.shape[1], b.dtype), ws=0.0)
         state["aw"] += a.T @ w
         state["bw"] += b.T @ w
         state["ws"] += float(w.sum())
@@ -79,8 +84,8 @@ def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
         # solve repeats scaled (linalg.scaling); an overflow that stayed would reach x as Inf/NaN,
         # which the solve refuses, so NumPy's warning would only alarm.
         with np.errstate(over="ignore", invalid="ignore"):
-            state["c"] += a.T @ b
-        state["bb"] += np.einsum("ij,ij->j", b, b, dtype=np.float64)
+            state["c"] += (a.conj().T if a.dtype.kind == "c" else a.T) @ b  # A^H B of complex data
+        state["bb"] += sumsq_cols(b)
     return state, None  # ||A||_F^2 is the trace of the Gram matrix: no extra sweep
 
 
@@ -114,8 +119,9 @@ def residual_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state:
     if state is None:
         state = {"atr": np.zeros(x.shape, params["dtype"]), "rr": np.zeros(x.shape[1])}
     wr = r * np.asarray(arrays[2], dtype=np.float64) if len(arrays) > 2 else r  # W r for sample weights
-    state["atr"] += a.T @ wr
-    state["rr"] += np.einsum("ij,ij->j", wr, r, dtype=np.float64)
+    state["atr"] += (a.conj().T if a.dtype.kind == "c" else a.T) @ wr  # A^H W r of complex data
+    state["rr"] += np.einsum("ij,ij->j", wr.conj(), r).real if r.dtype.kind == "c" else \
+        np.einsum("ij,ij->j", wr, r, dtype=np.float64)
     return state, None
 
 
@@ -147,11 +153,12 @@ def _loo_memory(params: Any, sources: tuple) -> PassMemory:
     n, k = sources[0].width, sources[1].width
     grid = len(params["lams"])
     stored = grid * k if params["store"] else 0
+    c = 2 if "c" in (np.dtype(sources[0].dtype).kind, np.dtype(sources[1].dtype).kind) else 1  # complex128
     # V, the coefficients of every lambda, 1/(s^2 + lam^2), the sums; per row the centered (and weighted)
     # copies of [A B], A V and its square, the hat diagonals, the fits, errors and their squares, and
     # the per-row squared errors kept for cv_results
-    return PassMemory(fixed=8 * (n * n + n * grid * k + n * grid + 2 * grid * k + n + k),
-                      per_row=8 * (3 * n + 2 * k + 2 * grid + 3 * grid * k + stored + 1),
+    return PassMemory(fixed=8 * c * (n * n + n * grid * k + n * grid + 2 * grid * k + n + k),
+                      per_row=8 * c * (3 * n + 2 * k + 2 * grid + 3 * grid * k + stored + 1),
                       max_strip_bytes=MAX_STRIP_BYTES, min_rows=1)
 
 
@@ -167,8 +174,9 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
     ``looe`` this is, weighted by ``sqrt(w_i)``). Accumulates the squared errors per lambda and
     right-hand side (``L x k``), and keeps them per row when ``params["store"]``.
     """
-    a = np.asarray(arrays[0], dtype=np.float64)
-    b = np.asarray(arrays[1], dtype=np.float64)
+    dt = params["v"].dtype  # float64, complex128 for complex data
+    a = np.asarray(arrays[0], dtype=dt)
+    b = np.asarray(arrays[1], dtype=np.result_type(dt, arrays[1].dtype))
     lams, k = params["lams"], b.shape[1]
     if state is None:
         state = {"sq": np.zeros((len(lams), k)), "blocks": []}
@@ -179,13 +187,13 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
         sw = np.sqrt(w)[:, None]
         a, b = a * sw, b * sw
     p = a @ params["v"]
-    h = (p * p) @ params["finv"]
+    h = (p * p.conj()).real @ params["finv"] if p.dtype.kind == "c" else (p * p) @ params["finv"]
     if params["intercept"]:
         h += (w[:, None] if w is not None else 1.0) / params["wsum"]
     fit = (p @ params["coef"]).reshape(len(a), len(lams), k)
     with np.errstate(divide="ignore", invalid="ignore"):
         looe = (b[:, None, :] - fit) / (1.0 - h)[:, :, None]
-    sq = looe * looe
+    sq = (looe * looe.conj()).real if looe.dtype.kind == "c" else looe * looe
     state["sq"] += sq.sum(axis=0)
     if params["store"]:
         state["blocks"].append((rows.start, sq.reshape(len(a), -1)))

@@ -89,9 +89,11 @@ def plan_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float]
     A, B, W = (_staged_at(op, memory) for op in (A, B, W))
     (m, n), k = A.shape, B.shape[1]
     small = small_bytes(min(m, n), k)
+    cplx = "c" in (A.dtype.kind, B.dtype.kind)
     if small > memory and kind == "scalar" and method != "qr":  # the router's stored-Gram route
         extra = next((name for name, on in (("fit_intercept", intercept), ("sample_weight", W is not None),
-                                            ("positive", positive), ("updatable", updatable)) if on), None)
+                                            ("positive", positive), ("updatable", updatable),
+                                            ("complex data", cplx)) if on), None)
         if extra:
             raise BudgetError(_msg("memory", f"must hold the in-memory {min(m, n)} x {min(m, n)} Gram matrix that "
                                    f"{extra} needs (the stored, out-of-core Gram route has none of it)",
@@ -106,7 +108,7 @@ def plan_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float]
 
         _row_pass(view, weight_check_kernel, [source(W)], {}, reserve=0)
     if m < n:
-        _wide_steps(view, A, B, kind=kind, lams=lams)
+        _wide_steps(view, A, B, kind=kind, lams=lams, cplx=cplx)
     else:
         _tall_steps(view, A, B, W, kind=kind, lams=lams, method=method, refine=refine, intercept=intercept,
                     positive=positive, store_cv=store_cv, updatable=updatable)
@@ -136,22 +138,23 @@ def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float
     sources = [source(A), source(B)] + ([source(W)] if W is not None else [])
     reserve = small_bytes(n, k)
     read = m * (n * A.dtype.itemsize + k * B.dtype.itemsize)
+    cdt = "complex128" if "c" in (A.dtype.kind, B.dtype.kind) else "float64"  # the passes' compute dtype
 
-    def device(flops: float) -> str:  # a weighted pass scales its rows on the CPU
-        return "cpu" if W is not None else pass_device(job.cfg.device, flops, read, job.device)
+    def device(flops: float) -> str:  # a weighted pass scales its rows on the CPU, complex data runs there
+        return "cpu" if W is not None or cdt != "float64" else pass_device(job.cfg.device, flops, read, job.device)
 
     centered = intercept or W is not None or positive
     rule = kind in ("gcv", "lcurve", "loo")
     if centered or method != "qr" or updatable:  # the Gram pass (updatable keeps its sums)
-        _row_pass(job, gram_kernel, sources, {"dtype": "float64"}, reserve=reserve,
+        _row_pass(job, gram_kernel, sources, {"dtype": cdt}, reserve=reserve,
                   device=device(m * n * (n + 2 * k)))
     if not centered and method in ("qr", "auto"):  # asked for, or where "auto" finds A^T A ill-conditioned
-        _row_pass(job, tsqr_kernel, sources[:2], {"dtype": "float64"}, reserve=reserve,
+        _row_pass(job, tsqr_kernel, sources[:2], {"dtype": cdt}, reserve=reserve,
                   device=device(2.0 * m * (n + k) ** 2))
     refines = (1 if refine == "auto" else int(refine)) and (
         kind == "scalar" and method != "qr" or rule and method == "auto" and not centered)
     if refines:  # the refinement passes (a rule's choice too, on the spectral route of "auto")
-        _row_pass(job, residual_kernel, sources, {"dtype": "float64"}, reserve=reserve,
+        _row_pass(job, residual_kernel, sources, {"dtype": cdt}, reserve=reserve,
                   device=device(4.0 * m * n * k))
     if intercept and W is None:  # the column means of A and of b
         plan_column_moments(job, A, memory=job.cfg.memory)
@@ -164,7 +167,7 @@ def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float
                   reserve=pass_reserve(m, n, k, grid, store_cv, job.cfg.memory), device="cpu")
 
 
-def _wide_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float]) -> None:
+def _wide_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float], cplx: bool = False) -> None:
     """:func:`~blocklin.linalg.solve.wide.solve_wide`: ``A A^T`` (its SYRK pass, or the GEMM it falls
     back to), then ``x = A^T y`` of every lambda solved."""
     from blocklin.linalg.products.gemm import Gemm
@@ -173,8 +176,11 @@ def _wide_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float]) -> No
     m, k = A.shape[0], B.shape[1]
     try:
         _row_pass(job, gram_pass_kernel, [source(A, transposed=True)],
-                  {"dtype": "float64", "gpu": job.device == "gpu"}, reserve=0, min_tasks=1, workers=1)
+                  {"dtype": "complex128" if cplx else "float64", "gpu": job.device == "gpu"}, reserve=0,
+                  min_tasks=1, workers=1)
     except BudgetError:
+        if cplx:  # no GEMM fallback for complex data (it forms A A^T): the SYRK pass must fit
+            raise
         Gemm.of(A, A, trans_b=True, dtype="float64").plan(job, read_reserve=True)
     cols = k * (len(lams) if kind == "sequence" else 1)
     out_dtype = np.result_type(A.dtype, B.dtype)

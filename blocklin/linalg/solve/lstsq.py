@@ -15,6 +15,7 @@ import numpy as np
 from blocklin.config import Settings
 from blocklin.errors import ParameterError, ShapeError, explain
 from blocklin.linalg.lowrank.svd import svd
+from blocklin.linalg.solve.lstsq_complex import is_complex, lstsq_complex
 from blocklin.linalg.products.gemm import matmul
 from blocklin.matrix import Matrix
 from blocklin.storage import remove
@@ -46,7 +47,10 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
-        ``m x n``, any rank (integers are cast to float64, as NumPy casts them).
+        ``m x n``, any rank (integers are cast to float64, as NumPy casts them). Complex ``a`` or ``b``
+        (complex64, complex128) take the streaming R factor and its SVD in memory instead
+        (:mod:`blocklin.linalg.solve.lstsq_complex`: one pass over ``A`` and ``b`` for tall ``A``, two for
+        wide ``A``), with LAPACK's conjugate transposes and NumPy's result dtypes.
     b : array_like
         ``m`` or ``m x k`` right-hand sides (held in memory, as ``x`` is).
     rcond : float, optional
@@ -94,6 +98,9 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
     if bb.ndim not in (1, 2):
         raise ShapeError(explain("b", "must be 1-D or 2-D", f"shape {bb.shape}", "pass m or m x k right-hand sides"))
     bb = bb.reshape(-1, 1) if vector else bb
+    if is_complex(a, bb):  # the SVD over the whole space is real: the R factor's SVD in memory instead
+        x, residuals, rank, s, report = lstsq_complex(a, bb, rcond, settings)
+        return LstsqResult(x[:, 0] if vector else x, residuals, rank, s, report)
     U, s, Vt = res = svd(a, **settings)
     report = dict(res.report)
     try:

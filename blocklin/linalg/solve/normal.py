@@ -22,7 +22,7 @@ from blocklin.linalg.solve import lambda_select, loo
 from blocklin.linalg.solve.kernels import gram_kernel, residual_kernel
 from blocklin.linalg.solve.qr_route import qr_route
 from blocklin.linalg.solve.spectrum import coefficients, describe, finish_spectral, spectrum_from_gram
-from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass, factor_regularized, norms, singular, write_x
+from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass, dots, factor_regularized, norms, singular, write_x
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.passes import run_pass
 
@@ -53,7 +53,8 @@ def _gram_pass(ctx: TikhonovRun) -> dict:
 
 def _run_gram_pass(ctx: TikhonovRun, scale: dict) -> dict:
     what = "Gram pass: A^T W A, A^T W b, A^T w (sample weights)" if ctx.weighted else "Gram pass: A^T A, A^T b"
-    states, _ = run_pass(ctx.job, gram_kernel, ctx.sources(), {"dtype": "float64"},
+    sums = ctx.intercept and not ctx.weighted and ctx.cdtype != "float64"  # complex data's means, from this pass
+    states, _ = run_pass(ctx.job, gram_kernel, ctx.sources(), {"dtype": ctx.cdtype} | ({"sums": True} if sums else {}),
                          reserve=small_bytes(ctx.n, ctx.k), description=what, scale=scale,
                          device=_pass_device(ctx, "gram pass", ctx.m * ctx.n * (ctx.n + 2 * ctx.k)))
     states = [s for s in states if s is not None]
@@ -62,9 +63,11 @@ def _run_gram_pass(ctx: TikhonovRun, scale: dict) -> dict:
         g += s["g"]
     g = symmetrize_lower(g)
     c = sum(s["c"] for s in states)
-    out = {"g": g, "c": c, "bb": sum(s["bb"] for s in states), "aa": float(np.trace(g))}
+    out = {"g": g, "c": c, "bb": sum(s["bb"] for s in states), "aa": float(np.trace(g).real)}
     if ctx.weighted:  # the weighted means' sums, from the same pass
         out.update(aw=sum(s["aw"] for s in states if "aw" in s), bw=sum(s["bw"] for s in states if "bw" in s))
+    if sums:
+        out.update({"as": sum(s["as"] for s in states if "as" in s), "bs": sum(s["bs"] for s in states if "bs" in s)})
     return out
 
 
@@ -85,7 +88,7 @@ def _residual_pass(ctx: TikhonovRun, x: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def _run_residual_pass(ctx: TikhonovRun, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    states, _ = run_pass(ctx.job, residual_kernel, ctx.sources(), {"dtype": "float64", "x": x},
+    states, _ = run_pass(ctx.job, residual_kernel, ctx.sources(), {"dtype": ctx.cdtype, "x": x},
                          reserve=small_bytes(ctx.n, ctx.k), check_finite=False, scale=ctx.scale,
                          description="refinement pass: A^T W (b - A x)" if ctx.weighted else
                          "refinement pass: A^T (b - A x)",
@@ -95,7 +98,7 @@ def _run_residual_pass(ctx: TikhonovRun, x: np.ndarray) -> tuple[np.ndarray, np.
     if ctx.mu is not None:  # centered: A_c^T W r_c = A^T W r - S mu d, ||r_c||_W^2 = ||r||_W^2 - S d^2, with
         d = ctx.offset(x)   # d = bbar - mu^T x and S = sum w (m unweighted), since w^T r = S d
         S = ctx.total_weight
-        atr, rr = atr - S * np.outer(ctx.mu, d), rr - S * d**2
+        atr, rr = atr - S * np.outer(ctx.mu.conj(), d), rr - S * np.abs(d)**2
     return atr, rr
 
 
@@ -108,15 +111,17 @@ def _center_gram(ctx: TikhonovRun, gp: dict) -> dict:
         return gp
     if ctx.weighted:
         ctx.mu, ctx.bbar = gp["aw"] / ctx.total_weight, gp["bw"] / ctx.total_weight
+    elif "as" in gp:  # complex data: the Gram pass's column sums (the means pass reads real data)
+        ctx.mu, ctx.bbar = gp["as"] / ctx.m, gp["bs"] / ctx.m
     else:
         means = ctx.saved.run("means", lambda: {
             "mu": column_moments(ctx.job, ctx.A, scale=ctx.sa.params()).mean,
             "bbar": column_moments(ctx.job, ctx.B, over="b", scale=ctx.sb.params()).mean})
         ctx.mu, ctx.bbar = means["mu"], means["bbar"]
-    S, mu, bbar = ctx.total_weight, ctx.mu, ctx.bbar
-    g = gp["g"] - S * np.outer(mu, mu)
-    return {"g": (g + g.T) / 2, "c": gp["c"] - S * np.outer(mu, bbar), "bb": gp["bb"] - S * bbar**2,
-            "aa": max(gp["aa"] - S * float(mu @ mu), 0.0)}
+    S, mu, bbar = ctx.total_weight, ctx.mu, ctx.bbar  # complex data: A_c^H A_c = A^H A - S conj(mu) mu^T
+    g = gp["g"] - S * np.outer(mu.conj(), mu)
+    return {"g": (g + g.conj().T) / 2, "c": gp["c"] - S * np.outer(mu.conj(), bbar),
+            "bb": gp["bb"] - S * np.abs(bbar)**2, "aa": max(gp["aa"] - S * float(np.vdot(mu, mu).real), 0.0)}
 
 
 def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:
@@ -142,7 +147,7 @@ def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:
                              f"{rcond:.1e} < {AUTO_RCOND:.0e}): switched to the streaming QR (one more pass)")
         _refuse_or_warn(cf, rcond, lam)
     x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
-    xx = np.einsum("ij,ij->j", x, x)
+    xx = dots(x, x)
     reason = "requested" if ctx.method == "normal" else \
         f"well conditioned (reciprocal condition of A^T A + lam^2 I {rcond:.1e})"
     info.update(residual_norm_source=source, method="normal", method_reason=reason, lam=lam,
@@ -182,7 +187,7 @@ def _solve_tall_spectral(ctx: TikhonovRun, x_path: str) -> dict:
         lambda_select.warn_at_end(curve, rule)
     x, rr, steps, src = _solve_refined(ctx, gp, cf, rcond, lams[0])
     describe(info, spec, lams, curve, ctx)
-    xx = np.einsum("ij,ij->j", x, x)
+    xx = dots(x, x)
     smin = float(spec.s.min()) if spec.s.size else 0.0
     info.update(residual_norm=norms(rr), solution_norm=norms(xx), objective=norms(rr + lams[0] ** 2 * xx),
                 refine_steps=steps, residual_norm_source=src, norm_a=math.sqrt(gp["aa"]),
@@ -218,7 +223,7 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
     if cf is None or rcond < AUTO_RCOND:
         _refuse_or_warn(cf, rcond, lam)
     x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
-    xx = np.einsum("ij,ij->j", x, x)
+    xx = dots(x, x)
     info = {"rcond_normal": rcond, "residual_norm_source": source, "method": "normal",
             "method_reason": f"{what}: the normal equations of {gram}", "lam": lam,
             "residual_norm": norms(rr), "solution_norm": norms(xx), "objective": norms(rr + lam**2 * xx),
@@ -248,7 +253,7 @@ def _solve_refined(ctx: TikhonovRun, gp: dict, cf: Any, rcond: float, lam: float
 
     g, c = gp["g"], gp["c"]
     x = cho_solve(cf, c, check_finite=False)
-    rr_gram = gp["bb"] - 2 * np.einsum("ij,ij->j", x, c) + np.einsum("ij,ij->j", x, g @ x)
+    rr_gram = gp["bb"] - 2 * dots(x, c) + dots(x, g @ x)
     # "auto" refines when ill-conditioned, or when ||r||^2 from the Gram quantities suffers
     # cancellation (a residual far below ||b||: an accurate one needs the pass anyway)
     small_residual = bool(np.any(rr_gram < 1e-6 * gp["bb"]))
@@ -258,7 +263,7 @@ def _solve_refined(ctx: TikhonovRun, gp: dict, cf: Any, rcond: float, lam: float
         atr, rr = _residual_pass(ctx, x)
         d = cho_solve(cf, atr - lam**2 * x, check_finite=False)
         # ||r - A d||^2 = ||r||^2 - 2 d^T A^T r + d^T G d (exact algebra; d is tiny)
-        rr = rr - 2 * np.einsum("ij,ij->j", d, atr) + np.einsum("ij,ij->j", d, g @ d)
+        rr = rr - 2 * dots(d, atr) + dots(d, g @ d)
         x = x + d
     if rr is None:
         return x, rr_gram, 0, "Gram quantities"

@@ -15,14 +15,14 @@ from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass
 
 
 def _spectrum_from_r(r: np.ndarray, qtb: np.ndarray, rho: np.ndarray, m: int) -> Spectrum:
-    u, s, vt = np.linalg.svd(r, full_matrices=False)
-    return Spectrum(s=s, basis=vt.T, beta=u.T @ qtb, rho0sq=rho**2, m=m, n=r.shape[1])
+    u, s, vt = np.linalg.svd(r, full_matrices=False)  # complex R = U S V^H: x = V S^-1 U^H Q^H b
+    return Spectrum(s=s, basis=vt.conj().T, beta=u.conj().T @ qtb, rho0sq=rho**2, m=m, n=r.shape[1])
 
 
 def qr_route(ctx: TikhonovRun, x_path: str, info: dict, reason: str) -> dict:
     """The spectrum of ``R`` from a recorded TSQR pass (``info`` gets the method and ``reason``); writes ``x``."""
     def run(scale: dict) -> dict:
-        sr = tsqr_pass(ctx.job, ctx.A, ctx.B, np.float64, scale=scale,
+        sr = tsqr_pass(ctx.job, ctx.A, ctx.B, ctx.cdtype, scale=scale,
                        device=device_of_pass(ctx, "tsqr pass", 2.0 * ctx.m * (ctx.n + ctx.k) ** 2))
         return {"r": sr.r, "qtb": sr.qtb, "rho": sr.rho, "norm_a": sr.norm_a}
 

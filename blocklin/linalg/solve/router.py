@@ -251,6 +251,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                           sample_weight=sample_weight, positive=positive, **settings)
     with Job("solve", **settings) as job:
         A, B = _operands(job, a, b)
+        _refuse_complex_extras(A, B, kind=kind, positive=positive, updatable=updatable)
         W = weight_operand(job, sample_weight, A.shape[0]) if weighted else None
         # before anything is written: a refusal names the budget at which every step of the call plans
         plan_least_squares(job, A, B, W, kind=kind, lams=lams, method=method, refine=refine,
@@ -474,9 +475,31 @@ def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
         b = b.reshape(-1, 1)
     A, B = job.operand(a, "a", integers="cast"), job.operand(b, "b", integers="cast")
     same_rows(A, B)
-    float_operand(A, "solve"), float_operand(B, "solve")
-    same_dtype(A, B)
+    float_operand(A, "solve", complex_ok=True), float_operand(B, "solve", complex_ok=True)
+    same_dtype(A, B, complex_promotion=True)  # a real and a complex operand of one precision: complex x
     return A, B
+
+
+def _refuse_complex_extras(A: Any, B: Any, *, kind: str, positive: bool, updatable: bool) -> None:
+    """What the least-squares routes of complex data do not take, each refused by name with its reason (the
+    stored-Gram route, real only, is refused by the budget check with the in-memory route's minimum)."""
+    if "c" not in (A.dtype.kind, B.dtype.kind):
+        return
+    dts = f"a: {A.dtype.name}, b: {B.dtype.name}"
+    if positive:
+        raise ParameterError(_msg("positive", "applies to real data (x >= 0 is an order complex numbers do not "
+                                  "have)", f"positive=True with {dts}", "drop positive, or split the problem into "
+                                  "real and imaginary parts ([[Re, -Im], [Im, Re]]) and constrain those"))
+    if updatable:
+        raise ParameterError(_msg("updatable", "keeps real normal-equation sums (blocklin.update of complex "
+                                  "sums is not built)", f"updatable=True with {dts}",
+                                  "pass updatable=False and solve again after an append"))
+    if kind == "loo" and A.shape[0] < A.shape[1]:
+        raise ParameterError(_msg("lam", "'loo' of complex data needs a tall a (the leave-one-out errors of a wide "
+                                  "a are computed in memory from real eigenvectors)", f"lam='loo' with a "
+                                  f"{A.shape[0]} x {A.shape[1]} {A.dtype.name} a",
+                                  "pass lam='gcv' (generalized cross-validation, its rotation-invariant "
+                                  "approximation), or a sequence of lambdas"))
 
 
 def _gram_exceeds_budget(job: Job, A: Any, B: Any, kind: str, method: str) -> bool:

@@ -49,11 +49,11 @@ class Spectrum:
 
     def residual_sq(self, lam: float) -> np.ndarray:
         g = lam**2 * self.filt(lam)
-        return self.rho0sq + np.einsum("i,ij->j", g**2, self.beta**2)
+        return self.rho0sq + np.einsum("i,ij->j", g**2, np.abs(self.beta)**2)
 
     def solution_sq(self, lam: float) -> np.ndarray:
         g = self.s * self.filt(lam)
-        return np.einsum("i,ij->j", g**2, self.beta**2)
+        return np.einsum("i,ij->j", g**2, np.abs(self.beta)**2)
 
     def dof(self, lam: float) -> float:
         return float(np.sum(self.s**2 * self.filt(lam)))
@@ -76,15 +76,15 @@ def spectrum_from_gram(g: np.ndarray, c: np.ndarray, bb: np.ndarray, m: int, *, 
     ev, w = ev[::-1], w[:, ::-1]
     s = np.sqrt(np.clip(ev, 0.0, None))
     if dual:  # g = A A^T, c = b: beta = U^T b
-        beta = w.T @ c
+        beta = w.conj().T @ c
     else:  # g = A^T A, c = A^T b: beta = diag(1/s) V^T A^T b
         keep = s > s[0] * np.finfo(np.float64).eps * max(g.shape) if s.size else s > 0
-        beta = np.zeros((s.size, c.shape[1]))
-        beta[keep] = (w[:, keep].T @ c) / s[keep, None]
+        beta = np.zeros((s.size, c.shape[1]), dtype=np.result_type(w, c))
+        beta[keep] = (w[:, keep].conj().T @ c) / s[keep, None]
     if dual:  # U spans R^m: every component of b is in beta (zero singular values fit nothing)
         rho0sq = np.zeros(beta.shape[1])
     else:
-        rho0sq = np.clip(bb - np.einsum("ij,ij->j", beta, beta), 0.0, None)
+        rho0sq = np.clip(bb - np.einsum("ij,ij->j", beta.conj(), beta).real, 0.0, None)
     return Spectrum(s=s, basis=w, beta=beta, rho0sq=rho0sq, m=m, n=n, dual=dual)
 
 

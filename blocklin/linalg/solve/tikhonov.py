@@ -96,6 +96,12 @@ class TikhonovRun:
             self.scaled_lams = True
 
     @property
+    def cdtype(self) -> str:
+        """The dtype of the passes and the small problem: float64, complex128 for complex data (LAPACK's
+        conventions: ``A^H A``, ``A^H b``, ``|x|^2``)."""
+        return "complex128" if "c" in (self.A.dtype.kind, self.B.dtype.kind) else "float64"
+
+    @property
     def weighted(self) -> bool:
         return self.W is not None
 
@@ -124,6 +130,13 @@ class TikhonovRun:
         return self.bbar - self.mu @ x
 
 
+def dots(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``Re(x_j^H y_j)`` per column (``x_j^T y_j`` of real data): the real inner products the norms of a
+    complex problem are made of (``||b||^2 - 2 Re(x^H A^H b) + x^H G x``)."""
+    return np.einsum("ij,ij->j", x.conj(), y).real if np.iscomplexobj(x) or np.iscomplexobj(y) else \
+        np.einsum("ij,ij->j", x, y)
+
+
 def norms(values: np.ndarray) -> Any:
     v = np.sqrt(np.maximum(np.asarray(values, dtype=float), 0.0))
     return float(v[0]) if v.size == 1 else v.tolist()
@@ -142,7 +155,8 @@ def device_of_pass(ctx: TikhonovRun, phase: str, flops: float) -> str:
     from blocklin.device import pass_device
 
     read = ctx.m * (ctx.n * ctx.A.dtype.itemsize + ctx.k * ctx.B.dtype.itemsize)
-    dev = pass_device(ctx.job.cfg.device, flops, read, ctx.job.device)
+    # complex data on the CPU: the device kernels' A^T B and x * x sums are the real conventions
+    dev = "cpu" if ctx.cdtype != "float64" else pass_device(ctx.job.cfg.device, flops, read, ctx.job.device)
     ctx.phases[phase] = dev
     return dev
 
@@ -161,7 +175,7 @@ def unscaled_x(x: np.ndarray, e: int, dtype: Any) -> np.ndarray:
     if not e:
         return x
     with np.errstate(over="ignore", under="ignore"):
-        out = np.ldexp(x, e)
+        out = ldexp(x, e)
     if not np.isfinite(out.astype(dtype, copy=False)).all():
         raise ParameterError(_msg("b", f"must give a solution within the range of {np.dtype(dtype).name}",
                                   f"a solution x of norm about 2^{int(np.frexp(np.linalg.norm(x))[1]) + e}",
@@ -169,8 +183,16 @@ def unscaled_x(x: np.ndarray, e: int, dtype: Any) -> np.ndarray:
     return out
 
 
+def ldexp(x: np.ndarray, e: int) -> np.ndarray:
+    """``x 2^e`` (exact), of complex data part by part (NumPy's ``ldexp`` takes real data only)."""
+    if np.iscomplexobj(x):
+        return np.ldexp(x.real, e) + 1j * np.ldexp(x.imag, e)
+    return np.ldexp(x, e)
+
+
 def factor_regularized(g: np.ndarray, lam: float) -> tuple[Any, float]:
-    """Cholesky factor of ``A^T A + lam^2 I`` and its reciprocal condition estimate (None, 0 when it fails)."""
+    """Cholesky factor of ``A^T A + lam^2 I`` (``A^H A + lam^2 I`` of complex data: ``zpotrf``) and its
+    reciprocal condition estimate (None, 0 when it fails)."""
     from scipy.linalg import cho_factor, lapack
 
     from blocklin.device.cpu import potrf_threads
@@ -181,9 +203,10 @@ def factor_regularized(g: np.ndarray, lam: float) -> tuple[Any, float]:
     try:
         with potrf_threads(kmat.shape[0]):
             cf = cho_factor(kmat, lower=False, check_finite=False)
-        return cf, float(lapack.dpocon(cf[0], anorm, uplo="U")[0]) if g.shape[0] else 1.0
+        pocon = lapack.get_lapack_funcs("pocon", (cf[0],))
+        return cf, float(pocon(cf[0], anorm, uplo="U")[0]) if g.shape[0] else 1.0
     except np.linalg.LinAlgError:
         return None, 0.0
 
 
-__all__ = ["LAM_MAX", "TikhonovRun", "check_lam_max", "device_of_pass", "factor_regularized", "norms", "singular", "unscaled_x", "write_x"]
+__all__ = ["LAM_MAX", "TikhonovRun", "check_lam_max", "device_of_pass", "dots", "ldexp", "factor_regularized", "norms", "singular", "unscaled_x", "write_x"]

@@ -10,6 +10,7 @@ scales it on both sides), and ``lam="loo"`` chooses from the same eigen-decompos
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.scaling import incore_exponent
 from blocklin.linalg.products.gemm import Gemm
 from blocklin.linalg.solve.spectrum import coefficients, spectrum_from_gram
-from blocklin.linalg.solve.tikhonov import TikhonovRun, unscaled_x
+from blocklin.linalg.solve.tikhonov import TikhonovRun, dots, ldexp, unscaled_x
 from blocklin.matrix import Matrix
 from blocklin.runtime.passes import run_pass, source
 from blocklin.storage.zarr_store import create_array, open_zarr
@@ -33,15 +34,30 @@ def _wide_gram(ctx: TikhonovRun) -> dict:
 
     job = ctx.job
     src = source(ctx.A, transposed=True)
-    params = {"dtype": "float64", "gpu": job.device == "gpu"}
+    params = {"dtype": ctx.cdtype, "gpu": job.device == "gpu"}
     try:
         g = ctx.sa.run(job, lambda sc: sum_gram_states(run_pass(
             job, gram_pass_kernel, [src], params, scale=sc, min_tasks=1, workers=1,
             description="Gram matrix A A^T (SYRK)").states))
-        return {"g": g, "ea": ctx.sa.exponent}
+        # complex data: the pass's X^H X of X = A^T is conj(A A^H)
+        return {"g": g.conj() if np.iscomplexobj(g) else g, "ea": ctx.sa.exponent}
     except BudgetError:
-        pass
+        if ctx.cdtype != "float64":
+            raise _complex_gemm_refusal(ctx) from None
     return {"g": _wide_gram_gemm(ctx), "ea": 0}
+
+
+def _complex_gemm_refusal(ctx: TikhonovRun) -> Exception:
+    """The wide route's ``m x m`` SYRK sums of complex data over the budget: its out-of-core GEMM fallback
+    forms ``A A^T``, not ``A A^H``."""
+    from blocklin.config import format_size
+    from blocklin.errors import BudgetError
+
+    need = 2 * 16 * ctx.m * ctx.m
+    return BudgetError(_msg("memory", "must hold the m x m complex128 sums of A A^H (the SYRK pass of a wide "
+                            "complex a; its out-of-core GEMM fallback is for real data)",
+                            f"{ctx.m} x {ctx.m} over memory={format_size(ctx.job.cfg.memory)}",
+                            f"raise memory= to at least {format_size(2 * need)}"), minimum=2 * need)
 
 
 def _wide_gram_gemm(ctx: TikhonovRun) -> np.ndarray:
@@ -63,7 +79,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     ctx.phases.update({"gram GEMM": job.device, "solution GEMM": job.device})
     rec = ctx.saved.run("wide-gram", lambda: _wide_gram(ctx))
     g, ea = rec["g"], int(rec.get("ea", 0))
-    bm = Matrix(ctx.B.path)[...].astype(np.float64)  # m x k, small (m is the short side)
+    bm = Matrix(ctx.B.path)[...].astype(ctx.cdtype)  # m x k, small (m is the short side)
     if ctx.weighted:
         ctx.wvec = Matrix(ctx.W.path)[...].astype(np.float64)[:, 0]
     if job.check_finite and not np.all(np.isfinite(bm)):
@@ -71,9 +87,9 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
                                   "clean the input, or pass check_finite=False"))
     # the scaled problem: A' = 2^-ea A, b' = 2^-eb b, lam' = 2^-ea lam; y' = (A' A'^T + lam'^2 I)^-1 b'
     # and x = 2^(eb - 2 ea) A^T y': the GEMM takes A^T (2^(eb - ea) y') (sums of the size of b) times 2^-ea
-    eb, amax_b = incore_exponent(bm)
+    eb, amax_b = incore_exponent(bm.view(np.float64) if np.iscomplexobj(bm) else bm)  # complex: both parts
     ctx.sa.e, ctx.sb.e, ctx.sb.amax = ea, eb, amax_b
-    bm = np.ldexp(bm, -eb)
+    bm = ldexp(bm, -eb)
     ctx.adopt({})
     g_raw = g
     # sample weights w (S = sum w; w = 1, S = m without): the problem of D P_w A and D P_w b with
@@ -85,14 +101,15 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         bm = bm - bbar
         g = g - (w @ g)[None, :] / S
         g = g - (g @ w)[:, None] / S
-        g = (g + g.T) / 2
+        g = (g + g.conj().T) / 2
     if ctx.weighted:
         sw = np.sqrt(w)
         g = sw[:, None] * g * sw[None, :]
         bm = sw[:, None] * bm
-    spec = spectrum_from_gram(g, bm, np.einsum("ij,ij->j", bm, bm), ctx.rows_in_problem, dual=True, n=ctx.n)
-    info = {"method": "normal", "method_reason": "wide a: dual form x = A^T (A A^T + lam^2 I)^-1 b",
-            "norm_a": math.sqrt(max(float(np.trace(g)), 0.0))}
+    spec = spectrum_from_gram(g, bm, dots(bm, bm), ctx.rows_in_problem, dual=True, n=ctx.n)
+    info = {"method": "normal", "method_reason": "wide a: dual form x = A^T (A A^T + lam^2 I)^-1 b"
+            if ctx.cdtype == "float64" else "wide a: dual form x = A^H (A A^H + lam^2 I)^-1 b",
+            "norm_a": math.sqrt(max(float(np.trace(g).real), 0.0))}
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
     ys = coefficients(ctx, spec, info, "row")
     if ctx.weighted:  # x = (D P_w A)^T y = A^T P_w^T (D y)
@@ -102,12 +119,30 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         ys = [y - np.outer(w, y.sum(axis=0)) / S for y in ys]
         icpt = [bbar - (w @ g_raw) @ y / S for y in ys]
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
-    Y = job.operand(unscaled_x(np.hstack(ys), eb - ea, out_dtype).astype(out_dtype), "y")
+    y = unscaled_x(np.hstack(ys), eb - ea, out_dtype).astype(out_dtype)
+    cplx = out_dtype.kind == "c"  # x = A^H y = conj(A^T conj(y)): the GEMM's A^T, conjugated on both sides
+    Y = job.operand(y.conj() if cplx else y, "y")
     product = Gemm.of(ctx.A, Y, trans_a=True, dtype=out_dtype, alpha=float(np.ldexp(1.0, -ea)))
     plan = product.plan(job, read_reserve=True)  # measured over budget at 16 MiB without it
+    dst = job.scratch("conj x", product.shape, out_dtype, plan.out_chunks) if cplx else x_path
     create_array(x_path, shape=product.shape, dtype=out_dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
-    product.run(job, plan, x_path, description="x = A^T y", count_pass="a")
+    product.run(job, plan, dst, description="x = A^H y" if cplx else "x = A^T y", count_pass="a")
+    if cplx:
+        _conjugate_into(dst, x_path, plan.out_chunks[0])
     return info
+
+
+def _conjugate_into(src: Any, dst: Any, rows: int) -> None:
+    """``dst = conj(src)`` (``n x k``) band of chunk rows by band: what the GEMM's ``A^T conj(y)`` needs to be
+    ``A^H y``; one band of ``rows x k`` in memory, no pass over ``A``."""
+    from blocklin.runtime.tiles import open_array
+    from blocklin.storage.zarr_store import read_block, write_block
+
+    s, d = open_array(src), open_array(dst, mode="r+")
+    n, k = s.shape
+    for r0 in range(0, n, max(1, rows)):
+        r = slice(r0, min(n, r0 + rows))
+        write_block(d, r, slice(0, k), np.conj(read_block(s, r, slice(0, k))))
 
 
 __all__ = ["solve_wide"]

@@ -1,0 +1,103 @@
+"""``lstsq`` of complex data: the minimum-norm solution from the streaming R factor and its SVD in memory.
+
+The whole-space SVD that real ``lstsq`` takes (:mod:`blocklin.linalg.lowrank`) does not take complex
+data; here the one-pass TSQR (:mod:`blocklin.linalg.blocks.tsqr`, Householder QR of complex strips)
+gives the ``N x N`` factor ``R`` of ``A``'s tall orientation (``N = min(m, n)``), and LAPACK's SVD of
+``R`` gives the singular values of ``A``, its rank at NumPy's ``rcond`` and the truncated-SVD solution
+``xGELSS`` returns (Golub and Van Loan, *Matrix Computations*, 4th ed., 5.5.4), with LAPACK's conjugate
+transposes:
+
+* tall ``A = Q R`` (``m >= n``): the pass also gives ``Q^H b`` and the residual norms, and with
+  ``R = W S Z^H``, ``x = Z S^+ W^H (Q^H b)``: no pass beyond the one over ``A`` and ``b``;
+* wide ``A`` (``m < n``): ``A^T = Q R`` from the pass over ``A``'s columns and ``R = W S Z^H``, so
+  ``A A^H = conj(Z) S^2 Z^T`` and ``x = A^H y`` with ``y = conj(Z) S^+2 Z^T b``: one more pass over ``A``
+  (a GEMM, ``A^H y = conj(A^T conj(y))``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from blocklin.linalg.blocks.streaming_qr import tsqr_pass
+from blocklin.linalg.blocks.tsqr import reduce_r, tsqr_kernel
+from blocklin.plan.solve import small_bytes
+from blocklin.runtime.job import Job
+from blocklin.runtime.passes import run_pass, source
+
+C128 = np.dtype(np.complex128)
+
+
+def is_complex(a: Any, b: np.ndarray) -> bool:
+    """Whether ``lstsq`` of ``a`` and ``b`` is a complex problem (either operand complex)."""
+    return np.iscomplexobj(b) or np.dtype(getattr(a, "dtype", np.float64)).kind == "c"
+
+
+def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -> tuple:
+    """``(x, residuals, rank, s, report)`` of ``min ||A x - b||`` of minimum norm, complex ``A`` or ``b``
+    (``bb``: ``m x k`` in memory), computed in complex128 and returned in NumPy's result dtypes."""
+    from blocklin.errors import ShapeError, explain
+    from blocklin.validate import float_operand
+
+    with Job("lstsq", **settings) as job:
+        A = job.operand(a, "a", integers="cast")
+        float_operand(A, "lstsq", complex_ok=True)
+        m, n = A.shape
+        if bb.shape[0] != m:
+            raise ShapeError(explain("b", f"must have m = {m} rows (A is {m} x {n})", f"shape {bb.shape[:1]}",
+                                     f"pass a right-hand side of length {m}"))
+        rdt = np.result_type(A.dtype, bb.dtype, np.complex64)  # NumPy's result: complex64 stays complex64
+        b = bb.astype(C128)
+        if m >= n:
+            sr = tsqr_pass(job, A, job.operand(b, "b"), C128)
+            u, s, zh = np.linalg.svd(sr.r, full_matrices=False)
+            inv, cut, rank = _truncation(s, m, n, rcond)
+            x = zh.conj().T @ (inv[:, None] * (u.conj().T @ sr.qtb))
+            # NumPy's rule: residuals only for a full-rank overdetermined system; ||T e_j||^2 of the
+            # pass's residual factor (no difference of squares)
+            residuals = sr.rho**2 if rank == n and m > n else np.empty((0,))
+        else:
+            r = _r_of_transpose(job, A)
+            _, s, zh = np.linalg.svd(r, full_matrices=False)  # A^T = Q W S Z^H
+            inv, cut, rank = _truncation(s, m, n, rcond)
+            z = zh.conj().T
+            y = z.conj() @ (inv[:, None] ** 2 * (z.T @ b))  # (A A^H)^+ b
+            x = _adjoint_product(job, A, y)
+            residuals = np.empty((0,))
+        report = job.report(operation="lstsq", method="streaming QR of A's tall orientation, SVD of R (complex)",
+                            rank=rank, rcond=cut / float(s[0]) if s.size and s[0] > 0 else cut,
+                            passes_total=job.passes())
+    real = np.finfo(rdt).dtype
+    return x.astype(rdt), residuals.astype(real), rank, s.astype(real), report
+
+
+def _truncation(s: np.ndarray, m: int, n: int, rcond: float | None) -> tuple[np.ndarray, float, int]:
+    """``1/s_i`` over the values above ``rcond s_1`` (0 beyond), the cut, the rank (NumPy's default
+    ``rcond``: ``eps max(m, n)``, the float64 ``eps`` the SVD ran in)."""
+    cut = (np.finfo(np.float64).eps * max(m, n) if rcond is None else float(rcond)) * (float(s[0]) if s.size else 0.0)
+    keep = s > cut
+    return np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0), cut, int(np.count_nonzero(keep))
+
+
+def _r_of_transpose(job: Job, A: Any) -> np.ndarray:
+    """The ``m x m`` R factor of ``A^T`` (``m < n``) from one streaming QR pass over ``A``'s columns."""
+    m = A.shape[0]
+    states, _ = run_pass(job, tsqr_kernel, [source(A, transposed=True)], {"dtype": C128.name},
+                         reserve=small_bytes(m, 0), description="streaming QR of A^T", device="cpu")
+    return np.array(reduce_r([st for st in states if st is not None], m))
+
+
+def _adjoint_product(job: Job, A: Any, y: np.ndarray) -> np.ndarray:
+    """``A^H y`` (``n x k``, in memory) by one out-of-core GEMM: ``conj(A^T conj(y))``."""
+    from blocklin.linalg.products.gemm import Gemm
+    from blocklin.runtime.tiles import open_array
+
+    product = Gemm.of(A, job.operand(np.ascontiguousarray(y.conj()), "y"), trans_a=True, dtype=C128)
+    plan = product.plan(job, read_reserve=True)
+    path = job.scratch("x", product.shape, C128, plan.out_chunks)
+    product.run(job, plan, path, description="x = A^H y", count_pass="a")
+    return np.conj(open_array(path)[...])
+
+
+__all__ = ["is_complex", "lstsq_complex"]
