@@ -85,11 +85,6 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
         "gram dtype=float64": lambda: bl.gram(Z, dtype="float64", memory=MEM),
         "matmul dtype=float64": lambda: bl.matmul(Z, Z, trans_a=True, dtype="float64", memory=MEM),
         "pca": lambda: bl.pca(Z, 3, memory=MEM),  # scikit-learn's PCA refuses complex input too
-        "solve": lambda: bl.solve(Z, z[:, :2].copy(), memory=MEM),
-        "solve square, lam > 0": lambda: bl.solve(S, s[:, :2].copy(), lam=0.5, memory=MEM),
-        "solve square, assume_a='gen', method='normal'": lambda: bl.solve(S, s[:, :2].copy(), method="normal",
-                                                                          memory=MEM),
-        "inv": lambda: bl.inv(S, memory=MEM),
         "aslinearoperator": lambda: bl.aslinearoperator(Z),
     }
     for name, call in refusing.items():
