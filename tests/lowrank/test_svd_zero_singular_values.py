@@ -107,10 +107,21 @@ def test_numpy_full_svd_of_zeros():
     """``numpy.linalg.svd(np.zeros((m, n)), full_matrices=False)``: zeros and orthonormal factors."""
     for shape in [(50, 7), (7, 50), (9, 9)]:
         a = np.zeros(shape)
-        res = bl.svd(a)
+        res = bl.svd(a)  # no seed: a fresh draw for the completion on every run
         assert np.all(res.s == 0) and res.s.shape == (min(shape),)
         assert_orthonormal(_dense(res.U))
         assert_orthonormal(_dense(res.Vt).T)
+
+
+@pytest.mark.parametrize("seed", [7, 52, 154])
+def test_square_completion_of_an_ill_conditioned_draw(seed):
+    """The whole space completed (9 x 9 zeros): with a square draw ``G`` these seeds' ``G`` had condition
+    numbers 4.7e4, 1.3e5 and 2.0e4, and ``U^T U`` was off by up to 1e-11 (955 times the bound); the
+    oversampled draw keeps the completion orthonormal to Householder's bound."""
+    res = bl.svd(np.zeros((9, 9)), seed=seed)
+    assert np.all(res.s == 0)
+    assert_orthonormal(_dense(res.U))
+    assert_orthonormal(_dense(res.Vt).T)
 
 
 def test_square_singular_full_space():

@@ -7,17 +7,25 @@ singular value is zero, ``Q L``'s column is zero (or rounding): ``range(Y)`` hol
 it. LAPACK and ``scipy.sparse.linalg.svds`` return an orthonormal completion there (``U^T U = I``,
 any orthonormal vectors orthogonal to the others); so does this module, without a pass over ``A``:
 
-* ``G`` (``M x z``, ``z`` zero singular values): standard normal rows generated from ``(seed,
-  STREAM_COMPLETE, row)``, the same numbers whatever the strips, budget or scheduler;
+* ``G`` (``M x g``, ``g = z + p`` columns for ``z`` zero singular values, :func:`drawn`): standard
+  normal rows generated from ``(seed, STREAM_COMPLETE, row)``, the same numbers whatever the strips,
+  budget or scheduler. The ``p`` extra columns keep the completion well conditioned where ``z`` is
+  all the room left: the nonzero singular values of a ``z x (z + p)`` Gaussian are bounded away from
+  zero (Edelman 1988), those of a square one are not (a 9 x 9 draw has a condition number above
+  ``10^4`` a few times in a hundred, and the write ``G E`` would carry that times ``eps`` into
+  ``U^T U``);
 * ``G`` projected twice against ``Q`` (classical Gram-Schmidt twice, "twice is enough": Giraud,
   Langou, Rozloznik, van den Eshof, Numer. Math. 101, 2005): ``C = Q^T G + Q^T (G - Q Q^T G)`` and
   ``(G - Q C)^T (G - Q C)`` from two passes over ``Y``; ``range(Q)`` holds ``range(A)`` where the
   method found every nonzero triplet, so the completion is orthogonal to ``range(A)`` too
   (``A^T u = 0``: a true singular vector of the zero singular value);
-* ``X = (G - Q C) R^-1`` by CholeskyQR2 (one more pass for the second Gram; shifted CholeskyQR3
-  where the first Cholesky breaks down: :func:`~blocklin.linalg.blocks.orth.shift_for`);
-* written with ``U`` in the same pass: ``U = Q (L D - C R^-1 S^T) + G R^-1 S^T`` (``D`` zeroes the
-  completed columns, ``S`` selects them).
+* ``X = (G - Q C) W R^-1``: ``W = V_z Lambda_z^-1/2`` from the top ``z`` eigenpairs of the projected
+  Gram (the ``z`` dominant directions of ``G - Q C``), then one CholeskyQR step on ``(G - Q C) W``
+  (one more pass for its Gram): CholeskyQR2 with the first Cholesky factor replaced by the
+  eigenvectors' whitening, which needs no shift and picks the well-conditioned directions
+  (Yamamoto, Nakatsukasa, Yanagisawa, Fukaya, ETNA 44, 2015, for the second step's bound);
+* written with ``U`` in the same pass: ``U = Q (L D - C E) + G E``, ``E = W R^-1 S^T`` (``D`` zeroes
+  the completed columns, ``S`` places them).
 
 Three passes over the stored ``Y`` (none in memory) before the write, only where a zero singular value
 occurs. The passes run on the CPU (:func:`fill_kernel`): the blocks are ``z`` columns wide.
@@ -49,22 +57,28 @@ class Completion:
 
     seed: int
     zero: np.ndarray  # k booleans: the columns completed
-    C: np.ndarray  # c x z: the projection of G on Q
-    rinv: tuple  # z x z inverse triangular factors, applied in sequence
+    C: np.ndarray  # c x g: the projection of G on Q
+    rinv: tuple  # the g x z whitening W, then z x z inverse triangular factors, applied in sequence
 
     def finals(self, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(T, E)`` of the write ``U = Q T + G E``: ``T = L D - C R^-1 S^T`` and ``E = R^-1 S^T``."""
-        k, z = self.zero.size, int(self.zero.sum())
-        e = np.eye(z)
+        """``(T, E)`` of the write ``U = Q T + G E``: ``T = L D - C E`` and ``E = W R^-1 S^T``."""
+        k = self.zero.size
+        e = np.eye(self.C.shape[1])
         for r in self.rinv:
             e = e @ r
-        E = np.zeros((z, k), dtype=self.C.dtype)
+        E = np.zeros((e.shape[0], k), dtype=self.C.dtype)
         E[:, self.zero] = e
         return np.asarray(last, dtype=self.C.dtype) * ~self.zero - self.C @ E, E
 
 
+def drawn(z: int) -> int:
+    """Columns of ``G`` for ``z`` completed ones: ``z + max(10, z / 10)`` (see the module notes)."""
+    return z + max(10, -(-z // 10)) if z else 0
+
+
 def _gaussian(seed: int, z: int, dtype: Any = np.float64) -> GaussianRows:
-    return GaussianRows(seed, STREAM_COMPLETE, z, complex=np.dtype(dtype).kind == "c")
+    """``G``'s generator for ``z`` completed columns (:func:`drawn` of them)."""
+    return GaussianRows(seed, STREAM_COMPLETE, drawn(z), complex=np.dtype(dtype).kind == "c")
 
 
 def _basis(y: np.ndarray, ws: list) -> np.ndarray:
@@ -94,15 +108,17 @@ def _strip(q: np.ndarray, g: np.ndarray, params: Any, state: dict) -> np.ndarray
 
 
 def fill_init(device: Any, params: Any) -> dict:
-    c, z = params["W"][-1].shape[1] if params["W"] else params["c"], params["z"]
+    c, g = params["W"][-1].shape[1] if params["W"] else params["c"], drawn(params["z"])
     wd = np.dtype(params.get("work", "float64"))
-    return {"gen": _gaussian(params["seed"], z, wd), "P": np.zeros((c, z), dtype=wd), "H": np.zeros((z, z), dtype=wd)}
+    h = params["rinv"][-1].shape[1] if params.get("stage") == "gram" else g  # the Gram after W R^-1 ...
+    return {"gen": _gaussian(params["seed"], params["z"], wd), "P": np.zeros((c, g), dtype=wd),
+            "H": np.zeros((h, h), dtype=wd)}
 
 
 def _fill_memory(params: Any, sources: tuple) -> PassMemory:
     ws = list(params["W"])
     c = ws[-1].shape[1] if ws else sources[0].width
-    z, k = params["z"], params.get("k", 0)
+    z, k = drawn(params["z"]), params.get("k", 0)
     small = sum(w.shape[0] * w.shape[1] for w in ws) + 2 * c * z + 3 * z * z + (c + z) * k
     el = np.dtype(params.get("work", "float64")).itemsize  # float64, or complex128 of complex data
     # per row: the float64 strip, each factor's product, G's rows and the projected copy, the written rows
@@ -126,17 +142,15 @@ def fill_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
     return state, writes
 
 
-def _chol(h: np.ndarray, M: int) -> tuple[np.ndarray, bool]:
-    """Upper Cholesky factor of ``h``, shifted (Fukaya et al. 2020) where it breaks down."""
-    r = cholesky_upper(h)
-    if r is not None:
-        return r, False
-    r = cholesky_upper(h + shift_for(h, M) * np.eye(h.shape[0]))
-    if r is None:  # G's projection numerically rank-deficient (beyond any seed's odds): R with R^T R = h + shift
-        w, v = np.linalg.eigh(h)
-        w = np.maximum(w, shift_for(h, M) + np.finfo(np.float64).tiny)
-        r = np.linalg.qr(np.sqrt(w)[:, None] * ct(v), mode="r")
-    return r, True
+def _whitening(h: np.ndarray, z: int, M: int) -> np.ndarray:
+    """``W = V_z Lambda_z^-1/2`` (``g x z``) of the top ``z`` eigenpairs of the Gram ``h``: ``(G - Q C) W``
+    has orthonormal columns up to rounding. An eigenvalue below the shift of shifted CholeskyQR
+    (Fukaya et al. 2020; beyond any seed's odds: ``G - Q C`` of fewer than ``z`` directions) is raised
+    to it, so that the next step's Cholesky factor exists."""
+    w, v = np.linalg.eigh(h)
+    w, v = w[::-1][:z], v[:, ::-1][:, :z]
+    w = np.maximum(w, shift_for(h, M) + np.finfo(np.float64).tiny)
+    return v / np.sqrt(w)[None, :]
 
 
 def _inv(r: np.ndarray) -> np.ndarray:
@@ -151,13 +165,10 @@ def complete(sums: Any, *, zero: np.ndarray, seed: int, M: int) -> Completion:
     C = c1 + c2
     h = h - ct(c2) @ c2  # (G1 - Q C2)^H (G1 - Q C2) with Q^H G1 = C2 and Q^H Q = I on Q's nonzero columns
     h = (h + ct(h)) / 2
-    r, shifted = _chol(h, M)
-    rinv = [_inv(r)]
-    for _ in range(2 if shifted else 1):  # CholeskyQR2 (shifted CholeskyQR3)
-        _, h2 = sums("gram", C, tuple(rinv))
-        r2 = cholesky_upper(h2)
-        if r2 is None:
-            break
+    rinv = [_whitening(h, int(np.sum(zero)), M)]
+    _, h2 = sums("gram", C, tuple(rinv))  # the CholeskyQR step on (G - Q C) W
+    r2 = cholesky_upper(h2)
+    if r2 is not None:
         rinv.append(_inv(r2))
     return Completion(seed=int(seed), zero=np.asarray(zero, dtype=bool), C=C, rinv=tuple(rinv))
 
@@ -169,7 +180,8 @@ def complete_incore(u_basis: np.ndarray, last: np.ndarray, zero: np.ndarray, see
     g = _gaussian(seed, int(zero.sum()), wd).rows(0, M)
 
     def sums(stage: str, C: Any, rinv: tuple) -> tuple:
-        state = {"P": np.zeros((u_basis.shape[1], g.shape[1]), dtype=wd), "H": np.zeros((g.shape[1],) * 2, dtype=wd)}
+        h = rinv[-1].shape[1] if stage == "gram" else g.shape[1]
+        state = {"P": np.zeros((u_basis.shape[1], g.shape[1]), dtype=wd), "H": np.zeros((h, h), dtype=wd)}
         _strip(u_basis, g, {"stage": stage, "C": C, "rinv": rinv}, state)
         return state["P"], state["H"]
 
