@@ -1182,10 +1182,11 @@ def test_schedulers(scheduler, tmp_path):
     for kw, ref in (({"lam": _lam(1e-3)}, Ridge(alpha=1e-3).fit(X, y, sample_weight=w)),
                     ({"lam": _grid(ALPHAS)}, RidgeCV(alphas=ALPHAS).fit(X, y, sample_weight=w)),
                     ({"lam": 1.0, "positive": True}, Ridge(alpha=1.0).fit(X, y, sample_weight=w))):  # inactive
-        x = least_budget(lambda mem: bl.solve(pa, y, fit_intercept=True, sample_weight=w, memory=mem,
-                                              scheduler=scheduler, workers=2, **kw))
-        base = bl.solve(pa, y, fit_intercept=True, sample_weight=w, memory=x.report["memory_budget"], scheduler="sync",
-                        workers=2, **kw)
+        base = least_budget(lambda mem: bl.solve(pa, y, fit_intercept=True, sample_weight=w, memory=mem,
+                                                 scheduler="sync", workers=2, **kw))
+        assert base.report["memory_budget"] < X.nbytes  # out of core: A streams in strips
+        x = bl.solve(pa, y, fit_intercept=True, sample_weight=w, memory=base.report["memory_budget"],
+                     scheduler=scheduler, workers=2, **kw)
         assert x.report["scheduler"] == scheduler and np.array_equal(dense(x), dense(base))
         alpha = ref.alpha_ if hasattr(ref, "alpha_") else ref.alpha
         check_solution(x, X, y, ref.coef_, ref.intercept_, _lam(alpha), w=w, fit_intercept=True)
