@@ -60,12 +60,12 @@ _OPEN_RUNS = 64
 
 
 def run_dtype(value_dtype: Any, *, values: bool = True) -> np.dtype:
-    """One entry of a run file: row and column (int64), value (none when ``values`` is False: every
-    value is 1, as in a ``pattern`` file, and the sort counts the duplicates instead of summing)."""
-    fields = [("r", "<i8"), ("c", "<i8")]
-    if values:
-        fields.append(("v", np.dtype(value_dtype).newbyteorder("<")))
-    return np.dtype(fields)
+    """One entry of a run file: row and column (int64), value. When ``values`` is False (every value
+    is 1, as in a ``pattern`` file) only the linear index ``k = row * n + column`` (int64): a third
+    of the bytes to gather, write and read, the sort's key as it is, and the duplicates counted."""
+    if not values:
+        return np.dtype([("k", "<i8")])
+    return np.dtype([("r", "<i8"), ("c", "<i8"), ("v", np.dtype(value_dtype).newbyteorder("<"))])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -459,10 +459,11 @@ def _bucket(runs: _Runs, prefix: str, rec: np.ndarray, keys: np.ndarray) -> None
     _append_parts(runs, prefix, recs, parts)
 
 
-def _bucket_batch(runs: _Runs, batch: Batch, rpb: int, buffer: list) -> None:
+def _bucket_batch(runs: _Runs, batch: Batch, rpb: int, buffer: list, n: int) -> None:
     """:func:`_bucket` of a batch by row block, its records gathered in bucket order straight from the
     batch's arrays into ``buffer[0]`` (kept from batch to batch: the process maps large arrays afresh,
-    and their page faults would cost more than the gathers)."""
+    and their page faults would cost more than the gathers); linear-index records (:func:`run_dtype`)
+    from ``row * n + column``, formed in ``buffer[2]``."""
     count = len(batch.rows)
     if count == 0:
         return
@@ -473,6 +474,15 @@ def _bucket_batch(runs: _Runs, batch: Batch, rpb: int, buffer: list) -> None:
     buffer[1] = keys
     keys = np.floor_divide(batch.rows, rpb, out=keys[:count])
     order, parts = _bucket_order(keys)
+    if rec.dtype.names == ("k",):
+        if buffer[2] is None or len(buffer[2]) < count:
+            buffer[2] = np.empty(count, np.int64)
+        lin = np.multiply(batch.rows, n, out=buffer[2][:count])
+        lin += batch.cols
+        np.take(lin, order, out=rec.view(np.int64), mode="clip")
+        del order
+        _append_parts(runs, "run", rec, parts)
+        return
     for field, src in (("r", batch.rows), ("c", batch.cols), ("v", batch.vals))[:len(rec.dtype.names)]:
         if src.dtype == rec.dtype[field] and src.dtype.itemsize == keys.itemsize:
             # gathered into the spent block numbers, then copied into the field: both together are
@@ -537,7 +547,11 @@ def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dty
     count = len(rec)
     span = (r1 - r0) * n
     bits = max(count - 1, 0).bit_length()
-    if span << bits < 2**63:
+    if rec.dtype.names == ("k",):  # linear indices, every value 1: no order to keep
+        key = np.subtract(rec["k"], r0 * n, out=space.key[:count] if space else None)
+        key.sort()
+        order = space.order[:count] if space else np.empty(count, np.int64)  # a buffer for what follows
+    elif span << bits < 2**63:
         # The (row, column) key shifted left, with the record's position in the low bits, is unique:
         # a plain sort of it in place (NumPy's vectorized sort, several times a stable argsort's speed)
         # gives the stable order, so duplicates are summed in source order, as SciPy sums them.
@@ -555,7 +569,7 @@ def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dty
         key += rec["c"]
         order, key = _stable_argsort(key)
     else:  # pragma: no cover - a key of row and column would overflow int64
-        return _sorted_block_wide(rec, r0, r1, n, index_dtype, value_dtype)
+        return _sorted_block_wide(rec, r0, r1, n, index_dtype)
     if "v" in rec.dtype.names:
         vals = np.take(rec["v"], order, out=space.vals[:count] if space else None, mode="clip")
     else:  # every value 1: nothing to gather (a random gather of the whole run)
@@ -599,11 +613,11 @@ def _scratch_of(rec: np.ndarray) -> np.ndarray | None:
     return rec.view(np.uint8)
 
 
-def _sorted_block_wide(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dtype, value_dtype: Any
+def _sorted_block_wide(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dtype
                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # pragma: no cover
     """:func:`_sorted_block` when a key of row and column would overflow int64."""
     order = np.lexsort((rec["c"], rec["r"]))
-    vals = rec["v"][order] if "v" in rec.dtype.names else np.ones(len(order), value_dtype)
+    vals = rec["v"][order]
     rr, cc = rec["r"][order] - r0, rec["c"][order]
     new = np.ones(len(rr), bool)
     new[1:] = (rr[1:] != rr[:-1]) | (cc[1:] != cc[:-1])
@@ -641,7 +655,9 @@ def _emit(runs: _Runs, name: str, r0: int, r1: int, plan: SortPlan, writer: Spar
     sub = f"{name}.{depth}"
     for start in range(0, count, plan.block_entries):  # bucketed again in pieces the budget holds
         rec = runs.load(name, start, min(plan.block_entries, count - start))
-        _bucket(runs, sub, rec, (rec["r"] - r0) // width)
+        rows = rec["k"] // n if rec.dtype.names == ("k",) else rec["r"]
+        _bucket(runs, sub, rec, (rows - r0) // width)
+        del rows
         del rec
     runs.close_all()
     runs.remove(name)
@@ -657,12 +673,13 @@ def external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str, 
     module notes). Returns counts for the report."""
     m, n = source.shape
     rpb = plan.rows_per_block
-    runs = _Runs(work, run_dtype(writer.dtype, values=not getattr(source, "unit_values", False)))
+    unit = bool(getattr(source, "unit_values", False)) and m * n < 2**63  # linear indices fit int64
+    runs = _Runs(work, run_dtype(writer.dtype, values=not unit))
     n_runs = -(-m // rpb) if m else 0
     prog = make_progress(progress)
     prog.start(n_runs, desc)
     stored = 0
-    buffer: list = [None, None]  # the records and block numbers of one batch, reused
+    buffer: list = [None, None, None]  # the records, block numbers and linear indices of one batch, reused
     try:
         for batch in source.batches():
             if nan == "error" and batch.vals.dtype.kind in "fc":
@@ -672,7 +689,7 @@ def external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str, 
                                                  f"NaN at {batch.where(int(bad[0]))}",
                                                  "fix the value, or pass nan='allow' (CLI: --nan allow)"))
             stored += len(batch.rows)
-            _bucket_batch(runs, batch, rpb, buffer)
+            _bucket_batch(runs, batch, rpb, buffer, n)
             del batch
         runs.close_all()
         del buffer[:]

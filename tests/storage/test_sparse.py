@@ -189,6 +189,34 @@ def test_runs_larger_than_the_budget_are_split_by_rows(tmp_path, rng):
     assert not (tmp_path / "one.zarr").exists()
 
 
+def test_pattern_runs_hold_linear_indices_and_split_by_rows(tmp_path, rng):
+    """A source whose values are all 1 (a pattern file) keeps ``row * n + column`` alone in its runs:
+    the skewed run is split as above and the duplicates become their counts, as SciPy sums them."""
+    m, n = 64, 50
+    r = np.concatenate([rng.integers(0, 4, 9000), rng.integers(0, m, 500)])
+    c = rng.integers(0, n, len(r))
+    x = scipy.sparse.coo_matrix((np.ones(len(r)), (r, c)), shape=(m, n))
+    src = ScipySource(x)
+    src.unit_values = True
+    plan = SortPlan(rows_per_block=32, block_entries=4096, entry_chunk=1024, row_chunk=1024, batch_bytes=0,
+                    peak_memory=0, memory=1 << 24)
+    w = SparseWriter(tmp_path / "p.zarr", (m, n), np.float32, entry_chunk=1024, row_chunk=1024)
+    work = tmp_path / "work"
+    work.mkdir()
+    external_sort(src, w, plan, str(work))
+    assert w.n_blocks > 2 and list(work.iterdir()) == []
+    w.commit()
+    s = blocklin.open(tmp_path / "p.zarr")
+    assert s.dtype == np.float32 and s.row_blocks[1] < 32
+    _assert_same(s.to_scipy(), x.astype(np.float32))
+    # a file: pattern general and symmetric, with duplicates, against mmread
+    for symmetry in ("general", "symmetric"):
+        rr, cc, _ = _entries(rng, 40, 40, 3000, lower=symmetry == "symmetric")
+        (tmp_path / "g.mtx").write_text(_mtx(rr, cc, None, (40, 40), field="pattern", symmetry=symmetry))
+        blocklin.convert(tmp_path / "g.mtx", tmp_path / "g.zarr", memory="24MiB", overwrite=True)
+        _assert_same(blocklin.open(tmp_path / "g.zarr").to_scipy(), scipy.io.mmread(tmp_path / "g.mtx"))
+
+
 def test_budget_too_small_names_a_budget_that_suffices(tmp_path, rng):
     r, c, v = _entries(rng, 50, 50, 100)
     (tmp_path / "a.mtx").write_text(_mtx(r, c, v, (50, 50)))
