@@ -53,8 +53,6 @@ test_ridge_fit_intercept_sparse, _sparse_error, _sparse_sag,    internals
 test_sparse_design_with_sample_weights, the sparse halves of
 test_dense_sparse
 test_check_gcv_mode_choice                                      scikit-learn's GCV mode selection
-test_ridge_sag_with_X_fortran                                   SAG's copy of Fortran input (its
-                                                                non-contiguous input is ported)
 test_dense_sparse[_test_ridge_classifiers],                     classifiers (RidgeClassifier,
 test_regularization_limits_ridge_classifier_gcv,                RidgeClassifierCV)
 test_ridge_classifier_with_scoring,
@@ -957,7 +955,8 @@ def test_ridge_regression_dtype_stability():
 
 
 def test_ridge_sag_with_X_fortran():
-    """test_ridge_sag_with_X_fortran's input: a Fortran-ordered, strided X (every other row) and y."""
+    """test_ridge_sag_with_X_fortran (its input; SAG's own copy is the solver's): a Fortran-ordered, strided X
+    (every other row) and y, against Ridge of the contiguous copy."""
     X, y = make_regression(random_state=42)
     X = np.asfortranarray(X)[::2, :]
     y = y[::2]
