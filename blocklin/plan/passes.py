@@ -101,6 +101,8 @@ PASS_WORKERS = 2
 #: Smallest strip (bytes of streamed rows) worth splitting the budget between :data:`PASS_WORKERS`
 #: tasks for; below it a pass keeps one task (with the BLAS threads of one of them).
 PASS_WORKERS_MIN_STRIP = 1 << 20
+#: Smallest strip (bytes of streamed rows) of a pass with one task that keeps every BLAS thread.
+PASS_WORKERS_ONE_TASK_STRIP = 16 << 20
 #: Strips read ahead by each of :data:`PASS_WORKERS` tasks (by one loader thread): the other task's
 #: products already overlap a task's reads. Measured as above (load average 3.5, 8 passes each,
 #: alternated): 0.32 s per pass (median) reading one strip ahead with one loader, 0.36 s two ahead,
@@ -126,7 +128,11 @@ def pass_workers(plan: Callable[..., RowPassPlan], device: str) -> RowPassPlan:
     # machine, G += Y_i^T Y_i on 2048 x 40 strips of a 100000 x 40 block took 0.5 s on 2 BLAS threads.
     single = dataclasses.replace(one, blas_threads=max(1, one.blas_threads // PASS_WORKERS))
     if len(one.groups) < 2:
-        return single
+        # a lone strip of PASS_WORKERS_ONE_TASK_STRIP or more keeps every BLAS thread: its products are
+        # large enough to split (the update's new rows of a 500-column Gram, 20000 x 500 float32: the
+        # strip's float64 deviations and SYRK 0.170 s on one thread, 0.148 s on two, medians of 8 under
+        # a load of 2.5 on the 2-core machine)
+        return one if one.strip * one.row_bytes >= PASS_WORKERS_ONE_TASK_STRIP else single
     try:
         more = plan(PASS_WORKERS, PASS_WORKERS_PREFETCH)
     except BudgetError:
