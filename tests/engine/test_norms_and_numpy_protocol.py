@@ -61,6 +61,28 @@ def test_spectral_norms(budget):
     assert abs(bl.cond(a, memory=BUDGETS[budget]) - kappa) <= 4 * M * eps(np.float64) * (1 + kappa) * kappa
 
 
+@pytest.mark.parametrize("budget", list(BUDGETS))
+def test_cond_of_complex_data(budget):
+    """``cond`` of complex data: ``s_1 / s_N`` from the complex SVD (tall, and square), and the 1-norm
+    condition from the complex inverse, against NumPy's. Bounds as for real data times ``3 sqrt(2)``
+    (a complex product's rounding, Higham Lemma 3.5)."""
+    rng = np.random.default_rng(7)
+    c = 3 * math.sqrt(2)
+    s = np.linspace(4.0, 0.05, 30)
+    u, _ = np.linalg.qr(rng.standard_normal((600, 30)) + 1j * rng.standard_normal((600, 30)))
+    v, _ = np.linalg.qr(rng.standard_normal((30, 30)) + 1j * rng.standard_normal((30, 30)))
+    a = (u * s) @ v.conj().T
+    kappa = s[0] / s[-1]
+    assert abs(bl.cond(a, memory=BUDGETS[budget]) - kappa) <= c * 4 * 600 * eps(np.float64) * (1 + kappa) * kappa
+    assert abs(bl.cond(a, -2, memory=BUDGETS[budget]) - 1 / kappa) <= c * 4 * 600 * eps(np.float64) * (1 + kappa)
+    sq = rng.standard_normal((60, 60)) + 1j * rng.standard_normal((60, 60)) + 10 * np.eye(60)
+    k2 = np.linalg.cond(sq)
+    assert abs(bl.cond(sq, memory="4MiB") - k2) <= c * 4 * 60 * eps(np.float64) * (1 + k2) * k2  # the whole space
+    for p in (1, np.inf):  # the inverse's forward error is cond_2 times its backward error (Higham Thm 14.2)
+        ref = np.linalg.cond(sq, p)
+        assert abs(bl.cond(sq, p, memory=BUDGETS[budget]) - ref) <= c * 16 * 60 * eps(np.float64) * k2 * ref, p
+
+
 def test_determinants_and_cond_of_a_square_matrix():
     rng = np.random.default_rng(3)
     n = 200
