@@ -570,11 +570,11 @@ def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dty
         order, key = _stable_argsort(key)
     else:  # pragma: no cover - a key of row and column would overflow int64
         return _sorted_block_wide(rec, r0, r1, n, index_dtype)
-    if "v" in rec.dtype.names:
-        vals = np.take(rec["v"], order, out=space.vals[:count] if space else None, mode="clip")
-    else:  # every value 1: nothing to gather (a random gather of the whole run)
+    unit = "v" not in rec.dtype.names
+    if unit:  # every value 1: nothing to gather (a random gather of the whole run), duplicates counted
         vals = space.vals[:count] if space else np.empty(count, value_dtype)
-        vals.fill(1)
+    else:
+        vals = np.take(rec["v"], order, out=space.vals[:count] if space else None, mode="clip")
     new = order.view(np.bool_)[:count]  # the order is spent once the values are gathered
     if count:
         new[0] = True
@@ -583,26 +583,36 @@ def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dty
     del new
     u = len(starts)
     if u == count:  # no duplicates: nothing to gather or sum
-        uk, rows, sums = key, order[:u], vals
+        uk, sums = key, vals
+        if unit:
+            sums.fill(1)
     else:
         uk = np.take(key, starts, out=order[:u])
-        rows = key[:u]
-    np.floor_divide(uk, n, out=rows)
+    # the sorted keys' row boundaries (r1 - r0 binary searches, not an int64 division of every key)
+    indptr = np.searchsorted(uk, np.arange(r1 - r0 + 1, dtype=np.int64) * n)
     scratch = _scratch_of(rec)
     vdt = vals.dtype
     at = -(-u * vdt.itemsize // 8) * 8  # the columns after the sums, 8-byte aligned
     fits = scratch is not None and at + u * np.dtype(index_dtype).itemsize <= scratch.size
-    if u != count:
+    if u != count and unit:  # the counts of equal keys
+        sums = scratch[:u * vdt.itemsize].view(vdt) if fits else np.empty(u, vdt)
+        np.subtract(starts[1:], starts[:-1], out=sums[:-1], casting="unsafe")
+        sums[-1:] = count - starts[-1:]
+    elif u != count:
         sums = np.add.reduceat(vals, starts, out=scratch[:u * vdt.itemsize].view(vdt) if fits else None) \
             if u else vals[:0]
-    del vals
-    np.multiply(rows, n, out=starts)
+    del vals, starts
+    # each key's row start (row * n), in the int64 buffer the keys no longer need: n added at each
+    # row's first key, then summed along (no new array: a new one costs its page faults)
+    row_starts = (order if u == count else key)[:u]
+    row_starts.fill(0)
+    firsts = indptr[1:-1]
+    np.add.at(row_starts, firsts[firsts < u], n)
+    np.cumsum(row_starts, out=row_starts)
     cols = scratch[at:at + u * np.dtype(index_dtype).itemsize].view(index_dtype) if fits else \
         np.empty(u, index_dtype)
-    np.subtract(uk, starts, out=cols, casting="unsafe")  # uk % n; it fits the index dtype (n does)
-    del uk, starts
-    indptr = np.zeros(r1 - r0 + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=r1 - r0), out=indptr[1:])
+    np.subtract(uk, row_starts, out=cols, casting="unsafe")  # uk % n; it fits the index dtype (n does)
+    del uk, row_starts
     return indptr, cols, sums
 
 

@@ -407,7 +407,8 @@ class MtxReader(Reader):
                 c -= 1
             del text
             self._check_range(first, r, c, 0)
-            if self.field == "pattern":
+            unit = self.field == "pattern" and self.symmetry != "skew-symmetric"
+            if self.field == "pattern" and not unit:
                 v.fill(1)
             total = k
             if mirror:
@@ -419,10 +420,13 @@ class MtxReader(Reader):
                 total = k + int(np.count_nonzero(off))
                 np.compress(off, c, out=rows[k:total])
                 np.compress(off, r, out=cols[k:total])
-                np.compress(off, v, out=vals[k:total])
+                if not unit:
+                    np.compress(off, v, out=vals[k:total])
                 if self.symmetry == "skew-symmetric":
                     np.negative(vals[k:total], out=vals[k:total])
                 del off
+            if unit:  # pattern: every value (mirrors too) 1
+                vals[:total].fill(1)
             self._consumed += k
             yield first, rows[:total], cols[:total], vals[:total], k
         self._check_end()
