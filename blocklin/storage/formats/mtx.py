@@ -11,7 +11,10 @@ Readers:
 * every ``coordinate`` file (entries in any order) is held in memory: the reader states the bytes
   it needs (:attr:`MtxReader.resident_bytes`) and the converter refuses, naming that figure, when
   the budget cannot hold them. Symmetric and skew-symmetric entries are mirrored; duplicates are
-  summed (as :func:`scipy.io.mmread` does); ``pattern`` entries read as 1.
+  summed (as :func:`scipy.io.mmread` does); ``pattern`` entries read as 1. :meth:`MtxReader.entries`
+  streams them block by block for the sparse conversion; each block is parsed by SciPy's C++ reader
+  when :mod:`blocklin.storage.formats.mtx_parse` finds it in a grammar both parsers read alike, else
+  line by line by ``np.loadtxt`` (which names a bad line).
 
 The writer emits ``array`` ``general`` files (``real`` or ``integer``), one column panel at a time.
 """
