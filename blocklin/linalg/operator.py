@@ -5,6 +5,9 @@ row strips through the device, as engine row passes; so :func:`scipy.sparse.lina
 :func:`~scipy.sparse.linalg.eigsh`, :func:`~scipy.sparse.linalg.lsqr` and friends work on data that
 does not fit in memory (each of their iterations costs one pass). The vectors themselves
 (``n`` and ``m`` long) are in memory, as SciPy requires.
+
+Complex ``A``: ``rmatvec``/``rmatmat`` are ``A^H Y`` (SciPy's adjoint), formed as the conjugate of
+``A^T conj(Y)``; a complex ``x`` with a real ``A`` takes its real and imaginary parts in one pass.
 """
 
 from __future__ import annotations
@@ -63,13 +66,22 @@ class BlocklinOperator(LinearOperator):
         if x2.shape[0] != want:
             raise ShapeError(explain("x", f"must have {want} rows", f"shape {x.shape}", f"pass a length-{want} vector"))
         out_dt = np.result_type(dt, x2.dtype)
+        if x2.dtype.kind == "c" and np.dtype(dt).kind != "c":  # real A, complex x: both parts, one pass
+            parts = self._pass(np.hstack([x2.real, x2.imag]), transpose)
+            y = parts[:, :x2.shape[1]] + 1j * parts[:, x2.shape[1]:]
+            y = y.astype(out_dt, copy=False)
+            return y.ravel() if squeeze else y
+        cplx = np.dtype(dt).kind == "c"
         x2 = np.ascontiguousarray(x2, dtype=dt)
+        if cplx and transpose:  # A^H Y = conj(A^T conj(Y))
+            x2 = np.ascontiguousarray(x2.conj())
         c = x2.shape[1]
         with Job("operator", **self._settings) as job:
             if transpose:
                 states, _ = run_pass(job, rmat_kernel, [source(op)], {"Y": x2, "n": n, "check": False},
                                      description="rmatmat")
                 y = reduce_sum(states, "Z")
+                y = np.conj(y) if cplx else y
             else:
                 states, _ = run_pass(job, apply_kernel, [source(op)], {"W": x2, "collect": True},
                                      description="matmat")
@@ -122,7 +134,8 @@ def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array
-        The matrix (float32 or float64). In-memory inputs are staged once to the temp dir.
+        The matrix (float32, float64, complex64 or complex128: ``rmatvec`` is then ``A^H x``). In-memory
+        inputs are staged once to the temp dir.
     **settings
         As for every operation: :class:`~blocklin.config.Settings` (one row pass over ``a`` per product).
 
@@ -151,7 +164,7 @@ def aslinearoperator(a: Any, **settings: Unpack[Settings]) -> BlocklinOperator:
         stack.close()
         raise
     try:
-        float_operand(op, "aslinearoperator")
+        float_operand(op, "aslinearoperator", complex_ok=True)
     except DTypeError:
         stack.close()
         raise

@@ -243,3 +243,25 @@ def test_complex_svd_on_gpu(shape, memory, method):
     assert_singular_values(res.s, cpu.s, n=max(shape), dtype=np.complex128, const=8 * COMPLEX)
     assert_orthonormal(_dense(res.U), const=2 * COMPLEX)
     assert_orthonormal(_dense(res.Vt).conj().T, const=2 * COMPLEX)
+
+
+@pytest.mark.parametrize("dtype", CDTYPES)
+def test_complex_linear_operator_products(dtype):
+    """``aslinearoperator`` of complex data: ``A x`` and the adjoint ``A^H y`` (SciPy's ``rmatvec``) streamed,
+    within the product bound ``k eps ||A|| ||x||`` times ``3 sqrt(2)``; a real ``A`` with a complex ``x`` too."""
+    a = _matrix((M, N), dtype, decay=0.95)
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((N, 2)) + 1j * rng.standard_normal((N, 2))).astype(dtype)
+    y = (rng.standard_normal((M, 2)) + 1j * rng.standard_normal((M, 2))).astype(dtype)
+    a128 = a.astype(np.complex128)
+    for matrix in (a, a.real.copy()):
+        op = bl.aslinearoperator(matrix, memory="64KiB")
+        try:
+            m128 = matrix.astype(np.complex128)
+            for got, ref, k, v in ((op.matmat(x), m128 @ x, N, x), (op.rmatmat(y), m128.conj().T @ y, M, y),
+                                   (op.H.matvec(y[:, 0]), m128.conj().T @ y[:, 0], M, y[:, 0])):
+                bound = 2 * COMPLEX * k * eps(dtype) * np.linalg.norm(a128) * np.linalg.norm(v)
+                assert np.linalg.norm(got - ref) <= bound
+            assert op.passes == 3
+        finally:
+            op.close()

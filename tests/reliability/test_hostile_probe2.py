@@ -85,7 +85,6 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
         "gram dtype=float64": lambda: bl.gram(Z, dtype="float64", memory=MEM),
         "matmul dtype=float64": lambda: bl.matmul(Z, Z, trans_a=True, dtype="float64", memory=MEM),
         "pca": lambda: bl.pca(Z, 3, memory=MEM),  # scikit-learn's PCA refuses complex input too
-        "aslinearoperator": lambda: bl.aslinearoperator(Z),
     }
     for name, call in refusing.items():
         with pytest.raises(DTypeError) as info:
@@ -147,6 +146,13 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
     w, _ = bl.eigsh(S, 3, order="descending", memory=MEM)
     wref = np.linalg.eigvalsh(s128)[::-1][:3]
     assert np.max(np.abs(w - wref)) <= (10 * np.sqrt(eps) + 3 * np.sqrt(2) * 4 * 30 * eps) * wref[0]
+    op = bl.aslinearoperator(Z, memory=MEM)  # A x and the adjoint A^H y, streamed
+    try:
+        x, y = z128[:30, :2], z128[:, :2]
+        assert np.linalg.norm(op.matmat(x) - z128 @ x) <= 3 * np.sqrt(2) * 2 * 30 * eps * np.linalg.norm(z) ** 2
+        assert np.linalg.norm(op.rmatmat(y) - z128.conj().T @ y) <= 3 * np.sqrt(2) * 2 * 50 * eps * np.linalg.norm(z) ** 2
+    finally:
+        op.close()
     for o in (2, -2, "nuc"):
         ref = np.linalg.norm(s128, o)
         assert abs(bl.norm(S, o, memory=MEM) - ref) <= (10 * np.sqrt(eps) + 3 * np.sqrt(2) * 4 * 30 * 30 * eps) * ref, o
