@@ -235,3 +235,25 @@ def test_huge_indices_within_int64():
     np.testing.assert_array_equal(r, want.row)
     np.testing.assert_array_equal(c, want.col)
     np.testing.assert_array_equal(v, want.data)
+
+
+@pytest.mark.parametrize("symmetry", ["symmetric", "skew-symmetric"])
+@pytest.mark.parametrize("diagonal", [0, 3, 200])
+def test_mirrored_blocks_with_few_or_many_diagonal_entries(tmp_path, rng, symmetry, diagonal):
+    """The mirror images are copied between a block's few diagonal entries, or gathered past many."""
+    n, k = 300, 2000
+    r = rng.integers(2, n + 1, k)
+    c = np.minimum(rng.integers(1, n + 1, k), r - 1)  # strictly below the diagonal
+    d = rng.choice(k, diagonal, replace=False)
+    c[d] = r[d]
+    v = rng.integers(-9, 10, k)
+    if symmetry == "skew-symmetric":
+        v[d] = 0
+    body = "".join(f"{a} {b} {x}\n" for a, b, x in zip(r.tolist(), c.tolist(), v.tolist()))
+    text = f"%%MatrixMarket matrix coordinate integer {symmetry}\n{n} {n} {k}\n" + body
+    (tmp_path / "d.mtx").write_text(text)
+    blocklin.convert(tmp_path / "d.mtx", tmp_path / "d.zarr", memory="64MiB")
+    want = scipy.io.mmread(io.StringIO(text)).tocsr()
+    want.sum_duplicates()
+    got = blocklin.open(tmp_path / "d.zarr").to_scipy()
+    np.testing.assert_array_equal(got.toarray(), want.toarray())

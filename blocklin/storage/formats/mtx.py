@@ -59,6 +59,12 @@ def _nth_newline(text: str, k: int, count: int) -> int:
     return int(np.flatnonzero(codes == 10)[k - 1])
 
 
+def _runs_between(cuts: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """The non-empty ranges of ``0..k`` between the sorted positions ``cuts`` (each left out)."""
+    bounds = [-1, *cuts.tolist(), k]
+    return [(a + 1, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a + 1]
+
+
 def _bad(rule: str, actual: str, fix: str = "check the file (see https://math.nist.gov/MatrixMarket/formats.html)"):
     return FormatError(explain("mtx input", rule, actual, fix))
 
@@ -424,10 +430,18 @@ class MtxReader(Reader):
                     raise _bad("a skew-symmetric matrix has a zero diagonal",
                                f"a nonzero diagonal entry at line {first + b}", "fix the entry or the symmetry")
                 total = k + int(np.count_nonzero(off))
-                np.compress(off, c, out=rows[k:total])
-                np.compress(off, r, out=cols[k:total])
-                if not unit:
-                    np.compress(off, v, out=vals[k:total])
+                if 2 * k - total <= 64:  # a few diagonal entries (the usual block): copies between them
+                    at = k
+                    for a, b in _runs_between(np.flatnonzero(~off), k):
+                        rows[at:at + b - a], cols[at:at + b - a] = c[a:b], r[a:b]
+                        if not unit:
+                            vals[at:at + b - a] = v[a:b]
+                        at += b - a
+                else:
+                    np.compress(off, c, out=rows[k:total])
+                    np.compress(off, r, out=cols[k:total])
+                    if not unit:
+                        np.compress(off, v, out=vals[k:total])
                 if self.symmetry == "skew-symmetric":
                     np.negative(vals[k:total], out=vals[k:total])
                 del off
