@@ -17,8 +17,10 @@ Conventions mapped (blocklin's, by design): a 1-D ``y`` is one column, so ``x`` 
 ``x.intercept`` has one value and ``cv_results_`` is ``m x 1 x L`` (scikit-learn: ``(m, L)``); a
 scalar ``sample_weight`` is refused (a constant weight ``c`` is ``lam / sqrt(c)``) and an ``m x 1``
 column accepted (a stored weight vector); ``cv_results_`` holds the squared leave-one-out errors,
-``w_i e_i^2`` (scikit-learn's ``scoring=None`` content; with a ``scoring=`` it holds the predictions,
-so test_ridge_cv_results_predictions compares the errors of the same naive refits).
+``w_i e_i^2`` (scikit-learn's ``scoring=None`` content; with a ``scoring=`` scikit-learn keeps the
+predictions there, blocklin the same squared errors, so test_ridge_cv_results_predictions compares the
+errors of the same naive refits). ``RidgeCV(cv=cv, scoring=s)`` is ``bl.solve(..., lam=("loo", grid),
+cv=cv, scoring=s)``.
 
 Tolerances: every comparison of a solution is against scikit-learn's result (or NumPy's) computed in
 the test, with the norm-wise bound of the regularized normal equations (:func:`coef_bound`: Higham
@@ -70,8 +72,8 @@ test_array_api_error_and_warnings_for_solver_parameter,
 test_array_api_numpy_namespace_no_warning
 test_metadata_routing_with_default_scoring,                     estimator API (metadata routing)
 test_set_score_request_with_default_scoring
-test_ridgecv_store_cv_results ``cv=3`` refusal,                 ``cv=``'s interplay with options blocklin
-test_ridge_cv_individual_penalties ``cv=`` refusals             does not have (k-fold ``cv=`` is an xfail)
+test_ridgecv_store_cv_results ``cv=3`` refusal,                 refused by blocklin as by scikit-learn
+test_ridge_cv_individual_penalties ``cv=`` refusals             (tests/solve/test_ridge_kfold.py)
 ==============================================================  ===========================================
 """
 
@@ -101,13 +103,10 @@ _ind = np.arange(_diabetes.data.shape[0])
 np.random.RandomState(0).shuffle(_ind)
 X_DIABETES, Y_DIABETES = _diabetes.data[_ind[:200]], _diabetes.target[_ind[:200]]
 
-KFOLD = pytest.mark.xfail(strict=True, reason="RidgeCV's cv= (k-fold cross-validation): blocklin's lam='loo' "
-                                              "is the exact leave-one-out (cv=None) only")
-SCORING = pytest.mark.xfail(strict=True, reason="RidgeCV's scoring= other than its default (the mean squared "
-                                                "error): not built")
-MIN_NORM_OLS = pytest.mark.xfail(strict=True, reason="solve(lam=0) refuses a rank-deficient A (SingularMatrixError "
-                                                     "naming bl.lstsq, whose minimum-norm solution takes no "
-                                                     "fit_intercept)")
+MIN_NORM_OLS = pytest.mark.xfail(strict=True, reason="solve(lam=0) without an intercept refuses a rank-deficient A "
+                                                     "(SingularMatrixError naming bl.lstsq, the minimum-norm solution "
+                                                     "from the SVD; with fit_intercept the centered normal equations "
+                                                     "give it)")
 MIN_NORM_INTERCEPT = pytest.mark.xfail(strict=True, reason="solve(lam=0, fit_intercept=True) of a wide A: the "
                                                            "centered A (rank m - 1) is refused as rank-deficient; "
                                                            "the minimum norm of (x0, x) the peer asks for is not "
@@ -358,7 +357,7 @@ def test_ridge_regression_unpenalized(fit_intercept, kind):
 
 
 @pytest.mark.parametrize("fit_intercept,kind", _params_unpenalized({
-    (True, "long"): MIN_NORM_OLS, (False, "long"): MIN_NORM_OLS, (True, "wide"): MIN_NORM_INTERCEPT}))
+    (False, "long"): MIN_NORM_OLS, (True, "wide"): MIN_NORM_INTERCEPT}))
 def test_ridge_regression_unpenalized_hstacked_X(fit_intercept, kind):
     """test_ridge_regression_unpenalized_hstacked_X: OLS on ``[X, X] / 2`` is ``(w, w)`` (singular for long X)."""
     X, y, coef, _ = ols_ridge_dataset(kind)
@@ -588,7 +587,6 @@ def test_regularization_limits_ridge_gcv(alpha, fit_intercept, X_shape, dtype):
     _check_limits(x, X, y, alpha, fit_intercept, dtype)
 
 
-@SCORING
 def test_ridge_loo_cv_asym_scoring():
     """test_ridge_loo_cv_asym_scoring: ``scoring="explained_variance"``, against ``RidgeCV(cv=n_samples)``."""
     X, y = make_sparse_offset_regression(n_samples=10, n_features=5, n_targets=1, random_state=0, shuffle=False,
@@ -664,7 +662,6 @@ def test_dense_sparse_ridge_cv():
     assert x.shape == (X_DIABETES.shape[1], 1) and x.intercept.shape == (1,) and x.intercept.dtype == np.float64
 
 
-@KFOLD
 def test_dense_sparse_ridge_cv_kfold():
     """test_dense_sparse[_test_ridge_cv] (dense, ``cv=KFold(5)``)."""
     from sklearn.model_selection import KFold
@@ -706,7 +703,7 @@ def test_ridge_gcv_cv_results_not_stored():
     assert not hasattr(x, "cv_results_") and "cv_results_" not in x.report
 
 
-@pytest.mark.parametrize("cv", [None, pytest.param(3, marks=KFOLD)])
+@pytest.mark.parametrize("cv", [None, 3])
 def test_ridge_best_score(cv):
     """test_ridge_best_score (RidgeCV): ``best_score_`` is a float (``cv=3``: 3-fold)."""
     X, y = make_regression(n_samples=6, random_state=42)
@@ -751,7 +748,6 @@ def test_ridge_cv_individual_penalties():
     assert x.cv_results_.shape == (20, 1, len(alphas))
 
 
-@SCORING
 def test_ridge_cv_individual_penalties_r2_scoring():
     """test_ridge_cv_individual_penalties' ``scoring="r2"`` part: the same per-target alphas."""
     X, y, alphas = _individual_penalties_data()
@@ -759,14 +755,20 @@ def test_ridge_cv_individual_penalties_r2_scoring():
     assert x.report["alpha_"] == pytest.approx([RidgeCV(alphas=alphas).fit(X, t).alpha_ for t in y.T])
 
 
-@pytest.mark.parametrize("scoring", [None, pytest.param("neg_mean_squared_error", marks=SCORING),
-                                     pytest.param("callable", marks=SCORING)])
+def _mean_squared_error_callable(x, y):
+    return ((x - y) ** 2).mean()
+
+
+@pytest.mark.parametrize("scoring", [None, "neg_mean_squared_error", "callable"])
 def test_ridgecv_store_cv_results(scoring):
     """test_ridgecv_store_cv_results: ``cv_results_`` is ``m x k x L`` (a 1-D y: ``m x 1 x L``)."""
     rng = np.random.RandomState(42)
     x_ = rng.randn(8, 5)
     alphas = [1e-1, 1e0, 1e1]
-    kw = {} if scoring is None else {"scoring": scoring}
+    from sklearn.metrics import make_scorer
+
+    kw = {} if scoring is None else {"scoring": make_scorer(_mean_squared_error_callable)
+                                     if scoring == "callable" else scoring}
     y = rng.randn(8)
     r = bl.solve(x_, y, lam=_grid(alphas), store_cv_results=True, fit_intercept=True, **kw)
     assert r.cv_results_.shape == (8, 1, 3)
@@ -793,7 +795,7 @@ def test_ridgecv_alphas_conversion():
     assert np.array_equal(x.report["curve"]["lam"], np.asarray(lam))
 
 
-@pytest.mark.parametrize("cv", [None, pytest.param(3, marks=KFOLD)])
+@pytest.mark.parametrize("cv", [None, 3])
 def test_ridgecv_alphas_zero(cv):
     """test_ridgecv_alphas_zero (RidgeCV): a zero alpha is refused for leave-one-out, taken by k-fold."""
     rng = np.random.RandomState(0)
@@ -809,7 +811,6 @@ def test_ridgecv_alphas_zero(cv):
         assert x.report["alpha_"] == pytest.approx(RidgeCV(alphas=alphas, cv=cv).fit(X, y).alpha_)
 
 
-@KFOLD
 def test_ridgecv_sample_weight():
     """test_ridgecv_sample_weight: ``cv=KFold(5)`` with weights, against GridSearchCV over Ridge."""
     from sklearn.model_selection import GridSearchCV, KFold
@@ -1150,7 +1151,6 @@ def test_ridge_cv_multioutput_sample_weight(X_shape):
     assert abs(x.report["best_score_"] - (-mean_squared_error(y, y_pred_loo))) <= bound
 
 
-@SCORING
 @pytest.mark.parametrize("X_shape", [(50, 10), (10, 50)], ids=["tall", "wide"])
 def test_ridge_cv_custom_multioutput_scorer(X_shape):
     """test_ridge_cv_custom_multioutput_scorer: a scorer weighing the second target twice."""

@@ -152,13 +152,15 @@ def weight_check_kernel(device: Any, arrays: tuple, rows: slice, params: Any, st
 def _loo_memory(params: Any, sources: tuple) -> PassMemory:
     n, k = sources[0].width, sources[1].width
     grid = len(params["lams"])
-    stored = grid * k if params["store"] else 0
+    stored = grid * k * ((1 if params["store"] else 0) + (1 if params.get("errors") else 0))
     c = 2 if "c" in (np.dtype(sources[0].dtype).kind, np.dtype(sources[1].dtype).kind) else 1  # complex128
     # V, the coefficients of every lambda, 1/(s^2 + lam^2), the sums; per row the centered (and weighted)
     # copies of [A B], A V and its square, the hat diagonals, the fits, errors and their squares, and
-    # the per-row squared errors kept for cv_results
-    return PassMemory(fixed=8 * c * (n * n + n * grid * k + n * grid + 2 * grid * k + n + k),
-                      per_row=8 * c * (3 * n + 2 * k + 2 * grid + 3 * grid * k + stored + 1),
+    # the per-row squared errors kept for cv_results (and the signed errors a callable scorer reads); with
+    # scoring=, the sums of the errors, their squares and absolute values, and of the unscaled errors per row
+    sums = 3 * grid * k + 2 * k if params.get("stats") else 0
+    return PassMemory(fixed=8 * c * (n * n + n * grid * k + n * grid + 2 * grid * k + n + k + sums),
+                      per_row=8 * c * (3 * n + 2 * k + 2 * grid + (5 if sums else 3) * grid * k + stored + 1),
                       max_strip_bytes=MAX_STRIP_BYTES, min_rows=1)
 
 
@@ -172,14 +174,27 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
     ``e_i = b_i - p_i^T diag(s / (s^2 + lam^2)) beta`` and the leave-one-out error
     ``e_i / (1 - h_ii)`` (Golub, Heath and Wahba 1979; scikit-learn ``_RidgeGCV``, whose
     ``looe`` this is, weighted by ``sqrt(w_i)``). Accumulates the squared errors per lambda and
-    right-hand side (``L x k``), and keeps them per row when ``params["store"]``.
+    right-hand side (``L x k``), and keeps them per row when ``params["store"]``. With ``params["stats"]``
+    (``scoring=``) it also sums the errors of the original rows, ``e_i / sqrt(w_i)`` (the leave-one-out
+    prediction's error on the unweighted target, as ``RidgeCV`` scores it), their squares and absolute values,
+    and the targets' sums about ``params["shift"]`` (:class:`~blocklin.linalg.solve.scoring.Stats`); with
+    ``params["errors"]`` (a callable scorer) it keeps those errors per row. The sums are weighted by ``w_i``
+    (``RidgeCV`` hands ``sample_weight`` to its scorer).
     """
     dt = params["v"].dtype  # float64, complex128 for complex data
     a = np.asarray(arrays[0], dtype=dt)
     b = np.asarray(arrays[1], dtype=np.result_type(dt, arrays[1].dtype))
     lams, k = params["lams"], b.shape[1]
     if state is None:
-        state = {"sq": np.zeros((len(lams), k)), "blocks": []}
+        state = {"sq": np.zeros((len(lams), k)), "blocks": [], "errors": []}
+    if params.get("stats"):  # the targets' sums (weighted as the scorer weighs them: RidgeCV's score_params)
+        raw = b - params["shift"]
+        wv = np.asarray(arrays[2], dtype=np.float64) if len(arrays) > 2 else 1.0
+        if "sb" not in state:
+            state.update(sb=np.zeros(k), bb=np.zeros(k), se=np.zeros((len(lams), k)), sse=np.zeros((len(lams), k)),
+                         sae=np.zeros((len(lams), k)))
+        state["sb"] += (wv * raw).sum(axis=0)
+        state["bb"] += (wv * raw * raw).sum(axis=0)
     if params["mu"] is not None:
         a, b = a - params["mu"], b - params["bbar"]
     w = np.asarray(arrays[2], dtype=np.float64)[:, 0] if len(arrays) > 2 else None
@@ -197,4 +212,71 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
     state["sq"] += sq.sum(axis=0)
     if params["store"]:
         state["blocks"].append((rows.start, sq.reshape(len(a), -1)))
+    if params.get("stats"):  # w e, w e^2, w |e| of e = looe / sqrt(w): looe sqrt(w), looe^2, |looe| sqrt(w)
+        s1 = sw[:, :, None] if w is not None else 1.0
+        state["se"] += (looe * s1).sum(axis=0)
+        state["sse"] += sq.sum(axis=0)
+        state["sae"] += (np.abs(looe) * s1).sum(axis=0)
+        if params.get("errors"):
+            with np.errstate(divide="ignore", invalid="ignore"):
+                err = looe / sw[:, :, None] if w is not None else looe
+            state["errors"].append((rows.start, err.reshape(len(a), -1)))
+    return state, None
+
+
+def _fold_memory(params: Any, sources: tuple) -> PassMemory:
+    n, k = sources[0].width, sources[1].width
+    sets = 2 if params["weighted"] else 1  # the weighted training sums beside the unweighted held-out ones
+    # per fold (and one slot for rows no fold holds out) its Gram matrix, A^T b and the sums; per row the
+    # cast copies of [A B] (and the sqrt(w)-scaled one), the fold of each row
+    return PassMemory(fixed=8 * sets * (params["folds"] + 1) * (n * n + n * k + n + 3 * k + 1),
+                      per_row=8 * (sets + 1) * (n + k) + 16, max_strip_bytes=MAX_STRIP_BYTES, min_rows=MIN_STRIP_ROWS)
+
+
+@row_kernel(memory=_fold_memory, device="cpu")
+def fold_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
+    """The sums of every cross-validation fold in one pass: per fold ``f`` (rows held out together) its
+    ``A_f^T A_f``, ``A_f^T b_f``, ``||b_f||^2``, column sums of ``A_f`` and ``b_f`` and row count, and with
+    sample weights (third source) the same sums of the ``sqrt(w)``-scaled rows (``A_f^T W A_f``,
+    ``A_f^T W b_f``, ``A_f^T w``, ``b_f^T w``, ``sum w``, ``b_f^T W b_f``) that the training fits take. A row's fold is given by
+    ``params["bounds"]`` (contiguous folds, ``KFold``'s) or by the last source (a stored column of fold
+    numbers; ``-1``: in no held-out set, kept in the extra slot ``folds``)."""
+    a = np.asarray(arrays[0], dtype=np.float64)
+    b = np.asarray(arrays[1], dtype=np.float64)
+    slots, weighted = params["folds"] + 1, params["weighted"]
+    n, k = a.shape[1], b.shape[1]
+    if state is None:
+        names = ("", "w") if weighted else ("",)
+        state = {}
+        for p in names:
+            state.update({f"g{p}": np.zeros((slots, n, n)), f"c{p}": np.zeros((slots, n, k)),
+                          f"sa{p}": np.zeros((slots, n)), f"sb{p}": np.zeros((slots, k)), f"cnt{p}": np.zeros(slots)})
+        state["bb"] = np.zeros((slots, k))
+        if weighted:
+            state["bbw"] = np.zeros((slots, k))
+    if params["bounds"] is not None:
+        fold = np.searchsorted(np.asarray(params["bounds"]), np.arange(rows.start, rows.stop), side="right") - 1
+    else:
+        fold = np.asarray(arrays[-1], dtype=np.float64)[:, 0].astype(np.int64)
+    fold = np.where(fold < 0, slots - 1, fold)
+    w = np.asarray(arrays[2], dtype=np.float64)[:, 0] if weighted else None
+    for f in np.unique(fold):
+        sel = fold == f
+        af, bf = a[sel], b[sel]
+        state["g"][f] += af.T @ af
+        state["c"][f] += af.T @ bf
+        state["sa"][f] += af.sum(axis=0)
+        state["sb"][f] += bf.sum(axis=0)
+        state["cnt"][f] += af.shape[0]
+        state["bb"][f] += sumsq_cols(bf)
+        if weighted:
+            wf = w[sel]
+            sw = np.sqrt(wf)[:, None]
+            aw, bw = af * sw, bf * sw
+            state["gw"][f] += aw.T @ aw
+            state["cw"][f] += aw.T @ bw
+            state["saw"][f] += af.T @ wf
+            state["sbw"][f] += bf.T @ wf
+            state["cntw"][f] += float(wf.sum())
+            state["bbw"][f] += sumsq_cols(bw)
     return state, None

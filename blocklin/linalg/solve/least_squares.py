@@ -29,29 +29,39 @@ from blocklin.storage.identity import resume_token
 def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, kind: str, lams: list[float],
                         method: str, refine: Any, fit_intercept: bool, out: Any, overwrite: bool,
                         resume: bool, updatable: bool = False, W: Any = None, weights: tuple | None = None,
-                        positive: bool = False, per_target: bool = False, store_cv: bool = False) -> Matrix:
+                        positive: bool = False, per_target: bool = False, store_cv: bool = False,
+                        scoring: Any = None, folds: Any = None) -> Matrix:
     """``x`` of ``min ||A x - b||^2 + lam^2 ||x||^2`` on the route of ``plan``, committed with its report;
     ``updatable``: with the sums :func:`blocklin.update` reads (:mod:`blocklin.linalg.solve.updatable`).
     ``W``: the checked ``sample_weight`` operand, ``weights`` its ``(sum, positive count)``
     (:mod:`blocklin.linalg.solve.weights`); ``positive``, ``per_target``, ``store_cv`` as :func:`blocklin.solve`
-    says."""
+    says; ``scoring`` (:mod:`blocklin.linalg.solve.scoring`) and ``folds`` (``cv=``,
+    :mod:`blocklin.linalg.solve.kfold`) those of the cross-validated choice."""
     (m, n), k = A.shape, B.shape[1]
     if updatable:
         check_updatable(out=out, orientation=plan.orientation)
-    options = _options(W, positive, per_target, store_cv)
-    inputs = [A, B] + ([W] if W is not None else [])
+    options = _options(W, positive, per_target, store_cv, scoring, folds)
+    L = None
+    if folds is not None and folds.labels is not None and plan.orientation != "wide":  # streamed with the rows
+        L = job.operand(folds.labels.astype(np.float64)[:, None], "cv_folds")
+    inputs = [A, B] + ([W] if W is not None else []) + ([L] if L is not None else [])
     ao = job.claim(out, inputs, overwrite=overwrite, resume=resume,
                    token=_token(inputs, lam, method, refine, fit_intercept, plan, updatable, options))
     ctx = TikhonovRun(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
                       intercept=bool(fit_intercept), saved=StepRecords(ao.done if out is not None else None),
                       W=W, wsum=weights[0] if weights else None, wpos=weights[1] if weights else None,
-                      positive=bool(positive), per_target=bool(per_target), store_cv=bool(store_cv))
+                      positive=bool(positive), per_target=bool(per_target), store_cv=bool(store_cv),
+                      scoring=scoring, folds=folds, L=L)
     ctx.sa = Scaling(str(source(A).path), A.dtype)
     ctx.sb = Scaling(str(source(B).path), B.dtype)
     solve_route = solve_wide if plan.orientation == "wide" else solve_tall
     info = _unscale_info(ctx, solve_route(ctx, ao.array_path()))
     _check_finite_info(info)
-    if kind == "loo":
+    if kind == "loo" and folds is not None:
+        from blocklin.linalg.solve.kfold import report_entries as cv_entries
+
+        cv_entries(info)
+    elif kind == "loo":
         from blocklin.linalg.solve.loo import report_entries
 
         report_entries(ctx, info)
@@ -69,10 +79,14 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
     return x
 
 
-def _options(W: Any, positive: bool, per_target: bool, store_cv: bool) -> dict:
-    """The options beyond the original ones, as the report and the provenance record them (only those set)."""
+def _options(W: Any, positive: bool, per_target: bool, store_cv: bool, scoring: Any = None,
+             folds: Any = None) -> dict:
+    """The options beyond the original ones, as the report and the provenance record them (only those set;
+    a callable scorer as ``"callable"``, the folds by their splitter and count)."""
     opts = {"sample_weight": W is not None, "positive": bool(positive), "lam_per_target": bool(per_target),
-            "store_cv_results": bool(store_cv)}
+            "store_cv_results": bool(store_cv),
+            "scoring": scoring if scoring is None or isinstance(scoring, str) else "callable",
+            "cv": None if folds is None else f"{folds.what}: {folds.count} folds"}
     return {k: v for k, v in opts.items() if v}
 
 

@@ -69,7 +69,7 @@ def _stand_in(name: str, shape: tuple[int, int], chunks: tuple[int, int], dtype:
 
 def plan_least_squares(job: Any, A: Any, B: Any, W: Any = None, *, kind: str, lams: list[float], method: str,
                        refine: Any, intercept: bool, positive: bool = False, store_cv: bool = False,
-                       updatable: bool = False) -> None:
+                       updatable: bool = False, scoring: Any = None, folds: Any = None) -> None:
     """Refuse, before anything is written, a budget at which some step of the call does not plan: a
     :class:`~blocklin.errors.BudgetError` naming (and carrying as ``minimum``) the least budget at which
     every step plans (:func:`~blocklin.plan.minimum.whole_call`). Parameters as
@@ -77,12 +77,13 @@ def plan_least_squares(job: Any, A: Any, B: Any, W: Any = None, *, kind: str, la
     ``sample_weight`` operand."""
     whole_call(lambda memory: plan_steps(job, A, B, W, kind=kind, lams=lams, method=method, refine=refine,
                                          intercept=intercept, positive=positive, store_cv=store_cv,
-                                         updatable=updatable, memory=memory),
+                                         updatable=updatable, memory=memory, scoring=scoring, folds=folds),
                job.cfg.memory, "the least-squares solve")
 
 
 def plan_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float], method: str, refine: Any,
-               intercept: bool, positive: bool, store_cv: bool, updatable: bool, memory: int) -> None:
+               intercept: bool, positive: bool, store_cv: bool, updatable: bool, memory: int, scoring: Any = None,
+               folds: Any = None) -> None:
     """Every step of the route a call at ``memory`` takes, planned at ``memory``; raises the first
     step's :class:`~blocklin.errors.BudgetError`."""
     view = _JobAt(job, memory)
@@ -111,7 +112,7 @@ def plan_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float]
         _wide_steps(view, A, B, kind=kind, lams=lams, cplx=cplx)
     else:
         _tall_steps(view, A, B, W, kind=kind, lams=lams, method=method, refine=refine, intercept=intercept,
-                    positive=positive, store_cv=store_cv, updatable=updatable)
+                    positive=positive, store_cv=store_cv, updatable=updatable, scoring=scoring, folds=folds)
 
 
 def _row_pass(job: Any, kernel: Any, sources: list, params: dict, *, reserve: int, device: str | None = None,
@@ -127,8 +128,10 @@ def _row_pass(job: Any, kernel: Any, sources: list, params: dict, *, reserve: in
 
 
 def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float], method: str, refine: Any,
-                intercept: bool, positive: bool, store_cv: bool, updatable: bool) -> None:
-    """The passes of :func:`~blocklin.linalg.solve.normal.solve_tall` and what follows it."""
+                intercept: bool, positive: bool, store_cv: bool, updatable: bool, scoring: Any = None,
+                folds: Any = None) -> None:
+    """The passes of :func:`~blocklin.linalg.solve.normal.solve_tall` and what follows it (with ``cv=``: the
+    fold pass, whose ``folds + 1`` sets of Gram sums the budget holds, then the route at one lambda)."""
     from blocklin.device import pass_device
     from blocklin.linalg.blocks.center import plan_column_moments
     from blocklin.linalg.blocks.tsqr import tsqr_kernel
@@ -152,19 +155,30 @@ def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float
         _row_pass(job, tsqr_kernel, sources[:2], {"dtype": cdt}, reserve=reserve,
                   device=device(2.0 * m * (n + k) ** 2))
     refines = (1 if refine == "auto" else int(refine)) and (
-        kind == "scalar" and method != "qr" or rule and method == "auto" and not centered)
+        kind == "scalar" and method != "qr" or rule and method == "auto" and not centered or folds is not None)
     if refines:  # the refinement passes (a rule's choice too, on the spectral route of "auto")
         _row_pass(job, residual_kernel, sources, {"dtype": cdt}, reserve=reserve,
                   device=device(4.0 * m * n * k))
     if intercept and W is None:  # the column means of A and of b
         plan_column_moments(job, A, memory=job.cfg.memory)
         plan_column_moments(job, B, memory=job.cfg.memory)
-    if kind == "loo":
+    if kind == "loo" and folds is not None:  # the fold pass; the Gram pass above stands for the route's
+        from blocklin.linalg.solve.kernels import fold_kernel
+        from blocklin.linalg.solve.kfold import sums_bytes
+
+        sums = sums_bytes(folds.count, n, k, W is not None)
+        fold_sources = sources + ([_stand_in("cv_folds", (m, 1), (min(m, A.chunks[0]), 1))]
+                                  if folds.labels is not None else [])
+        _row_pass(job, fold_kernel, fold_sources, {"folds": folds.count, "bounds": folds.bounds,
+                                                   "weighted": W is not None}, reserve=reserve + sums, device="cpu")
+    elif kind == "loo":
         from blocklin.linalg.solve.loo import max_grid, pass_reserve
 
         grid = len(lams) or max_grid()
-        _row_pass(job, loo_kernel, sources, {"lams": range(grid), "store": bool(store_cv)},
-                  reserve=pass_reserve(m, n, k, grid, store_cv, job.cfg.memory), device="cpu")
+        errors = callable(scoring)
+        _row_pass(job, loo_kernel, sources, {"lams": range(grid), "store": bool(store_cv),
+                                             "stats": scoring is not None, "errors": errors},
+                  reserve=pass_reserve(m, n, k, grid, store_cv, job.cfg.memory, errors), device="cpu")
 
 
 def _wide_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float], cplx: bool = False) -> None:

@@ -66,25 +66,36 @@ def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
         return ctx.loo_choice[1], ctx.loo_choice[2]
     given = bool(ctx.lams)
     grid = np.asarray(ctx.lams, dtype=np.float64) if given else default_grid(spec.s)
-    sq, rows = _dual(ctx, spec, grid) if spec.dual else _pass(ctx, spec, grid)
+    res = _dual(ctx, spec, grid) if spec.dual else _pass(ctx, spec, grid)
+    sq, rows = res["sq"], res.get("rows")
     k = sq.shape[1]
     per = sq / ctx.m  # mean squared error per lambda and right-hand side
     mse = sq.sum(axis=1) / (ctx.m * k)
+    several = ctx.per_target and k > 1
+    if ctx.scoring is None:  # RidgeCV's default: minus the mean squared error
+        score_per, score = -per, -mse
+    else:
+        score_per, score = _scores(ctx, res, len(grid), k, several)
 
-    def first_min(v: np.ndarray) -> int:
-        return int(np.argmin(np.where(np.isfinite(v), v, np.inf)))
+    def first_max(v: np.ndarray) -> int:
+        return int(np.argmax(np.where(np.isfinite(v), v, -np.inf)))
 
-    if ctx.per_target and k > 1:
-        idx = [first_min(per[:, j]) for j in range(k)]
+    if several:
+        idx = [first_max(score_per[:, j]) for j in range(k)]
         lams = [float(grid[i]) for i in idx]
     else:
-        idx = first_min(mse)
+        idx = first_max(score)
         lams = [float(grid[idx])]
     ends = {("low" if i == 0 else "high") for i in np.atleast_1d(idx) if i in (0, len(grid) - 1)}
     end = ",".join(sorted(ends)) if ends else None
     curve = {"lam": grid.tolist(), "loo": mse.tolist(), "loo_per_target": per.tolist(),
              "chosen": lams if len(lams) > 1 else lams[0], "chosen_index": idx, "at_grid_end": end,
              "grid": "given" if given else "default"}
+    if ctx.scoring is not None:  # in the units of the problem given already (not rescaled with the report)
+        curve["scoring"] = ctx.scoring if isinstance(ctx.scoring, str) else "callable"
+        curve["score"] = np.asarray(score, dtype=np.float64).tolist()
+        if score_per is not None:
+            curve["score_per_target"] = np.asarray(score_per, dtype=np.float64).tolist()
     if end and not given:
         warn(f"solve: the leave-one-out minimum sits at the {end} end of lambda in [{grid[0]:.3g}, {grid[-1]:.3g}]; "
              "the chosen value is a bound (pass lam=('loo', [...]) with a grid beyond it)")
@@ -92,18 +103,63 @@ def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     return lams, curve
 
 
-def pass_reserve(m: int, n: int, k: int, n_lam: int, store: bool, memory: int) -> int:
+def pass_reserve(m: int, n: int, k: int, n_lam: int, store: bool, memory: int, errors: bool = False) -> int:
     """What the leave-one-out pass holds outside its strips: the in-core problem and, with ``store``
-    (``store_cv_results``), the ``m x k x L`` squared errors; refused where they exceed ``memory``."""
-    kept = 8 * m * n_lam * k if store else 0
+    (``store_cv_results``), the ``m x k x L`` squared errors, with ``errors`` (a callable ``scoring=``) the
+    ``m x k x L`` signed errors, their predictions and the ``m x k`` targets; refused where they exceed
+    ``memory``."""
+    kept = (8 * m * n_lam * k if store else 0) + (8 * m * k * (2 * n_lam + 1) if errors else 0)
     reserve = small_bytes(n, k) + kept
-    if store and reserve > memory:
-        raise BudgetError(_msg("memory", "must hold cv_results_ (m x k x L float64, store_cv_results=True) beside "
-                               "the in-core problem", f"{format_size(kept)} for {m} rows x {k} x {n_lam} "
-                               f"lambdas over memory={format_size(memory)}",
+    if kept and reserve > memory:
+        what = "cv_results_ (m x k x L float64, store_cv_results=True)" if store else \
+            "the leave-one-out predictions a callable scoring= is called on (m x k x L float64)"
+        raise BudgetError(_msg("memory", f"must hold {what} beside the in-core problem",
+                               f"{format_size(kept)} for {m} rows x {k} x {n_lam} lambdas over "
+                               f"memory={format_size(memory)}",
                                f"raise memory= to at least {format_size(reserve)} (plus a strip), pass a shorter "
-                               "grid, or drop store_cv_results"), minimum=reserve)
+                               "grid, or drop store_cv_results / pass a scoring= name (computed from sums)"),
+                          minimum=reserve)
     return reserve
+
+
+def _scores(ctx: Any, res: dict, n_lam: int, k: int, several: bool) -> tuple[np.ndarray | None, np.ndarray]:
+    """``scoring=``'s score per lambda (``L``) and per lambda and right-hand side (``L x k``; None where a
+    callable scores all of them together), RidgeCV's: the scorer on every row's leave-one-out prediction
+    on the unweighted target, in the units of the problem given."""
+    from blocklin.linalg.solve import scoring
+
+    eb = ctx.sb.exponent if ctx.sb is not None else 0
+    if isinstance(ctx.scoring, str):
+        per = scoring.per_target(ctx.scoring, res["stats"].scaled(eb))
+        return per, per.mean(axis=1)
+    err = np.ldexp(res["errors"], eb) if eb else res["errors"]  # m x L x k
+    b = _targets(ctx)
+    pred = b[:, None, :] - err
+    w = _weights(ctx)
+    per = None
+    if several:
+        per = np.array([[scoring.call(ctx.scoring, pred[:, i, j:j + 1], b[:, j:j + 1], True, w) for j in range(k)]
+                        for i in range(n_lam)])
+    score = np.array([scoring.call(ctx.scoring, pred[:, i, :], b, k == 1, w) for i in range(n_lam)])
+    return per, score
+
+
+def _weights(ctx: Any) -> np.ndarray | None:
+    """``sample_weight`` in memory (None without): the callable scorer's ``sample_weight``, as RidgeCV's."""
+    if not ctx.weighted:
+        return None
+    if ctx.wvec is None:
+        from blocklin.matrix import Matrix
+
+        ctx.wvec = np.asarray(Matrix(ctx.W.path)[...], dtype=np.float64)[:, 0]
+    return ctx.wvec
+
+
+def _targets(ctx: Any) -> np.ndarray:
+    """``b`` in memory (float64, the units given): what a callable scorer compares the predictions with."""
+    from blocklin.matrix import Matrix
+
+    return np.asarray(Matrix(ctx.B.path)[...], dtype=np.float64)
 
 
 def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -114,10 +170,13 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     s2 = spec.s**2
     finv = 1.0 / (s2[:, None] + grid[None, :] ** 2)
     coef = (spec.s[:, None, None] * finv[:, :, None] * spec.beta[:, None, :]).reshape(spec.s.size, n_lam * k)
+    stats, errors = ctx.scoring is not None, callable(ctx.scoring)
     params = {"v": np.ascontiguousarray(spec.basis), "finv": finv, "coef": coef, "lams": grid,
               "mu": ctx.mu if ctx.intercept else None, "bbar": ctx.bbar if ctx.intercept else None,
-              "intercept": bool(ctx.intercept), "wsum": ctx.total_weight, "store": bool(ctx.store_cv)}
-    reserve = pass_reserve(ctx.m, ctx.n, k, n_lam, ctx.store_cv, ctx.job.cfg.memory)
+              "intercept": bool(ctx.intercept), "wsum": ctx.total_weight, "store": bool(ctx.store_cv),
+              "stats": stats, "errors": errors,
+              "shift": ctx.bbar if ctx.intercept and ctx.bbar is not None else np.zeros(k)}
+    reserve = pass_reserve(ctx.m, ctx.n, k, n_lam, ctx.store_cv, ctx.job.cfg.memory, errors)
 
     def run() -> dict:
         states, _ = run_pass(ctx.job, loo_kernel, ctx.sources(), params, reserve=reserve, check_finite=False,
@@ -127,11 +186,25 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
         out = {"sq": sum(st["sq"] for st in states)}
         if ctx.store_cv:
             out["rows"] = np.concatenate([blk for st in states for _, blk in st["blocks"]], axis=0)
+        if stats:
+            out.update({key: sum(st[key] for st in states) for key in ("sb", "bb", "se", "sse", "sae")})
+        if errors:
+            out["errors"] = np.concatenate([blk for st in states for _, blk in st["errors"]], axis=0)
         return out
 
     ctx.phases["leave-one-out pass"] = "cpu"
-    rec = ctx.saved.run(f"loo-{tokenize(grid, spec.s, spec.beta, ctx.store_cv)[:16]}", run)
-    return np.asarray(rec["sq"]), rec.get("rows")
+    rec = ctx.saved.run(f"loo-{tokenize(grid, spec.s, spec.beta, ctx.store_cv, stats, errors)[:16]}", run)
+    res = {"sq": np.asarray(rec["sq"]), "rows": rec.get("rows")}
+    if stats:
+        from blocklin.linalg.solve.scoring import Stats
+
+        total = ctx.total_weight
+        sst = np.asarray(rec["bb"]) - np.asarray(rec["sb"]) ** 2 / total  # about the mean, from sums about a shift
+        res["stats"] = Stats(n=total, se=np.asarray(rec["se"]), sse=np.asarray(rec["sse"]), sae=np.asarray(rec["sae"]),
+                             sst=np.broadcast_to(np.maximum(sst, 0.0), (n_lam, k)).copy())
+    if errors:
+        res["errors"] = np.asarray(rec["errors"]).reshape(ctx.m, n_lam, k)
+    return res
 
 
 def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -139,7 +212,7 @@ def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     u, beta, s2 = spec.basis, spec.beta, spec.s**2
     sw = np.sqrt(ctx.wvec) if ctx.wvec is not None else np.ones(ctx.m)
     u2 = u * u
-    sq, rows = [], []
+    sq, rows, errs = [], [], []
     for lam in grid:
         d_ = 1.0 / (s2 + lam**2)
         c = u @ (d_[:, None] * beta)
@@ -150,8 +223,20 @@ def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
             e2 = (c / d[:, None]) ** 2
         sq.append(e2.sum(axis=0))
         rows.append(e2)
+        if ctx.scoring is not None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                errs.append(c / d[:, None] / sw[:, None])  # the error on the unweighted target
     stored = np.stack(rows, axis=1).reshape(ctx.m, -1) if ctx.store_cv else None
-    return np.array(sq), stored
+    res = {"sq": np.array(sq), "rows": stored}
+    if ctx.scoring is not None:
+        from blocklin.linalg.solve.scoring import from_errors
+        from blocklin.linalg.solve.tikhonov import ldexp
+
+        err = np.stack(errs, axis=1)  # m x L x k, in the scaled units of b
+        res["stats"] = from_errors(err, ldexp(_targets(ctx), -ctx.sb.exponent) if ctx.sb is not None else _targets(ctx),
+                                   ctx.wvec)
+        res["errors"] = err
+    return res
 
 
 def report_entries(ctx: Any, info: dict) -> None:
@@ -162,7 +247,10 @@ def report_entries(ctx: Any, info: dict) -> None:
     lam = info["lam"]
     info["alpha_"] = [v * v for v in lam] if isinstance(lam, list) else lam * lam
     idx = curve["chosen_index"]
-    if isinstance(idx, list):
+    if "score" in curve:  # scoring=: the scorer's value (already in the units given)
+        info["best_score_"] = [curve["score_per_target"][i][j] for j, i in enumerate(idx)] \
+            if isinstance(idx, list) else curve["score"][idx]
+    elif isinstance(idx, list):
         info["best_score_"] = [-curve["loo_per_target"][i][j] for j, i in enumerate(idx)]
     else:
         info["best_score_"] = -curve["loo"][idx]

@@ -45,7 +45,10 @@ def gram_sums(ctx: TikhonovRun) -> dict:
 
 def _gram_pass(ctx: TikhonovRun) -> dict:
     """``A^T A``, ``A^T b``, ``||b||^2``, ``||A||_F^2`` (saved for resume)."""
-    gp = ctx.saved.run("gram-pass", lambda: ctx.scaled_run(lambda sc: _run_gram_pass(ctx, sc)))
+    if ctx.gram is not None:  # the fold sums' totals (cv=): the Gram quantities without a pass
+        gp = dict(ctx.gram)
+    else:
+        gp = ctx.saved.run("gram-pass", lambda: ctx.scaled_run(lambda sc: _run_gram_pass(ctx, sc)))
     ctx.adopt(gp)
     gp["aa"] = float(gp["aa"])
     return gp
@@ -125,7 +128,12 @@ def _center_gram(ctx: TikhonovRun, gp: dict) -> dict:
 
 
 def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:
-    """Tall or square ``A``: normal equations when well conditioned, else the streaming QR; writes ``x``."""
+    """Tall or square ``A``: normal equations when well conditioned, else the streaming QR; writes ``x``.
+    With ``cv=`` the fold pass chooses lambda first (:func:`blocklin.linalg.solve.kfold.solve_tall_cv`)."""
+    if ctx.folds is not None:
+        from blocklin.linalg.solve.kfold import solve_tall_cv
+
+        return solve_tall_cv(ctx, x_path, solve_tall)
     if ctx.intercept or ctx.weighted or ctx.positive:
         return _solve_tall_centered(ctx, x_path)
     if ctx.method == "qr":
@@ -220,8 +228,10 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
         return info
     lam = ctx.lams[0]
     cf, rcond = factor_regularized(gp["g"], lam)
+    if lam == 0 and not ctx.positive and (cf is None or rcond < np.finfo(np.float64).eps):
+        return _min_norm(ctx, gp, x_path, what, gram)
     if cf is None or rcond < AUTO_RCOND:
-        _refuse_or_warn(cf, rcond, lam)
+        _refuse_or_warn(cf, rcond, lam, ctx)
     x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
     xx = dots(x, x)
     info = {"rcond_normal": rcond, "residual_norm_source": source, "method": "normal",
@@ -235,16 +245,58 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
     return info
 
 
-def _refuse_or_warn(cf: Any, rcond: float, lam: float) -> None:
-    """``method="normal"`` on an ill-conditioned problem: refuse a singular one, warn otherwise."""
+def _min_norm(ctx: TikhonovRun, gp: dict, x_path: str, what: str, gram: str) -> dict:
+    """``lam = 0`` with a singular centered (or weighted) Gram matrix: the minimum-norm least-squares solution,
+    ``Ridge(alpha=0)``'s, from the eigen-decomposition of that Gram matrix over its eigenvalues above
+    ``n eps e_max`` (singular values of the centered ``A`` above about ``sqrt(n eps) s_1``: what the Gram
+    matrix resolves). A warning gives the rank; ``blocklin.lstsq`` of the centered data resolves singular
+    values down to ``eps s_1``."""
+    g, c = gp["g"], gp["c"]
+    ev, v = np.linalg.eigh(g)
+    tol = float(ev.max()) * ctx.n * np.finfo(np.float64).eps if ev.size else 0.0
+    keep = ev > tol
+    rank = int(keep.sum())
+    vk = v[:, keep]
+    x = vk @ ((vk.conj().T @ c) / ev[keep, None])
+    rr = gp["bb"] - 2 * dots(x, c) + dots(x, g @ x)
+    xx = dots(x, x)
+    warn(f"solve: lam = 0 and {gram} is singular (rank {rank} of {ctx.n}): the minimum-norm least-squares "
+         f"solution over its eigenvalues above {tol:.1e} (Ridge(alpha=0)'s); for singular values resolved to eps "
+         "use blocklin.lstsq on the centered data, or regularize with lam > 0")
+    info = {"rcond_normal": 0.0, "residual_norm_source": "Gram quantities", "method": "normal",
+            "method_reason": f"{what}, lam = 0: the minimum-norm solution from the eigen-decomposition of {gram} "
+                             f"(rank {rank} of {ctx.n}, eigenvalues above {tol:.1e})", "lam": 0.0, "rank": rank,
+            "residual_norm": norms(rr), "solution_norm": norms(xx), "objective": norms(rr), "refine_steps": 0,
+            "cond_estimate": float("inf"), "norm_a": math.sqrt(gp["aa"])}
+    if ctx.intercept:
+        info["intercept"] = ctx.offset(x).tolist()
+    write_x(ctx, x_path, x)
+    return info
+
+
+def _refuse_or_warn(cf: Any, rcond: float, lam: float, ctx: TikhonovRun | None = None) -> None:
+    """``method="normal"`` (or the centered, weighted or constrained normal equations, which have no QR route)
+    on an ill-conditioned problem: refuse a singular one, warn otherwise. The advice names what works for the
+    options given: ``method='qr'`` takes none of fit_intercept, sample_weight, positive."""
+    extras = [n for n, on in (("fit_intercept", ctx is not None and ctx.intercept),
+                              ("sample_weight", ctx is not None and ctx.weighted),
+                              ("positive", ctx is not None and ctx.positive)) if on]
+    if extras:
+        qr = (f"or, without {' and '.join(extras)}, method='qr' on the problem made by hand (for fit_intercept: "
+              "A - 1 mu^T and b - bbar with the column means, then x0 = bbar - mu^T x; for sample_weight: rows "
+              "scaled by sqrt(w))")
+    else:
+        qr = "or method='qr' (the streaming QR: no squared condition number)"
     if cf is None or rcond < np.finfo(np.float64).eps:
         if lam == 0:
             raise singular(1.0 / max(rcond, 1e-300) ** 0.5, "column")
-        raise SingularMatrixError(_msg("a", "A^T A + lam^2 I must be positive definite",
-                                       f"Cholesky failed (reciprocal condition {rcond:.1e})",
-                                       "use method='qr' or a larger lam"))
+        raise SingularMatrixError(_msg("a", "A^T A + lam^2 I must be positive definite" + (
+            f" (the {' and '.join(extras)} normal equations)" if extras else ""),
+            f"Cholesky failed (reciprocal condition {rcond:.1e}) at lam = {lam:.3g}",
+            f"a larger lam (lam=('loo', grid) or lam='gcv' chooses one), {qr}"))
     warn(f"solve: A^T A + lam^2 I has reciprocal condition {rcond:.1e}; the normal equations may lose "
-         "accuracy (refinement helps); method='qr' avoids squaring the condition number")
+         f"accuracy (refinement helps); {'a larger lam, ' if extras else ''}{qr.removeprefix('or ')} avoids "
+         "squaring the condition number")
 
 
 def _solve_refined(ctx: TikhonovRun, gp: dict, cf: Any, rcond: float, lam: float) -> tuple[np.ndarray, np.ndarray, int, str]:

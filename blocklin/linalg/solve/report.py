@@ -13,7 +13,7 @@ from blocklin.runtime.job import Job
 
 _LEAST_SQUARES = ("lam", "method", "method_reason", "residual_norm", "solution_norm", "passes", "seconds", "intercept",
                   "resumed_passes", "scaling", "lam_rule", "alpha_", "best_score_", "sample_weight", "positive",
-                  "lam_per_target")  # cv_results_ (m x k x L) stays in memory: x.cv_results_
+                  "lam_per_target", "scoring", "cv", "rank")  # cv_results_ (m x k x L) stays in memory: x.cv_results_
 #: Report entries recorded in the output's attributes, per route.
 RECORDED = {
     "least squares": _LEAST_SQUARES,  # the Gram matrix or R factor in memory (tall, wide)

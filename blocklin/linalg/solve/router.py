@@ -40,7 +40,8 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
           refine: Any = "auto", overwrite: bool = False, explain: bool = False, fit_intercept: bool = False,
           precision: str = "double", resume: bool = False, updatable: bool = False, tol: Any = None,
           max_iter: Any = None, sample_weight: Any = None, positive: bool = False, lam_per_target: bool = False,
-          store_cv_results: bool = False, **settings: Unpack[Settings]) -> Matrix | SolvePlan:
+          store_cv_results: bool = False, cv: Any = None, scoring: Any = None,
+          **settings: Unpack[Settings]) -> Matrix | SolvePlan:
     """Solve ``min ||A x - b||^2 + lam^2 ||x||^2`` out of core, for tall, square or wide ``A``.
 
     A stored **sparse** ``a`` (a :class:`~blocklin.sparse.SparseMatrix`, or the path or URL of its
@@ -163,6 +164,26 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         grid value in ``x.cv_results_`` and ``report["cv_results_"]`` (NumPy, ``m x k x L``, as
         ``RidgeCV(store_cv_results=True)``'s ``cv_results_`` for a 2-D ``y``; in memory, within the
         budget).
+    cv : int, splitter or (train, test) pairs, optional
+        With ``lam=("loo", grid)`` (or ``"loo"``): choose lambda by k-fold cross-validation instead of the
+        exact leave-one-out, as ``RidgeCV(alphas=grid**2, cv=cv)``: an int is ``KFold(cv)`` without
+        shuffling; a splitter (``KFold``, ``GroupKFold``'s splits, ...) or a list of ``(train, test)``
+        index pairs whose test sets do not overlap and whose training sets are all other rows. Tall ``A``:
+        the per-fold Gram sums from one pass (``folds + 1`` sets of ``n^2 + n k`` float64 in the budget),
+        every fold's fit and held-out score from them, then ``x`` at the choice from their totals; wide
+        ``A``: every fold in memory from ``A A^T`` (:mod:`blocklin.linalg.solve.kfold`). The grid may hold
+        0 (the minimum-norm fit on a fold). The report has ``alpha_``, ``best_score_`` (the mean score over
+        the folds at the choice), ``lam_rule="cv"``, ``cv`` and ``curve`` (``score`` per grid value,
+        ``fold_scores``); no ``cv_results_`` (``store_cv_results`` and ``lam_per_target`` are refused, as
+        RidgeCV refuses them). Real data.
+    scoring : str or callable, optional
+        The score the cross-validated choice maximizes, scikit-learn's: ``"neg_mean_squared_error"``,
+        ``"neg_root_mean_squared_error"``, ``"neg_mean_absolute_error"``, ``"r2"``, ``"explained_variance"``
+        (exact from sums of the held-out errors, :mod:`blocklin.linalg.solve.scoring`), or a callable
+        ``scoring(estimator, X, y)`` called as ``scoring(identity, predictions, y)`` on the held-out
+        predictions (kept in memory: ``lam="loo"``, and ``cv=`` of a wide ``A``; refused with ``cv=`` on a
+        tall ``A``, as ``"neg_mean_absolute_error"`` is there). ``None``: RidgeCV's defaults, minus the mean
+        squared error for leave-one-out and ``"r2"`` with ``cv``. ``best_score_`` is then the score.
     **settings
         As for every operation: :class:`~blocklin.config.Settings`. The passes of this solver run on the
         CPU; a sparse ``a``'s products run as tasks on the scheduler (groups of row blocks fixed by the
@@ -212,7 +233,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
     (True, 'normal')
     """
     extras = {"sample_weight": sample_weight, "positive": positive, "lam_per_target": lam_per_target,
-              "store_cv_results": store_cv_results}
+              "store_cv_results": store_cv_results, "cv": cv, "scoring": scoring}
     sparse = as_sparse_matrix(a, settings.get("storage_options"))
     if isinstance(sparse, SparseMatrix):  # a stored sparse matrix: LSQR on its row-block products
         _refuse_sparse_extras(lam, extras)
@@ -225,9 +246,11 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                   refine=refine, overwrite=overwrite, fit_intercept=fit_intercept, precision=precision, resume=resume,
                   **extras, **settings)
         return label_solution(x, labels_of(a), labels_of(b))
-    method, assume_a, kind, lams, precision = _checked(method, assume_a, lam, precision, fit_intercept)
+    method, assume_a, kind, lams, precision = _checked(method, assume_a, lam, precision, fit_intercept,
+                                                       zero_grid=cv is not None)
     positive, per_target, store_cv = _checked_extras(kind, method, assume_a, sample_weight is not None, positive,
                                                      lam_per_target, store_cv_results)
+    scoring = _checked_cv(kind, cv, scoring, per_target, store_cv, method)
     updatable = flag("updatable", updatable)
     weighted = sample_weight is not None
     reason = _square_reason(a, b, assume_a=assume_a, kind=kind, lams=lams, method=method,
@@ -251,11 +274,13 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                           sample_weight=sample_weight, positive=positive, **settings)
     with Job("solve", **settings) as job:
         A, B = _operands(job, a, b)
-        _refuse_complex_extras(A, B, kind=kind, positive=positive, updatable=updatable)
+        _refuse_complex_extras(A, B, kind=kind, positive=positive, updatable=updatable, cv=cv, scoring=scoring)
+        folds = _folds(cv, A, scoring)
         W = weight_operand(job, sample_weight, A.shape[0]) if weighted else None
         # before anything is written: a refusal names the budget at which every step of the call plans
         plan_least_squares(job, A, B, W, kind=kind, lams=lams, method=method, refine=refine,
-                           intercept=bool(fit_intercept), positive=positive, store_cv=store_cv, updatable=updatable)
+                           intercept=bool(fit_intercept), positive=positive, store_cv=store_cv, updatable=updatable,
+                           scoring=scoring, folds=folds)
         if _gram_exceeds_budget(job, A, B, kind, method):
             if updatable:
                 raise ParameterError(_msg("updatable", "keeps A^T A in memory, which must fit the budget",
@@ -270,7 +295,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         return solve_least_squares(job, A, B, plan, lam=lam, kind=kind, lams=lams, method=method, refine=refine,
                                    fit_intercept=fit_intercept, out=out, overwrite=overwrite, resume=resume,
                                    updatable=updatable, W=W, weights=weights, positive=positive,
-                                   per_target=per_target, store_cv=store_cv)
+                                   per_target=per_target, store_cv=store_cv, scoring=scoring, folds=folds)
 
 
 def solve_plan(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", refine: Any = "auto",
@@ -338,13 +363,14 @@ def _refuse_sparse_only(method: str, tol: Any, max_iter: Any) -> None:
                                   "(blocklin convert A.mtx S.zarr) and pass that"))
 
 
-def _checked(method: str, assume_a: str, lam: Any, precision: str,
-             fit_intercept: bool) -> tuple[str, str, str, list[float], str]:
-    """``method``, ``assume_a``, ``lam`` (its kind and values) and ``precision`` checked, in that order."""
+def _checked(method: str, assume_a: str, lam: Any, precision: str, fit_intercept: bool,
+             zero_grid: bool = False) -> tuple[str, str, str, list[float], str]:
+    """``method``, ``assume_a``, ``lam`` (its kind and values; ``zero_grid``: a k-fold grid may hold 0) and
+    ``precision`` checked, in that order."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares; LU when square), "
                       "'pos' (SPD) or 'sym' (symmetric)")
-    kind, lams = parse_lam(lam)
+    kind, lams = parse_lam(lam, zero_grid=zero_grid)
     from blocklin.linalg.solve.square import solve_precision
 
     precision = solve_precision(precision)
@@ -355,9 +381,9 @@ def _checked(method: str, assume_a: str, lam: Any, precision: str,
     return method, assume_a, kind, lams, precision
 
 
-def parse_lam(lam: Any) -> tuple[str, list[float]]:
+def parse_lam(lam: Any, zero_grid: bool = False) -> tuple[str, list[float]]:
     """``(kind, values)``: ``"scalar"``, ``"sequence"``, a rule (``"gcv"``, ``"lcurve"``: no values) or
-    ``"loo"`` with its grid (empty for the default grid)."""
+    ``"loo"`` with its grid (empty for the default grid; ``zero_grid``: values ``>= 0``, k-fold's)."""
     if isinstance(lam, str):
         rule = lam.strip().lower()
         if rule in ("gcv", "lcurve", "l-curve"):
@@ -367,7 +393,7 @@ def parse_lam(lam: Any) -> tuple[str, list[float]]:
         raise ParameterError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv', 'lcurve', 'loo' or "
                                  "('loo', grid)", repr(lam), "pass lam=1e-3, lam=[1e-4, 1e-3, 1e-2] or lam='gcv'"))
     if isinstance(lam, tuple) and lam and isinstance(lam[0], str):
-        return "loo", _loo_grid(lam)
+        return "loo", _loo_grid(lam, zero_grid)
     if isinstance(lam, (Sequence, np.ndarray)) and not isinstance(lam, str):
         if _has_strings(lam):
             raise ParameterError(_msg("lam", "sequence must hold numbers (a string is not read as one)", repr(lam),
@@ -395,9 +421,10 @@ def _has_strings(values: Any) -> bool:
     return any(isinstance(v, (str, bytes)) for v in np.asarray(values, dtype=object).ravel())
 
 
-def _loo_grid(lam: tuple) -> list[float]:
+def _loo_grid(lam: tuple, zero_ok: bool = False) -> list[float]:
     """The grid of ``lam=("loo", grid)``: values finite and > 0 (the leave-one-out formula divides by
-    ``1 - h_ii``, which is 0 for an unregularized fit through a row of leverage 1; RidgeCV refuses 0 too)."""
+    ``1 - h_ii``, which is 0 for an unregularized fit through a row of leverage 1; RidgeCV refuses 0 too);
+    ``zero_ok`` (``cv=``: each fold is fitted, the minimum-norm fit at 0, as RidgeCV takes it): ``>= 0``."""
     fix = "pass lam=('loo', [0.1, 1.0, 10.0]) (lam = sqrt(alpha) of RidgeCV's alphas), or lam='loo'"
     if lam[0].strip().lower() != "loo" or len(lam) > 2:
         raise ParameterError(_msg("lam", "as a tuple must be ('loo', grid)", repr(lam), fix))
@@ -413,9 +440,12 @@ def _loo_grid(lam: tuple) -> list[float]:
     if not vals:
         raise ParameterError(_msg("lam", "grid of ('loo', grid) must not be empty", "[]", fix))
     for v in vals:
+        if zero_ok and math.isfinite(v) and v >= 0:
+            continue
         if not math.isfinite(v) or v <= 0:
             raise ParameterError(_msg("lam", "grid values of ('loo', grid) must be finite and > 0 (leave-one-out "
-                                      "divides by 1 - h_ii, which lam = 0 can make 0)", repr(v), fix))
+                                      "divides by 1 - h_ii, which lam = 0 can make 0; with cv= they may be 0)",
+                                      repr(v), fix))
     return vals
 
 
@@ -446,10 +476,44 @@ def _checked_extras(kind: str, method: str, assume_a: str, weighted: bool, posit
     return positive, per_target, store_cv
 
 
+def _checked_cv(kind: str, cv: Any, scoring: Any, per_target: bool, store_cv: bool, method: str) -> Any:
+    """``cv`` and ``scoring`` checked against the other options; ``scoring`` as
+    :func:`blocklin.linalg.solve.scoring.checked` returns it."""
+    from blocklin.linalg.solve import kfold
+    from blocklin.linalg.solve import scoring as scorers
+
+    scoring = scorers.checked(scoring)
+    if scoring is not None and kind != "loo":
+        raise ParameterError(_msg("scoring", "applies to the cross-validated choice of lambda (lam='loo' or "
+                                  "('loo', grid), with or without cv=)", f"scoring={scoring!r} with lam of kind "
+                                  f"{kind!r}", "pass lam=('loo', grid), or drop scoring"))
+    if cv is not None:
+        kfold.refuse_options(cv, kind=kind, per_target=per_target, store_cv=store_cv, cplx=False, dims=())
+        if method == "qr":
+            raise ParameterError(_msg("method", "'qr' cannot take cv= (the folds' fits come from their Gram sums)",
+                                      "method='qr' with cv", "pass method='auto' or 'normal'"))
+    return scoring
+
+
+def _folds(cv: Any, A: Any, scoring: Any) -> Any:
+    """The folds of ``cv`` over ``A``'s rows (None without ``cv``); a tall ``A`` takes the scorers the fold
+    sums give."""
+    if cv is None:
+        return None
+    from blocklin.linalg.solve import kfold
+
+    m, n = A.shape
+    if m >= n:
+        kfold.refuse_tall_scoring(scoring, m, n)
+    return kfold.folds_of(cv, m)
+
+
 def _refuse_sparse_extras(lam: Any, extras: dict) -> None:
-    """A stored sparse ``a`` (LSQR) takes none of ``sample_weight``, ``positive``, ``lam='loo'``."""
+    """A stored sparse ``a`` (LSQR) takes none of ``sample_weight``, ``positive``, ``lam='loo'``, ``cv``,
+    ``scoring``."""
     kind = parse_lam(lam)[0]
-    given = [k for k, v in extras.items() if (v is not None if k == "sample_weight" else bool(v))]
+    given = [k for k, v in extras.items()
+             if (v is not None if k in ("sample_weight", "cv", "scoring") else bool(v))]
     if kind == "loo" or given:
         what = given[0] if given else "lam"
         raise ParameterError(_msg(what, "is not available for a stored sparse a (LSQR on its row-block products: no "
@@ -480,12 +544,18 @@ def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
     return A, B
 
 
-def _refuse_complex_extras(A: Any, B: Any, *, kind: str, positive: bool, updatable: bool) -> None:
+def _refuse_complex_extras(A: Any, B: Any, *, kind: str, positive: bool, updatable: bool, cv: Any = None,
+                           scoring: Any = None) -> None:
     """What the least-squares routes of complex data do not take, each refused by name with its reason (the
     stored-Gram route, real only, is refused by the budget check with the in-memory route's minimum)."""
     if "c" not in (A.dtype.kind, B.dtype.kind):
         return
     dts = f"a: {A.dtype.name}, b: {B.dtype.name}"
+    for name, given in (("cv", cv), ("scoring", scoring)):
+        if given is not None:
+            raise ParameterError(_msg(name, "applies to real data (scikit-learn's scorers and folds' fits compare "
+                                      "real targets)", f"{name}={given!r} with {dts}", f"drop {name} (lam='loo' "
+                                      "chooses by the mean squared leave-one-out error of a tall complex a)"))
     if positive:
         raise ParameterError(_msg("positive", "applies to real data (x >= 0 is an order complex numbers do not "
                                   "have)", f"positive=True with {dts}", "drop positive, or split the problem into "

@@ -126,6 +126,10 @@ def _lambdas(ctx: TikhonovRun, spec: Spectrum) -> tuple[list[float], dict | None
     if ctx.kind in ("gcv", "lcurve"):
         lam, curve = choose_lambda(spec, ctx.kind)
         return [lam], curve
+    if ctx.kind == "loo" and ctx.folds is not None:  # cv=: k-fold of a wide a, in memory
+        from blocklin.linalg.solve.kfold import wide_choose
+
+        return wide_choose(ctx, spec)
     if ctx.kind == "loo":
         from blocklin.linalg.solve import loo
 

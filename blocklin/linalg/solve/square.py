@@ -227,8 +227,10 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
             refine_steps=ref.steps, history=ref.history, norm_a=norm_a,
             growth_factor=factor.growth, plan=factor.plan.to_dict(), orientation="square", lam=0.0,
             phases=_phases(job, factor.kind), resumed=run.stages.resumed, stages_skipped=run.stages.skipped)
-        return job.finish(ao, out, report, operation="solve", plan=factor.plan.to_dict(),
-                          params={"assume_a": assume_a, "precision": precision}, recorded=recorded)
+        x = job.finish(ao, out, report, operation="solve", plan=factor.plan.to_dict(),
+                       params={"assume_a": assume_a, "precision": precision}, recorded=recorded)
+        x.intercept = None  # as every route's x: a square system has no intercept
+        return x
 
 
 def _token(job: Job, A: Any, B: Any, out: Any, **params: Any) -> str:

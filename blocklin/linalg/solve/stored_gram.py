@@ -33,8 +33,10 @@ def solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwri
     ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume, token=token)
     info = solve_gram_out_of_core(job, A, B, lam, ao, refine=refine, resume=resume, token=token)
     report, recorded = solve_report(job, route="stored gram", orientation="wide" if m < n else "tall", **info)
-    return job.finish(ao, out, report, operation="solve", plan=info.get("plan", {}), params=params,
-                      recorded=recorded)
+    x = job.finish(ao, out, report, operation="solve", plan=info.get("plan", {}), params=params,
+                   recorded=recorded)
+    x.intercept = None  # as every route's x: no intercept fitted (the route does not center)
+    return x
 
 
 def _stored_gram_token(job: Job, A: Any, B: Any, lam: float, refine: Any, out: Any) -> str:

@@ -79,6 +79,15 @@ class TikhonovRun:
     store_cv: bool = False
     #: the leave-one-out choice of the last spectrum it was made on (:mod:`blocklin.linalg.solve.loo`)
     loo_choice: Any = None
+    #: ``scoring=`` of the cross-validated choice (:mod:`blocklin.linalg.solve.scoring`)
+    scoring: Any = None
+    #: ``cv=``: the folds (:class:`blocklin.linalg.solve.kfold.Folds`), their stored fold numbers ``L`` where
+    #: not contiguous, the Gram quantities the fold sums gave (read instead of a Gram pass), and the wide
+    #: route's ``A A^T``, ``b`` and weights of the scaled problem
+    folds: Any = None
+    L: Any = None
+    gram: dict | None = None
+    dual_sums: Any = None
 
     def scaled_run(self, run: Any) -> dict:
         """``run(scale)`` a pass over ``A`` and ``B`` (made again scaled when its first reading finds

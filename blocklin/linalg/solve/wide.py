@@ -96,6 +96,8 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     # D = diag(sqrt(w)) and, with an intercept, P_w = I - 1 w^T / S (the weighted centering)
     w = ctx.wvec if ctx.weighted else np.ones(ctx.m)
     S = ctx.total_weight
+    if ctx.folds is not None:  # cv=: the folds' fits from A A^T (kfold.wide_choose)
+        ctx.dual_sums = (g, bm.copy(), w)
     if ctx.intercept:  # P_w (A A^T) P_w^T and P_w b: no means of A needed
         bbar = w @ bm / S
         bm = bm - bbar

@@ -1,0 +1,385 @@
+"""K-fold cross-validation of lambda: scikit-learn's ``RidgeCV(cv=...)``, exact from one pass over ``A``.
+
+``RidgeCV(alphas, cv=cv, scoring=s)`` fits ``Ridge(alpha)`` on the training rows of every split and
+scores it on the held-out rows (``GridSearchCV``: the score averaged over the splits, the first grid
+value of the best mean wins; ``best_score_`` is that mean; with ``scoring=None`` the score is the
+estimator's, ``r2``; ``sample_weight`` weighs the fits, not the scores). Where every split holds out a
+set of rows and trains on all the others (``KFold``, ``GroupKFold``, ``LeaveOneOut``, ``PredefinedSplit``,
+...), the sums of the held-out sets give everything exactly:
+
+* tall ``A``: one pass (:func:`~blocklin.linalg.solve.kernels.fold_kernel`) sums per fold ``f`` its
+  ``A_f^T A_f``, ``A_f^T b_f``, ``||b_f||^2``, column sums and count (and their weighted versions). The
+  training sums of fold ``f`` are the totals minus fold ``f``'s; the fit is centered by the training
+  (weighted) means ``mu``, ``bbar`` as ``Ridge`` centers it, its spectrum ``G_t = V diag(e) V^T`` gives
+  ``x_f(lam) = V diag(1 / (e + lam^2)) V^T c_t`` for every grid value (the pseudo-inverse where
+  ``e + lam^2`` vanishes: ``Ridge(alpha=0)``'s minimum-norm fit), and the held-out errors
+  ``r_i = (b_i - bbar) - (a_i - mu)^T x`` have ``sum r^2 = x^T G_c x - 2 x^T c_c + ||b_c||^2`` and
+  ``sum r`` from the fold's sums centered by ``mu`` and ``bbar`` (rank-one corrections). The scores
+  are those of :mod:`~blocklin.linalg.solve.scoring` from these sums (not ``neg_mean_absolute_error`` or a
+  callable, which need every row's prediction: refused by name). Then ``x`` is solved at the chosen
+  lambda from the totals, which are the Gram pass's sums (no further pass but the route's refinement).
+* wide ``A`` (the dual form): in memory from ``A A^T`` (``m x m``, which the wide route holds): the
+  training kernel matrix of each fold centered by its weighted means and scaled by ``sqrt(w)``, its
+  eigen-decomposition for every grid value, and the held-out predictions from the cross kernel; every
+  scorer applies, a callable too (on each fold's predictions, as ``scoring(identity, predictions, y)``).
+
+Memory: tall ``A`` holds ``folds + 1`` sets of ``n^2 + n k`` float64 sums (twice with sample weights),
+planned in the budget with the pass (:mod:`~blocklin.linalg.solve.least_squares_budget`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import ParameterError
+from blocklin.errors import explain as _msg
+from blocklin.linalg.solve import scoring as scorers
+
+_SPLIT_FIX = ("pass cv=5 (KFold(5) without shuffling), a splitter whose test sets partition the rows "
+              "(KFold, GroupKFold with its groups given as cv=list(GroupKFold(k).split(X, y, groups)), "
+              "LeaveOneOut), or a list of (train, test) index pairs")
+
+
+@dataclasses.dataclass(frozen=True)
+class Folds:
+    """The held-out sets of ``cv``: ``count`` folds, given by ``bounds`` (fold ``f`` is rows
+    ``bounds[f]:bounds[f+1]``) or ``labels`` (the fold of each row; ``-1``: in every training set)."""
+
+    count: int
+    bounds: tuple[int, ...] | None
+    labels: np.ndarray | None
+    what: str
+
+    def rows(self, f: int, m: int) -> np.ndarray:
+        if self.bounds is not None:
+            return np.arange(self.bounds[f], self.bounds[f + 1])
+        return np.flatnonzero(self.labels == f)
+
+
+def folds_of(cv: Any, m: int) -> Folds:
+    """``cv`` (an int: ``KFold(cv)`` without shuffling; a splitter with ``split``; or ``(train, test)``
+    pairs) as :class:`Folds`, checked: held-out sets disjoint, each split training on all other rows."""
+    if isinstance(cv, (bool, np.bool_)):
+        raise ParameterError(_msg("cv", "must be an int >= 2, a splitter or (train, test) pairs", repr(cv), _SPLIT_FIX))
+    if isinstance(cv, (int, np.integer)):
+        k = int(cv)
+        if k < 2 or k > m:
+            raise ParameterError(_msg("cv", f"as an int must be 2 <= cv <= m = {m} (KFold's n_splits: at least two "
+                                      "folds, each holding out a row at least)", repr(cv), "pass cv=5, or cv=None for "
+                                      "the exact leave-one-out"))
+        sizes = np.full(k, m // k)
+        sizes[: m % k] += 1
+        bounds = tuple(int(v) for v in np.concatenate([[0], np.cumsum(sizes)]))
+        return Folds(count=k, bounds=bounds, labels=None, what=f"KFold(n_splits={k})")
+    if hasattr(cv, "split"):
+        try:
+            splits = list(cv.split(np.broadcast_to(np.float64(0.0), (m, 1))))
+        except (TypeError, ValueError) as err:
+            raise ParameterError(_msg("cv", "a splitter's split(X) must give the splits from the rows alone",
+                                      f"{type(cv).__name__}.split raised: {err}", _SPLIT_FIX)) from None
+        what = type(cv).__name__
+    else:
+        try:
+            splits = list(cv)
+        except TypeError:
+            raise ParameterError(_msg("cv", "must be an int >= 2, a splitter or (train, test) pairs",
+                                      repr(cv), _SPLIT_FIX)) from None
+        what = "given splits"
+    return _labels(splits, m, what)
+
+
+def _labels(splits: list, m: int, what: str) -> Folds:
+    labels = np.full(m, -1, dtype=np.int64)
+    if len(splits) < 2:
+        raise ParameterError(_msg("cv", "must give at least two splits", f"{len(splits)} from {what}", _SPLIT_FIX))
+    for f, split in enumerate(splits):
+        train, test = (np.asarray(v).ravel() for v in split)
+        train, test = (_indices(v, m, what) for v in (train, test))
+        if test.size == 0 or train.size == 0:
+            raise ParameterError(_msg("cv", "every split must hold out rows and train on rows",
+                                      f"split {f} of {what}: {test.size} held out, {train.size} training", _SPLIT_FIX))
+        if np.any(labels[test] >= 0) or np.unique(test).size != test.size:
+            raise ParameterError(_msg("cv", "held-out sets must not overlap (the fold sums are exact for a "
+                                      "partition of the rows)", f"split {f} of {what} holds out a row held out "
+                                      "before", _SPLIT_FIX))
+        labels[test] = f
+        mark = np.zeros(m, dtype=bool)
+        mark[train] = True
+        if np.unique(train).size != train.size or mark[test].any() or train.size + test.size != m:
+            raise ParameterError(_msg("cv", "each split must train on every row it does not hold out (the training "
+                                      "sums are the totals minus the held-out fold's)",
+                                      f"split {f} of {what}: {train.size} training + {test.size} held out of {m} rows",
+                                      _SPLIT_FIX))
+    k = len(splits)
+    order = np.flatnonzero(np.diff(labels) != 0)
+    contiguous = labels[0] == 0 and np.all(labels >= 0) and np.array_equal(labels[order + 1], np.arange(1, k)) \
+        if len(order) == k - 1 else False
+    if contiguous:
+        bounds = tuple(int(v) for v in np.concatenate([[0], order + 1, [m]]))
+        return Folds(count=k, bounds=bounds, labels=None, what=what)
+    return Folds(count=k, bounds=None, labels=labels, what=what)
+
+
+def _indices(v: np.ndarray, m: int, what: str) -> np.ndarray:
+    if v.dtype == bool:
+        v = np.flatnonzero(v)
+    if v.size and (v.dtype.kind not in "iu" or v.min() < 0 or v.max() >= m):
+        raise ParameterError(_msg("cv", f"splits must hold row indices in [0, {m})", f"{what}: {v[:5]!r}...",
+                                  _SPLIT_FIX))
+    return v.astype(np.int64)
+
+
+def sums_bytes(folds: int, n: int, k: int, weighted: bool) -> int:
+    """The fold sums the tall route holds: ``folds + 1`` sets of ``n^2 + n k + n + 3 k + 1`` float64 (twice with
+    sample weights)."""
+    return 8 * (2 if weighted else 1) * (folds + 1) * (n * n + n * k + n + 3 * k + 1)
+
+
+def refuse_tall_scoring(scoring: Any, m: int, n: int) -> None:
+    """Tall ``A``'s k-fold scores come from the fold sums: the scorers that need each row's prediction are
+    refused by name."""
+    if callable(scoring) or scoring == "neg_mean_absolute_error":
+        what = "a callable" if callable(scoring) else repr(scoring)
+        names = ", ".join(n_ for n_ in scorers.NAMES if n_ != "neg_mean_absolute_error")
+        raise ParameterError(_msg("scoring", f"with cv= on a tall a must be one the fold sums give ({names}; "
+                                  "None is r2, as RidgeCV's)", f"{what} with cv= on a {m} x {n} a (it needs every "
+                                  "row's prediction of its fold's fit)", "pass one of those names, or cv=None (the "
+                                  "exact leave-one-out takes any scorer)"))
+
+
+# --- tall A: the fold pass and the choice from its sums -------------------------------------------------------
+
+def fold_pass(ctx: Any) -> dict:
+    """The fold sums (one pass over ``A``, ``B``, the weights and the fold numbers), recorded for resume."""
+    from blocklin.linalg.solve.kernels import fold_kernel
+    from blocklin.plan.solve import small_bytes
+    from blocklin.runtime.passes import run_pass, source
+
+    folds = ctx.folds
+    weighted = ctx.weighted
+    srcs = ctx.sources() + ([source(ctx.L)] if folds.labels is not None else [])
+    params = {"folds": folds.count, "bounds": folds.bounds, "weighted": weighted}
+    reserve = small_bytes(ctx.n, ctx.k) + sums_bytes(folds.count, ctx.n, ctx.k, weighted)
+
+    def one(scale: dict) -> dict:
+        states, _ = run_pass(ctx.job, fold_kernel, srcs, params, reserve=reserve, scale=scale, device="cpu",
+                             description=f"fold pass: the Gram sums of {folds.count} cross-validation folds")
+        states = [s for s in states if s is not None]
+        return {key: sum(s[key] for s in states) for key in states[0]}
+
+    ctx.phases["fold pass"] = "cpu"
+    rec = ctx.saved.run("fold-pass", lambda: ctx.scaled_run(one))
+    ctx.adopt(rec)
+    return rec
+
+
+def _training(sums: dict, f: int, weighted: bool, intercept: bool) -> tuple:
+    """Fold ``f``'s training fit's centered Gram quantities and means: the totals minus fold ``f``."""
+    p = "w" if weighted else ""
+    g = sums[f"g{p}"].sum(axis=0) - sums[f"g{p}"][f]
+    c = sums[f"c{p}"].sum(axis=0) - sums[f"c{p}"][f]
+    n, k = g.shape[0], c.shape[1]
+    if not intercept:
+        return g, c, np.zeros(n), np.zeros(k)
+    s = sums[f"cnt{p}"].sum() - sums[f"cnt{p}"][f]
+    mu = (sums[f"sa{p}"].sum(axis=0) - sums[f"sa{p}"][f]) / s
+    bbar = (sums[f"sb{p}"].sum(axis=0) - sums[f"sb{p}"][f]) / s
+    g = g - s * np.outer(mu, mu)
+    return (g + g.T) / 2, c - s * np.outer(mu, bbar), mu, bbar
+
+
+def _filters(ev: np.ndarray, grid: np.ndarray, m: int) -> np.ndarray:
+    """``1 / (e + lam^2)`` per eigenvalue and grid value, 0 where ``e + lam^2`` is at rounding level of the
+    largest eigenvalue (the pseudo-inverse of ``Ridge(alpha=0)``'s minimum-norm fit)."""
+    tol = (float(ev.max()) if ev.size else 0.0) * max(m, ev.size) * np.finfo(np.float64).eps
+    den = ev[:, None] + grid[None, :] ** 2
+    with np.errstate(divide="ignore"):
+        return np.where(den > tol, 1.0 / np.where(den > tol, den, 1.0), 0.0)
+
+
+def tall_stats(ctx: Any, sums: dict, grid: np.ndarray) -> list[scorers.Stats]:
+    """The held-out sums of every fold at every grid value (``L x k``), in the scaled units of ``b``."""
+    out = []
+    for f in range(ctx.folds.count):
+        g, c, mu, bbar = _training(sums, f, ctx.weighted, ctx.intercept)
+        ev, v = np.linalg.eigh(g)
+        ev = np.clip(ev, 0.0, None)
+        beta = v.T @ c  # n x k
+        filt = _filters(ev, grid, ctx.m)  # n x L
+        nf = float(sums["cnt"][f])
+        gf, cf, sa, sb, bb = sums["g"][f], sums["c"][f], sums["sa"][f], sums["sb"][f], sums["bb"][f]
+        gc = gf - np.outer(sa, mu) - np.outer(mu, sa) + nf * np.outer(mu, mu)  # sum (a_i - mu)(a_i - mu)^T
+        cc = cf - np.outer(sa, bbar) - np.outer(mu, sb) + nf * np.outer(mu, bbar)
+        bbc = bb - 2 * bbar * sb + nf * bbar**2
+        sac, sbc = sa - nf * mu, sb - nf * bbar
+        xs = np.einsum("nl,nk->lnk", filt, beta)  # per lambda V^T x
+        xs = np.einsum("mn,lnk->lmk", v, xs)  # L x n x k
+        sse = bbc[None, :] - 2 * np.einsum("lnk,nk->lk", xs, cc) + np.einsum("lnk,nm,lmk->lk", xs, gc, xs)
+        se = sbc[None, :] - np.einsum("n,lnk->lk", sac, xs)
+        sst = np.maximum(bbc - sbc**2 / nf, 0.0)  # about the fold's own mean
+        out.append(scorers.Stats(n=nf, se=se, sse=np.maximum(sse, 0.0), sae=None,
+                                 sst=np.broadcast_to(sst, se.shape).copy()))
+    return out
+
+
+def gram_from_sums(ctx: Any, sums: dict) -> dict:
+    """The Gram pass's record from the fold totals (the route at the chosen lambda reads it: no Gram pass)."""
+    p = "w" if ctx.weighted else ""
+    g = sums[f"g{p}"].sum(axis=0)
+    gp = {"g": (g + g.T) / 2, "c": sums[f"c{p}"].sum(axis=0), "bb": sums[f"bb{p}"].sum(axis=0),
+          "aa": float(np.trace(g))}
+    if ctx.weighted:
+        gp.update(aw=sums["saw"].sum(axis=0), bw=sums["sbw"].sum(axis=0))
+    elif ctx.intercept:
+        gp.update({"as": sums["sa"].sum(axis=0), "bs": sums["sb"].sum(axis=0)})
+    return gp
+
+
+# --- the choice --------------------------------------------------------------------------------------------
+
+def choose(ctx: Any, stats: list, grid: np.ndarray) -> tuple[float, dict]:
+    """The grid value of best mean score over the folds (the first of ties, as ``GridSearchCV``), and the curve."""
+    eb = ctx.sb.exponent if ctx.sb is not None else 0
+    name = ctx.scoring if ctx.scoring is not None else "r2"
+    per_fold = []
+    for f, st in enumerate(stats):
+        if callable(name):
+            per_fold.append(st)  # already the callable's score per grid value
+        else:
+            per_fold.append(scorers.per_target(name, st.scaled(eb)).mean(axis=-1))
+    scores = np.asarray(per_fold, dtype=np.float64)  # folds x L
+    mean = scores.mean(axis=0)
+    idx = int(np.argmax(np.where(np.isfinite(mean), mean, -np.inf)))
+    curve = {"lam": grid.tolist(), "score": mean.tolist(), "fold_scores": scores.T.tolist(),
+             "scoring": name if isinstance(name, str) else "callable", "cv": ctx.folds.what,
+             "folds": ctx.folds.count, "chosen": float(grid[idx]), "chosen_index": idx,
+             "at_grid_end": None if len(grid) == 1 or 0 < idx < len(grid) - 1 else ("low" if idx == 0 else "high"),
+             "grid": "given" if ctx.lams else "default"}
+    return float(grid[idx]), curve
+
+
+def report_entries(info: dict) -> None:
+    """scikit-learn's names after unscaling: ``alpha_`` (``lam**2``), ``best_score_`` (the mean score over the
+    folds at the choice); ``RidgeCV`` keeps no ``cv_results_`` with ``cv``, nor does this."""
+    curve = info["curve"]
+    info["alpha_"] = info["lam"] * info["lam"]
+    info["best_score_"] = curve["score"][curve["chosen_index"]]
+    info["lam_rule"] = "cv"
+
+
+def solve_tall_cv(ctx: Any, x_path: str, route: Any) -> dict:
+    """Tall ``A``: the fold pass, the choice, then ``route`` (the tall solve) at the chosen lambda from the
+    totals (recorded as its Gram pass)."""
+    sums = fold_pass(ctx)
+    grid = _grid(ctx, sums)
+    lam, curve = choose(ctx, tall_stats(ctx, sums, grid), grid)
+    ctx.gram = gram_from_sums(ctx, sums)
+    ctx.folds, ctx.kind, ctx.lams = None, "scalar", [lam]
+    info = route(ctx, x_path)
+    info["curve"] = curve
+    return info
+
+
+def _grid(ctx: Any, sums: dict) -> np.ndarray:
+    """The grid given, or the leave-one-out default grid from the spectrum of the whole (centered) problem."""
+    if ctx.lams:
+        return np.asarray(ctx.lams, dtype=np.float64)
+    from blocklin.linalg.solve.loo import default_grid
+
+    p = "w" if ctx.weighted else ""
+    g = sums[f"g{p}"].sum(axis=0)
+    if ctx.intercept:
+        s = sums[f"cnt{p}"].sum()
+        mu = sums[f"sa{p}"].sum(axis=0) / s
+        g = g - s * np.outer(mu, mu)
+    return default_grid(np.sqrt(np.clip(np.linalg.eigvalsh((g + g.T) / 2), 0.0, None))[::-1])
+
+
+# --- wide A: in memory from A A^T ---------------------------------------------------------------------------
+
+def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
+    """Wide ``A``: every fold's held-out predictions from ``A A^T`` in memory (``ctx.dual_sums``: ``A A^T``
+    and ``b`` of the scaled problem, the weights), the scores, the choice."""
+    gm, bm, w = ctx.dual_sums
+    m = gm.shape[0]
+    if ctx.intercept:  # a shift of the rows changes no centered quantity: center A A^T by the plain means first
+        gm = gm - gm.mean(axis=0)[None, :]
+        gm = gm - gm.mean(axis=1)[:, None]
+        gm = (gm + gm.T) / 2
+    grid = np.asarray(ctx.lams, dtype=np.float64) if ctx.lams else _wide_default_grid(spec)
+    b_orig = bm
+    stats = []
+    for f in range(ctx.folds.count):
+        held = ctx.folds.rows(f, m)
+        train = np.setdiff1d(np.arange(m), held)
+        pred = _wide_predictions(gm, bm, w, train, held, grid, ctx.intercept)  # held x L x k
+        err = b_orig[held][:, None, :] - pred
+        if callable(ctx.scoring):
+            eb = ctx.sb.exponent if ctx.sb is not None else 0
+            p, t = np.ldexp(pred, eb), np.ldexp(b_orig[held], eb)
+            stats.append(np.array([scorers.call(ctx.scoring, p[:, i, :], t, t.shape[1] == 1)
+                                   for i in range(len(grid))]))
+        else:
+            stats.append(scorers.from_errors(err, b_orig[held]))
+    lam, curve = choose(ctx, stats, grid)
+    return [lam], curve
+
+
+def _wide_default_grid(spec: Any) -> np.ndarray:
+    from blocklin.linalg.solve.loo import default_grid
+
+    return default_grid(spec.s)
+
+
+def _wide_predictions(gm: np.ndarray, bm: np.ndarray, w: np.ndarray, train: np.ndarray, held: np.ndarray,
+                      grid: np.ndarray, intercept: bool) -> np.ndarray:
+    """Held-out predictions of the fits on ``train`` (dual form): ``x = (D C A_t)^T (K + lam^2 I)^-1 D C b_t``
+    with ``C = I - 1 w^T / S`` the weighted centering (identity without an intercept) and ``D = diag(sqrt(w))``;
+    prediction ``bbar + (A_h - 1 mu^T) x`` from ``A A^T`` alone."""
+    wt = w[train]
+    s = wt.sum()
+    mtt, mht = gm[np.ix_(train, train)], gm[np.ix_(held, train)]
+    bt = bm[train]
+    if intercept:
+        bbar = wt @ bt / s
+        cen = np.eye(train.size) - np.outer(np.ones(train.size), wt) / s  # C
+        kt = cen @ mtt @ cen.T
+        cross = (mht - np.outer(np.ones(held.size), wt @ mtt) / s) @ cen.T
+        rhs = bt - bbar
+    else:
+        bbar = np.zeros(bm.shape[1])
+        kt, cross, rhs = mtt, mht, bt
+    sw = np.sqrt(wt)
+    kt = sw[:, None] * kt * sw[None, :]
+    ev, u = np.linalg.eigh((kt + kt.T) / 2)
+    ev = np.clip(ev, 0.0, None)
+    beta = u.T @ (sw[:, None] * rhs)
+    filt = _filters(ev, grid, gm.shape[0])
+    ys = np.einsum("tl,tk->ltk", filt, beta)
+    ys = np.einsum("st,ltk->lsk", u, ys)  # L x train x k
+    pred = np.einsum("hs,lsk->hlk", cross * sw[None, :], ys)
+    return pred + bbar[None, None, :]
+
+
+def refuse_options(cv: Any, *, kind: str, per_target: bool, store_cv: bool, cplx: bool, dims: tuple) -> None:
+    """What ``cv=`` does not go with, refused by name as ``RidgeCV`` refuses it (or for the reason given)."""
+    if kind != "loo":
+        raise ParameterError(_msg("cv", "applies to the cross-validated choice of lambda (lam='loo' or ('loo', grid))",
+                                  f"cv={cv!r} with lam of kind {kind!r}", "pass lam=('loo', grid) with cv"))
+    for name, on in (("lam_per_target", per_target), ("store_cv_results", store_cv)):
+        if on:
+            raise ParameterError(_msg(name, "applies to the exact leave-one-out (cv=None), as RidgeCV's "
+                                      "alpha_per_target and store_cv_results", f"{name}=True with cv={cv!r}",
+                                      f"drop {name}, or pass cv=None"))
+    if cplx:
+        raise ParameterError(_msg("cv", "applies to real data (scikit-learn's scorers compare real targets)",
+                                  f"cv={cv!r} with complex data", "pass cv=None (lam='loo' of a tall complex a), or "
+                                  "lam='gcv'"))
+    del dims
+
+
+__all__ = ["Folds", "choose", "folds_of", "refuse_options", "refuse_tall_scoring", "report_entries",
+           "solve_tall_cv", "sums_bytes", "tall_stats", "wide_choose"]

@@ -1,0 +1,148 @@
+"""``scoring=`` of the cross-validated choice of lambda: scikit-learn's scorers from sums of the errors.
+
+Each built-in scorer follows from five sums per held-out set, per lambda and right-hand side, which the
+passes accumulate exactly (:class:`Stats`): the count ``n``, the errors' sum ``se``, their squares' sum
+``sse``, their absolute values' sum ``sae`` and the targets' squared deviations from their own mean
+``sst``. The scorers are scikit-learn's (``sklearn.metrics``), with its multi-output rule
+``multioutput="uniform_average"`` (the mean over right-hand sides) unless one score per right-hand side
+is asked for, its ``force_finite`` rule for a constant target (``r2`` and ``explained_variance``
+are 1 where the numerator is 0 too, else 0), and ``r2`` of fewer than two rows is NaN (a fold whose
+every score is NaN never wins; where all are, the first grid value does, as ``GridSearchCV`` ranks them):
+
+==============================  ============================================================
+name                            score of one held-out set, per right-hand side
+==============================  ============================================================
+``neg_mean_squared_error``      ``-sse / n``
+``neg_root_mean_squared_error`` ``-sqrt(sse / n)``
+``neg_mean_absolute_error``     ``-sae / n``
+``r2``                          ``1 - sse / sst``
+``explained_variance``          ``1 - (sse / n - (se / n)^2) / (sst / n)``
+==============================  ============================================================
+
+A callable ``scoring(estimator, X, y)`` (a scikit-learn scorer) needs the predictions of every row: it is
+called as ``RidgeCV``'s leave-one-out calls it, ``scoring(identity, predictions, y)`` (``identity.predict``
+returns its input), on the leave-one-out predictions held in memory
+(:mod:`blocklin.linalg.solve.loo`), or per fold on the predictions of a wide ``a``'s folds
+(:mod:`blocklin.linalg.solve.kfold`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from blocklin.errors import ParameterError
+from blocklin.errors import explain as _msg
+
+#: The scorers computed from the sums (scikit-learn's names).
+NAMES = ("neg_mean_squared_error", "neg_root_mean_squared_error", "neg_mean_absolute_error", "r2",
+         "explained_variance")
+
+
+def checked(scoring: Any) -> Any:
+    """``scoring``: None (the route's default), one of :data:`NAMES`, or a callable ``(estimator, X, y)``."""
+    if scoring is None or callable(scoring):
+        return scoring
+    if isinstance(scoring, str) and scoring.strip() in NAMES:
+        return scoring.strip()
+    raise ParameterError(_msg("scoring", f"must be None, one of {', '.join(NAMES)} (computed from sums of the "
+                              "held-out errors), or a callable scorer(estimator, X, y)", repr(scoring),
+                              "pass scoring='r2' or scoring='neg_mean_squared_error', or a callable made with "
+                              "sklearn.metrics.make_scorer"))
+
+
+@dataclasses.dataclass
+class Stats:
+    """Sums over the rows of held-out sets: arrays of one shape (``..., k``), ``n`` broadcast to it; with
+    weights, every sum weighs row ``i`` by ``w_i`` and ``n`` is ``sum w`` (scikit-learn's weighted metrics)."""
+
+    n: Any
+    se: np.ndarray
+    sse: np.ndarray
+    sae: np.ndarray | None
+    sst: np.ndarray
+
+    def scaled(self, e: int) -> Stats:
+        """The sums of errors and targets multiplied by ``2^e`` (the problem solved in powers of two)."""
+        if not e:
+            return self
+        return Stats(n=self.n, se=np.ldexp(self.se, e), sse=np.ldexp(self.sse, 2 * e),
+                     sae=None if self.sae is None else np.ldexp(self.sae, e), sst=np.ldexp(self.sst, 2 * e))
+
+
+def from_errors(err: np.ndarray, b: np.ndarray, w: np.ndarray | None = None) -> Stats:
+    """The sums of one held-out set from its errors ``err`` (``rows x L x k``) and targets ``b`` (``rows x k``),
+    weighted by ``w`` (the scorer's ``sample_weight``; None: every row 1)."""
+    wv = np.ones(err.shape[0]) if w is None else np.asarray(w, dtype=np.float64)
+    total = float(wv.sum())
+    dev = b - wv @ b / total
+    shape = err.shape[1:]
+    we = wv[:, None, None] * err
+    with np.errstate(invalid="ignore"):  # a zero weight's error (0/0) counts 0
+        we = np.where(wv[:, None, None] > 0, we, 0.0)
+        return Stats(n=total, se=we.sum(axis=0), sse=np.where(wv[:, None, None] > 0, we * err, 0.0).sum(axis=0),
+                     sae=np.abs(we).sum(axis=0), sst=np.broadcast_to(wv @ (dev * dev), shape).copy())
+
+
+def per_target(name: str | None, st: Stats) -> np.ndarray:
+    """The score of ``name`` per right-hand side (``None``: minus the mean squared error, RidgeCV's
+    leave-one-out default)."""
+    n = np.asarray(st.n, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if name in (None, "neg_mean_squared_error"):
+            return -st.sse / n
+        if name == "neg_root_mean_squared_error":
+            return -np.sqrt(st.sse / n)
+        if name == "neg_mean_absolute_error":
+            return -st.sae / n
+        num = st.sse / n if name == "r2" else st.sse / n - (st.se / n) ** 2
+        den = st.sst / n
+        ratio = np.where(den != 0, 1.0 - num / np.where(den != 0, den, 1.0), np.where(num == 0, 1.0, 0.0))
+    if name == "r2" and np.any(n < 2):  # scikit-learn's r2_score of fewer than two rows: NaN
+        ratio = np.where(np.broadcast_to(n, ratio.shape) < 2, np.nan, ratio)
+    return ratio
+
+
+def combine(scores: np.ndarray, per_column: bool) -> np.ndarray:
+    """The mean over right-hand sides (the last axis), or the scores as they are (one per right-hand side)."""
+    return scores if per_column else scores.mean(axis=-1)
+
+
+class Identity:
+    """The estimator a callable scorer is given: its ``predict`` returns the predictions it is handed
+    (scikit-learn's ``_IdentityRegressor`` in ``RidgeCV``'s leave-one-out)."""
+
+    def predict(self, x: Any) -> Any:
+        return x
+
+
+def identity() -> Any:
+    """An :class:`Identity` that scikit-learn's scorers take for a regressor (they read its tags) where
+    scikit-learn is installed, else the plain one."""
+    try:
+        from sklearn.base import BaseEstimator, RegressorMixin
+    except ImportError:
+        return Identity()
+
+    class _Regressor(RegressorMixin, BaseEstimator, Identity):
+        pass
+
+    return _Regressor()
+
+
+def call(scoring: Any, predictions: np.ndarray, b: np.ndarray, one_d: bool, w: np.ndarray | None = None) -> float:
+    """A callable scorer on predictions and targets (``rows x k``; a 1-D target as scikit-learn gives it), with
+    ``sample_weight=w`` where given (as ``RidgeCV`` passes it to its scorer)."""
+    if one_d:
+        predictions, b = predictions[:, 0], b[:, 0]
+    value = scoring(identity(), predictions, b) if w is None else scoring(identity(), predictions, b, sample_weight=w)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ParameterError(_msg("scoring", "a callable must return one number", repr(value),
+                                  "return a float (e.g. from sklearn.metrics.make_scorer)")) from None
+
+
+__all__ = ["NAMES", "Identity", "Stats", "identity", "call", "checked", "combine", "from_errors", "per_target"]
