@@ -398,9 +398,12 @@ class MtxReader(Reader):
         rows, cols, vals = np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap, self.dtype)
         self._consumed = 0
         fast_field = "integer" if self.field == "integer" else "pattern" if self.field == "pattern" else "real"
+        work = np.empty(0, bool)  # the fast parse's check, reused from block to block
         for first, text, k in self._entry_blocks(self.nnz):
             r, c, v = rows[:k], cols[:k], vals[:k]
-            if not parse_coordinate_block(text, k, (m, n), fast_field, r, c, v):
+            if len(work) < 2 * len(text) + 2:  # the bytes, and the newline added after a last line
+                work = np.empty(2 * len(text) + 2, bool)
+            if not parse_coordinate_block(text, k, (m, n), fast_field, r, c, v, work):
                 # outside the fast parse's grammar, or refused by it: line by line, as np.loadtxt reads
                 arr = self._parse_block(first, text, k, ncols, parse_dt)
                 if parse_dt is np.float64:  # a real file's lines are parsed as floats: "1.5" is no index

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - SciPy older than 1.12
 AVAILABLE = _fmm_core is not None and hasattr(_fmm_core, "read_body_coo")
 
 
-def _well_formed(data: bytes, lines: int, ncols: int, field: str) -> bool:
+def _well_formed(data: bytes, lines: int, ncols: int, field: str, work: np.ndarray | None = None) -> bool:
     """Whether ``data`` (``lines`` lines, each ended by ``"\\n"``) is ``lines`` entries of ``ncols``
     fields in the grammar of the module notes.
 
@@ -48,26 +48,29 @@ def _well_formed(data: bytes, lines: int, ncols: int, field: str) -> bool:
     each field is read whole: ``pattern`` fields are digits; an ``integer`` minus must start its
     field. A ``real`` value may hold more than digits, so the order of field starts and newlines is
     checked (each line ``ncols`` starts, then its newline) and every byte that is not a digit against
-    its neighbours and its field (a value's, the line's last) in order.
+    its neighbours and its field (a value's, the line's last) in order. ``work``: a bool buffer of at
+    least twice the block's length for the two block-sized arrays (the process maps every large new
+    array afresh, :mod:`blocklin._memory`, and their page faults cost as much as the check).
     """
     if data.translate(None, _ALLOWED[field]) or not data.endswith(b"\n"):
         return False
     b = np.frombuffer(data, np.uint8)
     # two bool arrays of the block's length and the events' positions at most: with the bytes and
     # the caller's text, within the parse batch the plan counts (MtxReader.overhead_bytes)
-    sep = b <= _SPACE  # space, tab or newline: the allowed bytes below "0"
-    start = np.empty(len(b), bool)  # where a field starts: a non-separator after a separator, or first
-    start[0] = not sep[0]
+    if work is None or len(work) < 2 * len(b):
+        work = np.empty(2 * len(b), bool)
+    sep, start = work[:len(b)], work[len(b):2 * len(b)]
+    np.less_equal(b, _SPACE, out=sep)  # space, tab or newline: the allowed bytes below "0"
+    start[0] = not sep[0]  # where a field starts: a non-separator after a separator, or first
     np.greater(sep[:-1], sep[1:], out=start[1:])
-    del sep
     if np.count_nonzero(start) != lines * ncols:
         return False
     if field == "pattern":
         return True
-    work = np.equal(b, _MINUS if field == "integer" else _NEWLINE)
+    mark = np.equal(b, _MINUS if field == "integer" else _NEWLINE, out=sep)  # in sep's spent buffer
     if field == "integer":
-        return not np.any(work > start)  # a minus where no field starts
-    start |= work
+        return not np.any(mark > start)  # a minus where no field starts
+    start |= mark
     at = np.flatnonzero(start)  # field starts and newlines
     per_line = ncols + 1
     kinds = (b[at] == _NEWLINE).reshape(lines, per_line)  # each line: ncols field starts, then its newline
@@ -75,12 +78,12 @@ def _well_formed(data: bytes, lines: int, ncols: int, field: str) -> bool:
         return False
     del kinds
     digit = start  # reused
-    np.subtract(b, np.uint8(_ZERO), out=work.view(np.uint8))  # uint8: the bytes below "0" wrap above 9
-    np.less_equal(work.view(np.uint8), _NINE - _ZERO, out=digit)
-    np.greater(b, _SPACE, out=work)  # not a separator
-    np.greater(work, digit, out=work)  # nor a digit
-    sp = np.flatnonzero(work)
-    del work
+    np.subtract(b, np.uint8(_ZERO), out=mark.view(np.uint8))  # uint8: the bytes below "0" wrap above 9
+    np.less_equal(mark.view(np.uint8), _NINE - _ZERO, out=digit)
+    np.greater(b, _SPACE, out=mark)  # not a separator
+    np.greater(mark, digit, out=mark)  # nor a digit
+    sp = np.flatnonzero(mark)
+    del mark
     if not len(sp):
         return True
     # the field each special byte is in: the last event before it, which must be the value's start
@@ -112,7 +115,7 @@ def _well_formed(data: bytes, lines: int, ncols: int, field: str) -> bool:
 
 
 def parse_coordinate_block(text: str, lines: int, shape: tuple[int, int], field: str, rows: np.ndarray,
-                           cols: np.ndarray, vals: np.ndarray) -> bool:
+                           cols: np.ndarray, vals: np.ndarray, work: np.ndarray | None = None) -> bool:
     """Parse ``lines`` coordinate entry lines ``text`` (each ended by ``"\\n"``, the last one may not
     be) into ``rows``, ``cols`` (0-based int64) and ``vals`` (float64; int64 for ``integer``;
     untouched for ``pattern``), each of length ``lines``.
@@ -120,8 +123,8 @@ def parse_coordinate_block(text: str, lines: int, shape: tuple[int, int], field:
     Returns False, with the buffers in any state, when the block is not in the module's grammar or
     the C++ reader refuses it (an index outside ``shape``, an overflow): the caller parses it line by
     line then, for the values or for the message naming the bad line. Transient memory: about four
-    times the block's bytes (its bytes, the check's arrays; then the bytes behind the header and the
-    reader's copy of them).
+    times the block's bytes (its bytes, the check's arrays, in ``work`` when given, see
+    :func:`_well_formed`; then the bytes behind the header and the reader's copy of them).
     """
     if not AVAILABLE or not lines:
         return False
@@ -129,7 +132,7 @@ def parse_coordinate_block(text: str, lines: int, shape: tuple[int, int], field:
     data = text.encode("ascii", "replace")  # not ASCII: "?", which the check refuses
     if not data.endswith(b"\n"):
         data += b"\n"
-    if not _well_formed(data, lines, ncols, field):
+    if not _well_formed(data, lines, ncols, field, work):
         return False
     data = b"%%%%MatrixMarket matrix coordinate %s general\n%d %d %d\n" % (
         field.encode(), shape[0], shape[1], lines) + data
