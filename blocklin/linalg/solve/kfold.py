@@ -3,7 +3,8 @@
 ``RidgeCV(alphas, cv=cv, scoring=s)`` fits ``Ridge(alpha)`` on the training rows of every split and
 scores it on the held-out rows (``GridSearchCV``: the score averaged over the splits, the first grid
 value of the best mean wins; ``best_score_`` is that mean; with ``scoring=None`` the score is the
-estimator's, ``r2``; ``sample_weight`` weighs the fits, not the scores). Where every split holds out a
+estimator's, ``r2``; ``sample_weight`` weighs the fits and, as scikit-learn 1.9's ``GridSearchCV`` passes
+it on, the scores). Where every split holds out a
 set of rows and trains on all the others (``KFold``, ``GroupKFold``, ``LeaveOneOut``, ``PredefinedSplit``,
 ...), the sums of the held-out sets give everything exactly:
 
@@ -14,7 +15,8 @@ set of rows and trains on all the others (``KFold``, ``GroupKFold``, ``LeaveOneO
   ``x_f(lam) = V diag(1 / (e + lam^2)) V^T c_t`` for every grid value (the pseudo-inverse where
   ``e + lam^2`` vanishes: ``Ridge(alpha=0)``'s minimum-norm fit), and the held-out errors
   ``r_i = (b_i - bbar) - (a_i - mu)^T x`` have ``sum r^2 = x^T G_c x - 2 x^T c_c + ||b_c||^2`` and
-  ``sum r`` from the fold's sums centered by ``mu`` and ``bbar`` (rank-one corrections). The scores
+  ``sum r`` from the fold's sums centered by ``mu`` and ``bbar`` (rank-one corrections; the weighted
+  sums with sample weights). The scores
   are those of :mod:`~blocklin.linalg.solve.scoring` from these sums (not ``neg_mean_absolute_error`` or a
   callable, which need every row's prediction: refused by name). Then ``x`` is solved at the chosen
   lambda from the totals, which are the Gram pass's sums (no further pass but the route's refinement).
@@ -209,8 +211,9 @@ def tall_stats(ctx: Any, sums: dict, grid: np.ndarray) -> list[scorers.Stats]:
         ev = np.clip(ev, 0.0, None)
         beta = v.T @ c  # n x k
         filt = _filters(ev, grid, ctx.m)  # n x L
-        nf = float(sums["cnt"][f])
-        gf, cf, sa, sb, bb = sums["g"][f], sums["c"][f], sums["sa"][f], sums["sb"][f], sums["bb"][f]
+        p = "w" if ctx.weighted else ""  # the held-out sums weighted as the scorer weighs them
+        nf = float(sums[f"cnt{p}"][f])
+        gf, cf, sa, sb, bb = (sums[f"{q}{p}"][f] for q in ("g", "c", "sa", "sb", "bb"))
         gc = gf - np.outer(sa, mu) - np.outer(mu, sa) + nf * np.outer(mu, mu)  # sum (a_i - mu)(a_i - mu)^T
         cc = cf - np.outer(sa, bbar) - np.outer(mu, sb) + nf * np.outer(mu, bbar)
         bbc = bb - 2 * bbar * sb + nf * bbar**2
@@ -221,7 +224,7 @@ def tall_stats(ctx: Any, sums: dict, grid: np.ndarray) -> list[scorers.Stats]:
         se = sbc[None, :] - np.einsum("n,lnk->lk", sac, xs)
         sst = np.maximum(bbc - sbc**2 / nf, 0.0)  # about the fold's own mean
         out.append(scorers.Stats(n=nf, se=se, sse=np.maximum(sse, 0.0), sae=None,
-                                 sst=np.broadcast_to(sst, se.shape).copy()))
+                                 sst=np.broadcast_to(sst, se.shape).copy(), rows=float(sums["cnt"][f])))
     return out
 
 
@@ -320,10 +323,11 @@ def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
         if callable(ctx.scoring):
             eb = ctx.sb.exponent if ctx.sb is not None else 0
             p, t = np.ldexp(pred, eb), np.ldexp(b_orig[held], eb)
-            stats.append(np.array([scorers.call(ctx.scoring, p[:, i, :], t, t.shape[1] == 1)
+            wh = w[held] if ctx.weighted else None
+            stats.append(np.array([scorers.call(ctx.scoring, p[:, i, :], t, t.shape[1] == 1, wh)
                                    for i in range(len(grid))]))
         else:
-            stats.append(scorers.from_errors(err, b_orig[held]))
+            stats.append(scorers.from_errors(err, b_orig[held], w[held] if ctx.weighted else None))
     lam, curve = choose(ctx, stats, grid)
     return [lam], curve
 

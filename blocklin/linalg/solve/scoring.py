@@ -63,13 +63,16 @@ class Stats:
     sse: np.ndarray
     sae: np.ndarray | None
     sst: np.ndarray
+    #: rows summed (``n`` is their weight): scikit-learn's ``r2`` of fewer than two rows is NaN
+    rows: Any = None
 
     def scaled(self, e: int) -> Stats:
         """The sums of errors and targets multiplied by ``2^e`` (the problem solved in powers of two)."""
         if not e:
             return self
         return Stats(n=self.n, se=np.ldexp(self.se, e), sse=np.ldexp(self.sse, 2 * e),
-                     sae=None if self.sae is None else np.ldexp(self.sae, e), sst=np.ldexp(self.sst, 2 * e))
+                     sae=None if self.sae is None else np.ldexp(self.sae, e), sst=np.ldexp(self.sst, 2 * e),
+                     rows=self.rows)
 
 
 def from_errors(err: np.ndarray, b: np.ndarray, w: np.ndarray | None = None) -> Stats:
@@ -83,7 +86,8 @@ def from_errors(err: np.ndarray, b: np.ndarray, w: np.ndarray | None = None) -> 
     with np.errstate(invalid="ignore"):  # a zero weight's error (0/0) counts 0
         we = np.where(wv[:, None, None] > 0, we, 0.0)
         return Stats(n=total, se=we.sum(axis=0), sse=np.where(wv[:, None, None] > 0, we * err, 0.0).sum(axis=0),
-                     sae=np.abs(we).sum(axis=0), sst=np.broadcast_to(wv @ (dev * dev), shape).copy())
+                     sae=np.abs(we).sum(axis=0), sst=np.broadcast_to(wv @ (dev * dev), shape).copy(),
+                     rows=err.shape[0])
 
 
 def per_target(name: str | None, st: Stats) -> np.ndarray:
@@ -100,8 +104,9 @@ def per_target(name: str | None, st: Stats) -> np.ndarray:
         num = st.sse / n if name == "r2" else st.sse / n - (st.se / n) ** 2
         den = st.sst / n
         ratio = np.where(den != 0, 1.0 - num / np.where(den != 0, den, 1.0), np.where(num == 0, 1.0, 0.0))
-    if name == "r2" and np.any(n < 2):  # scikit-learn's r2_score of fewer than two rows: NaN
-        ratio = np.where(np.broadcast_to(n, ratio.shape) < 2, np.nan, ratio)
+    rows = np.asarray(st.rows if st.rows is not None else n, dtype=np.float64)
+    if name == "r2" and np.any(rows < 2):  # scikit-learn's r2_score of fewer than two rows: NaN
+        ratio = np.where(np.broadcast_to(rows, ratio.shape) < 2, np.nan, ratio)
     return ratio
 
 

@@ -1,0 +1,168 @@
+"""``solve(lam=("loo", grid), cv=, scoring=)`` against scikit-learn's ``RidgeCV(cv=, scoring=)``, computed here.
+
+The k-fold scores come from the folds' Gram sums (tall ``a``) or from ``A A^T`` (wide ``a``); each fold's fit
+is a regularized normal-equations solve, off by ``delta = 16 n eps cond(K_t) growth`` relative (Higham Thm
+7.2, tests/support/ridge.py), and the held-out squared error from the Gram formula
+``x^T G x - 2 x^T c + ||b||^2`` rounds by ``(n + 2)^2 eps (||b_c||^2 + ||G_c||_2 ||x||^2)``: :func:`score_bound`.
+alpha_ must be the same grid value; the solution at it carries tests/support/ridge.py's bound.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.linear_model import Ridge, RidgeCV
+from sklearn.metrics import make_scorer, mean_absolute_error
+from sklearn.model_selection import GridSearchCV, GroupKFold, KFold, TimeSeriesSplit
+
+import blocklin as bl
+from blocklin.errors import BlocklinError
+from support.conformance import dense, least_budget
+from support.ridge import EPS64, centered, coef_bound, intercept_bound, loo_score_bound, problem
+
+ALPHAS = [1e-3, 0.1, 1.0, 10.0, 100.0]
+
+
+def _data(m, n, k, seed):
+    """tests/support/ridge.py's problem for tall a; a wide one: offset Gaussian columns, a noisy linear target."""
+    if m >= n:
+        return problem(m, n, k, seed=seed)
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, n)) + 3.0
+    return a, a @ rng.standard_normal((n, k)) + 1.0 + rng.standard_normal((m, k))
+
+
+def _grid(alphas=ALPHAS):
+    return ("loo", np.sqrt(np.asarray(alphas, dtype=float)))
+
+
+def score_bound(a, b, alpha, splits, fit_intercept, scoring):
+    """``|best_score_ - ref|`` at one alpha: per fold the fit's error carried to its held-out sums, then the
+    score's sensitivity to them (mean squared error: the sums / n_f; r2 and explained variance: / sst_f)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64).reshape(len(a), -1)
+    total = 0.0
+    for train, test in splits:
+        ac, bc = centered(a[train], b[train], None, fit_intercept)
+        s = np.linalg.svd(ac, compute_uv=False)
+        smin = s[-1] if ac.shape[0] >= ac.shape[1] else 0.0
+        cond = (s[0] ** 2 + alpha) / (smin**2 + alpha)
+        growth = 1 + (float(np.max(a[train].mean(0) ** 2 / np.maximum(a[train].var(0), 1e-300))) if fit_intercept
+                      else 0.0)
+        x = np.linalg.solve(ac.T @ ac + alpha * np.eye(a.shape[1]), ac.T @ bc)
+        mu = a[train].mean(0) if fit_intercept else 0.0
+        ybar = b[train].mean(0) if fit_intercept else 0.0
+        af, bf = a[test] - mu, b[test] - ybar
+        r = bf - af @ x
+        delta = 16 * max(a.shape) * EPS64 * cond * growth
+        dr = np.linalg.norm(af, 2) * delta * np.linalg.norm(x)
+        gram = (a.shape[1] + 2) ** 2 * EPS64 * (np.sum(bf**2) + np.linalg.norm(af, 2) ** 2 * np.sum(x**2)) * growth
+        dsse = 2 * np.linalg.norm(r) * dr + dr**2 + gram
+        sst = np.min(np.sum((b[test] - b[test].mean(0)) ** 2, axis=0))
+        total += dsse / (len(test) if scoring == "neg_mean_squared_error" else sst) * (
+            2 if scoring == "explained_variance" else 1)
+    return total / len(splits) + 1e-13
+
+
+def _check(x, X, y, ref, splits, fit_intercept, scoring, w=None):
+    assert x.report["alpha_"] == pytest.approx(ref.alpha_, rel=1e-12)
+    assert x.report["lam_rule"] == "cv" and not hasattr(x, "cv_results_")
+    bound = score_bound(X, y, ref.alpha_, splits, fit_intercept, scoring or "r2")
+    assert abs(x.report["best_score_"] - ref.best_score_) <= bound
+    xb = coef_bound(X, y, w, np.sqrt(ref.alpha_), fit_intercept, np.float64, ref.coef_)
+    assert np.linalg.norm(dense(x).T.reshape(np.shape(ref.coef_)) - ref.coef_) <= xb
+    if fit_intercept:
+        ib = intercept_bound(X, w, ref.coef_, np.atleast_1d(ref.intercept_), xb, np.float64)
+        assert np.max(np.abs(x.intercept - ref.intercept_)) <= ib
+
+
+@pytest.mark.parametrize("scoring", [None, "neg_mean_squared_error", "explained_variance"])
+@pytest.mark.parametrize("fit_intercept", [True, False])
+@pytest.mark.parametrize("shape", [(60, 6), (12, 30)], ids=["tall", "wide"])
+def test_kfold_against_ridgecv(shape, fit_intercept, scoring):
+    """cv=4 (KFold(4)), in memory: alpha_, best_score_, coef_, intercept_ as RidgeCV(cv=4, scoring=)."""
+    X, y = _data(*shape, 2, seed=3)
+    ref = RidgeCV(alphas=ALPHAS, cv=4, fit_intercept=fit_intercept, scoring=scoring).fit(X, y)
+    x = bl.solve(X, y, lam=_grid(), cv=4, fit_intercept=fit_intercept, scoring=scoring)
+    _check(x, X, y, ref, list(KFold(4).split(X)), fit_intercept, scoring)
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads", "processes"])
+def test_kfold_out_of_core(scheduler, tmp_path):
+    """Tall a streamed at the least budget, folds from a non-contiguous GroupKFold (the fold numbers stream as
+    an operand): the same bits on every scheduler, RidgeCV's choice and score."""
+    X, y = problem(2000, 5, 1, seed=5)
+    groups = np.arange(2000) % 7
+    splits = list(GroupKFold(3).split(X, y, groups))
+    pa = bl.from_array(X, str(tmp_path / "a.zarr"), chunks=(200, 5))
+    base = least_budget(lambda mem: bl.solve(pa, y, lam=_grid(), cv=splits, fit_intercept=True, memory=mem,
+                                             scheduler="sync", workers=2))
+    assert base.report["memory_budget"] < X.nbytes
+    x = bl.solve(pa, y, lam=_grid(), cv=splits, fit_intercept=True, memory=base.report["memory_budget"],
+                 scheduler=scheduler, workers=2)
+    assert np.array_equal(dense(x), dense(base)) and x.report["best_score_"] == base.report["best_score_"]
+    ref = RidgeCV(alphas=ALPHAS, cv=splits, fit_intercept=True).fit(X, y.ravel())
+    _check(x, X, y.ravel(), ref, splits, True, None)
+
+
+@pytest.mark.parametrize("shape", [(40, 5), (8, 20)], ids=["tall", "wide"])
+def test_kfold_sample_weight(shape):
+    """sample_weight weighs the folds' fits and their scores (GridSearchCV over Ridge, as RidgeCV(cv=) runs it;
+    scikit-learn 1.9 passes the weights to the scorer)."""
+    X, y = _data(*shape, 1, seed=7)
+    y = y.ravel()
+    w = np.random.default_rng(2).uniform(0.5, 2.0, shape[0])
+    gs = GridSearchCV(Ridge(), {"alpha": ALPHAS}, cv=KFold(4)).fit(X, y, sample_weight=w)
+    x = bl.solve(X, y, lam=_grid(), cv=KFold(4), fit_intercept=True, sample_weight=w)
+    assert x.report["alpha_"] == pytest.approx(gs.best_params_["alpha"], rel=1e-12)
+    assert abs(x.report["best_score_"] - gs.best_score_) <= 1e-8 * max(1.0, abs(gs.best_score_))
+
+
+def test_kfold_wide_callable_and_mae():
+    """Wide a: every scorer applies (the folds' predictions are in memory), a callable too."""
+    X, y = _data(10, 25, 1, seed=1)
+    y = y.ravel()
+    for scoring in ("neg_mean_absolute_error", make_scorer(mean_absolute_error, greater_is_better=False)):
+        ref = RidgeCV(alphas=ALPHAS, cv=5, scoring=scoring).fit(X, y)
+        x = bl.solve(X, y, lam=_grid(), cv=5, fit_intercept=True, scoring=scoring)
+        assert x.report["alpha_"] == pytest.approx(ref.alpha_, rel=1e-12)
+        assert x.report["best_score_"] == pytest.approx(ref.best_score_, rel=1e-8)
+
+
+def test_kfold_refusals():
+    """What cv= does not take is refused by name, with the rule, the value and a fix."""
+    X, y = problem(30, 4, 1, seed=0)
+    cases = [
+        (dict(cv=3, store_cv_results=True), r"store_cv_results: applies to the exact leave-one-out.*Fix"),
+        (dict(cv=3, lam_per_target=True), r"lam_per_target: applies to the exact leave-one-out.*Fix"),
+        (dict(cv=TimeSeriesSplit(3)), r"cv: each split must train on every row.*Fix"),
+        (dict(cv=1), r"cv: as an int must be 2 <= cv <= m = 30.*got 1.*Fix"),
+        (dict(cv=3, scoring="neg_mean_absolute_error"), r"scoring: with cv= on a tall a must be one the fold sums.*Fix"),
+        (dict(scoring="accuracy"), r"scoring: must be None, one of .*got 'accuracy'.*Fix"),
+    ]
+    for kw, match in cases:
+        with pytest.raises(BlocklinError, match=match):
+            bl.solve(X, y, lam=_grid(), fit_intercept=True, **kw)
+    with pytest.raises(BlocklinError, match=r"cv: applies to the cross-validated choice.*Fix"):
+        bl.solve(X, y, lam=1.0, cv=3)
+    with pytest.raises(BlocklinError, match=r"scoring: applies to the cross-validated choice.*Fix"):
+        bl.solve(X, y, lam=1.0, scoring="r2")
+
+
+@pytest.mark.parametrize("shape", [(50, 6), (10, 30)], ids=["tall", "wide"])
+def test_loo_scoring_weighted(shape):
+    """Leave-one-out (cv=None) with scoring=: the scorer on every row's leave-one-out prediction, weighted by
+    sample_weight as RidgeCV hands it to its scorer; best_score_ of neg_mean_squared_error within the
+    leave-one-out bound (tests/support/ridge.py), the other scorers' choice the same."""
+    X, y = _data(*shape, 1, seed=11)
+    y = y.ravel()
+    w = np.random.default_rng(4).uniform(0.5, 2.0, shape[0])
+    for scoring in ("neg_mean_squared_error", "r2", "explained_variance", "neg_mean_absolute_error",
+                    make_scorer(mean_absolute_error, greater_is_better=False)):
+        ref = RidgeCV(alphas=ALPHAS, scoring=scoring).fit(X, y, sample_weight=w)
+        x = bl.solve(X, y, lam=_grid(), fit_intercept=True, scoring=scoring, sample_weight=w)
+        assert x.report["alpha_"] == pytest.approx(ref.alpha_, rel=1e-12)
+        if scoring == "neg_mean_squared_error":  # sum w e^2 / sum w: the bound of the mean of m squares, scaled
+            full = Ridge(alpha=ref.alpha_).fit(X, y, sample_weight=w)
+            looe = np.sqrt(np.maximum(-ref.best_score_, 0) * np.ones(shape[0]))
+            bound = loo_score_bound(X, y, w, np.sqrt(ref.alpha_), True, full.coef_, looe) * shape[0] / w.sum()
+            assert abs(x.report["best_score_"] - ref.best_score_) <= bound
