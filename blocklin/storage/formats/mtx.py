@@ -30,7 +30,7 @@ import numpy as np
 
 from blocklin.errors import DTypeError, FormatError, InternalError, explain
 from blocklin.storage.formats.base import Reader, TextFileWriter, check_matrix_dtype, require_file
-from blocklin.storage.formats.mtx_parse import parse_coordinate_block
+from blocklin.storage.formats.mtx_parse import AVAILABLE, parse_coordinate_block
 from blocklin.storage.formats.text_util import FORMAT_BATCH, PARSE_BATCH_BYTES, field_error, formatter
 
 _FIELDS = {"real": np.float64, "double": np.float64, "integer": np.int64, "pattern": np.float64}
@@ -63,6 +63,12 @@ def _runs_between(cuts: np.ndarray, k: int) -> list[tuple[int, int]]:
     """The non-empty ranges of ``0..k`` between the sorted positions ``cuts`` (each left out)."""
     bounds = [-1, *cuts.tolist(), k]
     return [(a + 1, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a + 1]
+
+
+def _as_text(block) -> str:
+    """A block of bytes as the text handle would have read it (ASCII, universal newlines)."""
+    text = bytes(block).decode("ascii", "replace")
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def _bad(rule: str, actual: str, fix: str = "check the file (see https://math.nist.gov/MatrixMarket/formats.html)"):
@@ -231,6 +237,82 @@ class MtxReader(Reader):
             left -= lines
         self._pending = buf
 
+    def _open_raw(self):
+        """A binary handle at the text handle's position (the first entry line), or None when the text
+        handle's position is not a byte offset (a decoder state in its cookie)."""
+        try:
+            pos = self._fh.tell()
+        except OSError:  # pragma: no cover - the header is read by readline, which keeps tell()
+            return None
+        if pos >> 63:
+            return None
+        raw = open(self.path, "rb")
+        raw.seek(pos)
+        return raw
+
+    def _raw_blocks(self, raw, count: int):
+        """:meth:`_entry_blocks` read as bytes into one buffer kept from block to block: yields
+        ``(first_line_number, block, lines)``, ``block`` a memoryview of the buffer valid until the
+        next (no text decoded and encoded again, and no new block-sized objects: the process maps
+        every large one afresh, :mod:`blocklin._memory`, and their page faults cost more than the
+        parse). Lines end at ``"\\n"``; a ``"\\r"`` before it stays in the line (the parse reads it
+        as a space). What is read past the last line is kept for :meth:`_check_end_raw`."""
+        cap = max(1, PARSE_BATCH_BYTES // 32)
+        buf = bytearray(2 * PARSE_BATCH_BYTES)
+        left, fill, eof, per_line = count, 0, False, 16.0
+        while left > 0:
+            take = min(left, cap)
+            have = buf.count(b"\n", 0, fill)
+            while have < take and not eof:
+                # sized from the lines seen so far, so a read rarely overshoots by more than a few lines
+                want = int(min(PARSE_BATCH_BYTES, (take - have) * per_line + 256))
+                if fill + want > len(buf):
+                    buf.extend(bytes(fill + want - len(buf)))
+                with memoryview(buf) as view:
+                    got = raw.readinto(view[fill:fill + want])
+                eof = not got
+                have += buf.count(b"\n", fill, fill + got)
+                fill += got
+            if have >= take:
+                cut, pos = 0, fill
+                if have - take <= 64:  # the usual case: a read a few lines past the block
+                    for _ in range(have - take + 1):
+                        pos = buf.rfind(b"\n", 0, pos)
+                    cut = pos + 1
+                else:
+                    cut = int(np.flatnonzero(np.frombuffer(buf, np.uint8, fill) == 10)[take - 1]) + 1
+                lines = take
+            else:  # end of file: a last line without its newline counts
+                lines = have + (1 if fill and buf[fill - 1] != 10 else 0)
+                if lines < take:
+                    raise _bad(f"must hold the {self.nnz} entries the header announces",
+                               f"end of file at line {self._next_line + lines} ({count - left + lines} found)",
+                               "the file is truncated; re-create it")
+                cut = fill
+            per_line = max(4.0, cut / lines)
+            self.bytes_read += cut
+            with memoryview(buf) as view:
+                yield self._next_line, view[:cut], lines
+            self._next_line += lines
+            left -= lines
+            buf[:fill - cut] = buf[cut:fill]  # the part of a line read past, to the front
+            fill -= cut
+        self._pending_raw = bytes(buf[:fill])
+
+    def _check_end_raw(self, raw) -> None:
+        """:meth:`_check_end` on the binary handle: only blank lines may follow the entries."""
+        pending, self._pending_raw = self._pending_raw, b""
+        # bytes read past the entries (_raw_blocks), completed to their line's end, then the rest
+        head = io.BytesIO(pending + raw.readline()) if pending else ()
+        for k, line in enumerate(itertools.chain(head, raw)):
+            if line.strip():
+                text = line.decode("ascii", "replace").strip()
+                raise _bad("must end after the entries the header announces",
+                           f"extra data at line {self._next_line + k}: {text[:40]!r}",
+                           "fix the count in the size line or remove the extra lines")
+
+    _pending_raw = b""
+
     def _parse_block(self, first: int, text: str, lines: int, ncols: int, dtype: np.dtype) -> np.ndarray:
         """:meth:`_parse` of a block of ``lines`` lines given as one text (see :meth:`_entry_blocks`)."""
         batch = text.split("\n")  # only "\n" ends a line, as when the file is read line by line
@@ -390,7 +472,6 @@ class MtxReader(Reader):
         process maps every large array afresh (:mod:`blocklin._memory`), and the page faults of a
         batch's new arrays cost more than parsing it.
         """
-        m, n = self.shape
         ncols = 2 if self.field == "pattern" else 3
         parse_dt = np.int64 if self.field in ("integer", "pattern") else np.float64
         mirror = self.symmetry != "general"
@@ -399,12 +480,26 @@ class MtxReader(Reader):
         self._consumed = 0
         fast_field = "integer" if self.field == "integer" else "pattern" if self.field == "pattern" else "real"
         work = np.empty(0, bool)  # the fast parse's check, reused from block to block
-        for first, text, k in self._entry_blocks(self.nnz):
+        raw = self._open_raw() if AVAILABLE else None
+        try:
+            yield from self._entry_batches(raw, rows, cols, vals, work, fast_field, ncols, parse_dt)
+        finally:
+            if raw is not None:
+                raw.close()
+
+    def _entry_batches(self, raw, rows, cols, vals, work, fast_field, ncols, parse_dt):
+        """The body of :meth:`entries`: blocks as bytes from ``raw`` (else as text), each parsed fast
+        or line by line, checked and mirrored into the buffers."""
+        m, n = self.shape
+        mirror = self.symmetry != "general"
+        blocks = self._raw_blocks(raw, self.nnz) if raw is not None else self._entry_blocks(self.nnz)
+        for first, block, k in blocks:
             r, c, v = rows[:k], cols[:k], vals[:k]
-            if len(work) < 2 * len(text) + 2:  # the bytes, and the newline added after a last line
-                work = np.empty(2 * len(text) + 2, bool)
-            if not parse_coordinate_block(text, k, (m, n), fast_field, r, c, v, work):
+            if len(work) < 2 * len(block) + 2:  # the bytes, and the newline added after a last line
+                work = np.empty(2 * len(block) + 2, bool)
+            if not parse_coordinate_block(block, k, (m, n), fast_field, r, c, v, work):
                 # outside the fast parse's grammar, or refused by it: line by line, as np.loadtxt reads
+                text = block if isinstance(block, str) else _as_text(block)
                 arr = self._parse_block(first, text, k, ncols, parse_dt)
                 if parse_dt is np.float64:  # a real file's lines are parsed as floats: "1.5" is no index
                     frac = np.flatnonzero(np.any(arr[:, :2] != np.trunc(arr[:, :2]), axis=1))
@@ -417,10 +512,10 @@ class MtxReader(Reader):
                 np.copyto(c, arr[:, 1], casting="unsafe")
                 if self.field != "pattern":
                     np.copyto(v, arr[:, 2], casting="unsafe")
-                del arr
+                del arr, text
                 r -= 1
                 c -= 1
-            del text
+            del block
             self._check_range(first, r, c, 0)
             unit = self.field == "pattern" and self.symmetry != "skew-symmetric"
             if self.field == "pattern" and not unit:
@@ -452,7 +547,11 @@ class MtxReader(Reader):
                 vals[:total].fill(1)
             self._consumed += k
             yield first, rows[:total], cols[:total], vals[:total], k
-        self._check_end()
+        if raw is not None:
+            self._check_end_raw(raw)
+            self._fh.seek(0, io.SEEK_END)  # read to its end, as after the text path
+        else:
+            self._check_end()
 
     def _check_range(self, first: int, r: np.ndarray, c: np.ndarray, base: int = 1) -> None:
         """Refuse an entry index outside the size line, naming its line (``base``: 1 or 0-based)."""

@@ -27,7 +27,8 @@ _SPACE, _NEWLINE, _ZERO, _NINE = 32, 10, 48, 57
 _MINUS, _PLUS, _DOT = ord("-"), ord("+"), ord(".")
 _DIGITS = b"0123456789"
 #: Bytes each field allows (with spaces, tabs and newlines): what the grammar's fields are made of.
-_ALLOWED = {"pattern": _DIGITS + b" \t\n", "integer": _DIGITS + b" \t\n-", "real": _DIGITS + b" \t\n-+.eE"}
+_ALLOWED = {"pattern": _DIGITS + b" \t\r\n", "integer": _DIGITS + b" \t\r\n-",
+            "real": _DIGITS + b" \t\r\n-+.eE"}
 
 try:  # private to SciPy (>= 1.12): without it every block takes the line-by-line parse
     from scipy.io._fast_matrix_market import _fmm_core
@@ -38,9 +39,10 @@ except ImportError:  # pragma: no cover - SciPy older than 1.12
 AVAILABLE = _fmm_core is not None and hasattr(_fmm_core, "read_body_coo")
 
 
-def _well_formed(data: bytes, lines: int, ncols: int, field: str, work: np.ndarray | None = None) -> bool:
-    """Whether ``data`` (``lines`` lines, each ended by ``"\\n"``) is ``lines`` entries of ``ncols``
-    fields in the grammar of the module notes.
+def _well_formed(data: bytes, lines: int, ncols: int, field: str, work: np.ndarray | None = None,
+                 offset: int = 0) -> bool:
+    """Whether ``data[offset:]`` (``lines`` lines, each ended by ``"\\n"``, or ``"\\r\\n"``) is
+    ``lines`` entries of ``ncols`` fields in the grammar of the module notes.
 
     A few vectorized passes over the bytes: the allowed bytes (``bytes.translate``) and the count of
     fields. A line with fewer fields than ``ncols`` the C++ reader refuses (it reads each field, or
@@ -52,9 +54,12 @@ def _well_formed(data: bytes, lines: int, ncols: int, field: str, work: np.ndarr
     least twice the block's length for the two block-sized arrays (the process maps every large new
     array afresh, :mod:`blocklin._memory`, and their page faults cost as much as the check).
     """
-    if data.translate(None, _ALLOWED[field]) or not data.endswith(b"\n"):
+    allowed = _ALLOWED[field]
+    if data.translate(None, allowed) != data[:offset].translate(None, allowed) or not data.endswith(b"\n"):
         return False
-    b = np.frombuffer(data, np.uint8)
+    if b"\r" in data and data.count(b"\r") != data.count(b"\r\n"):
+        return False  # a carriage return only before a newline (it then reads as a space)
+    b = np.frombuffer(data, np.uint8, offset=offset)
     # two bool arrays of the block's length and the events' positions at most: with the bytes and
     # the caller's text, within the parse batch the plan counts (MtxReader.overhead_bytes)
     if work is None or len(work) < 2 * len(b):
@@ -114,30 +119,30 @@ def _well_formed(data: bytes, lines: int, ncols: int, field: str, work: np.ndarr
     return not np.any((e[1:] == e[:-1]) & ~(d[:-1] & ~d[1:]))
 
 
-def parse_coordinate_block(text: str, lines: int, shape: tuple[int, int], field: str, rows: np.ndarray,
+def parse_coordinate_block(data: bytes | str, lines: int, shape: tuple[int, int], field: str, rows: np.ndarray,
                            cols: np.ndarray, vals: np.ndarray, work: np.ndarray | None = None) -> bool:
-    """Parse ``lines`` coordinate entry lines ``text`` (each ended by ``"\\n"``, the last one may not
-    be) into ``rows``, ``cols`` (0-based int64) and ``vals`` (float64; int64 for ``integer``;
-    untouched for ``pattern``), each of length ``lines``.
+    """Parse ``lines`` coordinate entry lines ``data`` (bytes, or ASCII text; each line ended by
+    ``"\\n"``, the last one may not be) into ``rows``, ``cols`` (0-based int64) and ``vals``
+    (float64; int64 for ``integer``; untouched for ``pattern``), each of length ``lines``.
 
     Returns False, with the buffers in any state, when the block is not in the module's grammar or
     the C++ reader refuses it (an index outside ``shape``, an overflow): the caller parses it line by
     line then, for the values or for the message naming the bad line. Transient memory: about four
-    times the block's bytes (its bytes, the check's arrays, in ``work`` when given, see
-    :func:`_well_formed`; then the bytes behind the header and the reader's copy of them).
+    times the block's bytes (the bytes behind the header, the check's arrays, in ``work`` when given,
+    see :func:`_well_formed`, and the C++ reader's copy).
     """
     if not AVAILABLE or not lines:
         return False
     ncols = 2 if field == "pattern" else 3
-    data = text.encode("ascii", "replace")  # not ASCII: "?", which the check refuses
-    if not data.endswith(b"\n"):
-        data += b"\n"
-    if not _well_formed(data, lines, ncols, field, work):
+    if isinstance(data, str):
+        data = data.encode("ascii", "replace")  # not ASCII: "?", which the check refuses
+    header = b"%%%%MatrixMarket matrix coordinate %s general\n%d %d %d\n" % (
+        field.encode(), shape[0], shape[1], lines)
+    payload = b"".join([header, data] if data[-1:] == b"\n" else [header, data, b"\n"])
+    if not _well_formed(payload, lines, ncols, field, work, len(header)):
         return False
-    data = b"%%%%MatrixMarket matrix coordinate %s general\n%d %d %d\n" % (
-        field.encode(), shape[0], shape[1], lines) + data
     try:
-        cursor = _fmm_core.open_read_stream(io.BytesIO(data), 1)
+        cursor = _fmm_core.open_read_stream(io.BytesIO(payload), 1)
         _fmm_core.read_body_coo(cursor, rows, cols, vals)
     except (ValueError, OverflowError, RuntimeError):
         return False
