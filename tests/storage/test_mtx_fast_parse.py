@@ -215,10 +215,12 @@ def test_blocks_mixing_both_paths_match_mmread(tmp_path, rng, small_blocks):
     ("3 3.5 1", "line 6"),                                     # it alone: value 0.5
     ("99999999999999999999 1 1", "line 6"),                    # it refuses: an overflow
     ("41 1 1", r"\(41, 1\) at line 6"),                        # it refuses: out of range
+    ("3 3 1\u00e9", "line 6"),                                  # not ASCII: declined
+    ("3 3 1\r7", "CR LF.*carriage return alone at line 6"),      # old Mac line ends
 ])
 def test_bad_lines_are_named_whichever_parser_saw_them(tmp_path, bad, pattern):
     body = "".join(f"{i} {i} {i}.5\n" for i in range(1, 3)) + bad + "\n" + "4 4 4\n"
-    (tmp_path / "b.mtx").write_text("%%MatrixMarket matrix coordinate real general\n% c\n40 30 4\n" + body)
+    (tmp_path / "b.mtx").write_bytes(("%%MatrixMarket matrix coordinate real general\n% c\n40 30 4\n" + body).encode())
     with pytest.raises(FormatError, match=pattern):
         blocklin.convert(tmp_path / "b.mtx", tmp_path / "b.zarr", memory="64MiB")
     assert leftovers(tmp_path) == []

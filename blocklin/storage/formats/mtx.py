@@ -65,10 +65,18 @@ def _runs_between(cuts: np.ndarray, k: int) -> list[tuple[int, int]]:
     return [(a + 1, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a + 1]
 
 
-def _as_text(block) -> str:
-    """A block of bytes as the text handle would have read it (ASCII, universal newlines)."""
+def _as_text(block, first: int) -> str:
+    """A block of bytes (lines from ``first``) as text: ASCII (other bytes as U+FFFD), ``"\\r\\n"``
+    read as ``"\\n"``; a carriage return elsewhere (old Mac line ends) is refused."""
     text = bytes(block).decode("ascii", "replace")
-    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+    if "\r" not in text:
+        return text
+    text = text.replace("\r\n", "\n")
+    if "\r" in text:
+        at = text.index("\r")
+        raise _bad("lines must end with LF or CR LF", f"a carriage return alone at line "
+                   f"{first + text.count(chr(10), 0, at)}", "convert the line ends (dos2unix, or mac2unix)")
+    return text
 
 
 def _bad(rule: str, actual: str, fix: str = "check the file (see https://math.nist.gov/MatrixMarket/formats.html)"):
@@ -499,7 +507,7 @@ class MtxReader(Reader):
                 work = np.empty(2 * len(block) + 2, bool)
             if not parse_coordinate_block(block, k, (m, n), fast_field, r, c, v, work):
                 # outside the fast parse's grammar, or refused by it: line by line, as np.loadtxt reads
-                text = block if isinstance(block, str) else _as_text(block)
+                text = block if isinstance(block, str) else _as_text(block, first)
                 arr = self._parse_block(first, text, k, ncols, parse_dt)
                 if parse_dt is np.float64:  # a real file's lines are parsed as floats: "1.5" is no index
                     frac = np.flatnonzero(np.any(arr[:, :2] != np.trunc(arr[:, :2]), axis=1))
