@@ -50,6 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "lambdas = sqrt(alphas))")
     p.add_argument("--loo-per-target", dest="lam_per_target", action="store_true",
                    help="with --lambda loo: one lambda per column of B (RidgeCV's alpha_per_target)")
+    p.add_argument("--cv", type=ui.count_arg("--cv", minimum=2, example="5"), default=None, metavar="K",
+                   help="with --lambda loo[:grid]: choose lambda by K-fold cross-validation (RidgeCV's cv=K: "
+                        "KFold(K) without shuffling, one pass over a tall A) instead of leave-one-out")
+    p.add_argument("--scoring", default=None, metavar="NAME",
+                   help="the score lambda is chosen by, as RidgeCV's scoring=: neg_mean_squared_error, "
+                        "neg_root_mean_squared_error, neg_mean_absolute_error, r2 or explained_variance "
+                        "(default: minus the mean squared error for leave-one-out, r2 with --cv)")
     p.add_argument("--sample-weight", dest="sample_weight", metavar="W",
                    help="row weights >= 0 (a zarr vector or m x 1 array, or a .npy file): weighted least squares as "
                         "scikit-learn's Ridge.fit(X, y, sample_weight=w)")
@@ -115,7 +122,7 @@ def run(args: argparse.Namespace) -> dict:
         summary["scaling"] = r["scaling"]
     if args.fit_intercept:
         summary["intercept"] = r["intercept"]
-    for key in ("alpha_", "best_score_", "positive", "sample_weight", "lam_per_target"):
+    for key in ("alpha_", "best_score_", "positive", "sample_weight", "lam_per_target", "cv", "scoring"):
         if key in r:
             summary[key] = r[key]
     if r.get("method") == "lsqr":  # a sparse A
@@ -124,7 +131,11 @@ def run(args: argparse.Namespace) -> dict:
         summary["plot"] = _plot(r, args.plot)
     lam = r["lam"]
     lam_s = f"{lam:.3g}" if isinstance(lam, float) else ", ".join(f"{v:.3g}" for v in lam)
-    if "best_score_" in r:  # the leave-one-out choice, in RidgeCV's terms
+    if "best_score_" in r and r.get("lam_rule") == "cv":  # the k-fold choice, in RidgeCV's terms
+        lam_s += f" (alpha_ = lambda^2, {r.get('scoring') or 'r2'} {_score(r['best_score_'])}, {r['cv']})"
+    elif "best_score_" in r and r.get("scoring"):
+        lam_s += f" (alpha_ = lambda^2, leave-one-out {r['scoring']} {_score(r['best_score_'])})"
+    elif "best_score_" in r:  # the leave-one-out choice, in RidgeCV's terms
         lam_s += f" (alpha_ = lambda^2, mean squared leave-one-out error {_neg(r['best_score_'])})"
     res = r["residual_norm"]
     res_s = f"{res:.3e}" if isinstance(res, float) else str(res)
@@ -140,6 +151,10 @@ def run(args: argparse.Namespace) -> dict:
     return summary
 
 
+def _score(score: object) -> str:
+    return ", ".join(f"{v:.4g}" for v in score) if isinstance(score, list) else f"{score:.4g}"
+
+
 def _neg(score: object) -> str:
     return ", ".join(f"{-v:.4g}" for v in score) if isinstance(score, list) else f"{-score:.4g}"
 
@@ -147,7 +162,7 @@ def _neg(score: object) -> str:
 def _ridge_options(args: argparse.Namespace) -> dict:
     """``--sample-weight``, ``--positive``, ``--loo-per-target`` where given."""
     opts = {"sample_weight": _weights(args.sample_weight), "positive": args.positive,
-            "lam_per_target": args.lam_per_target}
+            "lam_per_target": args.lam_per_target, "cv": args.cv, "scoring": args.scoring}
     return {k: v for k, v in opts.items() if v is not None and v is not False}
 
 
@@ -164,7 +179,8 @@ def _explain(args: argparse.Namespace) -> dict:
     settings.pop("resume", None)
     settings.pop("overwrite", None)
     ridge = _ridge_options(args)
-    ridge.pop("lam_per_target", None)
+    for key in ("lam_per_target", "cv", "scoring"):  # the plan of the passes does not depend on them
+        ridge.pop(key, None)
     plan = solve_plan(args.a, args.b, lam=args.lam, method=args.method, refine=args.refine,
                       fit_intercept=args.fit_intercept, **ridge, **_sparse_options(args), **settings)
     summary = {"plan": plan.to_dict() if hasattr(plan, "to_dict") else str(plan)}

@@ -166,3 +166,68 @@ def test_loo_scoring_weighted(shape):
             looe = np.sqrt(np.maximum(-ref.best_score_, 0) * np.ones(shape[0]))
             bound = loo_score_bound(X, y, w, np.sqrt(ref.alpha_), True, full.coef_, looe) * shape[0] / w.sum()
             assert abs(x.report["best_score_"] - ref.best_score_) <= bound
+
+
+def test_cli_cv_and_scoring(tmp_path, capsys):
+    """``blocklin solve --lambda loo:GRID --cv K --scoring NAME``: RidgeCV(cv=K, scoring=NAME)'s choice and
+    score (the bounds of :func:`_check`); a fold count below 2 and an unknown scorer refused by name."""
+    import json
+
+    from blocklin.cli.main import main
+
+    X, y = _data(120, 6, 1, seed=5)
+    pa, pb = str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")
+    bl.from_array(X, pa, chunks=(40, 6))
+    bl.from_array(y, pb)
+    grid = ",".join(str(v) for v in np.sqrt(ALPHAS))
+    assert main(["solve", pa, pb, "-o", str(tmp_path / "x.zarr"), "--lambda", f"loo:{grid}", "--cv", "4",
+                 "--scoring", "neg_mean_squared_error", "--fit-intercept", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ref = RidgeCV(alphas=ALPHAS, cv=4, scoring="neg_mean_squared_error").fit(X, y.ravel())
+    assert out["alpha_"] == pytest.approx(ref.alpha_, rel=1e-12) and out["scoring"] == "neg_mean_squared_error"
+    splits = list(KFold(4).split(X))
+    assert abs(out["best_score_"] - ref.best_score_) <= score_bound(X, y, ref.alpha_, splits, True,
+                                                                     "neg_mean_squared_error")
+    with pytest.raises(SystemExit) as exit_:  # argparse's usage error
+        main(["solve", pa, pb, "-o", str(tmp_path / "y.zarr"), "--lambda", f"loo:{grid}", "--cv", "1"])
+    assert exit_.value.code == 2 and "--cv: must be an integer >= 2" in capsys.readouterr().err
+    assert main(["solve", pa, pb, "-o", str(tmp_path / "y.zarr"), "--lambda", f"loo:{grid}", "--scoring",
+                 "accuracy"]) != 0
+    assert "scoring: must be None, one of" in capsys.readouterr().err
+    assert not (tmp_path / "y.zarr").exists()
+
+
+def test_every_route_carries_the_intercept_attribute():
+    """``x.intercept`` exists on every route's result (None without fit_intercept): the in-memory normal
+    equations, the stored-Gram route at the least budget, and the square routes (Cholesky, LU)."""
+    X, y = _data(400, 30, 1, seed=2)
+    assert bl.solve(X, y, lam=0.5).intercept is None
+    streamed = least_budget(lambda mem: bl.solve(X, y, lam=0.5, memory=mem))
+    assert streamed.intercept is None
+    sq = np.random.default_rng(3).standard_normal((40, 40)) + 40 * np.eye(40)
+    assert bl.solve(sq, y[:40]).intercept is None
+    assert bl.solve(sq @ sq.T, y[:40], assume_a="pos").intercept is None
+    fitted = bl.solve(X, y, lam=0.5, fit_intercept=True)
+    assert np.shape(fitted.intercept) == (1,)
+
+
+def test_unpenalized_intercept_of_a_rank_deficient_a_is_the_minimum_norm_solution():
+    """``lam=0, fit_intercept=True`` of a tall ``A`` with repeated columns (rank 6 of 9): the minimum-norm
+    least-squares solution of the centered problem (NumPy's lstsq, as Ridge(alpha=0)), its rank reported
+    and a warning given. Bound: the Gram's eigen-decomposition perturbs the retained part by
+    ``n eps ||A_c||_2^2`` (Weyl/Davis-Kahan), so ``x`` moves by ``c n eps kappa_r^2`` relative with
+    ``kappa_r = s_1 / s_r`` of the nonzero singular values (the normal equations square it)."""
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal((400, 6))
+    a = np.hstack([base, base[:, :3]])
+    b = a @ rng.standard_normal((9, 1)) + 1.0 + 0.1 * rng.standard_normal((400, 1))
+    with pytest.warns(UserWarning, match=r"rank 6 of 9.*minimum-norm"):
+        x = bl.solve(a, b, lam=0, fit_intercept=True)
+    ac, bc = a - a.mean(0), b - b.mean(0)
+    ref = np.linalg.lstsq(ac, bc, rcond=None)[0]
+    s = np.linalg.svd(ac, compute_uv=False)
+    kappa = s[0] / s[5]
+    assert x.report["rank"] == 6
+    assert np.linalg.norm(dense(x) - ref) <= 16 * 9 * EPS64 * kappa**2 * np.linalg.norm(ref)
+    assert abs(float(np.ravel(x.intercept)[0]) - float(b.mean() - a.mean(0) @ ref[:, 0])) <= (
+        16 * 9 * EPS64 * kappa**2 * np.linalg.norm(a.mean(0)) * np.linalg.norm(ref) + 4 * 400 * EPS64 * abs(b).max())
