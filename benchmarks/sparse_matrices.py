@@ -172,25 +172,36 @@ def large(args: argparse.Namespace, folder: Path, budget: int) -> dict:
     out: dict = {"n": args.n, "edges": edges, "file_bytes": size, "generate_seconds": gen}
     readers = [("mmread", "scipy.io.mmread")] + ([("fmm", "fast_matrix_market.mmread")] if fmm_installed() else [])
     print(f"{'step':34s} {'seconds':>8s} {'Mentries/s':>10s} {'peak MiB':>9s} {'budget MiB':>10s}  notes", flush=True)
-    for key, label in readers:
-        r = child(key, {"src": str(src)})
-        out[key] = r
-        if "error" in r:
-            print(f"{label:34s} ERROR {r['error']}", flush=True)
-            continue
-        r["rate"] = edges / r["seconds"]
-        print(f"{label:34s} {r['seconds']:8.1f} {r['rate'] / 1e6:10.2f} {r['peak'] / MiB:9.0f} {'-':>10s}  "
-              f"{r['nnz_read']} entries in memory (COO)", flush=True)
     zarr_path = folder / "S.zarr"
-    r = child("convert", {"src": str(src), "out": str(zarr_path), "memory": budget})
-    out["convert"] = r
-    if "error" in r:
-        print(f"{'blocklin.convert':34s} ERROR {r['error']}", flush=True)
-        return out
-    r["rate"] = edges / r["seconds"]
-    print(f"{'blocklin.convert':34s} {r['seconds']:8.1f} {r['rate'] / 1e6:10.2f} {r['peak'] / MiB:9.0f} "
-          f"{budget / MiB:10.0f}  {r['nnz']} entries stored, {r['runs']} runs, {r['row_blocks']} row blocks, "
-          f"planned {r['planned'] / MiB:.0f} MiB", flush=True)
+    ratios: list[float] = []
+    for rep in range(max(1, args.repeat)):  # alternated: the machine's load reaches both alike
+        if rep:
+            shutil.rmtree(zarr_path, ignore_errors=True)
+            print(f"# repeat {rep + 1}; load average {os.getloadavg()[0]:.1f}", flush=True)
+        for key, label in readers:
+            r = child(key, {"src": str(src)})
+            out[key] = r
+            if "error" in r:
+                print(f"{label:34s} ERROR {r['error']}", flush=True)
+                continue
+            r["rate"] = edges / r["seconds"]
+            print(f"{label:34s} {r['seconds']:8.1f} {r['rate'] / 1e6:10.2f} {r['peak'] / MiB:9.0f} {'-':>10s}  "
+                  f"{r['nnz_read']} entries in memory (COO)", flush=True)
+        r = child("convert", {"src": str(src), "out": str(zarr_path), "memory": budget})
+        out["convert"] = r
+        if "error" in r:
+            print(f"{'blocklin.convert':34s} ERROR {r['error']}", flush=True)
+            return out
+        r["rate"] = edges / r["seconds"]
+        print(f"{'blocklin.convert':34s} {r['seconds']:8.1f} {r['rate'] / 1e6:10.2f} {r['peak'] / MiB:9.0f} "
+              f"{budget / MiB:10.0f}  {r['nnz']} entries stored, {r['runs']} runs, {r['row_blocks']} row blocks, "
+              f"planned {r['planned'] / MiB:.0f} MiB", flush=True)
+        if "rate" in out.get("mmread", {}):
+            ratios.append(r["rate"] / out["mmread"]["rate"])
+    if len(ratios) > 1:
+        print(f"# conversion / mmread rate, each repeat: {', '.join(f'{x:.2f}x' for x in ratios)}; median "
+              f"{float(np.median(ratios)):.2f}x", flush=True)
+        out["ratios"] = ratios
     out["nnz"] = r["nnz"]
     if args.convert_only:
         return out
@@ -271,7 +282,7 @@ def small(args: argparse.Namespace, folder: Path) -> dict:
         a, b = rows[me], rows[other]
         print(f"# {me} / {other}: time {a['seconds'] / b['seconds']:.2f}x, residual {a['residual']:.1e} vs "
               f"{b['residual']:.1e}", flush=True)
-    del s
+    s = None  # the handle dropped (as del would; the nested residual functions name it)
     return {"n": n, "edges": edges, "rows": rows}
 
 
@@ -283,8 +294,11 @@ def goals(big: dict | None, sm: dict | None, budget: int) -> list[tuple[bool, st
         for key, label in (("mmread", "scipy.io.mmread"), ("fmm", "fast_matrix_market")):
             if key in big and "rate" in big[key]:
                 ratio = c["rate"] / big[key]["rate"]
+                if key == "mmread" and big.get("ratios"):
+                    ratio = float(np.median(big["ratios"]))
                 lines.append((ratio >= 0.5, f"conversion at >= 0.5x the rate of {label}: {ratio:.2f}x "
-                              f"({c['rate'] / 1e6:.2f} vs {big[key]['rate'] / 1e6:.2f} M entries/s)"))
+                              f"({'the median of the repeats; the last ' if key == 'mmread' and big.get('ratios') else ''}"
+                              f"{c['rate'] / 1e6:.2f} vs {big[key]['rate'] / 1e6:.2f} M entries/s)"))
         lines.append((c["peak"] <= budget, f"conversion within the budget: peak {c['peak'] / MiB:.0f} MiB above the "
                       f"baseline of {budget / MiB:.0f} MiB"))
         for what in ("svd", "eigsh"):
@@ -328,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-large", action="store_true", help="only the in-memory comparison")
     p.add_argument("--skip-small", action="store_true", help="only the large graph")
     p.add_argument("--ops", default="svd,eigsh", help="the operations run on the large graph (default svd,eigsh)")
+    p.add_argument("--repeat", type=int, default=1, help="run mmread and the conversion this many times, "
+                   "alternated; the conversion goal takes the median ratio (default 1)")
     p.add_argument("--convert-only", action="store_true", help="on the large graph, the conversion step only "
                    "(no svd or eigsh)")
     p.add_argument("--dir", help="folder for the files (default: a temp dir, removed)")
