@@ -16,6 +16,11 @@ with ``a = 1, b = mu, c = 1/sd, r = 1`` for ``B = A`` and ``a = mu, b = 1, c = 1
 ``A`` (:func:`column_moments`), computed in float64 with Chan, Golub and LeVeque's pairwise update,
 so they do not suffer the cancellation of ``E[x^2] - E[x]^2``.
 
+Complex data (LAPACK's conventions, as :func:`blocklin.svd`): the means are complex (complex128), the
+variances real, ``mean |x - mu|^2``; the pairwise update adds ``|d|^2`` and the co-moments
+``conj(d) d^T`` (the entries of ``A_c^H A_c`` are ``sum_i conj(a_ij) a_ik``), and the correction of
+the adjoint products reads ``B_c^H Y = diag(c) (B^H (r Y) - conj(b) (a^H r Y))``.
+
 The correction is exact in exact arithmetic; in floating point the products ``A Q`` are formed
 before the mean is removed, so their rounding error is relative to ``||A||`` rather than
 ``||A - 1 mu^T||``: when the means dwarf the spread of the columns by ``10^3`` or more, float32
@@ -44,7 +49,8 @@ from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, sour
 
 @dataclasses.dataclass(frozen=True)
 class Moments:
-    """Column means and variances (``ddof=0``, float64) of an ``m x n`` matrix, over its ``m`` rows."""
+    """Column means and variances (``ddof=0``) of an ``m x n`` matrix, over its ``m`` rows: float64, or
+    of complex data complex128 means and real float64 variances ``mean |x - mu|^2``."""
 
     mean: np.ndarray
     var: np.ndarray
@@ -62,17 +68,34 @@ class Moments:
         return np.where(sd > 0, sd, 1.0)
 
 
+def acc_dtype(dtype: Any) -> np.dtype:
+    """The accumulation dtype of sums over the data: float64, complex128 of complex data."""
+    return np.dtype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)
+
+
+def abs2(d: np.ndarray) -> np.ndarray:
+    """``|d|^2`` (real, without the square root and square of ``abs``)."""
+    if d.dtype.kind != "c":
+        return d * d
+    return d.real * d.real + d.imag * d.imag
+
+
 def _merge(n1: int, m1: np.ndarray, s1: np.ndarray, n2: int, m2: np.ndarray, s2: np.ndarray) -> tuple:
-    """Chan et al.'s pairwise update of (count, mean, sum of squared deviations)."""
+    """Chan et al.'s pairwise update of (count, mean, sum of squared deviations); ``|d|^2`` of complex
+    means."""
     n = n1 + n2
     d = m2 - m1
-    return n, m1 + d * (n2 / n), s1 + s2 + d * d * (n1 * n2 / n)
+    return n, m1 + d * (n2 / n), s1 + s2 + abs2(d) * (n1 * n2 / n)
+
+
+def _acc_bytes(source: Any) -> int:
+    return acc_dtype(source.dtype).itemsize
 
 
 def _moments_memory(params: Any, sources: tuple) -> PassMemory:
-    w = sources[0].width
-    # float64 mean and M2 accumulators, and the float64 deviations of one cache-sized block of rows
-    return PassMemory(fixed=4 * w * 8 + params["sub_bytes"] + 8 * w, chunk_temporaries=True)
+    w, e = sources[0].width, _acc_bytes(sources[0])
+    # mean and M2 accumulators, and the deviations of one cache-sized block of rows (twice: complex |d|^2)
+    return PassMemory(fixed=4 * w * e + 2 * params["sub_bytes"] + 2 * e * w, chunk_temporaries=True)
 
 
 #: Bytes of the float64 deviations of one sub-block of a strip: small enough to stay in cache (a whole
@@ -87,16 +110,21 @@ def sub_bytes(job: Any, memory: int | None) -> int:
 
 
 def _strip_moments(b: Any, sub: int) -> tuple[np.ndarray, np.ndarray]:
-    """Column means and sums of squared deviations of a strip, in float64: the means first, then the
-    deviations from them by cache-sized blocks of rows (the strip's M2 exactly, no pairwise merges)."""
+    """Column means and sums of squared deviations of a strip, in float64 (complex128 means of complex
+    data): the means first, then the deviations from them by cache-sized blocks of rows (the strip's
+    M2 exactly, no pairwise merges)."""
     b = np.asarray(b)
     r = b.shape[0]
-    mean = b.sum(axis=0, dtype=np.float64) / max(r, 1)
+    acc = acc_dtype(b.dtype)
+    mean = b.sum(axis=0, dtype=acc) / max(r, 1)
     m2 = np.zeros(b.shape[1])
-    step = max(1, sub // (8 * max(1, b.shape[1])))
+    step = max(1, sub // (acc.itemsize * max(1, b.shape[1])))
     for i in range(0, r, step):
-        d = b[i:i + step].astype(np.float64)
+        d = b[i:i + step].astype(acc)
         d -= mean
+        if acc.kind == "c":
+            m2 += abs2(d).sum(axis=0)
+            continue
         np.square(d, out=d)
         m2 += d.sum(axis=0)
     return mean, m2
@@ -122,17 +150,25 @@ def moments_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: 
 def _moments_normal_memory(params: Any, sources: tuple) -> PassMemory:
     n, c = params["Q"].shape
     w = params["Q"].dtype.itemsize
+    e = _acc_bytes(sources[0])
     base = _moments_memory(params, sources)
-    # Q, the float64 Z and one strip's product B_i^T Y_i (and its float64 copy); per row Y_i
-    return PassMemory(fixed=base.fixed + n * c * (w + 8 + w + 8), per_row=c * w, chunk_temporaries=True)
+    # Q, the float64 Z and one strip's product B_i^T Y_i (and its float64 copy); per row Y_i (and its
+    # conjugate of complex data)
+    return PassMemory(fixed=base.fixed + n * c * (w + e + w + e), per_row=c * w * (2 if e == 16 else 1),
+                      chunk_temporaries=True)
 
 
 @row_kernel(memory=_moments_normal_memory, device="cpu")
 def moments_normal_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: Any) -> tuple[Any, None]:
     """The column moments (as :func:`moments_kernel`) and the uncentered ``Z = A^T (A Q)`` of one pass:
-    ``Y_i = A_i Q`` and ``A_i^T Y_i`` in the working precision per strip, summed over strips in float64."""
+    ``Y_i = A_i Q`` and ``A_i^T Y_i`` in the working precision per strip, summed over strips in float64
+    (complex: ``A_i^H Y_i = conj(A_i^T conj(Y_i))``, summed in complex128; ``A_i`` is never conjugated)."""
     b = np.asarray(arrays[0])
-    z = (b.T @ (b @ params["Q"])).astype(np.float64)
+    y = b @ params["Q"]
+    if y.dtype.kind == "c":
+        z = np.conjugate(b.T @ np.conjugate(y)).astype(np.complex128)
+    else:
+        z = (b.T @ y).astype(np.float64)
     mean, m2 = _strip_moments(b, params["sub_bytes"])
     r = rows.stop - rows.start
     if state is None:
@@ -143,19 +179,20 @@ def moments_normal_kernel(device: Any, arrays: tuple, rows: slice, params: Any, 
 def merge_comoments(n1: int, m1: np.ndarray, c1: np.ndarray, n2: int, m2: np.ndarray,
                      c2: np.ndarray | None) -> tuple:
     """:func:`_merge` for co-moment matrices, in place in ``c1``: ``C = C_1 + C_2 + (n_1 n_2 / n) d d^T``
-    (``c2`` ``None``: already added to ``c1``)."""
+    (``c2`` ``None``: already added to ``c1``); of complex data ``conj(d) d^T``, the rank-one term of
+    ``A^H A``."""
     n = n1 + n2
     d = m2 - m1
     if c2 is not None:
         c1 += c2
-    c1 += np.outer(d, d * (n1 * n2 / n))
+    c1 += np.outer(np.conjugate(d), d * (n1 * n2 / n))
     return n, m1 + d * (n2 / n), c1
 
 
 def _moments_gram_memory(params: Any, sources: tuple) -> PassMemory:
-    w = sources[0].width
+    w, e = sources[0].width, _acc_bytes(sources[0])
     # the co-moment accumulator and the rank-one merge term, means; per row the float64 deviations
-    return PassMemory(fixed=2 * w * w * 8 + 4 * w * 8, per_row=w * 8, chunk_temporaries=True,
+    return PassMemory(fixed=2 * w * w * e + 4 * w * e, per_row=w * e, chunk_temporaries=True,
                       max_strip_bytes=MAX_GRAM_STRIP_BYTES, min_rows=MIN_GRAM_ROWS)
 
 
@@ -164,13 +201,14 @@ def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, st
     """The column count, means and co-moment matrix ``(A_i - 1 m_i^T)^T (A_i - 1 m_i^T)`` of each strip
     (float64 SYRK of the deviations from the strip's own means, lower triangle), merged into the state
     by Chan, Golub and LeVeque's pairwise update: the centered Gram ``A_c^T A_c`` without the
-    cancellation of ``A^T A - m mu mu^T``."""
-    d = np.asarray(arrays[0], dtype=np.float64)
+    cancellation of ``A^T A - m mu mu^T``. Complex: complex128 deviations, ``A_c^H A_c`` by HERK."""
+    d = np.asarray(arrays[0])
+    d = np.asarray(d, dtype=acc_dtype(d.dtype))
     r = d.shape[0]
     mean = d.sum(axis=0) / max(r, 1)
     d = d - mean
     if state is None:
-        c = np.zeros((d.shape[1], d.shape[1]))
+        c = np.zeros((d.shape[1], d.shape[1]), d.dtype)
         syrk_acc(c, d)
         return (r, mean, c), None
     n1, m1, c1 = state
@@ -195,7 +233,8 @@ def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: in
     are merged exactly as the variances are (:func:`_merge`), so the result is as accurate as the Gram
     of the centered matrix, whatever the size of the means. ``A^T A`` itself is
     ``A_c^T A_c + m mu mu^T``. ``min_tasks``, ``workers``: the pass's split (each task keeps its ``n x n``
-    sum until the pass ends)."""
+    sum until the pass ends). Complex: ``A_c^H A_c`` (Hermitian, complex128), ``A^H A = A_c^H A_c + m
+    conj(mu) mu^T``."""
     plan = plan_moments_gram(job, A, memory=memory, reserve=reserve, min_tasks=min_tasks, workers=workers)
     states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, plan=plan, scale=scale,
                          description="column means and the centered Gram (pass over A)")
@@ -203,7 +242,7 @@ def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: in
     for st in states[1:]:  # row order: the result does not depend on the scheduler
         cnt, mean, c = merge_comoments(cnt, mean, c, *st)
     c = symmetrize_lower(c)
-    return Moments(mean, np.diag(c).copy() / cnt, cnt), c
+    return Moments(mean, np.diag(c).real.copy() / cnt, cnt), c
 
 
 def _moments_params(job: Any, A: Any, memory: int | None, reserve: int) -> dict:
@@ -232,7 +271,7 @@ def column_moments(job: Any, A: Any, *, memory: int | None = None, reserve: int 
     states, _ = run_pass(job, moments_kernel, [source(A, transposed=wide)], _moments_params(job, A, memory, reserve),
                          plan=plan, over=over, scale=scale, description=f"column means (pass over {over.upper()})")
     if wide:
-        mean, m2 = np.empty(n), np.empty(n)
+        mean, m2 = np.empty(n, acc_dtype(A.dtype)), np.empty(n)
         for st in states:
             for r0, mu, s in st:
                 mean[r0:r0 + mu.size], m2[r0:r0 + mu.size] = mu, s
@@ -251,7 +290,7 @@ def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = 
     centered power or Lanczos iteration needs no means beforehand, so the means cost no pass of their
     own. The uncentered product is rounded relative to ``||A||^2``, as the in-pass correction of the
     later passes is (see the module docstring); its float64 sum over strips keeps the accumulation
-    from adding to that."""
+    from adding to that. Complex: ``A_c^H A_c Q = A^H (A Q) - m conj(mu) (mu^T Q)``."""
     params = _normal_params(job, A, q, memory, reserve)
     qd = params["Q"]
     states, _ = run_pass(job, moments_normal_kernel, [source(A)], params, memory=memory, reserve=reserve, scale=scale,
@@ -260,7 +299,7 @@ def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = 
     for st in states[1:]:  # row order: the result does not depend on the scheduler
         cnt, mean, m2 = _merge(cnt, mean, m2, *st[:3])
         z = z + st[3]
-    return Moments(mean, m2 / cnt, cnt), z - cnt * np.outer(mean, mean @ qd.astype(np.float64))
+    return Moments(mean, m2 / cnt, cnt), z - cnt * np.outer(np.conjugate(mean), mean @ qd.astype(z.dtype))
 
 
 def moments_and_normal_fits(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None,
@@ -285,18 +324,19 @@ def moments_incore(b: np.ndarray, transposed: bool) -> Moments:
     """:class:`Moments` of ``A`` from its tall orientation ``b`` held in memory (no pass), by blocks of
     rows so that the float64 temporaries stay small beside ``b``."""
     step = max(1, (1 << 20) // max(1, b.shape[1]))
+    acc = acc_dtype(b.dtype)
     if transposed:  # each row of b is a column of A
-        mean, m2 = np.empty(b.shape[0]), np.empty(b.shape[0])
+        mean, m2 = np.empty(b.shape[0], acc), np.empty(b.shape[0])
         for r0 in range(0, b.shape[0], step):
-            x = b[r0:r0 + step].astype(np.float64)
+            x = b[r0:r0 + step].astype(acc)
             mean[r0:r0 + x.shape[0]] = mu = x.mean(axis=1)
-            m2[r0:r0 + x.shape[0]] = ((x - mu[:, None]) ** 2).sum(axis=1)
+            m2[r0:r0 + x.shape[0]] = abs2(x - mu[:, None]).sum(axis=1)
         return Moments(mean, m2 / b.shape[1], b.shape[1])
     state = None
     for r0 in range(0, b.shape[0], step):
-        x = b[r0:r0 + step].astype(np.float64)
+        x = b[r0:r0 + step].astype(acc)
         mu = x.mean(axis=0)
-        part = (x.shape[0], mu, ((x - mu) ** 2).sum(axis=0))
+        part = (x.shape[0], mu, abs2(x - mu).sum(axis=0))
         state = part if state is None else _merge(*state, *part)
     cnt, mean, m2 = state
     return Moments(mean, m2 / cnt, cnt)
@@ -329,8 +369,9 @@ class Shift:
         return qc, beta
 
     def finish(self, zraw: np.ndarray, t: np.ndarray | None) -> np.ndarray:
-        """``B_c^T Y = diag(c) (B^T (r Y) - b (a^T r Y))`` from the pass's ``B^T (r Y)`` and ``a^T (r Y)``."""
-        z = zraw if t is None or self.b is None else zraw - self.b[:, None] * t
+        """``B_c^T Y = diag(c) (B^T (r Y) - b (a^T r Y))`` from the pass's ``B^T (r Y)`` and ``a^T (r Y)``
+        (complex: ``B_c^H Y`` from ``B^H (r Y)`` and ``a^H (r Y)``, with ``conj(b)``)."""
+        z = zraw if t is None or self.b is None else zraw - np.conjugate(self.b)[:, None] * t
         return z if self.c is None else z * self.c[:, None]
 
     def params(self, dtype: Any) -> dict:

@@ -341,9 +341,11 @@ def sketch_init(device: Any, params: dict) -> dict:
     if params.get("y_chunk", 0) > st:  # Y's rows gathered into whole chunks of Y (see sketch_kernel)
         state["Yw"], state["w0"], state["wn"] = np.empty((params["y_chunk"], kp), dt), 0, 0
     if params.get("shifted"):
-        beta = np.zeros((1, kp + s))  # b^T diag(c) [Omega | Psi] in float64, a block of rows at a time
+        # b^T diag(c) [Omega | Psi] in float64 (complex128), a block of rows at a time
+        acc = np.complex128 if _complex(dt) or np.iscomplexobj(params["shift_b"]) else np.float64
+        beta = np.zeros((1, kp + s), acc)
         for r0 in range(0, n, SKETCH_RNG_BLOCK):
-            beta += params["shift_b"][None, r0:r0 + SKETCH_RNG_BLOCK] @ op[r0:r0 + SKETCH_RNG_BLOCK].astype(np.float64)
+            beta += params["shift_b"][None, r0:r0 + SKETCH_RNG_BLOCK] @ op[r0:r0 + SKETCH_RNG_BLOCK].astype(acc)
         state["beta"] = upload(device, beta.astype(dt))
         state["TX"] = device.zeros((1, kp), dt)
     del op
@@ -357,7 +359,8 @@ def _sketch_memory(params: Any, sources: tuple) -> PassMemory:
     # [Omega | Psi] (generated on the host, then moved to the device's own memory), X^T, Phi [Y T],
     # Y^T Y; the two row generators' blocks (float64) and, centered, b and c and the offsets
     fixed = (n * (c + s) + n * c + s * (c + s) + c * c + 4 * (c + s)) * w
-    fixed += SKETCH_RNG_BLOCK * (c + s) * F64 + (2 * n * F64 if params.get("shifted") else 0) + sf
+    acc = 2 * F64 if _complex(np.dtype(params["dtype"])) else F64  # complex128 offsets of complex data
+    fixed += SKETCH_RNG_BLOCK * (c + s) * acc + (n * (F64 + acc) if params.get("shifted") else 0) + sf
     # the buffer gathering Y's rows into chunks, and zarr's three copies of one where writes are not direct
     fixed += params.get("y_buffer", 0) * (4 if params.get("y_temporaries") else 1)
     # per row: [Y T] (and its device copy of the written Y), the Upsilon and Phi rows and their device copies

@@ -53,8 +53,9 @@ def moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, c
     save_scaling(ckpt, scaling)
     if keep is not None and not scaling.exponent:  # the co-moments an updatable result keeps (unscaled data)
         keep.update(kept_state(moments, g))
-    if not center:  # scaled only: the uncentered Gram, A^T A = A_c^T A_c + m mu mu^T (a sum, no cancellation)
-        g += moments.count * np.outer(moments.mean, moments.mean)
+    if not center:  # scaled only: the uncentered Gram, A^T A = A_c^T A_c + m mu mu^T (a sum, no cancellation;
+        # A^H A = A_c^H A_c + m conj(mu) mu^T of complex data)
+        g += moments.count * np.outer(np.conjugate(moments.mean), moments.mean)
     if scale:
         inv = 1.0 / moments.std
         g *= inv[:, None]

@@ -236,7 +236,7 @@ def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighRes
     res = factorize(a, k, method="lanczos", center=True, lanczos_tol=default_tol, caller="eigsh", **kw)  # eigsh's tol, 10 sqrt(eps)
     m = res.moments.count
     w = (res.s.astype(np.float64) ** 2 / max(m - 1, 1)).astype(res.s.dtype)
-    V = (res.Vt.to_numpy() if hasattr(res.Vt, "to_numpy") else np.asarray(res.Vt)).T  # n x k, as svd's U
+    V = (res.Vt.to_numpy() if hasattr(res.Vt, "to_numpy") else np.asarray(res.Vt)).conj().T  # n x k: V = Vt^H
     if res.report.get("output") and kw.get("out") is None:  # the temporary factors are not returned
         from blocklin.storage import remove
 

@@ -120,7 +120,7 @@ def _streamed(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, scaling
     if fused is not None and first is not None:
         src.first = (fused, first)
     if moments is not None and center:  # the products are rounded at ||A||, before the means are removed
-        sq = moments.count * (moments.var + moments.mean ** 2) / (moments.std ** 2 if scale else 1.0)
+        sq = moments.count * (moments.var + np.abs(moments.mean) ** 2) / (moments.std ** 2 if scale else 1.0)
         src.noise_scale = float(np.sqrt(sq.sum()))
     return src, moments, gram_start, fused is not None or gram_start is not None
 

@@ -525,24 +525,14 @@ def _signed_long(f: Factorization, path: Any) -> Factorization:
 
 
 def _check_complex(caller: str, dt: np.dtype, *, center: bool, scale: bool, updatable: bool) -> None:
-    """What complex data does not take yet: PCA (scikit-learn's conventions are real), the means pass
-    (real moments) and the updatable state."""
+    """What complex data does not take yet: PCA (scikit-learn's conventions are real) and the updatable
+    state. Centering and scaling take complex moments (:mod:`blocklin.linalg.blocks.center`)."""
     if caller == "pca":
         raise DTypeError(explain(
             "a", "pca takes real data only: scikit-learn's PCA refuses complex input, and its conventions "
             "(svd_flip's real signs, the explained variance of real features) are not defined for it",
             f"{dt.name} A", "use blocklin.svd of the centered data (a - a.mean(axis=0)): its complex triplets follow "
             "LAPACK's conventions (docs/svd.md), and s**2 / (m - 1) are the covariance's eigenvalues"))
-    if caller == "eigsh":
-        raise DTypeError(explain(
-            "a", "eigsh(center=True) takes real data only (the covariance goes through the centered SVD, "
-            "whose means pass keeps real moments)", f"{dt.name} A",
-            "center the data yourself and pass it to blocklin.svd: w = s**2 / (m - 1), V = Vt^H"))
-    if center or scale:
-        raise ParameterError(explain(
-            "center" if center else "scale", "centering and scaling are not built for complex data (the means "
-            "pass and the in-pass correction keep real moments)", f"center={center}, scale={scale} with {dt.name} A",
-            "subtract the column means yourself (a - a.mean(axis=0)) and call svd without center or scale"))
     if updatable:
         raise ParameterError(explain(
             "updatable", "is not built for complex data (append and update of complex data stay refused)",
