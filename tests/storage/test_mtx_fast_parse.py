@@ -259,3 +259,23 @@ def test_mirrored_blocks_with_few_or_many_diagonal_entries(tmp_path, rng, symmet
     want.sum_duplicates()
     got = blocklin.open(tmp_path / "d.zarr").to_scipy()
     np.testing.assert_array_equal(got.toarray(), want.toarray())
+
+
+def test_without_the_cxx_reader_the_text_path_reads_the_same(tmp_path, rng, monkeypatch):
+    """With SciPy's reader absent (SciPy older than 1.12) the file is read as text and every block
+    parsed line by line: the same matrix, and the same refusals."""
+    from blocklin.storage.formats import mtx
+
+    monkeypatch.setattr(mtx, "AVAILABLE", False)
+    monkeypatch.setattr(mtx_parse, "AVAILABLE", False)
+    for field, symmetry in (("real", "general"), ("pattern", "symmetric")):
+        text = _file(rng, field, symmetry, 2000, "\r\n")
+        (tmp_path / "t.mtx").write_bytes(text.encode())
+        blocklin.convert(tmp_path / "t.mtx", tmp_path / "t.zarr", memory="64MiB", overwrite=True)
+        want = scipy.io.mmread(io.BytesIO(text.encode())).tocsr()
+        want.sum_duplicates()
+        got = blocklin.open(tmp_path / "t.zarr").to_scipy()
+        np.testing.assert_array_equal(got.toarray(), want.toarray())
+    (tmp_path / "x.mtx").write_text("%%MatrixMarket matrix coordinate real general\n4 4 2\n1 1 1\n2 2 2\n3 3 3\n")
+    with pytest.raises(FormatError, match="extra data at line 5"):
+        blocklin.convert(tmp_path / "x.mtx", tmp_path / "x.zarr", memory="64MiB")

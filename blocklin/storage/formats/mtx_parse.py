@@ -11,7 +11,7 @@ ignores whatever follows the last field it reads on a line (``1 1 1.5 7`` reads 
 the first character it cannot use. So a block goes to it only when :func:`_well_formed` has found
 every line to be exactly ``INT INT VALUE`` (``INT INT`` for ``pattern``) in a grammar that both
 parsers read alike: unsigned decimal indices; values ``-?(D+.?D*|.D+)([eE][+-]?D+)?`` (``real``) or
-``-?D+`` (``integer``); spaces and tabs between fields. Anything else (NaN or inf spelled out, a
+``-?D+`` (``integer``); spaces and tabs between fields; lines ended by LF or CR LF. Anything else (NaN or inf spelled out, a
 leading ``+``, blank or comment lines, other characters) returns None, and the caller parses the
 block line by line as before, which reads it exactly or names the bad line; so does a block the C++
 reader refuses (an index out of range, an integer that overflows int64).
