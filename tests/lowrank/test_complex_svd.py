@@ -25,7 +25,7 @@ from support.tolerances import (assert_factorization, assert_orthonormal, assert
                                 eps)
 
 import blocklin as bl
-from blocklin.errors import DTypeError, ParameterError
+from blocklin.errors import ParameterError
 
 CDTYPES = [np.complex64, np.complex128]
 #: The complex-arithmetic factor on the real rounding-error bounds (see the module docstring).
@@ -222,10 +222,6 @@ def test_complex_refusals_name_the_parameter(kw, name):
     with pytest.raises(ParameterError, match=name):
         bl.svd(_matrix((M, N), np.complex128), 3, **kw)
 
-
-def test_complex_pca_is_refused_with_the_reason():
-    with pytest.raises(DTypeError, match="scikit-learn's PCA refuses complex input"):
-        bl.pca(_matrix((M, N), np.complex128), 3)
 
 
 @pytest.mark.gpu

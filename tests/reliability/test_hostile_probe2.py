@@ -84,7 +84,6 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
     refusing = {
         "gram dtype=float64": lambda: bl.gram(Z, dtype="float64", memory=MEM),
         "matmul dtype=float64": lambda: bl.matmul(Z, Z, trans_a=True, dtype="float64", memory=MEM),
-        "pca": lambda: bl.pca(Z, 3, memory=MEM),  # scikit-learn's PCA refuses complex input too
     }
     for name, call in refusing.items():
         with pytest.raises(DTypeError) as info:
@@ -98,6 +97,12 @@ def test_every_operation_refuses_complex_or_is_right(tmp_path, dtype):
     c = bl.matmul(Z, S, memory=MEM).to_numpy()
     ref = z.astype(np.complex128) @ s.astype(np.complex128)
     assert np.linalg.norm(c - ref) <= 4 * 30 * eps * np.linalg.norm(z) * np.linalg.norm(s)
+    # pca: blocklin's extension, the centered SVD (s^2 / (m - 1) real, within Weyl's bound at ||Z||_2)
+    zc = z.astype(np.complex128) - z.astype(np.complex128).mean(axis=0)
+    s0 = np.linalg.svd(zc, compute_uv=False)
+    p = bl.pca(Z, None, memory=MEM)  # every component (LAPACK's SVD; a truncated one is accurate to its tol)
+    b = 4 * 3 * np.sqrt(2) * 50 * eps * np.linalg.norm(z.astype(np.complex128), 2)
+    assert np.all(np.abs(p.explained_variance_ - s0 ** 2 / 49) <= (2 * s0 + b) * b / 49)
     # gram is A^H A (HERK; tests/products/test_complex_gram.py checks it in depth): Hermitian, its diagonal
     # real, within 3 sqrt(2) times the real Gram bound 2 m eps ||A||^2
     g = bl.gram(Z, memory=MEM).to_numpy()

@@ -6,6 +6,17 @@ inside the passes, never a copy), the explained variances ``s^2 / (m - 1)``, and
 relative to the total variance ``sum_j var(A[:, j])`` (``ddof=1``) from the means pass. The fitted
 model is scikit-learn's probabilistic PCA (Tipping and Bishop 1999): the noise variance is the mean
 variance of the components left out, which the total variance gives without computing them.
+
+Complex data (blocklin's extension: scikit-learn's PCA refuses complex input). The natural definition
+is the centered SVD of ``A = U diag(s) V^H`` (LAPACK's conventions, :func:`blocklin.svd`): ``mean_`` the
+complex column means, ``components_ = V^H`` (rows; each triplet's phase is the SVD's, the largest-modulus
+entry of the short factor's vector real and positive), ``explained_variance_ = s^2 / (m - 1)`` real (the
+eigenvalues of the Hermitian covariance ``A_c^H A_c / (m - 1)``), ``transform(x) = (x - mu) V``,
+``inverse_transform(y) = y V^H + mu``. The probabilistic model is Tipping and Bishop's with circularly
+symmetric complex Gaussian samples, ``x ~ CN(mu, C)``, ``C = V diag(ev - noise) V^H + noise I``, whose
+density is ``exp(-(x - mu)^H C^-1 (x - mu)) / det(pi C)`` (the maximum-likelihood noise is again the mean
+of the variances left out): ``get_covariance``, ``get_precision``, ``score_samples`` and ``score`` follow
+it. ``n_components="mle"`` (Minka's evidence for real data) is refused.
 """
 
 from __future__ import annotations
@@ -71,10 +82,11 @@ class PCAResult:
         return None if v is None else np.asarray(v)
 
     def _samples(self, x: Any, name: str = "x") -> tuple[np.ndarray, np.dtype]:
-        """``(x - mean_) / scale_`` in float64, and the dtype scikit-learn returns for ``x``."""
+        """``(x - mean_) / scale_`` in float64 (complex128 of a complex model or ``x``), and the dtype
+        scikit-learn returns for ``x``."""
         x = np.asarray(x)
-        out_dtype = np.result_type(x.dtype if x.dtype.kind == "f" else np.float64, self._np("components_").dtype)
-        x = x.astype(np.float64, copy=False)
+        out_dtype = np.result_type(x.dtype if x.dtype.kind in "fc" else np.float64, self._np("components_").dtype)
+        x = x.astype(_wide(out_dtype), copy=False)
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
             raise ShapeError(f"{name}: must have {self.n_features_in_} columns (n_features_in_); got shape "
                              f"{x.shape}. Fix: pass samples as rows with the features the PCA was fitted on")
@@ -85,7 +97,7 @@ class PCAResult:
 
     def _axes(self) -> np.ndarray:
         """The components in float64, each scaled by its standard deviation when whitened."""
-        c = self._np("components_").astype(np.float64)
+        c = self._np("components_").astype(_wide(self._np("components_").dtype))
         return c * np.sqrt(self._np("explained_variance_").astype(np.float64))[:, None] if self.whiten else c
 
     def transform(self, x: Any) -> np.ndarray:
@@ -96,7 +108,8 @@ class PCAResult:
         float32 samples and components, float64 where either is float64 (integers count as float64).
         """
         xc, out_dtype = self._samples(x)
-        y = xc @ self._np("components_").T.astype(np.float64)
+        c = self._np("components_")
+        y = xc @ c.astype(_wide(c.dtype)).conj().T  # (x - mu) V: C^H = V of complex components
         if self.whiten:  # a component of zero variance stays zero (scikit-learn divides by its eps floor)
             sd = np.sqrt(self._np("explained_variance_").astype(np.float64))
             y = y / np.where(sd > 0, sd, 1.0)
@@ -107,11 +120,11 @@ class PCAResult:
         """Samples back in feature space from their projections ``y`` (``n x n_components_``):
         ``y C (* scale_) + mean_``, undoing the whitening when ``whiten``."""
         ya = np.asarray(y)
-        out_dtype = np.result_type(ya.dtype if ya.dtype.kind == "f" else np.float64, self._np("components_").dtype)
+        out_dtype = np.result_type(ya.dtype if ya.dtype.kind in "fc" else np.float64, self._np("components_").dtype)
         if ya.ndim != 2 or ya.shape[1] != self.n_components_:
             raise ShapeError(f"y: must have {self.n_components_} columns (n_components_); got shape {ya.shape}. "
                              "Fix: pass the output of transform")
-        x = np.asarray(y).astype(np.float64) @ self._axes()
+        x = np.asarray(y).astype(_wide(out_dtype)) @ self._axes()
         if self.scale_ is not None:
             x = x * self._np("scale_")
         x = (x + self._np("mean_")).astype(out_dtype, copy=False)
@@ -122,11 +135,12 @@ class PCAResult:
 
     def get_covariance(self) -> np.ndarray:
         """The model's covariance of the (scaled) features: ``C^T diag(ev - noise) C + noise I``
-        (``n_features x n_features``, in memory), as scikit-learn's ``PCA.get_covariance``."""
+        (``n_features x n_features``, in memory), as scikit-learn's ``PCA.get_covariance``; complex:
+        ``C^H diag(ev - noise) C + noise I``, Hermitian."""
         c = self._axes()
         ev = self._np("explained_variance_").astype(np.float64)
         diff = np.where(ev > self.noise_variance_, ev - self.noise_variance_, 0.0)
-        cov = (c.T * diff) @ c
+        cov = (c.conj().T * diff) @ c
         cov[np.diag_indices_from(cov)] += self.noise_variance_
         return cov
 
@@ -141,20 +155,25 @@ class PCAResult:
         ev = self._np("explained_variance_").astype(np.float64)
         diff = np.where(ev > noise, ev - noise, 0.0)
         # (noise I + C^T D C)^-1 = I / noise - C^T (D^-1 + C C^T / noise)^-1 C / noise^2
-        inner = c @ c.T / noise
+        inner = c @ c.conj().T / noise
         with np.errstate(divide="ignore"):
             inner[np.diag_indices_from(inner)] += 1.0 / diff
-        prec = -(c.T @ np.linalg.inv(inner) @ c) / noise ** 2
+        prec = -(c.conj().T @ np.linalg.inv(inner) @ c) / noise ** 2
         prec[np.diag_indices(n)] += 1.0 / noise
         return prec
 
     def score_samples(self, x: Any) -> np.ndarray:
         """Log-likelihood of each sample under the probabilistic PCA model (Tipping and Bishop 1999;
-        Bishop, *Pattern Recognition and Machine Learning*, 12.2.1), as scikit-learn's ``score_samples``."""
+        Bishop, *Pattern Recognition and Machine Learning*, 12.2.1), as scikit-learn's ``score_samples``.
+        Complex: the circularly symmetric complex Gaussian's ``-(x - mu)^H P (x - mu) - n log(pi) + log det P``
+        (``P`` Hermitian positive definite: its determinant is real)."""
         xc, _ = self._samples(x)
         prec = self.get_precision()
         sign, logdet = np.linalg.slogdet(prec)
-        logdet = logdet if sign > 0 else -np.inf
+        logdet = float(np.real(logdet)) if np.real(sign) > 0 else -np.inf
+        if xc.dtype.kind == "c" or prec.dtype.kind == "c":
+            quad = np.sum(np.conj(xc) * (xc @ prec.T), axis=1).real
+            return -quad - (self.n_features_in_ * math.log(math.pi) - logdet)
         return -0.5 * np.sum(xc * (xc @ prec), axis=1) - 0.5 * (self.n_features_in_ * math.log(2 * math.pi) - logdet)
 
     def score(self, x: Any, y: Any = None) -> float:
@@ -164,6 +183,11 @@ class PCAResult:
     def __repr__(self) -> str:
         return (f"PCAResult(n_components_={self.n_components_}, n_samples_={self.n_samples_}, "
                 f"n_features_in_={self.n_features_in_}, explained_variance_ratio_={self.explained_variance_ratio_})")
+
+
+def _wide(dtype: Any) -> np.dtype:
+    """The working dtype of the model's in-memory methods: float64, complex128 of complex data."""
+    return np.dtype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)
 
 
 def check_n_components(n_components: Any) -> Any:
@@ -242,8 +266,12 @@ def _unscaled(ev_s: np.ndarray, total_s: float, noise_s: float, e: int) -> tuple
     return ev, total, noise
 
 
-def _check_shape(n_components: Any, m: int, n: int) -> None:
+def _check_shape(n_components: Any, m: int, n: int, dtype: Any = None) -> None:
     """``n_components`` for an ``m x n`` matrix, before anything is read."""
+    if n_components == "mle" and dtype is not None and np.dtype(dtype).kind == "c":
+        raise ParameterError(explain(
+            "n_components", "'mle' takes real data (Minka's evidence is derived for real Gaussian samples)",
+            f"'mle' for {np.dtype(dtype).name} data", "pass an integer or a fraction of the variance"))
     if n_components == "mle" and m < n:
         raise ParameterError(explain(
             "n_components", "'mle' needs at least as many samples as features (Minka's evidence)",
@@ -342,13 +370,14 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     k = n_components if isinstance(n_components, int) else None
     res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
                     seed=seed, out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
-                    check_shape=lambda m, n: _check_shape(n_components, m, n), signs=True,
+                    check_shape=lambda m, n, dt=None: _check_shape(n_components, m, n, dt), signs=True,
                     updatable=updatable, caller="pca", **settings)
     U, s, Vt = res
     moments = res.moments
     m = moments.count
     n = moments.mean.size
-    comps = (Vt.to_numpy() if hasattr(Vt, "to_numpy") else np.asarray(Vt)).astype(s.dtype, copy=False)
+    vt = Vt.to_numpy() if hasattr(Vt, "to_numpy") else np.asarray(Vt)
+    comps = vt.astype(np.result_type(s.dtype, vt.dtype), copy=False)  # V^H rows of complex data
     if out is None:  # the scores U (or the long Vt) were a temporary store: nothing of it is returned
         remove((U if hasattr(U, "location") else Vt).location.parent)
     ev_s, total_s, e = _variances(res, s, scale)

@@ -23,7 +23,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import ConvergenceWarning, DTypeError, ParameterError, explain, warn
+from blocklin.errors import ConvergenceWarning, ParameterError, explain, warn
 from blocklin.linalg.blocks.center import Moments
 from blocklin.linalg.blocks.results import open_group, write_group
 from blocklin.linalg.blocks.scaling import check_finite_result
@@ -402,7 +402,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
             signs = True  # the phase convention: the short factor's (methods.component_signs)
         m, n = A.shape
         if check_shape is not None:
-            check_shape(m, n)
+            check_shape(m, n, dt)
         k = check_k(min(m, n) if k is None else k, m, n, whole=True)
         v0 = start_vector(v0, min(m, n))
         if n_iter is not None:  # scikit-learn's count: rsvd with one fused pass more (power_passes)
@@ -525,14 +525,8 @@ def _signed_long(f: Factorization, path: Any) -> Factorization:
 
 
 def _check_complex(caller: str, dt: np.dtype, *, center: bool, scale: bool, updatable: bool) -> None:
-    """What complex data does not take yet: PCA (scikit-learn's conventions are real) and the updatable
-    state. Centering and scaling take complex moments (:mod:`blocklin.linalg.blocks.center`)."""
-    if caller == "pca":
-        raise DTypeError(explain(
-            "a", "pca takes real data only: scikit-learn's PCA refuses complex input, and its conventions "
-            "(svd_flip's real signs, the explained variance of real features) are not defined for it",
-            f"{dt.name} A", "use blocklin.svd of the centered data (a - a.mean(axis=0)): its complex triplets follow "
-            "LAPACK's conventions (docs/svd.md), and s**2 / (m - 1) are the covariance's eigenvalues"))
+    """What complex data does not take yet: the updatable state. Centering and scaling take complex
+    moments (:mod:`blocklin.linalg.blocks.center`), PCA the centered SVD (:mod:`blocklin.linalg.lowrank.pca`)."""
     if updatable:
         raise ParameterError(explain(
             "updatable", "is not built for complex data (append and update of complex data stay refused)",
