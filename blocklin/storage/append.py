@@ -123,8 +123,10 @@ def _check_source(reader: Any, meta: dict, loc: Location) -> np.dtype:
         raise ShapeError(explain("rows", f"must have the matrix's {n} columns", f"{reader.shape[0]} x "
                                  f"{reader.shape[1]}", f"append rows of width {n} to {loc.url}"))
     src = np.dtype(reader.dtype)
-    if src.kind not in "biuf" or not np.can_cast(src, dt, "safe") and not (src.kind in "iub" and dt.kind == "f"):
-        raise DTypeError(explain("rows", f"must convert to the matrix's {dt.name} without loss", src.name,
+    kinds = "biufc" if dt.kind == "c" else "biuf"  # complex rows into a complex matrix (real rows too: exact)
+    if src.kind not in kinds or not np.can_cast(src, dt, "safe") and not (src.kind in "iub" and dt.kind in "fc"):
+        lost = " (the imaginary parts)" if src.kind == "c" and dt.kind != "c" else ""
+        raise DTypeError(explain("rows", f"must convert to the matrix's {dt.name} without loss{lost}", src.name,
                                  f"cast the rows first (rows.astype('{dt.name}')) if the loss is intended"))
     return dt
 
@@ -186,8 +188,9 @@ def append(a: Any, rows: Any, *, memory: Any = None, storage_options: dict | Non
         The rows: ``p x n`` (a 1-D array of ``n`` values is one row), in memory or in any format
         ``blocklin convert`` reads (``.npy``, ``.zarr``, ``FILE.h5:/DATASET``, ``.csv``, ...; format
         options such as ``delimiter`` or ``shape`` as keywords). Cast to ``a``'s dtype where NumPy casts
-        safely (float32 into float64) and integers into floats (as NumPy's linear algebra casts them);
-        other dtypes (float64 into float32, complex) are refused.
+        safely (float32 into float64, complex64 or real rows into complex128) and integers into floats
+        (as NumPy's linear algebra casts them); other dtypes (float64 into float32, complex rows into a real
+        matrix) are refused.
     memory : int or str, optional
         Budget (default from the config): a panel of rows and its copies.
     storage_options : dict, optional
@@ -326,7 +329,7 @@ def _copy(loc: Location, meta: dict, reader: Any, m0: int, p: int, dt: np.dtype,
                 read_block(old, slice(r0, m0), slice(0, n), out=block[: m0 - r0])
             s0 = max(r0, m0)
             src = reader.read(slice(s0 - m0, r1 - m0), slice(0, n))
-            if nan == "error" and src.dtype.kind == "f" and not np.isfinite(src).all():
+            if nan == "error" and src.dtype.kind in "fc" and not np.isfinite(src).all():
                 i, j = np.argwhere(~np.isfinite(src))[0]
                 raise ParameterError(explain("rows", "must be finite (nan='error')", f"{src[i, j]} at row "
                                              f"{s0 - m0 + i}, column {j} of the rows", "fix the data, or pass "

@@ -25,7 +25,6 @@ from support.tolerances import (assert_factorization, assert_orthonormal, assert
                                 eps)
 
 import blocklin as bl
-from blocklin.errors import ParameterError
 
 CDTYPES = [np.complex64, np.complex128]
 #: The complex-arithmetic factor on the real rounding-error bounds (see the module docstring).
@@ -215,12 +214,6 @@ def test_complex_checks_can_fail():
         assert_factorization(u.conj().T @ a, s[:, None] * vt.conj(), factors=(u, a), const=4 * COMPLEX)
     with pytest.raises(AssertionError):
         assert_orthonormal(u.T, const=2 * COMPLEX)
-
-
-@pytest.mark.parametrize("kw,name", [({"updatable": True, "out": "unused.zarr"}, "updatable")])
-def test_complex_refusals_name_the_parameter(kw, name):
-    with pytest.raises(ParameterError, match=name):
-        bl.svd(_matrix((M, N), np.complex128), 3, **kw)
 
 
 

@@ -302,7 +302,8 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     Parameters
     ----------
     a : path, zarr array, Matrix, NumPy or Dask array, or xarray DataArray
-        ``m x n``: ``m`` samples of ``n`` features, float32 or float64. A ``DataArray`` (samples,
+        ``m x n``: ``m`` samples of ``n`` features, float32 or float64, or complex64 or complex128
+        (blocklin's extension: module notes). A ``DataArray`` (samples,
         features) gives labelled results: ``components_`` over (``mode``, features), the variances
         over ``mode``, ``mean_`` over the features, and ``transform`` of a ``DataArray`` over (samples,
         ``mode``) with its sample coordinates (:mod:`blocklin.linalg.labels`).

@@ -398,7 +398,6 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         A = job.operand(a, "a", integers="cast")
         dt = float_operand(A, "svd", complex_ok=True)
         if dt.kind == "c":
-            _check_complex(caller, dt, center=bool(center), scale=bool(scale), updatable=updatable)
             signs = True  # the phase convention: the short factor's (methods.component_signs)
         m, n = A.shape
         if check_shape is not None:
@@ -522,15 +521,6 @@ def _signed_long(f: Factorization, path: Any) -> Factorization:
     d = component_signs(vt.T)
     arr[...] = vt * d[:, None].astype(vt.dtype)
     return dataclasses.replace(f, V=f.V * d)
-
-
-def _check_complex(caller: str, dt: np.dtype, *, center: bool, scale: bool, updatable: bool) -> None:
-    """What complex data does not take yet: the updatable state. Centering and scaling take complex
-    moments (:mod:`blocklin.linalg.blocks.center`), PCA the centered SVD (:mod:`blocklin.linalg.lowrank.pca`)."""
-    if updatable:
-        raise ParameterError(explain(
-            "updatable", "is not built for complex data (append and update of complex data stay refused)",
-            f"updatable=True with {dt.name} A", "pass updatable=False, and recompute after appending rows"))
 
 
 def _check_method(method: str, m: int, n: int, *, center: bool, scale: bool) -> None:

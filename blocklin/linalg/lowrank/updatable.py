@@ -61,13 +61,18 @@ def check_updatable(*, out: Any, method: str, which: str, transposed: bool, shap
 
 def sketch_state(Xt: np.ndarray, PZ: np.ndarray, G: np.ndarray) -> dict[str, np.ndarray]:
     """The single-pass sketch's small sums as the group arrays of an updatable result (float64 copies)."""
-    return {SKETCH_XT: np.array(Xt, dtype=np.float64), SKETCH_CORE: np.array(PZ, dtype=np.float64),
-            SKETCH_GRAM: np.array(G, dtype=np.float64)}
+    return {SKETCH_XT: np.array(Xt, dtype=_wide(Xt)), SKETCH_CORE: np.array(PZ, dtype=_wide(PZ)),
+            SKETCH_GRAM: np.array(G, dtype=_wide(G))}
+
+
+def _wide(x: np.ndarray) -> np.dtype:
+    """float64, or complex128 of complex sums (their imaginary parts are kept)."""
+    return np.dtype(np.complex128 if np.iscomplexobj(x) else np.float64)
 
 
 def kept_state(moments: Any, c: np.ndarray) -> dict[str, np.ndarray]:
     """The group arrays of co-moments made elsewhere (the Gram route's means pass): copies."""
-    return {COMOMENTS: np.array(c, dtype=np.float64), MEAN: np.array(moments.mean, dtype=np.float64)}
+    return {COMOMENTS: np.array(c, dtype=_wide(c)), MEAN: np.array(moments.mean, dtype=_wide(moments.mean))}
 
 
 def keep_state(job: Any, A: Any, memory: int, made: dict | None = None) -> dict[str, np.ndarray]:
@@ -81,7 +86,7 @@ def keep_state(job: Any, A: Any, memory: int, made: dict | None = None) -> dict[
         moments = None
     else:
         moments, c = moments_and_gram(job, A, memory=memory)
-    top = float(np.max(np.abs(np.diag(c)))) if c.size else 0.0
+    top = float(np.max(np.abs(np.diag(c).real))) if c.size else 0.0
     if not np.isfinite(c).all() or 0 < top < np.finfo(np.float64).tiny / np.finfo(np.float64).eps:
         raise ParameterError(explain("updatable", "keeps A's co-moments in float64, which must hold its squares",
                                      f"a largest column sum of squares of {top:.3g}", "scale A by a power of two "

@@ -27,7 +27,8 @@ MIN_BAND = 4096
 @dataclasses.dataclass(frozen=True)
 class AffineSpec:
     """``dest[r] = old[r] T + c`` for rows ``r < m0`` and ``dest[r] = A[r] W + b`` for ``m0 <= r < m1``
-    (``A``'s rows as float64, read ``sub`` rows at a time); ``T, c`` in ``dtype``, ``W, b`` float64."""
+    (``A``'s rows as float64, read ``sub`` rows at a time); ``T, c`` in ``dtype``, ``W, b`` float64
+    (complex128 of complex data)."""
 
     dest: Any
     old: Any
@@ -61,7 +62,7 @@ def affine_band(spec: AffineSpec, r0: int, r1: int) -> dict:
         for s0 in range(max(r0, spec.m0), r1, spec.sub):
             s1 = min(r1, s0 + spec.sub)
             rows = read_block(arr, slice(s0, s1), slice(0, n))
-            block[s0 - r0:s1 - r0] = rows.astype(np.float64) @ spec.W + spec.b
+            block[s0 - r0:s1 - r0] = rows.astype(spec.W.dtype) @ spec.W + spec.b
             read += rows.nbytes
     write_block(open_array(spec.dest, mode="r+"), slice(r0, r1), slice(0, k), block)
     return {"bytes_read": read, "bytes_written": block.nbytes, "flops": 2 * (r1 - r0) * k * max(spec.T.shape[0], 1)}
@@ -75,15 +76,17 @@ def write_affine(job: Any, dest: Any, old: Any, a: Any, *, m0: int, m1: int, old
     the budget."""
     dt = np.dtype(dtype)
     T, c = (np.ascontiguousarray(x, dtype=dt) for x in old_map)
-    W, b = (np.ascontiguousarray(x, dtype=np.float64) for x in new_map)
+    wide = np.complex128 if dt.kind == "c" else np.float64  # the new rows' products: float64 or complex128
+    W, b = (np.ascontiguousarray(x, dtype=wide) for x in new_map)
+    e = np.dtype(wide).itemsize
     k = T.shape[1]
     a_meta = open_array(a)
     n = a_meta.shape[1]
-    per_row = k * (2 * dt.itemsize + 8)  # the band, the old rows read, a product row in float64
+    per_row = k * (2 * dt.itemsize + e)  # the band, the old rows read, a product row in float64
     budget = job.cfg.memory
     ch = max(1, min(int(old_chunk), max(MIN_BAND, budget // 16 // per_row)))
     band_bytes = ch * per_row
-    row_bytes = n * (8 + a_meta.dtype.itemsize)  # a row of A as read and as float64
+    row_bytes = n * (e + a_meta.dtype.itemsize)  # a row of A as read and as float64
     if band_bytes + row_bytes > budget // 2:
         need = 2 * (band_bytes + row_bytes)
         raise BudgetError(explain("memory", "must hold one chunk band of the long factor while writing it",

@@ -6,6 +6,8 @@
 one read of the new rows, one small Householder QR in memory, and the non-negative diagonal every
 blocklin ``R`` has. Backward stable as the TSQR itself is (each step is a Householder QR of a stack;
 Higham 2002, Thm. 19.4), so the update equals a recompute up to rounding, for any number of updates.
+Complex data: the stack's QR in complex128, ``R``'s diagonal real and non-negative (LAPACK's
+``zgeqrf`` followed by the unit phases of :func:`~blocklin.linalg.blocks.tsqr.positive_diagonal`).
 ``mode="reduced"`` (a stored ``Q``, which needs every row) and wide ``A`` are refused.
 """
 
@@ -40,14 +42,16 @@ def update_qr(job: Job, out: Location, prov: dict, growth: list[Growth], *, resu
                                      "the R of a wide A, needs every row", f"{out.url} (mode={params.get('mode')!r}, "
                                      f"R {old.shape[0]} x {old.shape[1]})", "recompute it: rerun blocklin factor qr "
                                      "with the same arguments and --overwrite"))
-    need = tsqr_bytes(n, A.dtype.itemsize) + 3 * n * n * 8  # the pass, and the stack [R; R_new] with its QR
+    wide_bytes = 16 if A.dtype.kind == "c" else 8
+    need = tsqr_bytes(n, A.dtype.itemsize) + 3 * n * n * wide_bytes  # the pass, the stack [R; R_new] and its QR
     if need > job.cfg.memory:
         raise BudgetError(explain("memory", "must hold the streaming QR of the new rows and the 2n x n stack of "
                                   "the two R factors", format_size(job.cfg.memory), f"pass memory='"
                                   f"{format_size(need)}' or more"), minimum=need)
-    r_old = np.asarray(old, dtype=np.float64)
+    wide = np.complex128 if A.dtype.kind == "c" else np.float64  # the stack's QR in float64 or complex128
+    r_old = np.asarray(old, dtype=wide)
     result = tsqr_pass(job, row_range(A, g.old_rows, g.rows), None, A.dtype)
-    r = positive_diagonal(np.linalg.qr(np.vstack([r_old, np.asarray(result.r, dtype=np.float64)]), mode="r"))
+    r = positive_diagonal(np.linalg.qr(np.vstack([r_old, np.asarray(result.r, dtype=wide)]), mode="r"))
     token = resume_token("qr-update", [row_range(A, g.old_rows, g.rows)], g.stamp, out.url)
     ao = job.claim(out, [A], overwrite=True, resume=resume, token=token, size=((n, n), A.dtype))
     arr = create_array(ao.array_path(), shape=(n, n), dtype=A.dtype, chunks=tuple(old.chunks), codec=job.cfg.codec)

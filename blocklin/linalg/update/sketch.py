@@ -88,8 +88,7 @@ def is_sketch(prov: dict) -> bool:
 
 def _open(out: Location, upd: dict) -> _Kept:
     try:
-        arrays = {name: np.asarray(open_zarr(out / name), dtype=np.float64) for name in (SKETCH_XT, SKETCH_CORE,
-                                                                                       SKETCH_GRAM)}
+        arrays = {name: _wide(np.asarray(open_zarr(out / name))) for name in (SKETCH_XT, SKETCH_CORE, SKETCH_GRAM)}
         y = open_zarr(out / SKETCH_Y)
     except (FileNotFoundError, OSError):
         raise ParameterError(explain("out", "must keep the single-pass sketch's state (updatable=True)",
@@ -102,6 +101,11 @@ def _open(out: Location, upd: dict) -> _Kept:
         has_u = False  # return_singular_vectors="vh": no long factor to write
     return _Kept(arrays[SKETCH_XT], arrays[SKETCH_CORE], arrays[SKETCH_GRAM], y, upd, has_u,
                  np.dtype(open_zarr(out / "Vt").dtype))
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    """A kept sum in float64, or complex128 of complex data."""
+    return x.astype(np.complex128 if x.dtype.kind == "c" else np.float64, copy=False)
 
 
 def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, resume: bool) -> Any:
@@ -156,7 +160,8 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
                         residual_note="not computed: the single-pass sketch never reads A again; use "
                                       "method='rsvd' or 'lanczos' for residuals",
                         scaling={"exponent": e} if e else None)
-    small = {"S": sig.astype(old.dtype), "Vt": f.V.T.astype(old.dtype).copy(), **sketch_state(Xt, PZ, G)}
+    small = {"S": sig.astype(np.finfo(old.dtype).dtype), "Vt": f.V.conj().T.astype(old.dtype).copy(),  # V^H
+             **sketch_state(Xt, PZ, G)}
     for name, x in small.items():
         write_array(ao.array_path(name), np.ascontiguousarray(x))
     path = ao.commit("svd", plan=prov.get("plan"), params={**params, "update": {**upd, "count": m1}},

@@ -100,21 +100,23 @@ def _open(out: Location, params: dict) -> _Stored:
         u = open_zarr(out / "U")
     except (FileNotFoundError, OSError):
         u = None  # return_singular_vectors without U: none to update
-    return _Stored(S=s.astype(np.float64), V=np.asarray(vt, dtype=np.float64).T,
+    wide = np.complex128 if np.dtype(vt.dtype).kind == "c" else np.float64
+    return _Stored(S=s.astype(np.float64), V=np.asarray(vt, dtype=wide).conj().T,  # V = Vt^H
                    C=np.asarray(open_zarr(out / COMOMENTS)), mean=np.asarray(open_zarr(out / MEAN)),
                    params=upd, U=u, dtype=np.dtype(vt.dtype))
 
 
 def _sd(c: np.ndarray, m: int) -> np.ndarray:
     """Population standard deviations from co-moments, 1 for a constant column (as the svd's scaling)."""
-    sd = np.sqrt(np.maximum(np.diag(c), 0.0) / max(m, 1))
+    sd = np.sqrt(np.maximum(np.diag(c).real, 0.0) / max(m, 1))
     return np.where(sd > 0, sd, 1.0)
 
 
 def _factored_gram(c: np.ndarray, m: int, mean: np.ndarray, center: bool, scale: bool) -> tuple:
     """``B^T B`` of ``B = (A - 1 s^T) D^-1``, with ``s`` and ``D`` (ones where not scaled)."""
     shift = mean if center else np.zeros_like(mean)
-    g = c.copy() if center else c + m * np.outer(mean, mean)  # A^T A = C + m mu mu^T: a sum, no cancellation
+    # A^T A = C + m mu mu^T (A^H A = C + m conj(mu) mu^T of complex data): a sum, no cancellation
+    g = c.copy() if center else c + m * np.outer(np.conjugate(mean), mean)
     d = _sd(c, m) if scale else np.ones_like(mean)
     if scale:
         g /= d[:, None]
@@ -148,15 +150,16 @@ def _factors(old: _Stored, m0: int, m1: int, mean: np.ndarray, c: np.ndarray) ->
     lam, V = lam[::-1], np.ascontiguousarray(V[:, ::-1])
     sig = np.sqrt(np.maximum(lam, 0.0))
     V = V * (component_signs(V) if upd.get("signs") else _aligned(V, old.V))
-    rounding = m1 * np.finfo(np.float64).eps * float(np.trace(gb))  # ||dG||_F <= gamma_m ||B||_F^2
+    rounding = m1 * np.finfo(np.float64).eps * float(np.trace(gb).real)  # ||dG||_F <= gamma_m ||B||_F^2
     safe = np.where(sig > 0, sig, 1.0)
     inv = np.where(sig > 0, 1.0 / safe, 0.0)
     resid = np.where(sig > 0, (np.linalg.norm(gb @ V - V * lam, axis=0) + rounding) / safe, 0.0)
     w = V * (d0 / d)[:, None]
-    proj = w - old.V @ (old.V.T @ w)  # (I - P0) w: what U0 cannot express
-    u_err = np.sqrt(np.maximum(np.einsum("ij,ij->j", proj, gb0 @ proj), 0.0)) * inv
+    proj = w - old.V @ (old.V.conj().T @ w)  # (I - P0) w: what U0 cannot express
+    u_err = np.sqrt(np.maximum(np.einsum("ij,ij->j", proj.conj(), gb0 @ proj).real, 0.0)) * inv
     return _Factors(s=sig, V=V, residuals=resid, u_errors=u_err,
-                    old_map=((old.S[:, None] * (old.V.T @ w)) * inv[None, :], (((shift0 - shift) / d) @ V) * inv),
+                    old_map=((old.S[:, None] * (old.V.conj().T @ w)) * inv[None, :],
+                             (((shift0 - shift) / d) @ V) * inv),
                     new_map=((V / d[:, None]) * inv[None, :], -((shift / d) @ V) * inv), scale=d,
                     zero=lam <= rounding)
 
@@ -212,14 +215,15 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
     path = ao.commit("svd", plan=prov.get("plan"), params={**(prov.get("params") or {}), "update": {**upd, "count": m1}},
                      report=job.brief(report, GROUP_REPORT_KEYS + ("u_errors", "updated")),
                      extra={"updates": list(prov.get("updates") or []) + [updated]})
-    return SVDResult(Matrix(path / "U", report=report) if old.U is not None else None, f.s.astype(old.dtype),
-                     f.V.T.astype(old.dtype), report, mean=mean if upd["center"] else None,
+    return SVDResult(Matrix(path / "U", report=report) if old.U is not None else None,
+                     f.s.astype(np.finfo(old.dtype).dtype), f.V.conj().T.astype(old.dtype), report, mean=mean if upd["center"] else None,
                      scale=f.scale if upd["scale"] else None)
 
 
 def _write_small(ao: Any, old: _Stored, f: _Factors, mean: np.ndarray, c: np.ndarray) -> None:
     """The group's small arrays: ``S``, ``Vt``, the means and scales factored with, the co-moments kept."""
-    small = {"S": f.s.astype(old.dtype), "Vt": f.V.T.astype(old.dtype).copy(), COMOMENTS: c, MEAN: mean}
+    small = {"S": f.s.astype(np.finfo(old.dtype).dtype), "Vt": f.V.conj().T.astype(old.dtype).copy(),
+             COMOMENTS: c, MEAN: mean}
     if old.params["center"]:
         small["mean"] = mean
     if old.params["scale"]:
@@ -244,11 +248,13 @@ def load(out: Location, report: dict) -> SVDResult:
 
 
 def _aligned(V: np.ndarray, V0: np.ndarray) -> np.ndarray:
-    """Signs that keep each updated right singular vector on the side of the old one it is closest to."""
+    """Signs that keep each updated right singular vector on the side of the old one it is closest to (of
+    complex data, the phases that make ``v0^H v`` real and positive)."""
     k = min(V.shape[1], V0.shape[1])
-    dots = np.ones(V.shape[1])
-    dots[:k] = np.einsum("ij,ij->j", V[:, :k], V0[:, :k])
+    dots = np.ones(V.shape[1], dtype=V.dtype)
+    dots[:k] = np.einsum("ij,ij->j", V0[:, :k].conj(), V[:, :k])
     s = np.sign(dots)
+    s = s.conj() if s.dtype.kind == "c" else s
     return np.where(s == 0, 1.0, s)
 
 
