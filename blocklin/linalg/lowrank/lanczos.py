@@ -3,13 +3,18 @@
 One *step* applies the operator to a block of ``b`` orthonormal vectors; on disk that is one pass
 over the matrix (for the SVD the fused pass ``Z = B^T (B X)`` of a tall ``B``: block Golub-Kahan
 bidiagonalization written one-sided on the normal operator). The basis ``V`` and its image
-``W = Op V`` are kept in memory (they live in the short dimension), so the projected matrix
-``H = V^T W`` is formed explicitly and every Ritz pair comes with its exact residual
-``||Op y - theta y|| = ||W c - theta V c||`` at no extra pass. The next block spans the residuals of
-the wanted Ritz pairs orthogonalized twice against ``V`` (block Lanczos / Krylov continuation);
-when the basis reaches ``max_basis`` it is thick-restarted to the best Ritz vectors, which keeps
-``W = Op V`` exact (Wu and Simon 2000; Baglama and Reichel 2005 for the SVD; Golub and Kahan 1965,
-Larsen's PROPACK for reorthogonalized bidiagonalization).
+``W = Op V`` are kept in memory (they live in the short dimension; preallocated to the largest basis,
+each step writing its block in place), so the projected matrix ``H = V^H W`` is formed explicitly.
+The block Lanczos relation ``W = V H + [0 .. 0, (I - V V^H) z]`` (``z`` the step's image; thick restarts
+keep it, Wu and Simon 2000) gives every Ritz pair's residual norm as ``||T y_b||``, ``T`` the R factor
+of ``z``'s projection and ``y_b`` the pair's last coordinates, with no ``n``-long work; the Ritz vectors
+and their explicit residuals ``||W c - theta V c||`` are formed only when those estimates say every
+wanted pair may have converged (or at the last step), and only the explicit residuals decide. The next
+block is the dominant directions of that projection (:func:`~blocklin.linalg.blocks.orth.next_block`:
+projected again only where the Kahan-Parlett test says orthogonality was lost). When the basis
+reaches ``max_basis`` it is thick-restarted to the best Ritz vectors, which keeps ``W = Op V`` exact
+(Wu and Simon 2000; Baglama and Reichel 2005 for the SVD; Golub and Kahan 1965, Larsen's PROPACK for
+reorthogonalized bidiagonalization).
 
 :func:`blocklin.linalg.lowrank.eigsh.eigsh` applies it to symmetric matrices (one pass per step, the first one
 also probing symmetry); :func:`blocklin.svd` to the normal operator of a tall matrix.
@@ -29,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ParameterError, explain
-from blocklin.linalg.blocks.orth import ct, orth_against, work_dtype
+from blocklin.linalg.blocks.orth import ct, next_block, orth_against, tall_qr, work_dtype
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 
 
@@ -88,68 +93,94 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
     """
     b = max(1, min(block, n))
     wd = work_dtype(dtype)
+    keep_max = max(k + b, max_basis // 2, k)
+    cap = min(n, max(max_basis, keep_max) + b)  # the basis never grows past a restart's kept part plus a block
     if state is not None:
-        x, V, W, H = (np.asarray(state[key], dtype=wd) for key in ("x", "V", "W", "H"))
+        x, v0, w0, H = (np.asarray(state[key], dtype=wd) for key in ("x", "V", "W", "H"))
         history = [float(h) for h in np.atleast_1d(state["history"])]
         steps, restarts, counter = (int(state[key]) for key in ("steps", "restarts", "counter"))
     else:
         x = start_block(n, block, seed, dtype=wd) if x0 is None else x0
-        V, W, H = np.zeros((n, 0), dtype=wd), np.zeros((n, 0), dtype=wd), np.zeros((0, 0), dtype=wd)
+        v0, w0, H = None, None, np.zeros((0, 0), dtype=wd)
         history, steps, restarts, counter = [], 0, 0, 1
+    m = 0 if v0 is None else v0.shape[1]
+    cap = max(cap, m + x.shape[1])
+    # the bases preallocated (columns [:m] in use): a step writes its block in place, no copies of V and W
+    V = np.empty((n, cap), dtype=wd)
+    W = np.empty((n, cap), dtype=wd)
+    if m:
+        V[:, :m], W[:, :m] = v0, w0
+    del v0, w0
+    eps = float(np.finfo(np.float64).eps)
     while True:
         z = np.asarray(first if (first is not None and steps == 0) else apply(x, steps + 1), dtype=wd)
         steps += 1
-        with small_blas(n, max_basis + b):  # the in-memory work of the step
-            # extend the projected matrix: H = V^H W with the new columns
-            h12 = ct(V) @ z
-            h21 = ct(x) @ W
+        bx = x.shape[1]
+        with small_blas(n, cap):  # the in-memory work of the step
+            # extend the projected matrix H = V^H W; its new row block is h12^H (Op is Hermitian)
+            h12 = ct(V[:, :m]) @ z
             h22 = ct(x) @ z
-            H = np.block([[H, h12], [h21, h22]]) if H.size else h22
-            H = (H + ct(H)) / 2
-            V = np.hstack([V, x])
-            W = np.hstack([W, z])
-            del x, z  # copied into the bases: the step's in-memory work holds V and W, not both twice
-            theta, Y = np.linalg.eigh(H)
+            h22 = (h22 + ct(h22)) / 2
+            H = np.block([[H, h12], [ct(h12), h22]]) if m else h22
+            V[:, m:m + bx], W[:, m:m + bx] = x, z
+            m += bx
+            del x
+            # W - V H = [0 .. 0, (I - V V^H) z] (the Krylov relation, kept by thick restarts): the residual of
+            # every Ritz pair comes from z's projection, whose R factor gives its norm without n-long work
+            c = np.concatenate([h12, h22]) if h12.size else h22
+            y = z - V[:, :m] @ c  # a new block: z may be the caller's
+            del z
+            q1, t = tall_qr(y)
+            del y
+            norm_z = float(np.linalg.norm(np.concatenate([c, t]), 2))
+            with one_blas_thread():  # an eigh of at most a few hundred rows: threads only spin
+                theta, Y = np.linalg.eigh(H)
             order = _order(theta, which)
             kk = min(k, len(theta))
             sel = order[:kk]
-            ritz = V @ Y[:, sel]
-            res = W @ Y[:, sel] - ritz * theta[sel]
-            rn = np.linalg.norm(res, axis=0)
             bound = threshold(theta[sel])
-            conv = rn <= bound
-            history.append(float(np.max(rn / np.maximum(bound, 1e-300))) if kk else 0.0)
-            exhausted = V.shape[1] >= n
-            if (kk == k and conv.all()) or exhausted or steps >= max_steps:
-                # an exhausted Krylov space is converged, but never with a NaN residual (never checked)
-                ok = bool(kk == k and (conv.all() or (exhausted and np.isfinite(rn).all())))
-                return LanczosResult(theta[sel], ritz, rn, ok, steps, restarts, history, res)
-            del ritz, res  # recomputed at the next step: not held through the restart
-            # next block: dominant directions of the residuals of the wanted (+ buffer) pairs
-            cand = order[:min(len(order), k + b)]
-            rc = W @ Y[:, cand]
-            t = V @ Y[:, cand]
-            t *= theta[cand]
-            rc -= t
-            del t
-            coef = Y[:, sel]  # the Ritz vectors' coordinates in V (after a restart: its leading columns)
-            if V.shape[1] + b > max_basis:  # thick restart to the best Ritz vectors (W = Op V stays exact)
-                keep = order[:min(len(order), max(k + b, max_basis // 2, k))]
-                V = V @ Y[:, keep]
-                W = W @ Y[:, keep]
+            est = np.linalg.norm(t @ Y[m - bx:m, sel], axis=0)
+            # the estimate misses rounding (about u sqrt(m) ||Op||) and dropped directions: a gate only, the
+            # explicit residual decides
+            slack = 100 * eps * math.sqrt(m) * float(np.max(np.abs(theta), initial=0.0))
+            exhausted = m >= n
+            last = exhausted or steps >= max_steps
+            if last or (kk == k and np.all(est <= bound + slack)):
+                ritz = V[:, :m] @ Y[:, sel]
+                res = W[:, :m] @ Y[:, sel]
+                res -= ritz * theta[sel]
+                rn = np.linalg.norm(res, axis=0)
+                conv = rn <= bound
+                history.append(float(np.max(rn / np.maximum(bound, 1e-300))) if kk else 0.0)
+                if (kk == k and conv.all()) or last:
+                    # an exhausted Krylov space is converged, but never with a NaN residual (never checked)
+                    ok = bool(kk == k and (conv.all() or (exhausted and np.isfinite(rn).all())))
+                    return LanczosResult(theta[sel], ritz, rn, ok, steps, restarts, history, res)
+                del ritz, res
+            else:
+                history.append(float(np.max(est / np.maximum(bound, 1e-300))) if kk else 0.0)
+            restart = m + b > max_basis
+            keep = order[:min(len(order), keep_max)] if restart else None
+            if n - (len(keep) if restart else m) <= 0:  # no direction left outside the basis: the pairs as they stand
+                ritz = V[:, :m] @ Y[:, sel]
+                res = W[:, :m] @ Y[:, sel] - ritz * theta[sel]
+                rn = np.linalg.norm(res, axis=0)
+                return LanczosResult(theta[sel], ritz, rn, bool(kk == k and (rn <= bound).all()), steps, restarts,
+                                     history, res)
+            if restart:  # thick restart to the best Ritz vectors (W = Op V stays exact)
+                r = len(keep)
+                V[:, :r] = V[:, :m] @ Y[:, keep]
+                W[:, :r] = W[:, :m] @ Y[:, keep]
                 H = np.diag(theta[keep]).astype(wd)
-                coef = np.eye(len(keep), kk)
+                m = r
                 restarts += 1
-            x = orth_against(V, rc, seed=seed, counter=counter, width=b)
-            del rc
+            # the next block: the dominant directions of the residual space, orthogonal to the (kept) basis
+            x = next_block(V[:, :m], q1, t, norm_z=norm_z, seed=seed, counter=counter, width=b)
+            del q1
             counter += 1
-            if x.shape[1] == 0:  # no direction left outside span(V): the pairs as they stand
-                ritz = V @ coef
-                return LanczosResult(theta[sel], ritz, rn, bool(conv.all()), steps, restarts, history,
-                                     W @ coef - ritz * theta[sel])
             if checkpoint is not None:
-                checkpoint({"x": x, "V": V, "W": W, "H": H, "history": np.array(history), "steps": steps,
-                            "restarts": restarts, "counter": counter})
+                checkpoint({"x": x, "V": V[:, :m], "W": W[:, :m], "H": H, "history": np.array(history),
+                            "steps": steps, "restarts": restarts, "counter": counter})
 
 
 #: Elements of an ``n x cols`` block below which the in-memory work runs on one BLAS thread.
@@ -165,6 +196,13 @@ def small_blas(n: int, cols: int) -> contextlib.AbstractContextManager:
     """
     if n * cols > SMALL_BLAS_ELEMENTS:
         return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def one_blas_thread() -> contextlib.AbstractContextManager:
+    """BLAS (and LAPACK) on one thread: for the small dense problems of a step (``eigh`` of ``H``)."""
     from threadpoolctl import threadpool_limits
 
     return threadpool_limits(limits=1, user_api="blas")
