@@ -134,6 +134,14 @@ def default_block(k: int, oversample: int, N: int) -> int:
     return max(1, min(N, k + oversample, max(8, math.ceil((k + oversample) / 2))))
 
 
+def default_basis(k: int, oversample: int, block: int) -> int:
+    """Lanczos basis that triggers a thick restart: ``3 (k + oversample)``, at least two blocks past
+    ``k + oversample``. A restart keeps ``k + block`` Ritz vectors, so this leaves room for a few steps
+    between restarts; a basis of three blocks (``3 block``, restarting after every step) took 114 steps
+    for ``k = 20`` on a 10^5-node power-law graph where this one takes 41 (eigsh, tol 1e-7)."""
+    return max(3 * (k + oversample), k + oversample + 2 * block)
+
+
 def sketch_state_bytes(N: int, sketch: tuple[int, int]) -> int:
     """Bytes of one task's partial state in the sketch's pass: the co-range sketch ``X^T`` (``N x kp``),
     ``Phi [Y T]`` (``s x (kp + s)``), ``Y^T Y`` and the centering term (float64 at most)."""
@@ -254,7 +262,7 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
     else:
         block = block_size or default_block(k, oversample, N)
         block = max(1, min(block, N))
-        basis = max_basis or max(3 * (k + oversample), k + oversample + 2 * block)
+        basis = max_basis or default_basis(k, oversample, block)
         basis = max(k + block, min(basis, N))
     work = 2 if dt.kind == "c" else 1  # complex data's in-memory work is complex128: twice float64's bytes
     cb = work * client_bytes(method, N, k, block, basis, sketch, M=M, itemsize=dt.itemsize, memory=memory)

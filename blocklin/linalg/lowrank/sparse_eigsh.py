@@ -29,7 +29,7 @@ from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol
 from blocklin.linalg.lowrank.laplacian import laplacian_operator
-from blocklin.plan.svd import client_bytes, default_block
+from blocklin.plan.svd import client_bytes, default_basis, default_block
 from blocklin.runtime.job import Job
 from blocklin.runtime.sparse_pass import check_products
 from blocklin.storage.zarr_store import create_group, write_array
@@ -54,7 +54,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
     check_k(k, n, n)
     v0 = start_vector(v0, n)
     block = block_size or default_block(k, 10, n)
-    basis = max_basis or 3 * block
+    basis = max_basis or max(k + block, min(default_basis(k, 10, block), n))  # as plan_svd
     with Job("eigsh", **settings) as job:
         ao = None
         if out is not None:

@@ -15,7 +15,7 @@ import numpy as np
 from blocklin.config import resolve
 from blocklin.errors import ParameterError, explain
 from blocklin.plan.sparse import SparseOpPlan, plan_sparse_lowrank
-from blocklin.plan.svd import client_bytes, default_block
+from blocklin.plan.svd import client_bytes, default_basis, default_block
 from blocklin.sparse import SparseMatrix, as_sparse_matrix
 from blocklin.validate import check_k
 
@@ -59,7 +59,7 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
         check_k(k, n, n)
         # as sparse_eigsh: no budget check of its own; the block and basis it takes
         block = max(1, min(n, block_size or default_block(k, 10, n)))
-        basis = max_basis or 3 * block
+        basis = max_basis or max(k + block, min(default_basis(k, 10, block), n))  # as plan_svd
         limit = max_passes or 60
         svd_plan = SimpleNamespace(method="lanczos", block=block, max_basis=basis, power_iters=None, passes=None,
                                    formula="L", client_bytes=client_bytes("eigsh", n, k, block, basis, None))
