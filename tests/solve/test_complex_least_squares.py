@@ -5,7 +5,7 @@ spectrum of the Hermitian Gram (sequences, GCV, the L-curve), the streaming QR (
 complex ``R``), the wide dual form (``A A^H``, ``x = A^H y``), ``fit_intercept`` (complex means),
 ``sample_weight`` (real weights), ``lam="loo"`` of tall ``A``; ``lstsq`` of any rank, tall and wide,
 with NumPy's ``(x, residuals, rank, s)`` and ``rcond``; in memory and streamed, on every scheduler; the
-refusals by name (``positive``, ``updatable``, the wide leave-one-out, the stored-Gram route).
+refusals by name (``positive``, the wide leave-one-out, the stored-Gram route).
 
 References are computed in complex128 from the data: the regularized normal equations
 ``(A^H A + lam^2 I) x = A^H b`` (the dual ``x = A^H (A A^H + lam^2 I)^-1 b`` for wide ``A``),
@@ -191,7 +191,8 @@ def test_refusals_by_name():
     a, b = _problem((200, 8), np.complex128, seed=12)
     with pytest.raises(ParameterError, match=r"positive: applies to real data.*complex128"):
         bl.solve(a, b, lam=0.1, positive=True)
-    with pytest.raises(ParameterError, match=r"updatable: keeps real normal-equation sums"):
+    # updatable=True takes complex data (tests/update/test_complex_update.py): refused only as for real data
+    with pytest.raises(ParameterError, match=r"updatable: needs out="):
         bl.solve(a, b, lam=0.1, updatable=True, out=None)
     wa, wb = _problem((10, 50), np.complex128, seed=13)
     with pytest.raises(ParameterError, match=r"lam: 'loo' of complex data needs a tall a"):

@@ -32,7 +32,7 @@ def _rows(rng, p, dtype, n=N):
     basis = np.linalg.qr(np.random.default_rng(99).standard_normal((n, n))
                          + 1j * np.random.default_rng(98).standard_normal((n, n)))[0]
     z = rng.standard_normal((p, n)) + 1j * rng.standard_normal((p, n))
-    z *= np.r_[[40.0, 20.0, 10.0], np.full(n - K, 0.5)]
+    z *= np.r_[[40.0, 20.0, 10.0], np.full(max(n - K, 0), 0.5)][:n]
     return (z @ basis.conj().T + (3 - 2j)).astype(dtype)
 
 
@@ -134,6 +134,7 @@ def test_complex_svd_update_matches_the_grown_matrix(tmp_path, dtype, memory, ce
     if scale:
         ref = ref / np.sqrt(np.mean(np.abs(ref) ** 2, axis=0))
     assert res.report["updated"]["rows"] == M + P
+    assert res.report["updated"]["how"].startswith("updated:")  # from the co-moments, not a recompute
     if center:
         np.testing.assert_allclose(res.mean, a1.mean(axis=0), rtol=0,
                                    atol=COMPLEX * 2 * (M + P) * eps(dtype) * np.abs(a1).mean(axis=0).max())
@@ -164,6 +165,7 @@ def test_complex_pca_update(tmp_path, dtype):
     bl.pca(path, K, updatable=True, out=out)
     bl.append(path, new)
     res = bl.update(out)
+    assert res.report["updated"]["how"].startswith("updated:")
     a1 = np.vstack([a, new]).astype(np.complex128)
     _check_svd(res, a1 - a1.mean(axis=0), a1, dtype, center=True)
 
@@ -178,6 +180,7 @@ def test_complex_sketch_update_equals_the_sketch_of_the_grown_matrix(tmp_path, d
     bl.svd(path, K, method="sketch", updatable=True, out=out, seed=5)
     bl.append(path, new)
     res = bl.update(out)
+    assert res.report["updated"]["how"].startswith("updated:")
     a1 = np.vstack([a, new])
     ref = bl.svd(a1, K, method="sketch", seed=5)
     big = float(np.linalg.norm(a1.astype(np.complex128), 2))
@@ -187,3 +190,50 @@ def test_complex_sketch_update_equals_the_sketch_of_the_grown_matrix(tmp_path, d
     s0 = np.linalg.svd(a1.astype(np.complex128), compute_uv=False)
     assert_close_to(res.Vt, ref.Vt, bound=np.sqrt(K) * bound / np.min(np.abs(np.diff(s0[:K + 1]))),
                     what="the updated sketch's Vt against the grown matrix's")
+
+
+def _ridge_reference(A, B, lam, intercept):
+    """NumPy's ``(A_c^H A_c + lam^2 I)^-1 A_c^H b_c`` in complex128 (centered with an intercept)."""
+    if intercept:
+        A, B = A - A.mean(axis=0), B - B.mean(axis=0)
+    K = A.conj().T @ A + lam ** 2 * np.eye(A.shape[1])
+    return np.linalg.solve(K, A.conj().T @ B), K
+
+
+@pytest.mark.parametrize("memory", [None, "least"], ids=["in-memory", "streamed"])
+@pytest.mark.parametrize("intercept", [False, True])
+@pytest.mark.parametrize("lam", [0.5, "gcv", [0.1, 1.0]])
+def test_complex_ridge_update_matches_the_grown_problem(tmp_path, lam, intercept, memory):
+    """solve(updatable=True) of complex data: the kept A^H A, A^H b, |b|^2 (and complex means) plus the new
+    rows' sums, solved again by the normal equations, against NumPy's solution of the grown problem at the
+    lambdas the update chose (the rule chosen again on the updated spectrum: as a recompute chooses)."""
+    a, new, pa = _grown(tmp_path, np.complex128, n=8, name="A")
+    b, newb, pb = _grown(tmp_path, np.complex128, n=2, name="B")
+    out = tmp_path / "x.zarr"
+    _at(memory, lambda mem: bl.solve(pa, pb, lam=lam, out=out, updatable=True, fit_intercept=intercept,
+                                     memory=mem, overwrite=True))
+    bl.append(pa, new)
+    bl.append(pb, newb)
+    u = _at(memory, lambda mem: bl.update(out, memory=mem))
+    assert u.report["updated"]["rows_read"] == P and u.report["method"] == "normal"
+    assert u.report["updated"]["how"].startswith("updated:")
+    A, B = np.vstack([a, new]), np.vstack([b, newb])
+    m, n = A.shape
+    lams = u.report["lam"] if isinstance(u.report["lam"], list) else [u.report["lam"]]
+    x = u.to_numpy()
+    assert x.dtype == np.complex128
+    for j, lm in enumerate(lams):
+        ref, K = _ridge_reference(A, B, lm, intercept)
+        # the sums' rounding (gamma_m ||A||_F^2, the kept ones added once more) and the solve's (8 n eps ||K||),
+        # moved by cond(K) relative (Higham Thm 7.2), times 3 sqrt(2) for complex arithmetic
+        bound = COMPLEX * np.linalg.cond(K) * (8 * n * eps(np.float64) * np.linalg.norm(K)
+                                               + 3 * m * eps(np.float64) * np.linalg.norm(A) ** 2) \
+            / np.linalg.norm(K, 2) * np.linalg.norm(ref)
+        cols = slice(j * B.shape[1], (j + 1) * B.shape[1])
+        assert_close_to(x.reshape(n, -1)[:, cols], ref, bound=bound, what=f"x at lam={lm:g}")
+    if intercept:
+        xs = x.reshape(n, -1)[:, :B.shape[1]]
+        icpt = np.ravel(np.asarray(u.intercept))[:B.shape[1]]
+        assert_close_to(icpt, B.mean(axis=0) - A.mean(axis=0) @ xs,
+                        bound=COMPLEX * 4 * n * eps(np.float64) * np.linalg.norm(A.mean(axis=0)) * np.linalg.norm(xs)
+                        + COMPLEX * 2 * m * eps(np.float64) * np.abs(B).mean(axis=0).sum(), what="intercept")

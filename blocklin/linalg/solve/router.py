@@ -560,10 +560,6 @@ def _refuse_complex_extras(A: Any, B: Any, *, kind: str, positive: bool, updatab
         raise ParameterError(_msg("positive", "applies to real data (x >= 0 is an order complex numbers do not "
                                   "have)", f"positive=True with {dts}", "drop positive, or split the problem into "
                                   "real and imaginary parts ([[Re, -Im], [Im, Re]]) and constrain those"))
-    if updatable:
-        raise ParameterError(_msg("updatable", "keeps real normal-equation sums (blocklin.update of complex "
-                                  "sums is not built)", f"updatable=True with {dts}",
-                                  "pass updatable=False and solve again after an append"))
     if kind == "loo" and A.shape[0] < A.shape[1]:
         raise ParameterError(_msg("lam", "'loo' of complex data needs a tall a (the leave-one-out errors of a wide "
                                   "a are computed in memory from real eigenvectors)", f"lam='loo' with a "

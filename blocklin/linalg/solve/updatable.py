@@ -3,7 +3,7 @@
 With ``updatable=True`` the output ``x`` also holds the sums the normal equations are made of:
 ``A^T A``, ``A^T b``, ``||b||^2`` (per column), ``||A||_F^2``, the row count and, with
 ``fit_intercept``, the column means of ``A`` and ``b`` (``.blocklin-state.npz`` inside the output,
-float64). They are sums over rows: the rows appended later add their own, and every lambda, GCV and
+float64; of complex data ``A^H A``, ``A^H b`` and the means in complex128). They are sums over rows: the rows appended later add their own, and every lambda, GCV and
 the L-curve follow from the updated sums by the spectral route (:mod:`blocklin.linalg.update.solve`).
 A solve whose first pass is not the Gram pass (the streaming QR) makes that pass once more.
 """

@@ -14,6 +14,9 @@ below the route's own limit (``normal.AUTO_RCOND``; the solve itself switches to
 there), or the spectrum route refuses the lambdas, the result is recomputed instead (the report
 says why). The sums are exact float64 sums of the rows; a recompute sums them in other groups
 (within the Gram's rounding bound).
+
+Complex data (LAPACK's conventions, as the solve's own routes): the sums are ``A^H A``, ``A^H b`` in
+complex128 and ``|b|^2``, the means complex, the centering ``A^H A - m conj(mu) mu^T``.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ class _Seeded:
 def _new_sums(job: Job, A: Any, B: Any, intercept: bool) -> dict:
     """The appended rows' sums (one Gram pass over them; their means, with an intercept)."""
     n, k = A.shape[1], B.shape[1]
-    states, _ = run_pass(job, gram_kernel, [source(A), source(B)], {"dtype": "float64"}, reserve=small_bytes(n, k),
+    dtype = "complex128" if "c" in (A.dtype.kind, B.dtype.kind) else "float64"  # A^H A, A^H b of complex data
+    states, _ = run_pass(job, gram_kernel, [source(A), source(B)], {"dtype": dtype}, reserve=small_bytes(n, k),
                          description="Gram pass over the appended rows: A^T A, A^T b")
     states = [s for s in states if s is not None]
     g = states[0]["g"]
@@ -98,7 +102,8 @@ def update_solve(job: Job, out: Location, prov: dict, growth: list[Growth], *, r
     new = _new_sums(job, row_range(A, m0, m1), row_range(B, m0, m1), intercept)
     p = m1 - m0
     g = kept["g"] + new["g"]
-    sums = {"g": g, "c": kept["c"] + new["c"], "bb": kept["bb"] + new["bb"], "aa": float(np.trace(g)), "ea": 0, "eb": 0}
+    sums = {"g": g, "c": kept["c"] + new["c"], "bb": kept["bb"] + new["bb"], "aa": float(np.trace(g).real), "ea": 0,
+            "eb": 0}
     if not all(np.isfinite(v).all() for v in (sums["g"], sums["c"], sums["bb"])):
         return Recompute("the appended rows' squares leave float64's range")
     records = {"gram-pass": sums}
@@ -133,17 +138,17 @@ def update_solve(job: Job, out: Location, prov: dict, growth: list[Growth], *, r
 def _ill_conditioned(sums: dict, means: dict | None, m: int, kind: str, lams: list[float]) -> str | None:
     """Why the updated normal equations would not give what the solve's own route gives (None: they do)."""
     g = sums["g"]
-    if means is not None:  # the centered Gram, as the route forms it
-        g = g - m * np.outer(means["mu"], means["mu"])
-        g = (g + g.T) / 2
+    if means is not None:  # the centered Gram, as the route forms it (A^H A - m conj(mu) mu^T of complex data)
+        g = g - m * np.outer(np.conjugate(means["mu"]), means["mu"])
+        g = (g + g.conj().T) / 2
     if kind == "scalar":
         cf, rcond = factor_regularized(g, lams[0])
         if cf is None or rcond < AUTO_RCOND:
             return (f"A^T A + lam^2 I is ill-conditioned (reciprocal condition {rcond:.1e} < {AUTO_RCOND:.0e}): "
                     "the solve takes the streaming QR, which reads every row")
         return None
-    c = sums["c"] if means is None else sums["c"] - m * np.outer(means["mu"], means["bbar"])
-    bb = sums["bb"] if means is None else sums["bb"] - m * means["bbar"] ** 2
+    c = sums["c"] if means is None else sums["c"] - m * np.outer(np.conjugate(means["mu"]), means["bbar"])
+    bb = sums["bb"] if means is None else sums["bb"] - m * np.abs(means["bbar"]) ** 2
     spec = spectrum_from_gram(g, c, bb, m, dual=False, n=g.shape[0])
     rule = kind if kind in ("gcv", "lcurve") else None
     chosen = [lambda_select.choose_lambda(spec, rule, quiet=True)[0]] if rule else lams
