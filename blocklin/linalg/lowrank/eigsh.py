@@ -121,7 +121,8 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         covariance ``C = (A - 1 mu^T)^T (A - 1 mu^T) / (m - 1)`` without forming ``C`` or a centered
         copy, by the centered SVD (:func:`blocklin.svd` with ``center=True``, block Lanczos to
         ``tol``): ``w = s^2 / (m - 1)`` and ``V`` the right singular vectors. ``which`` must be
-        ``"LA"`` or ``"LM"`` (the same for a covariance).
+        ``"LA"`` or ``"LM"`` (the same for a covariance). Complex data: the Hermitian
+        ``A_c^H A_c / (m - 1)``, real ``w`` and ``V = Vt^H``.
     **settings
         As for every operation: :class:`~blocklin.config.Settings`.
 

@@ -277,10 +277,11 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
         Factor ``A - 1 mu^T`` with ``mu`` the column means (principal component analysis), without
         writing a centered copy: the rank-one correction is applied inside every pass
         (:mod:`blocklin.linalg.blocks.center`). Costs one more pass over ``A`` for the means, none when
-        ``A`` fits the budget (it is then centered in memory).
+        ``A`` fits the budget (it is then centered in memory). Complex data: complex means (complex128).
     scale : bool
         Also divide each column by its standard deviation (``ddof=0``, as scikit-learn's
-        ``StandardScaler``; a constant column is left unscaled): standardized PCA. Alone (without
+        ``StandardScaler``; a constant column is left unscaled; of complex data the real
+        ``sqrt(mean |x - mu|^2)``): standardized PCA. Alone (without
         ``center``) it scales by the same standard deviations without subtracting the means.
     max_passes : int, optional
         Pass limit of the adaptive methods (default 20 for ``rsvd``, 60 for ``lanczos`` and ``gram``).
