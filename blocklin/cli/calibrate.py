@@ -82,8 +82,8 @@ def _measure(args: argparse.Namespace) -> dict:
     kind = resolved_kind(cfg.device)
     gpu = get_device("gpu") if kind == "gpu" else None  # a missing GPU fails here, before any write
     folder = temp_root(cfg) / f"blocklin-calibrate-{uuid.uuid4().hex[:12]}"
-    start_work_folder(folder, operation="calibrate")  # a killed run's folder is swept like a job's
-    try:
+    try:  # started inside: an interrupt while the folder is being made still removes it
+        start_work_folder(folder, operation="calibrate")  # a killed run's folder is swept like a job's
         io = measure_storage(folder, args.size, threads=min(2, os.cpu_count() or 1), codec="none")
     finally:
         end_work_folder(folder)

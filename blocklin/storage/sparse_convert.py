@@ -757,8 +757,8 @@ def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None
         else:
             check_space(work, source.entries * run_dtype(out_dt).itemsize, "temp_dir",
                         f"the run files of {source.entries} entries")
-            start_work_folder(work, operation="convert-sort")
-            try:
+            try:  # started inside: an interrupt while the folder is being made still removes it
+                start_work_folder(work, operation="convert-sort")
                 counts = external_sort(source, writer, plan, work.url, nan=nan, progress=progress, desc=desc)
             finally:
                 end_work_folder(work)

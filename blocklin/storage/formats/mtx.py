@@ -394,9 +394,9 @@ class MtxReader(Reader):
         work = root / f"blocklin-mirror-{uuid.uuid4().hex[:12]}"
         check_space(work, n * n * self.dtype.itemsize, "temp_dir", f"a {n} x {n} {self.dtype.name} scratch copy of "
                     f"the {self.symmetry} file")
-        start_work_folder(work, operation="convert-mirror")
-        self._work = work
+        self._work = work  # set first: close() removes it even if an interrupt lands while it is made
         try:
+            start_work_folder(work, operation="convert-mirror")
             scratch = create_array(work / "mirror.zarr", shape=self.shape, dtype=self.dtype, chunks=(w, w),
                                    codec="none")
             with zarr.config.set({"async.concurrency": 1}):  # one chunk in flight, as planned
