@@ -51,7 +51,7 @@ def precision(value: Any, allowed: Sequence[str], *, operation: str, why: str = 
 
 #: The fix a refusal of complex data offers, until every operation takes complex.
 COMPLEX_FIX = ("split it into real and imaginary parts (for a linear system, the real form [[Re, -Im], [Im, Re]]), "
-               "or use an operation that takes complex: blocklin.matmul, gram, qr, lu, cholesky, svd, eigsh "
+               "or use an operation that takes complex: blocklin.matmul, gram, qr, lu, cholesky, svd, pca, eigsh "
                "(Hermitian), inv, solve, lstsq, lu_solve, cho_solve, solve_triangular, det, slogdet, norm, cond")
 
 
