@@ -184,7 +184,7 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
 
 
 #: Elements of an ``n x cols`` block below which the in-memory work runs on one BLAS thread.
-SMALL_BLAS_ELEMENTS = 1 << 21
+SMALL_BLAS_ELEMENTS = 1 << 24
 
 
 def small_blas(n: int, cols: int) -> contextlib.AbstractContextManager:
@@ -192,7 +192,11 @@ def small_blas(n: int, cols: int) -> contextlib.AbstractContextManager:
 
     Threads only add synchronization to products, QR, SVD and eigh this small, and on a busy machine
     they spin: QR, SVD and eigh of a 500 x 60 block took 75x longer on 2 threads than on one with
-    other jobs running (0.75 s against 0.01 s). The rule depends on the sizes only, not on the budget.
+    other jobs running (0.75 s against 0.01 s). A Lanczos step's products on a ``10^5 x 105`` basis
+    gain little more from two threads than they lose to the spinning: the sparse svd of issue 29
+    (``k = 20``, 19 passes) took 17.0 and 19.5 s on one thread against 35.3 s on two (load average 3.4-4.3,
+    two cores), hence ``2^24`` elements (128 MiB of float64). The rule depends on the sizes only, not on
+    the budget or the scheduler.
     """
     if n * cols > SMALL_BLAS_ELEMENTS:
         return contextlib.nullcontext()
