@@ -5,7 +5,7 @@ spectrum of the Hermitian Gram (sequences, GCV, the L-curve), the streaming QR (
 complex ``R``), the wide dual form (``A A^H``, ``x = A^H y``), ``fit_intercept`` (complex means),
 ``sample_weight`` (real weights), ``lam="loo"`` of tall ``A``; ``lstsq`` of any rank, tall and wide,
 with NumPy's ``(x, residuals, rank, s)`` and ``rcond``; in memory and streamed, on every scheduler; the
-refusals by name (``positive``, the wide leave-one-out, the stored-Gram route).
+refusals by name (``positive``, the stored-Gram route's extras).
 
 References are computed in complex128 from the data: the regularized normal equations
 ``(A^H A + lam^2 I) x = A^H b`` (the dual ``x = A^H (A A^H + lam^2 I)^-1 b`` for wide ``A``),
@@ -197,11 +197,13 @@ def test_refusals_by_name():
     wa, wb = _problem((10, 50), np.complex128, seed=13)
     with pytest.raises(ParameterError, match=r"lam: 'loo' of complex data needs a tall a"):
         bl.solve(wa, wb, lam="loo")
-    # the stored-Gram route takes real data only: its budget refused with the in-memory minimum
+    # the stored-Gram route takes complex data (tests/solve/test_complex_stored_gram.py); its extras are refused
     big, bb = _problem((400, 120), np.complex128, k=1, seed=14)
-    with pytest.raises(BudgetError, match="complex data") as info:
-        bl.solve(big, bb, lam=0.1, memory="256KiB")
-    _check(bl.solve(big, bb, lam=0.1, memory=info.value.minimum).to_numpy(), big, bb, 0.1, np.complex128)
+    with pytest.raises(BudgetError, match="fit_intercept needs"):
+        bl.solve(big, bb, lam=0.1, fit_intercept=True, memory="256KiB")
+    x = bl.solve(big, bb, lam=0.1, memory="256KiB")
+    assert x.report["gram"] == "out of core"
+    _check(x.to_numpy(), big, bb, 0.1, np.complex128)
 
 
 @pytest.mark.parametrize("shape", [(2000, 12), (12, 2000)])

@@ -93,8 +93,7 @@ def plan_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float]
     cplx = "c" in (A.dtype.kind, B.dtype.kind)
     if small > memory and kind == "scalar" and method != "qr":  # the router's stored-Gram route
         extra = next((name for name, on in (("fit_intercept", intercept), ("sample_weight", W is not None),
-                                            ("positive", positive), ("updatable", updatable),
-                                            ("complex data", cplx)) if on), None)
+                                            ("positive", positive), ("updatable", updatable)) if on), None)
         if extra:
             raise BudgetError(_msg("memory", f"must hold the in-memory {min(m, n)} x {min(m, n)} Gram matrix that "
                                    f"{extra} needs (the stored, out-of-core Gram route has none of it)",
@@ -213,23 +212,24 @@ def _stored_gram_steps(job: Any, A: Any, B: Any) -> None:
     """:func:`~blocklin.linalg.solve.stored_gram.solve_gram_out_of_core`: the tiles of the Gram matrix and its
     factor, the SYRK that forms it, and the products of the solve and its refinement over ``A``."""
     from blocklin.linalg.products.gemm import Gemm
-    from blocklin.linalg.solve.stored_gram import _tile_plan
+    from blocklin.linalg.solve.stored_gram import _tile_plan, compute_dtype
     from blocklin.plan.gram import plan_syrk_blocks
 
     (m, n), k = A.shape, B.shape[1]
     wide = m < n
     s = min(m, n)
-    plan = _tile_plan(job, A, s, k, wide)
+    dt = compute_dtype(A, B)  # complex128 for complex data
+    plan = _tile_plan(job, A, s, k, wide, dt)
     t = plan.tile
-    plan_syrk_blocks(s, n if wide else m, F64, memory=job.cfg.memory, tile=t, source_dtype=A.dtype,
+    plan_syrk_blocks(s, n if wide else m, dt, memory=job.cfg.memory, tile=t, source_dtype=A.dtype,
                      workers=plan.workers or job.workers(1), k_chunk=A.chunks[1] if wide else A.chunks[0])
     stores, reads_a = _store_reads(job), _a_reads(A)
 
     def store(name: str, rows: int) -> Any:
-        return _stand_in(name, (rows, k), (t, min(t, max(1, k))))
+        return _stand_in(name, (rows, k), (t, min(t, max(1, k))), dt)
 
     def product(a_store: Any, trans_a: bool, c: Any = None, alpha: float = 1.0, beta: float = 0.0) -> None:
-        op = Gemm.of(A, a_store, c, trans_a=trans_a, alpha=alpha, beta=beta, dtype="float64")
+        op = Gemm.of(A, a_store, c, trans_a=trans_a, alpha=alpha, beta=beta, dtype=dt.name)
         op.plan(job, out_chunks=(min(t, op.shape[0]), min(t, op.shape[1])), read_reserve=True,
                 reads=(reads_a, stores))
 

@@ -546,8 +546,7 @@ def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
 
 def _refuse_complex_extras(A: Any, B: Any, *, kind: str, positive: bool, updatable: bool, cv: Any = None,
                            scoring: Any = None) -> None:
-    """What the least-squares routes of complex data do not take, each refused by name with its reason (the
-    stored-Gram route, real only, is refused by the budget check with the in-memory route's minimum)."""
+    """What the least-squares routes of complex data do not take, each refused by name with its reason."""
     if "c" not in (A.dtype.kind, B.dtype.kind):
         return
     dts = f"a: {A.dtype.name}, b: {B.dtype.name}"

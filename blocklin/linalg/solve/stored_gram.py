@@ -1,11 +1,14 @@
-"""Tikhonov solves whose Gram matrix exceeds the budget: out-of-core Cholesky of ``A^T A + lam^2 I``.
+"""Tikhonov solves whose Gram matrix exceeds the budget: out-of-core Cholesky of ``A^H A + lam^2 I``.
 
 :func:`blocklin.solve` keeps the ``n x n`` (``m x m`` for wide ``A``) regularized Gram matrix in core
-when it fits; beyond that it comes here (``method="auto"`` or ``"normal"``, one scalar ``lam``).
+when it fits; beyond that it comes here (``method="auto"`` or ``"normal"``, one scalar ``lam``). Real
+data is computed in float64, complex data in complex128 (``A^H`` for ``A^T``: HERK, ``L L^H``, the
+back substitution with ``L^H``; the GEMM's transposes are plain ones, so ``A^H v = conj(A^T conj(v))``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -21,6 +24,12 @@ from blocklin.runtime.job import Job
 from blocklin.storage.identity import plan_settings, resume_token
 
 F64 = np.dtype(np.float64)
+C128 = np.dtype(np.complex128)
+
+
+def compute_dtype(A: Any, B: Any) -> np.dtype:
+    """The dtype the stored-Gram route computes in: complex128 for complex data, else float64."""
+    return C128 if "c" in (A.dtype.kind, B.dtype.kind) else F64
 
 
 def solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwrite: bool, explain: bool,
@@ -28,7 +37,7 @@ def solve_gram_stored(job: Job, A: Any, B: Any, lam: float, *, out: Any, overwri
     """The regularized Gram matrix exceeds the budget: store it and factor it out of core."""
     (m, n), side = A.shape, min(A.shape)
     if explain:
-        return plan_factor("cholesky", side, np.float64, memory=job.cfg.memory, workers=job.workers(1))
+        return plan_factor("cholesky", side, compute_dtype(A, B), memory=job.cfg.memory, workers=job.workers(1))
     token = _stored_gram_token(job, A, B, lam, refine, out)
     ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume, token=token)
     info = solve_gram_out_of_core(job, A, B, lam, ao, refine=refine, resume=resume, token=token)
@@ -55,6 +64,12 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, ao: Any, *, ref
     iterative refinement against the original problem (``x += K^{-1} (A^T (b - A x) - lam^2 x)``).
     Wide ``A``: the dual form ``x = A^T y``, ``(A A^T + lam^2 I) y = b``, refined on the dual
     system. Everything is computed in float64; ``x`` is written in the operands' dtype to ``x_path`` (created here).
+
+    Complex data (LAPACK's conventions, computed in complex128): ``K = A^H A + lam^2 I`` and ``A^H b``
+    by the region HERK over the conjugate-transposed view ``A^H`` (``A A^H`` for wide ``A``), the tiled
+    ``K = L L^H``, ``K^-1 = L^-H L^-1`` (the back substitution with ``trans="C"``), the refinement's
+    ``A^H r = conj(A^T conj(r))`` and the dual ``x = A^H y`` likewise (the out-of-core GEMM transposes
+    without conjugating; the conjugations are passes over the ``k``-column stores).
 
     Accuracy: ``cond(K) <= 1 + (sigma_1 / lam)^2``, so the error of ``x`` before refinement is about
     ``cond(K) eps``; refinement against the original problem recovers what the conditioning of the
@@ -84,14 +99,17 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, ao: Any, *, ref
 
 
 class _GramSolve:
-    """The stores and steps of one out-of-core Gram solve (all float64, square tiles of ``tile``)."""
+    """The stores and steps of one out-of-core Gram solve (all float64, or complex128 for complex data;
+    square tiles of ``tile``)."""
 
     def __init__(self, job: Any, A: Any, B: Any, lam: float, stages: Any) -> None:
         self.job, self.A, self.B, self.lam = job, A, B, lam
         (self.m, self.n), self.k = A.shape, B.shape[1]
         self.wide = self.m < self.n
         self.s = self.m if self.wide else self.n
-        plan = _tile_plan(job, A, self.s, self.k, self.wide)
+        self.dt = compute_dtype(A, B)
+        self.cplx = self.dt.kind == "c"
+        plan = _tile_plan(job, A, self.s, self.k, self.wide, self.dt)
         self.t = plan.tile
         self.ops = BlockOps(job, self.t)
         self.ops.workers = plan.workers
@@ -106,6 +124,7 @@ class _GramSolve:
         self.r, self.d = self.store("r", self.m, k), self.store("d", s, k)
         self.c = self.store("c", n, k) if not self.wide else None
         self.xt = self.store("xt", n, k) if self.wide else None
+        self.rc = self.store("rc", self.m, k) if self.cplx and not self.wide else None  # conj(r), last: numbering
 
     def chunks(self, cols: int) -> tuple[int, int]:
         """Tiles of ``t`` rows; a store of ``k < t`` columns (right-hand sides) is one chunk wide, not
@@ -113,18 +132,18 @@ class _GramSolve:
         return (self.t, min(self.t, max(1, cols)))
 
     def store(self, name: str, rows: int, cols: int) -> str:
-        return self.stages.store(name, (rows, cols), F64, self.chunks(cols))
+        return self.stages.store(name, (rows, cols), self.dt, self.chunks(cols))
 
     def step(self, name: str, fn: Any) -> Any:
         """``fn()`` as a recorded stage (skipped when a resumed run finished it)."""
         return self.stages.run(name, fn)
 
     def operand(self, path: str, shape: tuple[int, int], name: str) -> Operand:
-        return Operand(name=name, path=path, shape=shape, dtype=F64, chunks=self.chunks(shape[1]))
+        return Operand(name=name, path=path, shape=shape, dtype=self.dt, chunks=self.chunks(shape[1]))
 
     def gemm(self, out: str, a: Any, b: Any, c: Any = None, *, trans_a: bool = False, alpha: float = 1.0,
              beta: float = 0.0, description: str) -> None:
-        op = Gemm.of(a, b, c, trans_a=trans_a, alpha=alpha, beta=beta, dtype="float64")
+        op = Gemm.of(a, b, c, trans_a=trans_a, alpha=alpha, beta=beta, dtype=self.dt.name)
         gp = op.plan(self.job, out_chunks=(min(self.t, op.shape[0]), min(self.t, op.shape[1])),
                      read_reserve=True)  # measured over budget at 16 MiB without it
         op.run(self.job, gp, out, description=description, count_pass="a" if a is self.A else "intermediate")
@@ -132,10 +151,30 @@ class _GramSolve:
     def region(self, path: str, rows: int) -> Region:
         return Region.of(path, (rows, self.k))
 
+    def conj_into(self, dst: str, src: str, rows: int, *, beta: float = 0.0, y: str | None = None,
+                  description: str) -> None:
+        """``dst = conj(src) + beta * y`` tile by tile (``dst`` may be ``src``: each task reads, then writes,
+        its own tile); a copy of real data."""
+        x = dataclasses.replace(self.region(src, rows), conj=True)
+        self.ops.axpby(self.region(dst, rows), x, self.region(y, rows) if y is not None else x, alpha=1.0,
+                       beta=beta, dtype=self.dt, description=description)
+
+    def adjoint_product(self, out: str, v: str, tmp: str, rows: int, description: str) -> None:
+        """``out = A^H v`` (``v`` of ``rows`` rows): the GEMM's ``A^T`` of ``conj(v)`` (staged in ``tmp``),
+        conjugated in place; ``A^T v`` of real data."""
+        A, k = self.A, self.k
+        src = v
+        if self.cplx:
+            self.conj_into(tmp, v, rows, description="conj(v)")
+            src = tmp
+        self.gemm(out, A, self.operand(src, (rows, k), "v"), trans_a=True, description=description)
+        if self.cplx:  # out is rewritten whole by the GEMM before this in-place pass: a rerun is safe
+            self.conj_into(out, out, A.shape[1], description="conj(A^T v)")
+
     def add_to_z(self, description: str) -> None:
         """``z_next = z + d``, then the two swap roles (out of place: a rerun of the step reads the same z)."""
         self.ops.axpby(self.region(self.z_next, self.s), self.region(self.z, self.s), self.region(self.d, self.s),
-                       dtype=F64, description=description)
+                       dtype=self.dt, description=description)
 
     def swap(self) -> None:
         self.z, self.z_next = self.z_next, self.z
@@ -143,13 +182,14 @@ class _GramSolve:
     def factor(self) -> None:
         """``K = A^T A + lam^2 I`` (tall) or ``A A^T + lam^2 I`` (wide), lower tiles, and its Cholesky factor.
 
-        Tall: ``c = A^T b`` comes from the same read of ``A`` (the diagonal SYRK blocks).
+        Tall: ``c = A^T b`` comes from the same read of ``A`` (the diagonal SYRK blocks). Complex data:
+        the region HERK of ``A^H`` (``a a^H`` of the view ``a = A^H`` is ``A^H A``, its ``a b`` is ``A^H b``).
         """
         s = self.s
         g_path, l_path = self.gram, self.l
         a_reg = Region.of(self.A.path, self.A.shape)
         self.step("gram", lambda: self.ops.syrk(
-            Region.of(g_path, (s, s)), a_reg if self.wide else a_reg.T, dtype=F64, shift=self.lam**2,
+            Region.of(g_path, (s, s)), a_reg if self.wide else a_reg.H, dtype=self.dt, shift=self.lam**2,
             check=self.job.check_finite, done_dir=self.markers,
             rhs=None if self.wide else Region.of(self.B.path, self.B.shape),
             rhs_out=None if self.wide else self.region(self.c, self.n),
@@ -161,16 +201,16 @@ class _GramSolve:
                        "squares", "or raise memory= so the in-memory routes (which scale by themselves) hold it",
                        zero_ok=self.lam == 0, operands="a (and b)")  # lam > 0: a zero diagonal underflowed
         self.step("cholesky", lambda: tiled_cholesky(
-            self.ops, Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=F64, check=False, done_dir=self.markers,
+            self.ops, Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=self.dt, check=False, done_dir=self.markers,
             description="Cholesky of the Gram matrix") and None)
         self.lreg = Region.of(l_path, (s, s))
 
     def k_solve(self, rhs: str, dst: str) -> None:
-        """``dst = K^-1 rhs`` by forward and back substitution."""
+        """``dst = K^-1 rhs`` by forward and back substitution (``L^H`` of complex data)."""
         y = self.region(self.y, self.s)
-        self.ops.trsm(self.lreg, self.region(rhs, self.s), y, lower=True, dtype=F64,
+        self.ops.trsm(self.lreg, self.region(rhs, self.s), y, lower=True, dtype=self.dt,
                       description="forward substitution")
-        self.ops.trsm(self.lreg, y, self.region(dst, self.s), lower=True, trans=True, dtype=F64,
+        self.ops.trsm(self.lreg, y, self.region(dst, self.s), lower=True, trans="C", dtype=self.dt,
                       description="back substitution")
 
     def solve_wide(self, steps: int) -> str:
@@ -178,39 +218,49 @@ class _GramSolve:
         A, B, m, n, k = self.A, self.B, self.m, self.n, self.k
         self.step("solve", lambda: self.k_solve(B.path, self.z))
         for _ in range(steps):  # rd = b - A A^T y - lam^2 y, y += K^-1 rd
-            zop, x_tmp = self.operand(self.z, (self.s, k), "z"), self.xt
+            x_tmp = self.xt
 
             def dual_residual() -> None:  # r is rewritten whole before its in-place update: a rerun is safe
-                self.gemm(x_tmp, A, zop, trans_a=True, description="x = A^T y")
+                self.adjoint_product(x_tmp, self.z, self.d, self.s, "x = A^H y")  # d: rewritten by the correction
                 self.gemm(self.r, A, self.operand(x_tmp, (n, k), "x"), B, alpha=-1.0, beta=1.0,
                           description="b - A x")
                 r_reg = self.region(self.r, m)
-                self.ops.axpby(r_reg, r_reg, self.region(self.z, self.s), beta=-self.lam**2, dtype=F64,
+                self.ops.axpby(r_reg, r_reg, self.region(self.z, self.s), beta=-self.lam**2, dtype=self.dt,
                                description="dual residual")
             self.step("dual residual", dual_residual)
             self.step("correction", lambda: self.k_solve(self.r, self.d))
             self.step("update", lambda: self.add_to_z("y += d"))
             self.swap()
-        xs, zop = self.xt, self.operand(self.z, (self.s, k), "z")
-        self.step("x", lambda: self.gemm(xs, A, zop, trans_a=True, description="x = A^T y"))
+        xs = self.xt
+        self.step("x", lambda: self.adjoint_product(xs, self.z, self.d, self.s, "x = A^H y"))
         return xs
 
     def solve_tall(self, steps: int) -> str:
         """``x`` refined against the original problem; returns its store."""
-        A, B, m, k = self.A, self.B, self.m, self.k
+        A, B, k = self.A, self.B, self.k
         c_path = self.c  # A^T b, from the SYRK's read of A
         self.step("solve", lambda: self.k_solve(c_path, self.z))
         for _ in range(steps):
             zop = self.operand(self.z, (self.s, k), "z")
             self.step("residual", lambda: self.gemm(self.r, A, zop, B, alpha=-1.0, beta=1.0,
                                                     description="r = b - A x"))
-            self.step("normal residual", lambda: self.gemm(
-                c_path, A, self.operand(self.r, (m, k), "r"), zop, trans_a=True, alpha=1.0, beta=-self.lam**2,
-                description="A^T r - lam^2 x"))
+            self.step("normal residual", lambda: self.normal_residual(c_path, zop))
             self.step("correction", lambda: self.k_solve(c_path, self.d))
             self.step("update", lambda: self.add_to_z("x += d"))
             self.swap()
         return self.z
+
+    def normal_residual(self, c_path: str, zop: Operand) -> None:
+        """``c = A^H r - lam^2 x``: one GEMM of real data; of complex data ``A^T conj(r)``, then
+        ``c = conj(c) - lam^2 x`` in place (``c`` is rewritten whole by the GEMM first: a rerun is safe)."""
+        A, m, k = self.A, self.m, self.k
+        if not self.cplx:
+            self.gemm(c_path, A, self.operand(self.r, (m, k), "r"), zop, trans_a=True, alpha=1.0, beta=-self.lam**2,
+                      description="A^T r - lam^2 x")
+            return
+        self.conj_into(self.rc, self.r, m, description="conj(r)")  # out of place: a rerun reads the same r
+        self.gemm(c_path, A, self.operand(self.rc, (m, k), "conj(r)"), trans_a=True, description="A^T conj(r)")
+        self.conj_into(c_path, c_path, self.n, beta=-self.lam**2, y=self.z, description="A^H r - lam^2 x")
 
     def finish(self, xs: str, x_path: str, steps: int) -> dict:
         """Write ``x`` to ``x_path`` (created at the start) in the operands' dtype; the route's report fields
@@ -222,15 +272,16 @@ class _GramSolve:
         xx = _col_sumsq(self.ops, xs, (n, k))
         xreg = self.region(xs, n)
         self.step("write x", lambda: self.ops.axpby(self.region(x_path, n), xreg, xreg, alpha=1.0, beta=0.0,
-                                                    dtype=F64, description="write x") and None)
+                                                    dtype=self.dt, description="write x") and None)
 
         def norms(v: np.ndarray) -> Any:
             v = np.sqrt(np.maximum(v, 0.0))
             return float(v[0]) if v.size == 1 else v.tolist()
 
         gram = "A A^T" if self.wide else "A^T A"
+        gram = gram.replace("^T", "^H") if self.cplx else gram
         return {"method": "normal", "method_reason": f"the {self.s} x {self.s} regularized Gram matrix "
-                f"({gram} + lam^2 I, {format_size(self.s * self.s * 8)}) exceeds the budget: "
+                f"({gram} + lam^2 I, {format_size(self.s * self.s * self.dt.itemsize)}) exceeds the budget: "
                 "stored and factored by the out-of-core tiled Cholesky, refined against the original problem",
                 "lam": lam, "residual_norm": norms(rr), "solution_norm": norms(xx),
                 "objective": norms(rr + lam**2 * xx), "refine_steps": steps, "gram": "out of core",
@@ -239,7 +290,7 @@ class _GramSolve:
                 "resumed": self.stages.resumed, "stages_skipped": self.stages.skipped}
 
 
-def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool) -> Any:
+def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool, dt: Any = F64) -> Any:
     """Tiles of the Gram matrix, its factor and the solves.
 
     On ``A``'s square chunks when they fit (every store of the solve then shares them with ``A``,
@@ -249,9 +300,9 @@ def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool) -> Any:
     """
     from blocklin.errors import BudgetError
 
-    base = plan_factor("cholesky", s, F64, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks))
+    base = plan_factor("cholesky", s, dt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks))
     try:
-        big = plan_factor("cholesky", s, F64, memory=job.cfg.memory, workers=job.workers(1))
+        big = plan_factor("cholesky", s, dt, memory=job.cfg.memory, workers=job.workers(1))
     except BudgetError:
         return base
     c = tuple(A.chunks)
@@ -260,10 +311,10 @@ def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool) -> Any:
     m, n = A.shape
     t = big.tile
     try:  # the products over A that the solve runs, with its stores on tiles of t
-        v = Operand(name="v", path="", shape=(m if wide else n, k), dtype=F64, chunks=(t, min(t, k)))
-        Gemm.of(A, v, trans_a=wide, dtype="float64").plan(job, out_chunks=(t, min(t, k)))
-        r = Operand(name="r", path="", shape=(n if wide else m, k), dtype=F64, chunks=(t, min(t, k)))
-        Gemm.of(A, r, trans_a=not wide, dtype="float64").plan(job, out_chunks=(t, min(t, k)))
+        v = Operand(name="v", path="", shape=(m if wide else n, k), dtype=dt, chunks=(t, min(t, k)))
+        Gemm.of(A, v, trans_a=wide, dtype=np.dtype(dt).name).plan(job, out_chunks=(t, min(t, k)))
+        r = Operand(name="r", path="", shape=(n if wide else m, k), dtype=dt, chunks=(t, min(t, k)))
+        Gemm.of(A, r, trans_a=not wide, dtype=np.dtype(dt).name).plan(job, out_chunks=(t, min(t, k)))
     except BudgetError:
         return base
     return big
@@ -275,4 +326,4 @@ def _col_sumsq(ops: BlockOps, path: str, shape: tuple[int, int]) -> np.ndarray:
                      for j in range(shape[1])])
 
 
-__all__ = ["solve_gram_out_of_core", "solve_gram_stored"]
+__all__ = ["compute_dtype", "solve_gram_out_of_core", "solve_gram_stored"]
