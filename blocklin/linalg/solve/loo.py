@@ -208,19 +208,25 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
 
 def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """Wide ``A``: the squared leave-one-out errors from ``A A^T = U diag(s^2) U^T`` in memory."""
+    """Wide ``A``: the squared leave-one-out errors from ``A A^T = U diag(s^2) U^T`` in memory.
+
+    The error of row ``i`` is ``e_i / (1 - h_ii)`` with ``b - A x = lam^2 y`` and
+    ``1 - h_ii = lam^2 (U diag(1 / (s^2 + lam^2)) U^H)_ii`` (the factor ``lam^2`` cancels). Complex data:
+    ``A A^H = U diag(s^2) U^H``, the hat matrix Hermitian, so ``h_ii`` is real (``sum_j |u_ij|^2 ...``) and the
+    squared error is ``|e_i / (1 - h_ii)|^2``.
+    """
     u, beta, s2 = spec.basis, spec.beta, spec.s**2
     sw = np.sqrt(ctx.wvec) if ctx.wvec is not None else np.ones(ctx.m)
-    u2 = u * u
+    u2 = (u * u.conj()).real
     sq, rows, errs = [], [], []
     for lam in grid:
         d_ = 1.0 / (s2 + lam**2)
         c = u @ (d_[:, None] * beta)
         d = u2 @ d_
-        if ctx.intercept:
-            d = d - (u @ (d_ * (u.T @ sw))) * sw / ctx.total_weight
+        if ctx.intercept:  # a Hermitian form of the real sw: real (its rounding's imaginary part dropped)
+            d = d - ((u @ (d_ * (u.conj().T @ sw))) * sw).real / ctx.total_weight
         with np.errstate(divide="ignore", invalid="ignore"):
-            e2 = (c / d[:, None]) ** 2
+            e2 = np.abs(c / d[:, None]) ** 2
         sq.append(e2.sum(axis=0))
         rows.append(e2)
         if ctx.scoring is not None:

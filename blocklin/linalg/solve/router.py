@@ -554,17 +554,11 @@ def _refuse_complex_extras(A: Any, B: Any, *, kind: str, positive: bool, updatab
         if given is not None:
             raise ParameterError(_msg(name, "applies to real data (scikit-learn's scorers and folds' fits compare "
                                       "real targets)", f"{name}={given!r} with {dts}", f"drop {name} (lam='loo' "
-                                      "chooses by the mean squared leave-one-out error of a tall complex a)"))
+                                      "chooses by the mean squared leave-one-out error of complex data)"))
     if positive:
         raise ParameterError(_msg("positive", "applies to real data (x >= 0 is an order complex numbers do not "
                                   "have)", f"positive=True with {dts}", "drop positive, or split the problem into "
                                   "real and imaginary parts ([[Re, -Im], [Im, Re]]) and constrain those"))
-    if kind == "loo" and A.shape[0] < A.shape[1]:
-        raise ParameterError(_msg("lam", "'loo' of complex data needs a tall a (the leave-one-out errors of a wide "
-                                  "a are computed in memory from real eigenvectors)", f"lam='loo' with a "
-                                  f"{A.shape[0]} x {A.shape[1]} {A.dtype.name} a",
-                                  "pass lam='gcv' (generalized cross-validation, its rotation-invariant "
-                                  "approximation), or a sequence of lambdas"))
 
 
 def _gram_exceeds_budget(job: Job, A: Any, B: Any, kind: str, method: str) -> bool:
