@@ -51,11 +51,6 @@ from support.tolerances import assert_close_to, assert_explained_variance, asser
 iris = datasets.load_iris()
 SOLVERS = {"full": "full", "covariance_eigh": "gram", "arpack": "lanczos", "randomized": "rsvd", "auto": "auto"}
 PCA_SOLVERS = list(SOLVERS)
-WIDE_GRAM = pytest.mark.xfail(strict=True, reason="centered method='gram' of a wide matrix: blocklin centers the "
-                                                  "Gram of tall matrices only (sklearn's covariance_eigh takes both)")
-def _solvers(marks):
-    """The solver axis with ``marks`` (solver -> mark) on the cases blocklin does not take yet."""
-    return [pytest.param(s, marks=marks[s]) if s in marks else s for s in PCA_SOLVERS]
 
 
 def _pca(x, n_components=None, solver="auto", **kw):
@@ -97,10 +92,8 @@ def test_whitening(svd_solver):
                                np.random.RandomState(0).randn(10, 100)],
                          ids=["random-tall", "correlated-tall", "random-wide"])
 @pytest.mark.parametrize("svd_solver", PCA_SOLVERS)
-def test_pca_explained_variance_empirical(x, svd_solver, request):
+def test_pca_explained_variance_empirical(x, svd_solver):
     """test_pca_explained_variance_empirical: the variances of the scores, and the covariance's eigenvalues."""
-    if svd_solver == "covariance_eigh" and x.shape[0] < x.shape[1]:
-        request.applymarker(WIDE_GRAM)
     p = _pca(x, 2, svd_solver, seed=0)
     xp = dense(p.transform(x))
     np.testing.assert_allclose(p.explained_variance_, np.var(xp, ddof=1, axis=0))
@@ -118,7 +111,7 @@ def test_pca_singular_values_consistency(svd_solver):
 
 
 @pytest.mark.parametrize("memory", [None, "least"])
-@pytest.mark.parametrize("svd_solver", _solvers({"covariance_eigh": WIDE_GRAM}))
+@pytest.mark.parametrize("svd_solver", PCA_SOLVERS)
 def test_pca_singular_values(svd_solver, memory):
     """test_pca_singular_values: against the scores' norms, and set singular values recovered."""
     rng = np.random.RandomState(0)

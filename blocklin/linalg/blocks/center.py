@@ -245,6 +245,79 @@ def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: in
     return Moments(mean, np.diag(c).real.copy() / cnt, cnt), c
 
 
+def _row_gram_memory(params: Any, sources: tuple) -> PassMemory:
+    src = sources[0]
+    w, e = src.width, _acc_bytes(src)
+    # the Gram accumulator and its merge copy; the task's per-row means and M2 (every row of its share,
+    # at most the whole long side); per strip row the float64 deviations (and the rows themselves,
+    # divided by their deviations, when standardized without centering)
+    copies = 2 if params["standardize"] and not params["center"] else 1
+    return PassMemory(fixed=2 * w * w * e + src.rows * (e + 8), per_row=copies * w * e, chunk_temporaries=True,
+                      max_strip_bytes=MAX_GRAM_STRIP_BYTES, min_rows=MIN_GRAM_ROWS)
+
+
+@row_kernel(memory=_row_gram_memory, device="cpu")
+def row_moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: Any) -> tuple[Any, None]:
+    """Per strip of rows of ``B = A^T`` (column strips of a wide ``A``: each row a whole column of ``A``),
+    each row's mean and sum of squared deviations, and the lower triangle of the Gram of the rows
+    centered by their own means (``center``) and/or divided by their standard deviations
+    (``standardize``) as they are read: ``B_c^H B_c`` summed by SYRK (HERK) in float64 (complex128)."""
+    b = np.asarray(arrays[0])
+    acc = acc_dtype(b.dtype)
+    d = np.array(b, dtype=acc)
+    mean = d.sum(axis=1) / max(d.shape[1], 1)
+    d -= mean[:, None]
+    m2 = abs2(d).sum(axis=1)
+    if not params["center"]:  # standardized only: the rows themselves, scaled
+        d = np.array(b, dtype=acc)
+    if params["standardize"]:
+        sd = np.sqrt(m2 / max(b.shape[1], 1))
+        d /= np.where(sd > 0, sd, 1.0)[:, None]  # a constant row keeps its scale 1 (Moments.std)
+    if state is None:
+        state = {"g": np.zeros((d.shape[1], d.shape[1]), acc), "rows": []}
+    syrk_acc(state["g"], d)
+    state["rows"].append((rows.start, mean, m2))
+    return state, None
+
+
+def plan_moments_row_gram(job: Any, A: Any, *, center: bool, standardize: bool, memory: int | None = None,
+                          reserve: int = 0, min_tasks: int | None = None, workers: int | None = None) -> Any:
+    """The pass of :func:`moments_and_row_gram` within ``memory`` (planned before anything is read: a
+    budget too small raises :class:`~blocklin.errors.BudgetError` with the minimum)."""
+    return plan_kernel_pass(job, row_moments_gram_kernel, [source(A, transposed=True)],
+                            {"center": bool(center), "standardize": bool(standardize)}, memory=memory,
+                            reserve=reserve, min_tasks=min_tasks, workers=workers)
+
+
+def moments_and_row_gram(job: Any, A: Any, *, center: bool, standardize: bool, memory: int | None = None,
+                         reserve: int = 0, min_tasks: int | None = None, workers: int | None = None,
+                         scale: dict | None = None) -> tuple[Moments, np.ndarray]:
+    """The column moments of a wide ``m x n`` ``A`` and the ``m x m`` Gram of its centered (and/or
+    standardized) columns, ``A_c A_c^H`` (of complex data its conjugate, ``B_c^H B_c`` with
+    ``B_c = A_c^T``), in one pass over column strips of ``A``.
+
+    Each strip holds whole columns, so every column is centered by its own exact mean before its
+    square is added: the Gram is that of the centered matrix, without the cancellation of
+    ``A A^H - (A mu) 1^T - 1 (A mu)^H + (mu^H mu) 1 1^T`` (which loses the ratio of the means to the
+    spread, squared). Float64 (complex128) sums; the task sums are added in row order, so the bits do
+    not depend on the scheduler. ``min_tasks``, ``workers``: the pass's split (each task keeps its
+    ``m x m`` sum until the pass ends)."""
+    params = {"center": bool(center), "standardize": bool(standardize)}
+    plan = plan_moments_row_gram(job, A, center=center, standardize=standardize, memory=memory, reserve=reserve,
+                                 min_tasks=min_tasks, workers=workers)
+    states, _ = run_pass(job, row_moments_gram_kernel, [source(A, transposed=True)], params, plan=plan, scale=scale,
+                         description="column means and the centered Gram of the rows (pass over A)")
+    m, n = A.shape
+    mean, m2, g = np.empty(n, acc_dtype(A.dtype)), np.empty(n), None
+    for st in states:  # row order: the result does not depend on the scheduler
+        part = np.asarray(st["g"])
+        # the first task's sum is the total where writable (a state from a cluster may be read-only)
+        g = (part if part.flags.writeable else part.copy()) if g is None else np.add(g, part, out=g)
+        for r0, mu, s in st["rows"]:
+            mean[r0:r0 + mu.size], m2[r0:r0 + mu.size] = mu, s
+    return Moments(mean, m2 / m, m), symmetrize_lower(g)
+
+
 def _moments_params(job: Any, A: Any, memory: int | None, reserve: int) -> dict:
     wide = A.shape[0] < A.shape[1]
     # the deviations' blocks within the part of the budget the pass has (the bits follow the pass's budget)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.linalg.blocks.center import (Moments, column_moments, moments_and_gram, moments_and_normal,
-                                           moments_and_normal_fits)
+                                           moments_and_normal_fits, moments_and_row_gram)
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.linalg.lowrank.checkpoint import save_scaling
 from blocklin.linalg.lowrank.lanczos import start_block
@@ -42,12 +42,20 @@ def fused_start(job: Job, A: Any, plan: SvdPlan, seed: int, q: int | None,
 def moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, center: bool,
                  scale: bool, scaling: Scaling, keep: dict | None = None) -> tuple[Moments, np.ndarray | None]:
     """The column moments and the Gram route's subspace (the top eigenvectors of the centered and/or
-    scaled Gram) from one pass over a tall ``A`` (:func:`moments_and_gram`), or from the checkpoints of
-    an interrupted run (then ``None``: the subspace is in the ``gram`` checkpoint). ``keep``: filled with
-    the co-moments (:func:`blocklin.linalg.lowrank.updatable.kept_state`) when made here."""
+    scaled Gram of ``B``) from one pass over ``A``, or from the checkpoints of an interrupted run (then
+    ``None``: the subspace is in the ``gram`` checkpoint). Tall ``A``: the co-moments ``A_c^T A_c``
+    (:func:`moments_and_gram`); wide ``A``: the ``m x m`` Gram of its columns centered and/or scaled as
+    they are read (:func:`moments_and_row_gram`). ``keep``: filled with the co-moments
+    (:func:`blocklin.linalg.lowrank.updatable.kept_state`) when made here (tall ``A``)."""
     saved = ckpt.load("moments") if ckpt is not None else None
     if saved is not None and ckpt.load("gram") is not None:
         return Moments(saved["mean"], saved["var"], int(saved["count"])), None
+    if plan.transposed:  # B = A^T: the rows of B (columns of A) are whole in every strip
+        moments, g = scaling.run(job, lambda sc: moments_and_row_gram(
+            job, A, center=center, standardize=scale, memory=plan.memory, reserve=plan.client_bytes, scale=sc,
+            **GRAM_PASS))
+        save_scaling(ckpt, scaling)
+        return _saved(ckpt, moments, g, plan)
     moments, g = scaling.run(job, lambda sc: moments_and_gram(job, A, memory=plan.memory, reserve=plan.client_bytes,
                                                                scale=sc, **GRAM_PASS))
     save_scaling(ckpt, scaling)
@@ -60,6 +68,11 @@ def moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, c
         inv = 1.0 / moments.std
         g *= inv[:, None]
         g *= inv[None, :]
+    return _saved(ckpt, moments, g, plan)
+
+
+def _saved(ckpt: Checkpoints | None, moments: Moments, g: np.ndarray, plan: SvdPlan) -> tuple[Moments, np.ndarray]:
+    """The Gram's subspace, and the moments checkpointed (the subspace is, by the Gram route)."""
     q = gram_subspace(g, plan.block)
     del g
     if ckpt is not None:

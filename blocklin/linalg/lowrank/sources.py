@@ -16,7 +16,7 @@ import numpy as np
 
 from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.blocks import tall_kernels as K
-from blocklin.linalg.blocks.center import Shift, plan_column_moments, plan_moments_gram
+from blocklin.linalg.blocks.center import Shift, plan_column_moments, plan_moments_gram, plan_moments_row_gram
 from blocklin.linalg.blocks.complete import plan_completion
 from blocklin.linalg.blocks.orth import work_dtype
 from blocklin.linalg.blocks.scaling import Scaling
@@ -244,7 +244,7 @@ class Streamed:
         too small for any of them is refused before the first pass, with the minimum that fits: the
         means pass of a centered or scaled ``A`` (made with a :class:`Shift` of the run's shapes,
         :func:`blocklin.linalg.lowrank.budget._placeholder_shift`; ``means_gram``: the Gram route's Gram
-        comes from the means pass), and the method's own passes with their centering terms and over the
+        comes from the means pass, of a wide ``A`` from its columns centered as they are read), and the method's own passes with their centering terms and over the
         stored ``Y``. (The TSQR route a float64 run falls back to,
         :func:`blocklin.linalg.lowrank.methods.tsqr_svd`, is planned when the first pass shows it.)"""
         p, N = self.plan, self.N
@@ -257,7 +257,10 @@ class Streamed:
             width = p.block if p.method == "rsvd" else max(p.block, k + enrich_width(k, p.block, N))
             product = self._plan(K.normal_kernel, self._shifted({"gram": True, "write_y": True}, Q=np.zeros((N, width))))
             self._plan_intermediate(width, product.strip, k)
-        if p.method == "gram" and means_gram:
+        if p.method == "gram" and means_gram and p.transposed:  # the columns of a wide A centered as read
+            plan_moments_row_gram(self.job, self.A, center=self.shift.b is not None, standardize=self.shift.r is not None,
+                                  memory=p.memory, reserve=p.client_bytes, **GRAM_PASS)
+        elif p.method == "gram" and means_gram:
             plan_moments_gram(self.job, self.A, memory=p.memory, reserve=p.client_bytes, **GRAM_PASS)
         elif p.method == "gram":
             self._plan(gram_pass_kernel, self._gram_params(), **GRAM_PASS)

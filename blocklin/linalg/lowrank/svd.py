@@ -137,7 +137,7 @@ def resolve_method(method: str, power_iters: int | str, *, shape: tuple[int, int
     """``"auto"``: ``full`` for every triplet (``k = min(m, n)``) or the smallest (``which="SM"``);
     ``rsvd`` when the power iterations are fixed (a fixed cost); else the Gram route for narrow tall
     orientations (:func:`blocklin.plan.svd.gram_route_fits`; a centered or scaled one only for tall
-    ``A``, whose means pass makes the Gram), block Lanczos to ``tol`` otherwise."""
+    ``A``: a wide one takes it when asked, ``method="gram"``), block Lanczos to ``tol`` otherwise."""
     m, n = shape
     M, N = max(m, n), min(m, n)
     whole = k == N or which == "SM"
@@ -189,7 +189,7 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
     method : {"auto", "rsvd", "sketch", "lanczos", "gram", "full"}
         * ``auto`` (default): ``full`` for ``k = min(m, n)`` or ``which="SM"``; ``gram`` for narrow
           matrices (short side ``N <= 24 (k + oversample)``, long side at least ``8 N``, the Gram
-          within the budget; a centered or scaled one only when tall), else ``lanczos``, both to ``tol`` (default ``sqrt(10 sqrt(eps))``); ``rsvd`` when
+          within the budget; a centered or scaled wide one only with ``method="gram"``), else ``lanczos``, both to ``tol`` (default ``sqrt(10 sqrt(eps))``); ``rsvd`` when
           ``power_iters`` is an integer (a fixed cost). The shape alone decides, never the machine.
           On slowly and fast decaying spectra, flat tails and low rank plus noise the default reaches
           the rounding of the data, where scikit-learn's ``randomized_svd`` and Dask's
@@ -214,7 +214,11 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
           ``lanczos``: singular values from ``B Q``, exact residuals); triplets that still miss
           ``tol`` (singular values near ``sqrt(eps) s_1``, where the Gram's rounding shows) continue
           by block Lanczos from that subspace. Passes: 2 (``2 + L``). Holds ``3 N^2`` float64 in
-          memory; with ``center``/``scale`` the means pass makes the centered Gram (tall ``A`` only).
+          memory; with ``center``/``scale`` the means pass makes the centered (scaled) Gram: of a tall
+          ``A`` from the strips' co-moments (Chan, Golub, LeVeque's update), of a wide ``A`` the
+          ``m x m`` ``A_c A_c^H`` from its columns centered by their own means as they are read
+          (scikit-learn's ``covariance_eigh`` of either shape), ``V = A_c^H U S^-1`` from the
+          Rayleigh-Ritz pass.
         * ``full``: the Rayleigh-Ritz step over the whole space (every triplet, or the ``k`` smallest):
           one pass stores ``B`` with its Gram matrix, ``B = Q R`` (CholeskyQR2, rank-revealing TSQR
           where it breaks down), the SVD of ``R`` by LAPACK in memory, ``U = Q U_R`` written: LAPACK's
@@ -409,7 +413,6 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
             power_iters = power_passes(7 if k < 0.1 * min(m, n) else 4) if n_iter == "auto" else power_passes(n_iter)
         method = resolve_method(method, power_iters, shape=(m, n), k=k, oversample=oversample,
                                 shifted=bool(center or scale), which=which)
-        _check_method(method, m, n, center=bool(center), scale=bool(scale))
         q = (None if tol is not None else auto_power_iters(k, m, n)) if power_iters == "auto" else power_iters
         limit = max_passes or (20 if method == "rsvd" else 60)
         if method in ("lanczos", "gram") and block_size is None and max_basis is None:
@@ -522,15 +525,6 @@ def _signed_long(f: Factorization, path: Any) -> Factorization:
     d = component_signs(vt.T)
     arr[...] = vt * d[:, None].astype(vt.dtype)
     return dataclasses.replace(f, V=f.V * d)
-
-
-def _check_method(method: str, m: int, n: int, *, center: bool, scale: bool) -> None:
-    """The Gram route centers or scales a tall matrix only."""
-    if method == "gram" and (center or scale) and m < n:
-        raise ParameterError(explain(
-            "method", "'gram' centers or scales a tall matrix only (its means pass makes the Gram)",
-            f"'gram' with center={center}, scale={scale} on a {m} x {n} matrix",
-            "pass method='auto' (block Lanczos here) or method='lanczos'"))
 
 
 def _returned(res: SVDResult, vectors: bool | str) -> SVDResult | np.ndarray:
