@@ -379,9 +379,10 @@ def refuse_options(cv: Any, *, kind: str, per_target: bool, store_cv: bool, cplx
                                       "alpha_per_target and store_cv_results", f"{name}=True with cv={cv!r}",
                                       f"drop {name}, or pass cv=None"))
     if cplx:
-        raise ParameterError(_msg("cv", "applies to real data (scikit-learn's scorers compare real targets)",
-                                  f"cv={cv!r} with complex data", "pass cv=None (lam='loo' of a tall complex a), or "
-                                  "lam='gcv'"))
+        raise ParameterError(_msg("cv", "applies to real data (the fold pass sums real Grams and scikit-learn's "
+                                  "scorers compare real targets: not built for complex data)",
+                                  f"cv={cv!r} with complex data", "pass cv=None (lam='loo', the exact leave-one-out "
+                                  "of complex data), or lam='gcv'"))
     del dims
 
 
