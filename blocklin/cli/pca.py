@@ -16,8 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "its ratio; with -o keeps U, S, Vt (the components), mean (and scale).")
     p.add_argument("a", metavar="A", help="zarr array (path): samples x features")
     how = p.add_mutually_exclusive_group(required=True)
-    how.add_argument("-k", type=ui.count_arg("-k", example="10", auto=("all", "mle")),
-                     help="number of components (1 <= k <= min(m, n)), 'all', or 'mle' (Minka's choice)")
+    how.add_argument("-k", type=ui.count_arg("-k", example="10", auto=("all", "mle"), minimum=0),
+                     help="number of components (0 <= k <= min(m, n); 0: the isotropic model from the column "
+                          "moments), 'all', or 'mle' (Minka's choice)")
     how.add_argument("--variance", type=_fraction, metavar="FRACTION",
                      help="the fewest components whose explained variance ratios sum past FRACTION, in (0, 1)")
     p.add_argument("-o", "--out", metavar="OUT", help="output zarr group (path) for the factors")
@@ -63,10 +64,12 @@ def run(args: argparse.Namespace) -> dict:
                    n_samples=res.n_samples_, n_features=res.n_features_in_, scale=bool(args.scale),
                    noise_variance=res.noise_variance_)
     ratio = float(res.explained_variance_ratio_.sum())
+    first = (f" (first: {100 * float(res.explained_variance_ratio_[0]):.2f}%)" if res.n_components_ else
+             f" (noise variance {res.noise_variance_:.4g})")
     where = f"wrote {r['output']} (U, S, Vt, mean{', scale' if args.scale else ''}); " if args.out else ""
     human = (f"{where}{res.n_components_} components of {res.n_samples_} x {res.n_features_in_} explain "
              f"{100 * ratio:.2f}% of the "
-             f"variance (first: {100 * float(res.explained_variance_ratio_[0]):.2f}%) in {r['seconds']:.2f} s: "
+             f"variance{first} in {r['seconds']:.2f} s: "
              f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
              f"peak memory {format_size(r['peak_memory'])}{worst_line(r)}")
     summary.update(ui.feed_summary(r))

@@ -117,7 +117,7 @@ def test_float32_keeps_float32():
 
 
 @pytest.mark.parametrize("n_components, words", [
-    (0, ["n_components", "'mle'", "0"]),
+    (-1, ["n_components", "'mle'", "-1"]),
     (1.0, ["n_components", "(0, 1)", "1.0"]),
     (-0.5, ["n_components", "-0.5"]),
     ("auto", ["n_components", "'auto'"]),

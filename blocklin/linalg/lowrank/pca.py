@@ -29,13 +29,17 @@ import scipy.special
 
 from blocklin.config import Settings
 from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain, warn
+from blocklin.linalg.blocks.center import Moments, column_moments
+from blocklin.linalg.blocks.scaling import Scaling, unscale
 from blocklin.linalg.labels import MODE, label_pca, label_rows, labels_of
 from blocklin.linalg.lowrank.svd import factorize
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.linalg.lowrank.sparse_pca import sparse_pca
 from blocklin.sparse import SparseMatrix, as_sparse_matrix
+from blocklin.runtime.job import Job
+from blocklin.runtime.passes import source
 from blocklin.storage import remove
-from blocklin.validate import _is_int
+from blocklin.validate import _is_int, float_operand
 
 
 class PCAResult:
@@ -146,9 +150,13 @@ class PCAResult:
 
     def get_precision(self) -> np.ndarray:
         """The inverse of :meth:`get_covariance`, by the matrix inversion lemma when the noise is nonzero
-        (a ``k x k`` inverse instead of ``n_features x n_features``)."""
+        (a ``k x k`` inverse instead of ``n_features x n_features``); with no component ``I / noise``
+        (scikit-learn's, ``inf`` on the diagonal for constant data)."""
         noise = float(self.noise_variance_)
         n = self.n_features_in_
+        if self.n_components_ == 0:
+            with np.errstate(divide="ignore"):
+                return np.eye(n) / noise
         if noise == 0.0:
             return np.linalg.inv(self.get_covariance())
         c = self._axes()
@@ -191,16 +199,17 @@ def _wide(dtype: Any) -> np.dtype:
 
 
 def check_n_components(n_components: Any) -> Any:
-    """``None``, a positive integer, a fraction of the variance in ``(0, 1)`` or ``"mle"``."""
+    """``None``, an integer ``>= 0`` (0: the isotropic Gaussian model), a fraction of the variance in
+    ``(0, 1)`` or ``"mle"``."""
     if n_components is None or (isinstance(n_components, str) and n_components == "mle"):
         return n_components
-    if _is_int(n_components) and not isinstance(n_components, bool) and n_components >= 1:
+    if _is_int(n_components) and not isinstance(n_components, bool) and n_components >= 0:
         return int(n_components)
     if isinstance(n_components, float) and 0.0 < n_components < 1.0:
         return n_components
     raise ParameterError(explain(
-        "n_components", "must be None (every component), an integer >= 1, a fraction of the variance in (0, 1) "
-        "or 'mle'", repr(n_components), "pass n_components=10, 0.95 or 'mle'"))
+        "n_components", "must be None (every component), an integer >= 0 (0: no component), a fraction of the "
+        "variance in (0, 1) or 'mle'", repr(n_components), "pass n_components=10, 0.95 or 'mle'"))
 
 
 def minka_dimension(ev: np.ndarray, n_samples: int) -> int:
@@ -278,7 +287,7 @@ def _check_shape(n_components: Any, m: int, n: int, dtype: Any = None) -> None:
             f"'mle' for {m} samples of {n} features", "pass an integer or a fraction of the variance"))
     if isinstance(n_components, int) and n_components > min(m, n):
         raise ParameterError(explain(
-            "n_components", f"must satisfy 1 <= n_components <= min(n_samples, n_features) = {min(m, n)}",
+            "n_components", f"must satisfy 0 <= n_components <= min(n_samples, n_features) = {min(m, n)}",
             f"{n_components} for a {m} x {n} matrix", f"pass n_components <= {min(m, n)}, or None for all"))
 
 
@@ -308,7 +317,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
         over ``mode``, ``mean_`` over the features, and ``transform`` of a ``DataArray`` over (samples,
         ``mode``) with its sample coordinates (:mod:`blocklin.linalg.labels`).
     n_components : int, float, "mle" or None
-        As scikit-learn's ``PCA``: an integer ``1 <= k <= min(m, n)``; ``None`` (default) for every
+        As scikit-learn's ``PCA``: an integer ``0 <= k <= min(m, n)``; ``None`` (default) for every
         component (``min(m, n)``); a fraction in ``(0, 1)`` for the fewest components whose explained
         variance ratios sum past it; ``"mle"`` for Minka's choice (``m >= n``). All but an integer
         ``k < min(m, n)`` compute every component (:func:`blocklin.svd`'s ``method="full"``: ``N x N``
@@ -368,6 +377,13 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
                                                n_iter=n_iter, tol=tol, seed=seed, out=out, overwrite=overwrite,
                                                **settings))
     lab = labels_of(a)
+    if n_components == 0:
+        if method in ("rsvd", "lanczos", "sketch"):  # as scikit-learn's randomized and arpack solvers
+            raise ParameterError(explain(
+                "n_components", f"0 fits the isotropic model from the column moments; method={method!r} computes "
+                "at least one triplet", f"n_components=0 with method={method!r}", "pass method='auto'"))
+        p = _isotropic(a, whiten=whiten, scale=scale, out=out, updatable=updatable, resume=resume, settings=settings)
+        return label_pca(p, lab) if lab is not None else p
     k = n_components if isinstance(n_components, int) else None
     res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
                     seed=seed, out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
@@ -400,6 +416,54 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
                   total_variance_=total, noise_variance_=noise, whiten=whiten, report=report,
                   svd=res if out is not None else None, labels=None)
     return label_pca(p, lab) if lab is not None else p
+
+
+def _isotropic(a: Any, *, whiten: bool, scale: bool, out: Any, updatable: bool, resume: bool,
+               settings: dict) -> PCAResult:
+    """``n_components=0``: probabilistic PCA with no component, the isotropic Gaussian
+    ``N(mu, noise I)`` (Tipping and Bishop 1999 with ``q = 0``), from one pass over ``A`` (the column
+    moments: :func:`~blocklin.linalg.blocks.center.column_moments`, column strips of a wide ``A``).
+
+    As scikit-learn's ``PCA(0)``: ``components_`` is ``0 x n``, the variances empty, and the noise
+    variance the mean of all ``min(m, n)`` explained variances, ``total_variance_ / min(m, n)``
+    (``ddof=1``; of the standardized columns with ``scale``)."""
+    asked = [name for name, on in (("out", out is not None), ("updatable", bool(updatable)),
+                                   ("resume", bool(resume))) if on]
+    if asked:
+        raise ParameterError(explain(
+            "n_components", "0 fits the isotropic model from the column moments: there is no factorization to "
+            "store, update or resume", f"n_components=0 with {', '.join(asked)}", f"drop {', '.join(asked)}"))
+    with Job("pca", **settings) as job:
+        A = job.operand(a, "a", integers="cast")
+        dt = float_operand(A, "pca", complex_ok=True)
+        m, n = A.shape
+        # the power of two of data whose squares leave float64's range (blocklin.linalg.blocks.scaling)
+        scaling = Scaling(str(source(A, transposed=m < n).path), A.dtype)
+        mom = scaling.run(job, lambda sc: column_moments(job, A, scale=sc))
+        e = scaling.exponent
+        passes = job.passes("a")
+        report = job.report(method="moments", passes=passes, in_core=False,
+                            passes_formula="1 (the column moments: no component)")
+    report.update(center=True, scale=bool(scale), scaling=scaling.report())
+    moments = Moments(unscale(mom.mean, e), unscale(mom.var, 2 * e), mom.count) if e else mom
+    std = (np.where(mom.var > 0, unscale(mom.std, e), 1.0) if e else mom.std) if scale else None
+    kept = _Fitted(moments, (mom, e) if e else None)
+    ev_s, total_s, e = _variances(kept, np.zeros(0, np.finfo(dt).dtype), scale)
+    ev, total, noise = _unscaled(ev_s, total_s, total_s / min(m, n), e)
+    report["total_variance"] = total
+    real = np.finfo(dt).dtype
+    return PCAResult(components_=np.zeros((0, n), dt), explained_variance_=np.zeros(0, real),
+                     explained_variance_ratio_=np.zeros(0, real), singular_values_=np.zeros(0, real),
+                     mean_=moments.mean, scale_=std, n_components_=0, n_samples_=int(m), n_features_in_=int(n),
+                     total_variance_=total, noise_variance_=noise, whiten=whiten, report=report, svd=None,
+                     labels=None)
+
+
+class _Fitted:
+    """The moments :func:`_variances` reads, as an SVD result carries them."""
+
+    def __init__(self, moments: Any, scaled: Any) -> None:
+        self.moments, self.scaled_moments = moments, scaled
 
 
 def _of_sparse(s: SparseMatrix, n_components: Any, *, whiten: bool, scale: bool, resume: bool, updatable: bool,
