@@ -20,9 +20,9 @@ test_sparse_pca_solver_error,
 test_sparse_pca_auto_arpack_singular_values_consistency
 test_no_empty_slice_warning                                  NumPy warning of sklearn's own code path
 test_whitening ``copy`` axis                                 ``copy=``: blocklin never modifies its input
-test_pca_validation ("arpack", 2 / "arpack", 0 ...)          ARPACK's ``k < min(m, n)`` rule: the
-  arpack/randomized rows                                     solver's own limit (the ``n_components=0``
-                                                             and ``3 > 2`` rows are ported)
+test_pca_validation ("arpack", 2) row                        ARPACK's ``k < min(m, n)`` rule: the
+                                                             solver's own limit (the ``n_components=0``
+                                                             rows and ``3 > 2`` are ported)
 test_n_components_mle_error                                  'mle' refused by arpack/randomized: a
                                                              solver choice (blocklin computes it)
 test_pca_svd_solver_auto                                     sklearn's solver-choice table
