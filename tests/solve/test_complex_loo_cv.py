@@ -97,13 +97,3 @@ def test_wide_loo_out_of_core_on_every_scheduler():
         np.testing.assert_array_equal(x.to_numpy(), xs[0].to_numpy())
         assert x.report["curve"]["loo"] == xs[0].report["curve"]["loo"]
 
-
-def test_cv_and_scoring_of_complex_data_refused_by_name():
-    """k-fold and the scorers are not built for complex data: refused naming the parameter and the dtypes."""
-    from blocklin.errors import ParameterError
-
-    a, b = _problem((60, 5), np.complex128, seed=4)
-    with pytest.raises(ParameterError, match=r"cv: applies to real data.*complex128"):
-        bl.solve(a, b, lam=("loo", GRID), cv=3)
-    with pytest.raises(ParameterError, match=r"scoring: applies to real data.*complex128"):
-        bl.solve(a, b, lam=("loo", GRID), scoring="r2")

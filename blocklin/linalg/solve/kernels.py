@@ -190,11 +190,12 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
     if params.get("stats"):  # the targets' sums (weighted as the scorer weighs them: RidgeCV's score_params)
         raw = b - params["shift"]
         wv = np.asarray(arrays[2], dtype=np.float64) if len(arrays) > 2 else 1.0
-        if "sb" not in state:
-            state.update(sb=np.zeros(k), bb=np.zeros(k), se=np.zeros((len(lams), k)), sse=np.zeros((len(lams), k)),
-                         sae=np.zeros((len(lams), k)))
+        if "sb" not in state:  # the sums of the targets and errors complex for complex data, their squares real
+            state.update(sb=np.zeros(k, b.dtype), bb=np.zeros(k), se=np.zeros((len(lams), k), b.dtype),
+                         sse=np.zeros((len(lams), k)), sae=np.zeros((len(lams), k)))
         state["sb"] += (wv * raw).sum(axis=0)
-        state["bb"] += (wv * raw * raw).sum(axis=0)
+        state["bb"] += (wv * (raw * raw.conj()).real).sum(axis=0) if raw.dtype.kind == "c" else \
+            (wv * raw * raw).sum(axis=0)
     if params["mu"] is not None:
         a, b = a - params["mu"], b - params["bbar"]
     w = np.asarray(arrays[2], dtype=np.float64)[:, 0] if len(arrays) > 2 else None
@@ -227,10 +228,12 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
 def _fold_memory(params: Any, sources: tuple) -> PassMemory:
     n, k = sources[0].width, sources[1].width
     sets = 2 if params["weighted"] else 1  # the weighted training sums beside the unweighted held-out ones
+    c = 2 if "c" in (np.dtype(sources[0].dtype).kind, np.dtype(sources[1].dtype).kind) else 1  # complex128
     # per fold (and one slot for rows no fold holds out) its Gram matrix, A^T b and the sums; per row the
     # cast copies of [A B] (and the sqrt(w)-scaled one), the fold of each row
-    return PassMemory(fixed=8 * sets * (params["folds"] + 1) * (n * n + n * k + n + 3 * k + 1),
-                      per_row=8 * (sets + 1) * (n + k) + 16, max_strip_bytes=MAX_STRIP_BYTES, min_rows=MIN_STRIP_ROWS)
+    return PassMemory(fixed=8 * c * sets * (params["folds"] + 1) * (n * n + n * k + n + 3 * k + 1),
+                      per_row=8 * c * (sets + 1) * (n + k) + 16, max_strip_bytes=MAX_STRIP_BYTES,
+                      min_rows=MIN_STRIP_ROWS)
 
 
 @row_kernel(memory=_fold_memory, device="cpu")
@@ -240,17 +243,21 @@ def fold_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
     sample weights (third source) the same sums of the ``sqrt(w)``-scaled rows (``A_f^T W A_f``,
     ``A_f^T W b_f``, ``A_f^T w``, ``b_f^T w``, ``sum w``, ``b_f^T W b_f``) that the training fits take. A row's fold is given by
     ``params["bounds"]`` (contiguous folds, ``KFold``'s) or by the last source (a stored column of fold
-    numbers; ``-1``: in no held-out set, kept in the extra slot ``folds``)."""
-    a = np.asarray(arrays[0], dtype=np.float64)
-    b = np.asarray(arrays[1], dtype=np.float64)
+    numbers; ``-1``: in no held-out set, kept in the extra slot ``folds``). Complex data sums in complex128:
+    the Hermitian ``A_f^H A_f``, ``A_f^H b_f``, ``||b_f||^2 = sum |b_ij|^2`` (real), complex column sums;
+    the weights stay real."""
+    dt = np.result_type(arrays[0].dtype, arrays[1].dtype, np.float64)  # float64, complex128 for complex data
+    a = np.asarray(arrays[0], dtype=dt)
+    b = np.asarray(arrays[1], dtype=dt)
     slots, weighted = params["folds"] + 1, params["weighted"]
     n, k = a.shape[1], b.shape[1]
     if state is None:
         names = ("", "w") if weighted else ("",)
         state = {}
         for p in names:
-            state.update({f"g{p}": np.zeros((slots, n, n)), f"c{p}": np.zeros((slots, n, k)),
-                          f"sa{p}": np.zeros((slots, n)), f"sb{p}": np.zeros((slots, k)), f"cnt{p}": np.zeros(slots)})
+            state.update({f"g{p}": np.zeros((slots, n, n), dt), f"c{p}": np.zeros((slots, n, k), dt),
+                          f"sa{p}": np.zeros((slots, n), dt), f"sb{p}": np.zeros((slots, k), dt),
+                          f"cnt{p}": np.zeros(slots)})
         state["bb"] = np.zeros((slots, k))
         if weighted:
             state["bbw"] = np.zeros((slots, k))
@@ -260,11 +267,13 @@ def fold_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
         fold = np.asarray(arrays[-1], dtype=np.float64)[:, 0].astype(np.int64)
     fold = np.where(fold < 0, slots - 1, fold)
     w = np.asarray(arrays[2], dtype=np.float64)[:, 0] if weighted else None
+    cplx = dt.kind == "c"
     for f in np.unique(fold):
         sel = fold == f
         af, bf = a[sel], b[sel]
-        state["g"][f] += af.T @ af
-        state["c"][f] += af.T @ bf
+        ah = af.conj().T if cplx else af.T  # A_f^H of complex data
+        state["g"][f] += ah @ af
+        state["c"][f] += ah @ bf
         state["sa"][f] += af.sum(axis=0)
         state["sb"][f] += bf.sum(axis=0)
         state["cnt"][f] += af.shape[0]
@@ -273,8 +282,9 @@ def fold_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
             wf = w[sel]
             sw = np.sqrt(wf)[:, None]
             aw, bw = af * sw, bf * sw
-            state["gw"][f] += aw.T @ aw
-            state["cw"][f] += aw.T @ bw
+            awh = aw.conj().T if cplx else aw.T
+            state["gw"][f] += awh @ aw
+            state["cw"][f] += awh @ bw
             state["saw"][f] += af.T @ wf
             state["sbw"][f] += bf.T @ wf
             state["cntw"][f] += float(wf.sum())

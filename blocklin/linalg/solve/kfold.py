@@ -134,10 +134,10 @@ def _indices(v: np.ndarray, m: int, what: str) -> np.ndarray:
     return v.astype(np.int64)
 
 
-def sums_bytes(folds: int, n: int, k: int, weighted: bool) -> int:
+def sums_bytes(folds: int, n: int, k: int, weighted: bool, cplx: bool = False) -> int:
     """The fold sums the tall route holds: ``folds + 1`` sets of ``n^2 + n k + n + 3 k + 1`` float64 (twice with
-    sample weights)."""
-    return 8 * (2 if weighted else 1) * (folds + 1) * (n * n + n * k + n + 3 * k + 1)
+    sample weights; complex128 for complex data)."""
+    return 8 * (2 if cplx else 1) * (2 if weighted else 1) * (folds + 1) * (n * n + n * k + n + 3 * k + 1)
 
 
 def refuse_tall_scoring(scoring: Any, m: int, n: int) -> None:
@@ -164,7 +164,7 @@ def fold_pass(ctx: Any) -> dict:
     weighted = ctx.weighted
     srcs = ctx.sources() + ([source(ctx.L)] if folds.labels is not None else [])
     params = {"folds": folds.count, "bounds": folds.bounds, "weighted": weighted}
-    reserve = small_bytes(ctx.n, ctx.k) + sums_bytes(folds.count, ctx.n, ctx.k, weighted)
+    reserve = small_bytes(ctx.n, ctx.k) + sums_bytes(folds.count, ctx.n, ctx.k, weighted, cplx=ctx.cdtype != "float64")
 
     def one(scale: dict) -> dict:
         states, _ = run_pass(ctx.job, fold_kernel, srcs, params, reserve=reserve, scale=scale, device="cpu",
@@ -185,12 +185,12 @@ def _training(sums: dict, f: int, weighted: bool, intercept: bool) -> tuple:
     c = sums[f"c{p}"].sum(axis=0) - sums[f"c{p}"][f]
     n, k = g.shape[0], c.shape[1]
     if not intercept:
-        return g, c, np.zeros(n), np.zeros(k)
+        return g, c, np.zeros(n, g.dtype), np.zeros(k, c.dtype)
     s = sums[f"cnt{p}"].sum() - sums[f"cnt{p}"][f]
     mu = (sums[f"sa{p}"].sum(axis=0) - sums[f"sa{p}"][f]) / s
     bbar = (sums[f"sb{p}"].sum(axis=0) - sums[f"sb{p}"][f]) / s
-    g = g - s * np.outer(mu, mu)
-    return (g + g.T) / 2, c - s * np.outer(mu, bbar), mu, bbar
+    g = g - s * np.outer(mu.conj(), mu)  # complex data: A_c^H A_c = A^H A - s conj(mu) mu^T
+    return (g + g.conj().T) / 2, c - s * np.outer(mu.conj(), bbar), mu, bbar
 
 
 def _filters(ev: np.ndarray, grid: np.ndarray, m: int) -> np.ndarray:
@@ -205,24 +205,29 @@ def _filters(ev: np.ndarray, grid: np.ndarray, m: int) -> np.ndarray:
 def tall_stats(ctx: Any, sums: dict, grid: np.ndarray) -> list[scorers.Stats]:
     """The held-out sums of every fold at every grid value (``L x k``), in the scaled units of ``b``."""
     out = []
+    cplx = np.iscomplexobj(sums["g"])
     for f in range(ctx.folds.count):
         g, c, mu, bbar = _training(sums, f, ctx.weighted, ctx.intercept)
-        ev, v = np.linalg.eigh(g)
+        ev, v = np.linalg.eigh(g)  # Hermitian of complex data: G_t = V diag(e) V^H
         ev = np.clip(ev, 0.0, None)
-        beta = v.T @ c  # n x k
+        beta = v.conj().T @ c  # n x k
         filt = _filters(ev, grid, ctx.m)  # n x L
         p = "w" if ctx.weighted else ""  # the held-out sums weighted as the scorer weighs them
         nf = float(sums[f"cnt{p}"][f])
         gf, cf, sa, sb, bb = (sums[f"{q}{p}"][f] for q in ("g", "c", "sa", "sb", "bb"))
-        gc = gf - np.outer(sa, mu) - np.outer(mu, sa) + nf * np.outer(mu, mu)  # sum (a_i - mu)(a_i - mu)^T
-        cc = cf - np.outer(sa, bbar) - np.outer(mu, sb) + nf * np.outer(mu, bbar)
-        bbc = bb - 2 * bbar * sb + nf * bbar**2
+        # sum conj(a_i - mu) (a_i - mu)^T, sum conj(a_i - mu) (b_i - bbar)^T, sum |b_i - bbar|^2 (conj: no-op on
+        # real data): the held-out squared error x^H G_c x - 2 Re(x^H c_c) + ||b_c||^2 is real
+        mc, bc_ = mu.conj(), bbar.conj()
+        gc = gf - np.outer(sa.conj(), mu) - np.outer(mc, sa) + nf * np.outer(mc, mu)
+        cc = cf - np.outer(sa.conj(), bbar) - np.outer(mc, sb) + nf * np.outer(mc, bbar)
+        bbc = (bb - 2 * (bc_ * sb).real + nf * (bc_ * bbar).real) if cplx else bb - 2 * bbar * sb + nf * bbar**2
         sac, sbc = sa - nf * mu, sb - nf * bbar
-        xs = np.einsum("nl,nk->lnk", filt, beta)  # per lambda V^T x
+        xs = np.einsum("nl,nk->lnk", filt, beta)  # per lambda V^H x
         xs = np.einsum("mn,lnk->lmk", v, xs)  # L x n x k
-        sse = bbc[None, :] - 2 * np.einsum("lnk,nk->lk", xs, cc) + np.einsum("lnk,nm,lmk->lk", xs, gc, xs)
-        se = sbc[None, :] - np.einsum("n,lnk->lk", sac, xs)
-        sst = np.maximum(bbc - sbc**2 / nf, 0.0)  # about the fold's own mean
+        xc = xs.conj() if cplx else xs
+        sse = bbc[None, :] - 2 * np.einsum("lnk,nk->lk", xc, cc).real + np.einsum("lnk,nm,lmk->lk", xc, gc, xs).real
+        se = sbc[None, :] - np.einsum("n,lnk->lk", sac, xs)  # sum r_i, complex of complex data
+        sst = np.maximum(bbc - (sbc * sbc.conj()).real / nf, 0.0)  # about the fold's own mean
         out.append(scorers.Stats(n=nf, se=se, sse=np.maximum(sse, 0.0), sae=None,
                                  sst=np.broadcast_to(sst, se.shape).copy(), rows=float(sums["cnt"][f])))
     return out
@@ -232,8 +237,8 @@ def gram_from_sums(ctx: Any, sums: dict) -> dict:
     """The Gram pass's record from the fold totals (the route at the chosen lambda reads it: no Gram pass)."""
     p = "w" if ctx.weighted else ""
     g = sums[f"g{p}"].sum(axis=0)
-    gp = {"g": (g + g.T) / 2, "c": sums[f"c{p}"].sum(axis=0), "bb": sums[f"bb{p}"].sum(axis=0),
-          "aa": float(np.trace(g))}
+    gp = {"g": (g + g.conj().T) / 2, "c": sums[f"c{p}"].sum(axis=0), "bb": sums[f"bb{p}"].sum(axis=0),
+          "aa": float(np.trace(g).real)}
     if ctx.weighted:
         gp.update(aw=sums["saw"].sum(axis=0), bw=sums["sbw"].sum(axis=0))
     elif ctx.intercept:
@@ -297,8 +302,8 @@ def _grid(ctx: Any, sums: dict) -> np.ndarray:
     if ctx.intercept:
         s = sums[f"cnt{p}"].sum()
         mu = sums[f"sa{p}"].sum(axis=0) / s
-        g = g - s * np.outer(mu, mu)
-    return default_grid(np.sqrt(np.clip(np.linalg.eigvalsh((g + g.T) / 2), 0.0, None))[::-1])
+        g = g - s * np.outer(mu.conj(), mu)
+    return default_grid(np.sqrt(np.clip(np.linalg.eigvalsh((g + g.conj().T) / 2), 0.0, None))[::-1])
 
 
 # --- wide A: in memory from A A^T ---------------------------------------------------------------------------
@@ -306,12 +311,14 @@ def _grid(ctx: Any, sums: dict) -> np.ndarray:
 def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     """Wide ``A``: every fold's held-out predictions from ``A A^T`` in memory (``ctx.dual_sums``: ``A A^T``
     and ``b`` of the scaled problem, the weights), the scores, the choice."""
+    from blocklin.linalg.solve.tikhonov import ldexp
+
     gm, bm, w = ctx.dual_sums
     m = gm.shape[0]
     if ctx.intercept:  # a shift of the rows changes no centered quantity: center A A^T by the plain means first
         gm = gm - gm.mean(axis=0)[None, :]
         gm = gm - gm.mean(axis=1)[:, None]
-        gm = (gm + gm.T) / 2
+        gm = (gm + gm.conj().T) / 2
     grid = np.asarray(ctx.lams, dtype=np.float64) if ctx.lams else _wide_default_grid(spec)
     b_orig = bm
     stats = []
@@ -322,7 +329,7 @@ def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
         err = b_orig[held][:, None, :] - pred
         if callable(ctx.scoring):
             eb = ctx.sb.exponent if ctx.sb is not None else 0
-            p, t = np.ldexp(pred, eb), np.ldexp(b_orig[held], eb)
+            p, t = ldexp(pred, eb), ldexp(b_orig[held], eb)  # complex predictions of complex data
             wh = w[held] if ctx.weighted else None
             stats.append(np.array([scorers.call(ctx.scoring, p[:, i, :], t, t.shape[1] == 1, wh)
                                    for i in range(len(grid))]))
@@ -358,9 +365,9 @@ def _wide_predictions(gm: np.ndarray, bm: np.ndarray, w: np.ndarray, train: np.n
         kt, cross, rhs = mtt, mht, bt
     sw = np.sqrt(wt)
     kt = sw[:, None] * kt * sw[None, :]
-    ev, u = np.linalg.eigh((kt + kt.T) / 2)
+    ev, u = np.linalg.eigh((kt + kt.conj().T) / 2)  # A A^H of complex data: K_t = U diag(e) U^H
     ev = np.clip(ev, 0.0, None)
-    beta = u.T @ (sw[:, None] * rhs)
+    beta = u.conj().T @ (sw[:, None] * rhs)
     filt = _filters(ev, grid, gm.shape[0])
     ys = np.einsum("tl,tk->ltk", filt, beta)
     ys = np.einsum("st,ltk->lsk", u, ys)  # L x train x k
@@ -368,8 +375,8 @@ def _wide_predictions(gm: np.ndarray, bm: np.ndarray, w: np.ndarray, train: np.n
     return pred + bbar[None, None, :]
 
 
-def refuse_options(cv: Any, *, kind: str, per_target: bool, store_cv: bool, cplx: bool, dims: tuple) -> None:
-    """What ``cv=`` does not go with, refused by name as ``RidgeCV`` refuses it (or for the reason given)."""
+def refuse_options(cv: Any, *, kind: str, per_target: bool, store_cv: bool) -> None:
+    """What ``cv=`` does not go with, refused by name as ``RidgeCV`` refuses it."""
     if kind != "loo":
         raise ParameterError(_msg("cv", "applies to the cross-validated choice of lambda (lam='loo' or ('loo', grid))",
                                   f"cv={cv!r} with lam of kind {kind!r}", "pass lam=('loo', grid) with cv"))
@@ -378,12 +385,6 @@ def refuse_options(cv: Any, *, kind: str, per_target: bool, store_cv: bool, cplx
             raise ParameterError(_msg(name, "applies to the exact leave-one-out (cv=None), as RidgeCV's "
                                       "alpha_per_target and store_cv_results", f"{name}=True with cv={cv!r}",
                                       f"drop {name}, or pass cv=None"))
-    if cplx:
-        raise ParameterError(_msg("cv", "applies to real data (the fold pass sums real Grams and scikit-learn's "
-                                  "scorers compare real targets: not built for complex data)",
-                                  f"cv={cv!r} with complex data", "pass cv=None (lam='loo', the exact leave-one-out "
-                                  "of complex data), or lam='gcv'"))
-    del dims
 
 
 __all__ = ["Folds", "choose", "folds_of", "refuse_options", "refuse_tall_scoring", "report_entries",

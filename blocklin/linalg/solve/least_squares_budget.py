@@ -165,7 +165,7 @@ def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float
         from blocklin.linalg.solve.kernels import fold_kernel
         from blocklin.linalg.solve.kfold import sums_bytes
 
-        sums = sums_bytes(folds.count, n, k, W is not None)
+        sums = sums_bytes(folds.count, n, k, W is not None, cplx=cdt != "float64")
         fold_sources = sources + ([source(_stand_in("cv_folds", (m, 1), (min(m, A.chunks[0]), 1)))]
                                   if folds.labels is not None else [])
         _row_pass(job, fold_kernel, fold_sources, {"folds": folds.count, "bounds": folds.bounds,

@@ -127,12 +127,13 @@ def _scores(ctx: Any, res: dict, n_lam: int, k: int, several: bool) -> tuple[np.
     callable scores all of them together), RidgeCV's: the scorer on every row's leave-one-out prediction
     on the unweighted target, in the units of the problem given."""
     from blocklin.linalg.solve import scoring
+    from blocklin.linalg.solve.tikhonov import ldexp
 
     eb = ctx.sb.exponent if ctx.sb is not None else 0
     if isinstance(ctx.scoring, str):
         per = scoring.per_target(ctx.scoring, res["stats"].scaled(eb))
         return per, per.mean(axis=1)
-    err = np.ldexp(res["errors"], eb) if eb else res["errors"]  # m x L x k
+    err = ldexp(res["errors"], eb) if eb else res["errors"]  # m x L x k (complex of complex data)
     b = _targets(ctx)
     pred = b[:, None, :] - err
     w = _weights(ctx)
@@ -156,10 +157,11 @@ def _weights(ctx: Any) -> np.ndarray | None:
 
 
 def _targets(ctx: Any) -> np.ndarray:
-    """``b`` in memory (float64, the units given): what a callable scorer compares the predictions with."""
+    """``b`` in memory (float64, complex128 for complex data; the units given): what a callable scorer compares
+    the predictions with."""
     from blocklin.matrix import Matrix
 
-    return np.asarray(Matrix(ctx.B.path)[...], dtype=np.float64)
+    return np.asarray(Matrix(ctx.B.path)[...], dtype=np.result_type(ctx.B.dtype, np.float64))
 
 
 def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
@@ -199,7 +201,8 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
         from blocklin.linalg.solve.scoring import Stats
 
         total = ctx.total_weight
-        sst = np.asarray(rec["bb"]) - np.asarray(rec["sb"]) ** 2 / total  # about the mean, from sums about a shift
+        sb = np.asarray(rec["sb"])  # sum |y - ybar|^2 from sums about a shift (complex sums: |sb|^2)
+        sst = np.asarray(rec["bb"]) - (sb * sb.conj()).real / total
         res["stats"] = Stats(n=total, se=np.asarray(rec["se"]), sse=np.asarray(rec["sse"]), sae=np.asarray(rec["sae"]),
                              sst=np.broadcast_to(np.maximum(sst, 0.0), (n_lam, k)).copy())
     if errors:

@@ -274,7 +274,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                           sample_weight=sample_weight, positive=positive, **settings)
     with Job("solve", **settings) as job:
         A, B = _operands(job, a, b)
-        _refuse_complex_extras(A, B, kind=kind, positive=positive, updatable=updatable, cv=cv, scoring=scoring)
+        _refuse_complex_extras(A, B, kind=kind, positive=positive, updatable=updatable)
         folds = _folds(cv, A, scoring)
         W = weight_operand(job, sample_weight, A.shape[0]) if weighted else None
         # before anything is written: a refusal names the budget at which every step of the call plans
@@ -488,7 +488,7 @@ def _checked_cv(kind: str, cv: Any, scoring: Any, per_target: bool, store_cv: bo
                                   "('loo', grid), with or without cv=)", f"scoring={scoring!r} with lam of kind "
                                   f"{kind!r}", "pass lam=('loo', grid), or drop scoring"))
     if cv is not None:
-        kfold.refuse_options(cv, kind=kind, per_target=per_target, store_cv=store_cv, cplx=False, dims=())
+        kfold.refuse_options(cv, kind=kind, per_target=per_target, store_cv=store_cv)
         if method == "qr":
             raise ParameterError(_msg("method", "'qr' cannot take cv= (the folds' fits come from their Gram sums)",
                                       "method='qr' with cv", "pass method='auto' or 'normal'"))
@@ -544,17 +544,11 @@ def _operands(job: Job, a: Any, b: Any) -> tuple[Any, Any]:
     return A, B
 
 
-def _refuse_complex_extras(A: Any, B: Any, *, kind: str, positive: bool, updatable: bool, cv: Any = None,
-                           scoring: Any = None) -> None:
+def _refuse_complex_extras(A: Any, B: Any, *, kind: str, positive: bool, updatable: bool) -> None:
     """What the least-squares routes of complex data do not take, each refused by name with its reason."""
     if "c" not in (A.dtype.kind, B.dtype.kind):
         return
     dts = f"a: {A.dtype.name}, b: {B.dtype.name}"
-    for name, given in (("cv", cv), ("scoring", scoring)):
-        if given is not None:
-            raise ParameterError(_msg(name, "applies to real data (scikit-learn's scorers and folds' fits compare "
-                                      "real targets)", f"{name}={given!r} with {dts}", f"drop {name} (lam='loo' "
-                                      "chooses by the mean squared leave-one-out error of complex data)"))
     if positive:
         raise ParameterError(_msg("positive", "applies to real data (x >= 0 is an order complex numbers do not "
                                   "have)", f"positive=True with {dts}", "drop positive, or split the problem into "

@@ -24,6 +24,10 @@ called as ``RidgeCV``'s leave-one-out calls it, ``scoring(identity, predictions,
 returns its input), on the leave-one-out predictions held in memory
 (:mod:`blocklin.linalg.solve.loo`), or per fold on the predictions of a wide ``a``'s folds
 (:mod:`blocklin.linalg.solve.kfold`).
+
+Complex data (scikit-learn refuses it; the scorers' definitions with ``|.|``): the errors' sum ``se`` is
+complex, ``sse = sum |r_i|^2``, ``sae = sum |r_i|``, ``sst = sum |y_i - ybar|^2``, so ``explained_variance``
+subtracts ``|se / n|^2``; a callable is given the complex predictions and targets.
 """
 
 from __future__ import annotations
@@ -56,7 +60,8 @@ def checked(scoring: Any) -> Any:
 @dataclasses.dataclass
 class Stats:
     """Sums over the rows of held-out sets: arrays of one shape (``..., k``), ``n`` broadcast to it; with
-    weights, every sum weighs row ``i`` by ``w_i`` and ``n`` is ``sum w`` (scikit-learn's weighted metrics)."""
+    weights, every sum weighs row ``i`` by ``w_i`` and ``n`` is ``sum w`` (scikit-learn's weighted metrics).
+    ``se`` is complex for complex data, the other sums real (of ``|r_i|^2``, ``|r_i|``, ``|y_i - ybar|^2``)."""
 
     n: Any
     se: np.ndarray
@@ -70,14 +75,27 @@ class Stats:
         """The sums of errors and targets multiplied by ``2^e`` (the problem solved in powers of two)."""
         if not e:
             return self
-        return Stats(n=self.n, se=np.ldexp(self.se, e), sse=np.ldexp(self.sse, 2 * e),
+        return Stats(n=self.n, se=_ldexp(self.se, e), sse=np.ldexp(self.sse, 2 * e),
                      sae=None if self.sae is None else np.ldexp(self.sae, e), sst=np.ldexp(self.sst, 2 * e),
                      rows=self.rows)
 
 
+def _ldexp(x: np.ndarray, e: int) -> np.ndarray:
+    """``x 2^e`` (exact), of complex sums part by part (NumPy's ``ldexp`` takes real data only)."""
+    if np.iscomplexobj(x):
+        return np.ldexp(x.real, e) + 1j * np.ldexp(x.imag, e)
+    return np.ldexp(x, e)
+
+
+def _abs2(v: np.ndarray) -> np.ndarray:
+    """``|v|^2`` (``v * v`` of real data, as it was)."""
+    return (v * v.conj()).real if np.iscomplexobj(v) else v * v
+
+
 def from_errors(err: np.ndarray, b: np.ndarray, w: np.ndarray | None = None) -> Stats:
     """The sums of one held-out set from its errors ``err`` (``rows x L x k``) and targets ``b`` (``rows x k``),
-    weighted by ``w`` (the scorer's ``sample_weight``; None: every row 1)."""
+    weighted by ``w`` (the scorer's ``sample_weight``; None: every row 1); complex errors and targets sum
+    ``|r_i|^2``, ``|r_i|`` and ``|y_i - ybar|^2``."""
     wv = np.ones(err.shape[0]) if w is None else np.asarray(w, dtype=np.float64)
     total = float(wv.sum())
     dev = b - wv @ b / total
@@ -85,8 +103,9 @@ def from_errors(err: np.ndarray, b: np.ndarray, w: np.ndarray | None = None) -> 
     we = wv[:, None, None] * err
     with np.errstate(invalid="ignore"):  # a zero weight's error (0/0) counts 0
         we = np.where(wv[:, None, None] > 0, we, 0.0)
-        return Stats(n=total, se=we.sum(axis=0), sse=np.where(wv[:, None, None] > 0, we * err, 0.0).sum(axis=0),
-                     sae=np.abs(we).sum(axis=0), sst=np.broadcast_to(wv @ (dev * dev), shape).copy(),
+        sq = we * err.conj() if np.iscomplexobj(err) else we * err
+        return Stats(n=total, se=we.sum(axis=0), sse=np.where(wv[:, None, None] > 0, sq.real, 0.0).sum(axis=0),
+                     sae=np.abs(we).sum(axis=0), sst=np.broadcast_to(wv @ _abs2(dev), shape).copy(),
                      rows=err.shape[0])
 
 
@@ -101,7 +120,7 @@ def per_target(name: str | None, st: Stats) -> np.ndarray:
             return -np.sqrt(st.sse / n)
         if name == "neg_mean_absolute_error":
             return -st.sae / n
-        num = st.sse / n if name == "r2" else st.sse / n - (st.se / n) ** 2
+        num = st.sse / n if name == "r2" else st.sse / n - _abs2(st.se / n)
         den = st.sst / n
         ratio = np.where(den != 0, 1.0 - num / np.where(den != 0, den, 1.0), np.where(num == 0, 1.0, 0.0))
     rows = np.asarray(st.rows if st.rows is not None else n, dtype=np.float64)
