@@ -179,7 +179,8 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
     prediction's error on the unweighted target, as ``RidgeCV`` scores it), their squares and absolute values,
     and the targets' sums about ``params["shift"]`` (:class:`~blocklin.linalg.solve.scoring.Stats`); with
     ``params["errors"]`` (a callable scorer) it keeps those errors per row. The sums are weighted by ``w_i``
-    (``RidgeCV`` hands ``sample_weight`` to its scorer).
+    (``RidgeCV`` hands ``sample_weight`` to its scorer). Complex data: the sums of errors and targets complex,
+    those of their squares real (``|e_i|^2``, ``|y_i - shift|^2``).
     """
     dt = params["v"].dtype  # float64, complex128 for complex data
     a = np.asarray(arrays[0], dtype=dt)

@@ -25,8 +25,13 @@ set of rows and trains on all the others (``KFold``, ``GroupKFold``, ``LeaveOneO
   eigen-decomposition for every grid value, and the held-out predictions from the cross kernel; every
   scorer applies, a callable too (on each fold's predictions, as ``scoring(identity, predictions, y)``).
 
-Memory: tall ``A`` holds ``folds + 1`` sets of ``n^2 + n k`` float64 sums (twice with sample weights),
-planned in the budget with the pass (:mod:`~blocklin.linalg.solve.least_squares_budget`).
+Complex data (blocklin's extension; scikit-learn refuses it): the sums in complex128 (``A_f^H A_f``,
+``A_f^H b_f``, ``||b_f||^2`` real), the training Gram's Hermitian spectrum, the held-out squared error
+``x^H G_c x - 2 Re(x^H c_c) + ||b_c||^2`` and a complex ``sum r``; the scorers with moduli
+(:mod:`~blocklin.linalg.solve.scoring`).
+
+Memory: tall ``A`` holds ``folds + 1`` sets of ``n^2 + n k`` float64 sums (twice with sample weights, twice
+again in complex128), planned in the budget with the pass (:mod:`~blocklin.linalg.solve.least_squares_budget`).
 """
 
 from __future__ import annotations
