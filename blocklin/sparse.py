@@ -188,7 +188,8 @@ class SparseOperator(_operator_base()):
     ``Y`` and the result (``m x k`` or ``n x k``) in memory, as every SciPy operator's do. Integer
     values are multiplied as float64. Called inside a blocklin operation, the products run as tasks
     on its scheduler (groups of row blocks; :mod:`blocklin.runtime.sparse_pass`), with the same bits
-    as in the caller.
+    as in the caller; where the operation holds the row blocks in memory (svd, pca and eigsh when they
+    fit the budget: :func:`blocklin.runtime.sparse_pass.hold_blocks`), from those, read once.
 
     Attributes
     ----------
@@ -242,6 +243,7 @@ def centered_operator(s: SparseMatrix, mu: np.ndarray, dtype: Any = None) -> Any
     operator and of ``mu`` in the correction (default the row-block operator's: float32 for float32
     values); pass float64 to keep the means exact when the products are taken with float64 blocks.
     Used by :func:`blocklin.pca` of a sparse matrix and the sparse least squares of :func:`blocklin.solve`.
+    The row-block operator is its ``sparse_operator`` attribute.
     """
     from scipy.sparse.linalg import LinearOperator
 
@@ -258,8 +260,10 @@ def centered_operator(s: SparseMatrix, mu: np.ndarray, dtype: Any = None) -> Any
         y = np.asarray(y).reshape(m, -1)
         return op.rmatmat(y) - np.outer(mu_t, y.sum(axis=0))
 
-    return LinearOperator(dtype=dt, shape=(m, n), matvec=lambda x: matmat(x)[:, 0],
-                          rmatvec=lambda y: rmatmat(y)[:, 0], matmat=matmat, rmatmat=rmatmat)
+    centered = LinearOperator(dtype=dt, shape=(m, n), matvec=lambda x: matmat(x)[:, 0],
+                              rmatvec=lambda y: rmatmat(y)[:, 0], matmat=matmat, rmatmat=rmatmat)
+    centered.sparse_operator = op  # what takes the products: a method may hold its row blocks (sparse_pass)
+    return centered
 
 
 def as_sparse_matrix(a: Any, storage_options: dict | None = None) -> Any:

@@ -57,6 +57,9 @@ class SparseOpPlan:
         The budget.
     flops, bytes_written, other_bytes_read : int
         Floating-point operations, bytes written, and bytes of dense operands read (``B``).
+    held_blocks : int
+        Bytes of ``S``'s row blocks held in memory between the products (0: every product reads
+        them): ``S`` is then read once for all the passes (:attr:`reads`).
     details : dict
         The operation's own sizes (block, basis, tiles).
     """
@@ -78,6 +81,7 @@ class SparseOpPlan:
     flops: int
     bytes_written: int
     other_bytes_read: int = 0
+    held_blocks: int = 0
     details: dict = dataclasses.field(default_factory=dict)
 
     route = "sparse"
@@ -89,8 +93,9 @@ class SparseOpPlan:
 
     @property
     def reads(self) -> int:
-        """Reads of ``S`` (at the bound where the passes are adaptive)."""
-        return self.passes_bound * self.reads_per_pass + self.extra_reads
+        """Reads of ``S`` (at the bound where the passes are adaptive; one for all of them where the row
+        blocks are held)."""
+        return (1 if self.held_blocks else self.passes_bound * self.reads_per_pass) + self.extra_reads
 
     @property
     def bytes_read(self) -> int:
@@ -116,7 +121,10 @@ class SparseOpPlan:
         held against the budget, and the expected split of the time (at the most passes when adaptive)."""
         m, n = self.shape
         p = self.passes if self.passes is not None else f"<= {self.max_passes}"
-        per = f"{self.reads_per_pass} reads of S each, " if self.reads_per_pass != 1 else ""
+        what = "products with S" if self.held_blocks else "reads of S"
+        per = f"{self.reads_per_pass} {what} each, " if self.reads_per_pass != 1 else ""
+        if self.held_blocks:
+            per = f"{per}from the row blocks held in memory, S read once; "
         extra = f" + {self.extra_reads} read{'s' * (self.extra_reads != 1)}" if self.extra_reads else ""
         lines = [f"{self.operation} ({self.method}) of a sparse {m} x {n} {self.dtype}: nnz {self.nnz} "
                  f"(density {self.nnz / max(1, m * n):.3g}), one read of S {format_size(self.pass_bytes)} "
@@ -149,7 +157,7 @@ class SparseOpPlan:
 def plan_sparse_lowrank(operation: str, *, shape: tuple[int, int], dtype: Any, nnz: int, index_dtype: Any,
                         product_bytes: int, svd_plan: Any, k: int, memory: int, max_passes: int,
                         extra_reads: int | None = None, also_held: tuple = (),
-                        bytes_written: int | None = None) -> SparseOpPlan:
+                        bytes_written: int | None = None, held_blocks: int = 0) -> SparseOpPlan:
     """The plan of ``svd``, ``pca`` or ``eigsh`` of a stored sparse matrix through its row-block operator.
 
     ``svd_plan`` is the dense plan the run makes (:func:`blocklin.plan.svd.plan_svd`: its passes,
@@ -159,6 +167,8 @@ def plan_sparse_lowrank(operation: str, *, shape: tuple[int, int], dtype: Any, n
     ``U`` (``M x k``, float64) with the ``M x block`` blocks the Rayleigh-Ritz step keeps.
     ``extra_reads`` (reads of ``S`` besides the passes: default 1 for pca's means and eigsh's symmetry
     check), ``also_held`` (more ``(name, bytes)``) and ``bytes_written`` override the defaults.
+    ``held_blocks``: the bytes of the row blocks held between the products
+    (:func:`blocklin.runtime.sparse_pass.blocks_fit`), read once for all the passes.
     """
     m, n = (int(s) for s in shape)
     dt, idt = np.dtype(dtype), np.dtype(index_dtype)
@@ -177,6 +187,8 @@ def plan_sparse_lowrank(operation: str, *, shape: tuple[int, int], dtype: Any, n
         if operation == "pca":
             held.append(("column means and variances", 3 * n * F64))
     extra = extra if extra_reads is None else int(extra_reads)
+    if held_blocks:
+        held.append(("the row blocks of S, held between the products (read once)", int(held_blocks)))
     held.extend(also_held)
     passes = svd_plan.passes
     flops = 2 * nnz * l * reads_per_pass * (passes if passes is not None else max_passes)
@@ -185,7 +197,7 @@ def plan_sparse_lowrank(operation: str, *, shape: tuple[int, int], dtype: Any, n
                         max_passes=int(max_passes), reads_per_pass=reads_per_pass, extra_reads=extra,
                         formula=formula, held=tuple(held), memory=int(memory), flops=int(flops),
                         bytes_written=(M * k * dt.itemsize if operation != "eigsh" else 0) if bytes_written is None
-                        else int(bytes_written),
+                        else int(bytes_written), held_blocks=int(held_blocks),
                         details={"k": k, "block": l, "max_basis": int(svd_plan.max_basis),
                                  "power_iters": svd_plan.power_iters})
 

@@ -10,12 +10,21 @@ over its blocks in row order); the partials are added in group order. The groups
 matrix alone, never on the scheduler, the workers or the budget, and the in-process product
 (:func:`product_in_process`, what a :class:`~blocklin.sparse.SparseOperator` outside a job does) runs
 the same groups in the same order, so a result has the same bits wherever it ran.
+
+Where the row blocks fit the budget beside what the calling method holds (:func:`hold_blocks`, decided
+once per operation by svd, pca and eigsh), the first product reads them into this process as the
+CSR blocks the tasks would build (:class:`HeldBlocks`) and every product of the operation is computed
+from them here, group by group with the same blocks, groups and order: one read of ``S`` for the
+whole operation, the same bits as the streamed products. On a ``distributed`` cluster the products
+stay tasks that read their blocks (the workers, not the client, hold the budget there).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import uuid
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -29,6 +38,9 @@ from blocklin.storage.sparse import SparseStore
 #: Entries per task's group of row blocks (a group holds at least one block). A constant: the groups
 #: fix the order of the partial sums of ``S^T Y``.
 GROUP_ENTRIES = 1 << 22
+#: Hold the row blocks in memory between an operation's products where the budget allows
+#: (:func:`hold_blocks`); off, every product reads them (the tests compare the two bit for bit).
+HOLD_BLOCKS = True
 
 
 def row_groups(store: SparseStore) -> list[tuple[int, int]]:
@@ -44,19 +56,27 @@ def row_groups(store: SparseStore) -> list[tuple[int, int]]:
     return groups or [(0, 0)]
 
 
-def group_product(store: SparseStore, b0: int, b1: int, x: np.ndarray, transposed: bool, dtype: Any) -> np.ndarray:
-    """Rows ``row_blocks[b0]:row_blocks[b1]`` of ``S X`` (``transposed=False``), or the partial
-    ``S_g^T Y_g`` of those rows (``Y = x``), with the blocks in ``dtype``."""
+def read_block(store: SparseStore, s0: int, s1: int, dtype: Any) -> Any:
+    """Rows ``s0:s1`` (one row block) as the ``scipy.sparse.csr_matrix`` a product multiplies, its values
+    in ``dtype``: what a task builds and what :class:`HeldBlocks` keeps."""
     import scipy.sparse
 
+    ptr, idx, val = store.read_rows(s0, s1)
+    return scipy.sparse.csr_matrix((val.astype(np.dtype(dtype), copy=False), idx, ptr), shape=(s1 - s0, store.shape[1]))
+
+
+def group_product(store: SparseStore, b0: int, b1: int, x: np.ndarray, transposed: bool, dtype: Any,
+                  blocks: list | None = None) -> np.ndarray:
+    """Rows ``row_blocks[b0]:row_blocks[b1]`` of ``S X`` (``transposed=False``), or the partial
+    ``S_g^T Y_g`` of those rows (``Y = x``), with the blocks in ``dtype``: read, or taken from
+    ``blocks`` (every row block held, :class:`HeldBlocks`; the same matrices, so the same bits)."""
     bounds, dt = store.row_blocks, np.dtype(dtype)
     r0, r1 = int(bounds[b0]), int(bounds[b1])
     k = x.shape[1]
     out = np.zeros((store.shape[1], k) if transposed else (r1 - r0, k), np.result_type(dt, x.dtype))
     for b in range(b0, b1):
         s0, s1 = int(bounds[b]), int(bounds[b + 1])
-        ptr, idx, val = store.read_rows(s0, s1)
-        blk = scipy.sparse.csr_matrix((val.astype(dt, copy=False), idx, ptr), shape=(s1 - s0, store.shape[1]))
+        blk = blocks[b] if blocks is not None else read_block(store, s0, s1, dt)
         if transposed:
             out += blk.T @ x[s0:s1]
         else:
@@ -159,13 +179,17 @@ def check_products(store: SparseStore, products: list[tuple[int, bool]], item: i
 
 def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype: Any) -> np.ndarray:
     """``S X`` (``transposed=False``) or ``S^T X`` of the stored sparse ``matrix``, its groups run as
-    tasks of ``job`` (one pass over ``S``, counted); refused with the minimum budget when one task and
-    the product's operands do not fit ``job``'s memory budget."""
+    tasks of ``job`` (one pass over ``S``, counted), or from the row blocks ``job`` holds
+    (:func:`hold_blocks`: no read); refused with the minimum budget when one task and the product's
+    operands do not fit ``job``'s memory budget."""
     store = matrix._store
     groups = row_groups(store)
     budget, reserved = job.cfg.memory, job.client_reserved
     held, per_task = product_memory(store, groups, x.shape[1], x.nbytes, transposed, dtype, budget, reserved)
     workers = max(1, min(job.workers(job.cores()), (budget - reserved - held) // max(1, per_task), len(groups)))
+    kept = _HELD.get(job, {}).get(_held_key(store, dtype))
+    if kept is not None:
+        return kept.product(job, groups, x, transposed, workers)
     spec = ProductSpec(s=store.location, transposed=transposed, dtype=np.dtype(dtype).name,
                        blas_threads=job.task_blas_threads(1))
     graph = TileGraph.named("sparse-product", uuid.uuid4().hex)  # X differs on every call: a fresh name
@@ -174,8 +198,90 @@ def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype
         graph.add(g, product_task, spec, *g, operand)
     results = job.run(graph, workers=workers, description=f"sparse {'S^T X' if transposed else 'S X'}",
                       count_pass="a")
+    job.stats["sparse_reads"] = job.stats.get("sparse_reads", 0) + 1
     parts = {r["group"]: r["result"] for r in results}
     return _combine(store, [(g, parts[g]) for g in groups], x, transposed, dtype)
+
+
+# -- row blocks held in memory between products ---------------------------------------------------------
+
+#: The row blocks each running job holds, by store and dtype (released when the job ends).
+_HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _held_key(store: SparseStore, dtype: Any) -> tuple[str, str]:
+    return store.location.url, np.dtype(dtype).name
+
+
+def held_bytes(store: SparseStore, dtype: Any) -> int:
+    """Bytes the row blocks of ``S`` take held in memory as products use them: values in ``dtype``,
+    column indices as stored, each block's row offsets (at most int64; SciPy may keep them in int32)."""
+    blocks = len(store.row_blocks) - 1
+    return store.nnz * (np.dtype(dtype).itemsize + store.index_dtype.itemsize) + 8 * (store.shape[0] + blocks)
+
+
+def blocks_fit(store: SparseStore, dtype: Any, budget: int, reserved: int, need: int) -> int:
+    """:func:`held_bytes` when the held blocks fit ``budget`` beside the ``reserved`` bytes of the method
+    and the ``need`` of its largest product (:func:`check_products`, whose task's block is counted
+    though a held product reads none), else 0: the rule :func:`hold_blocks` and the plans share."""
+    nbytes = held_bytes(store, dtype)
+    return nbytes if reserved + nbytes + need <= budget else 0
+
+
+def hold_blocks(job: Any, store: SparseStore, dtype: Any, need: int, reserved: int) -> int:
+    """Hold the row blocks of ``S`` (values in ``dtype``) in this process for ``job``'s products when
+    they fit its budget (:func:`blocks_fit`) and its products run here (not on a ``distributed``
+    cluster); the bytes held, to add to ``job.client_reserved`` (0: the products stream). The blocks
+    are read by the first product and released when ``job`` ends."""
+    if not HOLD_BLOCKS or job.scheduler.kind == "distributed":
+        return 0
+    nbytes = blocks_fit(store, dtype, job.cfg.memory, reserved, need)
+    if nbytes:
+        kept = _HELD.setdefault(job, {})
+        key = _held_key(store, dtype)
+        if key not in kept:
+            kept[key] = HeldBlocks(store, dtype)
+            job.stack.callback(kept.pop, key, None)
+    return nbytes
+
+
+class HeldBlocks:
+    """The row blocks of ``S`` held in memory between the products of one operation: read by the
+    first, as :func:`read_block` builds them for a task, then multiplied by every product in this
+    process, group by group in the groups' order (the streamed products' sums, so their bits)."""
+
+    def __init__(self, store: SparseStore, dtype: Any) -> None:
+        self.store, self.dtype, self.blocks = store, np.dtype(dtype), None
+
+    def _load(self, job: Any) -> list:
+        if self.blocks is None:
+            bounds = self.store.row_blocks
+            self.blocks = [read_block(self.store, int(bounds[b]), int(bounds[b + 1]), self.dtype)
+                           for b in range(len(bounds) - 1)]  # the reads count in the job's bytes_read
+            job.stats["sparse_reads"] = job.stats.get("sparse_reads", 0) + 1
+            job.stats["sparse_held_bytes"] = sum(b.data.nbytes + b.indices.nbytes + b.indptr.nbytes
+                                                 for b in self.blocks)
+        return self.blocks
+
+    def product(self, job: Any, groups: list[tuple[int, int]], x: np.ndarray, transposed: bool,
+                workers: int) -> np.ndarray:
+        """``S X`` or ``S^T X`` from the held blocks; up to ``workers`` groups at once on threads (SciPy's
+        sparse products release the GIL; the groups' results are combined in order whatever ran first)."""
+        blocks = self._load(job)
+
+        def one(g: tuple[int, int]) -> np.ndarray:
+            return group_product(self.store, *g, x, transposed, self.dtype, blocks)
+
+        threads = workers if job.scheduler.kind != "sync" else 1
+        if threads > 1 and len(groups) > 1:
+            with ThreadPoolExecutor(min(threads, len(groups))) as pool:
+                parts = list(pool.map(one, groups))
+        else:
+            parts = [one(g) for g in groups]
+        for b0, b1 in groups:  # a unit of work each, as a task would count it (no reads)
+            entries = sum(int(blocks[b].nnz) for b in range(b0, b1))
+            job.add_stats({"flops": 2 * entries * x.shape[1], "bytes_read": 0})
+        return _combine(self.store, list(zip(groups, parts)), x, transposed, self.dtype)
 
 
 def _combine(store: SparseStore, parts: list[tuple[tuple[int, int], np.ndarray]], x: np.ndarray, transposed: bool,
@@ -195,5 +301,6 @@ def _combine(store: SparseStore, parts: list[tuple[tuple[int, int], np.ndarray]]
     return out
 
 
-__all__ = ["GROUP_ENTRIES", "check_products", "Operand", "ProductSpec", "group_product", "product_in_process", "product_memory", "product_task",
-           "row_groups", "sparse_product", "task_memory"]
+__all__ = ["GROUP_ENTRIES", "HOLD_BLOCKS", "HeldBlocks", "Operand", "ProductSpec", "blocks_fit", "check_products",
+           "group_product", "held_bytes", "hold_blocks", "product_in_process", "product_memory", "product_task",
+           "read_block", "row_groups", "sparse_product", "task_memory"]

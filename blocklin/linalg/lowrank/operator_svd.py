@@ -3,7 +3,9 @@ iteration or block Lanczos through its ``matmat`` and ``rmatmat``, one pair of p
 same methods and Rayleigh-Ritz step as for a stored matrix (:mod:`blocklin.linalg.lowrank.methods`).
 
 The operator's products are its own (in memory or not); the ``M x l`` blocks ``B Q`` are held in
-memory, the long factor written to the result's group as for every SVD. A
+memory, the long factor written to the result's group as for every SVD. A stored sparse matrix's
+products (and those under pca's centered operator) run from its row blocks held in memory, read once,
+where they fit the budget beside the method's work (:func:`blocklin.runtime.sparse_pass.hold_blocks`). A
 :class:`~blocklin.linalg.operator.BlocklinOperator` (``blocklin.aslinearoperator``) is its stored
 matrix and takes the streamed route instead.
 """
@@ -23,7 +25,7 @@ from blocklin.linalg.lowrank.triplets import enrich_width
 from blocklin.plan.svd import plan_svd
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
-from blocklin.runtime.sparse_pass import check_products
+from blocklin.runtime.sparse_pass import check_products, hold_blocks
 from blocklin.sparse import SparseMatrix, SparseOperator, as_sparse_operator
 
 #: The methods an operator takes: those that only multiply by ``B`` and ``B^T`` in blocks.
@@ -132,12 +134,16 @@ def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: 
     factor goes to ``dest`` (``None``: not computed)."""
     op = as_sparse_operator(op)  # a SparseMatrix: its row blocks streamed by each product
     options = dict(method=method, oversample=oversample, q=q, limit=limit, block_size=block_size, max_basis=max_basis)
-    if isinstance(op, SparseOperator):  # the bases and factors, and beside them every product, refused up front
+    sparse = op if isinstance(op, SparseOperator) else getattr(op, "sparse_operator", None)  # pca's centered one
+    held = 0
+    if sparse is not None:  # the bases and factors, and beside them every product, refused up front
         plan = operator_svd_plan(op.shape, op.dtype, k, memory=job.cfg.memory, **options)
-        check_products(op.matrix._store, operator_products(plan, k, op.shape), np.dtype(op.dtype).itemsize,
-                       op.dtype, job.cfg.memory, int(plan.client_bytes))
+        store, budget = sparse.matrix._store, job.cfg.memory
+        need = check_products(store, operator_products(plan, k, op.shape), np.dtype(op.dtype).itemsize, sparse.dtype,
+                              budget if sparse is op else 1 << 62, int(plan.client_bytes))
+        held = hold_blocks(job, store, sparse.dtype, need, int(plan.client_bytes))  # read once, if they fit
     plan = operator_plan(op.shape, op.dtype, k, memory=job.cfg.memory, **options)
-    job.client_reserved = int(plan.client_bytes)  # what the products (a sparse matrix's tasks) may not take
+    job.client_reserved = int(plan.client_bytes) + held  # what the products (a sparse matrix's tasks) may not take
     src = OperatorSource(op, plan.transposed, job)
     ckpt = Checkpoints(None)
     if method == "rsvd":
@@ -146,5 +152,6 @@ def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: 
         f = sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
     else:
         f = lanczos(src, k, plan, tol, seed, limit - 1, dest, plan.transposed, ckpt)
-    where = "the job's tasks (row blocks)" if isinstance(op, SparseOperator) else "caller"
+    where = ("this process, from the row blocks held in memory (one read of S)" if held else
+             "the job's tasks (row blocks)" if sparse is not None else "caller")
     return dataclasses.replace(f, phases={"products with the operator": where}), plan, src.products

@@ -1,7 +1,9 @@
 """Eigenpairs of a stored sparse symmetric matrix (a graph's adjacency or Laplacian), out of core:
 thick-restarted block Lanczos (:func:`blocklin.linalg.lowrank.lanczos.block_lanczos`, as
 :func:`blocklin.eigsh` of a dense store) whose every step is one product ``S X`` streamed over the
-row blocks (:class:`blocklin.sparse.SparseOperator`: one row block in memory), never a dense copy.
+row blocks (:class:`blocklin.sparse.SparseOperator`: one row block in memory), never a dense copy;
+where the row blocks fit the budget beside the bases, they are read once and every step multiplies
+the blocks held in memory (:func:`blocklin.runtime.sparse_pass.hold_blocks`, the same bits).
 
 The first step also forms ``S^T X`` for its random block and refuses a matrix whose
 ``||S X - S^T X|| > sqrt(eps) ||S X||`` (a sampled check: a random block detects any asymmetry with
@@ -31,7 +33,7 @@ from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol
 from blocklin.linalg.lowrank.laplacian import laplacian_operator
 from blocklin.plan.svd import client_bytes, default_basis, default_block
 from blocklin.runtime.job import Job
-from blocklin.runtime.sparse_pass import check_products
+from blocklin.runtime.sparse_pass import check_products, hold_blocks
 from blocklin.storage.zarr_store import create_group, write_array
 from blocklin.validate import check_k, start_vector
 
@@ -65,13 +67,15 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
         # the Lanczos bases and Ritz vectors (and a Laplacian's degrees) stay in memory beside every
         # product: the whole call's need refused up front, and the products' tasks take what is left
         reserved = client_bytes("eigsh", n, k, block, basis, None) + (2 * n * 8 if laplacian else 0)
-        check_products(s._store, [(block, False)] + ([(block, True)] if check_symmetric else []), 8, op.dtype,
-                       job.cfg.memory, reserved)
-        job.client_reserved = reserved
+        need = check_products(s._store, [(block, False)] + ([(block, True)] if check_symmetric else []), 8,
+                              op.dtype, job.cfg.memory, reserved)
+        # the row blocks read once and held between the steps where they fit beside that (sparse_pass)
+        job.client_reserved = reserved + hold_blocks(job, s._store, op.dtype, need, reserved)
         tol = default_tol(dt) if tol is None else tol
         found: dict = {}
         if laplacian:
             op, found = laplacian_operator(op, laplacian)
+            job.stats["sparse_reads"] = job.stats.get("sparse_reads", 0) + 1  # the degree pass
         passes = {"n": 1 if laplacian else 0}
 
         def apply(x: np.ndarray, step: int) -> np.ndarray:

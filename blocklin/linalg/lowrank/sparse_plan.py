@@ -2,7 +2,8 @@
 ``blocklin svd|pca|eigs --explain`` prints for a ``blocklin-csr`` group): the pure
 :func:`blocklin.plan.sparse.plan_sparse_lowrank` fed with the matrix's metadata (one small read of
 its attributes, row blocks and their offsets), the dense plan the run itself makes and the products'
-memory as the run checks it (so a budget the run refuses is refused here with its message).
+memory as the run checks it (so a budget the run refuses is refused here with its message), and
+whether the run holds the row blocks in memory between its products (one read of ``S``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from blocklin.config import resolve
 from blocklin.errors import ParameterError, explain
 from blocklin.plan.sparse import SparseOpPlan, plan_sparse_lowrank
 from blocklin.plan.svd import client_bytes, default_basis, default_block
+from blocklin.runtime.sparse_pass import blocks_fit
 from blocklin.sparse import SparseMatrix, as_sparse_matrix
 from blocklin.validate import check_k
 
@@ -75,14 +77,15 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
                                      block_size=block_size, max_basis=max_basis, memory=cfg.memory)
     reserved = int(svd_plan.client_bytes) + (2 * n * 8 if operation == "eigsh" and laplacian is not None else 0)
     product = _product_bytes(s, operation, svd_plan, int(k), dt, cfg.memory, check_symmetric, reserved)
+    held = blocks_fit(s._store, dt, cfg.memory, reserved, product)  # as the run decides (hold_blocks)
     eig = {}
     if operation == "eigsh":  # the symmetry check's S^T X, the Laplacian's degree pass; w and V written to out
-        eig = dict(extra_reads=int(bool(check_symmetric)) + int(laplacian is not None),
+        eig = dict(extra_reads=int(bool(check_symmetric) and not held) + int(laplacian is not None),
                    also_held=(("degrees", 2 * n * 8),) if laplacian is not None else (),
                    bytes_written=n * (int(k) + 1) * 8 if out is not None else 0)
     return plan_sparse_lowrank(operation, shape=(m, n), dtype=s.dtype, nnz=s.nnz, index_dtype=s.index_dtype,
                                product_bytes=product, svd_plan=svd_plan, k=int(k), memory=cfg.memory,
-                               max_passes=limit, **eig)
+                               max_passes=limit, held_blocks=held, **eig)
 
 
 def _product_bytes(s: SparseMatrix, operation: str, svd_plan: Any, k: int, dtype: np.dtype, budget: int,
