@@ -77,10 +77,11 @@ def test_without_intercept_unchanged(tmp_path):
     np.testing.assert_allclose(x.to_numpy().T, ref.coef_, rtol=1e-8)
 
 
-def test_qr_with_intercept_refused(tmp_path):
+def test_qr_with_intercept_and_weights_refused(tmp_path):
+    """``method="qr"`` fits an intercept (tests/solve/test_qr_route_intercept_wide.py), not sample weights."""
     a, b = problem(300, 5)
-    with pytest.raises(ParameterError, match="method.*intercept.*Fix"):
-        bl.solve(a, b, lam=1.0, method="qr", fit_intercept=True, temp_dir=str(tmp_path))
+    with pytest.raises(ParameterError, match="method.*sample_weight.*Fix"):
+        bl.solve(a, b, lam=1.0, method="qr", fit_intercept=True, sample_weight=np.ones(300), temp_dir=str(tmp_path))
 
 
 def test_cli_fit_intercept(tmp_path, capsys):

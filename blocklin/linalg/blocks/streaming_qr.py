@@ -36,6 +36,10 @@ class StreamingR:
         Rows of ``A``.
     report : dict
         Seconds, bytes read, passes (1), plan.
+    ones_row : ndarray, ``1 + n + k`` or None
+        With ``ones=True`` (``[1 | A | B]`` factored): the first row ``[r11, r12, c1]`` of its factor, with
+        ``r11 = +-sqrt(m)``, ``r12 / r11`` the column means of ``A`` and ``c1 / r11`` those of ``B``; ``r``,
+        ``qtb`` and ``rho`` are then those of the centered ``A`` and ``B``.
     """
 
     r: np.ndarray
@@ -45,28 +49,35 @@ class StreamingR:
     norm_b: np.ndarray | None
     m: int
     report: dict
+    ones_row: np.ndarray | None = None
 
 
 def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = None,
-              scale: dict | None = None) -> StreamingR:
+              scale: dict | None = None, ones: bool = False, transposed: bool = False) -> StreamingR:
     """The streaming QR pass inside an existing :class:`~blocklin.runtime.job.Job` (operands resolved).
 
     ``device``: where it runs (default: for ``auto``, the GPU only where it wins, :func:`pass_device`);
-    ``scale``: the powers of two the strips are divided by (:mod:`blocklin.linalg.blocks.scaling`).
+    ``scale``: the powers of two the strips are divided by (:mod:`blocklin.linalg.blocks.scaling`);
+    ``ones``: factor ``[1 | A | B]`` (an intercept; :attr:`StreamingR.ones_row`); ``transposed``: factor
+    ``A^T`` (column strips of a wide ``A``, read as the row strips of its tall orientation; no ``B``).
     """
     from blocklin.device import pass_device
 
-    m, n = A.shape
+    m, n = A.shape[::-1] if transposed else A.shape
     k = B.shape[1] if B is not None else 0
-    sources = [source(A)] + ([source(B)] if B is not None else [])
+    sources = [source(A, transposed=transposed)] + ([source(B)] if B is not None else [])
     # Householder QR of each stacked [R; strip]: about 2 rows (n+k)^2 flops per row of A and B read
     dev = device or pass_device(job.cfg.device, 2.0 * m * (n + k) ** 2,
                                 m * (n * A.dtype.itemsize + k * (B.dtype.itemsize if B is not None else 0)),
                                 job.device)
-    states, plan = run_pass(job, tsqr_kernel, sources, {"dtype": np.dtype(dtype).name}, reserve=small_bytes(n, k),
-                            description="streaming QR", device=dev, scale=scale)
+    params = {"dtype": np.dtype(dtype).name} | ({"ones": True} if ones else {})
+    states, plan = run_pass(job, tsqr_kernel, sources, params, reserve=small_bytes(n + int(ones), k),
+                            description="streaming QR of [1 | A B]" if ones else "streaming QR", device=dev,
+                            scale=scale)
     states = [s for s in states if s is not None]
-    r = reduce_r(states, n + k)
+    r = reduce_r(states, n + k + int(ones))
+    ones_row = np.array(r[0]) if ones else None
+    r = r[int(ones):, int(ones):]  # the centered [A B]'s factor (R22, Q2^T b_c, T)
     aa = sum(s["aa"] for s in states)
     bb = sum(s["bb"] for s in states) if k else None
     rn = np.array(r[:n, :n])
@@ -74,7 +85,7 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = 
     rho = np.sqrt(sumsq_cols(r[n:, n:])) if k else None  # |t_ij|^2 of complex data
     return StreamingR(r=rn, qtb=qtb, rho=rho, norm_a=float(np.sqrt(aa)),
                       norm_b=np.sqrt(bb) if bb is not None else None, m=m,
-                      report={"plan": plan.to_dict(), "passes": 1})
+                      report={"plan": plan.to_dict(), "passes": 1}, ones_row=ones_row)
 
 
 def streaming_r(a: Any, b: Any = None, *, dtype: Any = None, **settings: Unpack[Settings]) -> StreamingR:

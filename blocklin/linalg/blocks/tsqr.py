@@ -79,7 +79,7 @@ def sumsq_cols(a: np.ndarray) -> np.ndarray:
 
 def _tsqr_memory(params: Any, sources: tuple) -> PassMemory:
     isz = np.dtype(params["dtype"]).itemsize
-    w = sum(s.width for s in sources)
+    w = sum(s.width for s in sources) + bool(params.get("ones"))  # the ones column of an intercept
     # the running (w x w) factor, the stacked [R; strip] handed to LAPACK and its output; per row the
     # [A B] copy, the stacked copy and LAPACK's column-major copy; zarr's chunk temporaries (a strip
     # shorter than a chunk still decodes whole chunks)
@@ -91,10 +91,14 @@ def _tsqr_on_device(device: Any, arrays: tuple, rows: slice, params: Any, state:
     """The GPU branch: the running factor stays on the device (cuSOLVER QR of ``[R; strip]``)."""
     dt = np.dtype(params["dtype"])
     parts = [device.cast(x, dt) for x in arrays]
-    strip = device.concat(parts, axis=1) if len(parts) > 1 else parts[0]
-    n, width = parts[0].shape[1], strip.shape[1]
+    n = parts[0].shape[1]
+    # [1 | A | B] of an intercept: the ones column (never scaled) made on the device
+    lead = [device.to_device(np.ones((parts[0].shape[0], 1), dt))] if params.get("ones") else []
+    strip = device.concat(lead + parts, axis=1) if len(lead + parts) > 1 else parts[0]
+    width = strip.shape[1]
     if state is None:
-        state = {"r": None, "aa": device.zeros((n,), np.float64), "bb": device.zeros((width - n,), np.float64)}
+        state = {"r": None, "aa": device.zeros((n,), np.float64),
+                 "bb": device.zeros((width - n - len(lead),), np.float64)}
     device.sumsq_cols_acc(state["aa"], parts[0])
     if len(parts) > 1:
         device.sumsq_cols_acc(state["bb"], parts[1])
@@ -109,6 +113,9 @@ def _tsqr_on_device(device: Any, arrays: tuple, rows: slice, params: Any, state:
 def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
     """``R <- R-factor of [R; A_i B_i]`` in ``params["dtype"]``; also ``||A||_F^2`` and ``||B_j||^2``.
 
+    ``params["ones"]``: a column of ones first, ``[1 | A_i | B_i]`` (an intercept: the first Householder
+    step then removes the column means, so the trailing factor is that of the centered ``[A B]``).
+
     The state holds the ``(n+k) x (n+k)`` upper-triangular factor of the rows seen so far, whose
     leading ``n x n`` block is ``R`` of ``A``, whose last ``k`` columns hold ``Q^T B`` and the
     residual factor ``T`` with ``||T e_j|| = min_x ||A x - b_j||``. On a GPU the factor stays on the
@@ -120,10 +127,12 @@ def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
     parts = [a]
     if len(arrays) > 1:
         parts.append(np.asarray(arrays[1], dtype=params["dtype"]))
-    strip = np.hstack(parts) if len(parts) > 1 else a
+    lead = [np.ones((a.shape[0], 1), params["dtype"])] if params.get("ones") else []
+    strip = np.hstack(lead + parts) if len(lead + parts) > 1 else a
     width = strip.shape[1]
     if state is None:
-        state = {"r": np.zeros((0, width), params["dtype"]), "aa": 0.0, "bb": np.zeros(width - a.shape[1])}
+        state = {"r": np.zeros((0, width), params["dtype"]), "aa": 0.0,
+                 "bb": np.zeros(width - a.shape[1] - len(lead))}
     state["aa"] += sumsq(a)
     if len(parts) > 1:
         state["bb"] += sumsq_cols(parts[1])

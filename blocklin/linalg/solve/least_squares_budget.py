@@ -108,7 +108,7 @@ def plan_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float]
 
         _row_pass(view, weight_check_kernel, [source(W)], {}, reserve=0)
     if m < n:
-        _wide_steps(view, A, B, kind=kind, lams=lams, cplx=cplx)
+        _wide_steps(view, A, B, kind=kind, lams=lams, cplx=cplx, method=method)
     else:
         _tall_steps(view, A, B, W, kind=kind, lams=lams, method=method, refine=refine, intercept=intercept,
                     positive=positive, store_cv=store_cv, updatable=updatable, scoring=scoring, folds=folds)
@@ -147,18 +147,19 @@ def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float
 
     centered = intercept or W is not None or positive
     rule = kind in ("gcv", "lcurve", "loo")
-    if centered or method != "qr" or updatable:  # the Gram pass (updatable keeps its sums)
+    qr_ones = method == "qr" and intercept  # [1 | A | b] streamed: no Gram pass, no means passes
+    if centered and not qr_ones or method != "qr" or updatable:  # the Gram pass (updatable keeps its sums)
         _row_pass(job, gram_kernel, sources, {"dtype": cdt}, reserve=reserve,
                   device=device(m * n * (n + 2 * k)))
-    if not centered and method in ("qr", "auto"):  # asked for, or where "auto" finds A^T A ill-conditioned
-        _row_pass(job, tsqr_kernel, sources[:2], {"dtype": cdt}, reserve=reserve,
-                  device=device(2.0 * m * (n + k) ** 2))
+    if not centered and method in ("qr", "auto") or qr_ones:  # asked for, or where "auto" finds A^T A ill-conditioned
+        _row_pass(job, tsqr_kernel, sources[:2], {"dtype": cdt} | ({"ones": True} if qr_ones else {}),
+                  reserve=small_bytes(n + int(qr_ones), k), device=device(2.0 * m * (n + k + qr_ones) ** 2))
     refines = (1 if refine == "auto" else int(refine)) and (
         kind == "scalar" and method != "qr" or rule and method == "auto" and not centered or folds is not None)
     if refines:  # the refinement passes (a rule's choice too, on the spectral route of "auto")
         _row_pass(job, residual_kernel, sources, {"dtype": cdt}, reserve=reserve,
                   device=device(4.0 * m * n * k))
-    if intercept and W is None:  # the column means of A and of b
+    if intercept and W is None and not qr_ones:  # the column means of A and of b
         plan_column_moments(job, A, memory=job.cfg.memory)
         plan_column_moments(job, B, memory=job.cfg.memory)
     if kind == "loo" and folds is not None:  # the fold pass; the Gram pass above stands for the route's
@@ -180,13 +181,26 @@ def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float
                   reserve=pass_reserve(m, n, k, grid, store_cv, job.cfg.memory, errors), device="cpu")
 
 
-def _wide_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float], cplx: bool = False) -> None:
+def _wide_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float], cplx: bool = False,
+                method: str = "auto") -> None:
     """:func:`~blocklin.linalg.solve.wide.solve_wide`: ``A A^T`` (its SYRK pass, or the GEMM it falls
-    back to), then ``x = A^T y`` of every lambda solved."""
+    back to; ``method="qr"``: the TSQR pass over ``A^T``), then ``x = A^T y`` of every lambda solved."""
+    from blocklin.linalg.blocks.tsqr import tsqr_kernel
+
+    m = A.shape[0]
+    if method == "qr":
+        _row_pass(job, tsqr_kernel, [source(A, transposed=True)], {"dtype": "complex128" if cplx else "float64"},
+                  reserve=small_bytes(m, 0), device="cpu")
+    else:
+        _wide_gram_steps(job, A, cplx)
+    _wide_solution_steps(job, A, B, kind=kind, lams=lams)
+
+
+def _wide_gram_steps(job: Any, A: Any, cplx: bool) -> None:
+    """The SYRK pass of ``A A^T``, or the out-of-core GEMM it falls back to (real data)."""
     from blocklin.linalg.products.gemm import Gemm
     from blocklin.linalg.products.gram_kernels import gram_pass_kernel
 
-    m, k = A.shape[0], B.shape[1]
     try:
         _row_pass(job, gram_pass_kernel, [source(A, transposed=True)],
                   {"dtype": "complex128" if cplx else "float64", "gpu": job.device == "gpu"}, reserve=0,
@@ -195,6 +209,13 @@ def _wide_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float], cplx:
         if cplx:  # no GEMM fallback for complex data (it forms A A^T): the SYRK pass must fit
             raise
         Gemm.of(A, A, trans_b=True, dtype="float64").plan(job, read_reserve=True)
+
+
+def _wide_solution_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float]) -> None:
+    """``x = A^T y`` of every lambda solved (one GEMM over ``A``)."""
+    from blocklin.linalg.products.gemm import Gemm
+
+    m, k = A.shape[0], B.shape[1]
     cols = k * (len(lams) if kind == "sequence" else 1)
     out_dtype = np.result_type(A.dtype, B.dtype)
     Y = _stand_in("y", (m, cols), auto_chunks((m, cols), out_dtype, job.cfg.memory), out_dtype)

@@ -134,10 +134,10 @@ def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:
         from blocklin.linalg.solve.kfold import solve_tall_cv
 
         return solve_tall_cv(ctx, x_path, solve_tall)
+    if ctx.method == "qr":  # the router refuses it with sample weights and positive
+        return qr_route(ctx, x_path, {}, "requested")
     if ctx.intercept or ctx.weighted or ctx.positive:
         return _solve_tall_centered(ctx, x_path)
-    if ctx.method == "qr":
-        return qr_route(ctx, x_path, {}, "requested")
     if ctx.method == "auto" and ctx.kind != "scalar":
         return _solve_tall_spectral(ctx, x_path)
     gp = _gram_pass(ctx)

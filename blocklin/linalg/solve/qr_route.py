@@ -1,8 +1,16 @@
-"""The streaming-QR route of a tall Tikhonov solve: one TSQR pass, then the SVD of its R factor.
+"""The streaming-QR route of a Tikhonov solve: one TSQR pass, then the SVD of its R factor.
 
 Accurate where the normal equations are not (tiny ``lam``, ill-conditioned ``A``: the condition
 number is not squared); :func:`blocklin.solve` takes it for ``method="qr"`` and switches to it from
 the normal equations when ``A^T A + lam^2 I`` is ill-conditioned.
+
+``fit_intercept`` streams ``[1 | A | b]``: the first Householder step of the ones column removes the
+column means, so the trailing factor ``[[R22, c2], [0, T]]`` is that of the centered ``[A_c b_c]``
+(``R22^H R22 = A_c^H A_c`` without the cancellation of ``A^H A - m mu mu^H``) and the first row
+``[r11, r12, c1]`` gives the means ``mu = r12 / r11``, ``bbar = c1 / r11``. A wide ``A`` (``m < n``)
+takes the dual form from the R factor of its tall orientation, ``A^T = Q R``: ``A A^H = R'^H R'`` with
+``R' = conj(R)`` (``R`` itself of real data), whose SVD ``R' = U S V^H`` gives
+``y = V diag(1/(s^2 + lam^2)) V^H b`` and ``x = A^H y`` (one more pass), ``A A^H`` never formed.
 """
 
 from __future__ import annotations
@@ -10,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 from blocklin.linalg.blocks.streaming_qr import tsqr_pass
-from blocklin.linalg.solve.spectrum import Spectrum, finish_spectral
-from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass
+from blocklin.linalg.solve.spectrum import Spectrum, coefficients, finish_spectral
+from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass, write_x
 
 
 def _spectrum_from_r(r: np.ndarray, qtb: np.ndarray, rho: np.ndarray, m: int) -> Spectrum:
@@ -20,17 +28,56 @@ def _spectrum_from_r(r: np.ndarray, qtb: np.ndarray, rho: np.ndarray, m: int) ->
 
 
 def qr_route(ctx: TikhonovRun, x_path: str, info: dict, reason: str) -> dict:
-    """The spectrum of ``R`` from a recorded TSQR pass (``info`` gets the method and ``reason``); writes ``x``."""
-    def run(scale: dict) -> dict:
-        sr = tsqr_pass(ctx.job, ctx.A, ctx.B, ctx.cdtype, scale=scale,
-                       device=device_of_pass(ctx, "tsqr pass", 2.0 * ctx.m * (ctx.n + ctx.k) ** 2))
-        return {"r": sr.r, "qtb": sr.qtb, "rho": sr.rho, "norm_a": sr.norm_a}
+    """The spectrum of ``R`` from a recorded TSQR pass (``info`` gets the method and ``reason``); writes ``x``.
 
-    sr = ctx.saved.run("tsqr-pass", lambda: ctx.scaled_run(run))
+    With ``ctx.intercept`` the pass factors ``[1 | A | b]`` and ``info["intercept"]`` is
+    ``bbar - mu^T x`` in the units of the scaled problem (the ones column is not scaled:
+    ``mu``, ``bbar`` are the means of ``2^-ea A`` and ``2^-eb b``, as the normal route's are)."""
+    ones = bool(ctx.intercept)
+
+    def run(scale: dict) -> dict:
+        sr = tsqr_pass(ctx.job, ctx.A, ctx.B, ctx.cdtype, scale=scale, ones=ones,
+                       device=device_of_pass(ctx, "tsqr pass", 2.0 * ctx.m * (ctx.n + ctx.k + ones) ** 2))
+        out = {"r": sr.r, "qtb": sr.qtb, "rho": sr.rho, "norm_a": sr.norm_a}
+        return out | ({"ones_row": sr.ones_row} if ones else {})
+
+    sr = ctx.saved.run("tsqr-pass-ones" if ones else "tsqr-pass", lambda: ctx.scaled_run(run))
     ctx.adopt(sr)
     spec = _spectrum_from_r(sr["r"], sr["qtb"], sr["rho"], ctx.m)
-    info.update(method="qr", method_reason=reason, norm_a=float(sr["norm_a"]))
-    return finish_spectral(ctx, spec, info, x_path)
+    if not ones:
+        info.update(method="qr", method_reason=reason, norm_a=float(sr["norm_a"]))
+        return finish_spectral(ctx, spec, info, x_path)
+    row, n = np.asarray(sr["ones_row"]), ctx.n
+    r11 = row[0]  # +-sqrt(m), real: the ones column's norm
+    ctx.mu, ctx.bbar = row[1:n + 1] / r11, row[n + 1:] / r11
+    # the centered A's ||.||_F, as the normal route reports it
+    info.update(method="qr", method_reason=reason + " (fit_intercept: [1 | A | b] streamed, the R factor of the "
+                "centered A from the ones column's Householder step)", norm_a=float(np.linalg.norm(sr["r"])))
+    xs = coefficients(ctx, spec, info, "column")
+    info["intercept"] = [ctx.offset(x).tolist() for x in xs] if len(xs) > 1 else ctx.offset(xs[0]).tolist()
+    write_x(ctx, x_path, np.hstack(xs) if len(xs) > 1 else xs[0])
+    return info
 
 
-__all__ = ["qr_route"]
+def wide_qr_factor(ctx: TikhonovRun) -> tuple[np.ndarray, int]:
+    """``R'`` (``m x m``) with ``A' A'^H = R'^H R'`` for a wide ``A' = 2^-ea A`` (scaled as it is read): the
+    TSQR of its tall orientation, ``A'^T = Q R``, ``R' = conj(R)`` (``R`` of real data); and ``ea``."""
+    def run(scale: dict) -> dict:
+        ctx.phases["tsqr pass"] = "cpu"
+        sr = tsqr_pass(ctx.job, ctx.A, None, ctx.cdtype, scale=scale, transposed=True, device="cpu")
+        return {"r": sr.r}
+
+    rec = ctx.saved.run("wide-tsqr-pass", lambda: ctx.sa.run(ctx.job, run) | {"ea": ctx.sa.exponent})
+    r = np.asarray(rec["r"])
+    return (r.conj() if np.iscomplexobj(r) else r), int(rec["ea"])
+
+
+def dual_spectrum(r: np.ndarray, bm: np.ndarray, m: int, n: int) -> Spectrum:
+    """The dual spectrum of ``G = R^H R`` from the SVD ``R = U S V^H`` (``G = V S^2 V^H``): ``basis = V``,
+    ``beta = V^H b``; every part of ``b`` is fitted (``rho0 = 0``), as :func:`spectrum_from_gram` has it."""
+    _, s, vt = np.linalg.svd(r, full_matrices=False)
+    v = vt.conj().T
+    return Spectrum(s=s, basis=v, beta=v.conj().T @ bm, rho0sq=np.zeros(bm.shape[1]), m=m, n=n, dual=True)
+
+
+__all__ = ["dual_spectrum", "qr_route", "wide_qr_factor"]

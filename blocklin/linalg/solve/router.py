@@ -580,8 +580,7 @@ def _solve_gram_stored(job: Job, A: Any, B: Any, lam: Any, lams: list[float], *,
 
 def _least_squares_plan(job: Job, A: Any, B: Any, *, kind: str, method: str, refine: Any,
                         fit_intercept: bool, weighted: bool = False, positive: bool = False) -> SolvePlan:
-    """The in-memory route's plan; ``method="qr"`` refused where it cannot run (wide ``A``, an intercept),
-    ``positive`` for a wide ``A``."""
+    """The in-memory route's plan; ``positive`` refused for a wide ``A``."""
     (m, n), k = A.shape, B.shape[1]
     plan = plan_solve(m, n, k, method=method, memory=job.cfg.memory, lam_kind=kind,
                       refine=1 if refine == "auto" else refine, weighted=weighted, positive=positive,
@@ -591,16 +590,6 @@ def _least_squares_plan(job: Job, A: Any, B: Any, *, kind: str, method: str, ref
                                   "in memory, whose Cholesky factor the nonnegative least squares runs on)",
                                   f"a {m} x {n}", "solve the transposed problem if that is what you mean, or "
                                   "drop positive"))
-    if plan.orientation == "wide" and method == "qr":
-        raise ParameterError(_msg("method", "'qr' needs a tall or square a (rows >= columns)",
-                                  f"a {m} x {n}", "pass method='normal' (the dual form "
-                                  "x = A^T (A A^T + lam^2 I)^-1 b, used by 'auto'), or solve the transposed "
-                                  "problem"))
-    if fit_intercept and method == "qr":
-        raise ParameterError(_msg("method", "'qr' cannot fit an intercept (the streaming R factor is of the "
-                                  "uncentered A)", "method='qr' with fit_intercept=True",
-                                  "pass method='auto' or 'normal' (the centered normal equations), or center "
-                                  "A and b yourself"))
     return plan
 
 

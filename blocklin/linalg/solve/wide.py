@@ -76,9 +76,17 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     Both GEMMs run in the solve's own job (each counted as a pass over ``A``).
     """
     job = ctx.job
-    ctx.phases.update({"gram GEMM": job.device, "solution GEMM": job.device})
-    rec = ctx.saved.run("wide-gram", lambda: _wide_gram(ctx))
-    g, ea = rec["g"], int(rec.get("ea", 0))
+    ctx.phases["solution GEMM"] = job.device
+    r = None
+    if ctx.method == "qr":  # A A^H = R^H R from the TSQR of A^T (qr_route.wide_qr_factor), never formed
+        from blocklin.linalg.solve.qr_route import dual_spectrum, wide_qr_factor
+
+        r, ea = wide_qr_factor(ctx)
+        g = None
+    else:
+        ctx.phases["gram GEMM"] = job.device
+        rec = ctx.saved.run("wide-gram", lambda: _wide_gram(ctx))
+        g, ea = rec["g"], int(rec.get("ea", 0))
     bm = Matrix(ctx.B.path)[...].astype(ctx.cdtype)  # m x k, small (m is the short side)
     if ctx.weighted:
         ctx.wvec = Matrix(ctx.W.path)[...].astype(np.float64)[:, 0]
@@ -101,6 +109,9 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     if ctx.intercept:  # P_w (A A^T) P_w^T and P_w b: no means of A needed
         bbar = w @ bm / S
         bm = bm - bbar
+    if ctx.intercept and r is not None:  # P_w R^H R P_w^H = (R P_w^H)^H (R P_w^H), R P_w^H = R - (R 1) w^T / S
+        rc = r - np.outer(r.sum(axis=1), w) / S
+    elif ctx.intercept:
         g = g - (w @ g)[None, :] / S
         g = g - (g @ w)[:, None] / S
         g = (g + g.conj().T) / 2
@@ -108,10 +119,16 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         sw = np.sqrt(w)
         g = sw[:, None] * g * sw[None, :]
         bm = sw[:, None] * bm
-    spec = spectrum_from_gram(g, bm, dots(bm, bm), ctx.rows_in_problem, dual=True, n=ctx.n)
-    info = {"method": "normal", "method_reason": "wide a: dual form x = A^T (A A^T + lam^2 I)^-1 b"
-            if ctx.cdtype == "float64" else "wide a: dual form x = A^H (A A^H + lam^2 I)^-1 b",
-            "norm_a": math.sqrt(max(float(np.trace(g).real), 0.0))}
+    if r is not None:  # y = V diag(1/(s^2 + lam^2)) V^H b of R = U S V^H
+        spec = dual_spectrum(rc if ctx.intercept else r, bm, ctx.rows_in_problem, ctx.n)
+        info = {"method": "qr", "method_reason": "requested (wide a: the SVD of the streaming R factor of A^T"
+                + (" centered on the right" if ctx.intercept else "") + ", A A^H = R^H R never formed; x = A^H y)",
+                "norm_a": float(np.linalg.norm(spec.s))}
+    else:
+        spec = spectrum_from_gram(g, bm, dots(bm, bm), ctx.rows_in_problem, dual=True, n=ctx.n)
+        info = {"method": "normal", "method_reason": "wide a: dual form x = A^T (A A^T + lam^2 I)^-1 b"
+                if ctx.cdtype == "float64" else "wide a: dual form x = A^H (A A^H + lam^2 I)^-1 b",
+                "norm_a": math.sqrt(max(float(np.trace(g).real), 0.0))}
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
     ys = coefficients(ctx, spec, info, "row")
     if ctx.weighted:  # x = (D P_w A)^T y = A^T P_w^T (D y)
@@ -119,7 +136,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     if ctx.intercept:
         # x = A^T (P_w^T y); the intercept bbar - mu^T x with mu^T x = w^T (A A^T) (P_w^T y) / S
         ys = [y - np.outer(w, y.sum(axis=0)) / S for y in ys]
-        icpt = [bbar - (w @ g_raw) @ y / S for y in ys]
+        icpt = [bbar - ((w @ g_raw) @ y if r is None else (r @ w).conj() @ (r @ y)) / S for y in ys]
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
     y = unscaled_x(np.hstack(ys), eb - ea, out_dtype).astype(out_dtype)
     cplx = out_dtype.kind == "c"  # x = A^H y = conj(A^T conj(y)): the GEMM's A^T, conjugated on both sides
