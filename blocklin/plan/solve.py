@@ -85,7 +85,10 @@ def plan_solve(m: int, n: int, k: int, *, method: str, memory: int, lam_kind: st
         steps.append("sample_weight: one pass over the m weights checks them (finite, >= 0, not all zero); "
                      + ("A's rows scaled by sqrt(w) as they are read (normal equations, on the CPU)"
                         if orientation == "tall" else "A A^T scaled by sqrt(w) on both sides, in memory"))
-    if fit_intercept and orientation == "tall" and not weighted:
+    if fit_intercept and orientation == "tall" and method == "qr":
+        steps.append("fit_intercept: a ones column streamed before A (the R factor of [1 | A | b] holds the centered "
+                     "problem's; no pass for the means)")
+    elif fit_intercept and orientation == "tall" and not weighted:
         steps.append("fit_intercept: one more pass for the column means of A")
     elif fit_intercept and orientation == "tall":
         steps.append("fit_intercept: the weighted means from the Gram pass (no extra pass)")

@@ -277,14 +277,12 @@ def _min_norm(ctx: TikhonovRun, gp: dict, x_path: str, what: str, gram: str) -> 
 def _refuse_or_warn(cf: Any, rcond: float, lam: float, ctx: TikhonovRun | None = None) -> None:
     """``method="normal"`` (or the centered, weighted or constrained normal equations, which have no QR route)
     on an ill-conditioned problem: refuse a singular one, warn otherwise. The advice names what works for the
-    options given: ``method='qr'`` takes none of fit_intercept, sample_weight, positive."""
-    extras = [n for n, on in (("fit_intercept", ctx is not None and ctx.intercept),
-                              ("sample_weight", ctx is not None and ctx.weighted),
+    options given: ``method='qr'`` takes fit_intercept, but neither sample_weight nor positive."""
+    extras = [n for n, on in (("sample_weight", ctx is not None and ctx.weighted),
                               ("positive", ctx is not None and ctx.positive)) if on]
     if extras:
-        qr = (f"or, without {' and '.join(extras)}, method='qr' on the problem made by hand (for fit_intercept: "
-              "A - 1 mu^T and b - bbar with the column means, then x0 = bbar - mu^T x; for sample_weight: rows "
-              "scaled by sqrt(w))")
+        qr = (f"or, without {' and '.join(extras)}, method='qr' on the problem made by hand (for sample_weight: "
+              "rows of A and b scaled by sqrt(w))")
     else:
         qr = "or method='qr' (the streaming QR: no squared condition number)"
     if cf is None or rcond < np.finfo(np.float64).eps:
