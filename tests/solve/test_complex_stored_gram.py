@@ -21,37 +21,10 @@ import pytest
 import blocklin as bl
 from support.budgets import sweep
 from support.conformance import least_budget
-from support.tolerances import assert_solve, eps
+from support.complex_ridge import CDTYPES, COMPLEX, check as _check, crandn as _crandn, problem as _problem
+from support.tolerances import eps
 
-CDTYPES = [np.complex64, np.complex128]
-COMPLEX = 3 * np.sqrt(2)
 SCHEDULERS = ["sync", "threads", "processes"]
-
-
-def _crandn(rng, shape, dtype):
-    return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
-
-
-def _problem(shape, dtype, k=2, seed=0):
-    rng = np.random.default_rng(seed)
-    return _crandn(rng, shape, dtype), _crandn(rng, (shape[0], k), dtype)
-
-
-def _ridge(a, b, lam):
-    """The complex128 Tikhonov solution and the matrix whose condition bounds its forward error."""
-    a, b = a.astype(np.complex128), b.astype(np.complex128)
-    m, n = a.shape
-    if m >= n:
-        k = a.conj().T @ a + lam**2 * np.eye(n)
-        return np.linalg.solve(k, a.conj().T @ b), k
-    k = a @ a.conj().T + lam**2 * np.eye(m)
-    return a.conj().T @ np.linalg.solve(k, b), k
-
-
-def _check(x, a, b, lam, dtype):
-    ref, k = _ridge(a, b, lam)
-    assert x.dtype == np.dtype(dtype)
-    assert_solve(x, ref, k, dtype=dtype, const=8 * COMPLEX)
 
 
 def _stored(x):
