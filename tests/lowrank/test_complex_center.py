@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.conformance import least_budget
+from support.conformance import run_checked, least_budget
 from support.tolerances import assert_close_to, assert_mean, assert_orthonormal, assert_singular_values, eps
 
 import blocklin as bl
@@ -43,14 +43,7 @@ def _dense(x):
     return x.to_numpy() if isinstance(x, bl.Matrix) else np.asarray(x)
 
 
-def _run(call, memory):
-    if memory == "least":
-        res = least_budget(call)
-        assert not res.report["in_core"]
-        return res
-    res = call(None)
-    assert res.report["in_core"]
-    return res
+_run = run_checked  # tests/support/conformance.py
 
 
 def _check_factors(res, a, ref, dtype):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support.conformance import least_budget
+from support.conformance import run_checked, least_budget
 from support.tolerances import (assert_factorization, assert_orthonormal, assert_ritz_values, assert_singular_values,
                                 eps)
 
@@ -49,14 +49,7 @@ def _dense(x):
     return None if x is None else x.to_numpy() if isinstance(x, bl.Matrix) else np.asarray(x)
 
 
-def _run(call, memory):
-    if memory == "least":
-        res = least_budget(call)
-        assert not res.report["in_core"]
-        return res
-    res = call(None)
-    assert res.report["in_core"]
-    return res
+_run = run_checked  # tests/support/conformance.py
 
 
 def _check(a, res, *, which="LM", iterative=False):

@@ -44,6 +44,13 @@ def run(call, memory):
     return call(memory)
 
 
+def run_checked(call, memory):
+    """:func:`run`, asserting the route: out of core at ``"least"``, in core otherwise."""
+    res = run(call, memory)
+    assert res.report["in_core"] is (memory != "least")
+    return res
+
+
 def lu_parts(f, pivots):
     """SciPy's ``P, L, U`` (``A = P L U``) from the packed ``getrf`` factor and its 0-based pivots."""
     f = dense(f)
