@@ -265,3 +265,35 @@ def test_tall_solve_records_are_not_reused_for_a_changed_input(tmp_path):
     assert x.report["resumed_passes"] == []  # the old Gram pass was not reused
     ref = blocklin.solve(a.path, b.path, out=tmp_path / "ref.zarr", **kw)
     np.testing.assert_array_equal(x.to_numpy(), ref.to_numpy())
+
+
+def test_changed_complex_input_is_not_mixed_into_a_resumed_stored_gram_solve(tmp_path, monkeypatch):
+    """The complex stored-Gram route (``A^H A + lam^2 I`` stored and factored ``L L^H`` out of core) takes
+    the same stages and stamps as the real one: killed mid-run, its complex ``A`` rewritten in place,
+    ``--resume`` restarts and gives a fresh run's bits on the new input."""
+    rng = np.random.default_rng(11)
+
+    def crandn(shape):
+        return rng.standard_normal(shape) + 1j * rng.standard_normal(shape)
+
+    blocklin.from_array(crandn((N, N)), tmp_path / "A.zarr", chunks=(40, 40))
+    blocklin.from_array(crandn((N, 8)), tmp_path / "B.zarr", chunks=(40, 8))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BLOCKLIN_TEST_MARK_AFTER", str(KILL_AT["solve-gram"]))
+    tmp, argv = str(tmp_path / "tmp"), COMMANDS["solve-gram"]
+    r = interrupt(tmp_path, cli_argv(argv, "out.zarr", tmp), "SIGKILL", "mid", "out.zarr")
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert _finished_units(tmp_path), leftovers(tmp_path)
+    zarr.open_array(str(tmp_path / "A.zarr"), mode="r+")[...] = crandn((N, N))
+
+    rc, said = _warnings_of(lambda: main(cli_argv(argv, "out.zarr", tmp, "--resume", "--json")))
+    assert rc == 0
+    changed = [w for w in said if "changed since the interrupted run" in w]
+    assert len(changed) == 1 and f"input {tmp_path / 'A.zarr'} " in changed[0], said
+    assert main(cli_argv(argv, "fresh.zarr", tmp)) == 0
+    got, ref = load_output(tmp_path / "out.zarr"), load_output(tmp_path / "fresh.zarr")
+    assert got.keys() == ref.keys() and np.iscomplexobj(ref[""])
+    for key in ref:
+        np.testing.assert_array_equal(got[key], ref[key], err_msg=key)
+    assert leftovers(tmp_path) == []
