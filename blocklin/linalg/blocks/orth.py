@@ -132,7 +132,8 @@ def next_block(v: np.ndarray, q1: np.ndarray, t: np.ndarray, *, norm_z: float, s
                width: int, drop: float = 1e-10) -> np.ndarray:
     """Orthonormal basis of the ``width`` dominant directions of ``y = Q1 T``, the block ``z`` once
     projected against an orthonormal ``V`` (``y = z - V (V^H z)``, ``Q1 T`` its Householder QR), kept
-    orthogonal to ``V`` (block Lanczos's next block).
+    orthogonal to ``V`` (block Lanczos's next block). ``V`` is an array or a Lanczos basis (its
+    ``shape`` and ``project_out``: :mod:`blocklin.linalg.lowrank.basis`, in memory or spilled).
 
     The directions are ``Q1 U_T`` from the SVD of the small ``T`` (those below ``drop`` times the
     largest column of ``y`` replaced by random ones, counter-based ``(seed, counter)``, orthogonal to
@@ -157,7 +158,7 @@ def next_block(v: np.ndarray, q1: np.ndarray, t: np.ndarray, *, norm_z: float, s
         g = gaussian(seed, STREAM_FILL, counter * n, (counter + 1) * n, fill, q1.dtype)
         for basis in ((v, q) if v is not None else (q,)):
             for _ in range(2):
-                g -= basis @ (ct(basis) @ g)
+                _project_out(basis, g)
         qf, _ = np.linalg.qr(g)
         q = np.hstack([q, qf])
     if v is None or v.shape[1] == 0:
@@ -166,10 +167,19 @@ def next_block(v: np.ndarray, q1: np.ndarray, t: np.ndarray, *, norm_z: float, s
     for _ in range(2):
         if not lost:
             break
-        q -= v @ (ct(v) @ q)
+        _project_out(v, q)
         q, r = tall_qr(q)
         lost = float(np.abs(np.diag(r)).min(initial=1.0)) * math.sqrt(2.0) < 1.0
     return q
+
+
+def _project_out(v: Any, q: np.ndarray) -> None:
+    """``q -= V (V^H q)`` in place; ``V`` an array, or a Lanczos basis that projects strip by strip
+    (:class:`blocklin.linalg.lowrank.basis.Basis`, in memory or spilled to disk)."""
+    if isinstance(v, np.ndarray):
+        q -= v @ (ct(v) @ q)
+    else:
+        v.project_out(q)
 
 
 def cholesky_upper(g: np.ndarray) -> np.ndarray | None:

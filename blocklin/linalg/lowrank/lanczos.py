@@ -36,6 +36,7 @@ import numpy as np
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.orth import ct, next_block, orth_against, tall_qr, work_dtype
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
+from blocklin.linalg.lowrank.basis import Basis, Columns, memory_bases, residual_columns, ritz_residuals
 
 
 @dataclasses.dataclass
@@ -65,7 +66,8 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
                   max_basis: int, max_steps: int, threshold: Callable[[np.ndarray], np.ndarray], seed: int,
                   x0: np.ndarray | None = None, first: np.ndarray | None = None,
                   checkpoint: Callable[[dict], None] | None = None, state: dict | None = None,
-                  dtype: Any = np.float64) -> LanczosResult:
+                  dtype: Any = np.float64, bases: Callable[[int, int, Any], tuple[Basis, Basis]] | None = None
+                  ) -> LanczosResult:
     """Thick-restarted block Lanczos (see module docstring).
 
     Parameters
@@ -90,11 +92,15 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
         A state saved by ``checkpoint``: continue from it instead of starting.
     dtype : dtype
         The operator's: a complex one is Hermitian, and the bases are complex128.
+    bases : callable, optional
+        ``bases(n, cap, dtype) -> (V, W)``: where the bases live (:mod:`~blocklin.linalg.lowrank.basis`;
+        default in memory). Spilled bases return the Ritz vectors and their residual vectors as
+        :class:`~blocklin.linalg.lowrank.basis.Columns` of the bases, never held in memory.
     """
     b = max(1, min(block, n))
     wd = work_dtype(dtype)
     keep_max = max(k + b, max_basis // 2, k)
-    cap = min(n, max(max_basis, keep_max) + b)  # the basis never grows past a restart's kept part plus a block
+    cap = basis_columns(n, k, b, max_basis)  # the basis never grows past a restart's kept part plus a block
     if state is not None:
         x, v0, w0, H = (np.asarray(state[key], dtype=wd) for key in ("x", "V", "W", "H"))
         history = [float(h) for h in np.atleast_1d(state["history"])]
@@ -103,32 +109,36 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
         x = start_block(n, block, seed, dtype=wd) if x0 is None else x0
         v0, w0, H = None, None, np.zeros((0, 0), dtype=wd)
         history, steps, restarts, counter = [], 0, 0, 1
+    x0 = None  # the block is x's alone: dropped once it is in the basis
     m = 0 if v0 is None else v0.shape[1]
     cap = max(cap, m + x.shape[1])
-    # the bases preallocated (columns [:m] in use): a step writes its block in place, no copies of V and W
-    V = np.empty((n, cap), dtype=wd)
-    W = np.empty((n, cap), dtype=wd)
+    # the bases (columns [:m] in use), in memory or spilled (basis.py): a step appends its block, strip by strip
+    V, W = (bases or memory_bases)(n, cap, wd)
     if m:
-        V[:, :m], W[:, :m] = v0, w0
+        V.append(v0)
+        W.append(w0)
     del v0, w0
     eps = float(np.finfo(np.float64).eps)
     while True:
-        z = np.asarray(first if (first is not None and steps == 0) else apply(x, steps + 1), dtype=wd)
+        owned = not (first is not None and steps == 0)  # the caller's first image is not overwritten
+        z = np.asarray(first if not owned else apply(x, steps + 1), dtype=wd)
+        first = None
         steps += 1
         bx = x.shape[1]
         with small_blas(n, cap):  # the in-memory work of the step
             # extend the projected matrix H = V^H W; its new row block is h12^H (Op is Hermitian)
-            h12 = ct(V[:, :m]) @ z
+            h12 = V.dot(z)
             h22 = ct(x) @ z
             h22 = (h22 + ct(h22)) / 2
             H = np.block([[H, h12], [ct(h12), h22]]) if m else h22
-            V[:, m:m + bx], W[:, m:m + bx] = x, z
+            V.append(x)
+            W.append(z)
             m += bx
             del x
             # W - V H = [0 .. 0, (I - V V^H) z] (the Krylov relation, kept by thick restarts): the residual of
             # every Ritz pair comes from z's projection, whose R factor gives its norm without n-long work
             c = np.concatenate([h12, h22]) if h12.size else h22
-            y = z - V[:, :m] @ c  # a new block: z may be the caller's
+            y = V.subtract(z if owned and z.flags.writeable else z.copy(), c)
             del z
             q1, t = tall_qr(y)
             del y
@@ -146,41 +156,56 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
             exhausted = m >= n
             last = exhausted or steps >= max_steps
             if last or (kk == k and np.all(est <= bound + slack)):
-                ritz = V[:, :m] @ Y[:, sel]
-                res = W[:, :m] @ Y[:, sel]
-                res -= ritz * theta[sel]
-                rn = np.linalg.norm(res, axis=0)
+                rn, ritz, res = ritz_residuals(V, W, Y[:, sel], theta[sel], keep=not V.spilled)
                 conv = rn <= bound
                 history.append(float(np.max(rn / np.maximum(bound, 1e-300))) if kk else 0.0)
                 if (kk == k and conv.all()) or last:
                     # an exhausted Krylov space is converged, but never with a NaN residual (never checked)
                     ok = bool(kk == k and (conv.all() or (exhausted and np.isfinite(rn).all())))
-                    return LanczosResult(theta[sel], ritz, rn, ok, steps, restarts, history, res)
+                    return _result(V, W, Y[:, sel], theta[sel], rn, ok, steps, restarts, history, ritz, res)
                 del ritz, res
             else:
                 history.append(float(np.max(est / np.maximum(bound, 1e-300))) if kk else 0.0)
             restart = m + b > max_basis
             keep = order[:min(len(order), keep_max)] if restart else None
             if n - (len(keep) if restart else m) <= 0:  # no direction left outside the basis: the pairs as they stand
-                ritz = V[:, :m] @ Y[:, sel]
-                res = W[:, :m] @ Y[:, sel] - ritz * theta[sel]
-                rn = np.linalg.norm(res, axis=0)
-                return LanczosResult(theta[sel], ritz, rn, bool(kk == k and (rn <= bound).all()), steps, restarts,
-                                     history, res)
+                rn, ritz, res = ritz_residuals(V, W, Y[:, sel], theta[sel], keep=not V.spilled)
+                return _result(V, W, Y[:, sel], theta[sel], rn, bool(kk == k and (rn <= bound).all()), steps,
+                               restarts, history, ritz, res)
             if restart:  # thick restart to the best Ritz vectors (W = Op V stays exact)
-                r = len(keep)
-                V[:, :r] = V[:, :m] @ Y[:, keep]
-                W[:, :r] = W[:, :m] @ Y[:, keep]
+                V.restart(Y[:, keep])
+                W.restart(Y[:, keep])
                 H = np.diag(theta[keep]).astype(wd)
-                m = r
+                m = len(keep)
                 restarts += 1
             # the next block: the dominant directions of the residual space, orthogonal to the (kept) basis
-            x = next_block(V[:, :m], q1, t, norm_z=norm_z, seed=seed, counter=counter, width=b)
+            x = next_block(V, q1, t, norm_z=norm_z, seed=seed, counter=counter, width=b)
             del q1
             counter += 1
             if checkpoint is not None:
-                checkpoint({"x": x, "V": V[:, :m], "W": W[:, :m], "H": H, "history": np.array(history),
+                checkpoint({"x": x, "V": V.to_numpy(), "W": W.to_numpy(), "H": H, "history": np.array(history),
                             "steps": steps, "restarts": restarts, "counter": counter})
+
+
+def basis_columns(n: int, k: int, block: int, max_basis: int) -> int:
+    """Columns of each basis :func:`block_lanczos` allocates: the largest basis (``max_basis``, or a thick
+    restart's kept part) plus a block, at most ``n``."""
+    b = max(1, min(block, n))
+    keep_max = max(k + b, max_basis // 2, k)
+    return min(n, max(max_basis, keep_max) + b)
+
+
+def _result(V: Basis, W: Basis, y: np.ndarray, theta: np.ndarray, rn: np.ndarray, ok: bool, steps: int,
+            restarts: int, history: list, ritz: np.ndarray | None, res: np.ndarray | None) -> LanczosResult:
+    """The returned pairs: in memory as :func:`ritz_residuals` formed them, or, from spilled bases, the
+    bases restarted in place to the Ritz vectors and their residual vectors (the same bits, strip by strip)
+    and returned as :class:`~blocklin.linalg.lowrank.basis.Columns`."""
+    if ritz is None:
+        V.restart(y)
+        W.restart(y)
+        residual_columns(V, W, theta)
+        ritz, res = Columns(V, y.shape[1]), Columns(W, y.shape[1])
+    return LanczosResult(theta, ritz, rn, ok, steps, restarts, history, res)
 
 
 #: Elements of an ``n x cols`` block below which the in-memory work runs on one BLAS thread.
