@@ -287,6 +287,13 @@ def test_ridge_regression(fit_intercept, kind):
         assert abs(_r2(X, y, got, x.intercept[0]) - r2_ref) <= _r2_bound(X, y, got, x.intercept[0], xb, ib)
 
 
+def _intercept_or_centered(X, y, coef, fit_intercept):
+    """scikit-learn's setup of the stacked cases: the dataset's intercept, or without one X and y centered."""
+    if fit_intercept:
+        return X, y, coef[-1]
+    return X - X.mean(axis=0), y - y.mean(), 0.0
+
+
 @pytest.mark.parametrize("kind", ["long", "wide"])
 @pytest.mark.parametrize("fit_intercept", [True, False])
 def test_ridge_regression_hstacked_X(fit_intercept, kind):
@@ -295,11 +302,7 @@ def test_ridge_regression_hstacked_X(fit_intercept, kind):
     n_samples, n_features = X.shape
     X = 0.5 * np.concatenate((X[:, :-1], X[:, :-1]), axis=1)
     assert np.linalg.matrix_rank(X) <= min(n_samples, n_features - 1)
-    if fit_intercept:
-        intercept = coef[-1]
-    else:
-        X, y = X - X.mean(axis=0), y - y.mean()
-        intercept = 0.0
+    X, y, intercept = _intercept_or_centered(X, y, coef, fit_intercept)
     x = bl.solve(X, y, lam=_lam(0.5), fit_intercept=fit_intercept)
     check_solution(x, X, y, np.r_[coef[:-1], coef[:-1]], intercept, _lam(0.5), fit_intercept=fit_intercept)
 
@@ -313,11 +316,7 @@ def test_ridge_regression_vstacked_X(fit_intercept, kind):
     X = np.concatenate((X[:, :-1], X[:, :-1]), axis=0)
     assert np.linalg.matrix_rank(X) <= min(n_samples, n_features)
     y = np.r_[y, y]
-    if fit_intercept:
-        intercept = coef[-1]
-    else:
-        X, y = X - X.mean(axis=0), y - y.mean()
-        intercept = 0.0
+    X, y, intercept = _intercept_or_centered(X, y, coef, fit_intercept)
     x = bl.solve(X, y, lam=_lam(2.0), fit_intercept=fit_intercept)
     check_solution(x, X, y, coef[:-1], intercept, _lam(2.0), fit_intercept=fit_intercept)
 

@@ -35,27 +35,27 @@ def _left(temp) -> list[str]:
     return sorted(p.name for p in temp.iterdir()) if temp.exists() else []
 
 
-def test_sparse_conversion_sort_folder(tmp_path, monkeypatch):
-    hit = interrupt_at_hold(monkeypatch, "blocklin-sort-")
+def _coordinate_file(path):
+    scipy.io.mmwrite(str(path), scipy.sparse.random(300, 200, density=0.05, random_state=0, format="coo"))
+    return "64MiB"
+
+
+def _symmetric_array_file(path):
+    a = np.random.default_rng(1).standard_normal((1000, 1000))  # 8 MB: mirrored, not held
+    scipy.io.mmwrite(str(path), a + a.T, symmetry="symmetric")
+    return "5MiB"
+
+
+@pytest.mark.parametrize("prefix, write", [("blocklin-sort-", _coordinate_file),  # the sparse conversion's sort
+                                           ("blocklin-mirror-", _symmetric_array_file)])  # a symmetric array's mirror
+def test_conversion_work_folder(tmp_path, monkeypatch, prefix, write):
+    hit = interrupt_at_hold(monkeypatch, prefix)
     temp = tmp_path / "tmp"
     monkeypatch.setenv("BLOCKLIN_TEMP_DIR", str(temp))
     src = tmp_path / "s.mtx"
-    scipy.io.mmwrite(str(src), scipy.sparse.random(300, 200, density=0.05, random_state=0, format="coo"))
+    memory = write(src)
     with pytest.raises(KeyboardInterrupt):
-        bl.convert(str(src), str(tmp_path / "o.zarr"), memory="64MiB")
-    assert hit
-    assert _left(temp) == [] and not (tmp_path / "o.zarr").exists()
-
-
-def test_symmetric_array_mirror_folder(tmp_path, monkeypatch):
-    hit = interrupt_at_hold(monkeypatch, "blocklin-mirror-")
-    temp = tmp_path / "tmp"
-    monkeypatch.setenv("BLOCKLIN_TEMP_DIR", str(temp))
-    src = tmp_path / "sym.mtx"
-    a = np.random.default_rng(1).standard_normal((1000, 1000))  # 8 MB: mirrored, not held
-    scipy.io.mmwrite(str(src), a + a.T, symmetry="symmetric")
-    with pytest.raises(KeyboardInterrupt):
-        bl.convert(str(src), str(tmp_path / "o.zarr"), memory="5MiB")
+        bl.convert(str(src), str(tmp_path / "o.zarr"), memory=memory)
     assert hit
     assert _left(temp) == [] and not (tmp_path / "o.zarr").exists()
 
