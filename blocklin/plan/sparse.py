@@ -60,6 +60,9 @@ class SparseOpPlan:
     held_blocks : int
         Bytes of ``S``'s row blocks held in memory between the products (0: every product reads
         them): ``S`` is then read once for all the passes (:attr:`reads`).
+    basis_spilled : int
+        Bytes of the Krylov bases ``V`` and ``W`` spilled to a scratch file in the work folder (0: held
+        in memory; :mod:`blocklin.linalg.lowrank.basis`): read and written strip by strip every step.
     details : dict
         The operation's own sizes (block, basis, tiles).
     """
@@ -82,6 +85,7 @@ class SparseOpPlan:
     bytes_written: int
     other_bytes_read: int = 0
     held_blocks: int = 0
+    basis_spilled: int = 0
     details: dict = dataclasses.field(default_factory=dict)
 
     route = "sparse"
@@ -135,6 +139,9 @@ class SparseOpPlan:
                  f"  holds {format_size(self.peak_memory)} of {format_size(self.memory)}: "
                  + ", ".join(f"{name} {format_size(b)}" for name, b in self.held)
                  + ("" if self.fits else " (over the budget)")]
+        if self.basis_spilled:
+            lines.append(f"  Krylov bases spilled to the work folder: {format_size(self.basis_spilled)} on disk, read and "
+                         "written strip by strip each step (they do not fit the budget beside the products)")
         label = "expected" if self.passes is not None else f"expected at {self.max_passes} passes (the most)"
         lines.append("  " + expected_line(self.bytes_read, self.bytes_written, self.flops, device, rates,
                                           dtype=self.dtype, label=label))
@@ -157,7 +164,8 @@ class SparseOpPlan:
 def plan_sparse_lowrank(operation: str, *, shape: tuple[int, int], dtype: Any, nnz: int, index_dtype: Any,
                         product_bytes: int, svd_plan: Any, k: int, memory: int, max_passes: int,
                         extra_reads: int | None = None, also_held: tuple = (),
-                        bytes_written: int | None = None, held_blocks: int = 0) -> SparseOpPlan:
+                        bytes_written: int | None = None, held_blocks: int = 0,
+                        basis_spilled: int = 0) -> SparseOpPlan:
     """The plan of ``svd``, ``pca`` or ``eigsh`` of a stored sparse matrix through its row-block operator.
 
     ``svd_plan`` is the dense plan the run makes (:func:`blocklin.plan.svd.plan_svd`: its passes,
@@ -168,7 +176,8 @@ def plan_sparse_lowrank(operation: str, *, shape: tuple[int, int], dtype: Any, n
     ``extra_reads`` (reads of ``S`` besides the passes: default 1 for pca's means and eigsh's symmetry
     check), ``also_held`` (more ``(name, bytes)``) and ``bytes_written`` override the defaults.
     ``held_blocks``: the bytes of the row blocks held between the products
-    (:func:`blocklin.runtime.sparse_pass.blocks_fit`), read once for all the passes.
+    (:func:`blocklin.runtime.sparse_pass.blocks_fit`), read once for all the passes; ``basis_spilled``:
+    the bytes of the Krylov bases spilled to the work folder (0: in memory).
     """
     m, n = (int(s) for s in shape)
     dt, idt = np.dtype(dtype), np.dtype(index_dtype)
@@ -176,7 +185,8 @@ def plan_sparse_lowrank(operation: str, *, shape: tuple[int, int], dtype: Any, n
     M = max(m, n)
     held = [("a product (X, its result, one task's row block and partial)", int(product_bytes))]
     if operation == "eigsh":
-        held.append(("Krylov basis and Ritz vectors", int(svd_plan.client_bytes)))
+        held.append(("Krylov basis strip buffers and the step's blocks" if basis_spilled else
+                     "Krylov basis and Ritz vectors", int(svd_plan.client_bytes)))
         reads_per_pass, extra = 1, 1  # each step one S X; the first also S^T X (the symmetry check)
         formula = "L Lanczos steps, one S X each"
     else:
@@ -197,7 +207,7 @@ def plan_sparse_lowrank(operation: str, *, shape: tuple[int, int], dtype: Any, n
                         max_passes=int(max_passes), reads_per_pass=reads_per_pass, extra_reads=extra,
                         formula=formula, held=tuple(held), memory=int(memory), flops=int(flops),
                         bytes_written=(M * k * dt.itemsize if operation != "eigsh" else 0) if bytes_written is None
-                        else int(bytes_written), held_blocks=int(held_blocks),
+                        else int(bytes_written), held_blocks=int(held_blocks), basis_spilled=int(basis_spilled),
                         details={"k": k, "block": l, "max_basis": int(svd_plan.max_basis),
                                  "power_iters": svd_plan.power_iters})
 

@@ -203,6 +203,35 @@ def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch
     return lanczos
 
 
+#: Strip buffers of a spilled basis pair (read and write, ``V`` and ``W``; see
+#: :mod:`blocklin.linalg.lowrank.basis`) and the strip products formed from them at once.
+SPILL_STRIPS = 6
+
+
+def lanczos_bytes(n: int, k: int, block: int, cap: int, *, spilled: bool, strip_bytes: int = 0,
+                  itemsize: int = F64) -> int:
+    """What block Lanczos (:func:`blocklin.linalg.lowrank.lanczos.block_lanczos`) holds in memory beside
+    its products' ``X`` and ``Op X`` (which the products count), from the code as it runs:
+
+    - the bases ``V`` and ``W`` (``n x cap`` each) in memory, or spilled: :data:`SPILL_STRIPS` strips of
+      ``strip_bytes`` (their buffers and a strip's products) and no ``n``-long basis;
+    - the step's QR work beyond a product's two blocks: two more ``n x block`` blocks (``tall_qr``'s ``Q``
+      and its refinement beside ``y``; ``next_block``'s ``Q1`` and ``Q1 U_T`` with their QR);
+    - in memory, at a residual check, the Ritz vectors and their residual vectors (``2 n x k``) beside
+      ``Q1`` (spilled, they are formed strip by strip and stay in the bases' file);
+    - the projected matrix ``H``, its eigenvectors and ``eigh``'s work (``4 cap^2``).
+
+    Measured with ``tracemalloc`` (the traced peak of a sparse eigsh less its largest product's ``X``,
+    result and task): see ``tests/lowrank/test_sparse_spilled_basis.py``.
+    """
+    step = 2 * n * block
+    if spilled:
+        held = SPILL_STRIPS * strip_bytes + step * itemsize
+    else:
+        held = (2 * n * cap + max(step, 2 * n * k - n * block)) * itemsize
+    return int(held + 4 * cap * cap * itemsize)
+
+
 def gram_client_bytes(N: int) -> int:
     """In-memory work of the Gram route after its pass: the task's ``N x N`` float64 sum, the total
     it is copied into (which ``eigh`` then overwrites), its eigenvectors and workspace."""

@@ -29,12 +29,16 @@ from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterErro
 from blocklin.linalg.blocks.orth import orth_against
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
+from blocklin.linalg.lowrank.basis import Columns, spilled_bases
+from blocklin.linalg.lowrank.basis_budget import BasisPlan, plan_bases
 from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol
 from blocklin.linalg.lowrank.laplacian import laplacian_operator
-from blocklin.plan.svd import client_bytes, default_basis, default_block
+from blocklin.matrix import Matrix
+from blocklin.operands import temp_root
+from blocklin.plan.svd import default_block
 from blocklin.runtime.job import Job
-from blocklin.runtime.sparse_pass import check_products, hold_blocks
-from blocklin.storage.zarr_store import create_group, write_array
+from blocklin.runtime.sparse_pass import hold_blocks
+from blocklin.storage.zarr_store import create_array, create_group, write_array, write_block
 from blocklin.validate import check_k, start_vector
 
 
@@ -56,7 +60,6 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
     check_k(k, n, n)
     v0 = start_vector(v0, n)
     block = block_size or default_block(k, 10, n)
-    basis = max_basis or max(k + block, min(default_basis(k, 10, block), n))  # as plan_svd
     with Job("eigsh", **settings) as job:
         ao = None
         if out is not None:
@@ -64,13 +67,13 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
             create_group(ao.array_path())
         op = s.aslinearoperator()
         dt = np.dtype(np.float64) if laplacian else op.dtype  # integer values and Laplacians: float64
-        # the Lanczos bases and Ritz vectors (and a Laplacian's degrees) stay in memory beside every
-        # product: the whole call's need refused up front, and the products' tasks take what is left
-        reserved = client_bytes("eigsh", n, k, block, basis, None) + (2 * n * 8 if laplacian else 0)
-        need = check_products(s._store, [(block, False)] + ([(block, True)] if check_symmetric else []), 8,
-                              op.dtype, job.cfg.memory, reserved)
+        # the Lanczos bases (in memory, or spilled to the work folder where they do not fit) and the step's
+        # work beside every product: the whole call's need refused up front, the products' tasks take the rest
+        bp = eigsh_bases(s, n, k, block=block, max_basis=max_basis, block_given=block_size is not None,
+                         check_symmetric=check_symmetric, laplacian=laplacian, budget=job.cfg.memory,
+                         spill_ok=temp_root(job.cfg).is_local)
         # the row blocks read once and held between the steps where they fit beside that (sparse_pass)
-        job.client_reserved = reserved + hold_blocks(job, s._store, op.dtype, need, reserved)
+        job.client_reserved = bp.reserved + hold_blocks(job, s._store, op.dtype, bp.need, bp.reserved)
         tol = default_tol(dt) if tol is None else tol
         found: dict = {}
         if laplacian:
@@ -80,45 +83,88 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
 
         def apply(x: np.ndarray, step: int) -> np.ndarray:
             passes["n"] += 1
-            return np.asarray(op.matmat(x), dtype=np.float64)
+            z = np.asarray(op.matmat(x), dtype=np.float64)
+            if step == 1 and check_symmetric:  # the first block's S^T X: a sampled symmetry check
+                passes["n"] += 1
+                gap = float(np.linalg.norm(z - np.asarray(op.rmatmat(x), dtype=np.float64)))
+                if gap > symmetry_rtol(s.dtype) * max(float(np.linalg.norm(z)), np.finfo(np.float64).tiny):
+                    raise NotSymmetricError(explain("a", "must be symmetric (eigsh)", f"||S X - S^T X|| = {gap:.3g} "
+                                                    "for a random block", "use blocklin.svd, or symmetrize: "
+                                                    "(S + S^T) / 2"))
+            return z
 
-        g = gaussian(seed, STREAM_LANCZOS, 0, n, block)
-        if v0 is not None:
-            g[:, 0] = v0
-        x0 = orth_against(None, g, seed=seed)
-        first = apply(x0, 0)
-        if check_symmetric:
-            t = np.asarray(op.rmatmat(x0), dtype=np.float64)
-            passes["n"] += 1
-            gap = float(np.linalg.norm(first - t))
-            if gap > symmetry_rtol(s.dtype) * max(float(np.linalg.norm(first)), np.finfo(np.float64).tiny):
-                raise NotSymmetricError(explain("a", "must be symmetric (eigsh)", f"||S X - S^T X|| = {gap:.3g} for "
-                                                "a random block", "use blocklin.svd, or symmetrize: (S + S^T) / 2"))
         scale = {"v": 0.0}
 
         def threshold(theta: np.ndarray) -> np.ndarray:
             scale["v"] = max(scale["v"], float(np.max(np.abs(theta))) if theta.size else 0.0)
             return np.full(theta.shape, tol * max(scale["v"], np.finfo(np.float64).tiny))
 
-        res = block_lanczos(apply, n, k, which=which, block=block, max_basis=basis, max_steps=max_passes,
-                            threshold=threshold, seed=seed, x0=x0, first=first)
+        # the starting block made in the call: nothing here keeps it (or the first image) past its step
+        res = block_lanczos(apply, n, k, which=which, block=bp.block, max_basis=bp.max_basis, max_steps=max_passes,
+                            threshold=threshold, seed=seed, x0=_start(n, bp.block, seed, v0),
+                            bases=(lambda n_, cap, wd: spilled_bases(job, n_, cap, wd)) if bp.spilled else None)
         if not res.converged:
             warn(f"eigsh: tol={tol:g} not reached within {passes['n']} passes over the sparse matrix; raise "
                  "max_passes or loosen tol", ConvergenceWarning)
         idx = eigen_order(res.values, order, which)
         w = res.values[idx].astype(dt)
-        V = np.ascontiguousarray(res.vectors[:, idx]).astype(dt)
+        vectors, res.residual_vectors = res.vectors, None  # the residual vectors are not wanted here
         report = job.report(method="lanczos (sparse row blocks)", passes=passes["n"],
                             residuals=np.asarray(res.residuals)[idx].tolist(), converged=bool(res.converged), tol=tol,
-                            which=which, order=order, block=block, max_basis=basis, steps=res.steps,
-                            lanczos_steps=res.steps, restarts=res.restarts, nnz=s.nnz, seed=seed, **found)
+                            which=which, order=order, block=bp.block, max_basis=bp.max_basis, steps=res.steps,
+                            lanczos_steps=res.steps, restarts=res.restarts, nnz=s.nnz, seed=seed, **bp.report(),
+                            **found)
+        if isinstance(vectors, Columns):  # spilled: V goes from the bases' file to a store, strip by strip
+            if ao is None:  # a temporary group the caller owns, as the dense routes return large factors
+                ao = job.output(None, inputs=[s.path], size=((n, k), s.dtype))
+                create_group(ao.array_path())
+            write_columns(vectors, idx, dt, ao.array_path("V"))
+            write_array(ao.array_path("w"), w)
+            V = None
+        else:
+            V = np.ascontiguousarray(vectors[:, idx]).astype(dt, copy=False)
+            if ao is not None:
+                for name, x in (("w", w), ("V", V)):
+                    write_array(ao.array_path(name), x)
+        del vectors, res
         if ao is not None:
-            for name, x in (("w", w), ("V", V)):
-                write_array(ao.array_path(name), x)
             params = {"k": k, "method": "lanczos", "which": which, "order": order, "laplacian": laplacian}
-            report["output"] = str(ao.commit("eigsh", params=params, report=job.brief(
-                report, GROUP_REPORT_KEYS + ("nnz", "laplacian", "isolated_nodes"))))
+            path = ao.commit("eigsh", params=params, report=job.brief(
+                report, GROUP_REPORT_KEYS + ("nnz", "laplacian", "isolated_nodes", "basis_spilled", "basis_bytes")))
+            report["output"] = str(path)
+            if V is None:  # spilled: the stored V, a temporary group's where out was not given
+                V = Matrix(path / "V", report=report, temporary=out is None)
     return w, V, report
+
+
+def _start(n: int, block: int, seed: int, v0: np.ndarray | None) -> np.ndarray:
+    """The orthonormal starting block (``v0`` its first column), as the dense route draws it."""
+    g = gaussian(seed, STREAM_LANCZOS, 0, n, block)
+    if v0 is not None:
+        g[:, 0] = v0
+    return orth_against(None, g, seed=seed)
+
+
+def eigsh_bases(s: Any, n: int, k: int, *, block: int, max_basis: int | None, block_given: bool,
+                check_symmetric: bool, laplacian: str | None, budget: int, spill_ok: bool) -> BasisPlan:
+    """Where :func:`sparse_eigsh`'s bases live and its block (:func:`~blocklin.linalg.lowrank.basis_budget.plan_bases`):
+    its products ``S X`` of one block (and ``S^T X`` for the symmetry check), float64 ``X``; a Laplacian's
+    degrees held besides. What the run and its plan (:mod:`~blocklin.linalg.lowrank.sparse_plan`) take."""
+    op_dtype = s.aslinearoperator().dtype
+    degrees = 2 * n * 8 if laplacian else 0
+    return plan_bases(n, k, block=block, max_basis=max_basis, block_given=block_given, store=s._store,
+                      products=lambda b: [(b, False)] + ([(b, True)] if check_symmetric else []), item=8,
+                      dtype=op_dtype, budget=budget, extra=lambda b, cap, spilled: degrees, spill_ok=spill_ok)
+
+
+def write_columns(cols: Columns, idx: np.ndarray, dtype: Any, dest: Any) -> None:
+    """The columns ``idx`` of ``cols`` (a spilled basis's) written to the array ``dest`` in ``dtype``, one
+    chunk of rows per strip of the basis: never all of them in memory."""
+    n, _ = cols.shape
+    arr = create_array(dest, shape=(n, len(idx)), dtype=dtype, chunks=(cols.rows_per_strip(), max(1, len(idx))))
+    for r0, r1, block in cols.strips():
+        write_block(arr, slice(r0, r1), slice(0, len(idx)), np.ascontiguousarray(block[:, idx]).astype(dtype,
+                                                                                                      copy=False))
 
 
 def eigen_order(values: np.ndarray, order: str, which: str) -> np.ndarray:
@@ -136,4 +182,4 @@ def symmetry_rtol(dtype: Any) -> float:
     return math.sqrt(float(np.finfo(dt if dt.kind in "fc" else np.float64).eps))
 
 
-__all__ = ["eigen_order", "sparse_eigsh", "symmetry_rtol"]
+__all__ = ["eigen_order", "eigsh_bases", "sparse_eigsh", "symmetry_rtol", "write_columns"]

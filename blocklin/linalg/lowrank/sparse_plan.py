@@ -3,7 +3,8 @@
 :func:`blocklin.plan.sparse.plan_sparse_lowrank` fed with the matrix's metadata (one small read of
 its attributes, row blocks and their offsets), the dense plan the run itself makes and the products'
 memory as the run checks it (so a budget the run refuses is refused here with its message), and
-whether the run holds the row blocks in memory between its products (one read of ``S``).
+whether the run holds the row blocks in memory between its products (one read of ``S``), and whether its
+Krylov bases stay in memory or spill to the work folder (:mod:`blocklin.linalg.lowrank.basis_budget`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import numpy as np
 from blocklin.config import resolve
 from blocklin.errors import ParameterError, explain
 from blocklin.plan.sparse import SparseOpPlan, plan_sparse_lowrank
-from blocklin.plan.svd import client_bytes, default_basis, default_block
+from blocklin.operands import temp_root
+from blocklin.plan.svd import default_block
 from blocklin.runtime.sparse_pass import blocks_fit
 from blocklin.sparse import SparseMatrix, as_sparse_matrix
 from blocklin.validate import check_k
@@ -42,6 +44,7 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
         Where the run refuses the budget: the same planner, the same message.
     """
     from blocklin.linalg.lowrank.operator_svd import operator_svd_plan
+    from blocklin.linalg.lowrank.sparse_eigsh import eigsh_bases
     from blocklin.linalg.lowrank.svd import operator_options
 
     if operation not in OPERATIONS:
@@ -54,17 +57,20 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
     cfg = resolve(memory=memory)
     m, n = s.shape
     dt = np.dtype(s.aslinearoperator().dtype)  # the row-block operator's: float64 for integer values
+    spilled = 0  # bytes of the Krylov bases spilled to the work folder (0: in memory)
     if operation == "eigsh":
         if m != n:
             raise ParameterError(explain("a", "must be square and symmetric (eigsh)", f"a sparse {m} x {n} matrix",
                                          "use blocklin.svd for rectangular matrices"))
         check_k(k, n, n)
-        # as sparse_eigsh: no budget check of its own; the block and basis it takes
-        block = max(1, min(n, block_size or default_block(k, 10, n)))
-        basis = max_basis or max(k + block, min(default_basis(k, 10, block), n))  # as plan_svd
+        # as sparse_eigsh: its bases in memory or spilled, its block (the budget may shrink a spilled one)
+        bp = eigsh_bases(s, n, k, block=max(1, min(n, block_size or default_block(k, 10, n))), max_basis=max_basis,
+                         block_given=block_size is not None, check_symmetric=check_symmetric, laplacian=laplacian,
+                         budget=cfg.memory, spill_ok=temp_root(cfg).is_local)
         limit = max_passes or 60
-        svd_plan = SimpleNamespace(method="lanczos", block=block, max_basis=basis, power_iters=None, passes=None,
-                                   formula="L", client_bytes=client_bytes("eigsh", n, k, block, basis, None))
+        svd_plan = SimpleNamespace(method="lanczos", block=bp.block, max_basis=bp.max_basis, power_iters=None,
+                                   passes=None, formula="L", client_bytes=bp.reserved - (2 * n * 8 if laplacian else 0))
+        spilled = bp.basis_bytes if bp.spilled else 0
     else:
         if operation == "pca" and (not isinstance(k, int) or isinstance(k, bool) or not 1 <= k < min(m, n)):
             raise ParameterError(explain(
@@ -85,7 +91,7 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
                    bytes_written=n * (int(k) + 1) * 8 if out is not None else 0)
     return plan_sparse_lowrank(operation, shape=(m, n), dtype=s.dtype, nnz=s.nnz, index_dtype=s.index_dtype,
                                product_bytes=product, svd_plan=svd_plan, k=int(k), memory=cfg.memory,
-                               max_passes=limit, held_blocks=held, **eig)
+                               max_passes=limit, held_blocks=held, basis_spilled=spilled, **eig)
 
 
 def _product_bytes(s: SparseMatrix, operation: str, svd_plan: Any, k: int, dtype: np.dtype, budget: int,
