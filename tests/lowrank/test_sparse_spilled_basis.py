@@ -1,0 +1,212 @@
+"""eigsh of a stored sparse matrix with its Krylov bases spilled to the work folder
+(:mod:`blocklin.linalg.lowrank.basis`, :mod:`blocklin.linalg.lowrank.basis_budget`): the bits of the
+in-memory run on every scheduler, residuals against SciPy's eigenpairs, the Ritz vectors written to the
+output (or a temporary group) strip by strip, the scratch files gone after success, an error and Ctrl-C,
+the refusal naming the spilled minimum, the plan saying it spills, and the peak within the budget."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+import blocklin.linalg.lowrank.basis as basis_mod
+import blocklin.linalg.lowrank.basis_budget as basis_budget
+import blocklin.linalg.lowrank.lanczos as lanczos_mod
+from blocklin.errors import BudgetError
+from blocklin.linalg.lowrank.sparse_plan import sparse_lowrank_plan
+from support.memcheck import margin, needs_hwm, run_child
+from support.tolerances import eps
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
+from power_law_graph import write_power_law_mtx  # noqa: E402
+
+SCHEDULERS = ["sync", "threads", pytest.param("processes", marks=pytest.mark.slow)]
+K, BLOCK = 5, 6
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    """A 20000-node power-law graph (about 200 000 stored entries) in a few row blocks."""
+    d = tmp_path_factory.mktemp("spill")
+    write_power_law_mtx(str(d / "g.mtx"), 20_000, 100_000, seed=3)
+    bl.convert(str(d / "g.mtx"), str(d / "S.zarr"), memory="24MiB")
+    return bl.open(str(d / "S.zarr"))
+
+
+@pytest.fixture
+def small_strips(monkeypatch):
+    """Strips of 256 KiB: the spilled run's buffers small beside the graph's products."""
+    monkeypatch.setattr(basis_mod, "STRIP_BYTES", 1 << 18)
+
+
+def _minimum(fn, monkeypatch, spill: bool) -> int:
+    monkeypatch.setattr(basis_budget, "SPILL", spill)
+    with pytest.raises(BudgetError) as info:
+        fn(memory="1MiB")
+    monkeypatch.setattr(basis_budget, "SPILL", True)
+    return int(info.value.minimum)
+
+
+def _spilling_budget(s, monkeypatch) -> int:
+    """A budget below the in-memory run's minimum (so the bases spill) at which the spilled run fits."""
+    def eig(**kw):
+        return bl.eigsh(s, K, block_size=BLOCK, order="descending", seed=0, **kw)
+
+    in_memory, spilled = _minimum(eig, monkeypatch, False), _minimum(eig, monkeypatch, True)
+    assert spilled < in_memory - (1 << 20)
+    return in_memory - (1 << 19)
+
+
+def _run(s, memory, **kw):
+    return bl.eigsh(s, K, block_size=BLOCK, order="descending", seed=0, memory=memory, max_passes=200, **kw)
+
+
+def _dense_v(V):
+    return V.to_numpy() if hasattr(V, "to_numpy") else np.asarray(V)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_spilled_eigsh_has_the_in_memory_bits(graph, small_strips, monkeypatch, tmp_path, scheduler):
+    budget = _spilling_budget(graph, monkeypatch)
+    mem = _run(graph, "256MiB", scheduler=scheduler, workers=2)
+    spilled = _run(graph, budget, scheduler=scheduler, workers=2, out=tmp_path / "E.zarr")
+    assert mem.report["basis_spilled"] is False and spilled.report["basis_spilled"] is True
+    assert spilled.report["basis_bytes"] == mem.report["basis_bytes"] > 0  # the same bases, on disk
+    assert (mem.report["passes"], mem.report["restarts"]) == (spilled.report["passes"], spilled.report["restarts"])
+    assert np.array_equal(mem[0], spilled[0]) and mem.report["residuals"] == spilled.report["residuals"]
+    assert isinstance(spilled[1], bl.Matrix) and np.array_equal(mem[1], spilled[1].to_numpy())
+    stored = bl.open(str(tmp_path / "E.zarr" / "V")).to_numpy()
+    assert np.array_equal(stored, mem[1])
+
+
+def test_spilled_eigsh_against_scipy(graph, small_strips, monkeypatch):
+    """Every Ritz value within its residual norm of SciPy's eigenvalue (a symmetric matrix's Ritz value
+    lies within ``||S v - w v||`` of an eigenvalue), every residual within ``tol`` of the largest, and the
+    residual of the returned vectors as reported (plus the rounding of forming it again)."""
+    import scipy.sparse.linalg
+
+    budget = _spilling_budget(graph, monkeypatch)
+    tol = 1e-8
+    w, V = res = _run(graph, budget, tol=tol)
+    assert res.report["basis_spilled"] and res.report["converged"] and res.report["tol"] == tol
+    x = graph.to_scipy(memory="256MiB").astype(np.float64)
+    ref = np.sort(scipy.sparse.linalg.eigsh(x, K, which="LA", tol=1e-12)[0])[::-1]
+    norm = float(scipy.sparse.linalg.norm(x, 1))  # bounds ||S||_2 for a symmetric S
+    resid = np.asarray(res.report["residuals"])
+    rounding = 4 * graph.shape[0] * eps(np.float64) * norm
+    assert (np.abs(w - ref) <= resid + rounding).all(), (w, ref, resid)
+    assert (resid <= tol * float(np.abs(w).max()) + rounding).all()
+    v = _dense_v(V)
+    got = np.linalg.norm(x @ v - v * w, axis=0)
+    assert (got <= resid + rounding).all()
+    assert np.linalg.norm(v.T @ v - np.eye(K)) <= 1e-10
+
+
+def _spied(monkeypatch) -> list[str]:
+    made, init = [], basis_mod.SpilledBasis.__init__
+
+    def spy(self, n, cap, dtype, path):
+        made.append(path)
+        init(self, n, cap, dtype, path)
+
+    monkeypatch.setattr(basis_mod.SpilledBasis, "__init__", spy)
+    return made
+
+
+def _failing_step(monkeypatch, exc: type[BaseException]) -> list[bool]:
+    """``exc`` raised at the third step's next block, with whether the spilled files existed then."""
+    seen, original = [], lanczos_mod.next_block
+
+    def boom(v, *args, **kw):
+        if kw.get("counter", 0) >= 3:
+            seen.append(bool(v.spilled) and Path(v.path).exists())
+            raise exc("stopped here")
+        return original(v, *args, **kw)
+
+    monkeypatch.setattr(lanczos_mod, "next_block", boom)
+    return seen
+
+
+@pytest.mark.parametrize("ending", ["success", "error", "interrupt"])
+def test_spilled_files_are_removed(graph, small_strips, monkeypatch, tmp_path, ending):
+    budget = _spilling_budget(graph, monkeypatch)
+    made = _spied(monkeypatch)
+    if ending == "success":
+        assert _run(graph, budget).report["basis_spilled"]
+    else:
+        exc = RuntimeError if ending == "error" else KeyboardInterrupt
+        seen = _failing_step(monkeypatch, exc)
+        with pytest.raises(exc, match="stopped here"):
+            _run(graph, budget)
+        assert seen == [True]
+    assert len(made) == 2 and all(Path(p).name.startswith("lanczos-") for p in made)
+    assert not any(Path(p).exists() for p in made)
+    temp = tmp_path / "blocklin-tmp"  # no work folder left (a successful run's result group is the caller's)
+    assert not [p.name for p in temp.iterdir() if p.name.startswith("blocklin-eigsh") and p.suffix != ".zarr"]
+
+
+def test_refusal_names_the_spilled_minimum_and_runs_there(graph, small_strips, monkeypatch):
+    with pytest.raises(BudgetError, match="memory=") as info:
+        bl.eigsh(graph, K, order="descending", seed=0, memory="1MiB")
+    minimum = int(info.value.minimum)
+    res = bl.eigsh(graph, K, order="descending", seed=0, memory=minimum, max_passes=300)
+    assert res.report["basis_spilled"] and res.report["block"] == basis_budget.MIN_SPILLED_BLOCK
+    assert res.report["converged"]
+
+
+def test_plan_says_the_bases_spill(graph, small_strips, monkeypatch):
+    budget = _spilling_budget(graph, monkeypatch)
+    plan = sparse_lowrank_plan(graph, K, operation="eigsh", block_size=BLOCK, memory=budget)
+    res = _run(graph, budget)
+    assert plan.basis_spilled == res.report["basis_bytes"] > 0 and plan.details["block"] == res.report["block"]
+    assert "spilled to the work folder" in plan.explain() and plan.fits
+    in_memory = sparse_lowrank_plan(graph, K, operation="eigsh", block_size=BLOCK, memory="256MiB")
+    assert in_memory.basis_spilled == 0 and "spilled" not in in_memory.explain()
+
+
+_CODE = """
+import os, tempfile
+import numpy as np, scipy.sparse
+import blocklin
+args = json.loads(sys.argv[1])
+r = scipy.sparse.random(300, 300, density=0.05, random_state=1)
+tiny = blocklin.from_sparse(r + r.T, os.path.join(tempfile.mkdtemp(), "w.zarr"))
+blocklin.eigsh(tiny, 2, seed=0, order="descending", memory="64MiB")
+s = blocklin.open(args["path"])
+s.row_block(0)
+base = hwm()
+reset_hwm()
+res = blocklin.eigsh(s, args["k"], seed=0, order="descending", memory=args["memory"], max_passes=300,
+                     out=os.path.join(args["dir"], "E.zarr"))
+print(json.dumps({"baseline": base, "peak": hwm(), "spilled": res.report["basis_spilled"],
+                  "block": res.report["block"], "passes": res.report["passes"]}))
+"""
+
+
+@needs_hwm
+@pytest.mark.slow  # about 10 s: a 2x10^5-node graph in a child
+def test_spilled_eigsh_peak_within_the_budget(tmp_path, monkeypatch):
+    """n = 2x10^5 at a budget below its in-memory bases (2 x n x cap float64): the peak resident set above
+    the child's baseline within the budget plus the margin."""
+    write_power_law_mtx(str(tmp_path / "g.mtx"), 200_000, 600_000, seed=3)
+    bl.convert(str(tmp_path / "g.mtx"), str(tmp_path / "S.zarr"), memory="64MiB")
+    s = bl.open(str(tmp_path / "S.zarr"))
+
+    def eig(**kw):
+        return bl.eigsh(s, K, order="descending", seed=0, **kw)
+
+    in_memory = _minimum(eig, monkeypatch, False)
+    budget = 64 << 20
+    assert budget < in_memory
+    r = run_child(_CODE, json.dumps({"path": str(tmp_path / "S.zarr"), "k": K, "memory": budget,
+                                     "dir": str(tmp_path)}))
+    used = r["peak"] - r["baseline"]
+    print(f"spilled eigsh: {used / 2**20:.1f} MiB above the baseline at memory={budget / 2**20:.0f} MiB "
+          f"(in memory needs {in_memory / 2**20:.0f} MiB), block {r['block']}, {r['passes']} passes")
+    assert r["spilled"]
+    assert used <= budget + margin(budget), f"{used / 2**20:.1f} MiB for {budget / 2**20:.0f} MiB"
