@@ -189,6 +189,10 @@ def plan_sparse_lowrank(operation: str, *, shape: tuple[int, int], dtype: Any, n
                      "Krylov basis and Ritz vectors", int(svd_plan.client_bytes)))
         reads_per_pass, extra = 1, 1  # each step one S X; the first also S^T X (the symmetry check)
         formula = "L Lanczos steps, one S X each"
+    elif basis_spilled:  # U, V and the last step's blocks go to disk strip by strip too
+        held.append(("Krylov basis strip buffers and the step's blocks", int(svd_plan.client_bytes)))
+        reads_per_pass, extra = 2, 0
+        formula = f"{svd_plan.formula}, each S Q then S^T Y"
     else:
         held.append(("in-core work (factors, Krylov basis)", int(svd_plan.client_bytes)))
         held.append((f"U ({M} x {k}) and the long blocks", M * (k + l) * F64))

@@ -1,8 +1,10 @@
-"""eigsh of a stored sparse matrix with its Krylov bases spilled to the work folder
-(:mod:`blocklin.linalg.lowrank.basis`, :mod:`blocklin.linalg.lowrank.basis_budget`): the bits of the
-in-memory run on every scheduler, residuals against SciPy's eigenpairs, the Ritz vectors written to the
-output (or a temporary group) strip by strip, the scratch files gone after success, an error and Ctrl-C,
-the refusal naming the spilled minimum, the plan saying it spills, and the peak within the budget."""
+"""eigsh and svd of a stored sparse matrix with their Krylov bases spilled to the work folder
+(:mod:`blocklin.linalg.lowrank.basis`, :mod:`blocklin.linalg.lowrank.basis_budget`): eigsh gives the bits
+of the in-memory run on every scheduler (svd the bits of its Lanczos iteration: its spilled Rayleigh-Ritz
+step takes no residual directions and sums its Gram by strips), residuals against SciPy's eigenpairs and
+singular triplets, the factors written strip by strip (``Matrix`` results), the scratch files gone after
+success, an error and Ctrl-C, the refusal naming the spilled minimum, the plan saying it spills, and
+the peak within the budget."""
 
 from __future__ import annotations
 
@@ -110,9 +112,9 @@ def test_spilled_eigsh_against_scipy(graph, small_strips, monkeypatch):
 def _spied(monkeypatch) -> list[str]:
     made, init = [], basis_mod.SpilledBasis.__init__
 
-    def spy(self, n, cap, dtype, path):
+    def spy(self, n, cap, dtype, path, strips=None):
         made.append(path)
-        init(self, n, cap, dtype, path)
+        init(self, n, cap, dtype, path, strips)
 
     monkeypatch.setattr(basis_mod.SpilledBasis, "__init__", spy)
     return made
@@ -169,6 +171,54 @@ def test_plan_says_the_bases_spill(graph, small_strips, monkeypatch):
     assert in_memory.basis_spilled == 0 and "spilled" not in in_memory.explain()
 
 
+def _svd_budget(s, monkeypatch) -> int:
+    """Just below the in-memory svd's minimum: its bases spill, its block kept."""
+    def svd(**kw):
+        return bl.svd(s, K, seed=0, **kw)
+
+    return _minimum(svd, monkeypatch, False) - (1 << 19)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_spilled_svd_against_the_in_memory_run_and_scipy(graph, small_strips, monkeypatch, scheduler):
+    import scipy.sparse.linalg
+
+    budget = _svd_budget(graph, monkeypatch)
+    made = _spied(monkeypatch)
+    mem = bl.svd(graph, K, seed=0, memory="256MiB", scheduler=scheduler, workers=2)
+    U, sv, Vt = res = bl.svd(graph, K, seed=0, memory=budget, scheduler=scheduler, workers=2)
+    assert mem.report["basis_spilled"] is False and res.report["basis_spilled"] is True
+    assert len(made) == 4 and not any(Path(p).exists() for p in made)  # V, W, then Y, Z of the last step
+    # the Lanczos iteration, bit for bit; the final step over the k Ritz vectors alone
+    assert res.report["block"] == mem.report["block"]
+    for key in ("lanczos_steps", "restarts", "history"):
+        assert res.report[key] == mem.report[key]
+    assert res.report["rayleigh_ritz_width"] == K < mem.report["rayleigh_ritz_width"]
+    assert "spilled" in res.report["phases"]["Krylov bases"]
+    assert isinstance(U, bl.Matrix) and isinstance(Vt, bl.Matrix) and Vt.shape == (K, graph.shape[1])
+    x = graph.to_scipy(memory="256MiB").astype(np.float64)
+    u, v = U.to_numpy(), Vt.to_numpy().T
+    n = graph.shape[0]
+    norm = float(scipy.sparse.linalg.norm(x, 1))
+    rounding = 4 * n * eps(np.float64) * norm
+    resid = np.asarray(res.report["residuals"])
+    got = np.linalg.norm(x.T @ u - v * sv, axis=0)
+    assert (got <= resid + rounding).all()
+    assert (np.linalg.norm(x @ v - u * sv, axis=0) <= rounding).all()  # B v = s u by construction
+    ref = np.sort(scipy.sparse.linalg.svds(x, K, tol=1e-12, random_state=0)[1])[::-1]
+    assert (np.abs(sv - ref) <= resid + rounding).all(), (sv, ref, resid)
+    assert np.linalg.norm(u.T @ u - np.eye(K)) <= 1e-10 and np.linalg.norm(v.T @ v - np.eye(K)) <= 1e-10
+    assert res.report["converged"]
+
+
+def test_spilled_svd_refusal_names_its_minimum(graph, small_strips):
+    with pytest.raises(BudgetError, match="memory=") as info:
+        bl.svd(graph, K, seed=0, memory="1MiB")
+    minimum = int(info.value.minimum)
+    res = bl.svd(graph, K, seed=0, memory=minimum)
+    assert res.report["basis_spilled"] and res.report["block"] == basis_budget.MIN_SPILLED_BLOCK
+
+
 _CODE = """
 import os, tempfile
 import numpy as np, scipy.sparse
@@ -176,37 +226,47 @@ import blocklin
 args = json.loads(sys.argv[1])
 r = scipy.sparse.random(300, 300, density=0.05, random_state=1)
 tiny = blocklin.from_sparse(r + r.T, os.path.join(tempfile.mkdtemp(), "w.zarr"))
-blocklin.eigsh(tiny, 2, seed=0, order="descending", memory="64MiB")
+def run(a, mem, out):
+    if args["op"] == "svd":
+        return blocklin.svd(a, args["k"], seed=0, memory=mem, out=out)
+    return blocklin.eigsh(a, args["k"], seed=0, order="descending", memory=mem, max_passes=300, out=out)
+run(tiny, "64MiB", os.path.join(args["dir"], "warm.zarr"))
 s = blocklin.open(args["path"])
 s.row_block(0)
 base = hwm()
 reset_hwm()
-res = blocklin.eigsh(s, args["k"], seed=0, order="descending", memory=args["memory"], max_passes=300,
-                     out=os.path.join(args["dir"], "E.zarr"))
+res = run(s, args["memory"], os.path.join(args["dir"], "E.zarr"))
 print(json.dumps({"baseline": base, "peak": hwm(), "spilled": res.report["basis_spilled"],
                   "block": res.report["block"], "passes": res.report["passes"]}))
 """
 
 
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    """A 2x10^5-node power-law graph (about 1.2 million stored entries)."""
+    d = tmp_path_factory.mktemp("spill-large")
+    write_power_law_mtx(str(d / "g.mtx"), 200_000, 600_000, seed=3)
+    bl.convert(str(d / "g.mtx"), str(d / "S.zarr"), memory="64MiB")
+    return bl.open(str(d / "S.zarr"))
+
+
 @needs_hwm
-@pytest.mark.slow  # about 10 s: a 2x10^5-node graph in a child
-def test_spilled_eigsh_peak_within_the_budget(tmp_path, monkeypatch):
-    """n = 2x10^5 at a budget below its in-memory bases (2 x n x cap float64): the peak resident set above
-    the child's baseline within the budget plus the margin."""
-    write_power_law_mtx(str(tmp_path / "g.mtx"), 200_000, 600_000, seed=3)
-    bl.convert(str(tmp_path / "g.mtx"), str(tmp_path / "S.zarr"), memory="64MiB")
-    s = bl.open(str(tmp_path / "S.zarr"))
+@pytest.mark.slow  # about 10-20 s each: a 2x10^5-node graph in a child
+@pytest.mark.parametrize("op", ["eigsh", "svd"])
+def test_spilled_peak_within_the_budget(large, tmp_path, monkeypatch, op):
+    """n = 2x10^5 at a budget below its in-memory minimum (the bases, 2 x n x cap float64): the peak resident
+    set above the child's baseline within the budget plus the margin."""
+    def call(**kw):
+        if op == "svd":
+            return bl.svd(large, K, seed=0, **kw)
+        return bl.eigsh(large, K, order="descending", seed=0, **kw)
 
-    def eig(**kw):
-        return bl.eigsh(s, K, order="descending", seed=0, **kw)
-
-    in_memory = _minimum(eig, monkeypatch, False)
-    budget = 64 << 20
+    in_memory, spilled = _minimum(call, monkeypatch, False), _minimum(call, monkeypatch, True)
+    budget = max(64 << 20, spilled)
     assert budget < in_memory
-    r = run_child(_CODE, json.dumps({"path": str(tmp_path / "S.zarr"), "k": K, "memory": budget,
-                                     "dir": str(tmp_path)}))
+    r = run_child(_CODE, json.dumps({"op": op, "path": large.path, "k": K, "memory": budget, "dir": str(tmp_path)}))
     used = r["peak"] - r["baseline"]
-    print(f"spilled eigsh: {used / 2**20:.1f} MiB above the baseline at memory={budget / 2**20:.0f} MiB "
+    print(f"spilled {op}: {used / 2**20:.1f} MiB above the baseline at memory={budget / 2**20:.0f} MiB "
           f"(in memory needs {in_memory / 2**20:.0f} MiB), block {r['block']}, {r['passes']} passes")
     assert r["spilled"]
     assert used <= budget + margin(budget), f"{used / 2**20:.1f} MiB for {budget / 2**20:.0f} MiB"

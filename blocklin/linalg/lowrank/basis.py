@@ -56,10 +56,11 @@ class Basis:
 
     spilled = False
 
-    def __init__(self, n: int, cap: int, dtype: Any) -> None:
+    def __init__(self, n: int, cap: int, dtype: Any, strips: list[tuple[int, int]] | None = None) -> None:
         self.n, self.cap, self.dtype = int(n), int(cap), np.dtype(dtype)
         self.m = 0
-        self.strips = strip_bounds(self.n, self.cap, self.dtype.itemsize)
+        # another basis's strips where the two are multiplied strip by strip (a Rayleigh-Ritz step's Z and V)
+        self.strips = list(strips) if strips is not None else strip_bounds(self.n, self.cap, self.dtype.itemsize)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -105,6 +106,21 @@ class Basis:
             z[r0:r1] -= self._read(s, 0, self.m) @ c
         return z
 
+    def gram(self) -> np.ndarray:
+        """``V^H V`` (``m x m``): the strips' Gram matrices summed in strip order."""
+        acc = np.zeros((self.m, self.m), dtype=self.dtype)
+        for s, _ in enumerate(self.strips):
+            v = self._read(s, 0, self.m)
+            acc += v.conj().T @ v
+        return acc
+
+    def columns(self, c0: int, c1: int) -> np.ndarray:
+        """Columns ``c0:c1`` as one ``n x (c1 - c0)`` array in memory."""
+        out = np.empty((self.n, c1 - c0), dtype=self.dtype)
+        for s, (r0, r1) in enumerate(self.strips):
+            out[r0:r1] = self._read(s, c0, c1)
+        return out
+
     def project_out(self, q: np.ndarray) -> np.ndarray:
         """``q -= V (V^H q)`` in place: one projection against the basis."""
         return self.subtract(q, self.dot(q))
@@ -143,8 +159,8 @@ class Basis:
 class MemoryBasis(Basis):
     """A basis held in memory: one array in the strips' layout."""
 
-    def __init__(self, n: int, cap: int, dtype: Any) -> None:
-        super().__init__(n, cap, dtype)
+    def __init__(self, n: int, cap: int, dtype: Any, strips: list[tuple[int, int]] | None = None) -> None:
+        super().__init__(n, cap, dtype, strips)
         self.data = np.empty(self.n * self.cap, dtype=self.dtype)
 
     def _view(self, s: int, c0: int, c1: int) -> np.ndarray:
@@ -168,8 +184,8 @@ class SpilledBasis(Basis):
 
     spilled = True
 
-    def __init__(self, n: int, cap: int, dtype: Any, path: str) -> None:
-        super().__init__(n, cap, dtype)
+    def __init__(self, n: int, cap: int, dtype: Any, path: str, strips: list[tuple[int, int]] | None = None) -> None:
+        super().__init__(n, cap, dtype, strips)
         self.path = str(path)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(self.fd, self.n * self.cap * self.dtype.itemsize)
@@ -214,21 +230,22 @@ def memory_bases(n: int, cap: int, dtype: Any) -> tuple[Basis, Basis]:
     return MemoryBasis(n, cap, dtype), MemoryBasis(n, cap, dtype)
 
 
-def spilled_bases(job: Any, n: int, cap: int, dtype: Any) -> tuple[Basis, Basis]:
-    """``V`` and ``W`` spilled to two files in ``job``'s work folder (closed with the job, the folder
-    removed after it on success, error and Ctrl-C)."""
+def spilled_bases(job: Any, n: int, cap: int, dtype: Any, names: tuple[str, ...] = ("V", "W"),
+                  strips: list[tuple[int, int]] | None = None) -> tuple[Basis, ...]:
+    """Bases (``V`` and ``W`` by default) spilled to files ``lanczos-NAME.bin`` in ``job``'s work folder
+    (closed with the job, the folder removed after it on success, error and Ctrl-C)."""
     from blocklin.storage.space import check_space
 
     folder = job.temp_dir()
     itemsize = np.dtype(dtype).itemsize
-    check_space(folder / "lanczos-V.bin", spilled_bytes(n, cap, itemsize), "spilled Lanczos basis",
-                f"2 x {n} x {cap} {np.dtype(dtype).name}")
-    pair = []
-    for name in ("V", "W"):
-        b = SpilledBasis(n, cap, dtype, os.path.join(folder.path, f"lanczos-{name}.bin"))
+    check_space(folder / f"lanczos-{names[0]}.bin", len(names) * n * cap * itemsize, "spilled Lanczos basis",
+                f"{len(names)} x {n} x {cap} {np.dtype(dtype).name}")
+    made = []
+    for name in names:
+        b = SpilledBasis(n, cap, dtype, os.path.join(folder.path, f"lanczos-{name}.bin"), strips)
         job.stack.callback(b.close)
-        pair.append(b)
-    return pair[0], pair[1]
+        made.append(b)
+    return tuple(made)
 
 
 def ritz_residuals(V: Basis, W: Basis, y: np.ndarray, theta: np.ndarray,

@@ -52,14 +52,16 @@ class BasisPlan:
 
 def plan_bases(n: int, k: int, *, block: int, max_basis: int | None, block_given: bool, store: Any,
                products: Callable[[int], list[tuple[int, bool]]], item: int, dtype: Any, budget: int,
-               extra: Callable[[int, int, bool], int], spill_ok: bool, itemsize: int = 8) -> BasisPlan:
+               extra: Callable[[int, int, bool], int], spill_ok: bool, itemsize: int = 8,
+               try_memory: bool = True) -> BasisPlan:
     """The :class:`BasisPlan` of a Lanczos run of ``k`` pairs on an ``n``-long space whose products with
     the stored sparse ``store`` are ``products(block)`` (``(columns, transposed)`` each, ``X`` of ``item``
     bytes an element; :func:`~blocklin.runtime.sparse_pass.check_products`); ``extra(block, cap, spilled)``:
     what the caller holds besides (a Laplacian's degrees, a Rayleigh-Ritz step's blocks).
 
     ``block`` is the planned one; unless ``block_given``, a spilled run may take fewer columns (down to
-    :data:`MIN_SPILLED_BLOCK`). ``spill_ok``: whether the job can spill (a local work folder).
+    :data:`MIN_SPILLED_BLOCK`). ``spill_ok``: whether the job can spill (a local work folder);
+    ``try_memory=False``: the caller's own in-memory plan was refused (svd's), only the spilled one is sized.
 
     Raises
     ------
@@ -79,12 +81,15 @@ def plan_bases(n: int, k: int, *, block: int, max_basis: int | None, block_given
             + extra(b, cap, spilled)
 
     mb, cap, reserved = sized(block, False)
+    in_memory = None
     try:
-        need = check_products(store, products(block), item, dtype, budget, reserved)
-        return BasisPlan(False, block, mb, cap, reserved, need, spilled_bytes(n, cap, itemsize))
-    except BudgetError:
+        if try_memory:
+            need = check_products(store, products(block), item, dtype, budget, reserved)
+            return BasisPlan(False, block, mb, cap, reserved, need, spilled_bytes(n, cap, itemsize))
+    except BudgetError as exc:
         if not (spill_ok and SPILL):
             raise
+        in_memory = exc
     widths = [block] if block_given else list(range(block, min(block, MIN_SPILLED_BLOCK) - 1, -1))
     for b in widths:
         mb, cap, reserved = sized(b, True)
@@ -93,7 +98,11 @@ def plan_bases(n: int, k: int, *, block: int, max_basis: int | None, block_given
             return BasisPlan(True, b, mb, cap, reserved, need, spilled_bytes(n, cap, itemsize))
     b = widths[-1]
     mb, cap, reserved = sized(b, True)
-    check_products(store, products(b), item, dtype, budget, reserved)  # raises, naming this minimum
+    try:
+        check_products(store, products(b), item, dtype, budget, reserved)  # raises, naming this minimum
+    except BudgetError as spilled:  # the whole call's minimum: the smaller (a small basis is cheaper in memory)
+        raise (in_memory if in_memory is not None and (in_memory.minimum or 0) <= (spilled.minimum or 0)
+               else spilled) from None
     raise AssertionError("unreachable: the spilled plan did not fit and was not refused")  # pragma: no cover
 
 

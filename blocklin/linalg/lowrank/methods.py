@@ -293,10 +293,15 @@ def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transpose
 
 def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,
             transposed_out: bool, ckpt: Checkpoints, x0: np.ndarray | None = None,
-            first: np.ndarray | None = None, v0: np.ndarray | None = None) -> Factorization:
+            first: np.ndarray | None = None, v0: np.ndarray | None = None, bases: Any = None,
+            spilled_finish: Any = None) -> Factorization:
     """Thick-restarted block Lanczos on ``B^T B`` (:func:`blocklin.linalg.lowrank.lanczos.block_lanczos`)
     to ``tol`` on every triplet, from ``x0`` (and its product ``first``) when given; then
-    :func:`rayleigh_ritz` over the Ritz vectors and their residual directions."""
+    :func:`rayleigh_ritz` over the Ritz vectors and their residual directions.
+
+    ``bases``: where the Krylov bases live (``block_lanczos``'s; default in memory). Spilled bases return
+    the Ritz vectors on disk, and ``spilled_finish(Q)`` takes the final step from them instead
+    (:func:`blocklin.linalg.lowrank.spilled_ritz.spilled_rayleigh_ritz`: no residual directions)."""
     floor = resolution_floor(src.dtype)
 
     def apply(x: np.ndarray, step: int) -> np.ndarray:
@@ -316,7 +321,11 @@ def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps
     res = block_lanczos(apply, src.N, k, which="LA", block=plan.block, max_basis=plan.max_basis,
                         max_steps=max_steps, threshold=threshold, seed=seed, x0=x0, first=first,
                         state=ckpt.load("lanczos"), dtype=src.dtype,
-                        checkpoint=(lambda state: ckpt.save("lanczos", **state)) if ckpt.enabled else None)
+                        checkpoint=(lambda state: ckpt.save("lanczos", **state)) if ckpt.enabled else None,
+                        bases=bases)
+    if not isinstance(res.vectors, np.ndarray):  # spilled: the Ritz vectors stay on disk
+        f = spilled_finish(res.vectors)
+        return dataclasses.replace(f, lanczos_steps=res.steps, restarts=res.restarts, history=res.history)
     # The final pass takes the Rayleigh-Ritz step over the Ritz vectors and their residual directions
     # (one block Krylov step from them, at no extra pass: the pass is made anyway to write the long
     # factor). span [X, R] holds span(X), so its Ritz values can only get closer to the exact ones; in

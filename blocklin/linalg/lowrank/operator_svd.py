@@ -20,9 +20,15 @@ import numpy as np
 from blocklin.errors import BudgetError, ParameterError, explain
 from blocklin.linalg.blocks.tallblock import ArrayBlock
 from blocklin.linalg.blocks import random as rnd
+from blocklin.linalg.lowrank.basis import STRIP_BYTES, spilled_bases
+from blocklin.linalg.lowrank import basis_budget
+from blocklin.linalg.lowrank.basis_budget import BasisPlan, plan_bases
+from blocklin.linalg.lowrank.lanczos import basis_columns
 from blocklin.linalg.lowrank.methods import Factorization, lanczos, rsvd, sketch
+from blocklin.linalg.lowrank.spilled_ritz import spilled_rayleigh_ritz
 from blocklin.linalg.lowrank.triplets import enrich_width
 from blocklin.plan.svd import plan_svd
+from blocklin.operands import temp_root
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
 from blocklin.runtime.sparse_pass import check_products, hold_blocks
@@ -65,9 +71,9 @@ class OperatorSource:
 
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
         y = self._b(np.asarray(q, dtype=self.dtype))
-        z = self._bt(y.astype(self.dtype))
+        z = self._bt(y.astype(self.dtype, copy=False))  # float64 data: y itself, no copy
         self.products += 1
-        return z, (y.T @ y if gram else None), (ArrayBlock(y.astype(self.dtype)) if keep_y else None)
+        return z, (y.T @ y if gram else None), (ArrayBlock(y.astype(self.dtype, copy=False)) if keep_y else None)
 
     def sketch(self, kp: int, s: int, seed: int, y_path: Any = None) -> tuple:
         """``(X^T, Phi^T [Y T], Y^T Y, Y)`` of the single-pass sketch with the test matrices of a stored
@@ -129,29 +135,97 @@ def operator_products(plan: Any, k: int, shape: tuple[int, int]) -> list[tuple[i
 
 def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: int | None, tol: float,
                  seed: int, limit: int, block_size: int | None, max_basis: int | None,
-                 dest: str | None) -> tuple[Factorization, Any]:
+                 dest: str | None, short_dest: str | None = None) -> tuple[Factorization, Any]:
     """The factorization of ``op`` by ``method`` (rsvd, lanczos or the sketch) and its plan; the long
-    factor goes to ``dest`` (``None``: not computed)."""
+    factor goes to ``dest`` (``None``: not computed).
+
+    A stored sparse matrix whose block Lanczos does not fit the budget with its bases in memory spills
+    them to the work folder (:func:`svd_bases`), its block shrunk to what the budget holds, and ends
+    with the spilled Rayleigh-Ritz step (:mod:`~blocklin.linalg.lowrank.spilled_ritz`), which writes the
+    short factor to ``short_dest`` as well (the factorization's ``V`` then names it)."""
     op = as_sparse_operator(op)  # a SparseMatrix: its row blocks streamed by each product
     options = dict(method=method, oversample=oversample, q=q, limit=limit, block_size=block_size, max_basis=max_basis)
     sparse = op if isinstance(op, SparseOperator) else getattr(op, "sparse_operator", None)  # pca's centered one
-    held = 0
+    held, spill = 0, None
     if sparse is not None:  # the bases and factors, and beside them every product, refused up front
-        plan = operator_svd_plan(op.shape, op.dtype, k, memory=job.cfg.memory, **options)
-        store, budget = sparse.matrix._store, job.cfg.memory
-        need = check_products(store, operator_products(plan, k, op.shape), np.dtype(op.dtype).itemsize, sparse.dtype,
-                              budget if sparse is op else 1 << 62, int(plan.client_bytes))
-        held = hold_blocks(job, store, sparse.dtype, need, int(plan.client_bytes))  # read once, if they fit
-    plan = operator_plan(op.shape, op.dtype, k, memory=job.cfg.memory, **options)
-    job.client_reserved = int(plan.client_bytes) + held  # what the products (a sparse matrix's tasks) may not take
+        plan, need, spill = sparse_svd_memory(op, sparse, k, options, job.cfg.memory,
+                                              spill_ok=short_dest is not None and temp_root(job.cfg).is_local)
+        # the row blocks read once and held between the products where they fit beside that
+        held = hold_blocks(job, sparse.matrix._store, sparse.dtype, need, int(plan.client_bytes))
+    if spill is None:
+        plan = operator_plan(op.shape, op.dtype, k, memory=job.cfg.memory, **options)
+        job.client_reserved = int(plan.client_bytes) + held  # what the products (a sparse matrix's tasks) may not take
+        if sparse is op and method == "lanczos":  # the bases in memory: said as a spilled run says it
+            cap = basis_columns(plan.N, k, int(plan.block), int(plan.max_basis))
+            job.stats.update(basis_spilled=False, basis_bytes=2 * plan.N * cap * 8)
+    else:
+        job.client_reserved = spill.reserved + held
+        job.stats.update(basis_spilled=True, basis_bytes=spill.basis_bytes)
     src = OperatorSource(op, plan.transposed, job)
     ckpt = Checkpoints(None)
     if method == "rsvd":
         f = rsvd(src, k, plan.block, q, tol, seed, limit, dest, plan.transposed, ckpt)
     elif method == "sketch":
         f = sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed)
+    elif spill is not None:
+        def scratch(n: int, cols: int, names: tuple, strips: Any) -> tuple:
+            return spilled_bases(job, n, cols, np.float64, names, strips)
+
+        f = lanczos(src, k, plan, tol, seed, limit - 1, dest, plan.transposed, ckpt,
+                    bases=lambda n, cap, wd: spilled_bases(job, n, cap, wd),
+                    spilled_finish=lambda Q: spilled_rayleigh_ritz(src, Q, k, plan.block, bases=scratch, dest=dest,
+                                                                   short=short_dest, transposed_out=plan.transposed))
     else:
         f = lanczos(src, k, plan, tol, seed, limit - 1, dest, plan.transposed, ckpt)
     where = ("this process, from the row blocks held in memory (one read of S)" if held else
              "the job's tasks (row blocks)" if sparse is not None else "caller")
-    return dataclasses.replace(f, phases={"products with the operator": where}), plan, src.products
+    phases = {"products with the operator": where}
+    if spill is not None:
+        phases["Krylov bases"] = (f"spilled to the work folder ({spill.basis_bytes} bytes on disk, block {spill.block}); "
+                                  "the final Rayleigh-Ritz step over the k Ritz vectors alone (their residual "
+                                  "directions would be another N x k block in memory)")
+    return dataclasses.replace(f, phases=phases), plan, src.products
+
+
+def sparse_svd_memory(op: Any, sparse: Any, k: int, options: dict, budget: int, *,
+                      spill_ok: bool) -> tuple[Any, int, BasisPlan | None]:
+    """``(plan, need, spill)`` of the operator route on a stored sparse matrix (``sparse``: its row-block
+    operator, or that under pca's centered ``op``): the plan, its largest product's need, and where its
+    in-memory plan does not fit, block Lanczos with spilled bases (:func:`svd_bases`: ``spill``, its plan's
+    block, basis and in-core work replaced). Refused with the smaller of the two minimums where neither
+    fits. What the run and its ``--explain`` plan (:mod:`~blocklin.linalg.lowrank.sparse_plan`) take."""
+    store = sparse.matrix._store
+    plan = operator_svd_plan(op.shape, op.dtype, k, memory=budget, **options)
+    try:
+        need = check_products(store, operator_products(plan, k, op.shape), np.dtype(op.dtype).itemsize,
+                              sparse.dtype, budget if sparse is op else 1 << 62, int(plan.client_bytes))
+        operator_plan(op.shape, op.dtype, k, memory=budget, **options)  # its own refusal
+        return plan, need, None
+    except BudgetError as exc:
+        if not (options["method"] == "lanczos" and sparse is op and spill_ok and basis_budget.SPILL):
+            raise
+        try:
+            spill = svd_bases(op, k, plan, budget)
+        except BudgetError as spilled:  # the whole call's minimum: the smaller of the two
+            raise (exc if (exc.minimum or 0) <= (spilled.minimum or 0) else spilled) from None
+    plan = dataclasses.replace(plan, block=spill.block, max_basis=spill.max_basis, client_bytes=spill.reserved,
+                               memory=budget)
+    return plan, spill.need, spill
+
+
+def svd_bases(op: Any, k: int, plan: Any, budget: int) -> BasisPlan:
+    """The spilled :class:`~blocklin.linalg.lowrank.basis_budget.BasisPlan` of a stored sparse matrix's
+    block Lanczos SVD (its in-memory plan refused): each step's products ``B x`` and ``B^T y`` of one
+    block, with ``x`` held beside the second; the final step's two scratch bases (``Y``, ``Z``: their strip
+    buffers). The block shrinks from the plan's to what the budget holds; refused below
+    :data:`~blocklin.linalg.lowrank.basis_budget.MIN_SPILLED_BLOCK` with that minimum."""
+    M, N = (op.shape[1], op.shape[0]) if plan.transposed else op.shape
+    t = bool(plan.transposed)
+
+    def extra(b: int, cap: int, spilled: bool) -> int:
+        return N * b * 8 + 4 * STRIP_BYTES + 8 * k * k * 8
+
+    return plan_bases(N, k, block=int(plan.block), max_basis=int(plan.max_basis), block_given=False,
+                      store=op.matrix._store, products=lambda b: [(b, t), (b, not t)],
+                      item=np.dtype(op.dtype).itemsize, dtype=op.dtype, budget=budget, extra=extra, spill_ok=True,
+                      try_memory=False)

@@ -32,6 +32,7 @@ from blocklin.linalg.lowrank.budget import check_disk_space, choose_plan
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
 from blocklin.linalg.lowrank.methods import Factorization, component_signs
 from blocklin.linalg.lowrank.operator_svd import is_operator, operator_svd
+from blocklin.linalg.lowrank.spilled_ritz import StoredFactor
 from blocklin.linalg.lowrank.run import run_planned
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.linalg.lowrank.updatable import SKETCH_Y, check_updatable, keep_state
@@ -489,7 +490,8 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
         seed = resolve_seed(seed)
         f, plan, products = operator_svd(job, op, k, method=method, oversample=oversample, q=q, tol=tol, seed=seed,
                                          limit=limit, block_size=block_size, max_basis=max_basis,
-                                         dest=ao.array_path("Vt" if m < n else "U") if long_wanted else None)
+                                         dest=ao.array_path("Vt" if m < n else "U") if long_wanted else None,
+                                         short_dest=ao.array_path("U" if m < n else "Vt"))
         report = _report(job, plan, f, tol=tol, seed=seed, oversample=oversample, center=False, scale=False,
                          requested=method, resumed=False, restored=[])
         report.update(passes=products, operator_products=products, which="LM",
@@ -591,10 +593,14 @@ def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, rep
     where it was not wanted (``return_singular_vectors``).
     """
     s = f.s.astype(np.finfo(dtype).dtype)  # real: float32 of complex64 data
-    short = f.V.astype(dtype)  # N x k: V for tall A, U for wide A
-    if plan.transposed and short.dtype.kind == "c":  # A^T = conj(V) S U^T: U is the conjugate of B's V
-        short = short.conj()
-    small = {"S": s, "U": short} if plan.transposed else {"S": s, "Vt": short.conj().T.copy()}
+    spilled = isinstance(f.V, StoredFactor)  # the short factor already in the group (spilled Lanczos bases)
+    if spilled:
+        small = {"S": s}
+    else:
+        short = f.V.astype(dtype)  # N x k: V for tall A, U for wide A
+        if plan.transposed and short.dtype.kind == "c":  # A^T = conj(V) S U^T: U is the conjugate of B's V
+            short = short.conj()
+        small = {"S": s, "U": short} if plan.transposed else {"S": s, "Vt": short.conj().T.copy()}
     for name in ("mean", "scale"):
         if getattr(f, name) is not None:
             small[name] = getattr(f, name)
@@ -606,7 +612,9 @@ def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, rep
     report["output"] = str(path)
     stored = Matrix(path / ("Vt" if plan.transposed else "U"), report=report, temporary=out is None) \
         if long_wanted else None
-    if stored is None and out is None:  # nothing of the temporary group is returned
+    if spilled:  # the short factor as the long one is returned: a Matrix on the group
+        small[f.V.name] = Matrix(path / f.V.name, report=report, temporary=out is None)
+    elif stored is None and out is None:  # nothing of the temporary group is returned
         remove(path)
     extra = {"mean": f.mean, "scale": f.scale, "moments": f.moments, "scaled": f.scaled_moments}
     if plan.transposed:
