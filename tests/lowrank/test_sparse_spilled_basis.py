@@ -171,6 +171,15 @@ def test_plan_says_the_bases_spill(graph, small_strips, monkeypatch):
     assert in_memory.basis_spilled == 0 and "spilled" not in in_memory.explain()
 
 
+def test_svd_plan_says_the_bases_spill(graph, small_strips, monkeypatch):
+    budget = _svd_budget(graph, monkeypatch)
+    plan = sparse_lowrank_plan(graph, K, operation="svd", memory=budget)
+    res = bl.svd(graph, K, seed=0, memory=budget)
+    assert plan.basis_spilled == res.report["basis_bytes"] > 0 and plan.details["block"] == res.report["block"]
+    assert "spilled to the work folder" in plan.explain() and plan.fits
+    assert sparse_lowrank_plan(graph, K, operation="svd", memory="256MiB").basis_spilled == 0
+
+
 def _svd_budget(s, monkeypatch) -> int:
     """Just below the in-memory svd's minimum: its bases spill, its block kept."""
     def svd(**kw):

@@ -199,7 +199,7 @@ class SpilledBasis(Basis):
         mv = memoryview(self._rbuf[:count]).cast("B")
         pos, off = 0, self._offset(s, c0) * self.dtype.itemsize
         while pos < len(mv):
-            got = os.preadv(self.fd, [mv[pos:]], off + pos)
+            got = _pread_into(self.fd, mv[pos:], off + pos)
             if got <= 0:
                 raise OSError(f"short read of the spilled Lanczos basis {self.path} at byte {off + pos}")
             pos += got
@@ -212,7 +212,7 @@ class SpilledBasis(Basis):
         mv = memoryview(self._wbuf[:count]).cast("B")
         pos, off = 0, self._offset(s, c0) * self.dtype.itemsize
         while pos < len(mv):
-            pos += os.pwrite(self.fd, mv[pos:], off + pos)
+            pos += _pwrite(self.fd, mv[pos:], off + pos)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -223,6 +223,21 @@ class SpilledBasis(Basis):
             except FileNotFoundError:
                 pass
         self._rbuf = self._wbuf = np.empty(0, dtype=self.dtype)
+
+
+def _pread_into(fd: int, mv: memoryview, offset: int) -> int:
+    """Read into ``mv`` at ``offset`` without a copy (``preadv``; seek and ``readv`` where it is missing)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [mv], offset)
+    os.lseek(fd, offset, os.SEEK_SET)  # one thread owns a basis: the seek is not shared
+    return os.readv(fd, [mv])
+
+
+def _pwrite(fd: int, mv: memoryview, offset: int) -> int:
+    if hasattr(os, "pwrite"):
+        return os.pwrite(fd, mv, offset)
+    os.lseek(fd, offset, os.SEEK_SET)
+    return os.write(fd, mv)
 
 
 def memory_bases(n: int, cap: int, dtype: Any) -> tuple[Basis, Basis]:

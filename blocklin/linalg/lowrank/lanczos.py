@@ -3,8 +3,10 @@
 One *step* applies the operator to a block of ``b`` orthonormal vectors; on disk that is one pass
 over the matrix (for the SVD the fused pass ``Z = B^T (B X)`` of a tall ``B``: block Golub-Kahan
 bidiagonalization written one-sided on the normal operator). The basis ``V`` and its image
-``W = Op V`` are kept in memory (they live in the short dimension; preallocated to the largest basis,
-each step writing its block in place), so the projected matrix ``H = V^H W`` is formed explicitly.
+``W = Op V`` (allocated to the largest basis, each step appending its block) live in fixed row strips,
+in memory or spilled to scratch files where the caller's budget asks (:mod:`blocklin.linalg.lowrank.basis`:
+the same strip-by-strip products either way, so the same bits), and the projected matrix ``H = V^H W``
+is formed explicitly.
 The block Lanczos relation ``W = V H + [0 .. 0, (I - V V^H) z]`` (``z`` the step's image; thick restarts
 keep it, Wu and Simon 2000) gives every Ritz pair's residual norm as ``||T y_b||``, ``T`` the R factor
 of ``z``'s projection and ``y_b`` the pair's last coordinates, with no ``n``-long work; the Ritz vectors

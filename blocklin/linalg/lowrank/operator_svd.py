@@ -5,7 +5,9 @@ same methods and Rayleigh-Ritz step as for a stored matrix (:mod:`blocklin.linal
 The operator's products are its own (in memory or not); the ``M x l`` blocks ``B Q`` are held in
 memory, the long factor written to the result's group as for every SVD. A stored sparse matrix's
 products (and those under pca's centered operator) run from its row blocks held in memory, read once,
-where they fit the budget beside the method's work (:func:`blocklin.runtime.sparse_pass.hold_blocks`). A
+where they fit the budget beside the method's work (:func:`blocklin.runtime.sparse_pass.hold_blocks`);
+where its block Lanczos bases do not fit, they spill to the work folder (:func:`sparse_svd_memory`) and
+the last Rayleigh-Ritz step runs from spilled blocks (:mod:`blocklin.linalg.lowrank.spilled_ritz`). A
 :class:`~blocklin.linalg.operator.BlocklinOperator` (``blocklin.aslinearoperator``) is its stored
 matrix and takes the streamed route instead.
 """

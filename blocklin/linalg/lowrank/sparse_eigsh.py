@@ -3,7 +3,11 @@ thick-restarted block Lanczos (:func:`blocklin.linalg.lowrank.lanczos.block_lanc
 :func:`blocklin.eigsh` of a dense store) whose every step is one product ``S X`` streamed over the
 row blocks (:class:`blocklin.sparse.SparseOperator`: one row block in memory), never a dense copy;
 where the row blocks fit the budget beside the bases, they are read once and every step multiplies
-the blocks held in memory (:func:`blocklin.runtime.sparse_pass.hold_blocks`, the same bits).
+the blocks held in memory (:func:`blocklin.runtime.sparse_pass.hold_blocks`, the same bits). Where the
+Lanczos bases themselves do not fit beside the products, they are spilled to the job's work folder
+(:mod:`blocklin.linalg.lowrank.basis_budget`; the same bits), the block shrunk to what the budget holds,
+and the Ritz vectors written to the output strip by strip (a :class:`~blocklin.Matrix` on a temporary
+group without ``out=``).
 
 The first step also forms ``S^T X`` for its random block and refuses a matrix whose
 ``||S X - S^T X|| > sqrt(eps) ||S X||`` (a sampled check: a random block detects any asymmetry with
