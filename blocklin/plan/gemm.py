@@ -374,11 +374,15 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
             if h2 * workers <= memory and d2 * workers <= device_memory:
                 prefetch, host, dev = depth, h2, d2
                 break
-    isz = dt.itemsize
     c_read = m * n * odt.itemsize if space.with_c else 0
     # A narrow first panel, where panels read only their part of each chunk: compute starts after
-    # reading an eighth of the first panel pair instead of all of it.
-    k_lead = max(LEAD_MIN, tk // 8) if local_parts and tk >= 4 * LEAD_MIN and k > tk // 8 else 0
+    # reading an eighth of the first panel pair instead of all of it. Not for CPU tiles bound by their
+    # reads: there the lead gains the first tile of a run a little, but turns every tile's whole-row
+    # reads of A into two partial ones (PARTIAL_READ_COST); measured on the thin product of
+    # benchmarks/feed.py (A 262144 x 512, B 512 x 4, 64 MiB, alternated in one process): 3.1 GB/s without the lead, 2.2 with it.
+    feed_bound = device == "cpu" and _flops_per_byte(tm, tn, tk, space.src_isz) < FEED_BOUND_FLOPS_PER_BYTE
+    k_lead = max(LEAD_MIN, tk // 8) if (local_parts and tk >= 4 * LEAD_MIN and k > tk // 8
+                                        and not feed_bound) else 0
     return GemmPlan(
         m=m, n=n, k=k, dtype=dt.name, source_dtypes=(src[0].name, src[1].name), tm=tm, tn=tn, tk=tk,
         out_chunks=oc, workers=workers, blas_threads=_blas_threads(tm, tn, tk, src, cores, workers, device),
