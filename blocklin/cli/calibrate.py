@@ -71,7 +71,7 @@ def _measure(args: argparse.Namespace) -> dict:
     from blocklin.cli import ui
     from blocklin.config import format_size, resolve
     from blocklin.device import get_device
-    from blocklin.device.calibrate import DEFAULT_SIDE, gpu_name, measure_gflops
+    from blocklin.device.calibrate import DEFAULT_SIDE, gpu_name, measure_gemm_rates, measure_gflops
     from blocklin.device.select import resolved_kind
     from blocklin.operands import temp_root
     from blocklin.plan.rates import Rates, machine_key, save_rates
@@ -94,8 +94,8 @@ def _measure(args: argparse.Namespace) -> dict:
     device = "cpu"
     if gpu is not None:
         device = f"gpu {gpu_name()}"
-        flops.update({f"gpu_gflops{s}": measure_gflops(gpu, dt, side or DEFAULT_SIDE["gpu"])
-                      for s, dt in (("", np.float64), ("32", np.float32))})
+        got = measure_gemm_rates(gpu, side or DEFAULT_SIDE["gpu"])  # the roofline's rates too (TF32)
+        flops.update(gpu_gflops=got["float64"], gpu_gflops32=got["float32"], gpu_gflops_tf32=got["tf32"])
     rates = Rates(feed_gbps=io.read_gbps, write_gbps=io.write_gbps, cached_feed_gbps=io.cached_read_gbps,
                   measured=datetime.now(timezone.utc).isoformat(timespec="seconds"), key=machine_key(device), **flops)
     path = save_rates(rates)
@@ -109,7 +109,8 @@ def _measure(args: argparse.Namespace) -> dict:
              f"  write  {io.write_gbps:.2f} GB/s",
              _gflops_line("cpu", rates.cpu_gflops, rates.cpu_gflops32, side or DEFAULT_SIDE["cpu"])]
     if gpu is not None:
-        lines.append(_gflops_line("gpu", rates.gpu_gflops, rates.gpu_gflops32, side or DEFAULT_SIDE["gpu"]))
+        lines.append(_gflops_line("gpu", rates.gpu_gflops, rates.gpu_gflops32, side or DEFAULT_SIDE["gpu"])
+                     + f", {rates.gpu_gflops_tf32:.1f} TF32")
     lines.append(f"cached in {path}")
     ui.emit(args, summary, "\n".join(lines))
     return summary

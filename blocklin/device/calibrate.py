@@ -2,7 +2,9 @@
 
 ``blocklin calibrate`` records the result as the machine's expected compute rate
 (:class:`blocklin.plan.rates.Rates`); the GEMM is the one the tile tasks call (``gemm_acc``), so the
-rate is what the GEMM tiles can reach, BLAS threads as the device sets them.
+rate is what the GEMM tiles can reach, BLAS threads as the device sets them. On a GPU the in-core
+rates per arithmetic (float64, float32, and float32 on TF32 tensor cores: :func:`measure_gemm_rates`)
+are also the compute side of every GPU report's roofline (:func:`blocklin.plan.rates.roofline`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,20 @@ def measure_gflops(device: Device, dtype: Any = np.float64, n: int = 2048, *, se
                 return 2.0 * n**3 * calls / elapsed / 1e9
 
 
+def measure_gemm_rates(device: Device, n: int, *, seconds: float = 0.3) -> dict[str, float]:
+    """GFLOP/s of :func:`measure_gflops` per arithmetic: ``{"float64": .., "float32": .., "tf32": ..}``.
+
+    ``"tf32"`` is the float32 GEMM inside ``device.math("tf32")`` (TF32 tensor cores), measured only
+    on a GPU (a CPU has no such mode: its entry would repeat float32's).
+    """
+    out = {name: measure_gflops(device, dt, n, seconds=seconds)
+           for name, dt in (("float64", np.float64), ("float32", np.float32))}
+    if device.name == "gpu":
+        with device.math("tf32"):
+            out["tf32"] = measure_gflops(device, np.float32, n, seconds=seconds)
+    return out
+
+
 def gpu_name() -> str:
     """The current CUDA device's name (``"NVIDIA H200"``), part of the rates' cache key."""
     import cupy
@@ -66,4 +82,4 @@ def gpu_name() -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-__all__ = ["DEFAULT_SIDE", "gpu_name", "measure_gflops"]
+__all__ = ["DEFAULT_SIDE", "gpu_name", "measure_gemm_rates", "measure_gflops"]

@@ -3,7 +3,8 @@
 A plan knows what it will read and write (bytes) and compute (flops); with the machine's rates
 (:class:`Rates`: host feed and write GB/s, the devices' GEMM GFLOP/s) :func:`time_split` turns
 them into expected seconds of each and names the one that bounds the run. ``--explain`` prints it
-(:func:`expected_line`).
+(:func:`expected_line`). After a GPU run, :func:`roofline` turns its counts into the least time the
+device and the storage allow (the report's ``roofline_seconds`` and ``roofline_efficiency``).
 
 Where things live (the plan layer stays pure arithmetic): the measuring is done below or beside it,
 ``blocklin.storage.probe.measure_storage`` (a temp zarr written and read back by blocklin's own
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ConfigError, ParameterError, explain
+from blocklin.plan.gpu import DEFAULT_GPU, GPUS
 
 #: Version of the cache file's layout (entries of another version are ignored).
 CACHE_VERSION = 1
@@ -82,6 +84,12 @@ class Rates:
         The machine key they were measured under (:func:`machine_key`).
     cached_feed_gbps : float or None
         The same reads from the page cache (a second read of the store), where measured.
+    gpu_gflops_tf32 : float or None
+        In-core float32 GEMM rate of the GPU on TF32 tensor cores, where measured.
+    raw_feed_gbps : float or None
+        The storage's raw read limit (chunk files read by every core into reused buffers, as
+        ``benchmarks/feed.py`` measures it), where measured: the feed limit of a run's roofline
+        (:func:`roofline`).
     """
 
     feed_gbps: float
@@ -93,6 +101,8 @@ class Rates:
     measured: str | None = None
     key: str | None = None
     cached_feed_gbps: float | None = None
+    gpu_gflops_tf32: float | None = None
+    raw_feed_gbps: float | None = None
 
     @classmethod
     def defaults(cls, cores: int | None = None) -> Rates:
@@ -217,6 +227,132 @@ def expected_line(bytes_read: float, bytes_written: float, flops: float, device:
             f"({split.rates.source}): bound by {split.bound}")
 
 
+# -- the roofline of a run ------------------------------------------------------------------------------
+#: Arithmetic a roofline's compute rate is taken for: the real GEMM rates, TF32 tensor cores.
+ROOFLINE_RATES = ("float64", "float32", "tf32")
+
+
+@dataclasses.dataclass(frozen=True)
+class Roofline:
+    """The least time a run could take: ``max(flops / gflops, bytes moved / feed)`` (the roofline model
+    of Williams, Waterman and Patterson, CACM 2009, with storage as the memory).
+
+    ``gflops`` is the device's in-core GEMM rate for the arithmetic the run used (:attr:`rate`) and
+    ``feed_gbps`` the storage's raw read limit; ``bytes_moved`` counts the bytes read and written, all
+    at the read limit (writes are usually slower, so the roofline time is never overstated). A run's
+    :meth:`efficiency` is ``seconds / measured seconds``: 1 at the roofline.
+    """
+
+    flops: float
+    bytes_moved: float
+    gflops: float
+    feed_gbps: float
+    rate: str
+    gflops_source: str
+    feed_source: str
+
+    @property
+    def compute_seconds(self) -> float:
+        return float(self.flops) / (self.gflops * 1e9)
+
+    @property
+    def feed_seconds(self) -> float:
+        return float(self.bytes_moved) / (self.feed_gbps * 1e9)
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_seconds, self.feed_seconds)
+
+    @property
+    def bound(self) -> str:
+        """``"compute"`` or ``"feed"``: which side of the roofline the run's counts fall on."""
+        return "compute" if self.compute_seconds >= self.feed_seconds else "feed"
+
+    def efficiency(self, seconds: float) -> float | None:
+        """``self.seconds / seconds`` (None for a run of no measurable time)."""
+        return self.seconds / seconds if seconds > 0 else None
+
+    def to_dict(self) -> dict:
+        return {"seconds": self.seconds, "compute_seconds": self.compute_seconds,
+                "feed_seconds": self.feed_seconds, "bound": self.bound, "flops": self.flops,
+                "bytes_moved": self.bytes_moved, "rate": self.rate, "gflops": self.gflops,
+                "gflops_source": self.gflops_source, "feed_gbps": self.feed_gbps, "feed_source": self.feed_source}
+
+
+def roofline_rate(dtype: Any, *, tf32: bool = False) -> str:
+    """The arithmetic a run in ``dtype`` uses: ``"tf32"`` for float32 (or complex64) GEMMs on TF32
+    tensor cores, else its real dtype's name (complex types: their real part's)."""
+    dt = np.dtype(dtype)
+    real = np.finfo(dt).dtype if dt.kind == "c" else dt
+    if real == np.float32 and tf32:
+        return "tf32"
+    return "float32" if real.itemsize <= 4 else "float64"
+
+
+def gpu_spec(name: str | None) -> tuple[str, dict[str, float]]:
+    """The entry of :data:`blocklin.plan.gpu.GPUS` whose key ``name`` contains (``"NVIDIA H200"``:
+    ``"H200"``), else the default GPU's: ``(key, spec)``."""
+    for key in GPUS:
+        if name and key.lower() in name.lower():
+            return key, GPUS[key]
+    return DEFAULT_GPU, GPUS[DEFAULT_GPU]
+
+
+def roofline(flops: float, bytes_moved: float, *, dtype: Any = np.float64, tf32: bool = False,
+             rates: Rates | None = None, gpu: str | None = None) -> Roofline:
+    """A GPU run's :class:`Roofline`, from the measured rates where the cache holds them, else the peaks
+    of :data:`blocklin.plan.gpu.GPUS`.
+
+    Parameters
+    ----------
+    flops : float
+        The run's floating-point operations (complex runs: ``2 m n k`` for a product, as the plans count).
+    bytes_moved : float
+        Bytes the run read from and wrote to storage.
+    dtype : dtype
+        The lowest precision the run computed in (a mixed-precision solve: its float32 factorization):
+        the fastest rate it could reach, so that the roofline time is a lower bound.
+    tf32 : bool
+        Its float32 GEMMs ran on TF32 tensor cores.
+    rates : Rates, optional
+        The machine's rates (:func:`load_rates`); their ``gpu_gflops``/``gpu_gflops32``/``gpu_gflops_tf32``
+        and ``raw_feed_gbps`` where measured. Without them (or for a rate not measured), the GPU's dense
+        peak and its host link bandwidth from :data:`blocklin.plan.gpu.GPUS` (the conservative defaults:
+        upper limits, so that a default roofline never overstates the efficiency).
+    gpu : str, optional
+        The device's name (``"NVIDIA H200"``), to find its defaults; unknown names take the default GPU's.
+
+    Returns
+    -------
+    Roofline
+        Its ``gflops_source``/``feed_source`` say ``"measured YYYY-MM-DD"`` or ``"default (H200 ...)"``.
+        Complex arithmetic runs at a quarter of the real rate in the plans' complex flop count (a
+        complex multiply-add is four real ones), as :func:`blocklin.plan.gpu.crossover_tile` counts it.
+
+    Raises
+    ------
+    ParameterError
+        A negative or non-finite count.
+    """
+    for name, value in (("flops", flops), ("bytes_moved", bytes_moved)):
+        if not isinstance(value, (int, float, np.integer, np.floating)) or not np.isfinite(value) or value < 0:
+            raise ParameterError(explain(name, "must be a finite count >= 0", repr(value),
+                                         f"pass the report's {name} (0 when there is none)"))
+    rate = roofline_rate(dtype, tf32=tf32)
+    key, spec = gpu_spec(gpu)
+    measured = rates is not None and rates.measured
+    when = f"measured {rates.measured[:10]}" if measured else ""
+    got = {"float64": rates.gpu_gflops, "float32": rates.gpu_gflops32,
+           "tf32": rates.gpu_gflops_tf32}[rate] if measured else None
+    gflops, gsource = (float(got), when) if got else (spec[rate] / 1e9, f"default ({key} {rate} peak, plan/gpu.py)")
+    if np.dtype(dtype).kind == "c":
+        gflops /= 4
+    feed = rates.raw_feed_gbps if measured else None
+    gbps, fsource = (float(feed), when) if feed else (spec["link"] / 1e9, f"default ({key} host link, plan/gpu.py)")
+    return Roofline(flops=float(flops), bytes_moved=float(bytes_moved), gflops=gflops, feed_gbps=gbps, rate=rate,
+                    gflops_source=gsource, feed_source=fsource)
+
+
 # -- the cache file (the only I/O of this module) -----------------------------------------------------
 def cache_path() -> Path:
     """``$XDG_CACHE_HOME/blocklin/rates.json``, else ``~/.cache/blocklin/rates.json``."""
@@ -301,5 +437,6 @@ def save_rates(rates: Rates, *, path: Path | None = None) -> Path:
 
 
 __all__ = ["BOUNDS", "DEFAULT_CPU_GFLOPS_PER_CORE", "DEFAULT_FEED_GBPS", "DEFAULT_GPU_GFLOPS", "DEFAULT_WRITE_GBPS",
-           "Rates", "TimeSplit", "cache_path", "expected_line", "format_seconds", "load_rates", "machine_key",
-           "read_cache", "save_rates", "time_split"]
+           "ROOFLINE_RATES", "Rates", "Roofline", "TimeSplit", "cache_path", "expected_line", "format_seconds",
+           "gpu_spec", "load_rates", "machine_key", "read_cache", "roofline", "roofline_rate", "save_rates",
+           "time_split"]

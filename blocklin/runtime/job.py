@@ -186,6 +186,8 @@ class Job:
         #: ``"tf32"``: the float32 GEMMs of this job's tile tasks use TF32 tensor cores on a GPU
         #: (``precision="tf32"``); block operations take it as their default math mode.
         self.math: str | None = None
+        #: dtypes of the operands resolved through :meth:`operand` (see :meth:`_roofline`).
+        self.operand_dtypes: set[np.dtype] = set()
 
     def _resolve_device(self) -> str:
         """``auto``, ``cpu`` or ``gpu`` resolved where the tasks run: this machine, or the workers."""
@@ -220,6 +222,7 @@ class Job:
             self.read_notes.append(f"{name}: {was} data cast to float64 (a staged copy), as numpy.linalg casts it")
         # a staged copy has a new path each run, so no token of this job names it twice: nothing to resume
         self.staged_inputs = getattr(self, "staged_inputs", False) or op.staged
+        self.operand_dtypes.add(np.dtype(op.dtype))  # the roofline's arithmetic where no report names it
         return op
 
     @property
@@ -528,6 +531,22 @@ class Job:
         ``bound``
             ``"feed"`` when ``wait_fraction`` exceeds :data:`FEED_BOUND_WAIT`, else ``"compute"``;
             ``"unknown"`` when no task reported a stream (or the streams took no time).
+
+        How close a GPU run came to what its device and storage allow (GPU jobs only: a CPU's
+        default rates are planning estimates, not limits, so an efficiency from them would mean
+        nothing; see :meth:`_roofline`):
+
+        ``roofline_seconds``
+            ``max(flops / in-core GEMM rate, (bytes_read + bytes_written) / raw feed limit)``
+            (:func:`blocklin.plan.rates.roofline`): the least time the run could take.
+        ``roofline_efficiency``
+            ``roofline_seconds / seconds`` (1 at the roofline).
+        ``roofline``
+            The rates it used and where they came from: ``gflops`` and ``gflops_source``, ``feed_gbps``
+            and ``feed_source`` (``"measured YYYY-MM-DD"``, from ``blocklin calibrate`` or
+            ``benchmarks/gpu_check.py``, else ``"default (...)"``: the GPU's peak and host link from
+            :data:`blocklin.plan.gpu.GPUS`), ``rate`` (``float64``, ``float32`` or ``tf32``), the two
+            times and which one bounds (``bound``).
         """
         secs = self.seconds()
         rep = dict(self.stats)
@@ -542,6 +561,7 @@ class Job:
         rep.update(seconds=secs, peak_memory=peak_rss(), memory_budget=self.cfg.memory, device=self.device,
                    scheduler=self.scheduler.kind, gflops=rep["flops"] / secs / 1e9 if secs > 0 else 0.0)
         rep.update(self._feed(rep["bytes_read"], rep["compute_seconds"], secs))
+        rep.update(self._roofline(rep, extra))
         if self.scheduler.kind in ("processes", "distributed"):
             rep["worker_peak_memory"] = dict(self.stats.get("worker_peaks", {}))
         if self.cluster() is not None:
@@ -560,6 +580,34 @@ class Job:
                 "compute_fraction": min(1.0, max(0.0, st["device_compute"] / secs)) if streamed and secs > 0 else None,
                 "wait_fraction": wait_fraction,
                 "bound": "unknown" if wait_fraction is None else "feed" if wait_fraction > FEED_BOUND_WAIT else "compute"}
+
+    def _roofline(self, rep: dict, extra: dict) -> dict:
+        """The report's roofline entries (defined in :meth:`report`): GPU jobs run by a local scheduler.
+
+        The arithmetic is the lowest precision the job computed in (its report's ``compute_dtype``,
+        ``factor_dtype`` or ``work_dtype``, else its operands' narrowest dtype; TF32 where its GEMMs
+        used it), so that the roofline time is a lower bound. On a cluster none is reported: the
+        rates are one machine's, and the workers' GPUs and storage add up to limits not measured.
+        """
+        if self.device != "gpu":
+            return {}
+        if self.scheduler.kind == "distributed":
+            return {"roofline_seconds": None, "roofline_efficiency": None,
+                    "roofline": {"reason": "a cluster's aggregate GPU and feed rates are not measured"}}
+        from blocklin.device.calibrate import gpu_name
+        from blocklin.plan.rates import load_rates, roofline
+
+        dtype = next((extra[k] for k in ("compute_dtype", "factor_dtype", "work_dtype") if extra.get(k)), None)
+        if dtype is None:
+            floats = [d for d in self.operand_dtypes if d.kind in "fc"]
+            dtype = min(floats, key=lambda d: (d.itemsize // (2 if d.kind == "c" else 1), d.kind == "c")) if floats \
+                else np.float64
+        name = gpu_name()
+        rl = roofline(rep["flops"], rep["bytes_read"] + rep["bytes_written"], dtype=dtype,
+                      tf32=self.math == "tf32" or extra.get("precision") == "tf32",
+                      rates=load_rates(f"gpu {name}"), gpu=name)
+        return {"roofline_seconds": rl.seconds, "roofline_efficiency": rl.efficiency(rep["seconds"]),
+                "roofline": rl.to_dict()}
 
     @staticmethod
     def brief(report: dict, keys: tuple[str, ...]) -> dict:
