@@ -279,3 +279,55 @@ def test_spilled_peak_within_the_budget(large, tmp_path, monkeypatch, op):
           f"(in memory needs {in_memory / 2**20:.0f} MiB), block {r['block']}, {r['passes']} passes")
     assert r["spilled"]
     assert used <= budget + margin(budget), f"{used / 2**20:.1f} MiB for {budget / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("shape", [(30000, 20000), (20000, 30000)], ids=["tall", "wide"])
+def test_spilled_svd_of_rectangular_matrices(tmp_path, small_strips, monkeypatch, shape):
+    """Tall and wide: the long factor written by strips in its orientation (``Vt`` rows of a wide ``A``),
+    the short one too, against SciPy's singular values within the reported residuals."""
+    import scipy.sparse
+    import scipy.sparse.linalg
+
+    big = scipy.sparse.csr_matrix((100.0 * np.arange(1, 7), (np.arange(6) * 7, np.arange(6) * 11)), shape=shape)
+    rng, nnz = np.random.default_rng(7), 120_000
+    noise = scipy.sparse.coo_matrix((rng.random(nnz), (rng.integers(0, shape[0], nnz), rng.integers(0, shape[1], nnz))),
+                                    shape=shape)
+    x = (noise + big).tocsr()  # six large separated values: a gap, it converges in a few passes
+    s = bl.from_sparse(x, tmp_path / "R.zarr", memory="24MiB")
+    budget = _svd_budget(s, monkeypatch)
+    U, sv, Vt = res = bl.svd(s, K, seed=0, memory=budget, out=tmp_path / "F.zarr")
+    assert res.report["basis_spilled"] and U.shape == (shape[0], K) and Vt.shape == (K, shape[1])
+    u, v = U.to_numpy(), Vt.to_numpy().T
+    rounding = 4 * max(shape) * eps(np.float64) * float(scipy.sparse.linalg.norm(x, 1))
+    resid = np.asarray(res.report["residuals"])
+    # B v = s u exactly by construction (B = A, or A^T for a wide A), B^T u - s v as reported
+    exact, measured = (x.T @ u - v * sv, x @ v - u * sv) if shape[0] < shape[1] else (x @ v - u * sv, x.T @ u - v * sv)
+    assert (np.linalg.norm(measured, axis=0) <= resid + rounding).all()
+    assert (np.linalg.norm(exact, axis=0) <= rounding).all()
+    assert res.report["converged"]
+    ref = np.sort(scipy.sparse.linalg.svds(x, K, tol=1e-12, random_state=0)[1])[::-1]
+    assert (np.abs(sv - ref) <= resid + rounding).all()
+    assert np.array_equal(bl.open(str(tmp_path / "F.zarr" / "S")).to_numpy(), sv)
+
+
+def test_spilled_svd_refuses_k_above_the_rank(tmp_path, small_strips, monkeypatch):
+    """A rank below ``k`` needs an orthonormal completion of ``U`` built in memory: refused by name."""
+    import scipy.sparse
+
+    two = scipy.sparse.random(30000, 2, density=0.01, random_state=3, format="csc")
+    low = scipy.sparse.hstack([two, scipy.sparse.csc_matrix((30000, 19998))]).tocsr()  # rank 2, N = 20000
+    s = bl.from_sparse(low, tmp_path / "L.zarr", memory="24MiB")
+    budget = _svd_budget(s, monkeypatch)
+    with pytest.raises(bl.errors.ParameterError, match="k: must not exceed the numerical rank"):
+        bl.svd(s, K, seed=0, memory=budget)
+
+
+def test_spilled_laplacian_eigsh_has_the_in_memory_bits(graph, small_strips, monkeypatch):
+    def eig(**kw):
+        return bl.eigsh(graph, K, which="SA", laplacian="normalized", block_size=BLOCK, order="ascending", seed=0,
+                        max_passes=60, **kw)
+
+    budget = _minimum(eig, monkeypatch, False) - (1 << 19)
+    mem, spilled = eig(memory="256MiB"), eig(memory=budget)
+    assert spilled.report["basis_spilled"] and not mem.report["basis_spilled"]
+    assert np.array_equal(mem[0], spilled[0]) and np.array_equal(mem[1], spilled[1].to_numpy())
