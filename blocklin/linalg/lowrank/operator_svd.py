@@ -218,14 +218,16 @@ def sparse_svd_memory(op: Any, sparse: Any, k: int, options: dict, budget: int, 
 def svd_bases(op: Any, k: int, plan: Any, budget: int) -> BasisPlan:
     """The spilled :class:`~blocklin.linalg.lowrank.basis_budget.BasisPlan` of a stored sparse matrix's
     block Lanczos SVD (its in-memory plan refused): each step's products ``B x`` and ``B^T y`` of one
-    block, with ``x`` held beside the second; the final step's two scratch bases (``Y``, ``Z``: their strip
-    buffers). The block shrinks from the plan's to what the budget holds; refused below
+    block, with ``x`` held beside the second (one ``n x block`` block, within the two the step's QR work
+    takes between the products, :func:`~blocklin.plan.svd.lanczos_bytes`: the two never at once); the
+    final step's two scratch bases (``Y``, ``Z``: their strip buffers) and small factors. The block shrinks
+    from the plan's to what the budget holds; refused below
     :data:`~blocklin.linalg.lowrank.basis_budget.MIN_SPILLED_BLOCK` with that minimum."""
-    M, N = (op.shape[1], op.shape[0]) if plan.transposed else op.shape
     t = bool(plan.transposed)
+    N = op.shape[0] if t else op.shape[1]
 
     def extra(b: int, cap: int, spilled: bool) -> int:
-        return N * b * 8 + 4 * STRIP_BYTES + 8 * k * k * 8
+        return 4 * STRIP_BYTES + 8 * k * k * 8
 
     return plan_bases(N, k, block=int(plan.block), max_basis=int(plan.max_basis), block_given=False,
                       store=op.matrix._store, products=lambda b: [(b, t), (b, not t)],
