@@ -1,18 +1,31 @@
-"""One-command GPU check: correctness of every GPU operation, out-of-core GEMM vs in-core cuBLAS, mixed inverse.
+"""One-command GPU check: correctness of every GPU operation, out-of-core GEMM vs in-core cuBLAS, mixed
+inverse, each timing against its roofline.
 
-On a fresh machine with one NVIDIA GPU and a driver (no CUDA toolkit needed)::
+Runs in the current interpreter with whichever CuPy imports (a CUDA 12 or 13 build: ``cupy-cuda12x``
+from the ``gpu`` extra, or the CuPy of a machine's own image); it installs nothing. On a machine that
+reaches no package registry (the lent H200), carry wheels of the pure-Python packages its image lacks
+(blocklin's dependencies: ``pip download --no-deps -d .whl PACKAGE==VERSION`` elsewhere), install them
+into a folder there and put it and the repository on ``PYTHONPATH``, as ``benchmarks/gpu_first_call.sh``
+does::
 
-    python3 benchmarks/gpu_check.py --install      # venv in .venv, pip install -e '.[gpu]', then the check
+    python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
+    PYTHONPATH=/tmp/site:$PWD python3 benchmarks/gpu_check.py --dir /dev/shm
 
-``--install`` creates ``.venv`` (if missing), installs blocklin with the ``gpu`` extra (CuPy with the
-CUDA runtime libraries from wheels, ``cupy-cuda12x[ctk]``) and re-runs itself there. Without it the
-check runs in the current interpreter. The defaults ran in 98 s on one H200 (correctness checks
-and timings, operands on tmpfs); ``--n``/``--inv-n`` size the timed parts, ``--json`` writes the summary after
-every step, ``--skip-checks``/``--skip-timing`` run one half. A step that fails is recorded in the
-summary and the next one still runs.
+The defaults ran in 98 s on one H200 (correctness checks and timings, operands on tmpfs);
+``--n``/``--inv-n`` size the timed parts, ``--skip-checks``/``--skip-timing`` run one half. The
+whole summary (versions, GPU, rates, every check and timing) is written as JSON to
+``benchmarks/results/gpu-DATE.json`` after every step (``--json PATH`` elsewhere; ``--dry-run`` writes
+none unless given ``--json``): commit it with any figure quoted in the docs. A step that fails is
+recorded in the summary and the next one still runs.
 
 Steps:
 
+0. The roofline's rates: ``blocklin calibrate`` on the GPU (cached in this machine's rates cache: the
+   in-core GEMM rate per arithmetic, float64, float32 and float32 on TF32 tensor cores, by cuBLAS
+   through ``CudaDevice.gemm_acc``, with the host feed, write and CPU rates), then the raw feed limit
+   of ``--dir`` by ``benchmarks/feed.py``'s raw read (chunk files read by 1..all cores' threads into
+   reused buffers, the best), added to the same cache entry. Every GPU job's report then carries its
+   roofline from them (``roofline_seconds``, ``roofline_efficiency``), and each timing below prints it.
 1. Correctness on the GPU against NumPy/SciPy: every dense device operation (GEMM accumulate, TF32
    GEMM, SYRK, Cholesky, triangular solves, QR, SVD, eigh, leaf inverse) and every public
    operation (``matmul`` with transposes/alpha/beta/casts and ``precision="float32"``/``"tf32"``,
@@ -35,20 +48,24 @@ Steps:
    error ``||b - A x||_F / (||A||_F ||x||_F + ||b||_F)``.
 
 Prints one JSON summary on the last line; exits 1 when a correctness check fails, 2 without a GPU.
-``--device cpu`` runs the same code paths on the CPU (overlap figures need CUDA); ``--dry-run`` runs
-every step at small sizes (on the GPU when one is visible, else the CPU: a check of the script
-itself, which the test suite runs on the CuPy stand-in). Each correctness entry
-carries the operation's ``phases`` (where each phase ran); ``phases_elsewhere`` lists the operations
-with a phase off the requested device (for example LU's panel ``getrf``, which stays on the host).
+``--device cpu`` runs the same code paths on the CPU (overlap and roofline figures need CUDA);
+``--dry-run`` runs every step at small sizes (on the GPU when one is visible, else the CPU: a check
+of the script itself, which the test suite runs on the CuPy stand-in); ``--quick-checks`` checks
+only the dense device kernels (seconds). Each correctness entry carries the operation's ``phases``
+(where each phase ran); ``phases_elsewhere`` lists the operations with a phase that ran off the
+requested device (for example LU's panel ``getrf``, which stays on the host; phases that did not run
+are not counted).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib.util
 import json
 import os
+import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +75,8 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Where the summaries of runs on GPU machines are kept (see its README.md).
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def _eps(dtype: Any) -> float:
@@ -73,6 +92,150 @@ def _where(result: Any) -> dict:
     """Where each phase of a public operation ran (its report's ``phases``)."""
     report = getattr(result, "report", None) or {}
     return {"phases": report.get("phases"), "device": report.get("device")}
+
+
+def _roof(report: dict) -> dict:
+    """A job report's roofline entries (GPU jobs; ``{}`` elsewhere): see ``Job.report``."""
+    return {k: report[k] for k in ("roofline_seconds", "roofline_efficiency", "roofline") if k in report}
+
+
+def _roof_text(entry: dict) -> str:
+    """``; roofline 0.42 s (measured rates): 31% of it`` for an entry with a roofline, else ``""``."""
+    eff = entry.get("roofline_efficiency")
+    if eff is None:
+        return ""
+    rl = entry.get("roofline") or {}
+    which = "measured" if all(str(rl.get(k, "")).startswith("measured") for k in ("gflops_source", "feed_source")) \
+        else "default or partly default"
+    return f"; roofline {entry['roofline_seconds']:.3g} s ({which} rates, bound by {rl.get('bound')}): {eff:.0%} of it"
+
+
+def ran_elsewhere(where: Any, device: str) -> bool:
+    """Whether a phase ran, and ran (at least in part) off ``device``: its value names devices
+    (``"cpu"``, ``"gpu"``, ``"cpu/gpu"``); None (a phase that did not run) or a description
+    (``"spilled to the work folder ..."``) is not a place it ran."""
+    if not isinstance(where, str):
+        return False
+    parts = where.split("/")
+    return all(p in ("cpu", "gpu") for p in parts) and any(p != device for p in parts)
+
+
+def phases_elsewhere(checks: list[dict], device: str) -> dict:
+    """The checks with a phase that ran off ``device`` (reads and writes aside), with all their phases."""
+    return {c["check"]: c["phases"] for c in checks if c.get("phases") and any(
+        ran_elsewhere(v, device) for k, v in c["phases"].items() if not k.startswith(("read", "reads")))}
+
+
+# -- 0. the roofline's rates, and what ran ------------------------------------------------------------
+def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cuda_version(v: Any) -> str | None:
+    """CUDA's integer version (13000) as ``"13.0"``."""
+    return None if v is None else f"{int(v) // 1000}.{int(v) % 1000 // 10}"
+
+
+def environment() -> dict:
+    """The versions and the machine a run's figures belong to: Python, NumPy, SciPy, Dask, zarr, CuPy
+    (which build: ``cupy-cuda12x``, ``cupy-cuda13x``, ...), the CUDA runtime and driver, the GPU."""
+    import dask
+    import scipy
+    import zarr
+
+    import blocklin
+
+    env: dict[str, Any] = {"python": platform.python_version(), "platform": platform.platform(),
+                           "cores": os.cpu_count(), "blocklin": getattr(blocklin, "__version__", None),
+                           "numpy": np.__version__, "scipy": scipy.__version__, "dask": dask.__version__,
+                           "distributed": _dist_version("distributed"), "zarr": zarr.__version__}
+    try:
+        import cupy
+
+        env["cupy"] = cupy.__version__
+        if str(getattr(cupy, "__file__", "")).endswith("cupy_standin.py"):
+            env["cupy_package"] = "the CuPy stand-in (tests/support/cupy_standin.py)"
+        else:
+            env["cupy_package"] = next((f"{d} {_dist_version(d)}" for d in ("cupy-cuda13x", "cupy-cuda12x",
+                                                                              "cupy-cuda11x", "cupy")
+                                        if _dist_version(d)), None)
+        rt = cupy.cuda.runtime
+        for key, fn in (("cuda_runtime", "runtimeGetVersion"), ("cuda_driver", "driverGetVersion")):
+            env[key] = _cuda_version(getattr(rt, fn)()) if hasattr(rt, fn) else None
+        from blocklin.device.calibrate import gpu_name
+
+        env["gpu"] = gpu_name()
+        env["gpu_memory_bytes"] = int(rt.memGetInfo()[1])
+    except Exception as exc:  # noqa: BLE001 - no CuPy or no GPU: recorded, the check says so later
+        env["cupy_error"] = f"{type(exc).__name__}: {exc}"
+    return env
+
+
+def _feed_module() -> Any:
+    """``benchmarks/feed.py`` (its raw read is the feed limit: not duplicated here)."""
+    spec = importlib.util.spec_from_file_location("blocklin_feed_benchmark", ROOT / "benchmarks" / "feed.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def raw_feed_limit(where: str, gib: float, *, small: bool = False, repeats: int = 3) -> dict:
+    """The raw read limit of ``where``: an uncompressed float64 zarr of ``gib`` GiB (8 MiB chunks; 128 KiB
+    with ``small``) written by ``benchmarks/feed.py``'s ``make``, read once into the page cache, then
+    read by 1..all cores' threads (its ``raw_read``), ``repeats`` rounds, the best rate (10^9 bytes/s)."""
+    feed = _feed_module()
+    cols, chunk_rows = (128, 256) if small else (512, 2048)
+    m = max(chunk_rows, int(gib * 2**30) // (8 * cols) // chunk_rows * chunk_rows)
+    cores = os.cpu_count() or 1
+    threads = sorted({t for t in (1, 2, 4, 8, 16, 32, 64, cores) if t <= cores})
+    work = tempfile.mkdtemp(prefix="blocklin-rawfeed-", dir=where)
+    try:
+        path = os.path.join(work, "a.zarr")
+        feed.make(path, m, cols, chunk_rows, "none")
+        files = feed.chunk_files(path)
+        chunk_bytes = chunk_rows * cols * 8
+        feed.raw_read(files, cores, chunk_bytes, "none")  # into the page cache (on tmpfs: already there)
+        readers = {str(t): (lambda t=t: feed.raw_read(files, t, chunk_bytes, "none")) for t in threads}
+        rates, _ = feed.best_rates(readers, m * cols * 8, repeats)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {"dir": where, "operand_bytes": m * cols * 8, "chunk_bytes": chunk_rows * cols * 8,
+            "gbps_by_threads": rates, "raw_feed_gbps": max(rates.values())}
+
+
+def roofline_rates(kind: str, where: str, *, dry_run: bool, feed_gib: float) -> dict:
+    """Step 0: ``blocklin calibrate`` on ``kind`` (its temp dir ``where``; cached for this machine), then
+    the raw feed limit of ``where`` added to the same cache entry. Returns both, and the rates cached."""
+    import contextlib
+    import dataclasses
+    import io
+
+    from blocklin.cli.main import main as blocklin_main
+    from blocklin.plan.rates import Rates, load_rates, save_rates
+
+    argv = ["calibrate", "--device", kind, "--temp-dir", where, "--json"]
+    if dry_run:
+        argv += ["--size", "1MiB", "--gemm-size", "64"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = blocklin_main(argv)
+    if rc != 0:
+        raise RuntimeError(f"blocklin calibrate exited with {rc}: {out.getvalue()[-500:]}")
+    calibrated = json.loads(out.getvalue().strip().splitlines()[-1])
+    raw = raw_feed_limit(where, feed_gib, small=dry_run)
+    key = calibrated["key"]
+    rates = load_rates(key.rsplit("/", 1)[1])
+    if rates.key == key:  # the entry calibrate just wrote: the feed limit measured beside it
+        rates = dataclasses.replace(rates, raw_feed_gbps=raw["raw_feed_gbps"])
+        save_rates(rates)
+    else:  # pragma: no cover - another process replaced the cache in between
+        rates = Rates.from_dict({**calibrated["rates"], "raw_feed_gbps": raw["raw_feed_gbps"]})
+    return {"calibrate": calibrated, "raw_feed": raw, "rates": rates.to_dict(), "cache": calibrated["path"]}
 
 
 # -- 1. correctness ----------------------------------------------------------------------------------
@@ -326,11 +489,14 @@ def ooc_gemm(kind: str, n: int, dtype: str, memory: str, device_memory: str, tmp
     secs = c.report["seconds"]
     result = {"n": n, "dtype": dtype, "out_of_core_seconds": secs, "out_of_core_gflops": flops / secs / 1e9,
               "load_seconds": c.report["load_seconds"], "wait_seconds": c.report["wait_seconds"],
-              "plan": plan.to_dict(), **overlap}
+              "bytes_read": c.report["bytes_read"], "bytes_written": c.report["bytes_written"],
+              "plan": plan.to_dict(), **overlap, **_roof(c.report)}
     # copies each host slot carries over the job: pinned from PIN_MIN_USES up (blocklin.device.cuda)
     result["slot_uses"] = plan.n_tasks * plan.k_steps / max(1, min(plan.prefetch + 1, plan.k_steps))
     result["in_core_gflops"] = in_core_gemm(kind, a, b, flops)
     result["ratio_vs_in_core"] = result["out_of_core_gflops"] / result["in_core_gflops"]
+    if "roofline" in result:  # in core: the roofline is the GEMM rate alone (no bytes from storage)
+        result["in_core_roofline_efficiency"] = result["in_core_gflops"] / result["roofline"]["gflops"]
     # spot-check the result: one row block against the in-core product of the same operands
     rows = slice(0, min(n, 256))
     ref = a[rows, :].astype(np.float64) @ b[...].astype(np.float64) if n <= 8192 else None
@@ -365,7 +531,7 @@ def ooc_gemm_precision(kind: str, base: dict, precision: str, memory: str, devic
             "out_of_core_seconds": secs, "out_of_core_gflops": 2.0 * n**3 / secs / 1e9,
             "speedup_vs_float64": base["out_of_core_seconds"] / secs,
             "rel_error_vs_float64": float(np.abs(c[rows, :] - c64).max() / np.abs(c64).max()),
-            "plan": c.report["plan"], **overlap}
+            "plan": c.report["plan"], **overlap, **_roof(c.report)}
 
 
 def in_core_gemm(kind: str, a: Any, b: Any, flops: float) -> float:
@@ -409,7 +575,7 @@ def mixed_inverse(kind: str, n: int, memory: str | None, device_memory: str, tmp
         eta = float(np.linalg.norm(np.eye(n) - m @ xs) / (np.linalg.norm(m) * np.linalg.norm(xs)))
         out[precision] = {"seconds": x.report["seconds"], "backward_error": eta, "method": x.report["method"],
                           "work_dtype": x.report["work_dtype"], "refine_steps": x.report["refine_steps"],
-                          "bytes_read": x.report.get("bytes_read")}
+                          "bytes_read": x.report.get("bytes_read"), **_roof(x.report)}
         shutil.rmtree(os.path.join(tmp, f"X{precision}.zarr"), ignore_errors=True)
     out["speedup_mixed"] = out["float64"]["seconds"] / out["mixed"]["seconds"]
     out["speedup_tf32"] = out["float64"]["seconds"] / out["tf32"]["seconds"]
@@ -432,7 +598,8 @@ def mixed_solve(kind: str, n: int, memory: str, tmp: str) -> dict:
         x = bl.solve(src, b, assume_a="pos", precision=precision, device=kind, memory=memory,
                      out=os.path.join(tmp, f"x-{precision}.zarr"))
         out[precision] = {"seconds": x.report["seconds"], "backward_error": x.report["backward_error"],
-                          "refine_steps": x.report["refine_steps"], "factor_dtype": x.report["factor_dtype"]}
+                          "refine_steps": x.report["refine_steps"], "factor_dtype": x.report["factor_dtype"],
+                          **_roof(x.report)}
     out["speedup_mixed"] = out["double"]["seconds"] / out["mixed"]["seconds"]
     out["speedup_tf32"] = out["double"]["seconds"] / out["tf32"]["seconds"]
     return out
@@ -460,9 +627,11 @@ def run_timings(args: argparse.Namespace, summary: dict, timed_step: Any, tmp: s
         if "error" not in g:
             gemm.append(g)
             bf = g["busy_fraction"]
+            eff = g.get("in_core_roofline_efficiency")
             print(f"out-of-core {g['dtype']} n={g['n']}: {g['out_of_core_gflops']:.0f} GFLOP/s vs in-core "
-                  f"{g['in_core_gflops']:.0f} = {g['ratio_vs_in_core']:.2f}x; GPU computing "
-                  f"{'n/a' if bf is None else f'{100 * bf:.0f}%'} of the k-loop", flush=True)
+                  f"{g['in_core_gflops']:.0f}{'' if eff is None else f' ({eff:.0%} of the measured rate)'} = "
+                  f"{g['ratio_vs_in_core']:.2f}x; GPU computing {'n/a' if bf is None else f'{100 * bf:.0f}%'} "
+                  f"of the k-loop{_roof_text(g)}", flush=True)
         summary.pop(f"gemm_{dt}")
     summary["gemm"] = gemm
     precision = []
@@ -474,35 +643,40 @@ def run_timings(args: argparse.Namespace, summary: dict, timed_step: Any, tmp: s
             if "error" not in g:
                 precision.append(g)
                 print(f"out-of-core float64 data, precision={p}: {g['out_of_core_gflops']:.0f} GFLOP/s, "
-                      f"{g['speedup_vs_float64']:.2f}x the float64 run, error {g['rel_error_vs_float64']:.1e}",
-                      flush=True)
+                      f"{g['speedup_vs_float64']:.2f}x the float64 run, error {g['rel_error_vs_float64']:.1e}"
+                      f"{_roof_text(g)}", flush=True)
     summary["gemm_precision"] = precision
     sv = timed_step("solve", mixed_solve, args.device, args.inv_n, args.memory, tmp)
     if "error" not in sv:
         print(f"solve(assume_a='pos') n={sv['n']}: mixed {sv['speedup_mixed']:.2f}x, tf32 {sv['speedup_tf32']:.2f}x "
               f"the float64 time (eta {sv['mixed']['backward_error']:.1e}, {sv['tf32']['backward_error']:.1e})",
               flush=True)
+        for p in ("double", "mixed", "tf32"):
+            if _roof_text(sv[p]):
+                print(f"  solve {p}: {sv[p]['seconds']:.3g} s{_roof_text(sv[p])}", flush=True)
     inv = timed_step("inverse", mixed_inverse, args.device, args.inv_n, args.inv_memory, args.device_memory, tmp)
     if "error" not in inv:
         print(f"inv n={inv['n']}: mixed {inv['mixed']['seconds']:.1f} s (eta {inv['mixed']['backward_error']:.1e})"
               f" vs float64 {inv['float64']['seconds']:.1f} s (eta {inv['float64']['backward_error']:.1e}): "
               f"{inv['speedup_mixed']:.2f}x; tf32 {inv['tf32']['seconds']:.1f} s "
               f"(eta {inv['tf32']['backward_error']:.1e}): {inv['speedup_tf32']:.2f}x", flush=True)
+        for p in ("float64", "mixed", "tf32"):
+            if _roof_text(inv[p]):
+                print(f"  inv {p}: {inv[p]['seconds']:.3g} s{_roof_text(inv[p])}", flush=True)
 
 
-def install_and_rerun(argv: list[str]) -> int:
-    venv = ROOT / ".venv"
-    py = venv / "bin" / "python"
-    if not py.exists():
-        subprocess.check_call([sys.executable, "-m", "venv", str(venv)])
-    subprocess.check_call([str(py), "-m", "pip", "install", "-q", "-e", f"{ROOT}[gpu]"])
-    return subprocess.call([str(py), str(Path(__file__).resolve()), *[a for a in argv if a != "--install"]])
+def default_json_path(now: datetime.datetime | None = None) -> Path:
+    """``benchmarks/results/gpu-YYYY-MM-DD.json`` (UTC), ``-2``, ``-3``, ... when that day has one already."""
+    day = (now or datetime.datetime.now(datetime.timezone.utc)).strftime("%Y-%m-%d")
+    path, i = RESULTS / f"gpu-{day}.json", 2
+    while path.exists():
+        path, i = RESULTS / f"gpu-{day}-{i}.json", i + 1
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--install", action="store_true", help="create .venv, install '.[gpu]' and rerun there")
     p.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
     # the sizes measured on an H200: 98 s for the whole check (docs/gpu.md)
     p.add_argument("--n", type=int, default=16384, help="size of the out-of-core GEMM operands")
@@ -511,32 +685,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inv-memory", default=None, help="host budget of the inverse comparison (default: a quarter "
                    "of the matrix, so that every precision runs out of core)")
     p.add_argument("--device-memory", default="6GiB", help="device budget (below the operands' size)")
-    p.add_argument("--dir", default=None, help="scratch directory (local disk)")
-    p.add_argument("--skip-timing", action="store_true", help="correctness only")
+    p.add_argument("--dir", default=None, help="scratch directory (local disk; /dev/shm for tmpfs): the operands, "
+                   "and the store whose raw read is the roofline's feed limit")
+    p.add_argument("--feed-gib", type=float, default=1.0, help="GiB read to measure the raw feed limit (default 1)")
+    p.add_argument("--skip-timing", action="store_true", help="correctness only (no rates, no timings)")
     p.add_argument("--skip-checks", action="store_true", help="timings only (no correctness step)")
-    p.add_argument("--json", default=None, help="also write the summary to this file, after every step")
+    p.add_argument("--quick-checks", action="store_true", help="of the correctness step, only the dense device "
+                   "kernels (seconds)")
+    p.add_argument("--json", default=None, help="where to write the summary, after every step (default "
+                   "benchmarks/results/gpu-DATE.json; none for --dry-run)")
     p.add_argument("--dry-run", action="store_true",
-                   help="every step on the CPU at small sizes (checks the script itself; no GPU figures)")
+                   help="every step at small sizes, on the GPU when one is visible, else the CPU (checks the "
+                        "script itself; no figures worth keeping)")
     args = p.parse_args(argv)
-    if args.install:
-        return install_and_rerun(argv)
     from blocklin.device import gpu_available
 
     if args.dry_run:  # small sizes; the GPU when one is visible (the CuPy stand-in in the tests)
         args.device = "gpu" if gpu_available() else "cpu"
         args.n, args.inv_n, args.memory, args.device_memory = 384, 256, "4MiB", "1MiB"
         args.inv_memory = "320KiB"  # below the one-task inverse: the recursion, as at full size
+    elif args.json is None:
+        args.json = str(default_json_path())
 
     if args.device == "gpu" and not gpu_available():
-        print("gpu_check: no CUDA device visible to CuPy (run with --install on a GPU machine)", file=sys.stderr)
+        print("gpu_check: no CUDA device visible to CuPy (on a GPU machine, see this script's docstring for how "
+              "to run it with the CuPy that imports there)", file=sys.stderr)
         return 2
     tmp = tempfile.mkdtemp(prefix="blocklin-gpucheck-", dir=args.dir)
     t0 = time.perf_counter()
-    summary: dict[str, Any] = {"device": args.device}
+    summary: dict[str, Any] = {"device": args.device, "argv": argv, "dry_run": args.dry_run,
+                               "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                               "environment": environment()}
 
     def save() -> None:
         if args.json:
-            Path(args.json).write_text(json.dumps(summary, default=str))
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(summary, default=str, indent=1))
 
     def timed_step(key: str, fn: Any, *a: Any) -> Any:
         """One timed step; a failure is recorded under ``key`` and the next step still runs."""
@@ -552,22 +736,37 @@ def main(argv: list[str] | None = None) -> int:
         return summary[key]
 
     try:
-        checks = [] if args.skip_checks else (guarded("device checks", device_checks, args.device)
-                                              + guarded("operation checks", operation_checks, args.device, tmp))
+        save()
+        if not args.skip_timing:
+            r = timed_step("roofline_rates", lambda: roofline_rates(
+                args.device, tmp, dry_run=args.dry_run, feed_gib=1 / 64 if args.dry_run else args.feed_gib))
+            if "error" not in r:
+                rt = r["rates"]
+                print(f"roofline rates: in-core GEMM {rt['gpu_gflops'] or 0:.0f} GFLOP/s float64, "
+                      f"{rt['gpu_gflops32'] or 0:.0f} float32, {rt['gpu_gflops_tf32'] or 0:.0f} TF32; raw feed "
+                      f"{rt['raw_feed_gbps']:.2f} GB/s from {args.dir or tempfile.gettempdir()} "
+                      f"(cached in {r['cache']})", flush=True)
+        if args.skip_checks:
+            checks = []
+        elif args.quick_checks:
+            checks = guarded("device checks", device_checks, args.device)
+        else:
+            checks = (guarded("device checks", device_checks, args.device)
+                      + guarded("operation checks", operation_checks, args.device, tmp))
         for c in checks:
             print(f"{c['check']:40s} {c['dtype']:8s} err {c['error']:.1e} (tol {c['tol']:.0e}) "
                   f"{'ok' if c['ok'] else 'FAIL'}", flush=True)
         summary["correct"] = all(c["ok"] for c in checks)
         summary["checks"] = checks
-        # operations with a phase that did not run on the requested device (reads and writes aside)
-        summary["phases_elsewhere"] = {c["check"]: c["phases"] for c in checks if c.get("phases") and any(
-            v != args.device for k, v in c["phases"].items() if not k.startswith(("read", "reads")))}
+        summary["phases_elsewhere"] = phases_elsewhere(checks, args.device)
         save()
         if not args.skip_timing:
             run_timings(args, summary, timed_step, tmp)
         summary["seconds"] = time.perf_counter() - t0
         save()
         print(json.dumps(summary, default=str))
+        if args.json:
+            print(f"gpu_check: summary written to {args.json}", file=sys.stderr)
         return 0 if summary["correct"] and not summary.get("timing_errors") else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
