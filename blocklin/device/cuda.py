@@ -54,7 +54,9 @@ class DeviceBudget:
     """The device budget of one GPU, shared by every task of this process that runs on it.
 
     A task holds its planned device bytes while it runs; a task that would exceed the budget waits
-    until others finish (a task larger than the whole budget runs alone rather than never).
+    until others finish (a task larger than the whole budget runs alone rather than never). The
+    device operand cache (:mod:`blocklin.device.resident`) keeps its blocks' bytes here too
+    (``cached``): a task that does not fit beside them first evicts idle blocks (``shrink``).
     """
 
     _budgets: dict[int, DeviceBudget] = {}
@@ -63,23 +65,56 @@ class DeviceBudget:
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.held = 0
-        self.peak = 0
+        self.cached = 0
+        self.peak = 0  # high-water mark of held + cached
         self.waits = 0
+        #: ``shrink(nbytes) -> freed``: evicts idle cached blocks (set by the GPU's DeviceCache).
+        self.shrink: Any = None
 
     @classmethod
     def of(cls, device_id: int) -> DeviceBudget:
         with cls._lock:
             return cls._budgets.setdefault(device_id, cls())
 
+    def take_cached(self, nbytes: int, budget: int) -> bool:
+        """Count ``nbytes`` of cached blocks if they fit ``budget`` beside everything held (never waits)."""
+        with self.cond:
+            if self.held + self.cached + nbytes > budget:
+                return False
+            self.cached += nbytes
+            self.peak = max(self.peak, self.held + self.cached)
+            return True
+
+    def give_cached(self, nbytes: int) -> None:
+        with self.cond:
+            self.cached -= nbytes
+            self.cond.notify_all()
+
     @contextlib.contextmanager
     def hold(self, nbytes: int, budget: int) -> Iterator[None]:
         with self.cond:
-            if self.held and self.held + nbytes > budget:
-                self.waits += 1
-            while self.held and self.held + nbytes > budget:
+            waited = False
+            while True:
+                over = self.held + self.cached + nbytes - budget
+                if over <= 0:
+                    break
+                if self.cached and self.shrink is not None:
+                    # the cache takes its own lock, then this one: shrink it without holding ours
+                    self.cond.release()
+                    try:
+                        freed = self.shrink(over)
+                    finally:
+                        self.cond.acquire()
+                    if freed:
+                        continue
+                if not self.held:
+                    break  # alone (beside blocks other tasks' lookups still pin): runs rather than never
+                if not waited:
+                    self.waits += 1
+                    waited = True
                 self.cond.wait()
             self.held += nbytes
-            self.peak = max(self.peak, self.held)
+            self.peak = max(self.peak, self.held + self.cached)
         try:
             yield
         finally:
@@ -118,6 +153,7 @@ class CudaDevice(Device):
         self._slot_spec: list[tuple[tuple[int, ...], np.dtype]] = []
         self._uploaded: dict[int, Any] = {}  # slot -> event after the last upload from its host buffers
         self._used: dict[int, Any] = {}  # slot -> event after the last compute that read its device buffers
+        self._held: dict[int, tuple] = {}  # slot -> (cache, cached blocks its item reads), until after_use
         self._tf32 = False
         self._state_lock = threading.Lock()
         self._active = 0  # tasks holding the budget through this device (see reserve)
@@ -192,6 +228,9 @@ class CudaDevice(Device):
                 busy = inst._release_pending = inst._active > 0  # a task of a concurrent job: freed after it
             if not busy:
                 inst.release_slots()
+        from blocklin.device.resident import DeviceCache
+
+        DeviceCache.release_all()  # the job's device-resident operand blocks
         if insts:
             insts[0].cp.get_default_memory_pool().free_all_blocks()
 
@@ -303,6 +342,10 @@ class CudaDevice(Device):
     def release_slots(self) -> None:
         """Free this device's slots (after the work queued on them ran); the next stream allocates anew."""
         self.synchronize()
+        for cache, entries in self._held.values():  # an item never handed back (a failed task)
+            for e in entries:
+                cache.unpin(e, None, self)
+        self._held.clear()
         self._dev_slots = []
         self._slot_spec = []
         self._used.clear()
@@ -333,17 +376,42 @@ class CudaDevice(Device):
         if ev is not None:
             ev.synchronize()  # the previous upload from this host slot has finished reading it
 
-    def upload(self, slot: int, arrays: tuple[np.ndarray, ...]) -> tuple[Any, ...]:
+    def upload(self, slot: int, arrays: tuple[np.ndarray, ...], resident: Any = None) -> tuple[Any, ...]:
+        """Queue the copies of ``arrays`` (host slot ``slot``) into device slot ``slot``; the device arrays.
+
+        ``resident``: ``(res, keys, found)`` of a stream that keeps blocks on the device (``res`` a
+        :class:`blocklin.device.resident.Resident`, ``keys`` and ``found`` from its ``hits``): an
+        operand with a cached block in ``found`` arrives as ``None`` and is taken from the device
+        (after its upload's event); one with a key and no block is uploaded into a new cached block
+        where the cache admits it, else into the slot.
+        """
         cp = self.cp
         used = self._used.get(slot)
         if used is not None:
             self.h2d.wait_event(used)  # compute on the previous contents of this slot is done
         out = []
+        held = []
         for j, (host, dev_full) in enumerate(zip(arrays, self._dev_slots[slot])):
+            hit = resident[2][j] if resident is not None else None
+            if hit is not None:  # on the device already: read after its upload
+                self.compute.wait_event(hit.ready)
+                out.append(hit.array)
+                held.append(hit)
+                continue
             if host.dtype != dev_full.dtype:
                 raise DeviceError(explain(f"operand {j} of the tile stream", f"must arrive as {dev_full.dtype}, "
                                           "the dtype its device slot was prepared for", host.dtype.name,
                                           "pass the compute dtype as TileStream(device_dtype=...)"))
+            entry = None
+            if resident is not None and resident[1][j] is not None:
+                res = resident[0]
+                entry = res.cache.admit(resident[1][j], host.nbytes, limit=res.limit, budget=res.budget)
+            if entry is not None:  # a new block of the cache instead of the slot
+                with self.compute:  # in compute's pool, written after compute's queued work (see resident)
+                    dev_full = cp.empty(host.size, dtype=host.dtype)
+                    after = cp.cuda.Event(disable_timing=True)
+                    after.record(self.compute)
+                self.h2d.wait_event(after)
             if host.flags.c_contiguous:
                 dev = dev_full[: host.size].reshape(host.shape)
                 dev.set(host, stream=self.h2d)
@@ -355,16 +423,28 @@ class CudaDevice(Device):
                 dev = dev_full[: host.size].reshape(host.shape)
                 dev.set(np.ascontiguousarray(host), stream=self.h2d)
             out.append(dev)
+            if entry is not None:
+                held.append((entry, dev))
         ev = cp.cuda.Event(disable_timing=True)
         ev.record(self.h2d)
         self._uploaded[slot] = ev
         self.compute.wait_event(ev)
+        if held:
+            res = resident[0]
+            for e in held:
+                if isinstance(e, tuple):  # uploaded now: others may read it after this event
+                    res.kept_block(e[0].size)
+                    res.cache.fill(e[0], e[1], ev, checked=res.checked)
+            self._held[slot] = (res.cache, [e[0] if isinstance(e, tuple) else e for e in held])
         return tuple(out)
 
     def after_use(self, slot: int) -> None:
         ev = self.cp.cuda.Event(disable_timing=True)
         ev.record(self.compute)
         self._used[slot] = ev
+        cache, entries = self._held.pop(slot, (None, ()))
+        for e in entries:  # cached blocks this item read: their last use on this device
+            cache.unpin(e, ev, self)
 
     # -- compute ----------------------------------------------------------------------------------
     @contextlib.contextmanager

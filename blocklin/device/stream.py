@@ -137,6 +137,11 @@ class TileStream:
         Items that streams of these slot shapes carry over the whole job (tasks reuse a GPU's
         cached slots); with the slot count it tells a GPU whether pinning the slots pays
         (:meth:`Device.host_empty`). None: pin.
+    resident : blocklin.device.resident.Resident, optional
+        On a GPU, the operand blocks to keep on the device (keys per item): a block found there is
+        not read (``load(i, buffers, skip)`` gets ``skip[j]`` true and returns None for it) and is
+        handed out from the device; one not found is read and uploaded into the cache. None: every
+        item read and uploaded into the slots.
 
     Attributes
     ----------
@@ -147,8 +152,9 @@ class TileStream:
 
     def __init__(self, device: Device, n_items: int, load: Loader, buffer_shapes: Sequence[tuple[int, ...]],
                  dtype: Any, depth: int = 1, device_dtype: Any = None, loaders: int = 1,
-                 job_items: int | None = None) -> None:
+                 job_items: int | None = None, resident: Any = None) -> None:
         self.device = device
+        self.resident = resident if not device.host_resident else None
         self.n_items = n_items
         self.load = load
         self.depth = max(0, int(depth))
@@ -202,9 +208,9 @@ class TileStream:
             try:
                 self.device.host_slot_free(slot)
                 t0 = time.perf_counter()
-                views = self.load(i, self.buffers[slot])
+                views, kept = self._read(i, slot)
                 dt = time.perf_counter() - t0
-                item: Any = (slot, views)
+                item: Any = (slot, views, kept)
             except BaseException as exc:  # handed to the consumer, re-raised there
                 dt, item = 0.0, exc
             with self._cond:
@@ -214,12 +220,33 @@ class TileStream:
             if isinstance(item, BaseException):
                 return
 
+    def _read(self, i: int, slot: int) -> tuple[tuple, Any]:
+        """Item ``i`` read into host slot ``slot``: its views, and what the device keeps of it."""
+        if self.resident is None:
+            return self.load(i, self.buffers[slot]), None
+        keys, found = self.resident.hits(i)
+        try:
+            views = self.load(i, self.buffers[slot], tuple(f is not None for f in found))
+        except BaseException:
+            self.resident.release(found)
+            raise
+        return views, (self.resident, keys, found)
+
+    def _upload(self, slot: int, views: tuple, kept: Any) -> tuple:
+        return self.device.upload(slot, views) if kept is None else self.device.upload(slot, views, kept)
+
     def stop(self) -> None:
         """End the loader threads (after iterating, or instead of it when the consumer failed first)."""
         self._stop.set()
         self._free.put(_STOP)  # wake loaders blocked on a free slot
         for t in self._threads:
             t.join()
+        if self.resident is not None:  # items read ahead and never consumed: their cached blocks
+            with self._cond:
+                left = [item for item in self._ready.values() if isinstance(item, tuple)]
+                self._ready.clear()
+            for _slot, _views, kept in left:
+                self.resident.release(kept[2])
 
     def release(self) -> None:
         """Hand the host slots back to the device for reuse, once no upload reads them any more."""
@@ -246,10 +273,10 @@ class TileStream:
                 check_cancelled()
                 self.device.host_slot_free(0)  # the previous upload from the one slot has finished
                 t0 = time.perf_counter()
-                views = self.load(i, self.buffers[0])
+                views, kept = self._read(i, 0)
                 self.load_seconds += time.perf_counter() - t0
                 t1 = time.perf_counter()
-                yield i, self.device.upload(0, views)
+                yield i, self._upload(0, views, kept)
                 self.compute_seconds += time.perf_counter() - t1
                 self.device.after_use(0)
             return
@@ -265,9 +292,9 @@ class TileStream:
                 self.wait_seconds += time.perf_counter() - t0
                 if isinstance(item, BaseException):
                     raise item
-                slot, views = item
+                slot, views, kept = item
                 t1 = time.perf_counter()
-                yield i, self.device.upload(slot, views)
+                yield i, self._upload(slot, views, kept)
                 self.compute_seconds += time.perf_counter() - t1
                 self.device.after_use(slot)
                 self._free.put(slot)

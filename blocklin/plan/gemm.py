@@ -27,7 +27,7 @@ from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import LazyPieces, split
 from blocklin.plan.gpu import pinned_nbytes  # pinned buffers as CuPy's pool allocates them
-from blocklin.plan.gpu import DEFAULT_GPU, crossover_tile, shortfall, transfer_bound
+from blocklin.plan.gpu import DEFAULT_GPU, DEVICE_UNIT, crossover_tile, link_shortfall, shortfall, transfer_bound
 from blocklin.plan.rates import Rates, expected_line
 
 #: Per-task bookkeeping cost, in bytes-read equivalents, to prefer fewer, larger tasks.
@@ -99,6 +99,11 @@ class GemmPlan:
     #: columns are read while it is multiplied. Planned only where panels read just their part of
     #: each chunk from local files (no chunk is read twice for it, no request more to a store).
     k_lead: int = 0
+    #: On a GPU: bytes of the device operand cache (:mod:`blocklin.device.resident`) that the tile
+    #: runs keep panels in, within ``device_peak`` (0: none), and whether it holds every panel of
+    #: ``op(A)`` and ``op(B)`` that a run needs (each then read from storage once, ``bytes_read``).
+    cache_bytes: int = 0
+    resident: bool = False
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -130,6 +135,8 @@ class GemmPlan:
         d = dataclasses.asdict(self)
         if d["out_dtype"] is None:  # the usual case: plans (and resume tokens) as before the field
             del d["out_dtype"]
+        if not d["cache_bytes"]:  # no device cache (every CPU plan): as before the fields
+            del d["cache_bytes"], d["resident"]
         d["grid"] = list(self.grid)
         d["k_steps"] = self.k_steps
         d["n_tasks"] = self.n_tasks
@@ -163,7 +170,13 @@ class GemmPlan:
         if self.device_peak is not None:
             lines.append(f"  device    peak {format_size(self.device_peak)} of "
                          f"{format_size(self.device_memory or 0)} device budget")
-            if transfer_bound(self.tm, self.tn, self.dtype):
+            if self.resident:
+                lines.append(f"  device    A and B resident on the device ({format_size(self.cache_bytes)} cache): "
+                             "each panel read from storage once and reused by every tile")
+            elif self.cache_bytes:
+                lines.append(f"  device    operand cache {format_size(self.cache_bytes)}: panels a run's later "
+                             "tiles need are reused from the device (counted in the bytes read)")
+            if transfer_bound(self.tm, self.tn, self.dtype) and not self.resident:
                 lines.append(f"  note      {self.tm} x {self.tn} tiles are transfer-bound on an {DEFAULT_GPU} over PCIe "
                              f"(compute-bound from ~{crossover_tile(self.dtype)} square for {self.dtype}); "
                              "a larger device_memory allows larger tiles")
@@ -365,13 +378,13 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         best = min(found, key=lambda x: x[0]) if found else None
     if best is None:
         raise _smallest_does_not_fit(space, workers=workers, memory=memory, device_memory=device_memory)
-    _, tm, tn, tk, host, dev, oc, read, rereads = best
+    _, tm, tn, tk, host, dev, oc, read, rereads, cache, resident = best
     if auto_prefetch and space.on_gpu:
         for depth in (3, 2):  # read further ahead, with as many loader threads, when the budgets allow
             deeper = dataclasses.replace(space, prefetch=depth, loaders=depth)
             h2, d2 = deeper.task_memory(tm, tn, tk, oc, read_chunks=deeper.read_chunks(tm, tn, tk),
                                         write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
-            if h2 * workers <= memory and d2 * workers <= device_memory:
+            if h2 * workers <= memory and d2 * workers + cache <= device_memory:
                 prefetch, host, dev = depth, h2, d2
                 break
     c_read = m * n * odt.itemsize if space.with_c else 0
@@ -388,9 +401,9 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         out_chunks=oc, workers=workers, blas_threads=_blas_threads(tm, tn, tk, src, cores, workers, device),
         prefetch=prefetch, device=device, memory=memory, device_memory=device_memory, flops=2 * m * n * k,
         bytes_read=read + c_read, bytes_written=m * n * odt.itemsize, peak_memory=host * workers, task_memory=host,
-        device_peak=dev * workers if space.on_gpu else None, with_c=space.with_c, panel_rereads=rereads,
+        device_peak=dev * workers + cache if space.on_gpu else None, with_c=space.with_c, panel_rereads=rereads,
         out_dtype=odt.name if odt != dt else None,
-        k_lead=k_lead,
+        k_lead=k_lead, cache_bytes=cache, resident=resident,
     )
 
 
@@ -490,7 +503,11 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
     traffic for panels narrower than BLAS's own k-blocks), then widest panels.
 
     ``widths`` are the k-panel widths to try, widest first (default: chunk-wide panels). Returns
-    ``(key, tm, tn, tk, host, device, out_chunks, bytes_read, rereads)``, the smallest ``key`` best.
+    ``(key, tm, tn, tk, host, device, out_chunks, bytes_read, rereads, cache_bytes, resident)``, the
+    smallest ``key`` best. On a GPU the device budget left beside the tasks is a cache of panels
+    (:func:`cached_reads`): its expected reads count, and so does the link traffic it saves (a panel
+    reused from the device crosses the host link once: :func:`~blocklin.plan.gpu.link_shortfall`), so
+    that tilings whose runs keep ``op(A)`` and ``op(B)`` on the device are preferred where they fit.
     """
     m, n, k = sp.m, sp.n, sp.k
     best = None
@@ -526,11 +543,76 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
                 # On a GPU, tiles below the compute/transfer crossover leave it waiting for the host
                 # link whatever the overlap: the largest tiles towards it first, then the cheapest.
                 below = round(shortfall(tm, tn, sp.dtype), 3) if sp.on_gpu else 0.0
+                cache, resident = 0, False
+                if sp.on_gpu:
+                    cached, cache, resident = cached_reads(sp, tm, tn, tk, workers=workers,
+                                                           cache=device_memory - dev * workers, rereads=(ra, rb))
+                    if cache:  # fewer panels cross the link: the whole product's intensity
+                        cost -= read - cached
+                        read = cached
+                        uploaded = read * sp.isz / ((sp.src_isz[0] + sp.src_isz[1]) / 2)
+                        below = min(below, round(link_shortfall(2 * m * n * k, uploaded, sp.dtype), 3))
                 key = (below, cost, -tk, -(tm * tn))
                 if best is None or key < best[0]:
-                    best = (key, tm, tn, tk, host, dev, oc, read, max(ra_max, rb_max))
+                    best = (key, tm, tn, tk, host, dev, oc, read, max(ra_max, rb_max), cache, resident)
                 break  # the widest tk that fits
     return best
+
+
+def cached_reads(sp: _Space, tm: int, tn: int, tk: int, *, workers: int, cache: int,
+                 rereads: tuple[float, float] = (1.0, 1.0)) -> tuple[int, int, bool]:
+    """Bytes read from storage with a device cache of ``cache`` bytes (least recently used blocks
+    evicted first, as BLASX's tile cache): ``(bytes read, cache bytes planned, resident)``.
+
+    The tiles run in ``workers`` runs of consecutive row-major tiles (:func:`blocklin.runtime.tiles.gemm_runs`),
+    each keeping its own panels (a run's share of the cache: ``cache / runs``). A run that holds every
+    panel its tiles need reads each once (``resident`` when every run does). Otherwise, by the
+    stack distance of least-recently-used caching: a run's tiles of one row reuse ``op(A)``'s row
+    panels when its share holds them beside one tile column of ``op(B)`` (and the panels in flight),
+    and its rows reuse ``op(B)``'s panels when the share holds all the columns it touches beside two
+    row blocks of ``op(A)``; else every tile reads its own. Blocks are counted as CuPy's pool
+    allocates them (:func:`~blocklin.plan.gpu.device_nbytes`, bounded by 512 bytes a panel). Zero cache
+    bytes where no panel would be reused.
+    """
+    m, n, k = max(sp.m, 1), max(sp.n, 1), sp.k
+    gm, gn = math.ceil(m / tm), math.ceil(n / tn)
+    tiles = gm * gn
+    runs = max(1, min(tiles, workers))
+    kp = math.ceil(k / tk) + 1 if k else 0  # a split first panel (k_lead) at most one more
+    sa, sb = tm * k * sp.isz + kp * DEVICE_UNIT, k * tn * sp.isz + kp * DEVICE_UNIT  # one row block, one column
+    flight = (sp.prefetch + 1) * (tm * tk + tk * tn) * sp.isz
+    a_row, b_col = k * sp.src_isz[0] * rereads[0], k * sp.src_isz[1] * rereads[1]  # read per row of op(A), column of op(B)
+
+    def width(j0: int, j1: int) -> int:  # columns of tile columns j0..j1
+        return min(n, (j1 + 1) * tn) - j0 * tn
+
+    streamed = m * a_row * gn + n * b_col * gm
+    if cache <= 0 or tiles < 2 or not k:
+        return round(streamed), 0, False
+    need, whole, reused = 0, 0.0, 0.0
+    share = cache / runs
+    for r in range(runs):
+        t0, t1 = tiles * r // runs, tiles * (r + 1) // runs
+        count, rows = t1 - t0, (t1 - 1) // gn - t0 // gn + 1
+        a_once = a_each = b_each = 0.0
+        for i in range(t0 // gn, (t1 - 1) // gn + 1):  # the run's tiles in tile row i: columns j0..j1
+            j0, j1 = max(t0, i * gn) - i * gn, min(t1, (i + 1) * gn) - 1 - i * gn
+            h = min(m, (i + 1) * tm) - i * tm
+            a_once += h * a_row
+            a_each += (j1 - j0 + 1) * h * a_row
+            b_each += width(j0, j1) * b_col
+        j0, j1 = t0 % gn, (t1 - 1) % gn
+        cols = gn if count >= gn else count
+        b_once = n * b_col if count >= gn else (width(j0, j1) if j0 <= j1 else width(j0, gn - 1) + width(0, j1)) * b_col
+        need += rows * sa + cols * sb
+        whole += a_once + b_once
+        reused += (a_once if count > 1 and share >= sa + sb + flight else a_each) + \
+            (b_once if rows > 1 and share >= cols * sb + 2 * sa + flight else b_each)
+    if need <= cache:
+        return round(whole), need, True
+    if reused >= streamed:
+        return round(streamed), 0, False
+    return round(reused), cache, False
 
 
 def _smallest_does_not_fit(sp: _Space, *, workers: int, memory: int, device_memory: int | None) -> BudgetError:

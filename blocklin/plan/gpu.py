@@ -60,6 +60,16 @@ def shortfall(tm: int, tn: int, dtype, *, gpu: str = DEFAULT_GPU, precision: str
     return max(0.0, 1.0 - intensity(tm, tn, dt.itemsize) / need)
 
 
+def link_shortfall(flops: float, nbytes: float, dtype, *, gpu: str = DEFAULT_GPU, precision: str | None = None,
+                   link: float | None = None) -> float:
+    """:func:`shortfall` of a whole product that copies ``nbytes`` over the host link for ``flops``:
+    with a device cache (:mod:`blocklin.device.resident`) a panel reused from the device crosses the
+    link once, so the intensity is the product's, not one tile's."""
+    dt = np.dtype(dtype)
+    need = crossover_tile(dt, gpu=gpu, precision=precision, link=link) / dt.itemsize
+    return max(0.0, 1.0 - flops / max(nbytes, 1.0) / need)
+
+
 #: CuPy's pinned pool rounds every request up to a multiple of this (the alignment of
 #: ``cudaHostAlloc``) and then up to a power of two (``cupy/cuda/pinned_memory.pyx``, CuPy 13/14).
 PINNED_UNIT = 512
@@ -74,3 +84,15 @@ def pinned_nbytes(nbytes: int) -> int:
         return 0
     units = -(-nbytes // PINNED_UNIT) * PINNED_UNIT
     return 1 << (units - 1).bit_length()
+
+
+#: CuPy's device memory pool serves every request in multiples of this (``ALLOCATION_UNIT_SIZE``
+#: in ``cupy/cuda/memory.pyx``, CuPy 13/14).
+DEVICE_UNIT = 512
+
+
+def device_nbytes(nbytes: int) -> int:
+    """Device bytes an array of ``nbytes`` really holds in CuPy's pool: the request rounded up to a
+    multiple of :data:`DEVICE_UNIT`; the device operand cache counts its blocks at this size."""
+    nbytes = int(nbytes)
+    return -(-nbytes // DEVICE_UNIT) * DEVICE_UNIT if nbytes > 0 else 0

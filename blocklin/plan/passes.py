@@ -45,6 +45,9 @@ class RowPassPlan:
     cache_bytes: int = 0
     #: Loader threads of a task (reads in flight beside the compute), at most ``prefetch``.
     loaders: int = 1
+    #: On a GPU: bytes of the device operand cache that keep the pass's strips for the job's later
+    #: passes (0: streamed; :func:`blocklin.runtime.passes.resident_strips`).
+    resident_bytes: int = 0
 
     def strips(self, group: int) -> Pieces:
         """The strips of one task's group of rows, computed on access (a group may hold millions)."""
@@ -52,7 +55,10 @@ class RowPassPlan:
         return Pieces(r1 - r0, self.strip, offset=r0)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if not d["resident_bytes"]:  # streamed (every CPU pass): as before the field
+            del d["resident_bytes"]
+        return d
 
     def explain(self) -> str:
         text = (f"row pass: {self.m} rows in strips of {self.strip} ({len(self.groups)} task(s), "
@@ -66,6 +72,9 @@ class RowPassPlan:
                      f"and kept ({format_size(self.cache_bytes)} per task)")
         if self.prefetch > 1 or self.loaders > 1:
             text += f"; {self.prefetch} strip(s) read ahead by {self.loaders} loader(s)"
+        if self.resident_bytes:
+            text += (f"; strips kept on the device ({format_size(self.resident_bytes)}) for the job's later "
+                     "passes")
         return text
 
 

@@ -481,6 +481,9 @@ class Job:
             self._streams["device_compute"] += r["compute_seconds"] / max(1, share)
         # a task that does not count its reads (none of blocklin's) is taken at its logical bytes
         self.stats["bytes_physical"] += r.get("bytes_physical", r.get("bytes_read", 0))
+        if "bytes_device_cache" in r:  # GPU tasks: blocks served from the device cache, and what it kept
+            self.stats["bytes_device_cache"] = self.stats.get("bytes_device_cache", 0) + r["bytes_device_cache"]
+            self.stats["device_resident"] = max(self.stats.get("device_resident", 0), r.get("device_resident", 0))
         if "process_peak" in r:
             where, peak = r["process_peak"]
             peaks = self.stats.setdefault("worker_peaks", {})
@@ -503,6 +506,9 @@ class Job:
         cluster), ``worker_peak_memory`` maps each of them (worker address or pid) to its peak,
         and ``cluster`` describes the workers the plans were made for. ``flops``: the operation's
         count (a plan's), replacing the tasks' sum; ``gflops`` is the rate of whichever is reported.
+        GPU jobs whose tasks streamed blocks also report ``bytes_device_cache``, the bytes of stored
+        blocks served from the device operand cache instead of storage (:mod:`blocklin.device.resident`),
+        and ``device_resident``, the most bytes of blocks one task's cache kept on the device.
 
         What bounded the run, from the tasks that streamed their data through a
         :class:`~blocklin.device.stream.TileStream` (GEMM tiles, row passes; other tasks report no

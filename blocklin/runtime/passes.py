@@ -45,7 +45,7 @@ Kernel = Callable[[Any, tuple[Any, ...], slice, Any, Any], tuple[Any, dict[str, 
 
 
 def row_kernel(*, memory: Callable[[Any, tuple[Source, ...]], PassMemory], init: Callable | None = None,
-               device: str = "any") -> Callable[[Kernel], Kernel]:
+               device: str = "any", read_only: bool = False) -> Callable[[Kernel], Kernel]:
     """Mark a function as a row-pass kernel and declare what it needs.
 
     Parameters
@@ -58,11 +58,17 @@ def row_kernel(*, memory: Callable[[Any, tuple[Source, ...]], PassMemory], init:
     device : {"any", "cpu"}
         ``"cpu"`` for kernels written with NumPy/LAPACK on host arrays; ``"any"`` for kernels
         whose products go through the device (they then run on the job's device).
+    read_only : bool
+        The kernel never writes into the strips it is handed: on a GPU its passes over the
+        operation's input may take them from the device operand cache, where earlier passes of the
+        job kept them (:func:`resident_strips`). Kernels that overwrite their uploaded strip must
+        leave it False.
     """
     def mark(kernel: Kernel) -> Kernel:
         kernel.memory = memory  # type: ignore[attr-defined]
         kernel.init = init  # type: ignore[attr-defined]
         kernel.device = device  # type: ignore[attr-defined]
+        kernel.read_only = read_only  # type: ignore[attr-defined]
         return kernel
 
     return mark
@@ -172,6 +178,12 @@ class RowPassSpec:
     amax: tuple[bool, ...] | None = None
     #: Per input: the stored row of streamed row 0 (:attr:`Source.first_row`); None for all 0.
     offsets: tuple[int, ...] | None = None
+    #: Per input: the key prefix of its strips in the device operand cache (the job's scope, the
+    #: store, its content stamp, orientation, offset and scaling), None where it is streamed; None
+    #: for a pass that keeps nothing on the device (:func:`resident_strips`).
+    resident: tuple | None = None
+    #: Bytes of the device cache the pass keeps its strips in (within ``device_memory``).
+    resident_bytes: int = 0
 
 
 class PassResult(NamedTuple):
@@ -283,6 +295,11 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                        scale=tuple(int((scale or {}).get(str(s.path), 0)) for s in sources) if scale else None,
                        amax=tuple(over != "intermediate" and str(s.path) not in job.amax for s in sources),
                        offsets=tuple(s.first_row for s in sources) if any(s.first_row for s in sources) else None)
+    if device == "gpu":
+        keep = resident_strips(job, kernel, sources, plan, spec, over)
+        if keep is not None:
+            plan = dataclasses.replace(plan, resident_bytes=keep[1])
+            spec = dataclasses.replace(spec, plan=plan, resident=keep[0], resident_bytes=keep[1])
     graph = TileGraph.named("rowpass", spec.inputs, kernel.__module__, kernel.__qualname__, plan.to_dict(),
                             _params_token(spec.params), spec.outputs, spec.transposed, spec.transposed_outputs,
                             *(() if spec.offsets is None else (spec.offsets,)))
@@ -303,6 +320,58 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
             job.amax[str(s.path)] = float("nan") if peaks is None or np.isnan(peaks).any() else \
                 float(peaks.max(initial=0.0))
     return PassResult([state for r in results for state in r["states"]], plan)
+
+
+def resident_strips(job: Any, kernel: Kernel, sources: Sequence[Source], plan: RowPassPlan, spec: RowPassSpec,
+                    over: str) -> tuple[tuple, int] | None:
+    """Whether a GPU pass keeps its strips on the device for the job's later passes, and how.
+
+    Where the kernel only reads its strips (``read_only``), the pass reads the operation's input
+    (not an intermediate the job may rewrite) and every strip fits the device budget beside the
+    pass's own tasks, each strip is kept in the device operand cache (:mod:`blocklin.device.resident`)
+    after its first read, and later passes of the job with the same strips take it from there
+    instead of storage: the same blocks in the same order, so the same bits. Returns the per-source
+    key prefixes and the cache bytes, or None (streamed as usual).
+
+    The key covers everything that makes a strip's bits: the job (the cache is freed when it ends),
+    the store and its content stamp (taken once per job), the orientation, the row offset and the
+    power-of-two scaling applied as it is read; the strip's rows complete it.
+    """
+    from blocklin.device import resident
+    from blocklin.plan.gpu import DEVICE_UNIT
+
+    if not resident.ENABLED or over == "intermediate" or not getattr(kernel, "read_only", False):
+        return None
+    budget = spec.device_memory or 0
+    strips = sum(len(plan.strips(g)) for g in range(len(plan.groups)))
+    # each strip as CuPy's pool holds it: its bytes rounded up to DEVICE_UNIT
+    need = sum(s.rows * s.row_bytes for s in sources) + strips * len(sources) * DEVICE_UNIT
+    if not budget or plan.peak_memory + need > budget:
+        return None
+    scope = resident.job_scope(job)
+    scale = spec.scale or (0,) * len(sources)
+    keys = tuple((scope, str(s.path), _stamp(job, s.path), s.transposed, s.first_row, scale[j])
+                 for j, s in enumerate(sources))
+    return keys, need
+
+
+_stamps: Any = None
+
+
+def _stamp(job: Any, path: Any) -> str:
+    """The content stamp of a source (:func:`blocklin.storage.stamps.content_stamp`), once per job."""
+    global _stamps
+    import weakref
+
+    from blocklin.storage.stamps import content_stamp
+
+    if _stamps is None:
+        _stamps = weakref.WeakKeyDictionary()
+    seen = _stamps.setdefault(job, {})
+    key = str(path)
+    if key not in seen:
+        seen[key] = content_stamp(path)
+    return seen[key]
 
 
 def group_runs(plan: RowPassPlan, scheduler: str) -> list[tuple[int, int]]:
@@ -379,10 +448,13 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
 
     offsets = spec.offsets or (0,) * len(arrays)
 
-    def load(i: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
+    def load(i: int, bufs: tuple[np.ndarray, ...], skip: tuple[bool, ...] | None = None) -> tuple:
         r0, r1 = strips[i]
-        views = []
+        views: list = []
         for arr, buf, name, cs, t, band, off in zip(arrays, bufs, spec.names, col_slices, trans, bands, offsets):
+            if skip is not None and skip[len(views)]:  # kept on the device by an earlier pass of the job
+                views.append(None)
+                continue
             rs = slice(r0 + off, r1 + off)  # the stored rows of this strip
             if band is not None and band.covers(rs.start, rs.stop):  # rows of the kept chunk band (read once)
                 stored = band.rows(rs.start, rs.stop, region(buf, (cs.stop - cs.start, r1 - r0) if t else
@@ -409,13 +481,36 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
             views.append(v)
         return tuple(views)
 
-    # a task's share of the plan, held from the GPU's budget that this process's tasks share
+    # a task's share of the plan, held from the GPU's budget that this process's tasks share (the
+    # device cache's strips are counted there as they are kept)
+    kept = _kept_strips(spec, device, strips, want)
     with device.reserve(spec.plan.peak_memory // max(1, spec.plan.workers)):
-        states, written, told, stream = _stream_strips(spec, device, strips, load, shapes, arrays, outs)
-    return {"states": states, "peaks": peaks, "bytes_read": nbytes[0], "bytes_written": written,
-            "seconds": time.perf_counter() - t0,
-            "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds,
-            "compute_seconds": stream.compute_seconds, "progress_units": told}
+        states, written, told, stream = _stream_strips(spec, device, strips, load, shapes, arrays, outs, kept)
+    result = {"states": states, "peaks": peaks, "bytes_read": nbytes[0], "bytes_written": written,
+              "seconds": time.perf_counter() - t0,
+              "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds,
+              "compute_seconds": stream.compute_seconds, "progress_units": told}
+    if not device.host_resident:  # strips served from the device cache, and what it kept of this task's
+        result["bytes_device_cache"] = kept.served if kept is not None else 0
+        result["device_resident"] = kept.cache.bytes if kept is not None else 0
+    return result
+
+
+def _kept_strips(spec: RowPassSpec, device: Any, strips: _RunStrips, want: tuple[bool, ...]) -> Any:
+    """The strips a GPU task keeps on the device, or takes from there (:func:`resident_strips`)."""
+    from blocklin.device import resident
+
+    if spec.resident is None or device.host_resident or not resident.ENABLED:
+        return None
+
+    def keys(i: int) -> tuple:
+        r0, r1 = strips[i]
+        return tuple(None if prefix is None else (*prefix, r0, r1) for prefix in spec.resident)
+
+    # the pass that records each column's largest magnitude reads every strip itself (and keeps it)
+    return resident.Resident(resident.DeviceCache.of(device.device_id), keys, limit=spec.resident_bytes,
+                             budget=spec.device_memory or 0, checked=spec.check_finite,
+                             lookup=tuple(not w for w in want))
 
 
 def ldexp(x: np.ndarray, e: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -448,13 +543,14 @@ def _max_nan(values: list) -> np.ndarray | None:
 
 
 def _stream_strips(spec: RowPassSpec, device: Any, strips: _RunStrips, load: Any, shapes: list, arrays: list,
-                   outs: dict) -> tuple[list, int, int, TileStream]:
+                   outs: dict, kept: Any = None) -> tuple[list, int, int, TileStream]:
     """Run the kernel over the strips of one task's groups, each group from a fresh state; returns
-    the groups' states, the bytes written, the rows reported to the progress bar and the stream."""
+    the groups' states, the bytes written, the rows reported to the progress bar and the stream
+    (``kept``: the strips kept on the device, :func:`_kept_strips`)."""
     states: list = []
     group, state = None, None
     stream = TileStream(device, len(strips), load, shapes, [a.dtype for a in arrays], depth=spec.plan.prefetch,
-                        loaders=spec.plan.loaders)
+                        loaders=spec.plan.loaders, resident=kept)
     written = told = 0
     for i, dev_arrays in stream:
         g, (r0, r1) = strips.locate(i)

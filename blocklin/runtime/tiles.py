@@ -317,17 +317,54 @@ def _run_tiles(spec: GemmSpec, tiles: tuple[tuple[int, int, slice, slice], ...])
     device = get_device(spec.device, device_memory=spec.device_memory)
     plan = spec.plan
     # The task's planned device bytes come from the one budget of all tasks on this GPU (it waits
-    # while others hold it); TF32 only where the spec asks for it.
-    with device.reserve((plan.device_peak or 0) // max(1, plan.workers)), device.math(spec.precision):
+    # while others hold it); the device cache's blocks are counted there as they are kept. TF32
+    # only where the spec asks for it.
+    task_bytes = ((plan.device_peak or 0) - plan.cache_bytes) // max(1, plan.workers)
+    with device.reserve(task_bytes), device.math(spec.precision):
         readers = [_PanelReader(spec, rows, cols) for _, _, _, rows, cols in todo]
-        stream = _panel_stream(spec, device, readers)
+        kept = _resident_panels(spec, device, readers)
+        for r in readers:
+            r.resident = kept is not None
+        stream = _panel_stream(spec, device, readers, kept)
         items = iter(stream)
         try:
             for (t, i, j, rows, cols), reader in zip(todo, readers):
                 results[t] = run_tile(spec, i, j, rows, cols, (device, reader, stream, items))
         finally:
             items.close()  # stops the loaders and hands the slots back (also on failure)
+            if kept is not None:
+                kept.cache.drop(kept.scope)  # the run's panels: no other run reads them
     return results
+
+
+def _resident_panels(spec: GemmSpec, device: Any, readers: list[_PanelReader]) -> Any:
+    """The device cache of a run's panels (:mod:`blocklin.device.resident`), or None.
+
+    Where the plan gives the GPU a cache (``plan.cache_bytes``) and the run has several tiles, each
+    k-panel of ``op(A)`` and ``op(B)`` is kept on the device after its first read and reused by the
+    run's later tiles that need it (the tiles of a row share ``op(A)``'s panels, those of a column
+    ``op(B)``'s). Keys are scoped to the run: operands of a product may be intermediates that the
+    job rewrites under the same path between products.
+    """
+    from blocklin.device import resident
+
+    plan = spec.plan
+    if not plan.cache_bytes or device.host_resident or len(readers) < 2 or not resident.ENABLED:
+        return None
+    scope = resident.run_scope()
+    per = len(readers[0].panels)
+    dt = np.dtype(spec.dtype).str
+
+    def keys(i: int) -> tuple:
+        reader = readers[i // per]
+        k0, k1 = reader.panels[i % per]
+        rows, cols = reader.rows, reader.cols
+        return ((scope, "a", rows.start, rows.stop, k0, k1, dt), (scope, "b", k0, k1, cols.start, cols.stop, dt))
+
+    kept = resident.Resident(resident.DeviceCache.of(device.device_id), keys, limit=plan.cache_bytes,
+                             budget=spec.device_memory or plan.device_memory or 0, checked=spec.check_finite,
+                             scope=scope)
+    return kept
 
 
 def run_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice, run: tuple) -> dict:
@@ -336,6 +373,8 @@ def run_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice, run: tupl
     device, reader, stream, items = run
     t_start = time.perf_counter()
     before = (stream.load_seconds, stream.wait_seconds, stream.compute_seconds)
+    kept = stream.resident
+    served = kept.served if kept is not None else 0
     tile = _GemmTile(spec, rows, cols, device, reader, itertools.islice(items, len(reader.panels)))
     try:
         tile.compute()
@@ -343,25 +382,32 @@ def run_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice, run: tupl
         tile.close()
     if spec.done_dir is not None:
         mark_done(spec.done_dir, f"tile-{i}-{j}")
-    return tile.result(time.perf_counter() - t_start, stream.load_seconds - before[0],
-                       stream.wait_seconds - before[1], stream.compute_seconds - before[2])
+    result = tile.result(time.perf_counter() - t_start, stream.load_seconds - before[0],
+                         stream.wait_seconds - before[1], stream.compute_seconds - before[2])
+    if not device.host_resident:
+        # panels served from the device cache (read ahead of this tile's own k-loop included, as its
+        # reads are), and the bytes of the blocks the run keeps there so far
+        result["bytes_device_cache"] = (kept.served if kept is not None else 0) - served
+        result["device_resident"] = kept.kept if kept is not None else 0
+    return result
 
 
-def _panel_stream(spec: GemmSpec, device: Any, readers: list[_PanelReader]) -> TileStream:
-    """One stream over the k-panels of ``readers``' tiles in order (each tile has the plan's panels)."""
+def _panel_stream(spec: GemmSpec, device: Any, readers: list[_PanelReader], kept: Any = None) -> TileStream:
+    """One stream over the k-panels of ``readers``' tiles in order (each tile has the plan's panels);
+    ``kept``: the panels kept on the device (:func:`_resident_panels`)."""
     plan = spec.plan
     dt = np.dtype(spec.dtype)
     per = len(readers[0].panels)
     a_shape = (plan.tk, plan.tm) if spec.trans_a else (plan.tm, plan.tk)
     b_shape = (plan.tn, plan.tk) if spec.trans_b else (plan.tk, plan.tn)
 
-    def load(i: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-        return readers[i // per].load(i % per, bufs)
+    def load(i: int, bufs: tuple[np.ndarray, ...], skip: tuple[bool, ...] = (False, False)) -> tuple:
+        return readers[i // per].load(i % per, bufs, skip)
 
     # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
     return TileStream(device, per * len(readers), load, [a_shape, b_shape], [readers[0].A.dtype, readers[0].B.dtype],
                       depth=plan.prefetch, device_dtype=[dt, dt], loaders=1 if device.host_resident else plan.prefetch,
-                      job_items=plan.n_tasks * per)
+                      job_items=plan.n_tasks * per, resident=kept)
 
 
 class _PanelReader:
@@ -378,16 +424,26 @@ class _PanelReader:
         # row (A) or column (B): every tile runs before the output is committed, so a non-finite
         # input still fails the job, and the check costs one pass over each input, not one per read.
         self.checks = (spec.check_finite and cols.start == 0, spec.check_finite and rows.start == 0)
+        #: Panels kept on the device (set by the run): a panel is then read once, by whichever tile
+        #: comes first, so every read is checked.
+        self.resident = False
 
-    def load(self, p: int, bufs: tuple[np.ndarray, ...]) -> tuple[np.ndarray, ...]:
-        """Read panel ``p`` of op(A) and op(B) into the stream's slots (cast, transposed views)."""
+    def load(self, p: int, bufs: tuple[np.ndarray, ...], skip: tuple[bool, bool] = (False, False)) -> tuple:
+        """Read panel ``p`` of op(A) and op(B) into the stream's slots (cast, transposed views);
+        ``skip[j]``: operand ``j`` is on the device already (None in its place)."""
         spec = self.spec
         ks = slice(*self.panels[p])
-        out = []
-        for arr, buf, trans, cast, name, sel, off, check in (
-            (self.A, bufs[0], spec.trans_a, self.casts[0], spec.names[0], (self.rows, ks), spec.a_off, self.checks[0]),
-            (self.B, bufs[1], spec.trans_b, self.casts[1], spec.names[1], (ks, self.cols), spec.b_off, self.checks[1]),
+        out: list = []
+        for arr, buf, trans, cast, name, sel, off, check, cached in (
+            (self.A, bufs[0], spec.trans_a, self.casts[0], spec.names[0], (self.rows, ks), spec.a_off, self.checks[0],
+             skip[0]),
+            (self.B, bufs[1], spec.trans_b, self.casts[1], spec.names[1], (ks, self.cols), spec.b_off, self.checks[1],
+             skip[1]),
         ):
+            if cached:
+                out.append(None)
+                continue
+            check = check or (self.resident and spec.check_finite)
             stored = (sel[1], sel[0]) if trans else sel
             if off != (0, 0):
                 stored = (slice(stored[0].start + off[0], stored[0].stop + off[0]),

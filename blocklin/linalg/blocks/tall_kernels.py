@@ -214,7 +214,7 @@ def _normal_memory(params: Any, sources: tuple) -> PassMemory:
                       write_row_bytes=c * w if params.get("write_y") else 0)
 
 
-@row_kernel(memory=_normal_memory, init=normal_init)
+@row_kernel(memory=_normal_memory, init=normal_init, read_only=True)
 def normal_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict | None]:
     """``Y_i = B_i Q``; ``Z += B_i^T Y_i``; ``G += Y_i^T Y_i`` (gram); write ``Y_i`` (write_y).
 
@@ -267,7 +267,7 @@ def _apply_memory(params: Any, sources: tuple) -> PassMemory:
                       chunk_temporaries=True, write_row_bytes=c * w if params.get("write") else 0)
 
 
-@row_kernel(memory=_apply_memory, init=apply_init)
+@row_kernel(memory=_apply_memory, init=apply_init, read_only=True)
 def apply_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, dict | None]:
     """``Y_i = X_i W1 W2 ...`` (applied in sequence: CholeskyQR2 needs ``(Y R1^-1) R2^-1``, not
     ``Y (R1^-1 R2^-1)``); write it as ``params["write"]``, collect it, and/or accumulate ``G += Y_i^T Y_i``
@@ -310,7 +310,7 @@ def _rmat_memory(params: Any, sources: tuple) -> PassMemory:
                       write_row_bytes=0)
 
 
-@row_kernel(memory=_rmat_memory, init=rmat_init)
+@row_kernel(memory=_rmat_memory, init=rmat_init, read_only=True)
 def rmat_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
     """``Z += X_i^T Y[rows]``; with ``check`` (square X) also collect ``(X Y)[rows] = X_i Y``."""
     x = arrays[0]
