@@ -11,7 +11,8 @@ does::
     python3 -m pip install --no-index --no-deps --target /tmp/site .whl/*.whl
     PYTHONPATH=/tmp/site:$PWD python3 benchmarks/gpu_check.py --dir /dev/shm
 
-The defaults ran in 98 s on one H200 (correctness checks and timings, operands on tmpfs);
+The defaults took about 100 s on one H200 (correctness checks and timings, operands on tmpfs; a run
+without a record in the repository, see docs/gpu.md), plus some 10 s for the rates of step 0;
 ``--n``/``--inv-n`` size the timed parts, ``--skip-checks``/``--skip-timing`` run one half. The
 whole summary (versions, GPU, rates, every check and timing) is written as JSON to
 ``benchmarks/results/gpu-DATE.json`` after every step (``--json PATH`` elsewhere; ``--dry-run`` writes
@@ -678,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="gpu", choices=("gpu", "cpu"))
-    # the sizes measured on an H200: 98 s for the whole check (docs/gpu.md)
+    # the sizes of the one (unrecorded) H200 run of docs/gpu.md: about 100 s for the whole check
     p.add_argument("--n", type=int, default=16384, help="size of the out-of-core GEMM operands")
     p.add_argument("--inv-n", type=int, default=4096, help="size of the inverse and SPD solve comparisons")
     p.add_argument("--memory", default="32GiB", help="host budget")

@@ -129,13 +129,19 @@ class Rates:
 
     @classmethod
     def from_dict(cls, d: dict) -> Rates:
-        """From :meth:`to_dict` (unknown keys ignored; a missing or non-positive rate is a ``ConfigError``)."""
+        """From :meth:`to_dict` (unknown keys ignored; a missing or non-positive rate, or a measured-only
+        rate that is neither null nor positive, is a ``ConfigError``)."""
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         for name in ("feed_gbps", "write_gbps", "cpu_gflops", "cpu_gflops32"):
             if not isinstance(kw.get(name), (int, float)) or not kw[name] > 0:
                 raise ConfigError(explain(f"rates.{name}", "must be a positive number of the cached rates",
                                           repr(kw.get(name)), "run `blocklin calibrate` again to measure it"))
+        for name in ("gpu_gflops", "gpu_gflops32", "gpu_gflops_tf32", "raw_feed_gbps", "cached_feed_gbps"):
+            value = kw.get(name)
+            if value is not None and (not isinstance(value, (int, float)) or not value > 0):
+                raise ConfigError(explain(f"rates.{name}", "must be a positive number, or null where not measured",
+                                          repr(value), "run `blocklin calibrate` (or benchmarks/gpu_check.py) again"))
         return cls(**kw)
 
 

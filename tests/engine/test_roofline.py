@@ -89,6 +89,21 @@ def test_older_caches_without_the_roofline_rates_still_load(tmp_path):
     assert rates.gpu_gflops_tf32 is None and rates.raw_feed_gbps is None
 
 
+@pytest.mark.parametrize("name, value", [("raw_feed_gbps", 0.0), ("gpu_gflops_tf32", -5.0), ("gpu_gflops", "fast")])
+def test_a_cached_roofline_rate_that_is_not_positive_is_refused_and_plans_take_the_defaults(tmp_path, name, value):
+    from blocklin.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^rates\.{name}: must be a positive number, or null where not measured; "
+                                          r"got .*Fix: run `blocklin calibrate`"):
+        R.Rates.from_dict({**MEASURED, name: value})
+    R.save_rates(R.Rates(**MEASURED, key=R.machine_key("gpu X")))
+    path = R.cache_path()
+    data = json.loads(path.read_text())
+    data["machines"][R.machine_key("gpu X")][name] = value
+    path.write_text(json.dumps(data))
+    assert R.load_rates("gpu X") == R.Rates.defaults()  # a broken entry never reaches a roofline
+
+
 # -- GPU reports on the stand-in ---------------------------------------------------------------------
 @pytest.mark.parametrize("scheduler", ["sync", "threads"])
 def test_gpu_matmul_reports_its_roofline_from_the_cached_rates(standin, tmp_path, scheduler):
