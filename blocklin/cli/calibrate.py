@@ -142,7 +142,10 @@ def _show(args: argparse.Namespace) -> dict:
         lines.append(f"  {key} (measured {r.measured}): feed {r.feed_gbps:.2f} GB/s, write {r.write_gbps:.2f} GB/s")
         lines.append(_gflops_line("cpu", r.cpu_gflops, r.cpu_gflops32))
         if r.gpu_gflops:
-            lines.append(_gflops_line("gpu", r.gpu_gflops, r.gpu_gflops32))
+            lines.append(_gflops_line("gpu", r.gpu_gflops, r.gpu_gflops32)
+                         + (f", {r.gpu_gflops_tf32:.1f} TF32" if r.gpu_gflops_tf32 else ""))
+        if r.raw_feed_gbps:
+            lines.append(f"  raw feed limit {r.raw_feed_gbps:.2f} GB/s (benchmarks/gpu_check.py: the roofline's)")
     lines.append(f"plans on {machine_key('')[:-1]} use the {current.source}: feed {current.feed_gbps:.2f} GB/s, "
                  f"write {current.write_gbps:.2f} GB/s, cpu {current.cpu_gflops:.1f} GFLOP/s float64"
                  + ("" if current.measured else " (run `blocklin calibrate` to measure them)"))

@@ -207,6 +207,10 @@ def test_calibrate_on_a_gpu_caches_the_tf32_rate_the_roofline_uses(standin, tmp_
     assert cupy_standin.STATE.counts.get("cublas.gemm tf32", 0) > 0  # the TF32 rate ran on TF32
     rl = R.roofline(1e9, 0, dtype="float32", tf32=True, rates=rates)
     assert rl.gflops == rates.gpu_gflops_tf32 and rl.gflops_source.startswith("measured ")
+    R.save_rates(R.Rates(**{**rates.to_dict(), "raw_feed_gbps": 12.5}))  # as gpu_check adds it
+    assert main(["calibrate", "--show"]) == 0
+    text = capsys.readouterr().out
+    assert f", {rates.gpu_gflops_tf32:.1f} TF32" in text and "raw feed limit 12.50 GB/s" in text
 
 
 def test_a_cluster_gpu_report_says_why_it_has_no_roofline(standin):
