@@ -226,7 +226,7 @@ class Resident:
     pass that records each column's largest magnitude, still keeps what it reads).
 
     Counts, over the stream: ``served`` bytes taken from the device, ``kept`` bytes uploaded into the
-    cache, ``blocks`` kept.
+    cache, ``blocks`` kept, ``peak`` the most bytes the GPU's cache held after one of its uploads.
     """
 
     def __init__(self, cache: DeviceCache, keys: Any, *, limit: int, budget: int, checked: bool,
@@ -238,6 +238,7 @@ class Resident:
         self.served = 0
         self.kept = 0
         self.blocks = 0
+        self.peak = 0
         self._count = threading.Lock()
 
     def hits(self, i: int) -> tuple[tuple[Hashable | None, ...], tuple[Entry | None, ...]]:
@@ -255,6 +256,7 @@ class Resident:
         with self._count:
             self.kept += nbytes
             self.blocks += 1
+            self.peak = max(self.peak, self.cache.bytes)
 
     def release(self, found: tuple[Entry | None, ...]) -> None:
         """Unpin blocks looked up for an item that will not be consumed (a stream stopped early)."""

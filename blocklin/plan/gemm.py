@@ -581,7 +581,8 @@ def cached_reads(sp: _Space, tm: int, tn: int, tk: int, *, workers: int, cache: 
     kp = math.ceil(k / tk) + 1 if k else 0  # a split first panel (k_lead) at most one more
     sa, sb = tm * k * sp.isz + kp * DEVICE_UNIT, k * tn * sp.isz + kp * DEVICE_UNIT  # one row block, one column
     flight = (sp.prefetch + 1) * (tm * tk + tk * tn) * sp.isz
-    a_row, b_col = k * sp.src_isz[0] * rereads[0], k * sp.src_isz[1] * rereads[1]  # read per row of op(A), column of op(B)
+    # bytes read per row of op(A) and per column of op(B)
+    a_row, b_col = k * sp.src_isz[0] * rereads[0], k * sp.src_isz[1] * rereads[1]
 
     def width(j0: int, j1: int) -> int:  # columns of tile columns j0..j1
         return min(n, (j1 + 1) * tn) - j0 * tn

@@ -508,7 +508,7 @@ class Job:
         count (a plan's), replacing the tasks' sum; ``gflops`` is the rate of whichever is reported.
         GPU jobs whose tasks streamed blocks also report ``bytes_device_cache``, the bytes of stored
         blocks served from the device operand cache instead of storage (:mod:`blocklin.device.resident`),
-        and ``device_resident``, the most bytes of blocks one task's cache kept on the device.
+        and ``device_resident``, the most bytes of blocks the device cache held while the job kept some.
 
         What bounded the run, from the tasks that streamed their data through a
         :class:`~blocklin.device.stream.TileStream` (GEMM tiles, row passes; other tasks report no

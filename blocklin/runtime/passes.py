@@ -490,9 +490,9 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
               "seconds": time.perf_counter() - t0,
               "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds,
               "compute_seconds": stream.compute_seconds, "progress_units": told}
-    if not device.host_resident:  # strips served from the device cache, and what it kept of this task's
+    if not device.host_resident:  # strips served from the device cache, and the most bytes it held after an upload
         result["bytes_device_cache"] = kept.served if kept is not None else 0
-        result["device_resident"] = kept.cache.bytes if kept is not None else 0
+        result["device_resident"] = kept.peak if kept is not None else 0
     return result
 
 

@@ -386,9 +386,9 @@ def run_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice, run: tupl
                          stream.wait_seconds - before[1], stream.compute_seconds - before[2])
     if not device.host_resident:
         # panels served from the device cache (read ahead of this tile's own k-loop included, as its
-        # reads are), and the bytes of the blocks the run keeps there so far
+        # reads are), and the most bytes the device cache held after one of the run's uploads
         result["bytes_device_cache"] = (kept.served if kept is not None else 0) - served
-        result["device_resident"] = kept.kept if kept is not None else 0
+        result["device_resident"] = kept.peak if kept is not None else 0
     return result
 
 

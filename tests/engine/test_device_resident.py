@@ -74,7 +74,8 @@ def _operands(tmp_path, m=256, k=192, n=224, chunks=(32, 32)):
 
 # -- GEMM -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("scheduler, workers", SCHEDULERS)
-def test_gemm_with_a_and_b_resident_reads_each_panel_once(standin, tmp_path, monkeypatch, reads, scheduler, workers):
+def test_gemm_with_a_and_b_resident_reads_each_panel_once(standin, tmp_path, monkeypatch, reads, scheduler,
+                                                           workers):
     a, b, A, B = _operands(tmp_path)
     opts = dict(device="gpu", memory="256KiB", device_memory="2MiB", scheduler=scheduler, workers=workers)
     plan = bl.matmul(A, B, explain=True, **opts)
