@@ -10,6 +10,7 @@ smaller cache reuses some, every device byte freed when the job ends, and the ca
 from __future__ import annotations
 
 import collections
+import gc
 
 import numpy as np
 import pytest
@@ -231,4 +232,21 @@ def test_cache_keeps_its_blocks_within_its_limit_and_the_budget_least_recently_u
     cache.unpin(pinned, None, dev)
     CudaDevice.release_all()
     assert not cache.entries and budget.cached == 0 and cupy_standin.STATE.device_used == 0
+    assert cupy_standin.take_races() == []
+
+
+def test_a_non_finite_panel_fails_the_job_and_frees_the_cache(standin, tmp_path):
+    """With the panels kept on the device each is read once, and checked as it is read: a NaN fails the
+    job with its position, and the failed job leaves no device bytes and no cached block behind."""
+    a, b, A, B = _operands(tmp_path)
+    a[200, 100] = np.nan
+    A = bl.from_array(a, tmp_path / "nan.zarr", chunks=(32, 32))
+    opts = dict(device="gpu", memory="256KiB", device_memory="2MiB")
+    assert bl.matmul(A, B, explain=True, **opts).resident
+    with pytest.raises(bl.errors.NonFiniteError, match=r"\[200, 100\]") as info:
+        bl.matmul(A, B, tmp_path / "c.zarr", **opts)
+    del info  # its traceback's frames hold the task's device arrays
+    gc.collect()
+    assert cupy_standin.STATE.device_used == 0 and DeviceBudget.of(0).cached == 0
+    assert all(not c.entries for c in DeviceCache.all())
     assert cupy_standin.take_races() == []
