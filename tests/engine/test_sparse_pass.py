@@ -111,3 +111,28 @@ def test_a_product_leaves_no_reference_cycle_holding_its_operands(stored, rng, s
             gc.garbage.clear()
         assert job.stats["tasks"] > 0
     assert left == [], [type(o).__name__ for o in left]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("index", [np.int32, np.int64])
+def test_transposed_products_add_into_the_result_without_a_temporary(dtype, index):
+    """``out += blk^T y`` of a row block in place: equal to SciPy's ``blk.T @ y`` added (each entry a sum
+    of at most ``nnz`` of its column's terms more: bounded by ``(c + 1) eps (|out| + |blk|^T |y|)``, c the
+    column count of the block), and no ``n x k`` temporary allocated (tracemalloc's peak below one)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(3)
+    blk = sp.random(400, 20000, density=0.002, random_state=4, format="csr").astype(dtype)
+    blk.indptr, blk.indices = blk.indptr.astype(index), blk.indices.astype(index)
+    y = rng.standard_normal((400, 6)).astype(dtype)
+    out = rng.standard_normal((20000, 6)).astype(dtype)
+    ref = out + blk.T @ y
+    got = out.copy()
+    tracemalloc.start()
+    sparse_pass._add_transposed_product(got, blk, y)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < got.nbytes / 4, peak
+    col = np.diff(blk.tocsc().indptr).max()
+    bound = (col + 1) * eps(dtype) * 4 * (np.abs(out) + abs(blk).T @ np.abs(y))
+    assert np.all(np.abs(got - ref) <= bound)
