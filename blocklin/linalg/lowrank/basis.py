@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.errors import InternalError
+
 #: Bytes of one row strip of a basis (all its columns): the unit of its products and of a spilled
 #: basis's reads and writes. A constant, so the strips (and so the bits) never depend on the budget.
 STRIP_BYTES = 2 << 20
@@ -83,7 +85,7 @@ class Basis:
         """Put the columns of ``x`` (``n x b``) after the :attr:`m` in use."""
         b = x.shape[1]
         if self.m + b > self.cap:
-            raise ValueError(f"basis of {self.cap} columns cannot take {b} more after {self.m}")
+            raise InternalError(f"basis of {self.cap} columns cannot take {b} more after {self.m}")
         for s, (r0, r1) in enumerate(self.strips):
             self._write(s, self.m, x[r0:r1])
         self.m += b
