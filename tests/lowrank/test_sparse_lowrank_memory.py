@@ -22,6 +22,7 @@ import pytest
 
 import blocklin as bl
 from support.memcheck import margin, needs_hwm, run_child
+from support.sparse_lowrank_child import CHILD
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from power_law_graph import write_power_law_mtx  # noqa: E402
@@ -29,31 +30,6 @@ from power_law_graph import write_power_law_mtx  # noqa: E402
 MiB = 2**20
 K = 5
 
-_CODE = """
-import os, tempfile
-import numpy as np, scipy.sparse
-import blocklin
-args = json.loads(sys.argv[1])
-# warm-up: the operation's imports, threads and BLAS buffers belong to the baseline
-r = scipy.sparse.random(300, 300, density=0.05, random_state=1)
-tiny = blocklin.from_sparse(r + r.T, os.path.join(tempfile.mkdtemp(), "w.zarr"))
-def run(a, mem, out):
-    if args["op"] == "svd":
-        return blocklin.svd(a, args["k"], seed=0, memory=mem, out=out)
-    return blocklin.eigsh(a, args["k"], seed=0, order="descending", memory=mem)
-run(tiny, "64MiB", os.path.join(args["dir"], "warm.zarr"))
-s = blocklin.open(args["path"])
-s.row_block(0)
-base = hwm()
-reset_hwm()
-try:
-    res = run(s, args["memory"], os.path.join(args["dir"], "F.zarr"))
-except blocklin.errors.BudgetError as exc:
-    print(json.dumps({"minimum": exc.minimum}))
-    sys.exit(0)
-print(json.dumps({"baseline": base, "peak": hwm(), "passes": res.report.get("operator_products",
-                                                                            res.report.get("passes"))}))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +43,7 @@ def graph(tmp_path_factory):
 
 def _child(op: str, path: str, memory: int) -> dict:
     out = Path(tempfile.mkdtemp(prefix="svd-", dir=Path(path).parent))  # the factors beside the matrix
-    return run_child(_CODE, json.dumps({"op": op, "path": path, "k": K, "memory": memory, "dir": str(out)}))
+    return run_child(CHILD, json.dumps({"op": op, "path": path, "k": K, "memory": memory, "dir": str(out)}))
 
 
 def _used(r: dict) -> int:

@@ -22,6 +22,7 @@ import blocklin.linalg.lowrank.lanczos as lanczos_mod
 from blocklin.errors import BudgetError
 from blocklin.linalg.lowrank.sparse_plan import sparse_lowrank_plan
 from support.memcheck import margin, needs_hwm, run_child
+from support.sparse_lowrank_child import CHILD
 from support.tolerances import eps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
@@ -34,9 +35,13 @@ K, BLOCK = 5, 6
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
     """A 20000-node power-law graph (about 200 000 stored entries) in a few row blocks."""
-    d = tmp_path_factory.mktemp("spill")
-    write_power_law_mtx(str(d / "g.mtx"), 20_000, 100_000, seed=3)
-    bl.convert(str(d / "g.mtx"), str(d / "S.zarr"), memory="24MiB")
+    return _stored_graph(tmp_path_factory.mktemp("spill"), 20_000, 100_000, "24MiB")
+
+
+def _stored_graph(d, n: int, edges: int, memory: str):
+    """A power-law graph of ``n`` nodes (``examples/power_law_graph.py``, seed 3), converted in ``d``."""
+    write_power_law_mtx(str(d / "g.mtx"), n, edges, seed=3)
+    bl.convert(str(d / "g.mtx"), str(d / "S.zarr"), memory=memory)
     return bl.open(str(d / "S.zarr"))
 
 
@@ -228,35 +233,12 @@ def test_spilled_svd_refusal_names_its_minimum(graph, small_strips):
     assert res.report["basis_spilled"] and res.report["block"] == basis_budget.MIN_SPILLED_BLOCK
 
 
-_CODE = """
-import os, tempfile
-import numpy as np, scipy.sparse
-import blocklin
-args = json.loads(sys.argv[1])
-r = scipy.sparse.random(300, 300, density=0.05, random_state=1)
-tiny = blocklin.from_sparse(r + r.T, os.path.join(tempfile.mkdtemp(), "w.zarr"))
-def run(a, mem, out):
-    if args["op"] == "svd":
-        return blocklin.svd(a, args["k"], seed=0, memory=mem, out=out)
-    return blocklin.eigsh(a, args["k"], seed=0, order="descending", memory=mem, max_passes=300, out=out)
-run(tiny, "64MiB", os.path.join(args["dir"], "warm.zarr"))
-s = blocklin.open(args["path"])
-s.row_block(0)
-base = hwm()
-reset_hwm()
-res = run(s, args["memory"], os.path.join(args["dir"], "E.zarr"))
-print(json.dumps({"baseline": base, "peak": hwm(), "spilled": res.report["basis_spilled"],
-                  "block": res.report["block"], "passes": res.report["passes"]}))
-"""
 
 
 @pytest.fixture(scope="module")
 def large(tmp_path_factory):
     """A 2x10^5-node power-law graph (about 1.2 million stored entries)."""
-    d = tmp_path_factory.mktemp("spill-large")
-    write_power_law_mtx(str(d / "g.mtx"), 200_000, 600_000, seed=3)
-    bl.convert(str(d / "g.mtx"), str(d / "S.zarr"), memory="64MiB")
-    return bl.open(str(d / "S.zarr"))
+    return _stored_graph(tmp_path_factory.mktemp("spill-large"), 200_000, 600_000, "64MiB")
 
 
 @needs_hwm
@@ -273,7 +255,8 @@ def test_spilled_peak_within_the_budget(large, tmp_path, monkeypatch, op):
     in_memory, spilled = _minimum(call, monkeypatch, False), _minimum(call, monkeypatch, True)
     budget = max(64 << 20, spilled)
     assert budget < in_memory
-    r = run_child(_CODE, json.dumps({"op": op, "path": large.path, "k": K, "memory": budget, "dir": str(tmp_path)}))
+    r = run_child(CHILD, json.dumps({"op": op, "path": large.path, "k": K, "memory": budget, "dir": str(tmp_path),
+                                  "eigsh_out": True, "max_passes": 300}))
     used = r["peak"] - r["baseline"]
     print(f"spilled {op}: {used / 2**20:.1f} MiB above the baseline at memory={budget / 2**20:.0f} MiB "
           f"(in memory needs {in_memory / 2**20:.0f} MiB), block {r['block']}, {r['passes']} passes")
