@@ -34,6 +34,9 @@ PRECISIONS = {
     "float32": "compute in float32",
     "tf32": "float32 with the GEMMs on TF32 tensor cores on a GPU (float32 on a CPU)",
     "mixed": "the O(n^3) work in float32, refined to the float64 backward error",
+    "fp16": "a float32 factorization whose GEMM updates take float16 inputs (float32 accumulation), scaled "
+            "into float16's range, refined to the float64 backward error by GMRES-IR (square solves, inv)",
+    "bf16": "as 'fp16' with bfloat16 GEMM inputs (float32's range, 8-bit significands)",
 }
 
 

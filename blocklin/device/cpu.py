@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from blocklin.device.base import Device, not_positive_definite, singular
+from blocklin.device.half import is_half, round_to
+
+#: The math mode of this thread's tasks (``CpuDevice`` objects are made per call; a task's mode is
+#: set by :meth:`CpuDevice.math` around it, in its thread).
+_MODE = threading.local()
 
 
 #: Largest order factored by a threaded LAPACK ``potrf``. The OpenBLAS builds in the NumPy and SciPy
@@ -46,8 +54,20 @@ class CpuDevice(Device):
         acc.fill(0)
         return acc
 
+    @contextlib.contextmanager
+    def math(self, precision: str | None) -> Iterator[None]:
+        """Within the block, float32 GEMMs take ``"fp16"``/``"bf16"`` inputs (each operand rounded to the
+        format, products accumulated in float32: an emulation of a tensor-core GEMM, see
+        :mod:`blocklin.device.half`); ``"tf32"`` and ``None`` leave them in float32."""
+        prev = getattr(_MODE, "half", None)
+        _MODE.half = precision if is_half(precision) else None
+        try:
+            yield
+        finally:
+            _MODE.half = prev
+
     def gemm_acc(self, acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0) -> None:
-        _gemm_acc(acc, a, b, alpha)
+        _gemm_acc(acc, *_half_inputs(acc, a, b), alpha)
 
     def empty(self, shape: tuple[int, int], dtype: Any) -> np.ndarray:
         # Not zeroed: the first product overwrites it (BLAS beta=0), faulting each page in once
@@ -55,7 +75,7 @@ class CpuDevice(Device):
         return np.empty(shape, dtype=dtype)
 
     def gemm_into(self, out: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-        _gemm_acc(out, a, b, beta=0.0)
+        _gemm_acc(out, *_half_inputs(out, a, b), beta=0.0)
 
     def axpby(self, acc: np.ndarray, alpha: float, c: np.ndarray | None, beta: float) -> None:
         if alpha == 0.0:
@@ -235,6 +255,14 @@ def trsm_inplace(t: np.ndarray, b: np.ndarray, *, lower: bool, unit: bool = Fals
     if not np.shares_memory(out, b):  # the wrapper copied after all
         b[...] = out.T
     return b
+
+
+def _half_inputs(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The GEMM's operands in this thread's 16-bit math mode (float32 GEMMs only)."""
+    mode = getattr(_MODE, "half", None)
+    if mode is None or acc.dtype != np.float32:
+        return a, b
+    return round_to(np.asarray(a, dtype=np.float32), mode), round_to(np.asarray(b, dtype=np.float32), mode)
 
 
 def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0, beta: float = 1.0) -> None:

@@ -32,6 +32,7 @@ import numpy as np
 from blocklin.plan.gpu import pinned_nbytes
 from blocklin.device import pool
 from blocklin.device.base import Device, not_positive_definite, singular
+from blocklin.device.half import is_half, round_to
 from blocklin.errors import DeviceError, explain
 
 #: Pin a host transfer buffer only when it will carry at least this many copies in the job.
@@ -155,6 +156,7 @@ class CudaDevice(Device):
         self._used: dict[int, Any] = {}  # slot -> event after the last compute that read its device buffers
         self._held: dict[int, tuple] = {}  # slot -> (cache, cached blocks its item reads), until after_use
         self._tf32 = False
+        self._half: str | None = None  # "fp16"/"bf16": float32 GEMMs take 16-bit inputs (see math)
         self._state_lock = threading.Lock()
         self._active = 0  # tasks holding the budget through this device (see reserve)
         self._release_pending = False
@@ -452,14 +454,19 @@ class CudaDevice(Device):
         """Within the block, float32 GEMMs use TF32 tensor cores when ``precision == "tf32"``.
 
         Sets the cuBLAS math mode of this thread's handle (``CUBLAS_TF32_TENSOR_OP_MATH``), which is
-        what ``cublasSgemm`` honours, and restores it afterwards.
+        what ``cublasSgemm`` honours, and restores it afterwards. ``"fp16"``/``"bf16"``: the float32
+        GEMMs' operands are rounded to the 16-bit format on the compute stream and multiplied by
+        ``cublasSgemm`` (products of 16-bit numbers are exact in float32: the arithmetic of
+        ``cublasGemmEx`` with 16-bit inputs and ``CUBLAS_COMPUTE_32F`` up to the order of the
+        additions, without its tensor-core speed; :mod:`blocklin.device.half`).
         """
-        prev = self._tf32
+        prev, prev_half = self._tf32, self._half
         self._tf32 = precision == "tf32"
+        self._half = precision if is_half(precision) else None
         try:
             yield
         finally:
-            self._tf32 = prev
+            self._tf32, self._half = prev, prev_half
 
     def on_compute(self) -> contextlib.AbstractContextManager:
         return self.compute
@@ -515,7 +522,10 @@ class CudaDevice(Device):
         from cupy import cublas
 
         with self.compute:
-            if self._tf32 and acc.dtype == np.float32:
+            if self._half is not None and acc.dtype == np.float32:
+                cublas.gemm("N", "N", round_to(a, self._half), round_to(b, self._half), out=acc, alpha=alpha,
+                            beta=1.0)
+            elif self._tf32 and acc.dtype == np.float32:
                 from cupy.cuda import device
 
                 try:  # where CuPy 13/14 keep the cuBLAS bindings

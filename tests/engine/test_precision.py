@@ -85,7 +85,8 @@ def test_matmul_gram_route_only_at_the_data_precision(data):
 
 @pytest.mark.parametrize("bad, match", [
     ("mixed", "for matmul must be one of.*no refinement step"),
-    ("fp16", "precision: must be one of"),
+    ("fp16", "for matmul must be one of.*no refinement step"),  # a solver's precision: factor low, refine
+    ("half", "precision: must be one of"),
     (3, "precision: must be one of"),
 ])
 def test_matmul_precision_refused(data, bad, match):

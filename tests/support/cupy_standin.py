@@ -896,6 +896,9 @@ def gemm(transa, transb, a: ndarray, b: ndarray, out: ndarray | None = None, alp
     dt = a.dtype.type
 
     def run(dst, x, y):
+        if dt is np.float32:  # what the operands held: 16-bit values rounded by the caller (precision="fp16"/"bf16")
+            for fmt in _half_formats(x, y):
+                STATE.count(f"cublas.gemm {fmt} inputs")
         prod = _round_tf32(_op(x, ta), mode) @ _round_tf32(_op(y, tb), mode)
         if beta == 0:
             dst[...] = dt(alpha) * prod  # beta == 0: C is not read (cuBLAS semantics)
@@ -905,6 +908,15 @@ def gemm(transa, transb, a: ndarray, b: ndarray, out: ndarray | None = None, alp
     ins = [a, b] + ([out] if beta != 0 else [])
     _enqueue(None, lambda: run(out._a, a._a, b._a), [(x, "r") for x in ins] + [(out, "w")], "cublas.gemm")
     return out
+
+
+def _half_formats(*xs: np.ndarray) -> list[str]:
+    """The 16-bit formats every float32 operand is exactly representable in (``"float16"`` first, then
+    ``"bfloat16"``: 8 significand bits, float32's exponent range), for the GEMM counts by input format."""
+    with np.errstate(over="ignore"):
+        fp16 = all(np.array_equal(x.astype(np.float16).astype(np.float32), x) for x in xs)
+    bf16 = all(not (np.ascontiguousarray(x).view(np.uint32) & np.uint32(0xFFFF)).any() for x in xs)
+    return (["float16"] if fp16 else []) + (["bfloat16"] if bf16 else [])
 
 
 def syrk(trans, a: ndarray, out: ndarray | None = None, alpha=1.0, beta=0.0, lower=False) -> ndarray:

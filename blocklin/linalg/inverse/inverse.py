@@ -30,13 +30,15 @@ from blocklin.storage.zarr_store import create_array
 from blocklin.validate import MAX_REFINE, count, float_operand, positive, square
 from blocklin.validate import precision as check_precision
 
-PRECISIONS = (None, "mixed", "tf32", "float32", "float64")
+PRECISIONS = (None, "mixed", "tf32", "float32", "float64", "fp16", "bf16")
+#: The routes that factor with 16-bit GEMM inputs and refine by GMRES-IR (:func:`_inv_half`).
+HALF = ("fp16", "bf16")
 METHODS = ("auto", "lu", "schur")
 
 
 def _precision(value: Any) -> str | None:
     """``precision=`` of :func:`inv` (``None`` for the input's dtype), with the shared validator's message."""
-    v = check_precision(value, ("default", "mixed", "tf32", "float32", "float64"), operation="inv",
+    v = check_precision(value, ("default", "mixed", "tf32", "float32", "float64", "fp16", "bf16"), operation="inv",
                         fix="pass precision='mixed' or leave it None")
     return None if v == "default" else v
 
@@ -85,7 +87,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         the output dtype; out of core the unit roundoff ``eps / 2``, which one Newton-Schulz step
         reaches, because the block recursion's backward (and forward) error is 10-1000 times
         LAPACK's (see :func:`blocklin.linalg.inverse.refine.default_tol`).
-    precision : {None, "mixed", "tf32", "float32", "float64"}
+    precision : {None, "mixed", "tf32", "float32", "float64", "fp16", "bf16"}
         ``"mixed"``: invert in float32 (full float32, on a GPU too) and refine in float64 (the output is
         float64); ``"tf32"``: the same with the float32 GEMMs on TF32 tensor cores on a GPU (10-bit
         mantissas: for well-conditioned matrices; the float64 refinement restores the accuracy, or
@@ -93,7 +95,13 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         input's dtype (the only choice for complex data: the others name real working dtypes). Where the matrix fits one in-core inversion, ``"mixed"`` and ``"tf32"`` run it
         in float64 instead (faster and more accurate there: the refinement alone costs twice the
         inversion), and ``report["precision_reason"]`` says so; they pay out of core, where float32
-        halves the bytes each recursion step moves.
+        halves the bytes each recursion step moves. ``"fp16"``/``"bf16"``: the columns of ``I`` solved
+        as one block, ``A X = I``, by the square solve's 16-bit route (``A`` scaled into the format's
+        range, an LU whose GEMM updates take 16-bit inputs, GMRES-IR to the float64 backward error:
+        :func:`blocklin.linalg.solve.square.solve_square`); its Krylov vectors (``n x n`` each) are
+        held in memory, so the budget must hold about ``2 (restart + 5) n^2 8`` bytes (refused
+        otherwise, naming the minimum); ``report["method"]`` is ``"lu"`` and
+        ``report["backward_error"]`` is ``||I - A X||_F / (||A||_F ||X||_F + sqrt(n))``.
     overwrite : bool
         Replace an existing ``out``.
     resume : bool
@@ -171,6 +179,9 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     method = _method(method)
     steps = _refine_steps(refine, max_refine)
     tol = positive("tol", tol, optional=True, fix="leave it None for the default")
+    if precision in HALF:
+        return _inv_half(a, out=out, precision=precision, method=method, tol=tol, max_refine=max_refine,
+                         overwrite=overwrite, resume=resume, explain=explain, settings=settings)
     if explain:  # the plan alone: inv_plan
         return inv_plan(a, precision=precision, method=method, **settings)
     if resume and out is None:
@@ -317,6 +328,29 @@ def _refine_steps(refine: Any, max_refine: int) -> Steps:
         return Steps(int(refine), int(refine), exact=True)
     raise ParameterError(_msg("refine", "must be 'auto', True, False or a number of steps >= 0", repr(refine),
                               "pass refine='auto'"))
+
+
+def _inv_half(a: Any, *, out: Any, precision: str, method: str, tol: float | None, max_refine: int,
+              overwrite: bool, resume: bool, explain: bool, settings: dict) -> Matrix:
+    """``X = A^-1`` as the solve ``A X = I`` in ``precision`` ``"fp16"``/``"bf16"`` (column-block GMRES-IR)."""
+    from blocklin.linalg.solve.square import operand_dtype, operand_shape, solve_square
+
+    if method == "schur" or explain:
+        raise ParameterError(_msg("precision", f"'{precision}' inverts by the square solve's LU and GMRES-IR "
+                                  "(method='auto' or 'lu', no plan to explain)",
+                                  f"method={method!r}, explain={explain}",
+                                  "pass method='auto' and explain=False, or precision='mixed'"))
+    shape = operand_shape(a)
+    if shape is None or shape[0] != shape[1]:  # the solve's own checks name what is wrong
+        return solve_square(a, np.ones((shape[0] if shape else 1, 1)), out, precision=precision, overwrite=overwrite,
+                            resume=resume, **settings)
+    n = shape[0]
+    # I in A's dtype: the solve refuses a float32 or complex A by the precision's rule, not by a dtype mix
+    x = solve_square(a, np.eye(n, dtype=operand_dtype(a) or np.float64), out, precision=precision, tol=tol, max_refine=max_refine, overwrite=overwrite,
+                     resume=resume, reason=f"inv(precision={precision!r}): A X = I solved as one block of {n} "
+                     "right-hand sides (LU with 16-bit GEMM inputs, GMRES-IR)", **settings)
+    x.report["operation"] = "inv"
+    return x
 
 
 def _report(job: Job, ref: NewtonSchulz | None, plan: InversePlan, stages: Stages, *, precision: str,

@@ -20,6 +20,10 @@ from blocklin.errors import (ConvergenceError, ConvergenceWarning, NotPositiveDe
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks.scaling import safe_norm, sumsq_in_range
+from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, STALL, Operators, Refined, check_condition, check_refined,
+                                            condition_estimate, get, krylov_plan, put, refine_ir)
+from blocklin.device.half import FORMATS
+from blocklin.linalg.solve.half_scaling import HalfScaling, squeeze
 from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
 from blocklin.operands import as_columns
@@ -35,10 +39,16 @@ from blocklin.storage.zarr_store import create_array
 from blocklin.validate import choice, float_operand, same_dtype, same_rows, square
 
 ASSUME = ("gen", "pos", "sym")
-PRECISIONS = ("double", "mixed", "tf32")
+PRECISIONS = ("double", "mixed", "tf32", "fp16", "bf16")
+#: The routes whose factorization's GEMMs take 16-bit inputs (scaled first, refined by GMRES-IR).
+HALF = ("fp16", "bf16")
+#: ``refinement=``: "auto" (GMRES-IR for fp16/bf16; plain refinement switching to GMRES-IR where it
+#: stalls for mixed/tf32; plain in the working precision), "plain", "gmres".
+REFINEMENTS = ("auto", "plain", "gmres")
 #: Most refinement steps: in the working precision each step gains little once the backward error
-#: is at ``sqrt(n) eps``; in mixed precision each step gains about ``cond(A) u_32`` (TF32: ``cond(A) 2^-11``).
-MAX_REFINE = {"double": 3, "mixed": 10, "tf32": 20}
+#: is at ``sqrt(n) eps``; in mixed precision each step gains about ``cond(A) u_32`` (TF32: ``cond(A) 2^-11``);
+#: a GMRES-IR step gains about the GMRES tolerance.
+MAX_REFINE = {"double": 3, "mixed": 10, "tf32": 20, "fp16": 10, "bf16": 10}
 #: Bytes of the budget the residual GEMM leaves to what runs beside its planned buffers (at most a
 #: quarter of the budget).
 RUNTIME_RESERVE = 512 * 2**10
@@ -49,10 +59,11 @@ def solve_precision(value: Any) -> str:
     ``"mixed"`` or ``"tf32"``, with the shared validator's message for anything else."""
     from blocklin.validate import precision
 
-    v = precision(value, ("default", "mixed", "tf32"), operation="solve",
+    v = precision(value, ("default", "mixed", "tf32", "fp16", "bf16"), operation="solve",
                   why="the solution is in a's dtype, refined to its backward error: 'mixed' and 'tf32' factor in "
-                      "float32 (TF32 GEMMs on a GPU) and refine in float64",
-                  fix="pass precision='mixed' (or 'tf32', or None for a's dtype)")
+                      "float32 (TF32 GEMMs on a GPU), 'fp16' and 'bf16' with 16-bit GEMM inputs, and refine in "
+                      "float64",
+                  fix="pass precision='mixed' (or 'tf32', 'fp16', 'bf16', or None for a's dtype)")
     return "double" if v == "default" else v
 
 
@@ -81,6 +92,12 @@ def operand_shape(x: Any) -> tuple[int, int] | None:
     """The 2-D shape of an operand without staging it (``None`` when it cannot be told cheaply)."""
     meta = _peek(x)
     return tuple(meta.shape) if meta is not None and len(meta.shape) == 2 else None
+
+
+def operand_dtype(x: Any) -> np.dtype | None:
+    """The dtype of an operand without staging it (``None`` when it cannot be told cheaply)."""
+    meta = _peek(x)
+    return np.dtype(meta.dtype) if meta is not None else None
 
 
 def dtypes_known_equal(a: Any, b: Any) -> bool:
@@ -132,7 +149,8 @@ class _Factor:
 
 def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", precision: str = "double",
                  reason: str | None = None, overwrite: bool = False, tol: float | None = None,
-                 max_refine: int | None = None, resume: bool = False, **settings: Unpack[Settings]) -> Matrix:
+                 max_refine: int | None = None, resume: bool = False, refinement: str = "auto",
+                 **settings: Unpack[Settings]) -> Matrix:
     """``A x = B`` for square ``A`` of any size, refined to the backward error of the working precision.
 
     Parameters
@@ -149,14 +167,24 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         to LU with partial pivoting when a pivot fails (symmetric indefinite: LU does not use the
         symmetry, costs ``2 n^3 / 3`` instead of ``n^3 / 3`` flops, and is as stable as for any
         matrix). ``"gen"``: LU with partial pivoting over whole columns (:func:`blocklin.lu`).
-    precision : {"double", "mixed", "tf32"}
+    precision : {"double", "mixed", "tf32", "fp16", "bf16"}
         ``"double"`` (or ``None``): everything in ``A``'s dtype. ``"mixed"`` (float64 ``A``): factor in
         float32 (half the memory and traffic, twice the BLAS speed), residuals and ``x`` in float64;
         the refinement reaches the float64 backward error while ``cond(A) u_32 < 1`` (about
         ``cond(A) < 10^7``), and :class:`~blocklin.errors.ConvergenceError` is raised when it does
         not (then use ``"double"``). ``"tf32"``: the same with the factorization's GEMM updates on
         TF32 tensor cores on a GPU (10-bit mantissas: for ``cond(A)`` up to about ``10^3``; plain
-        float32 on a CPU).
+        float32 on a CPU). ``"fp16"``/``"bf16"``: ``A`` scaled into the format's range (Higham, Pranesh
+        and Zounon 2019: :mod:`~blocklin.linalg.solve.half_scaling`), factored in float32 with the
+        GEMM updates' inputs rounded to float16/bfloat16 (float32 accumulation, as a tensor-core
+        GEMM; an emulation on the CPU and, today, on the GPU: :mod:`blocklin.device.half`), refined
+        by GMRES-IR to the float64 backward error (:mod:`~blocklin.linalg.solve.gmres_ir`); refused
+        up front where the condition estimate breaks GMRES-IR's rule ``cond(A) u_p < 1``.
+    refinement : {"auto", "plain", "gmres"}
+        ``"auto"``: GMRES-IR for ``"fp16"``/``"bf16"``; for ``"mixed"``/``"tf32"`` plain refinement,
+        switching to GMRES-IR where a step does not halve the backward error (the report's
+        ``refinement`` says ``"plain, then gmres"``); plain in the working precision. ``"plain"``:
+        ``x += M^-1 r`` only. ``"gmres"``: GMRES-IR from the first step (not in the working precision).
     reason : str, optional
         The ``method_reason`` to report (what :func:`blocklin.solve` decided).
     overwrite : bool
@@ -181,7 +209,10 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         ``x`` with ``.report``: ``method`` (``"cholesky"`` or ``"lu"``), ``method_reason``,
         ``precision``, ``factor_dtype``, ``residual_norm``, ``backward_error``, ``tol``,
         ``refine_steps``, ``history``, ``growth_factor`` (LU), ``norm_a``, ``solution_norm``, ``plan``,
-        ``resumed`` and ``stages_skipped`` (steps a resumed run did not run again).
+        ``resumed`` and ``stages_skipped`` (steps a resumed run did not run again); ``refinement``
+        (``"plain"``, ``"gmres"`` or ``"plain, then gmres"``), ``history`` with each step's
+        ``gmres_iterations``; for ``"fp16"``/``"bf16"`` also ``scaling``, ``condition_estimate`` and
+        ``half_gemm`` (how the 16-bit GEMMs ran).
 
     Notes
     -----
@@ -193,11 +224,16 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
     """
     assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen', 'pos' or 'sym'")
     precision = solve_precision(precision)
+    refinement = choice("refinement", refinement, REFINEMENTS, fix="pass refinement='auto', 'plain' or 'gmres'")
+    if precision == "double" and refinement == "gmres":
+        raise ParameterError(explain("refinement", "'gmres' refines a low-precision factorization, so it needs "
+                                     "precision='mixed', 'tf32', 'fp16' or 'bf16'", "precision='double'",
+                                     "pass refinement='auto', or a lower precision"))
     if resume and out is None:
         raise ParameterError(explain("resume", "needs the output path of the run to continue", "out=None",
                                      "pass the same out= as the interrupted run (CLI: -o X.zarr --resume)"))
     with Job("solve", **settings) as job:
-        job.math = "tf32" if precision == "tf32" else None  # the float32 factorization's GEMMs
+        job.math = precision if precision in ("tf32",) + HALF else None  # the float32 factorization's GEMMs
         A, B, dt = _operands(job, a, b, assume_a)
         n, k = A.shape[0], B.shape[1]
         fdt = _factor_dtype(dt, precision, A.dtype)
@@ -205,16 +241,39 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         whole_call(lambda memory: _plan_steps(job, A, B, fdt, assume_a, memory), job.cfg.memory, "the square solve")
         tol = math.sqrt(max(n, 1)) * float(np.finfo(dt).eps) if tol is None else float(tol)
         steps_max = MAX_REFINE[precision] if max_refine is None else int(max_refine)
-        token = _token(job, A, B, out, assume_a=assume_a, precision=precision, tol=tol, max_refine=steps_max)
-        ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume, token=token,
-                       size=((n, k), dt), temp_size=((n, n), fdt))  # the factor in the temp dir
-        run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token, dtype=dt)
-        factor, why = run.stages.run("factor", lambda: _factor(job, A, fdt, assume_a, run.factor_stores))
+        half = precision in HALF
+        if half or refinement == "gmres":  # before anything is read: a refusal names the budget of one column
+            krylov_plan(n, k, _gemm_memory(job.cfg.memory), what=f"precision='{precision}'", chunk=1)
+        token = _token(job, A, B, out, assume_a=assume_a, precision=precision, tol=tol, max_refine=steps_max,
+                       **({"refinement": refinement} if refinement != "auto" else {}))
+        ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume, token=token, size=((n, k), dt),
+                       temp_size=((n, 2 * n) if half else (n, n), fdt))  # the factor (and A scaled) in the temp dir
+        run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token, dtype=dt, half=half)
+        if half:
+            factor, why, scaling = _factor_half(job, A, fdt, assume_a, run, precision)
+        else:
+            scaling = None
+            factor, why = run.stages.run("factor", lambda: _factor(job, A, fdt, assume_a, run.factor_stores))
         ops = BlockOps(job, run.tiles[factor.kind])
         ops.workers = factor.plan.workers
+        if half:
+            ops.math = None  # the preconditioner's triangular solves in float32
+            factor.norm_a = None  # the factorization summed A scaled: ||A||_F is read from A
         norm_a = run.stages.run("norm a", lambda: _norm_a(job, ops, A, factor, precision))
-        ref = refine(job, ops, A, B, _solver(ops, factor, n, k, run.solve_stores(factor), solve_dtype(fdt, dt)), run,
-                     norm_a, tol, steps_max, dtype=dt)
+        solver = _solver(ops, factor, n, k, run.solve_stores(factor), solve_dtype(fdt, dt))
+        extra: dict = {}
+        if half or refinement == "gmres":
+            # blocks of right-hand sides on whole chunks of the n x k stores (their tile operations own chunks)
+            krylov = krylov_plan(n, k, _gemm_memory(job.cfg.memory), what=f"precision='{precision}'",
+                                 chunk=min(run.tiles[factor.kind], max(k, 1)))
+            ref, extra = _refine_low(job, ops, A, B, solver, run, factor, scaling, norm_a, tol, steps_max, krylov,
+                                     precision=precision, refinement=refinement)
+        else:
+            ref = refine(job, ops, A, B, solver, run, norm_a, tol, steps_max, dtype=dt)
+            extra["refinement"] = "plain"
+            if ref.eta > tol and precision != "double" and refinement == "auto" and ref.steps < steps_max:
+                ref, extra = _switch_to_gmres(job, ops, A, B, solver, run, factor, ref, norm_a, tol, steps_max,
+                                              precision=precision)
         _check_converged(ref, tol, precision, dt)
         run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
         col_res, col_x = (_col_norms(ops, Region.of(p, (n, k))) for p in (ref.r_path, ref.x_path))
@@ -226,7 +285,8 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
             backward_error_definition="||b - A x||_F / (||A||_F ||x||_F + ||b||_F)", tol=tol,
             refine_steps=ref.steps, history=ref.history, norm_a=norm_a,
             growth_factor=factor.growth, plan=factor.plan.to_dict(), orientation="square", lam=0.0,
-            phases=_phases(job, factor.kind), resumed=run.stages.resumed, stages_skipped=run.stages.skipped)
+            phases=_phases(job, factor.kind), resumed=run.stages.resumed, stages_skipped=run.stages.skipped,
+            **extra)
         x = job.finish(ao, out, report, operation="solve", plan=factor.plan.to_dict(),
                        params={"assume_a": assume_a, "precision": precision}, recorded=recorded)
         x.intercept = None  # as every route's x: a square system has no intercept
@@ -255,10 +315,12 @@ class _SquareRun:
     stores: dict
     #: Per kind of factor, the square tiles of the solve's tile operations and stores.
     tiles: dict
+    #: ``precision="fp16"``/``"bf16"``: the store of A scaled into the format's range (float32, A's chunks).
+    scaled: Any = None
 
     @classmethod
     def start(cls, job: Job, A: Any, B: Any, ao: Any, fdt: np.dtype, assume_a: str, *, resume: bool,
-              token: str, dtype: np.dtype) -> _SquareRun:
+              token: str, dtype: np.dtype, half: bool = False) -> _SquareRun:
         (n, k), dt, sdt = B.shape, dtype, solve_dtype(fdt, dtype)
         plans = {kind: _plan(job, A, fdt, kind) for kind in _kinds(assume_a)}
         # the tile operations of the solve work on square tiles: the Cholesky's own; the LU panels are
@@ -274,6 +336,7 @@ class _SquareRun:
         work = job.work_dir("solve", token, output=ao, resume=resume)
         stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
             x_path, shape=(n, k), dtype=dt, chunks=(chunk, kc), codec=job.cfg.codec, overwrite=True))
+        scaled = stages.store("scaled", (n, n), np.float32, tuple(A.chunks)) if half else None
         # up to a panel's width of right-hand sides an LU is solved on its panels as stored (no LAPACK-layout store)
         factor_stores = {kind: (None if kind == "lu" and k <= p.tile else stages.store(kind, (n, n), fdt, (p.tile, p.tile)),
                                 p, work / f"{kind}-markers") for kind, p in plans.items()}
@@ -285,11 +348,11 @@ class _SquareRun:
         if "lu" in plans:  # B's forward substitution inside the panels, into the store y, where it fits beside them
             p = plans["lu"]
             # (not for a complex B with a real A: the panels eliminate B in the factor's dtype)
-            fused = (factor_stores["lu"][0] is None and sdt == fdt
+            fused = (factor_stores["lu"][0] is None and sdt == fdt and not half  # (B is scaled first there)
                      and lu_rhs_fits(n, p.tile, k, fdt.itemsize, dt.itemsize))
             factor_stores["lu"] += ((Region.of(B.path, (n, k)), Region.of(stores["lu"]["y"], (n, k))) if fused
                                     else None,)
-        return cls(stages, work, chunk, factor_stores, stores, tiles)
+        return cls(stages, work, chunk, factor_stores, stores, tiles, scaled)
 
     def solve_stores(self, f: _Factor) -> dict:
         return self.stores[f.kind]
@@ -403,8 +466,9 @@ def _factor_dtype(dt: np.dtype, precision: str, a_dtype: np.dtype | None = None)
     if dt != np.float64:
         what = f"a is {dt.name}" if a_dtype is None or np.dtype(a_dtype) == dt else \
             f"a is {np.dtype(a_dtype).name}, x would be {dt.name}"
-        raise ParameterError(explain("precision", f"'{precision}' factors in float32 and refines in float64, so "
-                                     "a and b must be float64 (not complex)", what, "pass precision='double'"))
+        low = "with 16-bit GEMM inputs " if precision in HALF else ""
+        raise ParameterError(explain("precision", f"'{precision}' factors in float32 {low}and refines in float64, "
+                                     "so a and b must be float64 (not complex)", what, "pass precision='double'"))
     return np.dtype(np.float32)
 
 
@@ -455,10 +519,14 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
     rhs, rhs_out = fused or (None, None)
     f = factor_lu_into(job, A, lu_path, plan, done_dir=markers, rhs=rhs, rhs_out=rhs_out)
     if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
+        half = getattr(job, "math", None) in HALF
         raise ParameterError(explain("precision", f"a float32 factorization needs A's entries within {fdt.name}'s "
-                                     "range (the factorization overflowed)",
+                                     "range (the factorization overflowed)" if not half else
+                                     f"a factorization with {job.math} GEMM inputs needs its factors within "
+                                     f"{job.math}'s range (A is scaled to 2^12 there; the LU's growth overflowed it)",
                                      f"max |A| {f.max_a:.3g}, max |U| {f.max_u:.3g}",
-                                     "pass precision='double', or scale A"))
+                                     "pass precision='double', or scale A" if not half else
+                                     "pass precision='bf16' (float32's range) or 'mixed'"))
     if n and f.min_pivot == 0.0:
         raise SingularMatrixError(explain("a", "must be nonsingular for a square solve", "LU with partial pivoting "
                                           "met an exact zero pivot (A is singular)", "blocklin.lstsq(a, b) for the "
@@ -485,9 +553,15 @@ class _Solver:
     k: int
     stores: dict
     dtype: np.dtype
+    #: The first column of the window of right-hand sides this solver works on (:meth:`window`).
+    col0: int = 0
 
     def region(self, name: str) -> Region:
-        return Region.of(self.stores[name], (self.n, self.k))
+        return Region.of(self.stores[name], (self.n, self.k), (0, self.col0))
+
+    def window(self, c0: int, c1: int) -> _Solver:
+        """The solver of the right-hand sides ``c0:c1`` (sub-regions of the same stores)."""
+        return dataclasses.replace(self, k=c1 - c0, col0=self.col0 + c0)
 
     def first(self, b: Region, dst: Region) -> None:
         """``dst = F^{-1} B`` for the right-hand sides ``b`` themselves: when the LU panels already ran
@@ -572,12 +646,166 @@ def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: _Solver, run: _Square
         steps += 1
 
 
+#: Most retries of a shifted low-precision Cholesky (the shift doubling from ``2 u_f``).
+SHIFT_TRIES = 8
+
+
+def _factor_half(job: Job, A: Any, fdt: np.dtype, assume_a: str, run: _SquareRun,
+                 precision: str) -> tuple[_Factor, str, HalfScaling]:
+    """``A`` squeezed into the format's range (:func:`~blocklin.linalg.solve.half_scaling.squeeze`) and
+    factored from the scaled copy. A Cholesky (``assume_a="pos"``) that breaks down in the low
+    precision (``cond(A) u_f`` near 1 makes the rounded matrix indefinite) is retried on
+    ``A_s + c u_f mu I``, ``c = 2, 4, 8, ...`` (Higham and Pranesh 2021, SISC 43(2), Alg. 3.1's shift
+    of the scaled matrix): the preconditioner is then of a nearby matrix, and GMRES-IR's residuals,
+    of ``A`` itself, correct the difference."""
+    sops = BlockOps(job, max(A.chunks))
+    u = FORMATS[precision]["u"]
+    stores = run.factor_stores
+    for attempt in range(SHIFT_TRIES):
+        shift = 0.0 if attempt == 0 else 2.0 ** attempt * u
+        scaling = run.stages.run("scale", lambda: squeeze(
+            sops, Region.of(A.path, A.shape), Region.of(run.scaled, A.shape), tuple(A.chunks), precision,
+            symmetric=assume_a != "gen", shift=shift))
+        Af = job.operand(run.scaled, "a (scaled)")
+        try:
+            factor, why = run.stages.run("factor", lambda: _factor(job, Af, fdt, assume_a, stores))
+        except NotPositiveDefiniteError:
+            if assume_a != "pos" or attempt == SHIFT_TRIES - 1:
+                raise
+            # fresh markers: no tile of the failed attempt is kept
+            stores = {kind: (v[0], v[1], run.work / f"{kind}-markers-shift{attempt + 1}") + tuple(v[3:])
+                      for kind, v in run.factor_stores.items()}
+            continue
+        if shift:
+            why += f"; the {precision} Cholesky broke down, so A_s + {shift:.3g} mu I was factored (shifted Cholesky)"
+        return factor, why, scaling
+    raise AssertionError("unreachable")
+
+
+def _operators(job: Job, ops: BlockOps, A: Any, B: Any, solver: _Solver, scaling: HalfScaling | None) -> Operators:
+    """The refinement's out-of-core pieces on the solve's work stores (``x0``: operands, ``d``: results,
+    ``r``: residuals); their products plan within the half of the budget the Krylov vectors leave
+    (:func:`~blocklin.linalg.solve.gmres_ir.krylov_plan`)."""
+    n = B.shape[0]
+    memory = _gemm_memory(job.cfg.memory) // 2
+
+    def gemm(out: Region, x: Region, c: Region | None) -> None:
+        ops.gemm(out.path, out.off, n, out.shape[1], n, A.path, (0, 0), x.path, x.off, dtype=np.float64,
+                 a_dtype=A.dtype, c=None if c is None else c.path, c_off=(0, 0) if c is None else c.off,
+                 alpha=-1.0 if c is not None else 1.0,
+                 beta=1.0 if c is not None else 0.0, memory=memory,
+                 description="residual b - A x" if c is not None else "GMRES product A v")
+
+    return Operators(gemm=gemm, solve=solver, a=Region.of(A.path, A.shape),
+                     b=Region.of(B.path, (n, solver.k), (0, solver.col0)),
+                     v=solver.region("x0"), w=solver.region("d"), r=solver.region("r"),
+                     row=None if scaling is None else scaling.row, col=None if scaling is None else scaling.col,
+                     mu=1.0 if scaling is None else scaling.mu)
+
+
+def _norm_a_lower(norm_a: float, n: int) -> float:
+    """A lower bound of ``||A||_2``: ``||A||_F / sqrt(n)``."""
+    return norm_a / math.sqrt(max(n, 1))
+
+
+def _half_gemm(job: Job, precision: str) -> str:
+    fmt = {"fp16": "float16", "bf16": "bfloat16"}[precision]
+    if job.device == "gpu":
+        return (f"the GEMM inputs rounded to {fmt} on the GPU, products by float32 cuBLAS GEMMs (the arithmetic of "
+                "a tensor-core GEMM with float32 accumulation, not its speed)")
+    return f"emulated on the CPU: the GEMM inputs rounded to {fmt}, products by float32 BLAS (slower than float32)"
+
+
+def _refine_low(job: Job, ops: BlockOps, A: Any, B: Any, solver: _Solver, run: _SquareRun, factor: _Factor,
+                scaling: HalfScaling | None, norm_a: float, tol: float, steps_max: int, krylov: tuple[int, int], *,
+                precision: str, refinement: str) -> tuple[SolveRefinement, dict]:
+    """GMRES-IR (or plain refinement, ``refinement="plain"``) with the low-precision factorization as
+    the preconditioner, from ``x0 = M^-1 B``, on blocks of right-hand sides whose Krylov vectors fit
+    the budget (``krylov``: restart length and block width, :func:`~blocklin.linalg.solve.gmres_ir.krylov_plan`);
+    refused up front where the condition estimate breaks
+    :func:`~blocklin.linalg.solve.gmres_ir.check_condition`'s rule."""
+    n, k = B.shape
+    restart, width = krylov
+    kind = "gmres" if refinement in ("auto", "gmres") else "plain"
+    blocks, kappa, matvecs, solves = [], 0.0, 0, 0
+    for c0 in range(0, max(k, 1), width):
+        c1 = min(k, c0 + width)
+        win = solver.window(c0, c1)
+        ir = _operators(job, ops, A, B, win, scaling)
+        b = get(ir.b)
+        x = ir.precond(b)
+        if c0 == 0:  # the estimate from the first block; the rule holds for every column
+            kappa = condition_estimate(ir, x, b, scaling.norm_lower if scaling else _norm_a_lower(norm_a, n),
+                                       steps=2 if c1 - c0 <= 8 else 0)
+            check_condition(kappa, precision=precision, kind=f"{precision} ({factor.kind})")
+        done = refine_ir(ir, x, norm_a=norm_a, norm_b=float(np.linalg.norm(b)), tol=tol, max_steps=steps_max,
+                         kind=kind, restart=restart)
+        check_refined(done, tol, precision)
+        put(win.region("x1"), done.x)
+        blocks.append(done)
+        matvecs, solves = matvecs + ir.matvecs, solves + ir.solves
+    extra = {"refinement": blocks[0].kind if blocks else kind, "condition_estimate": kappa, "gmres_restart": restart,
+             "gmres_tol": GMRES_TOL, "products_with_a": matvecs, "preconditioner_solves": solves}
+    if len(blocks) > 1:
+        extra.update(rhs_blocks=len(blocks), rhs_block_width=width,
+                     block_histories=[d.history for d in blocks])
+    if scaling is not None:
+        extra.update(scaling=scaling.to_dict(), half_gemm=_half_gemm(job, precision))
+    return _whole(ops, B, solver, blocks, norm_a), extra
+
+
+def _whole(ops: BlockOps, B: Any, solver: _Solver, blocks: list[Refined], norm_a: float) -> SolveRefinement:
+    """The refinement of all right-hand sides from its blocks: ``x`` in the store ``x1``, the last residuals
+    in ``r``; one block's history (the first), the backward error of the whole."""
+    n, k = B.shape
+    rreg, xreg, breg = solver.region("r"), solver.region("x1"), Region.of(B.path, (n, k))
+    res = safe_norm(ops, rreg, ops.sumsq(rreg))
+    norm_x = safe_norm(ops, xreg, ops.sumsq(xreg))
+    norm_b = safe_norm(ops, breg, ops.sumsq(breg))
+    denom = norm_a * norm_x + norm_b
+    first = blocks[0] if blocks else None
+    return SolveRefinement(res, res / denom if denom > 0 else 0.0, max((d.steps for d in blocks), default=0),
+                           first.history if first else [], norm_x, rreg.path, xreg.path)
+
+
+def _switch_to_gmres(job: Job, ops: BlockOps, A: Any, B: Any, solver: _Solver, run: _SquareRun, factor: _Factor,
+                     ref: SolveRefinement, norm_a: float, tol: float, steps_max: int, *,
+                     precision: str) -> tuple[SolveRefinement, dict]:
+    """Plain refinement of a float32 factorization stalled above ``tol``: GMRES-IR from its last iterate."""
+    n, k = B.shape
+    restart, width = krylov_plan(n, k, _gemm_memory(job.cfg.memory), what=f"GMRES-IR after precision='{precision}'")
+    if width < k:  # the switch keeps all right-hand sides in one block: refuse as the plain route did
+        _check_converged(ref, tol, precision, np.dtype(np.float64))
+    ir = _operators(job, ops, A, B, solver, None)
+    b, x = get(ir.b), get(Region.of(ref.x_path, (n, k)))
+    kappa = condition_estimate(ir, ir.precond(b), b, _norm_a_lower(norm_a, n), steps=2 if k <= 8 else 0)
+    check_condition(kappa, precision=precision, kind=f"float32 ({factor.kind})")
+    history = [dict(h, refinement="plain") for h in ref.history]
+    last = history.pop()  # GMRES-IR starts from the stalled iterate: its residual is recomputed
+    done = refine_ir(ir, x, norm_a=norm_a, norm_b=float(np.linalg.norm(b)), tol=tol,
+                     max_steps=steps_max - ref.steps, kind="gmres", restart=restart, history=history, step0=last["step"])
+    done.history[len(ref.history) - 1]["switched"] = (
+        f"plain refinement stalled (backward error {last['backward_error']:.1e} after step {last['step']}, not below "
+        f"{STALL} x the step before)")
+    done.kind = "plain, then gmres"
+    check_refined(done, tol, precision)
+    return _stored(ir, done, solver), {"refinement": done.kind, "condition_estimate": kappa, "gmres_restart": restart,
+                                       "gmres_tol": GMRES_TOL}
+
+
+def _stored(ir: Operators, done: Refined, solver: _Solver) -> SolveRefinement:
+    """The refined ``x`` written to the work store ``x1`` (its last residual is in ``r``)."""
+    xreg = solver.region("x1")
+    put(xreg, done.x)
+    return SolveRefinement(done.residual, done.eta, done.steps, done.history, done.norm_x, ir.r.path, xreg.path)
+
+
 def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dtype) -> None:
     """Mixed precision that did not reach ``tol`` is refused; the working precision warns."""
     if ref.eta <= tol:
         return
     trail = ", ".join(f"{h['backward_error']:.1e}" for h in ref.history)
-    if precision in ("mixed", "tf32"):
+    if precision != "double":
         raise ConvergenceError(explain(
             "precision", f"'{precision}' must refine the float32 factorization to the float64 backward error",
             f"backward error {ref.eta:.1e} > tol {tol:.1e} after {ref.steps} step(s) (history {trail}): A is too "
@@ -587,5 +815,5 @@ def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dt
          f"(history {trail}; condition too large for {dt.name}?)", ConvergenceWarning)
 
 
-__all__ = ["ASSUME", "PRECISIONS", "SolveRefinement", "operand_shape", "refine", "dtypes_known_equal",
+__all__ = ["ASSUME", "PRECISIONS", "SolveRefinement", "operand_dtype", "operand_shape", "refine", "dtypes_known_equal",
            "dtypes_known_square", "solve_dtype", "solve_precision", "solve_square", "square_route"]

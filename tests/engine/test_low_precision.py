@@ -1,0 +1,235 @@
+"""``precision="fp16"``/``"bf16"``: square solves and ``inv`` factored with 16-bit GEMM inputs (scaled
+into the format's range, emulated on the CPU, rounded on the CuPy stand-in) and refined by GMRES-IR,
+against LAPACK in float64; the switch from stalled plain refinement; the refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from support import cupy_standin
+
+import blocklin as bl
+from blocklin.device.half import FORMATS, round_to
+from blocklin.errors import BudgetError, ConvergenceError, ParameterError
+from blocklin.linalg.solve.gmres_ir import LIMIT, U_PRECOND, gmres, krylov_plan
+from blocklin.linalg.solve.half_scaling import check_rounding
+from blocklin.linalg.solve.square import solve_square
+from support.tolerances import assert_residual, assert_solve
+
+EPS64 = np.finfo(np.float64).eps
+SCHEDULERS = ["sync", "threads", "processes"]
+#: n = 96 at this budget: LU panels of 64 columns (two panels, so the second is updated by a GEMM whose
+#: inputs are rounded to 16 bits) and Cholesky tiles of 32; the Krylov vectors of one column fit.
+N, MEMORY = 96, "256KiB"
+
+
+def _randsvd(n, kappa, seed, spd=False):
+    """``U diag(s) V^T`` with singular values geometric from 1 to ``1/kappa`` (Higham's randsvd, mode 3):
+    ``cond_2 = kappa`` exactly; symmetric positive definite with ``V = U``."""
+    rng = np.random.default_rng(seed)
+    u = np.linalg.qr(rng.standard_normal((n, n)))[0]
+    v = u if spd else np.linalg.qr(rng.standard_normal((n, n)))[0]
+    return (u * np.logspace(0, -np.log10(kappa), n)) @ v.T
+
+
+def _check(x, a, b, kappa, precision):
+    """Refined to float64's backward error (the mixed route's bound), the forward error LAPACK's bound
+    gives at ``kappa``, and a first step at the 16-bit format's accuracy (the emulation really ran)."""
+    r, xn = x.report, x.to_numpy()
+    n = a.shape[0]
+    assert r["precision"] == precision and r["factor_dtype"] == "float32" and xn.dtype == np.float64
+    assert r["backward_error"] <= np.sqrt(n) * EPS64  # the default tol
+    assert_residual(a, xn, b, dtype=np.float64)
+    assert_solve(xn, np.linalg.solve(a, b), a, dtype=np.float64, cond=kappa)
+    # x0 = M^-1 b from a float32 factorization would sit near n u_32 = 6e-6 at most; 16-bit inputs leave
+    # it above 1e-6 (u_16 = 4.9e-4, u_bf16 = 3.9e-3): the GEMMs really took rounded operands
+    assert r["history"][0]["backward_error"] > 1e-6
+    assert r["scaling"]["mu"] == (2.0 ** 12 if precision == "fp16" else 1.0)
+    assert "emulated on the CPU" in r["half_gemm"]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("assume_a", ["gen", "pos"])
+@pytest.mark.parametrize("kappa", [1e2, 1e4, pytest.param(1e6, marks=pytest.mark.slow)])
+def test_solve_half_refined_to_float64(precision, assume_a, kappa):
+    a = _randsvd(N, kappa, seed=int(np.log10(kappa)), spd=assume_a == "pos")
+    b = np.random.default_rng(1).standard_normal((N, 1))
+    x = bl.solve(a, b, assume_a=assume_a, precision=precision, memory=MEMORY)
+    _check(x, a, b, kappa, precision)
+    r = x.report
+    assert r["refinement"] == "gmres" and r["method"] == {"gen": "lu", "pos": "cholesky"}[assume_a]
+    its = [h["gmres_iterations"] for h in r["history"][:-1]]
+    assert its and all(i >= 1 for i in its) and r["refine_steps"] == len(its)
+    assert r["condition_estimate"] * U_PRECOND < LIMIT
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_solve_half_same_bits_on_every_scheduler(scheduler):
+    a = _randsvd(N, 1e3, seed=5)
+    b = np.random.default_rng(2).standard_normal((N, 2))
+    ref = bl.solve(a, b, precision="fp16", memory=MEMORY, scheduler="sync")
+    x = bl.solve(a, b, precision="fp16", memory=MEMORY, scheduler=scheduler)
+    _check(x, a, b, 1e3, "fp16")
+    np.testing.assert_array_equal(x.to_numpy(), ref.to_numpy())
+
+
+def test_plain_refinement_stalls_where_gmres_ir_converges():
+    """fp16: plain refinement from the 16-bit LU contracts by about cond(A) u_16 per step and stalls at
+    cond 1e5; GMRES-IR from the same factorization converges. mixed (float32 LU) at cond 1e8: plain
+    refinement stalls and "auto" switches to GMRES-IR, which the report says."""
+    a = _randsvd(N, 1e5, seed=11)
+    b = np.random.default_rng(3).standard_normal((N, 1))
+    with pytest.raises(ConvergenceError, match="plain refinement.*refinement='gmres'"):
+        solve_square(a, b, precision="fp16", refinement="plain", memory=MEMORY)
+    x = solve_square(a, b, precision="fp16", memory=MEMORY)
+    _check(x, a, b, 1e5, "fp16")
+    assert x.report["refinement"] == "gmres"
+
+    a = _randsvd(128, 1e8, seed=0)
+    b = np.random.default_rng(0).standard_normal((128, 1))
+    with pytest.raises(ConvergenceError, match="float32 factorization"):
+        solve_square(a, b, precision="mixed", refinement="plain", memory=MEMORY)
+    x = solve_square(a, b, precision="mixed", memory=MEMORY)
+    r = x.report
+    assert r["refinement"] == "plain, then gmres"
+    switched = [h for h in r["history"] if "switched" in h]
+    assert len(switched) == 1 and "plain refinement stalled" in switched[0]["switched"]
+    kinds = [h["refinement"] for h in r["history"]]
+    assert kinds[0] == "plain" and kinds[-1] == "gmres"
+    assert r["backward_error"] <= np.sqrt(128) * EPS64
+    assert_residual(a, x.to_numpy(), b, dtype=np.float64)
+    assert_solve(x.to_numpy(), np.linalg.solve(a, b), a, dtype=np.float64, cond=1e8)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "mixed"])
+def test_refused_beyond_the_condition_rule(precision):
+    """An upper bidiagonal matrix (1 on the diagonal, -2 above): its entries are exact in 16 bits, so the
+    low-precision LU is A itself and the estimate sees cond_2 = 5.6e14, beyond cond u_p < 2^6."""
+    n = 48
+    a = np.eye(n) - 2 * np.eye(n, k=1)
+    assert np.linalg.cond(a) * U_PRECOND > LIMIT
+    with pytest.raises(ParameterError, match=r"cond\(A\) u_p < 64.*got cond_2\(A\) >= [0-9.e+]+ \(a lower estimate"):
+        solve_square(a, np.ones(n), precision=precision, refinement="gmres", memory="64KiB")
+
+
+def test_scaling_brings_a_matrix_outside_fp16s_range_into_it():
+    """Rows from 1e-6 to 1e6 (entries up to 1e7, down to 1e-9): unscaled, float16 overflows and flushes
+    them; the two-sided scaling (Higham, Pranesh, Zounon 2019) makes it solvable at float64 accuracy."""
+    rng = np.random.default_rng(4)
+    g = rng.standard_normal((N, N)) + np.sqrt(N) * np.eye(N)
+    d = np.logspace(-6, 6, N)
+    rng.shuffle(d)
+    a = d[:, None] * g
+    b = rng.standard_normal((N, 1))
+    raw = round_to(a.astype(np.float32), "fp16")
+    assert np.isinf(raw).any() and (raw[a != 0] == 0).any()  # outside float16's range unscaled
+    x = bl.solve(a, b, precision="fp16", memory=MEMORY)
+    r = x.report
+    assert r["backward_error"] <= np.sqrt(N) * EPS64
+    assert_residual(a, x.to_numpy(), b, dtype=np.float64)
+    kappa = np.linalg.cond(a)
+    assert_solve(x.to_numpy(), np.linalg.solve(a, b), a, dtype=np.float64, cond=kappa)
+    lo, hi = r["scaling"]["row_scale_range"]
+    assert lo < 1e-6 and hi > 1e4  # rows scaled by powers of two across the range
+    assert r["scaling"]["rounding_perturbation"] <= FORMATS["fp16"]["u"]
+
+
+def test_rounding_rule_refuses_what_the_format_cannot_hold():
+    u = FORMATS["fp16"]["u"]
+    check_rounding(u, "fp16")  # what rounding to nearest can do
+    with pytest.raises(ParameterError, match=r"precision: 'fp16' needs A.*2u = .*got \|\|A_s - fl\(A_s\)\|\|_F"):
+        check_rounding(3 * u, "fp16")
+    with pytest.raises(ParameterError, match="'bf16'"):
+        check_rounding(float("inf"), "fp16")  # overflow
+
+
+def test_gmres_matches_a_direct_solve():
+    """The lockstep GMRES against LAPACK: each column of A d = r to its tolerance, restarted."""
+    rng = np.random.default_rng(6)
+    a = np.eye(60) + 0.4 * rng.standard_normal((60, 60)) / np.sqrt(60)
+    r = rng.standard_normal((60, 3))
+    r[:, 1] = 0.0  # a zero right-hand side stays zero
+
+    class Ops:
+        def matvec(self, x):
+            return a @ x
+
+        def precond(self, x):
+            return x
+
+    d, its, converged = gmres(Ops(), r, restart=8, tol=1e-10, max_iter=200)
+    assert converged and its > 8  # restarted at least once
+    ref = np.linalg.solve(a, r)
+    assert np.linalg.norm(d - ref) <= 1e-8 * np.linalg.norm(ref)
+    assert not d[:, 1].any()
+
+
+def test_krylov_budget_refusal_names_the_minimum():
+    with pytest.raises(BudgetError, match=r"GMRES vectors.*pass memory >= \d+ bytes") as e:
+        krylov_plan(10_000, 1, 100_000, what="precision='fp16'")
+    assert e.value.minimum == 2 * 10 * 8 * 10_000
+    assert krylov_plan(100, 1, e.value.minimum, what="x")[0] >= 5
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_inv_half_one_panel(precision):
+    """inv(precision=...) is A X = I by the 16-bit route, in column blocks; at this budget the LU is one
+    panel (the plumbing, fast); the GEMM-rounding case is the slow test below."""
+    a = _randsvd(48, 1e3, seed=8)
+    x = bl.inv(a, precision=precision, memory="2MiB")
+    r, xn = x.report, x.to_numpy()
+    assert r["precision"] == precision and r["operation"] == "inv" and xn.dtype == np.float64
+    assert r["backward_error"] <= np.sqrt(48) * EPS64
+    assert_residual(a, xn, np.eye(48), dtype=np.float64)
+    assert_solve(xn, np.linalg.inv(a), a, dtype=np.float64, cond=1e3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_inv_half_with_rounded_gemms(precision):
+    a = _randsvd(64, 1e4, seed=9)
+    x = bl.inv(a, precision=precision, memory="128KiB")
+    r, xn = x.report, x.to_numpy()
+    assert r["plan"]["tile"] < 64 and r["rhs_blocks"] > 1
+    assert r["backward_error"] <= np.sqrt(64) * EPS64
+    assert_residual(a, xn, np.eye(64), dtype=np.float64)
+    assert_solve(xn, np.linalg.inv(a), a, dtype=np.float64, cond=1e4)
+
+
+@pytest.mark.parametrize("bad", [np.complex128, np.float32])
+def test_half_refuses_complex_and_float32_data(bad):
+    a = (np.eye(8) * 3).astype(bad)
+    with pytest.raises(ParameterError, match=r"precision: 'fp16' factors in float32 with 16-bit GEMM inputs.*"
+                       r"must be float64 \(not complex\)"):
+        bl.solve(a, np.ones((8, 1), dtype=bad), precision="fp16")
+    with pytest.raises(ParameterError, match="precision"):
+        bl.inv(a, precision="bf16")
+
+
+def test_refinement_vocabulary():
+    a = np.eye(4) * 2
+    with pytest.raises(ParameterError, match="refinement"):
+        solve_square(a, np.ones(4), refinement="gmres")  # precision='double'
+    with pytest.raises(ParameterError, match="refinement"):
+        solve_square(a, np.ones(4), precision="fp16", refinement="newton")
+
+
+# -- on the CuPy stand-in -------------------------------------------------------------------------
+@pytest.mark.parametrize("precision,fmt", [("fp16", "float16"), ("bf16", "bfloat16")])
+def test_half_gemms_on_the_gpu_take_16bit_inputs(standin, precision, fmt):
+    a = _randsvd(N, 1e3, seed=12)
+    b = np.random.default_rng(7).standard_normal((N, 1))
+    cupy_standin.STATE.counts.clear()
+    x = bl.solve(a, b, precision=precision, device="gpu", memory=MEMORY)
+    counts = dict(cupy_standin.STATE.counts)
+    assert counts.get(f"cublas.gemm {fmt} inputs", 0) > 0  # the factorization's updates
+    assert counts.get("cublas.gemm tf32", 0) == 0 and cupy_standin.STATE.math_mode == 0
+    r = x.report
+    assert r["backward_error"] <= np.sqrt(N) * EPS64 and "on the GPU" in r["half_gemm"]
+    assert_residual(a, x.to_numpy(), b, dtype=np.float64)
+    assert_solve(x.to_numpy(), np.linalg.solve(a, b), a, dtype=np.float64, cond=1e3)
+    cupy_standin.STATE.counts.clear()
+    bl.solve(a, b, precision="mixed", device="gpu", memory=MEMORY)  # float32 operands: no 16-bit GEMM
+    assert cupy_standin.STATE.counts.get("cublas.gemm float16 inputs", 0) == 0
+    assert cupy_standin.take_races() == []
