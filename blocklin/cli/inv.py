@@ -19,8 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="'auto' (default: refine while the backward error exceeds --tol) or exactly N "
                         "Newton-Schulz steps (0: none)")
     p.add_argument("--tol", type=float, help="target backward error ||I - A X||_F / (||A||_F ||X||_F)")
-    p.add_argument("--precision", choices=("mixed", "tf32", "float32", "float64"),
-                   help="mixed: invert in float32, refine to float64; tf32: the same with TF32 GEMMs on a GPU")
+    p.add_argument("--precision", choices=("mixed", "tf32", "float32", "float64", "fp16", "bf16"),
+                   help="mixed: invert in float32, refine to float64; tf32: the same with TF32 GEMMs on a GPU; "
+                        "fp16/bf16: A X = I by an LU with 16-bit GEMM inputs and GMRES-IR (see blocklin solve)")
     p.add_argument("--method", choices=("auto", "lu", "schur"), default="auto",
                    help="out-of-core route: auto (default: lu, or schur where two LU panels do not fit), lu "
                         "(pivoted LU, LAPACK's accuracy), schur (pivot-free recursion, all GEMMs)")

@@ -74,10 +74,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="gen (default): least squares, and for square A with lambda 0 the out-of-core LU with "
                         "partial pivoting; pos: symmetric positive definite A of any size (out-of-core Cholesky); "
                         "sym: symmetric A (Cholesky, else LU); square routes refine to the dtype's backward error")
-    p.add_argument("--precision", choices=("double", "mixed", "tf32"), default="double",
+    p.add_argument("--precision", choices=("double", "mixed", "tf32", "fp16", "bf16"), default="double",
                    help="square systems: mixed factors a float64 A in float32 and refines in float64 to float64 "
-                        "backward error (refused when A is too ill-conditioned); tf32: the same with the "
-                        "factorization's GEMMs on TF32 tensor cores on a GPU")
+                        "backward error (refused when A is too ill-conditioned), switching to GMRES-IR where plain "
+                        "refinement stalls; tf32: the same with the factorization's GEMMs on TF32 tensor cores on a "
+                        "GPU; fp16/bf16: A scaled into the format's range, the factorization's GEMM updates with "
+                        "16-bit inputs (emulated on a CPU), refined by GMRES-IR")
     p.add_argument("--refine", type=ui.count_arg("--refine", minimum=0, auto=("auto",), example="1"), default="auto",
                    help="refinement passes of the normal equations: 'auto' (default: when ill-conditioned) or N")
     p.add_argument("--fit-intercept", action="store_true",

@@ -233,3 +233,22 @@ def test_half_gemms_on_the_gpu_take_16bit_inputs(standin, precision, fmt):
     bl.solve(a, b, precision="mixed", device="gpu", memory=MEMORY)  # float32 operands: no 16-bit GEMM
     assert cupy_standin.STATE.counts.get("cublas.gemm float16 inputs", 0) == 0
     assert cupy_standin.take_races() == []
+
+
+def test_cli_half_precisions(tmp_path):
+    import subprocess
+    import sys
+
+    a = _randsvd(48, 1e2, seed=13)
+    s = bl.from_array(a, tmp_path / "s.zarr")
+    y = bl.from_array(np.random.default_rng(8).standard_normal((48, 1)), tmp_path / "y.zarr")
+    run = [sys.executable, "-m", "blocklin.cli.main"]
+    subprocess.run(run + ["solve", str(s.path), str(y.path), "-o", str(tmp_path / "x.zarr"), "--precision", "fp16",
+                          "--memory", "2MiB"], check=True, capture_output=True)
+    x = bl.open(tmp_path / "x.zarr")
+    assert x.provenance["params"]["precision"] == "fp16"
+    assert_residual(a, x.to_numpy(), y.to_numpy(), dtype=np.float64)
+    out = subprocess.run(run + ["inv", str(s.path), "-o", str(tmp_path / "i.zarr"), "--precision", "bf16",
+                                "--memory", "2MiB"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert_solve(bl.open(tmp_path / "i.zarr").to_numpy(), np.linalg.inv(a), a, dtype=np.float64, cond=1e2)

@@ -349,7 +349,10 @@ def _inv_half(a: Any, *, out: Any, precision: str, method: str, tol: float | Non
     x = solve_square(a, np.eye(n, dtype=operand_dtype(a) or np.float64), out, precision=precision, tol=tol, max_refine=max_refine, overwrite=overwrite,
                      resume=resume, reason=f"inv(precision={precision!r}): A X = I solved as one block of {n} "
                      "right-hand sides (LU with 16-bit GEMM inputs, GMRES-IR)", **settings)
-    x.report["operation"] = "inv"
+    r = x.report  # the entries every inverse reports, from the solve's
+    r.update(operation="inv", residual=r.get("residual_norm_fro"), cond_estimate=r.get("condition_estimate"),
+             residual_method=f"||I - A X||_F of the GMRES-IR refinement ({r.get('refinement')}), float64, out of core",
+             gemm_steps=r.get("products_with_a", 0), leaves=0)
     return x
 
 

@@ -326,6 +326,8 @@ def check_refined(ref: Refined, tol: float, precision: str) -> None:
     """A low-precision route that did not reach ``tol`` is refused, with the fix."""
     if ref.eta <= tol:
         return
+    lower = ("pass precision='double'" if precision in ("mixed", "tf32") else
+             "pass precision='mixed' (a float32 factorization) or 'double'")
     trail = ", ".join(f"{h['backward_error']:.1e}" for h in ref.history)
     its = [h.get("gmres_iterations") for h in ref.history if h.get("gmres_iterations")]
     if ref.gmres_failed:
@@ -333,14 +335,12 @@ def check_refined(ref: Refined, tol: float, precision: str) -> None:
             "precision", f"'{precision}' refines by GMRES-IR, whose first step must solve the preconditioned "
             f"correction equation within {MAX_ITER} GMRES iterations (cond(A) u_f too large: the low-precision "
             "factorization no longer preconditions A)", f"GMRES stopped at a relative residual above {GMRES_TOL:g}; "
-            f"backward error {ref.eta:.1e} > tol {tol:.1e} (history {trail})",
-            "pass precision='mixed' (a float32 factorization) or 'double'"))
+            f"backward error {ref.eta:.1e} > tol {tol:.1e} (history {trail})", lower))
     raise ConvergenceError(explain(
         "precision", f"'{precision}' must refine its factorization to the float64 backward error",
         f"backward error {ref.eta:.1e} > tol {tol:.1e} after {ref.steps} step(s) of {ref.kind} refinement "
         f"(history {trail}" + (f"; GMRES iterations {its}" if its else "") + ")",
-        "pass precision='mixed' (a float32 factorization) or 'double'"
-        + (", or refinement='gmres'" if ref.kind == "plain" else "")))
+        lower + (", or refinement='gmres'" if ref.kind == "plain" else "")))
 
 
 __all__ = ["GMRES_TOL", "LIMIT", "MAX_ITER", "Operators", "RESTART", "Refined", "STALL", "U_PRECOND", "check_condition",
