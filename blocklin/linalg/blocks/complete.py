@@ -43,7 +43,7 @@ import numpy as np
 import scipy.linalg
 
 from blocklin.linalg.blocks.orth import cholesky_upper, ct, shift_for, work_dtype
-from blocklin.linalg.blocks.random import SKETCH_RNG_BLOCK, STREAM_COMPLETE, GaussianRows
+from blocklin.linalg.blocks.random import STREAM_COMPLETE, GaussianRows, block_bytes
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import plan_kernel_pass, reduce_sum, row_kernel, run_pass
 
@@ -123,7 +123,8 @@ def _fill_memory(params: Any, sources: tuple) -> PassMemory:
     el = np.dtype(params.get("work", "float64")).itemsize  # float64, or complex128 of complex data
     # per row: the float64 strip, each factor's product, G's rows and the projected copy, the written rows
     per_row = (sources[0].width + sum(w.shape[1] for w in ws) + 2 * z + k) * el + k * sources[0].dtype.itemsize
-    return PassMemory(fixed=small * el + SKETCH_RNG_BLOCK * z * el, per_row=per_row, chunk_temporaries=True,
+    cplx = np.dtype(params.get("work", "float64")).kind == "c"  # the generator's block: complex rows
+    return PassMemory(fixed=small * el + block_bytes(z, cplx), per_row=per_row, chunk_temporaries=True,
                       write_row_bytes=k * sources[0].dtype.itemsize if params.get("write") else 0)
 
 

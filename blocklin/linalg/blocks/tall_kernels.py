@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import InternalError
-from blocklin.linalg.blocks.random import SKETCH_RNG_BLOCK, STREAM_PHI, STREAM_UPSILON, GaussianRows, sketch_test_matrices
+from blocklin.linalg.blocks.random import (SKETCH_GENERATOR, SKETCH_RNG_BLOCK, STREAM_PHI, STREAM_UPSILON, GaussianRows,
+                                           block_bytes, sketch_test_matrices)
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
 
@@ -326,18 +327,20 @@ def rmat_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: di
 # -- single-pass sketch (Tropp, Yurtsever, Udell, Cevher 2019) -------------------------------------
 def sketch_init(device: Any, params: dict) -> dict:
     """Generate the task's ``[Omega | Psi]`` from the seed (centered: scaled by ``c``, with the offsets
-    ``b^T diag(c) [Omega | Psi]``), its accumulators, strip buffers and row generators."""
+    ``b^T diag(c) [Omega | Psi]``), its accumulators, strip buffers and row generators (``generator``:
+    the version of :class:`~blocklin.linalg.blocks.random.GaussianRows` the sketch draws from)."""
     n, kp, s = params["N"], params["kp"], params["s"]
     dt = np.dtype(params["dtype"])
     st = params["strip"]
-    op = sketch_test_matrices(params["seed"], n, kp, s, dt)
+    gen = params.get("generator", SKETCH_GENERATOR)
+    op = sketch_test_matrices(params["seed"], n, kp, s, dt, generator=gen)
     if params.get("shift_c") is not None:
         op *= params["shift_c"].astype(dt)[:, None]
     state = {"OP": upload(device, op), "Xt": _accumulator(device, (n, kp), dt), "PZ": device.zeros((s, kp + s), dt),
              "G": device.zeros((kp, kp), dt), "YT": device.zeros((st, kp + s), dt),
              "Ub": np.empty((st, kp), dt), "Pb": np.empty((st, s), dt),
-             "ups": GaussianRows(params["seed"], STREAM_UPSILON, kp, complex=_complex(dt)),
-             "phi": GaussianRows(params["seed"], STREAM_PHI, s, complex=_complex(dt))}
+             "ups": GaussianRows(params["seed"], STREAM_UPSILON, kp, complex=_complex(dt), generator=gen),
+             "phi": GaussianRows(params["seed"], STREAM_PHI, s, complex=_complex(dt), generator=gen)}
     if params.get("y_chunk", 0) > st:  # Y's rows gathered into whole chunks of Y (see sketch_kernel)
         state["Yw"], state["w0"], state["wn"] = np.empty((params["y_chunk"], kp), dt), 0, 0
     if params.get("shifted"):
@@ -357,10 +360,14 @@ def _sketch_memory(params: Any, sources: tuple) -> PassMemory:
     w = np.dtype(params["dtype"]).itemsize
     sf, sp = shift_memory(params, w, 0)
     # [Omega | Psi] (generated on the host, then moved to the device's own memory), X^T, Phi [Y T],
-    # Y^T Y; the two row generators' blocks (float64) and, centered, b and c and the offsets
+    # Y^T Y; the two row generators' blocks (float64; and the generation of [Omega | Psi], one block at a
+    # time, before them) and, centered, b and c and the offsets
     fixed = (n * (c + s) + n * c + s * (c + s) + c * c + 4 * (c + s)) * w
-    acc = 2 * F64 if _complex(np.dtype(params["dtype"])) else F64  # complex128 offsets of complex data
-    fixed += SKETCH_RNG_BLOCK * (c + s) * acc + (n * (F64 + acc) if params.get("shifted") else 0) + sf
+    cplx = _complex(np.dtype(params["dtype"]))
+    acc = 2 * F64 if cplx else F64  # complex128 offsets of complex data
+    gen = params.get("generator", SKETCH_GENERATOR)
+    fixed += block_bytes(c, cplx, gen) + block_bytes(s, cplx, gen)
+    fixed += (n * (F64 + acc) if params.get("shifted") else 0) + sf
     # the buffer gathering Y's rows into chunks, and zarr's three copies of one where writes are not direct
     fixed += params.get("y_buffer", 0) * (4 if params.get("y_temporaries") else 1)
     # per row: [Y T] (and its device copy of the written Y), the Upsilon and Phi rows and their device copies

@@ -457,11 +457,13 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
 
 
 def _sketch_kept(plan: SvdPlan, f: Factorization) -> dict:
-    """What an update of a single-pass sketch reads beside its state: the sketch sizes and the power of
-    two its data was divided by (the state is that of ``2^-e A``; :mod:`blocklin.linalg.blocks.scaling`)."""
+    """What an update of a single-pass sketch reads beside its state: the sketch sizes, the power of
+    two its data was divided by (the state is that of ``2^-e A``; :mod:`blocklin.linalg.blocks.scaling`)
+    and the version of the generator of its test matrices (its appended rows draw from the same)."""
     if plan.method != "sketch":
         return {}
-    return {"sketch_size": list(plan.sketch_size), "exponent": int((f.scaling or {}).get("exponent", 0))}
+    return {"sketch_size": list(plan.sketch_size), "exponent": int((f.scaling or {}).get("exponent", 0)),
+            "generator": int(f.sketch_generator)}
 
 
 def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: Any, n_iter: Any, tol: Any,
@@ -543,7 +545,7 @@ def _returned(res: SVDResult, vectors: bool | str) -> SVDResult | np.ndarray:
 #: The fields of a :class:`Factorization` the report carries as they are, in this order: those the
 #: method set (not ``None``), and ``scaling`` always (``None``: the data needed no scaling).
 REPORTED_FIELDS = ("power_iters", "orth", "lanczos_steps", "restarts", "history", "rayleigh_ritz_width",
-                   "sketch_size", "phases", "scaling", "fallback")
+                   "sketch_size", "sketch_generator", "phases", "scaling", "fallback")
 
 
 def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, seed: int, oversample: int,

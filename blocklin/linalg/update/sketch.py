@@ -32,6 +32,12 @@ Refused at creation: wide ``A`` (appended rows grow its short side), and ``cente
 means move with every appended row and enter every row's sketch). A state whose sums leave the
 range of float64 with the new rows is recomputed.
 
+The test matrices' generator is the one the sketch was made with (``generator`` in its kept
+parameters; none recorded: generator 1, :data:`blocklin.linalg.blocks.random.GENERATOR_PHILOX64`,
+which made every sketch before the version was recorded): the appended rows' ``Upsilon`` and ``Phi``
+and the finishing step's ``Psi`` must be those of the kept sums, so an update never changes generator.
+A sketch made by a generator this version does not know is recomputed, with the reason in the report.
+
 References
 ----------
 J. A. Tropp, A. Yurtsever, M. Udell, V. Cevher, "Streaming low-rank matrix approximation with an
@@ -46,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ParameterError, explain
+from blocklin.linalg.blocks.random import GENERATOR_PHILOX64, GENERATORS, SKETCH_GENERATOR
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.blocks.scaling import Scaling, unscale
 from blocklin.linalg.blocks.tallblock import TallBlock
@@ -120,6 +127,10 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
         raise ParameterError(explain("out", "must keep the sketch of the rows it covers", f"{m0} rows kept, Y of "
                                      f"{old.Y.shape[0]} rows, {g.old_rows} covered",
                                      "recompute it with updatable=True and --overwrite"))
+    gen = upd.get("generator", GENERATOR_PHILOX64)  # sketches kept before the version was recorded: generator 1
+    if gen not in GENERATORS:
+        return Recompute(f"the sketch was made by test-matrix generator {gen!r}, which this version does not have "
+                         f"(it has {list(GENERATORS)}); its appended rows cannot be drawn as it drew the others")
     A = job.operand(g.url, "a")
     n, k, seed, e = A.shape[1], int(upd["k"]), int(upd["seed"]), int(upd.get("exponent", 0))
     new = row_range(A, m0, m1)
@@ -133,12 +144,12 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
     # the new rows' sketch, divided by the same power of two as the kept state (exact: 2^-e A's sums)
     src = Streamed(job, new, dataclasses.replace(plan, in_core=False), None,
                    Scaling(str(new.path), A.dtype, e=e))
-    dXt, dPZ, dG, dY = src.sketch(kp, s, seed)
+    dXt, dPZ, dG, dY = src.sketch(kp, s, seed, generator=gen)
     Xt, PZ, G = old.Xt + dXt, old.PZ + dPZ, old.G + dG
     if not all(np.isfinite(x).all() for x in (Xt, PZ, G)):
         return Recompute("the new rows' sketch leaves float64's range at the kept state's scale")
     y_old = copied_before_claim(job, out / SKETCH_Y, old.Y)  # an object store's output goes when the claim starts
-    token = resume_token("svd-sketch-update", [new], g.stamp, out.url, k, seed, [kp, s], e)
+    token = resume_token("svd-sketch-update", [new], g.stamp, out.url, k, seed, [kp, s], e, gen)
     ao = job.claim(out, [A], overwrite=True, resume=resume, token=token)
     if ao.resumed:  # nothing of an interrupted update is kept but its claim: every array is written again
         for name in ("U", "S", "Vt", SKETCH_XT, SKETCH_CORE, SKETCH_GRAM, SKETCH_Y):
@@ -147,15 +158,20 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
     grown = plan_svd(m1, n, k, A.dtype, **kw)
     Y = _appended(job, ao.array_path(SKETCH_Y), open_zarr(y_old), dY, m0, m1, grown.pass_memory)
     f = sketch_finish([Xt, PZ, G, Y], k=k, seed=seed, dest=ao.array_path("U") if old.has_u else None,
-                      transposed_out=False, signs=bool(upd.get("signs")))
+                      transposed_out=False, signs=bool(upd.get("signs")), generator=gen)
     sig = unscale(f.s, e) if e else f.s
     updated = {"input": g.url, "rows_before": m0, "rows": m1, "rows_read": p,
-               "how": "updated: the new rows' sketch (the same seed, their own rows of Upsilon and Phi) added to "
-                      "the kept sums, their rows of Y appended, the sketch finished again from its state"}
+               "how": "updated: the new rows' sketch (the same seed and generator, their own rows of Upsilon and Phi) "
+                      "added to the kept sums, their rows of Y appended, the sketch finished again from its state",
+               "generator": gen}
+    if gen != SKETCH_GENERATOR:
+        updated["generator_note"] = (f"the sketch was made by test-matrix generator {gen}, so its appended rows "
+                                     f"were drawn by it too (new sketches use generator {SKETCH_GENERATOR}; "
+                                     "recompute with overwrite=True to move to it)")
     report = job.report(method="sketch", passes=job.passes("a"), passes_formula="1 (the appended rows)",
                         intermediate_passes=job.passes("intermediate"), **triplet_report(sig, None, None, old.dtype),
                         converged=None, tol=upd.get("tol"), seed=seed, oversample=int(upd["oversample"]),
-                        sketch_size=[kp, s], orth=f.orth, in_core=False, updated=updated,
+                        sketch_size=[kp, s], sketch_generator=gen, orth=f.orth, in_core=False, updated=updated,
                         sigma_max=float(sig[0]) if sig.size else 0.0, center=False, scale=False,
                         residual_note="not computed: the single-pass sketch never reads A again; use "
                                       "method='rsvd' or 'lanczos' for residuals",
@@ -164,7 +180,7 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
              **sketch_state(Xt, PZ, G)}
     for name, x in small.items():
         write_array(ao.array_path(name), np.ascontiguousarray(x))
-    path = ao.commit("svd", plan=prov.get("plan"), params={**params, "update": {**upd, "count": m1}},
+    path = ao.commit("svd", plan=prov.get("plan"), params={**params, "update": {**upd, "count": m1, "generator": gen}},
                      report=job.brief(report, GROUP_REPORT_KEYS + ("updated",)),
                      extra={"updates": list(prov.get("updates") or []) + [updated]})
     report["output"] = str(path)
