@@ -252,3 +252,14 @@ def test_cli_half_precisions(tmp_path):
                                 "--memory", "2MiB"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert_solve(bl.open(tmp_path / "i.zarr").to_numpy(), np.linalg.inv(a), a, dtype=np.float64, cond=1e2)
+
+
+@pytest.mark.slow
+def test_beyond_what_gmres_ir_recovers_stops_with_the_fix():
+    """cond 1e12 from an fp16 LU: the estimate saturates near 1 / u_16 (M is that far from A), so it is
+    the refinement that stops: GMRES-IR stalls above the tolerance and the error names the fix."""
+    a = _randsvd(N, 1e12, seed=3)
+    b = np.random.default_rng(0).standard_normal((N, 1))
+    with pytest.raises(ConvergenceError, match=r"'fp16' must refine.*gmres refinement.*GMRES iterations.*"
+                       r"Fix: pass precision='mixed'"):
+        bl.solve(a, b, precision="fp16", memory=MEMORY)
