@@ -207,6 +207,18 @@ def test_half_refuses_complex_and_float32_data(bad):
         bl.inv(a, precision="bf16")
 
 
+@pytest.mark.parametrize("kwargs, match", [
+    ({"method": "schur"}, "method must be 'auto' or 'lu'"),
+    ({"explain": True}, "no inverse plan"),
+    ({"refine": 2}, "refine='auto'"),
+])
+def test_inv_half_refuses_what_its_route_does_not_take(kwargs, match):
+    with pytest.raises(ParameterError, match=f"precision: 'fp16' inverts by the square solve.*{match}"):
+        bl.inv(np.eye(4) * 2, precision="fp16", **kwargs)
+    with pytest.raises(ParameterError, match="no inverse plan"):
+        bl.inv_plan(np.eye(4), precision="bf16")
+
+
 def test_refinement_vocabulary():
     a = np.eye(4) * 2
     with pytest.raises(ParameterError, match="refinement"):

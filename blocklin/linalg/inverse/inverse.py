@@ -180,6 +180,9 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     steps = _refine_steps(refine, max_refine)
     tol = positive("tol", tol, optional=True, fix="leave it None for the default")
     if precision in HALF:
+        if refine != "auto":  # GMRES-IR steps, not Newton-Schulz's: run while above tol, at most max_refine
+            _half_refusal(precision, f"refine={refine!r}", "it refines while the backward error exceeds tol "
+                          "(refine='auto'), at most max_refine steps")
         return _inv_half(a, out=out, precision=precision, method=method, tol=tol, max_refine=max_refine,
                          overwrite=overwrite, resume=resume, explain=explain, settings=settings)
     if explain:  # the plan alone: inv_plan
@@ -258,8 +261,16 @@ def inv_plan(a: Any, *, precision: str | None = None, method: str = "auto",
     (what ``blocklin inv --explain`` prints); same parameters as :func:`inv`."""
     precision = _precision(precision)
     method = _method(method)
+    if precision in HALF:
+        _half_refusal(precision, "explain", "inv_plan (the 16-bit route is a square solve, A X = I: no inverse plan)")
     with Job("inv", **settings) as job:
         return _operand_and_plan(job, a, precision, space=False, method=method)[2]
+
+
+def _half_refusal(precision: str, what: str, rule: str) -> None:
+    raise ParameterError(_msg("precision", f"'{precision}' inverts by the square solve's LU and GMRES-IR, so "
+                              f"{rule}", what, "pass precision='mixed' for the inverse's own routes, or drop "
+                              f"{what.split('=')[0]}"))
 
 
 def _method(value: Any) -> str:
@@ -335,11 +346,10 @@ def _inv_half(a: Any, *, out: Any, precision: str, method: str, tol: float | Non
     """``X = A^-1`` as the solve ``A X = I`` in ``precision`` ``"fp16"``/``"bf16"`` (column-block GMRES-IR)."""
     from blocklin.linalg.solve.square import operand_dtype, operand_shape, solve_square
 
-    if method == "schur" or explain:
-        raise ParameterError(_msg("precision", f"'{precision}' inverts by the square solve's LU and GMRES-IR "
-                                  "(method='auto' or 'lu', no plan to explain)",
-                                  f"method={method!r}, explain={explain}",
-                                  "pass method='auto' and explain=False, or precision='mixed'"))
+    if method == "schur":
+        _half_refusal(precision, "method='schur'", "method must be 'auto' or 'lu'")
+    if explain:
+        _half_refusal(precision, "explain=True", "there is no inverse plan to explain")
     shape = operand_shape(a)
     if shape is None or shape[0] != shape[1]:  # the solve's own checks name what is wrong
         return solve_square(a, np.ones((shape[0] if shape else 1, 1)), out, precision=precision, overwrite=overwrite,
