@@ -48,10 +48,10 @@ SKETCH_GENERATOR = GENERATOR_SFC64
 #: at most :data:`MAX_BLOCK_ROWS` rows and at least :data:`SKETCH_RNG_BLOCK` rows.
 BLOCK_DRAWS = 1 << 18
 MAX_BLOCK_ROWS = 4096
-#: Normals per piece a block is drawn in where they cannot go straight into the destination (64 KiB of
+#: Normals per piece a block is drawn in where they cannot go straight into the destination (16 KiB of
 #: float64, or :data:`SKETCH_RNG_BLOCK` rows of wide widths): large enough that NumPy's per-call cost is
 #: small beside the draws, small enough to sit in cache. The pieces do not change the numbers.
-PIECE_DRAWS = 1 << 13
+PIECE_DRAWS = 1 << 11
 
 #: Streams of random numbers (independent for one seed).
 STREAM_OMEGA = 1      # right test matrix of rsvd (N x l)
@@ -87,20 +87,20 @@ def gaussian(seed: int, stream: int, r0: int, r1: int, width: int, dtype: Any = 
     return out.astype(dtype, copy=False)
 
 
-def check_generator(generator: Any) -> int:
-    """``generator`` as one of :data:`GENERATORS` (the version recorded with a result), or a clear error."""
-    try:
-        g = int(generator)
-    except (TypeError, ValueError):
-        g = None
-    if g not in GENERATORS or isinstance(generator, bool):
+def check_generator(generator: Any = None) -> int:
+    """``generator`` as one of :data:`GENERATORS` (the version recorded with a result; None: the current
+    one, :data:`SKETCH_GENERATOR`, read when called), or a clear error."""
+    if generator is None:
+        generator = SKETCH_GENERATOR
+    ok = isinstance(generator, (int, np.integer)) and not isinstance(generator, bool) and generator in GENERATORS
+    if not ok:
         raise ParameterError(explain("generator", f"must be one of the test-matrix generators {list(GENERATORS)}",
                                      repr(generator), f"pass generator={SKETCH_GENERATOR} (the current one), or "
                                      "recompute a result whose recorded generator this version does not know"))
-    return g
+    return int(generator)
 
 
-def block_rows(draws: int, generator: int = SKETCH_GENERATOR) -> int:
+def block_rows(draws: int, generator: int | None = None) -> int:
     """Rows per keyed block of :class:`GaussianRows` drawing ``draws`` normals a row (part of the numbers'
     key): 64 for generator 1; for generator 2 the power of two nearest below ``BLOCK_DRAWS / draws``,
     within ``[64, 4096]`` (the key's setup amortized over a thousand rows or more; memory does not grow
@@ -111,15 +111,15 @@ def block_rows(draws: int, generator: int = SKETCH_GENERATOR) -> int:
     return max(SKETCH_RNG_BLOCK, min(MAX_BLOCK_ROWS, rows))
 
 
-def piece_rows(draws: int, generator: int = SKETCH_GENERATOR) -> int:
+def piece_rows(draws: int, generator: int | None = None) -> int:
     """Rows of the piece :class:`GaussianRows` draws through: :data:`PIECE_DRAWS` normals, at least
     :data:`SKETCH_RNG_BLOCK` rows, at most a block."""
     return min(block_rows(draws, generator), max(SKETCH_RNG_BLOCK, PIECE_DRAWS // max(1, int(draws))))
 
 
-def block_bytes(width: int, complex: bool = False, generator: int = SKETCH_GENERATOR) -> int:
+def block_bytes(width: int, complex: bool = False, generator: int | None = None) -> int:
     """Host bytes one :class:`GaussianRows` keeps for ``width`` columns: its piece (float64; complex:
-    ``2 width`` columns), 64 KiB or :data:`SKETCH_RNG_BLOCK` rows, whichever is more."""
+    ``2 width`` columns), 16 KiB or :data:`SKETCH_RNG_BLOCK` rows, whichever is more."""
     draws = (2 if complex else 1) * int(width)
     return piece_rows(draws, generator) * draws * 8
 
@@ -139,7 +139,7 @@ class GaussianRows:
     """
 
     def __init__(self, seed: int, stream: int, width: int, block: int | None = None,
-                 complex: bool = False, generator: int = SKETCH_GENERATOR) -> None:
+                 complex: bool = False, generator: int | None = None) -> None:
         self.generator = check_generator(generator)
         self.seed, self.stream, self.width = int(seed), int(stream), int(width)
         self.complex = bool(complex)
@@ -192,7 +192,7 @@ class GaussianRows:
 
 
 def sketch_test_matrices(seed: int, n: int, kp: int, s: int, dtype: Any = np.float64,
-                          generator: int = SKETCH_GENERATOR) -> np.ndarray:
+                          generator: int | None = None) -> np.ndarray:
     """``[Omega | Psi]`` (``n x (kp + s)``) of the single-pass sketch: its range and co-range test
     matrices side by side, generated in place block by block (one :class:`GaussianRows` block of
     temporaries), so that one product ``B_i [Omega | Psi]`` makes both sketches of a strip."""

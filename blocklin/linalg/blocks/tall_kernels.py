@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import InternalError
-from blocklin.linalg.blocks.random import (SKETCH_GENERATOR, SKETCH_RNG_BLOCK, STREAM_PHI, STREAM_UPSILON, GaussianRows,
-                                           block_bytes, sketch_test_matrices)
+from blocklin.linalg.blocks.random import (SKETCH_RNG_BLOCK, STREAM_PHI, STREAM_UPSILON, GaussianRows, block_bytes,
+                                           sketch_test_matrices)
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
 
@@ -332,7 +332,7 @@ def sketch_init(device: Any, params: dict) -> dict:
     n, kp, s = params["N"], params["kp"], params["s"]
     dt = np.dtype(params["dtype"])
     st = params["strip"]
-    gen = params.get("generator", SKETCH_GENERATOR)
+    gen = params.get("generator")  # None: the current one
     op = sketch_test_matrices(params["seed"], n, kp, s, dt, generator=gen)
     if params.get("shift_c") is not None:
         op *= params["shift_c"].astype(dt)[:, None]
@@ -341,6 +341,8 @@ def sketch_init(device: Any, params: dict) -> dict:
              "Ub": np.empty((st, kp), dt), "Pb": np.empty((st, s), dt),
              "ups": GaussianRows(params["seed"], STREAM_UPSILON, kp, complex=_complex(dt), generator=gen),
              "phi": GaussianRows(params["seed"], STREAM_PHI, s, complex=_complex(dt), generator=gen)}
+    if device.host_resident:  # Y's rows copied out of [Y T] once: contiguous for its Gram and its write
+        state["Yc"] = np.empty((st, kp), dt)
     if params.get("y_chunk", 0) > st:  # Y's rows gathered into whole chunks of Y (see sketch_kernel)
         state["Yw"], state["w0"], state["wn"] = np.empty((params["y_chunk"], kp), dt), 0, 0
     if params.get("shifted"):
@@ -365,12 +367,13 @@ def _sketch_memory(params: Any, sources: tuple) -> PassMemory:
     fixed = (n * (c + s) + n * c + s * (c + s) + c * c + 4 * (c + s)) * w
     cplx = _complex(np.dtype(params["dtype"]))
     acc = 2 * F64 if cplx else F64  # complex128 offsets of complex data
-    gen = params.get("generator", SKETCH_GENERATOR)
+    gen = params.get("generator")
     fixed += block_bytes(c, cplx, gen) + block_bytes(s, cplx, gen)
     fixed += (n * (F64 + acc) if params.get("shifted") else 0) + sf
     # the buffer gathering Y's rows into chunks, and zarr's three copies of one where writes are not direct
     fixed += params.get("y_buffer", 0) * (4 if params.get("y_temporaries") else 1)
-    # per row: [Y T] (and its device copy of the written Y), the Upsilon and Phi rows and their device copies
+    # per row: [Y T] (and its device copy of the written Y, or on the host Y's contiguous copy), the
+    # Upsilon and Phi rows and their device copies
     return PassMemory(fixed=fixed, per_row=(2 * (c + s) + c) * w + sp, chunk_temporaries=True,
                       write_row_bytes=c * w)  # Y
 
@@ -403,8 +406,11 @@ def sketch_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: 
         device.gemm_acc(state["TX"], _a_rows(state, rows).T, ups)
     device.gemm_acc(state["PZ"], phi.T, yt)
     y = yt[:, :kp]
+    if "Yc" in state:  # one copy: BLAS takes no strided operand (the Gram copied y twice) nor writev strided rows
+        y = state["Yc"][:r]
+        np.copyto(y, yt[:, :kp])
     _gram_acc(device, state["G"], y)
-    out = device.download(yt, slice(0, r))[:, :kp]
+    out = y if "Yc" in state else device.download(yt, slice(0, r))[:, :kp]
     if "Yw" in state:  # strips shorter than Y's chunks: gather them, write each chunk once, whole
         if state["wn"] == 0:
             state["w0"] = r0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from blocklin.linalg.blocks.random import SKETCH_GENERATOR
+from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.storage.identity import resume_token
@@ -22,7 +22,7 @@ def low_rank_token(A: Any, **params: Any) -> str:
     the sketch's test matrices and the orthonormal completion's rows
     (:data:`~blocklin.linalg.blocks.random.SKETCH_GENERATOR`): a run interrupted under another
     generator is not continued (its partial output has another name; the rerun starts over)."""
-    return resume_token("low-rank", [A], sorted({"generator": SKETCH_GENERATOR, **params}.items()))
+    return resume_token("low-rank", [A], sorted({"generator": rnd.SKETCH_GENERATOR, **params}.items()))
 
 
 def checkpointed_seed(ckpt: Checkpoints, seed: int | None) -> int:

@@ -231,7 +231,7 @@ def rsvd(src: Source, k: int, l: int, q: int | None, tol: float | None, seed: in
     return dataclasses.replace(f, power_iters=used, history=history)
 
 
-def psi_t(seed: int, s: int, P: np.ndarray, generator: int = rnd.SKETCH_GENERATOR) -> np.ndarray:
+def psi_t(seed: int, s: int, P: np.ndarray, generator: int | None = None) -> np.ndarray:
     """``Psi^T P``, generating ``Psi`` a block of rows at a time (the numbers of the sketch's pass, from
     the same ``generator``; complex ``P``: the complex ``Psi`` of a complex sketch)."""
     gen = rnd.GaussianRows(seed, rnd.STREAM_SKETCH_PSI, s, complex=P.dtype.kind == "c", generator=generator)
@@ -258,7 +258,7 @@ def sketch(src: Source, k: int, kp: int, s: int, seed: int, dest: str | None,
 
 
 def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transposed_out: bool,
-                  signs: bool = False, generator: int = rnd.SKETCH_GENERATOR) -> Factorization:
+                  signs: bool = False, generator: int | None = None) -> Factorization:
     """The single-pass sketch's factors from its state ``[X^T, Phi^T [Y T], G, Y]`` alone (Tropp et
     al. 2019, Alg. 7 with the orthonormalizations of ``Y`` and ``X^T``; the list is emptied, so that
     ``X^T`` is not held past its QR): ``Y = Q R`` by CholeskyQR from ``G = Y^T Y``,
@@ -272,6 +272,7 @@ def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transpose
     ``(P^H Psi)^T = Psi^T conj(P)``, and ``V = P W`` from ``C = U_C S W^H``."""
     Xt, PZ, G, Y = state
     state.clear()
+    generator = rnd.check_generator(generator)  # None: the current one
     kp = Xt.shape[1]
     s = PZ.shape[0]
     PY, Z = PZ[:, :kp], PZ[:, kp:]
@@ -291,7 +292,7 @@ def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transpose
     V = P @ ct(Vct)[:, :k]
     del P
     f = Factorization(s=sig, V=V, residuals=None, orth=orth_info, sketch_size=[kp, s],
-                      sketch_generator=int(generator))
+                      sketch_generator=generator)
     return write_long(f, Y, chain + [Uc[:, :k]], dest, transposed_out, "sketch", signs=signs, seed=seed)
 
 

@@ -336,11 +336,11 @@ class Streamed:
             z = self.shift.finish(z, reduce_sum(states, "T") if params.get("shifted") else None)
         return z, (reduce_sum(states, "G") if gram else None), blk
 
-    def _sketch_params(self, seed: int, generator: int = rnd.SKETCH_GENERATOR) -> dict:
+    def _sketch_params(self, seed: int, generator: int | None = None) -> dict:
         """The sketch pass's parameters: sizes, seed and generator (its tasks generate ``[Omega | Psi]``),
         and centered, the column scale ``c`` and offsets ``b`` the tasks premultiply it with."""
         kp, s = self.plan.sketch_size
-        params = {"seed": seed, "generator": int(generator), "N": self.N, "kp": kp, "s": s,
+        params = {"seed": seed, "generator": rnd.check_generator(generator), "N": self.N, "kp": kp, "s": s,
                   "dtype": np.dtype(self.dtype).str,
                   "y_buffer": min(SKETCH_Y_BUFFER, self.plan.memory // 64, self.M * kp * np.dtype(self.dtype).itemsize),
                   "y_temporaries": self.job.cfg.codec != "none" or temp_root(self.job.cfg).scheme != "local"}
@@ -360,9 +360,9 @@ class Streamed:
         return plan if threads == plan.blas_threads else dataclasses.replace(plan, blas_threads=threads)
 
     def sketch(self, kp: int, s: int, seed: int, y_path: Any = None,
-               generator: int = rnd.SKETCH_GENERATOR) -> tuple:
-        """As :meth:`Source.sketch`; ``generator``: the test matrices' (an older one for the appended rows
-        of a sketch made with it, :mod:`blocklin.linalg.update.sketch`)."""
+               generator: int | None = None) -> tuple:
+        """As :meth:`Source.sketch`; ``generator``: the test matrices' (None: the current one; an older one
+        for the appended rows of a sketch made with it, :mod:`blocklin.linalg.update.sketch`)."""
         params = self._sketch_params(seed, generator)
         plan = self._plan_sketch(params)
         params["y_chunk"] = _y_chunk(plan, params["y_buffer"] // (kp * np.dtype(self.dtype).itemsize))

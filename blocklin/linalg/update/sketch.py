@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ParameterError, explain
-from blocklin.linalg.blocks.random import GENERATOR_PHILOX64, GENERATORS, SKETCH_GENERATOR
+from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.blocks.scaling import Scaling, unscale
 from blocklin.linalg.blocks.tallblock import TallBlock
@@ -127,10 +127,10 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
         raise ParameterError(explain("out", "must keep the sketch of the rows it covers", f"{m0} rows kept, Y of "
                                      f"{old.Y.shape[0]} rows, {g.old_rows} covered",
                                      "recompute it with updatable=True and --overwrite"))
-    gen = upd.get("generator", GENERATOR_PHILOX64)  # sketches kept before the version was recorded: generator 1
-    if gen not in GENERATORS:
+    gen = upd.get("generator", rnd.GENERATOR_PHILOX64)  # kept before the version was recorded: generator 1
+    if gen not in rnd.GENERATORS or isinstance(gen, bool):
         return Recompute(f"the sketch was made by test-matrix generator {gen!r}, which this version does not have "
-                         f"(it has {list(GENERATORS)}); its appended rows cannot be drawn as it drew the others")
+                         f"(it has {list(rnd.GENERATORS)}); its appended rows cannot be drawn as it drew the others")
     A = job.operand(g.url, "a")
     n, k, seed, e = A.shape[1], int(upd["k"]), int(upd["seed"]), int(upd.get("exponent", 0))
     new = row_range(A, m0, m1)
@@ -164,9 +164,9 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
                "how": "updated: the new rows' sketch (the same seed and generator, their own rows of Upsilon and Phi) "
                       "added to the kept sums, their rows of Y appended, the sketch finished again from its state",
                "generator": gen}
-    if gen != SKETCH_GENERATOR:
+    if gen != rnd.SKETCH_GENERATOR:
         updated["generator_note"] = (f"the sketch was made by test-matrix generator {gen}, so its appended rows "
-                                     f"were drawn by it too (new sketches use generator {SKETCH_GENERATOR}; "
+                                     f"were drawn by it too (new sketches use generator {rnd.SKETCH_GENERATOR}; "
                                      "recompute with overwrite=True to move to it)")
     report = job.report(method="sketch", passes=job.passes("a"), passes_formula="1 (the appended rows)",
                         intermediate_passes=job.passes("intermediate"), **triplet_report(sig, None, None, old.dtype),
