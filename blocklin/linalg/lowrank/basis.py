@@ -130,15 +130,19 @@ class Basis:
     def times(self, y: np.ndarray) -> np.ndarray:
         """``V Y`` (``n x r``, in memory)."""
         out = np.empty((self.n, y.shape[1]), dtype=np.result_type(self.dtype, y.dtype))
+        yt = np.ascontiguousarray(y.T)
         for s, (r0, r1) in enumerate(self.strips):
-            out[r0:r1] = self._read(s, 0, self.m) @ y
+            out[r0:r1] = strip_times(self._read(s, 0, self.m), yt)
         return out
 
     def restart(self, y: np.ndarray) -> None:
-        """``V[:, :r] = V Y`` in place (``r = y.shape[1] <= m``): a thick restart, or the Ritz vectors."""
+        """``V[:, :r] = V Y`` in place (``r = y.shape[1] <= m``): a thick restart, or the Ritz vectors.
+
+        Each strip's product (:func:`strip_times`) comes out in the strips' column-major layout, so writing
+        it back is one contiguous copy."""
+        yt = np.ascontiguousarray(y.T)
         for s, _ in enumerate(self.strips):
-            t = self._read(s, 0, self.m) @ y
-            self._write(s, 0, t)
+            self._write(s, 0, strip_times(self._read(s, 0, self.m), yt))
         self.m = y.shape[1]
 
     def strip(self, s: int, cols: int | None = None) -> np.ndarray:
@@ -265,6 +269,16 @@ def spilled_bases(job: Any, n: int, cap: int, dtype: Any, names: tuple[str, ...]
     return tuple(made)
 
 
+def strip_times(v: np.ndarray, yt: np.ndarray) -> np.ndarray:
+    """``V_s Y`` of a strip ``v`` (a column-major view) and ``yt = Y^T`` (row-major), formed as
+    ``(Y^T V_s^T)^T``: column-major, the strips' layout, so that a thick restart writes it back with one
+    contiguous copy (``V_s Y`` came out row-major, and its transposing copy took as long as the product).
+    Every product of a strip with ``Y`` takes this form (:meth:`Basis.restart`, :meth:`Basis.times`,
+    :func:`ritz_residuals`), so the Ritz vectors of a spilled run (a restart) have the bits of those formed
+    in memory."""
+    return (yt @ v.T).T
+
+
 def ritz_residuals(V: Basis, W: Basis, y: np.ndarray, theta: np.ndarray,
                    keep: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """``(||W y_i - theta_i V y_i||` per column, V Y, W Y - V Y diag(theta))``: the norms summed strip by
@@ -274,9 +288,10 @@ def ritz_residuals(V: Basis, W: Basis, y: np.ndarray, theta: np.ndarray,
     dt = np.result_type(V.dtype, y.dtype)
     ritz = np.empty((V.n, r), dtype=dt) if keep else None
     res = np.empty((V.n, r), dtype=dt) if keep else None
+    yt = np.ascontiguousarray(y.T)
     for s, (r0, r1) in enumerate(V.strips):
-        vy = V.strip(s) @ y
-        wy = W.strip(s) @ y
+        vy = strip_times(V.strip(s), yt)
+        wy = strip_times(W.strip(s), yt)
         wy -= vy * theta
         sq += np.sum((wy * wy.conj()).real if wy.dtype.kind == "c" else wy * wy, axis=0)
         if keep:
@@ -325,4 +340,4 @@ class Columns:
 
 __all__ = ["Basis", "Columns", "MemoryBasis", "SPILL_BUFFERS", "STRIP_BYTES", "SpilledBasis", "memory_bases",
            "residual_columns", "ritz_residuals", "spilled_bases", "spilled_bytes", "strip_bounds",
-           "strip_buffer_bytes"]
+           "strip_buffer_bytes", "strip_times"]

@@ -39,7 +39,7 @@ from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol
 from blocklin.linalg.lowrank.laplacian import laplacian_operator
 from blocklin.matrix import Matrix
 from blocklin.operands import temp_root
-from blocklin.plan.svd import default_block
+from blocklin.plan.svd import default_basis, sparse_basis, sparse_block
 from blocklin.runtime.job import Job
 from blocklin.runtime.sparse_pass import hold_blocks
 from blocklin.storage.zarr_store import create_array, create_group, write_array, write_block
@@ -63,7 +63,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
                                      "use blocklin.svd for rectangular matrices"))
     check_k(k, n, n)
     v0 = start_vector(v0, n)
-    block = block_size or default_block(k, 10, n)
+    block, max_basis = eigsh_defaults(k, n, block_size, max_basis)
     with Job("eigsh", **settings) as job:
         ao = None
         if out is not None:
@@ -149,6 +149,17 @@ def _start(n: int, block: int, seed: int, v0: np.ndarray | None) -> np.ndarray:
     return orth_against(None, g, seed=seed)
 
 
+def eigsh_defaults(k: int, n: int, block_size: int | None, max_basis: int | None) -> tuple[int, int]:
+    """``(block, max_basis)`` of a sparse eigsh: the sparse route's (:func:`~blocklin.plan.svd.sparse_block`,
+    :func:`~blocklin.plan.svd.sparse_basis`: a product costs about the same per column whatever the block)
+    where neither is given; a given block takes the dense route's basis for it
+    (:func:`~blocklin.plan.svd.default_basis`) unless ``max_basis`` is given too."""
+    block = max(1, min(n, block_size or sparse_block(k, 10, n)))
+    if max_basis is None:
+        max_basis = max(k + block, min(n, default_basis(k, 10, block) if block_size else sparse_basis(k, 10, block, n)))
+    return block, max_basis
+
+
 def eigsh_bases(s: Any, n: int, k: int, *, block: int, max_basis: int | None, block_given: bool,
                 check_symmetric: bool, laplacian: str | None, budget: int, spill_ok: bool) -> BasisPlan:
     """Where :func:`sparse_eigsh`'s bases live and its block (:func:`~blocklin.linalg.lowrank.basis_budget.plan_bases`):
@@ -186,4 +197,4 @@ def symmetry_rtol(dtype: Any) -> float:
     return math.sqrt(float(np.finfo(dt if dt.kind in "fc" else np.float64).eps))
 
 
-__all__ = ["eigen_order", "eigsh_bases", "sparse_eigsh", "symmetry_rtol", "write_columns"]
+__all__ = ["eigen_order", "eigsh_bases", "eigsh_defaults", "sparse_eigsh", "symmetry_rtol", "write_columns"]

@@ -18,7 +18,6 @@ from blocklin.config import resolve
 from blocklin.errors import ParameterError, explain
 from blocklin.plan.sparse import SparseOpPlan, plan_sparse_lowrank
 from blocklin.operands import temp_root
-from blocklin.plan.svd import default_block
 from blocklin.runtime.sparse_pass import blocks_fit
 from blocklin.sparse import SparseMatrix, as_sparse_matrix
 from blocklin.validate import check_k
@@ -44,7 +43,7 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
         Where the run refuses the budget: the same planner, the same message.
     """
     from blocklin.linalg.lowrank.operator_svd import operator_svd_plan, sparse_svd_memory
-    from blocklin.linalg.lowrank.sparse_eigsh import eigsh_bases
+    from blocklin.linalg.lowrank.sparse_eigsh import eigsh_bases, eigsh_defaults
     from blocklin.linalg.lowrank.svd import operator_options
 
     if operation not in OPERATIONS:
@@ -64,7 +63,8 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
                                          "use blocklin.svd for rectangular matrices"))
         check_k(k, n, n)
         # as sparse_eigsh: its bases in memory or spilled, its block (the budget may shrink a spilled one)
-        bp = eigsh_bases(s, n, k, block=max(1, min(n, block_size or default_block(k, 10, n))), max_basis=max_basis,
+        block, basis = eigsh_defaults(k, n, block_size, max_basis)
+        bp = eigsh_bases(s, n, k, block=block, max_basis=basis,
                          block_given=block_size is not None, check_symmetric=check_symmetric, laplacian=laplacian,
                          budget=cfg.memory, spill_ok=temp_root(cfg).is_local)
         limit = max_passes or 60

@@ -37,7 +37,7 @@ from blocklin.linalg.lowrank.run import run_planned
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.linalg.lowrank.updatable import SKETCH_Y, check_updatable, keep_state
 from blocklin.matrix import Matrix
-from blocklin.plan.svd import SvdPlan, gram_route_fits
+from blocklin.plan.svd import SvdPlan, gram_route_fits, sparse_basis, sparse_block
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
 from blocklin.sparse import as_sparse_matrix, as_sparse_operator
@@ -514,8 +514,9 @@ def operator_options(shape: tuple[int, int], dtype: Any, k: Any, *, method: str,
     method = ("rsvd" if power_iters != "auto" else "lanczos") if method == "auto" else method
     q = (None if tol is not None else auto_power_iters(k, m, n)) if power_iters == "auto" else power_iters
     limit = max_passes or (20 if method == "rsvd" else 60)
-    if method == "lanczos" and block_size is None and max_basis is None:
-        block_size, max_basis = default_lanczos_block(k, oversample), 2 * default_lanczos_block(k, oversample)
+    if method == "lanczos" and block_size is None and max_basis is None:  # products cheap per column: a small block
+        block_size = sparse_block(k, oversample, min(m, n))
+        max_basis = sparse_basis(k, oversample, block_size, min(m, n))
     tol = lanczos_tol(np.dtype(dtype)) if method == "lanczos" and tol is None else tol
     return k, method, q, tol, limit, block_size, max_basis
 
