@@ -1,4 +1,4 @@
-"""Counter-based random test matrices (the same numbers whatever the strips, budget or scheduler).
+"""Random test matrices keyed by block of rows (the same numbers whatever the strips, budget or scheduler).
 
 Rows ``[r0, r1)`` of an ``(inf x width)`` standard-normal matrix are built from fixed blocks of
 rows, each generated from its own key ``(seed, stream, block index, ...)``. The numbers therefore
@@ -34,11 +34,12 @@ SKETCH_RNG_BLOCK = 64
 #: ``(seed, stream, block, draws, 64)`` for every block of 64 rows (about 17 us of setup per block and
 #: 10 ns per normal here). Kept for updatable sketches made with it.
 GENERATOR_PHILOX64 = 1
-#: :class:`GaussianRows` generator 2: NumPy's ``SFC64`` (Doty-Humphrey's small fast chaotic generator,
-#: passes PractRand and BigCrush) seeded through ``SeedSequence`` by ``(seed, stream, block, draws,
-#: rows, 2)`` for blocks of :func:`block_rows` rows (thousands for narrow widths, so the setup is
-#: amortized), normals by NumPy's ziggurat: about 1.5x fewer ns per normal than ``Philox`` and no
-#: per-64-row setup.
+#: :class:`GaussianRows` generator 2: NumPy's ``SFC64`` (Chris Doty-Humphrey's Small Fast Chaotic
+#: generator, 256 bits of state) seeded through ``SeedSequence`` by ``(seed, stream, block, draws, rows,
+#: 2)`` (NumPy's way to independent parallel streams: hashed keys, no overlapping counters to manage)
+#: for blocks of :func:`block_rows` rows (thousands for narrow widths, so the setup is amortized),
+#: normals by NumPy's ziggurat: about 1.5x fewer ns per normal than ``Philox`` here and no per-64-row
+#: setup.
 GENERATOR_SFC64 = 2
 #: Every generator :class:`GaussianRows` can draw from.
 GENERATORS = (GENERATOR_PHILOX64, GENERATOR_SFC64)
