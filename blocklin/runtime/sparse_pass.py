@@ -66,10 +66,11 @@ def read_block(store: SparseStore, s0: int, s1: int, dtype: Any) -> Any:
 
 
 def group_product(store: SparseStore, b0: int, b1: int, x: np.ndarray, transposed: bool, dtype: Any,
-                  blocks: list | None = None) -> np.ndarray:
+                  blocks: list | None = None, pool: Any = None) -> np.ndarray:
     """Rows ``row_blocks[b0]:row_blocks[b1]`` of ``S X`` (``transposed=False``), or the partial
     ``S_g^T Y_g`` of those rows (``Y = x``), with the blocks in ``dtype``: read, or taken from
-    ``blocks`` (every row block held, :class:`HeldBlocks`; the same matrices, so the same bits)."""
+    ``blocks`` (every row block held, :class:`HeldBlocks`; the same matrices, so the same bits).
+    ``pool``: threads that split a block's rows of ``S X`` between them (:func:`_put_product`)."""
     bounds, dt = store.row_blocks, np.dtype(dtype)
     r0, r1 = int(bounds[b0]), int(bounds[b1])
     k = x.shape[1]
@@ -80,19 +81,50 @@ def group_product(store: SparseStore, b0: int, b1: int, x: np.ndarray, transpose
         if transposed:
             _add_transposed_product(out, blk, x[s0:s1])
         else:
-            _put_product(out[s0 - r0:s1 - r0], blk, x)
+            _put_product(out[s0 - r0:s1 - r0], blk, x, pool)
     return out
 
 
-def _put_product(out: np.ndarray, blk: Any, x: np.ndarray) -> None:
+def _put_product(out: np.ndarray, blk: Any, x: np.ndarray, pool: Any = None) -> None:
     """``out = blk x`` for a zeroed ``out`` (a block's rows of a group's result): SciPy's CSR kernel adding
-    into it, the kernel and zeros ``blk @ x`` itself takes (the same bits), without the temporary and copy."""
+    into it, the kernel and zeros ``blk @ x`` itself takes (the same bits), without the temporary and copy.
+
+    ``pool`` (a thread pool; SciPy's kernels release the GIL): the block's rows cut into ranges of about
+    equal entries, one call of the kernel each on the pool's threads. Each row of ``S X`` is the same
+    dot product in the same order whichever call computes it, so the bits do not depend on the split
+    (unlike ``S^T Y``, whose rows sum over every row of ``S``: that product stays on one thread)."""
     if (blk.data.dtype == x.dtype == out.dtype and out.flags.c_contiguous and blk.indptr.dtype == blk.indices.dtype
             and _csr_matvecs is not None):
         m, n = blk.shape
-        _csr_matvecs(m, n, x.shape[1], blk.indptr, blk.indices, blk.data, np.ascontiguousarray(x).ravel(), out.ravel())
+        xr, k = np.ascontiguousarray(x).ravel(), x.shape[1]
+        cuts = _row_cuts(blk.indptr, pool._max_workers if pool is not None else 1)
+        if len(cuts) <= 2:
+            _csr_matvecs(m, n, k, blk.indptr, blk.indices, blk.data, xr, out.ravel())
+            return
+
+        def rows(i: int) -> None:
+            a, b = cuts[i], cuts[i + 1]
+            _csr_matvecs(b - a, n, k, blk.indptr[a:b + 1], blk.indices, blk.data, xr, out[a:b].ravel())
+
+        list(pool.map(rows, range(len(cuts) - 1)))
         return
     out[...] = blk @ x
+
+
+#: Entries of a row block's ``S X`` below which it runs as one call of SciPy's kernel: the threads'
+#: start and join would cost more than they save.
+SPLIT_ENTRIES = 1 << 18
+
+
+def _row_cuts(indptr: np.ndarray, parts: int) -> list[int]:
+    """Row boundaries cutting a CSR block into at most ``parts`` ranges of about equal entries (one range
+    where the block has fewer than :data:`SPLIT_ENTRIES` entries per part)."""
+    m, nnz = len(indptr) - 1, int(indptr[-1])
+    parts = max(1, min(parts, m, nnz // SPLIT_ENTRIES))
+    if parts <= 1:
+        return [0, m]
+    inner = np.searchsorted(indptr, np.arange(1, parts) * (nnz / parts)).tolist()
+    return sorted({0, m, *(min(m, max(0, int(c))) for c in inner)})
 
 
 def _add_transposed_product(out: np.ndarray, blk: Any, y: np.ndarray) -> None:
@@ -308,13 +340,18 @@ class HeldBlocks:
         sparse products release the GIL; the groups' results are combined in order whatever ran first)."""
         blocks = self._load(job)
 
-        def one(g: tuple[int, int]) -> np.ndarray:
-            return group_product(self.store, *g, x, transposed, self.dtype, blocks)
+        def one(g: tuple[int, int], pool: Any = None) -> np.ndarray:
+            return group_product(self.store, *g, x, transposed, self.dtype, blocks, pool)
 
         threads = workers if job.scheduler.kind != "sync" else 1
+        # a split of rows needs no memory of its own (the threads write into one result): the job's workers
+        split = max(1, job.workers(job.cores())) if job.scheduler.kind != "sync" else 1
         if threads > 1 and len(groups) > 1:
             with ThreadPoolExecutor(min(threads, len(groups))) as pool:
                 parts = list(pool.map(one, groups))
+        elif split > 1 and not transposed:  # one group: its rows of S X split between the threads
+            with ThreadPoolExecutor(split) as pool:
+                parts = [one(g, pool) for g in groups]
         else:
             parts = [one(g) for g in groups]
         for b0, b1 in groups:  # a unit of work each, as a task would count it (no reads)
@@ -346,6 +383,6 @@ def _combine(store: SparseStore, parts: list[tuple[tuple[int, int], np.ndarray]]
     return out
 
 
-__all__ = ["GROUP_ENTRIES", "HOLD_BLOCKS", "HeldBlocks", "Operand", "ProductSpec", "blocks_fit", "check_products",
-           "group_product", "held_bytes", "hold_blocks", "product_in_process", "product_memory", "product_task",
+__all__ = ["GROUP_ENTRIES", "HOLD_BLOCKS", "HeldBlocks", "Operand", "ProductSpec", "SPLIT_ENTRIES", "blocks_fit",
+           "check_products", "group_product", "held_bytes", "hold_blocks", "product_in_process", "product_memory", "product_task",
            "read_block", "row_groups", "sparse_product", "task_memory"]

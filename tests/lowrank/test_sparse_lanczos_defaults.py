@@ -97,8 +97,9 @@ def test_svd_defaults_against_lapack_and_the_old_block(graph):
 
 
 @pytest.mark.parametrize("scheduler", ["threads", "processes"])
-def test_eigsh_defaults_against_lapack_and_their_bits_on_every_scheduler(graph, scheduler):
+def test_eigsh_defaults_against_lapack_and_their_bits_on_every_scheduler(graph, scheduler, monkeypatch):
     a, s = graph
+    monkeypatch.setattr(sparse_pass, "SPLIT_ENTRIES", 2000)  # the held S X split between threads off sync
     w, V = res = bl.eigsh(s, K, order="descending", seed=0, tol=1e-10, scheduler="sync")
     assert res.report["converged"]
     full = np.linalg.eigvalsh(a.toarray())[::-1]
@@ -155,3 +156,23 @@ def test_strip_products_agree_with_numpy_and_each_other(dtype, rng):
     assert np.array_equal(res, strip_times(W.strip(0), np.ascontiguousarray(y.T)) - t * theta)
     V.restart(y)
     assert np.array_equal(V.to_numpy(), t)
+
+
+def test_a_split_product_has_the_bits_of_one_call(monkeypatch, rng):
+    from concurrent.futures import ThreadPoolExecutor
+
+    a = sp.random(5000, 700, density=0.02, random_state=3, format="csr")
+    x = rng.standard_normal((700, 6))
+    one = np.zeros((5000, 6))
+    sparse_pass._put_product(one, a, x)
+    assert np.array_equal(one, a @ x)  # SciPy's own product: the same kernel on zeros
+    monkeypatch.setattr(sparse_pass, "SPLIT_ENTRIES", 1000)
+    for threads in (2, 3, 7):
+        cuts = sparse_pass._row_cuts(a.indptr, threads)
+        assert cuts[0] == 0 and cuts[-1] == 5000 and len(cuts) == threads + 1
+        split = np.zeros((5000, 6))
+        with ThreadPoolExecutor(threads) as pool:
+            sparse_pass._put_product(split, a, x, pool)
+        assert np.array_equal(split, one), threads
+    monkeypatch.setattr(sparse_pass, "SPLIT_ENTRIES", 1 << 18)
+    assert sparse_pass._row_cuts(a.indptr, 4) == [0, 5000]  # too few entries to split
