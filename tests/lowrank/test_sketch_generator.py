@@ -187,4 +187,4 @@ def test_a_run_interrupted_under_another_generator_is_not_resumed(tmp_path, inte
     ref = bl.svd(path, 4, method="sketch", seed=2, memory="256KiB", out=str(tmp_path / "ref.zarr"))
     assert np.array_equal(res.s, ref.s) and np.array_equal(res.U.to_numpy(), ref.U.to_numpy())
     stored = json.load(open(os.path.join(out, "zarr.json")))["attributes"]["blocklin"]
-    assert stored["report"]["method"] == "sketch"
+    assert stored["report"]["method"] == "sketch" and stored["report"]["sketch_generator"] == 2

@@ -13,8 +13,8 @@ from blocklin.storage import create_group, write_array
 GROUP_REPORT_KEYS = (
     "method", "seconds", "passes", "passes_formula", "intermediate_passes", "bytes_read", "bytes_logical", "read_notes", "bytes_written",
     "peak_memory", "memory_budget", "residuals", "relative_residuals", "converged", "tol", "seed", "power_iters",
-    "lanczos_steps", "restarts", "block", "oversample", "sketch_size", "orth", "in_core", "device", "scheduler",
-    "which", "residual_note", "history", "sigma_max")
+    "lanczos_steps", "restarts", "block", "oversample", "sketch_size", "sketch_generator", "orth", "in_core", "device",
+    "scheduler", "which", "residual_note", "history", "sigma_max")
 
 
 def open_group(job: Any, out: Any, A: Any, overwrite: bool, *, resume: bool = False, token: str | None = None) -> Any:
