@@ -40,6 +40,17 @@ def graph(tmp_path_factory):
     return a, bl.from_sparse(a, tmp_path_factory.mktemp("g") / "S.zarr", memory="9MiB")
 
 
+@pytest.fixture(scope="module")
+def spectrum(graph):
+    """LAPACK's singular values and eigenvalues (descending) of the graph, once (one BLAS thread: two spin
+    on a busy machine)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, "blas"):
+        dense = graph[0].toarray()
+        return np.linalg.svd(dense, compute_uv=False), np.linalg.eigvalsh(dense)[::-1]
+
+
 def test_sparse_block_and_basis_rules():
     assert sparse_block(20, 10, 10**5) == 8  # about a quarter of k + oversample
     assert sparse_block(1, 10, 10**5) == 4  # at least 4
@@ -70,11 +81,10 @@ def test_runs_and_plans_take_the_sparse_defaults(graph):
     assert (plan.details["block"], plan.details["max_basis"]) == (eig.report["block"], eig.report["max_basis"])
 
 
-def _svd_checked(a, s, **kw):
-    """``bl.svd`` of ``s`` against LAPACK's singular values, within its reported residuals' bound."""
+def _svd_checked(a, s, full, **kw):
+    """``bl.svd`` of ``s`` against LAPACK's singular values ``full``, within its reported residuals' bound."""
     U, sv, Vt = res = bl.svd(s, K, seed=0, tol=1e-10, **kw)
     assert res.report["converged"]
-    full = np.linalg.svd(a.toarray(), compute_uv=False)
     residuals = np.array(res.report["residuals"])
     assert_ritz_values(sv, full[:K], spectrum=full, residuals=residuals, n=a.shape[0], norm=full[0])
     u = U.to_numpy() if isinstance(U, bl.Matrix) else np.asarray(U)
@@ -83,12 +93,12 @@ def _svd_checked(a, s, **kw):
     return sv, res
 
 
-def test_svd_defaults_against_lapack_and_the_old_block(graph):
+def test_svd_defaults_against_lapack_and_the_old_block(graph, spectrum):
     a, s = graph
-    new, res = _svd_checked(a, s)
-    old, ref = _svd_checked(a, s, block_size=K + 10, max_basis=2 * (K + 10))  # the route's block before
+    full = spectrum[0]
+    new, res = _svd_checked(a, s, full)
+    old, ref = _svd_checked(a, s, full, block_size=K + 10, max_basis=2 * (K + 10))  # the route's block before
     assert res.report["block"] < ref.report["block"]
-    full = np.linalg.svd(a.toarray(), compute_uv=False)
     # both within their bounds of LAPACK's: within the sum of the two of each other
     gaps = np.abs(np.diff(full))[:K]
     bound = (np.array(res.report["residuals"]) ** 2 + np.array(ref.report["residuals"]) ** 2) / gaps.min() \
@@ -97,12 +107,12 @@ def test_svd_defaults_against_lapack_and_the_old_block(graph):
 
 
 @pytest.mark.parametrize("scheduler", ["threads", "processes"])
-def test_eigsh_defaults_against_lapack_and_their_bits_on_every_scheduler(graph, scheduler, monkeypatch):
+def test_eigsh_defaults_against_lapack_and_their_bits_on_every_scheduler(graph, spectrum, scheduler, monkeypatch):
     a, s = graph
     monkeypatch.setattr(sparse_pass, "SPLIT_ENTRIES", 2000)  # the held S X split between threads off sync
     w, V = res = bl.eigsh(s, K, order="descending", seed=0, tol=1e-10, scheduler="sync")
     assert res.report["converged"]
-    full = np.linalg.eigvalsh(a.toarray())[::-1]
+    full = spectrum[1]
     norm = float(np.abs(full).max())
     assert_ritz_values(w, full[:K], spectrum=full, residuals=np.array(res.report["residuals"]), n=a.shape[0],
                        norm=norm)

@@ -82,7 +82,7 @@ def rayleigh_ritz(src: Source, Q: np.ndarray, k: int, dest: str | None, transpos
     of ``U`` are completed from ``seed``: :func:`write_long`)."""
     Zf, G, Y = src.normal(Q, keep_y=True, gram=True, description=f"{label}: final projection")
     # Y in memory (an operator's products): its QR, chain and long factor are the in-memory work of
-    # small_blas, which two BLAS threads only slowed on a busy machine (0.7 s against 0.1 s for a 10^5 x 28 Y)
+    # small_blas, which two BLAS threads only slowed on a busy machine (1.2 s against 0.08 s for a 10^5 x 28 Y)
     with small_blas(Y.M, Y.c) if isinstance(Y, ArrayBlock) else contextlib.nullcontext():
         return write_long(*project(src, Q, k, Zf, G, Y), dest, transposed_out, label, signs=src.signs, seed=seed)
 
