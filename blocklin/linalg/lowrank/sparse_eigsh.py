@@ -30,12 +30,10 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterError, explain, warn
-from blocklin.linalg.blocks.orth import orth_against
-from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.lowrank.basis import Columns, spilled_bases
 from blocklin.linalg.lowrank.basis_budget import BasisPlan, plan_bases
-from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol
+from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol, start_block
 from blocklin.linalg.lowrank.laplacian import laplacian_operator
 from blocklin.matrix import Matrix
 from blocklin.operands import temp_root
@@ -142,11 +140,9 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
 
 
 def _start(n: int, block: int, seed: int, v0: np.ndarray | None) -> np.ndarray:
-    """The orthonormal starting block (``v0`` its first column), as the dense route draws it."""
-    g = gaussian(seed, STREAM_LANCZOS, 0, n, block)
-    if v0 is not None:
-        g[:, 0] = v0
-    return orth_against(None, g, seed=seed)
+    """The orthonormal starting block (``v0`` its first column): the dense route's
+    (:func:`~blocklin.linalg.lowrank.lanczos.start_block`, its SVD on one BLAS thread where small)."""
+    return start_block(n, block, seed, v0)
 
 
 def eigsh_defaults(k: int, n: int, block_size: int | None, max_basis: int | None) -> tuple[int, int]:
