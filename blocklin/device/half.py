@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.errors import InternalError
+
 #: The 16-bit formats: unit roundoff ``u = 2^-p`` (``p`` significand bits with the hidden one), largest
 #: finite value, smallest normal and smallest subnormal (IEEE 754 binary16; bfloat16 has float32's
 #: exponent range).
@@ -45,7 +47,7 @@ def round_to(x: Any, mode: str) -> Any:
     if mode == "bf16":
         c = x * np.float32(65537.0)
         return c - (c - x)
-    raise ValueError(f"unknown 16-bit format {mode!r}")
+    raise InternalError(f"unknown 16-bit format {mode!r}")
 
 
 __all__ = ["FORMATS", "is_half", "round_to"]

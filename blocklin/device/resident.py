@@ -13,7 +13,7 @@ least recently used evicted first, reused across tiles.
   one tile run for GEMM panels (operands of a product may be intermediates a job rewrites between
   products under the same path, with the same sizes, within one tick of a file's timestamps).
 - **Budget**: the blocks' bytes, at the size CuPy's pool gives them (:func:`~blocklin.plan.gpu.device_nbytes`),
-  are part of the GPU's one :class:`~blocklin.device.cuda.DeviceBudget` (``cached``, beside the
+  are part of the GPU's one :class:`~blocklin.device.budget.DeviceBudget` (``cached``, beside the
   tasks' ``held``). A block is admitted only within the caller's ``limit`` (the plan's cache size)
   and the job's ``device_memory``, evicting the least recently used idle blocks first; a task
   whose bytes do not fit beside the cache evicts idle blocks before it waits.
@@ -37,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any
 
+from blocklin.device.budget import DeviceBudget
 from blocklin.plan.gpu import device_nbytes
 
 #: Use the cache where a plan provides one. Tests turn it off to compare against the streamed run
@@ -78,8 +79,6 @@ class DeviceCache:
 
     @classmethod
     def of(cls, device_id: int) -> DeviceCache:
-        from blocklin.device.cuda import DeviceBudget
-
         budget = DeviceBudget.of(device_id)
         with cls._lock:
             cache = cls._caches.get(device_id)
