@@ -101,3 +101,13 @@ def test_block_lanczos_spilled_has_the_in_memory_bits(tmp_path, small_strips, dt
     assert np.array_equal(mem.residual_vectors, spilled.residual_vectors.to_numpy())
     ref = np.linalg.eigvalsh(a.toarray())[::-1][:4]
     assert np.allclose(np.sort(mem.values)[::-1], ref, rtol=0, atol=1e-8 * 60)
+
+
+def test_a_basis_says_where_its_strips_live():
+    """``Basis`` is abstract: only its in-memory and spilled kinds, which say where a strip's columns live,
+    can be made."""
+    from blocklin.linalg.lowrank.basis import Basis, MemoryBasis
+
+    with pytest.raises(TypeError):
+        Basis(10, 2, np.float64)
+    assert MemoryBasis(10, 2, np.float64).shape == (10, 0)

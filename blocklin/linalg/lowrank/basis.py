@@ -20,6 +20,7 @@ and the Ritz pairs' residual norms ``||W Y - V Y diag(theta)||`` per column (:fu
 
 from __future__ import annotations
 
+import abc
 import os
 from typing import Any
 
@@ -52,7 +53,7 @@ def spilled_bytes(n: int, cap: int, itemsize: int) -> int:
     return 2 * n * cap * itemsize
 
 
-class Basis:
+class Basis(abc.ABC):
     """``n x cap`` columns in row strips, the first :attr:`m` in use (see module notes). Subclasses say
     where a strip's columns live (:meth:`_read`, :meth:`_write`)."""
 
@@ -74,11 +75,13 @@ class Basis:
         r0, r1 = self.strips[s]
         return r0 * self.cap + c0 * (r1 - r0)
 
-    def _read(self, s: int, c0: int, c1: int) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _read(self, s: int, c0: int, c1: int) -> np.ndarray:
+        """Columns ``c0:c1`` of strip ``s`` (a view valid until the next read)."""
 
-    def _write(self, s: int, c0: int, block: np.ndarray) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _write(self, s: int, c0: int, block: np.ndarray) -> None:
+        """Put ``block`` into strip ``s`` from column ``c0``."""
 
     # -- the step's operations, strip by strip ---------------------------------------------------
     def append(self, x: np.ndarray) -> None:
