@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -355,18 +356,14 @@ def resident_strips(job: Any, kernel: Kernel, sources: Sequence[Source], plan: R
     return keys, need
 
 
-_stamps: Any = None
+#: Per job (gone with it): the content stamps of its sources, taken once.
+_stamps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _stamp(job: Any, path: Any) -> str:
     """The content stamp of a source (:func:`blocklin.storage.stamps.content_stamp`), once per job."""
-    global _stamps
-    import weakref
-
     from blocklin.storage.stamps import content_stamp
 
-    if _stamps is None:
-        _stamps = weakref.WeakKeyDictionary()
     seen = _stamps.setdefault(job, {})
     key = str(path)
     if key not in seen:
