@@ -55,6 +55,17 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.empty(shape, dtype=dtype)
 
 
+@contextlib.contextmanager
+def borrowed(shape: tuple[int, ...], dtype: Any) -> Iterator[np.ndarray]:
+    """:func:`empty` for the body, handed back by :func:`give` after it (no view of it may outlive the
+    body): a kernel's temporaries, warm from the previous task of the run."""
+    buf = empty(shape, dtype)
+    try:
+        yield buf
+    finally:
+        give(buf)
+
+
 def give(buf: np.ndarray | None) -> None:
     """Hand ``buf`` (from :func:`empty`, no view of it left in use) back for the next task."""
     if buf is None:

@@ -40,8 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import BudgetError
+from blocklin.device import pool
 from blocklin.device.syrk import syrk_acc, symmetrize_lower
+from blocklin.errors import BudgetError
 from blocklin.plan.gram import MAX_GRAM_STRIP_BYTES, MIN_GRAM_ROWS
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, source
@@ -202,17 +203,19 @@ def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, st
     (float64 SYRK of the deviations from the strip's own means, lower triangle), merged into the state
     by Chan, Golub and LeVeque's pairwise update: the centered Gram ``A_c^T A_c`` without the
     cancellation of ``A^T A - m mu mu^T``. Complex: complex128 deviations, ``A_c^H A_c`` by HERK."""
-    d = np.asarray(arrays[0])
-    d = np.asarray(d, dtype=acc_dtype(d.dtype))
-    r = d.shape[0]
-    mean = d.sum(axis=0) / max(r, 1)
-    d = d - mean
-    if state is None:
-        c = np.zeros((d.shape[1], d.shape[1]), d.dtype)
-        syrk_acc(c, d)
-        return (r, mean, c), None
-    n1, m1, c1 = state
-    syrk_acc(c1, d)  # the strip's co-moments, added in place
+    a = np.asarray(arrays[0])
+    r = a.shape[0]
+    # the deviations in a buffer the run's previous strip left (fresh ones fault every page: pool)
+    with pool.borrowed(a.shape, acc_dtype(a.dtype)) as d:
+        np.copyto(d, a)
+        mean = d.sum(axis=0) / max(r, 1)
+        d -= mean
+        if state is None:
+            c = np.zeros((d.shape[1], d.shape[1]), d.dtype)
+            syrk_acc(c, d)
+            return (r, mean, c), None
+        n1, m1, c1 = state
+        syrk_acc(c1, d)  # the strip's co-moments, added in place
     return merge_comoments(n1, m1, c1, r, mean, None), None
 
 

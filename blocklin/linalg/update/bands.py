@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.config import format_size
+from blocklin.device import pool
 from blocklin.errors import BudgetError, explain
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.tiles import open_array, with_task_settings
@@ -45,27 +46,64 @@ class AffineSpec:
 
 @with_task_settings
 def affine_band(spec: AffineSpec, r0: int, r1: int) -> dict:
-    """Rows ``r0:r1`` of ``dest`` (one chunk band), computed and written whole."""
+    """Rows ``r0:r1`` of ``dest`` (one chunk band), computed and written whole.
+
+    The band, the old rows and the new rows as read are buffers the run's previous band left
+    (:mod:`blocklin.device.pool`: fresh ones fault every page, which cost more than the reads); the maps
+    are applied ``PIECE`` bytes of rows at a time, so their temporaries stay in cache. Each row's
+    result depends on that row alone, so the pieces do not change its bits."""
     dt = np.dtype(spec.dtype)
-    k = spec.T.shape[1]
-    block = np.empty((r1 - r0, k), dtype=dt)
+    k0, k = spec.T.shape
     read = 0
-    if r0 < spec.m0:  # the old rows' map in the factor's own dtype (stored in it anyway)
-        e = min(r1, spec.m0)
-        old = read_block(open_array(spec.old), slice(r0, e), slice(0, spec.T.shape[0]))
-        np.matmul(old, spec.T, out=block[:e - r0])
-        block[:e - r0] += spec.c
-        read += old.nbytes
-    if r1 > spec.m0:
-        arr = open_array(spec.a)
-        n = arr.shape[1]
-        for s0 in range(max(r0, spec.m0), r1, spec.sub):
+    with pool.borrowed((r1 - r0, k), dt) as block:
+        if r0 < spec.m0:  # the old rows' map in the factor's own dtype (stored in it anyway)
+            e = min(r1, spec.m0)
+            with pool.borrowed((e - r0, k0), dt) as old:
+                read_block(open_array(spec.old), slice(r0, e), slice(0, k0), out=old)
+                step = _piece_rows(max(k0, k) * dt.itemsize)
+                for s0 in range(0, e - r0, step):
+                    s1 = min(e - r0, s0 + step)
+                    out = block[s0:s1]
+                    np.matmul(old[s0:s1], spec.T, out=out)
+                    out += spec.c
+                read += old.nbytes
+        if r1 > spec.m0:
+            read += _new_rows(spec, block, r0, max(r0, spec.m0), r1)
+        write_block(open_array(spec.dest, mode="r+"), slice(r0, r1), slice(0, k), block)
+        written = block.nbytes
+    return {"bytes_read": read, "bytes_written": written, "flops": 2 * (r1 - r0) * k * max(k0, 1)}
+
+
+#: Bytes of rows a map is applied to at once (cache-resident temporaries).
+PIECE = 2 << 20
+
+
+def _piece_rows(row_bytes: int) -> int:
+    return max(1, PIECE // max(1, row_bytes))
+
+
+def _new_rows(spec: AffineSpec, block: np.ndarray, r0: int, lo: int, r1: int) -> int:
+    """``block[lo - r0:r1 - r0] = A[lo:r1] W + b``: ``A``'s rows read ``spec.sub`` at a time, cast to
+    ``W``'s dtype and mapped a piece at a time; returns the bytes read."""
+    arr = open_array(spec.a)
+    n = arr.shape[1]
+    wide = spec.W.dtype
+    step = _piece_rows(n * wide.itemsize)
+    read = 0
+    with pool.borrowed((min(spec.sub, r1 - lo), n), arr.dtype) as buf, \
+            pool.borrowed((min(step, r1 - lo), n), wide) as cast, \
+            pool.borrowed((min(step, r1 - lo), spec.W.shape[1]), wide) as prod:
+        for s0 in range(lo, r1, spec.sub):
             s1 = min(r1, s0 + spec.sub)
-            rows = read_block(arr, slice(s0, s1), slice(0, n))
-            block[s0 - r0:s1 - r0] = rows.astype(spec.W.dtype) @ spec.W + spec.b
+            rows = read_block(arr, slice(s0, s1), slice(0, n), out=buf[:s1 - s0])
             read += rows.nbytes
-    write_block(open_array(spec.dest, mode="r+"), slice(r0, r1), slice(0, k), block)
-    return {"bytes_read": read, "bytes_written": block.nbytes, "flops": 2 * (r1 - r0) * k * max(spec.T.shape[0], 1)}
+            for p0 in range(0, s1 - s0, step):
+                h = min(step, s1 - s0 - p0)
+                np.copyto(cast[:h], rows[p0:p0 + h])
+                np.matmul(cast[:h], spec.W, out=prod[:h])
+                prod[:h] += spec.b
+                block[s0 + p0 - r0:s0 + p0 - r0 + h] = prod[:h]
+    return read
 
 
 def write_affine(job: Any, dest: Any, old: Any, a: Any, *, m0: int, m1: int, old_map: tuple, new_map: tuple,
@@ -101,7 +139,11 @@ def write_affine(job: Any, dest: Any, old: Any, a: Any, *, m0: int, m1: int, old
     for i in range(bands):
         graph.add((i,), affine_band, spec, i * ch, min(m1, (i + 1) * ch))
     workers = max(1, min(job.workers(job.cores()), budget // max(1, task_memory), bands))
-    job.run(graph, workers=workers, description="write the long factor")
+    # each band takes the buffers the previous one left (affine_band); BLAS threads split among the
+    # bands running at once (more would spin against each other)
+    with pool.reusing():
+        job.run(graph, workers=workers, blas_threads=max(1, job.cores() // workers),
+                description="write the long factor")
     return m1 * k * dt.itemsize
 
 
