@@ -137,11 +137,13 @@ def pass_workers(plan: Callable[..., RowPassPlan], device: str) -> RowPassPlan:
     # machine, G += Y_i^T Y_i on 2048 x 40 strips of a 100000 x 40 block took 0.5 s on 2 BLAS threads.
     single = dataclasses.replace(one, blas_threads=max(1, one.blas_threads // PASS_WORKERS))
     if len(one.groups) < 2:
-        # a lone strip of PASS_WORKERS_ONE_TASK_STRIP or more keeps every BLAS thread: its products are
-        # large enough to split (the update's new rows of a 500-column Gram, 20000 x 500 float32: the
-        # strip's float64 deviations and SYRK 0.170 s on one thread, 0.148 s on two, medians of 8 under
-        # a load of 2.5 on the 2-core machine)
-        return one if one.strip * one.row_bytes >= PASS_WORKERS_ONE_TASK_STRIP else single
+        # a lone strip (the pass reads nothing while it computes) of PASS_WORKERS_ONE_TASK_STRIP or
+        # more keeps every BLAS thread: its products are large enough to split (the update's new rows
+        # of a 500-column Gram, 20000 x 500 float32: the strip's float64 deviations and SYRK 0.170 s on
+        # one thread, 0.148 s on two, medians of 8 under a load of 2.5 on the 2-core machine). A task
+        # of several strips keeps the BLAS threads of one task, as below: its loader reads beside them
+        lone = one.strip >= one.m
+        return one if lone and one.strip * one.row_bytes >= PASS_WORKERS_ONE_TASK_STRIP else single
     try:
         more = plan(PASS_WORKERS, PASS_WORKERS_PREFETCH)
     except BudgetError:
