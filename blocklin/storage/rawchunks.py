@@ -55,8 +55,9 @@ class RawChunks:
                  fill_value: Any, separator: str, fs: Any = None) -> None:
         self.root = root
         self.fs = fs  # an fsspec filesystem (reads only), or None for a local folder
-        self.shape = shape
-        self.chunks = chunks
+        self.vector = len(shape) == 1  # a 1-D array, read as one column (its chunk keys have one index)
+        self.shape = (shape[0], 1) if self.vector else shape
+        self.chunks = (chunks[0], 1) if self.vector else chunks
         self.dtype = dtype
         self.fill_value = fill_value
         self.separator = separator
@@ -64,9 +65,10 @@ class RawChunks:
         self._rows: np.ndarray | None = None
 
     def _path(self, ci: int, cj: int) -> str:
+        key = f"c{self.separator}{ci}" if self.vector else f"c{self.separator}{ci}{self.separator}{cj}"
         if self.fs is not None:
-            return f"{self.root.rstrip('/')}/c{self.separator}{ci}{self.separator}{cj}"
-        return os.path.join(self.root, "c" + self.separator + str(ci) + self.separator + str(cj))
+            return f"{self.root.rstrip('/')}/{key}"
+        return os.path.join(self.root, key)
 
     def _rows_buffer(self, rows: int) -> np.ndarray:
         """A reused buffer of ``rows`` whole-width chunk rows (grown as needed, never past one chunk)."""
@@ -488,6 +490,37 @@ def raw_access(arr: Any, *, remote: bool = False) -> RawChunks | None:
         return None
 
 
+def raw_vector(arr: Any) -> RawChunks | None:
+    """A :class:`RawChunks` reading ranges of an uncompressed 1-D array (a group's member too) on a
+    local or fsspec store as one column (``read(rows, slice(0, 1), out[:, None])``), else None: only
+    the bytes of the range are read, with no chunk-sized buffers (zarr decodes every chunk a range
+    touches, several at once)."""
+    try:
+        layout = _layout(arr, ndim=1, member=True)
+        if layout is None or layout[0]:
+            return None
+        path = str(getattr(arr, "path", "") or "").strip("/")
+        store = arr.store
+        if type(store).__name__ == "LocalStore":
+            root = os.path.join(str(store.root), path) if path else str(store.root)
+            return RawChunks(*_cached_meta(root, *layout[1:4], _fill_key(layout[4]), layout[5]))
+        if type(store).__name__ == "FsspecStore":
+            from blocklin.storage.backend import FsspecBackend
+            from blocklin.storage.location import store_location
+
+            loc = store_location(store)
+            if loc is None or loc.is_local:
+                return None
+            be = FsspecBackend(loc)
+            root = f"{be.root.rstrip('/')}/{path}" if path else be.root
+            raw = RawChunks(*_cached_meta(root, *layout[1:4], _fill_key(layout[4]), layout[5]))
+            raw.fs = be.fs
+            return raw
+        return None
+    except Exception:  # any unexpected metadata shape: use zarr
+        return None
+
+
 def decoded_access(arr: Any) -> DecodedChunks | None:
     """A :class:`DecodedChunks` for a local zarr v3 array whose chunks are little-endian bytes
     compressed by zstd or blosc alone (no checksum codec, no sharding), else None."""
@@ -501,12 +534,13 @@ def decoded_access(arr: Any) -> DecodedChunks | None:
         return None
 
 
-def _layout(arr: Any) -> tuple | None:
-    """``(compressor, shape, chunks, dtype str, fill value, separator)`` of a 2-D zarr v3 array of
-    C-ordered native little-endian chunks under the default key encoding (``compressor``: ``""`` for
-    none, else the class name of its one bytes-to-bytes codec), or None for any other layout."""
+def _layout(arr: Any, ndim: int = 2, member: bool = False) -> tuple | None:
+    """``(compressor, shape, chunks, dtype str, fill value, separator)`` of an ``ndim``-D zarr v3
+    array of C-ordered native little-endian chunks under the default key encoding (``compressor``:
+    ``""`` for none, else the class name of its one bytes-to-bytes codec), or None for any other
+    layout. ``member``: the array may sit under a path of its store (a group's member)."""
     meta = arr.metadata
-    if getattr(meta, "zarr_format", None) != 3 or len(arr.shape) != 2:
+    if getattr(meta, "zarr_format", None) != 3 or len(arr.shape) != ndim:
         return None
     codecs = tuple(meta.codecs)
     if not 1 <= len(codecs) <= 2 or type(codecs[0]).__name__ != "BytesCodec":
@@ -524,7 +558,7 @@ def _layout(arr: Any) -> tuple | None:
     grid = meta.chunk_grid
     if type(grid).__name__ != "RegularChunkGrid":
         return None
-    if getattr(arr, "path", ""):
+    if getattr(arr, "path", "") and not member:
         return None
     return compressor, tuple(arr.shape), tuple(grid.chunk_shape), dtype.str, meta.fill_value, cke.separator
 

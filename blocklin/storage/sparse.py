@@ -25,13 +25,12 @@ from typing import Any
 import numpy as np
 import zarr
 
-import blocklin._readstats as readstats
 from blocklin.errors import ConfigError, FormatError, InternalError, StoreNotFoundError, StoreReadError, explain
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import backend, zarr_store
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.space import writing
-from blocklin.storage.zarr_store import _inside_partial, create_array, create_group, uncommitted_message
+from blocklin.storage.zarr_store import _inside_partial, create_array, create_group, read_vector, uncommitted_message
 from blocklin.storage.records import PENDING_RECORD
 
 FORMAT_NAME = "blocklin-csr"
@@ -282,15 +281,14 @@ class SparseStore:
 
     def read_rows(self, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows ``r0:r1`` as ``(indptr from 0, indices, data)``."""
-        ptr = np.asarray(self.indptr[r0:r1 + 1], np.int64)
+        ptr = read_vector(self.indptr, r0, r1 + 1).astype(np.int64, copy=False)
         p0, p1 = int(ptr[0]), int(ptr[-1])
         if p1 < p0 or p1 > self.nnz:
             raise FormatError(explain("path", "indptr must be non-decreasing and end at nnz",
                                       f"offsets {p0}..{p1} for rows {r0}:{r1}, nnz {self.nnz} in "
                                       f"{self.location.url!r}", "the store is damaged; convert the source again"))
-        idx, val = np.asarray(self.indices[p0:p1]), np.asarray(self.data[p0:p1])
-        # the arrays are stored uncompressed: their decoded bytes are what the reads fetched
-        readstats.count(ptr.nbytes + idx.nbytes + val.nbytes)
+        # the ranges' bytes only, straight from the chunk files (zarr would hold every chunk they touch)
+        idx, val = read_vector(self.indices, p0, p1), read_vector(self.data, p0, p1)
         return ptr - p0, idx, val
 
     def bytes_on_disk(self) -> int:

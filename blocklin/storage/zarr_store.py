@@ -20,7 +20,7 @@ from blocklin.errors import ConfigError, FormatError, StoreNotFoundError, StoreR
 from blocklin.storage.backend import backend, zarr_store
 from blocklin.storage.location import Location, as_location, store_location
 import blocklin._readstats as readstats
-from blocklin.storage.rawchunks import decoded_access, raw_access
+from blocklin.storage.rawchunks import decoded_access, raw_access, raw_vector
 from blocklin.storage.readerrors import check_metadata, reading
 from blocklin.storage.records import DEFERRED_META, INPUTS_RECORD, OWNER_RECORD, PENDING_RECORD
 from blocklin.storage.space import check_space, writing
@@ -321,6 +321,22 @@ def read_kind(path: Any) -> str:
     if raw is None:
         return "chunks"
     return "ranges" if raw.fs is not None else "direct"
+
+
+def read_vector(arr: zarr.Array, start: int, stop: int) -> np.ndarray:
+    """``arr[start:stop]`` of a 1-D array. Uncompressed chunks (local, or on an fsspec store) are read
+    straight into the result, only the range's bytes
+    (:func:`~blocklin.storage.rawchunks.raw_vector`); anything else through zarr, which holds each
+    chunk the range touches whole while it copies from it. The bytes are counted in
+    :mod:`blocklin._readstats`."""
+    raw = raw_vector(arr) if stop > start else None
+    if raw is not None:
+        out = np.empty(stop - start, dtype=arr.dtype)
+        raw.read(slice(start, stop), slice(0, 1), out.reshape(-1, 1))
+        return out
+    out = np.asarray(arr[start:stop])
+    readstats.count(out.nbytes)
+    return out
 
 
 def fetched_bytes(arr: zarr.Array, rows: slice, cols: slice) -> int:

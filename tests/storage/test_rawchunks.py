@@ -172,3 +172,46 @@ def test_compressed_chunk_band_kept_across_narrow_strips(tmp_path):
     # float64 with a 2x decay and 4 power iterations: the top 5 values are exact to rounding
     for r in (kept, reread):
         assert_singular_values(r.s, s[:k], n=m)
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_vector_ranges_of_a_group_member_read_only_their_bytes(tmp_path, where):
+    """1-D arrays (the sparse store's ``indptr``/``indices``/``data``, members of a group): a range is
+    read straight from the chunk files, its bytes alone, local or by range requests; missing chunks
+    read as the fill value; compressed members go through zarr."""
+    import uuid
+
+    import blocklin._readstats as readstats
+    from blocklin.storage.rawchunks import raw_vector
+    from blocklin.storage.zarr_store import read_vector
+
+    root = str(tmp_path / "g.zarr") if where == "local" else f"memory://vec-{uuid.uuid4().hex[:8]}/g.zarr"
+    group = zarr.open_group(root, mode="w")
+    x = np.arange(1000, dtype=np.int64) * 7 - 3
+    arr = group.create_array("v", shape=x.shape, chunks=(64,), dtype="int64", compressors=None, fill_value=5)
+    arr[:900] = x[:900]  # the last chunks are never written
+    x[900:] = 5
+    assert raw_vector(arr) is not None
+    for a, b in [(0, 1000), (3, 64), (63, 65), (100, 700), (640, 641), (899, 1000), (10, 10)]:
+        with readstats.tallying() as tally:
+            got = read_vector(arr, a, b)
+        np.testing.assert_array_equal(got, x[a:b])
+        assert got.dtype == x.dtype and tally.bytes <= got.nbytes  # never whole chunks
+    z = group.create_array("z", shape=x.shape, chunks=(64,), dtype="int64")  # zstd by default
+    z[:] = x
+    if where == "local":
+        assert raw_vector(z) is None
+    np.testing.assert_array_equal(read_vector(z, 70, 300), x[70:300])
+
+
+def test_vector_truncated_chunk_is_reported(tmp_path):
+    from blocklin.errors import StoreReadError
+    from blocklin.storage.zarr_store import read_vector
+
+    group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    arr = group.create_array("v", shape=(100,), chunks=(32,), dtype="float64", compressors=None)
+    arr[:] = np.ones(100)
+    chunk = tmp_path / "g.zarr" / "v" / "c" / "1"
+    chunk.write_bytes(chunk.read_bytes()[:40])
+    with pytest.raises(StoreReadError, match="truncated or corrupt"):
+        read_vector(arr, 30, 60)
