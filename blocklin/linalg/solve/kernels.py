@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.device.syrk import syrk_acc
+from blocklin.errors import InternalError
 from blocklin.linalg.blocks.tsqr import MAX_STRIP_BYTES, MIN_STRIP_ROWS, sumsq_cols
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
@@ -46,6 +47,9 @@ def _group_end(device: Any, rows: slice, params: Any, state: dict) -> dict:
 def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
     """Accumulate ``A^T A`` (lower triangle; both on a GPU), ``A^T B`` and ``||B_j||^2``."""
     if not device.host_resident:
+        if params.get("sums") or len(arrays) > 2:
+            raise InternalError("gram_kernel: column sums and sample weights are summed on the CPU only "
+                                "(run the pass with device='cpu')")
         dt = np.dtype(params["dtype"])
         a = device.cast(arrays[0], dt)
         b = device.cast(arrays[1], dt) if len(arrays) > 1 else None

@@ -58,11 +58,6 @@ def _extend(lams: np.ndarray, side: str) -> np.ndarray:
     return np.concatenate([lams, new])
 
 
-def _gcv_index(spec: Any, lams: np.ndarray) -> tuple[int, np.ndarray]:
-    g = np.array([spec.gcv(lam) for lam in lams])
-    return int(np.nanargmin(g)), g
-
-
 def _corner_index(rr: np.ndarray, xx: np.ndarray, lams: np.ndarray) -> tuple[int, np.ndarray]:
     """Index of maximum curvature of the L-curve (log-log), ends excluded (one-sided differences)."""
     t = np.log(lams)
@@ -77,13 +72,11 @@ def _corner_index(rr: np.ndarray, xx: np.ndarray, lams: np.ndarray) -> tuple[int
 
 
 def _index(spec: Any, rule: str, lams: np.ndarray) -> tuple[int, dict]:
-    rr = np.array([spec.residual_sq(lam).sum() for lam in lams])
-    xx = np.array([spec.solution_sq(lam).sum() for lam in lams])
+    rr, xx, g = spec.on_grid(lams)
     curve = {"lam": lams.tolist(), "residual_norm": np.sqrt(rr).tolist(), "solution_norm": np.sqrt(xx).tolist()}
     if rule == "gcv":
-        i, g = _gcv_index(spec, lams)
         curve["gcv"] = g.tolist()
-        return i, curve
+        return int(np.nanargmin(g)), curve
     i, kappa = _corner_index(rr, xx, lams)
     curve["curvature"] = np.where(np.isfinite(kappa), kappa, np.nan).tolist()
     return i, curve

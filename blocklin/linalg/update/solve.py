@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ParameterError, explain
-from blocklin.linalg.blocks.center import column_moments
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.device.syrk import symmetrize_lower
 from blocklin.linalg.solve import lambda_select
@@ -63,19 +62,23 @@ class _Seeded:
 
 
 def _new_sums(job: Job, A: Any, B: Any, intercept: bool) -> dict:
-    """The appended rows' sums (one Gram pass over them; their means, with an intercept)."""
+    """The appended rows' sums in one Gram pass over them (with an intercept, their column sums from
+    the same pass, in float64: their means are merged with the kept ones by the row counts)."""
     n, k = A.shape[1], B.shape[1]
     dtype = "complex128" if "c" in (A.dtype.kind, B.dtype.kind) else "float64"  # A^H A, A^H b of complex data
-    states, _ = run_pass(job, gram_kernel, [source(A), source(B)], {"dtype": dtype}, reserve=small_bytes(n, k),
-                         description="Gram pass over the appended rows: A^T A, A^T b")
+    sums = {"sums": True} if intercept else {}  # the kernel's column sums are its CPU branch's
+    states, _ = run_pass(job, gram_kernel, [source(A), source(B)], {"dtype": dtype} | sums, reserve=small_bytes(n, k),
+                         description="Gram pass over the appended rows: A^T A, A^T b",
+                         device="cpu" if intercept else None)
     states = [s for s in states if s is not None]
     g = states[0]["g"]
     for s in states[1:]:
         g += s["g"]
     out = {"g": symmetrize_lower(g), "c": sum(s["c"] for s in states), "bb": sum(s["bb"] for s in states)}
     if intercept:
-        out["mu"] = column_moments(job, A).mean
-        out["bbar"] = column_moments(job, B, over="b").mean
+        p = A.shape[0]
+        out["mu"] = sum(s["as"] for s in states) / p
+        out["bbar"] = sum(s["bs"] for s in states) / p
     return out
 
 
