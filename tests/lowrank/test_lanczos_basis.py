@@ -54,7 +54,9 @@ def test_basis_operations_agree_bit_for_bit_and_with_numpy(tmp_path, small_strip
     assert np.linalg.norm(d - ref.conj().T @ z) <= tol * np.linalg.norm(ref) * np.linalg.norm(z)
     assert np.linalg.norm(s - (z - ref @ c)) <= tol * np.linalg.norm(ref) * np.linalg.norm(c) * 4
     assert np.linalg.norm(t - ref @ y) <= tol * np.linalg.norm(ref) * np.linalg.norm(y)
-    assert np.array_equal(r, t[:, :4])
+    # the restart is the product with the first 4 columns: a GEMM of another width, whose bits BLAS
+    # need not share with the 6-column one (OpenBLAS's complex Haswell kernels do not), so a bound
+    assert np.linalg.norm(r - ref @ y[:, :4]) <= tol * np.linalg.norm(ref) * np.linalg.norm(y[:, :4])
     assert not os.listdir(tmp_path / "spill")  # the spilled file went with close()
 
 
