@@ -521,6 +521,42 @@ def raw_vector(arr: Any) -> RawChunks | None:
         return None
 
 
+class VectorChunkFiles:
+    """Whole chunks of an uncompressed local 1-D array written straight to their files (each through a
+    temporary renamed into place, as :meth:`RawChunks.write`), whatever the array's present length:
+    an appender writes chunks past it and sets the length once at the end."""
+
+    def __init__(self, root: str, chunk: int, dtype: np.dtype, separator: str) -> None:
+        self.root, self.chunk, self.dtype, self.separator = root, chunk, dtype, separator
+
+    def write(self, index: int, buf: np.ndarray) -> None:
+        """Chunk ``index`` from ``buf`` (one whole chunk of the array's dtype)."""
+        if buf.shape != (self.chunk,) or buf.dtype != self.dtype or not buf.flags.c_contiguous:
+            from blocklin.errors import InternalError
+
+            raise InternalError(f"VectorChunkFiles.write: a chunk of {self.chunk} {self.dtype}, got {buf.shape} "
+                                f"{buf.dtype}")
+        if self.separator == "/":
+            os.makedirs(os.path.join(self.root, "c"), exist_ok=True)
+        path = os.path.join(self.root, f"c{self.separator}{index}")
+        tmp = f"{path}.tmp-{os.getpid()}-{id(self)}"
+        with open(tmp, "wb", buffering=0) as f:
+            f.write(memoryview(buf.view(np.uint8)))
+        os.replace(tmp, path)
+
+
+def vector_chunk_files(arr: Any) -> VectorChunkFiles | None:
+    """:class:`VectorChunkFiles` of an uncompressed 1-D zarr v3 array on a local store (its own root,
+    not a group member), else None (write through zarr)."""
+    try:
+        layout = _layout(arr, ndim=1)
+        if layout is None or layout[0] or type(arr.store).__name__ != "LocalStore":
+            return None
+        return VectorChunkFiles(str(arr.store.root), int(layout[2][0]), np.dtype(layout[3]), layout[5])
+    except Exception:  # any unexpected metadata shape: use zarr
+        return None
+
+
 def decoded_access(arr: Any) -> DecodedChunks | None:
     """A :class:`DecodedChunks` for a local zarr v3 array whose chunks are little-endian bytes
     compressed by zstd or blosc alone (no checksum codec, no sharding), else None."""

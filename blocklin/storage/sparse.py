@@ -29,6 +29,7 @@ from blocklin.errors import ConfigError, FormatError, InternalError, StoreNotFou
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import backend, zarr_store
 from blocklin.storage.location import Location, as_location
+from blocklin.storage.rawchunks import vector_chunk_files
 from blocklin.storage.space import writing
 from blocklin.storage.zarr_store import _inside_partial, create_array, create_group, read_vector, uncommitted_message
 from blocklin.storage.records import PENDING_RECORD
@@ -99,6 +100,10 @@ class _Appender:
         self.buf = np.empty(self.chunk, dtype)
         self.fill = 0
         self.flushed = 0  # elements written to the array
+        # an uncompressed local array's chunks go straight to their files, and a growing array is
+        # resized once, when it is closed: through zarr each chunk cost a copy and a metadata rewrite
+        # (0.8 s of a 4 s conversion of 2x10^7 entries)
+        self.files = vector_chunk_files(arr)
 
     @property
     def count(self) -> int:
@@ -120,13 +125,20 @@ class _Appender:
             return
         end = self.flushed + self.fill
         with writing(self.arr):
-            if self.grow and self.arr.shape[0] < end:
-                self.arr.resize((end,))
-            self.arr[self.flushed:end] = self.buf[:self.fill]
+            if self.files is not None:
+                self.buf[self.fill:] = 0  # the fill value: the last chunk is stored whole, as zarr stores it
+                self.files.write(self.flushed // self.chunk, self.buf)
+            else:
+                if self.grow and self.arr.shape[0] < end:
+                    self.arr.resize((end,))
+                self.arr[self.flushed:end] = self.buf[:self.fill]
         self.flushed, self.fill = end, 0
 
     def close(self) -> None:
         self._flush()
+        if self.files is not None and self.grow and self.arr.shape[0] < self.flushed:
+            with writing(self.arr):
+                self.arr.resize((self.flushed,))
 
 
 class SparseWriter:

@@ -215,3 +215,24 @@ def test_vector_truncated_chunk_is_reported(tmp_path):
     chunk.write_bytes(chunk.read_bytes()[:40])
     with pytest.raises(StoreReadError, match="truncated or corrupt"):
         read_vector(arr, 30, 60)
+
+
+def test_vector_chunks_written_past_the_length_then_resized(tmp_path):
+    """The sparse writer's appends: whole chunks written to their files while the array is still empty,
+    the last one padded with the fill value, then one resize: zarr reads what was appended."""
+    from blocklin.storage.rawchunks import vector_chunk_files
+
+    arr = create_array(tmp_path / "v.zarr", shape=(0,), dtype="int32", chunks=(16,))
+    files = vector_chunk_files(arr)
+    assert files is not None
+    x = np.arange(3 * 16 + 5, dtype=np.int32) - 7
+    for i in range(4):
+        buf = np.zeros(16, np.int32)
+        part = x[16 * i:16 * (i + 1)]
+        buf[:len(part)] = part
+        files.write(i, buf)
+    arr.resize((len(x),))
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "v.zarr"), mode="r")[:], x)
+    assert not list((tmp_path / "v.zarr").rglob("*.tmp-*"))
+    assert vector_chunk_files(create_array(tmp_path / "z.zarr", shape=(8,), dtype="int32", chunks=(4,),
+                                           codec="zstd")) is None
