@@ -51,6 +51,8 @@ ROW_BYTES = 32
 #: and value buffers, block numbers, the bucketing permutation and the record buffer), beyond the
 #: parser's own.
 BATCH_BYTES_PER_ENTRY = 200
+#: Largest block of Matrix Market text parsed at once (:meth:`MtxSource.fit_budget`).
+MAX_PARSE_BLOCK = 4 << 20
 #: Entries per batch of a SciPy ``.npz`` source.
 NPZ_BATCH = 1 << 15
 #: Fewest entries a run must be able to hold.
@@ -173,6 +175,18 @@ class MtxSource:
         self.parse_bytes = reader.overhead_bytes
         #: Every value is 1 (a pattern file; skew-symmetric mirrors are -1): the runs hold no values.
         self.unit_values = reader.field == "pattern" and reader.symmetry in ("general", "symmetric")
+
+    def fit_budget(self, memory: int) -> None:
+        """Parse blocks of up to :data:`MAX_PARSE_BLOCK` bytes of text where a 64th of the budget holds one
+        (fewer, longer calls of the C++ reader and of the bucketing), else the reader's 1 MiB."""
+        from blocklin.storage.formats.text_util import PARSE_BATCH_BYTES
+
+        block = PARSE_BATCH_BYTES
+        while 2 * block <= min(MAX_PARSE_BLOCK, memory // 64):
+            block *= 2
+        self.reader.use_blocks(block)
+        self.batch_entries = 2 * max(1, block // 32)
+        self.parse_bytes = self.reader.overhead_bytes
 
     @property
     def bytes_read(self) -> int:
@@ -735,6 +749,8 @@ def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None
     check_budget(cfg.memory)
     out_dt = _value_dtype(source.dtype, dtype)
     m, n = source.shape
+    if hasattr(source, "fit_budget"):
+        source.fit_budget(cfg.memory)
     plan = plan_sort((m, n), source.entries, out_dt, cfg.memory, batch_entries=source.batch_entries,
                      parse_bytes=source.parse_bytes)
     idx = index_dtype_for(n)

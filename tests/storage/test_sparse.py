@@ -159,6 +159,28 @@ def test_budget_forces_several_runs(tmp_path, rng):
     _assert_same(blocklin.open(tmp_path / "b.zarr").to_scipy(), scipy.io.mmread(tmp_path / "b.mtx"))
 
 
+@pytest.mark.parametrize("symmetry", ["general", "symmetric"])
+def test_larger_budgets_parse_larger_blocks_to_the_same_arrays(tmp_path, rng, symmetry):
+    """A 64th of the budget sizes the parsed text blocks (1 MiB at 24 MiB, 4 MiB at 512 MiB); the
+    stored arrays are the same, and SciPy's."""
+    from blocklin.storage.formats.mtx import MtxReader
+    from blocklin.storage.sparse_convert import MtxSource
+
+    m, n, k = 3000, 3000, 120_000  # 1.3 MB of text: two blocks of 1 MiB, one of 4 MiB
+    r, c, v = _entries(rng, m, n, k, lower=symmetry == "symmetric")
+    (tmp_path / "b.mtx").write_text(_mtx(r, c, v, (m, n), symmetry=symmetry))
+    for memory, block in ((24 << 20, 1 << 20), (512 << 20, 4 << 20)):
+        src = MtxSource(MtxReader(str(tmp_path / "b.mtx")))
+        src.fit_budget(memory)
+        assert src.reader.block_bytes == block and src.parse_bytes == 4 * block
+        src.close()
+    blocklin.convert(tmp_path / "b.mtx", tmp_path / "small.zarr", memory="24MiB")
+    blocklin.convert(tmp_path / "b.mtx", tmp_path / "large.zarr", memory="512MiB")
+    want = scipy.io.mmread(tmp_path / "b.mtx")
+    for out in ("small.zarr", "large.zarr"):
+        _assert_same(blocklin.open(tmp_path / out).to_scipy(), want)
+
+
 def test_runs_larger_than_the_budget_are_split_by_rows(tmp_path, rng):
     """Skewed rows: a run over the sort's capacity is bucketed again into narrower row blocks; one
     row over it is refused naming the row and a budget."""
