@@ -50,8 +50,8 @@ def affine_band(spec: AffineSpec, r0: int, r1: int) -> dict:
 
     The band, the old rows and the new rows as read are buffers the run's previous band left
     (:mod:`blocklin.device.pool`: fresh ones fault every page, which cost more than the reads); the maps
-    are applied ``PIECE`` bytes of rows at a time, so their temporaries stay in cache. Each row's
-    result depends on that row alone, so the pieces do not change its bits."""
+    are applied ``PIECE`` bytes of rows at a time, so their temporaries stay in cache. The pieces
+    follow from the band alone, so the bits do not depend on the scheduler."""
     dt = np.dtype(spec.dtype)
     k0, k = spec.T.shape
     read = 0
