@@ -276,9 +276,11 @@ class TileStream:
                 views, kept = self._read(i, 0)
                 self.load_seconds += time.perf_counter() - t0
                 t1 = time.perf_counter()
-                yield i, self._upload(0, views, kept)
+                try:
+                    yield i, self._upload(0, views, kept)
+                finally:  # also when the consumer stops here (see below)
+                    self.device.after_use(0)
                 self.compute_seconds += time.perf_counter() - t1
-                self.device.after_use(0)
             return
         self.start()
         try:
@@ -294,9 +296,14 @@ class TileStream:
                     raise item
                 slot, views, kept = item
                 t1 = time.perf_counter()
-                yield i, self._upload(slot, views, kept)
+                try:
+                    yield i, self._upload(slot, views, kept)
+                finally:
+                    # Also when the consumer stops at this item (a run's last tile closes the stream
+                    # here): the device keeps its slots for the thread's next stream, whose first
+                    # upload into this slot must wait for the compute queued on this item.
+                    self.device.after_use(slot)
                 self.compute_seconds += time.perf_counter() - t1
-                self.device.after_use(slot)
                 self._free.put(slot)
         finally:
             self.stop()

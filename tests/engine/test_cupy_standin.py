@@ -226,6 +226,27 @@ def test_two_tile_streams_on_one_thread_do_not_overlap(standin, rng):
     assert cupy_standin.take_races() == []
 
 
+@pytest.mark.parametrize("depth", [0, 1])
+def test_a_stream_closed_at_an_item_orders_the_next_streams_upload_after_its_compute(standin, rng, depth):
+    """A GEMM run closes its panel stream while the last tile's item is out (``items.close()``): that
+    item's slot kept no record of its compute, and the thread's next stream, reusing the slots, uploaded
+    into it unordered with that compute (CI's stand-in run, 2026-12-02)."""
+    dev = get_device("gpu")
+    full, load = _panel_loader(2, 4, 5, rng)
+    acc = dev.zeros((4, 4), np.float64)
+    items = iter(TileStream(dev, 2, load, [(4, 5)], "float64", depth=depth))
+    for _, (x,) in items:
+        dev.gemm_acc(acc, x, x.T)  # queued on compute, reading the slot; not waited for
+        break
+    items.close()
+    first = full[:, :5]  # the panel the first stream handed out
+    _, load2 = _panel_loader(1, 4, 5, rng)
+    for _, (y,) in TileStream(dev, 1, load2, [(4, 5)], "float64", depth=depth):
+        dev.gemm_acc(dev.zeros((4, 4), np.float64), y, y.T)
+    assert cupy_standin.take_races() == []
+    assert_gram(dev.download(acc, slice(0, 4)), first @ first.T, first, trans=True)
+
+
 def test_non_contiguous_upload_is_ordered_with_compute(standin, rng):
     """Issue 10: the fallback upload ran on the legacy stream, unordered with the compute stream."""
     dev = get_device("gpu")
