@@ -70,6 +70,9 @@ class _State:
     """Everything the stand-in device knows; ``reset()`` runs once :class:`Stream` exists."""
 
     def reset(self) -> None:
+        # Blocks of an earlier installation freed later (by the cyclic collector, in another test)
+        # must not change this one's counts: each block remembers the generation it was allocated in.
+        self.generation = getattr(self, "generation", 0) + 1
         self.streams: list[Stream] = []
         self.races: list[str] = []
         self.pinned: dict[int, tuple[int, int]] = {}  # id -> (start address, end address)
@@ -340,10 +343,12 @@ class _Alloc:
             self.records: list[_Access] = []
         STATE.device_used += nbytes
         STATE.device_peak = max(STATE.device_peak, STATE.device_used)
-        weakref.finalize(self, _Alloc._free, arena.id, nbytes, self.bytes, self.records, self.name)
+        weakref.finalize(self, _Alloc._free, STATE.generation, arena.id, nbytes, self.bytes, self.records, self.name)
 
     @staticmethod
-    def _free(arena: int, nbytes: int, data: np.ndarray, records: list, name: str) -> None:
+    def _free(generation: int, arena: int, nbytes: int, data: np.ndarray, records: list, name: str) -> None:
+        if generation != STATE.generation:  # the stand-in was reset since: its pool and counts are gone
+            return
         STATE.device_used -= nbytes
         STATE.device_cached += nbytes  # the pool keeps the block until free_all_blocks()
         STATE.free_blocks.setdefault((arena, nbytes), []).append((data, records, name))
