@@ -48,6 +48,22 @@ _IOV_MAX = 1024
 _MAP_WINDOW = 2**20
 
 
+@contextlib.contextmanager
+def chunk_file(path: str, writer: object) -> Iterator[Any]:
+    """An unbuffered binary file for the chunk at ``path``, renamed into place when the block ends: a
+    reader never sees half a chunk, and a failed write leaves the chunk as it was and no temporary
+    (``writer``: the object writing, whose id keeps concurrent writers' temporaries apart)."""
+    tmp = f"{path}.tmp-{os.getpid()}-{id(writer)}"
+    try:
+        with open(tmp, "wb", buffering=0) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 class RawChunks:
     """Read and write blocks of an eligible array straight from and to its chunk files."""
 
@@ -250,9 +266,8 @@ class RawChunks:
                 gc1 = min(gc0 + ch_c, self.shape[1])
                 src = block[gr0 - r0:gr1 - r0, gc0 - c0:gc1 - c0]
                 path = self._path(ci, cj)
-                tmp = f"{path}.tmp-{os.getpid()}-{id(self)}"
                 full = src.shape == self.chunks and src.dtype == self.dtype
-                with open(tmp, "wb", buffering=0) as f:
+                with chunk_file(path, self) as f:
                     if full and src.flags.c_contiguous:
                         f.write(memoryview(src.reshape(-1).view(np.uint8)))
                     elif full and src.strides[1] == src.itemsize:  # rows of a wider block: no gathering copy
@@ -266,7 +281,6 @@ class RawChunks:
                             buf.fill(self.fill_value)
                         buf[: src.shape[0], : src.shape[1]] = src
                         f.write(memoryview(buf.reshape(-1).view(np.uint8)))
-                os.replace(tmp, path)  # a reader never sees half a chunk
 
 
 #: Most chunks of one read decoded at once by the chunk I/O pool (and at most as many as zarr
@@ -523,7 +537,7 @@ def raw_vector(arr: Any) -> RawChunks | None:
 
 class VectorChunkFiles:
     """Whole chunks of an uncompressed local 1-D array written straight to their files (each through a
-    temporary renamed into place, as :meth:`RawChunks.write`), whatever the array's present length:
+    :func:`chunk_file`, as :meth:`RawChunks.write`), whatever the array's present length:
     an appender writes chunks past it and sets the length once at the end."""
 
     def __init__(self, root: str, chunk: int, dtype: np.dtype, separator: str) -> None:
@@ -538,11 +552,8 @@ class VectorChunkFiles:
                                 f"{buf.dtype}")
         if self.separator == "/":
             os.makedirs(os.path.join(self.root, "c"), exist_ok=True)
-        path = os.path.join(self.root, f"c{self.separator}{index}")
-        tmp = f"{path}.tmp-{os.getpid()}-{id(self)}"
-        with open(tmp, "wb", buffering=0) as f:
+        with chunk_file(os.path.join(self.root, f"c{self.separator}{index}"), self) as f:
             f.write(memoryview(buf.view(np.uint8)))
-        os.replace(tmp, path)
 
 
 def vector_chunk_files(arr: Any) -> VectorChunkFiles | None:

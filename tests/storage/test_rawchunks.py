@@ -43,6 +43,24 @@ def test_whole_chunk_writes_match_zarr(tmp_path):
     assert not list((tmp_path / "x.zarr").rglob("*.tmp-*"))
 
 
+def test_a_failed_chunk_write_keeps_the_chunk_and_leaves_no_temporary(tmp_path):
+    """A chunk write that fails part way (a full disk, an interrupt) leaves the stored chunk as it was
+    and no temporary beside it (every raw chunk write, 2-D and 1-D, goes through ``chunk_file``)."""
+    from blocklin.storage.rawchunks import chunk_file
+
+    (tmp_path / "x").mkdir()
+    path = tmp_path / "x" / "c.0.0"
+    path.write_bytes(b"old chunk")
+    with pytest.raises(OSError, match="No space"):
+        with chunk_file(str(path), object()) as f:
+            f.write(b"half a ne")
+            raise OSError(28, "No space left on device")
+    assert path.read_bytes() == b"old chunk" and [p.name for p in path.parent.iterdir()] == ["c.0.0"]
+    with chunk_file(str(path), object()) as f:
+        f.write(b"new chunk")
+    assert path.read_bytes() == b"new chunk" and [p.name for p in path.parent.iterdir()] == ["c.0.0"]
+
+
 def test_ineligible_arrays_use_zarr(tmp_path):
     x = np.arange(20.0).reshape(4, 5)
     z = create_array(tmp_path / "z.zarr", shape=x.shape, dtype="float64", chunks=(2, 2), codec="zstd")
