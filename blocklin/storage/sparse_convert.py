@@ -159,7 +159,19 @@ class Batch:
     where: Any
 
 
-class MtxSource:
+class SparseSource:
+    """What :func:`write_sparse` reads: ``shape``, ``dtype``, ``entries`` (an upper bound: mirrored
+    images counted), ``batch_entries`` and ``parse_bytes`` (what one batch and the parser hold, for the
+    plan), ``bytes_read``, :meth:`batches` and :meth:`close`."""
+
+    kind = "source"
+
+    def fit_budget(self, memory: int) -> None:
+        """Size the batches for a budget of ``memory`` bytes before the plan reads ``batch_entries``
+        (a source whose batches have one size keeps them)."""
+
+
+class MtxSource(SparseSource):
     """A coordinate Matrix Market file as batches (:meth:`MtxReader.entries`); values as float64."""
 
     kind = "mtx"
@@ -244,7 +256,7 @@ def is_scipy_npz(path: str) -> bool:
     return {"format.npy", "shape.npy", "data.npy"} <= names
 
 
-class NpzSource:
+class NpzSource(SparseSource):
     """A SciPy ``save_npz`` file (csr, csc or coo) as batches of entries, read forward in pieces."""
 
     kind = "npz"
@@ -361,7 +373,7 @@ class NpzSource:
         self.zf.close()
 
 
-class ScipySource:
+class ScipySource(SparseSource):
     """An in-memory SciPy sparse matrix (or array) as batches of its COO entries."""
 
     kind = "scipy"
@@ -738,7 +750,7 @@ def _value_dtype(src: np.dtype, requested: Any) -> np.dtype:
 def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None, overwrite: bool = False,
                  nan: str = "allow", progress: Any = None, inputs: list = (), operation: str = "convert",
                  params: dict | None = None) -> tuple[dict, Any]:
-    """Write ``source`` (an :class:`MtxSource`, :class:`NpzSource` or :class:`ScipySource`) as a
+    """Write ``source`` (a :class:`SparseSource`: Matrix Market, ``.npz``, HDF5 or in memory) as a
     ``blocklin-csr`` group at ``out`` within the budget. Returns ``(report, committed location)``."""
     from blocklin._memory import check_budget, peak_rss
     from blocklin.storage.ownership import end_work_folder, start_work_folder
@@ -749,8 +761,7 @@ def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None
     check_budget(cfg.memory)
     out_dt = _value_dtype(source.dtype, dtype)
     m, n = source.shape
-    if hasattr(source, "fit_budget"):
-        source.fit_budget(cfg.memory)
+    source.fit_budget(cfg.memory)
     plan = plan_sort((m, n), source.entries, out_dt, cfg.memory, batch_entries=source.batch_entries,
                      parse_bytes=source.parse_bytes)
     idx = index_dtype_for(n)
