@@ -369,6 +369,18 @@ def _threaded_get(dsk: dict, keys: list, num_workers: int) -> list:
         pool.shutdown(wait=True)
 
 
+def start_order(n: int) -> list[int]:
+    """The indices ``0..n-1`` in the order the local schedulers start ``n`` independent tasks of one graph
+    keyed ``(name, i)``: the serial one in key order, Dask's threaded and multiprocessing ones in
+    :func:`dask.order.order`'s (today the last key first). A graph whose results are consumed in a fixed
+    order as they finish (:class:`~blocklin.runtime.sparse_pass.OrderedSum`) keys its ``i``-th task
+    ``start_order(n)[i]``, so that what finishes early is what is consumed next, on any version of Dask."""
+    import dask.order
+
+    rank = dask.order.order({("order", i): (_ignore, None, None) for i in range(n)})
+    return sorted(range(n), key=lambda i: rank[("order", i)])
+
+
 def _refers(arg: Any, keys: set) -> bool:
     if isinstance(arg, tuple):
         try:

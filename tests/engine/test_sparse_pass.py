@@ -136,3 +136,59 @@ def test_transposed_products_add_into_the_result_without_a_temporary(dtype, inde
     col = np.diff(blk.tocsc().indptr).max()
     bound = (col + 1) * eps(dtype) * 4 * (np.abs(out) + abs(blk).T @ np.abs(y))
     assert np.all(np.abs(got - ref) <= bound)
+
+
+@pytest.mark.parametrize("hold", [False, True])
+@pytest.mark.parametrize("scheduler, most", [("sync", 1), ("threads", 2)])
+def test_transposed_partials_are_added_as_they_finish_not_all_held(stored, rng, monkeypatch, hold, scheduler, most):
+    """``S^T Y``: every group's ``n x k`` partial was held until the last finished (5 here), where the plans
+    count one per running task; now each is added in group order as it finishes (the same bits: the
+    first test) and no more partials are alive than tasks run."""
+    import weakref
+
+    _, s = stored
+    groups = len(sparse_pass.row_groups(s._store))
+    live, peak = [0], [0]
+    product = sparse_pass.group_product
+
+    def counted(*args, **kwargs):
+        out = product(*args, **kwargs)
+        if args[4]:  # transposed: a partial
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+            weakref.finalize(out, lambda: live.__setitem__(0, live[0] - 1))
+        return out
+
+    monkeypatch.setattr(sparse_pass, "group_product", counted)
+    monkeypatch.setattr(sparse_pass, "HOLD_BLOCKS", hold)
+    y = rng.standard_normal((30000, 5))
+    with Job("test", scheduler=scheduler, workers=2) as job:
+        if hold:
+            assert sparse_pass.hold_blocks(job, s._store, np.float64, 0, 0)
+        sty = s.aslinearoperator().rmatmat(y)
+    assert groups >= 5 and 1 <= peak[0] <= most
+    assert np.array_equal(sty, s.aslinearoperator().rmatmat(y))  # in the caller, no job
+
+
+def test_a_failed_group_fails_the_product_without_leaving_tasks_waiting_for_their_turn(stored, rng, monkeypatch):
+    """The first group fails while later ones have finished and wait for their turn to add: the product
+    raises that group's error and ends (no thread left waiting)."""
+    import sys
+    import time
+
+    _, s = stored
+    product = sparse_pass.group_product
+
+    def first_fails(store, b0, b1, *args, **kwargs):
+        if b0 == 0 and args[1]:
+            time.sleep(0.3)  # the other groups finish first and wait
+            raise OSError("a row block could not be read")
+        return product(store, b0, b1, *args, **kwargs)
+
+    monkeypatch.setattr(sparse_pass, "group_product", first_fails)
+    monkeypatch.setattr(sparse_pass, "HOLD_BLOCKS", False)
+    with pytest.raises(OSError, match="could not be read"):  # returns: the run's pool joined its threads
+        with Job("test", scheduler="threads", workers=2):
+            s.aslinearoperator().rmatmat(rng.standard_normal((30000, 5)))
+    waiting = [f for f in sys._current_frames().values() if f.f_code.co_name == "add" and "sparse_pass" in f.f_code.co_filename]
+    assert not waiting
