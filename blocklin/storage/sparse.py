@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from array import array
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,8 @@ ARRAYS = ("indptr", "indices", "data", "row_blocks")
 #: indices), and fewest.
 MAX_ENTRY_CHUNK = 1 << 20
 MIN_ENTRY_CHUNK = 1 << 10
-#: Chunk copies of one 1-D write in flight: the writer's buffer, zarr's encoded copy.
+#: Chunk copies of one 1-D write in flight: the writer's buffer, and zarr's encoded copy or (chunk files
+#: written directly) the buffer a writer thread is writing while the next chunk fills.
 _CHUNK_COPIES = 2
 
 
@@ -104,6 +106,12 @@ class _Appender:
         # resized once, when it is closed: through zarr each chunk cost a copy and a metadata rewrite
         # (0.8 s of a 4 s conversion of 2x10^7 entries)
         self.files = vector_chunk_files(arr)
+        # chunk files: written by a thread of their own while the next chunk fills (the two buffers
+        # writer_bytes counts); the sort and the writes overlapped (0.46 s of writes in a 1.8 s conversion)
+        self.spare = np.empty(self.chunk, dtype) if self.files is not None else None
+        self.pending: Future | None = None
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="blocklin-sparse-writer") \
+            if self.files is not None else None
 
     @property
     def count(self) -> int:
@@ -124,21 +132,42 @@ class _Appender:
         if self.fill == 0:
             return
         end = self.flushed + self.fill
-        with writing(self.arr):
-            if self.files is not None:
-                self.buf[self.fill:] = 0  # the fill value: the last chunk is stored whole, as zarr stores it
-                self.files.write(self.flushed // self.chunk, self.buf)
-            else:
+        if self.files is not None:
+            self.buf[self.fill:] = 0  # the fill value: the last chunk is stored whole, as zarr stores it
+            self.wait()  # the spare buffer's write finished: it takes the next chunk
+            self.pending = self.thread.submit(self._write_chunk, self.flushed // self.chunk, self.buf)
+            self.buf, self.spare = self.spare, self.buf
+        else:
+            with writing(self.arr):
                 if self.grow and self.arr.shape[0] < end:
                     self.arr.resize((end,))
                 self.arr[self.flushed:end] = self.buf[:self.fill]
         self.flushed, self.fill = end, 0
 
+    def _write_chunk(self, index: int, buf: np.ndarray) -> None:
+        with writing(self.arr):
+            self.files.write(index, buf)
+
+    def wait(self) -> None:
+        """The chunk being written is written (its error raised here)."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
     def close(self) -> None:
         self._flush()
+        self.stop()
         if self.files is not None and self.grow and self.arr.shape[0] < self.flushed:
             with writing(self.arr):
                 self.arr.resize((self.flushed,))
+
+    def stop(self) -> None:
+        """Wait for the chunk being written (raising its error) and end the writer thread."""
+        try:
+            self.wait()
+        finally:
+            if self.thread is not None:
+                self.thread.shutdown(wait=True)
 
 
 class SparseWriter:
@@ -236,6 +265,13 @@ class SparseWriter:
                 "entry_chunk": self.entry_chunk}
 
     def abort(self) -> None:
+        for name in ("_indptr", "_indices", "_data"):  # no chunk write left to race the removal
+            try:
+                app = getattr(self, name, None)
+                if app is not None:
+                    app.stop()
+            except Exception:  # noqa: BLE001 - the failure being handled is the one to report
+                pass
         self._out.abort()
 
 

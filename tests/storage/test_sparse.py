@@ -525,3 +525,27 @@ def test_run_sort_keeps_source_order_of_duplicates(rng, wide):
     np.testing.assert_array_equal(cols, key[order][starts] % n)
     np.testing.assert_array_equal(indptr, np.concatenate([[0], np.cumsum(np.bincount(key[order][starts] // n,
                                                                                       minlength=20))]))
+
+
+def test_a_chunk_write_failing_on_the_writer_thread_fails_the_conversion_and_leaves_nothing(tmp_path, monkeypatch):
+    """Chunk files are written by a thread of their own beside the sort: its error (a full disk) reaches the
+    conversion, which removes its partial output after the thread stopped writing into it."""
+    import blocklin.storage.rawchunks as rawchunks
+
+    x = scipy.sparse.random(4000, 300, density=0.05, random_state=3, format="csr")
+    written = []
+    real = rawchunks.VectorChunkFiles.write
+
+    def fills_up(self, index, buf):
+        if len(written) == 3:
+            raise OSError(28, "No space left on device")
+        written.append(index)
+        real(self, index, buf)
+
+    monkeypatch.setattr(rawchunks.VectorChunkFiles, "write", fills_up)
+    with pytest.raises(OSError, match="No space"):
+        blocklin.from_sparse(x, tmp_path / "S.zarr", memory="9MiB")
+    assert len(written) == 3
+    _nothing_left(tmp_path, "S.zarr")
+    monkeypatch.setattr(rawchunks.VectorChunkFiles, "write", real)
+    _assert_same(blocklin.from_sparse(x, tmp_path / "S.zarr", memory="9MiB").to_scipy(), x)
