@@ -160,10 +160,8 @@ def product_in_process(store: SparseStore, x: np.ndarray, transposed: bool, dtyp
     """``S X`` or ``S^T X`` in this process, group by group as the tasks would compute it."""
     groups = row_groups(store)
     if transposed and len(groups) > 1:
-        total = OrderedSum(groups, (store.shape[1], x.shape[1]), np.result_type(np.dtype(dtype), x.dtype))
-        for g in groups:
-            total.run(g, lambda g=g: group_product(store, *g, x, transposed, dtype))
-        return total.result()
+        return _sum_in_order(groups, (store.shape[1], x.shape[1]), np.result_type(np.dtype(dtype), x.dtype),
+                             lambda g: group_product(store, *g, x, transposed, dtype))
     return _combine(store, [(g, group_product(store, *g, x, transposed, dtype)) for g in groups], x, transposed, dtype)
 
 
@@ -201,7 +199,6 @@ class OrderedSum:
             if self.failed:
                 return
             self.waiting[i] = part
-            del part
             while self.next in self.waiting:
                 self.total += self.waiting.pop(self.next)
                 self.next += 1
@@ -230,6 +227,21 @@ class OrderedSum:
 
             raise InternalError(f"OrderedSum: {self.next} of {len(self.order)} partials added")
         return self.total
+
+
+def _sum_in_order(groups: list[tuple[int, int]], shape: tuple[int, int], dtype: Any, partial: Any,
+                  threads: int = 1) -> np.ndarray:
+    """``S^T Y`` from ``partial(g)`` of every group, computed in this process on up to ``threads`` threads
+    of a first-in, first-out pool (the groups start in order) and added in order as they finish
+    (:class:`OrderedSum`)."""
+    total = OrderedSum(groups, shape, dtype)
+    if threads > 1:
+        with ThreadPoolExecutor(min(threads, len(groups))) as pool:
+            list(pool.map(lambda g: total.run(g, lambda: partial(g)), groups))
+    else:
+        for g in groups:
+            total.run(g, lambda g=g: partial(g))
+    return total.result()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,17 +443,11 @@ class HeldBlocks:
         threads = workers if job.scheduler.kind != "sync" else 1
         # a split of rows needs no memory of its own (the threads write into one result): the job's workers
         split = max(1, job.workers(job.cores())) if job.scheduler.kind != "sync" else 1
-        if transposed and len(groups) > 1:  # partials added as they finish (OrderedSum), not all held
-            total = OrderedSum(groups, (self.store.shape[1], x.shape[1]),
-                               np.result_type(self.dtype, x.dtype))
-            if threads > 1:  # the pool starts the groups in order (first in, first out)
-                with ThreadPoolExecutor(min(threads, len(groups))) as pool:
-                    list(pool.map(lambda g: total.run(g, lambda: one(g)), groups))
-            else:
-                for g in groups:
-                    total.run(g, lambda g=g: one(g))
+        if transposed and len(groups) > 1:  # partials added as they finish, not all held
+            total = _sum_in_order(groups, (self.store.shape[1], x.shape[1]), np.result_type(self.dtype, x.dtype),
+                                  one, threads)
             self._count(job, groups, x)
-            return total.result()
+            return total
         if threads > 1 and len(groups) > 1:
             with ThreadPoolExecutor(min(threads, len(groups))) as pool:
                 parts = list(pool.map(one, groups))
