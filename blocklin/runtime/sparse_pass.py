@@ -48,7 +48,7 @@ def row_groups(store: SparseStore) -> list[tuple[int, int]]:
     """``(first block, stop block)`` of each group of consecutive row blocks holding about
     :data:`GROUP_ENTRIES` entries (one small read of ``indptr`` at the block boundaries)."""
     bounds = store.row_blocks
-    ends = np.asarray(store.indptr.get_coordinate_selection(bounds), np.int64)
+    ends = store.block_ends()
     groups, first, start = [], 0, int(ends[0])
     for b in range(1, len(bounds)):
         if int(ends[b]) - start >= GROUP_ENTRIES or b == len(bounds) - 1:
@@ -288,7 +288,7 @@ def task_memory(store: SparseStore, groups: list[tuple[int, int]], k: int, trans
     """Bytes one task allocates beside the shared ``X``: its largest block's CSR arrays as read and
     cast, and its result (a group's rows of ``S X``, or an ``n x k`` partial and a block's product)."""
     bounds = store.row_blocks
-    ends = np.asarray(store.indptr.get_coordinate_selection(bounds), np.int64)
+    ends = store.block_ends()
     block_entries = int(np.diff(ends).max(initial=0))
     block_rows = int(np.diff(bounds).max(initial=0))
     entry = store.dtype.itemsize + store.index_dtype.itemsize

@@ -326,6 +326,14 @@ class SparseStore:
                                       f"{self.data.shape}, nnz {self.nnz}, m {m} in {loc.url!r}",
                                       "the store is damaged; convert the source file again"))
         self.index_dtype = np.dtype(self.indices.dtype)
+        self._block_ends: np.ndarray | None = None
+
+    def block_ends(self) -> np.ndarray:
+        """``indptr`` at the row-block boundaries (int64): the entries before each block. Read once, on
+        first use: products ask for it every call, and each small zarr read costs milliseconds."""
+        if self._block_ends is None:
+            self._block_ends = np.asarray(self.indptr.get_coordinate_selection(self.row_blocks), np.int64)
+        return self._block_ends
 
     def read_rows(self, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Rows ``r0:r1`` as ``(indptr from 0, indices, data)``."""

@@ -85,11 +85,14 @@ def orth_against(v: np.ndarray | None, x: np.ndarray, *, seed: int = 0, counter:
         return y
 
     y = project(x, owned=False)
-    u, s, _ = np.linalg.svd(y, full_matrices=False)
+    # y's SVD from its R factor (y = Q_y R, U = Q_y U_R): a tall QR at a Gram product's rate, not LAPACK's
+    # tall SVD (10^5 x 28: 25 ms against 76 ms)
+    qy, r = tall_qr(y)
     del y
+    ur, s, _ = np.linalg.svd(r)
     good = s > drop * scale
-    q = u[:, np.flatnonzero(good)[:keep]]
-    del u
+    q = qy @ ur[:, np.flatnonzero(good)[:keep]]
+    del qy
     if q.shape[1] < keep:  # breakdown: fill with random directions orthogonal to V and q
         fill = gaussian(seed, STREAM_FILL, counter * n, (counter + 1) * n, keep - q.shape[1], x.dtype)
         for basis in ((v, q) if v is not None else (q,)):
@@ -98,8 +101,7 @@ def orth_against(v: np.ndarray | None, x: np.ndarray, *, seed: int = 0, counter:
         qf, _ = np.linalg.qr(fill)
         q = np.hstack([q, qf])
     q = project(q, owned=True)  # one more pass against V after normalization (keeps V q at eps)
-    q, _ = np.linalg.qr(q)
-    return q
+    return tall_qr(q)[0]
 
 
 #: Condition number of a tall block under which :func:`tall_qr` takes CholeskyQR2 (orthogonal to about

@@ -380,7 +380,7 @@ def sparse_plan(s: SparseMatrix, k: int, lams: int, *, max_iter: int, intercept:
     the block boundaries), with the product tasks' memory as :mod:`blocklin.runtime.sparse_pass` counts it."""
     st = s._store
     groups = row_groups(st)
-    ends = np.asarray(st.indptr.get_coordinate_selection(st.row_blocks), np.int64)
+    ends = st.block_ends()
     dt = s.aslinearoperator().dtype
     task = max(task_memory(st, groups, k, True, dt), task_memory(st, groups, k * lams, False, dt))  # S x: L k columns
     entry = s.dtype.itemsize + s.index_dtype.itemsize
