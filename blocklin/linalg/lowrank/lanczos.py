@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin._memory import reused_allocations
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.orth import ct, next_block, orth_against, tall_qr, work_dtype
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
@@ -64,6 +65,7 @@ def _order(theta: np.ndarray, which: str) -> np.ndarray:
     raise ParameterError(explain("which", "must be 'LA', 'SA' or 'LM'", repr(which), "pass which='LA'"))
 
 
+@reused_allocations()  # every step makes and frees the same n x block temporaries
 def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int, *, which: str, block: int,
                   max_basis: int, max_steps: int, threshold: Callable[[np.ndarray], np.ndarray], seed: int,
                   x0: np.ndarray | None = None, first: np.ndarray | None = None,
