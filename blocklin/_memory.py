@@ -65,29 +65,33 @@ def tune() -> None:
 
 
 @contextlib.contextmanager
-def reused_allocations() -> Iterator[None]:
-    """Inside: arrays up to 32 MiB come from the heap and go back to it when freed, to be reused by the
-    next of their size; on leaving, the threshold :func:`tune` set is restored and the heap's free
-    pages are returned to the OS.
+def reused_allocations(budget: int | None) -> Iterator[None]:
+    """Inside: arrays up to 1/64 of ``budget`` (at most 32 MiB) come from the heap and go back to it when
+    freed, to be reused by the next of their size; on leaving, the threshold :func:`tune` set is
+    restored and the heap's free pages are returned to the OS. ``budget=None``: nothing changes.
 
     For loops whose every step makes and frees the same large temporaries (a Lanczos step's
     ``n x block`` blocks, its products): each in a mapping of its own is zeroed page by page by the
     kernel when first written, and those page faults took a third of a sparse svd's time at
     ``10^5`` nodes (185 000 faults, 0.7 s of system time, against 20 000 with the heap reused). The
-    temporaries are the ones the plans count; reused, they take no more memory than when mapped.
+    temporaries are the ones the plans count, but the heap keeps what is freed until it is reused,
+    and arrays of other sizes freed between (a product's partials) stay resident too: a sparse svd
+    at 10^6 nodes with every array up to 32 MiB on the heap peaked at 282 MiB of its 256 MiB budget
+    (183 MiB mapped). Arrays up to 1/64 of the budget keep what the heap can hold back small beside it.
     Does nothing where :func:`tune` left malloc alone (not glibc, ``BLOCKLIN_MALLOC_TUNING=0``, a
-    shared ``distributed`` worker). Nested and concurrent uses share one setting: the last to leave
-    restores it.
+    shared ``distributed`` worker) or where that size is below the tuned threshold. Nested and
+    concurrent uses share the first one's setting: the last to leave restores it.
     """
-    if not _tuned:
+    limit = min(_MMAP_THRESHOLD_MAX, int(budget) // 64) if budget else 0
+    if not _tuned or limit <= TUNED_MMAP_THRESHOLD:
         yield
         return
     libc = _tuned[0]
     with _reuse_lock:
         _reuse_depth[0] += 1
         if _reuse_depth[0] == 1:
-            libc.mallopt(_M_TRIM_THRESHOLD, _MMAP_THRESHOLD_MAX)
-            libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+            libc.mallopt(_M_TRIM_THRESHOLD, limit)
+            libc.mallopt(_M_MMAP_THRESHOLD, limit)
     try:
         yield
     finally:

@@ -24,12 +24,15 @@ _CODE = textwrap.dedent("""
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
     outside = faults(40)
-    with _memory.reused_allocations():
-        with _memory.reused_allocations():  # nested: the inner exit leaves the setting on
+    with _memory.reused_allocations(1 << 30):  # arrays up to 16 MiB reused
+        with _memory.reused_allocations(1 << 30):  # nested: the inner exit leaves the setting on
             pass
         inside = faults(40)
     after = faults(40)
-    print(json.dumps({"tuned": bool(_memory._tuned), "outside": outside, "inside": inside, "after": after}))
+    with _memory.reused_allocations(32 << 20):  # a 32 MiB budget: arrays up to 512 KiB only
+        small_budget = faults(40)
+    print(json.dumps({"tuned": bool(_memory._tuned), "outside": outside, "inside": inside, "after": after,
+                      "small_budget": small_budget}))
 """)
 
 
@@ -45,11 +48,12 @@ def _run(env_extra: dict) -> dict:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc and the kernel's fault counts")
 def test_reused_allocations_take_no_new_pages_and_restore_the_threshold():
     """Inside, a freed 1 MiB array's pages serve the next one (no page faults); outside, before and after,
-    each is a fresh mapping the kernel faults in (the threshold tune() set is back)."""
+    each is a fresh mapping the kernel faults in (the threshold tune() set is back), and so where the
+    budget's 1/64 is below the array's size."""
     r = _run({"BLOCKLIN_MALLOC_TUNING": "1"})
     if not r["tuned"]:
         pytest.skip("malloc not tunable here (not glibc)")
-    assert r["outside"] >= 40 * 200 and r["after"] >= 40 * 200, r
+    assert r["outside"] >= 40 * 200 and r["after"] >= 40 * 200 and r["small_budget"] >= 40 * 200, r
     assert r["inside"] <= 40 * 20, r
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -65,7 +66,23 @@ def _order(theta: np.ndarray, which: str) -> np.ndarray:
     raise ParameterError(explain("which", "must be 'LA', 'SA' or 'LM'", repr(which), "pass which='LA'"))
 
 
-@reused_allocations()  # every step makes and frees the same n x block temporaries
+def _reusing_step_temporaries(fn: Callable) -> Callable:
+    """Run ``fn`` with the allocations of its steps reused from the heap, up to the size the running
+    job's budget allows (:func:`blocklin._memory.reused_allocations`): every step makes and frees the
+    same ``n x block`` temporaries."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        from blocklin.runtime.job import current_job
+
+        job = current_job()
+        with reused_allocations(job.cfg.memory if job is not None else None):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+@_reusing_step_temporaries
 def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int, *, which: str, block: int,
                   max_basis: int, max_steps: int, threshold: Callable[[np.ndarray], np.ndarray], seed: int,
                   x0: np.ndarray | None = None, first: np.ndarray | None = None,
