@@ -20,6 +20,7 @@ import os
 import resource
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 #: Chunks zarr reads or writes at once; the planners count one chunk temporary for each.
 IO_CONCURRENCY = 4
@@ -50,15 +51,25 @@ def _malloc_tuning() -> str:
     return os.environ.get("BLOCKLIN_MALLOC_TUNING", "").strip().lower()
 
 
+_LIBC: list = []
+
+
+def _glibc() -> Any:
+    """The C library when it is glibc (it has ``mallopt`` and ``malloc_trim``), else None; loaded once."""
+    if not _LIBC:
+        try:
+            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.append(lib if hasattr(lib, "mallopt") and hasattr(lib, "malloc_trim") else None)
+        except OSError:
+            _LIBC.append(None)
+    return _LIBC[0]
+
+
 def tune() -> None:
     """Apply both settings to this process (idempotent)."""
-    if _malloc_tuning() not in ("0", "false", "no", "off"):
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            if libc.mallopt(_M_MMAP_THRESHOLD, TUNED_MMAP_THRESHOLD) and not _tuned:
-                _tuned.append(libc)
-        except (OSError, AttributeError):  # not glibc: nothing to tune
-            pass
+    libc = _glibc() if _malloc_tuning() not in ("0", "false", "no", "off") else None
+    if libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, TUNED_MMAP_THRESHOLD) and not _tuned:
+        _tuned.append(libc)
     if "ZARR_ASYNC__CONCURRENCY" not in os.environ:
         import zarr
 
@@ -101,10 +112,7 @@ def reused_allocations(budget: int | None) -> Iterator[None]:
             if _reuse_depth[0] == 0:
                 libc.mallopt(_M_MMAP_THRESHOLD, TUNED_MMAP_THRESHOLD)
                 libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
-                libc.malloc_trim(0)
-
-
-_LIBC: list = []
+                release_free_memory()
 
 
 def release_free_memory() -> None:
@@ -115,14 +123,9 @@ def release_free_memory() -> None:
     that runs alone at a small budget calls this before and after its work, so that the memory the
     previous step freed does not add to its own peak.
     """
-    if not _LIBC:
-        try:
-            lib = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _LIBC.append(lib.malloc_trim)
-        except (OSError, AttributeError):  # not glibc
-            _LIBC.append(None)
-    if _LIBC[0] is not None:
-        _LIBC[0](0)
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def tune_on_import() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -37,8 +38,6 @@ _CODE = textwrap.dedent("""
 
 
 def _run(env_extra: dict) -> dict:
-    import os
-
     env = {**os.environ, **env_extra}
     proc = subprocess.run([sys.executable, "-c", _CODE], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
