@@ -143,7 +143,7 @@ def default_basis(k: int, oversample: int, block: int) -> int:
 
 
 def sparse_block(k: int, oversample: int, N: int) -> int:
-    """Lanczos block of a stored sparse matrix or a ``LinearOperator`` (svd and eigsh): about a quarter of
+    """Lanczos block of a stored sparse matrix or a ``LinearOperator`` (svd and eigsh): about an eighth of
     ``k + oversample`` (at least 4), at most ``N``.
 
     A product with a sparse matrix costs about the same per column whatever the block (bound by its
@@ -151,18 +151,25 @@ def sparse_block(k: int, oversample: int, N: int) -> int:
     columns), unlike a dense pass, which reads ``A`` once whatever the block; so a smaller block, whose
     Krylov space reaches ``tol`` with fewer columns, costs fewer products, and each step's in-memory
     work (projections against the basis, its QR) shrinks with it. On the 10^5-node power-law graph of
-    ``benchmarks/sparse_matrices.py`` (``k = 20``, ``tol = 1e-7``) svd took 168 columns in 21 steps at
-    block 8 against 540 in 18 at block 30, and about 3 s of CPU time against 8-9 s.
+    ``benchmarks/sparse_matrices.py`` (``tol = 1e-7``, one process, medians of 3-4 rounds alternated):
+    svd ``k = 20`` took 124 columns in 30 steps at block 4 against 168 in 21 at block 8 (1.6 and 1.9 s;
+    540 in 18 at block 30), ``k = 40`` 3.1 s at block 4 (43 steps), 3.5 s at 8, 4.7 s at 13, ``k = 10``
+    0.88 s at 4 against 0.95 s at 5; eigsh ``k = 20`` 2.0 s at block 4 against 2.6 s at 8. The eighth
+    rather than a fixed 4 keeps the steps within the default pass limit (60) for a large ``k``: at
+    ``k = 100`` block 4 stopped unconverged at the limit, block 8 took 54 steps and block 14 (this rule)
+    39, in 14.6 s against 17.2 s at block 28.
     """
-    return max(1, min(N, max(4, math.ceil((k + oversample) / 4))))
+    return max(1, min(N, max(4, math.ceil((k + oversample) / 8))))
 
 
 def sparse_basis(k: int, oversample: int, block: int, N: int) -> int:
     """Lanczos basis that triggers a thick restart with :func:`sparse_block`: ``2 (k + oversample) + 2 block``
     (at least ``k + block``, at most ``N``). A restart keeps ``max(k + block, basis / 2)`` Ritz vectors,
-    so about five steps run between restarts; measured on the graph of :func:`sparse_block` at block 8:
+    so several steps run between restarts; measured on the graph of :func:`sparse_block` at block 8:
     basis 64, 80 and 96 took 2.9, 3.3 and 3.3 s of CPU time for svd and 4.6, 4.0 and 3.9 s for eigsh
-    (55, 43 and 40 steps), the default block's 30 with basis 60 (a restart every step) 8-9 s for svd."""
+    (55, 43 and 40 steps), the default block's 30 with basis 60 (a restart every step) 8-9 s for svd; at
+    block 4 (``k = 20``) basis 60, 68 and 76 took the same 1.5 s for svd, and 68, 84 and 100 2.0-2.1 s for
+    eigsh."""
     return max(k + block, min(N, 2 * (k + oversample) + 2 * block))
 
 

@@ -11,12 +11,15 @@ plans (``--explain``) against the runs.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 import blocklin as bl
 import blocklin.runtime.sparse_pass as sparse_pass
+from blocklin.errors import ConvergenceWarning
 from blocklin.linalg.lowrank.basis import MemoryBasis, ritz_residuals, strip_times
 from blocklin.linalg.lowrank.sparse_eigsh import eigsh_defaults
 from blocklin.linalg.lowrank.sparse_plan import sparse_lowrank_plan
@@ -52,17 +55,18 @@ def spectrum(graph):
 
 
 def test_sparse_block_and_basis_rules():
-    assert sparse_block(20, 10, 10**5) == 8  # about a quarter of k + oversample
+    assert sparse_block(20, 10, 10**5) == 4  # about an eighth of k + oversample
+    assert sparse_block(100, 10, 10**5) == 14
     assert sparse_block(1, 10, 10**5) == 4  # at least 4
     assert sparse_block(20, 10, 3) == 3  # at most N
-    assert sparse_block(200, 10, 10**5) == 53
+    assert sparse_block(200, 10, 10**5) == 27
     for k, n in ((20, 10**5), (1, 50), (6, 900), (40, 60)):
         b = sparse_block(k, 10, n)
         mb = sparse_basis(k, 10, b, n)
         assert k + b <= mb and (mb <= n or mb == k + b)
-    assert sparse_basis(20, 10, 8, 10**5) == 76
+    assert sparse_basis(20, 10, 4, 10**5) == 68
     # a given block keeps the dense route's basis for it; both given are taken as they are
-    assert eigsh_defaults(20, 10**5, None, None) == (8, 76)
+    assert eigsh_defaults(20, 10**5, None, None) == (4, 68)
     assert eigsh_defaults(20, 10**5, 15, None) == (15, default_basis(20, 10, 15))
     assert eigsh_defaults(20, 10**5, 15, 50) == (15, 50)
 
@@ -104,6 +108,16 @@ def test_svd_defaults_against_lapack_and_the_old_block(graph, spectrum):
     bound = (np.array(res.report["residuals"]) ** 2 + np.array(ref.report["residuals"]) ** 2) / gaps.min() \
         + 8 * a.shape[0] * eps(np.float64) * full[0]
     assert (np.abs(new - old) <= bound).all()
+
+
+def test_an_unconverged_sparse_svd_counts_its_products_in_the_warning(graph):
+    """The warning names the products with the operator it ran (a stored sparse matrix makes no pass over a
+    dense ``A``: it once said "within 0 passes over A")."""
+    _, s = graph
+    with pytest.warns(ConvergenceWarning, match=r"not reached within (\d+) products with the operator") as rec:
+        res = bl.svd(s, K, tol=1e-12, max_passes=2, seed=0)
+    said = int(re.search(r"within (\d+) products", str(rec[-1].message)).group(1))
+    assert said == res.report["operator_products"] > 0 and res.report["converged"] is False
 
 
 @pytest.mark.parametrize("scheduler", ["threads", "processes"])

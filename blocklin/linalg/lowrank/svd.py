@@ -495,7 +495,7 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
                                          dest=ao.array_path("Vt" if m < n else "U") if long_wanted else None,
                                          short_dest=ao.array_path("U" if m < n else "Vt"))
         report = _report(job, plan, f, tol=tol, seed=seed, oversample=oversample, center=False, scale=False,
-                         requested=method, resumed=False, restored=[])
+                         requested=method, resumed=False, restored=[], operator_products=products)
         report.update(passes=products, operator_products=products, which="LM",
                       passes_formula=f"{plan.formula} (products with the operator: matmat and rmatmat)")
         return _result(job, out, dt, plan, f, report, ao, overwrite, long_wanted)
@@ -550,8 +550,10 @@ REPORTED_FIELDS = ("power_iters", "orth", "lanczos_steps", "restarts", "history"
 
 
 def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, seed: int, oversample: int,
-            center: bool, scale: bool, requested: str, resumed: bool, restored: list[str]) -> dict:
-    """The report, with per-triplet residuals; warns when ``tol`` was not reached."""
+            center: bool, scale: bool, requested: str, resumed: bool, restored: list[str],
+            operator_products: int | None = None) -> dict:
+    """The report, with per-triplet residuals; warns when ``tol`` was not reached. ``operator_products``:
+    an operator's products, which its warning counts instead of the passes over a stored ``A`` (none)."""
     s = f.s
     check_finite_result("s", s, f"the singular values of svd ({plan.method})")
     s1 = float(s[0]) if s.size and s[0] > 0 else 1.0
@@ -561,7 +563,9 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
     if converged is False:
         bad = [i + 1 for i, c in enumerate(triplets["converged_triplets"]) if not c]
         w = triplets["worst_triplet"]
-        warn(f"svd ({plan.method}): tol={tol:g} not reached within {job.passes('a')} passes over A for triplet(s) "
+        within = (f"{job.passes('a')} passes over A" if operator_products is None
+                  else f"{operator_products} products with the operator")
+        warn(f"svd ({plan.method}): tol={tol:g} not reached within {within} for triplet(s) "
              f"{bad[:10]}{' ...' if len(bad) > 10 else ''}; worst: triplet {w['index']} (s = {w['s']:.4g}), "
              f"relative residual ||A^T u - s v|| / s = {w['relative_residual']:.2e}. Raise max_passes"
              f"{' or power_iters' if plan.method == 'rsvd' else ''}, or loosen tol", ConvergenceWarning)
