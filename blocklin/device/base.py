@@ -211,10 +211,10 @@ class Device(abc.ABC):
         LAPACK does; callers check ``U``'s diagonal.
         """
         from scipy.linalg import lapack
-        from threadpoolctl import threadpool_limits
+        from blocklin._blas import blas_threads
 
         getrf = lapack.get_lapack_funcs("getrf", (x,))
-        with threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas"):
+        with blas_threads(PANEL_GETRF_THREADS):
             lu, piv, info = getrf(x, overwrite_a=False)
         if info < 0:
             raise InternalError(f"getrf: illegal argument {-info}")

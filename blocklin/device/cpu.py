@@ -31,9 +31,9 @@ def potrf_threads(n: int) -> Any:
 
     if n <= THREADED_POTRF_MAX:
         return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
+    from blocklin._blas import blas_threads
 
-    return threadpool_limits(limits=1, user_api="blas")
+    return blas_threads(1)
 
 
 class CpuDevice(Device):

@@ -423,9 +423,9 @@ class Job:
         """
         ctx = contextlib.nullcontext()
         if blas_threads and self.scheduler.kind in ("threads", "sync"):
-            from threadpoolctl import threadpool_limits
+            from blocklin._blas import blas_threads as limit_blas
 
-            ctx = threadpool_limits(limits=blas_threads, user_api="blas")
+            ctx = limit_blas(blas_threads)
         events: dict = {}
         with ctx:
             sched = self.scheduler

@@ -127,9 +127,9 @@ class _Scoped:
     def __init__(self, blas_threads: int | None, io: bool) -> None:
         self.blas = None
         if blas_threads is not None:
-            from threadpoolctl import threadpool_limits
+            from blocklin._blas import blas_threads as limit_blas
 
-            self.blas = threadpool_limits(limits=blas_threads, user_api="blas")
+            self.blas = limit_blas(blas_threads)
         self.io = None
         if io:
             import zarr

@@ -124,9 +124,9 @@ def tall_qr(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         r2 = cholesky_upper(ct(q) @ q)
         if r2 is not None:
             return q @ _inv_upper(r2), r2 @ r1
-    from threadpoolctl import threadpool_limits
+    from blocklin._blas import blas_threads
 
-    with threadpool_limits(limits=1, user_api="blas"):
+    with blas_threads(1):
         return np.linalg.qr(y)
 
 

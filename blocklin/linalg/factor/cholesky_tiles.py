@@ -153,10 +153,10 @@ def _factor_diagonal(dev: Any, acc: Any, offset: int, spec: TileOpSpec) -> np.nd
     OpenBLAS's threaded ``potrf`` of a 1024 or 2048 tile took 2 to 10 times as long as one thread
     on this project's shared 2-core machine (0.19-0.87 s against 0.05-0.08 s at 1024).
     """
-    from threadpoolctl import threadpool_limits
+    from blocklin._blas import blas_threads
 
     try:
-        with threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas"):
+        with blas_threads(PANEL_GETRF_THREADS):
             low = dev.cholesky(acc)
         out = np.asarray(dev.to_host(low))
         if np.isfinite(out).all():

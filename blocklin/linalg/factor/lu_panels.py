@@ -265,7 +265,7 @@ def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
     0.86-1.56x the time of ``getrf`` on the whole 8192 x 1024 panel.
     """
     from scipy.linalg import lapack
-    from threadpoolctl import threadpool_limits
+    from blocklin._blas import blas_threads
 
     m, w = x.shape
     kk = min(m, w)
@@ -275,7 +275,7 @@ def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
     getrf = lapack.get_lapack_funcs("getrf", (x,))
     buf = np.empty((2 * min(sub, kk), w), dtype=x.dtype) if sub < w else None
     cpu = get_device("cpu")
-    with threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas"):
+    with blas_threads(PANEL_GETRF_THREADS):
         for s0 in range(0, kk, sub):
             s1 = min(kk, s0 + sub)
             lu, p, info = getrf(np.asfortranarray(x[s0:, s0:s1]), overwrite_a=True)

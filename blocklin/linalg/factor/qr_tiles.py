@@ -186,9 +186,9 @@ def _one_thread() -> Any:
     10 to 100 times slower than one on a shared 2-core machine (a 512 tile: ``tpqrt`` 2.1 s against
     0.03 s, ``tpmqrt`` 0.32 s against 0.010 s); a 2048 x 2048 ``R`` took 2.9 s on one thread against
     8.5 s with two (benchmarks in docs/factor.md)."""
-    from threadpoolctl import threadpool_limits
+    from blocklin._blas import blas_threads
 
-    return threadpool_limits(limits=PANEL_GETRF_THREADS, user_api="blas")
+    return blas_threads(PANEL_GETRF_THREADS)
 
 
 def geqrt(tile: np.ndarray, inner: int) -> tuple[np.ndarray, np.ndarray]:

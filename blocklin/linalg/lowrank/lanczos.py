@@ -246,16 +246,16 @@ def small_blas(n: int, cols: int) -> contextlib.AbstractContextManager:
     """
     if n * cols > SMALL_BLAS_ELEMENTS:
         return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
+    from blocklin._blas import blas_threads
 
-    return threadpool_limits(limits=1, user_api="blas")
+    return blas_threads(1)
 
 
 def one_blas_thread() -> contextlib.AbstractContextManager:
     """BLAS (and LAPACK) on one thread: for the small dense problems of a step (``eigh`` of ``H``)."""
-    from threadpoolctl import threadpool_limits
+    from blocklin._blas import blas_threads
 
-    return threadpool_limits(limits=1, user_api="blas")
+    return blas_threads(1)
 
 
 def start_block(n: int, block: int, seed: int, v0: np.ndarray | None = None, dtype: Any = np.float64) -> np.ndarray:
