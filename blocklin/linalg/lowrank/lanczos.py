@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin._blas import blas_threads
 from blocklin._memory import reused_allocations
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.orth import ct, next_block, orth_against, tall_qr, work_dtype
@@ -164,7 +165,7 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
             q1, t = tall_qr(y)
             del y
             norm_z = float(np.linalg.norm(np.concatenate([c, t]), 2))
-            with one_blas_thread():  # an eigh of at most a few hundred rows: threads only spin
+            with blas_threads(1):  # an eigh of at most a few hundred rows: threads only spin
                 theta, Y = np.linalg.eigh(H)
             order = _order(theta, which)
             kk = min(k, len(theta))
@@ -246,15 +247,6 @@ def small_blas(n: int, cols: int) -> contextlib.AbstractContextManager:
     """
     if n * cols > SMALL_BLAS_ELEMENTS:
         return contextlib.nullcontext()
-    from blocklin._blas import blas_threads
-
-    return blas_threads(1)
-
-
-def one_blas_thread() -> contextlib.AbstractContextManager:
-    """BLAS (and LAPACK) on one thread: for the small dense problems of a step (``eigh`` of ``H``)."""
-    from blocklin._blas import blas_threads
-
     return blas_threads(1)
 
 
