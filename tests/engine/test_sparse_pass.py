@@ -138,6 +138,41 @@ def test_transposed_products_add_into_the_result_without_a_temporary(dtype, inde
     assert np.all(np.abs(got - ref) <= bound)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("k", [9, 24])
+def test_wide_products_in_column_slabs_have_the_bits_of_one_call(monkeypatch, transposed, k):
+    """A product wider than ``SLAB_COLUMNS`` runs a slab of columns per kernel call: every column's sums in
+    the same order, so the bits of one call over all columns; the slabs' copies stay within the block
+    product temporary the plan counts (tracemalloc's peak), and a block too narrow for them is not cut."""
+    import tracemalloc
+
+    rng = np.random.default_rng(8)
+    blk = sp.random(3000, 2500, density=0.004, random_state=5, format="csr")
+    x = rng.standard_normal((3000 if transposed else 2500, k))
+    out0 = rng.standard_normal((2500, k)) if transposed else np.zeros((3000, k))
+
+    def run(slab):
+        monkeypatch.setattr(sparse_pass, "SLAB_COLUMNS", slab)
+        got = out0.copy()
+        tracemalloc.start()
+        if transposed:
+            sparse_pass._add_transposed_product(got, blk, x)
+        else:
+            sparse_pass._put_product(got, blk, x)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        return got, peak
+
+    whole, _ = run(10**6)
+    sliced, peak = run(8)
+    # 24 columns: cut (the copies' 5500 x 8 fit the block's counted rows x 24); 9 columns: no room, one call
+    assert sparse_pass.slab_width(k, 5500, (2500 if transposed else 3000) * k) == (8 if k == 24 else k)
+    assert np.array_equal(sliced, whole)
+    assert peak <= (2500 if transposed else 3000) * k * 8  # within the counted n x k (rows x k) temporary
+    # a plan with no room for the copies: one call
+    assert sparse_pass.slab_width(k, 5500, 5500 * 8 - 1) == k
+
+
 @pytest.mark.parametrize("hold", [False, True])
 @pytest.mark.parametrize("scheduler, most", [("sync", 1), ("threads", 2)])
 def test_transposed_partials_are_added_as_they_finish_not_all_held(stored, rng, monkeypatch, hold, scheduler, most):
