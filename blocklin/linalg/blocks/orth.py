@@ -85,14 +85,16 @@ def orth_against(v: np.ndarray | None, x: np.ndarray, *, seed: int = 0, counter:
         return y
 
     y = project(x, owned=False)
-    # y's SVD from its R factor (y = Q_y R, U = Q_y U_R): a tall QR at a Gram product's rate, not LAPACK's
-    # tall SVD (10^5 x 28: 25 ms against 76 ms)
-    qy, r = tall_qr(y)
+    if keep < b:
+        q = _leading_directions(y, keep, drop * scale)
+    else:
+        # y's SVD from its R factor (y = Q_y R, U = Q_y U_R): a tall QR at a Gram product's rate, not LAPACK's
+        # tall SVD (10^5 x 28: 25 ms against 76 ms)
+        qy, r = tall_qr(y)
+        ur, s, _ = np.linalg.svd(r)
+        q = qy @ ur[:, np.flatnonzero(s > drop * scale)[:keep]]
+        del qy
     del y
-    ur, s, _ = np.linalg.svd(r)
-    good = s > drop * scale
-    q = qy @ ur[:, np.flatnonzero(good)[:keep]]
-    del qy
     if q.shape[1] < keep:  # breakdown: fill with random directions orthogonal to V and q
         fill = gaussian(seed, STREAM_FILL, counter * n, (counter + 1) * n, keep - q.shape[1], x.dtype)
         for basis in ((v, q) if v is not None else (q,)):
@@ -104,13 +106,33 @@ def orth_against(v: np.ndarray | None, x: np.ndarray, *, seed: int = 0, counter:
     return tall_qr(q)[0]
 
 
+def _leading_directions(y: np.ndarray, keep: int, floor: float) -> np.ndarray:
+    """Up to ``keep`` leading left singular vectors of ``y`` (``n x b``, ``keep < b``) whose singular values
+    exceed ``floor``, from the eigenvectors of ``y^H y``: ``u_i = y w_i / s_i``.
+
+    The Gram matrix resolves a singular value ``s_i`` to about ``u s_1^2 / s_i`` (its rounding), so only
+    those above ``sqrt(64 b u) s_1`` count: the caller fills the rest with random directions and
+    orthonormalizes them all again. A handful of leading directions of an ill-conditioned block (the
+    residual vectors of a Lanczos run's Ritz pairs: ``cond`` near ``10^7``) then take one Gram product
+    where a tall QR of every column fell back to Householder's (48 ms of a 1.2 s sparse svd at ``10^5``
+    rows)."""
+    g = ct(y) @ y
+    lam, w = np.linalg.eigh((g + ct(g)) / 2)
+    lam, w = lam[::-1], w[:, ::-1]
+    top = max(float(lam[0]), 0.0) if lam.size else 0.0
+    sv = np.sqrt(np.maximum(lam, 0.0))
+    good = np.flatnonzero((sv > floor) & (lam > 64 * y.shape[1] * np.finfo(np.float64).eps * top))[:keep]
+    return (y @ w[:, good]) / sv[good]
+
+
 #: Condition number of a tall block under which :func:`tall_qr` takes CholeskyQR2 (orthogonal to about
 #: ``u`` while ``cond < u^-1/2``, about 7e7 in float64: Yamamoto et al. 2015), with a margin.
 CHOLQR_COND = 1e6
 
 
-def tall_qr(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Reduced ``Y = Q R`` of a tall in-memory block (float64 or complex128; ``R``'s diagonal of any sign).
+def tall_qr(y: np.ndarray, g: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Reduced ``Y = Q R`` of a tall in-memory block (float64 or complex128; ``R``'s diagonal of any sign);
+    ``g``: ``Y^H Y`` where the caller formed it already (its first Gram product).
 
     CholeskyQR2 (Fukaya, Nakatsukasa, Yanagisawa, Yamamoto 2014): two Gram products and two
     ``c x c`` Cholesky factors, at the rate of a matrix product, where ``chol(Y^H Y)`` exists and
@@ -118,7 +140,7 @@ def tall_qr(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     matrix-vector work, which threads only slow down on a busy machine: a ``10^5 x 30`` block took
     1.1 s on two threads under load).
     """
-    r1 = cholesky_upper(ct(y) @ y)
+    r1 = cholesky_upper(ct(y) @ y if g is None else g)
     if r1 is not None and np.linalg.cond(r1) < CHOLQR_COND:
         q = y @ _inv_upper(r1)
         r2 = cholesky_upper(ct(q) @ q)
@@ -130,8 +152,38 @@ def tall_qr(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return np.linalg.qr(y)
 
 
+def reproject(v: Any, y: np.ndarray, c: np.ndarray, c2: np.ndarray,
+              g: np.ndarray) -> tuple[np.ndarray, float, np.ndarray | None]:
+    """Classical Gram-Schmidt's second (and, rarely, third) pass on a block ``y = z - V c`` once projected
+    against an orthonormal basis ``V`` (a Lanczos basis: :class:`~blocklin.linalg.lowrank.basis.Basis`),
+    where the Kahan-Parlett test asks for it; returns ``(y, ||z||_2, y^H y)``, ``y`` projected in place and
+    its Gram matrix where no third pass changed it (else ``None``): :func:`tall_qr`'s first product.
+
+    ``c2 = V^H y`` and ``g = y^H y`` come from the read that formed ``y`` (:meth:`Basis.subtract_dot`), so
+    the test costs no pass and the second projection one read of ``V``, not two. One projection leaves
+    components in ``span(V)`` of about ``u ||z||``, grown by ``||z|| / s_min(y)`` when ``y`` is normalized:
+    ``y`` is projected again where ``sqrt(2) s_min(y) < ||z||`` ("twice is enough", Parlett, *The
+    Symmetric Eigenvalue Problem*, 1998, sec. 6-9; ``||z||_2^2`` is the largest eigenvalue of
+    ``c^H c + g``), and a third time where the second pass took more than ``1 / sqrt(2)`` of some
+    direction of ``y`` (the smallest eigenvalue of the pencil ``(y_2^H y_2, g)`` below ``1/2``, or ``g``
+    singular: a breakdown; Giraud, Langou, Rozloznik 2005 for the block form)."""
+    eig = np.linalg.eigvalsh(g) if g.size else np.zeros(1)
+    norm_z = math.sqrt(max(float(np.linalg.eigvalsh(ct(c) @ c + g)[-1]) if g.size else 0.0, 0.0))
+    if math.sqrt(max(float(eig[0]), 0.0)) * math.sqrt(2.0) >= norm_z:
+        return y, norm_z, g
+    y, c3, g2 = v.subtract_dot(y, c2)
+    try:
+        lost = float(scipy.linalg.eigh(g2, g, eigvals_only=True, check_finite=False)[0]) < 0.5
+    except (np.linalg.LinAlgError, ValueError):  # g not positive definite: a direction of y was lost
+        lost = True
+    if lost:
+        v.subtract(y, c3)
+        return y, norm_z, None
+    return y, norm_z, g2
+
+
 def next_block(v: np.ndarray, q1: np.ndarray, t: np.ndarray, *, norm_z: float, seed: int, counter: int,
-               width: int, drop: float = 1e-10) -> np.ndarray:
+               width: int, drop: float = 1e-10, projected: bool = False) -> np.ndarray:
     """Orthonormal basis of the ``width`` dominant directions of ``y = Q1 T``, the block ``z`` once
     projected against an orthonormal ``V`` (``y = z - V (V^H z)``, ``Q1 T`` its Householder QR), kept
     orthogonal to ``V`` (block Lanczos's next block). ``V`` is an array or a Lanczos basis (its
@@ -143,7 +195,8 @@ def next_block(v: np.ndarray, q1: np.ndarray, t: np.ndarray, *, norm_z: float, s
     ``||z|| / s_min`` when normalized; the Kahan-Parlett test ("twice is enough", Parlett, *The
     Symmetric Eigenvalue Problem*, 1998, sec. 6-9) projects again only where that growth exceeds
     ``sqrt(2)`` (``norm_z`` is ``||z||_2``), and a third time where the second projection still lost
-    more than that (Giraud, Langou, Rozloznik 2005 for the block form).
+    more than that (Giraud, Langou, Rozloznik 2005 for the block form). ``projected``: ``y`` already had
+    those passes (:func:`reproject`), so only random fill directions are projected again.
     """
     n = q1.shape[0]
     avail = n - (v.shape[1] if v is not None else 0)
@@ -165,7 +218,7 @@ def next_block(v: np.ndarray, q1: np.ndarray, t: np.ndarray, *, norm_z: float, s
         q = np.hstack([q, qf])
     if v is None or v.shape[1] == 0:
         return q
-    lost = fill > 0 or smin * math.sqrt(2.0) < norm_z
+    lost = fill > 0 or (not projected and smin * math.sqrt(2.0) < norm_z)
     for _ in range(2):
         if not lost:
             break

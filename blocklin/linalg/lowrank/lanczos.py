@@ -11,9 +11,11 @@ The block Lanczos relation ``W = V H + [0 .. 0, (I - V V^H) z]`` (``z`` the step
 keep it, Wu and Simon 2000) gives every Ritz pair's residual norm as ``||T y_b||``, ``T`` the R factor
 of ``z``'s projection and ``y_b`` the pair's last coordinates, with no ``n``-long work; the Ritz vectors
 and their explicit residuals ``||W c - theta V c||`` are formed only when those estimates say every
-wanted pair may have converged (or at the last step), and only the explicit residuals decide. The next
-block is the dominant directions of that projection (:func:`~blocklin.linalg.blocks.orth.next_block`:
-projected again only where the Kahan-Parlett test says orthogonality was lost). When the basis
+wanted pair may have converged (or at the last step), and only the explicit residuals decide. The
+projection is classical Gram-Schmidt, made a second time where the Kahan-Parlett test says one lost
+orthogonality (:func:`~blocklin.linalg.blocks.orth.reproject`: the test and the second pass's
+coefficients come from the read that subtracted the first); the next block is the dominant directions
+of the projected block (:func:`~blocklin.linalg.blocks.orth.next_block`). When the basis
 reaches ``max_basis`` it is thick-restarted to the best Ritz vectors, which keeps ``W = Op V`` exact
 (Wu and Simon 2000; Baglama and Reichel 2005 for the SVD; Golub and Kahan 1965, Larsen's PROPACK for
 reorthogonalized bidiagonalization).
@@ -39,7 +41,7 @@ import numpy as np
 from blocklin._blas import blas_threads
 from blocklin._memory import reused_allocations
 from blocklin.errors import ParameterError, explain
-from blocklin.linalg.blocks.orth import ct, next_block, orth_against, tall_qr, work_dtype
+from blocklin.linalg.blocks.orth import ct, next_block, orth_against, reproject, tall_qr, work_dtype
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.linalg.lowrank.basis import Basis, Columns, memory_bases, residual_columns, ritz_residuals
 
@@ -136,6 +138,7 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
     cap = max(cap, m + x.shape[1])
     # the bases (columns [:m] in use), in memory or spilled (basis.py): a step appends its block, strip by strip
     V, W = (bases or memory_bases)(n, cap, wd)
+    V.threads = W.threads = basis_threads()
     if m:
         V.append(v0)
         W.append(w0)
@@ -160,11 +163,12 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
             # W - V H = [0 .. 0, (I - V V^H) z] (the Krylov relation, kept by thick restarts): the residual of
             # every Ritz pair comes from z's projection, whose R factor gives its norm without n-long work
             c = np.concatenate([h12, h22]) if h12.size else h22
-            y = V.subtract(z if owned and z.flags.writeable else z.copy(), c)
+            # z's projection, twice where the Kahan-Parlett test asks (reproject), before its one QR
+            y, c2, g = V.subtract_dot(z if owned and z.flags.writeable else z.copy(), c)
             del z
-            q1, t = tall_qr(y)
-            del y
-            norm_z = float(np.linalg.norm(np.concatenate([c, t]), 2))
+            y, norm_z, g = reproject(V, y, c, c2, g)
+            q1, t = tall_qr(y, g)
+            del y, c2, g
             with blas_threads(1):  # an eigh of at most a few hundred rows: threads only spin
                 theta, Y = np.linalg.eigh(H)
             order = _order(theta, which)
@@ -201,12 +205,28 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
                 m = len(keep)
                 restarts += 1
             # the next block: the dominant directions of the residual space, orthogonal to the (kept) basis
-            x = next_block(V, q1, t, norm_z=norm_z, seed=seed, counter=counter, width=b)
+            x = next_block(V, q1, t, norm_z=norm_z, seed=seed, counter=counter, width=b, projected=True)
             del q1
             counter += 1
             if checkpoint is not None:
                 checkpoint({"x": x, "V": V.to_numpy(), "W": W.to_numpy(), "H": H, "history": np.array(history),
                             "steps": steps, "restarts": restarts, "counter": counter})
+
+
+def basis_threads() -> int:
+    """Threads for the strips of the bases' products (:meth:`~blocklin.linalg.lowrank.basis.Basis.map_strips`:
+    the same bits on any number): the running job's local cores (its ``workers`` setting where given), one
+    on the ``sync`` scheduler or outside a job."""
+    import os
+
+    from blocklin.runtime.job import current_job
+
+    job = current_job()
+    if job is None or job.scheduler.kind == "sync":
+        return 1
+    cores = os.cpu_count() or 1
+    local = job.cfg.workers if job.scheduler.kind != "distributed" and job.cfg.workers else cores
+    return max(1, min(cores, local))
 
 
 def basis_columns(n: int, k: int, block: int, max_basis: int) -> int:

@@ -344,7 +344,7 @@ def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps
     e = enrich_width(k, plan.block, src.N)
     if e and res.residual_vectors is not None:
         with small_blas(src.N, 2 * k):
-            Q = np.hstack([Q, orth_against(Q, res.residual_vectors, seed=seed, counter=res.steps + 1)[:, :e]])
+            Q = np.hstack([Q, orth_against(Q, res.residual_vectors, seed=seed, counter=res.steps + 1, width=e)])
     f = rayleigh_ritz(src, Q, k, dest, transposed_out, "lanczos", seed)
     return dataclasses.replace(f, lanczos_steps=res.steps, restarts=res.restarts, history=res.history,
                                rayleigh_ritz_width=int(Q.shape[1]))
