@@ -24,6 +24,13 @@ def _pair(folder, n, cap, dtype, name="b"):
     return MemoryBasis(n, cap, dtype), SpilledBasis(n, cap, dtype, str(folder / f"{name}.bin"))
 
 
+def _threaded(n, cap, dtype, threads=3):
+    """A basis in memory whose strips run on ``threads`` threads (:meth:`Basis.map_strips`)."""
+    b = MemoryBasis(n, cap, dtype)
+    b.threads = threads
+    return b
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
 def test_basis_operations_agree_bit_for_bit_and_with_numpy(tmp_path, small_strips, dtype):
     n, cap = 1003, 12
@@ -37,19 +44,27 @@ def test_basis_operations_agree_bit_for_bit_and_with_numpy(tmp_path, small_strip
     x1, x2, z, c, y = rand(n, 5), rand(n, 4), rand(n, 3), rand(9, 3), rand(9, 6)
     ref = np.hstack([x1, x2])
     got = []
-    for b in _pair(tmp_path / "spill", n, cap, dtype):
+    for b in (*_pair(tmp_path / "spill", n, cap, dtype), _threaded(n, cap, dtype)):
         b.append(x1)
         b.append(x2)
         assert b.shape == (n, 9) and np.array_equal(b.to_numpy(), ref)
         d = b.dot(z)
         s = b.subtract(z.copy(), c)
+        fused, after, gram = b.subtract_dot(z.copy(), c)
+        assert np.array_equal(fused, s)  # subtract's bits, and the dot of its result in the same read
+        assert np.array_equal(after, b.dot(fused))
         t = b.times(y)
+        g = b.gram()
         b.restart(y[:, :4])
-        got.append((d, s, t, b.to_numpy()))
+        got.append((d, s, gram, t, g, b.to_numpy()))
         b.close()
-    for a, s in zip(*got):
-        assert np.array_equal(a, s)
-    d, s, t, r = got[0]
+    for other in got[1:]:  # spilled, and in memory on three threads: the bits of one thread in memory
+        for a, o in zip(got[0], other):
+            assert np.array_equal(a, o)
+    d, s, gram, t, g, r = got[0]
+    tol = 64 * n * np.finfo(np.float64).eps
+    assert np.linalg.norm(gram - s.conj().T @ s) <= tol * np.linalg.norm(s) ** 2
+    assert np.linalg.norm(g - ref.conj().T @ ref) <= tol * np.linalg.norm(ref) ** 2
     tol = 64 * n * np.finfo(np.float64).eps
     assert np.linalg.norm(d - ref.conj().T @ z) <= tol * np.linalg.norm(ref) * np.linalg.norm(z)
     assert np.linalg.norm(s - (z - ref @ c)) <= tol * np.linalg.norm(ref) * np.linalg.norm(c) * 4
@@ -65,14 +80,18 @@ def test_ritz_residuals_of_both_bases(tmp_path, small_strips):
     rng = np.random.default_rng(1)
     v, w, y, theta = rng.standard_normal((n, 6)), rng.standard_normal((n, 6)), rng.standard_normal((6, 3)), rng.random(3)
     norms = []
-    for (V, W) in zip(_pair(tmp_path / "spill", n, cap, np.float64, "V"),
-                      _pair(tmp_path / "spill", n, cap, np.float64, "W")):
+    (mv, sv), (mw, sw) = _pair(tmp_path / "spill", n, cap, np.float64, "V"), _pair(tmp_path / "spill", n, cap,
+                                                                                    np.float64, "W")
+    # in memory; spilled; in memory on three threads; one of each (then read in turn)
+    for (V, W) in ((mv, mw), (sv, sw), (_threaded(n, cap, np.float64), _threaded(n, cap, np.float64)),
+                   (_threaded(n, cap, np.float64), SpilledBasis(n, cap, np.float64, str(tmp_path / "spill/w2.bin")))):
         V.append(v)
         W.append(w)
         norms.append(ritz_residuals(V, W, y, theta)[0])
         V.close()
         W.close()
-    assert np.array_equal(*norms)
+    for other in norms[1:]:
+        assert np.array_equal(norms[0], other)
     ref = np.linalg.norm(w @ y - (v @ y) * theta, axis=0)
     assert np.allclose(norms[0], ref, rtol=1e-13, atol=0)
 

@@ -74,6 +74,85 @@ def test_next_block_orthogonal_to_basis(dtype, inside):
     assert np.linalg.norm(y - q @ (ct(q) @ y)) <= 1e3 * n * eps(dtype) * np.linalg.norm(z)
 
 
+def _basis(v):
+    from blocklin.linalg.lowrank.basis import MemoryBasis
+
+    b = MemoryBasis(v.shape[0], v.shape[1], v.dtype)
+    b.append(v)
+    return b
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("inside", [0.0, 1 - 1e-9])
+def test_reproject_projects_again_where_the_test_asks(dtype, inside, monkeypatch):
+    """A block projected once (its ``V^H y`` and ``y^H y`` from the same read) is projected a second time
+    where Kahan-Parlett says it lost orthogonality (the heavy cancellation), not where it kept it; either
+    way ``y`` ends orthogonal to ``V`` to the rounding of a projection, and ``||z||_2`` is returned."""
+    from blocklin.linalg.blocks.orth import reproject
+
+    rng = np.random.default_rng(6)
+    n, m, b = 2000, 40, 4
+    v, _ = np.linalg.qr(_block(rng, n, m, dtype))
+    out = _block(rng, n, b, dtype)
+    out -= v @ (ct(v) @ out)
+    z = inside * (v @ _block(rng, m, b, dtype)) * 50 + (1 - inside) * out
+    V = _basis(v)
+    passes = []
+    monkeypatch.setattr(type(V), "subtract_dot", lambda self, *a, _f=type(V).subtract_dot: passes.append(1) or _f(self, *a))
+    c = V.dot(z)
+    y, c2, g = V.subtract_dot(z.copy(), c)
+    y, norm_z, g_final = reproject(V, y, c, c2, g)
+    assert len(passes) == (2 if inside else 1)
+    assert np.linalg.norm(ct(v) @ y) <= 2 * n * eps(dtype) * np.sqrt(m * b) * np.linalg.norm(y, 2)
+    assert abs(norm_z - np.linalg.norm(z, 2)) <= 8 * n * eps(dtype) * np.linalg.norm(z, 2)
+    assert g_final is not None
+    np.testing.assert_allclose(g_final, ct(y) @ y, rtol=0, atol=8 * n * eps(dtype) * np.linalg.norm(y, 2) ** 2)
+
+
+def test_reproject_takes_a_third_pass_where_the_second_took_most_of_the_block():
+    """A first pass that removed nothing (``c = 0``): the second takes nearly all of ``y``, the pencil test
+    asks for a third, and the block ends orthogonal to ``V`` (no Gram matrix returned: the third changed
+    ``y``)."""
+    from blocklin.linalg.blocks.orth import reproject
+
+    rng = np.random.default_rng(7)
+    n, m, b = 1500, 30, 3
+    v, _ = np.linalg.qr(rng.standard_normal((n, m)))
+    out = rng.standard_normal((n, b))
+    out -= v @ (v.T @ out)
+    z = v @ rng.standard_normal((m, b)) * 1e6 + out
+    V = _basis(v)
+    c = np.zeros((m, b))
+    y, c2, g = V.subtract_dot(z.copy(), c)
+    y, _, g_final = reproject(V, y, c, c2, g)
+    assert g_final is None
+    assert np.linalg.norm(v.T @ y) <= 2 * n * eps(np.float64) * np.sqrt(m * b) * np.linalg.norm(y, 2)
+    # what is left is z's part outside span(V), to the rounding of removing the inside part (m terms each)
+    np.testing.assert_allclose(y, out, rtol=0, atol=100 * m * eps(np.float64) * np.abs(z - out).max())
+
+
+def test_orth_against_keeps_the_leading_directions_of_an_ill_conditioned_block():
+    """``width`` below the block's columns: the leading left singular vectors of the projected block (from
+    its Gram matrix), orthonormal and orthogonal to ``V``, though the block is too ill-conditioned for
+    CholeskyQR2 (its columns' norms 1 down to 1e-9)."""
+    from blocklin.linalg.blocks.orth import orth_against
+
+    rng = np.random.default_rng(8)
+    n, m, c, width = 3000, 20, 12, 4
+    v, _ = np.linalg.qr(rng.standard_normal((n, m)))
+    x = rng.standard_normal((n, c)) * np.logspace(0, -9, c)
+    q = orth_against(v, x, width=width)
+    assert q.shape == (n, width)
+    assert_orthonormal(q, n=n)
+    assert np.linalg.norm(v.T @ q) <= 2 * n * eps(np.float64) * np.sqrt(m * width)
+    y = x - v @ (v.T @ x)
+    u, sv, _ = np.linalg.svd(y, full_matrices=False)
+    # span(q) = the leading singular subspace, up to the Gram matrix's rounding over the gap to the next
+    cosines = np.linalg.svd(u[:, :width].T @ q, compute_uv=False)
+    gap = sv[width - 1] ** 2 - sv[width] ** 2
+    assert 1 - cosines.min() <= 1e3 * n * eps(np.float64) * sv[0] ** 2 / gap
+
+
 def test_next_block_fills_a_breakdown():
     rng = np.random.default_rng(4)
     n, m, b = 600, 10, 4
