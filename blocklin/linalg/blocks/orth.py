@@ -152,34 +152,29 @@ def tall_qr(y: np.ndarray, g: np.ndarray | None = None) -> tuple[np.ndarray, np.
         return np.linalg.qr(y)
 
 
-def reproject(v: Any, y: np.ndarray, c: np.ndarray, c2: np.ndarray,
-              g: np.ndarray) -> tuple[np.ndarray, float, np.ndarray | None]:
-    """Classical Gram-Schmidt's second (and, rarely, third) pass on a block ``y = z - V c`` once projected
-    against an orthonormal basis ``V`` (a Lanczos basis: :class:`~blocklin.linalg.lowrank.basis.Basis`),
-    where the Kahan-Parlett test asks for it; returns ``(y, ||z||_2, y^H y)``, ``y`` projected in place and
-    its Gram matrix where no third pass changed it (else ``None``): :func:`tall_qr`'s first product.
+def reorthogonalize(v: Any, y: np.ndarray, c: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A block Lanczos step's projection of its block ``y`` against the whole basis ``V`` (a Lanczos
+    basis: :class:`~blocklin.linalg.lowrank.basis.Basis`), given ``c = V^H y`` and ``g = y^H y`` from the
+    read that formed ``y``; returns ``(y, y^H y)``, ``y`` projected in place and its Gram matrix (``None``
+    where a third pass changed ``y`` after it was formed).
 
-    ``c2 = V^H y`` and ``g = y^H y`` come from the read that formed ``y`` (:meth:`Basis.subtract_dot`), so
-    the test costs no pass and the second projection one read of ``V``, not two. One projection leaves
-    components in ``span(V)`` of about ``u ||z||``, grown by ``||z|| / s_min(y)`` when ``y`` is normalized:
-    ``y`` is projected again where ``sqrt(2) s_min(y) < ||z||`` ("twice is enough", Parlett, *The
-    Symmetric Eigenvalue Problem*, 1998, sec. 6-9; ``||z||_2^2`` is the largest eigenvalue of
-    ``c^H c + g``), and a third time where the second pass took more than ``1 / sqrt(2)`` of some
-    direction of ``y`` (the smallest eigenvalue of the pencil ``(y_2^H y_2, g)`` below ``1/2``, or ``g``
-    singular: a breakdown; Giraud, Langou, Rozloznik 2005 for the block form)."""
-    eig = np.linalg.eigvalsh(g) if g.size else np.zeros(1)
-    norm_z = math.sqrt(max(float(np.linalg.eigvalsh(ct(c) @ c + g)[-1]) if g.size else 0.0, 0.0))
-    if math.sqrt(max(float(eig[0]), 0.0)) * math.sqrt(2.0) >= norm_z:
-        return y, norm_z, g
-    y, c3, g2 = v.subtract_dot(y, c2)
+    ``y`` is the step's image already projected against the blocks it couples with in exact arithmetic
+    (the three-term block recurrence); rounding leaves it components along the rest of ``V``, which one
+    classical Gram-Schmidt pass ``y - V c`` removes to working precision unless it took most of ``y``
+    ("twice is enough", Parlett, *The Symmetric Eigenvalue Problem*, 1998, sec. 6-9; Giraud, Langou,
+    Rozloznik 2005 for blocks): that pass is repeated where some direction of ``y`` lost more than
+    ``1 / sqrt(2)`` of its norm to it, the smallest eigenvalue of the pencil ``(y_2^H y_2, g)`` below
+    ``1/2`` (or ``g`` singular: a direction lost whole). Its ``V^H y_2`` comes from the same read as the
+    pass itself (:meth:`Basis.subtract_dot`)."""
+    y, c2, g2 = v.subtract_dot(y, c)
     try:
         lost = float(scipy.linalg.eigh(g2, g, eigvals_only=True, check_finite=False)[0]) < 0.5
     except (np.linalg.LinAlgError, ValueError):  # g not positive definite: a direction of y was lost
         lost = True
     if lost:
-        v.subtract(y, c3)
-        return y, norm_z, None
-    return y, norm_z, g2
+        v.subtract(y, c2)
+        return y, None
+    return y, g2
 
 
 def next_block(v: np.ndarray, q1: np.ndarray, t: np.ndarray, *, norm_z: float, seed: int, counter: int,
@@ -196,7 +191,7 @@ def next_block(v: np.ndarray, q1: np.ndarray, t: np.ndarray, *, norm_z: float, s
     Symmetric Eigenvalue Problem*, 1998, sec. 6-9) projects again only where that growth exceeds
     ``sqrt(2)`` (``norm_z`` is ``||z||_2``), and a third time where the second projection still lost
     more than that (Giraud, Langou, Rozloznik 2005 for the block form). ``projected``: ``y`` already had
-    those passes (:func:`reproject`), so only random fill directions are projected again.
+    those passes (:func:`reorthogonalize`), so only random fill directions are projected again.
     """
     n = q1.shape[0]
     avail = n - (v.shape[1] if v is not None else 0)

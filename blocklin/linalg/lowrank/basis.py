@@ -126,12 +126,12 @@ class Basis(abc.ABC):
             self._write(s, self.m, x[r0:r1])
         self.m += b
 
-    def dot(self, z: np.ndarray) -> np.ndarray:
-        """``V^H z`` (``m x c``): the strips' products summed in strip order."""
-        acc = np.zeros((self.m, z.shape[1]), dtype=np.result_type(self.dtype, z.dtype))
-        if self.m == 0:
+    def dot(self, z: np.ndarray, c0: int = 0) -> np.ndarray:
+        """``V[:, c0:]^H z`` (``(m - c0) x c``): the strips' products summed in strip order."""
+        acc = np.zeros((self.m - c0, z.shape[1]), dtype=np.result_type(self.dtype, z.dtype))
+        if self.m == c0:
             return acc
-        for part in self.map_strips(lambda s: self._read(s, 0, self.m).conj().T @ self._rows(z, s)):
+        for part in self.map_strips(lambda s: self._read(s, c0, self.m).conj().T @ self._rows(z, s)):
             acc += part
         return acc
 
@@ -146,11 +146,11 @@ class Basis(abc.ABC):
         self.map_strips(strip)
         return z
 
-    def subtract_dot(self, z: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``z -= V c`` in place (``z`` the caller's own), and of the result ``V^H z`` and ``z^H z``: one read
-        of each strip for what :meth:`subtract` then :meth:`dot` read twice (a block Lanczos step's
-        second Gram-Schmidt pass is decided and formed from them, :func:`~blocklin.linalg.blocks.orth.reproject`).
-        ``z`` has :meth:`subtract`'s bits; the sums run in strip order."""
+    def subtract_dot(self, z: np.ndarray, c: np.ndarray, c0: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``z -= V[:, c0:] c`` in place (``z`` the caller's own), and of the result ``V^H z`` (every column)
+        and ``z^H z``: one read of each strip for what :meth:`subtract` then :meth:`dot` read twice (a
+        block Lanczos step's projections, :func:`~blocklin.linalg.blocks.orth.reorthogonalize`). With
+        ``c0 = 0``, ``z`` has :meth:`subtract`'s bits; the sums run in strip order."""
         dt = np.result_type(self.dtype, z.dtype)
         acc = np.zeros((self.m, z.shape[1]), dtype=dt)
         g = np.zeros((z.shape[1], z.shape[1]), dtype=dt)
@@ -160,7 +160,7 @@ class Basis(abc.ABC):
             if not self.m:
                 return None, zs.conj().T @ zs
             v = self._read(s, 0, self.m)
-            zs -= v @ c
+            zs -= v[:, c0:] @ c
             return v.conj().T @ zs, zs.conj().T @ zs
 
         for part, gram in self.map_strips(strip):

@@ -12,9 +12,12 @@ keep it, Wu and Simon 2000) gives every Ritz pair's residual norm as ``||T y_b||
 of ``z``'s projection and ``y_b`` the pair's last coordinates, with no ``n``-long work; the Ritz vectors
 and their explicit residuals ``||W c - theta V c||`` are formed only when those estimates say every
 wanted pair may have converged (or at the last step), and only the explicit residuals decide. The
-projection is classical Gram-Schmidt, made a second time where the Kahan-Parlett test says one lost
-orthogonality (:func:`~blocklin.linalg.blocks.orth.reproject`: the test and the second pass's
-coefficients come from the read that subtracted the first); the next block is the dominant directions
+step's image is projected first against the blocks it couples with in exact arithmetic (the previous
+block and its own: the block three-term recurrence; after a thick restart, every kept vector), in the
+read that also forms its components along the whole basis, then once against the whole basis (full
+reorthogonalization, Parlett and Scott 1979), and again only where the Kahan-Parlett test says that
+pass lost orthogonality (:func:`~blocklin.linalg.blocks.orth.reorthogonalize`): two reads of ``V`` a
+step, where a full classical Gram-Schmidt twice took three. The next block is the dominant directions
 of the projected block (:func:`~blocklin.linalg.blocks.orth.next_block`). When the basis
 reaches ``max_basis`` it is thick-restarted to the best Ritz vectors, which keeps ``W = Op V`` exact
 (Wu and Simon 2000; Baglama and Reichel 2005 for the SVD; Golub and Kahan 1965, Larsen's PROPACK for
@@ -41,7 +44,7 @@ import numpy as np
 from blocklin._blas import blas_threads
 from blocklin._memory import reused_allocations
 from blocklin.errors import ParameterError, explain
-from blocklin.linalg.blocks.orth import ct, next_block, orth_against, reproject, tall_qr, work_dtype
+from blocklin.linalg.blocks.orth import ct, next_block, orth_against, reorthogonalize, tall_qr, work_dtype
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.linalg.lowrank.basis import Basis, Columns, memory_bases, residual_columns, ritz_residuals
 
@@ -133,6 +136,9 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
         x = start_block(n, block, seed, dtype=wd) if x0 is None else x0
         v0, w0, H = None, None, np.zeros((0, 0), dtype=wd)
         history, steps, restarts, counter = [], 0, 0, 1
+    # the first column of the blocks the next step's image couples with (x's alone at the start; every kept
+    # vector after a restart): its first projection's window
+    local = int(state.get("local", 0)) if state is not None else 0
     x0 = None  # the block is x's alone: dropped once it is in the basis
     m = 0 if v0 is None else v0.shape[1]
     cap = max(cap, m + x.shape[1])
@@ -151,24 +157,29 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
         steps += 1
         bx = x.shape[1]
         with small_blas(n, cap):  # the in-memory work of the step
-            # extend the projected matrix H = V^H W; its new row block is h12^H (Op is Hermitian)
-            h12 = V.dot(z)
-            h22 = ct(x) @ z
-            h22 = (h22 + ct(h22)) / 2
-            H = np.block([[H, h12], [ct(h12), h22]]) if m else h22
             V.append(x)
             W.append(z)
             m += bx
             del x
+            # z's projection: first against the blocks it couples with in exact arithmetic (the previous
+            # block and x; after a restart every kept vector), in the read that then forms V^H y for the
+            # projection against the whole basis (reorthogonalize)
+            lo = min(local, m - bx)
+            c_loc = V.dot(z, lo)
+            y, c2, g = V.subtract_dot(z if owned and z.flags.writeable else z.copy(), c_loc, lo)
+            del z
+            c = c2.copy()
+            c[lo:] += c_loc  # V^H z, to rounding: the new column of the projected matrix H = V^H W
+            h12, h22 = c[:m - bx], c[m - bx:]
+            h22 = (h22 + ct(h22)) / 2
+            H = np.block([[H, h12], [ct(h12), h22]]) if m > bx else h22
+            c = np.concatenate([h12, h22])
+            y, g = reorthogonalize(V, y, c2, g)
             # W - V H = [0 .. 0, (I - V V^H) z] (the Krylov relation, kept by thick restarts): the residual of
             # every Ritz pair comes from z's projection, whose R factor gives its norm without n-long work
-            c = np.concatenate([h12, h22]) if h12.size else h22
-            # z's projection, twice where the Kahan-Parlett test asks (reproject), before its one QR
-            y, c2, g = V.subtract_dot(z if owned and z.flags.writeable else z.copy(), c)
-            del z
-            y, norm_z, g = reproject(V, y, c, c2, g)
             q1, t = tall_qr(y, g)
-            del y, c2, g
+            del y, g, c2, c_loc
+            norm_z = float(np.linalg.norm(np.concatenate([c, t]), 2))
             with blas_threads(1):  # an eigh of at most a few hundred rows: threads only spin
                 theta, Y = np.linalg.eigh(H)
             order = _order(theta, which)
@@ -208,9 +219,10 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
             x = next_block(V, q1, t, norm_z=norm_z, seed=seed, counter=counter, width=b, projected=True)
             del q1
             counter += 1
+            local = 0 if restart else m - bx
             if checkpoint is not None:
                 checkpoint({"x": x, "V": V.to_numpy(), "W": W.to_numpy(), "H": H, "history": np.array(history),
-                            "steps": steps, "restarts": restarts, "counter": counter})
+                            "steps": steps, "restarts": restarts, "counter": counter, "local": local})
 
 
 def basis_threads() -> int:
