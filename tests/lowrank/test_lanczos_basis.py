@@ -53,6 +53,8 @@ def test_basis_operations_agree_bit_for_bit_and_with_numpy(tmp_path, small_strip
         fused, after, gram = b.subtract_dot(z.copy(), c)
         assert np.array_equal(fused, s)  # subtract's bits, and the dot of its result in the same read
         assert np.array_equal(after, b.dot(fused))
+        alone, gram_alone = b.subtract_gram(z.copy(), c)
+        assert np.array_equal(alone, s) and np.array_equal(gram_alone, gram)
         t = b.times(y)
         g = b.gram()
         b.restart(y[:, :4])

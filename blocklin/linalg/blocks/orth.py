@@ -164,15 +164,15 @@ def reorthogonalize(v: Any, y: np.ndarray, c: np.ndarray, g: np.ndarray) -> tupl
     ("twice is enough", Parlett, *The Symmetric Eigenvalue Problem*, 1998, sec. 6-9; Giraud, Langou,
     Rozloznik 2005 for blocks): that pass is repeated where some direction of ``y`` lost more than
     ``1 / sqrt(2)`` of its norm to it, the smallest eigenvalue of the pencil ``(y_2^H y_2, g)`` below
-    ``1/2`` (or ``g`` singular: a direction lost whole). Its ``V^H y_2`` comes from the same read as the
-    pass itself (:meth:`Basis.subtract_dot`)."""
-    y, c2, g2 = v.subtract_dot(y, c)
+    ``1/2`` (or ``g`` singular: a direction lost whole). The pass forms ``y_2^H y_2`` in its own read
+    (:meth:`Basis.subtract_gram`); the rare repeat reads ``V`` twice (:meth:`Basis.project_out`)."""
+    y, g2 = v.subtract_gram(y, c)
     try:
         lost = float(scipy.linalg.eigh(g2, g, eigvals_only=True, check_finite=False)[0]) < 0.5
     except (np.linalg.LinAlgError, ValueError):  # g not positive definite: a direction of y was lost
         lost = True
     if lost:
-        v.subtract(y, c2)
+        v.project_out(y)
         return y, None
     return y, g2
 

@@ -13,7 +13,8 @@ success, error and Ctrl-C).
 The operations are those of the block Lanczos step (:func:`blocklin.linalg.lowrank.lanczos.block_lanczos`;
 Golub and Underwood 1977, Wu and Simon 2000 for the thick restart): put columns (:meth:`Basis.append`),
 ``V^H z`` (:meth:`Basis.dot`), ``z - V c`` in place (:meth:`Basis.subtract`; with the result's ``V^H z`` and
-Gram matrix in the same read, :meth:`Basis.subtract_dot`), ``z - V V^H z``
+Gram matrix in the same read, :meth:`Basis.subtract_dot`, or its Gram matrix alone, :meth:`Basis.subtract_gram`),
+``z - V V^H z``
 (:meth:`Basis.project_out`, what :func:`~blocklin.linalg.blocks.orth.next_block` asks of ``V``), ``V Y``
 in memory (:meth:`Basis.times`) or in place (:meth:`Basis.restart`: a thick restart, the Ritz vectors),
 and the Ritz pairs' residual norms ``||W Y - V Y diag(theta)||`` per column (:func:`ritz_residuals`).
@@ -145,6 +146,21 @@ class Basis(abc.ABC):
 
         self.map_strips(strip)
         return z
+
+    def subtract_gram(self, z: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``z -= V c`` in place (``z`` the caller's own, :meth:`subtract`'s bits) and the result's ``z^H z``,
+        summed in strip order, in the same read."""
+        g = np.zeros((z.shape[1], z.shape[1]), dtype=np.result_type(self.dtype, z.dtype))
+
+        def strip(s: int) -> np.ndarray:
+            zs = self._rows(z, s)
+            if self.m:
+                zs -= self._read(s, 0, self.m) @ c
+            return zs.conj().T @ zs
+
+        for gram in self.map_strips(strip):
+            g += gram
+        return z, g
 
     def subtract_dot(self, z: np.ndarray, c: np.ndarray, c0: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``z -= V[:, c0:] c`` in place (``z`` the caller's own), and of the result ``V^H z`` (every column)
