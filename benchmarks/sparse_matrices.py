@@ -17,7 +17,8 @@ Matrix Market file in chunks, so ``S = S^T`` with about ``nnz`` stored entries).
 3. **In memory** (``--small-n``): the same generator at ``small-n`` nodes, ``blocklin.svd`` and
    ``blocklin.eigsh`` of the stored matrix against ``scipy.sparse.linalg.svds`` / ``eigsh`` and
    scikit-learn's ``TruncatedSVD`` (defaults: randomized, 5 iterations) of the CSR matrix in memory:
-   seconds, the time ratio, the worst residual of each.
+   seconds (the median of ``--small-repeat`` rounds, each round starting one contender later, all in one
+   process), the time ratio, the worst residual of each.
 
 It prints a table, then one ``goal met`` / ``goal missed`` line per goal of issue 29 and a JSON line.
 
@@ -249,7 +250,9 @@ def small(args: argparse.Namespace, folder: Path) -> dict:
         got = fn()
         sec = time.perf_counter() - t0
         res = residuals(got)
-        rows[name] = {"seconds": sec, "residual": float(np.max(res))}
+        row = rows.setdefault(name, {"runs": [], "residual": 0.0})
+        row["runs"].append(sec)
+        row["residual"] = max(row["residual"], float(np.max(res)))
         # blocklin's long factors are a temporary group the caller owns (report["output"]): removed here
         output = (getattr(got, "report", None) or {}).get("output")
         if output and os.path.isdir(output) and Path(output).name.startswith("blocklin-") and \
@@ -266,22 +269,31 @@ def small(args: argparse.Namespace, folder: Path) -> dict:
         return pair_residuals(s, np.asarray(w, np.float64), np.asarray(V, np.float64))
 
     mem = args.small_memory
-    timed("blocklin.svd", lambda: bl.svd(s, k, tol=SVD_TOL, seed=0, memory=mem), svd_res)
-    timed("blocklin.svd (default tol)", lambda: bl.svd(s, k, seed=0, memory=mem), svd_res)
-    timed("scipy svds", lambda: scipy.sparse.linalg.svds(x, k, random_state=0), svd_res)
 
     def truncated():
         t = TruncatedSVD(k, random_state=0)
         z = t.fit_transform(x)  # U diag(s)
         return z / t.singular_values_, t.singular_values_, t.components_
 
-    timed("sklearn TruncatedSVD", truncated, svd_res)
-    timed("blocklin.eigsh", lambda: bl.eigsh(s, k, tol=EIGSH_TOL, order="descending", max_passes=args.max_passes,
-                                             seed=0, memory=mem), eig_res)
-    timed("scipy eigsh", lambda: scipy.sparse.linalg.eigsh(x, k, which="LA"), eig_res)
-    print(f"{'operation':30s} {'seconds':>8s} {'worst residual':>15s}", flush=True)
+    contenders = [
+        ("blocklin.svd", lambda: bl.svd(s, k, tol=SVD_TOL, seed=0, memory=mem), svd_res),
+        ("blocklin.svd (default tol)", lambda: bl.svd(s, k, seed=0, memory=mem), svd_res),
+        ("scipy svds", lambda: scipy.sparse.linalg.svds(x, k, random_state=0), svd_res),
+        ("sklearn TruncatedSVD", truncated, svd_res),
+        ("blocklin.eigsh", lambda: bl.eigsh(s, k, tol=EIGSH_TOL, order="descending", max_passes=args.max_passes,
+                                            seed=0, memory=mem), eig_res),
+        ("scipy eigsh", lambda: scipy.sparse.linalg.eigsh(x, k, which="LA"), eig_res),
+    ]
+    # Rounds, each starting one contender later: the process's first large allocations are dear on some
+    # machines (a virtual machine's), and the first contender of a process paid them alone
+    for r in range(max(1, args.small_repeat)):
+        for name, fn, res in contenders[r % len(contenders):] + contenders[:r % len(contenders)]:
+            timed(name, fn, res)
+    print(f"{'operation':30s} {'seconds':>8s} {'worst residual':>15s}  rounds", flush=True)
     for name, r in rows.items():
-        print(f"{name:30s} {r['seconds']:8.2f} {r['residual']:15.1e}", flush=True)
+        r["seconds"] = float(np.median(r["runs"]))
+        print(f"{name:30s} {r['seconds']:8.2f} {r['residual']:15.1e}  {' '.join(f'{t:.2f}' for t in r['runs'])}",
+              flush=True)
     for me, other in (("blocklin.svd", "scipy svds"), ("blocklin.svd", "sklearn TruncatedSVD"),
                       ("blocklin.eigsh", "scipy eigsh")):
         a, b = rows[me], rows[other]
@@ -341,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small-nnz", type=int, default=None, help="its entries (default: the large graph's density "
                    "per row, nnz * small-n / n)")
     p.add_argument("--small-memory", default="1GiB", help="blocklin's budget in the in-memory comparison")
+    p.add_argument("--small-repeat", type=int, default=3, help="rounds of the in-memory comparison, each starting "
+                   "one contender later; each time is the median of its rounds (default 3)")
     p.add_argument("-k", type=int, default=20)
     p.add_argument("--max-passes", type=int, default=400, help="eigsh's limit (the spectrum decays slowly)")
     p.add_argument("--seed", type=int, default=0)
