@@ -95,7 +95,8 @@ class Basis(abc.ABC):
         reached 12-13 GFLOP/s on a step's ``10^5 x 68`` basis times 4 columns, and two threads halved a
         projection's time. A spilled basis reads through one buffer: its strips run in turn."""
         count = len(self.strips)
-        threads = 1 if self.spilled else max(1, min(self.threads, count))
+        # two strips a thread at least: a hand-off costs about what a strip's product of a small basis does
+        threads = 1 if self.spilled else max(1, min(self.threads, count // 2))
         if threads == 1:
             return [fn(s) for s in range(count)]
         from blocklin._blas import blas_threads
