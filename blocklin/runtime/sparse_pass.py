@@ -103,10 +103,14 @@ def _put_product(out: np.ndarray, blk: Any, x: np.ndarray, pool: Any = None) -> 
         if width == k:
             _csr_rows(out, blk, np.ascontiguousarray(x), pool)
             return
+        part, xs = np.empty(m * width, out.dtype), np.empty(n * width, x.dtype)  # reused by every slab
         for c0 in range(0, k, width):
-            part = np.zeros((m, min(k, c0 + width) - c0), out.dtype)
-            _csr_rows(part, blk, np.ascontiguousarray(x[:, c0:c0 + width]), pool)
-            out[:, c0:c0 + width] = part
+            w = min(k, c0 + width) - c0
+            p, xw = part[:m * w].reshape(m, w), xs[:n * w].reshape(n, w)
+            p.fill(0)
+            np.copyto(xw, x[:, c0:c0 + w])
+            _csr_rows(p, blk, xw, pool)
+            out[:, c0:c0 + w] = p
         return
     out[...] = blk @ x
 
@@ -172,11 +176,14 @@ def _add_transposed_product(out: np.ndarray, blk: Any, y: np.ndarray) -> None:
         if width == k:
             _csc_matvecs(n, m, k, blk.indptr, blk.indices, blk.data, np.ascontiguousarray(y).ravel(), out.ravel())
             return
+        part, ys = np.empty(n * width, out.dtype), np.empty(m * width, y.dtype)  # reused by every slab
         for c0 in range(0, k, width):
-            part = np.ascontiguousarray(out[:, c0:c0 + width])  # the sums so far: each adds on in entry order
-            _csc_matvecs(n, m, part.shape[1], blk.indptr, blk.indices, blk.data,
-                         np.ascontiguousarray(y[:, c0:c0 + width]).ravel(), part.ravel())
-            out[:, c0:c0 + width] = part
+            w = min(k, c0 + width) - c0
+            p, yw = part[:n * w].reshape(n, w), ys[:m * w].reshape(m, w)
+            np.copyto(p, out[:, c0:c0 + w])  # the sums so far: each adds on in entry order
+            np.copyto(yw, y[:, c0:c0 + w])
+            _csc_matvecs(n, m, w, blk.indptr, blk.indices, blk.data, yw.ravel(), p.ravel())
+            out[:, c0:c0 + w] = p
         return
     out += blk.T @ y
 
