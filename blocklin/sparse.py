@@ -215,6 +215,19 @@ class SparseOperator(_operator_base()):
             return sparse_product(job, self.matrix, x, transposed, self.dtype)
         return product_in_process(self.matrix._store, x, transposed, self.dtype)
 
+    def normal_matmat(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(S X, S^T S X)`` in one sweep over ``S``'s row blocks where the running job holds them
+        (:func:`blocklin.runtime.sparse_pass.sparse_normal`: the bits of ``matmat`` then ``rmatmat``,
+        counted as those two), else ``None``."""
+        from blocklin.runtime.job import current_job
+        from blocklin.runtime.sparse_pass import sparse_normal
+
+        job = current_job()
+        got = sparse_normal(job, self.matrix, np.asarray(x), self.dtype) if job is not None else None
+        if got is not None:
+            self.products += 2
+        return got
+
     def _matmat(self, x: np.ndarray) -> np.ndarray:
         return self._product(x, False)
 

@@ -173,6 +173,40 @@ def test_wide_products_in_column_slabs_have_the_bits_of_one_call(monkeypatch, tr
     assert sparse_pass.slab_width(k, 5500, 5500 * 8 - 1) == k
 
 
+@pytest.mark.parametrize("threads", [False, True])
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_the_normal_sweep_has_the_bits_of_the_two_products(monkeypatch, threads, dtype):
+    """``S X`` and ``S^T (S X)`` in one sweep over a block, in pieces (the rows shared by two threads, the
+    terms in row order on one): the bits of the two products; a failure in the helper thread is raised,
+    not waited for."""
+    from blocklin.runtime.pools import compute_pool
+
+    monkeypatch.setattr(sparse_pass, "SWEEP_ENTRIES", 1500)
+    rng = np.random.default_rng(9)
+    blk = sp.random(4000, 3000, density=0.003, random_state=6, format="csr").astype(dtype)
+    x = rng.standard_normal((3000, 4)).astype(dtype)
+    y_ref, z_ref = np.zeros((4000, 4), dtype), rng.standard_normal((3000, 4)).astype(dtype)
+    z = z_ref.copy()
+    sparse_pass._put_product(y_ref, blk, x)
+    sparse_pass._add_transposed_product(z_ref, blk, y_ref)
+    y = np.zeros_like(y_ref)
+    sparse_pass.normal_sweep(blk, x, y, z, compute_pool(1) if threads else None)
+    assert np.array_equal(y, y_ref) and np.array_equal(z, z_ref)
+    if threads:
+        calls = []
+        real = sparse_pass._csr_matvecs
+
+        def failing(*args):
+            calls.append(1)
+            if len(calls) == 3:
+                raise MemoryError("no room")
+            return real(*args)
+
+        monkeypatch.setattr(sparse_pass, "_csr_matvecs", failing)
+        with pytest.raises(MemoryError, match="no room"):
+            sparse_pass.normal_sweep(blk, x, np.zeros_like(y_ref), z.copy(), compute_pool(1))
+
+
 @pytest.mark.parametrize("hold", [False, True])
 @pytest.mark.parametrize("scheduler, most", [("sync", 1), ("threads", 2)])
 def test_transposed_partials_are_added_as_they_finish_not_all_held(stored, rng, monkeypatch, hold, scheduler, most):

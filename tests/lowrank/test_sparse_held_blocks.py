@@ -35,8 +35,10 @@ def written(tmp_path_factory):
 
 @pytest.fixture
 def stored(written, monkeypatch):
-    """The matrices with their row blocks cut into several groups (threads take two at once)."""
+    """The matrices with their row blocks cut into several groups (threads take two at once), and a held
+    block's sweeps of ``S^T S X`` into many pieces (two threads share them: ``sparse_pass.normal_sweep``)."""
     monkeypatch.setattr(sparse_pass, "GROUP_ENTRIES", 20000)
+    monkeypatch.setattr(sparse_pass, "SWEEP_ENTRIES", 2000)
     for _x, s in written:
         assert s.n_blocks >= 3 and len(sparse_pass.row_groups(s._store)) >= 3
     return written

@@ -72,8 +72,14 @@ class OperatorSource:
         return np.asarray(self.op.matmat(y) if self.transposed else self.op.rmatmat(y), dtype=np.float64)
 
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
-        y = self._b(np.asarray(q, dtype=self.dtype))
-        z = self._bt(y.astype(self.dtype, copy=False))  # float64 data: y itself, no copy
+        # a stored sparse S held in memory: both products in one sweep over its row blocks (the same bits)
+        fused = getattr(self.op, "normal_matmat", None) if not self.transposed else None
+        both = fused(np.asarray(q, dtype=self.dtype)) if fused is not None else None
+        if both is not None:
+            y, z = (np.asarray(a, dtype=np.float64) for a in both)
+        else:
+            y = self._b(np.asarray(q, dtype=self.dtype))
+            z = self._bt(y.astype(self.dtype, copy=False))  # float64 data: y itself, no copy
         self.products += 1
         return z, (y.T @ y if gram else None), (ArrayBlock(y.astype(self.dtype, copy=False)) if keep_y else None)
 
