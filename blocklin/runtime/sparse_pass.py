@@ -514,11 +514,18 @@ def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype
 
 def sparse_normal(job: Any, matrix: Any, x: np.ndarray, dtype: Any) -> tuple[np.ndarray, np.ndarray] | None:
     """``(S X, S^T S X)`` in one sweep over the row blocks ``job`` holds (:meth:`HeldBlocks.normal`: the bits
-    of :func:`sparse_product` twice), or ``None`` where they are not held or ``X`` is wider than a slab
+    of :func:`sparse_product` twice), a slab of columns at a time where ``X`` is wider than one; ``None``
+    where the blocks are not held or the slabs' copies do not fit what the two products' plans count
     (the caller then makes the two products)."""
     store = matrix._store
     kept = _HELD.get(job, {}).get(_held_key(store, dtype))
-    if kept is None or x.shape[1] > SLAB_COLUMNS or np.dtype(dtype) != np.result_type(np.dtype(dtype), x.dtype):
+    if kept is None or np.dtype(dtype) != np.result_type(np.dtype(dtype), x.dtype):
+        return None
+    m, n = store.shape
+    k = x.shape[1]
+    # a slab's copies of X, S X and S^T S X in what S^T Y's plan counts per task and one sweep does not
+    # make: its partial and a block's product (n x k each)
+    if k > SLAB_COLUMNS and slab_width(k, 2 * n + m, 2 * n * k) == k:
         return None
     return kept.normal(job, row_groups(store), x)
 
@@ -611,12 +618,28 @@ class HeldBlocks:
 
     def normal(self, job: Any, groups: list[tuple[int, int]], x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(Y, Z) = (S X, S^T Y)`` from the held blocks in one sweep over them, with the bits of
-        :meth:`product` then :meth:`product` transposed (:func:`normal_sweep`): counted as those two."""
+        :meth:`product` then :meth:`product` transposed (:func:`normal_sweep`): counted as those two. ``X``
+        wider than :data:`SLAB_COLUMNS`: a sweep per slab of its columns (each column's sums are the same
+        whatever the slab)."""
+        k = x.shape[1]
+        if k <= SLAB_COLUMNS:
+            y, z = self._sweep(job, groups, np.ascontiguousarray(x))
+        else:
+            dt = np.result_type(self.dtype, x.dtype)
+            m, n = self.store.shape
+            y, z = np.empty((m, k), dt), np.empty((n, k), dt)
+            for c0 in range(0, k, SLAB_COLUMNS):
+                c1 = min(k, c0 + SLAB_COLUMNS)
+                y[:, c0:c1], z[:, c0:c1] = self._sweep(job, groups, np.ascontiguousarray(x[:, c0:c1]))
+        self._count(job, groups, x)
+        self._count(job, groups, y)
+        return y, z
+
+    def _sweep(self, job: Any, groups: list[tuple[int, int]], x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         blocks = self._load(job)
         dt = np.result_type(self.dtype, x.dtype)
         m, n = self.store.shape
         y = np.zeros((m, x.shape[1]), dt)
-        x = np.ascontiguousarray(x)
         pool = compute_pool(1) if job.scheduler.kind != "sync" and job.workers(job.cores()) > 1 else None
         bounds = self.store.row_blocks
 
@@ -628,8 +651,6 @@ class HeldBlocks:
             return z
 
         z = _sum_in_order(groups, (n, x.shape[1]), dt, partial) if len(groups) > 1 else partial(groups[0])
-        self._count(job, groups, x)
-        self._count(job, groups, y)
         return y, z
 
     def _count(self, job: Any, groups: list[tuple[int, int]], x: np.ndarray) -> None:

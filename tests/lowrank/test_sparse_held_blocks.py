@@ -77,6 +77,21 @@ def test_svd_from_held_blocks_has_the_streamed_bits(stored, monkeypatch, schedul
     assert np.allclose(held[1], ref, rtol=0, atol=float(np.max(held.report["residuals"])) * 10 + 1e-12)
 
 
+def test_a_wide_final_step_from_held_blocks_has_the_streamed_bits(stored, monkeypatch):
+    """The last Rayleigh-Ritz step is wider than a slab of columns (``k = 12`` and its residual directions):
+    its sweeps over the held blocks, one slab at a time, give the bits of the streamed products."""
+    _, (y, s) = stored
+    seen = []
+    real = sparse_pass.HeldBlocks.normal
+    monkeypatch.setattr(sparse_pass.HeldBlocks, "normal", lambda self, job, groups, x: seen.append(x.shape[1]) or
+                        real(self, job, groups, x))
+    held, streamed = _both(monkeypatch, lambda: bl.svd(s, 12, tol=1e-3, seed=0, workers=2))
+    assert held.report["rayleigh_ritz_width"] > sparse_pass.SLAB_COLUMNS
+    assert max(seen) == held.report["rayleigh_ritz_width"]  # the wide step swept the held blocks
+    for a, b in zip(_arrays(held), _arrays(streamed)):
+        assert np.array_equal(a, b)
+
+
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_eigsh_from_held_blocks_has_the_streamed_bits(stored, monkeypatch, scheduler):
     _, (y, s) = stored
