@@ -53,15 +53,21 @@ def test_tall_qr_routes():
     assert_factorization(y, q @ r)
 
 
-@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
-@pytest.mark.parametrize("inside", [0.0, 1 - 1e-9])  # z outside span(V); almost inside (heavy cancellation)
-def test_next_block_orthogonal_to_basis(dtype, inside):
-    rng = np.random.default_rng(3)
-    n, m, b = 2000, 40, 8
+def _image(seed, n, m, b, dtype, inside):
+    """An orthonormal ``V`` (``n x m``), a block ``out`` orthogonal to it and ``z`` = ``inside`` parts in
+    ``span(V)`` (times 50) and ``1 - inside`` of ``out``."""
+    rng = np.random.default_rng(seed)
     v, _ = np.linalg.qr(_block(rng, n, m, dtype))
     out = _block(rng, n, b, dtype)
     out -= v @ (ct(v) @ out)
-    z = inside * (v @ _block(rng, m, b, dtype)) * 50 + (1 - inside) * out
+    return v, out, inside * (v @ _block(rng, m, b, dtype)) * 50 + (1 - inside) * out
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("inside", [0.0, 1 - 1e-9])  # z outside span(V); almost inside (heavy cancellation)
+def test_next_block_orthogonal_to_basis(dtype, inside):
+    n, m, b = 2000, 40, 8
+    v, _, z = _image(3, n, m, b, dtype, inside)
     c = ct(v) @ z
     q1, t = tall_qr(z - v @ c)
     norm_z = float(np.linalg.norm(np.concatenate([c, t]), 2))
@@ -91,12 +97,8 @@ def test_reorthogonalize_projects_again_where_the_test_asks(dtype, inside, monke
     ``z`` outside ``span(V)`` to the rounding of removing the inside part (``m`` terms each)."""
     from blocklin.linalg.blocks.orth import reorthogonalize
 
-    rng = np.random.default_rng(6)
     n, m, b = 2000, 40, 4
-    v, _ = np.linalg.qr(_block(rng, n, m, dtype))
-    out = _block(rng, n, b, dtype)
-    out -= v @ (ct(v) @ out)
-    z = inside * (v @ _block(rng, m, b, dtype)) * 50 + (1 - inside) * out
+    v, out, z = _image(6, n, m, b, dtype, inside)
     V = _basis(v)
     subtracts = []
     monkeypatch.setattr(type(V), "project_out", lambda self, *a, _f=type(V).project_out: subtracts.append(1) or _f(self, *a))
