@@ -14,10 +14,11 @@ and their explicit residuals ``||W c - theta V c||`` are formed only when those 
 wanted pair may have converged (or at the last step), and only the explicit residuals decide. The
 step's image is projected first against the blocks it couples with in exact arithmetic (the previous
 block and its own: the block three-term recurrence; after a thick restart, every kept vector), in the
-read that also forms its components along the whole basis, then once against the whole basis (full
-reorthogonalization, Parlett and Scott 1979), and again only where the Kahan-Parlett test says that
-pass lost orthogonality (:func:`~blocklin.linalg.blocks.orth.reorthogonalize`): two reads of ``V`` a
-step, where a full classical Gram-Schmidt twice took three. The next block is the dominant directions
+read that also forms its components along the whole basis (Golub and Underwood 1977 for the block
+recurrence), then once against the whole basis (full reorthogonalization: Golub and Van Loan, *Matrix
+Computations*), and again only where the Kahan-Parlett test says that pass lost orthogonality
+(:func:`~blocklin.linalg.blocks.orth.reorthogonalize`): two reads of ``V`` a step, where classical
+Gram-Schmidt twice against the whole basis took four. The next block is the dominant directions
 of the projected block (:func:`~blocklin.linalg.blocks.orth.next_block`). When the basis
 reaches ``max_basis`` it is thick-restarted to the best Ritz vectors, which keeps ``W = Op V`` exact
 (Wu and Simon 2000; Baglama and Reichel 2005 for the SVD; Golub and Kahan 1965, Larsen's PROPACK for
