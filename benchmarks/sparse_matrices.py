@@ -253,11 +253,8 @@ def small(args: argparse.Namespace, folder: Path) -> dict:
         row = rows.setdefault(name, {"runs": [], "residual": 0.0})
         row["runs"].append(sec)
         row["residual"] = max(row["residual"], float(np.max(res)))
-        # blocklin's long factors are a temporary group the caller owns (report["output"]): removed here
-        output = (getattr(got, "report", None) or {}).get("output")
-        if output and os.path.isdir(output) and Path(output).name.startswith("blocklin-") and \
-                Path(output).parent == Path(tempfile.gettempdir()):
-            shutil.rmtree(output)
+        if hasattr(got, "delete"):  # blocklin's long factors: a temporary group the caller owns
+            got.delete()
         return got
 
     def svd_res(f):

@@ -85,7 +85,7 @@ with tempfile.TemporaryDirectory() as d, bl.config.set(temp_dir=d):
     plain = bl.svd(X, 1, power_iters=2, seed=0, memory=budget)
     mean_cos = abs(float(plain.Vt[0] @ means / np.linalg.norm(means)))
     print(f"uncentered svd: first component has |cosine| {mean_cos:.4f} with the column means")
-    plain.U.delete()
+    plain.delete()  # its temporary group: U and the arrays beside it
 
     # 6. What it cost: the SVD's passes plus one for the means, no centered copy written.
     print(f"cost: {rep['passes']} passes over X ({rep['passes_formula']}), {rep['seconds']:.1f} s, "

@@ -58,6 +58,13 @@ class EighResult(tuple):
     def V(self) -> np.ndarray:
         return self[1]
 
+    def delete(self) -> None:
+        """Remove the result's group where one was written (``report["output"]``: a sparse matrix's
+        eigenvectors, or ``out=``); ``w`` stays usable (:func:`~blocklin.linalg.blocks.results.delete_output`)."""
+        from blocklin.linalg.blocks.results import delete_output
+
+        delete_output(self)
+
 
 def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_size: int | None = None,
           max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
@@ -335,5 +342,5 @@ def _result(job: Job, A: Any, plan: SvdPlan, res: LanczosResult, out: Any, overw
                         converged=res.converged, which=which, seed=seed, block=plan.block, history=res.history,
                         in_core=plan.in_core, plan=plan.to_dict(), phases=phases)
     if out is not None:
-        write_group(job, out, A, {"w": w, "V": vecs}, "eigsh", plan, report, overwrite, ao=ao)
+        report["output"] = str(write_group(job, out, A, {"w": w, "V": vecs}, "eigsh", plan, report, overwrite, ao=ao))
     return EighResult(w, vecs, report)

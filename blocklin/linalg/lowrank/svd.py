@@ -132,6 +132,14 @@ class SVDResult(tuple):
     def Vt(self) -> Any:
         return self[2]
 
+    def delete(self) -> None:
+        """Remove the result's group (``report["output"]``, a temporary one where ``out=None``): the
+        stored factor and ``S`` and the other factor stored beside it; ``s`` and the in-memory factor
+        stay usable (:func:`~blocklin.linalg.blocks.results.delete_output`)."""
+        from blocklin.linalg.blocks.results import delete_output
+
+        delete_output(self)
+
 
 def resolve_method(method: str, power_iters: int | str, *, shape: tuple[int, int], k: int, oversample: int,
                    shifted: bool = False, which: str = "LM") -> str:
