@@ -499,17 +499,45 @@ def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype
     into = OrderedSum(groups, (store.shape[1], x.shape[1]), np.result_type(np.dtype(dtype), x.dtype)) \
         if transposed and len(groups) > 1 and in_process else None
     operand = Operand(x, into)
+    what = f"sparse {'S^T X' if transposed else 'S X'}"
+    if transposed and len(groups) > 1 and not in_process:
+        total = _returned_partials(job, store, groups, spec, operand, x, dtype, workers, budget - reserved - held)
+        job.stats["sparse_reads"] = job.stats.get("sparse_reads", 0) + 1
+        return total
     # where partials are added as they finish, the graph starts the groups in their order (start_order)
     keys = start_order(len(groups)) if into is not None and job.scheduler.kind == "threads" else None
     for i, g in enumerate(groups):
         graph.add((keys[i],) if keys else g, product_task, spec, *g, operand)
-    results = job.run(graph, workers=workers, description=f"sparse {'S^T X' if transposed else 'S X'}",
-                      count_pass="a")
+    results = job.run(graph, workers=workers, description=what, count_pass="a")
     job.stats["sparse_reads"] = job.stats.get("sparse_reads", 0) + 1
     if into is not None:
         return into.result()
     parts = {r["group"]: r["result"] for r in results}
     return _combine(store, [(g, parts[g]) for g in groups], x, transposed, dtype)
+
+
+def _returned_partials(job: Any, store: SparseStore, groups: list[tuple[int, int]], spec: ProductSpec,
+                       operand: Any, x: np.ndarray, dtype: Any, workers: int, room: int) -> np.ndarray:
+    """``S^T X`` where the tasks return their partials (``processes``, a cluster): the groups run a batch
+    at a time, at most as many as run at once and as the caller's ``room`` (the budget beside the
+    product's operands and result) holds of partials, each batch's partials added in group order as it
+    returns (the sums of :func:`_combine`, so its bits). One graph of every group returned every
+    partial before any was added: ``groups x n x k`` in the caller, which its plan never counted."""
+    n, k = store.shape[1], x.shape[1]
+    rt = np.result_type(np.dtype(dtype), x.dtype)
+    total = np.zeros((n, k), rt)
+    batch = max(1, min(workers, room // max(1, n * k * rt.itemsize)))
+    for i0 in range(0, len(groups), batch):
+        graph = TileGraph.named("sparse-product", uuid.uuid4().hex)
+        for g in groups[i0:i0 + batch]:
+            graph.add(g, product_task, spec, *g, operand)
+        results = job.run(graph, workers=min(workers, batch), description="sparse S^T X",
+                          count_pass="a" if i0 == 0 else None)  # one pass over S, in batches
+        parts = {r["group"]: r["result"] for r in results}
+        del results
+        for g in groups[i0:i0 + batch]:
+            total += parts.pop(g)
+    return total
 
 
 def sparse_normal(job: Any, matrix: Any, x: np.ndarray, dtype: Any) -> tuple[np.ndarray, np.ndarray] | None:

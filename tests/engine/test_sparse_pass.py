@@ -58,6 +58,30 @@ def test_products_have_the_same_bits_on_every_scheduler(stored, rng):
     assert current_job() is None
 
 
+def test_returned_partials_are_added_a_batch_at_a_time(stored, rng, monkeypatch):
+    """Under ``processes`` the tasks return their partials of ``S^T Y``: the groups run a batch of the
+    workers at a time and each batch is added as it returns (never every group's ``n x k`` partial held
+    at once), with the bits of the caller's product and one pass counted."""
+    xs, s = stored
+    y = rng.standard_normal((30000, 5))
+    ref = s.aslinearoperator().rmatmat(y)
+    graphs = []
+    real = Job.run
+
+    def run(self, graph, **kw):
+        graphs.append((len(graph.tasks), kw.get("count_pass")))
+        return real(self, graph, **kw)
+
+    monkeypatch.setattr(Job, "run", run)
+    with Job("test", scheduler="processes", workers=2) as job:
+        got = s.aslinearoperator().rmatmat(y)
+        passes = job.passes("a")
+    groups = len(sparse_pass.row_groups(s._store))
+    assert np.array_equal(got, ref)
+    assert len(graphs) == -(-groups // 2) and passes == 1 and max(t for t, _ in graphs) == 2
+    assert [c for _, c in graphs] == ["a"] + [None] * (len(graphs) - 1)
+
+
 def test_svd_passes_run_as_tasks_and_match_the_caller(stored):
     xs, s = stored
     res = bl.svd(s, 3, seed=0, scheduler="threads", workers=2)
