@@ -350,8 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small-nnz", type=int, default=None, help="its entries (default: the large graph's density "
                    "per row, nnz * small-n / n)")
     p.add_argument("--small-memory", default="1GiB", help="blocklin's budget in the in-memory comparison")
-    p.add_argument("--small-repeat", type=int, default=3, help="rounds of the in-memory comparison, each starting "
-                   "one contender later; each time is the median of its rounds (default 3)")
+    p.add_argument("--small-repeat", type=int, default=5, help="rounds of the in-memory comparison, each starting "
+                   "one contender later; each time is the median of its rounds (default 5)")
     p.add_argument("-k", type=int, default=20)
     p.add_argument("--max-passes", type=int, default=400, help="eigsh's limit (the spectrum decays slowly)")
     p.add_argument("--seed", type=int, default=0)
