@@ -111,7 +111,7 @@ def _leading_directions(y: np.ndarray, keep: int, floor: float) -> np.ndarray:
     exceed ``floor``, from the eigenvectors of ``y^H y``: ``u_i = y w_i / s_i``.
 
     The Gram matrix resolves a singular value ``s_i`` to about ``u s_1^2 / s_i`` (its rounding), so only
-    those above ``sqrt(64 b u) s_1`` count: the caller fills the rest with random directions and
+    those above ``sqrt(64 b eps) s_1`` count: the caller fills the rest with random directions and
     orthonormalizes them all again. A handful of leading directions of an ill-conditioned block (the
     residual vectors of a Lanczos run's Ritz pairs: ``cond`` near ``10^7``) then take one Gram product
     where a tall QR of every column fell back to Householder's (48 ms of a 1.2 s sparse svd at ``10^5``
