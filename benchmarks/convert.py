@@ -14,7 +14,13 @@ Variants, each in its own subprocess (so its peak resident memory, ``VmHWM``, is
 * ``zarr.from_array``: ``zarr.from_array(store, data=np.load(path, mmap_mode="r"))``;
 * ``dask``: ``dask.array.from_array(np.load(path, mmap_mode="r"), chunks).to_zarr(store)``;
 
-all with the same chunks (blocklin's ``auto`` for the budget) and codec. Printed: seconds, GB/s of
+all with the same chunks (blocklin's ``auto`` for the budget) and codec. Every variant imports the same
+modules and then waits ``--settle`` seconds (default 4) before its clock starts: the previous variant's
+output was just deleted, and on a virtual machine that reports freed memory to its host (virtio-balloon
+free page reporting, about 2 s after the free) a writer that starts at once reuses those pages while
+one that starts later pays the host's faults for every page of its output. Without the wait the
+variant that started fastest (the raw copy: no imports) won by that alone (2026-12-04: the same zarr
+copy at 0.44-3.97 GB/s depending on the delay, 0.34-0.40 GB/s after the wait). Printed: seconds, GB/s of
 the source bytes, peak memory, and the ratios to the raw read rate and to each alternative. The file
 is written first (page cache warm for every variant, as in a pipeline that just produced it) and
 deleted afterwards unless ``--keep``.
@@ -32,17 +38,18 @@ import textwrap
 
 CHILD = textwrap.dedent(r"""
 import json, sys, time
-variant, src, out, memory, codec, chunks = sys.argv[1:7]
+variant, src, out, memory, codec, chunks, settle = sys.argv[1:8]
 chunks = tuple(int(c) for c in chunks.split(","))
 import numpy as np
 def peak():
     for line in open("/proc/self/status"):
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
+import blocklin, zarr, dask.array  # noqa: F401  (every variant starts alike)
 if variant == "baseline":
-    import blocklin, zarr, dask.array  # noqa: F401
     print(json.dumps({"seconds": 0.0, "peak": peak()}))
     sys.exit()
+time.sleep(float(settle))
 t0 = time.perf_counter()
 if variant == "raw":
     a = np.fromfile(src, dtype=np.uint8)
@@ -83,11 +90,16 @@ print(json.dumps({"seconds": secs, "bytes": n, "peak": peak()}))
 """)
 
 
+#: Seconds each variant waits, after its imports, before its clock starts (``--settle``).
+SETTLE = 4.0
+
+
 def run(variant: str, src: str, out: str, memory: str, codec: str, chunks: tuple[int, int]) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     if os.path.isfile(out):
         os.remove(out)
-    proc = subprocess.run([sys.executable, "-c", CHILD, variant, src, out, memory, codec, f"{chunks[0]},{chunks[1]}"],
+    proc = subprocess.run([sys.executable, "-c", CHILD, variant, src, out, memory, codec, f"{chunks[0]},{chunks[1]}",
+                           str(SETTLE)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{variant} failed:\n{proc.stderr}")
@@ -105,7 +117,10 @@ def main() -> None:
     ap.add_argument("--codec", default="blosc-lz4", help="codec of the compressed runs (default blosc-lz4)")
     ap.add_argument("--dir", default="bench-data", help="scratch folder (default bench-data)")
     ap.add_argument("--keep", action="store_true", help="keep the generated .npy")
+    ap.add_argument("--settle", type=float, default=SETTLE,
+                    help=f"seconds each variant waits before its clock starts (default {SETTLE:g}; see the docstring)")
     args = ap.parse_args()
+    globals()["SETTLE"] = args.settle
 
     import numpy as np
 
