@@ -42,13 +42,16 @@ TARGET_TK = 512
 BLAS_KC = 256
 #: Narrowest first k-panel planned to start compute early (see ``GemmPlan.k_lead``).
 LEAD_MIN = 128
-#: Cost of a byte read by a k-panel narrower than a local chunk's width, per byte read in whole
-#: rows, in tiles bound by their reads (:data:`FEED_BOUND_FLOPS_PER_BYTE`; elsewhere the reads are
-#: hidden and the fewest bytes win): the part of each row is copied out of a mapping of the chunk file instead of one read
-#: of contiguous rows. Measured on the 2-core machine (a 14336-row panel of a 512-wide float64
-#: chunk column in the page cache, two threads): 3.3 GB/s for half the width against 4.5 GB/s
-#: whole (``benchmarks/feed.py``'s operand).
+#: Cost of reading part of each row of a local chunk (a k-panel narrower than the chunk's width),
+#: in tiles bound by their reads (:data:`FEED_BOUND_FLOPS_PER_BYTE`; elsewhere the reads are hidden
+#: and the fewest bytes win), as a multiple of reading the whole rows: the parts are copied out of a
+#: mapping of the chunk file, whose pages are faulted in whole, so a part costs about a whole row.
+#: Measured on the 2-core machine (14336-row panels of 2048 x 512 float64 chunks in the page cache,
+#: one thread, ``RawChunks.read``): whole rows 18 GB/s; half, a quarter and an eighth of the width
+#: 5.2, 3.0 and 1.6 GB/s of the bytes used, i.e. 1.7, 1.5 and 1.4 times the whole rows' time.
 PARTIAL_READ_COST = 1.4
+#: Fewest rows of a tile cut from a chunk's rows (:attr:`_Space.sub_rows`).
+SUB_CHUNK_ROWS_MIN = 16
 #: Flops per byte read below which a CPU tile is bound by its reads (a core reads the page cache at
 #: about 2.7 GB/s and multiplies at about 30 GFLOP/s, so below about 10 flops a byte the reads take
 #: longer). Such tiles get half the cores' BLAS threads (at least one): OpenBLAS's threads spin
@@ -378,6 +381,15 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         best = min(found, key=lambda x: x[0]) if found else None
     if best is None:
         raise _smallest_does_not_fit(space, workers=workers, memory=memory, device_memory=device_memory)
+    if device == "cpu" and reads[0] == "direct" and not trans[0]:
+        # Tiles of fewer rows than a chunk compete too, with chunk-wide panels: where chunk-row
+        # tiles fit only with narrow panels, whole-row reads of fewer rows are faster (see
+        # PARTIAL_READ_COST). Only once some plan fits: the smallest budget stays the one that
+        # holds chunk-row tiles, below which a rechunk of the inputs beats any tiling.
+        rows = _search(dataclasses.replace(space, sub_rows=True), workers=workers, memory=memory,
+                       device_memory=device_memory)
+        if rows is not None and rows[0] < best[0]:
+            best = rows
     _, tm, tn, tk, host, dev, oc, read, rereads, cache, resident = best
     if auto_prefetch and space.on_gpu:
         for depth in (3, 2):  # read further ahead, with as many loader threads, when the budgets allow
@@ -452,6 +464,9 @@ class _Space:
     osz: int = 0
     #: One chunk set per loader planned even for direct reads (see :func:`plan_gemm`).
     read_reserve: bool = False
+    #: Tiles of fewer rows than ``op(A)``'s chunks may be planned (its rows are stored rows of local
+    #: uncompressed chunks: one contiguous range of a chunk file per tile; see :func:`plan_gemm`).
+    sub_rows: bool = False
 
     @classmethod
     def of(cls, m: int, n: int, k: int, dt: np.dtype, src: tuple, *, a_chunks: tuple[int, int],
@@ -469,6 +484,18 @@ class _Space:
         return cls(m=m, n=n, k=k, isz=dt.itemsize, src_isz=src_isz, prefetch=prefetch, on_gpu=on_gpu,
                    with_c=c_chunks is not None, c_rows=min(m, c_chunks[0]) if c_chunks is not None else 0, mu=mu,
                    nu=nu, ku=ku, ku_a=ku_a, ku_b=ku_b, io_chunk=io_chunk, out_chunks=out_chunks, dtype=dt.name)
+
+    def row_candidates(self) -> list[int]:
+        """Tile rows to try: multiples of the chunk rows (:func:`_candidates`), and with
+        :attr:`sub_rows` halvings of them down to :data:`SUB_CHUNK_ROWS_MIN`."""
+        m = max(self.m, 1)
+        rows = _candidates(m, self.mu)
+        if self.sub_rows:
+            t = min(self.mu, m) // 2
+            while t >= SUB_CHUNK_ROWS_MIN:
+                rows.append(t)
+                t //= 2
+        return sorted(set(rows))
 
     def out_chunks_for(self, tm: int, tn: int) -> tuple[int, int]:
         if self.out_chunks is not None:
@@ -514,7 +541,7 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
     tk_target = min(max(1, k), max(sp.ku, (TARGET_TK // sp.ku) * sp.ku))
     tk_options = widths if widths is not None else sorted({t for t in (tk_target, sp.ku) if t >= 1}, reverse=True)
     m_, n_ = max(m, 1), max(n, 1)
-    for tm in _candidates(m_, sp.mu):
+    for tm in sp.row_candidates():
         for tn in _candidates(n_, sp.nu):
             oc = sp.out_chunks_for(tm, tn)
             if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
@@ -532,7 +559,7 @@ def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,
                 tasks = gm * gn
                 idle = max(0, workers - tasks)  # concurrent slots with no tile to run
                 # where the reads bound the tiles, their rate decides: parts of rows read slower
-                slow = sum(nbytes * (PARTIAL_READ_COST - 1) for nbytes, part, unit in (
+                slow = sum(nbytes * (PARTIAL_READ_COST * max(1, unit / tk) - 1) for nbytes, part, unit in (
                     (m * k * sp.src_isz[0] * gn, sp.partial[0], sp.ku_a), (k * n * sp.src_isz[1] * gm, sp.partial[1], sp.ku_b))
                     if part and sp.direct[0] and tk % unit and tk < k) \
                     if not sp.on_gpu and _flops_per_byte(tm, tn, tk, sp.src_isz) < FEED_BOUND_FLOPS_PER_BYTE else 0
@@ -623,7 +650,7 @@ def _smallest_does_not_fit(sp: _Space, *, workers: int, memory: int, device_memo
     m_, n_ = max(sp.m, 1), max(sp.n, 1)
     widths = sorted({min(max(1, sp.k), sp.ku), *sp.sub_chunk_panels()})
     tilings = []
-    for tm in _candidates(m_, sp.mu):
+    for tm in sp.row_candidates():
         for tn in _candidates(n_, sp.nu):
             oc = sp.out_chunks_for(tm, tn)
             if tm % oc[0] and tm != m_ or tn % oc[1] and tn != n_:
