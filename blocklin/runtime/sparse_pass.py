@@ -493,7 +493,6 @@ def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype
         return kept.product(job, groups, x, transposed, workers)
     spec = ProductSpec(s=store.location, transposed=transposed, dtype=np.dtype(dtype).name,
                        blas_threads=job.task_blas_threads(1))
-    graph = TileGraph.named("sparse-product", uuid.uuid4().hex)  # X differs on every call: a fresh name
     # Tasks in this process add their partials of S^T X as they finish; elsewhere they return them
     in_process = job.scheduler.kind in ("threads", "sync")
     into = OrderedSum(groups, (store.shape[1], x.shape[1]), np.result_type(np.dtype(dtype), x.dtype)) \
@@ -504,6 +503,7 @@ def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype
         total = _returned_partials(job, store, groups, spec, operand, x, dtype, workers, budget - reserved - held)
         job.stats["sparse_reads"] = job.stats.get("sparse_reads", 0) + 1
         return total
+    graph = TileGraph.named("sparse-product", uuid.uuid4().hex)  # X differs on every call: a fresh name
     # where partials are added as they finish, the graph starts the groups in their order (start_order)
     keys = start_order(len(groups)) if into is not None and job.scheduler.kind == "threads" else None
     for i, g in enumerate(groups):
