@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.device import pool
 from blocklin.errors import FormatError
 
 import blocklin._readstats as readstats
@@ -283,6 +284,11 @@ class RawChunks:
                         f.write(memoryview(buf.reshape(-1).view(np.uint8)))
 
 
+#: Bytes beyond a chunk's own (and 1/128 of it) that an encoded chunk may take in the reused frame
+#: buffers (zstd's and blosc's bound for incompressible data is below this); a larger one is read into
+#: a buffer of its own.
+FRAME_SLACK = 64 * 1024
+
 #: Most chunks of one read decoded at once by the chunk I/O pool (and at most as many as zarr
 #: keeps in flight, whose temporaries the planners count: a decoding thread holds a chunk's
 #: encoded bytes and, for a part of a chunk, one decoded chunk).
@@ -397,19 +403,32 @@ class DecodedChunks:
         except FileNotFoundError:
             dest.fill(self.fill_value)
             return
+        # The encoded bytes and a part's decoded chunk go through buffers a run reuses
+        # (device.pool): a fresh mapping per chunk cost a page fault per page of it.
+        cap = self.chunk_bytes + self.chunk_bytes // 128 + FRAME_SLACK
+        size = None
         try:
-            frame = np.empty(os.fstat(fd).st_size, dtype=np.uint8)
+            size = os.fstat(fd).st_size
+            buf = pool.empty((cap,), np.uint8) if size <= cap else np.empty(size, dtype=np.uint8)
+            frame = buf[:size]
             _pread_full(fd, frame, 0, 0)
         finally:
             os.close(fd)
-        readstats.count(frame.nbytes)
-        if self._size(frame) != self.chunk_bytes:
-            raise FormatError(f"the chunk's codec header declares {self._size(frame)} bytes, not {self.chunk_bytes}")
         whole = dest.shape == self.chunks and dest.flags.c_contiguous
-        target = dest if whole else np.empty(self.chunks, dtype=self.dtype)
-        self._codec.decode(frame, out=target.reshape(-1).view(np.uint8))
-        if not whole:
-            dest[...] = target[r0:r0 + dest.shape[0], c0:c0 + dest.shape[1]]
+        target = dest if whole else pool.empty(self.chunks, self.dtype)
+        try:
+            readstats.count(frame.nbytes)
+            if self._size(frame) != self.chunk_bytes:
+                raise FormatError(f"the chunk's codec header declares {self._size(frame)} bytes, not {self.chunk_bytes}")
+            self._codec.decode(frame, out=target.reshape(-1).view(np.uint8))
+            if not whole:
+                dest[...] = target[r0:r0 + dest.shape[0], c0:c0 + dest.shape[1]]
+        finally:
+            del frame
+            if size <= cap:
+                pool.give(buf)
+            if not whole:
+                pool.give(target)
 
     def read(self, rows: slice, cols: slice, out: np.ndarray) -> np.ndarray:
         """``out[...] = array[rows, cols]``, the chunks decoded by up to :data:`DECODE_THREADS` at once."""

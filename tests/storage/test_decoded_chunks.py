@@ -137,3 +137,38 @@ def test_a_failing_lane_waits_for_the_others_before_raising():
         with pytest.raises(KeyboardInterrupt):
             rawchunks._run_all(pool, work, [(i,) for i in range(50)], 3)
         assert running[0] == 0
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_frames_and_part_chunks_are_reused_within_a_run(tmp_path, codec, decode_threads, monkeypatch):
+    """Inside a run's buffer scope (``device.pool.reusing``) the encoded bytes and a part's decoded chunk
+    go through buffers handed back for the next chunk: the same bits as zarr, whether a buffer is new or
+    reused; outside the scope nothing is kept. A frame larger than the kept size (``FRAME_SLACK``)
+    is read into a buffer of its own."""
+    from blocklin.device import pool
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((53, 41))  # incompressible: frames near the chunk's size
+    arr = _array(tmp_path / "x.zarr", x, codec)
+    chunk_bytes = 16 * 12 * 8
+    cap = (chunk_bytes + chunk_bytes // 128 + rawchunks.FRAME_SLACK,)
+    taken = []
+    real_empty = pool.empty
+    monkeypatch.setattr(pool, "empty", lambda shape, dtype: (taken.append(tuple(shape)), real_empty(shape, dtype))[1])
+    with pool.reusing():
+        for _ in range(2):
+            for rows, cols in SELECTIONS:
+                out = np.empty((rows.stop - rows.start, cols.stop - cols.start))
+                np.testing.assert_array_equal(read_block(arr, rows, cols, out=out), x[rows, cols])
+        kept = {k[0]: len(v) for k, v in pool._free.items()}
+    assert cap in taken and (16, 12) in taken  # frames, and decoded chunks for the parts
+    # no more kept than ever in flight at once: a frame and a part's chunk per decoding lane
+    assert 1 <= kept[cap] <= decode_threads and kept.get((16, 12), 0) <= decode_threads
+    assert pool._free is None
+    monkeypatch.setattr(rawchunks, "FRAME_SLACK", 16 - chunk_bytes - chunk_bytes // 128)  # kept frames of 16 bytes
+    taken.clear()
+    with pool.reusing():
+        out = np.empty((53, 41))
+        np.testing.assert_array_equal(read_block(arr, slice(0, 53), slice(0, 41), out=out), x)
+        assert not any(len(k[0]) == 1 for k in pool._free)
+    assert not any(len(s) == 1 for s in taken)
