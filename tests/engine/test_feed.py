@@ -203,6 +203,21 @@ def test_feed_bound_tiles_leave_cores_to_the_reads():
     assert thin.tk == 512
 
 
+@pytest.mark.parametrize("reads", [("direct", "direct"), ("chunks", "chunks")])
+def test_read_bound_tiles_keep_their_panels_in_cache(reads):
+    """A read-bound CPU tile's panel of A stays within FEED_PANEL_BYTES (the GEMM reads what the loader
+    just wrote from the cache) at any budget; tiles that compute enough are as large as before."""
+    from blocklin.plan.gemm import FEED_PANEL_BYTES, plan_gemm
+
+    for memory in (64 << 20, 256 << 20, 1 << 30):
+        thin = plan_gemm(262144, 4, 512, np.float64, a_chunks=(2048, 512), b_chunks=(512, 4), memory=memory,
+                         cores=2, reads=reads)
+        assert thin.tm * thin.tk * 8 <= FEED_PANEL_BYTES and thin.tk == 512
+    square = plan_gemm(8192, 8192, 8192, np.float64, a_chunks=(1024, 1024), b_chunks=(1024, 1024),
+                       memory=1 << 30, cores=2, reads=reads)
+    assert square.tm * square.tk * 8 > FEED_PANEL_BYTES
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_first_pass_peaks_stand_in_for_the_finite_check(tmp_path, bad):
     """The first pass's column peaks replace the NaN/Inf check where they are finite; where not, the
