@@ -406,7 +406,6 @@ class DecodedChunks:
         # The encoded bytes and a part's decoded chunk go through buffers a run reuses
         # (device.pool): a fresh mapping per chunk cost a page fault per page of it.
         cap = self.chunk_bytes + self.chunk_bytes // 128 + FRAME_SLACK
-        size = None
         try:
             size = os.fstat(fd).st_size
             buf = pool.empty((cap,), np.uint8) if size <= cap else np.empty(size, dtype=np.uint8)
