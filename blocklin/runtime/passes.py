@@ -552,14 +552,45 @@ def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray) -> tup
     return out, peaks
 
 
+#: Elements per row of the view in which :func:`_column_peaks` reduces a narrow strip.
+FOLD_ELEMENTS = 4096
+
+
 def _column_peaks(v: np.ndarray) -> np.ndarray:
     """``max |v|`` of each column, float64, without a temporary the size of ``v`` (NaN where a column
-    holds one: it propagates through max and min)."""
+    holds one: it propagates through max and min).
+
+    NumPy reduces a C-ordered ``h x n`` block over its rows one row at a time, an inner loop of ``n``
+    elements: for narrow strips the loop's overhead, not the data, sets the rate. A C-contiguous strip
+    is therefore reduced as ``h / r`` rows of ``r`` of its rows side by side (``r n`` about
+    :data:`FOLD_ELEMENTS`), then over the ``r``. Maxima are exact in any order: the same peaks.
+    Measured on the 2-core machine (4 M elements, max and min): 64 float32 columns 2.3 GB/s row by
+    row, 24.8 folded; 16 float64 1.4 and 9.4; 512 float64 7.4 and 10.1.
+    """
     if v.shape[0] == 0:
         return np.zeros(v.shape[1])
     if v.dtype.kind == "c":  # max(|Re|, |Im|): within sqrt(2) of the largest modulus, which a scaling allows
+        if v.flags.c_contiguous:  # real and imaginary parts as adjacent real columns
+            return _column_peaks(v.view(v.real.dtype)).reshape(v.shape[1], 2).max(axis=1)
         return np.maximum(_column_peaks(v.real), _column_peaks(v.imag))
-    return np.maximum(v.max(axis=0).astype(np.float64), -v.min(axis=0).astype(np.float64))
+    hi, lo = _column_max_min(v)
+    return np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
+
+
+def _column_max_min(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each column's max and min (see :func:`_column_peaks`; NaN propagates through both)."""
+    h, n = v.shape
+    r = FOLD_ELEMENTS // max(1, n) if v.flags.c_contiguous else 1
+    whole = h // r * r if r > 1 else 0
+    if not whole:
+        return v.max(axis=0), v.min(axis=0)
+    folded = v[:whole].reshape(whole // r, r * n)
+    hi = folded.max(axis=0).reshape(r, n).max(axis=0)
+    lo = folded.min(axis=0).reshape(r, n).min(axis=0)
+    if whole < h:
+        np.maximum(hi, v[whole:].max(axis=0), out=hi)
+        np.minimum(lo, v[whole:].min(axis=0), out=lo)
+    return hi, lo
 
 
 def _max_nan(values: list) -> np.ndarray | None:
