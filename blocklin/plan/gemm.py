@@ -114,6 +114,10 @@ class GemmPlan:
     #: ``op(A)`` and ``op(B)`` that a run needs (each then read from storage once, ``bytes_read``).
     cache_bytes: int = 0
     resident: bool = False
+    #: Loader threads of a task's stream on a CPU (a GPU's has ``prefetch``): 2 where a tile bound by
+    #: its reads decodes its panels of ``op(A)`` (compressed chunks, or reads through zarr), so two
+    #: panels are decoded at once, and the budget holds the second one in flight (:func:`plan_gemm`).
+    loaders: int = 1
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -147,6 +151,8 @@ class GemmPlan:
             del d["out_dtype"]
         if not d["cache_bytes"]:  # no device cache (every CPU plan): as before the fields
             del d["cache_bytes"], d["resident"]
+        if d["loaders"] == 1:  # one loader: as before the field
+            del d["loaders"]
         d["grid"] = list(self.grid)
         d["k_steps"] = self.k_steps
         d["n_tasks"] = self.n_tasks
@@ -406,13 +412,25 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
             if h2 * workers <= memory and d2 * workers + cache <= device_memory:
                 prefetch, host, dev = depth, h2, d2
                 break
+    feed_bound = device == "cpu" and _flops_per_byte(tm, tn, tk, space.src_isz) < FEED_BOUND_FLOPS_PER_BYTE
+    loaders = 1
+    if auto_prefetch and feed_bound and reads[0] != "direct" and (cores or os.cpu_count() or 1) >= 2:
+        # One loader decoding a panel at a time bounds such a tile (a panel of one chunk is decoded
+        # on the loader's own thread): a second loader decoding the next panel beside it gains more
+        # than larger tiles, where the budget holds both loaders' slots and chunk temporaries with
+        # chunk-wide panels. Measured on the 2-core machine (A @ B, A 262144 x 512 in zstd chunks
+        # of 2048 rows, B 512 x 4, 128 MiB, alternated): 1.34 -> 1.85 GB/s.
+        two = _search(dataclasses.replace(space, prefetch=2, loaders=2), workers=workers, memory=memory,
+                      device_memory=device_memory)
+        if two is not None and _flops_per_byte(two[1], two[2], two[3], space.src_isz) < FEED_BOUND_FLOPS_PER_BYTE:
+            _, tm, tn, tk, host, dev, oc, read, rereads, cache, resident = two
+            prefetch, loaders = 2, 2
     c_read = m * n * odt.itemsize if space.with_c else 0
     # A narrow first panel, where panels read only their part of each chunk: compute starts after
     # reading an eighth of the first panel pair instead of all of it. Not for CPU tiles bound by their
     # reads: there the lead gains the first tile of a run a little, but turns every tile's whole-row
     # reads of A into two partial ones (PARTIAL_READ_COST); measured on the thin product of
     # benchmarks/feed.py (A 262144 x 512, B 512 x 4, 64 MiB, alternated in one process): 3.1 GB/s without the lead, 2.2 with it.
-    feed_bound = device == "cpu" and _flops_per_byte(tm, tn, tk, space.src_isz) < FEED_BOUND_FLOPS_PER_BYTE
     k_lead = max(LEAD_MIN, tk // 8) if (local_parts and tk >= 4 * LEAD_MIN and k > tk // 8
                                         and not feed_bound) else 0
     return GemmPlan(
@@ -422,7 +440,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         bytes_read=read + c_read, bytes_written=m * n * odt.itemsize, peak_memory=host * workers, task_memory=host,
         device_peak=dev * workers + cache if space.on_gpu else None, with_c=space.with_c, panel_rereads=rereads,
         out_dtype=odt.name if odt != dt else None,
-        k_lead=k_lead, cache_bytes=cache, resident=resident,
+        k_lead=k_lead, cache_bytes=cache, resident=resident, loaders=loaders,
     )
 
 

@@ -406,7 +406,7 @@ def _panel_stream(spec: GemmSpec, device: Any, readers: list[_PanelReader], kept
 
     # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
     return TileStream(device, per * len(readers), load, [a_shape, b_shape], [readers[0].A.dtype, readers[0].B.dtype],
-                      depth=plan.prefetch, device_dtype=[dt, dt], loaders=1 if device.host_resident else plan.prefetch,
+                      depth=plan.prefetch, device_dtype=[dt, dt], loaders=plan.loaders if device.host_resident else plan.prefetch,
                       job_items=plan.n_tasks * per, resident=kept)
 
 

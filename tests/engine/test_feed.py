@@ -290,3 +290,44 @@ def test_column_peaks_of_folded_strips_are_exact(dtype):
                 got = passes._column_peaks(w)
                 assert got.dtype == np.float64
                 np.testing.assert_array_equal(got, want[::-1] if w.strides[1] < 0 else want)
+
+
+def test_read_bound_tiles_over_decoded_chunks_get_a_second_loader():
+    """A read-bound CPU tile whose panels of A are decoded (compressed chunks, reads through zarr) gets
+    two loaders and two panels read ahead where the budget holds them; uncompressed local reads,
+    one core, products that compute enough, and budgets too small keep one loader."""
+    from blocklin.plan.gemm import plan_gemm
+
+    def plan(memory, reads=("chunks", "chunks"), n=4, cores=2):
+        return plan_gemm(49152, n, 256, np.float64, a_chunks=(1024, 256), b_chunks=(256, 4), memory=memory << 20,
+                         cores=cores, reads=reads, direct_writes=True)
+
+    two = plan(32)
+    assert (two.loaders, two.prefetch) == (2, 2) and two.peak_memory <= 32 << 20
+    assert two.to_dict()["loaders"] == 2
+    for one in (plan(16), plan(32, reads=("direct", "direct")), plan(32, cores=1), plan(256, n=4096)):
+        assert one.loaders == 1 and "loaders" not in one.to_dict()
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads"])
+def test_two_loaders_give_the_bits_of_one(tmp_path, monkeypatch, scheduler):
+    import dataclasses
+
+    import blocklin.linalg.products.gemm as gemm
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((12288, 256))
+    b = rng.standard_normal((256, 4))
+    a = bl.from_array(x, tmp_path / "a.zarr", chunks=(1024, 256), codec="zstd")
+    two = bl.matmul(a.path, b, tmp_path / "two.zarr", memory="32MiB", scheduler=scheduler)
+    assert two.report["plan"]["loaders"] == 2
+    planned = gemm.plan_gemm
+    monkeypatch.setattr(gemm, "plan_gemm", lambda *args, **kw: dataclasses.replace(
+        planned(*args, **kw), prefetch=1, loaders=1))
+    one = bl.matmul(a.path, b, tmp_path / "one.zarr", memory="32MiB", scheduler=scheduler)
+    assert "loaders" not in one.report["plan"]
+    got = two.to_numpy()
+    assert got.tobytes() == one.to_numpy().tobytes()
+    # each entry a dot product of length k = 256 (Higham, eq. 3.13): gamma_k |A||B|
+    u = np.finfo(np.float64).eps / 2
+    assert np.all(np.abs(got - x @ b) <= 256 * u / (1 - 256 * u) * (np.abs(x) @ np.abs(b)))

@@ -28,3 +28,23 @@ def test_gemm_over_zstd_chunks_peak_within_budget(tmp_path):
     used = r["peak"] - r["baseline"]
     assert r["plan_peak"] <= budget and r["tasks"] > 1
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 24 MiB"
+
+
+@needs_hwm
+def test_thin_product_with_two_loaders_peak_within_budget(tmp_path):
+    """A thin product over zstd chunks plans two loaders (each decoding a panel); its peak stays within
+    the budget with both loaders' panels and chunk buffers."""
+    rng = np.random.default_rng(5)
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(49152, 256), chunks=(1024, 256), dtype="float64",
+                          compressors=zarr.codecs.ZstdCodec(level=1), zarr_format=3)
+    for r0 in range(0, 49152, 8192):
+        a[r0:r0 + 8192] = rng.standard_normal((8192, 256))
+    b = zarr.create_array(str(tmp_path / "b.zarr"), shape=(256, 4), chunks=(256, 4), dtype="float64", zarr_format=3)
+    b[...] = rng.standard_normal((256, 4))
+    budget = 24 * 2**20  # the operand is 96 MiB
+    r = run_child(CHILD.replace('"tasks": c.report["tasks"]', '"tasks": c.report["tasks"], '
+                                '"loaders": c.report["plan"].get("loaders", 1)'),
+                  str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr"), str(tmp_path / "c.zarr"), "24MiB")
+    used = r["peak"] - r["baseline"]
+    assert r["loaders"] == 2 and r["plan_peak"] <= budget
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 24 MiB"
