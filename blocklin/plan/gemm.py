@@ -416,15 +416,16 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
     loaders = 1
     if auto_prefetch and feed_bound and reads[0] != "direct" and (cores or os.cpu_count() or 1) >= 2:
         # One loader decoding a panel at a time bounds such a tile (a panel of one chunk is decoded
-        # on the loader's own thread): a second loader decoding the next panel beside it gains more
-        # than larger tiles, where the budget holds both loaders' slots and chunk temporaries with
-        # chunk-wide panels. Measured on the 2-core machine (A @ B, A 262144 x 512 in zstd chunks
-        # of 2048 rows, B 512 x 4, 128 MiB, alternated): 1.34 -> 1.85 GB/s.
-        two = _search(dataclasses.replace(space, prefetch=2, loaders=2), workers=workers, memory=memory,
-                      device_memory=device_memory)
-        if two is not None and _flops_per_byte(two[1], two[2], two[3], space.src_isz) < FEED_BOUND_FLOPS_PER_BYTE:
-            _, tm, tn, tk, host, dev, oc, read, rereads, cache, resident = two
-            prefetch, loaders = 2, 2
+        # on the loader's own thread): a second loader decodes the next panel beside it, where the
+        # budget holds its slots and chunk temporaries. The same tiles, so the same bits on every
+        # scheduler (a cluster's single-core workers plan one loader). Measured on the 2-core
+        # machine (A @ B, A 262144 x 512 in zstd chunks of 2048 rows, B 512 x 4, 128 MiB,
+        # alternated): 1.34 -> 1.85 GB/s.
+        deeper = dataclasses.replace(space, prefetch=2, loaders=2)
+        h2, _ = deeper.task_memory(tm, tn, tk, oc, read_chunks=deeper.read_chunks(tm, tn, tk),
+                                   write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
+        if h2 * workers <= memory:
+            prefetch, host, loaders = 2, h2, 2
     c_read = m * n * odt.itemsize if space.with_c else 0
     # A narrow first panel, where panels read only their part of each chunk: compute starts after
     # reading an eighth of the first panel pair instead of all of it. Not for CPU tiles bound by their
