@@ -404,7 +404,8 @@ def _panel_stream(spec: GemmSpec, device: Any, readers: list[_PanelReader], kept
     def load(i: int, bufs: tuple[np.ndarray, ...], skip: tuple[bool, ...] = (False, False)) -> tuple:
         return readers[i // per].load(i % per, bufs, skip)
 
-    # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead
+    # cast operands arrive in the compute dtype; on a GPU one loader thread per panel read ahead, on
+    # a CPU the plan's loaders (two for read-bound tiles over decoded chunks)
     return TileStream(device, per * len(readers), load, [a_shape, b_shape], [readers[0].A.dtype, readers[0].B.dtype],
                       depth=plan.prefetch, device_dtype=[dt, dt], loaders=plan.loaders if device.host_resident else plan.prefetch,
                       job_items=plan.n_tasks * per, resident=kept)
