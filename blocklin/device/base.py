@@ -102,7 +102,8 @@ class Device(abc.ABC):
 
     @abc.abstractmethod
     def sumsq_cols_acc(self, acc: Any, x: Any) -> None:
-        """``acc += sum(x**2, axis=0)`` accumulated in float64 (``acc`` a float64 vector)."""
+        """``acc += sum(|x|**2, axis=0)`` accumulated in float64 (``acc`` a float64 vector); of complex
+        ``x``, the squares of its real and imaginary parts (never the complex squares)."""
 
     @abc.abstractmethod
     def to_device(self, x: np.ndarray) -> Any:

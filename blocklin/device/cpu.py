@@ -99,7 +99,8 @@ class CpuDevice(Device):
         return np.array(x, order="C")
 
     def sumsq_cols_acc(self, acc: np.ndarray, x: np.ndarray) -> None:
-        acc += np.einsum("ij,ij->j", x, x, dtype=np.float64)
+        for part in ((x.real, x.imag) if x.dtype.kind == "c" else (x,)):
+            acc += np.einsum("ij,ij->j", part, part, dtype=np.float64)
 
     def to_device(self, x: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(x)

@@ -415,8 +415,9 @@ class CudaDevice(Device):
 
     def sumsq_cols_acc(self, acc: Any, x: Any) -> None:
         with self.compute:
-            x64 = x.astype(np.float64, copy=False)
-            acc += (x64 * x64).sum(axis=0)
+            for part in ((x.real, x.imag) if x.dtype.kind == "c" else (x,)):
+                x64 = part.astype(np.float64, copy=False)
+                acc += (x64 * x64).sum(axis=0)
 
     def to_device(self, x: np.ndarray) -> Any:
         """A device copy of host array ``x``, ready for the compute stream."""

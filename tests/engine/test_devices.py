@@ -174,3 +174,25 @@ def test_trsm_inplace_every_layout(dtype, layout, t_order):
             assert trsm_inplace(t, b, lower=lower, unit=unit) is b
             # cond(tri) < 3 (diagonal 7 +- a few units off it): a few eps of relative error
             np.testing.assert_allclose(b, want, rtol=0, atol=50 * np.finfo(dtype).eps * np.abs(want).max())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+def test_sumsq_cols_acc_sums_absolute_squares(device, dtype):
+    """``acc += sum |x|^2`` down the columns, in float64: of complex data the squares of the real and
+    imaginary parts (the complex squares, or the real parts alone, are wrong: the device once cast complex
+    strips to float64, which drops the imaginary parts). Each sum is within ``m`` roundings of float64 of
+    the exact one (plus the float32 data's own squares, exact in float64)."""
+    dev = get_device(device)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((97, 5))
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.standard_normal((97, 5))
+    x = x.astype(dtype)
+    want = (np.abs(x.astype(np.complex128)) ** 2).sum(axis=0)
+    acc = dev.zeros((5,), np.float64)
+    for rows in (slice(0, 40), slice(40, 97)):  # accumulated over two strips
+        part = np.ascontiguousarray(x[rows])
+        dev.sumsq_cols_acc(acc, part if dev.host_resident else dev.to_device(part))
+    got = np.asarray(acc if dev.host_resident else dev.to_host(acc))
+    np.testing.assert_allclose(got, want, rtol=2 * 97 * np.finfo(np.float64).eps)

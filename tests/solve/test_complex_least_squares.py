@@ -258,3 +258,21 @@ def test_cli_solves_complex_stores(tmp_path, capsys):
                "--lam", "gcv", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["normal", "qr"])
+def test_tall_routes_on_gpu_report_complex_norms(method):
+    """On the GPU the Gram and TSQR passes sum ``|b|^2`` and ``|A|^2`` on the device: of the real and
+    imaginary parts, as the CPU does (the real parts alone once gave residual norms and ``norm_a`` that
+    were wrong while ``x`` was right)."""
+    a, b = _problem((300, 12), np.complex128, seed=1)
+    x = bl.solve(a, b, lam=0.0, method=method, memory="4MiB", device="gpu", scheduler="sync")
+    r = x.report
+    assert r["device"] == "gpu" and r["method"] == method
+    _check(x.to_numpy(), a, b, 0.0, np.complex128)
+    got = x.to_numpy()
+    res = np.linalg.norm(b - a @ got, axis=0)
+    np.testing.assert_allclose(r["residual_norm"], res, rtol=100 * COMPLEX * 300 * eps(np.complex128))
+    if "norm_a" in r:
+        np.testing.assert_allclose(r["norm_a"], np.linalg.norm(a), rtol=100 * COMPLEX * 300 * eps(np.complex128))

@@ -43,6 +43,7 @@ import contextlib
 import os
 import sys
 import threading
+import warnings
 import time
 import traceback
 import types
@@ -563,6 +564,20 @@ class ndarray:
     _f_contiguous = property(lambda self: self._a.flags.f_contiguous)
     T = property(lambda self: self._wrap(self._a.T))
 
+    @property
+    def real(self) -> ndarray:
+        """As CuPy: a view (of complex data, its real parts; else the array itself)."""
+        return self._wrap(self._a.real)
+
+    @property
+    def imag(self) -> ndarray:
+        """As CuPy: of complex data a view of the imaginary parts; else a new array of zeros."""
+        if self.dtype.kind == "c":
+            return self._wrap(self._a.imag)
+        out = ndarray(self.shape, self.dtype)
+        out[...] = 0
+        return out
+
     def __len__(self) -> int:
         return len(self._a)
 
@@ -618,6 +633,10 @@ class ndarray:
     def astype(self, dtype, order="K", casting=None, subok=None, copy=True) -> ndarray:
         if not copy and np.dtype(dtype) == self.dtype:
             return self
+        if self.dtype.kind == "c" and np.dtype(dtype).kind != "c":
+            # as CuPy does, at the call (the copy itself runs later, on its stream)
+            warnings.warn("Casting complex values to real discards the imaginary part", np.exceptions.ComplexWarning,
+                          stacklevel=2)
         out = ndarray(self.shape, dtype)
         _elementwise(lambda dst, src: np.copyto(dst, src, casting="unsafe"), out, [self], "astype")
         return out
