@@ -38,7 +38,7 @@ from blocklin.progress import report_units
 from blocklin.plan.rechunk import rechunk_advice
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
-from blocklin.storage.rawchunks import raw_access, run_split
+from blocklin.storage.rawchunks import raw_access
 from blocklin.storage.zarr_store import read_block, read_kind, write_block
 
 #: ``kernel(device, arrays, rows, params, state) -> (state, writes)``; ``arrays`` are the strip's
@@ -541,23 +541,14 @@ def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray) -> tup
     The peaks' max and min then read the piece from the core's cache, not from memory: one trip of
     the strip through memory instead of three. Measured on the 2-core machine (4096 x 512 float64
     strips of local chunks in the page cache, one thread): read and peaks of whole strips 4.4 GB/s,
-    in 1 MiB pieces 7.4 GB/s (the read alone 16.8). The peaks are maxima, so the same bits. The pieces
-    run on threads of the chunk I/O pool where the machine has cores beside the pass's tasks
-    (:func:`blocklin.storage.rawchunks.run_split`): one thread alone reads at a core's copy rate.
+    in 1 MiB pieces 7.4 GB/s (the read alone 16.8). The peaks are maxima, so the same bits.
     """
     step = max(1, PEAK_PIECE_BYTES // max(1, out.shape[1] * out.itemsize))
-    starts = list(range(0, out.shape[0], step))
-    found: list = [None] * len(starts)
-
-    def piece(i: int, r0: int) -> None:
-        r1 = min(out.shape[0], r0 + step)
-        found[i] = _column_peaks(read_block(arr, slice(rows.start + r0, rows.start + r1), cols, out=out[r0:r1]))
-
-    # the pieces over the I/O pool's threads where the machine has cores to spare (see run_split)
-    run_split(piece, list(enumerate(starts)))
     peaks = _column_peaks(out[:0])
-    for i, p in enumerate(found):
-        peaks = np.maximum(peaks, p) if i else p  # maxima: the same bits in any order; NaN propagates
+    for r0 in range(0, out.shape[0], step):
+        r1 = min(out.shape[0], r0 + step)
+        piece = read_block(arr, slice(rows.start + r0, rows.start + r1), cols, out=out[r0:r1])
+        peaks = np.maximum(peaks, _column_peaks(piece)) if r0 else _column_peaks(piece)  # maximum propagates NaN
     return out, peaks
 
 

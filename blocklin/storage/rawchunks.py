@@ -231,7 +231,7 @@ class RawChunks:
                     self._read_rows_into(self._path(ci, cj), sr0 - gr0, sr1 - gr0, buf)
                     dest[...] = buf[:, sc0 - gc0:sc1 - gc0]
         with _reading() as others:
-            threads = 1 if getattr(_lane, "busy", False) else READ_THREADS - others  # a lane of the pool reads alone
+            threads = READ_THREADS - others
             pieces = _split_pieces(work, out.nbytes, threads)
             if threads <= 1 or len(pieces) <= 1:
                 for piece in pieces:
@@ -319,35 +319,6 @@ def _io_pool() -> concurrent.futures.ThreadPoolExecutor:
 
 _readers_lock = threading.Lock()
 _readers = 0  # uncompressed reads under way in the process
-_lane = threading.local()  # busy: this thread runs a lane of run_split (its reads never split again)
-
-
-def run_split(fn: Any, work: list) -> None:
-    """``fn(*item)`` for every item of ``work`` (reads into places of their own), on as many threads of
-    the process's chunk I/O pool at once as :data:`READ_THREADS` less the other reads under way allow,
-    in the calling thread where that is one. Returns once none runs any more, raising the first failure.
-
-    On a machine of many cores one thread copying from the page cache falls far below the storage:
-    a row pass's first reads, a piece at a time with their column peaks, reached 5-6 GB/s of the
-    54.7 that 16 threads read on a 16-core GPU host (``benchmarks/feed.py``, 2026-12-04). Inside a
-    lane, :meth:`RawChunks.read` does not split its pieces again: the pool's threads would wait on
-    each other.
-    """
-    with _reading() as others:
-        lanes = 1 if getattr(_lane, "busy", False) else min(READ_THREADS - others, len(work))
-        if lanes <= 1:
-            for item in work:
-                fn(*item)
-            return
-
-        def in_lane(*item: Any) -> None:
-            _lane.busy = True
-            try:
-                fn(*item)
-            finally:
-                _lane.busy = False
-
-        _run_all(_io_pool(), in_lane, work, lanes)
 
 
 @contextlib.contextmanager

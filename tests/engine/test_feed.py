@@ -191,44 +191,6 @@ def test_interrupted_pooled_read_leaves_no_piece_running(wide, monkeypatch):
     assert calls[0] > 1 and running[0] == 0 and rawchunks._readers == 0
 
 
-def test_split_work_runs_on_free_cores_and_never_splits_again(wide, monkeypatch):
-    """``run_split``: its items on as many pool threads as ``READ_THREADS`` less the reads under way, in
-    the calling thread when that is one; a read inside one of its lanes does not split again (the pool's
-    threads would wait on each other), and the first failure is raised once no item runs any more."""
-    x, arr = wide
-    monkeypatch.setattr(rawchunks, "READ_THREADS", 4)
-    monkeypatch.setattr(rawchunks, "READ_PIECE_BYTES", 4096)
-    lanes = []
-    real = rawchunks._run_all
-    monkeypatch.setattr(rawchunks, "_run_all", lambda *a: lanes.append(a[3]) or real(*a))
-    outs = [np.empty((100, 300)) for _ in range(7)]
-    rawchunks.run_split(lambda i, out: read_block(arr, slice(100 * i, 100 * i + 100), slice(0, 300), out=out),
-                        list(enumerate(outs)))
-    assert lanes == [4]  # the split, and no read inside a lane split again
-    assert all(np.array_equal(o, x[100 * i:100 * i + 100]) for i, o in enumerate(outs))
-    with rawchunks._reading(), rawchunks._reading(), rawchunks._reading():  # three other reads: one core left
-        names = []
-        rawchunks.run_split(lambda i: names.append(threading.current_thread().name), [(i,) for i in range(3)])
-    assert lanes == [4] and set(names) == {threading.current_thread().name}
-
-    running, lock = [0], threading.Lock()
-
-    def item(i):
-        with lock:
-            running[0] += 1
-        try:
-            if i == 2:
-                raise OSError("piece 2")
-            threading.Event().wait(0.01)
-        finally:
-            with lock:
-                running[0] -= 1
-
-    with pytest.raises(OSError, match="piece 2"):
-        rawchunks.run_split(item, [(i,) for i in range(8)])
-    assert running[0] == 0 and rawchunks._readers == 0
-
-
 def test_feed_bound_tiles_leave_cores_to_the_reads():
     from blocklin.plan.gemm import plan_gemm
 
@@ -272,20 +234,16 @@ def test_first_pass_peaks_stand_in_for_the_finite_check(tmp_path, bad):
 
 
 @pytest.mark.parametrize("codec", ["none", "zstd"])
-@pytest.mark.parametrize("threads", [1, 6])
-def test_first_pass_peaks_read_in_pieces_are_those_of_whole_strips(tmp_path, monkeypatch, codec, threads):
+def test_first_pass_peaks_read_in_pieces_are_those_of_whole_strips(tmp_path, monkeypatch, codec):
     """The first pass over local uncompressed chunks reads each strip a piece at a time and takes each
-    piece's column peaks as it lands (``_read_with_peaks``), the pieces on the chunk I/O pool's threads
-    where ``READ_THREADS`` leaves cores beside the pass (``run_split``); compressed chunks are read whole
-    (a piece would decode its chunks again). The job's peaks are the exact column maxima of ``|x|`` all
-    the same, NaN where a column holds one, and the strips the kernel sees are the stored ones."""
+    piece's column peaks as it lands (``_read_with_peaks``); compressed chunks are read whole (a piece
+    would decode its chunks again). The job's peaks are the exact column maxima of ``|x|`` all the
+    same, NaN where a column holds one, and the strips the kernel sees are the stored ones."""
     monkeypatch.setattr(passes, "PEAK_PIECE_BYTES", 7 * 12 * 8)  # 7-row pieces: across chunk boundaries
-    monkeypatch.setattr(rawchunks, "READ_THREADS", threads)
-    pieces, where = [], set()
+    pieces = []
     real = passes.read_block
     monkeypatch.setattr(passes, "read_block", lambda arr, rows, cols, out=None: (
-        pieces.append(rows.stop - rows.start), where.add(threading.current_thread().name),
-        real(arr, rows, cols, out=out))[2])
+        pieces.append(rows.stop - rows.start), real(arr, rows, cols, out=out))[1])
 
     x = np.random.default_rng(4).standard_normal((600, 12)) * np.logspace(-3, 3, 12)
     x[17, 2] = -1e6  # a column whose peak is its most negative value
@@ -301,8 +259,6 @@ def test_first_pass_peaks_read_in_pieces_are_those_of_whole_strips(tmp_path, mon
     assert np.isnan(peaks[9]) and peaks[7] == np.inf and peaks[2] == 1e6
     assert sum(pieces) == 600
     assert (max(pieces) <= 7) == (codec == "none")
-    # pieces on the pool's threads only where READ_THREADS leaves room beside the pass's tasks
-    assert any(w.startswith("blocklin-io") for w in where) == (codec == "none" and threads > 2)
     # the kernel saw the stored strips: the same float32 sums as a pass that records no peaks
     with Job("feed-test", memory="64KiB", check_finite=False) as job:
         op = job.operand(a.path, "a")
