@@ -36,6 +36,7 @@ def guarded(name, fn):
 
 import cupy as cp  # noqa: E402
 import cupyx  # noqa: E402
+import cupy.cublas  # noqa: E402,F401 - cp.cublas: CuPy 14 does not import the submodule with the package
 from cupy.cuda import runtime  # noqa: E402
 from cupy_backends.cuda.libs import cublas as lib  # noqa: E402
 
