@@ -17,6 +17,9 @@ comes from the same load, and the best round of each counts:
 * ``blocklin_gpu``: the same pass on the CUDA device (``device="gpu"``): real CuPy where it imports
   and sees a GPU, else the CuPy stand-in of ``tests/support/cupy_standin.py``, which then measures the host
   side (pinned slots, uploads as NumPy copies);
+* ``blocklin_gpu_later``: a later pass of the same job on the CUDA device, timed alone, with the device's
+  cache of strips off (every strip read on the host and uploaded, as where the operand outgrows the
+  device; no column peaks);
 * ``blocklin_gemm``: a thin product ``A @ B`` (``B`` ``n x 4``, in memory) by ``blocklin.matmul`` on the
   CPU at the same budget: the GEMM tile task's loaders (its output, ``m x 4``, is written too);
 * ``zarr``: zarr's own read, one chunk row of strips at a time into one reused buffer
@@ -55,8 +58,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Every key of the JSON line (the test checks them).
 FIELDS = ("shape", "chunks", "operand_bytes", "cores", "load_average", "repeats", "gpu_backend", "raw",
-          "raw_limit", "blocklin_cpu", "blocklin_later", "blocklin_gpu", "blocklin_gemm", "zarr", "dask", "numpy_fromfile",
-          "ratio_to_raw")
+          "raw_limit", "blocklin_cpu", "blocklin_later", "blocklin_gpu", "blocklin_gpu_later", "blocklin_gemm", "zarr",
+          "dask", "numpy_fromfile", "ratio_to_raw")
 CODECS = ("none", "zstd")
 
 
@@ -146,14 +149,21 @@ def blocklin_feed(path: str, memory: int, device: str, later: bool = False) -> d
     if NULL_KERNEL is None:
         NULL_KERNEL = _null_kernel()
     out: dict = {}
-    with Job("feed", memory=memory, device=device, check_finite=False) as job:
-        op = job.operand(path, "a")
-        # the stream's end waits for its slots' uploads: on a GPU every byte has reached the device
-        states, plan = run_pass(job, NULL_KERNEL, [source(op)], description="feed", check_finite=False)
-        if later:
-            t0 = time.perf_counter()
+    from blocklin.device import resident
+
+    kept = resident.ENABLED
+    resident.ENABLED = kept and not later  # a later pass measures the feed, not strips kept on the device
+    try:
+        with Job("feed", memory=memory, device=device, check_finite=False) as job:
+            op = job.operand(path, "a")
+            # the stream's end waits for its slots' uploads: on a GPU every byte has reached the device
             states, plan = run_pass(job, NULL_KERNEL, [source(op)], description="feed", check_finite=False)
-            out["seconds"] = time.perf_counter() - t0
+            if later:
+                t0 = time.perf_counter()
+                states, plan = run_pass(job, NULL_KERNEL, [source(op)], description="feed", check_finite=False)
+                out["seconds"] = time.perf_counter() - t0
+    finally:
+        resident.ENABLED = kept
     assert sum(states) == op.shape[0], "the null pass saw every row once"
     return {"strip": plan.strip, "workers": plan.workers, "prefetch": plan.prefetch, "loaders": plan.loaders, **out}
 
@@ -276,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"shape": [m, n], "chunks": [args.chunk_rows, n], "operand_bytes": nbytes,
                                "cores": cores, "load_average": list(os.getloadavg()), "repeats": args.repeats,
                                "gpu_backend": backend, "raw": {}, "raw_limit": {}, "blocklin_cpu": {},
-                               "blocklin_later": {}, "blocklin_gpu": {}, "blocklin_gemm": {}, "zarr": {}, "dask": {}, "numpy_fromfile": None,
+                               "blocklin_later": {}, "blocklin_gpu": {}, "blocklin_gpu_later": {}, "blocklin_gemm": {},
+                               "zarr": {}, "dask": {}, "numpy_fromfile": None,
                                "ratio_to_raw": {}}
     try:
         for codec in codecs:
@@ -292,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                 readers[f"later_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu", later=True)
                 if backend != "none":
                     readers[f"gpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "gpu")
+                    readers[f"gpu_later_{f}"] = lambda b=budget: blocklin_feed(path, b, "gpu", later=True)
                 readers[f"gemm_{f}"] = lambda b=budget: blocklin_thin_product(path, b, work)
             readers["zarr"] = lambda: zarr_read(path, args.chunk_rows)
             readers["dask"] = lambda: dask_read(path)
@@ -306,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["dask"][codec] = rates["dask"]
             if codec == "none":
                 summary["numpy_fromfile"] = rates["numpy_fromfile"]
-            for dev in ("cpu", "later", "gpu", "gemm"):
+            for dev in ("cpu", "later", "gpu", "gpu_later", "gemm"):
                 got = {str(f): {"gbps": rates[f"{dev}_{f}"], "plan": plans.get(f"{dev}_{f}")}
                        for f in fractions if f"{dev}_{f}" in rates}
                 summary[f"blocklin_{dev}"][codec] = got
@@ -324,12 +336,12 @@ def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, ba
     print(f"-- {codec} chunks (GB/s, best round)")
     print("raw, threads: " + ", ".join(f"{t}: {r:.2f}" for t, r in raw.items()) + f"  (limit {limit:.2f})")
     for f in fractions:
-        for dev in ("cpu", "later", "gpu", "gemm"):
+        for dev in ("cpu", "later", "gpu", "gpu_later", "gemm"):
             if f"{dev}_{f}" in rates:
                 r = rates[f"{dev}_{f}"]
                 where = {"cpu": "row pass, cpu, a job's first (with its column peaks)",
-                         "later": "row pass, cpu, a later pass", "gpu": f"row pass, gpu ({backend})",
-                         "gemm": "thin product, cpu"}[dev]
+                         "later": "row pass, cpu, a later pass", "gpu": f"row pass, gpu ({backend}), a job's first",
+                         "gpu_later": f"row pass, gpu ({backend}), a later pass", "gemm": "thin product, cpu"}[dev]
                 print(f"blocklin {where}, memory {f} of the operand: {r:.2f}  ({r / limit:.2f}x raw)")
     print(f"zarr: {rates['zarr']:.2f}   dask from_zarr: {rates['dask']:.2f}"
           + (f"   numpy fromfile: {rates['numpy_fromfile']:.2f}" if "numpy_fromfile" in rates else ""))
