@@ -241,9 +241,9 @@ def test_first_pass_peaks_read_in_pieces_are_those_of_whole_strips(tmp_path, mon
     same, NaN where a column holds one, and the strips the kernel sees are the stored ones."""
     monkeypatch.setattr(passes, "PEAK_PIECE_BYTES", 7 * 12 * 8)  # 7-row pieces: across chunk boundaries
     pieces = []
-    real = passes.read_block
-    monkeypatch.setattr(passes, "read_block", lambda arr, rows, cols, out=None: (
-        pieces.append(rows.stop - rows.start), real(arr, rows, cols, out=out))[1])
+    for cls in (rawchunks.RawChunks, rawchunks.DecodedChunks):  # every read of the pass goes through one
+        monkeypatch.setattr(cls, "read", lambda self, rows, cols, out, real=cls.read: (
+            pieces.append(rows.stop - rows.start), real(self, rows, cols, out))[1])
 
     x = np.random.default_rng(4).standard_normal((600, 12)) * np.logspace(-3, 3, 12)
     x[17, 2] = -1e6  # a column whose peak is its most negative value
