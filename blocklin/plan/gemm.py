@@ -404,13 +404,21 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         if rows is not None and rows[0] < best[0]:
             best = rows
     _, tm, tn, tk, host, dev, oc, read, rereads, cache, resident = best
+
+    def ahead(depth: int, loaders: int) -> tuple[int, int] | None:
+        """The chosen tiles' host and device bytes per task reading ``depth`` panels ahead with
+        ``loaders`` threads, where both budgets hold them (the tiles, so the sums, stay the same)."""
+        deeper = dataclasses.replace(space, prefetch=depth, loaders=loaders)
+        h2, d2 = deeper.task_memory(tm, tn, tk, oc, read_chunks=deeper.read_chunks(tm, tn, tk),
+                                    write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
+        on_device = not space.on_gpu or d2 * workers + cache <= (device_memory or 0)
+        return (h2, d2) if h2 * workers <= memory and on_device else None
+
     if auto_prefetch and space.on_gpu:
         for depth in (3, 2):  # read further ahead, with as many loader threads, when the budgets allow
-            deeper = dataclasses.replace(space, prefetch=depth, loaders=depth)
-            h2, d2 = deeper.task_memory(tm, tn, tk, oc, read_chunks=deeper.read_chunks(tm, tn, tk),
-                                        write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
-            if h2 * workers <= memory and d2 * workers + cache <= device_memory:
-                prefetch, host, dev = depth, h2, d2
+            fits = ahead(depth, depth)
+            if fits is not None:
+                prefetch, (host, dev) = depth, fits
                 break
     feed_bound = device == "cpu" and _flops_per_byte(tm, tn, tk, space.src_isz) < FEED_BOUND_FLOPS_PER_BYTE
     loaders = 1
@@ -421,11 +429,9 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         # scheduler (a cluster's single-core workers plan one loader). Measured on the 2-core
         # machine (A @ B, A 262144 x 512 in zstd chunks of 2048 rows, B 512 x 4, 128 MiB,
         # alternated): 1.34 -> 1.85 GB/s.
-        deeper = dataclasses.replace(space, prefetch=2, loaders=2)
-        h2, _ = deeper.task_memory(tm, tn, tk, oc, read_chunks=deeper.read_chunks(tm, tn, tk),
-                                   write_chunks=-(-tm // oc[0]) * -(-tn // oc[1]))
-        if h2 * workers <= memory:
-            prefetch, host, loaders = 2, h2, 2
+        fits = ahead(2, 2)
+        if fits is not None:
+            prefetch, host, loaders = 2, fits[0], 2
     c_read = m * n * odt.itemsize if space.with_c else 0
     # A narrow first panel, where panels read only their part of each chunk: compute starts after
     # reading an eighth of the first panel pair instead of all of it. Not for CPU tiles bound by their
