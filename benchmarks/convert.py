@@ -94,12 +94,13 @@ print(json.dumps({"seconds": secs, "bytes": n, "peak": peak()}))
 SETTLE = 4.0
 
 
-def run(variant: str, src: str, out: str, memory: str, codec: str, chunks: tuple[int, int]) -> dict:
+def run(variant: str, src: str, out: str, memory: str, codec: str, chunks: tuple[int, int],
+        settle: float = SETTLE) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     if os.path.isfile(out):
         os.remove(out)
     proc = subprocess.run([sys.executable, "-c", CHILD, variant, src, out, memory, codec, f"{chunks[0]},{chunks[1]}",
-                           str(SETTLE)],
+                           str(settle)],
                           capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"{variant} failed:\n{proc.stderr}")
@@ -120,7 +121,9 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=SETTLE,
                     help=f"seconds each variant waits before its clock starts (default {SETTLE:g}; see the docstring)")
     args = ap.parse_args()
-    globals()["SETTLE"] = args.settle
+
+    def go(*a: object) -> dict:
+        return run(*a, settle=args.settle)
 
     import numpy as np
 
@@ -144,8 +147,8 @@ def main() -> None:
     out = os.path.join(args.dir, "out.zarr")
     print(f"source {src}: {rows} x {cols} float64 = {rows * cols * 8 / 2**30:.2f} GiB; chunks {chunks}; "
           f"blocklin budget {args.memory}; {os.cpu_count()} cores")
-    base = run("baseline", src, out, args.memory, "none", chunks)["peak"]
-    raw = run("raw", src, out, args.memory, "none", chunks)
+    base = go("baseline", src, out, args.memory, "none", chunks)["peak"]
+    raw = go("raw", src, out, args.memory, "none", chunks)
     rate_raw = raw["bytes"] / raw["seconds"] / 1e9
     print(f"  {'raw read (np.fromfile)':<34} {raw['seconds']:7.2f} s {rate_raw:6.2f} GB/s  "
           f"peak {raw['peak'] / 2**20:7.0f} MiB")
@@ -158,9 +161,9 @@ def main() -> None:
 
         blocklin.convert(src, zsrc, chunks=chunks, codec="none", memory=args.memory)
     for name, source in (("npy", src), ("zarr", zsrc)):
-        copy = run("rawcopy", source, out + (".copy" if name == "npy" else ""), args.memory, "none", chunks)
+        copy = go("rawcopy", source, out + (".copy" if name == "npy" else ""), args.memory, "none", chunks)
         copy["gbps"] = copy["bytes"] / copy["seconds"] / 1e9
-        conv = run("blocklin", source, out, args.memory, "none", chunks)
+        conv = go("blocklin", source, out, args.memory, "none", chunks)
         conv["gbps"] = conv["bytes"] / conv["seconds"] / 1e9
         results[f"copy_{name}"] = {"raw_copy": copy, "blocklin": conv}
         print(f"  {name} -> zarr uncompressed: raw copy {copy['gbps']:.2f} GB/s, blocklin.convert {conv['gbps']:.2f} GB/s "
@@ -169,7 +172,7 @@ def main() -> None:
         rows_out = {}
         for variant, label in (("blocklin", "blocklin.convert"), ("zarr", "zarr.from_array"),
                                ("dask", "dask.array.from_array.to_zarr")):
-            r = run(variant, src, out, args.memory, codec, chunks)
+            r = go(variant, src, out, args.memory, codec, chunks)
             r["gbps"] = r["bytes"] / r["seconds"] / 1e9
             rows_out[variant] = r
             print(f"  {label + ' [' + codec + ']':<34} {r['seconds']:7.2f} s {r['gbps']:6.2f} GB/s  "
