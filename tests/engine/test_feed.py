@@ -334,3 +334,35 @@ def test_two_loaders_give_the_bits_of_one(tmp_path, monkeypatch, scheduler):
     # each entry a dot product of length k = 256 (Higham, eq. 3.13): gamma_k |A||B|
     u = np.finfo(np.float64).eps / 2
     assert np.all(np.abs(got - x @ b) <= 256 * u / (1 - 256 * u) * (np.abs(x) @ np.abs(b)))
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_two_loaders_on_an_object_store_give_the_bits_of_one(s3, tmp_path, monkeypatch, codec):
+    """The thin product of a matrix on the loopback S3 server: decoded chunks (zstd) and range requests
+    (uncompressed chunks) are not local direct reads, so two loaders are planned there too; the bits
+    are those of one loader and of the same product from local files."""
+    import dataclasses
+
+    import blocklin.linalg.products.gemm as gemm
+
+    base, opts = s3
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((12288, 256))
+    b = rng.standard_normal((256, 4))
+    remote = bl.from_array(x, f"{base}/a.zarr", chunks=(1024, 256), codec=codec, storage_options=opts)
+    local = bl.from_array(x, tmp_path / "a.zarr", chunks=(1024, 256), codec=codec)
+    two = bl.matmul(remote, b, memory="20MiB", scheduler="threads", storage_options=opts)
+    assert two.report["plan"]["loaders"] == 2
+    planned = gemm.plan_gemm
+    monkeypatch.setattr(gemm, "plan_gemm", lambda *args, **kw: dataclasses.replace(
+        planned(*args, **kw), prefetch=1, loaders=1))
+    one = bl.matmul(remote, b, memory="20MiB", scheduler="threads", storage_options=opts)
+    assert "loaders" not in one.report["plan"]
+    monkeypatch.setattr(gemm, "plan_gemm", planned)
+    here = bl.matmul(local.path, b, tmp_path / "c.zarr", memory="20MiB", scheduler="threads")
+    got = two.to_numpy()
+    assert got.tobytes() == one.to_numpy().tobytes()
+    # local files plan their own tiles: within the bound of every blocked sum of length k = 256
+    u = np.finfo(np.float64).eps / 2
+    bound = 256 * u / (1 - 256 * u) * (np.abs(x) @ np.abs(b))
+    assert np.all(np.abs(got - x @ b) <= bound) and np.all(np.abs(here.to_numpy() - x @ b) <= bound)
