@@ -81,3 +81,13 @@ def test_sub_row_tiles_give_the_product(stored, tmp_path, scheduler):
     bound = 256 * u / (1 - 256 * u) * (np.abs(a) @ np.abs(b))
     assert np.all(np.abs(c - a @ b) <= bound)
     assert zarr.open_array(str(tmp_path / "C.zarr")).chunks == (plan["tm"], 3)
+
+
+@pytest.mark.slow  # a two-process LocalCluster
+def test_sub_row_tiles_on_a_local_cluster(stored, tmp_path, client):
+    """The plan and the bits of sync's, on a cluster's workers (processes of one thread each)."""
+    path, a, b = stored
+    ref = bl.matmul(path, b, str(tmp_path / "ref.zarr"), memory="4MiB", scheduler="sync")
+    res = bl.matmul(path, b, str(tmp_path / "C.zarr"), memory="4MiB", scheduler=client)
+    assert res.report["plan"]["tm"] == ref.report["plan"]["tm"] < 4096
+    assert res.to_numpy().tobytes() == ref.to_numpy().tobytes()
