@@ -298,8 +298,10 @@ DECODE_THREADS = max(1, min(os.cpu_count() or 1, 4))
 #: buffer, so threads add no memory.
 READ_THREADS = max(1, min(os.cpu_count() or 1, 16))
 #: Smallest piece of an uncompressed read handed to a thread of its own (below it the hand-off
-#: costs more than the copy saves: about 0.1 ms against 0.2 ms for 512 KiB at 2.7 GB/s).
-READ_PIECE_BYTES = 1 << 20
+#: costs more than the copy saves: about 0.1 ms against 0.2 ms for 512 KiB at 2.7 GB/s on the 2-core
+#: machine, and more where waking one of 16 threads of a virtual machine costs more: 4 MiB pieces
+#: instead of 1 read later passes 1.2-2x faster on the H200 host, see :func:`_run_all`).
+READ_PIECE_BYTES = 4 << 20
 
 _pool_lock = threading.Lock()
 _pool: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # (pid, pool)
@@ -450,9 +452,16 @@ class DecodedChunks:
 
 
 def _run_all(pool: concurrent.futures.ThreadPoolExecutor, fn: Any, work: list, lanes: int) -> None:
-    """``fn(*item)`` for every item, on ``lanes`` threads of ``pool`` at once; returns once none runs
-    any more (also when one fails or the caller is interrupted: nothing writes into the caller's
-    buffers after it), raising the first failure."""
+    """``fn(*item)`` for every item, on ``lanes`` threads at once (the calling thread and ``lanes - 1``
+    of ``pool``); returns once none runs any more (also when one fails or the caller is interrupted:
+    nothing writes into the caller's buffers after it), raising the first failure.
+
+    The caller reads as a lane rather than wait: one thread fewer to wake per read. Measured on the
+    H200 host of ``benchmarks/results/gpu-2026-12-04-5/`` (16 cores, later passes of
+    ``benchmarks/feed.py``, medians of 5 alternated), with :data:`READ_PIECE_BYTES` from 1 to 4 MiB:
+    CPU 9.1 -> 13.8 GB/s at 1/16 of the operand and 19.1 -> 23.8 at 1/4; the GPU's 9.5 -> 19.4 and
+    18.3 -> 23.0.
+    """
     items = iter(work)
     lock = threading.Lock()
     stop = threading.Event()
@@ -469,8 +478,9 @@ def _run_all(pool: concurrent.futures.ThreadPoolExecutor, fn: Any, work: list, l
                 stop.set()
                 raise
 
-    futures = [pool.submit(readstats.in_context(lane)) for _ in range(lanes)]
+    futures = [pool.submit(readstats.in_context(lane)) for _ in range(lanes - 1)]
     try:
+        lane()
         for f in futures:
             f.result()
     except BaseException:

@@ -151,6 +151,25 @@ def test_pooled_read_splits_only_where_cores_are_free(wide, monkeypatch):
     assert lanes == [2]
 
 
+def test_pooled_read_takes_the_calling_thread_as_a_lane(wide, monkeypatch):
+    """The thread that asks for a read reads pieces of it too, beside the pool's threads."""
+    x, arr = wide
+    monkeypatch.setattr(rawchunks, "READ_THREADS", 3)
+    monkeypatch.setattr(rawchunks, "READ_PIECE_BYTES", 4096)
+    where, real = [], rawchunks.RawChunks._read_rows_into
+
+    def piece(self, path, r0, r1, dest):
+        where.append(threading.current_thread().name)
+        threading.Event().wait(0.005)  # every lane finds a piece to take
+        real(self, path, r0, r1, dest)
+
+    monkeypatch.setattr(rawchunks.RawChunks, "_read_rows_into", piece)
+    out = read_block(arr, slice(0, 700), slice(0, 128), out=np.empty((700, 128)))
+    assert np.array_equal(out, x[:, :128])
+    me = threading.current_thread().name
+    assert me in where and len(set(where) - {me}) == 2, where
+
+
 def test_truncated_chunk_in_a_pooled_read_names_it(wide, monkeypatch):
     _, arr = wide
     monkeypatch.setattr(rawchunks, "READ_THREADS", 2)
