@@ -546,7 +546,7 @@ def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray) -> tup
     step = max(1, PEAK_PIECE_BYTES // max(1, out.shape[1] * out.itemsize))
     # the chunk files' reader resolved once per strip, not per piece: each read_block of a piece parsed
     # the array's metadata again (a third of the GIL a first pass held on the H200 host: py-spy --gil)
-    raw = raw_access(arr)
+    raw = raw_access(arr) if out.dtype == arr.dtype and out.flags.c_contiguous else None  # what read_block checks
     cols = slice(cols.start or 0, arr.shape[1] if cols.stop is None else cols.stop)
     peaks = _column_peaks(out[:0])
     for r0 in range(0, out.shape[0], step):
