@@ -5,8 +5,8 @@ chunk files read once so they sit in the page cache (or on tmpfs with ``--dir /d
 one process, each reader runs ``--repeats`` times, alternated round by round so that every figure
 comes from the same load, and the best round of each counts:
 
-* ``raw``: the chunk files read by 1..all cores' threads, each thread into one reused buffer
-  (``preadv``; for zstd, the file read and decoded with numcodecs into the buffer): the limit;
+* ``raw``: the chunk files read by 1..all cores' threads, each thread into one reused page-aligned
+  buffer (``preadv``; for zstd, the file read and decoded with numcodecs into the buffer): the limit;
 * ``blocklin_cpu``: a row pass of a null kernel on the CPU device (the strips delivered to the
   kernel by the task's ``TileStream``, nothing computed), at a budget of ``--memory`` (a fraction
   of the operand, ``1/16`` by default: the operand is far larger than the budget), timed with its
@@ -57,7 +57,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Every key of the JSON line (the test checks them).
-FIELDS = ("shape", "chunks", "operand_bytes", "cores", "load_average", "repeats", "gpu_backend", "raw",
+FIELDS = ("shape", "chunks", "operand_bytes", "cores", "cpu", "load_average", "repeats", "gpu_backend", "raw",
           "raw_limit", "blocklin_cpu", "blocklin_later", "blocklin_gpu", "blocklin_gpu_later", "blocklin_gemm", "zarr",
           "dask", "numpy_fromfile", "ratio_to_raw")
 CODECS = ("none", "zstd")
@@ -83,12 +83,21 @@ def chunk_files(path: str) -> list[str]:
 
 
 # -- the raw limit -----------------------------------------------------------------------------------
+def _page_aligned(nbytes: int) -> np.ndarray:
+    """A buffer of ``nbytes`` starting on a page boundary: the kernel's copy from the page cache is
+    several times slower into one that starts 16 bytes past a cache line, where glibc puts the blocks
+    it maps (and so ``numpy.empty``'s large arrays once blocklin has fixed the mmap threshold)."""
+    raw = np.empty(nbytes + 4096, dtype=np.uint8)
+    skip = -raw.ctypes.data % 4096
+    return raw[skip:skip + nbytes]
+
+
 def raw_read(files: list[str], threads: int, chunk_bytes: int, codec: str) -> None:
     """Every chunk file read (and decoded) by ``threads`` threads, each into one reused buffer."""
     from numcodecs import Zstd
 
     def lane(j: int) -> None:
-        buf = np.empty(chunk_bytes, dtype=np.uint8)
+        buf = _page_aligned(chunk_bytes)
         view = memoryview(buf)
         raw = np.empty(chunk_bytes + 65536, dtype=np.uint8) if codec != "none" else None
         zstd = Zstd()
@@ -245,6 +254,19 @@ def best_rates(readers: dict[str, Callable[[], Any]], nbytes: int, repeats: int)
     return best, info
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; empty where none is found): the kernel's copy from the
+    page cache, which bounds every reader here, differs between CPU models."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def parse_fraction(s: str) -> Fraction:
     f = Fraction(s)
     if not 0 < f <= 4:
@@ -284,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = tempfile.mkdtemp(prefix="blocklin-feed-", dir=args.dir)
     summary: dict[str, Any] = {"shape": [m, n], "chunks": [args.chunk_rows, n], "operand_bytes": nbytes,
-                               "cores": cores, "load_average": list(os.getloadavg()), "repeats": args.repeats,
+                               "cores": cores, "cpu": cpu_model(), "load_average": list(os.getloadavg()), "repeats": args.repeats,
                                "gpu_backend": backend, "raw": {}, "raw_limit": {}, "blocklin_cpu": {},
                                "blocklin_later": {}, "blocklin_gpu": {}, "blocklin_gpu_later": {}, "blocklin_gemm": {},
                                "zarr": {}, "dask": {}, "numpy_fromfile": None,

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.device import pool
 from blocklin.errors import InternalError
 
 
@@ -27,7 +28,7 @@ class Device(abc.ABC):
     def host_empty(self, shape: tuple[int, ...], dtype: Any, uses: float | None = None) -> np.ndarray:
         """A host buffer for transfers; ``uses`` (copies it will carry over the job, None: many)
         lets a GPU decide whether pinning it pays (:data:`blocklin.device.cuda.PIN_MIN_USES`)."""
-        return np.empty(shape, dtype=dtype)
+        return pool.aligned_empty(shape, dtype)
 
     def release_host(self, buf: np.ndarray) -> None:
         """Return a host buffer from :meth:`host_empty` for reuse (pinned buffers are costly)."""

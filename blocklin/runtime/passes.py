@@ -670,8 +670,8 @@ class _Band:
         if b != self.index:
             b0, b1 = b * self.height, min(self.rows_total, (b + 1) * self.height)
             if self.buf is None:
-                self.buf = np.empty((self.width, self.height) if self.transposed else (self.height, self.width),
-                                    dtype=self.arr.dtype)
+                self.buf = pool.aligned_empty((self.width, self.height) if self.transposed else
+                                              (self.height, self.width), self.arr.dtype)
             whole = slice(0, self.width)
             if self.transposed:
                 read_block(self.arr, whole, slice(b0, b1), out=self.buf[:, :b1 - b0])

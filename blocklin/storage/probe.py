@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.device.pool import aligned_empty
 from blocklin.errors import ParameterError, TempDirError, explain
 from blocklin.storage.backend import backend
 from blocklin.storage.location import Location
@@ -152,8 +153,8 @@ def measure_storage(folder: Location, nbytes: int = 256 * 2**20, *, threads: int
 
         def read(s: slice) -> None:
             out = getattr(local, "out", None)
-            if out is None:  # one buffer per loader, reused as a stream reuses its host slots
-                out = local.out = np.empty((chunk_rows, PROBE_COLS))
+            if out is None:  # one buffer per loader, page-aligned and reused as a stream's host slots
+                out = local.out = aligned_empty((chunk_rows, PROBE_COLS), np.float64)
                 out.fill(0.0)  # its pages mapped before the clock counts them
             read_block(arr, s, cols, out=out)
 

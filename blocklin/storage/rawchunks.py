@@ -90,12 +90,12 @@ class RawChunks:
     def _rows_buffer(self, rows: int) -> np.ndarray:
         """A reused buffer of ``rows`` whole-width chunk rows (grown as needed, never past one chunk)."""
         if self._rows is None or self._rows.shape[0] < rows:
-            self._rows = np.empty((rows, self.chunks[1]), dtype=self.dtype)
+            self._rows = pool.aligned_empty((rows, self.chunks[1]), self.dtype)
         return self._rows[:rows]
 
     def _chunk_buffer(self) -> np.ndarray:
         if self._buf is None:
-            self._buf = np.empty(self.chunks, dtype=self.dtype)
+            self._buf = pool.aligned_empty(self.chunks, self.dtype)
         return self._buf
 
     def _read_rows_into(self, path: str, r0: int, r1: int, dest: np.ndarray) -> None:
@@ -410,7 +410,7 @@ class DecodedChunks:
         cap = self.chunk_bytes + self.chunk_bytes // 128 + FRAME_SLACK
         try:
             size = os.fstat(fd).st_size
-            buf = pool.empty((cap,), np.uint8) if size <= cap else np.empty(size, dtype=np.uint8)
+            buf = pool.empty((cap,), np.uint8) if size <= cap else pool.aligned_empty(size, np.uint8)
             frame = buf[:size]
             _pread_full(fd, frame, 0, 0)
         finally:

@@ -16,6 +16,7 @@ import zarr.storage
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.buffer.cpu import NDBuffer
 
+from blocklin.device import pool
 from blocklin.errors import ConfigError, FormatError, StoreNotFoundError, StoreReadError, UncommittedOutputError, explain
 from blocklin.storage.backend import backend, zarr_store
 from blocklin.storage.location import Location, as_location, store_location
@@ -284,7 +285,7 @@ def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | Non
         if rows.step in (None, 1) and cols.step in (None, 1) and (raw.fs is None or not raw.aligned(rows, cols)):
             shape = (rows.stop - rows.start, cols.stop - cols.start)
             if out is None:
-                out = np.empty(shape, dtype=arr.dtype)
+                out = pool.aligned_empty(shape, arr.dtype)
             if out.flags.c_contiguous and out.shape == shape and out.dtype == arr.dtype:
                 return raw.read(rows, cols, out)
     dec = decoded_access(arr) if out is not None and out.flags.c_contiguous and out.dtype == arr.dtype else None
@@ -331,7 +332,7 @@ def read_vector(arr: zarr.Array, start: int, stop: int) -> np.ndarray:
     :mod:`blocklin._readstats`."""
     raw = raw_vector(arr) if stop > start else None
     if raw is not None:
-        out = np.empty(stop - start, dtype=arr.dtype)
+        out = pool.aligned_empty(stop - start, arr.dtype)
         raw.read(slice(start, stop), slice(0, 1), out.reshape(-1, 1))
         return out
     out = np.asarray(arr[start:stop])
