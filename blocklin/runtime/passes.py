@@ -39,6 +39,7 @@ from blocklin.plan.rechunk import rechunk_advice
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
 from blocklin.storage.rawchunks import raw_access
+from blocklin.storage.readerrors import reading
 from blocklin.storage.zarr_store import read_block, read_kind, write_block
 
 #: ``kernel(device, arrays, rows, params, state) -> (state, writes)``; ``arrays`` are the strip's
@@ -445,8 +446,12 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
              for path, arr, t in zip(spec.inputs, arrays, trans)]
 
     offsets = spec.offsets or (0,) * len(arrays)
+    # Each row-streamed input's local chunk reader, resolved once per task: read_block resolves it for
+    # every strip, parsing the array's metadata again (0.1 ms a strip beside a second loader here). A
+    # local read uses no buffer of the reader's, so a GPU task's two loader threads may share it.
+    direct = [None if t else raw_access(arr) for arr, t in zip(arrays, trans)]
     # inputs whose first pass reads its strips a piece at a time (local uncompressed chunks, rows)
-    pieces = [w and not t and raw_access(arr) is not None for w, t, arr in zip(want, trans, arrays)]
+    pieces = [w and d is not None for w, d in zip(want, direct)]
 
     def load(i: int, bufs: tuple[np.ndarray, ...], skip: tuple[bool, ...] | None = None) -> tuple:
         r0, r1 = strips[i]
@@ -463,7 +468,10 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
             elif t:  # column strip of the stored array, handed out as a transposed view
                 stored = read_block(arr, cs, rs, out=region(buf, (cs.stop - cs.start, r1 - r0)))
             elif want[len(views)] and pieces[len(views)]:
-                stored, piece_peaks = _read_with_peaks(arr, rs, cs, region(buf, (r1 - r0, cs.stop - cs.start)))
+                stored, piece_peaks = _read_with_peaks(arr, rs, cs, region(buf, (r1 - r0, cs.stop - cs.start)),
+                                                       direct[len(views)])
+            elif _direct_into(direct[len(views)], arr, dest := region(buf, (r1 - r0, cs.stop - cs.start))):
+                stored = _read_direct(arr, direct[len(views)], rs, cs, dest)
             else:
                 stored = read_block(arr, rs, cs, out=region(buf, (r1 - r0, cs.stop - cs.start)))
             v = stored.T if t else stored
@@ -534,7 +542,21 @@ def ldexp(x: np.ndarray, e: int, out: np.ndarray | None = None) -> np.ndarray:
 PEAK_PIECE_BYTES = 1 << 20
 
 
-def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _direct_into(raw: Any, arr: Any, out: np.ndarray) -> bool:
+    """Whether ``raw`` (a task's resolved chunk reader, or None) reads ``arr``'s blocks into ``out``:
+    what :func:`~blocklin.storage.zarr_store.read_block` checks before it reads through one."""
+    return raw is not None and out.dtype == arr.dtype and out.flags.c_contiguous
+
+
+def _read_direct(arr: Any, raw: Any, rows: slice, cols: slice, out: np.ndarray) -> np.ndarray:
+    """``arr[rows, cols]`` into ``out`` through the task's chunk reader ``raw`` (:func:`_direct_into`),
+    failures named as :func:`~blocklin.storage.zarr_store.read_block` names them."""
+    with reading(arr, rows, cols):
+        return raw.read(rows, cols, out)
+
+
+def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray,
+                     raw: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """``arr[rows, cols]`` read into ``out`` a piece of about :data:`PEAK_PIECE_BYTES` at a time, and
     the column peaks of the whole (:func:`_column_peaks`), each piece's taken right after its read.
 
@@ -544,15 +566,16 @@ def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray) -> tup
     in 1 MiB pieces 7.4 GB/s (the read alone 16.8). The peaks are maxima, so the same bits.
     """
     step = max(1, PEAK_PIECE_BYTES // max(1, out.shape[1] * out.itemsize))
-    # the chunk files' reader resolved once per strip, not per piece: each read_block of a piece parsed
-    # the array's metadata again (a third of the GIL a first pass held on the H200 host: py-spy --gil)
-    raw = raw_access(arr) if out.dtype == arr.dtype and out.flags.c_contiguous else None  # what read_block checks
+    # the chunk files' reader resolved once per task (``raw``), not per piece: each read_block of a piece
+    # parsed the array's metadata again (a third of the GIL a first pass held on the H200 host: py-spy --gil)
+    raw = raw if _direct_into(raw, arr, out) else None
     cols = slice(cols.start or 0, arr.shape[1] if cols.stop is None else cols.stop)
     peaks = _column_peaks(out[:0])
     for r0 in range(0, out.shape[0], step):
         r1 = min(out.shape[0], r0 + step)
         rs = slice(rows.start + r0, rows.start + r1)
-        piece = raw.read(rs, cols, out[r0:r1]) if raw is not None else read_block(arr, rs, cols, out=out[r0:r1])
+        piece = _read_direct(arr, raw, rs, cols, out[r0:r1]) if raw is not None else \
+            read_block(arr, rs, cols, out=out[r0:r1])
         peaks = np.maximum(peaks, _column_peaks(piece)) if r0 else _column_peaks(piece)  # maximum propagates NaN
     return out, peaks
 

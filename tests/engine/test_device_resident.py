@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -43,14 +44,26 @@ def reads(monkeypatch):
             return _real(arr, rows, cols, *args, **kw)
 
         monkeypatch.setattr(mod, "read_block", counted)
-    # a first pass over local uncompressed chunks reads its strips a piece at a time, with their peaks
-    real_peaks = passes._read_with_peaks
+    # a row pass reads local uncompressed strips through its task's chunk reader, a first pass a piece
+    # at a time with their peaks (each piece through _read_direct too: counted once, as its strip)
+    real_peaks, real_direct = passes._read_with_peaks, passes._read_direct
+    inside = threading.local()
 
-    def counted_with_peaks(arr, rows, cols, out):
+    def counted_with_peaks(arr, rows, cols, out, raw=None):
         seen[(tuple(arr.shape), rows.start, rows.stop, cols.start, cols.stop)] += 1
-        return real_peaks(arr, rows, cols, out)
+        inside.peaks = True
+        try:
+            return real_peaks(arr, rows, cols, out, raw)
+        finally:
+            inside.peaks = False
+
+    def counted_direct(arr, raw, rows, cols, out):
+        if not getattr(inside, "peaks", False):
+            seen[(tuple(arr.shape), rows.start, rows.stop, cols.start, cols.stop)] += 1
+        return real_direct(arr, raw, rows, cols, out)
 
     monkeypatch.setattr(passes, "_read_with_peaks", counted_with_peaks)
+    monkeypatch.setattr(passes, "_read_direct", counted_direct)
     return seen
 
 
