@@ -385,3 +385,37 @@ def test_two_loaders_on_an_object_store_give_the_bits_of_one(s3, tmp_path, monke
     u = np.finfo(np.float64).eps / 2
     bound = 256 * u / (1 - 256 * u) * (np.abs(x) @ np.abs(b))
     assert np.all(np.abs(got - x @ b) <= bound) and np.all(np.abs(here.to_numpy() - x @ b) <= bound)
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads"])
+def test_row_pass_tasks_resolve_their_chunk_readers_once(tall, monkeypatch, scheduler):
+    """A row pass's task resolves each local uncompressed input's chunk reader once and reads every
+    strip through it, later passes too (``read_block`` parsed the array's metadata again for every
+    strip); the strips and so the sums are those ``read_block`` gives."""
+    x, a = tall
+    ref, plan = _pass_states(a.path, scheduler)  # as it runs: a first pass (its peaks), then a later one
+    resolved, through_block = [], []
+    real_raw, real_block = passes.raw_access, passes.read_block
+    monkeypatch.setattr(passes, "raw_access", lambda arr: (resolved.append(1), real_raw(arr))[1])
+    monkeypatch.setattr(passes, "read_block", lambda *args, **kw: (through_block.append(1), real_block(*args, **kw))[1])
+    with Job("feed-test", memory="96KiB", scheduler=scheduler, workers=2) as job:
+        op = job.operand(a.path, "a")
+        first, _ = run_pass(job, _column_sums, [source(op)], check_finite=False, min_tasks=8)
+        later, plan = run_pass(job, _column_sums, [source(op)], check_finite=False, min_tasks=8)
+    tasks = len(passes.group_runs(plan, scheduler))
+    strips = sum(len(plan.strips(g)) for g in range(len(plan.groups)))
+    assert strips > 4 * tasks and len(resolved) == 2 * tasks and not through_block
+    # the same bits as strips read through read_block
+    monkeypatch.setattr(passes, "_direct_into", lambda raw, arr, out: False)
+    with Job("feed-test", memory="96KiB", scheduler=scheduler, workers=2) as job:
+        op = job.operand(a.path, "a")
+        job.peaks[str(a.path)], job.amax[str(a.path)] = np.abs(x).max(axis=0), float(np.abs(x).max())
+        blocks, _ = run_pass(job, _column_sums, [source(op)], check_finite=False, min_tasks=8)
+    assert through_block
+    for s, t, u, v in zip(ref, first, later, blocks):
+        np.testing.assert_array_equal(s, t)
+        np.testing.assert_array_equal(t, u)
+        np.testing.assert_array_equal(u, v)
+    # and the stored data's: float32 sums within recursive summation's bound n u sum |x| (Higham, 2002, 4.2)
+    exact = x.astype(np.float64).sum(axis=0)
+    assert (np.abs(sum(later) - exact) <= len(x) * 2.0**-24 * np.abs(x).astype(np.float64).sum(axis=0)).all()
