@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from blocklin._memory import release_free_memory
-from blocklin.device import get_device
+from blocklin.device import get_device, pool
 from blocklin.device.base import PANEL_GETRF_THREADS
 from blocklin.errors import InternalError, ShapeError, SingularMatrixError, explain
 from blocklin.runtime.blockops import (BlockOps, Region, TileOpSpec, done_marker, holds_device, load_record,
@@ -182,10 +182,10 @@ def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block
     same = np.dtype(src.dtype) == dt
     raw = read_kind(spec.a.path) != "chunks"
     step = panel_read_rows(rows_per_block, c1 - c0, src.chunks[1], np.dtype(src.dtype).itemsize, dt.itemsize)
-    panel = np.empty((n, c1 - c0), dtype=dt)
+    panel = pool.aligned_empty((n, c1 - c0), dt)  # chunk reads' destinations: page-aligned (device.pool)
     if same and not raw:
         read_block(src, slice(off_r, off_r + n), cols, out=panel)
-    src_buf = None if same else np.empty((min(rows_per_block, max(n, 1)), c1 - c0), dtype=src.dtype)
+    src_buf = None if same else pool.aligned_empty((min(rows_per_block, max(n, 1)), c1 - c0), src.dtype)
     max_a, sumsq = 0.0, 0.0
     for r0 in range(0, n, rows_per_block):  # row blocks: statistics (and the cast) without a panel-sized temporary
         r1 = min(n, r0 + rows_per_block)

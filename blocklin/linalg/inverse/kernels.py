@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.device import pool
 from blocklin.device.cpu import CpuDevice, trsm_inplace
 from blocklin.linalg.blocks.random import probes
 from blocklin.plan.chunks import split
@@ -432,7 +433,7 @@ def _read_leaf(spec: LeafSpec, dtype: np.dtype) -> np.ndarray:
     cast strip by strip: no second block)."""
     src = open_array(spec.src)
     sl = slice(spec.off, spec.off + spec.size)
-    a = np.empty((spec.size, spec.size), dtype=dtype)
+    a = pool.aligned_empty((spec.size, spec.size), dtype)  # a chunk read's destination: page-aligned
     if src.dtype == dtype:
         return read_block(src, sl, sl, out=a)
     for r0, r1 in split(spec.size, _leaf_strip(spec.size)):
@@ -710,7 +711,7 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
     rb = lu_stream_rows(t, n)
     y = np.zeros((n, w), dtype=wdt, order="F")
     y[s0 + np.arange(w), np.arange(w)] = 1
-    buf = np.empty(rb * t, dtype=wdt)  # every streamed block and diagonal tile, C-ordered
+    buf = pool.aligned_empty(rb * t, wdt)  # every streamed block and diagonal tile, C-ordered, page-aligned
     acc = np.empty((t, w), dtype=wdt, order="F")
     prod = np.empty((t, w), dtype=wdt, order="F")
     nread = 0
