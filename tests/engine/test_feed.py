@@ -393,7 +393,7 @@ def test_row_pass_tasks_resolve_their_chunk_readers_once(tall, monkeypatch, sche
     strip through it, later passes too (``read_block`` parsed the array's metadata again for every
     strip); the strips and so the sums are those ``read_block`` gives."""
     x, a = tall
-    ref, plan = _pass_states(a.path, scheduler)  # as it runs: a first pass (its peaks), then a later one
+    ref, plan = _pass_states(a.path, scheduler)  # a first pass (with its peaks), in a job of its own
     resolved, through_block = [], []
     real_raw, real_block = passes.raw_access, passes.read_block
     monkeypatch.setattr(passes, "raw_access", lambda arr: (resolved.append(1), real_raw(arr))[1])
