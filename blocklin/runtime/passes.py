@@ -564,6 +564,10 @@ def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray,
     the strip through memory instead of three. Measured on the 2-core machine (4096 x 512 float64
     strips of local chunks in the page cache, one thread): read and peaks of whole strips 4.4 GB/s,
     in 1 MiB pieces 7.4 GB/s (the read alone 16.8). The peaks are maxima, so the same bits.
+    Where the task's chunk reader ``raw`` reads the strip's rows whole-width, its
+    :meth:`~blocklin.storage.rawchunks.RawChunks.pieces` opens each chunk file once for all its
+    pieces (a job's first pass 6.9 -> 8.3 GB/s there, medians of 9 alternated); failures are named
+    as :func:`~blocklin.storage.zarr_store.read_block` names them.
     """
     step = max(1, PEAK_PIECE_BYTES // max(1, out.shape[1] * out.itemsize))
     # the chunk files' reader resolved once per task (``raw``), not per piece: each read_block of a piece
@@ -571,6 +575,11 @@ def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray,
     raw = raw if _direct_into(raw, arr, out) else None
     cols = slice(cols.start or 0, arr.shape[1] if cols.stop is None else cols.stop)
     peaks = _column_peaks(out[:0])
+    if raw is not None and raw.reads_pieces(cols, out):
+        with reading(arr, rows, cols):
+            for a, b in raw.pieces(rows, out, step):
+                peaks = np.maximum(peaks, _column_peaks(out[a:b])) if a else _column_peaks(out[a:b])
+        return out, peaks
     for r0 in range(0, out.shape[0], step):
         r1 = min(out.shape[0], r0 + step)
         rs = slice(rows.start + r0, rows.start + r1)

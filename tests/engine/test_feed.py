@@ -263,6 +263,14 @@ def test_first_pass_peaks_read_in_pieces_are_those_of_whole_strips(tmp_path, mon
     for cls in (rawchunks.RawChunks, rawchunks.DecodedChunks):  # every read of the pass goes through one
         monkeypatch.setattr(cls, "read", lambda self, rows, cols, out, real=cls.read: (
             pieces.append(rows.stop - rows.start), real(self, rows, cols, out))[1])
+    real_pieces = rawchunks.RawChunks.pieces
+
+    def counted_pieces(self, rows, out, step):  # a first pass's pieces of one strip, each chunk file opened once
+        for a, b in real_pieces(self, rows, out, step):
+            pieces.append(b - a)
+            yield a, b
+
+    monkeypatch.setattr(rawchunks.RawChunks, "pieces", counted_pieces)
 
     x = np.random.default_rng(4).standard_normal((600, 12)) * np.logspace(-3, 3, 12)
     x[17, 2] = -1e6  # a column whose peak is its most negative value
@@ -419,3 +427,79 @@ def test_row_pass_tasks_resolve_their_chunk_readers_once(tall, monkeypatch, sche
     # and the stored data's: float32 sums within recursive summation's bound n u sum |x| (Higham, 2002, 4.2)
     exact = x.astype(np.float64).sum(axis=0)
     assert (np.abs(sum(later) - exact) <= len(x) * 2.0**-24 * np.abs(x).astype(np.float64).sum(axis=0)).all()
+
+
+@pytest.fixture
+def narrow(tmp_path):
+    """Chunks one array wide (the layout a first pass reads a piece at a time), a short last chunk row."""
+    x = np.random.default_rng(5).standard_normal((700, 24))
+    arr = create_array(tmp_path / "n.zarr", shape=x.shape, dtype="float64", chunks=(256, 24))
+    arr[...] = x
+    return x, arr
+
+
+@pytest.mark.parametrize("rows,step", [((0, 700), 64), ((30, 600), 100), ((250, 260), 3), ((512, 700), 1000)])
+def test_pieces_read_the_rows_a_piece_at_a_time_opening_each_chunk_once(narrow, monkeypatch, rows, step):
+    """``RawChunks.pieces`` fills ``out`` with the stored rows, yields each piece once it is in (at most
+    ``step`` rows, never across a chunk), and opens each chunk file once for all its pieces."""
+    x, arr = narrow
+    raw = rawchunks.raw_access(arr)
+    r0, r1 = rows
+    out = np.full((r1 - r0, 24), np.nan)
+    assert raw.reads_pieces(slice(0, 24), out)
+    opened, real_open = [], rawchunks.os.open
+    monkeypatch.setattr(rawchunks.os, "open", lambda path, *a: (opened.append(path), real_open(path, *a))[1])
+    seen = []
+    for a, b in raw.pieces(slice(r0, r1), out, step):
+        seen.append((a, b))
+        np.testing.assert_array_equal(out[a:b], x[r0 + a:r0 + b])  # in place when yielded
+        assert b - a <= step and (r0 + a) // 256 == (r0 + b - 1) // 256
+    assert [a for a, _ in seen] == [0] + [b for _, b in seen[:-1]] and seen[-1][1] == r1 - r0
+    np.testing.assert_array_equal(out, x[r0:r1])
+    chunk_rows = sorted({r // 256 for r in range(r0, r1)})
+    assert len(opened) == len(set(opened)) == len(chunk_rows)
+
+
+def test_pieces_of_a_missing_chunk_are_the_fill_value_and_a_short_one_is_named(tmp_path):
+    x = np.arange(600 * 8, dtype=np.float64).reshape(600, 8)
+    import zarr
+
+    arr = zarr.create_array(str(tmp_path / "m.zarr"), shape=x.shape, dtype="float64", chunks=(200, 8),
+                            fill_value=-2.5, compressors=None)
+    arr[...] = x
+    root = tmp_path / "m.zarr"
+    (root / "c" / "1" / "0").unlink()
+    raw = rawchunks.raw_access(arr)
+    out = np.empty((600, 8))
+    list(raw.pieces(slice(0, 600), out, 64))
+    np.testing.assert_array_equal(out[:200], x[:200])
+    assert (out[200:400] == -2.5).all()
+    np.testing.assert_array_equal(out[400:], x[400:])
+    short = root / "c" / "2" / "0"
+    short.write_bytes(short.read_bytes()[:1000])
+    with pytest.raises(StoreReadError, match=r"c[/\\]2[/\\]0"):
+        list(raw.pieces(slice(0, 600), out, 64))
+
+
+def test_pieces_only_where_the_strip_is_the_chunks_whole_width(wide, narrow):
+    """Arrays several chunks wide, column ranges, strided or recast destinations use ``read`` instead."""
+    _, w = wide
+    _, n = narrow
+    raw_w, raw_n = rawchunks.raw_access(w), rawchunks.raw_access(n)
+    assert not raw_w.reads_pieces(slice(0, 300), np.empty((10, 300)))
+    assert raw_n.reads_pieces(slice(None), np.empty((10, 24)))
+    assert not raw_n.reads_pieces(slice(0, 12), np.empty((10, 12)))
+    assert not raw_n.reads_pieces(slice(0, 24), np.empty((10, 48))[:, ::2])
+    assert not raw_n.reads_pieces(slice(0, 24), np.empty((10, 24), dtype=np.float32))
+
+
+def test_first_pass_over_a_short_chunk_names_it(tmp_path):
+    """A chunk cut short on disk, read a piece at a time by a job's first pass: refused, the chunk named."""
+    x = np.random.default_rng(6).standard_normal((600, 12))
+    a = bl.from_array(x, tmp_path / "x.zarr", chunks=(100, 12))
+    chunk = tmp_path / "x.zarr" / "c" / "3" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:500])
+    with Job("feed-test", memory="64KiB", check_finite=False) as job:
+        op = job.operand(a.path, "a")
+        with pytest.raises(StoreReadError, match=r"c[/\\]3[/\\]0"):
+            run_pass(job, _column_sums, [source(op)], min_tasks=3, check_finite=False)
