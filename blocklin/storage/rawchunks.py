@@ -32,7 +32,7 @@ import os
 import struct
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -487,8 +487,14 @@ class DecodedChunks:
             if not whole:
                 pool.give(target)
 
-    def read(self, rows: slice, cols: slice, out: np.ndarray) -> np.ndarray:
-        """``out[...] = array[rows, cols]``, the chunks decoded by up to :data:`DECODE_THREADS` at once."""
+    def read(self, rows: slice, cols: slice, out: np.ndarray,
+             each: Callable[[np.ndarray, int], None] | None = None) -> np.ndarray:
+        """``out[...] = array[rows, cols]``, the chunks decoded by up to :data:`DECODE_THREADS` at once.
+
+        ``each(part, column)``, when given, runs in the thread that decoded each chunk's part of ``out``
+        right after it lands (``part`` a view of ``out``, ``column`` its first column there), while the
+        part is still in that core's cache: a job's first pass takes its column peaks so.
+        """
         ch_r, ch_c = self.chunks
         r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
         work = []
@@ -498,12 +504,18 @@ class DecodedChunks:
             for cj in range(c0 // ch_c, (c1 - 1) // ch_c + 1 if c1 > c0 else 0):
                 gc0 = cj * ch_c
                 sc0, sc1 = max(c0, gc0), min(c1, gc0 + ch_c)
-                work.append((ci, cj, out[sr0 - r0:sr1 - r0, sc0 - c0:sc1 - c0], sr0 - gr0, sc0 - gc0))
+                work.append((ci, cj, out[sr0 - r0:sr1 - r0, sc0 - c0:sc1 - c0], sr0 - gr0, sc0 - gc0, sc0 - c0))
+
+        def part(ci: int, cj: int, dest: np.ndarray, pr0: int, pc0: int, column: int) -> None:
+            self._decode(ci, cj, dest, pr0, pc0)
+            if each is not None:
+                each(dest, column)
+
         if len(work) <= 1 or DECODE_THREADS == 1:
             for item in work:
-                self._decode(*item)
+                part(*item)
             return out
-        _run_all(_io_pool(), self._decode, work, min(DECODE_THREADS, len(work)))
+        _run_all(_io_pool(), part, work, min(DECODE_THREADS, len(work)))
         return out
 
 

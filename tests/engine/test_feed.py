@@ -33,6 +33,12 @@ def _column_sums(device, arrays, rows, params, state):
     return (s if state is None else state + s), None
 
 
+@row_kernel(memory=lambda params, sources: PassMemory(fixed=0), device="cpu")
+def _rows_seen(device, arrays, rows, params, state):
+    """The rows a task saw (any dtype)."""
+    return (state or 0) + arrays[0].shape[0], None
+
+
 def _per_unit(monkeypatch):
     """The old scheduling: a task per row-pass group and per GEMM tile."""
     monkeypatch.setattr(passes, "group_runs", lambda plan, scheduler: [(g, g + 1) for g in range(len(plan.groups))])
@@ -261,8 +267,8 @@ def test_first_pass_peaks_read_in_pieces_are_those_of_whole_strips(tmp_path, mon
     monkeypatch.setattr(passes, "PEAK_PIECE_BYTES", 7 * 12 * 8)  # 7-row pieces: across chunk boundaries
     pieces = []
     for cls in (rawchunks.RawChunks, rawchunks.DecodedChunks):  # every read of the pass goes through one
-        monkeypatch.setattr(cls, "read", lambda self, rows, cols, out, real=cls.read: (
-            pieces.append(rows.stop - rows.start), real(self, rows, cols, out))[1])
+        monkeypatch.setattr(cls, "read", lambda self, rows, cols, out, real=cls.read, **kw: (
+            pieces.append(rows.stop - rows.start), real(self, rows, cols, out, **kw))[1])
     real_pieces = rawchunks.RawChunks.pieces
 
     def counted_pieces(self, rows, out, step):  # a first pass's pieces of one strip, each chunk file opened once
@@ -503,3 +509,46 @@ def test_first_pass_over_a_short_chunk_names_it(tmp_path):
         op = job.operand(a.path, "a")
         with pytest.raises(StoreReadError, match=r"c[/\\]3[/\\]0"):
             run_pass(job, _column_sums, [source(op)], min_tasks=3, check_finite=False)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex64"])
+def test_first_pass_peaks_of_compressed_chunks_are_taken_as_each_chunk_lands(tmp_path, monkeypatch, dtype):
+    """A first pass over compressed chunks takes each chunk's part's peaks in the thread that decoded it
+    (never a whole strip of several chunks), merged across the chunks of a strip's width: the job's
+    peaks are the exact ``max |x|`` of each column (``max(|Re|, |Im|)``), NaN and Inf included."""
+    monkeypatch.setattr(rawchunks, "DECODE_THREADS", 3)
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((600, 30)) * np.logspace(-4, 4, 30)
+    if dtype == "complex64":
+        x = x + 1j * rng.standard_normal((600, 30))[:, ::-1] * np.logspace(-4, 4, 30)
+    x = x.astype(dtype)
+    x[123, 4] = -np.inf
+    x[444, 17] = np.nan
+    x[599, 29] = 7e4  # the last row of the last chunk across
+    a = bl.from_array(x, tmp_path / "x.zarr", chunks=(50, 8), codec="zstd")
+    scanned = []
+    real = passes._column_peaks
+    monkeypatch.setattr(passes, "_column_peaks", lambda v: (scanned.append(v.shape), real(v))[1])
+    with Job("feed-test", memory="1MiB", check_finite=False) as job:
+        op = job.operand(a.path, "a")
+        rows, plan = run_pass(job, _rows_seen, [source(op)], min_tasks=2, check_finite=False)
+        peaks = job.peaks[str(a.path)]
+    assert sum(rows) == 600 and plan.strip > 50 and scanned and max(r for r, _ in scanned) <= 50 and max(c for _, c in scanned) <= 8
+    ref = np.maximum(np.abs(x.real), np.abs(x.imag)).astype(np.float64).max(axis=0)
+    np.testing.assert_array_equal(peaks, ref)
+    assert peaks[4] == np.inf and np.isnan(peaks[17])
+
+
+def test_first_pass_over_a_damaged_compressed_chunk_names_it(tmp_path, monkeypatch):
+    """A damaged zstd chunk decoded by a first pass (peaks taken as chunks land): refused, the chunk named."""
+    monkeypatch.setattr(rawchunks, "DECODE_THREADS", 2)
+    x = np.random.default_rng(10).standard_normal((400, 24))
+    a = bl.from_array(x, tmp_path / "x.zarr", chunks=(50, 8), codec="zstd")
+    chunk = tmp_path / "x.zarr" / "c" / "5" / "1"
+    data = bytearray(chunk.read_bytes())
+    data[10:30] = b"\xff" * 20
+    chunk.write_bytes(bytes(data))
+    with Job("feed-test", memory="1MiB", check_finite=False) as job:
+        op = job.operand(a.path, "a")
+        with pytest.raises(StoreReadError, match=r"chunk c/5/1 of .*x.zarr"):
+            run_pass(job, _rows_seen, [source(op)], min_tasks=2, check_finite=False)
