@@ -572,8 +572,8 @@ def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray,
     in 1 MiB pieces 7.4 GB/s (the read alone 16.8). The peaks are maxima, so the same bits.
     Where the task's chunk reader ``raw`` reads the strip's rows whole-width, its
     :meth:`~blocklin.storage.rawchunks.RawChunks.pieces` opens each chunk file once for all its
-    pieces (a job's first pass 6.9 -> 8.3 GB/s there, medians of 9 alternated); failures are named
-    as :func:`~blocklin.storage.zarr_store.read_block` names them.
+    pieces (a job's first pass 7.3 -> 8.2 GB/s on the 2-core machine, medians of 9 alternated).
+    Failures are named as :func:`~blocklin.storage.zarr_store.read_block` names them.
     """
     step = max(1, PEAK_PIECE_BYTES // max(1, out.shape[1] * out.itemsize))
     # the chunk files' reader resolved once per task (``raw``), not per piece: each read_block of a piece
