@@ -22,6 +22,7 @@ This module is the one way to run a row pass:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -582,8 +583,9 @@ def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray,
     cols = slice(cols.start or 0, arr.shape[1] if cols.stop is None else cols.stop)
     peaks = _column_peaks(out[:0])
     if raw is not None and raw.reads_pieces(cols, out):
-        with reading(arr, rows, cols):
-            for a, b in raw.pieces(rows, out, step):
+        # closed here (its open chunk file too) even when a piece's peaks are interrupted
+        with reading(arr, rows, cols), contextlib.closing(raw.pieces(rows, out, step)) as pieces:
+            for a, b in pieces:
                 peaks = np.maximum(peaks, _column_peaks(out[a:b])) if a else _column_peaks(out[a:b])
         return out, peaks
     for r0 in range(0, out.shape[0], step):

@@ -553,3 +553,27 @@ def test_first_pass_over_a_damaged_compressed_chunk_names_it(tmp_path, monkeypat
         op = job.operand(a.path, "a")
         with pytest.raises(StoreReadError, match=r"chunk c/5/1 of .*x.zarr"):
             run_pass(job, _rows_seen, [source(op)], min_tasks=2, check_finite=False)
+
+
+def test_a_first_pass_interrupted_between_pieces_closes_its_chunk_file(narrow, monkeypatch):
+    """Ctrl-C while a piece's peaks are taken: the chunk file the strip's pieces read from is closed."""
+    _, arr = narrow
+    raw = rawchunks.raw_access(arr)
+    opened, closed = [], []
+    real_open, real_close = rawchunks.os.open, rawchunks.os.close
+    monkeypatch.setattr(rawchunks.os, "open", lambda *a: (lambda fd: (opened.append(fd), fd)[1])(real_open(*a)))
+    monkeypatch.setattr(rawchunks.os, "close", lambda fd: (closed.append(fd), real_close(fd))[1])
+    calls = [0]
+    real_peaks = passes._column_peaks
+
+    def peaks(v):
+        calls[0] += 1
+        if calls[0] == 3:  # the second piece of the first chunk
+            raise KeyboardInterrupt
+        return real_peaks(v)
+
+    monkeypatch.setattr(passes, "_column_peaks", peaks)
+    monkeypatch.setattr(passes, "PEAK_PIECE_BYTES", 64 * 24 * 8)
+    with pytest.raises(KeyboardInterrupt):
+        passes._read_with_peaks(arr, slice(0, 512), slice(0, 24), np.empty((512, 24)), raw)
+    assert opened and sorted(opened) == sorted(closed)
