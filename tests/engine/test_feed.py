@@ -123,12 +123,17 @@ def test_gemm_run_resumes_tile_by_tile(tmp_path, monkeypatch):
     assert c.report["skipped"] == 3 and np.array_equal(c.to_numpy(), ref)
 
 
-@pytest.fixture
-def wide(tmp_path):
-    x = np.random.default_rng(4).standard_normal((700, 300))
-    arr = create_array(tmp_path / "w.zarr", shape=x.shape, dtype="float64", chunks=(256, 128))
+def _normals_stored(path, shape, chunks, seed):
+    """Standard normals and the uncompressed zarr array at ``path`` holding them."""
+    x = np.random.default_rng(seed).standard_normal(shape)
+    arr = create_array(path, shape=x.shape, dtype="float64", chunks=chunks)
     arr[...] = x
     return x, arr
+
+
+@pytest.fixture
+def wide(tmp_path):
+    return _normals_stored(tmp_path / "w.zarr", (700, 300), (256, 128), 4)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 5])
@@ -438,10 +443,7 @@ def test_row_pass_tasks_resolve_their_chunk_readers_once(tall, monkeypatch, sche
 @pytest.fixture
 def narrow(tmp_path):
     """Chunks one array wide (the layout a first pass reads a piece at a time), a short last chunk row."""
-    x = np.random.default_rng(5).standard_normal((700, 24))
-    arr = create_array(tmp_path / "n.zarr", shape=x.shape, dtype="float64", chunks=(256, 24))
-    arr[...] = x
-    return x, arr
+    return _normals_stored(tmp_path / "n.zarr", (700, 24), (256, 24), 5)
 
 
 @pytest.mark.parametrize("rows,step", [((0, 700), 64), ((30, 600), 100), ((250, 260), 3), ((512, 700), 1000)])
