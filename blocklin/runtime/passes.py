@@ -467,22 +467,22 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
                 views.append(None)
                 continue
             rs = slice(r0 + off, r1 + off)  # the stored rows of this strip
-            if band is not None and band.covers(rs.start, rs.stop):  # rows of the kept chunk band (read once)
-                stored = band.rows(rs.start, rs.stop, region(buf, (cs.stop - cs.start, r1 - r0) if t else
-                                                             (r1 - r0, cs.stop - cs.start)))
-            elif t:  # column strip of the stored array, handed out as a transposed view
-                stored = read_block(arr, cs, rs, out=region(buf, (cs.stop - cs.start, r1 - r0)))
-            elif want[len(views)] and pieces[len(views)]:
-                stored, piece_peaks = _read_with_peaks(arr, rs, cs, region(buf, (r1 - r0, cs.stop - cs.start)),
-                                                       direct[len(views)])
-            elif _direct_into(decoded[len(views)], arr, dest := region(buf, (r1 - r0, cs.stop - cs.start))):
-                stored, piece_peaks = _decode_with_peaks(arr, decoded[len(views)], rs, cs, dest)
-            elif _direct_into(direct[len(views)], arr, dest := region(buf, (r1 - r0, cs.stop - cs.start))):
-                stored = _read_direct(arr, direct[len(views)], rs, cs, dest)
-            else:
-                stored = read_block(arr, rs, cs, out=region(buf, (r1 - r0, cs.stop - cs.start)))
-            v = stored.T if t else stored
             j = len(views)
+            # the strip's place in the slot, in the streamed orientation
+            dest = region(buf, (cs.stop - cs.start, r1 - r0) if t else (r1 - r0, cs.stop - cs.start))
+            if band is not None and band.covers(rs.start, rs.stop):  # rows of the kept chunk band (read once)
+                stored = band.rows(rs.start, rs.stop, dest)
+            elif t:  # column strip of the stored array, handed out as a transposed view
+                stored = read_block(arr, cs, rs, out=dest)
+            elif want[j] and pieces[j]:
+                stored, piece_peaks = _read_with_peaks(arr, rs, cs, dest, direct[j])
+            elif _direct_into(decoded[j], arr, dest):
+                stored, piece_peaks = _decode_with_peaks(arr, decoded[j], rs, cs, dest)
+            elif _direct_into(direct[j], arr, dest):
+                stored = _read_direct(arr, direct[j], rs, cs, dest)
+            else:
+                stored = read_block(arr, rs, cs, out=dest)
+            v = stored.T if t else stored
             p = (piece_peaks if piece_peaks is not None else _column_peaks(v)) if want[j] else None
             piece_peaks = None
             # Real data whose column peaks are finite holds no NaN or Inf (max and min propagate

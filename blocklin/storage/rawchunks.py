@@ -112,11 +112,15 @@ class RawChunks:
             return
         readstats.count(got)
         if got != dest.nbytes:
-            from blocklin.errors import StoreReadError, explain
+            raise self._short(path, r0 * row + got)
 
-            raise StoreReadError(explain("chunk", f"must hold {self.chunks[0] * row} bytes",
-                                         f"{r0 * row + got} bytes in {path}",
-                                         "the store is truncated or corrupt; re-create it"))
+    def _short(self, path: str, held: int) -> Exception:
+        """The error for chunk file ``path`` found to hold only ``held`` bytes."""
+        from blocklin.errors import StoreReadError, explain
+
+        whole = self.chunks[0] * self.chunks[1] * self.dtype.itemsize
+        return StoreReadError(explain("chunk", f"must hold {whole} bytes", f"{held} bytes in {path}",
+                                      "the store is truncated or corrupt; re-create it"))
 
     def _read_range(self, path: str, offset: int, view: memoryview) -> int | None:
         """Read ``len(view)`` bytes at ``offset`` into ``view``; the count read, None for a missing chunk."""
@@ -132,13 +136,7 @@ class RawChunks:
         except FileNotFoundError:
             return None
         try:
-            got = 0
-            while got < len(view):  # preadv may return short counts for large ranges
-                n = os.preadv(fd, [view[got:]], offset + got)
-                if n == 0:
-                    break
-                got += n
-            return got
+            return _pread(fd, view, offset)
         finally:
             os.close(fd)
 
@@ -270,19 +268,10 @@ class RawChunks:
                         out[a:b].fill(self.fill_value)
                     else:
                         view = flat[a * row:b * row]
-                        got = 0
-                        while got < len(view):  # preadv may return short counts for large ranges
-                            n = os.preadv(fd, [view[got:]], (r - ci * ch) * row + got)
-                            if n == 0:
-                                break
-                            got += n
+                        got = _pread(fd, view, (r - ci * ch) * row)
                         readstats.count(got)
                         if got != len(view):
-                            from blocklin.errors import StoreReadError, explain
-
-                            raise StoreReadError(explain("chunk", f"must hold {ch * row} bytes",
-                                                         f"{(r - ci * ch) * row + got} bytes in {path}",
-                                                         "the store is truncated or corrupt; re-create it"))
+                            raise self._short(path, (r - ci * ch) * row + got)
                     r = r1
                     yield a, b
             finally:
@@ -557,6 +546,18 @@ def _run_all(pool: concurrent.futures.ThreadPoolExecutor, fn: Any, work: list, l
             f.cancel()
         concurrent.futures.wait(futures)
         raise
+
+
+def _pread(fd: int, view: memoryview, offset: int) -> int:
+    """Read up to ``len(view)`` bytes at ``offset`` of ``fd`` into ``view`` (``preadv`` may return short
+    counts for large ranges); the count read, short only at the end of the file."""
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
 
 
 def _pread_full(fd: int, buf: np.ndarray, offset: int, done: int) -> None:
