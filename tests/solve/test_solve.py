@@ -90,6 +90,31 @@ def test_lambda_sequence_from_one_pass(rng):
         np.testing.assert_allclose(r["residual_norm"][i], np.linalg.norm(a @ want - b, axis=0), rtol=1e-8)
 
 
+@pytest.mark.parametrize("fit_intercept", [False, True])
+def test_lambda_sequence_on_an_ill_conditioned_matrix_keeps_every_direction(rng, fit_intercept):
+    """A lambda list solves from the eigen-decomposition of ``A^T A``. At its rounding-level eigenvalues
+    ``V^T A^T b`` is not zero but of size ``eps^(1/2) ||A|| ||b||`` (those eigenvectors mix in directions
+    of ``A`` that large), and the regularized solution weighs it by ``1/lam^2``: cut there, the solution
+    lost 8 digits at ``lam = ||A||`` on a matrix of condition 1e12, where the problem's condition is 1.4.
+    The bound is that of the normal equations with the computed ``A^T A`` (Golub and Van Loan, 2013,
+    6.1.4): ``||dx|| / ||x|| <= ||dG|| / lam^2``, ``||dG|| <= (m + n) eps ||A||^2`` for the Gram's
+    rounding and the eigen-decomposition's backward error, a factor 10 for the constants; ``||A|| = 1``
+    (centering only lowers it)."""
+    m, n = 217, 190
+    u, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = (u * np.logspace(0, -12, n)) @ v.T
+    b = rng.standard_normal((m, 2))
+    lams = [1e-3, 1.0]
+    x = bl.solve(a, b, lam=lams, method="normal", fit_intercept=fit_intercept, memory="2MiB")
+    assert x.report["method"] == "normal" and "eigen-decomposition" in x.report["method_reason"]
+    ac, bc = (a - a.mean(axis=0), b - b.mean(axis=0)) if fit_intercept else (a, b)
+    for i, lam in enumerate(lams):
+        want = ref(ac, bc, lam)
+        assert rel(x.to_numpy()[:, 2 * i:2 * i + 2], want) <= 10 * (m + n) * np.finfo(np.float64).eps / lam**2
+        np.testing.assert_allclose(x.report["solution_norm"][i], np.linalg.norm(want, axis=0), rtol=1e-9)
+
+
 def test_wide_sequence_is_dual(rng):
     a = rng.standard_normal((20, 60))
     b = rng.standard_normal((20, 1))

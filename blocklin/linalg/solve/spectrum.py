@@ -26,6 +26,18 @@ class Spectrum:
     ``beta = U^T b`` (``r x k``) and ``rho0sq`` (``k``: ``||b||^2 - ||U^T b||^2``, the part of ``b``
     no lambda can fit). For tall problems ``basis`` is ``V`` (``x = V diag(s/(s^2+lam^2)) beta``); for
     wide ones it is ``U`` and ``x = A^T U diag(1/(s^2+lam^2)) beta`` (the dual form).
+
+    A tall spectrum from the Gram matrix also keeps ``vc = V^T A^T b`` (``n x k``), and its solutions
+    at ``lam^2`` above the eigenvalues' rounding level ``ev_noise`` (``n eps s_max^2``) are
+    ``V diag(1/(s^2+lam^2)) vc``: ``beta = vc / s`` is cut where ``s`` is at the rounding level of
+    ``||A||``, and there ``vc`` is not zero but of the size ``eps^(1/2) ||A|| ||b||`` (the eigenvectors
+    of ``A^T A``'s rounding-level eigenvalues mix in directions of ``A`` as large as that), which the
+    regularized solution weighs by ``1/lam^2``: dropped, a lambda list on a matrix of condition
+    ``1e12`` lost 8 digits of ``x`` at ``lam = ||A||`` (where the problem's condition is 1.4). With
+    ``vc`` the solution is that of ``(A^T A + lam^2 I) x = A^T b`` solved with the computed ``A^T A``
+    (Golub and Van Loan, 2013, 6.1.4): a relative error of order ``eps ||A||^2 / lam^2``. At
+    ``lam^2`` below ``ev_noise`` those denominators are rounding noise, the bound says nothing, and
+    the cut ``beta`` gives the minimum-norm limit of ``lam -> 0`` as before.
     """
 
     s: np.ndarray
@@ -35,6 +47,12 @@ class Spectrum:
     m: int
     n: int
     dual: bool = False
+    vc: np.ndarray | None = None
+    ev_noise: float = 0.0
+
+    def _every_direction(self, lam: float) -> bool:
+        """Whether the solution at ``lam`` takes ``vc`` (see the class docstring)."""
+        return self.vc is not None and lam**2 > self.ev_noise
 
     def filt(self, lam: float) -> np.ndarray:
         s2 = self.s**2
@@ -44,6 +62,8 @@ class Spectrum:
     def coefficients(self, lam: float) -> np.ndarray:
         """``x`` (tall) or the dual ``y`` with ``x = A^T y`` (wide)."""
         f = self.filt(lam)
+        if self._every_direction(lam):  # every direction (see the class docstring)
+            return self.basis @ (f[:, None] * self.vc)
         w = (f if self.dual else self.s * f)[:, None] * self.beta
         return self.basis @ w
 
@@ -52,6 +72,8 @@ class Spectrum:
         return self.rho0sq + np.einsum("i,ij->j", g**2, np.abs(self.beta)**2)
 
     def solution_sq(self, lam: float) -> np.ndarray:
+        if self._every_direction(lam):  # ||x||^2 of the x coefficients() gives
+            return np.einsum("i,ij->j", self.filt(lam) ** 2, np.abs(self.vc) ** 2)
         g = self.s * self.filt(lam)
         return np.einsum("i,ij->j", g**2, np.abs(self.beta)**2)
 
@@ -71,6 +93,7 @@ class Spectrum:
         rounding."""
         lams = np.asarray(lams, dtype=np.float64)
         b2 = (np.abs(self.beta) ** 2).sum(axis=1)  # per singular value, over the right-hand sides
+        c2 = None if self.vc is None else (np.abs(self.vc) ** 2).sum(axis=1)
         s2 = self.s**2
         rr, xx, dof = (np.empty(lams.size) for _ in range(3))
         step = max(1, (1 << 20) // max(1, s2.size))  # lambdas per block: about 8 MiB of filter factors
@@ -79,7 +102,8 @@ class Spectrum:
             with np.errstate(divide="ignore", invalid="ignore"):
                 f = np.where(s2 + l2 > 0, 1.0 / (s2 + l2), 0.0)
             rr[i:i + step] = ((l2 * f) ** 2) @ b2
-            xx[i:i + step] = ((self.s * f) ** 2) @ b2
+            xx[i:i + step] = ((self.s * f) ** 2) @ b2 if c2 is None else np.where(
+                l2[:, 0] > self.ev_noise, (f**2) @ c2, ((self.s * f) ** 2) @ b2)  # as solution_sq
             dof[i:i + step] = (s2 * f).sum(axis=1)
         rr += float(self.rho0sq.sum())
         den = (self.m - dof) ** 2
@@ -103,13 +127,16 @@ def spectrum_from_gram(g: np.ndarray, c: np.ndarray, bb: np.ndarray, m: int, *, 
         beta = w.conj().T @ c
     else:  # g = A^T A, c = A^T b: beta = diag(1/s) V^T A^T b
         keep = s > s[0] * np.finfo(np.float64).eps * max(g.shape) if s.size else s > 0
+        vc = w.conj().T @ c
         beta = np.zeros((s.size, c.shape[1]), dtype=np.result_type(w, c))
-        beta[keep] = (w[:, keep].conj().T @ c) / s[keep, None]
+        beta[keep] = vc[keep] / s[keep, None]
     if dual:  # U spans R^m: every component of b is in beta (zero singular values fit nothing)
         rho0sq = np.zeros(beta.shape[1])
     else:
         rho0sq = np.clip(bb - np.einsum("ij,ij->j", beta.conj(), beta).real, 0.0, None)
-    return Spectrum(s=s, basis=w, beta=beta, rho0sq=rho0sq, m=m, n=n, dual=dual)
+    noise = max(g.shape) * np.finfo(np.float64).eps * float(ev[0]) if ev.size else 0.0
+    return Spectrum(s=s, basis=w, beta=beta, rho0sq=rho0sq, m=m, n=n, dual=dual, vc=None if dual else vc,
+                    ev_noise=max(noise, 0.0))
 
 
 def choose_lambda(spec: Spectrum, rule: str) -> tuple[float, dict]:
