@@ -166,6 +166,9 @@ class Job:
         self.amax: dict[str, float] = {}
         #: ... and of each column of the streamed orientation (rows of a source streamed transposed)
         self.peaks: dict[str, Any] = {}
+        #: Whether each local uncompressed input's later passes map its strips from the page cache
+        #: (:func:`blocklin.runtime.passes.mapped_inputs`), probed once per input in the job
+        self.mapped_inputs: dict[str, bool] = {}
         self.t0 = time.perf_counter()
         self.stats = {"flops": 0, "bytes_read": 0, "bytes_physical": 0, "bytes_written": 0, "tasks": 0, "skipped": 0,
                       "retried_tasks": 0, "load_seconds": 0.0, "wait_seconds": 0.0, "compute_seconds": 0.0}

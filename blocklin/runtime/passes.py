@@ -65,8 +65,8 @@ def row_kernel(*, memory: Callable[[Any, tuple[Source, ...]], PassMemory], init:
     read_only : bool
         The kernel never writes into the strips it is handed: on a GPU its passes over the
         operation's input may take them from the device operand cache, where earlier passes of the
-        job kept them (:func:`resident_strips`). Kernels that overwrite their uploaded strip must
-        leave it False.
+        job kept them (:func:`resident_strips`), and on the CPU its later passes may map them from
+        the page cache (:func:`mapped_inputs`). Kernels that overwrite their strip must leave it False.
     """
     def mark(kernel: Kernel) -> Kernel:
         kernel.memory = memory  # type: ignore[attr-defined]
@@ -188,6 +188,9 @@ class RowPassSpec:
     resident: tuple | None = None
     #: Bytes of the device cache the pass keeps its strips in (within ``device_memory``).
     resident_bytes: int = 0
+    #: Per input: whether its strips are mapped from the page cache rather than read into the slots
+    #: (:func:`mapped_inputs`; the same bytes either way); None for none.
+    mapped: tuple[bool, ...] | None = None
 
 
 class PassResult(NamedTuple):
@@ -299,6 +302,7 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                        scale=tuple(int((scale or {}).get(str(s.path), 0)) for s in sources) if scale else None,
                        amax=tuple(over != "intermediate" and str(s.path) not in job.amax for s in sources),
                        offsets=tuple(s.first_row for s in sources) if any(s.first_row for s in sources) else None)
+    spec = dataclasses.replace(spec, mapped=mapped_inputs(job, sources, spec))
     if device == "gpu":
         keep = resident_strips(job, kernel, sources, plan, spec, over)
         if keep is not None:
@@ -324,6 +328,37 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
             job.amax[str(s.path)] = float("nan") if peaks is None or np.isnan(peaks).any() else \
                 float(peaks.max(initial=0.0))
     return PassResult([state for r in results for state in r["states"]], plan)
+
+
+def mapped_inputs(job: Any, sources: Sequence[Source], spec: RowPassSpec) -> tuple[bool, ...] | None:
+    """Per source, whether the pass's tasks map its strips from the page cache
+    (:meth:`~blocklin.storage.rawchunks.RawChunks.mapped`) instead of copying them into their slots.
+
+    Only for kernels that never write into their strips (``read_only``: a mapped strip is the page
+    cache's, read-only), on the CPU, for local uncompressed inputs one chunk across, streamed by rows,
+    unscaled, and read after the job's first pass over them (a first pass takes its column peaks a
+    cached piece at a time); and only where the page cache holds the input's first chunk file in 2 MiB pages
+    (:func:`blocklin.storage.mapped.large_pages`, probed once per input in the job): mapped small
+    pages are slower than the copy (:mod:`blocklin.storage.mapped`). The same bytes reach the kernel
+    either way. None where no source is mapped.
+    """
+    from blocklin.storage import mapped as mapping
+
+    if spec.device != "cpu" or not mapping.AVAILABLE or not getattr(spec.kernel, "read_only", False):
+        return None
+    got = []
+    for j, s in enumerate(sources):
+        ok = not s.transposed and s.reads == "direct" and not (spec.amax and spec.amax[j]) \
+            and not (spec.scale and spec.scale[j])
+        if ok:
+            path = str(s.path)
+            if path not in job.mapped_inputs:
+                raw = raw_access(open_array(s.path))
+                job.mapped_inputs[path] = raw is not None and raw.maps(slice(0, raw.shape[1])) and \
+                    mapping.large_pages(raw.first_chunk())
+            ok = job.mapped_inputs[path]
+        got.append(ok)
+    return tuple(got) if any(got) else None
 
 
 def resident_strips(job: Any, kernel: Kernel, sources: Sequence[Source], plan: RowPassPlan, spec: RowPassSpec,
@@ -457,6 +492,9 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
     # compressed chunks, rows, read whole: no kept band)
     decoded = [decoded_access(arr) if w and not t and d is None and band is None else None
                for arr, w, t, d, band in zip(arrays, want, trans, direct, bands)]
+    # inputs whose strips are mapped from the page cache, not copied into the slots (mapped_inputs)
+    maps = [bool(spec.mapped and spec.mapped[j]) and device.host_resident and d is not None and band is None
+            and d.maps(cs) for j, (d, band, cs) in enumerate(zip(direct, bands, col_slices))]
 
     def load(i: int, bufs: tuple[np.ndarray, ...], skip: tuple[bool, ...] | None = None) -> tuple:
         r0, r1 = strips[i]
@@ -474,6 +512,8 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
                 stored = band.rows(rs.start, rs.stop, dest)
             elif t:  # column strip of the stored array, handed out as a transposed view
                 stored = read_block(arr, cs, rs, out=dest)
+            elif maps[j] and (view := _read_mapped(arr, direct[j], rs, cs)) is not None:
+                stored = view
             elif want[j] and pieces[j]:
                 stored, piece_peaks = _read_with_peaks(arr, rs, cs, dest, direct[j])
             elif _direct_into(decoded[j], arr, dest):
@@ -560,6 +600,13 @@ def _read_direct(arr: Any, raw: Any, rows: slice, cols: slice, out: np.ndarray) 
     failures named as :func:`~blocklin.storage.zarr_store.read_block` names them."""
     with reading(arr, rows, cols):
         return raw.read(rows, cols, out)
+
+
+def _read_mapped(arr: Any, raw: Any, rows: slice, cols: slice) -> np.ndarray | None:
+    """``arr[rows, cols]`` mapped from the page cache by the task's chunk reader ``raw`` (None where a
+    chunk is missing), failures named as :func:`~blocklin.storage.zarr_store.read_block` names them."""
+    with reading(arr, rows, cols):
+        return raw.mapped(rows)
 
 
 def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray,

@@ -38,12 +38,14 @@ from typing import Any
 import numpy as np
 
 from blocklin.device import pool
-from blocklin.errors import FormatError
+from blocklin.errors import FormatError, StoreReadError
 
 import blocklin._readstats as readstats
 
 
 _IOV_MAX = 1024
+#: Alignment of a strip's first row that :meth:`RawChunks.mapped` asks for (that of every copied strip).
+CACHE_LINE = 64
 #: Most bytes of a chunk file mapped at once by a read of part of its width (what the mapping adds
 #: to the resident memory while it lasts).
 _MAP_WINDOW = 2**20
@@ -116,7 +118,7 @@ class RawChunks:
 
     def _short(self, path: str, held: int) -> Exception:
         """The error for chunk file ``path`` found to hold only ``held`` bytes."""
-        from blocklin.errors import StoreReadError, explain
+        from blocklin.errors import explain
 
         whole = self.chunks[0] * self.chunks[1] * self.dtype.itemsize
         return StoreReadError(explain("chunk", f"must hold {whole} bytes", f"{held} bytes in {path}",
@@ -284,6 +286,52 @@ class RawChunks:
         return (self.fs is None and not self.vector and self.chunks[1] == self.shape[1]
                 and (cols.start or 0) == 0 and (cols.stop is None or cols.stop == self.shape[1])
                 and out.dtype == self.dtype and out.flags.c_contiguous)
+
+    def maps(self, cols: slice) -> bool:
+        """Whether :meth:`mapped` may map ``[:, cols]`` strips: local, one chunk across, ``cols`` the
+        whole width, and chunks of a whole number of pages (a strip of several chunks is their
+        mappings side by side), where mapping is available (:data:`blocklin.storage.mapped.AVAILABLE`)."""
+        from blocklin.storage import mapped
+
+        return (mapped.AVAILABLE and self.fs is None and not self.vector and self.chunks[1] == self.shape[1]
+                and (cols.start or 0) == 0 and (cols.stop is None or cols.stop == self.shape[1])
+                and self.chunks[0] * self.chunks[1] * self.dtype.itemsize % mapped.PAGE == 0)
+
+    def first_chunk(self) -> str:
+        """The path of the array's first chunk file (what :func:`blocklin.storage.mapped.large_pages` probes)."""
+        return self._path(0, 0)
+
+    def mapped(self, rows: slice) -> np.ndarray | None:
+        """``array[rows, :]`` as a read-only array over the chunk files' pages in the page cache (no copy;
+        :mod:`blocklin.storage.mapped`), for an array :meth:`maps` accepts; None where a chunk of the
+        rows is missing (its rows are the fill value), where the first row does not start on a cache
+        line, or where no mapping can be made: read those with :meth:`read`. A short chunk is refused
+        as :meth:`read` refuses it."""
+        from blocklin.storage import mapped
+
+        ch = self.chunks[0]
+        row = self.chunks[1] * self.dtype.itemsize
+        r0, r1 = rows.start, rows.stop
+        # A strip starting off a cache line is read instead: a copied strip starts on a page, and a
+        # kernel's vector loops may split their work by alignment, so the bits could differ.
+        if r1 <= r0 or r0 % ch * row % CACHE_LINE:
+            return None
+        ranges = []
+        for ci in range(r0 // ch, (r1 - 1) // ch + 1):
+            a, b = max(r0, ci * ch) - ci * ch, min(r1, (ci + 1) * ch) - ci * ch
+            start = a * row // mapped.PAGE * mapped.PAGE  # the first chunk's range may start mid-page
+            ranges.append((self._path(ci, 0), start, b * row - start))
+        skip = r0 % ch * row - ranges[0][1]
+        try:
+            got = mapped.map_ranges(ranges, skip, (r1 - r0, self.chunks[1]), self.dtype,
+                                    lambda path, size: self._short(path, size))
+        except StoreReadError:
+            raise
+        except OSError:  # no room to map (address space, map count): read it instead
+            return None
+        if got is not None:
+            readstats.count(got.nbytes)
+        return got
 
     def _read_piece(self, whole: bool, path: str, r0: int, dest: np.ndarray, c0: int) -> None:
         """One piece of :meth:`read`: rows ``r0:`` of a chunk, its whole width or from column ``c0``."""

@@ -1,0 +1,260 @@
+"""Strips mapped from the page cache (``blocklin.storage.mapped``, ``RawChunks.mapped``).
+
+A mapped strip holds the stored bytes, read-only, and its mapping goes with its last view; a later
+row pass that maps its input gives the bits of one that copies it, on every scheduler; inputs the
+probe finds in small pages, first passes, scaled, transposed or compressed inputs and GPU passes are
+copied as before.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.errors import StoreReadError
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime import passes
+from blocklin.runtime.job import Job
+from blocklin.runtime.passes import row_kernel, run_pass, source
+from blocklin.runtime.tiles import open_array
+from blocklin.storage import mapped as mapping
+from blocklin.storage import rawchunks
+from support.memcheck import margin, needs_hwm, run_child
+
+pytestmark = pytest.mark.skipif(not mapping.AVAILABLE, reason="strips are mapped on Linux only")
+
+
+@pytest.fixture
+def stored(tmp_path):
+    """float64, chunks of 128 x 32 (32 KiB: whole pages), a short last chunk row."""
+    x = np.random.default_rng(11).standard_normal((1000, 32))
+    return x, bl.from_array(x, tmp_path / "x.zarr", chunks=(128, 32))
+
+
+def _raw(a):
+    return rawchunks.raw_access(open_array(a.path))
+
+
+def _mapped_files() -> str:
+    with open("/proc/self/maps") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("rows", [(0, 128), (0, 1000), (2, 120), (100, 300), (126, 130), (512, 1000), (998, 1000)])
+def test_mapped_rows_are_the_stored_rows_read_only(stored, rows):
+    x, a = stored
+    raw = _raw(a)
+    assert raw.maps(slice(0, 32))
+    v = raw.mapped(slice(*rows))
+    assert v is not None and v.shape == (rows[1] - rows[0], 32) and v.dtype == x.dtype
+    np.testing.assert_array_equal(v, x[slice(*rows)])
+    assert not v.flags.writeable and v.ctypes.data % rawchunks.CACHE_LINE == 0
+    with pytest.raises(ValueError, match="read-only"):
+        v[0, 0] = 1.0
+
+
+def test_rows_off_a_cache_line_are_not_mapped(tmp_path):
+    """Rows of 160 bytes: odd rows start mid-line, and are read (None) rather than mapped; even rows
+    start on a line (a copied strip starts on a page: a kernel's vector loops see the same alignment)."""
+    x = np.arange(1000 * 40, dtype=np.float32).reshape(1000, 40)
+    raw = _raw(bl.from_array(x, tmp_path / "x.zarr", chunks=(128, 40)))  # 20 KiB chunks: whole pages
+    assert raw.mapped(slice(1, 50)) is None and raw.mapped(slice(131, 140)) is None
+    np.testing.assert_array_equal(raw.mapped(slice(2, 300)), x[2:300])
+
+
+def test_only_whole_width_page_multiple_chunks_are_mapped(tmp_path):
+    x = np.ones((400, 40), dtype=np.float32)
+    odd = _raw(bl.from_array(x, tmp_path / "odd.zarr", chunks=(100, 40)))  # 16000-byte chunks
+    assert not odd.maps(slice(0, 40))
+    across = _raw(bl.from_array(x[:, :32], tmp_path / "across.zarr", chunks=(128, 16)))  # two chunks across
+    assert not across.maps(slice(0, 32))
+    whole = _raw(bl.from_array(x[:, :32], tmp_path / "whole.zarr", chunks=(128, 32)))
+    assert whole.maps(slice(0, 32)) and not whole.maps(slice(0, 16))
+
+
+def test_missing_chunk_is_read_and_short_chunk_is_named(stored):
+    x, a = stored
+    raw = _raw(a)
+    os.remove(os.path.join(str(a.path), "c", "2", "0"))
+    assert raw.mapped(slice(200, 300)) is None  # its rows are the fill value: read, not mapped
+    np.testing.assert_array_equal(raw.mapped(slice(0, 256)), x[:256])
+    short = os.path.join(str(a.path), "c", "3", "0")
+    with open(short, "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(StoreReadError, match="c/3/0"):
+        raw.mapped(slice(390, 500))  # refused before a page past its end is touched (a SIGBUS)
+
+
+def test_a_mapping_goes_with_its_last_view(stored):
+    _, a = stored
+    first = os.path.join(str(a.path), "c", "0", "0")
+    gc.collect()
+    assert first not in _mapped_files()
+    v = _raw(a).mapped(slice(0, 1000))
+    part = v[10:20]
+    del v
+    gc.collect()
+    assert first in _mapped_files()  # the part still reads it
+    assert part.sum() != 0
+    del part
+    gc.collect()
+    assert first not in _mapped_files()
+
+
+def test_the_large_page_probe(tmp_path, monkeypatch):
+    big = tmp_path / "big.bin"
+    np.random.default_rng(0).standard_normal(2**19).tofile(big)  # 4 MiB
+    small = tmp_path / "small.bin"
+    np.zeros(2**16).tofile(small)  # 512 KiB: shorter than a large page
+    assert mapping.large_pages(str(big)) in (True, False)  # the kernel's choice for a file just written
+    assert not mapping.large_pages(str(tmp_path / "missing.bin")) and not mapping.large_pages(str(small))
+    seen = iter([0, 2048])  # FilePmdMapped before and during the probe's mapping, in KiB
+    monkeypatch.setattr(mapping, "_pmd_mapped_kib", lambda: next(seen))
+    assert mapping.large_pages(str(big))
+    seen = iter([512, 512])
+    assert not mapping.large_pages(str(big))
+    monkeypatch.setattr(mapping, "_pmd_mapped_kib", lambda: None)  # not reported
+    assert not mapping.large_pages(str(big))
+    assert str(big) not in _mapped_files()
+
+
+def _gram_memory(params, sources):
+    return PassMemory(fixed=sources[0].width ** 2 * 8)
+
+
+@row_kernel(memory=_gram_memory, device="cpu", read_only=True)
+def _gram(device, arrays, rows, params, state):
+    """Strip by strip ``x^T x`` (BLAS) and a NumPy sum: the bits show the strips' order and values."""
+    (x,) = arrays
+    g = x.T @ x + x.sum()
+    return (g if state is None else state + g), None
+
+
+@row_kernel(memory=_gram_memory, device="cpu")
+def _column_sums(device, arrays, rows, params, state):
+    """Not declared read-only: its strips are copied, whatever it does with them."""
+    return (state or 0) + arrays[0].sum(axis=0), None
+
+
+@row_kernel(memory=_gram_memory, device="cpu", read_only=True)
+def _scales_in_place(device, arrays, rows, params, state):
+    """Declared read-only, but writes into its strip."""
+    x = arrays[0]
+    x *= 2.0
+    return state, None
+
+
+@row_kernel(memory=_gram_memory, device="cpu", read_only=True)  # the plan of _gram: the same strips
+def _copied_strips(device, arrays, rows, params, state):
+    """How many strips the task was handed in a buffer of its own (writeable), not mapped."""
+    return (state or 0) + int(arrays[0].flags.writeable), None
+
+
+def _passes(path, scheduler, kernel=_gram):
+    with Job("mapped-test", memory="160KiB", scheduler=scheduler, workers=2) as job:
+        op = job.operand(path, "a")
+        first, plan = run_pass(job, kernel, [source(op)], check_finite=False, min_tasks=4)
+        later, _ = run_pass(job, kernel, [source(op)], check_finite=True, min_tasks=4)
+        return first, later, plan, dict(job.mapped_inputs)
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads", "processes"])
+def test_a_later_pass_that_maps_its_input_gives_the_bits_of_one_that_copies_it(stored, monkeypatch, scheduler):
+    x, a = stored
+    calls = []
+    monkeypatch.setattr(mapping, "large_pages", lambda path: (calls.append(path), True)[1])
+    maps = []
+    real = rawchunks.RawChunks.mapped
+    if scheduler != "processes":  # counted in this process
+        monkeypatch.setattr(rawchunks.RawChunks, "mapped", lambda self, rows: (maps.append(rows), real(self, rows))[1])
+    first, later, plan, decided = _passes(a.path, scheduler)
+    assert decided == {str(a.path): True} and len(calls) == 1  # probed once, for the later pass
+    assert plan.strip % 2 == 0 and len(plan.groups) >= 4
+    if scheduler != "processes":
+        strips = sum(len(plan.strips(g)) for g in range(len(plan.groups)))
+        assert len(maps) == strips  # the later pass's strips, all mapped; the first pass copied its own
+    copied_first, copied_later, _, _ = _passes(a.path, scheduler, kernel=_copied_strips)  # seen by the tasks
+    assert sum(copied_first) == sum(len(plan.strips(g)) for g in range(len(plan.groups))) and sum(copied_later) == 0
+    monkeypatch.setattr(mapping, "large_pages", lambda path: False)
+    ref_first, ref_later, _, decided = _passes(a.path, scheduler)
+    assert decided == {str(a.path): False}
+    for s, t, u, v in zip(first, later, ref_first, ref_later):
+        np.testing.assert_array_equal(s, u)
+        np.testing.assert_array_equal(t, v)
+        np.testing.assert_array_equal(s, t)
+    # and the stored data's: within the products' bound, 2 m u |x|^T |x| + m u sum |x| (Higham, 2002, 3.5)
+    m, u = len(x), 2.0**-53
+    ref = x.T @ x + x.sum()
+    bound = 2 * m * u * (np.abs(x).T @ np.abs(x)) + 4 * m * u * np.abs(x).sum()
+    assert np.all(np.abs(sum(later) - ref) <= bound)
+
+
+def test_a_kernel_that_writes_into_a_mapped_strip_fails_loudly(stored, monkeypatch):
+    """Mapped strips are read-only: a kernel declared ``read_only`` that scaled its input in place
+    fails, and never writes to the page cache of the input."""
+    x, a = stored
+    monkeypatch.setattr(mapping, "large_pages", lambda path: True)
+    before = open_array(a.path)[:]
+    with pytest.raises(ValueError, match="read-only"):
+        _passes(a.path, "sync", kernel=_scales_in_place)
+    np.testing.assert_array_equal(open_array(a.path)[:], before)
+
+
+@pytest.mark.parametrize("case", ["mapped", "small pages", "first pass", "scaled", "transposed", "zstd", "gpu",
+                                  "writes its strips"])
+def test_which_inputs_a_pass_maps(stored, tmp_path, monkeypatch, case):
+    x, a = stored
+    monkeypatch.setattr(mapping, "large_pages", lambda path: case != "small pages")
+    path = bl.from_array(x, tmp_path / "z.zarr", chunks=(128, 32), codec="zstd").path if case == "zstd" else a.path
+    with Job("mapped-test", memory="160KiB", scheduler="sync") as job:
+        op = job.operand(path, "a")
+        kernel = _column_sums if case == "writes its strips" else _gram
+        spec = passes.RowPassSpec(inputs=(str(path),), names=("a",), kernel=kernel, params=None, plan=None,
+                                  device="gpu" if case == "gpu" else "cpu", device_memory=None, check_finite=False,
+                                  amax=(case == "first pass",), scale=(3,) if case == "scaled" else None)
+        got = passes.mapped_inputs(job, [source(op, transposed=case == "transposed")], spec)
+    assert got == ((True,) if case == "mapped" else None)
+
+
+MEMORY_CHILD = """
+    import numpy as np
+    import blocklin.storage.mapped as mapping
+    from blocklin.plan.passes import PassMemory
+    from blocklin.runtime.job import Job
+    from blocklin.runtime.passes import row_kernel, run_pass, source
+
+    mapping.large_pages = lambda path: True  # whatever pages this machine's page cache holds
+
+    @row_kernel(memory=lambda params, sources: PassMemory(fixed=sources[0].width ** 2 * 8), device="cpu",
+                read_only=True)
+    def gram(device, arrays, rows, params, state):
+        g = arrays[0].T @ arrays[0]
+        return (g if state is None else state + g), None
+
+    path, memory = sys.argv[1:3]
+    with Job("mapped-memory", memory=memory, scheduler="threads") as job:
+        op = job.operand(path, "a")
+        run_pass(job, gram, [source(op)], check_finite=False)  # the first pass copies its strips
+        reset_hwm()
+        base = hwm()
+        states, plan = run_pass(job, gram, [source(op)], check_finite=False)
+        print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": plan.peak_memory,
+                          "mapped": job.mapped_inputs[path], "strips": plan.strip}))
+"""
+
+
+@needs_hwm
+def test_a_pass_over_mapped_strips_peaks_within_its_budget(tmp_path):
+    """Mapped strips count in the resident memory (the page cache's pages, while mapped): no more of
+    them are mapped at once than the plan's slots, and the pass stays within its budget."""
+    x = np.random.default_rng(2).standard_normal((32768, 256))  # 64 MiB: 8x the budget
+    a = bl.from_array(x, tmp_path / "x.zarr", chunks=(1024, 256))
+    budget = 8 * 2**20
+    r = run_child(MEMORY_CHILD, str(a.path), "8MiB")
+    used = r["peak"] - r["baseline"]
+    assert r["mapped"] and r["plan_peak"] <= budget and r["strips"] < 32768 // 8
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 8 MiB"
