@@ -8,7 +8,8 @@ comes from the same load, and the best round of each counts:
 * ``raw``: the chunk files read by 1..all cores' threads, each thread into one reused page-aligned
   buffer (``preadv``; for zstd, the file read and decoded with numcodecs into the buffer): the limit;
 * ``blocklin_cpu``: a row pass of a null kernel on the CPU device (the strips delivered to the
-  kernel by the task's ``TileStream``, nothing computed), at a budget of ``--memory`` (a fraction
+  kernel by the task's ``TileStream``, and each summed once on the CPU, so that every byte is read: a
+  strip mapped from the page cache is delivered only when read), at a budget of ``--memory`` (a fraction
   of the operand, ``1/16`` by default: the operand is far larger than the budget), timed with its
   job; the first pass of a job over an operand also records each column's largest magnitude (the
   scaling of data near overflow needs it; it stands in for the NaN/Inf check);
@@ -25,7 +26,14 @@ comes from the same load, and the best round of each counts:
 * ``zarr``: zarr's own read, one chunk row of strips at a time into one reused buffer
   (``get_basic_selection(..., out=)``);
 * ``dask``: ``dask.array.from_zarr`` with a null ``map_blocks``, on the threaded scheduler;
-* ``numpy_fromfile``: ``numpy.fromfile`` of every chunk file (uncompressed only), one thread.
+* ``numpy_fromfile``: ``numpy.fromfile`` of every chunk file (uncompressed only), one thread;
+* ``touch`` (uncompressed only): every byte of the chunk files summed by all cores' threads, once
+  copied into one reused buffer per thread (``copy_sum``, the raw read and the cheapest kernel that
+  reads every byte) and once mapped from the page cache and summed where it lies (``map_sum``: no
+  copy), with the share of a mapped chunk file the kernel maps in 2 MiB pages (``pmd_mapped``). It
+  says whether strips mapped into place would beat copied ones on this host: where the page cache
+  holds the files in small pages the mapped sum is the slower (``docs/benchmarks.md``, "Strips mapped
+  from the page cache").
 
 It prints GB/s (10^9 bytes of decoded operand per second) for each, blocklin's ratio to the raw
 limit (the best thread count), and one JSON line last. Usage::
@@ -33,6 +41,7 @@ limit (the best thread count), and one JSON line last. Usage::
     python benchmarks/feed.py                       # 1 GiB operand in a temp dir (160 s on 2 cores at load 8)
     python benchmarks/feed.py --quick               # seconds: a check of the script itself
     python benchmarks/feed.py --gib 4 --dir /dev/shm --memory 1/16,1/4 --repeats 5
+    python benchmarks/feed.py --codecs none --reread  # the files as read back, not as just written
 
 Figures mean something only on a quiet machine (``uptime``: load well under the core count).
 """
@@ -57,9 +66,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 
 #: Every key of the JSON line (the test checks them).
-FIELDS = ("shape", "chunks", "operand_bytes", "cores", "cpu", "load_average", "repeats", "gpu_backend", "raw",
+FIELDS = ("shape", "chunks", "operand_bytes", "cores", "cpu", "load_average", "repeats", "gpu_backend", "reread", "raw",
           "raw_limit", "blocklin_cpu", "blocklin_later", "blocklin_gpu", "blocklin_gpu_later", "blocklin_gemm", "zarr",
-          "dask", "numpy_fromfile", "ratio_to_raw")
+          "dask", "numpy_fromfile", "touch", "ratio_to_raw")
 CODECS = ("none", "zstd")
 
 
@@ -80,6 +89,19 @@ def chunk_files(path: str) -> list[str]:
     folder = os.path.join(path, "c")
     return [os.path.join(folder, ci, cj) for ci in sorted(os.listdir(folder), key=int)
             for cj in sorted(os.listdir(os.path.join(folder, ci)), key=int)]
+
+
+def evict(files: list[str]) -> None:
+    """Drop the chunk files from the page cache (written back first; a no-op on tmpfs): read again,
+    they come back through the kernel's read-ahead, as after a reboot or memory pressure, not in the
+    pages their writes filled."""
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 # -- the raw limit -----------------------------------------------------------------------------------
@@ -123,6 +145,69 @@ def raw_read(files: list[str], threads: int, chunk_bytes: int, codec: str) -> No
         t.join()
 
 
+def touch_read(files: list[str], threads: int, chunk_bytes: int, mapped: bool) -> None:
+    """Every byte of the chunk files summed by ``threads`` threads: copied into one reused page-aligned
+    buffer per thread, or (``mapped``) mapped read-only from the page cache and summed in place."""
+    import mmap
+
+    def lane(j: int) -> None:
+        buf = None if mapped else _page_aligned(chunk_bytes)
+        for f in files[j::threads]:
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                if mapped:
+                    m = mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+                else:
+                    got = os.preadv(fd, [memoryview(buf)], 0)
+                    assert got == chunk_bytes
+            finally:
+                os.close(fd)
+            if mapped:
+                v = np.frombuffer(m, dtype=np.float64)
+                v.sum()
+                del v  # the mapping closes only once no view of it is left
+                m.close()
+            else:
+                buf.view(np.float64).sum()
+
+    ts = [threading.Thread(target=lane, args=(j,)) for j in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def pmd_mapped_share(path: str) -> float | None:
+    """The share of chunk file ``path``, mapped and read, that the kernel maps in 2 MiB pages (the
+    growth of ``FilePmdMapped`` in ``/proc/self/smaps_rollup``); None where that is not reported."""
+    import mmap
+
+    def pmd_kib() -> int | None:
+        try:
+            with open("/proc/self/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("FilePmdMapped:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass
+        return None
+
+    before = pmd_kib()
+    if before is None:
+        return None
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    try:
+        v = np.frombuffer(m, dtype=np.uint8)
+        v.max()  # every page touched
+        during = pmd_kib()
+        size = v.nbytes
+        del v
+    finally:
+        m.close()
+    return None if during is None or not size else min(1.0, (during - before) * 1024 / size)
+
+
 # -- blocklin --------------------------------------------------------------------------------------
 def _null_memory(params: Any, sources: Any) -> Any:
     from blocklin.plan.passes import PassMemory
@@ -133,8 +218,11 @@ def _null_memory(params: Any, sources: Any) -> Any:
 def _null_kernel() -> Callable:
     from blocklin.runtime.passes import row_kernel
 
-    @row_kernel(memory=_null_memory, device="any")
+    @row_kernel(memory=_null_memory, device="any", read_only=True)
     def null_kernel(device: Any, arrays: Any, rows: slice, params: Any, state: Any) -> tuple[Any, None]:
+        if device.host_resident:  # every byte read once: a strip mapped from the page cache is delivered only
+            for a in arrays:  # then (a GPU's upload has read every byte already)
+                a.sum()
         return (0 if state is None else state) + (rows.stop - rows.start), None
 
     return null_kernel
@@ -161,7 +249,7 @@ def blocklin_feed(path: str, memory: int, device: str, later: bool = False) -> d
     from blocklin.device import resident
 
     kept = resident.ENABLED
-    resident.ENABLED = kept and not later  # a later pass measures the feed, not strips kept on the device
+    resident.ENABLED = False  # the feed, not strips kept on the device
     try:
         with Job("feed", memory=memory, device=device, check_finite=False) as job:
             op = job.operand(path, "a")
@@ -286,6 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--codecs", default="none,zstd", help="stored variants (default none,zstd)")
     p.add_argument("--dir", default=None, help="where to store the operand (default: a temp dir; /dev/shm for tmpfs)")
     p.add_argument("--no-gpu", action="store_true", help="skip the CUDA device's feed")
+    p.add_argument("--reread", action="store_true",
+                   help="drop the written chunk files from the page cache and read them back before measuring")
     p.add_argument("--quick", action="store_true", help="a seconds-long run at small sizes (checks the script)")
     args = p.parse_args(argv)
     if args.quick:
@@ -307,15 +397,17 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="blocklin-feed-", dir=args.dir)
     summary: dict[str, Any] = {"shape": [m, n], "chunks": [args.chunk_rows, n], "operand_bytes": nbytes,
                                "cores": cores, "cpu": cpu_model(), "load_average": list(os.getloadavg()), "repeats": args.repeats,
-                               "gpu_backend": backend, "raw": {}, "raw_limit": {}, "blocklin_cpu": {},
+                               "gpu_backend": backend, "reread": args.reread, "raw": {}, "raw_limit": {}, "blocklin_cpu": {},
                                "blocklin_later": {}, "blocklin_gpu": {}, "blocklin_gpu_later": {}, "blocklin_gemm": {},
-                               "zarr": {}, "dask": {}, "numpy_fromfile": None,
+                               "zarr": {}, "dask": {}, "numpy_fromfile": None, "touch": None,
                                "ratio_to_raw": {}}
     try:
         for codec in codecs:
             path = os.path.join(work, f"a-{codec}.zarr")
             make(path, m, n, args.chunk_rows, codec)
             files = chunk_files(path)
+            if args.reread:
+                evict(files)
             raw_read(files, cores, chunk_bytes, codec)  # into the page cache
             readers: dict[str, Callable[[], Any]] = {
                 f"raw_{t}": (lambda t=t: raw_read(files, t, chunk_bytes, codec)) for t in threads}
@@ -331,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             readers["dask"] = lambda: dask_read(path)
             if codec == "none":
                 readers["numpy_fromfile"] = lambda: fromfile_read(files)
+                readers["copy_sum"] = lambda: touch_read(files, cores, chunk_bytes, mapped=False)
+                readers["map_sum"] = lambda: touch_read(files, cores, chunk_bytes, mapped=True)
             rates, plans = best_rates(readers, nbytes, args.repeats)
             raw = {str(t): rates[f"raw_{t}"] for t in threads}
             limit = max(raw.values())
@@ -340,13 +434,15 @@ def main(argv: list[str] | None = None) -> int:
             summary["dask"][codec] = rates["dask"]
             if codec == "none":
                 summary["numpy_fromfile"] = rates["numpy_fromfile"]
+                summary["touch"] = {"threads": cores, "copy_sum": rates["copy_sum"], "map_sum": rates["map_sum"],
+                                    "pmd_mapped": pmd_mapped_share(files[0])}
             for dev in ("cpu", "later", "gpu", "gpu_later", "gemm"):
                 got = {str(f): {"gbps": rates[f"{dev}_{f}"], "plan": plans.get(f"{dev}_{f}")}
                        for f in fractions if f"{dev}_{f}" in rates}
                 summary[f"blocklin_{dev}"][codec] = got
                 for f, r in got.items():
                     summary["ratio_to_raw"][f"{dev} {codec} {f}"] = r["gbps"] / limit
-            _print(codec, raw, rates, fractions, limit, backend)
+            _print(codec, raw, rates, fractions, limit, backend, summary["touch"] if codec == "none" else None)
             shutil.rmtree(path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -354,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, backend: str) -> None:
+def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, backend: str,
+           touch: dict | None = None) -> None:
     print(f"-- {codec} chunks (GB/s, best round)")
     print("raw, threads: " + ", ".join(f"{t}: {r:.2f}" for t, r in raw.items()) + f"  (limit {limit:.2f})")
     for f in fractions:
@@ -367,6 +464,10 @@ def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, ba
                 print(f"blocklin {where}, memory {f} of the operand: {r:.2f}  ({r / limit:.2f}x raw)")
     print(f"zarr: {rates['zarr']:.2f}   dask from_zarr: {rates['dask']:.2f}"
           + (f"   numpy fromfile: {rates['numpy_fromfile']:.2f}" if "numpy_fromfile" in rates else ""))
+    if touch is not None:
+        share = "not reported" if touch["pmd_mapped"] is None else f"{touch['pmd_mapped']:.0%}"
+        print(f"every byte summed, {touch['threads']} threads: copied into a reused buffer {touch['copy_sum']:.2f}, "
+              f"mapped from the page cache {touch['map_sum']:.2f} (a mapped chunk file in 2 MiB pages: {share})")
 
 
 if __name__ == "__main__":

@@ -49,5 +49,20 @@ def test_feed_quick_reports_every_reader(standin, tmp_path, capsys):
                 ratio = summary["ratio_to_raw"][f"{dev} {codec} {frac}"]
                 assert math.isclose(ratio, entry["gbps"] / summary["raw_limit"][codec])
     assert _rate(summary["numpy_fromfile"])
+    touch = summary["touch"]  # every byte summed: copied into a buffer, and mapped where it lies
+    assert touch["threads"] == summary["cores"] and _rate(touch["copy_sum"]) and _rate(touch["map_sum"])
+    assert touch["pmd_mapped"] is None or 0 <= touch["pmd_mapped"] <= 1
+    assert summary["reread"] is False
     assert list(where.iterdir()) == []  # the operand and its work folder are gone
     assert cupy_standin.take_races() == []
+
+
+def test_feed_reread_drops_the_written_files_from_the_page_cache(tmp_path, capsys):
+    """``--reread``: the chunk files are evicted after they are written and read back before any reader."""
+    feed = _load()
+    where = tmp_path / "feed"
+    where.mkdir()
+    assert feed.main(["--quick", "--dir", str(where), "--codecs", "none", "--no-gpu", "--reread"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["reread"] is True and _rate(summary["touch"]["map_sum"]) and _rate(summary["raw_limit"]["none"])
+    assert list(where.iterdir()) == []
