@@ -495,6 +495,7 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
     # inputs whose strips are mapped from the page cache, not copied into the slots (mapped_inputs)
     maps = [bool(spec.mapped and spec.mapped[j]) and device.host_resident and d is not None and band is None
             and d.maps(cs) for j, (d, band, cs) in enumerate(zip(direct, bands, col_slices))]
+    regions: dict = {}  # per slot and mapped input: the address range its strips are mapped into in turn
 
     def load(i: int, bufs: tuple[np.ndarray, ...], skip: tuple[bool, ...] | None = None) -> tuple:
         r0, r1 = strips[i]
@@ -512,7 +513,7 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
                 stored = band.rows(rs.start, rs.stop, dest)
             elif t:  # column strip of the stored array, handed out as a transposed view
                 stored = read_block(arr, cs, rs, out=dest)
-            elif maps[j] and (view := _read_mapped(arr, direct[j], rs, cs)) is not None:
+            elif maps[j] and (view := _read_mapped(arr, direct[j], rs, cs, regions, (id(buf), j))) is not None:
                 stored = view
             elif want[j] and pieces[j]:
                 stored, piece_peaks = _read_with_peaks(arr, rs, cs, dest, direct[j])
@@ -602,11 +603,18 @@ def _read_direct(arr: Any, raw: Any, rows: slice, cols: slice, out: np.ndarray) 
         return raw.read(rows, cols, out)
 
 
-def _read_mapped(arr: Any, raw: Any, rows: slice, cols: slice) -> np.ndarray | None:
-    """``arr[rows, cols]`` mapped from the page cache by the task's chunk reader ``raw`` (None where a
-    chunk is missing), failures named as :func:`~blocklin.storage.zarr_store.read_block` names them."""
+def _read_mapped(arr: Any, raw: Any, rows: slice, cols: slice, regions: dict, key: tuple) -> np.ndarray | None:
+    """``arr[rows, cols]`` mapped from the page cache by the task's chunk reader ``raw`` into the region
+    ``regions[key]`` (made on first use, or where a strip needs more room; None where a chunk is
+    missing), failures named as :func:`~blocklin.storage.zarr_store.read_block` names them."""
+    from blocklin.storage.mapped import StripRegion
+
     with reading(arr, rows, cols):
-        return raw.mapped(rows)
+        need = raw.map_bytes(rows.stop - rows.start)
+        region = regions.get(key)
+        if region is None or region.capacity < need:
+            region = regions[key] = StripRegion(need)
+        return raw.mapped(rows, region)
 
 
 def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray,

@@ -75,60 +75,75 @@ def _mmap(addr: int | None, length: int, prot: int, flags: int, fd: int, offset:
     return int(got)
 
 
-class MappedStrip:
-    """An address range holding file ranges side by side; unmapped when the last array over it goes.
+class StripRegion:
+    """An address range reserved for the strips mapped into it in turn (a task's slot holds one strip
+    at a time), unmapped when the region and the last array over it go.
 
-    ``numpy.asarray(strip)`` is the read-only ``shape`` array of ``dtype`` that starts ``skip`` bytes
-    into the range (the array keeps this object, and so the mapping, alive)."""
+    Each strip's file ranges are mapped over the previous strip's (``MAP_FIXED`` replaces a mapping in
+    one call). A strip mapped into a fresh range and unmapped after took three calls that each hold
+    the process's mapping lock, against the other threads' mappings and faults, and the unmap's TLB
+    shootdown fell on the kernel's thread. As with a slot, an array of an earlier strip then shows
+    the later one: a kernel keeps no strip past its call.
+    """
 
-    def __init__(self, base: int, length: int, skip: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        self._base, self._length = base, length
-        self.__array_interface__ = {"data": (base + skip, True), "shape": tuple(shape),
-                                    "typestr": np.dtype(dtype).str, "version": 3}
+    def __init__(self, capacity: int) -> None:
+        self.capacity = -(-int(capacity) // PAGE) * PAGE
+        self._length = self.capacity + LARGE_PAGE  # room to place a strip on a 2 MiB boundary
+        self._base = _mmap(None, self._length, _PROT_NONE, mmap.MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE,
+                           -1, 0)
 
     def __del__(self) -> None:
-        if self._length and _LIBC is not None:
+        if getattr(self, "_length", 0) and _LIBC is not None:
             _LIBC.munmap(self._base, self._length)
             self._length = 0
+
+    def map(self, ranges: Sequence[tuple[str, int, int]], skip: int, shape: tuple[int, ...], dtype: Any,
+            short: Callable[[str, int], Exception]) -> np.ndarray | None:
+        """The read-only array of ``shape`` that starts ``skip`` bytes into the file ranges ``(path,
+        offset, length)`` laid side by side here (each offset and every length but the last a whole
+        number of pages, their pages within :attr:`capacity`).
+
+        None where a file is missing (the caller fills the fill value); ``short(path, size)`` is raised
+        for a file that ends before its range does (a mapped page past the end of a file is a
+        ``SIGBUS``). The ranges start where the first one's file offset is aligned as in the file,
+        modulo :data:`LARGE_PAGE`, so that pages the kernel holds as 2 MiB ones can be mapped as such.
+        """
+        spans = [-(-length // PAGE) * PAGE for _, _, length in ranges]
+        if sum(spans) > self.capacity:
+            raise ValueError(f"a strip of {sum(spans)} bytes in a region of {self.capacity}")
+        lead = ranges[0][1] % LARGE_PAGE if ranges else 0
+        base = self._base + (lead - self._base) % LARGE_PAGE
+        at = base
+        for (path, offset, length), span in zip(ranges, spans):
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            try:
+                size = os.fstat(fd).st_size
+                if size < offset + length:
+                    raise short(path, size)
+                _mmap(at, span, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED | _MAP_POPULATE, fd, offset)
+            finally:
+                os.close(fd)
+            at += span
+        return np.asarray(_View(self, base + skip, shape, dtype))
+
+
+class _View:
+    """What a mapped strip's array is made from: its address and shape, and its region (kept alive)."""
+
+    def __init__(self, region: StripRegion, data: int, shape: tuple[int, ...], dtype: Any) -> None:
+        self.region = region
+        self.__array_interface__ = {"data": (data, True), "shape": tuple(shape),
+                                    "typestr": np.dtype(dtype).str, "version": 3}
 
 
 def map_ranges(ranges: Sequence[tuple[str, int, int]], skip: int, shape: tuple[int, ...], dtype: Any,
                short: Callable[[str, int], Exception]) -> np.ndarray | None:
-    """The read-only array of ``shape`` that starts ``skip`` bytes into the file ranges ``(path, offset,
-    length)`` laid side by side (each offset and every length but the last a whole number of pages).
-
-    None where a file is missing (the caller fills the fill value); ``short(path, size)`` is raised
-    for a file that ends before its range does (a mapped page past the end of a file is a ``SIGBUS``).
-    Each range sits where its file offset is aligned as in the file, modulo :data:`LARGE_PAGE` where
-    the ranges before it allow, so that pages the kernel holds as 2 MiB ones can be mapped as such.
-    """
-    total = sum(-(-length // PAGE) * PAGE for _, _, length in ranges)
-    lead = ranges[0][1] % LARGE_PAGE if ranges else 0
-    reserved = total + LARGE_PAGE
-    raw = _mmap(None, reserved, _PROT_NONE, mmap.MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
-    base = raw + ((lead - raw) % LARGE_PAGE)  # base = lead (mod LARGE_PAGE)
-    # the reserve around the used range goes back now; the used range is unmapped by MappedStrip
-    if base > raw:
-        _LIBC.munmap(raw, base - raw)
-    if raw + reserved > base + total:
-        _LIBC.munmap(base + total, raw + reserved - base - total)
-    strip = MappedStrip(base, total, skip, shape, dtype)
-    at = base
-    for path, offset, length in ranges:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return None  # strip's mapping goes with it
-        try:
-            size = os.fstat(fd).st_size
-            if size < offset + length:
-                raise short(path, size)
-            span = -(-length // PAGE) * PAGE
-            _mmap(at, span, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED | _MAP_POPULATE, fd, offset)
-        finally:
-            os.close(fd)
-        at += span
-    return np.asarray(strip)
+    """:meth:`StripRegion.map` into a region of its own (unmapped when the array goes)."""
+    return StripRegion(sum(-(-length // PAGE) * PAGE for _, _, length in ranges)).map(ranges, skip, shape, dtype,
+                                                                                     short)
 
 
 _probe_lock = threading.Lock()

@@ -297,13 +297,21 @@ class RawChunks:
                 and (cols.start or 0) == 0 and (cols.stop is None or cols.stop == self.shape[1])
                 and self.chunks[0] * self.chunks[1] * self.dtype.itemsize % mapped.PAGE == 0)
 
+    def map_bytes(self, rows: int) -> int:
+        """The room :meth:`mapped` needs for a strip of ``rows`` rows (its first chunk's range starts on
+        the page of its first row, its last ends on a page)."""
+        from blocklin.storage import mapped
+
+        return rows * self.chunks[1] * self.dtype.itemsize + 2 * mapped.PAGE
+
     def first_chunk(self) -> str:
         """The path of the array's first chunk file (what :func:`blocklin.storage.mapped.large_pages` probes)."""
         return self._path(0, 0)
 
-    def mapped(self, rows: slice) -> np.ndarray | None:
+    def mapped(self, rows: slice, region: Any = None) -> np.ndarray | None:
         """``array[rows, :]`` as a read-only array over the chunk files' pages in the page cache (no copy;
-        :mod:`blocklin.storage.mapped`), for an array :meth:`maps` accepts; None where a chunk of the
+        :mod:`blocklin.storage.mapped`), in ``region`` (a :class:`~blocklin.storage.mapped.StripRegion`
+        of at least :meth:`map_bytes`; default: one of its own), for an array :meth:`maps` accepts; None where a chunk of the
         rows is missing (its rows are the fill value), where the first row does not start on a cache
         line, or where no mapping can be made: read those with :meth:`read`. A short chunk is refused
         as :meth:`read` refuses it."""
@@ -323,8 +331,8 @@ class RawChunks:
             ranges.append((self._path(ci, 0), start, b * row - start))
         skip = r0 % ch * row - ranges[0][1]
         try:
-            got = mapped.map_ranges(ranges, skip, (r1 - r0, self.chunks[1]), self.dtype,
-                                    lambda path, size: self._short(path, size))
+            into = region.map if region is not None else mapped.map_ranges
+            got = into(ranges, skip, (r1 - r0, self.chunks[1]), self.dtype, lambda path, size: self._short(path, size))
         except StoreReadError:
             raise
         except OSError:  # no room to map (address space, map count): read it instead

@@ -105,6 +105,29 @@ def test_a_mapping_goes_with_its_last_view(stored):
     assert first not in _mapped_files()
 
 
+def test_strips_mapped_in_turn_into_one_region(stored):
+    """A region holds one strip at a time, as a slot does: the next strip is mapped over it, and an
+    array of the earlier one then shows the later one; the region's range goes with it and its last
+    array."""
+    x, a = stored
+    raw = _raw(a)
+    region = mapping.StripRegion(raw.map_bytes(256))
+    first = raw.mapped(slice(0, 256), region)
+    np.testing.assert_array_equal(first, x[:256])
+    second = raw.mapped(slice(512, 700), region)  # shorter, from another chunk
+    np.testing.assert_array_equal(second, x[512:700])
+    np.testing.assert_array_equal(first[:188], x[512:700])  # the slot's semantics
+    with pytest.raises(ValueError, match="region"):
+        raw.mapped(slice(0, 512), region)  # more than its room
+    chunk = os.path.join(str(a.path), "c", "4", "0")
+    del region, first
+    gc.collect()
+    assert chunk in _mapped_files()  # the second strip's array keeps the region
+    del second
+    gc.collect()
+    assert chunk not in _mapped_files()
+
+
 def test_the_large_page_probe(tmp_path, monkeypatch):
     big = tmp_path / "big.bin"
     np.random.default_rng(0).standard_normal(2**19).tofile(big)  # 4 MiB
@@ -170,13 +193,16 @@ def test_a_later_pass_that_maps_its_input_gives_the_bits_of_one_that_copies_it(s
     maps = []
     real = rawchunks.RawChunks.mapped
     if scheduler != "processes":  # counted in this process
-        monkeypatch.setattr(rawchunks.RawChunks, "mapped", lambda self, rows: (maps.append(rows), real(self, rows))[1])
+        monkeypatch.setattr(rawchunks.RawChunks, "mapped",
+                            lambda self, rows, region=None: (maps.append(region), real(self, rows, region))[1])
     first, later, plan, decided = _passes(a.path, scheduler)
     assert decided == {str(a.path): True} and len(calls) == 1  # probed once, for the later pass
     assert plan.strip % 2 == 0 and len(plan.groups) >= 4
     if scheduler != "processes":
         strips = sum(len(plan.strips(g)) for g in range(len(plan.groups)))
         assert len(maps) == strips  # the later pass's strips, all mapped; the first pass copied its own
+        # into one region per task and slot, in turn (the stream's two slots)
+        assert len({id(r) for r in maps}) <= 2 * len(passes.group_runs(plan, scheduler)) < strips
     copied_first, copied_later, _, _ = _passes(a.path, scheduler, kernel=_copied_strips)  # seen by the tasks
     assert sum(copied_first) == sum(len(plan.strips(g)) for g in range(len(plan.groups))) and sum(copied_later) == 0
     monkeypatch.setattr(mapping, "large_pages", lambda path: False)
