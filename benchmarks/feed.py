@@ -182,15 +182,7 @@ def pmd_mapped_share(path: str) -> float | None:
     growth of ``FilePmdMapped`` in ``/proc/self/smaps_rollup``); None where that is not reported."""
     import mmap
 
-    def pmd_kib() -> int | None:
-        try:
-            with open("/proc/self/smaps_rollup") as f:
-                for line in f:
-                    if line.startswith("FilePmdMapped:"):
-                        return int(line.split()[1])
-        except OSError:
-            pass
-        return None
+    from blocklin.storage.mapped import pmd_mapped_kib as pmd_kib
 
     before = pmd_kib()
     if before is None:

@@ -149,7 +149,9 @@ def map_ranges(ranges: Sequence[tuple[str, int, int]], skip: int, shape: tuple[i
 _probe_lock = threading.Lock()
 
 
-def _pmd_mapped_kib() -> int | None:
+def pmd_mapped_kib() -> int | None:
+    """The file pages this process maps 2 MiB at a time, in KiB (``FilePmdMapped`` of
+    ``/proc/self/smaps_rollup``); None where that is not reported."""
     try:
         with open("/proc/self/smaps_rollup") as f:
             for line in f:
@@ -176,7 +178,7 @@ def large_pages(path: str) -> bool:
         if os.fstat(fd).st_size < LARGE_PAGE:
             return False
         with _probe_lock:
-            before = _pmd_mapped_kib()
+            before = pmd_mapped_kib()
             if before is None:
                 return False
             reserved = 2 * LARGE_PAGE
@@ -184,7 +186,7 @@ def large_pages(path: str) -> bool:
             try:
                 at = raw + (-raw % LARGE_PAGE)
                 _mmap(at, LARGE_PAGE, mmap.PROT_READ, mmap.MAP_SHARED | _MAP_FIXED | _MAP_POPULATE, fd, 0)
-                during = _pmd_mapped_kib()
+                during = pmd_mapped_kib()
             finally:
                 _LIBC.munmap(raw, reserved)
     except OSError:

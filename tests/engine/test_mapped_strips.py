@@ -136,11 +136,11 @@ def test_the_large_page_probe(tmp_path, monkeypatch):
     assert mapping.large_pages(str(big)) in (True, False)  # the kernel's choice for a file just written
     assert not mapping.large_pages(str(tmp_path / "missing.bin")) and not mapping.large_pages(str(small))
     seen = iter([0, 2048])  # FilePmdMapped before and during the probe's mapping, in KiB
-    monkeypatch.setattr(mapping, "_pmd_mapped_kib", lambda: next(seen))
+    monkeypatch.setattr(mapping, "pmd_mapped_kib", lambda: next(seen))
     assert mapping.large_pages(str(big))
     seen = iter([512, 512])
     assert not mapping.large_pages(str(big))
-    monkeypatch.setattr(mapping, "_pmd_mapped_kib", lambda: None)  # not reported
+    monkeypatch.setattr(mapping, "pmd_mapped_kib", lambda: None)  # not reported
     assert not mapping.large_pages(str(big))
     assert str(big) not in _mapped_files()
 
