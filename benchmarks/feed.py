@@ -389,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="blocklin-feed-", dir=args.dir)
     summary: dict[str, Any] = {"shape": [m, n], "chunks": [args.chunk_rows, n], "operand_bytes": nbytes,
                                "cores": cores, "cpu": cpu_model(), "load_average": list(os.getloadavg()), "repeats": args.repeats,
-                               "gpu_backend": backend, "reread": args.reread, "raw": {}, "raw_limit": {}, "blocklin_cpu": {},
+                               "gpu_backend": backend, "reread": args.reread, "raw": {}, "raw_limit": {},
+                               "blocklin_cpu": {},
                                "blocklin_later": {}, "blocklin_gpu": {}, "blocklin_gpu_later": {}, "blocklin_gemm": {},
                                "zarr": {}, "dask": {}, "numpy_fromfile": None, "touch": None,
                                "ratio_to_raw": {}}

@@ -118,6 +118,9 @@ class StripRegion:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError:
+                if at > base:  # the files mapped so far go: the caller reads the strip into its slot
+                    _mmap(base, at - base, _PROT_NONE, mmap.MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE | _MAP_FIXED,
+                          -1, 0)
                 return None
             try:
                 size = os.fstat(fd).st_size

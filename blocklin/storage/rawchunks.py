@@ -309,11 +309,12 @@ class RawChunks:
         return self._path(0, 0)
 
     def mapped(self, rows: slice, region: Any = None) -> np.ndarray | None:
-        """``array[rows, :]`` as a read-only array over the chunk files' pages in the page cache (no copy;
-        :mod:`blocklin.storage.mapped`), in ``region`` (a :class:`~blocklin.storage.mapped.StripRegion`
-        of at least :meth:`map_bytes`; default: one of its own), for an array :meth:`maps` accepts; None where a chunk of the
-        rows is missing (its rows are the fill value), where the first row does not start on a cache
-        line, or where no mapping can be made: read those with :meth:`read`. A short chunk is refused
+        """``array[rows, :]`` as a read-only array over the chunk files' pages in the page cache (no
+        copy; :mod:`blocklin.storage.mapped`), in ``region`` (a
+        :class:`~blocklin.storage.mapped.StripRegion` of at least :meth:`map_bytes`; default: one of
+        its own), for an array :meth:`maps` accepts; None where a chunk of the rows is missing (its
+        rows are the fill value), where the first row does not start on a cache line, or where no
+        mapping can be made: read those with :meth:`read`. A short chunk is refused
         as :meth:`read` refuses it."""
         from blocklin.storage import mapped
 

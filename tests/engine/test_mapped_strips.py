@@ -81,6 +81,10 @@ def test_missing_chunk_is_read_and_short_chunk_is_named(stored):
     raw = _raw(a)
     os.remove(os.path.join(str(a.path), "c", "2", "0"))
     assert raw.mapped(slice(200, 300)) is None  # its rows are the fill value: read, not mapped
+    region = mapping.StripRegion(raw.map_bytes(256))
+    assert raw.mapped(slice(128, 300), region) is None  # chunk 1 mapped, then chunk 2 missing
+    gc.collect()
+    assert os.path.join(str(a.path), "c", "1", "0") not in _mapped_files()  # chunk 1's pages went too
     np.testing.assert_array_equal(raw.mapped(slice(0, 256)), x[:256])
     short = os.path.join(str(a.path), "c", "3", "0")
     with open(short, "r+b") as f:
