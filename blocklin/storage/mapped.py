@@ -17,7 +17,8 @@ one reserved address range (``MAP_FIXED``), which needs chunks of a whole number
 mappings are populated by the loader thread that asks for them (``MAP_POPULATE``), so a cold read
 waits there, not in the kernel. A mapped strip is read-only: a kernel that wrote into its input
 strip would fail loudly. A chunk file truncated by another process while it is mapped ends the
-process (``SIGBUS``); blocklin itself replaces chunk files by renaming, which leaves a mapping intact.
+process (``SIGBUS``); blocklin, like zarr's ``LocalStore``, replaces chunk files by renaming, which
+leaves a mapping intact.
 
 Linux with glibc only (:data:`AVAILABLE`); elsewhere nothing is mapped.
 """
