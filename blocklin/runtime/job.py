@@ -484,6 +484,8 @@ class Job:
             self._streams["device_compute"] += r["compute_seconds"] / max(1, share)
         # a task that does not count its reads (none of blocklin's) is taken at its logical bytes
         self.stats["bytes_physical"] += r.get("bytes_physical", r.get("bytes_read", 0))
+        if r.get("bytes_mapped"):  # CPU row passes: strips mapped from the page cache, not copied
+            self.stats["bytes_mapped"] = self.stats.get("bytes_mapped", 0) + r["bytes_mapped"]
         if "bytes_device_cache" in r:  # GPU tasks: blocks served from the device cache, and what it kept
             self.stats["bytes_device_cache"] = self.stats.get("bytes_device_cache", 0) + r["bytes_device_cache"]
             self.stats["device_resident"] = max(self.stats.get("device_resident", 0), r.get("device_resident", 0))
@@ -512,6 +514,9 @@ class Job:
         GPU jobs whose tasks streamed blocks also report ``bytes_device_cache``, the bytes of stored
         blocks served from the device operand cache instead of storage (:mod:`blocklin.device.resident`),
         and ``device_resident``, the most bytes of blocks the device cache held while the job kept some.
+        CPU jobs whose row passes mapped strips from the page cache instead of copying them
+        (:func:`blocklin.runtime.passes.mapped_inputs`) report ``bytes_mapped``, those strips' bytes
+        (part of ``bytes_read``).
 
         What bounded the run, from the tasks that streamed their data through a
         :class:`~blocklin.device.stream.TileStream` (GEMM tiles, row passes; other tasks report no

@@ -496,6 +496,7 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
     maps = [bool(spec.mapped and spec.mapped[j]) and device.host_resident and d is not None and band is None
             and d.maps(cs) for j, (d, band, cs) in enumerate(zip(direct, bands, col_slices))]
     regions: dict = {}  # per slot and mapped input: the address range its strips are mapped into in turn
+    nmapped = [0]
 
     def load(i: int, bufs: tuple[np.ndarray, ...], skip: tuple[bool, ...] | None = None) -> tuple:
         r0, r1 = strips[i]
@@ -515,6 +516,7 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
                 stored = read_block(arr, cs, rs, out=dest)
             elif maps[j] and (view := _read_mapped(arr, direct[j], rs, cs, regions, (id(buf), j))) is not None:
                 stored = view
+                nmapped[0] += view.nbytes
             elif want[j] and pieces[j]:
                 stored, piece_peaks = _read_with_peaks(arr, rs, cs, dest, direct[j])
             elif _direct_into(decoded[j], arr, dest):
@@ -546,7 +548,8 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
     kept = _kept_strips(spec, device, strips, want)
     with device.reserve(spec.plan.peak_memory // max(1, spec.plan.workers)):
         states, written, told, stream = _stream_strips(spec, device, strips, load, shapes, arrays, outs, kept)
-    result = {"states": states, "peaks": peaks, "bytes_read": nbytes[0], "bytes_written": written,
+    result = {"states": states, "peaks": peaks, "bytes_read": nbytes[0], "bytes_mapped": nmapped[0],
+              "bytes_written": written,
               "seconds": time.perf_counter() - t0,
               "load_seconds": stream.load_seconds, "wait_seconds": stream.wait_seconds,
               "compute_seconds": stream.compute_seconds, "progress_units": told}

@@ -288,3 +288,22 @@ def test_a_pass_over_mapped_strips_peaks_within_its_budget(tmp_path):
     used = r["peak"] - r["baseline"]
     assert r["mapped"] and r["plan_peak"] <= budget and r["strips"] < 32768 // 8
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 8 MiB"
+
+
+@pytest.mark.slow
+def test_an_svd_on_a_cluster_maps_with_the_bits_of_copied_strips(stored, monkeypatch, client):
+    """The client decides (``RowPassSpec.mapped``), the workers map: the Lanczos passes of an svd on a
+    two-process cluster, mapped and copied, give the same bits."""
+    x, a = stored
+    got = {}
+    for mapped in (True, False):
+        monkeypatch.setattr(mapping, "large_pages", lambda path, mapped=mapped: mapped)
+        u, s, vt = r = bl.svd(a.path, 3, method="lanczos", memory="256KiB", scheduler=client, seed=0)
+        got[mapped] = (s, u.to_numpy(), vt)
+        assert r.report["passes_total"] > 4
+        # the later passes' strips, mapped by the workers (the first pass reads a's strips for its peaks)
+        assert (r.report.get("bytes_mapped", 0) >= 3 * x.nbytes) if mapped else "bytes_mapped" not in r.report
+    for m, c in zip(got[True], got[False]):
+        np.testing.assert_array_equal(m, c)
+    # and the data's: within Lanczos's tolerance of the leading singular values
+    np.testing.assert_allclose(got[True][0], np.linalg.svd(x, compute_uv=False)[:3], rtol=1e-8)
