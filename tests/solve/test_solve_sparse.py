@@ -114,6 +114,18 @@ def test_against_the_dense_closed_form(tmp_path, rng, shape, lam):
         assert np.linalg.norm(ref) <= np.linalg.norm(got.to_numpy()) * (1 + 1e-8)
 
 
+@pytest.mark.parametrize("scale", [1e-100, 1e100])
+def test_data_near_underflow_or_overflow_is_solved_as_at_scale_one(tmp_path, rng, scale):
+    """``S``, ``b`` and ``lam`` scaled alike leave ``x`` unchanged, and LSQR's stopping tests are ratios
+    of the data's own norms: near 1e-100 the test ``||S^T r|| <= tol ||S|| ||r||`` once compared with
+    ``eps`` absolutely, and every column stopped after one iteration, 78% off, reported converged."""
+    x = _matrix(400, 50, 2)
+    b = rng.standard_normal((400, 2))
+    got = bl.solve(_stored(x * scale, tmp_path / "S.zarr"), b * scale, lam=0.7 * scale)
+    assert got.report["converged"] and got.report["iterations"] > 1
+    _check(got.to_numpy(), x.toarray(), b, 0.7)
+
+
 def test_a_lam_sequence_is_every_separate_solve(tmp_path, rng):
     x = _matrix(150, 20, 2)
     s = _stored(x, tmp_path / "S.zarr")
