@@ -40,12 +40,14 @@ EXTEND_DECADES = 4
 MAX_EXTENSIONS = 2
 
 
-def base_grid(s: np.ndarray, points: int = GRID) -> np.ndarray:
-    """Log-spaced lambdas from a tenth of the smallest resolvable singular value to the largest."""
+def base_grid(s: np.ndarray, points: int = GRID, floor: float = 0.0) -> np.ndarray:
+    """Log-spaced lambdas from a tenth of the smallest resolvable singular value to the largest, none
+    below ``floor`` (:attr:`~blocklin.linalg.solve.spectrum.Spectrum.floor`: the resolution of a
+    spectrum from the Gram matrix)."""
     smax = float(s.max()) if s.size else 1.0
     smin = float(s[s > 0].min()) if np.any(s > 0) else smax
-    lo = max(smin, smax * 1e-8 * 1e-4) / 10
-    return np.logspace(math.log10(max(lo, 1e-300)), math.log10(max(smax, 1e-300)), points)
+    lo = max(max(smin, smax * 1e-8 * 1e-4) / 10, floor)
+    return np.logspace(math.log10(max(lo, 1e-300)), math.log10(max(smax, lo, 1e-300)), points)
 
 
 def _extend(lams: np.ndarray, side: str) -> np.ndarray:
@@ -107,17 +109,22 @@ def choose_lambda(spec: Any, rule: str, *, points: int = GRID, quiet: bool = Fal
     minimum or corner stayed at an end after :data:`MAX_EXTENSIONS` extensions, with a warning unless
     ``quiet``: :func:`warn_at_end` gives it later).
     """
-    lams = base_grid(spec.s, points)
+    floor = float(getattr(spec, "floor", 0.0))
+    lams = base_grid(spec.s, points, floor)
     extended = {"low": 0, "high": 0}
     while True:
         i, curve = _index(spec, rule, lams)
         end = _at_end(i, len(lams), rule)
-        if end is None or extended[end] >= MAX_EXTENSIONS or (end == "low" and lams[0] < 1e-290):
+        if end is None or extended[end] >= MAX_EXTENSIONS or (end == "low" and lams[0] <= max(floor, 1e-290)):
             break
         extended[end] += 1
         lams = _extend(lams, end)
+        if floor:  # not below the spectrum's resolution
+            lams = np.unique(np.concatenate([[floor], lams[lams > floor]])) if lams[0] < floor else lams
     best = _refine_gcv(spec, lams, i, curve["gcv"][i]) if rule == "gcv" else float(lams[i])
     curve.update(chosen=best, at_grid_end=end, extended_decades={k: v * EXTEND_DECADES for k, v in extended.items()})
+    if floor:
+        curve["floor"] = floor
     if not quiet:
         warn_at_end(curve, rule)
     return best, curve
@@ -130,9 +137,12 @@ def warn_at_end(curve: dict, rule: str) -> None:
         return
     what = "GCV minimum" if rule == "gcv" else "L-curve corner"
     lams = curve["lam"]
+    floor = curve.get("floor", 0.0)
+    why = (f"; below {floor:.3g} the eigen-decomposition of A^T A cannot tell lambdas apart (rounding), "
+           "method='qr' can" if end == "low" and floor and lams[0] <= floor * (1 + 1e-9) else "")
     warn(f"solve: the {what} sits at the {end} end of lambda in [{lams[0]:.3g}, {lams[-1]:.3g}] even after "
          f"extending it by {curve['extended_decades'][end]} decades; lambda = {curve['chosen']:.3g} is a bound, "
-         f"not a {'minimum' if rule == 'gcv' else 'corner'} (pass a lambda or a sequence to compare)")
+         f"not a {'minimum' if rule == 'gcv' else 'corner'} (pass a lambda or a sequence to compare){why}")
 
 
 def rcond_at(s: np.ndarray, lam: float) -> float:

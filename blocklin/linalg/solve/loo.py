@@ -46,10 +46,13 @@ from blocklin.runtime.passes import run_pass
 PER_DECADE = 20
 
 
-def default_grid(s: np.ndarray) -> np.ndarray:
-    """The GCV grid's span widened by ``EXTEND_DECADES`` on each side, ``PER_DECADE`` points a decade."""
-    base = base_grid(s)
+def default_grid(s: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """The GCV grid's span widened by ``EXTEND_DECADES`` on each side, ``PER_DECADE`` points a decade,
+    none below ``floor`` (a Gram spectrum's resolution, :attr:`~blocklin.linalg.solve.spectrum.Spectrum.floor`)."""
+    base = base_grid(s, floor=floor)
     lo, hi = math.log10(base[0]) - EXTEND_DECADES, math.log10(base[-1]) + EXTEND_DECADES
+    if floor:
+        lo = max(lo, math.log10(floor))
     return np.logspace(lo, hi, int(math.ceil((hi - lo) * PER_DECADE)) + 1)
 
 
@@ -65,7 +68,7 @@ def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     if ctx.loo_choice is not None and ctx.loo_choice[0] is spec:
         return ctx.loo_choice[1], ctx.loo_choice[2]
     given = bool(ctx.lams)
-    grid = np.asarray(ctx.lams, dtype=np.float64) if given else default_grid(spec.s)
+    grid = np.asarray(ctx.lams, dtype=np.float64) if given else default_grid(spec.s, getattr(spec, "floor", 0.0))
     res = _dual(ctx, spec, grid) if spec.dual else _pass(ctx, spec, grid)
     sq, rows = res["sq"], res.get("rows")
     k = sq.shape[1]
@@ -170,8 +173,14 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
 
     k, n_lam = spec.beta.shape[1], len(grid)
     s2 = spec.s**2
-    finv = 1.0 / (s2[:, None] + grid[None, :] ** 2)
-    coef = (spec.s[:, None, None] * finv[:, :, None] * spec.beta[:, None, :]).reshape(spec.s.size, n_lam * k)
+    with np.errstate(divide="ignore"):
+        finv = np.where(s2[:, None] + grid[None, :] ** 2 > 0, 1.0 / (s2[:, None] + grid[None, :] ** 2), 0.0)
+    # V^T x per lambda: from vc = V^T A^T b where the spectrum keeps it (what its solutions take)
+    every = grid**2 > spec.ev_noise if spec.vc is not None else None
+    coef = spec.s[:, None, None] * finv[:, :, None] * spec.beta[:, None, :]
+    if every is not None and every.any():
+        coef[:, every, :] = finv[:, every, None] * spec.vc[:, None, :]
+    coef = coef.reshape(spec.s.size, n_lam * k)
     stats, errors = ctx.scoring is not None, callable(ctx.scoring)
     params = {"v": np.ascontiguousarray(spec.basis), "finv": finv, "coef": coef, "lams": grid,
               "mu": ctx.mu if ctx.intercept else None, "bbar": ctx.bbar if ctx.intercept else None,
