@@ -1197,3 +1197,20 @@ def test_lam_with_a_string_refused():
     for lam in ([1.0, "2"], ("loo", ["1"]), ("loo", np.array(["1", "2"]))):
         with pytest.raises(BlocklinError, match=r"lam: .*must (hold |be )numbers \(a string is not read as one\).*Fix"):
             bl.solve(X, y, lam=lam)
+
+
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_cv_fold_with_a_constant_target_scores_as_scikit_learn_does(fit_intercept):
+    """``cv=`` with the default ``r2``: a held-out fold whose target is constant scores 0 (scikit-learn's
+    ``force_finite``), not the rounding residue of its sums (about -7e15, which moved the choice to the
+    other end of the grid); alpha_ and best_score_ are RidgeCV's."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((30, 4))
+    y = X @ rng.standard_normal(4) + 0.3 * rng.standard_normal(30)
+    y[10:20] = 0.1  # the second of three folds
+    alphas = np.array([0.01, 0.1, 1.0, 10.0, 100.0]) ** 2
+    x = bl.solve(X, y, lam=("loo", np.sqrt(alphas)), cv=3, fit_intercept=fit_intercept)
+    ref = RidgeCV(alphas=alphas, cv=3, fit_intercept=fit_intercept).fit(X, y)
+    assert x.report["alpha_"] == pytest.approx(ref.alpha_, rel=1e-12)
+    assert x.report["best_score_"] == pytest.approx(ref.best_score_, rel=1e-9)
+    assert x.report["curve"]["fold_scores"][x.report["curve"]["chosen_index"]][1] == 0.0

@@ -232,9 +232,10 @@ def tall_stats(ctx: Any, sums: dict, grid: np.ndarray) -> list[scorers.Stats]:
         xc = xs.conj() if cplx else xs
         sse = bbc[None, :] - 2 * np.einsum("lnk,nk->lk", xc, cc).real + np.einsum("lnk,nm,lmk->lk", xc, gc, xs).real
         se = sbc[None, :] - np.einsum("n,lnk->lk", sac, xs)  # sum r_i, complex of complex data
-        sst = np.maximum(bbc - (sbc * sbc.conj()).real / nf, 0.0)  # about the fold's own mean
+        rows = float(sums["cnt"][f])  # about the fold's own mean, from sums as large as these:
+        sst = scorers.centered_squares(bbc, sbc, nf, rows, np.abs(bb) + nf * np.abs(bbar) ** 2)
         out.append(scorers.Stats(n=nf, se=se, sse=np.maximum(sse, 0.0), sae=None,
-                                 sst=np.broadcast_to(sst, se.shape).copy(), rows=float(sums["cnt"][f])))
+                                 sst=np.broadcast_to(sst, se.shape).copy(), rows=rows))
     return out
 
 

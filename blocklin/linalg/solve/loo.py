@@ -207,13 +207,13 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     rec = ctx.saved.run(f"loo-{tokenize(grid, spec.s, spec.beta, ctx.store_cv, stats, errors)[:16]}", run)
     res = {"sq": np.asarray(rec["sq"]), "rows": rec.get("rows")}
     if stats:
-        from blocklin.linalg.solve.scoring import Stats
+        from blocklin.linalg.solve.scoring import Stats, centered_squares
 
         total = ctx.total_weight
-        sb = np.asarray(rec["sb"])  # sum |y - ybar|^2 from sums about a shift (complex sums: |sb|^2)
-        sst = np.asarray(rec["bb"]) - (sb * sb.conj()).real / total
+        bb = np.asarray(rec["bb"])  # sum |y - ybar|^2 from sums about a shift
+        sst = centered_squares(bb, np.asarray(rec["sb"]), total, ctx.m, bb)
         res["stats"] = Stats(n=total, se=np.asarray(rec["se"]), sse=np.asarray(rec["sse"]), sae=np.asarray(rec["sae"]),
-                             sst=np.broadcast_to(np.maximum(sst, 0.0), (n_lam, k)).copy())
+                             sst=np.broadcast_to(sst, (n_lam, k)).copy())
     if errors:
         res["errors"] = np.asarray(rec["errors"]).reshape(ctx.m, n_lam, k)
     return res

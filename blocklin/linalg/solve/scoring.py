@@ -92,6 +92,16 @@ def _abs2(v: np.ndarray) -> np.ndarray:
     return (v * v.conj()).real if np.iscomplexobj(v) else v * v
 
 
+def centered_squares(bb: np.ndarray, sb: np.ndarray, n: float, rows: float, size: np.ndarray) -> np.ndarray:
+    """``sum w |y - ybar|^2 = bb - |sb|^2 / n`` from sums (``n`` their weight, ``rows`` their rows),
+    zero where it is at the rounding level of the sums it came from (``size``: the largest of them):
+    a constant target's. scikit-learn's ``force_finite`` rule then scores it (``r2`` 0 or 1), not the
+    residue: a held-out fold with a constant target scored about ``-7e15``, and the choice of lambda
+    went to the other end of the grid."""
+    sst = np.maximum(bb - _abs2(sb) / n, 0.0)
+    return np.where(sst <= 4 * (rows + 2) * np.finfo(np.float64).eps * np.abs(size), 0.0, sst)
+
+
 def from_errors(err: np.ndarray, b: np.ndarray, w: np.ndarray | None = None) -> Stats:
     """The sums of one held-out set from its errors ``err`` (``rows x L x k``) and targets ``b`` (``rows x k``),
     weighted by ``w`` (the scorer's ``sample_weight``; None: every row 1); complex errors and targets sum
