@@ -210,7 +210,7 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
         from blocklin.linalg.solve.scoring import Stats, centered_squares
 
         total = ctx.total_weight
-        bb = np.asarray(rec["bb"])  # sum |y - ybar|^2 from sums about a shift
+        bb = np.asarray(rec["bb"])  # sum w |y - shift|^2: the centered sum comes from it and sb
         sst = centered_squares(bb, np.asarray(rec["sb"]), total, ctx.m, bb)
         res["stats"] = Stats(n=total, se=np.asarray(rec["se"]), sse=np.asarray(rec["sse"]), sae=np.asarray(rec["sae"]),
                              sst=np.broadcast_to(sst, (n_lam, k)).copy())
