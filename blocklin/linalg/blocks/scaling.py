@@ -129,6 +129,62 @@ class Scaling:
                         f"squared without overflow or underflow)"}
 
 
+@dataclasses.dataclass
+class ProductScaling:
+    """The power of two of an operator known only by its products (a SciPy ``LinearOperator``, a stored
+    sparse matrix's row blocks), learned from its first product.
+
+    The methods on an operator square it as the streamed routes do (``B^T (B Q)``, the Gram of ``B Q``,
+    Lanczos' orthogonalization), so entries near ``1e200`` overflow and near ``1e-200`` underflow
+    although no single product does. No pass reads ``max |b|`` first; ``max |B X|`` of the first
+    product stands for it: the first block ``X`` is random (orthonormal, or Gaussian in the sketch),
+    so ``max |B X|`` is within a factor of about ``sqrt(n N)`` of ``||B||`` for almost every draw,
+    far inside the ``2^256`` of room that :func:`safe_range` leaves on either side. Every later
+    product then multiplies ``2^-e B``, its
+    input scaled first (``B (2^-e X)``, so that no product leaves the range either), and the results
+    are multiplied back as for a stored operand. Inside :func:`safe_range` ``e = 0``: the bits of an
+    unscaled run.
+    """
+
+    dtype: Any
+    e: int | None = None
+    amax: float | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.e is not None
+
+    @property
+    def exponent(self) -> int:
+        return self.e or 0
+
+    def into(self, x: Any) -> Any:
+        """The input of a product with ``2^-e B``: ``2^-e x`` (``x`` itself before ``e`` is known)."""
+        return scale(x, self.exponent)
+
+    def learn(self, y: Any, name: str = "a") -> Any:
+        """``y`` as a product of ``2^-e B``: on the first product (``y = B x``), ``e`` is learned from
+        ``max |y|`` and ``2^-e y`` returned; later products are ``y`` itself. A first product holding NaN
+        or Inf is refused (:func:`check_finite_result`, naming ``name``)."""
+        if self.e is not None:
+            return y
+        check_finite_result(name, y, "the product of the operator with its first block: the data holds NaN or "
+                            "Inf, or its entries are so large that one product overflows")
+        y = np.asarray(y)
+        self.amax = float(np.abs(y).max()) if y.size else 0.0
+        self.e = exponent_for(self.amax, self.dtype)
+        return scale(y, self.e)
+
+    def report(self) -> dict | None:
+        """``report["scaling"]``: ``None`` when the operator needed none."""
+        if not self.e:
+            return None
+        return {"exponent": int(self.e), "max_abs_first_product": self.amax,
+                "note": f"every product was made with 2^{-self.e} times the operator and the results multiplied "
+                        f"by the matching power of 2^{self.e} (its first product's largest entry, "
+                        f"{self.amax:.3g}, is outside the range squared without overflow or underflow)"}
+
+
 def _merge(every: tuple[Scaling, ...]) -> dict[str, int]:
     out: dict[str, int] = {}
     for s in every:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import BudgetError, ParameterError, explain
+from blocklin.linalg.blocks.scaling import ProductScaling
 from blocklin.linalg.blocks.tallblock import ArrayBlock
 from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.lowrank.basis import STRIP_BYTES, spilled_bases
@@ -27,6 +28,7 @@ from blocklin.linalg.lowrank import basis_budget
 from blocklin.linalg.lowrank.basis_budget import BasisPlan, plan_bases
 from blocklin.linalg.lowrank.lanczos import basis_columns
 from blocklin.linalg.lowrank.methods import Factorization, lanczos, rsvd, sketch
+from blocklin.linalg.lowrank.run import scaled_back
 from blocklin.linalg.lowrank.spilled_ritz import spilled_rayleigh_ritz
 from blocklin.linalg.lowrank.triplets import enrich_width
 from blocklin.plan.svd import plan_svd
@@ -64,22 +66,31 @@ class OperatorSource:
         self.M, self.N = (n, m) if transposed else (m, n)
         self.dtype = np.dtype(op.dtype)
         self.products = 0
+        # B is 2^-e times the operator, e learned from the first product (entries near the range's ends)
+        self.scaling = ProductScaling(self.dtype)
 
     def _b(self, x: np.ndarray) -> np.ndarray:
-        return np.asarray(self.op.rmatmat(x) if self.transposed else self.op.matmat(x), dtype=np.float64)
+        return self._product(x, not self.transposed)
 
     def _bt(self, y: np.ndarray) -> np.ndarray:
-        return np.asarray(self.op.matmat(y) if self.transposed else self.op.rmatmat(y), dtype=np.float64)
+        return self._product(y, self.transposed)
+
+    def _product(self, x: np.ndarray, matmat: bool) -> np.ndarray:
+        x = np.asarray(self.scaling.into(np.asarray(x, dtype=np.float64)), dtype=self.dtype)
+        with np.errstate(over="ignore", under="ignore"):  # the first product: learn() refuses Inf, scales
+            y = self.op.matmat(x) if matmat else self.op.rmatmat(x)
+        return self.scaling.learn(np.asarray(y, dtype=np.float64))
 
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
-        # a stored sparse S held in memory: both products in one sweep over its row blocks (the same bits)
-        fused = getattr(self.op, "normal_matmat", None) if not self.transposed else None
+        # a stored sparse S held in memory: both products in one sweep over its row blocks (the same bits),
+        # once the first product has shown that the operator needs no scaling
+        fused = getattr(self.op, "normal_matmat", None) if not self.transposed and self.scaling.e == 0 else None
         both = fused(np.asarray(q, dtype=self.dtype)) if fused is not None else None
         if both is not None:
             y, z = (np.asarray(a, dtype=np.float64) for a in both)
         else:
-            y = self._b(np.asarray(q, dtype=self.dtype))
-            z = self._bt(y.astype(self.dtype, copy=False))  # float64 data: y itself, no copy
+            y = self._b(q)
+            z = self._bt(y)
         self.products += 1
         return z, (y.T @ y if gram else None), (ArrayBlock(y.astype(self.dtype, copy=False)) if keep_y else None)
 
@@ -185,6 +196,7 @@ def operator_svd(job: Job, op: Any, k: int, *, method: str, oversample: int, q: 
                                                                    short=short_dest, transposed_out=plan.transposed))
     else:
         f = lanczos(src, k, plan, tol, seed, limit - 1, dest, plan.transposed, ckpt)
+    f = scaled_back(f, src.scaling, None, center=False, scale=False)  # s and residuals of the operator itself
     where = ("this process, from the row blocks held in memory (one read of S)" if held else
              "the job's tasks (row blocks)" if sparse is not None else "caller")
     phases = {"products with the operator": where}

@@ -470,18 +470,20 @@ def _of_sparse(s: SparseMatrix, n_components: Any, *, whiten: bool, scale: bool,
                out: Any, svd_kw: dict) -> PCAResult:
     """PCA of a stored sparse matrix (:mod:`blocklin.linalg.lowrank.sparse_pca`): the centered operator's
     SVD, the variances from the means pass's centered sums of squares."""
-    res, mean, m2, comps = sparse_pca(s, n_components, scale=scale, resume=resume, updatable=updatable,
-                                      factorize=factorize, svd_kw=svd_kw)
+    res, mean, m2, e, comps = sparse_pca(s, n_components, scale=scale, resume=resume, updatable=updatable,
+                                         factorize=factorize, svd_kw=svd_kw)
     U, sv, Vt = res
     m, n = s.shape
     if out is None:  # the temporary factors: nothing of them is returned
         remove((U if hasattr(U, "location") else Vt).location.parent)
     ddof = 1 if m > 1 else 0
-    ev = sv.astype(np.float64) ** 2 / max(m - ddof, 1)
-    total = float(m2.sum()) / max(m - ddof, 1)
-    ratio = ev / total if total > 0 else np.zeros_like(ev)
+    # the variances of 2^-e S (m2 is), their ratios exact however far out of range those of S are
+    ev_s = np.ldexp(sv.astype(np.float64), -e) ** 2 / max(m - ddof, 1)
+    total_s = float(m2.sum()) / max(m - ddof, 1)
+    ratio = ev_s / total_s if total_s > 0 else np.zeros_like(ev_s)
     rest = min(m, n) - sv.size
-    noise = max(total - float(ev.sum()), 0.0) / rest if rest > 0 else 0.0
+    noise_s = max(total_s - float(ev_s.sum()), 0.0) / rest if rest > 0 else 0.0
+    ev, total, noise = _unscaled(ev_s, total_s, noise_s, e)
     report = res.report
     report.update(total_variance=total, center="implicit (sparse operator)")
     return PCAResult(components_=comps, explained_variance_=ev.astype(sv.dtype),

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.linalg.blocks.center import Moments, Shift, moments_incore
-from blocklin.linalg.blocks.scaling import Scaling, incore_exponent, unscale
+from blocklin.linalg.blocks.scaling import ProductScaling, Scaling, incore_exponent, unscale
 from blocklin.linalg.lowrank.centering import fused_start, means_pass, moments_gram
 from blocklin.linalg.lowrank.methods import (Factorization, gram, lanczos, rsvd, sketch, squares_lost, tsqr_svd,
                                              whole_space)
@@ -64,7 +64,7 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
             remove(as_location(dest))
         f = dataclasses.replace(tsqr_svd(src, k, dest, plan.transposed, which, seed=seed), fallback=why)
     f = dataclasses.replace(f, phases=phases, means_fused=means_fused)
-    return _scaled_back(f, scaling, moments, center=center, scale=scale)
+    return scaled_back(f, scaling, moments, center=center, scale=scale)
 
 
 def _in_memory(job: Job, A: Any, plan: SvdPlan, scaling: Scaling, *, center: bool,
@@ -143,7 +143,7 @@ def _method(src: Source, plan: SvdPlan, *, k: int, q: int | None, tol: float | N
                    ckpt, v0=v0)
 
 
-def _scaled_back(f: Factorization, scaling: Scaling, moments: Moments | None, *, center: bool,
+def scaled_back(f: Factorization, scaling: Scaling | ProductScaling, moments: Moments | None, *, center: bool,
                  scale: bool) -> Factorization:
     """The factors of ``B`` from those of ``2^-e B`` the method made, with the scaling's report and the
     column moments (of ``A``, and of ``2^-e A`` when scaled), means and standard deviations."""

@@ -31,6 +31,7 @@ import numpy as np
 
 from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterError, explain, warn
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
+from blocklin.linalg.blocks.scaling import ProductScaling, unscale, unscale_float
 from blocklin.linalg.lowrank.basis import Columns, spilled_bases
 from blocklin.linalg.lowrank.basis_budget import BasisPlan, plan_bases
 from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol, start_block
@@ -82,24 +83,32 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
             op, found = laplacian_operator(op, laplacian)
             job.stats["sparse_reads"] = job.stats.get("sparse_reads", 0) + 1  # the degree pass
         passes = {"n": 1 if laplacian else 0}
+        # Lanczos runs on 2^-e S, e learned from the first product (entries near the range's ends)
+        scaling = ProductScaling(dt)
+
+        def product(x: np.ndarray, transposed: bool = False) -> np.ndarray:
+            x = scaling.into(x)
+            with np.errstate(over="ignore", under="ignore"):  # the first product: learn() refuses Inf, scales
+                return np.asarray(op.rmatmat(x) if transposed else op.matmat(x), dtype=np.float64)
 
         def apply(x: np.ndarray, step: int) -> np.ndarray:
             passes["n"] += 1
-            z = np.asarray(op.matmat(x), dtype=np.float64)
+            z = scaling.learn(product(x))
             if step == 1 and check_symmetric:  # the first block's S^T X: a sampled symmetry check
                 passes["n"] += 1
-                gap = float(np.linalg.norm(z - np.asarray(op.rmatmat(x), dtype=np.float64)))
+                gap = float(np.linalg.norm(z - product(x, transposed=True)))  # both of 2^-e S
                 if gap > symmetry_rtol(s.dtype) * max(float(np.linalg.norm(z)), np.finfo(np.float64).tiny):
+                    gap = unscale_float(gap, scaling.exponent)
                     raise NotSymmetricError(explain("a", "must be symmetric (eigsh)", f"||S X - S^T X|| = {gap:.3g} "
                                                     "for a random block", "use blocklin.svd, or symmetrize: "
                                                     "(S + S^T) / 2"))
             return z
 
-        scale = {"v": 0.0}
+        largest = {"v": 0.0}
 
         def threshold(theta: np.ndarray) -> np.ndarray:
-            scale["v"] = max(scale["v"], float(np.max(np.abs(theta))) if theta.size else 0.0)
-            return np.full(theta.shape, tol * max(scale["v"], np.finfo(np.float64).tiny))
+            largest["v"] = max(largest["v"], float(np.max(np.abs(theta))) if theta.size else 0.0)
+            return np.full(theta.shape, tol * max(largest["v"], np.finfo(np.float64).tiny))
 
         # the starting block made in the call: nothing here keeps it (or the first image) past its step
         res = block_lanczos(apply, n, k, which=which, block=bp.block, max_basis=bp.max_basis, max_steps=max_passes,
@@ -109,10 +118,11 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
             warn(f"eigsh: tol={tol:g} not reached within {passes['n']} passes over the sparse matrix; raise "
                  "max_passes or loosen tol", ConvergenceWarning)
         idx = eigen_order(res.values, order, which)
-        w = res.values[idx].astype(dt)
+        w = unscale(res.values[idx], scaling.exponent).astype(dt)
         vectors, res.residual_vectors = res.vectors, None  # the residual vectors are not wanted here
-        report = job.report(method="lanczos (sparse row blocks)", passes=passes["n"],
-                            residuals=np.asarray(res.residuals)[idx].tolist(), converged=bool(res.converged), tol=tol,
+        residuals = unscale(np.asarray(res.residuals, dtype=np.float64)[idx], scaling.exponent)
+        report = job.report(method="lanczos (sparse row blocks)", passes=passes["n"], scaling=scaling.report(),
+                            residuals=residuals.tolist(), converged=bool(res.converged), tol=tol,
                             which=which, order=order, block=bp.block, max_basis=bp.max_basis, steps=res.steps,
                             lanczos_steps=res.steps, restarts=res.restarts, nnz=s.nnz, seed=seed, **bp.report(),
                             **found)

@@ -15,21 +15,33 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ParameterError, explain
+from blocklin.linalg.blocks.scaling import exponent_for
 from blocklin.linalg.lowrank.methods import component_signs
 from blocklin.sparse import SparseMatrix, centered_operator
 
 
-def sparse_moments(s: SparseMatrix) -> tuple[np.ndarray, np.ndarray]:
+def sparse_moments(s: SparseMatrix) -> tuple[np.ndarray, np.ndarray, int]:
     """Column means and centered sums of squares ``sum_i (s_ij - mu_j)^2`` (float64) in one pass over
     the row blocks, one block in memory: per block from its stored entries plus its implicit zeros
-    (``(h - nnz_j) mean_j^2``), merged pairwise (Chan, Golub, LeVeque 1983)."""
+    (``(h - nnz_j) mean_j^2``), merged pairwise (Chan, Golub, LeVeque 1983).
+
+    Returns ``(mean, m2, e)``: the sums of squares are those of ``2^-e S``, ``e`` the power of two of
+    the largest entry read so far (:func:`~blocklin.linalg.blocks.scaling.exponent_for`; 0 inside
+    the safe range), since squares of entries near ``1e+-200`` leave float64's range. A block that
+    raises the largest entry rescales what was merged before it by the change of power (exact)."""
     n = s.shape[1]
-    count, mean, m2 = 0, np.zeros(n), np.zeros(n)
+    count, mean, m2, e, amax = 0, np.zeros(n), np.zeros(n), 0, 0.0
     for _r0, blk in s.iter_row_blocks():
         h = blk.shape[0]
         if h == 0:
             continue
         cols, vals = blk.indices, np.asarray(blk.data, np.float64)
+        if vals.size:
+            amax = max(amax, float(np.abs(vals).max()))
+            now = exponent_for(amax, np.float64)
+            if now != e:  # the means and squares merged so far, in the new power
+                mean, m2, e = np.ldexp(mean, e - now), np.ldexp(m2, 2 * (e - now)), now
+            vals = np.ldexp(vals, -e) if e else vals
         mean_b = np.bincount(cols, vals, minlength=n) / h
         d = vals - mean_b[cols]
         m2_b = np.bincount(cols, d * d, minlength=n) + (h - np.bincount(cols, minlength=n)) * mean_b ** 2
@@ -38,12 +50,13 @@ def sparse_moments(s: SparseMatrix) -> tuple[np.ndarray, np.ndarray]:
         mean = mean + delta * (h / total)
         m2 = m2 + m2_b + delta ** 2 * (count * h / total)
         count = total
-    return mean, m2
+    return np.ldexp(mean, e), m2, e
 
 
 def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool, updatable: bool,
                factorize: Any, svd_kw: dict) -> tuple:
-    """The centered SVD of ``s`` and its moments: ``(res, mean, m2, comps)`` with the components
+    """The centered SVD of ``s`` and its moments: ``(res, mean, m2, e, comps)`` (``m2`` that of
+    ``2^-e S``, :func:`sparse_moments`) with the components
     signed by scikit-learn's rule (the stored long factor too). ``factorize`` is
     :func:`blocklin.linalg.lowrank.svd.factorize`; ``svd_kw`` its method options and settings."""
     asked = [name for name, on in (("scale", scale), ("resume", resume), ("updatable", updatable)) if on]
@@ -58,7 +71,7 @@ def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool,
             "n_components", f"must be an integer k with 1 <= k < min(m, n) = {min(m, n)} for a stored sparse matrix "
             "(its centered operator gives the largest components; every one needs the dense matrix)",
             repr(n_components), f"pass n_components={min(10, max(1, min(m, n) - 1))}"))
-    mean, m2 = sparse_moments(s)
+    mean, m2, e = sparse_moments(s)
     op = centered_operator(s, mean)
     res = factorize(op, n_components, **svd_kw)
     U, sv, Vt = res
@@ -79,4 +92,4 @@ def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool,
         else:
             res = type(res)(U, sv, comps, res.report)
     res.report["passes_formula"] = f"{res.report.get('passes_formula', '')} + 1 (column means and variances)"
-    return res, mean, m2, comps
+    return res, mean, m2, e, comps

@@ -448,7 +448,7 @@ def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_i
     if intercept:
         from blocklin.linalg.lowrank.sparse_pca import sparse_moments
 
-        mu, _ = sparse_moments(s)  # one pass
+        mu, _, _ = sparse_moments(s)  # one pass
         passes += 1
         bbar = b.mean(axis=0)
         b = b - bbar
