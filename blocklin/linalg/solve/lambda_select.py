@@ -109,7 +109,7 @@ def choose_lambda(spec: Any, rule: str, *, points: int = GRID, quiet: bool = Fal
     minimum or corner stayed at an end after :data:`MAX_EXTENSIONS` extensions, with a warning unless
     ``quiet``: :func:`warn_at_end` gives it later).
     """
-    floor = float(getattr(spec, "floor", 0.0))
+    floor = float(spec.floor)
     lams = base_grid(spec.s, points, floor)
     extended = {"low": 0, "high": 0}
     while True:

@@ -68,7 +68,7 @@ def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     if ctx.loo_choice is not None and ctx.loo_choice[0] is spec:
         return ctx.loo_choice[1], ctx.loo_choice[2]
     given = bool(ctx.lams)
-    grid = np.asarray(ctx.lams, dtype=np.float64) if given else default_grid(spec.s, getattr(spec, "floor", 0.0))
+    grid = np.asarray(ctx.lams, dtype=np.float64) if given else default_grid(spec.s, spec.floor)
     res = _dual(ctx, spec, grid) if spec.dual else _pass(ctx, spec, grid)
     sq, rows = res["sq"], res.get("rows")
     k = sq.shape[1]
@@ -176,9 +176,9 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     with np.errstate(divide="ignore"):
         finv = np.where(s2[:, None] + grid[None, :] ** 2 > 0, 1.0 / (s2[:, None] + grid[None, :] ** 2), 0.0)
     # V^T x per lambda: from vc = V^T A^T b where the spectrum keeps it (what its solutions take)
-    every = grid**2 > spec.ev_noise if spec.vc is not None else None
+    every = spec.every_direction(grid)
     coef = spec.s[:, None, None] * finv[:, :, None] * spec.beta[:, None, :]
-    if every is not None and every.any():
+    if every.any():
         coef[:, every, :] = finv[:, every, None] * spec.vc[:, None, :]
     coef = coef.reshape(spec.s.size, n_lam * k)
     stats, errors = ctx.scoring is not None, callable(ctx.scoring)

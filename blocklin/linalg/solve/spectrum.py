@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -60,9 +61,16 @@ class Spectrum:
         true one was 0.05); 0 for a spectrum from an SVD."""
         return float(np.sqrt(self.ev_noise))
 
+    def every_direction(self, lams: Any) -> np.ndarray:
+        """Per lambda of ``lams``: whether its solution takes ``vc`` (see the class docstring), the one
+        test that :meth:`coefficients`, the residuals, :meth:`on_grid` and leave-one-out's pass share."""
+        lams = np.asarray(lams, dtype=np.float64)
+        if self.vc is None:
+            return np.zeros(lams.shape, dtype=bool)
+        return lams**2 > self.ev_noise
+
     def _every_direction(self, lam: float) -> bool:
-        """Whether the solution at ``lam`` takes ``vc`` (see the class docstring)."""
-        return self.vc is not None and lam**2 > self.ev_noise
+        return bool(self.every_direction(lam))
 
     def filt(self, lam: float) -> np.ndarray:
         s2 = self.s**2
@@ -127,10 +135,11 @@ class Spectrum:
             l2 = lams[i:i + step, None] ** 2
             with np.errstate(divide="ignore", invalid="ignore"):
                 f = np.where(s2 + l2 > 0, 1.0 / (s2 + l2), 0.0)
+            every = self.every_direction(lams[i:i + step])
             rr[i:i + step] = ((l2 * f) ** 2) @ b2 + rho_all if c2 is None or self.bb is None else \
-                np.where(l2[:, 0] > self.ev_noise, ((l2 * f) ** 2) @ b2_sure + rho_sure, ((l2 * f) ** 2) @ b2 + rho_all)
+                np.where(every, ((l2 * f) ** 2) @ b2_sure + rho_sure, ((l2 * f) ** 2) @ b2 + rho_all)
             xx[i:i + step] = ((self.s * f) ** 2) @ b2 if c2 is None else np.where(
-                l2[:, 0] > self.ev_noise, (f**2) @ c2, ((self.s * f) ** 2) @ b2)  # as solution_sq
+                every, (f**2) @ c2, ((self.s * f) ** 2) @ b2)  # as solution_sq
             dof[i:i + step] = (s2 * f).sum(axis=1)
         den = (self.m - dof) ** 2
         with np.errstate(divide="ignore", invalid="ignore"):
