@@ -226,3 +226,58 @@ def test_cli_loo(tmp_path, capsys):
     ref = reference(a, b[:, 0], w, True)
     assert out["alpha_"] == pytest.approx(ref.alpha_, rel=1e-15) and out["sample_weight"] is True
     assert out["best_score_"] == pytest.approx(ref.best_score_, rel=1e-9)
+
+
+def _refit_loo(a, b, lam, intercept):
+    """The mean squared leave-one-out error by refitting without each row, in float64: ridge on the kept
+    rows centered by their means (the intercept unpenalized) as the least squares problem
+    ``[A_c; lam I] x = [b_c; 0]`` (backward stable), its minimum-norm solution for ``lam = 0``."""
+    m, n = a.shape
+    errs = []
+    for i in range(m):
+        keep = np.arange(m) != i
+        z, y = a[keep], b[keep]
+        zbar, ybar = (z.mean(axis=0), y.mean()) if intercept else (np.zeros(n), 0.0)
+        z, y = z - zbar, y - ybar
+        if lam > 0:
+            z, y = np.vstack([z, lam * np.eye(n)]), np.concatenate([y, np.zeros(n)])
+        x = np.linalg.lstsq(z, y, rcond=None)[0]
+        errs.append(ybar + (a[i] - zbar) @ x - b[i])
+    return float(np.mean(np.square(errs)))
+
+
+@pytest.mark.parametrize("method", ["auto", "qr"])
+@pytest.mark.parametrize("shape,intercept", [((16, 16), False), ((16, 16), True), ((17, 16), True),
+                                             ((12, 30), True)], ids=["square", "square-intercept",
+                                                                     "n+1-intercept", "wide-intercept"])
+def test_loo_where_the_fit_interpolates(shape, intercept, method, tmp_path):
+    """Where the fit reproduces every row as ``lam -> 0`` (``m <= rank + intercept``) every ``1 - h_ii``
+    and ``e_i`` tends to 0; formed as differences they kept rounding of order ``n eps``, and at the
+    grid's low end the errors were 1e-3 to 1 off (a square A with ``fit_intercept`` scored ``1e-30``
+    where refits give 81; a wide one infinite). Now both are taken from their ``lam^2`` terms
+    (``loo.ratio_params``) and the intercept's direction leaves the wide spectrum before any sum
+    (``loo.without_intercept``).
+
+    References: refits without each row (:func:`_refit_loo`) on the default grid from ``1e-3 s_max``
+    up (least squares of condition at most ``1e3``), and at the grid's first value the ``lam = 0`` limit
+    (minimum-norm refits), from which the curve differs by ``O(lam^2 / s_min^2)``, about 1e-10 there. A has
+    condition 10, so both sides carry relative errors of order ``n eps kappa^2`` (the Gram route's
+    eigenvalues, the references' least squares) ~ 4e-13; ``rtol = 1e-8`` leaves four decades for the
+    cancellation in a row's error ``prediction - b_i``."""
+    rng = np.random.default_rng(11)
+    m, n = shape
+    q1, q2 = np.linalg.qr(rng.standard_normal((m, m)))[0], np.linalg.qr(rng.standard_normal((n, n)))[0]
+    a = (q1[:, :min(m, n)] * np.logspace(0, -1, min(m, n))) @ q2[:, :min(m, n)].T * 3.0
+    b = rng.standard_normal(m) + 0.5
+    x = bl.solve(a, b, lam="loo", fit_intercept=intercept, method=method, temp_dir=str(tmp_path))
+    curve = x.report["curve"]
+    grid, loo = np.asarray(curve["lam"]), np.asarray(curve["loo"])
+    assert np.isfinite(loo).all() and x.report["best_score_"] == -loo[curve["chosen_index"]]
+    smax = np.linalg.norm(a, 2)
+    assert grid[0] <= 2e-6 * smax  # where the differences' rounding was 1e-3 of the errors
+    limit = _refit_loo(a, b, 0.0, intercept)
+    assert abs(loo[0] - limit) <= 1e-8 * limit, (loo[0], limit)
+    for j in range(0, len(grid), 7):
+        if grid[j] >= 1e-3 * smax:
+            ref = _refit_loo(a, b, grid[j], intercept)
+            assert abs(loo[j] - ref) <= 1e-8 * ref, (grid[j], loo[j], ref)

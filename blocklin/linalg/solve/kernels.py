@@ -177,8 +177,11 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
     for the unpenalized intercept, whose column is orthogonal to the centered ones), the residual
     ``e_i = b_i - p_i^T diag(s / (s^2 + lam^2)) beta`` and the leave-one-out error
     ``e_i / (1 - h_ii)`` (Golub, Heath and Wahba 1979; scikit-learn ``_RidgeGCV``, whose
-    ``looe`` this is, weighted by ``sqrt(w_i)``). Accumulates the squared errors per lambda and
-    right-hand side (``L x k``), and keeps them per row when ``params["store"]``. With ``params["stats"]``
+    ``looe`` this is, weighted by ``sqrt(w_i)``). With ``params["ratio"]`` (a fit that interpolates as
+    ``lam -> 0``, :func:`blocklin.linalg.solve.loo.ratio_params`) ``v`` is ``V_r diag(1 / s_r)`` over the
+    resolved directions, so ``p_i = u_i``, and the error is ``(u_i^T coef) / (|u_i|^2 finv)``: the
+    ``lam^2`` that ``e_i`` and ``1 - h_ii`` share cancelled, neither formed by a difference.
+    Accumulates the squared errors per lambda and right-hand side (``L x k``), and keeps them per row when ``params["store"]``. With ``params["stats"]``
     (``scoring=``) it also sums the errors of the original rows, ``e_i / sqrt(w_i)`` (the leave-one-out
     prediction's error on the unweighted target, as ``RidgeCV`` scores it), their squares and absolute values,
     and the targets' sums about ``params["shift"]`` (:class:`~blocklin.linalg.solve.scoring.Stats`); with
@@ -208,12 +211,17 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
         sw = np.sqrt(w)[:, None]
         a, b = a * sw, b * sw
     p = a @ params["v"]
-    h = (p * p.conj()).real @ params["finv"] if p.dtype.kind == "c" else (p * p) @ params["finv"]
-    if params["intercept"]:
-        h += (w[:, None] if w is not None else 1.0) / params["wsum"]
-    fit = (p @ params["coef"]).reshape(len(a), len(lams), k)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        looe = (b[:, None, :] - fit) / (1.0 - h)[:, :, None]
+    pp = (p * p.conj()).real if p.dtype.kind == "c" else p * p
+    if params.get("ratio"):  # an interpolating fit: e_i and 1 - h_ii from their lam^2 terms
+        with np.errstate(divide="ignore", invalid="ignore"):
+            looe = (p @ params["coef"]).reshape(len(a), len(lams), k) / (pp @ params["finv"])[:, :, None]
+    else:
+        h = pp @ params["finv"]
+        if params["intercept"]:
+            h += (w[:, None] if w is not None else 1.0) / params["wsum"]
+        fit = (p @ params["coef"]).reshape(len(a), len(lams), k)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            looe = (b[:, None, :] - fit) / (1.0 - h)[:, :, None]
     sq = (looe * looe.conj()).real if looe.dtype.kind == "c" else looe * looe
     state["sq"] += sq.sum(axis=0)
     if params["store"]:

@@ -187,6 +187,9 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
               "intercept": bool(ctx.intercept), "wsum": ctx.total_weight, "store": bool(ctx.store_cv),
               "stats": stats, "errors": errors,
               "shift": ctx.bbar if ctx.intercept and ctx.bbar is not None else np.zeros(k)}
+    ratio = spec.interpolates(ctx.intercept)
+    if ratio:
+        params.update(ratio_params(spec, finv))
     reserve = pass_reserve(ctx.m, ctx.n, k, n_lam, ctx.store_cv, ctx.job.cfg.memory, errors)
 
     def run() -> dict:
@@ -204,7 +207,7 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
         return out
 
     ctx.phases["leave-one-out pass"] = "cpu"
-    rec = ctx.saved.run(f"loo-{tokenize(grid, spec.s, spec.beta, ctx.store_cv, stats, errors)[:16]}", run)
+    rec = ctx.saved.run(f"loo-{tokenize(grid, spec.s, spec.beta, ctx.store_cv, stats, errors, ratio)[:16]}", run)
     res = {"sq": np.asarray(rec["sq"]), "rows": rec.get("rows")}
     if stats:
         from blocklin.linalg.solve.scoring import Stats, centered_squares
@@ -219,6 +222,54 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return res
 
 
+def ratio_params(spec: Any, finv: np.ndarray) -> dict:
+    """The leave-one-out pass's ``v``, ``finv`` and ``coef`` for a fit that interpolates as ``lam -> 0``
+    (:meth:`~blocklin.linalg.solve.spectrum.Spectrum.interpolates`: a square ``A``, or ``m = n + 1``
+    with ``fit_intercept``).
+
+    There ``1 - h_ii = (1 - w_i / sum w - |u_i|^2) + lam^2 sum_j |u_ij|^2 / (s_j^2 + lam^2)`` with the
+    bracket exactly 0; formed, it leaves rounding of order ``n eps``, which the ``lam^2`` term falls
+    below at the grid's low end, and the residual ``e_i`` is a difference of the same kind (a square
+    ``A`` with ``fit_intercept`` scored errors near ``1e-30`` where refitting without each row gives 81).
+    With ``U_r = A V_r diag(1 / s_r)`` spanning the rows beside the intercept's column,
+    ``I - H = lam^2 U_r diag(1 / (s^2 + lam^2)) U_r^H``, so ``e_i = lam^2 u_i^T diag(f) beta_r`` and
+    ``1 - h_ii = lam^2 |u_i|^2 f``: the kernel (:func:`~blocklin.linalg.solve.kernels.loo_kernel`) takes
+    their ratio, no difference formed. Directions the spectrum does not resolve are left out: in exact
+    arithmetic they lie in ``A``'s null space."""
+    r = spec.resolved()
+    fr = np.ascontiguousarray(finv[r])
+    coef = (fr[:, :, None] * spec.beta[r][:, None, :]).reshape(int(r.sum()), -1)
+    return {"v": np.ascontiguousarray(spec.basis[:, r] / spec.s[r]), "finv": fr, "coef": coef, "ratio": True}
+
+
+def without_intercept(spec: Any, sw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(U', beta', s'^2)`` of a wide spectrum with the intercept's direction ``sqrt(w)`` taken out:
+    the unpenalized intercept removes it from ``(A A^T + lam^2 I)^-1`` (scikit-learn's ``_RidgeGCV``
+    cancels its eigenvalue, ``w[intercept_dim] = 0``).
+
+    The centered ``A`` has ``sqrt(w)`` in its left null space, so it lies among the directions the
+    spectrum does not resolve, whose weight ``1 / (s^2 + lam^2)`` is of order ``1 / lam^2``. Subtracted
+    afterwards (``d -= sqrt_sw G^-1 sqrt_sw / sum(w)``), it cancels against itself, leaving rounding
+    times ``1 / lam^2``: a wide ``A`` with ``fit_intercept`` and ``method='qr'`` scored infinite and
+    negative errors at the grid's low end. Here the unresolved directions are replaced by an orthonormal
+    basis of their span without ``sqrt(w)`` (an SVD of ``N - s s^H N``, ``s = sqrt(w) / ||sqrt(w)||``,
+    keeping what is not ``s``), with ``s^2 = 0``: every weight stays a positive sum, nothing cancels."""
+    u, beta, s2 = spec.basis, spec.beta, np.abs(spec.s) ** 2
+    unit = sw / np.linalg.norm(sw)
+    null = ~spec.resolved()
+    along = np.abs(u.conj().T @ unit)
+    if np.linalg.norm(along[null]) < 0.5:  # not resolved as null: the direction nearest sqrt(w) (sklearn's rule)
+        null[int(np.argmax(along))] = True
+    n0 = u[:, null]
+    rest = n0 - np.outer(unit, unit @ n0)
+    q, sv, _ = np.linalg.svd(rest, full_matrices=False)
+    q = q[:, sv > 0.5]  # the span of the null directions without sqrt(w): singular values 1 and 0
+    b = u @ beta  # the centered, weighted b (U is square for a wide spectrum)
+    keep = ~null
+    return (np.hstack([u[:, keep], q]), np.vstack([beta[keep], q.conj().T @ b]),
+            np.concatenate([s2[keep], np.zeros(q.shape[1])]))
+
+
 def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
     """Wide ``A``: the squared leave-one-out errors from ``A A^T = U diag(s^2) U^T`` in memory.
 
@@ -229,14 +280,15 @@ def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """
     u, beta, s2 = spec.basis, spec.beta, spec.s**2
     sw = np.sqrt(ctx.wvec) if ctx.wvec is not None else np.ones(ctx.m)
+    if ctx.intercept:
+        u, beta, s2 = without_intercept(spec, sw)
     u2 = (u * u.conj()).real
     sq, rows, errs = [], [], []
     for lam in grid:
-        d_ = 1.0 / (s2 + lam**2)
+        with np.errstate(divide="ignore"):
+            d_ = 1.0 / (s2 + lam**2)
         c = u @ (d_[:, None] * beta)
         d = u2 @ d_
-        if ctx.intercept:  # a Hermitian form of the real sw: real (its rounding's imaginary part dropped)
-            d = d - ((u @ (d_ * (u.conj().T @ sw))) * sw).real / ctx.total_weight
         with np.errstate(divide="ignore", invalid="ignore"):
             e2 = np.abs(c / d[:, None]) ** 2
         sq.append(e2.sum(axis=0))

@@ -61,6 +61,20 @@ class Spectrum:
         true one was 0.05); 0 for a spectrum from an SVD."""
         return float(np.sqrt(self.ev_noise))
 
+    def resolved(self) -> np.ndarray:
+        """Per direction: whether the spectrum resolves it from zero, ``s^2`` above ``ev_noise`` for a
+        Gram spectrum, ``s`` above ``max(m, n) eps s_max`` for one from an SVD (NumPy's
+        ``matrix_rank`` rule: the SVD's backward error is of that size)."""
+        s = np.abs(np.asarray(self.s, dtype=np.float64))
+        if self.ev_noise > 0:
+            return s**2 > self.ev_noise
+        return s > max(self.m, self.n) * np.finfo(np.float64).eps * s.max(initial=0.0)
+
+    def interpolates(self, intercept: bool) -> bool:
+        """Whether the fit reproduces every row as ``lam -> 0``: the resolved directions (and the
+        intercept's column) span all ``m`` rows, so every hat diagonal tends to 1."""
+        return int(self.resolved().sum()) + int(bool(intercept)) >= self.m
+
     def every_direction(self, lams: Any) -> np.ndarray:
         """Per lambda of ``lams``: whether its solution takes ``vc`` (see the class docstring), the one
         test that :meth:`coefficients`, the residuals, :meth:`on_grid` and leave-one-out's pass share."""
