@@ -168,6 +168,11 @@ class BlockOps:
         ``rhs`` (``k x r``) the diagonal blocks, which read every slice of their rows of ``A``,
         also write ``rhs_out = alpha * A @ rhs`` (``n x r``; ``A^T b`` beside ``A^T A``) in the
         same read.
+
+        An ``alpha`` of magnitude ``2^(2q)`` or more (or ``2^-(2q)`` or less) goes into ``A``: its slices are
+        multiplied by ``2^q`` as read (exact) and the products by ``alpha / 4^q``, so that a Gram whose
+        unscaled squares underflow or overflow while ``alpha A A^T`` does not (``gram(a, scale=...)``) is
+        formed in range; the same bits as ``alpha`` applied after wherever neither did.
         """
         from blocklin.plan.gram import plan_syrk_blocks
 
@@ -182,9 +187,10 @@ class BlockOps:
         k_chunk = src.chunks[0] if a.trans else src.chunks[1]
         sb = plan_syrk_blocks(n, k, dtype, memory=self.job.cfg.memory, tile=self.chunk, source_dtype=src.dtype,
                               workers=self.workers or self.job.workers(1), k_chunk=k_chunk)
-        spec = self.spec(dtype, a=a, out=out, c=c, b=rhs, lower=True, alpha=float(alpha), beta=float(beta),
-                          full=full, check=check, shift=float(shift), done_dir=done_dir)
-        spec = dataclasses.replace(spec, block=sb.block, rows=sb.rows, rhs_out=rhs_out)
+        q = (int(np.frexp(alpha)[1]) - 1) // 2 if np.isfinite(alpha) and alpha != 0 else 0
+        spec = self.spec(dtype, a=a, out=out, c=c, b=rhs, lower=True, alpha=float(np.ldexp(alpha, -2 * q)),
+                         beta=float(beta), full=full, check=check, shift=float(shift), done_dir=done_dir)
+        spec = dataclasses.replace(spec, block=sb.block, rows=sb.rows, rhs_out=rhs_out, a_exponent=q)
         graph = self.graph("syrk", spec)
         for bi in range(sb.blocks):
             for bj in range(bi + 1):
@@ -416,6 +422,8 @@ class TileOpSpec:
     block: int = 0
     rows: int = 0
     rhs_out: Region | None = None
+    #: SYRK: the power of two ``A``'s slices are multiplied by as read (part of ``alpha``, :meth:`BlockOps.syrk`).
+    a_exponent: int = 0
     #: Return the allocator's free pages before the task (:func:`~blocklin._memory.release_free_memory`).
     trim: bool = False
 
@@ -475,6 +483,15 @@ def load_record(spec: TileOpSpec, name: str) -> Any:
     return x.item() if x.dtype == object else x
 
 
+def _scaled(x: np.ndarray, e: int) -> np.ndarray:
+    """``x * 2^e`` (exact where it fits), a new array (a block read may be a cache's); ``x`` for ``e = 0``."""
+    if not e:
+        return x
+    from blocklin.runtime.passes import ldexp
+
+    return ldexp(np.asarray(x), e)
+
+
 @with_task_settings
 @holds_device(lambda spec, *_: (spec.block ** 2 + 2 * spec.block * spec.rows  # accumulator, two slices of A
                                   + (spec.block * spec.b.shape[1] if spec.b is not None else 0)) / spec.tile ** 2)
@@ -498,8 +515,9 @@ def syrk_tile_task(spec: TileOpSpec, bi: int, bj: int) -> dict:
     for k0 in range(0, k, spec.rows):  # fixed order over k: the same bits on every scheduler
         ks = slice(k0, min(k, k0 + spec.rows))
         # the view's block a[I, ks] is stored as A[ks, I] (a transposed view) or A[I, ks]
-        si = dev.to_device(spec.a.read_stored(rI, ks, dt, spec.check, "a"))
+        si = _scaled(spec.a.read_stored(rI, ks, dt, spec.check, "a"), spec.a_exponent)
         nread += si.nbytes
+        si = dev.to_device(si)
         ai = si.T if spec.a.trans else si  # a[I, ks]
         if diag:  # lower(a_I a_I^H): the device's SYRK of b = conj(a_I)^T, b^H b (HERK of complex data)
             if cplx:
@@ -510,7 +528,7 @@ def syrk_tile_task(spec: TileOpSpec, bi: int, bj: int) -> dict:
             else:
                 dev.syrk_lower_acc(acc, ai.T)
         else:  # a_I a_J^H: a_J conjugated on the host as it is read
-            sj = spec.a.read_stored(rJ, ks, dt, spec.check, "a")
+            sj = _scaled(spec.a.read_stored(rJ, ks, dt, spec.check, "a"), spec.a_exponent)
             sj = dev.to_device(np.conj(sj) if cplx else sj)
             nread += sj.nbytes
             dev.gemm_acc(acc, ai, sj if spec.a.trans else sj.T)
@@ -549,6 +567,8 @@ def syrk_tile_task(spec: TileOpSpec, bi: int, bj: int) -> dict:
                 nwritten += blk.nbytes
     if racc is not None:
         rh = np.asarray(dev.to_host(racc))
+        if spec.a_exponent:  # alpha A rhs = (alpha / 4^q) 2^q (2^q A) rhs
+            rh = _scaled(rh, spec.a_exponent)
         if spec.alpha != 1.0:
             rh = rh * dt.type(spec.alpha)
         for ci in range(rI.start // t, -(-rI.stop // t)):

@@ -174,6 +174,25 @@ def test_gram_tiled_route_refuses_an_overflow():
         bl.gram(np.ldexp(a, 600), memory="256KiB")
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("e,scale", [(-600, 1000), (600, -1000)], ids=["underflow", "overflow"])
+def test_gram_tiled_route_with_scale(dtype, e, scale):
+    """``scale=2^p`` on the tiled route goes into ``A`` (its slices times ``2^(p/2)`` as read): squares
+    that underflow (``2^-1200``, all zeros before) or overflow (refused before) unscaled while
+    ``scale A^T A`` fits are formed in range. Bound as :func:`test_gram`."""
+    rng = np.random.default_rng(12)
+    a = rng.standard_normal((60, 300))
+    if dtype == np.complex128:
+        a = a + 1j * rng.standard_normal((60, 300))
+    g0 = a.conj().T @ a
+    bound = 2 * 60 * eps(np.float64) * float(np.linalg.norm(a)) ** 2
+    got = bl.gram(np.ldexp(a.real, e) + (1j * np.ldexp(a.imag, e) if dtype == np.complex128 else 0),
+                  scale=2.0 ** scale, memory="256KiB")
+    assert got.report["route"] == "tiles"
+    back = got.to_numpy() * 2.0 ** -(2 * e + scale)  # 2^+-200: exact
+    assert_close_to(back, g0, bound=bound, what=f"tiled gram of 2^{e} A")
+
+
 # -- solve -----------------------------------------------------------------------------------------------
 def _lstsq_problem():
     rng = np.random.default_rng(4)
