@@ -225,6 +225,26 @@ def test_lstsq_complex(dtype, shape, deficient):
     assert x1.shape == (shape[1],)
 
 
+@pytest.mark.parametrize("shape", [(80, 12), (12, 80)], ids=["tall", "wide"])
+@pytest.mark.parametrize("ka,kb", [(700, 300), (300, -700), (-700, -700), (-300, 0)])
+def test_lstsq_complex_near_the_range_ends(shape, ka, kb):
+    """``A`` and ``b`` times exact powers of two: scaled back, ``(x, residuals, rank, s)`` meet the
+    bounds of :func:`_check_lstsq` against NumPy on the unscaled problem (a power of two is exact;
+    LAPACK's QR rescales near the range ends, so the bits may differ). The wide route's ``1 / s^2``
+    had underflowed to 0 (``x = 0``) or overflowed (NaN, blamed on ``b``)."""
+    a, b = _problem(shape, np.complex128, k=2, seed=18)
+    a2 = np.ldexp(a.real, ka) + 1j * np.ldexp(a.imag, ka)
+    b2 = np.ldexp(b.real, kb) + 1j * np.ldexp(b.imag, kb)
+    x, res, rank, sv = bl.lstsq(a2, b2, memory="4MiB")
+    back = np.ldexp(x.real, ka - kb) + 1j * np.ldexp(x.imag, ka - kb)
+    if 2 * abs(kb) < 1000:
+        res = np.ldexp(res, -2 * kb)
+    else:  # the squared residuals are 2^(2 kb) times the unscaled ones: below float64's range, 0
+        assert kb < 0 and np.all(res == 0)
+        res = np.linalg.lstsq(a, b, rcond=None)[1]
+    _check_lstsq((back, res, rank, np.ldexp(sv, -ka)), a, b)
+
+
 def test_lstsq_rcond_and_streamed_on_every_scheduler():
     """Out of core (A over the budget), NumPy's rcond convention, the same bits on every scheduler."""
     rng = np.random.default_rng(17)

@@ -61,9 +61,7 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
             r = _r_of_transpose(job, A)
             _, s, zh = np.linalg.svd(r, full_matrices=False)  # A^T = Q W S Z^H
             inv, cut, rank = _truncation(s, m, n, rcond)
-            z = zh.conj().T
-            y = z.conj() @ (inv[:, None] ** 2 * (z.T @ b))  # (A A^H)^+ b
-            x = _adjoint_product(job, A, y)
+            x = _wide_solution(job, A, s, zh.conj().T, inv != 0, b)
             residuals = np.empty((0,))
         report = job.report(operation="lstsq", method="streaming QR of A's tall orientation, SVD of R (complex)",
                             rank=rank, rcond=cut / float(s[0]) if s.size and s[0] > 0 else cut,
@@ -78,6 +76,31 @@ def _truncation(s: np.ndarray, m: int, n: int, rcond: float | None) -> tuple[np.
     cut = (np.finfo(np.float64).eps * max(m, n) if rcond is None else float(rcond)) * (float(s[0]) if s.size else 0.0)
     keep = s > cut
     return np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0), cut, int(np.count_nonzero(keep))
+
+
+def _exponent(x: Any) -> int:
+    """The power of two of the largest magnitude in ``x`` (``0`` for zero or an empty ``x``)."""
+    top = float(np.max(np.abs(x))) if np.size(x) else 0.0
+    return int(np.frexp(top)[1]) if top > 0 and np.isfinite(top) else 0
+
+
+def _wide_solution(job: Job, A: Any, s: np.ndarray, z: np.ndarray, keep: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``x = A^H (A A^H)^+ b`` with ``(A A^H)^+ = conj(Z) S^+2 Z^T``, in powers of two that keep every
+    factor in range: ``1 / s^2`` leaves float64's for ``s`` beyond ``2^+-512`` (entries near ``1e+-154``)
+    where ``x`` itself does not (``A`` at ``2^700`` gave ``x = 0``; at ``2^-700``, NaN).
+
+    With ``s = 2^e s'`` and ``b = 2^eb b'``: ``y' = conj(Z) S'^+2 Z^T b'`` is ``2^(2e - eb) y``; the
+    product ``A^H y'`` is made on ``y'`` scaled by ``2^-(e + f)`` (``f`` its own power), so that it sits
+    near 1, and ``x`` is that times ``2^(eb - e + f)``: only ``x`` itself can leave the range."""
+    from blocklin.runtime.passes import ldexp
+
+    e, eb = _exponent(s[:1]), _exponent(b)
+    inv = np.where(keep, 1.0 / np.where(keep, np.ldexp(s, -e), 1.0), 0.0)
+    y = z.conj() @ (inv[:, None] ** 2 * (z.T @ ldexp(b, -eb)))
+    f = _exponent(y)
+    product = _adjoint_product(job, A, ldexp(y, -(e + f)))
+    with np.errstate(over="ignore", under="ignore"):
+        return ldexp(product, eb - e + f)
 
 
 def _r_of_transpose(job: Job, A: Any) -> np.ndarray:
