@@ -296,3 +296,21 @@ def test_tall_routes_on_gpu_report_complex_norms(method):
     np.testing.assert_allclose(r["residual_norm"], res, rtol=100 * COMPLEX * 300 * eps(np.complex128))
     if "norm_a" in r:
         np.testing.assert_allclose(r["norm_a"], np.linalg.norm(a), rtol=100 * COMPLEX * 300 * eps(np.complex128))
+
+
+@pytest.mark.parametrize("lam", ["gcv", 0.5])
+@pytest.mark.parametrize("k", [300, -300])
+def test_complex_solve_with_intercept_near_the_range_ends(lam, k):
+    """Complex ``A`` and ``b`` times ``2^k`` (outside the safe range ``2^+-256``) with ``fit_intercept``:
+    the scaled route's report held a complex intercept it could not scale (``TypeError``). The problem
+    scaled by a power of two is the problem: ``x``, and the intercept times ``2^-k``, are the unscaled
+    run's bits."""
+    rng = np.random.default_rng(19)
+    a = _crandn(rng, (200, 20))
+    b = a @ np.ones(20) + 0.3 * _crandn(rng, (200,)) + (2 - 1j)
+    ref = bl.solve(a, b, lam=lam, fit_intercept=True, memory="256KiB")
+    got = bl.solve(a * 2.0 ** k, b * 2.0 ** k, lam=lam if lam == "gcv" else lam * 2.0 ** k, fit_intercept=True,
+                   memory="256KiB")
+    assert np.array_equal(got.to_numpy(), ref.to_numpy())
+    assert np.array_equal(got.intercept * 2.0 ** -k, ref.intercept)
+    assert np.array_equal(np.asarray(got.report["intercept"]) * 2.0 ** -k, np.asarray(ref.report["intercept"]))

@@ -129,6 +129,8 @@ def _unscale_info(ctx: TikhonovRun, info: dict) -> dict:
         if isinstance(v, (list, tuple)):
             return [sc(x, e) for x in v]
         with np.errstate(over="ignore", under="ignore"):
+            if isinstance(v, (complex, np.complexfloating)):  # a complex problem's intercept
+                return complex(np.ldexp(v.real, e), np.ldexp(v.imag, e))
             return float(np.ldexp(float(v), e))
 
     for key, e in (("lam", ea), ("norm_a", ea), ("residual_norm", eb), ("objective", eb),
