@@ -19,7 +19,7 @@ import pytest
 import scipy.linalg
 
 import blocklin as bl
-from blocklin.errors import ConvergenceError, ParameterError
+from blocklin.errors import BlocklinWarning, ConvergenceError, ParameterError
 from blocklin.linalg.blocks import scaling
 from blocklin.linalg.lowrank.triplets import triplet_report
 from support.tolerances import assert_close_to, eps
@@ -127,6 +127,27 @@ def test_pca_centered(tall, memory):
         else:
             assert_close_to(_ldexp(got.explained_variance_, -2 * e), ref.explained_variance_,
                             bound=4 * bound * float(ref.singular_values_[0]) / 599, what=f"pca variance, 2^{e}")
+
+
+@pytest.mark.parametrize("dtype,k", [(np.float64, 700), (np.float64, -700), (np.float32, 90), (np.float32, -90)])
+def test_pca_whitened_scores_near_the_range_ends(dtype, k):
+    """Whitened scores do not depend on the data's scale; the variances they divide by do, and leave
+    the dtype's range here (``4^k`` times: inf or 0). The scores then take their standard deviations
+    from the singular values (which stay in range): with the same seed, the bits of the unscaled run
+    where that run's variances are in range, within a rounding of its own ``sqrt(s^2 / (m - 1))``
+    otherwise (1 ulp of the deviation, relative: ``4 eps`` of the dtype on each score). The variances
+    that left the range are said (``BlocklinWarning``), float32's too (their cast had been silent)."""
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((80, 30)).astype(dtype)
+    ref = bl.pca(x, 3, whiten=True, seed=0)
+    with pytest.warns(BlocklinWarning, match=f"beyond {'float64' if dtype == np.float64 else 'float32'}'s range"):
+        got = bl.pca(np.ldexp(x, k), 3, whiten=True, seed=0)
+    want = ref.transform(x[:5])
+    scores = got.transform(np.ldexp(x[:5], k))
+    assert np.abs(scores - want).max() <= 4 * eps(dtype) * np.abs(want).max()
+    back = got.inverse_transform(scores)  # the whitening undone with the same deviations
+    assert np.abs(np.ldexp(back.astype(np.float64), -k) - ref.inverse_transform(want)).max() <= \
+        64 * eps(dtype) * np.abs(x).max()
 
 
 @pytest.mark.parametrize("memory", [IN_MEMORY, pytest.param("1MiB", marks=pytest.mark.slow)])

@@ -99,10 +99,22 @@ class PCAResult:
             x = x / self._np("scale_")
         return x, out_dtype
 
+    def _deviations(self) -> np.ndarray:
+        """The components' standard deviations ``sqrt(explained_variance_)`` (float64), from
+        ``singular_values_ / sqrt(n_samples_ - 1)`` where the variances left their dtype's range (inf,
+        0 or a few bits, for data near ``2^+-512``, ``2^+-64`` in float32): the singular values scale
+        with the data and stay in range, so the whitened scores do too."""
+        raw = self._np("explained_variance_")
+        ev = raw.astype(np.float64)
+        sv = self._np("singular_values_").astype(np.float64)
+        m = int(self.n_samples_)
+        lost = ~np.isfinite(ev) | (ev < np.finfo(raw.dtype).tiny) & (sv > 0)
+        return np.where(lost, sv / np.sqrt(max(m - (1 if m > 1 else 0), 1)), np.sqrt(np.where(lost, 0.0, ev)))
+
     def _axes(self) -> np.ndarray:
         """The components in float64, each scaled by its standard deviation when whitened."""
         c = self._np("components_").astype(_wide(self._np("components_").dtype))
-        return c * np.sqrt(self._np("explained_variance_").astype(np.float64))[:, None] if self.whiten else c
+        return c * self._deviations()[:, None] if self.whiten else c
 
     def transform(self, x: Any) -> np.ndarray:
         """Project in-memory samples ``x`` (``n x n_features``) on the components: ``((x - mean_) / scale_) C^T``
@@ -115,7 +127,7 @@ class PCAResult:
         c = self._np("components_")
         y = xc @ c.astype(_wide(c.dtype)).conj().T  # (x - mu) V: C^H = V of complex components
         if self.whiten:  # a component of zero variance stays zero (scikit-learn divides by its eps floor)
-            sd = np.sqrt(self._np("explained_variance_").astype(np.float64))
+            sd = self._deviations()
             y = y / np.where(sd > 0, sd, 1.0)
         y = y.astype(out_dtype, copy=False)
         return label_rows(y, x, ("", MODE), {MODE: np.arange(1, y.shape[1] + 1)}) if self.labels is not None else y
@@ -262,16 +274,25 @@ def _variances(res: Any, s: np.ndarray, scale: bool) -> tuple[np.ndarray, float,
     return np.ldexp(s.astype(np.float64), -e) ** 2 / max(m - ddof, 1), float(var.sum()), e
 
 
-def _unscaled(ev_s: np.ndarray, total_s: float, noise_s: float, e: int) -> tuple[np.ndarray, float, float]:
-    """The variances of ``A`` from those of ``2^-e A`` (inf or 0 beyond float64's range, said once)."""
+def _unscaled(ev_s: np.ndarray, total_s: float, noise_s: float, e: int,
+              dtype: Any = np.float64) -> tuple[np.ndarray, float, float]:
+    """The variances of ``A`` from those of ``2^-e A`` (inf or 0 beyond float64's range, or where
+    ``explained_variance_`` leaves its ``dtype``'s: said once)."""
     with np.errstate(over="ignore", under="ignore"):
         ev, total = np.ldexp(ev_s, 2 * e), float(np.ldexp(total_s, 2 * e))
         noise = float(np.ldexp(noise_s, 2 * e))
-    if e and not (np.isfinite(total) and (total_s == 0 or total > 0)):
-        warn(f"pca: the variances are beyond float64's range (about 2^{int(np.frexp(total_s)[1]) + 2 * e}); "
-             "explained_variance_, noise_variance_ and total_variance_ hold inf or 0, explained_variance_ratio_, "
-             "singular_values_, components_ and mean_ are exact; pass A scaled by a power of two for them",
-             BlocklinWarning)
+    f64, fi = np.finfo(np.float64), np.finfo(np.dtype(dtype))
+    pos = ev_s[ev_s > 0]
+    top = int(np.frexp(total_s)[1]) + 2 * e if total_s > 0 else 0  # the variances are below 2^top
+    total_out = total_s > 0 and not f64.minexp < top <= f64.maxexp
+    ev_out = pos.size > 0 and not (int(np.frexp(pos.max())[1]) + 2 * e <= fi.maxexp
+                                   and int(np.frexp(pos.min())[1]) + 2 * e > fi.minexp)
+    if total_out or ev_out:
+        where = "float64's" if total_out else f"{fi.dtype.name}'s"
+        warn(f"pca: the variances are beyond {where} range (about 2^{top}); explained_variance_"
+             f"{', noise_variance_ and total_variance_' if total_out else ''} hold inf or 0 (or lost digits); "
+             "explained_variance_ratio_, singular_values_, components_, mean_ and the whitened transform are "
+             "exact; pass A scaled by a power of two for the variances", BlocklinWarning)
     return ev, total, noise
 
 
@@ -403,14 +424,16 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     comps, s, ev_s, ratio_s = comps[:keep], s[:keep], ev_s[:keep], ratio_s[:keep]
     rest = min(m, n) - keep
     noise_s = max(total_s - float(ev_s.sum()), 0.0) / rest if rest > 0 else 0.0
-    ev, total, noise = _unscaled(ev_s, total_s, noise_s, e)
+    ev, total, noise = _unscaled(ev_s, total_s, noise_s, e, s.dtype)
     report = res.report
     report["total_variance"] = total
     if keep < res.s.size and report.get("residuals") is not None:  # the report speaks of the kept triplets
         report.update(triplet_report(s.astype(np.float64), np.asarray(report["residuals"][:keep]), report["tol"],
                                      s.dtype))
         report["converged"] = all(report["converged_triplets"])
-    p = PCAResult(components_=comps, explained_variance_=ev.astype(s.dtype),
+    with np.errstate(over="ignore", under="ignore"):  # beyond the dtype: said by _unscaled
+        ev = ev.astype(s.dtype)
+    p = PCAResult(components_=comps, explained_variance_=ev,
                   explained_variance_ratio_=ratio_s.astype(s.dtype), singular_values_=s, mean_=moments.mean,
                   scale_=res.scale, n_components_=int(s.size), n_samples_=int(m), n_features_in_=int(n),
                   total_variance_=total, noise_variance_=noise, whiten=whiten, report=report,
@@ -483,10 +506,12 @@ def _of_sparse(s: SparseMatrix, n_components: Any, *, whiten: bool, scale: bool,
     ratio = ev_s / total_s if total_s > 0 else np.zeros_like(ev_s)
     rest = min(m, n) - sv.size
     noise_s = max(total_s - float(ev_s.sum()), 0.0) / rest if rest > 0 else 0.0
-    ev, total, noise = _unscaled(ev_s, total_s, noise_s, e)
+    ev, total, noise = _unscaled(ev_s, total_s, noise_s, e, s.dtype)
     report = res.report
     report.update(total_variance=total, center="implicit (sparse operator)")
-    return PCAResult(components_=comps, explained_variance_=ev.astype(sv.dtype),
+    with np.errstate(over="ignore", under="ignore"):  # beyond the dtype: said by _unscaled
+        ev = ev.astype(sv.dtype)
+    return PCAResult(components_=comps, explained_variance_=ev,
                      explained_variance_ratio_=ratio.astype(sv.dtype), singular_values_=sv, mean_=mean, scale_=None,
                      n_components_=int(sv.size), n_samples_=int(m), n_features_in_=int(n), total_variance_=total,
                      noise_variance_=noise, whiten=whiten, report=report, svd=res if out is not None else None,

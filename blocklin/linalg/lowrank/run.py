@@ -157,7 +157,8 @@ def scaled_back(f: Factorization, scaling: Scaling | ProductScaling, moments: Mo
             f = dataclasses.replace(f, scaled_moments=(moments, e))
             # from the scaled variances (finite where var overflows); a constant column keeps its 1
             std = np.where(moments.var > 0, unscale(moments.std, e), 1.0)
-            moments = Moments(unscale(moments.mean, e), unscale(moments.var, 2 * e), moments.count)
+            with np.errstate(over="ignore", under="ignore"):  # variances beyond float64: pca says so
+                moments = Moments(unscale(moments.mean, e), unscale(moments.var, 2 * e), moments.count)
     f = dataclasses.replace(f, scaling=scaling.report())
     if moments is not None:
         f = dataclasses.replace(f, moments=moments, mean=moments.mean if center else None,
