@@ -71,7 +71,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Every key of the JSON line (the test checks them).
 FIELDS = ("shape", "chunks", "operand_bytes", "cores", "cpu", "load_average", "repeats", "gpu_backend", "reread", "raw",
-          "raw_limit", "blocklin_cpu", "blocklin_later", "blocklin_known", "blocklin_gpu", "blocklin_gpu_later", "blocklin_gemm", "zarr",
+          "raw_limit", "blocklin_cpu", "blocklin_later", "blocklin_known", "blocklin_gpu", "blocklin_gpu_later",
+          "blocklin_gemm", "zarr",
           "dask", "numpy_fromfile", "touch", "ratio_to_raw")
 CODECS = ("none", "zstd")
 
@@ -405,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                                "cores": cores, "cpu": cpu_model(), "load_average": list(os.getloadavg()), "repeats": args.repeats,
                                "gpu_backend": backend, "reread": args.reread, "raw": {}, "raw_limit": {},
                                "blocklin_cpu": {},
-                               "blocklin_later": {}, "blocklin_known": {}, "blocklin_gpu": {}, "blocklin_gpu_later": {}, "blocklin_gemm": {},
+                               "blocklin_later": {}, "blocklin_known": {}, "blocklin_gpu": {}, "blocklin_gpu_later": {},
+                               "blocklin_gemm": {},
                                "zarr": {}, "dask": {}, "numpy_fromfile": None, "touch": None,
                                "ratio_to_raw": {}}
     try:
@@ -468,7 +470,8 @@ def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, ba
                 r = rates[f"{dev}_{f}"]
                 where = {"cpu": "row pass, cpu, a job's first (with its column peaks)",
                          "later": "row pass, cpu, a later pass",
-                         "known": "row pass, cpu, a later job's first (its peaks known)", "gpu": f"row pass, gpu ({backend}), a job's first",
+                         "known": "row pass, cpu, a later job's first (its peaks known)",
+                         "gpu": f"row pass, gpu ({backend}), a job's first",
                          "gpu_later": f"row pass, gpu ({backend}), a later pass", "gemm": "thin product, cpu"}[dev]
                 print(f"blocklin {where}, memory {f} of the operand: {r:.2f}  ({r / limit:.2f}x raw)")
     print(f"zarr: {rates['zarr']:.2f}   dask from_zarr: {rates['dask']:.2f}"
