@@ -184,8 +184,9 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
     Accumulates the squared errors per lambda and right-hand side (``L x k``), and keeps them per row
     when ``params["store"]``. With ``params["stats"]`` (``scoring=``) it also sums the errors of the
     original rows, ``e_i / sqrt(w_i)`` (the leave-one-out prediction's error on the unweighted target,
-    as ``RidgeCV`` scores it), their squares and absolute values, and the targets' sums about ``params["shift"]`` (:class:`~blocklin.linalg.solve.scoring.Stats`); with
-    ``params["errors"]`` (a callable scorer) it keeps those errors per row. The sums are weighted by ``w_i``
+    as ``RidgeCV`` scores it), their squares and absolute values, and the targets' sums about
+    ``params["shift"]`` (:class:`~blocklin.linalg.solve.scoring.Stats`); with ``params["errors"]`` (a
+    callable scorer) it keeps those errors per row. The sums are weighted by ``w_i``
     (``RidgeCV`` hands ``sample_weight`` to its scorer). Complex data: the sums of errors and targets complex,
     those of their squares real (``|e_i|^2``, ``|y_i - shift|^2``).
     """
