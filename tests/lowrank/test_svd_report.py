@@ -124,3 +124,22 @@ def test_eigsh_center_gives_the_covariance_eigenpairs(memory):
     np.testing.assert_array_equal(w_asc, w[::-1])
     with pytest.raises(bl.errors.ParameterError, match="which"):
         bl.eigsh(a, 4, center=True, which="SA", order="descending")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_eigsh_budget_refusal_names_a_budget_that_runs(dtype, tmp_path):
+    """A refused budget names one at which every step plans: the Lanczos state and the first step's
+    pass (its symmetry check takes ``A X`` beside ``A^H X``: twice the columns for complex data). The
+    complex minimum had named the in-core work alone, refused again by the pass."""
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((200, 200)) + (1j * rng.standard_normal((200, 200)) if dtype == np.complex128 else 0)
+    q, _ = np.linalg.qr(g)
+    s = (q * np.linspace(-5, 20, 200)) @ q.conj().T
+    s = (s + s.conj().T) / 2
+    with pytest.raises(bl.errors.BudgetError) as info:
+        bl.eigsh(s, 3, order="descending", memory="64KiB", seed=0)
+    got = bl.eigsh(s, 3, order="descending", memory=int(info.value.minimum), seed=0, temp_dir=str(tmp_path))
+    assert got.report["converged"] and not got.report["in_core"]
+    full = np.linalg.eigvalsh(s)
+    assert_ritz_values(got.w, full[::-1][:3], spectrum=full, residuals=np.asarray(got.report["residuals"]), n=200,
+                       norm=20.0)

@@ -32,6 +32,7 @@ from blocklin.linalg.lowrank.run import real_parts
 from blocklin.linalg.lowrank.sources import load_incore
 from blocklin.linalg.lowrank.laplacian import KINDS
 from blocklin.linalg.lowrank.sparse_eigsh import eigen_order, sparse_eigsh, symmetry_rtol
+from blocklin.plan.minimum import whole_call
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
@@ -186,8 +187,9 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         check_k(k, n, n)
         v0 = start_vector(v0, n)
         tol = default_tol(dt) if tol is None else tol
-        plan = plan_svd(n, n, k, dt, method="eigsh", oversample=10, power_iters=None, memory=job.cfg.memory,
-                        max_passes=max_passes, block_size=block_size, max_basis=max_basis, square=True)
+        plan = whole_call(lambda memory: _plans(job, A, k, dt, memory, max_passes=max_passes, block_size=block_size,
+                                                max_basis=max_basis, check=check_symmetric),
+                          job.cfg.memory, "eigsh")
         ao = None if out is None else open_group(job, out, A, overwrite, resume=resume, token=low_rank_token(
             A, op="eigsh", k=k, which=which, tol=tol, block=plan.block, basis=plan.max_basis, max_passes=max_passes,
             check=check_symmetric, memory=job.cfg.memory, seed=seed, v0=v0))
@@ -254,6 +256,26 @@ def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighRes
     resid = np.asarray(res.report["residuals"]) * res.s.astype(np.float64) / max(m - 1, 1)
     report = dict(res.report, which=which, order=order, center=True, covariance_ddof=1, residuals=resid[idx].tolist())
     return EighResult(w[idx], np.ascontiguousarray(V[:, idx]), report)
+
+
+def _plans(job: Job, A: Any, k: int, dt: Any, memory: int, *, max_passes: int, block_size: int | None,
+           max_basis: int | None, check: bool) -> SvdPlan:
+    """The plan at ``memory``, and out of core the plan of its widest pass (the first Lanczos step,
+    which also takes ``A X`` for the symmetry check: twice the columns for complex data), so that a
+    refusal names the least budget at which both plan (:func:`~blocklin.plan.minimum.whole_call`)."""
+    from blocklin.device import pass_device
+    from blocklin.runtime.passes import plan_kernel_pass
+
+    n = A.shape[0]
+    plan = plan_svd(n, n, k, dt, method="eigsh", oversample=10, power_iters=None, memory=memory,
+                    max_passes=max_passes, block_size=block_size, max_basis=max_basis, square=True)
+    if not plan.in_core:
+        cols = plan.block * (2 if dt.kind == "c" and check else 1)
+        where = pass_device(job.cfg.device, 2.0 * n * n * plan.block, n * n * dt.itemsize, job.device)
+        y = np.broadcast_to(np.zeros((), dt), (n, cols))  # its shape and dtype: what the kernel declares
+        plan_kernel_pass(job, rmat_kernel, [source(A)], {"Y": y, "n": n, "check": check}, memory=plan.memory,
+                         reserve=plan.client_bytes, device=where)
+    return plan
 
 
 def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray, check_symmetric: bool,
