@@ -81,3 +81,14 @@ def test_sparse_pca_refusals(tmp_path):
         bl.pca(s, None)
     with pytest.raises(ParameterError, match=r"method: must be one of \('rsvd', 'lanczos', 'sketch'\).*'gram'"):
         bl.pca(s, 3, method="gram")
+
+
+def test_sparse_pca_of_integer_values_is_that_of_their_float64(tmp_path):
+    """Integer values are computed on as float64 (the cast NumPy and SciPy make): the same bits."""
+    x = scipy.sparse.random(300, 40, density=0.1, random_state=1, format="csr",
+                            data_rvs=lambda k: np.random.default_rng(0).integers(1, 9, k)).astype(np.int64)
+    p = bl.pca(bl.from_sparse(x, tmp_path / "i.zarr"), 3, seed=0, whiten=True)
+    q = bl.pca(bl.from_sparse(x.astype(np.float64), tmp_path / "f.zarr"), 3, seed=0, whiten=True)
+    assert p.components_.dtype == np.float64
+    for name in ("components_", "explained_variance_", "singular_values_", "mean_"):
+        assert np.array_equal(getattr(p, name), getattr(q, name)), name

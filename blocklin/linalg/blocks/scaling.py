@@ -140,10 +140,9 @@ class ProductScaling:
     product stands for it: the first block ``X`` is random (orthonormal, or Gaussian in the sketch),
     so ``max |B X|`` is within a factor of about ``sqrt(n N)`` of ``||B||`` for almost every draw,
     far inside the ``2^256`` of room that :func:`safe_range` leaves on either side. Every later
-    product then multiplies ``2^-e B``, its
-    input scaled first (``B (2^-e X)``, so that no product leaves the range either), and the results
-    are multiplied back as for a stored operand. Inside :func:`safe_range` ``e = 0``: the bits of an
-    unscaled run.
+    product then multiplies ``2^-e B``, its input scaled first (``B (2^-e X)``, so that no product
+    leaves the range either), and the results are multiplied back as for a stored operand. Inside
+    :func:`safe_range` ``e = 0``: the bits of an unscaled run.
     """
 
     dtype: Any

@@ -506,7 +506,7 @@ def _of_sparse(s: SparseMatrix, n_components: Any, *, whiten: bool, scale: bool,
     ratio = ev_s / total_s if total_s > 0 else np.zeros_like(ev_s)
     rest = min(m, n) - sv.size
     noise_s = max(total_s - float(ev_s.sum()), 0.0) / rest if rest > 0 else 0.0
-    ev, total, noise = _unscaled(ev_s, total_s, noise_s, e, s.dtype)
+    ev, total, noise = _unscaled(ev_s, total_s, noise_s, e, sv.dtype)
     report = res.report
     report.update(total_variance=total, center="implicit (sparse operator)")
     with np.errstate(over="ignore", under="ignore"):  # beyond the dtype: said by _unscaled
