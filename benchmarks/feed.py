@@ -15,10 +15,6 @@ comes from the same load, and the best round of each counts:
   scaling of data near overflow needs it; it stands in for the NaN/Inf check);
 * ``blocklin_later``: the same pass run again in the same job, as every later pass of an iterative
   method (nothing but the delivery), timed alone;
-* ``blocklin_known``: the first pass of a second job over the same operand, timed with its job: the
-  first job recorded the column peaks under the operand's content stamp
-  (:mod:`blocklin.runtime.known_peaks`), so this one takes them and reads as a later pass does (what
-  every job after the first over unchanged data gets; ``blocklin_cpu`` clears that record first);
 * ``blocklin_gpu``: the same pass on the CUDA device (``device="gpu"``): real CuPy where it imports
   and sees a GPU, else the CuPy stand-in of ``tests/support/cupy_standin.py``, which then measures the host
   side (pinned slots, uploads as NumPy copies);
@@ -71,8 +67,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Every key of the JSON line (the test checks them).
 FIELDS = ("shape", "chunks", "operand_bytes", "cores", "cpu", "load_average", "repeats", "gpu_backend", "reread", "raw",
-          "raw_limit", "blocklin_cpu", "blocklin_later", "blocklin_known", "blocklin_gpu", "blocklin_gpu_later",
-          "blocklin_gemm", "zarr",
+          "raw_limit", "blocklin_cpu", "blocklin_later", "blocklin_gpu", "blocklin_gpu_later", "blocklin_gemm", "zarr",
           "dask", "numpy_fromfile", "touch", "ratio_to_raw")
 CODECS = ("none", "zstd")
 
@@ -228,17 +223,15 @@ def _null_kernel() -> Callable:
 NULL_KERNEL: Callable | None = None
 
 
-def blocklin_feed(path: str, memory: int, device: str, later: bool = False, known: bool = False) -> dict:
+def blocklin_feed(path: str, memory: int, device: str, later: bool = False) -> dict:
     """A row pass of the null kernel over ``path`` on ``device``; its plan's shape.
 
-    The first pass of a job over an operand new to the process also records each column's largest
-    magnitude (what the scaling of data near overflow needs; it stands in for the NaN/Inf check too):
-    that pass is timed with its job. ``later``: a second pass in the same job, as every later pass of
-    an iterative method reads, timed alone (``"seconds"`` in the result). ``known``: the first pass of
-    a second job, after a first one recorded the peaks, timed with its job.
+    The first pass of a job over an operand also records each column's largest magnitude (what
+    the scaling of data near overflow needs; it stands in for the NaN/Inf check too): that pass is
+    timed with its job. ``later``: a second pass in the same job, as every later pass of an
+    iterative method reads, timed alone (``"seconds"`` in the result).
     """
     global NULL_KERNEL
-    from blocklin.runtime import known_peaks
     from blocklin.runtime.job import Job
     from blocklin.runtime.passes import run_pass, source
 
@@ -249,12 +242,7 @@ def blocklin_feed(path: str, memory: int, device: str, later: bool = False, know
 
     kept = resident.ENABLED
     resident.ENABLED = False  # the feed, not strips kept on the device
-    known_peaks.clear()  # the operand is new to the process: its first pass takes the peaks
     try:
-        if known:  # a first job records the peaks; the second, timed, takes them
-            with Job("feed", memory=memory, device=device, check_finite=False) as job:
-                run_pass(job, NULL_KERNEL, [source(job.operand(path, "a"))], description="feed", check_finite=False)
-            t0 = time.perf_counter()
         with Job("feed", memory=memory, device=device, check_finite=False) as job:
             op = job.operand(path, "a")
             # the stream's end waits for its slots' uploads: on a GPU every byte has reached the device
@@ -263,9 +251,6 @@ def blocklin_feed(path: str, memory: int, device: str, later: bool = False, know
                 t0 = time.perf_counter()
                 states, plan = run_pass(job, NULL_KERNEL, [source(op)], description="feed", check_finite=False)
                 out["seconds"] = time.perf_counter() - t0
-        if known:
-            out["seconds"] = time.perf_counter() - t0
-            assert job.stats.get("peaks_known") == 1, "the second job took the recorded peaks"
     finally:
         resident.ENABLED = kept
     assert sum(states) == op.shape[0], "the null pass saw every row once"
@@ -406,8 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                                "cores": cores, "cpu": cpu_model(), "load_average": list(os.getloadavg()), "repeats": args.repeats,
                                "gpu_backend": backend, "reread": args.reread, "raw": {}, "raw_limit": {},
                                "blocklin_cpu": {},
-                               "blocklin_later": {}, "blocklin_known": {}, "blocklin_gpu": {}, "blocklin_gpu_later": {},
-                               "blocklin_gemm": {},
+                               "blocklin_later": {}, "blocklin_gpu": {}, "blocklin_gpu_later": {}, "blocklin_gemm": {},
                                "zarr": {}, "dask": {}, "numpy_fromfile": None, "touch": None,
                                "ratio_to_raw": {}}
     try:
@@ -424,7 +408,6 @@ def main(argv: list[str] | None = None) -> int:
                 budget = max(1, int(nbytes * f))
                 readers[f"cpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu")
                 readers[f"later_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu", later=True)
-                readers[f"known_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu", known=True)
                 if backend != "none":
                     readers[f"gpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "gpu")
                     readers[f"gpu_later_{f}"] = lambda b=budget: blocklin_feed(path, b, "gpu", later=True)
@@ -446,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                 summary["numpy_fromfile"] = rates["numpy_fromfile"]
                 summary["touch"] = {"threads": cores, "copy_sum": rates["copy_sum"], "map_sum": rates["map_sum"],
                                     "pmd_mapped": pmd_mapped_share(files[0])}
-            for dev in ("cpu", "later", "known", "gpu", "gpu_later", "gemm"):
+            for dev in ("cpu", "later", "gpu", "gpu_later", "gemm"):
                 got = {str(f): {"gbps": rates[f"{dev}_{f}"], "plan": plans.get(f"{dev}_{f}")}
                        for f in fractions if f"{dev}_{f}" in rates}
                 summary[f"blocklin_{dev}"][codec] = got
@@ -465,13 +448,11 @@ def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, ba
     print(f"-- {codec} chunks (GB/s, best round)")
     print("raw, threads: " + ", ".join(f"{t}: {r:.2f}" for t, r in raw.items()) + f"  (limit {limit:.2f})")
     for f in fractions:
-        for dev in ("cpu", "later", "known", "gpu", "gpu_later", "gemm"):
+        for dev in ("cpu", "later", "gpu", "gpu_later", "gemm"):
             if f"{dev}_{f}" in rates:
                 r = rates[f"{dev}_{f}"]
                 where = {"cpu": "row pass, cpu, a job's first (with its column peaks)",
-                         "later": "row pass, cpu, a later pass",
-                         "known": "row pass, cpu, a later job's first (its peaks known)",
-                         "gpu": f"row pass, gpu ({backend}), a job's first",
+                         "later": "row pass, cpu, a later pass", "gpu": f"row pass, gpu ({backend}), a job's first",
                          "gpu_later": f"row pass, gpu ({backend}), a later pass", "gemm": "thin product, cpu"}[dev]
                 print(f"blocklin {where}, memory {f} of the operand: {r:.2f}  ({r / limit:.2f}x raw)")
     print(f"zarr: {rates['zarr']:.2f}   dask from_zarr: {rates['dask']:.2f}"

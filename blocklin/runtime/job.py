@@ -516,9 +516,7 @@ class Job:
         and ``device_resident``, the most bytes of blocks the device cache held while the job kept some.
         CPU jobs whose row passes mapped strips from the page cache instead of copying them
         (:func:`blocklin.runtime.passes.mapped_inputs`) report ``bytes_mapped``, those strips' bytes
-        (part of ``bytes_read``). Jobs that took the column peaks of an input from an earlier job of the
-        process at the same content stamp (:mod:`blocklin.runtime.known_peaks`) report ``peaks_known``,
-        how many inputs.
+        (part of ``bytes_read``).
 
         What bounded the run, from the tasks that streamed their data through a
         :class:`~blocklin.device.stream.TileStream` (GEMM tiles, row passes; other tasks report no

@@ -37,7 +37,6 @@ from blocklin.errors import InternalError
 from blocklin.plan.passes import MAX_LOADERS, PassMemory, RowPassPlan, pass_workers, plan_pass
 from blocklin.progress import report_units
 from blocklin.plan.rechunk import rechunk_advice
-from blocklin.runtime import known_peaks
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
 from blocklin.storage.rawchunks import decoded_access, raw_access
@@ -289,7 +288,6 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
     # A completed pass has read every element of its inputs: the operation's input, checked once for
     # NaN/Inf in this job, is not checked again (the check cost 8-10% of each pass of an iterative SVD).
     # Intermediates are checked on every pass (one path may be rewritten between passes).
-    stamps = _known_peaks(job, sources, over)
     checked = {str(s.path) for s in sources} if over != "intermediate" else set()
     check = job.check_finite if check_finite is None else check_finite
     if check_finite is None and checked and checked <= job.checked_finite:
@@ -329,33 +327,7 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
             job.peaks[str(s.path)] = peaks
             job.amax[str(s.path)] = float("nan") if peaks is None or np.isnan(peaks).any() else \
                 float(peaks.max(initial=0.0))
-            if str(s.path) in stamps:
-                known_peaks.remember(s, stamps[str(s.path)], peaks)
     return PassResult([state for r in results for state in r["states"]], plan)
-
-
-def _known_peaks(job: Any, sources: Sequence[Source], over: str) -> dict[str, str]:
-    """Take the column peaks of the pass's local inputs that an earlier job recorded at today's content
-    stamp (:mod:`blocklin.runtime.known_peaks`): they are then the job's (``job.peaks``, ``job.amax``),
-    finite, so the input needs no NaN/Inf check either, and its first pass reads as a later one.
-    Returns the stamps, taken before anything is read, of the inputs whose peaks this pass takes."""
-    stamps: dict[str, str] = {}
-    if over == "intermediate":
-        return stamps
-    for s in sources:
-        path = str(s.path)
-        if path in job.amax or path in stamps or not known_peaks.is_local(s):
-            continue
-        stamp = _stamp(job, path)
-        peaks = known_peaks.lookup(s, stamp)
-        if peaks is None:
-            stamps[path] = stamp
-            continue
-        job.peaks[path] = peaks
-        job.amax[path] = float(peaks.max(initial=0.0))
-        job.checked_finite.add(path)
-        job.stats["peaks_known"] = job.stats.get("peaks_known", 0) + 1
-    return stamps
 
 
 def mapped_inputs(job: Any, sources: Sequence[Source], spec: RowPassSpec) -> tuple[bool, ...] | None:

@@ -17,7 +17,7 @@ import pytest
 import blocklin as bl
 from blocklin.errors import StoreReadError
 from blocklin.plan.passes import PassMemory
-from blocklin.runtime import known_peaks, passes
+from blocklin.runtime import passes
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import row_kernel, run_pass, source
 from blocklin.runtime.tiles import open_array
@@ -182,8 +182,6 @@ def _copied_strips(device, arrays, rows, params, state):
 
 
 def _passes(path, scheduler, kernel=_gram):
-    """A job's first pass (its column peaks taken: the input is new to the process) and a later one."""
-    known_peaks.clear()
     with Job("mapped-test", memory="160KiB", scheduler=scheduler, workers=2) as job:
         op = job.operand(path, "a")
         first, plan = run_pass(job, kernel, [source(op)], check_finite=False, min_tasks=4)
