@@ -13,7 +13,11 @@ every object of the input:
 A non-zarr input (``A.npy``, ``A.mtx``, ``A.h5``, the file of ``A.h5:/dataset``, a CSV) is stamped
 by its file. Reading an input changes none of these. Timestamps are only as fine as the file
 system keeps them: a rewrite that keeps the size, inode and both times (within one clock tick of
-the original write) is not seen locally; object stores' ETags do not have that limit.
+the original write) is not seen locally; object stores' ETags do not have that limit. Nor are
+writes through a writable memory map to a page already written since its last writeback: Linux
+updates the times on the first write to a clean page only (on ext4 a page stays dirty for the
+writeback delay, about 30 s; tmpfs pages always), so a map kept open across a run hides its later
+writes from the stamp.
 
 :func:`stamp_inputs` builds the record a claimed output keeps (``.blocklin-inputs.json`` in its
 partial, :mod:`blocklin.storage.atomic`); :func:`changes` compares a recorded one with today's and
