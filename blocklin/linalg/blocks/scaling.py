@@ -76,15 +76,10 @@ def unscale_float(x: float, e: int) -> float:
         return float(np.ldexp(np.float64(x), e))
 
 
-@dataclasses.dataclass
-class Scaling:
-    """The power of two of one operand, once known (``e is None`` before its first pass)."""
+class _Power:
+    """``known`` and ``exponent`` of a power of two ``e`` that is ``None`` until learned."""
 
-    path: str
-    dtype: Any
-    e: int | None = None
-    amax: float | None = None
-    extra_passes: int = 0
+    e: int | None
 
     @property
     def known(self) -> bool:
@@ -93,6 +88,17 @@ class Scaling:
     @property
     def exponent(self) -> int:
         return self.e or 0
+
+
+@dataclasses.dataclass
+class Scaling(_Power):
+    """The power of two of one operand, once known (``e is None`` before its first pass)."""
+
+    path: str
+    dtype: Any
+    e: int | None = None
+    amax: float | None = None
+    extra_passes: int = 0
 
     def params(self) -> dict[str, int]:
         """``run_pass(..., scale=...)`` for this operand (empty before it is known)."""
@@ -130,7 +136,7 @@ class Scaling:
 
 
 @dataclasses.dataclass
-class ProductScaling:
+class ProductScaling(_Power):
     """The power of two of an operator known only by its products (a SciPy ``LinearOperator``, a stored
     sparse matrix's row blocks), learned from its first product.
 
@@ -148,14 +154,6 @@ class ProductScaling:
     dtype: Any
     e: int | None = None
     amax: float | None = None
-
-    @property
-    def known(self) -> bool:
-        return self.e is not None
-
-    @property
-    def exponent(self) -> int:
-        return self.e or 0
 
     def into(self, x: Any) -> Any:
         """The input of a product with ``2^-e B``: ``2^-e x`` (``x`` itself before ``e`` is known)."""
