@@ -19,6 +19,7 @@ from scipy.sparse.linalg import aslinearoperator
 
 import blocklin as bl
 from blocklin.errors import BlocklinWarning, ConvergenceError
+from blocklin.runtime import sparse_pass
 from support.tolerances import assert_ritz_values
 
 #: Powers of two per dtype: near the ends of the range (float64 2^+-1022 and float32 2^+-126 are its
@@ -64,6 +65,24 @@ def test_svd_of_a_scaled_sparse_matrix_is_the_scaled_svd(tmp_path, dtype, k, met
     full = np.linalg.svd(x.toarray().astype(np.float64), compute_uv=False)
     assert_ritz_values(s, full[:4], spectrum=full, residuals=np.asarray(ref.report["residuals"]), n=500,
                        norm=full[0], dtype=dtype)
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads", "processes"])
+def test_streamed_products_near_the_range_ends(tmp_path, monkeypatch, scheduler):
+    """Row blocks not held: every product is one pass of the job's tasks over ``S`` (several groups),
+    on each scheduler. The scaling wraps the products, so the same bits as the unscaled run."""
+    monkeypatch.setattr(sparse_pass, "HOLD_BLOCKS", False)
+    monkeypatch.setattr(sparse_pass, "GROUP_ENTRIES", 800)
+    x = _tall(np.float64)
+    a = bl.from_sparse(x, tmp_path / "a.zarr")
+    b = bl.from_sparse(_scaled(x, -700), tmp_path / "b.zarr")
+    _U, s, Vt = ref = bl.svd(a, 3, method="lanczos", seed=0, scheduler=scheduler, workers=2)
+    _U2, s2, Vt2 = got = bl.svd(b, 3, method="lanczos", seed=0, scheduler=scheduler, workers=2)
+    assert got.report["phases"]["products with the operator"] == "the job's tasks (row blocks)"
+    assert np.array_equal(_back(s2, -700), s) and np.array_equal(Vt2, Vt)
+    full = np.linalg.svd(x.toarray(), compute_uv=False)
+    assert_ritz_values(s, full[:3], spectrum=full, residuals=np.asarray(ref.report["residuals"]), n=500,
+                       norm=full[0])
 
 
 @pytest.mark.parametrize("dtype,k", CASES, ids=IDS)
