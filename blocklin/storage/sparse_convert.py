@@ -732,6 +732,7 @@ def _external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str,
     buffer: list = [None, None, None]  # the records, block numbers and linear indices of one batch, reused
     try:
         for batch in source.batches():
+            _check_range(batch, writer.dtype)
             if nan == "error" and batch.vals.dtype.kind in "fc":
                 bad = np.flatnonzero(np.isnan(batch.vals[:batch.stored]))
                 if bad.size:
@@ -758,7 +759,32 @@ def _external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str,
 # -- drivers ---------------------------------------------------------------------------------------
 
 def _value_dtype(src: np.dtype, requested: Any) -> np.dtype:
-    return output_dtype(src, requested)
+    """:func:`output_dtype`, integers never narrowed: the entries are bucketed and their duplicates
+    summed in the output dtype, where a value or a sum out of its range would wrap silently (int64
+    402 became int8 -110)."""
+    out = output_dtype(src, requested)
+    src = np.dtype(src)
+    if src.kind in "iu" and out.kind in "iu" and not np.can_cast(src, out, "safe"):
+        raise DTypeError(explain("dtype", f"must hold every {src.name} value of a sparse matrix (a narrower integer "
+                                 "would wrap values and sums of duplicate entries)", f"{src.name} -> {out.name}",
+                                 f"keep {src.name} (pass no dtype), or a float dtype"))
+    return out
+
+
+def _check_range(batch: Batch, out: np.dtype) -> None:
+    """Refuse a finite value that the narrower float dtype ``out`` cannot hold (it would become inf)."""
+    v = batch.vals[:batch.stored]
+    if not v.size or out.kind not in "fc" or v.dtype.kind not in "fc" or np.can_cast(v.dtype, out, "safe"):
+        return
+    top = np.finfo(out).max
+    parts = (v.real, v.imag) if v.dtype.kind == "c" else (v,)
+    bad = np.zeros(v.shape, bool)
+    for part in parts:
+        bad |= np.isfinite(part) & (np.abs(part) > top)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DTypeError(explain("dtype", f"must hold every value (finite {out.name} values stay below {top:.3g})",
+                                 f"{v[i]} at {batch.where(i)}", "keep the input's dtype (pass no dtype)"))
 
 
 def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None, overwrite: bool = False,

@@ -18,7 +18,7 @@ import zarr
 
 import blocklin
 from blocklin.cli.main import main
-from blocklin.errors import BudgetError, ConfigError, FormatError, NonFiniteError, ParameterError
+from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError, ParameterError
 from blocklin.sparse import SparseMatrix
 from blocklin.storage.sparse import SparseWriter
 from blocklin.storage.sparse_convert import ScipySource, SortPlan, external_sort
@@ -549,3 +549,21 @@ def test_a_chunk_write_failing_on_the_writer_thread_fails_the_conversion_and_lea
     _nothing_left(tmp_path, "S.zarr")
     monkeypatch.setattr(rawchunks.VectorChunkFiles, "write", real)
     _assert_same(blocklin.from_sparse(x, tmp_path / "S.zarr", memory="9MiB").to_scipy(), x)
+
+
+def test_a_narrower_dtype_never_wraps_or_overflows(tmp_path):
+    """``dtype=`` narrower than the values: integers are refused outright (entries and the sums of
+    duplicates are formed in the output dtype, where they would wrap: int64 402 became int8 -110), a
+    finite float beyond the narrower float's range is refused naming its entry (it became inf), and
+    values in range are stored as NumPy casts them."""
+    x = scipy.sparse.csr_matrix(np.array([[402, 0], [0, -1000]], dtype=np.int64))
+    with pytest.raises(DTypeError, match="int64 -> int8"):
+        blocklin.from_sparse(x, tmp_path / "i8.zarr", dtype="int8")
+    y = scipy.sparse.csr_matrix(np.array([[7e44, 0], [0, 1e-9]]))
+    with pytest.raises(DTypeError, match="float32.*7e\\+44 at entry 0"):
+        blocklin.from_sparse(y, tmp_path / "f32.zarr", dtype="float32")
+    assert not (tmp_path / "f32.zarr").exists() and not (tmp_path / "i8.zarr").exists()
+    z = scipy.sparse.csr_matrix(np.array([[7e4, 0], [0, 1e-9]]))
+    s = blocklin.from_sparse(z, tmp_path / "ok.zarr", dtype="float32")
+    assert s.dtype == np.float32 and np.array_equal(s.to_scipy().data, z.data.astype(np.float32))
+    assert blocklin.from_sparse(x, tmp_path / "wide.zarr", dtype="float64").to_scipy().data.tolist() == [402.0, -1000.0]
