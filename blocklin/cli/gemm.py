@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> dict:
                   dtype=args.dtype, precision=args.precision, **ui.run_settings(args))
     if args.explain:
         plan = matmul(args.a, args.b, args.out, explain=True, **kwargs)
-        advice = [] if getattr(plan, "route", None) == "sparse" else read_advice(  # a sparse S: no rechunk advice
+        # a sparse S, or a thin product's single row pass (which notes its own re-reads): no rechunk advice
+        advice = [] if getattr(plan, "route", None) in ("sparse", "rows") else read_advice(
             open_matrix(args.a), open_matrix(args.b), plan, trans_a=args.trans_a, trans_b=args.trans_b)
         summary = {"plan": plan.to_dict(), "flops": plan.flops, "bytes_read": plan.bytes_read,
                    "bytes_written": plan.bytes_written, "peak_memory": plan.peak_memory, "read_notes": advice}

@@ -264,6 +264,21 @@ def plan_row_pass(m: int, row_bytes: int, *, chunk_rows: int, memory: int, fixed
                        loaders=1 if cached or prefetch < 1 else max(1, min(loaders, prefetch)))
 
 
+def output_chunk_rows(plan: RowPassPlan, rows: int) -> int:
+    """Chunk height of a tall output a pass writes a row at a time: the strip times the most strips (at
+    most ``rows`` rows in all) that divide every task's share, so that no chunk is written by two tasks
+    and a kernel gathers its strips' rows into whole chunks (few chunk files: each one a file to create,
+    and a folder per chunk row)."""
+    strip = plan.strip
+    j_max = max(1, rows // strip)
+    if len(plan.groups) > 1:
+        per_group = (plan.groups[0][1] - plan.groups[0][0]) // strip
+        j = max(d for d in range(1, min(j_max, per_group) + 1) if per_group % d == 0)
+    else:
+        j = min(j_max, -(-plan.m // strip))
+    return strip * j
+
+
 def _dividing_strip(chunk_rows: int, limit: int) -> int:
     """The tallest strip of at most ``limit`` rows that divides ``chunk_rows`` (no strip then straddles
     two chunks), looking at most at twice as many strips per chunk as ``limit`` allows; else the

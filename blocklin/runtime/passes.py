@@ -241,7 +241,7 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
              plan: RowPassPlan | None = None, outputs: Sequence[tuple[str, str]] = (),
              transposed_outputs: Sequence[str] = (), check_finite: bool | None = None, over: str = "a",
              description: str = "pass", device: str | None = None, scale: dict[str, int] | None = None,
-             **planning: Any) -> PassResult:
+             peaks: bool = True, **planning: Any) -> PassResult:
     """Plan (unless ``plan`` is given) and run one pass of ``kernel``; the job counts it.
 
     Parameters
@@ -269,6 +269,9 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
         never a scaled copy on disk; :mod:`blocklin.linalg.blocks.scaling`). The largest magnitude of each
         operand input read for the first time in the job is recorded in ``job.amax[path]`` (and of
         each column of the streamed orientation in ``job.peaks[path]``).
+    peaks : bool
+        ``False`` for a pass that needs no scaling (a product): nothing is recorded, and where the
+        job checks for NaN/Inf each strip is checked by itself (the peaks would stand in for it).
     **planning
         ``memory``, ``reserve``, ``max_strip``, ``min_tasks``, ``workers`` for :func:`plan_kernel_pass`.
     """
@@ -300,7 +303,7 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                        blas_threads=job.task_blas_threads(plan.blas_threads),
                        transposed=tuple(s.transposed for s in sources), transposed_outputs=tuple(transposed_outputs),
                        scale=tuple(int((scale or {}).get(str(s.path), 0)) for s in sources) if scale else None,
-                       amax=tuple(over != "intermediate" and str(s.path) not in job.amax for s in sources),
+                       amax=tuple(peaks and over != "intermediate" and str(s.path) not in job.amax for s in sources),
                        offsets=tuple(s.first_row for s in sources) if any(s.first_row for s in sources) else None)
     spec = dataclasses.replace(spec, mapped=mapped_inputs(job, sources, spec))
     if device == "gpu":

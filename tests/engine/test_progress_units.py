@@ -26,7 +26,7 @@ def test_row_pass_progress_in_rows(scheduler):
 
 
 def test_gemm_tile_progress_in_k_panels():
-    x = np.random.default_rng(1).standard_normal((20000, 30))
+    x = np.random.default_rng(1).standard_normal((20000, 30))  # A^T b: the tiles (no thin route)
     p = ProgressRecorder()
     c = bl.matmul(x, np.ones(20000), trans_a=True, memory="4MiB", progress=p)
     plan = c.report["plan"]

@@ -32,3 +32,20 @@ def test_gemm_peak_within_budget(tmp_path, memory_mib, precision):
     assert r["plan_peak"] <= budget
     assert r["tasks"] > 1
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget {memory_mib} MiB"
+
+
+@needs_hwm
+def test_thin_product_peak_within_budget(tmp_path):
+    """A thin product (``B`` 512 x 8) takes the row-pass route: strips of ``A`` (uncompressed, read
+    straight into the slots), ``B`` held, each strip's product written; the peak stays within the
+    budget with ``B`` and the output's writes counted."""
+    import numpy as np
+
+    a = bl.random(tmp_path / "a.zarr", (98304, 512), seed=1, chunks=(2048, 512))  # 384 MiB: 16x the budget
+    bl.from_array(np.random.default_rng(2).standard_normal((512, 8)), tmp_path / "b.zarr", chunks=(512, 8))
+    budget = 24 * 2**20
+    child = CHILD.replace('"tasks": c.report["tasks"]', '"tasks": c.report["tasks"], "route": c.report.get("route")')
+    r = run_child(child, a.path, str(tmp_path / "b.zarr"), str(tmp_path / "c.zarr"), "24MiB")
+    used = r["peak"] - r["baseline"]
+    assert r["route"] == "rows" and r["plan_peak"] <= budget and r["tasks"] > 1
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 24 MiB"

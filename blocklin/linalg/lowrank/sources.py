@@ -27,6 +27,7 @@ from blocklin.linalg.lowrank.triplets import enrich_width
 from blocklin.linalg.products.gram_kernels import gram_pass_kernel, sum_gram_states
 from blocklin.operands import temp_root
 from blocklin.plan.svd import SvdPlan, sketch_blas_threads, sketch_tasks, tsqr_reserve_bytes
+from blocklin.plan.passes import output_chunk_rows
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, plan_kernel_pass, reduce_sum, run_pass, source, stored
 from blocklin.storage import create_array, write_array
@@ -365,7 +366,7 @@ class Streamed:
         for the appended rows of a sketch made with it, :mod:`blocklin.linalg.update.sketch`)."""
         params = self._sketch_params(seed, generator)
         plan = self._plan_sketch(params)
-        params["y_chunk"] = _y_chunk(plan, params["y_buffer"] // (kp * np.dtype(self.dtype).itemsize))
+        params["y_chunk"] = output_chunk_rows(plan, params["y_buffer"] // (kp * np.dtype(self.dtype).itemsize))
         if y_path is None:
             blk = self._tmp_block(kp, params["y_chunk"])
         else:  # kept in the output (an updatable result): written there by the pass, read there after it
@@ -392,19 +393,6 @@ class Streamed:
 def stored_y_rows(M: int, kp: int, dtype: Any) -> int:
     """Chunk height of a kept ``Y`` written from memory: about :data:`SKETCH_Y_BUFFER` per chunk."""
     return max(1, min(M, SKETCH_Y_BUFFER // max(1, kp * np.dtype(dtype).itemsize)))
-
-
-def _y_chunk(plan: Any, rows: int) -> int:
-    """Chunk height of the sketch's ``Y``: the strip times the most strips (at most ``rows`` rows in
-    all) that divide every task's share, so that no chunk is written by two tasks."""
-    strip = plan.strip
-    j_max = max(1, rows // strip)
-    if len(plan.groups) > 1:
-        per_group = (plan.groups[0][1] - plan.groups[0][0]) // strip
-        j = max(d for d in range(1, min(j_max, per_group) + 1) if per_group % d == 0)
-    else:
-        j = min(j_max, -(-plan.m // strip))
-    return strip * j
 
 
 def load_incore(job: Job, A: Any, plan: SvdPlan) -> np.ndarray:

@@ -20,10 +20,12 @@ from blocklin.errors import explain as _msg
 from blocklin.matrix import Matrix
 from blocklin.plan.gemm import GemmPlan, _panel_reads, plan_gemm
 from blocklin.plan.rechunk import rechunk_advice
+from blocklin.plan.thin import ThinPlan
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.storage.identity import resume_token
 from blocklin.runtime.tiles import GemmSpec, gemm_runs, gemm_tiles
+from blocklin.linalg.products.thin import run_thin, thin_plan
 from blocklin.operands import temp_root
 from blocklin.storage.atomic import open_or_create_array
 from blocklin.storage.location import as_location
@@ -293,6 +295,9 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype, precision=precision)
         if out_chunks is None and _is_gram(op):
             return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
+        thin = thin_plan(job, op, out_chunks)
+        if thin is not None:
+            return _as_thin(job, op, thin, out, overwrite=overwrite, resume=resume)
         plan = op.plan(job, out_chunks, out)
         ao = job.claim(out, op.operands, overwrite=overwrite, resume=resume, token=op.token(plan),
                        size=(op.shape, op.dtype))
@@ -387,7 +392,21 @@ def matmul_plan(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float 
             from blocklin.linalg.products.gram import Gram
 
             return Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha).plan(job)
-        return op.plan(job, out_chunks, out)
+        return thin_plan(job, op, out_chunks) or op.plan(job, out_chunks, out)
+
+
+def _as_thin(job: Job, op: Gemm, plan: ThinPlan, out: Any, *, overwrite: bool, resume: bool) -> Matrix:
+    """Run a product with a thin ``op(B)`` as one row pass (:mod:`blocklin.linalg.products.thin`)."""
+    ao = job.claim(out, op.operands, overwrite=overwrite, resume=resume,
+                   token=resume_token("matmul", op.operands, op.params(), plan.to_dict()), size=(op.shape, op.dtype))
+    open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
+    run_thin(job, op, plan, ao.array_path())
+    report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), precision=op.precision,
+                        compute_dtype=op.compute.name, route="rows",
+                        route_reason=f"op(B) has {plan.n} column(s): held in memory, A streamed by rows in one "
+                                     "pass (read once, on every core)",
+                        phases={"products of row strips (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
+    return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=op.params(), keys=REPORT_KEYS)
 
 
 #: Report entries recorded in the output's attributes.
