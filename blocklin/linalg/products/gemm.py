@@ -217,7 +217,9 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
 
     ``X^T X`` and ``X X^T`` of one stored operand (the same store or array object, one side
     transposed, no ``c``, planner-chosen ``out_chunks``) are handed to :func:`blocklin.gram`: SYRK in
-    one read of ``X``, half the flops; the report's ``route`` and ``route_reason`` say so.
+    one read of ``X``, half the flops; the report's ``route`` and ``route_reason`` say so. A thin ``op(B)``
+    (at most 64 columns, an eighth of the budget) is held while ``A`` is streamed in one row pass
+    (:mod:`blocklin.linalg.products.thin`, ``route: "rows"``): read once, on every core.
 
     Parameters
     ----------
