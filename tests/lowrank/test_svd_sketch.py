@@ -57,7 +57,7 @@ def test_sketch_pass_with_short_strips_and_several_tasks(tmp_path, monkeypatch):
         params = src._sketch_params(seed)
         pp = plan_kernel_pass(job, K.sketch_kernel, [src.source], params, max_strip=7, min_tasks=3)
         assert pp.strip == 7 and len(pp.groups) == 3
-        params["y_chunk"] = sources._y_chunk(pp, 40)
+        params["y_chunk"] = P.output_chunk_rows(pp, 40)
         assert params["y_chunk"] > pp.strip and params["y_chunk"] % pp.strip == 0
         per_group = (pp.groups[0][1] - pp.groups[0][0]) // pp.strip
         assert per_group % (params["y_chunk"] // pp.strip) == 0  # no chunk shared by two tasks

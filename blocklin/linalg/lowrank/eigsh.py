@@ -225,7 +225,9 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                                residuals=unscale(np.asarray(res.residuals, dtype=np.float64), scaling.exponent))
             scale["v"] = float(np.ldexp(scale["v"], scaling.exponent))
         check_finite_result("w", res.values, "the eigenvalues of eigsh")
-        if not res.converged:
+        if res.note:
+            warn(f"eigsh: {res.note}", ConvergenceWarning)
+        elif not res.converged:
             warn(f"eigsh: tol={tol:g} not reached within {job.passes('a')} passes over A; reached a relative "
                  f"residual of {float(np.max(res.residuals)) / max(scale['v'], 1e-300):.2e} (max over the {k} "
                  "pairs). Raise max_passes, max_basis or block_size, or loosen tol", ConvergenceWarning)

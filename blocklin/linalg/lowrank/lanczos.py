@@ -61,6 +61,8 @@ class LanczosResult:
     history: list
     #: ``Op x - theta x`` of the returned pairs (n x k): the directions a final Rayleigh-Ritz step can add
     residual_vectors: np.ndarray | None = None
+    #: Why pairs whose residuals converged are not reported as converged (:func:`full_block_cluster`)
+    note: str | None = None
 
 
 def _order(theta: np.ndarray, which: str) -> np.ndarray:
@@ -203,7 +205,10 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
                 if (kk == k and conv.all()) or last:
                     # an exhausted Krylov space is converged, but never with a NaN residual (never checked)
                     ok = bool(kk == k and (conv.all() or (exhausted and np.isfinite(rn).all())))
-                    return _result(V, W, Y[:, sel], theta[sel], rn, ok, steps, restarts, history, ritz, res)
+                    note = None if exhausted else full_block_cluster(theta[sel], rn, b)
+                    out = _result(V, W, Y[:, sel], theta[sel], rn, ok and note is None, steps, restarts, history,
+                                  ritz, res)
+                    return dataclasses.replace(out, note=note) if note else out
                 del ritz, res
             else:
                 history.append(float(np.max(est / np.maximum(bound, 1e-300))) if kk else 0.0)
@@ -227,6 +232,36 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
             if checkpoint is not None:
                 checkpoint({"x": x, "V": V.to_numpy(), "W": W.to_numpy(), "H": H, "history": np.array(history),
                             "steps": steps, "restarts": restarts, "counter": counter, "local": local})
+
+
+def full_block_cluster(theta: np.ndarray, rn: np.ndarray, block: int) -> str | None:
+    """Why converged Ritz pairs may still be wrong, or ``None``: a value found ``block`` times or more
+    with wanted values after it.
+
+    A block Krylov space ``K(Op, X)`` holds at most ``b`` independent vectors of any eigenspace (the
+    eigenspace's part of ``Op^i X`` is ``lambda^i`` times that of ``X``, ``b`` columns), so block Lanczos
+    finds at most ``b`` copies of a repeated eigenvalue (Golub and Underwood 1977), each with a converged
+    residual; the copies it cannot find are replaced by the next values, which are then wrong with
+    converged residuals. Ritz values within their residuals of one another (``|theta_i - theta_j| <=
+    2 (r_i + r_j)``, the Bauer-Fike bound of each, and rounding) count as one value; ``theta`` is in the
+    wanted order (copies adjacent). Fewer than ``b`` copies are all of them (the start block is random);
+    ``b`` copies at the end of the wanted values displace nothing."""
+    k = theta.size
+    if block >= k:
+        return None
+    slack = 64 * float(np.finfo(np.float64).eps) * float(np.max(np.abs(theta), initial=0.0))
+    i = 0
+    while i < k:
+        j = i
+        while j + 1 < k and abs(theta[j + 1] - theta[i]) <= 2 * (rn[j + 1] + rn[i]) + slack:
+            j += 1
+        if j - i + 1 >= block and j < k - 1:
+            return (f"the value {theta[i]:.6g} was found {j - i + 1} times, as many as the Lanczos block holds "
+                    f"({block}): a block finds at most that many copies of a repeated eigenvalue, so it may "
+                    f"repeat more often and the {k - 1 - j} value(s) after it may be wrong although their "
+                    f"residuals converged (Golub and Underwood 1977); pass block_size={2 * (j - i + 1)} or more")
+        i = j + 1
+    return None
 
 
 def basis_threads() -> int:

@@ -58,6 +58,7 @@ class Factorization:
     mean: np.ndarray | None = None  # the column means subtracted (center)
     scale: np.ndarray | None = None  # the column standard deviations divided by (scale)
     scaled_moments: tuple[Moments, int] | None = None  # (moments of 2^-e A, e) when the data was scaled
+    note: str | None = None  # lanczos: why converged triplets may be wrong (lanczos.full_block_cluster)
 
 
 def ritz_relative_residuals(q: np.ndarray, z: np.ndarray, k: int, dtype: Any) -> np.ndarray:
@@ -332,9 +333,10 @@ def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps
                         state=ckpt.load("lanczos"), dtype=src.dtype,
                         checkpoint=(lambda state: ckpt.save("lanczos", **state)) if ckpt.enabled else None,
                         bases=bases)
+    note = f"Lanczos on B^H B (values: squared singular values): {res.note}" if res.note else None
     if not isinstance(res.vectors, np.ndarray):  # spilled: the Ritz vectors stay on disk
         f = spilled_finish(res.vectors)
-        return dataclasses.replace(f, lanczos_steps=res.steps, restarts=res.restarts, history=res.history)
+        return dataclasses.replace(f, lanczos_steps=res.steps, restarts=res.restarts, history=res.history, note=note)
     # The final pass takes the Rayleigh-Ritz step over the Ritz vectors and their residual directions
     # (one block Krylov step from them, at no extra pass: the pass is made anyway to write the long
     # factor). span [X, R] holds span(X), so its Ritz values can only get closer to the exact ones; in
@@ -347,7 +349,7 @@ def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps
             Q = np.hstack([Q, orth_against(Q, res.residual_vectors, seed=seed, counter=res.steps + 1, width=e)])
     f = rayleigh_ritz(src, Q, k, dest, transposed_out, "lanczos", seed)
     return dataclasses.replace(f, lanczos_steps=res.steps, restarts=res.restarts, history=res.history,
-                               rayleigh_ritz_width=int(Q.shape[1]))
+                               rayleigh_ritz_width=int(Q.shape[1]), note=note)
 
 
 def gram_subspace(g: np.ndarray, width: int) -> np.ndarray:

@@ -114,7 +114,9 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
         res = block_lanczos(apply, n, k, which=which, block=bp.block, max_basis=bp.max_basis, max_steps=max_passes,
                             threshold=threshold, seed=seed, x0=_start(n, bp.block, seed, v0),
                             bases=(lambda n_, cap, wd: spilled_bases(job, n_, cap, wd)) if bp.spilled else None)
-        if not res.converged:
+        if res.note:
+            warn(f"eigsh: {res.note}", ConvergenceWarning)
+        elif not res.converged:
             warn(f"eigsh: tol={tol:g} not reached within {passes['n']} passes over the sparse matrix; raise "
                  "max_passes or loosen tol", ConvergenceWarning)
         idx = eigen_order(res.values, order, which)

@@ -554,7 +554,7 @@ def _returned(res: SVDResult, vectors: bool | str) -> SVDResult | np.ndarray:
 #: The fields of a :class:`Factorization` the report carries as they are, in this order: those the
 #: method set (not ``None``), and ``scaling`` always (``None``: the data needed no scaling).
 REPORTED_FIELDS = ("power_iters", "orth", "lanczos_steps", "restarts", "history", "rayleigh_ritz_width",
-                   "sketch_size", "sketch_generator", "phases", "scaling", "fallback")
+                   "sketch_size", "sketch_generator", "phases", "scaling", "fallback", "note")
 
 
 def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, seed: int, oversample: int,
@@ -568,7 +568,10 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
     triplets = triplet_report(s, f.residuals, tol, plan.dtype)
     # converged only for residuals actually measured: the single-pass sketch has none (None, with its note)
     converged = None if f.residuals is None else all(triplets["converged_triplets"] or [True])
-    if converged is False:
+    if f.note:  # converged residuals, values that may still be wrong: said, never reported as converged
+        warn(f"svd ({plan.method}): {f.note}", ConvergenceWarning)
+        converged = False
+    elif converged is False:
         bad = [i + 1 for i, c in enumerate(triplets["converged_triplets"]) if not c]
         w = triplets["worst_triplet"]
         within = (f"{job.passes('a')} passes over A" if operator_products is None

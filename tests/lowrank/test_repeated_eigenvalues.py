@@ -1,0 +1,117 @@
+"""An eigenvalue repeated more often than the Lanczos block is wide is never a silent wrong result.
+
+A block Krylov space holds at most ``b`` vectors of an eigenspace (Golub and Underwood 1977), so block
+Lanczos finds at most ``b`` copies; the values after them were then replaced by the next ones with
+converged residuals (found by a randomized search of sparse graphs). Such a run now says so
+(:func:`blocklin.linalg.lowrank.lanczos.full_block_cluster`: a ``ConvergenceWarning`` naming the value,
+its count and a ``block_size`` that finds more, and ``converged=False``); a wide enough block gives
+LAPACK's values within the residual bound.
+
+The graph: six paths of five nodes (bipartite: each adds the eigenvalue 2 of the normalized
+Laplacian) and odd cycles of 7 to 19 nodes (``1 + cos(pi / L)``: 1.9010 to 1.9864, each twice).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.sparse.csgraph import laplacian
+
+import blocklin as bl
+from blocklin.errors import ConvergenceWarning
+from blocklin.linalg.lowrank.lanczos import full_block_cluster
+
+
+def _path(n):
+    return sp.diags([np.ones(n - 1), np.ones(n - 1)], [1, -1])
+
+
+def _cycle(n):
+    a = _path(n).tolil()
+    a[0, n - 1] = a[n - 1, 0] = 1
+    return a.tocsr()
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    g = sp.block_diag([_path(5)] * 6 + [_cycle(n) for n in (7, 9, 11, 13, 15, 17, 19)]).tocsr()
+    lap = laplacian(g, normed=True).toarray()
+    path = tmp_path_factory.mktemp("graph") / "g.zarr"
+    bl.from_sparse(g, path)
+    return path, lap, np.linalg.eigvalsh(lap)[::-1]
+
+
+def _run(call):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = call()
+    return out, [w for w in seen if issubclass(w.category, ConvergenceWarning)]
+
+
+@pytest.mark.parametrize("stored", ["sparse", "dense"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_full_block_of_copies_is_said_not_hidden(graph, stored, seed):
+    path, lap, ref = graph
+    assert np.allclose(ref[:7], [2] * 6 + [1 + np.cos(np.pi / 19)])  # six 2s, then 1.9864
+    a = path if stored == "sparse" else lap
+    kw = {"laplacian": "normalized"} if stored == "sparse" else {}
+    res, warned = _run(lambda: bl.eigsh(a, 7, block_size=4, order="descending", seed=seed, **kw))
+    if not warned:  # the run found every copy (rounding can add directions): then it must be right
+        assert np.allclose(res[0], ref[:7], atol=1e-6)
+        assert res.report["converged"]
+        return
+    assert len(warned) == 1
+    msg = str(warned[0].message)
+    assert "found 4 times" in msg and "block_size=8" in msg and "Golub and Underwood" in msg
+    assert res.report["converged"] is False
+
+
+@pytest.mark.parametrize("stored", ["sparse", "dense"])
+def test_a_wide_enough_block_finds_every_copy(graph, stored):
+    path, lap, ref = graph
+    a = path if stored == "sparse" else lap
+    kw = {"laplacian": "normalized"} if stored == "sparse" else {}
+    (w, _), warned = _run(lambda: bl.eigsh(a, 7, block_size=8, order="descending", seed=0, **kw))
+    assert not warned
+    # each Ritz value within its residual of an eigenvalue (Bauer-Fike for a symmetric matrix); the
+    # default tol bounds the residuals at tol * |w|max
+    tol = 10 * np.sqrt(np.finfo(np.float64).eps)
+    assert np.all(np.abs(w - ref[:7]) <= 2 * tol * 2)
+
+
+def test_copies_that_end_the_wanted_values_displace_nothing(graph):
+    path, _, ref = graph
+    (w, _), warned = _run(lambda: bl.eigsh(path, 4, laplacian="normalized", block_size=4, order="descending", seed=0))
+    assert not warned and np.allclose(w, 2.0, atol=1e-6)
+
+
+def test_svd_says_so_too(tmp_path):
+    """Lanczos on ``B^T B``: a singular value repeated beyond the block, with smaller ones wanted after it."""
+    rng = np.random.default_rng(3)
+    m, n = 3000, 400
+    q1, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    q2, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    s = np.concatenate([[10.0] * 8, 9.99 - 0.01 * np.arange(n - 8)])
+    a = (q1 * s) @ q2.T
+    res, warned = _run(lambda: bl.svd(a, 10, method="lanczos", block_size=4, seed=0, memory="4MiB"))
+    if not warned:
+        assert np.allclose(res.s, s[:10], rtol=1e-6)
+        return
+    assert len(warned) == 1 and "found 4 times" in str(warned[0].message) and "svd" in str(warned[0].message)
+    assert res.report["converged"] is False and "found 4 times" in res.report["note"]
+
+
+@pytest.mark.parametrize("theta,rn,block,found", [
+    ([2, 2, 2, 2, 1.98, 1.97], [1e-9] * 6, 4, True),      # four copies, values after them: said
+    ([2, 2, 2, 1.98, 1.97, 1.9], [1e-9] * 6, 4, False),    # three copies: all of them
+    ([3, 2, 2, 2, 2], [1e-9] * 5, 4, False),               # the copies end the wanted values
+    ([2, 2, 2, 2 - 1e-7, 1.9], [1e-7] * 5, 4, True),       # within their residuals of each other: one value
+    ([2, 2, 2, 2 - 1e-7, 1.9], [1e-9] * 5, 4, False),      # apart by more than their residuals: distinct
+    ([2, 2, 1.9], [1e-9] * 3, 4, False),                   # a block as wide as the values
+])
+def test_full_block_cluster_rule(theta, rn, block, found):
+    got = full_block_cluster(np.array(theta, dtype=float), np.array(rn), block)
+    assert (got is not None) == found
