@@ -772,8 +772,13 @@ def _value_dtype(src: np.dtype, requested: Any) -> np.dtype:
 
 
 def _check_range(batch: Batch, out: np.dtype) -> None:
-    """Refuse a finite value that the narrower float dtype ``out`` cannot hold (it would become inf)."""
-    v = batch.vals[:batch.stored]
+    """Refuse a finite value of ``batch`` that the narrower float dtype ``out`` cannot hold (:func:`check_values_fit`)."""
+    check_values_fit(batch.vals[:batch.stored], out, batch.where)
+
+
+def check_values_fit(v: np.ndarray, out: np.dtype, where: Any) -> None:
+    """Refuse a finite value of ``v`` that the narrower float dtype ``out`` cannot hold (it would become
+    inf), naming its position (``where(i)`` of entry ``i``)."""
     if not v.size or out.kind not in "fc" or v.dtype.kind not in "fc" or np.can_cast(v.dtype, out, "safe"):
         return
     top = np.finfo(out).max
@@ -784,7 +789,7 @@ def _check_range(batch: Batch, out: np.dtype) -> None:
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise DTypeError(explain("dtype", f"must hold every value (finite {out.name} values stay below {top:.3g})",
-                                 f"{v[i]} at {batch.where(i)}", "keep the input's dtype (pass no dtype)"))
+                                 f"{v[i]} at {where(i)}", "keep the input's dtype (pass no dtype)"))
 
 
 def write_sparse(source: Any, out: Any, *, memory: Any = None, dtype: Any = None, overwrite: bool = False,

@@ -33,7 +33,7 @@ from blocklin.config import size_hint
 from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError, explain
 from blocklin.progress import make_progress
 from blocklin.storage.sparse_convert import (
-    NPZ_BATCH, SORT_BYTES_PER_ENTRY, NpzSource, SortPlan, _sorted_block, run_dtype,
+    NPZ_BATCH, SORT_BYTES_PER_ENTRY, NpzSource, SortPlan, _sorted_block, check_values_fit, run_dtype,
 )
 
 SPARSE_FORMATS = ("csr", "csc")
@@ -321,6 +321,7 @@ class Hdf5SparseSource(NpzSource):
                 cols = idx_s.slice(p0, p1).astype(np.int64)
                 self._check_range("column", cols, n, p0)
                 vals = val_s.slice(p0, p1)
+                check_values_fit(vals, writer.dtype, lambda i, p0=p0: f"entry {p0 + i} of the {self.label}")
                 if nan == "error" and vals.dtype.kind == "f" and np.isnan(vals).any():
                     raise NonFiniteError(explain("input", "must not hold NaN when nan='error'",
                                                  f"NaN at entry {p0 + int(np.flatnonzero(np.isnan(vals))[0])}",

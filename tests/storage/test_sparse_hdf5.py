@@ -15,7 +15,7 @@ import scipy.sparse
 
 import blocklin
 from blocklin.cli.main import main
-from blocklin.errors import BudgetError, ConfigError, FormatError, NonFiniteError
+from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError
 from support.hostile import leftovers
 
 h5py = pytest.importorskip("h5py")
@@ -297,3 +297,20 @@ def test_conversion_stays_within_budget(tmp_path, fmt):
     used = res["peak"] - base
     assert used <= budget + margin(budget), f"{used / 2**20:.1f} MiB above the baseline for a 24 MiB budget"
     _nothing_left(tmp_path)
+
+
+@pytest.mark.parametrize("fmt", ["csr", "csc"])
+def test_a_narrower_float_dtype_refuses_a_value_it_cannot_hold(tmp_path, fmt):
+    """``dtype=`` narrower than the values: a finite value beyond the narrower float's range is refused
+    naming its entry, on the streamed CSR path (rows in order, no sort) as on the sorted CSC one (it
+    became inf on the streamed path); values in range are stored as NumPy casts them."""
+    y = scipy.sparse.csr_matrix(np.array([[1.5, 0, 0], [0, 7e44, 0], [0, 0, 1e-9]]))
+    _anndata(tmp_path / "y.h5ad", "X", y, fmt)
+    with pytest.raises(DTypeError, match=r"dtype: must hold every value .*7e\+44 at entry 1"):
+        blocklin.convert(f"{tmp_path / 'y.h5ad'}:/X", tmp_path / "y.zarr", dtype="float32")
+    _nothing_left(tmp_path, "y.zarr")
+    z = scipy.sparse.csr_matrix(np.array([[1.5, 0, 0], [0, 7e4, 0], [0, 0, 1e-9]]))
+    _anndata(tmp_path / "z.h5ad", "X", z, fmt)
+    blocklin.convert(f"{tmp_path / 'z.h5ad'}:/X", tmp_path / "z.zarr", dtype="float32")
+    got = blocklin.open(tmp_path / "z.zarr").to_scipy()
+    assert got.dtype == np.float32 and np.array_equal(got.toarray(), z.toarray().astype(np.float32))
