@@ -484,12 +484,16 @@ def load_record(spec: TileOpSpec, name: str) -> Any:
 
 
 def _scaled(x: np.ndarray, e: int) -> np.ndarray:
-    """``x * 2^e`` (exact where it fits), a new array (a block read may be a cache's); ``x`` for ``e = 0``."""
+    """``x * 2^e`` (exact where it fits); ``x`` for ``e = 0``. A block read into an array of its own
+    (:func:`~blocklin.storage.zarr_store.read_block` allocates one; nothing caches blocks) is scaled where
+    it lies, so the slice costs no second copy beside the two the plan counts
+    (:func:`~blocklin.plan.gram.syrk_block_memory`); a view is copied."""
     if not e:
         return x
     from blocklin.runtime.passes import ldexp
 
-    return ldexp(np.asarray(x), e)
+    x = np.asarray(x)
+    return ldexp(x, e, out=x) if x.flags.owndata and x.flags.writeable else ldexp(x, e)
 
 
 @with_task_settings

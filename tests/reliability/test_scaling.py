@@ -214,6 +214,23 @@ def test_gram_tiled_route_with_scale(dtype, e, scale):
     assert_close_to(back, g0, bound=bound, what=f"tiled gram of 2^{e} A")
 
 
+def test_syrk_slices_scale_where_they_lie():
+    """The tiled SYRK's power of two: a slice read into its own array is scaled in place (no third slice
+    beside the two its plan counts), a view is copied (its owner is left as it was); exact either way."""
+    from blocklin.runtime.blockops import _scaled
+
+    rng = np.random.default_rng(5)
+    for x in (rng.standard_normal((8, 6)), rng.standard_normal((8, 6)) + 1j * rng.standard_normal((8, 6))):
+        want = x * 2.0 ** 40
+        own = x.copy()
+        assert _scaled(own, 40) is own and np.array_equal(own, want)
+        base = x.copy()
+        got = _scaled(base[:, :4], 40)
+        assert not np.shares_memory(got, base) and np.array_equal(base, x)
+        assert np.array_equal(got, want[:, :4])
+    assert _scaled(x, 0) is x
+
+
 # -- solve -----------------------------------------------------------------------------------------------
 def _lstsq_problem():
     rng = np.random.default_rng(4)
