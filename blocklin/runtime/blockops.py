@@ -658,8 +658,9 @@ def sumsq_tile_task(spec: TileOpSpec, i: int, j: int, columns: bool = False, saf
     nbytes, cplx = x.nbytes, x.dtype.kind == "c"
     x = real_parts(x)  # |z|^2 = Re^2 + Im^2: the squares of both parts (interleaved columns)
     if safe:
-        top = float(np.max(np.abs(x))) if x.size else 0.0
-        e = int(np.frexp(top)[1]) if 0 < top < np.inf else 0
+        from blocklin.runtime.passes import max_exponent
+
+        e = max_exponent(x)
         y = np.ldexp(x.astype(np.float64), -e)
         return {"bytes_read": nbytes, "norm": float(np.ldexp(np.sqrt(np.einsum("ij,ij->", y, y)), e))}
     out = {"bytes_read": nbytes, "sumsq": float(np.einsum("ij,ij->", x, x, dtype=np.float64))}

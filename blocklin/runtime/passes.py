@@ -591,6 +591,13 @@ def ldexp(x: np.ndarray, e: int, out: np.ndarray | None = None) -> np.ndarray:
     return r
 
 
+def max_exponent(x: Any) -> int:
+    """``e`` with ``max |x| = f 2^e``, ``f`` in ``[0.5, 1)``: the power of two of the largest magnitude in
+    ``x`` (``0`` for zero, NaN, Inf or an empty ``x``), what dividing by ``2^e`` brings near 1 (exact)."""
+    top = float(np.max(np.abs(x))) if np.size(x) else 0.0
+    return int(np.frexp(top)[1]) if 0 < top < np.inf else 0
+
+
 #: Bytes of a strip read at a time by a pass that records its column peaks from local uncompressed
 #: chunks (:func:`_read_with_peaks`).
 PEAK_PIECE_BYTES = 1 << 20

@@ -24,7 +24,7 @@ from blocklin.linalg.blocks.streaming_qr import tsqr_pass
 from blocklin.linalg.blocks.tsqr import reduce_r, tsqr_kernel
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import run_pass, source
+from blocklin.runtime.passes import max_exponent, run_pass, source
 
 C128 = np.dtype(np.complex128)
 
@@ -78,12 +78,6 @@ def _truncation(s: np.ndarray, m: int, n: int, rcond: float | None) -> tuple[np.
     return np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0), cut, int(np.count_nonzero(keep))
 
 
-def _exponent(x: Any) -> int:
-    """The power of two of the largest magnitude in ``x`` (``0`` for zero or an empty ``x``)."""
-    top = float(np.max(np.abs(x))) if np.size(x) else 0.0
-    return int(np.frexp(top)[1]) if top > 0 and np.isfinite(top) else 0
-
-
 def _wide_solution(job: Job, A: Any, s: np.ndarray, z: np.ndarray, keep: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``x = A^H (A A^H)^+ b`` with ``(A A^H)^+ = conj(Z) S^+2 Z^T``, in powers of two that keep every
     factor in range: ``1 / s^2`` leaves float64's for ``s`` beyond ``2^+-512`` (entries near ``1e+-154``)
@@ -94,10 +88,10 @@ def _wide_solution(job: Job, A: Any, s: np.ndarray, z: np.ndarray, keep: np.ndar
     near 1, and ``x`` is that times ``2^(eb - e + f)``: only ``x`` itself can leave the range."""
     from blocklin.runtime.passes import ldexp
 
-    e, eb = _exponent(s[:1]), _exponent(b)
+    e, eb = max_exponent(s[:1]), max_exponent(b)
     inv = np.where(keep, 1.0 / np.where(keep, np.ldexp(s, -e), 1.0), 0.0)
     y = z.conj() @ (inv[:, None] ** 2 * (z.T @ ldexp(b, -eb)))
-    f = _exponent(y)
+    f = max_exponent(y)
     product = _adjoint_product(job, A, ldexp(y, -(e + f)))
     with np.errstate(over="ignore", under="ignore"):
         return ldexp(product, eb - e + f)
