@@ -11,8 +11,10 @@ comes from the same load, and the best round of each counts:
   kernel by the task's ``TileStream``, and each summed once on the CPU, so that every byte is read: a
   strip mapped from the page cache is delivered only when read), at a budget of ``--memory`` (a fraction
   of the operand, ``1/16`` by default: the operand is far larger than the budget), timed with its
-  job; the first pass of a job over an operand also records each column's largest magnitude (the
-  scaling of data near overflow needs it; it stands in for the NaN/Inf check);
+  job; the first pass of a job over an operand also records its largest magnitude (the scaling of data
+  near overflow needs it; it stands in for the NaN/Inf check);
+* ``blocklin_columns``: the same first pass recording each column's largest magnitude, as an SVD's
+  first pass does (``Job.column_peaks``);
 * ``blocklin_later``: the same pass run again in the same job, as every later pass of an iterative
   method (nothing but the delivery), timed alone;
 * ``blocklin_gpu``: the same pass on the CUDA device (``device="gpu"``): real CuPy where it imports
@@ -22,7 +24,8 @@ comes from the same load, and the best round of each counts:
   cache of strips off (every strip read on the host and uploaded, as where the operand outgrows the
   device; no column peaks);
 * ``blocklin_gemm``: a thin product ``A @ B`` (``B`` ``n x 4``, in memory) by ``blocklin.matmul`` on the
-  CPU at the same budget: the GEMM tile task's loaders (its output, ``m x 4``, is written too);
+  CPU at the same budget: its thin-product route, one row pass with ``B`` held (its output, ``m x 4``,
+  is written too);
 * ``zarr``: zarr's own read, one chunk row of strips at a time into one reused buffer
   (``get_basic_selection(..., out=)``);
 * ``dask``: ``dask.array.from_zarr`` with a null ``map_blocks``, on the threaded scheduler;
@@ -67,7 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Every key of the JSON line (the test checks them).
 FIELDS = ("shape", "chunks", "operand_bytes", "cores", "cpu", "load_average", "repeats", "gpu_backend", "reread", "raw",
-          "raw_limit", "blocklin_cpu", "blocklin_later", "blocklin_gpu", "blocklin_gpu_later", "blocklin_gemm", "zarr",
+          "raw_limit", "blocklin_cpu", "blocklin_columns", "blocklin_later", "blocklin_gpu", "blocklin_gpu_later", "blocklin_gemm", "zarr",
           "dask", "numpy_fromfile", "touch", "ratio_to_raw")
 CODECS = ("none", "zstd")
 
@@ -223,13 +226,14 @@ def _null_kernel() -> Callable:
 NULL_KERNEL: Callable | None = None
 
 
-def blocklin_feed(path: str, memory: int, device: str, later: bool = False) -> dict:
+def blocklin_feed(path: str, memory: int, device: str, later: bool = False, columns: bool = False) -> dict:
     """A row pass of the null kernel over ``path`` on ``device``; its plan's shape.
 
-    The first pass of a job over an operand also records each column's largest magnitude (what
-    the scaling of data near overflow needs; it stands in for the NaN/Inf check too): that pass is
-    timed with its job. ``later``: a second pass in the same job, as every later pass of an
-    iterative method reads, timed alone (``"seconds"`` in the result).
+    The first pass of a job over an operand also records its largest magnitude (what the scaling of
+    data near overflow needs; it stands in for the NaN/Inf check too), and with ``columns`` each
+    column's, as an SVD's first pass does: that pass is timed with its job. ``later``: a second pass in
+    the same job, as every later pass of an iterative method reads, timed alone (``"seconds"`` in the
+    result).
     """
     global NULL_KERNEL
     from blocklin.runtime.job import Job
@@ -245,6 +249,8 @@ def blocklin_feed(path: str, memory: int, device: str, later: bool = False) -> d
     try:
         with Job("feed", memory=memory, device=device, check_finite=False) as job:
             op = job.operand(path, "a")
+            if columns:
+                job.column_peaks.add(str(op.path))
             # the stream's end waits for its slots' uploads: on a GPU every byte has reached the device
             states, plan = run_pass(job, NULL_KERNEL, [source(op)], description="feed", check_finite=False)
             if later:
@@ -267,6 +273,10 @@ def blocklin_thin_product(path: str, memory: int, work: str) -> dict:
     res = blocklin.matmul(path, b, out, memory=memory, device="cpu", check_finite=False, overwrite=True)
     plan = res.report.get("plan", {}) if isinstance(res.report, dict) else {}
     shutil.rmtree(out)
+    if plan.get("route") == "rows":  # matmul's thin-product route: one row pass (B held)
+        pp = plan["pass_plan"]
+        return {"route": "rows", "strip": pp["strip"], "tasks": len(pp["groups"]), "workers": pp["workers"],
+                "out_chunks": plan["out_chunks"]}
     return {k: plan[k] for k in ("tm", "tn", "tk", "workers", "prefetch", "n_tasks") if k in plan}
 
 
@@ -390,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"shape": [m, n], "chunks": [args.chunk_rows, n], "operand_bytes": nbytes,
                                "cores": cores, "cpu": cpu_model(), "load_average": list(os.getloadavg()), "repeats": args.repeats,
                                "gpu_backend": backend, "reread": args.reread, "raw": {}, "raw_limit": {},
-                               "blocklin_cpu": {},
+                               "blocklin_cpu": {}, "blocklin_columns": {},
                                "blocklin_later": {}, "blocklin_gpu": {}, "blocklin_gpu_later": {}, "blocklin_gemm": {},
                                "zarr": {}, "dask": {}, "numpy_fromfile": None, "touch": None,
                                "ratio_to_raw": {}}
@@ -407,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             for f in fractions:
                 budget = max(1, int(nbytes * f))
                 readers[f"cpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu")
+                readers[f"columns_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu", columns=True)
                 readers[f"later_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu", later=True)
                 if backend != "none":
                     readers[f"gpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "gpu")
@@ -429,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
                 summary["numpy_fromfile"] = rates["numpy_fromfile"]
                 summary["touch"] = {"threads": cores, "copy_sum": rates["copy_sum"], "map_sum": rates["map_sum"],
                                     "pmd_mapped": pmd_mapped_share(files[0])}
-            for dev in ("cpu", "later", "gpu", "gpu_later", "gemm"):
+            for dev in ("cpu", "columns", "later", "gpu", "gpu_later", "gemm"):
                 got = {str(f): {"gbps": rates[f"{dev}_{f}"], "plan": plans.get(f"{dev}_{f}")}
                        for f in fractions if f"{dev}_{f}" in rates}
                 summary[f"blocklin_{dev}"][codec] = got
@@ -448,10 +459,11 @@ def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, ba
     print(f"-- {codec} chunks (GB/s, best round)")
     print("raw, threads: " + ", ".join(f"{t}: {r:.2f}" for t, r in raw.items()) + f"  (limit {limit:.2f})")
     for f in fractions:
-        for dev in ("cpu", "later", "gpu", "gpu_later", "gemm"):
+        for dev in ("cpu", "columns", "later", "gpu", "gpu_later", "gemm"):
             if f"{dev}_{f}" in rates:
                 r = rates[f"{dev}_{f}"]
-                where = {"cpu": "row pass, cpu, a job's first (with its column peaks)",
+                where = {"cpu": "row pass, cpu, a job's first (its largest magnitude)",
+                         "columns": "row pass, cpu, a job's first (each column's peak, an svd's)",
                          "later": "row pass, cpu, a later pass", "gpu": f"row pass, gpu ({backend}), a job's first",
                          "gpu_later": f"row pass, gpu ({backend}), a later pass", "gemm": "thin product, cpu"}[dev]
                 print(f"blocklin {where}, memory {f} of the operand: {r:.2f}  ({r / limit:.2f}x raw)")

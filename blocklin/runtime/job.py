@@ -164,8 +164,12 @@ class Job:
         #: Largest magnitude of each input, by path, recorded by the first row pass that read it whole
         #: (what :mod:`blocklin.linalg.blocks.scaling` chooses its power of two from).
         self.amax: dict[str, float] = {}
-        #: ... and of each column of the streamed orientation (rows of a source streamed transposed)
+        #: ... and of each column of the streamed orientation (rows of a source streamed transposed), for
+        #: the inputs in ``column_peaks`` (what the SVD's squares need to know: ``scaling.squares_lose_columns``)
         self.peaks: dict[str, Any] = {}
+        #: Inputs whose first pass records each column's peak: the others record the largest magnitude
+        #: alone, a flat max and min of each piece (a third faster a first pass, measured)
+        self.column_peaks: set[str] = set()
         #: Whether each local uncompressed input's later passes map its strips from the page cache
         #: (:func:`blocklin.runtime.passes.mapped_inputs`), probed once per input in the job
         self.mapped_inputs: dict[str, bool] = {}

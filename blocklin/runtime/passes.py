@@ -178,8 +178,10 @@ class RowPassSpec:
     #: Per input: the power of two ``e`` its strips are divided by as they are read (``x 2^-e``,
     #: exact; :mod:`blocklin.linalg.blocks.scaling`), 0 for none.
     scale: tuple[int, ...] | None = None
-    #: Per input: whether the task records the largest magnitude of each column it read (``peaks``).
+    #: Per input: whether the task records the largest magnitude it read (``peaks``): of each column
+    #: where ``columns`` says so, else of the whole input (every entry of ``peaks`` that one value).
     amax: tuple[bool, ...] | None = None
+    columns: tuple[bool, ...] | None = None
     #: Per input: the stored row of streamed row 0 (:attr:`Source.first_row`); None for all 0.
     offsets: tuple[int, ...] | None = None
     #: Per input: the key prefix of its strips in the device operand cache (the job's scope, the
@@ -304,6 +306,7 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                        transposed=tuple(s.transposed for s in sources), transposed_outputs=tuple(transposed_outputs),
                        scale=tuple(int((scale or {}).get(str(s.path), 0)) for s in sources) if scale else None,
                        amax=tuple(peaks and over != "intermediate" and str(s.path) not in job.amax for s in sources),
+                       columns=tuple(str(s.path) in job.column_peaks for s in sources),
                        offsets=tuple(s.first_row for s in sources) if any(s.first_row for s in sources) else None)
     spec = dataclasses.replace(spec, mapped=mapped_inputs(job, sources, spec))
     if device == "gpu":
@@ -327,7 +330,8 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
     for j, s in enumerate(sources):  # the operands' largest magnitudes, from the first pass that read them
         if spec.amax[j]:
             peaks = _max_nan([r["peaks"][j] for r in results if "peaks" in r and r["peaks"][j] is not None])
-            job.peaks[str(s.path)] = peaks
+            if spec.columns[j]:
+                job.peaks[str(s.path)] = peaks
             job.amax[str(s.path)] = float("nan") if peaks is None or np.isnan(peaks).any() else \
                 float(peaks.max(initial=0.0))
     return PassResult([state for r in results for state in r["states"]], plan)
@@ -339,8 +343,9 @@ def mapped_inputs(job: Any, sources: Sequence[Source], spec: RowPassSpec) -> tup
 
     Only for kernels that never write into their strips (``read_only``: a mapped strip is the page
     cache's, read-only), on the CPU, for local uncompressed inputs one chunk across, streamed by rows,
-    unscaled, and read after the job's first pass over them (a first pass takes its column peaks a
-    cached piece at a time); and only where the page cache holds the input's first chunk file in 2 MiB pages
+    unscaled (a job's first pass takes its peaks from the mapped strip a cached piece at a time,
+    :func:`_peaks_in_pieces`: 9.2-9.3 GB/s against 7.4-8.2 copied, 1 GiB on the 2-core machine, medians of
+    6 alternated); and only where the page cache holds the input's first chunk file in 2 MiB pages
     (:func:`blocklin.storage.mapped.large_pages`, probed once per input in the job): mapped small
     pages are slower than the copy (:mod:`blocklin.storage.mapped`). The same bytes reach the kernel
     either way. None where no source is mapped.
@@ -351,8 +356,7 @@ def mapped_inputs(job: Any, sources: Sequence[Source], spec: RowPassSpec) -> tup
         return None
     got = []
     for j, s in enumerate(sources):
-        ok = not s.transposed and s.reads == "direct" and not (spec.amax and spec.amax[j]) \
-            and not (spec.scale and spec.scale[j])
+        ok = not s.transposed and s.reads == "direct" and not (spec.scale and spec.scale[j])
         if ok:
             path = str(s.path)
             if path not in job.mapped_inputs:
@@ -479,6 +483,8 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
     nbytes = [0]
     scale = spec.scale or (0,) * len(arrays)
     want = spec.amax or (False,) * len(arrays)
+    # per input: each column's peak (what the SVD's squares need), or the largest magnitude alone
+    peaks_of = [_column_peaks if spec.columns and spec.columns[j] else _flat_peaks for j in range(len(arrays))]
     peaks: list[np.ndarray | None] = [None] * len(arrays)  # per input, max |x| of each column so far
     lock = threading.Lock()  # the loader threads update them
     bands = [_Band(arr, t) if spec.plan.cached and _Band.wanted(path, arr, t, spec.plan.strip) else None
@@ -520,8 +526,10 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
             elif maps[j] and (view := _read_mapped(arr, direct[j], rs, cs, regions, (id(buf), j))) is not None:
                 stored = view
                 nmapped[0] += view.nbytes
+                if want[j]:
+                    piece_peaks = _peaks_in_pieces(view, peaks_of[j])
             elif want[j] and pieces[j]:
-                stored, piece_peaks = _read_with_peaks(arr, rs, cs, dest, direct[j])
+                stored, piece_peaks = _read_with_peaks(arr, rs, cs, dest, direct[j], peaks_of[j])
             elif _direct_into(decoded[j], arr, dest):
                 stored, piece_peaks = _decode_with_peaks(arr, decoded[j], rs, cs, dest)
             elif _direct_into(direct[j], arr, dest):
@@ -529,7 +537,7 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
             else:
                 stored = read_block(arr, rs, cs, out=dest)
             v = stored.T if t else stored
-            p = (piece_peaks if piece_peaks is not None else _column_peaks(v)) if want[j] else None
+            p = (piece_peaks if piece_peaks is not None else peaks_of[j](v)) if want[j] else None
             piece_peaks = None
             # Real data whose column peaks are finite holds no NaN or Inf (max and min propagate
             # both): the peaks, which the first pass computes anyway, stand in for the check.
@@ -631,7 +639,7 @@ def _read_mapped(arr: Any, raw: Any, rows: slice, cols: slice, regions: dict, ke
 
 
 def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray,
-                     raw: Any = None) -> tuple[np.ndarray, np.ndarray]:
+                     raw: Any = None, peaks_of: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """``arr[rows, cols]`` read into ``out`` a piece of about :data:`PEAK_PIECE_BYTES` at a time, and
     the column peaks of the whole (:func:`_column_peaks`), each piece's taken right after its read.
 
@@ -644,25 +652,52 @@ def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray,
     pieces (a job's first pass 7.3 -> 8.2 GB/s on the 2-core machine, medians of 9 alternated).
     Failures are named as :func:`~blocklin.storage.zarr_store.read_block` names them.
     """
+    peaks_of = peaks_of or _column_peaks
     step = max(1, PEAK_PIECE_BYTES // max(1, out.shape[1] * out.itemsize))
     # the chunk files' reader resolved once per task (``raw``), not per piece: each read_block of a piece
     # parsed the array's metadata again (a third of the GIL a first pass held on the H200 host: py-spy --gil)
     raw = raw if _direct_into(raw, arr, out) else None
     cols = slice(cols.start or 0, arr.shape[1] if cols.stop is None else cols.stop)
-    peaks = _column_peaks(out[:0])
+    peaks = peaks_of(out[:0])
     if raw is not None and raw.reads_pieces(cols, out):
         # closed here (its open chunk file too) even when a piece's peaks are interrupted
         with reading(arr, rows, cols), contextlib.closing(raw.pieces(rows, out, step)) as pieces:
             for a, b in pieces:
-                peaks = np.maximum(peaks, _column_peaks(out[a:b])) if a else _column_peaks(out[a:b])
+                peaks = np.maximum(peaks, peaks_of(out[a:b])) if a else peaks_of(out[a:b])
         return out, peaks
     for r0 in range(0, out.shape[0], step):
         r1 = min(out.shape[0], r0 + step)
         rs = slice(rows.start + r0, rows.start + r1)
         piece = _read_direct(arr, raw, rs, cols, out[r0:r1]) if raw is not None else \
             read_block(arr, rs, cols, out=out[r0:r1])
-        peaks = np.maximum(peaks, _column_peaks(piece)) if r0 else _column_peaks(piece)  # maximum propagates NaN
+        peaks = np.maximum(peaks, peaks_of(piece)) if r0 else peaks_of(piece)  # maximum propagates NaN
     return out, peaks
+
+
+def _peaks_in_pieces(v: np.ndarray, peaks_of: Any) -> np.ndarray:
+    """The peaks (``peaks_of``: :func:`_column_peaks` or :func:`_flat_peaks`) of a strip mapped from the
+    page cache, a piece of about :data:`PEAK_PIECE_BYTES` at a time: the max brings each piece from
+    memory into the core's cache, where the min then reads it (one trip of the strip through memory,
+    not two). Maxima: the same peaks as of the whole."""
+    step = max(1, PEAK_PIECE_BYTES // max(1, v.shape[1] * v.itemsize))
+    peaks = peaks_of(v[:step])
+    for r0 in range(step, v.shape[0], step):
+        peaks = np.maximum(peaks, peaks_of(v[r0:r0 + step]))  # maximum propagates NaN
+    return peaks
+
+
+def _flat_peaks(v: np.ndarray) -> np.ndarray:
+    """``max |v|`` over the whole block, float64, as a row of its columns' count (NaN where ``v`` holds one:
+    it propagates through max and min); what a first pass records where no caller asked for each
+    column's (:attr:`Job.column_peaks <blocklin.runtime.job.Job.column_peaks>`). One max and one min of
+    the block as a flat array: NumPy reduces a contiguous block at about 70 GB/s from the cache, a
+    column-wise one at about 17 (the 2-core machine, 1 MiB of float64)."""
+    n = v.shape[1]
+    if not v.size:
+        return np.zeros(n)
+    if v.dtype.kind == "c":  # max(|Re|, |Im|), as _column_peaks
+        v = v.view(v.real.dtype) if v.flags.c_contiguous else np.stack((v.real, v.imag))
+    return np.full(n, np.maximum(np.float64(v.max()), -np.float64(v.min())))  # NaN in either: NaN
 
 
 def _decode_with_peaks(arr: Any, dec: Any, rows: slice, cols: slice, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

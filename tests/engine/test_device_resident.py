@@ -49,11 +49,11 @@ def reads(monkeypatch):
     real_peaks, real_direct = passes._read_with_peaks, passes._read_direct
     inside = threading.local()
 
-    def counted_with_peaks(arr, rows, cols, out, raw=None):
+    def counted_with_peaks(arr, rows, cols, out, raw=None, peaks_of=None):
         seen[(tuple(arr.shape), rows.start, rows.stop, cols.start, cols.stop)] += 1
         inside.peaks = True
         try:
-            return real_peaks(arr, rows, cols, out, raw)
+            return real_peaks(arr, rows, cols, out, raw, peaks_of)
         finally:
             inside.peaks = False
 

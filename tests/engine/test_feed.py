@@ -17,6 +17,7 @@ from blocklin.plan.passes import PassMemory
 from blocklin.runtime import passes, tiles
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import row_kernel, run_pass, source
+from blocklin.storage import mapped as mapping
 from blocklin.storage import rawchunks
 from blocklin.storage.zarr_store import create_array, read_block
 
@@ -31,6 +32,11 @@ def _column_sums(device, arrays, rows, params, state):
     (x,) = arrays
     s = x.sum(axis=0, dtype=np.float32)
     return (s if state is None else state + s), None
+
+
+#: The same sums by a kernel that never writes into its strips: its passes may map them (mapped_inputs).
+_column_sums_read_only = row_kernel(memory=_sum_memory, device="cpu", read_only=True)(
+    lambda device, arrays, rows, params, state: _column_sums(device, arrays, rows, params, state))
 
 
 @row_kernel(memory=lambda params, sources: PassMemory(fixed=0), device="cpu")
@@ -263,6 +269,42 @@ def test_first_pass_peaks_stand_in_for_the_finite_check(tmp_path, bad):
             run_pass(job, _column_sums, [source(op)], min_tasks=3)
 
 
+@pytest.mark.parametrize("mapped", [False, True])
+@pytest.mark.parametrize("columns", [False, True])
+def test_first_pass_records_the_peaks_asked_for(tmp_path, monkeypatch, mapped, columns):
+    """A job's first pass records the largest magnitude of its input (``job.amax``: the scaling's), and
+    each column's (``job.peaks``) only for inputs the job asks it of (``job.column_peaks``: an SVD's);
+    the rest take one flat max and min a piece. Exact either way, NaN where the input holds one, Inf
+    kept; strips copied or mapped from the page cache alike (the kernel sees the stored strips)."""
+    monkeypatch.setattr(passes, "PEAK_PIECE_BYTES", 7 * 32 * 8)  # 7-row pieces: across chunk boundaries
+    monkeypatch.setattr(mapping, "large_pages", lambda path: mapped)
+    x = np.random.default_rng(4).standard_normal((600, 32)) * np.logspace(-3, 3, 32)
+    x[17, 2] = -3e6  # the largest magnitude, negative
+    for bad in (None, np.inf, np.nan):
+        if bad is not None:
+            x[333, 7] = bad
+        a = bl.from_array(x, tmp_path / f"x{bad}.zarr", chunks=(128, 32))  # 32 KiB chunks: mapped where asked
+        with Job("feed-test", memory="160KiB", check_finite=False) as job:
+            op = job.operand(a.path, "a")
+            if columns:
+                job.column_peaks.add(str(a.path))
+            sums, _ = run_pass(job, _column_sums_read_only, [source(op)], min_tasks=3, check_finite=False)
+            assert bool(job.stats.get("bytes_mapped")) == mapped
+            amax, peaks = job.amax[str(a.path)], job.peaks.get(str(a.path))
+        want = np.abs(x).max() if bad is None else bad
+        assert amax == want or (np.isnan(want) and np.isnan(amax))
+        if columns:
+            np.testing.assert_array_equal(peaks, np.abs(x).max(axis=0))  # NaN, Inf in column 7
+        else:
+            assert peaks is None
+        # the kernel saw the stored strips: float32 sums within 600 roundings of sum |x| (Higham, eq. 3.5)
+        got, ref = sum(sums).astype(np.float64), x.sum(axis=0)
+        fine = np.isfinite(ref)
+        assert np.all(np.abs(got[fine] - ref[fine]) <= 600 * 2.0**-24 * np.abs(x).sum(axis=0)[fine] * 2)
+        assert np.array_equal(got[~fine], ref[~fine], equal_nan=True)
+
+
+
 @pytest.mark.parametrize("codec", ["none", "zstd"])
 def test_first_pass_peaks_read_in_pieces_are_those_of_whole_strips(tmp_path, monkeypatch, codec):
     """The first pass over local uncompressed chunks reads each strip a piece at a time and takes each
@@ -288,8 +330,10 @@ def test_first_pass_peaks_read_in_pieces_are_those_of_whole_strips(tmp_path, mon
     x[333, 7] = np.inf
     x[512, 9] = np.nan
     a = bl.from_array(x, tmp_path / "x.zarr", chunks=(100, 12), codec=codec)
+    monkeypatch.setattr(mapping, "large_pages", lambda path: False)  # copied strips (mapped: the next test)
     with Job("feed-test", memory="64KiB", check_finite=False) as job:
         op = job.operand(a.path, "a")
+        job.column_peaks.add(str(a.path))  # as an SVD asks (lowrank.run)
         sums, _ = run_pass(job, _column_sums, [source(op)], min_tasks=3, check_finite=False)
         peaks = job.peaks[str(a.path)]
     ref = np.abs(x).max(axis=0)
@@ -535,6 +579,7 @@ def test_first_pass_peaks_of_compressed_chunks_are_taken_as_each_chunk_lands(tmp
     monkeypatch.setattr(passes, "_column_peaks", lambda v: (scanned.append(v.shape), real(v))[1])
     with Job("feed-test", memory="1MiB", check_finite=False) as job:
         op = job.operand(a.path, "a")
+        job.column_peaks.add(str(a.path))  # as an SVD asks (lowrank.run)
         rows, plan = run_pass(job, _rows_seen, [source(op)], min_tasks=2, check_finite=False)
         peaks = job.peaks[str(a.path)]
     assert sum(rows) == 600 and plan.strip > 50 and scanned

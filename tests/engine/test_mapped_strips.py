@@ -1,9 +1,9 @@
 """Strips mapped from the page cache (``blocklin.storage.mapped``, ``RawChunks.mapped``).
 
-A mapped strip holds the stored bytes, read-only, and its mapping goes with its last view; a later
-row pass that maps its input gives the bits of one that copies it, on every scheduler; inputs the
-probe finds in small pages, first passes, scaled, transposed or compressed inputs and GPU passes are
-copied as before.
+A mapped strip holds the stored bytes, read-only, and its mapping goes with its last view; a row
+pass that maps its input (a job's first, which takes its peaks from the mapped strips a piece at a
+time, or a later one) gives the bits of one that copies it, on every scheduler; inputs the probe
+finds in small pages, scaled, transposed or compressed inputs and GPU passes are copied as before.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def _passes(path, scheduler, kernel=_gram):
 
 
 @pytest.mark.parametrize("scheduler", ["sync", "threads", "processes"])
-def test_a_later_pass_that_maps_its_input_gives_the_bits_of_one_that_copies_it(stored, monkeypatch, scheduler):
+def test_a_pass_that_maps_its_input_gives_the_bits_of_one_that_copies_it(stored, monkeypatch, scheduler):
     x, a = stored
     calls = []
     monkeypatch.setattr(mapping, "large_pages", lambda path: (calls.append(path), True)[1])
@@ -200,15 +200,15 @@ def test_a_later_pass_that_maps_its_input_gives_the_bits_of_one_that_copies_it(s
         monkeypatch.setattr(rawchunks.RawChunks, "mapped",
                             lambda self, rows, region=None: (maps.append(region), real(self, rows, region))[1])
     first, later, plan, decided = _passes(a.path, scheduler)
-    assert decided == {str(a.path): True} and len(calls) == 1  # probed once, for the later pass
+    assert decided == {str(a.path): True} and len(calls) == 1  # probed once, by the first pass
     assert plan.strip % 2 == 0 and len(plan.groups) >= 4
     if scheduler != "processes":
         strips = sum(len(plan.strips(g)) for g in range(len(plan.groups)))
-        assert len(maps) == strips  # the later pass's strips, all mapped; the first pass copied its own
+        assert len(maps) == 2 * strips  # both passes' strips, all mapped
         # into one region per task and slot, in turn (the stream's two slots)
-        assert len({id(r) for r in maps}) <= 2 * len(passes.group_runs(plan, scheduler)) < strips
+        assert len({id(r) for r in maps}) <= 4 * len(passes.group_runs(plan, scheduler)) < strips
     copied_first, copied_later, _, _ = _passes(a.path, scheduler, kernel=_copied_strips)  # seen by the tasks
-    assert sum(copied_first) == sum(len(plan.strips(g)) for g in range(len(plan.groups))) and sum(copied_later) == 0
+    assert sum(copied_first) == sum(copied_later) == 0
     monkeypatch.setattr(mapping, "large_pages", lambda path: False)
     ref_first, ref_later, _, decided = _passes(a.path, scheduler)
     assert decided == {str(a.path): False}
@@ -247,7 +247,7 @@ def test_which_inputs_a_pass_maps(stored, tmp_path, monkeypatch, case):
                                   device="gpu" if case == "gpu" else "cpu", device_memory=None, check_finite=False,
                                   amax=(case == "first pass",), scale=(3,) if case == "scaled" else None)
         got = passes.mapped_inputs(job, [source(op, transposed=case == "transposed")], spec)
-    assert got == ((True,) if case == "mapped" else None)
+    assert got == ((True,) if case in ("mapped", "first pass") else None)
 
 
 MEMORY_CHILD = """
@@ -268,7 +268,7 @@ MEMORY_CHILD = """
     path, memory = sys.argv[1:3]
     with Job("mapped-memory", memory=memory, scheduler="threads") as job:
         op = job.operand(path, "a")
-        run_pass(job, gram, [source(op)], check_finite=False)  # the first pass copies its strips
+        run_pass(job, gram, [source(op)], check_finite=False)  # the first pass (its peaks)
         reset_hwm()
         base = hwm()
         states, plan = run_pass(job, gram, [source(op)], check_finite=False)
@@ -301,8 +301,8 @@ def test_an_svd_on_a_cluster_maps_with_the_bits_of_copied_strips(stored, monkeyp
         u, s, vt = r = bl.svd(a.path, 3, method="lanczos", memory="256KiB", scheduler=client, seed=0)
         got[mapped] = (s, u.to_numpy(), vt)
         assert r.report["passes_total"] > 4
-        # the later passes' strips, mapped by the workers (the first pass reads a's strips for its peaks)
-        assert (r.report.get("bytes_mapped", 0) >= 3 * x.nbytes) if mapped else "bytes_mapped" not in r.report
+        # every pass's strips, mapped by the workers (the first one's peaks taken from them)
+        assert (r.report.get("bytes_mapped", 0) >= 4 * x.nbytes) if mapped else "bytes_mapped" not in r.report
     for m, c in zip(got[True], got[False]):
         np.testing.assert_array_equal(m, c)
     # and the data's: within Lanczos's tolerance of the leading singular values
