@@ -115,3 +115,47 @@ def test_svd_says_so_too(tmp_path):
 def test_full_block_cluster_rule(theta, rn, block, found):
     got = full_block_cluster(np.array(theta, dtype=float), np.array(rn), block)
     assert (got is not None) == found
+
+
+@pytest.mark.parametrize("with_out", [False, True])
+def test_the_planned_block_is_widened_and_the_run_made_again(graph, tmp_path, with_out):
+    """``block_size`` left to the planner (4 for ``k = 7`` here, sparse): the run that finds four copies
+    is made again with a block of 8, which finds all six; no warning, ``converged``, the widening in the
+    report; an output asked for holds the second run's pairs."""
+    path, lap, ref = graph
+    out = tmp_path / "w.zarr" if with_out else None
+    res, warned = _run(lambda: bl.eigsh(path, 7, laplacian="normalized", order="descending", seed=0, out=out))
+    assert not warned and res.report["converged"]
+    widened = res.report["block_widened"]
+    assert [(w["count"], w["block"]) for w in widened] == [(4, 4)] and res.report["block"] == 8
+    tol = 10 * np.sqrt(np.finfo(np.float64).eps)
+    assert np.all(np.abs(res[0] - ref[:7]) <= 2 * tol * 2)
+    if with_out:
+        import zarr
+
+        assert np.array_equal(zarr.open_group(str(out), mode="r")["w"][:], res[0])
+
+
+def test_a_wider_block_the_budget_refuses_keeps_the_warning():
+    """The rerun is refused (``BudgetError``): the first result stands, with its warning."""
+    from blocklin.errors import BudgetError
+    from blocklin.linalg.lowrank.lanczos import rerun_wider_block
+
+    class Result(tuple):
+        report: dict
+
+    calls = []
+
+    def fn(a, k, block_size=None, out=None):
+        calls.append(block_size)
+        if block_size == 8:
+            raise BudgetError("memory: too small for a block of 8")
+        warnings.warn("eigsh: the value 2 was found 4 times", ConvergenceWarning)
+        r = Result((np.ones(k), None))
+        r.report = {"repeated_beyond_block": {"value": 2.0, "count": 4, "block": 4, "note": "..."}}
+        return r
+
+    res, warned = _run(lambda: rerun_wider_block(fn)(None, 7))
+    assert calls == [None, 8] and len(warned) == 1 and "block_widened" not in res.report
+    res, warned = _run(lambda: rerun_wider_block(fn)(None, 7, block_size=4))  # a block asked for: kept
+    assert calls[-1] == 4 and len(warned) == 1

@@ -20,7 +20,7 @@ import numpy as np
 from blocklin.config import Settings
 from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterError, explain, warn
 from blocklin.linalg.blocks.tall_kernels import rmat_kernel
-from blocklin.linalg.lowrank.lanczos import LanczosResult, block_lanczos, default_tol
+from blocklin.linalg.lowrank.lanczos import LanczosResult, block_lanczos, default_tol, rerun_wider_block
 from blocklin.linalg.blocks.orth import orth_against, work_dtype
 from blocklin.runtime.passes import ldexp
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
@@ -67,6 +67,7 @@ class EighResult(tuple):
         delete_output(self)
 
 
+@rerun_wider_block
 def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_size: int | None = None,
           max_basis: int | None = None, max_passes: int = 60, seed: int | None = None, out: Any = None,
           overwrite: bool = False, check_symmetric: bool = True, order: str | None = None, center: bool = False,
@@ -235,6 +236,8 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                          order=order, ao=ao)
         result.report.update(scaling=scaling.report(), resumed=bool(ao is not None and ao.resumed),
                              restored_checkpoints=[name for name in ckpt.restored if name != "seed"])
+        if res.repeated:
+            result.report["repeated_beyond_block"] = res.repeated
         return result
 
 

@@ -61,8 +61,13 @@ class LanczosResult:
     history: list
     #: ``Op x - theta x`` of the returned pairs (n x k): the directions a final Rayleigh-Ritz step can add
     residual_vectors: np.ndarray | None = None
-    #: Why pairs whose residuals converged are not reported as converged (:func:`full_block_cluster`)
-    note: str | None = None
+    #: A value found as often as the block is wide, with wanted values after it (:func:`full_block_cluster`):
+    #: why pairs whose residuals converged are not reported as converged
+    repeated: dict | None = None
+
+    @property
+    def note(self) -> str | None:
+        return self.repeated["note"] if self.repeated else None
 
 
 def _order(theta: np.ndarray, which: str) -> np.ndarray:
@@ -205,10 +210,10 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
                 if (kk == k and conv.all()) or last:
                     # an exhausted Krylov space is converged, but never with a NaN residual (never checked)
                     ok = bool(kk == k and (conv.all() or (exhausted and np.isfinite(rn).all())))
-                    note = None if exhausted else full_block_cluster(theta[sel], rn, b)
-                    out = _result(V, W, Y[:, sel], theta[sel], rn, ok and note is None, steps, restarts, history,
-                                  ritz, res)
-                    return dataclasses.replace(out, note=note) if note else out
+                    repeated = None if exhausted else full_block_cluster(theta[sel], rn, b)
+                    out = _result(V, W, Y[:, sel], theta[sel], rn, ok and repeated is None, steps, restarts,
+                                  history, ritz, res)
+                    return dataclasses.replace(out, repeated=repeated) if repeated else out
                 del ritz, res
             else:
                 history.append(float(np.max(est / np.maximum(bound, 1e-300))) if kk else 0.0)
@@ -234,9 +239,9 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
                             "steps": steps, "restarts": restarts, "counter": counter, "local": local})
 
 
-def full_block_cluster(theta: np.ndarray, rn: np.ndarray, block: int) -> str | None:
+def full_block_cluster(theta: np.ndarray, rn: np.ndarray, block: int) -> dict | None:
     """Why converged Ritz pairs may still be wrong, or ``None``: a value found ``block`` times or more
-    with wanted values after it.
+    with wanted values after it (``value``, ``count``, ``block`` and the ``note`` that says so).
 
     A block Krylov space ``K(Op, X)`` holds at most ``b`` independent vectors of any eigenspace (the
     eigenspace's part of ``Op^i X`` is ``lambda^i`` times that of ``X``, ``b`` columns), so block Lanczos
@@ -256,12 +261,64 @@ def full_block_cluster(theta: np.ndarray, rn: np.ndarray, block: int) -> str | N
         while j + 1 < k and abs(theta[j + 1] - theta[i]) <= 2 * (rn[j + 1] + rn[i]) + slack:
             j += 1
         if j - i + 1 >= block and j < k - 1:
-            return (f"the value {theta[i]:.6g} was found {j - i + 1} times, as many as the Lanczos block holds "
-                    f"({block}): a block finds at most that many copies of a repeated eigenvalue, so it may "
-                    f"repeat more often and the {k - 1 - j} value(s) after it may be wrong although their "
-                    f"residuals converged (Golub and Underwood 1977); pass block_size={2 * (j - i + 1)} or more")
+            count = j - i + 1
+            return {"value": float(theta[i]), "count": count, "block": block, "note": (
+                f"the value {theta[i]:.6g} was found {count} times, as many as the Lanczos block holds ({block}): a "
+                f"block finds at most that many copies of a repeated eigenvalue, so it may repeat more often and "
+                f"the {k - 1 - j} value(s) after it may be wrong although their residuals converged (Golub and "
+                f"Underwood 1977); pass block_size={2 * count} or more")}
         i = j + 1
     return None
+
+
+#: Most reruns with a block twice as wide that :func:`rerun_wider_block` makes.
+WIDER_BLOCK_RERUNS = 3
+
+
+def rerun_wider_block(fn: Callable) -> Callable:
+    """``fn`` (:func:`blocklin.eigsh`, :func:`blocklin.svd`) run again with ``block_size`` twice the copies
+    found where its report says a value was found as often as the Lanczos block is wide
+    (``repeated_beyond_block``, :func:`full_block_cluster`) and the caller left ``block_size`` to the
+    planner: a block of ``2 c`` finds more copies than ``c`` where there are. Up to
+    :data:`WIDER_BLOCK_RERUNS` times, while the wider block plans within the budget (a refusal keeps the
+    last result, with its warning); ``report["block_widened"]`` lists the runs' blocks. Not with
+    ``resume`` (the checkpoints are a block's) or a ``block_size`` given. The warnings of a run that is
+    replaced are dropped; the kept run's are emitted."""
+    import functools
+    import warnings
+
+    from blocklin.errors import BudgetError
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("block_size") is not None or kwargs.get("resume"):
+            return fn(*args, **kwargs)
+        widened: list[dict] = []
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            res = fn(*args, **kwargs)
+        while len(widened) < WIDER_BLOCK_RERUNS:
+            found = (getattr(res, "report", None) or {}).get("repeated_beyond_block")
+            if not found:
+                break
+            again = {**kwargs, "block_size": 2 * found["count"]}
+            if kwargs.get("out") is not None:  # the output this call has just written: replaced
+                again["overwrite"] = True
+            try:
+                with warnings.catch_warnings(record=True) as wider:
+                    warnings.simplefilter("always")
+                    out = fn(*args, **again)
+            except BudgetError:  # the wider block does not fit the budget: the warning stands
+                break
+            widened.append({k: found[k] for k in ("value", "count", "block")})
+            res, seen = out, wider
+        for w in seen:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if widened:
+            res.report["block_widened"] = widened
+        return res
+
+    return run
 
 
 def basis_threads() -> int:

@@ -58,7 +58,7 @@ class Factorization:
     mean: np.ndarray | None = None  # the column means subtracted (center)
     scale: np.ndarray | None = None  # the column standard deviations divided by (scale)
     scaled_moments: tuple[Moments, int] | None = None  # (moments of 2^-e A, e) when the data was scaled
-    note: str | None = None  # lanczos: why converged triplets may be wrong (lanczos.full_block_cluster)
+    note: dict | None = None  # lanczos: why converged triplets may be wrong (lanczos.full_block_cluster)
 
 
 def ritz_relative_residuals(q: np.ndarray, z: np.ndarray, k: int, dtype: Any) -> np.ndarray:
@@ -333,7 +333,8 @@ def lanczos(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps
                         state=ckpt.load("lanczos"), dtype=src.dtype,
                         checkpoint=(lambda state: ckpt.save("lanczos", **state)) if ckpt.enabled else None,
                         bases=bases)
-    note = f"Lanczos on B^H B (values: squared singular values): {res.note}" if res.note else None
+    note = dict(res.repeated, note=f"Lanczos on B^H B (values: squared singular values): {res.note}") \
+        if res.repeated else None
     if not isinstance(res.vectors, np.ndarray):  # spilled: the Ritz vectors stay on disk
         f = spilled_finish(res.vectors)
         return dataclasses.replace(f, lanczos_steps=res.steps, restarts=res.restarts, history=res.history, note=note)

@@ -127,7 +127,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
                             residuals=residuals.tolist(), converged=bool(res.converged), tol=tol,
                             which=which, order=order, block=bp.block, max_basis=bp.max_basis, steps=res.steps,
                             lanczos_steps=res.steps, restarts=res.restarts, nnz=s.nnz, seed=seed, **bp.report(),
-                            **found)
+                            **found, **({"repeated_beyond_block": res.repeated} if res.repeated else {}))
         if isinstance(vectors, Columns):  # spilled: V goes from the bases' file to a store, strip by strip
             if ao is None:  # a temporary group the caller owns, as the dense routes return large factors
                 ao = job.output(None, inputs=[s.path], size=((n, k), s.dtype))

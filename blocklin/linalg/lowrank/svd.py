@@ -30,6 +30,7 @@ from blocklin.linalg.blocks.scaling import check_finite_result
 from blocklin.linalg.labels import label_svd, labels_of
 from blocklin.linalg.lowrank.budget import check_disk_space, choose_plan
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
+from blocklin.linalg.lowrank.lanczos import rerun_wider_block
 from blocklin.linalg.lowrank.methods import Factorization, component_signs
 from blocklin.linalg.lowrank.operator_svd import is_operator, operator_svd
 from blocklin.linalg.lowrank.spilled_ritz import StoredFactor
@@ -167,6 +168,7 @@ def resolve_method(method: str, power_iters: int | str, *, shape: tuple[int, int
     return "gram" if gram_route_fits(M, N, k, oversample) and not (shifted and m < n) else "lanczos"
 
 
+@rerun_wider_block
 def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vectors: bool | str = True,
         method: str = "auto", oversample: int = 10, power_iters: int | str = "auto", n_iter: int | str | None = None,
         tol: float | None = None, out: Any = None, seed: int | None = None,
@@ -554,7 +556,7 @@ def _returned(res: SVDResult, vectors: bool | str) -> SVDResult | np.ndarray:
 #: The fields of a :class:`Factorization` the report carries as they are, in this order: those the
 #: method set (not ``None``), and ``scaling`` always (``None``: the data needed no scaling).
 REPORTED_FIELDS = ("power_iters", "orth", "lanczos_steps", "restarts", "history", "rayleigh_ritz_width",
-                   "sketch_size", "sketch_generator", "phases", "scaling", "fallback", "note")
+                   "sketch_size", "sketch_generator", "phases", "scaling", "fallback")
 
 
 def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, seed: int, oversample: int,
@@ -569,7 +571,7 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
     # converged only for residuals actually measured: the single-pass sketch has none (None, with its note)
     converged = None if f.residuals is None else all(triplets["converged_triplets"] or [True])
     if f.note:  # converged residuals, values that may still be wrong: said, never reported as converged
-        warn(f"svd ({plan.method}): {f.note}", ConvergenceWarning)
+        warn(f"svd ({plan.method}): {f.note['note']}", ConvergenceWarning)
         converged = False
     elif converged is False:
         bad = [i + 1 for i, c in enumerate(triplets["converged_triplets"]) if not c]
@@ -586,6 +588,9 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
         seed=seed, oversample=oversample, block=plan.block, in_core=plan.in_core, plan=plan.to_dict(),
         sigma_max=s1, **{key: getattr(f, key) for key in REPORTED_FIELDS
                          if key == "scaling" or getattr(f, key) is not None})
+    if f.note:
+        report["repeated_beyond_block"] = {k: f.note[k] for k in ("value", "count", "block")}
+        report["note"] = f.note["note"]
     if f.residuals is None:
         report["residual_note"] = ("not computed: the single-pass sketch never reads A again; "
                                    "use method='rsvd' or 'lanczos' for residuals")
