@@ -70,7 +70,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Every key of the JSON line (the test checks them).
 FIELDS = ("shape", "chunks", "operand_bytes", "cores", "cpu", "load_average", "repeats", "gpu_backend", "reread", "raw",
-          "raw_limit", "blocklin_cpu", "blocklin_columns", "blocklin_later", "blocklin_gpu", "blocklin_gpu_later", "blocklin_gemm", "zarr",
+          "raw_limit", "blocklin_cpu", "blocklin_columns",
+          "blocklin_later", "blocklin_gpu", "blocklin_gpu_later", "blocklin_gemm", "zarr",
           "dask", "numpy_fromfile", "touch", "ratio_to_raw")
 CODECS = ("none", "zstd")
 

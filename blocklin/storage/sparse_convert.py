@@ -772,7 +772,8 @@ def _value_dtype(src: np.dtype, requested: Any) -> np.dtype:
 
 
 def _check_range(batch: Batch, out: np.dtype) -> None:
-    """Refuse a finite value of ``batch`` that the narrower float dtype ``out`` cannot hold (:func:`check_values_fit`)."""
+    """Refuse a finite value of ``batch`` that the narrower float dtype ``out`` cannot hold
+    (:func:`check_values_fit`)."""
     check_values_fit(batch.vals[:batch.stored], out, batch.where)
 
 

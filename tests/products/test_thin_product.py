@@ -101,7 +101,8 @@ def test_plan_explain_and_cli(tmp_path, rng, capsys):
     assert isinstance(plan, ThinPlan) and plan.route == "rows"
     assert plan.flops == 2 * 5000 * 300 * 3 and plan.peak_memory <= plan.memory
     assert "thin product" in plan.explain() and "one row pass" in plan.explain()
-    assert main(["gemm", str(a.path), str(b.path), "-o", str(tmp_path / "f.zarr"), "--explain", "--memory", "4MiB"]) == 0
+    out = str(tmp_path / "f.zarr")
+    assert main(["gemm", str(a.path), str(b.path), "-o", out, "--explain", "--memory", "4MiB"]) == 0
     assert "thin product" in capsys.readouterr().out
     assert main(["gemm", str(a.path), str(b.path), "-o", str(tmp_path / "f.zarr"), "--memory", "4MiB"]) == 0
     _check(bl.open(tmp_path / "f.zarr").to_numpy(), a.to_numpy(), b.to_numpy(), None, 1.0, 0.0, "float64")

@@ -45,7 +45,8 @@ def test_thin_product_with_two_loaders_peak_within_budget(tmp_path):
     budget = 20 * 2**20  # the operand is 96 MiB
     child = CHILD.replace('"tasks": c.report["tasks"]', '"tasks": c.report["tasks"], '
                           '"loaders": c.report["plan"].get("loaders", 1), "route": c.report.get("route")')
-    tiles = child.replace("import blocklin as bl", "import blocklin as bl\n    import blocklin.linalg.products.thin as thin\n"
+    tiles = child.replace("import blocklin as bl", "import blocklin as bl\n"
+                          "    import blocklin.linalg.products.thin as thin\n"
                           "    thin.THIN_MAX_COLUMNS = 0  # the tiles this test is about")
     r = run_child(tiles, str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr"), str(tmp_path / "c.zarr"), "20MiB")
     used = r["peak"] - r["baseline"]
