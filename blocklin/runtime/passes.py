@@ -181,6 +181,7 @@ class RowPassSpec:
     #: Per input: whether the task records the largest magnitude it read (``peaks``): of each column
     #: where ``columns`` says so, else of the whole input (every entry of ``peaks`` that one value).
     amax: tuple[bool, ...] | None = None
+    #: Per input: whether those peaks are each column's (``Job.column_peaks``) or the flat largest magnitude.
     columns: tuple[bool, ...] | None = None
     #: Per input: the stored row of streamed row 0 (:attr:`Source.first_row`); None for all 0.
     offsets: tuple[int, ...] | None = None
@@ -641,7 +642,8 @@ def _read_mapped(arr: Any, raw: Any, rows: slice, cols: slice, regions: dict, ke
 def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray,
                      raw: Any = None, peaks_of: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """``arr[rows, cols]`` read into ``out`` a piece of about :data:`PEAK_PIECE_BYTES` at a time, and
-    the column peaks of the whole (:func:`_column_peaks`), each piece's taken right after its read.
+    the peaks of the whole (``peaks_of``: :func:`_column_peaks`, the default, or :func:`_flat_peaks`),
+    each piece's taken right after its read.
 
     The peaks' max and min then read the piece from the core's cache, not from memory: one trip of
     the strip through memory instead of three. Measured on the 2-core machine (4096 x 512 float64

@@ -94,7 +94,11 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         Converged when ``||A x - lambda x|| <= tol * max|lambda|`` for every pair;
         default ``10 sqrt(eps)`` of the dtype.
     block_size, max_basis : int, optional
-        Lanczos block size and the basis size at which it restarts.
+        Lanczos block size and the basis size at which it restarts. A block finds at most as many
+        copies of a repeated eigenvalue as it is wide: with ``block_size`` left to the planner, a run
+        that finds a value that often (with wanted values after it) is made again with a block twice
+        as wide (``report["block_widened"]``, :func:`~blocklin.linalg.lowrank.lanczos.rerun_wider_block`);
+        with one given, a :class:`~blocklin.errors.ConvergenceWarning` says so.
     max_passes : int
         Pass limit; a :class:`~blocklin.errors.ConvergenceWarning` says what was reached.
     seed : int, optional

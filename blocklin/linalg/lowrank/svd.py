@@ -303,7 +303,9 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
     block_size, max_basis : int, optional
         ``lanczos`` block size and restart basis size (``gram``: the Rayleigh-Ritz width and those of
         its continuation; default ``k + oversample`` and twice that;
-        with only one of them given, the other follows :func:`blocklin.plan.svd.plan_svd`).
+        with only one of them given, the other follows :func:`blocklin.plan.svd.plan_svd`). A ``lanczos``
+        run that finds a value as often as its planned block is wide is made again with a wider block
+        (:func:`~blocklin.linalg.lowrank.lanczos.rerun_wider_block`).
     **settings
         As for every operation: :class:`~blocklin.config.Settings` (``progress``: one bar per pass).
 

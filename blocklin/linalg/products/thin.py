@@ -114,8 +114,9 @@ def thin_plan(job: Any, op: Any, out_chunks: Any = None) -> ThinPlan | None:
     if pp.rereads > 1 and not pp.cached:  # strips narrower than compressed chunks: the tiles read them once
         return None
     isz = dt.itemsize
-    chunk = output_chunk_rows(pp, params["gather"] // (n * dt.itemsize))
-    return ThinPlan(m=m, n=n, k=k, dtype=dt.name, with_c=op.C is not None, out_chunks=(chunk, n), workers=pp.workers, flops=2 * m * n * k,
+    chunk = output_chunk_rows(pp, params["gather"] // (n * isz))
+    return ThinPlan(m=m, n=n, k=k, dtype=dt.name, with_c=op.C is not None, out_chunks=(chunk, n), workers=pp.workers,
+                    flops=2 * m * n * k,
                     bytes_read=m * k * isz + k * n * isz + (m * n * isz if op.C is not None else 0),
                     bytes_written=m * n * isz, peak_memory=pp.peak_memory + k * n * isz, memory=job.cfg.memory,
                     pass_plan=pp.to_dict())
