@@ -152,3 +152,20 @@ def test_thin_route_resume_reproduces_a_fresh_run_or_refuses(tmp_path, rng):
     assert np.array_equal(res.to_numpy(), bl.matmul(tmp_path / "a.zarr", b, memory="1MiB", scheduler="sync").to_numpy())
     _check(res.to_numpy(), a_np, b, None, 1.0, 0.0, "float64")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".f.zarr.partial-")]
+
+
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_thin_route_on_an_object_store(s3, tmp_path, rng, codec):
+    """``A`` and the output on the loopback S3 server: the same route (range requests for uncompressed
+    chunks, decoded chunks for zstd), within the bound, and the bits of the same plan over local files."""
+    base, opts = s3
+    x = rng.standard_normal((6000, 256))
+    b = rng.standard_normal((256, 3))
+    remote = bl.from_array(x, f"{base}/a.zarr", chunks=(1000, 256), codec=codec, storage_options=opts)
+    local = bl.from_array(x, tmp_path / "a.zarr", chunks=(1000, 256), codec=codec)
+    got = bl.matmul(remote, b, f"{base}/f.zarr", memory="16MiB", storage_options=opts)
+    assert got.report["route"] == "rows"
+    _check(got.to_numpy(), x, b, None, 1.0, 0.0, "float64")
+    here = bl.matmul(local, b, tmp_path / "f.zarr", memory="16MiB")
+    if here.report["plan"]["pass_plan"]["strip"] == got.report["plan"]["pass_plan"]["strip"]:
+        assert np.array_equal(here.to_numpy(), got.to_numpy())
