@@ -626,8 +626,10 @@ def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dty
         np.subtract(starts[1:], starts[:-1], out=sums[:-1], casting="unsafe")
         sums[-1:] = count - starts[-1:]
     elif u != count:
-        sums = np.add.reduceat(vals, starts, out=scratch[:u * vdt.itemsize].view(vdt) if fits else None) \
-            if u else vals[:0]
+        with np.errstate(over="ignore"):  # an overflow is refused by name just below
+            sums = np.add.reduceat(vals, starts, out=scratch[:u * vdt.itemsize].view(vdt) if fits else None) \
+                if u else vals[:0]
+        check_sums_fit(vals, starts, sums, lambda i: divmod(int(uk[i]), n), r0)
     del vals, starts
     # each key's row start (row * n), in the int64 buffer the keys no longer need: n added at each
     # row's first key, then summed along (no new array: a new one costs its page faults)
@@ -641,6 +643,30 @@ def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dty
     np.subtract(uk, row_starts, out=cols, casting="unsafe")  # uk % n; it fits the index dtype (n does)
     del uk, row_starts
     return indptr, cols, sums
+
+
+def check_sums_fit(vals: np.ndarray, starts: np.ndarray, sums: np.ndarray, entry: Any, r0: int) -> None:
+    """Refuse a sum of finite duplicate entries that overflowed to inf (``sums``: ``vals`` summed from each
+    of ``starts``), naming its entry (``entry(i)``: row within the block and column of sum ``i``; the block
+    starts at row ``r0``).
+
+    The sums are formed in the output dtype: duplicates each within a narrower float's range (each
+    checked by :func:`check_values_fit`) can sum beyond it, where SciPy's float64 sum would not. A
+    finite sum is the common case: one ``isfinite`` over the sums, the summands looked at only then.
+    """
+    if sums.dtype.kind not in "fc" or np.isfinite(sums).all():
+        return
+    bad = ~np.isfinite(sums) & np.logical_and.reduceat(np.isfinite(vals), starts)  # inf or NaN from finite terms
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        row, col = entry(i)
+        top = np.finfo(sums.dtype).max
+        raise DTypeError(explain("dtype", f"must hold the sums of duplicate entries (finite {sums.dtype.name} "
+                                 f"values stay below {top:.3g})",
+                                 f"the duplicates at row {r0 + row}, column {col} (counted from 0) sum to "
+                                 f"{sums[i]} in {sums.dtype.name}",
+                                 "pass a wider dtype (float64, or no dtype to keep the input's), or combine "
+                                 "the duplicate entries in the input"))
 
 
 def _scratch_of(rec: np.ndarray) -> np.ndarray | None:
@@ -660,7 +686,9 @@ def _sorted_block_wide(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: n
     new[1:] = (rr[1:] != rr[:-1]) | (cc[1:] != cc[:-1])
     starts = np.flatnonzero(new)
     rows_local, cols = rr[starts], cc[starts]
-    sums = np.add.reduceat(vals, starts) if len(starts) else vals[:0]
+    with np.errstate(over="ignore"):  # an overflow is refused by name just below
+        sums = np.add.reduceat(vals, starts) if len(starts) else vals[:0]
+    check_sums_fit(vals, starts, sums, lambda i: (int(rows_local[i]), int(cols[i])), r0)
     indptr = np.zeros(r1 - r0 + 1, np.int64)
     np.cumsum(np.bincount(rows_local, minlength=r1 - r0), out=indptr[1:])
     return indptr, cols.astype(index_dtype), sums

@@ -567,3 +567,26 @@ def test_a_narrower_dtype_never_wraps_or_overflows(tmp_path):
     s = blocklin.from_sparse(z, tmp_path / "ok.zarr", dtype="float32")
     assert s.dtype == np.float32 and np.array_equal(s.to_scipy().data, z.data.astype(np.float32))
     assert blocklin.from_sparse(x, tmp_path / "wide.zarr", dtype="float64").to_scipy().data.tolist() == [402.0, -1000.0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_duplicates_summing_beyond_the_dtype_are_refused(tmp_path, dtype):
+    """Duplicate entries are summed in the output dtype: finite duplicates whose sum leaves its range
+    (two 3e38 in float32, two 1e308 in float64) are refused naming the entry (the sum became inf,
+    silently, on the old code); duplicates of an inf in the file stay inf, as SciPy sums them, and a
+    finite sum is stored."""
+    big = "3e38" if dtype == "float32" else "1e308"
+    text = ("%%MatrixMarket matrix coordinate real general\n4 3 5\n"
+            f"1 1 1.5\n3 2 {big}\n2 3 -2\n3 2 {big}\n4 1 inf\n")
+    (tmp_path / "d.mtx").write_text(text)
+    with pytest.raises(DTypeError, match=r"dtype: must hold the sums of duplicate entries .*row 2, column 1 "
+                                         rf"\(counted from 0\) sum to inf in {dtype}"):
+        blocklin.convert(tmp_path / "d.mtx", tmp_path / "d.zarr", dtype=dtype, memory="64MiB")
+    _nothing_left(tmp_path, "d.zarr")
+    (tmp_path / "ok.mtx").write_text(text.replace(f"3 2 {big}", "3 2 1e30").replace("4 1 inf", "4 1 inf\n4 1 5"))
+    (tmp_path / "ok.mtx").write_text((tmp_path / "ok.mtx").read_text().replace("4 3 5", "4 3 6"))
+    blocklin.convert(tmp_path / "ok.mtx", tmp_path / "ok.zarr", dtype=dtype, memory="64MiB")
+    got = blocklin.open(tmp_path / "ok.zarr").to_scipy()
+    want = scipy.io.mmread(tmp_path / "ok.mtx").tocsr().astype(dtype)
+    assert got.dtype == np.dtype(dtype) and np.array_equal(got.toarray(), want.toarray())
+    assert np.isinf(got[3, 0]) and got[2, 1] == np.dtype(dtype).type(1e30) * 2
