@@ -52,6 +52,7 @@ import numpy as np
 from blocklin.plan.chunks import split
 from blocklin.plan.gemm import plan_gemm
 from blocklin.runtime.graph import TileGraph
+from blocklin.runtime.powers import ldexp, max_exponent
 from blocklin.device import get_device
 from blocklin.errors import ParameterError, ShapeError, SingularMatrixError, explain
 from blocklin.runtime.tiles import Epilogue, GemmSpec, check_finite, gemm_runs, gemm_tiles, open_array, with_task_settings
@@ -490,8 +491,6 @@ def _scaled(x: np.ndarray, e: int) -> np.ndarray:
     (:func:`~blocklin.plan.gram.syrk_block_memory`); a view is copied."""
     if not e:
         return x
-    from blocklin.runtime.passes import ldexp
-
     x = np.asarray(x)
     return ldexp(x, e, out=x) if x.flags.owndata and x.flags.writeable else ldexp(x, e)
 
@@ -658,8 +657,6 @@ def sumsq_tile_task(spec: TileOpSpec, i: int, j: int, columns: bool = False, saf
     nbytes, cplx = x.nbytes, x.dtype.kind == "c"
     x = real_parts(x)  # |z|^2 = Re^2 + Im^2: the squares of both parts (interleaved columns)
     if safe:
-        from blocklin.runtime.passes import max_exponent
-
         e = max_exponent(x)
         y = np.ldexp(x.astype(np.float64), -e)
         return {"bytes_read": nbytes, "norm": float(np.ldexp(np.sqrt(np.einsum("ij,ij->", y, y)), e))}

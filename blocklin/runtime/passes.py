@@ -38,6 +38,7 @@ from blocklin.plan.passes import MAX_LOADERS, PassMemory, RowPassPlan, pass_work
 from blocklin.progress import report_units
 from blocklin.plan.rechunk import rechunk_advice
 from blocklin.runtime.graph import TileGraph
+from blocklin.runtime.powers import ldexp
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
 from blocklin.storage.rawchunks import decoded_access, raw_access
 from blocklin.storage.readerrors import reading
@@ -586,25 +587,6 @@ def _kept_strips(spec: RowPassSpec, device: Any, strips: _RunStrips, want: tuple
     return resident.Resident(resident.DeviceCache.of(device.device_id), keys, limit=spec.resident_bytes,
                              budget=spec.device_memory or 0, checked=spec.check_finite,
                              lookup=tuple(not w for w in want))
-
-
-def ldexp(x: np.ndarray, e: int, out: np.ndarray | None = None) -> np.ndarray:
-    """``x * 2^e`` (exact where it fits), keeping the dtype; complex data by its real and imaginary
-    parts (``numpy.ldexp`` takes real data only); in place with ``out=x``."""
-    x = np.asarray(x)
-    if x.dtype.kind != "c":
-        return np.ldexp(x, e, out=out) if out is not None else np.ldexp(x, e).astype(x.dtype, copy=False)
-    r = out if out is not None else np.empty_like(x)
-    np.ldexp(x.real, e, out=r.real)
-    np.ldexp(x.imag, e, out=r.imag)
-    return r
-
-
-def max_exponent(x: Any) -> int:
-    """``e`` with ``max |x| = f 2^e``, ``f`` in ``[0.5, 1)``: the power of two of the largest magnitude in
-    ``x`` (``0`` for zero, NaN, Inf or an empty ``x``), what dividing by ``2^e`` brings near 1 (exact)."""
-    top = float(np.max(np.abs(x))) if np.size(x) else 0.0
-    return int(np.frexp(top)[1]) if 0 < top < np.inf else 0
 
 
 #: Bytes of a strip read at a time by a pass that records its column peaks from local uncompressed

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from blocklin.runtime.passes import ldexp
+from blocklin.runtime.powers import ldexp
 
 T = TypeVar("T")
 

@@ -22,7 +22,7 @@ from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterErro
 from blocklin.linalg.blocks.tall_kernels import rmat_kernel
 from blocklin.linalg.lowrank.lanczos import LanczosResult, block_lanczos, default_tol, rerun_wider_block
 from blocklin.linalg.blocks.orth import orth_against, work_dtype
-from blocklin.runtime.passes import ldexp
+from blocklin.runtime.powers import ldexp
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.blocks.results import open_group, write_group

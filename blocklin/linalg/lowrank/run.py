@@ -19,7 +19,8 @@ from blocklin.linalg.lowrank.sources import GRAM_BLOCK_BYTES, InCore, Source, St
 from blocklin.plan.svd import SvdPlan
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import ldexp, source
+from blocklin.runtime.passes import source
+from blocklin.runtime.powers import ldexp
 
 
 def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
@@ -95,7 +96,7 @@ def _in_memory(job: Job, A: Any, plan: SvdPlan, scaling: Scaling, *, center: boo
 
 def real_parts(b: np.ndarray) -> np.ndarray:
     """A real view of ``b``: itself, or the real and imaginary parts of complex data side by side (their
-    largest magnitude is what the scaling of the passes reads, :func:`blocklin.runtime.passes.ldexp`)."""
+    largest magnitude is what the scaling of the passes reads, :func:`blocklin.runtime.powers.ldexp`)."""
     if b.dtype.kind != "c":
         return b
     return b.view(b.real.dtype) if b.flags.c_contiguous else np.stack((b.real, b.imag))

@@ -46,7 +46,7 @@ from blocklin.storage.identity import resume_token
 from blocklin.runtime.passes import run_pass, source
 from blocklin.storage.atomic import open_or_create_array
 from blocklin.storage.zarr_store import open_zarr, write_block
-from blocklin.runtime.passes import ldexp
+from blocklin.runtime.powers import ldexp
 from blocklin.validate import COMPLEX_DTYPES, FLOAT_DTYPES, result_dtype
 
 #: Report entries recorded in the output's attributes.

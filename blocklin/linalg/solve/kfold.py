@@ -44,6 +44,7 @@ import numpy as np
 from blocklin.errors import ParameterError
 from blocklin.errors import explain as _msg
 from blocklin.linalg.solve import scoring as scorers
+from blocklin.runtime.powers import ldexp
 
 _SPLIT_FIX = ("pass cv=5 (KFold(5) without shuffling), a splitter whose test sets partition the rows "
               "(KFold, GroupKFold with its groups given as cv=list(GroupKFold(k).split(X, y, groups)), "
@@ -317,7 +318,6 @@ def _grid(ctx: Any, sums: dict) -> np.ndarray:
 def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     """Wide ``A``: every fold's held-out predictions from ``A A^T`` in memory (``ctx.dual_sums``: ``A A^T``
     and ``b`` of the scaled problem, the weights), the scores, the choice."""
-    from blocklin.linalg.solve.tikhonov import ldexp
 
     gm, bm, w = ctx.dual_sums
     m = gm.shape[0]

@@ -41,6 +41,7 @@ from blocklin.linalg.solve.kernels import loo_kernel
 from blocklin.linalg.solve.lambda_select import EXTEND_DECADES, base_grid
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.passes import run_pass
+from blocklin.runtime.powers import ldexp
 
 #: Points per decade of the default leave-one-out grid.
 PER_DECADE = 20
@@ -130,7 +131,6 @@ def _scores(ctx: Any, res: dict, n_lam: int, k: int, several: bool) -> tuple[np.
     callable scores all of them together), RidgeCV's: the scorer on every row's leave-one-out prediction
     on the unweighted target, in the units of the problem given."""
     from blocklin.linalg.solve import scoring
-    from blocklin.linalg.solve.tikhonov import ldexp
 
     eb = ctx.sb.exponent if ctx.sb is not None else 0
     if isinstance(ctx.scoring, str):
@@ -300,7 +300,6 @@ def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     res = {"sq": np.array(sq), "rows": stored}
     if ctx.scoring is not None:
         from blocklin.linalg.solve.scoring import from_errors
-        from blocklin.linalg.solve.tikhonov import ldexp
 
         err = np.stack(errs, axis=1)  # m x L x k, in the scaled units of b
         res["stats"] = from_errors(err, ldexp(_targets(ctx), -ctx.sb.exponent) if ctx.sb is not None else _targets(ctx),

@@ -24,7 +24,8 @@ from blocklin.linalg.blocks.streaming_qr import tsqr_pass
 from blocklin.linalg.blocks.tsqr import reduce_r, tsqr_kernel
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import max_exponent, run_pass, source
+from blocklin.runtime.passes import run_pass, source
+from blocklin.runtime.powers import ldexp, max_exponent
 
 C128 = np.dtype(np.complex128)
 
@@ -86,7 +87,6 @@ def _wide_solution(job: Job, A: Any, s: np.ndarray, z: np.ndarray, keep: np.ndar
     With ``s = 2^e s'`` and ``b = 2^eb b'``: ``y' = conj(Z) S'^+2 Z^T b'`` is ``2^(2e - eb) y``; the
     product ``A^H y'`` is made on ``y'`` scaled by ``2^-(e + f)`` (``f`` its own power), so that it sits
     near 1, and ``x`` is that times ``2^(eb - e + f)``: only ``x`` itself can leave the range."""
-    from blocklin.runtime.passes import ldexp
 
     e, eb = max_exponent(s[:1]), max_exponent(b)
     inv = np.where(keep, 1.0 / np.where(keep, np.ldexp(s, -e), 1.0), 0.0)

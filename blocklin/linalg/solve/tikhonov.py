@@ -19,6 +19,7 @@ from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.plan.chunks import auto_chunks
 from blocklin.runtime.job import Job
+from blocklin.runtime.powers import ldexp
 from blocklin.runtime.stages import StepRecords
 from blocklin.storage.zarr_store import create_array, write_block
 
@@ -190,13 +191,6 @@ def unscaled_x(x: np.ndarray, e: int, dtype: Any) -> np.ndarray:
                                   f"a solution x of norm about 2^{int(np.frexp(np.linalg.norm(x))[1]) + e}",
                                   "scale b down (or a up) by a power of two and scale x back yourself"))
     return out
-
-
-def ldexp(x: np.ndarray, e: int) -> np.ndarray:
-    """``x 2^e`` (exact), of complex data part by part (NumPy's ``ldexp`` takes real data only)."""
-    if np.iscomplexobj(x):
-        return np.ldexp(x.real, e) + 1j * np.ldexp(x.imag, e)
-    return np.ldexp(x, e)
 
 
 def factor_regularized(g: np.ndarray, lam: float) -> tuple[Any, float]:

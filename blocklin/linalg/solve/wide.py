@@ -19,7 +19,8 @@ from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.scaling import incore_exponent
 from blocklin.linalg.products.gemm import Gemm
 from blocklin.linalg.solve.spectrum import coefficients, spectrum_from_gram
-from blocklin.linalg.solve.tikhonov import TikhonovRun, dots, ldexp, unscaled_x
+from blocklin.linalg.solve.tikhonov import TikhonovRun, dots, unscaled_x
+from blocklin.runtime.powers import ldexp
 from blocklin.matrix import Matrix
 from blocklin.runtime.passes import run_pass, source
 from blocklin.storage.zarr_store import create_array, open_zarr
