@@ -629,7 +629,7 @@ def _sorted_block(rec: np.ndarray, r0: int, r1: int, n: int, index_dtype: np.dty
         with np.errstate(over="ignore"):  # an overflow is refused by name just below
             sums = np.add.reduceat(vals, starts, out=scratch[:u * vdt.itemsize].view(vdt) if fits else None) \
                 if u else vals[:0]
-        check_sums_fit(vals, starts, sums, lambda i: divmod(int(uk[i]), n), r0)
+        check_sums_fit(vals, starts, sums, lambda i, keys=uk: divmod(int(keys[i]), n), r0)
     del vals, starts
     # each key's row start (row * n), in the int64 buffer the keys no longer need: n added at each
     # row's first key, then summed along (no new array: a new one costs its page faults)
@@ -760,7 +760,7 @@ def _external_sort(source: Any, writer: SparseWriter, plan: SortPlan, work: str,
     buffer: list = [None, None, None]  # the records, block numbers and linear indices of one batch, reused
     try:
         for batch in source.batches():
-            _check_range(batch, writer.dtype)
+            check_values_fit(batch.vals[:batch.stored], writer.dtype, batch.where)
             if nan == "error" and batch.vals.dtype.kind in "fc":
                 bad = np.flatnonzero(np.isnan(batch.vals[:batch.stored]))
                 if bad.size:
@@ -797,12 +797,6 @@ def _value_dtype(src: np.dtype, requested: Any) -> np.dtype:
                                  "would wrap values and sums of duplicate entries)", f"{src.name} -> {out.name}",
                                  f"keep {src.name} (pass no dtype), or a float dtype"))
     return out
-
-
-def _check_range(batch: Batch, out: np.dtype) -> None:
-    """Refuse a finite value of ``batch`` that the narrower float dtype ``out`` cannot hold
-    (:func:`check_values_fit`)."""
-    check_values_fit(batch.vals[:batch.stored], out, batch.where)
 
 
 def check_values_fit(v: np.ndarray, out: np.dtype, where: Any) -> None:
