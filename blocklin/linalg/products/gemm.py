@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any, Unpack
 
 import numpy as np
@@ -124,8 +125,9 @@ class Gemm:
         """Where the plan's k-panels re-read chunks of A or B, the rechunk that avoids it."""
         return read_advice(self.A, self.B, plan, trans_a=self.trans_a, trans_b=self.trans_b)
 
-    def token(self, plan: GemmPlan) -> str:
-        """Deterministic in the inputs, parameters and plan (what resuming an output checks)."""
+    def token(self, plan: GemmPlan | ThinPlan) -> str:
+        """Deterministic in the inputs, parameters and plan, tiles' or thin route's (what resuming an
+        output checks: a partial of one route is never taken up by the other)."""
         return resume_token("matmul", self.operands, self.params(), plan.to_dict())
 
     def params(self) -> dict:
@@ -298,18 +300,30 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         if out_chunks is None and _is_gram(op):
             return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
         thin = thin_plan(job, op, out_chunks)
-        if thin is not None:
-            return _as_thin(job, op, thin, out, overwrite=overwrite, resume=resume)
+        if thin is not None:  # op(B) held, A streamed by rows in one pass
+            return _write(job, op, thin, out, lambda ao: run_thin(job, op, thin, ao.array_path()),
+                          overwrite=overwrite, resume=resume, route="rows",
+                          route_reason=f"op(B) has {thin.n} column(s): held in memory, A streamed by rows in one "
+                                       "pass (read once, on every core)",
+                          phases={"products of row strips (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
         plan = op.plan(job, out_chunks, out)
-        ao = job.claim(out, op.operands, overwrite=overwrite, resume=resume, token=op.token(plan),
-                       size=(op.shape, op.dtype))
-        open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
-        op.run(job, plan, ao.array_path(), done_dir=ao.done)
-        report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), precision=op.precision,
-                            compute_dtype=op.compute.name,
-                            phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
-        return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=op.params(),
-                          keys=REPORT_KEYS)
+        return _write(job, op, plan, out, lambda ao: op.run(job, plan, ao.array_path(), done_dir=ao.done),
+                      overwrite=overwrite, resume=resume,
+                      phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
+
+
+def _write(job: Job, op: Gemm, plan: GemmPlan | ThinPlan, out: Any, run: Callable[[Any], None], *, overwrite: bool,
+           resume: bool, **report: Any) -> Matrix:
+    """Claim ``out`` (resumable by ``op.token(plan)``), create its array in ``plan.out_chunks``, ``run`` the
+    route into it (given the claimed output), then report (with ``report``'s entries) and commit: the tail
+    of both dense routes, the tiles and the thin product's row pass."""
+    ao = job.claim(out, op.operands, overwrite=overwrite, resume=resume, token=op.token(plan),
+                   size=(op.shape, op.dtype))
+    open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
+    run(ao)
+    rep = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), precision=op.precision,
+                     compute_dtype=op.compute.name, **report)
+    return job.finish(ao, out, rep, operation="matmul", plan=plan.to_dict(), params=op.params(), keys=REPORT_KEYS)
 
 
 def _sparse_route(a: Any, b: Any, out: Any, *, c: Any, alpha: float, beta: float, trans_a: bool, trans_b: bool,
@@ -395,20 +409,6 @@ def matmul_plan(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float 
 
             return Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha).plan(job)
         return thin_plan(job, op, out_chunks) or op.plan(job, out_chunks, out)
-
-
-def _as_thin(job: Job, op: Gemm, plan: ThinPlan, out: Any, *, overwrite: bool, resume: bool) -> Matrix:
-    """Run a product with a thin ``op(B)`` as one row pass (:mod:`blocklin.linalg.products.thin`)."""
-    ao = job.claim(out, op.operands, overwrite=overwrite, resume=resume,
-                   token=resume_token("matmul", op.operands, op.params(), plan.to_dict()), size=(op.shape, op.dtype))
-    open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
-    run_thin(job, op, plan, ao.array_path())
-    report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), precision=op.precision,
-                        compute_dtype=op.compute.name, route="rows",
-                        route_reason=f"op(B) has {plan.n} column(s): held in memory, A streamed by rows in one "
-                                     "pass (read once, on every core)",
-                        phases={"products of row strips (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
-    return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=op.params(), keys=REPORT_KEYS)
 
 
 #: Report entries recorded in the output's attributes.

@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.linalg.blocks.tallblock import load_tall
 from blocklin.plan.passes import PassMemory, output_chunk_rows
 from blocklin.plan.thin import ThinPlan
 from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, source
-from blocklin.runtime.tiles import check_finite, open_array
-from blocklin.storage.zarr_store import read_block
 
 #: Widest ``op(B)`` (its columns, the output's) that :func:`thin_plan` holds.
 THIN_MAX_COLUMNS = 64
@@ -62,14 +61,12 @@ def thin_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
 
 
 def held_b(job: Any, op: Any) -> np.ndarray:
-    """``op(B)`` read whole into memory (C-ordered), checked for NaN/Inf when the job checks."""
-    B = op.B
-    r0 = getattr(B, "first_row", 0)
-    rows, cols = slice(r0, r0 + B.shape[0]), slice(0, B.shape[1])
-    b = read_block(open_array(B.path), rows, cols)
-    if job.check_finite:
-        check_finite(b, "b", slice(0, B.shape[0]), cols)
-    return np.ascontiguousarray(b.T if op.trans_b else b)
+    """``op(B)`` read into memory (C-ordered) in one pass over ``B`` (column strips where ``trans_b``),
+    checked for NaN/Inf as every pass checks; the pass holds the strips it read and the whole, within
+    the budget that the held ``op(B)`` leaves (at most ``1 /`` :data:`HELD_SHARE` of it each)."""
+    nbytes = op.B.shape[0] * op.B.shape[1] * np.dtype(op.B.dtype).itemsize
+    return load_tall(job, op.B, transposed=op.trans_b, memory=job.cfg.memory - 2 * nbytes,
+                     description=f"read op(B) ({op.shape[1]} column(s)) into memory")
 
 
 def _sources(op: Any) -> list:
