@@ -74,3 +74,25 @@ def test_pca_centered_named_minimum_runs():
 def test_auto_refusal_names_the_method_it_planned():
     with pytest.raises(BudgetError, match=r"svd \((lanczos|gram)\)"):
         bl.svd(_data((4000, 30), "float64"), 3, center=True, memory=64 << 10, seed=0)
+
+
+@pytest.mark.parametrize("shape", [(20000, 400), (400, 20000)], ids=["tall", "wide"])
+@pytest.mark.parametrize("method", ["lanczos", "rsvd", "sketch"])
+def test_sparse_pca_named_minimum_runs(tmp_path, shape, method):
+    """pca of a stored sparse matrix: its centered products are planned with the method's state before
+    anything runs, so the refusal names the whole call's minimum (it named the in-core work's, then each
+    product refused again with a larger one: three refusals at worst, found by a randomized search)."""
+    import scipy.sparse
+
+    x = scipy.sparse.random(*shape, density=0.02, random_state=3, format="csr")
+    s = bl.from_sparse(x, tmp_path / "S.zarr", memory="9MiB")
+
+    def run(memory):
+        return bl.pca(s, 5, method=method, memory=memory, seed=0)
+
+    with pytest.raises(BudgetError) as err:
+        run(64 << 10)
+    need = err.value.minimum
+    assert need > 64 << 10 and "product" in str(err.value)  # the products need more than the in-core work
+    got = run(need)  # never refused again
+    assert got.report["passes"] >= 1

@@ -31,6 +31,7 @@ from blocklin.linalg.lowrank.methods import Factorization, lanczos, rsvd, sketch
 from blocklin.linalg.lowrank.run import scaled_back
 from blocklin.linalg.lowrank.spilled_ritz import spilled_rayleigh_ritz
 from blocklin.linalg.lowrank.triplets import enrich_width
+from blocklin.plan.minimum import whole_call
 from blocklin.plan.svd import plan_svd
 from blocklin.operands import temp_root
 from blocklin.runtime.checkpoints import Checkpoints
@@ -212,13 +213,36 @@ def sparse_svd_memory(op: Any, sparse: Any, k: int, options: dict, budget: int, 
     """``(plan, need, spill)`` of the operator route on a stored sparse matrix (``sparse``: its row-block
     operator, or that under pca's centered ``op``): the plan, its largest product's need, and where its
     in-memory plan does not fit, block Lanczos with spilled bases (:func:`svd_bases`: ``spill``, its plan's
-    block, basis and in-core work replaced). Refused with the smaller of the two minimums where neither
-    fits. What the run and its ``--explain`` plan (:mod:`~blocklin.linalg.lowrank.sparse_plan`) take."""
+    block, basis and in-core work replaced). What the run and its ``--explain`` plan
+    (:mod:`~blocklin.linalg.lowrank.sparse_plan`) take.
+
+    Refused with the minimum of the step that failed where every step plans there, else with the least
+    budget at which all of them plan (:func:`~blocklin.plan.minimum.whole_call`): the products are
+    checked beside the plan's in-core state, which is not the same at every budget (a sketch's, planned
+    at its in-core minimum below it, holds less than at the products' minimum, which was then refused
+    again)."""
+    def plans(memory: int) -> tuple[Any, int, BasisPlan | None]:
+        return _sparse_svd_memory(op, sparse, k, options, memory, spill_ok=spill_ok)
+
+    try:
+        return plans(budget)
+    except BudgetError as exc:
+        try:
+            plans(max(budget + 1, int(exc.minimum or 0)))
+        except BudgetError:  # that minimum is refused again: name the one every step plans at
+            return whole_call(plans, budget, "the SVD of a stored sparse matrix (its in-core work and its products)")
+        raise
+
+
+def _sparse_svd_memory(op: Any, sparse: Any, k: int, options: dict, budget: int, *,
+                       spill_ok: bool) -> tuple[Any, int, BasisPlan | None]:
+    """:func:`sparse_svd_memory` at ``budget``, refused with the smaller of the two minimums where
+    neither the in-memory plan nor the spilled one fits."""
     store = sparse.matrix._store
     plan = operator_svd_plan(op.shape, op.dtype, k, memory=budget, **options)
     try:
         need = check_products(store, operator_products(plan, k, op.shape), np.dtype(op.dtype).itemsize,
-                              sparse.dtype, budget if sparse is op else 1 << 62, int(plan.client_bytes))
+                              sparse.dtype, budget, int(plan.client_bytes))
         operator_plan(op.shape, op.dtype, k, memory=budget, **options)  # its own refusal
         return plan, need, None
     except BudgetError as exc:

@@ -42,7 +42,7 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
     BudgetError
         Where the run refuses the budget: the same planner, the same message.
     """
-    from blocklin.linalg.lowrank.operator_svd import operator_svd_plan, sparse_svd_memory
+    from blocklin.linalg.lowrank.operator_svd import sparse_svd_memory
     from blocklin.linalg.lowrank.sparse_eigsh import eigsh_bases, eigsh_defaults
     from blocklin.linalg.lowrank.svd import operator_options
 
@@ -79,15 +79,14 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
         k, method, q, _tol, limit, block_size, max_basis = operator_options(
             (m, n), dt, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
             max_passes=max_passes, block_size=block_size, max_basis=max_basis)
-        svd_plan = operator_svd_plan((m, n), dt, k, method=method, oversample=oversample, q=q, limit=limit,
-                                     block_size=block_size, max_basis=max_basis, memory=cfg.memory)
-        if operation == "svd" and method == "lanczos":  # as the run: its bases spilled where they do not fit
-            op = s.aslinearoperator()
-            options = dict(method=method, oversample=oversample, q=q, limit=limit, block_size=block_size,
-                           max_basis=max_basis)
-            svd_plan, product, spill = sparse_svd_memory(op, op, k, options, cfg.memory,
-                                                         spill_ok=temp_root(cfg).is_local)
-            spilled = spill.basis_bytes if spill is not None else 0
+        # as the run: the in-core work and every product planned at one budget (refused with a minimum at
+        # which all of them plan), svd's block Lanczos bases spilled where they do not fit (pca's never)
+        op = s.aslinearoperator()
+        options = dict(method=method, oversample=oversample, q=q, limit=limit, block_size=block_size,
+                       max_basis=max_basis)
+        svd_plan, product, spill = sparse_svd_memory(op, op, k, options, cfg.memory,
+                                                     spill_ok=operation == "svd" and temp_root(cfg).is_local)
+        spilled = spill.basis_bytes if spill is not None else 0
     reserved = int(svd_plan.client_bytes) + (2 * n * 8 if operation == "eigsh" and laplacian is not None else 0)
     if not spilled or operation == "eigsh":
         product = _product_bytes(s, operation, svd_plan, int(k), dt, cfg.memory, check_symmetric, reserved)
