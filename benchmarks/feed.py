@@ -36,7 +36,9 @@ comes from the same load, and the best round of each counts:
   copy), with the share of a mapped chunk file the kernel maps in 2 MiB pages (``pmd_mapped``). It
   says whether strips mapped into place would beat copied ones on this host: where the page cache
   holds the files in small pages the mapped sum is the slower (``docs/benchmarks.md``, "Strips mapped
-  from the page cache").
+  from the page cache"); and mapped with each 1 MiB's max and min taken before the sum
+  (``map_peaks_sum``): what a job's first pass does with every byte (its largest magnitude, then the
+  kernel's read), with no engine around it: the least a first pass can cost on this host.
 
 It prints GB/s (10^9 bytes of decoded operand per second) for each, blocklin's ratio to the raw
 limit (the best thread count), and one JSON line last. Usage::
@@ -149,9 +151,16 @@ def raw_read(files: list[str], threads: int, chunk_bytes: int, codec: str) -> No
         t.join()
 
 
-def touch_read(files: list[str], threads: int, chunk_bytes: int, mapped: bool) -> None:
+#: Bytes of a mapped chunk file whose max and min ``touch_read(peaks=True)`` takes at a time: a first
+#: pass's pieces (``blocklin.runtime.passes.PEAK_PIECE_BYTES``).
+PEAK_PIECE = 1 << 20
+
+
+def touch_read(files: list[str], threads: int, chunk_bytes: int, mapped: bool, peaks: bool = False) -> None:
     """Every byte of the chunk files summed by ``threads`` threads: copied into one reused page-aligned
-    buffer per thread, or (``mapped``) mapped read-only from the page cache and summed in place."""
+    buffer per thread, or (``mapped``) mapped read-only from the page cache and summed in place; with
+    ``peaks`` (mapped) each file's max and min taken first, a :data:`PEAK_PIECE` at a time, as a job's
+    first pass takes them before its kernel reads the strip: the least a first pass costs here."""
     import mmap
 
     def lane(j: int) -> None:
@@ -168,6 +177,10 @@ def touch_read(files: list[str], threads: int, chunk_bytes: int, mapped: bool) -
                 os.close(fd)
             if mapped:
                 v = np.frombuffer(m, dtype=np.float64)
+                if peaks:
+                    step = PEAK_PIECE // 8
+                    for a in range(0, v.size, step):
+                        max(v[a:a + step].max(), -v[a:a + step].min())
                 v.sum()
                 del v  # the mapping closes only once no view of it is left
                 m.close()
@@ -430,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                 readers["numpy_fromfile"] = lambda: fromfile_read(files)
                 readers["copy_sum"] = lambda: touch_read(files, cores, chunk_bytes, mapped=False)
                 readers["map_sum"] = lambda: touch_read(files, cores, chunk_bytes, mapped=True)
+                readers["map_peaks_sum"] = lambda: touch_read(files, cores, chunk_bytes, mapped=True, peaks=True)
             rates, plans = best_rates(readers, nbytes, args.repeats)
             raw = {str(t): rates[f"raw_{t}"] for t in threads}
             limit = max(raw.values())
@@ -440,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
             if codec == "none":
                 summary["numpy_fromfile"] = rates["numpy_fromfile"]
                 summary["touch"] = {"threads": cores, "copy_sum": rates["copy_sum"], "map_sum": rates["map_sum"],
+                                    "map_peaks_sum": rates["map_peaks_sum"],
                                     "pmd_mapped": pmd_mapped_share(files[0])}
             for dev in ("cpu", "columns", "later", "gpu", "gpu_later", "gemm"):
                 got = {str(f): {"gbps": rates[f"{dev}_{f}"], "plan": plans.get(f"{dev}_{f}")}
@@ -473,7 +488,8 @@ def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, ba
     if touch is not None:
         share = "not reported" if touch["pmd_mapped"] is None else f"{touch['pmd_mapped']:.0%}"
         print(f"every byte summed, {touch['threads']} threads: copied into a reused buffer {touch['copy_sum']:.2f}, "
-              f"mapped from the page cache {touch['map_sum']:.2f} (a mapped chunk file in 2 MiB pages: {share})")
+              f"mapped from the page cache {touch['map_sum']:.2f} (a mapped chunk file in 2 MiB pages: {share}); "
+              f"mapped, each 1 MiB's max and min taken first (a first pass's least cost) {touch['map_peaks_sum']:.2f}")
 
 
 if __name__ == "__main__":

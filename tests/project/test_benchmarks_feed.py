@@ -52,6 +52,7 @@ def test_feed_quick_reports_every_reader(standin, tmp_path, capsys):
     assert _rate(summary["numpy_fromfile"])
     touch = summary["touch"]  # every byte summed: copied into a buffer, and mapped where it lies
     assert touch["threads"] == summary["cores"] and _rate(touch["copy_sum"]) and _rate(touch["map_sum"])
+    assert _rate(touch["map_peaks_sum"])
     assert touch["pmd_mapped"] is None or 0 <= touch["pmd_mapped"] <= 1
     assert summary["reread"] is False
     assert list(where.iterdir()) == []  # the operand and its work folder are gone
