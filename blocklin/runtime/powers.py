@@ -15,11 +15,15 @@ import numpy as np
 
 
 def ldexp(x: np.ndarray, e: int, out: np.ndarray | None = None) -> np.ndarray:
-    """``x * 2^e`` (exact where it fits), keeping the dtype; complex data by its real and imaginary
-    parts (``numpy.ldexp`` takes real data only); in place with ``out=x``."""
+    """``x * 2^e`` (exact where it fits), keeping a float or complex dtype (integers give float64, as
+    ``numpy.ldexp`` gives them: never cast back, which would truncate); complex data by its real and
+    imaginary parts (``numpy.ldexp`` takes real data only); in place with ``out=x``."""
     x = np.asarray(x)
     if x.dtype.kind != "c":
-        return np.ldexp(x, e, out=out) if out is not None else np.ldexp(x, e).astype(x.dtype, copy=False)
+        if out is not None:
+            return np.ldexp(x, e, out=out)
+        y = np.ldexp(x, e)
+        return y.astype(x.dtype, copy=False) if x.dtype.kind == "f" else y
     r = out if out is not None else np.empty_like(x)
     np.ldexp(x.real, e, out=r.real)
     np.ldexp(x.imag, e, out=r.imag)

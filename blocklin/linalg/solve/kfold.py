@@ -318,7 +318,6 @@ def _grid(ctx: Any, sums: dict) -> np.ndarray:
 def wide_choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     """Wide ``A``: every fold's held-out predictions from ``A A^T`` in memory (``ctx.dual_sums``: ``A A^T``
     and ``b`` of the scaled problem, the weights), the scores, the choice."""
-
     gm, bm, w = ctx.dual_sums
     m = gm.shape[0]
     if ctx.intercept:  # a shift of the rows changes no centered quantity: center A A^T by the plain means first

@@ -87,7 +87,6 @@ def _wide_solution(job: Job, A: Any, s: np.ndarray, z: np.ndarray, keep: np.ndar
     With ``s = 2^e s'`` and ``b = 2^eb b'``: ``y' = conj(Z) S'^+2 Z^T b'`` is ``2^(2e - eb) y``; the
     product ``A^H y'`` is made on ``y'`` scaled by ``2^-(e + f)`` (``f`` its own power), so that it sits
     near 1, and ``x`` is that times ``2^(eb - e + f)``: only ``x`` itself can leave the range."""
-
     e, eb = max_exponent(s[:1]), max_exponent(b)
     inv = np.where(keep, 1.0 / np.where(keep, np.ldexp(s, -e), 1.0), 0.0)
     y = z.conj() @ (inv[:, None] ** 2 * (z.T @ ldexp(b, -eb)))
