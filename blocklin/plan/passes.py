@@ -60,6 +60,11 @@ class RowPassPlan:
             del d["resident_bytes"]
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> RowPassPlan:
+        """The plan :meth:`to_dict` gave ``d`` of (a plan kept in another plan's dict, its groups lists)."""
+        return cls(**{**d, "groups": tuple(tuple(g) for g in d["groups"])})
+
     def explain(self) -> str:
         text = (f"row pass: {self.m} rows in strips of {self.strip} ({len(self.groups)} task(s), "
                 f"{self.workers} concurrent), read {format_size(self.bytes_read)}, "

@@ -533,7 +533,7 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
             elif want[j] and pieces[j]:
                 stored, piece_peaks = _read_with_peaks(arr, rs, cs, dest, direct[j], peaks_of[j])
             elif _direct_into(decoded[j], arr, dest):
-                stored, piece_peaks = _decode_with_peaks(arr, decoded[j], rs, cs, dest)
+                stored, piece_peaks = _decode_with_peaks(arr, decoded[j], rs, cs, dest, peaks_of[j])
             elif _direct_into(direct[j], arr, dest):
                 stored = _read_direct(arr, direct[j], rs, cs, dest)
             else:
@@ -684,10 +684,12 @@ def _flat_peaks(v: np.ndarray) -> np.ndarray:
     return np.full(n, np.maximum(np.float64(v.max()), -np.float64(v.min())))  # NaN in either: NaN
 
 
-def _decode_with_peaks(arr: Any, dec: Any, rows: slice, cols: slice, out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _decode_with_peaks(arr: Any, dec: Any, rows: slice, cols: slice, out: np.ndarray,
+                       peaks_of: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """``arr[rows, cols]`` decoded into ``out`` by the task's chunk decoder ``dec``
-    (:class:`~blocklin.storage.rawchunks.DecodedChunks`), and the column peaks of the whole, each chunk's
-    part's taken by the thread that decoded it right after (:func:`_column_peaks`).
+    (:class:`~blocklin.storage.rawchunks.DecodedChunks`), and the peaks of the whole (``peaks_of``:
+    :func:`_column_peaks`, the default, or :func:`_flat_peaks`), each chunk's part's taken by the thread
+    that decoded it right after.
 
     Taken after the whole strip, the peaks read it back from memory on the loader thread alone,
     while the decoding threads wait for the next strip: a first pass over zstd chunks read 0.72-0.81x
@@ -695,12 +697,13 @@ def _decode_with_peaks(arr: Any, dec: Any, rows: slice, cols: slice, out: np.nda
     passes. Maxima in any order are the same bits; failures are named as
     :func:`~blocklin.storage.zarr_store.read_block` names them.
     """
+    peaks_of = peaks_of or _column_peaks
     cols = slice(cols.start or 0, arr.shape[1] if cols.stop is None else cols.stop)
     peaks = np.zeros(out.shape[1])
     lock = threading.Lock()
 
     def each(part: np.ndarray, column: int) -> None:
-        p = _column_peaks(part)
+        p = peaks_of(part)  # flat: the part's largest magnitude on each of its columns (their max is the whole's)
         with lock:  # parts of several chunks across merge into one row of peaks
             at = peaks[column:column + part.shape[1]]
             np.maximum(at, p, out=at)  # maximum propagates NaN

@@ -269,13 +269,15 @@ def test_first_pass_peaks_stand_in_for_the_finite_check(tmp_path, bad):
             run_pass(job, _column_sums, [source(op)], min_tasks=3)
 
 
-@pytest.mark.parametrize("mapped", [False, True])
+@pytest.mark.parametrize("mapped,codec", [(False, "none"), (True, "none"), (False, "zstd")],
+                         ids=["copied", "mapped", "decoded"])
 @pytest.mark.parametrize("columns", [False, True])
-def test_first_pass_records_the_peaks_asked_for(tmp_path, monkeypatch, mapped, columns):
+def test_first_pass_records_the_peaks_asked_for(tmp_path, monkeypatch, mapped, codec, columns):
     """A job's first pass records the largest magnitude of its input (``job.amax``: the scaling's), and
     each column's (``job.peaks``) only for inputs the job asks it of (``job.column_peaks``: an SVD's);
-    the rest take one flat max and min a piece. Exact either way, NaN where the input holds one, Inf
-    kept; strips copied or mapped from the page cache alike (the kernel sees the stored strips)."""
+    the rest take one flat max and min a piece (of zstd chunks, a decoded chunk's part). Exact either
+    way, NaN where the input holds one, Inf kept; strips copied, mapped from the page cache or decoded
+    alike (the kernel sees the stored strips)."""
     monkeypatch.setattr(passes, "PEAK_PIECE_BYTES", 7 * 32 * 8)  # 7-row pieces: across chunk boundaries
     monkeypatch.setattr(mapping, "large_pages", lambda path: mapped)
     x = np.random.default_rng(4).standard_normal((600, 32)) * np.logspace(-3, 3, 32)
@@ -283,7 +285,8 @@ def test_first_pass_records_the_peaks_asked_for(tmp_path, monkeypatch, mapped, c
     for bad in (None, np.inf, np.nan):
         if bad is not None:
             x[333, 7] = bad
-        a = bl.from_array(x, tmp_path / f"x{bad}.zarr", chunks=(128, 32))  # 32 KiB chunks: mapped where asked
+        # 32 KiB chunks: mapped where asked
+        a = bl.from_array(x, tmp_path / f"x{bad}.zarr", chunks=(128, 32), codec=codec)
         with Job("feed-test", memory="160KiB", check_finite=False) as job:
             op = job.operand(a.path, "a")
             if columns:

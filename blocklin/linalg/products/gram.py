@@ -137,8 +137,7 @@ class Gram:
             return ldexp(g * float(m), e2) if e2 or m != 1 else g
 
     def _run_pass(self, job: Job, plan: GramPlan, out_path: Any, add: Any = None) -> dict | None:
-        pp = plan.pass_plan
-        rp = RowPassPlan(**{**pp, "groups": tuple(tuple(g) for g in pp["groups"])})
+        rp = RowPassPlan.from_dict(plan.pass_plan)
         src = self.source()
         scaling = Scaling(str(src.path), self.dtype)  # the squares are formed in the result's dtype
         g = scaling.run(job, lambda sc: sum_gram_states(run_pass(

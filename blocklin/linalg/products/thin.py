@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from blocklin.linalg.blocks.tallblock import load_tall
-from blocklin.plan.passes import PassMemory, output_chunk_rows
+from blocklin.errors import BudgetError
+from blocklin.plan.passes import PassMemory, RowPassPlan, output_chunk_rows
 from blocklin.plan.thin import ThinPlan
 from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, source
 
@@ -93,8 +94,6 @@ def thin_plan(job: Any, op: Any, out_chunks: Any = None) -> ThinPlan | None:
     dtype other than the operands', ``op(B)`` wider than :data:`THIN_MAX_COLUMNS` or over
     ``1 /`` :data:`HELD_SHARE` of the budget, strips that would read compressed chunks more than once,
     or a budget the pass does not fit (the tiles then say what fits)."""
-    from blocklin.errors import BudgetError
-
     m, n = op.shape
     k = op.A.shape[1]
     dt = np.dtype(op.dtype)
@@ -121,10 +120,7 @@ def thin_plan(job: Any, op: Any, out_chunks: Any = None) -> ThinPlan | None:
 
 def run_thin(job: Any, op: Any, plan: ThinPlan, out_path: Any) -> None:
     """Write ``alpha A op(B) + beta C`` into the array at ``out_path`` (created with ``plan.out_chunks``)."""
-    from blocklin.plan.passes import RowPassPlan
-
-    pp = plan.pass_plan
-    rp = RowPassPlan(**{**pp, "groups": tuple(tuple(g) for g in pp["groups"])})
+    rp = RowPassPlan.from_dict(plan.pass_plan)
     params = {**_params(held_b(job, op), op, plan.memory), "chunk": plan.out_chunks[0]}
     # a product has no scaling: the pass records no column peaks (where the job checks for NaN/Inf, the
     # loaders check each strip; in the kernel, after each piece's product, it measured slower)
