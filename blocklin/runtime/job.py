@@ -170,6 +170,9 @@ class Job:
         #: Inputs whose first pass records each column's peak: the others record the largest magnitude
         #: alone, a flat max and min of each piece (a third faster a first pass, measured)
         self.column_peaks: set[str] = set()
+        #: Names of the inputs whose writer's recorded peaks stood in for that scan
+        #: (:func:`blocklin.runtime.passes.take_recorded_peaks`)
+        self.recorded_peaks: list[str] = []
         #: Whether each local uncompressed input's later passes map its strips from the page cache
         #: (:func:`blocklin.runtime.passes.mapped_inputs`), probed once per input in the job
         self.mapped_inputs: dict[str, bool] = {}
@@ -520,7 +523,8 @@ class Job:
         and ``device_resident``, the most bytes of blocks the device cache held while the job kept some.
         CPU jobs whose row passes mapped strips from the page cache instead of copying them
         (:func:`blocklin.runtime.passes.mapped_inputs`) report ``bytes_mapped``, those strips' bytes
-        (part of ``bytes_read``).
+        (part of ``bytes_read``). ``peaks_recorded`` names the inputs whose first pass took the peaks
+        their writer recorded instead of scanning them (:mod:`blocklin.storage.recorded_peaks`).
 
         What bounded the run, from the tasks that streamed their data through a
         :class:`~blocklin.device.stream.TileStream` (GEMM tiles, row passes; other tasks report no
@@ -574,6 +578,8 @@ class Job:
         rep["bytes_read"] = rep.pop("bytes_physical") + self.driver_reads.bytes
         if self.read_notes:
             rep["read_notes"] = list(self.read_notes)
+        if self.recorded_peaks:
+            rep["peaks_recorded"] = list(self.recorded_peaks)
         if flops is not None:
             rep["flops"] = flops
         rep.update(seconds=secs, peak_memory=peak_rss(), memory_budget=self.cfg.memory, device=self.device,

@@ -34,6 +34,7 @@ import numpy as np
 
 from blocklin.device import TileStream, get_device, pool
 from blocklin.errors import InternalError
+from blocklin.peaks import column_peaks as _column_peaks, flat_peaks as _flat_peaks, max_nan as _max_nan
 from blocklin.plan.passes import MAX_LOADERS, PassMemory, RowPassPlan, pass_workers, plan_pass
 from blocklin.progress import report_units
 from blocklin.plan.rechunk import rechunk_advice
@@ -42,6 +43,7 @@ from blocklin.runtime.powers import ldexp
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
 from blocklin.storage.rawchunks import decoded_access, raw_access
 from blocklin.storage.readerrors import reading
+from blocklin.storage.recorded_peaks import recorded
 from blocklin.storage.zarr_store import read_block, read_kind, write_block
 
 #: ``kernel(device, arrays, rows, params, state) -> (state, writes)``; ``arrays`` are the strip's
@@ -292,6 +294,8 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
     for s in sources:
         if plan.rereads > 1 and not s.partial_rows and s.chunk_rows > plan.strip:
             job.note_reads(reread_advice(s, plan))
+    if peaks and over != "intermediate":
+        take_recorded_peaks(job, sources)
     # A completed pass has read every element of its inputs: the operation's input, checked once for
     # NaN/Inf in this job, is not checked again (the check cost 8-10% of each pass of an iterative SVD).
     # Intermediates are checked on every pass (one path may be rewritten between passes).
@@ -337,6 +341,31 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
             job.amax[str(s.path)] = float("nan") if peaks is None or np.isnan(peaks).any() else \
                 float(peaks.max(initial=0.0))
     return PassResult([state for r in results for state in r["states"]], plan)
+
+
+def take_recorded_peaks(job: Any, sources: Sequence[Source]) -> None:
+    """The peaks the writer of each input recorded (:mod:`blocklin.storage.recorded_peaks`), where
+    they still hold for its content, in place of the first pass's scan: ``job.amax`` (and
+    ``job.peaks`` for the inputs in ``job.column_peaks``), and the input counts as checked for
+    NaN/Inf (the record holds finite peaks of every value). The report's ``peaks_recorded`` names
+    them.
+
+    Not for a range of rows (its peaks are its own), nor for each column's peaks of a source streamed
+    transposed (those are the stored rows', which no writer records): those passes scan.
+    """
+    for s in sources:
+        path = str(s.path)
+        columns = path in job.column_peaks
+        if path in job.amax or s.first_row or columns and s.transposed:
+            continue
+        got = recorded(s.path, columns=s.rows if s.transposed else s.width)
+        if got is None:
+            continue
+        job.amax[path] = got.amax
+        if columns:
+            job.peaks[path] = got.columns
+        job.checked_finite.add(path)
+        job.recorded_peaks.append(s.name)
 
 
 def mapped_inputs(job: Any, sources: Sequence[Source], spec: RowPassSpec) -> tuple[bool, ...] | None:
@@ -670,20 +699,6 @@ def _peaks_in_pieces(v: np.ndarray, peaks_of: Any) -> np.ndarray:
     return peaks
 
 
-def _flat_peaks(v: np.ndarray) -> np.ndarray:
-    """``max |v|`` over the whole block, float64, as a row of its columns' count (NaN where ``v`` holds one:
-    it propagates through max and min); what a first pass records where no caller asked for each
-    column's (:attr:`Job.column_peaks <blocklin.runtime.job.Job.column_peaks>`). One max and one min of
-    the block as a flat array: NumPy reduces a contiguous block at about 70 GB/s from the cache, a
-    column-wise one at about 17 (the 2-core machine, 1 MiB of float64)."""
-    n = v.shape[1]
-    if not v.size:
-        return np.zeros(n)
-    if v.dtype.kind == "c":  # max(|Re|, |Im|), as _column_peaks
-        v = v.view(v.real.dtype) if v.flags.c_contiguous else np.stack((v.real, v.imag))
-    return np.full(n, np.maximum(np.float64(v.max()), -np.float64(v.min())))  # NaN in either: NaN
-
-
 def _decode_with_peaks(arr: Any, dec: Any, rows: slice, cols: slice, out: np.ndarray,
                        peaks_of: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """``arr[rows, cols]`` decoded into ``out`` by the task's chunk decoder ``dec``
@@ -711,54 +726,6 @@ def _decode_with_peaks(arr: Any, dec: Any, rows: slice, cols: slice, out: np.nda
     with reading(arr, rows, cols):
         dec.read(rows, cols, out, each=each)
     return out, peaks
-
-
-#: Elements per row of the view in which :func:`_column_peaks` reduces a narrow strip.
-FOLD_ELEMENTS = 4096
-
-
-def _column_peaks(v: np.ndarray) -> np.ndarray:
-    """``max |v|`` of each column, float64, without a temporary the size of ``v`` (NaN where a column
-    holds one: it propagates through max and min).
-
-    NumPy reduces a C-ordered ``h x n`` block over its rows one row at a time, an inner loop of ``n``
-    elements: for narrow strips the loop's overhead, not the data, sets the rate. A C-contiguous strip
-    is therefore reduced as ``h / r`` rows of ``r`` of its rows side by side (``r n`` about
-    :data:`FOLD_ELEMENTS`), then over the ``r``. Maxima are exact in any order: the same peaks.
-    Measured on the 2-core machine (4 M elements, max and min): 64 float32 columns 2.3 GB/s row by
-    row, 24.8 folded; 16 float64 1.4 and 9.4; 512 float64 7.4 and 10.1.
-    """
-    if v.shape[0] == 0:
-        return np.zeros(v.shape[1])
-    if v.dtype.kind == "c":  # max(|Re|, |Im|): within sqrt(2) of the largest modulus, which a scaling allows
-        if v.flags.c_contiguous:  # real and imaginary parts as adjacent real columns
-            return _column_peaks(v.view(v.real.dtype)).reshape(v.shape[1], 2).max(axis=1)
-        return np.maximum(_column_peaks(v.real), _column_peaks(v.imag))
-    hi, lo = _column_max_min(v)
-    return np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
-
-
-def _column_max_min(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each column's max and min (see :func:`_column_peaks`; NaN propagates through both)."""
-    h, n = v.shape
-    r = FOLD_ELEMENTS // max(1, n) if v.flags.c_contiguous else 1
-    whole = h // r * r if r > 1 else 0
-    if not whole:
-        return v.max(axis=0), v.min(axis=0)
-    folded = v[:whole].reshape(whole // r, r * n)
-    hi = folded.max(axis=0).reshape(r, n).max(axis=0)
-    lo = folded.min(axis=0).reshape(r, n).min(axis=0)
-    if whole < h:
-        np.maximum(hi, v[whole:].max(axis=0), out=hi)
-        np.minimum(lo, v[whole:].min(axis=0), out=lo)
-    return hi, lo
-
-
-def _max_nan(values: list) -> np.ndarray | None:
-    """The elementwise largest of the arrays ``values`` (``None`` for none), NaN where any is NaN."""
-    if not values:
-        return None
-    return np.maximum.reduce([np.asarray(x, dtype=np.float64) for x in values])  # maximum propagates NaN
 
 
 def _stream_strips(spec: RowPassSpec, device: Any, strips: _RunStrips, load: Any, shapes: list, arrays: list,

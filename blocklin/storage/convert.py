@@ -24,6 +24,7 @@ from blocklin.config import parse_size, resolve, size_hint
 from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError, ParameterError, explain
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.convert import plan_convert
+from blocklin.peaks import column_peaks
 from blocklin.progress import make_progress
 from blocklin.storage.identity import resume_token
 from blocklin.storage.atomic import check_output_path
@@ -32,6 +33,7 @@ from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.backend import backend
 from blocklin.storage.formats.base import disk_usage, output_dtype
 from blocklin.storage.location import Location, as_location, split_spec
+from blocklin.storage.recorded_peaks import PeakTally, recordable, record as record_peaks
 from blocklin.storage.space import check_space, make_temp_folder
 from blocklin.storage.zarr_store import open_cached, read_block, array_file_bytes, write_block
 from blocklin.validate import MAX_COUNT
@@ -248,8 +250,13 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         plan = _fitting_plan(reader, writer, out_dt, task_memory, (m, n), chunks == "auto" and out_fmt == "zarr")
         _prepare(reader, plan, cfg)
         copy = _copy if client is None else functools.partial(_copy_on_cluster, client)
+        # the peaks of every value written, recorded with the output: its first passes need not scan
+        tally = PeakTally(n) if out_fmt == "zarr" and recordable(out_dt) and getattr(reader, "ndim", 2) == 2 \
+            else None
         blocks, skipped = copy(reader, writer, plan, out_dt, nan, progress,
-                               f"convert {_base(src_path)} -> {_base(out_path)}")
+                               f"convert {_base(src_path)} -> {_base(out_path)}", tally)
+        if skipped and tally is not None:  # blocks an earlier run copied: their values were not seen
+            tally.skipped()
         report = {
             "input": str(src), "output": str(out_path), "from": in_fmt, "to": out_fmt, "shape": [m, n],
             "in_dtype": reader.dtype.str, "dtype": out_dt.name,
@@ -261,6 +268,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         }
         final = _commit(writer, plan, report, out_path)
         writer = None
+        report["peaks_recorded"] = tally is not None and record_peaks(final, tally)
         report.update(seconds=time.perf_counter() - t0, rss_before=rss0, plan=plan.to_dict(),
                       bytes_written=backend(final).size("") if isinstance(final, Location) else disk_usage(final))
         report["throughput_gbps"] = (plan.bytes_read / report["seconds"] / 1e9) if report["seconds"] > 0 else 0.0
@@ -585,8 +593,10 @@ def _with_chunks(writer: Any, chunks: tuple[int, int]) -> Any:
     return view
 
 
-def _copy(reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any, desc: str) -> tuple[int, int]:
-    """Copy every planned block; returns (blocks, blocks skipped as already done)."""
+def _copy(reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any, desc: str,
+          tally: PeakTally | None = None) -> tuple[int, int]:
+    """Copy every planned block, their peaks merged into ``tally``; returns (blocks, blocks skipped
+    as already done)."""
     import zarr
 
     prog = make_progress(progress)
@@ -609,7 +619,7 @@ def _copy(reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any, desc:
                 cur = next(work, None)
                 nxt = pool.submit(read, cur[0]) if cur is not None and plan.depth > 1 else None
                 if not is_done:
-                    _write_block(reader, writer, data, b, out_dt, nan)
+                    _write_block(reader, writer, data, b, out_dt, nan, tally)
                     copied += 1
                 del data
                 prog.advance(1)
@@ -620,11 +630,14 @@ def _copy(reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any, desc:
     return plan.n_blocks, plan.n_blocks - copied
 
 
-def _write_block(reader, writer, data: np.ndarray, b, out_dt: np.dtype, nan: str) -> None:
+def _write_block(reader, writer, data: np.ndarray, b, out_dt: np.dtype, nan: str,
+                 tally: PeakTally | None = None) -> None:
     _check(reader, data, b, out_dt, nan)
     block = data.astype(out_dt, copy=False)
     r0, r1, c0, c1 = b
     writer.write(slice(r0, r1), slice(c0, c1), block)
+    if tally is not None:
+        tally.add(block, c0)
     writer.mark_done(_unit_name(b))
 
 
@@ -672,23 +685,25 @@ class _Positions:
 
 
 def _copy_block_task(src: Location, dst: Location, done: Location | None, b: tuple[int, int, int, int],
-                     out_dtype: str, nan: str) -> int:
-    """Task: copy one planned block (whole output chunks) of a zarr array; returns the bytes read."""
+                     out_dtype: str, nan: str, peaks: bool = False) -> tuple[int, np.ndarray | None]:
+    """Task: copy one planned block (whole output chunks) of a zarr array; returns the bytes read and,
+    where asked, the block's column peaks (None for a block an earlier run copied)."""
     unit = _unit_name(b)
     if is_done(done, unit):
-        return 0
+        return 0, None
     r0, r1, c0, c1 = b
     data = read_block(open_cached(src), slice(r0, r1), slice(c0, c1))
     out_dt = np.dtype(out_dtype)
     _check(_Positions, data, b, out_dt, nan)
-    write_block(open_cached(dst, "r+"), slice(r0, r1), slice(c0, c1), data.astype(out_dt, copy=False))
+    block = data.astype(out_dt, copy=False)
+    write_block(open_cached(dst, "r+"), slice(r0, r1), slice(c0, c1), block)
     if done is not None:
         mark_done(done, unit)
-    return int(data.nbytes)
+    return int(data.nbytes), column_peaks(block) if peaks else None
 
 
 def _copy_on_cluster(client, reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any,
-                     desc: str) -> tuple[int, int]:
+                     desc: str, tally: PeakTally | None = None) -> tuple[int, int]:
     """Copy every planned block on the workers, one task per block (the plan's budget per task)."""
     from distributed import as_completed
 
@@ -697,25 +712,35 @@ def _copy_on_cluster(client, reader, writer, plan, out_dt: np.dtype, nan: str, p
     prog.start(plan.n_blocks, desc)
     window = 4 * max(1, _threads_per_worker(client)) * max(1, len(client.scheduler_info().get("workers", {})))
     submitted = 0
+    first_column: dict = {}  # of each block in flight, by its future's key
     try:  # a window of blocks in flight: the plan's block list is never held whole
         running = as_completed([])
         for b in plan.blocks():
             if writer.is_done(_unit_name(b)):
                 prog.advance(1)
                 continue
-            running.add(client.submit(_copy_block_task, src, dst, done, b, out_dt.str, nan, pure=False))
+            fut = client.submit(_copy_block_task, src, dst, done, b, out_dt.str, nan, tally is not None, pure=False)
+            first_column[fut.key] = b[2]
+            running.add(fut)
             submitted += 1
             while running.count() >= window:
-                _collect(next(running), reader, prog)
+                _collect(next(running), reader, prog, tally, first_column)
         for fut in running:
-            _collect(fut, reader, prog)
+            _collect(fut, reader, prog, tally, first_column)
     finally:
         prog.close()
     return plan.n_blocks, plan.n_blocks - submitted
 
 
-def _collect(fut, reader, prog) -> None:
-    reader.bytes_read += fut.result()
+def _collect(fut, reader, prog, tally: PeakTally | None = None, first_column: dict | None = None) -> None:
+    nbytes, peaks = fut.result()
+    c0 = first_column.pop(fut.key, 0) if first_column is not None else 0
+    reader.bytes_read += nbytes
+    if tally is not None:
+        if peaks is None:  # copied by an earlier run: its values were not seen
+            tally.skipped()
+        else:
+            tally.merge(peaks, c0)
     prog.advance(1)
 
 

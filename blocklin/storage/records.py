@@ -9,3 +9,6 @@ PENDING_RECORD = ".blocklin-pending.json"
 OWNER_RECORD = ".blocklin-owner.json"
 #: The content stamps of a resumable output's inputs, in its partial (:mod:`blocklin.storage.stamps`).
 INPUTS_RECORD = ".blocklin-inputs.json"
+#: The largest magnitudes a writer saw, with the content stamp they hold for
+#: (:mod:`blocklin.storage.recorded_peaks`); not part of any content stamp.
+PEAKS_RECORD = ".blocklin-peaks.json"

@@ -355,28 +355,6 @@ def test_first_pass_peaks_read_in_pieces_are_those_of_whole_strips(tmp_path, mon
         np.testing.assert_array_equal(s, t)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "complex128", "int16"])
-def test_column_peaks_of_folded_strips_are_exact(dtype):
-    """Narrow C-ordered strips are reduced folded (``FOLD_ELEMENTS`` per row of the view), other layouts
-    row by row: every layout and height gives the exact ``max |x|`` of each column (``max(|Re|, |Im|)``
-    of complex data), NaN and Inf included, in float64."""
-    rng = np.random.default_rng(3)
-    for h in (1, 63, 64, 65, 4097):
-        for n in (1, 3, 64, 4096, 5000):
-            x = rng.standard_normal((h, n)) * 10
-            if np.dtype(dtype).kind == "c":
-                x = x + 1j * rng.standard_normal((h, n))
-            v = x.astype(dtype)
-            if h > 3 and n > 2 and v.dtype.kind in "fc":
-                v[h // 2, 1], v[1, 2] = np.nan, -np.inf
-            want = np.maximum(np.abs(v.real).max(axis=0), np.abs(v.imag).max(axis=0)) if v.dtype.kind == "c" \
-                else np.abs(v).max(axis=0)
-            for w in (v, np.asfortranarray(v), v[:, ::-1]):
-                got = passes._column_peaks(w)
-                assert got.dtype == np.float64
-                np.testing.assert_array_equal(got, want[::-1] if w.strides[1] < 0 else want)
-
-
 def test_read_bound_tiles_over_decoded_chunks_get_a_second_loader():
     """A read-bound CPU tile whose panels of A are decoded (compressed chunks, reads through zarr) gets
     two loaders and two panels read ahead where the budget holds them; uncompressed local reads,

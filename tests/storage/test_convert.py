@@ -13,6 +13,7 @@ import pytest
 import zarr
 
 import blocklin
+from blocklin.storage.records import PEAKS_RECORD
 from blocklin.cli.main import main
 from blocklin.errors import (
     BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError, OutputExistsError, OutputIsInputError,
@@ -172,11 +173,13 @@ def test_killed_conversion_resumes_identically(tmp_path, npy, a):
     before = _chunk_files(partials[0])
     rep = blocklin.convert(npy, out, chunks=(16, 45), memory="48KiB", resume=True)
     assert rep["blocks_skipped"] == 3 and rep["resumed"] and rep["blocks"] > 3
+    # the blocks copied before the kill were not seen by this run: no record of the peaks
+    assert rep["peaks_recorded"] is False and not (out / PEAKS_RECORD).exists()
     after = _chunk_files(out)
     done_rows = {str(i) for i in range(3)}  # blocks are 16-row panels: chunk rows 0..2 were done
     kept = [n for n in before if n.split(os.sep)[1] in done_rows]
     assert kept and all(after[n] == before[n] for n in kept)  # finished chunks were not rewritten
-    blocklin.convert(npy, tmp_path / "fresh.zarr", chunks=(16, 45), memory="48KiB")
+    assert blocklin.convert(npy, tmp_path / "fresh.zarr", chunks=(16, 45), memory="48KiB")["peaks_recorded"]
     np.testing.assert_array_equal(zarr.open_array(out)[:], a)
     fresh = _chunk_files(tmp_path / "fresh.zarr")
     assert set(fresh) == set(after)

@@ -12,6 +12,7 @@ import pytest
 import blocklin
 from blocklin.storage.backend import backend
 from blocklin.storage.location import as_location
+from blocklin.storage.recorded_peaks import recorded
 
 RNG = np.random.default_rng(11)
 A = RNG.standard_normal((120, 90))
@@ -119,6 +120,11 @@ def test_convert_to_from_and_within_s3(stores, tmp_path):
     m = blocklin.open(remote("re.zarr"), storage_options=opts)
     assert m.chunks == (50, 45) and m.codec == "zstd" and re["bytes_written"] > 0
     np.testing.assert_array_equal(m.to_numpy(), A)
+    # the peaks recorded with each zarr output hold for it (ETags), and a job takes them
+    assert up["peaks_recorded"] and re["peaks_recorded"]
+    assert recorded(m.location, columns=90).amax == float(np.abs(A).max())
+    g = blocklin.gram(remote("re.zarr"), memory=MEM, storage_options=opts)
+    assert g.report["peaks_recorded"] == ["a"]
 
 
 def test_cli_storage_option_and_info(stores, capsys):

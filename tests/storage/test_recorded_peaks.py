@@ -1,0 +1,152 @@
+"""Peaks recorded by ``convert`` beside its output stand in for a job's first-pass scan while the
+output's content stamp holds, with the bits of a run that scanned; a changed output scans again."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import zarr
+
+import blocklin
+from blocklin.errors import NonFiniteError
+from blocklin.storage.recorded_peaks import PeakTally, record, recorded
+from blocklin.storage.records import PEAKS_RECORD
+from blocklin.storage.stamps import content_stamp
+
+M, N, CH = 600, 40, (64, 40)
+
+
+def _data(dtype, scale=1.0, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((M, N))
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.standard_normal((M, N))
+    x[:, 3] *= 1e-9  # a column far below the others: the SVD's squares ask each column's peak
+    return (x * scale).astype(dtype)
+
+
+def _converted(tmp_path, x, name="A"):
+    np.save(tmp_path / f"{name}.npy", x)
+    rep = blocklin.convert(tmp_path / f"{name}.npy", tmp_path / f"{name}.zarr", chunks=CH, memory="1MiB")
+    return rep, tmp_path / f"{name}.zarr"
+
+
+def _peaks(x):
+    return np.maximum(np.abs(x.real), np.abs(x.imag)).max(axis=0) if x.dtype.kind == "c" else np.abs(x).max(axis=0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "complex128"])
+def test_convert_records_every_columns_peak(tmp_path, dtype):
+    x = _data(dtype)
+    rep, out = _converted(tmp_path, x)
+    assert rep["peaks_recorded"] is True
+    got = recorded(out, columns=N)
+    np.testing.assert_array_equal(got.columns, _peaks(x).astype(np.float64))  # maxima: exact
+    assert got.amax == float(_peaks(x).max())
+    assert recorded(out, columns=N + 1) is None  # another shape's record is not this array's
+
+
+def test_record_leaves_the_content_stamp_alone(tmp_path):
+    """The record is not part of the stamp: resume records and the record's own stamp see the data only."""
+    x = _data("float64")
+    np.save(tmp_path / "A.npy", x)
+    shutil.copytree(_converted(tmp_path, x)[1], tmp_path / "B.zarr")
+    os.remove(tmp_path / "B.zarr" / PEAKS_RECORD)
+    before = content_stamp(tmp_path / "B.zarr")
+    tally = PeakTally(N)
+    tally.add(x, 0)
+    assert record(tmp_path / "B.zarr", tally)
+    assert content_stamp(tmp_path / "B.zarr") == before and recorded(tmp_path / "B.zarr") is not None
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e200, 1e-200])
+@pytest.mark.parametrize("method", ["lanczos", "rsvd", "gram", "sketch"])
+def test_svd_takes_the_record_with_the_bits_of_a_scan(tmp_path, method, scale):
+    x = _data("float64", scale)
+    _, a = _converted(tmp_path, x)
+    shutil.copytree(a, tmp_path / "B.zarr")
+    os.remove(tmp_path / "B.zarr" / PEAKS_RECORD)
+    kw = dict(k=4, method=method, memory="256KiB", seed=1, scheduler="threads")
+    got = blocklin.svd(a, **kw)
+    scanned = blocklin.svd(tmp_path / "B.zarr", **kw)
+    assert got.report["peaks_recorded"] == ["a"] and "peaks_recorded" not in scanned.report
+    assert not got.report["in_core"]
+    for g, s in zip((got.U, got.s, got.Vt), (scanned.U, scanned.s, scanned.Vt)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(s))
+    if method in ("lanczos", "gram"):  # rsvd and the sketch are approximations on a flat spectrum
+        want = np.linalg.svd(x / scale, compute_uv=False)[:4] * scale
+        # Lanczos converges to its tol; Gram's squares lose about sqrt(eps) relative to sigma_1
+        np.testing.assert_allclose(np.asarray(got.s), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "processes"])
+def test_gram_takes_the_record(tmp_path, scheduler):
+    x = _data("complex128", 1e-100)  # squared near underflow: the pass scales by the recorded peak
+    _, a = _converted(tmp_path, x)
+    g = blocklin.gram(a, memory="256KiB", scheduler=scheduler)
+    assert g.report["peaks_recorded"] == ["a"]
+    want = x.conj().T @ x
+    # each entry a sum of M products: gamma_M times the sum of magnitudes (Higham, eq. 3.11)
+    bound = 2 * M * np.finfo(np.float64).eps * (np.abs(x).T @ np.abs(x))
+    assert np.all(np.abs(np.asarray(g.to_numpy() if hasattr(g, "to_numpy") else g) - want) <= bound)
+
+
+def test_a_changed_output_is_scanned_again(tmp_path):
+    """A chunk rewritten after the record voids it: the first pass scans, and the result is today's."""
+    x = _data("float64")
+    _, a = _converted(tmp_path, x)
+    arr = zarr.open_array(a, mode="r+")
+    y = x.copy()
+    y[70:80] *= 1e300  # now near overflow: a scaling the stale record would not choose
+    arr[64:128] = y[64:128]
+    assert recorded(a) is None
+    got = blocklin.svd(a, k=3, method="lanczos", memory="256KiB", seed=1)
+    assert "peaks_recorded" not in got.report
+    assert got.report["scaling"] is not None
+    want = np.linalg.svd(y / 1e300, compute_uv=False)[:3] * 1e300
+    np.testing.assert_allclose(np.asarray(got.s), want, rtol=1e-6)
+
+
+def test_a_forged_or_torn_record_is_ignored(tmp_path):
+    x = _data("float64")
+    _, a = _converted(tmp_path, x)
+    rec = json.loads((a / PEAKS_RECORD).read_text())
+    (a / PEAKS_RECORD).write_text(json.dumps(dict(rec, amax=rec["amax"] * 2)))  # amax not its columns' max
+    assert recorded(a) is None
+    (a / PEAKS_RECORD).write_text(json.dumps(rec)[:40])
+    assert recorded(a) is None
+    (a / PEAKS_RECORD).write_text(json.dumps(dict(rec, version=99)))
+    assert recorded(a) is None
+    (a / PEAKS_RECORD).write_text(json.dumps(rec))
+    assert recorded(a) is not None
+
+
+def test_no_record_for_nan_so_the_check_still_names_it(tmp_path):
+    x = _data("float64")
+    x[300, 7] = np.nan
+    rep, a = _converted(tmp_path, x)
+    assert rep["peaks_recorded"] is False and not (a / PEAKS_RECORD).exists()
+    with pytest.raises(NonFiniteError, match=r"nan at \[300, 7\]"):
+        blocklin.svd(a, k=3, memory="256KiB", check_finite=True)
+
+
+def test_a_range_of_rows_scans_its_own(tmp_path):
+    """A pass over appended rows alone (``Source.first_row``) takes no record: its peaks are its own."""
+    from blocklin.runtime.passes import Source, take_recorded_peaks
+
+    _, a = _converted(tmp_path, _data("float64"))
+
+    class _Job:
+        amax, peaks, column_peaks, checked_finite, recorded_peaks = {}, {}, set(), set(), []
+
+    job = _Job()
+    src = Source(path=str(a), name="a", rows=M - 64, width=N, dtype=np.dtype("float64"), chunk_rows=64,
+                 chunk_bytes=64 * N * 8, chunks_across=1, first_row=64)
+    take_recorded_peaks(job, [src])
+    assert job.amax == {} and job.recorded_peaks == []
+    take_recorded_peaks(job, [Source(**{**src.__dict__, "first_row": 0, "rows": M})])
+    assert job.recorded_peaks == ["a"] and str(a) in job.checked_finite
