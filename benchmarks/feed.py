@@ -15,6 +15,10 @@ comes from the same load, and the best round of each counts:
   near overflow needs it; it stands in for the NaN/Inf check);
 * ``blocklin_columns``: the same first pass recording each column's largest magnitude, as an SVD's
   first pass does (``Job.column_peaks``);
+* ``blocklin_recorded``: that first pass (each column's peak) over the operand with the peaks its
+  writer recorded (``.blocklin-peaks.json``, as ``blocklin convert`` leaves beside its outputs,
+  :mod:`blocklin.storage.recorded_peaks`): the record, checked against the chunk files' stamps, stands
+  in for the scan. The record is put in place for these rounds only, so the other readers scan;
 * ``blocklin_later``: the same pass run again in the same job, as every later pass of an iterative
   method (nothing but the delivery), timed alone;
 * ``blocklin_gpu``: the same pass on the CUDA device (``device="gpu"``): real CuPy where it imports
@@ -72,23 +76,51 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Every key of the JSON line (the test checks them).
 FIELDS = ("shape", "chunks", "operand_bytes", "cores", "cpu", "load_average", "repeats", "gpu_backend", "reread", "raw",
-          "raw_limit", "blocklin_cpu", "blocklin_columns",
+          "raw_limit", "blocklin_cpu", "blocklin_columns", "blocklin_recorded",
           "blocklin_later", "blocklin_gpu", "blocklin_gpu_later", "blocklin_gemm", "zarr",
           "dask", "numpy_fromfile", "touch", "ratio_to_raw")
 CODECS = ("none", "zstd")
 
 
 # -- data ------------------------------------------------------------------------------------------
-def make(path: str, m: int, n: int, chunk_rows: int, codec: str) -> None:
-    """An ``m x n`` float64 zarr v3 array of normal deviates, chunks of ``chunk_rows`` whole rows."""
+def make(path: str, m: int, n: int, chunk_rows: int, codec: str) -> bytes:
+    """An ``m x n`` float64 zarr v3 array of normal deviates, chunks of ``chunk_rows`` whole rows; returns
+    the record of its peaks that a blocklin writer leaves (:mod:`blocklin.storage.recorded_peaks`),
+    removed from the array: :func:`recorded_feed` puts it back for the rounds that take it."""
     import zarr
+
+    from blocklin.storage.recorded_peaks import PeakTally, record
+    from blocklin.storage.records import PEAKS_RECORD
 
     compressors = None if codec == "none" else zarr.codecs.ZstdCodec(level=1)
     arr = zarr.create_array(store=path, shape=(m, n), chunks=(chunk_rows, n), dtype="float64",
                             compressors=compressors, zarr_format=3, fill_value=0.0)
+    tally = PeakTally(n)
     for r0 in range(0, m, chunk_rows):
         r1 = min(m, r0 + chunk_rows)
-        arr[r0:r1] = np.random.default_rng([7, r0]).standard_normal((r1 - r0, n))
+        block = np.random.default_rng([7, r0]).standard_normal((r1 - r0, n))
+        arr[r0:r1] = block
+        tally.add(block, 0)
+    record(path, tally)
+    kept = Path(path, PEAKS_RECORD)
+    raw = kept.read_bytes()
+    kept.unlink()
+    return raw
+
+
+def recorded_feed(path: str, raw: bytes, memory: int) -> dict:
+    """A job's first pass (each column's peak) with the record ``raw`` beside the array at ``path``,
+    removed after, so that the other readers scan."""
+    from blocklin.storage.records import PEAKS_RECORD
+
+    kept = Path(path, PEAKS_RECORD)
+    kept.write_bytes(raw)
+    try:
+        out = blocklin_feed(path, memory, "cpu", columns=True)
+    finally:
+        kept.unlink()
+    assert out["recorded"], "the job took the record"
+    return out
 
 
 def chunk_files(path: str) -> list[str]:
@@ -274,7 +306,7 @@ def blocklin_feed(path: str, memory: int, device: str, later: bool = False, colu
     finally:
         resident.ENABLED = kept
     assert sum(states) == op.shape[0], "the null pass saw every row once"
-    return {"strip": plan.strip, "workers": plan.workers, "prefetch": plan.prefetch, "loaders": plan.loaders, **out}
+    return {"recorded": bool(job.recorded_peaks), "strip": plan.strip, "workers": plan.workers, "prefetch": plan.prefetch, "loaders": plan.loaders, **out}
 
 
 def blocklin_thin_product(path: str, memory: int, work: str) -> dict:
@@ -414,14 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"shape": [m, n], "chunks": [args.chunk_rows, n], "operand_bytes": nbytes,
                                "cores": cores, "cpu": cpu_model(), "load_average": list(os.getloadavg()), "repeats": args.repeats,
                                "gpu_backend": backend, "reread": args.reread, "raw": {}, "raw_limit": {},
-                               "blocklin_cpu": {}, "blocklin_columns": {},
+                               "blocklin_cpu": {}, "blocklin_columns": {}, "blocklin_recorded": {},
                                "blocklin_later": {}, "blocklin_gpu": {}, "blocklin_gpu_later": {}, "blocklin_gemm": {},
                                "zarr": {}, "dask": {}, "numpy_fromfile": None, "touch": None,
                                "ratio_to_raw": {}}
     try:
         for codec in codecs:
             path = os.path.join(work, f"a-{codec}.zarr")
-            make(path, m, n, args.chunk_rows, codec)
+            record = make(path, m, n, args.chunk_rows, codec)
             files = chunk_files(path)
             if args.reread:
                 evict(files)
@@ -432,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
                 budget = max(1, int(nbytes * f))
                 readers[f"cpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu")
                 readers[f"columns_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu", columns=True)
+                readers[f"recorded_{f}"] = lambda b=budget: recorded_feed(path, record, b)
                 readers[f"later_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu", later=True)
                 if backend != "none":
                     readers[f"gpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "gpu")
@@ -456,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                 summary["touch"] = {"threads": cores, "copy_sum": rates["copy_sum"], "map_sum": rates["map_sum"],
                                     "map_peaks_sum": rates["map_peaks_sum"],
                                     "pmd_mapped": pmd_mapped_share(files[0])}
-            for dev in ("cpu", "columns", "later", "gpu", "gpu_later", "gemm"):
+            for dev in ("cpu", "columns", "recorded", "later", "gpu", "gpu_later", "gemm"):
                 got = {str(f): {"gbps": rates[f"{dev}_{f}"], "plan": plans.get(f"{dev}_{f}")}
                        for f in fractions if f"{dev}_{f}" in rates}
                 summary[f"blocklin_{dev}"][codec] = got
@@ -475,11 +508,12 @@ def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, ba
     print(f"-- {codec} chunks (GB/s, best round)")
     print("raw, threads: " + ", ".join(f"{t}: {r:.2f}" for t, r in raw.items()) + f"  (limit {limit:.2f})")
     for f in fractions:
-        for dev in ("cpu", "columns", "later", "gpu", "gpu_later", "gemm"):
+        for dev in ("cpu", "columns", "recorded", "later", "gpu", "gpu_later", "gemm"):
             if f"{dev}_{f}" in rates:
                 r = rates[f"{dev}_{f}"]
                 where = {"cpu": "row pass, cpu, a job's first (its largest magnitude)",
                          "columns": "row pass, cpu, a job's first (each column's peak, an svd's)",
+                         "recorded": "row pass, cpu, a job's first, its peaks recorded by their writer",
                          "later": "row pass, cpu, a later pass", "gpu": f"row pass, gpu ({backend}), a job's first",
                          "gpu_later": f"row pass, gpu ({backend}), a later pass", "gemm": "thin product, cpu"}[dev]
                 print(f"blocklin {where}, memory {f} of the operand: {r:.2f}  ({r / limit:.2f}x raw)")

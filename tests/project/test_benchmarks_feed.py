@@ -41,7 +41,7 @@ def test_feed_quick_reports_every_reader(standin, tmp_path, capsys):
         assert summary["raw_limit"][codec] == max(raw.values())
         assert _rate(summary["zarr"][codec]) and _rate(summary["dask"][codec])
         # row passes (a first and a later) on both devices, and the thin product
-        for dev in ("cpu", "columns", "later", "gpu", "gpu_later", "gemm"):
+        for dev in ("cpu", "columns", "recorded", "later", "gpu", "gpu_later", "gemm"):
             got = summary[f"blocklin_{dev}"][codec]
             assert set(got) == {"1/16", "1/4"}
             for frac, entry in got.items():
@@ -49,6 +49,8 @@ def test_feed_quick_reports_every_reader(standin, tmp_path, capsys):
                 assert _rate(entry["gbps"]) and (entry["plan"].get("strip") or entry["plan"]["tm"]) > 0
                 ratio = summary["ratio_to_raw"][f"{dev} {codec} {frac}"]
                 assert math.isclose(ratio, entry["gbps"] / summary["raw_limit"][codec])
+                # the first passes with the writer's record took it, and only they
+                assert entry["plan"].get("recorded", False) == (dev == "recorded")
     assert _rate(summary["numpy_fromfile"])
     touch = summary["touch"]  # every byte summed: copied into a buffer, and mapped where it lies
     assert touch["threads"] == summary["cores"] and _rate(touch["copy_sum"]) and _rate(touch["map_sum"])

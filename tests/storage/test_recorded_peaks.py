@@ -150,3 +150,15 @@ def test_a_range_of_rows_scans_its_own(tmp_path):
     assert job.amax == {} and job.recorded_peaks == []
     take_recorded_peaks(job, [Source(**{**src.__dict__, "first_row": 0, "rows": M})])
     assert job.recorded_peaks == ["a"] and str(a) in job.checked_finite
+
+
+def test_from_array_and_random_record_their_peaks(tmp_path):
+    x = _data("complex64", 1e30)
+    m = blocklin.from_array(x, tmp_path / "X.zarr", chunks=CH)
+    np.testing.assert_array_equal(recorded(m.path, columns=N).columns, _peaks(x).astype(np.float64))
+    r = blocklin.random(tmp_path / "R.zarr", (M, N), seed=3, chunks=CH, dtype="float32")
+    np.testing.assert_array_equal(recorded(r.path, columns=N).columns, _peaks(r.to_numpy()).astype(np.float64))
+    assert blocklin.gram(r, memory="256KiB").report["peaks_recorded"] == ["a"]
+    # integers are cast to a staged float64 copy by the operations: nothing to record
+    blocklin.from_array(np.arange(12).reshape(3, 4), tmp_path / "I.zarr")
+    assert not (tmp_path / "I.zarr" / PEAKS_RECORD).exists()
