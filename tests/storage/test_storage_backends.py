@@ -20,6 +20,8 @@ import blocklin
 from blocklin.errors import OutputExistsError, OutputIsInputError, StoreNotFoundError, UncommittedOutputError
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import backend, remove
+from blocklin.storage.recorded_peaks import recorded
+from blocklin.storage.records import PEAKS_RECORD
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import create_array, open_zarr, read_block, write_block
 
@@ -145,8 +147,10 @@ class BackendTests:
             blocklin.from_array(B, out)
         m = blocklin.from_array(B, out, chunks=(40, 36), overwrite=True)
         np.testing.assert_array_equal(m.to_numpy(), B)
-        assert sorted(backend(out).keys("")) == sorted(["zarr.json"] + [f"c/{i}/{j}" for i in range(2)
-                                                                       for j in range(2)])
+        # no chunk of the old array is left, and the record of the peaks is the new array's
+        assert sorted(backend(out).keys("")) == sorted(["zarr.json", PEAKS_RECORD] + [f"c/{i}/{j}" for i in range(2)
+                                                                                    for j in range(2)])
+        assert recorded(out).amax == float(np.abs(B).max())
 
     def test_overwrite_never_deletes_other_data(self, loc):
         if not self.in_place:
