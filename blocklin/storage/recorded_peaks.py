@@ -74,16 +74,21 @@ def recordable(dtype: Any) -> bool:
 def record(loc: Any, tally: PeakTally) -> bool:
     """Record ``tally``'s peaks beside the complete output at ``loc``, with its content stamp taken now.
 
-    Nothing is recorded (False) for an incomplete tally or peaks that are not all finite. Call it only
-    once the output is committed: a file written after the stamp voids the record.
+    Nothing is recorded (False) for an incomplete tally or peaks that are not all finite, nor where the
+    record cannot be written (a read-only or full store: the output is complete without it, and its
+    first passes scan). Call it only once the output is committed: a file written after the stamp
+    voids the record.
     """
     cols = tally.columns
     if not tally.complete or not np.isfinite(cols).all():
         return False
     loc = input_location(loc)
-    data = {"version": _VERSION, "stamp": content_stamp(loc), "amax": float(cols.max(initial=0.0)),
-            "columns": base64.b64encode(cols.astype("<f8").tobytes()).decode("ascii")}
-    backend(loc).write_text(PEAKS_RECORD, json.dumps(data))
+    try:
+        data = {"version": _VERSION, "stamp": content_stamp(loc), "amax": float(cols.max(initial=0.0)),
+                "columns": base64.b64encode(cols.astype("<f8").tobytes()).decode("ascii")}
+        backend(loc).write_text(PEAKS_RECORD, json.dumps(data))
+    except OSError:
+        return False
     return True
 
 

@@ -162,3 +162,28 @@ def test_from_array_and_random_record_their_peaks(tmp_path):
     # integers are cast to a staged float64 copy by the operations: nothing to record
     blocklin.from_array(np.arange(12).reshape(3, 4), tmp_path / "I.zarr")
     assert not (tmp_path / "I.zarr" / PEAKS_RECORD).exists()
+
+
+def test_a_record_that_cannot_be_written_leaves_a_complete_output(tmp_path, monkeypatch):
+    """The record is an aid: a store that refuses it still gets its output, and the passes scan."""
+    import blocklin.storage.recorded_peaks as rp
+
+    real = rp.backend
+
+    class Refusing:
+        def __init__(self, b):
+            self.b = b
+
+        def write_text(self, key, text):
+            raise PermissionError(13, "read-only", key)
+
+        def __getattr__(self, name):
+            return getattr(self.b, name)
+
+    x = _data("float64")
+    monkeypatch.setattr(rp, "backend", lambda loc: Refusing(real(loc)))
+    rep, a = _converted(tmp_path, x)
+    monkeypatch.undo()
+    assert rep["peaks_recorded"] is False and not (a / PEAKS_RECORD).exists()
+    np.testing.assert_array_equal(blocklin.open(a).to_numpy(), x)
+    assert "peaks_recorded" not in blocklin.gram(a, memory="256KiB").report
