@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from blocklin.runtime.passes import take_recorded_peaks
 from blocklin.runtime.powers import ldexp
 
 T = TypeVar("T")
@@ -99,6 +100,14 @@ class Scaling(_Power):
     e: int | None = None
     amax: float | None = None
     extra_passes: int = 0
+    #: The :class:`~blocklin.runtime.passes.Source` the passes stream, where the peaks its writer
+    #: recorded may give ``e`` before the first pass (:meth:`of`)
+    source: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, src: Any, dtype: Any) -> Scaling:
+        """The scaling of the operand the passes stream as ``src``."""
+        return cls(str(src.path), dtype, source=src)
 
     def params(self) -> dict[str, int]:
         """``run_pass(..., scale=...)`` for this operand (empty before it is known)."""
@@ -114,8 +123,15 @@ class Scaling(_Power):
     def run(self, job: Any, run: Callable[[dict[str, int]], T], *, others: tuple[Scaling, ...] = ()) -> T:
         """``run(scale)`` a pass over this operand (and ``others``, read by the same pass) scaled by
         what is known; a pass that learned an exponent not zero is made again, scaled (the unscaled
-        one may have overflowed)."""
+        one may have overflowed). An operand whose writer recorded its peaks
+        (:mod:`blocklin.storage.recorded_peaks`) learns its power before: its first pass runs scaled
+        at once, with the bits of the rerun it spares."""
         every = (self, *others)
+        for s in every:
+            if not s.known and s.source is not None:
+                take_recorded_peaks(job, [s.source])
+                if s.path in job.amax:
+                    s.learn(job)
         fresh = [s for s in every if not s.known]
         result = run(_merge(every))
         if fresh and any([s.learn(job) for s in fresh]):  # every operand learns its power first

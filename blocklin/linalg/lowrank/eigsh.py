@@ -205,7 +205,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         if v0 is not None:  # SciPy's starting vector: the block's first column
             g[:, 0] = v0
         x0 = orth_against(None, g, seed=seed)
-        scaling = Scaling(str(source(A).path), dt)
+        scaling = Scaling.of(source(A), dt)
         saved = ckpt.load("scaling")
         if saved is not None:  # resume: the power of two the checkpointed steps were taken with
             scaling.e, scaling.amax = int(saved["e"]), float(saved["amax"])

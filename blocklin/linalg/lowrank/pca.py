@@ -461,7 +461,7 @@ def _isotropic(a: Any, *, whiten: bool, scale: bool, out: Any, updatable: bool, 
         dt = float_operand(A, "pca", complex_ok=True)
         m, n = A.shape
         # the power of two of data whose squares leave float64's range (blocklin.linalg.blocks.scaling)
-        scaling = Scaling(str(source(A, transposed=m < n).path), A.dtype)
+        scaling = Scaling.of(source(A, transposed=m < n), A.dtype)
         mom = scaling.run(job, lambda sc: column_moments(job, A, scale=sc))
         e = scaling.exponent
         passes = job.passes("a")

@@ -39,7 +39,7 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
     filled with the co-moments where the means pass makes them (an updatable result keeps them,
     :mod:`blocklin.linalg.lowrank.updatable`), or with the single-pass sketch's state, whose ``Y`` is
     then stored at ``sketch_y`` (:mod:`blocklin.linalg.update.sketch`)."""
-    scaling = Scaling(str(source(A, transposed=plan.transposed).path), A.dtype)
+    scaling = Scaling.of(source(A, transposed=plan.transposed), A.dtype)
     job.column_peaks.add(scaling.path)  # the first pass records each column's peak: squares_lost reads them
     saved = ckpt.load("scaling") if ckpt is not None and not plan.in_core else None
     if saved is not None:  # resume: the power of two the checkpointed passes were made with

@@ -223,7 +223,7 @@ class Streamed:
         self.dtype = A.dtype
         self.source = source(A, transposed=plan.transposed)
         #: the power of two the strips are divided by (learned from the first pass: blocklin.linalg.blocks.scaling)
-        self.scaling = scaling if scaling is not None else Scaling(str(self.source.path), A.dtype)
+        self.scaling = scaling if scaling is not None else Scaling.of(self.source, A.dtype)
         # a standardized wide A scales the rows of B = A^T, an operation only the CPU device has
         self.device = "cpu" if shift is not None and shift.r is not None else passes_device(job, plan, A.dtype)
         self.memory = plan.pass_memory

@@ -139,7 +139,7 @@ class Gram:
     def _run_pass(self, job: Job, plan: GramPlan, out_path: Any, add: Any = None) -> dict | None:
         rp = RowPassPlan.from_dict(plan.pass_plan)
         src = self.source()
-        scaling = Scaling(str(src.path), self.dtype)  # the squares are formed in the result's dtype
+        scaling = Scaling.of(src, self.dtype)  # the squares are formed in the result's dtype
         g = scaling.run(job, lambda sc: sum_gram_states(run_pass(
             job, gram_pass_kernel, [src], {"dtype": self.dtype.name, "gpu": job.device == "gpu"}, plan=rp,
             scale=sc, description=f"Gram {plan.product} (SYRK)").states))
