@@ -196,3 +196,20 @@ def test_a_record_that_cannot_be_written_leaves_a_complete_output(tmp_path, monk
     assert rep["peaks_recorded"] is False and not (a / PEAKS_RECORD).exists()
     np.testing.assert_array_equal(blocklin.open(a).to_numpy(), x)
     assert "peaks_recorded" not in blocklin.gram(a, memory="256KiB").report
+
+
+@pytest.mark.parametrize("lam", [0.0, 1e201])
+def test_solve_takes_both_records(tmp_path, lam):
+    """``A`` and ``b`` near overflow, both with records: one scaled pass, the bits of the scanned run's two."""
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((M, N)) * 1e200, rng.standard_normal((M, 2)) * 1e200
+    for name, v in (("A", x), ("b", y)):
+        blocklin.from_array(v, tmp_path / f"{name}.zarr", chunks=(64, v.shape[1]))
+        shutil.copytree(tmp_path / f"{name}.zarr", tmp_path / f"{name}2.zarr")
+        os.remove(tmp_path / f"{name}2.zarr" / PEAKS_RECORD)
+    got = blocklin.solve(tmp_path / "A.zarr", tmp_path / "b.zarr", lam=lam, memory="512KiB")
+    scanned = blocklin.solve(tmp_path / "A2.zarr", tmp_path / "b2.zarr", lam=lam, memory="512KiB")
+    assert got.report["peaks_recorded"] == ["a", "b"] and "peaks_recorded" not in scanned.report
+    assert (got.report["passes"], scanned.report["passes"]) == (1, 2)
+    assert (got.report["scaling"]["extra_passes"], scanned.report["scaling"]["extra_passes"]) == (0, 1)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(scanned))

@@ -52,8 +52,8 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
                       W=W, wsum=weights[0] if weights else None, wpos=weights[1] if weights else None,
                       positive=bool(positive), per_target=bool(per_target), store_cv=bool(store_cv),
                       scoring=scoring, folds=folds, L=L)
-    ctx.sa = Scaling(str(source(A).path), A.dtype)
-    ctx.sb = Scaling(str(source(B).path), B.dtype)
+    ctx.sa = Scaling.of(source(A), A.dtype)
+    ctx.sb = Scaling.of(source(B), B.dtype)
     solve_route = solve_wide if plan.orientation == "wide" else solve_tall
     info = _unscale_info(ctx, solve_route(ctx, ao.array_path()))
     _check_finite_info(info)
