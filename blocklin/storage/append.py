@@ -41,6 +41,7 @@ from blocklin.storage import ownership
 from blocklin.storage.backend import backend
 from blocklin.storage.completeness import STORED_KEY, stored_chunk_indices
 from blocklin.storage.location import Location, as_location
+from blocklin.storage.recorded_peaks import PeakTally, recordable, recorded, record as record_peaks
 from blocklin.storage.records import PENDING_RECORD
 from blocklin.storage.versions import VERSIONS_KEY, chunk_grid, data_stamp, history, now, read_meta
 from blocklin.storage.zarr_store import _from_metadata, read_block, write_block
@@ -281,11 +282,15 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
         if p == 0:
             return Matrix(loc)
         panel = _panel_rows(chunks[0], n, dt, memory)
+        # the peaks recorded of the rows already there, if they still hold: with the new rows' they are
+        # the grown matrix's (storage.recorded_peaks)
+        held = recorded(loc, columns=n) if recordable(dt) else None
+        tally = PeakTally(n) if held is not None else None
         journal = {"owner": ownership.new_record(operation="append"), "from_rows": m0, "to_rows": m0 + p,
                    "source": what, "source_stamp": stamp, "versions": chain}
         backend(loc).write_text(JOURNAL, json.dumps(journal))
         try:
-            written = _copy(loc, meta, reader, m0, p, dt, panel, nan, progress)
+            written = _copy(loc, meta, reader, m0, p, dt, panel, nan, progress, tally)
         except BaseException:  # an error or Ctrl-C: undone here; only a killed process leaves the journal
             _rollback(loc, None)
             raise
@@ -296,6 +301,9 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
     chain = chain + [{"rows": m0 + p, "stamp": data_stamp(loc), "at": now(), "source": what, "added": p}]
     _commit(loc, new, chain, len(stored_chunk_indices(big, loc)))
     backend(loc).delete(JOURNAL)
+    if tally is not None:
+        tally.merge(held.columns, 0)
+        record_peaks(loc, tally)
     out = Matrix(loc)
     out.report = {"operation": "append", "rows_before": m0, "rows_added": p, "rows": m0 + p, "source": what,
                   "bytes_written": written, "seconds": time.perf_counter() - t0, "version": len(chain) - 1}
@@ -312,8 +320,9 @@ def _source_stamp(src_loc: Location | None) -> str | None:
 
 
 def _copy(loc: Location, meta: dict, reader: Any, m0: int, p: int, dt: np.dtype, panel: int, nan: str,
-          progress: Any) -> int:
-    """Write rows ``m0:m0 + p`` (and the old rows sharing their first chunk band) panel by panel."""
+          progress: Any, tally: PeakTally | None = None) -> int:
+    """Write rows ``m0:m0 + p`` (and the old rows sharing their first chunk band) panel by panel, their
+    peaks merged into ``tally``."""
     n, ch = int(meta["shape"][1]), chunk_grid(meta)[0]
     old = _from_metadata(loc, meta, "r")
     big = _from_metadata(loc, dict(meta, shape=[m0 + p, n]), "r+")
@@ -336,6 +345,8 @@ def _copy(loc: Location, meta: dict, reader: Any, m0: int, p: int, dt: np.dtype,
                                              "nan='allow' to store it"))
             block[s0 - r0:] = src
             write_block(big, slice(r0, r1), slice(0, n), block)
+            if tally is not None:
+                tally.add(block, 0)
             written += block.nbytes
             prog.advance(1)
     finally:

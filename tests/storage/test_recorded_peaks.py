@@ -218,3 +218,17 @@ def test_solve_takes_both_records(tmp_path, lam):
     assert (got.report["passes"], scanned.report["passes"]) == (1, 2)
     assert (got.report["scaling"]["extra_passes"], scanned.report["scaling"]["extra_passes"]) == (0, 1)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(scanned))
+
+
+def test_append_keeps_a_record_that_held(tmp_path):
+    """Rows appended to a matrix whose record held: the record is the grown matrix's. Without a
+    record before, the append writes none (the old rows' peaks were not seen)."""
+    x, y = _data("float64"), _data("float64", 1e5, seed=9)[:100]
+    m = blocklin.from_array(x, tmp_path / "A.zarr", chunks=CH)
+    grown = blocklin.append(m, y)
+    got = recorded(grown.path, columns=N)
+    np.testing.assert_array_equal(got.columns, _peaks(np.vstack([x, y])))
+    assert blocklin.gram(grown, memory="256KiB").report["peaks_recorded"] == ["a"]
+    os.remove(tmp_path / "A.zarr" / PEAKS_RECORD)
+    blocklin.append(grown, y)
+    assert not (tmp_path / "A.zarr" / PEAKS_RECORD).exists()
