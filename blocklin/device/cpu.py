@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.device import host_blas
 from blocklin.device.base import Device, not_positive_definite, singular
 from blocklin.device.half import is_half, round_to
 
@@ -116,32 +117,27 @@ class CpuDevice(Device):
             syrk_acc(low, a)
             acc += symmetrize_lower(low)
             return
-        from scipy.linalg import blas
-
-        f = {np.dtype(np.float64): blas.dsyrk, np.dtype(np.float32): blas.ssyrk}.get(a.dtype)
-        if f is None or acc.dtype != a.dtype:
+        if a.dtype not in (np.float64, np.float32) or acc.dtype != a.dtype:
             _gemm_acc(acc, a.T, a)
             return
-        up = f(1.0, a, trans=1, lower=0)  # upper triangle of a.T @ a, n x n (small)
+        up = np.zeros((a.shape[1], a.shape[1]), dtype=a.dtype, order="F")  # upper triangle of a.T @ a (small)
+        host_blas.syrk(1.0, np.asfortranarray(a), beta=0.0, c=up, trans=1, lower=0)
         acc += np.triu(up) + np.triu(up, 1).T
 
     def syrk_lower_acc(self, acc: np.ndarray, a: np.ndarray) -> None:
-        from scipy.linalg import blas
-
         if a.dtype.kind == "c":  # HERK: lower(a^H a)
             from blocklin.device.syrk import syrk_acc
 
             syrk_acc(acc, a) if acc.flags.c_contiguous else _gemm_acc(acc, a.conj().T, a)
             return
-        f = {np.dtype(np.float64): blas.dsyrk, np.dtype(np.float32): blas.ssyrk}.get(a.dtype)
-        if f is None or acc.dtype != a.dtype or not acc.flags.c_contiguous:
+        if a.dtype not in (np.float64, np.float32) or acc.dtype != a.dtype or not acc.flags.c_contiguous:
             _gemm_acc(acc, a.T, a)
             return
         # BLAS is column-major: the upper triangle of the Fortran view acc.T is acc's lower triangle;
         # a.T @ a is a product "A A^T" of at = a.T, passed as a flag when a is C- or F-ordered
         at, trans = ((a.T, 0) if a.T.flags.f_contiguous else
                      (a, 1) if a.flags.f_contiguous else (np.asfortranarray(a.T), 0))
-        f(1.0, at, beta=1.0, c=acc.T, trans=trans, lower=0, overwrite_c=1)
+        host_blas.syrk(1.0, at, beta=1.0, c=acc.T, trans=trans, lower=0)
 
     def cholesky(self, x: np.ndarray) -> np.ndarray:
         try:
@@ -213,7 +209,8 @@ def _fortran_operand(t: np.ndarray) -> tuple[np.ndarray, bool]:
 
 
 def _trsm(trsm: Any, t: np.ndarray, b: np.ndarray, *, lower: bool, trans: bool, unit: bool) -> np.ndarray:
-    """``op(t)^-1 b`` by one BLAS TRSM on a copy of ``b``, with no other copy.
+    """``op(t)^-1 b`` by one BLAS TRSM on a copy of ``b``, with no other copy (without the GIL:
+    :mod:`blocklin.device.host_blas`).
 
     BLAS is column-major: a C-ordered ``t`` is passed as its Fortran-ordered transpose (the other
     triangle, ``trans`` flipped); a C-ordered ``b`` is solved as ``X^T = B^T op(t)^-T`` from the right
@@ -223,12 +220,10 @@ def _trsm(trsm: Any, t: np.ndarray, b: np.ndarray, *, lower: bool, trans: bool, 
     a_lower = lower != flipped
     if b.flags.f_contiguous and not b.flags.c_contiguous:
         out = np.array(b, order="F")  # op(t)^-1 B, from the left
-        trsm(1.0, a, out, side=0, lower=int(a_lower), trans_a=int(trans != flipped), diag=int(unit), overwrite_b=1)
-    else:
-        out = np.array(b, order="C")  # (B^T op(t)^-T)^T, from the right on out.T
-        trsm(1.0, a, out.T, side=1, lower=int(a_lower), trans_a=int((not trans) != flipped), diag=int(unit),
-             overwrite_b=1)
-    return out
+        return host_blas.trsm(1.0, a, out, side=0, lower=int(a_lower), trans_a=int(trans != flipped), diag=int(unit))
+    out = np.array(b, order="C")  # (B^T op(t)^-T)^T, from the right on out.T
+    return host_blas.trsm(1.0, a, out.T, side=1, lower=int(a_lower), trans_a=int((not trans) != flipped),
+                          diag=int(unit)).T
 
 
 def trsm_inplace(t: np.ndarray, b: np.ndarray, *, lower: bool, unit: bool = False) -> np.ndarray:
@@ -246,13 +241,11 @@ def trsm_inplace(t: np.ndarray, b: np.ndarray, *, lower: bool, unit: bool = Fals
         return b
     a, flipped = _fortran_operand(t)
     if fortran:
-        out = trsm(1.0, a, b, side=0, lower=int(lower != flipped), trans_a=int(flipped), diag=int(unit),
-                   overwrite_b=1)
+        out = host_blas.trsm(1.0, a, b, side=0, lower=int(lower != flipped), trans_a=int(flipped), diag=int(unit))
         if not np.shares_memory(out, b):  # the wrapper copied after all
             b[...] = out
         return b
-    out = trsm(1.0, a, b.T, side=1, lower=int(lower != flipped), trans_a=int(not flipped), diag=int(unit),
-               overwrite_b=1)
+    out = host_blas.trsm(1.0, a, b.T, side=1, lower=int(lower != flipped), trans_a=int(not flipped), diag=int(unit))
     if not np.shares_memory(out, b):  # the wrapper copied after all
         b[...] = out.T
     return b
@@ -267,7 +260,8 @@ def _half_inputs(acc: np.ndarray, a: np.ndarray, b: np.ndarray) -> tuple[np.ndar
 
 
 def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0, beta: float = 1.0) -> None:
-    """``acc = alpha * a @ b + beta * acc`` (``beta`` 1 or 0) without a temporary: BLAS gemm into ``acc``.
+    """``acc = alpha * a @ b + beta * acc`` (``beta`` 1 or 0) without a temporary: BLAS gemm into ``acc``
+    (without the GIL: :mod:`blocklin.device.host_blas`).
 
     A C-contiguous ``acc``: BLAS is column-major, so compute ``acc.T += b.T @ a.T`` on the
     Fortran-ordered view ``acc.T``; a Fortran-contiguous ``acc`` directly. Transposed operands are
@@ -278,7 +272,7 @@ def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0,
         # a Fortran-ordered acc is BLAS's own layout: acc = a @ b directly (operands as flags)
         af, trans_a = (a, 0) if a.flags.f_contiguous else ((a.T, 1) if a.T.flags.f_contiguous else (np.asfortranarray(a), 0))
         bf, trans_b = (b, 0) if b.flags.f_contiguous else ((b.T, 1) if b.T.flags.f_contiguous else (np.asfortranarray(b), 0))
-        gemm(alpha, af, bf, beta=beta, c=acc, trans_a=trans_a, trans_b=trans_b, overwrite_c=True)
+        host_blas.gemm(alpha, af, bf, beta=beta, c=acc, trans_a=trans_a, trans_b=trans_b)
         return
     if gemm is None or not acc.flags.c_contiguous:
         prod = a @ b if alpha == 1.0 else acc.dtype.type(alpha) * (a @ b)
@@ -291,11 +285,10 @@ def _gemm_acc(acc: np.ndarray, a: np.ndarray, b: np.ndarray, alpha: float = 1.0,
     rows = thin_rows(acc, a)
     if rows:  # a thin product: BLAS calls over pieces of its rows (see thin_rows)
         for r0 in range(0, acc.shape[0], rows):
-            gemm(alpha, bt, a[r0:r0 + rows].T, beta=beta, c=acc[r0:r0 + rows].T, trans_a=trans_b, trans_b=0,
-                 overwrite_c=True)
+            host_blas.gemm(alpha, bt, a[r0:r0 + rows].T, beta=beta, c=acc[r0:r0 + rows].T, trans_a=trans_b, trans_b=0)
         return
     at, trans_a = (a.T, 0) if a.T.flags.f_contiguous else ((a, 1) if a.flags.f_contiguous else (np.asfortranarray(a.T), 0))
-    gemm(alpha, bt, at, beta=beta, c=acc.T, trans_a=trans_b, trans_b=trans_a, overwrite_c=True)
+    host_blas.gemm(alpha, bt, at, beta=beta, c=acc.T, trans_a=trans_b, trans_b=trans_a)
 
 
 #: Largest ``m n k`` of one BLAS call over the rows of a thin product (:func:`thin_rows`).

@@ -1,8 +1,9 @@
 """Shared harness for the subprocess peak-memory tests.
 
 A child process runs the given code after a prelude that defines ``hwm()`` (the kernel's
-high-water mark of resident memory, VmHWM), ``reset_hwm()`` and ``warm(op)`` (warm-up before a
-strict baseline); the child prints one JSON line,
+high-water mark of resident memory, VmHWM), ``reset_hwm()``, ``warm(op)`` (warm-up before a
+strict baseline) and ``warm_blas()`` (its BLAS part: the work buffers of concurrent callers); the child
+prints one JSON line,
 which :func:`run_child` returns. The allowed peak above the child's baseline is the budget plus
 :func:`margin` (10% of the budget + 24 MiB for allocator slack, thread stacks and Python objects).
 """
@@ -24,6 +25,26 @@ PRELUDE = textwrap.dedent("""
                 return int(line.split()[1]) * 1024
     def reset_hwm():
         open('/proc/self/clear_refs', 'w').write('5')
+    def warm_blas():
+        # the BLAS work buffers of full-size products made by two tasks at once (the host BLAS runs
+        # without the GIL, so each concurrent caller gets its own buffer: once per process, as the
+        # thread pools; blocklin.device.host_blas)
+        import threading
+        import numpy as np
+        from blocklin._blas import blas_threads
+        from blocklin.device import host_blas
+        from blocklin.plan.passes import PASS_WORKERS
+        def product(dt):
+            a = np.asfortranarray(np.random.default_rng(3).standard_normal((1024, 1024)).astype(dt))
+            host_blas.gemm(1.0, a, a, beta=0.0, c=np.zeros((1024, 1024), dt, order="F"))
+            host_blas.syrk(1.0, a, beta=0.0, c=np.zeros((1024, 1024), dt, order="F"))
+        def both():
+            for dt in ("float64", "float32", "complex128", "complex64"):
+                product(dt)
+        with blas_threads(1):
+            ths = [threading.Thread(target=both) for _ in range(PASS_WORKERS)]
+            [t.start() for t in ths]
+            [t.join() for t in ths]
     def warm(op):
         # before a strict baseline: one small out-of-core call of the operation (its threads and
         # imports), then BLAS and LAPACK work buffers of full-size calls
@@ -32,6 +53,7 @@ PRELUDE = textwrap.dedent("""
         op(np.random.default_rng(1).standard_normal((300, 300)), memory="1MiB")
         g = np.random.default_rng(2).standard_normal((1024, 1024))
         np.linalg.inv(g @ g)
+        warm_blas()
 """)
 
 
