@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from blocklin.errors import BudgetError
 from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.blocks import tall_kernels as K
 from blocklin.linalg.blocks.center import Shift, plan_column_moments, plan_moments_gram, plan_moments_row_gram
@@ -34,12 +35,32 @@ from blocklin.storage import create_array, write_array
 
 #: Bytes of the float64 copy of one block of rows while the Gram of an in-memory ``B`` is summed.
 GRAM_BLOCK_BYTES = 8 << 20
-#: The Gram route's pass: one task with every BLAS thread. SYRK into an ``N x N`` sum from tall strips
-#: is compute-bound and threads well (100000 x 500 float64: 0.40-0.41 s against 0.51-0.53 s for two
-#: one-thread tasks, which row passes of thin products prefer), and a task's sum is held until the
-#: pass ends, so one task holds one (a constant, as every task split: the bits never depend on the
-#: scheduler).
+#: One task with every BLAS thread: the passes whose Gram comes with the column moments (centered or
+#: scaled ``A``), and the Gram route's pass where two sums are not small beside the budget
+#: (:func:`gram_pass_split`). A task's sum is held until the pass ends, so one task holds one (a
+#: constant, as every task split: the bits never depend on the scheduler).
 GRAM_PASS = {"min_tasks": 1, "workers": 1}
+#: Largest share of the budget the Gram route's :data:`~blocklin.plan.passes.PASS_WORKERS` task sums
+#: may take for the pass to split into that many tasks.
+GRAM_SPLIT_SHARE = 1 / 8
+
+
+def gram_pass_split(n: int, dtype: Any, memory: int, device: str) -> dict:
+    """The task split of the Gram route's SYRK pass over ``N = n`` columns: ``PASS_WORKERS`` tasks at once,
+    each summing its rows' ``B_i^T B_i`` on one BLAS thread, on the CPU where their float64 sums take at
+    most :data:`GRAM_SPLIT_SHARE` of the budget (and the plan fits it: :meth:`Streamed._plan_gram`); else
+    :data:`GRAM_PASS`.
+
+    A SYRK into a narrow sum hardly threads (one BLAS thread 0.61 s, two 0.62 s for 1 GiB of 64-column
+    rows here) while two tasks each on one thread take half (0.32 s), and still 1.54 s against 1.79 s at
+    512 columns, once the products run without the GIL (:mod:`blocklin.device.host_blas`). A function of
+    the shape and the budget only, never of the scheduler (the split fixes the sums' order)."""
+    from blocklin.plan.passes import PASS_WORKERS
+
+    sums = PASS_WORKERS * n * n * work_dtype(dtype).itemsize
+    if device != "gpu" and sums <= memory * GRAM_SPLIT_SHARE:
+        return {"min_tasks": PASS_WORKERS, "workers": PASS_WORKERS}
+    return GRAM_PASS
 
 
 #: Most bytes of the buffer that gathers the sketch's short strips of ``Y`` into taller chunks: each
@@ -67,6 +88,16 @@ class Source(Protocol):
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:
         """``(Z, G, Y)``: ``Z = B^T (B q)`` in float64, ``G = Y^T Y`` in float64 (``gram``, else ``None``) and the
         block ``Y = B q`` (``keep_y``, else ``None``)."""
+
+    def _plan_gram(self, params: dict) -> Any:
+        """The Gram route's SYRK pass: split as :func:`gram_pass_split` says where that plan fits, else one task."""
+        split = gram_pass_split(self.N, self.dtype, self.plan.memory, self.device)
+        if split is not GRAM_PASS:
+            try:
+                return self._plan(gram_pass_kernel, params, **split)
+            except BudgetError:
+                pass
+        return self._plan(gram_pass_kernel, params, **GRAM_PASS)
 
     def gram(self, description: str = "") -> np.ndarray:
         """``B^T B`` in float64."""
@@ -123,6 +154,16 @@ class InCore:
         z = (np.conj(self.b.T @ np.conj(y)) if wd.kind == "c" else self.b.T @ y).astype(wd)
         g = (y.conj().T @ y).astype(wd) if gram else None
         return z, g, (ArrayBlock(y) if keep_y else None)
+
+    def _plan_gram(self, params: dict) -> Any:
+        """The Gram route's SYRK pass: split as :func:`gram_pass_split` says where that plan fits, else one task."""
+        split = gram_pass_split(self.N, self.dtype, self.plan.memory, self.device)
+        if split is not GRAM_PASS:
+            try:
+                return self._plan(gram_pass_kernel, params, **split)
+            except BudgetError:
+                pass
+        return self._plan(gram_pass_kernel, params, **GRAM_PASS)
 
     def gram(self, description: str = "") -> np.ndarray:
         """``B^T B`` in float64 (``B^H B`` in complex128): SYRK (HERK) by blocks of rows (float64 copies of
@@ -264,7 +305,7 @@ class Streamed:
         elif p.method == "gram" and means_gram:
             plan_moments_gram(self.job, self.A, memory=p.memory, reserve=p.client_bytes, **GRAM_PASS)
         elif p.method == "gram":
-            self._plan(gram_pass_kernel, self._gram_params(), **GRAM_PASS)
+            self._plan_gram(self._gram_params())
         if p.method in ("lanczos", "gram"):
             self._plan(K.apply_kernel, self._shifted({"write": "F", "collect": False}, W=np.zeros((N, k))))
 
@@ -291,10 +332,20 @@ class Streamed:
         # float64 sums whatever the dtype: the subspace of a float32 A then comes from its exact Gram
         return {"dtype": work_dtype(self.dtype).name, "gpu": self.device == "gpu"}
 
+    def _plan_gram(self, params: dict) -> Any:
+        """The Gram route's SYRK pass: split as :func:`gram_pass_split` says where that plan fits, else one task."""
+        split = gram_pass_split(self.N, self.dtype, self.plan.memory, self.device)
+        if split is not GRAM_PASS:
+            try:
+                return self._plan(gram_pass_kernel, params, **split)
+            except BudgetError:
+                pass
+        return self._plan(gram_pass_kernel, params, **GRAM_PASS)
+
     def gram(self, description: str = "") -> np.ndarray:
         """``B^T B`` (full, float64) from one SYRK pass (:func:`blocklin.linalg.products.gram`'s kernel)."""
         params = self._gram_params()
-        return sum_gram_states(self._run(gram_pass_kernel, params, self._plan(gram_pass_kernel, params, **GRAM_PASS),
+        return sum_gram_states(self._run(gram_pass_kernel, params, self._plan_gram(params),
                                          description))
 
     def r_factor(self, k: int, description: str = "") -> np.ndarray:

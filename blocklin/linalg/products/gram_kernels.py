@@ -35,7 +35,7 @@ def gram_pass_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state
         if rows.stop in params["ends"]:
             state = {"g": device.to_host(state["g"])}
         return state, None
-    a = np.asarray(arrays[0], dtype=dt)
+    a = arrays[0]  # cast (where its dtype is not the sum's) block by block inside syrk_acc
     if state is None:
         state = {"g": np.zeros((a.shape[1], a.shape[1]), dt)}
     syrk_acc(state["g"], a)
