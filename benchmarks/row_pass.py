@@ -7,9 +7,10 @@ one process, alternated pass by pass, so their ratio comes from the same load:
 
 * ``auto``: the planner's choice when ``workers=`` is not set (``plan.passes.pass_workers``);
 * ``workers=1``: one task with every core's BLAS threads (the earlier default);
-* ``floor``: the same products without blocklin: two threads, each reading whole chunks of its rows
-  with ``preadv`` into its own buffer and making both products with one BLAS thread (what a pass
-  over the page cache costs here at least).
+* ``floor``: the same products without blocklin's pass: two threads, each reading whole chunks of its
+  rows with ``preadv`` into its own buffer and making both products with one BLAS thread, in the
+  kernel's layout (column-major ``Y`` and ``Z``) and through its BLAS calls, which release the GIL
+  (what a pass over the page cache costs here at least).
 
 Every variant's ``Z`` is checked against the floor's to a relative 1e-12 (float64, 100000 rows
 summed in different orders). The first pass of each job (which also checks ``A`` for NaN/Inf) is
@@ -44,12 +45,16 @@ def make(path: str, m: int, n: int, chunk_rows: int) -> None:
 def floor_pass(path: str, m: int, n: int, chunk_rows: int, q: np.ndarray) -> np.ndarray:
     from threadpoolctl import threadpool_limits
 
+    from blocklin.device import host_blas
+
     chunks = list(range(-(-m // chunk_rows)))
-    parts = [np.zeros((n, q.shape[1])) for _ in range(2)]
+    # column-major Y and Z, the layout of the pass's kernel, and its BLAS calls (without the GIL)
+    parts = [np.zeros((n, q.shape[1]), order="F") for _ in range(2)]
+    qf = np.asfortranarray(q)
 
     def lane(j: int) -> None:
         buf = np.empty((chunk_rows, n))
-        y = np.empty((chunk_rows, q.shape[1]))
+        y = np.empty((chunk_rows, q.shape[1]), order="F")
         for c in chunks[j::2]:
             fd = os.open(os.path.join(path, "c", str(c), "0"), os.O_RDONLY)
             try:
@@ -58,8 +63,8 @@ def floor_pass(path: str, m: int, n: int, chunk_rows: int, q: np.ndarray) -> np.
                 os.close(fd)
             rows = min(chunk_rows, m - c * chunk_rows)
             assert got >= rows * n * 8
-            np.matmul(buf[:rows], q, out=y[:rows])
-            parts[j] += buf[:rows].T @ y[:rows]
+            host_blas.gemm(1.0, buf[:rows].T, qf, beta=0.0, c=y[:rows], trans_a=1)
+            host_blas.gemm(1.0, buf[:rows].T, y[:rows], beta=1.0, c=parts[j])
 
     with threadpool_limits(1, user_api="blas"):
         threads = [threading.Thread(target=lane, args=(j,)) for j in range(2)]

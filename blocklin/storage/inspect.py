@@ -66,10 +66,11 @@ def _gram_estimate(m: int, n: int, dt: np.dtype, chunks: tuple[int, int], memory
     """The Gram matrix a user computes from this matrix: ``A^T A`` of a tall one (``n x n``, the covariance
     of the columns), ``A A^T`` of a wide one, by :func:`blocklin.gram` (SYRK, one read when it fits)."""
     try:
-        from blocklin.plan.gram import plan_gram
+        from blocklin.plan.gram import gram_tasks, plan_gram
 
         trans = m < n
-        g = plan_gram((m, n), dt, chunks=chunks, memory=memory, trans=trans)
+        tasks = gram_tasks(min(m, n), dt, memory, gpu=False)  # as blocklin.gram plans it on the CPU
+        g = plan_gram((m, n), dt, chunks=chunks, memory=memory, trans=trans, workers=tasks)
         reads = "one read of A" if g.route == "pass" else f"stored tiles, A read ~{g.reads:.0f} times"
         return {"what": f"{g.product} ({g.s} x {g.s}, blocklin gram: SYRK, {reads})", "product": g.product,
                 "route": g.route, "memory": int(g.peak_memory), "flops": int(g.flops), "bytes_read": int(g.bytes_read),

@@ -27,6 +27,7 @@ from blocklin.linalg.blocks.tsqr import r_factor, reduce_r, tsqr_kernel
 from blocklin.linalg.lowrank.triplets import enrich_width
 from blocklin.linalg.products.gram_kernels import gram_pass_kernel, sum_gram_states
 from blocklin.operands import temp_root
+from blocklin.plan.gram import gram_tasks
 from blocklin.plan.svd import SvdPlan, sketch_blas_threads, sketch_tasks, tsqr_reserve_bytes
 from blocklin.plan.passes import output_chunk_rows
 from blocklin.runtime.job import Job
@@ -40,27 +41,14 @@ GRAM_BLOCK_BYTES = 8 << 20
 #: (:func:`gram_pass_split`). A task's sum is held until the pass ends, so one task holds one (a
 #: constant, as every task split: the bits never depend on the scheduler).
 GRAM_PASS = {"min_tasks": 1, "workers": 1}
-#: Largest share of the budget the Gram route's :data:`~blocklin.plan.passes.PASS_WORKERS` task sums
-#: may take for the pass to split into that many tasks.
-GRAM_SPLIT_SHARE = 1 / 8
 
 
 def gram_pass_split(n: int, dtype: Any, memory: int, device: str) -> dict:
-    """The task split of the Gram route's SYRK pass over ``N = n`` columns: ``PASS_WORKERS`` tasks at once,
-    each summing its rows' ``B_i^T B_i`` on one BLAS thread, on the CPU where their float64 sums take at
-    most :data:`GRAM_SPLIT_SHARE` of the budget (and the plan fits it: :meth:`Streamed._plan_gram`); else
-    :data:`GRAM_PASS`.
-
-    A SYRK into a narrow sum hardly threads (one BLAS thread 0.61 s, two 0.62 s for 1 GiB of 64-column
-    rows here) while two tasks each on one thread take half (0.32 s), and still 1.54 s against 1.79 s at
-    512 columns, once the products run without the GIL (:mod:`blocklin.device.host_blas`). A function of
-    the shape and the budget only, never of the scheduler (the split fixes the sums' order)."""
-    from blocklin.plan.passes import PASS_WORKERS
-
-    sums = PASS_WORKERS * n * n * work_dtype(dtype).itemsize
-    if device != "gpu" and sums <= memory * GRAM_SPLIT_SHARE:
-        return {"min_tasks": PASS_WORKERS, "workers": PASS_WORKERS}
-    return GRAM_PASS
+    """The task split of the Gram route's SYRK pass over ``N = n`` columns: :func:`blocklin.plan.gram.gram_tasks`
+    tasks at once, each with its own sum (where that plan fits: :meth:`Streamed._plan_gram`), else
+    :data:`GRAM_PASS`."""
+    tasks = gram_tasks(n, work_dtype(dtype), memory, gpu=device == "gpu")
+    return {"min_tasks": tasks, "workers": tasks} if tasks > 1 else GRAM_PASS
 
 
 #: Most bytes of the buffer that gathers the sketch's short strips of ``Y`` into taller chunks: each

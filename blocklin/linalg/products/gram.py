@@ -38,7 +38,7 @@ from blocklin.linalg.products.gram_kernels import gram_pass_kernel, sum_gram_sta
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import split
-from blocklin.plan.gram import GramPlan, plan_gram
+from blocklin.plan.gram import GramPlan, gram_tasks, plan_gram
 from blocklin.plan.passes import RowPassPlan
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
@@ -78,9 +78,10 @@ class Gram:
 
     def plan(self, job: Job) -> GramPlan:
         """The pass route when its accumulators fit the budget, else the tiled route (:func:`plan_gram`)."""
+        gpu = job.device == "gpu"
+        tasks = gram_tasks(self.shape[0], self.dtype, job.cfg.memory, gpu=gpu)  # unless workers= is set
         return plan_gram(self.A.shape, self.dtype, chunks=self.A.chunks, memory=job.cfg.memory, trans=self.trans,
-                         source_dtype=self.A.dtype, workers=job.workers(1), cores=job.cores(),
-                         gpu=job.device == "gpu")
+                         source_dtype=self.A.dtype, workers=job.workers(tasks), cores=job.cores(), gpu=gpu)
 
     def token(self, plan: GramPlan) -> str:
         """Deterministic in the input, parameters and plan (what resuming an output checks)."""
