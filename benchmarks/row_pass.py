@@ -10,7 +10,7 @@ one process, alternated pass by pass, so their ratio comes from the same load:
 * ``floor``: the same products without blocklin's pass: two threads, each reading whole chunks of its
   rows with ``preadv`` into its own buffer and making both products with one BLAS thread, in the
   kernel's layout (column-major ``Y`` and ``Z``) and through its BLAS calls, which release the GIL
-  (what a pass over the page cache costs here at least).
+  (a plain pass over the page cache; a pass's strips mapped from the page cache skip its copy).
 
 Every variant's ``Z`` is checked against the floor's to a relative 1e-12 (float64, 100000 rows
 summed in different orders). The first pass of each job (which also checks ``A`` for NaN/Inf) is
