@@ -1,4 +1,5 @@
-"""GEMM, SYRK/HERK and TRSM on the host without holding the GIL: SciPy's own BLAS called through ``ctypes``.
+"""GEMM, SYRK/HERK, TRSM and LAPACK's GEQRF on the host without holding the GIL: SciPy's own OpenBLAS
+called through ``ctypes``.
 
 SciPy's ``scipy.linalg.blas`` wrappers (f2py) keep the GIL for the whole BLAS call. A row pass runs
 two tasks at once on a 2-core machine, each with one BLAS thread, so their products ran one after the
@@ -72,7 +73,7 @@ class _Library:
         handle = ctypes.CDLL(path)  # the already loaded library: dlopen returns the same handle
         self.fn = {}
         for dt, p in _PREFIX.items():
-            for name in ("gemm", "trsm", "herk" if dt.kind == "c" else "syrk"):
+            for name in ("gemm", "trsm", "geqrf", "herk" if dt.kind == "c" else "syrk"):
                 f = getattr(handle, f"{prefix}{p}{name}_")
                 f.restype = None
                 self.fn[(dt, name)] = f
@@ -105,6 +106,16 @@ class _Library:
         self.fn[(dt, "trsm")](ctypes.c_char_p(b"R" if side else b"L"), ctypes.c_char_p(b"L" if lower else b"U"),
                               _char(trans_a), ctypes.c_char_p(b"U" if diag else b"N"), _int(m), _int(n),
                               ctypes.byref(_scalar(_SCALAR[dt], alpha)), _ptr(a), _int(_ld(a)), _ptr(b), _int(_ld(b)))
+
+
+    def geqrf(self, a: np.ndarray, tau: np.ndarray, work: np.ndarray, lwork: int) -> int:
+        """LAPACK's ``?geqrf`` on the Fortran-ordered ``a`` in place; returns ``info`` (``lwork`` -1: the
+        optimal workspace size into ``work[0]``)."""
+        m, n = a.shape
+        info = ctypes.c_int(0)
+        self.fn[(a.dtype, "geqrf")](_int(m), _int(n), _ptr(a), _int(_ld(a)), _ptr(tau), _ptr(work), _int(lwork),
+                                    ctypes.byref(info))
+        return info.value
 
 
 def _char(trans: int) -> ctypes.c_char_p:
@@ -177,6 +188,10 @@ def _probe(lib: _Library) -> bool:
             got = b0.copy(order="F")
             lib.trsm(0.5, t, got, side, lower, ta, diag)
             if not np.array_equal(want, got):
+                return False
+        for shape in ((57, 23), (23, 57)):
+            x = rnd(*shape)
+            if not np.array_equal(_qr_r_scipy(x), _qr_r(lib, x)):
                 return False
         wrap_syrk = getattr(blas, f"{p}herk" if dt.kind == "c" else f"{p}syrk")
         for trans in (0, 1):
@@ -264,3 +279,37 @@ def trsm(alpha: Any, a: np.ndarray, b: np.ndarray, *, side: int = 0, lower: int 
 
     return getattr(blas, f"{_PREFIX[b.dtype]}trsm")(alpha, a, b, side=side, lower=lower, trans_a=trans_a, diag=diag,
                                                      overwrite_b=1)
+
+
+def _qr_r_scipy(x: np.ndarray) -> np.ndarray:
+    from scipy.linalg import qr
+
+    (r,) = qr(np.array(x), mode="r", overwrite_a=True, check_finite=False)
+    return r[: min(x.shape)]
+
+
+def _qr_r(lib: _Library, x: np.ndarray) -> np.ndarray:
+    """SciPy's ``qr(x, mode="r")`` steps (a workspace query, then ``?geqrf`` with the size it gives, the
+    upper triangle of the factored rows) on a Fortran-ordered copy of ``x``."""
+    a = np.array(x, order="F")
+    m, n = a.shape
+    k = min(m, n)
+    tau = np.empty(max(1, k), dtype=a.dtype)
+    query = np.empty(1, dtype=a.dtype)
+    info = lib.geqrf(a, tau, query, -1)
+    lwork = max(1, int(query[0].real)) if info == 0 else max(1, n)
+    work = np.empty(lwork, dtype=a.dtype)
+    info = lib.geqrf(a, tau, work, lwork)
+    if info < 0:
+        raise ValueError(f"illegal value in {-info}th argument of internal geqrf")
+    return np.triu(a[:k])
+
+
+def qr_r(x: np.ndarray) -> np.ndarray:
+    """The ``min(m, n) x n`` upper-trapezoidal ``R`` of the Householder QR of ``x`` (not modified), the
+    bits of ``scipy.linalg.qr(x, mode="r")``: LAPACK's ``?geqrf`` without the GIL where the library is
+    found, else through SciPy."""
+    lib = library()
+    if lib is None or x.ndim != 2 or x.size == 0 or x.dtype not in _PREFIX:
+        return _qr_r_scipy(x)
+    return _qr_r(lib, x)

@@ -138,3 +138,16 @@ def test_the_scipy_setting_keeps_the_wrappers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__("os").environ, host_blas.ENV: "scipy"}).stdout.split(None, 1)
     assert out[0] == "True" and out[1].strip() == "[[1.0, 0.0], [0.0, 1.0]]"
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("shape", [(300, 40), (40, 300), (1, 7), (9, 9)])
+def test_qr_r_gives_scipys_bits(dt, shape):
+    from scipy.linalg import qr
+
+    rng = np.random.default_rng([shape[0], shape[1], DTYPES.index(dt)])
+    x = _rand(rng, shape, dt, order="C")
+    kept = x.copy()
+    (want,) = qr(x.copy(), mode="r")
+    got = host_blas.qr_r(x)
+    assert np.array_equal(got, want[: min(shape)]) and np.array_equal(x, kept)  # x itself untouched

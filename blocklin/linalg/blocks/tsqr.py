@@ -29,13 +29,14 @@ MIN_STRIP_ROWS = 64
 
 
 def r_factor(x: np.ndarray) -> np.ndarray:
-    """Upper-triangular (trapezoidal when short) R of Householder QR, at most ``width`` rows."""
-    from scipy.linalg import qr
+    """Upper-triangular (trapezoidal when short) R of Householder QR, at most ``width`` rows (SciPy's
+    ``qr(mode="r")`` bits, without the GIL: :func:`blocklin.device.host_blas.qr_r`, so a pass's tasks
+    factor at once)."""
+    from blocklin.device.host_blas import qr_r
 
     if x.shape[0] == 0:
         return x
-    (r,) = qr(x, mode="r", overwrite_a=True, check_finite=False)
-    return np.ascontiguousarray(r[: min(x.shape)])
+    return np.ascontiguousarray(qr_r(x))
 
 
 def diagonal_signs(r: np.ndarray) -> np.ndarray:
