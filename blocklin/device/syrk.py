@@ -36,6 +36,7 @@ def syrk_acc(g: np.ndarray, a: np.ndarray) -> None:
     scheduler)."""
     f = _blas_syrk(g.dtype)
     if f is None or not g.flags.c_contiguous:
+        a = np.asarray(a, dtype=g.dtype)  # the products in the sum's dtype
         g += a.conj().T @ a if a.dtype.kind == "c" else a.T @ a
         return
     if a.dtype == g.dtype and a.T.flags.f_contiguous:

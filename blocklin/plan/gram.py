@@ -170,19 +170,25 @@ def gram_out_chunks(s: int, dtype: Any) -> tuple[int, int]:
 
 
 def plan_gram(shape: tuple[int, int], dtype: Any, *, chunks: tuple[int, int], memory: int, trans: bool = False,
-              source_dtype: Any = None, workers: int = 1, cores: int = 1, gpu: bool = False) -> GramPlan:
+              source_dtype: Any = None, workers: int = 1, cores: int = 1, gpu: bool = False,
+              tasks: int | None = None) -> GramPlan:
     """The pass route when ``workers`` (or fewer) accumulators and the float64 reduction fit ``memory``,
-    else the tiled route (:func:`~blocklin.plan.factor.plan_factor` tiles)."""
+    else the tiled route (:func:`~blocklin.plan.factor.plan_factor` tiles).
+
+    ``tasks``: the pass's task split (:func:`gram_tasks`), fixed whatever ``workers`` runs at once (the
+    sums of finished tasks are held beside the running ones, and counted), or one task where that does
+    not fit; ``None``: as many tasks as run at once."""
     m, n = (int(x) for x in shape)
     dt, src = np.dtype(dtype), np.dtype(source_dtype or dtype)
     s, k = (m, n) if trans else (n, m)
     common = dict(s=s, k=k, trans=bool(trans), dtype=dt.name, bytes_written=s * s * dt.itemsize, flops=s * s * k,
                   memory=int(memory))
     nbytes = m * n * src.itemsize
-    try:
-        return _plan_pass(common, s, k, dt, src, chunks, memory, trans, workers, cores, gpu, nbytes)
-    except BudgetError:
-        pass
+    for split in ([tasks, 1] if tasks and tasks > 1 else [tasks]):
+        try:
+            return _plan_pass(common, s, k, dt, src, chunks, memory, trans, workers, cores, gpu, nbytes, split)
+        except BudgetError:
+            pass
     try:
         fp = plan_factor("syrk", s, dt, memory=memory, workers=workers)
     except BudgetError:  # fewer concurrent tiles before refusing (the error then names one task's minimum)
@@ -194,23 +200,26 @@ def plan_gram(shape: tuple[int, int], dtype: Any, *, chunks: tuple[int, int], me
 
 
 def _plan_pass(common: dict, s: int, k: int, dt: np.dtype, src: np.dtype, chunks: tuple[int, int], memory: int,
-               trans: bool, workers: int, cores: int, gpu: bool, nbytes: int) -> GramPlan:
+               trans: bool, workers: int, cores: int, gpu: bool, nbytes: int, tasks: int | None) -> GramPlan:
     oc = gram_out_chunks(s, dt)
     wide = 16 if dt.kind == "c" else 8  # the reduction's float64 (complex128 for complex data) entries
     reduce_bytes = s * s * wide + oc[0] * s * (wide + dt.itemsize)  # the sum and one row strip being written
     mem = gram_pass_memory(s, dt, cast=src != dt or trans, gpu=gpu)
     chunk_rows, chunk_w = (chunks[1], chunks[0]) if trans else chunks
-    for w in range(max(1, workers), 0, -1):
+    most = max(1, min(workers, tasks) if tasks else workers)
+    for w in range(most, 0, -1):
+        t = tasks or w
+        held = (t - w) * s * s * wide  # the sums of tasks finished while others still run
         try:
-            pp = plan_pass(mem, k, s * src.itemsize, chunk_rows=chunk_rows, memory=memory, reserve=reduce_bytes,
+            pp = plan_pass(mem, k, s * src.itemsize, chunk_rows=chunk_rows, memory=memory, reserve=reduce_bytes + held,
                            workers=w, cores=cores, chunk_bytes=chunks[0] * chunks[1] * src.itemsize,
-                           chunks_across=math.ceil(s / max(1, chunk_w)), min_tasks=w)
+                           chunks_across=math.ceil(s / max(1, chunk_w)), min_tasks=t)
             break
         except BudgetError:
             if w == 1:
                 raise
     return GramPlan(**common, route="pass", out_chunks=oc, reads=1.0, bytes_read=nbytes,
-                    peak_memory=pp.peak_memory + reduce_bytes, pass_plan=pp.to_dict(), workers=pp.workers)
+                    peak_memory=pp.peak_memory + reduce_bytes + held, pass_plan=pp.to_dict(), workers=pp.workers)
 
 
 __all__ = ["GramPlan", "SyrkBlocks", "gram_out_chunks", "gram_pass_memory", "gram_tasks", "plan_gram", "plan_syrk_blocks",

@@ -70,7 +70,7 @@ def _gram_estimate(m: int, n: int, dt: np.dtype, chunks: tuple[int, int], memory
 
         trans = m < n
         tasks = gram_tasks(min(m, n), dt, memory, gpu=False)  # as blocklin.gram plans it on the CPU
-        g = plan_gram((m, n), dt, chunks=chunks, memory=memory, trans=trans, workers=tasks)
+        g = plan_gram((m, n), dt, chunks=chunks, memory=memory, trans=trans, workers=tasks, tasks=tasks)
         reads = "one read of A" if g.route == "pass" else f"stored tiles, A read ~{g.reads:.0f} times"
         return {"what": f"{g.product} ({g.s} x {g.s}, blocklin gram: SYRK, {reads})", "product": g.product,
                 "route": g.route, "memory": int(g.peak_memory), "flops": int(g.flops), "bytes_read": int(g.bytes_read),

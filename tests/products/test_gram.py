@@ -179,3 +179,24 @@ def test_gemm_cli_on_one_operand_runs_and_explains_the_gram_route(tmp_path, x64,
 def test_gram_identical_bits_on_every_scheduler(x64, memory):
     runs = [bl.gram(x64, memory=memory, scheduler=s, workers=2).to_numpy() for s in ("sync", "threads", "processes")]
     assert all(np.array_equal(runs[0], r) for r in runs[1:])
+
+
+def test_gram_pass_splits_into_two_tasks_where_their_sums_are_small(x64):
+    """Two one-core tasks (each SYRK into its own float64 sum) where the two sums take at most an eighth of
+    the budget, one task with every core where they would take more; the same values either way, and
+    without workers= the same bits on every scheduler (the split depends on the shape and budget only)."""
+    from blocklin.plan.gram import GRAM_SPLIT_SHARE, gram_tasks
+
+    x = x64.astype(np.float32)
+    n = x.shape[1]
+    two = 2 * n * n * 8  # the two float64 sums
+    roomy, tight = int(two / GRAM_SPLIT_SHARE) + 4096, int(two / GRAM_SPLIT_SHARE) - 4096
+    assert gram_tasks(n, np.float32, roomy, gpu=False) == 2 and gram_tasks(n, np.float32, tight, gpu=False) == 1
+    assert gram_tasks(n, np.float32, roomy, gpu=True) == 1  # a GPU pass keeps one task
+    ref = x.astype(np.float64).T @ x.astype(np.float64)
+    for memory, tasks in ((roomy, 2), (tight, 1)):
+        runs = [bl.gram(x, memory=memory, scheduler=s) for s in ("sync", "threads", "processes")]
+        assert all(r.report["route"] == "pass" and r.report["plan"]["workers"] == tasks for r in runs)
+        got = [r.to_numpy() for r in runs]
+        assert all(np.array_equal(got[0], g) for g in got[1:])
+        assert_gram(got[0], ref, x)

@@ -77,16 +77,6 @@ class Source(Protocol):
         """``(Z, G, Y)``: ``Z = B^T (B q)`` in float64, ``G = Y^T Y`` in float64 (``gram``, else ``None``) and the
         block ``Y = B q`` (``keep_y``, else ``None``)."""
 
-    def _plan_gram(self, params: dict) -> Any:
-        """The Gram route's SYRK pass: split as :func:`gram_pass_split` says where that plan fits, else one task."""
-        split = gram_pass_split(self.N, self.dtype, self.plan.memory, self.device)
-        if split is not GRAM_PASS:
-            try:
-                return self._plan(gram_pass_kernel, params, **split)
-            except BudgetError:
-                pass
-        return self._plan(gram_pass_kernel, params, **GRAM_PASS)
-
     def gram(self, description: str = "") -> np.ndarray:
         """``B^T B`` in float64."""
 
@@ -142,16 +132,6 @@ class InCore:
         z = (np.conj(self.b.T @ np.conj(y)) if wd.kind == "c" else self.b.T @ y).astype(wd)
         g = (y.conj().T @ y).astype(wd) if gram else None
         return z, g, (ArrayBlock(y) if keep_y else None)
-
-    def _plan_gram(self, params: dict) -> Any:
-        """The Gram route's SYRK pass: split as :func:`gram_pass_split` says where that plan fits, else one task."""
-        split = gram_pass_split(self.N, self.dtype, self.plan.memory, self.device)
-        if split is not GRAM_PASS:
-            try:
-                return self._plan(gram_pass_kernel, params, **split)
-            except BudgetError:
-                pass
-        return self._plan(gram_pass_kernel, params, **GRAM_PASS)
 
     def gram(self, description: str = "") -> np.ndarray:
         """``B^T B`` in float64 (``B^H B`` in complex128): SYRK (HERK) by blocks of rows (float64 copies of

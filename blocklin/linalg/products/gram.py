@@ -79,9 +79,13 @@ class Gram:
     def plan(self, job: Job) -> GramPlan:
         """The pass route when its accumulators fit the budget, else the tiled route (:func:`plan_gram`)."""
         gpu = job.device == "gpu"
-        tasks = gram_tasks(self.shape[0], self.dtype, job.cfg.memory, gpu=gpu)  # unless workers= is set
+        # the split and the tasks at once by the shape and budget, as a row pass plans them on every scheduler
+        # (plan.passes.pass_workers: a cluster's threads per worker do not change the bits); workers= sets the
+        # tasks at once
+        tasks = gram_tasks(self.shape[0], self.dtype, job.cfg.memory, gpu=gpu)
         return plan_gram(self.A.shape, self.dtype, chunks=self.A.chunks, memory=job.cfg.memory, trans=self.trans,
-                         source_dtype=self.A.dtype, workers=job.workers(tasks), cores=job.cores(), gpu=gpu)
+                         source_dtype=self.A.dtype, workers=job.cfg.workers or tasks, cores=job.cores(), gpu=gpu,
+                         tasks=tasks)
 
     def token(self, plan: GramPlan) -> str:
         """Deterministic in the input, parameters and plan (what resuming an output checks)."""
