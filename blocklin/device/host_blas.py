@@ -10,6 +10,7 @@ the GIL around a foreign call, so the same BLAS routine called through it runs b
 The library is the one SciPy's wrappers call (the ``libscipy_openblas`` its wheels bundle, found
 among the BLAS libraries ``threadpoolctl`` sees in the process, 32-bit integers), and its Fortran
 entry points are the ones the wrappers call, with the same arguments: the results are the same bits.
+A SciPy built against a system BLAS keeps its wrappers.
 At the first call a probe compares both ways on small random operands of each dtype, bit for bit;
 where the library is not found, or the probe differs, or ``BLOCKLIN_HOST_BLAS=scipy`` is set, every
 call goes through SciPy's wrappers (the GIL then held, as before).
@@ -42,7 +43,7 @@ _LOCK = threading.Lock()
 
 
 def _candidates() -> list[tuple[str, str]]:
-    """``(path, symbol prefix)`` of the loaded OpenBLAS libraries with 32-bit integer entry points."""
+    """``(path, symbol prefix)`` of the loaded scipy-openblas32 libraries (32-bit integer entry points)."""
     import importlib
 
     from blocklin._blas import _controller
@@ -58,10 +59,11 @@ def _candidates() -> list[tuple[str, str]]:
             handle = ctypes.CDLL(path)
         except OSError:
             continue
-        for prefix in ("scipy_", ""):  # the wheels' renamed symbols, then a system build's
-            if hasattr(handle, f"{prefix}dgemm_") and not hasattr(handle, f"{prefix}dgemm64_"):
-                out.append((path, prefix))
-                break
+        # the wheels' scipy-openblas32 (renamed symbols, 32-bit integers; NumPy's scipy-openblas64 has
+        # scipy_dgemm64_ only). A system OpenBLAS is not taken: its symbols do not say their integer
+        # size, and a 64-bit build called with 32-bit integers could crash before the probe could tell
+        if hasattr(handle, "scipy_dgemm_") and not hasattr(handle, "scipy_dgemm64_"):
+            out.append((path, "scipy_"))
     return out
 
 
@@ -223,7 +225,11 @@ def library() -> _Library | None:
                         cand = _Library(path, prefix)
                     except AttributeError:
                         continue
-                    if _probe(cand):
+                    try:
+                        passed = _probe(cand)
+                    except Exception:  # noqa: BLE001 - any failure of the probe keeps SciPy's wrappers
+                        passed = False
+                    if passed:
                         lib = cand
                         break
             _STATE["lib"] = lib
