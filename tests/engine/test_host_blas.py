@@ -151,3 +151,21 @@ def test_qr_r_gives_scipys_bits(dt, shape):
     (want,) = qr(x.copy(), mode="r")
     got = host_blas.qr_r(x)
     assert np.array_equal(got, want[: min(shape)]) and np.array_equal(x, kept)  # x itself untouched
+
+
+@pytest.mark.parametrize("probe", ["differs", "raises"])
+def test_a_failed_probe_keeps_scipys_wrappers(monkeypatch, probe):
+    def fake(lib):
+        if probe == "raises":
+            raise OSError("probe")
+        return False
+
+    monkeypatch.setattr(host_blas, "_STATE", {})
+    monkeypatch.setattr(host_blas, "_probe", fake)
+    assert host_blas.library() is None
+    rng = np.random.default_rng(8)
+    a, b = _rand(rng, (30, 20), np.float64), _rand(rng, (20, 10), np.float64)
+    c = np.zeros((30, 10), order="F")
+    host_blas.gemm(1.0, a, b, beta=0.0, c=c)
+    np.testing.assert_array_equal(c, blas.dgemm(1.0, a, b))
+    np.testing.assert_array_equal(host_blas.qr_r(a), np.triu(__import__("scipy.linalg").linalg.qr(a, mode="r")[0][:20]))
