@@ -101,14 +101,12 @@ class _Library:
                             ctypes.byref(scalar(alpha)), _ptr(a), _int(_ld(a)), ctypes.byref(scalar(beta)),
                             _ptr(c), _int(_ld(c)))
 
-
     def trsm(self, alpha: Any, a: np.ndarray, b: np.ndarray, side: int, lower: int, trans_a: int, diag: int) -> None:
         dt = b.dtype
         m, n = b.shape
         self.fn[(dt, "trsm")](ctypes.c_char_p(b"R" if side else b"L"), ctypes.c_char_p(b"L" if lower else b"U"),
                               _char(trans_a), ctypes.c_char_p(b"U" if diag else b"N"), _int(m), _int(n),
                               ctypes.byref(_scalar(_SCALAR[dt], alpha)), _ptr(a), _int(_ld(a)), _ptr(b), _int(_ld(b)))
-
 
     def geqrf(self, a: np.ndarray, tau: np.ndarray, work: np.ndarray, lwork: int) -> int:
         """LAPACK's ``?geqrf`` on the Fortran-ordered ``a`` in place; returns ``info`` (``lwork`` -1: the
@@ -243,7 +241,7 @@ def gemm(alpha: Any, a: np.ndarray, b: np.ndarray, *, beta: Any, c: np.ndarray, 
     and of ``c``'s dtype: then without the GIL; otherwise through SciPy's wrapper."""
     lib = library()
     if (lib is not None and trans_a in (0, 1) and trans_b in (0, 1) and a.dtype == b.dtype == c.dtype
-            and all(map(blas_layout, (a, b, c)))):
+            and c.flags.writeable and all(map(blas_layout, (a, b, c)))):
         lib.gemm(alpha, a, b, beta, c, trans_a, trans_b)
         return
     from scipy.linalg import blas
@@ -258,7 +256,7 @@ def syrk(alpha: float, a: np.ndarray, *, beta: float, c: np.ndarray, trans: int 
     """``c = alpha op(a) op(a)^H + beta c`` on one triangle (``op(a) = a^H`` with ``trans``; ``^T`` of
     real data: SYRK, else HERK), as SciPy's ``?syrk``/``?herk(..., overwrite_c=1)`` computes it."""
     lib = library()
-    if lib is not None and a.dtype == c.dtype and blas_layout(a) and blas_layout(c):
+    if lib is not None and a.dtype == c.dtype and c.flags.writeable and blas_layout(a) and blas_layout(c):
         lib.syrk(alpha, a, beta, c, trans, lower)
         return
     from scipy.linalg import blas
@@ -278,7 +276,8 @@ def trsm(alpha: Any, a: np.ndarray, b: np.ndarray, *, side: int = 0, lower: int 
     ``?trsm(..., overwrite_b=1)`` computes it; returns the result: ``b`` itself where both operands are in
     BLAS's layout and of one dtype (then without the GIL), else the wrapper's (maybe a copy)."""
     lib = library()
-    if lib is not None and trans_a in (0, 1) and a.dtype == b.dtype and blas_layout(a) and blas_layout(b):
+    if (lib is not None and trans_a in (0, 1) and a.dtype == b.dtype and b.flags.writeable and blas_layout(a)
+            and blas_layout(b)):
         lib.trsm(alpha, a, b, side, lower, trans_a, diag)
         return b
     from scipy.linalg import blas

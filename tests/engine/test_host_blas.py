@@ -169,3 +169,13 @@ def test_a_failed_probe_keeps_scipys_wrappers(monkeypatch, probe):
     host_blas.gemm(1.0, a, b, beta=0.0, c=c)
     np.testing.assert_array_equal(c, blas.dgemm(1.0, a, b))
     np.testing.assert_array_equal(host_blas.qr_r(a), np.triu(__import__("scipy.linalg").linalg.qr(a, mode="r")[0][:20]))
+
+
+def test_a_read_only_output_is_never_written_through():
+    rng = np.random.default_rng(9)
+    a, b = _rand(rng, (8, 6), np.float64), _rand(rng, (6, 5), np.float64)
+    c = np.zeros((8, 5), order="F")
+    c.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        host_blas.gemm(1.0, a, b, beta=0.0, c=c)
+    assert not c.any()
