@@ -141,6 +141,13 @@ def _ld(x: np.ndarray) -> int:
     return max(1, x.strides[1] // x.itemsize) if x.shape[1] > 1 else max(1, x.shape[0])
 
 
+def _writable(x: np.ndarray, name: str) -> None:
+    # SciPy's wrappers write into a read-only array as well (they ignore the flag); a read-only mapping
+    # would fault: refused here instead
+    if not x.flags.writeable:
+        raise ValueError(f"host_blas.{name}: its output is read-only")
+
+
 def blas_layout(x: np.ndarray) -> bool:
     """Whether ``x`` is a 2-D array BLAS takes as it is: column-major, unit row stride, a leading
     dimension at least its rows, aligned to its itemsize."""
@@ -239,9 +246,10 @@ def gemm(alpha: Any, a: np.ndarray, b: np.ndarray, *, beta: Any, c: np.ndarray, 
     """``c = alpha op(a) op(b) + beta c`` in place (``op`` the transpose where flagged), as SciPy's
     ``?gemm(..., overwrite_c=True)`` computes it. Every operand in BLAS's layout (:func:`blas_layout`)
     and of ``c``'s dtype: then without the GIL; otherwise through SciPy's wrapper."""
+    _writable(c, "gemm")
     lib = library()
     if (lib is not None and trans_a in (0, 1) and trans_b in (0, 1) and a.dtype == b.dtype == c.dtype
-            and c.flags.writeable and all(map(blas_layout, (a, b, c)))):
+            and all(map(blas_layout, (a, b, c)))):
         lib.gemm(alpha, a, b, beta, c, trans_a, trans_b)
         return
     from scipy.linalg import blas
@@ -255,8 +263,9 @@ def gemm(alpha: Any, a: np.ndarray, b: np.ndarray, *, beta: Any, c: np.ndarray, 
 def syrk(alpha: float, a: np.ndarray, *, beta: float, c: np.ndarray, trans: int = 0, lower: int = 0) -> None:
     """``c = alpha op(a) op(a)^H + beta c`` on one triangle (``op(a) = a^H`` with ``trans``; ``^T`` of
     real data: SYRK, else HERK), as SciPy's ``?syrk``/``?herk(..., overwrite_c=1)`` computes it."""
+    _writable(c, "syrk")
     lib = library()
-    if lib is not None and a.dtype == c.dtype and c.flags.writeable and blas_layout(a) and blas_layout(c):
+    if lib is not None and a.dtype == c.dtype and blas_layout(a) and blas_layout(c):
         lib.syrk(alpha, a, beta, c, trans, lower)
         return
     from scipy.linalg import blas
@@ -275,9 +284,9 @@ def trsm(alpha: Any, a: np.ndarray, b: np.ndarray, *, side: int = 0, lower: int 
     """``b = alpha op(a)^-1 b`` (``side`` 0) or ``alpha b op(a)^-1`` (``side`` 1), ``a`` triangular, as SciPy's
     ``?trsm(..., overwrite_b=1)`` computes it; returns the result: ``b`` itself where both operands are in
     BLAS's layout and of one dtype (then without the GIL), else the wrapper's (maybe a copy)."""
+    _writable(b, "trsm")
     lib = library()
-    if (lib is not None and trans_a in (0, 1) and a.dtype == b.dtype and b.flags.writeable and blas_layout(a)
-            and blas_layout(b)):
+    if lib is not None and trans_a in (0, 1) and a.dtype == b.dtype and blas_layout(a) and blas_layout(b):
         lib.trsm(alpha, a, b, side, lower, trans_a, diag)
         return b
     from scipy.linalg import blas
