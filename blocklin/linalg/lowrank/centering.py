@@ -16,7 +16,7 @@ from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.linalg.lowrank.checkpoint import save_scaling
 from blocklin.linalg.lowrank.lanczos import start_block
 from blocklin.linalg.lowrank.methods import gram_subspace, rsvd_start
-from blocklin.linalg.lowrank.sources import GRAM_PASS, passes_device
+from blocklin.linalg.lowrank.sources import GRAM_PASS, moments_gram_split, passes_device
 from blocklin.linalg.lowrank.updatable import kept_state
 from blocklin.plan.svd import SvdPlan
 from blocklin.runtime.checkpoints import Checkpoints
@@ -56,8 +56,9 @@ def moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, c
             **GRAM_PASS))
         save_scaling(ckpt, scaling)
         return _saved(ckpt, moments, g, plan)
+    split = moments_gram_split(job, A, plan.memory, plan.client_bytes)
     moments, g = scaling.run(job, lambda sc: moments_and_gram(job, A, memory=plan.memory, reserve=plan.client_bytes,
-                                                               scale=sc, **GRAM_PASS))
+                                                               scale=sc, **split))
     save_scaling(ckpt, scaling)
     if keep is not None and not scaling.exponent:  # the co-moments an updatable result keeps (unscaled data)
         keep.update(kept_state(moments, g))

@@ -36,9 +36,9 @@ from blocklin.storage import create_array, write_array
 
 #: Bytes of the float64 copy of one block of rows while the Gram of an in-memory ``B`` is summed.
 GRAM_BLOCK_BYTES = 8 << 20
-#: One task with every BLAS thread: the passes whose Gram comes with the column moments (centered or
-#: scaled ``A``), and the Gram route's pass where two sums are not small beside the budget
-#: (:func:`gram_pass_split`). A task's sum is held until the pass ends, so one task holds one (a
+#: One task with every BLAS thread: the passes whose Gram comes with the row moments of a wide ``A``
+#: (centered or scaled), and the Gram passes where two sums are not small beside the budget
+#: (:func:`gram_pass_split`, :func:`moments_gram_split`). A task's sum is held until the pass ends, so one task holds one (a
 #: constant, as every task split: the bits never depend on the scheduler).
 GRAM_PASS = {"min_tasks": 1, "workers": 1}
 
@@ -49,6 +49,20 @@ def gram_pass_split(n: int, dtype: Any, memory: int, device: str) -> dict:
     :data:`GRAM_PASS`."""
     tasks = gram_tasks(n, work_dtype(dtype), memory, gpu=device == "gpu")
     return {"min_tasks": tasks, "workers": tasks} if tasks > 1 else GRAM_PASS
+
+
+def moments_gram_split(job: Job, A: Any, memory: int, reserve: int) -> dict:
+    """The task split of the means pass that forms a tall ``A``'s centered Gram
+    (:func:`~blocklin.linalg.blocks.center.moments_and_gram`, a CPU pass; its tasks' co-moments merged in
+    row order): as :func:`gram_pass_split` where that plan fits the budget, else :data:`GRAM_PASS`."""
+    split = gram_pass_split(A.shape[1], A.dtype, memory, "cpu")
+    if split is not GRAM_PASS:
+        try:
+            plan_moments_gram(job, A, memory=memory, reserve=reserve, **split)
+            return split
+        except BudgetError:
+            pass
+    return GRAM_PASS
 
 
 #: Most bytes of the buffer that gathers the sketch's short strips of ``Y`` into taller chunks: each
@@ -271,7 +285,8 @@ class Streamed:
             plan_moments_row_gram(self.job, self.A, center=self.shift.b is not None, standardize=self.shift.r is not None,
                                   memory=p.memory, reserve=p.client_bytes, **GRAM_PASS)
         elif p.method == "gram" and means_gram:
-            plan_moments_gram(self.job, self.A, memory=p.memory, reserve=p.client_bytes, **GRAM_PASS)
+            plan_moments_gram(self.job, self.A, memory=p.memory, reserve=p.client_bytes,
+                              **moments_gram_split(self.job, self.A, p.memory, p.client_bytes))
         elif p.method == "gram":
             self._plan_gram(self._gram_params())
         if p.method in ("lanczos", "gram"):
