@@ -165,8 +165,9 @@ def blas_layout(x: np.ndarray) -> bool:
 
 
 def _probe(lib: _Library) -> bool:
-    """Whether ``lib`` gives SciPy's wrappers' bits on small products of every dtype (GEMM with both
-    transposes and beta 1, SYRK/HERK into both triangles)."""
+    """Whether ``lib`` gives SciPy's wrappers' bits on small operands of every dtype: GEMM with every
+    transpose pair and beta 1, TRSM on both sides and triangles, the R of a tall and a wide QR, SYRK/HERK
+    into both triangles."""
     from scipy.linalg import blas
 
     rng = np.random.default_rng(20261205)
