@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 from support import cupy_standin
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.scripts import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("feed_benchmark", ROOT / "benchmarks" / "feed.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/feed.py", "feed_benchmark")
 
 
 def _rate(x) -> bool:

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from support.scripts import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("svd_feed_benchmark", ROOT / "benchmarks" / "svd_feed.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/svd_feed.py", "svd_feed_benchmark")
 
 
 def test_svd_feed_quick(tmp_path, monkeypatch, capsys):
