@@ -171,6 +171,80 @@ def test_row_gram_is_the_centered_gram_whatever_the_means(dtype):
     assert np.array_equal(g, g.T)
 
 
+def test_wide_means_pass_splits_into_two_tasks_where_their_sums_are_small():
+    """The means pass of a wide ``A`` runs as two one-core tasks, each with its own ``m x m`` float64 sum,
+    where the two sums take at most an eighth of the budget and two tasks' plan fits, else as one task;
+    the values within the centered Gram's bound either way, and the split decided by the shape and the
+    budget alone: the same bits on every scheduler."""
+    from blocklin.errors import BudgetError
+    from blocklin.linalg.blocks.center import plan_moments_row_gram
+    from blocklin.linalg.lowrank.sources import GRAM_PASS, moments_gram_split
+    from blocklin.plan.gram import GRAM_SPLIT_SHARE, gram_tasks
+
+    row_gram = {"center": True, "standardize": False}
+    two_tasks = {"min_tasks": 2, "workers": 2}
+
+    def least(job, A, split):
+        try:
+            plan_moments_row_gram(job, A, memory=1024, **row_gram, **split)
+        except BudgetError as err:
+            return int(err.minimum)
+        raise AssertionError("1 KiB fits")
+
+    # sums small beside the budget, but two tasks' strips do not fit where one task's just do
+    narrow, _ = make(5, 3000, np.float64, seed=6)
+    with Job("test", memory="1MiB") as job:
+        A = job.operand(narrow, "a")
+        one, two = least(job, A, GRAM_PASS), least(job, A, two_tasks)
+        assert one < two and gram_tasks(5, np.float64, one, gpu=False) == 2
+        assert moments_gram_split(job, A, one, 0, row_gram=row_gram) == GRAM_PASS
+        assert moments_gram_split(job, A, two, 0, row_gram=row_gram) == two_tasks
+
+    m, n = 120, 3000
+    a, ac = make(m, n, np.float64, seed=6)
+    sums = 2 * m * m * 8  # the two float64 sums
+    roomy, tight = int(sums / GRAM_SPLIT_SHARE) + 4096, int(sums / GRAM_SPLIT_SHARE) - 4096
+    ref = ac @ ac.T
+    # each deviation carries its mean's rounding, eps(float64) |mu|, and each sum n products' rounding:
+    # relative to |mu| / spread times ||A_c||_F^2 (as test_row_gram_is_the_centered_gram_whatever_the_means)
+    x = a.astype(np.float64)
+    bound = 4 * n * np.finfo(np.float64).eps * np.abs(x.mean(axis=0)).max() / ac.std(axis=0).min() \
+        * np.linalg.norm(ac) ** 2
+    for memory, tasks in ((roomy, 2), (tight, 1)):
+        got = []
+        for scheduler in ("sync", "threads", "processes"):
+            with Job("test", memory=memory, scheduler=scheduler) as job:
+                A = job.operand(a, "a")
+                split = moments_gram_split(job, A, memory, 0, row_gram=row_gram)
+                assert split == (two_tasks if tasks == 2 else GRAM_PASS)
+                moments, g = moments_and_row_gram(job, A, memory=memory, **row_gram, **split)
+                assert job.stats["tasks"] == tasks
+            got.append(g)
+            assert_mean(moments.mean, a)
+        assert all(np.array_equal(got[0], g) for g in got[1:])
+        assert np.linalg.norm(got[0] - ref) <= bound
+
+
+def test_centered_svd_and_pca_take_the_split(monkeypatch, tmp_path):
+    """``svd(center=True)`` and ``pca`` of a wide ``A`` out of core run its means pass as the split says."""
+    from blocklin.linalg.lowrank import centering
+
+    seen = []
+    real = centering.moments_and_row_gram
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("min_tasks"), kwargs.get("workers")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(centering, "moments_and_row_gram", spy)
+    a, ac = make(40, 20000, np.float64, seed=7)  # 6.4 MB: streamed at 4 MiB, its two 40 x 40 sums small
+    res = bl.svd(a, K, method="gram", center=True, seed=0, memory="4MiB", temp_dir=str(tmp_path))
+    assert not res.report["in_core"] and seen == [(2, 2)]
+    _check_svd(res, a, ac, np.float64)
+    bl.pca(a, K, method="gram", seed=0, memory="4MiB", temp_dir=str(tmp_path))
+    assert seen == [(2, 2)] * 2
+
+
 def test_least_budget_refusal_names_the_whole_call(tmp_path):
     """A budget too small for the Gram pass is refused naming a minimum at which the whole call runs."""
     a, _ = make(40, 700, np.complex128, seed=8)

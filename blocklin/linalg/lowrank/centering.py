@@ -16,7 +16,7 @@ from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.linalg.lowrank.checkpoint import save_scaling
 from blocklin.linalg.lowrank.lanczos import start_block
 from blocklin.linalg.lowrank.methods import gram_subspace, rsvd_start
-from blocklin.linalg.lowrank.sources import GRAM_PASS, moments_gram_split, passes_device
+from blocklin.linalg.lowrank.sources import moments_gram_split, passes_device
 from blocklin.linalg.lowrank.updatable import kept_state
 from blocklin.plan.svd import SvdPlan
 from blocklin.runtime.checkpoints import Checkpoints
@@ -51,9 +51,10 @@ def moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, c
     if saved is not None and ckpt.load("gram") is not None:
         return Moments(saved["mean"], saved["var"], int(saved["count"])), None
     if plan.transposed:  # B = A^T: the rows of B (columns of A) are whole in every strip
+        row_gram = {"center": center, "standardize": scale}
+        split = moments_gram_split(job, A, plan.memory, plan.client_bytes, row_gram=row_gram)
         moments, g = scaling.run(job, lambda sc: moments_and_row_gram(
-            job, A, center=center, standardize=scale, memory=plan.memory, reserve=plan.client_bytes, scale=sc,
-            **GRAM_PASS))
+            job, A, memory=plan.memory, reserve=plan.client_bytes, scale=sc, **row_gram, **split))
         save_scaling(ckpt, scaling)
         return _saved(ckpt, moments, g, plan)
     split = moments_gram_split(job, A, plan.memory, plan.client_bytes)
