@@ -358,7 +358,7 @@ def take_recorded_peaks(job: Any, sources: Sequence[Source]) -> None:
         columns = path in job.column_peaks
         if path in job.amax or s.first_row or columns and s.transposed:
             continue
-        got = recorded(s.path, columns=s.rows if s.transposed else s.width)
+        got = recorded(s.path, columns=s.rows if s.transposed else s.width, column_peaks=columns)
         if got is None:
             continue
         job.amax[path] = got.amax

@@ -12,3 +12,5 @@ INPUTS_RECORD = ".blocklin-inputs.json"
 #: The largest magnitudes a writer saw, with the content stamp they hold for
 #: (:mod:`blocklin.storage.recorded_peaks`); not part of any content stamp.
 PEAKS_RECORD = ".blocklin-peaks.json"
+#: Each column's peak of that record, raw little-endian float64 (read only where asked for).
+PEAKS_COLUMNS = ".blocklin-peaks.f8"

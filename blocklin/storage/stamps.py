@@ -34,7 +34,7 @@ from typing import Any
 
 from blocklin.storage.backend import backend
 from blocklin.storage.location import Location, as_location, split_spec
-from blocklin.storage.records import PEAKS_RECORD
+from blocklin.storage.records import PEAKS_COLUMNS, PEAKS_RECORD
 
 #: Inputs with more files than this are recorded by their digest and file count only (the record
 #: then says that they changed, not how many files did).
@@ -60,7 +60,7 @@ def file_stamps(loc: Location) -> dict[str, str]:
     """``{key: short stamp}`` of every object under ``loc`` (one listing), but the record of its
     peaks (:mod:`blocklin.storage.recorded_peaks`: written after the data, about the data)."""
     return {key: _entry(st) for key, st in backend(loc).file_stamps().items()
-            if key.rsplit("/", 1)[-1] != PEAKS_RECORD}
+            if key.rsplit("/", 1)[-1] not in (PEAKS_RECORD, PEAKS_COLUMNS)}
 
 
 def _digest(entries: dict[str, str]) -> str:

@@ -15,8 +15,9 @@ import blocklin
 from blocklin.errors import NonFiniteError
 from blocklin.linalg.lowrank.svd import default_tol
 from blocklin.storage.recorded_peaks import PeakTally, record, recorded
-from blocklin.storage.records import PEAKS_RECORD
+from blocklin.storage.records import PEAKS_COLUMNS, PEAKS_RECORD
 from blocklin.storage.stamps import content_stamp
+from support.tolerances import assert_gram
 
 M, N, CH = 600, 40, (64, 40)
 
@@ -129,14 +130,57 @@ def test_a_forged_or_torn_record_is_ignored(tmp_path):
     x = _data("float64")
     _, a = _converted(tmp_path, x)
     rec = json.loads((a / PEAKS_RECORD).read_text())
+    cols = (a / PEAKS_COLUMNS).read_bytes()
     (a / PEAKS_RECORD).write_text(json.dumps(dict(rec, amax=rec["amax"] * 2)))  # amax not its columns' max
     assert recorded(a) is None
     (a / PEAKS_RECORD).write_text(json.dumps(rec)[:40])
     assert recorded(a) is None
     (a / PEAKS_RECORD).write_text(json.dumps(dict(rec, version=99)))
     assert recorded(a) is None
+    (a / PEAKS_RECORD).write_text(json.dumps(dict(rec, amax=float("inf"))))
+    assert recorded(a, column_peaks=False) is None
     (a / PEAKS_RECORD).write_text(json.dumps(rec))
     assert recorded(a) is not None
+    # the columns' file torn, forged (its CRC no longer the record's) or missing: no columns, but the
+    # largest magnitude alone (the small file, which never reads them) still holds
+    torn = cols[:-8]
+    forged = np.frombuffer(cols, "<f8").copy()
+    forged[0] = forged.max()  # finite, the same max: only the CRC tells
+    for bad in (torn, forged.tobytes(), None):
+        if bad is None:
+            (a / PEAKS_COLUMNS).unlink()
+        else:
+            (a / PEAKS_COLUMNS).write_bytes(bad)
+        assert recorded(a) is None
+        got = recorded(a, column_peaks=False)
+        assert got is not None and got.columns is None and got.amax == rec["amax"]
+    (a / PEAKS_COLUMNS).write_bytes(cols)
+    np.testing.assert_array_equal(recorded(a).columns, np.frombuffer(cols, "<f8"))
+
+
+def test_only_a_pass_that_asks_each_columns_peak_reads_them(tmp_path, monkeypatch):
+    """A first pass that takes the largest magnitude alone (``gram``) reads the small file only; an
+    SVD's, which asks each column's peak, reads the columns' file too."""
+    from blocklin.storage.backend import LocalBackend
+
+    x = _data("float64", 1e-100)  # squared near underflow: scaled by the recorded peak
+    _, a = _converted(tmp_path, x)
+    read = []
+    real = LocalBackend.read_bytes
+
+    def spy(self, key):
+        read.append(key)
+        return real(self, key)
+
+    monkeypatch.setattr(LocalBackend, "read_bytes", spy)
+    g = blocklin.gram(a, memory="256KiB")
+    assert g.report["peaks_recorded"] == ["a"] and g.report["passes"] == 1
+    assert PEAKS_RECORD in read and PEAKS_COLUMNS not in read
+    assert_gram(g.to_numpy(), x.T @ x, x)
+    read.clear()
+    got = blocklin.svd(a, k=2, method="gram", memory="256KiB", seed=1)
+    assert got.report["peaks_recorded"] == ["a"] and PEAKS_COLUMNS in read
+
 
 
 def test_no_record_for_nan_so_the_check_still_names_it(tmp_path):

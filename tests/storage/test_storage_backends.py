@@ -21,7 +21,7 @@ from blocklin.errors import OutputExistsError, OutputIsInputError, StoreNotFound
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.backend import backend, remove
 from blocklin.storage.recorded_peaks import recorded
-from blocklin.storage.records import PEAKS_RECORD
+from blocklin.storage.records import PEAKS_COLUMNS, PEAKS_RECORD
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import create_array, open_zarr, read_block, write_block
 
@@ -148,7 +148,7 @@ class BackendTests:
         m = blocklin.from_array(B, out, chunks=(40, 36), overwrite=True)
         np.testing.assert_array_equal(m.to_numpy(), B)
         # no chunk of the old array is left, and the record of the peaks is the new array's
-        assert sorted(backend(out).keys("")) == sorted(["zarr.json", PEAKS_RECORD] + [f"c/{i}/{j}" for i in range(2)
+        assert sorted(backend(out).keys("")) == sorted(["zarr.json", PEAKS_RECORD, PEAKS_COLUMNS] + [f"c/{i}/{j}" for i in range(2)
                                                                                     for j in range(2)])
         assert recorded(out).amax == float(np.abs(B).max())
 

@@ -13,7 +13,7 @@ import blocklin
 from blocklin.errors import TempDirError
 from blocklin.storage.backend import backend
 from blocklin.storage.recorded_peaks import recorded
-from blocklin.storage.records import PEAKS_RECORD
+from blocklin.storage.records import PEAKS_COLUMNS, PEAKS_RECORD
 from blocklin.storage.location import as_location
 
 distributed = pytest.importorskip("distributed")
@@ -87,7 +87,7 @@ def test_random_from_array_and_convert_write_from_workers(client, s3, tmp_path):
     assert y.chunks == (30, 70)
     np.testing.assert_array_equal(y.to_numpy(), A.astype(np.float32))
     # the chunks, the metadata, and the peaks the workers saw, recorded with the output's stamp
-    assert sorted(backend(y.location).keys("")) == sorted(["zarr.json", PEAKS_RECORD] + [f"c/{i}/0" for i in range(5)])
+    assert sorted(backend(y.location).keys("")) == sorted(["zarr.json", PEAKS_RECORD, PEAKS_COLUMNS] + [f"c/{i}/0" for i in range(5)])
     assert rep["peaks_recorded"]
     want = np.abs(A.astype(np.float32)).max(axis=0).astype(np.float64)
     np.testing.assert_array_equal(recorded(y.location, columns=70).columns, want)
