@@ -9,6 +9,8 @@ real (LAPACK's ``zherk``/``cherk`` convention: the diagonal's imaginary parts ar
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from blocklin.device import host_blas
@@ -29,6 +31,14 @@ def _blas_syrk(dtype: np.dtype):
 SYRK_CAST_BLOCK_BYTES = 2 << 20
 
 
+def block_rows(width: int, dtype: Any, nbytes: int | None = None) -> int:
+    """Rows of a ``width``-wide block of ``dtype`` within ``nbytes`` (default :data:`SYRK_CAST_BLOCK_BYTES`;
+    at least one row): the blocks a strip's copies are made and summed by, so that each stays in the
+    core's cache for the SYRK that reads it (a constant split of the rows: the same sums on every
+    scheduler)."""
+    return max(1, (SYRK_CAST_BLOCK_BYTES if nbytes is None else nbytes) // max(1, width * np.dtype(dtype).itemsize))
+
+
 def syrk_acc(g: np.ndarray, a: np.ndarray) -> None:
     """``lower(g) += a^H a`` in place (``a^T a`` of real data; ``g`` C-contiguous ``n x n``, ``a`` an
     ``h x n`` strip). A strip that must be copied (another dtype; complex data not C-ordered; an order
@@ -47,7 +57,7 @@ def syrk_acc(g: np.ndarray, a: np.ndarray) -> None:
     if a.dtype == g.dtype and (a.flags.c_contiguous or by_columns):
         _syrk_block(g, a, by_columns)
         return
-    rows = min(a.shape[0], max(1, SYRK_CAST_BLOCK_BYTES // max(1, a.shape[1] * g.itemsize)))
+    rows = min(a.shape[0], block_rows(a.shape[1], g.dtype))
     # one buffer reused by the blocks (a new one per block is a new mapping whose pages fault in each
     # time: 0.88 s per GiB for the casts alone, against 0.35 s for one strip-sized copy); in the strip's
     # own order, so that each block's copy runs along contiguous memory

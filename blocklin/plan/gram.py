@@ -145,7 +145,7 @@ def gram_pass_memory(s: int, dtype: Any, *, cast: bool, gpu: bool) -> PassMemory
     strip is cast or transposed, a copy of each strip row."""
     isz = np.dtype(dtype).itemsize
     return PassMemory(fixed=s * s * isz * (2 if gpu else 1), per_row=s * isz if cast else 0, chunk_temporaries=True,
-                      max_strip_bytes=MAX_GRAM_STRIP_BYTES, min_rows=MIN_GRAM_ROWS)
+                      max_strip_bytes=MAX_GRAM_STRIP_BYTES, min_rows=MIN_GRAM_ROWS, write_row_bytes=0)
 
 
 def gram_tasks(s: int, dtype: Any, memory: int, *, gpu: bool) -> int:

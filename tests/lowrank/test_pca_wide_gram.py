@@ -148,10 +148,15 @@ def test_rank_deficient_gives_zeros_and_an_orthonormal_completion(tmp_path):
     assert_orthonormal(dense(res.Vt).T, n=500)
 
 
+@pytest.mark.parametrize("block_bytes", [None, 25 * 8 * 100], ids=["one block a strip", "blocks of 100 rows"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_row_gram_is_the_centered_gram_whatever_the_means(dtype):
+def test_row_gram_is_the_centered_gram_whatever_the_means(dtype, block_bytes, monkeypatch):
     """Each column is centered by its own mean before its square is added: no cancellation with means
-    10^6 times the spread (``A A^T - ...`` would lose every digit in float64)."""
+    10^6 times the spread (``A A^T - ...`` would lose every digit in float64); a strip's blocks alike."""
+    from blocklin.linalg.blocks import center
+
+    if block_bytes is not None:
+        monkeypatch.setattr(center, "MOMENTS_BLOCK_BYTES", block_bytes)
     rng = np.random.default_rng(7)
     a = (rng.standard_normal((25, 3000)) * np.linspace(1, 3, 3000) + 1e6 * (1 + rng.random(3000))).astype(dtype)
     with Job("test", memory="256KiB") as job:

@@ -100,10 +100,15 @@ def test_gram_over_budget_auto_takes_lanczos_and_explicit_refuses():
     assert info.value.minimum > 3 * 2**20
 
 
+@pytest.mark.parametrize("block_bytes", [None, 30 * 8 * 100], ids=["one block a strip", "blocks of 100 rows"])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_moments_and_gram_is_the_centered_gram_whatever_the_means(dtype):
-    """Chan's pairwise update of the strips' co-moments: no cancellation with means 10^6 times the
-    spread, where ``A^T A - m mu mu^T`` would lose every digit in float64."""
+def test_moments_and_gram_is_the_centered_gram_whatever_the_means(dtype, block_bytes, monkeypatch):
+    """Chan's pairwise update of the strips' (and a strip's blocks') co-moments: no cancellation with
+    means 10^6 times the spread, where ``A^T A - m mu mu^T`` would lose every digit in float64."""
+    from blocklin.linalg.blocks import center
+
+    if block_bytes is not None:
+        monkeypatch.setattr(center, "MOMENTS_BLOCK_BYTES", block_bytes)
     rng = np.random.default_rng(5)
     a = (rng.standard_normal((5000, 30)) * np.linspace(1, 3, 30) + 1e6 * (1 + rng.random(30))).astype(dtype)
     with Job("test", memory="256KiB") as job:

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.device import pool
-from blocklin.device.syrk import syrk_acc, symmetrize_lower
+from blocklin.device.syrk import block_rows, syrk_acc, symmetrize_lower
 from blocklin.errors import BudgetError
 from blocklin.plan.gram import MAX_GRAM_STRIP_BYTES, MIN_GRAM_ROWS
 from blocklin.plan.passes import PassMemory
@@ -96,7 +96,7 @@ def _acc_bytes(source: Any) -> int:
 def _moments_memory(params: Any, sources: tuple) -> PassMemory:
     w, e = sources[0].width, _acc_bytes(sources[0])
     # mean and M2 accumulators, and the deviations of one cache-sized block of rows (twice: complex |d|^2)
-    return PassMemory(fixed=4 * w * e + 2 * params["sub_bytes"] + 2 * e * w, chunk_temporaries=True)
+    return PassMemory(fixed=4 * w * e + 2 * params["sub_bytes"] + 2 * e * w, chunk_temporaries=True, write_row_bytes=0)
 
 
 #: Bytes of the float64 deviations of one sub-block of a strip: small enough to stay in cache (a whole
@@ -156,7 +156,7 @@ def _moments_normal_memory(params: Any, sources: tuple) -> PassMemory:
     # Q, the float64 Z and one strip's product B_i^T Y_i (and its float64 copy); per row Y_i (and its
     # conjugate of complex data)
     return PassMemory(fixed=base.fixed + n * c * (w + e + w + e), per_row=c * w * (2 if e == 16 else 1),
-                      chunk_temporaries=True)
+                      chunk_temporaries=True, write_row_bytes=0)
 
 
 @row_kernel(memory=_moments_normal_memory, device="cpu")
@@ -190,33 +190,51 @@ def merge_comoments(n1: int, m1: np.ndarray, c1: np.ndarray, n2: int, m2: np.nda
     return n, m1 + d * (n2 / n), c1
 
 
+#: Bytes of the float64 (complex128) deviations the Gram-forming means passes make and sum at a time, a
+#: block of a strip's rows: the strip is read from memory once, and a tall strip costs no more than a
+#: short one. The means pass of a 1 GiB float32 A (two tasks, the 2-core machine, medians of 4): tall
+#: 4194304 x 64 at 64, 128, 256 MiB 1.05, 0.67, 0.87 s with whole strips, 0.70, 0.72, 0.66 by 8 MiB
+#: blocks (0.72, 0.71, 0.70 by 2 MiB); wide 64 x 4194304 at 128 and 512 MiB 0.93 and 1.10 s whole,
+#: 1.05 and 0.79 by 8 MiB blocks (1.17-1.25 and 0.79 by 2 MiB).
+MOMENTS_BLOCK_BYTES = 8 << 20
+
+
 def _moments_gram_memory(params: Any, sources: tuple) -> PassMemory:
     w, e = sources[0].width, _acc_bytes(sources[0])
-    # the co-moment accumulator and the rank-one merge term, means; per row the float64 deviations
+    # the co-moment accumulator and the rank-one merge term, means; per row the float64 deviations (a
+    # block of at most MOMENTS_BLOCK_BYTES of them: counted per row, so that a small pass's least
+    # budget does not hold a whole block); it writes nothing
     return PassMemory(fixed=2 * w * w * e + 4 * w * e, per_row=w * e, chunk_temporaries=True,
-                      max_strip_bytes=MAX_GRAM_STRIP_BYTES, min_rows=MIN_GRAM_ROWS)
+                      max_strip_bytes=MAX_GRAM_STRIP_BYTES, min_rows=MIN_GRAM_ROWS, write_row_bytes=0)
 
 
 @row_kernel(memory=_moments_gram_memory, device="cpu")
 def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: Any) -> tuple[Any, None]:
-    """The column count, means and co-moment matrix ``(A_i - 1 m_i^T)^T (A_i - 1 m_i^T)`` of each strip
-    (float64 SYRK of the deviations from the strip's own means, lower triangle), merged into the state
-    by Chan, Golub and LeVeque's pairwise update: the centered Gram ``A_c^T A_c`` without the
-    cancellation of ``A^T A - m mu mu^T``. Complex: complex128 deviations, ``A_c^H A_c`` by HERK."""
+    """The column count, means and co-moment matrix ``(A_i - 1 m_i^T)^T (A_i - 1 m_i^T)`` of each block
+    ``A_i`` of a strip's rows (float64 SYRK of the deviations from the block's own means, lower triangle),
+    merged into the state by Chan, Golub and LeVeque's pairwise update: the centered Gram ``A_c^T A_c``
+    without the cancellation of ``A^T A - m mu mu^T``. Complex: complex128 deviations, ``A_c^H A_c`` by
+    HERK."""
     a = np.asarray(arrays[0])
-    r = a.shape[0]
-    # the deviations in a buffer the run's previous strip left (fresh ones fault every page: pool)
-    with pool.borrowed(a.shape, acc_dtype(a.dtype)) as d:
-        np.copyto(d, a)
-        mean = d.sum(axis=0) / max(r, 1)
-        d -= mean
-        if state is None:
-            c = np.zeros((d.shape[1], d.shape[1]), d.dtype)
-            syrk_acc(c, d)
-            return (r, mean, c), None
-        n1, m1, c1 = state
-        syrk_acc(c1, d)  # the strip's co-moments, added in place
-    return merge_comoments(n1, m1, c1, r, mean, None), None
+    r, w = a.shape
+    acc = acc_dtype(a.dtype)
+    # By blocks of rows (MOMENTS_BLOCK_BYTES; each block centered by its own means and merged as strips
+    # are), in a buffer the run's previous strip left (fresh ones fault every page: pool).
+    step = block_rows(w, acc, MOMENTS_BLOCK_BYTES)
+    with pool.borrowed((min(step, r), w), acc) as buf:
+        for r0 in range(0, r, step):
+            d = buf[: min(step, r - r0)]
+            np.copyto(d, a[r0:r0 + d.shape[0]])
+            k = d.shape[0]
+            mean = d.sum(axis=0) / k
+            d -= mean
+            if state is None:
+                state = (k, mean, np.zeros((w, w), acc))
+                syrk_acc(state[2], d)
+            else:
+                syrk_acc(state[2], d)  # the block's co-moments, added in place
+                state = merge_comoments(*state, k, mean, None)
+    return state, None
 
 
 def plan_moments_gram(job: Any, A: Any, *, memory: int | None = None, reserve: int = 0,
@@ -253,8 +271,10 @@ def _row_gram_memory(params: Any, sources: tuple) -> PassMemory:
     w, e = src.width, _acc_bytes(src)
     # the Gram accumulator and its merge copy (the rows' means and M2, kept by the tasks until the pass
     # ends, are held by the pass as a whole: plan_moments_row_gram); per strip row the float64
-    # deviations (the same buffer then holds the rows themselves, divided by their deviations, when
-    # standardized without centering), and their squares of complex data. It writes nothing.
+    # deviations (a block of at most MOMENTS_BLOCK_BYTES of them, counted per row so that a small
+    # pass's least budget does not hold a whole block; the same buffer then holds the rows themselves,
+    # divided by their deviations, when standardized without centering), and their squares of complex
+    # data. It writes nothing.
     copies = 2 if np.dtype(src.dtype).kind == "c" else 1
     return PassMemory(fixed=2 * w * w * e, per_row=copies * w * e, chunk_temporaries=True,
                       max_strip_bytes=MAX_GRAM_STRIP_BYTES, min_rows=MIN_GRAM_ROWS, write_row_bytes=0)
@@ -267,26 +287,34 @@ def row_moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any
     centered by their own means (``center``) and/or divided by their standard deviations
     (``standardize``) as they are read: ``B_c^H B_c`` summed by SYRK (HERK) in float64 (complex128)."""
     b = np.asarray(arrays[0])
+    h, w = b.shape
     acc = acc_dtype(b.dtype)
-    # The deviations in a buffer the run's previous strip left (fresh ones fault every page: pool), in
-    # the strip's own order: a strip of B = A^T comes by columns (A's rows), and SYRK sums it as it lies
-    # (device.syrk). On 65536 x 64 float32 strips this and the squares' sum taken without a temporary
-    # took the strip's moments and Gram from 28.6 ms to 15.2 ms.
+    if state is None:
+        state = {"g": np.zeros((w, w), acc), "rows": []}
+    mean, m2 = np.empty(h, acc), np.empty(h)
+    # The deviations by blocks of rows (MOMENTS_BLOCK_BYTES; each row's mean is its own), in a buffer the
+    # run's previous strip left (fresh ones fault every page: pool), in the strip's own order: a strip of
+    # B = A^T comes by columns (A's rows), and SYRK sums it as it lies (device.syrk). On 65536 x 64
+    # float32 strips, the whole strip copied into rows and its squares into a temporary took 28.6 ms,
+    # the strip summed by columns and its squares' sum taken without a temporary 15.2 ms.
+    step = block_rows(w, acc, MOMENTS_BLOCK_BYTES)
     by_columns = not b.flags.c_contiguous
-    with pool.borrowed(b.T.shape if by_columns else b.shape, acc) as buf:
-        d = buf.T if by_columns else buf
-        np.copyto(d, b)
-        mean = d.sum(axis=1) / max(d.shape[1], 1)
-        d -= mean[:, None]
-        m2 = abs2(d).sum(axis=1) if d.dtype.kind == "c" else np.einsum("ij,ij->i", d, d)
-        if not params["center"]:  # standardized only: the rows themselves, scaled
-            np.copyto(d, b)
-        if params["standardize"]:
-            sd = np.sqrt(m2 / max(b.shape[1], 1))
-            d /= np.where(sd > 0, sd, 1.0)[:, None]  # a constant row keeps its scale 1 (Moments.std)
-        if state is None:
-            state = {"g": np.zeros((d.shape[1], d.shape[1]), acc), "rows": []}
-        syrk_acc(state["g"], d)
+    with pool.borrowed((w, min(step, h)) if by_columns else (min(step, h), w), acc) as buf:
+        rows_of = buf.T if by_columns else buf
+        for r0 in range(0, h, step):
+            r1 = min(h, r0 + step)
+            d = rows_of[: r1 - r0]
+            np.copyto(d, b[r0:r1])
+            mu = mean[r0:r1]
+            np.divide(d.sum(axis=1), max(w, 1), out=mu)
+            d -= mu[:, None]
+            m2[r0:r1] = abs2(d).sum(axis=1) if d.dtype.kind == "c" else np.einsum("ij,ij->i", d, d)
+            if not params["center"]:  # standardized only: the rows themselves, scaled
+                np.copyto(d, b[r0:r1])
+            if params["standardize"]:
+                sd = np.sqrt(m2[r0:r1] / max(w, 1))
+                d /= np.where(sd > 0, sd, 1.0)[:, None]  # a constant row keeps its scale 1 (Moments.std)
+            syrk_acc(state["g"], d)
     state["rows"].append((rows.start, mean, m2))
     return state, None
 

@@ -85,7 +85,7 @@ def _tsqr_memory(params: Any, sources: tuple) -> PassMemory:
     # [A B] copy, the stacked copy and LAPACK's column-major copy; zarr's chunk temporaries (a strip
     # shorter than a chunk still decodes whole chunks)
     return PassMemory(fixed=3 * w * w * isz, per_row=3 * w * isz, chunk_temporaries=True,
-                      max_strip_bytes=MAX_STRIP_BYTES, strip_floor=4 * w, min_rows=MIN_STRIP_ROWS)
+                      max_strip_bytes=MAX_STRIP_BYTES, strip_floor=4 * w, min_rows=MIN_STRIP_ROWS, write_row_bytes=0)
 
 
 def _tsqr_on_device(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> dict:

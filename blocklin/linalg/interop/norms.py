@@ -30,7 +30,7 @@ ORDS = (None, "fro", "nuc", 1, -1, 2, -2, np.inf, -np.inf)
 def _sums_memory(params: Any, sources: tuple) -> PassMemory:
     w = sources[0].width
     # the column sums (float64) and, per strip row, |a| in float64 and its row sums
-    return PassMemory(fixed=2 * w * 8, per_row=(w + 1) * 8, chunk_temporaries=True)
+    return PassMemory(fixed=2 * w * 8, per_row=(w + 1) * 8, chunk_temporaries=True, write_row_bytes=0)
 
 
 def _sums_init(device: Any, params: dict) -> dict:
