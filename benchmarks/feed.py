@@ -19,6 +19,10 @@ comes from the same load, and the best round of each counts:
   writer recorded (``.blocklin-peaks.json``, as ``blocklin convert`` leaves beside its outputs,
   :mod:`blocklin.storage.recorded_peaks`): the record, checked against the chunk files' stamps, stands
   in for the scan. The record is put in place for these rounds only, so the other readers scan;
+* ``blocklin_seen``: a job's first pass (its largest magnitude) over the operand whose peaks the
+  previous job's scan kept in the user's cache (:mod:`blocklin.storage.seen_peaks`: data another tool
+  wrote, scanned once). The scanning readers drop that entry before they run, and the run drops it
+  with the operand;
 * ``blocklin_later``: the same pass run again in the same job, as every later pass of an iterative
   method (nothing but the delivery), timed alone;
 * ``blocklin_gpu``: the same pass on the CUDA device (``device="gpu"``): real CuPy where it imports
@@ -76,7 +80,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Every key of the JSON line (the test checks them).
 FIELDS = ("shape", "chunks", "operand_bytes", "cores", "cpu", "load_average", "repeats", "gpu_backend", "reread", "raw",
-          "raw_limit", "blocklin_cpu", "blocklin_columns", "blocklin_recorded",
+          "raw_limit", "blocklin_cpu", "blocklin_columns", "blocklin_recorded", "blocklin_seen",
           "blocklin_later", "blocklin_gpu", "blocklin_gpu_later", "blocklin_gemm", "zarr",
           "dask", "numpy_fromfile", "touch", "ratio_to_raw")
 CODECS = ("none", "zstd")
@@ -120,6 +124,14 @@ def recorded_feed(path: str, raw: bytes, memory: int) -> dict:
     finally:
         kept.unlink()
     assert out["recorded"], "the job took the record"
+    return out
+
+
+def seen_feed(path: str, memory: int) -> dict:
+    """A job's first pass (its largest magnitude) taking the peaks the previous job's scan of ``path``
+    kept in the cache."""
+    out = blocklin_feed(path, memory, "cpu", seen=True)
+    assert out["seen"], "the job took the peaks an earlier scan kept"
     return out
 
 
@@ -272,21 +284,27 @@ def _null_kernel() -> Callable:
 NULL_KERNEL: Callable | None = None
 
 
-def blocklin_feed(path: str, memory: int, device: str, later: bool = False, columns: bool = False) -> dict:
+def blocklin_feed(path: str, memory: int, device: str, later: bool = False, columns: bool = False,
+                  seen: bool = False) -> dict:
     """A row pass of the null kernel over ``path`` on ``device``; its plan's shape.
 
     The first pass of a job over an operand also records its largest magnitude (what the scaling of
     data near overflow needs; it stands in for the NaN/Inf check too), and with ``columns`` each
     column's, as an SVD's first pass does: that pass is timed with its job. ``later``: a second pass in
     the same job, as every later pass of an iterative method reads, timed alone (``"seconds"`` in the
-    result).
+    result). ``seen``: take the peaks an earlier job's scan kept (:mod:`blocklin.storage.seen_peaks`);
+    without it what the cache keeps of ``path`` is dropped first, so that the pass scans.
     """
     global NULL_KERNEL
     from blocklin.runtime.job import Job
     from blocklin.runtime.passes import run_pass, source
 
+    from blocklin.storage import seen_peaks
+
     if NULL_KERNEL is None:
         NULL_KERNEL = _null_kernel()
+    if not seen:
+        seen_peaks.forget(path)
     out: dict = {}
     from blocklin.device import resident
 
@@ -306,7 +324,7 @@ def blocklin_feed(path: str, memory: int, device: str, later: bool = False, colu
     finally:
         resident.ENABLED = kept
     assert sum(states) == op.shape[0], "the null pass saw every row once"
-    return {"recorded": bool(job.recorded_peaks), "strip": plan.strip, "workers": plan.workers, "prefetch": plan.prefetch, "loaders": plan.loaders, **out}
+    return {"recorded": bool(job.recorded_peaks), "seen": bool(job.seen_peaks), "strip": plan.strip, "workers": plan.workers, "prefetch": plan.prefetch, "loaders": plan.loaders, **out}
 
 
 def blocklin_thin_product(path: str, memory: int, work: str) -> dict:
@@ -411,6 +429,8 @@ def parse_fraction(s: str) -> Fraction:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from blocklin.storage import seen_peaks
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--gib", type=float, default=1.0, help="operand size in GiB (default 1)")
     p.add_argument("--cols", type=int, default=512, help="operand columns (default 512)")
@@ -446,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"shape": [m, n], "chunks": [args.chunk_rows, n], "operand_bytes": nbytes,
                                "cores": cores, "cpu": cpu_model(), "load_average": list(os.getloadavg()), "repeats": args.repeats,
                                "gpu_backend": backend, "reread": args.reread, "raw": {}, "raw_limit": {},
-                               "blocklin_cpu": {}, "blocklin_columns": {}, "blocklin_recorded": {},
+                               "blocklin_cpu": {}, "blocklin_columns": {}, "blocklin_recorded": {}, "blocklin_seen": {},
                                "blocklin_later": {}, "blocklin_gpu": {}, "blocklin_gpu_later": {}, "blocklin_gemm": {},
                                "zarr": {}, "dask": {}, "numpy_fromfile": None, "touch": None,
                                "ratio_to_raw": {}}
@@ -463,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             for f in fractions:
                 budget = max(1, int(nbytes * f))
                 readers[f"cpu_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu")
+                readers[f"seen_{f}"] = lambda b=budget: seen_feed(path, b)  # after cpu_f's scan, which kept them
                 readers[f"columns_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu", columns=True)
                 readers[f"recorded_{f}"] = lambda b=budget: recorded_feed(path, record, b)
                 readers[f"later_{f}"] = lambda b=budget: blocklin_feed(path, b, "cpu", later=True)
@@ -489,13 +510,14 @@ def main(argv: list[str] | None = None) -> int:
                 summary["touch"] = {"threads": cores, "copy_sum": rates["copy_sum"], "map_sum": rates["map_sum"],
                                     "map_peaks_sum": rates["map_peaks_sum"],
                                     "pmd_mapped": pmd_mapped_share(files[0])}
-            for dev in ("cpu", "columns", "recorded", "later", "gpu", "gpu_later", "gemm"):
+            for dev in ("cpu", "columns", "recorded", "seen", "later", "gpu", "gpu_later", "gemm"):
                 got = {str(f): {"gbps": rates[f"{dev}_{f}"], "plan": plans.get(f"{dev}_{f}")}
                        for f in fractions if f"{dev}_{f}" in rates}
                 summary[f"blocklin_{dev}"][codec] = got
                 for f, r in got.items():
                     summary["ratio_to_raw"][f"{dev} {codec} {f}"] = r["gbps"] / limit
             _print(codec, raw, rates, fractions, limit, backend, summary["touch"] if codec == "none" else None)
+            seen_peaks.forget(path)  # what the scans kept of the operand, with it
             shutil.rmtree(path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -508,12 +530,13 @@ def _print(codec: str, raw: dict, rates: dict, fractions: list, limit: float, ba
     print(f"-- {codec} chunks (GB/s, best round)")
     print("raw, threads: " + ", ".join(f"{t}: {r:.2f}" for t, r in raw.items()) + f"  (limit {limit:.2f})")
     for f in fractions:
-        for dev in ("cpu", "columns", "recorded", "later", "gpu", "gpu_later", "gemm"):
+        for dev in ("cpu", "columns", "recorded", "seen", "later", "gpu", "gpu_later", "gemm"):
             if f"{dev}_{f}" in rates:
                 r = rates[f"{dev}_{f}"]
                 where = {"cpu": "row pass, cpu, a job's first (its largest magnitude)",
                          "columns": "row pass, cpu, a job's first (each column's peak, an svd's)",
                          "recorded": "row pass, cpu, a job's first, its peaks recorded by their writer",
+                         "seen": "row pass, cpu, a job's first, its peaks seen by an earlier job's scan",
                          "later": "row pass, cpu, a later pass", "gpu": f"row pass, gpu ({backend}), a job's first",
                          "gpu_later": f"row pass, gpu ({backend}), a later pass", "gemm": "thin product, cpu"}[dev]
                 print(f"blocklin {where}, memory {f} of the operand: {r:.2f}  ({r / limit:.2f}x raw)")

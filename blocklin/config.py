@@ -18,6 +18,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TypedDict
 
 from blocklin.errors import ConfigError, ParameterError, explain
@@ -107,6 +108,14 @@ def scheduler_address(address: str) -> tuple[str, str, int]:
         raise ConfigError(explain("scheduler", "an address must name the scheduler's port (8786 by default)",
                                   repr(address), fix))
     return parts.scheme.lower(), parts.hostname, port
+
+
+def user_cache_dir() -> Path:
+    """blocklin's folder in the user's cache: ``$XDG_CACHE_HOME/blocklin``, else ``~/.cache/blocklin`` (a
+    relative ``XDG_CACHE_HOME`` is invalid by the XDG spec, and ignored). The measured rates
+    (:mod:`blocklin.plan.rates`) and the peaks seen of inputs (:mod:`blocklin.storage.seen_peaks`) live there."""
+    root = os.environ.get("XDG_CACHE_HOME") or ""
+    return (Path(root) if os.path.isabs(root) else Path.home() / ".cache") / "blocklin"
 
 
 def format_size(nbytes: float) -> str:

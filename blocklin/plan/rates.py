@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.config import user_cache_dir
 from blocklin.errors import ConfigError, ParameterError, explain
 from blocklin.plan.gpu import DEFAULT_GPU, GPUS
 
@@ -361,11 +362,9 @@ def roofline(flops: float, bytes_moved: float, *, dtype: Any = np.float64, tf32:
 
 # -- the cache file (the only I/O of this module) -----------------------------------------------------
 def cache_path() -> Path:
-    """``$XDG_CACHE_HOME/blocklin/rates.json``, else ``~/.cache/blocklin/rates.json``."""
-    root = os.environ.get("XDG_CACHE_HOME") or ""
-    # the XDG spec: a relative value is invalid and ignored
-    base = Path(root) if os.path.isabs(root) else Path.home() / ".cache"
-    return base / "blocklin" / CACHE_NAME
+    """``$XDG_CACHE_HOME/blocklin/rates.json``, else ``~/.cache/blocklin/rates.json``
+    (:func:`blocklin.config.user_cache_dir`)."""
+    return user_cache_dir() / CACHE_NAME
 
 
 def machine_key(device: str = "cpu", *, host: str | None = None, cores: int | None = None) -> str:

@@ -170,9 +170,14 @@ class Job:
         #: Inputs whose first pass records each column's peak: the others record the largest magnitude
         #: alone, a flat max and min of each piece (a third faster a first pass, measured)
         self.column_peaks: set[str] = set()
-        #: Names of the inputs whose writer's recorded peaks stood in for that scan
+        #: Names of the inputs whose writer's recorded peaks stood in for that scan, and of those whose
+        #: peaks an earlier job's pass saw (:mod:`blocklin.storage.seen_peaks`)
         #: (:func:`blocklin.runtime.passes.take_recorded_peaks`)
         self.recorded_peaks: list[str] = []
+        self.seen_peaks: list[str] = []
+        #: The stored shape of each input the caller named (staged copies left out): a first pass over
+        #: all of one may keep what it saw (:mod:`blocklin.storage.seen_peaks`)
+        self.input_shapes: dict[str, tuple[int, int]] = {}
         #: Whether each local uncompressed input's later passes map its strips from the page cache
         #: (:func:`blocklin.runtime.passes.mapped_inputs`), probed once per input in the job
         self.mapped_inputs: dict[str, bool] = {}
@@ -232,6 +237,8 @@ class Job:
             self.read_notes.append(f"{name}: {was} data cast to float64 (a staged copy), as numpy.linalg casts it")
         # a staged copy has a new path each run, so no token of this job names it twice: nothing to resume
         self.staged_inputs = getattr(self, "staged_inputs", False) or op.staged
+        if not op.staged and len(op.shape) == 2:
+            self.input_shapes[str(op.path)] = tuple(int(d) for d in op.shape)
         self.operand_dtypes.add(np.dtype(op.dtype))  # the roofline's arithmetic where no report names it
         return op
 
@@ -580,6 +587,8 @@ class Job:
             rep["read_notes"] = list(self.read_notes)
         if self.recorded_peaks:
             rep["peaks_recorded"] = list(self.recorded_peaks)
+        if self.seen_peaks:
+            rep["peaks_seen"] = list(self.seen_peaks)
         if flops is not None:
             rep["flops"] = flops
         rep.update(seconds=secs, peak_memory=peak_rss(), memory_budget=self.cfg.memory, device=self.device,

@@ -43,6 +43,7 @@ from blocklin.runtime.powers import ldexp
 from blocklin.runtime.tiles import check_finite, open_array, region, with_task_settings
 from blocklin.storage.rawchunks import decoded_access, raw_access
 from blocklin.storage.readerrors import reading
+from blocklin.storage import seen_peaks
 from blocklin.storage.recorded_peaks import recorded
 from blocklin.storage.zarr_store import read_block, read_kind, write_block
 
@@ -315,6 +316,9 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                        columns=tuple(str(s.path) in job.column_peaks for s in sources),
                        offsets=tuple(s.first_row for s in sources) if any(s.first_row for s in sources) else None)
     spec = dataclasses.replace(spec, mapped=mapped_inputs(job, sources, spec))
+    # the stamps of the whole local inputs this pass scans, before it reads them (storage.seen_peaks)
+    before = [seen_peaks.stamp_before(s.path) if spec.amax[j] and _whole_input(job, s) else None
+              for j, s in enumerate(sources)]
     if device == "gpu":
         keep = resident_strips(job, kernel, sources, plan, spec, over)
         if keep is not None:
@@ -340,7 +344,18 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                 job.peaks[str(s.path)] = peaks
             job.amax[str(s.path)] = float("nan") if peaks is None or np.isnan(peaks).any() else \
                 float(peaks.max(initial=0.0))
+            if before[j] is not None:  # for a later job's first pass; each column's only as stored
+                columns = peaks if spec.columns[j] and not s.transposed else None
+                seen_peaks.remember(s.path, before[j], job.amax[str(s.path)], s.rows if s.transposed else s.width,
+                                    columns)
     return PassResult([state for r in results for state in r["states"]], plan)
+
+
+def _whole_input(job: Any, s: Source) -> bool:
+    """Whether ``s`` streams every value of an input the caller named (not a staged copy, an
+    intermediate or a range of its rows)."""
+    shape = job.input_shapes.get(str(s.path))
+    return shape is not None and not s.first_row and shape == ((s.width, s.rows) if s.transposed else (s.rows, s.width))
 
 
 def take_recorded_peaks(job: Any, sources: Sequence[Source]) -> None:
@@ -350,6 +365,10 @@ def take_recorded_peaks(job: Any, sources: Sequence[Source]) -> None:
     NaN/Inf (the record holds finite peaks of every value). The report's ``peaks_recorded`` names
     them.
 
+    Where the writer recorded none, the peaks an earlier job's first pass saw of the whole input, kept
+    in the user's cache while its content stamp holds (:mod:`blocklin.storage.seen_peaks`; the report's
+    ``peaks_seen`` names them).
+
     Not for a range of rows (its peaks are its own), nor for each column's peaks of a source streamed
     transposed (those are the stored rows', which no writer records): those passes scan.
     """
@@ -358,14 +377,18 @@ def take_recorded_peaks(job: Any, sources: Sequence[Source]) -> None:
         columns = path in job.column_peaks
         if path in job.amax or s.first_row or columns and s.transposed:
             continue
-        got = recorded(s.path, columns=s.rows if s.transposed else s.width, column_peaks=columns)
+        count = s.rows if s.transposed else s.width
+        got = recorded(s.path, columns=count, column_peaks=columns)
+        names = job.recorded_peaks
+        if got is None and _whole_input(job, s):
+            got, names = seen_peaks.seen(s.path, columns=count, column_peaks=columns), job.seen_peaks
         if got is None:
             continue
         job.amax[path] = got.amax
         if columns:
             job.peaks[path] = got.columns
         job.checked_finite.add(path)
-        job.recorded_peaks.append(s.name)
+        names.append(s.name)
 
 
 def mapped_inputs(job: Any, sources: Sequence[Source], spec: RowPassSpec) -> tuple[bool, ...] | None:

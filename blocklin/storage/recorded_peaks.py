@@ -17,7 +17,8 @@ number of columns and the CRC-32 of their peaks) and the columns' peaks as raw l
 (``PEAKS_COLUMNS``), read only where they are asked for (an SVD's first pass over a tall input; every
 other pass takes the largest magnitude alone). One JSON file with the peaks in base64 made every job
 on a wide matrix decode them: 0.26-0.47 s and 160 MiB for the 4194304 columns of a 1 GiB float32
-``64 x 4194304`` matrix, outside its budget.
+``64 x 4194304`` matrix, outside its budget. The same pair keeps what a first pass saw of data no writer
+recorded, in the user's cache (:mod:`blocklin.storage.seen_peaks`).
 
 Only finite peaks are recorded: an output holding NaN or Inf has no record, so that the first pass's
 NaN/Inf check still runs and names the element. Maxima are exact in any order, so a recorded peak is
@@ -91,18 +92,9 @@ def record(loc: Any, tally: PeakTally) -> bool:
     if not tally.complete or not np.isfinite(cols).all():
         return False
     loc = input_location(loc)
-    raw = cols.astype("<f8").tobytes()
-    try:
-        be = backend(loc)
-        # the columns first: the JSON file, written last, names their CRC (a columns file another record's
-        # JSON names is refused), and the stamp leaves both files out (storage.stamps)
-        be.write_bytes(PEAKS_COLUMNS, raw)
-        data = {"version": _VERSION, "stamp": content_stamp(loc), "amax": float(cols.max(initial=0.0)),
-                "columns": len(cols), "crc32": zlib.crc32(raw)}
-        be.write_text(PEAKS_RECORD, json.dumps(data))
-    except OSError:
-        return False
-    return True
+    # the stamp leaves both files out (storage.stamps): taken after the columns' file is written
+    return write_pair(backend(loc), PEAKS_RECORD, PEAKS_COLUMNS, lambda: {"stamp": content_stamp(loc)},
+                      float(cols.max(initial=0.0)), len(cols), cols)
 
 
 def recorded(loc: Any, columns: int | None = None, *, column_peaks: bool = True) -> RecordedPeaks | None:
@@ -111,24 +103,50 @@ def recorded(loc: Any, columns: int | None = None, *, column_peaks: bool = True)
     ``column_peaks``: read each column's too (else ``columns`` is None: the largest magnitude alone,
     without reading the columns' file)."""
     loc = input_location(loc)
-    be = backend(loc)
-    raw = be.try_read(PEAKS_RECORD)
+    return read_pair(backend(loc), PEAKS_RECORD, PEAKS_COLUMNS, lambda data: data.get("stamp") == content_stamp(loc),
+                     columns, column_peaks)
+
+
+def write_pair(be: Any, record_key: str, columns_key: str, fields: Any, amax: float, count: int,
+               cols: np.ndarray | None) -> bool:
+    """Write a record of peaks: ``cols`` (each of ``count`` columns' peak, or None: the largest magnitude
+    ``amax`` alone) as raw little-endian float64 at ``columns_key``, then the JSON record at
+    ``record_key`` with ``fields()`` (called between the two: the stamp) and the columns' CRC-32, which
+    a columns file of another record fails. False where either cannot be written."""
+    try:
+        crc = None
+        if cols is not None:
+            raw = np.asarray(cols, dtype="<f8").tobytes()
+            be.write_bytes(columns_key, raw)
+            crc = zlib.crc32(raw)
+        data = {"version": _VERSION, **fields(), "amax": float(amax), "columns": int(count), "crc32": crc}
+        be.write_text(record_key, json.dumps(data))
+    except OSError:
+        return False
+    return True
+
+
+def read_pair(be: Any, record_key: str, columns_key: str, holds: Any, columns: int | None,
+              column_peaks: bool) -> RecordedPeaks | None:
+    """The record :func:`write_pair` wrote, where ``holds(data)`` (its JSON fields) says it is today's, it
+    has ``columns`` columns (None: any) and, with ``column_peaks``, its columns' file is whole and its."""
+    raw = be.try_read(record_key)
     if raw is None:
         return None
     try:
         data = json.loads(raw)
         if not isinstance(data, dict) or data.get("version") != _VERSION:
             return None
-        amax, count, crc, stamp = float(data["amax"]), int(data["columns"]), int(data["crc32"]), str(data["stamp"])
+        amax, count, crc = float(data["amax"]), int(data["columns"]), data["crc32"]
     except (ValueError, KeyError, TypeError):
         return None
     if columns is not None and count != columns or not np.isfinite(amax) or amax < 0:
         return None
-    if stamp != content_stamp(loc):
+    if not holds(data):
         return None
     if not column_peaks:
         return RecordedPeaks(amax=amax, columns=None)
-    packed = be.try_read(PEAKS_COLUMNS)
+    packed = be.try_read(columns_key) if isinstance(crc, int) else None
     if packed is None or len(packed) != 8 * count or zlib.crc32(packed) != crc:
         return None
     cols = np.frombuffer(packed, dtype="<f8").astype(np.float64)

@@ -1,0 +1,124 @@
+"""The peaks a first pass saw of a local input no writer recorded, kept in the user's cache
+(:mod:`blocklin.storage.seen_peaks`): a later job's first pass takes them, with the bits of a scan,
+while the input's content stamp holds; a changed input scans again; nothing is written beside the
+input; staged copies and changed-while-read inputs are not kept. Every test has its own
+``XDG_CACHE_HOME`` (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+import blocklin
+from blocklin.errors import NonFiniteError
+from blocklin.storage import seen_peaks
+from support.tolerances import assert_gram
+
+M, N = 3000, 24
+
+
+def _foreign(path, scale=1e-100, seed=0):
+    """A zarr array written by zarr itself: no writer's record beside it."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((M, N)) * scale
+    x[:, 5] *= 1e-9  # a column far below the others: the SVD's squares ask each column's peak
+    z = zarr.create_array(store=str(path), shape=x.shape, chunks=(500, N), dtype="float64", compressors=None)
+    z[:] = x
+    return x
+
+
+def _entries():
+    folder = seen_peaks.cache_dir()
+    return sorted(os.listdir(folder)) if folder.exists() else []
+
+
+def test_a_later_jobs_first_pass_takes_what_the_first_saw(tmp_path):
+    x = _foreign(tmp_path / "A.zarr")  # squared near underflow: the pass scales
+    files = sorted(os.listdir(tmp_path / "A.zarr"))
+    first = blocklin.gram(tmp_path / "A.zarr", memory="1MiB")
+    assert "peaks_seen" not in first.report and "peaks_recorded" not in first.report
+    assert first.report["scaling"]["extra_passes"] == 1 and first.report["passes"] == 2
+    assert len(_entries()) == 1  # the largest magnitude alone: a flat scan takes no column's peak
+    again = blocklin.gram(tmp_path / "A.zarr", memory="1MiB")
+    assert again.report["peaks_seen"] == ["a"]
+    assert again.report["scaling"]["extra_passes"] == 0 and again.report["passes"] == 1
+    np.testing.assert_array_equal(again.to_numpy(), first.to_numpy())
+    assert_gram(first.to_numpy(), x.T @ x, x)
+    assert sorted(os.listdir(tmp_path / "A.zarr")) == files  # nothing written beside the input
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+def test_svd_keeps_each_columns_peak_with_the_bits_of_a_scan(tmp_path, scheduler):
+    _foreign(tmp_path / "A.zarr", scale=1e200)
+    kw = dict(k=3, method="gram", memory="1MiB", seed=1, scheduler=scheduler)
+    scanned = blocklin.svd(tmp_path / "A.zarr", **kw)
+    assert "peaks_seen" not in scanned.report and len(_entries()) == 2  # the record and its columns
+    got = blocklin.svd(tmp_path / "A.zarr", **kw)
+    assert got.report["peaks_seen"] == ["a"]
+    assert got.report["passes"] == scanned.report["passes"] - 1  # no unscaled pass made again
+    for g, s in zip((got.U, got.s, got.Vt), (scanned.U, scanned.s, scanned.Vt)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(s))
+    # a later job that asks the largest magnitude alone takes it too
+    assert blocklin.gram(tmp_path / "A.zarr", memory="1MiB", scale=2.0**-828).report["peaks_seen"] == ["a"]
+
+
+def test_a_changed_input_scans_again(tmp_path):
+    _foreign(tmp_path / "A.zarr")
+    blocklin.gram(tmp_path / "A.zarr", memory="1MiB")
+    zarr.open_array(str(tmp_path / "A.zarr"), mode="r+")[0, 0] = 1.0  # one chunk rewritten: out of the range
+    got = blocklin.gram(tmp_path / "A.zarr", memory="1MiB")
+    assert "peaks_seen" not in got.report and got.report["scaling"] is None
+    assert blocklin.gram(tmp_path / "A.zarr", memory="1MiB").report["peaks_seen"] == ["a"]  # kept anew
+
+
+def test_an_input_changed_during_the_pass_is_not_kept(tmp_path):
+    _foreign(tmp_path / "A.zarr")
+    stamp = seen_peaks.stamp_before(tmp_path / "A.zarr")
+    zarr.open_array(str(tmp_path / "A.zarr"), mode="r+")[600, 3] = 2.0
+    assert not seen_peaks.remember(tmp_path / "A.zarr", stamp, 2.0, N)
+    assert _entries() == []
+    assert seen_peaks.remember(tmp_path / "A.zarr", seen_peaks.stamp_before(tmp_path / "A.zarr"), 2.0, N)
+
+
+def test_staged_copies_and_nonfinite_inputs_are_not_kept(tmp_path):
+    x = np.random.default_rng(2).standard_normal((M, N)) * 1e-100
+    blocklin.gram(x, memory="1MiB")  # a NumPy array: staged, a new path each run
+    assert _entries() == []
+    _foreign(tmp_path / "A.zarr")
+    zarr.open_array(str(tmp_path / "A.zarr"), mode="r+")[7, 2] = np.nan
+    with pytest.raises(NonFiniteError):
+        blocklin.gram(tmp_path / "A.zarr", memory="1MiB")
+    assert _entries() == []
+
+
+def test_an_entry_of_another_location_or_torn_is_ignored(tmp_path):
+    _foreign(tmp_path / "A.zarr", scale=1e200)
+    blocklin.svd(tmp_path / "A.zarr", k=2, method="gram", memory="1MiB", seed=1)
+    record = next(seen_peaks.cache_dir().glob("*.json"))
+    data = json.loads(record.read_text())
+    assert seen_peaks.seen(tmp_path / "A.zarr", N) is not None
+    record.write_text(json.dumps(dict(data, location=str(tmp_path / "B.zarr"))))  # a digest's collision
+    assert seen_peaks.seen(tmp_path / "A.zarr", column_peaks=False) is None
+    record.write_text(json.dumps(data))
+    columns = record.with_suffix(".f8")
+    columns.write_bytes(columns.read_bytes()[:-8])
+    assert seen_peaks.seen(tmp_path / "A.zarr", N) is None  # the columns torn
+    assert seen_peaks.seen(tmp_path / "A.zarr", N, column_peaks=False) is not None  # the largest magnitude holds
+    assert seen_peaks.seen(tmp_path / "A.zarr", N + 1, column_peaks=False) is None  # another shape's
+
+
+def test_the_cache_keeps_the_most_recent_inputs(tmp_path, monkeypatch):
+    monkeypatch.setattr(seen_peaks, "MAX_ENTRIES", 2)
+    for i, name in enumerate("ABC"):
+        _foreign(tmp_path / f"{name}.zarr", seed=i)
+        assert seen_peaks.remember(tmp_path / f"{name}.zarr", seen_peaks.stamp_before(tmp_path / f"{name}.zarr"),
+                                   1.0 + i, N, np.full(N, 1.0 + i))
+        record = seen_peaks.cache_dir() / seen_peaks._keys(os.path.realpath(tmp_path / f"{name}.zarr"))[0]
+        os.utime(record, ns=(i * 10**9, i * 10**9))  # written in this order
+    assert len(_entries()) == 4  # two inputs, a record and the columns of each
+    assert seen_peaks.seen(tmp_path / "A.zarr", N, column_peaks=False) is None
+    assert seen_peaks.seen(tmp_path / "C.zarr", N).amax == 3.0
