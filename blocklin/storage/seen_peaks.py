@@ -84,18 +84,19 @@ def remember(loc: Any, stamp: str | None, amax: float, count: int, columns: np.n
             columns is not None and (len(columns) != count or not np.isfinite(columns).all()):
         return False
     loc, real = got
+    record_key, columns_key = _keys(real)
     try:
         if content_stamp(loc) != stamp:  # changed during the pass: what it saw is no one version's
             return False
-    except OSError:
+        be = _cache()
+        if columns is None and be.exists(columns_key):
+            be.delete(columns_key)  # an older entry's columns: never paired with this record (its CRC is None)
+        kept = write_pair(be, record_key, columns_key, lambda: {"location": real, "stamp": stamp}, amax, count,
+                          columns)
+        if kept:
+            _prune(cache_dir())
+    except (OSError, RuntimeError):  # RuntimeError: no home folder to hold the cache
         return False
-    be = _cache()
-    record_key, columns_key = _keys(real)
-    if columns is None and be.exists(columns_key):
-        be.delete(columns_key)  # an older entry's columns: never paired with this record (its CRC is None)
-    kept = write_pair(be, record_key, columns_key, lambda: {"location": real, "stamp": stamp}, amax, count, columns)
-    if kept:
-        _prune(cache_dir())
     return kept
 
 
@@ -111,7 +112,7 @@ def seen(loc: Any, columns: int | None = None, *, column_peaks: bool = True) -> 
         return read_pair(_cache(), record_key, columns_key,
                          lambda data: data.get("location") == real and data.get("stamp") == content_stamp(loc),
                          columns, column_peaks)
-    except OSError:
+    except (OSError, RuntimeError):
         return None
 
 

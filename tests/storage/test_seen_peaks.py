@@ -122,3 +122,14 @@ def test_the_cache_keeps_the_most_recent_inputs(tmp_path, monkeypatch):
     assert len(_entries()) == 4  # two inputs, a record and the columns of each
     assert seen_peaks.seen(tmp_path / "A.zarr", N, column_peaks=False) is None
     assert seen_peaks.seen(tmp_path / "C.zarr", N).amax == 3.0
+
+
+def test_a_cache_that_cannot_be_written_is_skipped(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "a-file"))  # the cache folder cannot be made
+    x = _foreign(tmp_path / "A.zarr")
+    first = blocklin.gram(tmp_path / "A.zarr", memory="1MiB")
+    again = blocklin.gram(tmp_path / "A.zarr", memory="1MiB")
+    assert "peaks_seen" not in again.report and again.report["scaling"]["extra_passes"] == 1  # scanned again
+    np.testing.assert_array_equal(again.to_numpy(), first.to_numpy())
+    assert_gram(first.to_numpy(), x.T @ x, x)
