@@ -344,10 +344,9 @@ def run_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params: dict |
                 job.peaks[str(s.path)] = peaks
             job.amax[str(s.path)] = float("nan") if peaks is None or np.isnan(peaks).any() else \
                 float(peaks.max(initial=0.0))
-            if before[j] is not None:  # for a later job's first pass; each column's only as stored
-                columns = peaks if spec.columns[j] and not s.transposed else None
-                seen_peaks.remember(s.path, before[j], job.amax[str(s.path)], s.rows if s.transposed else s.width,
-                                    columns)
+            if before[j] is not None:  # for a later job's first pass
+                seen_peaks.remember(s.path, before[j], job.amax[str(s.path)], job.input_shapes[str(s.path)],
+                                    peaks if spec.columns[j] else None, transposed=s.transposed)
     return PassResult([state for r in results for state in r["states"]], plan)
 
 
@@ -369,19 +368,21 @@ def take_recorded_peaks(job: Any, sources: Sequence[Source]) -> None:
     in the user's cache while its content stamp holds (:mod:`blocklin.storage.seen_peaks`; the report's
     ``peaks_seen`` names them).
 
-    Not for a range of rows (its peaks are its own), nor for each column's peaks of a source streamed
-    transposed (those are the stored rows', which no writer records): those passes scan.
+    Not for a range of rows (its peaks are its own); each column's peaks of a source streamed transposed
+    (the stored rows') no writer records, and only an earlier scan may have kept them: otherwise those
+    passes scan.
     """
     for s in sources:
         path = str(s.path)
         columns = path in job.column_peaks
-        if path in job.amax or s.first_row or columns and s.transposed:
+        if path in job.amax or s.first_row:
             continue
-        count = s.rows if s.transposed else s.width
-        got = recorded(s.path, columns=count, column_peaks=columns)
-        names = job.recorded_peaks
+        got, names = None, job.recorded_peaks
+        if not (columns and s.transposed):
+            got = recorded(s.path, columns=s.rows if s.transposed else s.width, column_peaks=columns)
         if got is None and _whole_input(job, s):
-            got, names = seen_peaks.seen(s.path, columns=count, column_peaks=columns), job.seen_peaks
+            got, names = seen_peaks.seen(s.path, job.input_shapes[path], column_peaks=columns,
+                                         transposed=s.transposed), job.seen_peaks
         if got is None:
             continue
         job.amax[path] = got.amax

@@ -8,7 +8,8 @@ magnitude (the scaling of data near overflow or underflow, :mod:`blocklin.linalg
 scan (``docs/benchmarks.md``).
 
 So the first pass that scans a whole local input keeps what it found here: the largest magnitude, and
-each column's peak where the pass took them (an SVD's over a tall input), with the input's content
+each column's peak where the pass took them (an SVD's: of its stored columns, or of its stored rows where
+it streams a wide input transposed, which no writer records), with the input's content
 stamp (:mod:`blocklin.storage.stamps`) taken before the pass and found unchanged after it (a file
 rewritten during the pass leaves nothing). A later job's first pass takes them while the input's stamp is
 that one, exactly as a writer's record (maxima are exact in any order: the same bits as a scan). Nothing
@@ -74,25 +75,28 @@ def stamp_before(loc: Any) -> str | None:
         return None
 
 
-def remember(loc: Any, stamp: str | None, amax: float, count: int, columns: np.ndarray | None = None) -> bool:
-    """Keep the peaks a pass found of the whole input at ``loc`` (``amax``; ``columns``: each of its
-    ``count`` stored columns' peak, or None), where its stamp is still ``stamp``, the one
-    :func:`stamp_before` took before the pass. Only finite peaks (a NaN or Inf is named by every scan).
-    False where nothing was kept."""
+def remember(loc: Any, stamp: str | None, amax: float, shape: tuple[int, int], peaks: np.ndarray | None = None,
+             *, transposed: bool = False) -> bool:
+    """Keep the peaks a pass found of the whole input at ``loc`` (its stored ``shape``): ``amax``, and
+    ``peaks``, the peak of each column of the orientation the pass streamed (its stored columns', or
+    with ``transposed`` its stored rows': an SVD streams a wide input transposed), or None; where its
+    stamp is still ``stamp``, the one :func:`stamp_before` took before the pass. Only finite peaks (a
+    NaN or Inf is named by every scan). False where nothing was kept."""
     got = _local(loc)
+    width = shape[0] if transposed else shape[1]
     if stamp is None or got is None or not np.isfinite(amax) or \
-            columns is not None and (len(columns) != count or not np.isfinite(columns).all()):
+            peaks is not None and (len(peaks) != width or not np.isfinite(peaks).all()):
         return False
     loc, real = got
     record_key, columns_key = _keys(real)
+    fields = {"location": real, "stamp": stamp, "shape": [int(shape[0]), int(shape[1])], "transposed": bool(transposed)}
     try:
         if content_stamp(loc) != stamp:  # changed during the pass: what it saw is no one version's
             return False
         be = _cache()
-        if columns is None and be.exists(columns_key):
-            be.delete(columns_key)  # an older entry's columns: never paired with this record (its CRC is None)
-        kept = write_pair(be, record_key, columns_key, lambda: {"location": real, "stamp": stamp}, amax, count,
-                          columns)
+        if peaks is None and be.exists(columns_key):
+            be.delete(columns_key)  # an older entry's peaks: never paired with this record (its CRC is None)
+        kept = write_pair(be, record_key, columns_key, lambda: fields, amax, width, peaks)
         if kept:
             _prune(cache_dir())
     except (OSError, RuntimeError):  # RuntimeError: no home folder to hold the cache
@@ -100,18 +104,25 @@ def remember(loc: Any, stamp: str | None, amax: float, count: int, columns: np.n
     return kept
 
 
-def seen(loc: Any, columns: int | None = None, *, column_peaks: bool = True) -> RecordedPeaks | None:
-    """The peaks an earlier job's pass kept of the local input at ``loc`` while its content stamp is
-    still the kept one, else None (as :func:`blocklin.storage.recorded_peaks.recorded`)."""
+def seen(loc: Any, shape: tuple[int, int], *, column_peaks: bool = True, transposed: bool = False) -> \
+        RecordedPeaks | None:
+    """The peaks an earlier job's pass kept of the local input at ``loc`` (of stored ``shape``) while its
+    content stamp is still the kept one, else None (as :func:`blocklin.storage.recorded_peaks.recorded`).
+    ``column_peaks``: each column's too, of the orientation a pass streams (``transposed``: the stored
+    rows'), where the pass that kept them streamed it so; else the largest magnitude alone."""
     got = _local(loc)
     if got is None:
         return None
     loc, real = got
     record_key, columns_key = _keys(real)
+    shape = [int(shape[0]), int(shape[1])]
+
+    def holds(data: dict) -> bool:
+        return data.get("location") == real and data.get("shape") == shape and \
+            (not column_peaks or data.get("transposed") is bool(transposed)) and data.get("stamp") == content_stamp(loc)
+
     try:
-        return read_pair(_cache(), record_key, columns_key,
-                         lambda data: data.get("location") == real and data.get("stamp") == content_stamp(loc),
-                         columns, column_peaks)
+        return read_pair(_cache(), record_key, columns_key, holds, None, column_peaks)
     except (OSError, RuntimeError):
         return None
 

@@ -66,6 +66,27 @@ def test_svd_keeps_each_columns_peak_with_the_bits_of_a_scan(tmp_path, scheduler
     assert blocklin.gram(tmp_path / "A.zarr", memory="1MiB", scale=2.0**-828).report["peaks_seen"] == ["a"]
 
 
+@pytest.mark.parametrize("method", ["gram", "lanczos"])
+def test_a_wide_inputs_row_peaks_are_kept_for_the_next_svd(tmp_path, method):
+    """An SVD streams a wide input transposed and asks each of its stored rows' peak, which no writer
+    records: the first job's scan keeps them, and the next job's first pass takes them, same bits."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((N, M)) * 1e200
+    x[5] *= 1e-9  # a row far below the others
+    z = zarr.create_array(store=str(tmp_path / "W.zarr"), shape=x.shape, chunks=(N, 500), dtype="float64",
+                          compressors=None)
+    z[:] = x
+    kw = dict(k=3, method=method, memory="1MiB", seed=1)
+    scanned = blocklin.svd(tmp_path / "W.zarr", **kw)
+    assert "peaks_seen" not in scanned.report
+    got = blocklin.svd(tmp_path / "W.zarr", **kw)
+    assert got.report["peaks_seen"] == ["a"] and got.report["passes"] == scanned.report["passes"] - 1
+    for g, s in zip((got.U, got.s, got.Vt), (scanned.U, scanned.s, scanned.Vt)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(s))
+    kept = seen_peaks.seen(tmp_path / "W.zarr", x.shape, transposed=True)
+    np.testing.assert_array_equal(kept.columns, np.abs(x).max(axis=1))  # each stored row's
+
+
 def test_a_changed_input_scans_again(tmp_path):
     _foreign(tmp_path / "A.zarr")
     blocklin.gram(tmp_path / "A.zarr", memory="1MiB")
@@ -79,9 +100,9 @@ def test_an_input_changed_during_the_pass_is_not_kept(tmp_path):
     _foreign(tmp_path / "A.zarr")
     stamp = seen_peaks.stamp_before(tmp_path / "A.zarr")
     zarr.open_array(str(tmp_path / "A.zarr"), mode="r+")[600, 3] = 2.0
-    assert not seen_peaks.remember(tmp_path / "A.zarr", stamp, 2.0, N)
+    assert not seen_peaks.remember(tmp_path / "A.zarr", stamp, 2.0, (M, N))
     assert _entries() == []
-    assert seen_peaks.remember(tmp_path / "A.zarr", seen_peaks.stamp_before(tmp_path / "A.zarr"), 2.0, N)
+    assert seen_peaks.remember(tmp_path / "A.zarr", seen_peaks.stamp_before(tmp_path / "A.zarr"), 2.0, (M, N))
 
 
 def test_staged_copies_and_nonfinite_inputs_are_not_kept(tmp_path):
@@ -100,15 +121,16 @@ def test_an_entry_of_another_location_or_torn_is_ignored(tmp_path):
     blocklin.svd(tmp_path / "A.zarr", k=2, method="gram", memory="1MiB", seed=1)
     record = next(seen_peaks.cache_dir().glob("*.json"))
     data = json.loads(record.read_text())
-    assert seen_peaks.seen(tmp_path / "A.zarr", N) is not None
+    assert seen_peaks.seen(tmp_path / "A.zarr", (M, N)) is not None
     record.write_text(json.dumps(dict(data, location=str(tmp_path / "B.zarr"))))  # a digest's collision
-    assert seen_peaks.seen(tmp_path / "A.zarr", column_peaks=False) is None
+    assert seen_peaks.seen(tmp_path / "A.zarr", (M, N), column_peaks=False) is None
     record.write_text(json.dumps(data))
     columns = record.with_suffix(".f8")
     columns.write_bytes(columns.read_bytes()[:-8])
-    assert seen_peaks.seen(tmp_path / "A.zarr", N) is None  # the columns torn
-    assert seen_peaks.seen(tmp_path / "A.zarr", N, column_peaks=False) is not None  # the largest magnitude holds
-    assert seen_peaks.seen(tmp_path / "A.zarr", N + 1, column_peaks=False) is None  # another shape's
+    assert seen_peaks.seen(tmp_path / "A.zarr", (M, N)) is None  # the columns torn
+    assert seen_peaks.seen(tmp_path / "A.zarr", (M, N), column_peaks=False) is not None  # the largest magnitude holds
+    assert seen_peaks.seen(tmp_path / "A.zarr", (M, N + 1), column_peaks=False) is None  # another shape's
+    assert seen_peaks.seen(tmp_path / "A.zarr", (M, N), transposed=True) is None  # the rows' were not kept
 
 
 def test_the_cache_keeps_the_most_recent_inputs(tmp_path, monkeypatch):
@@ -116,12 +138,12 @@ def test_the_cache_keeps_the_most_recent_inputs(tmp_path, monkeypatch):
     for i, name in enumerate("ABC"):
         _foreign(tmp_path / f"{name}.zarr", seed=i)
         assert seen_peaks.remember(tmp_path / f"{name}.zarr", seen_peaks.stamp_before(tmp_path / f"{name}.zarr"),
-                                   1.0 + i, N, np.full(N, 1.0 + i))
+                                   1.0 + i, (M, N), np.full(N, 1.0 + i))
         record = seen_peaks.cache_dir() / seen_peaks._keys(os.path.realpath(tmp_path / f"{name}.zarr"))[0]
         os.utime(record, ns=(i * 10**9, i * 10**9))  # written in this order
     assert len(_entries()) == 4  # two inputs, a record and the columns of each
-    assert seen_peaks.seen(tmp_path / "A.zarr", N, column_peaks=False) is None
-    assert seen_peaks.seen(tmp_path / "C.zarr", N).amax == 3.0
+    assert seen_peaks.seen(tmp_path / "A.zarr", (M, N), column_peaks=False) is None
+    assert seen_peaks.seen(tmp_path / "C.zarr", (M, N)).amax == 3.0
 
 
 def test_a_cache_that_cannot_be_written_is_skipped(tmp_path, monkeypatch):
