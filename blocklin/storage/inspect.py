@@ -88,8 +88,10 @@ def inspect(path: Any, *, format: str | None = None, memory: Any = None, **reade
     dict
         ``format``, ``path``, ``shape``, ``dtype``, ``order``, ``chunks``, ``codec``,
         ``bytes_on_disk``, ``bytes_in_memory``, ``compression_ratio`` (in memory / on disk),
-        ``provenance`` (what blocklin recorded, for its zarr outputs), ``memory_budget`` and
-        ``estimates`` (see :func:`estimates`), plus format details.
+        ``provenance`` (what blocklin recorded, for its zarr outputs), ``peaks`` (of a floating zarr
+        array: whether a job's first pass over it takes its peaks from its writer's record, ``"writer"``,
+        or from an earlier job's scan, ``"earlier job"``, or scans every value, ``None``; and ``amax``),
+        ``memory_budget`` and ``estimates`` (see :func:`estimates`), plus format details.
     """
     cfg = resolve(memory=memory)
     sparse = _sparse_info(path, cfg.memory)
@@ -108,10 +110,28 @@ def inspect(path: Any, *, format: str | None = None, memory: Any = None, **reade
         reader.close()
     d["bytes_on_disk"] = int(d.get("bytes_on_disk") or 0)
     d["compression_ratio"] = (d["bytes_in_memory"] / d["bytes_on_disk"]) if d["bytes_on_disk"] else None
+    if d.get("format") == "zarr" and len(d["shape"]) == 2 and np.dtype(d["dtype"]).kind in "fc":
+        d["peaks"] = _peaks(path, tuple(d["shape"]))
     d["memory_budget"] = cfg.memory
     d["estimates"] = estimates(tuple(d["shape"]), d["dtype"], tuple(d["chunks"]) if d.get("chunks") else None,
                                cfg.memory, rate, resident)
     return d
+
+
+def _peaks(path: Any, shape: tuple[int, int]) -> dict[str, Any]:
+    """Where a job's first pass over the array at ``path`` takes its largest magnitude from: its writer's
+    record (:mod:`blocklin.storage.recorded_peaks`), an earlier job's scan (:mod:`blocklin.storage.seen_peaks`),
+    or a scan of every value (``source`` None). Reads those records and the chunk files' stamps, no data."""
+    from blocklin.storage import seen_peaks
+    from blocklin.storage.recorded_peaks import recorded
+
+    got = recorded(path, columns=shape[1], column_peaks=False)
+    if got is not None:
+        return {"source": "writer", "amax": got.amax}
+    got = seen_peaks.seen(path, shape, column_peaks=False)
+    if got is not None:
+        return {"source": "earlier job", "amax": got.amax}
+    return {"source": None, "amax": None}
 
 
 def _sparse_info(path: Any, memory: int) -> dict[str, Any] | None:
@@ -182,7 +202,7 @@ def _format_sparse(d: dict[str, Any]) -> str:
     shape = " x ".join(str(s) for s in d["shape"])
     lo, hi = d["block_rows"]
     lines = [f"{d['path']}",
-             f"  format       blocklin-csr (sparse CSR row blocks, zarr v3 group)",
+             "  format       blocklin-csr (sparse CSR row blocks, zarr v3 group)",
              f"  shape        {shape}",
              f"  dtype        {np.dtype(d['dtype']).name} ({d['dtype']}), column indices {d['index_dtype']}",
              f"  entries      {d['nnz']} stored, density {d['density']:.3g}",
@@ -275,6 +295,13 @@ def format_info(d: dict[str, Any]) -> str:
     census = d.get("chunk_files")
     if census:
         lines.append(_chunk_line(census))
+    peaks = d.get("peaks")
+    if peaks is not None:
+        if peaks["source"] is None:
+            lines.append("  peaks        none kept: a job's first pass scans every value for its largest magnitude")
+        else:
+            by = "recorded by its writer" if peaks["source"] == "writer" else "seen by an earlier job's scan"
+            lines.append(f"  peaks        {by} (largest magnitude {peaks['amax']:.3g}): a first pass need not scan")
     lines += _history_lines(d)
     lines.append(f"  estimates with memory={format_size(d['memory_budget'])} (rough rates):")
     for name, e in d["estimates"].items():

@@ -62,6 +62,24 @@ def test_info_zarr_details_and_provenance(files):
     assert v2["zarr_format"] == 2 and v2["provenance"] is None
 
 
+def test_info_says_where_a_first_pass_takes_its_peaks(files, capsys):
+    """A writer's record, an earlier job's scan of the unchanged array, or a scan of every value."""
+    tmp, a = files
+    assert inspect(tmp / "a.zarr")["peaks"] == {"source": "writer", "amax": float(np.abs(a).max())}
+    z = zarr.create_array(tmp / "foreign.zarr", shape=a.shape, chunks=(16, 48), dtype="f8")  # no record
+    z[:] = a
+    assert inspect(tmp / "foreign.zarr")["peaks"] == {"source": None, "amax": None}
+    main(["info", str(tmp / "foreign.zarr")])
+    assert "peaks        none kept: a job's first pass scans every value" in capsys.readouterr().out
+    blocklin.gram(tmp / "foreign.zarr", memory="64MiB")  # its first pass scans, and keeps what it saw
+    assert inspect(tmp / "foreign.zarr")["peaks"] == {"source": "earlier job", "amax": float(np.abs(a).max())}
+    main(["info", str(tmp / "foreign.zarr")])
+    assert "seen by an earlier job's scan (largest magnitude" in capsys.readouterr().out
+    z[0, 0] = 100.0  # changed: its next first pass scans again
+    assert inspect(tmp / "foreign.zarr")["peaks"]["source"] is None
+    assert "peaks" not in inspect(tmp / "v2.zarr") and "peaks" not in inspect(tmp / "a.npy")  # integers; not zarr
+
+
 def test_info_estimates_follow_the_budget(files):
     tmp, _ = files
     small = inspect(tmp / "a.npy", memory="64KiB")["estimates"]["convert_to_zarr"]
