@@ -15,7 +15,9 @@ import numpy as np
 from blocklin.config import format_size, resolve
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.convert import plan_convert
+from blocklin.storage import seen_peaks
 from blocklin.storage.formats import open_reader
+from blocklin.storage.recorded_peaks import recorded
 
 #: Rough rates used for time estimates (bytes/s and flop/s). Disk rates are the ones measured for
 #: the engine's zarr stores (DESIGN.md: 0.7 GB/s uncompressed, 0.27 GB/s zstd); the flop rate
@@ -122,9 +124,6 @@ def _peaks(path: Any, shape: tuple[int, int]) -> dict[str, Any]:
     """Where a job's first pass over the array at ``path`` takes its largest magnitude from: its writer's
     record (:mod:`blocklin.storage.recorded_peaks`), an earlier job's scan (:mod:`blocklin.storage.seen_peaks`),
     or a scan of every value (``source`` None). Reads those records and the chunk files' stamps, no data."""
-    from blocklin.storage import seen_peaks
-    from blocklin.storage.recorded_peaks import recorded
-
     got = recorded(path, columns=shape[1], column_peaks=False)
     if got is not None:
         return {"source": "writer", "amax": got.amax}

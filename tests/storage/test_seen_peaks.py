@@ -155,3 +155,21 @@ def test_a_cache_that_cannot_be_written_is_skipped(tmp_path, monkeypatch):
     assert "peaks_seen" not in again.report and again.report["scaling"]["extra_passes"] == 1  # scanned again
     np.testing.assert_array_equal(again.to_numpy(), first.to_numpy())
     assert_gram(first.to_numpy(), x.T @ x, x)
+
+
+def test_on_a_local_cluster_the_client_keeps_them(tmp_path):
+    """The workers scan; the client, which plans the passes, keeps what they found: the next job on the
+    cluster takes it, with the bits of a scan on the local scheduler."""
+    distributed = pytest.importorskip("distributed")
+    _foreign(tmp_path / "A.zarr", scale=1e200)
+    kw = dict(k=3, method="gram", memory="1MiB", seed=1)
+    ref = blocklin.svd(tmp_path / "A.zarr", scheduler="sync", **kw)
+    seen_peaks.forget(tmp_path / "A.zarr")  # the cluster's first job scans too
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster, distributed.Client(cluster) as client:
+        scanned = blocklin.svd(tmp_path / "A.zarr", scheduler=client, **kw)
+        got = blocklin.svd(tmp_path / "A.zarr", scheduler=client, **kw)
+    assert "peaks_seen" not in scanned.report and got.report["peaks_seen"] == ["a"]
+    for g, s, r in zip((got.U, got.s, got.Vt), (scanned.U, scanned.s, scanned.Vt), (ref.U, ref.s, ref.Vt)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(s))
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(r))
