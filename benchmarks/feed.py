@@ -99,12 +99,12 @@ def make(path: str, m: int, n: int, chunk_rows: int, codec: str) -> bytes:
     compressors = None if codec == "none" else zarr.codecs.ZstdCodec(level=1)
     arr = zarr.create_array(store=path, shape=(m, n), chunks=(chunk_rows, n), dtype="float64",
                             compressors=compressors, zarr_format=3, fill_value=0.0)
-    tally = PeakTally(n)
+    tally = PeakTally((m, n))
     for r0 in range(0, m, chunk_rows):
         r1 = min(m, r0 + chunk_rows)
         block = np.random.default_rng([7, r0]).standard_normal((r1 - r0, n))
         arr[r0:r1] = block
-        tally.add(block, 0)
+        tally.add(block, r0, 0)
     record(path, tally)
     kept = Path(path, PEAKS_RECORD)
     raw = kept.read_bytes()

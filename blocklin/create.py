@@ -15,7 +15,7 @@ import numpy as np
 from blocklin.config import resolve
 from blocklin.errors import ShapeError, explain
 from blocklin.matrix import Matrix
-from blocklin.peaks import column_peaks
+from blocklin.peaks import block_peaks
 from blocklin.sparse import SparseMatrix
 from blocklin.storage.sparse import sparse_attributes
 from blocklin.plan.chunks import auto_chunks
@@ -96,12 +96,14 @@ def _client(scheduler: Any) -> Any:
     return sched.client if sched.kind == "distributed" else None
 
 
-def _random_rows_task(loc: Location, seed: int, r0: int, r1: int, n: int, dtype: str) -> np.ndarray:
-    """Task: draw and write chunk row ``r0:r1`` (deterministic in ``(seed, r0)``); its column peaks."""
+def _random_rows_task(loc: Location, seed: int, r0: int, r1: int, n: int, dtype: str,
+                      rows: bool = False) -> tuple[int, np.ndarray]:
+    """Task: draw and write chunk row ``r0:r1`` (deterministic in ``(seed, r0)``); ``r0`` and its peaks
+    (each row's where ``rows``, else each column's)."""
     rng = np.random.default_rng([seed, r0])
     block = rng.standard_normal((r1 - r0, n), dtype=np.float64).astype(np.dtype(dtype), copy=False)
     write_block(open_cached(loc, "r+"), slice(r0, r1), slice(0, n), block)
-    return column_peaks(block)
+    return r0, block_peaks(block, rows=rows)
 
 
 def _sources(x: Any) -> list[Any]:
@@ -182,8 +184,8 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
     # the peaks of an array in memory, for the first passes over the output (a Dask array's chunks, or
     # a memory-mapped file's pages, would be read a second time: no record)
     if not is_dask and not isinstance(x, np.memmap) and recordable(x.dtype) and x.size:
-        tally = PeakTally(x.shape[1])
-        tally.add(x, 0)
+        tally = PeakTally(x.shape)
+        tally.add(x, 0, 0)
         record_peaks(ao.path, tally)
     return Matrix(ao.path)
 
@@ -224,15 +226,16 @@ def random(path: Any, shape: tuple[int, int], *, dtype: Any = "float64", seed: i
         arr = create_array(ao.array_path(), shape=shape, dtype=dt, chunks=chunks, codec=codec or cfg.codec)
         steps = range(0, shape[0], chunks[0])
         bar.start(len(steps), "random")
-        tally = PeakTally(shape[1])  # recorded with the output: its first passes need not scan
+        tally = PeakTally(shape)  # recorded with the output: its first passes need not scan
         client = _client(scheduler)
         if client is not None:
             from distributed import as_completed
 
             futures = [client.submit(_random_rows_task, ao.array_path(), seed, r0, min(shape[0], r0 + chunks[0]),
-                                     shape[1], dt.str, pure=False) for r0 in steps]
+                                     shape[1], dt.str, tally.transposed, pure=False) for r0 in steps]
             for fut in as_completed(futures):
-                tally.merge(fut.result(), 0)
+                r0, peaks = fut.result()
+                tally.merge(peaks, r0, 0)
                 bar.advance(1)
             steps = range(0)
         for r0 in steps:
@@ -240,7 +243,7 @@ def random(path: Any, shape: tuple[int, int], *, dtype: Any = "float64", seed: i
             rng = np.random.default_rng([seed, r0])
             block = rng.standard_normal((r1 - r0, shape[1]), dtype=np.float64).astype(dt, copy=False)
             arr[r0:r1, :] = block
-            tally.add(block, 0)
+            tally.add(block, r0, 0)
             bar.advance(1)
         bar.close()
         ao.commit("random", params={"seed": seed, "dtype": dt.name, "chunks": list(chunks)})

@@ -36,6 +36,17 @@ def column_peaks(v: np.ndarray) -> np.ndarray:
     return np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
 
 
+def row_peaks(v: np.ndarray) -> np.ndarray:
+    """``max |v|`` of each row, float64 (NaN where a row holds one): the column peaks of ``v^T``, what an
+    SVD of a wide matrix streams (its stored rows are the columns of ``B = A^T``)."""
+    return column_peaks(v.T)
+
+
+def block_peaks(v: np.ndarray, rows: bool) -> np.ndarray:
+    """Each row's peak of ``v`` (``rows``) or each column's (:func:`row_peaks`, :func:`column_peaks`)."""
+    return row_peaks(v) if rows else column_peaks(v)
+
+
 def column_max_min(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each column's max and min (see :func:`column_peaks`; NaN propagates through both)."""
     h, n = v.shape

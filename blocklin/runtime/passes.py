@@ -368,18 +368,17 @@ def take_recorded_peaks(job: Any, sources: Sequence[Source]) -> None:
     in the user's cache while its content stamp holds (:mod:`blocklin.storage.seen_peaks`; the report's
     ``peaks_seen`` names them).
 
-    Not for a range of rows (its peaks are its own); each column's peaks of a source streamed transposed
-    (the stored rows') no writer records, and only an earlier scan may have kept them: otherwise those
-    passes scan.
+    Not for a range of rows (its peaks are its own). A writer records the short side's peaks, the side an
+    SVD streams (a wide input's rows); a pass that needs the other side's takes them from an earlier
+    scan, or scans.
     """
     for s in sources:
         path = str(s.path)
         columns = path in job.column_peaks
         if path in job.amax or s.first_row:
             continue
-        got, names = None, job.recorded_peaks
-        if not (columns and s.transposed):
-            got = recorded(s.path, columns=s.rows if s.transposed else s.width, column_peaks=columns)
+        shape = (s.width, s.rows) if s.transposed else (s.rows, s.width)
+        got, names = recorded(s.path, shape, column_peaks=columns, transposed=s.transposed), job.recorded_peaks
         if got is None and _whole_input(job, s):
             got, names = seen_peaks.seen(s.path, job.input_shapes[path], column_peaks=columns,
                                          transposed=s.transposed), job.seen_peaks

@@ -283,9 +283,12 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
             return Matrix(loc)
         panel = _panel_rows(chunks[0], n, dt, memory)
         # the peaks recorded of the rows already there, if they still hold: with the new rows' they are
-        # the grown matrix's (storage.recorded_peaks)
-        held = recorded(loc, columns=n) if recordable(dt) else None
-        tally = PeakTally(n) if held is not None else None
+        # the grown matrix's (storage.recorded_peaks); of the side the record holds, or the largest
+        # magnitude alone where the grown matrix's side is another
+        held = recorded(loc, (m0, n), column_peaks=False) if recordable(dt) else None
+        tally = PeakTally((m0 + p, n)) if held is not None else None
+        if held is not None and tally.transposed is held.transposed:
+            held = recorded(loc, (m0, n), transposed=held.transposed) or held
         journal = {"owner": ownership.new_record(operation="append"), "from_rows": m0, "to_rows": m0 + p,
                    "source": what, "source_stamp": stamp, "versions": chain}
         backend(loc).write_text(JOURNAL, json.dumps(journal))
@@ -302,7 +305,10 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
     _commit(loc, new, chain, len(stored_chunk_indices(big, loc)))
     backend(loc).delete(JOURNAL)
     if tally is not None:
-        tally.merge(held.columns, 0)
+        if held.columns is not None and held.transposed is tally.transposed:
+            tally.merge(held.columns, 0, 0)  # the kept rows' (or columns') peaks at their place
+        else:
+            tally.merge_amax(held.amax)
         record_peaks(loc, tally)
     out = Matrix(loc)
     out.report = {"operation": "append", "rows_before": m0, "rows_added": p, "rows": m0 + p, "source": what,
@@ -346,7 +352,7 @@ def _copy(loc: Location, meta: dict, reader: Any, m0: int, p: int, dt: np.dtype,
             block[s0 - r0:] = src
             write_block(big, slice(r0, r1), slice(0, n), block)
             if tally is not None:
-                tally.add(block, 0)
+                tally.add(block, r0, 0)
             written += block.nbytes
             prog.advance(1)
     finally:

@@ -24,7 +24,7 @@ from blocklin.config import parse_size, resolve, size_hint
 from blocklin.errors import BudgetError, ConfigError, DTypeError, FormatError, NonFiniteError, ParameterError, explain
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.convert import plan_convert
-from blocklin.peaks import column_peaks
+from blocklin.peaks import block_peaks
 from blocklin.progress import make_progress
 from blocklin.storage.identity import resume_token
 from blocklin.storage.atomic import check_output_path
@@ -251,7 +251,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         _prepare(reader, plan, cfg)
         copy = _copy if client is None else functools.partial(_copy_on_cluster, client)
         # the peaks of every value written, recorded with the output: its first passes need not scan
-        tally = PeakTally(n) if out_fmt == "zarr" and recordable(out_dt) and getattr(reader, "ndim", 2) == 2 \
+        tally = PeakTally((m, n)) if out_fmt == "zarr" and recordable(out_dt) and getattr(reader, "ndim", 2) == 2 \
             else None
         blocks, skipped = copy(reader, writer, plan, out_dt, nan, progress,
                                f"convert {_base(src_path)} -> {_base(out_path)}", tally)
@@ -637,7 +637,7 @@ def _write_block(reader, writer, data: np.ndarray, b, out_dt: np.dtype, nan: str
     r0, r1, c0, c1 = b
     writer.write(slice(r0, r1), slice(c0, c1), block)
     if tally is not None:
-        tally.add(block, c0)
+        tally.add(block, r0, c0)
     writer.mark_done(_unit_name(b))
 
 
@@ -685,9 +685,10 @@ class _Positions:
 
 
 def _copy_block_task(src: Location, dst: Location, done: Location | None, b: tuple[int, int, int, int],
-                     out_dtype: str, nan: str, peaks: bool = False) -> tuple[int, np.ndarray | None]:
+                     out_dtype: str, nan: str, peaks: bool | None = None) -> tuple[int, np.ndarray | None]:
     """Task: copy one planned block (whole output chunks) of a zarr array; returns the bytes read and,
-    where asked, the block's column peaks (None for a block an earlier run copied)."""
+    where asked, the block's peaks (``peaks``: each row's where True, each column's where False; None
+    for a block an earlier run copied)."""
     unit = _unit_name(b)
     if is_done(done, unit):
         return 0, None
@@ -699,7 +700,7 @@ def _copy_block_task(src: Location, dst: Location, done: Location | None, b: tup
     write_block(open_cached(dst, "r+"), slice(r0, r1), slice(c0, c1), block)
     if done is not None:
         mark_done(done, unit)
-    return int(data.nbytes), column_peaks(block) if peaks else None
+    return int(data.nbytes), None if peaks is None else block_peaks(block, rows=peaks)
 
 
 def _copy_on_cluster(client, reader, writer, plan, out_dt: np.dtype, nan: str, progress: Any,
@@ -712,35 +713,36 @@ def _copy_on_cluster(client, reader, writer, plan, out_dt: np.dtype, nan: str, p
     prog.start(plan.n_blocks, desc)
     window = 4 * max(1, _threads_per_worker(client)) * max(1, len(client.scheduler_info().get("workers", {})))
     submitted = 0
-    first_column: dict = {}  # of each block in flight, by its future's key
+    corner: dict = {}  # the first row and column of each block in flight, by its future's key
     try:  # a window of blocks in flight: the plan's block list is never held whole
         running = as_completed([])
         for b in plan.blocks():
             if writer.is_done(_unit_name(b)):
                 prog.advance(1)
                 continue
-            fut = client.submit(_copy_block_task, src, dst, done, b, out_dt.str, nan, tally is not None, pure=False)
-            first_column[fut.key] = b[2]
+            fut = client.submit(_copy_block_task, src, dst, done, b, out_dt.str, nan,
+                                None if tally is None else tally.transposed, pure=False)
+            corner[fut.key] = (b[0], b[2])
             running.add(fut)
             submitted += 1
             while running.count() >= window:
-                _collect(next(running), reader, prog, tally, first_column)
+                _collect(next(running), reader, prog, tally, corner)
         for fut in running:
-            _collect(fut, reader, prog, tally, first_column)
+            _collect(fut, reader, prog, tally, corner)
     finally:
         prog.close()
     return plan.n_blocks, plan.n_blocks - submitted
 
 
-def _collect(fut, reader, prog, tally: PeakTally | None = None, first_column: dict | None = None) -> None:
+def _collect(fut, reader, prog, tally: PeakTally | None = None, corner: dict | None = None) -> None:
     nbytes, peaks = fut.result()
-    c0 = first_column.pop(fut.key, 0) if first_column is not None else 0
+    r0, c0 = corner.pop(fut.key, (0, 0)) if corner is not None else (0, 0)
     reader.bytes_read += nbytes
     if tally is not None:
         if peaks is None:  # copied by an earlier run: its values were not seen
             tally.skipped()
         else:
-            tally.merge(peaks, c0)
+            tally.merge(peaks, r0, c0)
     prog.advance(1)
 
 

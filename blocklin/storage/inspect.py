@@ -124,7 +124,7 @@ def _peaks(path: Any, shape: tuple[int, int]) -> dict[str, Any]:
     """Where a job's first pass over the array at ``path`` takes its largest magnitude from: its writer's
     record (:mod:`blocklin.storage.recorded_peaks`), an earlier job's scan (:mod:`blocklin.storage.seen_peaks`),
     or a scan of every value (``source`` None). Reads those records and the chunk files' stamps, no data."""
-    got = recorded(path, columns=shape[1], column_peaks=False)
+    got = recorded(path, shape, column_peaks=False)
     if got is not None:
         return {"source": "writer", "amax": got.amax}
     got = seen_peaks.seen(path, shape, column_peaks=False)

@@ -5,7 +5,9 @@ for an SVD's input, :mod:`blocklin.peaks`): the scaling of data near overflow or
 from it (:mod:`blocklin.linalg.blocks.scaling`). That scan bounds the pass: on the 2-core machine a
 bare loop that maps a chunk file, takes its max and min and sums it reads 0.66x of the raw rate, a
 later pass (no scan) 1.0x (``docs/benchmarks.md``). A writer that holds every value anyway
-(:func:`blocklin.convert`) takes each column's peak as it writes, and :func:`record` keeps them beside
+(:func:`blocklin.convert`) takes the peaks an SVD's first pass would (each column's of a tall or square
+output, each row's of a wide one, which an SVD streams transposed) as it writes, and :func:`record` keeps
+them beside
 the output with the output's content stamp (:mod:`blocklin.storage.stamps`), taken once the output
 is complete. :func:`recorded` returns them only while that stamp is today's: a chunk or metadata file
 rewritten, added or removed voids the record, and the pass scans as before. The stamp's limits (a
@@ -13,9 +15,10 @@ rewrite in place that keeps size, inode and both times within one clock tick of 
 a resumed run relies on too.
 
 The record is two files: a small JSON one (``PEAKS_RECORD``: the stamp, the largest magnitude, the
-number of columns and the CRC-32 of their peaks) and the columns' peaks as raw little-endian float64
-(``PEAKS_COLUMNS``), read only where they are asked for (an SVD's first pass over a tall input; every
-other pass takes the largest magnitude alone). One JSON file with the peaks in base64 made every job
+output's shape, which side's peaks it holds, their count and CRC-32) and those peaks as raw
+little-endian float64 (``PEAKS_COLUMNS``), read only where they are asked for (an SVD's first pass;
+every other pass takes the largest magnitude alone). Only the short side's peaks are kept: a
+``64 x 4194304`` matrix's 64 rows', not its 4194304 columns' (32 MiB that no pass reads). One JSON file with the peaks in base64 made every job
 on a wide matrix decode them: 0.26-0.47 s and 160 MiB for the 4194304 columns of a 1 GiB float32
 ``64 x 4194304`` matrix, outside its budget. The same pair keeps what a first pass saw of data no writer
 recorded, in the user's cache (:mod:`blocklin.storage.seen_peaks`).
@@ -34,41 +37,62 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.peaks import column_peaks
+from blocklin.peaks import block_peaks
 from blocklin.storage.backend import backend
 from blocklin.storage.records import PEAKS_COLUMNS, PEAKS_RECORD
 from blocklin.storage.stamps import content_stamp, input_location
 
-_VERSION = 2
+_VERSION = 3
+#: Records of this version hold each stored column's peaks and no shape; still read.
+_COLUMNS_ONLY_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
 class RecordedPeaks:
-    """An input's recorded peaks: ``amax``, its largest magnitude, and ``columns``, each stored
-    column's (``max(|Re|, |Im|)`` for complex data, as :func:`blocklin.peaks.column_peaks`; None where
-    they were not asked for)."""
+    """An input's recorded peaks: ``amax``, its largest magnitude, and ``columns``, each column's of the
+    orientation an SVD streams (``max(|Re|, |Im|)`` for complex data, as
+    :func:`blocklin.peaks.column_peaks`): the stored columns', or with ``transposed`` the stored rows'
+    (a wide matrix's); None where they were not asked for."""
 
     amax: float
     columns: np.ndarray | None
+    transposed: bool = False
 
 
 class PeakTally:
-    """The column peaks of the blocks a writer wrote, merged as they come (any order: the same bits).
+    """The peaks of the blocks a writer wrote to an output of ``shape``, merged as they come (any order:
+    the same bits): each column's of a tall or square output, each row's of a wide one (``transposed``:
+    the side an SVD's first pass takes, :func:`blocklin.plan.svd.plan_svd` streams ``A^T`` where
+    ``m < n``).
 
     ``complete`` turns False once a block is skipped unseen (a resumed conversion's finished blocks):
-    then nothing is recorded.
+    then nothing is recorded. :meth:`merge_amax` adds values whose side's peaks are unknown (the rows an
+    append kept, recorded for the other side): then the largest magnitude alone is recorded.
     """
 
-    def __init__(self, columns: int):
-        self.columns = np.zeros(columns)
+    def __init__(self, shape: tuple[int, int]):
+        m, n = int(shape[0]), int(shape[1])
+        self.shape = (m, n)
+        self.transposed = m < n
+        self.columns = np.zeros(m if self.transposed else n)
         self.complete = True
+        self.amax_only: float | None = None
 
-    def add(self, block: np.ndarray, first_column: int) -> None:
-        self.merge(column_peaks(block), first_column)
+    def peaks_of(self, block: np.ndarray) -> np.ndarray:
+        """``block``'s peaks of the tallied side (what a worker returns for :meth:`merge`)."""
+        return block_peaks(block, rows=self.transposed)
 
-    def merge(self, peaks: np.ndarray, first_column: int) -> None:
-        at = self.columns[first_column:first_column + len(peaks)]
+    def add(self, block: np.ndarray, first_row: int, first_column: int) -> None:
+        self.merge(self.peaks_of(block), first_row, first_column)
+
+    def merge(self, peaks: np.ndarray, first_row: int, first_column: int) -> None:
+        """Merge the peaks of a block at ``(first_row, first_column)`` of the output."""
+        first = first_row if self.transposed else first_column
+        at = self.columns[first:first + len(peaks)]
         np.maximum(at, peaks, out=at)  # maximum propagates NaN
+
+    def merge_amax(self, amax: float) -> None:
+        self.amax_only = max(amax, self.amax_only or 0.0)
 
     def skipped(self) -> None:
         self.complete = False
@@ -91,20 +115,43 @@ def record(loc: Any, tally: PeakTally) -> bool:
     cols = tally.columns
     if not tally.complete or not np.isfinite(cols).all():
         return False
+    amax = float(cols.max(initial=0.0))
+    if tally.amax_only is not None:
+        amax, cols = max(amax, tally.amax_only), None
     loc = input_location(loc)
+    fields = {"shape": list(tally.shape), "transposed": tally.transposed}
     # the stamp leaves both files out (storage.stamps): taken after the columns' file is written
-    return write_pair(backend(loc), PEAKS_RECORD, PEAKS_COLUMNS, lambda: {"stamp": content_stamp(loc)},
-                      float(cols.max(initial=0.0)), len(cols), cols)
+    return write_pair(backend(loc), PEAKS_RECORD, PEAKS_COLUMNS, lambda: {**fields, "stamp": content_stamp(loc)},
+                      amax, len(tally.columns), cols)
 
 
-def recorded(loc: Any, columns: int | None = None, *, column_peaks: bool = True) -> RecordedPeaks | None:
-    """The peaks recorded for the input at ``loc`` while its content stamp is the recorded one, else
-    None (no record, another version, unreadable, a stamp that changed, or not ``columns`` of them).
-    ``column_peaks``: read each column's too (else ``columns`` is None: the largest magnitude alone,
-    without reading the columns' file)."""
+def recorded(loc: Any, shape: tuple[int, int] | None = None, *, column_peaks: bool = True,
+             transposed: bool | None = None) -> RecordedPeaks | None:
+    """The peaks recorded for the input at ``loc`` (of stored ``shape``; None: any) while its content
+    stamp is the recorded one, else None (no record, an unknown version, unreadable, a stamp that
+    changed, another shape). ``column_peaks``: read the side's peaks too (else the largest magnitude
+    alone, without reading the peaks' file), of the stored columns (``transposed`` False) or rows
+    (True), or of the side recorded (None): None where the record holds the other side's or the
+    largest magnitude alone."""
     loc = input_location(loc)
-    return read_pair(backend(loc), PEAKS_RECORD, PEAKS_COLUMNS, lambda data: data.get("stamp") == content_stamp(loc),
-                     columns, column_peaks)
+
+    def holds(data: dict) -> bool:
+        recorded_shape = data.get("shape")
+        side = bool(data.get("transposed", False))
+        if shape is not None:
+            if recorded_shape is None:  # a record of version 2: each stored column's peak
+                if int(data.get("columns", -1)) != int(shape[1]):
+                    return False
+            elif [int(x) for x in recorded_shape] != [int(shape[0]), int(shape[1])]:
+                return False
+        if column_peaks and transposed is not None and side is not bool(transposed):
+            return False
+        return data.get("stamp") == content_stamp(loc)
+
+    got = read_pair(backend(loc), PEAKS_RECORD, PEAKS_COLUMNS, holds, None, column_peaks)
+    if got is None or not column_peaks:
+        return got
+    return None if got.columns is None else got
 
 
 def write_pair(be: Any, record_key: str, columns_key: str, fields: Any, amax: float, count: int,
@@ -129,13 +176,14 @@ def write_pair(be: Any, record_key: str, columns_key: str, fields: Any, amax: fl
 def read_pair(be: Any, record_key: str, columns_key: str, holds: Any, columns: int | None,
               column_peaks: bool) -> RecordedPeaks | None:
     """The record :func:`write_pair` wrote, where ``holds(data)`` (its JSON fields) says it is today's, it
-    has ``columns`` columns (None: any) and, with ``column_peaks``, its columns' file is whole and its."""
+    has ``columns`` columns (None: any) and, with ``column_peaks``, its columns' file is whole and its
+    (``columns`` None in the result where the record holds the largest magnitude alone)."""
     raw = be.try_read(record_key)
     if raw is None:
         return None
     try:
         data = json.loads(raw)
-        if not isinstance(data, dict) or data.get("version") != _VERSION:
+        if not isinstance(data, dict) or data.get("version") not in (_VERSION, _COLUMNS_ONLY_VERSION):
             return None
         amax, count, crc = float(data["amax"]), int(data["columns"]), data["crc32"]
     except (ValueError, KeyError, TypeError):
@@ -144,12 +192,13 @@ def read_pair(be: Any, record_key: str, columns_key: str, holds: Any, columns: i
         return None
     if not holds(data):
         return None
-    if not column_peaks:
-        return RecordedPeaks(amax=amax, columns=None)
+    side = bool(data.get("transposed", False))
+    if not column_peaks or crc is None:
+        return RecordedPeaks(amax=amax, columns=None, transposed=side)
     packed = be.try_read(columns_key) if isinstance(crc, int) else None
     if packed is None or len(packed) != 8 * count or zlib.crc32(packed) != crc:
         return None
     cols = np.frombuffer(packed, dtype="<f8").astype(np.float64)
     if not np.isfinite(cols).all() or amax != float(cols.max(initial=0.0)):
         return None
-    return RecordedPeaks(amax=amax, columns=cols)
+    return RecordedPeaks(amax=amax, columns=cols, transposed=side)

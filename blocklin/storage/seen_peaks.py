@@ -122,9 +122,10 @@ def seen(loc: Any, shape: tuple[int, int], *, column_peaks: bool = True, transpo
             (not column_peaks or data.get("transposed") is bool(transposed)) and data.get("stamp") == content_stamp(loc)
 
     try:
-        return read_pair(_cache(), record_key, columns_key, holds, None, column_peaks)
+        got = read_pair(_cache(), record_key, columns_key, holds, None, column_peaks)
     except (OSError, RuntimeError):
         return None
+    return None if got is None or column_peaks and got.columns is None else got
 
 
 def forget(loc: Any) -> None:

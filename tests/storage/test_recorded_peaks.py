@@ -46,10 +46,10 @@ def test_convert_records_every_columns_peak(tmp_path, dtype):
     x = _data(dtype)
     rep, out = _converted(tmp_path, x)
     assert rep["peaks_recorded"] is True
-    got = recorded(out, columns=N)
+    got = recorded(out, (M, N))
     np.testing.assert_array_equal(got.columns, _peaks(x).astype(np.float64))  # maxima: exact
     assert got.amax == float(_peaks(x).max())
-    assert recorded(out, columns=N + 1) is None  # another shape's record is not this array's
+    assert recorded(out, (M, N + 1)) is None and recorded(out, (M + 1, N)) is None  # another shape's record is not this array's
 
 
 def test_record_leaves_the_content_stamp_alone(tmp_path):
@@ -59,8 +59,8 @@ def test_record_leaves_the_content_stamp_alone(tmp_path):
     shutil.copytree(_converted(tmp_path, x)[1], tmp_path / "B.zarr")
     os.remove(tmp_path / "B.zarr" / PEAKS_RECORD)
     before = content_stamp(tmp_path / "B.zarr")
-    tally = PeakTally(N)
-    tally.add(x, 0)
+    tally = PeakTally(x.shape)
+    tally.add(x, 0, 0)
     assert record(tmp_path / "B.zarr", tally)
     assert content_stamp(tmp_path / "B.zarr") == before and recorded(tmp_path / "B.zarr") is not None
 
@@ -213,9 +213,9 @@ def test_a_range_of_rows_scans_its_own(tmp_path):
 def test_from_array_and_random_record_their_peaks(tmp_path):
     x = _data("complex64", 1e30)
     m = blocklin.from_array(x, tmp_path / "X.zarr", chunks=CH)
-    np.testing.assert_array_equal(recorded(m.path, columns=N).columns, _peaks(x).astype(np.float64))
+    np.testing.assert_array_equal(recorded(m.path, (M, N)).columns, _peaks(x).astype(np.float64))
     r = blocklin.random(tmp_path / "R.zarr", (M, N), seed=3, chunks=CH, dtype="float32")
-    np.testing.assert_array_equal(recorded(r.path, columns=N).columns, _peaks(r.to_numpy()).astype(np.float64))
+    np.testing.assert_array_equal(recorded(r.path, (M, N)).columns, _peaks(r.to_numpy()).astype(np.float64))
     assert blocklin.gram(r, memory="256KiB").report["peaks_recorded"] == ["a"]
     # integers are cast to a staged float64 copy by the operations: nothing to record
     blocklin.from_array(np.arange(12).reshape(3, 4), tmp_path / "I.zarr")
@@ -270,9 +270,98 @@ def test_append_keeps_a_record_that_held(tmp_path):
     x, y = _data("float64"), _data("float64", 1e5, seed=9)[:100]
     m = blocklin.from_array(x, tmp_path / "A.zarr", chunks=CH)
     grown = blocklin.append(m, y)
-    got = recorded(grown.path, columns=N)
+    got = recorded(grown.path, (M + 100, N))
     np.testing.assert_array_equal(got.columns, _peaks(np.vstack([x, y])))
     assert blocklin.gram(grown, memory="256KiB").report["peaks_recorded"] == ["a"]
     os.remove(tmp_path / "A.zarr" / PEAKS_RECORD)
     blocklin.append(grown, y)
     assert not (tmp_path / "A.zarr" / PEAKS_RECORD).exists()
+
+
+def _row_peaks(x):
+    return _peaks(x.T)
+
+
+def _wide_writes(tmp_path, writer, x):
+    """``x`` (wide) written by ``writer``; returns the output and the values it holds."""
+    if writer == "convert":
+        return _converted(tmp_path, x)[1], x
+    if writer == "from_array":
+        return blocklin.from_array(x, tmp_path / "A.zarr", chunks=(16, 64)).path, x
+    r = blocklin.random(tmp_path / "A.zarr", x.shape, seed=3, chunks=(16, 64), dtype=x.dtype)
+    return r.path, r.to_numpy()
+
+
+@pytest.mark.parametrize("writer", ["convert", "from_array", "random"])
+@pytest.mark.parametrize("dtype", ["float32", "complex128"])
+def test_a_wide_output_records_each_rows_peak(tmp_path, writer, dtype):
+    """A wide output's record holds its rows' peaks (what an SVD streams, ``A^T``'s columns), not its
+    columns': ``N`` values for an ``N x M`` matrix."""
+    out, x = _wide_writes(tmp_path, writer, _data(dtype).T.copy())
+    got = recorded(out, (N, M), transposed=True)
+    np.testing.assert_array_equal(got.columns, _row_peaks(x).astype(np.float64))  # maxima: exact
+    assert got.transposed and got.amax == float(_row_peaks(x).max())
+    assert os.path.getsize(os.path.join(out, PEAKS_COLUMNS)) == 8 * N
+    assert recorded(out, (N, M), transposed=False) is None  # the stored columns' were not recorded
+    assert recorded(out, (N, M), column_peaks=False).amax == got.amax
+    assert recorded(out, (M, N), column_peaks=False) is None
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e200, 1e-200])
+@pytest.mark.parametrize("method", ["lanczos", "gram", "sketch"])
+def test_a_wide_svd_takes_the_rows_record_with_the_bits_of_a_scan(tmp_path, method, scale):
+    """The first SVD of a wide matrix that blocklin wrote takes its rows' peaks from the record: the bits
+    of a run that scanned them, one pass fewer where the data is far from 1."""
+    x = _data("float64", scale).T.copy()  # row 3 far below the others: each row's peak is asked
+    _, a = _converted(tmp_path, x)
+    shutil.copytree(a, tmp_path / "B.zarr")
+    os.remove(tmp_path / "B.zarr" / PEAKS_RECORD)
+    kw = dict(k=4, method=method, memory="256KiB", seed=1, scheduler="threads")
+    got = blocklin.svd(a, **kw)
+    scanned = blocklin.svd(tmp_path / "B.zarr", **kw)
+    assert got.report["peaks_recorded"] == ["a"] and "peaks_recorded" not in scanned.report
+    assert not got.report["in_core"]
+    for g, s in zip((got.U, got.s, got.Vt), (scanned.U, scanned.s, scanned.Vt)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(s))
+    if scale != 1.0:
+        assert got.report["scaling"]["extra_passes"] == 0 and scanned.report["scaling"]["extra_passes"] == 1
+        assert got.report["passes"] == scanned.report["passes"] - 1
+    if method in ("lanczos", "gram"):  # the bound of the tall case's test, on A^T
+        ref = np.linalg.svd(x / scale, compute_uv=False)
+        s2 = ref[:5] ** 2
+        gap = np.minimum(s2[:4] - s2[1:5], np.r_[np.inf, s2[:3] - s2[1:4]])
+        err2 = (default_tol(np.float64) * ref[0]) ** 2 / gap + M * np.finfo(np.float64).eps * ref[0] ** 2
+        assert np.all(np.abs(np.asarray(got.s) / scale - ref[:4]) <= err2 / ref[:4])
+
+
+def test_a_columns_record_of_version_2_still_holds(tmp_path):
+    """Records written before the rows' peaks (version 2: each stored column's, no shape) are read."""
+    x = _data("float64", 1e-200)
+    _, a = _converted(tmp_path, x)
+    rec = json.loads((a / PEAKS_RECORD).read_text())
+    old = {k: v for k, v in rec.items() if k not in ("shape", "transposed")}
+    (a / PEAKS_RECORD).write_text(json.dumps(dict(old, version=2)))
+    np.testing.assert_array_equal(recorded(a, (M, N)).columns, _peaks(x))
+    assert recorded(a, (M, N + 1)) is None and recorded(a, (M, N), transposed=True) is None
+    got = blocklin.svd(a, k=2, method="gram", memory="256KiB", seed=1)
+    assert got.report["peaks_recorded"] == ["a"] and got.report["scaling"]["extra_passes"] == 0
+
+
+@pytest.mark.parametrize("rows, added, side", [(20, 10, "rows"), (20, 30, "amax"), (600, 100, "columns")])
+def test_append_records_the_grown_matrix_side(tmp_path, rows, added, side):
+    """Rows appended: the grown matrix's record holds the side of its new shape (its rows' while it stays
+    wide, its columns' when tall), or the largest magnitude alone where it turns tall (the kept rows'
+    columns were never recorded)."""
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((rows, N)), rng.standard_normal((added, N)) * 1e3
+    m = blocklin.from_array(x, tmp_path / "A.zarr", chunks=(8, 16))
+    grown = blocklin.append(m, y)
+    both = np.vstack([x, y])
+    got = recorded(grown.path, both.shape, column_peaks=False)
+    assert got.amax == float(np.abs(both).max())
+    full = recorded(grown.path, both.shape)
+    if side == "amax":
+        assert full is None
+    else:
+        assert full.transposed is (side == "rows")
+        np.testing.assert_array_equal(full.columns, _row_peaks(both) if side == "rows" else _peaks(both))

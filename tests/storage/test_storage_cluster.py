@@ -90,4 +90,14 @@ def test_random_from_array_and_convert_write_from_workers(client, s3, tmp_path):
     assert sorted(backend(y.location).keys("")) == sorted(["zarr.json", PEAKS_RECORD, PEAKS_COLUMNS] + [f"c/{i}/0" for i in range(5)])
     assert rep["peaks_recorded"]
     want = np.abs(A.astype(np.float32)).max(axis=0).astype(np.float64)
-    np.testing.assert_array_equal(recorded(y.location, columns=70).columns, want)
+    np.testing.assert_array_equal(recorded(y.location, y.shape).columns, want)
+    # a wide output: its rows' peaks (the side an SVD streams), merged from the workers' blocks
+    blocklin.from_array(A.T.copy(), f"{base}/W.zarr", chunks=(35, 50), storage_options=opts)
+    rep = blocklin.convert(f"{base}/W.zarr", f"{base}/W2.zarr", chunks=(35, 30), storage_options=opts,
+                           scheduler=client, memory="128KiB")
+    w = blocklin.open(f"{base}/W2.zarr", storage_options=opts)
+    assert rep["on_cluster"] and rep["peaks_recorded"]
+    np.testing.assert_array_equal(recorded(w.location, w.shape, transposed=True).columns, np.abs(A).max(axis=0))
+    rw = blocklin.random(f"{base}/RW.zarr", (30, 90), seed=5, chunks=(10, 90), storage_options=opts, scheduler=client)
+    np.testing.assert_array_equal(recorded(rw.location, rw.shape, transposed=True).columns,
+                                  np.abs(rw.to_numpy()).max(axis=1))
