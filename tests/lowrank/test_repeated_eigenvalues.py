@@ -67,6 +67,8 @@ def test_a_full_block_of_copies_is_said_not_hidden(graph, stored, seed):
     msg = str(warned[0].message)
     assert "found 4 times" in msg and "block_size=8" in msg and "Golub and Underwood" in msg
     assert res.report["converged"] is False
+    # reported as svd reports it, on the sparse and dense routes alike
+    assert set(res.report["repeated_beyond_block"]) == {"value", "count", "block"} and "found 4 times" in res.report["note"]
 
 
 @pytest.mark.parametrize("stored", ["sparse", "dense"])
@@ -102,6 +104,7 @@ def test_svd_says_so_too(tmp_path):
         return
     assert len(warned) == 1 and "found 4 times" in str(warned[0].message) and "svd" in str(warned[0].message)
     assert res.report["converged"] is False and "found 4 times" in res.report["note"]
+    assert set(res.report["repeated_beyond_block"]) == {"value", "count", "block"}
 
 
 @pytest.mark.parametrize("theta,rn,block,found", [

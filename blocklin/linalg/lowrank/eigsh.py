@@ -20,7 +20,8 @@ import numpy as np
 from blocklin.config import Settings
 from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterError, explain, warn
 from blocklin.linalg.blocks.tall_kernels import rmat_kernel
-from blocklin.linalg.lowrank.lanczos import LanczosResult, block_lanczos, default_tol, rerun_wider_block
+from blocklin.linalg.lowrank.lanczos import (LanczosResult, block_lanczos, default_tol, repeated_beyond_block,
+                                             rerun_wider_block)
 from blocklin.linalg.blocks.orth import orth_against, work_dtype
 from blocklin.runtime.powers import ldexp
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
@@ -240,8 +241,8 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                          order=order, ao=ao)
         result.report.update(scaling=scaling.report(), resumed=bool(ao is not None and ao.resumed),
                              restored_checkpoints=[name for name in ckpt.restored if name != "seed"])
-        if res.repeated:
-            result.report["repeated_beyond_block"] = res.repeated
+        if res.repeated:  # as svd reports it
+            result.report.update(repeated_beyond_block(res.repeated))
         return result
 
 

@@ -271,6 +271,12 @@ def full_block_cluster(theta: np.ndarray, rn: np.ndarray, block: int) -> dict | 
     return None
 
 
+def repeated_beyond_block(found: dict) -> dict:
+    """The report's entries for a :func:`full_block_cluster` finding, on every route that runs block
+    Lanczos: ``repeated_beyond_block`` (``value``, ``count``, ``block``) and its ``note``."""
+    return {"repeated_beyond_block": {k: found[k] for k in ("value", "count", "block")}, "note": found["note"]}
+
+
 #: Most reruns with a block twice as wide that :func:`rerun_wider_block` makes.
 WIDER_BLOCK_RERUNS = 3
 

@@ -34,7 +34,7 @@ from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.blocks.scaling import ProductScaling, unscale, unscale_float
 from blocklin.linalg.lowrank.basis import Columns, spilled_bases
 from blocklin.linalg.lowrank.basis_budget import BasisPlan, plan_bases
-from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol, start_block
+from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol, repeated_beyond_block, start_block
 from blocklin.linalg.lowrank.laplacian import laplacian_operator
 from blocklin.matrix import Matrix
 from blocklin.operands import temp_root
@@ -127,7 +127,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
                             residuals=residuals.tolist(), converged=bool(res.converged), tol=tol,
                             which=which, order=order, block=bp.block, max_basis=bp.max_basis, steps=res.steps,
                             lanczos_steps=res.steps, restarts=res.restarts, nnz=s.nnz, seed=seed, **bp.report(),
-                            **found, **({"repeated_beyond_block": res.repeated} if res.repeated else {}))
+                            **found, **(repeated_beyond_block(res.repeated) if res.repeated else {}))
         if isinstance(vectors, Columns):  # spilled: V goes from the bases' file to a store, strip by strip
             if ao is None:  # a temporary group the caller owns, as the dense routes return large factors
                 ao = job.output(None, inputs=[s.path], size=((n, k), s.dtype))

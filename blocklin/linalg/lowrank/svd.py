@@ -30,7 +30,7 @@ from blocklin.linalg.blocks.scaling import check_finite_result
 from blocklin.linalg.labels import label_svd, labels_of
 from blocklin.linalg.lowrank.budget import check_disk_space, choose_plan
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
-from blocklin.linalg.lowrank.lanczos import rerun_wider_block
+from blocklin.linalg.lowrank.lanczos import repeated_beyond_block, rerun_wider_block
 from blocklin.linalg.lowrank.methods import Factorization, component_signs
 from blocklin.linalg.lowrank.operator_svd import is_operator, operator_svd
 from blocklin.linalg.lowrank.spilled_ritz import StoredFactor
@@ -591,8 +591,7 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
         sigma_max=s1, **{key: getattr(f, key) for key in REPORTED_FIELDS
                          if key == "scaling" or getattr(f, key) is not None})
     if f.note:
-        report["repeated_beyond_block"] = {k: f.note[k] for k in ("value", "count", "block")}
-        report["note"] = f.note["note"]
+        report.update(repeated_beyond_block(f.note))
     if f.residuals is None:
         report["residual_note"] = ("not computed: the single-pass sketch never reads A again; "
                                    "use method='rsvd' or 'lanczos' for residuals")
