@@ -170,3 +170,60 @@ def test_on_the_gpu():
     res = bl.svd(a, 12, method="rsvd", seed=3, memory=BUDGETS["in-memory"], device="gpu")
     assert res.report["device"] == "gpu"
     check(a, res)
+
+
+def _rank_deficient(m: int, n: int, zeros: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    r = min(m, n) - zeros
+    return rng.standard_normal((m, r)) @ rng.standard_normal((r, n))
+
+
+@pytest.mark.parametrize("route", ["full", "lanczos", "rsvd", "gram", "sketch"])
+@pytest.mark.parametrize("m, n, zeros", [(60, 60, 3), (60, 60, 20), (66, 60, 10), (60, 66, 5)])
+def test_square_and_near_square_zeros(m, n, zeros, route):
+    """``Q`` spans (nearly) every direction of a square or nearly square ``A``: a completion orthogonal to
+    it has no room (it gave columns of norm 2 to 10, found by a randomized search). Those zeros' columns
+    are the method's own (``complete.keep_spanned``). In memory: a budget below such an ``A`` cannot
+    hold the methods' ``N x N`` work either."""
+    a = _rank_deficient(m, n, zeros)
+    kw = {} if route == "full" else dict(k=min(m, n) - 1, method=route)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = bl.svd(a, seed=1, memory=BUDGETS["in-memory"], scheduler="sync", **kw)
+    check(a, res)
+
+
+@pytest.mark.parametrize("method", ["full", "rsvd"])
+def test_centered_square_data(method):
+    """Centering a square ``A`` makes a zero singular value (the means' direction) while ``Q`` spans
+    every other: the case that made the completion fail most often."""
+    a = np.random.default_rng(4).standard_normal((50, 50))
+    kw = {} if method == "full" else dict(k=50, method=method)
+    res = bl.svd(a, seed=0, center=True, memory=BUDGETS["in-memory"], **kw)
+    check(a - a.mean(axis=0), res)
+
+
+@pytest.mark.parametrize("budget", ["6MiB", "64MiB"])
+@pytest.mark.parametrize("route", ["full", "sketch"])
+def test_graded_spectrum_below_the_rounding_level(route, budget):
+    """``s_i = e^{-i/3}`` down to ``8e-17``: the whole space's rank-revealing QR keeps columns of ``Y W S^+``
+    with condition up to ``1 / (eps sqrt(M))``, orthonormal to 1e-2 before their CholeskyQR steps
+    (``orth._rank_deficient``); the sketch's core solved over ``Q``'s zero columns too put weight on them
+    (columns of norm 0.6). Both factors orthonormal; ``B^T u = s v`` for the whole space (its residuals
+    say so), streamed and in memory."""
+    rng = np.random.default_rng(0)
+    m, n = 12000, 112
+    q1, _ = np.linalg.qr(rng.standard_normal((m, n)))
+    q2, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = (q1 * np.exp(-np.arange(n) / 3.0)) @ q2.T
+    kw = {} if route == "full" else dict(k=100, method="sketch")
+    res = bl.svd(a, seed=0, memory=budget, scheduler="sync", **kw)
+    assert res.report["in_core"] == (budget == "64MiB")
+    u, s, vt = _dense(res.U), np.asarray(res.s), _dense(res.Vt)
+    assert (s == 0).any()  # values at the rounding level are zeros: their columns completed
+    assert_orthonormal(u)
+    assert_orthonormal(vt.T)
+    if route == "full":  # backward stable: every triplet's residual at eps ||A||, the reported ones too
+        resid = np.linalg.norm(a.T @ u - vt.T * s, axis=0)
+        assert resid.max() <= 4 * m * eps(np.float64) * s[0]
+        assert max(res.report["residuals"]) <= 4 * m * eps(np.float64) * s[0]

@@ -174,6 +174,44 @@ def complete(sums: Any, *, zero: np.ndarray, seed: int, M: int) -> Completion:
     return Completion(seed=int(seed), zero=np.asarray(zero, dtype=bool), C=C, rinv=tuple(rinv))
 
 
+#: An eigenvalue of ``(Q L_z)^H (Q L_z)`` above this says its direction is in ``range(Q)``: kept, not
+#: completed (:func:`keep_spanned`). The eigenvalues are 1 or 0 to rounding; the half splits them.
+SPANNED = 0.5
+
+
+def keep_spanned(block: Any, chain: list, zero: np.ndarray) -> tuple[list, np.ndarray]:
+    """The ``zero`` columns of ``U = Q L`` (``Q = Y chain[:-1]``, ``L = chain[-1]``) that ``range(Q)``
+    holds, kept as the method found them; returns the chain with ``L``'s zero columns rotated and
+    scaled, and the columns still to complete (:func:`complete_incore`, :func:`complete_stored`).
+
+    A completion is orthogonal to ``range(Q)``, which the module's premise takes to hold no direction of
+    a zero singular value. A ``Q`` of full rank breaks it: an ``M x c`` ``Y`` with ``c`` near ``M`` (a
+    square ``A``, or a centered one: its means make a zero) spans every direction, the completion has no
+    room, and ``G - Q C`` is rounding, which the whitening magnified into columns of norm 2 to 4 (found
+    by a randomized search). Those directions are in ``Q L_z`` already: the small factor's vectors of its
+    zero singular values, with ``B^H Q L_z = 0``. So the eigenpairs ``K V = V Lambda`` of ``K = L_z^H (Q^H
+    Q) L_z`` (``Q^H Q`` in one pass over a stored ``Y``, only where zeros occur) split them: columns
+    ``Q L_z v / sqrt(lambda)`` where ``lambda >`` :data:`SPANNED` (orthonormal, and orthogonal to the
+    nonzero triplets' columns, as ``L``'s columns are), completed columns for the others (``Q L_z v`` of
+    norm near zero: ``L_z`` on ``Q``'s zero columns). Any orthonormal basis of the zero singular
+    values' space is a right one."""
+    basis, last = list(chain[:-1]), np.asarray(chain[-1])
+    lz = last[:, zero]
+    gq = block.gram_after(basis or [np.eye(last.shape[0], dtype=last.dtype)])
+    k = ct(lz) @ np.asarray(gq, dtype=lz.dtype) @ lz
+    lam, v = np.linalg.eigh((k + ct(k)) / 2)
+    spanned = lam > SPANNED
+    if not spanned.any():
+        return list(chain), zero
+    rot = lz @ v
+    rot[:, spanned] /= np.sqrt(lam[spanned])[None, :]
+    new = last.copy()
+    new[:, zero] = rot
+    still = zero.copy()
+    still[np.flatnonzero(zero)] = ~spanned
+    return [*basis, new], still
+
+
 def complete_incore(u_basis: np.ndarray, last: np.ndarray, zero: np.ndarray, seed: int) -> np.ndarray:
     """``U = Q L`` with its ``zero`` columns completed, ``Q`` (``M x c``) held in memory (float64 or complex128)."""
     M = u_basis.shape[0]

@@ -18,7 +18,7 @@ import numpy as np
 import scipy.linalg
 
 from blocklin.linalg.blocks import random as rnd
-from blocklin.linalg.blocks.complete import complete_incore, complete_stored
+from blocklin.linalg.blocks.complete import complete_incore, complete_stored, keep_spanned
 from blocklin.linalg.blocks.center import Moments
 from blocklin.linalg.blocks.orth import cholqr_r, ct, orth_against, orth_incore, refine_once, work_dtype
 from blocklin.linalg.blocks.scaling import squares_lose_columns
@@ -101,7 +101,7 @@ def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
     ref = max(float(S[0]) if S.size else 0.0, src.noise_scale)
     zero = numerically_zero(S[:k], ref, src.dtype, src.M)
     sig = np.where(zero, 0.0, S[:k])
-    Ur = Ur[:, :k] * ~zero
+    Ur = Ur[:, :k]  # a zero's column too: write_long keeps it where range(Q_Y) holds it (keep_spanned)
     Vr = ct(Vrt)[:, :k]
     V = Q @ Vr
     safe = np.where(sig > 0, sig, 1.0)
@@ -147,6 +147,8 @@ def write_long(f: Factorization, Y: Any, chain: list, dest: str | None, transpos
         return f
     what = f"{label}: write the long factor"
     zero = np.asarray(f.s) == 0
+    if zero.any():  # those range(Q) holds are the method's own; the others are completed
+        chain, zero = keep_spanned(Y, chain, zero)
     if not zero.any():
         return dataclasses.replace(f, long=Y.apply_to(chain, dest, transposed_out=transposed_out, description=what))
     basis = chain[:-1]
@@ -283,13 +285,22 @@ def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transpose
     PY, Z = PZ[:, :kp], PZ[:, kp:]
     R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
     rinv = np.linalg.pinv(R)  # R is singular when A has rank < k + oversample (zero rows of R: zero columns of Q)
+    # the core on Q's nonzero columns only: least squares over Q's zero columns too put weight on them in
+    # U_C, columns of U = Q U_C of norm 0.6 to 1 (a graded A, found by a randomized search)
+    live = np.flatnonzero(np.any(R != 0, axis=1))
     P = orth_incore(Xt)
     del Xt
-    phiq = PY @ rinv
+    phiq = (PY @ rinv)[:, live]
     psitp = psi_t(seed, s, P.conj(), generator)
-    c1 = scipy.linalg.lstsq(phiq, Z)[0]               # (Phi Q)^+ Z
-    C = scipy.linalg.lstsq(psitp, c1.T)[0].T          # ... ((Psi^T P)^+)^T
-    Uc, Sc, Vct = np.linalg.svd(C)
+    if live.size:
+        c1 = scipy.linalg.lstsq(phiq, Z)[0]               # (Phi Q)^+ Z
+        C = scipy.linalg.lstsq(psitp, c1.T)[0].T          # ... ((Psi^T P)^+)^T
+        Ul, Sc, Vct = np.linalg.svd(C)
+    else:  # A = 0: no core; every column of U completed, V any orthonormal basis of range(P)
+        Ul, Sc, Vct = np.zeros((0, 0), dtype=phiq.dtype), np.zeros(0), np.eye(P.shape[1], dtype=P.dtype)
+    Uc = np.zeros((R.shape[0], max(k, Ul.shape[1])), dtype=Ul.dtype)  # zero columns beyond the rank: completed
+    Uc[live, :Ul.shape[1]] = Ul
+    Sc = np.concatenate([Sc, np.zeros(max(0, k - Sc.size))])
     # C has rank at most Q's: values beyond it, and those at the rounding level, are zeros of A
     zero = numerically_zero(Sc[:k], float(Sc[0]) if Sc.size else 0.0, Y.dtype, Y.M)
     zero |= np.arange(k) >= int(orth_info.get("rank", kp))
