@@ -156,3 +156,44 @@ def test_scale_without_center(shape, tmp_path):
     for res in (cpu_in, streamed):
         assert res.mean is None and res.report["scale"] and not res.report["center"]
         np.testing.assert_allclose(res.s, s0, rtol=1e-9)
+
+
+@pytest.mark.parametrize("memory", ["1GiB", "160KiB"])
+@pytest.mark.parametrize("center", [True, False])
+def test_a_column_of_one_repeated_value_is_constant(center, memory, tmp_path):
+    """A column of one repeated value has a variance of rounding (``5e-16`` of its mean), not 0: divided
+    by its square root it became a component of noise (``s`` of 1e16). It is left unscaled, as
+    scikit-learn's ``StandardScaler`` leaves it (``_is_constant_feature``)."""
+    rng = np.random.default_rng(0)
+    x = np.hstack([rng.standard_normal((900, 3)) * [3.0, 2.0, 1.0], np.full((900, 1), 0.1)])
+    x = np.tile(x, (1, 8))  # 32 columns: streamed at 160 KiB
+    ref = x - x.mean(axis=0) if center else x.copy()
+    sd = x.std(axis=0)
+    const = np.arange(x.shape[1]) % 4 == 3
+    ref[:, ~const] /= sd[~const]
+    res = bl.svd(x, 3, scale=True, center=center, seed=1, tol=1e-10, memory=memory, temp_dir=str(tmp_path))
+    np.testing.assert_array_equal(res.scale[const], 1.0)
+    s0 = np.linalg.svd(ref, compute_uv=False)[:3]
+    assert_singular_values(res.s, s0, n=x.shape[0], s1=s0[0])
+
+
+@pytest.mark.parametrize("dtype, far", [(np.float64, 1e-200), (np.float64, 1e200), (np.float32, 1e-30),
+                                        (np.complex64, 1e30)])
+def test_scale_alone_of_constant_columns_far_from_one(dtype, far, tmp_path):
+    """``scale`` without ``center``: a constant column is left unscaled, so where every column is constant
+    the matrix is ``A`` itself, factored scaled by a power of two and scaled back (``s`` came out ``2^e``
+    off: 1.49 for 3.9e-200). Constant columns beside standardized ones on such data: refused."""
+    rng = np.random.default_rng(0)
+    a = (rng.standard_normal((1, 20)) * far).astype(dtype)  # one row: every column constant
+    res = bl.svd(a, scale=True, memory="16MiB", temp_dir=str(tmp_path))
+    b = a.astype(np.complex128 if np.dtype(dtype).kind == "c" else np.float64)
+    peak = np.abs(b).max()
+    want = peak * np.linalg.norm(b / peak)  # the norm of one row, without over- or underflow
+    assert res.report["scaling"]["exponent"] != 0
+    np.testing.assert_allclose(res.s[0], want, rtol=8 * np.finfo(dtype).eps * 20)
+    mixed = np.random.default_rng(1).standard_normal((300, 4)) * far
+    mixed[:, 3] = far
+    with pytest.raises(bl.errors.ParameterError, match="scale: leaves a constant column unscaled.*column 4"):
+        bl.svd(mixed.astype(dtype), 3, scale=True, memory="16MiB", seed=0, temp_dir=str(tmp_path))
+    got = bl.svd(mixed.astype(dtype), 3, scale=True, center=True, memory="16MiB", seed=0, temp_dir=str(tmp_path))
+    assert np.isfinite(got.s).all()

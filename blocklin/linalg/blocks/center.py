@@ -62,11 +62,25 @@ class Moments:
         return self.var * (self.count / max(self.count - ddof, 1))
 
     @property
+    def constant(self) -> np.ndarray:
+        """The columns taken as constant (:func:`constant_columns`)."""
+        return constant_columns(self.var, self.mean, self.count)
+
+    @property
     def std(self) -> np.ndarray:
         """Population standard deviations, with 1 for a constant column (as scikit-learn's
         ``StandardScaler``: a constant column stays zero after centering instead of becoming NaN)."""
-        sd = np.sqrt(self.var)
-        return np.where(sd > 0, sd, 1.0)
+        return np.where(self.constant, 1.0, np.sqrt(self.var))
+
+
+def constant_columns(var: np.ndarray, mean: np.ndarray, count: int) -> np.ndarray:
+    """Columns whose variance is within the rounding of their sums: scikit-learn's ``StandardScaler``
+    rule (``_is_constant_feature``), ``var <= m eps var + (m |mean| eps)^2`` over ``m`` rows. A column
+    of one repeated value has a variance of rounding (``5e-16`` relative to its mean, measured), not 0:
+    divided by its square root it became a component of noise (found by a randomized search)."""
+    eps = float(np.finfo(np.float64).eps)
+    var = np.asarray(var, dtype=np.float64)
+    return var <= count * eps * var + (count * np.abs(mean) * eps) ** 2
 
 
 def acc_dtype(dtype: Any) -> np.dtype:
@@ -312,8 +326,9 @@ def row_moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any
             if not params["center"]:  # standardized only: the rows themselves, scaled
                 np.copyto(d, b[r0:r1])
             if params["standardize"]:
-                sd = np.sqrt(m2[r0:r1] / max(w, 1))
-                d /= np.where(sd > 0, sd, 1.0)[:, None]  # a constant row keeps its scale 1 (Moments.std)
+                var = m2[r0:r1] / max(w, 1)
+                # a constant row keeps its scale 1 (Moments.std)
+                d /= np.where(constant_columns(var, mu, w), 1.0, np.sqrt(var))[:, None]
             syrk_acc(state["g"], d)
     state["rows"].append((rows.start, mean, m2))
     return state, None

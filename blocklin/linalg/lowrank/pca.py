@@ -269,7 +269,7 @@ def _variances(res: Any, s: np.ndarray, scale: bool) -> tuple[np.ndarray, float,
     mom, e = res.scaled_moments if res.scaled_moments is not None else (moments, 0)
     var = mom.variance(ddof)
     if scale:  # a standardized column has variance 1 (ddof=0); a constant one stays 0; s does not scale
-        var = np.where(mom.var > 0, var / np.where(mom.var > 0, mom.var, 1.0), 0.0)
+        var = np.where(mom.constant, 0.0, var / np.where(mom.constant, 1.0, mom.var))
         e = 0
     return np.ldexp(s.astype(np.float64), -e) ** 2 / max(m - ddof, 1), float(var.sum()), e
 
@@ -469,7 +469,7 @@ def _isotropic(a: Any, *, whiten: bool, scale: bool, out: Any, updatable: bool, 
                             passes_formula="1 (the column moments: no component)")
     report.update(center=True, scale=bool(scale), scaling=scaling.report())
     moments = Moments(unscale(mom.mean, e), unscale(mom.var, 2 * e), mom.count) if e else mom
-    std = (np.where(mom.var > 0, unscale(mom.std, e), 1.0) if e else mom.std) if scale else None
+    std = (np.where(mom.constant, 1.0, unscale(mom.std, e)) if e else mom.std) if scale else None
     kept = _Fitted(moments, (mom, e) if e else None)
     ev_s, total_s, e = _variances(kept, np.zeros(0, np.finfo(dt).dtype), scale)
     ev, total, noise = _unscaled(ev_s, total_s, total_s / min(m, n), e)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.center import Moments, Shift, moments_incore
 from blocklin.linalg.blocks.scaling import ProductScaling, Scaling, incore_exponent, unscale
 from blocklin.linalg.lowrank.centering import fused_start, means_pass, moments_gram
@@ -51,6 +52,7 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
         src, moments, gram_start, means_fused = _streamed(job, A, plan, ckpt, scaling, seed=seed, q=q, center=center,
                                                           scale=scale, v0=v0, keep=keep)
         phases = {"passes over A": src.device or job.device}
+    check_unscaled_constants(moments, scaling, center=center, scale=scale)
     ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
     # complex data: the phase rule on the short factor, B's V (svd's convention, whatever is returned)
     src.signs = signs and (not plan.transposed or np.dtype(A.dtype).kind == "c")
@@ -145,12 +147,37 @@ def _method(src: Source, plan: SvdPlan, *, k: int, q: int | None, tol: float | N
                    ckpt, v0=v0)
 
 
+def _all_unscaled(moments: Moments | None, *, center: bool, scale: bool) -> bool:
+    """``scale`` without ``center`` where every column is constant: each is left unscaled, so ``B_c`` is
+    ``2^-e A`` itself."""
+    return scale and not center and moments is not None and bool(np.all(moments.constant))
+
+
+def check_unscaled_constants(moments: Moments | None, scaling: Scaling | ProductScaling, *, center: bool,
+                             scale: bool) -> None:
+    """Refuse ``scale`` without ``center`` on data scaled by ``2^-e`` (beyond the range squared safely)
+    whose constant nonzero columns sit beside standardized ones: those are left unscaled (scikit-learn's
+    rule), so ``B_c`` mixes columns of ``A``'s magnitude with columns of 1, which no power of two brings
+    into range together (they came out ``2^e`` off, found by a randomized search)."""
+    if not (scale and not center and moments is not None and scaling.exponent) or \
+            _all_unscaled(moments, center=center, scale=scale):
+        return
+    fixed = np.flatnonzero(moments.constant & (moments.mean != 0))
+    if fixed.size:
+        raise ParameterError(explain(
+            "scale", "leaves a constant column unscaled, which on data this far from 1 cannot be factored beside "
+            "the standardized ones", f"{fixed.size} constant nonzero column(s) (column {fixed[0] + 1} first) in "
+            f"data scaled by 2^{-scaling.exponent} to be read", "pass center=True as well (a constant column "
+            "becomes zero), or drop the constant columns, or bring the data nearer 1 first"))
+
+
 def scaled_back(f: Factorization, scaling: Scaling | ProductScaling, moments: Moments | None, *, center: bool,
-                 scale: bool) -> Factorization:
+                scale: bool) -> Factorization:
     """The factors of ``B`` from those of ``2^-e B`` the method made, with the scaling's report and the
     column moments (of ``A``, and of ``2^-e A`` when scaled), means and standard deviations."""
     e = scaling.exponent
-    if e and not scale:  # the factors of 2^-e B: s and residuals scale back by 2^e, vectors are unchanged
+    if e and (not scale or _all_unscaled(moments, center=center, scale=scale)):
+        # the factors of 2^-e B: s and residuals scale back by 2^e, vectors are unchanged
         # (a standardized B is the same for 2^-e A: nothing to scale back)
         residuals = None if f.residuals is None else unscale(np.asarray(f.residuals, dtype=np.float64), e)
         f = dataclasses.replace(f, s=unscale(f.s, e), residuals=residuals)
@@ -158,7 +185,7 @@ def scaled_back(f: Factorization, scaling: Scaling | ProductScaling, moments: Mo
         if moments is not None:
             f = dataclasses.replace(f, scaled_moments=(moments, e))
             # from the scaled variances (finite where var overflows); a constant column keeps its 1
-            std = np.where(moments.var > 0, unscale(moments.std, e), 1.0)
+            std = np.where(moments.constant, 1.0, unscale(moments.std, e))
             with np.errstate(over="ignore", under="ignore"):  # variances beyond float64: pca says so
                 moments = Moments(unscale(moments.mean, e), unscale(moments.var, 2 * e), moments.count)
     f = dataclasses.replace(f, scaling=scaling.report())

@@ -50,7 +50,7 @@ import numpy as np
 import scipy.linalg
 
 from blocklin.errors import ParameterError, explain
-from blocklin.linalg.blocks.center import merge_comoments, moments_and_gram
+from blocklin.linalg.blocks.center import Moments, merge_comoments, moments_and_gram
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.lowrank.methods import component_signs
 from blocklin.linalg.lowrank.svd import SVDResult, default_tol
@@ -106,10 +106,10 @@ def _open(out: Location, params: dict) -> _Stored:
                    params=upd, U=u, dtype=np.dtype(vt.dtype))
 
 
-def _sd(c: np.ndarray, m: int) -> np.ndarray:
-    """Population standard deviations from co-moments, 1 for a constant column (as the svd's scaling)."""
-    sd = np.sqrt(np.maximum(np.diag(c).real, 0.0) / max(m, 1))
-    return np.where(sd > 0, sd, 1.0)
+def _sd(c: np.ndarray, m: int, mean: np.ndarray) -> np.ndarray:
+    """Population standard deviations from co-moments, 1 for a constant column (as the svd's scaling,
+    :func:`~blocklin.linalg.blocks.center.constant_columns`)."""
+    return Moments(mean, np.maximum(np.diag(c).real, 0.0) / max(m, 1), m).std
 
 
 def _factored_gram(c: np.ndarray, m: int, mean: np.ndarray, center: bool, scale: bool) -> tuple:
@@ -117,7 +117,7 @@ def _factored_gram(c: np.ndarray, m: int, mean: np.ndarray, center: bool, scale:
     shift = mean if center else np.zeros_like(mean)
     # A^T A = C + m mu mu^T (A^H A = C + m conj(mu) mu^T of complex data): a sum, no cancellation
     g = c.copy() if center else c + m * np.outer(np.conjugate(mean), mean)
-    d = _sd(c, m) if scale else np.ones_like(mean)
+    d = _sd(c, m, mean) if scale else np.ones_like(mean)
     if scale:
         g /= d[:, None]
         g /= d[None, :]
