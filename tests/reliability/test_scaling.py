@@ -403,6 +403,53 @@ def test_solve_with_scaled_a_and_b(c):
                         what=f"solve {method} c={c:g}")
 
 
+@pytest.mark.parametrize("dtype, c", [(np.float32, 2.0 ** 100), (np.float64, 2.0 ** 996), (np.complex64, 2.0 ** 100),
+                                      (np.float32, 2.0 ** -100), (np.float64, 2.0 ** -990)])
+@pytest.mark.parametrize("method", ["normal", "qr"])
+def test_wide_solve_near_the_range_ends(dtype, c, method):
+    """The dual form ``x = A^T y`` of a wide ``A``: ``y = (A A^T)^-1 b`` is ``kappa^2 / |A|^2`` times ``b``,
+    and the GEMM's sums ``A^T (2^(eb - ea) y')`` had overflowed to an Inf in every entry (``c = 1e30`` in
+    float32, ``1e300`` in float64, condition ``1e6``; found by a randomized search). ``c A`` and ``c b``
+    (``c`` a power of two: exact) give the bits of ``A`` and ``b``'s ``x``; float64's is within the normal
+    equations' ``kappa^2 eps`` of LAPACK's minimum-norm solution."""
+    from blocklin.runtime.powers import ldexp  # keeps the dtype, complex parts included
+
+    rng = np.random.default_rng(3)
+    m, n = 6, 50
+    kappa = 1e6 if np.dtype(dtype) == np.float64 else 1e5  # kappa^2 |A| beyond the dtype's range at c
+    u, _ = np.linalg.qr(rng.standard_normal((m, m)))
+    a = (u * np.logspace(0, -np.log10(kappa), m)) @ np.linalg.qr(rng.standard_normal((n, m)))[0].T
+    b = rng.standard_normal(m)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * ((u * np.logspace(0, -np.log10(kappa), m)) @ np.linalg.qr(rng.standard_normal((n, m)))[0].T)
+        b = b + 1j * rng.standard_normal(m)
+    a, b = a.astype(dtype), b.astype(dtype)
+    plain = bl.solve(a, b, method=method, memory=IN_MEMORY).to_numpy()
+    got = bl.solve(ldexp(a, _exp(c)), ldexp(b, _exp(c)), method=method, memory=IN_MEMORY)
+    assert got.dtype == dtype
+    got = got.to_numpy()
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, plain)
+    if np.dtype(dtype) == np.float64:
+        x_ref = np.linalg.lstsq(a, b, rcond=None)[0]
+        bound = 8 * n * eps(dtype) * np.linalg.cond(a) ** 2 * np.linalg.norm(x_ref)
+        assert_close_to(got[:, 0], x_ref, bound=bound, what=f"wide solve {method} c=2^{_exp(c)}")
+
+
+def test_an_overflowed_wide_solution_is_refused(monkeypatch):
+    """Were the GEMM's sums ever to overflow (the earlier split of the exponents, put back here), the Inf
+    is refused, never returned as ``x``."""
+    from blocklin.linalg.solve import wide
+
+    monkeypatch.setattr(wide, "dual_exponents", lambda y, eb, ea, dtype: (eb - ea, -ea))
+    rng = np.random.default_rng(3)
+    u, _ = np.linalg.qr(rng.standard_normal((4, 4)))
+    a = ((u * np.logspace(0, -5, 4)) @ np.linalg.qr(rng.standard_normal((40, 4)))[0].T * 2.0 ** 100).astype(np.float32)
+    b = (rng.standard_normal(4) * 2.0 ** 100).astype(np.float32)
+    with pytest.raises(bl.errors.NonFiniteError, match="x = A\\^T y within the range.*overflowed"):
+        bl.solve(a, b, method="normal", memory=IN_MEMORY)
+
+
 # -- converged only for checked, finite residuals -------------------------------------------------------
 def test_nan_residuals_never_read_as_converged():
     s = np.array([3.0, 2.0, 1.0])

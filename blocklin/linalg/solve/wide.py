@@ -139,17 +139,54 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         ys = [y - np.outer(w, y.sum(axis=0)) / S for y in ys]
         icpt = [bbar - ((w @ g_raw) @ y if r is None else (r @ w).conj() @ (r @ y)) / S for y in ys]
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
-    y = unscaled_x(np.hstack(ys), eb - ea, out_dtype).astype(out_dtype)
+    t, alpha = dual_exponents(np.hstack(ys), eb, ea, out_dtype)
+    y = unscaled_x(np.hstack(ys), t, out_dtype).astype(out_dtype)
     cplx = out_dtype.kind == "c"  # x = A^H y = conj(A^T conj(y)): the GEMM's A^T, conjugated on both sides
     Y = job.operand(y.conj() if cplx else y, "y")
-    product = Gemm.of(ctx.A, Y, trans_a=True, dtype=out_dtype, alpha=float(np.ldexp(1.0, -ea)))
+    product = Gemm.of(ctx.A, Y, trans_a=True, dtype=out_dtype, alpha=float(np.ldexp(1.0, alpha)))
     plan = product.plan(job, read_reserve=True)  # measured over budget at 16 MiB without it
     dst = job.scratch("conj x", product.shape, out_dtype, plan.out_chunks) if cplx else x_path
     create_array(x_path, shape=product.shape, dtype=out_dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     product.run(job, plan, dst, description="x = A^H y" if cplx else "x = A^T y", count_pass="a")
     if cplx:
         _conjugate_into(dst, x_path, plan.out_chunks[0])
+    _check_finite_x(x_path, alpha)
     return info
+
+
+def dual_exponents(y: np.ndarray, eb: int, ea: int, dtype: Any) -> tuple[int, int]:
+    """``(t, s)`` of ``x = 2^s A^T (2^t y')`` with ``t + s = eb - 2 ea`` (``y'`` of the scaled problem):
+    ``2^t y'`` the true ``y = (A A^T + lam^2 I)^-1 b`` where it is within the output dtype's range with a
+    margin, so that the GEMM's sums ``A^T y`` are of the size of ``x``; else the nearest exponent that is.
+
+    ``A^T (2^(eb - ea) y')``, the earlier split, sums products of ``|A| |b| kappa^2 / |A'|^2``: beyond
+    float32's range for a 4 x 40 ``A`` of ``1e30`` and condition ``1e6`` whose ``x`` is ``1e6`` (every
+    entry Inf, found by a randomized search)."""
+    total = eb - 2 * ea
+    top = float(np.max(np.abs(y))) if y.size else 0.0
+    if not top or not np.isfinite(top):
+        return total, 0
+    info = np.finfo(np.dtype(dtype))
+    ey = int(np.frexp(top)[1])  # 2^(ey - 1) <= top < 2^ey
+    hi = info.maxexp - 8 - int(math.ceil(math.log2(max(2, y.shape[0]))))  # room for the GEMM's sums
+    lo = info.minexp + info.nmant + 8  # the small entries of y stay normal
+    t = min(max(total, lo - ey), hi - ey)
+    return t, total - t
+
+
+def _check_finite_x(x_path: str, alpha: int) -> None:
+    """Raise where the GEMM's ``x`` holds Inf or NaN although ``A``, ``b`` and ``y`` were finite: its sums
+    overflowed (never an Inf returned as a solution)."""
+    from blocklin.storage.zarr_store import open_cached, read_block
+
+    x = open_cached(x_path, "r")
+    step = max(1, (8 << 20) // max(1, x.shape[1] * x.dtype.itemsize))
+    for r0 in range(0, x.shape[0], step):
+        if not np.isfinite(read_block(x, slice(r0, min(x.shape[0], r0 + step)), slice(0, x.shape[1]))).all():
+            raise NonFiniteError(_msg("a", "must give x = A^T y within the range of its dtype",
+                                      f"x = 2^{alpha} A^T y overflowed ({x.dtype.name})",
+                                      "solve in float64 (a.astype('float64')), or use blocklin.lstsq, whose SVD "
+                                      "route never forms y"))
 
 
 def _conjugate_into(src: Any, dst: Any, rows: int) -> None:
