@@ -160,6 +160,13 @@ def square(op: Any, why: str, fix: str) -> int:
     return m
 
 
+def not_empty(op: Any, what: str, fix: str) -> None:
+    """An operand with at least one row and one column (a plan divides by both)."""
+    m, n = op.shape
+    if not (m and n):
+        raise ShapeError(explain(op.name, f"must have at least one row and one column {what}", f"{m} x {n}", fix))
+
+
 def same_rows(a: Any, b: Any) -> None:
     """``b`` has one row per row of ``a`` (blocklin never broadcasts)."""
     if b.shape[0] != a.shape[0]:

@@ -33,7 +33,7 @@ from blocklin.runtime.job import Job
 from blocklin.storage.identity import resume_token
 from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import create_array, open_zarr, write_block
-from blocklin.validate import choice, float_operand, size
+from blocklin.validate import choice, float_operand, not_empty, size
 
 MODES = ("r", "reduced")
 #: ``"auto"`` takes the streaming TSQR for ``R`` alone when its strips can hold this many times ``n``
@@ -129,6 +129,7 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
     with Job("qr", **settings) as job:
         A = job.operand(a, "a", integers="cast")
         m, n = A.shape
+        not_empty(A, "to be factored", "numpy.linalg.qr of an empty matrix is empty: nothing to compute")
         dt = float_operand(A, "qr", complex_ok=True)
         if m < n:
             return _wide(job, A, out, q, mode=mode, overwrite=overwrite, explain=explain)

@@ -27,7 +27,7 @@ from blocklin.runtime.job import Job
 from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.runtime.stages import Stages
 from blocklin.storage.zarr_store import create_array
-from blocklin.validate import MAX_REFINE, count, float_operand, positive, square
+from blocklin.validate import MAX_REFINE, count, float_operand, not_empty, positive, square
 from blocklin.validate import precision as check_precision
 
 PRECISIONS = (None, "mixed", "tf32", "float32", "float64", "fp16", "bf16")
@@ -286,6 +286,7 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
     checked first: a budget suggestion must not lead to a run the disk cannot hold)."""
     M = job.operand(a, "a", integers="cast")
     n = square(M, "to be inverted", "for a least-squares or regularized solution use blocklin.solve(a, b, lam=...)")
+    not_empty(M, "to be inverted", "the inverse of a 0 x 0 matrix is 0 x 0: nothing to compute")
     if method == "auto" and job.device == "gpu" and precision not in ("mixed", "tf32"):
         # the LU route's panel factorization and row solves run on the host; in float32 work the
         # unpivoted recursion's leading blocks are too often ill-conditioned (a Gaussian block of a

@@ -8,6 +8,7 @@ singular values above ``rcond * s_1``: the truncated-SVD solution LAPACK's ``xGE
 
 from __future__ import annotations
 
+import os
 from typing import Any, Unpack
 
 import numpy as np
@@ -93,6 +94,10 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
                                   and np.isfinite(rcond) and rcond >= 0):
         raise ParameterError(explain("rcond", "must be a non-negative number or None", repr(rcond),
                                      "pass rcond=None (eps * max(m, n), NumPy's default)"))
+    if isinstance(b, (str, os.PathLike)):  # a stored right-hand side, as a accepts one
+        from blocklin import open as open_matrix
+
+        b = open_matrix(b, storage_options=settings.get("storage_options"))
     bb = np.asarray(b)
     vector = bb.ndim == 1
     if bb.ndim not in (1, 2):

@@ -442,6 +442,8 @@ def _operands(job: Job, a: Any, b: Any, assume_a: str) -> tuple[Any, Any, np.dty
     same_rows(A, B)
     float_operand(A, "solve", complex_ok=True), float_operand(B, "solve", complex_ok=True)
     dt = same_dtype(A, B, complex_promotion=True)
+    if job.check_finite:  # here, not as a zero pivot: the substitutions never check b (n x k, read once)
+        _check_finite_rhs(B)
     if assume_a == "sym" and dt.kind == "c":  # SciPy's 'sym' of complex data is complex symmetric, not Hermitian
         raise ParameterError(explain("assume_a", "must be 'gen' or 'pos' for complex data (SciPy's 'sym' means "
                                      "complex symmetric, A = A^T, which blocklin does not factor; 'pos' is Hermitian "
@@ -449,6 +451,20 @@ def _operands(job: Job, a: Any, b: Any, assume_a: str) -> tuple[Any, Any, np.dty
                                      f"{B.name}: {B.dtype.name}", "pass assume_a='gen' (LU with partial pivoting), "
                                      "or 'pos' for a Hermitian positive definite a"))
     return A, B, dt
+
+
+def _check_finite_rhs(B: Any) -> None:
+    """Raise :class:`~blocklin.errors.NonFiniteError` naming where ``b`` holds NaN or Inf (a NaN in ``b``
+    had come out of the substitutions as "a singular or overflowing diagonal block of U")."""
+    from blocklin.runtime.tiles import check_finite
+    from blocklin.storage.zarr_store import open_cached, read_block
+
+    arr = open_cached(B.path, "r")
+    n, k = arr.shape
+    step = max(1, (8 << 20) // max(1, k * arr.dtype.itemsize))
+    for r0 in range(0, n, step):
+        rows = slice(r0, min(n, r0 + step))
+        check_finite(read_block(arr, rows, slice(0, k)), "b", rows, slice(0, k))
 
 
 def solve_dtype(fdt: np.dtype, dt: np.dtype) -> np.dtype:

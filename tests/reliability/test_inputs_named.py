@@ -1,0 +1,43 @@
+"""Inputs a randomized search of the solves found refused for the wrong reason, or not taken: each is
+now named for what it is (a NaN in ``b``, an empty matrix) or taken as its neighbours take it (a stored
+``b`` for ``lstsq``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.errors import NonFiniteError, ShapeError
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("assume_a", ["gen", "pos"])
+def test_a_nan_in_b_of_a_square_solve_names_b(assume_a, bad, tmp_path):
+    """It had come out of the substitutions as "a singular or overflowing diagonal block of U" for a
+    matrix of condition 1.3."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((40, 40)) + 40 * np.eye(40)
+    a = a @ a.T if assume_a == "pos" else a
+    b = rng.standard_normal((40, 2))
+    b[3, 1] = bad
+    with pytest.raises(NonFiniteError, match=r"b: must be finite.*at \[3, 1\]"):
+        bl.solve(a, b, assume_a=assume_a, temp_dir=str(tmp_path))
+    x = bl.solve(a, np.nan_to_num(b, posinf=0.0), assume_a=assume_a, temp_dir=str(tmp_path))  # the fix it names
+    assert np.isfinite(x.to_numpy()).all()
+
+
+def test_lstsq_takes_a_stored_b(tmp_path):
+    """As ``a`` and every other solve's ``b``: a path had been read as a 0-d array (``got shape ()``)."""
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((60, 5)), rng.standard_normal((60, 2))
+    bl.from_array(b, tmp_path / "b.zarr")
+    got = bl.lstsq(a, str(tmp_path / "b.zarr"))[0]
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(bl.lstsq(a, b)[0]))
+
+
+@pytest.mark.parametrize("call, shape", [("inv", (0, 0)), ("qr", (0, 0)), ("qr", (5, 0))])
+def test_an_empty_matrix_is_refused_by_name(call, shape, tmp_path):
+    """A bare ``ZeroDivisionError`` from the planner before."""
+    with pytest.raises(ShapeError, match=r"a: must have at least one row and one column.*got \d x 0"):
+        getattr(bl, call)(np.zeros(shape), temp_dir=str(tmp_path))
