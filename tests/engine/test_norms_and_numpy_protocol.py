@@ -62,6 +62,29 @@ def test_spectral_norms(budget):
 
 
 @pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+def test_spectral_norm_of_single_precision_data(dtype, budget):
+    """Its Lanczos residual is asked to ``100 eps`` of the data's dtype, which its rounded products can
+    reach: ``10 sqrt(eps)`` of float64 warned on every float32 norm (found by a randomized search). The
+    value: Weyl for the data's own rounding in the products, ``4 M eps_32 s_1``, and Kato-Temple for the
+    residual, ``r^2 / gap``."""
+    import warnings
+
+    s = np.concatenate([[10.0, 5.0], np.linspace(2.0, 0.01, 28)])
+    a = spectrum(3000, 30, s, seed=2)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * spectrum(3000, 30, s, seed=3)
+    a = a.astype(dtype)
+    sv = np.linalg.svd(a.astype(np.complex128), compute_uv=False)
+    ref = sv[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = bl.norm(a, 2, memory=BUDGETS[budget])
+    r = 100 * eps(dtype) * ref
+    assert abs(got - ref) <= r ** 2 / (ref ** 2 - sv[1] ** 2) * ref + 4 * 3000 * eps(dtype) * ref
+
+
+@pytest.mark.parametrize("budget", list(BUDGETS))
 def test_cond_of_complex_data(budget):
     """``cond`` of complex data: ``s_1 / s_N`` from the complex SVD (tall, and square), and the 1-norm
     condition from the complex inverse, against NumPy's. Bounds as for real data times ``3 sqrt(2)``

@@ -106,7 +106,8 @@ def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noq
         As NumPy for matrices: ``None``/``"fro"`` Frobenius, ``1``/``-1`` the largest/smallest column sum
         of ``|a|`` (moduli for complex ``a``), ``inf``/``-inf`` the largest/smallest row sum (one pass over ``A``); ``2``/``-2`` the
         largest/smallest singular value, ``"nuc"`` their sum (:func:`blocklin.svd`: the largest by block
-        Lanczos to ``10 sqrt(eps)``, the others from every singular value, ``N x N`` in memory; of complex
+        Lanczos to a residual of ``10 sqrt(eps)`` of float64, or ``100 eps`` of single-precision data, whose
+        rounded products reach no lower; the others from every singular value, ``N x N`` in memory; of complex
         ``a`` too).
     **settings
         As for every operation.
@@ -152,17 +153,20 @@ def _spectral(a: Any, ord: Any, settings: dict) -> float:
     from blocklin.linalg.lowrank.svd import svd
 
     if ord == 2:
-        shape = _shape(a, settings)
+        shape, dtype = _shape_dtype(a, settings)
         if min(shape) > 1:  # the largest alone: block Lanczos, converged to its residual tolerance
-            eps = float(np.finfo(np.float64).eps)
-            return float(svd(a, 1, tol=10 * math.sqrt(eps), return_singular_vectors=False, seed=0, **settings)[0])
+            # float32 data's products are rounded at its eps: a residual below ~100 of them is out of reach
+            # (10 sqrt(eps) of float64 alone warned on every float32 norm after 30 passes, the value right)
+            tol = max(10 * math.sqrt(float(np.finfo(np.float64).eps)), 100 * float(np.finfo(dtype).eps))
+            return float(svd(a, 1, tol=tol, return_singular_vectors=False, seed=0, **settings)[0])
     s = svd(a, return_singular_vectors=False, **settings)
     return float(s[0] if ord == 2 else s[-1] if ord == -2 else np.sum(s, dtype=np.float64))
 
 
-def _shape(a: Any, settings: dict) -> tuple[int, int]:
+def _shape_dtype(a: Any, settings: dict) -> tuple[tuple[int, int], np.dtype]:
     with Job("norm", **settings) as job:
-        return job.operand(a, "a", integers="cast").shape
+        op = job.operand(a, "a", integers="cast")
+        return op.shape, np.dtype(op.dtype)
 
 
 def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
@@ -180,7 +184,7 @@ def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
         with np.errstate(divide="ignore"):
             c = s[0] / s[-1] if s[-1] > 0 else np.inf
         return float(c if p != -2 else (1.0 / c if c else np.inf))
-    shape = _shape(a, settings)
+    shape, _ = _shape_dtype(a, settings)
     if shape[0] != shape[1]:
         raise ShapeError(explain("a", f"must be square for cond(p={p!r}) (a norm of the inverse)",
                                  f"shape {shape}", "pass p=None (the 2-norm condition of any shape)"))
