@@ -4,11 +4,13 @@ now named for what it is (a NaN in ``b``, an empty matrix) or taken as its neigh
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 import blocklin as bl
-from blocklin.errors import NonFiniteError, ShapeError
+from blocklin.errors import NonFiniteError, ParameterError, ShapeError
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -41,3 +43,25 @@ def test_an_empty_matrix_is_refused_by_name(call, shape, tmp_path):
     """A bare ``ZeroDivisionError`` from the planner before."""
     with pytest.raises(ShapeError, match=r"a: must have at least one row and one column.*got \d x 0"):
         getattr(bl, call)(np.zeros(shape), temp_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("far", [1e200, 1e-200])
+@pytest.mark.parametrize("call", ["solve gen", "solve pos", "inv"])
+def test_mixed_precision_of_data_beyond_float32_names_the_range(call, far, tmp_path):
+    """``precision="mixed"`` factors in float32: data of ``1e+-200`` (condition 1) cast to Inf or 0 and was
+    refused as a singular or indefinite ``A``. It is refused for its range, with the fix that works."""
+    rng = np.random.default_rng(0)
+    q, _ = np.linalg.qr(rng.standard_normal((3, 3)))
+    a = np.eye(3) * far if call == "solve pos" else q * far
+    b = rng.standard_normal(3) * far
+    kw = dict(temp_dir=str(tmp_path))
+    if call == "inv":
+        run = lambda **p: bl.inv(np.kron(np.eye(60), a), memory="256KiB", **p, **kw)  # noqa: E731
+    else:
+        run = lambda **p: bl.solve(a, b, assume_a=call.split()[1], **p, **kw)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's own, of the cast that overflowed
+        with pytest.raises(ParameterError, match=r"precision: a float32 factorization needs A's entries within "
+                           r"float32's range.*max \|A\| = .*e[+-]\d+"):
+            run(precision="mixed")
+    assert np.isfinite(run().to_numpy()).all()  # precision='double', the fix it names

@@ -254,3 +254,22 @@ def safe_norm(ops: Any, region: Any, sumsq: float) -> float:
     :class:`~blocklin.runtime.blockops.BlockOps`)."""
     return math.sqrt(sumsq) if sumsq_in_range(sumsq) and sumsq != 0.0 else ops.norm(region)
 
+
+
+def narrow_range_refusal(amax: float, source: Any, work: Any, fix: str) -> Exception | None:
+    """The error for a factorization in a narrower ``work`` dtype (``precision="mixed"``: float32 of float64
+    data) of data whose largest magnitude ``amax`` its cast cannot hold: above the ``work`` dtype's largest
+    (every such entry Inf) or below its smallest normal times ``2^p`` (every entry flushed to zero or a
+    subnormal of a few bits). Those had been refused as a singular or indefinite ``A`` (found by a randomized
+    search). None where the range holds, or ``work`` is not narrower than ``source``."""
+    from blocklin.errors import ParameterError, explain
+
+    src, wd = np.dtype(source), np.dtype(work)
+    if wd.itemsize >= src.itemsize or not np.isfinite(amax) or amax == 0:
+        return None
+    info = np.finfo(wd)
+    if float(info.tiny) * 2.0 ** info.nmant <= amax < float(info.max):
+        return None
+    return ParameterError(explain("precision", f"a {wd.name} factorization needs A's entries within {wd.name}'s "
+                                  f"range (its cast would {'overflow' if amax >= float(info.max) else 'flush them to zero'})",
+                                  f"max |A| = {amax:.3g}", fix))

@@ -13,6 +13,7 @@ import numpy as np
 
 from blocklin.errors import ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
+from blocklin.linalg.blocks.scaling import narrow_range_refusal
 from blocklin.linalg.inverse import refine as _refine
 from blocklin.linalg.inverse.kernels import (
     LURowsSpec,
@@ -123,6 +124,10 @@ def invert_lu(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed: i
                                   "range (the factorization overflowed)", f"max |A| {f.max_a:.3g}, max |U| {f.max_u:.3g}",
                                   "invert without precision='mixed', or scale A"))
     if f.min_pivot == 0.0:
+        refusal = narrow_range_refusal(f.max_a, M.dtype, wdt, "invert without precision='mixed', or scale A by a "
+                                       "power of two into float32's range")
+        if refusal is not None:
+            raise refusal
         raise SingularMatrixError(_msg("a", "must be nonsingular to be inverted", "LU with partial pivoting met an "
                                        "exact zero pivot (A is singular)",
                                        "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"))

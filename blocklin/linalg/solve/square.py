@@ -19,7 +19,7 @@ from blocklin.errors import (ConvergenceError, ConvergenceWarning, NotPositiveDe
                              SingularMatrixError, explain, warn)
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
-from blocklin.linalg.blocks.scaling import safe_norm, sumsq_in_range
+from blocklin.linalg.blocks.scaling import narrow_range_refusal, safe_norm, sumsq_in_range
 from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, STALL, Operators, Refined, check_condition, check_refined,
                                             condition_estimate, get, krylov_plan, put, refine_ir)
 from blocklin.device.half import FORMATS
@@ -490,7 +490,36 @@ def _factor_dtype(dt: np.dtype, precision: str, a_dtype: np.dtype | None = None)
 
 def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tuple[_Factor, str]:
     """The stored factorization for ``assume_a`` and why it was chosen (``stores``: per kind of factor, its
-    store, plan and folder of tile markers)."""
+    store, plan and folder of tile markers). A narrower ``fdt`` (``precision="mixed"``) that meets a zero
+    pivot or an indefinite ``A`` is refused by name where ``A``'s range is beyond it (a pass for ``max |A|``,
+    on that failure only)."""
+    try:
+        return _factor_as(job, A, fdt, assume_a, stores)
+    except (SingularMatrixError, NotPositiveDefiniteError) as err:
+        if np.dtype(fdt).itemsize < np.dtype(A.dtype).itemsize:
+            refusal = narrow_range_refusal(_max_abs(A), A.dtype, fdt, "pass precision='double', or scale a by a "
+                                           "power of two into float32's range")
+            if refusal is not None:
+                raise refusal from err
+        raise
+
+
+def _max_abs(A: Any) -> float:
+    """``max |a_ij|`` by row blocks (a pass over ``A``)."""
+    from blocklin.storage.zarr_store import open_cached, read_block
+
+    arr = open_cached(A.path, "r")
+    n, m = arr.shape
+    step = max(1, (8 << 20) // max(1, m * arr.dtype.itemsize))
+    top = 0.0
+    for r0 in range(0, n, step):
+        blk = read_block(arr, slice(r0, min(n, r0 + step)), slice(0, m))
+        if blk.size:
+            top = max(top, float(np.abs(blk).max()))
+    return top
+
+
+def _factor_as(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tuple[_Factor, str]:
     if assume_a == "gen":
         return _lu(job, A, *stores["lu"]), "assume_a='gen': out-of-core LU with partial pivoting"
     if assume_a == "pos":
