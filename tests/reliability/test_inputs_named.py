@@ -11,6 +11,7 @@ import pytest
 
 import blocklin as bl
 from blocklin.errors import NonFiniteError, ParameterError, ShapeError
+from support.tolerances import eps
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -65,3 +66,31 @@ def test_mixed_precision_of_data_beyond_float32_names_the_range(call, far, tmp_p
                            r"float32's range.*max \|A\| = .*e[+-]\d+"):
             run(precision="mixed")
     assert np.isfinite(run().to_numpy()).all()  # precision='double', the fix it names
+
+
+@pytest.mark.parametrize("dtype, far", [(np.float32, 2.0 ** -122), (np.float32, 2.0 ** 110), (np.float64, 2.0 ** -1000),
+                                        (np.float64, 2.0 ** 960)])
+def test_inverse_of_a_block_far_from_one(dtype, far, tmp_path):
+    """A block of condition 10 whose inverse fits its dtype: LAPACK's ``gecon`` guards returned ``rcond = 0``
+    for a float32 block of ``1e-37`` (inverse ``1e37``), refused as singular. The block is factored scaled by
+    a power of two (exact): the bits of ``A`` itself, scaled back."""
+    rng = np.random.default_rng(12)
+    n = 80
+    q1, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    q2, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = ((q1 * np.logspace(0, -1, n)) @ q2.T).astype(dtype)
+    from blocklin.runtime.powers import ldexp
+
+    e = int(np.log2(far))
+    plain = bl.inv(a, temp_dir=str(tmp_path)).to_numpy()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's own: the subnormal inputs of the reference
+        x = ldexp(a, e)
+        got = bl.inv(x, temp_dir=str(tmp_path)).to_numpy()
+        assert np.isfinite(bl.cond(x, 1, temp_dir=str(tmp_path)))
+    if np.array_equal(ldexp(x, -e), a):  # every entry kept its bits: the same inverse, scaled back
+        np.testing.assert_array_equal(got, ldexp(plain, -e))
+    else:  # some entries subnormal (rounded): LU's bound on the rounded matrix, kappa n eps, against float64
+        ref = np.linalg.inv(ldexp(x, -e).astype(np.float64))
+        err = np.linalg.norm(ldexp(got.astype(np.float64), e) - ref) / np.linalg.norm(ref)
+        assert err <= 4 * n * eps(dtype) * np.linalg.cond(a.astype(np.float64)), err

@@ -30,11 +30,13 @@ import numpy as np
 from blocklin.device import pool
 from blocklin.device.cpu import CpuDevice, trsm_inplace
 from blocklin.linalg.blocks.random import probes
+from blocklin.linalg.blocks.scaling import exponent_for
 from blocklin.plan.chunks import split
 from blocklin._memory import IO_CONCURRENCY
 from blocklin.plan.inverse import KernelMemory
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
+from blocklin.runtime.powers import ldexp
 from blocklin.runtime.tiles import Epilogue, open_array, with_task_settings
 from blocklin.storage.rawchunks import raw_access
 from blocklin.storage.zarr_store import read_block, write_block
@@ -529,16 +531,24 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
     else:
         getrf, gecon, getri, getri_lwork = lapack.get_lapack_funcs(("getrf", "gecon", "getri", "getri_lwork"),
                                                                    (a.T,))
+        # a block beyond the safe range (blocks.scaling) factored as 2^-e A, exactly: gecon's guards
+        # against overflow returned rcond = 0 for a float32 block of 1e-37 whose inverse, 1e37, fits
+        e = exponent_for(float(np.abs(a).max(initial=0.0)), a.dtype)
+        if e:
+            ldexp(a, -e, out=a)
         lu, piv, info = getrf(a.T, overwrite_a=True)  # A^T = P L U, in the block's memory
         if info != 0:
             return {**failed, "info": int(info)}
-        rcond = float(gecon(lu, anorm, norm="1")[0])
+        rcond = float(gecon(lu, float(np.ldexp(anorm, -e)), norm="1")[0])
         # In place: (A^T)^-1 = A^-T in the block's memory, which read row-major is A^-1.
         # getri's optimal (blocked) workspace matters: the default unblocked one is 2-3x slower.
         _, info = getri(lu, piv, lwork=_getri_lwork(getri_lwork, spec.size, spec.width or spec.size),
                         overwrite_lu=True)
         if info != 0:
             return {**failed, "info": int(info)}
+        if e:  # (2^-e A)^-1 = 2^e A^-1
+            with np.errstate(over="ignore", under="ignore"):
+                ldexp(a, -e, out=a)
         put_all()
     if resid is not None:
         extra["probe_sumsq"] = sumsq(resid)
