@@ -239,7 +239,8 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
     oversample : int
         Extra columns of the random block (``rsvd``, ``sketch``) or of the wanted set (``lanczos``).
     power_iters : int or "auto"
-        ``rsvd`` power iterations ``q``, each one fused pass ``Z = A^T (A Q)``: ``q + 1`` passes in all.
+        ``rsvd`` power iterations ``q``, each one fused pass ``Z = A^T (A Q)``: ``q + 1`` passes in all
+        (``0``: one pass, the Rayleigh-Ritz values of a random subspace, exact for no rank).
         ``q`` fused passes build scikit-learn's ``n_iter = q - 1`` subspace and half a step more
         (:func:`power_passes`; pass ``n_iter=`` for scikit-learn's count). ``"auto"``: adaptive when
         ``tol`` is given (stop when every triplet's relative residual is ``<= tol``, at most
