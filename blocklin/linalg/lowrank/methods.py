@@ -136,9 +136,11 @@ def write_long(f: Factorization, Y: Any, chain: list, dest: str | None, transpos
     (``A = U diag(s) V^H`` is unchanged).
 
     The columns of zero singular values (``f.s == 0``: the methods report a numerically zero value as
-    ``0``, :func:`~blocklin.linalg.lowrank.triplets.numerically_zero`) are an orthonormal completion,
-    orthogonal to ``Q_Y`` and to each other, from the normal rows of ``seed``
-    (:mod:`blocklin.linalg.blocks.complete`): ``U^T U = I`` as LAPACK's and ``svds``' factors."""
+    ``0``, :func:`~blocklin.linalg.lowrank.triplets.numerically_zero`) are the method's own where
+    ``range(Q_Y)`` holds them (:func:`~blocklin.linalg.blocks.complete.keep_spanned`: a square or nearly
+    square ``A``), else an orthonormal completion, orthogonal to ``Q_Y`` and to each other, from the
+    normal rows of ``seed`` (:mod:`blocklin.linalg.blocks.complete`): ``U^T U = I`` as LAPACK's and
+    ``svds``' factors."""
     if signs:
         d = component_signs(f.V)
         f = dataclasses.replace(f, V=f.V * d)
