@@ -227,3 +227,17 @@ def test_graded_spectrum_below_the_rounding_level(route, budget):
         resid = np.linalg.norm(a.T @ u - vt.T * s, axis=0)
         assert resid.max() <= 4 * m * eps(np.float64) * s[0]
         assert max(res.report["residuals"]) <= 4 * m * eps(np.float64) * s[0]
+
+
+@pytest.mark.parametrize("memory", ["571KiB", "700KiB"])
+def test_centered_wide_streamed_whole_space(memory):
+    """The zero that centering makes in a wide ``A``, streamed: at 571 KiB ``chol(Y^T Y)`` went through by
+    rounding, and CholeskyQR's ``Q`` (condition of ``Y`` about ``1/eps``) was orthonormal to ``4e-3`` only:
+    a row of ``Vt`` of norm 0.992, ``||X_c v|| = 2`` (found by a randomized search). A ``Y`` beyond
+    ``orth.CHOLQR_MAX_CONDITION`` takes the rank-revealing TSQR."""
+    rng = np.random.default_rng(0)
+    m, n = 41, 460
+    x = rng.standard_normal((m, n)) * rng.uniform(0.5, 3, n) + rng.standard_normal(n)
+    res = bl.svd(x, seed=0, center=True, memory=memory)
+    assert not res.report["in_core"]
+    check(x - x.mean(axis=0), res)

@@ -282,6 +282,8 @@ def cholqr_r(block: Any, g: np.ndarray, *, rank_revealing: bool = False) -> tupl
     info = {"method": "cholqr2", "shift": 0.0}
     refinements = 1
     r1 = cholesky_upper(g)
+    if r1 is not None and rank_revealing and _beyond_cholqr(r1):
+        r1 = None  # a Cholesky that went through by rounding: its Q would not be orthonormal
     if r1 is None and not rank_revealing:
         sh = shift_for(g, block.M)
         info.update(method="shifted-cholqr3", shift=sh)
@@ -307,6 +309,25 @@ def cholqr_r(block: Any, g: np.ndarray, *, rank_revealing: bool = False) -> tupl
     d = diagonal_signs(r)
     chain[-1] = signed_columns(chain[-1], d)
     return d[:, None] * r, chain, info
+
+
+#: The condition of ``Y`` beyond which a rank-revealing :func:`cholqr_r` takes TSQR though ``chol(Y^T Y)``
+#: went through: CholeskyQR2's first ``Q`` is off by ``kappa^2 u``, which its second step corrects while
+#: that is well below 1 (Yamamoto et al. 2015). A ``Y`` of a numerical zero (a centered ``A``) or of
+#: condition 1e8 had passed ``chol`` by rounding at some budgets and given a ``U`` off by 1e-10 to 2e-2
+#: (found by a randomized search).
+CHOLQR_MAX_CONDITION = 1e7
+
+
+def _beyond_cholqr(r: np.ndarray) -> bool:
+    """LAPACK's estimate of ``R``'s condition (``trcon``, 1-norm) above :data:`CHOLQR_MAX_CONDITION`."""
+    from scipy.linalg import lapack
+
+    if r.size == 0:
+        return False
+    trcon = lapack.get_lapack_funcs("trcon", (r,))
+    rc, info = trcon(r, norm="1", uplo="U", diag="N")
+    return info != 0 or not rc * CHOLQR_MAX_CONDITION > 1.0
 
 
 def _numerically_singular(r: np.ndarray, block: Any) -> bool:
