@@ -57,7 +57,7 @@ from blocklin._version import __version__
 from blocklin import jsonsafe
 from blocklin.errors import OutputBusyError, OutputExistsError, explain, warn
 from blocklin.storage import ownership, stamps
-from blocklin.storage.backend import backend
+from blocklin.storage.backend import backend, rmtree_owner_last
 from blocklin.storage.completeness import STORED_KEY, count_stored
 from blocklin.storage.guard import check_output, check_replaceable, check_replaceable_prefix
 from blocklin.storage.location import Location, as_location
@@ -448,7 +448,7 @@ class AtomicOutput:
             if owner is None or self.owner is None or owner.get("run") == self.owner["run"]:
                 backend(self.path).remove("")
         else:
-            shutil.rmtree(self.partial.url, ignore_errors=True)
+            rmtree_owner_last(self.partial.url)
         self.owner, self._claimed = None, False
 
     def __enter__(self) -> AtomicOutput:
@@ -483,7 +483,7 @@ def busy_message(out: str, rec: dict) -> str:
 def report_removed(path: str, what: str) -> int:
     """Remove a local folder a gone run left and say so (with its size); returns the bytes freed."""
     size = folder_size(path)
-    shutil.rmtree(path, ignore_errors=True)
+    rmtree_owner_last(path)
     if os.path.exists(path):
         return 0
     from blocklin.config import format_size

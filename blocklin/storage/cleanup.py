@@ -12,7 +12,8 @@ Each holds an owner record (:mod:`blocklin.storage.ownership`); one whose owner 
 one whose owner is alive never is. A work folder without a record (made by an older blocklin) is
 reported and left alone, since nothing tells whether a run still uses it; so is a partial output
 without a record that was written to in the last :data:`~blocklin.storage.ownership.LEASE_SECONDS`
-(a run to that same output still takes it over, as before owner records).
+(a run to that same output still takes it over, as before owner records), or that is not a zarr store
+under blocklin's token (not blocklin's).
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from blocklin.storage import ownership
-from blocklin.storage.backend import backend
+from blocklin.storage.backend import backend, rmtree_owner_last
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.records import PENDING_RECORD
 from blocklin.storage.space import folder_size
@@ -68,6 +68,9 @@ def _classify(loc: Location, kind: str, sizes: bool = True) -> Leftover:
     elif rec is None and kind == "work folder":
         item.action, item.reason = "skipped", "no owner record (an older blocklin made it); remove it by hand " \
                                               "when no run uses it"
+    elif rec is None and kind == "partial output" and not _blocklin_partial(loc):
+        item.action, item.reason = "skipped", "no owner record, and not a zarr store under blocklin's name " \
+                                              "(.OUT.partial- and 16 hex digits): not blocklin's; left alone"
     elif rec is None and kind == "old output" and time.time() - _mtime(loc) < ownership.HEARTBEAT_SECONDS:
         item.action, item.reason = "kept", "a commit may still be removing it"
     elif rec is None and kind == "partial output" and loc.is_local and time.time() - _newest(loc) < \
@@ -82,6 +85,19 @@ def _classify(loc: Location, kind: str, sizes: bool = True) -> Leftover:
     if sizes or item.action == "remove":
         item.bytes = _size(loc)
     return item
+
+
+#: The token of a partial output blocklin names (``uuid4().hex[:16]`` or a resume token of 16 hex digits).
+_TOKEN = re.compile(r"\.partial-[0-9a-f]{16}$")
+
+
+def _blocklin_partial(loc: Location) -> bool:
+    """Whether a partial output without an owner record is one blocklin could have written: its name ends in
+    blocklin's token and it holds a zarr store (a user's ``.data.zarr.partial-abc`` of notes was removed by
+    ``clean`` before; found by a randomized search). Object-store prefixes are named by blocklin alone."""
+    if not loc.is_local:
+        return True
+    return bool(_TOKEN.search(os.path.basename(loc.url.rstrip("/")))) and _is_zarr(loc.url)
 
 
 def _mtime(loc: Location) -> float:
@@ -179,7 +195,7 @@ def _remove(item: Leftover) -> bool:
         again = _classify(loc, item.kind, sizes=False) if os.path.isdir(loc.url) else None
         if again is None or again.action != "remove":  # gone already, or a run claimed it meanwhile
             return again is None
-        shutil.rmtree(loc.url, ignore_errors=True)
+        rmtree_owner_last(loc.url)
     return not os.path.exists(loc.url)
 
 

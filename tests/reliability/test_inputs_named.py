@@ -94,3 +94,64 @@ def test_inverse_of_a_block_far_from_one(dtype, far, tmp_path):
         ref = np.linalg.inv(ldexp(x, -e).astype(np.float64))
         err = np.linalg.norm(ldexp(got.astype(np.float64), e) - ref) / np.linalg.norm(ref)
         assert err <= 4 * n * eps(dtype) * np.linalg.cond(a.astype(np.float64)), err
+
+
+def test_clean_leaves_a_folder_blocklin_did_not_write(tmp_path):
+    """A record-less ``.NAME.partial-...`` older than the lease is removed only where it is a zarr store
+    under blocklin's token (16 hex digits): a user's ``.data.zarr.partial-abc`` of notes was removed."""
+    import os
+    import time
+
+    from blocklin.storage.cleanup import clean
+
+    old = time.time() - 7200
+    user = tmp_path / ".data.zarr.partial-abc"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    look_alike = tmp_path / ".data.zarr.partial-0123456789abcdef"  # blocklin's token, not a zarr store
+    look_alike.mkdir()
+    (look_alike / "notes.txt").write_text("mine too")
+    ours = tmp_path / ".out.zarr.partial-fedcba9876543210"  # what an older blocklin left: a zarr store
+    bl.from_array(np.ones((2, 2)), tmp_path / "x.zarr")
+    os.rename(tmp_path / "x.zarr", ours)
+    for folder in (user, look_alike, ours):
+        for root, dirs, files in os.walk(folder):
+            for f in dirs + files:
+                os.utime(os.path.join(root, f), (old, old))
+        os.utime(folder, (old, old))
+    from blocklin.storage.records import OWNER_RECORD
+
+    (ours / OWNER_RECORD).unlink(missing_ok=True)
+    got = {os.path.basename(i.path): i.action for i in clean([str(tmp_path)])}
+    assert got[user.name] == "skipped" and got[look_alike.name] == "skipped" and got[ours.name] == "removed"
+    assert (user / "notes.txt").read_text() == "mine" and (look_alike / "notes.txt").exists()
+    assert not ours.exists()
+
+
+def test_a_killed_removal_leaves_the_owner_record(tmp_path, monkeypatch):
+    """A gone run's folder is removed with its owner record last: a removal killed half way (here, at its
+    first subfolder) leaves a folder that still says whose it was, which ``clean`` removes later; in any
+    order a killed removal had left a record-less remnant that ``clean`` skips forever."""
+    import importlib
+
+    from blocklin.storage.records import OWNER_RECORD
+
+    be = importlib.import_module("blocklin.storage.backend")  # the module (the package exports its function)
+    folder = tmp_path / "blocklin-stage-0123456789ab"
+    (folder / "a.zarr" / "c").mkdir(parents=True)
+    (folder / "a.zarr" / "c" / "0").write_bytes(b"x")
+    (folder / OWNER_RECORD).write_text("{}")
+    real = be.shutil.rmtree
+
+    def killed(path, *args, **kwargs):
+        if str(path) != str(folder):
+            raise KeyboardInterrupt
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(be.shutil, "rmtree", killed)
+    with pytest.raises(KeyboardInterrupt):
+        be.rmtree_owner_last(str(folder))
+    assert (folder / OWNER_RECORD).exists()
+    monkeypatch.undo()
+    be.rmtree_owner_last(str(folder))
+    assert not folder.exists()
