@@ -279,8 +279,11 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
             chain = rec["versions"]
         else:
             chain = _versions_before(loc, meta)
-        if p == 0:
-            return Matrix(loc)
+        if p == 0:  # nothing to add: the matrix as it is, with the report of an append of no rows
+            out = Matrix(loc)
+            out.report = {"operation": "append", "rows_before": m0, "rows_added": 0, "rows": m0, "source": what,
+                          "bytes_written": 0, "seconds": time.perf_counter() - t0, "version": max(0, len(chain) - 1)}
+            return out
         panel = _panel_rows(chunks[0], n, dt, memory)
         # the peaks recorded of the rows already there, if they still hold: with the new rows' they are
         # the grown matrix's (storage.recorded_peaks); of the side the record holds, or the largest

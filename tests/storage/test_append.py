@@ -225,3 +225,15 @@ def test_cli_append_and_update(tmp_path, base, capsys):
     assert "up to date" in capsys.readouterr().out
     assert main(["append", str(path)]) == 1
     assert "NEW" in capsys.readouterr().err
+
+
+def test_appending_no_rows_reports_it(tmp_path, capsys):
+    """An empty batch leaves the matrix as it is and says so: the command line had ended in a traceback
+    (``KeyError: 'rows_before'``; found by a randomized search)."""
+    m = bl.from_array(np.ones((4, 3)), tmp_path / "X.zarr")
+    np.save(tmp_path / "e.npy", np.ones((0, 3)))
+    got = bl.append(m, np.ones((0, 3)))
+    assert got.report["rows_added"] == 0 and got.report["rows_before"] == 4 and got.shape == (4, 3)
+    assert main(["append", str(tmp_path / "X.zarr"), str(tmp_path / "e.npy"), "--no-progress"]) == 0
+    assert "appended 0 rows" in capsys.readouterr().out
+    np.testing.assert_array_equal(bl.open(tmp_path / "X.zarr").to_numpy(), np.ones((4, 3)))
