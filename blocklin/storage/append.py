@@ -132,6 +132,30 @@ def _check_source(reader: Any, meta: dict, loc: Location) -> np.dtype:
     return dt
 
 
+def _check_exact(src: np.ndarray, dt: np.dtype, first: int) -> None:
+    """Integer rows the matrix's float dtype cannot hold exactly (beyond ``2^(p+1)``: an int64 ``2^53 + 1``
+    in float64, an int32 ``2^24 + 1`` in float32) are refused, naming the first: they had been rounded
+    silently (found by a randomized search). ``first``: the row of ``src``'s first among the rows given."""
+    if src.dtype.kind not in "iu" or dt.kind not in "fc" or not src.size:
+        return
+    limit = 2 ** (np.finfo(dt).nmant + 1)
+    if np.iinfo(src.dtype).max <= limit:  # every value exact (NumPy calls int64 to float64 "safe": it is not)
+        return
+    big = (src > limit) | (src < -limit) if src.dtype.kind == "i" else src > limit
+    if not big.any():
+        return
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact = ~big | (src.astype(dt).astype(src.dtype) == src)
+        cast = src.astype(dt)
+    if exact.all():
+        return
+    i, j = np.argwhere(~exact)[0]
+    raise DTypeError(explain("rows", f"must convert to the matrix's {dt.name} without loss",
+                             f"{int(src[i, j])} at row {first + i}, column {j} of the rows, which {dt.name} holds as "
+                             f"{cast[i, j].real:.17g}", "append to a matrix of a wider dtype (float64), or cast the "
+                             f"rows first (rows.astype('{dt.name}')) if the rounding is intended"))
+
+
 def _panel_rows(chunk: int, width: int, dt: np.dtype, memory: int) -> int:
     """Rows per panel: a multiple of the chunk height whose copies fit the budget."""
     row_bytes = width * dt.itemsize * PANEL_COPIES
@@ -352,6 +376,7 @@ def _copy(loc: Location, meta: dict, reader: Any, m0: int, p: int, dt: np.dtype,
                 raise ParameterError(explain("rows", "must be finite (nan='error')", f"{src[i, j]} at row "
                                              f"{s0 - m0 + i}, column {j} of the rows", "fix the data, or pass "
                                              "nan='allow' to store it"))
+            _check_exact(src, dt, s0 - m0)
             block[s0 - r0:] = src
             write_block(big, slice(r0, r1), slice(0, n), block)
             if tally is not None:

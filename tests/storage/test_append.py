@@ -237,3 +237,22 @@ def test_appending_no_rows_reports_it(tmp_path, capsys):
     assert main(["append", str(tmp_path / "X.zarr"), str(tmp_path / "e.npy"), "--no-progress"]) == 0
     assert "appended 0 rows" in capsys.readouterr().out
     np.testing.assert_array_equal(bl.open(tmp_path / "X.zarr").to_numpy(), np.ones((4, 3)))
+
+
+@pytest.mark.parametrize("dtype, value, rows_dtype", [("float64", 2 ** 53 + 1, np.int64), ("float32", 2 ** 24 + 1, np.int32),
+                                                      ("float64", 2 ** 64 - 1, np.uint64)])
+def test_integers_a_float_matrix_cannot_hold_are_refused(tmp_path, dtype, value, rows_dtype):
+    """Integers beyond the float's ``2^(p+1)`` that it rounds are refused, naming the first, and the matrix
+    is left as it was; they had been rounded silently (NumPy calls int64 to float64 "safe"). Exactly
+    representable large integers (``2^60``) are taken."""
+    m = bl.from_array(np.zeros((2, 3), dtype=dtype), tmp_path / "X.zarr")
+    rows = np.ones((70, 3), dtype=rows_dtype)
+    rows[65, 2] = value
+    with pytest.raises(DTypeError, match=rf"rows: must convert to the matrix's {dtype} without loss; got {value} at "
+                                          r"row 65, column 2"):
+        bl.append(m, rows)
+    np.testing.assert_array_equal(bl.open(tmp_path / "X.zarr").to_numpy(), np.zeros((2, 3)))
+    big = 2 ** 60 if np.dtype(rows_dtype).itemsize == 8 else 2 ** 30  # beyond 2^(p+1), yet exact
+    exact = np.array([[big, big if rows_dtype == np.uint64 else -big, 1]], dtype=rows_dtype)
+    got = bl.append(m, exact)
+    np.testing.assert_array_equal(got.to_numpy()[-1], exact[0].astype(dtype))
