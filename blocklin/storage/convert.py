@@ -228,6 +228,11 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
     writer = None
     try:
         out_dt = output_dtype(reader.dtype, dtype)
+        if out_fmt == "zarr" and (out_dt.kind == "f" and out_dt.itemsize > 8 or out_dt.itemsize > 16):
+            # zarr 3 has no extended precision: its own error named no parameter
+            raise DTypeError(explain("dtype", "must be a dtype zarr stores (float16, float32, float64, complex64, "
+                                     "complex128 or an integer)", out_dt.name, "pass --dtype float64, or convert "
+                                     "to .npy or .h5, which store extended precision"))
         if _opposite_sequential(reader, out_fmt):
             reader.close()
             return _staged(src, out, locals())

@@ -76,6 +76,12 @@ def test_dtype_rules(tmp_path, npy, a):
     with pytest.raises(DTypeError, match=r"values must fit int8.*150 at row 1, column 4"):
         blocklin.convert(tmp_path / "i.npy", tmp_path / "i8.zarr", dtype="int8")
     assert not (tmp_path / "i8.zarr").exists() and not (tmp_path / "f.zarr").exists()
+    if np.dtype(np.longdouble).itemsize > 8:  # extended precision: zarr stores none (its own error named nothing)
+        with pytest.raises(DTypeError, match=r"dtype: must be a dtype zarr stores.*got float128.*convert to \.npy"):
+            blocklin.convert(npy, tmp_path / "x.zarr", dtype="longdouble")
+        assert not (tmp_path / "x.zarr").exists() and not list(tmp_path.glob(".x.zarr.partial-*"))
+        blocklin.convert(npy, tmp_path / "x.npy", dtype="longdouble")  # the fix it names
+        np.testing.assert_array_equal(np.load(tmp_path / "x.npy"), a.astype(np.longdouble))
 
 
 def test_nan_policy(tmp_path):

@@ -224,3 +224,15 @@ def test_writer_refuses_non_numeric_and_complex_text(tmp_path):
     with pytest.raises(DTypeError, match="numbers"):
         open_writer(tmp_path / "s.npy", (2, 2), "U3")
     assert not [p for p in tmp_path.iterdir() if p.name != "blocklin-tmp"]
+
+
+@pytest.mark.parametrize("layout", ["array", "coordinate"])
+def test_an_integer_beyond_int64_in_an_mtx_file_is_named(tmp_path, layout):
+    """A uint64 ``2^64 - 1`` written to ``.mtx`` (its integer field is read as int64) is refused naming the
+    line and column on the way back: NumPy's ``OverflowError`` had ended in a traceback."""
+    body = "2 1\n18446744073709551615\n1\n" if layout == "array" else "2 1 2\n1 1 1\n2 1 18446744073709551615\n"
+    (tmp_path / "u.mtx").write_text(f"%%MatrixMarket matrix {layout} integer general\n{body}")
+    line = 3 if layout == "array" else 4  # after the header and the size line
+    with pytest.raises(FormatError, match=rf"fields must be integers \(int64\); got '18446744073709551615' at line "
+                                          rf"{line}"):
+        blocklin.convert(tmp_path / "u.mtx", tmp_path / "u.npy")

@@ -344,7 +344,7 @@ class MtxReader(Reader):
             arr = np.loadtxt(batch, dtype=dtype, ndmin=2, comments=None)
             if arr.shape == (len(batch), ncols):
                 return arr
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: an integer beyond dtype (a uint64 2^64 - 1)
             pass
         for k, line in enumerate(batch):  # find the first bad line for the message
             fields = line.split()
@@ -354,7 +354,7 @@ class MtxReader(Reader):
             for c, f in enumerate(fields):
                 try:
                     np.array([f]).astype(dtype)
-                except ValueError:
+                except (ValueError, OverflowError):
                     raise field_error("mtx input", f, first + k, c + 1, dtype, "fix that value") from None
         raise _bad("data lines must be numbers", f"lines {first}-{first + len(batch) - 1}")  # pragma: no cover
 
