@@ -255,7 +255,6 @@ def safe_norm(ops: Any, region: Any, sumsq: float) -> float:
     return math.sqrt(sumsq) if sumsq_in_range(sumsq) and sumsq != 0.0 else ops.norm(region)
 
 
-
 def narrow_range_refusal(amax: float, source: Any, work: Any, fix: str) -> Exception | None:
     """The error for a factorization in a narrower ``work`` dtype (``precision="mixed"``: float32 of float64
     data) of data whose largest magnitude ``amax`` its cast cannot hold: above the ``work`` dtype's largest
@@ -270,6 +269,6 @@ def narrow_range_refusal(amax: float, source: Any, work: Any, fix: str) -> Excep
     info = np.finfo(wd)
     if float(info.tiny) * 2.0 ** info.nmant <= amax < float(info.max):
         return None
+    cast = "overflow" if amax >= float(info.max) else "flush them to zero"
     return ParameterError(explain("precision", f"a {wd.name} factorization needs A's entries within {wd.name}'s "
-                                  f"range (its cast would {'overflow' if amax >= float(info.max) else 'flush them to zero'})",
-                                  f"max |A| = {amax:.3g}", fix))
+                                  f"range (its cast would {cast})", f"max |A| = {amax:.3g}", fix))
