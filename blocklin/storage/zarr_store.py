@@ -306,6 +306,18 @@ def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | Non
     return out
 
 
+def row_bands(path: Any, band_bytes: int = 8 << 20) -> Any:
+    """``(rows, block)`` of a stored 2-D array (committed or a run's own partial) read by bands of whole
+    rows of about ``band_bytes``: a check or a reduction of a small operand (``b``, ``x``) that no pass
+    plans."""
+    arr = open_cached(path, "r")
+    n, k = arr.shape
+    step = max(1, band_bytes // max(1, k * arr.dtype.itemsize))
+    for r0 in range(0, n, step):
+        rows = slice(r0, min(n, r0 + step))
+        yield rows, read_block(arr, rows, slice(0, k))
+
+
 def read_kind(path: Any) -> str:
     """How reads of the array at ``path`` fetch its chunks (see :func:`read_block`).
 

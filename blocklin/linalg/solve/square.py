@@ -457,14 +457,10 @@ def _check_finite_rhs(B: Any) -> None:
     """Raise :class:`~blocklin.errors.NonFiniteError` naming where ``b`` holds NaN or Inf (a NaN in ``b``
     had come out of the substitutions as "a singular or overflowing diagonal block of U")."""
     from blocklin.runtime.tiles import check_finite
-    from blocklin.storage.zarr_store import open_cached, read_block
+    from blocklin.storage.zarr_store import row_bands
 
-    arr = open_cached(B.path, "r")
-    n, k = arr.shape
-    step = max(1, (8 << 20) // max(1, k * arr.dtype.itemsize))
-    for r0 in range(0, n, step):
-        rows = slice(r0, min(n, r0 + step))
-        check_finite(read_block(arr, rows, slice(0, k)), "b", rows, slice(0, k))
+    for rows, block in row_bands(B.path):
+        check_finite(block, "b", rows, slice(0, block.shape[1]))
 
 
 def solve_dtype(fdt: np.dtype, dt: np.dtype) -> np.dtype:
@@ -506,17 +502,9 @@ def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tup
 
 def _max_abs(A: Any) -> float:
     """``max |a_ij|`` by row blocks (a pass over ``A``)."""
-    from blocklin.storage.zarr_store import open_cached, read_block
+    from blocklin.storage.zarr_store import row_bands
 
-    arr = open_cached(A.path, "r")
-    n, m = arr.shape
-    step = max(1, (8 << 20) // max(1, m * arr.dtype.itemsize))
-    top = 0.0
-    for r0 in range(0, n, step):
-        blk = read_block(arr, slice(r0, min(n, r0 + step)), slice(0, m))
-        if blk.size:
-            top = max(top, float(np.abs(blk).max()))
-    return top
+    return max((float(np.abs(block).max()) for _, block in row_bands(A.path) if block.size), default=0.0)
 
 
 def _factor_as(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tuple[_Factor, str]:

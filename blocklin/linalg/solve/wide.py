@@ -178,14 +178,12 @@ def dual_exponents(y: np.ndarray, eb: int, ea: int, dtype: Any) -> tuple[int, in
 def _check_finite_x(x_path: str, alpha: int) -> None:
     """Raise where the GEMM's ``x`` holds Inf or NaN although ``A``, ``b`` and ``y`` were finite: its sums
     overflowed (never an Inf returned as a solution)."""
-    from blocklin.storage.zarr_store import open_cached, read_block
+    from blocklin.storage.zarr_store import row_bands
 
-    x = open_cached(x_path, "r")
-    step = max(1, (8 << 20) // max(1, x.shape[1] * x.dtype.itemsize))
-    for r0 in range(0, x.shape[0], step):
-        if not np.isfinite(read_block(x, slice(r0, min(x.shape[0], r0 + step)), slice(0, x.shape[1]))).all():
+    for _, block in row_bands(x_path):
+        if not np.isfinite(block).all():
             raise NonFiniteError(_msg("a", "must give x = A^T y within the range of its dtype",
-                                      f"x = 2^{alpha} A^T y overflowed ({x.dtype.name})",
+                                      f"x = 2^{alpha} A^T y overflowed ({block.dtype.name})",
                                       "solve in float64 (a.astype('float64')), or use blocklin.lstsq, whose SVD "
                                       "route never forms y"))
 
