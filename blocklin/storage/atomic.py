@@ -66,8 +66,10 @@ from blocklin.storage.records import DEFERRED_META, INPUTS_RECORD, OWNER_RECORD,
 from blocklin.storage.zarr_store import wait_for_pending_io
 
 _DONE = ".blocklin-done"
-#: Names of chunk files a writer killed mid-write can leave behind (``rawchunks`` and local backends).
-_TMP_RE = re.compile(r"\.tmp-\d+-[0-9a-f]+$")
+#: Names of chunk files a writer killed mid-write can leave behind: ``NAME.tmp-PID-HEX`` (``rawchunks``,
+#: local backends) and zarr's own ``NAME.<uuid4 hex>.partial`` (its LocalStore writes every chunk
+#: and ``zarr.json`` to that name and then renames it; a SIGKILL in between leaves it).
+_TMP_RE = re.compile(r"(?:\.tmp-\d+-[0-9a-f]+|\.[0-9a-f]{32}\.partial)$")
 
 
 def check_output_path(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), *,
@@ -221,6 +223,8 @@ class AtomicOutput:
             if stale != self.partial.url or not self.resume:
                 report_removed(stale, "the partial output of a run that is gone")
         self.resumed = os.path.exists(self.partial.url)
+        if self.resumed:  # its killed writer's temporaries; the commit sweeps again what this run leaves
+            remove_stray_temporaries(self.partial.url)
         os.makedirs(self.partial.url, exist_ok=True)
         self._own()
         self._check_inputs()

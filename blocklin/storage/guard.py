@@ -187,8 +187,9 @@ def zarr_provenance(read: Any) -> str | None:
 
 
 #: Keys of a zarr v3 store as blocklin writes it: metadata, chunks (default ``c/i/j`` encoding),
-#: blocklin's own records, and the temporary chunk names a killed writer leaves.
-_OWN_KEY = re.compile(r"^(?:.*/)?(?:zarr\.json|c(?:/\d+)+|\.blocklin-[^/]*|[^/]*\.tmp-\d+-[0-9a-f]+)$"
+#: blocklin's own records, and the temporary chunk names a killed writer leaves (blocklin's, zarr's).
+_OWN_KEY = re.compile(r"^(?:.*/)?(?:zarr\.json|c(?:/\d+)+|\.blocklin-[^/]*|[^/]*\.tmp-\d+-[0-9a-f]+"
+                      r"|[^/]*\.[0-9a-f]{32}\.partial)$"
                       r"|^(?:.*/)?\.blocklin-[^/]*/.*$")
 
 

@@ -1,0 +1,78 @@
+"""Storage faults found by kill and refusal runs of ``blocklin convert``: each test failed before its fix."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import numpy as np
+import pytest
+import zarr
+
+import blocklin
+
+_KILL = textwrap.dedent("""
+    import os, signal, sys
+    import blocklin
+
+    class KillAfter:
+        def start(self, total, desc): self.k = 0
+        def advance(self, n=1):
+            self.k += n
+            if self.k >= int(sys.argv[3]):
+                os.kill(os.getpid(), signal.SIGKILL)
+        def close(self): pass
+
+    blocklin.convert(sys.argv[1], sys.argv[2], chunks=(16, 45), memory="48KiB", codec="zstd",
+                     progress=KillAfter())
+""")
+
+
+def _kill_after(tmp_path, src, out, blocks: int):
+    """A zstd conversion of ``src`` killed with SIGKILL after ``blocks`` blocks: its partial output."""
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL)
+    proc = subprocess.run([sys.executable, str(script), str(src), str(out), str(blocks)], capture_output=True)
+    assert proc.returncode == -9, proc.stderr.decode()
+    partials = [p for p in tmp_path.iterdir() if p.name.startswith(f".{out.name}.partial-")]
+    assert len(partials) == 1
+    return partials[0]
+
+
+@pytest.fixture
+def a(rng):
+    return rng.standard_normal((120, 90))
+
+
+@pytest.fixture
+def npy(tmp_path, a):
+    p = tmp_path / "a.npy"
+    np.save(p, a)
+    return p
+
+
+# -- 1. zarr's own chunk temporaries of a killed run are not committed --------------------------------
+
+def test_resumed_zstd_conversion_commits_no_zarr_temporary(tmp_path, npy, a):
+    """zarr's LocalStore writes a chunk to ``NAME.<uuid hex>.partial`` and renames it: a SIGKILL in
+    between left that file in the partial, and the resumed run committed it inside the output."""
+    out = tmp_path / "o.zarr"
+    partial = _kill_after(tmp_path, npy, out, 3)
+    left = [partial / "c" / "7" / f"0.{uuid.uuid4().hex}.partial",  # a chunk the killed run was writing
+            partial / f"zarr.{uuid.uuid4().hex}.partial"]  # a metadata write, the same way
+    for f in left:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(b"half a chunk")
+    mine = tmp_path / f"notes.{uuid.uuid4().hex}.partial"  # not in blocklin's partial: never touched
+    mine.write_bytes(b"the user's")
+    rep = blocklin.convert(npy, out, chunks=(16, 45), memory="48KiB", codec="zstd", resume=True)
+    assert rep["blocks_skipped"] == 3
+    stray = [os.path.join(r, f) for r, _, fs in os.walk(out) for f in fs if f.endswith(".partial")]
+    assert stray == []
+    np.testing.assert_array_equal(zarr.open_array(out)[:], a)
+    assert mine.read_bytes() == b"the user's"
+    blocklin.convert(npy, out, chunks=(16, 45), codec="zstd", overwrite=True)  # still blocklin's own output
