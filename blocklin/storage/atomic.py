@@ -170,6 +170,7 @@ class AtomicOutput:
         self._input_locations = [stamps.input_location(i, storage_options) for i in inputs] if self.resumable else []
         self.input_record: list[dict] = []
         self.committed = False
+        self.kept = False  # the partial was kept for a rerun with resume=True (abort)
         self.name = name
         self.in_place = not self.path.is_local
         self.owner: dict | None = None
@@ -428,12 +429,14 @@ class AtomicOutput:
                     backend(self.partial).remove(entry)
         self.resumed = False
 
-    def abort(self, *, interrupted: bool | None = None, report: bool = True) -> None:
+    def abort(self, *, interrupted: bool | None = None, report: bool = True, refused: bool = False) -> None:
         """Drop the unfinished output unless it may be resumed: after an error with ``resume``, or
         after an interrupt (Ctrl-C, SIGTERM) of a resumable output, the partial is kept for a rerun
         with ``resume=True``, its owner record marked released.
 
         ``interrupted`` None: whether the exception being handled is a ``KeyboardInterrupt``.
+        ``refused``: the run was refused before its work began (its budget): a partial it created goes
+        even with ``resume``, one it took over stays as the interrupted run left it.
         ``report``: say at once what was kept (a job says it once for all it kept). Call it only
         once no task writes to the partial any more (:meth:`Job.run` waits for the tasks in flight
         before an interrupt or an error leaves it).
@@ -444,7 +447,7 @@ class AtomicOutput:
             interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
         ownership.Heartbeat.release(self.owner_location)
         wait_for_pending_io()  # writes of an interrupted zarr call would recreate the folder or land later
-        if self.resume or (interrupted and self.resumable):
+        if (self.resume and not (refused and not self.resumed)) or (interrupted and self.resumable):
             self._keep(interrupted, report)
             return
         if self.in_place:
@@ -460,7 +463,7 @@ class AtomicOutput:
 
     def _keep(self, interrupted: bool, report: bool) -> None:
         """Keep the partial for a rerun with ``resume=True``: its record says its run let it go."""
-        owner, self.owner, self._claimed = self.owner, None, False
+        owner, self.owner, self._claimed, self.kept = self.owner, None, False, True
         current = ownership.read_record(self.owner_location)
         if owner is not None and current is not None and current.get("run") == owner["run"]:
             ownership.mark_released(self.owner_location, current)

@@ -248,11 +248,16 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         # (a 1-D zarr array is copied here: the workers' block task reads 2-D arrays)
         client = _cluster_client(scheduler) if in_fmt == "zarr" and out_fmt == "zarr" and \
             getattr(reader, "ndim", 2) == 2 else None
-        if client is None:
-            check_budget(cfg.memory)
-        # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
-        task_memory = cfg.memory // _threads_per_worker(client) if client is not None else cfg.memory
-        plan = _fitting_plan(reader, writer, out_dt, task_memory, (m, n), chunks == "auto" and out_fmt == "zarr")
+        try:
+            if client is None:
+                check_budget(cfg.memory)
+            # On a cluster memory= is per worker process, shared by the blocks its threads copy at once.
+            task_memory = cfg.memory // _threads_per_worker(client) if client is not None else cfg.memory
+            plan = _fitting_plan(reader, writer, out_dt, task_memory, (m, n), chunks == "auto" and out_fmt == "zarr")
+        except (BudgetError, ConfigError) as exc:
+            err = _refused(writer, exc)
+            writer = None
+            raise err from None
         _prepare(reader, plan, cfg)
         copy = _copy if client is None else functools.partial(_copy_on_cluster, client)
         # the peaks of every value written, recorded with the output: its first passes need not scan
@@ -284,6 +289,24 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
         raise
     finally:
         reader.close()
+
+
+def _refused(writer: Any, exc: Exception) -> Exception:
+    """``exc`` (the budget refused) after the output is dropped: a partial this run created goes, even
+    with ``resume``; the one of an interrupted run it took over is kept, and the message says how to
+    continue or remove it."""
+    if not writer.supports_resume:
+        writer.abort()
+        return exc
+    writer.abort(refused=True)
+    if writer.kept is None:
+        return exc
+    from blocklin.storage.cleanup import kept_message
+
+    again = type(exc)(f"{exc}; {kept_message([(writer.kept, 'partial output')])}")
+    if isinstance(exc, BudgetError):
+        again.minimum = exc.minimum
+    return again
 
 
 #: Fewest bytes a text format spends on one value (a digit and a delimiter).

@@ -76,3 +76,34 @@ def test_resumed_zstd_conversion_commits_no_zarr_temporary(tmp_path, npy, a):
     np.testing.assert_array_equal(zarr.open_array(out)[:], a)
     assert mine.read_bytes() == b"the user's"
     blocklin.convert(npy, out, chunks=(16, 45), codec="zstd", overwrite=True)  # still blocklin's own output
+
+
+# -- 2. a --resume refused for its budget: what it leaves ---------------------------------------------
+
+def _partials(folder, name):
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(f".{name}.partial-"))
+
+
+def test_refused_resume_removes_the_partial_it_created(tmp_path, npy):
+    """Nothing to continue: the refused run's own partial went (it had been kept, owned by no one)."""
+    with pytest.raises(blocklin.errors.BudgetError, match="memory") as info:
+        blocklin.convert(npy, tmp_path / "o.zarr", chunks=(16, 45), memory="4KiB", resume=True)
+    assert "blocklin clean" not in str(info.value)
+    assert _partials(tmp_path, "o.zarr") == [] and not (tmp_path / "o.zarr").exists()
+
+
+def test_refused_resume_keeps_the_interrupted_runs_partial(tmp_path, npy, a):
+    """The partial of a killed run stays for a rerun with a budget that fits, and the refusal says
+    how to continue it or remove it."""
+    out = tmp_path / "o.zarr"
+    partial = _kill_after(tmp_path, npy, out, 3)
+    chunks = sorted(p.name for p in (partial / "c").iterdir())
+    with pytest.raises(blocklin.errors.BudgetError, match=r"raise the budget.*kept in partial output "
+                       rf".*{partial.name}: rerun with --resume .*blocklin clean ") as info:
+        blocklin.convert(npy, out, chunks=(16, 45), memory="4KiB", codec="zstd", resume=True)
+    assert info.value.minimum
+    assert _partials(tmp_path, "o.zarr") == [partial.name] and sorted(p.name for p in (partial / "c").iterdir()) \
+        == chunks
+    rep = blocklin.convert(npy, out, chunks=(16, 45), memory="48KiB", codec="zstd", resume=True)
+    assert rep["blocks_skipped"] == 3
+    np.testing.assert_array_equal(zarr.open_array(out)[:], a)

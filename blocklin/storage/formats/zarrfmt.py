@@ -121,7 +121,7 @@ class ZarrWriter(Writer):
                 self._arr = create_array(self._out.array_path(), shape=self.shape, dtype=self.dtype,
                                          chunks=self.chunks, codec=self.codec, checksum=self.checksum, overwrite=True)
             except BaseException:
-                self._out.abort()  # refused up front (no space): nothing is left behind
+                self._out.abort(refused=True)  # refused up front (no space): nothing of this run is left
                 raise
         # Chunks are copied once to be made contiguous and encoded; count both while in flight.
         self.chunk_bytes = int(np.prod(self.chunks)) * self.dtype.itemsize
@@ -139,5 +139,10 @@ class ZarrWriter(Writer):
                report: dict | None = None) -> str:
         return self._out.commit(operation, plan=plan, params=params, report=report)
 
-    def abort(self) -> None:
-        self._out.abort()
+    def abort(self, *, refused: bool = False) -> None:
+        self._out.abort(refused=refused)
+
+    @property
+    def kept(self) -> str | None:
+        """Where an aborted output's partial was kept for a rerun with ``resume=True`` (else None)."""
+        return self._out.owner_location.url if self._out.kept else None
