@@ -34,7 +34,7 @@ from blocklin.storage.backend import backend
 from blocklin.storage.formats.base import disk_usage, output_dtype
 from blocklin.storage.location import Location, as_location, split_spec
 from blocklin.storage.recorded_peaks import PeakTally, recordable, record as record_peaks
-from blocklin.storage.space import check_space, make_temp_folder
+from blocklin.storage.space import check_space
 from blocklin.storage.zarr_store import open_cached, read_block, array_file_bytes, write_block
 from blocklin.validate import MAX_COUNT
 
@@ -800,14 +800,18 @@ def _staged(src: Any, out: Any, kw: dict) -> dict[str, Any]:
     """Sequential source and sink in opposite orders: go through a temporary zarr (rechunker's way)."""
     import uuid
 
+    from blocklin.storage.cleanup import sweep_stale
+    from blocklin.storage.ownership import end_work_folder, start_work_folder
+
     cfg = kw["cfg"]
     root = as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir")
+    if root.is_local:  # what killed runs left there goes first, as a job's first temp_dir() does
+        sweep_stale(root)
     stage_dir = root / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
-    if stage_dir.is_local:
-        make_temp_folder(stage_dir.url)
     stage = stage_dir / "stage.zarr"
     t0 = kw["t0"]
     try:
+        start_work_folder(stage_dir, operation="convert-stage")  # owned: a killed run's is swept, or cleaned
         first = convert(src, stage, chunks="auto", dtype=kw["dtype"], codec="none", memory=cfg.memory,
                         from_format=kw["from_format"], shape=kw["shape"], in_dtype=kw["in_dtype"], order=kw["order"],
                         offset=kw["offset"], delimiter=kw["delimiter"], skip_rows=kw["skip_rows"],
@@ -816,7 +820,7 @@ def _staged(src: Any, out: Any, kw: dict) -> dict[str, Any]:
                          overwrite=kw["overwrite"], to_format=kw["to_format"], out_order=kw["out_order"],
                          delimiter=kw["delimiter"], progress=kw["progress"])
     finally:
-        backend(stage_dir).remove("")
+        end_work_folder(stage_dir)
     report = dict(second)
     report.update(input=str(src), staged=True, bytes_read=first["bytes_read"], from_=None,
                   seconds=time.perf_counter() - t0, blocks=first["blocks"] + second["blocks"],

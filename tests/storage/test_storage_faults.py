@@ -107,3 +107,80 @@ def test_refused_resume_keeps_the_interrupted_runs_partial(tmp_path, npy, a):
     rep = blocklin.convert(npy, out, chunks=(16, 45), memory="48KiB", codec="zstd", resume=True)
     assert rep["blocks_skipped"] == 3
     np.testing.assert_array_equal(zarr.open_array(out)[:], a)
+
+
+# -- 3. a killed run's mirror folder is swept by the next run that mirrors -----------------------------
+
+_KILL_MIRROR = textwrap.dedent("""
+    import os, signal, sys
+    import blocklin
+    from blocklin.storage.formats.mtx import MtxReader
+
+    def killed(self, scratch, w):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    MtxReader._mirror_into = killed
+    with blocklin.config.set(temp_dir=sys.argv[3]):
+        blocklin.convert(sys.argv[1], sys.argv[2], memory="16MiB")
+""")
+
+
+def test_killed_mirror_folder_is_swept_by_a_later_run(tmp_path, rng):
+    n = 40
+    g = rng.standard_normal((n, n))
+    a = np.tril(g) + np.tril(g, -1).T
+    src = tmp_path / "s.mtx"
+    with open(src, "w") as f:
+        f.write(f"%%MatrixMarket matrix array real symmetric\n{n} {n}\n")
+        f.write("".join(f"{v!r}\n" for j in range(n) for v in a[j:, j].tolist()))
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_MIRROR)
+    proc = subprocess.run([sys.executable, str(script), str(src), str(tmp_path / "k.npy"), str(temp)],
+                          capture_output=True)
+    assert proc.returncode == -9, proc.stderr.decode()
+    stale = [p.name for p in temp.iterdir()]
+    assert len(stale) == 1 and stale[0].startswith("blocklin-mirror-")
+    with blocklin.config.set(temp_dir=str(temp)), pytest.warns(blocklin.errors.BlocklinWarning,
+                                                                match=f"removed the work folder of a run that "
+                                                                      f"is gone: .*{stale[0]}"):
+        blocklin.convert(src, tmp_path / "s.npy", memory="16MiB")
+    np.testing.assert_array_equal(np.load(tmp_path / "s.npy"), a)
+    assert list(temp.iterdir()) == []
+
+
+_KILL_STAGE = textwrap.dedent("""
+    import os, signal, sys
+    import blocklin
+
+    class Kill:
+        def start(self, total, desc): pass
+        def advance(self, n=1): os.kill(os.getpid(), signal.SIGKILL)
+        def close(self): pass
+
+    with blocklin.config.set(temp_dir=sys.argv[3]):
+        blocklin.convert(sys.argv[1], sys.argv[2], memory="16MiB", progress=Kill())
+""")
+
+
+def test_killed_stage_folder_is_owned_and_swept(tmp_path, a):
+    """A CSV to Matrix Market conversion goes through a stage folder under the temp dir: it had no
+    owner record, so neither a later run nor ``blocklin clean`` ever removed a killed run's."""
+    np.savetxt(tmp_path / "a.csv", a, delimiter=",", fmt="%.17g")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_STAGE)
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "a.csv"), str(tmp_path / "k.mtx"),
+                           str(temp)], capture_output=True)
+    assert proc.returncode == -9, proc.stderr.decode()
+    stale = [p.name for p in temp.iterdir()]
+    assert len(stale) == 1 and stale[0].startswith("blocklin-stage-")
+    from blocklin.storage.cleanup import find_leftovers
+
+    assert [i.action for i in find_leftovers([str(temp)])] == ["remove"]
+    with blocklin.config.set(temp_dir=str(temp)), pytest.warns(blocklin.errors.BlocklinWarning,
+                                                                match=f"gone: .*{stale[0]}"):
+        assert blocklin.convert(tmp_path / "a.csv", tmp_path / "a.mtx", memory="16MiB")["staged"]
+    assert list(temp.iterdir()) == []

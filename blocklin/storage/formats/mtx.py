@@ -396,12 +396,15 @@ class MtxReader(Reader):
 
         import zarr
 
+        from blocklin.storage.cleanup import sweep_stale
         from blocklin.storage.ownership import start_work_folder
         from blocklin.storage.space import check_space
         from blocklin.storage.zarr_store import create_array
 
         n, w = self.shape[0], plan.width
         self.chunks = (w, w)
+        if root.is_local:  # what killed runs left there goes first, as a job's first temp_dir() does
+            sweep_stale(root)
         work = root / f"blocklin-mirror-{uuid.uuid4().hex[:12]}"
         check_space(work, n * n * self.dtype.itemsize, "temp_dir", f"a {n} x {n} {self.dtype.name} scratch copy of "
                     f"the {self.symmetry} file")
