@@ -946,7 +946,7 @@ def export_sparse(src: Any, out: Any, fmt: str, *, memory: Any = None, overwrite
 
 
 def _write_mtx(store: SparseStore, path: Any, prog: Any) -> None:
-    from blocklin.storage.formats.text_util import FORMAT_BATCH, formatter
+    from blocklin.storage.formats.text_util import FORMAT_BATCH, check_mtx_integers, formatter
 
     m, n = store.shape
     field = "integer" if store.dtype.kind in "iub" else "real"
@@ -961,6 +961,7 @@ def _write_mtx(store: SparseStore, path: Any, prog: Any) -> None:
             r0, r1 = int(bounds[k]), int(bounds[k + 1])
             ptr, idx, val = store.read_rows(r0, r1)
             rows = np.repeat(np.arange(r0 + 1, r1 + 1), np.diff(ptr))
+            check_mtx_integers(val, lambda k: f"row {rows[k[0]]}, column {int(idx[k[0]]) + 1}")
             for s in range(0, len(idx), FORMAT_BATCH):
                 e = s + FORMAT_BATCH
                 fh.write("".join(f"{r} {c} {v}\n" for r, c, v in zip(rows[s:e].tolist(), (idx[s:e] + 1).tolist(),

@@ -184,3 +184,36 @@ def test_killed_stage_folder_is_owned_and_swept(tmp_path, a):
                                                                 match=f"gone: .*{stale[0]}"):
         assert blocklin.convert(tmp_path / "a.csv", tmp_path / "a.mtx", memory="16MiB")["staged"]
     assert list(temp.iterdir()) == []
+
+
+# -- 4. a uint64 beyond int64 is not written to Matrix Market ----------------------------------------
+
+def test_mtx_output_refuses_uint64_beyond_int64(tmp_path):
+    import scipy.io
+    import scipy.sparse
+
+    x = np.arange(12, dtype=np.uint64).reshape(3, 4)
+    x[2, 1] = 2**63 - 1  # the largest that fits: written and read back
+    np.save(tmp_path / "ok.npy", x)
+    blocklin.convert(tmp_path / "ok.npy", tmp_path / "ok.mtx")
+    np.testing.assert_array_equal(scipy.io.mmread(tmp_path / "ok.mtx"), x.astype(np.int64))
+    x[1, 2] = 2**63
+    np.save(tmp_path / "x.npy", x)
+    rule = r"dtype: Matrix Market integers must fit int64 .*; got uint64 value 9223372036854775808 at " \
+           r"row {}, column {}\. Fix: pass --dtype float64"
+    with pytest.raises(blocklin.errors.DTypeError, match=rule.format(2, 3)):
+        blocklin.convert(tmp_path / "x.npy", tmp_path / "x.mtx")
+    assert sorted(p.name for p in tmp_path.iterdir() if "x.mtx" in p.name) == []
+    blocklin.convert(tmp_path / "x.npy", tmp_path / "x.mtx", dtype="float64")  # the fix it names
+    # a sparse matrix exported as coordinate entries, the same way
+    s = scipy.sparse.random(50, 40, density=0.1, format="csr", random_state=1, dtype=np.float64)
+    s.data = np.arange(1, s.nnz + 1, dtype=np.uint64)
+    s = s.astype(np.uint64)
+    r, c = s.nonzero()
+    s[r[7], c[7]] = 2**64 - 1
+    scipy.sparse.save_npz(tmp_path / "s.npz", s)
+    blocklin.convert(tmp_path / "s.npz", tmp_path / "s.zarr")
+    with pytest.raises(blocklin.errors.DTypeError, match=rule.format(r[7] + 1, c[7] + 1)
+                       .replace("9223372036854775808", str(2**64 - 1))):
+        blocklin.convert(tmp_path / "s.zarr", tmp_path / "s.mtx")
+    assert not [p.name for p in tmp_path.iterdir() if "s.mtx" in p.name]

@@ -31,7 +31,9 @@ import numpy as np
 from blocklin.errors import DTypeError, FormatError, InternalError, explain
 from blocklin.storage.formats.base import Reader, TextFileWriter, check_matrix_dtype, require_file
 from blocklin.storage.formats.mtx_parse import AVAILABLE, parse_coordinate_block
-from blocklin.storage.formats.text_util import FORMAT_BATCH, PARSE_BATCH_BYTES, field_error, formatter
+from blocklin.storage.formats.text_util import (
+    FORMAT_BATCH, PARSE_BATCH_BYTES, check_mtx_integers, field_error, formatter,
+)
 
 _FIELDS = {"real": np.float64, "double": np.float64, "integer": np.int64, "pattern": np.float64}
 _SYMMETRIES = ("general", "symmetric", "skew-symmetric")
@@ -689,6 +691,8 @@ class MtxWriter(TextFileWriter):
         c0, c1, _ = cols.indices(self.shape[1])
         if c0 != self._next_col:  # pragma: no cover - the planner guarantees the order
             raise InternalError("MtxWriter needs forward column panels")
+        r0 = rows.indices(self.shape[0])[0]
+        check_mtx_integers(np.asarray(block), lambda ij: f"row {r0 + ij[0] + 1}, column {c0 + ij[1] + 1}")
         flat = np.asarray(block).reshape(-1, order="F")
         for s in range(0, flat.size, FORMAT_BATCH):
             text = "\n".join(self._fmt(flat[s:s + FORMAT_BATCH])) + "\n"

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import FormatError, explain
+from blocklin.errors import DTypeError, FormatError, explain
 
 #: Values formatted per batch when writing text: bounds the Python strings alive at once
 #: (about 100 bytes per value: the float object, its string and the list slot).
@@ -41,3 +41,19 @@ def field_error(what: str, field: str, line: int, column: int, dtype: np.dtype, 
     shown = field if len(field) <= 40 else field[:37] + "..."
     return FormatError(explain(what, f"fields must be {kind} ({np.dtype(dtype).name})",
                                f"{shown!r} at line {line}, column {column}", fix))
+
+
+#: Readers of Matrix Market ``integer`` files (scipy, blocklin, most others) take the values as int64.
+_MTX_INT_MAX = int(np.iinfo(np.int64).max)
+
+
+def check_mtx_integers(values: np.ndarray, locate: Any) -> None:
+    """Refuse a uint64 value beyond int64 before it is written as a Matrix Market integer (no reader
+    could take it back); ``locate(index)`` names the position of ``values[index]`` (an index tuple)."""
+    if values.dtype != np.uint64 or not values.size or int(values.max()) <= _MTX_INT_MAX:
+        return
+    where = tuple(int(i) for i in np.argwhere(values > _MTX_INT_MAX)[0])
+    raise DTypeError(explain("dtype", f"Matrix Market integers must fit int64 (at most {_MTX_INT_MAX}: readers "
+                             "take them as int64)", f"uint64 value {int(values[where])} at {locate(where)}",
+                             "pass --dtype float64 (exact up to 2**53), or write .npy, .h5 or .zarr, which keep "
+                             "uint64"))
