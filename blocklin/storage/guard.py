@@ -5,7 +5,9 @@ Every output of every operation and converter is checked here before anything is
 * **Not an input, not inside one, not holding one.** Local paths are compared resolved (symlinks
   followed), URLs by scheme and normalized bucket/prefix, component by component: ``s3://b/x``
   holds ``s3://b/x/y`` but not ``s3://b/xy``. The file of an HDF5 or ``.npz`` member
-  (``file.h5:/dataset``) is what is compared.
+  (``file.h5:/dataset``) is what is compared. Two existing local paths that are one file (a hard
+  link; device and inode equal) are the same too: an HDF5 output written into the input's file would
+  modify the input.
 * **Not the temp dir, nor a folder above it**: jobs create and remove their work folders there,
   other runs' included. The temp dir must not be an input or inside one either (inputs are never
   modified, not even by a work folder that comes and goes).
@@ -85,13 +87,22 @@ def relation(a: Any, b: Any) -> str | None:
     if ka is None or kb is None or ka[0] != kb[0]:
         return None
     pa, pb = ka[1], kb[1]
-    if pa == pb:
+    if pa == pb or (ka[0] == "local" and same_file(pa, pb)):
         return "same"
     if pa[: len(pb)] == pb:
         return "inside"
     if pb[: len(pa)] == pa:
         return "contains"
     return None
+
+
+def same_file(pa: tuple[str, ...], pb: tuple[str, ...]) -> bool:
+    """Whether two existing local paths (resolved components) are one file under two names: a hard
+    link, or a folder reached through a bind mount (device and inode compared)."""
+    try:
+        return pa != pb and os.path.samefile(os.sep + os.sep.join(pa), os.sep + os.sep.join(pb))
+    except OSError:  # one does not exist (yet): not the same file
+        return False
 
 
 def _shown(x: Any) -> str:
@@ -106,8 +117,16 @@ def check_not_input(out: Any, inputs: Iterable[Any], name: str = "out") -> None:
             continue
         rel = relation(out, inp)
         if rel == "same":
+            linked = _key(out) != _key(inp)  # names differ: a hard link (or mount) to the input
+            got = (f"{shown!r}, the same file as the input {_shown(inp)!r} under another name (a hard link "
+                   "or a bind mount)" if linked
+                   else f"{shown!r}, which is also an input")
+            path = os.sep + os.sep.join(_key(out)[1])
+            # a second name of a file may go (the input stays); a mount's contents are the input's
+            fix = f"remove that name first (rm {shlex.quote(path)}: the input stays) or choose another output " \
+                "path" if linked and not os.path.isdir(path) else "choose another output path"
             raise OutputIsInputError(explain(name, "must differ from every input (inputs are never modified)",
-                                             f"{shown!r}, which is also an input", "choose another output path"))
+                                             got, fix))
         if rel == "inside":
             raise OutputIsInputError(explain(name, "must not be inside an input (inputs are never modified)",
                                              f"{shown!r}, inside the input {_shown(inp)!r}",
@@ -370,4 +389,4 @@ def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = Fals
 
 
 __all__ = ["FILE_KINDS", "check_not_input", "check_not_output", "foreign_keys", "check_output", "check_replaceable", "check_replaceable_prefix",
-           "check_temp_dir", "is_format", "is_hdf5", "relation", "removal_command", "zarr_provenance"]
+           "check_temp_dir", "is_format", "is_hdf5", "relation", "removal_command", "same_file", "zarr_provenance"]

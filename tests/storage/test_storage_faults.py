@@ -217,3 +217,39 @@ def test_mtx_output_refuses_uint64_beyond_int64(tmp_path):
                        .replace("9223372036854775808", str(2**64 - 1))):
         blocklin.convert(tmp_path / "s.zarr", tmp_path / "s.mtx")
     assert not [p.name for p in tmp_path.iterdir() if "s.mtx" in p.name]
+
+
+# -- 5. an output that is the input under another name (a hard link) ---------------------------------
+
+def _digest(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_output_hard_linked_to_the_input_is_refused(tmp_path, npy, capsys):
+    """An HDF5 output is written into an existing file: through a hard link to the input that had been
+    a raw OSError from h5py (or, unlocked, a dataset added to the input). Every format is refused the
+    same way before anything is written."""
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "in.h5", "w") as f:
+        f["A"] = np.arange(20.0).reshape(4, 5)
+    os.link(tmp_path / "in.h5", tmp_path / "out.h5")
+    before = _digest(tmp_path / "in.h5")
+    rule = r"out: must differ from every input \(inputs are never modified\); got '.*out\.{}', the same file " \
+           r"as the input '.*in\.{}' under another name \(a hard link or a bind mount\)\. Fix: remove that name"
+    with pytest.raises(blocklin.errors.OutputIsInputError, match=rule.format("h5", "h5")):
+        blocklin.convert(f"{tmp_path / 'in.h5'}:/A", f"{tmp_path / 'out.h5'}:/B")
+    from blocklin.cli.main import main
+
+    assert main(["convert", f"{tmp_path / 'in.h5'}:/A", f"{tmp_path / 'out.h5'}:/B"]) != 0
+    assert "OutputIsInputError" in capsys.readouterr().err
+    assert _digest(tmp_path / "in.h5") == before
+    with h5py.File(tmp_path / "in.h5", "r") as f:
+        assert list(f) == ["A"]
+    os.link(npy, tmp_path / "b.npy")
+    before = _digest(npy)
+    for out, kw in (("b.npy", {"overwrite": True}), ("b.npy", {})):
+        with pytest.raises(blocklin.errors.OutputIsInputError, match=r"got '.*b\.npy', the same file as the "
+                           r"input '.*a\.npy' under another name"):
+            blocklin.convert(npy, tmp_path / out, **kw)
+    assert _digest(npy) == before and os.path.samefile(npy, tmp_path / "b.npy")
+    assert not [p.name for p in tmp_path.iterdir() if ".partial-" in p.name]
