@@ -197,3 +197,57 @@ def test_scale_alone_of_constant_columns_far_from_one(dtype, far, tmp_path):
         bl.svd(mixed.astype(dtype), 3, scale=True, memory="16MiB", seed=0, temp_dir=str(tmp_path))
     got = bl.svd(mixed.astype(dtype), 3, scale=True, center=True, memory="16MiB", seed=0, temp_dir=str(tmp_path))
     assert np.isfinite(got.s).all()
+
+
+def _exact_std(a: np.ndarray) -> np.ndarray:
+    """Population standard deviations to about ``u``: each column's mean by ``math.fsum`` (correctly rounded),
+    then its deviations' squares summed by ``fsum``. NumPy's two-pass ``std`` is itself off by about
+    ``(u sqrt(m) |mean| / std)^2``, its mean's summation error squared: 181 u at the means below."""
+    import math
+
+    out = np.empty(a.shape[1])
+    for j in range(a.shape[1]):
+        col = a[:, j]
+        mu = math.fsum(col) / col.size
+        d = col - mu
+        out[j] = math.sqrt(math.fsum(d * d) / col.size)
+    return out
+
+
+@pytest.mark.parametrize("center", [False, True])
+# uncentered, the products are rounded at ||A|| = 1e7 times the spread, beyond the default tol's reach for the
+# small triplets: a truthful ConvergenceWarning (the residual check below is what this test is about)
+@pytest.mark.filterwarnings("ignore::blocklin.errors.ConvergenceWarning")
+def test_streamed_standard_deviations_of_large_means(center, tmp_path):
+    """Column means 1e7 times the spread, read by passes (4 MiB for 8 MB of data): the means pass's Chan-Golub-
+    LeVeque merges took ``d`` from strip means summed directly, rounded at ``u sqrt(r) |mean|``, which entered
+    the variance at first order (``2 d delta``): the standard deviations were off by 6e-10 relative (2.8e6 u),
+    and the reported residuals, of the problem with those deviations, under-reported the error of the
+    standardized problem by that much. With means kept as (shift, offset) they are within a few u, the same
+    bits on every scheduler."""
+    rng = np.random.default_rng(0)
+    m, n = 20000, 50
+    a = 1e7 * (1 + rng.random(n)) + rng.standard_normal((m, n)) * (0.5 + rng.random(n))
+    ref = _exact_std(a)
+    eps = np.finfo(np.float64).eps
+    runs = {}
+    for scheduler in ("sync", "threads", "processes"):
+        runs[scheduler] = res = bl.svd(a, 3, center=center, scale=True, method="lanczos", memory="4MiB", seed=0,
+                                       scheduler=scheduler, temp_dir=str(tmp_path))
+        assert not res.report["in_core"]
+        # Each strip's squares are summed in blocks of rows and the strips merged pairwise: rounding of about
+        # u sqrt(m) in the variance (probabilistic bound, Higham and Mary 2019; the worst case is m u),
+        # half that in its square root; the offsets' rounding adds u. 2 sqrt(m) u = 6e-14 here.
+        assert np.max(np.abs(res.scale - ref) / ref) <= 2 * np.sqrt(m) * eps
+    for scheduler in ("threads", "processes"):  # the sums run in row order whatever the scheduler
+        assert np.array_equal(runs[scheduler].scale, runs["sync"].scale)
+        assert np.array_equal(runs[scheduler].s, runs["sync"].s)
+    res = runs["sync"]
+    # The reported residuals ||B^T u - s v|| are those of the standardized matrix B itself: measured in float64
+    # against the exact standard deviations they agree to the rounding of the products, u sqrt(m) ||A|| / std
+    # (the products are formed before the means are removed; see blocklin.linalg.blocks.center), times 8.
+    z = (a - (a.mean(axis=0) if center else 0.0)) / ref
+    u, s, v = np.asarray(res.U), np.asarray(res.s), np.asarray(res.Vt).T
+    measured = np.linalg.norm(z.T @ u - v * s, axis=0)
+    rounding = 8 * np.sqrt(m) * eps * np.linalg.norm(a / ref, 2)
+    assert np.all(measured <= np.asarray(res.report["residuals"]) + rounding)

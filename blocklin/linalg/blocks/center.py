@@ -14,7 +14,14 @@ on the tall orientation ``B`` of ``A`` (``B = A`` or ``A^T``), where the correct
 with ``a = 1, b = mu, c = 1/sd, r = 1`` for ``B = A`` and ``a = mu, b = 1, c = 1, r = 1/sd`` for
 ``B = A^T``; :class:`Shift` holds these four vectors. The means and variances come from one pass over
 ``A`` (:func:`column_moments`), computed in float64 with Chan, Golub and LeVeque's pairwise update,
-so they do not suffer the cancellation of ``E[x^2] - E[x]^2``.
+so they do not suffer the cancellation of ``E[x^2] - E[x]^2``. The update adds ``n_1 n_2 / n d^2`` for
+the difference ``d`` of two parts' means, so an error in a part's mean enters the variance at first
+order, ``2 d delta``: each part keeps its mean as a *shift* (its mean as first summed, a float64) plus the
+mean of its deviations from that shift (:func:`_strip_moments`), and ``d`` is formed from the shifts'
+difference (exact by Sterbenz's lemma where the data's spread is small beside its means) plus the
+offsets' (:func:`_merge`). With a part's mean summed directly, the rounding of a sum of values of size
+``|mu|`` (about ``u sqrt(r) |mu|``) had given standard deviations off by ``3e-10`` relative where the means
+were ``10^7`` times the spread; with the shifts they are within a few ``u`` of two-pass NumPy's.
 
 Complex data (LAPACK's conventions, as :func:`blocklin.svd`): the means are complex (complex128), the
 variances real, ``mean |x - mu|^2``; the pairwise update adds ``|d|^2`` and the co-moments
@@ -95,12 +102,32 @@ def abs2(d: np.ndarray) -> np.ndarray:
     return d.real * d.real + d.imag * d.imag
 
 
-def _merge(n1: int, m1: np.ndarray, s1: np.ndarray, n2: int, m2: np.ndarray, s2: np.ndarray) -> tuple:
-    """Chan et al.'s pairwise update of (count, mean, sum of squared deviations); ``|d|^2`` of complex
-    means."""
+def _merge(n1: int, k1: np.ndarray, o1: np.ndarray, s1: np.ndarray, n2: int, k2: np.ndarray, o2: np.ndarray,
+           s2: np.ndarray) -> tuple:
+    """Chan, Golub and LeVeque's pairwise update of (count, shift, mean offset, sum of squared deviations),
+    each part's mean ``k + o``; ``|d|^2`` of complex means.
+
+    ``d = (k_2 - k_1) + (o_2 - o_1)``: the shifts' difference is exact where they are within a factor 2
+    of each other (Sterbenz), the offsets are small, so ``d`` is accurate relative to itself rather than to
+    the means, and the term ``n_1 n_2 / n |d|^2`` stays accurate however large the means (T. F. Chan,
+    G. H. Golub, R. J. LeVeque, "Algorithms for computing the sample variance: analysis and
+    recommendations", The American Statistician 37(3), 1983, eq. 1.5, with shifted data, sec. 3). The
+    result keeps the first part's shift."""
     n = n1 + n2
-    d = m2 - m1
-    return n, m1 + d * (n2 / n), s1 + s2 + abs2(d) * (n1 * n2 / n)
+    d = (k2 - k1) + (o2 - o1)
+    return n, k1, o1 + d * (n2 / n), s1 + s2 + abs2(d) * (n1 * n2 / n)
+
+
+def _shift_and_offset(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` (a float64 or complex128 block, ``r x w``, overwritten) turned into its deviations from its
+    column means, and those means as (shift, offset): the shift is the mean as first summed, the offset
+    the mean of ``x - shift``, which the naive sum's rounding (about ``u sqrt(r) |mean|``) leaves."""
+    r = max(x.shape[0], 1)
+    shift = x.sum(axis=0) / r
+    x -= shift
+    offset = x.sum(axis=0) / r
+    x -= offset
+    return shift, offset
 
 
 def _acc_bytes(source: Any) -> int:
@@ -124,25 +151,31 @@ def sub_bytes(job: Any, memory: int | None) -> int:
     return max(1, min(_SUB_BYTES, (memory or job.cfg.memory) // 32))
 
 
-def _strip_moments(b: Any, sub: int) -> tuple[np.ndarray, np.ndarray]:
-    """Column means and sums of squared deviations of a strip, in float64 (complex128 means of complex
-    data): the means first, then the deviations from them by cache-sized blocks of rows (the strip's
-    M2 exactly, no pairwise merges)."""
+def _strip_moments(b: Any, sub: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Column means, as (shift, offset), and sums of squared deviations of a strip, in float64 (complex128
+    means of complex data): the shift is the mean as first summed; the deviations from it, by cache-sized
+    blocks of rows, give the offset (their mean, what the sum's rounding left) and their squares, whose
+    sum less ``r |offset|^2`` is the strip's M2 (no cancellation: the offset is at the rounding level of the
+    mean). The mean ``shift + offset`` is then accurate to its own rounding, which the pairwise update
+    needs (:func:`_merge`)."""
     b = np.asarray(b)
     r = b.shape[0]
     acc = acc_dtype(b.dtype)
-    mean = b.sum(axis=0, dtype=acc) / max(r, 1)
+    shift = b.sum(axis=0, dtype=acc) / max(r, 1)
+    total = np.zeros(b.shape[1], dtype=acc)
     m2 = np.zeros(b.shape[1])
     step = max(1, sub // (acc.itemsize * max(1, b.shape[1])))
     for i in range(0, r, step):
         d = b[i:i + step].astype(acc)
-        d -= mean
+        d -= shift
+        total += d.sum(axis=0)
         if acc.kind == "c":
             m2 += abs2(d).sum(axis=0)
             continue
         np.square(d, out=d)
         m2 += d.sum(axis=0)
-    return mean, m2
+    offset = total / max(r, 1)
+    return shift, offset, np.maximum(m2 - abs2(offset) * r, 0.0)
 
 
 @row_kernel(memory=_moments_memory, device="cpu")  # a reduction of the data read: no device products
@@ -151,15 +184,15 @@ def moments_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: 
     column strips of ``A`` (``params["rows_are_columns"]``), the complete mean and M2 of each row
     collected as blocks."""
     if params["rows_are_columns"]:
-        mean, m2 = _strip_moments(np.asarray(arrays[0]).T, params["sub_bytes"])
+        shift, offset, m2 = _strip_moments(np.asarray(arrays[0]).T, params["sub_bytes"])
         blocks = state or []
-        blocks.append((rows.start, mean, m2))
+        blocks.append((rows.start, shift + offset, m2))
         return blocks, None
-    mean, m2 = _strip_moments(arrays[0], params["sub_bytes"])
+    part = _strip_moments(arrays[0], params["sub_bytes"])
     r = rows.stop - rows.start
     if state is None:
-        return (r, mean, m2), None
-    return _merge(*state, r, mean, m2), None
+        return (r, *part), None
+    return _merge(*state, r, *part), None
 
 
 def _moments_normal_memory(params: Any, sources: tuple) -> PassMemory:
@@ -184,11 +217,24 @@ def moments_normal_kernel(device: Any, arrays: tuple, rows: slice, params: Any, 
         z = np.conjugate(b.T @ np.conjugate(y)).astype(np.complex128)
     else:
         z = (b.T @ y).astype(np.float64)
-    mean, m2 = _strip_moments(b, params["sub_bytes"])
+    part = _strip_moments(b, params["sub_bytes"])
     r = rows.stop - rows.start
     if state is None:
-        return (r, mean, m2, z), None
-    return (*_merge(*state[:3], r, mean, m2), state[3] + z), None
+        return (r, *part, z), None
+    return (*_merge(*state[:4], r, *part), state[4] + z), None
+
+
+def _merge_comoments(n1: int, k1: np.ndarray, o1: np.ndarray, c1: np.ndarray, n2: int, k2: np.ndarray,
+                     o2: np.ndarray, c2: np.ndarray | None) -> tuple:
+    """:func:`merge_comoments` of parts whose means are kept as (shift, offset), as :func:`_merge` keeps
+    them (the rank-one term from ``d = (k_2 - k_1) + (o_2 - o_1)``, accurate however large the means):
+    ``(n, k_1, offset, c_1)``, ``c_1`` updated in place."""
+    n = n1 + n2
+    d = (k2 - k1) + (o2 - o1)
+    if c2 is not None:
+        c1 += c2
+    c1 += np.outer(np.conjugate(d), d * (n1 * n2 / n))
+    return n, k1, o1 + d * (n2 / n), c1
 
 
 def merge_comoments(n1: int, m1: np.ndarray, c1: np.ndarray, n2: int, m2: np.ndarray,
@@ -240,14 +286,15 @@ def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, st
             d = buf[: min(step, r - r0)]
             np.copyto(d, a[r0:r0 + d.shape[0]])
             k = d.shape[0]
-            mean = d.sum(axis=0) / k
-            d -= mean
+            # the block's mean as (shift, offset) and d its deviations from it (the merges need the
+            # mean accurate to its rounding: _merge)
+            shift, offset = _shift_and_offset(d)
             if state is None:
-                state = (k, mean, np.zeros((w, w), acc))
-                syrk_acc(state[2], d)
+                state = (k, shift, offset, np.zeros((w, w), acc))
+                syrk_acc(state[3], d)
             else:
-                syrk_acc(state[2], d)  # the block's co-moments, added in place
-                state = merge_comoments(*state, k, mean, None)
+                syrk_acc(state[3], d)  # the block's co-moments, added in place
+                state = _merge_comoments(*state, k, shift, offset, None)
     return state, None
 
 
@@ -273,11 +320,11 @@ def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: in
     plan = plan_moments_gram(job, A, memory=memory, reserve=reserve, min_tasks=min_tasks, workers=workers)
     states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, plan=plan, scale=scale,
                          description="column means and the centered Gram (pass over A)")
-    cnt, mean, c = states[0]
+    cnt, shift, offset, c = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
-        cnt, mean, c = merge_comoments(cnt, mean, c, *st)
+        cnt, shift, offset, c = _merge_comoments(cnt, shift, offset, c, *st)
     c = symmetrize_lower(c)
-    return Moments(mean, np.diag(c).real.copy() / cnt, cnt), c
+    return Moments(shift + offset, np.diag(c).real.copy() / cnt, cnt), c
 
 
 def _row_gram_memory(params: Any, sources: tuple) -> PassMemory:
@@ -407,10 +454,10 @@ def column_moments(job: Any, A: Any, *, memory: int | None = None, reserve: int 
             for r0, mu, s in st:
                 mean[r0:r0 + mu.size], m2[r0:r0 + mu.size] = mu, s
         return Moments(mean, m2 / m, m)
-    cnt, mean, m2 = states[0]
+    cnt, shift, offset, m2 = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
-        cnt, mean, m2 = _merge(cnt, mean, m2, *st)
-    return Moments(mean, m2 / cnt, cnt)
+        cnt, shift, offset, m2 = _merge(cnt, shift, offset, m2, *st)
+    return Moments(shift + offset, m2 / cnt, cnt)
 
 
 def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None, reserve: int = 0,
@@ -426,10 +473,11 @@ def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = 
     qd = params["Q"]
     states, _ = run_pass(job, moments_normal_kernel, [source(A)], params, memory=memory, reserve=reserve, scale=scale,
                          description="column means and the first product (pass over A)")
-    cnt, mean, m2, z = states[0]
+    cnt, shift, offset, m2, z = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
-        cnt, mean, m2 = _merge(cnt, mean, m2, *st[:3])
-        z = z + st[3]
+        cnt, shift, offset, m2 = _merge(cnt, shift, offset, m2, *st[:4])
+        z = z + st[4]
+    mean = shift + offset
     return Moments(mean, m2 / cnt, cnt), z - cnt * np.outer(np.conjugate(mean), mean @ qd.astype(z.dtype))
 
 
@@ -466,11 +514,11 @@ def moments_incore(b: np.ndarray, transposed: bool) -> Moments:
     state = None
     for r0 in range(0, b.shape[0], step):
         x = b[r0:r0 + step].astype(acc)
-        mu = x.mean(axis=0)
-        part = (x.shape[0], mu, abs2(x - mu).sum(axis=0))
+        shift, offset = _shift_and_offset(x)  # x: the deviations (the merges need accurate means: _merge)
+        part = (x.shape[0], shift, offset, abs2(x).sum(axis=0))
         state = part if state is None else _merge(*state, *part)
-    cnt, mean, m2 = state
-    return Moments(mean, m2 / cnt, cnt)
+    cnt, shift, offset, m2 = state
+    return Moments(shift + offset, m2 / cnt, cnt)
 
 
 @dataclasses.dataclass(frozen=True)
