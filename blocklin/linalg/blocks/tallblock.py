@@ -50,6 +50,18 @@ class TallBlock:
         states = self._run(tsqr_kernel, {"dtype": _work(self.dtype).name}, "orthonormalize: TSQR")
         return positive_diagonal(reduce_r(states, self.c)[: self.c])
 
+    def settled(self, w: np.ndarray) -> tuple["TallBlock", np.ndarray]:
+        """``Y W`` written to a scratch store, and its Gram matrix from the same bits (one pass): the block
+        later passes read in place of recomputing ``Y W`` (:func:`blocklin.linalg.blocks.orth.cholqr_r`)."""
+        ws = [w.astype(self.dtype)]
+        c = w.shape[1]
+        params = {"W": ws, "write": "F", "gram": True}
+        plan = plan_kernel_pass(self.job, apply_kernel, [self.source], params, memory=self.memory)
+        path = self.job.scratch("Q", (self.M, c), self.dtype, (plan.strip, c))
+        states = self._run(apply_kernel, params, "orthonormalize: CholeskyQR, Y R^-1 written", plan=plan,
+                           outputs=(("F", path),))
+        return TallBlock(self.job, path, self.M, c, self.dtype, plan.strip, self.memory), reduce_sum(states, "G")
+
     def apply_to(self, ws: list, out_path: str | None, *, transposed_out: bool = False,
                  description: str = "write factor", collect: bool = False) -> np.ndarray | None:
         """Write ``Y W1 W2 ...`` (applied in sequence) to ``out_path`` (transposed when asked), or return it."""

@@ -92,7 +92,7 @@ def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
             Y: Any) -> tuple[Factorization, Any, list]:
     """The Rayleigh-Ritz step of :func:`rayleigh_ritz` from its pass's ``Z = B^T B Q``, ``Y^T Y`` and ``Y``:
     the factorization without its long factor, ``Y`` and the chain that makes ``U`` of it."""
-    R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
+    R, chain, orth_info, Y = cholqr_r(Y, G, rank_revealing=True)
     with small_blas(R.shape[0], R.shape[1]):
         Ur, S, Vrt = np.linalg.svd(R)
     # singular values at the rounding level of B Q are zeros of A (rank < k): exactly 0, their U columns
@@ -192,7 +192,7 @@ def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_ou
     N = src.N
     eye = np.eye(N, dtype=work_dtype(src.dtype))
     _, G, Y = src.normal(eye, keep_y=True, gram=True, description="full: B and its Gram matrix")
-    R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
+    R, chain, orth_info, Y = cholqr_r(Y, G, rank_revealing=True)
     del G
     if orth_info["method"] == "cholqr2":  # B's condition may reach eps^-1/2 here: a third step keeps U orthonormal
         R, chain = refine_once(Y, R, chain)
@@ -285,7 +285,7 @@ def sketch_finish(state: list, *, k: int, seed: int, dest: str | None, transpose
     kp = Xt.shape[1]
     s = PZ.shape[0]
     PY, Z = PZ[:, :kp], PZ[:, kp:]
-    R, chain, orth_info = cholqr_r(Y, G, rank_revealing=True)
+    R, chain, orth_info, Y = cholqr_r(Y, G, rank_revealing=True)
     rinv = np.linalg.pinv(R)  # R is singular when A has rank < k + oversample (zero rows of R: zero columns of Q)
     # the core on Q's nonzero columns only: least squares over Q's zero columns too put weight on them in
     # U_C, columns of U = Q U_C of norm 0.6 to 1 (a graded A, found by a randomized search)

@@ -90,7 +90,7 @@ def spilled_rayleigh_ritz(src: Any, Q: Columns, k: int, width: int, *, bases: An
         Zb.append(z)
         del y, z
     block = StripBlock(Yb)
-    R, chain, orth_info = cholqr_r(block, Yb.gram(), rank_revealing=True)
+    R, chain, orth_info, block = cholqr_r(block, Yb.gram(), rank_revealing=True)
     with small_blas(R.shape[0], R.shape[1]):
         Ur, S, Vrt = np.linalg.svd(R)
     ref = max(float(S[0]) if S.size else 0.0, src.noise_scale)
