@@ -27,7 +27,9 @@ from blocklin.plan.chunks import split
 from blocklin.plan.gemm import GemmPlan
 import blocklin._readstats as readstats
 from blocklin.progress import report_units
+from blocklin.peaks import block_peaks
 from blocklin.storage.atomic import is_done, mark_done
+from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import open_cached, read_block, write_block
 
 
@@ -247,6 +249,9 @@ class GemmSpec:
     #: Output dtype when it differs from the compute dtype ``dtype`` (``matmul(precision=...)``):
     #: ``alpha`` and ``beta * C`` are then applied on the host in the output dtype.
     out_dtype: str | None = None
+    #: The peaks each tile returns of the strips it wrote (``peaks`` in its result): each column's
+    #: (False), each row's (True, a wide output), none (None). See :func:`tile_peaks`.
+    peaks: bool | None = None
 
 
 class Epilogue:
@@ -312,6 +317,11 @@ def _run_tiles(spec: GemmSpec, tiles: tuple[tuple[int, int, slice, slice], ...])
     results: list[dict] = [{"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0} for _ in tiles]
     todo = [(t, i, j, rows, cols) for t, (i, j, rows, cols) in enumerate(tiles)
             if not is_done(spec.done_dir, f"tile-{i}-{j}")]
+    if spec.peaks is not None:  # a finished tile's peaks, kept beside its marker (None: not kept)
+        undone = {t for t, *_ in todo}
+        for t, (i, j, rows, cols) in enumerate(tiles):
+            if t not in undone:
+                results[t]["peaks"] = _kept_peaks(spec, i, j, rows, cols)
     if not todo:
         return results
     device = get_device(spec.device, device_memory=spec.device_memory)
@@ -381,15 +391,57 @@ def run_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice, run: tupl
     finally:
         tile.close()
     if spec.done_dir is not None:
+        if tile.peaks is not None:  # before the marker: a marked tile's peaks are kept
+            backend(spec.done_dir).write_bytes(_peaks_key(i, j), np.asarray(tile.peaks, dtype="<f8").tobytes())
         mark_done(spec.done_dir, f"tile-{i}-{j}")
     result = tile.result(time.perf_counter() - t_start, stream.load_seconds - before[0],
                          stream.wait_seconds - before[1], stream.compute_seconds - before[2])
+    if tile.peaks is not None:
+        result["peaks"] = _placed(spec, rows, cols, tile.peaks)
     if not device.host_resident:
         # panels served from the device cache (read ahead of this tile's own k-loop included, as its
         # reads are), and the most bytes the device cache held after one of the run's uploads
         result["bytes_device_cache"] = (kept.served if kept is not None else 0) - served
         result["device_resident"] = kept.peak if kept is not None else 0
     return result
+
+
+def _peaks_key(i: int, j: int) -> str:
+    return f"peaks-{i}-{j}"
+
+
+def _placed(spec: GemmSpec, rows: slice, cols: slice, peaks: np.ndarray) -> tuple[int, int, np.ndarray]:
+    """A tile's peaks with its first row and column in the output store."""
+    return spec.out_off[0] + rows.start, spec.out_off[1] + cols.start, peaks
+
+
+def _kept_peaks(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> tuple | None:
+    """The peaks an earlier run of tile ``(i, j)`` kept beside its marker (:func:`run_tile`), placed as
+    :func:`_placed`; None where none are kept whole (a run before they were kept): then the output's
+    peaks are unknown."""
+    raw = backend(spec.done_dir).try_read(_peaks_key(i, j))
+    count = (rows.stop - rows.start) if spec.peaks else (cols.stop - cols.start)
+    if raw is None or len(raw) != 8 * count:
+        return None
+    return _placed(spec, rows, cols, np.frombuffer(raw, dtype="<f8").astype(np.float64))
+
+
+def tile_peaks(results: list, tally: Any, tiles: int) -> bool:
+    """Merge the ``peaks`` of a GEMM's tile results (run with :attr:`GemmSpec.peaks`) into ``tally``
+    (a :class:`~blocklin.storage.recorded_peaks.PeakTally` of the output); False, with the tally marked
+    incomplete, unless every one of the output's ``tiles`` tiles gave its peaks."""
+    merged = 0
+    for r in results:
+        got = r.get("peaks") if isinstance(r, dict) else None
+        if got is None:
+            continue
+        r0, c0, peaks = got
+        tally.merge(np.asarray(peaks, dtype=np.float64), r0, c0)
+        merged += 1
+    if merged != tiles:  # a tile skipped unseen (its peaks not kept), or one without peaks
+        tally.skipped()
+        return False
+    return True
 
 
 def _panel_stream(spec: GemmSpec, device: Any, readers: list[_PanelReader], kept: Any = None) -> TileStream:
@@ -498,6 +550,8 @@ class _GemmTile:
             for _ in range(min(2, len(self.strips))):
                 self.cast_bufs.put(np.empty((min(plan.out_chunks[0], tm), tn), dtype=self.out_dtype))
         self.extra = spec.epilogue.begin(rows, cols, spec.out_off) if spec.epilogue is not None else None
+        #: The peaks of the strips written (:attr:`GemmSpec.peaks`): each row's or each column's.
+        self.peaks = None if spec.peaks is None else np.zeros(tm if spec.peaks else tn)
 
     def compute(self) -> None:
         # Allocating the accumulator overlaps the first panel's read; the first panel's product is
@@ -571,6 +625,11 @@ class _GemmTile:
         epi = self.spec.epilogue
         if epi is not None and not (epi.on_device and not self.device.host_resident):
             epi.strip(self.extra, host, r0, r1)
+        if self.peaks is not None:  # of the bits written: after the cast and the epilogue
+            if self.spec.peaks:
+                self.peaks[r0:r1] = block_peaks(host, rows=True)
+            else:
+                np.maximum(self.peaks, block_peaks(host, rows=False), out=self.peaks)  # propagates NaN
         self.writer.submit(r0, r1, host, done=done)
 
     def _cast_strip(self, r0: int, r1: int, host: np.ndarray, done: Any) -> tuple[np.ndarray, Any]:

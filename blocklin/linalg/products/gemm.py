@@ -25,11 +25,12 @@ from blocklin.plan.thin import ThinPlan
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.storage.identity import resume_token
-from blocklin.runtime.tiles import GemmSpec, gemm_runs, gemm_tiles
+from blocklin.runtime.tiles import GemmSpec, gemm_runs, gemm_tiles, tile_peaks
 from blocklin.linalg.products.thin import run_thin, thin_plan
 from blocklin.operands import temp_root
 from blocklin.storage.atomic import open_or_create_array
 from blocklin.storage.location import as_location
+from blocklin.storage.recorded_peaks import PeakTally, recordable, record as record_peaks
 from blocklin.storage.zarr_store import read_kind
 from blocklin.validate import finite, result_dtype
 from blocklin.validate import precision as check_precision
@@ -143,8 +144,13 @@ class Gemm:
         return "tf32" if self.precision == "tf32" else None
 
     def run(self, job: Job, plan: GemmPlan, out_path: Any, *, done_dir: Any = None,
-            description: str = "gemm tiles", count_pass: str | None = None) -> None:
-        """Write the product into the array at ``out_path`` (created with ``plan.out_chunks``)."""
+            description: str = "gemm tiles", count_pass: str | None = None, peaks: PeakTally | None = None) -> None:
+        """Write the product into the array at ``out_path`` (created with ``plan.out_chunks``).
+
+        ``peaks``: a tally of the whole output, into which each tile's peaks of the bits it wrote are
+        merged (computed where the tile ran, returned with its result; a tile a resumed run skips gives
+        the peaks its first run kept beside its marker); marked incomplete where any tile's are unknown.
+        """
         spec = GemmSpec(a=self.A.path, b=self.B.path, c=self.C.path if self.C is not None else None, out=out_path,
                         trans_a=self.trans_a, trans_b=self.trans_b, alpha=self.alpha, beta=self.beta,
                         dtype=self.compute.name, plan=plan, device=job.device, device_memory=job.device_memory(),
@@ -152,7 +158,8 @@ class Gemm:
                         blas_threads=job.task_blas_threads(plan.blas_threads), precision=self.math,
                         out_dtype=self.dtype.name if self.compute != self.dtype else None,
                         # rows of a stored operand from a stored row on (appended rows, operands.row_range)
-                        a_off=(getattr(self.A, "first_row", 0), 0), b_off=(getattr(self.B, "first_row", 0), 0))
+                        a_off=(getattr(self.A, "first_row", 0), 0), b_off=(getattr(self.B, "first_row", 0), 0),
+                        peaks=None if peaks is None else peaks.transposed)
         for note in self.read_advice(plan):
             job.note_reads(note)
         graph = TileGraph.named("gemm", self.token(plan))
@@ -163,8 +170,10 @@ class Gemm:
             graph.weigh(graph.add((i, j), gemm_tiles, spec, run, units=len(run)), max(1, plan.k_steps) * len(run),
                         "k-panels")
         with reusing():  # tiles run here take the accumulator and panel slots the previous one left
-            job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
-                    count_pass=count_pass)
+            results = job.run(graph, workers=plan.workers, blas_threads=plan.blas_threads, description=description,
+                              count_pass=count_pass)
+        if peaks is not None:
+            tile_peaks(results, peaks, plan.n_tasks)
 
 
 def read_advice(A: Any, B: Any, plan: GemmPlan, *, trans_a: bool = False, trans_b: bool = False) -> list[str]:
@@ -307,23 +316,32 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
                                        "pass (read once, on every core)",
                           phases={"products of row strips (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
         plan = op.plan(job, out_chunks, out)
-        return _write(job, op, plan, out, lambda ao: op.run(job, plan, ao.array_path(), done_dir=ao.done),
-                      overwrite=overwrite, resume=resume,
+        # the peaks of the tiles as written, recorded with the output: an SVD of it need not scan
+        tally = PeakTally(op.shape) if recordable(op.dtype) and min(op.shape) > 0 else None
+        return _write(job, op, plan, out, lambda ao: op.run(job, plan, ao.array_path(), done_dir=ao.done, peaks=tally),
+                      overwrite=overwrite, resume=resume, peaks=tally,
                       phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
 
 
 def _write(job: Job, op: Gemm, plan: GemmPlan | ThinPlan, out: Any, run: Callable[[Any], None], *, overwrite: bool,
-           resume: bool, **report: Any) -> Matrix:
+           resume: bool, peaks: PeakTally | None = None, **report: Any) -> Matrix:
     """Claim ``out`` (resumable by ``op.token(plan)``), create its array in ``plan.out_chunks``, ``run`` the
     route into it (given the claimed output), then report (with ``report``'s entries) and commit: the tail
-    of both dense routes, the tiles and the thin product's row pass."""
+    of both dense routes, the tiles and the thin product's row pass.
+
+    ``peaks``: the tally ``run`` filled with the output's peaks, recorded once the output is committed
+    (:func:`~blocklin.storage.recorded_peaks.record`: nothing where it is incomplete or not finite); the
+    report's ``output_peaks_recorded`` says whether it was."""
     ao = job.claim(out, op.operands, overwrite=overwrite, resume=resume, token=op.token(plan),
                    size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     run(ao)
     rep = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), precision=op.precision,
                      compute_dtype=op.compute.name, **report)
-    return job.finish(ao, out, rep, operation="matmul", plan=plan.to_dict(), params=op.params(), keys=REPORT_KEYS)
+    result = job.finish(ao, out, rep, operation="matmul", plan=plan.to_dict(), params=op.params(), keys=REPORT_KEYS)
+    if peaks is not None:  # after the commit: the record's stamp is the committed output's
+        rep["output_peaks_recorded"] = record_peaks(ao.path, peaks)
+    return result
 
 
 def _sparse_route(a: Any, b: Any, out: Any, *, c: Any, alpha: float, beta: float, trans_a: bool, trans_b: bool,
