@@ -120,8 +120,11 @@ def write_affine(job: Any, dest: Any, old: Any, a: Any, *, m0: int, m1: int, old
     k = T.shape[1]
     a_meta = open_array(a)
     n = a_meta.shape[1]
-    per_row = k * (2 * dt.itemsize + e)  # the band, the old rows read, a product row in float64
     budget = job.cfg.memory
+    if k == 0:  # no column to write: an m1 x 0 factor, no task (the sizes below divide by a row's bytes)
+        create_array(dest, shape=(m1, 0), dtype=dt, chunks=(max(1, min(int(old_chunk), m1)), 1), codec=job.cfg.codec)
+        return 0
+    per_row = k * (2 * dt.itemsize + e)  # the band, the old rows read, a product row in float64
     ch = max(1, min(int(old_chunk), max(MIN_BAND, budget // 16 // per_row)))
     band_bytes = ch * per_row
     row_bytes = n * (e + a_meta.dtype.itemsize)  # a row of A as read and as float64
