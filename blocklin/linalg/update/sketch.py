@@ -65,6 +65,7 @@ from blocklin.linalg.update.gram import copied_before_claim
 from blocklin.linalg.update.svd import Recompute
 from blocklin.matrix import Matrix
 from blocklin.operands import row_range
+from blocklin.plan.minimum import whole_call
 from blocklin.plan.svd import plan_svd
 from blocklin.runtime.job import Job
 from blocklin.storage import create_group, remove, write_array
@@ -136,7 +137,9 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
     new = row_range(A, m0, m1)
     kw = dict(method="sketch", oversample=int(upd["oversample"]), power_iters=None, memory=job.cfg.memory,
               max_passes=1, square=True)  # square: the new rows may be fewer than the columns; never transposed
-    plan = plan_svd(p, n, k, A.dtype, **kw)
+    # every pass planned at one budget first: a refusal names the least budget at which all of them plan
+    plan = whole_call(lambda memory: _plans(job, A, new, kw | {"memory": memory}, k, e, seed, gen, old.Y),
+                      job.cfg.memory, "the sketch's update (the appended rows' sketch pass, the passes over Y)")
     if plan.sketch_size != (kp, s):
         raise ParameterError(explain("out", f"must keep a sketch of sizes {list(plan.sketch_size)} (k={k}, "
                                      f"oversample={upd['oversample']}, n={n})", f"sizes {[kp, s]}",
@@ -185,6 +188,22 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
                      extra={"updates": list(prov.get("updates") or []) + [updated]})
     report["output"] = str(path)
     return SVDResult(Matrix(path / "U", report=report) if old.has_u else None, small["S"], small["Vt"], report)
+
+
+def _plans(job: Job, A: Any, new: Any, kw: dict, k: int, e: int, seed: int, gen: int, y_old: Any) -> Any:
+    """Plan (nothing read or written) the update's passes at ``kw["memory"]``: the appended rows' sketch pass,
+    and over the grown ``Y`` (the kept ``Y``'s chunk height) the passes :func:`sketch_finish` makes (CholeskyQR,
+    the TSQR fallback, the pass writing ``U``). Returns the appended rows' plan. Planned one at a time, the
+    first step's minimum was named and the passes over ``Y`` refused it again (up to 1.7x short)."""
+    p, n = new.shape
+    plan = plan_svd(p, n, k, A.dtype, **kw)
+    src = Streamed(job, new, dataclasses.replace(plan, in_core=False), None, Scaling(str(new.path), A.dtype, e=e))
+    src._plan_sketch(src._sketch_params(seed, gen))
+    if plan.sketch_size is not None and plan.sketch_size[0] == int(y_old.shape[1]):  # else refused by the caller
+        grown = plan_svd(A.shape[0], n, k, A.dtype, **kw)
+        Streamed(job, A, dataclasses.replace(grown, in_core=False), None)._plan_intermediate(
+            int(y_old.shape[1]), max(1, int(y_old.chunks[0])), k)
+    return plan
 
 
 def _appended(job: Job, dest: Any, y_old: Any, y_new: TallBlock, m0: int, m1: int, memory: int) -> TallBlock:
