@@ -41,11 +41,12 @@ CASES = [((3000, 100), "float32", False, 55), ((3000, 100), "float64", True, 55)
 
 @pytest.mark.parametrize("shape,dtype,center,k", CASES,
                          ids=[f"{s[0]}x{s[1]}-{d}-{'centered' if c else 'plain'}-k{k}" for s, d, c, k in CASES])
-def test_sketch_runs_at_the_named_minimum(shape, dtype, center, k):
+def test_sketch_runs_at_the_named_minimum(tmp_path, shape, dtype, center, k):
     a = _data(shape, dtype, center, rank=k + 5)  # below k + oversample (10)
 
     def run(memory):
-        return bl.svd(a, k, method="sketch", center=center, memory=memory, seed=0)
+        return bl.svd(a, k, method="sketch", center=center, memory=memory, seed=0, out=tmp_path / "F.zarr",
+                      overwrite=True)
 
     with pytest.raises(BudgetError) as err:
         run(1 << 10)
