@@ -16,6 +16,8 @@ from blocklin.storage.recorded_peaks import recorded
 from blocklin.storage.records import PEAKS_RECORD
 
 SHAPES = {"tall": (150, 40, 70), "wide": (70, 40, 150), "square": (110, 40, 110)}  # m, k, n
+#: Products larger than the SVD's budget below (streamed, not held: a rescaled first pass is a pass more).
+STREAMED = {"tall": (3000, 40, 100), "wide": (100, 40, 3000)}
 #: A budget and output chunks that cut every case into several tiles both ways (edge tiles included).
 TILED = {"memory": "20KiB", "out_chunks": (16, 16), "workers": 2}
 #: The same for operands stored in 32 x 32 chunks.
@@ -29,8 +31,8 @@ def _numpy_peaks(x: np.ndarray) -> np.ndarray:
     return mag.max(axis=1 if x.shape[0] < x.shape[1] else 0).astype(np.float64)
 
 
-def _operands(shape: str, dtype: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    m, k, n = SHAPES[shape]
+def _operands(shape: str, dtype: str, seed: int = 0, shapes: dict = SHAPES) -> tuple[np.ndarray, np.ndarray]:
+    m, k, n = shapes[shape]
     rng = np.random.default_rng(seed)
 
     def draw(r: int, c: int) -> np.ndarray:
@@ -95,20 +97,26 @@ def test_record_of_alpha_beta_c_and_of_a_cast_product(tmp_path):
     _assert_record(cast, c0.shape)
 
 
+@pytest.mark.parametrize("alpha", [1.0, 1e200])
 @pytest.mark.parametrize("shape", ["tall", "wide"])
-def test_svd_of_the_product_takes_the_record(tmp_path, monkeypatch, shape):
+def test_svd_of_the_product_takes_the_record(tmp_path, monkeypatch, shape, alpha):
     """The SVD's first pass takes the recorded peaks (no scan); without the record it scans, to the same
-    bits."""
-    a, b = _operands(shape, "float64", seed=4)
-    c = bl.matmul(a, b, tmp_path / "c.zarr", **TILED, scheduler="sync")
-    took = bl.svd(c.path, k=3, seed=0, memory="2MiB", scheduler="sync")
+    bits. A product beyond ``2^256`` (``alpha=1e200``) is scaled from the record before its first pass,
+    which without it runs twice (the second time scaled)."""
+    a, b = _operands(shape, "float64", seed=4, shapes=STREAMED)
+    c = bl.matmul(a, b, tmp_path / "c.zarr", alpha=alpha, memory="256KiB", scheduler="sync")
+    assert c.report["plan"]["n_tasks"] > 1
+    took = bl.svd(c.path, k=3, seed=0, memory="1MiB", scheduler="sync")
     assert took.report.get("peaks_recorded") == ["a"]
     os.remove(tmp_path / "c.zarr" / PEAKS_RECORD)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))  # no peaks an earlier pass saw
-    scanned = bl.svd(c.path, k=3, seed=0, memory="2MiB", scheduler="sync")
+    scanned = bl.svd(c.path, k=3, seed=0, memory="1MiB", scheduler="sync")
     assert "peaks_recorded" not in scanned.report and "peaks_seen" not in scanned.report
     assert np.array_equal(took.s, scanned.s) and np.array_equal(took.U, scanned.U)
-    assert took.report["passes"] == scanned.report["passes"]
+    extra = 1 if alpha > 1 else 0
+    assert took.report["passes"] + extra == scanned.report["passes"]
+    if extra:
+        assert took.report["scaling"]["extra_passes"] == 0 and scanned.report["scaling"]["extra_passes"] == 1
 
 
 def _interrupted(monkeypatch, a_path, b_path, out, after: int) -> None:
@@ -168,3 +176,15 @@ def test_output_holding_inf_replaces_a_record_with_none(tmp_path):
     assert not np.isfinite(over.to_numpy()).all()
     assert over.report["output_peaks_recorded"] is False
     assert recorded(over.path, (a.shape[0], b.shape[1]), column_peaks=False) is None
+
+
+@pytest.mark.parametrize("shape,dtype", [("tall", "float64"), ("wide", "complex128")])
+def test_record_of_tiles_computed_on_a_gpu(standin, tmp_path, shape, dtype):
+    """On a GPU (the CuPy stand-in) each strip's peaks are taken from its download, the bits written."""
+    from support import cupy_standin
+
+    a, b = _operands(shape, dtype, seed=7)
+    c = bl.matmul(a, b, tmp_path / "c.zarr", device="gpu", memory="96KiB", device_memory="64KiB", out_chunks=(16, 16))
+    assert c.report["device"] != "cpu" and c.report["plan"]["n_tasks"] > 1
+    _assert_record(c, (a.shape[0], b.shape[1]))
+    assert cupy_standin.take_races() == []
