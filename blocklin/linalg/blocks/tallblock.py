@@ -56,7 +56,10 @@ class TallBlock:
         ws = [w.astype(self.dtype)]
         c = w.shape[1]
         params = {"W": ws, "write": "F", "gram": True}
-        plan = plan_kernel_pass(self.job, apply_kernel, [self.source], params, memory=self.memory)
+        # strips (the copy's chunks) no taller than Y's chunks: the passes over the copy then need no more
+        # memory than those over Y that the budget was planned for
+        plan = plan_kernel_pass(self.job, apply_kernel, [self.source], params, memory=self.memory,
+                                max_strip=self.source.chunk_rows)
         path = self.job.scratch("Q", (self.M, c), self.dtype, (plan.strip, c))
         states = self._run(apply_kernel, params, "orthonormalize: CholeskyQR, Y R^-1 written", plan=plan,
                            outputs=(("F", path),))

@@ -14,7 +14,6 @@ from blocklin.errors import BudgetError, explain
 from blocklin.linalg.blocks.center import Moments, Shift
 from blocklin.linalg.lowrank.sources import Streamed
 from blocklin.operands import temp_root
-from blocklin.plan.passes import output_chunk_rows
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.storage.space import check_space
@@ -55,26 +54,8 @@ def _try_plan(job: Job, A: Any, k: int, memory: int, kw: dict, *, means_gram: bo
               shift: tuple[bool, bool] = (False, False)) -> SvdPlan:
     plan = plan_svd(A.shape[0], A.shape[1], k, A.dtype, memory=memory, **kw)
     if not plan.in_core:
-        src = Streamed(job, A, plan, _placeholder_shift(A, plan, shift))
-        src.preflight(k, means_gram=means_gram)
-        if plan.method == "sketch":
-            _plan_sketch_y(src, plan, k)
+        Streamed(job, A, plan, _placeholder_shift(A, plan, shift)).preflight(k, means_gram=means_gram)
     return plan
-
-
-def _plan_sketch_y(src: Streamed, plan: SvdPlan, k: int) -> None:
-    """Plan the sketch's passes over its stored ``Y`` (``M x kp``): the CholeskyQR refinement, the TSQR a
-    Gram too ill-conditioned for Cholesky falls back to, and the pass writing ``U`` (with its completion).
-
-    ``preflight`` plans the sketch's one pass over ``A`` only; ``Y``'s chunks are as tall as the sketch's
-    pass writes them (``y_buffer`` bytes of rows, whole strips), and a strip of ``Y`` cannot be shorter
-    than its chunk, so these passes can need more than the one over ``A``: unplanned, a run at the
-    minimum named here was refused by the TSQR of ``Y`` (369.84 KiB needed against 340.39 KiB left, a
-    3000 x 100 float32 ``A`` with ``k = 80``)."""
-    kp = plan.sketch_size[0]
-    params = src._sketch_params(0)
-    rows = params["y_buffer"] // (kp * np.dtype(plan.dtype).itemsize)
-    src._plan_intermediate(kp, output_chunk_rows(src._plan_sketch(params), rows), k)
 
 
 def fitting_plan(job: Job, A: Any, k: int, kw: dict, *, means_gram: bool = False,

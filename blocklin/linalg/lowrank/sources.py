@@ -287,11 +287,11 @@ class Streamed:
         if shifted and not means_gram:  # the fused means pass is taken only where it fits: this one must
             plan_column_moments(self.job, self.A, memory=p.memory, reserve=p.client_bytes)
         if p.method == "sketch":
-            self._plan_sketch(self._sketch_params(0))
+            self.plan_over_y(p.sketch_size[0], self.sketch_y_chunk(0), k)  # the sketch's pass planned with it
         else:  # the widest product: a step's block, or the final Rayleigh-Ritz over Ritz vectors and residuals
             width = p.block if p.method == "rsvd" else max(p.block, k + enrich_width(k, p.block, N))
             product = self._plan(K.normal_kernel, self._shifted({"gram": True, "write_y": True}, Q=np.zeros((N, width))))
-            self._plan_intermediate(width, product.strip, k)
+            self.plan_over_y(width, product.strip, k)
         if p.method == "gram" and means_gram and p.transposed:  # the columns of a wide A centered as read
             row_gram = {"center": self.shift.b is not None, "standardize": self.shift.r is not None}
             plan_moments_row_gram(self.job, self.A, memory=p.memory, reserve=p.client_bytes, **row_gram,
@@ -304,11 +304,13 @@ class Streamed:
         if p.method in ("lanczos", "gram"):
             self._plan(K.apply_kernel, self._shifted({"write": "F", "collect": False}, W=np.zeros((N, k))))
 
-    def _plan_intermediate(self, c: int, chunk_rows: int, k: int) -> None:
+    def plan_over_y(self, c: int, chunk_rows: int, k: int) -> None:
         """Plan the passes over the stored ``M x c`` block ``Y`` (chunks of ``chunk_rows`` rows, as
-        :meth:`_tmp_block` writes it) that orthonormalize it and write the long factor
+        :meth:`_tmp_block` or the sketch's pass writes it) that orthonormalize it and write the long factor
         (:class:`TallBlock`: the budget less the in-core work): the chain of up to three ``c x c``
-        triangular factors and the ``c x k`` Ritz vectors, and its TSQR."""
+        triangular factors and the ``c x k`` Ritz vectors, and its TSQR. A strip of ``Y`` is no shorter
+        than its chunk, so these can need more than the pass that wrote ``Y``: the sketch's had been
+        refused at the minimum its pass over ``A`` named (3000 x 100 float32, ``k = 80``: 1.2x short)."""
         dt = np.dtype(self.dtype)
         y = dataclasses.replace(stored("(Y)", (self.M, c), dt, (chunk_rows, c)), reads="direct")
         chain = [_Shape((c, c), dt)] * 3 + [_Shape((c, k), dt)]
@@ -396,6 +398,16 @@ class Streamed:
         if self.source.first_row:  # a pass over appended rows: the test matrices' rows where they are stored
             params["row0"] = self.source.first_row
         return params
+
+    def plan_sketch_pass(self, seed: int, generator: int | None = None) -> Any:
+        """Plan the sketch's pass over ``A`` (shapes only, nothing read): :meth:`_plan_sketch`."""
+        return self._plan_sketch(self._sketch_params(seed, generator))
+
+    def sketch_y_chunk(self, seed: int, generator: int | None = None) -> int:
+        """The chunk height of the ``Y`` the sketch's pass writes (whole strips of ``y_buffer`` bytes)."""
+        params = self._sketch_params(seed, generator)
+        row_bytes = self.plan.sketch_size[0] * np.dtype(self.dtype).itemsize
+        return output_chunk_rows(self._plan_sketch(params), params["y_buffer"] // row_bytes)
 
     def _plan_sketch(self, params: dict) -> Any:
         """The sketch's pass within the budget, split as :func:`blocklin.plan.svd.sketch_tasks` says."""

@@ -198,10 +198,10 @@ def _plans(job: Job, A: Any, new: Any, kw: dict, k: int, e: int, seed: int, gen:
     p, n = new.shape
     plan = plan_svd(p, n, k, A.dtype, **kw)
     src = Streamed(job, new, dataclasses.replace(plan, in_core=False), None, Scaling(str(new.path), A.dtype, e=e))
-    src._plan_sketch(src._sketch_params(seed, gen))
+    src.plan_sketch_pass(seed, gen)
     if plan.sketch_size is not None and plan.sketch_size[0] == int(y_old.shape[1]):  # else refused by the caller
         grown = plan_svd(A.shape[0], n, k, A.dtype, **kw)
-        Streamed(job, A, dataclasses.replace(grown, in_core=False), None)._plan_intermediate(
+        Streamed(job, A, dataclasses.replace(grown, in_core=False), None).plan_over_y(
             int(y_old.shape[1]), max(1, int(y_old.chunks[0])), k)
     return plan
 
