@@ -94,11 +94,12 @@ def _sufficient_budget(job: Job, A: Any, k: int, kw: dict, exc: BudgetError, *, 
 
 
 def check_disk_space(job: Job, out: Any, plan: SvdPlan, m: int, n: int, k: int, dtype: Any) -> None:
-    """Up front: the long factor fits the output's disk, and a streamed run's basis ``Y`` the temp dir's."""
+    """Up front: the long factor fits the output's disk, and a streamed run's basis ``Y`` the temp dir's,
+    with the copy of ``Y R1^-1`` CholeskyQR writes where ``Y`` is ill-conditioned (``orth._settle``)."""
     long_side, itemsize = max(m, n), np.dtype(dtype).itemsize
     if out is not None:
         check_space(out, long_side * k * itemsize, "out", f"the long factor, {long_side} x {k} {np.dtype(dtype).name}")
     if not plan.in_core:
         cols = plan.block if plan.method != "sketch" else max(plan.sketch_size)
-        check_space(temp_root(job.cfg) / "blocklin-svd", long_side * (k + cols) * itemsize, "temp data",
-                    f"{long_side} x {k + cols} {np.dtype(dtype).name}")
+        check_space(temp_root(job.cfg) / "blocklin-svd", long_side * (k + 2 * cols) * itemsize, "temp data",
+                    f"{long_side} x {k + 2 * cols} {np.dtype(dtype).name}")
