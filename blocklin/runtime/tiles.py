@@ -317,7 +317,7 @@ def _run_tiles(spec: GemmSpec, tiles: tuple[tuple[int, int, slice, slice], ...])
     results: list[dict] = [{"skipped": 1, "bytes_read": 0, "bytes_written": 0, "flops": 0} for _ in tiles]
     todo = [(t, i, j, rows, cols) for t, (i, j, rows, cols) in enumerate(tiles)
             if not is_done(spec.done_dir, f"tile-{i}-{j}")]
-    if spec.peaks is not None:  # a finished tile's peaks, kept beside its marker (None: not kept)
+    if spec.peaks is not None:  # a finished tile's peaks, kept in its marker (None: not kept)
         undone = {t for t, *_ in todo}
         for t, (i, j, rows, cols) in enumerate(tiles):
             if t not in undone:
@@ -390,9 +390,9 @@ def run_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice, run: tupl
         tile.compute()
     finally:
         tile.close()
-    if spec.done_dir is not None:
-        if tile.peaks is not None:  # before the marker: a marked tile's peaks are kept
-            backend(spec.done_dir).write_bytes(_peaks_key(i, j), np.asarray(tile.peaks, dtype="<f8").tobytes())
+    if spec.done_dir is not None and tile.peaks is not None:  # the marker holds the tile's peaks (one write)
+        backend(spec.done_dir).write_bytes(f"tile-{i}-{j}", np.asarray(tile.peaks, dtype="<f8").tobytes())
+    elif spec.done_dir is not None:
         mark_done(spec.done_dir, f"tile-{i}-{j}")
     result = tile.result(time.perf_counter() - t_start, stream.load_seconds - before[0],
                          stream.wait_seconds - before[1], stream.compute_seconds - before[2])
@@ -406,20 +406,16 @@ def run_tile(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice, run: tupl
     return result
 
 
-def _peaks_key(i: int, j: int) -> str:
-    return f"peaks-{i}-{j}"
-
-
 def _placed(spec: GemmSpec, rows: slice, cols: slice, peaks: np.ndarray) -> tuple[int, int, np.ndarray]:
     """A tile's peaks with its first row and column in the output store."""
     return spec.out_off[0] + rows.start, spec.out_off[1] + cols.start, peaks
 
 
 def _kept_peaks(spec: GemmSpec, i: int, j: int, rows: slice, cols: slice) -> tuple | None:
-    """The peaks an earlier run of tile ``(i, j)`` kept beside its marker (:func:`run_tile`), placed as
-    :func:`_placed`; None where none are kept whole (a run before they were kept): then the output's
-    peaks are unknown."""
-    raw = backend(spec.done_dir).try_read(_peaks_key(i, j))
+    """The peaks an earlier run of tile ``(i, j)`` kept in its marker (:func:`run_tile`: written at once,
+    never half), placed as :func:`_placed`; None where the marker holds none (an empty marker, of a run
+    that kept no peaks): then the output's peaks are unknown."""
+    raw = backend(spec.done_dir).try_read(f"tile-{i}-{j}")
     count = (rows.stop - rows.start) if spec.peaks else (cols.stop - cols.start)
     if raw is None or len(raw) != 8 * count:
         return None

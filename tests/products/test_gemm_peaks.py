@@ -137,7 +137,7 @@ def _interrupted(monkeypatch, a_path, b_path, out, after: int) -> None:
 
 @pytest.mark.parametrize("shape", ["tall", "wide"])
 def test_resumed_product_records_recovered_peaks_or_none(tmp_path, monkeypatch, shape):
-    """A resumed run takes its skipped tiles' peaks kept beside their markers: the record is exact. Where
+    """A resumed run takes its skipped tiles' peaks kept in their resume markers: the record is exact. Where
     they are lost (a partial output of a run that kept none), it records nothing rather than the peaks of
     the tiles it wrote alone."""
     a, b = _operands(shape, "float64", seed=5)
@@ -153,10 +153,10 @@ def test_resumed_product_records_recovered_peaks_or_none(tmp_path, monkeypatch, 
 
     _interrupted(monkeypatch, a_path, b_path, tmp_path / "d.zarr", after=2)
     (partial,) = [p for p in tmp_path.iterdir() if p.name.startswith(".d.zarr.partial-")]
-    kept = list(partial.rglob("peaks-*"))
-    assert len(kept) == 2
-    for p in kept:  # as a partial output of a run before the peaks were kept
-        p.unlink()
+    markers = list((partial / ".blocklin-done").iterdir())
+    assert len(markers) == 2 and all(p.stat().st_size > 0 for p in markers)  # each holds its tile's peaks
+    for p in markers:  # as the empty markers of a partial output of a run that kept no peaks
+        p.write_bytes(b"")
     d = bl.matmul(a_path, b_path, tmp_path / "d.zarr", **STORED, scheduler="sync", resume=True)
     assert d.report["skipped"] == 2 and np.array_equal(d.to_numpy(), ref)
     assert d.report["output_peaks_recorded"] is False

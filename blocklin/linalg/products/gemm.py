@@ -149,7 +149,7 @@ class Gemm:
 
         ``peaks``: a tally of the whole output, into which each tile's peaks of the bits it wrote are
         merged (computed where the tile ran, returned with its result; a tile a resumed run skips gives
-        the peaks its first run kept beside its marker); marked incomplete where any tile's are unknown.
+        the peaks its first run kept in its resume marker); marked incomplete where any tile's are unknown.
         """
         spec = GemmSpec(a=self.A.path, b=self.B.path, c=self.C.path if self.C is not None else None, out=out_path,
                         trans_a=self.trans_a, trans_b=self.trans_b, alpha=self.alpha, beta=self.beta,
