@@ -117,6 +117,12 @@ def test_updatable_refusals(tmp_path):
         bl.pca(path, K, method="sketch", out=tmp_path / "FS.zarr", updatable=True)
     with pytest.raises(ParameterError, match="updatable: must be True or False"):
         bl.svd(path, K, out=tmp_path / "FX.zarr", updatable="yes")
+    # refused for what it is, not first for a budget it would then be refused at
+    with pytest.raises(ParameterError, match="single-pass sketch"):
+        bl.svd(path, K, method="sketch", center=True, out=tmp_path / "FS.zarr", updatable=True, memory="16KiB")
+    with pytest.raises(ParameterError, match="updatable: needs a tall A"):
+        bl.svd(bl.from_array(a[:40], tmp_path / "W2.zarr"), 3, method="sketch", out=tmp_path / "FW.zarr",
+               updatable=True, memory="16KiB")
     bl.svd(path, K, out=tmp_path / "F.zarr")
     bl.append(path, new)
     with pytest.raises(ParameterError, match="updatable=True.*--updatable"):

@@ -434,6 +434,9 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         tol = lanczos_tol(A.dtype) if method in ("lanczos", "gram") and tol is None else tol
         kw = dict(method=method, oversample=oversample, power_iters=q if method == "rsvd" else None,
                   max_passes=limit, block_size=block_size, max_basis=max_basis)
+        if updatable:  # what the shape and method already refuse, before a budget is named for it
+            check_updatable(out=out, method=method, which=which, transposed=m < n, shape=(m, n),
+                            center=bool(center), scale=bool(scale))
         plan = choose_plan(job, A, k, kw, requested=requested, shift=(bool(center), bool(scale)))
         if updatable:
             check_updatable(out=out, method=plan.method, which=which, transposed=plan.transposed, shape=(m, n),
