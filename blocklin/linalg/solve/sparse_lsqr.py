@@ -35,7 +35,7 @@ from blocklin.errors import (ConvergenceWarning, DTypeError, FormatError, NonFin
                              StoreNotFoundError, explain, warn)
 from blocklin.interrupt import check_cancelled
 from blocklin.linalg.solve.report import solve_report
-from blocklin.linalg.solve.tikhonov import check_lam_max, norms
+from blocklin.linalg.solve.tikhonov import check_lam_max
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.solve import SparseSolvePlan, plan_sparse_solve
 from blocklin.runtime.job import Job
@@ -117,18 +117,57 @@ def lsqr_columns(matmat: Callable[[np.ndarray], np.ndarray], rmatmat: Callable[[
         ``x`` (``n x L k``), per column the iteration it stopped at, its ``istop``
         (:data:`STOP_REASONS`), the condition and norm estimates of ``[S; damp I]``.
     """
-    bd = _Bidiagonal.start(b, rmatmat)
-    cols = _Columns.start(bd, damps)
+    # Scaled by powers of two (exact): each column of ``b`` by its own, ``S`` by the one its first product
+    # ``S^T u_1`` names (``u_1`` has norm 1, so that product is in range). Unscaled, data near 2^+-600
+    # made LSQR's products of norms (``alpha beta``, ``||S|| ||x||``) underflow or overflow: x = 0 was
+    # returned as "exact" with converged=True (until 2026-12-05; found by a randomized search).
+    eb = _exponents(np.abs(b).max(axis=0, initial=0.0))
+    b = np.ldexp(b, -eb[None, :])
+    box: dict = {}
+
+    def rscaled(u: np.ndarray) -> np.ndarray:
+        y = np.asarray(rmatmat(u), np.float64)
+        if "e" not in box:
+            box["e"] = int(_exponents(np.abs(y).max(initial=0.0) if np.isfinite(y).all() else 1.0))
+        return np.ldexp(y, -box["e"])
+
+    def scaled(v: np.ndarray) -> np.ndarray:
+        return np.ldexp(np.asarray(matmat(v), np.float64), -box["e"])
+
+    bd = _Bidiagonal.start(b, rscaled)
+    es = box["e"]
+    check_lam_max(list(damps), es)
+    cols = _Columns.start(bd, [float(np.ldexp(d, -es)) for d in damps])
     itn = 0
     while cols.live.any() and itn < max_iter:
         check_cancelled()
         itn += 1
         alpha_old = bd.alpha.copy()
-        bd.step(np.unique(cols.rhs[cols.live]), matmat, rmatmat, itn)  # the rhs with a lambda still iterating
+        bd.step(np.unique(cols.rhs[cols.live]), scaled, rscaled, itn)  # the rhs with a lambda still iterating
         cols.update(bd, alpha_old, tol=tol, conlim=conlim, itn=itn)
     cols.istop[cols.live] = 7
-    return LsqrResult(x=cols.x, iterations=cols.iterations, istop=cols.istop, acond=cols.acond, anorm=cols.anorm,
-                      products=bd.products)
+    return LsqrResult(x=np.ldexp(cols.x, (eb[cols.rhs] - es)[None, :]), iterations=cols.iterations,
+                      istop=cols.istop, acond=cols.acond, anorm=np.ldexp(cols.anorm, es), products=bd.products)
+
+
+#: Values within ``2^+-SAFE_EXPONENT`` are not scaled (the same bits as before scaling existed): products of
+#: two of them stay far inside float64's range.
+SAFE_EXPONENT = 256
+
+
+def _exponents(v: Any) -> np.ndarray:
+    """The power of two of each magnitude in ``v`` outside ``2^+-SAFE_EXPONENT`` (0 inside it, for 0, NaN, Inf)."""
+    v = np.asarray(v, np.float64)
+    e = np.frexp(np.where(np.isfinite(v), v, 0.0))[1]
+    inside = (v == 0) | ~np.isfinite(v) | ((v >= 2.0 ** -SAFE_EXPONENT) & (v <= 2.0 ** SAFE_EXPONENT))
+    return np.where(inside, 0, e).astype(np.int64)
+
+
+def _column_norms(y: np.ndarray) -> np.ndarray:
+    """Each column's 2-norm, scaled by its largest entry first (its square may leave float64's range)."""
+    big = np.abs(y).max(axis=0, initial=0.0)
+    big = np.where(big > 0, big, 1.0)
+    return big * np.sqrt(np.einsum("ij,ij->j", y / big, y / big))
 
 
 @dataclasses.dataclass
@@ -256,6 +295,12 @@ class _Columns:
         s["z"][lc] = zrhs / gamma
         s["xxnorm"][lc] += s["z"][lc] ** 2
         return xnorm
+
+
+def _listed(v: np.ndarray) -> Any:
+    """Norms as :func:`~blocklin.linalg.solve.tikhonov.norms` reports them: a float for one, else a list."""
+    v = np.asarray(v, np.float64)
+    return float(v[0]) if v.size == 1 else v.tolist()
 
 
 def _stop_tests(*, rnorm: np.ndarray, arnorm: np.ndarray, anorm: np.ndarray, acond: np.ndarray, xnorm: np.ndarray,
@@ -408,7 +453,7 @@ def solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, kind: str, lams: list[flo
     storage = s.dtype if s.dtype.kind == "f" else np.dtype(np.float64)
     tol = check_tol(tol, storage)
     max_iter = check_max_iter(max_iter, m, n)
-    check_lam_max(lams)
+    check_lam_max(lams, 1023)  # the bound applies to lam / 2^e with S's scale 2^e (checked again once known)
     with Job("solve", **settings) as job:
         arr, B, (_, k), bdt = _rhs(job, b, m)
         plan = sparse_plan(s, k, len(lams), max_iter=max_iter, intercept=bool(fit_intercept), memory=job.cfg.memory)
@@ -464,18 +509,24 @@ def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_i
     r = b[:, rhs]  # the residual itself, one pass more
     r -= np.asarray(op.matmat(x), np.float64)
     passes += len(res.products) + 1
-    rr, xx = np.einsum("ij,ij->j", r, r), np.einsum("ij,ij->j", x, x)
-    del r
     L = len(lams)
+    lam_col = np.repeat(np.asarray(lams, np.float64), k)
+    if _exponents(np.abs(r).max(initial=0.0)) == 0 and _exponents(np.abs(x).max(initial=0.0)) == 0:
+        r2, x2 = np.einsum("ij,ij->j", r, r), np.einsum("ij,ij->j", x, x)  # in range: sums of squares, as ever
+        rr, xx, oo = (np.sqrt(np.maximum(v, 0.0)) for v in (r2, x2, r2 + lam_col ** 2 * x2))
+    else:  # near 2^+-600 the squares leave float64's range: norms scaled by each column's largest entry
+        rr, xx = _column_norms(r), _column_norms(x)
+        with np.errstate(over="ignore"):
+            oo = np.hypot(rr, lam_col * xx)
+    del r
     if kind == "scalar":
         lam_out: Any = lams[0]
-        rn, sn = norms(rr), norms(xx)
-        obj = norms(rr + lams[0] ** 2 * xx)
+        rn, sn, obj = _listed(rr), _listed(xx), _listed(oo)
     else:
         lam_out = list(lams)
-        rn = [norms(rr[l * k:(l + 1) * k]) for l in range(L)]
-        sn = [norms(xx[l * k:(l + 1) * k]) for l in range(L)]
-        obj = [norms(rr[l * k:(l + 1) * k] + lams[l] ** 2 * xx[l * k:(l + 1) * k]) for l in range(L)]
+        rn = [_listed(rr[l * k:(l + 1) * k]) for l in range(L)]
+        sn = [_listed(xx[l * k:(l + 1) * k]) for l in range(L)]
+        obj = [_listed(oo[l * k:(l + 1) * k]) for l in range(L)]
     converged = res.converged
     stops = [STOP_REASONS[int(c)] for c in res.istop]
     flops = 2 * s.nnz * (sum(res.products) + x.shape[1])

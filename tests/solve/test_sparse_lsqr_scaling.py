@@ -1,0 +1,69 @@
+"""LSQR of a stored sparse matrix whose entries (or right-hand sides) are near the ends of float64's range.
+
+LSQR multiplies norms of the data together (``alpha beta`` of the bidiagonalization, ``||S|| ||x||``
+in its stopping tests): with ``S`` and ``b`` near ``2^-600`` their product underflowed to 0, the
+first test read "``S^T b = 0``" and ``x = 0`` came back with ``converged=True``; near ``2^700`` the
+reported residual was ``inf``. The solve now runs on ``2^-es S``, ``2^-eb b`` (powers of two, exact),
+so ``x`` of ``2^k S``, ``2^j b`` and ``2^k lam`` is ``2^(j-k)`` times ``x`` of ``S``, ``b``, ``lam``
+bit for bit; the reference is the unscaled run, and the reported norms scale exactly with it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+import blocklin as bl
+
+
+def _problem():
+    rng = np.random.default_rng(5)
+    a = sp.random(60, 12, density=0.3, random_state=3, format="csr")
+    b = rng.standard_normal((60, 2))
+    return a, b
+
+
+def _solve(tmp_path, name, a, b, lam, **kw):
+    s = bl.from_sparse(a, tmp_path / f"{name}.zarr")
+    return bl.solve(s, b, lam=lam, memory="64MiB", **kw)
+
+
+@pytest.mark.parametrize("ka, kb", [(-600, -600), (700, 700), (-700, 0), (0, -900), (600, -300)],
+                         ids=["tiny", "huge", "tiny-S", "tiny-b", "huge-S-tiny-b"])
+@pytest.mark.parametrize("lam", [0.0, 0.3, [0.1, 1.0]], ids=["lstsq", "ridge", "sequence"])
+def test_scaled_data_gives_the_scaled_solution(tmp_path, ka, kb, lam):
+    a, b = _problem()
+    ref = _solve(tmp_path, "ref", a, b, lam)
+    lams = np.ldexp(np.atleast_1d(np.asarray(lam, np.float64)), ka)
+    got = _solve(tmp_path, "scaled", a * 2.0 ** ka, np.ldexp(b, kb), lams.tolist() if isinstance(lam, list)
+                 else float(lams[0]))
+    # powers of two are exact: the scaled run is the reference run, times 2^(kb - ka) (any tolerance
+    # would be a choice; none is needed). It had returned x = 0 with converged=True.
+    assert got.report["converged"] and ref.report["converged"]
+    assert np.array_equal(np.asarray(got.to_numpy()), np.ldexp(np.asarray(ref.to_numpy()), kb - ka))
+    for key, e in (("residual_norm", kb), ("solution_norm", kb - ka), ("objective", kb)):
+        want = np.ldexp(np.asarray(ref.report[key], np.float64), e)
+        # the norms of the scaled run are summed after dividing by the largest entry (their squares leave
+        # the range): rounding of a few ulps of a 60-term sum, never the factor-of-zero or inf it had been
+        np.testing.assert_allclose(np.asarray(got.report[key], np.float64), want, rtol=64 * 60 * 2.2e-16)
+
+
+def test_scaled_data_with_an_intercept(tmp_path):
+    a, b = _problem()
+    ref = _solve(tmp_path, "ref", a, b, 0.5, fit_intercept=True)
+    got = _solve(tmp_path, "scaled", a * 2.0 ** -650, np.ldexp(b, -650), 0.5 * 2.0 ** -650, fit_intercept=True)
+    # the intercept path centers S by its means, computed at its own scale (not by a power of two of
+    # the reference's), so equal within rounding: the tolerance of the LSQR tests (tol = 1e-10) on x
+    np.testing.assert_allclose(np.asarray(got.to_numpy()), np.asarray(ref.to_numpy()), rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(np.ldexp(np.asarray(got.intercept, np.float64), 650), np.asarray(ref.intercept),
+                               rtol=1e-8, atol=1e-8)
+    assert got.report["converged"]
+
+
+def test_in_range_data_keeps_its_bits(tmp_path):
+    """Data within 2^+-256 is not scaled: 2^200 S and 2^200 b give x of S, b bit for bit (as before)."""
+    a, b = _problem()
+    ref = _solve(tmp_path, "ref", a, b, 0.3)
+    got = _solve(tmp_path, "scaled", a * 2.0 ** 200, np.ldexp(b, 200), 0.3 * 2.0 ** 200)
+    assert np.array_equal(np.asarray(got.to_numpy()), np.asarray(ref.to_numpy()))
