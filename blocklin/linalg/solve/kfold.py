@@ -264,10 +264,12 @@ def choose(ctx: Any, stats: list, grid: np.ndarray) -> tuple[float, dict]:
         if callable(name):
             per_fold.append(st)  # already the callable's score per grid value
         else:
-            per_fold.append(scorers.per_target(name, st.scaled(eb)).mean(axis=-1))
+            per_fold.append(scorers.per_target(name, st).mean(axis=-1))  # of the scaled problem's sums
     scores = np.asarray(per_fold, dtype=np.float64)  # folds x L
     mean = scores.mean(axis=0)
-    idx = int(np.argmax(np.where(np.isfinite(mean), mean, -np.inf)))
+    idx = int(np.argmax(np.where(np.isfinite(mean), mean, -np.inf)))  # chosen where the sums are in range
+    if not callable(name):  # then reported in the units of the problem given (exact powers of two)
+        scores, mean = scorers.in_units(name, scores, eb), scorers.in_units(name, mean, eb)
     curve = {"lam": grid.tolist(), "score": mean.tolist(), "fold_scores": scores.T.tolist(),
              "scoring": name if isinstance(name, str) else "callable", "cv": ctx.folds.what,
              "folds": ctx.folds.count, "chosen": float(grid[idx]), "chosen_index": idx,

@@ -95,11 +95,14 @@ def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     curve = {"lam": grid.tolist(), "loo": mse.tolist(), "loo_per_target": per.tolist(),
              "chosen": lams if len(lams) > 1 else lams[0], "chosen_index": idx, "at_grid_end": end,
              "grid": "given" if given else "default"}
-    if ctx.scoring is not None:  # in the units of the problem given already (not rescaled with the report)
+    if ctx.scoring is not None:  # in the units of the problem given (not rescaled with the report)
+        from blocklin.linalg.solve import scoring as scorers
+
+        e = ctx.sb.exponent if ctx.sb is not None and isinstance(ctx.scoring, str) else 0  # a callable's: given
         curve["scoring"] = ctx.scoring if isinstance(ctx.scoring, str) else "callable"
-        curve["score"] = np.asarray(score, dtype=np.float64).tolist()
+        curve["score"] = scorers.in_units(ctx.scoring if e else "r2", score, e).tolist()
         if score_per is not None:
-            curve["score_per_target"] = np.asarray(score_per, dtype=np.float64).tolist()
+            curve["score_per_target"] = scorers.in_units(ctx.scoring if e else "r2", score_per, e).tolist()
     if end and not given:
         warn(f"solve: the leave-one-out minimum sits at the {end} end of lambda in [{grid[0]:.3g}, {grid[-1]:.3g}]; "
              "the chosen value is a bound (pass lam=('loo', [...]) with a grid beyond it)")
@@ -133,8 +136,8 @@ def _scores(ctx: Any, res: dict, n_lam: int, k: int, several: bool) -> tuple[np.
     from blocklin.linalg.solve import scoring
 
     eb = ctx.sb.exponent if ctx.sb is not None else 0
-    if isinstance(ctx.scoring, str):
-        per = scoring.per_target(ctx.scoring, res["stats"].scaled(eb))
+    if isinstance(ctx.scoring, str):  # of the scaled problem's sums: choose() reports them in_units
+        per = scoring.per_target(ctx.scoring, res["stats"])
         return per, per.mean(axis=1)
     err = ldexp(res["errors"], eb) if eb else res["errors"]  # m x L x k (complex of complex data)
     b = _targets(ctx)
