@@ -105,6 +105,7 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
     bb = bb.reshape(-1, 1) if vector else bb
     if is_complex(a, bb):  # the SVD over the whole space is real: the R factor's SVD in memory instead
         x, residuals, rank, s, report = lstsq_complex(a, bb, rcond, settings)
+        _check_range(x, x.dtype)
         return LstsqResult(x[:, 0] if vector else x, residuals, rank, s, report)
     U, s, Vt = res = svd(a, **settings)
     report = dict(res.report)
@@ -118,15 +119,20 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
         cut = (np.finfo(s.dtype).eps * max(m, n) if rcond is None else float(rcond)) * (float(s[0]) if s.size else 0.0)
         keep = s > cut
         rank = int(np.count_nonzero(keep))
-        inv = np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0)
+        # divided by s, never multiplied by 1 / s: 1 / s overflows for s below 2^-1024 (a subnormal A; its
+        # SVD scales it, so its s are right), and inf times U^T b returned x all NaN without an error
+        # (until 2026-12-05, found by a randomized search)
+        div = np.where(keep, s, 1.0).astype(np.float64)
         passes = report.get("passes_total", report.get("passes", 0))
         if m >= n:  # U is the stored long factor: c = U^T b in one pass over it
             c = _product(U, bb, s.dtype, trans_a=True, settings=settings)
-            x = _dense(Vt).astype(np.float64).T @ (c * inv[:, None])
+            x = _dense(Vt).astype(np.float64).T @ np.where(keep[:, None], c / div[:, None], 0.0)
         else:  # V is the stored long factor: x = V (S^+ U^T b) in one pass over it
-            y = (_dense(U).astype(np.float64).T @ bb) * inv[:, None]
+            y = np.where(keep[:, None], (_dense(U).astype(np.float64).T @ bb) / div[:, None], 0.0)
+            _check_range(y, dtype)  # ||x|| = ||y||: refused before the pass that would read an Inf
             x = _product(Vt, y, s.dtype, trans_a=True, settings=settings)
         passes += 1
+        _check_range(x, dtype)
         residuals = np.empty((0,), dtype=dtype)
         if rank == n and m > n:  # NumPy's rule: residuals only for a full-rank overdetermined system
             r = bb - _product(a, x, s.dtype, trans_a=False, settings=settings)
@@ -139,6 +145,18 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
                   passes_total=passes)
     x = x.astype(dtype)
     return LstsqResult(x[:, 0] if vector else x, residuals, rank, s, report)
+
+
+def _check_range(x: np.ndarray, dtype: Any) -> None:
+    """An ``x`` beyond the result dtype's range is refused by name (it had reached the residual pass as a
+    NaN "in b", or been written as Inf)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        bad = not np.isfinite(x.astype(dtype, copy=False)).all()
+    if bad:
+        raise ParameterError(explain("b", f"must give a solution within the range of {np.dtype(dtype).name}",
+                                     "a minimum-norm solution x beyond it (the kept singular values are too "
+                                     "small for b's size)", "scale b down (or a up) by a power of two and scale "
+                                     "x back yourself, or pass a larger rcond"))
 
 
 def _product(a: Any, x: np.ndarray, dtype: np.dtype, *, trans_a: bool, settings: dict) -> np.ndarray:

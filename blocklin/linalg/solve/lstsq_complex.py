@@ -54,7 +54,8 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
             sr = tsqr_pass(job, A, job.operand(b, "b"), C128)
             u, s, zh = np.linalg.svd(sr.r, full_matrices=False)
             inv, cut, rank = _truncation(s, m, n, rcond)
-            x = zh.conj().T @ (inv[:, None] * (u.conj().T @ sr.qtb))
+            kept = (inv != 0)[:, None]  # divided by s (1 / s overflows below 2^-1024: x had been NaN)
+            x = zh.conj().T @ np.where(kept, (u.conj().T @ sr.qtb) / np.where(kept, s[:, None], 1.0), 0.0)
             # NumPy's rule: residuals only for a full-rank overdetermined system; ||T e_j||^2 of the
             # pass's residual factor (no difference of squares)
             residuals = sr.rho**2 if rank == n and m > n else np.empty((0,))

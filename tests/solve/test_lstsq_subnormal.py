@@ -1,0 +1,48 @@
+"""blocklin.lstsq of a matrix whose singular values are below 2^-1024 (subnormal data).
+
+The SVD scales such a matrix by a power of two and returns its singular values right, but ``x`` was
+formed as ``c * (1 / s)``: ``1 / s`` overflowed to ``inf`` and ``x`` came back all NaN without an error
+(square and rank-deficient tall ``A``; a full-rank tall or a wide ``A`` raised a NonFiniteError that
+named ``b``). Now ``x`` is ``c / s``; an ``x`` truly beyond float64's range is refused by name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.errors import ParameterError
+
+
+def _matrix(shape, rank, seed=0):
+    rng = np.random.default_rng(seed)
+    m, n = shape
+    return rng.standard_normal((m, rank)) @ rng.standard_normal((rank, n))
+
+
+@pytest.mark.parametrize("shape, rank", [((12, 12), 12), ((30, 12), 5), ((30, 12), 12), ((12, 30), 12),
+                                         ((12, 30), 5)],
+                         ids=["square", "tall-deficient", "tall", "wide", "wide-deficient"])
+def test_subnormal_singular_values(shape, rank):
+    e = -1030  # every entry and singular value subnormal: their 2^1030 multiples are exact
+    a = _matrix(shape, rank)
+    b = np.random.default_rng(1).standard_normal(shape[0])
+    x, _, got_rank, s = bl.lstsq(np.ldexp(a, e), np.ldexp(b, e), memory="1MiB")
+    ref, _, ref_rank, sr = np.linalg.lstsq(a, b, rcond=None)  # the same problem at scale 1
+    assert got_rank == ref_rank == rank
+    # x is scale-free (2^e a, 2^e b); the data keep 52 - 6 = 46 bits at 2^-1030 (subnormal), so the
+    # bound of tests/solve/test_lstsq.py with eps 2^-46 for the data's rounding: 8 max(m, n) eps kappa
+    # (||x|| + kappa ||r|| / s_1); it had been NaN
+    kappa = sr[0] / sr[rank - 1]
+    r = np.linalg.norm(b - a @ ref)
+    bound = 8 * max(shape) * 2.0 ** -46 * kappa * (np.linalg.norm(ref) + kappa * r / sr[0])
+    assert np.isfinite(x).all() and np.linalg.norm(x - ref) <= bound
+
+
+@pytest.mark.parametrize("shape", [(12, 12), (30, 12), (12, 30)], ids=["square", "tall", "wide"])
+def test_solution_beyond_the_range_is_refused(shape):
+    a = np.ldexp(_matrix(shape, min(shape)), -1030)  # x = A^+ b of norm about 2^1030 for b of size 1
+    b = np.ones(shape[0])
+    with pytest.raises(ParameterError, match="within the range of float64"):
+        bl.lstsq(a, b, memory="1MiB")
