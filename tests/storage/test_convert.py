@@ -22,18 +22,6 @@ from blocklin.errors import (
 from blocklin.progress import ProgressRecorder
 
 
-@pytest.fixture
-def a(rng):
-    return rng.standard_normal((120, 90))
-
-
-@pytest.fixture
-def npy(tmp_path, a):
-    p = tmp_path / "a.npy"
-    np.save(p, a)
-    return p
-
-
 def _leftovers(folder, keep=("a.npy", "blocklin-tmp")):
     return sorted(p.name for p in folder.iterdir() if p.name not in keep)
 

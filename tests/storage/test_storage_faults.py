@@ -43,18 +43,6 @@ def _kill_after(tmp_path, src, out, blocks: int):
     return partials[0]
 
 
-@pytest.fixture
-def a(rng):
-    return rng.standard_normal((120, 90))
-
-
-@pytest.fixture
-def npy(tmp_path, a):
-    p = tmp_path / "a.npy"
-    np.save(p, a)
-    return p
-
-
 # -- 1. zarr's own chunk temporaries of a killed run are not committed --------------------------------
 
 def test_resumed_zstd_conversion_commits_no_zarr_temporary(tmp_path, npy, a):
