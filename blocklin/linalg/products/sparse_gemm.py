@@ -169,7 +169,9 @@ def plan_sparse(op: str, s: SparseOperand, p: int, *, memory: int, b_item: int =
         raise BudgetError(explain("memory", f"must hold one task of the sparse product {what} ({why})",
                                   f"{format_size(memory)} for S {m} x {n} ({s.nnz} entries, entry chunks of "
                                   f"{s.entry_chunk}), p = {p}",
-                                  f"pass memory='{format_size(_round_up(minimum))}' or more"), minimum=minimum)
+                                  f"pass memory='{format_size(_round_up(minimum))}' or more"),
+                          minimum=_round_up(minimum))  # the figure named: the raw one can fall short (B's
+        # staged chunks grow with the budget, and with them a task's memory)
     best = None
     for r in _halvings(rows):
         for c in (_halvings(cols) if op != "STS" else [n]):
