@@ -110,7 +110,8 @@ def test_refused_beyond_the_condition_rule(precision):
     a = np.eye(n) - 2 * np.eye(n, k=1)
     assert np.linalg.cond(a) * U_PRECOND > LIMIT
     with pytest.raises(ParameterError, match=r"cond\(A\) u_p < 64.*got cond_2\(A\) >= [0-9.e+]+ \(a lower estimate"):
-        solve_square(a, np.ones(n), precision=precision, refinement="gmres", memory="64KiB")
+        # (a budget at which GMRES's products plan too: they are planned before the factorization)
+        solve_square(a, np.ones(n), precision=precision, refinement="gmres", memory="256KiB")
 
 
 def test_scaling_brings_a_matrix_outside_fp16s_range_into_it():

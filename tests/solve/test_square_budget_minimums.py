@@ -64,3 +64,23 @@ def test_refusal_carries_the_minimum_it_names():
         bl.inv(a, memory="16KiB", scheduler="sync")
     assert err.value.minimum > 16 << 10 and "every step of inv" in str(err.value)
     assert isinstance(err.value.__reduce__()[1][1], int)  # kept across process boundaries
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_half_precision_solve_plans_its_gmres_products_up_front(precision, tmp_path):
+    """GMRES-IR's products of a block of right-hand sides plan within the half of the budget its vectors
+    leave: unplanned, a 101 x 101 solve at 102 KiB ran its factorization and was then refused naming
+    42 KiB, that half's own minimum, below the budget given. It is refused before anything is written,
+    naming the whole call's minimum, and runs there (backward error ``c n eps ||A|| ||x||``)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((101, 101))
+    arr = zarr.create_array(store=str(tmp_path / "a.zarr"), shape=a.shape, dtype=a.dtype, chunks=(30, 70))
+    arr[...] = a
+    b = np.ones((101, 2))
+    with pytest.raises(BudgetError) as err:
+        bl.solve(str(tmp_path / "a.zarr"), b, out=tmp_path / "x.zarr", precision=precision, memory=104448)
+    assert err.value.minimum > 104448
+    assert not [p.name for p in tmp_path.iterdir() if "x.zarr" in p.name]  # nothing claimed nor written
+    x = bl.solve(str(tmp_path / "a.zarr"), b, out=tmp_path / "x.zarr", precision=precision,
+                 memory=err.value.minimum)
+    assert_residual(a, x.to_numpy(), b)

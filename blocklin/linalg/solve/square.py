@@ -238,7 +238,9 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         n, k = A.shape[0], B.shape[1]
         fdt = _factor_dtype(dt, precision, A.dtype)
         # before anything is written: a refusal names the budget at which every step plans
-        whole_call(lambda memory: _plan_steps(job, A, B, fdt, assume_a, memory), job.cfg.memory, "the square solve")
+        krylov = f"precision='{precision}'" if precision in HALF or refinement == "gmres" else None
+        whole_call(lambda memory: _plan_steps(job, A, B, fdt, assume_a, memory, krylov=krylov), job.cfg.memory,
+                   "the square solve")
         tol = math.sqrt(max(n, 1)) * float(np.finfo(dt).eps) if tol is None else float(tol)
         steps_max = MAX_REFINE[precision] if max_refine is None else int(max_refine)
         half = precision in HALF
@@ -377,18 +379,26 @@ def _gemm_memory(memory: int) -> int:
     return memory - min(memory // 4, RUNTIME_RESERVE)
 
 
-def _plan_steps(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: int) -> None:
+def _plan_steps(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: int, *,
+                krylov: str | None = None) -> None:
     """Every step of the square solve planned at ``memory`` (nothing read): each factorization it may
-    take, the tiles of its stores and the residual GEMM of the refinement within its share."""
+    take, the tiles of its stores and the residual GEMM of the refinement within its share; with
+    ``krylov`` (what asks for GMRES-IR) also GMRES's products of a block of right-hand sides, within the
+    half its vectors leave (:func:`_operators`). Unplanned, a ``precision='fp16'`` solve was refused after
+    its factorization, naming the minimum of that half alone, below the budget given."""
     n, k, dt = A.shape[0], B.shape[1], np.dtype(A.dtype)
     for kind in _kinds(assume_a):
         p = _plan(job, A, fdt, kind, memory)
         t = p.tile if kind == "cholesky" else plan_factor(
             "cholesky", n, dt, memory=memory, workers=job.workers(1), chunks=tuple(A.chunks)).tile
         ch = (t, t)
-        plan_gemm(n, k, n, dt, a_chunks=ch, b_chunks=ch, memory=_gemm_memory(memory), c_chunks=ch,
-                  workers=job.workers(1), cores=job.cores(), device=job.device, device_memory=job.device_memory(),
-                  out_chunks=ch)
+        common = dict(a_chunks=ch, b_chunks=ch, c_chunks=ch, workers=job.workers(1), cores=job.cores(),
+                      device=job.device, device_memory=job.device_memory(), out_chunks=ch)
+        plan_gemm(n, k, n, dt, memory=_gemm_memory(memory), **common)
+        if krylov is not None:
+            _, width = krylov_plan(n, k, _gemm_memory(memory), what=krylov, chunk=min(t, max(k, 1)))
+            f64 = np.dtype(np.float64)
+            plan_gemm(n, width, n, f64, memory=_gemm_memory(memory) // 2, source_dtypes=(dt, f64), **common)
 
 
 def _norm_a(job: Job, ops: BlockOps, A: Any, factor: _Factor, precision: str) -> float:
