@@ -98,11 +98,12 @@ def choose(ctx: Any, spec: Any) -> tuple[list[float], dict]:
     if ctx.scoring is not None:  # in the units of the problem given (not rescaled with the report)
         from blocklin.linalg.solve import scoring as scorers
 
-        e = ctx.sb.exponent if ctx.sb is not None and isinstance(ctx.scoring, str) else 0  # a callable's: given
-        curve["scoring"] = ctx.scoring if isinstance(ctx.scoring, str) else "callable"
-        curve["score"] = scorers.in_units(ctx.scoring if e else "r2", score, e).tolist()
+        named = isinstance(ctx.scoring, str)
+        e = ctx.sb.exponent if ctx.sb is not None and named else 0  # a callable's: in the units given already
+        curve["scoring"] = ctx.scoring if named else "callable"
+        curve["score"] = scorers.in_units(ctx.scoring if named else None, score, e).tolist()
         if score_per is not None:
-            curve["score_per_target"] = scorers.in_units(ctx.scoring if e else "r2", score_per, e).tolist()
+            curve["score_per_target"] = scorers.in_units(ctx.scoring if named else None, score_per, e).tolist()
     if end and not given:
         warn(f"solve: the leave-one-out minimum sits at the {end} end of lambda in [{grid[0]:.3g}, {grid[-1]:.3g}]; "
              "the chosen value is a bound (pass lam=('loo', [...]) with a grid beyond it)")
