@@ -34,6 +34,7 @@ import numpy as np
 from blocklin.errors import (ConvergenceWarning, DTypeError, FormatError, NonFiniteError, ParameterError, ShapeError,
                              StoreNotFoundError, explain, warn)
 from blocklin.interrupt import check_cancelled
+from blocklin.linalg.blocks.scaling import exponent_for
 from blocklin.linalg.solve.report import solve_report
 from blocklin.linalg.solve.tikhonov import check_lam_max
 from blocklin.plan.chunks import auto_chunks
@@ -150,17 +151,11 @@ def lsqr_columns(matmat: Callable[[np.ndarray], np.ndarray], rmatmat: Callable[[
                       istop=cols.istop, acond=cols.acond, anorm=np.ldexp(cols.anorm, es), products=bd.products)
 
 
-#: Values within ``2^+-SAFE_EXPONENT`` are not scaled (the same bits as before scaling existed): products of
-#: two of them stay far inside float64's range.
-SAFE_EXPONENT = 256
-
-
 def _exponents(v: Any) -> np.ndarray:
-    """The power of two of each magnitude in ``v`` outside ``2^+-SAFE_EXPONENT`` (0 inside it, for 0, NaN, Inf)."""
+    """:func:`~blocklin.linalg.blocks.scaling.exponent_for` of each magnitude in ``v`` (float64's safe range,
+    ``2^+-256``: values within it are not scaled, the same bits as before scaling existed)."""
     v = np.asarray(v, np.float64)
-    e = np.frexp(np.where(np.isfinite(v), v, 0.0))[1]
-    inside = (v == 0) | ~np.isfinite(v) | ((v >= 2.0 ** -SAFE_EXPONENT) & (v <= 2.0 ** SAFE_EXPONENT))
-    return np.where(inside, 0, e).astype(np.int64)
+    return np.array([exponent_for(float(x), np.float64) for x in v.ravel()], dtype=np.int64).reshape(v.shape)
 
 
 def _column_norms(y: np.ndarray) -> np.ndarray:
