@@ -235,6 +235,14 @@ def _sub_chunk_panels(ku: int, ku_a: int, ku_b: int, k: int) -> list[int]:
     return sorted((t for t in widths if 1 <= t < ku and t <= k), reverse=True)
 
 
+def _chunks_touched(span: int, unit: int, total: int) -> int:
+    """Most chunks of ``unit`` that one of the ``span``-long pieces ``[i span, (i + 1) span)`` of
+    ``total`` touches (strips and tile columns start at multiples of their own length)."""
+    span, total = max(1, span), max(1, total)
+    period = span * unit // math.gcd(span, unit)
+    return max((min(s + span, total) - 1) // unit - s // unit + 1 for s in range(0, min(total, period), span))
+
+
 @functools.lru_cache(maxsize=4096)
 def _panel_reads(t: int, unit: int, k: int, partial: bool = False) -> tuple[int, int, float]:
     """How ``t``-wide k-panels read an operand stored in ``unit``-wide chunks along ``k``.
@@ -263,7 +271,7 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
                  c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool,
                  read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY,
                  out_rows: int = 0, loaders: int = 1, direct: tuple[bool, bool] = (False, False),
-                 osz: int = 0, read_reserve: bool = False) -> tuple[int, int]:
+                 osz: int = 0, read_reserve: bool = False, c_io: int = 0) -> tuple[int, int]:
     """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once).
 
     ``direct``: the inputs, and the output, are read and written straight from and to their chunk
@@ -272,7 +280,8 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     for it beside their own buffers); writes need one chunk buffer only to pad edge chunks
     (``out_chunk_bytes`` is then that buffer, or 0 without edge chunks). ``osz``: the output's
     itemsize when it differs from the compute dtype's (two strips of the output dtype on the host,
-    where finished strips are cast).
+    where finished strips are cast). ``c_io``: zarr's temporaries of one strip read of ``C0`` beside
+    direct reads of ``A`` and ``B`` (sized by ``C0``'s chunks, not theirs).
     """
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
@@ -282,6 +291,7 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     # Direct reads fill the slots in place (a scratch row at most); the ridge solve's GEMMs keep one
     # chunk set (measured over budget without it, benchmarks/budgets.py, solve at 16 MiB).
     io = (loaders * ((1 if read_reserve else 0) if direct[0] else min(IO_CONCURRENCY, read_chunks)) * 3 * io_chunk_bytes
+          + (c_io if direct[0] and with_c else 0)
           + (out_chunk_bytes if direct[1] else min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes))
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
     out_cast = 2 * (out_rows or tm) * tn * osz if osz else 0
@@ -300,7 +310,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
               memory: int, source_dtypes: tuple | None = None, c_chunks: tuple[int, int] | None = None,
               workers: int | None = None, cores: int | None = None, prefetch: int | None = None, device: str = "cpu",
               device_memory: int | None = None, out_chunks: tuple[int, int] | None = None,
-              reads: tuple[str, str] = ("chunks", "chunks"), trans: tuple[bool, bool] = (False, False),
+              reads: tuple[str, ...] = ("chunks", "chunks"), trans: tuple[bool, bool] = (False, False),
               direct_writes: bool = False, out_dtype=None, read_reserve: bool = False) -> GemmPlan:
     """Choose tiles for ``op(A)[m x k] @ op(B)[k x n]`` within ``memory`` bytes.
 
@@ -332,10 +342,10 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         Device budget (required for ``device="gpu"``).
     out_chunks : (int, int), optional
         Output chunks; by default the largest chunks dividing the tile that match the inputs.
-    reads : (str, str)
+    reads : (str, str) or (str, str, str)
         How A's and B's chunks are read (:func:`blocklin.storage.zarr_store.read_kind`):
         ``"direct"``, ``"ranges"`` or ``"chunks"`` (default, through zarr: every chunk touched read
-        whole, with zarr's temporaries).
+        whole, with zarr's temporaries); a third entry, C0's (default ``"chunks"``).
     trans : (bool, bool)
         Whether A and B are stored transposed: k runs along the stored rows of ``A.T`` and ``B``,
         where a k-panel narrower than a chunk reads only its rows (``reads`` not ``"chunks"``).
@@ -379,7 +389,8 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
         # across columns too from local files (one read per row)
         space, osz=odt.itemsize if odt != dt else 0, partial=(reads[0] == "direct" or reads[0] == "ranges" and trans[0],
                         reads[1] == "direct" or reads[1] == "ranges" and not trans[1]),
-        direct=(reads[0] == "direct" and reads[1] == "direct" and c_chunks is None, direct_writes),
+        direct=(reads[0] == "direct" and reads[1] == "direct", direct_writes),
+        c_chunks=space.c_chunks if len(reads) < 3 or reads[2] != "direct" else None,
         read_reserve=read_reserve)
     # Chunk-wide panels first; narrower ones only when the budget leaves no other way, unless both
     # operands are local files read in part: then narrower panels at least as wide as BLAS's
@@ -499,6 +510,9 @@ class _Space:
     #: Tiles of fewer rows than ``op(A)``'s chunks may be planned (its rows are stored rows of local
     #: uncompressed chunks: one contiguous range of a chunk file per tile; see :func:`plan_gemm`).
     sub_rows: bool = False
+    #: ``C0``'s chunks where it is read through zarr (``None`` without ``C0`` or where its strips are
+    #: read straight from its chunk files).
+    c_chunks: tuple[int, int] | None = None
 
     @classmethod
     def of(cls, m: int, n: int, k: int, dt: np.dtype, src: tuple, *, a_chunks: tuple[int, int],
@@ -515,7 +529,17 @@ class _Space:
         io_chunk = max(a_chunks[0] * a_chunks[1] * src_isz[0], b_chunks[0] * b_chunks[1] * src_isz[1])
         return cls(m=m, n=n, k=k, isz=dt.itemsize, src_isz=src_isz, prefetch=prefetch, on_gpu=on_gpu,
                    with_c=c_chunks is not None, c_rows=min(m, c_chunks[0]) if c_chunks is not None else 0, mu=mu,
-                   nu=nu, ku=ku, ku_a=ku_a, ku_b=ku_b, io_chunk=io_chunk, out_chunks=out_chunks, dtype=dt.name)
+                   nu=nu, ku=ku, ku_a=ku_a, ku_b=ku_b, io_chunk=io_chunk, out_chunks=out_chunks, dtype=dt.name,
+                   c_chunks=tuple(c_chunks) if c_chunks is not None else None)
+
+    def c_io(self, rows: int, tn: int) -> int:
+        """zarr's temporaries (a raw and a decoded copy, and ours) of the ``C0`` chunks one strip of
+        ``rows x tn`` touches, at most :data:`IO_CONCURRENCY` in flight (a strip may straddle chunks)."""
+        if self.c_chunks is None:
+            return 0
+        c0, c1 = max(1, self.c_chunks[0]), max(1, self.c_chunks[1])
+        touched = _chunks_touched(rows, c0, self.m) * _chunks_touched(tn, c1, self.n)
+        return min(IO_CONCURRENCY, touched) * 3 * c0 * c1 * (self.osz or self.isz)
 
     def row_candidates(self) -> list[int]:
         """Tile rows to try: multiples of the chunk rows (:func:`_candidates`), and with
@@ -545,6 +569,7 @@ class _Space:
         edges = self.m % oc[0] or self.n % oc[1]  # padded edge chunks need a buffer on direct writes
         return _task_memory(tm, tn, tk, isz=self.isz, src_isz=self.src_isz, prefetch=self.prefetch,
                             with_c=self.with_c, c_rows=self.c_rows, io_chunk_bytes=self.io_chunk,
+                            c_io=self.c_io(oc[0], tn),
                             out_chunk_bytes=oc[0] * oc[1] * (self.osz or self.isz) if edges or not self.direct[1] else 0,
                             on_gpu=self.on_gpu, read_chunks=read_chunks, write_chunks=write_chunks, out_rows=oc[0],
                             loaders=self.loaders, direct=self.direct, osz=self.osz, read_reserve=self.read_reserve)

@@ -55,7 +55,7 @@ def test_transposes_and_alpha_beta(tmp_path, rng, ta, tb, dtype):
     a_path = bl.from_array(a, tmp_path / "a.zarr", chunks=(16, 32)).path
     b_path = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 16)).path
     res = bl.matmul(a_path, b_path, tmp_path / "c.zarr", c=c0, alpha=-0.5, beta=2.0, trans_a=ta, trans_b=tb,
-                    memory="40KiB" if dtype == "float32" else "80KiB")
+                    memory="32KiB" if dtype == "float32" else "64KiB")
     _check(res, _ref(a, b, c0, -0.5, 2.0, ta, tb), dtype, k)
     assert res.report["tasks"] > 1  # the budget forced several tiles
 
@@ -277,7 +277,7 @@ def test_region_tiles_with_offsets_identity_and_statistics(tmp_path, rng):
     from blocklin.storage.zarr_store import open_zarr, write_block
 
     x = rng.standard_normal((64, 64))
-    with Job("region-test", memory="40KiB", scheduler="sync") as job:
+    with Job("region-test", memory="32KiB", scheduler="sync") as job:
         ops = BlockOps(job, chunk=16)
         m = ops.store("m", 64, 64, "float64")
         write_block(open_zarr(m, mode="r+"), slice(0, 64), slice(0, 64), x)

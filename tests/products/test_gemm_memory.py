@@ -49,3 +49,29 @@ def test_thin_product_peak_within_budget(tmp_path):
     used = r["peak"] - r["baseline"]
     assert r["route"] == "rows" and r["plan_peak"] <= budget and r["tasks"] > 1
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 24 MiB"
+
+
+@needs_hwm
+@pytest.mark.parametrize("c_codec", ["none", "zstd"])
+def test_gemm_with_c_peak_within_budget(tmp_path, c_codec):
+    """``A B + beta C`` with ``A`` and ``B`` read straight from their chunk files: ``C``'s strips are read
+    through zarr where compressed, and the plan counts those temporaries at ``C``'s chunk size (a plan
+    that counted none for ``A`` and ``B`` once a ``C`` was given had chosen tiles a third smaller)."""
+    import zarr
+
+    n = 3072
+    a = bl.random(tmp_path / "a.zarr", (n, n), seed=1, chunks=(256, 256))
+    b = bl.random(tmp_path / "b.zarr", (n, n), seed=2, chunks=(256, 256))
+    c = bl.random(tmp_path / "c0.zarr", (n, n), seed=3, chunks=(256, 256))
+    c_path = c.path
+    if c_codec == "zstd":
+        z = zarr.create_array(tmp_path / "cz.zarr", shape=(n, n), chunks=(256, 256), dtype="float64")  # zstd
+        z[:] = c.to_numpy()
+        c_path = str(tmp_path / "cz.zarr")
+    child = CHILD.replace("precision=precision)", "precision=precision, c=sys.argv[5], beta=0.5)").replace(
+        "precision = sys.argv[5] if len(sys.argv) > 5 else None", "precision = None")
+    budget = 24 * 2**20
+    r = run_child(child, a.path, b.path, str(tmp_path / "out.zarr"), "24MiB", c_path)
+    used = r["peak"] - r["baseline"]
+    assert r["plan_peak"] <= budget and r["tasks"] > 1
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 24 MiB"

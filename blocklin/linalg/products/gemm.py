@@ -118,7 +118,8 @@ class Gemm:
                          source_dtypes=(self.A.dtype, self.B.dtype),
                          c_chunks=self.C.chunks if self.C is not None else None, workers=job.workers(1),
                          cores=job.cores(), device=job.device, device_memory=job.device_memory(),
-                         out_chunks=out_chunks, reads=reads or (read_kind(self.A.path), read_kind(self.B.path)),
+                         out_chunks=out_chunks, reads=reads or (read_kind(self.A.path), read_kind(self.B.path)) + (
+                             (read_kind(self.C.path),) if self.C is not None else ()),
                          trans=(self.trans_a, self.trans_b), direct_writes=_direct_output(job, out),
                          read_reserve=read_reserve)
 
