@@ -59,6 +59,15 @@ def temp_root(cfg: Config) -> Location:
     return as_location(cfg.temp_dir, cfg.storage_options, name="temp_dir")
 
 
+def temp_store_reads(cfg: Config) -> str:
+    """How a store a call writes under the temp dir will be read back, as
+    :func:`~blocklin.storage.zarr_store.read_kind` will find it once written (a call plans the
+    products over its work stores before it writes them)."""
+    if (cfg.codec or "none").lower() != "none":
+        return "chunks"
+    return "direct" if temp_root(cfg).is_local else "ranges"
+
+
 def _stage_dir(cfg: Config, stack: contextlib.ExitStack) -> Location:
     d = temp_root(cfg) / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
     stack.callback(end_work_folder, d)  # registered first: an interrupt cannot slip between

@@ -6,6 +6,8 @@ its named minimum, the result checked against NumPy (backward error ``c n eps ||
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.linalg
@@ -83,4 +85,60 @@ def test_half_precision_solve_plans_its_gmres_products_up_front(precision, tmp_p
     assert not [p.name for p in tmp_path.iterdir() if "x.zarr" in p.name]  # nothing claimed nor written
     x = bl.solve(str(tmp_path / "a.zarr"), b, out=tmp_path / "x.zarr", precision=precision,
                  memory=err.value.minimum)
+    assert_residual(a, x.to_numpy(), b)
+
+
+@pytest.mark.parametrize("n, chunks, k, assume_a, precision", [
+    (73, (50, 20), 1, "gen", "double"),   # ran at 109 KiB, refused at 218 KiB naming 429 KiB
+    (39, (13, 21), 3, "pos", "double"),   # refused at 1.3x the minimum
+    (106, (102, 38), 2, "gen", "fp16"),   # refused at 1.7x-3x
+])
+def test_every_budget_above_the_minimum_runs(n, chunks, k, assume_a, precision, tmp_path):
+    """A larger budget never refuses what a smaller one runs. The refinement's products had been planned
+    on square chunks of the solve's tile, which grows with the budget, while ``A`` is read at its own
+    chunks: at twice a budget that ran, the product's plan no longer fit its share. They are planned on
+    the stores' chunks as read now (:func:`blocklin.linalg.solve.square._product_chunks`)."""
+    rng = np.random.default_rng(n)
+    m = rng.standard_normal((n, n))
+    a = m @ m.T + n * np.eye(n) if assume_a == "pos" else m + n * np.eye(n)
+    b = rng.standard_normal((n, k))
+    arr = zarr.create_array(store=str(tmp_path / "a.zarr"), shape=a.shape, dtype=a.dtype, chunks=chunks)
+    arr[...] = a
+
+    def run(memory: int):
+        return bl.solve(str(tmp_path / "a.zarr"), b, assume_a=assume_a, precision=precision, memory=memory,
+                        scheduler="sync")
+
+    with pytest.raises(BudgetError) as err:
+        run(16 << 10)
+    least = err.value.minimum
+    for factor in (1, 1.3, 1.7, 2, 3, 6):
+        assert_residual(a, run(int(least * factor)).to_numpy(), b)
+
+
+def test_a_stalled_mixed_solve_names_the_budget_of_its_switch_to_gmres(tmp_path):
+    """``precision="mixed"`` switches to GMRES-IR where plain refinement stalls (``cond(A) = 1e9``: ``cond(A)
+    u_32`` near 100). At a budget that held the solve but not the switch's vectors, the stall was refused
+    with "pass precision='double'" although 1.5x the budget refines it. Now the switch is planned before
+    anything is read, and the stall's refusal names the budget at which it runs, which then refines ``x``
+    to the float64 backward error (checked against ``c n eps ||A|| ||x||``)."""
+    rng = np.random.default_rng(0)
+    n = 150
+    u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = (u * np.logspace(0, -9, n)) @ v.T
+    b = rng.standard_normal((n, 2))
+    arr = zarr.create_array(store=str(tmp_path / "a.zarr"), shape=a.shape, dtype=a.dtype, chunks=(32, 32))
+    arr[...] = a
+
+    def run(memory):
+        return bl.solve(str(tmp_path / "a.zarr"), b, precision="mixed", memory=memory, scheduler="sync")
+
+    with pytest.raises(BudgetError) as least:
+        run(16 << 10)
+    with pytest.raises(bl.errors.ConvergenceError, match="GMRES-IR, which refines further, did not run") as stalled:
+        run(least.value.minimum)
+    need = re.search(r"memory='([^']+)'", str(stalled.value)).group(1)
+    x = run(need)
+    assert x.report["refinement"] == "plain, then gmres"
     assert_residual(a, x.to_numpy(), b)

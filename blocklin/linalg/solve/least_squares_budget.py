@@ -51,15 +51,6 @@ def _staged_at(op: Any, memory: int) -> Any:
     return dataclasses.replace(op, chunks=auto_chunks(tuple(op.shape), op.dtype, memory))
 
 
-def _store_reads(job: Any) -> str:
-    """How a store the call writes under the temp dir is read back (its later products' operands)."""
-    from blocklin.operands import temp_root
-
-    if (job.cfg.codec or "none").lower() != "none":
-        return "chunks"
-    return "direct" if temp_root(job.cfg).is_local else "ranges"
-
-
 def _stand_in(name: str, shape: tuple[int, int], chunks: tuple[int, int], dtype: Any = F64) -> Any:
     """An operand the call writes before it reads it: its shape, dtype and chunks (no store yet)."""
     from blocklin.operands import Operand
@@ -234,6 +225,7 @@ def _stored_gram_steps(job: Any, A: Any, B: Any) -> None:
     factor, the SYRK that forms it, and the products of the solve and its refinement over ``A``."""
     from blocklin.linalg.products.gemm import Gemm
     from blocklin.linalg.solve.stored_gram import _tile_plan, compute_dtype
+    from blocklin.operands import temp_store_reads
     from blocklin.plan.gram import plan_syrk_blocks
 
     (m, n), k = A.shape, B.shape[1]
@@ -244,7 +236,7 @@ def _stored_gram_steps(job: Any, A: Any, B: Any) -> None:
     t = plan.tile
     plan_syrk_blocks(s, n if wide else m, dt, memory=job.cfg.memory, tile=t, source_dtype=A.dtype,
                      workers=plan.workers or job.workers(1), k_chunk=A.chunks[1] if wide else A.chunks[0])
-    stores, reads_a = _store_reads(job), _a_reads(A)
+    stores, reads_a = temp_store_reads(job.cfg), _a_reads(A)
 
     def store(name: str, rows: int) -> Any:
         return _stand_in(name, (rows, k), (t, min(t, max(1, k))), dt)

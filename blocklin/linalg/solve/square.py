@@ -14,28 +14,28 @@ from typing import Any, Unpack
 
 import numpy as np
 
-from blocklin.config import Settings
-from blocklin.errors import (ConvergenceError, ConvergenceWarning, NotPositiveDefiniteError, ParameterError,
-                             SingularMatrixError, explain, warn)
+from blocklin.config import Settings, format_size, size_hint
+from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, NotPositiveDefiniteError,
+                             ParameterError, SingularMatrixError, explain, warn)
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks.scaling import narrow_range_refusal, safe_norm, sumsq_in_range
-from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, STALL, Operators, Refined, check_condition, check_refined,
-                                            condition_estimate, get, krylov_plan, put, refine_ir)
+from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, check_condition,
+                                            check_refined, condition_estimate, get, krylov_plan, put, refine_ir)
 from blocklin.device.half import FORMATS
 from blocklin.linalg.solve.half_scaling import HalfScaling, squeeze
 from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
-from blocklin.operands import as_columns
+from blocklin.operands import as_columns, temp_store_reads
 from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
 from blocklin.plan.gemm import plan_gemm
-from blocklin.plan.minimum import whole_call
+from blocklin.plan.minimum import sufficient_budget, whole_call
 from blocklin.linalg.factor.lu_panels import lu_solve, swaps_to_permutation
-from blocklin.runtime.blockops import BlockOps, Region
+from blocklin.runtime.blockops import BlockOps, Region, gemm_chunks
 from blocklin.runtime.job import Job
 from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.runtime.stages import Stages
-from blocklin.storage.zarr_store import create_array
+from blocklin.storage.zarr_store import create_array, read_kind
 from blocklin.validate import choice, float_operand, same_dtype, same_rows, square
 
 ASSUME = ("gen", "pos", "sym")
@@ -241,6 +241,10 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         krylov = f"precision='{precision}'" if precision in HALF or refinement == "gmres" else None
         whole_call(lambda memory: _plan_steps(job, A, B, fdt, assume_a, memory, krylov=krylov), job.cfg.memory,
                    "the square solve")
+        # plain refinement of a float32 factorization that stalls switches to GMRES-IR, where the budget
+        # holds it: known before anything is read, so that a stall it cannot refine names the budget that would
+        switch_need = (_switch_need(job, A, B, fdt, assume_a, precision)
+                       if krylov is None and precision != "double" and refinement == "auto" else None)
         tol = math.sqrt(max(n, 1)) * float(np.finfo(dt).eps) if tol is None else float(tol)
         steps_max = MAX_REFINE[precision] if max_refine is None else int(max_refine)
         half = precision in HALF
@@ -274,6 +278,8 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
             ref = refine(job, ops, A, B, solver, run, norm_a, tol, steps_max, dtype=dt)
             extra["refinement"] = "plain"
             if ref.eta > tol and precision != "double" and refinement == "auto" and ref.steps < steps_max:
+                if switch_need is not None:
+                    _check_converged(ref, tol, precision, dt, switch_need=switch_need)
                 ref, extra = _switch_to_gmres(job, ops, A, B, solver, run, factor, ref, norm_a, tol, steps_max,
                                               precision=precision)
         _check_converged(ref, tol, precision, dt)
@@ -325,11 +331,7 @@ class _SquareRun:
               token: str, dtype: np.dtype, half: bool = False) -> _SquareRun:
         (n, k), dt, sdt = B.shape, dtype, solve_dtype(fdt, dtype)
         plans = {kind: _plan(job, A, fdt, kind) for kind in _kinds(assume_a)}
-        # the tile operations of the solve work on square tiles: the Cholesky's own; the LU panels are
-        # wider (and streamed by lu_panels.lu_solve at their own width), so its stores get Cholesky-sized tiles
-        tiles = {kind: p.tile if kind == "cholesky" else plan_factor(
-            "cholesky", n, dt, memory=job.cfg.memory, workers=job.workers(1), chunks=tuple(A.chunks)).tile
-            for kind, p in plans.items()}
+        tiles = {kind: _tile(job, A, p, dt) for kind, p in plans.items()}
         chunk = tiles[_kinds(assume_a)[0]]  # x's chunks: those of the first route tried
         # the n x k stores are chunked (tile, min(tile, k)): a chunk as wide as a tile would be padded to it on
         # disk (a tile-wide chunk of one column: 1024 x 1024 written and read for 1024 values)
@@ -372,11 +374,37 @@ def _plan(job: Job, A: Any, fdt: np.dtype, kind: str, memory: int | None = None)
                        chunks=tuple(A.chunks), widen=True)
 
 
+def _tile(job: Job, A: Any, plan: FactorPlan, dtype: np.dtype, memory: int | None = None) -> int:
+    """The square tile of the solve's tile operations and stores with factorization ``plan``: the
+    Cholesky's own; the LU panels are wider (and streamed by ``lu_panels.lu_solve`` at their own width),
+    so its stores get Cholesky-sized tiles of ``x``'s ``dtype``."""
+    if plan.operation == "cholesky":
+        return plan.tile
+    return plan_factor("cholesky", A.shape[0], dtype, memory=job.cfg.memory if memory is None else memory,
+                       workers=job.workers(1), chunks=tuple(A.chunks)).tile
+
+
 def _gemm_memory(memory: int) -> int:
     """The residual GEMM's budget: the whole less what its run holds beside the plan's buffers (the
     scheduler's thread, chunk metadata: about 0.45 MiB measured at a 2 MiB budget, where the plan
     alone peaked 1.15x the budget)."""
     return memory - min(memory // 4, RUNTIME_RESERVE)
+
+
+def _product_chunks(A: Any, B: Any, tile: int) -> dict:
+    """The chunks of the refinement's products ``B - A X`` and ``A V``: ``A`` and ``B`` as stored, the
+    iterates and residuals as the work stores are, ``(tile, min(tile, k))``."""
+    w = (tile, min(tile, max(B.shape[1], 1)))
+    return gemm_chunks(tile, a=tuple(A.chunks), b=w, c=tuple(B.chunks), out=w)
+
+
+def _product_plan(job: Job, A: Any, B: Any, tile: int) -> dict:
+    """``plan_gemm``'s arguments for the refinement's products, as :meth:`BlockOps.gemm` will plan them
+    once the work stores exist (their chunks, and how each operand will be read)."""
+    ch = _product_chunks(A, B, tile)
+    return dict(a_chunks=ch["a"], b_chunks=ch["b"], c_chunks=ch["c"], out_chunks=ch["out"], workers=job.workers(1),
+                cores=job.cores(), device=job.device, device_memory=job.device_memory(),
+                reads=(read_kind(A.path), temp_store_reads(job.cfg), read_kind(B.path)))
 
 
 def _plan_steps(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: int, *,
@@ -386,19 +414,49 @@ def _plan_steps(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: 
     ``krylov`` (what asks for GMRES-IR) also GMRES's products of a block of right-hand sides, within the
     half its vectors leave (:func:`_operators`). Unplanned, a ``precision='fp16'`` solve was refused after
     its factorization, naming the minimum of that half alone, below the budget given."""
-    n, k, dt = A.shape[0], B.shape[1], np.dtype(A.dtype)
+    n, k, dt = A.shape[0], B.shape[1], np.result_type(A.dtype, B.dtype)
     for kind in _kinds(assume_a):
-        p = _plan(job, A, fdt, kind, memory)
-        t = p.tile if kind == "cholesky" else plan_factor(
-            "cholesky", n, dt, memory=memory, workers=job.workers(1), chunks=tuple(A.chunks)).tile
-        ch = (t, t)
-        common = dict(a_chunks=ch, b_chunks=ch, c_chunks=ch, workers=job.workers(1), cores=job.cores(),
-                      device=job.device, device_memory=job.device_memory(), out_chunks=ch)
+        t = _tile(job, A, _plan(job, A, fdt, kind, memory), dt, memory)
+        common = _product_plan(job, A, B, t)
         plan_gemm(n, k, n, dt, memory=_gemm_memory(memory), **common)
         if krylov is not None:
             _, width = krylov_plan(n, k, _gemm_memory(memory), what=krylov, chunk=min(t, max(k, 1)))
             f64 = np.dtype(np.float64)
             plan_gemm(n, width, n, f64, memory=_gemm_memory(memory) // 2, source_dtypes=(dt, f64), **common)
+
+
+def _switch_plans(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: int, what: str) -> None:
+    """The switch to GMRES-IR (:func:`_switch_to_gmres`) planned at ``memory``: the Krylov vectors of all
+    ``k`` right-hand sides in one block, and their products within the half of the budget they leave."""
+    n, k = B.shape
+    dt = np.result_type(A.dtype, B.dtype)
+    gm = _gemm_memory(memory)
+    _, width = krylov_plan(n, k, gm, what=what, chunk=max(k, 1))
+    if width < k:
+        need = 2 * (min(SHORT, RESTART, n) + 5) * 8 * max(n, 1) * k
+        raise BudgetError(explain("memory", f"{what} holds the GMRES vectors of its {k} right-hand sides in one "
+                                  "block, (restart + 5) n k 8 bytes within half the budget", format_size(memory),
+                                  f"raise it to at least {format_size(need)}"), minimum=need)
+    for kind in _kinds(assume_a):
+        t = _tile(job, A, _plan(job, A, fdt, kind, memory), dt, memory)
+        plan_gemm(n, k, n, np.dtype(np.float64), memory=gm // 2, source_dtypes=(np.dtype(A.dtype), np.dtype(np.float64)),
+                  **_product_plan(job, A, B, t))
+
+
+def _switch_need(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, precision: str) -> int | None:
+    """``None`` where the switch to GMRES-IR plans at the job's budget; else the least budget at which it
+    and every other step plan (named by a stall the plain refinement cannot get past, not refused up
+    front: most systems never switch, and with many right-hand sides the switch's one block needs far
+    more than the factorization)."""
+    what = f"precision='{precision}' switching to GMRES-IR"
+    try:
+        _switch_plans(job, A, B, fdt, assume_a, job.cfg.memory, what)
+        return None
+    except BudgetError as exc:
+        def both(memory: int) -> None:
+            _plan_steps(job, A, B, fdt, assume_a, memory)
+            _switch_plans(job, A, B, fdt, assume_a, memory, what)
+        return sufficient_budget(both, max(job.cfg.memory + 1, int(exc.minimum or 0)))
 
 
 def _norm_a(job: Job, ops: BlockOps, A: Any, factor: _Factor, precision: str) -> float:
@@ -670,7 +728,8 @@ def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: _Solver, run: _Square
 
     def residual(x: Region) -> float:
         ops.gemm(rreg.path, (0, 0), n, k, n, A.path, (0, 0), x.path, (0, 0), dtype=dt, a_dtype=A.dtype, c=B.path,
-                 alpha=-1.0, beta=1.0, memory=gemm_memory, description="residual b - A x")
+                 alpha=-1.0, beta=1.0, memory=gemm_memory, chunks=_product_chunks(A, B, ops.chunk),
+                 description="residual b - A x")
         return safe_norm(ops, rreg, ops.sumsq(rreg))
 
     def update(x: Region, nxt: Region) -> float:
@@ -736,7 +795,7 @@ def _operators(job: Job, ops: BlockOps, A: Any, B: Any, solver: _Solver, scaling
         ops.gemm(out.path, out.off, n, out.shape[1], n, A.path, (0, 0), x.path, x.off, dtype=np.float64,
                  a_dtype=A.dtype, c=None if c is None else c.path, c_off=(0, 0) if c is None else c.off,
                  alpha=-1.0 if c is not None else 1.0,
-                 beta=1.0 if c is not None else 0.0, memory=memory,
+                 beta=1.0 if c is not None else 0.0, memory=memory, chunks=_product_chunks(A, B, ops.chunk),
                  description="residual b - A x" if c is not None else "GMRES product A v")
 
     return Operators(gemm=gemm, solve=solver, a=Region.of(A.path, A.shape),
@@ -843,17 +902,24 @@ def _stored(ir: Operators, done: Refined, solver: _Solver) -> SolveRefinement:
     return SolveRefinement(done.residual, done.eta, done.steps, done.history, done.norm_x, ir.r.path, xreg.path)
 
 
-def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dtype) -> None:
-    """Mixed precision that did not reach ``tol`` is refused; the working precision warns."""
+def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dtype, *,
+                     switch_need: int | None = None) -> None:
+    """Mixed precision that did not reach ``tol`` is refused; the working precision warns. ``switch_need``:
+    the plain refinement stalled where the budget does not hold the switch to GMRES-IR, which it names."""
     if ref.eta <= tol:
         return
     trail = ", ".join(f"{h['backward_error']:.1e}" for h in ref.history)
     if precision != "double":
+        fix = "pass precision='double'"
+        if switch_need is not None:
+            fix = (f"pass memory='{size_hint(switch_need)}' (at least {format_size(switch_need)}: GMRES-IR then refines "
+                   "the float32 factorization where plain refinement stalls), or precision='double'")
         raise ConvergenceError(explain(
             "precision", f"'{precision}' must refine the float32 factorization to the float64 backward error",
             f"backward error {ref.eta:.1e} > tol {tol:.1e} after {ref.steps} step(s) (history {trail}): A is too "
-            "ill-conditioned for a float32 factorization (cond(A) u_32 near or above 1)",
-            "pass precision='double'"))
+            "ill-conditioned for a float32 factorization with plain refinement (cond(A) u_32 near or above 1)"
+            + (f"; GMRES-IR, which refines further, did not run: its vectors and products need memory >= "
+               f"{format_size(switch_need)}" if switch_need is not None else ""), fix))
     warn(f"solve: backward error {ref.eta:.1e} above tol {tol:.1e} after {ref.steps} refinement step(s) "
          f"(history {trail}; condition too large for {dt.name}?)", ConvergenceWarning)
 
