@@ -176,10 +176,14 @@ def same_rows(a: Any, b: Any) -> None:
 
 
 def choice(name: str, value: Any, options: Sequence[Any], *, fix: str) -> Any:
-    """``value`` is one of ``options``."""
-    if not any(value is o or (type(value) is type(o) and value == o) for o in options):
-        raise ParameterError(explain(name, f"must be one of {tuple(options)}", repr(value), fix))
-    return value
+    """``value`` is one of ``options`` (of the same type: ``True`` is not ``1``); a ``str`` subclass such as
+    NumPy's ``str_`` (an element of an array of names) matches its ``str`` option and is returned as it."""
+    for o in options:
+        if value is o or (type(value) is type(o) and value == o):
+            return value
+        if type(o) is str and isinstance(value, str) and str(value) == o:
+            return o
+    raise ParameterError(explain(name, f"must be one of {tuple(options)}", repr(value), fix))
 
 
 def flag(name: str, value: Any, *, fix: str | None = None) -> bool:

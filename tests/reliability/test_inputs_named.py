@@ -155,3 +155,23 @@ def test_a_killed_removal_leaves_the_owner_record(tmp_path, monkeypatch):
     monkeypatch.undo()
     be.rmtree_owner_last(str(folder))
     assert not folder.exists()
+
+
+def test_names_from_a_numpy_array_are_taken(tmp_path):
+    """``method=np.str_("rsvd")`` (an element of an array of method names, as a loop over
+    ``np.array([...])`` gives) was refused as not one of the methods; it is taken as the plain ``str``,
+    with the same result, while ``True`` is still not ``1``."""
+    from blocklin.validate import choice
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((60, 20))
+    for method in np.array(["rsvd", "lanczos"]):
+        got = bl.svd(a, k=3, method=method, seed=0, temp_dir=str(tmp_path))
+        ref = bl.svd(a, k=3, method=str(method), seed=0, temp_dir=str(tmp_path))
+        np.testing.assert_array_equal(got.s, ref.s)
+        assert type(got.report["method"]) is str
+    assert type(choice("p", np.str_("gen"), ("gen", "pos"), fix="")) is str
+    with pytest.raises(ParameterError, match="must be one of"):
+        choice("p", 1, (True, False), fix="")
+    with pytest.raises(ParameterError, match="must be one of"):
+        choice("p", np.str_("other"), ("gen", "pos"), fix="")
