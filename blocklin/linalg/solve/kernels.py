@@ -282,6 +282,16 @@ def fold_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
     fold = np.where(fold < 0, slots - 1, fold)
     w = np.asarray(arrays[2], dtype=np.float64)[:, 0] if weighted else None
     cplx = dt.kind == "c"
+    # Entries beyond 2^256 overflow here only in the pass that learns max|a| and |b|, which is repeated
+    # scaled (Tikhonov.scaled_run), as the Gram pass's: NumPy's warnings would only alarm.
+    with np.errstate(over="ignore", invalid="ignore"):
+        _fold_sums(state, a, b, w, fold, cplx, weighted)
+    return state, None
+
+
+def _fold_sums(state: dict, a: np.ndarray, b: np.ndarray, w: np.ndarray | None, fold: np.ndarray, cplx: bool,
+               weighted: bool) -> None:
+    """:func:`fold_kernel`'s sums of one strip, added per fold into ``state``."""
     for f in np.unique(fold):
         sel = fold == f
         af, bf = a[sel], b[sel]
@@ -303,4 +313,3 @@ def fold_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
             state["sbw"][f] += bf.T @ wf
             state["cntw"][f] += float(wf.sum())
             state["bbw"][f] += sumsq_cols(bw)
-    return state, None
