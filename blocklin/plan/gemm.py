@@ -271,7 +271,8 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
                  c_rows: int, io_chunk_bytes: int, out_chunk_bytes: int, on_gpu: bool,
                  read_chunks: int = IO_CONCURRENCY, write_chunks: int = IO_CONCURRENCY,
                  out_rows: int = 0, loaders: int = 1, direct: tuple[bool, bool] = (False, False),
-                 osz: int = 0, read_reserve: bool = False, c_io: int = 0) -> tuple[int, int]:
+                 osz: int = 0, read_reserve: bool = False, c_io: int = 0,
+                 read_io: int | None = None) -> tuple[int, int]:
     """(host bytes, device bytes) of one task's buffers (``loaders`` threads reading at once).
 
     ``direct``: the inputs, and the output, are read and written straight from and to their chunk
@@ -281,7 +282,9 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     (``out_chunk_bytes`` is then that buffer, or 0 without edge chunks). ``osz``: the output's
     itemsize when it differs from the compute dtype's (two strips of the output dtype on the host,
     where finished strips are cast). ``c_io``: zarr's temporaries of one strip read of ``C0`` beside
-    direct reads of ``A`` and ``B`` (sized by ``C0``'s chunks, not theirs).
+    direct reads of ``A`` and ``B`` (sized by ``C0``'s chunks, not theirs). ``read_io``: zarr's
+    temporaries of one panel read where not both are read directly (default: ``read_chunks`` chunks of
+    ``io_chunk_bytes``).
     """
     slots = prefetch + 1
     panels_src = tm * tk * src_isz[0] + tk * tn * src_isz[1]
@@ -290,7 +293,9 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     # encoded copy on writes: measured, not guessed (tests/products/test_gemm_memory.py).
     # Direct reads fill the slots in place (a scratch row at most); the ridge solve's GEMMs keep one
     # chunk set (measured over budget without it, benchmarks/budgets.py, solve at 16 MiB).
-    io = (loaders * ((1 if read_reserve else 0) if direct[0] else min(IO_CONCURRENCY, read_chunks)) * 3 * io_chunk_bytes
+    reads_io = (1 if read_reserve else 0) * 3 * io_chunk_bytes if direct[0] else \
+        min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes if read_io is None else read_io
+    io = (loaders * reads_io
           + (c_io if direct[0] and with_c else 0)
           + (out_chunk_bytes if direct[1] else min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes))
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
@@ -391,6 +396,7 @@ def plan_gemm(m: int, n: int, k: int, dtype, *, a_chunks: tuple[int, int], b_chu
                         reads[1] == "direct" or reads[1] == "ranges" and not trans[1]),
         direct=(reads[0] == "direct" and reads[1] == "direct", direct_writes),
         c_chunks=space.c_chunks if len(reads) < 3 or reads[2] != "direct" else None,
+        zarr_reads=(reads[0] != "direct", reads[1] != "direct"),
         read_reserve=read_reserve)
     # Chunk-wide panels first; narrower ones only when the budget leaves no other way, unless both
     # operands are local files read in part: then narrower panels at least as wide as BLAS's
@@ -510,6 +516,9 @@ class _Space:
     #: Tiles of fewer rows than ``op(A)``'s chunks may be planned (its rows are stored rows of local
     #: uncompressed chunks: one contiguous range of a chunk file per tile; see :func:`plan_gemm`).
     sub_rows: bool = False
+    #: Bytes of one stored chunk of ``op(A)`` and of ``op(B)``, and whether each is read through zarr.
+    chunk_bytes: tuple[int, int] = (0, 0)
+    zarr_reads: tuple[bool, bool] = (True, True)
     #: ``C0``'s chunks where it is read through zarr (``None`` without ``C0`` or where its strips are
     #: read straight from its chunk files).
     c_chunks: tuple[int, int] | None = None
@@ -530,7 +539,8 @@ class _Space:
         return cls(m=m, n=n, k=k, isz=dt.itemsize, src_isz=src_isz, prefetch=prefetch, on_gpu=on_gpu,
                    with_c=c_chunks is not None, c_rows=min(m, c_chunks[0]) if c_chunks is not None else 0, mu=mu,
                    nu=nu, ku=ku, ku_a=ku_a, ku_b=ku_b, io_chunk=io_chunk, out_chunks=out_chunks, dtype=dt.name,
-                   c_chunks=tuple(c_chunks) if c_chunks is not None else None)
+                   c_chunks=tuple(c_chunks) if c_chunks is not None else None,
+                   chunk_bytes=(a_chunks[0] * a_chunks[1] * src_isz[0], b_chunks[0] * b_chunks[1] * src_isz[1]))
 
     def c_io(self, rows: int, tn: int) -> int:
         """zarr's temporaries (a raw and a decoded copy, and ours) of the ``C0`` chunks one strip of
@@ -569,16 +579,27 @@ class _Space:
         edges = self.m % oc[0] or self.n % oc[1]  # padded edge chunks need a buffer on direct writes
         return _task_memory(tm, tn, tk, isz=self.isz, src_isz=self.src_isz, prefetch=self.prefetch,
                             with_c=self.with_c, c_rows=self.c_rows, io_chunk_bytes=self.io_chunk,
-                            c_io=self.c_io(oc[0], tn),
+                            c_io=self.c_io(oc[0], tn), read_io=self.read_io(tm, tn, tk),
                             out_chunk_bytes=oc[0] * oc[1] * (self.osz or self.isz) if edges or not self.direct[1] else 0,
                             on_gpu=self.on_gpu, read_chunks=read_chunks, write_chunks=write_chunks, out_rows=oc[0],
                             loaders=self.loaders, direct=self.direct, osz=self.osz, read_reserve=self.read_reserve)
 
     def read_chunks(self, tm: int, tn: int, tk: int) -> int:
         """Chunks one panel read touches (the larger of the two operands; panels may cut chunks)."""
+        return max(self._touched(tm, tn, tk))
+
+    def _touched(self, tm: int, tn: int, tk: int) -> tuple[int, int]:
         ta = _panel_reads(tk, self.ku_a, self.k, self.partial[0])[0]
         tb = _panel_reads(tk, self.ku_b, self.k, self.partial[1])[0]
-        return max(-(-tm // self.mu) * ta, tb * -(-tn // self.nu))
+        return -(-tm // self.mu) * ta, tb * -(-tn // self.nu)
+
+    def read_io(self, tm: int, tn: int, tk: int) -> int:
+        """zarr's temporaries (a raw and a decoded copy, and ours) of one panel read: the larger of the
+        operands read through zarr, each at its own chunk size (an operand read straight from its chunk
+        files holds none: a user's compressed ``A`` beside a work store had been counted at the larger
+        of the two chunk sizes)."""
+        return max((min(IO_CONCURRENCY, t) * 3 * b for t, b, z in zip(self._touched(tm, tn, tk), self.chunk_bytes,
+                                                                       self.zarr_reads) if z), default=0)
 
 
 def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,

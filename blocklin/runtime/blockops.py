@@ -107,14 +107,10 @@ class BlockOps:
         """
         job = self.job
         dt = np.dtype(dtype)
-        ch = gemm_chunks(self.chunk, **(chunks or {}))
-        plan = plan_gemm(m, n, k, dt, a_chunks=ch["a"], b_chunks=ch["b"],
-                         memory=job.cfg.memory if memory is None else memory,
-                         source_dtypes=(np.dtype(a_dtype or dt), np.dtype(b_dtype or dt)),
-                         c_chunks=ch["c"] if c is not None and beta != 0.0 else None, workers=job.workers(1),
-                         cores=job.cores(), device=job.device, device_memory=job.device_memory(),
-                         out_chunks=ch["out"],
-                         reads=(read_kind(a), read_kind(b)) + ((read_kind(c),) if c is not None else ()))
+        with_c = c is not None and beta != 0.0
+        plan = plan_block_gemm(job, self.chunk, m, n, k, dtype=dt, a_dtype=a_dtype, b_dtype=b_dtype, with_c=with_c,
+                               memory=memory, chunks=chunks,
+                               reads=(read_kind(a), read_kind(b)) + ((read_kind(c),) if with_c else ()))
         dev_mem = job.device_memory()
         spec = GemmSpec(a=a, b=b, c=c, out=out, trans_a=False, trans_b=False, alpha=float(alpha), beta=float(beta),
                         dtype=dt.name, plan=plan, device=job.device, device_memory=dev_mem, check_finite=False,
@@ -309,6 +305,20 @@ def gemm_chunks(tile: int, *, a: tuple | None = None, b: tuple | None = None, c:
     budget that ran (a 73 x 73 ``A`` in (50, 20) chunks: 109 KiB ran, 218 KiB was refused)."""
     sq = (tile, tile)
     return {"a": tuple(a or sq), "b": tuple(b or sq), "c": tuple(c or sq), "out": tuple(out or sq)}
+
+
+def plan_block_gemm(job: Any, tile: int, m: int, n: int, k: int, *, dtype: Any, a_dtype: Any = None,
+                    b_dtype: Any = None, with_c: bool = False, memory: int | None = None, chunks: dict | None = None,
+                    reads: tuple[str, ...]) -> Any:
+    """The plan :meth:`BlockOps.gemm` runs, for a caller that plans its products before their stores
+    exist (``reads`` then as :func:`~blocklin.operands.temp_store_reads` predicts them): the same
+    chunks (:func:`gemm_chunks`), budget, workers and device."""
+    dt = np.dtype(dtype)
+    ch = gemm_chunks(tile, **(chunks or {}))
+    return plan_gemm(m, n, k, dt, a_chunks=ch["a"], b_chunks=ch["b"], memory=job.cfg.memory if memory is None else memory,
+                     source_dtypes=(np.dtype(a_dtype or dt), np.dtype(b_dtype or dt)),
+                     c_chunks=ch["c"] if with_c else None, workers=job.workers(1), cores=job.cores(),
+                     device=job.device, device_memory=job.device_memory(), out_chunks=ch["out"], reads=reads)
 
 
 def copy_columns_task(src_path: str, dst_path: str, c0: int, c1: int) -> dict:

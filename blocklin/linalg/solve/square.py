@@ -28,10 +28,9 @@ from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
 from blocklin.operands import as_columns, temp_store_reads
 from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
-from blocklin.plan.gemm import plan_gemm
 from blocklin.plan.minimum import sufficient_budget, whole_call
 from blocklin.linalg.factor.lu_panels import lu_solve, swaps_to_permutation
-from blocklin.runtime.blockops import BlockOps, Region, gemm_chunks
+from blocklin.runtime.blockops import BlockOps, Region, gemm_chunks, plan_block_gemm
 from blocklin.runtime.job import Job
 from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.runtime.stages import Stages
@@ -398,13 +397,12 @@ def _product_chunks(A: Any, B: Any, tile: int) -> dict:
     return gemm_chunks(tile, a=tuple(A.chunks), b=w, c=tuple(B.chunks), out=w)
 
 
-def _product_plan(job: Job, A: Any, B: Any, tile: int) -> dict:
-    """``plan_gemm``'s arguments for the refinement's products, as :meth:`BlockOps.gemm` will plan them
-    once the work stores exist (their chunks, and how each operand will be read)."""
-    ch = _product_chunks(A, B, tile)
-    return dict(a_chunks=ch["a"], b_chunks=ch["b"], c_chunks=ch["c"], out_chunks=ch["out"], workers=job.workers(1),
-                cores=job.cores(), device=job.device, device_memory=job.device_memory(),
-                reads=(read_kind(A.path), temp_store_reads(job.cfg), read_kind(B.path)))
+def _product_plan(job: Job, A: Any, B: Any, tile: int, width: int, dtype: Any, memory: int) -> None:
+    """A refinement product ``B - A X`` of ``width`` columns planned as :meth:`BlockOps.gemm` will plan
+    it once the work stores exist (their chunks, and how each operand will be read)."""
+    plan_block_gemm(job, tile, A.shape[0], width, A.shape[0], dtype=dtype, a_dtype=A.dtype, with_c=True,
+                    memory=memory, chunks=_product_chunks(A, B, tile),
+                    reads=(read_kind(A.path), temp_store_reads(job.cfg), read_kind(B.path)))
 
 
 def _plan_steps(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: int, *,
@@ -417,12 +415,10 @@ def _plan_steps(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: 
     n, k, dt = A.shape[0], B.shape[1], np.result_type(A.dtype, B.dtype)
     for kind in _kinds(assume_a):
         t = _tile(job, A, _plan(job, A, fdt, kind, memory), dt, memory)
-        common = _product_plan(job, A, B, t)
-        plan_gemm(n, k, n, dt, memory=_gemm_memory(memory), **common)
+        _product_plan(job, A, B, t, k, dt, _gemm_memory(memory))
         if krylov is not None:
             _, width = krylov_plan(n, k, _gemm_memory(memory), what=krylov, chunk=min(t, max(k, 1)))
-            f64 = np.dtype(np.float64)
-            plan_gemm(n, width, n, f64, memory=_gemm_memory(memory) // 2, source_dtypes=(dt, f64), **common)
+            _product_plan(job, A, B, t, width, np.float64, _gemm_memory(memory) // 2)
 
 
 def _switch_plans(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: int, what: str) -> None:
@@ -438,9 +434,7 @@ def _switch_plans(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory
                                   "block, (restart + 5) n k 8 bytes within half the budget", format_size(memory),
                                   f"raise it to at least {format_size(need)}"), minimum=need)
     for kind in _kinds(assume_a):
-        t = _tile(job, A, _plan(job, A, fdt, kind, memory), dt, memory)
-        plan_gemm(n, k, n, np.dtype(np.float64), memory=gm // 2, source_dtypes=(np.dtype(A.dtype), np.dtype(np.float64)),
-                  **_product_plan(job, A, B, t))
+        _product_plan(job, A, B, _tile(job, A, _plan(job, A, fdt, kind, memory), dt, memory), k, np.float64, gm // 2)
 
 
 def _switch_need(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, precision: str) -> int | None:
