@@ -142,3 +142,25 @@ def test_a_stalled_mixed_solve_names_the_budget_of_its_switch_to_gmres(tmp_path)
     x = run(need)
     assert x.report["refinement"] == "plain, then gmres"
     assert_residual(a, x.to_numpy(), b)
+
+
+@pytest.mark.parametrize("n, chunks, precision", [(88, (19, 85), "mixed"), (152, (60, 124), None)])
+def test_every_budget_above_the_inverse_minimum_runs(n, chunks, precision, tmp_path):
+    """The inverse's Newton-Schulz products are planned with the inversion on ``A``'s own chunks; where the
+    working chunks a budget gives leave them too little, smaller chunks are taken. At 1.3x its minimum an
+    88 x 88 ``A`` in (19, 85) chunks was refused (its working chunks grew from 16 to 64), once the products
+    were planned. Each result is checked as an inverse (``||A X - I||`` within ``c n eps cond``)."""
+    rng = np.random.default_rng(5)
+    m = rng.standard_normal((n, n))
+    a = m @ m.T + n * np.eye(n)
+    arr = zarr.create_array(store=str(tmp_path / "a.zarr"), shape=a.shape, dtype=a.dtype, chunks=chunks)
+    arr[...] = a
+
+    def run(memory: int):
+        return bl.inv(str(tmp_path / "a.zarr"), precision=precision, memory=memory, scheduler="sync")
+
+    with pytest.raises(BudgetError) as err:
+        run(16 << 10)
+    least = err.value.minimum
+    for factor in (1, 1.3, 1.7, 2, 3):
+        assert_residual(a, run(int(least * factor)).to_numpy(), np.eye(n))

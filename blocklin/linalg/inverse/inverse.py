@@ -12,7 +12,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import ParameterError
+from blocklin.errors import BudgetError, ParameterError
 from blocklin.errors import explain as _msg
 from blocklin.linalg.inverse import refine as _refine
 from blocklin.linalg.inverse.refine import Iterate, NewtonSchulz, Steps
@@ -20,7 +20,7 @@ from blocklin.linalg.blocks.scaling import safe_norm
 from blocklin.linalg.inverse.kernels import MEMORY
 from blocklin.linalg.inverse.routes import InverseRun, butterfly_device, invert_as_planned, invert_schur
 from blocklin.matrix import Matrix
-from blocklin.plan.inverse import InversePlan, plan_inverse
+from blocklin.plan.inverse import MIN_CHUNK, InversePlan, plan_inverse
 from blocklin.plan.minimum import whole_call
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
@@ -304,8 +304,8 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
     kw = dict(memory=job.cfg.memory, kernels=MEMORY, source_dtype=M.dtype, method=method,
               source_chunk_bytes=math.prod(M.chunks) * M.dtype.itemsize if n else 0, source_chunks=tuple(M.chunks))
 
-    def plans(memory: int) -> InversePlan:
-        kwm = kw | {"memory": memory}
+    def inversion(memory: int, chunk: int | None = None) -> InversePlan:
+        kwm = kw | {"memory": memory, "chunk": chunk}
         if precision in ("mixed", "tf32") and n:
             full = plan_inverse(n, out_dtype, precision=None, **kwm)
             if full.direct:
@@ -317,6 +317,27 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
                     f"precision={precision!r} ran in float64: the matrix fits one in-core inversion, which is "
                     "faster and more accurate than float32 work refined to float64"))
         return plan_inverse(n, out_dtype, precision="mixed" if precision in ("mixed", "tf32") else None, **kwm)
+
+    def plans(memory: int) -> InversePlan:
+        plan = inversion(memory)
+        if not (n and space):
+            return plan
+        # the refinement's products, which a run may take (not for a plan alone), on the plan's chunks: where
+        # they do not fit, smaller chunks (those a smaller budget takes), so that a larger budget never
+        # refuses what a smaller one ran
+        try:
+            _refine.plan_products(job, M, n, plan.chunk, out_dtype, memory)
+            return plan
+        except BudgetError as exc:
+            chunk = plan.chunk // 2
+            while chunk >= MIN_CHUNK:
+                try:
+                    smaller = inversion(memory, chunk)
+                    _refine.plan_products(job, M, n, smaller.chunk, out_dtype, memory)
+                    return smaller
+                except BudgetError:
+                    chunk //= 2
+            raise exc
 
     # a refusal names the budget at which every step plans (the leaf, the staging strip, the LU panels)
     return M, out_dtype, whole_call(plans, job.cfg.memory, "inv")

@@ -33,9 +33,10 @@ from blocklin.linalg.inverse.kernels import PROBES, InverseEpilogue, probe_kerne
 from blocklin.linalg.blocks.random import probes
 from blocklin.linalg.blocks.scaling import safe_norm
 from blocklin.operands import Operand
-from blocklin.runtime.blockops import BlockOps, Region
+from blocklin.runtime.blockops import BlockOps, Region, plan_block_gemm
 from blocklin.runtime.passes import collect_rows, run_pass, source, stored
 from blocklin.runtime.stages import Stages
+from blocklin.storage.zarr_store import read_kind
 
 
 def default_tol(n: int, dtype: Any, *, in_core: bool = False) -> float:
@@ -108,10 +109,24 @@ def probe_products(job: Any, x: Any, n: int, dtype: Any, chunk: int, seed: int) 
     return out
 
 
+def plan_products(job: Any, m: Any, n: int, chunk: int, dtype: Any, memory: int) -> None:
+    """The refinement's products planned at ``memory`` before anything is read, as :meth:`BlockOps.gemm`
+    will plan them (:func:`ns_residual` reads ``M`` at its own chunks; :func:`ns_update`'s plan, with its
+    ``C``, covers :func:`ns_product`'s): a refinement is decided only after the inversion, which a
+    product refused then would have wasted."""
+    from blocklin.operands import temp_store_reads
+
+    work = temp_store_reads(job.cfg)
+    plan_block_gemm(job, chunk, n, n, n, dtype=dtype, a_dtype=m.dtype, memory=memory, chunks={"a": tuple(m.chunks)},
+                    reads=(read_kind(m.path), work))
+    plan_block_gemm(job, chunk, n, n, n, dtype=dtype, with_c=True, memory=memory, reads=(work, work, work))
+
+
 def ns_residual(ops: BlockOps, m: Any, x: str, r: str, n: int, dtype: Any) -> float:
     """``R = I - M X`` into store ``r``; returns the exact ``||R||_F``."""
     res = ops.gemm(r, (0, 0), n, n, n, m.path, (0, 0), x, (0, 0), dtype=dtype, a_dtype=m.dtype, alpha=-1.0,
-                   epilogue=InverseEpilogue(identity=True), description="Newton-Schulz: R = I - M X")
+                   epilogue=InverseEpilogue(identity=True), chunks={"a": tuple(m.chunks)},
+                   description="Newton-Schulz: R = I - M X")
     return math.sqrt(sum(t["sumsq"] for t in res))
 
 
