@@ -75,3 +75,22 @@ def test_gemm_with_c_peak_within_budget(tmp_path, c_codec):
     used = r["peak"] - r["baseline"]
     assert r["plan_peak"] <= budget and r["tasks"] > 1
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 24 MiB"
+
+
+@needs_hwm
+def test_gemm_of_a_compressed_and_a_direct_operand_within_budget(tmp_path):
+    """``A`` in zstd chunks of 512 x 128 (read through zarr, its temporaries counted at its chunk size)
+    times ``B`` read straight from its files: the plan counts the temporaries of ``A``'s chunks alone (it
+    had counted them at the larger of the two operands' chunks), and the peak stays within the budget."""
+    import zarr
+
+    n = 3072
+    src = bl.random(tmp_path / "a0.zarr", (n, n), seed=1, chunks=(512, 512))
+    z = zarr.create_array(tmp_path / "a.zarr", shape=(n, n), chunks=(512, 128), dtype="float64")  # zstd
+    z[:] = src.to_numpy()
+    b = bl.random(tmp_path / "b.zarr", (n, n), seed=2, chunks=(512, 512))
+    budget = 24 * 2**20
+    r = run_child(CHILD, str(tmp_path / "a.zarr"), b.path, str(tmp_path / "c.zarr"), "24MiB")
+    used = r["peak"] - r["baseline"]
+    assert r["plan_peak"] <= budget and r["tasks"] > 1
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 24 MiB"
