@@ -188,3 +188,27 @@ def test_record_of_tiles_computed_on_a_gpu(standin, tmp_path, shape, dtype):
     assert c.report["device"] != "cpu" and c.report["plan"]["n_tasks"] > 1
     _assert_record(c, (a.shape[0], b.shape[1]))
     assert cupy_standin.take_races() == []
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads", "processes"])
+@pytest.mark.parametrize("case", ["tall", "tall-with-c", "wide", "complex"])
+def test_thin_product_records_its_peaks(tmp_path, case, scheduler):
+    """The thin-product route (``op(B)`` held, ``A`` streamed by rows) takes the peaks of each block it
+    writes, as the tiles do: each column's of a tall output, each row's of a wide one (``20 x 40``),
+    ``alpha`` and ``beta C`` applied; it had written no record, so an SVD of its output scanned it."""
+    rng = np.random.default_rng(7)
+    m, k, n = (20, 500, 40) if case == "wide" else (6000, 60, 4)
+    dtype = "complex128" if case == "complex" else "float64"
+    a = (rng.standard_normal((m, k)) * rng.uniform(0.01, 100.0, size=(1, k))).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    kw = {}
+    if case == "tall-with-c":
+        kw = {"c": rng.standard_normal((m, n)) * 1e3, "alpha": -0.5, "beta": 2.0}
+    c = bl.matmul(a, b, tmp_path / "c.zarr", memory="4MiB", workers=2, scheduler=scheduler, **kw)
+    assert c.report["route"] == "rows"
+    _assert_record(c, (m, n))
+    want = -0.5 * a @ b + 2.0 * kw["c"] if kw else a @ b
+    np.testing.assert_allclose(c.to_numpy(), want, rtol=1e-12, atol=1e-9 * np.abs(want).max())
+    if case == "tall":
+        took = bl.svd(c.path, k=2, seed=0, memory="256KiB", scheduler="sync")
+        assert took.report.get("peaks_recorded") == ["a"]

@@ -309,16 +309,16 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype, precision=precision)
         if out_chunks is None and _is_gram(op):
             return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
+        # the peaks of the blocks as written, recorded with the output: an SVD of it need not scan
+        tally = PeakTally(op.shape) if recordable(op.dtype) and min(op.shape) > 0 else None
         thin = thin_plan(job, op, out_chunks)
         if thin is not None:  # op(B) held, A streamed by rows in one pass
-            return _write(job, op, thin, out, lambda ao: run_thin(job, op, thin, ao.array_path()),
-                          overwrite=overwrite, resume=resume, route="rows",
+            return _write(job, op, thin, out, lambda ao: run_thin(job, op, thin, ao.array_path(), peaks=tally),
+                          overwrite=overwrite, resume=resume, route="rows", peaks=tally,
                           route_reason=f"op(B) has {thin.n} column(s): held in memory, A streamed by rows in one "
                                        "pass (read once, on every core)",
                           phases={"products of row strips (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
         plan = op.plan(job, out_chunks, out)
-        # the peaks of the tiles as written, recorded with the output: an SVD of it need not scan
-        tally = PeakTally(op.shape) if recordable(op.dtype) and min(op.shape) > 0 else None
         return _write(job, op, plan, out, lambda ao: op.run(job, plan, ao.array_path(), done_dir=ao.done, peaks=tally),
                       overwrite=overwrite, resume=resume, peaks=tally,
                       phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})

@@ -16,8 +16,10 @@ import numpy as np
 from blocklin.linalg.blocks.tallblock import load_tall
 from blocklin.errors import BudgetError
 from blocklin.plan.passes import PassMemory, RowPassPlan, output_chunk_rows
+from blocklin.peaks import block_peaks
 from blocklin.plan.thin import ThinPlan
 from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, source
+from blocklin.storage.recorded_peaks import PeakTally
 
 #: Widest ``op(B)`` (its columns, the output's) that :func:`thin_plan` holds.
 THIN_MAX_COLUMNS = 64
@@ -36,7 +38,8 @@ def _thin_memory(params: Any, sources: tuple) -> PassMemory:
 
 def _thin_init(device: Any, params: Any) -> dict:
     b = params["B"]
-    return {"buf": device.empty((max(params["strip"], params["chunk"]), b.shape[1]), b.dtype), "rows": 0, "n": 0}
+    return {"buf": device.empty((max(params["strip"], params["chunk"]), b.shape[1]), b.dtype), "rows": 0, "n": 0,
+            "peaks": []}
 
 
 @row_kernel(memory=_thin_memory, init=_thin_init, device="cpu", read_only=True)
@@ -44,8 +47,10 @@ def thin_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
     """``F_i = alpha X_i B + beta C_i`` of a strip ``X_i`` of ``A`` (and ``C_i`` of ``C``), computed into
     the task's buffer of whole output chunks (``params["chunk"]`` rows, a whole number of strips) and
     written when one is full or the task's rows end; ``alpha`` and ``beta C`` applied after the product,
-    as a GEMM tile applies them (:meth:`~blocklin.device.base.Device.axpby`). A group's state is its
-    row count."""
+    as a GEMM tile applies them (:meth:`~blocklin.device.base.Device.axpby`). With ``params["peaks"]``
+    (``"columns"`` or ``"rows"``: the side a :class:`~blocklin.storage.recorded_peaks.PeakTally` of the
+    output tallies) the peaks of each block written are kept. A group's final state is its row count and
+    those peaks, ``(first row, peaks)`` per block."""
     r = rows.stop - rows.start
     if state["n"] == 0:
         state["r0"] = rows.start
@@ -57,8 +62,11 @@ def thin_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
     end = rows.stop in params["ends"]
     if state["n"] < params["chunk"] and not end:
         return state, None
-    writes, state["n"] = {"F": (state["r0"], state["buf"][:state["n"]])}, 0
-    return (state["rows"] if end else state), writes
+    done = state["buf"][:state["n"]]
+    if params["peaks"]:
+        state["peaks"].append((state["r0"], block_peaks(done, rows=params["peaks"] == "rows")))
+    writes, state["n"] = {"F": (state["r0"], done)}, 0
+    return ({"rows": state["rows"], "peaks": state["peaks"]} if end else state), writes
 
 
 def held_b(job: Any, op: Any) -> np.ndarray:
@@ -84,7 +92,8 @@ OUTPUT_CHUNK_BYTES = 1 << 20
 
 
 def _params(b: np.ndarray, op: Any, memory: int) -> dict:
-    return {"B": b, "alpha": op.alpha, "beta": op.beta, "gather": min(OUTPUT_CHUNK_BYTES, memory // 64), "chunk": 0}
+    return {"B": b, "alpha": op.alpha, "beta": op.beta, "gather": min(OUTPUT_CHUNK_BYTES, memory // 64), "chunk": 0,
+            "peaks": None}
 
 
 def thin_plan(job: Any, op: Any, out_chunks: Any = None) -> ThinPlan | None:
@@ -118,11 +127,18 @@ def thin_plan(job: Any, op: Any, out_chunks: Any = None) -> ThinPlan | None:
                     pass_plan=pp.to_dict())
 
 
-def run_thin(job: Any, op: Any, plan: ThinPlan, out_path: Any) -> None:
-    """Write ``alpha A op(B) + beta C`` into the array at ``out_path`` (created with ``plan.out_chunks``)."""
+def run_thin(job: Any, op: Any, plan: ThinPlan, out_path: Any, peaks: PeakTally | None = None) -> None:
+    """Write ``alpha A op(B) + beta C`` into the array at ``out_path`` (created with ``plan.out_chunks``);
+    ``peaks``: a tally of the output, into which the peaks of every block written are merged (the pass
+    runs whole on a resume, so the tally is complete)."""
     rp = RowPassPlan.from_dict(plan.pass_plan)
-    params = {**_params(held_b(job, op), op, plan.memory), "chunk": plan.out_chunks[0]}
-    # a product has no scaling: the pass records no column peaks (where the job checks for NaN/Inf, the
-    # loaders check each strip; in the kernel, after each piece's product, it measured slower)
-    run_pass(job, thin_kernel, _sources(op), params, plan=rp, outputs=(("F", out_path),), peaks=False,
-             description=f"thin product ({plan.n} column(s))")
+    params = {**_params(held_b(job, op), op, plan.memory), "chunk": plan.out_chunks[0],
+              "peaks": None if peaks is None else "rows" if peaks.transposed else "columns"}
+    # a product has no scaling: the pass records no column peaks of its inputs (where the job checks for
+    # NaN/Inf, the loaders check each strip; in the kernel, after each piece's product, it measured slower)
+    states, _ = run_pass(job, thin_kernel, _sources(op), params, plan=rp, outputs=(("F", out_path),), peaks=False,
+                         description=f"thin product ({plan.n} column(s))")
+    if peaks is not None:
+        for st in states:
+            for r0, p in st["peaks"]:
+                peaks.merge(np.asarray(p, dtype=np.float64), r0, 0)
