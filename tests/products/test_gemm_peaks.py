@@ -212,3 +212,21 @@ def test_thin_product_records_its_peaks(tmp_path, case, scheduler):
     if case == "tall":
         took = bl.svd(c.path, k=2, seed=0, memory="256KiB", scheduler="sync")
         assert took.report.get("peaks_recorded") == ["a"]
+
+
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex128"])
+def test_gram_records_its_peaks(tmp_path, dtype, trans):
+    """``gram`` (its pass route, the result held in memory) records the peaks of the bands it writes, as
+    a product does; ``matmul(x, x, trans_a=True)``, handed to it, too. The tiled route (a result over the
+    budget) records none rather than an incomplete tally."""
+    a, _ = _operands("tall", dtype, seed=3)
+    g = bl.gram(a, tmp_path / "g.zarr", trans=trans, scheduler="threads")
+    assert g.report["route"] == "pass"
+    _assert_record(g, (a.shape[0],) * 2 if trans else (a.shape[1],) * 2)
+    via = bl.matmul(a, a, tmp_path / "m.zarr", trans_a=True)
+    _assert_record(via, (a.shape[1],) * 2)
+    wide = np.random.default_rng(4).standard_normal((60, 200)).astype(dtype)  # a 200 x 200 Gram over 128 KiB
+    tiled = bl.gram(wide, tmp_path / "t.zarr", memory="128KiB", scheduler="sync")
+    assert tiled.report["route"] == "tiles" and tiled.report["output_peaks_recorded"] is False
+    assert recorded(tiled.path, tiled.shape) is None

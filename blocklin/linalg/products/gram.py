@@ -45,6 +45,7 @@ from blocklin.runtime.job import Job
 from blocklin.storage.identity import resume_token
 from blocklin.runtime.passes import run_pass, source
 from blocklin.storage.atomic import open_or_create_array
+from blocklin.storage.recorded_peaks import PeakTally, recordable, record as record_peaks
 from blocklin.storage.zarr_store import open_zarr, write_block
 from blocklin.runtime.powers import ldexp
 from blocklin.validate import COMPLEX_DTYPES, FLOAT_DTYPES, result_dtype
@@ -91,14 +92,19 @@ class Gram:
         """Deterministic in the input, parameters and plan (what resuming an output checks)."""
         return resume_token("gram", [self.A], self.trans, self.alpha, self.dtype.name, plan.to_dict())
 
-    def run(self, job: Job, plan: GramPlan, out_path: Any, *, done_dir: Any = None, add: Any = None) -> dict | None:
+    def run(self, job: Job, plan: GramPlan, out_path: Any, *, done_dir: Any = None, add: Any = None,
+            peaks: PeakTally | None = None) -> dict | None:
         """Write the full symmetric result into the array at ``out_path`` (created with ``plan.out_chunks``);
         returns the pass route's ``report["scaling"]`` (:mod:`blocklin.linalg.blocks.scaling`).
 
         ``add``: a stored ``s x s`` matrix added to the result (the Gram of the rows before an
         append, :mod:`blocklin.linalg.update`); the pass route adds it to the float64 task sums
-        before rounding to the result's dtype."""
+        before rounding to the result's dtype. ``peaks``: a tally of the output, into which the pass
+        route adds the peaks of each band it writes (the tiled route's stay untallied: the tally is then
+        marked incomplete, and nothing is recorded)."""
         if plan.route == "tiles":
+            if peaks is not None:
+                peaks.skipped()
             ops = BlockOps(job, plan.tile)
             ops.workers = plan.workers
             a = Region.of(self.A.path, self.A.shape, off=(getattr(self.A, "first_row", 0), 0))
@@ -108,7 +114,7 @@ class Gram:
                      description=f"Gram tiles {plan.product}")
             self._check_tiles(plan, out_path)
             return None
-        return self._run_pass(job, plan, out_path, add)
+        return self._run_pass(job, plan, out_path, add, peaks)
 
     def _check_tiles(self, plan: GramPlan, out_path: Any) -> None:
         """The tiled route sums unscaled squares: refused where they left the range (:func:`check_diagonal`)."""
@@ -141,7 +147,8 @@ class Gram:
         with np.errstate(under="ignore"):
             return ldexp(g * float(m), e2) if e2 or m != 1 else g
 
-    def _run_pass(self, job: Job, plan: GramPlan, out_path: Any, add: Any = None) -> dict | None:
+    def _run_pass(self, job: Job, plan: GramPlan, out_path: Any, add: Any = None,
+                  peaks: PeakTally | None = None) -> dict | None:
         rp = RowPassPlan.from_dict(plan.pass_plan)
         src = self.source()
         scaling = Scaling.of(src, self.dtype)  # the squares are formed in the result's dtype
@@ -156,7 +163,10 @@ class Gram:
         old = None if add is None else open_zarr(add)
         for r0, r1 in split(plan.s, plan.out_chunks[0]):
             band = g[r0:r1] if old is None else g[r0:r1] + np.asarray(old[r0:r1], dtype=g.dtype)
-            write_block(arr, slice(r0, r1), slice(0, plan.s), band.astype(self.dtype))
+            stored = band.astype(self.dtype)
+            write_block(arr, slice(r0, r1), slice(0, plan.s), stored)
+            if peaks is not None:  # of the bits stored
+                peaks.add(stored, r0, 0)
         job.stats["bytes_written"] += plan.bytes_written
         job.stats["flops"] += plan.flops
         return scaling.report()
@@ -270,7 +280,9 @@ def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool,
     ao = job.claim(out, [op.A] if operands is None else operands, overwrite=overwrite, resume=resume,
                    token=op.token(plan), size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
-    scaling = op.run(job, plan, ao.array_path(), done_dir=ao.done)
+    # the pass route's peaks of the bands as written, recorded with the output: an eigsh or SVD of it need not scan
+    tally = PeakTally(op.shape) if recordable(op.dtype) and min(op.shape) > 0 else None
+    scaling = op.run(job, plan, ao.array_path(), done_dir=ao.done, peaks=tally)
     nbytes = int(np.prod(op.A.shape)) * op.A.dtype.itemsize
     report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), route=plan.route,
                         product=plan.product)
@@ -278,7 +290,10 @@ def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool,
     # how often A was read: exactly one pass on the pass route; measured from the bytes on the tiled one
     report["passes"] = job.passes("a") if plan.route == "pass" else round(report["bytes_read"] / max(1, nbytes), 2)
     params = {"trans": op.trans, "alpha": op.alpha, "dtype": op.dtype.name} if params is None else params
-    return job.finish(ao, out, report, operation=operation, plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
+    result = job.finish(ao, out, report, operation=operation, plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
+    if tally is not None:  # after the commit: the record's stamp is the committed output's
+        report["output_peaks_recorded"] = record_peaks(ao.path, tally)
+    return result
 
 
 __all__ = ["Gram", "GramPlan", "gram", "write_gram"]
