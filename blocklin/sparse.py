@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from blocklin.errors import BudgetError, ParameterError, explain
+from blocklin.errors import BudgetError, DTypeError, ParameterError, explain
 from blocklin.storage.location import as_location
 from blocklin.storage.sparse import SparseStore
 
@@ -199,6 +199,7 @@ class SparseOperator(_operator_base()):
     """
 
     def __init__(self, matrix: SparseMatrix) -> None:
+        refuse_complex(matrix)
         self.matrix = matrix  # no ``path``: blocklin.svd takes this as an operator, not a stored dense matrix
         self.products = 0
         dt = matrix.dtype if matrix.dtype in (np.float32, np.float64) else np.dtype(np.float64)
@@ -279,6 +280,21 @@ def centered_operator(s: SparseMatrix, mu: np.ndarray, dtype: Any = None) -> Any
     return centered
 
 
+def refuse_complex(matrix: Any, name: str = "a") -> None:
+    """Raise :class:`~blocklin.errors.DTypeError` for a complex stored sparse matrix: it is stored and read
+    back exactly, but every sparse route (``svd``, ``eigsh``, ``pca``, ``solve``, ``matmul``, ``gram``)
+    computes with real row blocks, where its values would have been cast to their real parts (``svd``
+    returned ``Re(A)``'s singular values with ``converged=True``)."""
+    dt = np.dtype(matrix.dtype)
+    if dt.kind == "c":
+        raise DTypeError(explain(
+            name, "must be a real sparse matrix: blocklin's sparse routes compute with real row blocks (the "
+            "imaginary parts would be dropped)", f"a stored sparse matrix of {dt.name} ({matrix.shape[0]} x "
+            f"{matrix.shape[1]})", "write it densely into a complex zarr array, whose routes take complex data, row "
+            "block by row block (SparseMatrix.rows(r0, r1).toarray()), or work with its real and imaginary parts "
+            "(for a linear system, the real form [[Re, -Im], [Im, Re]])"))
+
+
 def as_sparse_matrix(a: Any, storage_options: dict | None = None) -> Any:
     """``a`` as a :class:`SparseMatrix` when it names a stored sparse matrix (a path, URL or Location of
     a committed ``blocklin-csr`` group: one small read of its ``zarr.json``); a :class:`SparseMatrix`
@@ -308,4 +324,5 @@ def as_sparse_operator(a: Any) -> Any:
     return a
 
 
-__all__ = ["SparseMatrix", "SparseOperator", "as_sparse_matrix", "as_sparse_operator", "centered_operator"]
+__all__ = ["SparseMatrix", "SparseOperator", "as_sparse_matrix", "as_sparse_operator", "centered_operator",
+           "refuse_complex"]

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.config import format_size
-from blocklin.errors import BudgetError, explain
+from blocklin.errors import BudgetError, DTypeError, explain
 from blocklin.runtime.graph import TileGraph, start_order
 from blocklin.runtime.pools import compute_pool
 from blocklin.runtime.tiles import with_task_settings
@@ -63,6 +63,10 @@ def read_block(store: SparseStore, s0: int, s1: int, dtype: Any) -> Any:
     import scipy.sparse
 
     ptr, idx, val = store.read_rows(s0, s1)
+    if val.dtype.kind == "c" and np.dtype(dtype).kind != "c":  # never a silent real part (sparse.refuse_complex)
+        raise DTypeError(explain("a", "must be a real sparse matrix for a product in a real dtype",
+                                 f"{val.dtype.name} values read as {np.dtype(dtype).name}",
+                                 "write it densely into a complex zarr array (blocklin.sparse.refuse_complex)"))
     return scipy.sparse.csr_matrix((val.astype(np.dtype(dtype), copy=False), idx, ptr), shape=(s1 - s0, store.shape[1]))
 
 

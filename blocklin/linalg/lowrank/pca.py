@@ -35,7 +35,7 @@ from blocklin.linalg.labels import MODE, label_pca, label_rows, labels_of
 from blocklin.linalg.lowrank.svd import factorize
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.linalg.lowrank.sparse_pca import sparse_pca
-from blocklin.sparse import SparseMatrix, as_sparse_matrix
+from blocklin.sparse import SparseMatrix, as_sparse_matrix, refuse_complex
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import source
 from blocklin.storage import remove
@@ -393,6 +393,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
 
     sparse = as_sparse_matrix(a, settings.get("storage_options"))
     if isinstance(sparse, SparseMatrix):  # centered implicitly through its operator (never densified)
+        refuse_complex(sparse)  # before the moments pass, which reads the values as float64
         return _of_sparse(sparse, n_components, whiten=whiten, scale=scale, resume=resume, updatable=updatable,
                           out=out, svd_kw=dict(method=method, oversample=oversample, power_iters=power_iters,
                                                n_iter=n_iter, tol=tol, seed=seed, out=out, overwrite=overwrite,

@@ -62,6 +62,9 @@ class SparseOperand(Operand):
 
     @classmethod
     def of(cls, s: SparseMatrix, name: str = "a") -> SparseOperand:
+        from blocklin.sparse import refuse_complex
+
+        refuse_complex(s, name)
         st = s._store
         return cls(name=name, path=s.location, shape=tuple(s.shape), dtype=np.dtype(s.dtype),
                    chunks=(max(1, int(np.diff(st.row_blocks).max(initial=1))), s.shape[1]), nnz=int(s.nnz),
