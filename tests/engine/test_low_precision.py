@@ -173,6 +173,20 @@ def test_krylov_budget_refusal_names_the_minimum():
     assert krylov_plan(100, 1, e.value.minimum, what="x")[0] >= 5
 
 
+def test_many_right_hand_sides_take_the_shorter_restart_for_wider_blocks():
+    """Where the full restart leaves room for fewer columns than a chunk, the shorter one is taken when it
+    holds more of them: an inverse of n = 190 at 4x its least budget had been refined 2 columns at a time
+    (restart 100, 95 blocks, each GMRES iteration a pass over the factor: 52 s), now 11 (restart 20: 9 s).
+    Where the full restart holds a whole chunk it is kept."""
+    from blocklin.linalg.solve.gmres_ir import RESTART, SHORT
+
+    n, memory = 190, 936000  # half of it: 468000 bytes of GMRES vectors
+    restart, width = krylov_plan(n, n, memory, what="x", chunk=144)
+    assert (restart, width) == (SHORT, 468000 // ((SHORT + 5) * 8 * n))
+    assert width > 468000 // ((RESTART + 5) * 8 * n)
+    assert krylov_plan(n, 2, memory, what="x", chunk=2) == (RESTART, 2)  # a chunk fits the full restart
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_inv_half_one_panel(precision):
     """inv(precision=...) is A X = I by the 16-bit route, in column blocks; at this budget the LU is one

@@ -36,7 +36,7 @@ U_PRECOND = 2.0 ** -24
 GMRES_TOL = 1e-6
 #: Most Krylov vectors before a restart, and most GMRES iterations per refinement step.
 RESTART = 100
-#: The shorter restart taken where it lets a whole chunk of right-hand sides be refined together.
+#: The shorter restart taken where it lets more right-hand sides be refined together.
 SHORT = 20
 MAX_ITER = 400
 #: GMRES-IR's limit on ``cond(A) u_p`` (:func:`check_condition`).
@@ -123,8 +123,12 @@ def krylov_plan(n: int, k: int, memory: int, *, what: str, chunk: int | None = N
     col = 8 * max(n, 1)
     step = max(1, min(k, chunk or k))
     fit = half // ((target + 5) * col)  # columns whose vectors fit at the full restart length
-    if fit < min(max(k, 1), step) and half // ((SHORT + 5) * col) >= min(max(k, 1), step):
-        # many right-hand sides (an inverse): a shorter restart for a whole chunk of them at a time
+    if fit < min(max(k, 1), step) and half // ((min(target, SHORT) + 5) * col) > fit:
+        # many right-hand sides (an inverse): a shorter restart for more of them at a time (a whole chunk
+        # where it fits). GMRES-IR's corrections take a few iterations each (about 9 a step at cond 1e2),
+        # so a restart of 100 had left room for 2 of an inverse's 190 columns at 4x its least budget: 95
+        # blocks, each iteration a pass over the factor, where a restart of 20 holds 11 (52 s -> 9 s; the
+        # same steps and backward errors at cond 1e1..1e3, fp16 and bf16, in docs/benchmarks.md)
         target, fit = min(target, SHORT), half // ((min(target, SHORT) + 5) * col)
     if fit >= 1:
         # whole chunks of the stores; narrower than one chunk, a block's tile operations have one column
