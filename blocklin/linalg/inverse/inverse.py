@@ -320,11 +320,11 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
 
     def plans(memory: int) -> InversePlan:
         plan = inversion(memory)
-        if not (n and space):
+        if not n:
             return plan
-        # the refinement's products, which a run may take (not for a plan alone), on the plan's chunks: where
-        # they do not fit, smaller chunks (those a smaller budget takes), so that a larger budget never
-        # refuses what a smaller one ran
+        # the refinement's products, which a run may take, on the plan's chunks (``--explain`` shows the plan
+        # the run takes): where they do not fit, smaller chunks (those a smaller budget takes), so that a
+        # larger budget never refuses what a smaller one ran
         try:
             _refine.plan_products(job, M, n, plan.chunk, out_dtype, memory)
             return plan
