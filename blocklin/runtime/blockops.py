@@ -297,6 +297,7 @@ class BlockOps:
                 graph.add((i, j), permute_rows_task, spec, i, j, perm)
         return self.run(graph, description)
 
+
 def gemm_chunks(tile: int, *, a: tuple | None = None, b: tuple | None = None, c: tuple | None = None,
                 out: tuple | None = None) -> dict:
     """The chunks :meth:`BlockOps.gemm` plans its operands on: each store's own where the caller names

@@ -58,9 +58,14 @@ def test_gemm(stores):
                           overwrite=True)
     np.testing.assert_array_equal(_bits(got), _bits(ref))
     assert got.path == remote("C.zarr") and got.provenance["inputs"] == [remote("A.zarr"), remote("B.zarr")]
-    # Only the array in the committed output: chunks and zarr.json, no marker or record.
+    # Only the array in the committed output, chunks and zarr.json, and its peaks record (the output's own,
+    # written after the commit): no marker, no work file.
+    from blocklin.storage.records import PEAKS_COLUMNS, PEAKS_RECORD
+
     keys = backend(got.location).keys("")
-    assert "zarr.json" in keys and all(k == "zarr.json" or k.startswith("c/") for k in keys)
+    assert "zarr.json" in keys and all(k in ("zarr.json", PEAKS_RECORD, PEAKS_COLUMNS) or k.startswith("c/")
+                                       for k in keys)
+    assert got.report["output_peaks_recorded"] is True and PEAKS_RECORD in keys
     # An S3-backed zarr.Array is read in place, not copied to a local temp dir.
     import zarr
 
