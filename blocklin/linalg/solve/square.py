@@ -240,10 +240,6 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         krylov = f"precision='{precision}'" if precision in HALF or refinement == "gmres" else None
         whole_call(lambda memory: _plan_steps(job, A, B, fdt, assume_a, memory, krylov=krylov), job.cfg.memory,
                    "the square solve")
-        # plain refinement of a float32 factorization that stalls switches to GMRES-IR, where the budget
-        # holds it: known before anything is read, so that a stall it cannot refine names the budget that would
-        switch_need = (_switch_need(job, A, B, fdt, assume_a, precision)
-                       if krylov is None and precision != "double" and refinement == "auto" else None)
         tol = math.sqrt(max(n, 1)) * float(np.finfo(dt).eps) if tol is None else float(tol)
         steps_max = MAX_REFINE[precision] if max_refine is None else int(max_refine)
         half = precision in HALF
@@ -277,6 +273,9 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
             ref = refine(job, ops, A, B, solver, run, norm_a, tol, steps_max, dtype=dt)
             extra["refinement"] = "plain"
             if ref.eta > tol and precision != "double" and refinement == "auto" and ref.steps < steps_max:
+                # plain refinement of a float32 factorization stalled: GMRES-IR from its iterate, where the
+                # budget holds it (pure planning); else refused naming the budget that would
+                switch_need = _switch_need(job, A, B, fdt, assume_a, precision)
                 if switch_need is not None:
                     _check_converged(ref, tol, precision, dt, switch_need=switch_need)
                 ref, extra = _switch_to_gmres(job, ops, A, B, solver, run, factor, ref, norm_a, tol, steps_max,
@@ -405,27 +404,32 @@ def _product_plan(job: Job, A: Any, B: Any, tile: int, width: int, dtype: Any, m
                     reads=(read_kind(A.path), temp_store_reads(job.cfg), read_kind(B.path)))
 
 
+def _tiles(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: int) -> list[int]:
+    """The square tile of each factorization the solve may take at ``memory`` (:func:`_tile`)."""
+    dt = np.result_type(A.dtype, B.dtype)
+    return [_tile(job, A, _plan(job, A, fdt, kind, memory), dt, memory) for kind in _kinds(assume_a)]
+
+
 def _plan_steps(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: int, *,
-                krylov: str | None = None) -> None:
+                krylov: str | None = None, tiles: list[int] | None = None) -> None:
     """Every step of the square solve planned at ``memory`` (nothing read): each factorization it may
     take, the tiles of its stores and the residual GEMM of the refinement within its share; with
     ``krylov`` (what asks for GMRES-IR) also GMRES's products of a block of right-hand sides, within the
     half its vectors leave (:func:`_operators`). Unplanned, a ``precision='fp16'`` solve was refused after
     its factorization, naming the minimum of that half alone, below the budget given."""
     n, k, dt = A.shape[0], B.shape[1], np.result_type(A.dtype, B.dtype)
-    for kind in _kinds(assume_a):
-        t = _tile(job, A, _plan(job, A, fdt, kind, memory), dt, memory)
+    for t in _tiles(job, A, B, fdt, assume_a, memory) if tiles is None else tiles:
         _product_plan(job, A, B, t, k, dt, _gemm_memory(memory))
         if krylov is not None:
             _, width = krylov_plan(n, k, _gemm_memory(memory), what=krylov, chunk=min(t, max(k, 1)))
             _product_plan(job, A, B, t, width, np.float64, _gemm_memory(memory) // 2)
 
 
-def _switch_plans(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory: int, what: str) -> None:
-    """The switch to GMRES-IR (:func:`_switch_to_gmres`) planned at ``memory``: the Krylov vectors of all
-    ``k`` right-hand sides in one block, and their products within the half of the budget they leave."""
+def _switch_plans(job: Job, A: Any, B: Any, memory: int, what: str, tiles: list[int]) -> None:
+    """The switch to GMRES-IR (:func:`_switch_to_gmres`) planned at ``memory`` with the factorizations'
+    ``tiles``: the Krylov vectors of all ``k`` right-hand sides in one block, and their products within the
+    half of the budget they leave."""
     n, k = B.shape
-    dt = np.result_type(A.dtype, B.dtype)
     gm = _gemm_memory(memory)
     _, width = krylov_plan(n, k, gm, what=what, chunk=max(k, 1))
     if width < k:
@@ -433,23 +437,24 @@ def _switch_plans(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, memory
         raise BudgetError(explain("memory", f"{what} holds the GMRES vectors of its {k} right-hand sides in one "
                                   "block, (restart + 5) n k 8 bytes within half the budget", format_size(memory),
                                   f"raise it to at least {format_size(need)}"), minimum=need)
-    for kind in _kinds(assume_a):
-        _product_plan(job, A, B, _tile(job, A, _plan(job, A, fdt, kind, memory), dt, memory), k, np.float64, gm // 2)
+    for t in tiles:
+        _product_plan(job, A, B, t, k, np.float64, gm // 2)
 
 
 def _switch_need(job: Job, A: Any, B: Any, fdt: np.dtype, assume_a: str, precision: str) -> int | None:
     """``None`` where the switch to GMRES-IR plans at the job's budget; else the least budget at which it
-    and every other step plan (named by a stall the plain refinement cannot get past, not refused up
-    front: most systems never switch, and with many right-hand sides the switch's one block needs far
-    more than the factorization)."""
+    and every other step plan (named where the plain refinement stalls, not refused up front: most systems
+    never switch, and with many right-hand sides the switch's one block needs far more than the
+    factorization)."""
     what = f"precision='{precision}' switching to GMRES-IR"
     try:
-        _switch_plans(job, A, B, fdt, assume_a, job.cfg.memory, what)
+        _switch_plans(job, A, B, job.cfg.memory, what, _tiles(job, A, B, fdt, assume_a, job.cfg.memory))
         return None
     except BudgetError as exc:
         def both(memory: int) -> None:
-            _plan_steps(job, A, B, fdt, assume_a, memory)
-            _switch_plans(job, A, B, fdt, assume_a, memory, what)
+            tiles = _tiles(job, A, B, fdt, assume_a, memory)
+            _plan_steps(job, A, B, fdt, assume_a, memory, tiles=tiles)
+            _switch_plans(job, A, B, memory, what, tiles)
         return sufficient_budget(both, max(job.cfg.memory + 1, int(exc.minimum or 0)))
 
 
@@ -869,9 +874,8 @@ def _switch_to_gmres(job: Job, ops: BlockOps, A: Any, B: Any, solver: _Solver, r
                      precision: str) -> tuple[SolveRefinement, dict]:
     """Plain refinement of a float32 factorization stalled above ``tol``: GMRES-IR from its last iterate."""
     n, k = B.shape
-    restart, width = krylov_plan(n, k, _gemm_memory(job.cfg.memory), what=f"GMRES-IR after precision='{precision}'")
-    if width < k:  # the switch keeps all right-hand sides in one block: refuse as the plain route did
-        _check_converged(ref, tol, precision, np.dtype(np.float64))
+    # all right-hand sides in one block: _switch_need planned it at this budget before the call
+    restart, _ = krylov_plan(n, k, _gemm_memory(job.cfg.memory), what=f"GMRES-IR after precision='{precision}'")
     ir = _operators(job, ops, A, B, solver, None)
     b, x = get(ir.b), get(Region.of(ref.x_path, (n, k)))
     kappa = condition_estimate(ir, ir.precond(b), b, _norm_a_lower(norm_a, n), steps=2 if k <= 8 else 0)
