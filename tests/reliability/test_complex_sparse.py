@@ -58,3 +58,42 @@ def test_the_named_fix_gives_numpys_values(stored, tmp_path):
     want = np.linalg.svd(a.toarray(), compute_uv=False)[:3]
     # singular values to c n eps ||A||_2 (Weyl)
     assert np.all(np.abs(got[1] - want) <= 40 * 60 * np.finfo(float).eps * want[0])
+
+
+@pytest.fixture
+def real_stored(tmp_path):
+    a = sp.random(60, 40, density=0.2, random_state=5, format="csr")
+    return a, bl.from_sparse(a, tmp_path / "R.zarr")
+
+
+PRODUCTS = {  # a real stored sparse matrix with a complex dense operand, or dtype=complex
+    "S B": (lambda s, b: bl.matmul(s, b), "b: complex128"),
+    "S B, dtype=float64": (lambda s, b: bl.matmul(s, b, dtype="float64"), "b: complex128"),
+    "S^T C": (lambda s, b: bl.matmul(s, np.ones((60, 2)) * 1j, trans_a=True), "b: complex128"),
+    "X S": (lambda s, b: bl.matmul(b.T, s, trans_b=True), "a: complex128"),
+    "S B, dtype=complex128": (lambda s, b: bl.matmul(s, b.real, dtype="complex128"), "dtype=complex128"),
+    "gram, dtype=complex128": (lambda s, b: bl.gram(s, dtype="complex128"), "dtype=complex128"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PRODUCTS))
+def test_sparse_products_refuse_complex_dense_operands_with_a_fix_that_works(real_stored, case):
+    """The dense routes' message had listed ``matmul`` among the operations that take complex data (true
+    of dense stores only) and, for a real S with a complex B, suggested ``dtype='float64'``, which was
+    then refused as dropping the imaginary parts."""
+    _, s = real_stored
+    call, got = PRODUCTS[case]
+    b = np.arange(80.0).reshape(40, 2) * (1 + 2j)
+    with pytest.raises(DTypeError, match=r"stored sparse matrix is computed in float32 or float64") as err:
+        call(s, b)
+    assert got in str(err.value)
+    assert "take complex data" not in str(err.value).split("Fix:")[0]
+
+
+def test_the_named_fix_for_a_complex_dense_operand_gives_numpys_values(real_stored):
+    a, s = real_stored
+    b = np.random.default_rng(0).standard_normal((40, 3)) + 1j * np.random.default_rng(1).standard_normal((40, 3))
+    got = np.asarray(bl.matmul(s, b.real)) + 1j * np.asarray(bl.matmul(s, b.imag))
+    # each real product to gamma_n |S| |B| entrywise; |Re B| and |Im B| <= |B|
+    bound = 2 * 40 * np.finfo(float).eps * (abs(a) @ np.abs(b))
+    assert np.all(np.abs(got - a @ b) <= bound)

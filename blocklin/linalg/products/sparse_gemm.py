@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.config import format_size
-from blocklin.errors import BudgetError, ParameterError, ShapeError, explain
+from blocklin.errors import BudgetError, DTypeError, ParameterError, ShapeError, explain
 from blocklin.operands import Operand
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
@@ -526,11 +526,31 @@ def _product_plan(job: Job, s: SparseOperand, B: Any, *, trans_a: bool, dtype: A
     if b_transposed and getattr(B, "first_row", 0):
         raise ParameterError(explain("a", "a dense left operand is read whole", "a row range of a stored matrix",
                                      "pass the stored matrix itself"))
-    dt = result_dtype([s, B], dtype, allowed=(np.dtype(np.float32), np.dtype(np.float64)), operation="matmul")
+    dt = _real_dtype([s, B], dtype, "matmul")
     chunks = tuple(B.chunks)[::-1] if b_transposed else tuple(B.chunks)
     plan = plan_sparse("STB" if trans_a else "SB", s, int(shape[1]), memory=job.cfg.memory,
                        b_item=B.dtype.itemsize, b_chunks=chunks, out_item=dt.itemsize)
     return plan, dt
+
+
+def _real_dtype(operands: list, dtype: Any, operation: str) -> np.dtype:
+    """The product's dtype (:func:`~blocklin.validate.result_dtype`), float32 or float64: complex data
+    (a dense operand, or ``dtype``) is refused with a fix that works for a sparse product. The dense
+    routes' own message would have listed ``matmul`` and ``gram`` among the operations that take complex
+    data, which they do for dense stores only."""
+    rule = f"a {operation} with a stored sparse matrix is computed in float32 or float64 (its row blocks are real)"
+    cplx = [op for op in operands if np.dtype(op.dtype).kind == "c"]
+    if cplx:
+        raise DTypeError(explain(
+            cplx[0].name, rule, f"{cplx[0].name}: {np.dtype(cplx[0].dtype).name}",
+            "multiply by the real and imaginary parts of the dense operand separately and add them as "
+            "re + 1j * im (two exact real products), or write the sparse matrix densely into a zarr array, whose "
+            "products take complex data"))
+    if dtype is not None and np.dtype(dtype).kind == "c":
+        raise DTypeError(explain("dtype", rule, f"dtype={np.dtype(dtype).name}",
+                                 "pass dtype='float64', 'float32' or none: the operands are real, and so is the "
+                                 "result"))
+    return result_dtype(operands, dtype, allowed=(np.dtype(np.float32), np.dtype(np.float64)), operation=operation)
 
 
 def _workers(job: Job, plan: SparsePlan) -> int:
@@ -549,7 +569,7 @@ def sparse_product_plan(s: SparseOperand, b: Any = None, *, trans_a: bool = Fals
 
     with Job("gram" if gram else "matmul", **settings) as job:
         if gram:
-            dt = result_dtype([s], dtype, allowed=(np.dtype(np.float32), np.dtype(np.float64)), operation="gram")
+            dt = _real_dtype([s], dtype, "gram")
             plan = plan_sparse("STS", s, s.shape[1], memory=job.cfg.memory, out_item=dt.itemsize)
             workers, b_item = 1, 0
         else:
@@ -577,7 +597,7 @@ def sparse_gram(s: SparseOperand, out: Any = None, *, dtype: Any = None, overwri
     """
     with Job("gram", **settings) as job:
         m, n = s.shape
-        dt = result_dtype([s], dtype, allowed=(np.dtype(np.float32), np.dtype(np.float64)), operation="gram")
+        dt = _real_dtype([s], dtype, "gram")
         plan = plan_sparse("STS", s, n, memory=job.cfg.memory, out_item=dt.itemsize)
         params = {"trans": False, "dtype": dt.name, "route": "sparse"}
         token = resume_token("gram-sparse", [s], params, plan.to_dict())
