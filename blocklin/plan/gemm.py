@@ -281,8 +281,8 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     for it beside their own buffers); writes need one chunk buffer only to pad edge chunks
     (``out_chunk_bytes`` is then that buffer, or 0 without edge chunks). ``osz``: the output's
     itemsize when it differs from the compute dtype's (two strips of the output dtype on the host,
-    where finished strips are cast). ``c_io``: zarr's temporaries of one strip read of ``C0`` beside
-    direct reads of ``A`` and ``B`` (sized by ``C0``'s chunks, not theirs). ``read_io``: zarr's
+    where finished strips are cast). ``c_io``: zarr's temporaries of one strip read of ``C0`` read through
+    zarr, sized by ``C0``'s chunks, beside those of the panel reads (which may be in flight at once). ``read_io``: zarr's
     temporaries of one panel read where not both are read directly (default: ``read_chunks`` chunks of
     ``io_chunk_bytes``).
     """
@@ -296,7 +296,9 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     reads_io = (1 if read_reserve else 0) * 3 * io_chunk_bytes if direct[0] else \
         min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes if read_io is None else read_io
     io = (loaders * reads_io
-          + (c_io if direct[0] and with_c else 0)
+          # C0's whole chunks decoded for a strip: counted beside direct A and B only, a 256-row strip of
+          # 1536 x 1536 zstd chunks beside zstd A and B had peaked at 129 MiB on a 48 MiB plan
+          + (c_io if with_c else 0)
           + (out_chunk_bytes if direct[1] else min(IO_CONCURRENCY, write_chunks) * 2 * out_chunk_bytes))
     c_strip = (out_rows or c_rows) * tn * isz if with_c else 0  # C is read in output-chunk strips
     out_cast = 2 * (out_rows or tm) * tn * osz if osz else 0

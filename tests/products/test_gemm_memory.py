@@ -94,3 +94,28 @@ def test_gemm_of_a_compressed_and_a_direct_operand_within_budget(tmp_path):
     used = r["peak"] - r["baseline"]
     assert r["plan_peak"] <= budget and r["tasks"] > 1
     assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 24 MiB"
+
+
+@needs_hwm
+@pytest.mark.slow
+def test_gemm_with_c_in_larger_chunks_than_compressed_operands_within_budget(tmp_path):
+    """``A`` and ``B`` in zstd chunks of 256 x 256, ``C`` in zstd chunks of 1536 x 1536 (18 MiB): each
+    strip of ``C`` decodes whole chunks of ``C``, counted beside the panel reads' temporaries. They had
+    been counted beside directly read ``A`` and ``B`` only: the plan said 63 MiB and the run peaked at
+    110 MiB above the baseline at a 64 MiB budget."""
+    import numpy as np
+    import zarr
+
+    n = 3072
+    paths = []
+    for name, chunk in (("a", 256), ("b", 256), ("c", 1536)):
+        z = zarr.create_array(tmp_path / f"{name}.zarr", shape=(n, n), chunks=(chunk, chunk), dtype="float64")
+        z[:] = np.random.default_rng(len(paths)).standard_normal((n, n))  # zstd, zarr's default
+        paths.append(str(tmp_path / f"{name}.zarr"))
+    child = CHILD.replace("precision=precision)", "precision=precision, c=sys.argv[5], beta=0.5)").replace(
+        "precision = sys.argv[5] if len(sys.argv) > 5 else None", "precision = None")
+    budget = 64 * 2**20
+    r = run_child(child, paths[0], paths[1], str(tmp_path / "out.zarr"), "64MiB", paths[2])
+    used = r["peak"] - r["baseline"]
+    assert r["plan_peak"] <= budget and r["tasks"] > 1
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget 64 MiB"
