@@ -195,6 +195,23 @@ def test_gram_tiled_route_refuses_an_overflow():
         bl.gram(np.ldexp(a, 600), memory="256KiB")
 
 
+@pytest.mark.parametrize("dtype,e", [(np.float64, -600), (np.float32, -100), (np.complex64, -130)])
+def test_gram_tiled_route_refuses_squares_that_underflowed_whole(dtype, e):
+    """Squares that underflow to 0 leave an all-zero Gram, which is right only for a zero ``A``: the
+    tiled route returned zeros for float32 data near 1e-30 (found by a randomized search). An all-zero
+    diagonal is now checked against ``A``'s norm (read again, scaled); a zero ``A`` still gives zeros."""
+    rng = np.random.default_rng(13)
+    a = rng.standard_normal((60, 300))
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal((60, 300))
+    a = (np.ldexp(a.real, e) + (1j * np.ldexp(a.imag, e) if np.dtype(dtype).kind == "c" else 0)).astype(dtype)
+    assert np.abs(a).max() > 0 and np.all(np.abs(a) ** 2 == 0)  # every square underflows
+    with pytest.raises(ParameterError, match="all-zero diagonal.*scale a by a power of two"):
+        bl.gram(a, memory="256KiB")
+    zero = bl.gram(np.zeros((60, 300), dtype), memory="256KiB")
+    assert zero.report["route"] == "tiles" and not zero.to_numpy().any()
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
 @pytest.mark.parametrize("e,scale", [(-600, 1000), (600, -1000)], ids=["underflow", "overflow"])
 def test_gram_tiled_route_with_scale(dtype, e, scale):

@@ -112,15 +112,17 @@ class Gram:
                      alpha=self.alpha, full=True, check=job.check_finite, done_dir=done_dir,
                      c=None if add is None else Region.of(add, (plan.s, plan.s)), beta=0.0 if add is None else 1.0,
                      description=f"Gram tiles {plan.product}")
-            self._check_tiles(plan, out_path)
+            self._check_tiles(plan, out_path, lambda: ops.norm(a, description="norm of a (a zero Gram)") == 0)
             return None
         return self._run_pass(job, plan, out_path, add, peaks)
 
-    def _check_tiles(self, plan: GramPlan, out_path: Any) -> None:
-        """The tiled route sums unscaled squares: refused where they left the range (:func:`check_diagonal`)."""
+    def _check_tiles(self, plan: GramPlan, out_path: Any, a_is_zero: Any) -> None:
+        """The tiled route sums unscaled squares: refused where they left the range (:func:`check_diagonal`);
+        an all-zero diagonal only where ``a_is_zero()`` says ``A`` is not zero (its squares underflowed
+        whole: float32 data near 1e-30 had returned a zero matrix)."""
         check_diagonal(out_path, plan.s, plan.out_chunks[0], self.dtype, "the tiled route, for a result over the "
                        "budget, sums unscaled squares", "or raise memory= so the pass route (which scales by "
-                       "itself) holds the result")
+                       "itself) holds the result", zero_ok=a_is_zero)
 
     def _unscaled(self, g: np.ndarray, scaling: Scaling) -> np.ndarray:
         """``alpha 2^(2e) G'`` from the Gram ``G'`` of ``2^-e A`` (exact for a power-of-two ``alpha``);
@@ -172,21 +174,24 @@ class Gram:
         return scaling.report()
 
 
-def check_diagonal(path: Any, s: int, chunk: int, dtype: Any, why: str, fix: str, *, zero_ok: bool = True,
+def check_diagonal(path: Any, s: int, chunk: int, dtype: Any, why: str, fix: str, *, zero_ok: Any = True,
                    operands: str = "a") -> None:
     """Refuse a stored Gram matrix whose diagonal (each column's sum of squares, its largest entries)
     overflowed, or fell where float64 keeps only a few bits: computed from unscaled squares, it would
-    be Inf or lost digits (``zero_ok=False``: a zero diagonal too, squares that underflowed whole).
-    Reads the ``s / chunk`` diagonal blocks of this run's own output."""
+    be Inf or lost digits (``zero_ok=False``: an all-zero diagonal too, squares that underflowed whole;
+    a callable is asked only for an all-zero diagonal, whether it is right). Reads the ``s / chunk``
+    diagonal blocks of this run's own output."""
     arr = open_zarr(path, mode="r+")
     diag = np.concatenate([np.diag(np.asarray(arr[r0:r1, r0:r1]).real.astype(np.float64))
                            for r0, r1 in split(s, chunk)])  # real: a Hermitian Gram's diagonal is
     fi = np.finfo(np.dtype(dtype))
     top = float(np.max(np.abs(diag))) if diag.size else 0.0
-    if not np.isfinite(top) or 0 < top < 2.0 ** (fi.minexp + fi.nmant) or (top == 0 and not zero_ok):
+    if not np.isfinite(top) or 0 < top < 2.0 ** (fi.minexp + fi.nmant) or \
+            (top == 0 and not (zero_ok() if callable(zero_ok) else zero_ok)):
         raise ParameterError(explain_msg(
             "a", f"must have a Gram matrix within the range of {np.dtype(dtype).name} ({why})",
-            f"a diagonal entry of {top:.3g}", f"scale {operands} by a power of two so that the entries sit near 1 "
+            f"a diagonal entry of {top:.3g}" if top else "an all-zero diagonal (squares that underflowed to 0)",
+            f"scale {operands} by a power of two so that the entries sit near 1 "
             f"(exact) and scale the result back, {fix}"))
 
 
