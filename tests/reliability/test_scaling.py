@@ -103,6 +103,50 @@ def test_svd_float32(tall, method):
         assert_close_to(_ldexp(got.s, -_exp(c)), ref.s, bound=bound, what=f"float32 svd {method}, c = 2^{_exp(c)}")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+@pytest.mark.parametrize("memory", [IN_MEMORY, STREAM])
+def test_single_precision_values_beyond_its_range_are_refused(tall, dtype, memory, tmp_path):
+    """Finite float32 data whose singular values pass float32's largest (3.4e38) had returned
+    ``s = inf`` with ``converged=True`` (the values are computed scaled, in float64, then cast): refused
+    now, naming the power of two whose scaled data's values fit, which then gives them."""
+    a = np.ldexp(tall, 126)  # entries up to about 2^126 * 0.5, singular values up to 10 * 2^126 > 2^128
+    if np.dtype(dtype).kind == "c":
+        a = a * np.exp(0.3j)
+    a = a.astype(dtype)
+    assert np.isfinite(a).all()
+    with pytest.raises(ParameterError, match=r"singular values within the range of float32.*2\.0\*\*-13[0-9]"):
+        bl.svd(a, 3, seed=3, memory=memory)
+    h = np.ldexp(np.ones((16, 16)) + tall.T @ tall / 1000, 125).astype(np.float32)  # largest eigenvalue > 16 * 2^125
+    with pytest.raises(ParameterError, match=r"eigenvalues within the range of float32"):
+        bl.eigsh(h, 2, seed=3, memory=memory)
+    import scipy.sparse as sp
+
+    with pytest.raises(ParameterError, match=r"eigenvalues within the range of float32"):
+        bl.eigsh(bl.from_sparse(sp.csr_matrix(h), tmp_path / "h.zarr"), 2, seed=3, memory=memory)
+
+
+@pytest.mark.parametrize("e", [126, -140])
+def test_norms_and_condition_of_float32_data_near_its_range_ends(tall, e):
+    """``norm(a, 2 / -2 / 'nuc')`` and ``cond(a)`` return Python floats from singular values kept in float64:
+    cast to float32 first they were inf (cond NaN) for finite data near 1e38, and lost digits below its
+    normal range (entries near 1e-42). Bound: Weyl with float32's eps (the data are float32, exactly
+    ``2^e`` times ``tall`` rounded to float32, whose float64 SVD is the reference)."""
+    a32 = np.ldexp(tall, e).astype(np.float32)
+    a = a32.astype(np.float64)
+    ref = np.linalg.svd(a, compute_uv=False)
+    assert np.isfinite(a32).all() and (e < 0 or ref[0] > np.finfo(np.float32).max)
+    bound = 8 * 600 * eps(np.float32) * float(ref[0])
+    for ord_, want in ((2, ref[0]), (-2, ref[-1]), ("nuc", ref.sum())):
+        got = bl.norm(a32, ord_, memory=STREAM)
+        assert isinstance(got, float) and np.isfinite(got)
+        assert_close_to(np.array([got]), np.array([want]), bound=bound * (16 if ord_ == "nuc" else 1),
+                        what=f"norm(2^{e} a, {ord_})")
+    got = bl.cond(a32, memory=STREAM)
+    # cond = s_1 / s_n: each value within the bound, s_n = 0.1 * 2^e well above it
+    lo, hi = (ref[0] - bound) / (ref[-1] + bound), (ref[0] + bound) / (ref[-1] - bound)
+    assert lo <= got <= hi, (got, ref[0] / ref[-1])
+
+
 # -- pca, eigsh, gram ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("memory", [IN_MEMORY, pytest.param(STREAM, marks=pytest.mark.slow)])
 def test_pca_centered(tall, memory):

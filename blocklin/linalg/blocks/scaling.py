@@ -238,6 +238,25 @@ def check_finite_result(name: str, values: Any, what: str) -> None:
             "use float64, or rescale the data"))
 
 
+def check_result_range(name: str, values: Any, dtype: Any, what: str) -> None:
+    """Refuse values computed in float64 from scaled data (singular values, eigenvalues) that the
+    result's precision, ``dtype``'s real type, cannot hold: cast, they would be Inf (float32 data near
+    ``1e38``, whose singular values reach past ``3.4e38``, had returned ``s = inf`` with
+    ``converged=True``). The fix names the power of two whose scaled data's values fit."""
+    from blocklin.errors import ParameterError, explain
+
+    fi = np.finfo(np.dtype(dtype))
+    v = np.abs(np.asarray(values, dtype=np.float64))
+    v = v[np.isfinite(v)]
+    if v.size and float(v.max()) > float(fi.max):
+        e = int(np.frexp(float(v.max()))[1])
+        raise ParameterError(explain(
+            name, f"must have {what} within the range of {fi.dtype.name}, the precision they are returned in",
+            f"a largest value of {float(v.max()):.4g}, above {fi.dtype.name}'s {float(fi.max):.4g}",
+            f"convert the data to float64 (blocklin convert --dtype float64), or scale it by 2.0**-{e} (exact: "
+            f"the values of the scaled data are 2^-{e} times these)"))
+
+
 #: Smallest float64 sum of squares taken as exact: a sum of squares below it lost digits to
 #: subnormal numbers (entries near 2^-450 and smaller).
 SUMSQ_FLOOR = 2.0 ** -900

@@ -150,7 +150,7 @@ def _check_ord(ord: Any) -> Any:
 
 
 def _spectral(a: Any, ord: Any, settings: dict) -> float:
-    from blocklin.linalg.lowrank.svd import svd
+    from blocklin.linalg.lowrank.svd import float64_values, svd
 
     if ord == 2:
         shape, dtype = _shape_dtype(a, settings)
@@ -158,8 +158,12 @@ def _spectral(a: Any, ord: Any, settings: dict) -> float:
             # float32 data's products are rounded at its eps: a residual below ~100 of them is out of reach
             # (10 sqrt(eps) of float64 alone warned on every float32 norm after 30 passes, the value right)
             tol = max(10 * math.sqrt(float(np.finfo(np.float64).eps)), 100 * float(np.finfo(dtype).eps))
-            return float(svd(a, 1, tol=tol, return_singular_vectors=False, seed=0, **settings)[0])
-    s = svd(a, return_singular_vectors=False, **settings)
+            with float64_values():
+                return float(svd(a, 1, tol=tol, return_singular_vectors=False, seed=0, **settings)[0])
+    # the values in float64, as computed: cast to float32 data's precision they had overflowed to inf
+    # (norm(2) of finite float32 data near 1e38) or lost digits below its normal range
+    with float64_values():
+        s = svd(a, return_singular_vectors=False, **settings)
     return float(s[0] if ord == 2 else s[-1] if ord == -2 else np.sum(s, dtype=np.float64))
 
 
@@ -177,10 +181,11 @@ def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
     ``norm(a, p) * norm(inv(a), p)`` for square ``a`` (:func:`blocklin.inv`).
     """
     from blocklin.linalg.inverse.inverse import inv
-    from blocklin.linalg.lowrank.svd import svd
+    from blocklin.linalg.lowrank.svd import float64_values, svd
 
     if p is None or (p in (2, -2) and not isinstance(p, bool)):
-        s = svd(a, return_singular_vectors=False, **settings)
+        with float64_values():  # as norm's: float32's inf / inf had made the condition NaN
+            s = svd(a, return_singular_vectors=False, **settings)
         with np.errstate(divide="ignore"):
             c = s[0] / s[-1] if s[-1] > 0 else np.inf
         return float(c if p != -2 else (1.0 / c if c else np.inf))

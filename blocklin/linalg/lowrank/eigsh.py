@@ -27,7 +27,7 @@ from blocklin.runtime.powers import ldexp
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.blocks.results import open_group, write_group
-from blocklin.linalg.blocks.scaling import Scaling, check_finite_result, incore_exponent, unscale
+from blocklin.linalg.blocks.scaling import Scaling, check_finite_result, check_result_range, incore_exponent, unscale
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
 from blocklin.linalg.lowrank.run import real_parts
 from blocklin.linalg.lowrank.sources import load_incore
@@ -231,6 +231,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                                residuals=unscale(np.asarray(res.residuals, dtype=np.float64), scaling.exponent))
             scale["v"] = float(np.ldexp(scale["v"], scaling.exponent))
         check_finite_result("w", res.values, "the eigenvalues of eigsh")
+        check_result_range("a", res.values, dt, "eigenvalues")
         if res.note:
             warn(f"eigsh: {res.note}", ConvergenceWarning)
         elif not res.converged:

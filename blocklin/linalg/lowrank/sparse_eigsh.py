@@ -31,7 +31,7 @@ import numpy as np
 
 from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterError, explain, warn
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
-from blocklin.linalg.blocks.scaling import ProductScaling, unscale, unscale_float
+from blocklin.linalg.blocks.scaling import ProductScaling, check_result_range, unscale, unscale_float
 from blocklin.linalg.lowrank.basis import Columns, spilled_bases
 from blocklin.linalg.lowrank.basis_budget import BasisPlan, plan_bases
 from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol, repeated_beyond_block, start_block
@@ -120,7 +120,9 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
             warn(f"eigsh: tol={tol:g} not reached within {passes['n']} passes over the sparse matrix; raise "
                  "max_passes or loosen tol", ConvergenceWarning)
         idx = eigen_order(res.values, order, which)
-        w = unscale(res.values[idx], scaling.exponent).astype(dt)
+        w = unscale(res.values[idx], scaling.exponent)
+        check_result_range("a", w, dt, "eigenvalues")
+        w = w.astype(dt)
         vectors, res.residual_vectors = res.vectors, None  # the residual vectors are not wanted here
         residuals = unscale(np.asarray(res.residuals, dtype=np.float64)[idx], scaling.exponent)
         report = job.report(method="lanczos (sparse row blocks)", passes=passes["n"], scaling=scaling.report(),

@@ -16,8 +16,11 @@ in memory or streamed), :mod:`~blocklin.linalg.lowrank.centering` (the means pas
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
+from collections.abc import Iterator
 from typing import Any, Unpack
 
 import numpy as np
@@ -26,7 +29,7 @@ from blocklin.config import Settings
 from blocklin.errors import ConvergenceWarning, ParameterError, explain, warn
 from blocklin.linalg.blocks.center import Moments
 from blocklin.linalg.blocks.results import open_group, write_group
-from blocklin.linalg.blocks.scaling import check_finite_result
+from blocklin.linalg.blocks.scaling import check_finite_result, check_result_range
 from blocklin.linalg.labels import label_svd, labels_of
 from blocklin.linalg.lowrank.budget import check_disk_space, choose_plan
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
@@ -565,6 +568,22 @@ REPORTED_FIELDS = ("power_iters", "orth", "lanczos_steps", "restarts", "history"
                    "sketch_size", "sketch_generator", "phases", "scaling", "fallback")
 
 
+#: Set by callers that return the singular values as Python floats (:func:`blocklin.norm`,
+#: :func:`blocklin.cond`): ``s`` as computed, in float64, never cast to single-precision data's dtype
+#: (where it could overflow, or lose digits below its normal range).
+FLOAT64_VALUES: contextvars.ContextVar[bool] = contextvars.ContextVar("svd_float64_values", default=False)
+
+
+@contextlib.contextmanager
+def float64_values() -> Iterator[None]:
+    """Within the block, :func:`svd` returns its singular values in float64 (:data:`FLOAT64_VALUES`)."""
+    token = FLOAT64_VALUES.set(True)
+    try:
+        yield
+    finally:
+        FLOAT64_VALUES.reset(token)
+
+
 def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, seed: int, oversample: int,
             center: bool, scale: bool, requested: str, resumed: bool, restored: list[str],
             operator_products: int | None = None) -> dict:
@@ -572,6 +591,8 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
     an operator's products, which its warning counts instead of the passes over a stored ``A`` (none)."""
     s = f.s
     check_finite_result("s", s, f"the singular values of svd ({plan.method})")
+    if not FLOAT64_VALUES.get():
+        check_result_range("a", s, plan.dtype, "singular values")
     s1 = float(s[0]) if s.size and s[0] > 0 else 1.0
     triplets = triplet_report(s, f.residuals, tol, plan.dtype)
     # converged only for residuals actually measured: the single-pass sketch has none (None, with its note)
@@ -620,7 +641,8 @@ def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, rep
     other factor and ``s`` NumPy arrays, whether ``A`` was factored in memory or streamed; ``None``
     where it was not wanted (``return_singular_vectors``).
     """
-    s = f.s.astype(np.finfo(dtype).dtype)  # real: float32 of complex64 data
+    # real: float32 of complex64 data; float64 for callers that return Python floats (norm, cond)
+    s = f.s.astype(np.float64 if FLOAT64_VALUES.get() else np.finfo(dtype).dtype)
     spilled = isinstance(f.V, StoredFactor)  # the short factor already in the group (spilled Lanczos bases)
     if spilled:
         small = {"S": s}
