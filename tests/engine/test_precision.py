@@ -51,6 +51,32 @@ def test_matmul_float32_compute_of_float64_data_on_the_cpu(data, precision):
     assert r.report["plan"]["peak_memory"] <= 128 << 10
 
 
+@pytest.mark.parametrize("precision", ["float32", "tf32"])
+@pytest.mark.parametrize("case", ["a overflows", "b flushes", "sums overflow", "products flush", "in range",
+                                  "stored row range"])
+def test_matmul_float32_compute_refuses_what_leaves_its_range(data, precision, case, tmp_path):
+    """float64 data whose cast, or whose float32 products, leave float32's range had given Inf, NaN or
+    zeros where the float64 product is finite (a randomized search): refused by name before anything is
+    computed, from the operands' largest entries (a pass each, or their recorded peaks). Within the
+    range the componentwise bound holds."""
+    a, b, _ = data
+    k = a.shape[1]
+    scale = {"a overflows": (2.0**130, 1.0), "b flushes": (1.0, 2.0**-110), "sums overflow": (2.0**64, 2.0**64),
+             "products flush": (2.0**-56, 2.0**-56), "in range": (2.0**60, 2.0**-90),
+             "stored row range": (2.0**60, 2.0**-60)}[case]
+    a, b = a * scale[0], b * scale[1]
+    if case == "stored row range":  # a row range of a stored operand: the range of its rows alone is asked
+        big = np.vstack([a, np.full((5, k), 2.0**140)])
+        a = bl.open(bl.from_array(big, tmp_path / "a.zarr").path)[: a.shape[0]]
+    if case in ("in range", "stored row range"):
+        x = bl.matmul(a, b, precision=precision, memory="128KiB").to_numpy()
+        a = np.asarray(a)
+        assert np.all(np.abs(x - a @ b) <= 2.0 * _gemm_bound(a, b, U32))
+        return
+    with pytest.raises(ParameterError, match=f"precision: '{precision}' computes in float32"):
+        bl.matmul(a, b, precision=precision, memory="128KiB")
+
+
 def test_matmul_float64_compute_of_float32_data(data):
     a, b, _ = (x.astype(np.float32) for x in data)
     r = bl.matmul(a, b, precision="float64", memory="512KiB")

@@ -274,6 +274,30 @@ def safe_norm(ops: Any, region: Any, sumsq: float) -> float:
     return math.sqrt(sumsq) if sumsq_in_range(sumsq) and sumsq != 0.0 else ops.norm(region)
 
 
+def max_abs(op: Any) -> float:
+    """``max |a_ij|`` of a stored operand: its recorded peaks where they are current (no read), else a
+    pass over its rows by bands (a check that no pass plans: ``precision=`` narrower than the data)."""
+    from blocklin.storage.recorded_peaks import recorded
+    from blocklin.storage.zarr_store import open_cached, read_block
+
+    n = int(op.shape[0]) if len(op.shape) else 0
+    first = int(getattr(op, "first_row", 0))
+    arr = open_cached(op.path, "r")
+    if first == 0 and n == arr.shape[0]:  # the whole stored array: its record, where current
+        rec = recorded(op.path, tuple(arr.shape) if arr.ndim == 2 else None, column_peaks=False)
+        if rec is not None:
+            return float(rec.amax)
+    cols = arr.shape[1] if arr.ndim == 2 else 1
+    step = max(1, (8 << 20) // max(1, cols * arr.dtype.itemsize))
+    top = 0.0
+    for r0 in range(first, first + n, step):
+        rows = slice(r0, min(first + n, r0 + step))
+        block = read_block(arr, rows, slice(0, cols)) if arr.ndim == 2 else np.asarray(arr[rows])
+        if block.size:
+            top = max(top, float(np.abs(block).max()))
+    return top
+
+
 def narrow_range_refusal(amax: float, source: Any, work: Any, fix: str) -> Exception | None:
     """The error for a factorization in a narrower ``work`` dtype (``precision="mixed"``: float32 of float64
     data) of data whose largest magnitude ``amax`` its cast cannot hold: above the ``work`` dtype's largest

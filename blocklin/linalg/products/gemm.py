@@ -18,6 +18,7 @@ from blocklin.config import Settings
 from blocklin.device.pool import reusing
 from blocklin.errors import ParameterError, ShapeError, warn
 from blocklin.errors import explain as _msg
+from blocklin.linalg.blocks.scaling import max_abs
 from blocklin.matrix import Matrix
 from blocklin.plan.gemm import GemmPlan, _panel_reads, plan_gemm
 from blocklin.plan.rechunk import rechunk_advice
@@ -307,6 +308,7 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         A = job.operand(a, "a")
         op = Gemm.of(A, A if b is a else job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype, precision=precision)
+        _check_narrow_range(op)
         if out_chunks is None and _is_gram(op):
             return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
         # the peaks of the blocks as written, recorded with the output: an SVD of it need not scan
@@ -322,6 +324,36 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         return _write(job, op, plan, out, lambda ao: op.run(job, plan, ao.array_path(), done_dir=ao.done, peaks=tally),
                       overwrite=overwrite, resume=resume, peaks=tally,
                       phases={"GEMM tiles (A B, alpha, beta C)": job.device, "reads and writes": "cpu"})
+
+
+def _check_narrow_range(op: Gemm) -> None:
+    """``precision='float32'`` or ``'tf32'`` of float64 operands: refused where their entries, or the sums
+    of ``k`` products of them, leave float32's range, which the cast and float32 arithmetic cannot hold
+    (they had returned Inf, NaN or zeros where the float64 product is finite: found by a randomized
+    search). A pass over each operand whose peaks are not recorded; nothing for the operands' own
+    precision."""
+    if op.compute.itemsize >= max(op.A.dtype.itemsize, op.B.dtype.itemsize):
+        return
+    fi = np.finfo(op.compute)
+    low, high = float(fi.tiny) * 2.0 ** fi.nmant, float(fi.max)  # below low an entry keeps a few bits
+    fix = ("pass precision=None (the operands' own precision), or scale the operands by powers of two into "
+           f"{fi.dtype.name}'s range (exact) and the result back")
+    peaks = {}
+    for name, x in (("a", op.A), ("b", op.B)):
+        peaks[name] = max_abs(x)
+        if peaks[name] and not low <= peaks[name] < high:
+            raise ParameterError(_msg(
+                "precision", f"'{op.precision}' computes in {fi.dtype.name}: {name}'s entries must lie within its "
+                f"range (between {low:.3g} and {high:.3g}; its cast would "
+                f"{'overflow' if peaks[name] >= high else 'flush them to zero'})", f"max |{name}| = {peaks[name]:.3g}",
+                fix))
+    k = op.A.shape[0] if op.trans_a else op.A.shape[1]
+    top = peaks["a"] * peaks["b"]
+    if top and not (low <= top and top * max(k, 1) < high):
+        raise ParameterError(_msg(
+            "precision", f"'{op.precision}' computes in {fi.dtype.name}: the sums of {k} products of a's and b's "
+            f"entries must lie within its range (max |a| max |b| at least {low:.3g}, times k below {high:.3g})",
+            f"max |a| max |b| = {top:.3g}, k = {k}", fix))
 
 
 def _write(job: Job, op: Gemm, plan: GemmPlan | ThinPlan, out: Any, run: Callable[[Any], None], *, overwrite: bool,

@@ -19,7 +19,7 @@ from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, 
                              ParameterError, SingularMatrixError, explain, warn)
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
-from blocklin.linalg.blocks.scaling import narrow_range_refusal, safe_norm, sumsq_in_range
+from blocklin.linalg.blocks.scaling import max_abs, narrow_range_refusal, safe_norm, sumsq_in_range
 from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, check_condition,
                                             check_refined, condition_estimate, get, krylov_plan, put, refine_ir)
 from blocklin.device.half import FORMATS
@@ -560,18 +560,11 @@ def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tup
         return _factor_as(job, A, fdt, assume_a, stores)
     except (SingularMatrixError, NotPositiveDefiniteError) as err:
         if np.dtype(fdt).itemsize < np.dtype(A.dtype).itemsize:
-            refusal = narrow_range_refusal(_max_abs(A), A.dtype, fdt, "pass precision='double', or scale a by a "
+            refusal = narrow_range_refusal(max_abs(A), A.dtype, fdt, "pass precision='double', or scale a by a "
                                            "power of two into float32's range")
             if refusal is not None:
                 raise refusal from err
         raise
-
-
-def _max_abs(A: Any) -> float:
-    """``max |a_ij|`` by row blocks (a pass over ``A``)."""
-    from blocklin.storage.zarr_store import row_bands
-
-    return max((float(np.abs(block).max()) for _, block in row_bands(A.path) if block.size), default=0.0)
 
 
 def _factor_as(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tuple[_Factor, str]:
