@@ -405,6 +405,40 @@ def test_factorizations(memory):
         assert 0 < x.report["backward_error"] <= tol, (e, x.report["backward_error"])  # measured, not 0 or NaN
 
 
+@pytest.mark.parametrize("memory", [IN_MEMORY, "128KiB"])
+@pytest.mark.parametrize("dtype,case", [(np.float32, "all near 1e-39"), (np.complex64, "all near 1e-40"),
+                                        (np.float32, "8 columns near 1e-39"), (np.float64, "all near 1e-310")])
+def test_lu_of_columns_near_the_underflow_threshold(dtype, case, memory):
+    """Single-precision matrices whose columns sit near the underflow threshold had subnormal pivots,
+    which the panel ``getrf`` (OpenBLAS: it multiplies by the pivot's reciprocal) factored with
+    multipliers near ``1e-39`` and ``||PA - LU|| / ||A|| = 0.7`` (1.9 with only 8 such columns), and
+    ``slogdet`` 235 off (a randomized search). Such columns are scaled by a power of two near 1 before the
+    panel is factored, ``U``'s scaled back (exact: pivoting compares within a column).
+    Bound: the LU backward error ``4 n eps |L| |U|`` (Higham 2002, Thm 9.3), norm-wise, plus underflow:
+    every entry of ``L U`` sums ``n`` products, each off by at most half the smallest subnormal, and ``U``
+    is rounded to subnormals once more when scaled back (``2 n^2`` of them, norm-wise ``2 n^2 tiny_s``)."""
+    rng = np.random.default_rng(21)
+    n = 96
+    real = np.float32 if np.dtype(dtype) == np.complex64 else dtype
+    a = rng.standard_normal((n, n)) + (1j * rng.standard_normal((n, n)) if np.dtype(dtype).kind == "c" else 0)
+    scale = {"all near 1e-39": 1e-39, "all near 1e-40": 1e-40, "8 columns near 1e-39": 1.0, "all near 1e-310": 1e-310}
+    a = a * scale[case]
+    if case.startswith("8 columns"):
+        a[:, -8:] *= 1e-39
+    a = a.astype(dtype)
+    f = bl.lu(a, memory=memory)
+    packed = f.to_numpy().astype(np.complex128)
+    low, up = np.tril(packed, -1) + np.eye(n), np.triu(packed)
+    pa = a.astype(np.complex128)
+    for i, p in enumerate(f.report["pivots"]):
+        pa[[i, p]] = pa[[p, i]]
+    tiny_s = float(np.finfo(real).smallest_subnormal)
+    bound = 4 * n * eps(real) * np.linalg.norm(np.abs(low) @ np.abs(up)) + 2 * n * n * tiny_s
+    assert np.linalg.norm(low @ up - pa) <= bound, (np.linalg.norm(low @ up - pa) / np.linalg.norm(pa))
+    # partial pivoting's multipliers: at most 1, or sqrt(2) where the pivot is chosen by |Re| + |Im| (icamax)
+    assert np.abs(np.tril(packed, -1)).max() <= (np.sqrt(2) if np.dtype(dtype).kind == "c" else 1.0) * (1 + 1e-6)
+
+
 # -- the probe's cases -----------------------------------------------------------------------------------
 def _graded_reference(a: np.ndarray, k: int) -> np.ndarray:
     """Singular values of ``a`` whose column 0 is 1e201 times the others, from the exact structure:

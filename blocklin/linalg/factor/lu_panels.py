@@ -20,7 +20,7 @@ import numpy as np
 
 from blocklin._memory import release_free_memory
 from blocklin.device import get_device, pool
-from blocklin.device.base import PANEL_GETRF_THREADS
+from blocklin.device.base import PANEL_GETRF_THREADS, getrf_in_range
 from blocklin.errors import InternalError, ShapeError, SingularMatrixError, explain
 from blocklin.runtime.blockops import (BlockOps, Region, TileOpSpec, done_marker, holds_device, load_record,
                                        mark_finished, save_record, skip_done, sum_squares, tile_count)
@@ -278,7 +278,7 @@ def factor_panel(x: np.ndarray, rows: int, sub: int) -> np.ndarray:
     with blas_threads(PANEL_GETRF_THREADS):
         for s0 in range(0, kk, sub):
             s1 = min(kk, s0 + sub)
-            lu, p, info = getrf(np.asfortranarray(x[s0:, s0:s1]), overwrite_a=True)
+            lu, p, info = getrf_in_range(getrf, np.asfortranarray(x[s0:, s0:s1]), overwrite_a=True)
             if info < 0:
                 raise InternalError(f"getrf: illegal argument {-info}")
             p = p[: s1 - s0].astype(np.int64) + s0
