@@ -70,6 +70,37 @@ def test_ridge_update_matches_the_grown_problem(tmp_path, lam, intercept):
     assert bl.update(tmp_path / "x.zarr").report["current"]
 
 
+@pytest.mark.parametrize("lam", [0.0, [0.1, 1.0]])
+def test_a_current_solve_keeps_its_intercept(tmp_path, lam):
+    # (until 2026-12-06, found by a randomized search: update of a current solve, called twice or after an empty
+    # append, returned a bare Matrix without .intercept, while a real update had one)
+    rng = np.random.default_rng(1)
+    a, b = _rows(rng, 200)
+    bl.from_array(a, tmp_path / "A.zarr", chunks=(64, N))
+    bl.from_array(b, tmp_path / "b.zarr", chunks=(64, 1))
+    x = bl.solve(tmp_path / "A.zarr", tmp_path / "b.zarr", lam=lam, out=tmp_path / "x.zarr", updatable=True,
+                 fit_intercept=True)
+    ref = np.linalg.lstsq(np.hstack([a, np.ones((200, 1))]), b, rcond=None)[0][-1]  # the OLS intercept
+    if lam == 0.0:
+        assert np.allclose(x.intercept, ref, rtol=1e-9)
+    for step in ("current", "empty append", "twice"):
+        if step == "empty append":
+            bl.append(tmp_path / "A.zarr", np.zeros((0, N)))
+            bl.append(tmp_path / "b.zarr", np.zeros((0, 1)))
+        u = bl.update(tmp_path / "x.zarr")
+        assert u.report["current"] and u.report["updated"] is None, step
+        assert np.array_equal(u.intercept, x.intercept) and u.intercept.shape == x.intercept.shape, step
+        assert u.report["intercept"] == x.report["intercept"], step
+    bl.append(tmp_path / "A.zarr", a[:20])
+    bl.append(tmp_path / "b.zarr", b[:20])
+    grown = bl.update(tmp_path / "x.zarr")
+    assert grown.report["updated"]["rows_read"] == 20 and grown.intercept.shape == x.intercept.shape
+    assert np.array_equal(bl.update(tmp_path / "x.zarr").intercept, grown.intercept)
+    plain = tmp_path / "y.zarr"  # without an intercept: None, as solve gives
+    bl.solve(tmp_path / "A.zarr", tmp_path / "b.zarr", lam=lam, out=plain, updatable=True)
+    assert bl.update(plain).intercept is None
+
+
 def test_ridge_update_recomputes_an_ill_conditioned_problem(tmp_path):
     rng = np.random.default_rng(1)
     a = rng.standard_normal((M, N))

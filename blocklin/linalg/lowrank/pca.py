@@ -31,7 +31,7 @@ from blocklin.config import Settings
 from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain, warn
 from blocklin.linalg.blocks.center import Moments, column_moments
 from blocklin.linalg.blocks.scaling import Scaling, unscale
-from blocklin.linalg.labels import MODE, label_pca, label_rows, labels_of
+from blocklin.linalg.labels import check_features, label_pca, label_rows, labels_of
 from blocklin.linalg.lowrank.svd import factorize
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.linalg.lowrank.sparse_pca import sparse_pca
@@ -87,7 +87,9 @@ class PCAResult:
 
     def _samples(self, x: Any, name: str = "x") -> tuple[np.ndarray, np.dtype]:
         """``(x - mean_) / scale_`` in float64 (complex128 of a complex model or ``x``), and the dtype
-        scikit-learn returns for ``x``."""
+        scikit-learn returns for ``x``; a ``DataArray`` ``x`` of other features than the fitted ones (by
+        its labels) is refused (:func:`blocklin.linalg.labels.check_features`)."""
+        check_features(getattr(self, "labels", None), x, name)
         x = np.asarray(x)
         out_dtype = np.result_type(x.dtype if x.dtype.kind in "fc" else np.float64, self._np("components_").dtype)
         x = x.astype(_wide(out_dtype), copy=False)
@@ -130,7 +132,10 @@ class PCAResult:
             sd = self._deviations()
             y = y / np.where(sd > 0, sd, 1.0)
         y = y.astype(out_dtype, copy=False)
-        return label_rows(y, x, ("", MODE), {MODE: np.arange(1, y.shape[1] + 1)}) if self.labels is not None else y
+        if self.labels is None:
+            return y
+        mode = self.labels.mode  # the components' dimension (mode_2 where the fitted data has a mode)
+        return label_rows(y, x, ("", mode), {mode: np.arange(1, y.shape[1] + 1)})
 
     def inverse_transform(self, y: Any) -> np.ndarray:
         """Samples back in feature space from their projections ``y`` (``n x n_components_``):

@@ -15,6 +15,7 @@ import numpy as np
 
 from blocklin.config import Settings
 from blocklin.errors import ParameterError, ShapeError, explain
+from blocklin.linalg.labels import check_rows, is_dataarray
 from blocklin.linalg.lowrank.svd import svd
 from blocklin.linalg.solve.lstsq_complex import is_complex, lstsq_complex
 from blocklin.linalg.products.gemm import matmul
@@ -47,13 +48,16 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
 
     Parameters
     ----------
-    a : path, zarr array, Matrix, NumPy or Dask array
+    a : path, zarr array, Matrix, NumPy or Dask array, or xarray DataArray
         ``m x n``, any rank (integers are cast to float64, as NumPy casts them). Complex ``a`` or ``b``
         (complex64, complex128) take the streaming R factor and its SVD in memory instead
         (:mod:`blocklin.linalg.solve.lstsq_complex`: one pass over ``A`` and ``b`` for tall ``A``, two for
-        wide ``A``), with LAPACK's conjugate transposes and NumPy's result dtypes.
+        wide ``A``), with LAPACK's conjugate transposes and NumPy's result dtypes. A ``DataArray`` gives
+        its data (the result is NumPy's, unlabelled; :func:`blocklin.solve` labels its ``x``).
     b : array_like
-        ``m`` or ``m x k`` right-hand sides (held in memory, as ``x`` is).
+        ``m`` or ``m x k`` right-hand sides (held in memory, as ``x`` is). When both ``a`` and ``b``
+        are ``DataArray`` objects sharing ``a``'s row dimension, their coordinates there must be equal (rows
+        are matched by position: other labels are refused, never reordered).
     rcond : float, optional
         Singular values at most ``rcond * s_1`` count as zero. ``None`` (default): ``eps * max(m, n)``,
         NumPy's default.
@@ -94,6 +98,9 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
                                   and np.isfinite(rcond) and rcond >= 0):
         raise ParameterError(explain("rcond", "must be a non-negative number or None", repr(rcond),
                                      "pass rcond=None (eps * max(m, n), NumPy's default)"))
+    if is_dataarray(a) or is_dataarray(b):  # their data, as NumPy's lstsq takes them: the result is NumPy
+        check_rows(a, b)  # rows are matched by position: other labels would solve another problem
+        a, b = (v.data if is_dataarray(v) else v for v in (a, b))
     if isinstance(b, (str, os.PathLike)):  # a stored right-hand side, as a accepts one
         from blocklin import open as open_matrix
 

@@ -19,7 +19,7 @@ import numpy as np
 from blocklin.config import Settings, format_size
 from blocklin.errors import ParameterError
 from blocklin.errors import explain as _msg
-from blocklin.linalg.labels import is_dataarray, label_solution, labels_of
+from blocklin.linalg.labels import check_rows, is_dataarray, label_solution, labels_of
 from blocklin.linalg.solve.least_squares import solve_least_squares
 from blocklin.linalg.solve.least_squares_budget import plan_least_squares
 from blocklin.linalg.solve.tikhonov import check_lam_max
@@ -199,6 +199,13 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         ``seconds``, ``peak_memory``, ``cond_estimate`` (of ``A``, or of the regularized problem), and
         ``curve`` for GCV/L-curve. With ``fit_intercept``: ``x.intercept`` (NumPy, ``k`` values, or
         ``L x k`` for a sequence of ``L`` lambdas) and ``report["intercept"]`` (the same as lists).
+        An xarray ``DataArray`` ``a`` gives a labelled ``x`` instead (:mod:`blocklin.linalg.labels`): a
+        ``DataArray`` over ``a``'s columns, then ``lam`` (the values of a sequence) and ``b``'s columns (a
+        2-D ``b``'s dimension, ``"rhs"`` for a matrix without one; renamed ``<name>_2`` where ``a``'s
+        columns have that name), which keeps ``report``, ``intercept`` (over ``lam`` and ``b``'s columns
+        where ``x`` has them), ``cv_results_`` and the ``Matrix`` itself as ``x.stored``. Two
+        ``DataArray`` operands must have equal coordinates along their shared row dimension (rows are
+        matched by position: other labels are refused, never reordered).
 
     Raises
     ------
@@ -242,10 +249,13 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                              resume=resume, updatable=updatable, tol=tol, max_iter=max_iter, settings=settings)
     _refuse_sparse_only(method, tol, max_iter)
     if is_dataarray(a) and not explain:  # labelled: x over A's columns (and b's), from the unlabelled solve
+        check_rows(a, b)  # before anything runs: position-matched rows of other labels solve another problem
+        kind, lams = parse_lam(lam, zero_grid=cv is not None)
         x = solve(a.data, b.data if is_dataarray(b) else b, lam=lam, method=method, assume_a=assume_a, out=out,
                   refine=refine, overwrite=overwrite, fit_intercept=fit_intercept, precision=precision, resume=resume,
                   **extras, **settings)
-        return label_solution(x, labels_of(a), labels_of(b))
+        return label_solution(x, labels_of(a), labels_of(b), b_ndim=_ndim(b),
+                              lams=lams if kind == "sequence" else None)
     method, assume_a, kind, lams, precision = _checked(method, assume_a, lam, precision, fit_intercept,
                                                        zero_grid=cv is not None)
     positive, per_target, store_cv = _checked_extras(kind, method, assume_a, sample_weight is not None, positive,
@@ -350,6 +360,13 @@ def _solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, method: str, assume_a: s
     return solve_sparse(s, b, lam=lam, kind=kind, lams=lams, method=method, out=out, overwrite=overwrite,
                         explain_only=explain, fit_intercept=flag("fit_intercept", fit_intercept), tol=tol,
                         max_iter=max_iter, settings=settings)
+
+
+def _ndim(b: Any) -> int:
+    """``b``'s dimensions as the labelled solution follows them: an array's own (a vector gives one
+    solution vector), a stored ``b`` 2 (its columns)."""
+    nd = b.ndim if hasattr(b, "ndim") else np.ndim(b) if isinstance(b, (list, tuple)) else 2
+    return 1 if nd == 1 else 2
 
 
 def _refuse_sparse_only(method: str, tol: Any, max_iter: Any) -> None:

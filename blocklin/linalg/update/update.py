@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from typing import Any, Unpack
 
+import numpy as np
+
 from blocklin.config import Settings, resolve
 from blocklin.errors import ParameterError, StoreNotFoundError, explain
 from blocklin.linalg.update.gram import update_gram
@@ -119,8 +121,9 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
     -------
     Matrix or SVDResult
         The updated result as its operation returns it (a Matrix for ``gram``, ``(U, s, Vt)`` for
-        ``svd`` and a stored PCA's factors); ``.report["updated"]`` says which rows were read and
-        how the result was updated (``None`` when it was current).
+        ``svd`` and a stored PCA's factors, a Matrix with ``.intercept`` for ``solve`` as
+        :func:`blocklin.solve` returns it, current or not); ``.report["updated"]`` says which rows were
+        read and how the result was updated (``None`` when it was current).
 
     Raises
     ------
@@ -155,6 +158,12 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
             return load_svd(loc, report)
         result = Matrix(loc)
         result.report = report
+        if op == "solve":  # as after an update: x.intercept (None without one), kept in its report
+            fitted = (prov.get("params") or {}).get("fit_intercept")
+            stored = (prov.get("report") or {}).get("intercept")
+            result.intercept = np.asarray(stored) if fitted and stored is not None else None
+            if result.intercept is not None:
+                report["intercept"] = stored
         return result
     updater = update_sketch if op == "svd" and is_sketch(prov) else UPDATABLE.get(op)
     if updater is None:
