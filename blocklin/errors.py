@@ -36,6 +36,11 @@ class NonFiniteError(BlocklinError, ValueError):
     """An operand holds NaN or Inf while ``check_finite`` is on."""
 
 
+class MatrixIndexError(BlocklinError, IndexError):
+    """An index into a :class:`~blocklin.Matrix` is out of range or of a kind it cannot read (NumPy's
+    ``IndexError``: ``list(m)`` and ``for row in m`` stop on it as on an array)."""
+
+
 class BudgetError(BlocklinError, MemoryError):
     """The memory budget cannot hold even the smallest plan.
 

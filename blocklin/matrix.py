@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import StoreReadError, explain
+from blocklin.errors import MatrixIndexError, ParameterError, StoreReadError, explain
 from blocklin.storage.backend import backend, remove
 from blocklin.storage.location import as_location
 from blocklin.storage.readerrors import reading
@@ -15,6 +15,113 @@ from blocklin.storage.zarr_store import describe_codecs, open_zarr
 
 #: Reads of a store that keeps being replaced before :meth:`Matrix.__getitem__` gives up.
 _READ_ATTEMPTS = 8
+
+#: The most bytes :meth:`Matrix.__iter__` holds at once (a strip of rows, read whole chunks deep).
+_ITER_BYTES = 64 << 20
+
+
+def _index_error(key: Any, axis: int | None, rule: str, actual: str, fix: str) -> MatrixIndexError:
+    where = "key" if axis is None else f"key (axis {axis})"
+    return MatrixIndexError(explain(where, rule, f"{actual} in m[{_show(key)}]", fix))
+
+
+def _show(key: Any) -> str:
+    """``key`` as written between the brackets (arrays by their shape and dtype, long lists cut)."""
+    items = key if isinstance(key, tuple) else (key,)
+    return ", ".join("..." if k is Ellipsis else _show_slice(k) if isinstance(k, slice)
+                     else f"<{k.dtype} array of shape {k.shape}>" if isinstance(k, np.ndarray) and k.ndim
+                     else repr(k)[:60] for k in items)
+
+
+def _show_slice(s: slice) -> str:
+    text = ":".join("" if v is None else str(v) for v in (s.start, s.stop))
+    return text if s.step is None else f"{text}:{s.step}"
+
+
+def _is_int(k: Any) -> bool:
+    return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
+
+
+def _selection(key: Any, shape: tuple[int, int]) -> tuple[Any, str, tuple[int, ...]]:
+    """``key`` as what zarr reads: ``(selection, how, output axes to reverse)``, ``how`` one of
+    ``"basic"``, ``"oindex"`` (an array on one axis) and ``"vindex"`` (a boolean mask of the shape).
+
+    Checked before any read, as NumPy checks it: an out-of-range integer raises an ``IndexError``
+    (:class:`MatrixIndexError`) here instead of failing inside zarr, where every exception of a read
+    is taken for a damaged chunk (:func:`~blocklin.storage.readerrors.reading`). A negative step is
+    read as the forward range it covers, then reversed (the same chunks, each read once). Integer and
+    boolean arrays on one axis are read orthogonally (NumPy's result with one advanced index).
+    """
+    if isinstance(key, np.ndarray) and key.dtype == bool and key.ndim == 2:  # m[mask]: the entries, flat
+        if key.shape != tuple(shape):
+            raise _index_error(key, None, f"a boolean mask must have the matrix's shape, {tuple(shape)}",
+                               f"shape {key.shape}", "pass a mask of the matrix's shape")
+        return key, "vindex", ()
+    items = key if isinstance(key, tuple) else (key,)
+    if sum(k is Ellipsis for k in items) > 1:
+        raise _index_error(key, None, "may hold one Ellipsis (...)", f"{sum(k is Ellipsis for k in items)}",
+                           "write one ... at most")
+    if any(k is Ellipsis for k in items):  # (not "in": == on an array index compares its entries)
+        at = next(i for i, k in enumerate(items) if k is Ellipsis)
+        items = items[:at] + (slice(None),) * max(0, 2 - (len(items) - 1)) + items[at + 1:]
+    if len(items) > 2:
+        raise _index_error(key, None, "may index the 2 axes of a Matrix at most", f"{len(items)} indices",
+                           "index rows and columns only: m[rows, cols]")
+    items = items + (slice(None),) * (2 - len(items))
+    out, flips, advanced, kept = [], [], 0, 0
+    for axis, (k, n) in enumerate(zip(items, shape)):
+        if _is_int(k):
+            i = int(k)
+            if not -n <= i < n:
+                raise _index_error(key, axis, f"must be within -{n}..{n - 1} (the axis has {n} entries)",
+                                   f"index {i}", f"use an index from -{n} to {n - 1}")
+            out.append(i + n if i < 0 else i)
+            continue
+        if isinstance(k, slice):
+            for v, what in ((k.start, "start"), (k.stop, "stop"), (k.step, "step")):
+                if v is not None and not _is_int(v):
+                    raise _index_error(key, axis, f"a slice's {what} must be an integer or None", repr(v),
+                                       "use integer slice bounds")
+            if k.step == 0:
+                raise ParameterError(explain(f"key (axis {axis})", "a slice's step must not be zero (NumPy's rule)",
+                                             f"step 0 in m[{_show(key)}]", "use a step of 1 or more, or below 0"))
+            start, stop, step = k.indices(n)
+            if step < 0:  # the same entries, read forward from the last (lowest) one, then reversed
+                count = len(range(start, stop, step))
+                low = start + step * (count - 1) if count else 0
+                out.append(slice(low, low + (-step) * (count - 1) + 1 if count else 0, -step))
+                flips.append(kept)
+            else:
+                out.append(slice(start, stop, step))
+            kept += 1
+            continue
+        arr = np.asarray(k) if isinstance(k, (list, np.ndarray)) else None
+        if isinstance(k, list) and not k:  # NumPy takes [] as no integer index, not as float64
+            arr = np.zeros(0, np.int64)
+        if arr is None or arr.ndim != 1 or arr.dtype.kind not in "iub":
+            raise _index_error(key, axis, "must be an integer, a slice, ..., a 1-D integer or boolean array, or "
+                               "one boolean mask of the matrix's shape (numpy.newaxis and other arrays are not "
+                               "read from a store)",
+                               f"{type(k).__name__} {k!r}"[:120], "read the region with integers and slices, then "
+                               "index the NumPy array it returns")
+        if arr.dtype.kind == "b":
+            if arr.size != n:
+                raise _index_error(key, axis, f"a boolean index must have the axis' length, {n}",
+                                   f"length {arr.size}", f"pass a mask of {n} entries")
+            arr = np.flatnonzero(arr)
+        arr = arr.astype(np.int64)
+        bad = arr[(arr < -n) | (arr >= n)]
+        if bad.size:
+            raise _index_error(key, axis, f"must be within -{n}..{n - 1} (the axis has {n} entries)",
+                               f"index {int(bad[0])}", f"use indices from -{n} to {n - 1}")
+        out.append(np.where(arr < 0, arr + n, arr))
+        advanced += 1
+        kept += 1
+    if advanced > 1:
+        raise _index_error(key, None, "may hold an integer or boolean array on one axis only (NumPy pairs two "
+                           "arrays entry by entry)", "arrays on both axes", "read m[rows][:, cols], or "
+                           "m.zarr.vindex[rows, cols] for pointwise entries")
+    return tuple(out), "oindex" if advanced else "basic", tuple(flips)
 
 
 def _check_fits_memory(shape: tuple[int, ...], dtype: np.dtype, path: str) -> None:
@@ -124,8 +231,9 @@ class Matrix:
         """What changes when the store is replaced (a new commit writes a new ``zarr.json``)."""
         return backend(self.location).metadata_stamp()
 
-    def _read(self, key: Any) -> np.ndarray:
-        """Read ``key`` from one version of the store, never a mix.
+    def _read(self, key: Any, how: str = "basic") -> np.ndarray:
+        """Read ``key`` from one version of the store, never a mix (``how``: ``"oindex"`` or ``"vindex"``
+        through zarr's indexers of those names, see :func:`_selection`).
 
         An output replaced by a commit while it is read (``overwrite=True``) would mix old and new
         chunks; the read is repeated until the store's generation is the same before and after it.
@@ -134,7 +242,7 @@ class Matrix:
             before = self._generation()
             if before != self._opened:
                 self._array, self._opened = open_zarr(self.location), before
-            data = np.asarray(self._array[key])
+            data = np.asarray(self._array[key] if how == "basic" else getattr(self._array, how)[key])
             if self._generation() == before:
                 return data
         raise StoreReadError(explain("path", "must not be replaced while it is read",
@@ -171,9 +279,27 @@ class Matrix:
         return np.matmul(other, self)
 
     def __getitem__(self, key: Any) -> np.ndarray:
-        """Read a region; an output replaced during the read is read again, never mixed."""
+        """Read a region, as NumPy indexes: integers (negative from the end), slices (a negative step
+        reads the forward range, then reverses it), ``...``, a 1-D integer or boolean array on one
+        axis, and a boolean mask of the matrix's shape. An index out of range raises :class:`~blocklin.errors.MatrixIndexError` (an
+        ``IndexError``) before anything is read; an output replaced during the read is read again,
+        never mixed."""
+        sel, how, flips = _selection(key, self.shape)
         with reading(self._array, slice(None), slice(None), "matrix"):
-            return self._read(key)
+            data = self._read(sel, how)
+        for axis in flips:
+            data = np.flip(data, axis)
+        return data
+
+    def __iter__(self) -> Any:
+        """The rows, as iterating a NumPy array gives them, read a strip of whole chunks at a time (each
+        chunk decoded once, at most :data:`_ITER_BYTES` held; never one read per row)."""
+        m, n = self.shape[0], int(np.prod(self.shape[1:]))  # a stored vector's entries are its rows
+        fit = max(1, _ITER_BYTES // max(1, n * self.dtype.itemsize))  # rows within the bound
+        c = self.chunks[0]
+        step = fit // c * c if fit >= c else fit  # whole chunks deep where they fit
+        for r0 in range(0, m, step):
+            yield from self[r0:min(m, r0 + step)]
 
     def to_dask(self) -> Any:
         """A ``dask.array`` view with the store's chunks."""

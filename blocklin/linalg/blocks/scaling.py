@@ -103,11 +103,14 @@ class Scaling(_Power):
     #: The :class:`~blocklin.runtime.passes.Source` the passes stream, where the peaks its writer
     #: recorded may give ``e`` before the first pass (:meth:`of`)
     source: Any = dataclasses.field(default=None, repr=False, compare=False)
+    #: The operation that cannot compute with NaN or Inf (``"svd"``, ``"eigsh"``): :meth:`learn` refuses
+    #: a non-finite ``max |a|`` for it (:func:`refuse_nonfinite`); ``None``: NaN and Inf propagate
+    finite_for: str | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
-    def of(cls, src: Any, dtype: Any) -> Scaling:
+    def of(cls, src: Any, dtype: Any, finite_for: str | None = None) -> Scaling:
         """The scaling of the operand the passes stream as ``src``."""
-        return cls(str(src.path), dtype, source=src)
+        return cls(str(src.path), dtype, source=src, finite_for=finite_for)
 
     def params(self) -> dict[str, int]:
         """``run_pass(..., scale=...)`` for this operand (empty before it is known)."""
@@ -117,6 +120,8 @@ class Scaling(_Power):
         """Set ``e`` from ``job.amax`` (the first pass's record); the exponent."""
         if self.e is None:
             self.amax = float(job.amax.get(self.path, 0.0))
+            if self.finite_for:
+                refuse_nonfinite(self.amax, self.finite_for)
             self.e = exponent_for(self.amax, self.dtype)
         return self.e
 
@@ -223,6 +228,25 @@ def incore_exponent(b: np.ndarray) -> tuple[int, float]:
     """``(e, max |b|)`` of an array held in memory."""
     amax = max(float(b.max()), -float(b.min())) if b.size else 0.0  # no temporary the size of b
     return exponent_for(amax, b.dtype), amax
+
+
+def refuse_nonfinite(amax: float | None, what: str, name: str = "a") -> None:
+    """Raise :class:`~blocklin.errors.NonFiniteError` when ``amax`` (the data's largest magnitude, NaN
+    where it holds a NaN) is not finite, for an operation (``what``) that has no answer on NaN or Inf.
+
+    With ``check_finite=True`` the first pass refuses such data itself, naming the position; this is
+    ``check_finite=False``'s guard: skipping the check must not turn the NaN of a decomposition into an
+    empty or finite wrong result (its rank-revealing steps dropped every NaN column: ``s = []``). Like
+    ``numpy.linalg.svd``, which raises ``LinAlgError`` on NaN or Inf, it refuses instead of returning NaN."""
+    from blocklin.errors import NonFiniteError, explain
+
+    if amax is not None and not math.isfinite(amax):
+        raise NonFiniteError(explain(
+            name, f"must be finite for {what} (a decomposition has no answer on NaN or Inf; check_finite=False "
+            "skipped the check that names the position)",
+            f"largest magnitude {amax} ({'a NaN' if math.isnan(amax) else 'an Inf'} in the data)",
+            "clean the input (for example numpy.nan_to_num, or fill the chunks never written), or run with "
+            "check_finite=True to find where it is"))
 
 
 def check_finite_result(name: str, values: Any, what: str) -> None:

@@ -34,28 +34,42 @@ def _sums_memory(params: Any, sources: tuple) -> PassMemory:
 
 
 def _sums_init(device: Any, params: dict) -> dict:
-    return {"scale": 0.0, "ssq": 1.0, "cols": np.zeros(params["n"]), "row_max": 0.0, "row_min": math.inf}
+    # "bad": the largest non-finite |a| seen (NaN beats inf, as np.maximum keeps NaN), 0.0 while finite
+    return {"scale": 0.0, "ssq": 1.0, "bad": 0.0, "cols": np.zeros(params["n"]), "row_max": 0.0,
+            "row_min": math.inf}
 
 
 @row_kernel(memory=_sums_memory, init=_sums_init, device="cpu")
 def sums_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: dict) -> tuple[dict, None]:
     """Per strip: fold ``|a|`` into the scaled sum of squares, the column sums and the row sums' extremes
-    (of complex data the moduli, ``hypot(re, im)``, as ``numpy.linalg.norm`` takes them)."""
+    (of complex data the moduli, ``hypot(re, im)``, as ``numpy.linalg.norm`` takes them).
+
+    NaN and Inf (read with ``check_finite=False``) propagate as NumPy's sums do: the column and row sums
+    hold them by IEEE arithmetic, the extremes by ``np.maximum``/``np.minimum`` (Python's ``max`` keeps
+    its first argument against a NaN), and the sum of squares is set aside as ``bad`` (its scaling,
+    ``a / peak``, has no meaning for ``peak`` NaN or Inf)."""
     x = np.asarray(arrays[0])
     a = np.abs(x).astype(np.float64, copy=False) if x.dtype.kind == "c" else np.abs(x.astype(np.float64))
     if a.size:
-        peak = float(a.max())
-        if peak > 0:
+        peak = float(a.max())  # NaN where a holds one (max propagates it)
+        if not math.isfinite(peak):
+            # numpy's Frobenius norm of complex data sums re^2 + im^2: a NaN part is NaN even beside an
+            # infinite one, whose modulus hypot(inf, nan) is inf
+            if x.dtype.kind == "c" and not math.isnan(peak) and np.isnan(x).any():
+                peak = math.nan
+            state["bad"] = float(np.maximum(state["bad"], peak))
+        elif peak > 0:
             state = _lassq(state, a, peak)
         state["cols"] += a.sum(axis=0)
         r = a.sum(axis=1)
-        state["row_max"] = max(state["row_max"], float(r.max()))
-        state["row_min"] = min(state["row_min"], float(r.min()))
+        state["row_max"] = float(np.maximum(state["row_max"], r.max()))
+        state["row_min"] = float(np.minimum(state["row_min"], r.min()))
     return state, None
 
 
 def _lassq(state: dict, a: np.ndarray, peak: float) -> dict:
-    """``scale^2 ssq += sum a^2`` without forming a square beyond the range (LAPACK's ``xLASSQ`` rule)."""
+    """``scale^2 ssq += sum a^2`` without forming a square beyond the range (LAPACK's ``xLASSQ`` rule);
+    ``peak``: ``max a``, finite and positive."""
     scale, ssq = state["scale"], state["ssq"]
     part = float(np.sum(np.square(a / peak)))
     if peak > scale:
@@ -77,8 +91,10 @@ def _merge(states: list) -> dict:
             else:
                 total["ssq"] += st["ssq"] * (st["scale"] / total["scale"]) ** 2
         total["cols"] += st["cols"]
-        total["row_max"] = max(total["row_max"], st["row_max"])
-        total["row_min"] = min(total["row_min"], st["row_min"])
+        # np.maximum/np.minimum keep a NaN whichever side it is on (Python's max and min do not)
+        total["bad"] = float(np.maximum(total["bad"], st["bad"]))
+        total["row_max"] = float(np.maximum(total["row_max"], st["row_max"]))
+        total["row_min"] = float(np.minimum(total["row_min"], st["row_min"]))
     return total
 
 
@@ -91,6 +107,8 @@ def entrywise(a: Any, **settings: Unpack[Settings]) -> dict:
         states = run_pass(job, sums_kernel, [source(A)], {"n": n}, description="norm: sums over A").states
         total = _merge([st for st in states if st is not None])
         fro = total["scale"] * math.sqrt(total["ssq"]) if total["scale"] > 0 else 0.0
+        if total["bad"]:  # NaN or Inf read with check_finite=False: NumPy's sqrt(sum a^2), NaN or inf
+            fro = total["bad"]
         return {"fro": fro, "cols": total["cols"], "row_max": total["row_max"],
                 "row_min": total["row_min"] if m else 0.0, "report": job.report(operation="norm")}
 

@@ -27,7 +27,8 @@ from blocklin.runtime.powers import ldexp
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.blocks.results import open_group, write_group
-from blocklin.linalg.blocks.scaling import Scaling, check_finite_result, check_result_range, incore_exponent, unscale
+from blocklin.linalg.blocks.scaling import (Scaling, check_finite_result, check_result_range, incore_exponent,
+                                           refuse_nonfinite, unscale)
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
 from blocklin.linalg.lowrank.run import real_parts
 from blocklin.linalg.lowrank.sources import load_incore
@@ -206,7 +207,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         if v0 is not None:  # SciPy's starting vector: the block's first column
             g[:, 0] = v0
         x0 = orth_against(None, g, seed=seed)
-        scaling = Scaling.of(source(A), dt)
+        scaling = Scaling.of(source(A), dt, finite_for="eigsh")  # NaN/Inf refused (check_finite=False)
         saved = ckpt.load("scaling")
         if saved is not None:  # resume: the power of two the checkpointed steps were taken with
             scaling.e, scaling.amax = int(saved["e"]), float(saved["amax"])
@@ -304,6 +305,7 @@ def _operator(job: Job, A: Any, plan: SvdPlan, x0: np.ndarray, check_symmetric: 
     if plan.in_core:
         M = load_incore(job, A, plan)
         scaling.e, scaling.amax = incore_exponent(real_parts(M))
+        refuse_nonfinite(scaling.amax, "eigsh")
         if scaling.e:
             ldexp(M, -scaling.e, out=M)
         ax, atx = M @ x0.astype(dt), herm(M.T @ herm(x0.astype(dt)))

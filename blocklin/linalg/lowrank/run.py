@@ -12,7 +12,7 @@ import numpy as np
 
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.center import Moments, Shift, moments_incore
-from blocklin.linalg.blocks.scaling import ProductScaling, Scaling, incore_exponent, unscale
+from blocklin.linalg.blocks.scaling import ProductScaling, Scaling, incore_exponent, refuse_nonfinite, unscale
 from blocklin.linalg.lowrank.centering import fused_start, means_pass, moments_gram
 from blocklin.linalg.lowrank.methods import (Factorization, gram, lanczos, rsvd, sketch, squares_lost, tsqr_svd,
                                              whole_space)
@@ -22,6 +22,9 @@ from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import source
 from blocklin.runtime.powers import ldexp
+
+#: What an SVD's refusal of NaN or Inf names: the operations that reach it (:func:`refuse_nonfinite`).
+SVD_USERS = "an SVD (svd, pca, the spectral norms 2, -2 and 'nuc', cond, lstsq)"
 
 
 def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: float | None, seed: int,
@@ -40,7 +43,8 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
     filled with the co-moments where the means pass makes them (an updatable result keeps them,
     :mod:`blocklin.linalg.lowrank.updatable`), or with the single-pass sketch's state, whose ``Y`` is
     then stored at ``sketch_y`` (:mod:`blocklin.linalg.update.sketch`)."""
-    scaling = Scaling.of(source(A, transposed=plan.transposed), A.dtype)
+    # no SVD of NaN or Inf: refused once the first pass has seen max |a| (the check_finite=False case)
+    scaling = Scaling.of(source(A, transposed=plan.transposed), A.dtype, finite_for=SVD_USERS)
     job.column_peaks.add(scaling.path)  # the first pass records each column's peak: squares_lost reads them
     saved = ckpt.load("scaling") if ckpt is not None and not plan.in_core else None
     if saved is not None:  # resume: the power of two the checkpointed passes were made with
@@ -78,6 +82,7 @@ def _in_memory(job: Job, A: Any, plan: SvdPlan, scaling: Scaling, *, center: boo
     moments = None
     b = load_incore(job, A, plan)
     scaling.e, scaling.amax = incore_exponent(real_parts(b))
+    refuse_nonfinite(scaling.amax, SVD_USERS)
     if scaling.e:  # held in memory: scaled in place (a power of two: exact)
         ldexp(b, -scaling.e, out=b)
     if center or scale:
