@@ -91,8 +91,9 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
         For paths that do not hold a readable zarr array.
     """
     staged = False
-    if type(x).__module__.startswith("xarray") and hasattr(x, "dims") and hasattr(x, "data"):
-        x = x.data  # a DataArray: its NumPy or Dask data (the labels are the API's to carry)
+    if any(c.__module__.startswith("xarray") for c in type(x).__mro__[:-1]) and hasattr(x, "dims") \
+            and hasattr(x, "data"):
+        x = x.data  # a DataArray (or a labelled solve's subclass): its NumPy or Dask data
     if isinstance(x, Matrix):
         path, arr = x.location, x.zarr
     elif isinstance(x, (str, os.PathLike, Location)):
