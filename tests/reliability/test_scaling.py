@@ -22,7 +22,7 @@ import blocklin as bl
 from blocklin.errors import BlocklinWarning, ConvergenceError, ParameterError
 from blocklin.linalg.blocks import scaling
 from blocklin.linalg.lowrank.triplets import triplet_report
-from support.tolerances import assert_close_to, eps
+from support.tolerances import assert_close_to, assert_residual, eps
 
 #: The factors of the property tests (float64); float32 has its own smaller range.
 C64 = [2.0 ** e for e in (-600, -300, -60, 0, 60, 300, 600)]
@@ -437,6 +437,23 @@ def test_lu_of_columns_near_the_underflow_threshold(dtype, case, memory):
     assert np.linalg.norm(low @ up - pa) <= bound, (np.linalg.norm(low @ up - pa) / np.linalg.norm(pa))
     # partial pivoting's multipliers: at most 1, or sqrt(2) where the pivot is chosen by |Re| + |Im| (icamax)
     assert np.abs(np.tril(packed, -1)).max() <= (np.sqrt(2) if np.dtype(dtype).kind == "c" else 1.0) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("c", [2.0 ** 100, 1e39, 2.0 ** -100], ids=["2^100", "1e39", "2^-100"])
+def test_16_bit_solves_of_a_scaled_a_with_b_near_1(precision, c):
+    """``A`` near ``2^100`` with ``b`` near 1 puts ``x`` near ``2^-100`` and its corrections near float32's
+    underflow threshold, where the preconditioner's float32 solves lost their digits: GMRES-IR stalled at a
+    backward error of ``2.4e-13`` and ``solve`` and ``inv`` were refused (a randomized search). The
+    solves take each column scaled by a power of two (exact). Bound: the float64 backward error of a
+    refined solve (:func:`assert_residual`), the inverse column by column ``||A X - I||``."""
+    rng = np.random.default_rng(23)
+    n = 64
+    a = (rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)) * c
+    b = rng.standard_normal((n, 2))
+    x = bl.solve(a, b, precision=precision, memory="1MiB")
+    assert_residual(a, x.to_numpy(), b, dtype=np.float64)
+    assert_residual(a, bl.inv(a, precision=precision, memory="1MiB").to_numpy(), np.eye(n), dtype=np.float64)
 
 
 # -- the probe's cases -----------------------------------------------------------------------------------
