@@ -295,7 +295,8 @@ def _unscaled(ev_s: np.ndarray, total_s: float, noise_s: float, e: int,
     if total_out or ev_out:
         where = "float64's" if total_out else f"{fi.dtype.name}'s"
         warn(f"pca: the variances are beyond {where} range (about 2^{top}); explained_variance_"
-             f"{', noise_variance_ and total_variance_' if total_out else ''} hold inf or 0 (or lost digits); "
+             f"{', noise_variance_ and total_variance_' if total_out else ''} hold inf or 0 (or lost digits), "
+             "and so do score, score_samples, get_covariance and get_precision, which are built from them; "
              "explained_variance_ratio_, singular_values_, components_, mean_ and the whitened transform are "
              "exact; pass A scaled by a power of two for the variances", BlocklinWarning)
     return ev, total, noise
