@@ -13,7 +13,7 @@ import pytest
 import zarr
 
 import blocklin as bl
-from blocklin.errors import NonFiniteError
+from blocklin.errors import BlocklinWarning, NonFiniteError
 
 OFF = {"check_finite": False}
 #: the whole matrix in one task, and strips streamed over several tasks (the merge of their states)
@@ -137,3 +137,34 @@ def test_det_of_nan_is_nan():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert math.isnan(bl.det(a, **OFF))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("memory", ["96KiB", "64MiB"])  # tiles / one block in memory
+def test_factorizations_name_nan_or_inf_not_a_singular_matrix(bad, memory):
+    """With ``check_finite=False`` a NaN or an Inf had been reported as an exact zero pivot (``lu``,
+    ``solve``), a numerically singular matrix (``inv``, ``cond(p='fro')``) or a rank deficiency (``qr``):
+    the maxima the factorizations keep had dropped it (Python's ``max`` keeps its first argument before
+    a NaN). The solves and inverses now refuse it by name; ``lu`` returns getrf's factors (as SciPy's
+    ``lu_factor`` does) with a warning that says so; ``det`` is NumPy's."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((60, 60)) + 8 * np.eye(60)
+    a[5, 7] = bad
+    t = rng.standard_normal((180, 60))
+    t[5, 7] = bad
+    b = rng.standard_normal((60, 1))
+    for call in (lambda: bl.solve(a, b, memory=memory, **OFF), lambda: bl.inv(a, memory=memory, **OFF),
+                 lambda: bl.inv(a, memory=memory, precision="mixed", **OFF),
+                 lambda: bl.cond(a, "fro", memory=memory, **OFF)) + \
+            ((lambda: bl.qr(t, memory=memory, **OFF)),) * (memory != "96KiB"):  # the tiled QR needs more
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's, of arithmetic on Inf before the refusal
+            with pytest.raises(NonFiniteError, match=r"must be finite for .*check_finite=False.*Fix:"):
+                call()
+    with pytest.warns(BlocklinWarning, match="lu: A holds (NaN|Inf) .check_finite=False"):
+        bl.lu(a, memory=memory, **OFF)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        want = np.linalg.det(a)
+        got = bl.det(a, memory=memory, **OFF)
+    assert same(got, want), (got, want)

@@ -238,10 +238,18 @@ def refuse_nonfinite(amax: float | None, what: str, name: str = "a") -> None:
     ``check_finite=False``'s guard: skipping the check must not turn the NaN of a decomposition into an
     empty or finite wrong result (its rank-revealing steps dropped every NaN column: ``s = []``). Like
     ``numpy.linalg.svd``, which raises ``LinAlgError`` on NaN or Inf, it refuses instead of returning NaN."""
+    refusal = nonfinite_refusal(amax, what, name)
+    if refusal is not None:
+        raise refusal
+
+
+def nonfinite_refusal(amax: float | None, what: str, name: str = "a") -> Exception | None:
+    """The :class:`~blocklin.errors.NonFiniteError` :func:`refuse_nonfinite` raises (None for a finite or
+    unknown ``amax``): for callers that build their error first (a singular block that was NaN)."""
     from blocklin.errors import NonFiniteError, explain
 
     if amax is not None and not math.isfinite(amax):
-        raise NonFiniteError(explain(
+        return NonFiniteError(explain(
             name, f"must be finite for {what} (a decomposition has no answer on NaN or Inf; check_finite=False "
             "skipped the check that names the position)",
             f"largest magnitude {amax} ({'a NaN' if math.isnan(amax) else 'an Inf'} in the data)",

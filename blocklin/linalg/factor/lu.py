@@ -113,7 +113,10 @@ def _factor(a: Any, out: Any, overwrite: bool, resume: bool, explain: bool, tile
             create_array(ao.array_path(), shape=(m, n), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
         f = factor_lu_into(job, A, ao.array_path(), plan, done_dir=ao.done)
         pivots, max_a, max_u, min_pivot = f.pivots, f.max_a, f.max_u, f.min_pivot
-        if min(m, n) and min_pivot == 0.0:
+        if not math.isfinite(max_a):  # check_finite=False: NaN or Inf data, which had been called a zero pivot
+            warn(f"lu: A holds {'NaN' if math.isnan(max_a) else 'Inf'} (check_finite=False skipped the check): the "
+                 "factors hold NaN or Inf where LAPACK's getrf puts them; pass check_finite=True to find the entry")
+        elif min(m, n) and min_pivot == 0.0:
             warn("lu: an exact zero pivot: A is singular (U has a zero on its diagonal); the factors are "
                  "returned as LAPACK's getrf does" if m == n else
                  f"lu: an exact zero pivot: the {m} x {n} A has rank below {min(m, n)} (U has a zero on its "
@@ -166,10 +169,11 @@ def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: A
                              for j in range(plan.tiles)]) if min(m, n) else np.zeros(0, dtype=np.int64)
     if path is not None:
         lu_finish(ops, work, path, (m, n), pivots, dtype=dt)
-    min_pivot = min((r["min_pivot"] for r in results), default=0.0)  # inf: a panel without pivots
-    return LUFactors(pivots=pivots, max_a=max((r["max_a"] for r in results), default=0.0),
-                     max_u=max((r["max_u"] for r in results), default=0.0),
-                     min_pivot=min_pivot if math.isfinite(min_pivot) else 0.0,
+    # NumPy's max and min: a NaN of the data (check_finite=False) is kept, which Python's max drops
+    min_pivot = float(np.min([r["min_pivot"] for r in results])) if results else 0.0  # inf: no pivots
+    return LUFactors(pivots=pivots, max_a=float(np.max([r["max_a"] for r in results])) if results else 0.0,
+                     max_u=float(np.max([r["max_u"] for r in results])) if results else 0.0,
+                     min_pivot=min_pivot if not math.isinf(min_pivot) else 0.0,
                      sumsq=sum(r["sumsq"] for r in results), work=work)  # in panel order: deterministic
 
 

@@ -197,7 +197,7 @@ def _read_panel(spec: TileOpSpec, c0: int, c1: int, dt: np.dtype, rows_per_block
         if spec.check:
             check_finite(block, "a", slice(off_r + r0, off_r + r1), cols)
         if block.size:
-            max_a = max(max_a, _block_max_abs(block))
+            max_a = float(np.maximum(max_a, _block_max_abs(block)))  # NaN kept (Python's max drops it)
             sumsq += sum_squares(block)
         if not same:
             panel[r0:r1] = block
@@ -238,7 +238,7 @@ def _max_abs(x: np.ndarray, rows_per_block: int) -> float:
     for r0 in range(0, x.shape[0], rows_per_block):
         block = x[r0:r0 + rows_per_block]
         if block.size:
-            out = max(out, _block_max_abs(block))
+            out = float(np.maximum(out, _block_max_abs(block)))
     return out
 
 

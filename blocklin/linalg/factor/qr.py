@@ -20,6 +20,7 @@ import numpy as np
 from blocklin.config import Settings, format_size
 from blocklin.errors import BudgetError, ParameterError, warn
 from blocklin.errors import explain as _msg
+from blocklin.linalg.blocks.scaling import refuse_nonfinite
 from blocklin.linalg.blocks.streaming_qr import tsqr_pass
 from blocklin.linalg.blocks.tsqr import MIN_STRIP_ROWS, diagonal_signs, positive_diagonal, signed_columns
 from blocklin.matrix import Matrix
@@ -349,6 +350,9 @@ def _commit(job: Job, ao: Any, qo: Any, plan: dict, params: dict, report: dict, 
 
 def _report(job: Job, diag: np.ndarray, *, method: str, reason: str, flops: int, plan: dict,
             norm_a: float | None) -> dict:
+    bad = diag[~np.isfinite(diag)]
+    if bad.size:  # check_finite=False: R of NaN or Inf data, not a rank deficiency
+        refuse_nonfinite(float(bad[0]), "qr")
     top = float(diag.max()) if diag.size else 0.0
     ratio = float(diag.min()) / top if top > 0 else 0.0
     if diag.size and ratio == 0.0:

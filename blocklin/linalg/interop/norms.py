@@ -227,6 +227,8 @@ def slogdet(a: Any, **settings: Unpack[Settings]) -> tuple[float | complex, floa
 
     with warnings.catch_warnings():  # a zero pivot is the answer here, (0, -inf), not a warning
         warnings.filterwarnings("ignore", message="lu: an exact zero pivot", category=BlocklinWarning)
+        # check_finite=False with NaN or Inf: the determinant of getrf's factors, NumPy's NaN or Inf
+        warnings.filterwarnings("ignore", message="lu: A holds", category=BlocklinWarning)
         # blocklin.lu factors any shape; a determinant needs a square matrix (numpy.linalg refuses others too)
         f = square_lu(a, "for a determinant (det, slogdet)", "pass a square matrix; for the volume a rectangular "
                       "matrix scales by, multiply its singular values (blocklin.svd(a, return_singular_vectors=False))",

@@ -397,8 +397,9 @@ def _leaf_strip(size: int) -> int:
 
 
 def _inf_norm(a: np.ndarray) -> float:
-    return max((float(np.abs(a[r0:r1]).sum(axis=1).max()) for r0, r1 in split(a.shape[0], _leaf_strip(a.shape[0]))),
-               default=0.0)
+    # NumPy's max: a NaN of the data (check_finite=False) is kept, which Python's max drops
+    return float(np.max([np.abs(a[r0:r1]).sum(axis=1).max() for r0, r1 in split(a.shape[0], _leaf_strip(a.shape[0]))],
+                        initial=0.0))
 
 
 def leaf_memory(size: int, work_dtype: Any, chunk_bytes: int, probed: bool = False) -> int:
@@ -458,7 +459,7 @@ def _input_checks(spec: LeafSpec, a: np.ndarray) -> tuple[float, np.ndarray, flo
         blk = np.asarray(blk, dtype=q.dtype)
         ss += sumsq(blk)
         q += p[r0:r1].T @ blk
-        anorm = max(anorm, float(np.abs(blk).sum(axis=1).max()))
+        anorm = float(np.maximum(anorm, np.abs(blk).sum(axis=1).max()))  # NaN kept
     return ss, q, anorm
 
 
@@ -489,7 +490,7 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
     flops = 2 * spec.size**3
     nbytes = a.nbytes
     failed = {"rcond": 0.0, "sumsq": float("nan"), "flops": flops, "bytes_read": nbytes, "bytes_written": 0,
-              "off": spec.off, "size": spec.size, **extra}
+              "off": spec.off, "size": spec.size, "anorm": anorm, **extra}  # anorm: NaN data is not singular
     dst = open_array(spec.dst, mode="r+")
     d0 = spec.dst_slice.start
     cols = spec.dst_slice

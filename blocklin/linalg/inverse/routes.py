@@ -13,7 +13,7 @@ import numpy as np
 
 from blocklin.errors import ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg.blocks.scaling import narrow_range_refusal
+from blocklin.linalg.blocks.scaling import narrow_range_refusal, nonfinite_refusal, refuse_nonfinite
 from blocklin.linalg.inverse import refine as _refine
 from blocklin.linalg.inverse.kernels import (
     LURowsSpec,
@@ -119,6 +119,7 @@ def invert_lu(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed: i
     # not reuse: each panel returns the free pages first (n = 1024 at 2 MiB: 2.2-2.3 MiB above the
     # warmed baseline without, 1.5-1.7 MiB with; the LU alone measured no better with it)
     f = factor_lu_into(job, M, None, fplan, done_dir=run.stages.folder / "lu-markers", trim=True)
+    refuse_nonfinite(f.max_a, "inv")  # check_finite=False: neither a zero pivot nor an overflow
     if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
         raise ParameterError(_msg("precision", f"a {wdt.name} factorization needs A's entries within {wdt.name}'s "
                                   "range (the factorization overflowed)", f"max |A| {f.max_a:.3g}, max |U| {f.max_u:.3g}",
@@ -203,9 +204,13 @@ class _LeafSingular(Exception):
         self.last = last
 
 
-def _singular(leaf: dict, last: bool, what: str | None = None, work_dtype: Any = None) -> SingularMatrixError:
+def _singular(leaf: dict, last: bool, what: str | None = None, work_dtype: Any = None) -> Exception:
     """``work_dtype``: the lower precision the recursion ran in (``precision="mixed"``/``"tf32"``), where a
-    block singular in float32 may be well within float64's range: the fix then names that first."""
+    block singular in float32 may be well within float64's range: the fix then names that first. A block
+    whose norm is NaN or Inf (``check_finite=False``) is named for that, not as singular."""
+    nonfinite = nonfinite_refusal(leaf.get("anorm"), "inv")
+    if nonfinite is not None:
+        return nonfinite
     rc = leaf["rcond"]
     what = what or ("Schur complement" if last else "block")
     cond = "infinite (an exact zero pivot)" if rc == 0 else f"at least about {1 / rc:.1e}"

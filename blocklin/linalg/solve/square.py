@@ -19,7 +19,7 @@ from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, 
                              ParameterError, SingularMatrixError, explain, warn)
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
-from blocklin.linalg.blocks.scaling import max_abs, narrow_range_refusal, safe_norm, sumsq_in_range
+from blocklin.linalg.blocks.scaling import max_abs, narrow_range_refusal, refuse_nonfinite, safe_norm, sumsq_in_range
 from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, check_condition,
                                             check_refined, condition_estimate, get, krylov_plan, put, refine_ir)
 from blocklin.device.half import FORMATS
@@ -611,6 +611,7 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
     fdt = np.dtype(plan.dtype)
     rhs, rhs_out = fused or (None, None)
     f = factor_lu_into(job, A, lu_path, plan, done_dir=markers, rhs=rhs, rhs_out=rhs_out)
+    refuse_nonfinite(f.max_a, "a square solve")  # check_finite=False: neither a zero pivot nor an overflow
     if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
         half = getattr(job, "math", None) in HALF
         raise ParameterError(explain("precision", f"a float32 factorization needs A's entries within {fdt.name}'s "
