@@ -68,6 +68,18 @@ def temp_store_reads(cfg: Config) -> str:
     return "direct" if temp_root(cfg).is_local else "ranges"
 
 
+def decoded_chunks(op: Operand) -> tuple[int, int, int] | None:
+    """``(rows, cols, itemsize)`` of the chunks a read of ``op`` decodes whole (read kind ``"chunks"``:
+    compressed, or on an object store with a codec), whose temporaries a tile plan counts
+    (:func:`blocklin.plan.factor.chunk_io`); None where reads take only the bytes they keep (local
+    chunk files read directly, byte ranges)."""
+    from blocklin.storage.zarr_store import read_kind
+
+    if len(op.chunks) != 2 or read_kind(op.path) != "chunks":
+        return None
+    return int(op.chunks[0]), int(op.chunks[1]), int(np.dtype(op.dtype).itemsize)
+
+
 def _stage_dir(cfg: Config, stack: contextlib.ExitStack) -> Location:
     d = temp_root(cfg) / f"blocklin-stage-{uuid.uuid4().hex[:12]}"
     stack.callback(end_work_folder, d)  # registered first: an interrupt cannot slip between

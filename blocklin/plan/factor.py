@@ -27,6 +27,25 @@ TILE_SIDES = (2048, 1024, 512, 256, 128, 64, 32)
 MAX_TILE_UPDATES = 200_000
 
 
+def chunk_io(rows: int, cols: int, decoded: tuple[int, int, int] | None, shape: tuple[int, int],
+             kept: int) -> int:
+    """Bytes of zarr's temporaries of one ``rows x cols`` read of an input whose chunks it decodes whole
+    (``decoded``: chunk rows, columns and itemsize, :func:`blocklin.operands.decoded_chunks`; None: read
+    directly), beyond ``kept``, the buffers a plan already keeps for the read (the block as read and one
+    set of temporaries). As the GEMM's measured model (:mod:`blocklin.plan.gemm`): a raw, a decoded and
+    our copy of each chunk the read touches, at most :data:`~blocklin._memory.IO_CONCURRENCY` at once.
+    Counted where a chunk outgrows the block read: a 512-tile of a 1536 x 1536 zstd chunk had a Cholesky
+    at 48 MiB peak at 138 MiB, an LU at 32 MiB at 84."""
+    from blocklin._memory import IO_CONCURRENCY
+    from blocklin.plan.gemm import _chunks_touched
+
+    if decoded is None:
+        return 0
+    c0, c1, isz = max(1, decoded[0]), max(1, decoded[1]), decoded[2]
+    touched = _chunks_touched(rows, c0, shape[0]) * _chunks_touched(cols, c1, shape[1])
+    return max(0, min(IO_CONCURRENCY, touched) * 3 * c0 * c1 * isz - kept)
+
+
 def tile_updates(tiles: int) -> int:
     """Tile updates of a tiled factorization with ``tiles`` tiles (or panels) per side: ``tiles^3 / 6``."""
     return tiles**3 // 6
@@ -186,7 +205,8 @@ class FactorPlan:
 
 
 def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int = 1,
-                chunks: tuple[int, int] | None = None, tile: int | None = None, widen: bool = False) -> FactorPlan:
+                chunks: tuple[int, int] | None = None, tile: int | None = None, widen: bool = False,
+                decoded: tuple[int, int, int] | None = None) -> FactorPlan:
     """Tile side and concurrency of a tiled factorization of an ``n x n`` matrix within ``memory``.
 
     The input's square chunk side is kept when it fits (tiles then read whole chunks); with
@@ -194,14 +214,18 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
     :data:`TILE_SIDES`, while at least :data:`MIN_TILES` tiles remain per side (larger tiles mean
     fewer reads, ``n^3 / (3 tile)`` elements, and larger GEMMs: at n = 4096 with 512-chunks and a
     64 MiB budget, tiles of 1024 ran the Cholesky in 9-13 s against 18-19 s with 512). Otherwise the
-    largest of :data:`TILE_SIDES` that fits ``workers`` tasks of :data:`TILE_BUFFERS` tiles.
+    largest of :data:`TILE_SIDES` that fits ``workers`` tasks of :data:`TILE_BUFFERS` tiles and, for an
+    input whose chunks are decoded whole (``decoded``), the temporaries of a tile read (:func:`chunk_io`).
     """
     dt = np.dtype(dtype)
     per_tile = dt.itemsize
     planned = _check_tile(tile, n) is None
 
+    def task(t: int) -> int:
+        return TILE_BUFFERS * t * t * per_tile + chunk_io(t, t, decoded, (n, n), 2 * t * t * per_tile)
+
     def fits(t: int, w: int) -> bool:
-        return w * TILE_BUFFERS * t * t * per_tile <= memory
+        return w * task(t) <= memory
 
     if tile is None:
         if chunks is not None and chunks[0] == chunks[1] and 32 <= chunks[0] and fits(min(chunks[0], n), workers):
@@ -212,17 +236,20 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
         else:
             tile = next((t for t in TILE_SIDES if fits(min(t, max(n, 1)), workers)), None)
         if tile is None:
-            need = workers * TILE_BUFFERS * 32 * 32 * per_tile
-            raise BudgetError(explain("memory", f"must hold {workers} task(s) of {TILE_BUFFERS} tiles of 32 x 32",
-                                      format_size(memory), f"raise it to at least {format_size(need)}"), minimum=need)
+            need = min(workers * task(min(t, max(n, 1))) for t in TILE_SIDES)
+            raise BudgetError(explain("memory", f"must hold {workers} task(s) of {TILE_BUFFERS} tiles of 32 x 32"
+                                      + (" and the temporaries of the input's chunks, decoded whole" if decoded else ""),
+                                      format_size(memory), f"raise it to at least {format_size(need)}"
+                                      + (", or rechunk the input smaller (blocklin convert --chunks)" if decoded
+                                         else "")), minimum=need)
     tile = max(1, min(int(tile), max(n, 1)))
     _check_updates(operation, n, tile, planned, memory)
     # as many of the asked workers as the budget holds (a division: workers may be huge)
-    workers = max(1, min(int(workers), memory // max(1, TILE_BUFFERS * tile * tile * per_tile)))
+    workers = max(1, min(int(workers), memory // max(1, task(tile))))
     nt = max(1, math.ceil(n / tile))
     reads = (n**3 / (3 * tile) + n * n / 2) * dt.itemsize
     return FactorPlan(operation=operation, n=n, dtype=dt.name, tile=tile, tiles=nt, workers=workers,
-                      peak_memory=workers * TILE_BUFFERS * tile * tile * per_tile, memory=memory,
+                      peak_memory=workers * task(tile), memory=memory,
                       flops=n**3 // 3, bytes_read=int(reads))
 
 
@@ -299,7 +326,8 @@ def lu_flops(m: int, n: int) -> int:
 
 
 def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
-            tile: int | None = None, source_dtype: Any = None, m: int | None = None) -> FactorPlan:
+            tile: int | None = None, source_dtype: Any = None, m: int | None = None,
+            decoded: tuple[int, int, int] | None = None) -> FactorPlan:
     """Panel width of the left-looking LU of an ``m x n`` matrix (``m``: the rows, default ``n``): as
     wide as :func:`lu_panel_bytes` of ``m`` rows allows in the budget (``source_dtype``: the input's,
     when the factorization computes in another ``dtype``).
@@ -320,8 +348,13 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
     rows = n if m is None else m
     planned = _check_tile(tile, n) is None
 
+    def task(t: int) -> int:  # the panel's buffers, and the temporaries of its input's chunks read by blocks
+        t = min(t, max(n, 1))
+        return lu_panel_bytes(rows, t, dt.itemsize, src) + chunk_io(lu_stream_rows(t, rows), t, decoded, (rows, n),
+                                                                     2 * lu_stream_rows(t, rows) * t * src)
+
     def fits(t: int) -> bool:
-        return lu_panel_bytes(rows, min(t, max(n, 1)), dt.itemsize, src) <= memory
+        return task(t) <= memory
 
     if tile is None:
         if chunks is not None and chunks[0] == chunks[1] and chunks[0] >= 32 and fits(chunks[0]):
@@ -334,9 +367,12 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
             if tile is not None and rows < n:  # a wide matrix: panels no wider than m (see above)
                 tile = min(tile, max(32, -(-rows // 32) * 32))
         if tile is None:
-            need = lu_panel_bytes(rows, 32, dt.itemsize, src)
-            raise BudgetError(explain("memory", f"must hold a column panel of {rows} x 32 and its buffers for the LU",
-                                      format_size(memory), f"raise it to at least {format_size(need)}"), minimum=need)
+            need = min(task(t) for t in TILE_SIDES)
+            raise BudgetError(explain("memory", f"must hold a column panel of {rows} x 32 and its buffers for the LU"
+                                      + (" and the temporaries of the input's chunks, decoded whole" if decoded else ""),
+                                      format_size(memory), f"raise it to at least {format_size(need)}"
+                                      + (", or rechunk the input smaller (blocklin convert --chunks)" if decoded
+                                         else "")), minimum=need)
     tile = max(1, min(int(tile), max(n, 1)))
     _check_updates("lu", n, tile, planned, memory, m=rows)
     nt = max(1, math.ceil(n / tile))
@@ -346,7 +382,7 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
         k = min(rows, n)
         reads = (rows * (k * k / 2 + k * (n - k)) / tile + 2 * rows * n) * dt.itemsize
     return FactorPlan(operation="lu", n=n, dtype=dt.name, tile=tile, tiles=nt, workers=1,
-                      peak_memory=lu_panel_bytes(rows, tile, dt.itemsize, src), memory=memory,
+                      peak_memory=task(tile), memory=memory,
                       flops=lu_flops(rows, n), bytes_read=int(reads), m=None if rows == n else rows)
 
 
@@ -356,15 +392,19 @@ QR_PANEL_BUFFERS = 6
 
 
 def plan_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None = None,
-            tile: int | None = None) -> FactorPlan:
+            tile: int | None = None, decoded: tuple[int, int, int] | None = None) -> FactorPlan:
     """Panel width of the left-looking Householder QR of an ``m x n`` matrix (``m >= n``):
     :data:`QR_PANEL_BUFFERS` panels of ``m x width`` in the budget. ``flops``: those of ``R``
     (``2 m n^2 - 2 n^3 / 3``); forming ``Q`` costs as much again."""
     dt = np.dtype(dtype)
     planned = _check_tile(tile, n) is None
 
+    def task(t: int) -> int:  # the panels, and the temporaries of the input's chunks a panel read decodes
+        return QR_PANEL_BUFFERS * max(m, 1) * t * dt.itemsize + chunk_io(max(m, 1), t, decoded, (m, n),
+                                                                           2 * max(m, 1) * t * dt.itemsize)
+
     def fits(t: int) -> bool:
-        return QR_PANEL_BUFFERS * max(m, 1) * t * dt.itemsize <= memory
+        return task(t) <= memory
 
     if tile is None:
         if chunks is not None and chunks[0] == chunks[1] and chunks[0] >= 32 and fits(min(chunks[0], max(n, 1))):
@@ -372,14 +412,17 @@ def plan_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] 
         else:
             tile = next((t for t in TILE_SIDES if fits(min(t, max(n, 1)))), None)
         if tile is None:
-            need = QR_PANEL_BUFFERS * m * 32 * dt.itemsize
+            need = min(task(min(t, max(n, 1))) for t in TILE_SIDES)
             raise BudgetError(explain("memory", f"must hold {QR_PANEL_BUFFERS} column panels of {m} x 32 for the "
-                                      "tiled QR", format_size(memory), f"raise it to at least {format_size(need)}, "
-                                      "or, for R alone of a tall matrix, use method='tsqr'"), minimum=need)
+                                      "tiled QR" + (" and the temporaries of the input's chunks, decoded whole"
+                                                    if decoded else ""), format_size(memory),
+                                      f"raise it to at least {format_size(need)}, "
+                                      + ("rechunk the input smaller (blocklin convert --chunks), " if decoded else "")
+                                      + "or, for R alone of a tall matrix, use method='tsqr'"), minimum=need)
     tile = max(1, min(int(tile), max(n, 1)))
     _check_updates("qr", n, tile, planned, memory)
     nt = max(1, math.ceil(n / tile))
     return FactorPlan(operation="qr", m=m, n=n, dtype=dt.name, tile=tile, tiles=nt, workers=1,
-                      peak_memory=QR_PANEL_BUFFERS * m * tile * dt.itemsize, memory=memory,
+                      peak_memory=task(tile), memory=memory,
                       flops=2 * m * n * n - 2 * n**3 // 3, bytes_read=int((m * n * n / (2 * tile) + 2 * m * n)
                                                                           * dt.itemsize))

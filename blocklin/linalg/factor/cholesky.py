@@ -8,6 +8,7 @@ from typing import Any, Unpack
 
 from blocklin.config import Settings
 from blocklin.matrix import Matrix
+from blocklin.operands import decoded_chunks
 from blocklin.plan.factor import FactorPlan, plan_factor
 from blocklin.linalg.factor.cholesky_tiles import tiled_cholesky
 from blocklin.runtime.blockops import BlockOps, Region
@@ -99,7 +100,7 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
                    "blocklin.solve(a, b))")
         dt = float_operand(A, "cholesky", complex_ok=True)
         plan = plan_factor("cholesky", n, dt, memory=job.cfg.memory, workers=job.workers(1),
-                           chunks=tuple(A.chunks), tile=tile, widen=True)
+                           chunks=tuple(A.chunks), tile=tile, widen=True, decoded=decoded_chunks(A))
         if explain:
             return plan
         token = resume_token("cholesky", [A], lower, plan.to_dict())

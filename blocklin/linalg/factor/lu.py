@@ -13,6 +13,7 @@ import numpy as np
 from blocklin.config import Settings
 from blocklin.errors import warn
 from blocklin.matrix import Matrix
+from blocklin.operands import decoded_chunks
 from blocklin.plan.factor import FactorPlan, plan_lu
 from blocklin.linalg.factor.lu_panels import lu_finish, lu_panels
 from blocklin.runtime.blockops import BlockOps, Region
@@ -101,7 +102,7 @@ def _factor(a: Any, out: Any, overwrite: bool, resume: bool, explain: bool, tile
         if require_square is not None:
             square(A, *require_square)
         dt = float_operand(A, "lu", complex_ok=True)
-        plan = plan_lu(n, dt, m=m, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
+        plan = plan_lu(n, dt, m=m, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile, decoded=decoded_chunks(A))
         if explain:
             return plan
         token = resume_token("lu", [A], plan.to_dict())

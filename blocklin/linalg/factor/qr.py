@@ -24,6 +24,7 @@ from blocklin.linalg.blocks.scaling import refuse_nonfinite
 from blocklin.linalg.blocks.streaming_qr import tsqr_pass
 from blocklin.linalg.blocks.tsqr import MIN_STRIP_ROWS, diagonal_signs, positive_diagonal, signed_columns
 from blocklin.matrix import Matrix
+from blocklin.operands import decoded_chunks
 from blocklin.plan.factor import QR_PANEL_BUFFERS, FactorPlan, plan_qr
 from blocklin.plan.qrtiles import TileQRPlan, plan_tile_qr
 from blocklin.plan.solve import small_bytes
@@ -152,7 +153,7 @@ def qr(a: Any, out: Any = None, *, q: Any = None, mode: str = "r", method: str =
             if explain:
                 return tplan
             return _tiles(job, A, tplan, out, q, mode=mode, overwrite=overwrite, resume=resume, reason=reason)
-        plan = plan_qr(m, n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile)
+        plan = plan_qr(m, n, dt, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile, decoded=decoded_chunks(A))
         if explain:
             return plan
         return _tiled(job, A, plan, out, q, mode=mode, overwrite=overwrite, resume=resume, reason=reason)

@@ -26,7 +26,7 @@ from blocklin.device.half import FORMATS
 from blocklin.linalg.solve.half_scaling import HalfScaling, squeeze
 from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
-from blocklin.operands import as_columns, temp_store_reads
+from blocklin.operands import as_columns, decoded_chunks, temp_store_reads
 from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
 from blocklin.plan.minimum import sufficient_budget, whole_call
 from blocklin.linalg.factor.lu_panels import lu_solve, swaps_to_permutation
@@ -367,9 +367,10 @@ def _kinds(assume_a: str) -> tuple[str, ...]:
 def _plan(job: Job, A: Any, fdt: np.dtype, kind: str, memory: int | None = None) -> FactorPlan:
     memory = job.cfg.memory if memory is None else memory
     if kind == "lu":
-        return plan_lu(A.shape[0], fdt, memory=memory, chunks=tuple(A.chunks), source_dtype=A.dtype)
+        return plan_lu(A.shape[0], fdt, memory=memory, chunks=tuple(A.chunks), source_dtype=A.dtype,
+                       decoded=decoded_chunks(A))
     return plan_factor("cholesky", A.shape[0], fdt, memory=memory, workers=job.workers(1),
-                       chunks=tuple(A.chunks), widen=True)
+                       chunks=tuple(A.chunks), widen=True, decoded=decoded_chunks(A))
 
 
 def _tile(job: Job, A: Any, plan: FactorPlan, dtype: np.dtype, memory: int | None = None) -> int:

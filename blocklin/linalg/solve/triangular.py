@@ -12,7 +12,7 @@ from blocklin.config import Settings
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
-from blocklin.operands import as_columns
+from blocklin.operands import as_columns, decoded_chunks
 from blocklin.plan.factor import plan_factor
 from blocklin.plan.minimum import whole_call
 from blocklin.runtime.blockops import BlockOps, Region
@@ -51,7 +51,8 @@ class TriangularSetup:
         float_operand(T, operation, complex_ok=True), float_operand(B, operation, complex_ok=True)
         dt = result_dtype([T, B], None if T.dtype == B.dtype else np.result_type(T.dtype, B.dtype))
         plan = whole_call(lambda memory: plan_factor("solve_triangular", n, dt, memory=memory, workers=job.workers(1),
-                                                     chunks=tuple(T.chunks), tile=tile), job.cfg.memory, operation)
+                                                     chunks=tuple(T.chunks), tile=tile, decoded=decoded_chunks(T)),
+                          job.cfg.memory, operation)
         ao = job.claim(out, [T, B], overwrite=overwrite)
         k = B.shape[1]
         create_array(ao.array_path(), shape=(n, k), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
