@@ -221,7 +221,8 @@ def _split(size: int, chunk: int, leaf: int | None = None) -> int:
 def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision: str | None = None,
                  source_dtype=None, source_chunk_bytes: int = 0, leaf: int | None = None,
                  chunk: int | None = None, depth: int | None = None, method: str = "auto",
-                 source_chunks: tuple[int, int] | None = None) -> InversePlan:
+                 source_chunks: tuple[int, int] | None = None,
+                 source_decoded: tuple[int, int, int] | None = None) -> InversePlan:
     """Plan the inversion of an ``n x n`` matrix of ``dtype`` within ``memory`` bytes.
 
     Parameters
@@ -265,7 +266,7 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
         method = "direct"
     if method in ("auto", "lu") and n > 0:
         try:
-            return _plan_lu(n, dt, wdt, src_dt, chunk, memory, kernels, source_chunks)
+            return _plan_lu(n, dt, wdt, src_dt, chunk, memory, kernels, source_chunks, source_decoded)
         except BudgetError:
             if method == "lu":
                 raise
@@ -301,22 +302,25 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
 
 
 def _plan_lu(n: int, dt: np.dtype, wdt: np.dtype, src_dt: np.dtype, chunk: int, memory: int,
-             kernels: KernelMemory, source_chunks: tuple[int, int] | None) -> InversePlan:
-    """Method ``"lu"``: the LU panels' plan, and the widest row strip (a multiple of ``chunk``, the
-    output's chunk side) whose task fits the budget beside nothing else (tasks run one at a time)."""
+             kernels: KernelMemory, source_chunks: tuple[int, int] | None,
+             decoded: tuple[int, int, int] | None = None) -> InversePlan:
+    """Method ``"lu"``: the LU panels' plan (with the temporaries of the input's chunks where zarr decodes
+    them whole, ``decoded``: :func:`~blocklin.plan.factor.chunk_io`), and the widest row strip (a multiple of
+    ``chunk``, the output's chunk side) whose task fits the budget beside nothing else (tasks run one at a
+    time)."""
     from blocklin.plan.factor import plan_lu
 
     from blocklin.plan.factor import TILE_SIDES
 
     if kernels.rows is None:
         raise InternalError("plan_inverse: method 'lu' needs the rows task's memory declaration")
-    lu = plan_lu(n, wdt, memory=memory, chunks=source_chunks, source_dtype=src_dt)
+    lu = plan_lu(n, wdt, memory=memory, chunks=source_chunks, source_dtype=src_dt, decoded=decoded)
     # the widest panels leave no room for the rows task's chunk temporaries of the panels' store:
     # narrower panels (fewer bytes per chunk) until one chunk-wide strip of rows fits too
     for t in (t for t in TILE_SIDES if t < lu.tile):
         if kernels.rows(n, min(n, chunk), lu.tile, wdt, dt) <= memory:
             break
-        lu = plan_lu(n, wdt, memory=memory, tile=t, source_dtype=src_dt)
+        lu = plan_lu(n, wdt, memory=memory, tile=t, source_dtype=src_dt, decoded=decoded)
     width = 0
     for w in range(chunk, max(n, chunk) + chunk, chunk):
         if kernels.rows(n, min(w, n), lu.tile, wdt, dt) > memory:

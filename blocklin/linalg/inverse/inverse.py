@@ -20,6 +20,7 @@ from blocklin.linalg.blocks.scaling import safe_norm
 from blocklin.linalg.inverse.kernels import MEMORY
 from blocklin.linalg.inverse.routes import InverseRun, butterfly_device, invert_as_planned, invert_schur
 from blocklin.matrix import Matrix
+from blocklin.operands import decoded_chunks
 from blocklin.plan.inverse import MIN_CHUNK, InversePlan, plan_inverse
 from blocklin.plan.minimum import whole_call
 from blocklin.runtime.blockops import BlockOps, Region
@@ -302,7 +303,8 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
     if space:  # the run's output and work stores (not for a plan alone)
         job.check_space(out, size=((n, n), out_dtype), temp_size=((n, 7 * n // 2), np.float64))
     kw = dict(memory=job.cfg.memory, kernels=MEMORY, source_dtype=M.dtype, method=method,
-              source_chunk_bytes=math.prod(M.chunks) * M.dtype.itemsize if n else 0, source_chunks=tuple(M.chunks))
+              source_chunk_bytes=math.prod(M.chunks) * M.dtype.itemsize if n else 0, source_chunks=tuple(M.chunks),
+              source_decoded=decoded_chunks(M))
 
     def inversion(memory: int, chunk: int | None = None) -> InversePlan:
         kwm = kw | {"memory": memory, "chunk": chunk}
