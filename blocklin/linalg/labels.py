@@ -152,14 +152,9 @@ def check_rows(a: Any, b: Any, name: str = "b") -> None:
                                      f"pass {name}.transpose({rows!r}, ...)"))
     if b.dims[0] != rows or rows not in a.coords or rows not in b.coords or a.sizes[rows] != b.sizes[rows]:
         return  # no labels to compare (or the sizes differ: the shape check says so)
-    at = _first_difference(a.coords[rows], b.coords[rows])
-    if at is not None:
-        raise ParameterError(explain(name, f"must have the coordinates of a along the shared row dimension "
-                                     f"{rows!r} (rows are matched by position, never reordered)",
-                                     f"{rows}[{at}] = {_show(a.coords[rows].values[at])} in a but "
-                                     f"{_show(b.coords[rows].values[at])} in {name}",
-                                     f"align them first: {name} = {name}.sel({rows}=a.{rows}), or "
-                                     f"a, {name} = xarray.align(a, {name})"))
+    _same_coords(name, rows, a.coords[rows], b.coords[rows], "the coordinates of a along the shared row dimension",
+                 "rows", "in a", f"align them first: {name} = {name}.sel({rows}=a.{rows}), or "
+                 f"a, {name} = xarray.align(a, {name})")
 
 
 def check_features(lab: Labels | None, x: Any, name: str = "x") -> None:
@@ -178,14 +173,21 @@ def check_features(lab: Labels | None, x: Any, name: str = "x") -> None:
     if x.dims[1] != feats or feats not in lab.coords or feats not in x.coords \
             or x.sizes[feats] != lab.coords[feats].size:
         return  # no labels to compare (or the sizes differ: the shape check says so)
-    at = _first_difference(lab.coords[feats], x.coords[feats])
+    _same_coords(name, feats, lab.coords[feats], x.coords[feats], "the fitted coordinates along the feature "
+                 "dimension", "features", "when fitted", f"select the fitted features first: {name} = "
+                 f"{name}.sel({feats}=model.mean_.{feats})")
+
+
+def _same_coords(name: str, dim: str, ref: Any, got: Any, rule: str, what: str, where: str, fix: str) -> None:
+    """Refuse ``got``'s coordinates along ``dim`` where they differ from ``ref``'s, naming the first
+    difference (``what`` are matched by position, so other labels would give another answer)."""
+    from blocklin.errors import ParameterError, explain
+
+    at = _first_difference(ref, got)
     if at is not None:
-        raise ParameterError(explain(name, f"must have the fitted coordinates along the feature dimension "
-                                     f"{feats!r} (features are matched by position, never reordered)",
-                                     f"{feats}[{at}] = {_show(lab.coords[feats].values[at])} when fitted but "
-                                     f"{_show(x.coords[feats].values[at])} in {name}",
-                                     f"select the fitted features first: {name} = {name}.sel({feats}="
-                                     f"model.mean_.{feats})"))
+        raise ParameterError(explain(name, f"must have {rule} {dim!r} ({what} are matched by position, never "
+                                     "reordered)", f"{dim}[{at}] = {_show(ref.values[at])} {where} but "
+                                     f"{_show(got.values[at])} in {name}", fix))
 
 
 def _show(v: Any) -> str:
