@@ -15,7 +15,7 @@ import numpy as np
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, explain
 from blocklin.plan.chunks import auto_chunks
-from blocklin.plan.factor import plan_factor
+from blocklin.plan.factor import TILE_SIDES, plan_factor
 from blocklin.plan.passes import PassMemory, plan_pass
 from blocklin.plan.rates import Rates, expected_line
 
@@ -98,7 +98,8 @@ def syrk_block_memory(block: int, rows: int, tile: int, dtype: Any, source_dtype
 
 
 def plan_syrk_blocks(s: int, k: int, dtype: Any, *, memory: int, tile: int, source_dtype: Any = None,
-                     workers: int = 1, k_chunk: int | None = None) -> SyrkBlocks:
+                     workers: int = 1, k_chunk: int | None = None, decoded: tuple[int, int, int] | None = None,
+                     trans: bool = False) -> SyrkBlocks:
     """The largest output block (a multiple of ``tile``) whose task fits ``memory``, and the slices
     streamed into it (a quarter of the block's side, at least 64 rows; whole chunks of ``A`` along
     ``k`` when they are ``k_chunk`` long and a slice holds one).
@@ -108,30 +109,49 @@ def plan_syrk_blocks(s: int, k: int, dtype: Any, *, memory: int, tile: int, sour
     ``blocks`` times for the ``blocks (blocks + 1) / 2`` lower blocks (a diagonal block reads its
     slices once, an off-diagonal one two slices): larger blocks, fewer reads (Dongarra et al. 1990
     for SYRK; the blocking is the usual out-of-core one, each output block read and written once).
+    ``decoded``: the chunks of ``A`` (as stored: ``k x s``, or ``s x k`` with ``trans``) that zarr decodes
+    whole; the temporaries of the chunks a slice read touches are counted (:func:`~blocklin.plan.factor.chunk_io`:
+    whole-column zstd chunks of 8 MiB had peaked at 88 MiB at a 48 MiB budget, planned 36).
     """
+    from blocklin.plan.factor import chunk_io
+
     tile = max(1, min(int(tile), max(s, 1)))
     n_tiles = max(1, math.ceil(s / tile))
+    shape = (s, k) if trans else (k, s)
+
+    def task_memory(block: int, rows: int, tile: int, dtype: Any, source_dtype: Any = None) -> int:
+        read = (block, rows) if trans else (rows, block)  # one slice as stored
+        kept = 2 * rows * block * np.dtype(source_dtype or dtype).itemsize
+        return syrk_block_memory(block, rows, tile, dtype, source_dtype) + chunk_io(*read, decoded, shape, kept)
+
     best = None
     for mult in range(n_tiles, 0, -1):
         block = min(mult * tile, s) if mult < n_tiles else s
         rows = max(1, min(k, max(64, block // 4)))
         if k_chunk and rows >= k_chunk and rows < k:
             rows -= rows % k_chunk
-        need = syrk_block_memory(block, rows, tile, dtype, source_dtype)
-        if need <= memory:
-            best = (block, rows, need)
+        # chunks decoded whole: slices of whole chunks along k first, each chunk decoded once a read
+        # (4096-row chunks read by 64-row slices had been decoded 64 times each)
+        tries = ([min(k, k_chunk)] if decoded and k_chunk and k_chunk > rows else []) + [rows]
+        fit = next(((r, need) for r in tries if (need := task_memory(block, r, tile, dtype, source_dtype)) <= memory),
+                   None)
+        if fit is not None:
+            best = (block, *fit)
             break
     if best is None:
         block = min(tile, s)
         for rows in (max(1, min(k, r)) for r in (64, 32, 16, 8, 1)):
-            need = syrk_block_memory(block, rows, tile, dtype, source_dtype)
+            need = task_memory(block, rows, tile, dtype, source_dtype)
             if need <= memory:
                 best = (block, rows, need)
                 break
     if best is None:
-        need = syrk_block_memory(min(tile, s), 1, tile, dtype, source_dtype)
-        raise BudgetError(explain("memory", f"must hold one SYRK block of {min(tile, s)} x {min(tile, s)}",
-                                  format_size(memory), f"raise it to at least {format_size(need)}"))
+        need = min(task_memory(min(tile, s), max(1, min(k, r)), tile, dtype, source_dtype) for r in (64, 1))
+        raise BudgetError(explain("memory", f"must hold one SYRK block of {min(tile, s)} x {min(tile, s)}"
+                                  + (" and the temporaries of A's chunks, decoded whole" if decoded else ""),
+                                  format_size(memory), f"raise it to at least {format_size(need)}"
+                                  + (", or rechunk A smaller (blocklin convert --chunks)" if decoded else "")),
+                          minimum=need)
     block, rows, need = best
     nb = max(1, math.ceil(s / block))
     tasks = nb * (nb + 1) // 2
@@ -171,7 +191,7 @@ def gram_out_chunks(s: int, dtype: Any) -> tuple[int, int]:
 
 def plan_gram(shape: tuple[int, int], dtype: Any, *, chunks: tuple[int, int], memory: int, trans: bool = False,
               source_dtype: Any = None, workers: int = 1, cores: int = 1, gpu: bool = False,
-              tasks: int | None = None) -> GramPlan:
+              tasks: int | None = None, decoded: tuple[int, int, int] | None = None) -> GramPlan:
     """The pass route when ``workers`` (or fewer) accumulators and the float64 reduction fit ``memory``,
     else the tiled route (:func:`~blocklin.plan.factor.plan_factor` tiles).
 
@@ -193,10 +213,18 @@ def plan_gram(shape: tuple[int, int], dtype: Any, *, chunks: tuple[int, int], me
         fp = plan_factor("syrk", s, dt, memory=memory, workers=workers)
     except BudgetError:  # fewer concurrent tiles before refusing (the error then names one task's minimum)
         fp = plan_factor("syrk", s, dt, memory=memory, workers=1)
-    sb = plan_syrk_blocks(s, k, dt, memory=memory, tile=fp.tile, source_dtype=src, workers=workers,
-                          k_chunk=chunks[1] if trans else chunks[0])
-    return GramPlan(**common, route="tiles", out_chunks=(fp.tile, fp.tile), reads=sb.reads,
-                    bytes_read=int(nbytes * sb.reads), peak_memory=sb.peak_memory, tile=fp.tile, workers=sb.workers)
+    # smaller tiles where A's chunks, decoded whole, leave the factor's tile no room (fewer chunks a slice touches)
+    for tile in [fp.tile] + [t for t in TILE_SIDES if t < fp.tile]:
+        try:
+            sb = plan_syrk_blocks(s, k, dt, memory=memory, tile=tile, source_dtype=src, workers=workers,
+                                  k_chunk=chunks[1] if trans else chunks[0], decoded=decoded, trans=trans)
+            break
+        except BudgetError as err:
+            refusal = err
+    else:
+        raise refusal
+    return GramPlan(**common, route="tiles", out_chunks=(tile, tile), reads=sb.reads,
+                    bytes_read=int(nbytes * sb.reads), peak_memory=sb.peak_memory, tile=tile, workers=sb.workers)
 
 
 def _plan_pass(common: dict, s: int, k: int, dt: np.dtype, src: np.dtype, chunks: tuple[int, int], memory: int,

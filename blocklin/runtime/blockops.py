@@ -155,9 +155,10 @@ class BlockOps:
     def syrk(self, out: Region, a: Region, *, dtype: Any, alpha: float = 1.0, beta: float = 0.0,
              c: Region | None = None, full: bool = False, check: bool = False, shift: float = 0.0,
              done_dir: Any = None, rhs: Region | None = None, rhs_out: Region | None = None,
-             description: str = "syrk") -> list[dict]:
+             description: str = "syrk", decoded: tuple[int, int, int] | None = None) -> list[dict]:
         """``out = beta * C + alpha * A A^T + shift * I`` (``A`` an ``n x k`` region, transposed views allowed;
-        ``A A^H`` of complex data, HERK: Hermitian, its diagonal real).
+        ``A A^H`` of complex data, HERK: Hermitian, its diagonal real). ``decoded``: ``A``'s chunks where zarr
+        decodes them whole, whose temporaries the blocks are planned with (as the caller planned them).
 
         The lower triangle is covered by square output blocks as large as the budget allows
         (:func:`~blocklin.plan.gram.plan_syrk_blocks`, a multiple of the chunk side): one task per
@@ -188,7 +189,8 @@ class BlockOps:
         src = open_array(a.path)
         k_chunk = src.chunks[0] if a.trans else src.chunks[1]
         sb = plan_syrk_blocks(n, k, dtype, memory=self.job.cfg.memory, tile=self.chunk, source_dtype=src.dtype,
-                              workers=self.workers or self.job.workers(1), k_chunk=k_chunk)
+                              workers=self.workers or self.job.workers(1), k_chunk=k_chunk, decoded=decoded,
+                              trans=not a.trans)
         q = (int(np.frexp(alpha)[1]) - 1) // 2 if np.isfinite(alpha) and alpha != 0 else 0
         spec = self.spec(dtype, a=a, out=out, c=c, b=rhs, lower=True, alpha=float(np.ldexp(alpha, -2 * q)),
                          beta=float(beta), full=full, check=check, shift=float(shift), done_dir=done_dir)

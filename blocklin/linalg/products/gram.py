@@ -37,6 +37,7 @@ from blocklin.linalg.labels import is_dataarray, label_gram, labels_of
 from blocklin.linalg.products.gram_kernels import gram_pass_kernel, sum_gram_states
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.matrix import Matrix
+from blocklin.operands import decoded_chunks
 from blocklin.plan.chunks import split
 from blocklin.plan.gram import GramPlan, gram_tasks, plan_gram
 from blocklin.plan.passes import RowPassPlan
@@ -85,6 +86,7 @@ class Gram:
         # tasks at once
         tasks = gram_tasks(self.shape[0], self.dtype, job.cfg.memory, gpu=gpu)
         return plan_gram(self.A.shape, self.dtype, chunks=self.A.chunks, memory=job.cfg.memory, trans=self.trans,
+                         decoded=decoded_chunks(self.A),
                          source_dtype=self.A.dtype, workers=job.cfg.workers or tasks, cores=job.cores(), gpu=gpu,
                          tasks=tasks)
 
@@ -111,7 +113,7 @@ class Gram:
             ops.syrk(Region.of(out_path, (plan.s, plan.s)), a if self.trans else a.H, dtype=self.dtype,
                      alpha=self.alpha, full=True, check=job.check_finite, done_dir=done_dir,
                      c=None if add is None else Region.of(add, (plan.s, plan.s)), beta=0.0 if add is None else 1.0,
-                     description=f"Gram tiles {plan.product}")
+                     description=f"Gram tiles {plan.product}", decoded=decoded_chunks(self.A))
             self._check_tiles(plan, out_path, lambda: ops.norm(a, description="norm of a (a zero Gram)") == 0)
             return None
         return self._run_pass(job, plan, out_path, add, peaks)
