@@ -120,15 +120,17 @@ def invert_lu(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed: i
     # warmed baseline without, 1.5-1.7 MiB with; the LU alone measured no better with it)
     f = factor_lu_into(job, M, None, fplan, done_dir=run.stages.folder / "lu-markers", trim=True)
     refuse_nonfinite(f.max_a, "inv")  # check_finite=False: neither a zero pivot nor an overflow
+    narrow = narrow_range_refusal(f.max_a, M.dtype, wdt, "invert without precision='mixed', or scale A by a "
+                                  "power of two into float32's range")
     if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
+        if narrow is not None:  # the cast itself overflowed: its range named, not the factorization's growth
+            raise narrow
         raise ParameterError(_msg("precision", f"a {wdt.name} factorization needs A's entries within {wdt.name}'s "
                                   "range (the factorization overflowed)", f"max |A| {f.max_a:.3g}, max |U| {f.max_u:.3g}",
                                   "invert without precision='mixed', or scale A"))
-    if f.min_pivot == 0.0:
-        refusal = narrow_range_refusal(f.max_a, M.dtype, wdt, "invert without precision='mixed', or scale A by a "
-                                       "power of two into float32's range")
-        if refusal is not None:
-            raise refusal
+    if not f.min_pivot > 0.0:  # a zero pivot, or NaN ones
+        if narrow is not None:
+            raise narrow
         raise SingularMatrixError(_msg("a", "must be nonsingular to be inverted", "LU with partial pivoting met an "
                                        "exact zero pivot (A is singular)",
                                        "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"))

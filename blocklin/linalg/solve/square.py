@@ -615,6 +615,10 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
     refuse_nonfinite(f.max_a, "a square solve")  # check_finite=False: neither a zero pivot nor an overflow
     if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
         half = getattr(job, "math", None) in HALF
+        refusal = None if half else narrow_range_refusal(f.max_a, A.dtype, fdt, "pass precision='double', or scale "
+                                                         "a by a power of two into float32's range")
+        if refusal is not None:  # the cast itself overflowed: its range named, not the factorization's growth
+            raise refusal
         raise ParameterError(explain("precision", f"a float32 factorization needs A's entries within {fdt.name}'s "
                                      "range (the factorization overflowed)" if not half else
                                      f"a factorization with {job.math} GEMM inputs needs its factors within "
@@ -622,7 +626,7 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
                                      f"max |A| {f.max_a:.3g}, max |U| {f.max_u:.3g}",
                                      "pass precision='double', or scale A" if not half else
                                      "pass precision='bf16' (float32's range) or 'mixed'"))
-    if n and f.min_pivot == 0.0:
+    if n and not f.min_pivot > 0.0:  # a zero pivot, or NaN ones (a cast that overflowed): _factor names which
         raise SingularMatrixError(explain("a", "must be nonsingular for a square solve", "LU with partial pivoting "
                                           "met an exact zero pivot (A is singular)", "blocklin.lstsq(a, b) for the "
                                           "minimum-norm least-squares solution, or regularize (lam > 0)"))
