@@ -375,7 +375,10 @@ def lu_panel_task(spec: TileOpSpec, j: int, deps: list) -> dict:
     pj = local[:d] + c0
     save_record(spec, f"lu-piv-{j}.npy", pj)
     diag = np.abs(np.diagonal(host[c0:c1]))
-    stats.update(max_u=max(_max_abs(host[:c0], rb), float(np.abs(np.triu(host[c0:c1])).max()) if diag.size else 0.0),
+    # NaN kept (Python's max drops a NaN second argument: an overflowed first panel had read as max |U| = 0
+    # with a NaN pivot, named a zero pivot of a singular A)
+    stats.update(max_u=float(np.maximum(_max_abs(host[:c0], rb), np.abs(np.triu(host[c0:c1])).max()
+                                        if diag.size else 0.0)),
                  min_pivot=float(diag.min()) if diag.size else math.inf)  # inf: no pivot in this panel
     if spec.c is None:
         write_block(open_array(spec.out.path, mode="r+"), slice(0, m), slice(c0, c1), host)

@@ -13,6 +13,7 @@ import numpy as np
 
 from blocklin.errors import ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
+from blocklin.linalg.blocks.result_range import magnitude, solution_range_error, wide_name
 from blocklin.linalg.blocks.scaling import narrow_range_refusal, nonfinite_refusal, refuse_nonfinite
 from blocklin.linalg.inverse import refine as _refine
 from blocklin.linalg.inverse.kernels import (
@@ -95,6 +96,8 @@ def invert_direct(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, see
         run.norm_m = math.sqrt(res["norm_sumsq"])
     if res["info"] != 0 or not res["rcond"] > float(np.finfo(out_dtype).eps):
         raise _singular(res, True, "matrix")
+    if not math.isfinite(res["sumsq"]) and math.isfinite(res["anorm"]):
+        raise _beyond_range(res["rcond"], res["anorm"], out_dtype)
     return InverseResult(norm_m=run.norm_m, norm_x=math.sqrt(res["sumsq"]), leaves=[res], attempts=1,
                          residual=math.sqrt(res["probe_sumsq"] / PROBES))
 
@@ -151,7 +154,13 @@ def invert_lu(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed: i
     # blocks beside their concatenation while the probe pass runs
     xp, ss = np.empty((n, PROBES), dtype=wide(wdt)), 0.0
     for s0, s1 in split_rows(n, plan.row_width):
-        res = run.stages.run("lu-rows", lambda s0=s0, s1=s1: rows(s0, s1))
+        try:
+            res = run.stages.run("lu-rows", lambda s0=s0, s1=s1: rows(s0, s1))
+        except SingularMatrixError as err:  # rows that overflowed: a tiny pivot, or an inverse beyond the range
+            refusal = _lu_range_refusal(f.min_pivot, f.max_u, f.max_a, n, np.dtype(out_dtype), wdt)
+            if refusal is not None:
+                raise refusal from err
+            raise
         xp[s0:s1] = res["xp"]
         ss += res["sumsq"]
         del res
@@ -189,6 +198,9 @@ def invert_schur(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed
             Stages.drop(w_path)
             Stages.drop(y_path)
             if bad.last or attempts >= 2 or plan.depth == 0:
+                if not math.isfinite(bad.leaf.get("anorm", 0.0)) and math.isfinite(run.norm_m):
+                    # the staged matrix was finite (its norm is): the recursion's products overflowed
+                    raise _recursion_range(bad.leaf, run.norm_m, wdt) from None
                 raise _singular(bad.leaf, bad.last, work_dtype=wdt if wdt != np.dtype(out_dtype) else None) from None
             warn(f"inv: a leading block of the randomized matrix was numerically singular "
                  f"(rcond {bad.leaf['rcond']:.1e}); retrying with a two-sided random butterfly and balanced splits")
@@ -227,6 +239,45 @@ def _singular(leaf: dict, last: bool, what: str | None = None, work_dtype: Any =
         f"a numerically singular {what} at rows "
         f"{leaf['off']}:{leaf['off'] + leaf['size']} (reciprocal condition {rc:.1e}); condition number estimate {cond}",
         fix))
+
+
+def _beyond_range(rcond: float, anorm: float, dtype: np.dtype) -> Exception:
+    """A nonsingular matrix (``rcond`` above eps) whose inverse overflowed ``dtype`` (float32 data near
+    ``1e-38``: its inverse near ``1e38`` or beyond), named for the range, not as singular:
+    ``||A^-1||_inf`` is about ``1 / (rcond ||A||_inf)``, LAPACK's estimate."""
+    return solution_range_error("a", dtype, what="an inverse", actual=(
+        f"||A^-1||_inf = {magnitude(1.0 / (rcond * anorm))} by LAPACK's estimate 1 / (rcond ||A||_inf), with "
+        f"||A||_inf = {anorm:.3g} and reciprocal condition {rcond:.1e} above eps (A is not singular): the inverse "
+        "overflowed"), fix=_fix(dtype, -int(np.frexp(anorm)[1])))
+
+
+def _fix(dtype: np.dtype, p: int) -> str:
+    wide = wide_name(dtype)
+    how = ("inv(a, precision='float64')" if np.dtype(dtype).kind != "c" else f"cast a (a.astype('{wide}'))")
+    return f"invert in {wide}: {how}, or scale a by 2.0**{p} (exact: inv(2^p A) = 2^-p inv(A))"
+
+
+def _lu_range_refusal(min_pivot: float, max_u: float, max_a: float, n: int, out_dtype: np.dtype,
+                      wdt: np.dtype) -> Exception | None:
+    """The rows of the LU route's inverse overflowed where no pivot is numerically zero (each above
+    ``n eps max |U|``): their substitutions, which divide by the pivots, left the range (``||A^-1||`` is at
+    least about ``1 / min |u_ii|``), named for the range (None: a tiny pivot, a singular ``A``, whose error
+    stands)."""
+    if not (0 < min_pivot < math.inf and max_a > 0 and min_pivot > n * float(np.finfo(wdt).eps) * max_u):
+        return None
+    return solution_range_error("a", wdt, what="an inverse", actual=(
+        f"the rows of the inverse overflowed in their substitutions, with the LU's smallest pivot {min_pivot:.3g} "
+        f"(above n eps max |U|: not singular to working precision; max |A| = {max_a:.3g}), whose reciprocal is "
+        f"{magnitude(1.0 / min_pivot)}"), fix=_fix(out_dtype, -int(np.frexp(max_a)[1])))
+
+
+def _recursion_range(leaf: dict, norm_m: float, wdt: np.dtype) -> Exception:
+    """A leaf of the Schur recursion made NaN or Inf from finite data (its norm is finite): the products of
+    the leading blocks' inverses overflowed ``wdt``, named for the range, not as NaN data or a singular A."""
+    return solution_range_error("a", wdt, what="the inverses of the Schur recursion's blocks", actual=(
+        f"NaN or Inf made by the recursion at rows {leaf['off']}:{leaf['off'] + leaf['size']} of finite data with "
+        f"||A||_F = {norm_m:.3g}, so ||A^-1||_2 >= 1 / ||A||_F = {magnitude(1.0 / norm_m) if norm_m else 'inf'}: "
+        "its products overflowed"), fix=_fix(wdt, -int(np.frexp(norm_m)[1])) + ", or method='lu'")
 
 
 def _stage(run: InverseRun, M: Any, bf: Butterfly, bf_u: Butterfly | None, wdt: np.dtype, shift: bool, seed: int) -> Any:

@@ -19,6 +19,7 @@ from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, 
                              ParameterError, SingularMatrixError, explain, warn)
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
+from blocklin.linalg.blocks.result_range import magnitude, solution_range_error, wide_name
 from blocklin.linalg.blocks.scaling import max_abs, narrow_range_refusal, refuse_nonfinite, safe_norm, sumsq_in_range
 from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, check_condition,
                                             check_refined, condition_estimate, get, krylov_plan, put, refine_ir)
@@ -139,6 +140,9 @@ class _Factor:
     norm_a: float | None = None
     perm: np.ndarray | None = None
     growth: float | None = None
+    #: LU: the smallest pivot ``min |u_ii|`` and ``max |A|`` (what a substitution's overflow is judged by)
+    min_pivot: float | None = None
+    max_a: float | None = None
     #: LU: the pivots, when ``path`` is the panels' work store (solved by ``lu_panels.lu_solve``).
     pivots: np.ndarray | None = None
     #: LU: ``L^-1 P B`` when the panels ran the forward substitution of ``B`` (the first solve is then
@@ -270,7 +274,13 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
             ref, extra = _refine_low(job, ops, A, B, solver, run, factor, scaling, norm_a, tol, steps_max, krylov,
                                      precision=precision, refinement=refinement)
         else:
-            ref = refine(job, ops, A, B, solver, run, norm_a, tol, steps_max, dtype=dt)
+            try:
+                ref = refine(job, ops, A, B, solver, run, norm_a, tol, steps_max, dtype=dt)
+            except SingularMatrixError as err:  # a substitution overflowed: singular, or x beyond the range
+                refusal = _range_refusal(A, B, solver, precision)
+                if refusal is not None:
+                    raise refusal from err
+                raise
             extra["refinement"] = "plain"
             if ref.eta > tol and precision != "double" and refinement == "auto" and ref.steps < steps_max:
                 # plain refinement of a float32 factorization stalled: GMRES-IR from its iterate, where the
@@ -568,6 +578,37 @@ def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tup
         raise
 
 
+def _range_refusal(A: Any, B: Any, solver: _Solver, precision: str) -> Exception | None:
+    """Why the substitutions of an LU without a zero pivot overflowed, when it is the range: float32 data
+    near ``1e-38`` has pivots whose reciprocals, and an ``x`` (about ``||b|| / sigma_min(A)``), near ``1e38``
+    or beyond; that had been named a singular ``A``. Decided from the factorization's own pivots, none
+    numerically zero (each above ``n eps max |U|``), without another pass over ``A``; in mixed precision
+    first ``A``'s cast to float32. None otherwise (a singular ``A``: its error stands)."""
+    f, sdt = solver.f, solver.dtype
+    if precision != "double":
+        narrow = narrow_range_refusal(max_abs(A), A.dtype, f.plan.dtype, "pass precision='double', or scale a by "
+                                      "a power of two into float32's range")
+        if narrow is not None:
+            return narrow
+    if f.kind != "lu" or f.min_pivot is None or not 0 < f.min_pivot < math.inf or not f.max_a > 0:
+        return None
+    n = B.shape[0]
+    if not f.min_pivot > n * float(np.finfo(sdt).eps) * f.growth * f.max_a:  # a pivot numerically zero: singular
+        return None
+    with np.errstate(over="ignore"):
+        xest = max_abs(B) / f.min_pivot
+    actual = (f"max |x| about max |b| / min |u_ii| = {magnitude(xest)}, with the LU's smallest pivot "
+              f"{f.min_pivot:.3g} (above n eps max |U|: not singular to working precision; max |A| = {f.max_a:.3g}), "
+              f"whose reciprocal {magnitude(1.0 / f.min_pivot)} the substitutions take: they overflowed")
+    if precision != "double":
+        return solution_range_error("precision", sdt, what=f"an x whose precision='{precision}' float32 solves",
+                                    actual=actual, fix="pass precision='double' (the solves then run in float64)")
+    p = -int(np.frexp(f.max_a)[1])
+    return solution_range_error("a", sdt, what="a solution x", actual=actual, fix=(
+        f"solve in {wide_name(sdt)}: cast a and b (a.astype('{wide_name(sdt)}'); CLI: blocklin convert --dtype "
+        f"{wide_name(sdt)}), or scale a by 2.0**{p} (exact: the solution is then 2^-{p} times x)"))
+
+
 def _factor_as(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tuple[_Factor, str]:
     if assume_a == "gen":
         return _lu(job, A, *stores["lu"]), "assume_a='gen': out-of-core LU with partial pivoting"
@@ -619,6 +660,8 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
                                                          "a by a power of two into float32's range")
         if refusal is not None:  # the cast itself overflowed: its range named, not the factorization's growth
             raise refusal
+        if not half and fdt.itemsize >= np.dtype(A.dtype).itemsize and np.isfinite(f.max_a):
+            raise _growth_refusal(f.max_a, f.max_u, fdt)
         raise ParameterError(explain("precision", f"a float32 factorization needs A's entries within {fdt.name}'s "
                                      "range (the factorization overflowed)" if not half else
                                      f"a factorization with {job.math} GEMM inputs needs its factors within "
@@ -632,9 +675,22 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
                                           "minimum-norm least-squares solution, or regularize (lam > 0)"))
     growth = f.max_u / f.max_a if f.max_a > 0 else 1.0
     if lu_path is None:
-        return _Factor("lu", f.work, plan, norm_a=math.sqrt(f.sumsq), growth=growth, pivots=f.pivots, forward=rhs_out)
+        return _Factor("lu", f.work, plan, norm_a=math.sqrt(f.sumsq), growth=growth, pivots=f.pivots, forward=rhs_out,
+                       min_pivot=f.min_pivot, max_a=f.max_a)
     return _Factor("lu", lu_path, plan, norm_a=math.sqrt(f.sumsq), perm=swaps_to_permutation(f.pivots),
-                   growth=growth)
+                   growth=growth, min_pivot=f.min_pivot, max_a=f.max_a)
+
+
+def _growth_refusal(max_a: float, max_u: float, fdt: np.dtype) -> Exception:
+    """The LU of ``A`` in its own dtype overflowed (entries near the dtype's largest: the elimination's
+    growth passed it). ``A`` and ``b`` scaled by one power of two have the same ``x``."""
+    e = int(np.frexp(max_a)[1])
+    return ParameterError(explain(
+        "a", f"must keep its LU factors within {fdt.name}'s range (the elimination's growth max |U| / max |A| is a "
+        "few times 1 for most matrices, up to 2^(n-1): entries near the largest value overflow)",
+        f"max |A| = {max_a:.3g}, max |U| = {max_u:.3g} (the factorization overflowed)",
+        f"scale a and b by the same power of two, 2.0**-{e} (exact: x is unchanged), or solve in "
+        f"{wide_name(fdt)} (cast a and b)"))
 
 
 def _solver(ops: BlockOps, f: _Factor, n: int, k: int, stores: dict, dtype: np.dtype) -> _Solver:
