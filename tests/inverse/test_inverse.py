@@ -15,7 +15,7 @@ import pytest
 
 import blocklin as bl
 from blocklin.errors import BlocklinWarning
-from blocklin.errors import NonFiniteError, OutputExistsError, ShapeError, SingularMatrixError
+from blocklin.errors import NonFiniteError, OutputExistsError, ParameterError, ShapeError, SingularMatrixError
 from blocklin.linalg.inverse.kernels import MEMORY
 from blocklin.plan.inverse import plan_inverse
 
@@ -487,3 +487,34 @@ def test_method_choice_and_errors(rng):
         plan_inverse(1500, "float64", memory=2**20, kernels=MEMORY)
     with pytest.raises(BudgetError, match="raise it to at least"):
         plan_inverse(1500, "float64", memory=2**20, kernels=MEMORY, method="lu")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+@pytest.mark.parametrize("memory,method", [("64MiB", "auto"), ("512KiB", "lu"), ("512KiB", "schur")])
+@pytest.mark.filterwarnings("ignore:inv. a leading block:blocklin.errors.BlocklinWarning")
+def test_float32_inverse_beyond_its_range_is_named_not_singular(dtype, memory, method):
+    """A well-conditioned float32 matrix times 2^-130 (entries near 1e-39) has an inverse near 1e39, past
+    float32's 3.4e38: every route overflowed and had refused it as singular (the Schur route as NaN data).
+    Each names the range and the fix; the fix's float64 inverse holds those entries."""
+    rng = np.random.default_rng(5)
+    n = 40 if memory == "64MiB" else 200
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = q + 0.1 * rng.standard_normal((n, n))
+    if np.dtype(dtype).kind == "c":
+        a = a + 0.3j * rng.standard_normal((n, n))
+    a = (np.ldexp(1.0, -130) * a / np.abs(a).max()).astype(dtype)
+    with pytest.raises(ParameterError, match=r"a: must give (an inverse|the inverses of the Schur recursion's blocks) "
+                       r"within float32's range.*Fix: invert in (float64|complex128).*2\.0\*\*1[23][0-9]") as err:
+        bl.inv(a, memory=memory, method=method)
+    assert not isinstance(err.value, SingularMatrixError)
+    wide = np.complex128 if np.dtype(dtype).kind == "c" else np.float64
+    x = bl.inv(a.astype(wide), memory=memory, method=method).to_numpy()
+    assert np.abs(x).max() > np.finfo(np.float32).max
+
+
+def test_singular_float32_matrix_near_its_bottom_is_still_named_singular():
+    rng = np.random.default_rng(5)
+    a = np.ldexp(1.0, -130) * rng.standard_normal((40, 40)) / 4
+    a[7] = a[3]
+    with pytest.raises(SingularMatrixError, match="nonsingular"):
+        bl.inv(a.astype(np.float32), memory="64MiB")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -280,3 +281,87 @@ def test_gen_solve_vector_stores_are_not_padded_to_tiles():
     """x is chunked (tile, k): a chunk as wide as a tile would be padded to tile x tile on disk."""
     x = bl.solve(np.random.default_rng(15).standard_normal((100, 100)), np.ones(100), memory="256KiB")
     assert x.chunks[1] == 1 and x.chunks[0] > 1
+
+
+def _tiny_system(dtype, e, n=40, seed=5):
+    """A well-conditioned ``n x n`` system, ``max |A| = 2^e`` (entries near float32's bottom for ``e`` near
+    -130), ``b`` near 1: ``x`` is about ``2^-e``."""
+    rng = np.random.default_rng(seed)
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = q + 0.1 * rng.standard_normal((n, n))
+    if np.dtype(dtype).kind == "c":
+        a = a + 0.3j * rng.standard_normal((n, n))
+    a = a / np.abs(a).max()
+    return np.ldexp(1.0, e) * a, rng.standard_normal((n, 1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+@pytest.mark.parametrize("memory", ["64MiB", "512KiB"])
+def test_float32_solution_beyond_its_range_is_named_not_singular(dtype, memory, tmp_path):
+    """float32 data near 1e-39 (a well-conditioned A times 2^-130) has x near 1e39, past float32's 3.4e38:
+    the substitutions overflow. That had been refused as a singular A; the refusal names the range, the
+    size and the fix (float64, or A scaled by a power of two), and the fix's float64 solve is right."""
+    a64, b64 = _tiny_system(dtype, -130, n=40 if memory == "64MiB" else 160)
+    a = bl.from_array(a64.astype(dtype), tmp_path / "a.zarr", chunks=(32, 32))
+    b = bl.from_array(b64.astype(dtype), tmp_path / "b.zarr", chunks=(32, 1))
+    with pytest.raises(ParameterError, match=r"a: must give a solution x within float32's range.*max \|x\| about "
+                       r"max \|b\| / min \|u_ii\| = [0-9.]+e\+(39|40).*not singular.*Fix: solve in "
+                       r"(float64|complex128).*2\.0\*\*1[23][0-9]") as err:
+        bl.solve(a, b, memory=memory)
+    assert not isinstance(err.value, SingularMatrixError)
+    wide = np.complex128 if np.dtype(dtype).kind == "c" else np.float64
+    a_w, b_w = a[...].astype(wide), b[...].astype(wide)
+    x = bl.solve(a_w, b_w, memory=memory).to_numpy()
+    assert np.abs(x).max() > np.finfo(np.float32).max  # it is the range: float64 holds x
+    assert_solve(x, sl.solve(a_w, b_w), a_w, dtype=wide)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+def test_singular_float32_data_near_its_bottom_is_still_named_singular(dtype):
+    """Two equal rows (an exact zero pivot) at the same scale stay a singular A."""
+    a, b = _tiny_system(dtype, -130)
+    a[7] = a[3]
+    with pytest.raises(SingularMatrixError, match="singular"):
+        bl.solve(a.astype(dtype), b.astype(dtype), memory="64MiB")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64])
+@pytest.mark.parametrize("e", [126, 127])
+def test_float32_data_near_its_top_is_solved_or_names_the_lu_growth(dtype, e):
+    """Entries near 1.7e38: the elimination's growth may overflow float32 (a first panel that overflowed to
+    NaN had read as max |U| = 0 with an exact zero pivot: "A is singular"). Solved right, or refused naming
+    A's LU factors and the power of two whose scaling of A and b (exact: x unchanged) solves; x (near
+    1e-38, partly subnormal) within assert_solve's bound either way."""
+    a64, b64 = _tiny_system(dtype, e)
+    a, b = a64.astype(dtype), b64.astype(dtype)
+    wide = np.complex128 if np.dtype(dtype).kind == "c" else np.float64
+    ref = sl.solve(a.astype(wide), b.astype(wide))
+    p = 0
+    try:
+        x = bl.solve(a, b, memory="64MiB").to_numpy()
+    except ParameterError as err:
+        assert re.search(r"a: must keep its LU factors within (float32|complex64)'s range.*max \|U\| = (inf|nan).*"
+                         r"2\.0\*\*-\d+ \(exact: x is unchanged\)", str(err)), str(err)
+        p = int(str(err).split("2.0**-")[1].split(" ")[0])
+        x = bl.solve(np.ldexp(1.0, -p) * a, np.ldexp(1.0, -p) * b, memory="64MiB").to_numpy()
+    assert_solve(x, ref, np.ldexp(1.0, -p) * a.astype(wide), dtype=dtype)
+
+
+def test_mixed_precision_of_data_near_float32s_bottom_names_the_cast(tmp_path):
+    """float64 data near 1e-41 (``precision="mixed"``): its float32 cast is subnormal, the float32
+    substitutions overflow; refused naming the cast (it had been a singular A)."""
+    a, b = _tiny_system(np.float64, -136)
+    with pytest.raises(ParameterError, match=r"precision: a float32 factorization.*flush them to zero.*"
+                       r"Fix: pass precision='double'"):
+        bl.solve(a, b, precision="mixed", memory="64MiB")
+    x = bl.solve(a, b, memory="64MiB").to_numpy()  # the fix
+    assert_solve(x, sl.solve(a, b), a, dtype=np.float64)
+
+
+def test_cli_solve_names_the_range(tmp_path, capsys):
+    a64, b64 = _tiny_system(np.float32, -130)
+    a = bl.from_array(a64.astype(np.float32), tmp_path / "a.zarr")
+    b = bl.from_array(b64.astype(np.float32), tmp_path / "b.zarr")
+    assert main(["solve", a.path, b.path, "-o", str(tmp_path / "x.zarr"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "within float32's range" in err and "SingularMatrixError" not in err
