@@ -197,3 +197,48 @@ def test_other_numpy_functions_load_the_matrix(stored):
     assert np.array_equal(np.add(A, 1.0), a + 1.0)
     assert np.array_equal(np.asarray(A), a)
     assert np.allclose(np.linalg.norm(A, axis=0), np.linalg.norm(a, axis=0), rtol=240 * eps(np.float64), atol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64, np.float64, np.complex128])
+def test_numpy_linalg_scalars_carry_numpys_result_dtype(dtype, tmp_path):
+    """``np.linalg.norm``, ``cond``, ``det`` and ``slogdet`` of a stored float32 (complex64) matrix return
+    NumPy's scalar types for the same ndarray, ``numpy.float32`` (``numpy.complex64`` for a complex
+    ``det`` and ``sign``), not float64; computed in float64 and cast, each within the float32 rounding of
+    the cast (``u``) beside NumPy's own float32 computation (``2 n eps`` for the sums of a norm; through
+    ``kappa`` for the LU's ``log |det|`` and the inverse's 1-norm condition, module docstring)."""
+    rng = np.random.default_rng(8)
+    n = 40
+    a = 0.1 * rng.standard_normal((n, n)) + 2 * np.eye(n)  # det near 2^40: within float32's range
+    if np.dtype(dtype).kind == "c":
+        a = a + 0.1j * rng.standard_normal((n, n))
+    a = a.astype(dtype)
+    A = bl.from_array(a, tmp_path / "a.zarr")
+    e, kappa = eps(dtype), np.linalg.cond(a.astype(np.complex128))
+    calls = {"norm": lambda m: np.linalg.norm(m), "norm 1": lambda m: np.linalg.norm(m, 1),
+             "norm inf": lambda m: np.linalg.norm(m, np.inf), "norm 2": lambda m: np.linalg.norm(m, 2),
+             "cond": lambda m: np.linalg.cond(m), "cond 1": lambda m: np.linalg.cond(m, 1),
+             "det": lambda m: np.linalg.det(m), "sign": lambda m: np.linalg.slogdet(m)[0],
+             "logabsdet": lambda m: np.linalg.slogdet(m)[1]}
+    for what, call in calls.items():
+        got, ref = call(A), call(a)
+        assert type(got) is type(ref), (what, type(got), type(ref))
+        bound = {"norm": 2 * n * e, "norm 1": 2 * n * e, "norm inf": 2 * n * e, "norm 2": 4 * n * e,
+                 "cond": 8 * n * e * kappa, "cond 1": 32 * n * e * kappa, "det": 8 * n * n * e * kappa,
+                 "sign": 8 * n * n * e * kappa, "logabsdet": 8 * n * n * e * kappa}[what]
+        assert abs(complex(got) - complex(ref)) <= bound * abs(complex(ref)), (what, got, ref)
+
+
+def test_numpy_linalg_scalars_beyond_float32s_range_are_inf_as_numpys(tmp_path):
+    """Cast from float64, a norm past float32's largest is ``inf``, as NumPy's float32 norm of the same
+    data; below it the exact value, where NumPy's float32 sum of squares has already overflowed."""
+    for e, fro in ((125, np.float32(np.inf)), (100, np.float32(16 * 2.0 ** 100))):
+        a = np.full((16, 16), 2.0 ** e, dtype=np.float32)
+        A = bl.from_array(a, tmp_path / f"a{e}.zarr")
+        got = np.linalg.norm(A)
+        assert type(got) is np.float32 and got == fro
+        with np.errstate(over="ignore"):
+            assert np.linalg.norm(a) == np.inf  # NumPy's own: float32 squares
+        got1 = np.linalg.norm(A, 1)  # (the cast to inf warns nowhere)
+        with np.errstate(over="ignore"):
+            assert got1 == np.linalg.norm(a, 1) and type(got1) is np.float32
+        assert bl.norm(A) == 16 * 2.0 ** e and type(bl.norm(A)) is float  # blocklin's own: float64 values

@@ -99,25 +99,50 @@ def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> A
 
     if axis is not None or keepdims:
         return _load_then(np.linalg.norm, x, ord=ord, axis=axis, keepdims=keepdims)
-    return bl_norm(x, ord)
+    return as_numpy_result(bl_norm(x, ord), x, real=True)
 
 
-def cond(x: Any, p: Any = None) -> float:
+def cond(x: Any, p: Any = None) -> Any:
     from blocklin.linalg.interop.norms import cond as bl_cond
 
-    return bl_cond(x, p)
+    return as_numpy_result(bl_cond(x, p), x, real=True)
 
 
-def det(a: Any) -> float:
+def det(a: Any) -> Any:
     from blocklin.linalg.interop.norms import det as bl_det
 
-    return bl_det(a)
+    return as_numpy_result(bl_det(a), a)
 
 
-def slogdet(a: Any) -> tuple[float, float]:
+def slogdet(a: Any) -> tuple[Any, Any]:
     from blocklin.linalg.interop.norms import slogdet as bl_slogdet
 
-    return bl_slogdet(a)
+    sign, logdet = bl_slogdet(a)
+    return as_numpy_result(sign, a), as_numpy_result(logdet, a, real=True)
+
+
+def linalg_dtype(dtype: Any) -> np.dtype:
+    """The dtype ``numpy.linalg`` computes in for an input of ``dtype``: single precision (float32,
+    complex64) stays single, everything else (float64, integers, booleans) double."""
+    dt = np.dtype(dtype)
+    if dt.kind == "c":
+        return np.dtype(np.complex64 if dt.itemsize <= 8 else np.complex128)
+    return np.dtype(np.float32 if dt.kind == "f" and dt.itemsize <= 4 else np.float64)
+
+
+def as_numpy_result(value: Any, a: Any, *, real: bool = False) -> Any:
+    """``value`` (computed by blocklin in float64 or complex128) as the scalar ``numpy.linalg`` returns for
+    an operand of ``a``'s dtype: ``numpy.float32`` for float32 data, ``numpy.complex64`` (or its real part's
+    ``numpy.float32`` where ``real``: norms, conditions, ``logabsdet``) for complex64, float64 otherwise.
+
+    A value beyond float32's range becomes ``inf`` (below it, ``0`` or a subnormal) in the cast, as in NumPy's
+    own float32 result, which overflows there too (and earlier: its sums of squares are float32); the float64
+    value stays in ``blocklin.norm``, ``cond``, ``det`` and ``slogdet``."""
+    dt = linalg_dtype(getattr(a, "dtype", np.float64))
+    if real:
+        dt = np.finfo(dt).dtype  # a complex dtype's real part
+    with np.errstate(over="ignore", under="ignore"):  # the cast's Inf is NumPy's float32 overflow, said above
+        return dt.type(value)
 
 
 def _load_then(func: Any, *args: Any, **kwargs: Any) -> Any:
