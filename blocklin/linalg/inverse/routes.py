@@ -31,7 +31,7 @@ from blocklin.linalg.inverse.kernels import (
 )
 from blocklin.operands import Operand, decoded_chunks
 from blocklin.plan.inverse import InversePlan
-from blocklin.runtime.blockops import BlockOps, column_strips
+from blocklin.runtime.blockops import BlockOps, Region, column_strips
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import plan_kernel_pass, run_pass, source
 from blocklin.runtime.stages import Stages
@@ -96,7 +96,9 @@ def invert_direct(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, see
         run.norm_m = math.sqrt(res["norm_sumsq"])
     if res["info"] != 0 or not res["rcond"] > float(np.finfo(out_dtype).eps):
         raise _singular(res, True, "matrix")
-    if not math.isfinite(res["sumsq"]) and math.isfinite(res["anorm"]):
+    if not math.isfinite(res["sumsq"]) and math.isfinite(res["anorm"]) and \
+            not math.isfinite(run.ops.norm(Region.of(x_path, (run.plan.n,) * 2))):
+        # X holds Inf (its sum of squares alone also overflows for finite entries past 1e154 in float64)
         raise _beyond_range(res["rcond"], res["anorm"], out_dtype)
     return InverseResult(norm_m=run.norm_m, norm_x=math.sqrt(res["sumsq"]), leaves=[res], attempts=1,
                          residual=math.sqrt(res["probe_sumsq"] / PROBES))
@@ -252,9 +254,12 @@ def _beyond_range(rcond: float, anorm: float, dtype: np.dtype) -> Exception:
 
 
 def _fix(dtype: np.dtype, p: int) -> str:
+    scale = f"scale a by 2.0**{p} (exact: inv(2^p A) = 2^-p inv(A))"
     wide = wide_name(dtype)
-    how = ("inv(a, precision='float64')" if np.dtype(dtype).kind != "c" else f"cast a (a.astype('{wide}'))")
-    return f"invert in {wide}: {how}, or scale a by 2.0**{p} (exact: inv(2^p A) = 2^-p inv(A))"
+    if np.dtype(dtype) == np.dtype(wide):  # already double: its range is the widest
+        return scale
+    how = "inv(a, precision='float64')" if np.dtype(dtype).kind != "c" else f"cast a (a.astype('{wide}'))"
+    return f"invert in {wide}: {how}, or {scale}"
 
 
 def _lu_range_refusal(min_pivot: float, max_u: float, max_a: float, n: int, out_dtype: np.dtype,

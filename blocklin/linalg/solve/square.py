@@ -604,9 +604,10 @@ def _range_refusal(A: Any, B: Any, solver: _Solver, precision: str) -> Exception
         return solution_range_error("precision", sdt, what=f"an x whose precision='{precision}' float32 solves",
                                     actual=actual, fix="pass precision='double' (the solves then run in float64)")
     p = -int(np.frexp(f.max_a)[1])
-    return solution_range_error("a", sdt, what="a solution x", actual=actual, fix=(
-        f"solve in {wide_name(sdt)}: cast a and b (a.astype('{wide_name(sdt)}'); CLI: blocklin convert --dtype "
-        f"{wide_name(sdt)}), or scale a by 2.0**{p} (exact: the solution is then 2^-{p} times x)"))
+    scale = f"scale a by 2.0**{p} (exact: the solution is then 2^-{p} times x)"
+    wide = wide_name(sdt)
+    return solution_range_error("a", sdt, what="a solution x", actual=actual, fix=scale if sdt == np.dtype(wide) else (
+        f"solve in {wide}: cast a and b (a.astype('{wide}'); CLI: blocklin convert --dtype {wide}), or {scale}"))
 
 
 def _factor_as(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tuple[_Factor, str]:
