@@ -518,3 +518,28 @@ def test_singular_float32_matrix_near_its_bottom_is_still_named_singular():
     a[7] = a[3]
     with pytest.raises(SingularMatrixError, match="nonsingular"):
         bl.inv(a.astype(np.float32), memory="64MiB")
+
+
+@pytest.mark.parametrize("method", ["lu", "schur"])
+@pytest.mark.parametrize("e", [120, 126])
+def test_float32_matrix_near_its_top_is_inverted_or_names_a(method, e):
+    """Entries near 1e36-1e38 out of core: the Schur recursion's products overflow float32 (refused as NaN
+    data with check_finite on), the LU's growth too (named as precision='mixed', never passed). Inverted
+    within LU's bound (kappa n eps, Higham Thm 14.2 via the residual), or refused naming a and a fix that
+    inverts (float64)."""
+    rng = np.random.default_rng(5)
+    n = 200
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = q + 0.1 * rng.standard_normal((n, n))
+    a = (np.ldexp(1.0, e) * a / np.abs(a).max()).astype(np.float32)
+    ref = np.linalg.inv(a.astype(np.float64))
+    try:
+        x = bl.inv(a, memory="512KiB", method=method).to_numpy()
+    except ParameterError as err:
+        assert str(err).startswith("a: must keep") and "float32's range" in str(err), str(err)
+        assert "inv(a, precision='float64')" in str(err)
+        x = bl.inv(a, memory="512KiB", method=method, precision="float64").to_numpy()
+        bound = 8 * n * np.finfo(np.float64).eps * np.linalg.cond(ref)
+    else:
+        bound = 8 * n * np.finfo(np.float32).eps * np.linalg.cond(ref)
+    assert np.linalg.norm(x - ref) <= bound * np.linalg.norm(ref)

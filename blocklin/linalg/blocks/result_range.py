@@ -38,9 +38,21 @@ def solution_range_error(name: str, dtype: Any, *, what: str, actual: str, fix: 
               "or beyond", actual, fix))
 
 
+def lu_growth_error(max_a: float, max_u: float, dtype: Any, fix: str) -> Exception:
+    """The :class:`~blocklin.errors.ParameterError` for an LU of ``A`` in its own ``dtype`` that overflowed:
+    entries near the dtype's largest, which the elimination's growth passed (not a singular ``A``)."""
+    from blocklin.errors import ParameterError, explain
+
+    name = np.dtype(dtype).name
+    return ParameterError(explain(
+        "a", f"must keep its LU factors within {name}'s range (the elimination's growth max |U| / max |A| is a few "
+        "times 1 for most matrices, up to 2^(n-1): entries near the largest value overflow)",
+        f"max |A| = {max_a:.3g}, max |U| = {max_u:.3g} (the factorization overflowed)", fix))
+
+
 def magnitude(value: float) -> str:
     """A float64 magnitude for a message (``inf``: beyond float64's range too)."""
     return f"{value:.3g}" if math.isfinite(value) else "beyond float64's range"
 
 
-__all__ = ["beyond", "magnitude", "solution_range_error", "wide_name"]
+__all__ = ["beyond", "lu_growth_error", "magnitude", "solution_range_error", "wide_name"]

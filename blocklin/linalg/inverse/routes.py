@@ -13,7 +13,7 @@ import numpy as np
 
 from blocklin.errors import ParameterError, SingularMatrixError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg.blocks.result_range import magnitude, solution_range_error, wide_name
+from blocklin.linalg.blocks.result_range import lu_growth_error, magnitude, solution_range_error, wide_name
 from blocklin.linalg.blocks.scaling import narrow_range_refusal, nonfinite_refusal, refuse_nonfinite
 from blocklin.linalg.inverse import refine as _refine
 from blocklin.linalg.inverse.kernels import (
@@ -130,6 +130,8 @@ def invert_lu(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed: i
     if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
         if narrow is not None:  # the cast itself overflowed: its range named, not the factorization's growth
             raise narrow
+        if wdt.itemsize >= np.dtype(M.dtype).itemsize and np.isfinite(f.max_a):  # A's own dtype: its growth
+            raise lu_growth_error(f.max_a, f.max_u, wdt, _fix(out_dtype, -int(np.frexp(f.max_a)[1])))
         raise ParameterError(_msg("precision", f"a {wdt.name} factorization needs A's entries within {wdt.name}'s "
                                   "range (the factorization overflowed)", f"max |A| {f.max_a:.3g}, max |U| {f.max_u:.3g}",
                                   "invert without precision='mixed', or scale A"))
@@ -278,11 +280,16 @@ def _lu_range_refusal(min_pivot: float, max_u: float, max_a: float, n: int, out_
 
 def _recursion_range(leaf: dict, norm_m: float, wdt: np.dtype) -> Exception:
     """A leaf of the Schur recursion made NaN or Inf from finite data (its norm is finite): the products of
-    the leading blocks' inverses overflowed ``wdt``, named for the range, not as NaN data or a singular A."""
-    return solution_range_error("a", wdt, what="the inverses of the Schur recursion's blocks", actual=(
-        f"NaN or Inf made by the recursion at rows {leaf['off']}:{leaf['off'] + leaf['size']} of finite data with "
-        f"||A||_F = {norm_m:.3g}, so ||A^-1||_2 >= 1 / ||A||_F = {magnitude(1.0 / norm_m) if norm_m else 'inf'}: "
-        "its products overflowed"), fix=_fix(wdt, -int(np.frexp(norm_m)[1])) + ", or method='lu'")
+    blocks and their inverses overflowed ``wdt`` (entries near either end of its range), named for the
+    range, not as NaN data or a singular ``A``."""
+    p = -int(np.frexp(norm_m)[1]) if 0 < norm_m < math.inf else 0
+    return ParameterError(_msg(
+        "a", f"must keep the Schur recursion's blocks within {wdt.name}'s range (its products of blocks and of "
+        "their inverses, about |A| and 1 / sigma_min(A): entries near either end of the range overflow them)",
+        f"NaN or Inf made by the recursion at rows {leaf['off']}:{leaf['off'] + leaf['size']} from finite data "
+        f"(||A||_F = {norm_m:.3g})", _fix(wdt, p).replace(f"scale a by 2.0**{p}", f"scale a by 2.0**{p} (||A||_F "
+                                                                                  "near 1)", 1)
+        + ", or method='lu' (the pivoted route)"))
 
 
 def _stage(run: InverseRun, M: Any, bf: Butterfly, bf_u: Butterfly | None, wdt: np.dtype, shift: bool, seed: int) -> Any:

@@ -19,7 +19,7 @@ from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, 
                              ParameterError, SingularMatrixError, explain, warn)
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
-from blocklin.linalg.blocks.result_range import magnitude, solution_range_error, wide_name
+from blocklin.linalg.blocks.result_range import lu_growth_error, magnitude, solution_range_error, wide_name
 from blocklin.linalg.blocks.scaling import max_abs, narrow_range_refusal, refuse_nonfinite, safe_norm, sumsq_in_range
 from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, check_condition,
                                             check_refined, condition_estimate, get, krylov_plan, put, refine_ir)
@@ -683,15 +683,10 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
 
 
 def _growth_refusal(max_a: float, max_u: float, fdt: np.dtype) -> Exception:
-    """The LU of ``A`` in its own dtype overflowed (entries near the dtype's largest: the elimination's
-    growth passed it). ``A`` and ``b`` scaled by one power of two have the same ``x``."""
+    """The LU of ``A`` in its own dtype overflowed; ``A`` and ``b`` scaled by one power of two have the same ``x``."""
     e = int(np.frexp(max_a)[1])
-    return ParameterError(explain(
-        "a", f"must keep its LU factors within {fdt.name}'s range (the elimination's growth max |U| / max |A| is a "
-        "few times 1 for most matrices, up to 2^(n-1): entries near the largest value overflow)",
-        f"max |A| = {max_a:.3g}, max |U| = {max_u:.3g} (the factorization overflowed)",
-        f"scale a and b by the same power of two, 2.0**-{e} (exact: x is unchanged), or solve in "
-        f"{wide_name(fdt)} (cast a and b)"))
+    return lu_growth_error(max_a, max_u, fdt, f"scale a and b by the same power of two, 2.0**-{e} (exact: x is "
+                           f"unchanged), or solve in {wide_name(fdt)} (cast a and b)")
 
 
 def _solver(ops: BlockOps, f: _Factor, n: int, k: int, stores: dict, dtype: np.dtype) -> _Solver:
