@@ -365,3 +365,17 @@ def test_cli_solve_names_the_range(tmp_path, capsys):
     assert main(["solve", a.path, b.path, "-o", str(tmp_path / "x.zarr"), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert "within float32's range" in err and "SingularMatrixError" not in err
+
+
+@pytest.mark.parametrize("memory", ["64MiB", "256KiB"])
+def test_cholesky_solution_beyond_float32s_range_is_named_not_singular(memory):
+    """``assume_a="pos"``: a well-conditioned SPD float32 A times 2^-130 had been refused as "a singular or
+    overflowing diagonal tile"; the Cholesky's pivots L_ii^2 (none numerically zero) name the range."""
+    rng = np.random.default_rng(0)
+    n = 40
+    g = rng.standard_normal((n, n))
+    spd = g @ g.T / n + np.eye(n)
+    a = (np.ldexp(1.0, -130) * spd / np.abs(spd).max()).astype(np.float32)
+    with pytest.raises(ParameterError, match=r"a: must give a solution x within float32's range.*min L_ii\^2 = "
+                       r"[0-9.]+e\+(39|40).*Fix: solve in float64"):
+        bl.solve(a, np.ones(n, dtype=np.float32), assume_a="pos", memory=memory)

@@ -579,35 +579,50 @@ def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tup
 
 
 def _range_refusal(A: Any, B: Any, solver: _Solver, precision: str) -> Exception | None:
-    """Why the substitutions of an LU without a zero pivot overflowed, when it is the range: float32 data
-    near ``1e-38`` has pivots whose reciprocals, and an ``x`` (about ``||b|| / sigma_min(A)``), near ``1e38``
-    or beyond; that had been named a singular ``A``. Decided from the factorization's own pivots, none
-    numerically zero (each above ``n eps max |U|``), without another pass over ``A``; in mixed precision
-    first ``A``'s cast to float32. None otherwise (a singular ``A``: its error stands)."""
+    """Why the substitutions of a factorization without a zero pivot overflowed, when it is the range:
+    float32 data near ``1e-38`` has pivots whose reciprocals, and an ``x`` (about ``||b|| / sigma_min(A)``),
+    near ``1e38`` or beyond; that had been named a singular ``A``. Decided from the factorization's own
+    pivots (the LU's ``|u_ii|``, the Cholesky's ``L_ii^2``), none numerically zero (each above ``n eps``
+    times the largest), without another pass over ``A``; in mixed precision first ``A``'s cast to float32.
+    None otherwise (a singular ``A``: its error stands)."""
     f, sdt = solver.f, solver.dtype
     if precision != "double":
         narrow = narrow_range_refusal(max_abs(A), A.dtype, f.plan.dtype, "pass precision='double', or scale a by "
                                       "a power of two into float32's range")
         if narrow is not None:
             return narrow
-    if f.kind != "lu" or f.min_pivot is None or not 0 < f.min_pivot < math.inf or not f.max_a > 0:
-        return None
     n = B.shape[0]
-    if not f.min_pivot > n * float(np.finfo(sdt).eps) * f.growth * f.max_a:  # a pivot numerically zero: singular
+    if f.kind == "cholesky":  # the pivots of A = L L^H are L_ii^2, read from the factor's diagonal tiles
+        d = _diagonal(f.path, n, f.plan.tile)
+        min_pivot, top = (float(d.min()) ** 2, float(d.max()) ** 2) if d.size else (0.0, 0.0)
+        what, pivots = "min L_ii^2", "Cholesky's smallest pivot"
+    else:
+        min_pivot, top = f.min_pivot or 0.0, (f.growth or 1.0) * (f.max_a or 0.0)
+        what, pivots = "min |u_ii|", "LU's smallest pivot"
+    if not (0 < min_pivot < math.inf and top > 0):
+        return None
+    if not min_pivot > n * float(np.finfo(sdt).eps) * top:  # a pivot numerically zero: singular
         return None
     with np.errstate(over="ignore"):
-        xest = max_abs(B) / f.min_pivot
-    actual = (f"max |x| about max |b| / min |u_ii| = {magnitude(xest)}, with the LU's smallest pivot "
-              f"{f.min_pivot:.3g} (above n eps max |U|: not singular to working precision; max |A| = {f.max_a:.3g}), "
-              f"whose reciprocal {magnitude(1.0 / f.min_pivot)} the substitutions take: they overflowed")
+        xest = max_abs(B) / min_pivot
+    actual = (f"max |x| about max |b| / {what} = {magnitude(xest)}, with the {pivots} {min_pivot:.3g} (above n eps "
+              f"times the largest: not singular to working precision), whose reciprocal {magnitude(1.0 / min_pivot)} "
+              "the substitutions take: they overflowed")
     if precision != "double":
         return solution_range_error("precision", sdt, what=f"an x whose precision='{precision}' float32 solves",
                                     actual=actual, fix="pass precision='double' (the solves then run in float64)")
-    p = -int(np.frexp(f.max_a)[1])
+    p = -int(np.frexp(top)[1])
     scale = f"scale a by 2.0**{p} (exact: the solution is then 2^-{p} times x)"
     wide = wide_name(sdt)
     return solution_range_error("a", sdt, what="a solution x", actual=actual, fix=scale if sdt == np.dtype(wide) else (
         f"solve in {wide}: cast a and b (a.astype('{wide}'); CLI: blocklin convert --dtype {wide}), or {scale}"))
+
+
+def _diagonal(path: Any, n: int, t: int) -> np.ndarray:
+    """``|F_ii|`` of a stored square factor, read one diagonal tile at a time."""
+    reg = Region.of(path, (n, n))
+    return np.concatenate([np.abs(np.diagonal(reg.read_stored(slice(r, min(n, r + t)), slice(r, min(n, r + t)))))
+                           for r in range(0, n, t)]) if n else np.zeros(0)
 
 
 def _factor_as(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tuple[_Factor, str]:
