@@ -13,7 +13,8 @@ one whose owner is alive never is. A work folder without a record (made by an ol
 reported and left alone, since nothing tells whether a run still uses it; so is a partial output
 without a record that was written to in the last :data:`~blocklin.storage.ownership.LEASE_SECONDS`
 (a run to that same output still takes it over, as before owner records), or that is not a zarr store
-under blocklin's token (not blocklin's).
+under blocklin's token (not blocklin's), and so is a ``.OUT.old-ID`` folder that is not an output
+``overwrite`` may replace (a blocklin zarr store and nothing else, or an empty folder).
 """
 
 from __future__ import annotations
@@ -71,6 +72,9 @@ def _classify(loc: Location, kind: str, sizes: bool = True) -> Leftover:
     elif rec is None and kind == "partial output" and not _blocklin_partial(loc):
         item.action, item.reason = "skipped", "no owner record, and not a zarr store under blocklin's name " \
                                               "(.OUT.partial- and 16 hex digits): not blocklin's; left alone"
+    elif rec is None and kind == "old output" and not _blocklin_old(loc):
+        item.action, item.reason = "skipped", "not an output blocklin wrote (neither a zarr store with blocklin " \
+                                              "provenance and nothing else, nor an empty folder): left alone"
     elif rec is None and kind == "old output" and time.time() - _mtime(loc) < ownership.HEARTBEAT_SECONDS:
         item.action, item.reason = "kept", "a commit may still be removing it"
     elif rec is None and kind == "partial output" and loc.is_local and time.time() - _newest(loc) < \
@@ -98,6 +102,22 @@ def _blocklin_partial(loc: Location) -> bool:
     if not loc.is_local:
         return True
     return bool(_TOKEN.search(os.path.basename(loc.url.rstrip("/")))) and _is_zarr(loc.url)
+
+
+def _blocklin_old(loc: Location) -> bool:
+    """Whether a ``.NAME.old-ID`` folder is what a commit sets aside: an output that ``overwrite`` may
+    replace (:func:`blocklin.storage.guard.check_replaceable`). The name alone says little (a user's
+    ``.photos.old-20231225`` matches it), and ``clean`` had removed such folders."""
+    from blocklin.errors import OutputExistsError
+    from blocklin.storage.guard import check_replaceable
+
+    if not loc.is_local or os.path.islink(loc.url):
+        return False
+    try:
+        check_replaceable(loc)
+    except OutputExistsError:
+        return False
+    return True
 
 
 def _mtime(loc: Location) -> float:

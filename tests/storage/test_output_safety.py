@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import numpy as np
 import pytest
@@ -425,3 +426,26 @@ def test_demo_in_an_existing_folder_removes_only_its_own_stores(tmp_path, capsys
         assert main(["demo", "--size", "256", "--memory", "1MiB", "--dir", str(d)]) == 0
     assert tree(d) == before
     assert list(temp.iterdir()) == []  # the verification's products were stores in the demo's folder too
+
+
+def test_clean_leaves_a_dated_folder_that_looks_like_an_old_output(tmp_path):
+    """``blocklin clean`` removes a record-less ``.NAME.old-ID`` folder only where it is what a commit sets
+    aside (an output ``overwrite`` may replace): a user's dated backup ``.photos.old-20231225`` had been
+    removed as an old output."""
+    old = time.time() - 7200
+    user = tmp_path / ".photos.old-20231225"
+    user.mkdir()
+    (user / "img.txt").write_text("mine")
+    foreign = tmp_path / ".data.zarr.old-0badcafe"  # a zarr store another tool wrote
+    zarr.create_array(str(foreign), shape=(2, 2), dtype="f8")
+    ours = tmp_path / ".out.zarr.old-deadbeef"  # what a killed commit set aside: a blocklin output
+    bl.from_array(np.ones((2, 2)), tmp_path / "x.zarr")
+    os.rename(tmp_path / "x.zarr", ours)
+    for folder in (user, foreign, ours):
+        for root, dirs, files in os.walk(folder):
+            for f in dirs + files:
+                os.utime(os.path.join(root, f), (old, old))
+        os.utime(folder, (old, old))
+    assert main(["clean", str(tmp_path), "--no-progress"]) == 0
+    assert (user / "img.txt").read_text() == "mine" and (foreign / "zarr.json").exists()
+    assert not ours.exists()
