@@ -42,6 +42,16 @@ class Operand:
     #: The stored row of this operand's row 0: rows ``first_row:first_row + shape[0]`` of the
     #: array at ``path`` (:func:`row_range`).
     first_row: int = 0
+    #: The stored array a staged copy was made from (integers cast to float64, a 1-D vector as a
+    #: column), None for in-memory data: what names the operand in a resume token, whose content a
+    #: resumed run checks and which no output may replace (:func:`stored_input`).
+    source: Location | None = None
+
+
+def stored_input(op: Operand) -> Location | None:
+    """The stored array ``op`` reads: its own location, or the one its staged copy was made from; None
+    for in-memory data. What an output must not replace and whose content a resumed run checks."""
+    return op.source if op.staged else op.path
 
 
 def row_range(op: Operand, start: int, stop: int) -> Operand:
@@ -144,6 +154,7 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
     else:
         raise ParameterError(explain(name, "must be a path, zarr array, blocklin.Matrix, NumPy or Dask array",
                                 f"{type(x).__name__}", "pass a NumPy array or the path of a zarr array"))
+    source = path if not staged and isinstance(path, Location) else None
     if arr.ndim == 1 and ndim == 2:  # a stored vector: staged as an n x 1 column (tasks read 2-D blocks)
         path, arr, staged = _stage_column(arr, name, cfg, stack)
     _check_ndim(name, arr.shape, ndim)
@@ -151,7 +162,7 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
         check_complete(arr, path, name, bool(cfg.require_complete))
     # a big-endian store (zarr v2 ``>f8``) is read as native: its dtype is compared and computed as such
     return Operand(name=name, path=path, shape=tuple(arr.shape), dtype=native(arr.dtype),
-                   chunks=tuple(arr.chunks), staged=staged)
+                   chunks=tuple(arr.chunks), staged=staged, source=source if staged else None)
 
 
 def as_columns(b: Any) -> Any:
@@ -192,7 +203,7 @@ def cast_integers(op: Operand, cfg: Config, stack: contextlib.ExitStack) -> Oper
     for r0 in range(0, m, step):
         out[r0:r0 + step] = np.asarray(src[r0:r0 + step]).astype(np.float64)
     return Operand(name=op.name, path=d, shape=op.shape, dtype=np.dtype(np.float64), chunks=tuple(chunks),
-                   staged=True)
+                   staged=True, source=stored_input(op))
 
 
 def _check_numeric(name: str, dtype: Any) -> None:

@@ -25,7 +25,7 @@ from blocklin.config import Config, Settings, check_settings, format_size, resol
 from blocklin.device.select import gpu_available, release_device_caches, resolved_kind
 from blocklin.errors import BudgetError, ConfigError, DeviceError, WorkerLostError, explain
 from blocklin.matrix import Matrix
-from blocklin.operands import Operand, as_operand, cast_integers, temp_root
+from blocklin.operands import Operand, as_operand, cast_integers, stored_input, temp_root
 from blocklin.runtime.graph import ProcessPools, TileGraph, execute
 from blocklin.progress import make_progress
 from blocklin.runtime.scheduler import resolve_scheduler
@@ -235,8 +235,9 @@ class Job:
             was = np.dtype(op.dtype).name
             op = cast_integers(op, self.cfg, self.stack)
             self.read_notes.append(f"{name}: {was} data cast to float64 (a staged copy), as numpy.linalg casts it")
-        # a staged copy has a new path each run, so no token of this job names it twice: nothing to resume
-        self.staged_inputs = getattr(self, "staged_inputs", False) or op.staged
+        # a staged copy of in-memory data has a new path each run, so no token of this job names it twice:
+        # nothing to resume (a copy of a stored array is named by that array, :func:`stored_input`)
+        self.staged_inputs = getattr(self, "staged_inputs", False) or stored_input(op) is None
         if not op.staged and len(op.shape) == 2:
             self.input_shapes[str(op.path)] = tuple(int(d) for d in op.shape)
         self.operand_dtypes.add(np.dtype(op.dtype))  # the roofline's arithmetic where no report names it
@@ -368,14 +369,15 @@ class Job:
 
     def output(self, out: Any, *, inputs: list[Any], overwrite: bool = False, resume: bool = False,
                token: str | None = None, suffix: str = ".zarr", size: tuple | None = None,
-               temp_size: tuple | None = None) -> AtomicOutput:
+               temp_size: tuple | None = None, covered: list[Any] | None = None) -> AtomicOutput:
         """An atomic output at ``out`` (path, URL, Location or zarr store), or a new store under the
         temp dir when ``out`` is None (the caller owns it).
 
-        ``inputs``: the stored operands' ``Operand.path`` Locations (staged ones left out); with a
+        ``inputs``: the stored arrays the operands read (:func:`~blocklin.operands.stored_input`); with a
         ``token`` the output is resumable and records their content stamps, against which a resumed
-        run is checked (:mod:`blocklin.storage.atomic`). Without ``out``, or with a staged operand,
-        the output is not resumable (no rerun names it again).
+        run is checked (:mod:`blocklin.storage.atomic`). Without ``out``, or with a staged copy of
+        in-memory data, the output is not resumable (no rerun names it again). ``covered``: the inputs
+        whose version the provenance records for :func:`blocklin.update` (default: all).
 
         ``size`` (shape, dtype) of the output and ``temp_size`` (shape, dtype) of the intermediates the
         operation will keep under the temp dir are checked against the free space of their
@@ -391,16 +393,19 @@ class Job:
         check_writable(getattr(out, "url", out) if isinstance(out, (str, os.PathLike, Location)) else None)
         self.check_space(out, size=size, temp_size=temp_size)
         # known to the job from its claim on, so an interrupt at any point still aborts it
-        return AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token,
+        return AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token, covered=covered,
                             storage_options=self.cfg.storage_options, on_claim=self.outputs.append,
                             temp_dir=temp_root(self.cfg))
 
     def claim(self, out: Any, operands: list[Operand], *, token: str | None = None, overwrite: bool = False,
               resume: bool = False, size: tuple | None = None, temp_size: tuple | None = None) -> AtomicOutput:
-        """The output of this job's operation on ``operands``: :meth:`output` with the stored operands
-        as the inputs whose content a resume checks (a staged copy has no content to check).
+        """The output of this job's operation on ``operands``: :meth:`output` with the stored arrays they
+        read as the inputs (:func:`~blocklin.operands.stored_input`: a staged copy's source, none for
+        in-memory data), which the output may not replace and whose content a resume checks.
         ``token``: :func:`~blocklin.storage.identity.resume_token`; with it the output is resumable."""
-        return self.output(out, inputs=[o.path for o in operands if not o.staged], overwrite=overwrite,
+        # a staged copy's source is read as cast: no update reads its appended rows as the result's input
+        return self.output(out, inputs=[p for p in map(stored_input, operands) if p is not None],
+                           covered=[o.path for o in operands if not o.staged], overwrite=overwrite,
                            resume=resume, token=token, size=size, temp_size=temp_size)
 
     def finish(self, ao: AtomicOutput, out: Any, report: dict, *, operation: str, plan: dict | None = None,

@@ -133,6 +133,9 @@ class AtomicOutput:
         (an interrupt keeps its partial; see module docstring). None: a random one, not resumable.
     storage_options : dict, optional
         fsspec options for a URL (merged over the configured ones).
+    covered : iterable, optional
+        The inputs whose version the provenance records as ``covers`` (for :func:`blocklin.update`);
+        default all of ``inputs``.
     temp_dir : path, URL or Location, optional
         The job's temp dir (default: the configured one), which the output may not be nor hold.
 
@@ -154,9 +157,11 @@ class AtomicOutput:
 
     def __init__(self, path: Any, *, inputs: Iterable[Any] = (), overwrite: bool = False,
                  resume: bool = False, token: str | None = None, name: str = "out",
-                 storage_options: dict | None = None, on_claim: Any = None, temp_dir: Any = None) -> None:
+                 storage_options: dict | None = None, on_claim: Any = None, temp_dir: Any = None,
+                 covered: Iterable[Any] | None = None) -> None:
         self.path = as_location(path, storage_options, name=name)
         inputs = [i for i in inputs if i is not None]
+        covered = inputs if covered is None else [i for i in covered if i is not None]
         self.inputs = [str(i) for i in inputs]
         if temp_dir is None:
             from blocklin.config import get_config
@@ -186,7 +191,7 @@ class AtomicOutput:
             self.done = self.partial / _DONE
             self._be = backend(self.partial)
             # before any read: what the result is computed from (the stamps just listed, where resumable)
-            self.covers = _coverage(inputs, storage_options, self.input_record)
+            self.covers = _coverage(covered, storage_options, self.input_record)
         except BaseException:  # refused, or interrupted mid-claim: nothing of this run stays
             self.abort()
             raise

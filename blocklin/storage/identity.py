@@ -22,9 +22,12 @@ TOKEN_CHARS = 16
 
 def operand_identity(operand: Any) -> tuple:
     """What names an operand: location (URL and storage options), shape, dtype, chunks, staged, and the
-    first stored row of a range of rows."""
-    ident = (operand.path, tuple(operand.shape), operand.dtype.str, tuple(operand.chunks),
-             bool(getattr(operand, "staged", False)))
+    first stored row of a range of rows. A staged copy of a stored array (integers cast, a vector as a
+    column) is named by that array's location: the copy's own is new each run."""
+    staged = bool(getattr(operand, "staged", False))
+    where = getattr(operand, "source", None) if staged else None
+    ident = (where if where is not None else operand.path, tuple(operand.shape), operand.dtype.str,
+             tuple(operand.chunks), staged)
     first = int(getattr(operand, "first_row", 0))
     return ident + (first,) if first else ident
 

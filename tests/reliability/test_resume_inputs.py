@@ -297,3 +297,29 @@ def test_changed_complex_input_is_not_mixed_into_a_resumed_stored_gram_solve(tmp
     for key in ref:
         np.testing.assert_array_equal(got[key], ref[key], err_msg=key)
     assert leftovers(tmp_path) == []
+
+
+def test_integer_input_resumes_and_is_checked(data, monkeypatch):
+    """Integer data is read through a staged float64 copy, new each run; the resume is named and checked by
+    the stored array: a killed ``svd`` of an int32 matrix continues (its partial was removed as another
+    run's and the work done again), and after the matrix is rewritten in place it starts over, giving a
+    fresh run's bits."""
+    monkeypatch.chdir(data)
+    monkeypatch.setenv("BLOCKLIN_TEST_MARK_AFTER", str(KILL_AT["svd"]))
+    rng = np.random.default_rng(5)
+    blocklin.from_array(rng.integers(-99, 99, (N, N)).astype(np.int32), data / "I.zarr", chunks=(40, 40))
+    tmp, base_argv = str(data / "tmp"), ["svd", "I.zarr", "-k", "4", "-o", "OUT", "--memory", "1MiB", "--seed", "1"]
+    for rewrite in (False, True):
+        r = interrupt(data, cli_argv(base_argv, "out.zarr", tmp), "SIGKILL", "mid", "out.zarr")
+        assert r.returncode == -signal.SIGKILL, r.stderr
+        if rewrite:
+            zarr.open_array(str(data / "I.zarr"), mode="r+")[...] = rng.integers(-99, 99, (N, N)).astype(np.int32)
+        rc, said = _warnings_of(lambda: main(cli_argv(base_argv, "out.zarr", tmp, "--resume")))
+        assert rc == 0 and not [w for w in said if "removed the partial output" in w], said
+        changed = [w for w in said if "changed since the interrupted run" in w]
+        assert len(changed) == int(rewrite) and all(f"input {data / 'I.zarr'} " in w for w in changed), said
+        assert main(cli_argv(base_argv, "fresh.zarr", tmp, "--overwrite")) == 0
+        got, ref = load_output(data / "out.zarr"), load_output(data / "fresh.zarr")
+        for key in ref:
+            np.testing.assert_array_equal(got[key], ref[key], err_msg=key)
+        shutil.rmtree(data / "out.zarr")

@@ -449,3 +449,21 @@ def test_clean_leaves_a_dated_folder_that_looks_like_an_old_output(tmp_path):
     assert main(["clean", str(tmp_path), "--no-progress"]) == 0
     assert (user / "img.txt").read_text() == "mine" and (foreign / "zarr.json").exists()
     assert not ours.exists()
+
+
+@pytest.mark.parametrize("argv", [["svd", "I.zarr", "-k", "2", "-o", "I.zarr"], ["factor", "lu", "I.zarr", "-o", "I.zarr"],
+                                  ["solve", "S.zarr", "J.zarr", "-o", "J.zarr"], ["pca", "I.zarr", "-k", "2", "-o", "I.zarr"]])
+def test_an_integer_input_is_not_replaced_by_overwrite(tmp_path, capsys, argv):
+    """Integer data is read through a staged float64 copy; the output is still checked against the stored
+    array: ``svd I.zarr -o I.zarr --overwrite`` on an int32 matrix blocklin wrote had replaced it by the SVD."""
+    w = tmp_path / "w"
+    w.mkdir()
+    ints = np.random.default_rng(3).integers(-9, 9, (16, 18))
+    bl.from_array(ints[:, :16].astype(np.int32), w / "I.zarr", chunks=(8, 8))
+    bl.from_array(ints[:, 16:].astype(np.int64), w / "J.zarr", chunks=(8, 2))
+    bl.from_array(A[:16] @ A[:16].T + 16 * np.eye(16), w / "S.zarr", chunks=(8, 8))
+    out = w / argv[argv.index("-o") + 1]
+    argv = [str(w / a) if a.endswith(".zarr") else a for a in argv]
+    refused_cli(capsys, w, argv + ["--overwrite", "--temp-dir", str(tmp_path), "--no-progress"],
+                "also an input", "choose another output path")
+    assert np.array_equal(zarr.open_array(str(out), mode="r")[...], ints[:, :16] if out.name == "I.zarr" else ints[:, 16:])

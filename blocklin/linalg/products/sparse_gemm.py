@@ -28,7 +28,7 @@ import numpy as np
 
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, DTypeError, ParameterError, ShapeError, explain
-from blocklin.operands import Operand
+from blocklin.operands import Operand, stored_input
 from blocklin.runtime.graph import TileGraph
 from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import open_array, with_task_settings
@@ -471,7 +471,7 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
         out_shape, out_chunks = plan.out_shape, plan.out_chunks
         if dense_left:
             out_shape, out_chunks = out_shape[::-1], out_chunks[::-1]
-        ao = job.output(out, inputs=[s.path] + ([] if B.staged else [B.path]), overwrite=overwrite, resume=resume,
+        ao = job.output(out, inputs=[s.path, stored_input(B)], overwrite=overwrite, resume=resume,
                         token=token, size=(out_shape, dt))
         open_or_create_array(ao, shape=out_shape, dtype=dt, chunks=out_chunks, codec=job.cfg.codec)
         spec = SparseSpec(s=s.path, b=B.path, out=ao.array_path(), plan=plan, dtype=dt.name,

@@ -37,6 +37,7 @@ from blocklin.interrupt import check_cancelled
 from blocklin.linalg.blocks.scaling import exponent_for
 from blocklin.linalg.solve.report import solve_report
 from blocklin.linalg.solve.tikhonov import check_lam_max
+from blocklin.operands import stored_input
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.solve import SparseSolvePlan, plan_sparse_solve
 from blocklin.runtime.job import Job
@@ -455,7 +456,7 @@ def solve_sparse(s: SparseMatrix, b: Any, *, lam: Any, kind: str, lams: list[flo
         if explain_only:
             return plan
         out_dtype = np.result_type(storage, bdt)
-        ao = job.output(out, inputs=[s.location] + ([] if B is None or B.staged else [B.path]), overwrite=overwrite,
+        ao = job.output(out, inputs=[s.location] + ([] if B is None else [stored_input(B)]), overwrite=overwrite,
                         size=((n, len(lams) * k), out_dtype))
         if arr is None:  # the stored b, read whole: the plan counted it
             z = open_zarr(B.path)
