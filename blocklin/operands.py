@@ -81,7 +81,7 @@ def temp_store_reads(cfg: Config) -> str:
 def decoded_chunks(op: Operand) -> tuple[int, int, int] | None:
     """``(rows, cols, itemsize)`` of the chunks a read of ``op`` decodes whole (read kind ``"chunks"``:
     compressed, or on an object store with a codec), whose temporaries a tile plan counts
-    (:func:`blocklin.plan.factor.chunk_io`); None where reads take only the bytes they keep (local
+    (:func:`blocklin.plan.chunks.chunk_io`); None where reads take only the bytes they keep (local
     chunk files read directly, byte ranges)."""
     from blocklin.storage.zarr_store import read_kind
 

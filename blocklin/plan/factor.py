@@ -10,6 +10,7 @@ import numpy as np
 
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, ParameterError, explain
+from blocklin.plan.chunks import chunk_io
 from blocklin.plan.rates import Rates, expected_line
 from blocklin.validate import size
 
@@ -25,25 +26,6 @@ TILE_SIDES = (2048, 1024, 512, 256, 128, 64, 32)
 #: does about ``t^3 / 6`` tile updates, each reading whole tiles from storage, so tiny tiles (``--tile
 #: 1`` on a 300 x 300 matrix: 4.5 million updates) would run for hours on per-chunk overheads.
 MAX_TILE_UPDATES = 200_000
-
-
-def chunk_io(rows: int, cols: int, decoded: tuple[int, int, int] | None, shape: tuple[int, int],
-             kept: int) -> int:
-    """Bytes of zarr's temporaries of one ``rows x cols`` read of an input whose chunks it decodes whole
-    (``decoded``: chunk rows, columns and itemsize, :func:`blocklin.operands.decoded_chunks`; None: read
-    directly), beyond ``kept``, the buffers a plan already keeps for the read (the block as read and one
-    set of temporaries). As the GEMM's measured model (:mod:`blocklin.plan.gemm`): a raw, a decoded and
-    our copy of each chunk the read touches, at most :data:`~blocklin._memory.IO_CONCURRENCY` at once.
-    Counted where a chunk outgrows the block read: a 512-tile of a 1536 x 1536 zstd chunk had a Cholesky
-    at 48 MiB peak at 138 MiB, an LU at 32 MiB at 84."""
-    from blocklin._memory import IO_CONCURRENCY
-    from blocklin.plan.gemm import _chunks_touched
-
-    if decoded is None:
-        return 0
-    c0, c1, isz = max(1, decoded[0]), max(1, decoded[1]), decoded[2]
-    touched = _chunks_touched(rows, c0, shape[0]) * _chunks_touched(cols, c1, shape[1])
-    return max(0, min(IO_CONCURRENCY, touched) * 3 * c0 * c1 * isz - kept)
 
 
 def tile_updates(tiles: int) -> int:
@@ -215,7 +197,7 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
     fewer reads, ``n^3 / (3 tile)`` elements, and larger GEMMs: at n = 4096 with 512-chunks and a
     64 MiB budget, tiles of 1024 ran the Cholesky in 9-13 s against 18-19 s with 512). Otherwise the
     largest of :data:`TILE_SIDES` that fits ``workers`` tasks of :data:`TILE_BUFFERS` tiles and, for an
-    input whose chunks are decoded whole (``decoded``), the temporaries of a tile read (:func:`chunk_io`).
+    input whose chunks are decoded whole (``decoded``), the temporaries of a tile read (:func:`~blocklin.plan.chunks.chunk_io`).
     """
     dt = np.dtype(dtype)
     per_tile = dt.itemsize

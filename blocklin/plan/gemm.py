@@ -25,7 +25,7 @@ import numpy as np
 from blocklin._memory import IO_CONCURRENCY  # zarr's chunks in flight; each holds chunk temporaries
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
-from blocklin.plan.chunks import LazyPieces, split
+from blocklin.plan.chunks import LazyPieces, chunk_io, read_temporaries, split
 from blocklin.plan.gpu import pinned_nbytes  # pinned buffers as CuPy's pool allocates them
 from blocklin.plan.gpu import DEFAULT_GPU, DEVICE_UNIT, crossover_tile, link_shortfall, shortfall, transfer_bound
 from blocklin.plan.rates import Rates, expected_line
@@ -235,14 +235,6 @@ def _sub_chunk_panels(ku: int, ku_a: int, ku_b: int, k: int) -> list[int]:
     return sorted((t for t in widths if 1 <= t < ku and t <= k), reverse=True)
 
 
-def _chunks_touched(span: int, unit: int, total: int) -> int:
-    """Most chunks of ``unit`` that one of the ``span``-long pieces ``[i span, (i + 1) span)`` of
-    ``total`` touches (strips and tile columns start at multiples of their own length)."""
-    span, total = max(1, span), max(1, total)
-    period = span * unit // math.gcd(span, unit)
-    return max((min(s + span, total) - 1) // unit - s // unit + 1 for s in range(0, min(total, period), span))
-
-
 @functools.lru_cache(maxsize=4096)
 def _panel_reads(t: int, unit: int, k: int, partial: bool = False) -> tuple[int, int, float]:
     """How ``t``-wide k-panels read an operand stored in ``unit``-wide chunks along ``k``.
@@ -293,8 +285,8 @@ def _task_memory(tm: int, tn: int, tk: int, *, isz: int, src_isz: tuple[int, int
     # encoded copy on writes: measured, not guessed (tests/products/test_gemm_memory.py).
     # Direct reads fill the slots in place (a scratch row at most); the ridge solve's GEMMs keep one
     # chunk set (measured over budget without it, benchmarks/budgets.py, solve at 16 MiB).
-    reads_io = (1 if read_reserve else 0) * 3 * io_chunk_bytes if direct[0] else \
-        min(IO_CONCURRENCY, read_chunks) * 3 * io_chunk_bytes if read_io is None else read_io
+    reads_io = read_temporaries(1 if read_reserve else 0, io_chunk_bytes) if direct[0] else \
+        read_temporaries(read_chunks, io_chunk_bytes) if read_io is None else read_io
     io = (loaders * reads_io
           # C0's whole chunks decoded for a strip: counted beside direct A and B only, a 256-row strip of
           # 1536 x 1536 zstd chunks beside zstd A and B had peaked at 129 MiB on a 48 MiB plan
@@ -545,13 +537,11 @@ class _Space:
                    chunk_bytes=(a_chunks[0] * a_chunks[1] * src_isz[0], b_chunks[0] * b_chunks[1] * src_isz[1]))
 
     def c_io(self, rows: int, tn: int) -> int:
-        """zarr's temporaries (a raw and a decoded copy, and ours) of the ``C0`` chunks one strip of
-        ``rows x tn`` touches, at most :data:`IO_CONCURRENCY` in flight (a strip may straddle chunks)."""
+        """zarr's temporaries of the ``C0`` chunks one strip of ``rows x tn`` touches (:func:`chunk_io`: a
+        strip may straddle chunks), in the output's dtype."""
         if self.c_chunks is None:
             return 0
-        c0, c1 = max(1, self.c_chunks[0]), max(1, self.c_chunks[1])
-        touched = _chunks_touched(rows, c0, self.m) * _chunks_touched(tn, c1, self.n)
-        return min(IO_CONCURRENCY, touched) * 3 * c0 * c1 * (self.osz or self.isz)
+        return chunk_io(rows, tn, (*self.c_chunks, self.osz or self.isz), (self.m, self.n))
 
     def row_candidates(self) -> list[int]:
         """Tile rows to try: multiples of the chunk rows (:func:`_candidates`), and with
@@ -596,12 +586,12 @@ class _Space:
         return -(-tm // self.mu) * ta, tb * -(-tn // self.nu)
 
     def read_io(self, tm: int, tn: int, tk: int) -> int:
-        """zarr's temporaries (a raw and a decoded copy, and ours) of one panel read: the larger of the
+        """zarr's temporaries (:func:`read_temporaries`) of one panel read: the larger of the
         operands read through zarr, each at its own chunk size (an operand read straight from its chunk
         files holds none: a user's compressed ``A`` beside a work store had been counted at the larger
         of the two chunk sizes)."""
-        return max((min(IO_CONCURRENCY, t) * 3 * b for t, b, z in zip(self._touched(tm, tn, tk), self.chunk_bytes,
-                                                                       self.zarr_reads) if z), default=0)
+        return max((read_temporaries(t, b) for t, b, z in zip(self._touched(tm, tn, tk), self.chunk_bytes,
+                                                               self.zarr_reads) if z), default=0)
 
 
 def _search(sp: _Space, *, workers: int, memory: int, device_memory: int | None,

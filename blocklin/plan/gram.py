@@ -14,7 +14,7 @@ import numpy as np
 
 from blocklin.config import format_size
 from blocklin.errors import BudgetError, explain
-from blocklin.plan.chunks import auto_chunks
+from blocklin.plan.chunks import auto_chunks, chunk_io
 from blocklin.plan.factor import TILE_SIDES, plan_factor
 from blocklin.plan.passes import PassMemory, plan_pass
 from blocklin.plan.rates import Rates, expected_line
@@ -110,11 +110,9 @@ def plan_syrk_blocks(s: int, k: int, dtype: Any, *, memory: int, tile: int, sour
     slices once, an off-diagonal one two slices): larger blocks, fewer reads (Dongarra et al. 1990
     for SYRK; the blocking is the usual out-of-core one, each output block read and written once).
     ``decoded``: the chunks of ``A`` (as stored: ``k x s``, or ``s x k`` with ``trans``) that zarr decodes
-    whole; the temporaries of the chunks a slice read touches are counted (:func:`~blocklin.plan.factor.chunk_io`:
+    whole; the temporaries of the chunks a slice read touches are counted (:func:`~blocklin.plan.chunks.chunk_io`:
     whole-column zstd chunks of 8 MiB had peaked at 88 MiB at a 48 MiB budget, planned 36).
     """
-    from blocklin.plan.factor import chunk_io
-
     tile = max(1, min(int(tile), max(s, 1)))
     n_tiles = max(1, math.ceil(s / tile))
     shape = (s, k) if trans else (k, s)

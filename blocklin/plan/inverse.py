@@ -305,7 +305,7 @@ def _plan_lu(n: int, dt: np.dtype, wdt: np.dtype, src_dt: np.dtype, chunk: int, 
              kernels: KernelMemory, source_chunks: tuple[int, int] | None,
              decoded: tuple[int, int, int] | None = None) -> InversePlan:
     """Method ``"lu"``: the LU panels' plan (with the temporaries of the input's chunks where zarr decodes
-    them whole, ``decoded``: :func:`~blocklin.plan.factor.chunk_io`), and the widest row strip (a multiple of
+    them whole, ``decoded``: :func:`~blocklin.plan.chunks.chunk_io`), and the widest row strip (a multiple of
     ``chunk``, the output's chunk side) whose task fits the budget beside nothing else (tasks run one at a
     time)."""
     from blocklin.plan.factor import plan_lu

@@ -4,7 +4,7 @@ larger than the tiles): the temporaries of each tile or panel read are counted i
 Found by a randomized search of peak RSS against the budget: a 3072 x 3072 float64 matrix in zstd
 chunks of 1536 x 1536 (18 MiB each) peaked at 138 MiB above the baseline for a Cholesky at a 48 MiB
 budget (plan 48 MiB), 84 MiB for an LU at 32 MiB (plan 28 MiB): every 512-tile read decoded a whole
-chunk, which the plans did not count (:func:`blocklin.plan.factor.chunk_io`).
+chunk, which the plans did not count (:func:`blocklin.plan.chunks.chunk_io`).
 """
 
 from __future__ import annotations

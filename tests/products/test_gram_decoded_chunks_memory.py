@@ -1,6 +1,6 @@
 """Peak memory of the Gram's tiled route over an input whose chunks zarr decodes whole (zstd chunks of
 whole columns, 4096 x 256, 8 MiB): each slice read decodes the chunks it touches, counted in the plan
-(:func:`blocklin.plan.factor.chunk_io`), with smaller tiles where they touch fewer. Found by a randomized
+(:func:`blocklin.plan.chunks.chunk_io`), with smaller tiles where they touch fewer. Found by a randomized
 search of peak RSS: 77-88 MiB above the baseline at a 48 MiB budget (plan 36 MiB)."""
 
 from __future__ import annotations
