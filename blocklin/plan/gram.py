@@ -116,11 +116,12 @@ def plan_syrk_blocks(s: int, k: int, dtype: Any, *, memory: int, tile: int, sour
     tile = max(1, min(int(tile), max(s, 1)))
     n_tiles = max(1, math.ceil(s / tile))
     shape = (s, k) if trans else (k, s)
+    src_isz = np.dtype(source_dtype or dtype).itemsize
 
-    def task_memory(block: int, rows: int, tile: int, dtype: Any, source_dtype: Any = None) -> int:
+    def task_memory(block: int, rows: int) -> int:
         read = (block, rows) if trans else (rows, block)  # one slice as stored
-        kept = 2 * rows * block * np.dtype(source_dtype or dtype).itemsize
-        return syrk_block_memory(block, rows, tile, dtype, source_dtype) + chunk_io(*read, decoded, shape, kept)
+        return (syrk_block_memory(block, rows, tile, dtype, source_dtype)
+                + chunk_io(*read, decoded, shape, kept=2 * rows * block * src_isz))
 
     best = None
     for mult in range(n_tiles, 0, -1):
@@ -131,20 +132,19 @@ def plan_syrk_blocks(s: int, k: int, dtype: Any, *, memory: int, tile: int, sour
         # chunks decoded whole: slices of whole chunks along k first, each chunk decoded once a read
         # (4096-row chunks read by 64-row slices had been decoded 64 times each)
         tries = ([min(k, k_chunk)] if decoded and k_chunk and k_chunk > rows else []) + [rows]
-        fit = next(((r, need) for r in tries if (need := task_memory(block, r, tile, dtype, source_dtype)) <= memory),
-                   None)
+        fit = next(((r, need) for r in tries if (need := task_memory(block, r)) <= memory), None)
         if fit is not None:
             best = (block, *fit)
             break
     if best is None:
         block = min(tile, s)
         for rows in (max(1, min(k, r)) for r in (64, 32, 16, 8, 1)):
-            need = task_memory(block, rows, tile, dtype, source_dtype)
+            need = task_memory(block, rows)
             if need <= memory:
                 best = (block, rows, need)
                 break
     if best is None:
-        need = min(task_memory(min(tile, s), max(1, min(k, r)), tile, dtype, source_dtype) for r in (64, 1))
+        need = min(task_memory(min(tile, s), max(1, min(k, r))) for r in (64, 1))
         raise BudgetError(explain("memory", f"must hold one SYRK block of {min(tile, s)} x {min(tile, s)}"
                                   + (" and the temporaries of A's chunks, decoded whole" if decoded else ""),
                                   format_size(memory), f"raise it to at least {format_size(need)}"
