@@ -3,6 +3,7 @@ the cuBLAS math mode and dtypes on the CuPy stand-in."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -73,7 +74,12 @@ def test_matmul_float32_compute_refuses_what_leaves_its_range(data, precision, c
         a = np.asarray(a)
         assert np.all(np.abs(x - a @ b) <= 2.0 * _gemm_bound(a, b, U32))
         return
-    with pytest.raises(ParameterError, match=f"precision: '{precision}' computes in float32"):
+    # the range a cast keeps with full precision, as the factorizations' refusal names it
+    low, high = float(np.finfo(np.float32).tiny) * 2.0**23, float(np.finfo(np.float32).max)
+    what = "the sums of" if case in ("sums overflow", "products flush") else re.escape(
+        f"{'a' if case == 'a overflows' else 'b'}'s entries must lie within float32's range (between {low:.3g} and "
+        f"{high:.3g};")
+    with pytest.raises(ParameterError, match=f"precision: '{precision}' computes in float32: {what}"):
         bl.matmul(a, b, precision=precision, memory="128KiB")
 
 

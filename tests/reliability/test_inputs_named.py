@@ -4,6 +4,7 @@ now named for what it is (a NaN in ``b``, an empty matrix) or taken as its neigh
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -12,6 +13,10 @@ import pytest
 import blocklin as bl
 from blocklin.errors import NonFiniteError, ParameterError, ShapeError
 from support.tolerances import eps
+
+#: The magnitudes a cast to float32 keeps with its full precision: from its smallest normal times 2^23 (below,
+#: a few bits or none) up to its largest.
+F32_LOW, F32_MAX = float(np.finfo(np.float32).tiny) * 2.0**23, float(np.finfo(np.float32).max)
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -50,7 +55,9 @@ def test_an_empty_matrix_is_refused_by_name(call, shape, tmp_path):
 @pytest.mark.parametrize("call", ["solve gen", "solve pos", "inv"])
 def test_mixed_precision_of_data_beyond_float32_names_the_range(call, far, tmp_path):
     """``precision="mixed"`` factors in float32: data of ``1e+-200`` (condition 1) cast to Inf or 0 and was
-    refused as a singular or indefinite ``A``. It is refused for its range, with the fix that works."""
+    refused as a singular or indefinite ``A``. It is refused for its range, named as the products' refusal
+    names it (the range kept with full precision, as ``matmul(precision="float32")`` says), with the fix that
+    works."""
     rng = np.random.default_rng(0)
     q, _ = np.linalg.qr(rng.standard_normal((3, 3)))
     a = np.eye(3) * far if call == "solve pos" else q * far
@@ -63,7 +70,8 @@ def test_mixed_precision_of_data_beyond_float32_names_the_range(call, far, tmp_p
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's own, of the cast that overflowed
         with pytest.raises(ParameterError, match=r"precision: a float32 factorization needs A's entries within "
-                           r"float32's range.*max \|A\| = .*e[+-]\d+"):
+                           + re.escape(f"float32's range (between {F32_LOW:.3g} and {F32_MAX:.3g}; ")
+                           + r".*max \|A\| = .*e[+-]\d+"):
             run(precision="mixed")
     assert np.isfinite(run().to_numpy()).all()  # precision='double', the fix it names
 

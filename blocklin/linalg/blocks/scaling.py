@@ -330,20 +330,35 @@ def max_abs(op: Any) -> float:
     return top
 
 
-def narrow_range_refusal(amax: float, source: Any, work: Any, fix: str) -> Exception | None:
-    """The error for a factorization in a narrower ``work`` dtype (``precision="mixed"``: float32 of float64
-    data) of data whose largest magnitude ``amax`` its cast cannot hold: above the ``work`` dtype's largest
-    (every such entry Inf) or below its smallest normal times ``2^p`` (every entry flushed to zero or a
-    subnormal of a few bits). Those had been refused as a singular or indefinite ``A`` (found by a randomized
-    search). None where the range holds, or ``work`` is not narrower than ``source``."""
+def narrow_range(work: Any) -> tuple[float, float]:
+    """``(low, high)``: the magnitudes a cast to ``work`` keeps with its full precision, from its smallest
+    normal times ``2^p`` (below, an entry keeps a few bits or flushes to zero) up to, not including, its
+    largest (from there, Inf)."""
+    info = np.finfo(work)
+    return float(info.tiny) * 2.0 ** info.nmant, float(info.max)
+
+
+def range_refusal(amax: float, work: Any, needs: str, name: str, fix: str) -> Exception | None:
+    """The error for a cast to ``work`` of entries whose largest magnitude ``amax`` lies outside
+    :func:`narrow_range`: ``needs`` says who needs them within it (``"a float32 factorization needs A's
+    entries"``), ``name`` is the operand's in the value named. None within the range."""
     from blocklin.errors import ParameterError, explain
 
+    low, high = narrow_range(work)
+    if low <= amax < high:
+        return None
+    wd = np.dtype(work).name
+    cast = "overflow" if amax >= high else "flush them to zero"
+    return ParameterError(explain("precision", f"{needs} within {wd}'s range (between {low:.3g} and {high:.3g}; "
+                                  f"its cast would {cast})", f"max |{name}| = {amax:.3g}", fix))
+
+
+def narrow_range_refusal(amax: float, source: Any, work: Any, fix: str) -> Exception | None:
+    """The error for a factorization in a narrower ``work`` dtype (``precision="mixed"``: float32 of float64
+    data) of data whose largest magnitude ``amax`` its cast cannot hold (:func:`range_refusal`). Those had
+    been refused as a singular or indefinite ``A`` (found by a randomized search). None where the range
+    holds, ``amax`` is not finite or zero, or ``work`` is not narrower than ``source``."""
     src, wd = np.dtype(source), np.dtype(work)
     if wd.itemsize >= src.itemsize or not np.isfinite(amax) or amax == 0:
         return None
-    info = np.finfo(wd)
-    if float(info.tiny) * 2.0 ** info.nmant <= amax < float(info.max):
-        return None
-    cast = "overflow" if amax >= float(info.max) else "flush them to zero"
-    return ParameterError(explain("precision", f"a {wd.name} factorization needs A's entries within {wd.name}'s "
-                                  f"range (its cast would {cast})", f"max |A| = {amax:.3g}", fix))
+    return range_refusal(amax, wd, f"a {wd.name} factorization needs A's entries", "A", fix)

@@ -18,7 +18,7 @@ from blocklin.config import Settings
 from blocklin.device.pool import reusing
 from blocklin.errors import ParameterError, ShapeError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg.blocks.scaling import max_abs
+from blocklin.linalg.blocks.scaling import max_abs, narrow_range, range_refusal
 from blocklin.matrix import Matrix
 from blocklin.plan.gemm import GemmPlan, _panel_reads, plan_gemm
 from blocklin.plan.rechunk import rechunk_advice
@@ -334,25 +334,23 @@ def _check_narrow_range(op: Gemm) -> None:
     precision."""
     if op.compute.itemsize >= max(op.A.dtype.itemsize, op.B.dtype.itemsize):
         return
-    fi = np.finfo(op.compute)
-    low, high = float(fi.tiny) * 2.0 ** fi.nmant, float(fi.max)  # below low an entry keeps a few bits
+    low, high = narrow_range(op.compute)
+    computes = f"'{op.precision}' computes in {op.compute.name}"
     fix = ("pass precision=None (the operands' own precision), or scale the operands by powers of two into "
-           f"{fi.dtype.name}'s range (exact) and the result back")
+           f"{op.compute.name}'s range (exact) and the result back")
     peaks = {}
     for name, x in (("a", op.A), ("b", op.B)):
         peaks[name] = max_abs(x)
-        if peaks[name] and not low <= peaks[name] < high:
-            raise ParameterError(_msg(
-                "precision", f"'{op.precision}' computes in {fi.dtype.name}: {name}'s entries must lie within its "
-                f"range (between {low:.3g} and {high:.3g}; its cast would "
-                f"{'overflow' if peaks[name] >= high else 'flush them to zero'})", f"max |{name}| = {peaks[name]:.3g}",
-                fix))
+        refusal = range_refusal(peaks[name], op.compute, f"{computes}: {name}'s entries must lie", name, fix) \
+            if peaks[name] else None
+        if refusal is not None:
+            raise refusal
     k = op.A.shape[0] if op.trans_a else op.A.shape[1]
     top = peaks["a"] * peaks["b"]
     if top and not (low <= top and top * max(k, 1) < high):
         raise ParameterError(_msg(
-            "precision", f"'{op.precision}' computes in {fi.dtype.name}: the sums of {k} products of a's and b's "
-            f"entries must lie within its range (max |a| max |b| at least {low:.3g}, times k below {high:.3g})",
+            "precision", f"{computes}: the sums of {k} products of a's and b's entries must lie within its range "
+            f"(max |a| max |b| at least {low:.3g}, times k below {high:.3g})",
             f"max |a| max |b| = {top:.3g}, k = {k}", fix))
 
 
