@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,23 @@ TILE_SIDES = (2048, 1024, 512, 256, 128, 64, 32)
 #: does about ``t^3 / 6`` tile updates, each reading whole tiles from storage, so tiny tiles (``--tile
 #: 1`` on a 300 x 300 matrix: 4.5 million updates) would run for hours on per-chunk overheads.
 MAX_TILE_UPDATES = 200_000
+
+
+def _refuse_budget(memory: int, n: int, need: Callable[[int], int], io: Callable[[int], int],
+                   holds: Callable[[int], str], side: str = "tile side", alternative: str = "") -> BudgetError:
+    """The refusal of a ``memory`` that no tile side of :data:`TILE_SIDES` (at most ``n``) holds: it names
+    the least budget of any side (``need``), what that side's task holds (``holds``) and, where the
+    temporaries of decoding the input's chunks (``io``) count in it, those, with rechunking the input as a
+    fix beside the larger budget (and ``alternative``)."""
+    t = min((min(t, max(n, 1)) for t in TILE_SIDES), key=lambda t: (need(t), t))
+    least, temporaries = need(t), io(t) > 0
+    rule = (f"must hold {holds(t)}" + (" and the temporaries of the input's chunks, decoded whole" if temporaries
+                                       else "") + f" (at the {side} that needs the least)")
+    fixes = ([f"raise it to at least {format_size(least)}"]
+             + (["rechunk the input smaller (blocklin convert --chunks)"] if temporaries else [])
+             + ([alternative] if alternative else []))
+    fix = fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + ", or " + fixes[-1]
+    return BudgetError(explain("memory", rule, format_size(memory), fix), minimum=least)
 
 
 def tile_updates(tiles: int) -> int:
@@ -203,8 +221,11 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
     per_tile = dt.itemsize
     planned = _check_tile(tile, n) is None
 
+    def io(t: int) -> int:  # the temporaries of the input's chunks a tile read decodes, beyond its buffers
+        return chunk_io(t, t, decoded, (n, n), 2 * t * t * per_tile)
+
     def task(t: int) -> int:
-        return TILE_BUFFERS * t * t * per_tile + chunk_io(t, t, decoded, (n, n), 2 * t * t * per_tile)
+        return TILE_BUFFERS * t * t * per_tile + io(t)
 
     def fits(t: int, w: int) -> bool:
         return w * task(t) <= memory
@@ -218,12 +239,8 @@ def plan_factor(operation: str, n: int, dtype: Any, *, memory: int, workers: int
         else:
             tile = next((t for t in TILE_SIDES if fits(min(t, max(n, 1)), workers)), None)
         if tile is None:
-            need = min(workers * task(min(t, max(n, 1))) for t in TILE_SIDES)
-            raise BudgetError(explain("memory", f"must hold {workers} task(s) of {TILE_BUFFERS} tiles of 32 x 32"
-                                      + (" and the temporaries of the input's chunks, decoded whole" if decoded else ""),
-                                      format_size(memory), f"raise it to at least {format_size(need)}"
-                                      + (", or rechunk the input smaller (blocklin convert --chunks)" if decoded
-                                         else "")), minimum=need)
+            raise _refuse_budget(memory, n, lambda t: workers * task(t), io,
+                                 lambda t: f"{workers} task(s) of {TILE_BUFFERS} tiles of {t} x {t}")
     tile = max(1, min(int(tile), max(n, 1)))
     _check_updates(operation, n, tile, planned, memory)
     # as many of the asked workers as the budget holds (a division: workers may be huge)
@@ -330,10 +347,12 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
     rows = n if m is None else m
     planned = _check_tile(tile, n) is None
 
-    def task(t: int) -> int:  # the panel's buffers, and the temporaries of its input's chunks read by blocks
+    def io(t: int) -> int:  # the temporaries of the input's chunks read by blocks, beyond the blocks
         t = min(t, max(n, 1))
-        return lu_panel_bytes(rows, t, dt.itemsize, src) + chunk_io(lu_stream_rows(t, rows), t, decoded, (rows, n),
-                                                                     2 * lu_stream_rows(t, rows) * t * src)
+        return chunk_io(lu_stream_rows(t, rows), t, decoded, (rows, n), 2 * lu_stream_rows(t, rows) * t * src)
+
+    def task(t: int) -> int:  # the panel's buffers, and those temporaries
+        return lu_panel_bytes(rows, min(t, max(n, 1)), dt.itemsize, src) + io(t)
 
     def fits(t: int) -> bool:
         return task(t) <= memory
@@ -349,12 +368,8 @@ def plan_lu(n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] | None =
             if tile is not None and rows < n:  # a wide matrix: panels no wider than m (see above)
                 tile = min(tile, max(32, -(-rows // 32) * 32))
         if tile is None:
-            need = min(task(t) for t in TILE_SIDES)
-            raise BudgetError(explain("memory", f"must hold a column panel of {rows} x 32 and its buffers for the LU"
-                                      + (" and the temporaries of the input's chunks, decoded whole" if decoded else ""),
-                                      format_size(memory), f"raise it to at least {format_size(need)}"
-                                      + (", or rechunk the input smaller (blocklin convert --chunks)" if decoded
-                                         else "")), minimum=need)
+            raise _refuse_budget(memory, n, task, io, lambda t: f"a column panel of {rows} x {t} and its buffers "
+                                 "for the LU", side="panel width")
     tile = max(1, min(int(tile), max(n, 1)))
     _check_updates("lu", n, tile, planned, memory, m=rows)
     nt = max(1, math.ceil(n / tile))
@@ -381,9 +396,11 @@ def plan_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] 
     dt = np.dtype(dtype)
     planned = _check_tile(tile, n) is None
 
-    def task(t: int) -> int:  # the panels, and the temporaries of the input's chunks a panel read decodes
-        return QR_PANEL_BUFFERS * max(m, 1) * t * dt.itemsize + chunk_io(max(m, 1), t, decoded, (m, n),
-                                                                           2 * max(m, 1) * t * dt.itemsize)
+    def io(t: int) -> int:  # the temporaries of the input's chunks a panel read decodes, beyond the panels
+        return chunk_io(max(m, 1), t, decoded, (m, n), 2 * max(m, 1) * t * dt.itemsize)
+
+    def task(t: int) -> int:  # the panels, and those temporaries
+        return QR_PANEL_BUFFERS * max(m, 1) * t * dt.itemsize + io(t)
 
     def fits(t: int) -> bool:
         return task(t) <= memory
@@ -394,13 +411,9 @@ def plan_qr(m: int, n: int, dtype: Any, *, memory: int, chunks: tuple[int, int] 
         else:
             tile = next((t for t in TILE_SIDES if fits(min(t, max(n, 1)))), None)
         if tile is None:
-            need = min(task(min(t, max(n, 1))) for t in TILE_SIDES)
-            raise BudgetError(explain("memory", f"must hold {QR_PANEL_BUFFERS} column panels of {m} x 32 for the "
-                                      "tiled QR" + (" and the temporaries of the input's chunks, decoded whole"
-                                                    if decoded else ""), format_size(memory),
-                                      f"raise it to at least {format_size(need)}, "
-                                      + ("rechunk the input smaller (blocklin convert --chunks), " if decoded else "")
-                                      + "or, for R alone of a tall matrix, use method='tsqr'"), minimum=need)
+            raise _refuse_budget(memory, n, task, io, lambda t: f"{QR_PANEL_BUFFERS} column panels of {m} x {t} for "
+                                 "the tiled QR", side="panel width",
+                                 alternative="for R alone of a tall matrix, use method='tsqr'")
     tile = max(1, min(int(tile), max(n, 1)))
     _check_updates("qr", n, tile, planned, memory)
     nt = max(1, math.ceil(n / tile))

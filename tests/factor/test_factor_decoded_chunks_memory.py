@@ -9,11 +9,14 @@ chunk, which the plans did not count (:func:`blocklin.plan.chunks.chunk_io`).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import blocklin as bl
 from blocklin.errors import BudgetError
+from blocklin.plan.factor import plan_factor, plan_lu, plan_qr
 from support.memcheck import margin, needs_hwm, run_child
 
 CHILD = """
@@ -61,3 +64,28 @@ def test_a_budget_below_one_decoded_chunk_is_refused_with_the_fix(spd_zstd, op, 
     least budget and rechunking as the fix (blocklin convert --chunks)."""
     with pytest.raises(BudgetError, match=r"temporaries of the input's chunks, decoded whole.*rechunk the input"):
         getattr(bl, op)(spd_zstd, tmp_path / "f.zarr", memory="32MiB")
+
+
+PLANS = {"cholesky": lambda n, **kw: plan_factor("cholesky", n, "float64", **kw),
+         "lu": lambda n, **kw: plan_lu(n, "float64", **kw),
+         "qr": lambda n, **kw: plan_qr(2 * n, n, "float64", **kw)}
+
+
+@pytest.mark.parametrize("op", ["cholesky", "lu", "qr"])
+@pytest.mark.parametrize("case", ["narrower than a tile", "small chunks", "large chunks"])
+def test_a_refusal_names_the_least_budget_of_any_tile_side(op, case):
+    """A refused budget names the least of any tile side, with the side it is the need of and the temporaries
+    of the input's decoded chunks only where they count in it: a matrix narrower than the smallest side had
+    been said to need tiles of 32, and chunks whose temporaries a tile's own buffers hold (8 x 8) had been
+    named, with rechunking as the fix, where a larger budget is the only one. The least budget plans."""
+    n, decoded = {"narrower than a tile": (20, None), "small chunks": (300, (8, 8, 8)),
+                  "large chunks": (3072, (1536, 1536, 8))}[case]
+    with pytest.raises(BudgetError) as info:
+        PLANS[op](n, memory=1024, decoded=decoded)
+    msg = str(info.value)
+    side = min(n, 32)
+    assert re.search(rf"of \d+ x {side} ", msg) and "that needs the least" in msg, msg
+    counted = case == "large chunks"
+    assert ("temporaries of the input's chunks, decoded whole" in msg) == counted, msg
+    assert ("rechunk the input smaller" in msg) == counted, msg
+    assert PLANS[op](n, memory=info.value.minimum, decoded=decoded).tile == side
