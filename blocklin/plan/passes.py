@@ -48,6 +48,10 @@ class RowPassPlan:
     #: On a GPU: bytes of the device operand cache that keep the pass's strips for the job's later
     #: passes (0: streamed; :func:`blocklin.runtime.passes.resident_strips`).
     resident_bytes: int = 0
+    #: Chunks a task decodes at once for a read whose chunks are decoded whole (0: as many as the
+    #: reader's concurrency allows); fewer where the budget holds fewer chunks' temporaries than one
+    #: strip row of chunks has (:func:`plan_pass`).
+    lanes: int = 0
 
     def strips(self, group: int) -> Pieces:
         """The strips of one task's group of rows, computed on access (a group may hold millions)."""
@@ -58,6 +62,8 @@ class RowPassPlan:
         d = dataclasses.asdict(self)
         if not d["resident_bytes"]:  # streamed (every CPU pass): as before the field
             del d["resident_bytes"]
+        if not d["lanes"]:  # decoding as many chunks at once as the reader does: as before the field
+            del d["lanes"]
         return d
 
     @classmethod
@@ -75,6 +81,8 @@ class RowPassPlan:
         elif self.cached:
             text += (f"; strips of {self.strip} rows share each {self.chunk_rows}-row chunk band, decoded once "
                      f"and kept ({format_size(self.cache_bytes)} per task)")
+        if self.lanes:
+            text += f"; {self.lanes} chunk(s) decoded at a time"
         if self.prefetch > 1 or self.loaders > 1:
             text += f"; {self.prefetch} strip(s) read ahead by {self.loaders} loader(s)"
         if self.resident_bytes:
@@ -339,7 +347,8 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
               workers: int = 1, cores: int = 1, chunk_bytes: int | None = None, chunks_across: int = 1,
               max_strip: int | None = None, min_tasks: int | None = None, partial_rows: bool = False,
               direct: bool = False, cache_bytes: int = 0, loaders: int = 1,
-              prefetch: int | None = None) -> RowPassPlan:
+              prefetch: int | None = None, decoded: tuple[int, int, int] | None = None,
+              decoded_width: int = 0) -> RowPassPlan:
     """Plan a row pass of a kernel whose memory is ``mem``.
 
     Parameters
@@ -377,6 +386,12 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
 
     prefetch : int, optional
         Strips read ahead per task; default: from the budget (:func:`plan_row_pass` with ``prefetch=None``).
+    decoded, decoded_width : optional
+        Chunks (rows, columns, itemsize, in the streamed orientation) of a streamed operand that reads
+        decode whole, and its width: the temporaries of a strip's read
+        (:func:`blocklin.plan.factor.chunk_io`) are counted whether or not the kernel declares
+        ``chunk_temporaries``; where one strip row of chunks does not fit, the plan decodes fewer at a
+        time (``lanes``), and a budget below one chunk's temporaries is refused with rechunking as the fix.
     """
     budget = memory - reserve
     workers = max(1, workers)
@@ -401,7 +416,8 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
     # whatever the BLAS threads: the strip height may not depend on the scheduler (the sums would).
     blas_rows = row_bytes
     per_row = mem.per_row + write_rows + blas_rows
-    if not mem.chunk_temporaries or direct:
+    dec = decoded if decoded is not None and not direct else None
+    if (not mem.chunk_temporaries and dec is None) or direct:
         # Direct reads need no temporaries. A kernel that declares its writes has them counted per
         # row; one that does not keeps one input chunk in flight for them (measured:
         # tests/lowrank/test_svd_memory.py, benchmarks/budgets.py).
@@ -410,16 +426,68 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
                              strip_extra_row_bytes=per_row, workers=workers, cores=cores, max_strip=max_strip,
                              min_tasks=min_tasks, reserve=reserve, partial_rows=partial_rows, prefetch=prefetch,
                              cache_bytes=cache_bytes, loaders=loaders if direct or not mem.chunk_temporaries else 1)
+
+    def attempt(temporaries: int, cap: int | None) -> RowPassPlan:
+        return plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget,
+                             fixed_bytes=mem.fixed + temporaries, strip_extra_row_bytes=per_row,
+                             workers=workers, cores=cores, prefetch=prefetch, max_strip=cap, min_tasks=min_tasks,
+                             reserve=reserve, partial_rows=partial_rows, cache_bytes=cache_bytes)
+
+    if dec is not None:
+        return _decoded_pass(attempt, dec, decoded_width, m, max_strip, memory)
     error = None
     for in_flight in range(IO_CONCURRENCY, 0, -1):
         try:
-            plan = plan_row_pass(m, row_bytes, chunk_rows=chunk_rows, memory=budget,
-                                 fixed_bytes=mem.fixed + in_flight * 3 * cb, strip_extra_row_bytes=per_row,
-                                 workers=workers, cores=cores, prefetch=prefetch, max_strip=max_strip, min_tasks=min_tasks,
-                                 reserve=reserve, partial_rows=partial_rows, cache_bytes=cache_bytes)
+            plan = attempt(in_flight * 3 * cb, max_strip)
         except BudgetError as exc:
             error = exc
             continue
         if in_flight == 1 or math.ceil(plan.strip / max(1, chunk_rows)) * max(1, chunks_across) >= in_flight:
             return plan
     raise error
+
+
+def _decoded_pass(attempt: Callable[[int, int | None], RowPassPlan], decoded: tuple[int, int, int], width: int,
+                  m: int, max_strip: int | None, memory: int) -> RowPassPlan:
+    """The plan of a pass whose reads decode whole chunks of ``decoded`` (rows, columns, itemsize) of an
+    operand ``width`` wide: ``attempt(temporaries, max_strip)`` plans with ``temporaries`` bytes per task
+    counted (those of ``in_flight`` chunks), and a plan is taken only where its strip's reads need no more
+    (:func:`~blocklin.plan.factor.chunk_io`). Where a strip row of chunks needs more than the budget
+    holds, strips of one chunk row decode ``in_flight`` chunks at a time (``lanes``): a 3072 x 3072
+    operand in 1536 x 1536 zstd chunks had the inverse's residual probe (planned without them) decode two
+    at once beside its strips, 96 MiB above the baseline for a plan of 51."""
+    from blocklin.plan.factor import chunk_io
+
+    c0, c1 = max(1, decoded[0]), max(1, decoded[1])
+    width = max(1, width)
+    across = -(-width // c1)
+    one = chunk_io(c0, c1, decoded, (m, width), 0)  # one chunk's temporaries
+
+    def need(strip: int, lanes: int = 0) -> int:
+        return chunk_io(strip, min(width, lanes * c1) if lanes else width, decoded, (m, width), 0)
+
+    error = None
+    for in_flight in range(IO_CONCURRENCY, 0, -1):
+        held = in_flight * one
+        try:
+            plan = attempt(held, max_strip)
+        except BudgetError as exc:
+            error = exc
+            continue
+        if need(plan.strip) == held or (in_flight == 1 and need(plan.strip) <= held):
+            return plan
+        if need(plan.strip) < held:  # fewer chunks in flight than counted: a lower count gives taller strips
+            continue
+        # the strip touches more chunks than counted: strips of whole chunk rows within the count, or
+        # of one chunk row decoded ``in_flight`` chunks at a time
+        rows = (in_flight // across) * c0 if in_flight >= across else c0
+        plan = attempt(held, rows if max_strip is None else min(max_strip, rows))
+        lanes = in_flight if in_flight < across else 0
+        if need(plan.strip, lanes) <= held:
+            return dataclasses.replace(plan, lanes=lanes)
+    least = getattr(error, "minimum", None) or memory
+    raise BudgetError(explain(
+        "memory", "must hold each task's strip and the temporaries of the input's chunks, decoded whole (a raw, "
+        f"a decoded and a copied chunk of {c0} x {c1}: {format_size(one)})", format_size(memory),
+        f"raise it to at least {format_size(least)} (memory='{size_hint(least)}'), or rechunk the input smaller "
+        "(blocklin convert --chunks)"), minimum=least)

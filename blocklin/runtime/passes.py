@@ -139,6 +139,11 @@ class Source:
     def row_bytes(self) -> int:
         return self.width * self.dtype.itemsize
 
+    @property
+    def chunks(self) -> tuple[int, int]:
+        """The chunk shape in the streamed orientation (rows, columns)."""
+        return self.chunk_rows, self.chunk_bytes // max(1, self.chunk_rows * self.dtype.itemsize)
+
 
 def source(operand: Any, *, transposed: bool = False, name: str | None = None) -> Source:
     """The :class:`Source` of an operand (anything with ``path``, ``shape``, ``dtype``, ``chunks``)."""
@@ -218,9 +223,16 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
     :func:`~blocklin.plan.passes.pass_workers` chooses for a CPU pass); ``device`` where the pass
     runs (default: the kernel's, else the job's).
     """
+    from blocklin.operands import decoded_chunks
+    from blocklin.plan.factor import chunk_io
+
     sources = tuple(sources)
     first = sources[0]
     mem = kernel.memory(params if params is not None else {}, sources)  # type: ignore[attr-defined]
+    # the operand whose chunks, decoded whole, need the most temporaries for a strip row (one strip is
+    # read at a time, its operands in turn)
+    decoded = max(((d, s.width) for s in sources if (d := decoded_chunks(s)) is not None),
+                  key=lambda dw: chunk_io(1, dw[1], dw[0], (1, dw[1]), 0), default=(None, 0))
 
     def plan(w: int, prefetch: int | None = None) -> RowPassPlan:
         return plan_pass(mem, first.rows, sum(s.row_bytes for s in sources), chunk_rows=first.chunk_rows,
@@ -231,7 +243,8 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
                          chunk_bytes=first.chunk_bytes, chunks_across=first.chunks_across, max_strip=max_strip,
                          min_tasks=min_tasks,  # None: the canonical split (the same on every scheduler)
                          cache_bytes=sum(s.chunk_rows * s.row_bytes for s in sources if not s.partial_rows),
-                         loaders=MAX_LOADERS if all(s.partial_rows for s in sources) else 1, prefetch=prefetch)
+                         loaders=MAX_LOADERS if all(s.partial_rows for s in sources) else 1, prefetch=prefetch,
+                         decoded=decoded[0], decoded_width=decoded[1])
 
     if workers is None:
         workers = job.workers(0)  # the setting, or a cluster's threads per worker; 0: not set
@@ -559,6 +572,7 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
     maps = [bool(spec.mapped and spec.mapped[j]) and device.host_resident and d is not None and band is None
             and d.maps(cs) for j, (d, band, cs) in enumerate(zip(direct, bands, col_slices))]
     regions: dict = {}  # per slot and mapped input: the address range its strips are mapped into in turn
+    lanes = spec.plan.lanes or None  # chunks decoded at once where the plan holds fewer than a strip row's
     nmapped = [0]
 
     def load(i: int, bufs: tuple[np.ndarray, ...], skip: tuple[bool, ...] | None = None) -> tuple:
@@ -574,9 +588,9 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
             # the strip's place in the slot, in the streamed orientation
             dest = region(buf, (cs.stop - cs.start, r1 - r0) if t else (r1 - r0, cs.stop - cs.start))
             if band is not None and band.covers(rs.start, rs.stop):  # rows of the kept chunk band (read once)
-                stored = band.rows(rs.start, rs.stop, dest)
+                stored = band.rows(rs.start, rs.stop, dest, lanes)
             elif t:  # column strip of the stored array, handed out as a transposed view
-                stored = read_block(arr, cs, rs, out=dest)
+                stored = read_block(arr, cs, rs, out=dest, lanes=lanes)
             elif maps[j] and (view := _read_mapped(arr, direct[j], rs, cs, regions, (id(buf), j))) is not None:
                 stored = view
                 nmapped[0] += view.nbytes
@@ -585,11 +599,11 @@ def row_pass_task(spec: RowPassSpec, first: int, stop: int | None = None) -> dic
             elif want[j] and pieces[j]:
                 stored, piece_peaks = _read_with_peaks(arr, rs, cs, dest, direct[j], peaks_of[j])
             elif _direct_into(decoded[j], arr, dest):
-                stored, piece_peaks = _decode_with_peaks(arr, decoded[j], rs, cs, dest, peaks_of[j])
+                stored, piece_peaks = _decode_with_peaks(arr, decoded[j], rs, cs, dest, peaks_of[j], lanes)
             elif _direct_into(direct[j], arr, dest):
                 stored = _read_direct(arr, direct[j], rs, cs, dest)
             else:
-                stored = read_block(arr, rs, cs, out=dest)
+                stored = read_block(arr, rs, cs, out=dest, lanes=lanes)
             v = stored.T if t else stored
             p = (piece_peaks if piece_peaks is not None else peaks_of[j](v)) if want[j] else None
             piece_peaks = None
@@ -723,7 +737,7 @@ def _peaks_in_pieces(v: np.ndarray, peaks_of: Any) -> np.ndarray:
 
 
 def _decode_with_peaks(arr: Any, dec: Any, rows: slice, cols: slice, out: np.ndarray,
-                       peaks_of: Any = None) -> tuple[np.ndarray, np.ndarray]:
+                       peaks_of: Any = None, lanes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``arr[rows, cols]`` decoded into ``out`` by the task's chunk decoder ``dec``
     (:class:`~blocklin.storage.rawchunks.DecodedChunks`), and the peaks of the whole (``peaks_of``:
     :func:`_column_peaks`, the default, or :func:`_flat_peaks`), each chunk's part's taken by the thread
@@ -747,7 +761,7 @@ def _decode_with_peaks(arr: Any, dec: Any, rows: slice, cols: slice, out: np.nda
             np.maximum(at, p, out=at)  # maximum propagates NaN
 
     with reading(arr, rows, cols):
-        dec.read(rows, cols, out, each=each)
+        dec.read(rows, cols, out, each=each, lanes=lanes)
     return out, peaks
 
 
@@ -810,8 +824,9 @@ class _Band:
     def covers(self, r0: int, r1: int) -> bool:
         return r0 // self.height == (r1 - 1) // self.height
 
-    def rows(self, r0: int, r1: int, out: np.ndarray) -> np.ndarray:
-        """Rows ``r0:r1`` (streamed orientation) into ``out``, reading their band first if not kept."""
+    def rows(self, r0: int, r1: int, out: np.ndarray, lanes: int | None = None) -> np.ndarray:
+        """Rows ``r0:r1`` (streamed orientation) into ``out``, reading their band first if not kept
+        (``lanes`` chunks decoded at once: :func:`~blocklin.storage.zarr_store.read_block`)."""
         b = r0 // self.height
         if b != self.index:
             b0, b1 = b * self.height, min(self.rows_total, (b + 1) * self.height)
@@ -820,9 +835,9 @@ class _Band:
                                               (self.height, self.width), self.arr.dtype)
             whole = slice(0, self.width)
             if self.transposed:
-                read_block(self.arr, whole, slice(b0, b1), out=self.buf[:, :b1 - b0])
+                read_block(self.arr, whole, slice(b0, b1), out=self.buf[:, :b1 - b0], lanes=lanes)
             else:
-                read_block(self.arr, slice(b0, b1), whole, out=self.buf[:b1 - b0])
+                read_block(self.arr, slice(b0, b1), whole, out=self.buf[:b1 - b0], lanes=lanes)
             self.index = b
         o0, o1 = r0 - b * self.height, r1 - b * self.height
         out[...] = self.buf[:, o0:o1] if self.transposed else self.buf[o0:o1]

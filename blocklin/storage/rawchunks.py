@@ -534,8 +534,9 @@ class DecodedChunks:
                 pool.give(target)
 
     def read(self, rows: slice, cols: slice, out: np.ndarray,
-             each: Callable[[np.ndarray, int], None] | None = None) -> np.ndarray:
-        """``out[...] = array[rows, cols]``, the chunks decoded by up to :data:`DECODE_THREADS` at once.
+             each: Callable[[np.ndarray, int], None] | None = None, lanes: int | None = None) -> np.ndarray:
+        """``out[...] = array[rows, cols]``, the chunks decoded by up to :data:`DECODE_THREADS` at once
+        (at most ``lanes``: a plan whose budget holds fewer chunks' temporaries).
 
         ``each(part, column)``, when given, runs in the thread that decoded each chunk's part of ``out``
         right after it lands (``part`` a view of ``out``, ``column`` its first column there), while the
@@ -557,11 +558,12 @@ class DecodedChunks:
             if each is not None:
                 each(dest, column)
 
-        if len(work) <= 1 or DECODE_THREADS == 1:
+        threads = min(DECODE_THREADS, lanes or DECODE_THREADS)
+        if len(work) <= 1 or threads == 1:
             for item in work:
                 part(*item)
             return out
-        _run_all(_io_pool(), part, work, min(DECODE_THREADS, len(work)))
+        _run_all(_io_pool(), part, work, min(threads, len(work)))
         return out
 
 

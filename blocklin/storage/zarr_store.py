@@ -263,7 +263,8 @@ def _norm(sel: slice, n: int) -> slice:
     return slice(start, max(start, stop)) if step == 1 else sel
 
 
-def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None = None) -> np.ndarray:
+def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None = None,
+               lanes: int | None = None) -> np.ndarray:
     """Read ``arr[rows, cols]``, into the preallocated ``out`` when given (no extra copy).
 
     Uncompressed zarr v3 arrays are read straight from their chunk files
@@ -273,12 +274,15 @@ def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None
     are counted in :mod:`blocklin._readstats`.
     A chunk that fails to decode or to pass its checksum raises
     :class:`~blocklin.errors.StoreReadError` naming it (:mod:`blocklin.storage.readerrors`).
+    ``lanes``: the most local compressed chunks decoded at once (a row pass whose budget holds fewer
+    chunks' temporaries, :attr:`blocklin.plan.passes.RowPassPlan.lanes`).
     """
     with reading(arr, rows, cols):
-        return _read_block(arr, rows, cols, out)
+        return _read_block(arr, rows, cols, out, lanes)
 
 
-def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None) -> np.ndarray:
+def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None,
+                lanes: int | None = None) -> np.ndarray:
     raw = raw_access(arr, remote=True)
     if raw is not None:
         rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
@@ -293,7 +297,7 @@ def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | Non
         rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
         if rows.step in (None, 1) and cols.step in (None, 1) and out.shape == (rows.stop - rows.start,
                                                                                cols.stop - cols.start):
-            return dec.read(rows, cols, out)
+            return dec.read(rows, cols, out, lanes=lanes)
     if out is None:
         out = np.asarray(arr[rows, cols])
         if out.dtype.byteorder not in ("=", "|"):  # a big-endian store (zarr v2 ``>f8``): read as native

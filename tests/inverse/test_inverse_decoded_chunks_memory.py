@@ -1,0 +1,90 @@
+"""Peak memory of the inverse's row passes over an input whose chunks zarr decodes whole (zstd chunks
+taller than the strips): the temporaries of each strip's read are counted in the pass's plan.
+
+Found by a randomized search of peak RSS against the budget: a 3072 x 3072 float64 matrix in zstd
+chunks of 1536 x 1536 (18 MiB each) peaked at 101 MiB above the baseline for an inverse at 57 MiB
+(plan 56.4 MiB), 139 MiB at 96 MiB: its residual probe, a row pass planned without the chunks'
+temporaries, decoded the two chunks of each strip's rows at once beside its strips.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from blocklin.errors import BudgetError
+from blocklin.plan.factor import chunk_io
+from blocklin.plan.passes import PassMemory, plan_pass
+from support.memcheck import margin, needs_hwm, run_child
+
+MiB = 2**20
+
+CHILD = """
+    import numpy as np, blocklin as bl
+    a_path, out, memory = sys.argv[1:4]
+    bl.open(a_path)[0:1, 0:1]
+    import dask.threaded  # noqa: F401  (imported by the run anyway; part of the baseline)
+    import scipy.linalg  # noqa: F401
+    warm(bl.inv)
+    reset_hwm()
+    base = hwm()
+    r = bl.inv(a_path, out=out, memory=memory).report
+    print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": r["plan"]["peak_memory"],
+                      "method": r["method"], "eta": r["backward_error"]}))
+"""
+
+
+@pytest.fixture(scope="module")
+def zstd_matrix(tmp_path_factory):
+    import zarr
+
+    n = 3072
+    a = np.random.default_rng(1).standard_normal((n, n))
+    a[np.diag_indices(n)] += 100.0  # well conditioned
+    path = tmp_path_factory.mktemp("decoded") / "a.zarr"
+    zarr.create_array(path, shape=(n, n), chunks=(1536, 1536), dtype="float64")[:] = a  # zstd, zarr's default
+    return str(path)
+
+
+@needs_hwm
+@pytest.mark.slow
+def test_inverse_of_large_compressed_chunks_within_budget(zstd_matrix, tmp_path):
+    budget = 96 * MiB
+    r = run_child(CHILD, zstd_matrix, str(tmp_path / "x.zarr"), "96MiB")
+    used = r["peak"] - r["baseline"]
+    assert r["plan_peak"] <= budget and r["method"] == "lu" and r["eta"] < 1e-14
+    assert used <= budget + margin(budget), f"used {used / MiB:.1f} MiB over baseline, budget 96 MiB"
+
+
+# the residual probe's declaration for n = 3072 (blocklin.linalg.inverse.kernels._probe_memory)
+PROBE = PassMemory(fixed=3 * 3072 * 32 * 8, per_row=(3072 + 3 * 32) * 8)
+DECODED = (1536, 1536, 8)
+
+
+def _plan(mem: PassMemory, memory: int):
+    return plan_pass(mem, 3072, 3072 * 8, chunk_rows=1536, memory=memory, chunk_bytes=1536 * 1536 * 8,
+                     chunks_across=2, decoded=DECODED, decoded_width=3072)
+
+
+@pytest.mark.parametrize("declared", [False, True])
+@pytest.mark.parametrize("mib", [57, 64, 96, 128, 256, 512])
+def test_row_pass_counts_the_temporaries_of_its_decoded_reads(declared, mib):
+    """Whether or not the kernel declares chunk temporaries, the plan holds those of its strip's reads
+    (two chunks across, or one at a time where the budget holds one) within the budget."""
+    mem = PassMemory(PROBE.fixed, PROBE.per_row, chunk_temporaries=declared)
+    p = _plan(mem, mib * MiB)
+    read = min(3072, p.lanes * 1536) if p.lanes else 3072
+    temporaries = chunk_io(p.strip, read, DECODED, (3072, 3072), 0)
+    assert p.fixed_bytes >= PROBE.fixed + temporaries
+    assert p.peak_memory <= mib * MiB
+    assert (p.lanes == 1) == (mib < 128)  # two chunks' temporaries (108 MiB) and a strip from 128 MiB on
+
+
+def test_row_pass_below_one_decoded_chunk_is_refused_with_the_fix():
+    """Below the temporaries of one decoded chunk (3 x 18 MiB) no strip fits: refused, naming the least
+    budget and rechunking as the fix."""
+    with pytest.raises(BudgetError, match=r"decoded whole.*rechunk the input smaller") as e:
+        _plan(PROBE, 48 * MiB)
+    least = e.value.minimum
+    assert 54 * MiB < least < 57 * MiB
+    assert _plan(PROBE, least).peak_memory <= least
