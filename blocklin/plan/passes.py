@@ -389,7 +389,7 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
     decoded, decoded_width : optional
         Chunks (rows, columns, itemsize, in the streamed orientation) of a streamed operand that reads
         decode whole, and its width: the temporaries of a strip's read
-        (:func:`blocklin.plan.factor.chunk_io`) are counted whether or not the kernel declares
+        (:func:`blocklin.plan.chunks.chunk_io`) are counted whether or not the kernel declares
         ``chunk_temporaries``; where one strip row of chunks does not fit, the plan decodes fewer at a
         time (``lanes``), and a budget below one chunk's temporaries is refused with rechunking as the fix.
     """
@@ -452,11 +452,11 @@ def _decoded_pass(attempt: Callable[[int, int | None], RowPassPlan], decoded: tu
     """The plan of a pass whose reads decode whole chunks of ``decoded`` (rows, columns, itemsize) of an
     operand ``width`` wide: ``attempt(temporaries, max_strip)`` plans with ``temporaries`` bytes per task
     counted (those of ``in_flight`` chunks), and a plan is taken only where its strip's reads need no more
-    (:func:`~blocklin.plan.factor.chunk_io`). Where a strip row of chunks needs more than the budget
+    (:func:`~blocklin.plan.chunks.chunk_io`). Where a strip row of chunks needs more than the budget
     holds, strips of one chunk row decode ``in_flight`` chunks at a time (``lanes``): a 3072 x 3072
     operand in 1536 x 1536 zstd chunks had the inverse's residual probe (planned without them) decode two
     at once beside its strips, 96 MiB above the baseline for a plan of 51."""
-    from blocklin.plan.factor import chunk_io
+    from blocklin.plan.chunks import chunk_io
 
     c0, c1 = max(1, decoded[0]), max(1, decoded[1])
     width = max(1, width)

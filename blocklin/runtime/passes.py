@@ -224,7 +224,7 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
     runs (default: the kernel's, else the job's).
     """
     from blocklin.operands import decoded_chunks
-    from blocklin.plan.factor import chunk_io
+    from blocklin.plan.chunks import chunk_io
 
     sources = tuple(sources)
     first = sources[0]
