@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from blocklin.errors import BudgetError
-from blocklin.plan.factor import chunk_io
+from blocklin.plan.chunks import chunk_io
 from blocklin.plan.passes import PassMemory, plan_pass
 from support.memcheck import margin, needs_hwm, run_child
 
