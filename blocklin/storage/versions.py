@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-from typing import Any
 
 from blocklin.errors import ParameterError, explain
 from blocklin.storage.backend import backend
