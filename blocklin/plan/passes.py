@@ -15,7 +15,7 @@ from collections.abc import Callable
 from blocklin.config import format_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin._memory import IO_CONCURRENCY
-from blocklin.plan.chunks import Pieces, round_down_multiple
+from blocklin.plan.chunks import Pieces, read_temporaries, round_down_multiple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -438,7 +438,7 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
     error = None
     for in_flight in range(IO_CONCURRENCY, 0, -1):
         try:
-            plan = attempt(in_flight * 3 * cb, max_strip)
+            plan = attempt(read_temporaries(in_flight, cb), max_strip)
         except BudgetError as exc:
             error = exc
             continue
