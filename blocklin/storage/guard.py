@@ -35,10 +35,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from blocklin.errors import OutputExistsError, OutputIsInputError, ParameterError, TempDirError, explain
+from blocklin.storage import file_records
 from blocklin.storage.location import Location, as_location
 
 #: Output kinds: the zarr store every operation writes, and the file formats of ``convert``.
-FILE_KINDS = ("npy", "mtx", "csv", "tsv", "raw", "hdf5")
+FILE_KINDS = ("npy", "npz", "mtx", "csv", "tsv", "raw", "hdf5")
 _MEMBER_RE = re.compile(r"^(.*?\.(?:npz|h5|hdf5|he5|hdf)):.*$", re.IGNORECASE)
 _SCHEME_ALIASES = {"s3a": "s3", "gcs": "gs", "abfss": "abfs", "az": "abfs"}
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -276,19 +277,59 @@ def check_replaceable(out: Any, kind: str = "zarr", name: str = "out") -> None:
             raise _refuse(name, _ZARR_RULE, loc, what, folder=True)
         raise _refuse(name, _ZARR_RULE, loc, "a file, where a zarr folder would go" if isfile else
                       "not a folder", folder=False)
-    label = {"npy": ".npy", "mtx": "Matrix Market", "csv": "text", "tsv": "text", "raw": "regular",
-             "hdf5": "HDF5"}[kind]
-    rule = ("an HDF5 output goes into a new or an existing HDF5 file only (its other datasets are kept)"
-            if kind == "hdf5" else f"overwrite replaces only an existing {label} file")
+    label = _LABEL[kind]
+    rule = (_HDF5_RULE if kind == "hdf5" else _FILE_RULE).format(label=label, record=_record_name(path))
     if isdir:
         raise _refuse(name, rule, loc, "a folder, where a file would go", folder=True)
     if not isfile:
         raise _refuse(name, rule, loc, "not a regular file", folder=False)
     if not is_format(real, kind):
         raise _refuse(name, rule, loc, _NOT_FORMAT[kind], folder=False)
+    if os.path.isfile(path) and not os.path.islink(path) and os.path.getsize(path) == 0:
+        return  # nothing to lose
+    rec = file_records.read(path)
+    if file_records.matches(path, rec):
+        return
+    what = _why_not_ours(path, label, rec)
+    if kind == "hdf5":
+        stem = os.path.splitext(path)[0]
+        raise OutputExistsError(explain(name, rule, f"{loc.url!r}, {what}",
+                                        f"write the dataset to a new file (blocklin convert IN {stem}-new.h5:/NAME), "
+                                        f"then copy it into this one with h5py or h5copy (h5copy -i {stem}-new.h5 "
+                                        f"-o {path} -s /NAME -d /NAME)"))
+    raise _refuse(name, rule, loc, what, folder=False)
+
+
+_LABEL = {"npy": ".npy", "npz": ".npz", "mtx": "Matrix Market", "csv": "text", "tsv": "text", "raw": "raw binary",
+          "hdf5": "HDF5"}
+_FILE_RULE = ("overwrite replaces only a {label} file blocklin wrote and nobody changed since (its record {record} "
+              "matches it) or an empty file")
+_HDF5_RULE = ("an HDF5 output goes into a new file, or into an HDF5 file blocklin created and nobody changed "
+              "since (its record {record} matches it); other programs' HDF5 files are never modified")
+
+
+def _record_name(path: str) -> str:
+    return os.path.basename(file_records.record_path(path))
+
+
+def _why_not_ours(path: str, label: str, rec: dict | None) -> str:
+    """Why the existing file at ``path`` is not one blocklin may replace or modify (its record is missing
+    or no longer matches), in words."""
+    if os.path.islink(path):
+        return "a symbolic link (blocklin writes regular files)"
+    shown = _record_name(path)
+    if rec is None:
+        return f"{'an' if label == 'HDF5' else 'a'} {label} file blocklin did not write (no record {shown} beside it)"
+    writing = rec.get("writing")
+    if isinstance(writing, dict):
+        return (f"a file whose in-place write of {writing.get('dataset')} was interrupted (pid {writing.get('pid')} "
+                f"on {writing.get('host')}): it changed since its record {shown}, and blocklin cannot tell by whom")
+    return (f"a file blocklin wrote that changed since (its size, times or inode differ from its record {shown}: "
+            "another program wrote it, or replaced it)")
 
 
 _NOT_FORMAT = {"npy": "a file that is not a .npy file (no NumPy magic)",
+               "npz": "a file that is not a .npz file (no zip signature)",
                "mtx": "a file that is not a Matrix Market file (no %%MatrixMarket header)",
                "csv": "a file that is not text (it holds NUL bytes)", "tsv": "a file that is not text (it holds NUL bytes)",
                "hdf5": "a file that is not an HDF5 file (no HDF5 signature)"}
@@ -302,6 +343,8 @@ def is_format(path: str, kind: str) -> bool:
         return True
     if kind == "npy":
         return head.startswith(b"\x93NUMPY")
+    if kind == "npz":
+        return head.startswith((b"PK\x03\x04", b"PK\x05\x06"))
     if kind == "mtx":
         return head[:14].lower() == b"%%matrixmarket"
     if kind in ("csv", "tsv"):

@@ -919,7 +919,7 @@ def export_sparse(src: Any, out: Any, fmt: str, *, memory: Any = None, overwrite
                                   f"export to .mtx (streamed), or raise the budget to at least "
                                   f"{size_hint(2 * nbytes * 5 // 4)} (--memory {size_hint(2 * nbytes * 5 // 4)})"),
                           minimum=2 * nbytes)
-    target = AtomicFile(out, inputs=[store.location.url], overwrite=overwrite, kind="mtx" if fmt == "mtx" else "raw")
+    target = AtomicFile(out, inputs=[store.location.url], overwrite=overwrite, kind=fmt)
     prog = make_progress(progress)
     bounds = store.row_blocks
     prog.start(len(bounds) - 1, f"export {os.path.basename(str(out))}")

@@ -116,7 +116,13 @@ def test_existing_output_and_output_is_input(tmp_path, npy, a):
     with pytest.raises(OutputExistsError, match="not a .npy file"):
         blocklin.convert(npy, tmp_path / "o.npy", overwrite=True)
     assert (tmp_path / "o.npy").read_bytes() == b"precious"
+    # nor a .npy another program wrote: only blocklin's own export (its record .o.npy.blocklin matches)
     np.save(tmp_path / "o.npy", np.zeros((2, 2)))
+    with pytest.raises(OutputExistsError, match="a .npy file blocklin did not write"):
+        blocklin.convert(npy, tmp_path / "o.npy", overwrite=True)
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), np.zeros((2, 2)))
+    (tmp_path / "o.npy").unlink()
+    blocklin.convert(npy, tmp_path / "o.npy")
     blocklin.convert(npy, tmp_path / "o.npy", overwrite=True)
     np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), a)
     with pytest.raises(OutputIsInputError):
@@ -189,7 +195,7 @@ def test_killed_file_output_leaves_only_a_hidden_partial(tmp_path, npy, a):
     assert all(n.startswith(".o.npy.partial-") for n in _leftovers(tmp_path, ("a.npy", "blocklin-tmp", "kill.py")))
     blocklin.convert(npy, out, chunks=(16, 45), memory="48KiB", resume=True)  # file outputs restart
     np.testing.assert_array_equal(np.load(out), a)
-    assert _leftovers(tmp_path, ("a.npy", "blocklin-tmp", "kill.py", "o.npy")) == []
+    assert _leftovers(tmp_path, ("a.npy", "blocklin-tmp", "kill.py", "o.npy", ".o.npy.blocklin")) == []
 
 
 def test_failed_conversion_leaves_nothing(tmp_path):

@@ -189,14 +189,15 @@ def test_hdf5_output_keeps_the_files_other_datasets(tmp_path, capsys):
     x = RNG.standard_normal((6, 5))
     np.save(tmp_path / "X.npy", x)
     out = tmp_path / "out.h5"
-    with h5py.File(out, "w") as f:
-        f["precious"] = np.arange(10.0)
-        f.create_group("grp")["inner"] = np.ones(3)
+    np.save(tmp_path / "P.npy", np.arange(10.0).reshape(10, 1))
+    np.save(tmp_path / "I.npy", np.ones((3, 1)))
+    bl.convert(tmp_path / "P.npy", f"{out}:/precious")  # a file blocklin created, datasets it wrote
+    bl.convert(tmp_path / "I.npy", f"{out}:/grp/inner")
     assert main(["convert", str(tmp_path / "X.npy"), f"{out}:/new", "--overwrite"]) == 0
     with h5py.File(out, "r") as f:
         assert sorted(f) == ["grp", "new", "precious"]
-        np.testing.assert_array_equal(f["precious"][...], np.arange(10.0))
-        np.testing.assert_array_equal(f["grp/inner"][...], np.ones(3))
+        np.testing.assert_array_equal(f["precious"][...], np.arange(10.0).reshape(10, 1))
+        np.testing.assert_array_equal(f["grp/inner"][...], np.ones((3, 1)))
         np.testing.assert_array_equal(f["new"][...], x)  # a copy: bit for bit
     # Again without --overwrite: the dataset exists, refused; with it, only /new is replaced.
     refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{out}:/new"], "dataset", "exists")
@@ -205,7 +206,7 @@ def test_hdf5_output_keeps_the_files_other_datasets(tmp_path, capsys):
     with h5py.File(out, "r") as f:
         assert sorted(f) == ["grp", "new", "precious"]
         np.testing.assert_array_equal(f["new"][...], 2 * x)
-        np.testing.assert_array_equal(f["precious"][...], np.arange(10.0))
+        np.testing.assert_array_equal(f["precious"][...], np.arange(10.0).reshape(10, 1))
     # A group at the name holds other data: never replaced.
     refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{out}:/grp", "--overwrite"], "a group")
     refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{out}:/precious/x", "--overwrite"],
@@ -220,9 +221,10 @@ def test_hdf5_replacement_keeps_the_old_dataset_until_the_new_one_is_complete(tm
     from blocklin.storage.formats import open_writer
 
     out = tmp_path / "out.h5"
-    with h5py.File(out, "w") as f:
-        f["d"] = np.full((40, 3), 5.0)
-        f["precious"] = np.arange(4.0)
+    np.save(tmp_path / "D.npy", np.full((40, 3), 5.0))
+    np.save(tmp_path / "P.npy", np.arange(4.0).reshape(4, 1))
+    bl.convert(tmp_path / "D.npy", f"{out}:/d")  # a file blocklin created
+    bl.convert(tmp_path / "P.npy", f"{out}:/precious")
     new = RNG.standard_normal((40, 3))
     # Interrupted after half the blocks: the old dataset is whole, no temporary dataset stays.
     w = open_writer(f"{out}:/d", (40, 3), "f8", overwrite=True)
@@ -240,7 +242,7 @@ def test_hdf5_replacement_keeps_the_old_dataset_until_the_new_one_is_complete(tm
     with h5py.File(out, "r") as f:
         assert sorted(f) == ["d", "precious"]
         np.testing.assert_array_equal(f["d"][...], new)
-        np.testing.assert_array_equal(f["precious"][...], np.arange(4.0))
+        np.testing.assert_array_equal(f["precious"][...], np.arange(4.0).reshape(4, 1))
 
 
 def test_hdf5_path_holding_another_file_is_refused(tmp_path, capsys):
@@ -283,6 +285,141 @@ def test_convert_output_inside_or_holding_its_input_is_refused(work, tmp_path, c
     np.save(work / "X.npy", A)
     refused_cli(capsys, tmp_path, ["convert", str(work / "X.npy"), str(work), "--to", "zarr", "--overwrite"],
                 "must not hold an input")
+
+
+# -- file exports: overwrite replaces blocklin's own file only --------------------------------------
+
+#: Files of each export format another program wrote (what a user keeps at such a path).
+FOREIGN = {"npy": None, "mtx": b"%%MatrixMarket matrix array real general\n1 1\n7\n", "csv": b"1,2\n3,4\n",
+           "tsv": b"1\t2\n3\t4\n", "bin": np.arange(6.0).tobytes()}
+
+
+def _foreign(path, ext):
+    if ext == "npy":
+        np.save(path, np.arange(6.0).reshape(2, 3))
+    else:
+        path.write_bytes(FOREIGN[ext])
+    return path.read_bytes()
+
+
+def _read_back(path, ext, tmp_path):
+    extra = ["--shape", "24,16", "--dtype", "f8"] if ext == "bin" else []
+    back = tmp_path / "back.zarr"
+    assert main(["convert", str(path), str(back), "--overwrite", *extra]) == 0
+    return bl.open(back).to_numpy()
+
+
+@pytest.mark.parametrize("ext", sorted(FOREIGN))
+def test_overwrite_refuses_a_file_blocklin_did_not_write(work, tmp_path, capsys, ext):
+    """A file of the export's format that another program wrote is the user's: --overwrite (CLI and API)
+    refuses it, the file byte-for-byte as it was; an empty file holds nothing and is replaced."""
+    out = tmp_path / f"out.{ext}"
+    before = _foreign(out, ext)
+    record = f".out.{ext}.blocklin"
+    refused_cli(capsys, tmp_path, ["convert", str(work / "A.zarr"), str(out), "--overwrite"], "OutputExistsError",
+                "blocklin did not write", f"no record {record}", f"rm {out}")
+    refused_api(tmp_path, OutputExistsError, lambda: bl.convert(work / "A.zarr", out, overwrite=True),
+                "blocklin did not write", f"rm {out}")
+    assert out.read_bytes() == before and not (tmp_path / record).exists()
+    out.write_bytes(b"")
+    assert main(["convert", str(work / "A.zarr"), str(out), "--overwrite"]) == 0
+    np.testing.assert_array_equal(_read_back(out, ext, tmp_path), A)
+    assert (tmp_path / record).exists()
+
+
+@pytest.mark.parametrize("ext", sorted(FOREIGN))
+def test_overwrite_replaces_blocklins_export_until_someone_changes_it(work, tmp_path, capsys, ext):
+    """blocklin's own export is replaced (CLI, API); once another program rewrote it (appended to it, wrote
+    it again later, or put another file at its name) it is refused like any file of the user's."""
+    out = tmp_path / f"out.{ext}"
+    assert main(["convert", str(work / "A.zarr"), str(out)]) == 0
+    assert main(["convert", str(work / "A.zarr"), str(out), "--overwrite"]) == 0
+    bl.convert(work / "A.zarr", out, overwrite=True)
+    np.testing.assert_array_equal(_read_back(out, ext, tmp_path), A)
+
+    def changed(*needles):
+        refused_cli(capsys, tmp_path, ["convert", str(work / "A.zarr"), str(out), "--overwrite"], *needles)
+        refused_api(tmp_path, OutputExistsError, lambda: bl.convert(work / "A.zarr", out, overwrite=True), *needles)
+
+    with open(out, "ab") as f:  # appended to
+        f.write(b"\n")
+    changed("a file blocklin wrote that changed since", f"rm {out}")
+    for case in ("rewritten", "replaced"):
+        out.unlink()
+        assert main(["convert", str(work / "A.zarr"), str(out)]) == 0
+        if case == "rewritten":  # the same bytes written again later: only its times tell
+            data, st = out.read_bytes(), out.stat()
+            out.write_bytes(data)
+            os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a later write, on any clock resolution
+        else:  # another file renamed to its name (the same bytes, another inode)
+            copy = tmp_path / "copy"
+            copy.write_bytes(out.read_bytes())
+            os.replace(copy, out)
+        changed("changed since")
+
+
+def test_hdf5_file_another_program_wrote_is_never_written_into(tmp_path, capsys):
+    """An existing HDF5 file blocklin did not create is refused, for a new dataset as for an existing one,
+    with or without --overwrite, the file byte-for-byte as it was; the fix writes a new file and copies."""
+    h5py = pytest.importorskip("h5py")
+    np.save(tmp_path / "X.npy", A)
+    out = tmp_path / "theirs.h5"
+    with h5py.File(out, "w") as f:
+        f["x"] = np.arange(4.0)
+    for member, extra in (("/y", []), ("/y", ["--overwrite"]), ("/x", ["--overwrite"])):
+        refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{out}:{member}", *extra],
+                    "an HDF5 file blocklin did not write", "never modified", "h5copy")
+        refused_api(tmp_path, OutputExistsError,
+                    lambda: bl.convert(tmp_path / "X.npy", f"{out}:{member}", overwrite=bool(extra)),
+                    "an HDF5 file blocklin did not write", "h5copy")
+    with h5py.File(out, "r") as f:
+        assert list(f) == ["x"]
+
+
+def test_hdf5_file_blocklin_created_takes_more_datasets_until_changed(tmp_path, capsys):
+    h5py = pytest.importorskip("h5py")
+    from blocklin.storage import file_records
+
+    np.save(tmp_path / "X.npy", A)
+    out = tmp_path / "mine.h5"
+    bl.convert(tmp_path / "X.npy", f"{out}:/a")
+    assert main(["convert", str(tmp_path / "X.npy"), f"{out}:/g/b"]) == 0  # another dataset, CLI
+    bl.convert(tmp_path / "X.npy", f"{out}:/a", overwrite=True)  # one of its own replaced, API
+    assert file_records.read(out)["datasets"] == ["/a", "/g/b"]
+    with h5py.File(out, "r") as f:
+        np.testing.assert_array_equal(f["a"][...], A)
+        np.testing.assert_array_equal(f["g/b"][...], A)
+    # A dataset of that file that blocklin did not write (its record does not list it) is not replaced.
+    file_records.write(out, "hdf5", datasets=["/g/b"])
+    refused_api(tmp_path, OutputExistsError, lambda: bl.convert(tmp_path / "X.npy", f"{out}:/a", overwrite=True),
+                "'" + f"{out}:/a" + "', which blocklin did not write")
+    # Changed by another program since: the whole file is the user's now.
+    with h5py.File(out, "a") as f:
+        f["theirs"] = np.ones(3)
+    refused_cli(capsys, tmp_path, ["convert", str(tmp_path / "X.npy"), f"{out}:/c"], "changed since", "h5copy")
+    refused_api(tmp_path, OutputExistsError, lambda: bl.convert(tmp_path / "X.npy", f"{out}:/g/b", overwrite=True),
+                "changed since")
+
+
+def test_hdf5_write_killed_in_place_leaves_the_file_refused_by_name(tmp_path):
+    """A write into blocklin's file that never closed it (killed) leaves the record marked: the file may
+    have been changed by anything since, so it is refused, naming the interrupted write; a write that
+    failed or was stopped (abort) records the file again and the file stays blocklin's."""
+    pytest.importorskip("h5py")
+    from blocklin.storage.formats import open_writer
+
+    np.save(tmp_path / "X.npy", A)
+    out = tmp_path / "mine.h5"
+    bl.convert(tmp_path / "X.npy", f"{out}:/a")
+    w = open_writer(f"{out}:/b", A.shape, "f8")
+    w.write(slice(0, 24), slice(0, 16), A)
+    w.abort()
+    bl.convert(tmp_path / "X.npy", f"{out}:/b")  # still blocklin's file
+    w = open_writer(f"{out}:/c", A.shape, "f8")
+    w.write(slice(0, 24), slice(0, 16), A)
+    w._f.close()  # what a SIGKILL leaves: the file changed, the record still says "writing"
+    refused_api(tmp_path, OutputExistsError, lambda: bl.convert(tmp_path / "X.npy", f"{out}:/d"),
+                "in-place write of /c was interrupted", f"pid {os.getpid()}")
 
 
 # -- what --overwrite still replaces -------------------------------------------------------------

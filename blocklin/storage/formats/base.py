@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ConfigError, DTypeError, FormatError, OutputExistsError, StoreNotFoundError, explain
+from blocklin.storage import file_records
 from blocklin.storage.atomic import check_output_path
 from blocklin.storage.space import folder_size
 from blocklin.storage.guard import check_replaceable
@@ -174,8 +175,10 @@ class Writer(abc.ABC):
 class AtomicFile:
     """A single output file written under ``.NAME.partial-<token>`` and renamed into place.
 
-    ``kind`` is the file's format: ``overwrite`` replaces only an existing regular file of that
-    format (:func:`blocklin.storage.guard.check_output`), never a folder or another kind of file.
+    ``kind`` is the file's format: ``overwrite`` replaces only a file of that format that blocklin
+    wrote and nobody changed since, or an empty file (:func:`blocklin.storage.guard.check_replaceable`),
+    never a folder or another program's file. The commit records the new file as blocklin's
+    (:mod:`blocklin.storage.file_records`) once it is in place.
     """
 
     def __init__(self, path: str | os.PathLike, *, inputs: list[str] = (), overwrite: bool = False,
@@ -188,7 +191,8 @@ class AtomicFile:
             self.partial.unlink()
         self.committed = False
 
-    def commit(self) -> Path:
+    def commit(self, *, datasets: list[str] | None = None) -> Path:
+        """Rename the finished file into place and record it as blocklin's (``datasets``: HDF5's)."""
         if os.path.lexists(self.path):  # checked again: it may have appeared during the run
             if not self.overwrite:
                 raise OutputExistsError(explain("out", "must not exist unless overwriting is asked for",
@@ -197,6 +201,7 @@ class AtomicFile:
             check_replaceable(self.path, self.kind)
         os.replace(self.partial, self.path)
         self.committed = True
+        file_records.write(self.path, self.kind, datasets=datasets)
         return self.path
 
     def abort(self) -> None:

@@ -4,14 +4,18 @@ Reads go through ``Dataset.read_direct`` into a fresh block, so only the block (
 cache, capped here) is resident.
 
 The output is one dataset (``file.h5:/group/name``, default ``/data``). Into a new file it is
-written under a temporary file name and renamed into place. Into an existing HDF5 file it is
-written as a temporary dataset of that file (``/.blocklin-partial-NAME``) and moved to its name
-when complete: the file's other datasets and groups are never touched, and with ``overwrite`` an
-old dataset of that name stays readable until the new one replaces it (``del`` then
-``Group.move``). A file at that path that is not HDF5 is refused, and so is a group (not a
-dataset) at the name, since replacing it would delete what it holds. HDF5 has no crash-safe
-update of a file: a process killed mid-write leaves the temporary dataset (removed by the next
-write to that name) and HDF5 does not give the space of deleted datasets back (``h5repack`` does).
+written under a temporary file name and renamed into place, and the file is recorded as blocklin's
+(:mod:`blocklin.storage.file_records`: ``.file.h5.blocklin``, listing the datasets blocklin wrote).
+Only such a file, unchanged since its record, is written into in place (an empty file too): as a
+temporary dataset of that file (``/.blocklin-partial-NAME``) moved to its name when complete, so
+the file's other datasets and groups are never touched, and with ``overwrite`` an old dataset of
+that name (one blocklin wrote) stays readable until the new one replaces it (``del`` then
+``Group.move``); the record is rewritten once the file is closed. An HDF5 file another program
+wrote (or changed since) is refused, as is a file there that is not HDF5, a dataset blocklin did
+not write, and a group (not a dataset) at the name, since replacing it would delete what it holds.
+HDF5 has no crash-safe update of a file: a process killed mid-write leaves the temporary dataset
+and a file that no longer matches its record (refused from then on, naming the interrupted write),
+and HDF5 does not give the space of deleted datasets back (``h5repack`` does).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ConfigError, FormatError, OutputExistsError, explain
+from blocklin.storage import file_records
 from blocklin.storage.guard import check_output
 from blocklin.storage.formats.base import AtomicFile, Reader, Writer, check_2d, check_matrix_dtype, require_file
 
@@ -109,8 +114,11 @@ class Hdf5Writer(Writer):
         if codec not in ("none", "gzip"):
             raise ConfigError(explain("codec", "HDF5 output supports 'none' or 'gzip'", repr(codec),
                                       "pass --codec none or --codec gzip"))
-        # An existing HDF5 file is kept (only the named dataset is written); anything else there is refused.
+        # Only an HDF5 file blocklin created (or an empty one) is written into; anything else is refused.
         check_output(path, inputs, overwrite=overwrite, kind="hdf5")
+        rec = file_records.read(path)
+        self._ours = list(rec.get("datasets") or []) if rec else []  # the datasets blocklin wrote there
+        self._marked = False
         self.dataset = "/" + (dataset or "/data").strip("/")
         self.overwrite = overwrite
         self._atomic = None if os.path.lexists(path) else AtomicFile(path, inputs=list(inputs), overwrite=overwrite,
@@ -123,11 +131,17 @@ class Hdf5Writer(Writer):
             self.chunks = h5chunks
         self._tmp = self.dataset if self._atomic else "/.blocklin-partial-" + self.dataset.strip("/").replace("/", "%")
         self._f = None
+        if not self._atomic and os.path.getsize(path):  # a refusal leaves the file as it was: checked read-only
+            with h5py.File(path, "r") as f:
+                self._check_target(h5py, f)
         try:
             self._f = h5py.File(self._atomic.partial if self._atomic else path, "w" if self._atomic else "a",
                                 rdcc_nbytes=_CACHE_BYTES)
             if not self._atomic:
-                self._check_target(h5py)
+                # the file is open (h5py holds its lock): say so before the first change
+                file_records.write(path, "hdf5", datasets=self._ours, writing=self.dataset)
+                self._marked = True
+                self._check_target(h5py, self._f)
                 if self._tmp in self._f:  # what a killed write to this name left
                     del self._f[self._tmp]
             self._ds = self._f.create_dataset(self._tmp, shape=self.shape, dtype=self.dtype,
@@ -140,20 +154,21 @@ class Hdf5Writer(Writer):
         self.overhead_per_element = self.dtype.itemsize  # a C-contiguous copy of the block
         self.bytes_written = 0
 
-    def _check_target(self, h5py: Any) -> None:
-        """In an existing file: the named dataset exists only with ``overwrite``, and is a dataset."""
+    def _check_target(self, h5py: Any, f: Any) -> None:
+        """In an existing file ``f``: the named dataset exists only with ``overwrite``, is a dataset, and
+        is one blocklin wrote."""
         parts = self.dataset.strip("/").split("/")
         for i in range(1, len(parts)):  # every parent must be a group (or not exist yet)
             parent = "/" + "/".join(parts[:i])
-            if parent in self._f and not isinstance(self._f.get(parent), h5py.Group):
+            if parent in f and not isinstance(f.get(parent), h5py.Group):
                 raise OutputExistsError(explain("out", "an HDF5 dataset's parents must be groups",
                                                 f"{self.path}:{parent} is a dataset",
                                                 f"name a dataset beside it, e.g. {self.path}:{parent}_{parts[-1]}"))
-        old = self._f.get(self.dataset, getlink=True)
+        old = f.get(self.dataset, getlink=True)
         if old is None:
             return
         where = f"{self.path}:{self.dataset}"
-        node = self._f.get(self.dataset)
+        node = f.get(self.dataset)
         if not isinstance(node, h5py.Dataset):
             what = "a group" if isinstance(node, h5py.Group) else "a link to no dataset"
             raise OutputExistsError(explain("out", "an HDF5 output replaces a dataset only, never a group (it holds "
@@ -163,6 +178,12 @@ class Hdf5Writer(Writer):
             raise OutputExistsError(explain("out", "must not exist unless overwriting is asked for",
                                             f"dataset {where!r} exists", "pass overwrite=True (CLI: --overwrite) "
                                             "to replace that dataset (the file's others are kept), or name another"))
+        if node.name not in self._ours:
+            raise OutputExistsError(explain("out", "overwrite replaces only a dataset blocklin wrote (listed in the "
+                                            f"file's record {os.path.basename(file_records.record_path(self.path))})",
+                                            f"dataset {where!r}, which blocklin did not write",
+                                            "name another dataset, or remove that one by hand if it may go "
+                                            f"(h5py: del f[{self.dataset!r}])"))
 
     def write(self, rows: slice, cols: slice, block: np.ndarray) -> None:
         if block.size:
@@ -172,11 +193,11 @@ class Hdf5Writer(Writer):
     def commit(self, **_: Any) -> str:
         if self._atomic is not None:
             self._f.close()
-            return str(self._atomic.commit())
+            return str(self._atomic.commit(datasets=[self.dataset]))
         import h5py
 
         try:
-            self._check_target(h5py)  # checked again: another writer may have made it meanwhile
+            self._check_target(h5py, self._f)  # checked again: another writer may have made it meanwhile
             if self.dataset in self._f:
                 del self._f[self.dataset]  # the new one is complete: only now does the old one go
             parent = self.dataset.rsplit("/", 1)[0]
@@ -188,6 +209,9 @@ class Hdf5Writer(Writer):
             raise
         self._f.close()
         self._f = None
+        self._ours.append(self.dataset)
+        file_records.write(self.path, "hdf5", datasets=self._ours)
+        self._marked = False
         return self.path
 
     def abort(self) -> None:
@@ -199,5 +223,8 @@ class Hdf5Writer(Writer):
             except Exception:
                 pass
             self._f = None
+        if self._marked:  # closed: the file is blocklin's, as it was, but for its temporary dataset
+            file_records.write(self.path, "hdf5", datasets=self._ours)
+            self._marked = False
         if self._atomic is not None:
             self._atomic.abort()

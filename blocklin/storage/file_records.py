@@ -1,0 +1,101 @@
+"""The record that marks a file export as blocklin's: ``.NAME.blocklin`` beside the file ``NAME``.
+
+A file (``.npy``, Matrix Market, CSV/TSV, raw binary, ``.npz``, HDF5) carries no attribute where
+blocklin could leave its provenance, as a zarr store does. So every commit of a file export writes
+this small JSON record in the same folder, after the file is in place: its format, and what
+identifies the file as the one blocklin left there (size, modification and status-change times in
+nanoseconds, device and inode, from ``lstat``); for HDF5 also the datasets blocklin wrote into it.
+``overwrite`` replaces a file only while its record *matches* it
+(:func:`blocklin.storage.guard.check_replaceable`): a file a user rewrote since, replaced by another
+file of that name, moved there, or turned into a link, no longer matches and is refused. Checking
+is one ``lstat`` and one small read: no hashing of the file.
+
+The record is written whole (a temporary name renamed into place). A run killed between the file's
+rename and its record leaves a file without a matching record: refused later, the safe side. An
+in-place HDF5 write marks the record ``writing`` before it opens the file and rewrites it when the
+file is closed (committed or aborted); a record still marked ``writing`` whose file changed names
+the interrupted write in the refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import uuid
+from typing import Any
+
+from blocklin._version import __version__
+
+#: Suffix of the record's name: ``.NAME`` + this, beside ``NAME``.
+SUFFIX = ".blocklin"
+_FIELDS = ("size", "mtime_ns", "ctime_ns", "dev", "ino")
+
+
+def record_path(path: str | os.PathLike) -> str:
+    """Where the record of the file ``path`` lives: ``.NAME.blocklin`` in the same folder."""
+    folder, name = os.path.split(os.path.abspath(os.fspath(path)))
+    return os.path.join(folder, f".{name}{SUFFIX}")
+
+
+def _identity(path: str) -> dict[str, int] | None:
+    """What identifies the file at ``path`` as it is now (None: missing, a link, not a regular file)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "dev": st.st_dev,
+            "ino": st.st_ino}
+
+
+def read(path: str | os.PathLike) -> dict | None:
+    """The record of the file ``path``, or None when there is none (or it is unreadable)."""
+    try:
+        with open(record_path(path), "rb") as f:
+            rec = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and isinstance(rec.get("blocklin"), str) else None
+
+
+def matches(path: str | os.PathLike, rec: dict | None) -> bool:
+    """Whether ``rec`` describes the file at ``path`` as it is now (a regular file, unchanged since)."""
+    now = _identity(os.fspath(path))
+    return rec is not None and now is not None and all(rec.get(k) == now[k] for k in _FIELDS)
+
+
+def write(path: str | os.PathLike, kind: str, *, datasets: list[str] | None = None,
+          writing: str | None = None) -> dict:
+    """Record the file at ``path`` (just committed or closed) as blocklin's ``kind`` export; returns the record.
+
+    ``datasets`` (HDF5) are the datasets blocklin wrote into the file; ``writing`` names the dataset
+    of an in-place write about to start (the record then says so until it is rewritten).
+    """
+    path = os.fspath(path)
+    ident = _identity(path)
+    if ident is None:  # pragma: no cover - the caller just wrote it
+        raise FileNotFoundError(path)
+    rec: dict[str, Any] = {"blocklin": __version__, "format": kind, **ident}
+    if datasets is not None:
+        rec["datasets"] = sorted(set(datasets))
+    if writing is not None:
+        rec["writing"] = {"dataset": writing, "pid": os.getpid(), "host": socket.gethostname()}
+    target = record_path(path)
+    tmp = f"{target}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(rec, f)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return rec
+
+
+__all__ = ["SUFFIX", "matches", "read", "record_path", "write"]
