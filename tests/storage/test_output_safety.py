@@ -358,6 +358,27 @@ def test_overwrite_replaces_blocklins_export_until_someone_changes_it(work, tmp_
         changed("changed since")
 
 
+@pytest.mark.parametrize("ext", ["mtx", "npz"])
+def test_sparse_export_replaces_only_its_own_file(tmp_path, capsys, ext):
+    """A sparse group exported as coordinate .mtx or SciPy .npz follows the same rule: another program's
+    file of that format (or any other file) is refused, blocklin's own export is replaced."""
+    coo = tmp_path / "s.mtx"
+    coo.write_text("%%MatrixMarket matrix coordinate real general\n3 4 2\n1 1 1.5\n3 4 -2\n")
+    bl.convert(coo, tmp_path / "S.zarr")
+    out = tmp_path / f"out.{ext}"
+    if ext == "npz":
+        np.savez(out, theirs=np.ones(3))
+    else:
+        out.write_bytes(FOREIGN["mtx"])
+    argv = ["convert", str(tmp_path / "S.zarr"), str(out), "--overwrite"]
+    refused_cli(capsys, tmp_path, argv, "blocklin did not write", f"rm {out}")
+    out.write_bytes(b"\x00 not a zip, not Matrix Market")
+    refused_cli(capsys, tmp_path, argv, "not a .npz file" if ext == "npz" else "not a Matrix Market file")
+    out.unlink()
+    assert main(argv[:-1]) == 0 and main(argv) == 0
+    refused_api(tmp_path, OutputExistsError, lambda: bl.convert(tmp_path / "S.zarr", out), "--overwrite")
+
+
 def test_hdf5_file_another_program_wrote_is_never_written_into(tmp_path, capsys):
     """An existing HDF5 file blocklin did not create is refused, for a new dataset as for an existing one,
     with or without --overwrite, the file byte-for-byte as it was; the fix writes a new file and copies."""
