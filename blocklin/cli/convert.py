@@ -21,7 +21,7 @@ examples:
   blocklin convert S.zarr S.mtx                          # a sparse group back to coordinate (or .npz)
   blocklin convert data.h5ad:/X S.zarr --memory 256MiB   # an HDF5 CSR/CSC group: a sparse group
   blocklin convert m.h5:/M S.zarr --sparse-format csc    # ... whose attributes do not say CSR or CSC
-  blocklin convert A.zarr results.h5:/A --overwrite   # replaces dataset /A only; the file's others stay"""
+  blocklin convert A.zarr results.h5:/A --overwrite   # replaces dataset /A only (a file blocklin created)"""
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -106,7 +106,7 @@ def add_common(parser: argparse.ArgumentParser, *, memory: bool = True, device: 
                             help="threads (default), sync, processes, distributed, or tcp://host:port")
     if output:
         parser.add_argument("--overwrite", action="store_true", help="replace an existing output that blocklin wrote "
-                            "(or an empty folder; a file of the format for exports); other data is refused")
+                            "and nobody changed since (or an empty folder or file); other data is refused")
     parser.add_argument("--storage-option", action="append", metavar="KEY=VALUE", dest="storage_option",
                         help="fsspec option for s3://, gs://, ... paths (repeatable), e.g. "
                              "endpoint_url=http://host:9000; dotted keys nest (client_kwargs.region_name=eu-west-1); "

@@ -27,9 +27,7 @@ import uuid
 from typing import Any
 
 from blocklin._version import __version__
-
-#: Suffix of the record's name: ``.NAME`` + this, beside ``NAME``.
-SUFFIX = ".blocklin"
+from blocklin.storage.records import FILE_RECORD_SUFFIX as SUFFIX
 _FIELDS = ("size", "mtime_ns", "ctime_ns", "dev", "ino")
 
 

@@ -14,12 +14,18 @@ Every output of every operation and converter is checked here before anything is
 * **``overwrite`` replaces only what may go**: a zarr array or group blocklin wrote (its root
   attributes carry ``"blocklin"`` provenance, written by ``AtomicOutput.commit``, and it holds
   nothing but zarr metadata, chunks and blocklin's records), an empty folder,
-  or for a file export an existing regular file of that format (``.npy`` magic, Matrix Market
-  header, a text file for CSV/TSV, any regular file for raw binary). Anything else (a zarr array
-  another tool wrote, a folder of other files, a file where a zarr folder would go, a folder where
-  a file would go) is refused with the command that removes it by hand. An HDF5 output names a
-  dataset: an existing HDF5 file is kept and only that dataset replaced (by the writer); a file at
-  that path that is not HDF5 is refused.
+  or for a file export a file blocklin wrote and nobody changed since: its record
+  ``.NAME.blocklin`` (:mod:`blocklin.storage.file_records`, written by every file commit) still
+  matches its size, times, device and inode, and it is still of that format (``.npy`` magic,
+  Matrix Market header, text for CSV/TSV, the zip signature for ``.npz``); or an empty file.
+  Anything else (a zarr array or a file another tool wrote, blocklin's file rewritten since, a
+  folder of other files, a file where a zarr folder would go, a folder where a file would go) is
+  refused with the command that removes it by hand. An HDF5 output names a dataset and goes into
+  a new file or, in place, into a file blocklin created whose record still matches (an empty file
+  too), replacing only a dataset the record lists (checked by the writer); another program's HDF5
+  file is refused whatever it holds, with the way to copy the dataset in by hand.
+* **Object stores** hold zarr outputs only (``convert`` refuses a file format at a URL, and sparse
+  exports are local): their prefixes obey the zarr rule above (:func:`check_replaceable_prefix`).
 
 Refusing is always safe; deleting cannot be undone. So URLs are compared without their storage
 options (two endpoints with the same bucket name are treated as one).
@@ -395,7 +401,7 @@ def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = Fals
         Whether an existing output may be replaced (only what the module docstring lists may be).
     name : str
         The parameter named in errors.
-    kind : {"zarr", "npy", "mtx", "csv", "tsv", "raw", "hdf5"}
+    kind : {"zarr", "npy", "npz", "mtx", "csv", "tsv", "raw", "hdf5"}
         What is written: a zarr store (a folder or prefix) or a file of that format.
     temp_dir : path, URL or Location, optional
         The temp dir of the job, which ``out`` may not be nor hold.

@@ -14,3 +14,5 @@ INPUTS_RECORD = ".blocklin-inputs.json"
 PEAKS_RECORD = ".blocklin-peaks.json"
 #: Each column's peak of that record, raw little-endian float64 (read only where asked for).
 PEAKS_COLUMNS = ".blocklin-peaks.f8"
+#: Suffix of the record beside a file export ``NAME``: ``.NAME`` + this (:mod:`blocklin.storage.file_records`).
+FILE_RECORD_SUFFIX = ".blocklin"
