@@ -268,7 +268,7 @@ def test_file_exports_replace_only_a_file_of_their_format(work, tmp_path, capsys
     out.rmdir()
     out.write_bytes(b"\x00\x01binary, not this format\x00")
     refused_cli(capsys, tmp_path, argv, "OutputExistsError", f"rm {out}")
-    # A file of that format is what --overwrite of an export replaces.
+    # blocklin's own export (its record matches) is what --overwrite of an export replaces.
     out.unlink()
     assert main(["convert", str(work / "A.zarr"), str(out)]) == 0
     assert out.read_bytes().startswith(header)
