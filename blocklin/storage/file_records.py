@@ -12,9 +12,9 @@ is one ``lstat`` and one small read: no hashing of the file.
 
 The record is written whole (a temporary name renamed into place). A run killed between the file's
 rename and its record leaves a file without a matching record: refused later, the safe side. An
-in-place HDF5 write marks the record ``writing`` before it opens the file and rewrites it when the
-file is closed (committed or aborted); a record still marked ``writing`` whose file changed names
-the interrupted write in the refusal.
+in-place HDF5 write marks the record ``writing`` once it holds the open file, before its first
+change, and rewrites it when the file is closed (committed or aborted); a record still marked
+``writing`` whose file changed names that write (interrupted, or still running) in the refusal.
 """
 
 from __future__ import annotations

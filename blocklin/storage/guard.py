@@ -328,8 +328,9 @@ def _why_not_ours(path: str, label: str, rec: dict | None) -> str:
         return f"{'an' if label == 'HDF5' else 'a'} {label} file blocklin did not write (no record {shown} beside it)"
     writing = rec.get("writing")
     if isinstance(writing, dict):
-        return (f"a file whose in-place write of {writing.get('dataset')} was interrupted (pid {writing.get('pid')} "
-                f"on {writing.get('host')}): it changed since its record {shown}, and blocklin cannot tell by whom")
+        return (f"a file blocklin was writing {writing.get('dataset')} into in place (pid {writing.get('pid')} on "
+                f"{writing.get('host')}; interrupted, or still running): it changed since its record {shown}, and "
+                "blocklin cannot tell by whom")
     return (f"a file blocklin wrote that changed since (its size, times or inode differ from its record {shown}: "
             "another program wrote it, or replaced it)")
 

@@ -440,7 +440,7 @@ def test_hdf5_write_killed_in_place_leaves_the_file_refused_by_name(tmp_path):
     w.write(slice(0, 24), slice(0, 16), A)
     w._f.close()  # what a SIGKILL leaves: the file changed, the record still says "writing"
     refused_api(tmp_path, OutputExistsError, lambda: bl.convert(tmp_path / "X.npy", f"{out}:/d"),
-                "in-place write of /c was interrupted", f"pid {os.getpid()}")
+                "blocklin was writing /c into in place", f"pid {os.getpid()}")
 
 
 # -- what --overwrite still replaces -------------------------------------------------------------
