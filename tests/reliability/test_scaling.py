@@ -407,6 +407,43 @@ def test_factorizations(memory):
         assert 0 < x.report["backward_error"] <= tol, (e, x.report["backward_error"])  # measured, not 0 or NaN
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("e", [-1000, -600, 600])
+def test_reported_norms_of_data_near_the_range_ends(dtype, e):
+    """``||A||_F`` in the reports of the streaming QR (``qr(method="tsqr")``, and its ``||b_j||`` and
+    residual norms) and of the tiled Cholesky had been summed from unscaled squares: 0 for entries near
+    1e-200 (the squares underflow) and inf near 1e200, with a right factor beside them (a randomized
+    search). Bounds: Householder QR is backward stable column by column, ``||A + dA|| = ||R||`` with
+    ``||dA||_F <= m n eps ||A||_F`` (Higham 2002, Thm 19.4); a sum of squares in any order is within
+    ``N eps`` relative; ``rho`` is ``min ||A x - b||`` of a problem with ``cond(A) ~ 1``, to ``m n eps ||b||``."""
+    from blocklin.linalg.blocks.streaming_qr import streaming_r
+    from blocklin.runtime.powers import ldexp
+
+    rng = np.random.default_rng(21)
+    m, n = 400, 12
+    a, b = rng.standard_normal((m, n)), rng.standard_normal((m, 2))
+    if np.dtype(dtype).kind == "c":
+        a, b = a + 1j * rng.standard_normal((m, n)), b + 1j * rng.standard_normal((m, 2))
+    tol = m * n * eps(np.float64)
+    na, nb = np.linalg.norm(a), np.linalg.norm(b, axis=0)
+    rho = np.linalg.norm(b - a @ np.linalg.lstsq(a, b, rcond=None)[0], axis=0)
+    r = bl.qr(ldexp(a, e), method="tsqr", memory="2MiB")
+    assert r.report["method"] == "tsqr"
+    assert_close_to(_ldexp(r.report["norm_a"], -e), na, bound=tol * na, what=f"qr(tsqr) norm_a, 2^{e}")
+    sr = streaming_r(ldexp(a, e), ldexp(b, e), memory="2MiB")
+    assert_close_to(_ldexp(sr.norm_a, -e), na, bound=tol * na, what=f"streaming R norm_a, 2^{e}")
+    assert_close_to(_ldexp(sr.norm_b, -e), nb, bound=tol * nb.max(), what=f"streaming R norm_b, 2^{e}")
+    assert_close_to(_ldexp(sr.rho, -e), rho, bound=tol * nb.max(), what=f"streaming R rho, 2^{e}")
+    n = 48
+    x = rng.standard_normal((n, n)) + (1j * rng.standard_normal((n, n)) if np.dtype(dtype).kind == "c" else 0)
+    spd = x @ x.conj().T + n * np.eye(n)
+    for memory, tile in ((IN_MEMORY, None), ("256KiB", 16)):  # one tile, and tiles of 16 (out of core)
+        got = bl.cholesky(ldexp(spd, e), memory=memory, tile=tile)
+        assert got.report["plan"]["tile"] == (tile or n)
+        assert_close_to(_ldexp(got.report["norm_a"], -e), np.linalg.norm(spd),
+                        bound=4 * n * eps(np.float64) * np.linalg.norm(spd), what=f"cholesky norm_a, 2^{e}, tile={tile}")
+
+
 @pytest.mark.parametrize("memory", [IN_MEMORY, "128KiB"])
 @pytest.mark.parametrize("dtype,case", [(np.float32, "all near 1e-39"), (np.complex64, "all near 1e-40"),
                                         (np.float32, "8 columns near 1e-39"), (np.float64, "all near 1e-310")])

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from blocklin.runtime.passes import take_recorded_peaks
-from blocklin.runtime.powers import ldexp
+from blocklin.runtime.powers import ldexp, max_exponent
 
 T = TypeVar("T")
 
@@ -297,6 +297,30 @@ SUMSQ_FLOOR = 2.0 ** -900
 def sumsq_in_range(sumsq: float) -> bool:
     """Whether a float64 sum of squares kept its digits (no overflow, no underflow towards subnormals)."""
     return (sumsq == 0.0 or sumsq >= SUMSQ_FLOOR) and math.isfinite(sumsq)
+
+
+def column_norms(x: Any) -> np.ndarray:
+    """Each column's 2-norm of an array in memory (float64), of ``x`` divided by a power of two near its
+    largest entry (exact): no square overflows or underflows (entries near 1e200 or 1e-200), and inside
+    the range the bits are those of ``sqrt(sum |x_ij|^2)``."""
+    ss, e = _scaled_sumsq_cols(x)
+    with np.errstate(over="ignore", under="ignore"):
+        return np.ldexp(np.sqrt(ss), e)
+
+
+def fro_norm(x: Any) -> float:
+    """``||x||_F`` of an array in memory, scaled as :func:`column_norms`."""
+    ss, e = _scaled_sumsq_cols(x)
+    return unscale_float(math.sqrt(float(ss.sum())), e)
+
+
+def _scaled_sumsq_cols(x: Any) -> tuple[np.ndarray, int]:
+    x = np.asarray(x)
+    x = x.reshape(x.shape[0], -1) if x.ndim != 2 else x
+    e = max_exponent(x)
+    y = ldexp(x, -e)
+    parts = (y.real, y.imag) if y.dtype.kind == "c" else (y,)
+    return sum(np.einsum("ij,ij->j", q, q, dtype=np.float64) for q in parts), e
 
 
 def safe_norm(ops: Any, region: Any, sumsq: float) -> float:

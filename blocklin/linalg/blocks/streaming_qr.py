@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Unpack
 
 import numpy as np
 
 from blocklin.config import Settings
 from blocklin.errors import ShapeError, explain
-from blocklin.linalg.blocks.tsqr import reduce_r, sumsq_cols, tsqr_kernel
+from blocklin.linalg.blocks.scaling import column_norms, fro_norm, sumsq_in_range
+from blocklin.linalg.blocks.tsqr import reduce_r, tsqr_kernel
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import run_pass, source
@@ -75,16 +77,24 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = 
                             description="streaming QR of [1 | A B]" if ones else "streaming QR", device=dev,
                             scale=scale)
     states = [s for s in states if s is not None]
-    r = reduce_r(states, n + k + int(ones))
-    ones_row = np.array(r[0]) if ones else None
-    r = r[int(ones):, int(ones):]  # the centered [A B]'s factor (R22, Q2^T b_c, T)
+    full = reduce_r(states, n + k + int(ones))
+    ones_row = np.array(full[0]) if ones else None
+    r = full[int(ones):, int(ones):]  # the centered [A B]'s factor (R22, Q2^T b_c, T)
     aa = sum(s["aa"] for s in states)
     bb = sum(s["bb"] for s in states) if k else None
     rn = np.array(r[:n, :n])
     qtb = np.array(r[:n, n:]) if k else None
-    rho = np.sqrt(sumsq_cols(r[n:, n:])) if k else None  # |t_ij|^2 of complex data
-    return StreamingR(r=rn, qtb=qtb, rho=rho, norm_a=float(np.sqrt(aa)),
-                      norm_b=np.sqrt(bb) if bb is not None else None, m=m,
+    rho = column_norms(r[n:, n:]) if k else None
+    # [1 | A | B] = Q R: the columns of A and B have the norms of theirs in R, taken where the pass's sums of
+    # squares left float64's range (unscaled strips near 1e200 or 1e-200: inf or 0 had been reported)
+    cols = full[:, int(ones):]
+    norm_a = math.sqrt(aa) if aa and sumsq_in_range(aa) else fro_norm(cols[:, :n])
+    norm_b = None
+    if k:
+        norm_b = np.sqrt(bb)
+        out = np.array([not (v and sumsq_in_range(float(v))) for v in bb])
+        norm_b[out] = column_norms(cols[:, n:])[out]
+    return StreamingR(r=rn, qtb=qtb, rho=rho, norm_a=norm_a, norm_b=norm_b, m=m,
                       report={"plan": plan.to_dict(), "passes": 1}, ones_row=ones_row)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Unpack
 
 
@@ -10,6 +9,7 @@ from blocklin.config import Settings
 from blocklin.matrix import Matrix
 from blocklin.operands import decoded_chunks
 from blocklin.plan.factor import FactorPlan, plan_factor
+from blocklin.linalg.blocks.scaling import safe_norm
 from blocklin.linalg.factor.cholesky_tiles import tiled_cholesky
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
@@ -111,7 +111,7 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
         else:
             create_array(path, shape=(n, n), dtype=dt, chunks=(plan.tile, plan.tile), codec=job.cfg.codec)
         results = factor_into(job, A, path, plan, lower=lower, done_dir=ao.done)
-        report = _report(job, plan, results, output=ao.path)
+        report = _report(job, plan, results, output=ao.path, a=A)
         params = {"lower": lower}
         return job.finish(ao, out, report, operation="cholesky", plan=plan.to_dict(), params=params,
                           keys=REPORT_KEYS)
@@ -129,11 +129,13 @@ def factor_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, lower: bool = 
                           check=job.check_finite, done_dir=done_dir, description="Cholesky tiles")
 
 
-def _report(job: Job, plan: FactorPlan, results: list[dict], *, output: Any) -> dict:
+def _report(job: Job, plan: FactorPlan, results: list[dict], *, output: Any, a: Any) -> dict:
     sumsq = sum(r.get("sumsq", 0.0) for r in results if isinstance(r, dict))
+    # a sum of squares out of float64's range (entries near 1e200 or 1e-200: inf or 0 had been reported)
+    # is replaced by A's norm read again by tiles scaled by powers of two
+    norm_a = None if job.stats["skipped"] else safe_norm(BlockOps(job, plan.tile), Region.of(a.path, a.shape), sumsq)
     return job.report(flops=plan.flops, plan=plan.to_dict(), output=str(output), method="tiled left-looking Cholesky",
-                      phases={"tile updates (GEMM), POTRF, TRSM": job.device},
-                      norm_a=math.sqrt(sumsq) if not job.stats["skipped"] else None)
+                      phases={"tile updates (GEMM), POTRF, TRSM": job.device}, norm_a=norm_a)
 
 
 __all__ = ["cholesky"]
