@@ -147,6 +147,38 @@ def test_norms_and_condition_of_float32_data_near_its_range_ends(tall, e):
     assert lo <= got <= hi, (got, ref[0] / ref[-1])
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("memory", [IN_MEMORY, STREAM])
+def test_standardized_columns_far_below_the_others(tall, dtype, memory):
+    """``scale=True`` makes every column's standard deviation 1, so multiplying one column by a power of two
+    changes nothing. A column ``2^-660`` times the others had squares below float64's range: its variance
+    came out 0, the column was taken as constant and centered away (``s_1`` 23.9 for 26.8; with every other
+    column near ``2^-660``: ``s = [9.8, 0, 0]``), finite and wrong (a randomized search). Refused now,
+    naming ``scale`` and the fix; at ``2^-400`` (variance ``2^-800``, in range) it is computed, to the
+    bound of the unmodified run: Weyl, ``|ds| <= 16 m eps s_1``, plus the convergence of the two runs."""
+    from blocklin.runtime.powers import ldexp
+
+    a = tall.astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * np.roll(tall, 1, axis=1)
+    ref = bl.svd(a, 3, center=True, scale=True, seed=3, memory=memory)
+    b = a.copy()
+    b[:, 5] = ldexp(b[:, 5], -400)
+    got = bl.svd(b, 3, center=True, scale=True, seed=3, memory=memory)
+    rr = max(ref.report["relative_residuals"] + got.report["relative_residuals"])
+    assert_close_to(got.s, ref.s, bound=(16 * 600 * eps(np.float64) + 4 * rr) * float(ref.s[0]),
+                    what="standardized svd, one column 2^-400")
+    b[:, 5] = ldexp(b[:, 5], -260)
+    with pytest.raises(ParameterError, match=r"scale: needs each column's variance.*column 6 first.*power of two"):
+        bl.svd(b, 3, center=True, scale=True, seed=3, memory=memory)
+    with pytest.raises(ParameterError, match=r"scale: needs each column's variance"):
+        bl.pca(b, 3, scale=True, seed=3, memory=memory)
+    c = ldexp(a, -660)  # every column near 2^-660 but one (near 2^5): the data is not scaled, 15 columns lost
+    c[:, 3] = ldexp(a[:, 3], 5)
+    with pytest.raises(ParameterError, match=r"scale: needs each column's variance.*15 column"):
+        bl.svd(c, 3, center=True, scale=True, seed=3, memory=memory)
+
+
 # -- pca, eigsh, gram ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("memory", [IN_MEMORY, pytest.param(STREAM, marks=pytest.mark.slow)])
 def test_pca_centered(tall, memory):

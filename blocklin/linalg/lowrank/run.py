@@ -57,6 +57,7 @@ def run_planned(job: Job, A: Any, plan: SvdPlan, *, k: int, q: int | None, tol: 
                                                           scale=scale, v0=v0, keep=keep)
         phases = {"passes over A": src.device or job.device}
     check_unscaled_constants(moments, scaling, center=center, scale=scale)
+    check_standardizable(moments, scaling, scale=scale)
     ckpt = ckpt if ckpt is not None and not plan.in_core else Checkpoints(None)  # in memory: nothing to skip
     # complex data: the phase rule on the short factor, B's V (svd's convention, whatever is returned)
     src.signs = signs and (not plan.transposed or np.dtype(A.dtype).kind == "c")
@@ -174,6 +175,30 @@ def check_unscaled_constants(moments: Moments | None, scaling: Scaling | Product
             "the standardized ones", f"{fixed.size} constant nonzero column(s) (column {fixed[0] + 1} first) in "
             f"data scaled by 2^{-scaling.exponent} to be read", "pass center=True as well (a constant column "
             "becomes zero), or drop the constant columns, or bring the data nearer 1 first"))
+
+
+def check_standardizable(moments: Moments | None, scaling: Scaling | ProductScaling, *, scale: bool) -> None:
+    """Refuse ``scale`` where a column's squares left float64's range in the data as the moments pass read it
+    (``2^-e A``): entries ``2^-485`` and more below the largest (one power of two scales them all). Its
+    variance, below ``2^-970`` (the smallest normal number over ``eps``: squares within 52 bits of the
+    underflow threshold, some subnormal), is then 0 or has lost digits, so the column was taken as constant (centered to
+    zero) or divided by a wrong standard deviation, while standardizing makes it a column like the others:
+    the singular values had come out finite and wrong (one column 2^-660 times the others, a randomized
+    search). A column that is zero (mean and variance 0) stays zero, as it should."""
+    if not scale or moments is None:
+        return
+    info = np.finfo(np.float64)
+    floor = float(info.tiny / info.eps)
+    var, mean = np.asarray(moments.var, dtype=np.float64), np.abs(np.asarray(moments.mean))
+    lost = np.flatnonzero((var < floor) & (mean < np.sqrt(floor)) & ((var != 0) | (mean != 0)))
+    if lost.size:
+        j = int(lost[0])
+        raise ParameterError(explain(
+            "scale", "needs each column's variance within float64's range in the data as read (its squares "
+            f"{'scaled by 2^' + str(-scaling.exponent) + ' ' if scaling.exponent else ''}above 2^-970), to "
+            "standardize it", f"{lost.size} column(s) (column {j + 1} first: mean {float(mean[j]):.3g}, variance "
+            f"{float(var[j]):.3g}) far below the largest entry", "multiply those columns by a power of two near "
+            "1 / their largest magnitude first (exact, and standardizing is unchanged by it), or drop them"))
 
 
 def scaled_back(f: Factorization, scaling: Scaling | ProductScaling, moments: Moments | None, *, center: bool,
