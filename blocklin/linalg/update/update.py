@@ -149,8 +149,9 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
     covers = prov.get("covers")
     if not covers:
         raise ParameterError(explain("out", "must record which version of each input it covers", f"{loc.url!r} "
-                                     f"({op}) records none (an in-memory input, or written by an older blocklin)",
-                                     "recompute it on stored inputs with --overwrite"))
+                                     f"({op}) records none (an in-memory input, an integer input read through a float64 copy, or "
+                                     "written by an older blocklin)", "recompute it with --overwrite on stored "
+                                     "floating-point inputs (blocklin convert --dtype float64 casts integer data)"))
     grown: list[Growth] = [growth(c, as_location(c["url"], options, name="input")) for c in covers]
     if all(g.current for g in grown):
         report = {"operation": op, "updated": None, "current": True}
