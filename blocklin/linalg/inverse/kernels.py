@@ -518,9 +518,13 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
             for r0, r1 in strips:
                 rows = a[r0:r1]
                 writes.append(writer.submit(write_block, dst, slice(d0 + r0, d0 + r1), cols, rows))
-                ss += sumsq(rows)
-                if resid is not None:
-                    resid[...] -= q[:, r0:r1] @ np.asarray(rows, dtype=resid.dtype)
+                # an inverse beyond the dtype's range holds Inf here (float32 data near 1e-39): its sums
+                # and probe products overflow or make NaN, which the route names as a range error
+                # (routes.invert_direct, _recursion_range) from the sums returned, not a NumPy warning
+                with np.errstate(over="ignore", invalid="ignore"):
+                    ss += sumsq(rows)
+                    if resid is not None:
+                        resid[...] -= q[:, r0:r1] @ np.asarray(rows, dtype=resid.dtype)
         finally:
             try:
                 for w in writes:  # every strip on disk (or its error raised) before the block is freed
@@ -757,13 +761,17 @@ def lu_inverse_rows_task(spec: LURowsSpec, s0: int, s1: int, pivots: np.ndarray)
         trsm_inplace(diag.T, a, lower=upper, unit=not upper)
         np.copyto(y[c0:c1], a)
 
-    for j in range(s0 // t, nt):  # U^T z = e: rows above s0 stay zero
-        c0, c1 = j * t, min(n, (j + 1) * t)
-        step(c0, c1, range(s0, c0, rb), upper=True)
-    for j in reversed(range(nt)):  # then M_j^T and S_j^T, right to left
-        c0, c1 = j * t, min(n, (j + 1) * t)
-        step(c0, c1, range(c1, n, rb), upper=False)
-        _swap_back(y, pivots[c0:c1], c0, swap_cols)
+    # rows of an inverse beyond the dtype's range (a tiny pivot, or float32 data near 1e-39) overflow in
+    # the substitutions, and Inf - Inf makes NaN: the check below refuses them by name, which the route
+    # turns into a range or singularity error (routes._lu_range_refusal), not a NumPy warning
+    with np.errstate(over="ignore", invalid="ignore"):
+        for j in range(s0 // t, nt):  # U^T z = e: rows above s0 stay zero
+            c0, c1 = j * t, min(n, (j + 1) * t)
+            step(c0, c1, range(s0, c0, rb), upper=True)
+        for j in reversed(range(nt)):  # then M_j^T and S_j^T, right to left
+            c0, c1 = j * t, min(n, (j + 1) * t)
+            step(c0, c1, range(c1, n, rb), upper=False)
+            _swap_back(y, pivots[c0:c1], c0, swap_cols)
     del buf, acc, prod
     # NaN/Inf check, ||X||_F^2 and X P by strips of Y's rows (X's columns), the probes regenerated
     # strip by strip from their stream (the same numbers as probes(n, PROBES, seed))
