@@ -119,15 +119,15 @@ def test_inverse_lu_route_peak_within_tiny_budgets(tmp_path, n, memory_mib):
     assert np.abs(x - ref).max() <= 10 * np.linalg.cond(a_np) * np.finfo(np.float64).eps * np.abs(ref).max()
 
 
-SCHUR = """
+ONE_LEAF = """
     import numpy as np
     import blocklin as bl
-    a_path, out, memory = sys.argv[1:4]
+    a_path, out, memory, method = sys.argv[1:5]
     bl.open(a_path)[0:1, 0:1]
     warm(bl.inv)
     reset_hwm()
     base = hwm()
-    r = bl.inv(a_path, out=out, memory=memory, method="schur").report
+    r = bl.inv(a_path, out=out, memory=memory, method=method).report
     print(json.dumps({"baseline": base, "peak": hwm(), "plan_peak": r["plan"]["peak_memory"],
                       "leaf_memory": r["plan"]["leaf_memory"], "leaves": r["leaves"], "method": r["method"],
                       "eta": r["backward_error"]}))
@@ -135,14 +135,16 @@ SCHUR = """
 
 
 @needs_hwm
-# The recursion's one leaf nearly fills the budget: its block, factored and inverted in place, had a
-# second block beside it (np.abs(a) for the leaf's scaling exponent): n = 3072 in uncompressed
-# 1536 x 1536 chunks at 96 MiB peaked at 144-145 MiB above the baseline (allowed 129.6), n = 1024 at
-# 12 MiB at 15.9 MiB (1.3x the budget). The small case in the default run (strict: the budget + 10%), the large
-# one with the margin in the slow job.
-@pytest.mark.parametrize("n, chunk, memory_mib", [
-    (1024, 256, 12), pytest.param(3072, 1536, 96, marks=pytest.mark.slow)])
-def test_inverse_schur_leaf_peak_within_budget(tmp_path, n, chunk, memory_mib):
+# One leaf of the whole matrix nearly fills the budget: the recursion's (method "schur") or the one-task
+# inverse read straight from the input ("direct", the default where it fits). The block, factored and
+# inverted in place, had a second block beside it (np.abs(a) for the leaf's scaling exponent): n = 3072
+# in uncompressed 1536 x 1536 chunks at 96 MiB peaked at 144-145 MiB above the baseline (allowed 129.6),
+# in 256 x 256 chunks (direct) at 146, n = 1024 at 12 MiB at 16 MiB (1.3x the budget). The small case in
+# the default run (strict: the budget + 10%), the large ones with the margin in the slow job.
+@pytest.mark.parametrize("n, chunk, memory_mib, method", [
+    (1024, 256, 12, "schur"), pytest.param(3072, 1536, 96, "schur", marks=pytest.mark.slow),
+    pytest.param(3072, 256, 96, "direct", marks=pytest.mark.slow)])
+def test_inverse_one_leaf_peak_within_budget(tmp_path, n, chunk, memory_mib, method):
     import zarr
 
     a = np.random.default_rng(1).standard_normal((n, n))
@@ -150,10 +152,11 @@ def test_inverse_schur_leaf_peak_within_budget(tmp_path, n, chunk, memory_mib):
     path = str(tmp_path / "a.zarr")
     zarr.create_array(path, shape=(n, n), chunks=(chunk, chunk), dtype="float64", compressors=None)[:] = a
     budget = memory_mib * 2**20
-    r = run_child(SCHUR, path, str(tmp_path / "x.zarr"), f"{memory_mib}MiB", timeout=600)
+    r = run_child(ONE_LEAF, path, str(tmp_path / "x.zarr"), f"{memory_mib}MiB", "schur" if method == "schur" else "auto",
+                  timeout=600)
     used = r["peak"] - r["baseline"]
-    # the recursion's route with one leaf of the whole matrix, most of the budget
-    assert r["method"] == "schur" and r["leaves"] == 1 and r["plan_peak"] <= budget
+    # one leaf of the whole matrix, most of the budget
+    assert r["method"] == method and r["leaves"] == 1 and r["plan_peak"] <= budget
     assert r["leaf_memory"] >= 0.75 * budget and r["eta"] < 1e-14
     allowed = 1.1 * budget if memory_mib < 32 else budget + margin(budget)
     assert used <= allowed, f"used {used / 2**20:.1f} MiB over baseline, budget {memory_mib} MiB"
