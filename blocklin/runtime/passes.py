@@ -128,6 +128,9 @@ class Source:
     #: The stored row where the streamed rows start (a pass over rows appended since a result,
     #: :mod:`blocklin.linalg.update`); row strips only.
     first_row: int = 0
+    #: The stored chunks' height where ``chunk_rows`` is another grid the strips align to (the chunk
+    #: rows of an output); 0: ``chunk_rows``. What a read decodes is the stored chunk.
+    stored_rows: int = 0
 
     @property
     def partial_rows(self) -> bool:
@@ -141,8 +144,14 @@ class Source:
 
     @property
     def chunks(self) -> tuple[int, int]:
-        """The chunk shape in the streamed orientation (rows, columns)."""
-        return self.chunk_rows, self.chunk_bytes // max(1, self.chunk_rows * self.dtype.itemsize)
+        """The stored chunk shape in the streamed orientation (rows, columns)."""
+        rows = self.stored_rows or self.chunk_rows
+        return rows, self.chunk_bytes // max(1, rows * self.dtype.itemsize)
+
+    def aligned_to(self, rows: int) -> "Source":
+        """This operand with strips planned on a grid of ``rows`` (an output's chunk rows), its stored
+        chunks unchanged."""
+        return dataclasses.replace(self, chunk_rows=rows, stored_rows=self.chunks[0])
 
 
 def source(operand: Any, *, transposed: bool = False, name: str | None = None) -> Source:

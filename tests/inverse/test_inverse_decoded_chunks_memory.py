@@ -88,3 +88,59 @@ def test_row_pass_below_one_decoded_chunk_is_refused_with_the_fix():
     least = e.value.minimum
     assert 54 * MiB < least < 57 * MiB
     assert _plan(PROBE, least).peak_memory <= least
+
+
+STAGING = """
+    import numpy as np, blocklin as bl
+    from blocklin.runtime.stages import Stages
+    a_path, out, memory = sys.argv[1:4]
+    bl.open(a_path)[0:1, 0:1]
+    import dask.threaded  # noqa: F401
+    import scipy.linalg  # noqa: F401
+    warm(bl.inv)
+    class Staged(Exception):
+        pass
+    run = Stages.run
+    def staging_only(self, name, step):
+        result = run(self, name, step)
+        if name == "stage":
+            raise Staged
+        return result
+    Stages.run = staging_only
+    reset_hwm()
+    base = hwm()
+    try:
+        bl.inv(a_path, out=out, memory=memory, method="schur")
+    except Staged:
+        pass
+    print(json.dumps({"baseline": base, "peak": hwm()}))
+"""
+
+
+@needs_hwm
+@pytest.mark.slow
+def test_inverse_staging_pass_decodes_the_stored_chunks_within_budget(zstd_matrix, tmp_path):
+    """The Schur route's staging pass (``W = M V``) aligns its strips to W's working chunks (256 rows at
+    64 MiB): it had counted M's 1536 x 1536 chunks as 256 x 9216 (the chunk's bytes over the strip grid),
+    one per strip row where a strip decodes two, and peaked at 78-81 MiB above the baseline for a plan of
+    63 MiB. It now plans one chunk decoded at a time."""
+    budget = 64 * MiB
+    r = run_child(STAGING, zstd_matrix, str(tmp_path / "x.zarr"), "64MiB")
+    used = r["peak"] - r["baseline"]
+    assert used <= 1.1 * budget, f"staging used {used / MiB:.1f} MiB over baseline, budget 64 MiB"
+
+
+def test_a_pass_aligned_to_another_grid_decodes_the_stored_chunks():
+    """A source whose strips align to an output's chunk rows keeps its stored chunks for what a read
+    decodes (``decoded_chunks``), and the pass's plan decodes one 1536 x 1536 chunk at a time at 64 MiB."""
+    from blocklin.linalg.inverse.kernels import staging_memory
+    from blocklin.runtime.passes import Source
+
+    src = Source(path="m.zarr", name="a", rows=3072, width=3072, dtype=np.dtype("float64"), chunk_rows=1536,
+                 chunk_bytes=1536 * 1536 * 8, chunks_across=2).aligned_to(256)
+    assert (src.chunk_rows, src.chunks) == (256, (1536, 1536))
+    p = plan_pass(staging_memory(3072, np.float64, np.float64), 3072, 3072 * 8, chunk_rows=src.chunk_rows,
+                  memory=64 * MiB, chunk_bytes=src.chunk_bytes, chunks_across=2, max_strip=256, workers=1,
+                  decoded=(*src.chunks, 8), decoded_width=3072)
+    assert p.lanes == 1 and p.peak_memory <= 64 * MiB
+    assert p.fixed_bytes >= chunk_io(p.strip, 1536, DECODED, (3072, 3072), 0)

@@ -325,8 +325,10 @@ def _mix(job: Job, M: Any, w_path: str, bf: Butterfly, wdt: np.dtype, plan: Inve
          transpose: bool = False) -> float:
     """Row pass ``W = M V`` (cast to the work dtype, NaN/Inf checked); returns ``||M||_F``."""
     n = plan.n
-    # strips are planned on W's chunk rows: each strip of W = M V must own whole chunks of W
-    src = [dataclasses.replace(source(M, name="a"), chunk_rows=plan.chunk)]
+    # strips are planned on W's chunk rows: each strip of W = M V must own whole chunks of W; the reads
+    # decode M's own chunks (1536 x 1536 zstd chunks counted as 256 x 9216, one per strip where a strip
+    # decodes two: the staging at 64 MiB peaked at 78-81 MiB for a plan of 63)
+    src = [source(M, name="a").aligned_to(plan.chunk)]
     params = {"butterfly": bf, "dtype": wdt.name, "shift": shift, "transpose": transpose}
     prp = plan_kernel_pass(job, mix_kernel, src, params, max_strip=4 * plan.chunk)
     if prp.strip % plan.chunk and prp.strip < n:
