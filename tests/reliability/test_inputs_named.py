@@ -12,6 +12,7 @@ import pytest
 
 import blocklin as bl
 from blocklin.errors import NonFiniteError, ParameterError, ShapeError
+from support.interrupts import backdate
 from support.tolerances import eps
 
 #: The magnitudes a cast to float32 keeps with its full precision: from its smallest normal times 2^23 (below,
@@ -122,11 +123,7 @@ def test_clean_leaves_a_folder_blocklin_did_not_write(tmp_path):
     ours = tmp_path / ".out.zarr.partial-fedcba9876543210"  # what an older blocklin left: a zarr store
     bl.from_array(np.ones((2, 2)), tmp_path / "x.zarr")
     os.rename(tmp_path / "x.zarr", ours)
-    for folder in (user, look_alike, ours):
-        for root, dirs, files in os.walk(folder):
-            for f in dirs + files:
-                os.utime(os.path.join(root, f), (old, old))
-        os.utime(folder, (old, old))
+    backdate((user, look_alike, ours), old)
     from blocklin.storage.records import OWNER_RECORD
 
     (ours / OWNER_RECORD).unlink(missing_ok=True)

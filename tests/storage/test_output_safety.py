@@ -23,6 +23,7 @@ from blocklin.cli.main import main
 from blocklin.errors import OutputExistsError, OutputIsInputError, TempDirError
 from blocklin.storage.backend import backend
 from blocklin.storage.guard import relation, removal_command
+from support.interrupts import backdate
 from support.tolerances import assert_product
 
 RNG = np.random.default_rng(5)
@@ -599,11 +600,7 @@ def test_clean_leaves_a_dated_folder_that_looks_like_an_old_output(tmp_path):
     ours = tmp_path / ".out.zarr.old-deadbeef"  # what a killed commit set aside: a blocklin output
     bl.from_array(np.ones((2, 2)), tmp_path / "x.zarr")
     os.rename(tmp_path / "x.zarr", ours)
-    for folder in (user, foreign, ours):
-        for root, dirs, files in os.walk(folder):
-            for f in dirs + files:
-                os.utime(os.path.join(root, f), (old, old))
-        os.utime(folder, (old, old))
+    backdate((user, foreign, ours), old)
     assert main(["clean", str(tmp_path), "--no-progress"]) == 0
     assert (user / "img.txt").read_text() == "mine" and (foreign / "zarr.json").exists()
     assert not ours.exists()
