@@ -354,6 +354,34 @@ def max_abs(op: Any) -> float:
     return top
 
 
+def flushed_line(op: Any, work: Any) -> tuple[str, int, float] | None:
+    """The first row, else column, of a stored operand that a cast to the narrower ``work`` dtype flushes
+    below its range (:func:`narrow_range`): ``("row" or "column", index, its max |a_ij|)``, nonzero but
+    under the low bound; None where every line keeps its precision. One pass over ``op``'s rows by bands,
+    made only to name why a factorization of the cast met a zero pivot: a row ``2^-660`` times the others
+    is nonsingular in float64, and had been called singular."""
+    from blocklin.storage.zarr_store import open_cached, read_block
+
+    low = narrow_range(work)[0]
+    arr = open_cached(op.path, "r")
+    first, n = int(getattr(op, "first_row", 0)), int(op.shape[0])
+    cols = arr.shape[1] if arr.ndim == 2 else 1
+    step = max(1, (8 << 20) // max(1, cols * arr.dtype.itemsize))
+    top = np.zeros(cols)
+    for r0 in range(first, first + n, step):
+        rows = slice(r0, min(first + n, r0 + step))
+        block = np.abs(read_block(arr, rows, slice(0, cols)) if arr.ndim == 2 else np.asarray(arr[rows])[:, None])
+        if not block.size:
+            continue
+        line = block.max(axis=1)
+        bad = np.flatnonzero((line > 0) & (line < low))
+        if bad.size:
+            return "row", r0 - first + int(bad[0]), float(line[bad[0]])
+        np.maximum(top, block.max(axis=0), out=top)
+    bad = np.flatnonzero((top > 0) & (top < low))
+    return ("column", int(bad[0]), float(top[bad[0]])) if bad.size else None
+
+
 def narrow_range(work: Any) -> tuple[float, float]:
     """``(low, high)``: the magnitudes a cast to ``work`` keeps with its full precision, from its smallest
     normal times ``2^p`` (below, an entry keeps a few bits or flushes to zero) up to, not including, its

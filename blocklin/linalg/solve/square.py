@@ -20,7 +20,8 @@ from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, 
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks.result_range import lu_growth_error, magnitude, solution_range_error, wide_name
-from blocklin.linalg.blocks.scaling import max_abs, narrow_range_refusal, refuse_nonfinite, safe_norm, sumsq_in_range
+from blocklin.linalg.blocks.scaling import (flushed_line, max_abs, narrow_range, narrow_range_refusal,
+                                             refuse_nonfinite, safe_norm, sumsq_in_range)
 from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, check_condition,
                                             check_refined, condition_estimate, get, krylov_plan, put, refine_ir)
 from blocklin.device.half import FORMATS
@@ -686,6 +687,8 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
                                      "pass precision='double', or scale A" if not half else
                                      "pass precision='bf16' (float32's range) or 'mixed'"))
     if n and not f.min_pivot > 0.0:  # a zero pivot, or NaN ones (a cast that overflowed): _factor names which
+        if fdt.itemsize < np.dtype(A.dtype).itemsize and getattr(job, "math", None) not in HALF:
+            _refuse_flushed_line(A, fdt)
         raise SingularMatrixError(explain("a", "must be nonsingular for a square solve", "LU with partial pivoting "
                                           "met an exact zero pivot (A is singular)", "blocklin.lstsq(a, b) for the "
                                           "minimum-norm least-squares solution, or regularize (lam > 0)"))
@@ -695,6 +698,24 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
                        min_pivot=f.min_pivot, max_a=f.max_a)
     return _Factor("lu", lu_path, plan, norm_a=math.sqrt(f.sumsq), perm=swaps_to_permutation(f.pivots),
                    growth=growth, min_pivot=f.min_pivot, max_a=f.max_a)
+
+
+def _refuse_flushed_line(A: Any, fdt: np.dtype) -> None:
+    """A float32 factorization of float64 ``A`` met a zero pivot: where the cast flushed a whole row or
+    column below float32's range (a row ``2^-660`` times the others), that is the cause, named with the
+    fix, not a singular ``A`` (the factorization in float64 solves it)."""
+    line = flushed_line(A, fdt)
+    if line is None:
+        return
+    kind, i, top = line
+    low = narrow_range(fdt)[0]
+    scale = (f"scale row {i + 1} of a and entry {i + 1} of b by 2.0**{-int(np.frexp(top)[1])} (exact: x is unchanged)"
+             if kind == "row" else f"scale column {i + 1} of a by 2.0**{-int(np.frexp(top)[1])} (exact: entry "
+             f"{i + 1} of x is then scaled by its inverse)")
+    raise ParameterError(explain("precision", f"a {fdt.name} factorization needs every row and column of A within "
+                                 f"{fdt.name}'s range (above {low:.3g}): a {kind} its cast flushes makes the "
+                                 "factorization singular where A is not", f"{kind} {i + 1} of A: max |a| = {top:.3g}",
+                                 f"pass precision='double', or {scale}"))
 
 
 def _growth_refusal(max_a: float, max_u: float, fdt: np.dtype) -> Exception:
