@@ -204,7 +204,8 @@ def plan_gram(shape: tuple[int, int], dtype: Any, *, chunks: tuple[int, int], me
     nbytes = m * n * src.itemsize
     for split in ([tasks, 1] if tasks and tasks > 1 else [tasks]):
         try:
-            return _plan_pass(common, s, k, dt, src, chunks, memory, trans, workers, cores, gpu, nbytes, split)
+            return _plan_pass(common, s, k, dt, src, chunks, memory, trans, workers, cores, gpu, nbytes, split,
+                              decoded)
         except BudgetError:
             pass
     try:
@@ -226,8 +227,12 @@ def plan_gram(shape: tuple[int, int], dtype: Any, *, chunks: tuple[int, int], me
 
 
 def _plan_pass(common: dict, s: int, k: int, dt: np.dtype, src: np.dtype, chunks: tuple[int, int], memory: int,
-               trans: bool, workers: int, cores: int, gpu: bool, nbytes: int, tasks: int | None) -> GramPlan:
+               trans: bool, workers: int, cores: int, gpu: bool, nbytes: int, tasks: int | None,
+               decoded: tuple[int, int, int] | None = None) -> GramPlan:
     oc = gram_out_chunks(s, dt)
+    # A's chunks decoded whole, in the streamed orientation: their temporaries counted as the row passes
+    # count them (plan_pass), the plan the pass then runs
+    streamed = (decoded[1], decoded[0], decoded[2]) if decoded is not None and trans else decoded
     wide = 16 if dt.kind == "c" else 8  # the reduction's float64 (complex128 for complex data) entries
     reduce_bytes = s * s * wide + oc[0] * s * (wide + dt.itemsize)  # the sum and one row strip being written
     mem = gram_pass_memory(s, dt, cast=src != dt or trans, gpu=gpu)
@@ -239,7 +244,8 @@ def _plan_pass(common: dict, s: int, k: int, dt: np.dtype, src: np.dtype, chunks
         try:
             pp = plan_pass(mem, k, s * src.itemsize, chunk_rows=chunk_rows, memory=memory, reserve=reduce_bytes + held,
                            workers=w, cores=cores, chunk_bytes=chunks[0] * chunks[1] * src.itemsize,
-                           chunks_across=math.ceil(s / max(1, chunk_w)), min_tasks=t)
+                           chunks_across=math.ceil(s / max(1, chunk_w)), min_tasks=t, decoded=streamed,
+                           decoded_width=s)
             break
         except BudgetError:
             if w == 1:

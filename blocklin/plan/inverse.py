@@ -258,6 +258,7 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
     wdt = np.dtype(np.float32) if precision == "mixed" else dt
     src_dt = np.dtype(source_dtype or dt)
     n = int(n)
+    given = chunk
     chunk = _chunk(n, wdt, dt, src_dt, memory, kernels) if chunk is None else chunk
     chunk_bytes = chunk * chunk * max(wdt.itemsize, dt.itemsize)
     # the one-task inverse exactly where the recursion's plan below makes it (no node: one leaf of n)
@@ -271,6 +272,12 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
             if method == "lu":
                 raise
             # "auto": two LU panels of n rows do not fit; the recursion's square blocks may
+    # the recursion stages W = M V by a pass over M: its strips decode M's stored chunks (a one-leaf inverse
+    # read straight from M does not stage)
+    staged = source_decoded if method != "direct" else None
+    if staged is not None and given is None:
+        chunk = _chunk(n, wdt, dt, src_dt, memory, kernels, staged)
+        chunk_bytes = chunk * chunk * max(wdt.itemsize, dt.itemsize)
     if leaf is None:
         leaf = _largest_leaf(n, wdt, chunk_bytes, memory, kernels)
     if leaf < min(n, 2 * chunk):
@@ -283,9 +290,9 @@ def plan_inverse(n: int, dtype, *, memory: int, kernels: KernelMemory, precision
     if depth is None:
         depth = 2 if nodes else 0
     lm = kernels.leaf(max(size for _, size in leaves), wdt, chunk_bytes)
-    strip = _staging_peak(n, chunk, wdt, src_dt, memory, kernels)
+    strip = _staging_peak(n, chunk, wdt, src_dt, memory, kernels, staged)
     if strip is None:
-        need = _staging_peak(n, chunk, wdt, src_dt, 2**62, kernels)
+        need = _staging_peak(n, chunk, wdt, src_dt, 2**62, kernels, staged)
         raise BudgetError(explain("memory", f"must hold one staging strip of {min(n, chunk)} rows of the matrix",
                                   format_size(memory), f"raise it to at least {format_size(need)} "
                                   f"(memory='{math.ceil(need / 2**20)}MiB')"), minimum=need)
@@ -371,30 +378,35 @@ def _recursion(n: int, leaf: int, chunk: int) -> tuple[tuple, tuple, int]:
 
 
 def _staging_peak(n: int, chunk: int, wdt: np.dtype, src_dt: np.dtype, memory: int,
-                  kernels: KernelMemory) -> int | None:
+                  kernels: KernelMemory, decoded: tuple[int, int, int] | None = None) -> int | None:
     """Peak of one staging task whose strip is one working chunk of rows (``None``: it does not fit).
 
-    Every strip of ``W = M V`` must own whole chunk rows of ``W``, so one such strip must fit.
+    Every strip of ``W = M V`` must own whole chunk rows of ``W``, so one such strip must fit. ``decoded``:
+    the stored chunks of ``M`` where zarr decodes them whole, whose temporaries the pass counts as it
+    runs (:func:`~blocklin.plan.passes.plan_pass`; the staging pass had been refused at the plan's own
+    minimum).
     """
     rows = min(n, chunk)
     try:
         p = plan_pass(kernels.staging(n, wdt, src_dt), n, n * src_dt.itemsize, chunk_rows=rows, memory=memory, workers=1,
                       chunk_bytes=rows * rows * src_dt.itemsize, chunks_across=-(-n // max(1, rows)),
-                      max_strip=rows, min_tasks=1)
+                      max_strip=rows, min_tasks=1, decoded=decoded, decoded_width=n)
     except BudgetError:
         return None
     return p.peak_memory if p.strip >= rows else None
 
 
-def _chunk(n: int, wdt: np.dtype, dt: np.dtype, src_dt: np.dtype, memory: int, kernels: KernelMemory) -> int:
+def _chunk(n: int, wdt: np.dtype, dt: np.dtype, src_dt: np.dtype, memory: int, kernels: KernelMemory,
+           decoded: tuple[int, int, int] | None = None) -> int:
     """The working chunk side: a power of two, about ``sqrt(memory / 64)`` elements, whose staging strip
-    and undo column pass fit the budget (per their declarations)."""
+    (over ``decoded`` stored chunks, :func:`_staging_peak`) and undo column pass fit the budget (per their
+    declarations)."""
     side = math.sqrt(memory / (64 * wdt.itemsize))
     chunk = 2 ** int(math.floor(math.log2(max(1.0, side))))
     chunk = min(max(MIN_CHUNK, min(MAX_CHUNK, chunk)), max(1, n))
     while chunk > MIN_CHUNK:
         cb = chunk * chunk * max(wdt.itemsize, dt.itemsize)
-        if _staging_peak(n, chunk, wdt, src_dt, memory, kernels) is not None and \
+        if _staging_peak(n, chunk, wdt, src_dt, memory, kernels, decoded) is not None and \
                 kernels.column(n, chunk, wdt, dt, cb) <= memory:
             break
         chunk //= 2
