@@ -704,6 +704,8 @@ def _refuse_flushed_line(A: Any, fdt: np.dtype) -> None:
     """A float32 factorization of float64 ``A`` met a zero pivot: where the cast flushed a whole row or
     column below float32's range (a row ``2^-660`` times the others), that is the cause, named with the
     fix, not a singular ``A`` (the factorization in float64 solves it)."""
+    if narrow_range_refusal(max_abs(A), A.dtype, fdt, "") is not None:
+        return  # the whole of A is beyond the range: _factor names that, for every line
     line = flushed_line(A, fdt)
     if line is None:
         return
