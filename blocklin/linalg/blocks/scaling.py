@@ -334,24 +334,34 @@ def max_abs(op: Any) -> float:
     """``max |a_ij|`` of a stored operand: its recorded peaks where they are current (no read), else a
     pass over its rows by bands (a check that no pass plans: ``precision=`` narrower than the data)."""
     from blocklin.storage.recorded_peaks import recorded
-    from blocklin.storage.zarr_store import open_cached, read_block
+    from blocklin.storage.zarr_store import open_cached
 
     n = int(op.shape[0]) if len(op.shape) else 0
-    first = int(getattr(op, "first_row", 0))
     arr = open_cached(op.path, "r")
-    if first == 0 and n == arr.shape[0]:  # the whole stored array: its record, where current
+    if int(getattr(op, "first_row", 0)) == 0 and n == arr.shape[0]:  # the whole stored array: its record, where current
         rec = recorded(op.path, tuple(arr.shape) if arr.ndim == 2 else None, column_peaks=False)
         if rec is not None:
             return float(rec.amax)
+    top = 0.0
+    for _, block in _row_bands(op):
+        top = max(top, float(block.max()))
+    return top
+
+
+def _row_bands(op: Any) -> Any:
+    """``(first row, |band|)`` for each band of about 8 MiB of a stored operand's rows, read in order
+    (a vector as one column): the unplanned checks' one pass (:func:`max_abs`, :func:`flushed_line`)."""
+    from blocklin.storage.zarr_store import open_cached, read_block
+
+    arr = open_cached(op.path, "r")
+    first, n = int(getattr(op, "first_row", 0)), int(op.shape[0]) if len(op.shape) else 0
     cols = arr.shape[1] if arr.ndim == 2 else 1
     step = max(1, (8 << 20) // max(1, cols * arr.dtype.itemsize))
-    top = 0.0
     for r0 in range(first, first + n, step):
         rows = slice(r0, min(first + n, r0 + step))
-        block = read_block(arr, rows, slice(0, cols)) if arr.ndim == 2 else np.asarray(arr[rows])
+        block = read_block(arr, rows, slice(0, cols)) if arr.ndim == 2 else np.asarray(arr[rows])[:, None]
         if block.size:
-            top = max(top, float(np.abs(block).max()))
-    return top
+            yield r0 - first, np.abs(block)
 
 
 def flushed_line(op: Any, work: Any) -> tuple[str, int, float] | None:
@@ -360,25 +370,14 @@ def flushed_line(op: Any, work: Any) -> tuple[str, int, float] | None:
     under the low bound; None where every line keeps its precision. One pass over ``op``'s rows by bands,
     made only to name why a factorization of the cast met a zero pivot: a row ``2^-660`` times the others
     is nonsingular in float64, and had been called singular."""
-    from blocklin.storage.zarr_store import open_cached, read_block
-
-    low = narrow_range(work)[0]
-    arr = open_cached(op.path, "r")
-    first, n = int(getattr(op, "first_row", 0)), int(op.shape[0])
-    cols = arr.shape[1] if arr.ndim == 2 else 1
-    step = max(1, (8 << 20) // max(1, cols * arr.dtype.itemsize))
-    top = np.zeros(cols)
-    for r0 in range(first, first + n, step):
-        rows = slice(r0, min(first + n, r0 + step))
-        block = np.abs(read_block(arr, rows, slice(0, cols)) if arr.ndim == 2 else np.asarray(arr[rows])[:, None])
-        if not block.size:
-            continue
+    low, top = narrow_range(work)[0], None
+    for r0, block in _row_bands(op):
         line = block.max(axis=1)
         bad = np.flatnonzero((line > 0) & (line < low))
         if bad.size:
-            return "row", r0 - first + int(bad[0]), float(line[bad[0]])
-        np.maximum(top, block.max(axis=0), out=top)
-    bad = np.flatnonzero((top > 0) & (top < low))
+            return "row", r0 + int(bad[0]), float(line[bad[0]])
+        top = block.max(axis=0) if top is None else np.maximum(top, block.max(axis=0))
+    bad = np.flatnonzero((top > 0) & (top < low)) if top is not None else np.empty(0, dtype=int)
     return ("column", int(bad[0]), float(top[bad[0]])) if bad.size else None
 
 
