@@ -125,7 +125,8 @@ class handle_signals:  # noqa: N801 - used as a context manager like a function
 def quiet_shutdown() -> None:
     """Silence what an interrupted process would otherwise print while it exits: asyncio's
     complaints about the I/O tasks zarr's event loop still held ("coroutine ... was never
-    awaited", "Task was destroyed but it is pending"), and errors of daemon threads."""
+    awaited", "Task was destroyed but it is pending"), errors of daemon threads, and zarr's complaint
+    about its I/O thread (:func:`stop_io_at_exit`)."""
     import logging
     import sys
     import warnings
@@ -134,12 +135,28 @@ def quiet_shutdown() -> None:
     warnings.simplefilter("ignore", RuntimeWarning)
     threading.excepthook = lambda args: None
     sys.unraisablehook = lambda unraisable: None
-    if not _IO_STOP_REGISTERED.is_set():  # after zarr's own exit handler, so before it runs (last in, first out)
-        _IO_STOP_REGISTERED.set()
-        atexit.register(stop_zarr_io_thread)
+    stop_io_at_exit()
 
 
 _IO_STOP_REGISTERED = threading.Event()
+
+
+def stop_io_at_exit() -> None:
+    """Have the process's exit wait for zarr's I/O thread (:func:`stop_zarr_io_thread`); once per process.
+
+    Registered after zarr's own exit handler (importing zarr's module registers it first), so run
+    before it: atexit runs its handlers last in, first out.
+    """
+    if _IO_STOP_REGISTERED.is_set():
+        return
+    import importlib
+
+    try:
+        importlib.import_module("zarr.core.sync")
+    except ImportError:
+        return
+    _IO_STOP_REGISTERED.set()
+    atexit.register(stop_zarr_io_thread)
 
 
 #: How long an exiting process waits for zarr's I/O thread to finish its loop's last callbacks.
@@ -170,4 +187,5 @@ def stop_zarr_io_thread(timeout: float = IO_THREAD_EXIT_WAIT) -> None:
 
 
 __all__ = ["ABSORBED", "EXIT_TERMINATED", "Cancelled", "Terminated", "cancel", "cancelled", "check_cancelled",
-           "handle_signals", "quiet_shutdown", "reset", "signals_handled", "stop_zarr_io_thread", "wait_through"]
+           "handle_signals", "quiet_shutdown", "reset", "signals_handled", "stop_io_at_exit",
+           "stop_zarr_io_thread", "wait_through"]

@@ -275,7 +275,10 @@ def run_command(args: argparse.Namespace) -> int:
     """
     import warnings
 
+    from blocklin.interrupt import stop_io_at_exit
+
     warnings.formatwarning = _one_line_warning
+    stop_io_at_exit()  # the command's exit waits for zarr's I/O thread, interrupted or not
     try:
         return _run_command(args)
     except BrokenPipeError:

@@ -292,10 +292,12 @@ def test_ctrl_c_again_while_the_last_line_is_printed_is_absorbed(monkeypatch, ca
     assert "interrupt again to quit at once" in err and "blocklin inv: interrupted; no output was written" in err
 
 
-def test_an_interrupted_process_waits_for_zarrs_io_thread_at_exit(tmp_path):
-    """An interrupted command's exit waits for zarr's I/O thread to end its loop: zarr's own exit
-    handler waits 0.2 s and then prints "Thread did not finish cleanly", which one CI run showed after
-    every interrupted command's one line. Here the loop is kept busy for 1 s as the process exits."""
+@pytest.mark.parametrize("hook", ["quiet_shutdown", "stop_io_at_exit"])
+def test_a_command_waits_for_zarrs_io_thread_at_exit(tmp_path, hook):
+    """A command's exit, interrupted (``quiet_shutdown``) or not (``run_command`` registers
+    ``stop_io_at_exit``), waits for zarr's I/O thread to end its loop: zarr's own exit handler waits 0.2 s
+    and then prints "Thread did not finish cleanly", which one CI run showed after every interrupted
+    command's one line. Here the loop is kept busy for 1 s as the process exits."""
     import subprocess
     import sys
 
@@ -305,7 +307,7 @@ def test_an_interrupted_process_waits_for_zarrs_io_thread_at_exit(tmp_path):
         "from blocklin import interrupt\n"
         "z = zarr.create_array(store=sys.argv[1], shape=(4,), dtype='f8')\n"
         "z[:] = 1.0\n"  # zarr's loop and I/O thread are running
-        "interrupt.quiet_shutdown()\n"
+        f"interrupt.{hook}()\n"
         "sync.loop[0].call_soon_threadsafe(time.sleep, 1.0)\n"
     )
     r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "z.zarr")], capture_output=True, text=True,
