@@ -466,7 +466,7 @@ def _decoded_pass(attempt: Callable[[int, int | None], RowPassPlan], decoded: tu
     def need(strip: int, lanes: int = 0) -> int:
         return chunk_io(strip, min(width, lanes * c1) if lanes else width, decoded, (m, width), 0)
 
-    error = None
+    error, best = None, None
     for in_flight in range(IO_CONCURRENCY, 0, -1):
         held = in_flight * one
         try:
@@ -474,17 +474,24 @@ def _decoded_pass(attempt: Callable[[int, int | None], RowPassPlan], decoded: tu
         except BudgetError as exc:
             error = exc
             continue
-        if need(plan.strip) == held or (in_flight == 1 and need(plan.strip) <= held):
-            return plan
-        if need(plan.strip) < held:  # fewer chunks in flight than counted: a lower count gives taller strips
-            continue
-        # the strip touches more chunks than counted: strips of whole chunk rows within the count, or
-        # of one chunk row decoded ``in_flight`` chunks at a time
-        rows = (in_flight // across) * c0 if in_flight >= across else c0
-        plan = attempt(held, rows if max_strip is None else min(max_strip, rows))
-        lanes = in_flight if in_flight < across else 0
-        if need(plan.strip, lanes) <= held:
-            return dataclasses.replace(plan, lanes=lanes)
+        if need(plan.strip) < held and in_flight > 1:  # fewer chunks in flight than counted: a lower count
+            continue                                   # gives taller strips
+        if need(plan.strip) > held:
+            # the strip touches more chunks than counted: strips of whole chunk rows within the count, or
+            # of one chunk row decoded ``in_flight`` chunks at a time
+            rows = (in_flight // across) * c0 if in_flight >= across else c0
+            plan = attempt(held, rows if max_strip is None else min(max_strip, rows))
+            lanes = in_flight if in_flight < across else 0
+            if need(plan.strip, lanes) > held:
+                continue
+            plan = dataclasses.replace(plan, lanes=lanes)
+        # the tallest strip: each strip decodes every chunk its rows touch, so strips below a chunk row
+        # decode each chunk again (16-row strips decoded 1536-row chunks 96 times where one chunk at a
+        # time gave 256-row strips); among equal strips, the most chunks decoded at once
+        if best is None or plan.strip > best.strip:
+            best = plan
+    if best is not None:
+        return best
     least = getattr(error, "minimum", None) or memory
     raise BudgetError(explain(
         "memory", "must hold each task's strip and the temporaries of the input's chunks, decoded whole (a raw, "

@@ -77,7 +77,25 @@ def test_row_pass_counts_the_temporaries_of_its_decoded_reads(declared, mib):
     temporaries = chunk_io(p.strip, read, DECODED, (3072, 3072), 0)
     assert p.fixed_bytes >= PROBE.fixed + temporaries
     assert p.peak_memory <= mib * MiB
-    assert (p.lanes == 1) == (mib < 128)  # two chunks' temporaries (108 MiB) and a strip from 128 MiB on
+    # two chunks decoded at once (108 MiB of temporaries) only where their strips are as tall as one chunk at
+    # a time gives (768 rows from 192 MiB)
+    assert (p.lanes == 1) == (mib < 192)
+
+
+def test_row_pass_strips_grow_with_the_budget():
+    """A larger budget never gives shorter strips: each strip decodes every chunk its rows touch, so the plan
+    takes the tallest strip of the chunk counts that fit. Two chunks at once had left 16-row strips at 112 MiB
+    (each 1536-row chunk decoded 96 times) where one at a time gives 512 rows, and the inverse's working chunk
+    fell from 256 at 96 MiB to 16 at 112 MiB."""
+    from blocklin.linalg.inverse.inverse import MEMORY
+    from blocklin.plan.inverse import plan_inverse
+
+    strips = [_plan(PROBE, mib * MiB).strip for mib in range(57, 520, 5)]
+    assert strips == sorted(strips)
+    chunks = [plan_inverse(3072, np.float64, memory=mib * MiB, kernels=MEMORY, source_chunk_bytes=1536 * 1536 * 8,
+                           source_chunks=(1536, 1536), source_decoded=DECODED, method="schur").chunk
+              for mib in range(57, 250, 5)]
+    assert chunks == sorted(chunks)
 
 
 def test_row_pass_below_one_decoded_chunk_is_refused_with_the_fix():
