@@ -310,16 +310,19 @@ def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | Non
     return out
 
 
-def row_bands(path: Any, band_bytes: int = 8 << 20) -> Any:
-    """``(rows, block)`` of a stored 2-D array (committed or a run's own partial) read by bands of whole
-    rows of about ``band_bytes``: a check or a reduction of a small operand (``b``, ``x``) that no pass
-    plans."""
+def row_bands(path: Any, band_bytes: int = 8 << 20, first: int = 0, n: int | None = None) -> Any:
+    """``(rows, block)`` of a stored array (committed or a run's own partial; a vector as one column)
+    read by bands of whole rows of about ``band_bytes``, over its rows ``first:first + n`` (default all),
+    ``rows`` counted from ``first``: a check or a reduction that no pass plans (of a small operand,
+    ``b`` or ``x``, or one pass made only to name a refusal's cause)."""
     arr = open_cached(path, "r")
-    n, k = arr.shape
+    n = arr.shape[0] - first if n is None else n
+    k = arr.shape[1] if arr.ndim == 2 else 1
     step = max(1, band_bytes // max(1, k * arr.dtype.itemsize))
-    for r0 in range(0, n, step):
-        rows = slice(r0, min(n, r0 + step))
-        yield rows, read_block(arr, rows, slice(0, k))
+    for r0 in range(first, first + n, step):
+        rows = slice(r0, min(first + n, r0 + step))
+        block = read_block(arr, rows, slice(0, k)) if arr.ndim == 2 else np.asarray(arr[rows])[:, None]
+        yield slice(rows.start - first, rows.stop - first), block
 
 
 def read_kind(path: Any) -> str:

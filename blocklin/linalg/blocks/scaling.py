@@ -349,19 +349,14 @@ def max_abs(op: Any) -> float:
 
 
 def _row_bands(op: Any) -> Any:
-    """``(first row, |band|)`` for each band of about 8 MiB of a stored operand's rows, read in order
-    (a vector as one column): the unplanned checks' one pass (:func:`max_abs`, :func:`flushed_line`)."""
-    from blocklin.storage.zarr_store import open_cached, read_block
+    """``(first row, |band|)`` of a stored operand's rows by bands of about 8 MiB, in order (a vector as
+    one column): the unplanned checks' one pass (:func:`max_abs`, :func:`flushed_line`)."""
+    from blocklin.storage.zarr_store import row_bands
 
-    arr = open_cached(op.path, "r")
-    first, n = int(getattr(op, "first_row", 0)), int(op.shape[0]) if len(op.shape) else 0
-    cols = arr.shape[1] if arr.ndim == 2 else 1
-    step = max(1, (8 << 20) // max(1, cols * arr.dtype.itemsize))
-    for r0 in range(first, first + n, step):
-        rows = slice(r0, min(first + n, r0 + step))
-        block = read_block(arr, rows, slice(0, cols)) if arr.ndim == 2 else np.asarray(arr[rows])[:, None]
+    n = int(op.shape[0]) if len(op.shape) else 0
+    for rows, block in row_bands(op.path, first=int(getattr(op, "first_row", 0)), n=n):
         if block.size:
-            yield r0 - first, np.abs(block)
+            yield rows.start, np.abs(block)
 
 
 def flushed_line(op: Any, work: Any) -> tuple[str, int, float] | None:
