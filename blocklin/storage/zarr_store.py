@@ -274,8 +274,10 @@ def read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | None
     are counted in :mod:`blocklin._readstats`.
     A chunk that fails to decode or to pass its checksum raises
     :class:`~blocklin.errors.StoreReadError` naming it (:mod:`blocklin.storage.readerrors`).
-    ``lanes``: the most local compressed chunks decoded at once (a row pass whose budget holds fewer
-    chunks' temporaries, :attr:`blocklin.plan.passes.RowPassPlan.lanes`).
+    ``lanes``: the most chunks decoded at once (a row pass whose budget holds fewer chunks' temporaries,
+    :attr:`blocklin.plan.passes.RowPassPlan.lanes`): local compressed chunks by that many threads; through
+    zarr (an object store's compressed chunks), which decodes every chunk of a call at once, by reads of
+    at most that many chunks.
     """
     with reading(arr, rows, cols):
         return _read_block(arr, rows, cols, out, lanes)
@@ -298,6 +300,19 @@ def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | Non
         if rows.step in (None, 1) and cols.step in (None, 1) and out.shape == (rows.stop - rows.start,
                                                                                cols.stop - cols.start):
             return dec.read(rows, cols, out, lanes=lanes)
+    if lanes:
+        groups = _lane_groups(arr, rows, cols, lanes)
+        if groups is not None:  # through zarr, which decodes every chunk of a call at once
+            if out is None:
+                out = np.empty((rows.stop - rows.start, cols.stop - cols.start), dtype=arr.dtype.newbyteorder("="))
+            for rs, cs in groups:
+                sub = out[rs.start - rows.start:rs.stop - rows.start, cs.start - cols.start:cs.stop - cols.start]
+                if sub.dtype == arr.dtype:
+                    _read_block(arr, rs, cs, sub)
+                else:  # a big-endian store read as native
+                    sub[...] = arr[rs, cs]
+                    readstats.count(fetched_bytes(arr, rs, cs))
+            return out
     if out is None:
         out = np.asarray(arr[rows, cols])
         if out.dtype.byteorder not in ("=", "|"):  # a big-endian store (zarr v2 ``>f8``): read as native
@@ -308,6 +323,25 @@ def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | Non
         out[...] = arr[rows, cols]
     readstats.count(fetched_bytes(arr, rows, cols))
     return out
+
+
+def _lane_groups(arr: zarr.Array, rows: slice, cols: slice, lanes: int) -> list[tuple[slice, slice]] | None:
+    """The selection ``rows, cols`` of a 2-D array cut at its chunks' edges into reads of at most ``lanes``
+    chunks each (a row band of chunks at a time, its columns in groups of ``lanes``); None where one read
+    touches no more, or the selection is strided."""
+    rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
+    if rows.step not in (None, 1) or cols.step not in (None, 1) or rows.stop <= rows.start or cols.stop <= cols.start:
+        return None
+    c0, c1 = (int(c) for c in arr.chunks)
+
+    def cuts(sel: slice, c: int) -> list[int]:
+        return [sel.start, *range((sel.start // c + 1) * c, sel.stop, c), sel.stop]
+
+    rcuts, ccuts = cuts(rows, c0), cuts(cols, c1)
+    if (len(rcuts) - 1) * (len(ccuts) - 1) <= lanes:
+        return None
+    return [(slice(r0, r1), slice(ccuts[j], ccuts[min(j + lanes, len(ccuts) - 1)]))
+            for r0, r1 in zip(rcuts, rcuts[1:]) for j in range(0, len(ccuts) - 1, lanes)]
 
 
 def row_bands(path: Any, band_bytes: int = 8 << 20, first: int = 0, n: int | None = None) -> Any:

@@ -172,3 +172,41 @@ def test_frames_and_part_chunks_are_reused_within_a_run(tmp_path, codec, decode_
         np.testing.assert_array_equal(read_block(arr, slice(0, 53), slice(0, 41), out=out), x)
         assert not any(len(k[0]) == 1 for k in pool._free)
     assert not any(len(s) == 1 for s in taken)
+
+
+@pytest.mark.parametrize("out", [True, False])
+@pytest.mark.parametrize("lanes", [1, 2, 3])
+def test_reads_through_zarr_decode_at_most_lanes_chunks_at_once(lanes, out, monkeypatch):
+    """Where zarr decodes the chunks (an object store's compressed chunks, here an in-memory store), a read
+    given ``lanes`` asks zarr for at most that many chunks per call, as the row pass's plan counted
+    (``RowPassPlan.lanes``); zarr decodes every chunk of one call at once. Same values as one read."""
+    import zarr
+    from zarr.storage import MemoryStore
+
+    x = np.random.default_rng(6).standard_normal((70, 90))
+    arr = zarr.create_array(store=MemoryStore(), shape=x.shape, chunks=(16, 20), dtype=x.dtype,
+                            compressors=zarr.codecs.ZstdCodec())
+    arr[...] = x
+    calls = []
+    real_get, real_item = zarr.Array.get_basic_selection, zarr.Array.__getitem__
+
+    def chunks_of(sel):
+        rows, cols = sel
+        return len(range(rows.start // 16, -(-rows.stop // 16))) * len(range(cols.start // 20, -(-cols.stop // 20)))
+
+    def get(self, selection, *a, **kw):
+        calls.append(chunks_of(selection))
+        return real_get(self, selection, *a, **kw)
+
+    def item(self, selection):
+        calls.append(chunks_of(selection))
+        return real_item(self, selection)
+
+    monkeypatch.setattr(zarr.Array, "get_basic_selection", get)
+    monkeypatch.setattr(zarr.Array, "__getitem__", item)
+    for rows, cols in [(slice(0, 16), slice(0, 90)), (slice(5, 40), slice(13, 77)), (slice(0, 70), slice(0, 90))]:
+        calls.clear()
+        dest = np.empty((rows.stop - rows.start, cols.stop - cols.start)) if out else None
+        got = read_block(arr, rows, cols, out=dest, lanes=lanes)
+        np.testing.assert_array_equal(got, x[rows, cols])
+        assert calls and max(calls) <= lanes, calls
