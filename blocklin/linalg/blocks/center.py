@@ -58,11 +58,14 @@ from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, sour
 @dataclasses.dataclass(frozen=True)
 class Moments:
     """Column means and variances (``ddof=0``) of an ``m x n`` matrix, over its ``m`` rows: float64, or
-    of complex data complex128 means and real float64 variances ``mean |x - mu|^2``."""
+    of complex data complex128 means and real float64 variances ``mean |x - mu|^2``. ``nonzero``: whether
+    each column holds a nonzero entry (:func:`nonzero_columns`; ``None``: not known), which a mean and
+    variance that underflowed to 0 no longer tell."""
 
     mean: np.ndarray
     var: np.ndarray
     count: int
+    nonzero: np.ndarray | None = None
 
     def variance(self, ddof: int = 0) -> np.ndarray:
         """Column variances with ``ddof`` delta degrees of freedom (``ddof=1``: the sample variance)."""
@@ -88,6 +91,18 @@ def constant_columns(var: np.ndarray, mean: np.ndarray, count: int) -> np.ndarra
     eps = float(np.finfo(np.float64).eps)
     var = np.asarray(var, dtype=np.float64)
     return var <= count * eps * var + (count * np.abs(mean) * eps) ** 2
+
+
+def nonzero_columns(b: Any, mean: np.ndarray) -> np.ndarray:
+    """Whether each column of the block ``b`` holds a nonzero entry, given the block's column means as
+    summed: a column whose mean is nonzero does; only the others (zero columns, or sums that cancelled or
+    underflowed to 0) are read again, so well-scaled data costs a comparison per column. Exact: the
+    moments of a column of entries ``2^-600`` that sum to 0 are 0, as a zero column's are."""
+    nonzero = np.asarray(mean) != 0
+    rest = np.flatnonzero(~nonzero)
+    if rest.size:
+        nonzero[rest] = np.any(np.asarray(b)[:, rest] != 0, axis=0)
+    return nonzero
 
 
 def acc_dtype(dtype: Any) -> np.dtype:
@@ -151,13 +166,13 @@ def sub_bytes(job: Any, memory: int | None) -> int:
     return max(1, min(_SUB_BYTES, (memory or job.cfg.memory) // 32))
 
 
-def _strip_moments(b: Any, sub: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _strip_moments(b: Any, sub: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Column means, as (shift, offset), and sums of squared deviations of a strip, in float64 (complex128
     means of complex data): the shift is the mean as first summed; the deviations from it, by cache-sized
     blocks of rows, give the offset (their mean, what the sum's rounding left) and their squares, whose
     sum less ``r |offset|^2`` is the strip's M2 (no cancellation: the offset is at the rounding level of the
     mean). The mean ``shift + offset`` is then accurate to its own rounding, which the pairwise update
-    needs (:func:`_merge`)."""
+    needs (:func:`_merge`). Last, which columns hold a nonzero entry (:func:`nonzero_columns`)."""
     b = np.asarray(b)
     r = b.shape[0]
     acc = acc_dtype(b.dtype)
@@ -175,7 +190,7 @@ def _strip_moments(b: Any, sub: int) -> tuple[np.ndarray, np.ndarray, np.ndarray
         np.square(d, out=d)
         m2 += d.sum(axis=0)
     offset = total / max(r, 1)
-    return shift, offset, np.maximum(m2 - abs2(offset) * r, 0.0)
+    return shift, offset, np.maximum(m2 - abs2(offset) * r, 0.0), nonzero_columns(b, shift)
 
 
 @row_kernel(memory=_moments_memory, device="cpu")  # a reduction of the data read: no device products
@@ -184,15 +199,15 @@ def moments_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: 
     column strips of ``A`` (``params["rows_are_columns"]``), the complete mean and M2 of each row
     collected as blocks."""
     if params["rows_are_columns"]:
-        shift, offset, m2 = _strip_moments(np.asarray(arrays[0]).T, params["sub_bytes"])
+        shift, offset, m2, nonzero = _strip_moments(np.asarray(arrays[0]).T, params["sub_bytes"])
         blocks = state or []
-        blocks.append((rows.start, shift + offset, m2))
+        blocks.append((rows.start, shift + offset, m2, nonzero))
         return blocks, None
-    part = _strip_moments(arrays[0], params["sub_bytes"])
+    *part, nonzero = _strip_moments(arrays[0], params["sub_bytes"])
     r = rows.stop - rows.start
     if state is None:
-        return (r, *part), None
-    return _merge(*state, r, *part), None
+        return (r, *part, nonzero), None
+    return (*_merge(*state[:4], r, *part), state[4] | nonzero), None
 
 
 def _moments_normal_memory(params: Any, sources: tuple) -> PassMemory:
@@ -217,11 +232,11 @@ def moments_normal_kernel(device: Any, arrays: tuple, rows: slice, params: Any, 
         z = np.conjugate(b.T @ np.conjugate(y)).astype(np.complex128)
     else:
         z = (b.T @ y).astype(np.float64)
-    part = _strip_moments(b, params["sub_bytes"])
+    *part, nonzero = _strip_moments(b, params["sub_bytes"])
     r = rows.stop - rows.start
     if state is None:
-        return (r, *part, z), None
-    return (*_merge(*state[:4], r, *part), state[4] + z), None
+        return (r, *part, z, nonzero), None
+    return (*_merge(*state[:4], r, *part), state[4] + z, state[5] | nonzero), None
 
 
 def _merge_comoments(n1: int, k1: np.ndarray, o1: np.ndarray, c1: np.ndarray, n2: int, k2: np.ndarray,
@@ -289,12 +304,13 @@ def moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, st
             # the block's mean as (shift, offset) and d its deviations from it (the merges need the
             # mean accurate to its rounding: _merge)
             shift, offset = _shift_and_offset(d)
+            nonzero = nonzero_columns(a[r0:r0 + k], shift)
             if state is None:
-                state = (k, shift, offset, np.zeros((w, w), acc))
+                state = (k, shift, offset, np.zeros((w, w), acc), nonzero)
                 syrk_acc(state[3], d)
             else:
                 syrk_acc(state[3], d)  # the block's co-moments, added in place
-                state = _merge_comoments(*state, k, shift, offset, None)
+                state = (*_merge_comoments(*state[:4], k, shift, offset, None), state[4] | nonzero)
     return state, None
 
 
@@ -320,11 +336,12 @@ def moments_and_gram(job: Any, A: Any, *, memory: int | None = None, reserve: in
     plan = plan_moments_gram(job, A, memory=memory, reserve=reserve, min_tasks=min_tasks, workers=workers)
     states, _ = run_pass(job, moments_gram_kernel, [source(A)], {}, plan=plan, scale=scale,
                          description="column means and the centered Gram (pass over A)")
-    cnt, shift, offset, c = states[0]
+    cnt, shift, offset, c, nonzero = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
-        cnt, shift, offset, c = _merge_comoments(cnt, shift, offset, c, *st)
+        cnt, shift, offset, c = _merge_comoments(cnt, shift, offset, c, *st[:4])
+        nonzero = nonzero | st[4]
     c = symmetrize_lower(c)
-    return Moments(shift + offset, np.diag(c).real.copy() / cnt, cnt), c
+    return Moments(shift + offset, np.diag(c).real.copy() / cnt, cnt, nonzero), c
 
 
 def _row_gram_memory(params: Any, sources: tuple) -> PassMemory:
@@ -352,7 +369,7 @@ def row_moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any
     acc = acc_dtype(b.dtype)
     if state is None:
         state = {"g": np.zeros((w, w), acc), "rows": []}
-    mean, m2 = np.empty(h, acc), np.empty(h)
+    mean, m2, nonzero = np.empty(h, acc), np.empty(h), np.empty(h, bool)
     # The deviations by blocks of rows (MOMENTS_BLOCK_BYTES; each row's mean is its own), in a buffer the
     # run's previous strip left (fresh ones fault every page: pool), in the strip's own order: a strip of
     # B = A^T comes by columns (A's rows), and SYRK sums it as it lies (device.syrk). On 65536 x 64
@@ -368,6 +385,7 @@ def row_moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any
             np.copyto(d, b[r0:r1])
             mu = mean[r0:r1]
             np.divide(d.sum(axis=1), max(w, 1), out=mu)
+            nonzero[r0:r1] = nonzero_columns(b[r0:r1].T, mu)
             d -= mu[:, None]
             m2[r0:r1] = abs2(d).sum(axis=1) if d.dtype.kind == "c" else np.einsum("ij,ij->i", d, d)
             if not params["center"]:  # standardized only: the rows themselves, scaled
@@ -377,7 +395,7 @@ def row_moments_gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any
                 # a constant row keeps its scale 1 (Moments.std)
                 d /= np.where(constant_columns(var, mu, w), 1.0, np.sqrt(var))[:, None]
             syrk_acc(state["g"], d)
-    state["rows"].append((rows.start, mean, m2))
+    state["rows"].append((rows.start, mean, m2, nonzero))
     return state, None
 
 
@@ -413,14 +431,14 @@ def moments_and_row_gram(job: Any, A: Any, *, center: bool, standardize: bool, m
     states, _ = run_pass(job, row_moments_gram_kernel, [source(A, transposed=True)], params, plan=plan, scale=scale,
                          description="column means and the centered Gram of the rows (pass over A)")
     m, n = A.shape
-    mean, m2, g = np.empty(n, acc_dtype(A.dtype)), np.empty(n), None
+    mean, m2, nonzero, g = np.empty(n, acc_dtype(A.dtype)), np.empty(n), np.empty(n, bool), None
     for st in states:  # row order: the result does not depend on the scheduler
         part = np.asarray(st["g"])
         # the first task's sum is the total where writable (a state from a cluster may be read-only)
         g = (part if part.flags.writeable else part.copy()) if g is None else np.add(g, part, out=g)
-        for r0, mu, s in st["rows"]:
-            mean[r0:r0 + mu.size], m2[r0:r0 + mu.size] = mu, s
-    return Moments(mean, m2 / m, m), symmetrize_lower(g)
+        for r0, mu, s, nz in st["rows"]:
+            mean[r0:r0 + mu.size], m2[r0:r0 + mu.size], nonzero[r0:r0 + mu.size] = mu, s, nz
+    return Moments(mean, m2 / m, m, nonzero), symmetrize_lower(g)
 
 
 def _moments_params(job: Any, A: Any, memory: int | None, reserve: int) -> dict:
@@ -449,15 +467,16 @@ def column_moments(job: Any, A: Any, *, memory: int | None = None, reserve: int 
     states, _ = run_pass(job, moments_kernel, [source(A, transposed=wide)], _moments_params(job, A, memory, reserve),
                          plan=plan, over=over, scale=scale, description=f"column means (pass over {over.upper()})")
     if wide:
-        mean, m2 = np.empty(n, acc_dtype(A.dtype)), np.empty(n)
+        mean, m2, nonzero = np.empty(n, acc_dtype(A.dtype)), np.empty(n), np.empty(n, bool)
         for st in states:
-            for r0, mu, s in st:
-                mean[r0:r0 + mu.size], m2[r0:r0 + mu.size] = mu, s
-        return Moments(mean, m2 / m, m)
-    cnt, shift, offset, m2 = states[0]
+            for r0, mu, s, nz in st:
+                mean[r0:r0 + mu.size], m2[r0:r0 + mu.size], nonzero[r0:r0 + mu.size] = mu, s, nz
+        return Moments(mean, m2 / m, m, nonzero)
+    cnt, shift, offset, m2, nonzero = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
-        cnt, shift, offset, m2 = _merge(cnt, shift, offset, m2, *st)
-    return Moments(shift + offset, m2 / cnt, cnt)
+        cnt, shift, offset, m2 = _merge(cnt, shift, offset, m2, *st[:4])
+        nonzero = nonzero | st[4]
+    return Moments(shift + offset, m2 / cnt, cnt, nonzero)
 
 
 def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None, reserve: int = 0,
@@ -473,12 +492,12 @@ def moments_and_normal(job: Any, A: Any, q: np.ndarray, *, memory: int | None = 
     qd = params["Q"]
     states, _ = run_pass(job, moments_normal_kernel, [source(A)], params, memory=memory, reserve=reserve, scale=scale,
                          description="column means and the first product (pass over A)")
-    cnt, shift, offset, m2, z = states[0]
+    cnt, shift, offset, m2, z, nonzero = states[0]
     for st in states[1:]:  # row order: the result does not depend on the scheduler
         cnt, shift, offset, m2 = _merge(cnt, shift, offset, m2, *st[:4])
-        z = z + st[4]
+        z, nonzero = z + st[4], nonzero | st[5]
     mean = shift + offset
-    return Moments(mean, m2 / cnt, cnt), z - cnt * np.outer(np.conjugate(mean), mean @ qd.astype(z.dtype))
+    return Moments(mean, m2 / cnt, cnt, nonzero), z - cnt * np.outer(np.conjugate(mean), mean @ qd.astype(z.dtype))
 
 
 def moments_and_normal_fits(job: Any, A: Any, q: np.ndarray, *, memory: int | None = None,
@@ -505,20 +524,22 @@ def moments_incore(b: np.ndarray, transposed: bool) -> Moments:
     step = max(1, (1 << 20) // max(1, b.shape[1]))
     acc = acc_dtype(b.dtype)
     if transposed:  # each row of b is a column of A
-        mean, m2 = np.empty(b.shape[0], acc), np.empty(b.shape[0])
+        mean, m2, nonzero = np.empty(b.shape[0], acc), np.empty(b.shape[0]), np.empty(b.shape[0], bool)
         for r0 in range(0, b.shape[0], step):
             x = b[r0:r0 + step].astype(acc)
             mean[r0:r0 + x.shape[0]] = mu = x.mean(axis=1)
             m2[r0:r0 + x.shape[0]] = abs2(x - mu[:, None]).sum(axis=1)
-        return Moments(mean, m2 / b.shape[1], b.shape[1])
-    state = None
+            nonzero[r0:r0 + x.shape[0]] = nonzero_columns(b[r0:r0 + step].T, mu)
+        return Moments(mean, m2 / b.shape[1], b.shape[1], nonzero)
+    state = nonzero = None
     for r0 in range(0, b.shape[0], step):
         x = b[r0:r0 + step].astype(acc)
         shift, offset = _shift_and_offset(x)  # x: the deviations (the merges need accurate means: _merge)
+        nz = nonzero_columns(b[r0:r0 + step], shift)
         part = (x.shape[0], shift, offset, abs2(x).sum(axis=0))
-        state = part if state is None else _merge(*state, *part)
+        state, nonzero = (part, nz) if state is None else (_merge(*state, *part), nonzero | nz)
     cnt, shift, offset, m2 = state
-    return Moments(shift + offset, m2 / cnt, cnt)
+    return Moments(shift + offset, m2 / cnt, cnt, nonzero)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,7 +49,7 @@ def moments_gram(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None, *, c
     (:func:`blocklin.linalg.lowrank.updatable.kept_state`) when made here (tall ``A``)."""
     saved = ckpt.load("moments") if ckpt is not None else None
     if saved is not None and ckpt.load("gram") is not None:
-        return Moments(saved["mean"], saved["var"], int(saved["count"])), None
+        return _restored(saved), None
     if plan.transposed:  # B = A^T: the rows of B (columns of A) are whole in every strip
         row_gram = {"center": center, "standardize": scale}
         split = moments_gram_split(job, A, plan.memory, plan.client_bytes, row_gram=row_gram)
@@ -78,7 +78,7 @@ def _saved(ckpt: Checkpoints | None, moments: Moments, g: np.ndarray, plan: SvdP
     q = gram_subspace(g, plan.block)
     del g
     if ckpt is not None:
-        ckpt.save("moments", mean=moments.mean, var=moments.var, count=moments.count)
+        ckpt.save("moments", **_checkpointed(moments))
     return moments, q
 
 
@@ -88,7 +88,7 @@ def means_pass(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None,
     from the checkpoint of an interrupted run."""
     saved = ckpt.load("moments") if ckpt is not None else None
     if saved is not None:
-        return Moments(saved["mean"], saved["var"], int(saved["count"])), saved.get("first")
+        return _restored(saved), saved.get("first")
     first = None
     if start is not None:
         moments, first = scaling.run(job, lambda sc: moments_and_normal(job, A, start, memory=plan.memory,
@@ -98,6 +98,17 @@ def means_pass(job: Job, A: Any, plan: SvdPlan, ckpt: Checkpoints | None,
                                                              reserve=plan.client_bytes, scale=sc))
     save_scaling(ckpt, scaling)
     if ckpt is not None:
-        ckpt.save("moments", mean=moments.mean, var=moments.var, count=moments.count,
-                  **({"first": first} if first is not None else {}))
+        ckpt.save("moments", **_checkpointed(moments), **({"first": first} if first is not None else {}))
     return moments, first
+
+
+def _checkpointed(moments: Moments) -> dict:
+    """The arrays of ``moments`` a checkpoint keeps (which columns are nonzero where the pass knew it:
+    :func:`~blocklin.linalg.lowrank.run.check_standardizable` reads it)."""
+    kept = {"mean": moments.mean, "var": moments.var, "count": moments.count}
+    return kept if moments.nonzero is None else {**kept, "nonzero": moments.nonzero}
+
+
+def _restored(saved: dict) -> Moments:
+    """The :class:`Moments` of a checkpoint (:func:`_checkpointed`)."""
+    return Moments(saved["mean"], saved["var"], int(saved["count"]), saved.get("nonzero"))

@@ -184,13 +184,18 @@ def check_standardizable(moments: Moments | None, scaling: Scaling | ProductScal
     underflow threshold, some subnormal), is then 0 or has lost digits, so the column was taken as constant (centered to
     zero) or divided by a wrong standard deviation, while standardizing makes it a column like the others:
     the singular values had come out finite and wrong (one column 2^-660 times the others, a randomized
-    search). A column that is zero (mean and variance 0) stays zero, as it should."""
+    search). A column whose mean is 0 as well (entries ``2^-600`` that sum to 0) is told from a zero column
+    by the pass's count of its nonzero entries (``Moments.nonzero``): a zero column stays zero, as it
+    should."""
     if not scale or moments is None:
         return
     info = np.finfo(np.float64)
     floor = float(info.tiny / info.eps)
     var, mean = np.asarray(moments.var, dtype=np.float64), np.abs(np.asarray(moments.mean))
-    lost = np.flatnonzero((var < floor) & (mean < np.sqrt(floor)) & ((var != 0) | (mean != 0)))
+    nonzero = (var != 0) | (mean != 0)
+    if moments.nonzero is not None:
+        nonzero |= np.asarray(moments.nonzero, dtype=bool)
+    lost = np.flatnonzero((var < floor) & (mean < np.sqrt(floor)) & nonzero)
     if lost.size:
         j = int(lost[0])
         raise ParameterError(explain(
