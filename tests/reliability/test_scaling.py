@@ -188,16 +188,30 @@ def _paired(x):
 
 
 @pytest.mark.parametrize("wide", [False, True])
-@pytest.mark.parametrize("memory,scheduler", [(IN_MEMORY, "sync"), (STREAM, "threads"),
-                                              pytest.param(STREAM, "processes", marks=pytest.mark.slow)])
-def test_standardized_column_of_zero_mean_far_below_the_others(tall, wide, memory, scheduler):
+@pytest.mark.parametrize("memory,scheduler,device", [(IN_MEMORY, "sync", "cpu"), (STREAM, "threads", "cpu"),
+                                                     (IN_MEMORY, "sync", "gpu"), (STREAM, "threads", "gpu"),
+                                                     pytest.param(STREAM, "processes", "cpu", marks=pytest.mark.slow)])
+def test_standardized_column_of_zero_mean_far_below_the_others(tall, wide, memory, scheduler, device):
     """A column far below the others whose mean is exactly 0 (entries ``+-2^-600`` in pairs, or a column
     ``2^-660`` times the others): its mean and variance both came out 0, which the refusal of
     :func:`test_standardized_columns_far_below_the_others` took for a zero column, so it was centered away
     and the singular values came out finite and wrong with converged=True (``s_3`` 33.90 for NumPy's
     34.23 of the column scaled up by its power of two, tall; wide, every method, in memory and out of
     core). Refused now by name on every route; a zero column stays zero, as NumPy's standardization with
-    its scale 1 keeps it: Weyl, ``|ds| <= 16 m eps s_1``, plus the convergence of the run."""
+    its scale 1 keeps it: Weyl, ``|ds| <= 16 m eps s_1``, plus the convergence of the run. ``device="gpu"``:
+    under the CuPy stand-in (the moments passes read on the CPU, the products on the device)."""
+    if device == "cpu":
+        _zero_mean_column_refused(tall, wide, dict(memory=memory, scheduler=scheduler, seed=3))
+        return
+    from support import cupy_standin
+
+    with cupy_standin.installed():
+        _zero_mean_column_refused(tall, wide, dict(memory=memory, scheduler=scheduler, device=device, seed=3))
+        cupy_standin.synchronize_all()
+        assert not cupy_standin.STATE.races
+
+
+def _zero_mean_column_refused(tall, wide, options):
     from blocklin.runtime.powers import ldexp
 
     base = np.random.default_rng(11).standard_normal((16, 600)) if wide else tall
@@ -209,15 +223,15 @@ def test_standardized_column_of_zero_mean_far_below_the_others(tall, wide, memor
         for method in ("auto", "rsvd", "lanczos", "gram"):
             with pytest.raises(ParameterError, match=r"scale: needs each column's variance.*column 6 first.*power "
                                                      r"of two"):
-                bl.svd(b, 3, center=True, scale=True, seed=3, memory=memory, method=method, scheduler=scheduler)
+                bl.svd(b, 3, center=True, scale=True, method=method, **options)
         with pytest.raises(ParameterError, match=r"scale: needs each column's variance"):
-            bl.pca(b, 3, scale=True, seed=3, memory=memory, scheduler=scheduler)
+            bl.pca(b, 3, scale=True, **options)
     z = base.copy()
     z[:, j] = 0.0
     y = (z - z.mean(axis=0)) / np.where(np.arange(z.shape[1]) == j, 1.0, z.std(axis=0))
     ref = np.linalg.svd(y, compute_uv=False)[:3]
     for method in ("auto", "rsvd", "lanczos", "gram"):
-        got = bl.svd(z, 3, center=True, scale=True, seed=3, memory=memory, method=method, scheduler=scheduler)
+        got = bl.svd(z, 3, center=True, scale=True, method=method, **options)
         rr = max(got.report["relative_residuals"])
         assert_close_to(got.s, ref, bound=(16 * max(z.shape) * eps(np.float64) + 4 * rr) * float(ref[0]),
                         what=f"standardized svd with a zero column, {method}")
