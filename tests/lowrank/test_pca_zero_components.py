@@ -85,6 +85,26 @@ def test_standardized_matches_sklearn_on_scaled_data():
     assert ours.noise_variance_ == pytest.approx(8 * 200 / 199 / 9, rel=1e-13)
 
 
+@pytest.mark.parametrize("memory", [None, "least"], ids=["in-memory", "streamed"])
+@pytest.mark.parametrize("e,zero_mean", [(660, False), (600, True)])
+def test_standardized_column_far_below_the_others_is_refused(e, zero_mean, memory, tmp_path):
+    """``scale=True`` with a column ``2^-e`` times the others (its squares below float64's range; with
+    ``zero_mean`` its entries in pairs ``+-x`` that sum to exactly 0): its variance came out 0 and the
+    column counted as constant, so the total variance of the standardized columns came out 8 for 9
+    (``8 * 200 / 199`` for ``9 * 200 / 199``), finite and wrong. Refused as the SVD's route refuses it
+    (:func:`blocklin.linalg.lowrank.run.check_standardizable`); a zero column stays a constant one."""
+    x = make(200, 9, np.float64, seed=2)
+    col = x[:, 3].copy()
+    if zero_mean:
+        col[1::2] = -col[0::2]
+    x[:, 3] = np.ldexp(col, -e)
+    with pytest.raises(ParameterError, match=r"scale: needs each column's variance.*column 4 first.*power of two"):
+        run(lambda mem: bl.pca(x, 0, scale=True, memory=mem, temp_dir=str(tmp_path)), memory)
+    x[:, 3] = 0.0
+    ours = run(lambda mem: bl.pca(x, 0, scale=True, memory=mem, temp_dir=str(tmp_path)), memory)
+    assert ours.total_variance_ == pytest.approx(8 * 200 / 199, rel=8 * 200 * eps(np.float64))
+
+
 def test_complex_isotropic_model():
     """Complex data: the circularly symmetric ``CN(mu, noise I)``, noise ``sum mean |x - mu|^2 / min(m, n)``
     (``ddof=1``), the density ``exp(-|x - mu|^2 / noise) / (pi noise)^n``."""

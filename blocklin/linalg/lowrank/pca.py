@@ -32,6 +32,7 @@ from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain
 from blocklin.linalg.blocks.center import Moments, column_moments
 from blocklin.linalg.blocks.scaling import Scaling, unscale
 from blocklin.linalg.labels import check_features, label_pca, label_rows, labels_of
+from blocklin.linalg.lowrank.run import check_standardizable
 from blocklin.linalg.lowrank.svd import factorize
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.linalg.lowrank.sparse_pca import sparse_pca
@@ -470,6 +471,7 @@ def _isotropic(a: Any, *, whiten: bool, scale: bool, out: Any, updatable: bool, 
         # the power of two of data whose squares leave float64's range (blocklin.linalg.blocks.scaling)
         scaling = Scaling.of(source(A, transposed=m < n), A.dtype)
         mom = scaling.run(job, lambda sc: column_moments(job, A, scale=sc))
+        check_standardizable(mom, scaling, scale=scale)  # as the SVD's: a lost variance is no constant column
         e = scaling.exponent
         passes = job.passes("a")
         report = job.report(method="moments", passes=passes, in_core=False,
