@@ -390,6 +390,33 @@ def test_mixed_precision_of_a_line_its_cast_flushes_names_it(line, memory):
                  dtype=np.float64)
 
 
+@pytest.mark.parametrize("memory", ["64MiB", "256KiB"])
+def test_mixed_precision_cholesky_of_a_line_its_cast_flushes_names_it(memory):
+    """A positive definite float64 ``D A D`` whose row and column 8 are ``2^-330`` times the others (its
+    diagonal entry ``2^-660`` times): the float32 cast of ``precision="mixed"`` flushes that row and column
+    to zero, and the Cholesky's pivot 0 had been refused as an ``A`` not positive definite (fix: a ridge, or
+    assume_a='gen'). It is named as the LU's flushed line is, with a fix that keeps ``A`` symmetric; both
+    fixes solve it."""
+    rng = np.random.default_rng(0)
+    n = 50
+    g = rng.standard_normal((n, n))
+    base = g @ g.T / n + 5 * np.eye(n)
+    d = np.ones(n)
+    d[7] = 2.0 ** -330
+    a, b = d[:, None] * base * d, d * rng.standard_normal(n)
+    with pytest.raises(ParameterError, match=r"precision: a float32 factorization needs every row and column.*"
+                       r"got row and column 8 of A: max \|a\| = .*e-10\d.*Fix: pass precision='double', or scale "
+                       r"row and column 8 of a and entry 8 of b by 2\.0\*\*33\d") as refused:
+        bl.solve(a, b, assume_a="pos", precision="mixed", memory=memory)
+    back = np.ones(n)  # the scaling fix the refusal names, exact (compared on the scaled system, y = x / back)
+    back[7] = 2.0 ** int(re.search(r"by 2\.0\*\*(\d+)", str(refused.value)).group(1))
+    scaled, bs = back[:, None] * a * back, back * b
+    ref = sl.solve(scaled, bs, assume_a="pos")
+    assert_solve(bl.solve(a, b, assume_a="pos", memory=memory).to_numpy().ravel() / back, ref, scaled,
+                 dtype=np.float64)
+    assert_solve(bl.solve(scaled, bs, assume_a="pos", precision="mixed", memory=memory).to_numpy().ravel(), ref,
+                 scaled, dtype=np.float64)
+
 def test_cli_solve_names_the_range(tmp_path, capsys):
     a64, b64 = _tiny_system(np.float32, -130)
     a = bl.from_array(a64.astype(np.float32), tmp_path / "a.zarr")

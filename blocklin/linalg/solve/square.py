@@ -567,13 +567,17 @@ def _factor(job: Job, A: Any, fdt: np.dtype, assume_a: str, stores: dict) -> tup
     """The stored factorization for ``assume_a`` and why it was chosen (``stores``: per kind of factor, its
     store, plan and folder of tile markers). A narrower ``fdt`` (``precision="mixed"``) that meets a zero
     pivot or an indefinite ``A`` is refused by name where ``A``'s range is beyond it (a pass for ``max |A|``,
-    on that failure only)."""
+    on that failure only), and a Cholesky's nonpositive pivot where the cast flushed one row and column of
+    ``A`` (:func:`_flushed_line_refusal`, as the LU's zero pivot)."""
     try:
         return _factor_as(job, A, fdt, assume_a, stores)
     except (SingularMatrixError, NotPositiveDefiniteError) as err:
         if np.dtype(fdt).itemsize < np.dtype(A.dtype).itemsize:
             refusal = narrow_range_refusal(max_abs(A), A.dtype, fdt, "pass precision='double', or scale a by a "
                                            "power of two into float32's range")
+            if refusal is None and isinstance(err, NotPositiveDefiniteError) and \
+                    getattr(job, "math", None) not in HALF:
+                refusal = _flushed_line_refusal(A, fdt, symmetric=True)
             if refusal is not None:
                 raise refusal from err
         raise
@@ -687,8 +691,10 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
                                      "pass precision='double', or scale A" if not half else
                                      "pass precision='bf16' (float32's range) or 'mixed'"))
     if n and not f.min_pivot > 0.0:  # a zero pivot, or NaN ones (a cast that overflowed): _factor names which
-        if fdt.itemsize < np.dtype(A.dtype).itemsize and getattr(job, "math", None) not in HALF:
-            _refuse_flushed_line(A, fdt)
+        refusal = _flushed_line_refusal(A, fdt) if fdt.itemsize < np.dtype(A.dtype).itemsize and \
+            getattr(job, "math", None) not in HALF else None
+        if refusal is not None:
+            raise refusal
         raise SingularMatrixError(explain("a", "must be nonsingular for a square solve", "LU with partial pivoting "
                                           "met an exact zero pivot (A is singular)", "blocklin.lstsq(a, b) for the "
                                           "minimum-norm least-squares solution, or regularize (lam > 0)"))
@@ -700,24 +706,33 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
                    growth=growth, min_pivot=f.min_pivot, max_a=f.max_a)
 
 
-def _refuse_flushed_line(A: Any, fdt: np.dtype) -> None:
-    """A float32 factorization of float64 ``A`` met a zero pivot: where the cast flushed a whole row or
-    column below float32's range (a row ``2^-660`` times the others), that is the cause, named with the
-    fix, not a singular ``A`` (the factorization in float64 solves it)."""
+def _flushed_line_refusal(A: Any, fdt: np.dtype, *, symmetric: bool = False) -> Exception | None:
+    """A float32 factorization of float64 ``A`` met a zero pivot (the LU's), or a nonpositive one (the
+    Cholesky's, ``symmetric``): where the cast flushed a whole row or column below float32's range (a row
+    ``2^-660`` times the others), that is the cause, named with the fix, not a singular or indefinite ``A``
+    (the factorization in float64 solves it). None otherwise. A symmetric ``A``'s fix scales the row and
+    its column together, so that it stays symmetric, by the power of two that brings the row's largest
+    entry near 1: its diagonal entry, scaled twice, cannot then fall below the range (``a_ij^2 <= a_ii a_jj``
+    of a positive definite ``A``); where it leaves the range above, the factorization says so."""
     if narrow_range_refusal(max_abs(A), A.dtype, fdt, "") is not None:
-        return  # the whole of A is beyond the range: _factor names that, for every line
+        return None  # the whole of A is beyond the range: _factor names that, for every line
     line = flushed_line(A, fdt)
     if line is None:
-        return
+        return None
     kind, i, top = line
-    low = narrow_range(fdt)[0]
-    scale = (f"scale row {i + 1} of a and entry {i + 1} of b by 2.0**{-int(np.frexp(top)[1])} (exact: x is unchanged)"
-             if kind == "row" else f"scale column {i + 1} of a by 2.0**{-int(np.frexp(top)[1])} (exact: entry "
-             f"{i + 1} of x is then scaled by its inverse)")
-    raise ParameterError(explain("precision", f"a {fdt.name} factorization needs every row and column of A within "
-                                 f"{fdt.name}'s range (above {low:.3g}): a {kind} its cast flushes makes the "
-                                 "factorization singular where A is not", f"{kind} {i + 1} of A: max |a| = {top:.3g}",
-                                 f"pass precision='double', or {scale}"))
+    low, p = narrow_range(fdt)[0], -int(np.frexp(top)[1])
+    if symmetric:
+        kind, scale = "row and column", (f"scale row and column {i + 1} of a and entry {i + 1} of b by 2.0**{p} "
+                                         f"(exact, and a stays symmetric: entry {i + 1} of x is then scaled by its "
+                                         "inverse)")
+    elif kind == "row":
+        scale = f"scale row {i + 1} of a and entry {i + 1} of b by 2.0**{p} (exact: x is unchanged)"
+    else:
+        scale = f"scale column {i + 1} of a by 2.0**{p} (exact: entry {i + 1} of x is then scaled by its inverse)"
+    return ParameterError(explain("precision", f"a {fdt.name} factorization needs every row and column of A within "
+                                  f"{fdt.name}'s range (above {low:.3g}): a {kind} its cast flushes makes the "
+                                  "factorization singular where A is not", f"{kind} {i + 1} of A: max |a| = {top:.3g}",
+                                  f"pass precision='double', or {scale}"))
 
 
 def _growth_refusal(max_a: float, max_u: float, fdt: np.dtype) -> Exception:
