@@ -196,3 +196,33 @@ def test_updated_scores_have_the_same_bits_on_every_scheduler(tmp_path):
     assert got[0].report["updated"]["scores"] == "rotated" and got[1].report["tasks"] > 2
     u = [r.U.to_numpy() for r in got]
     assert np.array_equal(u[0], u[1]) and np.array_equal(u[0], u[2])
+
+
+@pytest.mark.parametrize("kind", ["svd", "pca"])
+@pytest.mark.parametrize("mean", ["zero", "nonzero"])
+def test_update_refuses_a_standardized_column_whose_variance_left_the_range(tmp_path, kind, mean):
+    """``scale=True``: new rows that put entries ``2^-600`` into a column that was zero (summing to 0, or
+    not) are refused by name, as ``svd`` refuses such a column: their squares underflow, so the merged
+    co-moments gave the column variance 0 and the update standardized it as a constant column (finite,
+    wrong singular values, converged=True). The result kept is unchanged."""
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((400, 8))
+    a[:, 3] = 0.0
+    bl.from_array(a, tmp_path / "A.zarr", chunks=(100, 8))
+    fit = (lambda *a, **kw: bl.svd(*a, center=True, **kw)) if kind == "svd" else bl.pca  # pca centers
+    fit(tmp_path / "A.zarr", 3, out=tmp_path / "F.zarr", updatable=True, scale=True)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "F.zarr").rglob("*") if p.is_file()}
+    new = rng.standard_normal((40, 8))
+    new[:, 3] = (np.tile([1.0, -1.0], 20) if mean == "zero" else 1.0 + rng.random(40)) * 2.0**-600
+    bl.append(tmp_path / "A.zarr", new)
+    with pytest.raises(ParameterError, match=r"scale: needs each column's variance.*column 4"):
+        bl.update(tmp_path / "F.zarr")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "F.zarr").rglob("*") if p.is_file()} == before
+    # the fix the message gives: that column times a power of two near 1 / its largest magnitude, then a
+    # fresh fit matches NumPy's standardized SVD of the grown matrix
+    grown = np.vstack([a, new])
+    grown[:, 3] *= 2.0**600
+    z = (grown - grown.mean(axis=0)) / grown.std(axis=0)
+    ref = np.linalg.svd(z, compute_uv=False)[:3]
+    got = bl.svd(bl.from_array(grown, tmp_path / "B.zarr", chunks=(100, 8)), 3, center=True, scale=True)
+    assert_singular_values(got.s, ref, n=grown.shape[0], gram=True)  # the Gram route's bound covers every method

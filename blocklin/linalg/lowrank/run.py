@@ -177,7 +177,7 @@ def check_unscaled_constants(moments: Moments | None, scaling: Scaling | Product
             "becomes zero), or drop the constant columns, or bring the data nearer 1 first"))
 
 
-def check_standardizable(moments: Moments | None, scaling: Scaling | ProductScaling, *, scale: bool) -> None:
+def check_standardizable(moments: Moments | None, scaling: Scaling | ProductScaling | None, *, scale: bool) -> None:
     """Refuse ``scale`` where a column's squares left float64's range in the data as the moments pass read it
     (``2^-e A``): entries ``2^-485`` and more below the largest (one power of two scales them all). Its
     variance, below ``2^-970`` (the smallest normal number over ``eps``: squares within 52 bits of the
@@ -189,6 +189,7 @@ def check_standardizable(moments: Moments | None, scaling: Scaling | ProductScal
     should."""
     if not scale or moments is None:
         return
+    e = scaling.exponent if scaling is not None else 0  # None: moments of the data as stored
     info = np.finfo(np.float64)
     floor = float(info.tiny / info.eps)
     var, mean = np.asarray(moments.var, dtype=np.float64), np.abs(np.asarray(moments.mean))
@@ -200,7 +201,7 @@ def check_standardizable(moments: Moments | None, scaling: Scaling | ProductScal
         j = int(lost[0])
         raise ParameterError(explain(
             "scale", "needs each column's variance within float64's range in the data as read (its squares "
-            f"{'scaled by 2^' + str(-scaling.exponent) + ' ' if scaling.exponent else ''}above 2^-970), to "
+            f"{'scaled by 2^' + str(-e) + ' ' if e else ''}above 2^-970), to "
             "standardize it", f"{lost.size} column(s) (column {j + 1} first: mean {float(mean[j]):.3g}, variance "
             f"{float(var[j]):.3g}) far below the largest entry", "multiply those columns by a power of two near "
             "1 / their largest magnitude first (exact, and standardizing is unchanged by it), or drop them"))

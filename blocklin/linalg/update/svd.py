@@ -53,6 +53,7 @@ from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.center import Moments, merge_comoments, moments_and_gram
 from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.lowrank.methods import component_signs
+from blocklin.linalg.lowrank.run import check_standardizable
 from blocklin.linalg.lowrank.svd import SVDResult, default_tol
 from blocklin.linalg.lowrank.triplets import triplet_report
 from blocklin.linalg.lowrank.updatable import COMOMENTS, MEAN
@@ -179,6 +180,11 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
     if not np.isfinite(cp).all():
         return Recompute("the new rows' squares leave float64's range")
     m1, mean, c = merge_comoments(m0, old.mean, old.C.copy(), p, mom.mean, cp)
+    if upd["scale"]:  # as the svd refuses it: a column whose variance left the range is no constant column
+        kept = (old.mean != 0) | (np.diag(old.C).real != 0)
+        nonzero = kept | mom.nonzero if mom.nonzero is not None else kept
+        check_standardizable(Moments(mean, np.maximum(np.diag(c).real, 0.0) / max(m1, 1), m1, nonzero),
+                             None, scale=True)
     f = _factors(old, m0, m1, mean, c)
     if f.zero.any():  # U's columns there are an orthonormal completion, orthogonal to range(A) over every row
         return Recompute(f"singular value(s) {[int(i) + 1 for i in np.flatnonzero(f.zero)][:10]} of the grown matrix are "
