@@ -29,6 +29,9 @@ cleanup, starts the operation over instead of mixing old and new intermediates).
 inputs' content stamps (:meth:`~blocklin.runtime.job.Job.work_dir`), and an output whose inputs
 changed starts over (:mod:`blocklin.storage.stamps`), so an input rewritten since the interrupted
 run never meets that run's steps. :class:`StepRecords` beside the output's markers go with them.
+The output also records where its work folder is: a rerun under another temp dir finds no steps
+in its own folder and starts over there (the temp dir it is given holds its intermediates), removing
+the folder the interrupted run kept in the first temp dir, which no rerun could continue any more.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from blocklin.storage.records import OWNER_RECORD
 from blocklin.storage.zarr_store import create_array
 
 _RUN = "run-id"
+#: In the output's marker folder: the work folder that holds the steps of the run it records.
+_WHERE = "work-folder"
 
 
 class StepRecords:
@@ -123,15 +128,35 @@ class Stages:
         run = raw.decode() if raw is not None else None
         self.resumed = bool(resume and run and is_done(marker_dir, f"run-{run}"))
         if not self.resumed:
+            self._drop_previous(marker_dir)
             self._clear()
             if start is not None:
                 start()
             run = uuid.uuid4().hex[:16]
             self._be.write_bytes(_RUN, run.encode())
             mark_done(marker_dir, f"run-{run}")
+            backend(marker_dir).write_bytes(_WHERE, folder.url.encode())
         self._stores = 0
         self._steps = 0
         self.records = StepRecords(folder / "stages", replay=self.resumed)
+
+    def _drop_previous(self, marker_dir: Location) -> None:
+        """Remove the work folder the output names as its earlier run's when it is another one than
+        this run's (that run kept it under another temp dir): starting over, no rerun can continue
+        it. Before ``start``, which may clear the output's markers, and before this run records its own,
+        so a kill at any point leaves no folder that no output names."""
+        from blocklin.storage.cleanup import remove_stale_work
+        from blocklin.storage.ownership import read_record
+
+        raw = backend(marker_dir).try_read(_WHERE)
+        previous = raw.decode(errors="replace") if raw is not None else None
+        if not previous or previous == self.folder.url:
+            return
+        mine = read_record(self.folder) or {}
+        if mine.get("operation") and mine.get("for_output"):
+            # removed only where it holds the owner record of a gone run of this operation and output
+            remove_stale_work(previous, self.folder, operation=mine["operation"], output=mine["for_output"],
+                              why=f"kept in another temp dir; this run starts its steps over in {self.folder.url}")
 
     @property
     def skipped(self) -> int:

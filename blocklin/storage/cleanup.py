@@ -266,10 +266,12 @@ def sweep_stale(root: Location) -> list[Leftover]:
     return items
 
 
-def remove_stale_work(root: Location, keep: Location, *, operation: str, output: str) -> list[Leftover]:
-    """Remove the work folders under ``root`` that gone runs of ``operation`` writing ``output`` left
-    under another identity than ``keep`` (their inputs or parameters changed since: no rerun can
-    continue them), saying what went."""
+def remove_stale_work(root: Any, keep: Location, *, operation: str, output: str,
+                      why: str = "whose inputs or parameters differ") -> list[Leftover]:
+    """Remove the work folders under ``root`` (or ``root`` itself, a work folder) that gone runs of
+    ``operation`` writing ``output`` left under another identity or in another place than ``keep``
+    (no rerun can continue them: their inputs or parameters changed since, or their output started
+    over), saying what went and ``why`` it can no longer be continued."""
     from blocklin.config import format_size
     from blocklin.errors import warn
 
@@ -282,8 +284,8 @@ def remove_stale_work(root: Location, keep: Location, *, operation: str, output:
     for item in items:
         if _remove(item):
             item.action = "removed"
-            warn(f"removed the work folder of an earlier run of {operation} to {output} whose inputs or parameters "
-                 f"differ: {item.path} ({format_size(item.bytes)})")
+            warn(f"removed the work folder of an earlier run of {operation} to {output} {why}: {item.path} "
+                 f"({format_size(item.bytes)})")
     return items
 
 

@@ -313,3 +313,33 @@ def test_a_command_waits_for_zarrs_io_thread_at_exit(tmp_path, hook):
     r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "z.zarr")], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+@pytest.mark.parametrize("name", ["inv", "solve"])
+def test_resume_with_another_temp_dir_removes_the_first_work_folder(case, references, name, monkeypatch):
+    """A run killed mid-factorization with ``--temp-dir T1`` and resumed with ``--resume --temp-dir T2``
+    starts its steps over in T2 (the temp dir it is given now) and removes T1's work folder, which no rerun
+    can continue any more, saying so in one line: the result has the bits of an uninterrupted run and
+    nothing is left in T1 or T2. A file of the user's in T1 stays."""
+    data = case
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    monkeypatch.chdir(data)
+    out = f"{name}-moved.zarr"
+    t1, t2 = data / "tmp", data / "tmp2"
+    t2.mkdir()
+    (t1 / "notes.txt").write_text("the user's")
+    r = interrupt(data, cli_argv(COMMANDS[name], out, str(t1), "--resume"), "SIGKILL", "mid", out)
+    assert r.returncode == -signal.SIGKILL
+    first = [f for f in os.listdir(t1) if f.startswith(f"blocklin-{COMMANDS[name][0]}-")]
+    assert len(first) == 1, os.listdir(t1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(cli_argv(COMMANDS[name], out, str(t2), "--resume")) == 0
+    got, ref = load_output(data / out), references[name]
+    assert got.keys() == ref.keys()
+    for key in ref:
+        np.testing.assert_array_equal(got[key], ref[key], err_msg=f"{name} {key}")
+    assert sorted(os.listdir(t1)) == ["notes.txt"] and os.listdir(t2) == []
+    said = [str(w.message) for w in caught if str(t1 / first[0]) in str(w.message)]
+    assert len(said) == 1 and "\n" not in said[0] and "removed" in said[0], [str(w.message) for w in caught]
+    assert [f for f in os.listdir(data) if ".partial-" in f] == []
