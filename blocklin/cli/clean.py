@@ -1,4 +1,5 @@
-"""``blocklin clean [PATH...]``: remove what killed runs left (partial outputs, work folders)."""
+"""``blocklin clean [PATH...]``: remove what killed runs left (partial outputs, work folders) and the
+records of file exports whose file is gone."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ _EPILOG = """Looks in each PATH (one level deep), beside it (PATH's own partial 
 by default in the temp dir (--temp-dir, BLOCKLIN_TEMP_DIR) and the current folder. Removes a
 partial output (.OUT.partial-*) or job work folder (blocklin-OP-*) only when the run that owns it
 is gone: on this host its process has ended; on another host its heartbeat is older than the lease.
-A live run's data is never touched.
+A live run's data is never touched. Also removes the record .NAME.blocklin of a file export whose
+file NAME is gone (one blocklin wrote; a file of another kind with that name is left alone).
 
 examples:
   blocklin clean --dry-run
@@ -19,10 +21,10 @@ examples:
 def register(sub: argparse._SubParsersAction) -> None:
     from blocklin.cli import ui
 
-    p = sub.add_parser("clean", help="remove partial outputs and work folders of runs that are gone",
+    p = sub.add_parser("clean", help="remove partial outputs and work folders of runs that are gone, and orphan export records",
                        description="Find the partial outputs and work folders that interrupted or killed runs "
-                                   "left behind and remove those whose owner is gone, saying what was removed "
-                                   "and its size.",
+                                   "left behind and remove those whose owner is gone, and the records of file "
+                                   "exports whose file is gone, saying what was removed and its size.",
                        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", metavar="PATH", nargs="*", help="folder, output path or URL to look in "
                                                             "(default: the temp dir and the current folder)")

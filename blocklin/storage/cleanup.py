@@ -8,6 +8,11 @@ A run killed without a chance to clean up (SIGKILL, power loss, the out-of-memor
   scratch stores;
 * rarely, ``.OUT.old-ID``: an old output set aside by a commit that was killed before removing it.
 
+Besides, a file export's record ``.NAME.blocklin`` (:mod:`blocklin.storage.file_records`) outlives
+its file when the user removes the file: such an orphan record is removed where it is one blocklin
+wrote, and reported and left alone otherwise (a file of the user's with that name). A record whose
+file exists is no leftover.
+
 Each holds an owner record (:mod:`blocklin.storage.ownership`); one whose owner is gone is removed,
 one whose owner is alive never is. A work folder without a record (made by an older blocklin) is
 reported and left alone, since nothing tells whether a run still uses it; so is a partial output
@@ -26,7 +31,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from blocklin.storage import ownership
+from blocklin.storage import file_records, ownership
 from blocklin.storage.backend import backend, rmtree_owner_last
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.records import PENDING_RECORD
@@ -35,6 +40,7 @@ from blocklin.storage.space import folder_size
 _PARTIAL = re.compile(r"^\..+\.partial-[0-9A-Za-z]+$")
 _OLD = re.compile(r"^\..+\.old-[0-9a-f]{8}$")
 _WORK = re.compile(r"^blocklin-[A-Za-z0-9_]+-[0-9a-f]{12,32}$")
+_RECORD = re.compile(r"^\..+" + re.escape(file_records.SUFFIX) + "$")
 
 
 @dataclasses.dataclass
@@ -42,7 +48,7 @@ class Leftover:
     """One partial output or work folder, its owner and what ``clean`` does with it."""
 
     path: str
-    kind: str  # "partial output", "work folder", "old output"
+    kind: str  # "partial output", "work folder", "old output", "file record"
     bytes: int
     owner: dict | None
     #: "removed", "would remove", "kept" (its owner is alive) or "skipped" (no owner record)
@@ -62,6 +68,8 @@ def _size(loc: Location) -> int:
 
 
 def _classify(loc: Location, kind: str, sizes: bool = True) -> Leftover:
+    if kind == "file record":
+        return _classify_record(loc.url)
     rec = ownership.read_record(loc)
     item = Leftover(loc.url, kind, 0, rec)
     if ownership.is_alive(rec) and not (ownership.is_mine(rec) and not ownership.Heartbeat.holds(rec)):
@@ -89,6 +97,31 @@ def _classify(loc: Location, kind: str, sizes: bool = True) -> Leftover:
     if sizes or item.action == "remove":
         item.bytes = _size(loc)
     return item
+
+
+def _classify_record(path: str) -> Leftover:
+    """An orphan ``.NAME.blocklin`` (its file ``NAME`` is gone): removed where blocklin wrote it."""
+    try:
+        size = os.lstat(path).st_size
+    except OSError:
+        size = 0
+    item = Leftover(path, "file record", size, None)
+    name = os.path.basename(file_records.exported_path(path) or "")
+    rec = file_records.read_own(path)
+    if os.path.lexists(file_records.exported_path(path) or path):
+        item.action, item.reason = "kept", f"its file {name} exists"
+    elif rec is None:
+        item.action, item.reason = "skipped", "not a record blocklin wrote (a regular file holding blocklin's " \
+                                              "version, the export's format and its file's identity): left alone"
+    else:
+        item.action, item.reason = "remove", f"its file {name} is gone (the record of a {rec['format']} export)"
+    return item
+
+
+def _orphan_record(path: str) -> bool:
+    """Whether ``path`` has a file record's name and its file is gone."""
+    exported = file_records.exported_path(path)
+    return bool(_RECORD.match(os.path.basename(path))) and exported is not None and not os.path.lexists(exported)
 
 
 #: The token of a partial output blocklin names (``uuid4().hex[:16]`` or a resume token of 16 hex digits).
@@ -146,16 +179,22 @@ def _local_candidates(path: str) -> list[tuple[str, str]]:
     own = _kind(base)
     if own and os.path.isdir(path):
         return [(path, own)]
+    if _orphan_record(path):
+        return [(path, "file record")]
     found = []
     if os.path.isdir(path) and not _is_zarr(path):
         for f in sorted(os.listdir(path)):
             kind = _kind(f)
             if kind and os.path.isdir(os.path.join(path, f)):
                 found.append((os.path.join(path, f), kind))
-    if os.path.isdir(parent):  # an output path: its partials and set-aside old versions
+            elif _orphan_record(os.path.join(path, f)):
+                found.append((os.path.join(path, f), "file record"))
+    if os.path.isdir(parent):  # an output path: its partials, set-aside old versions and a file export's record
         for f in sorted(os.listdir(parent)):
             if f.startswith((f".{base}.partial-", f".{base}.old-")) and os.path.isdir(os.path.join(parent, f)):
                 found.append((os.path.join(parent, f), _kind(f)))
+            elif f == f".{base}{file_records.SUFFIX}" and _orphan_record(os.path.join(parent, f)):
+                found.append((os.path.join(parent, f), "file record"))
     return found
 
 
@@ -207,6 +246,11 @@ def find_leftovers(paths: Iterable[Any], *, sizes: bool = True) -> list[Leftover
 
 
 def _remove(item: Leftover) -> bool:
+    if item.kind == "file record":  # judged again: an export to that name may have written it meanwhile
+        if _classify_record(item.path).action != "remove":
+            return not os.path.lexists(item.path)
+        os.unlink(item.path)
+        return True
     loc = as_location(item.path, name="path")
     if not loc.is_local:
         backend(loc).remove("")
@@ -220,7 +264,8 @@ def _remove(item: Leftover) -> bool:
 
 
 def clean(paths: Iterable[Any] = (), *, dry_run: bool = False) -> list[Leftover]:
-    """Remove the partial outputs and work folders whose owner is gone (never a live run's).
+    """Remove the partial outputs and work folders whose owner is gone (never a live run's), and the
+    records of file exports whose file is gone (where blocklin wrote them).
 
     Parameters
     ----------
@@ -256,7 +301,7 @@ def sweep_stale(root: Location) -> list[Leftover]:
     try:
         # resumable work of a gone run stays for its --resume rerun; `blocklin clean` removes it
         items = [i for i in find_leftovers([root.url], sizes=False)
-                 if i.action == "remove" and not (i.owner or {}).get("resumable")]
+                 if i.action == "remove" and i.kind != "file record" and not (i.owner or {}).get("resumable")]
     except OSError:
         return []
     for item in items:

@@ -51,12 +51,42 @@ def _identity(path: str) -> dict[str, int] | None:
 
 def read(path: str | os.PathLike) -> dict | None:
     """The record of the file ``path``, or None when there is none (or it is unreadable)."""
+    return _load(record_path(path))
+
+
+def _load(record: str) -> dict | None:
     try:
-        with open(record_path(path), "rb") as f:
+        with open(record, "rb") as f:
             rec = json.loads(f.read(1 << 20))
     except (OSError, ValueError):
         return None
     return rec if isinstance(rec, dict) and isinstance(rec.get("blocklin"), str) else None
+
+
+def exported_path(record: str | os.PathLike) -> str | None:
+    """The file whose record is named ``record`` (``.NAME.blocklin`` -> ``NAME`` in the same folder), or
+    None when the name is not a record's."""
+    folder, name = os.path.split(os.path.abspath(os.fspath(record)))
+    if not (name.startswith(".") and name.endswith(SUFFIX)) or len(name) <= len(SUFFIX) + 1:
+        return None
+    return os.path.join(folder, name[1:-len(SUFFIX)])
+
+
+def read_own(record: str | os.PathLike) -> dict | None:
+    """The record in the file ``record`` when it is one :func:`write` wrote: a regular file (not a link)
+    holding a JSON object with blocklin's version, the export's format and every identity field;
+    otherwise None (a file of the user's that only has a record's name)."""
+    record = os.fspath(record)
+    try:
+        if not stat.S_ISREG(os.lstat(record).st_mode) or os.path.getsize(record) >= 1 << 20:
+            return None
+    except OSError:
+        return None
+    rec = _load(record)
+    if rec is None or not isinstance(rec.get("format"), str):
+        return None
+    ints = all(isinstance(rec.get(k), int) and not isinstance(rec.get(k), bool) for k in _FIELDS)
+    return rec if ints else None
 
 
 def matches(path: str | os.PathLike, rec: dict | None) -> bool:
@@ -96,4 +126,4 @@ def write(path: str | os.PathLike, kind: str, *, datasets: list[str] | None = No
     return rec
 
 
-__all__ = ["SUFFIX", "matches", "read", "record_path", "write"]
+__all__ = ["SUFFIX", "exported_path", "matches", "read", "read_own", "record_path", "write"]

@@ -622,3 +622,48 @@ def test_an_integer_input_is_not_replaced_by_overwrite(tmp_path, capsys, argv):
     refused_cli(capsys, w, argv + ["--overwrite", "--temp-dir", str(tmp_path), "--no-progress"],
                 "also an input", "choose another output path")
     assert np.array_equal(zarr.open_array(str(out), mode="r")[...], ints[:, :16] if out.name == "I.zarr" else ints[:, 16:])
+
+
+def test_clean_removes_the_record_of_an_export_whose_file_is_gone(work, tmp_path, capsys):
+    """A file export's record ``.NAME.blocklin`` outlived its file once the user removed the file (``blocklin
+    clean`` neither reported nor removed it). ``clean`` removes such an orphan record (found in a folder it
+    looks in, or beside the export's path); a record whose file exists stays, and a file of the user's with a
+    record's name (not one blocklin wrote) is reported as skipped and left alone."""
+    import json
+
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    for name in ("gone.npy", "kept.csv", "named.mtx"):
+        assert main(["convert", str(work / "A.zarr"), str(exp / name)]) == 0
+        assert (exp / f".{name}.blocklin").is_file()
+    (exp / "gone.npy").unlink()
+    (exp / "named.mtx").unlink()
+    (exp / ".notes.txt.blocklin").write_text("my notes, no record")  # the user's, its 'file' absent
+    (exp / ".list.json.blocklin").write_text('{"blocklin": "a tool of mine"}')  # JSON, not blocklin's record
+    (exp / ".photos.blocklin").mkdir()  # a folder with a record's name
+    capsys.readouterr()
+
+    before = tree(exp)
+    assert main(["clean", str(exp), "--dry-run", "--json"]) == 0
+    dry = {os.path.basename(i["path"]): i for i in json.loads(capsys.readouterr().out)["items"]}
+    assert tree(exp) == before
+    assert {k: (i["kind"], i["action"]) for k, i in dry.items()} == {
+        ".gone.npy.blocklin": ("file record", "would remove"), ".named.mtx.blocklin": ("file record", "would remove"),
+        ".notes.txt.blocklin": ("file record", "skipped"), ".list.json.blocklin": ("file record", "skipped"),
+        ".photos.blocklin": ("file record", "skipped")}
+    assert "gone.npy is gone" in dry[".gone.npy.blocklin"]["reason"]
+
+    assert main(["clean", str(exp / "named.mtx"), "--no-progress"]) == 0  # beside the export's path
+    assert "removed file record" in capsys.readouterr().out and not (exp / ".named.mtx.blocklin").exists()
+    assert main(["clean", str(exp), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert f"removed file record {exp / '.gone.npy.blocklin'}" in text and "1 of 4 leftover(s) removed" in text
+    assert not (exp / ".gone.npy.blocklin").exists()
+    assert (exp / ".notes.txt.blocklin").read_text() == "my notes, no record"
+    assert (exp / ".list.json.blocklin").read_text() == '{"blocklin": "a tool of mine"}'
+    assert (exp / ".photos.blocklin").is_dir() and (exp / ".kept.csv.blocklin").is_file()
+    assert "kept.csv" not in text  # a record whose file exists is no leftover
+    # the kept record still marks kept.csv as blocklin's: --overwrite replaces it
+    assert main(["convert", str(work / "A.zarr"), str(exp / "kept.csv"), "--overwrite"]) == 0
+    assert main(["clean", str(exp), "--dry-run", "--no-progress"]) == 0
+    assert "0 of 3 leftover(s) to remove" in capsys.readouterr().out
