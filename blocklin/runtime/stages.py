@@ -31,7 +31,8 @@ changed starts over (:mod:`blocklin.storage.stamps`), so an input rewritten sinc
 run never meets that run's steps. :class:`StepRecords` beside the output's markers go with them.
 The output also records where its work folder is: a rerun under another temp dir finds no steps
 in its own folder and starts over there (the temp dir it is given holds its intermediates), removing
-the folder the interrupted run kept in the first temp dir, which no rerun could continue any more.
+the folder the interrupted run kept in the first temp dir, which no rerun could continue any more
+(a rerun without ``resume`` removes it with the partial output, :class:`~blocklin.storage.atomic.AtomicOutput`).
 """
 
 from __future__ import annotations
@@ -45,12 +46,10 @@ from typing import Any
 from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.backend import backend, remove
 from blocklin.storage.location import Location
-from blocklin.storage.records import OWNER_RECORD
+from blocklin.storage.records import OWNER_RECORD, WORK_FOLDER_RECORD
 from blocklin.storage.zarr_store import create_array
 
 _RUN = "run-id"
-#: In the output's marker folder: the work folder that holds the steps of the run it records.
-_WHERE = "work-folder"
 
 
 class StepRecords:
@@ -135,7 +134,7 @@ class Stages:
             run = uuid.uuid4().hex[:16]
             self._be.write_bytes(_RUN, run.encode())
             mark_done(marker_dir, f"run-{run}")
-            backend(marker_dir).write_bytes(_WHERE, folder.url.encode())
+            backend(marker_dir).write_bytes(WORK_FOLDER_RECORD, folder.url.encode())
         self._stores = 0
         self._steps = 0
         self.records = StepRecords(folder / "stages", replay=self.resumed)
@@ -145,17 +144,12 @@ class Stages:
         this run's (that run kept it under another temp dir): starting over, no rerun can continue
         it. Before ``start``, which may clear the output's markers, and before this run records its own,
         so a kill at any point leaves no folder that no output names."""
-        from blocklin.storage.cleanup import remove_stale_work
+        from blocklin.storage.cleanup import remove_named_work
         from blocklin.storage.ownership import read_record
 
-        raw = backend(marker_dir).try_read(_WHERE)
-        previous = raw.decode(errors="replace") if raw is not None else None
-        if not previous or previous == self.folder.url:
-            return
-        mine = read_record(self.folder) or {}
-        if mine.get("operation") and mine.get("for_output"):
-            # removed only where it holds the owner record of a gone run of this operation and output
-            remove_stale_work(previous, self.folder, operation=mine["operation"], output=mine["for_output"],
+        output = (read_record(self.folder) or {}).get("for_output")
+        if output:
+            remove_named_work(marker_dir, output=output, keep=self.folder,
                               why=f"kept in another temp dir; this run starts its steps over in {self.folder.url}")
 
     @property

@@ -168,6 +168,7 @@ class AtomicOutput:
 
             temp_dir = get_config().temp_dir
         check_output(self.path, self.inputs, overwrite=overwrite, name=name, temp_dir=temp_dir)  # before any claim
+        self._temp_root = as_location(temp_dir, storage_options, name="temp_dir")
         self.overwrite = overwrite
         self.resume = resume
         self.resumable = token is not None
@@ -227,6 +228,7 @@ class AtomicOutput:
         for f in siblings:
             stale = os.path.join(parent, f)
             if stale != self.partial.url or not self.resume:
+                self._drop_named_work(Location(stale) / _DONE, "whose partial output is removed")
                 report_removed(stale, "the partial output of a run that is gone")
         self.resumed = os.path.exists(self.partial.url)
         if self.resumed:  # its killed writer's temporaries; the commit sweeps again what this run leaves
@@ -247,6 +249,15 @@ class AtomicOutput:
         self.owner = ownership.new_record(output=self.path.url, token=self.token, resumable=self.resumable)
         ownership.write_record(self.owner_location, self.owner)
         ownership.Heartbeat.hold(self.owner_location, self.owner)
+
+    def _drop_named_work(self, marker_dir: Location, why: str) -> None:
+        """Remove the work folder a gone run of this output kept under another temp dir than this
+        run's (its markers name it): the run it belongs to is removed or started over here, and no
+        rerun under this temp dir would find it."""
+        from blocklin.storage.cleanup import remove_named_work
+
+        remove_named_work(marker_dir, output=self.path.url, besides=self._temp_root,
+                          why=f"kept in another temp dir, {why}")
 
     def release(self) -> None:
         """Stop owning the partial (after the commit, or when it is kept for a resume)."""
@@ -280,6 +291,8 @@ class AtomicOutput:
         self.resumed = bool(record and self.resume and record.get("token") == self.token)
         self._claim()
         if not self.resumed:
+            if record is not None:
+                self._drop_named_work(self.path / _DONE, "whose partial output is removed")
             # The record goes first, so that the prefix never looks finished while old data is removed.
             be.write_text(PENDING_RECORD, json.dumps({"token": self.token, "started": _now()}))
             be.delete_many([k for k in be.keys("") if k != PENDING_RECORD])
@@ -424,6 +437,7 @@ class AtomicOutput:
     def restart(self) -> None:
         """Forget an interrupted run's work (markers and chunks): the output is started over."""
         keep = (PENDING_RECORD, OWNER_RECORD, INPUTS_RECORD)  # this run's, for the same inputs
+        self._drop_named_work(self.owner_location / _DONE, "whose output is started over")
         if self.in_place:
             be = backend(self.path)
             be.delete_many([k for k in be.keys("") if k not in keep])

@@ -34,7 +34,7 @@ from typing import Any
 from blocklin.storage import file_records, ownership
 from blocklin.storage.backend import backend, rmtree_owner_last
 from blocklin.storage.location import Location, as_location
-from blocklin.storage.records import PENDING_RECORD
+from blocklin.storage.records import PENDING_RECORD, WORK_FOLDER_RECORD
 from blocklin.storage.space import folder_size
 
 _PARTIAL = re.compile(r"^\..+\.partial-[0-9A-Za-z]+$")
@@ -311,7 +311,7 @@ def sweep_stale(root: Location) -> list[Leftover]:
     return items
 
 
-def remove_stale_work(root: Any, keep: Location, *, operation: str, output: str,
+def remove_stale_work(root: Any, keep: Location | None, *, operation: str, output: str,
                       why: str = "whose inputs or parameters differ") -> list[Leftover]:
     """Remove the work folders under ``root`` (or ``root`` itself, a work folder) that gone runs of
     ``operation`` writing ``output`` left under another identity or in another place than ``keep``
@@ -322,7 +322,7 @@ def remove_stale_work(root: Any, keep: Location, *, operation: str, output: str,
 
     try:
         items = [i for i in find_leftovers([root], sizes=False)
-                 if i.kind == "work folder" and i.action == "remove" and i.path != keep.url
+                 if i.kind == "work folder" and i.action == "remove" and (keep is None or i.path != keep.url)
                  and (i.owner or {}).get("operation") == operation and (i.owner or {}).get("for_output") == output]
     except OSError:
         return []
@@ -332,6 +332,33 @@ def remove_stale_work(root: Any, keep: Location, *, operation: str, output: str,
             warn(f"removed the work folder of an earlier run of {operation} to {output} {why}: {item.path} "
                  f"({format_size(item.bytes)})")
     return items
+
+
+def remove_named_work(marker_dir: Location, *, output: str, why: str, keep: Location | None = None,
+                      besides: Location | None = None) -> list[Leftover]:
+    """Remove the work folder that the output's marker folder ``marker_dir`` names as its run's
+    (:data:`~blocklin.storage.records.WORK_FOLDER_RECORD`), where that run is started over or its
+    partial output removed: no rerun can continue the folder any more. Not ``keep`` (this run's
+    folder), nor one directly under ``besides`` (the temp dir this run uses, where the job continues
+    or replaces it itself). Removed only where it holds the owner record of a gone run writing
+    ``output``, saying so with ``why``; what matters is a folder a run kept under another temp dir."""
+    try:
+        raw = backend(marker_dir).try_read(WORK_FOLDER_RECORD)
+    except OSError:
+        return []
+    named = raw.decode(errors="replace").rstrip("/") if raw is not None else ""
+    if not named or (keep is not None and named == keep.url.rstrip("/")):
+        return []
+    if besides is not None and named.rsplit("/", 1)[0] == besides.url.rstrip("/"):
+        return []
+    try:
+        rec = ownership.read_record(as_location(named, name="path"))
+    except (OSError, ValueError):
+        return []
+    operation = (rec or {}).get("operation")
+    if not operation:
+        return []
+    return remove_stale_work(named, keep, operation=operation, output=output, why=why)
 
 
 def abandon_held(*, keep_partials: bool) -> None:
@@ -389,4 +416,4 @@ def report_kept() -> None:
 
 
 __all__ = ["Leftover", "abandon_held", "clean", "find_leftovers", "keep_for_resume", "kept_message",
-           "remove_stale_work", "report_kept", "sweep_stale", "take_kept"]
+           "remove_named_work", "remove_stale_work", "report_kept", "sweep_stale", "take_kept"]

@@ -14,5 +14,9 @@ INPUTS_RECORD = ".blocklin-inputs.json"
 PEAKS_RECORD = ".blocklin-peaks.json"
 #: Each column's peak of that record, raw little-endian float64 (read only where asked for).
 PEAKS_COLUMNS = ".blocklin-peaks.f8"
+#: In a resumable output's marker folder: the URL of the work folder that holds the steps of the run
+#: it records (:class:`blocklin.runtime.stages.Stages`), so that the work folder goes with that run
+#: wherever the temp dir of the run that replaces it is (:func:`blocklin.storage.cleanup.remove_named_work`).
+WORK_FOLDER_RECORD = "work-folder"
 #: Suffix of the record beside a file export ``NAME``: ``.NAME`` + this (:mod:`blocklin.storage.file_records`).
 FILE_RECORD_SUFFIX = ".blocklin"

@@ -315,16 +315,17 @@ def test_a_command_waits_for_zarrs_io_thread_at_exit(tmp_path, hook):
     assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
-@pytest.mark.parametrize("name", ["inv", "solve"])
-def test_resume_with_another_temp_dir_removes_the_first_work_folder(case, references, name, monkeypatch):
-    """A run killed mid-factorization with ``--temp-dir T1`` and resumed with ``--resume --temp-dir T2``
-    starts its steps over in T2 (the temp dir it is given now) and removes T1's work folder, which no rerun
-    can continue any more, saying so in one line: the result has the bits of an uninterrupted run and
-    nothing is left in T1 or T2. A file of the user's in T1 stays."""
+@pytest.mark.parametrize("name,rerun", [("inv", "--resume"), ("solve", "--resume"), ("solve-pos", ""), ("inv", "")])
+def test_rerun_with_another_temp_dir_removes_the_first_work_folder(case, references, name, rerun, monkeypatch):
+    """A run killed mid-factorization with ``--temp-dir T1`` and rerun with ``--temp-dir T2``, with
+    ``--resume`` or without, starts its steps over in T2 (the temp dir it is given now) and removes T1's
+    work folder, which no rerun can continue any more (it had stayed forever), saying so in one line: the
+    result has the bits of an uninterrupted run and nothing is left in T1 or T2. A file of the user's in T1
+    stays."""
     data = case
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
     monkeypatch.chdir(data)
-    out = f"{name}-moved.zarr"
+    out = f"{name}-moved{rerun}.zarr"
     t1, t2 = data / "tmp", data / "tmp2"
     t2.mkdir()
     (t1 / "notes.txt").write_text("the user's")
@@ -334,7 +335,7 @@ def test_resume_with_another_temp_dir_removes_the_first_work_folder(case, refere
     assert len(first) == 1, os.listdir(t1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert main(cli_argv(COMMANDS[name], out, str(t2), "--resume")) == 0
+        assert main(cli_argv(COMMANDS[name], out, str(t2), *([rerun] if rerun else []))) == 0
     got, ref = load_output(data / out), references[name]
     assert got.keys() == ref.keys()
     for key in ref:
