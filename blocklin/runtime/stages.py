@@ -144,12 +144,12 @@ class Stages:
         this run's (that run kept it under another temp dir): starting over, no rerun can continue
         it. Before ``start``, which may clear the output's markers, and before this run records its own,
         so a kill at any point leaves no folder that no output names."""
-        from blocklin.storage.cleanup import remove_named_work
+        from blocklin.storage.cleanup import named_work, remove_named_work
         from blocklin.storage.ownership import read_record
 
         output = (read_record(self.folder) or {}).get("for_output")
         if output:
-            remove_named_work(marker_dir, output=output, keep=self.folder,
+            remove_named_work(named_work(marker_dir), output=output, keep=self.folder,
                               why=f"kept in another temp dir; this run starts its steps over in {self.folder.url}")
 
     @property

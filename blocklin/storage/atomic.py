@@ -169,6 +169,7 @@ class AtomicOutput:
             temp_dir = get_config().temp_dir
         check_output(self.path, self.inputs, overwrite=overwrite, name=name, temp_dir=temp_dir)  # before any claim
         self._temp_root = as_location(temp_dir, storage_options, name="temp_dir")
+        self._dead_work: list[tuple[str, str]] = []  # (work folder, why): removed once the claim is made
         self.overwrite = overwrite
         self.resume = resume
         self.resumable = token is not None
@@ -189,6 +190,7 @@ class AtomicOutput:
                 self.partial = self.path.with_name(f".{self.path.name}.partial-{self.token}")
                 with ownership.claim_lock(os.path.dirname(self.partial.url)):
                     self._claim_local()
+            self._drop_named_work()  # outside the lock: the work folder may lie in the same folder
             self.done = self.partial / _DONE
             self._be = backend(self.partial)
             # before any read: what the result is computed from (the stamps just listed, where resumable)
@@ -228,7 +230,7 @@ class AtomicOutput:
         for f in siblings:
             stale = os.path.join(parent, f)
             if stale != self.partial.url or not self.resume:
-                self._drop_named_work(Location(stale) / _DONE, "whose partial output is removed")
+                self._note_named_work(Location(stale) / _DONE, "whose partial output is removed")
                 report_removed(stale, "the partial output of a run that is gone")
         self.resumed = os.path.exists(self.partial.url)
         if self.resumed:  # its killed writer's temporaries; the commit sweeps again what this run leaves
@@ -250,14 +252,24 @@ class AtomicOutput:
         ownership.write_record(self.owner_location, self.owner)
         ownership.Heartbeat.hold(self.owner_location, self.owner)
 
-    def _drop_named_work(self, marker_dir: Location, why: str) -> None:
-        """Remove the work folder a gone run of this output kept under another temp dir than this
-        run's (its markers name it): the run it belongs to is removed or started over here, and no
-        rerun under this temp dir would find it."""
+    def _note_named_work(self, marker_dir: Location, why: str) -> None:
+        """Note the work folder the markers in ``marker_dir`` name, before they go: the run it belongs
+        to is removed or started over here, and no rerun under this run's temp dir would find it."""
+        from blocklin.storage.cleanup import named_work
+
+        named = named_work(marker_dir)
+        if named:
+            self._dead_work.append((named, why))
+
+    def _drop_named_work(self) -> None:
+        """Remove the work folders noted by :meth:`_note_named_work` that a gone run of this output
+        kept under another temp dir than this run's (never a live run's, never another output's)."""
         from blocklin.storage.cleanup import remove_named_work
 
-        remove_named_work(marker_dir, output=self.path.url, besides=self._temp_root,
-                          why=f"kept in another temp dir, {why}")
+        while self._dead_work:
+            named, why = self._dead_work.pop(0)
+            remove_named_work(named, output=self.path.url, besides=self._temp_root,
+                              why=f"kept in another temp dir, {why}")
 
     def release(self) -> None:
         """Stop owning the partial (after the commit, or when it is kept for a resume)."""
@@ -292,7 +304,7 @@ class AtomicOutput:
         self._claim()
         if not self.resumed:
             if record is not None:
-                self._drop_named_work(self.path / _DONE, "whose partial output is removed")
+                self._note_named_work(self.path / _DONE, "whose partial output is removed")
             # The record goes first, so that the prefix never looks finished while old data is removed.
             be.write_text(PENDING_RECORD, json.dumps({"token": self.token, "started": _now()}))
             be.delete_many([k for k in be.keys("") if k != PENDING_RECORD])
@@ -437,7 +449,9 @@ class AtomicOutput:
     def restart(self) -> None:
         """Forget an interrupted run's work (markers and chunks): the output is started over."""
         keep = (PENDING_RECORD, OWNER_RECORD, INPUTS_RECORD)  # this run's, for the same inputs
-        self._drop_named_work(self.owner_location / _DONE, "whose output is started over")
+        self._note_named_work(self.owner_location / _DONE, "whose output is started over")
+        if getattr(self, "done", None) is not None:  # claimed: no claim lock is held now
+            self._drop_named_work()
         if self.in_place:
             be = backend(self.path)
             be.delete_many([k for k in be.keys("") if k not in keep])

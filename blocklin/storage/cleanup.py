@@ -334,19 +334,25 @@ def remove_stale_work(root: Any, keep: Location | None, *, operation: str, outpu
     return items
 
 
-def remove_named_work(marker_dir: Location, *, output: str, why: str, keep: Location | None = None,
-                      besides: Location | None = None) -> list[Leftover]:
-    """Remove the work folder that the output's marker folder ``marker_dir`` names as its run's
-    (:data:`~blocklin.storage.records.WORK_FOLDER_RECORD`), where that run is started over or its
-    partial output removed: no rerun can continue the folder any more. Not ``keep`` (this run's
-    folder), nor one directly under ``besides`` (the temp dir this run uses, where the job continues
-    or replaces it itself). Removed only where it holds the owner record of a gone run writing
-    ``output``, saying so with ``why``; what matters is a folder a run kept under another temp dir."""
+def named_work(marker_dir: Location) -> str | None:
+    """The work folder that an output's marker folder ``marker_dir`` names as its run's
+    (:data:`~blocklin.storage.records.WORK_FOLDER_RECORD`), or None."""
     try:
         raw = backend(marker_dir).try_read(WORK_FOLDER_RECORD)
     except OSError:
-        return []
+        return None
     named = raw.decode(errors="replace").rstrip("/") if raw is not None else ""
+    return named or None
+
+
+def remove_named_work(named: str | None, *, output: str, why: str, keep: Location | None = None,
+                      besides: Location | None = None) -> list[Leftover]:
+    """Remove the work folder ``named`` by an output's markers (:func:`named_work`) where that output's
+    run is started over or its partial removed: no rerun can continue the folder any more. Not
+    ``keep`` (this run's folder), nor one directly under ``besides`` (the temp dir this run uses, where
+    the job continues or replaces it itself). Removed only where it holds the owner record of a gone
+    run writing ``output``, saying so with ``why``; what matters is a folder a run kept under another
+    temp dir. Not under the claim lock of the folder that holds it (:func:`_remove` takes it)."""
     if not named or (keep is not None and named == keep.url.rstrip("/")):
         return []
     if besides is not None and named.rsplit("/", 1)[0] == besides.url.rstrip("/"):
@@ -358,7 +364,10 @@ def remove_named_work(marker_dir: Location, *, output: str, why: str, keep: Loca
     operation = (rec or {}).get("operation")
     if not operation:
         return []
-    return remove_stale_work(named, keep, operation=operation, output=output, why=why)
+    try:
+        return remove_stale_work(named, keep, operation=operation, output=output, why=why)
+    except OSError:  # not this run's business to fail on: `blocklin clean` removes it later
+        return []
 
 
 def abandon_held(*, keep_partials: bool) -> None:
@@ -416,4 +425,4 @@ def report_kept() -> None:
 
 
 __all__ = ["Leftover", "abandon_held", "clean", "find_leftovers", "keep_for_resume", "kept_message",
-           "remove_named_work", "remove_stale_work", "report_kept", "sweep_stale", "take_kept"]
+           "named_work", "remove_named_work", "remove_stale_work", "report_kept", "sweep_stale", "take_kept"]

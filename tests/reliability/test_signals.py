@@ -315,24 +315,27 @@ def test_a_command_waits_for_zarrs_io_thread_at_exit(tmp_path, hook):
     assert r.returncode == 0 and r.stderr == "", r.stderr
 
 
-@pytest.mark.parametrize("name,rerun", [("inv", "--resume"), ("solve", "--resume"), ("solve-pos", ""), ("inv", "")])
-def test_rerun_with_another_temp_dir_removes_the_first_work_folder(case, references, name, rerun, monkeypatch):
+@pytest.mark.parametrize("name,rerun,first", [("inv", "--resume", "tmp"), ("solve", "--resume", "tmp"),
+                                              ("solve-pos", "", "tmp"), ("inv", "", "."), ("solve", "--resume", ".")])
+def test_rerun_with_another_temp_dir_removes_the_first_work_folder(case, references, name, rerun, first, monkeypatch):
     """A run killed mid-factorization with ``--temp-dir T1`` and rerun with ``--temp-dir T2``, with
     ``--resume`` or without, starts its steps over in T2 (the temp dir it is given now) and removes T1's
     work folder, which no rerun can continue any more (it had stayed forever), saying so in one line: the
     result has the bits of an uninterrupted run and nothing is left in T1 or T2. A file of the user's in T1
-    stays."""
+    stays. The first temp dir may be the output's own folder (the removal then waits for the claim's lock
+    on that folder to be given back)."""
     data = case
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
     monkeypatch.chdir(data)
     out = f"{name}-moved{rerun}.zarr"
-    t1, t2 = data / "tmp", data / "tmp2"
+    t1, t2 = data if first == "." else data / first, data / "tmp2"
     t2.mkdir()
     (t1 / "notes.txt").write_text("the user's")
+    before = sorted(os.listdir(t1))
     r = interrupt(data, cli_argv(COMMANDS[name], out, str(t1), "--resume"), "SIGKILL", "mid", out)
     assert r.returncode == -signal.SIGKILL
-    first = [f for f in os.listdir(t1) if f.startswith(f"blocklin-{COMMANDS[name][0]}-")]
-    assert len(first) == 1, os.listdir(t1)
+    kept = [f for f in os.listdir(t1) if f.startswith(f"blocklin-{COMMANDS[name][0]}-")]
+    assert len(kept) == 1, os.listdir(t1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert main(cli_argv(COMMANDS[name], out, str(t2), *([rerun] if rerun else []))) == 0
@@ -340,7 +343,8 @@ def test_rerun_with_another_temp_dir_removes_the_first_work_folder(case, referen
     assert got.keys() == ref.keys()
     for key in ref:
         np.testing.assert_array_equal(got[key], ref[key], err_msg=f"{name} {key}")
-    assert sorted(os.listdir(t1)) == ["notes.txt"] and os.listdir(t2) == []
-    said = [str(w.message) for w in caught if str(t1 / first[0]) in str(w.message)]
+    assert sorted(f for f in os.listdir(t1) if f != out) == before and os.listdir(t2) == []
+    assert (t1 / "notes.txt").read_text() == "the user's"
+    said = [str(w.message) for w in caught if str(t1 / kept[0]) in str(w.message)]
     assert len(said) == 1 and "\n" not in said[0] and "removed" in said[0], [str(w.message) for w in caught]
     assert [f for f in os.listdir(data) if ".partial-" in f] == []
