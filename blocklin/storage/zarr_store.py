@@ -303,6 +303,7 @@ def _read_block(arr: zarr.Array, rows: slice, cols: slice, out: np.ndarray | Non
     if lanes:
         groups = _lane_groups(arr, rows, cols, lanes)
         if groups is not None:  # through zarr, which decodes every chunk of a call at once
+            rows, cols = _norm(rows, arr.shape[0]), _norm(cols, arr.shape[1])
             if out is None:
                 out = np.empty((rows.stop - rows.start, cols.stop - cols.start), dtype=arr.dtype.newbyteorder("="))
             for rs, cs in groups:
