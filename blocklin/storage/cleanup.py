@@ -3,7 +3,9 @@
 A run killed without a chance to clean up (SIGKILL, power loss, the out-of-memory killer) leaves
 
 * partial outputs, ``.OUT.partial-TOKEN`` beside the output (locally) or an output prefix holding
-  the pending record (object stores);
+  the pending record (object stores); a file export's partial is a file, its owner record beside it
+  (``.OUT.partial-TOKEN.owner``, :func:`blocklin.storage.file_records.write_owner`), and ``clean`` had
+  not seen it (320 MB of a killed ``.npy`` export, "nothing to clean");
 * job work folders, ``blocklin-OP-ID`` (and ``blocklin-stage-ID``) under the temp dir, with their
   scratch stores;
 * rarely, ``.OUT.old-ID``: an old output set aside by a commit that was killed before removing it.
@@ -48,7 +50,7 @@ class Leftover:
     """One partial output or work folder, its owner and what ``clean`` does with it."""
 
     path: str
-    kind: str  # "partial output", "work folder", "old output", "file record"
+    kind: str  # "partial output", "work folder", "old output", "file record", "partial file"
     bytes: int
     owner: dict | None
     #: "removed", "would remove", "kept" (its owner is alive) or "skipped" (no owner record)
@@ -70,6 +72,8 @@ def _size(loc: Location) -> int:
 def _classify(loc: Location, kind: str, sizes: bool = True) -> Leftover:
     if kind == "file record":
         return _classify_record(loc.url)
+    if kind == "partial file":
+        return _classify_partial_file(loc.url, sizes)
     rec = ownership.read_record(loc)
     item = Leftover(loc.url, kind, 0, rec)
     if ownership.is_alive(rec) and not (ownership.is_mine(rec) and not ownership.Heartbeat.holds(rec)):
@@ -179,6 +183,8 @@ def _local_candidates(path: str) -> list[tuple[str, str]]:
     own = _kind(base)
     if own and os.path.isdir(path):
         return [(path, own)]
+    if _partial_file(path):
+        return [(_file_partial_of(path), "partial file")]
     if _orphan_record(path):
         return [(path, "file record")]
     found = []
@@ -187,15 +193,57 @@ def _local_candidates(path: str) -> list[tuple[str, str]]:
             kind = _kind(f)
             if kind and os.path.isdir(os.path.join(path, f)):
                 found.append((os.path.join(path, f), kind))
+            elif _partial_file(os.path.join(path, f)):
+                found.append((_file_partial_of(os.path.join(path, f)), "partial file"))
             elif _orphan_record(os.path.join(path, f)):
                 found.append((os.path.join(path, f), "file record"))
     if os.path.isdir(parent):  # an output path: its partials, set-aside old versions and a file export's record
         for f in sorted(os.listdir(parent)):
             if f.startswith((f".{base}.partial-", f".{base}.old-")) and os.path.isdir(os.path.join(parent, f)):
                 found.append((os.path.join(parent, f), _kind(f)))
+            elif f.startswith(f".{base}.partial-") and _partial_file(os.path.join(parent, f)):
+                found.append((_file_partial_of(os.path.join(parent, f)), "partial file"))
             elif f == f".{base}{file_records.SUFFIX}" and _orphan_record(os.path.join(parent, f)):
                 found.append((os.path.join(parent, f), "file record"))
     return found
+
+
+def _partial_file(path: str) -> bool:
+    """Whether ``path`` is a file export's partial (``.NAME.partial-TOKEN``, a regular file) or the owner
+    record beside one (:data:`~blocklin.storage.file_records.OWNER_SUFFIX`)."""
+    name = os.path.basename(path)
+    if name.endswith(file_records.OWNER_SUFFIX):
+        name = name[:-len(file_records.OWNER_SUFFIX)]
+    return bool(_PARTIAL.match(name)) and os.path.isfile(path) and not os.path.islink(path)
+
+
+def _file_partial_of(path: str) -> str:
+    """The partial file that ``path`` (the partial or its owner record) belongs to."""
+    return path[:-len(file_records.OWNER_SUFFIX)] if path.endswith(file_records.OWNER_SUFFIX) else path
+
+
+def _classify_partial_file(path: str, sizes: bool = True) -> Leftover:
+    """A file export's partial: removed, with its owner record, where the run that wrote it is gone."""
+    owner = file_records.read_owner(path)
+    item = Leftover(path, "partial file", 0, owner)
+    if owner is not None and ownership.is_alive(owner):
+        item.action, item.reason = "kept", f"a live run owns it ({ownership.describe(owner)})"
+    elif owner is None and not _TOKEN.search(os.path.basename(path)):
+        item.action, item.reason = "skipped", "no owner record, and not under blocklin's name (.NAME.partial- " \
+                                              "and 16 hex digits): not blocklin's; left alone"
+    elif owner is None and os.path.exists(path) and time.time() - _mtime(Location(path)) < ownership.LEASE_SECONDS:
+        item.action, item.reason = "kept", "no owner record, and written to in the last 10 minutes (an older " \
+                                           "blocklin may still be writing it)"
+    else:
+        item.action = "remove"
+        item.reason = f"its run is gone ({ownership.describe(owner)})" if owner else "no owner record"
+    if sizes or item.action == "remove":
+        for p in (path, path + file_records.OWNER_SUFFIX):
+            try:
+                item.bytes += os.lstat(p).st_size
+            except OSError:
+                pass
+    return item
 
 
 def _is_zarr(path: str) -> bool:
@@ -250,6 +298,16 @@ def _remove(item: Leftover) -> bool:
         if _classify_record(item.path).action != "remove":
             return not os.path.lexists(item.path)
         os.unlink(item.path)
+        return True
+    if item.kind == "partial file":  # judged again: a run may have taken that name meanwhile
+        with ownership.claim_lock(os.path.dirname(item.path)):
+            if _classify_partial_file(item.path, sizes=False).action != "remove":
+                return False
+            for p in (item.path, item.path + file_records.OWNER_SUFFIX):  # the partial first, its owner last
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
         return True
     loc = as_location(item.path, name="path")
     if not loc.is_local:

@@ -29,6 +29,35 @@ from typing import Any
 from blocklin._version import __version__
 from blocklin.storage.records import FILE_RECORD_SUFFIX as SUFFIX
 _FIELDS = ("size", "mtime_ns", "ctime_ns", "dev", "ino")
+#: Beside a file export's partial ``.NAME.partial-TOKEN`` while a run writes it: that run's owner record
+#: (:func:`blocklin.storage.ownership.new_record`), so that ``blocklin clean`` removes the partial of a
+#: run that is gone, and never a live run's (:mod:`blocklin.storage.cleanup`).
+OWNER_SUFFIX = ".owner"
+
+
+def write_owner(partial: str | os.PathLike, **extra: Any) -> None:
+    """Record this process as the writer of the file export's partial ``partial`` (written whole)."""
+    from blocklin.storage.ownership import new_record
+
+    _write_whole(os.fspath(partial) + OWNER_SUFFIX, new_record(**extra))
+
+
+def read_owner(partial: str | os.PathLike) -> dict | None:
+    """The owner record beside the partial ``partial``, or None (missing, unreadable, not one)."""
+    try:
+        with open(os.fspath(partial) + OWNER_SUFFIX, "rb") as f:
+            rec = json.loads(f.read(1 << 16))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) and "pid" in rec else None
+
+
+def drop_owner(partial: str | os.PathLike) -> None:
+    """Remove the owner record beside ``partial`` (its run committed or removed the partial)."""
+    try:
+        os.unlink(os.fspath(partial) + OWNER_SUFFIX)
+    except FileNotFoundError:
+        pass
 
 
 def record_path(path: str | os.PathLike) -> str:
@@ -111,7 +140,12 @@ def write(path: str | os.PathLike, kind: str, *, datasets: list[str] | None = No
         rec["datasets"] = sorted(set(datasets))
     if writing is not None:
         rec["writing"] = {"dataset": writing, "pid": os.getpid(), "host": socket.gethostname()}
-    target = record_path(path)
+    _write_whole(record_path(path), rec)
+    return rec
+
+
+def _write_whole(target: str, rec: dict) -> None:
+    """``rec`` as JSON at ``target``, under a temporary name renamed into place (never half a record)."""
     tmp = f"{target}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
@@ -123,7 +157,7 @@ def write(path: str | os.PathLike, kind: str, *, datasets: list[str] | None = No
         except FileNotFoundError:
             pass
         raise
-    return rec
 
 
-__all__ = ["SUFFIX", "exported_path", "matches", "read", "read_own", "record_path", "write"]
+__all__ = ["OWNER_SUFFIX", "SUFFIX", "drop_owner", "exported_path", "matches", "read", "read_own", "read_owner",
+           "record_path", "write", "write_owner"]

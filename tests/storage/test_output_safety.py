@@ -667,3 +667,40 @@ def test_clean_removes_the_record_of_an_export_whose_file_is_gone(work, tmp_path
     assert main(["convert", str(work / "A.zarr"), str(exp / "kept.csv"), "--overwrite"]) == 0
     assert main(["clean", str(exp), "--dry-run", "--no-progress"]) == 0
     assert "0 of 3 leftover(s) to remove" in capsys.readouterr().out
+
+
+def test_clean_removes_the_partial_of_a_killed_file_export(tmp_path, capsys):
+    """A file export killed mid-write (SIGKILL) leaves ``.NAME.partial-TOKEN``, a file as large as the export:
+    ``blocklin clean`` had said "nothing to clean" (it looked for folders only). The partial now carries its
+    writer's owner record beside it until the commit or the abort; ``clean`` removes a gone run's partial
+    with that record, keeps a live run's, and leaves a look-alike file of the user's alone."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    tmp_path = tmp_path / "exports"  # beside the tests' own temp dir
+    tmp_path.mkdir()
+    script = ("import os, sys\n"
+              "from blocklin.storage.formats.base import AtomicFile\n"
+              "f = AtomicFile(sys.argv[1], kind='npy')\n"
+              "f.partial.write_bytes(b'x' * 4096)\n"
+              "os.kill(os.getpid(), 9)\n")  # killed before commit or abort
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out.npy")], capture_output=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL
+    (killed,) = [f for f in os.listdir(tmp_path) if ".partial-" in f and not f.endswith(".owner")]
+    assert os.path.exists(tmp_path / f"{killed}.owner")
+    from blocklin.storage.formats.base import AtomicFile
+
+    live = AtomicFile(tmp_path / "live.npy", kind="npy")  # this process writes it: kept
+    live.partial.write_bytes(b"y" * 10)
+    (tmp_path / ".notes.txt.partial-draft").write_text("the user's")  # not blocklin's name
+    assert main(["clean", str(tmp_path), "--dry-run", "--json"]) == 0
+    items = {os.path.basename(i["path"]): i["action"] for i in json.loads(capsys.readouterr().out)["items"]}
+    assert items == {killed: "would remove", live.partial.name: "kept", ".notes.txt.partial-draft": "skipped"}
+    assert main(["clean", str(tmp_path / "out.npy")]) == 0
+    assert "removed partial file" in capsys.readouterr().out
+    assert sorted(os.listdir(tmp_path)) == sorted([".notes.txt.partial-draft", live.partial.name,
+                                                   f"{live.partial.name}.owner"])
+    live.abort()
+    assert os.listdir(tmp_path) == [".notes.txt.partial-draft"]

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ConfigError, DTypeError, FormatError, OutputExistsError, StoreNotFoundError, explain
-from blocklin.storage import file_records
+from blocklin.storage import file_records, ownership
 from blocklin.storage.atomic import check_output_path
 from blocklin.storage.space import folder_size
 from blocklin.storage.guard import check_replaceable
@@ -187,8 +187,11 @@ class AtomicFile:
         self.overwrite = overwrite
         self.kind = kind
         self.partial = self.path.parent / f".{self.path.name}.partial-{token or uuid.uuid4().hex[:16]}"
-        if self.partial.exists():  # a stale partial of the same job: file outputs restart
-            self.partial.unlink()
+        with ownership.claim_lock(str(self.path.parent)):  # as `blocklin clean` judges and removes partials
+            if self.partial.exists():  # a stale partial of the same job: file outputs restart
+                self.partial.unlink()
+            # who writes the partial, until it is committed or removed: `clean` removes it once that run is gone
+            file_records.write_owner(self.partial, operation="export", for_output=str(self.path))
         self.committed = False
 
     def commit(self, *, datasets: list[str] | None = None) -> Path:
@@ -201,6 +204,7 @@ class AtomicFile:
             check_replaceable(self.path, self.kind)
         os.replace(self.partial, self.path)
         self.committed = True
+        file_records.drop_owner(self.partial)
         file_records.write(self.path, self.kind, datasets=datasets)
         return self.path
 
@@ -210,6 +214,7 @@ class AtomicFile:
                 self.partial.unlink()
             except FileNotFoundError:
                 pass
+            file_records.drop_owner(self.partial)
 
 
 def nbytes(shape: tuple[int, ...], dtype: Any) -> int:
