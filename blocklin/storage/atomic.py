@@ -66,6 +66,8 @@ from blocklin.storage.records import DEFERRED_META, INPUTS_RECORD, OWNER_RECORD,
 from blocklin.storage.zarr_store import wait_for_pending_io
 
 _DONE = ".blocklin-done"
+#: The markers' folder inside a partial output (public for :mod:`blocklin.storage.cleanup`).
+DONE_DIR = _DONE
 #: Names of chunk files a writer killed mid-write can leave behind: ``NAME.tmp-PID-HEX`` (``rawchunks``,
 #: local backends) and zarr's own ``NAME.<uuid4 hex>.partial`` (its LocalStore writes every chunk
 #: and ``zarr.json`` to that name and then renames it; a SIGKILL in between leaves it).

@@ -287,10 +287,29 @@ def find_leftovers(paths: Iterable[Any], *, sizes: bool = True) -> list[Leftover
         pairs = ([(Location(q), k) for q, k in _local_candidates(loc.url)] if loc.is_local
                  else _remote_candidates(loc))
         for cand, kind in pairs:
-            if cand.url not in seen:
-                seen.add(cand.url)
-                out.append(_classify(cand, kind, sizes))
+            for where, what in [(cand, kind), *_work_named_by(cand, kind)]:
+                if where.url not in seen:
+                    seen.add(where.url)
+                    out.append(_classify(where, what, sizes))
     return out
+
+
+def _work_named_by(cand: Location, kind: str) -> list[tuple[Location, str]]:
+    """The work folder a partial output's markers name (its run's steps, under whatever temp dir that run
+    had: :data:`~blocklin.storage.records.WORK_FOLDER_RECORD`), so that ``blocklin clean PARTIAL``, what
+    an interrupted run's line says, removes both; judged by its own owner record."""
+    from blocklin.storage.atomic import DONE_DIR
+
+    if kind != "partial output":
+        return []
+    named = named_work(cand / DONE_DIR)
+    if not named:
+        return []
+    try:
+        where = as_location(named, name="path")
+    except (OSError, ValueError):
+        return []
+    return [(where, "work folder")] if ownership.read_record(where) is not None else []
 
 
 def _remove(item: Leftover) -> bool:

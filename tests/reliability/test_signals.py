@@ -348,3 +348,21 @@ def test_rerun_with_another_temp_dir_removes_the_first_work_folder(case, referen
     said = [str(w.message) for w in caught if str(t1 / kept[0]) in str(w.message)]
     assert len(said) == 1 and "\n" not in said[0] and "removed" in said[0], [str(w.message) for w in caught]
     assert [f for f in os.listdir(data) if ".partial-" in f] == []
+
+
+def test_clean_of_a_kept_partial_removes_the_work_folder_it_names(case, monkeypatch, capsys):
+    """An interrupted resumable inverse says "remove it with `blocklin clean PARTIAL`": that command now
+    removes the partial and the work folder its markers name (under the temp dir that run had), once the run
+    is gone; it had removed the partial alone and left the steps in the temp dir."""
+    data = case
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    monkeypatch.chdir(data)
+    tmp = data / "tmp"
+    r = interrupt(data, cli_argv(COMMANDS["inv"], "kept.zarr", str(tmp), "--resume"), "SIGKILL", "mid", "kept.zarr")
+    assert r.returncode == -signal.SIGKILL
+    (partial,) = [f for f in os.listdir(data) if f.startswith(".kept.zarr.partial-")]
+    (work,) = os.listdir(tmp)
+    assert main(["clean", str(data / partial)]) == 0
+    text = capsys.readouterr().out
+    assert f"removed partial output {data / partial}" in text and f"removed work folder {tmp / work}" in text, text
+    assert leftovers(data) == []
