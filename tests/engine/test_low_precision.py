@@ -136,6 +136,32 @@ def test_scaling_brings_a_matrix_outside_fp16s_range_into_it():
     assert r["scaling"]["rounding_perturbation"] <= FORMATS["fp16"]["u"]
 
 
+#: ``(ea, eb)``: the powers of two of A and b (A near 2^1000 is beyond float32's cast: 'mixed' refuses it
+#: by name, tests/solve/test_factor_square_solve.py)
+NORMS_BEYOND = [(0, -664), (0, 664), (-1000, 0), (1000, 0)]
+
+
+@pytest.mark.parametrize("precision, refinement, assume_a, ea, eb", [
+    (p, r, s, ea, eb) for p, r, s in [("fp16", "auto", "gen"), ("bf16", "auto", "pos"), ("fp16", "plain", "pos"),
+                                      ("mixed", "gmres", "gen")]
+    for ea, eb in NORMS_BEYOND if not (p == "mixed" and ea)])
+def test_refined_where_the_norms_leave_float64s_range(precision, refinement, assume_a, ea, eb):
+    """``2^ea A x = 2^eb b`` with b (or A and b) near 1e-200 or 1e200 (found by a randomized search): the
+    refinement's residual and solution norms, taken by summing squares, underflowed to 0 (a backward
+    error of 0 after step 0, then refused as "A is too ill-conditioned") or overflowed to NaN (refused
+    as not converging). The scaled system is the system (powers of two): x is ``2^(eb - ea)`` times
+    the solution of ``A y = b``, refined to float64's backward error."""
+    kappa = 10.0  # plain refinement from fp16 contracts by about cond u_16 per step
+    a = _randsvd(N, kappa, seed=6, spd=assume_a == "pos")
+    b = np.random.default_rng(5).standard_normal((N, 2))
+    x = bl.solve(np.ldexp(a, ea), np.ldexp(b, eb), precision=precision, refinement=refinement, assume_a=assume_a,
+                 memory=MEMORY)
+    y = np.ldexp(x.to_numpy(), ea - eb)  # exact
+    assert x.report["backward_error"] <= np.sqrt(N) * EPS64
+    assert_residual(a, y, b, dtype=np.float64)
+    assert_solve(y, np.linalg.solve(a, b), a, dtype=np.float64, cond=kappa)
+
+
 def test_rounding_rule_refuses_what_the_format_cannot_hold():
     u = FORMATS["fp16"]["u"]
     check_rounding(u, "fp16")  # what rounding to nearest can do

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import BudgetError, ConvergenceError, ParameterError, explain
+from blocklin.linalg.blocks.scaling import column_norms, fro_norm
 from blocklin.runtime.blockops import Region
 from blocklin.runtime.tiles import open_array
 from blocklin.storage.zarr_store import write_block
@@ -161,15 +162,16 @@ def condition_estimate(ops: Operators, x0: np.ndarray, b: np.ndarray, norm_lower
     largest over the columns of the first solve ``x0 = M^-1 b`` (its ``F^-1 (diag(row) b)``) and
     ``steps`` power steps from it."""
     def ratio(y: np.ndarray, z: np.ndarray) -> float:
-        nz = np.linalg.norm(z, axis=0)
+        nz = column_norms(z)
         ok = nz > 0
-        return float(np.max(np.linalg.norm(y, axis=0)[ok] / nz[ok])) if ok.any() else 0.0
+        with np.errstate(over="ignore"):
+            return float(np.max(column_norms(y)[ok] / nz[ok])) if ok.any() else 0.0
 
     z = b if ops.row is None else b * ops.row[:, None]
     y = x0 if ops.col is None else x0 / (ops.mu * ops.col)[:, None]
     gamma = ratio(y, z)
     for _ in range(steps):
-        ny = np.linalg.norm(y, axis=0)
+        ny = column_norms(y)
         if not (np.isfinite(ny).all() and (ny > 0).any()):
             break
         z = y / np.where(ny > 0, ny, 1.0)
@@ -215,12 +217,12 @@ def gmres(ops: Operators, r: np.ndarray, *, restart: int, tol: float = GMRES_TOL
     n, k = r.shape
     d = np.zeros((n, k))
     z = ops.precond(r)
-    beta0 = np.linalg.norm(z, axis=0)
+    beta0 = column_norms(z)
     target = tol * beta0
     its = 0
     converged = bool(np.all(beta0 == 0.0))
     while its < max_iter:
-        beta = np.linalg.norm(z, axis=0)
+        beta = column_norms(z)
         if np.all(beta <= target):
             break
         V = [z / np.where(beta > 0, beta, 1.0)]
@@ -236,7 +238,7 @@ def gmres(ops: Operators, r: np.ndarray, *, restart: int, tol: float = GMRES_TOL
                 h = np.einsum("ij,ij->j", V[i], w)
                 H[i, j] = h
                 w -= V[i] * h
-            hn = np.linalg.norm(w, axis=0)
+            hn = column_norms(w)
             H[j + 1, j] = hn
             V.append(w / np.where(hn > 0, hn, 1.0))
             for i in range(j):  # earlier rotations on the new column
@@ -260,6 +262,22 @@ def gmres(ops: Operators, r: np.ndarray, *, restart: int, tol: float = GMRES_TOL
             break
         z = ops.precond(r - ops.matvec(d))  # restart from the true preconditioned residual
     return d, its, converged
+
+
+def backward_error(res: float, norm_a: float, norm_x: float, norm_b: float) -> float:
+    """The normwise backward error ``res / (||A|| ||x|| + ||b||)`` (Rigal and Gaches 1967) of norms
+    that are each in float64's range, with the denominator formed by powers of two (exact): ``||A||
+    ||x||`` of data near ``1e200`` overflows and of data near ``1e-200`` underflows, and the quotient
+    had been ``0`` (converged) or NaN. ``0`` where the denominator is zero; ``inf`` for a
+    non-finite residual."""
+    if not np.isfinite(res):
+        return float("inf")
+    ea, ex, eb = (int(np.frexp(v)[1]) if 0 < v < np.inf else 0 for v in (norm_a, norm_x, norm_b))
+    e = max(ea + ex, eb)
+    with np.errstate(over="ignore", under="ignore"):
+        denom = (float(np.ldexp(norm_a, -ea)) * float(np.ldexp(norm_x, -ex)) * float(np.ldexp(1.0, ea + ex - e))
+                 + float(np.ldexp(norm_b, -e)))
+        return float(np.ldexp(res, -e)) / denom if denom > 0 else 0.0
 
 
 @dataclasses.dataclass
@@ -291,10 +309,8 @@ def refine_ir(ops: Operators, x: np.ndarray, *, norm_a: float, norm_b: float, to
     stalled_gmres = 0
     while True:
         r = ops.residual(x)
-        res = float(np.linalg.norm(r))
-        nx = float(np.linalg.norm(x))
-        denom = norm_a * nx + norm_b
-        eta = res / denom if denom > 0 else 0.0
+        res, nx = fro_norm(r), fro_norm(x)
+        eta = backward_error(res, norm_a, nx, norm_b)
         prev = history[-1]["backward_error"] if history else None
         history.append({"step": steps, "residual": res, "backward_error": eta, "refinement": mode})
         if eta <= tol or not np.isfinite(eta) or steps - step0 >= max_steps:
@@ -321,8 +337,8 @@ def refine_ir(ops: Operators, x: np.ndarray, *, norm_a: float, norm_b: float, to
                 history[-1]["gmres_failed"] = True
                 steps += 1
                 r = ops.residual(x)
-                res, nx = float(np.linalg.norm(r)), float(np.linalg.norm(x))
-                eta = res / (norm_a * nx + norm_b) if norm_a * nx + norm_b > 0 else 0.0
+                res, nx = fro_norm(r), fro_norm(x)
+                eta = backward_error(res, norm_a, nx, norm_b)
                 history.append({"step": steps, "residual": res, "backward_error": eta, "refinement": mode})
                 if eta > tol:
                     if mode not in ran:
@@ -355,5 +371,5 @@ def check_refined(ref: Refined, tol: float, precision: str) -> None:
         lower + (", or refinement='gmres'" if ref.kind == "plain" else "")))
 
 
-__all__ = ["GMRES_TOL", "LIMIT", "MAX_ITER", "Operators", "RESTART", "Refined", "STALL", "U_PRECOND", "check_condition",
-           "check_refined", "condition_estimate", "get", "gmres", "krylov_plan", "put", "refine_ir"]
+__all__ = ["GMRES_TOL", "LIMIT", "MAX_ITER", "Operators", "RESTART", "Refined", "STALL", "U_PRECOND", "backward_error",
+           "check_condition", "check_refined", "condition_estimate", "get", "gmres", "krylov_plan", "put", "refine_ir"]

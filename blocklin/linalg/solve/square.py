@@ -20,10 +20,11 @@ from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, 
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks.result_range import lu_growth_error, magnitude, solution_range_error, wide_name
-from blocklin.linalg.blocks.scaling import (flushed_line, max_abs, narrow_range, narrow_range_refusal,
+from blocklin.linalg.blocks.scaling import (flushed_line, fro_norm, max_abs, narrow_range, narrow_range_refusal,
                                              refuse_nonfinite, safe_norm, sumsq_in_range)
-from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, check_condition,
-                                            check_refined, condition_estimate, get, krylov_plan, put, refine_ir)
+from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, backward_error,
+                                            check_condition, check_refined, condition_estimate, get, krylov_plan, put,
+                                            refine_ir)
 from blocklin.device.half import FORMATS
 from blocklin.linalg.solve.half_scaling import HalfScaling, squeeze
 from blocklin.linalg.solve.report import solve_report
@@ -841,8 +842,7 @@ def refine(job: Job, ops: BlockOps, A: Any, B: Any, solve: _Solver, run: _Square
     while True:
         x = xs[steps % 2]
         res = st.run("residual", lambda: residual(x))
-        denom = norm_a * norm_x + norm_b
-        eta = res / denom if denom > 0 else 0.0
+        eta = backward_error(res, norm_a, norm_x, norm_b)
         history.append({"step": steps, "residual": res, "backward_error": eta})
         if eta <= tol or steps >= max_refine or (steps and not eta < 0.5 * history[-2]["backward_error"]):
             return SolveRefinement(res, eta, steps, history, norm_x, rreg.path, x.path)
@@ -943,7 +943,7 @@ def _refine_low(job: Job, ops: BlockOps, A: Any, B: Any, solver: _Solver, run: _
             kappa = condition_estimate(ir, x, b, scaling.norm_lower if scaling else _norm_a_lower(norm_a, n),
                                        steps=2 if c1 - c0 <= 8 else 0)
             check_condition(kappa, precision=precision, kind=f"{precision} ({factor.kind})")
-        done = refine_ir(ir, x, norm_a=norm_a, norm_b=float(np.linalg.norm(b)), tol=tol, max_steps=steps_max,
+        done = refine_ir(ir, x, norm_a=norm_a, norm_b=fro_norm(b), tol=tol, max_steps=steps_max,
                          kind=kind, restart=restart)
         check_refined(done, tol, precision)
         put(win.region("x1"), done.x)
@@ -967,9 +967,8 @@ def _whole(ops: BlockOps, B: Any, solver: _Solver, blocks: list[Refined], norm_a
     res = safe_norm(ops, rreg, ops.sumsq(rreg))
     norm_x = safe_norm(ops, xreg, ops.sumsq(xreg))
     norm_b = safe_norm(ops, breg, ops.sumsq(breg))
-    denom = norm_a * norm_x + norm_b
     first = blocks[0] if blocks else None
-    return SolveRefinement(res, res / denom if denom > 0 else 0.0, max((d.steps for d in blocks), default=0),
+    return SolveRefinement(res, backward_error(res, norm_a, norm_x, norm_b), max((d.steps for d in blocks), default=0),
                            first.history if first else [], norm_x, rreg.path, xreg.path)
 
 
@@ -986,7 +985,7 @@ def _switch_to_gmres(job: Job, ops: BlockOps, A: Any, B: Any, solver: _Solver, r
     check_condition(kappa, precision=precision, kind=f"float32 ({factor.kind})")
     history = [dict(h, refinement="plain") for h in ref.history]
     last = history.pop()  # GMRES-IR starts from the stalled iterate: its residual is recomputed
-    done = refine_ir(ir, x, norm_a=norm_a, norm_b=float(np.linalg.norm(b)), tol=tol,
+    done = refine_ir(ir, x, norm_a=norm_a, norm_b=fro_norm(b), tol=tol,
                      max_steps=steps_max - ref.steps, kind="gmres", restart=restart, history=history, step0=last["step"])
     done.history[len(ref.history) - 1]["switched"] = (
         f"plain refinement stalled (backward error {last['backward_error']:.1e} after step {last['step']}, not below "
