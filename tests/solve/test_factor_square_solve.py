@@ -417,6 +417,25 @@ def test_mixed_precision_cholesky_of_a_line_its_cast_flushes_names_it(memory):
     assert_solve(bl.solve(scaled, bs, assume_a="pos", precision="mixed", memory=memory).to_numpy().ravel(), ref,
                  scaled, dtype=np.float64)
 
+
+@pytest.mark.parametrize("memory", ["64MiB", "256KiB"])
+@pytest.mark.parametrize("eb", [-664, -200])
+def test_mixed_plain_refinement_of_a_residual_its_cast_flushes_names_it(eb, memory):
+    """float64 A near 1, b near 2^-664 or 2^-200 (found by a randomized search): the float32 solves of plain
+    refinement flush b below float32's range (x_0 = 0, and every residual is b), so no step moves
+    x; that had been refused as "A is too ill-conditioned". Named, with the fix; the fix (GMRES-IR, which
+    scales each correction) solves it: x is 2^eb times the solution of A y = b."""
+    a, b = _tiny_system(np.float64, 0)
+    with pytest.raises(ParameterError, match=r"precision: plain refinement's float32 triangular solves need the "
+                       r"residual b - A x within float32's range.*flush them to zero.*got max \|b - A x\| = .*"
+                       r"Fix: pass refinement='gmres' or 'auto'"):
+        bl.solve(a, np.ldexp(b, eb), precision="mixed", refinement="plain", memory=memory)
+    x = bl.solve(a, np.ldexp(b, eb), precision="mixed", memory=memory)
+    y = np.ldexp(x.to_numpy(), -eb)  # exact
+    assert_residual(a, y, b, dtype=np.float64)
+    assert_solve(y, sl.solve(a, b), a, dtype=np.float64)
+
+
 def test_cli_solve_names_the_range(tmp_path, capsys):
     a64, b64 = _tiny_system(np.float32, -130)
     a = bl.from_array(a64.astype(np.float32), tmp_path / "a.zarr")

@@ -21,7 +21,7 @@ from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks.result_range import lu_growth_error, magnitude, solution_range_error, wide_name
 from blocklin.linalg.blocks.scaling import (flushed_line, fro_norm, max_abs, narrow_range, narrow_range_refusal,
-                                             refuse_nonfinite, safe_norm, sumsq_in_range)
+                                             range_refusal, refuse_nonfinite, safe_norm, sumsq_in_range)
 from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, backward_error,
                                             check_condition, check_refined, condition_estimate, get, krylov_plan, put,
                                             refine_ir)
@@ -292,6 +292,8 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
                     _check_converged(ref, tol, precision, dt, switch_need=switch_need)
                 ref, extra = _switch_to_gmres(job, ops, A, B, solver, run, factor, ref, norm_a, tol, steps_max,
                                               precision=precision)
+            elif ref.eta > tol and precision != "double":
+                _refuse_residual_range(job, ref, fdt)
         _check_converged(ref, tol, precision, dt)
         run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
         col_res, col_x = (_col_norms(ops, Region.of(p, (n, k))) for p in (ref.r_path, ref.x_path))
@@ -1001,6 +1003,19 @@ def _stored(ir: Operators, done: Refined, solver: _Solver) -> SolveRefinement:
     xreg = solver.region("x1")
     put(xreg, done.x)
     return SolveRefinement(done.residual, done.eta, done.steps, done.history, done.norm_x, ir.r.path, xreg.path)
+
+
+def _refuse_residual_range(job: Job, ref: SolveRefinement, fdt: np.dtype) -> None:
+    """Plain refinement of a float32 factorization that stopped above ``tol`` where its last residual
+    ``b - A x`` lies below float32's range: the solves' cast flushed it (``b`` near ``1e-200``: ``x_0 = 0``
+    and every correction zero), so the refinement could not move, whatever ``cond(A)``; named, with the
+    refinement that scales each correction into the range (it had been called too ill-conditioned)."""
+    top = max_abs(job.operand(ref.r_path, "b - A x"))
+    refusal = range_refusal(top, fdt, f"plain refinement's {np.dtype(fdt).name} triangular solves need the residual "
+                            "b - A x", "b - A x", "pass refinement='gmres' or 'auto' (GMRES-IR scales each "
+                            "correction into the range), or precision='double'") if top > 0 else None
+    if refusal is not None:
+        raise refusal
 
 
 def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dtype, *,
