@@ -15,7 +15,7 @@ from blocklin.errors import BudgetError, ConvergenceError, ParameterError
 from blocklin.linalg.solve.gmres_ir import LIMIT, U_PRECOND, gmres, krylov_plan
 from blocklin.linalg.solve.half_scaling import check_rounding
 from blocklin.linalg.solve.square import solve_square
-from support.tolerances import assert_residual, assert_solve
+from support.tolerances import assert_residual, assert_solve, eps
 
 EPS64 = np.finfo(np.float64).eps
 SCHEDULERS = ["sync", "threads", "processes"]
@@ -160,6 +160,21 @@ def test_refined_where_the_norms_leave_float64s_range(precision, refinement, ass
     assert x.report["backward_error"] <= np.sqrt(N) * EPS64
     assert_residual(a, y, b, dtype=np.float64)
     assert_solve(y, np.linalg.solve(a, b), a, dtype=np.float64, cond=kappa)
+
+
+def test_backward_error_keeps_its_terms_in_range():
+    """``res / (||A|| ||x|| + ||b||)`` with its denominator formed by powers of two: the terms' products
+    overflow or underflow as float64 products, and a zero x (a solution below float64's range) must
+    give 1, not 0 (a 0 had been reported as converged). Three roundings (product, sum, quotient)."""
+    from blocklin.linalg.solve.gmres_ir import backward_error
+
+    rel = 3 * eps(np.float64)
+    assert backward_error(1.1e-199, 3.5e301, 0.0, 1.1e-199) == 1.0  # x = 0: ||b|| / ||b||
+    assert backward_error(1e-300, 1e-200, 1e-200, 0.0) == pytest.approx(1e100, rel=rel)  # product underflows
+    assert backward_error(1e283, 1e300, 1e200, 1e-300) == pytest.approx(1e-217, rel=rel)  # product overflows
+    assert backward_error(1.0, 2.0, 3.0, 4.0) == pytest.approx(0.1, rel=rel)
+    assert backward_error(0.0, 0.0, 0.0, 0.0) == 0.0
+    assert backward_error(1.0, np.inf, 1.0, 1.0) == np.inf  # nothing measured: never converged
 
 
 def test_rounding_rule_refuses_what_the_format_cannot_hold():

@@ -268,16 +268,23 @@ def backward_error(res: float, norm_a: float, norm_x: float, norm_b: float) -> f
     """The normwise backward error ``res / (||A|| ||x|| + ||b||)`` (Rigal and Gaches 1967) of norms
     that are each in float64's range, with the denominator formed by powers of two (exact): ``||A||
     ||x||`` of data near ``1e200`` overflows and of data near ``1e-200`` underflows, and the quotient
-    had been ``0`` (converged) or NaN. ``0`` where the denominator is zero; ``inf`` for a
-    non-finite residual."""
-    if not np.isfinite(res):
+    had been ``0`` (converged) or NaN. ``0`` where the denominator is zero; ``inf`` where a norm is
+    not finite (nothing is measured)."""
+    if not all(np.isfinite(v) for v in (res, norm_a, norm_x, norm_b)):
         return float("inf")
-    ea, ex, eb = (int(np.frexp(v)[1]) if 0 < v < np.inf else 0 for v in (norm_a, norm_x, norm_b))
-    e = max(ea + ex, eb)
+    mant = {}
+    for name, v in (("a", norm_a), ("x", norm_x), ("b", norm_b)):
+        f, e = np.frexp(v)
+        mant[name] = (float(f), int(e))
+    product = norm_a > 0 and norm_x > 0
+    terms = ([mant["a"][1] + mant["x"][1]] if product else []) + ([mant["b"][1]] if norm_b > 0 else [])
+    if not terms:
+        return 0.0
+    e = max(terms)  # the exponent of the larger term: the other may underflow, never overflow
     with np.errstate(over="ignore", under="ignore"):
-        denom = (float(np.ldexp(norm_a, -ea)) * float(np.ldexp(norm_x, -ex)) * float(np.ldexp(1.0, ea + ex - e))
-                 + float(np.ldexp(norm_b, -e)))
-        return float(np.ldexp(res, -e)) / denom if denom > 0 else 0.0
+        denom = float(np.ldexp(mant["a"][0] * mant["x"][0], mant["a"][1] + mant["x"][1] - e)) if product else 0.0
+        denom += float(np.ldexp(norm_b, -e))
+        return float(np.ldexp(res, -e)) / denom
 
 
 @dataclasses.dataclass
