@@ -162,6 +162,26 @@ def test_refined_where_the_norms_leave_float64s_range(precision, refinement, ass
     assert_solve(y, np.linalg.solve(a, b), a, dtype=np.float64, cond=kappa)
 
 
+@pytest.mark.parametrize("precision, assume_a", [("fp16", "gen"), ("bf16", "pos")])
+@pytest.mark.parametrize("ea, eb, way", [(1000, -664, "up"), (-1000, 664, "down")])
+def test_solution_beyond_float64s_range_is_named(precision, assume_a, ea, eb, way):
+    """``2^ea A x = 2^eb b``: x near ``2^(eb - ea)`` is ``2^-1664`` (0 in float64) or ``2^1664`` (Inf), found
+    by a randomized search. It had been refused as not converging (backward error 1), as a singular A
+    (the row scaling of b near 2^664 by 2^1000 overflowed before the solves), or by a condition
+    estimate of inf; named now, from the first solve, with the fix, which solves it."""
+    a = _randsvd(N, 1e2, seed=7, spd=assume_a == "pos")
+    b = np.random.default_rng(8).standard_normal((N, 1))
+    kw = dict(precision=precision, assume_a=assume_a, memory=MEMORY)
+    with pytest.raises(ParameterError, match=rf"b: must give a solution x = A\^-1 b within float64's range.*"
+                       rf"Fix: scale b {way} by a power of two"):
+        bl.solve(np.ldexp(a, ea), np.ldexp(b, eb), **kw)
+    eb = eb + (1000 if way == "up" else -1000)  # the fix: x near 2^(eb - ea) = 2^-+664
+    x = bl.solve(np.ldexp(a, ea), np.ldexp(b, eb), **kw)
+    y = np.ldexp(x.to_numpy(), ea - eb)  # exact
+    assert_residual(a, y, b, dtype=np.float64)
+    assert_solve(y, np.linalg.solve(a, b), a, dtype=np.float64, cond=1e2)
+
+
 def test_backward_error_keeps_its_terms_in_range():
     """``res / (||A|| ||x|| + ||b||)`` with its denominator formed by powers of two: the terms' products
     overflow or underflow as float64 products, and a zero x (a solution below float64's range) must

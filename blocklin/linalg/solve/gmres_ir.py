@@ -88,9 +88,20 @@ class Operators:
         return self._solve_in_range(x)
 
     def precond(self, x: np.ndarray) -> np.ndarray:
-        """``M^-1 x``: the stored factorization's two triangular solves (in float32), scaled."""
-        y = self._solve_in_range(x if self.row is None else x * self.row[:, None])
-        return y if self.col is None else (self.mu * self.col)[:, None] * y
+        """``M^-1 x``: the stored factorization's two triangular solves (in float32), scaled. Each column
+        is brought near 1 before the row scaling and multiplied back after the column scaling (powers of
+        two: exact), so that neither scaling overflows where ``M^-1 x`` is in range (``A`` near ``2^-1000``
+        has row scales near ``2^1000``: ``b`` near ``2^664`` times them had overflowed, and the solves' Inf
+        was named a singular ``A``)."""
+        if self.row is None and self.col is None:
+            return self._solve_in_range(x)
+        e = _column_exponents(x)
+        y = np.ldexp(x, -e)
+        y = self._solve_in_range(y if self.row is None else y * self.row[:, None])
+        with np.errstate(over="ignore", under="ignore"):
+            y = np.ldexp(y, np.minimum(e, 0))  # the smaller of the two steps first: no needless overflow
+            y = y if self.col is None else (self.mu * self.col)[:, None] * y
+            return np.ldexp(y, np.maximum(e, 0))
 
     def _solve_in_range(self, x: np.ndarray) -> np.ndarray:
         """``F^-1 x`` with each column of ``x`` divided by a power of two near its largest magnitude for
@@ -98,13 +109,19 @@ class Operators:
         The corrections of a solution near ``2^-100`` sit near float32's underflow threshold: unscaled
         they lost their digits, and GMRES-IR stalled at a backward error of ``2.4e-13`` (``A`` near
         ``2^100``, ``b`` near 1)."""
-        top = np.max(np.abs(x), axis=0) if x.size else np.zeros(x.shape[1])
-        e = np.where((top > 0) & np.isfinite(top), np.frexp(top)[1], 0).astype(np.intc)[None, :]
+        e = _column_exponents(x)
         put(self.v, np.ldexp(x, -e))
         self.solve(self.v, self.w)
         self.solves += 1
         with np.errstate(over="ignore", under="ignore"):
             return np.ldexp(get(self.w), e)
+
+
+def _column_exponents(x: np.ndarray) -> np.ndarray:
+    """``e`` (a row, ``1 x k``) with each column's largest magnitude ``f 2^e``, ``f`` in ``[0.5, 1)``; 0 for a
+    column of zeros or one that is not finite."""
+    top = np.max(np.abs(x), axis=0) if x.size else np.zeros(x.shape[1])
+    return np.where((top > 0) & np.isfinite(top), np.frexp(top)[1], 0).astype(np.intc)[None, :]
 
 
 def put(region: Region, x: np.ndarray) -> None:

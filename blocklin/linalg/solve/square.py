@@ -941,6 +941,7 @@ def _refine_low(job: Job, ops: BlockOps, A: Any, B: Any, solver: _Solver, run: _
         ir = _operators(job, ops, A, B, win, scaling)
         b = get(ir.b)
         x = ir.precond(b)
+        _refuse_solution_range(x, b)
         if c0 == 0:  # the estimate from the first block; the rule holds for every column
             kappa = condition_estimate(ir, x, b, scaling.norm_lower if scaling else _norm_a_lower(norm_a, n),
                                        steps=2 if c1 - c0 <= 8 else 0)
@@ -959,6 +960,31 @@ def _refine_low(job: Job, ops: BlockOps, A: Any, B: Any, solver: _Solver, run: _
     if scaling is not None:
         extra.update(scaling=scaling.to_dict(), half_gemm=_half_gemm(job, precision))
     return _whole(ops, B, solver, blocks, norm_a), extra
+
+
+def _refuse_solution_range(x: np.ndarray, b: np.ndarray) -> None:
+    """Refuse where the first solve ``x_0 = M^-1 b`` (whose columns the preconditioner scales into
+    float32's range and back, :meth:`~blocklin.linalg.solve.gmres_ir.Operators.precond`) left float64's
+    range: ``x`` overflowed, or all of it lies below float64's smallest normal number (``A``
+    near ``2^1000`` with ``b`` near ``2^-664``: ``x`` near ``2^-1664`` is 0). The refinement cannot bring
+    such an ``x`` to the backward error, and had been refused as not converging, as a singular ``A``,
+    or by a condition estimate of ``inf``."""
+    bmax = float(np.max(np.abs(b))) if b.size else 0.0
+    top = float(np.max(np.abs(x))) if x.size else 0.0
+    # below the smallest normal number the largest entry's spacing 2^-1074 exceeds eps times it: x loses its
+    # normwise precision (above it, subnormal small entries cost less than eps ||x||)
+    fi = np.finfo(np.float64)
+    low, high = float(fi.tiny), float(fi.max)
+    if bmax == 0 or (np.isfinite(x).all() and top >= low):
+        return
+    if np.isfinite(x).all():
+        actual, way = f"max |x_0| = {top:.3g} from max |b| = {bmax:.3g}, below {low:.3g}", "up"
+    else:
+        actual, way = f"x_0 overflowed float64 (beyond {high:.3g}) from max |b| = {bmax:.3g}", "down"
+    raise ParameterError(explain(
+        "b", f"must give a solution x = A^-1 b within float64's range, the precision x is returned in (largest "
+        f"magnitude from the smallest normal number {low:.3g} to {high:.3g}), judged from the first solve x_0 = M^-1 b",
+        actual, f"scale b {way} by a power of two (exact: x is scaled by it), or a the other way"))
 
 
 def _whole(ops: BlockOps, B: Any, solver: _Solver, blocks: list[Refined], norm_a: float) -> SolveRefinement:
