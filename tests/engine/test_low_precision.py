@@ -182,6 +182,26 @@ def test_solution_beyond_float64s_range_is_named(precision, assume_a, ea, eb, wa
     assert_solve(y, np.linalg.solve(a, b), a, dtype=np.float64, cond=1e2)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("e", [-20, 100])
+def test_positive_definite_with_one_line_scaled_is_scaled_back(precision, e):
+    """``D A D`` (positive definite, ``cond 1e3``) with ``d_6 = 2^e`` (found by a randomized search): the
+    row maxima's symmetric scaling left it as ill-conditioned as given (the off-diagonal entries of line
+    6 set the other rows' maxima), and GMRES-IR refused it (first step, or the condition rule at an
+    estimate near 1e34). The diagonal's scaling (Higham and Pranesh 2021) undoes D: refined to float64's
+    backward error of the system as given."""
+    a = _randsvd(N, 1e3, seed=9, spd=True)
+    d = np.ones(N)
+    d[6] = 2.0 ** e
+    a = d[:, None] * a * d[None, :]  # exact
+    b = np.random.default_rng(10).standard_normal((N, 1))
+    x = bl.solve(a, b, assume_a="pos", precision=precision, memory=MEMORY)
+    assert x.report["backward_error"] <= np.sqrt(N) * EPS64
+    assert_residual(a, x.to_numpy(), b, dtype=np.float64)
+    lo, hi = x.report["scaling"]["row_scale_range"]
+    assert abs(np.log2(hi / lo) - abs(e)) <= 1  # the scaling took out d_6 (powers of two near a_ii^(-1/2))
+
+
 def test_backward_error_keeps_its_terms_in_range():
     """``res / (||A|| ||x|| + ||b||)`` with its denominator formed by powers of two: the terms' products
     overflow or underflow as float64 products, and a zero x (a solution below float64's range) must

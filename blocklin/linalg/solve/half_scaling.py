@@ -3,7 +3,7 @@
 Higham, Pranesh and Zounon (2019), "Squeezing a matrix into half precision, with an application to
 solving linear systems", SISC 41(4): two-sided diagonal scaling (their Algorithm 2.2: rows, then
 columns, equilibrated to a largest entry of 1; for a symmetric matrix the symmetric scaling
-``D A D``) followed by a multiplication by ``mu = theta x_max``, so that the factorization's operands
+``D A D``, from the diagonal for a positive definite one as Higham and Pranesh 2021, Alg. 3.1) followed by a multiplication by ``mu = theta x_max``, so that the factorization's operands
 use the format's range instead of overflowing above 65504 or flushing below ``6e-8``. The scale
 factors here are powers of two (as LAPACK's ``dgeequb``), so the scaling itself is exact, and
 ``mu = 2^12`` for fp16 (``theta`` about 1/16: the LU's growth stays in range up to a growth factor of
@@ -58,11 +58,17 @@ def _range(v: np.ndarray) -> list[float]:
 
 
 def squeeze(ops: BlockOps, a: Region, out: Region, chunks: tuple[int, int], mode: str, *,
-            symmetric: bool, shift: float = 0.0) -> HalfScaling:
+            symmetric: bool, positive: bool = False, shift: float = 0.0) -> HalfScaling:
     """Scale ``a`` (``n x n``) into ``out`` (an existing float32 store of ``chunks``, those tiles being
     the tasks' blocks: each writes whole chunks); refuse where the scaled matrix still underflows
     (:func:`check_rounding`). ``shift``: added to the scaled diagonal (``mu`` times it: the
-    shifted Cholesky of Higham and Pranesh 2021, where the low-precision Cholesky of ``A_s`` broke down)."""
+    shifted Cholesky of Higham and Pranesh 2021, where the low-precision Cholesky of ``A_s`` broke down).
+    ``positive`` (``assume_a="pos"``): the symmetric scaling from the diagonal, ``d_i`` a power of two
+    near ``a_ii^(-1/2)`` (Higham and Pranesh 2021, Alg. 3.1: ``|a_ij| <= sqrt(a_ii a_jj)``, so every
+    entry of ``D A D`` is below 1), where every ``a_ii`` is positive; the row maxima's scaling of a
+    symmetric matrix (``d_i = m_i^(-1/2)``) leaves ``D A D`` of a positive definite matrix with one line
+    ``2^20`` times the rest as ill-conditioned as it (an off-diagonal entry sets the other rows' maxima),
+    which GMRES-IR then refused."""
     n = a.shape[0]
     rows = [(r0, min(n, r0 + chunks[0])) for r0 in range(0, n, chunks[0])]
     cols = [(c0, min(n, c0 + chunks[1])) for c0 in range(0, n, chunks[1])]
@@ -71,12 +77,17 @@ def squeeze(ops: BlockOps, a: Region, out: Region, chunks: tuple[int, int], mode
     g = ops.graph("rowmax", spec)
     for i, j, rs, cs in blocks:
         g.add((i, j), rowmax_task, spec, rs, cs)
-    rowmax = np.zeros(n)
+    rowmax, diag = np.zeros(n), np.zeros(n)
     for r in ops.run(g, "row maxima of |A|"):
         r0, v = r["rows"]
         np.maximum(rowmax[r0:r0 + v.size], v, out=rowmax[r0:r0 + v.size])
+        if "diag" in r:
+            d0, dv = r["diag"]
+            diag[d0:d0 + dv.size] = dv
     max_abs = float(rowmax.max()) if n else 0.0
-    if symmetric:  # |a_ij| d_i d_j <= sqrt(m_i m_j) d_i d_j < 1
+    if positive and bool(np.all((diag > 0) & np.isfinite(diag))):  # |a_ij| d_i d_j <= sqrt(a_ii a_jj) d_i d_j < 1
+        row = col = _pow2(diag, half=True)
+    elif symmetric:  # |a_ij| d_i d_j <= sqrt(m_i m_j) d_i d_j < 1
         row = col = _pow2(rowmax, half=True)
     else:
         row = _pow2(rowmax)
@@ -128,9 +139,14 @@ def _pow2(m: np.ndarray, half: bool = False) -> np.ndarray:
 
 @with_task_settings
 def rowmax_task(spec: Any, rs: tuple[int, int], cs: tuple[int, int]) -> dict:
-    """Row maxima of ``|A[rs, cs]|``."""
+    """Row maxima of ``|A[rs, cs]|``, and the part of ``A``'s diagonal the block holds."""
     x = spec.a.read_stored(slice(*rs), slice(*cs), np.float64)
-    return {"bytes_read": x.nbytes, "rows": (rs[0], np.abs(x).max(axis=1, initial=0.0))}
+    out = {"bytes_read": x.nbytes, "rows": (rs[0], np.abs(x).max(axis=1, initial=0.0))}
+    lo, hi = max(rs[0], cs[0]), min(rs[1], cs[1])
+    if lo < hi:  # the block holds part of the diagonal
+        k = np.arange(lo, hi)
+        out["diag"] = (lo, x[k - rs[0], k - cs[0]].copy())
+    return out
 
 
 @with_task_settings

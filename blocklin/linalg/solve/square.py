@@ -872,7 +872,7 @@ def _factor_half(job: Job, A: Any, fdt: np.dtype, assume_a: str, run: _SquareRun
         shift = 0.0 if attempt == 0 else 2.0 ** attempt * u
         scaling = run.stages.run("scale", lambda: squeeze(
             sops, Region.of(A.path, A.shape), Region.of(run.scaled, A.shape), tuple(A.chunks), precision,
-            symmetric=assume_a != "gen", shift=shift))
+            symmetric=assume_a != "gen", positive=assume_a == "pos", shift=shift))
         Af = job.operand(run.scaled, "a (scaled)")
         try:
             factor, why = run.stages.run("factor", lambda: _factor(job, Af, fdt, assume_a, stores))
