@@ -202,6 +202,24 @@ def test_positive_definite_with_one_line_scaled_is_scaled_back(precision, e):
     assert abs(np.log2(hi / lo) - abs(e)) <= 1  # the scaling took out d_6 (powers of two near a_ii^(-1/2))
 
 
+@pytest.mark.parametrize("precision, refinement", [("fp16", "auto"), ("mixed", "gmres")])
+def test_solution_whose_norm_is_beyond_float64s_range_is_named(precision, refinement):
+    """x with every entry below 1.8e308 and ``||x||_F`` beyond it (found by a randomized search: b near
+    2^1000): the condition estimate, a ratio of norms, had been inf (refused by the condition rule), the
+    backward error NaN. Named from the first solve; the fix (b scaled down) solves it."""
+    a = _randsvd(N, 1e2, seed=11)
+    b = np.random.default_rng(12).standard_normal((N, 1))
+    y = np.linalg.solve(a, b)
+    p = 1023 - int(np.frexp(np.abs(y).max())[1])  # max |x| in [2^1022, 2^1023): ||x||_F near 2^1024 or beyond
+    assert not np.isfinite(np.linalg.norm(np.ldexp(y, p)))
+    kw = dict(precision=precision, refinement=refinement, memory=MEMORY)
+    with pytest.raises(ParameterError, match=r"b: must give a solution x = A\^-1 b within float64's range.*"
+                       r"got \|\|x_0\|\|_F beyond.*Fix: scale b down by a power of two"):
+        bl.solve(a, np.ldexp(b, p), **kw)
+    x = bl.solve(a, np.ldexp(b, p - 8), **kw)  # the fix
+    assert_residual(a, np.ldexp(x.to_numpy(), 8 - p), b, dtype=np.float64)
+
+
 def test_backward_error_keeps_its_terms_in_range():
     """``res / (||A|| ||x|| + ||b||)`` with its denominator formed by powers of two: the terms' products
     overflow or underflow as float64 products, and a zero x (a solution below float64's range) must

@@ -27,6 +27,7 @@ import numpy as np
 from blocklin.errors import BudgetError, ConvergenceError, ParameterError, explain
 from blocklin.linalg.blocks.scaling import column_norms, fro_norm
 from blocklin.runtime.blockops import Region
+from blocklin.runtime.powers import ldexp, max_exponent
 from blocklin.runtime.tiles import open_array
 from blocklin.storage.zarr_store import write_block
 
@@ -179,10 +180,13 @@ def condition_estimate(ops: Operators, x0: np.ndarray, b: np.ndarray, norm_lower
     largest over the columns of the first solve ``x0 = M^-1 b`` (its ``F^-1 (diag(row) b)``) and
     ``steps`` power steps from it."""
     def ratio(y: np.ndarray, z: np.ndarray) -> float:
-        nz = column_norms(z)
+        # each divided by a power of two near its largest entry (exact): a norm beyond float64's range
+        # (an x near 1e308) had made the estimate inf, refused by the condition rule
+        ey, ez = max_exponent(y), max_exponent(z)
+        nz = column_norms(ldexp(z, -ez))
         ok = nz > 0
-        with np.errstate(over="ignore"):
-            return float(np.max(column_norms(y)[ok] / nz[ok])) if ok.any() else 0.0
+        with np.errstate(over="ignore", under="ignore"):
+            return float(np.ldexp(np.max(column_norms(ldexp(y, -ey))[ok] / nz[ok]), ey - ez)) if ok.any() else 0.0
 
     z = b if ops.row is None else b * ops.row[:, None]
     y = x0 if ops.col is None else x0 / (ops.mu * ops.col)[:, None]

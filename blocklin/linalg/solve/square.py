@@ -975,9 +975,15 @@ def _refuse_solution_range(x: np.ndarray, b: np.ndarray) -> None:
     # normwise precision (above it, subnormal small entries cost less than eps ||x||)
     fi = np.finfo(np.float64)
     low, high = float(fi.tiny), float(fi.max)
-    if bmax == 0 or (np.isfinite(x).all() and top >= low):
+    finite = bool(np.isfinite(x).all())
+    # the backward error needs ||x||_F: entries below 1.8e308 whose norm is beyond it are refused too
+    wide = finite and not np.isfinite(fro_norm(x))
+    if bmax == 0 or (finite and top >= low and not wide):
         return
-    if np.isfinite(x).all():
+    if wide:
+        actual, way = (f"||x_0||_F beyond {high:.3g} (max |x_0| = {top:.3g}; the backward error needs ||x||) from "
+                       f"max |b| = {bmax:.3g}"), "down"
+    elif finite:
         actual, way = f"max |x_0| = {top:.3g} from max |b| = {bmax:.3g}, below {low:.3g}", "up"
     else:
         actual, way = f"x_0 overflowed float64 (beyond {high:.3g}) from max |b| = {bmax:.3g}", "down"
