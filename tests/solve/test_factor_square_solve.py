@@ -11,7 +11,7 @@ import scipy.linalg as sl
 
 import blocklin as bl
 from blocklin.cli.main import main
-from blocklin.errors import ConvergenceError, ParameterError, SingularMatrixError
+from blocklin.errors import ConvergenceError, NotPositiveDefiniteError, ParameterError, SingularMatrixError
 from support.tolerances import assert_residual, assert_solve
 
 
@@ -416,6 +416,22 @@ def test_mixed_precision_cholesky_of_a_line_its_cast_flushes_names_it(memory):
                  dtype=np.float64)
     assert_solve(bl.solve(scaled, bs, assume_a="pos", precision="mixed", memory=memory).to_numpy().ravel(), ref,
                  scaled, dtype=np.float64)
+
+
+def test_mixed_precision_cholesky_of_a_diagonal_that_underflowed_stays_indefinite():
+    """``D A D`` with ``d_8 = 2^-600``: ``a_88`` underflows to 0 in float64 itself, so the matrix as given is
+    not positive definite (a zero diagonal beside nonzero entries); its flushed line is not named as the
+    cause (the fix it names would not hold), the Cholesky's error stands."""
+    rng = np.random.default_rng(1)
+    n = 50
+    g = rng.standard_normal((n, n))
+    a = g @ g.T / n + np.eye(n)
+    d = np.ones(n)
+    d[7] = 2.0 ** -600
+    a = d[:, None] * a * d[None, :]
+    assert a[7, 7] == 0 and np.abs(a[7]).max() > 0
+    with pytest.raises(NotPositiveDefiniteError, match=r"a: must be symmetric positive definite"):
+        bl.solve(a, rng.standard_normal(n), assume_a="pos", precision="mixed", memory="256KiB")
 
 
 @pytest.mark.parametrize("memory", ["64MiB", "256KiB"])

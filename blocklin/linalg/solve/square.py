@@ -723,6 +723,8 @@ def _flushed_line_refusal(A: Any, fdt: np.dtype, *, symmetric: bool = False) -> 
     if line is None:
         return None
     kind, i, top = line
+    if symmetric and not float(Region.of(A.path, A.shape).read_stored(slice(i, i + 1), slice(i, i + 1))[0, 0]) > 0:
+        return None  # a_ii <= 0 as given (one that underflowed to 0): not positive definite, as the Cholesky says
     low, p = narrow_range(fdt)[0], -int(np.frexp(top)[1])
     if symmetric:
         kind, scale = "row and column", (f"scale row and column {i + 1} of a and entry {i + 1} of b by 2.0**{p} "
@@ -732,9 +734,11 @@ def _flushed_line_refusal(A: Any, fdt: np.dtype, *, symmetric: bool = False) -> 
         scale = f"scale row {i + 1} of a and entry {i + 1} of b by 2.0**{p} (exact: x is unchanged)"
     else:
         scale = f"scale column {i + 1} of a by 2.0**{p} (exact: entry {i + 1} of x is then scaled by its inverse)"
+    fails = "Cholesky meet a pivot <= 0 where A is positive definite" if symmetric else \
+        "factorization singular where A is not"
     return ParameterError(explain("precision", f"a {fdt.name} factorization needs every row and column of A within "
                                   f"{fdt.name}'s range (above {low:.3g}): a {kind} its cast flushes makes the "
-                                  "factorization singular where A is not", f"{kind} {i + 1} of A: max |a| = {top:.3g}",
+                                  f"{fails}", f"{kind} {i + 1} of A: max |a| = {top:.3g}",
                                   f"pass precision='double', or {scale}"))
 
 
