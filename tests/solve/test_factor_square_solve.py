@@ -452,6 +452,23 @@ def test_mixed_plain_refinement_of_a_residual_its_cast_flushes_names_it(eb, memo
     assert_solve(y, sl.solve(a, b), a, dtype=np.float64)
 
 
+@pytest.mark.parametrize("assume_a", ["gen", "pos"])
+def test_mixed_precision_of_a_b_beyond_float32s_range_names_gmres_ir(assume_a):
+    """float64 A near 1 with b near 2^664 (found by a randomized search): the float32 solves of plain
+    refinement overflow, refused naming x's range; GMRES-IR, which scales each right-hand side into the
+    solves' range, solves it (x is 2^664 times the solution of A y = b), so the fix names it too."""
+    a, b = _tiny_system(np.float64, 0)
+    if assume_a == "pos":
+        a = a @ a.T + np.eye(a.shape[0])
+    with pytest.raises(ParameterError, match=r"precision: must give an x whose precision='mixed' float32 solves.*"
+                       r"Fix: pass precision='double' .*, or refinement='gmres'"):
+        bl.solve(a, np.ldexp(b, 664), assume_a=assume_a, precision="mixed", memory="256KiB")
+    x = bl.solve(a, np.ldexp(b, 664), assume_a=assume_a, precision="mixed", refinement="gmres", memory="256KiB")
+    y = np.ldexp(x.to_numpy(), -664)  # exact
+    assert_residual(a, y, b, dtype=np.float64)
+    assert_solve(y, sl.solve(a, b), a, dtype=np.float64)
+
+
 def test_cli_solve_names_the_range(tmp_path, capsys):
     a64, b64 = _tiny_system(np.float32, -130)
     a = bl.from_array(a64.astype(np.float32), tmp_path / "a.zarr")

@@ -618,7 +618,9 @@ def _range_refusal(A: Any, B: Any, solver: _Solver, precision: str) -> Exception
               "the substitutions take: they overflowed")
     if precision != "double":
         return solution_range_error("precision", sdt, what=f"an x whose precision='{precision}' float32 solves",
-                                    actual=actual, fix="pass precision='double' (the solves then run in float64)")
+                                    actual=actual, fix="pass precision='double' (the solves then run in float64), "
+                                    "or refinement='gmres' (GMRES-IR scales each right-hand side of the float32 "
+                                    "solves into their range)")
     p = -int(np.frexp(top)[1])
     scale = f"scale a by 2.0**{p} (exact: the solution is then 2^-{p} times x)"
     wide = wide_name(sdt)
