@@ -21,7 +21,8 @@ examples:
 def register(sub: argparse._SubParsersAction) -> None:
     from blocklin.cli import ui
 
-    p = sub.add_parser("clean", help="remove partial outputs and work folders of runs that are gone, and orphan export records",
+    p = sub.add_parser("clean", help="remove partial outputs and work folders of runs that are gone, and "
+                                     "orphan export records",
                        description="Find the partial outputs and work folders that interrupted or killed runs "
                                    "left behind and remove those whose owner is gone, and the records of file "
                                    "exports whose file is gone, saying what was removed and its size.",

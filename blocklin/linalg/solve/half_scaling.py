@@ -3,8 +3,9 @@
 Higham, Pranesh and Zounon (2019), "Squeezing a matrix into half precision, with an application to
 solving linear systems", SISC 41(4): two-sided diagonal scaling (their Algorithm 2.2: rows, then
 columns, equilibrated to a largest entry of 1; for a symmetric matrix the symmetric scaling
-``D A D``, from the diagonal for a positive definite one as Higham and Pranesh 2021, Alg. 3.1) followed by a multiplication by ``mu = theta x_max``, so that the factorization's operands
-use the format's range instead of overflowing above 65504 or flushing below ``6e-8``. The scale
+``D A D``, from the diagonal for a positive definite one as Higham and Pranesh 2021, Alg. 3.1)
+followed by a multiplication by ``mu = theta x_max``, so that the factorization's operands use
+the format's range instead of overflowing above 65504 or flushing below ``6e-8``. The scale
 factors here are powers of two (as LAPACK's ``dgeequb``), so the scaling itself is exact, and
 ``mu = 2^12`` for fp16 (``theta`` about 1/16: the LU's growth stays in range up to a growth factor of
 16) and 1 for bf16, whose exponent range is float32's.
