@@ -14,6 +14,10 @@ Besides, a file export's record ``.NAME.blocklin`` (:mod:`blocklin.storage.file_
 its file when the user removes the file: such an orphan record is removed where it is one blocklin
 wrote, and reported and left alone otherwise (a file of the user's with that name). A record whose
 file exists is no leftover.
+Such records (and a partial file's owner record) are written whole under a temporary name,
+``.NAME.blocklin.tmp-PID-HEX``, and renamed into place; a writer killed between the two leaves that
+file, removed once it is older than the lease and holds the start of a record blocklin writes (or
+nothing).
 
 Each holds an owner record (:mod:`blocklin.storage.ownership`); one whose owner is gone is removed,
 one whose owner is alive never is. A work folder without a record (made by an older blocklin) is
@@ -29,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import stat
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -43,6 +48,12 @@ _PARTIAL = re.compile(r"^\..+\.partial-[0-9A-Za-z]+$")
 _OLD = re.compile(r"^\..+\.old-[0-9a-f]{8}$")
 _WORK = re.compile(r"^blocklin-[A-Za-z0-9_]+-[0-9a-f]{12,32}$")
 _RECORD = re.compile(r"^\..+" + re.escape(file_records.SUFFIX) + "$")
+#: A record written whole under a temporary name (``file_records._write_whole``: a file export's record or a
+#: partial file's owner record) that its writer, killed between the write and the rename, left behind.
+_RECORD_TMP = re.compile(r"^\..+(?:" + re.escape(file_records.SUFFIX) + "|" + re.escape(file_records.OWNER_SUFFIX)
+                         + r")\.tmp-\d+-[0-9a-f]{8}$")
+#: How each such record begins (``json.dump`` of the dicts ``file_records`` writes), or nothing yet.
+_RECORD_TMP_STARTS = ('{"blocklin": ', '{"pid": ')
 
 
 @dataclasses.dataclass
@@ -50,7 +61,7 @@ class Leftover:
     """One partial output or work folder, its owner and what ``clean`` does with it."""
 
     path: str
-    kind: str  # "partial output", "work folder", "old output", "file record", "partial file"
+    kind: str  # "partial output", "work folder", "old output", "file record", "partial file", "record temp"
     bytes: int
     owner: dict | None
     #: "removed", "would remove", "kept" (its owner is alive) or "skipped" (no owner record)
@@ -74,6 +85,8 @@ def _classify(loc: Location, kind: str, sizes: bool = True) -> Leftover:
         return _classify_record(loc.url)
     if kind == "partial file":
         return _classify_partial_file(loc.url, sizes)
+    if kind == "record temp":
+        return _classify_record_temp(loc.url)
     rec = ownership.read_record(loc)
     item = Leftover(loc.url, kind, 0, rec)
     if ownership.is_alive(rec) and not (ownership.is_mine(rec) and not ownership.Heartbeat.holds(rec)):
@@ -120,6 +133,30 @@ def _classify_record(path: str) -> Leftover:
     else:
         item.action, item.reason = "remove", f"its file {name} is gone (the record of a {rec['format']} export)"
     return item
+
+
+def _classify_record_temp(path: str) -> Leftover:
+    """A record's temporary file: removed where its writer is long gone and it holds what blocklin writes."""
+    try:
+        st = os.lstat(path)
+        with open(path, "rb") as f:
+            head = f.read(64).decode("utf-8", "replace")
+    except OSError:
+        return Leftover(path, "record temp", 0, None, "skipped", "unreadable: left alone")
+    item = Leftover(path, "record temp", st.st_size, None)
+    if not stat.S_ISREG(st.st_mode) or not (head == "" or head.startswith(_RECORD_TMP_STARTS)):
+        item.action, item.reason = "skipped", "not a record blocklin was writing (it holds something else): " \
+                                              "left alone"
+    elif time.time() - st.st_mtime < ownership.LEASE_SECONDS:
+        # its writer renames it into place milliseconds after writing it
+        item.action, item.reason = "kept", "written to in the last 10 minutes (a run may be renaming it)"
+    else:
+        item.action, item.reason = "remove", "a record's temporary copy whose writer stopped before renaming it"
+    return item
+
+
+def _record_temp(path: str) -> bool:
+    return bool(_RECORD_TMP.match(os.path.basename(path))) and os.path.isfile(path) and not os.path.islink(path)
 
 
 def _orphan_record(path: str) -> bool:
@@ -187,6 +224,8 @@ def _local_candidates(path: str) -> list[tuple[str, str]]:
         return [(_file_partial_of(path), "partial file")]
     if _orphan_record(path):
         return [(path, "file record")]
+    if _record_temp(path):
+        return [(path, "record temp")]
     found = []
     if os.path.isdir(path) and not _is_zarr(path):
         for f in sorted(os.listdir(path)):
@@ -197,6 +236,8 @@ def _local_candidates(path: str) -> list[tuple[str, str]]:
                 found.append((_file_partial_of(os.path.join(path, f)), "partial file"))
             elif _orphan_record(os.path.join(path, f)):
                 found.append((os.path.join(path, f), "file record"))
+            elif _record_temp(os.path.join(path, f)):
+                found.append((os.path.join(path, f), "record temp"))
     if os.path.isdir(parent):  # an output path: its partials, set-aside old versions and a file export's record
         for f in sorted(os.listdir(parent)):
             if f.startswith((f".{base}.partial-", f".{base}.old-")) and os.path.isdir(os.path.join(parent, f)):
@@ -205,6 +246,9 @@ def _local_candidates(path: str) -> list[tuple[str, str]]:
                 found.append((_file_partial_of(os.path.join(parent, f)), "partial file"))
             elif f == f".{base}{file_records.SUFFIX}" and _orphan_record(os.path.join(parent, f)):
                 found.append((os.path.join(parent, f), "file record"))
+            elif f.startswith((f".{base}{file_records.SUFFIX}.tmp-", f".{base}.partial-")) and \
+                    _record_temp(os.path.join(parent, f)):
+                found.append((os.path.join(parent, f), "record temp"))
     return found
 
 
@@ -318,6 +362,14 @@ def _remove(item: Leftover) -> bool:
             return not os.path.lexists(item.path)
         os.unlink(item.path)
         return True
+    if item.kind == "record temp":  # judged again: the same name is never written twice
+        if _classify_record_temp(item.path).action != "remove":
+            return False
+        try:
+            os.unlink(item.path)
+        except FileNotFoundError:
+            pass
+        return True
     if item.kind == "partial file":  # judged again: a run may have taken that name meanwhile
         with ownership.claim_lock(os.path.dirname(item.path)):
             if _classify_partial_file(item.path, sizes=False).action != "remove":
@@ -378,7 +430,7 @@ def sweep_stale(root: Location) -> list[Leftover]:
     try:
         # resumable work of a gone run stays for its --resume rerun; `blocklin clean` removes it
         items = [i for i in find_leftovers([root.url], sizes=False)
-                 if i.action == "remove" and i.kind != "file record" and not (i.owner or {}).get("resumable")]
+                 if i.action == "remove" and i.kind not in ("file record", "record temp") and not (i.owner or {}).get("resumable")]
     except OSError:
         return []
     for item in items:

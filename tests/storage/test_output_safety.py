@@ -669,6 +669,49 @@ def test_clean_removes_the_record_of_an_export_whose_file_is_gone(work, tmp_path
     assert "0 of 3 leftover(s) to remove" in capsys.readouterr().out
 
 
+def test_clean_removes_the_temporary_copy_of_a_record_its_writer_left(work, tmp_path, capsys):
+    """A file export's record and a partial file's owner record are written whole as ``NAME.tmp-PID-HEX`` and
+    renamed into place; a writer killed between the two left that file, and ``clean`` did not see it. It now
+    removes one older than the lease that holds the start of such a record (or nothing), keeps a recent one
+    (its writer may be renaming it), and leaves a look-alike file of the user's alone."""
+    import json
+
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    assert main(["convert", str(work / "A.zarr"), str(exp / "a.npy")]) == 0
+    record = (exp / ".a.npy.blocklin").read_text()
+    old = time.time() - 3600
+    leftovers = {".a.npy.blocklin.tmp-4242-0123abcd": record[:20],  # killed mid-write
+                 ".b.npy.blocklin.tmp-4243-89abcdef": "",  # killed before writing
+                 ".c.npy.partial-0123456789abcdef.owner.tmp-4244-deadbeef": '{"pid": 4244, "ho'}
+    for name, text in leftovers.items():
+        (exp / name).write_text(text)
+        os.utime(exp / name, (old, old))
+    (exp / ".d.npy.blocklin.tmp-4245-00000000").write_text('{"pid": 4245}')  # recent: kept
+    (exp / ".e.npy.blocklin.tmp-4246-11111111").write_text("the user's own notes")  # not blocklin's
+    os.utime(exp / ".e.npy.blocklin.tmp-4246-11111111", (old, old))
+    capsys.readouterr()
+
+    before = tree(exp)
+    assert main(["clean", str(exp), "--dry-run", "--json"]) == 0
+    dry = {os.path.basename(i["path"]): i for i in json.loads(capsys.readouterr().out)["items"]}
+    assert tree(exp) == before
+    assert {k: (i["kind"], i["action"]) for k, i in dry.items()} == {
+        **{name: ("record temp", "would remove") for name in leftovers},
+        ".d.npy.blocklin.tmp-4245-00000000": ("record temp", "kept"),
+        ".e.npy.blocklin.tmp-4246-11111111": ("record temp", "skipped")}
+
+    assert main(["clean", str(exp / "a.npy"), "--no-progress"]) == 0  # beside the export's path
+    assert not (exp / ".a.npy.blocklin.tmp-4242-0123abcd").exists()
+    assert main(["clean", str(exp), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "2 of 4 leftover(s) removed" in text, text
+    assert sorted(os.listdir(exp)) == [".a.npy.blocklin", ".d.npy.blocklin.tmp-4245-00000000",
+                                       ".e.npy.blocklin.tmp-4246-11111111", "a.npy"]
+    assert (exp / ".e.npy.blocklin.tmp-4246-11111111").read_text() == "the user's own notes"
+    assert (exp / ".a.npy.blocklin").read_text() == record
+
+
 def test_clean_removes_the_partial_of_a_killed_file_export(tmp_path, capsys):
     """A file export killed mid-write (SIGKILL) leaves ``.NAME.partial-TOKEN``, a file as large as the export:
     ``blocklin clean`` had said "nothing to clean" (it looked for folders only). The partial now carries its
