@@ -224,7 +224,7 @@ def test_backward_error_keeps_its_terms_in_range():
     """``res / (||A|| ||x|| + ||b||)`` with its denominator formed by powers of two: the terms' products
     overflow or underflow as float64 products, and a zero x (a solution below float64's range) must
     give 1, not 0 (a 0 had been reported as converged). Three roundings (product, sum, quotient)."""
-    from blocklin.linalg.solve.gmres_ir import backward_error
+    from blocklin.linalg.blocks.scaling import backward_error
 
     rel = 3 * eps(np.float64)
     assert backward_error(1.1e-199, 3.5e301, 0.0, 1.1e-199) == 1.0  # x = 0: ||b|| / ||b||

@@ -323,6 +323,29 @@ def _scaled_sumsq_cols(x: Any) -> tuple[np.ndarray, int]:
     return sum(np.einsum("ij,ij->j", q, q, dtype=np.float64) for q in parts), e
 
 
+def backward_error(res: float, norm_a: float, norm_x: float, norm_b: float) -> float:
+    """The normwise backward error of ``A x = b``, ``res / (||A|| ||x|| + ||b||)`` (Rigal and Gaches 1967), of
+    norms that are each in float64's range, with the denominator formed by powers of two (exact): ``||A||
+    ||x||`` of data near ``1e200`` overflows and of data near ``1e-200`` underflows, and the quotient had
+    been ``0`` (converged) or NaN. Shared by plain refinement and GMRES-IR. ``0`` where the denominator is zero; ``inf`` where a norm is
+    not finite (nothing is measured)."""
+    if not all(np.isfinite(v) for v in (res, norm_a, norm_x, norm_b)):
+        return float("inf")
+    mant = {}
+    for name, v in (("a", norm_a), ("x", norm_x), ("b", norm_b)):
+        f, e = np.frexp(v)
+        mant[name] = (float(f), int(e))
+    product = norm_a > 0 and norm_x > 0
+    terms = ([mant["a"][1] + mant["x"][1]] if product else []) + ([mant["b"][1]] if norm_b > 0 else [])
+    if not terms:
+        return 0.0
+    e = max(terms)  # the exponent of the larger term: the other may underflow, never overflow
+    with np.errstate(over="ignore", under="ignore"):
+        denom = float(np.ldexp(mant["a"][0] * mant["x"][0], mant["a"][1] + mant["x"][1] - e)) if product else 0.0
+        denom += float(np.ldexp(norm_b, -e))
+        return float(np.ldexp(res, -e)) / denom
+
+
 def safe_norm(ops: Any, region: Any, sumsq: float) -> float:
     """``sqrt(sumsq)``, or where the sum of squares left float64's range (entries near 1e200 or 1e-200)
     the Frobenius norm of ``region`` read again by tiles scaled by powers of two (``ops.norm``, a

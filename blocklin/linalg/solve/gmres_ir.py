@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import BudgetError, ConvergenceError, ParameterError, explain
-from blocklin.linalg.blocks.scaling import column_norms, fro_norm
+from blocklin.linalg.blocks.scaling import backward_error, column_norms, fro_norm
 from blocklin.runtime.blockops import Region
 from blocklin.runtime.powers import ldexp, max_exponent
 from blocklin.runtime.tiles import open_array
@@ -285,29 +285,6 @@ def gmres(ops: Operators, r: np.ndarray, *, restart: int, tol: float = GMRES_TOL
     return d, its, converged
 
 
-def backward_error(res: float, norm_a: float, norm_x: float, norm_b: float) -> float:
-    """The normwise backward error ``res / (||A|| ||x|| + ||b||)`` (Rigal and Gaches 1967) of norms
-    that are each in float64's range, with the denominator formed by powers of two (exact): ``||A||
-    ||x||`` of data near ``1e200`` overflows and of data near ``1e-200`` underflows, and the quotient
-    had been ``0`` (converged) or NaN. ``0`` where the denominator is zero; ``inf`` where a norm is
-    not finite (nothing is measured)."""
-    if not all(np.isfinite(v) for v in (res, norm_a, norm_x, norm_b)):
-        return float("inf")
-    mant = {}
-    for name, v in (("a", norm_a), ("x", norm_x), ("b", norm_b)):
-        f, e = np.frexp(v)
-        mant[name] = (float(f), int(e))
-    product = norm_a > 0 and norm_x > 0
-    terms = ([mant["a"][1] + mant["x"][1]] if product else []) + ([mant["b"][1]] if norm_b > 0 else [])
-    if not terms:
-        return 0.0
-    e = max(terms)  # the exponent of the larger term: the other may underflow, never overflow
-    with np.errstate(over="ignore", under="ignore"):
-        denom = float(np.ldexp(mant["a"][0] * mant["x"][0], mant["a"][1] + mant["x"][1] - e)) if product else 0.0
-        denom += float(np.ldexp(norm_b, -e))
-        return float(np.ldexp(res, -e)) / denom
-
-
 @dataclasses.dataclass
 class Refined:
     """Outcome of :func:`refine_ir`."""
@@ -399,5 +376,5 @@ def check_refined(ref: Refined, tol: float, precision: str) -> None:
         lower + (", or refinement='gmres'" if ref.kind == "plain" else "")))
 
 
-__all__ = ["GMRES_TOL", "LIMIT", "MAX_ITER", "Operators", "RESTART", "Refined", "STALL", "U_PRECOND", "backward_error",
+__all__ = ["GMRES_TOL", "LIMIT", "MAX_ITER", "Operators", "RESTART", "Refined", "STALL", "U_PRECOND",
            "check_condition", "check_refined", "condition_estimate", "get", "gmres", "krylov_plan", "put", "refine_ir"]

@@ -20,11 +20,11 @@ from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, 
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks.result_range import lu_growth_error, magnitude, solution_range_error, wide_name
-from blocklin.linalg.blocks.scaling import (flushed_line, fro_norm, max_abs, narrow_range, narrow_range_refusal,
-                                             range_refusal, refuse_nonfinite, safe_norm, sumsq_in_range)
-from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, backward_error,
-                                            check_condition, check_refined, condition_estimate, get, krylov_plan, put,
-                                            refine_ir)
+from blocklin.linalg.blocks.scaling import (backward_error, flushed_line, fro_norm, max_abs, narrow_range,
+                                             narrow_range_refusal, range_refusal, refuse_nonfinite, safe_norm,
+                                             sumsq_in_range)
+from blocklin.linalg.solve.gmres_ir import (GMRES_TOL, RESTART, SHORT, STALL, Operators, Refined, check_condition,
+                                            check_refined, condition_estimate, get, krylov_plan, put, refine_ir)
 from blocklin.device.half import FORMATS
 from blocklin.linalg.solve.half_scaling import HalfScaling, squeeze
 from blocklin.linalg.solve.report import solve_report
