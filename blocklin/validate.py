@@ -110,9 +110,13 @@ def result_dtype(operands: Sequence[Any], dtype: Any, allowed: tuple = GEMM_DTYP
         return dt
     if len(dts) > 1:
         listing = ", ".join(f"{op.name}: {native(op.dtype).name}" for op in operands)
+        # NumPy's promotion names the dtype that loses nothing (complex where any operand is: a real
+        # dtype would be refused, the imaginary parts dropped)
+        common = np.result_type(*dts)
+        common = common if common in allowed else np.dtype(np.complex128 if common.kind == "c" else np.float64)
         raise DTypeError(explain("dtype", "operands must share one dtype (blocklin never upcasts silently)", listing,
-                                 "pass dtype='float64' (or 'float32') to cast while streaming, or convert the "
-                                 "inputs (blocklin convert --dtype)"))
+                                 f"pass dtype='{common.name}' to cast while streaming, or convert the inputs "
+                                 f"(blocklin convert --dtype {common.name})"))
     dt = dts.pop()
     if dt.kind == "c" and not takes_complex:
         raise DTypeError(explain(operands[0].name, f"dtype must be one of {[d.name for d in allowed]} "
@@ -138,7 +142,7 @@ def same_dtype(*operands: Any, complex_promotion: bool = False) -> np.dtype:
             return promoted
     if len(dts) > 1:
         listing = ", ".join(f"{op.name}: {native(op.dtype).name}" for op in operands)
-        widest = max(dts, key=lambda d: d.itemsize).name
+        widest = np.result_type(*dts).name  # float64 with complex64: complex128, which loses nothing
         raise DTypeError(explain("dtype", "operands must share one dtype (blocklin never upcasts silently)", listing,
                                  f"convert the narrower one: blocklin convert IN OUT.zarr --dtype {widest}"))
     return dts.pop()

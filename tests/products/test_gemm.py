@@ -137,6 +137,23 @@ def test_dtype_rules(tmp_path, rng):
         bl.matmul(np.ones((3, 3), dtype=np.int64), np.ones((3, 3), dtype=np.int64))
 
 
+def test_mixed_real_and_complex_refusal_names_the_complex_dtype(rng):
+    """A complex and a real operand had been told to pass dtype='float64' (or 'float32'), a cast refused
+    as dropping the imaginary parts: the fix now names NumPy's promotion, which loses nothing, and works."""
+    from tests.support.tolerances import assert_product
+
+    a = (rng.standard_normal((10, 8)) + 1j * rng.standard_normal((10, 8))).astype(np.complex64)
+    b = rng.standard_normal((8, 6))
+    with pytest.raises(DTypeError, match="a: complex64, b: float64.*pass dtype='complex128'"):
+        bl.matmul(a, b)
+    with pytest.raises(DTypeError, match="a: complex64, b: float64.*--dtype complex128"):
+        bl.solve(a[:8], b)
+    res = bl.matmul(a, b, dtype="complex128")
+    assert res.dtype == np.complex128
+    a64, b64 = a.astype(np.complex128), b.astype(np.complex128)
+    assert_product(res.to_numpy(), a64 @ b64, a64, b64)
+
+
 def test_shape_errors_never_broadcast(rng):
     with pytest.raises(ShapeError, match=r"rows of op\(B\) must equal columns of op\(A\).*got op\(A\) 4 x 5 "
                                           r"and op\(B\) 6 x 3.*Fix"):
