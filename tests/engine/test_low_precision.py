@@ -114,6 +114,21 @@ def test_refused_beyond_the_condition_rule(precision):
         solve_square(a, np.ones(n), precision=precision, refinement="gmres", memory="256KiB")
 
 
+@pytest.mark.parametrize("precision", ["fp16", pytest.param("bf16", marks=pytest.mark.slow)])
+def test_stall_of_a_budget_shortened_restart_names_memory(precision):
+    """n = 128 at cond 1e6: at 256 KiB the Krylov basis fits 20 vectors, and GMRES(20) stalls at a backward
+    error near 1e-6 where GMRES(100) refines to float64's. The refusal had named only a wider precision; it
+    now names the budget too, and the larger budget it points to solves the system (the same factorization:
+    both budgets plan two LU panels of 64)."""
+    a = _randsvd(128, 1e6, seed=6)
+    b = np.random.default_rng(1).standard_normal((128, 1))
+    with pytest.raises(ConvergenceError, match=r"or a larger memory= \(GMRES restarted every 20 iterations.*up to 100"):
+        bl.solve(a, b, precision=precision, memory="256KiB")
+    x = bl.solve(a, b, precision=precision, memory="512KiB")
+    assert x.report["gmres_restart"] == 100 and x.report["plan"]["tile"] == 64
+    _check(x, a, b, 1e6, precision)
+
+
 def test_scaling_brings_a_matrix_outside_fp16s_range_into_it():
     """Rows from 1e-6 to 1e6 (entries up to 1e7, down to 1e-9): unscaled, float16 overflows and flushes
     them; the two-sided scaling (Higham, Pranesh, Zounon 2019) makes it solvable at float64 accuracy."""
