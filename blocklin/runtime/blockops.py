@@ -206,7 +206,7 @@ class BlockOps:
 
     def trsm(self, t: Region, b: Region, out: Region, *, lower: bool, trans: bool | str = False, side: str = "left",
              alpha: float = 1.0, dtype: Any, check: bool = False, done_dir: Any = None, unit: bool = False,
-             description: str = "trsm") -> list[dict]:
+             t_exponent: int = 0, description: str = "trsm") -> list[dict]:
         """``out = alpha * op(T)^-1 B`` (``side="left"``) or ``alpha * B op(T)^-1`` (``"right"``).
 
         ``T`` is read only in its ``lower`` (or upper) triangle; ``op(T)`` is ``T`` (``trans`` False
@@ -216,7 +216,11 @@ class BlockOps:
         (``op(T)^T X^T = B^T``), read and written through transposed views. Tile ``(i, c)`` of
         ``X`` is one task: ``B(i, c)`` minus the products with the already solved tiles of
         column ``c`` (in substitution order), then a triangular solve with the diagonal tile.
+        ``t_exponent`` ``q``: ``T`` and ``B`` are multiplied by ``2^q`` as read, which leaves ``X``
+        unchanged (exact) and keeps the products ``T_ik X_kc`` in range where ``T``'s entries are large.
         """
+        if t_exponent and unit:
+            raise ParameterError("trsm: a unit diagonal is not scaled (t_exponent must be 0 with unit=True)")
         if side not in ("left", "right"):
             raise ParameterError(f"trsm: side must be 'left' or 'right', got {side!r}")
         op = {False: "N", True: "T"}.get(trans, trans) if isinstance(trans, bool) else trans
@@ -232,7 +236,7 @@ class BlockOps:
         if t.shape != (n, n) or b_l.shape[0] != n or x_l.shape != b_l.shape:
             raise ShapeError(f"trsm: shapes do not agree: t {t.shape}, b {b.shape}, out {out.shape}, side {side}")
         spec = self.spec(dtype, a=t_l, b=b_l, out=x_l, alpha=float(alpha), lower=lower_eff, check=check,
-                          done_dir=done_dir, unit=unit)
+                          done_dir=done_dir, unit=unit, a_exponent=int(t_exponent))
         graph = self.graph("trsm", spec)
         nt, ct = tile_count(n, self.chunk), tile_count(b_l.shape[1], self.chunk)
         order = range(nt) if lower_eff else range(nt - 1, -1, -1)
@@ -451,7 +455,8 @@ class TileOpSpec:
     block: int = 0
     rows: int = 0
     rhs_out: Region | None = None
-    #: SYRK: the power of two ``A``'s slices are multiplied by as read (part of ``alpha``, :meth:`BlockOps.syrk`).
+    #: SYRK: the power of two ``A``'s slices are multiplied by as read (part of ``alpha``, :meth:`BlockOps.syrk`);
+    #: TRSM: that of ``T`` and ``B`` (``X`` unchanged, :meth:`BlockOps.trsm`).
     a_exponent: int = 0
     #: Return the allocator's free pages before the task (:func:`~blocklin._memory.release_free_memory`).
     trim: bool = False
@@ -621,31 +626,40 @@ def trsm_tile_task(spec: TileOpSpec, i: int, c: int, deps: list) -> dict:
         return {"skipped": 1}
     t, dt = spec.tile, np.dtype(spec.dtype)
     dev = get_device(spec.device, device_memory=spec.device_memory)
-    acc = dev.to_device(spec.b.read(i, c, t, dt, spec.check, "b"))
+    q = spec.a_exponent
+    acc = dev.to_device(_scaled(spec.b.read(i, c, t, dt, spec.check, "b"), q))
     if spec.alpha != 1.0:
         dev.axpby(acc, spec.alpha, None, 0.0)
     nt = tile_count(spec.a.shape[0], t)
     before = range(i) if spec.lower else range(i + 1, nt)
     nread = acc.nbytes
     for k in before:  # substitution order: identical sums on every scheduler
-        tik = dev.to_device(spec.a.read(i, k, t, dt, spec.check, "t"))
+        tik = dev.to_device(_scaled(spec.a.read(i, k, t, dt, spec.check, "t"), q))
         xkc = dev.to_device(spec.out.read(k, c, t, dt))
         dev.gemm_acc(acc, tik, xkc, -1.0)
         nread += tik.nbytes + xkc.nbytes
-    tri = _triangle(spec.a.read(i, i, t, dt, spec.check, "t"), spec.lower)
+    tri = _triangle(_scaled(spec.a.read(i, i, t, dt, spec.check, "t"), q), spec.lower)
     if spec.unit:
         np.fill_diagonal(tri, 1)
     tii = dev.to_device(tri)
-    x = np.asarray(dev.to_host(dev.solve_triangular(tii, acc, lower=spec.lower)))
-    if not np.isfinite(x).all():
-        raise SingularMatrixError(explain(
-            "t", "must be nonsingular (no zero on the diagonal)",
-            f"a singular or overflowing diagonal tile at rows {i * t}:{i * t + tii.shape[0]}",
-            "check the factor, or regularize the system (lam > 0)"))
+    try:
+        x = np.asarray(dev.to_host(dev.solve_triangular(tii, acc, lower=spec.lower)))
+    except np.linalg.LinAlgError:  # SciPy's TRSV refuses an exact zero on the diagonal; cuBLAS returns inf
+        x = None
+    if x is None or not np.isfinite(x).all():
+        zero = np.flatnonzero(np.diagonal(tri) == 0)
+        where = f"{ZERO_DIAGONAL} {i * t + int(zero[0])}" if zero.size else \
+            f"a singular or overflowing diagonal tile at rows {i * t}:{i * t + tii.shape[0]}"
+        raise SingularMatrixError(explain("t", "must be nonsingular (no zero on the diagonal)", where,
+                                          "check the factor, or regularize the system (lam > 0)"))
     spec.out.write(i, c, t, x)
     mark_finished(marker)
     flops = x.shape[1] * tii.shape[0] * (2 * len(before) * t + tii.shape[0])
     return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": flops}
+
+
+#: How a triangular solve's refusal of an exact zero on the diagonal begins (no scaling makes it solvable).
+ZERO_DIAGONAL = "a zero on the diagonal at row"
 
 
 def _triangle(block: np.ndarray, lower: bool) -> np.ndarray:

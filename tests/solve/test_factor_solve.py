@@ -7,8 +7,8 @@ import pytest
 import scipy.linalg as sl
 
 import blocklin as bl
-from blocklin.errors import NotPositiveDefiniteError, ParameterError
-from support.tolerances import assert_solve
+from blocklin.errors import NotPositiveDefiniteError, ParameterError, SingularMatrixError
+from support.tolerances import assert_residual, assert_solve
 
 DTYPES = [np.float32, np.float64]
 
@@ -33,6 +33,32 @@ def test_solve_triangular_vector(tmp_path):
     x = bl.solve_triangular(t, np.arange(9.0), lower=True, scheduler="sync")
     assert x.shape == (9, 1)
     assert_solve(x[...][:, 0], sl.solve_triangular(t, np.arange(9.0), lower=True), t)
+
+
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("memory", [None, "64KiB"])
+def test_solve_triangular_whose_products_overflow_is_scaled(lower, trans, memory):
+    """A nonsingular float32 ``T`` with entries ``2^100`` and an ``x`` near ``2^47`` (both in range): the
+    substitution's products ``t_ik x_k`` reach ``2^148`` before they cancel back to ``b``, and the solve had
+    been refused as "a singular or overflowing diagonal tile". It is solved once more with ``T`` and ``b``
+    scaled by a power of two (``x`` unchanged), chosen from the triangle the solve reads: the other
+    triangle's ``3e38`` does not choose it."""
+    n = 48
+    unit = np.eye(n) - 2 * np.eye(n, k=1)  # x grows as 2^n for b = 1, and so does that of its transpose
+    t = (unit if not lower else unit.T) * 2.0 ** 100
+    junk = np.triu(np.full((n, n), 3e38), 1) if lower else np.tril(np.full((n, n), 3e38), -1)
+    b = np.ones((n, 2)) * 2.0 ** 100
+    kw = {"tile": 16, "memory": memory} if memory else {}
+    x = bl.solve_triangular((t + junk).astype(np.float32), b.astype(np.float32), lower=lower, trans=trans, **kw)
+    assert x.report["scaling"]["t_exponent"] == -102  # max |t_ij| = 2^101 brought into [1/2, 1)
+    op = t.T if trans else t
+    assert_residual(op, x[...], b, dtype=np.float32)  # the backward error of a triangular solve (Higham Thm 8.5)
+    assert np.abs(x[...]).max() >= 2.0 ** 46
+    singular = t.copy()
+    singular[n // 2, n // 2] = 0.0  # an exact zero on the diagonal: named (it was NumPy's LinAlgError)
+    with pytest.raises(SingularMatrixError, match=f"got a zero on the diagonal at row {n // 2}"):
+        bl.solve_triangular(singular.astype(np.float32), b.astype(np.float32), lower=lower, trans=trans, **kw)
 
 
 def _spd(n, dtype, cond=100.0, seed=0):

@@ -371,6 +371,16 @@ def max_abs(op: Any) -> float:
     return top
 
 
+def triangle_max_abs(op: Any, *, lower: bool) -> float:
+    """``max |t_ij|`` over the ``lower`` (or upper) triangle of a stored square operand, diagonal included:
+    one pass by bands, the other triangle ignored (a packed factor's, or anything the solve does not read)."""
+    top = 0.0
+    for r0, block in _row_bands(op):
+        part = np.tril(block, r0) if lower else np.triu(block, r0)
+        top = max(top, float(part.max()))
+    return top
+
+
 def _row_bands(op: Any) -> Any:
     """``(first row, |band|)`` of a stored operand's rows by bands of about 8 MiB, in order (a vector as
     one column): the unplanned checks' one pass (:func:`max_abs`, :func:`flushed_line`)."""

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-
+import math
 from typing import Any, Unpack
 
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import ParameterError, explain
+from blocklin.errors import ParameterError, SingularMatrixError, explain
+from blocklin.linalg.blocks.scaling import triangle_max_abs
 from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
 from blocklin.operands import as_columns, decoded_chunks
 from blocklin.plan.factor import plan_factor
 from blocklin.plan.minimum import whole_call
-from blocklin.runtime.blockops import BlockOps, Region
+from blocklin.runtime.blockops import ZERO_DIAGONAL, BlockOps, Region
 from blocklin.runtime.job import Job
 from blocklin.storage.zarr_store import create_array
 from blocklin.validate import float_operand, result_dtype, same_rows, square
@@ -109,13 +110,45 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
     with Job("solve_triangular", **settings) as job:
         st = TriangularSetup.of(job, t, b, "t", "solve_triangular", out=out, overwrite=overwrite, tile=tile)
         T, n, k, dt, plan, ao, ops = st.T, st.n, st.k, st.dtype, st.plan, st.ao, st.ops
-        ops.trsm(Region.of(T.path, T.shape), st.rhs, Region.of(ao.array_path(), (n, k)),
-                 lower=lower, trans=op, dtype=dt, check=job.check_finite, description="triangular solve")
+        q = substitute_in_range(ops, T, Region.of(T.path, T.shape), st.rhs, Region.of(ao.array_path(), (n, k)),
+                                lower=lower, trans=op, dtype=dt, check=job.check_finite)
         report, recorded = solve_report(job, route="triangular", plan=plan.to_dict(), flops=n * n * k,
                                         method="tiled substitution",
                                         phases={"tile updates (GEMM), diagonal solves (TRSM)": job.device})
+        if q:
+            report["scaling"] = {"t_exponent": q, "why": "the substitution's products T_ik x_k overflowed: T and b "
+                                 f"were multiplied by 2^{q} as read (x unchanged)"}
         return job.finish(ao, out, report, operation="solve_triangular", plan=plan.to_dict(),
                           params={"lower": lower, "trans": op}, recorded=recorded)
+
+
+def substitute_in_range(ops: BlockOps, T: Any, t: Region, b: Region, out: Region, *, lower: bool, trans: str,
+                        dtype: Any, check: bool) -> int:
+    """``out = op(T)^-1 B`` (:meth:`BlockOps.trsm`); where that overflowed, once more with ``T`` and ``B``
+    multiplied by ``2^q`` as read (``x`` unchanged, exact), ``q`` bringing the largest entry of ``T``'s
+    triangle near 1 (the other triangle is not read: its entries do not choose ``q``). Returns ``q``
+    (0 where the first solve held).
+
+    The substitution forms ``T_ik x_k`` before it cancels back to ``b``'s size: a nonsingular float32 ``T``
+    with entries near ``1e30`` and an ``x`` near ``1e15`` (both in range) overflowed there, and was
+    refused as singular; LAPACK's ``xLATRS`` scales for the same reason. A ``T`` singular to working
+    precision still fails the second solve, and that error stands.
+    """
+    try:
+        ops.trsm(t, b, out, lower=lower, trans=trans, dtype=dtype, check=check, description="triangular solve")
+        return 0
+    except SingularMatrixError as err:
+        if ZERO_DIAGONAL in str(err):
+            raise
+        amax = triangle_max_abs(T, lower=lower)
+        if not (0.0 < amax < math.inf):
+            raise
+        q = -int(np.frexp(amax)[1])
+        if q == 0:
+            raise
+    ops.trsm(t, b, out, lower=lower, trans=trans, dtype=dtype, check=check, t_exponent=q,
+             description="triangular solve, scaled")
+    return q
 
 
 #: SciPy's ``trans`` values and the BLAS letter each means.
@@ -152,4 +185,4 @@ def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: 
                         max_refine=max_refine if precision == "double" else None, **settings)
 
 
-__all__ = ["TRANS", "solve_spd", "solve_triangular", "trans_code"]
+__all__ = ["TRANS", "solve_spd", "solve_triangular", "substitute_in_range", "trans_code"]
