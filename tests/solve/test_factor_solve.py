@@ -61,6 +61,29 @@ def test_solve_triangular_whose_products_overflow_is_scaled(lower, trans, memory
         bl.solve_triangular(singular.astype(np.float32), b.astype(np.float32), lower=lower, trans=trans, **kw)
 
 
+@pytest.mark.parametrize("memory", [None, "64KiB"])
+def test_factored_solves_whose_products_overflow_are_scaled(memory):
+    """``lu_solve`` and ``cho_solve`` with stored float32 factors whose entries are near ``2^100`` and an
+    intermediate ``y`` near ``2^47``: their substitutions overflowed as ``solve_triangular``'s did, and were
+    refused as singular. The non-unit solves are made again scaled (``L``'s unit diagonal never is)."""
+    n = 48
+    unit = np.eye(n) - 2 * np.eye(n, k=1)
+    b = np.full((n, 2), 2.0 ** 100)
+    kw = {"memory": memory} if memory else {}
+    u = (unit * 2.0 ** 100).astype(np.float32)  # A = U: its LU is P = I, L = I, U = A
+    x = bl.lu_solve(bl.lu(u, **kw), b.astype(np.float32), **kw)
+    assert x.report["scaling"]["t_exponent"] == -102
+    assert_residual(u, x[...], b, dtype=np.float32)
+    lower = (unit.T * 2.0 ** 100).astype(np.float32)
+    x = bl.cho_solve(lower, b.astype(np.float32), **kw)
+    assert x.report["scaling"]["t_exponent"] == -102
+    # two backward-stable triangular solves: (L L^T + dA) x = b with |dA| <= c n u |L| |L^T| (Higham Thm
+    # 10.4's argument without the factorization's term), so ||b - L L^T x|| <= 4 n u || |L| |L^T| || ||x||
+    low, xs = lower.astype(np.float64), x[...].astype(np.float64)
+    r = np.linalg.norm(b - low @ (low.T @ xs))
+    assert r <= 4 * n * np.finfo(np.float32).eps * np.linalg.norm(np.abs(low) @ np.abs(low.T)) * np.linalg.norm(xs)
+
+
 def _spd(n, dtype, cond=100.0, seed=0):
     rng = np.random.default_rng(seed)
     q, _ = np.linalg.qr(rng.standard_normal((n, n)))

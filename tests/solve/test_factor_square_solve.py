@@ -490,3 +490,24 @@ def test_cholesky_solution_beyond_float32s_range_is_named_not_singular(memory):
     with pytest.raises(ParameterError, match=r"a: must give a solution x within float32's range.*min L_ii\^2 = "
                        r"[0-9.]+e\+(39|40).*Fix: solve in float64"):
         bl.solve(a, np.ones(n, dtype=np.float32), assume_a="pos", memory=memory)
+
+
+@pytest.mark.parametrize("dtype,e", [(np.float32, 100), (np.float64, 1000)])
+@pytest.mark.parametrize("memory", [None, "128KiB"])
+def test_substitution_products_beyond_the_range_are_named(dtype, e, memory):
+    """A nonsingular ``A`` with entries near ``2^e`` and ``x`` near ``2^47`` (both in range): the LU's
+    substitutions form ``u_ij x_j`` near ``2^(e + 48)`` before they cancel back to ``b``'s size, and overflow.
+    That had been refused as "a solution x beyond the range" with ``max |x|`` about 1, and a fix (scale
+    ``a`` alone) that would have pushed ``x`` itself beyond it. The refusal now names the products and
+    the fix that keeps ``x``: ``a`` and ``b`` scaled together; following it solves the system."""
+    n = 48
+    a = ((np.eye(n) - 2 * np.eye(n, k=1)) * 2.0 ** e).astype(dtype)  # x_i = 2^(n - i) - 1 for b = 2^e
+    b = np.full((n, 2), 2.0 ** e).astype(dtype)
+    kw = {"memory": memory} if memory else {}
+    with pytest.raises(ParameterError, match=r"substitutions' products u_ij x_j within .*Fix: scale a and b by the "
+                                             rf"same power of two, 2\.0\*\*-{e + 2} \(exact: x is unchanged\)"):
+        bl.solve(a, b, **kw)
+    s = 2.0 ** -(e + 2)
+    x = bl.solve(a * dtype(s), b * dtype(s), **kw)[...]
+    assert np.abs(x).max() >= 2.0 ** 47
+    assert_residual(a.astype(np.float64) * s, x, b.astype(np.float64) * s, dtype=dtype)

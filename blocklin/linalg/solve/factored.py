@@ -20,7 +20,7 @@ from blocklin.config import Settings
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.factor.lu_panels import swaps_to_permutation
 from blocklin.linalg.solve.report import solve_report
-from blocklin.linalg.solve.triangular import TriangularSetup
+from blocklin.linalg.solve.triangular import TriangularSetup, scaled_substitution, substitute_in_range
 from blocklin.matrix import Matrix
 from blocklin.runtime.blockops import Region
 from blocklin.runtime.job import Job
@@ -154,12 +154,19 @@ def _solve_with(f: Any, b: Any, out: Any, operation: str, steps: tuple, *, overw
             rhs = pb
         y = Region.of(job.scratch("y", (n, k), dt, (plan.tile, plan.tile)), (n, k))
         (d1, lower1, trans1), (d2, lower2, trans2) = steps
-        ops.trsm(freg, rhs, y, lower=lower1, trans=trans1, unit=pivots is not None, dtype=dt,
-                 check=job.check_finite, description=d1)
-        ops.trsm(freg, y, Region.of(ao.array_path(), (n, k)), lower=lower2, trans=trans2, dtype=dt,
-                 description=d2)
+        if pivots is not None:  # L's unit diagonal is not scaled; partial pivoting keeps |l_ij| <= 1
+            ops.trsm(freg, rhs, y, lower=lower1, trans=trans1, unit=True, dtype=dt, check=job.check_finite,
+                     description=d1)
+            q1 = 0
+        else:
+            q1 = substitute_in_range(ops, st.T, freg, rhs, y, lower=lower1, trans=trans1, dtype=dt,
+                                     check=job.check_finite, description=d1)
+        q2 = substitute_in_range(ops, st.T, freg, y, Region.of(ao.array_path(), (n, k)), lower=lower2,
+                                 trans=trans2, dtype=dt, check=False, description=d2)
         report, recorded = solve_report(job, route="factored", plan=plan.to_dict(), flops=2 * n * n * k,
                                         method="two tiled triangular solves" + (" after the row swaps" if pivots
                                                                                    is not None else ""),
                                         phases={"tile updates (GEMM), diagonal solves (TRSM)": job.device})
+        if q1 or q2:
+            report["scaling"] = scaled_substitution(q1 or q2)
         return job.finish(ao, out, report, operation=operation, plan=plan.to_dict(), params=params, recorded=recorded)

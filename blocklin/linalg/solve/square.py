@@ -622,7 +622,16 @@ def _range_refusal(A: Any, B: Any, solver: _Solver, precision: str) -> Exception
                                     "or refinement='gmres' (GMRES-IR scales each right-hand side of the float32 "
                                     "solves into their range)")
     p = -int(np.frexp(top)[1])
-    scale = f"scale a by 2.0**{p} (exact: the solution is then 2^-{p} times x)"
+    if p < 0 and xest < float(np.finfo(sdt).max) and 1.0 / min_pivot < float(np.finfo(sdt).max):
+        # neither x's estimate nor a pivot's reciprocal is near the overflow: the products u_ij x_j of
+        # entries this large are (float32 A near 2^100 with x near 2^47: they reach 2^148 before they
+        # cancel back to b's size); A and b scaled together keep x and bring them into range
+        return ParameterError(explain(
+            "a", f"must keep the substitutions' products u_ij x_j within {sdt.name}'s range (they are formed "
+            "before they cancel back to b's size)", f"max |x| at least max |b| / {what} = {magnitude(xest)}, with "
+            f"factor entries up to {top:.3g}: the substitutions overflowed",
+            f"scale a and b by the same power of two, 2.0**{p} (exact: x is unchanged)"))
+    scale = f"scale a by 2.0**{p} (exact: the solution is then 2.0**{-p} times x)"
     wide = wide_name(sdt)
     return solution_range_error("a", sdt, what="a solution x", actual=actual, fix=scale if sdt == np.dtype(wide) else (
         f"solve in {wide}: cast a and b (a.astype('{wide}'); CLI: blocklin convert --dtype {wide}), or {scale}"))

@@ -116,14 +116,13 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
                                         method="tiled substitution",
                                         phases={"tile updates (GEMM), diagonal solves (TRSM)": job.device})
         if q:
-            report["scaling"] = {"t_exponent": q, "why": "the substitution's products T_ik x_k overflowed: T and b "
-                                 f"were multiplied by 2^{q} as read (x unchanged)"}
+            report["scaling"] = scaled_substitution(q)
         return job.finish(ao, out, report, operation="solve_triangular", plan=plan.to_dict(),
                           params={"lower": lower, "trans": op}, recorded=recorded)
 
 
 def substitute_in_range(ops: BlockOps, T: Any, t: Region, b: Region, out: Region, *, lower: bool, trans: str,
-                        dtype: Any, check: bool) -> int:
+                        dtype: Any, check: bool, description: str = "triangular solve") -> int:
     """``out = op(T)^-1 B`` (:meth:`BlockOps.trsm`); where that overflowed, once more with ``T`` and ``B``
     multiplied by ``2^q`` as read (``x`` unchanged, exact), ``q`` bringing the largest entry of ``T``'s
     triangle near 1 (the other triangle is not read: its entries do not choose ``q``). Returns ``q``
@@ -135,7 +134,7 @@ def substitute_in_range(ops: BlockOps, T: Any, t: Region, b: Region, out: Region
     precision still fails the second solve, and that error stands.
     """
     try:
-        ops.trsm(t, b, out, lower=lower, trans=trans, dtype=dtype, check=check, description="triangular solve")
+        ops.trsm(t, b, out, lower=lower, trans=trans, dtype=dtype, check=check, description=description)
         return 0
     except SingularMatrixError as err:
         if ZERO_DIAGONAL in str(err):
@@ -147,8 +146,14 @@ def substitute_in_range(ops: BlockOps, T: Any, t: Region, b: Region, out: Region
         if q == 0:
             raise
     ops.trsm(t, b, out, lower=lower, trans=trans, dtype=dtype, check=check, t_exponent=q,
-             description="triangular solve, scaled")
+             description=f"{description}, scaled")
     return q
+
+
+def scaled_substitution(q: int) -> dict:
+    """The report's ``scaling`` of a substitution that :func:`substitute_in_range` made again scaled."""
+    return {"t_exponent": q, "why": "the substitution's products T_ik x_k overflowed: T and its right-hand "
+            f"sides were multiplied by 2^{q} as read (x unchanged)"}
 
 
 #: SciPy's ``trans`` values and the BLAS letter each means.
@@ -185,4 +190,5 @@ def solve_spd(a: Any, b: Any, out: Any = None, *, overwrite: bool = False, tol: 
                         max_refine=max_refine if precision == "double" else None, **settings)
 
 
-__all__ = ["TRANS", "solve_spd", "solve_triangular", "substitute_in_range", "trans_code"]
+__all__ = ["TRANS", "solve_spd", "solve_triangular", "scaled_substitution", "substitute_in_range",
+           "trans_code"]
