@@ -43,6 +43,7 @@ from blocklin.storage.completeness import STORED_KEY, stored_chunk_indices
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.recorded_peaks import PeakTally, recordable, recorded, record as record_peaks
 from blocklin.storage.records import PENDING_RECORD
+from blocklin.storage.stamps import file_stamps
 from blocklin.storage.versions import VERSIONS_KEY, chunk_grid, data_stamp, history, now, read_meta
 from blocklin.storage.zarr_store import _from_metadata, read_block, write_block
 
@@ -316,8 +317,10 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
         tally = PeakTally((m0 + p, n)) if held is not None else None
         if held is not None and tally.transposed is held.transposed:
             held = recorded(loc, (m0, n), transposed=held.transposed) or held
+        if rec is not None and not _old_rows_unchanged(loc, meta, rec):
+            chain = chain + [_rewritten(loc, m0)]  # the old rows changed while the append was interrupted
         journal = {"owner": ownership.new_record(operation="append"), "from_rows": m0, "to_rows": m0 + p,
-                   "source": what, "source_stamp": stamp, "versions": chain}
+                   "source": what, "source_stamp": stamp, "versions": chain, **_old_rows_stamp(loc, meta, m0 + p)}
         backend(loc).write_text(JOURNAL, json.dumps(journal))
         try:
             written = _copy(loc, meta, reader, m0, p, dt, panel, nan, progress, tally)
@@ -341,6 +344,48 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
     out.report = {"operation": "append", "rows_before": m0, "rows_added": p, "rows": m0 + p, "source": what,
                   "bytes_written": written, "seconds": time.perf_counter() - t0, "version": len(chain) - 1}
     return out
+
+
+def _written_keys(loc: Location, meta: dict, to_rows: int) -> set[str]:
+    """The chunk files an append from ``meta``'s rows to ``to_rows`` writes: the band holding the last old
+    rows and every band beyond."""
+    m0, n = (int(s) for s in meta["shape"])
+    ch = chunk_grid(meta)
+    keys = _from_metadata(loc, meta, "r").metadata
+    return {str(keys.encode_chunk_key((r, c))) for r in range(m0 // ch[0], -(-to_rows // ch[0]))
+            for c in range(-(-n // ch[1]))}
+
+
+def _old_rows_stamp(loc: Location, meta: dict, to_rows: int) -> dict:
+    """What tells, when an interrupted append is finished or rolled back, that its old rows were not
+    changed meanwhile: the data stamp of the chunk files it never writes, and a digest of the old rows'
+    values in the band it rewrites (its files change with the append itself)."""
+    import hashlib
+
+    m0, n = (int(s) for s in meta["shape"])
+    written = _written_keys(loc, meta, to_rows)
+    kept = data_stamp(loc, {k: v for k, v in file_stamps(loc).items() if k not in written})
+    start = m0 // chunk_grid(meta)[0] * chunk_grid(meta)[0]
+    band = read_block(_from_metadata(loc, meta, "r"), slice(start, m0), slice(0, n)) if m0 > start else \
+        np.empty((0, n))
+    return {"kept_stamp": kept, "band_digest": hashlib.sha1(np.ascontiguousarray(band).tobytes()).hexdigest()[:16]}
+
+
+def _old_rows_unchanged(loc: Location, meta: dict, rec: dict) -> bool:
+    """Whether the old rows are those the interrupted append of ``rec`` started from (False where its
+    journal does not say)."""
+    try:
+        to_rows = int(rec["to_rows"])
+        then = {"kept_stamp": rec["kept_stamp"], "band_digest": rec["band_digest"]}
+    except (KeyError, TypeError, ValueError):
+        return False
+    return _old_rows_stamp(loc, meta, to_rows) == then
+
+
+def _rewritten(loc: Location, rows: int) -> dict:
+    """A version recording that the rows were rewritten (not by an append): results computed before
+    it are not updated from it (:func:`blocklin.storage.versions.growth`)."""
+    return {"rows": rows, "stamp": data_stamp(loc), "at": now(), "rewritten": True}
 
 
 def _source_stamp(src_loc: Location | None) -> str | None:
@@ -418,6 +463,7 @@ def _rollback(a: Any, storage_options: dict | None) -> dict:
     _check_not_busy(loc, rec)
     m0, n = (int(s) for s in meta["shape"])
     ch = chunk_grid(meta)
+    unchanged = _old_rows_unchanged(loc, meta, rec)  # before the chunks beyond are removed
     big = _from_metadata(loc, dict(meta, shape=[int(rec.get("to_rows") or m0), n]), "r")
     keep = -(-m0 // ch[0])
     beyond = [str(big.metadata.encode_chunk_key(idx)) for idx in stored_chunk_indices(big, loc) if idx[0] >= keep]
@@ -433,9 +479,11 @@ def _rollback(a: Any, storage_options: dict | None) -> dict:
     chain = rec.get("versions") or _versions_before(loc, meta)
     last = dict(chain[-1])
     stamp = data_stamp(loc)
-    if stamp != last.get("stamp"):
-        last["aliases"] = list(last.get("aliases") or []) + [stamp]
-    _commit(loc, meta, chain[:-1] + [last], len(stored_chunk_indices(_from_metadata(loc, meta, "r"), loc)))
+    if not unchanged:  # rows rewritten while the append was interrupted: no alias of the version before
+        chain = chain + [_rewritten(loc, m0)]
+    elif stamp != last.get("stamp"):
+        chain = chain[:-1] + [dict(last, aliases=list(last.get("aliases") or []) + [stamp])]
+    _commit(loc, meta, chain, len(stored_chunk_indices(_from_metadata(loc, meta, "r"), loc)))
     backend(loc).delete(JOURNAL)
     return {"interrupted": True, "removed": len(beyond), "rows": m0}
 

@@ -142,7 +142,8 @@ def growth(covered: dict, loc: Location, *, name: str = "input") -> Growth:
                                      "(rows rewritten or the array replaced)", fix))
     if any(v.get("rewritten") for v in chain[start + 1:]):
         raise ParameterError(explain(name, "must hold the rows the result was computed from, unchanged",
-                                     f"{url!r}: rows were rewritten after the result, before a later append", fix))
+                                     f"{url!r}: rows were rewritten after the result (seen by a later append, or by the finish "
+                                     "or rollback of an interrupted one)", fix))
     if stamp not in _stamps(chain[-1]):
         raise ParameterError(explain(name, "must hold the rows the result was computed from, unchanged",
                                      f"{url!r}: its chunk files changed since its last append (rows rewritten, "

@@ -173,6 +173,30 @@ def test_sigkill_mid_append_then_finish_or_roll_back(tmp_path, base):
     assert bl.rollback_append(path) == {"interrupted": False, "removed": 0, "rows": 1010}
 
 
+@pytest.mark.parametrize("then", ["finish", "rollback"])
+@pytest.mark.parametrize("row", [0, 999])  # a chunk the append never writes; the band it rewrites
+def test_rows_rewritten_while_an_append_was_interrupted_are_recorded(tmp_path, base, then, row):
+    """Old rows changed between a killed append and its finish or rollback: the history records a
+    rewrite, so a result of the old rows is refused, not updated (it had been returned as current after
+    the rollback, and updated from the appended rows alone after the finish: off by the rewrite)."""
+    import zarr
+
+    a, path = base
+    rows = np.random.default_rng(3).standard_normal((900, 30))
+    np.save(tmp_path / "r.npy", rows)
+    g = bl.gram(path, tmp_path / "G.zarr")
+    p = subprocess.run([sys.executable, "-c", _KILL, str(path), str(tmp_path / "r.npy")], cwd=tmp_path)
+    assert p.returncode == -9 and os.path.exists(path / JOURNAL)
+    zarr.open_array(str(path), mode="r+")[row, 0] = 5.0  # in place, while the journal is there
+    if then == "finish":
+        assert bl.append(path, str(tmp_path / "r.npy")).shape == (1900, 30)
+    else:
+        assert bl.rollback_append(path)["interrupted"]
+    assert _versions(path)[-1 if then == "rollback" else -2].get("rewritten") is True
+    with pytest.raises(ParameterError, match="rewritten after the result"):
+        bl.update(g.path)
+
+
 def test_a_rewrite_between_appends_is_recorded(tmp_path, base):
     a, path = base
     g = bl.gram(path, tmp_path / "G.zarr")
