@@ -107,6 +107,10 @@ def _rows_source(rows: Any, width: int, from_format: str | None, opts: dict) -> 
         return reader, str(getattr(rows, "url", rows)), input_location(rows)
     if type(rows).__module__.startswith(("dask", "zarr")):
         x = rows
+        if any(not isinstance(s, (int, np.integer)) for s in x.shape):  # unknown (NaN): a Dask array filtered by value
+            raise ShapeError(explain("rows", "must have a known shape (its rows are counted before any is written)",
+                                     f"a Dask array of shape {tuple(x.shape)}", "compute its chunk sizes first: "
+                                     "rows = rows.compute_chunk_sizes()"))
     else:
         x = np.asarray(rows)
         if x.dtype == object:

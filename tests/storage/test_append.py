@@ -197,6 +197,20 @@ def test_rows_rewritten_while_an_append_was_interrupted_are_recorded(tmp_path, b
         bl.update(g.path)
 
 
+def test_rows_of_unknown_count_are_refused_by_name(base):
+    """A Dask array filtered by value has NaN rows until computed: refused naming the fix (it had raised
+    ValueError: cannot convert float NaN to integer)."""
+    import dask.array as da
+
+    a, path = base
+    x = da.from_array(np.random.default_rng(4).standard_normal((40, 30)), chunks=(10, 30))
+    x = x[x[:, 0] > 0]
+    with pytest.raises(ShapeError, match="rows: must have a known shape.*compute_chunk_sizes"):
+        bl.append(path, x)
+    assert bl.append(path, x.compute_chunk_sizes()).shape[0] == 1000 + int((x[:, 0] > 0).sum().compute())
+    assert np.array_equal(bl.open(path).to_numpy()[:1000], a)
+
+
 def test_a_rewrite_between_appends_is_recorded(tmp_path, base):
     a, path = base
     g = bl.gram(path, tmp_path / "G.zarr")
