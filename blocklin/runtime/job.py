@@ -403,9 +403,11 @@ class Job:
         read as the inputs (:func:`~blocklin.operands.stored_input`: a staged copy's source, none for
         in-memory data), which the output may not replace and whose content a resume checks.
         ``token``: :func:`~blocklin.storage.identity.resume_token`; with it the output is resumable."""
-        # a staged copy's source is read as cast: no update reads its appended rows as the result's input
+        # a staged copy's source is read as cast: no update reads its appended rows as the result's input;
+        # each with the rows it reads (an append may commit between its opening and this claim)
         return self.output(out, inputs=[p for p in map(stored_input, operands) if p is not None],
-                           covered=[o.path for o in operands if not o.staged], overwrite=overwrite,
+                           covered=[(o.path, o.first_row + int(o.shape[0])) for o in operands if not o.staged],
+                           overwrite=overwrite,
                            resume=resume, token=token, size=size, temp_size=temp_size)
 
     def finish(self, ao: AtomicOutput, out: Any, report: dict, *, operation: str, plan: dict | None = None,

@@ -91,14 +91,32 @@ def _coverage(inputs: list, storage_options: dict | None, record: list[dict]) ->
     listed = {r["url"]: r.get("entries") for r in record}
     out = []
     for i in inputs:
+        i, rows = i if isinstance(i, tuple) else (i, None)  # (input, the rows the operation reads of it)
         try:
             loc = stamps.input_location(i, storage_options)
             c = coverage(loc, entries=listed.get(loc.url))
         except (OSError, ValueError, TypeError, KeyError):  # not a zarr array: nothing a later append grows
             c = None
+        if c is not None and rows is not None and c["shape"][0] != rows:
+            c = _covered_version(loc, c, rows)
         if c is not None:
             out.append(c)
     return out
+
+
+def _covered_version(loc: Any, today: dict, rows: int) -> dict | None:
+    """What an operation that reads the first ``rows`` rows of an input covers, where appends committed
+    since it opened the input (today's shape has more rows): the version of ``rows`` rows, whose rows
+    no append changes. None where the history does not lead from it to today's by appends alone (no
+    coverage: an update is refused rather than told the result holds rows it never read)."""
+    from blocklin.storage.versions import history, read_meta
+
+    chain = history(read_meta(loc) or {})
+    last = max((j for j, v in enumerate(chain) if v.get("rows") == rows), default=None)
+    if last is None or rows > today["shape"][0] or any(v.get("rewritten") for v in chain[last + 1:]) or \
+            today["stamp"] not in [chain[-1].get("stamp")] + list(chain[-1].get("aliases") or []):
+        return None
+    return dict(today, shape=[rows] + list(today["shape"][1:]), stamp=chain[last].get("stamp"))
 
 
 def remove_stray_temporaries(folder: str) -> int:

@@ -12,7 +12,7 @@ import pytest
 
 import blocklin as bl
 from blocklin.errors import ParameterError
-from support.tolerances import assert_gram, assert_singular_values, eps
+from support.tolerances import assert_gram, assert_product, assert_singular_values, eps
 
 
 def _stored(tmp_path, m=900, n=40, dtype=np.float64, seed=0, chunks=(128, 40)):
@@ -282,3 +282,65 @@ def test_results_that_cannot_be_updated_name_the_command_that_recomputes(tmp_pat
                                                  rf"an? {op} result.*rerun blocklin {cli} \(blocklin.{op} in Python\)"):
             bl.update(tmp_path / name)
         assert sorted(os.listdir(tmp_path / name)) == before[name]  # nothing touched
+
+
+def _append_meanwhile(monkeypatch, module, name, path, rows):
+    """Patch ``module.name`` to commit an append of ``rows`` to ``path`` before it runs: another
+    process's append landing while an operation runs."""
+    real = getattr(module, name)
+
+    def racing(*args, **kw):
+        bl.append(path, rows)
+        monkeypatch.setattr(module, name, real)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(module, name, racing)
+
+
+@pytest.mark.parametrize("when", ["update", "fresh"])
+def test_an_append_during_a_gram_is_left_to_the_next_update(tmp_path, monkeypatch, when):
+    """Rows appended while a result is computed or updated are not in it: it covers the version it read,
+    and the next update reads them (its coverage had named the grown version, so the next update found
+    the result current: 20 rows missing, the Gram off by 31)."""
+    import blocklin.linalg.products.gram as pg
+    import blocklin.linalg.update.gram as ug
+
+    a, path = _stored(tmp_path, m=300, n=6, chunks=(64, 6))
+    late = np.random.default_rng(2).standard_normal((20, 6))
+    if when == "fresh":  # between the opening of the input and the claim of the output
+        _append_meanwhile(monkeypatch, pg.Gram, "plan", path, late)
+        g = bl.gram(path, tmp_path / "G.zarr")
+        _check_gram(g.to_numpy(), a, np.float64)
+        full = np.vstack([a, late])
+    else:
+        g = bl.gram(path, tmp_path / "G.zarr")
+        new = np.random.default_rng(1).standard_normal((10, 6))
+        bl.append(path, new)
+        _append_meanwhile(monkeypatch, ug, "copied_before_claim", path, late)
+        u = bl.update(g.path)
+        assert u.report["updated"]["rows"] == 310
+        _check_gram(u.to_numpy(), np.vstack([a, new]), np.float64)
+        full = np.vstack([a, new, late])
+    u = bl.update(g.path)
+    assert u.report["updated"]["rows_read"] == 20
+    _check_gram(u.to_numpy(), full, np.float64)
+
+
+def test_an_append_during_an_svd_update_is_left_to_the_next_update(tmp_path, monkeypatch):
+    """The same for an updatable svd, the append landing during the pass over the new rows: its scores
+    had kept 340 of 365 rows, its values those of the 340."""
+    import blocklin.linalg.update.svd as us
+
+    a, path = _stored(tmp_path, m=300, n=6, chunks=(64, 6))
+    bl.svd(path, 2, out=tmp_path / "S.zarr", updatable=True, seed=0)
+    new, late = (np.random.default_rng(s).standard_normal((p, 6)) for s, p in ((1, 40), (2, 25)))
+    bl.append(path, new)
+    _append_meanwhile(monkeypatch, us, "moments_and_gram", path, late)
+    assert bl.update(tmp_path / "S.zarr")[0].shape == (340, 2)
+    U, s, Vt = bl.update(tmp_path / "S.zarr")
+    full = np.vstack([a, new, late])
+    assert U.shape == (365, 2)
+    assert_singular_values(s, np.linalg.svd(full, compute_uv=False)[:2], n=365, gram=True)
+    # the late rows' scores are P V S^-1: the product bound of P V, and a rounding of the division by s
+    # and of the multiplication back, each within an eps of the entry (const 4 rather than 2)
+    assert_product(U.to_numpy()[340:] * s, late @ Vt.T, late, Vt.T, const=4.0)

@@ -53,7 +53,7 @@ def update_gram(job: Job, out: Location, prov: dict, growth: list[Growth], *, re
             "column whose entries need every row of A", "recompute it: blocklin gram A OUT --trans --overwrite "
             "(bl.gram(a, out, trans=True, overwrite=True))"))
     (g,) = growth
-    a = job.operand(g.url, "a")
+    a = row_range(job.operand(g.url, "a"), 0, g.rows)
     new = row_range(a, g.old_rows, g.rows)
     op = Gram.of(new, dtype=params.get("dtype"), alpha=float(params.get("alpha", 1.0)))
     plan = op.plan(job)

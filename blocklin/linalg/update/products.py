@@ -46,7 +46,7 @@ def update_matmul(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
                                      ", ".join(f"{g.url}: {g.old_rows} -> {g.rows} rows" for g in growth),
                                      "append the matching rows to both, then update"))
     ga, gb = growth
-    A, B = job.operand(ga.url, "a"), job.operand(gb.url, "b")
+    A, B = row_range(job.operand(ga.url, "a"), 0, ga.rows), row_range(job.operand(gb.url, "b"), 0, gb.rows)
     old = open_zarr(out)
     before = copied_before_claim(job, out, old)
     op = Gemm.of(row_range(A, ga.old_rows, ga.rows), row_range(B, gb.old_rows, gb.rows), job.operand(before, "c"),

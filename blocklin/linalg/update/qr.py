@@ -34,7 +34,7 @@ def update_qr(job: Job, out: Location, prov: dict, growth: list[Growth], *, resu
     """``R`` of ``[R; R_new]`` written over ``out`` (atomically)."""
     params = prov.get("params") or {}
     (g,) = growth
-    A = job.operand(g.url, "a")
+    A = row_range(job.operand(g.url, "a"), 0, g.rows)
     m, n = A.shape
     old = open_zarr(out)
     if params.get("mode") != "r" or old.shape != (n, n):

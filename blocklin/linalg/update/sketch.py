@@ -132,7 +132,7 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
     if gen not in rnd.GENERATORS or isinstance(gen, bool):
         return Recompute(f"the sketch was made by test-matrix generator {gen!r}, which this version does not have "
                          f"(it has {list(rnd.GENERATORS)}); its appended rows cannot be drawn as it drew the others")
-    A = job.operand(g.url, "a")
+    A = row_range(job.operand(g.url, "a"), 0, g.rows)
     n, k, seed, e = A.shape[1], int(upd["k"]), int(upd["seed"]), int(upd.get("exponent", 0))
     new = row_range(A, m0, m1)
     kw = dict(method="sketch", oversample=int(upd["oversample"]), power_iters=None, memory=job.cfg.memory,

@@ -101,7 +101,7 @@ def update_solve(job: Job, out: Location, prov: dict, growth: list[Growth], *, r
                                      f"{ga.old_rows} covered", "recompute it with updatable=True and --overwrite"))
     intercept = bool(params.get("fit_intercept"))
     kind, lams = parse_lam(params["lam"])
-    A, B = job.operand(ga.url, "a"), job.operand(gb.url, "b")
+    A, B = row_range(job.operand(ga.url, "a"), 0, ga.rows), row_range(job.operand(gb.url, "b"), 0, gb.rows)
     new = _new_sums(job, row_range(A, m0, m1), row_range(B, m0, m1), intercept)
     p = m1 - m0
     g = kept["g"] + new["g"]

@@ -174,7 +174,7 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
     if m0 != g.old_rows:
         raise ParameterError(explain("out", "must keep the co-moments of the rows it covers", f"{m0} rows kept, "
                                      f"{g.old_rows} covered", "recompute it with updatable=True and --overwrite"))
-    A = job.operand(g.url, "a")
+    A = row_range(job.operand(g.url, "a"), 0, g.rows)
     tol = float(upd["tol"]) if upd.get("tol") is not None else default_tol(A.dtype)
     mom, cp = moments_and_gram(job, row_range(A, g.old_rows, g.rows), memory=job.cfg.memory)
     if not np.isfinite(cp).all():
