@@ -226,3 +226,15 @@ def test_update_refuses_a_standardized_column_whose_variance_left_the_range(tmp_
     ref = np.linalg.svd(z, compute_uv=False)[:3]
     got = bl.svd(bl.from_array(grown, tmp_path / "B.zarr", chunks=(100, 8)), 3, center=True, scale=True)
     assert_singular_values(got.s, ref, n=grown.shape[0], gram=True)  # the Gram route's bound covers every method
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_co_moments_beyond_range_are_named(tmp_path, dtype):
+    """A column near 2^600: its squares overflow the kept co-moments. Refused naming the overflow (of
+    complex data the message had said "a largest column sum of squares of nan": inf - inf)."""
+    a = np.random.default_rng(0).standard_normal((200, 3)).astype(dtype)
+    a[:, 1] *= 2.0 ** 600
+    bl.from_array(a, tmp_path / "A.zarr", chunks=(64, 3))
+    with pytest.raises(ParameterError, match="updatable: .*got column sums of squares beyond float64's range.*"
+                                             "scale A by a power of two"):
+        bl.svd(tmp_path / "A.zarr", 1, out=tmp_path / "S.zarr", updatable=True)

@@ -88,9 +88,11 @@ def keep_state(job: Any, A: Any, memory: int, made: dict | None = None) -> dict[
         moments, c = moments_and_gram(job, A, memory=memory)
     top = float(np.max(np.abs(np.diag(c).real))) if c.size else 0.0
     if not np.isfinite(c).all() or 0 < top < np.finfo(np.float64).tiny / np.finfo(np.float64).eps:
+        got = f"a largest column sum of squares of {top:.3g}" if np.isfinite(c).all() else \
+            "column sums of squares beyond float64's range (the co-moments overflowed)"  # inf, or inf - inf
         raise ParameterError(explain("updatable", "keeps A's co-moments in float64, which must hold its squares",
-                                     f"a largest column sum of squares of {top:.3g}", "scale A by a power of two "
-                                     "so that its entries sit near 1 (exact), or pass updatable=False"))
+                                     got, "scale A by a power of two so that its entries sit near 1 (exact), or "
+                                     "pass updatable=False"))
     return made if made else kept_state(moments, c)
 
 
