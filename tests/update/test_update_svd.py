@@ -238,3 +238,19 @@ def test_co_moments_beyond_range_are_named(tmp_path, dtype):
     with pytest.raises(ParameterError, match="updatable: .*got column sums of squares beyond float64's range.*"
                                              "scale A by a power of two"):
         bl.svd(tmp_path / "A.zarr", 1, out=tmp_path / "S.zarr", updatable=True)
+
+
+def test_a_refused_recompute_says_it_came_from_the_update(tmp_path):
+    """Rows of 1e200 appended (their own co-moments 0, merged with the old ones inf): the update had
+    raised ValueError ("array must not contain infs or NaNs") from the eigensolver; it recomputes, the
+    recompute refuses to keep co-moments, and the message says that the update recomputed and that the
+    result is unchanged (not a refusal of an svd call the user never made)."""
+    a = np.random.default_rng(0).standard_normal((200, 3))
+    bl.from_array(a, tmp_path / "A.zarr", chunks=(64, 3))
+    bl.svd(tmp_path / "A.zarr", 1, out=tmp_path / "S.zarr", updatable=True)
+    bl.append(tmp_path / "A.zarr", np.full((2, 3), 1e200))
+    with pytest.raises(ParameterError, match="updatable: keeps A's co-moments.*the update recomputed .*S.zarr from "
+                                             "every row, since the grown matrix's co-moments .*leave float64's "
+                                             "range; the result is unchanged"):
+        bl.update(tmp_path / "S.zarr")
+    assert bl.update.__globals__["status"](tmp_path / "S.zarr")["inputs"][0]["rows_then"] == 200

@@ -139,13 +139,15 @@ class _Factors:
     zero: np.ndarray  # per triplet, whether its value is zero within the updated Gram's rounding
 
 
-def _factors(old: _Stored, m0: int, m1: int, mean: np.ndarray, c: np.ndarray) -> _Factors:
+def _factors(old: _Stored, m0: int, m1: int, mean: np.ndarray, c: np.ndarray) -> _Factors | None:
     """Steps 2 and 3 of the module notes: the top eigenpairs of the updated Gram, their residuals,
-    and what rotating the stored scores would cost in accuracy."""
+    and what rotating the stored scores would cost in accuracy; None where the Gram leaves float64's range."""
     upd = old.params
     k, center, scale = int(upd["k"]), bool(upd["center"]), bool(upd["scale"])
     gb, shift, d = _factored_gram(c, m1, mean, center, scale)
     gb0, shift0, d0 = _factored_gram(old.C, m0, old.mean, center, scale)
+    if not (np.isfinite(gb).all() and np.isfinite(gb0).all()):
+        return None
     n = gb.shape[0]
     lam, V = scipy.linalg.eigh(gb, subset_by_index=(n - k, n - 1))
     lam, V = lam[::-1], np.ascontiguousarray(V[:, ::-1])
@@ -186,6 +188,8 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
         check_standardizable(Moments(mean, np.maximum(np.diag(c).real, 0.0) / max(m1, 1), m1, nonzero),
                              None, scale=True)
     f = _factors(old, m0, m1, mean, c)
+    if f is None:  # the merged co-moments overflowed: new rows far from the old means, say
+        return Recompute("the grown matrix's co-moments (or its Gram) leave float64's range")
     if f.zero.any():  # U's columns there are an orthonormal completion, orthogonal to range(A) over every row
         return Recompute(f"singular value(s) {[int(i) + 1 for i in np.flatnonzero(f.zero)][:10]} of the grown matrix are "
                          "zero within the updated Gram's rounding: their columns of U are an orthonormal completion "

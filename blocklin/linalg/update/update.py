@@ -177,7 +177,13 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
     with Job(f"update-{op}", **settings) as job:
         result = updater(job, loc, prov, grown, resume=resume)
     if isinstance(result, Recompute):  # the update would miss tol: a full run, with the same parameters
-        result = _recompute(loc, prov, grown, result.why, settings)
+        try:
+            result = _recompute(loc, prov, grown, result.why, settings)
+        except ParameterError as exc:  # say that it came from the recompute, not from a call the user made
+            if type(exc) is not ParameterError:
+                raise
+            raise ParameterError(f"{exc} (the update recomputed {loc.url} from every row, since {result.why}; "
+                                 "the result is unchanged)") from exc
     return result
 
 
