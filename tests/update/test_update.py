@@ -344,3 +344,27 @@ def test_an_append_during_an_svd_update_is_left_to_the_next_update(tmp_path, mon
     # the late rows' scores are P V S^-1: the product bound of P V, and a rounding of the division by s
     # and of the multiplication back, each within an eps of the entry (const 4 rather than 2)
     assert_product(U.to_numpy()[340:] * s, late @ Vt.T, late, Vt.T, const=4.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128, np.float32])
+def test_gram_update_with_rows_whose_own_gram_underflows(tmp_path, dtype):
+    """Rows near 1e-200 (float32: 1e-30) appended to data near 1: their own Gram underflows, the sum does
+    not. The update had refused it ("a Gram whose largest entry is about 2^-1328"), as if the result were
+    the new rows' Gram alone; a sum beyond the range is still refused."""
+    tiny = 1e-30 if dtype == np.float32 else 1e-200
+    a, path = _stored(tmp_path, m=300, n=6, dtype=dtype, chunks=(64, 6))
+    g = bl.gram(path, tmp_path / "G.zarr")
+    new = (np.random.default_rng(3).standard_normal((4, 6)) * tiny).astype(dtype)
+    bl.append(path, new)
+    u = bl.update(g.path)
+    _check_herm(u.to_numpy(), np.vstack([a, new]), dtype)
+    bl.append(path, np.full((2, 6), 1e30 if dtype == np.float32 else 1e200, dtype=dtype))
+    with pytest.raises(ParameterError, match="must have a Gram matrix within the range"):
+        bl.update(g.path)
+    _check_herm(bl.open(g.path).to_numpy(), np.vstack([a, new]), dtype)  # the result kept as it was
+
+
+def _check_herm(g, a, dtype):
+    """``_check_gram`` of complex data too: ``A^H A``, the same bound."""
+    w = a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
+    assert_gram(g, w.conj().T @ w, w, dtype=dtype, extra=eps(dtype) * float(np.linalg.norm(w)) ** 2)

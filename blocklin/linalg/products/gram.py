@@ -126,30 +126,36 @@ class Gram:
                        "budget, sums unscaled squares", "or raise memory= so the pass route (which scales by "
                        "itself) holds the result", zero_ok=a_is_zero)
 
-    def _unscaled(self, g: np.ndarray, scaling: Scaling) -> np.ndarray:
+    def _unscaled(self, g: np.ndarray, scaling: Scaling, *, check: bool = True) -> np.ndarray:
         """``alpha 2^(2e) G'`` from the Gram ``G'`` of ``2^-e A`` (exact for a power-of-two ``alpha``);
-        a result beyond the output dtype's range raises, naming the ``scale`` that makes it fit."""
+        a result beyond the output dtype's range raises, naming the ``scale`` that makes it fit (with
+        ``check=False`` the caller checks the sum it adds this to)."""
         m, p = np.frexp(self.alpha)
         e2 = 2 * scaling.exponent + int(p)
         big = float(np.max(np.abs(g))) if g.size else 0.0
-        if big > 0:
-            top = int(np.frexp(big * abs(float(m)))[1]) + e2  # the result's largest entry is below 2^top
-            fi = np.finfo(self.dtype)
-            if top > fi.maxexp or top < fi.minexp + fi.nmant:
-                # the largest entry overflows, or lands where the smallest normal number would leave it a
-                # few significant bits: the power of two that puts it near 2^(maxexp / 2) instead
-                k = fi.maxexp // 2 - top + int(p)
-                if fi.minexp < k < fi.maxexp - 1:
-                    fix = f"compute it in a scaled form: gram(a, scale=2.0**{k}) returns scale * A^T A (exact)"
-                else:  # the factor itself is out of range: scale the data (by a power of two: exact)
-                    fix = (f"compute it in a scaled form: the Gram of a * 2.0**{k // 2} (exact) is 2^{2 * (k // 2)} "
-                           "times this one")
-                raise ParameterError(explain_msg(
-                    "a", f"must have a Gram matrix within the range of {self.dtype.name} (largest entry between "
-                    f"2^{fi.minexp + fi.nmant} and 2^{fi.maxexp})", f"a Gram whose largest entry is about "
-                    f"2^{top - 1} (max |a| = {scaling.amax:.3g})", fix))
-        with np.errstate(under="ignore"):
+        if check and big > 0:
+            self._check_range(int(np.frexp(big * abs(float(m)))[1]) + e2, scaling.amax)
+        with np.errstate(under="ignore", over="ignore"):
             return ldexp(g * float(m), e2) if e2 or m != 1 else g
+
+    def _check_range(self, top: int, amax: float) -> None:
+        """Refuse a result whose largest entry is below ``2^top`` and not below ``2^(top - 1)`` where it
+        leaves the output dtype's range."""
+        _, p = np.frexp(self.alpha)
+        fi = np.finfo(self.dtype)
+        if top > fi.maxexp or top < fi.minexp + fi.nmant:
+            # the largest entry overflows, or lands where the smallest normal number would leave it a
+            # few significant bits: the power of two that puts it near 2^(maxexp / 2) instead
+            k = fi.maxexp // 2 - top + int(p)
+            if fi.minexp < k < fi.maxexp - 1:
+                fix = f"compute it in a scaled form: gram(a, scale=2.0**{k}) returns scale * A^T A (exact)"
+            else:  # the factor itself is out of range: scale the data (by a power of two: exact)
+                fix = (f"compute it in a scaled form: the Gram of a * 2.0**{k // 2} (exact) is 2^{2 * (k // 2)} "
+                       "times this one")
+            raise ParameterError(explain_msg(
+                "a", f"must have a Gram matrix within the range of {self.dtype.name} (largest entry between "
+                f"2^{fi.minexp + fi.nmant} and 2^{fi.maxexp})", f"a Gram whose largest entry is about "
+                f"2^{top - 1} (max |a| = {amax:.3g})", fix))
 
     def _run_pass(self, job: Job, plan: GramPlan, out_path: Any, add: Any = None,
                   peaks: PeakTally | None = None) -> dict | None:
@@ -162,15 +168,26 @@ class Gram:
         if self.trans and g.dtype.kind == "c":  # the strips are S = A[:, cols]^T: S^H S is conj(A A^H)
             np.conjugate(g, out=g)
             g.imag[np.diag_indices_from(g)] = 0  # +0, not conj's -0
-        g = self._unscaled(g, scaling)
+        # an update adds the new rows' Gram to the stored one: the sum's range is what counts (the new rows'
+        # alone may underflow beside it: rows near 1e-200 had refused the update of a Gram of entries near 1)
+        top_new = int(np.frexp(float(np.max(np.abs(g))) if g.size else 0.0)[1])
+        g = self._unscaled(g, scaling, check=add is None)
         arr = open_zarr(out_path, mode="r+")
         old = None if add is None else open_zarr(add)
+        big = 0.0
         for r0, r1 in split(plan.s, plan.out_chunks[0]):
             band = g[r0:r1] if old is None else g[r0:r1] + np.asarray(old[r0:r1], dtype=g.dtype)
-            stored = band.astype(self.dtype)
+            with np.errstate(over="ignore"):
+                stored = band.astype(self.dtype)
+            big = max(big, float(np.max(np.abs(stored))) if stored.size else 0.0)
             write_block(arr, slice(r0, r1), slice(0, plan.s), stored)
             if peaks is not None:  # of the bits stored
                 peaks.add(stored, r0, 0)
+        if old is not None and big > 0:  # inf: the new rows' own top, which overflowed
+            m, p = np.frexp(self.alpha)
+            self._check_range(int(np.frexp(big)[1]) if np.isfinite(big) else
+                              max(top_new + 2 * scaling.exponent + int(p), np.finfo(self.dtype).maxexp + 1),
+                              scaling.amax)
         job.stats["bytes_written"] += plan.bytes_written
         job.stats["flops"] += plan.flops
         return scaling.report()
