@@ -141,3 +141,69 @@ def test_an_operator_whose_first_product_is_not_finite_is_refused():
     bad[3, 4] = np.nan
     with pytest.raises(ConvergenceError, match="first block"):
         bl.svd(aslinearoperator(bad), 2, method="lanczos", seed=0)
+
+
+def _few_bits(m: int, n: int, dtype, seed: int) -> sp.csr_matrix:
+    """Entries of 8 significant bits (``j / 256``, ``j`` in 1..255, by a power of two per column), so that
+    ``2^-1040 S`` (float64) and ``2^-140 S`` (float32), subnormal everywhere, hold them exactly."""
+    x = sp.random(m, n, density=0.15, random_state=seed, format="csr")
+    x.data = np.ldexp(np.ceil(x.data * 255), -8)
+    return (x @ sp.diags(np.ldexp(1.0, -np.arange(n) % 4))).tocsr().astype(dtype)
+
+
+SUBNORMAL = [(np.float64, -1040), (np.float32, -140)]
+
+
+@pytest.mark.parametrize("operation", ["svd-lanczos", "svd-rsvd", "pca", "eigsh"])
+@pytest.mark.parametrize("dtype,k", SUBNORMAL, ids=[f"{np.dtype(d).name}-2^{k}" for d, k in SUBNORMAL])
+def test_a_sparse_matrix_of_subnormal_entries(tmp_path, dtype, k, operation):
+    """Every entry subnormal: ``e`` is below ``-maxexp``, where ``2^-e X`` overflowed (svd, pca and eigsh
+    crashed: ``LinAlgError``, ``array must not contain infs or NaNs``). The input is now scaled by at most
+    ``2^(maxexp - 32)``, the rest of the power applied to the product, and the first product, near the
+    subnormals' fixed spacing, is made again scaled: the bits of the run on ``S``, times ``2^k`` (the
+    values returned, subnormal themselves, rounded to the subnormals' spacing)."""
+    x = _symmetric_few_bits(dtype) if operation == "eigsh" else _few_bits(300, 40, dtype, 4)
+    y = _scaled(x, k)
+    assert np.abs(y.data).max() < np.finfo(dtype).tiny  # all subnormal
+    a = bl.from_sparse(x, tmp_path / "a.zarr")
+    b = bl.from_sparse(y, tmp_path / "b.zarr")
+    if operation == "eigsh":
+        (w, V), (w2, V2) = (bl.eigsh(s, 3, seed=0, order="descending") for s in (a, b))
+        assert _same_but_subnormal_rounding(w2, w, k, dtype) and np.array_equal(V2, V)
+        full = np.linalg.eigvalsh(x.toarray().astype(np.float64))[::-1]
+        vals, residuals = w, np.asarray(bl.eigsh(a, 3, seed=0, order="descending").report["residuals"])
+    elif operation == "pca":
+        with pytest.warns(BlocklinWarning, match="variances are beyond"):  # 2^-2080: 0, as the dense route says
+            got = bl.pca(b, 3, seed=0)
+        ref = bl.pca(a, 3, seed=0)
+        # the means of subnormal entries are rounded to the subnormals' spacing, so 2^k S is centered with
+        # an error E of at most that per entry: Weyl, |sigma_i(C + E) - sigma_i(C)| <= ||E||_F <= sqrt(m n) h;
+        # each run's values are within their residuals of their operator's (Ritz pairs), plus one rounding
+        assert _same_but_subnormal_rounding(got.mean_, ref.mean_, k, dtype)
+        fi = np.finfo(dtype)
+        h = np.ldexp(1.0, fi.minexp - fi.nmant - 1 - k)
+        bound = (np.sqrt(np.prod(x.shape)) + 1) * h + np.asarray(ref.report["residuals"]) + _back(
+            got.report["residuals"], k)
+        assert np.all(np.abs(_back(got.singular_values_, k) - np.asarray(ref.singular_values_, np.float64)) <= bound)
+        return  # pca of S itself is checked against scikit-learn in test_pca_sparse.py
+    else:
+        method = operation.split("-")[1]
+        ref, got = (bl.svd(t, 3, method=method, seed=0) for t in (a, b))
+        (_u, s, Vt), (_u2, s2, Vt2) = ref, got
+        assert _same_but_subnormal_rounding(s2, s, k, dtype) and np.array_equal(Vt2, Vt)
+        full = np.linalg.svd(x.toarray().astype(np.float64), compute_uv=False)
+        vals, residuals = s, np.asarray(ref.report["residuals"])
+    assert_ritz_values(vals, full[:3], spectrum=full, residuals=residuals, n=x.shape[0], norm=float(np.abs(full).max()),
+                       dtype=dtype)
+
+
+def _same_but_subnormal_rounding(got, ref, k: int, dtype) -> bool:
+    """``got`` is ``2^k ref`` rounded once to the subnormals' spacing (``2^-1074``, float32's ``2^-149``)."""
+    fi = np.finfo(dtype)
+    half_spacing = np.ldexp(1.0, fi.minexp - fi.nmant - 1 - k)  # 2^-1075 (float32 2^-150) times 2^-k
+    return bool(np.all(np.abs(_back(got, k) - np.asarray(ref, np.float64)) <= half_spacing))
+
+
+def _symmetric_few_bits(dtype) -> sp.csr_matrix:
+    x = _few_bits(200, 200, dtype, 5)
+    return (x + x.T).tocsr().astype(dtype)  # sums of two 8-bit entries: 10 bits, exact at 2^-1040 and 2^-140

@@ -176,16 +176,38 @@ class ProductScaling(_Power):
     e: int | None = None
     amax: float | None = None
 
+    @property
+    def into_exponent(self) -> int:
+        """The power :meth:`into` divides an input by: ``e``, but never by more than ``2^-(maxexp - 32)``
+        (the input's entries, orthonormal or Gaussian, stay far below the overflow threshold). An operator
+        whose entries are all subnormal has ``e`` below ``-maxexp``: ``2^-e x`` overflowed to Inf, and
+        svd, pca and eigsh crashed (``LinAlgError``, ``array must not contain infs or NaNs``); the rest
+        of the power is applied to the product by :meth:`learn`."""
+        dt = np.dtype(self.dtype) if np.dtype(self.dtype).kind in "fc" else np.dtype(np.float64)
+        return max(self.exponent, -(np.finfo(dt).maxexp - 32))
+
+    @property
+    def first_lost_digits(self) -> bool:
+        """Whether the first product's largest entry is so small (below ``tiny / eps`` of the dtype) that
+        its rounding, near the subnormal numbers' fixed spacing, lost relative digits: the caller makes that
+        product again, its input scaled (the scaled Lanczos start had been off by ``2^-18`` relative for
+        entries near ``1e-318``, and eigsh's symmetry check refused a symmetric matrix)."""
+        dt = np.dtype(self.dtype) if np.dtype(self.dtype).kind in "fc" else np.dtype(np.float64)
+        fi = np.finfo(dt)
+        return self.amax is not None and 0 < self.amax < float(fi.tiny) / float(fi.eps)
+
     def into(self, x: Any) -> Any:
-        """The input of a product with ``2^-e B``: ``2^-e x`` (``x`` itself before ``e`` is known)."""
-        return scale(x, self.exponent)
+        """The input of a product with ``2^-e B``: ``2^-e x`` (``x`` itself before ``e`` is known; the part
+        of the power beyond :attr:`into_exponent` is applied to the product by :meth:`learn`)."""
+        return scale(x, self.into_exponent)
 
     def learn(self, y: Any, name: str = "a") -> Any:
         """``y`` as a product of ``2^-e B``: on the first product (``y = B x``), ``e`` is learned from
-        ``max |y|`` and ``2^-e y`` returned; later products are ``y`` itself. A first product holding NaN
-        or Inf is refused (:func:`check_finite_result`, naming ``name``)."""
+        ``max |y|`` and ``2^-e y`` returned; a later product ``y = B into(x)`` times the power of two
+        :meth:`into` left out (``y`` itself but for operators whose entries are all subnormal). A first
+        product holding NaN or Inf is refused (:func:`check_finite_result`, naming ``name``)."""
         if self.e is not None:
-            return y
+            return scale(y, self.e - self.into_exponent)
         check_finite_result(name, y, "the product of the operator with its first block: the data holds NaN or "
                             "Inf, or its entries are so large that one product overflows")
         y = np.asarray(y)

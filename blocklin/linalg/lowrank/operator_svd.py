@@ -77,6 +77,13 @@ class OperatorSource:
         return self._product(y, self.transposed)
 
     def _product(self, x: np.ndarray, matmat: bool) -> np.ndarray:
+        first = not self.scaling.known
+        y = self._scaled_product(x, matmat)
+        if first and self.scaling.first_lost_digits:  # a first product near the subnormals: again, scaled
+            y = self._scaled_product(x, matmat)
+        return y
+
+    def _scaled_product(self, x: np.ndarray, matmat: bool) -> np.ndarray:
         x = np.asarray(self.scaling.into(np.asarray(x, dtype=np.float64)), dtype=self.dtype)
         with np.errstate(over="ignore", under="ignore"):  # the first product: learn() refuses Inf, scales
             y = self.op.matmat(x) if matmat else self.op.rmatmat(x)
