@@ -198,10 +198,12 @@ class SparseOperator(_operator_base()):
         Passes over the row blocks so far (one per ``matvec``/``matmat``/``rmatvec``/``rmatmat``).
     """
 
-    def __init__(self, matrix: SparseMatrix) -> None:
+    def __init__(self, matrix: SparseMatrix, *, offdiagonal: bool = False) -> None:
         refuse_complex(matrix)
         self.matrix = matrix  # no ``path``: blocklin.svd takes this as an operator, not a stored dense matrix
         self.products = 0
+        #: the products of ``S - diag(S)`` (a graph Laplacian's ``W``: the diagonal's entries read as zeros)
+        self.offdiagonal = offdiagonal
         dt = matrix.dtype if matrix.dtype in (np.float32, np.float64) else np.dtype(np.float64)
         super().__init__(dtype=dt, shape=matrix.shape)
 
@@ -213,8 +215,8 @@ class SparseOperator(_operator_base()):
         x = np.asarray(x)
         job = current_job()  # inside an operation: its groups of row blocks run as the job's tasks
         if job is not None:
-            return sparse_product(job, self.matrix, x, transposed, self.dtype)
-        return product_in_process(self.matrix._store, x, transposed, self.dtype)
+            return sparse_product(job, self.matrix, x, transposed, self.dtype, offdiagonal=self.offdiagonal)
+        return product_in_process(self.matrix._store, x, transposed, self.dtype, offdiagonal=self.offdiagonal)
 
     def normal_matmat(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         """``(S X, S^T S X)`` in one sweep over ``S``'s row blocks where the running job holds them
@@ -224,7 +226,8 @@ class SparseOperator(_operator_base()):
         from blocklin.runtime.sparse_pass import sparse_normal
 
         job = current_job()
-        got = sparse_normal(job, self.matrix, np.asarray(x), self.dtype) if job is not None else None
+        got = sparse_normal(job, self.matrix, np.asarray(x), self.dtype) \
+            if job is not None and not self.offdiagonal else None
         if got is not None:
             self.products += 2
         return got

@@ -57,12 +57,19 @@ def row_groups(store: SparseStore) -> list[tuple[int, int]]:
     return groups or [(0, 0)]
 
 
-def read_block(store: SparseStore, s0: int, s1: int, dtype: Any) -> Any:
+def read_block(store: SparseStore, s0: int, s1: int, dtype: Any, offdiagonal: bool = False) -> Any:
     """Rows ``s0:s1`` (one row block) as the ``scipy.sparse.csr_matrix`` a product multiplies, its values
-    in ``dtype``: what a task builds and what :class:`HeldBlocks` keeps."""
+    in ``dtype``: what a task builds and what :class:`HeldBlocks` keeps. ``offdiagonal``: the diagonal's
+    entries made explicit zeros, so that a product is ``(S - diag(S)) X`` exactly (a graph Laplacian's
+    ``W X``: ``S X - diag(S) X`` lost ``W X`` to cancellation beside a large self-loop)."""
     import scipy.sparse
 
     ptr, idx, val = store.read_rows(s0, s1)
+    if offdiagonal:  # transients of 5 bytes an entry (int32 indices), a copy of the values where a diagonal is stored
+        on = np.asarray(idx) == np.repeat(np.arange(s0, s1, dtype=np.asarray(idx).dtype), np.diff(ptr))
+        if on.any():
+            val = np.array(val, copy=True)
+            val[on] = 0
     if val.dtype.kind == "c" and np.dtype(dtype).kind != "c":  # never a silent real part (sparse.refuse_complex)
         raise DTypeError(explain("a", "must be a real sparse matrix for a product in a real dtype",
                                  f"{val.dtype.name} values read as {np.dtype(dtype).name}",
@@ -71,7 +78,7 @@ def read_block(store: SparseStore, s0: int, s1: int, dtype: Any) -> Any:
 
 
 def group_product(store: SparseStore, b0: int, b1: int, x: np.ndarray, transposed: bool, dtype: Any,
-                  blocks: list | None = None, pool: Any = None) -> np.ndarray:
+                  blocks: list | None = None, pool: Any = None, offdiagonal: bool = False) -> np.ndarray:
     """Rows ``row_blocks[b0]:row_blocks[b1]`` of ``S X`` (``transposed=False``), or the partial
     ``S_g^T Y_g`` of those rows (``Y = x``), with the blocks in ``dtype``: read, or taken from
     ``blocks`` (every row block held, :class:`HeldBlocks`; the same matrices, so the same bits).
@@ -82,7 +89,7 @@ def group_product(store: SparseStore, b0: int, b1: int, x: np.ndarray, transpose
     out = np.zeros((store.shape[1], k) if transposed else (r1 - r0, k), np.result_type(dt, x.dtype))
     for b in range(b0, b1):
         s0, s1 = int(bounds[b]), int(bounds[b + 1])
-        blk = blocks[b] if blocks is not None else read_block(store, s0, s1, dt)
+        blk = blocks[b] if blocks is not None else read_block(store, s0, s1, dt, offdiagonal)
         if transposed:
             _add_transposed_product(out, blk, x[s0:s1])
         else:
@@ -301,13 +308,16 @@ _csc_matvecs = _sparsetools_kernel("csc_matvecs")
 _csr_matvecs = _sparsetools_kernel("csr_matvecs")
 
 
-def product_in_process(store: SparseStore, x: np.ndarray, transposed: bool, dtype: Any) -> np.ndarray:
-    """``S X`` or ``S^T X`` in this process, group by group as the tasks would compute it."""
+def product_in_process(store: SparseStore, x: np.ndarray, transposed: bool, dtype: Any,
+                       offdiagonal: bool = False) -> np.ndarray:
+    """``S X`` or ``S^T X`` in this process, group by group as the tasks would compute it (``offdiagonal``:
+    of ``S`` without its diagonal, :func:`read_block`)."""
     groups = row_groups(store)
     if transposed and len(groups) > 1:
         return _sum_in_order(groups, (store.shape[1], x.shape[1]), np.result_type(np.dtype(dtype), x.dtype),
-                             lambda g: group_product(store, *g, x, transposed, dtype))
-    return _combine(store, [(g, group_product(store, *g, x, transposed, dtype)) for g in groups], x, transposed, dtype)
+                             lambda g: group_product(store, *g, x, transposed, dtype, offdiagonal=offdiagonal))
+    return _combine(store, [(g, group_product(store, *g, x, transposed, dtype, offdiagonal=offdiagonal))
+                            for g in groups], x, transposed, dtype)
 
 
 class OrderedSum:
@@ -397,6 +407,7 @@ class ProductSpec:
     transposed: bool
     dtype: str
     blas_threads: int | None
+    offdiagonal: bool = False
 
 
 class Operand:
@@ -419,10 +430,11 @@ def product_task(spec: ProductSpec, b0: int, b1: int, x: Operand | np.ndarray) -
     x = x.x if isinstance(x, Operand) else x
     store = SparseStore(spec.s)
     if into is not None:
-        into.run((b0, b1), lambda: group_product(store, b0, b1, x, spec.transposed, spec.dtype))
+        into.run((b0, b1), lambda: group_product(store, b0, b1, x, spec.transposed, spec.dtype,
+                                                 offdiagonal=spec.offdiagonal))
         out = None
     else:
-        out = group_product(store, b0, b1, x, spec.transposed, spec.dtype)
+        out = group_product(store, b0, b1, x, spec.transposed, spec.dtype, offdiagonal=spec.offdiagonal)
     r0, r1 = int(store.row_blocks[b0]), int(store.row_blocks[b1])
     entries = int(store.indptr[r1]) - int(store.indptr[r0]) if r1 > r0 else 0
     return {"group": (b0, b1), "result": out, "flops": 2 * entries * x.shape[1],
@@ -482,21 +494,23 @@ def check_products(store: SparseStore, products: list[tuple[int, bool]], item: i
     return need
 
 
-def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype: Any) -> np.ndarray:
+def sparse_product(job: Any, matrix: Any, x: np.ndarray, transposed: bool, dtype: Any,
+                   offdiagonal: bool = False) -> np.ndarray:
     """``S X`` (``transposed=False``) or ``S^T X`` of the stored sparse ``matrix``, its groups run as
     tasks of ``job`` (one pass over ``S``, counted), or from the row blocks ``job`` holds
     (:func:`hold_blocks`: no read); refused with the minimum budget when one task and the product's
-    operands do not fit ``job``'s memory budget."""
+    operands do not fit ``job``'s memory budget. ``offdiagonal``: of ``S`` without its diagonal
+    (:func:`read_block`)."""
     store = matrix._store
     groups = row_groups(store)
     budget, reserved = job.cfg.memory, job.client_reserved
     held, per_task = product_memory(store, groups, x.shape[1], x.nbytes, transposed, dtype, budget, reserved)
     workers = max(1, min(job.workers(job.cores()), (budget - reserved - held) // max(1, per_task), len(groups)))
-    kept = _HELD.get(job, {}).get(_held_key(store, dtype))
+    kept = _HELD.get(job, {}).get(_held_key(store, dtype, offdiagonal))
     if kept is not None:
         return kept.product(job, groups, x, transposed, workers)
     spec = ProductSpec(s=store.location, transposed=transposed, dtype=np.dtype(dtype).name,
-                       blas_threads=job.task_blas_threads(1))
+                       blas_threads=job.task_blas_threads(1), offdiagonal=offdiagonal)
     # Tasks in this process add their partials of S^T X as they finish; elsewhere they return them
     in_process = job.scheduler.kind in ("threads", "sync")
     into = OrderedSum(groups, (store.shape[1], x.shape[1]), np.result_type(np.dtype(dtype), x.dtype)) \
@@ -568,8 +582,8 @@ def sparse_normal(job: Any, matrix: Any, x: np.ndarray, dtype: Any) -> tuple[np.
 _HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _held_key(store: SparseStore, dtype: Any) -> tuple[str, str]:
-    return store.location.url, np.dtype(dtype).name
+def _held_key(store: SparseStore, dtype: Any, offdiagonal: bool = False) -> tuple[str, str, bool]:
+    return store.location.url, np.dtype(dtype).name, bool(offdiagonal)
 
 
 def held_bytes(store: SparseStore, dtype: Any) -> int:
@@ -587,19 +601,20 @@ def blocks_fit(store: SparseStore, dtype: Any, budget: int, reserved: int, need:
     return nbytes if reserved + nbytes + need <= budget else 0
 
 
-def hold_blocks(job: Any, store: SparseStore, dtype: Any, need: int, reserved: int) -> int:
+def hold_blocks(job: Any, store: SparseStore, dtype: Any, need: int, reserved: int, offdiagonal: bool = False) -> int:
     """Hold the row blocks of ``S`` (values in ``dtype``) in this process for ``job``'s products when
     they fit its budget (:func:`blocks_fit`) and its products run here (not on a ``distributed``
     cluster); the bytes held, to add to ``job.client_reserved`` (0: the products stream). The blocks
-    are read by the first product and released when ``job`` ends."""
+    are read by the first product and released when ``job`` ends (``offdiagonal``: without the diagonal,
+    for the products of :func:`sparse_product` that ask for it)."""
     if not HOLD_BLOCKS or job.scheduler.kind == "distributed":
         return 0
     nbytes = blocks_fit(store, dtype, job.cfg.memory, reserved, need)
     if nbytes:
         kept = _HELD.setdefault(job, {})
-        key = _held_key(store, dtype)
+        key = _held_key(store, dtype, offdiagonal)
         if key not in kept:
-            kept[key] = HeldBlocks(store, dtype)
+            kept[key] = HeldBlocks(store, dtype, offdiagonal)
             job.stack.callback(kept.pop, key, None)
     return nbytes
 
@@ -609,13 +624,13 @@ class HeldBlocks:
     first, as :func:`read_block` builds them for a task, then multiplied by every product in this
     process, group by group in the groups' order (the streamed products' sums, so their bits)."""
 
-    def __init__(self, store: SparseStore, dtype: Any) -> None:
-        self.store, self.dtype, self.blocks = store, np.dtype(dtype), None
+    def __init__(self, store: SparseStore, dtype: Any, offdiagonal: bool = False) -> None:
+        self.store, self.dtype, self.blocks, self.offdiagonal = store, np.dtype(dtype), None, offdiagonal
 
     def _load(self, job: Any) -> list:
         if self.blocks is None:
             bounds = self.store.row_blocks
-            self.blocks = [read_block(self.store, int(bounds[b]), int(bounds[b + 1]), self.dtype)
+            self.blocks = [read_block(self.store, int(bounds[b]), int(bounds[b + 1]), self.dtype, self.offdiagonal)
                            for b in range(len(bounds) - 1)]  # the reads count in the job's bytes_read
             job.stats["sparse_reads"] = job.stats.get("sparse_reads", 0) + 1
             job.stats["sparse_held_bytes"] = sum(b.data.nbytes + b.indices.nbytes + b.indptr.nbytes

@@ -76,7 +76,8 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
                          check_symmetric=check_symmetric, laplacian=laplacian, budget=job.cfg.memory,
                          spill_ok=temp_root(job.cfg).is_local)
         # the row blocks read once and held between the steps where they fit beside that (sparse_pass)
-        job.client_reserved = bp.reserved + hold_blocks(job, s._store, op.dtype, bp.need, bp.reserved)
+        job.client_reserved = bp.reserved + hold_blocks(job, s._store, op.dtype, bp.need, bp.reserved,
+                                                         offdiagonal=bool(laplacian))
         tol = default_tol(dt) if tol is None else tol
         found: dict = {}
         if laplacian:
