@@ -67,3 +67,15 @@ def test_in_range_data_keeps_its_bits(tmp_path):
     ref = _solve(tmp_path, "ref", a, b, 0.3)
     got = _solve(tmp_path, "scaled", a * 2.0 ** 200, np.ldexp(b, 200), 0.3 * 2.0 ** 200)
     assert np.array_equal(np.asarray(got.to_numpy()), np.asarray(ref.to_numpy()))
+
+
+def test_a_solution_beyond_float64_is_refused_by_name(tmp_path):
+    """``S`` near ``2^-700`` and ``b`` near ``2^700`` ask for ``x`` near ``2^1400``: scaled back it had been
+    Inf (and the residual NaN) with ``converged=True``; it is refused naming ``b`` and the power of two
+    that brings it in range. ``x`` near ``2^1000`` still fits and is ``2^1000`` times the unscaled run's."""
+    a, b = _problem()
+    with pytest.raises(bl.errors.ParameterError, match=r"(?s)^b: .*x near 2\^14\d\d \(beyond float64's range\)"):
+        _solve(tmp_path, "over", a * 2.0 ** -700, np.ldexp(b, 700), 0.0)
+    ref = _solve(tmp_path, "ref", a, b, 0.0).to_numpy()
+    got = _solve(tmp_path, "fits", a * 2.0 ** -700, np.ldexp(b, 300), 0.0).to_numpy()
+    assert np.isfinite(got).all() and np.array_equal(np.ldexp(got, -1000), ref)

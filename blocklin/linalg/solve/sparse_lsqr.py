@@ -148,8 +148,27 @@ def lsqr_columns(matmat: Callable[[np.ndarray], np.ndarray], rmatmat: Callable[[
         bd.step(np.unique(cols.rhs[cols.live]), scaled, rscaled, itn)  # the rhs with a lambda still iterating
         cols.update(bd, alpha_old, tol=tol, conlim=conlim, itn=itn)
     cols.istop[cols.live] = 7
+    refuse_beyond_range(cols.x, eb[cols.rhs] - es)
     return LsqrResult(x=np.ldexp(cols.x, (eb[cols.rhs] - es)[None, :]), iterations=cols.iterations,
                       istop=cols.istop, acond=cols.acond, anorm=np.ldexp(cols.anorm, es), products=bd.products)
+
+
+def refuse_beyond_range(x_scaled: np.ndarray, e: np.ndarray) -> None:
+    """Refuse a solution whose columns ``x_scaled * 2^e`` (the scaled run's ``x``, each column's power of two)
+    float64 cannot hold: ``||x||`` is about ``||b|| / sigma_min(S)``, so entries near ``1e-200`` with ``b``
+    near ``1e200`` ask for ``x`` near ``1e400``. Scaled back, it had been Inf (and the residual pass NaN),
+    returned with ``converged=True`` (until 2026-12-06; found by a randomized search)."""
+    from blocklin.linalg.blocks.result_range import solution_range_error
+
+    top = np.abs(x_scaled).max(axis=0, initial=0.0)
+    exp = np.frexp(top)[1].astype(np.int64) + np.asarray(e, np.int64)  # largest |x_j| < 2^exp, for finite top
+    over = np.flatnonzero(np.isfinite(top) & (top > 0) & (exp > np.finfo(np.float64).maxexp))
+    if over.size:
+        j = int(over[0])
+        raise solution_range_error(
+            "b", np.float64, what="a least-squares solution x", actual=f"column {j} of x near 2^{int(exp[j])} "
+            "(beyond float64's range)", fix=f"solve for b scaled by 2.0**-{int(exp[j]) - 1000} (exact; x scales "
+            "with b), or raise lam")
 
 
 def _exponents(v: Any) -> np.ndarray:
@@ -549,5 +568,5 @@ def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_i
 
 
 __all__ = ["CONVERGED", "DEFAULT_TOL", "MAX_ITER_CAP", "SPARSE_METHODS", "STOP_REASONS", "LsqrResult",
-           "check_max_iter", "check_tol", "default_max_iter", "default_tol", "lsqr_columns", "refuse_sparse_options",
-           "solve_sparse", "sparse_plan"]
+           "check_max_iter", "check_tol", "default_max_iter", "default_tol", "lsqr_columns", "refuse_beyond_range",
+           "refuse_sparse_options", "solve_sparse", "sparse_plan"]
