@@ -152,8 +152,7 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
     elif isinstance(x, (list, tuple)):
         path, arr, staged = _stage_numpy(np.asarray(x), name, cfg, stack)
     else:
-        raise ParameterError(explain(name, "must be a path, zarr array, blocklin.Matrix, NumPy or Dask array",
-                                f"{type(x).__name__}", "pass a NumPy array or the path of a zarr array"))
+        raise _unsupported(x, name)
     source = path if not staged and isinstance(path, Location) else None
     if arr.ndim == 1 and ndim == 2:  # a stored vector: staged as an n x 1 column (tasks read 2-D blocks)
         path, arr, staged = _stage_column(arr, name, cfg, stack)
@@ -163,6 +162,29 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
     # a big-endian store (zarr v2 ``>f8``) is read as native: its dtype is compared and computed as such
     return Operand(name=name, path=path, shape=tuple(arr.shape), dtype=native(arr.dtype),
                    chunks=tuple(arr.chunks), staged=staged, source=source if staged else None)
+
+
+#: What takes a sparse matrix: the routes of docs/sparse.md, on a stored blocklin-csr group.
+SPARSE_ROUTES = "svd, pca, eigsh, solve (LSQR), gram and matmul with one dense operand"
+
+
+def _unsupported(x: Any, name: str) -> ParameterError:
+    """The refusal of an input this operation cannot read as a dense operand; for a sparse matrix it names
+    the operations that take one (the generic fix, a NumPy array or a zarr path, had sent a stored sparse
+    matrix's user to a path that was refused too)."""
+    what = "must be a path, zarr array, blocklin.Matrix, NumPy or Dask array"
+    if type(x).__name__ == "SparseMatrix" and type(x).__module__ == "blocklin.sparse":
+        return ParameterError(explain(
+            name, f"{what}: this operation reads dense blocks, and a stored sparse matrix is taken by {SPARSE_ROUTES} "
+            "only", f"a SparseMatrix ({x.shape[0]} x {x.shape[1]}, {x.nnz} entries)", "use one of those, or write "
+            "it densely (blocklin convert SOURCE OUT.zarr --dense, or blocklin.from_array(s.to_numpy(), PATH) where "
+            "it fits in memory)"))
+    if type(x).__module__.startswith("scipy.sparse") and hasattr(x, "nnz"):
+        return ParameterError(explain(
+            name, f"{what}: in-memory SciPy sparse matrices are not read", f"a {type(x).__name__} "
+            f"{getattr(x, 'shape', '?')}", f"write it with blocklin.from_sparse(x, 'S.zarr') for {SPARSE_ROUTES}, "
+            "or pass x.toarray() where it fits in memory"))
+    return ParameterError(explain(name, what, f"{type(x).__name__}", "pass a NumPy array or the path of a zarr array"))
 
 
 def as_columns(b: Any) -> Any:

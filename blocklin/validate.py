@@ -254,9 +254,12 @@ def check_k(k: Any, m: int, n: int, *, whole: bool = False) -> int:
     top = min(m, n) if whole else min(m, n) - 1
     if not 1 <= k <= top:
         rule = f"1 <= k <= min(m, n) = {top}" if whole else f"1 <= k < min(m, n) = {min(m, n)}"
-        raise ParameterError(explain("k", f"must satisfy {rule}", f"k={k} for a {m} x {n} matrix",
-                                     f"pass 1 <= k <= {top}" + ("" if whole else
-                                                                " (use scipy.linalg.eigh for a full decomposition)")))
+        if top < 1:  # no k fits: "pass 1 <= k <= 0" had been the fix
+            fix = (f"a {m} x {n} matrix has {min(m, n)} singular value(s) and no truncated decomposition: compute it "
+                   "in memory (numpy.linalg.svd, or numpy.linalg.norm of the vector for its one singular value)")
+        else:
+            fix = f"pass 1 <= k <= {top}" + ("" if whole else " (use scipy.linalg.eigh for a full decomposition)")
+        raise ParameterError(explain("k", f"must satisfy {rule}", f"k={k} for a {m} x {n} matrix", fix))
     return int(k)
 
 

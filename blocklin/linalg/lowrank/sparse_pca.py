@@ -70,7 +70,9 @@ def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool,
         raise ParameterError(explain(
             "n_components", f"must be an integer k with 1 <= k < min(m, n) = {min(m, n)} for a stored sparse matrix "
             "(its centered operator gives the largest components; every one needs the dense matrix)",
-            repr(n_components), f"pass n_components={min(10, max(1, min(m, n) - 1))}"))
+            f"{n_components!r} for a {m} x {n} matrix", f"pass n_components={min(10, min(m, n) - 1)}" if min(m, n) > 1
+            else "a matrix of one row or column has at most one component: compute it in memory "
+            "(sklearn.decomposition.PCA of S.toarray())"))
     mean, m2, e = sparse_moments(s)
     op = centered_operator(s, mean)
     res = factorize(op, n_components, **svd_kw)

@@ -44,7 +44,7 @@ from blocklin.matrix import Matrix
 from blocklin.plan.svd import SvdPlan, gram_route_fits, sparse_basis, sparse_block
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
-from blocklin.sparse import as_sparse_matrix, as_sparse_operator
+from blocklin.sparse import SparseMatrix, as_sparse_matrix, as_sparse_operator
 from blocklin.storage import create_group, remove
 from blocklin.storage.zarr_store import open_zarr
 from blocklin.validate import (check_k, choice, count, flag, float_operand, positive, resolve_seed, seed_arg,
@@ -495,6 +495,15 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
         raise ParameterError(explain("a", "a LinearOperator takes rsvd or block Lanczos for the largest triplets "
                                      "only", f"a LinearOperator with {', '.join(asked)}",
                                      "pass the matrix itself (a path, a Matrix or an array) for those"))
+    sparse = isinstance(op, SparseMatrix)
+    if k is None:  # lstsq and cond of a sparse matrix come here too: name what they asked for
+        what = "a stored sparse matrix" if sparse else "a LinearOperator"
+        raise ParameterError(explain(
+            "k", f"must be an integer for {what}: its SVD is truncated (the k largest triplets); every singular "
+            "value (k=None, as blocklin.lstsq and blocklin.cond ask for) needs the matrix itself",
+            f"k=None for {what} of shape {op.shape[0]} x {op.shape[1]}",
+            "pass 1 <= k < min(m, n)" + ("; for least squares, blocklin.solve(S, b) (LSQR, lam= for ridge)"
+                                        if sparse else "")))
     op = as_sparse_operator(op)  # a stored sparse matrix: float64 products for integer values
     dt = np.dtype(op.dtype)
     if dt not in (np.float32, np.float64):
