@@ -283,6 +283,29 @@ def centered_operator(s: SparseMatrix, mu: np.ndarray, dtype: Any = None) -> Any
     return centered
 
 
+def refuse_nonfinite_entries(a: Any, name: str = "a") -> None:
+    """Raise :class:`~blocklin.errors.NonFiniteError` naming the first NaN or Inf stored in the sparse matrix
+    behind ``a`` (a :class:`SparseMatrix`, its :class:`SparseOperator`, or :func:`centered_operator`); nothing
+    for another operator or a finite matrix. For the failure path of a decomposition whose first product was
+    not finite (one more pass over the row blocks): those had been refused as a ``ConvergenceError`` (a
+    ``RuntimeError``) where a dense input is refused as a ``NonFiniteError`` naming the position."""
+    from blocklin.errors import NonFiniteError
+
+    matrix = getattr(getattr(a, "sparse_operator", a), "matrix", a)
+    if not isinstance(matrix, SparseMatrix) or np.dtype(matrix.dtype).kind not in "fc":
+        return
+    for r0, blk in matrix.iter_row_blocks():
+        bad = np.flatnonzero(~np.isfinite(blk.data))
+        if bad.size:
+            at = int(bad[0])
+            row = r0 + int(np.searchsorted(blk.indptr, at, side="right")) - 1
+            raise NonFiniteError(explain(
+                name, "must hold finite values (a decomposition has no answer on NaN or Inf; check_finite=False "
+                "does not lift this)", f"{blk.data[at]} at ({row}, {int(blk.indices[at])}) of the stored sparse "
+                f"matrix {matrix.path}", "replace or drop the non-finite entries (numpy.nan_to_num of the SciPy "
+                "matrix's data, then blocklin.from_sparse; or blocklin convert --nan error to find them)"))
+
+
 def refuse_complex(matrix: Any, name: str = "a") -> None:
     """Raise :class:`~blocklin.errors.DTypeError` for a complex stored sparse matrix: it is stored and read
     back exactly, but every sparse route (``svd``, ``eigsh``, ``pca``, ``solve``, ``matmul``, ``gram``)
@@ -328,4 +351,4 @@ def as_sparse_operator(a: Any) -> Any:
 
 
 __all__ = ["SparseMatrix", "SparseOperator", "as_sparse_matrix", "as_sparse_operator", "centered_operator",
-           "refuse_complex"]
+           "refuse_complex", "refuse_nonfinite_entries"]

@@ -48,3 +48,25 @@ def test_a_single_column_has_no_k_to_pass(tmp_path):
     with pytest.raises(ParameterError, match="at most one component") as err:
         bl.pca(s, 1)
     assert "n_components=0" not in str(err.value)
+
+
+@pytest.mark.parametrize("call", [lambda s, q: bl.svd(s, 3, seed=0), lambda s, q: bl.svd(s, 3, method="rsvd", seed=0),
+                                  lambda s, q: bl.svd(s, 3, method="sketch", seed=0),
+                                  lambda s, q: bl.svd(s, 3, seed=0, check_finite=False),
+                                  lambda s, q: bl.pca(s, 3, seed=0), lambda s, q: bl.eigsh(q, 3, seed=0),
+                                  lambda s, q: bl.eigsh(q, 3, seed=0, laplacian="combinatorial")],
+                         ids=["lanczos", "rsvd", "sketch", "unchecked", "pca", "eigsh", "laplacian"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_stored_nan_or_inf_is_a_nonfinite_error_naming_its_place(tmp_path, call, bad):
+    """Refused as a ``ConvergenceError`` (a ``RuntimeError``) about the first product before, where every dense
+    route and sparse matmul and solve raise ``NonFiniteError`` (a ``ValueError``); now it names the entry."""
+    x = sp.random(40, 30, density=0.2, random_state=0, format="csr")
+    x.data[17] = bad
+    q = (x[:30] + x[:30].T).tocsr()  # the bad entry and its mirror image, off the diagonal
+    row = int(np.searchsorted(x.indptr, 17, side="right")) - 1
+    assert row != x.indices[17]
+    s, g = bl.from_sparse(x, tmp_path / "S.zarr"), bl.from_sparse(q, tmp_path / "Q.zarr")
+    with pytest.raises(bl.errors.NonFiniteError, match=r"^a: must hold finite values.*got (nan|inf) at \(\d+, \d+\)"):
+        call(s, g)
+    with pytest.raises(bl.errors.NonFiniteError, match=rf"at \({row}, {x.indices[17]}\)"):
+        bl.svd(s, 3, seed=0)

@@ -37,7 +37,7 @@ from blocklin.operands import temp_root
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.runtime.job import Job
 from blocklin.runtime.sparse_pass import check_products, hold_blocks
-from blocklin.sparse import SparseMatrix, SparseOperator, as_sparse_operator
+from blocklin.sparse import SparseMatrix, SparseOperator, as_sparse_operator, refuse_nonfinite_entries
 
 #: The methods an operator takes: those that only multiply by ``B`` and ``B^T`` in blocks.
 OPERATOR_METHODS = ("rsvd", "lanczos", "sketch")
@@ -87,6 +87,8 @@ class OperatorSource:
         x = np.asarray(self.scaling.into(np.asarray(x, dtype=np.float64)), dtype=self.dtype)
         with np.errstate(over="ignore", under="ignore"):  # the first product: learn() refuses Inf, scales
             y = self.op.matmat(x) if matmat else self.op.rmatmat(x)
+        if not self.scaling.known and not np.isfinite(y).all():  # a stored NaN or Inf: named where it is
+            refuse_nonfinite_entries(self.op)
         return self.scaling.learn(np.asarray(y, dtype=np.float64))
 
     def normal(self, q: np.ndarray, *, keep_y: bool = False, gram: bool = False, description: str = "") -> tuple:

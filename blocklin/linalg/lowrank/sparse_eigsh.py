@@ -41,6 +41,7 @@ from blocklin.operands import temp_root
 from blocklin.plan.svd import default_basis, sparse_basis, sparse_block
 from blocklin.runtime.job import Job
 from blocklin.runtime.sparse_pass import hold_blocks
+from blocklin.sparse import refuse_nonfinite_entries
 from blocklin.storage.zarr_store import create_array, create_group, write_array, write_block
 from blocklin.validate import check_k, start_vector
 
@@ -95,7 +96,10 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
         def apply(x: np.ndarray, step: int) -> np.ndarray:
             passes["n"] += 1
             first = not scaling.known
-            z = scaling.learn(product(x))
+            y = product(x)
+            if first and not np.isfinite(y).all():  # a stored NaN or Inf: named where it is
+                refuse_nonfinite_entries(s)
+            z = scaling.learn(y)
             if first and scaling.first_lost_digits:  # a first product near the subnormals: again, scaled
                 passes["n"] += 1
                 z = scaling.learn(product(x))
