@@ -207,3 +207,41 @@ def test_cli_gemm_and_gram_of_a_sparse_store(stored, rng, tmp_path, capsys):
     assert main(["gram", s.path, "-o", str(tmp_path / "g.zarr"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["shape"] == [90, 90]
     assert_gram(bl.open(tmp_path / "g.zarr").to_numpy(), (x.T @ x).toarray(), x.toarray())
+
+
+@pytest.mark.parametrize("k", [300, -300, 0])
+def test_sparse_gram_near_the_range_ends_is_the_scaled_gram(stored, tmp_path, k):
+    """A Gram in float64's range is summed without overflow or lost digits (its diagonal holds the largest
+    squares), so the Gram of ``2^k S`` is ``4^k`` times that of ``S``, bits and all, with the range check
+    below in place; one row far above the rest gives a finite Gram within the product bound."""
+    x, s = stored
+    ref = bl.gram(s, tmp_path / "g.zarr", memory="2MiB").to_numpy()
+    y = x.copy()
+    y.data = np.ldexp(y.data, k)
+    got = bl.gram(bl.from_sparse(y, tmp_path / "y.zarr"), tmp_path / "gy.zarr", memory="2MiB").to_numpy()
+    assert np.array_equal(np.ldexp(got, -2 * k), ref)
+    # one row far above the rest: a later row block raises the scaling, the sum so far is rescaled
+    z = x.tolil()
+    z[650, :] = z[650, :] * 2.0 ** 500
+    z = z.tocsr()
+    g = bl.gram(bl.from_sparse(z, tmp_path / "z.zarr"), tmp_path / "gz.zarr", memory="2MiB").to_numpy()
+    assert np.isfinite(g).all()
+    assert_gram(np.ldexp(g, -1000), np.ldexp((z.T @ z).toarray(), -1000), np.ldexp(z.toarray(), -500))
+
+
+@pytest.mark.parametrize("k,dtype", [(600, np.float64), (-600, np.float64), (70, np.float32)])
+def test_a_sparse_gram_beyond_the_range_is_refused_with_the_scaling_that_fits(stored, tmp_path, k, dtype):
+    """Entries near ``2^+-600`` (float32's ``2^70``) had given a Gram of ``inf`` or ``0`` without an error
+    (found by a randomized search, 2026-12-06), where the dense route refuses; so does the sparse one now,
+    naming a power of two whose scaled data's Gram fits."""
+    x, _ = stored
+    y = x.astype(np.float64)
+    y.data = np.ldexp(y.data, k)
+    y = y.astype(dtype)
+    with pytest.raises(ParameterError, match=r"^a: must have a Gram matrix within the range of") as err:
+        bl.gram(bl.from_sparse(y, tmp_path / "y.zarr"), memory="2MiB")
+    j = int(str(err.value).split("times 2.0**")[1].split(" ")[0])  # the fix names the power of two
+    z = y.astype(np.float64)
+    z.data = np.ldexp(z.data, j)
+    g = bl.gram(bl.from_sparse(z.astype(dtype), tmp_path / "z.zarr"), memory="2MiB").to_numpy()
+    assert np.isfinite(g).all() and np.abs(g).max() > 0

@@ -376,10 +376,14 @@ def sparse_gram_task(spec: SparseSpec) -> dict:
     pieces = _Pieces(store, np.dtype(np.float64), spec.check_finite)
     n = plan.n
     acc = np.zeros((n, n), np.float64)
+    amax = 0.0  # the largest entry read, for the range refusal's message
     for r0 in range(0, plan.m, plan.rows):
         r1 = min(plan.m, r0 + plan.rows)
         for piece in pieces(r0, r1, plan.entries, whole_rows=True):
+            if piece.nnz:
+                amax = max(amax, float(np.max(np.abs(piece.data))))
             acc += piece.T @ piece.toarray()
+    _check_gram_range(acc, dt, amax)
     out = open_array(spec.out, mode="r+")
     band = max(1, out.chunks[0])
     for a in range(0, n, band):
@@ -389,6 +393,26 @@ def sparse_gram_task(spec: SparseSpec) -> dict:
     return {"flops": 0, "bytes_read": pieces.bytes, "bytes_physical": pieces.bytes,
             "bytes_written": n * n * dt.itemsize}
 
+
+
+def _check_gram_range(g: np.ndarray, dt: np.dtype, amax: float) -> None:
+    """Refuse, as the dense route refuses it, a Gram whose largest entry leaves ``dt``'s range or falls where
+    the smallest normal numbers keep a few bits (entries near ``1e200`` had given a Gram of ``inf``, near
+    ``1e-200`` one of ``0``, silently). Its diagonal holds the largest squares, so a Gram in range is summed
+    in float64 without overflow or loss: nothing to scale."""
+    big = float(np.max(np.abs(g))) if g.size else 0.0
+    if np.isnan(big) or amax == 0:  # NaN data read with check_finite=False propagates, as in the products
+        return
+    # the largest entry is below 2^top (from the squares of the largest entry where they left the range)
+    top = int(np.frexp(big)[1]) if 0 < big < np.inf else 2 * int(np.frexp(amax)[1])
+    fi = np.finfo(dt)
+    if top > fi.maxexp or top < fi.minexp + fi.nmant:
+        k = (fi.maxexp // 2 - top) // 2
+        raise ParameterError(explain(
+            "a", f"must have a Gram matrix within the range of {dt.name} (largest entry between "
+            f"2^{fi.minexp + fi.nmant} and 2^{fi.maxexp})", f"a Gram whose largest entry is about 2^{top - 1} "
+            f"(max |a| = {amax:.3g})", f"compute it in a scaled form: the Gram of the sparse matrix times "
+            f"2.0**{k} (exact; blocklin.from_sparse(x * 2.0**{k}, ...)) is 2^{2 * k} times this one"))
 
 
 # -- drivers -------------------------------------------------------------------------------------------
