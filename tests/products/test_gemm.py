@@ -309,3 +309,28 @@ def test_region_tiles_with_offsets_identity_and_statistics(tmp_path, rng):
     assert not got[:16].any() and not got[48:].any() and not got[:, :32].any()
     assert len(results) > 1  # several tiles
     assert sum(r["sumsq"] for r in results) == pytest.approx(float((expected**2).sum()), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype,big", [(np.float64, 1e200), (np.float32, 1e30)])
+@pytest.mark.parametrize("n,memory", [(2, None), (40, "64KiB")])  # the thin (rows) route and GEMM tiles
+def test_a_product_beyond_the_range_is_refused_with_the_scaling_that_fits(tmp_path, rng, dtype, big, n, memory):
+    """Finite operands near 1e200 whose product overflows had given a matrix of Inf, silently (``gram`` of the
+    same data refuses). The product is refused, naming the power of two that brings max|a| max|b| k into the
+    range; no output is left, and the fix it names gives the scaled product."""
+    import re
+
+    from blocklin.errors import ParameterError
+    from support.tolerances import assert_product
+
+    a = (rng.standard_normal((30, 20)) * big).astype(dtype)
+    b = (rng.standard_normal((20, n)) * big).astype(dtype)
+    kw = {"memory": memory} if memory else {}
+    with pytest.raises(ParameterError, match=r"must give a product within .*got an output holding Inf or NaN") as e:
+        bl.matmul(a, b, tmp_path / "c.zarr", **kw)
+    assert not (tmp_path / "c.zarr").exists() and not list(tmp_path.glob(".c.zarr*"))
+    p = int(re.search(r"scale a by 2\.0\*\*-(\d+)", str(e.value)).group(1))
+    scaled = np.ldexp(a, -p).astype(dtype)
+    c = bl.matmul(scaled, b, tmp_path / "c.zarr", **kw)[...]
+    s64, b64 = scaled.astype(np.float64), b.astype(np.float64)
+    assert_product(c, s64 @ b64, s64, b64, dtype=dtype)
+    assert not np.isfinite(bl.matmul(a, b, check_finite=False, **kw)[...]).all()  # unchecked: as computed

@@ -354,6 +354,27 @@ def _check_narrow_range(op: Gemm) -> None:
             f"max |a| max |b| = {top:.3g}, k = {k}", fix))
 
 
+def _overflow_refusal(op: Gemm) -> ParameterError:
+    """The refusal of a product of finite operands (checked while streaming) whose output holds Inf or NaN:
+    its sums left the output dtype's range (entries near ``1e200`` had given a matrix of Inf, silently, where
+    ``gram`` of the same data refuses). Names the power of two that brings ``max |a| max |b| k`` in range;
+    one pass over each operand whose peaks are not recorded, on this failure path only."""
+    k = op.A.shape[0] if op.trans_a else op.A.shape[1]
+    factors = (max_abs(op.A), max_abs(op.B), abs(op.alpha), float(max(k, 1)))
+    fi = np.finfo(op.dtype)
+    # max |a| max |b| |alpha| k < 2^e, by exponents (the product itself may overflow float64)
+    e = sum(int(np.frexp(f)[1]) for f in factors) if all(0 < f < np.inf for f in factors) else None
+    p = e - (fi.maxexp - 2) if e is not None else 0
+    fix = (f"scale a by 2.0**-{p} (exact: the product is then 2^-{p} times alpha op(A) op(B)), or b, alpha or c "
+           "by powers of two that keep every sum in range" if p > 0 else
+           "scale c (beta C) by a power of two into range" if op.C is not None else
+           "scale a or b by a power of two (exact)")
+    return ParameterError(_msg("a", f"must give a product within {op.dtype.name}'s range (largest "
+                               f"{float(fi.max):.3g}): its operands are finite (checked while streaming), its sums "
+                               "are not", "an output holding Inf or NaN (max |a| max |b| |alpha| k "
+                               f"{'below 2^' + str(e) if e is not None else 'unknown'}, k = {k})", fix))
+
+
 def _write(job: Job, op: Gemm, plan: GemmPlan | ThinPlan, out: Any, run: Callable[[Any], None], *, overwrite: bool,
            resume: bool, peaks: PeakTally | None = None, **report: Any) -> Matrix:
     """Claim ``out`` (resumable by ``op.token(plan)``), create its array in ``plan.out_chunks``, ``run`` the
@@ -367,6 +388,8 @@ def _write(job: Job, op: Gemm, plan: GemmPlan | ThinPlan, out: Any, run: Callabl
                    size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     run(ao)
+    if peaks is not None and peaks.complete and job.check_finite and not np.isfinite(peaks.columns).all():
+        raise _overflow_refusal(op)
     rep = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), precision=op.precision,
                      compute_dtype=op.compute.name, **report)
     result = job.finish(ao, out, rep, operation="matmul", plan=plan.to_dict(), params=op.params(), keys=REPORT_KEYS)
