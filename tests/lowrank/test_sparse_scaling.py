@@ -189,7 +189,7 @@ def test_a_sparse_matrix_of_subnormal_entries(tmp_path, dtype, k, operation):
     else:
         method = operation.split("-")[1]
         ref, got = (bl.svd(t, 3, method=method, seed=0) for t in (a, b))
-        (_u, s, Vt), (_u2, s2, Vt2) = ref, got
+        (s, Vt), (s2, Vt2) = ref[1:], got[1:]
         assert _same_but_subnormal_rounding(s2, s, k, dtype) and np.array_equal(Vt2, Vt)
         full = np.linalg.svd(x.toarray().astype(np.float64), compute_uv=False)
         vals, residuals = s, np.asarray(ref.report["residuals"])
