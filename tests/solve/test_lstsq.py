@@ -86,6 +86,27 @@ def test_rcond_cuts_as_numpy():
     assert res.size == 0  # rank < n: NumPy returns no residuals
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("rcond", [0.0, -1, 1.0, 2.0])
+@pytest.mark.parametrize("wide", [False, True], ids=["tall", "wide"])
+def test_rcond_outside_zero_one_as_lapack(rcond, dtype, wide):
+    """NumPy passes ``rcond`` to LAPACK's ``xGELSD``, which cuts at the unit roundoff ``eps / 2`` for an
+    ``rcond`` at most 0 (NumPy's old default ``-1``) or at least 1. Singular values 1, 0.5 and 1e-20 (a
+    permuted diagonal: every SVD gets them to their own rounding, or the last as 0): rank 2, ``x`` NumPy's.
+    ``rcond >= 1`` had returned rank 0 and ``x = 0``; ``rcond=0`` had inverted 1e-20 (``||x|| = 5e20``,
+    complex); ``rcond=-1`` had been refused."""
+    a = np.zeros((5, 3), dtype=dtype)
+    a[0, 1], a[2, 2], a[4, 0] = 1.0, 0.5, 1e-20
+    b = np.arange(1.0, 6.0).astype(dtype)
+    if wide:
+        a, b = a.T.copy(), b[:3]
+    x, res, rank, s = bl.lstsq(a, b, rcond=rcond, memory="256KiB")
+    xr, resr, rankr, sr = np.linalg.lstsq(a, b, rcond=rcond)
+    assert rank == rankr == 2 and res.shape == resr.shape == (0,)
+    kappa, r = sr[0] / sr[1], np.linalg.norm(b - a @ xr)  # the module's bound at rank 2
+    assert_close_to(x, xr, bound=8 * 5 * eps(dtype) * kappa * (np.linalg.norm(xr) + kappa * r / sr[0]), what="x")
+
+
 def test_float32_and_integers():
     a = of_rank(1000, 12, 12, seed=5, dtype=np.float32)
     b = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
@@ -112,8 +133,9 @@ def test_nothing_left_in_the_temp_dir(tmp_path):
 
 def test_bad_arguments():
     a = of_rank(50, 5, 5)
-    with pytest.raises(ParameterError, match="rcond: must be a non-negative number or None; got -1"):
-        bl.lstsq(a, np.ones(50), rcond=-1)
+    for bad in (float("nan"), float("inf"), "eps", True):
+        with pytest.raises(ParameterError, match="rcond: must be a finite number or None; got"):
+            bl.lstsq(a, np.ones(50), rcond=bad)
     with pytest.raises(ShapeError, match=r"b: must have m = 50 rows .* shape \(49,\)"):
         bl.lstsq(a, np.ones(49))
     with pytest.raises(ShapeError, match="b: must be 1-D or 2-D"):

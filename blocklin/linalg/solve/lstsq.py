@@ -18,6 +18,7 @@ from blocklin.errors import ParameterError, ShapeError, explain
 from blocklin.linalg.labels import check_rows, is_dataarray
 from blocklin.linalg.lowrank.svd import svd
 from blocklin.linalg.solve.lstsq_complex import is_complex, lstsq_complex
+from blocklin.linalg.solve.rcond import check_rcond, rank_cut
 from blocklin.linalg.products.gemm import matmul
 from blocklin.matrix import Matrix
 from blocklin.storage import remove
@@ -60,7 +61,8 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
         are matched by position: other labels are refused, never reordered).
     rcond : float, optional
         Singular values at most ``rcond * s_1`` count as zero. ``None`` (default): ``eps * max(m, n)``,
-        NumPy's default.
+        NumPy's default; an ``rcond`` at most 0 (NumPy's old default ``-1``) or at least 1 cuts at
+        ``eps / 2 * s_1``, as NumPy's LAPACK ``xGELSD`` does (:mod:`blocklin.linalg.solve.rcond`).
     **settings
         As for every operation (:class:`~blocklin.config.Settings`).
 
@@ -94,10 +96,7 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
     >>> rank, np.allclose(x, np.linalg.lstsq(a, [1.0, 2.0, 3.0])[0])
     (1, True)
     """
-    if rcond is not None and not (isinstance(rcond, (int, float)) and not isinstance(rcond, bool)
-                                  and np.isfinite(rcond) and rcond >= 0):
-        raise ParameterError(explain("rcond", "must be a non-negative number or None", repr(rcond),
-                                     "pass rcond=None (eps * max(m, n), NumPy's default)"))
+    check_rcond(rcond)
     if is_dataarray(a) or is_dataarray(b):  # their data, as NumPy's lstsq takes them: the result is NumPy
         check_rows(a, b)  # rows are matched by position: other labels would solve another problem
         a, b = (v.data if is_dataarray(v) else v for v in (a, b))
@@ -123,7 +122,7 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
                                      f"pass a right-hand side of length {m}"))
         dtype = np.result_type(s.dtype, bb.dtype if bb.dtype.kind == "f" else np.float64)
         bb = bb.astype(np.float64)
-        cut = (np.finfo(s.dtype).eps * max(m, n) if rcond is None else float(rcond)) * (float(s[0]) if s.size else 0.0)
+        cut = rank_cut(s, m, n, rcond, s.dtype)
         keep = s > cut
         rank = int(np.count_nonzero(keep))
         # divided by s, never multiplied by 1 / s: 1 / s overflows for s below 2^-1024 (a subnormal A; its

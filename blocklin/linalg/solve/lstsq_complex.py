@@ -22,6 +22,7 @@ import numpy as np
 
 from blocklin.linalg.blocks.streaming_qr import tsqr_pass
 from blocklin.linalg.blocks.tsqr import reduce_r, tsqr_kernel
+from blocklin.linalg.solve.rcond import rank_cut
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import run_pass, source
@@ -74,8 +75,9 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
 
 def _truncation(s: np.ndarray, m: int, n: int, rcond: float | None) -> tuple[np.ndarray, float, int]:
     """``1/s_i`` over the values above ``rcond s_1`` (0 beyond), the cut, the rank (NumPy's default
-    ``rcond``: ``eps max(m, n)``, the float64 ``eps`` the SVD ran in)."""
-    cut = (np.finfo(np.float64).eps * max(m, n) if rcond is None else float(rcond)) * (float(s[0]) if s.size else 0.0)
+    ``rcond``: ``eps max(m, n)``, the float64 ``eps`` the SVD ran in; LAPACK's rule for ``rcond`` outside
+    ``(0, 1)``: :func:`~blocklin.linalg.solve.rcond.rank_cut`)."""
+    cut = rank_cut(s, m, n, rcond, np.dtype(np.float64))
     keep = s > cut
     return np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0), cut, int(np.count_nonzero(keep))
 
