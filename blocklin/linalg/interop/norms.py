@@ -18,7 +18,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain
+from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, SingularMatrixError, explain
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import row_kernel, run_pass, source
@@ -196,7 +196,8 @@ def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
 
     ``p=None``/``2``: ``s_1 / s_N`` from every singular value (:func:`blocklin.svd`; ``inf`` for a
     singular matrix, as NumPy); ``-2``: its inverse; ``"fro"``, ``1``, ``-1``, ``inf``, ``-inf``:
-    ``norm(a, p) * norm(inv(a), p)`` for square ``a`` (:func:`blocklin.inv`).
+    ``norm(a, p) * norm(inv(a), p)`` for square ``a`` (:func:`blocklin.inv`); ``inf`` where ``inv``
+    refuses ``a`` as singular (NumPy's too: its NaN of a failed inversion becomes ``inf``).
     """
     from blocklin.linalg.inverse.inverse import inv
     from blocklin.linalg.lowrank.svd import float64_values, svd
@@ -211,7 +212,10 @@ def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
     if shape[0] != shape[1]:
         raise ShapeError(explain("a", f"must be square for cond(p={p!r}) (a norm of the inverse)",
                                  f"shape {shape}", "pass p=None (the 2-norm condition of any shape)"))
-    x = inv(a, **settings)
+    try:
+        x = inv(a, **settings)
+    except SingularMatrixError:  # had raised where NumPy returns inf (numpy.linalg.cond of a singular matrix)
+        return math.inf
     try:
         return norm(a, p, **settings) * norm(x, p, **settings)
     finally:
