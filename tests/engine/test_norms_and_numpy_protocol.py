@@ -134,6 +134,17 @@ def test_bad_arguments():
         bl.cond(np.ones((4, 3)), 1)
 
 
+@pytest.mark.parametrize("p", [1, -1, np.inf, -np.inf, "fro"])
+def test_cond_of_a_singular_matrix_is_inf_as_numpy(p):
+    """NumPy turns the NaN of a failed inversion into ``inf``; ``cond(p)`` through ``inv`` had raised
+    ``SingularMatrixError`` (an exactly singular ``A``: a zero column, rank 5 of 6). ``p=None`` was
+    ``inf`` already."""
+    a = np.random.default_rng(7).standard_normal((6, 6))
+    a[:, 2] = 0.0
+    assert np.linalg.cond(a, p) == np.inf
+    assert bl.cond(a, p) == math.inf and bl.cond(a) == math.inf
+
+
 # -- NEP 18 -------------------------------------------------------------------------------------------
 @pytest.fixture
 def stored(tmp_path):
@@ -188,6 +199,16 @@ def test_full_matrices_of_a_rectangle_is_refused_with_the_fix(stored):
     _, _, _, B = stored
     with pytest.raises(ParameterError, match="full_matrices: must be False.*Fix: pass full_matrices=False"):
         np.linalg.svd(B)
+
+
+def test_dot_with_a_scalar_as_numpy(tmp_path):
+    """``np.dot(M, 2.0)`` is NumPy's ``np.dot`` on the loaded matrix, with its result dtype: a Python float
+    makes float32 data's product float64 (it had been ``np.multiply``'s float32)."""
+    a = np.random.default_rng(5).standard_normal((5, 4)).astype(np.float32)
+    A = bl.from_array(a, str(tmp_path / "a32.zarr"))
+    for got, ref in ((np.dot(A, 2.0), np.dot(a, 2.0)), (np.dot(2.0, A), np.dot(2.0, a)),
+                     (np.dot(A, np.float32(2)), np.dot(a, np.float32(2)))):
+        assert got.dtype == ref.dtype and np.array_equal(got, ref)  # one rounding of the same products
 
 
 def test_other_numpy_functions_load_the_matrix(stored):

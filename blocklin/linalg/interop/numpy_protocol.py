@@ -45,7 +45,8 @@ def dot(a: Any, b: Any, out: Any = None) -> Any:
         raise ParameterError(explain("out", "is not taken by np.dot on a blocklin.Matrix (the result is a new "
                                      "store)", "an array", "drop out= and use the returned Matrix"))
     if np.ndim(a) == 0 or np.ndim(b) == 0:  # a scalar times the matrix: NumPy's own, on the loaded matrix
-        return _load_then(np.multiply, a, b)
+        # np.dot itself, not np.multiply: a Python float makes np.dot's float32 result float64, multiply's float32
+        return _load_then(np.dot, a, b)
     return matmul(a, b)
 
 
