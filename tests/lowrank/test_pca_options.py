@@ -67,6 +67,23 @@ def test_mle_picks_the_signal_rank():
 
 
 @pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.mark.parametrize("case", ["one feature", "variances below 1e-15"])
+def test_mle_with_no_rank_to_test_keeps_none_as_scikit_learn(case, budget):
+    """scikit-learn's ``_infer_dimension`` is the ``argmax`` of log-likelihoods that are all ``-inf`` for
+    one feature (no rank ``1 <= k < n`` to test) and for variances all below its ``1e-15``: 0 components,
+    ``noise_variance_`` the whole variance (blocklin had kept 1). Bounds as for the test above."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((400, 1)) if case == "one feature" else low_rank_plus_noise(400, 6, 3) * 1e-9
+    ours = bl.pca(a, "mle", memory=BUDGETS[budget])
+    ref = PCA("mle", svd_solver="full").fit(a)
+    assert ours.n_components_ == ref.n_components_ == 0 and ours.components_.shape == ref.components_.shape
+    assert_close_to(ours.noise_variance_, ref.noise_variance_, bound=model_bound(a), what="noise_variance_")
+    assert ours.transform(a[:5]).shape == (5, 0)
+    assert_close_to(ours.get_covariance(), ref.get_covariance(), bound=model_bound(a) * a.shape[1],
+                    what="get_covariance()")
+
+
+@pytest.mark.parametrize("budget", list(BUDGETS))
 @pytest.mark.parametrize("whiten", [False, True])
 def test_whiten_transform_and_inverse(whiten, budget):
     """``test_whitening`` (unit-variance projections) and ``test_pca_inverse`` (the round trip through the

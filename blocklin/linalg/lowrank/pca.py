@@ -235,11 +235,13 @@ def minka_dimension(ev: np.ndarray, n_samples: int) -> int:
     of dimensionality for PCA", NIPS 2000), maximized over ``1 <= k < len(ev)``: ``n_components="mle"``.
 
     ``ev``: every explained variance (descending). Ranks at variances below ``1e-15`` are excluded as
-    scikit-learn excludes them, so that both pick the same ``k``."""
+    scikit-learn excludes them, so that both pick the same ``k``; with none left (one feature, or every
+    variance below ``1e-15``) the choice is 0, scikit-learn's ``argmax`` of log-likelihoods all ``-inf``
+    (it had been 1)."""
     ev = np.asarray(ev, dtype=np.float64)
     d, n = ev.size, float(n_samples)
     tiny = 1e-15
-    best, best_ll = 1, -np.inf
+    best, best_ll = 0, -np.inf
     logs = np.log(np.maximum(ev, np.finfo(np.float64).tiny))
     for k in range(1, d):
         if ev[k - 1] < tiny:
