@@ -281,3 +281,71 @@ def test_loo_where_the_fit_interpolates(shape, intercept, method, tmp_path):
         if grid[j] >= 1e-3 * smax:
             ref = _refit_loo(a, b, grid[j], intercept)
             assert abs(loo[j] - ref) <= 1e-8 * ref, (grid[j], loo[j], ref)
+
+
+def _conditioned(m, n, seed):
+    """``m x n`` of condition 10 (singular values 3 ... 0.3), and ``b``."""
+    rng = np.random.default_rng(seed)
+    q1, q2 = np.linalg.qr(rng.standard_normal((m, m)))[0], np.linalg.qr(rng.standard_normal((n, n)))[0]
+    a = (q1[:, :min(m, n)] * np.logspace(0, -1, min(m, n))) @ q2[:, :min(m, n)].T * 3.0
+    return a, rng.standard_normal(m) + 0.5
+
+
+@pytest.mark.parametrize("shape,intercept", [((16, 16), False), ((17, 16), True), ((40, 5), True)],
+                         ids=["square", "n+1-intercept", "tall"])
+def test_loo_with_a_row_of_weight_zero(shape, intercept, tmp_path):
+    """A row of ``sample_weight`` 0 counts 0, as in ``RidgeCV``. Where the fit interpolates (square ``A``,
+    ``m = n + 1`` with an intercept: ``loo.ratio_params``) its error had been ``0 / 0``: ``best_score_`` NaN,
+    ``alpha_`` the grid's first value whatever the data (``RidgeCV``: 10 of (0.1, 1, 10)). ``A`` has
+    condition 10, so the scores carry ``n eps kappa^2`` relative errors on each side (the bound of
+    ``test_loo_where_the_fit_interpolates``: ``rtol = 1e-8`` leaves decades for the rows' cancellations)."""
+    a, b = _conditioned(*shape, seed=5)
+    w = np.random.default_rng(6).uniform(0.5, 2.0, shape[0])
+    w[3] = 0.0
+    alphas = np.array([0.01, 0.1, 1.0, 10.0])
+    x = bl.solve(a, b, lam=("loo", np.sqrt(alphas)), fit_intercept=intercept, sample_weight=w,
+                 store_cv_results=True, temp_dir=str(tmp_path))
+    ref = RidgeCV(alphas=alphas, fit_intercept=intercept, store_cv_results=True).fit(a, b, sample_weight=w)
+    assert x.report["alpha_"] == pytest.approx(ref.alpha_, rel=1e-15)
+    assert x.report["best_score_"] == pytest.approx(ref.best_score_, rel=1e-8)
+    got, want = x.cv_results_[:, 0, :], ref.cv_results_
+    assert np.isfinite(got).all() and np.linalg.norm(got - want) <= 1e-8 * np.linalg.norm(want)
+
+
+def _weighted_mse(estimator, x, y, sample_weight=None):
+    from sklearn.metrics import mean_squared_error
+
+    return -mean_squared_error(y, estimator.predict(x), sample_weight=sample_weight)
+
+
+@pytest.mark.parametrize("shape", [(40, 5), (16, 16)], ids=["tall", "square"])
+def test_callable_scoring_with_a_row_of_weight_zero(shape, tmp_path):
+    """A callable scorer gets every row's leave-one-out prediction; a row of weight 0 changes no fit, so
+    its prediction is the full fit's. It had been ``0 / 0`` (a NaN the scorer refused; scikit-learn's
+    ``RidgeCV`` fails the same way there). Reference: refits of ``Ridge(alpha, sample_weight)`` without each
+    row, scored by the same callable; ``rtol`` as in the test above."""
+    from sklearn.linear_model import Ridge
+
+    a, b = _conditioned(*shape, seed=7)
+    w = np.random.default_rng(8).uniform(0.5, 2.0, shape[0])
+    w[3] = 0.0
+    alphas = np.array([0.1, 1.0, 10.0])
+    x = bl.solve(a, b, lam=("loo", np.sqrt(alphas)), fit_intercept=True, sample_weight=w, scoring=_weighted_mse,
+                 temp_dir=str(tmp_path))
+    scores = []
+    for alpha in alphas:
+        pred = np.array([Ridge(alpha=alpha).fit(np.delete(a, i, 0), np.delete(b, i), sample_weight=np.delete(w, i))
+                         .predict(a[i:i + 1])[0] for i in range(shape[0])])
+        scores.append(-np.average((b - pred) ** 2, weights=w))
+    best = int(np.argmax(scores))
+    assert x.report["alpha_"] == pytest.approx(alphas[best], rel=1e-15)
+    assert x.report["best_score_"] == pytest.approx(scores[best], rel=1e-8)
+
+
+def test_callable_scoring_with_a_row_of_weight_zero_on_wide_a_is_refused(tmp_path):
+    """The wide route's weighted ``A A^T`` has that row 0: its full-fit prediction is not there."""
+    a, b = _conditioned(10, 30, seed=9)
+    w = np.ones(10)
+    w[2] = 0.0
+    with pytest.raises(ParameterError, match="scoring: a callable on a wide a needs every row's leave-one-out"):
+        bl.solve(a, b, lam=("loo", [0.3, 1.0]), sample_weight=w, scoring=_weighted_mse, temp_dir=str(tmp_path))

@@ -208,7 +208,9 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
     if params["mu"] is not None:
         a, b = a - params["mu"], b - params["bbar"]
     w = np.asarray(arrays[2], dtype=np.float64)[:, 0] if len(arrays) > 2 else None
+    zero = w == 0 if w is not None else None
     if w is not None:
+        raw_a, raw_b = a[zero], b[zero]  # rows of weight 0: their error is the full fit's (below)
         sw = np.sqrt(w)[:, None]
         a, b = a * sw, b * sw
     p = a @ params["v"]
@@ -216,6 +218,8 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
     if params.get("ratio"):  # an interpolating fit: e_i and 1 - h_ii from their lam^2 terms
         with np.errstate(divide="ignore", invalid="ignore"):
             looe = (p @ params["coef"]).reshape(len(a), len(lams), k) / (pp @ params["finv"])[:, :, None]
+        if zero is not None:  # 0 / 0 there (p_i = 0); a row of weight 0 weighs 0 (its error had made every score NaN)
+            looe[zero] = 0.0
     else:
         h = pp @ params["finv"]
         if params["intercept"]:
@@ -235,6 +239,10 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
         if params.get("errors"):
             with np.errstate(divide="ignore", invalid="ignore"):
                 err = looe / sw[:, :, None] if w is not None else looe
+            if zero is not None and zero.any():  # left out, a row of weight 0 changes no fit: its error is the
+                # full fit's residual (e / sqrt(w) had been 0 / 0, a NaN prediction handed to the scorer)
+                coef = params["coef"] * params["s2"][:, None] if params.get("ratio") else params["coef"]
+                err[zero] = raw_b[:, None, :] - ((raw_a @ params["v"]) @ coef).reshape(len(raw_a), len(lams), k)
             state["errors"].append((rows.start, err.reshape(len(a), -1)))
     return state, None
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.config import format_size
-from blocklin.errors import BudgetError, warn
+from blocklin.errors import BudgetError, ParameterError, warn
 from blocklin.errors import explain as _msg
 from blocklin.linalg.solve.kernels import loo_kernel
 from blocklin.linalg.solve.lambda_select import EXTEND_DECADES, base_grid
@@ -243,7 +243,8 @@ def ratio_params(spec: Any, finv: np.ndarray) -> dict:
     r = spec.resolved()
     fr = np.ascontiguousarray(finv[r])
     coef = (fr[:, :, None] * spec.beta[r][:, None, :]).reshape(int(r.sum()), -1)
-    return {"v": np.ascontiguousarray(spec.basis[:, r] / spec.s[r]), "finv": fr, "coef": coef, "ratio": True}
+    return {"v": np.ascontiguousarray(spec.basis[:, r] / spec.s[r]), "finv": fr, "coef": coef, "ratio": True,
+            "s2": np.abs(spec.s[r]) ** 2}  # the full fit's coefficients are s^2 times coef (a weight-0 row's error)
 
 
 def without_intercept(spec: Any, sw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -284,6 +285,14 @@ def _dual(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """
     u, beta, s2 = spec.basis, spec.beta, spec.s**2
     sw = np.sqrt(ctx.wvec) if ctx.wvec is not None else np.ones(ctx.m)
+    if callable(ctx.scoring) and not sw.all():
+        # a weight-0 row's prediction is the full fit's, which the weighted A A^T (its row 0) no longer holds:
+        # it had been handed to the scorer as 0 / 0 (NaN or inf)
+        raise ParameterError(_msg(
+            "scoring", "a callable on a wide a needs every row's leave-one-out prediction, which a row of "
+            "sample_weight 0 does not have in the weighted dual form", f"a callable with {int((sw == 0).sum())} "
+            f"rows of weight 0 on a {ctx.m} x {ctx.n} a", "drop the rows of weight 0, or pass a scorer's name "
+            "(a weight-0 row scores 0 there)"))
     if ctx.intercept:
         u, beta, s2 = without_intercept(spec, sw)
     u2 = (u * u.conj()).real
