@@ -20,7 +20,7 @@ import pytest
 from sklearn.decomposition import PCA
 
 import blocklin as bl
-from blocklin.errors import ParameterError
+from blocklin.errors import ParameterError, SingularMatrixError
 from support.tolerances import assert_close_to, assert_explained_variance, eps
 
 BUDGETS = {"streamed": "1MiB", "in-memory": "256MiB"}
@@ -209,3 +209,19 @@ def test_stored_factors_carry_scikit_learns_signs(tmp_path, method, budget, wide
     if method != "sketch":  # converged components: the same entries are the largest, with the same signs
         ref = PCA(k, svd_solver="full").fit(a)
         assert np.all(np.sign(p.components_[np.arange(k), big]) == np.sign(ref.components_[np.arange(k), big]))
+
+
+def test_precision_of_a_singular_model_is_refused_by_name():
+    """``n_components=None`` of data with a constant column: every component kept, one of variance 0, no
+    noise, a singular covariance. scikit-learn's ``score`` fails in its inversion (``LinAlgError``); so does
+    blocklin's, as a ``SingularMatrixError`` (a ``LinAlgError``) that names ``noise_variance_`` and the fix
+    (it had been NumPy's bare "Singular matrix")."""
+    rng = np.random.default_rng(12)
+    a = np.column_stack([rng.standard_normal(50), np.full(50, 2.0), rng.standard_normal(50)])
+    ref = PCA(None, svd_solver="full").fit(a)
+    with pytest.raises(np.linalg.LinAlgError):
+        ref.score(a)
+    ours = bl.pca(a, None)
+    assert ours.noise_variance_ == ref.noise_variance_ == 0.0
+    with pytest.raises(SingularMatrixError, match="noise_variance_: must be positive .* Fix: fit fewer components"):
+        ours.score(a)

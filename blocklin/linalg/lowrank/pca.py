@@ -28,7 +28,7 @@ import numpy as np
 import scipy.special
 
 from blocklin.config import Settings
-from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, explain, warn
+from blocklin.errors import BlocklinWarning, ParameterError, ShapeError, SingularMatrixError, explain, warn
 from blocklin.linalg.blocks.center import Moments, column_moments
 from blocklin.linalg.blocks.scaling import Scaling, unscale
 from blocklin.linalg.labels import check_features, label_pca, label_rows, labels_of
@@ -176,7 +176,16 @@ class PCAResult:
             with np.errstate(divide="ignore"):
                 return np.eye(n) / noise
         if noise == 0.0:
-            return np.linalg.inv(self.get_covariance())
+            try:
+                return np.linalg.inv(self.get_covariance())
+            except np.linalg.LinAlgError:  # NumPy's bare "Singular matrix" had named no cause
+                ev = self._np("explained_variance_")
+                raise SingularMatrixError(explain(
+                    "noise_variance_", "must be positive for the precision of a model whose covariance is "
+                    "singular otherwise (a kept component of variance 0, or components that do not span the "
+                    "features; scikit-learn's inversion fails there too)", f"0 with {self.n_components_} "
+                    f"components of {n} features, explained_variance_ down to {float(ev.min()):.3g}",
+                    "fit fewer components than the data's rank (its nonzero explained variances)")) from None
         c = self._axes()
         ev = self._np("explained_variance_").astype(np.float64)
         diff = np.where(ev > noise, ev - noise, 0.0)
