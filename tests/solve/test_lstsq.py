@@ -107,6 +107,22 @@ def test_rcond_outside_zero_one_as_lapack(rcond, dtype, wide):
     assert_close_to(x, xr, bound=8 * 5 * eps(dtype) * kappa * (np.linalg.norm(xr) + kappa * r / sr[0]), what="x")
 
 
+@pytest.mark.parametrize("shape, bshape, dtype", [((0, 3), (0,), np.float64), ((3, 0), (3,), np.float64),
+                                                   ((3, 0), (3, 2), np.float32), ((3, 0), (3, 2), np.complex64),
+                                                   ((0, 0), (0,), np.float64)])
+def test_empty_a_as_numpy(shape, bshape, dtype):
+    """An ``A`` with no rows or no columns: NumPy's ``x = 0``, rank 0, no singular values, and for ``m > n = 0``
+    the residuals ``||b||^2`` (exact: one sum of squares each). It had been refused naming ``k``, a parameter
+    lstsq does not take (the SVD's ``1 <= k <= min(m, n) = 0``)."""
+    a = np.zeros(shape, dtype=dtype)
+    b = np.arange(1.0, 1.0 + np.prod(bshape)).reshape(bshape).astype(np.float32 if dtype != np.float64 else dtype)
+    x, res, rank, s = bl.lstsq(a, b)
+    xr, resr, rankr, sr = np.linalg.lstsq(a, b)
+    assert rank == rankr == 0 and s.shape == sr.shape == (0,) and s.dtype == sr.dtype
+    assert x.dtype == xr.dtype and np.array_equal(x, xr)
+    assert res.dtype == resr.dtype and np.array_equal(res, resr)
+
+
 def test_float32_and_integers():
     a = of_rank(1000, 12, 12, seed=5, dtype=np.float32)
     b = np.random.default_rng(3).standard_normal(1000).astype(np.float32)

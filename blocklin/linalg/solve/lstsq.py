@@ -109,6 +109,9 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
     if bb.ndim not in (1, 2):
         raise ShapeError(explain("b", "must be 1-D or 2-D", f"shape {bb.shape}", "pass m or m x k right-hand sides"))
     bb = bb.reshape(-1, 1) if vector else bb
+    shape = tuple(getattr(a, "shape", ()))
+    if len(shape) == 2 and 0 in shape:  # nothing to factor: NumPy's answer (the SVD refuses k = 0)
+        return _empty(shape, bb, vector, np.dtype(getattr(a, "dtype", np.float64)))
     if is_complex(a, bb):  # the SVD over the whole space is real: the R factor's SVD in memory instead
         x, residuals, rank, s, report = lstsq_complex(a, bb, rcond, settings)
         _check_range(x, x.dtype)
@@ -151,6 +154,22 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
                   passes_total=passes)
     x = x.astype(dtype)
     return LstsqResult(x[:, 0] if vector else x, residuals, rank, s, report)
+
+
+def _empty(shape: tuple, bb: np.ndarray, vector: bool, adt: np.dtype) -> LstsqResult:
+    """``numpy.linalg.lstsq`` of an ``m x 0`` or ``0 x n`` ``A``: ``x = 0``, rank 0, no singular values,
+    and for ``m > n = 0`` the residuals ``||b||^2`` (NumPy's rule: full rank ``n`` and ``m > n``)."""
+    m, n = shape
+    if bb.shape[0] != m:
+        raise ShapeError(explain("b", f"must have m = {m} rows (A is {m} x {n})", f"shape {bb.shape[:1]}",
+                                 f"pass a right-hand side of length {m}"))
+    kinds = [d if d.kind in "fc" else np.dtype(np.float64) for d in (adt, bb.dtype)]
+    dtype = np.result_type(*kinds)
+    real = np.finfo(dtype).dtype
+    x = np.zeros((n, bb.shape[1]), dtype=dtype)
+    residuals = (np.abs(bb.astype(dtype)) ** 2).sum(axis=0).astype(real) if m > n else np.empty((0,), real)
+    report = {"operation": "lstsq", "rank": 0, "passes_total": 0}
+    return LstsqResult(x[:, 0] if vector else x, residuals, 0, np.empty((0,), real), report)
 
 
 def _check_range(x: np.ndarray, dtype: Any) -> None:
