@@ -123,6 +123,18 @@ def test_empty_a_as_numpy(shape, bshape, dtype):
     assert res.dtype == resr.dtype and np.array_equal(res, resr)
 
 
+def test_mixed_dtypes_return_numpy_dtypes():
+    """float32 ``A`` with a float64 ``b``: NumPy's ``x``, ``residuals`` and ``s`` are float64 (``s`` had stayed
+    float32); the values are the float32 SVD's (docs/solve.md: the rank at the precision the SVD runs in)."""
+    a = of_rank(300, 6, 6, seed=8, dtype=np.float32)
+    b = np.random.default_rng(9).standard_normal(300)
+    x, res, rank, s = bl.lstsq(a, b, memory="64KiB")
+    xr, resr, rankr, sr = np.linalg.lstsq(a, b, rcond=None)
+    assert (x.dtype, res.dtype, s.dtype) == (xr.dtype, resr.dtype, sr.dtype) == (np.float64,) * 3
+    assert rank == rankr == 6
+    assert_singular_values(s, sr, n=300, dtype=np.float32)
+
+
 def test_float32_and_integers():
     a = of_rank(1000, 12, 12, seed=5, dtype=np.float32)
     b = np.random.default_rng(3).standard_normal(1000).astype(np.float32)

@@ -153,7 +153,8 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
     report.update(operation="lstsq", rank=rank, rcond=cut / float(s[0]) if s.size and s[0] > 0 else cut,
                   passes_total=passes)
     x = x.astype(dtype)
-    return LstsqResult(x[:, 0] if vector else x, residuals, rank, s, report)
+    # s in the real dtype of the result, as NumPy returns it (float32 a with a float64 b: float64 s)
+    return LstsqResult(x[:, 0] if vector else x, residuals, rank, s.astype(np.finfo(dtype).dtype), report)
 
 
 def _empty(shape: tuple, bb: np.ndarray, vector: bool, adt: np.dtype) -> LstsqResult:
