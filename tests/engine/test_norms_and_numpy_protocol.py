@@ -201,6 +201,21 @@ def test_full_matrices_of_a_rectangle_is_refused_with_the_fix(stored):
         np.linalg.svd(B)
 
 
+def test_numpy_2_named_results(stored):
+    """NumPy 2 returns ``svd``, ``qr`` and ``slogdet`` as named tuples; code reading ``.S``, ``.Vh``, ``.Q``,
+    ``.R``, ``.sign`` or ``.logabsdet`` had raised ``AttributeError`` on a ``Matrix`` (plain tuples). Same
+    values as the unpacked results; ``svd``'s keeps blocklin's ``report``."""
+    a, b, A, B = stored
+    r = np.linalg.svd(B, full_matrices=False)
+    assert type(r).__mro__[1] is type(np.linalg.svd(b, full_matrices=False)) and "passes" in r.report
+    assert r.U is r[0] and r.S is r[1] and r.Vh is r[2] and isinstance(r.U, bl.Matrix)
+    q = np.linalg.qr(B)
+    assert q.Q is q[0] and q.R is q[1] and isinstance(q.Q, bl.Matrix)
+    d = np.linalg.slogdet(A)
+    assert (d.sign, d.logabsdet) == tuple(d) and type(d.logabsdet) is np.float64
+    assert d._fields == np.linalg.slogdet(a)._fields
+
+
 def test_dot_with_a_scalar_as_numpy(tmp_path):
     """``np.dot(M, 2.0)`` is NumPy's ``np.dot`` on the loaded matrix, with its result dtype: a Python float
     makes float32 data's product float64 (it had been ``np.multiply``'s float32)."""

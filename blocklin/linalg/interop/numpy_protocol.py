@@ -32,6 +32,25 @@ def _vector_result(x: Any, b: Any) -> Any:
     return x
 
 
+_NUMPY_RESULTS: dict[str, type] = {}
+
+
+def _named(kind: str, values: tuple) -> tuple:
+    """``values`` as NumPy 2 returns them: its named tuple (``SVDResult`` with ``U``, ``S``, ``Vh``;
+    ``QRResult`` with ``Q``, ``R``; ``SlogdetResult`` with ``sign``, ``logabsdet``), so that NumPy code
+    reading the fields runs (a plain tuple had raised ``AttributeError``). A subclass with a ``__dict__``
+    keeps blocklin's ``report`` where the result has one."""
+    if kind not in _NUMPY_RESULTS:
+        probe = {"svd": np.linalg.svd, "qr": np.linalg.qr, "slogdet": np.linalg.slogdet}[kind](np.eye(1))
+        base = type(probe)
+        _NUMPY_RESULTS[kind] = type(base.__name__, (base,), {}) if hasattr(base, "_fields") else tuple
+    out = _NUMPY_RESULTS[kind](*values) if _NUMPY_RESULTS[kind] is not tuple else tuple(values)
+    report = getattr(values, "report", None)
+    if report is not None and hasattr(out, "__dict__"):
+        out.report = report
+    return out
+
+
 def matmul(a: Any, b: Any) -> Any:
     from blocklin.linalg.products.gemm import matmul as bl_matmul
 
@@ -71,7 +90,8 @@ def svd(a: Any, full_matrices: bool = True, compute_uv: bool = True, hermitian: 
             "full_matrices", "must be False for a non-square blocklin.Matrix (the square factor of the long side "
             "is larger than the matrix and holds nothing it needs)", f"True for a {m} x {n} matrix",
             "pass full_matrices=False (the thin SVD, as numpy.linalg.svd(a, full_matrices=False))"))
-    return bl_svd(a, return_singular_vectors=bool(compute_uv))
+    res = bl_svd(a, return_singular_vectors=bool(compute_uv))
+    return _named("svd", res) if compute_uv else res
 
 
 def qr(a: Any, mode: str = "reduced") -> Any:
@@ -80,7 +100,8 @@ def qr(a: Any, mode: str = "reduced") -> Any:
     if mode not in ("reduced", "r"):
         raise ParameterError(explain("mode", "must be 'reduced' or 'r' for a blocklin.Matrix", repr(mode),
                                      "pass mode='reduced' (Q and R) or mode='r'"))
-    return bl_qr(a, mode=mode)
+    res = bl_qr(a, mode=mode)
+    return _named("qr", res) if mode == "reduced" else res
 
 
 def cholesky(a: Any, upper: bool = False) -> Matrix:
@@ -115,11 +136,11 @@ def det(a: Any) -> Any:
     return as_numpy_result(bl_det(a), a)
 
 
-def slogdet(a: Any) -> tuple[Any, Any]:
+def slogdet(a: Any) -> tuple:
     from blocklin.linalg.interop.norms import slogdet as bl_slogdet
 
     sign, logdet = bl_slogdet(a)
-    return as_numpy_result(sign, a), as_numpy_result(logdet, a, real=True)
+    return _named("slogdet", (as_numpy_result(sign, a), as_numpy_result(logdet, a, real=True)))
 
 
 def linalg_dtype(dtype: Any) -> np.dtype:
