@@ -67,13 +67,16 @@ def test_mle_picks_the_signal_rank():
 
 
 @pytest.mark.parametrize("budget", list(BUDGETS))
-@pytest.mark.parametrize("case", ["one feature", "variances below 1e-15"])
+@pytest.mark.parametrize("case", ["one feature", "variances below 1e-15", "below float64's range squared"])
 def test_mle_with_no_rank_to_test_keeps_none_as_scikit_learn(case, budget):
     """scikit-learn's ``_infer_dimension`` is the ``argmax`` of log-likelihoods that are all ``-inf`` for
     one feature (no rank ``1 <= k < n`` to test) and for variances all below its ``1e-15``: 0 components,
-    ``noise_variance_`` the whole variance (blocklin had kept 1). Bounds as for the test above."""
+    ``noise_variance_`` the whole variance (blocklin had kept 1; of data near ``1e-200``, which blocklin
+    scales into range, the rule had been applied to the scaled variances: 3 kept). Bounds as for the test
+    above (the variances of data at ``1e-200`` are 0 in float64 on both sides)."""
     rng = np.random.default_rng(11)
-    a = rng.standard_normal((400, 1)) if case == "one feature" else low_rank_plus_noise(400, 6, 3) * 1e-9
+    scale = {"one feature": 1.0, "variances below 1e-15": 1e-9, "below float64's range squared": 1e-200}[case]
+    a = rng.standard_normal((400, 1)) if case == "one feature" else low_rank_plus_noise(400, 6, 3) * scale
     ours = bl.pca(a, "mle", memory=BUDGETS[budget])
     ref = PCA("mle", svd_solver="full").fit(a)
     assert ours.n_components_ == ref.n_components_ == 0 and ours.components_.shape == ref.components_.shape

@@ -239,17 +239,20 @@ def check_n_components(n_components: Any) -> Any:
         "variance in (0, 1) or 'mle'", repr(n_components), "pass n_components=10, 0.95 or 'mle'"))
 
 
-def minka_dimension(ev: np.ndarray, n_samples: int) -> int:
+def minka_dimension(ev: np.ndarray, n_samples: int, exponent: int = 0) -> int:
     """The dimension of Minka's Laplace approximation to the PCA evidence (T. P. Minka, "Automatic choice
     of dimensionality for PCA", NIPS 2000), maximized over ``1 <= k < len(ev)``: ``n_components="mle"``.
 
     ``ev``: every explained variance (descending). Ranks at variances below ``1e-15`` are excluded as
     scikit-learn excludes them, so that both pick the same ``k``; with none left (one feature, or every
     variance below ``1e-15``) the choice is 0, scikit-learn's ``argmax`` of log-likelihoods all ``-inf``
-    (it had been 1)."""
+    (it had been 1). ``exponent``: ``ev`` are the variances of ``2^-exponent A`` (data scaled into range),
+    so the ``1e-15`` is scaled with them (the choice is otherwise scale-invariant: the evidence moves by
+    the same constant for every ``k``); at ``1e-200`` the unscaled rule keeps none, as scikit-learn's."""
     ev = np.asarray(ev, dtype=np.float64)
     d, n = ev.size, float(n_samples)
-    tiny = 1e-15
+    with np.errstate(over="ignore", under="ignore"):  # inf: every variance is below 1e-15 unscaled
+        tiny = float(np.ldexp(1e-15, -2 * exponent))
     best, best_ll = 0, -np.inf
     logs = np.log(np.maximum(ev, np.finfo(np.float64).tiny))
     for k in range(1, d):
@@ -330,11 +333,11 @@ def _check_shape(n_components: Any, m: int, n: int, dtype: Any = None) -> None:
             f"{n_components} for a {m} x {n} matrix", f"pass n_components <= {min(m, n)}, or None for all"))
 
 
-def _kept(n_components: Any, ev: np.ndarray, ratio: np.ndarray, m: int) -> int:
+def _kept(n_components: Any, ev: np.ndarray, ratio: np.ndarray, m: int, exponent: int = 0) -> int:
     """How many of the computed components ``n_components`` keeps: Minka's choice for ``"mle"``, the
     fewest whose ratios sum past a fraction (scikit-learn's rule), else all."""
     if n_components == "mle":
-        return minka_dimension(ev, m)
+        return minka_dimension(ev, m, exponent)
     if isinstance(n_components, float):
         return min(int(np.searchsorted(np.cumsum(ratio), n_components, side="right")) + 1, ev.size)
     return ev.size
@@ -439,7 +442,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
         remove((U if hasattr(U, "location") else Vt).location.parent)
     ev_s, total_s, e = _variances(res, s, scale)
     ratio_s = ev_s / total_s if total_s > 0 else np.zeros_like(ev_s)
-    keep = _kept(n_components, ev_s, ratio_s, m)
+    keep = _kept(n_components, ev_s, ratio_s, m, e)
     comps, s, ev_s, ratio_s = comps[:keep], s[:keep], ev_s[:keep], ratio_s[:keep]
     rest = min(m, n) - keep
     noise_s = max(total_s - float(ev_s.sum()), 0.0) / rest if rest > 0 else 0.0
