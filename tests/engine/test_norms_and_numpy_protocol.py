@@ -145,6 +145,17 @@ def test_cond_of_a_singular_matrix_is_inf_as_numpy(p):
     assert bl.cond(a, p) == math.inf and bl.cond(a) == math.inf
 
 
+def test_cond_of_a_numerically_singular_matrix_stays_refused():
+    """Singular values 1 ... 1e-18 with no exact zero pivot: NumPy's ``cond(a, 1)`` is a finite number of
+    rounding-level accuracy, never ``inf``; ``inv``'s refusal stands (``inf`` is for exact zero pivots)."""
+    rng = np.random.default_rng(8)
+    u, v = np.linalg.qr(rng.standard_normal((40, 40)))[0], np.linalg.qr(rng.standard_normal((40, 40)))[0]
+    a = (u * np.logspace(0, -18, 40)) @ v.T
+    assert np.isfinite(np.linalg.cond(a, 1))
+    with pytest.raises(bl.errors.SingularMatrixError, match="numerically singular"):
+        bl.cond(a, 1)
+
+
 # -- NEP 18 -------------------------------------------------------------------------------------------
 @pytest.fixture
 def stored(tmp_path):

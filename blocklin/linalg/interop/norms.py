@@ -197,7 +197,9 @@ def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
     ``p=None``/``2``: ``s_1 / s_N`` from every singular value (:func:`blocklin.svd`; ``inf`` for a
     singular matrix, as NumPy); ``-2``: its inverse; ``"fro"``, ``1``, ``-1``, ``inf``, ``-inf``:
     ``norm(a, p) * norm(inv(a), p)`` for square ``a`` (:func:`blocklin.inv`); ``inf`` where ``inv``
-    refuses ``a`` as singular (NumPy's too: its NaN of a failed inversion becomes ``inf``).
+    meets an exact zero pivot (NumPy's too: its NaN of a failed inversion becomes ``inf``); a matrix
+    ``inv`` refuses as numerically singular (a reciprocal condition at most ``n eps``, not 0) stays refused,
+    where NumPy returns a finite value of rounding-level accuracy.
     """
     from blocklin.linalg.inverse.inverse import inv
     from blocklin.linalg.lowrank.svd import float64_values, svd
@@ -214,8 +216,10 @@ def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
                                  f"shape {shape}", "pass p=None (the 2-norm condition of any shape)"))
     try:
         x = inv(a, **settings)
-    except SingularMatrixError:  # had raised where NumPy returns inf (numpy.linalg.cond of a singular matrix)
-        return math.inf
+    except SingularMatrixError as err:  # had raised where NumPy returns inf (numpy.linalg.cond of a singular matrix)
+        if getattr(err, "exact_zero_pivot", False):
+            return math.inf
+        raise
     try:
         return norm(a, p, **settings) * norm(x, p, **settings)
     finally:

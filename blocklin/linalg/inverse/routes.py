@@ -138,9 +138,11 @@ def invert_lu(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed: i
     if not f.min_pivot > 0.0:  # a zero pivot, or NaN ones
         if narrow is not None:
             raise narrow
-        raise SingularMatrixError(_msg("a", "must be nonsingular to be inverted", "LU with partial pivoting met an "
+        err = SingularMatrixError(_msg("a", "must be nonsingular to be inverted", "LU with partial pivoting met an "
                                        "exact zero pivot (A is singular)",
                                        "regularize: blocklin.solve(a, b, lam=...) (lam='gcv' chooses lam)"))
+        err.exact_zero_pivot = True  # NumPy's inversion fails here too (blocklin.cond returns inf, as NumPy's)
+        raise err
     run.norm_m = math.sqrt(f.sumsq)
     spec = LURowsSpec(work=f.work, dst=x_path, n=n, tile=fplan.tile, dtype=out_dtype.name, work_dtype=wdt.name,
                       probe_seed=seed, blas_threads=job.task_blas_threads(job.cores()))
@@ -238,11 +240,13 @@ def _singular(leaf: dict, last: bool, what: str | None = None, work_dtype: Any =
         fix = (f"invert without precision= (in float64): a block that is singular in {np.dtype(work_dtype).name} "
                f"may not be in float64; if that fails too, {fix}")
         what = f"{np.dtype(work_dtype).name} {what}"
-    return SingularMatrixError(_msg(
+    err = SingularMatrixError(_msg(
         "a", "must be nonsingular to be inverted",
         f"a numerically singular {what} at rows "
         f"{leaf['off']}:{leaf['off'] + leaf['size']} (reciprocal condition {rc:.1e}); condition number estimate {cond}",
         fix))
+    err.exact_zero_pivot = rc == 0 and work_dtype is None  # only there is NumPy's own inversion certain to fail
+    return err
 
 
 def _beyond_range(rcond: float, anorm: float, dtype: np.dtype) -> Exception:
