@@ -227,6 +227,20 @@ def test_numpy_2_named_results(stored):
     assert d._fields == np.linalg.slogdet(a)._fields
 
 
+def test_complex_times_real_refusal_names_the_complex_cast(tmp_path):
+    """``M @ b`` of a complex128 ``Matrix`` and a float64 ``b`` is refused (operands share one dtype); the
+    fix had said ``dtype='float64'``, which would drop the imaginary parts: it names NumPy's promotion,
+    ``complex128``, with which the product is NumPy's."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((5, 4)) + 1j * rng.standard_normal((5, 4))
+    b = rng.standard_normal((4, 3))
+    A = bl.from_array(a, str(tmp_path / "c.zarr"))
+    with pytest.raises(bl.errors.DTypeError, match=r"Fix: pass dtype='complex128' to cast while streaming"):
+        A @ b
+    c = bl.matmul(A, b, dtype="complex128").to_numpy()
+    assert np.linalg.norm(c - a @ b) <= 2 * 4 * eps(np.float64) * np.linalg.norm(a) * np.linalg.norm(b)  # product_bound
+
+
 def test_dot_with_a_scalar_as_numpy(tmp_path):
     """``np.dot(M, 2.0)`` is NumPy's ``np.dot`` on the loaded matrix, with its result dtype: a Python float
     makes float32 data's product float64 (it had been ``np.multiply``'s float32)."""
