@@ -165,14 +165,23 @@ def test_resumed_product_records_recovered_peaks_or_none(tmp_path, monkeypatch, 
 
 
 def test_output_holding_inf_replaces_a_record_with_none(tmp_path):
-    """A product that overflows holds Inf: no record (the first pass's check names the element), and the
-    record of the output it overwrote does not survive."""
+    """A product that overflows is refused (its operands finite) and replaces nothing: the output it would
+    have overwritten keeps its values and record. Written unchecked (``check_finite=False``) it holds Inf:
+    no record (the first pass's check names the element), and the overwritten output's record does not
+    survive."""
+    from blocklin.errors import ParameterError
+
     a, b = _operands("tall", "float64", seed=6)
     first = bl.matmul(a, b, tmp_path / "c.zarr", **TILED, scheduler="sync")
     _assert_record(first, (a.shape[0], b.shape[1]))
+    kept = first.to_numpy()
     big = a.copy()
     big[7, :] = 1e308
-    over = bl.matmul(big, b, tmp_path / "c.zarr", **TILED, scheduler="sync", overwrite=True)
+    with pytest.raises(ParameterError, match="must give a product within float64's range"):
+        bl.matmul(big, b, tmp_path / "c.zarr", **TILED, scheduler="sync", overwrite=True)
+    assert np.array_equal(bl.open(tmp_path / "c.zarr").to_numpy(), kept)
+    assert recorded(first.path, kept.shape) is not None
+    over = bl.matmul(big, b, tmp_path / "c.zarr", **TILED, scheduler="sync", overwrite=True, check_finite=False)
     assert not np.isfinite(over.to_numpy()).all()
     assert over.report["output_peaks_recorded"] is False
     assert recorded(over.path, (a.shape[0], b.shape[1]), column_peaks=False) is None
