@@ -277,6 +277,16 @@ class BlockOps:
                 graph.add((i, j), sumsq_tile_task, spec, i, j, False, True)
         return float(math.hypot(*(r["norm"] for r in self.run(graph, description))))
 
+    def asymmetry(self, a: Region, *, description: str = "||A - A^H||_F") -> float:
+        """``||A - A^H||_F`` of a square region (``A - A^T`` of real data) without overflow or underflow:
+        each tile of ``A`` against the conjugate transpose of its mirror tile, scaled as :meth:`norm`."""
+        spec = self.spec(np.float64, a=a, b=a.H, out=a)
+        graph = self.graph("asymmetry", spec)
+        for i in range(tile_count(a.shape[0], self.chunk)):
+            for j in range(tile_count(a.shape[1], self.chunk)):
+                graph.add((i, j), asymmetry_tile_task, spec, i, j)
+        return float(math.hypot(*(r["norm"] for r in self.run(graph, description))))
+
     def col_sumsq(self, a: Region, *, description: str = "column norms") -> np.ndarray:
         """Sums of squares of the columns of a region (float64, summed in tile order)."""
         spec = self.spec(np.float64, a=a, out=a)
@@ -707,6 +717,18 @@ def sumsq_tile_task(spec: TileOpSpec, i: int, j: int, columns: bool = False, saf
         per = np.einsum("ij,ij->j", x, x, dtype=np.float64)
         out["columns"] = (j * spec.tile, per[0::2] + per[1::2] if cplx else per)
     return out
+
+
+@with_task_settings
+def asymmetry_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
+    """``||A(i,j) - A^H(i,j)||_F`` of one tile (``spec.b`` the view ``A^H``), of the difference divided by
+    a power of two near its largest entry (exact), so that entries near 1e200 or 1e-200 stay in range."""
+    wide = np.complex128 if np.dtype(open_array(spec.a.path).dtype).kind == "c" else np.float64
+    x = spec.a.read(i, j, spec.tile, wide)
+    y = spec.b.read(i, j, spec.tile, wide)
+    e = max(max_exponent(real_parts(x)), max_exponent(real_parts(y)))
+    d = real_parts(ldexp(x, -e) - ldexp(y, -e))
+    return {"bytes_read": x.nbytes, "norm": float(np.ldexp(np.sqrt(np.einsum("ij,ij->", d, d)), e))}
 
 
 @with_task_settings

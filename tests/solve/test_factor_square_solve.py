@@ -11,7 +11,8 @@ import scipy.linalg as sl
 
 import blocklin as bl
 from blocklin.cli.main import main
-from blocklin.errors import ConvergenceError, NotPositiveDefiniteError, ParameterError, SingularMatrixError
+from blocklin.errors import (ConvergenceError, NotPositiveDefiniteError, NotSymmetricError, ParameterError,
+                             SingularMatrixError)
 from support.tolerances import assert_residual, assert_solve
 
 
@@ -511,3 +512,21 @@ def test_substitution_products_beyond_the_range_are_named(dtype, e, memory):
     x = bl.solve(a * dtype(s), b * dtype(s), **kw)[...]
     assert np.abs(x).max() >= 2.0 ** 47
     assert_residual(a.astype(np.float64) * s, x, b.astype(np.float64) * s, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pos_refuses_a_nonsymmetric_a_whose_refinement_stalls(dtype):
+    """``assume_a='pos'`` of a real nonsymmetric ``A`` with a dominant positive diagonal: the Cholesky reads
+    the lower triangle, the refinement against ``A`` stalls above ``tol = sqrt(n) eps`` (the factor is that
+    of another matrix), and the call is refused naming ``A^T``; it had returned that ``x`` with a warning
+    blaming the condition number (cond(A) about 1.35 here). A more dominant diagonal can let the refinement
+    reach ``tol``, and that ``x`` is right."""
+    n = 5
+    s = np.random.default_rng(0).standard_normal((n, n))
+    np.fill_diagonal(s, 0)
+    a = (s + 2 * n * np.eye(n)).astype(dtype)
+    b = np.ones((n, 1), dtype)
+    assert np.linalg.cond(a) < 2
+    with pytest.raises(NotSymmetricError, match=r"a: must be symmetric positive definite for assume_a='pos'.*A\^T"):
+        bl.solve(a, b, assume_a="pos", scheduler="sync")
+    assert_residual(a, bl.solve(a, b, scheduler="sync").to_numpy(), b, dtype=dtype)  # LU: solved

@@ -16,7 +16,7 @@ import numpy as np
 
 from blocklin.config import Settings, format_size, size_hint
 from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, NotPositiveDefiniteError,
-                             ParameterError, SingularMatrixError, explain, warn)
+                             NotSymmetricError, ParameterError, SingularMatrixError, explain, warn)
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks.result_range import lu_growth_error, magnitude, solution_range_error, wide_name
@@ -289,11 +289,13 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
                 # budget holds it (pure planning); else refused naming the budget that would
                 switch_need = _switch_need(job, A, B, fdt, assume_a, precision)
                 if switch_need is not None:
+                    _refuse_not_hermitian(ops, A, factor, ref, tol, norm_a, assume_a)
                     _check_converged(ref, tol, precision, dt, switch_need=switch_need)
                 ref, extra = _switch_to_gmres(job, ops, A, B, solver, run, factor, ref, norm_a, tol, steps_max,
                                               precision=precision)
             elif ref.eta > tol and precision != "double":
                 _refuse_residual_range(job, ref, fdt)
+        _refuse_not_hermitian(ops, A, factor, ref, tol, norm_a, assume_a)
         _check_converged(ref, tol, precision, dt)
         run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
         col_res, col_x = (_col_norms(ops, Region.of(p, (n, k))) for p in (ref.r_path, ref.x_path))
@@ -1063,6 +1065,31 @@ def _refuse_residual_range(job: Job, ref: SolveRefinement, fdt: np.dtype) -> Non
                             "correction into the range), or precision='double'") if top > 0 else None
     if refusal is not None:
         raise refusal
+
+
+def _refuse_not_hermitian(ops: BlockOps, A: Any, factor: _Factor, ref: SolveRefinement, tol: float, norm_a: float,
+                          assume_a: str) -> None:
+    """A Cholesky's refinement that stopped above ``tol`` on an ``A`` that is not Hermitian (symmetric, of
+    real data) is refused by name: the Cholesky reads one triangle and takes the other as its conjugate
+    transpose, so it factored another matrix (a complex *symmetric* ``A = A^T`` is one), and the
+    refinement against the true ``A`` stalls; the stall had been reported as a condition number too
+    large. Checked only on a stall (one more read of ``A``): a refinement that reached ``tol`` solved the
+    true ``A`` to its backward error whatever the factor. The tolerance is ``eigsh``'s, ``sqrt(eps)``."""
+    if factor.kind != "cholesky" or not ref.eta > tol:
+        return
+    region = Region.of(A.path, A.shape)
+    gap = ops.asymmetry(region)
+    size = norm_a if norm_a > 0 else 1.0
+    rtol = math.sqrt(float(np.finfo(A.dtype).eps))
+    if gap > rtol * size:
+        h = "H" if np.dtype(A.dtype).kind == "c" else "T"
+        what = "Hermitian" if h == "H" else "symmetric"
+        raise NotSymmetricError(explain(
+            "a", f"must be {what} positive definite for assume_a='{assume_a}' (the Cholesky reads one triangle and "
+            f"takes the other as its {'conjugate ' if h == 'H' else ''}transpose; ||A - A^{h}||_F <= {rtol:.1e} "
+            f"||A||_F)", f"relative asymmetry {gap / size:.2e} (the refinement against A stalled at backward error "
+            f"{ref.eta:.1e} > tol {tol:.1e})",
+            f"pass assume_a='gen' (LU), or symmetrize A ((A + A^{h})/2) if that is the system meant"))
 
 
 def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dtype, *,
