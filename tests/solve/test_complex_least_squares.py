@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import blocklin as bl
-from blocklin.errors import BudgetError, ParameterError
+from blocklin.errors import BudgetError, ParameterError, SingularMatrixError
 from support.budgets import sweep
 from support.complex_ridge import CDTYPES, COMPLEX, check as _check, crandn as _crandn, problem as _problem
 from support.tolerances import assert_singular_values, eps
@@ -314,3 +314,16 @@ def test_complex_solve_with_intercept_near_the_range_ends(lam, k):
     assert np.array_equal(got.to_numpy(), ref.to_numpy())
     assert np.array_equal(got.intercept * 2.0 ** -k, ref.intercept)
     assert np.array_equal(np.asarray(got.report["intercept"]) * 2.0 ** -k, np.asarray(ref.report["intercept"]))
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.float64])
+def test_singular_regularized_gram_refusal_names_lam_as_given(dtype):
+    """A refusal of a singular ``A^H A + lam^2 I`` on data near ``1e200`` names the ``lam`` passed (0.1) and,
+    for complex data, ``A^H A``: it had named the scaled problem's ``lam`` (``0.1 * 2^-665``, 6.5e-202) and
+    ``A^T A``. Rows all alike: the centered ``A`` is 0, and ``(0.1 * 2^-665)^2`` underflows float64."""
+    row = [1 + 2j, 3.0] if np.dtype(dtype).kind == "c" else [1.0, 3.0]
+    a = np.array([row] * 4, dtype=dtype) * 1e200
+    b = np.arange(4.0).reshape(4, 1).astype(dtype)
+    gram = "A\\^H A" if np.dtype(dtype).kind == "c" else "A\\^T A"
+    with pytest.raises(SingularMatrixError, match=rf"a: {gram} \+ lam\^2 I must be positive definite.* at lam = 0\.1\."):
+        bl.solve(a, b, lam=0.1, fit_intercept=True, scheduler="sync")

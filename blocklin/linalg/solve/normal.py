@@ -153,7 +153,7 @@ def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:
         if ctx.method == "auto":
             return qr_route(ctx, x_path, info, f"A^T A + lam^2 I is ill-conditioned (reciprocal condition "
                              f"{rcond:.1e} < {AUTO_RCOND:.0e}): switched to the streaming QR (one more pass)")
-        _refuse_or_warn(cf, rcond, lam)
+        _refuse_or_warn(cf, rcond, lam, ctx)
     x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
     xx = dots(x, x)
     reason = "requested" if ctx.method == "normal" else \
@@ -285,14 +285,17 @@ def _refuse_or_warn(cf: Any, rcond: float, lam: float, ctx: TikhonovRun | None =
               "rows of A and b scaled by sqrt(w))")
     else:
         qr = "or method='qr' (the streaming QR: no squared condition number)"
+    gram = "A^H A" if ctx is not None and ctx.cdtype == "complex128" else "A^T A"
+    if ctx is not None and ctx.sa is not None and ctx.scaled_lams:  # lam as given, not the scaled problem's
+        lam = float(np.ldexp(lam, ctx.sa.exponent))
     if cf is None or rcond < np.finfo(np.float64).eps:
         if lam == 0:
             raise singular(1.0 / max(rcond, 1e-300) ** 0.5, "column")
-        raise SingularMatrixError(_msg("a", "A^T A + lam^2 I must be positive definite" + (
+        raise SingularMatrixError(_msg("a", f"{gram} + lam^2 I must be positive definite" + (
             f" (the {' and '.join(extras)} normal equations)" if extras else ""),
             f"Cholesky failed (reciprocal condition {rcond:.1e}) at lam = {lam:.3g}",
             f"a larger lam (lam=('loo', grid) or lam='gcv' chooses one), {qr}"))
-    warn(f"solve: A^T A + lam^2 I has reciprocal condition {rcond:.1e}; the normal equations may lose "
+    warn(f"solve: {gram} + lam^2 I has reciprocal condition {rcond:.1e}; the normal equations may lose "
          f"accuracy (refinement helps); {'a larger lam, ' if extras else ''}{qr.removeprefix('or ')} avoids "
          "squaring the condition number")
 
