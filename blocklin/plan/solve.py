@@ -88,10 +88,10 @@ def plan_solve(m: int, n: int, k: int, *, method: str, memory: int, lam_kind: st
     if fit_intercept and orientation == "tall" and method == "qr":
         steps.append("fit_intercept: a ones column streamed before A (the R factor of [1 | A | b] holds the centered "
                      "problem's; no pass for the means)")
-    elif fit_intercept and orientation == "tall" and not weighted:
-        steps.append("fit_intercept: one more pass for the column means of A")
     elif fit_intercept and orientation == "tall":
-        steps.append("fit_intercept: the weighted means from the Gram pass (no extra pass)")
+        steps.append("fit_intercept: the Gram pass sums the rows less the first row (one row read) and their "
+                     + ("weighted " if weighted else "") + "column sums: the means and the centered Gram quantities "
+                     "from its sums (no extra pass)")
     if lam_kind == "loo" and orientation == "tall":
         passes += 1
         steps.append("leave-one-out: one more pass over A and b for the hat diagonals h_ii and residuals of every "

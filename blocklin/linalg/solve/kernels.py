@@ -31,44 +31,68 @@ def _gram_memory(params: Any, sources: tuple) -> PassMemory:
     isz = np.dtype(params["dtype"]).itemsize
     n, k = sources[0].width, sum(s.width for s in sources[1:])
     # the Gram and A^T B accumulators; per row a cast copy of [A B] (and its sqrt(w)-scaled copy)
+    # (an intercept's shift made in the cast copy)
     copies = 2 if len(sources) > 2 else 1
-    return PassMemory(fixed=(n * n + n * k + n + k) * isz, per_row=copies * (n + k) * isz,
+    return PassMemory(fixed=(n * n + n * k + 2 * (n + k)) * isz, per_row=copies * (n + k) * isz,
                       max_strip_bytes=MAX_STRIP_BYTES, min_rows=MIN_STRIP_ROWS)
 
 
+def _shifted(x: Any, shift: np.ndarray, dtype: Any) -> np.ndarray:
+    """``x - shift`` (per column) in ``dtype``: the cast and the shift in one new array (never ``x`` itself)."""
+    return np.subtract(x, shift, dtype=dtype)
+
+
 def _group_end(device: Any, rows: slice, params: Any, state: dict) -> dict:
-    """On a GPU, the task's last strip brings the state to the host for the reduction."""
+    """On a GPU, the task's last strip brings the state to the host for the reduction (not the broadcast
+    ``x`` and shifts)."""
     if rows.stop in params["ends"]:
-        return {name: device.to_host(v) for name, v in state.items() if name != "xd"}
+        return {name: device.to_host(v) for name, v in state.items() if name not in ("xd", "sa0", "sb0")}
     return state
 
 
 @row_kernel(memory=_gram_memory, device="any")
 def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
-    """Accumulate ``A^T A`` (lower triangle; both on a GPU), ``A^T B`` and ``||B_j||^2``."""
+    """Accumulate ``A^T A`` (lower triangle; both on a GPU), ``A^T B`` and ``||B_j||^2``.
+
+    With ``params["shift"]`` (an intercept's, :meth:`~blocklin.linalg.solve.tikhonov.TikhonovRun.shifts`) the
+    sums are those of the shifted rows ``a_i - shift_a``, ``b_i - shift_b``, and their column sums ``as``,
+    ``bs`` (with sample weights ``A_s^T w``, ``B_s^T w``) come from the same pass."""
+    shift = params.get("shift")
     if not device.host_resident:
-        if params.get("sums") or len(arrays) > 2:
-            raise InternalError("gram_kernel: column sums and sample weights are summed on the CPU only "
-                                "(run the pass with device='cpu')")
+        if len(arrays) > 2:
+            raise InternalError("gram_kernel: sample weights are summed on the CPU only (run the pass with "
+                                "device='cpu')")
         dt = np.dtype(params["dtype"])
         a = device.cast(arrays[0], dt)
         b = device.cast(arrays[1], dt) if len(arrays) > 1 else None
         if state is None:
             n, k = a.shape[1], (b.shape[1] if b is not None else 0)
             state = {"g": device.zeros((n, n), dt), "c": device.zeros((n, k), dt), "bb": device.zeros((k,), np.float64)}
+            if shift is not None:
+                state.update({"as": device.zeros((n,), dt), "bs": device.zeros((k,), dt),
+                              "sa0": device.to_device(shift[0].astype(dt, copy=False)),
+                              "sb0": device.to_device(shift[1].astype(dt, copy=False))})
+        if shift is not None:  # element-wise work on the compute stream, ordered with the SYRK and GEMM
+            with device.on_compute():
+                a, b = a - state["sa0"], b - state["sb0"]
+                state["as"] += a.sum(axis=0)
+                state["bs"] += b.sum(axis=0)
         device.syrk_acc(state["g"], a)
         if b is not None:
             device.gemm_acc(state["c"], a.T, b)
             device.sumsq_cols_acc(state["bb"], b)
         return _group_end(device, rows, params, state), None
-    a = np.asarray(arrays[0], dtype=params["dtype"])
-    b = np.asarray(arrays[1], dtype=params["dtype"]) if len(arrays) > 1 else None
+    if shift is not None:  # an intercept's sums: of the rows less the first row (the cast copy holds them)
+        a, b = _shifted(arrays[0], shift[0], params["dtype"]), _shifted(arrays[1], shift[1], params["dtype"])
+    else:
+        a = np.asarray(arrays[0], dtype=params["dtype"])
+        b = np.asarray(arrays[1], dtype=params["dtype"]) if len(arrays) > 1 else None
     if state is None:
         n = a.shape[1]
         k = b.shape[1] if b is not None else 0
         state = {"g": np.zeros((n, n), params["dtype"]), "c": np.zeros((n, k), params["dtype"]),
                  "bb": np.zeros(k)}
-    if params.get("sums"):  # the column sums of complex data's intercept (the means pass is real)
+    if shift is not None and len(arrays) < 3:  # the column sums of the shifted rows (weighted: A_s^T w below)
         if "as" not in state:
             state.update({"as": np.zeros(a.shape[1], a.dtype), "bs": np.zeros(b.shape[1], b.dtype)})
         state["as"] += a.sum(axis=0)
@@ -81,7 +105,11 @@ def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
         state["bw"] += b.T @ w
         state["ws"] += float(w.sum())
         sw = np.sqrt(w)[:, None]
-        a, b = a * sw, b * sw
+        if shift is not None:  # the kernel's own shifted copies: scaled in place
+            a *= sw
+            b *= sw
+        else:
+            a, b = a * sw, b * sw
     syrk_acc(state["g"], a)
     if b is not None:
         # Entries beyond 2^256 overflow here only in the pass that learns max|a| and |b|, which the
@@ -96,14 +124,18 @@ def gram_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
 def _residual_memory(params: Any, sources: tuple) -> PassMemory:
     isz = np.dtype(params["dtype"]).itemsize
     n, k = sources[0].width, sum(s.width for s in sources[1:])  # (w, when given, counts as one more column)
-    # the broadcast x and the A^T r accumulator; per row cast copies of [A B] and r, A x
-    return PassMemory(fixed=2 * n * k * isz, per_row=(n + 3 * k) * isz, max_strip_bytes=MAX_STRIP_BYTES,
+    # the broadcast x and the A^T r accumulator; per row cast (or shifted) copies of [A B] and r, A x
+    return PassMemory(fixed=2 * n * k * isz + (n + k) * isz, per_row=(n + 3 * k) * isz, max_strip_bytes=MAX_STRIP_BYTES,
                       min_rows=MIN_STRIP_ROWS)
 
 
 @row_kernel(memory=_residual_memory, device="any")
 def residual_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
-    """``r = B - A X`` per strip: accumulate ``A^T r`` and ``||r_j||^2`` (refinement against the data)."""
+    """``r = B - A X`` per strip: accumulate ``A^T r`` and ``||r_j||^2`` (refinement against the data).
+
+    With ``params["shift"]`` (an intercept's, as the Gram pass took it) of the shifted rows:
+    ``r = (B - 1 shift_b^T) - (A - 1 shift_a^T) X`` and ``A_s^T r``."""
+    shift = params.get("shift")
     if not device.host_resident:
         dt = np.dtype(params["dtype"])
         a = device.cast(arrays[0], dt)
@@ -111,13 +143,24 @@ def residual_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state:
             x = params["x"]
             state = {"atr": device.zeros(x.shape, dt), "rr": device.zeros((x.shape[1],), np.float64),
                      "xd": device.to_device(x.astype(dt, copy=False))}
-        r = device.copy(device.cast(arrays[1], dt))
+            if shift is not None:
+                state.update(sa0=device.to_device(shift[0].astype(dt, copy=False)),
+                             sb0=device.to_device(shift[1].astype(dt, copy=False)))
+        if shift is not None:  # on the compute stream, as the products
+            with device.on_compute():
+                a = a - state["sa0"]
+                r = device.cast(arrays[1], dt) - state["sb0"]
+        else:
+            r = device.copy(device.cast(arrays[1], dt))
         device.gemm_acc(r, a, state["xd"], alpha=-1.0)
         device.gemm_acc(state["atr"], a.T, r)
         device.sumsq_cols_acc(state["rr"], r)
         return _group_end(device, rows, params, state), None
-    a = np.asarray(arrays[0], dtype=params["dtype"])
-    b = np.asarray(arrays[1], dtype=params["dtype"])
+    if shift is not None:  # the shifted rows in the cast copies
+        a, b = _shifted(arrays[0], shift[0], params["dtype"]), _shifted(arrays[1], shift[1], params["dtype"])
+    else:
+        a = np.asarray(arrays[0], dtype=params["dtype"])
+        b = np.asarray(arrays[1], dtype=params["dtype"])
     x = params["x"]
     r = b - a @ x
     if state is None:
@@ -205,7 +248,11 @@ def loo_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict
         state["sb"] += (wv * raw).sum(axis=0)
         state["bb"] += (wv * (raw * raw.conj()).real).sum(axis=0) if raw.dtype.kind == "c" else \
             (wv * raw * raw).sum(axis=0)
-    if params["mu"] is not None:
+    if params.get("sa0") is not None:  # the Gram pass's shifted rows less their means (no |mean| rounding)
+        a, b = _shifted(a, params["sa0"], a.dtype), _shifted(b, params["sb0"], b.dtype)
+        a -= params["mu"]
+        b -= params["bbar"]
+    elif params["mu"] is not None:
         a, b = a - params["mu"], b - params["bbar"]
     w = np.asarray(arrays[2], dtype=np.float64)[:, 0] if len(arrays) > 2 else None
     zero = w == 0 if w is not None else None
@@ -269,8 +316,11 @@ def fold_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
     the Hermitian ``A_f^H A_f``, ``A_f^H b_f``, ``||b_f||^2 = sum |b_ij|^2`` (real), complex column sums;
     the weights stay real."""
     dt = np.result_type(arrays[0].dtype, arrays[1].dtype, np.float64)  # float64, complex128 for complex data
-    a = np.asarray(arrays[0], dtype=dt)
-    b = np.asarray(arrays[1], dtype=dt)
+    if params.get("shift") is not None:  # an intercept's sums: of the rows less the first row (the Gram pass's)
+        a, b = _shifted(arrays[0], params["shift"][0], dt), _shifted(arrays[1], params["shift"][1], dt)
+    else:
+        a = np.asarray(arrays[0], dtype=dt)
+        b = np.asarray(arrays[1], dtype=dt)
     slots, weighted = params["folds"] + 1, params["weighted"]
     n, k = a.shape[1], b.shape[1]
     if state is None:

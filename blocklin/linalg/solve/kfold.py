@@ -173,10 +173,13 @@ def fold_pass(ctx: Any) -> dict:
     reserve = small_bytes(ctx.n, ctx.k) + sums_bytes(folds.count, ctx.n, ctx.k, weighted, cplx=ctx.cdtype != "float64")
 
     def one(scale: dict) -> dict:
-        states, _ = run_pass(ctx.job, fold_kernel, srcs, params, reserve=reserve, scale=scale, device="cpu",
-                             description=f"fold pass: the Gram sums of {folds.count} cross-validation folds")
+        shift = ctx.shifts(scale) if ctx.intercept else None  # the sums of the rows less the first row
+        states, _ = run_pass(ctx.job, fold_kernel, srcs, params | {"shift": shift}, reserve=reserve, scale=scale,
+                             device="cpu", description=f"fold pass: the Gram sums of {folds.count} cross-validation "
+                             "folds")
         states = [s for s in states if s is not None]
-        return {key: sum(s[key] for s in states) for key in states[0]}
+        out = {key: sum(s[key] for s in states) for key in states[0]}
+        return out | ({"sa0": shift[0], "sb0": shift[1]} if shift is not None else {})
 
     ctx.phases["fold pass"] = "cpu"
     rec = ctx.saved.run("fold-pass", lambda: ctx.scaled_run(one))
@@ -246,6 +249,8 @@ def gram_from_sums(ctx: Any, sums: dict) -> dict:
     g = sums[f"g{p}"].sum(axis=0)
     gp = {"g": (g + g.conj().T) / 2, "c": sums[f"c{p}"].sum(axis=0), "bb": sums[f"bb{p}"].sum(axis=0),
           "aa": float(np.trace(g).real)}
+    if ctx.intercept:  # the shift the sums were taken about
+        gp.update(sa0=sums["sa0"], sb0=sums["sb0"])
     if ctx.weighted:
         gp.update(aw=sums["saw"].sum(axis=0), bw=sums["sbw"].sum(axis=0))
     elif ctx.intercept:

@@ -123,7 +123,6 @@ def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float
     """The passes of :func:`~blocklin.linalg.solve.normal.solve_tall` and what follows it (with ``cv=``: the
     fold pass, whose ``folds + 1`` sets of Gram sums the budget holds, then the route at one lambda)."""
     from blocklin.device import pass_device
-    from blocklin.linalg.blocks.center import plan_column_moments
     from blocklin.linalg.blocks.tsqr import tsqr_kernel
     from blocklin.linalg.solve.kernels import gram_kernel, loo_kernel, residual_kernel
 
@@ -139,8 +138,9 @@ def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float
     centered = intercept or W is not None or positive
     rule = kind in ("gcv", "lcurve", "loo")
     qr_ones = method == "qr" and intercept  # [1 | A | b] streamed: no Gram pass, no means passes
+    shifted = {"shift": (None, None)} if intercept else {}  # an intercept's passes sum the shifted rows' copies
     if centered and not qr_ones or method != "qr" or updatable:  # the Gram pass (updatable keeps its sums)
-        _row_pass(job, gram_kernel, sources, {"dtype": cdt}, reserve=reserve,
+        _row_pass(job, gram_kernel, sources, {"dtype": cdt} | shifted, reserve=reserve,
                   device=device(m * n * (n + 2 * k)))
     if not centered and method in ("qr", "auto") or qr_ones:  # asked for, or where "auto" finds A^T A ill-conditioned
         _row_pass(job, tsqr_kernel, sources[:2], {"dtype": cdt} | ({"ones": True} if qr_ones else {}),
@@ -148,11 +148,8 @@ def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float
     refines = (1 if refine == "auto" else int(refine)) and (
         kind == "scalar" and method != "qr" or rule and method == "auto" and not centered or folds is not None)
     if refines:  # the refinement passes (a rule's choice too, on the spectral route of "auto")
-        _row_pass(job, residual_kernel, sources, {"dtype": cdt}, reserve=reserve,
+        _row_pass(job, residual_kernel, sources, {"dtype": cdt} | (shifted if not qr_ones else {}), reserve=reserve,
                   device=device(4.0 * m * n * k))
-    if intercept and W is None and not qr_ones:  # the column means of A and of b
-        plan_column_moments(job, A, memory=job.cfg.memory)
-        plan_column_moments(job, B, memory=job.cfg.memory)
     if kind == "loo" and folds is not None:  # the fold pass; the Gram pass above stands for the route's
         from blocklin.linalg.solve.kernels import fold_kernel
         from blocklin.linalg.solve.kfold import sums_bytes
@@ -161,7 +158,8 @@ def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float
         fold_sources = sources + ([source(_stand_in("cv_folds", (m, 1), (min(m, A.chunks[0]), 1)))]
                                   if folds.labels is not None else [])
         _row_pass(job, fold_kernel, fold_sources, {"folds": folds.count, "bounds": folds.bounds,
-                                                   "weighted": W is not None}, reserve=reserve + sums, device="cpu")
+                                                   "weighted": W is not None} | shifted, reserve=reserve + sums,
+                  device="cpu")
     elif kind == "loo":
         from blocklin.linalg.solve.loo import max_grid, pass_reserve
 

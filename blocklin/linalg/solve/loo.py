@@ -188,6 +188,9 @@ def _pass(ctx: Any, spec: Any, grid: np.ndarray) -> tuple[np.ndarray, np.ndarray
     stats, errors = ctx.scoring is not None, callable(ctx.scoring)
     params = {"v": np.ascontiguousarray(spec.basis), "finv": finv, "coef": coef, "lams": grid,
               "mu": ctx.mu if ctx.intercept else None, "bbar": ctx.bbar if ctx.intercept else None,
+              # rows centered as the Gram pass summed them: less the first row, then less the shifted mean
+              **({"sa0": ctx.shift_a, "sb0": ctx.shift_b, "mu": ctx.dmu, "bbar": ctx.dbbar}
+                 if ctx.intercept and ctx.shift_a is not None else {}),
               "intercept": bool(ctx.intercept), "wsum": ctx.total_weight, "store": bool(ctx.store_cv),
               "stats": stats, "errors": errors,
               "shift": ctx.bbar if ctx.intercept and ctx.bbar is not None else np.zeros(k)}

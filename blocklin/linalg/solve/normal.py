@@ -2,8 +2,8 @@
 
 One pass gives ``A^T A``, ``A^T b`` and ``||b||^2``; a single ``lam`` is solved by
 the Cholesky factor of ``A^T A + lam^2 I`` and refinement passes against the original problem, a
-sequence or a rule by the eigen-decomposition of ``A^T A``; ``fit_intercept`` corrects the Gram
-quantities by rank one. ``method="auto"`` switches to :func:`~blocklin.linalg.solve.qr_route.qr_route`
+sequence or a rule by the eigen-decomposition of ``A^T A``; ``fit_intercept`` sums the rows less the
+first row and corrects those sums by rank one. ``method="auto"`` switches to :func:`~blocklin.linalg.solve.qr_route.qr_route`
 where ``A^T A + lam^2 I`` is ill-conditioned.
 """
 
@@ -16,7 +16,6 @@ import numpy as np
 
 from blocklin.errors import SingularMatrixError, warn
 from blocklin.errors import explain as _msg
-from blocklin.linalg.blocks.center import column_moments
 from blocklin.device.syrk import symmetrize_lower
 from blocklin.linalg.solve import lambda_select, loo
 from blocklin.linalg.solve.kernels import gram_kernel, residual_kernel
@@ -56,8 +55,10 @@ def _gram_pass(ctx: TikhonovRun) -> dict:
 
 def _run_gram_pass(ctx: TikhonovRun, scale: dict) -> dict:
     what = "Gram pass: A^T W A, A^T W b, A^T w (sample weights)" if ctx.weighted else "Gram pass: A^T A, A^T b"
-    sums = ctx.intercept and not ctx.weighted and ctx.cdtype != "float64"  # complex data's means, from this pass
-    states, _ = run_pass(ctx.job, gram_kernel, ctx.sources(), {"dtype": ctx.cdtype} | ({"sums": True} if sums else {}),
+    shift = ctx.shifts(scale) if ctx.intercept else None  # the sums of the shifted rows, and their column sums
+    if shift is not None:
+        what += " of the rows less the first row, and their column sums"
+    states, _ = run_pass(ctx.job, gram_kernel, ctx.sources(), {"dtype": ctx.cdtype} | ({"shift": shift} if shift else {}),
                          reserve=small_bytes(ctx.n, ctx.k), description=what, scale=scale,
                          device=_pass_device(ctx, "gram pass", ctx.m * ctx.n * (ctx.n + 2 * ctx.k)))
     states = [s for s in states if s is not None]
@@ -69,8 +70,10 @@ def _run_gram_pass(ctx: TikhonovRun, scale: dict) -> dict:
     out = {"g": g, "c": c, "bb": sum(s["bb"] for s in states), "aa": float(np.trace(g).real)}
     if ctx.weighted:  # the weighted means' sums, from the same pass
         out.update(aw=sum(s["aw"] for s in states if "aw" in s), bw=sum(s["bw"] for s in states if "bw" in s))
-    if sums:
-        out.update({"as": sum(s["as"] for s in states if "as" in s), "bs": sum(s["bs"] for s in states if "bs" in s)})
+    if shift is not None:
+        out.update({"sa0": shift[0], "sb0": shift[1]})
+        if not ctx.weighted:
+            out.update({"as": sum(s["as"] for s in states if "as" in s), "bs": sum(s["bs"] for s in states if "bs" in s)})
     return out
 
 
@@ -91,40 +94,42 @@ def _residual_pass(ctx: TikhonovRun, x: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def _run_residual_pass(ctx: TikhonovRun, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    states, _ = run_pass(ctx.job, residual_kernel, ctx.sources(), {"dtype": ctx.cdtype, "x": x},
+    shift = {"shift": (ctx.shift_a, ctx.shift_b)} if ctx.shift_a is not None else {}
+    states, _ = run_pass(ctx.job, residual_kernel, ctx.sources(), {"dtype": ctx.cdtype, "x": x} | shift,
                          reserve=small_bytes(ctx.n, ctx.k), check_finite=False, scale=ctx.scale,
                          description="refinement pass: A^T W (b - A x)" if ctx.weighted else
                          "refinement pass: A^T (b - A x)",
                          device=_pass_device(ctx, "residual pass", 4 * ctx.m * ctx.n * ctx.k))
     states = [s for s in states if s is not None]
     atr, rr = sum(s["atr"] for s in states), sum(s["rr"] for s in states)
-    if ctx.mu is not None:  # centered: A_c^T W r_c = A^T W r - S mu d, ||r_c||_W^2 = ||r||_W^2 - S d^2, with
-        d = ctx.offset(x)   # d = bbar - mu^T x and S = sum w (m unweighted), since w^T r = S d
+    if ctx.mu is not None:  # centered: A_c^T W r_c = A_s^T W r_s - S dmu d, ||r_c||_W^2 = ||r_s||_W^2 - S d^2, with
+        # the shifted rows' r_s (the means as found where no shift was taken), d = mean(r_s), S = sum w (m unweighted)
+        dmu, dbbar = (ctx.dmu, ctx.dbbar) if ctx.shift_a is not None else (ctx.mu, ctx.bbar)
+        d = dbbar - dmu @ x
         S = ctx.total_weight
-        atr, rr = atr - S * np.outer(ctx.mu.conj(), d), rr - S * np.abs(d)**2
+        atr, rr = atr - S * np.outer(dmu.conj(), d), rr - S * np.abs(d)**2
     return atr, rr
 
 
 def _center_gram(ctx: TikhonovRun, gp: dict) -> dict:
-    """fit_intercept: the means of ``A`` and ``b`` (one pass each; weighted: ``A^T w / S`` from the Gram
-    pass) and the Gram quantities of the centered problem by rank-one corrections,
-    ``A_c^T W A_c = A^T W A - S mu mu^T``, ``A_c^T W b_c = A^T W b - S mu bbar^T`` (``S = sum w``, ``m``
-    unweighted). Without an intercept the quantities as they are."""
+    """fit_intercept: the means of ``A`` and ``b`` and the Gram quantities of the centered problem from the
+    Gram pass's sums of the shifted rows ``A_s = A - 1 shift_a^T``, ``b_s = b - 1 shift_b^T``
+    (:meth:`~blocklin.linalg.solve.tikhonov.TikhonovRun.shifts`) by rank-one corrections of their means
+    ``d = A_s^T w / S``, ``e = b_s^T w / S`` (``S = sum w``; unweighted the column sums over ``m``):
+    ``A_c^T W A_c = A_s^T W A_s - S d d^T``, ``A_c^T W b_c = A_s^T W b_s - S d e^T``, ``mu = shift_a + d``,
+    ``bbar = shift_b + e``. Without an intercept the quantities as they are."""
     if not ctx.intercept:
         return gp
+    S = ctx.total_weight
     if ctx.weighted:
-        ctx.mu, ctx.bbar = gp["aw"] / ctx.total_weight, gp["bw"] / ctx.total_weight
-    elif "as" in gp:  # complex data: the Gram pass's column sums (the means pass reads real data)
-        ctx.mu, ctx.bbar = gp["as"] / ctx.m, gp["bs"] / ctx.m
+        d, e = gp["aw"] / S, gp["bw"] / S
     else:
-        means = ctx.saved.run("means", lambda: {
-            "mu": column_moments(ctx.job, ctx.A, scale=ctx.sa.params()).mean,
-            "bbar": column_moments(ctx.job, ctx.B, over="b", scale=ctx.sb.params()).mean})
-        ctx.mu, ctx.bbar = means["mu"], means["bbar"]
-    S, mu, bbar = ctx.total_weight, ctx.mu, ctx.bbar  # complex data: A_c^H A_c = A^H A - S conj(mu) mu^T
-    g = gp["g"] - S * np.outer(mu.conj(), mu)
-    return {"g": (g + g.conj().T) / 2, "c": gp["c"] - S * np.outer(mu.conj(), bbar),
-            "bb": gp["bb"] - S * np.abs(bbar)**2, "aa": max(gp["aa"] - S * float(np.vdot(mu, mu).real), 0.0)}
+        d, e = gp["as"] / S, gp["bs"] / S
+    ctx.shift_a, ctx.shift_b, ctx.dmu, ctx.dbbar = gp["sa0"], gp["sb0"], d, e
+    ctx.mu, ctx.bbar = gp["sa0"] + d, gp["sb0"] + e  # complex data: A_c^H A_c = A_s^H A_s - S conj(d) d^T
+    g = gp["g"] - S * np.outer(d.conj(), d)
+    return {"g": (g + g.conj().T) / 2, "c": gp["c"] - S * np.outer(d.conj(), e),
+            "bb": gp["bb"] - S * np.abs(e)**2, "aa": max(gp["aa"] - S * float(np.vdot(d, d).real), 0.0)}
 
 
 def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:

@@ -125,8 +125,9 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
         Fit ``A x + 1 x0 ~ b`` with an unpenalized intercept ``x0`` (per right-hand side), as
         ``sklearn.linear_model.Ridge(alpha=lam**2, fit_intercept=True)``: ``x`` solves the problem
         on the centered ``A - 1 mu^T`` and ``b - 1 bbar``, and ``x0 = bbar - mu^T x``. Nothing is
-        copied: tall ``A`` takes one more pass for the column means and the Gram quantities and
-        refinement residuals get rank-one corrections (``A_c^T A_c = A^T A - m mu mu^T``); wide ``A``
+        copied: tall ``A``'s Gram pass sums the rows less the first row and their column sums, and the
+        Gram quantities and refinement residuals get rank-one corrections by the shifted means
+        (``A_c^T A_c = A_s^T A_s - m d d^T``, accurate for means far above the spread); wide ``A``
         centers the in-memory ``A A^T`` on both sides. Uses the normal equations (``method="qr"`` is
         refused: the streaming R factor is not centered); lambda sequences and rules then use the
         eigen-decomposition of the centered Gram matrix.

@@ -55,9 +55,18 @@ class TikhonovRun:
     method: str
     phases: dict = dataclasses.field(default_factory=dict)  # pass -> device it ran on, for the report
     intercept: bool = False
-    #: fit_intercept on tall A: column means of A (float64) and of b, from one pass over each
+    #: fit_intercept on tall A: column means of A (float64) and of b, from the Gram pass's sums
     mu: np.ndarray | None = None
     bbar: np.ndarray | None = None
+    #: fit_intercept on tall A: what the passes subtract from the rows of A and b before they sum them (the
+    #: first rows, :meth:`shifts`, in the units of the scaled problem), and the means of the shifted rows,
+    #: ``mu - shift_a`` and ``bbar - shift_b`` as summed (never formed by that difference)
+    shift_a: np.ndarray | None = None
+    shift_b: np.ndarray | None = None
+    dmu: np.ndarray | None = None
+    dbbar: np.ndarray | None = None
+    #: the first rows of A and b as stored (read once, :meth:`shifts`)
+    first_rows: tuple | None = None
     #: results of finished passes, kept for resume=True (runtime/stages.py)
     saved: StepRecords = dataclasses.field(default_factory=lambda: StepRecords(None))
     #: the powers of two A and B are divided by as they are read (blocklin.linalg.blocks.scaling); the problem
@@ -105,6 +114,20 @@ class TikhonovRun:
             self.lams = [float(np.ldexp(lam, -self.sa.exponent)) for lam in self.lams]
             self.scaled_lams = True
 
+    def shifts(self, scale: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The rows a pass of an intercept fit subtracts from ``A`` and ``B`` before it sums: their first rows
+        (one row read), divided by the pass's powers of two (``scale``: a path's exponent, as
+        :func:`~blocklin.runtime.passes.run_pass` takes it).
+
+        The centered sums are then the shifted rows' sums less a rank-one term of their (small) means:
+        ``A_c^T A_c = A_s^T A_s - m d d^T`` with ``A_s = A - 1 a_1^T``, ``d = mean(A_s)``, rounded relative to
+        ``||A_s||^2`` (about ``m (var + d^2)``) instead of ``||A||^2`` (``m (var + mu^2)``): with column
+        means ``10^6`` times the spread the uncentered correction had lost 12 digits, the shifted one
+        loses about ``(d / sd)^2``, a few units for a typical first row."""
+        if self.first_rows is None:
+            self.first_rows = (first_row(self.A, self.cdtype), first_row(self.B, self.cdtype))
+        return tuple(ldexp(v, -int(scale.get(str(s.path), 0))) for v, s in zip(self.first_rows, (self.sa, self.sb)))
+
     @property
     def cdtype(self) -> str:
         """The dtype of the passes and the small problem: float64, complex128 for complex data (LAPACK's
@@ -138,6 +161,14 @@ class TikhonovRun:
     def offset(self, x: np.ndarray) -> np.ndarray:
         """The intercept ``bbar - mu^T x`` of a solution of the centered problem."""
         return self.bbar - self.mu @ x
+
+
+def first_row(op: Any, dtype: str) -> np.ndarray:
+    """Row 0 of a stored operand (``dtype``: float64 or complex128), one row read."""
+    from blocklin.storage.zarr_store import open_cached, read_block
+
+    row = read_block(open_cached(op.path), slice(op.first_row, op.first_row + 1), slice(0, op.shape[1]))
+    return np.asarray(row, dtype=dtype)[0].copy()
 
 
 def dots(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -212,4 +243,4 @@ def factor_regularized(g: np.ndarray, lam: float) -> tuple[Any, float]:
         return None, 0.0
 
 
-__all__ = ["LAM_MAX", "TikhonovRun", "check_lam_max", "device_of_pass", "dots", "ldexp", "factor_regularized", "norms", "singular", "unscaled_x", "write_x"]
+__all__ = ["LAM_MAX", "TikhonovRun", "check_lam_max", "device_of_pass", "dots", "first_row", "ldexp", "factor_regularized", "norms", "singular", "unscaled_x", "write_x"]

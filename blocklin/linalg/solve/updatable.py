@@ -2,7 +2,8 @@
 
 With ``updatable=True`` the output ``x`` also holds the sums the normal equations are made of:
 ``A^T A``, ``A^T b``, ``||b||^2`` (per column), ``||A||_F^2``, the row count and, with
-``fit_intercept``, the column means of ``A`` and ``b`` (``.blocklin-state.npz`` inside the output,
+``fit_intercept``, those of the rows less the first row (``sa0``, ``sb0``: the route's shift, which the update
+subtracts from the appended rows too) and their column sums ``sa``, ``sb`` (``.blocklin-state.npz`` inside the output,
 float64; of complex data ``A^H A``, ``A^H b`` and the means in complex128). They are sums over rows: the rows appended later add their own, and every lambda, GCV and
 the L-curve follow from the updated sums by the spectral route (:mod:`blocklin.linalg.update.solve`).
 A solve whose first pass is not the Gram pass (the streaming QR) makes that pass once more.
@@ -23,7 +24,7 @@ from blocklin.storage.backend import backend
 #: The object inside the output holding the kept sums.
 STATE = ".blocklin-state.npz"
 #: The arrays of the record and their meaning.
-FIELDS = ("g", "c", "bb", "aa", "m", "mu", "bbar")
+FIELDS = ("g", "c", "bb", "aa", "m", "sa0", "sb0", "sa", "sb")
 
 
 def keep_sums(ctx: TikhonovRun, where: Any) -> None:
@@ -38,20 +39,26 @@ def keep_sums(ctx: TikhonovRun, where: Any) -> None:
                                      "entries sit near 1, or pass updatable=False"))
     rec = {"g": gp["g"], "c": gp["c"], "bb": np.asarray(gp["bb"], dtype=np.float64), "aa": np.float64(gp["aa"]),
            "m": np.int64(ctx.m)}
-    if ctx.intercept:
-        rec.update(mu=ctx.mu, bbar=ctx.bbar)
+    if ctx.intercept:  # the sums are of the rows less the first row: that shift, and the shifted rows' column sums
+        rec.update(sa0=gp["sa0"], sb0=gp["sb0"], sa=gp["as"], sb=gp["bs"])
     buf = io.BytesIO()
     np.savez(buf, **rec)
     backend(where).write_bytes(STATE, buf.getvalue())
 
 
 def load_sums(where: Any) -> dict | None:
-    """The kept sums of a solve output, or None (computed without ``updatable=True``)."""
+    """The kept sums of a solve output, or None (computed without ``updatable=True``). A record of the means
+    (``mu``, ``bbar``: sums of the rows as they are) reads as sums about a zero shift."""
     raw = backend(where).try_read(STATE)
     if raw is None:
         return None
     with np.load(io.BytesIO(raw)) as z:
-        return {k: z[k] for k in z.files}
+        rec = {k: z[k] for k in z.files}
+    if "mu" in rec and "sa0" not in rec:
+        m = int(rec["m"])
+        rec.update(sa0=np.zeros_like(rec["mu"]), sb0=np.zeros_like(rec["bbar"]), sa=m * rec.pop("mu"),
+                   sb=m * rec.pop("bbar"))
+    return rec
 
 
 def check_updatable(*, out: Any, orientation: str) -> None:

@@ -1,9 +1,9 @@
 """A tall least-squares / ridge ``solve`` brought up to date after rows were appended to ``A`` and ``b``.
 
 A solve computed with ``updatable=True`` keeps the sums of its normal equations (``A^T A``,
-``A^T b``, ``||b||^2``, the row count and, with ``fit_intercept``, the column means:
-:mod:`blocklin.linalg.solve.updatable`). The appended rows add their own sums (one Gram pass over
-them, and the means of the new rows when there is an intercept; the means merge by their counts),
+``A^T b``, ``||b||^2``, the row count and, with ``fit_intercept``, those of the rows less the solve's
+first row and their column sums: :mod:`blocklin.linalg.solve.updatable`). The appended rows add their own
+sums (one Gram pass over them, with an intercept less the same first row, their column sums from that pass),
 and the solve runs again on the updated sums without reading the old rows: the same ``lam``, the
 same sequence, or the same rule (GCV, L-curve) chosen again on the updated spectrum
 (:mod:`blocklin.linalg.solve.spectrum`), the same rank-one centering for the intercept.
@@ -16,7 +16,8 @@ says why). The sums are exact float64 sums of the rows; a recompute sums them in
 (within the Gram's rounding bound).
 
 Complex data (LAPACK's conventions, as the solve's own routes): the sums are ``A^H A``, ``A^H b`` in
-complex128 and ``|b|^2``, the means complex, the centering ``A^H A - m conj(mu) mu^T``.
+complex128 and ``|b|^2``, the column sums complex, the centering ``A_s^H A_s - m conj(d) d^T`` (``d`` the
+shifted rows' mean).
 """
 
 from __future__ import annotations
@@ -61,24 +62,22 @@ class _Seeded:
         return step()
 
 
-def _new_sums(job: Job, A: Any, B: Any, intercept: bool) -> dict:
-    """The appended rows' sums in one Gram pass over them (with an intercept, their column sums from
-    the same pass, in float64: their means are merged with the kept ones by the row counts)."""
+def _new_sums(job: Job, A: Any, B: Any, shift: tuple | None) -> dict:
+    """The appended rows' sums in one Gram pass over them (with an intercept, of the rows less the kept
+    shift, the solve's first rows, and their column sums from the same pass: they add to the kept ones)."""
     n, k = A.shape[1], B.shape[1]
     dtype = "complex128" if "c" in (A.dtype.kind, B.dtype.kind) else "float64"  # A^H A, A^H b of complex data
-    sums = {"sums": True} if intercept else {}  # the kernel's column sums are its CPU branch's
-    states, _ = run_pass(job, gram_kernel, [source(A), source(B)], {"dtype": dtype} | sums, reserve=small_bytes(n, k),
-                         description="Gram pass over the appended rows: A^T A, A^T b",
-                         device="cpu" if intercept else None)
+    states, _ = run_pass(job, gram_kernel, [source(A), source(B)], {"dtype": dtype} | ({"shift": shift} if shift else {}),
+                         reserve=small_bytes(n, k), description="Gram pass over the appended rows: A^T A, A^T b",
+                         device="cpu" if dtype != "float64" else None)  # the device kernels' products are real ones
     states = [s for s in states if s is not None]
     g = states[0]["g"]
     for s in states[1:]:
         g += s["g"]
     out = {"g": symmetrize_lower(g), "c": sum(s["c"] for s in states), "bb": sum(s["bb"] for s in states)}
-    if intercept:
-        p = A.shape[0]
-        out["mu"] = sum(s["as"] for s in states) / p
-        out["bbar"] = sum(s["bs"] for s in states) / p
+    if shift:
+        out["sa"] = sum(s["as"] for s in states)
+        out["sb"] = sum(s["bs"] for s in states)
     return out
 
 
@@ -102,18 +101,17 @@ def update_solve(job: Job, out: Location, prov: dict, growth: list[Growth], *, r
     intercept = bool(params.get("fit_intercept"))
     kind, lams = parse_lam(params["lam"])
     A, B = row_range(job.operand(ga.url, "a"), 0, ga.rows), row_range(job.operand(gb.url, "b"), 0, gb.rows)
-    new = _new_sums(job, row_range(A, m0, m1), row_range(B, m0, m1), intercept)
-    p = m1 - m0
+    shift = (kept["sa0"], kept["sb0"]) if intercept else None  # the appended rows shifted as the kept ones were
+    new = _new_sums(job, row_range(A, m0, m1), row_range(B, m0, m1), shift)
     g = kept["g"] + new["g"]
     sums = {"g": g, "c": kept["c"] + new["c"], "bb": kept["bb"] + new["bb"], "aa": float(np.trace(g).real), "ea": 0,
             "eb": 0}
+    if intercept:
+        sums.update({"sa0": kept["sa0"], "sb0": kept["sb0"], "as": kept["sa"] + new["sa"], "bs": kept["sb"] + new["sb"]})
     if not all(np.isfinite(v).all() for v in (sums["g"], sums["c"], sums["bb"])):
         return Recompute("the appended rows' squares leave float64's range")
     records = {"gram-pass": sums}
-    if intercept:
-        records["means"] = {"mu": (m0 * kept["mu"] + p * new["mu"]) / m1,
-                            "bbar": (m0 * kept["bbar"] + p * new["bbar"]) / m1}
-    why = _ill_conditioned(sums, records.get("means"), m1, kind, lams)
+    why = _ill_conditioned(sums, intercept, m1, kind, lams)
     if why:
         return Recompute(why)
     ctx = TikhonovRun(job=job, A=A, B=B, m=m1, n=A.shape[1], k=B.shape[1], kind=kind, lams=lams, refine=0,
@@ -124,7 +122,7 @@ def update_solve(job: Job, out: Location, prov: dict, growth: list[Growth], *, r
     ao = job.claim(out, [A, B], overwrite=True, resume=resume, token=token)
     info = solve_tall(ctx, ao.array_path())
     keep_sums(ctx, ao.array_path())
-    updated = {"input": ga.url, "rows_before": m0, "rows": m1, "rows_read": p,
+    updated = {"input": ga.url, "rows_before": m0, "rows": m1, "rows_read": m1 - m0,
                "how": "updated: the appended rows' sums added, solved again from the updated normal equations "
                       "(no refinement pass: it would read every row)"}
     info["method_reason"] = f"update: {info.get('method_reason', '')}"
@@ -138,10 +136,11 @@ def update_solve(job: Job, out: Location, prov: dict, growth: list[Growth], *, r
     return x
 
 
-def _ill_conditioned(sums: dict, means: dict | None, m: int, kind: str, lams: list[float]) -> str | None:
+def _ill_conditioned(sums: dict, intercept: bool, m: int, kind: str, lams: list[float]) -> str | None:
     """Why the updated normal equations would not give what the solve's own route gives (None: they do)."""
     g = sums["g"]
-    if means is not None:  # the centered Gram, as the route forms it (A^H A - m conj(mu) mu^T of complex data)
+    means = {"mu": sums["as"] / m, "bbar": sums["bs"] / m} if intercept else None  # the shifted rows' means
+    if means is not None:  # the centered Gram, as the route forms it (A_s^H A_s - m conj(d) d^T of complex data)
         g = g - m * np.outer(np.conjugate(means["mu"]), means["mu"])
         g = (g + g.conj().T) / 2
     if kind == "scalar":

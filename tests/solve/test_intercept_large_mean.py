@@ -1,0 +1,124 @@
+"""fit_intercept on data whose column means dwarf their spread: every normal-equations route against an
+explicitly centered NumPy solve.
+
+The centered Gram quantities had been formed as ``A^T A - m mu mu^T``, rounded relative to
+``||A||_F^2 = m (sd^2 + mu^2)``: with means ``10^6`` times the spread (float64) the solution came out
+``5e-4`` relative off on a problem of condition near 1 (the update ``2e-3``, the leave-one-out and k-fold
+choices then picked another lambda than ``RidgeCV``). The passes now sum the rows less the first row, so the
+rounding is relative to ``||A - 1 a_1^T||_F^2``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from support.tolerances import eps
+
+M, N, LAM = 2000, 3, 10.0
+GRID = np.array([0.3, 1.0, 3.0, 10.0, 30.0])
+
+
+def _data(dtype, mean, m=M, seed=0):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((m, N)) + mean * (1.0 + rng.random(N))
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * (rng.standard_normal((m, N)) + mean)
+    b = a @ rng.standard_normal(N) + rng.standard_normal(m) + mean
+    return a.astype(dtype), b.astype(dtype)[:, None]
+
+
+def _check(x, a, b, lam, w=None, dtype=np.float64):
+    """``x`` against NumPy's solve of the centered (weighted) regularized normal equations.
+
+    Forward error by the condition number of ``K = A_c^H W A_c + lam^2 I`` (Higham Thm 7.2): the backward
+    error of the two solves, ``8 n eps ||K||``, plus the rounding of the Gram sums over ``m`` rows,
+    ``gamma_m`` times the squares summed: ``||A_c||_F^2`` in the reference, ``||A - 1 a_1^T||_F^2`` (the rows
+    less the first row) in blocklin's pass, whose rank-one correction by the shifted mean ``d`` adds
+    ``m ||d||^2 <= ||A - 1 a_1^T||_F^2`` more; ``eps`` of the output's dtype where it is coarser (the pass
+    sums in float64 and rounds ``x`` once)."""
+    a = a.astype(np.result_type(a, 1.0))
+    b = b.astype(np.result_type(b, 1.0))
+    w = np.ones(len(a)) if w is None else w
+    mu, bbar = w @ a / w.sum(), w @ b / w.sum()
+    ac, bc = (a - mu) * np.sqrt(w)[:, None], (b - bbar) * np.sqrt(w)[:, None]
+    m, n = a.shape
+    K = ac.conj().T @ ac + lam**2 * np.eye(n)
+    ref = np.linalg.solve(K, ac.conj().T @ bc)
+    shifted = (a - a[0]) * np.sqrt(w)[:, None]
+    e64 = eps(np.float64)
+    gram = m * e64 * (np.linalg.norm(ac) ** 2 + 2 * np.linalg.norm(shifted) ** 2)
+    kappa = np.linalg.cond(K)
+    bound = kappa * (8 * n * e64 * np.linalg.norm(K) + gram) / np.linalg.norm(K, 2) * np.linalg.norm(ref) \
+        + 2 * eps(dtype) * np.linalg.norm(ref)
+    err = np.linalg.norm(np.asarray(x).reshape(ref.shape) - ref)
+    assert err <= bound, f"error {err:.3e} above the bound {bound:.3e} (ratio {err / bound:.3g}; cond {kappa:.3g})"
+    return mu, bbar, ref
+
+
+@pytest.mark.parametrize("dtype,mean", [(np.float64, 1e6), (np.float32, 1e3), (np.complex128, 1e6)])
+@pytest.mark.parametrize("memory", [None, "256KiB"])
+def test_intercept_of_large_means(dtype, mean, memory):
+    a, b = _data(dtype, mean)
+    x = bl.solve(a, b, lam=LAM, fit_intercept=True, **({"memory": memory} if memory else {}))
+    mu, bbar, ref = _check(x.to_numpy(), a, b, LAM, dtype=dtype)
+    # the intercept bbar - mu^T x: its rounding is that of mu^T x, eps |mu| ||x|| (the data's size, not its spread)
+    icpt = bbar - mu @ ref
+    assert np.abs(np.asarray(x.intercept) - icpt).max() <= 8 * N * eps(dtype) * (np.abs(mu) @ np.abs(ref) + np.abs(bbar)).max()
+
+
+@pytest.mark.parametrize("memory", [None, "256KiB"])
+def test_intercept_of_large_means_weighted_and_sequence(memory):
+    a, b = _data(np.float64, 1e6, seed=1)
+    w = np.random.default_rng(2).uniform(0.5, 2.0, M)
+    kw = {"memory": memory} if memory else {}
+    x = bl.solve(a, b, lam=LAM, fit_intercept=True, sample_weight=w, **kw)
+    _check(x.to_numpy(), a, b, LAM, w)
+    xs = bl.solve(a, b, lam=[1.0, LAM], fit_intercept=True, **kw).to_numpy()
+    for j, lam in enumerate([1.0, LAM]):
+        _check(xs[:, j:j + 1], a, b, lam)
+
+
+@pytest.mark.parametrize("cv", [None, 5])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_intercept_of_large_means_lambda_choice(cv, weighted):
+    """Leave-one-out and k-fold: the choice of RidgeCV (on the centered data, which its own centering sees
+    alike), and the solution at it."""
+    from sklearn.linear_model import RidgeCV
+
+    a, b = _data(np.float64, 1e6, seed=3)
+    w = np.random.default_rng(4).uniform(0.5, 2.0, M) if weighted else None
+    x = bl.solve(a, b, lam=("loo", GRID), fit_intercept=True, sample_weight=w, memory="256KiB",
+                 **({"cv": cv} if cv else {}))
+    ref = RidgeCV(alphas=GRID**2, fit_intercept=True, cv=cv).fit(a - a.mean(axis=0), b[:, 0], sample_weight=w)
+    assert x.report["lam"] == pytest.approx(np.sqrt(ref.alpha_), rel=1e-12)
+    _check(x.to_numpy(), a, b, x.report["lam"], w)
+
+
+@pytest.mark.parametrize("dtype,mean", [(np.float64, 1e6), (np.complex128, 1e6)])
+def test_update_of_large_means(tmp_path, dtype, mean):
+    """The update adds the appended rows' sums taken less the same first row the solve kept."""
+    a, b = _data(dtype, mean, m=M + 300, seed=5)
+    bl.from_array(a[:M], tmp_path / "A.zarr", chunks=(256, N))
+    bl.from_array(b[:M], tmp_path / "b.zarr", chunks=(256, 1))
+    x = bl.solve(tmp_path / "A.zarr", tmp_path / "b.zarr", lam=LAM, fit_intercept=True, updatable=True,
+                 out=tmp_path / "x.zarr")
+    _check(x.to_numpy(), a[:M], b[:M], LAM, dtype=dtype)
+    bl.append(tmp_path / "A.zarr", a[M:])
+    bl.append(tmp_path / "b.zarr", b[M:])
+    u = bl.update(tmp_path / "x.zarr")
+    assert u.report["updated"]["rows_read"] == 300
+    mu, bbar, ref = _check(u.to_numpy(), a, b, LAM, dtype=dtype)
+    assert np.abs(np.asarray(u.intercept) - (bbar - mu @ ref)).max() <= \
+        8 * N * eps(dtype) * (np.abs(mu) @ np.abs(ref) + np.abs(bbar)).max()
+
+
+@pytest.mark.gpu
+def test_intercept_of_large_means_on_the_gpu():
+    """The device branches of the Gram and refinement passes subtract the first row there too (``refine=1``
+    makes the refinement pass run)."""
+    a, b = _data(np.float64, 1e6, seed=6)
+    x = bl.solve(a, b, lam=LAM, fit_intercept=True, refine=1, memory="4MiB", device="gpu", scheduler="sync")
+    assert x.report["device"] == "gpu" and x.report["refine_steps"] == 1
+    _check(x.to_numpy(), a, b, LAM)
