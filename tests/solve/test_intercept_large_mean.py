@@ -122,3 +122,45 @@ def test_intercept_of_large_means_on_the_gpu():
     x = bl.solve(a, b, lam=LAM, fit_intercept=True, refine=1, memory="4MiB", device="gpu", scheduler="sync")
     assert x.report["device"] == "gpu" and x.report["refine_steps"] == 1
     _check(x.to_numpy(), a, b, LAM)
+    test_wide_intercept_of_large_means(None, False, np.float64, device="gpu")  # the wide route's SYRK pass on the device
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("memory", [None, "256KiB"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_wide_intercept_of_large_means(memory, weighted, dtype, device=None):
+    """Wide ``A``: the SYRK pass sums the columns less their first entries, ``A_s A_s^T``, which the
+    centering does not tell apart from ``A A^T`` (the centered ``P A A^T P`` of the uncentered sums had been
+    off by 7e-4 relative with means 1e6 times the spread). Bound: the dual solve's forward error by the
+    condition of ``K = A_c W A_c^T + lam^2 I`` (its backward error ``8 m eps ||K||`` and the sums' rounding over
+    ``n`` columns, ``||A_c||_F^2`` in the reference and ``||A_s||_F^2`` twice in the pass), carried by
+    ``x = A_c^T y``, plus that GEMM's rounding on the uncentered ``A`` (``2 m eps ||A||_F ||y||``: the means
+    enter ``x`` once, as in the streaming QR)."""
+    rng = np.random.default_rng(8)
+    m, n, lam = 30, 60, 3.0
+    a = rng.standard_normal((m, n)) + 1e6 * (1 + rng.random(n))
+    if dtype == np.complex128:
+        a = a + 1j * (rng.standard_normal((m, n)) - 1e6)
+    b = a @ rng.standard_normal((n, 1)) / n + rng.standard_normal((m, 1)) + 1e6
+    w = rng.uniform(0.5, 2.0, m) if weighted else np.ones(m)
+    x = bl.solve(a, b, lam=lam, fit_intercept=True, sample_weight=w if weighted else None,
+                 **({"memory": memory} if memory else {}), **({"device": device, "scheduler": "sync"} if device else {}))
+    assert device is None or x.report["device"] == device
+    S = w.sum()
+    mu, bbar = w @ a / S, w @ b / S
+    sw = np.sqrt(w)[:, None]
+    ac, bc = (a - mu) * sw, (b - bbar) * sw
+    K = ac @ ac.conj().T + lam**2 * np.eye(m)
+    y = np.linalg.solve(K, bc)
+    ref = ac.conj().T @ y
+    e64 = eps(np.float64)
+    shifted = (a - a[0]) * sw
+    kappa = np.linalg.cond(K)
+    bound = np.linalg.norm(ac, 2) * np.linalg.norm(y) * kappa * (
+        8 * m * e64 * np.linalg.norm(K) + n * e64 * (np.linalg.norm(ac) ** 2 + 2 * np.linalg.norm(shifted) ** 2)) \
+        / np.linalg.norm(K, 2) + 2 * m * e64 * np.linalg.norm(a) * np.linalg.norm(y)
+    err = np.linalg.norm(x.to_numpy() - ref)
+    assert err <= bound, f"error {err:.3e} above the bound {bound:.3e} (ratio {err / bound:.3g}; cond {kappa:.3g})"
+    icpt = bbar - mu @ ref  # its rounding: eps |mu| |x| per term, and mu^T x's error from x's
+    assert np.abs(np.asarray(x.intercept) - icpt).max() <= 8 * n * e64 * (np.abs(mu) @ np.abs(ref)).max() \
+        + np.linalg.norm(mu) * bound

@@ -25,19 +25,45 @@ def gram_memory(params: Any, sources: tuple) -> PassMemory:
 
 @row_kernel(memory=gram_memory, device="any")
 def gram_pass_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dict | None) -> tuple[dict, None]:
-    """Accumulate the lower triangle of ``S^T S`` over the strips of one task (``S`` the strip)."""
+    """Accumulate the lower triangle of ``S^T S`` over the strips of one task (``S`` the strip).
+
+    ``params["shift_first"]`` (the wide solve's intercept, whose strips are columns of ``A``): each strip
+    row less its first entry, ``S_s = S - S[:, :1] 1^T``, so the sum is ``A_s A_s^T`` (``conj(A_s A_s^H)``
+    of complex data) with ``A_s = A - 1 a_1^T`` (rounded relative to the spread of ``A``'s columns, not
+    their means), and ``v = conj(S_s)^T S[:, 0]`` summed beside it (``conj(A_s) a_1``, what the intercept
+    needs of the shift)."""
     dt = np.dtype(params["dtype"])
+    shift = bool(params.get("shift_first"))
     if not device.host_resident:
         a = device.cast(arrays[0], dt)
         if state is None:
             state = {"g": device.zeros((a.shape[1], a.shape[1]), dt)}
+            if shift:
+                state["v"] = device.zeros((a.shape[1],), dt)
+        if shift:  # element-wise work on the compute stream, ordered with the SYRK
+            with device.on_compute():
+                first = a[:, 0].copy()
+                a = a - first[:, None]
+                state["v"] += (a.conj().T if a.dtype.kind == "c" else a.T) @ first
         device.syrk_acc(state["g"], a)
         if rows.stop in params["ends"]:
-            state = {"g": device.to_host(state["g"])}
+            state = {name: device.to_host(v) for name, v in state.items()}
         return state, None
-    a = arrays[0]  # cast (where its dtype is not the sum's) block by block inside syrk_acc
+    # Entries beyond 2^256 overflow these sums only in the pass that learns max|a|, which is made again
+    # scaled (linalg.blocks.scaling): NumPy's warnings would only alarm.
+    if shift:  # the cast copy holds the shifted strip
+        first = np.asarray(arrays[0][:, 0], dtype=dt)
+        with np.errstate(over="ignore", invalid="ignore"):
+            a = np.subtract(arrays[0], first[:, None], dtype=dt)
+    else:
+        a = arrays[0]  # cast (where its dtype is not the sum's) block by block inside syrk_acc
     if state is None:
         state = {"g": np.zeros((a.shape[1], a.shape[1]), dt)}
+        if shift:
+            state["v"] = np.zeros(a.shape[1], dt)
+    if shift:
+        with np.errstate(over="ignore", invalid="ignore"):
+            state["v"] += (a.conj().T if a.dtype.kind == "c" else a.T) @ first
     syrk_acc(state["g"], a)
     return state, None
 

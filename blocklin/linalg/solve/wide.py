@@ -35,13 +35,25 @@ def _wide_gram(ctx: TikhonovRun) -> dict:
 
     job = ctx.job
     src = source(ctx.A, transposed=True)
-    params = {"dtype": ctx.cdtype, "gpu": job.device == "gpu"}
+    # an intercept: A_s A_s^H of A_s = A - 1 a_1^T (the columns less their first entries), which the centering
+    # P A_s A_s^H P^H = P A A^H P^H does not tell apart, and v = conj(A_s) a_1 for the intercept
+    shift = bool(ctx.intercept)
+    params = {"dtype": ctx.cdtype, "gpu": job.device == "gpu"} | ({"shift_first": True} if shift else {})
+
+    def run(sc: dict) -> dict:
+        states = run_pass(job, gram_pass_kernel, [src], params, scale=sc, min_tasks=1, workers=1,
+                          description="Gram matrix A A^T (SYRK)" + (" of the columns less their first entries"
+                                                                     if shift else "")).states
+        states = [st for st in states if st is not None]
+        v = sum(st["v"] for st in states) if shift else None
+        return {"g": sum_gram_states(states)} | ({"v": v} if shift else {})
+
     try:
-        g = ctx.sa.run(job, lambda sc: sum_gram_states(run_pass(
-            job, gram_pass_kernel, [src], params, scale=sc, min_tasks=1, workers=1,
-            description="Gram matrix A A^T (SYRK)").states))
+        out = ctx.sa.run(job, run)
+        g = out["g"]
         # complex data: the pass's X^H X of X = A^T is conj(A A^H)
-        return {"g": g.conj() if np.iscomplexobj(g) else g, "ea": ctx.sa.exponent}
+        return {"g": g.conj() if np.iscomplexobj(g) else g, "ea": ctx.sa.exponent} | \
+            ({"v": out["v"]} if "v" in out else {})
     except BudgetError:
         if ctx.cdtype != "float64":
             raise _complex_gemm_refusal(ctx) from None
@@ -83,11 +95,12 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         from blocklin.linalg.solve.qr_route import dual_spectrum, wide_qr_factor
 
         r, ea = wide_qr_factor(ctx)
-        g = None
+        g = v_shift = None
     else:
         ctx.phases["gram GEMM"] = job.device
         rec = ctx.saved.run("wide-gram", lambda: _wide_gram(ctx))
         g, ea = rec["g"], int(rec.get("ea", 0))
+        v_shift = rec.get("v")  # conj(A_s) a_1 where the pass summed the shifted columns (None: A A^T itself)
     bm = Matrix(ctx.B.path)[...].astype(ctx.cdtype)  # m x k, small (m is the short side)
     if ctx.weighted:
         ctx.wvec = Matrix(ctx.W.path)[...].astype(np.float64)[:, 0]
@@ -135,9 +148,12 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     if ctx.weighted:  # x = (D P_w A)^T y = A^T P_w^T (D y)
         ys = [sw[:, None] * y for y in ys]
     if ctx.intercept:
-        # x = A^T (P_w^T y); the intercept bbar - mu^T x with mu^T x = w^T (A A^T) (P_w^T y) / S
+        # x = A^T (P_w^T y); the intercept bbar - mu^T x with mu^T x = w^T (A A^T) (P_w^T y) / S, or from the
+        # shifted sums (x = A_s^H y', 1^T y' = 0; mu = a_1 + A_s^T w / S) a_1^T x + w^T (A_s A_s^H) y' / S, with
+        # a_1^T x = (conj(A_s) a_1)^T y' = v^T y' (real data: no conjugates)
         ys = [y - np.outer(w, y.sum(axis=0)) / S for y in ys]
-        icpt = [bbar - ((w @ g_raw) @ y if r is None else (r @ w).conj() @ (r @ y)) / S for y in ys]
+        icpt = [bbar - ((w @ g_raw) @ y if r is None else (r @ w).conj() @ (r @ y)) / S
+                - (v_shift @ y if v_shift is not None else 0.0) for y in ys]
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
     t, alpha = dual_exponents(np.hstack(ys), eb, ea, out_dtype)
     y = unscaled_x(np.hstack(ys), t, out_dtype).astype(out_dtype)
