@@ -80,6 +80,17 @@ def test_complex_gram_scales_entries_near_the_range_ends(c128):
         assert np.sign(g.report["scaling"]["exponent"]) == np.sign(e)
 
 
+@pytest.mark.parametrize("trans", [False, True])
+def test_complex_gram_beyond_the_range_names_the_conjugate_transpose(c128, trans):
+    """The refusal of a complex Gram beyond the range names ``scale * A^H A`` (``A A^H``), what ``gram``
+    computes for complex data; it had said ``A^T A``."""
+    from blocklin.errors import ParameterError
+
+    name = "A A\\^H" if trans else "A\\^H A"
+    with pytest.raises(ParameterError, match=rf"returns scale \* {name} \(exact\)"):
+        bl.gram(c128 * 1e200, trans=trans)
+
+
 def test_complex_gram_refuses_a_real_dtype_and_matmul_keeps_the_plain_transpose(tmp_path, c128):
     with pytest.raises(DTypeError, match="complex operand cannot be cast to a real dtype"):
         bl.gram(c128, dtype="float64")

@@ -96,6 +96,15 @@ def test_solve_triangular_complex_trans(dtype, lower, trans):
     _check_solve(op, x, b, dtype, ref)
 
 
+@pytest.mark.parametrize("assume_a", ["her", "hermitian"])
+def test_scipys_hermitian_assume_a_is_refused_naming_what_takes_it(assume_a):
+    """SciPy's ``assume_a='her'`` (Hermitian indefinite, ``hesv``) had been refused with a list that did not
+    say why: the refusal names it and the two routes blocklin has for a Hermitian ``a``."""
+    a = np.eye(3) + 0j
+    with pytest.raises(ParameterError, match=r"SciPy's 'her' is a Hermitian indefinite factorization.*'pos'"):
+        bl.solve(a, np.ones(3), assume_a=assume_a)
+
+
 def test_solve_triangular_trans_refused():
     with pytest.raises(ParameterError, match="trans.*'C'"):
         bl.solve_triangular(np.eye(3), np.ones(3), trans="H")

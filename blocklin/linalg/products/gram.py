@@ -148,7 +148,9 @@ class Gram:
             # few significant bits: the power of two that puts it near 2^(maxexp / 2) instead
             k = fi.maxexp // 2 - top + int(p)
             if fi.minexp < k < fi.maxexp - 1:
-                fix = f"compute it in a scaled form: gram(a, scale=2.0**{k}) returns scale * A^T A (exact)"
+                h = "H" if self.dtype.kind == "c" else "T"
+                fix = (f"compute it in a scaled form: gram(a, scale=2.0**{k}) returns scale * "
+                       f"{f'A A^{h}' if self.trans else f'A^{h} A'} (exact)")
             else:  # the factor itself is out of range: scale the data (by a power of two: exact)
                 fix = (f"compute it in a scaled form: the Gram of a * 2.0**{k // 2} (exact) is 2^{2 * (k // 2)} "
                        "times this one")

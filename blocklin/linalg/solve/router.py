@@ -386,8 +386,11 @@ def _checked(method: str, assume_a: str, lam: Any, precision: str, fit_intercept
     """``method``, ``assume_a``, ``lam`` (its kind and values; ``zero_grid``: a k-fold grid may hold 0) and
     ``precision`` checked, in that order."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
+    hermitian = isinstance(assume_a, str) and assume_a.lower() in ("her", "hermitian")
     assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen' (least squares; LU when square), "
-                      "'pos' (SPD) or 'sym' (symmetric)")
+                      "'pos' (SPD) or 'sym' (symmetric)" if not hermitian else
+                      "SciPy's 'her' is a Hermitian indefinite factorization (hesv), which blocklin does not have: "
+                      "pass assume_a='pos' for a Hermitian positive definite a (Cholesky), else 'gen' (LU)")
     kind, lams = parse_lam(lam, zero_grid=zero_grid)
     from blocklin.linalg.solve.square import solve_precision
 
