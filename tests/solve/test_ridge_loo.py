@@ -349,3 +349,18 @@ def test_callable_scoring_with_a_row_of_weight_zero_on_wide_a_is_refused(tmp_pat
     w[2] = 0.0
     with pytest.raises(ParameterError, match="scoring: a callable on a wide a needs every row's leave-one-out"):
         bl.solve(a, b, lam=("loo", [0.3, 1.0]), sample_weight=w, scoring=_weighted_mse, temp_dir=str(tmp_path))
+
+
+@pytest.mark.parametrize("scoring", ["r2", "explained_variance"])
+@pytest.mark.parametrize("cv", [None, 5])
+def test_constant_target_scores_as_a_perfect_fit(scoring, cv):
+    """A constant target with an intercept is fitted exactly by every lambda: each held-out error is 0, and
+    scikit-learn's rule for a target of no variance scores a zero error 1.0 (its k-fold does; its
+    leave-one-out's errors near 1e-16 score 0.0 by rounding). The sums of the target less its first value
+    are exactly 0 here, so blocklin's errors are too (the sums of the uncentered target had left 1e-16)."""
+    a = np.random.default_rng(0).standard_normal((50, 4))
+    b = np.full(50, 3.7)
+    x = bl.solve(a, b, lam=("loo", [0.1, 1.0, 10.0]), fit_intercept=True, scoring=scoring,
+                 **({"cv": cv} if cv else {}))
+    assert x.report["best_score_"] == 1.0
+    assert np.array_equal(x.to_numpy(), np.zeros((4, 1))) and x.report["intercept"] == [3.7]
