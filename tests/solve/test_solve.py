@@ -238,3 +238,44 @@ def test_cli_solve(rng, tmp_path, capsys):
     rc = main(["solve", str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr"), "-o", str(tmp_path / "z.zarr"),
                "--lambda", "-1"])
     assert rc == 1
+
+
+@pytest.mark.parametrize("method", ["qr", "auto"])
+def test_directions_whose_squares_underflow_in_the_scaled_problem_are_not_dropped(method):
+    """Columns ``2^600`` apart and nearly collinear, ``lam`` 2.3e30: the scaled problem (divided by its
+    largest entry) has a singular value and a ``lam`` both near ``1e-189``, whose squares underflowed, and
+    the spectral filter dropped that direction: ``x = [0, 1.5e-190]`` where the ridge solution is ``[0.0238,
+    -5.7e-183]`` (60-digit reference), returned as converged. The filters are formed scaled
+    (``spectrum.filters``), and that direction's part of the scaled ``x`` (near ``2^626``) has a norm beyond
+    float64: the solve is refused rather than answered without it."""
+    from blocklin.errors import ConvergenceError
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((523, 2)) + 1e8
+    a[:, 1] *= 2.0 ** 600
+    a *= 1e30
+    b = rng.standard_normal((523, 1)) * 1e30
+    with pytest.raises(ConvergenceError, match="solution_norm: must be finite"):
+        bl.solve(a, b, lam=2.3e30, method=method)
+
+
+def test_spectral_filters_keep_their_bits_in_range_and_their_values_beyond_it():
+    """``filters`` equals the plain formulas bit for bit where no square leaves the range, and keeps the
+    ratios where ``s`` and ``lam`` are both near ``1e-189`` (their squares underflow)."""
+    from blocklin.linalg.solve.spectrum import filters
+
+    rng = np.random.default_rng(1)
+    s = np.abs(rng.standard_normal(50)) * 10.0 ** rng.uniform(-100, 100, 50)
+    for lam in (0.0, 1e-3, 1.0, 1e40):
+        sf, l2f, s2f, f = filters(s, lam)
+        with np.errstate(divide="ignore"):
+            plain = 1.0 / (s**2 + lam**2)
+        assert np.array_equal(sf, s * plain) and np.array_equal(l2f, lam**2 * plain)
+        assert np.array_equal(s2f, s**2 * plain) and np.array_equal(f, plain)
+    s = np.array([3e-189, 1e-189, 0.0])
+    sf, l2f, s2f, _ = filters(s, 1e-189)
+    # s / (s^2 + lam^2) = (s/lam) / ((s/lam)^2 + 1) / lam; a few roundings each: 8 eps
+    ref_sf = np.array([3 / 10, 1 / 2, 0.0]) / 1e-189
+    assert np.allclose(sf, ref_sf, rtol=8 * np.finfo(float).eps, atol=0)
+    assert np.allclose(l2f, [1 / 10, 1 / 2, 1.0], rtol=8 * np.finfo(float).eps, atol=0)
+    assert np.allclose(s2f, [9 / 10, 1 / 2, 0.0], rtol=8 * np.finfo(float).eps, atol=0)

@@ -87,16 +87,14 @@ class Spectrum:
         return bool(self.every_direction(lam))
 
     def filt(self, lam: float) -> np.ndarray:
-        s2 = self.s**2
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(s2 + lam**2 > 0, 1.0 / (s2 + lam**2), 0.0)
+        """``1 / (s^2 + lam^2)`` per direction (0 where both are 0)."""
+        return filters(self.s, lam)[3]
 
     def coefficients(self, lam: float) -> np.ndarray:
         """``x`` (tall) or the dual ``y`` with ``x = A^T y`` (wide)."""
-        f = self.filt(lam)
         if self._every_direction(lam):  # every direction (see the class docstring)
-            return self.basis @ (f[:, None] * self.vc)
-        w = (f if self.dual else self.s * f)[:, None] * self.beta
+            return self.basis @ (self.filt(lam)[:, None] * self.vc)
+        w = (self.filt(lam) if self.dual else filters(self.s, lam)[0])[:, None] * self.beta
         return self.basis @ w
 
     def _fitted(self, lam: float) -> tuple[np.ndarray, np.ndarray]:
@@ -112,17 +110,17 @@ class Spectrum:
 
     def residual_sq(self, lam: float) -> np.ndarray:
         rho0sq, b2 = self._fitted(lam)
-        g = lam**2 * self.filt(lam)
+        g = filters(self.s, lam)[1]
         return rho0sq + np.einsum("i,ij->j", g**2, b2)
 
     def solution_sq(self, lam: float) -> np.ndarray:
         if self._every_direction(lam):  # ||x||^2 of the x coefficients() gives
             return np.einsum("i,ij->j", self.filt(lam) ** 2, np.abs(self.vc) ** 2)
-        g = self.s * self.filt(lam)
+        g = filters(self.s, lam)[0]
         return np.einsum("i,ij->j", g**2, np.abs(self.beta)**2)
 
     def dof(self, lam: float) -> float:
-        return float(np.sum(self.s**2 * self.filt(lam)))
+        return float(np.sum(filters(self.s, lam)[2]))
 
     def gcv(self, lam: float) -> float:
         """Golub-Heath-Wahba ``V(lam) = m ||r||^2 / (m - dof)^2`` (summed over right-hand sides)."""
@@ -146,15 +144,13 @@ class Spectrum:
         rr, xx, dof = (np.empty(lams.size) for _ in range(3))
         step = max(1, (1 << 20) // max(1, s2.size))  # lambdas per block: about 8 MiB of filter factors
         for i in range(0, lams.size, step):
-            l2 = lams[i:i + step, None] ** 2
-            with np.errstate(divide="ignore", invalid="ignore"):
-                f = np.where(s2 + l2 > 0, 1.0 / (s2 + l2), 0.0)
+            sf, l2f, s2f, f = filters(self.s, lams[i:i + step, None])
             every = self.every_direction(lams[i:i + step])
-            rr[i:i + step] = ((l2 * f) ** 2) @ b2 + rho_all if c2 is None or self.bb is None else \
-                np.where(every, ((l2 * f) ** 2) @ b2_sure + rho_sure, ((l2 * f) ** 2) @ b2 + rho_all)
-            xx[i:i + step] = ((self.s * f) ** 2) @ b2 if c2 is None else np.where(
-                every, (f**2) @ c2, ((self.s * f) ** 2) @ b2)  # as solution_sq
-            dof[i:i + step] = (s2 * f).sum(axis=1)
+            rr[i:i + step] = (l2f ** 2) @ b2 + rho_all if c2 is None or self.bb is None else \
+                np.where(every, (l2f ** 2) @ b2_sure + rho_sure, (l2f ** 2) @ b2 + rho_all)
+            xx[i:i + step] = (sf ** 2) @ b2 if c2 is None else np.where(
+                every, (f**2) @ c2, (sf ** 2) @ b2)  # as solution_sq
+            dof[i:i + step] = s2f.sum(axis=1)
         den = (self.m - dof) ** 2
         with np.errstate(divide="ignore", invalid="ignore"):
             gcv = np.where(den > 0, self.m * rr / np.where(den > 0, den, 1.0), np.inf)
@@ -165,6 +161,31 @@ class Spectrum:
         smin = float(self.s[self.s > 0].min()) if np.any(self.s > 0) else smax
         lo = max(smin / 10, smax * 1e-16 ** 0.5 * 1e-4 / 10, self.floor)
         return np.logspace(math.log10(max(lo, 1e-300)), math.log10(max(smax, lo, 1e-300)), points)
+
+
+def filters(s: np.ndarray, lam: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``s / (s^2 + lam^2)``, ``lam^2 / (s^2 + lam^2)``, ``s^2 / (s^2 + lam^2)`` and ``1 / (s^2 + lam^2)`` per
+    singular value ``s`` (and per lambda, ``lam`` broadcast against ``s``), 0 where ``s`` and ``lam`` are 0.
+
+    The first three are formed from ``s`` and ``lam`` multiplied by the power of two ``2^t`` that brings the
+    larger of the two into ``[1/2, 1)`` (exact), so that ``s^2 + lam^2`` neither underflows nor overflows;
+    inside the range the bits are those of the plain formulas. A scaled problem whose ``s`` and ``lam`` were
+    both near ``1e-189`` (columns ``2^600`` apart, the problem scaled by its largest entry) had squares that
+    underflowed to 0, and that direction's part of ``x`` was dropped: ``x = [0, 1.5e-190]`` for ``[0.0238,
+    -5.7e-183]``, silently. The last is the plain formula, 0 where ``s^2 + lam^2`` underflows: the dual
+    form's ``y = U diag(1 / (s^2 + lam^2)) U^T b`` overflows along such directions, which ``x = A^T y``
+    maps to ``s`` times as much, so they are left out of it as before."""
+    s = np.asarray(s, dtype=np.float64)
+    lam = np.asarray(lam, dtype=np.float64)
+    top = np.maximum(s, lam)
+    t = np.where(top > 0, -np.frexp(top)[1], 0)
+    st, lt = np.ldexp(s, t), np.ldexp(lam, t)
+    den = st**2 + lt**2
+    plain = s**2 + lam**2
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        ft = np.where(den > 0, 1.0 / np.where(den > 0, den, 1.0), 0.0)
+        f = np.where(plain > 0, 1.0 / np.where(plain > 0, plain, 1.0), 0.0)
+        return np.ldexp(st * ft, t), lt**2 * ft, st**2 * ft, f
 
 
 def spectrum_from_gram(g: np.ndarray, c: np.ndarray, bb: np.ndarray, m: int, *, dual: bool,
@@ -259,5 +280,5 @@ def describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, 
             info["gcv"] = spec.gcv(lams[0])
 
 
-__all__ = ["GRID", "Spectrum", "choose_lambda", "coefficients", "describe", "finish_spectral", "per_target",
+__all__ = ["GRID", "Spectrum", "choose_lambda", "coefficients", "describe", "filters", "finish_spectral", "per_target",
            "spectrum_from_gram"]
