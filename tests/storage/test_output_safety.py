@@ -624,12 +624,22 @@ def test_an_integer_input_is_not_replaced_by_overwrite(tmp_path, capsys, argv):
     assert np.array_equal(zarr.open_array(str(out), mode="r")[...], ints[:, :16] if out.name == "I.zarr" else ints[:, 16:])
 
 
+def _dry_run_items(folder, capsys) -> dict:
+    """``blocklin clean FOLDER --dry-run --json``'s items by file name, with the folder checked untouched."""
+    import json
+
+    before = tree(folder)
+    assert main(["clean", str(folder), "--dry-run", "--json"]) == 0
+    items = {os.path.basename(i["path"]): i for i in json.loads(capsys.readouterr().out)["items"]}
+    assert tree(folder) == before
+    return items
+
+
 def test_clean_removes_the_record_of_an_export_whose_file_is_gone(work, tmp_path, capsys):
     """A file export's record ``.NAME.blocklin`` outlived its file once the user removed the file (``blocklin
     clean`` neither reported nor removed it). ``clean`` removes such an orphan record (found in a folder it
     looks in, or beside the export's path); a record whose file exists stays, and a file of the user's with a
     record's name (not one blocklin wrote) is reported as skipped and left alone."""
-    import json
 
     exp = tmp_path / "exp"
     exp.mkdir()
@@ -643,10 +653,7 @@ def test_clean_removes_the_record_of_an_export_whose_file_is_gone(work, tmp_path
     (exp / ".photos.blocklin").mkdir()  # a folder with a record's name
     capsys.readouterr()
 
-    before = tree(exp)
-    assert main(["clean", str(exp), "--dry-run", "--json"]) == 0
-    dry = {os.path.basename(i["path"]): i for i in json.loads(capsys.readouterr().out)["items"]}
-    assert tree(exp) == before
+    dry = _dry_run_items(exp, capsys)
     assert {k: (i["kind"], i["action"]) for k, i in dry.items()} == {
         ".gone.npy.blocklin": ("file record", "would remove"), ".named.mtx.blocklin": ("file record", "would remove"),
         ".notes.txt.blocklin": ("file record", "skipped"), ".list.json.blocklin": ("file record", "skipped"),
@@ -674,7 +681,6 @@ def test_clean_removes_the_temporary_copy_of_a_record_its_writer_left(work, tmp_
     renamed into place; a writer killed between the two left that file, and ``clean`` did not see it. It now
     removes one older than the lease that holds the start of such a record (or nothing), keeps a recent one
     (its writer may be renaming it), and leaves a look-alike file of the user's alone."""
-    import json
 
     exp = tmp_path / "exp"
     exp.mkdir()
@@ -692,10 +698,7 @@ def test_clean_removes_the_temporary_copy_of_a_record_its_writer_left(work, tmp_
     os.utime(exp / ".e.npy.blocklin.tmp-4246-11111111", (old, old))
     capsys.readouterr()
 
-    before = tree(exp)
-    assert main(["clean", str(exp), "--dry-run", "--json"]) == 0
-    dry = {os.path.basename(i["path"]): i for i in json.loads(capsys.readouterr().out)["items"]}
-    assert tree(exp) == before
+    dry = _dry_run_items(exp, capsys)
     assert {k: (i["kind"], i["action"]) for k, i in dry.items()} == {
         **{name: ("record temp", "would remove") for name in leftovers},
         ".d.npy.blocklin.tmp-4245-00000000": ("record temp", "kept"),
