@@ -299,3 +299,57 @@ def test_a_failed_group_fails_the_product_without_leaving_tasks_waiting_for_thei
             s.aslinearoperator().rmatmat(rng.standard_normal((30000, 5)))
     waiting = [f for f in sys._current_frames().values() if f.f_code.co_name == "add" and "sparse_pass" in f.f_code.co_filename]
     assert not waiting
+
+
+def test_diagonal_positions_in_pieces_match_the_whole_test(rng):
+    """Entries on the diagonal of CSR rows, found piece by piece (pieces of 1 to many rows, rows longer
+    than a piece, rows without entries, duplicates, unsorted columns), are those of the direct test."""
+    for trial in range(30):
+        m, n = int(rng.integers(1, 60)), int(rng.integers(1, 60))
+        dense = (rng.random((m, n)) < rng.random()) * rng.standard_normal((m, n))
+        x = sp.csr_matrix(dense)
+        x.indices, x.data = x.indices.copy(), x.data.copy()
+        if x.nnz:  # a duplicate of every diagonal entry, and each row's columns reversed
+            x = sp.csr_matrix((np.concatenate([x.data, np.ones(min(m, n))]), (np.concatenate(
+                [np.repeat(np.arange(m), np.diff(x.indptr)), np.arange(min(m, n))]), np.concatenate(
+                [x.indices, np.arange(min(m, n))]))), shape=(m, n))
+            x.has_canonical_format = False
+        for lo, hi in zip(x.indptr[:-1], x.indptr[1:]):
+            x.indices[lo:hi], x.data[lo:hi] = x.indices[lo:hi][::-1].copy(), x.data[lo:hi][::-1].copy()
+        row0 = int(rng.integers(0, 3))
+        rows = np.repeat(np.arange(row0, row0 + m), np.diff(x.indptr))
+        want = np.flatnonzero(x.indices == rows)
+        for piece in (1, 2, 3, 7, 1 << 16):
+            assert np.array_equal(sparse_pass.diagonal_positions(x.indptr, x.indices, row0, piece), want), (trial, piece)
+
+
+def test_a_blocks_diagonal_is_zeroed_without_transients_of_its_size(tmp_path, monkeypatch):
+    """A Laplacian's products read each row block with its diagonal as zeros: that test held each entry's
+    row number and a flag, and a copy of the values, 17 bytes an entry beyond the block the plans count
+    (12 MB for this block of 1.3M entries); now about a piece's worth (:data:`DIAGONAL_PIECE`)."""
+    import tracemalloc
+
+    n = 2000
+    x = sp.random(n, n, density=1.0, random_state=1, format="csr", dtype=np.float64)
+    s = bl.from_sparse(x, tmp_path / "S.zarr", memory="256MiB")
+    r1 = int(s._store.row_blocks[1])  # the first row block: over a million entries
+    assert r1 * n > 1 << 20
+    read = s._store.read_rows(0, r1)  # read once, outside the traced calls
+    monkeypatch.setattr(s._store, "read_rows", lambda r0, r1: read)
+    # the peak from the read to SciPy's CSR (whose own copies come after the zeroing)
+    peaks, csr = {}, sp.csr_matrix
+    monkeypatch.setattr(sp, "csr_matrix", lambda *a, **k: (peaks.setdefault(
+        "now", tracemalloc.get_traced_memory()[1]), csr(*a, **k))[1])
+    for offdiagonal in (False, True):
+        tracemalloc.start()
+        blk = sparse_pass.read_block(s._store, 0, r1, np.float64, offdiagonal=offdiagonal)
+        tracemalloc.stop()
+        peaks[offdiagonal] = peaks.pop("now")
+        if offdiagonal:
+            want = x[:r1].toarray()
+            want[np.arange(r1), np.arange(r1)] = 0
+            assert np.array_equal(blk.toarray(), want)
+        del blk
+    # the zeroing's own transients: a piece's row numbers, flags and positions (17 bytes an entry) and the
+    # diagonal's positions, well under 4 MiB
+    assert peaks[True] - peaks[False] < 4 << 20, peaks

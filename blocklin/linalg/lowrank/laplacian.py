@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ParameterError, explain
+from blocklin.runtime.sparse_pass import diagonal_positions
 
 #: ``laplacian=`` of :func:`blocklin.eigsh`: ``D - W`` or ``I - D^{-1/2} W D^{-1/2}``.
 KINDS = ("combinatorial", "normalized")
@@ -37,8 +38,7 @@ def degrees(op: Any) -> tuple[np.ndarray, np.ndarray]:
         rows = blk.shape[0]
         blk = blk.astype(np.float64)
         diag[r0:r0 + rows] = blk.diagonal(k=r0)[:rows] if r0 < blk.shape[1] else 0.0
-        on = blk.indices == np.repeat(np.arange(r0, r0 + rows, dtype=blk.indices.dtype), np.diff(blk.indptr))
-        blk.data[on] = 0.0  # in the float64 copy: nothing stored changes
+        blk.data[diagonal_positions(blk.indptr, blk.indices, r0)] = 0.0  # in the float64 copy: nothing stored changes
         d[r0:r0 + rows] = np.asarray(blk.sum(axis=1)).ravel()
     return d, diag
 
