@@ -194,8 +194,11 @@ def _shape_dtype(a: Any, settings: dict) -> tuple[tuple[int, int], np.dtype]:
 def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
     """The condition number ``numpy.linalg.cond(a, p)`` of an out-of-core matrix.
 
-    ``p=None``/``2``: ``s_1 / s_N`` from every singular value (:func:`blocklin.svd`; ``inf`` for a
-    singular matrix, as NumPy); ``-2``: its inverse; ``"fro"``, ``1``, ``-1``, ``inf``, ``-inf``:
+    ``p=None``/``2``: ``s_1 / s_N`` from every singular value (:func:`blocklin.svd`); ``inf`` for a
+    matrix singular to working precision, whose ``s_N`` is at the rounding level of ``s_1`` (about ``eps
+    sqrt(m) s_1`` and below: :func:`blocklin.svd` reports it as ``0``), where NumPy returns ``inf`` or a
+    finite value of rounding-level accuracy (exact only for a graded matrix it happens to resolve);
+    ``-2``: its inverse; ``"fro"``, ``1``, ``-1``, ``inf``, ``-inf``:
     ``norm(a, p) * norm(inv(a), p)`` for square ``a`` (:func:`blocklin.inv`); ``inf`` where ``inv``
     meets an exact zero pivot (NumPy's too: its NaN of a failed inversion becomes ``inf``); a matrix
     ``inv`` refuses as numerically singular (a reciprocal condition at most ``n eps``, not 0) stays refused,
