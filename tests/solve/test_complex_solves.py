@@ -20,7 +20,7 @@ import pytest
 import scipy.linalg as sl
 
 import blocklin as bl
-from blocklin.errors import DTypeError, NotPositiveDefiniteError, NotSymmetricError, ParameterError
+from blocklin.errors import DTypeError, NotPositiveDefiniteError, NotSymmetricError, ParameterError, SingularMatrixError
 from support.tolerances import assert_residual, assert_solve, eps
 
 CDTYPES = [np.complex64, np.complex128]
@@ -308,3 +308,20 @@ def test_complex_solves_on_gpu(dtype):
     c = bl.cholesky(h, tile=32, device="gpu", scheduler="sync")
     x = bl.cho_solve(c, b, tile=32, device="gpu", scheduler="sync")[...]
     _check_solve(h, x, b, dtype, sl.cho_solve(sl.cho_factor(h, lower=True), b))
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.float64])
+def test_singular_factor_refused_naming_the_factor(dtype):
+    """A factor with a zero on its diagonal (a singular matrix factored) is refused naming the argument
+    the caller passed, ``lu`` or ``c``, with fixes that exist for it; the refusal had named the triangular
+    solve's own ``t`` and suggested ``lam > 0``, a keyword lu_solve and cho_solve do not have."""
+    a = np.array([[1, 2j], [2, 4j]], dtype=dtype) if np.dtype(dtype).kind == "c" else np.array([[1., 2], [2, 4]])
+    f = bl.lu(a, scheduler="sync")
+    assert f[...][1, 1] == 0  # U's exact zero pivot, as LAPACK's getrf leaves it
+    for call in (lambda: bl.lu_solve(f, np.ones(2, dtype), scheduler="sync"),
+                 lambda: bl.lu_solve((f[...], f.report["pivots"]), np.ones(2, dtype), scheduler="sync")):
+        with pytest.raises(SingularMatrixError, match=r"^lu: .*lu_solve.*zero on the diagonal at row 1.*lstsq"):
+            call()
+    c = np.array([[1, 0], [1j if np.dtype(dtype).kind == "c" else 1, 0]], dtype=dtype)
+    with pytest.raises(SingularMatrixError, match=r"^c: .*cho_solve.*zero on the diagonal at row 1"):
+        bl.cho_solve((c, True), np.ones(2, dtype), scheduler="sync")

@@ -17,7 +17,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings
-from blocklin.errors import ParameterError, explain
+from blocklin.errors import ParameterError, SingularMatrixError, explain
 from blocklin.linalg.factor.lu_panels import swaps_to_permutation
 from blocklin.linalg.solve.report import solve_report
 from blocklin.linalg.solve.triangular import TriangularSetup, scaled_substitution, substitute_in_range
@@ -117,6 +117,18 @@ def lu_solve(lu: Any, b: Any, out: Any = None, *, piv: Any = None, overwrite: bo
                            "blocklin.lstsq(a, b) or blocklin.solve(a, b)"))
 
 
+def _singular_factor(err: SingularMatrixError, name: str, operation: str) -> SingularMatrixError:
+    """The triangular solve's refusal of a singular factor, said of the factor the caller passed (``lu``
+    or ``c``, not the triangular solve's ``t``) with fixes that apply to it (``lu_solve`` has no ``lam``)."""
+    text = str(err)
+    got = text.split("; got ", 1)[1].split(". Fix:", 1)[0] if "; got " in text else text
+    factor = "U" if name == "lu" else "the Cholesky factor"
+    return SingularMatrixError(explain(
+        name, f"must be the factor of a nonsingular matrix for {operation} (no zero on {factor}'s diagonal)", got,
+        "the matrix factored is singular (SciPy's lu_solve/cho_solve would return inf or NaN): solve a "
+        "regularized system, blocklin.solve(a, b, lam=...), or the least-squares problem, blocklin.lstsq(a, b)"))
+
+
 def _recorded_pivots(lu: Any) -> np.ndarray:
     """The pivots :func:`blocklin.lu` recorded with its output (its report, or the store's attributes)."""
     report = getattr(lu, "report", None) or {}
@@ -154,15 +166,18 @@ def _solve_with(f: Any, b: Any, out: Any, operation: str, steps: tuple, *, overw
             rhs = pb
         y = Region.of(job.scratch("y", (n, k), dt, (plan.tile, plan.tile)), (n, k))
         (d1, lower1, trans1), (d2, lower2, trans2) = steps
-        if pivots is not None:  # L's unit diagonal is not scaled; partial pivoting keeps |l_ij| <= 1
-            ops.trsm(freg, rhs, y, lower=lower1, trans=trans1, unit=True, dtype=dt, check=job.check_finite,
-                     description=d1)
-            q1 = 0
-        else:
-            q1 = substitute_in_range(ops, st.T, freg, rhs, y, lower=lower1, trans=trans1, dtype=dt,
-                                     check=job.check_finite, description=d1)
-        q2 = substitute_in_range(ops, st.T, freg, y, Region.of(ao.array_path(), (n, k)), lower=lower2,
-                                 trans=trans2, dtype=dt, check=False, description=d2)
+        try:
+            if pivots is not None:  # L's unit diagonal is not scaled; partial pivoting keeps |l_ij| <= 1
+                ops.trsm(freg, rhs, y, lower=lower1, trans=trans1, unit=True, dtype=dt, check=job.check_finite,
+                         description=d1)
+                q1 = 0
+            else:
+                q1 = substitute_in_range(ops, st.T, freg, rhs, y, lower=lower1, trans=trans1, dtype=dt,
+                                         check=job.check_finite, description=d1)
+            q2 = substitute_in_range(ops, st.T, freg, y, Region.of(ao.array_path(), (n, k)), lower=lower2,
+                                     trans=trans2, dtype=dt, check=False, description=d2)
+        except SingularMatrixError as err:
+            raise _singular_factor(err, "lu" if pivots is not None else "c", operation) from err
         report, recorded = solve_report(job, route="factored", plan=plan.to_dict(), flops=2 * n * n * k,
                                         method="two tiled triangular solves" + (" after the row swaps" if pivots
                                                                                    is not None else ""),
