@@ -399,9 +399,10 @@ def plan_pass(mem: PassMemory, m: int, row_bytes: int, *, chunk_rows: int, memor
         need = workers * (mem.fixed + (2 * row_bytes + mem.per_row) * min(m, mem.min_rows))
         if budget < need:
             raise BudgetError(explain(
-                "memory", f"must hold {format_size(reserve)} of in-core work and {min(m, mem.min_rows)} rows of "
-                "each task's strip", format_size(memory), f"raise it to at least {format_size(reserve + need)} "
-                f"(memory='{math.ceil((reserve + need) / 2**20)}MiB'), or reduce the number of columns"),
+                "memory", f"must hold {format_size(reserve + need)}: {format_size(reserve)} of in-core work and "
+                f"{min(m, mem.min_rows)} rows of each task's strip ({format_size(need)})", format_size(memory),
+                f"raise it to at least {format_size(reserve + need)} (memory='{size_hint(reserve + need)}'), or "
+                "reduce the number of columns"),
                 minimum=reserve + need)
     if mem.max_strip_bytes is not None:
         cap = max(chunk_rows, mem.max_strip_bytes // max(1, row_bytes), mem.strip_floor)

@@ -23,7 +23,7 @@ import blocklin as bl
 from blocklin.errors import BudgetError, ParameterError, SingularMatrixError
 from support.budgets import sweep
 from support.complex_ridge import CDTYPES, COMPLEX, check as _check, crandn as _crandn, problem as _problem
-from support.tolerances import assert_singular_values, eps
+from support.tolerances import assert_singular_values, assert_solve, eps
 
 SCHEDULERS = ["sync", "threads", "processes"]
 
@@ -327,3 +327,26 @@ def test_singular_regularized_gram_refusal_names_lam_as_given(dtype):
     gram = "A\\^H A" if np.dtype(dtype).kind == "c" else "A\\^T A"
     with pytest.raises(SingularMatrixError, match=rf"a: {gram} \+ lam\^2 I must be positive definite.* at lam = 0\.1\."):
         bl.solve(a, b, lam=0.1, fit_intercept=True, scheduler="sync")
+
+
+def test_lstsq_budget_refusal_states_the_total_it_needs():
+    """A budget below the streaming QR's least is refused stating the total it needs, and the memory= it
+    suggests runs: the refusal had said "must hold 65.66 KiB ...; got 256.00 KiB" (the in-core part alone,
+    below the budget it refused) and suggested memory='1MiB' for a least of 349 KiB."""
+    import re
+
+    from blocklin.config import parse_size
+
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((300, 40)) + 1j * rng.standard_normal((300, 40))
+    b = rng.standard_normal(300) + 1j * rng.standard_normal(300)
+    with pytest.raises(BudgetError) as err:
+        bl.lstsq(a, b, memory="256KiB", scheduler="sync")
+    text = str(err.value)
+    need = parse_size(re.search(r"must hold ([\d.]+ [KMG]iB)", text).group(1))
+    assert need > parse_size("256KiB"), text
+    hint = re.search(r"memory='([^']+)'", text).group(1)
+    assert need <= parse_size(hint) <= 1.25 * need, text
+    x = bl.lstsq(a, b, memory=hint, scheduler="sync")[0]
+    # least squares by a backward-stable QR: the forward bound of the normal matrix A^H A (cond squared)
+    assert_solve(np.ravel(x), np.linalg.lstsq(a, b, rcond=None)[0], a.conj().T @ a, const=8 * COMPLEX)
