@@ -350,3 +350,14 @@ def test_lstsq_budget_refusal_states_the_total_it_needs():
     x = bl.lstsq(a, b, memory=hint, scheduler="sync")[0]
     # least squares by a backward-stable QR: the forward bound of the normal matrix A^H A (cond squared)
     assert_solve(np.ravel(x), np.linalg.lstsq(a, b, rcond=None)[0], a.conj().T @ a, const=8 * COMPLEX)
+
+
+@pytest.mark.parametrize("lam", [np.complex128(2j), np.array([1.0, 2j]), np.array(2j), np.array([1 + 0j]), [1.0, 1j],
+                                 ("loo", np.array([1.0, 2j])), ("loo", [1.0, 2j])])
+def test_complex_lam_is_refused(lam):
+    """``lam`` is real: a NumPy complex ``lam`` had been cast to float, its imaginary part dropped with
+    only NumPy's ``ComplexWarning`` (``lam=np.complex128(2j)`` solved as ``lam=0``, ``[1, 2j]`` as
+    ``[1, 0]``), a list holding a Python complex crashed in ``float()``; each is refused naming ``lam``."""
+    a, b = _crandn(np.random.default_rng(6), (40, 12)), _crandn(np.random.default_rng(7), (40,))
+    with pytest.raises(ParameterError, match=r"^lam: .*must be real"):
+        bl.solve(a, b, lam=lam, scheduler="sync")

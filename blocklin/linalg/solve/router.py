@@ -414,7 +414,10 @@ def parse_lam(lam: Any, zero_grid: bool = False) -> tuple[str, list[float]]:
         raise ParameterError(_msg("lam", "must be a number >= 0, a sequence of them, 'gcv', 'lcurve', 'loo' or "
                                  "('loo', grid)", repr(lam), "pass lam=1e-3, lam=[1e-4, 1e-3, 1e-2] or lam='gcv'"))
     if isinstance(lam, tuple) and lam and isinstance(lam[0], str):
+        if len(lam) == 2:
+            _refuse_complex(lam[1], "grid of ('loo', grid)")
         return "loo", _loo_grid(lam, zero_grid)
+    _refuse_complex(lam, "")
     if isinstance(lam, (Sequence, np.ndarray)) and not isinstance(lam, str):
         if _has_strings(lam):
             raise ParameterError(_msg("lam", "sequence must hold numbers (a string is not read as one)", repr(lam),
@@ -435,6 +438,23 @@ def parse_lam(lam: Any, zero_grid: bool = False) -> tuple[str, list[float]]:
             raise ParameterError(_msg("lam", "must be finite and >= 0 (it multiplies ||x|| in "
                                      "min ||A x - b||^2 + lam^2 ||x||^2)", repr(v), "pass lam=0.0 or a positive value"))
     return kind, vals
+
+
+def _refuse_complex(values: Any, what: str) -> None:
+    """Refuse complex values of ``lam`` (or of its grid), a zero imaginary part included: NumPy's cast to
+    float drops the imaginary part with only a ``ComplexWarning``, and ``lam=np.complex128(2j)`` had been
+    solved as ``lam=0``."""
+    if _has_strings(values):
+        return  # refused by the caller, naming the string
+    try:
+        kind = np.asarray(values).dtype.kind
+    except (TypeError, ValueError):
+        return
+    if kind == "c" or (kind == "O" and any(isinstance(v, (complex, np.complexfloating))
+                                           for v in np.asarray(values, dtype=object).ravel())):
+        raise ParameterError(_msg("lam", f"{what + ' ' if what else ''}must be real (lam^2 weighs ||x||^2, also of "
+                                  "complex data; a complex value is not read as its real part)", repr(values),
+                                  "pass real values, e.g. lam=float(np.real(lam)) where the imaginary part is 0"))
 
 
 def _has_strings(values: Any) -> bool:
