@@ -246,3 +246,25 @@ def test_complex_linear_operator_products(dtype):
             assert op.passes == 3
         finally:
             op.close()
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.float64])
+@pytest.mark.parametrize("shape", [(4, 10), (23, 61)])
+def test_wide_rows_2_600_apart_full_svd(dtype, shape):
+    """A wide ``A`` whose rows alternate ``2^600`` and ``2^-600``: the route without squares (TSQR of
+    ``B = A^H``) scales ``B`` into range, where the small columns' entries (``2^-1200``) underflow, and its
+    ``R`` has exact zeros on its diagonal. ``svd``, ``norm(a, 2)`` and ``cond`` had crashed there in SciPy's
+    triangular solve (``LinAlgError: singular matrix``); the values of ``R``'s null space are zeros of ``A``
+    at its rounding (the true ones, near ``2^-600``, are ``2^-1200`` times ``s_1``), the rest exact."""
+    m, n = shape
+    rng = np.random.default_rng(11)
+    base = rng.standard_normal((m, n)) + (1j * rng.standard_normal((m, n)) if np.dtype(dtype).kind == "c" else 0)
+    a = (np.where(np.arange(m) % 2 == 0, 2.0 ** 600, 2.0 ** -600)[:, None] * base).astype(dtype)
+    U, s, Vt = bl.svd(a, method="full", scheduler="sync")
+    U, Vt = U[...] if isinstance(U, bl.Matrix) else U, Vt[...] if isinstance(Vt, bl.Matrix) else Vt
+    f = 2.0 ** -600  # exact: compare in range (the reference's squares would overflow)
+    assert_singular_values(s * f, np.linalg.svd(a * f, compute_uv=False), n=n, dtype=dtype, const=4 * COMPLEX)
+    assert_factorization(a * f, (U * (s * f)) @ Vt, dtype=dtype, const=2 * COMPLEX)
+    assert_orthonormal(U, dtype=dtype, const=2 * COMPLEX)
+    assert_orthonormal(Vt.conj().T, dtype=dtype, const=2 * COMPLEX)
+    assert bl.norm(a, 2, scheduler="sync") == s[0] and bl.cond(a, scheduler="sync") == np.inf

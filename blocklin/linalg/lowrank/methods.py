@@ -437,11 +437,18 @@ def tsqr_svd(src: Source, k: int, dest: str | None, transposed_out: bool, which:
         # xGESVD (QR iteration on the bidiagonal) keeps the small singular values of a graded R to their
         # own rounding; xGESDD's divide and conquer with vectors returned them at eps ||R|| (measured)
         Ur, S, Vrt = scipy.linalg.svd(R, lapack_driver="gesvd", check_finite=False)
+    # R with an exact zero on its diagonal has no inverse: B is rank-deficient in the precision it was read in
+    # (a column 2^-1200 times the largest, whose entries underflowed when B was scaled into range); the values
+    # gesvd gives R's null space are rounding, zeros of B (numerically_zero), and on the range R^-1 U_R = V S^-1
+    singular = not np.all(np.diagonal(R))
+    s1 = float(S[0]) if S.size else 0.0
     idx = picked(S.size, k, which)
     S, Ur, Vrt = S[idx], Ur[:, idx], Vrt[idx]
-    nz = S > 0
+    nz = (S > 0) & ~numerically_zero(S, s1, src.dtype, src.M) if singular else S > 0
     W = np.zeros((src.N, k), dtype=work_dtype(src.dtype))
-    if nz.any():  # Q^H u = U_R: u = B R^-1 U_R
+    if nz.any() and singular:
+        W[:, nz] = ct(Vrt[nz]) / S[nz]
+    elif nz.any():  # Q^H u = U_R: u = B R^-1 U_R
         W[:, nz] = scipy.linalg.solve_triangular(R, Ur[:, nz], check_finite=False)
     sig, V = np.where(nz, S, 0.0), ct(Vrt).copy()
     del R, Ur, Vrt  # the N x N factors are not held through the last pass (planned without them)
