@@ -154,3 +154,24 @@ def test_complex_qr_on_gpu(dtype):
     _check_qr(a, q[...], r[...], dtype)
     r2 = bl.qr(a, memory="4MiB", device="gpu", device_memory="64MiB")  # TSQR: the complex strips on the CPU
     _check_r(a, r2[...], dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.float64])
+def test_graded_r_is_not_called_rank_deficient(dtype):
+    """Columns ``2^600`` and ``2^-600`` apart give an ``R`` whose diagonal spans ``1e-181 .. 1e181``: its
+    smallest-to-largest ratio underflows to 0, and the warning "R has a zero on its diagonal: A is
+    rank-deficient" had been given for an ``R`` with no zero; it is given for an exact zero only."""
+    import warnings
+
+    rng = np.random.default_rng(12)
+    b = rng.standard_normal((10, 4)) + (1j * rng.standard_normal((10, 4)) if np.dtype(dtype).kind == "c" else 0)
+    a = (b * np.array([2.0 ** 600, 2.0 ** -600, 2.0 ** 600, 2.0 ** -600])).astype(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bl.errors.BlocklinWarning)
+        r = bl.qr(a, method="tsqr", scheduler="sync")[...]
+    assert np.all(np.abs(np.diag(r)) > 0)
+    ref = np.abs(np.diag(np.linalg.qr(a, mode="r")))  # Householder keeps each column's rounding to itself
+    assert np.all(np.abs(np.abs(np.diag(r)) - ref) <= 4 * 10 * COMPLEX * np.finfo(np.float64).eps * ref)
+    a[:, 1] = 0  # a zero column: a zero on R's diagonal, still warned
+    with pytest.warns(bl.errors.BlocklinWarning, match="zero on its diagonal"):
+        bl.qr(a, method="tsqr", scheduler="sync")

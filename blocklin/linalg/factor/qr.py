@@ -356,7 +356,7 @@ def _report(job: Job, diag: np.ndarray, *, method: str, reason: str, flops: int,
         refuse_nonfinite(float(bad[0]), "qr")
     top = float(diag.max()) if diag.size else 0.0
     ratio = float(diag.min()) / top if top > 0 else 0.0
-    if diag.size and ratio == 0.0:
+    if diag.size and float(diag.min()) == 0.0:  # not ratio == 0: a ratio below 1e-308 underflows with no zero
         warn("qr: R has a zero on its diagonal: A is rank-deficient (Q and R are still a valid factorization)")
     return job.report(flops=flops, method=method, method_reason=reason, diag_ratio=ratio, plan=plan, norm_a=norm_a)
 
