@@ -150,6 +150,10 @@ def same_dtype(*operands: Any, complex_promotion: bool = False) -> np.dtype:
 
 def finite(name: str, value: Any, *, fix: str) -> float:
     """A finite real number (NaN and +-Inf refused: they would turn every element of a result into NaN)."""
+    if isinstance(value, (complex, np.complexfloating)):  # it had been called "not a finite number"
+        raise ParameterError(explain(name, "must be a real number (a complex one is not taken, a zero imaginary "
+                                     "part included)", repr(value), f"{fix}, and multiply an operand by a complex "
+                                     f"factor first (e.g. bl.matmul(a, 1j * b))"))
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or not np.isfinite(value):
         raise ParameterError(explain(name, "must be a finite number", repr(value), fix))

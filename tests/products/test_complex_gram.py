@@ -18,7 +18,7 @@ import pytest
 
 import blocklin as bl
 from blocklin.errors import DTypeError
-from support.tolerances import assert_gram
+from support.tolerances import assert_gram, assert_product
 
 CDTYPES = [np.complex64, np.complex128]
 #: The complex-arithmetic factor on the real rounding-error bounds (see the module docstring).
@@ -110,3 +110,19 @@ def test_complex_gram_on_gpu(tmp_path, c128, trans, memory):
     got = g.to_numpy()
     assert_gram(got, _reference(x, trans), x, trans=trans, const=2 * COMPLEX)
     _hermitian(got)
+
+
+@pytest.mark.parametrize("alpha,beta", [(1j, 0.0), (np.complex64(2 + 0j), 0.0), (1.0, 1j)])
+def test_complex_alpha_beta_refused_as_complex(alpha, beta):
+    """A complex ``alpha`` or ``beta`` is refused saying it must be real, with the way to get the product; the
+    refusal had said "must be a finite number; got 1j" (1j is one)."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((6, 4)) + 1j * rng.standard_normal((6, 4))
+    c = np.zeros((6, 6), dtype=complex)
+    name = "alpha" if isinstance(alpha, (complex, np.complexfloating)) else "beta"
+    with pytest.raises(bl.errors.ParameterError, match=rf"^{name}: must be a real number.*1j \* b"):
+        bl.matmul(a, a.conj().T, c=c, alpha=alpha, beta=beta, scheduler="sync")
+    # the product it names: the complex factor folded into an operand
+    b = 1j * a.conj().T
+    got = bl.matmul(a, b, scheduler="sync").to_numpy()
+    assert_product(got, a @ b, a, b, const=2 * 3 * np.sqrt(2))  # complex products: 3 sqrt(2) (Higham Lemma 3.5)
