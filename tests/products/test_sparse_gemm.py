@@ -245,3 +245,24 @@ def test_a_sparse_gram_beyond_the_range_is_refused_with_the_scaling_that_fits(st
     z.data = np.ldexp(z.data, j)
     g = bl.gram(bl.from_sparse(z.astype(dtype), tmp_path / "z.zarr"), memory="2MiB").to_numpy()
     assert np.isfinite(g).all() and np.abs(g).max() > 0
+
+
+@pytest.mark.parametrize("product", ["S B", "S^T B", "X S"])
+def test_a_sparse_product_beyond_the_range_is_refused(stored, tmp_path, product):
+    """Finite entries near 1e200 whose sums overflow had given an output of Inf and NaN without an error,
+    where the dense product refuses: each tile is checked before it is written, the refusal names the
+    entry, no output is left, and ``check_finite=False`` keeps the product as computed (SciPy's)."""
+    x, _ = stored
+    y = x * 1e200
+    s = bl.from_sparse(y, tmp_path / "y.zarr")
+    b = np.full((90 if product == "S B" else 700, 3), 1e200)
+    args = {"S B": (s, b), "S^T B": (s, b), "X S": (b.T, s)}[product]
+    kw = {"trans_a": True} if product == "S^T B" else {}
+    with pytest.raises(ParameterError, match=r"^a: must give a product within float64's range.*sums are not; got "
+                                             r"(inf|-inf|nan) at row \d+, column \d+ of the output"):
+        bl.matmul(*args, tmp_path / "c.zarr", memory="1MiB", **kw)
+    assert not (tmp_path / "c.zarr").exists() and not list(tmp_path.glob(".c.zarr*"))
+    ref = {"S B": lambda: y @ b, "S^T B": lambda: y.T @ b, "X S": lambda: (y.T @ b).T}[product]()
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = bl.matmul(*args, memory="1MiB", check_finite=False, **kw).to_numpy()
+    assert not np.isfinite(ref).all() and np.array_equal(np.isfinite(got), np.isfinite(ref))

@@ -343,14 +343,31 @@ def sparse_tile(spec: SparseSpec, i: int, j: int) -> dict:
                 part = piece if (o0, o1) == (0, plan.n) else piece[:, o0:o1]
                 acc += part.T @ bs
     out = open_array(spec.out, mode="r+")
+    tile = acc.astype(out.dtype)
+    if spec.check_finite and not np.isfinite(tile).all():
+        raise _overflow_refusal(tile, dt, (o0, o1), (c0, c1), spec.out_transposed)
     if spec.out_transposed:  # the product of a dense left operand, (S^T X^T)^T: the tile written across
-        write_block(out, slice(c0, c1), slice(o0, o1), acc.T.astype(out.dtype))
+        write_block(out, slice(c0, c1), slice(o0, o1), tile.T)
     else:
-        write_block(out, slice(o0, o1), slice(c0, c1), acc.astype(out.dtype))
+        write_block(out, slice(o0, o1), slice(c0, c1), tile)
     if spec.done_dir is not None:
         mark_done(spec.done_dir, unit)
     return {"flops": 0, "bytes_read": pieces.bytes + b_bytes, "bytes_physical": pieces.bytes,
             "bytes_written": acc.size * out.dtype.itemsize}
+
+
+def _overflow_refusal(tile: np.ndarray, dt: np.dtype, rows: tuple[int, int], cols: tuple[int, int],
+                      across: bool) -> ParameterError:
+    """The refusal of a tile of finite operands (both checked as read) whose sums left ``dt``'s range:
+    entries near 1e200 had given Inf in the output, silently, where the dense product refuses. ``across``:
+    the tile is written transposed (a dense left operand), its first bad entry named where it lands."""
+    i, j = (int(v) for v in np.argwhere(~np.isfinite(tile))[0])
+    at = (cols[0] + j, rows[0] + i) if across else (rows[0] + i, cols[0] + j)
+    return ParameterError(explain(
+        "a", f"must give a product within {dt.name}'s range (largest {float(np.finfo(dt).max):.3g}): its operands "
+        "are finite (checked as read), its sums are not", f"{tile[i, j]} at row {at[0]}, column {at[1]} of the "
+        "output", "scale the sparse matrix or the dense operand by a power of two (exact) and the result back, "
+        "or pass check_finite=False to keep the Inf"))
 
 
 def _b_block(spec: SparseSpec, barr: Any, r0: int, r1: int, c0: int, c1: int, dt: np.dtype) -> np.ndarray:
@@ -491,7 +508,8 @@ def sparse_matmul(s: SparseOperand, b: Any, out: Any = None, *, trans_a: bool = 
         params = {"trans_a": bool(trans_a), "dtype": dt.name, "route": "sparse"}
         if dense_left:
             params.update(dense_left=True, trans_dense=bool(trans_dense))
-        token = resume_token("matmul-sparse", [s, B], params, plan.to_dict())
+        # check_finite too: tiles an unchecked run marked done were never checked for sums out of range
+        token = resume_token("matmul-sparse", [s, B], params, plan.to_dict(), job.check_finite)
         out_shape, out_chunks = plan.out_shape, plan.out_chunks
         if dense_left:
             out_shape, out_chunks = out_shape[::-1], out_chunks[::-1]
