@@ -255,6 +255,43 @@ def test_resume_skips_finished_tiles(tmp_path, rng):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".c.zarr.partial-")]
 
 
+def test_a_resumed_product_beyond_the_range_is_refused(tmp_path, rng):
+    """A resumed run takes the peaks of the tiles it skips from their markers; where a marker kept none (an
+    empty one, as a run that kept no peaks leaves) the tally was incomplete and the range check was
+    skipped: a product of overflowing sums came back as Inf, silently. It reads the output then, and
+    refuses as the fresh run does; with every marker's peaks it needs no read."""
+    from blocklin.errors import ParameterError
+    from blocklin.runtime import tiles
+
+    a = rng.standard_normal((120, 90)) * 1e200
+    b = rng.standard_normal((90, 100)) * 1e200
+    a_path = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32)).path
+    b_path = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 32)).path
+    calls = {"n": 0}
+    real = tiles.run_tile
+
+    def flaky(spec, i, j, rows, cols, run):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("simulated kill")
+        return real(spec, i, j, rows, cols, run)
+
+    tiles.run_tile = flaky
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            bl.matmul(a_path, b_path, tmp_path / "c.zarr", memory="96KiB", scheduler="sync", resume=True)
+    finally:
+        tiles.run_tile = real
+    markers = [p for p in tmp_path.glob(".c.zarr.partial-*/**/tile-*-*") if p.is_file()]
+    assert len(markers) == 2
+    for m in markers:
+        m.write_bytes(b"")
+    with pytest.raises(ParameterError, match=r"must give a product within float64's range .*got an output holding "
+                                             r"Inf or NaN"):
+        bl.matmul(a_path, b_path, tmp_path / "c.zarr", memory="96KiB", scheduler="sync", resume=True)
+    assert not (tmp_path / "c.zarr").exists()
+
+
 def test_progress_callback(rng):
     from blocklin.runtime import ProgressRecorder
 

@@ -196,6 +196,24 @@ def test_product_at_b_update(tmp_path, dtype):
     _check_gram(v.to_numpy(), A, dtype)
 
 
+def test_a_product_update_beyond_the_range_is_refused(tmp_path):
+    """Appended rows whose products push ``A^T B`` past float64's range had updated the result to Inf,
+    silently, where ``matmul`` of the grown inputs refuses: the update refuses as the product does, and
+    the stored result is left as it was."""
+    rng = np.random.default_rng(12)
+    a, b = rng.standard_normal((120, 9)) * 1e150, rng.standard_normal((120, 7)) * 1e150
+    pa, pb = bl.from_array(a, tmp_path / "A.zarr", chunks=(32, 9)), bl.from_array(b, tmp_path / "B.zarr", chunks=(32, 7))
+    c = bl.matmul(pa.path, pb.path, tmp_path / "C.zarr", trans_a=True).to_numpy()
+    bl.append(pa.path, rng.standard_normal((10, 9)) * 1e150)
+    bl.append(pb.path, rng.standard_normal((10, 7)) * 1e158)
+    with pytest.raises(ParameterError, match=r"^a: must give a product within float64's range"):
+        bl.matmul(pa.path, pb.path, trans_a=True, memory="96KiB")  # the product of the grown inputs
+    with pytest.raises(ParameterError, match=r"^a: must give a product within float64's range.*Fix: the stored "
+                                             r"result is unchanged"):
+        bl.update(tmp_path / "C.zarr", memory="96KiB")
+    assert np.array_equal(bl.open(tmp_path / "C.zarr").to_numpy(), c)
+
+
 def test_products_that_grow_or_add_c_are_refused(tmp_path):
     a, path = _stored(tmp_path)
     ab = bl.matmul(path, np.ones((40, 2)), tmp_path / "AB.zarr")

@@ -354,7 +354,7 @@ def _check_narrow_range(op: Gemm) -> None:
             f"max |a| max |b| = {top:.3g}, k = {k}", fix))
 
 
-def _overflow_refusal(op: Gemm) -> ParameterError:
+def _overflow_refusal(op: Gemm, fix: str | None = None) -> ParameterError:
     """The refusal of a product of finite operands (checked while streaming) whose output holds Inf or NaN:
     its sums left the output dtype's range (entries near ``1e200`` had given a matrix of Inf, silently, where
     ``gram`` of the same data refuses). Names the power of two that brings ``max |a| max |b| k`` in range;
@@ -365,7 +365,7 @@ def _overflow_refusal(op: Gemm) -> ParameterError:
     # max |a| max |b| |alpha| k < 2^e, by exponents (the product itself may overflow float64)
     e = sum(int(np.frexp(f)[1]) for f in factors) if all(0 < f < np.inf for f in factors) else None
     p = e - (fi.maxexp - 2) if e is not None else 0
-    fix = (f"scale a by 2.0**-{p} (exact: the product is then 2^-{p} times alpha op(A) op(B)), or b, alpha or c "
+    fix = fix or (f"scale a by 2.0**-{p} (exact: the product is then 2^-{p} times alpha op(A) op(B)), or b, alpha or c "
            "by powers of two that keep every sum in range" if p > 0 else
            "scale c (beta C) by a power of two into range" if op.C is not None else
            "scale a or b by a power of two (exact)")
@@ -373,6 +373,23 @@ def _overflow_refusal(op: Gemm) -> ParameterError:
                                f"{float(fi.max):.3g}): its operands are finite (checked while streaming), its sums "
                                "are not", "an output holding Inf or NaN (max |a| max |b| |alpha| k "
                                f"{'below 2^' + str(e) if e is not None else 'unknown'}, k = {k})", fix))
+
+
+def check_output_range(job: Job, op: Gemm, out_path: Any, peaks: PeakTally | None, fix: str | None = None) -> None:
+    """Refuse (:func:`_overflow_refusal`) an output of finite operands that holds Inf or NaN, where the job
+    checks for them: from the tiles' peaks where every tile gave them, else by reading the output once
+    (a resumed run skipped tiles whose markers kept no peaks: their sums had gone unchecked, and a
+    product of overflowing sums was returned). ``fix``: the refusal's fix, where not the scaling of ``a``."""
+    if not job.check_finite:
+        return
+    if peaks is not None and peaks.complete:
+        if not np.isfinite(peaks.columns).all():
+            raise _overflow_refusal(op, fix)
+        return
+    from blocklin.storage.zarr_store import row_bands
+
+    if any(not np.isfinite(block).all() for _, block in row_bands(out_path)):
+        raise _overflow_refusal(op, fix)
 
 
 def _write(job: Job, op: Gemm, plan: GemmPlan | ThinPlan, out: Any, run: Callable[[Any], None], *, overwrite: bool,
@@ -388,8 +405,7 @@ def _write(job: Job, op: Gemm, plan: GemmPlan | ThinPlan, out: Any, run: Callabl
                    size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     run(ao)
-    if peaks is not None and peaks.complete and job.check_finite and not np.isfinite(peaks.columns).all():
-        raise _overflow_refusal(op)
+    check_output_range(job, op, ao.array_path(), peaks)
     rep = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), precision=op.precision,
                      compute_dtype=op.compute.name, **report)
     result = job.finish(ao, out, rep, operation="matmul", plan=plan.to_dict(), params=op.params(), keys=REPORT_KEYS)

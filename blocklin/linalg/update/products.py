@@ -14,13 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 from blocklin.errors import ParameterError, explain
-from blocklin.linalg.products.gemm import REPORT_KEYS, Gemm
+from blocklin.linalg.products.gemm import REPORT_KEYS, Gemm, check_output_range
 from blocklin.linalg.update.gram import copied_before_claim, update_gram
 from blocklin.operands import row_range
 from blocklin.runtime.job import Job
 from blocklin.storage.atomic import open_or_create_array
 from blocklin.storage.identity import resume_token
 from blocklin.storage.location import Location
+from blocklin.storage.recorded_peaks import PeakTally, recordable, record as record_peaks
 from blocklin.storage.versions import Growth
 from blocklin.storage.zarr_store import open_zarr
 
@@ -56,14 +57,23 @@ def update_matmul(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
     token = resume_token("matmul-update", op.operands, ga.stamp, gb.stamp, out.url, plan.to_dict())
     ao = job.claim(out, [A, B], overwrite=True, resume=resume, token=token, size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
-    op.run(job, plan, ao.array_path(), done_dir=ao.done)
+    # the tiles' peaks: the sums of the new rows' products and the stored result may leave the range
+    # (an update had returned Inf where the same product computed afresh is refused)
+    tally = PeakTally(op.shape) if recordable(op.dtype) and min(op.shape) > 0 else None
+    op.run(job, plan, ao.array_path(), done_dir=ao.done, peaks=tally)
+    check_output_range(job, op, ao.array_path(), tally, fix=(
+        f"the stored result is unchanged; scale a or b by a power of two (exact) and recompute: rerun blocklin gemm "
+        "(bl.matmul) on the scaled inputs with --overwrite"))
     report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path))
     report["updated"] = {"input": ga.url, "rows_before": ga.old_rows, "rows": ga.rows,
                          "rows_read": ga.rows - ga.old_rows, "how": "exact: the new rows' product added to the "
                          "stored result (GEMM with beta C)"}
     history = list(prov.get("updates") or []) + [report["updated"]]
-    return job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=params,
-                      keys=REPORT_KEYS + ("updated",), extra={"updates": history})
+    result = job.finish(ao, out, report, operation="matmul", plan=plan.to_dict(), params=params,
+                        keys=REPORT_KEYS + ("updated",), extra={"updates": history})
+    if tally is not None:  # after the commit: the record's stamp is the committed output's
+        record_peaks(ao.path, tally)
+    return result
 
 
 __all__ = ["update_matmul"]
