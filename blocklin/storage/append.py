@@ -69,12 +69,53 @@ def _target(a: Any, storage_options: dict | None) -> tuple[Location, dict]:
         raise UncommittedOutputError(explain("a", "must be a committed output", f"{loc.url!r}, an output an "
                                              "interrupted run left unfinished", "finish that run (--resume) first"))
     if not isinstance((meta.get("attributes") or {}).get("blocklin"), dict):
+        _check_member(loc)
         raise ParameterError(explain("a", "must be a matrix blocklin wrote (blocklin never modifies data it did not "
                                      "write)", f"{loc.url!r}, which has no blocklin provenance",
                                      "copy it first: blocklin convert A.zarr A2.zarr, then append to A2.zarr"))
     if len(meta["shape"]) != 2:
         raise ShapeError(explain("a", "must be 2-D", f"shape {tuple(meta['shape'])}", "append to a matrix"))
+    _check_data(loc, meta)
     return loc, meta
+
+
+#: The operations whose outputs are data (rows of samples), which rows may be appended to; every other
+#: output is a result computed from its inputs (its record says of which version of each).
+DATA_OPERATIONS = ("from_array", "convert", "random")
+
+
+def _check_data(loc: Location, meta: dict) -> None:
+    """Refuse a result of an operation: rows appended to a Gram (``n x n``), a factor, an inverse, a
+    solution or a product made a matrix that is no longer what its record says (a non-square "Gram"
+    that ``update`` then called current), where the rows belong to its inputs."""
+    op = meta["attributes"]["blocklin"].get("operation")
+    if op in DATA_OPERATIONS:
+        return
+    m, n = (int(s) for s in meta["shape"])
+    _refuse_result(loc, op, f"{loc.url!r}, a result of {op} ({m} x {n})")
+
+
+def _check_member(loc: Location) -> None:
+    """Refuse a member of a result group (an SVD's ``U``, a QR's ``Q``), whose provenance its group holds."""
+    import json
+
+    raw = backend(loc.parent).try_read("zarr.json")
+    try:
+        prov = (json.loads(raw).get("attributes") or {}).get("blocklin") if raw is not None else None
+    except ValueError:
+        return
+    if isinstance(prov, dict) and prov.get("operation") not in DATA_OPERATIONS:
+        op = prov.get("operation")
+        _refuse_result(loc, op, f"{loc.url!r}, the member {loc.name!r} of a result of {op}")
+
+
+def _refuse_result(loc: Location, op: Any, what: str) -> None:
+    raise ParameterError(explain(
+        "a", "must be data (a matrix from " + ", ".join(DATA_OPERATIONS) + "), not a result computed from other "
+        f"matrices: appended rows would make it no longer the {op} of its inputs that its record says it is", what,
+        "append the rows to its inputs, then bring the result up to date (blocklin update, where its operation "
+        "can be updated) or recompute it with --overwrite; to keep it as data of its own, copy it first "
+        f"(blocklin convert {loc.url} DATA.zarr) and append to the copy"))
 
 
 class _ArrayRows:

@@ -294,3 +294,37 @@ def test_integers_a_float_matrix_cannot_hold_are_refused(tmp_path, dtype, value,
     exact = np.array([[big, big if rows_dtype == np.uint64 else -big, 1]], dtype=rows_dtype)
     got = bl.append(m, exact)
     np.testing.assert_array_equal(got.to_numpy()[-1], exact[0].astype(dtype))
+
+
+def test_append_refuses_results_computed_from_other_matrices(tmp_path, base, capsys):
+    """Rows appended to a Gram had made a non-square "Gram" (6 x 5) that ``update`` then called current; a
+    result (a Gram, a product, a solution, a factor, an inverse, an SVD's factors) is refused by its
+    record, naming the result and the fixes (append to its inputs and update, or copy it first), and is
+    left unchanged; data (from_array, convert, random, a copy of a result) takes rows."""
+    a, path = base
+    rng = np.random.default_rng(3)
+    b = bl.from_array(rng.standard_normal((1000, 2)), tmp_path / "B.zarr").path
+    results = {
+        "gram": bl.gram(path, tmp_path / "G.zarr").path,
+        "matmul": bl.matmul(path, b, tmp_path / "AB.zarr", trans_a=True).path,
+        "solve": bl.solve(path, b, out=tmp_path / "x.zarr").path,
+        "qr": bl.qr(path, out=tmp_path / "R.zarr", mode="r").path,
+        "inv": bl.inv(np.eye(4) * 2.0, out=tmp_path / "I.zarr").path,
+    }
+    bl.svd(path, k=2, out=tmp_path / "S.zarr")
+    results["svd"] = tmp_path / "S.zarr" / "Vt"
+    for op, p in results.items():
+        before = bl.open(p).to_numpy()
+        with pytest.raises(ParameterError, match=rf"^a: must be data .*no longer the {op} of its inputs.*; got "
+                                                 rf"'[^']*', (a result of {op} \(\d+ x \d+\)|the member 'Vt' of a "
+                                                 rf"result of svd)\. Fix: append the rows to its inputs.*blocklin "
+                                                 r"update.*blocklin convert"):
+            bl.append(p, np.ones((1, before.shape[1])))
+        after = bl.open(p)
+        assert after.shape == before.shape and np.array_equal(after.to_numpy(), before)
+    assert main(["append", str(results["gram"]), str(tmp_path / "A.zarr")]) != 0  # the CLI says the same
+    assert "no longer the gram of its inputs" in capsys.readouterr().err
+    assert bl.update(results["gram"]).shape == (30, 30)
+    bl.convert(results["gram"], tmp_path / "G2.zarr")  # a copy is data of its own
+    assert bl.append(tmp_path / "G2.zarr", np.ones((1, 30))).shape == (31, 30)
+    assert bl.append(bl.random(tmp_path / "r.zarr", (10, 30)).path, np.ones((2, 30))).shape == (12, 30)
