@@ -114,6 +114,16 @@ class SparseMatrix:
         """What blocklin recorded when it wrote this matrix (operation, inputs, plan, version)."""
         return dict(self._store.attrs.get("blocklin", {}))
 
+    # -- NumPy's dispatch protocol ----------------------------------------------------------------
+    def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
+        """``numpy.linalg.norm(S, ord)`` computed from the stored row blocks (:func:`blocklin.norm`; it had
+        raised a TypeError); every other NumPy function as NumPy's own."""
+        if func is np.linalg.norm:
+            from blocklin.linalg.interop.numpy_protocol import norm
+
+            return norm(*args, **kwargs)
+        return func._implementation(*args, **kwargs)
+
     # -- data --------------------------------------------------------------------------------------
     def rows(self, r0: int, r1: int) -> Any:
         """Rows ``r0:r1`` as a ``scipy.sparse.csr_matrix`` of shape ``(r1 - r0, n)``."""

@@ -303,3 +303,59 @@ def test_numpy_linalg_scalars_beyond_float32s_range_are_inf_as_numpys(tmp_path):
         with np.errstate(over="ignore"):
             assert got1 == np.linalg.norm(a, 1) and type(got1) is np.float32
         assert bl.norm(A) == 16 * 2.0 ** e and type(bl.norm(A)) is float  # blocklin's own: float64 values
+
+
+@pytest.mark.parametrize("dtype,scale", [(np.float64, 1.0), (np.float64, 2.0**665), (np.complex128, 1.0),
+                                         (np.float32, 1.0)])
+def test_norms_of_a_stored_sparse_matrix_as_scipys(tmp_path, dtype, scale):
+    """``numpy.linalg.norm(SparseMatrix)`` had raised a TypeError (and ``blocklin.norm`` refused it): the
+    orders SciPy's ``scipy.sparse.linalg.norm`` computes now come from the stored row blocks (empty rows
+    and a whole empty block among them; entries near 2^665 whose squares overflow: SciPy's Frobenius norm
+    is inf there, the reference is its norm of the data scaled by 2^-665, exactly), ``2`` from the
+    largest singular value (of real data: the sparse SVD refuses complex data by name); ``-2``, ``'nuc'``
+    and an ``axis`` are refused by name, as SciPy refuses the first two. Bounds: sums of ``t <= nnz`` terms, ``2 t eps`` relative (module notes); the 2-norm
+    within ``100 eps`` of float64 (Lanczos residual ``10 sqrt(eps)``, squared over the gap)."""
+    import scipy.sparse
+    import scipy.sparse.linalg
+
+    from blocklin.storage.sparse import SparseWriter
+
+    m, n = 120, 40
+    x = scipy.sparse.random(m, n, density=0.1, random_state=6, format="lil", dtype=np.float64)
+    if dtype == np.complex128:
+        x = x + 1j * scipy.sparse.random(m, n, density=0.1, random_state=7, format="lil")
+    x = x.tolil()
+    x[30:70] = 0  # rows 32:64 are a whole empty block
+    x[5] = 0
+    x[-1] = 0
+    x = (x.tocsr() * scale).astype(dtype)
+    x.eliminate_zeros()
+    w = SparseWriter(tmp_path / "s.zarr", (m, n), dtype, entry_chunk=64, row_chunk=64)
+    for r0 in range(0, m, 32):  # row blocks of 32 rows
+        blk = x[r0:r0 + 32]
+        w.write_rows(r0, r0 + blk.shape[0], blk.indptr.astype(np.int64), blk.indices, blk.data)
+    w.commit()
+    s = bl.open(tmp_path / "s.zarr")
+    assert s.n_blocks == 4
+    t = 2 * x.nnz * float(np.finfo(dtype).eps)
+    for ord in (None, "fro", 1, -1, np.inf, -np.inf):
+        want = scipy.sparse.linalg.norm(x.astype(np.complex128 if dtype == np.complex128 else np.float64) / scale,
+                                        ord) * scale
+        got = np.linalg.norm(s, ord)
+        assert got == pytest.approx(want, rel=t, abs=0), ord
+        assert bl.norm(tmp_path / "s.zarr", ord) == got  # a path too
+    if dtype == np.complex128:  # the sparse SVD computes with real row blocks: refused by name
+        from blocklin.errors import DTypeError
+
+        with pytest.raises(DTypeError, match=r"^a: must be a real sparse matrix"):
+            np.linalg.norm(s, 2)
+    elif scale == 1.0:
+        two = np.linalg.norm(x.toarray().astype(np.complex128 if dtype == np.complex128 else np.float64), 2)
+        assert np.linalg.norm(s, 2) == pytest.approx(two, rel=100 * eps(np.float64) + 100 * eps(dtype))
+    for ord in (-2, "nuc"):
+        with pytest.raises(ParameterError, match=r"^ord: must be None, 'fro', 1, -1, 2, inf or -inf for a stored "
+                                                 r"sparse matrix.*Fix: convert it to a dense array"):
+            np.linalg.norm(s, ord)
+    with pytest.raises(ParameterError, match=r"^axis: must be None"):
+        np.linalg.norm(s, axis=0)
+    assert np.shape(s) == (m, n)  # other NumPy functions as before

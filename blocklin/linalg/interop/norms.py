@@ -142,7 +142,12 @@ def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noq
     >>> [bool(np.isclose(bl.norm(a, o), np.linalg.norm(a, o))) for o in (None, 1, np.inf, 2, "nuc")]
     [True, True, True, True, True]
     """
+    from blocklin.sparse import SparseMatrix, as_sparse_matrix
+
     ord = _check_ord(ord)
+    a = as_sparse_matrix(a, settings.get("storage_options"))
+    if isinstance(a, SparseMatrix):
+        return _sparse_norm(a, ord, settings)
     if ord in (2, -2, "nuc"):
         return _spectral(a, ord, settings)
     sums = entrywise(a, **settings)
@@ -154,6 +159,48 @@ def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noq
     if ord == -1:
         return float(cols.min())
     return float(sums["row_max"] if ord == np.inf else sums["row_min"])
+
+
+def _sparse_norm(s: Any, ord: Any, settings: dict) -> float:
+    """``norm`` of a stored sparse matrix (:class:`~blocklin.sparse.SparseMatrix`), as
+    ``scipy.sparse.linalg.norm``: the entry-wise norms from one read of its row blocks (one in memory at a
+    time: the stored entries' scaled sum of squares, column sums by index, row sums, an empty row's 0
+    among them), ``2`` from the largest singular value (:func:`blocklin.svd` with ``k=1``); ``-2`` and
+    ``"nuc"`` need every singular value, which a sparse SVD does not give (SciPy refuses them too)."""
+    if ord in (-2, "nuc"):
+        raise ParameterError(explain(
+            "ord", "must be None, 'fro', 1, -1, 2, inf or -inf for a stored sparse matrix (-2 and 'nuc' need every "
+            "singular value, which its truncated SVD does not give; scipy.sparse.linalg.norm refuses them too)",
+            repr(ord), f"convert it to a dense array first (blocklin convert {s.path} D.zarr --dense), then "
+            "blocklin.norm(D, ord)"))
+    if ord == 2:
+        return _largest(s, s.dtype, settings) if min(s.shape) > 1 else _sparse_norm(s, None, settings)
+    m, n = s.shape
+    state = _sums_init(None, {"n": n})
+    for _, blk in s.iter_row_blocks():
+        x = blk.data
+        a = np.abs(x).astype(np.float64, copy=False)
+        if a.size:
+            peak = float(a.max())
+            if not math.isfinite(peak):  # as sums_kernel: NaN and Inf propagate as NumPy's sums do
+                if x.dtype.kind == "c" and not math.isnan(peak) and np.isnan(x).any():
+                    peak = math.nan
+                state["bad"] = float(np.maximum(state["bad"], peak))
+            elif peak > 0:
+                state = _lassq(state, a, peak)
+            state["cols"] += np.bincount(blk.indices, weights=a, minlength=n)
+        if blk.shape[0]:
+            r = np.add.reduceat(np.append(a, 0.0), blk.indptr[:-1]) if a.size else np.zeros(blk.shape[0])
+            r[np.diff(blk.indptr) == 0] = 0.0  # reduceat gives an empty row the next row's first entry
+            state["row_max"] = float(np.maximum(state["row_max"], r.max()))
+            state["row_min"] = float(np.minimum(state["row_min"], r.min()))
+    if ord is None or ord == "fro":
+        fro = state["scale"] * math.sqrt(state["ssq"]) if state["scale"] > 0 else 0.0
+        return float(state["bad"]) if state["bad"] else fro
+    if ord in (1, -1):
+        cols = state["cols"] if n else np.zeros(1)
+        return float(cols.max() if ord == 1 else cols.min())
+    return float(state["row_max"] if ord == np.inf else state["row_min"] if m else 0.0)
 
 
 def _check_ord(ord: Any) -> Any:
@@ -172,17 +219,24 @@ def _spectral(a: Any, ord: Any, settings: dict) -> float:
 
     if ord == 2:
         shape, dtype = _shape_dtype(a, settings)
-        if min(shape) > 1:  # the largest alone: block Lanczos, converged to its residual tolerance
-            # float32 data's products are rounded at its eps: a residual below ~100 of them is out of reach
-            # (10 sqrt(eps) of float64 alone warned on every float32 norm after 30 passes, the value right)
-            tol = max(10 * math.sqrt(float(np.finfo(np.float64).eps)), 100 * float(np.finfo(dtype).eps))
-            with float64_values():
-                return float(svd(a, 1, tol=tol, return_singular_vectors=False, seed=0, **settings)[0])
+        if min(shape) > 1:
+            return _largest(a, dtype, settings)
     # the values in float64, as computed: cast to float32 data's precision they had overflowed to inf
     # (norm(2) of finite float32 data near 1e38) or lost digits below its normal range
     with float64_values():
         s = svd(a, return_singular_vectors=False, **settings)
     return float(s[0] if ord == 2 else s[-1] if ord == -2 else np.sum(s, dtype=np.float64))
+
+
+def _largest(a: Any, dtype: np.dtype, settings: dict) -> float:
+    """The largest singular value alone: block Lanczos, converged to its residual tolerance."""
+    from blocklin.linalg.lowrank.svd import float64_values, svd
+
+    # float32 data's products are rounded at its eps: a residual below ~100 of them is out of reach
+    # (10 sqrt(eps) of float64 alone warned on every float32 norm after 30 passes, the value right)
+    tol = max(10 * math.sqrt(float(np.finfo(np.float64).eps)), 100 * float(np.finfo(dtype).eps))
+    with float64_values():
+        return float(svd(a, 1, tol=tol, return_singular_vectors=False, seed=0, **settings)[0])
 
 
 def _shape_dtype(a: Any, settings: dict) -> tuple[tuple[int, int], np.dtype]:
