@@ -188,6 +188,26 @@ def group_layout(group: Any, sparse_format: str | None = None) -> tuple[str, tup
     return found, shape, convention
 
 
+def _values_refusal(group: str, dt: np.dtype) -> str:
+    """Why a sparse group's values are refused: complex ones (h5py's complex, or a compound of real and
+    imaginary parts) are not converted, since blocklin's sparse routes compute with real row blocks (the
+    refusal had said "must hold real numbers ... convert the values to a numeric dtype" of complex128,
+    which is numeric); anything else holds no numbers."""
+    from blocklin.storage.formats.hdf5 import complex_parts
+
+    what = f"hdf5 dataset {group}/data"
+    if dt.kind == "c" or complex_parts(dt) is not None:
+        got = (f"complex values ({dt.name})" if dt.kind == "c" else
+               f"complex values as a compound of fields {complex_parts(dt)[0]!r} and {complex_parts(dt)[1]!r}")
+        return explain(what, "must hold real numbers: a sparse matrix is converted with real values only "
+                       "(blocklin's sparse routes compute with real row blocks)", got,
+                       "write the real and imaginary parts as two real groups and convert each, or, where it fits "
+                       "in memory, read it with SciPy and write a dense complex copy with blocklin.from_array "
+                       "(blocklin's complex routes are dense)")
+    return explain(what, "must hold numbers (bool, integer or float)", f"dtype {dt}",
+                   "store the values as a numeric dataset")
+
+
 class _H5Stream:
     """One 1-D dataset read forward in pieces (``read``) or by range (``slice``)."""
 
@@ -258,8 +278,7 @@ class Hdf5SparseSource(NpzSource):
                     raise DTypeError(explain(s.what, "must hold integers", f"dtype {s.dtype}",
                                              "store indices and indptr as integers"))
             if data.dtype.kind not in "biuf":
-                raise DTypeError(explain(f"hdf5 dataset {group.name.rstrip('/')}/data", "must hold real numbers",
-                                         f"dtype {data.dtype}", "convert the values to a numeric dtype"))
+                raise DTypeError(_values_refusal(group.name.rstrip("/"), data.dtype))
             major = self.shape[0] if self.format == "csr" else self.shape[1]
             if idx.size != data.size or ptr.size != major + 1:
                 raise FormatError(explain("hdf5 input", f"a {self.format} group's arrays must agree with its shape "

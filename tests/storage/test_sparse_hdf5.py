@@ -314,3 +314,37 @@ def test_a_narrower_float_dtype_refuses_a_value_it_cannot_hold(tmp_path, fmt):
     blocklin.convert(f"{tmp_path / 'z.h5ad'}:/X", tmp_path / "z.zarr", dtype="float32")
     got = blocklin.open(tmp_path / "z.zarr").to_scipy()
     assert got.dtype == np.float32 and np.array_equal(got.toarray(), z.toarray().astype(np.float32))
+
+
+def test_complex_hdf5_data_is_refused_naming_the_dataset_and_the_rewrite(tmp_path, capsys):
+    """Complex values HDF5 files hold in other writers' layout (a compound of ``real``/``imag`` or ``re``/``im``
+    floats) had been refused as "must hold numbers (bool, integer, float or complex)" without the dataset's
+    name or a way out, and a sparse group's complex values as "must hold real numbers; got complex128. Fix:
+    convert the values to a numeric dtype" (complex128 is numeric). Each refusal names the dataset, the rule,
+    what it holds and a fix that works: the rewrite it names converts to the complex matrix."""
+    z = (np.arange(6.0) + 1j * np.arange(6.0)[::-1]).reshape(3, 2)
+    h5 = tmp_path / "c.h5"
+    with h5py.File(h5, "w") as f:
+        for re, im in (("real", "imag"), ("re", "im")):
+            rec = np.empty(z.shape, dtype=[(re, "<f8"), (im, "<f8")])
+            rec[re], rec[im] = z.real, z.imag
+            f[f"d_{re}"] = rec
+    for re, im in (("real", "imag"), ("re", "im")):
+        with pytest.raises(DTypeError, match=rf"^hdf5 dataset /d_{re}: must hold numbers; complex values must be in "
+                                             rf"h5py's complex layout.*got complex values as a compound of fields "
+                                             rf"'{re}' and '{im}' \(float64 each\)\. Fix: rewrite them"):
+            blocklin.convert(f"{h5}:/d_{re}", tmp_path / "z.zarr")
+        _nothing_left(tmp_path, "z.zarr")
+    with h5py.File(h5, "r+") as f:  # the rewrite the fix names
+        f["/d_real_c"] = f["/d_real"]["real"] + 1j * f["/d_real"]["imag"]
+    blocklin.convert(f"{h5}:/d_real_c", tmp_path / "z.zarr")
+    np.testing.assert_array_equal(blocklin.open(tmp_path / "z.zarr").to_numpy(), z)
+    x = scipy.sparse.csr_matrix(([1.0 + 2j, 2.0, 3.0j], [0, 2, 1], [0, 2, 2, 3]), shape=(3, 4))
+    _write(tmp_path / "s.h5", "X", _parts(x), attrs={"encoding-type": "csr_matrix", "shape": [3, 4]})
+    with pytest.raises(DTypeError, match=r"^hdf5 dataset /X/data: must hold real numbers: a sparse matrix is "
+                                         r"converted with real values only.*; got complex values \(complex128\)\. "
+                                         r"Fix: write the real and imaginary parts as two real groups"):
+        blocklin.convert(f"{tmp_path / 's.h5'}:/X", tmp_path / "s.zarr")
+    _nothing_left(tmp_path, "s.zarr")
+    assert main(["convert", f"{h5}:/d_re", str(tmp_path / "y.zarr")]) != 0
+    assert "hdf5 dataset /d_re: must hold numbers; complex values" in capsys.readouterr().err

@@ -25,12 +25,41 @@ from typing import Any
 
 import numpy as np
 
-from blocklin.errors import ConfigError, FormatError, OutputExistsError, explain
+from blocklin.errors import ConfigError, DTypeError, FormatError, OutputExistsError, explain
 from blocklin.storage import file_records
 from blocklin.storage.guard import check_output
 from blocklin.storage.formats.base import AtomicFile, Reader, Writer, check_2d, check_matrix_dtype, require_file
 
 _CACHE_BYTES = 4 << 20  # HDF5 raw-chunk cache per open file
+
+
+def complex_parts(dt: np.dtype) -> tuple[str, str] | None:
+    """The field names of a compound of two floats of one precision that other writers use for complex
+    values (``real``/``imag``, ``re``/``im``, ``r``/``i`` in another case): h5py reads its own layout
+    (fields ``r`` and ``i``) as complex, these as structured records."""
+    names = dt.names or ()
+    if len(names) != 2 or dt.fields[names[0]][0] != dt.fields[names[1]][0] or dt.fields[names[0]][0].kind != "f":
+        return None
+    pair = tuple(n.lower() for n in names)
+    return names if pair in (("real", "imag"), ("re", "im"), ("r", "i")) else None
+
+
+def _matrix_dtype(ds: Any, path: str) -> np.dtype:
+    """A dataset's dtype where it holds numbers; a compound of real and imaginary parts is refused naming
+    them and the rewrite into h5py's complex layout (the generic refusal, "must hold numbers (bool, integer,
+    float or complex)", had named no dataset and no way out for data that is complex)."""
+    dt = np.dtype(ds.dtype)
+    parts = complex_parts(dt)
+    if parts is None:
+        return check_matrix_dtype(dt, f"hdf5 dataset {ds.name}")
+    re, im = parts
+    raise DTypeError(explain(
+        f"hdf5 dataset {ds.name}", "must hold numbers; complex values must be in h5py's complex layout (what "
+        "h5py writes for a complex NumPy array: a compound of two floats named 'r' and 'i')",
+        f"complex values as a compound of fields {re!r} and {im!r} ({dt.fields[re][0].name} each)",
+        f"rewrite them as a complex dataset with h5py: with h5py.File({path!r}, 'r+') as f: "
+        f"f['{ds.name}_c'] = f['{ds.name}']['{re}'] + 1j * f['{ds.name}']['{im}'] (or row blocks of it), then "
+        f"convert {path}:{ds.name}_c"))
 
 
 def _h5py():
@@ -74,7 +103,7 @@ class Hdf5Reader(Reader):
         self._ds = obj
         self.dataset = obj.name
         self.shape = check_2d(obj.shape, "hdf5 dataset")
-        self.dtype = check_matrix_dtype(obj.dtype, "hdf5 dataset")
+        self.dtype = _matrix_dtype(obj, path)
         self.chunks = tuple(obj.chunks) if obj.chunks else None
         self.overhead_bytes = _CACHE_BYTES
 
