@@ -169,3 +169,53 @@ def test_svd_gram_route_streamed_from_s3(stores):
     s0 = np.linalg.svd(x, compute_uv=False)[:5]
     assert np.max(np.abs(got.s - s0)) <= tol * s0[0]
     assert not backend(as_location(remote("tmpN"), opts)).keys("")  # intermediates removed
+
+
+@pytest.mark.parametrize("end", ["success", "error", "error with resume", "interrupt"])
+def test_work_folders_on_s3_leave_nothing_but_what_a_resume_needs(s3, monkeypatch, tmp_path, end):
+    """A job whose temp dir and output are both on an object store (the inverse: work stores, resumable
+    stages, the output committed in place). After success nothing is left under the temp prefix and the
+    bucket holds the input and the output; after an error nothing is left (no partial, no work folder);
+    where the run is resumable (an error with ``resume``, an interrupt) the owned partial output and its
+    work folder are kept, the rerun with ``resume`` gives the uninterrupted run's bits and removes both."""
+    from blocklin.runtime.stages import Stages
+
+    base, opts = s3
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((160, 160))
+    blocklin.from_array(a, f"{base}/A.zarr", chunks=(64, 64), storage_options=opts)
+    kw = dict(memory="256KiB", refine=1, scheduler="sync", storage_options=opts, temp_dir=f"{base}/tmp")
+    local = blocklin.from_array(a, tmp_path / "A.zarr", chunks=(64, 64))
+    ref = blocklin.inv(local, **{**kw, "storage_options": None, "temp_dir": str(tmp_path)})  # the same plan
+
+    def keys(prefix):
+        return sorted(backend(as_location(f"{base}/{prefix}", opts)).keys(""))
+
+    def tops():
+        return sorted({k.split("/", 1)[0] for k in backend(as_location(base, opts)).keys("")})
+
+    if end != "success":
+        step, real = [0], Stages.run
+        error = KeyboardInterrupt if end == "interrupt" else RuntimeError
+
+        def failing(self, name, fn):
+            step[0] += 1
+            if step[0] == 6:  # the second leaf: work stores and finished stages exist
+                raise error("simulated failure")
+            return real(self, name, fn)
+
+        monkeypatch.setattr(Stages, "run", failing)
+        with pytest.raises(error, match="simulated failure"):
+            blocklin.inv(f"{base}/A.zarr", out=f"{base}/X.zarr", resume=end == "error with resume", **kw)
+        monkeypatch.setattr(Stages, "run", real)
+        if end == "error":
+            assert keys("tmp") == [] and tops() == ["A.zarr"]
+            return
+        assert keys("tmp") and "X.zarr" in tops()  # kept for the rerun: the work folder and the owned partial
+        with pytest.raises(Exception, match="resume|unfinished|uncommitted"):
+            blocklin.open(f"{base}/X.zarr", storage_options=opts)  # not a finished output
+    x = blocklin.inv(f"{base}/A.zarr", out=f"{base}/X.zarr", resume=end != "success", **kw)
+    if end != "success":
+        assert x.report["resumed"] and x.report["stages_skipped"] > 0
+    np.testing.assert_array_equal(_bits(x), _bits(ref))
+    assert keys("tmp") == [] and tops() == ["A.zarr", "X.zarr"]
