@@ -359,3 +359,26 @@ def test_norms_of_a_stored_sparse_matrix_as_scipys(tmp_path, dtype, scale):
     with pytest.raises(ParameterError, match=r"^axis: must be None"):
         np.linalg.norm(s, axis=0)
     assert np.shape(s) == (m, n)  # other NumPy functions as before
+
+
+def test_norm_of_a_vector_is_numpys_or_refused(tmp_path):
+    """A 1-D ``a`` is an ``n x 1`` column; its matrix norms ``None``, ``1``, ``2``, ``inf``, ``-inf`` are NumPy's
+    vector norms, but ``norm(x, -1)`` had returned ``sum |x|`` (9.5) for NumPy's ``1 / sum(1 / |x|)`` (0.32) and
+    ``-2`` the 2-norm, silently: those, and ``'fro'``/``'nuc'`` that NumPy refuses for a vector, are refused
+    for a NumPy, Dask or stored 1-D array, naming the column's reshape. Bound: sums of 4 terms, ``8 eps``."""
+    import dask.array as da
+    import zarr
+
+    x = np.array([3.0, -4.0, 0.5, 2.0])
+    z = zarr.create_array(store=str(tmp_path / "v.zarr"), shape=(4,), dtype="f8", chunks=(2,))
+    z[...] = x
+    for a in (x, da.from_array(x, chunks=2), tmp_path / "v.zarr"):
+        for ord in (None, 1, 2, np.inf, -np.inf):
+            assert bl.norm(a, ord) == pytest.approx(np.linalg.norm(x, ord), rel=8 * eps(np.float64))
+        for ord in (-1, -2, "fro", "nuc"):
+            with pytest.raises(ParameterError, match=rf"^ord: must be None, 1, 2, inf or -inf for a 1-D a.*got "
+                                                     rf"ord={ord!r} of a vector of 4 entries\. Fix: .*reshape\(-1, 1\)"):
+                bl.norm(a, ord)
+    for ord in (-1, -2, "fro", "nuc"):  # the column's matrix norms, as NumPy's of the column
+        assert bl.norm(x.reshape(-1, 1), ord) == pytest.approx(np.linalg.norm(x.reshape(-1, 1), ord),
+                                                               rel=8 * eps(np.float64))

@@ -145,6 +145,7 @@ def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noq
     from blocklin.sparse import SparseMatrix, as_sparse_matrix
 
     ord = _check_ord(ord)
+    _check_vector_ord(a, ord, settings.get("storage_options"))
     a = as_sparse_matrix(a, settings.get("storage_options"))
     if isinstance(a, SparseMatrix):
         return _sparse_norm(a, ord, settings)
@@ -159,6 +160,42 @@ def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noq
     if ord == -1:
         return float(cols.min())
     return float(sums["row_max"] if ord == np.inf else sums["row_min"])
+
+
+def _vector_length(a: Any, storage_options: dict | None) -> int | None:
+    """The entries of a 1-D ``a`` (an array, or a stored 1-D zarr array named by path); None otherwise."""
+    import os
+
+    if isinstance(a, (str, os.PathLike)) or type(a).__name__ == "Location":
+        from blocklin.storage.location import as_location
+        from blocklin.storage.versions import read_meta
+
+        try:
+            meta = read_meta(as_location(a, storage_options))
+        except Exception:  # noqa: BLE001 - not a zarr array: the operand's own checks say why
+            return None
+        shape = (meta or {}).get("shape") if (meta or {}).get("node_type") == "array" else None
+    else:
+        shape = getattr(a, "shape", None) if getattr(a, "ndim", None) == 1 else None
+    return int(shape[0]) if shape is not None and len(shape) == 1 else None
+
+
+def _check_vector_ord(a: Any, ord: Any, storage_options: dict | None) -> None:
+    """A 1-D ``a`` is taken as an ``n x 1`` column, whose matrix norms ``None``, ``1``, ``2``, ``inf``, ``-inf``
+    are NumPy's vector norms of it; for ``-1`` and ``-2`` NumPy's vector norm is another number (``norm(x, -1)``
+    had returned ``sum |x|`` for NumPy's ``1 / sum(1 / |x|)``), and ``'fro'``, ``'nuc'`` NumPy refuses for a
+    vector: refused."""
+    if ord not in (-1, -2, "fro", "nuc"):
+        return
+    n = _vector_length(a, storage_options)
+    if n is None:
+        return
+    raise ParameterError(explain(
+        "ord", "must be None, 1, 2, inf or -inf for a 1-D a: blocklin takes a vector as an n x 1 column, whose "
+        "matrix norms of those orders are numpy.linalg.norm's vector norms; for -1 and -2 NumPy's vector norm "
+        "(sum |x|^ord)^(1/ord) is another number, and 'fro' and 'nuc' it refuses for a vector",
+        f"ord={ord!r} of a vector of {n} entries", "numpy.linalg.norm(x, ord) in memory for the vector norm, or "
+        "pass x.reshape(-1, 1) for the column's matrix norm"))
 
 
 def _sparse_norm(s: Any, ord: Any, settings: dict) -> float:
