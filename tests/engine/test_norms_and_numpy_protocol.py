@@ -313,8 +313,9 @@ def test_norms_of_a_stored_sparse_matrix_as_scipys(tmp_path, dtype, scale):
     and a whole empty block among them; entries near 2^665 whose squares overflow: SciPy's Frobenius norm
     is inf there, the reference is its norm of the data scaled by 2^-665, exactly), ``2`` from the
     largest singular value (of real data: the sparse SVD refuses complex data by name); ``-2``, ``'nuc'``
-    and an ``axis`` are refused by name, as SciPy refuses the first two. Bounds: sums of ``t <= nnz`` terms, ``2 t eps`` relative (module notes); the 2-norm
-    within ``100 eps`` of float64 (Lanczos residual ``10 sqrt(eps)``, squared over the gap)."""
+    and an ``axis`` are refused by name, as SciPy refuses the first two. Bounds: sums of ``t <= nnz`` terms,
+    ``2 t eps`` relative (module notes); the 2-norm within ``100 eps`` of float64 (Lanczos residual
+    ``10 sqrt(eps)``, squared over the gap)."""
     import scipy.sparse
     import scipy.sparse.linalg
 

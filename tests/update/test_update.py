@@ -202,7 +202,8 @@ def test_a_product_update_beyond_the_range_is_refused(tmp_path):
     the stored result is left as it was."""
     rng = np.random.default_rng(12)
     a, b = rng.standard_normal((120, 9)) * 1e150, rng.standard_normal((120, 7)) * 1e150
-    pa, pb = bl.from_array(a, tmp_path / "A.zarr", chunks=(32, 9)), bl.from_array(b, tmp_path / "B.zarr", chunks=(32, 7))
+    pa = bl.from_array(a, tmp_path / "A.zarr", chunks=(32, 9))
+    pb = bl.from_array(b, tmp_path / "B.zarr", chunks=(32, 7))
     c = bl.matmul(pa.path, pb.path, tmp_path / "C.zarr", trans_a=True).to_numpy()
     bl.append(pa.path, rng.standard_normal((10, 9)) * 1e150)
     bl.append(pb.path, rng.standard_normal((10, 7)) * 1e158)

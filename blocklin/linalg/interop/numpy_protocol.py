@@ -125,7 +125,8 @@ def norm(x: Any, ord: Any = None, axis: Any = None, keepdims: bool = False) -> A
         if isinstance(x, SparseMatrix):
             raise ParameterError(explain("axis", "must be None (the matrix norm, keepdims=False) for a stored sparse "
                                          "matrix", f"axis={axis!r}, keepdims={keepdims!r}",
-                                         "call numpy.linalg.norm(S, ord) (S.to_scipy() for norms of its rows or columns)"))
+                                         "call numpy.linalg.norm(S, ord) (S.to_scipy() for norms of its rows or "
+                                         "columns)"))
         return _load_then(np.linalg.norm, x, ord=ord, axis=axis, keepdims=keepdims)
     return as_numpy_result(bl_norm(x, ord), x, real=True)
 

@@ -62,7 +62,7 @@ def update_matmul(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
     tally = PeakTally(op.shape) if recordable(op.dtype) and min(op.shape) > 0 else None
     op.run(job, plan, ao.array_path(), done_dir=ao.done, peaks=tally)
     check_output_range(job, op, ao.array_path(), tally, fix=(
-        f"the stored result is unchanged; scale a or b by a power of two (exact) and recompute: rerun blocklin gemm "
+        "the stored result is unchanged; scale a or b by a power of two (exact) and recompute: rerun blocklin gemm "
         "(bl.matmul) on the scaled inputs with --overwrite"))
     report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path))
     report["updated"] = {"input": ga.url, "rows_before": ga.old_rows, "rows": ga.rows,
