@@ -154,6 +154,11 @@ class ConvergenceWarning(BlocklinWarning):
     """An iterative method stopped before reaching its tolerance; the result is still returned."""
 
 
+class IllConditionedWarning(BlocklinWarning):
+    """A solution with a small backward error whose matrix is too ill-conditioned for it to carry a
+    correct digit (``cond(A) eps >= 1``): SciPy's ``LinAlgWarning`` from ``scipy.linalg.solve``."""
+
+
 def explain(what: str, rule: str, actual: str, fix: str) -> str:
     """Build an error message: ``"<what>: <rule>; got <actual>. Fix: <fix>"``."""
     return f"{what}: {rule}; got {actual}. Fix: {fix}"

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 
 import numpy as np
 import pytest
 import scipy.linalg as sl
 
 import blocklin as bl
+from blocklin import errors
 from blocklin.cli.main import main
 from blocklin.errors import (ConvergenceError, NotPositiveDefiniteError, NotSymmetricError, ParameterError,
                              SingularMatrixError)
@@ -197,7 +199,8 @@ def test_gen_solve_forward_substitution_runs_in_the_panels(monkeypatch, dtype, p
     x = bl.solve(a, b, memory="256KiB", scheduler="sync", precision=precision)
     r = x.report
     assert r["plan"]["tiles"] > 2
-    assert calls == [False] + [True] * r["refine_steps"]
+    # and one more, forward and back, for the condition estimate (a Gaussian right-hand side)
+    assert calls == [False] + [True] * r["refine_steps"] + [True]
     if precision == "mixed":
         assert r["refine_steps"] >= 1
     else:  # the fused forward substitution alone reaches the target: a wrong one would need refinement steps
@@ -530,3 +533,53 @@ def test_pos_refuses_a_nonsymmetric_a_whose_refinement_stalls(dtype):
     with pytest.raises(NotSymmetricError, match=r"a: must be symmetric positive definite for assume_a='pos'.*A\^T"):
         bl.solve(a, b, assume_a="pos", scheduler="sync")
     assert_residual(a, bl.solve(a, b, scheduler="sync").to_numpy(), b, dtype=dtype)  # LU: solved
+
+
+def _graded(n, seed, dtype=np.float64):
+    """``A = D A_0`` with rows alternating ``2^600`` and ``2^-600`` (``A_0`` diagonally dominant: cond_2 near
+    2) and ``b`` graded alike: the exact ``x = A_0^-1 D^-1 b`` is near 1, cond_2(A) near ``2^1200``."""
+    rng = np.random.default_rng(seed)
+    rows = np.where(np.arange(n) % 2 == 0, 2.0 ** 600, 2.0 ** -600)
+    a0 = rng.standard_normal((n, n)) + 3 * np.sqrt(n) * np.eye(n)
+    if np.dtype(dtype).kind == "c":
+        a0 = a0 + 1j * rng.standard_normal((n, n))
+    return (rows[:, None] * a0).astype(dtype), (rng.standard_normal((n, 1)) * rows[:, None]).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("memory", [None, "256KiB"])
+def test_an_ill_conditioned_system_warns_with_its_condition_estimate(dtype, memory):
+    """A solution with backward error 1e-17 and no correct digit (rows 2^600 and 2^-600 apart: x off by a
+    factor of 3000, as NumPy's) had been returned without a word; it warns as scipy.linalg.solve does,
+    with the condition estimate (inf: the solves with a Gaussian z overflow)."""
+    a, b = _graded(37, 0, dtype)
+    with pytest.warns(errors.IllConditionedWarning, match="ill-conditioned"):
+        x = bl.solve(a, b, memory=memory)
+    assert x.report["condition_estimate"] == np.inf
+    # the backward error stays small: the warning is about x's digits, not the refinement
+    assert x.report["backward_error"] <= np.sqrt(37) * np.finfo(np.float64).eps
+
+
+@pytest.mark.parametrize("memory", [None, "256KiB"])
+def test_the_condition_estimate_is_a_lower_bound_and_warns_at_one_over_eps(memory):
+    """``||A||_F / sqrt(n) ||F^-1 z|| / ||z||`` is at most ``cond_2(A)`` (both factors are lower bounds, F
+    close to A to ``n eps cond`` relatively) and, for this seeded z, within ``4 n`` of it; no warning while
+    ``cond eps < 1``, a warning where the matrix is numerically singular (cond 1e20)."""
+    rng = np.random.default_rng(3)
+    n = 40
+    q1, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    q2, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    b = rng.standard_normal((n, 2))
+    for top, warns in ((1e3, False), (1e10, False), (1e20, True)):
+        a = (q1 * np.logspace(0, -np.log10(top), n)) @ q2.T
+        kappa = np.linalg.cond(a)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            x = bl.solve(a, b, memory=memory)
+        said = [w for w in caught if issubclass(w.category, errors.IllConditionedWarning)]
+        assert bool(said) == warns, (top, [str(w.message) for w in caught])
+        est = x.report["condition_estimate"]
+        if not warns:
+            assert kappa / (4 * n) <= est <= kappa * (1 + 1e-3), (top, est, kappa)
+        else:
+            assert est * np.finfo(np.float64).eps >= 1, (top, est)

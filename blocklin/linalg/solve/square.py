@@ -15,8 +15,9 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings, format_size, size_hint
-from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, NotPositiveDefiniteError,
-                             NotSymmetricError, ParameterError, SingularMatrixError, explain, warn)
+from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, IllConditionedWarning,
+                             NotPositiveDefiniteError, NotSymmetricError, ParameterError, SingularMatrixError,
+                             explain, warn)
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks.result_range import lu_growth_error, magnitude, solution_range_error, wide_name
@@ -216,8 +217,11 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         ``refine_steps``, ``history``, ``growth_factor`` (LU), ``norm_a``, ``solution_norm``, ``plan``,
         ``resumed`` and ``stages_skipped`` (steps a resumed run did not run again); ``refinement``
         (``"plain"``, ``"gmres"`` or ``"plain, then gmres"``), ``history`` with each step's
-        ``gmres_iterations``; for ``"fp16"``/``"bf16"`` also ``scaling``, ``condition_estimate`` and
-        ``half_gemm`` (how the 16-bit GEMMs ran).
+        ``gmres_iterations``; ``condition_estimate``, a lower estimate of ``cond_2(A)`` (GMRES-IR's, or
+        from one more pair of triangular solves with a Gaussian right-hand side: ``inf`` where they
+        overflow), with an :class:`~blocklin.errors.IllConditionedWarning` where it is at least ``1 / eps``
+        (as ``scipy.linalg.solve`` warns); for ``"fp16"``/``"bf16"`` also ``scaling`` and ``half_gemm``
+        (how the 16-bit GEMMs ran).
 
     Notes
     -----
@@ -299,6 +303,10 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         _check_converged(ref, tol, precision, dt)
         run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
         col_res, col_x = (_col_norms(ops, Region.of(p, (n, k))) for p in (ref.r_path, ref.x_path))
+        if "condition_estimate" not in extra:  # GMRES-IR's own estimate where it ran
+            extra["condition_estimate"] = run.stages.run("condition", lambda: _condition_lower(
+                ops, solver, ref, norm_a, n))
+        _warn_ill_conditioned(extra["condition_estimate"], ref.eta, dt)
         report, recorded = solve_report(
             job, route="square", flops=factor.plan.flops + (ref.steps + 1) * 2 * n * n * k * 2,
             method=factor.kind, method_reason=reason or why, precision=precision,
@@ -313,6 +321,50 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
                        params={"assume_a": assume_a, "precision": precision}, recorded=recorded)
         x.intercept = None  # as every route's x: a square system has no intercept
         return x
+
+
+#: The seed of the random right-hand side of :func:`_condition_lower` (fixed: a rerun gives the same estimate).
+CONDITION_SEED = 0x636F6E64
+
+
+def _condition_lower(ops: BlockOps, solver: _Solver, ref: SolveRefinement, norm_a: float, n: int) -> float:
+    """A lower estimate of ``cond_2(A)``: ``||A||_F / sqrt(n) <= ||A||_2`` times ``||F^-1 z|| / ||z||``
+    for a Gaussian ``z`` (about ``||A^-1||_F / sqrt(n)``, at most ``||A^-1||_2`` while the factorization
+    ``F`` is close to ``A``; Dixon, SIAM J. Numer. Anal. 20(4), 1983: a random vector finds the norm of
+    ``A^-1`` to within a small factor with high probability), from one more pair of triangular solves on
+    stores the refinement no longer reads. ``x``'s own ratio ``||x|| / ||b||`` does not serve: a ``b``
+    graded as ``A``'s rows are (rows ``2^600`` and ``2^-600`` apart) gives ``x`` near 1 and hides an
+    ``A^-1`` near ``2^600``. Inf where ``F^-1 z`` leaves the range."""
+    if n == 0:
+        return 0.0
+    one = solver.window(0, 1)
+    z, y = one.region("d"), one.region("x1" if ref.x_path == solver.region("x0").path else "x0")
+    t, sumsq = ops.chunk, 0.0
+    for i in range(-(-n // t)):  # tile by tile: within the budget whatever n is
+        block = np.random.default_rng([CONDITION_SEED, i]).standard_normal((min(t, n - i * t), 1))
+        sumsq += float(np.sum(block * block))
+        z.write(i, 0, t, block)  # in the store's dtype
+    try:
+        one(z, y)
+    except SingularMatrixError:  # the substitutions overflowed where b's did not: A^-1 beyond the range
+        return math.inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        ratio = safe_norm(ops, y, ops.sumsq(y)) / math.sqrt(sumsq)
+    return float(_norm_a_lower(norm_a, n) * ratio) if np.isfinite(ratio) else math.inf
+
+
+def _warn_ill_conditioned(kappa: float, eta: float, dtype: np.dtype) -> None:
+    """Warn, as ``scipy.linalg.solve`` does, where ``cond(A) eps >= 1``: the backward error is small and
+    ``x`` may still have no correct digit (its relative error is bounded by about ``cond(A)`` times it)."""
+    eps = float(np.finfo(dtype).eps)
+    if not kappa * eps < 1:
+        at = f">= {kappa:.3g}" if math.isfinite(kappa) else "beyond float64's range (A^-1 z overflowed)"
+        warn(f"solve: A is ill-conditioned: cond_2(A) {at} (report['condition_estimate'], a lower "
+             f"estimate), at or above 1/eps = {1 / eps:.3g} of {np.dtype(dtype).name}; x has backward error "
+             f"{eta:.1e} but may have no correct digit (its error is bounded by about cond(A) times that). Where "
+             "a's rows or columns differ in scale by many powers of two, scale them nearer each other (with b's "
+             "rows), exactly by powers of two; otherwise regularize: blocklin.solve(a, b, lam=...)",
+             IllConditionedWarning)
 
 
 def _token(job: Job, A: Any, B: Any, out: Any, **params: Any) -> str:
