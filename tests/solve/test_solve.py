@@ -244,19 +244,51 @@ def test_cli_solve(rng, tmp_path, capsys):
 def test_directions_whose_squares_underflow_in_the_scaled_problem_are_not_dropped(method):
     """Columns ``2^600`` apart and nearly collinear, ``lam`` 2.3e30: the scaled problem (divided by its
     largest entry) has a singular value and a ``lam`` both near ``1e-189``, whose squares underflowed, and
-    the spectral filter dropped that direction: ``x = [0, 1.5e-190]`` where the ridge solution is ``[0.0238,
-    -5.7e-183]`` (60-digit reference), returned as converged. The filters are formed scaled
-    (``spectrum.filters``), and that direction's part of the scaled ``x`` (near ``2^626``) has a norm beyond
-    float64: the solve is refused rather than answered without it."""
-    from blocklin.errors import ConvergenceError
+    the spectral filter dropped that direction (``x = [0, 1.5e-190]``); then, with the filters formed scaled,
+    the scaled ``x`` (near ``2^626``) left float64 and the solve was refused, though the ridge solution
+    ``[0.0238, -5.7e-183]`` is in range. The solution is formed as ``2^-xe x`` (``spectrum.x_exponent``).
+
+    Reference: the normal equations in mpmath at 800 digits (``A^T A`` spans ``2^1200``). Householder QR
+    (the TSQR and the SVD of ``R``) has a column-wise backward error of ``O(m n eps)`` (Higham 2002, Thm.
+    19.4), so the error is bounded by the condition of the column-equilibrated augmented matrix
+    ``[A D^-1; lam D^-1]`` (about 1e8 here: the columns agree to 1e-8) times that."""
+    import mpmath as mp
 
     rng = np.random.default_rng(0)
     a = rng.standard_normal((523, 2)) + 1e8
     a[:, 1] *= 2.0 ** 600
     a *= 1e30
     b = rng.standard_normal((523, 1)) * 1e30
-    with pytest.raises(ConvergenceError, match="solution_norm: must be finite"):
-        bl.solve(a, b, lam=2.3e30, method=method)
+    lam = 2.3e30
+    x = bl.solve(a, b, lam=lam, method=method)
+    with mp.workdps(800):
+        A, B = mp.matrix(a.tolist()), mp.matrix(b.tolist())
+        g, c = A.T * A + mp.mpf(lam) ** 2 * mp.eye(2), A.T * B
+        det = g[0, 0] * g[1, 1] - g[0, 1] * g[1, 0]
+        ref = np.array([float((g[1, 1] * c[0] - g[0, 1] * c[1]) / det), float((g[0, 0] * c[1] - g[1, 0] * c[0]) / det)])
+    d = np.abs(a).max(axis=0)  # the column scaling (norms would overflow: 1e219 squared)
+    cond = np.linalg.cond(np.vstack([a / d, np.diag(lam / d)]))
+    got = x.to_numpy()[:, 0]
+    # componentwise in the column scaling: x_j ||a_j|| is what the column-wise bound controls
+    err = np.linalg.norm((got - ref) * d) / np.linalg.norm(ref * d)
+    assert err <= 10 * a.shape[0] * a.shape[1] * cond * np.finfo(float).eps, (got, ref, err)
+    assert np.isclose(x.report["solution_norm"], np.linalg.norm(ref), rtol=10 * a.size * cond * np.finfo(float).eps)
+
+
+def test_wide_dual_form_refuses_a_direction_whose_filter_leaves_the_range():
+    """The wide analogue (rows ``2^600`` apart, ``lam`` 2.3e30): the dual form's ``1 / (s^2 + lam^2)``
+    underflows along one direction; the normal route returned ``x`` near ``3e-191`` where the ridge solution
+    has norm 0.077 (silently), the QR route refused naming the solution norm. Both now refuse naming lam."""
+    from blocklin.errors import ParameterError
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((60, 2)) + 1e8
+    a[:, 1] *= 2.0 ** 600
+    a = (a * 1e30).T.copy()
+    b = rng.standard_normal(2) * 1e30
+    for method in ("auto", "qr"):
+        with pytest.raises(ParameterError, match="lam: must keep s\\^2 \\+ lam\\^2 within float64"):
+            bl.solve(a, b, lam=2.3e30, method=method)
 
 
 def test_spectral_filters_keep_their_bits_in_range_and_their_values_beyond_it():

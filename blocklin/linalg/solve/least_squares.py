@@ -120,6 +120,9 @@ def _unscale_info(ctx: TikhonovRun, info: dict) -> dict:
     """The report of the scaled problem in the units of the problem given: ``lam``, norms of ``A``,
     residuals (``2^eb``), solutions (``2^(eb - ea)``), the intercept and the lambda curve."""
     if ctx.sa is None or not (ctx.sa.exponent or ctx.sb.exponent):
+        if ctx.xe and "solution_norm" in info:  # reported for 2^-xe x (spectrum.x_exponent)
+            info["solution_norm"] = [float(np.ldexp(v, ctx.xe)) for v in info["solution_norm"]] \
+                if isinstance(info["solution_norm"], list) else float(np.ldexp(info["solution_norm"], ctx.xe))
         return info
     ea, eb = ctx.sa.exponent, ctx.sb.exponent
 
@@ -134,7 +137,7 @@ def _unscale_info(ctx: TikhonovRun, info: dict) -> dict:
             return float(np.ldexp(float(v), e))
 
     for key, e in (("lam", ea), ("norm_a", ea), ("residual_norm", eb), ("objective", eb),
-                   ("solution_norm", eb - ea), ("intercept", eb)):
+                   ("solution_norm", eb - ea + ctx.xe), ("intercept", eb)):
         if key in info:
             info[key] = sc(info[key], e)
     if "gcv" in info:  # m ||r||^2 / (m - dof)^2

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.errors import ParameterError
+from blocklin.errors import explain as _msg
 from blocklin.linalg.solve import lambda_select
 from blocklin.linalg.solve.tikhonov import TikhonovRun, norms, singular, write_x
 
@@ -52,6 +54,9 @@ class Spectrum:
     ev_noise: float = 0.0
     #: ``||b||^2`` per right-hand side (Gram spectra): the residuals of the ``vc`` solutions
     bb: np.ndarray | None = None
+    #: a tall spectrum's solutions are given as ``2^-xe x`` (:func:`x_exponent`): ``x`` of the scaled problem
+    #: may be beyond float64 (or its square beyond it) where the ``x`` of the problem given is not
+    xe: int = 0
 
     @property
     def floor(self) -> float:
@@ -90,11 +95,14 @@ class Spectrum:
         """``1 / (s^2 + lam^2)`` per direction (0 where both are 0)."""
         return filters(self.s, lam)[3]
 
+    def _xe(self) -> int:
+        return 0 if self.dual else self.xe
+
     def coefficients(self, lam: float) -> np.ndarray:
-        """``x`` (tall) or the dual ``y`` with ``x = A^T y`` (wide)."""
+        """``2^-xe x`` (tall) or the dual ``y`` with ``x = A^T y`` (wide)."""
         if self._every_direction(lam):  # every direction (see the class docstring)
-            return self.basis @ (self.filt(lam)[:, None] * self.vc)
-        w = (self.filt(lam) if self.dual else filters(self.s, lam)[0])[:, None] * self.beta
+            return self.basis @ (filters(self.s, lam, self.xe)[3][:, None] * self.vc)
+        w = (self.filt(lam) if self.dual else filters(self.s, lam, self.xe)[0])[:, None] * self.beta
         return self.basis @ w
 
     def _fitted(self, lam: float) -> tuple[np.ndarray, np.ndarray]:
@@ -114,9 +122,10 @@ class Spectrum:
         return rho0sq + np.einsum("i,ij->j", g**2, b2)
 
     def solution_sq(self, lam: float) -> np.ndarray:
+        """``||2^-xe x||^2`` per right-hand side: that of the ``x`` :meth:`coefficients` gives."""
         if self._every_direction(lam):  # ||x||^2 of the x coefficients() gives
-            return np.einsum("i,ij->j", self.filt(lam) ** 2, np.abs(self.vc) ** 2)
-        g = filters(self.s, lam)[0]
+            return np.einsum("i,ij->j", filters(self.s, lam, self.xe)[3] ** 2, np.abs(self.vc) ** 2)
+        g = filters(self.s, lam, self._xe())[0]
         return np.einsum("i,ij->j", g**2, np.abs(self.beta)**2)
 
     def dof(self, lam: float) -> float:
@@ -163,7 +172,7 @@ class Spectrum:
         return np.logspace(math.log10(max(lo, 1e-300)), math.log10(max(smax, lo, 1e-300)), points)
 
 
-def filters(s: np.ndarray, lam: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def filters(s: np.ndarray, lam: Any, e: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``s / (s^2 + lam^2)``, ``lam^2 / (s^2 + lam^2)``, ``s^2 / (s^2 + lam^2)`` and ``1 / (s^2 + lam^2)`` per
     singular value ``s`` (and per lambda, ``lam`` broadcast against ``s``), 0 where ``s`` and ``lam`` are 0.
 
@@ -174,7 +183,10 @@ def filters(s: np.ndarray, lam: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray
     underflowed to 0, and that direction's part of ``x`` was dropped: ``x = [0, 1.5e-190]`` for ``[0.0238,
     -5.7e-183]``, silently. The last is the plain formula, 0 where ``s^2 + lam^2`` underflows: the dual
     form's ``y = U diag(1 / (s^2 + lam^2)) U^T b`` overflows along such directions, which ``x = A^T y``
-    maps to ``s`` times as much, so they are left out of it as before."""
+    maps to ``s`` times as much, so they are left out of it as before.
+
+    ``e``: the first and the last are multiplied by ``2^-e`` (the solution filters of ``2^-xe x``,
+    :func:`x_exponent`), the first before it leaves the range (``s / lam`` near ``1e189 / 1e-189``)."""
     s = np.asarray(s, dtype=np.float64)
     lam = np.asarray(lam, dtype=np.float64)
     top = np.maximum(s, lam)
@@ -185,7 +197,37 @@ def filters(s: np.ndarray, lam: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray
     with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
         ft = np.where(den > 0, 1.0 / np.where(den > 0, den, 1.0), 0.0)
         f = np.where(plain > 0, 1.0 / np.where(plain > 0, plain, 1.0), 0.0)
-        return np.ldexp(st * ft, t), lt**2 * ft, st**2 * ft, f
+        return np.ldexp(st * ft, t - e), lt**2 * ft, st**2 * ft, np.ldexp(f, -e) if e else f
+
+
+def x_exponent(spec: Spectrum, lams: list[float]) -> int:
+    """``xe`` for the solutions of a tall spectrum at ``lams``: 0 where ``||x||^2`` of the scaled problem is
+    well inside float64 (the bits as before), else the power of two of the largest ``|x|`` bound, so that
+    ``2^-xe x`` and its square are near 1. The problem scaled by its largest entry (columns ``2^600``
+    apart) has ``x`` near ``2^626`` where ``x`` of the problem given is ``0.0238``: its norm overflowed and
+    the solve was refused."""
+    if spec.dual or not spec.s.size:
+        return 0
+    top = -np.inf
+    for lam in lams:
+        s = np.asarray(spec.s, dtype=np.float64)
+        lam_ = np.float64(lam)
+        tp = np.maximum(s, lam_)
+        t = np.where(tp > 0, -np.frexp(tp)[1], 0)
+        st, lt = np.ldexp(s, t), np.ldexp(lam_, t)
+        den = st**2 + lt**2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if spec._every_direction(lam):  # 1 / (s^2 + lam^2) = 2^(2t) / den, times |vc|
+                lg = 2.0 * t - np.log2(np.where(den > 0, den, np.inf)) + np.log2(np.abs(spec.vc).max(axis=1))
+            else:  # s / (s^2 + lam^2) = 2^t st / den, times |beta|
+                lg = t + np.log2(np.where(den > 0, st / np.where(den > 0, den, 1.0), 0.0)) + \
+                    np.log2(np.abs(spec.beta).max(axis=1))
+        lg = lg[np.isfinite(lg)]
+        if lg.size:
+            top = max(top, float(lg.max()))
+    if not np.isfinite(top) or abs(top) < 400:  # ||x||^2 (n terms) well inside float64
+        return 0
+    return int(math.floor(top))
 
 
 def spectrum_from_gram(g: np.ndarray, c: np.ndarray, bb: np.ndarray, m: int, *, dual: bool,
@@ -230,12 +272,35 @@ def coefficients(ctx: TikhonovRun, spec: Spectrum, info: dict, rank: str) -> lis
     info["cond_estimate"] = smax / smin if smin > 0 else float("inf")
     if min(lams) == 0 and (smin <= smax * max(ctx.m, ctx.n) * np.finfo(np.float64).eps or smax == 0):
         raise singular(info["cond_estimate"], rank)
+    if spec.dual:
+        _check_dual_range(ctx, spec, lams)
+    spec.xe = ctx.xe = x_exponent(spec, lams)
     if per_target(ctx, lams):  # column j at its own lambda
         xs = [np.column_stack([spec.coefficients(lam)[:, j] for j, lam in enumerate(lams)])]
     else:
         xs = [spec.coefficients(lam) for lam in lams]
     describe(info, spec, lams, curve, ctx)
     return xs
+
+
+def _check_dual_range(ctx: TikhonovRun, spec: Spectrum, lams: list[float]) -> None:
+    """Refuse a lambda at which the dual form's ``1 / (s^2 + lam^2)`` leaves float64 along a direction of
+    ``b``: ``filters`` sets it to 0 there, and ``x = A^T y`` lost that direction's part silently (rows
+    ``2^600`` apart, ``lam`` 2.3e30: ``x`` near ``3e-191`` where the ridge solution has norm 0.077)."""
+    tiny = np.finfo(np.float64).tiny
+    b2 = (np.abs(spec.beta) ** 2).sum(axis=1) if spec.beta.size else np.zeros(spec.s.shape)
+    for lam in lams:
+        with np.errstate(under="ignore", over="ignore"):
+            den = spec.s ** 2 + float(lam) ** 2
+        lost = (den < tiny) & (b2 > 0) & ((spec.s > 0) | (float(lam) > 0))
+        if np.any(lost):
+            ea = ctx.sa.exponent if ctx.sa is not None else 0
+            raise ParameterError(_msg(
+                "lam", "must keep s^2 + lam^2 within float64 for every direction of the dual form x = A^T (A A^T + "
+                "lam^2 I)^-1 b of a wide a (the problem divided by 2^%d, its largest entry's power of two)" % ea,
+                f"lam = {float(np.ldexp(lam, ea)):.3g} with {int(lost.sum())} direction(s) whose s^2 + lam^2 is "
+                f"below {tiny:.3g} in that problem (rows of a far apart in magnitude)", "scale the rows of a (and b) nearer each other, or solve the tall form "
+                "min ||[a; lam I] x - [b; 0]|| (blocklin.solve with method='qr' on the stacked matrix)"))
 
 
 def per_target(ctx: TikhonovRun, lams: list[float]) -> bool:
@@ -259,20 +324,23 @@ def _lambdas(ctx: TikhonovRun, spec: Spectrum) -> tuple[list[float], dict | None
 
 
 def describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, ctx: TikhonovRun) -> None:
+    # solution_sq is that of 2^-xe x: lam^2 ||x||^2 = (2^xe lam)^2 ||2^-xe x||^2 (at most ||b||^2); the
+    # solution_norm is reported in the units of 2^-xe x (least_squares._unscale_info multiplies it back)
+    xe = spec._xe()
     if per_target(ctx, lams):
         rr = np.array([spec.residual_sq(l)[j] for j, l in enumerate(lams)])
         xx = np.array([spec.solution_sq(l)[j] for j, l in enumerate(lams)])
         info.update(lam=list(lams), residual_norm=norms(rr), solution_norm=norms(xx),
-                    objective=norms(rr + np.asarray(lams) ** 2 * xx), lam_rule="loo", curve=curve)
+                    objective=norms(rr + np.ldexp(np.asarray(lams), xe) ** 2 * xx), lam_rule="loo", curve=curve)
         return
     rr = [spec.residual_sq(l) for l in lams]
     xx = [spec.solution_sq(l) for l in lams]
     if len(lams) == 1 and ctx.kind != "sequence":
         info.update(lam=lams[0], residual_norm=norms(rr[0]), solution_norm=norms(xx[0]),
-                    objective=norms(rr[0] + lams[0] ** 2 * xx[0]))
+                    objective=norms(rr[0] + np.ldexp(lams[0], xe) ** 2 * xx[0]))
     else:
         info.update(lam=list(lams), residual_norm=[norms(r) for r in rr], solution_norm=[norms(x) for x in xx],
-                    objective=[norms(r + l**2 * x) for r, x, l in zip(rr, xx, lams)])
+                    objective=[norms(r + np.ldexp(l, xe)**2 * x) for r, x, l in zip(rr, xx, lams)])
     if curve is not None:
         info["lam_rule"] = ctx.kind
         info["curve"] = curve
@@ -281,4 +349,4 @@ def describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, 
 
 
 __all__ = ["GRID", "Spectrum", "choose_lambda", "coefficients", "describe", "filters", "finish_spectral", "per_target",
-           "spectrum_from_gram"]
+           "spectrum_from_gram", "x_exponent"]

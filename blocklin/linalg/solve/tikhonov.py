@@ -98,6 +98,8 @@ class TikhonovRun:
     L: Any = None
     gram: dict | None = None
     dual_sums: Any = None
+    #: the solutions in hand are ``2^-xe x'`` of the scaled problem (:func:`blocklin.linalg.solve.spectrum.x_exponent`)
+    xe: int = 0
 
     def scaled_run(self, run: Any) -> dict:
         """``run(scale)`` a pass over ``A`` and ``B`` (made again scaled when its first reading finds
@@ -159,8 +161,11 @@ class TikhonovRun:
         return self.sa.params() | self.sb.params()
 
     def offset(self, x: np.ndarray) -> np.ndarray:
-        """The intercept ``bbar - mu^T x`` of a solution of the centered problem."""
-        return self.bbar - self.mu @ x
+        """The intercept ``bbar - mu^T x`` of a solution of the centered problem (``x`` given as ``2^-xe x``)."""
+        if not self.xe:
+            return self.bbar - self.mu @ x
+        with np.errstate(over="ignore", under="ignore"):
+            return ldexp(ldexp(self.bbar, -self.xe) - self.mu @ x, self.xe)
 
 
 def first_row(op: Any, dtype: str) -> np.ndarray:
@@ -204,8 +209,8 @@ def device_of_pass(ctx: TikhonovRun, phase: str, flops: float) -> str:
 
 def write_x(ctx: TikhonovRun, x_path: str, x: np.ndarray) -> None:
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
-    if ctx.sa is not None and ctx.sa.known:  # x of the scaled problem: x = 2^(eb - ea) x'
-        x = unscaled_x(x, ctx.sb.exponent - ctx.sa.exponent, out_dtype)
+    known = ctx.sa is not None and ctx.sa.known  # x of the scaled problem: x = 2^(eb - ea) x'
+    x = unscaled_x(x, (ctx.sb.exponent - ctx.sa.exponent if known else 0) + ctx.xe, out_dtype)
     chunks = auto_chunks(x.shape, out_dtype, ctx.job.cfg.memory)
     arr = create_array(x_path, shape=x.shape, dtype=out_dtype, chunks=chunks, codec=ctx.job.cfg.codec)
     write_block(arr, slice(0, x.shape[0]), slice(0, x.shape[1]), x.astype(out_dtype, copy=False))
