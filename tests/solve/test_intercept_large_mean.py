@@ -164,3 +164,24 @@ def test_wide_intercept_of_large_means(memory, weighted, dtype, device=None):
     icpt = bbar - mu @ ref  # its rounding: eps |mu| |x| per term, and mu^T x's error from x's
     assert np.abs(np.asarray(x.intercept) - icpt).max() <= 8 * n * e64 * (np.abs(mu) @ np.abs(ref)).max() \
         + np.linalg.norm(mu) * bound
+
+
+@pytest.mark.parametrize("method", ["auto", "normal", "qr"])
+@pytest.mark.parametrize("wide", [False, True])
+def test_constant_columns_near_1e200_give_x_zero_and_the_mean_as_intercept(method, wide):
+    """``A`` constant per column near ``1e200`` with ``fit_intercept``: the centered ``A`` is exactly 0, so the
+    ridge solution at any ``lam > 0`` is ``x = 0`` with the intercept ``mean(b)`` (sklearn's Ridge centers to
+    0 and gives that). ``lam = 0.1`` squared underflows in the problem scaled by ``2^-667``: the normal
+    equations' Cholesky of the zero Gram matrix failed and the solve was refused as "A^T A + lam^2 I must be
+    positive definite ... a larger lam"; the QR route took the centering's rounding (``eps ||A||``) for data
+    and gave ``x`` near ``1e-156`` with an intercept of ``5.7e44`` (``-9e49`` wide). The intercept is a mean
+    of ``m`` values: ``m eps max|b|``."""
+    if wide and method == "normal":
+        pytest.skip("the wide route has one Gram form (auto)")
+    rng = np.random.default_rng(0)
+    m, n = (3, 4) if wide else (50, 3)
+    a = np.tile(np.array([1.0, 2.0, -3.0, 4.0][:n]) * 1e200, (m, 1))
+    b = rng.standard_normal(m)
+    x = bl.solve(a, b, lam=0.1, fit_intercept=True, method=method)
+    assert np.array_equal(x.to_numpy().ravel(), np.zeros(n))
+    assert np.allclose(x.intercept, b.mean(), rtol=0, atol=m * np.finfo(float).eps * np.abs(b).max())

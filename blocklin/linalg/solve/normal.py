@@ -223,16 +223,23 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
                               f"factor of {gram} + lam^2 I")
         info["norm_a"] = math.sqrt(gp["aa"])
         return info
-    if ctx.kind != "scalar":
+    lam = ctx.lams[0] if ctx.kind == "scalar" else 0.0
+    cf, rcond = factor_regularized(gp["g"], lam) if ctx.kind == "scalar" else (None, 0.0)
+    # lam > 0 whose square underflows in the scaled problem (lam 0.1 on entries near 1e200): lam^2 I added
+    # nothing, and a zero centered Gram matrix (constant columns) failed its Cholesky, refused as "A^T A + lam^2 I
+    # must be positive definite ... a larger lam"; the spectral filters form lam^2 / (s^2 + lam^2) scaled
+    lam_lost = ctx.kind == "scalar" and 0 < lam and lam**2 < np.finfo(np.float64).tiny and \
+        (cf is None or rcond < np.finfo(np.float64).eps)
+    if ctx.kind != "scalar" or lam_lost:
         spec = spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.rows_in_problem, dual=False, n=ctx.n)
-        info = {"method": "normal", "method_reason": f"{what}: eigen-decomposition of {gram}"}
+        info = {"method": "normal", "method_reason": f"{what}: eigen-decomposition of {gram}" + (
+            " (lam^2 of the problem scaled by its largest entry is below float64's range: the Cholesky factor "
+            "of the singular Gram matrix failed, the spectral filters keep lam)" if lam_lost else "")}
         xs = coefficients(ctx, spec, info, "column")
         if ctx.intercept:
             info["intercept"] = [ctx.offset(x).tolist() for x in xs] if len(xs) > 1 else ctx.offset(xs[0]).tolist()
         write_x(ctx, x_path, np.hstack(xs) if len(xs) > 1 else xs[0])
         return info
-    lam = ctx.lams[0]
-    cf, rcond = factor_regularized(gp["g"], lam)
     if lam == 0 and not ctx.positive and (cf is None or rcond < np.finfo(np.float64).eps):
         return _min_norm(ctx, gp, x_path, what, gram)
     if cf is None or rcond < AUTO_RCOND:

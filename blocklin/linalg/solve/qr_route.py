@@ -47,6 +47,7 @@ def qr_route(ctx: TikhonovRun, x_path: str, info: dict, reason: str) -> dict:
     if not ones:
         info.update(method="qr", method_reason=reason, norm_a=float(sr["norm_a"]))
         return finish_spectral(ctx, spec, info, x_path)
+    cut_centering_noise(spec, float(sr["norm_a"]), ctx.m, ctx.n)
     row, n = np.asarray(sr["ones_row"]), ctx.n
     r11 = row[0]  # +-sqrt(m), real: the ones column's norm
     ctx.mu, ctx.bbar = row[1:n + 1] / r11, row[n + 1:] / r11
@@ -57,6 +58,21 @@ def qr_route(ctx: TikhonovRun, x_path: str, info: dict, reason: str) -> dict:
     info["intercept"] = [ctx.offset(x).tolist() for x in xs] if len(xs) > 1 else ctx.offset(xs[0]).tolist()
     write_x(ctx, x_path, np.hstack(xs) if len(xs) > 1 else xs[0])
     return info
+
+
+def cut_centering_noise(spec: Spectrum, norm_a: float, m: int, n: int) -> None:
+    """Directions of the centered ``R22`` whose singular value is at the rounding level of the ones column's
+    Householder step, ``max(m, n) eps ||A||_F`` of the uncentered ``A``, are zero: that step's backward error
+    is of that size column by column, so such a singular value is rounding (constant columns near ``1e200``,
+    whose centered ``A`` is exactly 0, gave ``x`` near ``1e-156`` and an intercept of ``5.7e44`` for ``b`` of
+    mean 0.13 at ``lam = 0.1``). Their part of ``b`` joins what no lambda fits, as for a zero ``s``."""
+    tol = max(m, n + 1) * np.finfo(np.float64).eps * norm_a
+    cut = spec.s <= tol
+    if not cut.any():
+        return
+    spec.rho0sq = spec.rho0sq + (np.abs(spec.beta[cut]) ** 2).sum(axis=0)
+    spec.beta = np.where(cut[:, None], 0.0, spec.beta)
+    spec.s = np.where(cut, 0.0, spec.s)
 
 
 def wide_qr_factor(ctx: TikhonovRun) -> tuple[np.ndarray, int]:
@@ -80,4 +96,4 @@ def dual_spectrum(r: np.ndarray, bm: np.ndarray, m: int, n: int) -> Spectrum:
     return Spectrum(s=s, basis=v, beta=v.conj().T @ bm, rho0sq=np.zeros(bm.shape[1]), m=m, n=n, dual=True)
 
 
-__all__ = ["dual_spectrum", "qr_route", "wide_qr_factor"]
+__all__ = ["cut_centering_noise", "dual_spectrum", "qr_route", "wide_qr_factor"]

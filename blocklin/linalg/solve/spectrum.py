@@ -288,11 +288,15 @@ def _check_dual_range(ctx: TikhonovRun, spec: Spectrum, lams: list[float]) -> No
     ``b``: ``filters`` sets it to 0 there, and ``x = A^T y`` lost that direction's part silently (rows
     ``2^600`` apart, ``lam`` 2.3e30: ``x`` near ``3e-191`` where the ridge solution has norm 0.077)."""
     tiny = np.finfo(np.float64).tiny
+    if not spec.s.size or not spec.s.max() > 0:  # A (centered) is 0: x = A^T y = 0 whatever y is
+        return
     b2 = (np.abs(spec.beta) ** 2).sum(axis=1) if spec.beta.size else np.zeros(spec.s.shape)
+    # a part of b at the rounding level (the intercept's direction, where the centered b has none) is no loss
+    noise = (max(spec.m, 1) * np.finfo(np.float64).eps) ** 2 * float(b2.sum())
     for lam in lams:
         with np.errstate(under="ignore", over="ignore"):
             den = spec.s ** 2 + float(lam) ** 2
-        lost = (den < tiny) & (b2 > 0) & ((spec.s > 0) | (float(lam) > 0))
+        lost = (den < tiny) & (b2 > noise) & ((spec.s > 0) | (float(lam) > 0))
         if np.any(lost):
             ea = ctx.sa.exponent if ctx.sa is not None else 0
             raise ParameterError(_msg(
