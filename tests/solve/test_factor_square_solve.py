@@ -583,3 +583,26 @@ def test_the_condition_estimate_is_a_lower_bound_and_warns_at_one_over_eps(memor
             assert kappa / (4 * n) <= est <= kappa * (1 + 1e-3), (top, est, kappa)
         else:
             assert est * np.finfo(np.float64).eps >= 1, (top, est)
+
+
+@pytest.mark.parametrize("assume_a", ["gen", "pos"])
+def test_square_solution_below_the_range_is_refused_and_a_subnormal_one_answered(assume_a):
+    """``A`` near ``1e200``, ``b`` near ``1e-200``: ``x`` (near ``1e-400``) is below float64's range. The LU
+    route returned ``x = 0`` with only a warning ("backward error 1.0 ... condition too large for
+    float64?"); it is refused naming ``b``. A subnormal ``x`` (near ``1e-312``) is answered, to the
+    absolute resolution of subnormals (``n`` roundings of ``4.9e-324`` each, plus the ``cond(A) eps``
+    relative error of the LU), with a warning that names the range instead of the condition."""
+    rng = np.random.default_rng(0)
+    n = 20
+    a = rng.standard_normal((n, n))
+    a = a @ a.T + n * np.eye(n)  # symmetric positive definite, well conditioned
+    xr = rng.standard_normal(n)
+    b = a @ xr
+    with pytest.raises(ConvergenceError, match="b: must give a solution x = A\\^-1 b within the range of float64"):
+        bl.solve(a * 1e200, b * 1e-200, assume_a=assume_a)
+    with pytest.warns(Warning, match="x is subnormal"):
+        x = bl.solve(a * 1e150, b * 1e-160, assume_a=assume_a).to_numpy().ravel()
+    ref = np.linalg.solve(a, b) * 1e-310
+    cond = np.linalg.cond(a)
+    sub = np.finfo(float).smallest_subnormal
+    assert np.allclose(x, ref, rtol=n * cond * np.finfo(float).eps, atol=4 * n * sub), (x[:3], ref[:3])

@@ -300,7 +300,8 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
             elif ref.eta > tol and precision != "double":
                 _refuse_residual_range(job, ref, fdt)
         _refuse_not_hermitian(ops, A, factor, ref, tol, norm_a, assume_a)
-        _check_converged(ref, tol, precision, dt)
+        note = _below_range(ops, ref, B, (n, k), dt, norm_a) if ref.eta > tol and precision == "double" else None
+        _check_converged(ref, tol, precision, dt, note=note)
         run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
         col_res, col_x = (_col_norms(ops, Region.of(p, (n, k))) for p in (ref.r_path, ref.x_path))
         if "condition_estimate" not in extra:  # GMRES-IR's own estimate where it ran
@@ -1144,8 +1145,36 @@ def _refuse_not_hermitian(ops: BlockOps, A: Any, factor: _Factor, ref: SolveRefi
             f"pass assume_a='gen' (LU), or symmetrize A ((A + A^{h})/2) if that is the system meant"))
 
 
+def _below_range(ops: BlockOps, ref: SolveRefinement, B: Any, shape: tuple[int, int], dt: np.dtype,
+                 norm_a: float) -> str | None:
+    """Why refinement stalled when it is ``x``'s size, not the condition: a column of ``x`` that is 0 where
+    ``b``'s is not (``x`` below the dtype's range, about ``||b|| / ||A||`` or less) is refused; a column
+    whose entries are subnormal is answered, and the warning says so (its absolute resolution is the
+    smallest subnormal). ``A`` near ``1e200`` and ``b`` near ``1e-200`` had given ``x = 0`` with a warning
+    of a backward error 1.0 and "condition too large for float64?"."""
+    n, k = shape
+    xn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(ref.x_path, (n, k))), dtype=np.float64))
+    bn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(B.path, (n, k), (int(getattr(B, "first_row", 0)), 0))),
+                                  dtype=np.float64))
+    info = np.finfo(dt)
+    zero = (xn == 0) & (bn > 0)
+    if zero.any():
+        # as a power of ten: the quotient itself underflows
+        est = f"about 1e{math.log10(float(bn[zero].max())) - math.log10(norm_a):.0f}" if norm_a > 0 else "below it"
+        raise ConvergenceError(explain(
+            "b", f"must give a solution x = A^-1 b within the range of {dt.name} (nonzero entries above "
+            f"{float(info.smallest_subnormal):.1e})", f"x = 0 in {int(zero.sum())} column(s) whose b is not 0: "
+            f"||x|| >= ||b|| / ||A||_F, {est}, below the range",
+            "scale b up (or a down) by a power of two, 2^e, and scale x back by 2^-e yourself"))
+    if np.any((xn > 0) & (xn < info.tiny * math.sqrt(n))):
+        return (f"x is subnormal (column norms down to {float(xn[xn > 0].min()):.1e}): its entries are resolved to "
+                f"{float(info.smallest_subnormal):.1e} absolute, which bounds the backward error; scale b by a power "
+                "of two for full precision")
+    return None
+
+
 def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dtype, *,
-                     switch_need: int | None = None) -> None:
+                     switch_need: int | None = None, note: str | None = None) -> None:
     """Mixed precision that did not reach ``tol`` is refused; the working precision warns. ``switch_need``:
     the plain refinement stalled where the budget does not hold the switch to GMRES-IR, which it names."""
     if ref.eta <= tol:
@@ -1163,7 +1192,7 @@ def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dt
             + (f"; GMRES-IR, which refines further, did not run: its vectors and products need memory >= "
                f"{format_size(switch_need)}" if switch_need is not None else ""), fix))
     warn(f"solve: backward error {ref.eta:.1e} above tol {tol:.1e} after {ref.steps} refinement step(s) "
-         f"(history {trail}; condition too large for {dt.name}?)", ConvergenceWarning)
+         f"(history {trail}; {note or f'condition too large for {dt.name}?'})", ConvergenceWarning)
 
 
 __all__ = ["ASSUME", "PRECISIONS", "SolveRefinement", "operand_dtype", "operand_shape", "refine", "dtypes_known_equal",
