@@ -99,3 +99,28 @@ def test_a_matrix_of_subnormal_entries_gives_the_scaled_solution(tmp_path, lam):
     got = _solve(tmp_path, "tiny", tiny, np.ldexp(b, -1040), lams.tolist() if isinstance(lam, list) else float(lams[0]))
     assert got.report["converged"] and np.array_equal(got.to_numpy(), ref.to_numpy())
     assert got.report["passes"] == ref.report["passes"] + 1  # the first product made again, scaled
+
+
+@pytest.mark.parametrize("ka, kb, scaled, ein", [(-1070, -100, True, True), (600, 0, True, False), (0, 0, False, False)],
+                         ids=["subnormal-S", "huge-S", "unscaled"])
+def test_report_says_what_scaling_was_applied(tmp_path, ka, kb, scaled, ein):
+    """An all-subnormal ``S`` (``2^-1070`` times a random pattern) is solved on ``2^1069 S`` with the first
+    product made again on inputs multiplied by ``2^992``; the report said ``scaling: None``. It now gives the
+    powers of two (``x`` is the unscaled run's times ``2^(kb - ka)``, as the other cases of this file check), and
+    None where nothing was scaled."""
+    a, b = _problem()
+    b = b[:, :1]
+    got = _solve(tmp_path, "scaled", a * 2.0 ** ka, np.ldexp(b, kb), 0.0)
+    sc = got.report["scaling"]
+    if not scaled:
+        assert sc is None
+        return
+    # S is scaled by the power of two its first product S^T u_1 (||u_1|| = 1) names: within a few of ka
+    assert abs(sc["exponent_a"] - ka) <= 8 and sc["exponent_b"] == 0
+    assert (sc["exponent_products_input"] != 0) == ein
+    assert sc["extra_passes"] == int(bool(ein))
+    # the reference: the least-squares solution of S as stored (its subnormal entries rounded), scaled back
+    # by 2^-ka exactly; LSQR stops at tol = 1e-10 of the problem's norms, cond(S) about 10: 1e-8 leaves room
+    stored = np.ldexp((a * 2.0 ** ka).toarray(), -ka)
+    ref = np.linalg.lstsq(stored, b, rcond=None)[0]
+    np.testing.assert_allclose(np.ldexp(got.to_numpy(), ka - kb), ref, rtol=1e-8)

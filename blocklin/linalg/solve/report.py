@@ -21,7 +21,7 @@ RECORDED = {
     # LSQR on a stored sparse matrix's row-block products (sparse_lsqr)
     "sparse least squares": ("lam", "method", "method_reason", "residual_norm", "solution_norm", "passes", "seconds",
                              "intercept", "iterations", "converged", "column_converged", "tol", "max_iter", "nnz",
-                             "flops"),
+                             "flops", "scaling"),
     "square": ("method", "method_reason", "precision", "residual_norm", "backward_error", "refine_steps", "seconds",
                "growth_factor", "resumed"),
     "triangular": ("seconds", "peak_memory", "tasks"),

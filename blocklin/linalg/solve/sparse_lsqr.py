@@ -85,6 +85,9 @@ class LsqrResult:
     acond: np.ndarray
     anorm: np.ndarray
     products: list[int]  # columns of each product, in order (the passes and their flops)
+    #: the powers of two the run was scaled by (:func:`scaling_report`): ``S`` by ``2^-es``, column ``j`` of ``b``
+    #: by ``2^-eb[j]``, the vectors entering the products by ``2^-ein`` (subnormal ``S``), ``redone`` products
+    scale: dict | None = None
 
     @property
     def converged(self) -> np.ndarray:
@@ -169,7 +172,25 @@ def lsqr_columns(matmat: Callable[[np.ndarray], np.ndarray], rmatmat: Callable[[
     cols.istop[cols.live] = 7
     refuse_beyond_range(cols.x, eb[cols.rhs] - es)
     return LsqrResult(x=np.ldexp(cols.x, (eb[cols.rhs] - es)[None, :]), iterations=cols.iterations,
-                      istop=cols.istop, acond=cols.acond, anorm=np.ldexp(cols.anorm, es), products=bd.products)
+                      istop=cols.istop, acond=cols.acond, anorm=np.ldexp(cols.anorm, es), products=bd.products,
+                      scale={"es": int(es), "eb": [int(v) for v in eb], "ein": int(box["in"]),
+                             "redone": int("redone" in box)})
+
+
+def scaling_report(scale: dict | None) -> dict | None:
+    """``report["scaling"]`` of an LSQR run: None where nothing was scaled (the data within ``2^+-256``), else the
+    powers of two, as the dense routes report theirs (an all-subnormal ``S`` had been scaled by ``2^1074`` and
+    its first product made again, and the report said ``scaling: None``)."""
+    if not scale or not (scale["es"] or scale["ein"] or any(scale["eb"])):
+        return None
+    es, eb = scale["es"], scale["eb"]
+    return {"exponent_a": es, "exponent_b": eb[0] if len(eb) == 1 else eb, "exponent_products_input": scale["ein"],
+            "extra_passes": scale["redone"],
+            "note": (f"LSQR ran on 2^{-es} S and 2^{-eb[0]} b" if len(set(eb)) == 1 else
+                     f"LSQR ran on 2^{-es} S and 2^-eb_j b_j (each column of b by its own power of two)")
+                    + f" with lam' = 2^{-es} lam (exact powers of two); x_j = 2^(eb_j + {-es}) x'_j"
+                    + (f"; the vectors entering the products of S were multiplied by 2^{-scale['ein']} first (S "
+                       "near the subnormals: the first product made again)" if scale["ein"] else "")}
 
 
 def refuse_beyond_range(x_scaled: np.ndarray, e: np.ndarray) -> None:
@@ -572,7 +593,8 @@ def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_i
             "converged": bool(converged.all()), "column_converged": converged.tolist(), "stop_reasons": stops,
             "tol": tol, "max_iter": max_iter, "cond_estimate": float(res.acond.max(initial=0.0)),
             "norm_a_estimate": float(res.anorm.max(initial=0.0)), "residual_norm_source": "b - S x (one more pass)",
-            "nnz": s.nnz, "orientation": "tall" if m >= n else "wide", "fit_intercept": intercept}
+            "nnz": s.nnz, "orientation": "tall" if m >= n else "wide", "fit_intercept": intercept,
+            "scaling": scaling_report(res.scale)}
     if intercept:
         x0 = bbar[rhs] - mu @ x
         info["intercept"] = x0.tolist() if kind == "scalar" else [x0[l * k:(l + 1) * k].tolist() for l in range(L)]
@@ -588,4 +610,4 @@ def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_i
 
 __all__ = ["CONVERGED", "DEFAULT_TOL", "MAX_ITER_CAP", "SPARSE_METHODS", "STOP_REASONS", "LsqrResult",
            "check_max_iter", "check_tol", "default_max_iter", "default_tol", "lsqr_columns", "refuse_beyond_range",
-           "refuse_sparse_options", "solve_sparse", "sparse_plan"]
+           "refuse_sparse_options", "scaling_report", "solve_sparse", "sparse_plan"]
