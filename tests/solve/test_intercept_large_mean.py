@@ -185,3 +185,43 @@ def test_constant_columns_near_1e200_give_x_zero_and_the_mean_as_intercept(metho
     x = bl.solve(a, b, lam=0.1, fit_intercept=True, method=method)
     assert np.array_equal(x.to_numpy().ravel(), np.zeros(n))
     assert np.allclose(x.intercept, b.mean(), rtol=0, atol=m * np.finfo(float).eps * np.abs(b).max())
+
+
+def _column_scaled_ridge(a, b, lam, intercept):
+    """Ridge of ``a`` (centered with ``intercept``) in the column-scaled variables ``z = D x``: ``[A D^-1; lam
+    D^-1] z = [b; 0]`` by NumPy's SVD least squares, accurate to its (small) condition; and that condition."""
+    ac, bc = (a - a.mean(axis=0), b - b.mean(axis=0)) if intercept else (a, b)
+    d = np.abs(ac).max(axis=0)
+    m_ = np.vstack([ac / d, np.diag(lam / d)])
+    z = np.linalg.lstsq(m_, np.vstack([bc, np.zeros((a.shape[1], b.shape[1]))]), rcond=None)[0]
+    return z / d[:, None], np.linalg.cond(m_), d
+
+
+@pytest.mark.parametrize("intercept", [True, False])
+def test_lambda_below_what_the_gram_spectrum_resolves(intercept):
+    """Columns of scales 1 and 1e-9 (independent), lam 5.5e-13: the Gram matrix resolves singular values down to
+    about sqrt(n eps) ||A|| (3e-8 here), not the 1.6e-9 of the small column. ``method='auto'`` with
+    ``fit_intercept`` and a lambda list took the centered Gram spectrum without that test and returned x 100%
+    off; now it switches to the streaming QR of ``[1 | A | b]``, as it does without an intercept (and a scalar
+    lam whose Cholesky fails switches too, instead of being refused). ``method='normal'`` keeps its route and
+    warns (it had said nothing). Reference: the column-scaled problem (condition about 2: accurate to rounding);
+    the TSQR and the SVD of ``R`` are normwise backward stable, so the bound is ``100 n kappa eps`` with
+    ``kappa = cond([A_c; lam I])`` (1.6e9: a bound of 1e-4, where the Gram spectrum's error was 1)."""
+    rng = np.random.default_rng(3)
+    m, n = 8, 3
+    a = rng.standard_normal((m, n))
+    a[:, 1] *= 1e-9
+    b = rng.standard_normal((m, 2))
+    lams = [5.5e-13, 7.3e-7]
+    for lam_arg in (lams, lams[0]):
+        x = bl.solve(a, b, lam=lam_arg, fit_intercept=intercept)
+        assert x.report["method"] == "qr"
+        got = x.to_numpy()
+        for j, lam in enumerate(lams if isinstance(lam_arg, list) else [lam_arg]):
+            ref, _, _ = _column_scaled_ridge(a, b, lam, intercept)
+            ac = a - a.mean(axis=0) if intercept else a
+            kappa = np.linalg.cond(np.vstack([ac, lam * np.eye(n)]))  # normwise: the SVD of R is normwise stable
+            err = np.linalg.norm(got[:, 2 * j:2 * j + 2] - ref) / np.linalg.norm(ref)
+            assert err <= 100 * n * kappa * eps(np.float64), (err, kappa)
+    with pytest.warns(Warning, match="does not resolve the directions of A"):
+        bl.solve(a, b, lam=lams, fit_intercept=intercept, method="normal")

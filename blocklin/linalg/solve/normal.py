@@ -20,6 +20,7 @@ from blocklin.device.syrk import symmetrize_lower
 from blocklin.linalg.solve import lambda_select, loo
 from blocklin.linalg.solve.kernels import gram_kernel, residual_kernel
 from blocklin.linalg.solve.qr_route import qr_route
+from blocklin.linalg.solve.spectrum import _lambdas as spectrum_lambdas
 from blocklin.linalg.solve.spectrum import coefficients, describe, finish_spectral, spectrum_from_gram
 from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass, dots, factor_regularized, norms, singular, write_x
 from blocklin.plan.solve import small_bytes
@@ -150,6 +151,7 @@ def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:
         spec = spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.m, dual=False, n=ctx.n)
         info = {"method": "normal", "method_reason": "requested (eigen-decomposition of A^T A; prefer 'qr' for "
                 "small lambda)"}
+        _warn_unresolved(ctx, spec, "A^T A", "method='qr' resolves them")
         return finish_spectral(ctx, spec, info, x_path)
     lam = ctx.lams[0]
     cf, rcond = factor_regularized(gp["g"], lam)
@@ -230,8 +232,23 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
     # must be positive definite ... a larger lam"; the spectral filters form lam^2 / (s^2 + lam^2) scaled
     lam_lost = ctx.kind == "scalar" and 0 < lam and lam**2 < np.finfo(np.float64).tiny and \
         (cf is None or rcond < np.finfo(np.float64).eps)
+    if ctx.kind == "scalar" and not lam_lost and (cf is None or rcond < AUTO_RCOND) and _qr_allowed(ctx):
+        return qr_route(ctx, x_path, {"rcond_normal": rcond}, f"A^T A + lam^2 I of the centered A is ill-conditioned "
+                        f"(reciprocal condition {rcond:.1e} < {AUTO_RCOND:.0e}): switched to the streaming QR")
     if ctx.kind != "scalar" or lam_lost:
         spec = spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.rows_in_problem, dual=False, n=ctx.n)
+        if not lam_lost:
+            # the centered Gram spectrum resolves singular values down to about sqrt(n eps) s_1 only: at a lambda
+            # below them (columns of scales 1 and 1e-9, lam 5.5e-13) its solution dropped a direction of A that
+            # the QR resolves, x 100% off, with method='auto' and no warning
+            lams = spectrum_lambdas(ctx, spec)[0]
+            ok, rc, why = lambda_select.spectrum_route(spec.s, lams, None, rcond_rule=AUTO_RCOND,
+                                                       rcond_sequence=AUTO_REFINE_RCOND)
+            if not ok and _qr_allowed(ctx):
+                return qr_route(ctx, x_path, {"rcond_normal": rc}, why + " (fit_intercept: [1 | A | b] streamed)")
+            if not ok:
+                _warn_unresolved(ctx, spec, gram, "method='qr' (fit_intercept without sample_weight) resolves them"
+                                 if not ctx.weighted else "a larger lam avoids it", (lams, rc))
         info = {"method": "normal", "method_reason": f"{what}: eigen-decomposition of {gram}" + (
             " (lam^2 of the problem scaled by its largest entry is below float64's range: the Cholesky factor "
             "of the singular Gram matrix failed, the spectral filters keep lam)" if lam_lost else "")}
@@ -255,6 +272,29 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
         info["intercept"] = ctx.offset(x).tolist()
     write_x(ctx, x_path, x)
     return info
+
+
+def _warn_unresolved(ctx: TikhonovRun, spec: Any, gram: str, fix: str, checked: tuple | None = None) -> None:
+    """Warn where ``method="normal"`` solves a lambda from the Gram spectrum below what it resolves (the test
+    ``method="auto"`` switches to the QR on): it had returned x 100% off (columns of scales 1 and 1e-9, lam
+    5.5e-13) without a word."""
+    if checked is None:
+        lams = spectrum_lambdas(ctx, spec)[0]
+        ok, rc, _ = lambda_select.spectrum_route(spec.s, lams, None, rcond_rule=AUTO_RCOND,
+                                                 rcond_sequence=AUTO_REFINE_RCOND)
+        if ok:
+            return
+    else:
+        lams, rc = checked
+    warn(f"solve: {gram} + lam^2 I has reciprocal condition {rc:.1e} at lambda = {min(lams):.3g} of the scaled "
+         f"problem: the eigen-decomposition of {gram} does not resolve the directions of A below about "
+         f"sqrt(n eps) ||A|| that this lambda leaves in x (accuracy lost); {fix}")
+
+
+def _qr_allowed(ctx: TikhonovRun) -> bool:
+    """``method="auto"`` may switch the centered problem to the streaming QR (``[1 | A | b]``): an intercept, without
+    sample weights or ``positive`` (which the R factor does not take)."""
+    return ctx.method == "auto" and ctx.intercept and not ctx.weighted and not ctx.positive
 
 
 def _min_norm(ctx: TikhonovRun, gp: dict, x_path: str, what: str, gram: str) -> dict:
