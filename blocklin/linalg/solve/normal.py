@@ -232,7 +232,8 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
     # must be positive definite ... a larger lam"; the spectral filters form lam^2 / (s^2 + lam^2) scaled
     lam_lost = ctx.kind == "scalar" and 0 < lam and lam**2 < np.finfo(np.float64).tiny and \
         (cf is None or rcond < np.finfo(np.float64).eps)
-    if ctx.kind == "scalar" and not lam_lost and (cf is None or rcond < AUTO_RCOND) and _qr_allowed(ctx):
+    # (lam = 0 keeps the minimum-norm solution of the centered Gram matrix, _min_norm, which the QR refuses)
+    if ctx.kind == "scalar" and lam > 0 and not lam_lost and (cf is None or rcond < AUTO_RCOND) and _qr_allowed(ctx):
         return qr_route(ctx, x_path, {"rcond_normal": rcond}, f"A^T A + lam^2 I of the centered A is ill-conditioned "
                         f"(reciprocal condition {rcond:.1e} < {AUTO_RCOND:.0e}): switched to the streaming QR")
     if ctx.kind != "scalar" or lam_lost:
