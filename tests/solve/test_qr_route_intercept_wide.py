@@ -200,3 +200,33 @@ def test_sample_weight_still_refused_with_qr():
     a, b = data(100, 5, 1, np.float64)
     with pytest.raises(ParameterError, match="unweighted"):
         bl.solve(a, b, lam=0.5, method="qr", fit_intercept=True, sample_weight=np.ones(100))
+
+
+@pytest.mark.parametrize("method", ["auto", "qr"])
+def test_wide_intercept_at_a_small_lambda_keeps_the_solution(method):
+    """Two rows ``2^600`` apart, ``fit_intercept``, ``lam`` 1e-82 of ``||A||``: the centered ``A A^T`` has the
+    intercept's direction in its null space, weighted ``1 / lam^2`` against a rounding-level part of ``b``; that
+    part of ``y`` dwarfed the rest and the centering cancelled it: ``x`` 100% off and the intercept that of
+    ``x = 0`` (Gram route). The direction is taken out of the dual spectrum. Reference: the dual form in mpmath
+    at 500 digits; the centered ``A`` is ``[d; -d]`` (rank one, condition 1 on its range): a few eps."""
+    import mpmath as mp
+
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((2, 11))
+    a[1] = np.ldexp(a[1], 600)
+    b = rng.standard_normal(2)
+    lam = 1e99
+    with mp.workdps(500):
+        A = mp.matrix(a.tolist())
+        mu = [(A[0, j] + A[1, j]) / 2 for j in range(11)]
+        ac = mp.matrix([[A[i, j] - mu[j] for j in range(11)] for i in range(2)])
+        bc = mp.matrix([b[0] - (b[0] + b[1]) / 2, b[1] - (b[0] + b[1]) / 2])
+        g = ac * ac.T + mp.mpf(lam) ** 2 * mp.eye(2)
+        det = g[0, 0] * g[1, 1] - g[0, 1] * g[1, 0]
+        y = mp.matrix([(g[1, 1] * bc[0] - g[0, 1] * bc[1]) / det, (g[0, 0] * bc[1] - g[1, 0] * bc[0]) / det])
+        xm = ac.T * y
+        ref = np.array([float(v) for v in xm])
+        ref0 = float((b[0] + b[1]) / 2 - mp.fsum(mu[j] * xm[j] for j in range(11)))
+    x = bl.solve(a, b, lam=lam, fit_intercept=True, method=method)
+    assert np.allclose(x.to_numpy().ravel(), ref, rtol=1e-12, atol=0)
+    assert np.allclose(x.intercept, ref0, rtol=1e-12, atol=0)

@@ -145,6 +145,8 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         info = {"method": "normal", "method_reason": "wide a: dual form x = A^T (A A^T + lam^2 I)^-1 b"
                 if ctx.cdtype == "float64" else "wide a: dual form x = A^H (A A^H + lam^2 I)^-1 b",
                 "norm_a": math.sqrt(max(float(np.trace(g).real), 0.0))}
+    if ctx.intercept:
+        spec = _without_intercept_direction(ctx, spec, np.sqrt(w))
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
     ys = coefficients(ctx, spec, info, "row")
     if ctx.weighted:  # x = (D P_w A)^T y = A^T P_w^T (D y)
@@ -171,6 +173,26 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     if job.check_finite:  # inputs checked finite: a non-finite x is an overflow of the GEMM's sums
         _check_finite_x(x_path, alpha)
     return info
+
+
+def _without_intercept_direction(ctx: TikhonovRun, spec: Any, sw: np.ndarray) -> Any:
+    """The dual spectrum of the centered problem with the intercept's direction ``sqrt(w)`` taken out
+    (:func:`blocklin.linalg.solve.loo.without_intercept`): the centered ``A A^T`` has it in its null space, so
+    its weight ``1 / (s^2 + lam^2)`` is about ``1 / lam^2`` times a rounding-level part of ``b``; at a small
+    ``lam`` that part of ``y`` dwarfed the rest, and the centering ``P^T y`` cancelled it with the rest (rows
+    ``2^600`` apart, ``lam`` 1e-82 of ``||A||``: ``x`` 100% off and the intercept that of ``x = 0``). The
+    leave-one-out choice, which takes the direction out itself, is made on the spectrum as it was."""
+    import dataclasses
+
+    from blocklin.linalg.solve import loo
+
+    if ctx.kind == "loo" and ctx.folds is None:
+        loo.choose(ctx, spec)
+    u, beta, s2 = loo.without_intercept(spec, sw)
+    out = dataclasses.replace(spec, s=np.sqrt(np.maximum(s2, 0.0)), basis=u, beta=beta)
+    if ctx.loo_choice is not None and ctx.loo_choice[0] is spec:
+        ctx.loo_choice = (out, *ctx.loo_choice[1:])
+    return out
 
 
 def dual_exponents(y: np.ndarray, eb: int, ea: int, dtype: Any) -> tuple[int, int]:
