@@ -318,15 +318,25 @@ def test_complex_solve_with_intercept_near_the_range_ends(lam, k):
 
 @pytest.mark.parametrize("dtype", [np.complex128, np.float64])
 def test_singular_regularized_gram_refusal_names_lam_as_given(dtype):
-    """A refusal of a singular ``A^H A + lam^2 I`` on data near ``1e200`` names the ``lam`` passed (0.1) and,
-    for complex data, ``A^H A``: it had named the scaled problem's ``lam`` (``0.1 * 2^-665``, 6.5e-202) and
-    ``A^T A``. Rows all alike: the centered ``A`` is 0, and ``(0.1 * 2^-665)^2`` underflows float64."""
-    row = [1 + 2j, 3.0] if np.dtype(dtype).kind == "c" else [1.0, 3.0]
+    """A refusal of a singular ``A^H A + lam^2 I`` on data near ``1e200`` names the ``lam`` passed and, for
+    complex data, ``A^H A``: it had named the scaled problem's ``lam`` (``0.1 * 2^-665``, 6.5e-202) and
+    ``A^T A``. Columns proportional (rank one), ``lam = 1e170`` (``1e-30`` of ``||A||``): the normal
+    equations cannot resolve it.
+
+    Rows all alike with ``fit_intercept`` (the case this refusal was first seen on) are no longer refused: the
+    centered ``A`` is 0, so ``x = 0`` and the intercept is ``mean(b)`` (``(0.1 * 2^-665)^2`` underflowed and
+    the Cholesky of the zero Gram matrix had been refused as if a larger lam were needed)."""
+    row = np.array([1 + 2j, 3.0] if np.dtype(dtype).kind == "c" else [1.0, 3.0])
+    a = (np.random.default_rng(0).standard_normal((6, 1)) * row[None, :]).astype(dtype) * 1e200
+    b = np.arange(6.0).reshape(6, 1).astype(dtype)
+    gram = "A\\^H A" if np.dtype(dtype).kind == "c" else "A\\^T A"
+    with pytest.raises(SingularMatrixError, match=rf"a: {gram} \+ lam\^2 I must be positive definite.* at lam = 1e\+170\."):
+        bl.solve(a, b, lam=1e170, method="normal", scheduler="sync")
     a = np.array([row] * 4, dtype=dtype) * 1e200
     b = np.arange(4.0).reshape(4, 1).astype(dtype)
-    gram = "A\\^H A" if np.dtype(dtype).kind == "c" else "A\\^T A"
-    with pytest.raises(SingularMatrixError, match=rf"a: {gram} \+ lam\^2 I must be positive definite.* at lam = 0\.1\."):
-        bl.solve(a, b, lam=0.1, fit_intercept=True, scheduler="sync")
+    x = bl.solve(a, b, lam=0.1, fit_intercept=True, scheduler="sync")
+    assert np.array_equal(x.to_numpy(), np.zeros((2, 1)))
+    assert np.allclose(x.intercept, 1.5, rtol=4 * np.finfo(float).eps, atol=0)  # the mean of 0..3, a few roundings
 
 
 def test_lstsq_budget_refusal_states_the_total_it_needs():
