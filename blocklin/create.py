@@ -233,7 +233,7 @@ def random(path: Any, shape: tuple[int, int], *, dtype: Any = "float64", seed: i
 
             futures = [client.submit(_random_rows_task, ao.array_path(), seed, r0, min(shape[0], r0 + chunks[0]),
                                      shape[1], dt.str, tally.transposed, pure=False) for r0 in steps]
-            for fut in as_completed(futures):
+            for fut in as_completed(futures, loop=client.loop):  # the given client, not the default one
                 r0, peaks = fut.result()
                 tally.merge(peaks, r0, 0)
                 bar.advance(1)

@@ -743,7 +743,7 @@ def _copy_on_cluster(client, reader, writer, plan, out_dt: np.dtype, nan: str, p
     submitted = 0
     corner: dict = {}  # the first row and column of each block in flight, by its future's key
     try:  # a window of blocks in flight: the plan's block list is never held whole
-        running = as_completed([])
+        running = as_completed([], loop=client.loop)  # this client's loop: it need not be the default client
         for b in plan.blocks():
             if writer.is_done(_unit_name(b)):
                 prog.advance(1)

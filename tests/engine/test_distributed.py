@@ -32,6 +32,24 @@ def test_gemm_on_cluster_equals_local(tmp_path, client):
     np.testing.assert_array_equal(by_address.to_numpy(), local.to_numpy())
 
 
+def test_writers_on_cluster_use_the_given_client_not_a_default_one(tmp_path, client):
+    """``random`` and zarr-to-zarr ``convert`` wait on their tasks through the client they were given:
+    with no default client (this module's), both had failed with distributed's ``No clients found``."""
+    import dask.array as da
+
+    from distributed import get_task_stream
+
+    r = bl.random(tmp_path / "r.zarr", (90, 30), seed=5, chunks=(20, 30), scheduler=client)
+    ref = bl.random(tmp_path / "r_local.zarr", (90, 30), seed=5, chunks=(20, 30), scheduler="sync")
+    np.testing.assert_array_equal(r.to_numpy(), ref.to_numpy())
+    x = np.random.default_rng(8).standard_normal((70, 50))
+    m = bl.from_array(da.from_array(x, chunks=(30, 50)), tmp_path / "x.zarr", chunks=(25, 20), scheduler=client)
+    with get_task_stream(client) as ts:
+        rep = bl.convert(m, tmp_path / "y.zarr", chunks=(40, 15), dtype="float32", memory="128KiB", scheduler=client)
+    assert rep["on_cluster"] and any("_copy_block_task" in str(t.get("key")) for t in ts.data)
+    np.testing.assert_array_equal(bl.open(tmp_path / "y.zarr").to_numpy(), x.astype(np.float32))
+
+
 def test_task_keys_deterministic(tmp_path):
     from blocklin.runtime.graph import TileGraph
 
