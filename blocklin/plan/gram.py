@@ -202,6 +202,9 @@ def plan_gram(shape: tuple[int, int], dtype: Any, *, chunks: tuple[int, int], me
     common = dict(s=s, k=k, trans=bool(trans), dtype=dt.name, bytes_written=s * s * dt.itemsize, flops=s * s * k,
                   memory=int(memory))
     nbytes = m * n * src.itemsize
+    if s == 0 or k == 0:  # an empty A: a 0 x 0 result, or s x s zeros written without reading A
+        return GramPlan(**common, route="pass", out_chunks=gram_out_chunks(max(s, 1), dt), reads=0.0, bytes_read=0,
+                        peak_memory=min(s, gram_out_chunks(max(s, 1), dt)[0]) * s * dt.itemsize)
     for split in ([tasks, 1] if tasks and tasks > 1 else [tasks]):
         try:
             return _plan_pass(common, s, k, dt, src, chunks, memory, trans, workers, cores, gpu, nbytes, split,

@@ -87,6 +87,24 @@ def test_gram_1d_is_a_column(tmp_path):
     assert g.shape == (1, 1) and g.to_numpy()[0, 0] == v @ v
 
 
+@pytest.mark.parametrize("shape", [(17, 0), (0, 5), (0, 0)])
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.complex128])
+def test_gram_of_an_empty_matrix_is_zero(tmp_path, shape, trans, dtype, capsys):
+    # a matrix with no rows or no columns: the s x s zeros (0 x 0 where s is the empty side), as NumPy's
+    # x.conj().T @ x; its plan had divided by a zero row size (ZeroDivisionError) or summed no task states
+    x = np.zeros(shape, dtype)
+    ref = x @ x.conj().T if trans else x.conj().T @ x
+    g = bl.gram(x, tmp_path / "g.zarr", trans=trans, memory="8MiB")
+    got = g.to_numpy()
+    assert got.dtype == dtype and got.shape == ref.shape and np.array_equal(got, ref)
+    a = bl.from_array(x, tmp_path / "a.zarr")
+    args = ["gram", a.path, "-o", str(tmp_path / "h.zarr"), "--json"] + (["--trans"] if trans else [])
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["shape"] == list(ref.shape)
+    assert np.array_equal(bl.open(tmp_path / "h.zarr").to_numpy(), ref)
+
+
 def test_gram_cli(tmp_path, x64, capsys):
     a = bl.from_array(x64, tmp_path / "a.zarr")
     assert main(["gram", a.path, "-o", str(tmp_path / "g.zarr"), "--trans", "--memory", "32MiB", "--json"]) == 0

@@ -161,6 +161,8 @@ class Gram:
 
     def _run_pass(self, job: Job, plan: GramPlan, out_path: Any, add: Any = None,
                   peaks: PeakTally | None = None) -> dict | None:
+        if plan.pass_plan is None:  # an empty A (no rows or no columns): the Gram is zero, nothing to read
+            return self._write_zero(job, plan, out_path, add, peaks)
         rp = RowPassPlan.from_dict(plan.pass_plan)
         src = self.source()
         scaling = Scaling.of(src, self.dtype)  # the squares are formed in the result's dtype
@@ -193,6 +195,20 @@ class Gram:
         job.stats["bytes_written"] += plan.bytes_written
         job.stats["flops"] += plan.flops
         return scaling.report()
+
+
+    def _write_zero(self, job: Job, plan: GramPlan, out_path: Any, add: Any, peaks: PeakTally | None) -> None:
+        """The ``s x s`` Gram of an ``A`` with nothing to sum (``k = 0``), plus ``add``: written band by
+        band (a 0 x 0 result, ``s = 0``, has no band)."""
+        arr = open_zarr(out_path, mode="r+")
+        old = None if add is None else open_zarr(add)
+        for r0, r1 in split(plan.s, plan.out_chunks[0]):
+            band = np.zeros((r1 - r0, plan.s), self.dtype) if old is None else np.asarray(old[r0:r1], dtype=self.dtype)
+            write_block(arr, slice(r0, r1), slice(0, plan.s), band)
+            if peaks is not None:
+                peaks.add(band, r0, 0)
+        job.stats["bytes_written"] += plan.bytes_written
+        return None
 
 
 def check_diagonal(path: Any, s: int, chunk: int, dtype: Any, why: str, fix: str, *, zero_ok: Any = True,
