@@ -32,6 +32,15 @@ def _weights(path: str | None) -> object:
     """``--sample-weight``: a zarr array (path or URL), or a ``.npy`` file (memory-mapped, staged by the solve)."""
     if path is None or not path.lower().endswith(".npy"):
         return path
+    from blocklin.errors import BlocklinError
+    from blocklin.storage.formats.base import require_file
+    from blocklin.storage.formats.npy import NpyReader
+
+    require_file(path, "--sample-weight")  # a missing file had been named as an output folder to create
+    try:  # the header, dtype and size checked as convert checks them (NumPy's own errors named no option)
+        NpyReader(path)
+    except BlocklinError as exc:
+        raise type(exc)(f"--sample-weight {path!r}: {exc}") from None
     return np.load(path, mmap_mode="r")
 
 

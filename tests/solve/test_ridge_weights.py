@@ -240,3 +240,29 @@ def test_a_sequence_reports_the_residual_of_its_solution_on_an_ill_conditioned_g
         # the Gram sums' accuracy in ||r||: about sqrt(eps) ||b|| (docs/solve.md)
         assert x.report["residual_norm"][i] == pytest.approx(np.linalg.norm(sw * (b - a @ got)),
                                                               abs=1e-7 * np.linalg.norm(sw * b))
+
+
+@pytest.mark.parametrize("case", ["missing", "folder", "object", "garbage"])
+def test_cli_sample_weight_file_refused_naming_the_option(tmp_path, case, capsys):
+    # a bad --sample-weight .npy is refused naming the option and the file, with the fix: a missing file had
+    # been reported as an output folder to create, a folder, an object array or a damaged header by NumPy's
+    # own messages (no option, no fix), and nothing is written
+    from blocklin.cli.main import main
+
+    rng = np.random.default_rng(0)
+    pa, pb, pw = str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr"), tmp_path / "w.npy"
+    bl.from_array(rng.standard_normal((30, 4)), pa)
+    bl.from_array(rng.standard_normal((30, 1)), pb)
+    if case == "folder":
+        pw.mkdir()
+    elif case == "object":
+        np.save(pw, np.array([1.0, "x"], dtype=object), allow_pickle=True)
+    elif case == "garbage":
+        pw.write_bytes(b"not a npy file" * 10)
+    out = tmp_path / "x.zarr"
+    assert main(["solve", pa, pb, "-o", str(out), "--sample-weight", str(pw), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--sample-weight" in err and "Fix: " in err, err
+    assert {"missing": "does not exist", "folder": "is a folder", "object": "dtype object",
+            "garbage": ".npy header"}[case] in err, err
+    assert not out.exists()
