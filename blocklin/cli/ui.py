@@ -305,18 +305,26 @@ def quiet_stdout() -> None:
 def _interrupted(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
     """The one line an interrupted command prints (what a resumable run kept), and its exit status."""
     from blocklin import interrupt
-    from blocklin.storage.cleanup import kept_message, take_kept
+    from blocklin.storage.cleanup import kept_message, take_kept, take_written
 
     interrupt.quiet_shutdown()
     terminated = isinstance(exc, interrupt.Terminated)
     kept = take_kept()  # what a resumable run kept, said in this one line
+    # an interrupt after a commit (while the job removes its work folder, or between a QR's R and Q): the
+    # committed outputs are complete; "no output was written" had been said of them
+    written = take_written()
+    done = f"{', '.join(written)} {'was' if len(written) == 1 else 'were'} written (complete)" if written \
+        else "no output was written"
     print(f"blocklin {args.command}: {'terminated' if terminated else 'interrupted'}; "
-          f"no output was written{'; ' + kept_message(kept) if kept else ''}", file=sys.stderr)
+          f"{done}{'; ' + kept_message(kept) if kept else ''}", file=sys.stderr)
     return interrupt.EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 def _run_command(args: argparse.Namespace) -> int:
     from blocklin import interrupt
+    from blocklin.storage.cleanup import take_written
+
+    take_written()  # this command's commits only (main() may run several in one process)
 
     try:
         with interrupt.handle_signals(), _storage_settings(args):

@@ -58,6 +58,7 @@ from blocklin import jsonsafe
 from blocklin.errors import OutputBusyError, OutputExistsError, explain, warn
 from blocklin.storage import ownership, stamps
 from blocklin.storage.backend import backend, rmtree_owner_last
+from blocklin.storage.cleanup import note_written
 from blocklin.storage.completeness import STORED_KEY, count_stored
 from blocklin.storage.guard import check_output, check_replaceable, check_replaceable_prefix
 from blocklin.storage.location import Location, as_location
@@ -415,6 +416,7 @@ class AtomicOutput:
         else:
             self._commit_local(provenance)
         self.committed = True
+        note_written(self.path)
         self.release()
         return self.path
 

@@ -536,6 +536,25 @@ def take_kept() -> list[tuple[str, str]]:
     return kept
 
 
+#: Outputs this process committed since the last :func:`take_written`: an interrupt that lands after a
+#: commit (while the job removes its work folder, or between the two outputs of a QR) says they are complete.
+_WRITTEN: list[str] = []
+
+
+def note_written(path: Any) -> None:
+    """Note that ``path`` (an output just committed: complete, in place) was written."""
+    url = str(getattr(path, "url", path))
+    if url not in _WRITTEN:
+        _WRITTEN.append(url)
+
+
+def take_written() -> list[str]:
+    """The outputs committed since the last call (and forget them)."""
+    written = list(_WRITTEN)
+    _WRITTEN.clear()
+    return written
+
+
 def kept_message(kept: list[tuple[str, str]]) -> str:
     """How to continue or remove what an interrupted run kept (one line)."""
     paths = " ".join(p for p, _ in kept)
@@ -554,4 +573,5 @@ def report_kept() -> None:
 
 
 __all__ = ["Leftover", "abandon_held", "clean", "find_leftovers", "keep_for_resume", "kept_message",
-           "named_work", "remove_named_work", "remove_stale_work", "report_kept", "sweep_stale", "take_kept"]
+           "named_work", "note_written", "remove_named_work", "remove_stale_work", "report_kept", "sweep_stale", "take_kept",
+           "take_written"]

@@ -366,3 +366,36 @@ def test_clean_of_a_kept_partial_removes_the_work_folder_it_names(case, monkeypa
     text = capsys.readouterr().out
     assert f"removed partial output {data / partial}" in text and f"removed work folder {tmp / work}" in text, text
     assert leftovers(data) == []
+
+
+def test_ctrl_c_after_the_commit_says_the_output_was_written(tmp_path, monkeypatch, capfd):
+    """Ctrl-C that lands after the output is committed, while the job removes its work folder: the
+    output is complete (the bits of an uninterrupted run), and the one line says so; it had said "no
+    output was written" beside a complete output."""
+    from blocklin import interrupt
+    from blocklin.runtime import job as job_module
+
+    rng = np.random.default_rng(4)
+    s = rng.standard_normal((64, 64)) + 64 * np.eye(64)
+    a, b = blocklin.from_array(s, tmp_path / "a.zarr", chunks=(16, 16)), blocklin.from_array(
+        rng.standard_normal((64, 3)), tmp_path / "b.zarr")
+    argv = ["solve", a.path, b.path, "--memory", "1MiB", "--no-progress", "-o"]
+    assert main(argv + [str(tmp_path / "ref.zarr")]) == 0
+    real = job_module.end_work_folder
+
+    def removed_then_ctrl_c(loc):
+        real(loc)
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):  # the handler runs at the next bytecode of the main thread
+            time.sleep(0)
+
+    monkeypatch.setattr(job_module, "end_work_folder", removed_then_ctrl_c)
+    capfd.readouterr()
+    try:
+        assert main(argv + [str(tmp_path / "x.zarr")]) == 130
+    finally:
+        interrupt.reset()
+    err = capfd.readouterr().err.strip()
+    assert err == f"blocklin solve: interrupted; {tmp_path / 'x.zarr'} was written (complete)", err
+    assert np.array_equal(blocklin.open(tmp_path / "x.zarr").to_numpy(), blocklin.open(tmp_path / "ref.zarr").to_numpy())
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -18,6 +18,7 @@ import numpy as np
 from blocklin.errors import ConfigError, DTypeError, FormatError, OutputExistsError, StoreNotFoundError, explain
 from blocklin.storage import file_records, ownership
 from blocklin.storage.atomic import check_output_path
+from blocklin.storage.cleanup import note_written
 from blocklin.storage.space import folder_size
 from blocklin.storage.guard import check_replaceable
 
@@ -204,6 +205,7 @@ class AtomicFile:
             check_replaceable(self.path, self.kind)
         os.replace(self.partial, self.path)
         self.committed = True
+        note_written(self.path)
         file_records.drop_owner(self.partial)
         file_records.write(self.path, self.kind, datasets=datasets)
         return self.path

@@ -27,6 +27,7 @@ import numpy as np
 
 from blocklin.errors import ConfigError, DTypeError, FormatError, OutputExistsError, explain
 from blocklin.storage import file_records
+from blocklin.storage.cleanup import note_written
 from blocklin.storage.guard import check_output
 from blocklin.storage.formats.base import AtomicFile, Reader, Writer, check_2d, check_matrix_dtype, require_file
 
@@ -239,6 +240,7 @@ class Hdf5Writer(Writer):
         self._f.close()
         self._f = None
         self._ours.append(self.dataset)
+        note_written(f"{self.path}:{self.dataset}")
         file_records.write(self.path, "hdf5", datasets=self._ours)
         self._marked = False
         return self.path
