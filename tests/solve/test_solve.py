@@ -311,3 +311,22 @@ def test_spectral_filters_keep_their_bits_in_range_and_their_values_beyond_it():
     assert np.allclose(sf, ref_sf, rtol=8 * np.finfo(float).eps, atol=0)
     assert np.allclose(l2f, [1 / 10, 1 / 2, 1.0], rtol=8 * np.finfo(float).eps, atol=0)
     assert np.allclose(s2f, [9 / 10, 1 / 2, 0.0], rtol=8 * np.finfo(float).eps, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(3, 0), (0, 3)])
+@pytest.mark.parametrize("options", [[], ["--fit-intercept"], ["--lambda", "0.5"], ["--lambda", "loo"]])
+def test_empty_a_refused_by_name(tmp_path, shape, options, capsys):
+    # an A with no rows or no columns is refused naming a and the lstsq that solves it; the passes had
+    # raised ZeroDivisionError (a traceback from the CLI) or NumPy's "unexpected array size" (no fix)
+    from blocklin.cli.main import main
+    from blocklin.errors import ShapeError
+
+    a = bl.from_array(np.zeros(shape), tmp_path / "a.zarr")
+    b = bl.from_array(np.ones((shape[0], 1)), tmp_path / "b.zarr")
+    with pytest.raises(ShapeError, match="a: must have at least one row and one column"):
+        bl.solve(np.zeros(shape), np.ones((shape[0], 1)))
+    out = tmp_path / "x.zarr"
+    assert main(["solve", a.path, b.path, "-o", str(out), "--no-progress", *options]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ShapeError: a: must have at least one row" in err and "Fix: " in err, err
+    assert not out.exists()

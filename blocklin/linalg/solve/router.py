@@ -17,7 +17,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings, format_size
-from blocklin.errors import ParameterError
+from blocklin.errors import ParameterError, ShapeError
 from blocklin.errors import explain as _msg
 from blocklin.linalg.labels import check_rows, is_dataarray, label_solution, labels_of
 from blocklin.linalg.solve.least_squares import solve_least_squares
@@ -249,6 +249,7 @@ def solve(a: Any, b: Any, *, lam: Any = 0.0, method: str = "auto", assume_a: str
                              overwrite=overwrite, explain=explain, fit_intercept=fit_intercept, precision=precision,
                              resume=resume, updatable=updatable, tol=tol, max_iter=max_iter, settings=settings)
     _refuse_sparse_only(method, tol, max_iter)
+    _refuse_empty(a)
     if is_dataarray(a) and not explain:  # labelled: x over A's columns (and b's), from the unlabelled solve
         check_rows(a, b)  # before anything runs: position-matched rows of other labels solve another problem
         kind, lams = parse_lam(lam, zero_grid=cv is not None)
@@ -632,6 +633,18 @@ def _least_squares_plan(job: Job, A: Any, B: Any, *, kind: str, method: str, ref
                                   f"a {m} x {n}", "solve the transposed problem if that is what you mean, or "
                                   "drop positive"))
     return plan
+
+
+def _refuse_empty(a: Any) -> None:
+    """An ``A`` with no rows or no columns is refused by name: its passes had divided by a zero strip
+    size or summed a SYRK of no columns (a ZeroDivisionError or NumPy's "unexpected array size")."""
+    from blocklin.linalg.solve.square import operand_shape
+
+    shape = operand_shape(a) if not is_dataarray(a) else tuple(a.shape)
+    if shape is not None and 0 in shape:
+        raise ShapeError(_msg("a", "must have at least one row and one column", f"shape {shape[0]} x {shape[1]}",
+                              "blocklin.lstsq(a, b) returns x = 0 (no unknowns, or no equations to fit) for such a "
+                              "matrix, as numpy.linalg.lstsq does"))
 
 
 def _square_reason(a: Any, b: Any, *, assume_a: str, kind: str, lams: list[float], method: str, fit_intercept: bool,
