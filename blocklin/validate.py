@@ -250,15 +250,20 @@ def positive(name: str, value: Any, *, fix: str, optional: bool = False) -> floa
     return float(value)
 
 
-def check_k(k: Any, m: int, n: int, *, whole: bool = False) -> int:
+def check_k(k: Any, m: int, n: int, *, whole: bool = False, eig: bool = False) -> int:
     """``k`` wanted pairs of an ``m x n`` matrix: an integer with ``1 <= k < min(m, n)`` (``<=`` with
-    ``whole``: the operation also computes every pair)."""
+    ``whole``: the operation also computes every pair); ``eig``: eigenpairs of a square matrix (the
+    refusal speaks of its order n and its eigenvalues, not of singular values)."""
     if not _is_int(k):
         raise ParameterError(explain("k", "must be an integer", repr(k), "pass k=10"))
     top = min(m, n) if whole else min(m, n) - 1
     if not 1 <= k <= top:
-        rule = f"1 <= k <= min(m, n) = {top}" if whole else f"1 <= k < min(m, n) = {min(m, n)}"
-        if top < 1:  # no k fits: "pass 1 <= k <= 0" had been the fix
+        size = f"n = {n}" if eig else f"min(m, n) = {min(m, n)}"
+        rule = f"1 <= k <= {size}" if whole else f"1 <= k < {size}"
+        if top < 1 and eig:  # an eigensolver of a 0 x 0 or 1 x 1 matrix: nothing to truncate
+            fix = (f"a {n} x {n} matrix has {n} eigenvalue(s) and no truncated decomposition: compute it in memory "
+                   "(numpy.linalg.eigh)")
+        elif top < 1:  # no k fits: "pass 1 <= k <= 0" had been the fix
             fix = (f"a {m} x {n} matrix has {min(m, n)} singular value(s) and no truncated decomposition: compute it "
                    "in memory (numpy.linalg.svd, or numpy.linalg.norm of the vector for its one singular value)")
         else:

@@ -50,3 +50,30 @@ def test_sparse_eigsh_refusals(tmp_path):
     r = bl.from_sparse(sp.random(60, 40, density=0.2, random_state=2, format="csr"), tmp_path / "R.zarr")
     with pytest.raises(ParameterError, match="must be square and symmetric"):
         bl.eigsh(r, 2, order="ascending")
+
+
+@pytest.mark.parametrize("n", [0, 1, 2])
+@pytest.mark.parametrize("stored", ["dense", "sparse"])
+def test_eigsh_k_refusal_speaks_of_eigenpairs(tmp_path, n, stored, capsys):
+    # eigs of a tiny matrix is refused in its own terms: k against the order n, and eigh for the eigenvalues
+    # (it had named min(m, n), singular values and numpy.linalg.svd, the SVD's refusal)
+    from blocklin.cli.main import main
+
+    a = np.eye(n)
+    if stored == "dense":
+        path = bl.from_array(a, tmp_path / "a.zarr").path
+    else:
+        sp.save_npz(tmp_path / "a.npz", sp.csr_matrix(a))
+        path = str(tmp_path / "a.zarr")
+        if n == 0:
+            pytest.skip("an empty coordinate matrix has no sparse group to store")
+        assert main(["convert", str(tmp_path / "a.npz"), path, "--sparse", "--no-progress"]) == 0
+        capsys.readouterr()
+    k = max(n, 1)
+    with pytest.raises(ParameterError) as info:
+        bl.eigsh(path, k=k)
+    msg = str(info.value)
+    assert f"1 <= k < n = {n}" in msg and "singular" not in msg and "min(m, n)" not in msg, msg
+    assert ("numpy.linalg.eigh" if n < 2 else "pass 1 <= k <= 1") in msg, msg
+    assert main(["eigs", path, "-k", str(k), "-o", str(tmp_path / "e.zarr"), "--no-progress"]) == 1
+    assert f"1 <= k < n = {n}" in capsys.readouterr().err

@@ -191,7 +191,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         A = job.operand(a, "a", integers="cast")
         n = square(A, "(eigsh needs a symmetric matrix)", "use blocklin.svd for rectangular matrices")
         dt = float_operand(A, "eigsh", complex_ok=True)
-        check_k(k, n, n)
+        check_k(k, n, n, eig=True)
         v0 = start_vector(v0, n)
         tol = default_tol(dt) if tol is None else tol
         plan = whole_call(lambda memory: _plans(job, A, k, dt, memory, max_passes=max_passes, block_size=block_size,

@@ -61,7 +61,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
     if m != n:
         raise ParameterError(explain("a", "must be square and symmetric (eigsh)", f"a sparse {m} x {n} matrix",
                                      "use blocklin.svd for rectangular matrices"))
-    check_k(k, n, n)
+    check_k(k, n, n, eig=True)
     v0 = start_vector(v0, n)
     block, max_basis = eigsh_defaults(k, n, block_size, max_basis)
     with Job("eigsh", **settings) as job:

@@ -61,7 +61,7 @@ def sparse_lowrank_plan(a: Any, k: int, *, operation: str = "svd", method: str =
         if m != n:
             raise ParameterError(explain("a", "must be square and symmetric (eigsh)", f"a sparse {m} x {n} matrix",
                                          "use blocklin.svd for rectangular matrices"))
-        check_k(k, n, n)
+        check_k(k, n, n, eig=True)
         # as sparse_eigsh: its bases in memory or spilled, its block (the budget may shrink a spilled one)
         block, basis = eigsh_defaults(k, n, block_size, max_basis)
         bp = eigsh_bases(s, n, k, block=block, max_basis=basis,
