@@ -794,6 +794,28 @@ def _check(reader, data: np.ndarray, b, out_dt: np.dtype, nan: str) -> None:
             raise DTypeError(explain("dtype", f"values must fit {out_dt.name} ({info.min}..{info.max})",
                                      f"{data[i, j]} at {reader.locate(r0 + int(i), c0 + int(j))}",
                                      "pick a wider dtype"))
+    if out_dt.kind in "fc" and data.dtype.kind in "iufc" and data.size:
+        _check_float_range(reader, data, r0, c0, out_dt)
+
+
+def _check_float_range(reader, data: np.ndarray, r0: int, c0: int, out_dt: np.dtype) -> None:
+    """A finite value the cast to a narrower float turns into Inf (1e300 to float32, 1e5 to float16) is
+    refused with its position, as an integer that does not fit is: it had been written as Inf."""
+    top = float(np.finfo(out_dt).max)
+    parts = (data.real, data.imag) if data.dtype.kind == "c" else (data,)
+    if data.dtype.kind in "fc" and np.finfo(data.dtype).max <= top or data.dtype.kind in "iu" and \
+            np.iinfo(data.dtype).max <= top:
+        return  # every finite value of the input dtype fits
+    with np.errstate(invalid="ignore", over="ignore"):
+        if all(float(np.nanmax(p)) <= top and float(np.nanmin(p)) >= -top or not np.isfinite(p).any() for p in parts):
+            return
+        for p in parts:  # rare: find a finite value that the cast overflows
+            bad = np.isfinite(p) & np.isinf(p.astype(np.finfo(out_dt).dtype))
+            if bad.any():
+                i, j = np.argwhere(bad)[0]
+                raise DTypeError(explain("dtype", f"values must fit {out_dt.name} (magnitudes up to {top:.6g})",
+                                         f"{data[i, j]} at {reader.locate(r0 + int(i), c0 + int(j))}",
+                                         "pick a wider dtype, or scale the data first"))
 
 
 def _staged(src: Any, out: Any, kw: dict) -> dict[str, Any]:

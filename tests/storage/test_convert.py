@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -424,3 +425,26 @@ def test_cli_csv_options(tmp_path, capsys):
                  "--dtype", "int32", "--no-header"]) == 0
     got = np.load(tmp_path / "s.npy")
     assert got.dtype == np.int32 and got.tolist() == [[1, 2], [3, 4]]
+
+
+@pytest.mark.parametrize("src, dtype, where", [
+    (np.array([[1.5, np.nan], [-2.5, 3e10]]), "float16", "30000000000.0 at row 2, column 2"),
+    (np.array([[1.0, -1e300]]), "float32", "-1e+300 at row 1, column 2"),
+    (np.array([[1 + 1e300j]]), "complex64", "at row 1, column 1"),
+    (np.array([[70000]], dtype=np.int64), "float16", "70000 at row 1, column 1"),
+], ids=["f64-f16", "f64-f32", "c128-c64", "i64-f16"])
+def test_convert_refuses_a_float_narrowing_that_overflows(tmp_path, src, dtype, where, capsys):
+    # a finite value that the cast to a narrower float turns into Inf is refused with its position, as an
+    # integer that does not fit is (it had been written as Inf, with at most NumPy's overflow warning);
+    # Inf and NaN already in the data, and values that fit, convert as before
+    np.save(tmp_path / "a.npy", src)
+    out = tmp_path / "o.zarr"
+    with pytest.raises(DTypeError, match=rf"values must fit {dtype} \(magnitudes up to .*{re.escape(where)}"):
+        blocklin.convert(tmp_path / "a.npy", out, dtype=dtype)
+    assert not out.exists() and not list(tmp_path.glob(".o.zarr.partial-*"))
+    assert main(["convert", str(tmp_path / "a.npy"), str(out), "--dtype", dtype, "--no-progress"]) == 1
+    assert "Fix: pick a wider dtype" in capsys.readouterr().err and not out.exists()
+    fits = np.array([[np.inf, np.nan], [-np.inf, 1.0]])
+    np.save(tmp_path / "f.npy", fits)
+    blocklin.convert(tmp_path / "f.npy", tmp_path / "f.zarr", dtype=dtype)
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "f.zarr")[:], fits.astype(dtype))
