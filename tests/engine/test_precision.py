@@ -233,3 +233,21 @@ def test_solve_tf32_on_the_gpu_uses_tensor_cores_and_refines(standin):
     bl.solve(a, b, assume_a="pos", precision="mixed", device="gpu", memory="256KiB")
     assert cupy_standin.STATE.counts.get("cublas.gemm tf32", 0) == 0  # "mixed" stays full float32
     assert cupy_standin.take_races() == []
+
+
+@pytest.mark.parametrize("case", ["a overflows", "sums overflow"])
+def test_matmul_dtype_float32_refusal_names_dtype(tmp_path, data, case, capsys):
+    """float64 operands multiplied with ``dtype="float32"`` (CLI ``--dtype float32``), no precision=: the
+    range refusal names dtype and its fix, not ``precision: 'default'`` and ``precision=None``, which the
+    caller never passed."""
+    from blocklin.cli.main import main
+
+    a, b, _ = data
+    a = a * (2.0**130 if case == "a overflows" else 2.0**64)
+    b = b * (1.0 if case == "a overflows" else 2.0**64)
+    with pytest.raises(ParameterError, match=r"^dtype: dtype=float32 computes in float32: .*Fix: pass dtype=None"):
+        bl.matmul(a, b, dtype="float32", memory="128KiB")
+    pa, pb = bl.from_array(a, tmp_path / "a.zarr").path, bl.from_array(b, tmp_path / "b.zarr").path
+    assert main(["gemm", pa, pb, "-o", str(tmp_path / "c.zarr"), "--dtype", "float32", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "ParameterError: dtype: dtype=float32" in err and "precision" not in err, err

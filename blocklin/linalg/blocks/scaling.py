@@ -439,10 +439,12 @@ def narrow_range(work: Any) -> tuple[float, float]:
     return float(info.tiny) * 2.0 ** info.nmant, float(info.max)
 
 
-def range_refusal(amax: float, work: Any, needs: str, name: str, fix: str) -> Exception | None:
+def range_refusal(amax: float, work: Any, needs: str, name: str, fix: str, *,
+                  param: str = "precision") -> Exception | None:
     """The error for a cast to ``work`` of entries whose largest magnitude ``amax`` lies outside
     :func:`narrow_range`: ``needs`` says who needs them within it (``"a float32 factorization needs A's
-    entries"``), ``name`` is the operand's in the value named. None within the range."""
+    entries"``), ``name`` is the operand's in the value named, ``param`` the setting that asked for the
+    cast. None within the range."""
     from blocklin.errors import ParameterError, explain
 
     low, high = narrow_range(work)
@@ -450,7 +452,7 @@ def range_refusal(amax: float, work: Any, needs: str, name: str, fix: str) -> Ex
         return None
     wd = np.dtype(work).name
     cast = "overflow" if amax >= high else "flush them to zero"
-    return ParameterError(explain("precision", f"{needs} within {wd}'s range (between {low:.3g} and {high:.3g}; "
+    return ParameterError(explain(param, f"{needs} within {wd}'s range (between {low:.3g} and {high:.3g}; "
                                   f"its cast would {cast})", f"max |{name}| = {amax:.3g}", fix))
 
 

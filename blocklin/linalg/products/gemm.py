@@ -335,21 +335,23 @@ def _check_narrow_range(op: Gemm) -> None:
     if op.compute.itemsize >= max(op.A.dtype.itemsize, op.B.dtype.itemsize):
         return
     low, high = narrow_range(op.compute)
-    computes = f"'{op.precision}' computes in {op.compute.name}"
-    fix = ("pass precision=None (the operands' own precision), or scale the operands by powers of two into "
+    # the narrow compute dtype asked for by dtype= (CLI --dtype) or by precision=: the refusal names that one
+    param = "dtype" if op.precision == "default" else "precision"
+    computes = (f"dtype={op.dtype.name}" if param == "dtype" else f"'{op.precision}'") + f" computes in {op.compute.name}"
+    fix = (f"pass {param}=None (the operands' own {param}), or scale the operands by powers of two into "
            f"{op.compute.name}'s range (exact) and the result back")
     peaks = {}
     for name, x in (("a", op.A), ("b", op.B)):
         peaks[name] = max_abs(x)
-        refusal = range_refusal(peaks[name], op.compute, f"{computes}: {name}'s entries must lie", name, fix) \
-            if peaks[name] else None
+        refusal = range_refusal(peaks[name], op.compute, f"{computes}: {name}'s entries must lie", name, fix,
+                                param=param) if peaks[name] else None
         if refusal is not None:
             raise refusal
     k = op.A.shape[0] if op.trans_a else op.A.shape[1]
     top = peaks["a"] * peaks["b"]
     if top and not (low <= top and top * max(k, 1) < high):
         raise ParameterError(_msg(
-            "precision", f"{computes}: the sums of {k} products of a's and b's entries must lie within its range "
+            param, f"{computes}: the sums of {k} products of a's and b's entries must lie within its range "
             f"(max |a| max |b| at least {low:.3g}, times k below {high:.3g})",
             f"max |a| max |b| = {top:.3g}, k = {k}", fix))
 
