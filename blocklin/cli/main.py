@@ -18,8 +18,10 @@ COMMANDS = ("info", "gemm", "gram", "demo", "convert", "append", "update", "svd"
             "factor", "clean", "calibrate")
 
 #: Negative numbers as option values, exponents and ``-inf`` included (``--alpha -3.3e-06``); Python
-#: 3.11's argparse reads ``-3.3e-06`` as an unknown option. No blocklin option looks like a number.
-NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-inf$")
+#: 3.11's argparse reads ``-3.3e-06`` as an unknown option. No blocklin option looks like a number. A
+#: negative size (``--memory -5MiB``) is a value too, refused by its option's own check (argparse had said
+#: "expected one argument", naming no rule and no fix).
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-inf$|^-(\d+\.?\d*|\.\d+) ?[KMGTP]?i?B$")
 
 
 class Parser(argparse.ArgumentParser):

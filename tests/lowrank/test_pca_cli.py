@@ -71,6 +71,18 @@ def test_negative_numbers_as_option_values(tmp_path, value, capsys):
     assert_product(bl.open(str(tmp_path / "c.zarr")).to_numpy(), float(value) * (x @ x.T), x, x.T, alpha=float(value))
 
 
+@pytest.mark.parametrize("argv", [["gemm", "a.zarr", "b.zarr", "-o", "c.zarr"], ["factor", "cholesky", "a.zarr", "-o", "l.zarr"]])
+@pytest.mark.parametrize("value", ["-5MiB", "-1GB", "-0.5KiB"])
+def test_negative_memory_refused_by_its_own_check(argv, value, capsys):
+    # a negative size is --memory's value, refused by the size check naming the rule and the fix; argparse
+    # had read it as an option and said "expected one argument"
+    with pytest.raises(SystemExit) as info:
+        main(argv + ["--memory", value])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and f"argument --memory: must be a byte size" in err and f"got '{value}'" in err, err
+    assert "Fix: " in err and "expected one argument" not in err
+
+
 def test_unknown_dash_option_still_refused(capsys):
     with pytest.raises(SystemExit):
         main(["gemm", "a", "b", "-o", "c", "--alpha", "-x"])
