@@ -324,7 +324,7 @@ def _run_command(args: argparse.Namespace) -> int:
     from blocklin import interrupt
     from blocklin.storage.cleanup import take_written
 
-    take_written()  # this command's commits only (main() may run several in one process)
+    take_written(record=True)  # this command's commits only (main() may run several in one process)
 
     try:
         with interrupt.handle_signals(), _storage_settings(args):
@@ -365,3 +365,5 @@ def _run_command(args: argparse.Namespace) -> int:
             except BrokenPipeError:
                 quiet_stdout()
         return EXIT_ERROR
+    finally:
+        take_written()  # recording stops with the command

@@ -536,22 +536,23 @@ def take_kept() -> list[tuple[str, str]]:
     return kept
 
 
-#: Outputs this process committed since the last :func:`take_written`: an interrupt that lands after a
-#: commit (while the job removes its work folder, or between the two outputs of a QR) says they are complete.
-_WRITTEN: list[str] = []
+#: Outputs a CLI command committed: an interrupt that lands after a commit (while the job removes its work
+#: folder, or between the two outputs of a QR) says they are complete. None while no command records them
+#: (the Python API: a long session would have kept every output's name).
+_WRITTEN: list[str] | None = None
 
 
 def note_written(path: Any) -> None:
-    """Note that ``path`` (an output just committed: complete, in place) was written."""
+    """Note that ``path`` (an output just committed: complete, in place) was written, while recording."""
     url = str(getattr(path, "url", path))
-    if url not in _WRITTEN:
+    if _WRITTEN is not None and url not in _WRITTEN:
         _WRITTEN.append(url)
 
 
-def take_written() -> list[str]:
-    """The outputs committed since the last call (and forget them)."""
-    written = list(_WRITTEN)
-    _WRITTEN.clear()
+def take_written(*, record: bool = False) -> list[str]:
+    """The outputs committed since the last call; ``record``: go on recording (a command starting), else stop."""
+    global _WRITTEN
+    written, _WRITTEN = list(_WRITTEN or ()), ([] if record else None)
     return written
 
 
