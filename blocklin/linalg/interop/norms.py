@@ -293,7 +293,8 @@ def cond(a: Any, p: Any = None, **settings: Unpack[Settings]) -> float:
     ``norm(a, p) * norm(inv(a), p)`` for square ``a`` (:func:`blocklin.inv`); ``inf`` where ``inv``
     meets an exact zero pivot (NumPy's too: its NaN of a failed inversion becomes ``inf``); a matrix
     ``inv`` refuses as numerically singular (a reciprocal condition at most ``n eps``, not 0) stays refused,
-    where NumPy returns a finite value of rounding-level accuracy.
+    where NumPy returns a finite value of rounding-level accuracy. A graded matrix (rows or columns scaled
+    over many binades), which ``inv`` equilibrates, has its condition computed (NumPy's value).
     """
     from blocklin.linalg.inverse.inverse import inv
     from blocklin.linalg.lowrank.svd import float64_values, svd

@@ -14,6 +14,7 @@ import numpy as np
 from blocklin.config import Settings
 from blocklin.errors import BudgetError, ParameterError
 from blocklin.errors import explain as _msg
+from blocklin.linalg.inverse import equilibrate as _equilibrate
 from blocklin.linalg.inverse import refine as _refine
 from blocklin.linalg.inverse.refine import Iterate, NewtonSchulz, Steps
 from blocklin.linalg.blocks.scaling import safe_norm
@@ -129,7 +130,9 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     Returns
     -------
     Matrix
-        ``X ~ M^{-1}`` with ``.report``: ``residual`` (``||I - M X||_F``) and ``residual_method``
+        ``X ~ M^{-1}`` with ``.report``: ``equilibration`` (``applied``, ``rowcnd``, ``colcnd`` and, where
+        applied, the exponent ranges of ``R`` and ``C``: then ``residual``, ``backward_error``,
+        ``cond_estimate`` and ``history`` are those of the equilibrated ``R M C``), ``residual`` (``||I - M X||_F``) and ``residual_method``
         (``"probed"`` or ``"exact"``), ``backward_error``, ``cond_estimate`` (``||M||_F ||X||_F``),
         ``refine_steps``, ``history`` (backward error after each stage), ``min_leaf_rcond``,
         ``attempts``, ``passes``, ``seconds``, ``peak_memory``, ``plan``, ``resumed`` and
@@ -166,6 +169,14 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
     1.6 s float64 at n = 8192) and the one-task float64 inverse runs instead; out of core the float32
     recursion halves the bytes moved.
 
+    *Equilibration.* A graded ``M`` (rows or columns scaled over many binades, ``D B`` or ``B D``) has an
+    accurate inverse that every normwise check (a leaf's ``rcond``, ``||I - M X||_F``) would read as
+    numerically singular. One pass gathers LAPACK's ``xGEEQUB`` scalings by powers of two (``R`` brings each
+    row's largest magnitude into ``[0.5, 1)``, ``C`` each column's of ``R M``) and ``xLAQGE``'s rule
+    decides (rows where ``ROWCND < 0.1``, columns where ``COLCND < 0.1``); where it applies, ``R M C`` is
+    staged (exactly), inverted and refined by the route above, and ``X = C (R M C)^{-1} R`` written.
+    Other matrices keep their route and bits.
+
     Examples
     --------
     >>> import numpy as np
@@ -196,9 +207,15 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         tol = _refine.default_tol(plan.n, out_dtype, in_core=not plan.nodes) if tol is None else tol
         params = {"precision": precision, "tol": tol, "seed": seed, "refine": str(refine), "max_refine": max_refine}
         token = _token(job, M, plan, out, params)
-        # the work stores: the staged matrix, the Schur complements and A^-1 out of place, about 3.5 n^2
+        # LAPACK's equilibration rule from one pass of row and column maxima (deterministic: not a
+        # recorded stage, a resumed run makes it again on the input its stamps checked)
+        eq = _equilibrate.scan(job, M) if plan.n else None
+        # the work stores: the staged matrix, the Schur complements and A^-1 out of place, about 3.5 n^2;
+        # equilibrated, R A C and its inverse beside them
+        extra = 2 * plan.n if eq is not None and eq.applied else 0
         ao = job.claim(out, [M], overwrite=overwrite, resume=resume, token=token,
-                       size=((plan.n, plan.n), out_dtype), temp_size=((plan.n, 7 * plan.n // 2), plan.work_dtype))
+                       size=((plan.n, plan.n), out_dtype),
+                       temp_size=((plan.n, 7 * plan.n // 2 + extra), plan.work_dtype))
         x_path = ao.array_path()
         work = job.work_dir("inv", token, output=ao, resume=resume)
         stages = Stages(work, ao.done, resume=resume and ao.resumed,
@@ -208,9 +225,15 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         ops = BlockOps(job, plan.chunk)
         ran = "float64" if plan.precision_note else precision  # see _operand_and_plan
         ops.math = "tf32" if ran == "tf32" else None
-        ref = _invert_and_refine(InverseRun(ops, stages, plan), M, x_path, out_dtype, seed=seed, tol=tol, steps=steps,
-                                 precision=ran) if plan.n else None
+        run = InverseRun(ops, stages, plan)
+        if eq is not None and eq.applied:
+            ref = _invert_equilibrated(run, M, eq, x_path, out_dtype, seed=seed, tol=tol, steps=steps, precision=ran)
+        else:
+            ref = _invert_and_refine(run, M, x_path, out_dtype, seed=seed, tol=tol, steps=steps,
+                                     precision=ran) if plan.n else None
         report = _report(job, ref, plan, stages, precision=ran or out_dtype.name, output=ao.path)
+        if eq is not None:
+            report["equilibration"] = eq.report()
         if plan.precision_note:
             report["precision_reason"] = plan.precision_note
         return job.finish(ao, out, report, operation="inv", plan=plan.to_dict(), params=params, keys=REPORT_KEYS)
@@ -253,6 +276,40 @@ def _invert_and_refine(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype
         final = ref.x.path
         run.stages.run("copy", lambda: run.ops.copy(final, x_path, run.plan.n))
     ref.leaves, ref.attempts, ref.recursion_gemms = leaves, first.attempts, run.gemms
+    return ref
+
+
+def _invert_equilibrated(run: InverseRun, M: Any, eq: _equilibrate.Equilibration, x_path: Any,
+                         out_dtype: np.dtype, *, seed: int, tol: float, steps: Steps, precision: str | None) -> NewtonSchulz:
+    """``X = C Y R`` with ``Y`` the verified inverse of the equilibrated ``R A C`` (staged in a work store,
+    exactly: powers of two), inverted and refined by the planned route; ``Y`` scaled into ``x_path`` in
+    the last stage, which refuses an inverse beyond the output dtype's range."""
+    from blocklin.operands import Operand
+    from blocklin.linalg.blocks.result_range import magnitude, solution_range_error
+
+    n, chunk = run.plan.n, run.plan.chunk
+    # R A C in the output's dtype where it is wider (precision="float64" of float32 data): no entry rounded
+    e_dtype = np.result_type(M.dtype, out_dtype)
+    e_path = run.store("equilibrated", n, n, e_dtype)
+    run.stages.run("equilibrate", lambda: _equilibrate.scale_into(
+        run.job, M, e_path, eq.row, eq.col, e_dtype, chunk, description="equilibrate (R A C)", over="a"))
+    E = Operand(name="a", path=e_path, shape=(n, n), dtype=e_dtype, chunks=(chunk, chunk))
+    y_path = run.store("equilibrated-inverse", n, n, out_dtype)
+    ref = _invert_and_refine(run, E, y_path, out_dtype, seed=seed, tol=tol, steps=steps, precision=precision)
+    overflow, peak = run.stages.run("unequilibrate", lambda: _equilibrate.scale_into(
+        run.job, Operand(name="y", path=y_path, shape=(n, n), dtype=out_dtype, chunks=(chunk, chunk)), x_path,
+        eq.col, eq.row, out_dtype, chunk, description="undo the equilibration (C Y R)", over="intermediate",
+        check=True))
+    if overflow:
+        from blocklin.linalg.inverse.routes import _fix
+
+        raise solution_range_error("a", out_dtype, what="an inverse", actual=(
+            f"{overflow} entries of X = C Y R (Y the inverse of the equilibrated R A C, R and C powers of two) "
+            f"beyond the range, the largest near 2^{peak}: {magnitude(math.ldexp(1.0, min(peak, 1024)))}"),
+            fix=_fix(out_dtype, peak - np.finfo(out_dtype).maxexp + 1))
+    Stages.drop(e_path)
+    Stages.drop(y_path)
+    ref.x = dataclasses.replace(ref.x, path=x_path)
     return ref
 
 

@@ -1,0 +1,174 @@
+"""Equilibration of the inverse by powers of two (LAPACK's ``xGEEQUB`` and ``xLAQGE``'s rule).
+
+A graded matrix ``A = D B`` (rows or columns scaled over many binades) has an accurate inverse,
+``C (R A C)^-1 R``, but every normwise check of the routes (a leaf's reciprocal condition,
+``||I - A X||_F``, Newton-Schulz's acceptance) reads it as numerically singular. The scalings are
+powers of two, so ``R A C`` and ``C Y R`` are exact (but for entries below the range's bottom, which
+are negligible next to their row's largest): the routes invert the equilibrated matrix and their checks
+judge that.
+
+One row pass gathers the row maxima (each strip holds whole rows, so the row scalings are known before
+the column maxima of ``R A`` are taken: both in the same pass); a second stages ``R A C`` in a work store
+(only where the rule asks for it); a last one writes ``X = C Y R`` from the inverse ``Y`` of the
+equilibrated matrix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from blocklin.plan.passes import PassMemory
+from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, source
+
+#: LAPACK's ``THRESH`` of ``xLAQGE``: rows (columns) are scaled where the ratio of their smallest to their
+#: largest maximum is below it.
+THRESH = 0.1
+
+
+@dataclasses.dataclass(frozen=True)
+class Equilibration:
+    """The exponents of ``R = diag(2^row)`` and ``C = diag(2^col)`` (zeros where that side is not
+    scaled), ``ROWCND`` and ``COLCND`` as LAPACK defines them, and whether any scaling applies."""
+
+    row: np.ndarray
+    col: np.ndarray
+    rowcnd: float
+    colcnd: float
+    rows_scaled: bool
+    cols_scaled: bool
+
+    @property
+    def applied(self) -> bool:
+        return self.rows_scaled or self.cols_scaled
+
+    def report(self) -> dict:
+        """The report's ``equilibration`` entry."""
+        out: dict = {"applied": self.applied, "rowcnd": self.rowcnd, "colcnd": self.colcnd,
+                     "rule": f"LAPACK xLAQGE: rows scaled where ROWCND < {THRESH}, columns where COLCND < {THRESH}"}
+        if self.applied:
+            out["row_exponents"] = [int(self.row.min()), int(self.row.max())]
+            out["column_exponents"] = [int(self.col.min()), int(self.col.max())]
+            out["note"] = ("X = C Y R with Y the inverse of R A C (R, C powers of two): residual, backward_error, "
+                           "cond_estimate and history are those of the equilibrated matrix R A C")
+        return out
+
+
+def _magnitude(m: Any) -> np.ndarray:
+    return np.abs(np.asarray(m))  # complex: the modulus (any magnitude works: the scalings are powers of two)
+
+
+def _exponents(maxima: np.ndarray) -> np.ndarray:
+    """``-e`` with ``maxima = f 2^e``, ``f`` in ``[0.5, 1)``: ``2^-e maxima`` in ``[0.5, 1)`` (0 for a zero maximum)."""
+    e = np.frexp(maxima)[1].astype(np.int64)
+    return np.where(maxima > 0, -e, 0)
+
+
+def _scan_memory(params: Any, sources: tuple) -> PassMemory:
+    w = sources[0].width
+    # the strip's magnitudes (float64 at most) and the column maxima
+    return PassMemory(fixed=2 * w * 8, per_row=w * 8 + 32)
+
+
+@row_kernel(memory=_scan_memory, device="cpu", read_only=True)
+def scan_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any) -> tuple[dict, None]:
+    """Each row's largest magnitude, and the column maxima of ``R A`` (``R`` from those row maxima)."""
+    x = _magnitude(arrays[0])
+    rmax = x.max(axis=1, initial=0.0).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.ldexp(x, _exponents(rmax)[:, None].astype(np.int32), out=x)
+        cmax = x.max(axis=0, initial=0.0).astype(np.float64)
+    if state is None:
+        state = {"rows": [], "cmax": cmax}
+    else:
+        np.maximum(state["cmax"], cmax, out=state["cmax"])
+    state["rows"].append((rows.start, rmax))
+    return state, None
+
+
+def scan(job: Any, M: Any) -> Equilibration:
+    """One row pass over ``M``: its row and column scalings and LAPACK's decision to apply them. NaN/Inf
+    (``check_finite=False``) or a zero row or column: no scaling (the routes refuse such a matrix)."""
+    n = M.shape[0]
+    states, _ = run_pass(job, scan_kernel, [source(M, name="a")], {}, check_finite=False, peaks=False,
+                         description="row and column maxima (equilibration)")
+    rmax = np.empty(n)
+    cmax = np.zeros(n)
+    for st in states:
+        if st is None:  # a group without strips
+            continue
+        for r0, blk in st["rows"]:
+            rmax[r0:r0 + blk.shape[0]] = blk
+        np.maximum(cmax, st["cmax"], out=cmax)
+    zero = np.zeros(n, dtype=np.int64)
+    if not (np.isfinite(rmax).all() and np.isfinite(cmax).all()) or rmax.min() == 0 or cmax.min() == 0:
+        return Equilibration(zero, zero, math.nan, math.nan, False, False)
+    tiny, big = np.finfo(np.float64).tiny, 1 / np.finfo(np.float64).tiny  # LAPACK's SMLNUM and BIGNUM
+    rowcnd = max(float(rmax.min()), tiny) / min(float(rmax.max()), big)
+    colcnd = max(float(cmax.min()), tiny) / min(float(cmax.max()), big)
+    # xGEEQUB's column scalings are those of R A whether or not xLAQGE applies R
+    row, col = _exponents(rmax), _exponents(cmax)
+    rows_scaled, cols_scaled = rowcnd < THRESH, colcnd < THRESH
+    return Equilibration(row if rows_scaled else zero, col if cols_scaled else zero, rowcnd, colcnd,
+                         bool(rows_scaled), bool(cols_scaled))
+
+
+def _scale_memory(params: Any, sources: tuple) -> PassMemory:
+    w, dt = sources[0].width, np.dtype(params["dtype"])
+    # the strip's exponents (int32), the scaled block written, a cast copy of a narrower source, and with
+    # ``check`` the overflow masks (three bools) and, only where one overflowed, the frexp of the block
+    per_row = w * (4 + dt.itemsize + (0 if np.dtype(sources[0].dtype) == dt else dt.itemsize))
+    per_row += w * (3 + 8 + 4) if params["check"] else 0
+    return PassMemory(fixed=2 * w * 8, per_row=per_row)
+
+
+def _scaled(m: Any, e: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    m = np.asarray(m)
+    if dtype.kind == "c":
+        out = np.empty(m.shape, dtype=dtype)
+        np.ldexp(m.real, e, out=out.real)
+        np.ldexp(m.imag, e, out=out.imag)
+        return out
+    return np.ldexp(np.asarray(m, dtype=dtype), e).astype(dtype, copy=False)
+
+
+@row_kernel(memory=_scale_memory, device="cpu")
+def scale_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any) -> tuple[dict, dict]:
+    """``out[rows] = diag(2^left[rows]) m[rows] diag(2^right)`` (exact but below the range's bottom). With
+    ``check``: the entries that overflowed from finite ones (an inverse beyond the dtype's range) and
+    the largest binary exponent they would have had."""
+    state = state or {"overflow": 0, "peak": 0}
+    e = (np.asarray(params["left"][rows], dtype=np.int32)[:, None] + np.asarray(params["right"], dtype=np.int32)[None, :])
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        out = _scaled(arrays[0], e, np.dtype(params["dtype"]))
+        if params["check"]:
+            bad = int(np.count_nonzero(np.isinf(out) & np.isfinite(np.asarray(arrays[0]))))
+            if bad:
+                y = _magnitude(arrays[0])
+                state["peak"] = max(state["peak"], int((np.frexp(y)[1] + e)[np.isfinite(y)].max()))
+            state["overflow"] += bad
+    return state, {"out": out}
+
+
+def scale_into(job: Any, src: Any, dst: Any, left: np.ndarray, right: np.ndarray, dtype: np.dtype, chunk: int, *,
+               description: str, over: str, check: bool = False) -> tuple[int, int]:
+    """Row pass ``dst = diag(2^left) src diag(2^right)`` in ``dtype``, strips of whole chunk rows of
+    ``dst``; returns the number of entries that overflowed (``check``) and the largest binary exponent
+    ``e`` (``|x| < 2^e``) of those entries."""
+    src_ = [source(src, name="a").aligned_to(chunk)]
+    params = {"left": np.asarray(left, dtype=np.int32), "right": np.asarray(right, dtype=np.int32),
+              "dtype": np.dtype(dtype).name, "check": check}
+    prp = plan_kernel_pass(job, scale_kernel, src_, params, max_strip=4 * chunk)
+    n = src.shape[0]
+    if prp.strip % chunk and prp.strip < n:  # a strip must own whole chunk rows of dst (as the staging pass)
+        prp = plan_kernel_pass(job, scale_kernel, src_, params, max_strip=chunk, workers=1, min_tasks=1)
+    states, _ = run_pass(job, scale_kernel, src_, params, plan=prp, outputs=(("out", dst),), check_finite=False,
+                         peaks=False, over=over, description=description)
+    states = [s for s in states if s is not None]
+    return sum(s["overflow"] for s in states), max((s["peak"] for s in states), default=0)
+
+
+__all__ = ["Equilibration", "THRESH", "scale_into", "scan"]
