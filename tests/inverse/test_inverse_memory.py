@@ -160,3 +160,19 @@ def test_inverse_one_leaf_peak_within_budget(tmp_path, n, chunk, memory_mib, met
     assert r["leaf_memory"] >= 0.75 * budget and r["eta"] < 1e-14
     allowed = 1.1 * budget if memory_mib < 32 else budget + margin(budget)
     assert used <= allowed, f"used {used / 2**20:.1f} MiB over baseline, budget {memory_mib} MiB"
+
+
+@needs_hwm
+def test_equilibrated_inverse_peak_within_budget(tmp_path):
+    """A graded matrix (rows 2^+-40 apart) out of core: the maxima scan, R A C staged, the LU route and
+    Newton-Schulz on it, and X = C Y R written, within the budget as the plain route."""
+    n, memory_mib = 2560, 16
+    rng = np.random.default_rng(3)
+    d = 2.0 ** np.round(np.linspace(-40, 40, n))
+    a = bl.from_array(d[:, None] * rng.standard_normal((n, n)), tmp_path / "a.zarr", chunks=(256, 256))
+    budget = memory_mib * 2**20
+    r = run_child(CHILD, a.path, str(tmp_path / "x.zarr"), f"{memory_mib}MiB", "lu", timeout=600)
+    used = r["peak"] - r["baseline"]
+    assert r["plan_peak"] <= budget and r["method"] == "lu" and r["steps"] == 1
+    assert r["eta"] < 1e-14  # of the equilibrated matrix (the plain route had refused it as singular)
+    assert used <= budget + margin(budget), f"used {used / 2**20:.1f} MiB over baseline, budget {memory_mib} MiB"
