@@ -52,12 +52,18 @@ def run(args: argparse.Namespace) -> dict:
                "gemm_steps": r["gemm_steps"], "leaves": r["leaves"], "method": r.get("method"), "history": r["history"],
                "scheduler": r["scheduler"], "device": r["device"], "resumed": r["resumed"],
                "stages_skipped": r["stages_skipped"]}
+    eq = r.get("equilibration")
+    if eq is not None:
+        summary["equilibration"] = eq
     human = (f"wrote {x.path} ({x.shape[0]} x {x.shape[1]} {x.dtype.name}) in {r['seconds']:.2f} s (method "
              f"{r.get('method')}): backward error "
              f"{r['backward_error']:.2e} ({r['residual_method']}, tol {r['tol']:.1e}) after {r['refine_steps']} "
              f"Newton-Schulz step(s); condition estimate {r['cond_estimate']:.1e}; peak memory "
              f"{format_size(r['peak_memory'])}"
-             + (f"; resumed ({r['stages_skipped']} finished step(s) skipped)" if r["resumed"] else ""))
+             + (f"; resumed ({r['stages_skipped']} finished step(s) skipped)" if r["resumed"] else "")
+             + (f"; equilibrated by powers of two (rows 2^{eq['row_exponents'][0]}..2^{eq['row_exponents'][1]}, "
+                f"columns 2^{eq['column_exponents'][0]}..2^{eq['column_exponents'][1]}): the backward error and "
+                "condition estimate are those of R A C" if eq and eq.get("applied") else ""))
     summary.update(ui.feed_summary(r))
     ui.emit(args, summary, ui.report_text(human, r))
     return summary

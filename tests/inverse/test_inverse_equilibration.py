@@ -207,3 +207,17 @@ def test_an_inverse_beyond_float32s_range_is_refused_for_the_range():
     x = bl.inv(a, precision="float64")
     assert x.dtype == np.float64
     check(x.to_numpy(), a.astype(np.float64) / d[:, None], d, np.ones(n), "rows")
+
+
+def test_cli_says_it_equilibrated(tmp_path, capsys):
+    from blocklin.cli.main import main
+
+    a, b, dr, dc = graded(64, 300, "rows")
+    bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32))
+    rc = main(["inv", str(tmp_path / "a.zarr"), "-o", str(tmp_path / "x.zarr"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["equilibration"]["applied"]
+    assert out["equilibration"]["row_exponents"][1] - out["equilibration"]["row_exponents"][0] >= 590
+    check(bl.open(tmp_path / "x.zarr").to_numpy(), b, dr, dc, "rows")
+    rc = main(["inv", str(tmp_path / "a.zarr"), "-o", str(tmp_path / "y.zarr")])
+    assert rc == 0 and "equilibrated by powers of two (rows 2^" in capsys.readouterr().out
