@@ -221,3 +221,14 @@ def test_cli_says_it_equilibrated(tmp_path, capsys):
     check(bl.open(tmp_path / "x.zarr").to_numpy(), b, dr, dc, "rows")
     rc = main(["inv", str(tmp_path / "a.zarr"), "-o", str(tmp_path / "y.zarr")])
     assert rc == 0 and "equilibrated by powers of two (rows 2^" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("settings", [{"memory": "64MiB"}, {"memory": "512KiB"}])
+def test_graded_on_the_gpu(settings):
+    """The equilibrated matrix's leaf on the GPU (cuSOLVER), and the Schur route's GEMMs there (the scan
+    and the scalings are host passes)."""
+    a, b, dr, dc = graded(300, 40, "both")
+    x = bl.inv(a, device="gpu", **settings)
+    assert x.report["equilibration"]["applied"]
+    check(x.to_numpy(), b, dr, dc, "both")
