@@ -8,7 +8,9 @@ are negligible next to their row's largest): the routes invert the equilibrated 
 judge that.
 
 One row pass gathers the row maxima (each strip holds whole rows, so the row scalings are known before
-the column maxima of ``R A`` are taken: both in the same pass); a second stages ``R A C`` in a work store
+the column maxima of ``R A`` are taken: both in the same pass); a matrix that fits one in-core leaf has
+them gathered by the leaf task, which reads it anyway, before it inverts (:func:`strip_maxima`). A second
+pass stages ``R A C`` in a work store
 (only where the rule asks for it); a last one writes ``X = C Y R`` from the inverse ``Y`` of the
 equilibrated matrix.
 """
@@ -73,14 +75,21 @@ def _scan_memory(params: Any, sources: tuple) -> PassMemory:
     return PassMemory(fixed=2 * w * 8, per_row=w * 8 + 32)
 
 
-@row_kernel(memory=_scan_memory, device="cpu", read_only=True)
-def scan_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any) -> tuple[dict, None]:
-    """Each row's largest magnitude, and the column maxima of ``R A`` (``R`` from those row maxima)."""
-    x = _magnitude(arrays[0])
+def strip_maxima(m: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's largest magnitude of a strip of whole rows, and the column maxima of ``R`` times the strip
+    (``R`` from those row maxima), float64."""
+    x = _magnitude(m)
     rmax = x.max(axis=1, initial=0.0).astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         np.ldexp(x, _exponents(rmax)[:, None].astype(np.int32), out=x)
         cmax = x.max(axis=0, initial=0.0).astype(np.float64)
+    return rmax, cmax
+
+
+@row_kernel(memory=_scan_memory, device="cpu", read_only=True)
+def scan_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any) -> tuple[dict, None]:
+    """Each row's largest magnitude, and the column maxima of ``R A`` (``R`` from those row maxima)."""
+    rmax, cmax = strip_maxima(arrays[0])
     if state is None:
         state = {"rows": [], "cmax": cmax}
     else:
@@ -90,8 +99,7 @@ def scan_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: An
 
 
 def scan(job: Any, M: Any) -> Equilibration:
-    """One row pass over ``M``: its row and column scalings and LAPACK's decision to apply them. NaN/Inf
-    (``check_finite=False``) or a zero row or column: no scaling (the routes refuse such a matrix)."""
+    """One row pass over ``M``: its row and column scalings and LAPACK's decision to apply them (:func:`decide`)."""
     n = M.shape[0]
     states, _ = run_pass(job, scan_kernel, [source(M, name="a")], {}, check_finite=False, peaks=False,
                          description="row and column maxima (equilibration)")
@@ -103,6 +111,13 @@ def scan(job: Any, M: Any) -> Equilibration:
         for r0, blk in st["rows"]:
             rmax[r0:r0 + blk.shape[0]] = blk
         np.maximum(cmax, st["cmax"], out=cmax)
+    return decide(rmax, cmax)
+
+
+def decide(rmax: np.ndarray, cmax: np.ndarray) -> Equilibration:
+    """The scalings of row maxima ``rmax`` and column maxima ``cmax`` of ``R A``, and xLAQGE's decision. NaN/Inf
+    (``check_finite=False``) or a zero row or column: no scaling (the routes refuse such a matrix)."""
+    n = len(rmax)
     zero = np.zeros(n, dtype=np.int64)
     if not (np.isfinite(rmax).all() and np.isfinite(cmax).all()) or rmax.min() == 0 or cmax.min() == 0:
         return Equilibration(zero, zero, math.nan, math.nan, False, False)
@@ -171,4 +186,4 @@ def scale_into(job: Any, src: Any, dst: Any, left: np.ndarray, right: np.ndarray
     return sum(s["overflow"] for s in states), max((s["peak"] for s in states), default=0)
 
 
-__all__ = ["Equilibration", "THRESH", "scale_into", "scan"]
+__all__ = ["Equilibration", "THRESH", "decide", "scale_into", "scan", "strip_maxima"]

@@ -19,7 +19,8 @@ from blocklin.linalg.inverse import refine as _refine
 from blocklin.linalg.inverse.refine import Iterate, NewtonSchulz, Steps
 from blocklin.linalg.blocks.scaling import safe_norm
 from blocklin.linalg.inverse.kernels import MEMORY
-from blocklin.linalg.inverse.routes import InverseRun, butterfly_device, invert_as_planned, invert_schur
+from blocklin.linalg.inverse.routes import (InverseRun, NeedsEquilibration, butterfly_device, invert_as_planned,
+                                            invert_schur)
 from blocklin.matrix import Matrix
 from blocklin.operands import decoded_chunks
 from blocklin.plan.inverse import MIN_CHUNK, InversePlan, plan_inverse
@@ -171,7 +172,7 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
 
     *Equilibration.* A graded ``M`` (rows or columns scaled over many binades, ``D B`` or ``B D``) has an
     accurate inverse that every normwise check (a leaf's ``rcond``, ``||I - M X||_F``) would read as
-    numerically singular. One pass gathers LAPACK's ``xGEEQUB`` scalings by powers of two (``R`` brings each
+    numerically singular. One pass out of core (the leaf task in core) gathers LAPACK's ``xGEEQUB`` scalings by powers of two (``R`` brings each
     row's largest magnitude into ``[0.5, 1)``, ``C`` each column's of ``R M``) and ``xLAQGE``'s rule
     decides (rows where ``ROWCND < 0.1``, columns where ``COLCND < 0.1``); where it applies, ``R M C`` is
     staged (exactly), inverted and refined by the route above, and ``X = C (R M C)^{-1} R`` written.
@@ -208,8 +209,9 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         params = {"precision": precision, "tol": tol, "seed": seed, "refine": str(refine), "max_refine": max_refine}
         token = _token(job, M, plan, out, params)
         # LAPACK's equilibration rule from one pass of row and column maxima (deterministic: not a
-        # recorded stage, a resumed run makes it again on the input its stamps checked)
-        eq = _equilibrate.scan(job, M) if plan.n else None
+        # recorded stage, a resumed run makes it again on the input its stamps checked); a matrix that
+        # fits one leaf has them gathered by the leaf task, which reads it anyway
+        eq = _equilibrate.scan(job, M) if plan.n and not plan.direct else None
         # the work stores: the staged matrix, the Schur complements and A^-1 out of place, about 3.5 n^2;
         # equilibrated, R A C and its inverse beside them
         extra = 2 * plan.n if eq is not None and eq.applied else 0
@@ -225,12 +227,20 @@ def inv(a: Any, *, out: Any = None, refine: Any = "auto", max_refine: int = 10, 
         ops = BlockOps(job, plan.chunk)
         ran = "float64" if plan.precision_note else precision  # see _operand_and_plan
         ops.math = "tf32" if ran == "tf32" else None
-        run = InverseRun(ops, stages, plan)
+        run = InverseRun(ops, stages, plan, equilibrate=True)
         if eq is not None and eq.applied:
             ref = _invert_equilibrated(run, M, eq, x_path, out_dtype, seed=seed, tol=tol, steps=steps, precision=ran)
+        elif plan.n:
+            try:
+                ref = _invert_and_refine(run, M, x_path, out_dtype, seed=seed, tol=tol, steps=steps, precision=ran)
+                if plan.direct:
+                    eq = ref.leaves[0].get("equilibration")
+            except NeedsEquilibration as found:  # the one leaf's task gathered the maxima and did not invert
+                eq = found.eq
+                ref = _invert_equilibrated(run, M, eq, x_path, out_dtype, seed=seed, tol=tol, steps=steps,
+                                           precision=ran)
         else:
-            ref = _invert_and_refine(run, M, x_path, out_dtype, seed=seed, tol=tol, steps=steps,
-                                     precision=ran) if plan.n else None
+            ref = None
         report = _report(job, ref, plan, stages, precision=ran or out_dtype.name, output=ao.path)
         if eq is not None:
             report["equilibration"] = eq.report()
@@ -288,6 +298,7 @@ def _invert_equilibrated(run: InverseRun, M: Any, eq: _equilibrate.Equilibration
     from blocklin.linalg.blocks.result_range import magnitude, solution_range_error
 
     n, chunk = run.plan.n, run.plan.chunk
+    run.equilibrate = False  # R A C is not equilibrated again
     # R A C in the output's dtype where it is wider (precision="float64" of float32 data): no entry rounded
     e_dtype = np.result_type(M.dtype, out_dtype)
     e_path = run.store("equilibrated", n, n, e_dtype)

@@ -366,6 +366,9 @@ class LeafSpec:
     check_finite: bool = True
     #: Rows of the inverse solved and written at a time (whole chunk rows of ``dst``; None: all).
     width: int | None = None
+    #: Gather the row and column maxima first (the one-leaf inverse of the input), and where LAPACK's rule
+    #: equilibrates return them (``"equilibration"``, ``"equilibrate": True``) without inverting.
+    equilibrate: bool = False
 
     @property
     def dst_slice(self) -> slice:
@@ -470,6 +473,19 @@ def _input_checks(spec: LeafSpec, a: np.ndarray) -> tuple[float, np.ndarray, flo
     return ss, q, anorm
 
 
+def _equilibration(a: np.ndarray) -> Any:
+    """LAPACK's scalings of the block and the decision to apply them, strip by strip (the strips' magnitudes
+    are the reductions' strips :func:`leaf_memory` counts)."""
+    from blocklin.linalg.inverse.equilibrate import decide, strip_maxima
+
+    rmax = np.empty(a.shape[0])
+    cmax = np.zeros(a.shape[1])
+    for r0, r1 in split(a.shape[0], _leaf_strip(a.shape[0])):
+        rmax[r0:r1], c = strip_maxima(a[r0:r1])
+        np.maximum(cmax, c, out=cmax)
+    return decide(rmax, cmax)
+
+
 @with_task_settings
 def leaf_inverse_task(spec: LeafSpec) -> dict:
     """LU with partial pivoting (LAPACK getrf/gecon/getri) of one block that fits the budget.
@@ -489,9 +505,16 @@ def leaf_inverse_task(spec: LeafSpec) -> dict:
     dtype = np.dtype(spec.dtype)
     a = _read_leaf(spec, dtype)
     extra: dict = {}
+    if spec.equilibrate:
+        eq = _equilibration(a)
+        extra["equilibration"] = eq
+        if eq.applied:  # the route stages R A C and inverts that instead
+            return {"equilibrate": True, "equilibration": eq, "info": 0, "rcond": math.nan, "sumsq": math.nan,
+                    "flops": 0, "bytes_read": a.nbytes, "bytes_written": 0, "off": spec.off, "size": spec.size,
+                    "anorm": math.nan, "seconds": time.perf_counter() - t0}
     if spec.probe_seed is not None:
         norm_ss, q, anorm = _input_checks(spec, a)
-        extra = {"norm_sumsq": norm_ss}
+        extra["norm_sumsq"] = norm_ss
     else:
         anorm = _inf_norm(a)
     flops = 2 * spec.size**3

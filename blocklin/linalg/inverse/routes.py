@@ -59,6 +59,8 @@ class InverseRun:
     plan: InversePlan
     gemms: int = 0
     norm_m: float = 0.0
+    #: The one-leaf route gathers LAPACK's equilibration scalings in its task (not of a matrix already equilibrated).
+    equilibrate: bool = False
 
     @property
     def job(self) -> Job:
@@ -90,7 +92,9 @@ def invert_direct(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, see
     Returns ``||M||_F``, ``||X||_F``, the leaf result, the attempts (1) and the probed ``||I - M X||_F``
     (an :class:`InverseResult`).
     """
-    res = _leaf(run, M.path, 0, x_path, 0, run.plan.n, np.dtype(out_dtype), probe_seed=seed)
+    res = _leaf(run, M.path, 0, x_path, 0, run.plan.n, np.dtype(out_dtype), probe_seed=seed, equilibrate=run.equilibrate)
+    if res.get("equilibrate"):
+        raise NeedsEquilibration(res["equilibration"])
     res = {**res, "off": 0}
     if "norm_sumsq" in res:
         run.norm_m = math.sqrt(res["norm_sumsq"])
@@ -215,6 +219,14 @@ def invert_schur(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed
     norm_x = _unstage(run, y_path, x_path, bf, bf_u, out_dtype, seed)
     Stages.drop(y_path)
     return InverseResult(norm_m=norm_m, norm_x=norm_x, leaves=leaves, attempts=attempts)
+
+
+class NeedsEquilibration(Exception):
+    """The one-leaf task found that LAPACK's rule equilibrates the matrix (``eq``): it did not invert it."""
+
+    def __init__(self, eq: Any) -> None:
+        super().__init__("equilibrate")
+        self.eq = eq
 
 
 class _LeafSingular(Exception):
@@ -351,7 +363,7 @@ def butterfly_device(job: Job, plan: InversePlan) -> str:
 
 
 def _leaf(run: InverseRun, src: Any, s_off: int, dst: Any, d_off: int, size: int, wdt: np.dtype,
-          probe_seed: int | None = None) -> dict:
+          probe_seed: int | None = None, equilibrate: bool = False) -> dict:
     """In-core pivoted LU inverse of ``src[s_off:, s_off:]`` (``size``) into ``dst[d_off:, d_off:]``: one stage
     (``probe_seed``: the one-leaf inverse straight from the input, see :class:`LeafSpec`)."""
     job = run.job
@@ -362,7 +374,7 @@ def _leaf(run: InverseRun, src: Any, s_off: int, dst: Any, d_off: int, size: int
     spec = LeafSpec(src=src, dst=dst, off=s_off, dst_off=d_off, size=size, dtype=wdt.name,
                     blas_threads=job.task_blas_threads(job.cores()), device=dev,
                     device_memory=job.device_memory() if dev == "gpu" else None, probe_seed=probe_seed,
-                    check_finite=job.check_finite, width=run.plan.chunk)
+                    check_finite=job.check_finite, width=run.plan.chunk, equilibrate=equilibrate)
 
     def invert() -> dict:
         graph = run.ops.graph("leaf", spec)
@@ -433,5 +445,5 @@ def _unmix(ops: BlockOps, w: str, x: str, bf: Butterfly, out_dtype: np.dtype, pl
     return math.sqrt(sum(r["sumsq"] for r in results))
 
 
-__all__ = ["InverseResult", "InverseRun", "butterfly_device", "invert_as_planned", "invert_direct", "invert_lu",
+__all__ = ["InverseResult", "InverseRun", "NeedsEquilibration", "butterfly_device", "invert_as_planned", "invert_direct", "invert_lu",
            "invert_schur"]
