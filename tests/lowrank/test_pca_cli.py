@@ -79,7 +79,7 @@ def test_negative_memory_refused_by_its_own_check(argv, value, capsys):
     with pytest.raises(SystemExit) as info:
         main(argv + ["--memory", value])
     err = capsys.readouterr().err
-    assert info.value.code == 2 and f"argument --memory: must be a byte size" in err and f"got '{value}'" in err, err
+    assert info.value.code == 2 and "argument --memory: must be a byte size" in err and f"got '{value}'" in err, err
     assert "Fix: " in err and "expected one argument" not in err
 
 
