@@ -224,11 +224,10 @@ def test_budget_too_small_names_minimum(rng):
                   a, memory="8KiB")
 
 
-def test_resume_skips_finished_tiles(tmp_path, rng):
+def _interrupted_at_the_third_tile(a_path, b_path, out):
+    """``matmul(a, b, out, resume=True)`` at 96 KiB, interrupted as its third tile starts (two finished)."""
     from blocklin.runtime import tiles
 
-    a = rng.standard_normal((120, 90))
-    b = rng.standard_normal((90, 100))
     calls = {"n": 0}
     real = tiles.run_tile
 
@@ -238,14 +237,20 @@ def test_resume_skips_finished_tiles(tmp_path, rng):
             raise KeyboardInterrupt("simulated kill")
         return real(spec, i, j, rows, cols, run)
 
-    a_path = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32)).path
-    b_path = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 32)).path
     tiles.run_tile = flaky
     try:
         with pytest.raises(KeyboardInterrupt):
-            bl.matmul(a_path, b_path, tmp_path / "c.zarr", memory="96KiB", scheduler="sync", resume=True)
+            bl.matmul(a_path, b_path, out, memory="96KiB", scheduler="sync", resume=True)
     finally:
         tiles.run_tile = real
+
+
+def test_resume_skips_finished_tiles(tmp_path, rng):
+    a = rng.standard_normal((120, 90))
+    b = rng.standard_normal((90, 100))
+    a_path = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32)).path
+    b_path = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 32)).path
+    _interrupted_at_the_third_tile(a_path, b_path, tmp_path / "c.zarr")
     assert not (tmp_path / "c.zarr").exists()  # nothing that looks finished
     partial = [p for p in tmp_path.iterdir() if p.name.startswith(".c.zarr.partial-")]
     assert len(partial) == 1
@@ -261,27 +266,12 @@ def test_a_resumed_product_beyond_the_range_is_refused(tmp_path, rng):
     skipped: a product of overflowing sums came back as Inf, silently. It reads the output then, and
     refuses as the fresh run does; with every marker's peaks it needs no read."""
     from blocklin.errors import ParameterError
-    from blocklin.runtime import tiles
 
     a = rng.standard_normal((120, 90)) * 1e200
     b = rng.standard_normal((90, 100)) * 1e200
     a_path = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32)).path
     b_path = bl.from_array(b, tmp_path / "b.zarr", chunks=(32, 32)).path
-    calls = {"n": 0}
-    real = tiles.run_tile
-
-    def flaky(spec, i, j, rows, cols, run):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt("simulated kill")
-        return real(spec, i, j, rows, cols, run)
-
-    tiles.run_tile = flaky
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            bl.matmul(a_path, b_path, tmp_path / "c.zarr", memory="96KiB", scheduler="sync", resume=True)
-    finally:
-        tiles.run_tile = real
+    _interrupted_at_the_third_tile(a_path, b_path, tmp_path / "c.zarr")
     markers = [p for p in tmp_path.glob(".c.zarr.partial-*/**/tile-*-*") if p.is_file()]
     assert len(markers) == 2
     for m in markers:
