@@ -230,3 +230,34 @@ def test_wide_intercept_at_a_small_lambda_keeps_the_solution(method):
     x = bl.solve(a, b, lam=lam, fit_intercept=True, method=method)
     assert np.allclose(x.to_numpy().ravel(), ref, rtol=1e-12, atol=0)
     assert np.allclose(x.intercept, ref0, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("method", ["auto", "qr", "normal"])
+@pytest.mark.parametrize("lam", [1e99, 1e150])
+def test_wide_intercept_drops_a_direction_below_the_centerings_rounding(method, lam):
+    """Three rows, the middle one ``2^600`` times the others: the centered ``A`` has singular values near
+    ``2^600`` and near 1 (rows 0 and 2 differ by O(1)), and the second is below the centering's rounding
+    (``eps 2^600``), so float64 resolves it as 0. Its weight in the dual ``y``, ``beta / lam^2``, had only
+    multiplied ``A^T``'s rounding: ``x`` 1e266 times too large and an intercept of ``-1.5e147`` (Gram route;
+    ``2.7e130`` QR) for ``0.448``. Leaving it out of ``y`` drops its part of ``x``, at most ``s_2 |beta_2| /
+    lam^2`` (below 1e-190 of ``x`` here), beside the rounding of the one resolved direction (condition 1 on
+    it: a few eps); 1e-12 leaves room for ``m n eps``. Reference: the dual form in mpmath at 500 digits."""
+    import mpmath as mp
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 11))
+    a[1] = np.ldexp(a[1], 600)
+    b = rng.standard_normal(3)
+    with mp.workdps(500):
+        A, B = mp.matrix(a.tolist()), mp.matrix(b.tolist())
+        mu = [mp.fsum(A[i, j] for i in range(3)) / 3 for j in range(11)]
+        bbar = mp.fsum(B) / 3
+        ac = mp.matrix([[A[i, j] - mu[j] for j in range(11)] for i in range(3)])
+        bc = mp.matrix([B[i] - bbar for i in range(3)])
+        xm = ac.T * mp.lu_solve(ac * ac.T + mp.mpf(lam) ** 2 * mp.eye(3), bc)
+        ref = np.array([float(v) for v in xm])
+        ref0 = float(bbar - mp.fsum(mu[j] * xm[j] for j in range(11)))
+    x = bl.solve(a, b, lam=lam, fit_intercept=True, method=method)
+    scale = np.ldexp(1.0, -int(np.frexp(np.abs(ref).max())[1]))  # x near 2^-600: its norms in range
+    assert np.linalg.norm((x.to_numpy().ravel() - ref) * scale) <= 1e-12 * np.linalg.norm(ref * scale)
+    assert np.allclose(x.intercept, ref0, rtol=1e-12, atol=0)
