@@ -6,8 +6,9 @@ product code is unchanged):
 * ``BLOCKLIN_TEST_DELAY`` (seconds, default 0) is slept before each item a tile stream reads and
   before each resume marker, so the run is still writing when a signal test reaches it;
 * ``BLOCKLIN_TEST_MARK`` (a path) is created when the ``BLOCKLIN_TEST_MARK_AFTER``-th such item
-  (default 2) starts, just before its delay: a test that waits for that file and then sends a
-  signal reaches the run mid-way, deterministically, however fast the machine is.
+  (default 2) starts, just before its delay, and touched again as each later one starts: a test that
+  waits for that file and then sends a signal reaches the run mid-way, deterministically, however fast
+  the machine is (and one that removes it waits for the next item).
 """
 
 import os
@@ -31,7 +32,7 @@ if delay > 0 or mark:
     def _tick() -> None:
         with _lock:
             _count[0] += 1
-            if mark and _count[0] == mark_after:
+            if mark and _count[0] >= mark_after:
                 open(mark, "w").close()
         time.sleep(delay)
 
