@@ -165,7 +165,7 @@ def as_operand(x: Any, name: str, cfg: Config, stack: contextlib.ExitStack, *, n
 
 
 #: What takes a sparse matrix: the routes of docs/sparse.md, on a stored blocklin-csr group.
-SPARSE_ROUTES = "svd, pca, eigsh, solve (LSQR), gram and matmul with one dense operand"
+SPARSE_ROUTES = "svd, pca, eigsh, solve (LSQR), gram, norm and matmul with one dense operand"
 
 
 def _unsupported(x: Any, name: str) -> ParameterError:
