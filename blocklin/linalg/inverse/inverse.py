@@ -312,12 +312,12 @@ def _invert_equilibrated(run: InverseRun, M: Any, eq: _equilibrate.Equilibration
         eq.col, eq.row, out_dtype, chunk, description="undo the equilibration (C Y R)", over="intermediate",
         check=True))
     if overflow:
-        from blocklin.linalg.inverse.routes import _fix
+        from blocklin.linalg.inverse.routes import range_fix
 
         raise solution_range_error("a", out_dtype, what="an inverse", actual=(
             f"{overflow} entries of X = C Y R (Y the inverse of the equilibrated R A C, R and C powers of two) "
             f"beyond the range, the largest near 2^{peak}: {magnitude(math.ldexp(1.0, min(peak, 1024)))}"),
-            fix=_fix(out_dtype, peak - np.finfo(out_dtype).maxexp + 1))
+            fix=range_fix(out_dtype, peak - np.finfo(out_dtype).maxexp + 1))
     Stages.drop(e_path)
     Stages.drop(y_path)
     ref.x = dataclasses.replace(ref.x, path=x_path)

@@ -135,7 +135,7 @@ def invert_lu(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed: i
         if narrow is not None:  # the cast itself overflowed: its range named, not the factorization's growth
             raise narrow
         if wdt.itemsize >= np.dtype(M.dtype).itemsize and np.isfinite(f.max_a):  # A's own dtype: its growth
-            raise lu_growth_error(f.max_a, f.max_u, wdt, _fix(out_dtype, -int(np.frexp(f.max_a)[1])))
+            raise lu_growth_error(f.max_a, f.max_u, wdt, range_fix(out_dtype, -int(np.frexp(f.max_a)[1])))
         raise ParameterError(_msg("precision", f"a {wdt.name} factorization needs A's entries within {wdt.name}'s "
                                   "range (the factorization overflowed)", f"max |A| {f.max_a:.3g}, max |U| {f.max_u:.3g}",
                                   "invert without precision='mixed', or scale A"))
@@ -268,10 +268,10 @@ def _beyond_range(rcond: float, anorm: float, dtype: np.dtype) -> Exception:
     return solution_range_error("a", dtype, what="an inverse", actual=(
         f"||A^-1||_inf = {magnitude(1.0 / (rcond * anorm))} by LAPACK's estimate 1 / (rcond ||A||_inf), with "
         f"||A||_inf = {anorm:.3g} and reciprocal condition {rcond:.1e} above eps (A is not singular): the inverse "
-        "overflowed"), fix=_fix(dtype, -int(np.frexp(anorm)[1])))
+        "overflowed"), fix=range_fix(dtype, -int(np.frexp(anorm)[1])))
 
 
-def _fix(dtype: np.dtype, p: int) -> str:
+def range_fix(dtype: np.dtype, p: int) -> str:
     scale = f"scale a by 2.0**{p} (exact: inv(2^p A) = 2^-p inv(A))"
     wide = wide_name(dtype)
     if np.dtype(dtype) == np.dtype(wide):  # already double: its range is the widest
@@ -291,7 +291,7 @@ def _lu_range_refusal(min_pivot: float, max_u: float, max_a: float, n: int, out_
     return solution_range_error("a", wdt, what="an inverse", actual=(
         f"the rows of the inverse overflowed in their substitutions, with the LU's smallest pivot {min_pivot:.3g} "
         f"(above n eps max |U|: not singular to working precision; max |A| = {max_a:.3g}), whose reciprocal is "
-        f"{magnitude(1.0 / min_pivot)}"), fix=_fix(out_dtype, -int(np.frexp(max_a)[1])))
+        f"{magnitude(1.0 / min_pivot)}"), fix=range_fix(out_dtype, -int(np.frexp(max_a)[1])))
 
 
 def _recursion_range(leaf: dict, norm_m: float, wdt: np.dtype) -> Exception:
@@ -303,7 +303,7 @@ def _recursion_range(leaf: dict, norm_m: float, wdt: np.dtype) -> Exception:
         "a", f"must keep the Schur recursion's blocks within {wdt.name}'s range (its products of blocks and of "
         "their inverses, about |A| and 1 / sigma_min(A): entries near either end of the range overflow them)",
         f"NaN or Inf made by the recursion at rows {leaf['off']}:{leaf['off'] + leaf['size']} from finite data "
-        f"(||A||_F = {norm_m:.3g})", _fix(wdt, p).replace(f"scale a by 2.0**{p}", f"scale a by 2.0**{p} (||A||_F "
+        f"(||A||_F = {norm_m:.3g})", range_fix(wdt, p).replace(f"scale a by 2.0**{p}", f"scale a by 2.0**{p} (||A||_F "
                                                                                   "near 1)", 1)
         + ", or method='lu' (the pivoted route)"))
 
@@ -445,5 +445,5 @@ def _unmix(ops: BlockOps, w: str, x: str, bf: Butterfly, out_dtype: np.dtype, pl
     return math.sqrt(sum(r["sumsq"] for r in results))
 
 
-__all__ = ["InverseResult", "InverseRun", "NeedsEquilibration", "butterfly_device", "invert_as_planned", "invert_direct", "invert_lu",
+__all__ = ["InverseResult", "InverseRun", "NeedsEquilibration", "butterfly_device", "invert_as_planned", "invert_direct", "invert_lu", "range_fix",
            "invert_schur"]

@@ -20,7 +20,7 @@ from blocklin.device.syrk import symmetrize_lower
 from blocklin.linalg.solve import lambda_select, loo
 from blocklin.linalg.solve.kernels import gram_kernel, residual_kernel
 from blocklin.linalg.solve.qr_route import qr_route
-from blocklin.linalg.solve.spectrum import _lambdas as spectrum_lambdas
+from blocklin.linalg.solve.spectrum import lambdas as spectrum_lambdas
 from blocklin.linalg.solve.spectrum import coefficients, describe, finish_spectral, spectrum_from_gram
 from blocklin.linalg.solve.tikhonov import TikhonovRun, device_of_pass, dots, factor_regularized, norms, singular, write_x
 from blocklin.plan.solve import small_bytes

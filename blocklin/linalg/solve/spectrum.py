@@ -273,7 +273,7 @@ def finish_spectral(ctx: TikhonovRun, spec: Spectrum, info: dict, x_path: str) -
 
 def coefficients(ctx: TikhonovRun, spec: Spectrum, info: dict, rank: str) -> list[np.ndarray]:
     """The chosen lambda(s) and their coefficients; refuses ``lam = 0`` on a rank-deficient problem."""
-    lams, curve = _lambdas(ctx, spec)
+    lams, curve = lambdas(ctx, spec)
     smax = float(spec.s.max()) if spec.s.size else 0.0
     smin = float(spec.s.min()) if spec.s.size else 0.0
     info["cond_estimate"] = smax / smin if smin > 0 else float("inf")
@@ -319,7 +319,7 @@ def per_target(ctx: TikhonovRun, lams: list[float]) -> bool:
     return ctx.kind == "loo" and ctx.per_target and len(lams) > 1
 
 
-def _lambdas(ctx: TikhonovRun, spec: Spectrum) -> tuple[list[float], dict | None]:
+def lambdas(ctx: TikhonovRun, spec: Spectrum) -> tuple[list[float], dict | None]:
     if ctx.kind in ("gcv", "lcurve"):
         lam, curve = choose_lambda(spec, ctx.kind)
         return [lam], curve
@@ -359,5 +359,5 @@ def describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, 
             info["gcv"] = spec.gcv(lams[0])
 
 
-__all__ = ["GRID", "Spectrum", "choose_lambda", "coefficients", "describe", "filters", "finish_spectral", "per_target",
+__all__ = ["GRID", "Spectrum", "choose_lambda", "coefficients", "describe", "filters", "finish_spectral", "lambdas", "per_target",
            "spectrum_from_gram", "x_exponent"]
