@@ -21,6 +21,25 @@ def _csr(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, shape: tuple
     return out
 
 
+#: The NumPy products a sparse operand takes out of core (NumPy 2's ``np.linalg.matmul`` too).
+_PRODUCTS = tuple(f for f in (np.matmul, np.dot, getattr(np.linalg, "matmul", None)) if f is not None)
+
+
+def _ndim(x: Any) -> int:
+    """Dimensions of an operand without converting it (``np.ndim`` of a handle would dispatch back here)."""
+    return len(x.shape) if isinstance(x, SparseMatrix) else int(np.ndim(x))
+
+
+def _dense(x: Any) -> Any:
+    """``x`` with every :class:`SparseMatrix` in it (in a list or tuple too) made dense, as NumPy's own
+    functions need it."""
+    if isinstance(x, SparseMatrix):
+        return x.toarray()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_dense(v) for v in x)
+    return x
+
+
 class SparseMatrix:
     """A sparse matrix stored as CSR row blocks in a zarr v3 group (``docs/sparse.md``); nothing is
     loaded until asked.
@@ -114,15 +133,35 @@ class SparseMatrix:
         """What blocklin recorded when it wrote this matrix (operation, inputs, plan, version)."""
         return dict(self._store.attrs.get("blocklin", {}))
 
-    # -- NumPy's dispatch protocol ----------------------------------------------------------------
+    # -- NumPy's dispatch protocols ---------------------------------------------------------------
     def __array_function__(self, func: Any, types: Any, args: tuple, kwargs: dict) -> Any:
         """``numpy.linalg.norm(S, ord)`` computed from the stored row blocks (:func:`blocklin.norm`; it had
-        raised a TypeError); every other NumPy function as NumPy's own."""
-        if func is np.linalg.norm:
-            from blocklin.linalg.interop.numpy_protocol import norm
+        raised a TypeError); ``np.matmul`` and ``np.dot`` with a dense operand by :func:`blocklin.matmul`
+        (the sparse product, never densifying ``S``); every other NumPy function as NumPy's own on the
+        dense matrix (:meth:`toarray`, refused beyond the memory budget). NumPy had taken the handle for
+        a 0-d object array: ``np.sum(S)`` returned ``S`` itself, ``np.linalg.solve(S, b)`` raised
+        "0-dimensional array given" and ``S @ B`` a gufunc's dimension error."""
+        from blocklin.linalg.interop import numpy_protocol
 
-            return norm(*args, **kwargs)
-        return func._implementation(*args, **kwargs)
+        if func is np.linalg.norm:
+            return numpy_protocol.norm(*args, **kwargs)
+        if func in _PRODUCTS and not kwargs and len(args) == 2 and min(_ndim(x) for x in args) > 0:
+            return numpy_protocol.matmul(*args)
+        return func._implementation(*_dense(args), **{k: _dense(v) for k, v in kwargs.items()})
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        """``np.matmul`` (``@``, ``ndarray @ S``) by :func:`blocklin.matmul`; other ufuncs on the dense matrix."""
+        if ufunc is np.matmul and method == "__call__" and not kwargs:
+            from blocklin.linalg.interop import numpy_protocol
+
+            return numpy_protocol.matmul(*inputs)
+        return getattr(ufunc, method)(*_dense(inputs), **{k: _dense(v) for k, v in kwargs.items()})
+
+    def __matmul__(self, other: Any) -> Any:
+        return np.matmul(self, other)
+
+    def __rmatmul__(self, other: Any) -> Any:
+        return np.matmul(other, self)
 
     # -- data --------------------------------------------------------------------------------------
     def rows(self, r0: int, r1: int) -> Any:

@@ -383,3 +383,41 @@ def test_norm_of_a_vector_is_numpys_or_refused(tmp_path):
     for ord in (-1, -2, "fro", "nuc"):  # the column's matrix norms, as NumPy's of the column
         assert bl.norm(x.reshape(-1, 1), ord) == pytest.approx(np.linalg.norm(x.reshape(-1, 1), ord),
                                                                rel=8 * eps(np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_numpy_products_and_functions_of_a_stored_sparse_matrix(tmp_path, dtype):
+    """NumPy had taken a ``SparseMatrix`` for a 0-d object array: ``S @ B``, ``B @ S``, ``np.matmul`` and
+    ``np.dot`` raised a gufunc's "does not have enough dimensions", ``np.linalg.solve`` "0-dimensional array
+    given", and ``np.sum(S)`` returned the handle itself (found by a randomized search). The products now run
+    ``blocklin.matmul`` on the sparse operand (a stored ``Matrix``; a vector operand gives a vector), other
+    functions NumPy's own on the dense matrix. Bound: a product of inner dimension ``t``, ``2 t eps``
+    relative entry by entry on ``|S| |B|`` (module notes), in the operands' dtype."""
+    import scipy.sparse
+
+    m, n = 30, 20
+    x = scipy.sparse.random(m, n, density=0.2, random_state=3, format="lil", dtype=np.float64).astype(dtype)
+    x[4] = 0  # an empty row
+    x = x.tocsr()
+    x.eliminate_zeros()
+    s = bl.from_sparse(x, tmp_path / "s.zarr")
+    d = x.toarray().astype(np.float64)
+    rng = np.random.default_rng(0)
+    b, c, v = (rng.standard_normal(shape).astype(dtype) for shape in ((n, 3), (2, m), (n,)))
+
+    def close(got, want, left, right):
+        bound = 2 * left.shape[-1] * eps(dtype) * (np.abs(left) @ np.abs(right))
+        assert got.shape == want.shape and np.all(np.abs(got - want) <= bound)
+
+    for got in (s @ b, np.matmul(s, b), np.dot(s, b)):
+        assert isinstance(got, bl.Matrix) and got.dtype == dtype
+        close(got.to_numpy(), d @ b, d, b)
+    got = c @ s
+    assert isinstance(got, bl.Matrix)
+    close(got.to_numpy(), c.astype(np.float64) @ d, c.astype(np.float64), d)
+    got = s @ v
+    assert isinstance(got, np.ndarray) and got.ndim == 1
+    close(got, d @ v, d, v)
+    assert np.sum(s) == pytest.approx(d.sum(), rel=2 * x.nnz * eps(dtype))
+    sol = np.linalg.lstsq(s, np.ones(m), rcond=None)[0]  # NumPy's own, on the dense matrix
+    np.testing.assert_array_equal(sol, np.linalg.lstsq(x.toarray(), np.ones(m), rcond=None)[0])
