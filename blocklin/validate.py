@@ -267,7 +267,8 @@ def check_k(k: Any, m: int, n: int, *, whole: bool = False, eig: bool = False) -
             fix = (f"a {m} x {n} matrix has {min(m, n)} singular value(s) and no truncated decomposition: compute it "
                    "in memory (numpy.linalg.svd, or numpy.linalg.norm of the vector for its one singular value)")
         else:
-            fix = f"pass 1 <= k <= {top}" + ("" if whole else " (use scipy.linalg.eigh for a full decomposition)")
+            full = "scipy.linalg.eigh" if eig else "numpy.linalg.svd of a dense copy"  # svd's had named eigh
+            fix = f"pass 1 <= k <= {top}" + ("" if whole else f" (use {full} for a full decomposition)")
         raise ParameterError(explain("k", f"must satisfy {rule}", f"k={k} for a {m} x {n} matrix", fix))
     return int(k)
 

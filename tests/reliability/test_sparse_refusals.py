@@ -51,6 +51,18 @@ def test_a_single_column_has_no_k_to_pass(tmp_path):
     assert "n_components=0" not in str(err.value)
 
 
+def test_a_k_too_large_names_the_full_decomposition_of_its_operation(tmp_path):
+    """svd's refusal of ``k = min(m, n)`` on a stored sparse matrix had named ``scipy.linalg.eigh`` (the
+    eigensolver) as the fix for its full decomposition (found by a randomized search)."""
+    s = bl.from_sparse(sp.random(3, 17, density=0.5, random_state=0, format="csr"), tmp_path / "W.zarr")
+    with pytest.raises(ParameterError, match=r"^k: must satisfy 1 <= k < min\(m, n\) = 3.*numpy\.linalg\.svd") as err:
+        bl.svd(s, 3, method="rsvd", seed=0)
+    assert "eigh" not in str(err.value)
+    q = bl.from_sparse(sp.identity(4, format="csr"), tmp_path / "I.zarr")
+    with pytest.raises(ParameterError, match=r"^k: .*scipy\.linalg\.eigh for a full decomposition"):
+        bl.eigsh(q, 4, seed=0)
+
+
 @pytest.mark.parametrize("call", [lambda s, q: bl.svd(s, 3, seed=0), lambda s, q: bl.svd(s, 3, method="rsvd", seed=0),
                                   lambda s, q: bl.svd(s, 3, method="sketch", seed=0),
                                   lambda s, q: bl.svd(s, 3, seed=0, check_finite=False),
