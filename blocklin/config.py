@@ -242,12 +242,41 @@ class Settings(TypedDict, total=False):
 SETTINGS: tuple[str, ...] = tuple(Settings.__annotations__)
 
 
+#: Keywords of the functions blocklin stands in for (docs/porting.md) that blocklin spells otherwise or
+#: does not have: what each is and the fix. They had been refused as misspelt settings ("check the spelling").
+_PORTED_KEYWORDS: dict[str, tuple[str, str]] = {
+    "sigma": ("is SciPy's shift-invert, which blocklin does not have",
+              "pass which='LA', 'SA' or 'LM' for the extreme eigenpairs, or compute the ones near sigma in memory "
+              "(scipy.sparse.linalg.eigsh(A, k, sigma=...))"),
+    "mode": ("is SciPy's shift-invert mode, which blocklin does not have", "drop it (and sigma)"),
+    "ncv": ("is SciPy's Lanczos basis size", "pass max_basis="),
+    "maxiter": ("is SciPy's iteration limit", "pass max_passes= (svd, eigsh) or max_iter= (solve of a sparse matrix)"),
+    "random_state": ("is scikit-learn's seed", "pass seed= (an integer, a Generator or a RandomState)"),
+    "rng": ("is SciPy's seed", "pass seed= (an integer, a Generator or a RandomState)"),
+    "return_eigenvectors": ("is SciPy's", "drop it: blocklin.eigsh returns (w, V) (blocklin.svd takes "
+                            "return_singular_vectors=)"),
+    "compute_uv": ("is NumPy's", "pass return_singular_vectors=False"),
+    "full_matrices": ("is NumPy's", "drop it: blocklin.svd returns the thin factors (NumPy's full_matrices=False)"),
+    "n_oversamples": ("is scikit-learn's", "pass oversample="),
+    "svd_solver": ("is scikit-learn's", "pass method= ('full'; 'gram' for 'covariance_eigh', 'rsvd' for "
+                   "'randomized', 'lanczos' for 'arpack'; 'auto')"),
+    "solver": ("is scikit-learn's", "drop it: blocklin picks its route (method='auto', the report's method_reason)"),
+    "alpha": ("is scikit-learn's ridge penalty", "pass lam=sqrt(alpha) (alpha = lam^2)"),
+    "alphas": ("is scikit-learn's RidgeCV grid", "pass lam=('loo', sqrt(alphas))"),
+}
+
+
 def check_settings(settings: dict[str, Any]) -> None:
-    """Refuse keywords that are not settings (a misspelt ``memroy=`` would otherwise be ignored)."""
+    """Refuse keywords that are not settings (a misspelt ``memroy=`` would otherwise be ignored); a keyword
+    of the NumPy, SciPy or scikit-learn function blocklin stands in for is named as such, with blocklin's."""
     unknown = sorted(k for k in settings if k not in SETTINGS)  # (set is shadowed in this module)
     if unknown:
-        raise ParameterError(explain(unknown[0], f"is not a setting (settings are {', '.join(SETTINGS)})",
-                                     f"{unknown[0]}={settings[unknown[0]]!r}", "check the spelling"))
+        name = unknown[0]
+        rule, fix = _PORTED_KEYWORDS.get(name, (f"is not a setting (settings are {', '.join(SETTINGS)})",
+                                                "check the spelling"))
+        if name in _PORTED_KEYWORDS:
+            rule = f"{rule}, not a keyword of this blocklin function"
+        raise ParameterError(explain(name, rule, f"{name}={settings[name]!r}", fix))
 
 
 _ENV = {

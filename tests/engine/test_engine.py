@@ -30,6 +30,13 @@ def test_every_operation_takes_the_same_settings_and_refuses_unknown_ones(rng):
     a = rng.standard_normal((60, 8))
     with pytest.raises(ParameterError, match=r"memroy: is not a setting.*Fix: check the spelling"):
         bl.svd(a, 2, memroy="1MiB")
+    # keywords of the functions blocklin stands in for had been refused as misspelt ("check the spelling")
+    with pytest.raises(ParameterError, match=r"^sigma: is SciPy's shift-invert.*Fix: pass which='LA'"):
+        bl.eigsh(a.T @ a, 2, sigma=0.5)
+    with pytest.raises(ParameterError, match=r"^random_state: is scikit-learn's seed.*Fix: pass seed="):
+        bl.pca(a, 2, random_state=0)
+    with pytest.raises(ParameterError, match=r"^alpha: is scikit-learn's ridge penalty.*lam=sqrt\(alpha\)"):
+        bl.solve(a, a[:, 0], alpha=1.0)
     # settings that used to be missing from some operations (workers, device_memory) are accepted
     q, r = bl.linalg.blocks.orth.orthonormalize(a, workers=1, device="cpu", memory="4MiB")
     assert_factorization(a, np.asarray(q) @ r)
