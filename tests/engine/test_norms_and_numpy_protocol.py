@@ -228,17 +228,19 @@ def test_numpy_2_named_results(stored):
 
 
 def test_complex_times_real_refusal_names_the_complex_cast(tmp_path):
-    """``M @ b`` of a complex128 ``Matrix`` and a float64 ``b`` is refused (operands share one dtype); the
-    fix had said ``dtype='float64'``, which would drop the imaginary parts: it names NumPy's promotion,
-    ``complex128``, with which the product is NumPy's."""
+    """``blocklin.matmul`` of a complex128 ``Matrix`` and a float64 ``b`` is refused (operands share one
+    dtype); the fix had said ``dtype='float64'``, which would drop the imaginary parts: it names NumPy's
+    promotion, ``complex128``, with which the product is NumPy's. ``M @ b`` takes that promotion itself
+    (NumPy code has no ``dtype=`` to pass: test_products_of_two_dtypes_promote_as_numpy)."""
     rng = np.random.default_rng(9)
     a = rng.standard_normal((5, 4)) + 1j * rng.standard_normal((5, 4))
     b = rng.standard_normal((4, 3))
     A = bl.from_array(a, str(tmp_path / "c.zarr"))
     with pytest.raises(bl.errors.DTypeError, match=r"Fix: pass dtype='complex128' to cast while streaming"):
-        A @ b
-    c = bl.matmul(A, b, dtype="complex128").to_numpy()
-    assert np.linalg.norm(c - a @ b) <= 2 * 4 * eps(np.float64) * np.linalg.norm(a) * np.linalg.norm(b)  # product_bound
+        bl.matmul(A, b)
+    for c in (bl.matmul(A, b, dtype="complex128").to_numpy(), (A @ b).to_numpy()):
+        assert c.dtype == np.complex128
+        assert np.linalg.norm(c - a @ b) <= 2 * 4 * eps(np.float64) * np.linalg.norm(a) * np.linalg.norm(b)  # product_bound
 
 
 def test_dot_with_a_scalar_as_numpy(tmp_path):
@@ -421,3 +423,30 @@ def test_numpy_products_and_functions_of_a_stored_sparse_matrix(tmp_path, dtype)
     assert np.sum(s) == pytest.approx(d.sum(), rel=2 * x.nnz * eps(dtype))
     sol = np.linalg.lstsq(s, np.ones(m), rcond=None)[0]  # NumPy's own, on the dense matrix
     np.testing.assert_array_equal(sol, np.linalg.lstsq(x.toarray(), np.ones(m), rcond=None)[0])
+
+
+@pytest.mark.parametrize("da,db", [(np.float64, np.float32), (np.float32, np.float64), (np.complex64, np.float64),
+                                   (np.float64, np.complex128), (np.int64, np.float32)])
+def test_products_of_two_dtypes_promote_as_numpy(tmp_path, da, db):
+    """``M @ b`` with operands of two dtypes had been refused ("operands must share one dtype ... pass
+    dtype='float64'"), a keyword the ``@`` of NumPy code cannot pass (found by a randomized search); the
+    products now take NumPy's result dtype (an exact upcast), for a stored sparse operand too. Bound: a
+    product of inner dimension ``t``, ``2 t eps`` of the result dtype on ``|A| |B|`` (module notes)."""
+    import scipy.sparse
+
+    rng = np.random.default_rng(5)
+    a = (4 * rng.standard_normal((9, 6))).astype(da)
+    b = (4 * rng.standard_normal((6, 3))).astype(db)
+    m = bl.from_array(a, tmp_path / "m.zarr")
+    want = a @ b
+    exact = a.astype(np.complex128) @ b.astype(np.complex128)
+    bound = 2 * 6 * eps(want.dtype) * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))
+    results = [m @ b, np.matmul(m, b), np.dot(m, b), b.T.copy() @ bl.from_array(a.T.copy(), tmp_path / "t.zarr")]
+    if np.dtype(da).kind == "f" and np.dtype(db).kind == "f":  # (a complex dense operand: refused by name)
+        results.append(bl.from_sparse(scipy.sparse.csr_matrix(a), tmp_path / "s.zarr") @ b)
+    for i, got in enumerate(results):
+        got = got.to_numpy() if isinstance(got, bl.Matrix) else np.asarray(got)
+        got = got.T if i == 3 else got  # b^T A^T
+        assert got.dtype == want.dtype and np.all(np.abs(got - exact) <= bound)
+    v = m @ b[:, 0]
+    assert v.dtype == want.dtype and v.shape == (9,) and np.all(np.abs(v - exact[:, 0]) <= bound[:, 0])

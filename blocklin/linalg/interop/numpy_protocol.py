@@ -51,12 +51,23 @@ def _named(kind: str, values: tuple) -> tuple:
     return out
 
 
+def _promoted(a: Any, b: Any) -> Any:
+    """NumPy's result dtype of ``a @ b`` where the operands' dtypes differ and it is a float or complex one
+    (``float64 @ float32`` is float64, ``complex64 @ float64`` complex128), else ``None``: blocklin's
+    products refuse to upcast unasked (``dtype=``), which the ``@`` of NumPy code has no way to pass; an
+    upcast is exact. Integers of two kinds keep blocklin's rule."""
+    da, db = (np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype for x in (a, b))
+    out = np.result_type(da, db)
+    return out if da != db and out.kind in "fc" else None
+
+
 def matmul(a: Any, b: Any) -> Any:
     from blocklin.linalg.products.gemm import matmul as bl_matmul
 
+    dtype = _promoted(a, b)
     if np.ndim(a) == 1:  # a row vector times B: (B^T a)^T, vector-sized
-        return _vector_result(bl_matmul(b, np.asarray(a), trans_a=True), a)
-    return _vector_result(bl_matmul(a, b), b)
+        return _vector_result(bl_matmul(b, np.asarray(a), trans_a=True, dtype=dtype), a)
+    return _vector_result(bl_matmul(a, b, dtype=dtype), b)
 
 
 def dot(a: Any, b: Any, out: Any = None) -> Any:
