@@ -341,11 +341,7 @@ def _append(a: Any, rows: Any, memory: int, storage_options: dict | None, progre
         if rec is not None:  # an interrupted append: the same one is finished, any other refused
             if rec.get("from_rows") != m0 or rec.get("to_rows") != m0 + p or rec.get("source_stamp") != stamp or \
                     stamp is None:
-                raise ParameterError(explain(
-                    "a", "must not hold an interrupted append of other rows", f"{loc.url} holds an append of "
-                    f"{rec.get('source', '?')} (rows {rec.get('from_rows')} to {rec.get('to_rows')}) that did not "
-                    "finish", f"run that append again to finish it, or roll it back first: blocklin append "
-                    f"--rollback {loc.url} (blocklin.rollback_append)"))
+                raise _interrupted_refusal(loc, rec, stamp)
             chain = rec["versions"]
         else:
             chain = _versions_before(loc, meta)
@@ -431,6 +427,26 @@ def _rewritten(loc: Location, rows: int) -> dict:
     """A version recording that the rows were rewritten (not by an append): results computed before
     it are not updated from it (:func:`blocklin.storage.versions.growth`)."""
     return {"rows": rows, "stamp": data_stamp(loc), "at": now(), "rewritten": True}
+
+
+def _interrupted_refusal(loc: Location, rec: dict, stamp: str | None) -> ParameterError:
+    """The refusal of an append while another one's journal is there. Rows given in memory carry no stamp,
+    so neither an interrupted append of such rows nor one of stored rows can be finished by them: the fix
+    says so (it had called the same array "other rows" and asked to run that append again, which is
+    refused again)."""
+    held = f"{loc.url} holds an append of {rec.get('source', '?')} (rows {rec.get('from_rows')} to " \
+           f"{rec.get('to_rows')}) that did not finish"
+    rollback = f"blocklin append --rollback {loc.url} (blocklin.rollback_append)"
+    if rec.get("source_stamp") is None:
+        return ParameterError(explain(
+            "a", "must not hold an interrupted append; one of rows given in memory cannot be finished (nothing "
+            "identifies them afterwards)", held, f"roll it back first: {rollback}, then append the rows again"))
+    if stamp is None:
+        return ParameterError(explain(
+            "a", "must not hold an interrupted append of stored rows, which rows given in memory cannot finish",
+            held, f"run the append of that stored source again to finish it, or roll it back first: {rollback}"))
+    return ParameterError(explain("a", "must not hold an interrupted append of other rows", held,
+                                  f"run that append again to finish it, or roll it back first: {rollback}"))
 
 
 def _source_stamp(src_loc: Location | None) -> str | None:

@@ -153,8 +153,11 @@ def test_sigkill_mid_append_then_finish_or_roll_back(tmp_path, base):
         assert os.path.exists(path / JOURNAL)
 
     kill()
-    with pytest.raises(ParameterError, match="interrupted append.*--rollback"):
-        bl.append(path, rows[:5])  # other rows: refused until finished or rolled back
+    with pytest.raises(ParameterError, match="interrupted append of stored rows, which rows given in memory cannot "
+                                             "finish.*run the append of that stored source again.*--rollback"):
+        bl.append(path, rows)  # the same rows, in memory: nothing matches them with the stored source
+    with pytest.raises(ParameterError, match="interrupted append of other rows.*--rollback"):
+        bl.append(path, bl.from_array(rows[:5], tmp_path / "r5.zarr"))  # other stored rows
     m = bl.append(path, str(tmp_path / "r.npy"))  # the same append again finishes it
     assert np.array_equal(m.to_numpy(), np.vstack([a, rows])) and not os.path.exists(path / JOURNAL)
 
@@ -171,6 +174,24 @@ def test_sigkill_mid_append_then_finish_or_roll_back(tmp_path, base):
     bl.append(path, rows[:10])
     assert bl.update(g.path).report["updated"]["rows_read"] == 10
     assert bl.rollback_append(path) == {"interrupted": False, "removed": 0, "rows": 1010}
+
+
+def test_a_killed_append_of_rows_in_memory_names_the_rollback(tmp_path, base):
+    """An interrupted append of an in-memory array cannot be finished (no stamp identifies its rows): the
+    same array appended again had been refused as "other rows" with the fix "run that append again to
+    finish it", which is refused again (found by a randomized search); the refusal names the rollback."""
+    a, path = base
+    rows = np.random.default_rng(3).standard_normal((900, 30))
+    np.save(tmp_path / "r.npy", rows)
+    script = _KILL.replace("ap.append(sys.argv[1], sys.argv[2]", "ap.append(sys.argv[1], np.load(sys.argv[2])")
+    p = subprocess.run([sys.executable, "-c", script, str(path), str(tmp_path / "r.npy")], cwd=tmp_path)
+    assert p.returncode == -9 and os.path.exists(path / JOURNAL)
+    with pytest.raises(ParameterError, match=r"^a: must not hold an interrupted append; one of rows given in memory "
+                                             r"cannot be finished.*Fix: roll it back first: blocklin append --rollback") as err:
+        bl.append(path, rows)
+    assert "run that append again" not in str(err.value)
+    assert bl.rollback_append(path)["interrupted"]
+    assert np.array_equal(bl.append(path, rows).to_numpy(), np.vstack([a, rows]))
 
 
 @pytest.mark.parametrize("then", ["finish", "rollback"])
