@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blocklin.peaks import column_peaks, flat_peaks
+from blocklin.peaks import PieceScan, column_peaks, flat_peaks
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "complex128", "int16"])
@@ -42,3 +42,60 @@ def test_flat_peaks_are_the_largest_column_peak(dtype):
         np.testing.assert_array_equal(flat_peaks(w), np.full(7, column_peaks(w).max()))
     v[5, 5] = np.nan
     assert np.isnan(flat_peaks(v)).all()
+
+
+def _specials(dtype, h, rng):
+    """An ``h x 8`` block of ``dtype`` whose columns hold what a scan must not get wrong: NaN (of either
+    sign) among finite values, -Inf, -0.0 alone, +0.0 and -0.0 mixed, subnormals of both signs, values
+    near overflow, and an ordinary column (complex: in the real or the imaginary part)."""
+    real = np.empty(0, dtype).real.dtype
+    fi = np.finfo(real) if real.kind == "f" else None
+    x = rng.standard_normal((h, 8)) * 10
+    if fi is not None:
+        x[:, 1] = -0.0
+        x[:, 2] = np.where(rng.random(h) < 0.5, -0.0, 0.0)
+        x[:, 3] = fi.smallest_subnormal * rng.integers(-3, 4, h)
+        x[:, 4] = fi.max * rng.uniform(-1, 1, h) if real.itemsize > 4 else fi.max * np.sign(rng.standard_normal(h))
+        x[h // 2, 5] = -np.inf
+        x[h // 3, 6] = np.nan
+        x[-1, 7] = -np.nan
+    v = x.astype(real)
+    if np.dtype(dtype).kind == "c":
+        w = (rng.standard_normal((h, 8)) * 10).astype(real)
+        w[:, 0] *= 1e3  # the imaginary part larger
+        v = v.astype(dtype) + (1j * w).astype(dtype)
+        v.imag[:, 1:5] = -0.0  # the real part's specials hold
+    return v.astype(dtype)
+
+
+def _same_bits(got, want):
+    """Equal bit for bit, but that any NaN matches any NaN (which of them a max returns is unspecified)."""
+    assert got.dtype == np.float64 and got.shape == want.shape
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint64), want[~nan].view(np.uint64))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "complex128", "int16"])
+def test_piece_scans_give_the_bits_of_numpy_on_the_whole(dtype):
+    """A first pass's peaks taken a piece at a time (:class:`PieceScan`: the pieces' maxima and minima
+    gathered, the peaks made once) are ``np.abs(x).max(axis=0)`` of the whole, bit for bit (``max(|Re|,
+    |Im|)`` of complex data): NaN where a column holds one, +0.0 for a column of -0.0, subnormals and
+    values near overflow exact, whatever the pieces' heights; the largest magnitude alone is their
+    largest."""
+    rng = np.random.default_rng(5)
+    for h in (1, 7, 300, 1100):
+        v = _specials(dtype, h, rng)
+        want = np.maximum(np.abs(v.real).max(axis=0), np.abs(v.imag).max(axis=0)) if v.dtype.kind == "c" \
+            else np.abs(v).max(axis=0)
+        want = want.astype(np.float64)
+        for step in (1, 3, 256, h):
+            for w in (v, np.asfortranarray(v)):
+                cols, flat = PieceScan(column_peaks), PieceScan(flat_peaks)
+                for r0 in range(0, h, step):
+                    cols.add(w[r0:r0 + step])
+                    flat.add(w[r0:r0 + step])
+                _same_bits(cols.peaks(), want)
+                _same_bits(column_peaks(w), want)
+                _same_bits(flat.peaks(), np.full(8, want.max()))
+    assert not PieceScan(flat_peaks).peaks(3).any() and PieceScan().peaks(3).shape == (3,)  # no piece: zeros
