@@ -34,8 +34,7 @@ import numpy as np
 
 from blocklin.device import TileStream, get_device, pool
 from blocklin.errors import InternalError
-from blocklin.peaks import PieceScan, column_peaks as _column_peaks, flat_peaks as _flat_peaks, \
-    max_nan as _max_nan
+from blocklin.peaks import column_peaks as _column_peaks, flat_peaks as _flat_peaks, max_nan as _max_nan
 from blocklin.plan.passes import MAX_LOADERS, PassMemory, RowPassPlan, pass_workers, plan_pass
 from blocklin.progress import report_units
 from blocklin.plan.rechunk import rechunk_advice
@@ -712,24 +711,26 @@ def _read_with_peaks(arr: Any, rows: slice, cols: slice, out: np.ndarray,
     pieces (a job's first pass 7.3 -> 8.2 GB/s on the 2-core machine, medians of 9 alternated).
     Failures are named as :func:`~blocklin.storage.zarr_store.read_block` names them.
     """
-    scan = PieceScan(peaks_of)
+    peaks_of = peaks_of or _column_peaks
     step = max(1, PEAK_PIECE_BYTES // max(1, out.shape[1] * out.itemsize))
     # the chunk files' reader resolved once per task (``raw``), not per piece: each read_block of a piece
     # parsed the array's metadata again (a third of the GIL a first pass held on the H200 host: py-spy --gil)
     raw = raw if _direct_into(raw, arr, out) else None
     cols = slice(cols.start or 0, arr.shape[1] if cols.stop is None else cols.stop)
+    peaks = peaks_of(out[:0])
     if raw is not None and raw.reads_pieces(cols, out):
         # closed here (its open chunk file too) even when a piece's peaks are interrupted
         with reading(arr, rows, cols), contextlib.closing(raw.pieces(rows, out, step)) as pieces:
             for a, b in pieces:
-                scan.add(out[a:b])
-        return out, scan.peaks(out.shape[1])
+                peaks = np.maximum(peaks, peaks_of(out[a:b])) if a else peaks_of(out[a:b])
+        return out, peaks
     for r0 in range(0, out.shape[0], step):
         r1 = min(out.shape[0], r0 + step)
         rs = slice(rows.start + r0, rows.start + r1)
-        scan.add(_read_direct(arr, raw, rs, cols, out[r0:r1]) if raw is not None else
-                 read_block(arr, rs, cols, out=out[r0:r1]))
-    return out, scan.peaks(out.shape[1])
+        piece = _read_direct(arr, raw, rs, cols, out[r0:r1]) if raw is not None else \
+            read_block(arr, rs, cols, out=out[r0:r1])
+        peaks = np.maximum(peaks, peaks_of(piece)) if r0 else peaks_of(piece)  # maximum propagates NaN
+    return out, peaks
 
 
 def _peaks_in_pieces(v: np.ndarray, peaks_of: Any) -> np.ndarray:
@@ -738,10 +739,10 @@ def _peaks_in_pieces(v: np.ndarray, peaks_of: Any) -> np.ndarray:
     memory into the core's cache, where the min then reads it (one trip of the strip through memory,
     not two). Maxima: the same peaks as of the whole."""
     step = max(1, PEAK_PIECE_BYTES // max(1, v.shape[1] * v.itemsize))
-    scan = PieceScan(peaks_of)
-    for r0 in range(0, v.shape[0], step):
-        scan.add(v[r0:r0 + step])
-    return scan.peaks(v.shape[1])
+    peaks = peaks_of(v[:step])
+    for r0 in range(step, v.shape[0], step):
+        peaks = np.maximum(peaks, peaks_of(v[r0:r0 + step]))  # maximum propagates NaN
+    return peaks
 
 
 def _decode_with_peaks(arr: Any, dec: Any, rows: slice, cols: slice, out: np.ndarray,
