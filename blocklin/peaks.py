@@ -37,11 +37,13 @@ def column_peaks(v: np.ndarray) -> np.ndarray:
 
 
 def signed_peaks(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
-    """``max(hi, -lo)`` in float64 (NaN where either is), ``+0.0`` where both are zeros: a max of
-    ``+0.0`` and ``-0.0`` returns either, so a column of zeros of both signs had ``-0.0`` for its peak
-    or ``+0.0`` by the order its blocks came in; ``np.abs(x).max()`` is ``+0.0``."""
-    peaks = np.maximum(np.asarray(hi, dtype=np.float64), -np.asarray(lo, dtype=np.float64))
-    return peaks + 0.0  # -0.0 + 0.0 is +0.0; every other value, NaN included, as it was
+    """``max(hi, -lo)`` of the columns' maxima ``hi`` and minima ``lo``, float64 (NaN where either is),
+    ``+0.0`` where both are zeros: a max of ``+0.0`` and ``-0.0`` returns either, so a column of zeros of
+    both signs had ``-0.0`` for its peak or ``+0.0`` by the order its blocks came in; ``np.abs(x).max()``
+    is ``+0.0``, whoever takes it."""
+    peaks = np.maximum(hi.astype(np.float64), -lo.astype(np.float64))
+    peaks += 0.0  # -0.0 + 0.0 is +0.0; every other value, NaN included, as it was
+    return peaks
 
 
 def row_peaks(v: np.ndarray) -> np.ndarray:
@@ -89,4 +91,4 @@ def flat_peaks(v: np.ndarray) -> np.ndarray:
         return np.zeros(n)
     if v.dtype.kind == "c":  # max(|Re|, |Im|), as column_peaks
         v = v.view(v.real.dtype) if v.flags.c_contiguous else np.stack((v.real, v.imag))
-    return np.full(n, signed_peaks(v.max(), v.min()))  # NaN in either: NaN
+    return np.full(n, np.maximum(np.float64(v.max()), -np.float64(v.min())) + 0.0)  # as signed_peaks
