@@ -168,7 +168,7 @@ def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:
     info.update(residual_norm_source=source, method="normal", method_reason=reason, lam=lam,
                 residual_norm=norms(rr), solution_norm=norms(xx), objective=norms(rr + lam**2 * xx),
                 refine_steps=steps, cond_estimate=float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
-                norm_a=math.sqrt(gp["aa"]))
+                condition_estimate=cholesky_condition(rcond, steps), norm_a=math.sqrt(gp["aa"]))
     write_x(ctx, x_path, x)
     return info
 
@@ -206,6 +206,7 @@ def _solve_tall_spectral(ctx: TikhonovRun, x_path: str) -> dict:
     smin = float(spec.s.min()) if spec.s.size else 0.0
     info.update(residual_norm=norms(rr), solution_norm=norms(xx), objective=norms(rr + lams[0] ** 2 * xx),
                 refine_steps=steps, residual_norm_source=src, norm_a=math.sqrt(gp["aa"]),
+                condition_estimate=cholesky_condition(rcond, steps),
                 cond_estimate=float(spec.s.max()) / smin if smin > 0 else float("inf"))
     write_x(ctx, x_path, x)
     return info
@@ -214,7 +215,8 @@ def _solve_tall_spectral(ctx: TikhonovRun, x_path: str) -> dict:
 def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
     """fit_intercept, sample weights or ``positive`` on tall ``A``: the normal-equations route on the
     weighted (``sqrt(w)``-scaled rows) and centered (rank-one corrected) Gram quantities."""
-    gp = _center_gram(ctx, _gram_pass(ctx))
+    raw = _gram_pass(ctx)
+    gp = _center_gram(ctx, raw)
     what = " and ".join(w for w, on in (("fit_intercept", ctx.intercept), ("sample_weight", ctx.weighted)) if on)
     gram = ("the weighted " if ctx.weighted else "the ") + ("centered (rank-one corrected) " if ctx.intercept else "") \
         + ("A^T W A" if ctx.weighted else "A^T A")
@@ -238,6 +240,8 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
                         f"(reciprocal condition {rcond:.1e} < {AUTO_RCOND:.0e}): switched to the streaming QR")
     if ctx.kind != "scalar" or lam_lost:
         spec = spectrum_from_gram(gp["g"], gp["c"], gp["bb"], ctx.rows_in_problem, dual=False, n=ctx.n)
+        if ctx.intercept:  # the rank-one correction rounds relative to the shifted rows' Gram matrix
+            spec.ev_bound = ctx.n * np.finfo(np.float64).eps * float(raw["aa"])
         if not lam_lost:
             # the centered Gram spectrum resolves singular values down to about sqrt(n eps) s_1 only: at a lambda
             # below them (columns of scales 1 and 1e-9, lam 5.5e-13) its solution dropped a direction of A that
@@ -268,11 +272,21 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
             "method_reason": f"{what}: the normal equations of {gram}", "lam": lam,
             "residual_norm": norms(rr), "solution_norm": norms(xx), "objective": norms(rr + lam**2 * xx),
             "refine_steps": steps, "cond_estimate": float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
-            "norm_a": math.sqrt(gp["aa"])}
+            "condition_estimate": cholesky_condition(rcond, steps), "norm_a": math.sqrt(gp["aa"])}
     if ctx.intercept:
         info["intercept"] = ctx.offset(x).tolist()
     write_x(ctx, x_path, x)
     return info
+
+
+def cholesky_condition(rcond: float, steps: int) -> float:
+    """``report["condition_estimate"]`` of a Cholesky solve of ``A^T A + lam^2 I``: the factor by which ``eps``
+    is amplified in ``x``, ``cond_1(K)`` (LAPACK's ``pocon`` estimate) unrefined, and ``cond_1(K)^(1/2)``, that
+    of the stacked ``[A; lam I]``, after refinement against ``A`` (a backward stable solution, Higham 2002,
+    20.5). The route refuses ``rcond < eps`` and warns below ``AUTO_RCOND``."""
+    if not rcond > 0:
+        return float("inf")
+    return float(1.0 / rcond) if not steps else float(1.0 / math.sqrt(rcond))
 
 
 def _warn_unresolved(ctx: TikhonovRun, spec: Any, gram: str, fix: str, checked: tuple | None = None) -> None:
@@ -320,7 +334,7 @@ def _min_norm(ctx: TikhonovRun, gp: dict, x_path: str, what: str, gram: str) -> 
             "method_reason": f"{what}, lam = 0: the minimum-norm solution from the eigen-decomposition of {gram} "
                              f"(rank {rank} of {ctx.n}, eigenvalues above {tol:.1e})", "lam": 0.0, "rank": rank,
             "residual_norm": norms(rr), "solution_norm": norms(xx), "objective": norms(rr), "refine_steps": 0,
-            "cond_estimate": float("inf"), "norm_a": math.sqrt(gp["aa"])}
+            "cond_estimate": float("inf"), "condition_estimate": float("inf"), "norm_a": math.sqrt(gp["aa"])}
     if ctx.intercept:
         info["intercept"] = ctx.offset(x).tolist()
     write_x(ctx, x_path, x)
@@ -376,4 +390,4 @@ def _solve_refined(ctx: TikhonovRun, gp: dict, cf: Any, rcond: float, lam: float
     return x, rr, n_refine, "refinement pass"
 
 
-__all__ = ["AUTO_RCOND", "AUTO_REFINE_RCOND", "gram_sums", "solve_tall"]
+__all__ = ["AUTO_RCOND", "AUTO_REFINE_RCOND", "cholesky_condition", "gram_sums", "solve_tall"]

@@ -67,9 +67,11 @@ def cut_centering_noise(spec: Spectrum, norm_a: float, m: int, n: int) -> None:
     whose centered ``A`` is exactly 0, gave ``x`` near ``1e-156`` and an intercept of ``5.7e44`` for ``b`` of
     mean 0.13 at ``lam = 0.1``). Their part of ``b`` joins what no lambda fits, as for a zero ``s``."""
     tol = max(m, n + 1) * np.finfo(np.float64).eps * norm_a
+    spec.sv_noise = max(spec.sv_noise, tol)  # every direction's resolution (spectrum.accuracy)
     cut = spec.s <= tol
     if not cut.any():
         return
+    spec.cut_b2 = (np.abs(spec.beta[cut]) ** 2).sum(axis=0)
     spec.rho0sq = spec.rho0sq + (np.abs(spec.beta[cut]) ** 2).sum(axis=0)
     spec.beta = np.where(cut[:, None], 0.0, spec.beta)
     spec.s = np.where(cut, 0.0, spec.s)
@@ -91,9 +93,11 @@ def wide_qr_factor(ctx: TikhonovRun) -> tuple[np.ndarray, int]:
 def dual_spectrum(r: np.ndarray, bm: np.ndarray, m: int, n: int) -> Spectrum:
     """The dual spectrum of ``G = R^H R`` from the SVD ``R = U S V^H`` (``G = V S^2 V^H``): ``basis = V``,
     ``beta = V^H b``; every part of ``b`` is fitted (``rho0 = 0``), as :func:`spectrum_from_gram` has it."""
-    _, s, vt = np.linalg.svd(r, full_matrices=False)
+    u, s, vt = np.linalg.svd(r, full_matrices=False)
     v = vt.conj().T
-    return Spectrum(s=s, basis=v, beta=v.conj().T @ bm, rho0sq=np.zeros(bm.shape[1]), m=m, n=n, dual=True)
+    spec = Spectrum(s=s, basis=v, beta=v.conj().T @ bm, rho0sq=np.zeros(bm.shape[1]), m=m, n=n, dual=True)
+    spec.left = u  # R y = U diag(s / (s^2 + lam^2)) beta: the intercept's mu^T x (wide.py)
+    return spec
 
 
 __all__ = ["cut_centering_noise", "dual_spectrum", "qr_route", "wide_qr_factor"]

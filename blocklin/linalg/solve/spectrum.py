@@ -57,6 +57,17 @@ class Spectrum:
     #: a tall spectrum's solutions are given as ``2^-xe x`` (:func:`x_exponent`): ``x`` of the scaled problem
     #: may be beyond float64 (or its square beyond it) where the ``x`` of the problem given is not
     xe: int = 0
+    #: the route's absolute rounding of ``s`` (0: ``max(m, n) eps s_max`` of an SVD, the eigenvalues' ``ev_noise``
+    #: of a Gram spectrum): a route that centers or cuts raises it (:func:`accuracy`)
+    sv_noise: float = 0.0
+    #: ``|beta|^2`` per right-hand side of the directions cut as rounding (their ``s`` set to 0), for
+    #: :func:`accuracy`: what the route could not resolve, though lam may not damp it
+    cut_b2: np.ndarray | None = None
+    #: a Gram spectrum's eigenvalue rounding for :func:`accuracy` where it exceeds ``ev_noise`` (the centering's
+    #: rank-one correction rounds relative to the uncentered or shifted Gram matrix)
+    ev_bound: float = 0.0
+    #: the left singular vectors of a dual spectrum from an R factor (``R = U S V^H``, ``basis = V``)
+    left: np.ndarray | None = None
 
     @property
     def floor(self) -> float:
@@ -207,6 +218,108 @@ def filters(s: np.ndarray, lam: Any, e: int = 0) -> tuple[np.ndarray, np.ndarray
         return np.ldexp(st * ft, t - e), lt**2 * ft, st**2 * ft, np.ldexp(f, -e) if e else f
 
 
+def s_interval(spec: Spectrum) -> tuple[np.ndarray, np.ndarray]:
+    """Per direction, the singular values the route's rounding leaves possible: ``s +- sv_noise`` of an SVD
+    (its backward error, ``max(m, n) eps s_max`` for a Householder QR and LAPACK's SVD, or the centering's),
+    ``sqrt(s^2 +- ev_noise)`` of a Gram spectrum (eigenvalues of ``A^T A`` to ``n eps s_max^2``, Weyl)."""
+    s = np.abs(np.asarray(spec.s, dtype=np.float64))
+    smax = float(s.max(initial=0.0))
+    sv = max(float(spec.sv_noise), max(spec.m, spec.n) * np.finfo(np.float64).eps * smax)
+    ev = max(float(spec.ev_noise), float(spec.ev_bound))
+    if ev > 0:
+        with np.errstate(over="ignore", under="ignore"):
+            e = s * s
+            lo = np.sqrt(np.maximum(e - ev, 0.0))
+            hi = np.sqrt(e + ev)
+        return np.minimum(lo, np.maximum(s - sv, 0.0)), np.maximum(hi, s + sv)
+    return np.maximum(s - sv, 0.0), s + sv
+
+
+def accuracy(spec: Spectrum, lam: float) -> np.ndarray:
+    """A first-order bound, per right-hand side, of the relative error of ``x`` at ``lam`` that the route's
+    rounding of the singular values allows: ``x = sum_i v_i f(s_i) beta_i`` with ``f(s) = s / (s^2 + lam^2)``
+    (the tall filter, and the dual form's ``A^T U diag(1 / (s^2 + lam^2)) U^T b`` alike), each ``s_i`` known
+    to the interval :func:`s_interval` gives, so ``|f(t) - f(s_i)|`` over it bounds that direction's error
+    (Hansen, *Rank-Deficient and Discrete Ill-Posed Problems*, 1998, 4.1: the filter's sensitivity).
+
+    For resolved directions this is about ``(sv_noise / s) |1 - 2 s^2 / (s^2 + lam^2)|`` relative: the
+    least-squares condition ``kappa eps`` at ``lam -> 0``, damped by ``lam``. A direction below the resolution
+    (``s`` near 0, or cut as the centering's rounding) may be anything up to ``max f = 1 / (2 lam)`` (or
+    ``f(tol)`` where ``tol < lam``) times its ``beta``: rows ``2^600`` apart with an intercept at ``lam = 1``
+    leave the centered ``A``'s second singular value, near 1, below ``eps 2^600``; ``f`` is 1/2 there and ``x``
+    had no correct digit. The spectrum is in hand: ``O(r k)`` flops."""
+    s = np.abs(np.asarray(spec.s, dtype=np.float64))
+    k = spec.beta.shape[1] if spec.beta.ndim == 2 else 1
+    if not s.size:
+        return np.zeros(k)
+    lo, hi = s_interval(spec)
+    if spec.vc is not None and spec._every_direction(lam):  # x = V diag(1 / (s^2 + lam^2)) vc: beta = vc / s
+        b = np.abs(spec.vc) / np.maximum(s, np.maximum(hi - s, np.finfo(np.float64).tiny))[:, None]
+    else:
+        b = np.abs(spec.beta)
+    lam = abs(float(lam))
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        f = filters(s, lam)[0] if lam > 0 else np.where(s > 0, 1.0 / np.where(s > 0, s, 1.0), 0.0)
+        if lam > 0:
+            peak = np.where((lo <= lam) & (lam <= hi), filters(lam, lam)[0], f)  # f's top, where reached
+            flo, fhi = filters(lo, lam)[0], filters(hi, lam)[0]
+        else:  # 1 / s: unbounded where the interval reaches 0
+            peak = np.where(lo <= 0, np.inf, f)
+            flo, fhi = np.where(lo > 0, 1.0 / np.where(lo > 0, lo, 1.0), np.inf), 1.0 / hi
+        dev = np.maximum(np.maximum(np.abs(flo - f), np.abs(fhi - f)), np.abs(peak - f))
+    kept = s > 0  # the solution keeps these (the dual y and the tall filter take nothing where s = 0)
+    fx = np.where(kept, f, 0.0)
+    with np.errstate(invalid="ignore"):
+        err_parts = [np.where(b > 0, dev[:, None] * b, 0.0)]
+    if spec.cut_b2 is not None:  # directions cut to s = 0: their part may be up to max f over [0, tol]
+        tol = float(np.max(hi[~kept], initial=float(spec.sv_noise)))
+        fmax = filters(min(tol, lam), lam)[0] if lam > 0 else np.inf
+        cut = np.asarray(spec.cut_b2, dtype=np.float64).reshape(1, -1)
+        # a part of b at its rounding level (the intercept's direction, which the centered b has not) is none
+        floor = (max(spec.m, spec.n) * np.finfo(np.float64).eps) ** 2 * (cut + (np.abs(spec.beta) ** 2).sum(axis=0))
+        with np.errstate(invalid="ignore", over="ignore"):
+            err_parts.append(np.where(cut > floor, fmax * np.sqrt(cut), 0.0))
+    err = np.concatenate(err_parts, axis=0)
+    en, xn = _column_norms(err), _column_norms(fx[:, None] * b)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        return np.where(xn > 0, en / np.where(xn > 0, xn, 1.0), np.where(en > 0, np.inf, 0.0))
+
+
+def _column_norms(v: np.ndarray) -> np.ndarray:
+    """``||v_j||_2`` per column, scaled by the column's largest entry (no square under- or overflows)."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        top = np.max(v, axis=0, initial=0.0)
+        safe = np.where((top > 0) & np.isfinite(top), top, 1.0)
+        return np.where(np.isfinite(top), safe * np.sqrt(((v / safe) ** 2).sum(axis=0)), np.inf) * (top > 0)
+
+
+def warn_inaccurate(info: dict, spec: Spectrum, lams: list[float], *, per_column: bool = False, centered: bool = False,
+                    ea: int = 0, fix: str = "") -> None:
+    """``info["condition_estimate"]``: the largest :func:`accuracy` bound over ``lams`` and the right-hand sides
+    over float64's ``eps`` (the factor the route's rounding is amplified by in ``x``, as the square solve's
+    ``cond_2(A)``), and an :class:`~blocklin.errors.IllConditionedWarning` where that bound is at least 1 (no
+    correct digit). Well-posed problems are far below it."""
+    from blocklin.errors import IllConditionedWarning, warn
+
+    eps = float(np.finfo(np.float64).eps)
+    if per_column:  # column j at its own lambda
+        bounds = [float(accuracy(spec, lam)[j]) for j, lam in enumerate(lams)]
+    else:
+        bounds = [float(np.max(accuracy(spec, lam), initial=0.0)) for lam in lams]
+    worst = max(bounds, default=0.0)
+    info["condition_estimate"] = worst / eps
+    if worst < 1:
+        return
+    lam = lams[int(np.argmax(bounds))]
+    warn(f"solve: x may have no correct digit: at lam = {float(np.ldexp(lam, ea)):.3g} the route resolves the "
+         f"singular values of {'the centered ' if centered else ''}A only to about "
+         f"{float(np.ldexp(float(np.max(s_interval(spec)[1] - spec.s, initial=0.0)), ea)):.2e}, and directions "
+         "below that are not damped by lam (relative error bound "
+         f"{worst:.1e}; report['condition_estimate'] = {worst / eps:.3g} times eps). A larger lam (lam=('loo', grid) "
+         "or lam='gcv' chooses one), " + (fix + ", " if fix else "") + "or a's rows and columns nearer each other "
+         "in scale avoid it", IllConditionedWarning)
+
+
 def x_exponent(spec: Spectrum, lams: list[float]) -> int:
     """``xe`` for the solutions of a tall spectrum at ``lams``: 0 where ``||x||^2`` of the scaled problem is
     well inside float64 (the bits as before), else the power of two of the largest ``|x|`` bound, so that
@@ -287,6 +400,11 @@ def coefficients(ctx: TikhonovRun, spec: Spectrum, info: dict, rank: str) -> lis
     else:
         xs = [spec.coefficients(lam) for lam in lams]
     describe(info, spec, lams, curve, ctx)
+    gram = info.get("method") == "normal"  # the Gram matrix resolves sqrt(eps) ||A||, the QR eps ||A||
+    warn_inaccurate(info, spec, lams, per_column=per_target(ctx, lams), centered=bool(ctx.intercept),
+                    ea=ctx.sa.exponent if ctx.sa is not None else 0,
+                    fix="method='qr' (singular values resolved to eps ||A||, not sqrt(eps) ||A||)"
+                    if gram and not ctx.weighted else "")
     return xs
 
 
@@ -359,5 +477,5 @@ def describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, 
             info["gcv"] = spec.gcv(lams[0])
 
 
-__all__ = ["GRID", "Spectrum", "choose_lambda", "coefficients", "describe", "filters", "finish_spectral", "lambdas", "per_target",
+__all__ = ["GRID", "Spectrum", "accuracy", "choose_lambda", "s_interval", "warn_inaccurate", "coefficients", "describe", "filters", "finish_spectral", "lambdas", "per_target",
            "spectrum_from_gram", "x_exponent"]

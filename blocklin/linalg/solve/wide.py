@@ -142,9 +142,13 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
                 "norm_a": float(np.linalg.norm(spec.s))}
     else:
         spec = spectrum_from_gram(g, bm, dots(bm, bm), ctx.rows_in_problem, dual=True, n=ctx.n)
+        if ctx.intercept:  # the centering rounds relative to the shifted (or uncentered) A A^T (spectrum.accuracy)
+            wmax = float(w.max()) if ctx.weighted else 1.0
+            spec.ev_bound = ctx.m * np.finfo(np.float64).eps * wmax * float(np.abs(np.trace(g_raw)))
         info = {"method": "normal", "method_reason": "wide a: dual form x = A^T (A A^T + lam^2 I)^-1 b"
                 if ctx.cdtype == "float64" else "wide a: dual form x = A^H (A A^H + lam^2 I)^-1 b",
                 "norm_a": math.sqrt(max(float(np.trace(g).real), 0.0))}
+    factor_spec = spec  # the R factor's own spectrum (the intercept's R y, below)
     if ctx.intercept:
         spec = _without_intercept_direction(ctx, spec, np.sqrt(w))
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
@@ -156,23 +160,69 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         # shifted sums (x = A_s^H y', 1^T y' = 0; mu = a_1 + A_s^T w / S) a_1^T x + w^T (A_s A_s^H) y' / S, with
         # a_1^T x = (conj(A_s) a_1)^T y' = v^T y' (real data: no conjugates)
         ys = [y - np.outer(w, y.sum(axis=0)) / S for y in ys]
-        icpt = [bbar - ((w @ g_raw) @ y if r is None else (r @ w).conj() @ (r @ y)) / S
-                - (v_shift @ y if v_shift is not None else 0.0) for y in ys]
+        if r is None:
+            icpt = [bbar - (w @ g_raw) @ y / S - (v_shift @ y if v_shift is not None else 0.0) for y in ys]
+        else:
+            icpt = [bbar - (r @ w).conj() @ ry / S for ry in _factor_times_y(factor_spec, info["lam"], len(ys))]
+            _warn_intercept(info, float(np.linalg.norm(r @ w)) / S, icpt)
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
     t, alpha = dual_exponents(np.hstack(ys), eb, ea, out_dtype)
-    y = unscaled_x(np.hstack(ys), t, out_dtype).astype(out_dtype)
+    # x = A^T y in float64 (complex128) whatever the data's dtype, rounded to it once: with an intercept the
+    # uncentered A^T meets the centered y, whose sum 1^T y = 0 rounds to eps ||y||; times column means c times
+    # the spread that is c eps relative, and float32's (means 1e8, spread 1: x 3.3 relative off, for 0 in the
+    # constant columns) had left no digit, float64's about 1e-8 (docs/solve.md, Intercepts)
+    work = np.result_type(out_dtype, np.float64)
+    y = unscaled_x(np.hstack(ys), t, out_dtype).astype(work)
     cplx = out_dtype.kind == "c"  # x = A^H y = conj(A^T conj(y)): the GEMM's A^T, conjugated on both sides
     Y = job.operand(y.conj() if cplx else y, "y")
-    product = Gemm.of(ctx.A, Y, trans_a=True, dtype=out_dtype, alpha=float(np.ldexp(1.0, alpha)))
+    product = Gemm.of(ctx.A, Y, trans_a=True, dtype=work, alpha=float(np.ldexp(1.0, alpha)))
     plan = product.plan(job, read_reserve=True)  # measured over budget at 16 MiB without it
-    dst = job.scratch("conj x", product.shape, out_dtype, plan.out_chunks) if cplx else x_path
+    staged = cplx or work != out_dtype
+    dst = job.scratch("wide x", product.shape, work, plan.out_chunks) if staged else x_path
     create_array(x_path, shape=product.shape, dtype=out_dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     product.run(job, plan, dst, description="x = A^H y" if cplx else "x = A^T y", count_pass="a")
-    if cplx:
-        _conjugate_into(dst, x_path, plan.out_chunks[0])
+    if staged:
+        _copy_into(dst, x_path, plan.out_chunks[0], conj=cplx)
     if job.check_finite:  # inputs checked finite: a non-finite x is an overflow of the GEMM's sums
         _check_finite_x(x_path, alpha)
     return info
+
+
+def _warn_intercept(info: dict, mu_norm: float, icpt: list) -> None:
+    """An :class:`~blocklin.errors.IllConditionedWarning` where the intercept ``bbar - mu^T x`` of the streaming
+    R factor's route may have no correct digit: ``x``'s relative error bound ``delta``
+    (``info["condition_estimate"]`` times ``eps``, which holds the centering's rounding ``c eps``, ``c`` the
+    means-to-spread ratio) enters it as ``||mu|| delta ||x||``; with means ``1e8`` and an intercept near 0.37 the
+    intercept had been 0.32 without a word. The Gram route sums the columns less their first entries, whose
+    intercept does not pass through ``x`` (``method="auto"``)."""
+    from blocklin.errors import IllConditionedWarning, warn
+
+    delta = float(info.get("condition_estimate", 0.0)) * np.finfo(np.float64).eps
+    xn = float(np.max(np.asarray(info.get("solution_norm", 0.0), dtype=np.float64), initial=0.0))
+    bound = delta * mu_norm * xn
+    low = min(float(np.min(np.abs(v), initial=np.inf)) for v in icpt)
+    if bound > 0 and not bound < low:
+        warn(f"solve: the intercept may have no correct digit: x's relative error bound {delta:.1e} enters it "
+             f"times ||mu|| ||x|| (column means far from their spread), about {bound:.1e} against an intercept of "
+             f"size {low:.1e} (in the problem scaled by powers of two); method='auto' (the Gram route, which sums "
+             "the columns less their first entries) avoids it", IllConditionedWarning)
+
+
+def _factor_times_y(spec: Any, lam: Any, count: int) -> list[np.ndarray]:
+    """``R_c y`` of the centered R factor ``R_c = U S V^H`` (no weights: ``method="qr"`` takes none), per
+    solution of :func:`coefficients` (``lam`` as ``info["lam"]``: a number, one per solution, or one per
+    right-hand side), as ``U diag(s / (s^2 + lam^2)) beta`` over the resolved directions: ``R @ y`` multiplied
+    the rounding of ``y = V diag(1 / (s^2 + lam^2)) beta``, of size ``eps ||R|| ||b|| / s_min^2``, by ``||R||``,
+    and the intercept ``bbar - (R 1)^H (R y) / m`` had been ``5824`` for ``4.67`` (columns ``2^30`` apart,
+    ``lam = 0``); this way its error is that of ``x``, about ``eps kappa``."""
+    from blocklin.linalg.solve.spectrum import filters
+
+    keep = spec.resolved() & (spec.s > 0)
+    u, s, beta = spec.left[:, keep], spec.s[keep], spec.beta[keep]
+    lams = lam if isinstance(lam, list) else [lam]
+    if count == 1 and len(lams) > 1:  # one lambda per right-hand side (leave-one-out per target)
+        return [np.column_stack([u @ (filters(s, l)[0] * beta[:, j]) for j, l in enumerate(lams)])]
+    return [u @ (filters(s, l)[0][:, None] * beta) for l in lams]
 
 
 def _without_intercept_direction(ctx: TikhonovRun, spec: Any, sw: np.ndarray) -> Any:
@@ -228,9 +278,10 @@ def _check_finite_x(x_path: str, alpha: int) -> None:
                                       "route never forms y"))
 
 
-def _conjugate_into(src: Any, dst: Any, rows: int) -> None:
-    """``dst = conj(src)`` (``n x k``) band of chunk rows by band: what the GEMM's ``A^T conj(y)`` needs to be
-    ``A^H y``; one band of ``rows x k`` in memory, no pass over ``A``."""
+def _copy_into(src: Any, dst: Any, rows: int, *, conj: bool) -> None:
+    """``dst = conj(src)`` (or ``src``), rounded to ``dst``'s dtype, band of chunk rows by band (``n x k``):
+    the GEMM's ``A^T conj(y)`` made ``A^H y``, and its float64 sums rounded once to float32 data's dtype; one
+    band of ``rows x k`` in memory, no pass over ``A``."""
     from blocklin.runtime.tiles import open_array
     from blocklin.storage.zarr_store import read_block, write_block
 
@@ -238,7 +289,9 @@ def _conjugate_into(src: Any, dst: Any, rows: int) -> None:
     n, k = s.shape
     for r0 in range(0, n, max(1, rows)):
         r = slice(r0, min(n, r0 + rows))
-        write_block(d, r, slice(0, k), np.conj(read_block(s, r, slice(0, k))))
+        block = read_block(s, r, slice(0, k))
+        with np.errstate(over="ignore"):  # beyond float32: Inf, which _check_finite_x refuses
+            write_block(d, r, slice(0, k), (np.conj(block) if conj else block).astype(d.dtype))
 
 
 __all__ = ["solve_wide"]
