@@ -212,3 +212,23 @@ def test_wide_qr_intercept_of_large_means_warns():
         bl.solve(a, b, lam=1.0, fit_intercept=True, method="qr")
     x = bl.solve(a, b, lam=1.0, fit_intercept=True, method="auto")
     assert abs(np.ravel(x.intercept)[0] - ref0[0]) <= 1e-12 * abs(ref0[0])
+
+
+@pytest.mark.parametrize("shape, method", [((24, 22), "qr"), ((24, 22), "auto"), ((6, 24), "auto"), ((6, 24), "qr")])
+def test_intercept_of_rows_far_apart_warns(shape, method):
+    """Every third row (of ``A`` and ``b``) ``2^600`` times the others, an intercept: ``mu`` and ``bbar`` are
+    near ``2^600 / 3`` and cancel in ``x0 = bbar - mu^T x``, so ``x``'s relative error (a few eps here, right
+    against mpmath) enters ``x0`` times ``|mu|^T |x| / |x0|``, about ``1e26``: the intercept had come back
+    ``1e10`` times off without a word (randomized search: tall QR, wide Gram). Now warned."""
+    rng = np.random.default_rng(7)
+    m, n = shape
+    a, b = rng.standard_normal((m, n)), rng.standard_normal((m, 1))
+    big = np.arange(m) % 3 == 0
+    a[big], b[big] = np.ldexp(a[big], 600), np.ldexp(b[big], 600)
+    lam = 1e-13 * float(np.linalg.norm(a, 2))
+    ref, ref0 = _ridge_mp(a, b, lam, True, 500)
+    with pytest.warns(IllConditionedWarning, match="intercept may have no correct digit"):
+        x = bl.solve(a, b, lam=lam, fit_intercept=True, method=method)
+    assert np.linalg.norm(x.to_numpy() - ref) <= x.report["condition_estimate"] * EPS * np.linalg.norm(ref)
+    kappa0 = float(np.abs(a.mean(axis=0)) @ np.abs(ref[:, 0]) / abs(ref0[0]))
+    assert kappa0 * x.report["condition_estimate"] * EPS >= 1  # the warning's premise, from the reference

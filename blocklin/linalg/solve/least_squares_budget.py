@@ -206,10 +206,9 @@ def _wide_solution_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[floa
 
     m, k = A.shape[0], B.shape[1]
     cols = k * (len(lams) if kind == "sequence" else 1)
-    out_dtype = np.result_type(A.dtype, B.dtype)
-    Y = _stand_in("y", (m, cols), auto_chunks((m, cols), out_dtype, job.cfg.memory), out_dtype)
-    Gemm.of(A, Y, trans_a=True, dtype=out_dtype).plan(job, read_reserve=True,
-                                                      reads=(_a_reads(A), "direct"))
+    work = np.result_type(A.dtype, B.dtype, np.float64)  # wide.solve_wide sums x = A^T y in float64
+    Y = _stand_in("y", (m, cols), auto_chunks((m, cols), work, job.cfg.memory), work)
+    Gemm.of(A, Y, trans_a=True, dtype=work).plan(job, read_reserve=True, reads=(_a_reads(A), "direct"))
 
 
 def _a_reads(A: Any) -> str:

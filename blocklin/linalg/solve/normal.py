@@ -259,7 +259,7 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
             "of the singular Gram matrix failed, the spectral filters keep lam)" if lam_lost else "")}
         xs = coefficients(ctx, spec, info, "column")
         if ctx.intercept:
-            info["intercept"] = [ctx.offset(x).tolist() for x in xs] if len(xs) > 1 else ctx.offset(xs[0]).tolist()
+            info["intercept"] = ctx.intercepts(xs, info)
         write_x(ctx, x_path, np.hstack(xs) if len(xs) > 1 else xs[0])
         return info
     if lam == 0 and not ctx.positive and (cf is None or rcond < np.finfo(np.float64).eps):
@@ -274,7 +274,7 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
             "refine_steps": steps, "cond_estimate": float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"),
             "condition_estimate": cholesky_condition(rcond, steps), "norm_a": math.sqrt(gp["aa"])}
     if ctx.intercept:
-        info["intercept"] = ctx.offset(x).tolist()
+        info["intercept"] = ctx.intercepts([x], info)
     write_x(ctx, x_path, x)
     return info
 
@@ -334,9 +334,11 @@ def _min_norm(ctx: TikhonovRun, gp: dict, x_path: str, what: str, gram: str) -> 
             "method_reason": f"{what}, lam = 0: the minimum-norm solution from the eigen-decomposition of {gram} "
                              f"(rank {rank} of {ctx.n}, eigenvalues above {tol:.1e})", "lam": 0.0, "rank": rank,
             "residual_norm": norms(rr), "solution_norm": norms(xx), "objective": norms(rr), "refine_steps": 0,
-            "cond_estimate": float("inf"), "condition_estimate": float("inf"), "norm_a": math.sqrt(gp["aa"])}
+            "cond_estimate": float("inf"), "norm_a": math.sqrt(gp["aa"]),
+            # the minimum-norm solution is that of the Gram matrix on its kept eigenvalues: cond of that part
+            "condition_estimate": float(ev.max() / ev[keep].min()) if rank else 0.0}
     if ctx.intercept:
-        info["intercept"] = ctx.offset(x).tolist()
+        info["intercept"] = ctx.intercepts([x], info)
     write_x(ctx, x_path, x)
     return info
 

@@ -55,7 +55,7 @@ def qr_route(ctx: TikhonovRun, x_path: str, info: dict, reason: str) -> dict:
     info.update(method="qr", method_reason=reason + " (fit_intercept: [1 | A | b] streamed, the R factor of the "
                 "centered A from the ones column's Householder step)", norm_a=float(np.linalg.norm(sr["r"])))
     xs = coefficients(ctx, spec, info, "column")
-    info["intercept"] = [ctx.offset(x).tolist() for x in xs] if len(xs) > 1 else ctx.offset(xs[0]).tolist()
+    info["intercept"] = ctx.intercepts(xs, info)
     write_x(ctx, x_path, np.hstack(xs) if len(xs) > 1 else xs[0])
     return info
 

@@ -160,12 +160,43 @@ class TikhonovRun:
     def scale(self) -> dict:
         return self.sa.params() | self.sb.params()
 
+    def intercepts(self, xs: list[np.ndarray], info: dict) -> Any:
+        """``info["intercept"]`` of the solutions ``xs`` (:meth:`offset`), with :func:`warn_intercept` from
+        ``info["condition_estimate"]`` (the spectral and Cholesky routes set it)."""
+        icpts = [self.offset(x) for x in xs]
+        delta = float(info.get("condition_estimate", 0.0)) * np.finfo(np.float64).eps
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            spread = [ldexp(np.abs(self.mu) @ np.abs(x), self.xe) if self.xe else np.abs(self.mu) @ np.abs(x)
+                      for x in xs]
+        warn_intercept(delta, np.concatenate([np.ravel(v) for v in spread]),
+                       np.concatenate([np.ravel(v) for v in icpts]), "")
+        return [i.tolist() for i in icpts] if len(icpts) > 1 else icpts[0].tolist()
+
     def offset(self, x: np.ndarray) -> np.ndarray:
         """The intercept ``bbar - mu^T x`` of a solution of the centered problem (``x`` given as ``2^-xe x``)."""
         if not self.xe:
             return self.bbar - self.mu @ x
         with np.errstate(over="ignore", under="ignore"):
             return ldexp(ldexp(self.bbar, -self.xe) - self.mu @ x, self.xe)
+
+
+def warn_intercept(delta: float, spread: np.ndarray, icpt: np.ndarray, fix: str) -> None:
+    """An :class:`~blocklin.errors.IllConditionedWarning` where the intercept ``bbar - mu^T x`` may have no
+    correct digit: ``x``'s relative error bound ``delta`` (``report["condition_estimate"]`` times eps) enters it
+    as ``delta |mu|^T |x|`` (``spread``, per right-hand side), at least ``|x0|`` there. Rows ``2^600`` apart
+    (``mu`` and ``bbar`` near ``2^600 / m``) gave ``x`` right to 1e-15 and an intercept ``5e10`` times off; column
+    means ``1e8`` with ``method="qr"`` on a wide ``A``, 0.32 for 0.37."""
+    from blocklin.errors import IllConditionedWarning, warn
+
+    spread = delta * np.abs(np.asarray(spread, dtype=np.float64)).ravel()
+    size = np.abs(np.asarray(icpt)).ravel()
+    bad = (spread > 0) & ~(spread < size)
+    if bad.any():
+        j = int(np.argmax(np.where(bad, spread / np.where(size > 0, size, 1.0), 0.0)))
+        warn(f"solve: the intercept may have no correct digit: x's relative error bound {delta:.1e} "
+             f"(report['condition_estimate'] times eps) enters x0 = bbar - mu^T x as {spread[j]:.1e} against "
+             f"|x0| = {size[j]:.1e} (the means of a's columns large against the intercept, in the problem scaled "
+             f"by powers of two){'; ' + fix if fix else ''}", IllConditionedWarning)
 
 
 def first_row(op: Any, dtype: str) -> np.ndarray:
@@ -248,4 +279,4 @@ def factor_regularized(g: np.ndarray, lam: float) -> tuple[Any, float]:
         return None, 0.0
 
 
-__all__ = ["LAM_MAX", "TikhonovRun", "check_lam_max", "device_of_pass", "dots", "first_row", "ldexp", "factor_regularized", "norms", "singular", "unscaled_x", "write_x"]
+__all__ = ["LAM_MAX", "TikhonovRun", "check_lam_max", "device_of_pass", "dots", "first_row", "ldexp", "factor_regularized", "norms", "singular", "unscaled_x", "warn_intercept", "write_x"]

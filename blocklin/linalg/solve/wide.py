@@ -19,7 +19,7 @@ from blocklin.errors import explain as _msg
 from blocklin.linalg.blocks.scaling import incore_exponent
 from blocklin.linalg.products.gemm import Gemm
 from blocklin.linalg.solve.spectrum import coefficients, spectrum_from_gram
-from blocklin.linalg.solve.tikhonov import TikhonovRun, dots, unscaled_x
+from blocklin.linalg.solve.tikhonov import TikhonovRun, dots, unscaled_x, warn_intercept
 from blocklin.runtime.powers import ldexp
 from blocklin.matrix import Matrix
 from blocklin.runtime.passes import run_pass, source
@@ -162,9 +162,19 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         ys = [y - np.outer(w, y.sum(axis=0)) / S for y in ys]
         if r is None:
             icpt = [bbar - (w @ g_raw) @ y / S - (v_shift @ y if v_shift is not None else 0.0) for y in ys]
+            # its terms, each a part of mu^T x, take y's relative error (that of x): rows 2^600 apart gave x right
+            # to 1e-16 and an intercept 7e10 times off, without a word
+            wg = np.abs(w @ g_raw) / S + (np.abs(v_shift) if v_shift is not None else 0.0)
+            warn_intercept(float(info.get("condition_estimate", 0.0)) * np.finfo(np.float64).eps,
+                           np.hstack([wg @ np.abs(y) for y in ys]), np.hstack(icpt), "")
         else:
             icpt = [bbar - (r @ w).conj() @ ry / S for ry in _factor_times_y(factor_spec, info["lam"], len(ys))]
-            _warn_intercept(info, float(np.linalg.norm(r @ w)) / S, icpt)
+            # |mu|^T |x| <= ||mu|| ||x||, mu = A^T 1 / m with ||A^T 1|| = ||R 1||
+            xn = np.asarray(info.get("solution_norm", 0.0), dtype=np.float64)
+            warn_intercept(float(info.get("condition_estimate", 0.0)) * np.finfo(np.float64).eps,
+                           float(np.linalg.norm(r @ w)) / S * np.broadcast_to(xn.reshape(-1), (np.size(np.hstack(icpt)),)),
+                           np.hstack(icpt), "method='auto' (the Gram route, which sums the columns less their first "
+                           "entries) avoids it")
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
     t, alpha = dual_exponents(np.hstack(ys), eb, ea, out_dtype)
     # x = A^T y in float64 (complex128) whatever the data's dtype, rounded to it once: with an intercept the
@@ -186,26 +196,6 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     if job.check_finite:  # inputs checked finite: a non-finite x is an overflow of the GEMM's sums
         _check_finite_x(x_path, alpha)
     return info
-
-
-def _warn_intercept(info: dict, mu_norm: float, icpt: list) -> None:
-    """An :class:`~blocklin.errors.IllConditionedWarning` where the intercept ``bbar - mu^T x`` of the streaming
-    R factor's route may have no correct digit: ``x``'s relative error bound ``delta``
-    (``info["condition_estimate"]`` times ``eps``, which holds the centering's rounding ``c eps``, ``c`` the
-    means-to-spread ratio) enters it as ``||mu|| delta ||x||``; with means ``1e8`` and an intercept near 0.37 the
-    intercept had been 0.32 without a word. The Gram route sums the columns less their first entries, whose
-    intercept does not pass through ``x`` (``method="auto"``)."""
-    from blocklin.errors import IllConditionedWarning, warn
-
-    delta = float(info.get("condition_estimate", 0.0)) * np.finfo(np.float64).eps
-    xn = float(np.max(np.asarray(info.get("solution_norm", 0.0), dtype=np.float64), initial=0.0))
-    bound = delta * mu_norm * xn
-    low = min(float(np.min(np.abs(v), initial=np.inf)) for v in icpt)
-    if bound > 0 and not bound < low:
-        warn(f"solve: the intercept may have no correct digit: x's relative error bound {delta:.1e} enters it "
-             f"times ||mu|| ||x|| (column means far from their spread), about {bound:.1e} against an intercept of "
-             f"size {low:.1e} (in the problem scaled by powers of two); method='auto' (the Gram route, which sums "
-             "the columns less their first entries) avoids it", IllConditionedWarning)
 
 
 def _factor_times_y(spec: Any, lam: Any, count: int) -> list[np.ndarray]:
