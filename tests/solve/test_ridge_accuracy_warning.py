@@ -232,3 +232,20 @@ def test_intercept_of_rows_far_apart_warns(shape, method):
     assert np.linalg.norm(x.to_numpy() - ref) <= x.report["condition_estimate"] * EPS * np.linalg.norm(ref)
     kappa0 = float(np.abs(a.mean(axis=0)) @ np.abs(ref[:, 0]) / abs(ref0[0]))
     assert kappa0 * x.report["condition_estimate"] * EPS >= 1  # the warning's premise, from the reference
+
+
+def test_wide_qr_intercept_at_lambda_zero_with_large_means_stays_silent():
+    """A wide ``A`` with column means ``1e4`` at ``lam = 0`` (the minimum-norm fit), ``method="qr"``: the centered
+    R factor's null direction is the intercept's, cut as rounding, and its rounding-level part of ``b`` (the
+    null vector a few ``c eps`` off ``1 / sqrt(m)``) had been read as an unresolved direction of ``A`` weighed
+    by ``1 / s``: ``condition_estimate`` inf and a warning on an ``x`` right to ``3e-12`` (randomized search)."""
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((22, 60)) + 1e4
+    b = rng.standard_normal((22, 2))
+    ref, ref0 = _ridge_mp(a, b, 0.0, True, 60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IllConditionedWarning)
+        x = bl.solve(a, b, lam=0.0, fit_intercept=True, method="qr")
+    delta = x.report["condition_estimate"] * EPS
+    assert delta < 1e-6
+    assert np.linalg.norm(x.to_numpy() - ref) <= delta * np.linalg.norm(ref)

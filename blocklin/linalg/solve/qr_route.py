@@ -60,7 +60,7 @@ def qr_route(ctx: TikhonovRun, x_path: str, info: dict, reason: str) -> dict:
     return info
 
 
-def cut_centering_noise(spec: Spectrum, norm_a: float, m: int, n: int) -> None:
+def cut_centering_noise(spec: Spectrum, norm_a: float, m: int, n: int, exclude: np.ndarray | None = None) -> None:
     """Directions of the centered ``R22`` whose singular value is at the rounding level of the ones column's
     Householder step, ``max(m, n) eps ||A||_F`` of the uncentered ``A``, are zero: that step's backward error
     is of that size column by column, so such a singular value is rounding (constant columns near ``1e200``,
@@ -71,7 +71,12 @@ def cut_centering_noise(spec: Spectrum, norm_a: float, m: int, n: int) -> None:
     cut = spec.s <= tol
     if not cut.any():
         return
-    spec.cut_b2 = (np.abs(spec.beta[cut]) ** 2).sum(axis=0)
+    if exclude is None:
+        spec.cut_b2 = (np.abs(spec.beta[cut]) ** 2).sum(axis=0)
+    else:  # a dual spectrum: the intercept's direction (unit vector ``exclude``) is no unresolved part of A
+        p = spec.basis[:, cut] @ spec.beta[cut]
+        p = p - np.outer(exclude, exclude.conj() @ p)
+        spec.cut_b2 = (np.abs(p) ** 2).sum(axis=0)
     spec.rho0sq = spec.rho0sq + (np.abs(spec.beta[cut]) ** 2).sum(axis=0)
     spec.beta = np.where(cut[:, None], 0.0, spec.beta)
     spec.s = np.where(cut, 0.0, spec.s)
