@@ -477,5 +477,5 @@ def describe(info: dict, spec: Spectrum, lams: list[float], curve: dict | None, 
             info["gcv"] = spec.gcv(lams[0])
 
 
-__all__ = ["GRID", "Spectrum", "accuracy", "choose_lambda", "s_interval", "warn_inaccurate", "coefficients", "describe", "filters", "finish_spectral", "lambdas", "per_target",
-           "spectrum_from_gram", "x_exponent"]
+__all__ = ["GRID", "Spectrum", "accuracy", "choose_lambda", "coefficients", "describe", "filters", "finish_spectral",
+           "lambdas", "per_target", "s_interval", "spectrum_from_gram", "warn_inaccurate", "x_exponent"]
