@@ -60,7 +60,8 @@ from blocklin.storage import ownership, stamps
 from blocklin.storage.backend import backend, rmtree_owner_last
 from blocklin.storage.cleanup import note_written
 from blocklin.storage.completeness import STORED_KEY, count_stored
-from blocklin.storage.guard import check_output, check_replaceable, check_replaceable_prefix
+from blocklin.storage.guard import (check_output, check_replaceable, check_replaceable_prefix,
+                                     complete_output_refusal)
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.space import folder_size
 from blocklin.storage.records import DEFERRED_META, INPUTS_RECORD, OWNER_RECORD, PENDING_RECORD
@@ -118,6 +119,12 @@ def _covered_version(loc: Any, today: dict, rows: int) -> dict | None:
             today["stamp"] not in [chain[-1].get("stamp")] + list(chain[-1].get("aliases") or []):
         return None
     return dict(today, shape=[rows] + list(today["shape"][1:]), stamp=chain[last].get("stamp"))
+
+
+def _partials(path: Location) -> list[str]:
+    """The partial folders that runs to the local output ``path`` left beside it."""
+    parent, prefix = os.path.dirname(path.url), f".{path.name}.partial-"
+    return sorted(f for f in os.listdir(parent or ".") if f.startswith(prefix))
 
 
 def remove_stray_temporaries(folder: str) -> int:
@@ -188,6 +195,11 @@ class AtomicOutput:
             from blocklin.config import get_config
 
             temp_dir = get_config().temp_dir
+        if resume and not overwrite and self.path.is_local and os.path.isdir(self.path.url) \
+                and not _partials(self.path):  # (a kept overwriting run resumes with overwrite=True)
+            complete = complete_output_refusal(self.path, name=name)
+            if complete is not None:
+                raise complete
         check_output(self.path, self.inputs, overwrite=overwrite, name=name, temp_dir=temp_dir)  # before any claim
         self._temp_root = as_location(temp_dir, storage_options, name="temp_dir")
         self._dead_work: list[tuple[str, str]] = []  # (work folder, why): removed once the claim is made
@@ -243,8 +255,8 @@ class AtomicOutput:
 
     def _claim_local(self) -> None:
         """Under the folder's claim lock: refuse a live writer, clear what gone runs left, own the partial."""
-        parent, prefix = os.path.dirname(self.partial.url), f".{self.path.name}.partial-"
-        siblings = sorted(f for f in os.listdir(parent or ".") if f.startswith(prefix))
+        parent = os.path.dirname(self.partial.url)
+        siblings = _partials(self.path)
         for f in siblings:
             self._check_not_busy(Location(os.path.join(parent, f)), self.path.url)
         self._claim()
@@ -314,6 +326,9 @@ class AtomicOutput:
         if record is not None:
             self._check_not_busy(self.path, self.path.url)
         if record is None and be.keys(""):  # a finished output, or other data
+            complete = complete_output_refusal(self.path, be.try_read, self.name) if self.resume else None
+            if complete is not None and not self.overwrite:
+                raise complete
             if not self.overwrite:
                 raise OutputExistsError(explain(self.name, "must not exist unless overwriting is asked for",
                                                 f"{self.path.url!r} exists",

@@ -388,6 +388,31 @@ def check_replaceable_prefix(be: Any, loc: Location, name: str = "out") -> None:
     raise _refuse(name, _ZARR_RULE, loc, what, folder=True)
 
 
+def complete_output_refusal(loc: Location, read: Any = None, name: str = "out") -> OutputExistsError | None:
+    """The refusal of ``resume=True`` on an output that is already complete: a committed blocklin
+    output at ``loc`` (``read(key)`` returns bytes or None; default: the local folder's), named with what its provenance says made
+    it; None when ``loc`` holds anything else (the ordinary refusals then apply).
+
+    Its record keeps no identity of the run (token) nor a stamp of every input, so it cannot be
+    returned as the resumed run's result: the user opens it, or recomputes it with ``overwrite``."""
+    read = read or _read_local(loc.url)
+    if zarr_provenance(read) != "blocklin":
+        return None
+    try:
+        prov = json.loads(read("zarr.json") or b"{}").get("attributes", {}).get("blocklin", {})
+    except (ValueError, AttributeError):
+        prov = {}
+    made = f"the complete result of {prov.get('operation', 'a blocklin operation')}"
+    if prov.get("created"):
+        made += f" written {prov['created']}"
+    shown = loc.url
+    return OutputExistsError(explain(
+        name, "resume continues an unfinished run, and this output is complete (no unfinished run of it is left)",
+        f"{loc.url!r}, {made}",
+        f"open it (blocklin.open({shown!r}); `blocklin info {shlex.quote(shown)}` says whether it is current "
+        "with its inputs), or pass overwrite=True (CLI: --overwrite) to compute it again"))
+
+
 def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = False, name: str = "out",
                  kind: str = "zarr", temp_dir: Any = None) -> Location:
     """Check an output before anything is claimed; returns its location.

@@ -341,3 +341,55 @@ def test_overwriting_an_owned_array_keeps_its_heartbeat(tmp_path, monkeypatch):
         stop.set()
         waker.join()
         ownership.end_work_folder(loc)
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_resume_of_a_complete_output_says_it_is_complete(ops, where, capsys):
+    """``resume=True`` on an output a finished run committed refuses, saying that it is complete,
+    naming it and how to open or recompute it; the output is left as it was."""
+    from blocklin.cli.main import main
+
+    a, b, out = ops
+    if where == "memory":
+        out = f"memory://blocklin-done-{os.getpid()}/C.zarr"
+    first = blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync")
+    before = first.to_numpy()
+    with pytest.raises(blocklin.errors.OutputExistsError,
+                       match=r"resume continues an unfinished run, and this output is complete.*the complete result "
+                             r"of matmul written .*Fix: open it \(blocklin\.open\(.*overwrite=True"):
+        blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True)
+    rc = main(["gemm", str(a.path), str(b.path), "-o", str(out), "--memory", "64KiB", "--no-progress", "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1 and "this output is complete" in err[0] and "--overwrite" in err[0], err
+    np.testing.assert_array_equal(blocklin.open(out).to_numpy(), before)
+    again = blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True, overwrite=True)
+    np.testing.assert_array_equal(again.to_numpy(), before)  # the same bits, computed again
+    if where == "local":
+        assert _leftovers(out.parent) == []
+
+
+def test_resume_after_an_interrupted_overwrite_is_not_called_complete(ops, monkeypatch):
+    """Where an overwriting run of a complete output was interrupted (its partial kept), ``resume``
+    without ``overwrite`` is refused as before (the fix: overwrite=True continues it), not told that
+    no unfinished run is left."""
+    a, b, out = ops
+    blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync")
+    import blocklin.runtime.tiles as tiles_mod
+
+    real, calls = tiles_mod.run_tile, []
+
+    def failing(*args, **kw):
+        if len(calls) == 2:
+            raise RuntimeError("stop")
+        calls.append(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(tiles_mod, "run_tile", failing)
+    with pytest.raises(RuntimeError, match="stop"):
+        blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True, overwrite=True)
+    monkeypatch.undo()
+    with pytest.raises(blocklin.errors.OutputExistsError, match="must not exist unless overwriting") as e:
+        blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True)
+    assert "complete" not in str(e.value)
+    done = blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True, overwrite=True)
+    assert done.report["skipped"] == 2
