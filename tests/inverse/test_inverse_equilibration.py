@@ -238,3 +238,18 @@ def test_graded_on_the_gpu(settings):
     x = bl.inv(a, device="gpu", **settings)
     assert x.report["equilibration"]["applied"]
     check(x.to_numpy(), b, dr, dc, "both")
+
+
+@pytest.mark.parametrize(("n", "settings", "route"), ROUTES[:2])
+def test_stored_inverse_records_its_equilibration(tmp_path, n, settings, route):
+    """The output's record carries the report's ``equilibration`` (its residual and backward error are
+    those of ``R A C``), as the returned report has it; a matrix that needs none records it unapplied."""
+    a, b, dr, dc = graded(n, 300, "rows")
+    x = bl.inv(a, out=tmp_path / "X.zarr", **settings)
+    stored = bl.open(tmp_path / "X.zarr").provenance["report"]
+    assert x.report["method"] == route and x.report["equilibration"]["applied"]
+    assert stored["equilibration"] == json.loads(json.dumps(x.report["equilibration"]))
+    assert stored["backward_error"] == x.report["backward_error"]
+    plain = bl.inv(b, out=tmp_path / "Y.zarr", **settings)
+    assert bl.open(tmp_path / "Y.zarr").provenance["report"]["equilibration"] == \
+        json.loads(json.dumps(plain.report["equilibration"])) and not plain.report["equilibration"]["applied"]

@@ -414,8 +414,10 @@ def _operand_and_plan(job: Job, a: Any, precision: str | None, out: Any = None,
 
 
 #: Report entries recorded in the output's attributes.
+#: What an output's attributes record of the report; ``equilibration`` among them, since with it applied
+#: the residual, backward error and condition estimate are those of the equilibrated ``R A C``.
 REPORT_KEYS = ("seconds", "residual", "residual_method", "backward_error", "refine_steps", "cond_estimate",
-               "peak_memory")
+               "peak_memory", "equilibration")
 
 
 def _refine_steps(refine: Any, max_refine: int) -> Steps:
