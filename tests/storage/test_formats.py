@@ -173,12 +173,52 @@ def test_hdf5_dataset_paths(tmp_path, rng):
     blocklin.convert(tmp_path / "f.h5", tmp_path / "y.zarr")  # the only 2-D dataset
     with pytest.raises(FormatError, match="must name a dataset"):
         open_reader(f"{tmp_path}/f.h5:/nope")
+    with open_reader(f"{tmp_path}/f.h5:/grp/v") as r:  # 1-D: a column, as a 1-D .npy
+        assert r.shape == (3, 1)
+    with h5py.File(tmp_path / "f.h5", "a") as f:
+        f.create_dataset("/grp/t", data=np.zeros((2, 2, 2)))
     with pytest.raises(FormatError, match="2-D matrix"):
-        open_reader(f"{tmp_path}/f.h5:/grp/v")
+        open_reader(f"{tmp_path}/f.h5:/grp/t")
     blocklin.convert(tmp_path / "x.zarr", f"{tmp_path}/o.h5:/out/m", codec="gzip", chunks=(4, 4))
     with h5py.File(tmp_path / "o.h5") as f:
         np.testing.assert_array_equal(f["/out/m"][:], a)
         assert f["/out/m"].compression == "gzip"
+
+
+def test_hdf5_one_dimensional_dataset_converts_as_a_column(tmp_path, rng, monkeypatch):
+    """A 1-D HDF5 dataset converts as a 1-D .npy does (docs/convert.md): an n x 1 column in zarr, HDF5
+    and CSV, 1-D in .npy, the same bits as the .npy's conversion; read by row blocks within the budget."""
+    h5py = pytest.importorskip("h5py")
+    from blocklin.storage.formats.hdf5 import Hdf5Reader
+
+    v = rng.standard_normal(1 << 21)  # 16 MiB
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_dataset("/g/v", data=v, chunks=(1 << 16,))
+    np.save(tmp_path / "v.npy", v)
+    real, rows = Hdf5Reader.read, []
+
+    def read(self, r, c):
+        block = real(self, r, c)
+        rows.append(block.shape[0])
+        return block
+
+    monkeypatch.setattr(Hdf5Reader, "read", read)
+    memory = 12 << 20  # less than the vector (an HDF5 file open keeps a 4 MiB chunk cache)
+    rep = blocklin.convert(f"{tmp_path}/v.h5:/g/v", tmp_path / "h.zarr", memory=memory)
+    ref = blocklin.convert(tmp_path / "v.npy", tmp_path / "n.zarr", memory=memory)
+    assert rep["planned_memory"] <= memory and len(rows) > 1 and max(rows) * 8 <= memory
+    assert zarr.open_array(tmp_path / "h.zarr").shape == zarr.open_array(tmp_path / "n.zarr").shape == (v.size, 1)
+    np.testing.assert_array_equal(zarr.open_array(tmp_path / "h.zarr")[:], v[:, None])
+    assert rep["chunks"] == ref["chunks"]
+    blocklin.convert(f"{tmp_path}/v.h5:/g/v", tmp_path / "v2.npy", memory=memory)
+    back = np.load(tmp_path / "v2.npy")
+    assert back.shape == v.shape
+    np.testing.assert_array_equal(back, v)
+    blocklin.convert(f"{tmp_path}/v.h5:/g/v", f"{tmp_path}/o.h5:/c", memory=memory)
+    with h5py.File(tmp_path / "o.h5") as f:
+        np.testing.assert_array_equal(f["/c"][:], v[:, None])
+    blocklin.convert(f"{tmp_path}/v.h5:/g/v", tmp_path / "v.csv", memory=memory)
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "v.csv", delimiter=",", ndmin=1), v)
 
 
 def test_zarr_v2_input_and_rechunk(tmp_path, rng):

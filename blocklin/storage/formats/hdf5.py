@@ -73,7 +73,7 @@ def _h5py():
 
 
 class Hdf5Reader(Reader):
-    """One 2-D dataset of an HDF5 file."""
+    """One 2-D dataset of an HDF5 file, or a 1-D one read as an ``n x 1`` column."""
 
     format = "hdf5"
 
@@ -103,17 +103,19 @@ class Hdf5Reader(Reader):
                                       f"pick one of {names[:10]}"))
         self._ds = obj
         self.dataset = obj.name
-        self.shape = check_2d(obj.shape, "hdf5 dataset")
+        self.shape = check_2d(obj.shape, "hdf5 dataset", vector=True)  # 1-D: an n x 1 column, as a .npy's
+        self.ndim = obj.ndim
         self.dtype = _matrix_dtype(obj, path)
-        self.chunks = tuple(obj.chunks) if obj.chunks else None
+        self.chunks = (tuple(obj.chunks) if obj.ndim == 2 else (obj.chunks[0], 1)) if obj.chunks else None
         self.overhead_bytes = _CACHE_BYTES
 
     def read(self, rows: slice, cols: slice) -> np.ndarray:
         r0, r1, _ = rows.indices(self.shape[0])
         c0, c1, _ = cols.indices(self.shape[1])
         out = np.empty((r1 - r0, c1 - c0), self.dtype)
-        if out.size:
-            self._ds.read_direct(out, np.s_[r0:r1, c0:c1])
+        if out.size:  # a 1-D dataset's rows into the column's contiguous buffer (its one column, c0 = 0)
+            self._ds.read_direct(out, np.s_[r0:r1, c0:c1]) if self.ndim == 2 else \
+                self._ds.read_direct(out.reshape(-1), np.s_[r0:r1])
         self.bytes_read += out.nbytes
         return out
 
