@@ -54,6 +54,16 @@ def stored_input(op: Operand) -> Location | None:
     return op.source if op.staged else op.path
 
 
+def staged_at(op: Operand, memory: int) -> Operand:
+    """``op`` as a run with budget ``memory`` would read it: a staged copy is chunked from the budget
+    (:func:`~blocklin.plan.chunks.auto_chunks`, as :func:`as_operand` and :func:`cast_integers` stage
+    it), a stored array is read as it is. What a search for the least budget plans with, so that the
+    budget it names plans again once a rerun stages the copy at that budget."""
+    if not op.staged:
+        return op
+    return dataclasses.replace(op, chunks=tuple(auto_chunks(tuple(op.shape), op.dtype, int(memory))))
+
+
 def row_range(op: Operand, start: int, stop: int) -> Operand:
     """Rows ``start:stop`` of a stored operand, as an operand (passes read those rows only)."""
     return dataclasses.replace(op, shape=(int(stop) - int(start),) + tuple(op.shape[1:]),

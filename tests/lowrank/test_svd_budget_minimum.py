@@ -96,3 +96,47 @@ def test_sparse_pca_named_minimum_runs(tmp_path, shape, method):
     assert need > 64 << 10 and "product" in str(err.value)  # the products need more than the in-core work
     got = run(need)  # never refused again
     assert got.report["passes"] >= 1
+
+
+def _symmetric(n: int) -> np.ndarray:
+    """Four leading eigenvalues 10..20 well apart from the rest (in -1..1)."""
+    q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((n, n)))
+    a = (q * np.concatenate([np.linspace(-1, 1, n - 4), np.linspace(10, 20, 4)])) @ q.T
+    return (a + a.T) / 2
+
+
+@pytest.mark.parametrize("n", [80, 380])
+def test_eigsh_of_staged_data_named_minimum_runs(n):
+    """In-memory data is staged in the temp dir in chunks sized from the budget, and a store read by
+    whole chunks (here ``memory://``) plans by them: the minimum an eigsh refusal names must plan once
+    a rerun stages the copy at that budget (it had been refused again, by 0.5-4.5%)."""
+    import scipy.linalg
+
+    a = _symmetric(n)
+
+    def run(memory):
+        return bl.eigsh(a, 4, memory=memory, temp_dir="memory://blocklin-eigsh-minimum", scheduler="sync",
+                        order="ascending", tol=1e-10, seed=0)
+
+    with pytest.raises(BudgetError) as err:
+        run(16 << 10)
+    res = run(err.value.minimum)  # not refused again
+    assert not res.report["in_core"]
+    np.testing.assert_allclose(res.w, scipy.linalg.eigh(a, eigvals_only=True)[-4:], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["lanczos", "rsvd"])
+def test_svd_of_staged_data_named_minimum_runs(method):
+    """As for eigsh: svd of NumPy data staged in a ``memory://`` temp dir (read by whole chunks, chunked
+    from the budget) runs at the minimum its refusal names (refused again, by 5.8% and 6.7%, before)."""
+    a = _data((150, 150), "float64")
+
+    def run(memory):
+        return bl.svd(a, 3, method=method, memory=memory, temp_dir="memory://blocklin-svd-minimum",
+                      scheduler="sync", seed=0)
+
+    with pytest.raises(BudgetError) as err:
+        run(16 << 10)
+    got = run(err.value.minimum)  # not refused again
+    assert not got.report["in_core"] and got.report["method"] == method
+    assert got.report["passes"] >= 1

@@ -13,7 +13,7 @@ from blocklin.config import format_size, parse_size, size_hint
 from blocklin.errors import BudgetError, explain
 from blocklin.linalg.blocks.center import Moments, Shift
 from blocklin.linalg.lowrank.sources import Streamed
-from blocklin.operands import temp_root
+from blocklin.operands import staged_at, temp_root
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.storage.space import check_space
@@ -52,6 +52,7 @@ def _placeholder_shift(A: Any, plan: SvdPlan, shift: tuple[bool, bool]) -> Shift
 
 def _try_plan(job: Job, A: Any, k: int, memory: int, kw: dict, *, means_gram: bool = False,
               shift: tuple[bool, bool] = (False, False)) -> SvdPlan:
+    A = staged_at(A, memory)  # in-memory data: a rerun at this budget stages it in chunks of this budget
     plan = plan_svd(A.shape[0], A.shape[1], k, A.dtype, memory=memory, **kw)
     if not plan.in_core:
         Streamed(job, A, plan, _placeholder_shift(A, plan, shift)).preflight(k, means_gram=means_gram)

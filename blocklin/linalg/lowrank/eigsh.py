@@ -34,6 +34,7 @@ from blocklin.linalg.lowrank.run import real_parts
 from blocklin.linalg.lowrank.sources import load_incore
 from blocklin.linalg.lowrank.laplacian import KINDS
 from blocklin.linalg.lowrank.sparse_eigsh import eigen_order, sparse_eigsh, symmetry_rtol
+from blocklin.operands import staged_at
 from blocklin.plan.minimum import whole_call
 from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
@@ -279,6 +280,7 @@ def _plans(job: Job, A: Any, k: int, dt: Any, memory: int, *, max_passes: int, b
     from blocklin.runtime.passes import plan_kernel_pass
 
     n = A.shape[0]
+    A = staged_at(A, memory)  # in-memory data: a rerun at this budget stages it in chunks of this budget
     plan = plan_svd(n, n, k, dt, method="eigsh", oversample=10, power_iters=None, memory=memory,
                     max_passes=max_passes, block_size=block_size, max_basis=max_basis, square=True)
     if not plan.in_core:
