@@ -52,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:  # the commands' modules import much of blocklin: Ctrl-C here is one line too, before any work
+        parser = build_parser()
+    except KeyboardInterrupt:
+        return ui.interrupted_while_starting()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

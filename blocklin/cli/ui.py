@@ -302,6 +302,13 @@ def quiet_stdout() -> None:
         os.close(devnull)
 
 
+def interrupted_while_starting() -> int:
+    """Say that Ctrl-C stopped the CLI before its command ran anything (while it imported its
+    modules); the exit status. ``blocklin_console``, the console script's entry, prints the same line."""
+    print("blocklin: interrupted while starting; nothing was run", file=sys.stderr)
+    return EXIT_INTERRUPTED
+
+
 def _interrupted(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
     """The one line an interrupted command prints (what a resumable run kept), and its exit status."""
     from blocklin import interrupt

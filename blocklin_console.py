@@ -1,0 +1,22 @@
+"""The ``blocklin`` console script's entry, outside the package so that it imports nothing heavy.
+
+Importing blocklin imports NumPy, zarr and Dask (a second or more). Ctrl-C in that time ends here
+like an interrupted command: one line and exit status 130, not a traceback. Everything else is
+:func:`blocklin.cli.main.main`'s, which says the same of an interrupt while it builds its parser.
+"""
+
+from __future__ import annotations
+
+import sys
+
+#: 128 + SIGINT, the shell's convention (the status of every interrupted blocklin command).
+EXIT_INTERRUPTED = 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        from blocklin.cli.main import main as run
+    except KeyboardInterrupt:  # the line blocklin.cli.ui.interrupted_while_starting prints (not importable here)
+        print("blocklin: interrupted while starting; nothing was run", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return run(argv)
