@@ -61,7 +61,7 @@ from blocklin.storage.backend import backend, rmtree_owner_last
 from blocklin.storage.cleanup import note_written
 from blocklin.storage.completeness import STORED_KEY, count_stored
 from blocklin.storage.guard import (check_output, check_replaceable, check_replaceable_prefix,
-                                     complete_output_refusal)
+                                     complete_output_refusal, partial_folders)
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.space import folder_size
 from blocklin.storage.records import DEFERRED_META, INPUTS_RECORD, OWNER_RECORD, PENDING_RECORD
@@ -77,10 +77,10 @@ _TMP_RE = re.compile(r"(?:\.tmp-\d+-[0-9a-f]+|\.[0-9a-f]{32}\.partial)$")
 
 
 def check_output_path(out: str | os.PathLike, inputs: Iterable[str | os.PathLike | None] = (), *,
-                      overwrite: bool = False, name: str = "out", kind: str = "zarr") -> Path:
+                      overwrite: bool = False, name: str = "out", kind: str = "zarr", resume: bool = False) -> Path:
     """Validate a local output path (:func:`blocklin.storage.guard.check_output`: not an input, not
     inside or holding one, and existing only where ``overwrite`` may replace it); returns it."""
-    check_output(out, inputs, overwrite=overwrite, name=name, kind=kind)
+    check_output(out, inputs, overwrite=overwrite, name=name, kind=kind, resume=resume)
     return Path(out).expanduser()
 
 
@@ -119,12 +119,6 @@ def _covered_version(loc: Any, today: dict, rows: int) -> dict | None:
             today["stamp"] not in [chain[-1].get("stamp")] + list(chain[-1].get("aliases") or []):
         return None
     return dict(today, shape=[rows] + list(today["shape"][1:]), stamp=chain[last].get("stamp"))
-
-
-def _partials(path: Location) -> list[str]:
-    """The partial folders that runs to the local output ``path`` left beside it."""
-    parent, prefix = os.path.dirname(path.url), f".{path.name}.partial-"
-    return sorted(f for f in os.listdir(parent or ".") if f.startswith(prefix))
 
 
 def remove_stray_temporaries(folder: str) -> int:
@@ -195,12 +189,8 @@ class AtomicOutput:
             from blocklin.config import get_config
 
             temp_dir = get_config().temp_dir
-        if resume and not overwrite and self.path.is_local and os.path.isdir(self.path.url) \
-                and not _partials(self.path):  # (a kept overwriting run resumes with overwrite=True)
-            complete = complete_output_refusal(self.path, name=name)
-            if complete is not None:
-                raise complete
-        check_output(self.path, self.inputs, overwrite=overwrite, name=name, temp_dir=temp_dir)  # before any claim
+        check_output(self.path, self.inputs, overwrite=overwrite, name=name, temp_dir=temp_dir,
+                     resume=resume)  # before any claim
         self._temp_root = as_location(temp_dir, storage_options, name="temp_dir")
         self._dead_work: list[tuple[str, str]] = []  # (work folder, why): removed once the claim is made
         self.overwrite = overwrite
@@ -256,7 +246,7 @@ class AtomicOutput:
     def _claim_local(self) -> None:
         """Under the folder's claim lock: refuse a live writer, clear what gone runs left, own the partial."""
         parent = os.path.dirname(self.partial.url)
-        siblings = _partials(self.path)
+        siblings = partial_folders(self.path)
         for f in siblings:
             self._check_not_busy(Location(os.path.join(parent, f)), self.path.url)
         self._claim()

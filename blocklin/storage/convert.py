@@ -220,7 +220,7 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
     chunks = parse_chunks(chunks)
     codec = (codec if codec is not None else cfg.codec).lower()
     src, out, src_path, out_path, in_fmt, out_fmt = _ends(src, out, storage_options, from_format, to_format,
-                                                          overwrite=overwrite)
+                                                          overwrite=overwrite, resume=resume)
     _check_output_encoding(out_fmt, codec, checksum)
     reader_opts = _reader_options(in_fmt, shape=shape, dtype=in_dtype if in_dtype is not None else dtype,
                                   order=order, offset=offset, delimiter=delimiter, skip_rows=skip_rows, header=header)
@@ -486,7 +486,7 @@ def _commit(writer: Any, plan: Any, report: dict, out_path: Any) -> Any:
 
 
 def _ends(src: Any, out: Any, storage_options: dict | None, from_format: str | None, to_format: str | None, *,
-          overwrite: bool) -> tuple[Any, Any, Any, Any, str, str]:
+          overwrite: bool, resume: bool = False) -> tuple[Any, Any, Any, Any, str, str]:
     """Source and output as given (or their locations), their paths and formats, checked.
 
     Returns ``(src, out, src_path, out_path, in_fmt, out_fmt)``; URLs and store objects hold zarr only.
@@ -501,7 +501,7 @@ def _ends(src: Any, out: Any, storage_options: dict | None, from_format: str | N
             raise ConfigError(explain(what, "URLs and store objects hold zarr arrays only", f"{fmt!r} for {loc.url}",
                                       f"convert through a local file, or pass --{what} zarr"))
     if out_loc is None:  # before anything is read; the writer checks again when it claims the output
-        check_output_path(out_path, [src_path], overwrite=overwrite, kind=out_fmt)
+        check_output_path(out_path, [src_path], overwrite=overwrite, kind=out_fmt, resume=resume)
     if src_loc is not None or out_loc is not None:
         src, out = src_path, out_path
     return src, out, src_path, out_path, in_fmt, out_fmt

@@ -413,8 +413,14 @@ def complete_output_refusal(loc: Location, read: Any = None, name: str = "out") 
         "with its inputs), or pass overwrite=True (CLI: --overwrite) to compute it again"))
 
 
+def partial_folders(loc: Location) -> list[str]:
+    """The names of the partial folders that runs to the local output ``loc`` left beside it."""
+    parent, prefix = os.path.dirname(loc.url), f".{loc.name}.partial-"
+    return sorted(f for f in os.listdir(parent or ".") if f.startswith(prefix)) if os.path.isdir(parent or ".") else []
+
+
 def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = False, name: str = "out",
-                 kind: str = "zarr", temp_dir: Any = None) -> Location:
+                 kind: str = "zarr", temp_dir: Any = None, resume: bool = False) -> Location:
     """Check an output before anything is claimed; returns its location.
 
     Parameters
@@ -431,6 +437,9 @@ def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = Fals
         What is written: a zarr store (a folder or prefix) or a file of that format.
     temp_dir : path, URL or Location, optional
         The temp dir of the job, which ``out`` may not be nor hold.
+    resume : bool
+        The run asks to continue an unfinished one: a complete zarr output with no partial beside it
+        is refused as complete (:func:`complete_output_refusal`).
 
     Raises
     ------
@@ -452,6 +461,11 @@ def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = Fals
     path = loc.url
     if os.path.lexists(path):
         if not overwrite and kind != "hdf5":
+            # (the partial of an interrupted overwriting run continues with overwrite=True: the refusal below)
+            complete = complete_output_refusal(loc, name=name) if resume and kind == "zarr" and \
+                os.path.isdir(path) and not partial_folders(loc) else None
+            if complete is not None:
+                raise complete
             raise OutputExistsError(explain(name, "must not exist unless overwriting is asked for",
                                             f"{_shown(out)!r} exists",
                                             "pass overwrite=True (CLI: --overwrite) or choose another path"))

@@ -393,3 +393,13 @@ def test_resume_after_an_interrupted_overwrite_is_not_called_complete(ops, monke
     assert "complete" not in str(e.value)
     done = blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True, overwrite=True)
     assert done.report["skipped"] == 2
+
+
+def test_resume_of_a_complete_conversion_says_it_is_complete(tmp_path):
+    """The conversion's own early check of its output says the same (it runs before the writer's)."""
+    np.save(tmp_path / "A.npy", A)
+    blocklin.convert(tmp_path / "A.npy", tmp_path / "A.zarr")
+    with pytest.raises(blocklin.errors.OutputExistsError, match=r"this output is complete.*the complete result of "
+                                                                r"convert .*overwrite=True"):
+        blocklin.convert(tmp_path / "A.npy", tmp_path / "A.zarr", resume=True)
+    np.testing.assert_array_equal(blocklin.open(tmp_path / "A.zarr").to_numpy(), A)
