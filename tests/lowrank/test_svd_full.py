@@ -212,3 +212,22 @@ def test_a_starting_vector_as_svds_v0(method, budget):
     assert abs(w[0] - lam[0]) <= (tol * lam[0]) ** 2 / (lam[0] - lam[1]) + 4 * 30 * np.finfo(float).eps * lam[0]
     with pytest.raises(ParameterError, match=r"v0: must be a finite, nonzero real vector of length min\(m, n\) = 30"):
         bl.svd(a, 2, method=method, v0=np.zeros(30))
+
+
+@pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_full_svd_of_a_triangular_matrix_beyond_cholesky_qr(budget, dtype):
+    """A random triangular block (zeros below): its condition grows like ``2^n`` (4e13 here) while its QR's
+    ``R``, the block itself, has a diagonal of order 1 that does not show it. ``chol(A^T A)`` breaks down
+    and the TSQR's ``R`` is taken; its basis ``Y R^-1``, rounded in ``A``'s dtype, is off by
+    ``eps kappa``, and refining it had moved ``R`` by as much: ``s_1`` 1e6 times too large in float32, the
+    values in float64 off by ``1e-6 s_1`` (found by a randomized search)."""
+    n = 40
+    a = np.zeros((1200 if budget == "streamed" else 125, n), dtype=dtype)
+    a[:n] = np.triu(np.random.default_rng(3).standard_normal((n, n)))
+    assert np.linalg.cond(a.astype(np.float64)) > 1e13
+    res = bl.svd(a, memory=BUDGETS[budget])
+    assert res.report["method"] == "full" and res.report["in_core"] == (budget == "in-memory")
+    check_full(a, res, dtype=dtype)
+    wide = bl.svd(a.T.copy(), memory=BUDGETS[budget])  # the same tall orientation, read by columns
+    assert_singular_values(wide.s, np.linalg.svd(a.astype(np.float64), compute_uv=False), n=a.shape[0], dtype=dtype)

@@ -275,10 +275,14 @@ def cholqr_r(block: Any, g: np.ndarray, *, rank_revealing: bool = False) -> tupl
     every later pass reads instead of ``Y``. CholeskyQR2 (one refinement pass); shifted CholeskyQR3 when
     ``chol(G)`` breaks down (two refinement passes); TSQR then two CholeskyQR refinements as the last resort.
 
-    ``rank_revealing``: when ``chol(G)`` breaks down go to TSQR at once (one pass), and when its ``R``
-    is numerically singular (``Y`` of rank below its width, as for a rank-deficient or zero matrix)
-    return ``Q = Y W S^+`` from the SVD ``R = U_R S W^T`` (zero columns for the zero singular values,
-    whose ``R`` rows are zero) instead of a shifted factorization that would blur them to ``sqrt(u)``.
+    ``rank_revealing``: when ``chol(G)`` breaks down go to TSQR at once (one pass) and return
+    ``Q = Y W S^+`` from the SVD ``R = U_R S W^T`` (zero columns for the numerically zero singular
+    values, whose ``R`` rows are zero) instead of a shifted factorization that would blur them to
+    ``sqrt(u)``. The SVD form, not ``Y R^-1``, for every such ``R``: a product with ``W S^+`` rounds each
+    column ``j`` by ``eps ||Y|| / s_j``, which ``S W^H`` scales back to ``eps ||Y||``, so ``Q R = Y`` holds to
+    the TSQR's backward error whatever ``Y``'s condition; ``Y R^-1`` in ``Y``'s dtype carries
+    ``eps kappa(Y) ||Y||``, which the refinements folded into ``R`` (a float32 ``Y`` of condition 1e16 whose
+    ``R``'s diagonal did not show it had given a largest singular value 1e6 times too large).
     """
     g = np.asarray(g, dtype=work_dtype(g.dtype))
     info = {"method": "cholqr2", "shift": 0.0}
@@ -295,7 +299,7 @@ def cholqr_r(block: Any, g: np.ndarray, *, rank_revealing: bool = False) -> tupl
         info["method"] = "tsqr"
         r1 = block.tsqr()
         refinements = 2
-        if _numerically_singular(r1, block):
+        if rank_revealing or _numerically_singular(r1, block):
             return _rank_deficient(r1, block, info)
     block, chain, g1 = _settle(block, [_inv_upper(r1)], info, condition=_condition(r1))
     r = r1
@@ -386,7 +390,8 @@ def _rank_deficient(r: np.ndarray, block: Any, info: dict) -> tuple[np.ndarray, 
     eps = float(np.finfo(np.dtype(getattr(block, "dtype", np.float64))).eps)
     keep = sv > eps * math.sqrt(block.M) * sv.max(initial=0.0)
     sinv = np.where(keep, 1.0 / np.where(keep, sv, 1.0), 0.0)
-    info.update(method="tsqr (rank-deficient)", rank=int(keep.sum()))
+    rank = int(keep.sum())
+    info.update(method="tsqr (rank-deficient)" if rank < keep.size else "tsqr", rank=rank)
     rr, first = np.where(keep, sv, 0.0)[:, None] * wt, ct(wt) * sinv
     kept = sv[keep]
     block, chain, g = _settle(block, [first], info, condition=float(kept.max() / kept.min()) if kept.size else 1.0)
