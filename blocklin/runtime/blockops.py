@@ -96,8 +96,12 @@ class BlockOps:
              b: str, b_off: tuple[int, int], *, dtype: Any, a_dtype: Any = None, b_dtype: Any = None,
              c: str | None = None, c_off: tuple[int, int] = (0, 0), alpha: float = 1.0, beta: float = 0.0,
              epilogue: Epilogue | None = None, memory: int | None = None, chunks: dict | None = None,
-             description: str = "gemm") -> list[dict]:
+             description: str = "gemm", check_finite: bool = False,
+             names: tuple[str, str, str] = ("a", "b", "c")) -> list[dict]:
         """``out[R] = alpha * A[Ra] @ B[Rb] + beta * C[Rc]`` over regions; returns the tile results.
+
+        ``check_finite``: refuse NaN/Inf in the operands read (each part checked once, named by ``names``
+        with its position in its store) for a caller whose operand reaches the product unchecked.
 
         ``epilogue`` (an :class:`~blocklin.runtime.tiles.Epilogue` of the caller) sees every
         finished strip; what it returns is in the tile results. ``memory``: the budget of this
@@ -113,8 +117,9 @@ class BlockOps:
                                reads=(read_kind(a), read_kind(b)) + ((read_kind(c),) if with_c else ()))
         dev_mem = job.device_memory()
         spec = GemmSpec(a=a, b=b, c=c, out=out, trans_a=False, trans_b=False, alpha=float(alpha), beta=float(beta),
-                        dtype=dt.name, plan=plan, device=job.device, device_memory=dev_mem, check_finite=False,
-                        done_dir=None, blas_threads=job.task_blas_threads(plan.blas_threads), a_off=tuple(a_off),
+                        dtype=dt.name, plan=plan, device=job.device, device_memory=dev_mem, check_finite=check_finite,
+                        done_dir=None, blas_threads=job.task_blas_threads(plan.blas_threads), names=tuple(names),
+                        a_off=tuple(a_off),
                         b_off=tuple(b_off), c_off=tuple(c_off), out_off=tuple(out_off), epilogue=epilogue,
                         precision=self.math if dt == np.float32 else None)
         graph = self.graph("gemm", spec)

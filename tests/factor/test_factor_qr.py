@@ -198,3 +198,21 @@ def test_wide_qr_as_numpy(tmp_path, memory, mode):
     if Q is not None:
         assert_orthonormal(Q.to_numpy())
         assert_factorization(a, Q.to_numpy() @ r, const=4.0)
+
+
+@pytest.mark.parametrize("where", [(40, 650), (3, 5)], ids=["A_2", "leading block"])
+@pytest.mark.parametrize("bad", [np.nan, -np.inf])
+@pytest.mark.parametrize("mode", ["r", "reduced"])
+def test_wide_qr_refuses_nonfinite_data_by_position(tmp_path, where, bad, mode):
+    """NaN/Inf in a wide A is refused with its position, as on every other route. The leading block's QR
+    reached the diagonal check, but a NaN right of column m went only through the GEMM R_2 = Q^T A_2,
+    unchecked: R came back with a NaN column and no error (found by a randomized search)."""
+    from blocklin.errors import NonFiniteError
+
+    a = np.random.default_rng(7).standard_normal((60, 700))
+    a[where] = bad
+    src = bl.from_array(a, tmp_path / "a.zarr", chunks=(32, 32))
+    with pytest.raises(NonFiniteError, match=rf"a: must be finite.*at \[{where[0]}, {where[1]}\]"):
+        bl.qr(src, tmp_path / "r.zarr", q=(tmp_path / "q.zarr") if mode == "reduced" else None, mode=mode,
+              memory="256KiB")
+    assert not os.path.exists(tmp_path / "r.zarr") and not os.path.exists(tmp_path / "q.zarr")

@@ -32,6 +32,7 @@ from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.linalg.factor.householder import qr_extract_r, qr_form_q, qr_panels
 from blocklin.linalg.factor.qr_tiles import tile_qr, tile_qr_form_q, tile_qr_stores
 from blocklin.runtime.job import Job
+from blocklin.runtime.tiles import check_finite
 from blocklin.storage.identity import resume_token
 from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import create_array, open_zarr, write_block
@@ -252,6 +253,8 @@ def _wide(job: Job, A: Any, out: Any, q: Any, *, mode: str, overwrite: bool,
                                "float64)", format_size(job.cfg.memory), f"raise it to at least {format_size(held)}"),
                           minimum=held)
     a1 = np.asarray(open_zarr(A.path)[:, :m], dtype=wide)
+    if job.check_finite:  # A_1 here, A_2 as the GEMM reads it: LAPACK's QR and the product pass NaN on
+        check_finite(a1, "a", slice(0, m), slice(0, m))
     q1, r1 = np.linalg.qr(a1)
     del a1
     d = diagonal_signs(r1)  # the R with a non-negative (real) diagonal, as every blocklin QR
@@ -264,7 +267,8 @@ def _wide(job: Job, A: Any, out: Any, q: Any, *, mode: str, overwrite: bool,
         qt = job.scratch("qt", (m, m), dt, (t, t))
         write_block(open_zarr(qt, mode="r+"), slice(0, m), slice(0, m), np.ascontiguousarray(q1.conj().T).astype(dt))
         BlockOps(job, t).gemm(ao.array_path(), (0, m), m, n - m, m, qt, (0, 0), A.path, (0, m), dtype=dt,
-                              description="qr (wide): R_2 = Q^H A_2")
+                              description="qr (wide): R_2 = Q^H A_2", check_finite=job.check_finite,
+                              names=("q", "a", "c"))
     if qo is not None:
         create_array(qo.array_path(), shape=(m, m), dtype=dt, chunks=(t, t), codec=job.cfg.codec)
         write_block(open_zarr(qo.array_path(), mode="r+"), slice(0, m), slice(0, m), q1.astype(dt))
