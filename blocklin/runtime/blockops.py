@@ -211,7 +211,7 @@ class BlockOps:
 
     def trsm(self, t: Region, b: Region, out: Region, *, lower: bool, trans: bool | str = False, side: str = "left",
              alpha: float = 1.0, dtype: Any, check: bool = False, done_dir: Any = None, unit: bool = False,
-             t_exponent: int = 0, description: str = "trsm") -> list[dict]:
+             t_exponent: int = 0, description: str = "trsm", name: str = "t") -> list[dict]:
         """``out = alpha * op(T)^-1 B`` (``side="left"``) or ``alpha * B op(T)^-1`` (``"right"``).
 
         ``T`` is read only in its ``lower`` (or upper) triangle; ``op(T)`` is ``T`` (``trans`` False
@@ -223,6 +223,7 @@ class BlockOps:
         column ``c`` (in substitution order), then a triangular solve with the diagonal tile.
         ``t_exponent`` ``q``: ``T`` and ``B`` are multiplied by ``2^q`` as read, which leaves ``X``
         unchanged (exact) and keeps the products ``T_ik X_kc`` in range where ``T``'s entries are large.
+        ``name``: the caller's parameter for ``T``, which its refusals (NaN/Inf, a singular tile) name.
         """
         if t_exponent and unit:
             raise ParameterError("trsm: a unit diagonal is not scaled (t_exponent must be 0 with unit=True)")
@@ -241,7 +242,7 @@ class BlockOps:
         if t.shape != (n, n) or b_l.shape[0] != n or x_l.shape != b_l.shape:
             raise ShapeError(f"trsm: shapes do not agree: t {t.shape}, b {b.shape}, out {out.shape}, side {side}")
         spec = self.spec(dtype, a=t_l, b=b_l, out=x_l, alpha=float(alpha), lower=lower_eff, check=check,
-                          done_dir=done_dir, unit=unit, a_exponent=int(t_exponent))
+                          done_dir=done_dir, unit=unit, a_exponent=int(t_exponent), a_name=name)
         graph = self.graph("trsm", spec)
         nt, ct = tile_count(n, self.chunk), tile_count(b_l.shape[1], self.chunk)
         order = range(nt) if lower_eff else range(nt - 1, -1, -1)
@@ -464,6 +465,8 @@ class TileOpSpec:
     shift: float = 0.0
     #: A triangular operand with a unit diagonal (not read).
     unit: bool = False
+    #: The parameter the caller knows the triangular operand by, in refusals (``"c"`` of ``cho_solve``).
+    a_name: str = "t"
     #: ``"tf32"``: the task's float32 GEMMs use TF32 tensor cores on a GPU (``Device.math``).
     math: str | None = None
     #: SYRK: side of the output blocks, rows of ``k`` per slice, and where ``A @ rhs`` goes.
@@ -649,11 +652,11 @@ def trsm_tile_task(spec: TileOpSpec, i: int, c: int, deps: list) -> dict:
     before = range(i) if spec.lower else range(i + 1, nt)
     nread = acc.nbytes
     for k in before:  # substitution order: identical sums on every scheduler
-        tik = dev.to_device(_scaled(spec.a.read(i, k, t, dt, spec.check, "t"), q))
+        tik = dev.to_device(_scaled(spec.a.read(i, k, t, dt, spec.check, spec.a_name), q))
         xkc = dev.to_device(spec.out.read(k, c, t, dt))
         dev.gemm_acc(acc, tik, xkc, -1.0)
         nread += tik.nbytes + xkc.nbytes
-    tri = _triangle(_scaled(spec.a.read(i, i, t, dt, spec.check, "t"), q), spec.lower)
+    tri = _triangle(_scaled(spec.a.read(i, i, t, dt, spec.check, spec.a_name), q), spec.lower)
     if spec.unit:
         np.fill_diagonal(tri, 1)
     tii = dev.to_device(tri)
@@ -665,7 +668,7 @@ def trsm_tile_task(spec: TileOpSpec, i: int, c: int, deps: list) -> dict:
         zero = np.flatnonzero(np.diagonal(tri) == 0)
         where = f"{ZERO_DIAGONAL} {i * t + int(zero[0])}" if zero.size else \
             f"a singular or overflowing diagonal tile at rows {i * t}:{i * t + tii.shape[0]}"
-        raise SingularMatrixError(explain("t", "must be nonsingular (no zero on the diagonal)", where,
+        raise SingularMatrixError(explain(spec.a_name, "must be nonsingular (no zero on the diagonal)", where,
                                           "check the factor, or regularize the system (lam > 0)"))
     spec.out.write(i, c, t, x)
     mark_finished(marker)

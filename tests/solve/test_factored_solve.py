@@ -75,6 +75,26 @@ def test_refusals_name_the_fix():
         bl.cho_solve((lu, True, 1), np.ones(20))
 
 
+@pytest.mark.parametrize("budget", list(BUDGETS))
+@pytest.mark.parametrize("where", [(40, 40), (250, 7)], ids=["diagonal", "below"])
+def test_nonfinite_factor_is_refused_by_its_parameter(tmp_path, budget, where):
+    """NaN/Inf in a factor is refused naming SciPy's parameter (``c``, ``lu``) and the position; it had
+    named ``t``, solve_triangular's parameter, which neither function takes (found by a randomized search)."""
+    from blocklin.errors import NonFiniteError
+
+    a = spd()
+    lower = np.linalg.cholesky(a)
+    lu, piv = scipy.linalg.lu_factor(a)
+    lower[where], lu[where] = np.nan, -np.inf
+    at = rf"at \[{where[0]}, {where[1]}\]"
+    with pytest.raises(NonFiniteError, match=rf"^c: must be finite.*{at}"):
+        bl.cho_solve((lower, True), np.ones(300), memory=BUDGETS[budget])
+    with pytest.raises(NonFiniteError, match=rf"^lu: must be finite.*{at}"):
+        bl.lu_solve((lu, piv), np.ones(300), memory=BUDGETS[budget])
+    with pytest.raises(NonFiniteError, match=rf"^t: must be finite.*{at}"):
+        bl.solve_triangular(lower, np.ones(300), lower=True, memory=BUDGETS[budget])
+
+
 def test_cli_solves_with_a_stored_factor(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     s = spd(120)

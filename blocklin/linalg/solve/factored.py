@@ -166,18 +166,19 @@ def _solve_with(f: Any, b: Any, out: Any, operation: str, steps: tuple, *, overw
             rhs = pb
         y = Region.of(job.scratch("y", (n, k), dt, (plan.tile, plan.tile)), (n, k))
         (d1, lower1, trans1), (d2, lower2, trans2) = steps
+        name = "lu" if pivots is not None else "c"  # SciPy's parameter, which refusals of the factor name
         try:
             if pivots is not None:  # L's unit diagonal is not scaled; partial pivoting keeps |l_ij| <= 1
                 ops.trsm(freg, rhs, y, lower=lower1, trans=trans1, unit=True, dtype=dt, check=job.check_finite,
-                         description=d1)
+                         description=d1, name=name)
                 q1 = 0
             else:
                 q1 = substitute_in_range(ops, st.T, freg, rhs, y, lower=lower1, trans=trans1, dtype=dt,
-                                         check=job.check_finite, description=d1)
+                                         check=job.check_finite, description=d1, name=name)
             q2 = substitute_in_range(ops, st.T, freg, y, Region.of(ao.array_path(), (n, k)), lower=lower2,
-                                     trans=trans2, dtype=dt, check=False, description=d2)
+                                     trans=trans2, dtype=dt, check=False, description=d2, name=name)
         except SingularMatrixError as err:
-            raise _singular_factor(err, "lu" if pivots is not None else "c", operation) from err
+            raise _singular_factor(err, name, operation) from err
         report, recorded = solve_report(job, route="factored", plan=plan.to_dict(), flops=2 * n * n * k,
                                         method="two tiled triangular solves" + (" after the row swaps" if pivots
                                                                                    is not None else ""),

@@ -122,7 +122,7 @@ def solve_triangular(t: Any, b: Any, out: Any = None, *, lower: bool = False, tr
 
 
 def substitute_in_range(ops: BlockOps, T: Any, t: Region, b: Region, out: Region, *, lower: bool, trans: str,
-                        dtype: Any, check: bool, description: str = "triangular solve") -> int:
+                        dtype: Any, check: bool, description: str = "triangular solve", name: str = "t") -> int:
     """``out = op(T)^-1 B`` (:meth:`BlockOps.trsm`); where that overflowed, once more with ``T`` and ``B``
     multiplied by ``2^q`` as read (``x`` unchanged, exact), ``q`` bringing the largest entry of ``T``'s
     triangle near 1 (the other triangle is not read: its entries do not choose ``q``). Returns ``q``
@@ -131,10 +131,11 @@ def substitute_in_range(ops: BlockOps, T: Any, t: Region, b: Region, out: Region
     The substitution forms ``T_ik x_k`` before it cancels back to ``b``'s size: a nonsingular float32 ``T``
     with entries near ``1e30`` and an ``x`` near ``1e15`` (both in range) overflowed there, and was
     refused as singular; LAPACK's ``xLATRS`` scales for the same reason. A ``T`` singular to working
-    precision still fails the second solve, and that error stands.
+    precision still fails the second solve, and that error stands. ``name``: the caller's parameter for
+    ``T`` in refusals.
     """
     try:
-        ops.trsm(t, b, out, lower=lower, trans=trans, dtype=dtype, check=check, description=description)
+        ops.trsm(t, b, out, lower=lower, trans=trans, dtype=dtype, check=check, description=description, name=name)
         return 0
     except SingularMatrixError as err:
         if ZERO_DIAGONAL in str(err):
@@ -146,7 +147,7 @@ def substitute_in_range(ops: BlockOps, T: Any, t: Region, b: Region, out: Region
         if q == 0:
             raise
     ops.trsm(t, b, out, lower=lower, trans=trans, dtype=dtype, check=check, t_exponent=q,
-             description=f"{description}, scaled")
+             description=f"{description}, scaled", name=name)
     return q
 
 
