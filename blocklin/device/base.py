@@ -231,7 +231,13 @@ def getrf_in_range(getrf: Any, x: np.ndarray, *, overwrite_a: bool) -> tuple[np.
     OpenBLAS's ``getrf`` multiplies a column by the reciprocal of its pivot, which overflows for a
     subnormal pivot: a float32 matrix of entries near ``1e-39`` had been factored with multipliers near
     ``1e-39``, ``||PA - LU|| / ||A|| = 0.7`` and a log-determinant 235 off (found by a randomized search;
-    NumPy's own LU was right). Columns within the range are not touched: their bits are ``getrf``'s.
+    NumPy's own LU was right). A column whose largest entry sits within ``2^3`` of the overflow threshold
+    is scaled by ``2^-3`` for the same reason at the other end: the reciprocal of a real pivot above
+    ``2^(maxexp - 2)`` is subnormal, and a complex pivot's (Smith's quotient, its denominator
+    ``|z|^2 / |Re|`` up to twice the largest part) overflowed to zero: a complex64 column led by
+    ``-2.4e38 - 1.9e38j`` had been factored with multipliers 0 for ``1e-3 - 0.14j``
+    (``||PA - LU|| / (||L|| ||U||)`` 2e5 ``eps``; SciPy's ``lu_factor`` gives the same zeros). Columns
+    within the range are not touched: their bits are ``getrf``'s.
     """
     from blocklin.peaks import column_peaks
 
@@ -239,15 +245,17 @@ def getrf_in_range(getrf: Any, x: np.ndarray, *, overwrite_a: bool) -> tuple[np.
     peaks = column_peaks(x) if x.size else np.zeros(0)
     # below 2^(minexp + nmant) a column's entries keep a few bits, and its pivots may be subnormal
     small = (peaks > 0) & (peaks < 2.0 ** (fi.minexp + fi.nmant))
-    if not small.any():
+    # peaks are max(|Re|, |Im|): 2^-3 leaves |z|^2 / |Re| and 1 / |pivot| in range for every entry
+    large = peaks >= 2.0 ** (fi.maxexp - 3)
+    if not (small.any() or large.any()):
         return getrf(x, overwrite_a=overwrite_a)
-    e = np.where(small, np.frexp(peaks)[1], 0).astype(np.intc)
+    e = np.where(small, np.frexp(peaks)[1], np.where(large, 3, 0)).astype(np.intc)
     y = x if overwrite_a and x.flags.f_contiguous else np.array(x, order="F")
     for part in ((y.real, y.imag) if y.dtype.kind == "c" else (y,)):
         np.ldexp(part, -e[None, :], out=part)
     lu, piv, info = getrf(y, overwrite_a=True)
     w = min(lu.shape)
-    for j in np.flatnonzero(small):  # U's column j: rows 0..j (L below is unchanged)
+    for j in np.flatnonzero(small | large):  # U's column j: rows 0..j (L below is unchanged)
         col = lu[: min(j + 1, w), j]
         with np.errstate(under="ignore"):
             for part in ((col.real, col.imag) if col.dtype.kind == "c" else (col,)):

@@ -567,6 +567,41 @@ def test_lu_of_columns_near_the_underflow_threshold(dtype, case, memory):
     assert np.abs(np.tril(packed, -1)).max() <= (np.sqrt(2) if np.dtype(dtype).kind == "c" else 1.0) * (1 + 1e-6)
 
 
+@pytest.mark.parametrize("memory", [IN_MEMORY, "256KiB"])  # 256 KiB: panels of 32 columns
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128, np.float32, np.float64])
+def test_lu_of_a_column_near_the_overflow_threshold(dtype, memory):
+    """A first column whose entries sit near the overflow threshold (``0.95 max``): the panel ``getrf``
+    divides by its pivot through the reciprocal, which for a complex pivot (Smith's quotient, denominator
+    up to ``|Re| + |Im|``) overflowed to zero, so a complex64 LU had multipliers 0 for ``1e-3 - 0.14j``
+    (``||PA - LU|| / (||L|| ||U||)`` 2e5 ``eps``, as SciPy's ``lu_factor``; a randomized search). Such a
+    column is scaled by ``2^-3`` before the panel is factored and ``U``'s scaled back (exact).
+    Bound: the LU backward error ``4 n eps |L| |U|`` (Higham 2002, Thm 9.3), norm-wise, checked on
+    ``A D = P L (U D)`` with ``D`` the power of two that brings the first column near 1 (exact)."""
+    rng = np.random.default_rng(22)
+    n = 96
+    real = np.float32 if np.dtype(dtype) in (np.complex64, np.float32) else np.float64
+    a = rng.standard_normal((n, n)) + (1j * rng.standard_normal((n, n)) if np.dtype(dtype).kind == "c" else 0)
+    peak = max(np.abs(a[:, 0].real).max(), np.abs(a[:, 0].imag).max())
+    a[:, 0] *= 0.95 * float(np.finfo(real).max) / peak
+    if np.dtype(dtype).kind == "c":  # the pivot: |Re| = |Im|, where |z|^2 / |Re| is twice the part
+        a[0, 0] = 0.7 * float(np.finfo(real).max) * (1 + 1j)  # |z| 0.99 max, |z|^2 / |Re| 1.4 max
+    else:
+        a[0, 0] = 0.95 * float(np.finfo(real).max)
+    a = a.astype(dtype)
+    assert np.isfinite(a).all()
+    f = bl.lu(a, memory=memory)
+    d = np.ones(n)
+    d[0] = 2.0 ** -(np.finfo(real).maxexp - 1)
+    packed = f.to_numpy().astype(np.complex128)
+    low, up = np.tril(packed, -1) + np.eye(n), np.triu(packed) * d
+    pa = a.astype(np.complex128) * d
+    for i, p in enumerate(f.report["pivots"]):
+        pa[[i, p]] = pa[[p, i]]
+    bound = 4 * n * eps(real) * np.linalg.norm(np.abs(low) @ np.abs(up))
+    assert np.linalg.norm(low @ up - pa) <= bound, np.linalg.norm(low @ up - pa) / bound
+    assert np.abs(np.tril(packed, -1)).max() <= (np.sqrt(2) if np.dtype(dtype).kind == "c" else 1.0) * (1 + 1e-6)
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("c", [2.0 ** 100, 1e39, 2.0 ** -100], ids=["2^100", "1e39", "2^-100"])
 def test_16_bit_solves_of_a_scaled_a_with_b_near_1(precision, c):
