@@ -602,6 +602,34 @@ def test_lu_of_a_column_near_the_overflow_threshold(dtype, memory):
     assert np.abs(np.tril(packed, -1)).max() <= (np.sqrt(2) if np.dtype(dtype).kind == "c" else 1.0) * (1 + 1e-6)
 
 
+@pytest.mark.parametrize("memory", [IN_MEMORY, "256KiB"])
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128])
+def test_lu_of_a_complex_entry_whose_modulus_exceeds_the_range(dtype, memory):
+    """A finite complex entry ``0.95 max (1 + 1j)`` has a modulus ``1.34 max`` beyond the dtype's range:
+    ``max |A|`` had read ``inf`` and ``lu`` warned that ``A`` holds Inf (finite data, checked). No warning
+    now, and the factors hold the LU backward error (bound as in the test above, on ``A D``)."""
+    rng = np.random.default_rng(24)
+    n = 64
+    real = np.float32 if np.dtype(dtype) == np.complex64 else np.float64
+    big = float(np.finfo(real).max)
+    a = rng.standard_normal((n, n)) + 1j * rng.standard_normal((n, n))
+    a[:, 0] *= 0.1 * big
+    a[0, 0] = 0.95 * big * (1 + 1j)
+    a = a.astype(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        f = bl.lu(a, memory=memory)
+    d = np.ones(n)
+    d[0] = 2.0 ** -(np.finfo(real).maxexp - 1)
+    packed = f.to_numpy().astype(np.complex128)
+    low, up = np.tril(packed, -1) + np.eye(n), np.triu(packed) * d
+    pa = a.astype(np.complex128) * d
+    for i, p in enumerate(f.report["pivots"]):
+        pa[[i, p]] = pa[[p, i]]
+    bound = 4 * n * eps(real) * np.linalg.norm(np.abs(low) @ np.abs(up))
+    assert np.linalg.norm(low @ up - pa) <= bound, np.linalg.norm(low @ up - pa) / bound
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("c", [2.0 ** 100, 1e39, 2.0 ** -100], ids=["2^100", "1e39", "2^-100"])
 def test_16_bit_solves_of_a_scaled_a_with_b_near_1(precision, c):

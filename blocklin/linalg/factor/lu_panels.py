@@ -243,9 +243,20 @@ def _max_abs(x: np.ndarray, rows_per_block: int) -> float:
 
 
 def _block_max_abs(block: np.ndarray) -> float:
-    """``max |x|`` of a block: from its largest and smallest entries (real), or the moduli (complex)."""
+    """``max |x|`` of a block: from its largest and smallest entries (real), or the moduli (complex).
+
+    A finite complex entry's modulus can exceed the dtype's range (up to ``sqrt(2)`` times its largest
+    part): that block gives ``sqrt(2) max(|Re|, |Im|)`` (at most the float64 maximum), an upper bound within
+    ``sqrt(2)``, not ``inf``, which had been taken for an Inf in ``A`` (``inv`` refused finite data as
+    non-finite, ``lu`` warned of an Inf)."""
     if block.dtype.kind == "c":
-        return float(np.abs(block).max())
+        with np.errstate(over="ignore"):
+            top = float(np.abs(block).max())
+        if top == math.inf:
+            parts = max(float(np.abs(block.real).max()), float(np.abs(block.imag).max()))
+            if math.isfinite(parts):
+                return min(math.sqrt(2.0) * parts, float(np.finfo(np.float64).max))
+        return top
     return max(float(block.max()), -float(block.min()))
 
 
