@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import blocklin as bl
-from blocklin.errors import SingularMatrixError
-from blocklin.linalg.inverse import equilibrate
+from blocklin.errors import ParameterError, SingularMatrixError
+from blocklin.linalg.blocks import equilibrate
 
 
 def graded(n: int, span: int, side: str, dtype=np.float64, seed: int = 0):
@@ -124,6 +124,18 @@ def test_a_singular_graded_matrix_is_still_refused(settings):
     a, b, dr, dc = graded(96 if not settings else 200, 40, "rows")
     a[5] = a[7] * 2.0**30  # row 5 a multiple of row 7: singular after equilibration too
     with pytest.raises(SingularMatrixError, match="must be (numerically )?nonsingular"):
+        bl.inv(a, **settings)
+
+
+@pytest.mark.parametrize("settings", [{}, {"memory": "256KiB"}])
+def test_an_equilibrated_inverse_beyond_the_range_is_refused_by_name(settings):
+    """Every other column of ``A = B D`` near ``2^-1060``: ``X = D^-1 inv(B)`` has rows near ``2^1060``. The
+    last pass of ``X = C Y R`` counted them and its refusal's message took ``math.ldexp(1.0, 1024)``, which
+    raised ``OverflowError: math range error``; the refusal names the range."""
+    rng = np.random.default_rng(0)
+    n = 40
+    a = rng.standard_normal((n, n)) * 2.0 ** np.where(np.arange(n) % 2 == 0, -1060, 0)[None, :]
+    with pytest.raises(ParameterError, match="must give an inverse within float64's range.*beyond float64's range"):
         bl.inv(a, **settings)
 
 

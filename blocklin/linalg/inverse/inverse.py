@@ -14,7 +14,7 @@ import numpy as np
 from blocklin.config import Settings
 from blocklin.errors import BudgetError, ParameterError
 from blocklin.errors import explain as _msg
-from blocklin.linalg.inverse import equilibrate as _equilibrate
+from blocklin.linalg.blocks import equilibrate as _equilibrate
 from blocklin.linalg.inverse import refine as _refine
 from blocklin.linalg.inverse.refine import Iterate, NewtonSchulz, Steps
 from blocklin.linalg.blocks.scaling import safe_norm
@@ -316,7 +316,7 @@ def _invert_equilibrated(run: InverseRun, M: Any, eq: _equilibrate.Equilibration
 
         raise solution_range_error("a", out_dtype, what="an inverse", actual=(
             f"{overflow} entries of X = C Y R (Y the inverse of the equilibrated R A C, R and C powers of two) "
-            f"beyond the range, the largest near 2^{peak}: {magnitude(math.ldexp(1.0, min(peak, 1024)))}"),
+            f"beyond the range, the largest near 2^{peak}: {magnitude(_equilibrate.power_of_two(peak))}"),
             fix=range_fix(out_dtype, peak - np.finfo(out_dtype).maxexp + 1))
     Stages.drop(e_path)
     Stages.drop(y_path)

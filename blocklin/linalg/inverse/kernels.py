@@ -476,7 +476,7 @@ def _input_checks(spec: LeafSpec, a: np.ndarray) -> tuple[float, np.ndarray, flo
 def _equilibration(a: np.ndarray) -> Any:
     """LAPACK's scalings of the block and the decision to apply them, strip by strip (the strips' magnitudes
     are the reductions' strips :func:`leaf_memory` counts)."""
-    from blocklin.linalg.inverse.equilibrate import decide, strip_maxima
+    from blocklin.linalg.blocks.equilibrate import decide, strip_maxima
 
     rmax = np.empty(a.shape[0])
     cmax = np.zeros(a.shape[1])

@@ -1,4 +1,4 @@
-"""Equilibration of the inverse by powers of two (LAPACK's ``xGEEQUB`` and ``xLAQGE``'s rule).
+"""Equilibration of a square matrix by powers of two (LAPACK's ``xGEEQUB`` and ``xLAQGE``'s rule).
 
 A graded matrix ``A = D B`` (rows or columns scaled over many binades) has an accurate inverse,
 ``C (R A C)^-1 R``, but every normwise check of the routes (a leaf's reciprocal condition,
@@ -12,7 +12,9 @@ the column maxima of ``R A`` are taken: both in the same pass); a matrix that fi
 them gathered by the leaf task, which reads it anyway, before it inverts (:func:`strip_maxima`). A second
 pass stages ``R A C`` in a work store
 (only where the rule asks for it); a last one writes ``X = C Y R`` from the inverse ``Y`` of the
-equilibrated matrix.
+equilibrated matrix. The square solve (:mod:`blocklin.linalg.solve.square`) does the same for ``A x = b``,
+as LAPACK's expert driver ``xGESVX`` with ``FACT = 'E'``: it solves ``(R A C) y = R b`` (``R A C`` and ``R b``
+staged) and writes ``x = C y``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ from blocklin.runtime.passes import plan_kernel_pass, row_kernel, run_pass, sour
 THRESH = 0.1
 
 
+#: The inverse's note: what its report's entries describe once the matrix was equilibrated.
+NOTE = ("X = C Y R with Y the inverse of R A C (R, C powers of two): residual, backward_error, cond_estimate and "
+        "history are those of the equilibrated matrix R A C")
+
+
 @dataclasses.dataclass(frozen=True)
 class Equilibration:
     """The exponents of ``R = diag(2^row)`` and ``C = diag(2^col)`` (zeros where that side is not
@@ -47,15 +54,14 @@ class Equilibration:
     def applied(self) -> bool:
         return self.rows_scaled or self.cols_scaled
 
-    def report(self) -> dict:
-        """The report's ``equilibration`` entry."""
+    def report(self, note: str = NOTE) -> dict:
+        """The report's ``equilibration`` entry (``note``: what the report's other entries then describe)."""
         out: dict = {"applied": self.applied, "rowcnd": self.rowcnd, "colcnd": self.colcnd,
                      "rule": f"LAPACK xLAQGE: rows scaled where ROWCND < {THRESH}, columns where COLCND < {THRESH}"}
         if self.applied:
             out["row_exponents"] = [int(self.row.min()), int(self.row.max())]
             out["column_exponents"] = [int(self.col.min()), int(self.col.max())]
-            out["note"] = ("X = C Y R with Y the inverse of R A C (R, C powers of two): residual, backward_error, "
-                           "cond_estimate and history are those of the equilibrated matrix R A C")
+            out["note"] = note
         return out
 
 
@@ -67,6 +73,12 @@ def _exponents(maxima: np.ndarray) -> np.ndarray:
     """``-e`` with ``maxima = f 2^e``, ``f`` in ``[0.5, 1)``: ``2^-e maxima`` in ``[0.5, 1)`` (0 for a zero maximum)."""
     e = np.frexp(maxima)[1].astype(np.int64)
     return np.where(maxima > 0, -e, 0)
+
+
+def power_of_two(e: int) -> float:
+    """``2^e`` as a float64, ``inf`` beyond its range (a message's magnitude of an exponent ``scale_into`` found)."""
+    with np.errstate(over="ignore"):
+        return float(np.ldexp(1.0, int(e)))
 
 
 def _scan_memory(params: Any, sources: tuple) -> PassMemory:
@@ -186,4 +198,4 @@ def scale_into(job: Any, src: Any, dst: Any, left: np.ndarray, right: np.ndarray
     return sum(s["overflow"] for s in states), max((s["peak"] for s in states), default=0)
 
 
-__all__ = ["Equilibration", "THRESH", "decide", "scale_into", "scan", "strip_maxima"]
+__all__ = ["Equilibration", "NOTE", "THRESH", "decide", "power_of_two", "scale_into", "scan", "strip_maxima"]
