@@ -127,6 +127,34 @@ def test_a_singular_graded_matrix_is_still_refused(settings):
         bl.inv(a, **settings)
 
 
+@pytest.mark.parametrize(("n", "settings"), [(64, {}), (200, {"memory": "256KiB"})])
+def test_columns_whose_scaled_maxima_leave_the_range_are_equilibrated(n, settings):
+    """Columns alternating ``2^600`` and ``2^-600``: every row's largest entry is near ``2^600``, so the column
+    maxima of ``R A`` are near ``2^-1200`` for half the columns. Taken as floats they flushed to 0, read as a
+    zero column (no scaling), and the matrix was refused as singular; their exponents are kept exactly
+    (``equilibrate.ColumnMaxima``) and ``R A C``, scaled in one step, is exact."""
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal((n, n))
+    d = np.where(np.arange(n) % 2 == 0, 2.0 ** 600, 2.0 ** -600)
+    x = bl.inv(b * d[None, :], **settings)
+    eq = x.report["equilibration"]
+    assert eq["applied"] and eq["column_exponents"][1] - eq["column_exponents"][0] >= 1200
+    check(x.to_numpy(), b, np.ones(n), d, "cols")
+
+
+def test_column_maxima_are_exact_where_their_floats_are():
+    """Where ``R A``'s column maxima are floats (subnormal included), the exact ones equal them: the scalings
+    and the decision are those of before."""
+    rng = np.random.default_rng(5)
+    for span in (3, 40, 300, 500):
+        a = rng.standard_normal((50, 50)) * 2.0 ** rng.integers(-span, span, (50, 1)) \
+            * 2.0 ** rng.integers(-span, span, (1, 50))
+        rmax, cmax = equilibrate.strip_maxima(a.copy())
+        e = -np.frexp(rmax)[1]
+        floats = np.ldexp(np.abs(a), e[:, None]).max(axis=0)
+        assert np.array_equal(cmax.values(), floats) and np.array_equal(-cmax.exp, -np.frexp(floats)[1])
+
+
 @pytest.mark.parametrize("settings", [{}, {"memory": "256KiB"}])
 def test_an_equilibrated_inverse_beyond_the_range_is_refused_by_name(settings):
     """Every other column of ``A = B D`` near ``2^-1060``: ``X = D^-1 inv(B)`` has rows near ``2^1060``. The

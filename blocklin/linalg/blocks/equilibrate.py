@@ -83,19 +83,57 @@ def power_of_two(e: int) -> float:
 
 def _scan_memory(params: Any, sources: tuple) -> PassMemory:
     w = sources[0].width
-    # the strip's magnitudes (float64 at most) and the column maxima
-    return PassMemory(fixed=2 * w * 8, per_row=w * 8 + 32)
+    # the strip's magnitudes (float64 at most), their exponents and a mask (strip_maxima), and the column maxima
+    return PassMemory(fixed=4 * w * 8, per_row=w * (8 + 4 + 1) + 32)
 
 
-def strip_maxima(m: Any) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's largest magnitude of a strip of whole rows, and the column maxima of ``R`` times the strip
-    (``R`` from those row maxima), float64."""
+#: The exponent of a column of zeros in :class:`ColumnMaxima` (below every entry's).
+_NO_ENTRY = np.iinfo(np.int32).min // 4
+
+
+@dataclasses.dataclass
+class ColumnMaxima:
+    """The column maxima of ``R A`` as ``frac 2^exp`` (``frac`` in ``[0.5, 1)``, 0 for a column of zeros), exact
+    where the product itself would leave float64's range: rows ``2^600`` times others and columns ``2^-600``
+    times others make ``R A``'s small columns near ``2^-1200``, which ``ldexp`` flushes to 0 (read as a zero
+    column: no scaling), while ``R A C``, scaled in one ``ldexp`` by ``r_i + c_j``, is exact."""
+
+    frac: np.ndarray
+    exp: np.ndarray
+
+    @classmethod
+    def empty(cls, n: int) -> ColumnMaxima:
+        return cls(np.zeros(n), np.full(n, _NO_ENTRY, dtype=np.int64))
+
+    def merge(self, other: ColumnMaxima) -> None:
+        """``self = max(self, other)``, column by column."""
+        take = (other.exp > self.exp) | ((other.exp == self.exp) & (other.frac > self.frac))
+        take |= np.isnan(other.frac)
+        self.frac = np.where(take, other.frac, self.frac)
+        self.exp = np.where(take, other.exp, self.exp)
+
+    def values(self) -> np.ndarray:
+        """The maxima as float64 (0 below its range, as LAPACK's product gives)."""
+        with np.errstate(over="ignore", under="ignore"):
+            return np.ldexp(self.frac, np.clip(self.exp, -4096, 4096).astype(np.int32))
+
+
+def strip_maxima(m: Any) -> tuple[np.ndarray, ColumnMaxima]:
+    """Each row's largest magnitude of a strip of whole rows, float64, and the column maxima of ``R`` times
+    the strip (``R`` from those row maxima) as :class:`ColumnMaxima`. Beside the magnitudes (the strip's
+    real dtype) it holds their binary exponents (int32) and a mask: 5 bytes an entry."""
     x = _magnitude(m)
     rmax = x.max(axis=1, initial=0.0).astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        np.ldexp(x, _exponents(rmax)[:, None].astype(np.int32), out=x)
-        cmax = x.max(axis=0, initial=0.0).astype(np.float64)
-    return rmax, cmax
+    bad = ~np.isfinite(x).all(axis=0)
+    e = np.empty(x.shape, dtype=np.int32)
+    np.frexp(x, out=(x, e))  # x now the fractions, in [0.5, 1) or 0 (exact in its own dtype)
+    e += _exponents(rmax).astype(np.int32)[:, None]  # R's exponents: |e| stays below 2^12
+    e[x == 0] = _NO_ENTRY
+    cexp = e.max(axis=0, initial=_NO_ENTRY)
+    x[e != cexp[None, :]] = 0
+    cfrac = x.max(axis=0, initial=0.0).astype(np.float64)
+    cfrac[bad] = np.nan  # NaN/Inf: decide() applies no scaling
+    return rmax, ColumnMaxima(cfrac, cexp.astype(np.int64))
 
 
 @row_kernel(memory=_scan_memory, device="cpu", read_only=True)
@@ -105,7 +143,7 @@ def scan_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: An
     if state is None:
         state = {"rows": [], "cmax": cmax}
     else:
-        np.maximum(state["cmax"], cmax, out=state["cmax"])
+        state["cmax"].merge(cmax)
     state["rows"].append((rows.start, rmax))
     return state, None
 
@@ -116,28 +154,30 @@ def scan(job: Any, M: Any) -> Equilibration:
     states, _ = run_pass(job, scan_kernel, [source(M, name="a")], {}, check_finite=False, peaks=False,
                          description="row and column maxima (equilibration)")
     rmax = np.empty(n)
-    cmax = np.zeros(n)
+    cmax = ColumnMaxima.empty(n)
     for st in states:
         if st is None:  # a group without strips
             continue
         for r0, blk in st["rows"]:
             rmax[r0:r0 + blk.shape[0]] = blk
-        np.maximum(cmax, st["cmax"], out=cmax)
+        cmax.merge(st["cmax"])
     return decide(rmax, cmax)
 
 
-def decide(rmax: np.ndarray, cmax: np.ndarray) -> Equilibration:
+def decide(rmax: np.ndarray, cmax: ColumnMaxima) -> Equilibration:
     """The scalings of row maxima ``rmax`` and column maxima ``cmax`` of ``R A``, and xLAQGE's decision. NaN/Inf
-    (``check_finite=False``) or a zero row or column: no scaling (the routes refuse such a matrix)."""
+    (``check_finite=False``) or a zero row or column: no scaling (the routes refuse such a matrix). A column
+    maximum below float64's range counts as LAPACK's ``SMLNUM`` in ``COLCND`` and keeps its exact exponent."""
     n = len(rmax)
     zero = np.zeros(n, dtype=np.int64)
-    if not (np.isfinite(rmax).all() and np.isfinite(cmax).all()) or rmax.min() == 0 or cmax.min() == 0:
+    if not (np.isfinite(rmax).all() and np.isfinite(cmax.frac).all()) or rmax.min() == 0 or cmax.frac.min() == 0:
         return Equilibration(zero, zero, math.nan, math.nan, False, False)
     tiny, big = np.finfo(np.float64).tiny, 1 / np.finfo(np.float64).tiny  # LAPACK's SMLNUM and BIGNUM
+    values = cmax.values()
     rowcnd = max(float(rmax.min()), tiny) / min(float(rmax.max()), big)
-    colcnd = max(float(cmax.min()), tiny) / min(float(cmax.max()), big)
+    colcnd = max(float(values.min()), tiny) / min(float(values.max()), big)
     # xGEEQUB's column scalings are those of R A whether or not xLAQGE applies R
-    row, col = _exponents(rmax), _exponents(cmax)
+    row, col = _exponents(rmax), -cmax.exp
     rows_scaled, cols_scaled = rowcnd < THRESH, colcnd < THRESH
     return Equilibration(row if rows_scaled else zero, col if cols_scaled else zero, rowcnd, colcnd,
                          bool(rows_scaled), bool(cols_scaled))
@@ -198,4 +238,4 @@ def scale_into(job: Any, src: Any, dst: Any, left: np.ndarray, right: np.ndarray
     return sum(s["overflow"] for s in states), max((s["peak"] for s in states), default=0)
 
 
-__all__ = ["Equilibration", "NOTE", "THRESH", "decide", "power_of_two", "scale_into", "scan", "strip_maxima"]
+__all__ = ["ColumnMaxima", "Equilibration", "NOTE", "THRESH", "decide", "power_of_two", "scale_into", "scan", "strip_maxima"]

@@ -476,13 +476,13 @@ def _input_checks(spec: LeafSpec, a: np.ndarray) -> tuple[float, np.ndarray, flo
 def _equilibration(a: np.ndarray) -> Any:
     """LAPACK's scalings of the block and the decision to apply them, strip by strip (the strips' magnitudes
     are the reductions' strips :func:`leaf_memory` counts)."""
-    from blocklin.linalg.blocks.equilibrate import decide, strip_maxima
+    from blocklin.linalg.blocks.equilibrate import ColumnMaxima, decide, strip_maxima
 
     rmax = np.empty(a.shape[0])
-    cmax = np.zeros(a.shape[1])
+    cmax = ColumnMaxima.empty(a.shape[1])
     for r0, r1 in split(a.shape[0], _leaf_strip(a.shape[0])):
         rmax[r0:r1], c = strip_maxima(a[r0:r1])
-        np.maximum(cmax, c, out=cmax)
+        cmax.merge(c)
     return decide(rmax, cmax)
 
 
