@@ -23,6 +23,7 @@ from support.tolerances import assert_solve
 N = 200
 CASES = {  # name: (matrix, keywords); 1 MiB: the 200 x 200 Gram matrix with lam > 0 is stored, not held
     "lu": ("A", {}),
+    "lu-equilibrated": ("G", {}),  # rows graded over 2^+-40: R A C and R b staged, x = C y
     "cholesky": ("S", {"assume_a": "pos"}),
     "sym": ("S", {"assume_a": "sym"}),
     "stored-gram": ("A", {"lam": 1.0}),
@@ -37,6 +38,7 @@ def stored(tmp_path_factory):
     bl.from_array(a, d / "A.zarr", chunks=(40, 40))
     bl.from_array(a @ a.T + N * np.eye(N), d / "S.zarr", chunks=(40, 40))
     bl.from_array(rng.standard_normal((N, 3)), d / "B.zarr", chunks=(40, 3))
+    bl.from_array(2.0 ** np.round(np.linspace(-40, 40, N))[rng.permutation(N), None] * a, d / "G.zarr", chunks=(40, 40))
     return d
 
 

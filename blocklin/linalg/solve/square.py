@@ -20,6 +20,7 @@ from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, 
                              explain, warn)
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
+from blocklin.linalg.blocks import equilibrate as _equilibrate
 from blocklin.linalg.blocks.result_range import lu_growth_error, magnitude, solution_range_error, wide_name
 from blocklin.linalg.blocks.scaling import (backward_error, flushed_line, fro_norm, max_abs, narrow_range,
                                              narrow_range_refusal, range_refusal, refuse_nonfinite, safe_norm,
@@ -221,7 +222,9 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         from one more pair of triangular solves with a Gaussian right-hand side: ``inf`` where they
         overflow), with an :class:`~blocklin.errors.IllConditionedWarning` where it is at least ``1 / eps``
         (as ``scipy.linalg.solve`` warns); for ``"fp16"``/``"bf16"`` also ``scaling`` and ``half_gemm``
-        (how the 16-bit GEMMs ran).
+        (how the 16-bit GEMMs ran); for ``assume_a="gen"`` ``equilibration`` (``applied``, ``rowcnd``,
+        ``colcnd`` and, where it applied, the exponent ranges of ``R`` and ``C``: the residuals, backward
+        error, history and condition estimate are then those of ``(R A C) y = R b``).
 
     Notes
     -----
@@ -230,6 +233,13 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
     exceeds ``tol``, at most ``max_refine`` times, stopping when a step does not halve it. Mixed
     precision is the scheme of Langou et al. (2006) and Carson and Higham (2018): a float32 LU
     with float64 residuals converges to float64 backward error when ``cond(A) u_32`` is below 1.
+
+    Equilibration (``assume_a="gen"``), as LAPACK's expert driver ``xGESVX`` with ``FACT = 'E'`` (Anderson et
+    al., LAPACK Users' Guide, 1999, sec. 4.4.1): one pass gathers ``A``'s row maxima and the column maxima of
+    ``R A`` (:mod:`~blocklin.linalg.blocks.equilibrate`, ``xGEEQUB``'s powers of two ``R`` and ``C``); where
+    ``xLAQGE``'s rule applies them (``ROWCND`` or ``COLCND`` below 0.1, as ``blocklin.inv``), ``R A C`` and
+    ``R B`` are staged (exact: powers of two) and every route above solves ``(R A C) y = R B``; ``x = C y``.
+    A graded ``A = D B`` with ``B`` well conditioned then has ``x`` to ``n eps cond(B)``, not ``cond(A)``.
     """
     assume_a = choice("assume_a", assume_a, ASSUME, fix="pass assume_a='gen', 'pos' or 'sym'")
     precision = solve_precision(precision)
@@ -257,9 +267,16 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
             krylov_plan(n, k, _gemm_memory(job.cfg.memory), what=f"precision='{precision}'", chunk=1)
         token = _token(job, A, B, out, assume_a=assume_a, precision=precision, tol=tol, max_refine=steps_max,
                        **({"refinement": refinement} if refinement != "auto" else {}))
+        # LAPACK's equilibration rule from one pass of row and column maxima (not a recorded stage: a resumed
+        # run makes it again on the input its stamps checked)
+        eq = _equilibrate.scan(job, A) if n and assume_a == "gen" else None
+        staged = _equilibrated_columns(A, B, fdt) if eq is not None and eq.applied else 0
         ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume, token=token, size=((n, k), dt),
-                       temp_size=((n, 2 * n) if half else (n, n), fdt))  # the factor (and A scaled) in the temp dir
-        run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token, dtype=dt, half=half)
+                       temp_size=((n, (2 * n if half else n) + staged), fdt))  # the factor (A scaled, R A C) in the temp dir
+        run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token, dtype=dt, half=half,
+                               equilibrated=bool(staged))
+        if staged:  # the solve runs on (R A C) y = R b, x = C y
+            A, B = _equilibrate_system(job, run, A, B, eq)
         if half:
             factor, why, scaling = _factor_half(job, A, fdt, assume_a, run, precision)
         else:
@@ -302,12 +319,18 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         _refuse_not_hermitian(ops, A, factor, ref, tol, norm_a, assume_a)
         note = _below_range(ops, ref, B, (n, k), dt, norm_a) if ref.eta > tol and precision == "double" else None
         _check_converged(ref, tol, precision, dt, note=note)
-        run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
+        if staged:
+            run.stages.run("write x", lambda: _write_unequilibrated(job, ref.x_path, ao.array_path(), eq, (n, k), dt,
+                                                                    run.chunk))
+        else:
+            run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
         col_res, col_x = (_col_norms(ops, Region.of(p, (n, k))) for p in (ref.r_path, ref.x_path))
         if "condition_estimate" not in extra:  # GMRES-IR's own estimate where it ran
             extra["condition_estimate"] = run.stages.run("condition", lambda: _condition_lower(
                 ops, solver, ref, norm_a, n))
-        _warn_ill_conditioned(extra["condition_estimate"], ref.eta, dt)
+        _warn_ill_conditioned(extra["condition_estimate"], ref.eta, dt, equilibrated=bool(staged))
+        if eq is not None:
+            extra["equilibration"] = eq.report(note=EQUILIBRATED)
         report, recorded = solve_report(
             job, route="square", flops=factor.plan.flops + (ref.steps + 1) * 2 * n * n * k * 2,
             method=factor.kind, method_reason=reason or why, precision=precision,
@@ -322,6 +345,53 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
                        params={"assume_a": assume_a, "precision": precision}, recorded=recorded)
         x.intercept = None  # as every route's x: a square system has no intercept
         return x
+
+
+#: The report's note on an equilibrated system.
+EQUILIBRATED = ("x = C y with y the solution of (R A C) y = R b (R, C powers of two): residual_norm, backward_error, "
+                "history and condition_estimate are those of the equilibrated system")
+
+
+def _equilibrated_columns(A: Any, B: Any, fdt: np.dtype) -> int:
+    """The temp dir's columns (``n`` rows of ``fdt``) that ``R A C`` and ``R B`` take."""
+    n, k = B.shape
+    return -(-(n * np.dtype(A.dtype).itemsize + k * np.dtype(B.dtype).itemsize) // np.dtype(fdt).itemsize)
+
+
+def _equilibrate_system(job: Job, run: _SquareRun, A: Any, B: Any, eq: _equilibrate.Equilibration) -> tuple[Any, Any]:
+    """``R A C`` and ``R B`` staged in the run's work stores (exact: powers of two, but for entries below
+    the range's bottom, negligible next to their row's largest), in ``A``'s and ``B``'s dtypes and chunks: the
+    factorization, the refinement and the condition estimate then see the equilibrated system, and the tiles
+    planned for ``A`` hold (same shape, dtype and chunks)."""
+    from blocklin.operands import Operand
+
+    n, k = B.shape
+    e_a, e_b = run.equilibrated
+    run.stages.run("equilibrate", lambda: _equilibrate.scale_into(
+        job, A, e_a, eq.row, eq.col, A.dtype, A.chunks[0], description="equilibrate (R A C)", over="a"))
+    run.stages.run("equilibrate b", lambda: _equilibrate.scale_into(
+        job, B, e_b, eq.row, np.zeros(k, dtype=np.int64), B.dtype, B.chunks[0], description="equilibrate (R b)",
+        over="b"))
+    return (Operand(name="a", path=e_a, shape=(n, n), dtype=np.dtype(A.dtype), chunks=tuple(A.chunks)),
+            Operand(name="b", path=e_b, shape=(n, k), dtype=np.dtype(B.dtype), chunks=tuple(B.chunks)))
+
+
+def _write_unequilibrated(job: Job, src: Any, dst: Any, eq: _equilibrate.Equilibration, shape: tuple[int, int],
+                          dt: np.dtype, chunk: int) -> None:
+    """``x = C y`` from the equilibrated system's solution ``y`` into the output, refused where an entry leaves
+    the dtype's range (``y`` is of the equilibrated system, ``x`` beyond it)."""
+    from blocklin.operands import Operand
+
+    n, k = shape
+    y = Operand(name="y", path=src, shape=shape, dtype=np.dtype(dt), chunks=(chunk, min(chunk, max(k, 1))))
+    overflow, peak = _equilibrate.scale_into(job, y, dst, eq.col, np.zeros(k, dtype=np.int64), dt, chunk,
+                                             description="undo the equilibration (x = C y)", over="intermediate",
+                                             check=True)
+    if overflow:
+        raise solution_range_error("a", dt, what="a solution x", actual=(
+            f"{overflow} entries of x = C y (y the solution of the equilibrated (R A C) y = R b, R and C powers of "
+            f"two) beyond the range, the largest near 2^{peak}: {magnitude(_equilibrate.power_of_two(peak))}"),
+            fix=f"scale b by 2.0**{np.finfo(dt).maxexp - 1 - peak} (exact: x is then scaled by it)")
 
 
 #: The seed of the random right-hand side of :func:`_condition_lower` (fixed: a rerun gives the same estimate).
@@ -354,17 +424,21 @@ def _condition_lower(ops: BlockOps, solver: _Solver, ref: SolveRefinement, norm_
     return float(_norm_a_lower(norm_a, n) * ratio) if np.isfinite(ratio) else math.inf
 
 
-def _warn_ill_conditioned(kappa: float, eta: float, dtype: np.dtype) -> None:
+def _warn_ill_conditioned(kappa: float, eta: float, dtype: np.dtype, *, equilibrated: bool = False) -> None:
     """Warn, as ``scipy.linalg.solve`` does, where ``cond(A) eps >= 1``: the backward error is small and
-    ``x`` may still have no correct digit (its relative error is bounded by about ``cond(A)`` times it)."""
+    ``x`` may still have no correct digit (its relative error is bounded by about ``cond(A)`` times it).
+    ``equilibrated``: ``kappa`` and ``eta`` are those of ``R A C`` (LAPACK's ``xGESVX`` judges the same)."""
     eps = float(np.finfo(dtype).eps)
     if not kappa * eps < 1:
         at = f">= {kappa:.3g}" if math.isfinite(kappa) else "beyond float64's range (A^-1 z overflowed)"
-        warn(f"solve: A is ill-conditioned: cond_2(A) {at} (report['condition_estimate'], a lower "
+        what = "cond_2(R A C), of A equilibrated by powers of two," if equilibrated else "cond_2(A)"
+        fix = "" if equilibrated else ("Where a's rows or columns differ in scale by many powers of two, "
+                                       "scale them nearer each other (with b's rows), exactly by powers of two; "
+                                       "otherwise regularize")
+        warn(f"solve: A is ill-conditioned: {what} {at} (report['condition_estimate'], a lower "
              f"estimate), at or above 1/eps = {1 / eps:.3g} of {np.dtype(dtype).name}; x has backward error "
-             f"{eta:.1e} but may have no correct digit (its error is bounded by about cond(A) times that). Where "
-             "a's rows or columns differ in scale by many powers of two, scale them nearer each other (with b's "
-             "rows), exactly by powers of two; otherwise regularize: blocklin.solve(a, b, lam=...)",
+             f"{eta:.1e} but may have no correct digit (its error is bounded by about cond(A) times that). "
+             + (f"{fix}: " if fix else "Regularize: ") + "blocklin.solve(a, b, lam=...)",
              IllConditionedWarning)
 
 
@@ -392,10 +466,12 @@ class _SquareRun:
     tiles: dict
     #: ``precision="fp16"``/``"bf16"``: the store of A scaled into the format's range (float32, A's chunks).
     scaled: Any = None
+    #: An equilibrated system: the stores of ``R A C`` and ``R B`` (A's and B's dtypes and chunks).
+    equilibrated: tuple | None = None
 
     @classmethod
     def start(cls, job: Job, A: Any, B: Any, ao: Any, fdt: np.dtype, assume_a: str, *, resume: bool,
-              token: str, dtype: np.dtype, half: bool = False) -> _SquareRun:
+              token: str, dtype: np.dtype, half: bool = False, equilibrated: bool = False) -> _SquareRun:
         (n, k), dt, sdt = B.shape, dtype, solve_dtype(fdt, dtype)
         plans = {kind: _plan(job, A, fdt, kind) for kind in _kinds(assume_a)}
         tiles = {kind: _tile(job, A, p, dt) for kind, p in plans.items()}
@@ -408,6 +484,8 @@ class _SquareRun:
         stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
             x_path, shape=(n, k), dtype=dt, chunks=(chunk, kc), codec=job.cfg.codec, overwrite=True))
         scaled = stages.store("scaled", (n, n), np.float32, tuple(A.chunks)) if half else None
+        eq = (stages.store("equilibrated", (n, n), A.dtype, tuple(A.chunks)),
+              stages.store("equilibrated-b", (n, k), B.dtype, tuple(B.chunks))) if equilibrated else None
         # up to a panel's width of right-hand sides an LU is solved on its panels as stored (no LAPACK-layout store)
         factor_stores = {kind: (None if kind == "lu" and k <= p.tile else stages.store(kind, (n, n), fdt, (p.tile, p.tile)),
                                 p, work / f"{kind}-markers") for kind, p in plans.items()}
@@ -421,9 +499,10 @@ class _SquareRun:
             # (not for a complex B with a real A: the panels eliminate B in the factor's dtype)
             fused = (factor_stores["lu"][0] is None and sdt == fdt and not half  # (B is scaled first there)
                      and lu_rhs_fits(n, p.tile, k, fdt.itemsize, dt.itemsize))
-            factor_stores["lu"] += ((Region.of(B.path, (n, k)), Region.of(stores["lu"]["y"], (n, k))) if fused
+            b_path = B.path if eq is None else eq[1]  # the panels eliminate R B beside R A C
+            factor_stores["lu"] += ((Region.of(b_path, (n, k)), Region.of(stores["lu"]["y"], (n, k))) if fused
                                     else None,)
-        return cls(stages, work, chunk, factor_stores, stores, tiles, scaled)
+        return cls(stages, work, chunk, factor_stores, stores, tiles, scaled, eq)
 
     def solve_stores(self, f: _Factor) -> dict:
         return self.stores[f.kind]
