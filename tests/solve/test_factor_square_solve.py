@@ -364,10 +364,11 @@ def test_mixed_precision_of_data_near_float32s_bottom_names_the_cast(tmp_path):
 
 @pytest.mark.parametrize("memory", ["64MiB", "256KiB"])
 @pytest.mark.parametrize("line", ["row", "column"])
-def test_mixed_precision_of_a_line_its_cast_flushes_names_it(line, memory):
+def test_mixed_precision_of_a_line_its_cast_would_flush_is_equilibrated(line, memory):
     """float64 data whose one row (or column) is ``2^-660`` times the others: the float32 cast of
-    ``precision="mixed"`` flushes it to zero and the factorization met a zero pivot, refused as a singular
-    A. It is named with the line and the fixes; both fixes solve it."""
+    ``precision="mixed"`` flushed it to zero and the factorization met a zero pivot, refused as a singular
+    A, then named with the line and the power of two that scales it. The equilibration (LAPACK's rule:
+    ROWCND or COLCND near ``2^-660``) now applies that scaling itself: solved to the float64 bound."""
     rng = np.random.default_rng(0)
     n = 50
     a = rng.standard_normal((n, n)) + 5 * np.eye(n)
@@ -375,23 +376,19 @@ def test_mixed_precision_of_a_line_its_cast_flushes_names_it(line, memory):
     if line == "row":
         a[7] *= 2.0 ** -660
         b[7] *= 2.0 ** -660
-    else:
-        a[:, 7] *= 2.0 ** -660
-    with pytest.raises(ParameterError, match=rf"precision: a float32 factorization needs every row and column.*"
-                       rf"got {line} 8 of A: max \|a\| = .*e-19\d.*Fix: pass precision='double', or scale {line} 8 "
-                       r"of a .*by 2\.0\*\*65\d"):
-        bl.solve(a, b, precision="mixed", memory=memory)
     d = np.ones(n)
-    d[7] = 2.0 ** 660  # the scaling fix, exact
-    # checked on the well-scaled system (a column's fix scales x's entry 8 by 2^660: compared as y = x / d)
+    d[7] = 2.0 ** 660  # the scaling, exact
+    # checked on the well-scaled system (a column's scaling scales x's entry 8 by 2^660: compared as y = x / d)
     if line == "row":
         scaled, bs, back = d[:, None] * a, d * b, np.ones(n)
     else:
+        a[:, 7] *= 2.0 ** -660
         scaled, bs, back = a * d, b, d
     ref = sl.solve(scaled, bs)
+    x = bl.solve(a, b, precision="mixed", memory=memory)
+    assert x.report["equilibration"]["applied"] and x.report["factor_dtype"] == "float32"
+    assert_solve(x.to_numpy().ravel() / back, ref, scaled, dtype=np.float64)
     assert_solve(bl.solve(a, b, memory=memory).to_numpy().ravel() / back, ref, scaled, dtype=np.float64)
-    assert_solve(bl.solve(scaled, bs, precision="mixed", memory=memory).to_numpy().ravel(), ref, scaled,
-                 dtype=np.float64)
 
 
 @pytest.mark.parametrize("memory", ["64MiB", "256KiB"])

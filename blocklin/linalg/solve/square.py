@@ -31,7 +31,7 @@ from blocklin.device.half import FORMATS
 from blocklin.linalg.solve.half_scaling import HalfScaling, squeeze
 from blocklin.linalg.solve.report import solve_report
 from blocklin.matrix import Matrix
-from blocklin.operands import as_columns, decoded_chunks, temp_store_reads
+from blocklin.operands import Operand, as_columns, decoded_chunks, temp_store_reads
 from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
 from blocklin.plan.minimum import sufficient_budget, whole_call
 from blocklin.linalg.factor.lu_panels import lu_solve, swaps_to_permutation
@@ -363,8 +363,6 @@ def _equilibrate_system(job: Job, run: _SquareRun, A: Any, B: Any, eq: _equilibr
     the range's bottom, negligible next to their row's largest), in ``A``'s and ``B``'s dtypes and chunks: the
     factorization, the refinement and the condition estimate then see the equilibrated system, and the tiles
     planned for ``A`` hold (same shape, dtype and chunks)."""
-    from blocklin.operands import Operand
-
     n, k = B.shape
     e_a, e_b = run.equilibrated
     run.stages.run("equilibrate", lambda: _equilibrate.scale_into(
@@ -380,8 +378,6 @@ def _write_unequilibrated(job: Job, src: Any, dst: Any, eq: _equilibrate.Equilib
                           dt: np.dtype, chunk: int) -> None:
     """``x = C y`` from the equilibrated system's solution ``y`` into the output, refused where an entry leaves
     the dtype's range (``y`` is of the equilibrated system, ``x`` beyond it)."""
-    from blocklin.operands import Operand
-
     n, k = shape
     y = Operand(name="y", path=src, shape=shape, dtype=np.dtype(dt), chunks=(chunk, min(chunk, max(k, 1))))
     overflow, peak = _equilibrate.scale_into(job, y, dst, eq.col, np.zeros(k, dtype=np.int64), dt, chunk,
