@@ -131,7 +131,8 @@ def test_stall_of_a_budget_shortened_restart_names_memory(precision):
 
 def test_scaling_brings_a_matrix_outside_fp16s_range_into_it():
     """Rows from 1e-6 to 1e6 (entries up to 1e7, down to 1e-9): unscaled, float16 overflows and flushes
-    them; the two-sided scaling (Higham, Pranesh, Zounon 2019) makes it solvable at float64 accuracy."""
+    them; the equilibration and the two-sided scaling (Higham, Pranesh, Zounon 2019) make it solvable at
+    float64 accuracy."""
     rng = np.random.default_rng(4)
     g = rng.standard_normal((N, N)) + np.sqrt(N) * np.eye(N)
     d = np.logspace(-6, 6, N)
@@ -146,8 +147,10 @@ def test_scaling_brings_a_matrix_outside_fp16s_range_into_it():
     assert_residual(a, x.to_numpy(), b, dtype=np.float64)
     kappa = np.linalg.cond(a)
     assert_solve(x.to_numpy(), np.linalg.solve(a, b), a, dtype=np.float64, cond=kappa)
-    lo, hi = r["scaling"]["row_scale_range"]
-    assert lo < 1e-6 and hi > 1e4  # rows scaled by powers of two across the range
+    # rows scaled by powers of two across the range: by the equilibration of A (LAPACK's rule, ROWCND 1e-12),
+    # before the format's own scaling, which then finds R A C's rows alike
+    eq = r["equilibration"]
+    assert eq["applied"] and eq["row_exponents"][1] - eq["row_exponents"][0] >= 2 * np.log2(1e6) - 4
     assert r["scaling"]["rounding_perturbation"] <= FORMATS["fp16"]["u"]
 
 
