@@ -29,27 +29,39 @@ CHILD = """
     x = bl.solve(a_path, b_path, out=out, memory=memory)
     r = x.report
     print(json.dumps({"baseline": base, "peak": hwm(), "method": r["method"], "eta": r["backward_error"],
-                      "tol": r["tol"], "tile": r["plan"]["tile"]}))
+                      "tol": r["tol"], "tile": r["plan"]["tile"],
+                      "equilibrated": r.get("equilibration", {}).get("applied")}))
 """
 
 
 @needs_hwm
+@pytest.mark.parametrize("graded", [False, True], ids=["plain", "graded"])
 @pytest.mark.parametrize("memory_mib", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: in the slow job
-def test_gen_solve_peak_within_budget(tmp_path, memory_mib):
+def test_gen_solve_peak_within_budget(tmp_path, memory_mib, graded):
+    """``graded``: rows over ``2^+-300``, so the solve also scans ``A``, stages ``R A C`` and ``R b`` and writes
+    ``x = C y`` (the warm-up is graded too: the same code imported before the baseline)."""
     n = 1024  # 8 MiB: 2x and 4x the budget
     budget = memory_mib * 2**20
     rng = np.random.default_rng(3)
-    a = bl.from_array(rng.standard_normal((n, n)), tmp_path / "a.zarr", chunks=(256, 256))
-    b = bl.from_array(rng.standard_normal((n, 1)), tmp_path / "b.zarr", chunks=(256, 1))
-    wa = bl.from_array(rng.standard_normal((48, 48)), tmp_path / "wa.zarr", chunks=(16, 16))
-    wb = bl.from_array(rng.standard_normal((48, 1)), tmp_path / "wb.zarr", chunks=(16, 1))
+
+    def rows(m):
+        return 2.0 ** np.round(np.linspace(-300, 300, m))[rng.permutation(m), None] if graded else np.ones((m, 1))
+
+    d = rows(n)
+    a = bl.from_array(d * rng.standard_normal((n, n)), tmp_path / "a.zarr", chunks=(256, 256))
+    b = bl.from_array(d * rng.standard_normal((n, 1)), tmp_path / "b.zarr", chunks=(256, 1))
+    dw = rows(48)
+    wa = bl.from_array(dw * rng.standard_normal((48, 48)), tmp_path / "wa.zarr", chunks=(16, 16))
+    wb = bl.from_array(dw * rng.standard_normal((48, 1)), tmp_path / "wb.zarr", chunks=(16, 1))
     assert a.nbytes >= 2 * budget
     r = run_child(CHILD, a.path, b.path, wa.path, wb.path, str(tmp_path / "x.zarr"), f"{memory_mib}MiB")
     used = r["peak"] - r["baseline"]
     assert r["method"] == "lu" and r["tile"] < n  # several panels: out of core
+    assert r["equilibrated"] == graded
     assert used <= 1.10 * budget, f"used {used / 2**20:.2f} MiB over baseline, budget {memory_mib} MiB"
-    # the refined solution reaches the solver's own target, sqrt(n) eps (checked here against NumPy)
+    # the refined solution reaches the solver's own target, sqrt(n) eps (checked here against NumPy: of the
+    # equilibrated system D^-1 A x = D^-1 b where graded, exact by powers of two)
     x = bl.open(tmp_path / "x.zarr")[...]
-    an, bn = a[...], b[...]
+    an, bn = a[...] / d, b[...] / d
     eta = np.linalg.norm(bn - an @ x) / (np.linalg.norm(an) * np.linalg.norm(x) + np.linalg.norm(bn))
     assert eta <= np.sqrt(n) * np.finfo(float).eps, eta

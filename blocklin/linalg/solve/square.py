@@ -37,6 +37,7 @@ from blocklin.plan.minimum import sufficient_budget, whole_call
 from blocklin.linalg.factor.lu_panels import lu_solve, swaps_to_permutation
 from blocklin.runtime.blockops import BlockOps, Region, gemm_chunks, plan_block_gemm
 from blocklin.runtime.job import Job
+from blocklin.runtime.passes import plan_kernel_pass, source
 from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.runtime.stages import Stages
 from blocklin.storage.zarr_store import create_array, read_kind
@@ -273,10 +274,11 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         staged = _equilibrated_columns(A, B, fdt) if eq is not None and eq.applied else 0
         ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume, token=token, size=((n, k), dt),
                        temp_size=((n, (2 * n if half else n) + staged), fdt))  # the factor (A scaled, R A C) in the temp dir
+        rows = _staging_rows(job, A) if staged else 0
         run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token, dtype=dt, half=half,
-                               equilibrated=bool(staged))
+                               equilibrated=rows)
         if staged:  # the solve runs on (R A C) y = R b, x = C y
-            A, B = _equilibrate_system(job, run, A, B, eq)
+            A, B = _equilibrate_system(job, run, A, B, eq, rows)
         if half:
             factor, why, scaling = _factor_half(job, A, fdt, assume_a, run, precision)
         else:
@@ -358,19 +360,33 @@ def _equilibrated_columns(A: Any, B: Any, fdt: np.dtype) -> int:
     return -(-(n * np.dtype(A.dtype).itemsize + k * np.dtype(B.dtype).itemsize) // np.dtype(fdt).itemsize)
 
 
-def _equilibrate_system(job: Job, run: _SquareRun, A: Any, B: Any, eq: _equilibrate.Equilibration) -> tuple[Any, Any]:
+def _staging_rows(job: Job, A: Any) -> int:
+    """The rows of ``R A C``'s chunks: the largest divisor of ``A``'s chunk rows within the strip the staging
+    pass plans at the budget (a strip writes whole chunk rows: ``A``'s own, 256 rows of 1024 float64 columns,
+    had held 2 MiB each, three times a 2 MiB budget)."""
+    n = A.shape[0]
+    params = {"left": np.zeros(n, dtype=np.int32), "right": np.zeros(n, dtype=np.int32), "dtype": np.dtype(A.dtype).name,
+              "check": False}
+    c = int(A.chunks[0])
+    strip = plan_kernel_pass(job, _equilibrate.scale_kernel, [source(A, name="a")], params, max_strip=c).strip
+    return max(d for d in range(1, max(1, min(strip, c)) + 1) if c % d == 0)
+
+
+def _equilibrate_system(job: Job, run: _SquareRun, A: Any, B: Any, eq: _equilibrate.Equilibration,
+                        rows: int) -> tuple[Any, Any]:
     """``R A C`` and ``R B`` staged in the run's work stores (exact: powers of two, but for entries below
-    the range's bottom, negligible next to their row's largest), in ``A``'s and ``B``'s dtypes and chunks: the
-    factorization, the refinement and the condition estimate then see the equilibrated system, and the tiles
-    planned for ``A`` hold (same shape, dtype and chunks)."""
+    the range's bottom, negligible next to their row's largest), in ``A``'s and ``B``'s dtypes, ``R A C`` in
+    chunks of ``rows`` (:func:`_staging_rows`) by ``A``'s columns: the factorization, the refinement and the
+    condition estimate then see the equilibrated system, and the tiles planned for ``A`` hold (same shape and
+    dtype, chunks no larger)."""
     n, k = B.shape
     e_a, e_b = run.equilibrated
     run.stages.run("equilibrate", lambda: _equilibrate.scale_into(
-        job, A, e_a, eq.row, eq.col, A.dtype, A.chunks[0], description="equilibrate (R A C)", over="a"))
+        job, A, e_a, eq.row, eq.col, A.dtype, rows, description="equilibrate (R A C)", over="a"))
     run.stages.run("equilibrate b", lambda: _equilibrate.scale_into(
         job, B, e_b, eq.row, np.zeros(k, dtype=np.int64), B.dtype, B.chunks[0], description="equilibrate (R b)",
         over="b"))
-    return (Operand(name="a", path=e_a, shape=(n, n), dtype=np.dtype(A.dtype), chunks=tuple(A.chunks)),
+    return (Operand(name="a", path=e_a, shape=(n, n), dtype=np.dtype(A.dtype), chunks=(rows, A.chunks[1])),
             Operand(name="b", path=e_b, shape=(n, k), dtype=np.dtype(B.dtype), chunks=tuple(B.chunks)))
 
 
@@ -467,7 +483,7 @@ class _SquareRun:
 
     @classmethod
     def start(cls, job: Job, A: Any, B: Any, ao: Any, fdt: np.dtype, assume_a: str, *, resume: bool,
-              token: str, dtype: np.dtype, half: bool = False, equilibrated: bool = False) -> _SquareRun:
+              token: str, dtype: np.dtype, half: bool = False, equilibrated: int = 0) -> _SquareRun:
         (n, k), dt, sdt = B.shape, dtype, solve_dtype(fdt, dtype)
         plans = {kind: _plan(job, A, fdt, kind) for kind in _kinds(assume_a)}
         tiles = {kind: _tile(job, A, p, dt) for kind, p in plans.items()}
@@ -480,7 +496,7 @@ class _SquareRun:
         stages = Stages(work, ao.done, resume=resume and ao.resumed, codec=job.cfg.codec, start=lambda: create_array(
             x_path, shape=(n, k), dtype=dt, chunks=(chunk, kc), codec=job.cfg.codec, overwrite=True))
         scaled = stages.store("scaled", (n, n), np.float32, tuple(A.chunks)) if half else None
-        eq = (stages.store("equilibrated", (n, n), A.dtype, tuple(A.chunks)),
+        eq = (stages.store("equilibrated", (n, n), A.dtype, (equilibrated, A.chunks[1])),
               stages.store("equilibrated-b", (n, k), B.dtype, tuple(B.chunks))) if equilibrated else None
         # up to a panel's width of right-hand sides an LU is solved on its panels as stored (no LAPACK-layout store)
         factor_stores = {kind: (None if kind == "lu" and k <= p.tile else stages.store(kind, (n, n), fdt, (p.tile, p.tile)),
