@@ -293,3 +293,24 @@ def test_stored_inverse_records_its_equilibration(tmp_path, n, settings, route):
     plain = bl.inv(b, out=tmp_path / "Y.zarr", **settings)
     assert bl.open(tmp_path / "Y.zarr").provenance["report"]["equilibration"] == \
         json.loads(json.dumps(plain.report["equilibration"])) and not plain.report["equilibration"]["applied"]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize(("n", "settings", "route"), ROUTES, ids=[r[2] for r in ROUTES])
+def test_graded_columns_at_the_top_of_the_range(n, settings, route, dtype):
+    """Columns graded over ``2^+-40`` and the largest entry within a factor 2 of float64's top: rows alike in
+    scale leave ``ROWCND >= 0.1``, and ``R A``'s column scalings applied alone made ``A C``'s columns up to
+    ``2 max|a|``, beyond the range: the matrix had been refused as holding an Inf (found by a randomized
+    search; a complex entry's modulus beyond the range alike). ``xLAQGE`` scales the rows too where ``AMAX``
+    lies outside ``[SMALL, 1 / SMALL]``."""
+    a, b, dr, dc = graded(n, 40, "cols", dtype)
+    peak = max(np.abs(a.real).max(), np.abs(a.imag).max() if a.dtype.kind == "c" else 0.0)
+    e = 1024 - int(np.frexp(peak)[1])  # the largest part into [2^1023, 2^1024), exact
+    a, dc = a * 2.0 ** e, dc * 2.0 ** e
+    if "memory" in settings and np.dtype(dtype).kind == "c":  # entries twice the size: twice the budget
+        settings = {**settings, "memory": "512KiB"}
+    x = bl.inv(a, **settings)
+    eq = x.report["equilibration"]
+    assert eq["applied"] and eq["rowcnd"] >= equilibrate.THRESH  # the rows scaled for AMAX alone
+    assert x.report["method"] == route
+    check(x.to_numpy(), b, dr, dc, "cols")

@@ -213,3 +213,27 @@ def test_only_assume_a_gen_is_equilibrated():
         assert "equilibration" not in bl.solve(spd, np.ones(30), assume_a=assume_a).report
     assert square.EQUILIBRATED in bl.solve(
         spd * 2.0 ** np.arange(30)[:, None], np.ones(30)).report["equilibration"]["note"]
+
+
+def top_of_range(a, dc):
+    """``a`` and ``dc`` times one power of two that brings ``a``'s largest part into ``[2^1023, 2^1024)``, within
+    a factor 2 of float64's top (exact)."""
+    peak = max(np.abs(a.real).max(), np.abs(a.imag).max() if a.dtype.kind == "c" else 0.0)
+    e = 1024 - int(np.frexp(peak)[1])
+    return a * 2.0 ** e, dc * 2.0 ** e
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize(("n", "memory"), STORED, ids=["in-memory", "out-of-core"])
+def test_graded_columns_at_the_top_of_the_range(n, memory, dtype):
+    """Columns graded over ``2^+-40`` and the largest entry within a factor 2 of float64's top: rows alike in
+    scale leave ``ROWCND >= 0.1``, and ``R A``'s column scalings applied alone made ``A C``'s columns up to
+    ``2 max|a|``, beyond the range: the solve had been refused as ``A`` holding an Inf (a complex entry's
+    modulus beyond the range alike). ``xLAQGE`` scales the rows too where ``AMAX`` lies outside
+    ``[SMALL, 1 / SMALL]``; the solve is then as accurate as any graded one (module docstring)."""
+    a, b, B, dr, dc = graded(n, 40, "cols", dtype)
+    a, dc = top_of_range(a, dc)
+    x = solve_quiet(a, b, memory=budget(memory, dtype))
+    eq = x.report["equilibration"]
+    assert eq["applied"] and eq["rowcnd"] >= equilibrate.THRESH  # the rows scaled for AMAX alone
+    check(x.to_numpy(), B, b, dr, dc)

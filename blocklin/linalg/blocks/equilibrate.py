@@ -57,7 +57,8 @@ class Equilibration:
     def report(self, note: str = NOTE) -> dict:
         """The report's ``equilibration`` entry (``note``: what the report's other entries then describe)."""
         out: dict = {"applied": self.applied, "rowcnd": self.rowcnd, "colcnd": self.colcnd,
-                     "rule": f"LAPACK xLAQGE: rows scaled where ROWCND < {THRESH}, columns where COLCND < {THRESH}"}
+                     "rule": f"LAPACK xLAQGE: rows scaled where ROWCND < {THRESH} or AMAX lies outside "
+                             f"[SMALL, 1 / SMALL], columns where COLCND < {THRESH}"}
         if self.applied:
             out["row_exponents"] = [int(self.row.min()), int(self.row.max())]
             out["column_exponents"] = [int(self.col.min()), int(self.col.max())]
@@ -65,8 +66,22 @@ class Equilibration:
         return out
 
 
+#: Rows of a complex strip whose parts' magnitudes are compared at a time (:func:`_magnitude`'s temporary).
+_PART_ROWS = 16
+
+
 def _magnitude(m: Any) -> np.ndarray:
-    return np.abs(np.asarray(m))  # complex: the modulus (any magnitude works: the scalings are powers of two)
+    """``|m|``, and for complex entries ``max(|Re|, |Im|)``, within ``sqrt(2)`` of the modulus (any magnitude
+    works: the scalings are powers of two), which never overflows: the modulus of a finite entry near the
+    range's top is Inf, read as a NaN/Inf in the data (no scaling, and the routes refused the matrix as
+    non-finite). The parts are compared :data:`_PART_ROWS` rows at a time (no second strip-sized array)."""
+    m = np.asarray(m)
+    if m.dtype.kind != "c":
+        return np.abs(m)
+    x = np.abs(m.real)
+    for r0 in range(0, m.shape[0], _PART_ROWS):
+        np.maximum(x[r0:r0 + _PART_ROWS], np.abs(m.imag[r0:r0 + _PART_ROWS]), out=x[r0:r0 + _PART_ROWS])
+    return x
 
 
 def _exponents(maxima: np.ndarray) -> np.ndarray:
@@ -161,13 +176,20 @@ def scan(job: Any, M: Any) -> Equilibration:
         for r0, blk in st["rows"]:
             rmax[r0:r0 + blk.shape[0]] = blk
         cmax.merge(st["cmax"])
-    return decide(rmax, cmax)
+    return decide(rmax, cmax, np.dtype(M.dtype))
 
 
-def decide(rmax: np.ndarray, cmax: ColumnMaxima) -> Equilibration:
-    """The scalings of row maxima ``rmax`` and column maxima ``cmax`` of ``R A``, and xLAQGE's decision. NaN/Inf
-    (``check_finite=False``) or a zero row or column: no scaling (the routes refuse such a matrix). A column
-    maximum below float64's range counts as LAPACK's ``SMLNUM`` in ``COLCND`` and keeps its exact exponent."""
+def decide(rmax: np.ndarray, cmax: ColumnMaxima, dtype: Any = np.float64) -> Equilibration:
+    """The scalings of row maxima ``rmax`` and column maxima ``cmax`` of ``R A``, and xLAQGE's decision for a
+    matrix of ``dtype``. NaN/Inf (``check_finite=False``) or a zero row or column: no scaling (the routes refuse
+    such a matrix). A column maximum below float64's range counts as LAPACK's ``SMLNUM`` in ``COLCND`` and keeps
+    its exact exponent.
+
+    Rows are scaled where ``ROWCND < THRESH``, and, as ``xLAQGE`` has it, where the largest entry ``AMAX`` lies
+    outside ``[SMALL, LARGE]`` (``SMALL`` the dtype's safe minimum over its precision, ``LARGE = 1 / SMALL``):
+    the column scalings are those of ``R A``, so ``A C`` alone has column maxima up to ``2 max_i rmax_i``, beyond
+    the range for data within a factor 2 of its top (a float64 matrix led by ``0.7 * 1.8e308`` with graded
+    columns had been refused as holding an Inf)."""
     n = len(rmax)
     zero = np.zeros(n, dtype=np.int64)
     if not (np.isfinite(rmax).all() and np.isfinite(cmax.frac).all()) or rmax.min() == 0 or cmax.frac.min() == 0:
@@ -178,7 +200,10 @@ def decide(rmax: np.ndarray, cmax: ColumnMaxima) -> Equilibration:
     colcnd = max(float(values.min()), tiny) / min(float(values.max()), big)
     # xGEEQUB's column scalings are those of R A whether or not xLAQGE applies R
     row, col = _exponents(rmax), -cmax.exp
-    rows_scaled, cols_scaled = rowcnd < THRESH, colcnd < THRESH
+    fi = np.finfo(np.dtype(dtype))
+    small = float(fi.tiny) / float(fi.eps)  # LAPACK's SMALL = xLAMCH('S') / xLAMCH('P')
+    amax = float(rmax.max())
+    rows_scaled, cols_scaled = rowcnd < THRESH or not small <= amax <= 1 / small, colcnd < THRESH
     return Equilibration(row if rows_scaled else zero, col if cols_scaled else zero, rowcnd, colcnd,
                          bool(rows_scaled), bool(cols_scaled))
 

@@ -483,7 +483,7 @@ def _equilibration(a: np.ndarray) -> Any:
     for r0, r1 in split(a.shape[0], _leaf_strip(a.shape[0])):
         rmax[r0:r1], c = strip_maxima(a[r0:r1])
         cmax.merge(c)
-    return decide(rmax, cmax)
+    return decide(rmax, cmax, a.dtype)
 
 
 @with_task_settings
