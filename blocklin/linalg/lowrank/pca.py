@@ -431,7 +431,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
                     seed=seed, out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
                     check_shape=lambda m, n, dt=None: _check_shape(n_components, m, n, dt), signs=True,
-                    updatable=updatable, caller="pca", **settings)
+                    updatable=updatable, caller="pca", asked=f"n_components={n_components!r}", **settings)
     U, s, Vt = res
     moments = res.moments
     m = moments.count

@@ -146,22 +146,26 @@ class SVDResult(tuple):
 
 
 def resolve_method(method: str, power_iters: int | str, *, shape: tuple[int, int], k: int, oversample: int,
-                   shifted: bool = False, which: str = "LM") -> str:
+                   shifted: bool = False, which: str = "LM", asked: str | None = None) -> str:
     """``"auto"``: ``full`` for every triplet (``k = min(m, n)``) or the smallest (``which="SM"``);
     ``rsvd`` when the power iterations are fixed (a fixed cost); else the Gram route for narrow tall
     orientations (:func:`blocklin.plan.svd.gram_route_fits`; a centered or scaled one only for tall
-    ``A``: a wide one takes it when asked, ``method="gram"``), block Lanczos to ``tol`` otherwise."""
+    ``A``: a wide one takes it when asked, ``method="gram"``), block Lanczos to ``tol`` otherwise.
+    ``asked``: the count as the caller passed it (``"n_components=None"``), which a refusal names."""
     m, n = shape
     M, N = max(m, n), min(m, n)
     whole = k == N or which == "SM"
     # rsvd's subspace, of min(k + oversample, N) columns, is then the whole space: its Rayleigh-Ritz
     # step is exact, as scikit-learn's randomized_svd with n_components = min(m, n)
     if method not in ("auto", "full") and whole and not (method == "rsvd" and which == "LM"):
-        why = f"k={k} = min(m, n)" if k == N else "which='SM'"
+        asked = asked or f"k={k}"
+        name = asked.split("=")[0]
+        why = f"{asked} (all {N} = min(m, n) computed)" if k == N else "which='SM'"
         raise ParameterError(explain(
             "method", "the smallest triplets, or all of them, come from the whole space (method='full')",
             f"method={method!r} with {why} for a {m} x {n} matrix",
-            "pass method='auto' (or 'full'), or k < min(m, n) with which='LM' for the largest triplets"))
+            f"pass method='auto' (or 'full'), or an integer {name} < min(m, n) = {N} with which='LM' for the "
+            "largest triplets"))
     if method != "auto":
         return method
     if whole:
@@ -379,13 +383,14 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
               block_size: int | None = None, max_basis: int | None = None, overwrite: bool = False,
               center: bool = False, scale: bool = False, resume: bool = False,
               lanczos_tol: Any = default_tol, check_shape: Any = None, signs: bool = False,
-              v0: Any = None, updatable: bool = False, caller: str = "svd",
+              v0: Any = None, updatable: bool = False, caller: str = "svd", asked: str | None = None,
               **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """:func:`svd` with the default Lanczos tolerance a function of the dtype (``lanczos_tol``):
     ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it. ``check_shape(m, n)``
     refuses a shape before anything is read (``pca(n_components="mle")``). ``signs``: every triplet
     signed by scikit-learn's rule on the right singular vectors (PCA's components), in the returned
-    and the stored factors alike. ``caller``: the public function a refusal names (``pca``, ``eigsh``)."""
+    and the stored factors alike. ``caller``: the public function a refusal names (``pca``, ``eigsh``);
+    ``asked``: the count as its caller passed it (``"n_components=0.95"``), ``k=`` as given by default."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     which = choice("which", which, WHICH, fix="pass which='LM' (largest) or which='SM' (smallest)")
     vectors = choice("return_singular_vectors", return_singular_vectors, RETURN_VECTORS,
@@ -424,12 +429,13 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
         m, n = A.shape
         if check_shape is not None:
             check_shape(m, n, dt)
+        asked = asked or f"k={k!r}"
         k = check_k(min(m, n) if k is None else k, m, n, whole=True)
         v0 = start_vector(v0, min(m, n))
         if n_iter is not None:  # scikit-learn's count: rsvd with one fused pass more (power_passes)
             power_iters = power_passes(7 if k < 0.1 * min(m, n) else 4) if n_iter == "auto" else power_passes(n_iter)
         method = resolve_method(method, power_iters, shape=(m, n), k=k, oversample=oversample,
-                                shifted=bool(center or scale), which=which)
+                                shifted=bool(center or scale), which=which, asked=asked)
         q = (None if tol is not None else auto_power_iters(k, m, n)) if power_iters == "auto" else power_iters
         limit = max_passes or (20 if method == "rsvd" else 60)
         if method in ("lanczos", "gram") and block_size is None and max_basis is None:
