@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from blocklin.cli import ui
 from blocklin.cli.svd import _power_iters, add_method_options, add_sparse_explain, explain_sparse, summary_of, worst_line
@@ -67,9 +68,10 @@ def run(args: argparse.Namespace) -> dict:
     first = (f" (first: {100 * float(res.explained_variance_ratio_[0]):.2f}%)" if res.n_components_ else
              f" (noise variance {res.noise_variance_:.4g})")
     where = f"wrote {r['output']} (U, S, Vt, mean{', scale' if args.scale else ''}); " if args.out else ""
-    human = (f"{where}{res.n_components_} components of {res.n_samples_} x {res.n_features_in_} explain "
-             f"{100 * ratio:.2f}% of the "
-             f"variance{first} in {r['seconds']:.2f} s: "
+    explained = (f"explain {100 * ratio:.2f}% of the variance{first}" if not math.isnan(ratio) else
+                 "of data with no variance (every column constant: the ratios are nan, 0 / 0)")
+    human = (f"{where}{res.n_components_} components of {res.n_samples_} x {res.n_features_in_} {explained} "
+             f"in {r['seconds']:.2f} s: "
              f"{r['passes']} pass(es) over A ({r['passes_formula']}), read {format_size(r['bytes_read'])}, "
              f"peak memory {format_size(r['peak_memory'])}{worst_line(r)}")
     summary.update(ui.feed_summary(r))

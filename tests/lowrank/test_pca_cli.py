@@ -110,3 +110,17 @@ def test_convert_refuses_arrays_with_a_fix(tmp_path):
 
     with pytest.raises(ParameterError, match="src.*from_array"):
         bl.convert(np.ones((3, 3)), str(tmp_path / "x.zarr"))
+
+
+def test_pca_of_data_with_no_variance_says_so(tmp_path, capsys):
+    """Constant data: the ratios are nan (0 / 0, as scikit-learn's): the line says the data have no
+    variance instead of explaining 'nan%' of it, and the JSON holds null for each ratio."""
+    path = str(tmp_path / "c.zarr")
+    bl.from_array(np.full((40, 5), 3.0), path)
+    with pytest.warns(bl.errors.BlocklinWarning, match="no variance"):
+        assert main(["pca", path, "-k", "2"]) == 0
+    line = capsys.readouterr().out
+    assert "of data with no variance" in line and "nan%" not in line
+    with pytest.warns(bl.errors.BlocklinWarning, match="no variance"):
+        assert main(["pca", path, "-k", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["explained_variance_ratio"] == [None, None]

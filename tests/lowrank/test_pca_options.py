@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse
 from sklearn.decomposition import PCA
 
 import blocklin as bl
-from blocklin.errors import ParameterError, SingularMatrixError
+from blocklin.errors import BlocklinWarning, ParameterError, SingularMatrixError
 from support.tolerances import assert_close_to, assert_explained_variance, eps
 
 BUDGETS = {"streamed": "1MiB", "in-memory": "256MiB"}
@@ -174,6 +175,27 @@ def test_every_component_by_an_iterative_method_names_the_count_passed(call, wor
     assert "k=6" not in str(e.value)
     for w in words:
         assert w in str(e.value)
+
+
+@pytest.mark.parametrize("n_components, source", [
+    (None, "in-memory"), (None, "streamed"), (2, "in-memory"), (2, "streamed"), (2, "sparse"),
+    (0.5, "in-memory"), (0.5, "streamed")])  # a stored sparse matrix takes an integer count alone
+def test_data_of_no_variance_has_nan_ratios_as_scikit_learn(n_components, source, tmp_path):
+    """Constant data (every column constant, all zero for the sparse store): the ratios are 0 / 0,
+    ``nan`` as scikit-learn's (they had been 0, a share of a variance there is not), with a warning that
+    says why; a fraction keeps scikit-learn's count (one component: it had kept every one)."""
+    x = np.zeros((40, 5)) if source == "sparse" else np.tile(np.arange(1.0, 6.0), (40, 1))
+    a = bl.from_sparse(scipy.sparse.csr_matrix(x), tmp_path / "s.zarr") if source == "sparse" else x
+    with pytest.warns(RuntimeWarning, match="invalid value"):
+        ref = PCA(n_components, svd_solver="full").fit(x)
+    with pytest.warns(BlocklinWarning, match=r"explained_variance_ratio_ is nan \(0 / 0\).*no variance"):
+        p = bl.pca(a, n_components, **({"memory": "1MiB"} if source == "streamed" else {}))
+    assert p.n_components_ == ref.n_components_
+    np.testing.assert_array_equal(p.explained_variance_ratio_, ref.explained_variance_ratio_)  # nan == nan here
+    assert np.isnan(p.explained_variance_ratio_).all()
+    np.testing.assert_array_equal(p.explained_variance_, ref.explained_variance_)
+    assert p.noise_variance_ == ref.noise_variance_ == 0.0 and p.total_variance_ == 0.0
+    np.testing.assert_array_equal(p.mean_, ref.mean_)
 
 
 def test_cli_variance_fraction_and_mle(tmp_path, capsys):

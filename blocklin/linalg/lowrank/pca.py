@@ -333,6 +333,19 @@ def _check_shape(n_components: Any, m: int, n: int, dtype: Any = None) -> None:
             f"{n_components} for a {m} x {n} matrix", f"pass n_components <= {min(m, n)}, or None for all"))
 
 
+def variance_ratios(ev: np.ndarray, total: float, stacklevel: int = 4) -> np.ndarray:
+    """``explained_variance_ratio_``: the variances over their total; ``nan`` (0 / 0) for data of no
+    variance (every column constant), as scikit-learn's ``PCA``, with a warning that says why (a ratio
+    of 0 would claim that the components explain none of a variance there is not)."""
+    if total > 0:
+        return ev / total
+    if ev.size:
+        warn("explained_variance_ratio_ is nan (0 / 0): the data have no variance (every column is constant), "
+             "so no share of it is explained, as scikit-learn's PCA gives; explained_variance_, "
+             "singular_values_ and noise_variance_ are 0, mean_ and transform exact", BlocklinWarning, stacklevel=stacklevel)
+    return np.full_like(ev, np.nan)
+
+
 def _kept(n_components: Any, ev: np.ndarray, ratio: np.ndarray, m: int, exponent: int = 0) -> int:
     """How many of the computed components ``n_components`` keeps: Minka's choice for ``"mle"``, the
     fewest whose ratios sum past a fraction (scikit-learn's rule), else all."""
@@ -441,7 +454,7 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     if out is None:  # the scores U (or the long Vt) were a temporary store: nothing of it is returned
         remove((U if hasattr(U, "location") else Vt).location.parent)
     ev_s, total_s, e = _variances(res, s, scale)
-    ratio_s = ev_s / total_s if total_s > 0 else np.zeros_like(ev_s)
+    ratio_s = variance_ratios(ev_s, total_s)
     keep = _kept(n_components, ev_s, ratio_s, m, e)
     comps, s, ev_s, ratio_s = comps[:keep], s[:keep], ev_s[:keep], ratio_s[:keep]
     rest = min(m, n) - keep
@@ -526,7 +539,7 @@ def _of_sparse(s: SparseMatrix, n_components: Any, *, whiten: bool, scale: bool,
     # the variances of 2^-e S (m2 is), their ratios exact however far out of range those of S are
     ev_s = np.ldexp(sv.astype(np.float64), -e) ** 2 / max(m - ddof, 1)
     total_s = float(m2.sum()) / max(m - ddof, 1)
-    ratio = ev_s / total_s if total_s > 0 else np.zeros_like(ev_s)
+    ratio = variance_ratios(ev_s, total_s, stacklevel=5)
     rest = min(m, n) - sv.size
     noise_s = max(total_s - float(ev_s.sum()), 0.0) / rest if rest > 0 else 0.0
     ev, total, noise = _unscaled(ev_s, total_s, noise_s, e, sv.dtype)
