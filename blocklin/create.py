@@ -26,9 +26,12 @@ from blocklin.storage.recorded_peaks import PeakTally, recordable, record as rec
 from blocklin.storage.zarr_store import create_array, open_cached, write_block
 
 
-def open(path: Any, *, storage_options: dict | None = None) -> Matrix | SparseMatrix:  # noqa: A001 - the API's name
+def open(path: Any, *, storage_options: dict | None = None) -> Any:  # noqa: A001 - the API's name
     """Open a zarr array (v3, or v2 read-only use) as a :class:`Matrix`, or a sparse matrix (a
-    ``blocklin-csr`` group, ``docs/sparse.md``) as a :class:`~blocklin.sparse.SparseMatrix`.
+    ``blocklin-csr`` group, ``docs/sparse.md``) as a :class:`~blocklin.sparse.SparseMatrix`; a stored
+    :func:`blocklin.svd` result group (``out=``) as ``svd`` returned it (an ``SVDResult``: ``U`` stored,
+    ``s`` and ``Vt`` in memory, the stored report), a stored :func:`blocklin.pca` as ``pca`` returned it
+    (a ``PCAResult`` with the options it was fitted with, its factors ``.svd``).
 
     ``path`` is a local path, a URL (``s3://bucket/A.zarr``, with ``storage_options`` or the
     configured ones), a :class:`~blocklin.storage.Location`, a zarr store or a ``zarr.Array``. An
@@ -44,9 +47,15 @@ def open(path: Any, *, storage_options: dict | None = None) -> Matrix | SparseMa
     ((2, 3), array([[1., 2.],
            [4., 5.]]))
     """
-    if sparse_attributes(as_location(path, storage_options) if not type(path).__module__.startswith("zarr")
-                         else None) is not None:
+    loc = as_location(path, storage_options) if not type(path).__module__.startswith("zarr") else None
+    if sparse_attributes(loc) is not None:
         return SparseMatrix(path, storage_options=storage_options)
+    if loc is not None:
+        from blocklin.linalg.update.update import stored_factorization  # the operations sit above storage
+
+        stored = stored_factorization(loc)
+        if stored is not None:
+            return stored
     return Matrix(path, storage_options=storage_options)
 
 

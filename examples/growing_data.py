@@ -67,9 +67,9 @@ with tempfile.TemporaryDirectory() as d, bl.config.set(temp_dir=d):
     c = (xs - mu).T @ (xs - mu)
     lam_e, v = np.linalg.eigh(c)
     s_ref, v_ref = np.sqrt(lam_e[::-1][:k]), v[:, ::-1][:, :k]
-    q1, q2 = np.linalg.qr(np.asarray(p.Vt, dtype=np.float64).T)[0], np.linalg.qr(v_ref)[0]
+    q1, q2 = np.linalg.qr(np.asarray(p.components_, dtype=np.float64).T)[0], np.linalg.qr(v_ref)[0]
     sine = float(np.linalg.norm(q1 - q2 @ (q2.T @ q1), 2))
-    s_err = float(np.max(np.abs(p.s - s_ref) / s_ref))
+    s_err = float(np.max(np.abs(p.singular_values_ - s_ref) / s_ref))
     lam = beta.report["lam"]
     b_ref = np.linalg.solve(c + lam**2 * np.eye(n), (xs - mu).T @ (ys - ybar))
     b_err = float(np.linalg.norm(beta.to_numpy() - b_ref) / np.linalg.norm(b_ref))

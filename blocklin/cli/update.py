@@ -28,8 +28,13 @@ def run(args: argparse.Namespace) -> dict:
     summary = {"output": args.out, "updated": done, "current": r.get("current", False)}
     if hasattr(result, "shape"):
         summary["shape"] = list(result.shape)
-    else:  # a factorization: (U, s, Vt)
-        summary["s"] = [float(x) for x in result.s]
+    else:  # a factorization: (U, s, Vt), or a PCA (its factors .svd, its variances)
+        fit = getattr(result, "svd", None)
+        summary["s"] = [float(x) for x in (fit if fit is not None else result).s]
+        if fit is not None:
+            summary.update(explained_variance=[float(x) for x in result.explained_variance_],
+                           explained_variance_ratio=[float(x) for x in result.explained_variance_ratio_],
+                           noise_variance=float(result.noise_variance_), n_samples=int(result.n_samples_))
         for key in ("relative_residuals", "u_errors", "converged"):
             if key in r:
                 summary[key] = r[key]

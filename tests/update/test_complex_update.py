@@ -167,7 +167,7 @@ def test_complex_pca_update(tmp_path, dtype):
     res = bl.update(out)
     assert res.report["updated"]["how"].startswith("updated:")
     a1 = np.vstack([a, new]).astype(np.complex128)
-    _check_svd(res, a1 - a1.mean(axis=0), a1, dtype, center=True)
+    _check_svd(res.svd, a1 - a1.mean(axis=0), a1, dtype, center=True)  # a PCAResult: its factors
 
 
 @pytest.mark.parametrize("dtype", CDTYPES)

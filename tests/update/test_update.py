@@ -155,7 +155,7 @@ def test_pca_update_on_s3_rewrites_the_scores_from_a_copy(s3):
     bl.pca(f"{base}/A.zarr", 3, out=f"{base}/P.zarr", updatable=True, storage_options=opts)
     new = rows(90)
     bl.append(f"{base}/A.zarr", new, storage_options=opts)
-    res = bl.update(f"{base}/P.zarr", storage_options=opts)
+    res = bl.update(f"{base}/P.zarr", storage_options=opts).svd  # a PCAResult: its factors
     full = np.vstack([a, new])
     c = full - full.mean(axis=0)
     u_ref, s_ref, _ = np.linalg.svd(c, full_matrices=False)
@@ -254,7 +254,7 @@ def test_updates_on_a_cluster(tmp_path, client):
     bl.append(tmp_path / "b.zarr", new @ np.ones((40, 1)))
     full = np.vstack([a, new])
     _check_gram(bl.update(g.path, scheduler=client).to_numpy(), full, np.float64)
-    res = bl.update(tmp_path / "P.zarr", scheduler=client)
+    res = bl.update(tmp_path / "P.zarr", scheduler=client).svd  # a PCAResult: its factors
     ref = np.linalg.svd(full - full.mean(axis=0), compute_uv=False)
     assert res.report["converged"]
     assert_singular_values(res.s, ref[:3], n=full.shape[0], gram=True, s1=ref[0])

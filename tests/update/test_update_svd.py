@@ -42,8 +42,8 @@ def _reference(x, center):
 def _check_factors(res, x, *, center, dtype, u_errors=None):
     """Singular values by Weyl on the Gram (the update's route); each right vector within Davis-Kahan's
     ``||dG|| / gap`` and each left one within the same through ``B dv / s`` plus what the report says the
-    rotated old rows lost (``u_errors``)."""
-    U, s, Vt = res
+    rotated old rows lost (``u_errors``). A stored PCA updates as a ``PCAResult``: its factors are ``.svd``."""
+    U, s, Vt = res.svd if hasattr(res, "components_") else res
     u_ref, s_ref, vt_ref = _reference(x, center)
     m = x.shape[0]
     assert_singular_values(s, s_ref[:K], n=m, dtype=dtype, gram=True, s1=s_ref[0])  # stored in the data's dtype
@@ -92,7 +92,7 @@ def test_update_writes_the_scores_from_every_row_when_the_subspace_turns(tmp_pat
     xs = (x - x.mean(axis=0)) / x.std(axis=0)
     _check_factors(res, xs, center=True, dtype=np.float64)
     p = bl.pca(path, K, scale=True)  # a recompute: the same components
-    assert np.linalg.norm(np.asarray(res.Vt) - p.components_) <= 1e-8
+    assert np.linalg.norm(np.asarray(res.svd.Vt) - p.components_) <= 1e-8
 
 
 def test_update_recomputes_where_the_gram_misses_tol(tmp_path):
@@ -194,7 +194,7 @@ def test_updated_scores_have_the_same_bits_on_every_scheduler(tmp_path):
                                                             ("F2.zarr", {"scheduler": "threads", "workers": 2}),
                                                             ("F3.zarr", {"scheduler": "processes", "workers": 2}))]
     assert got[0].report["updated"]["scores"] == "rotated" and got[1].report["tasks"] > 2
-    u = [r.U.to_numpy() for r in got]
+    u = [r.svd.U.to_numpy() for r in got]
     assert np.array_equal(u[0], u[1]) and np.array_equal(u[0], u[2])
 
 

@@ -279,7 +279,7 @@ def minka_dimension(ev: np.ndarray, n_samples: int, exponent: int = 0) -> int:
     return best
 
 
-def _variances(res: Any, s: np.ndarray, scale: bool) -> tuple[np.ndarray, float, int]:
+def pca_variances(res: Any, s: np.ndarray, scale: bool) -> tuple[np.ndarray, float, int]:
     """Explained and total variances of ``2^-e A`` and ``e`` (0 unless the data was scaled,
     :mod:`blocklin.linalg.blocks.scaling`: the variances themselves leave float64's range for entries
     beyond about 2^512, their ratios do not)."""
@@ -342,7 +342,8 @@ def variance_ratios(ev: np.ndarray, total: float, stacklevel: int = 4) -> np.nda
     if ev.size:
         warn("explained_variance_ratio_ is nan (0 / 0): the data have no variance (every column is constant), "
              "so no share of it is explained, as scikit-learn's PCA gives; explained_variance_, "
-             "singular_values_ and noise_variance_ are 0, mean_ and transform exact", BlocklinWarning, stacklevel=stacklevel)
+             "singular_values_ and noise_variance_ are 0, mean_ and transform exact", BlocklinWarning,
+             stacklevel=stacklevel)
     return np.full_like(ev, np.nan)
 
 
@@ -390,7 +391,9 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     out : path, optional
         Keep the factorization (``U``, ``S``, ``Vt``, ``mean``, ``scale``) as a zarr group; without it
         the temporary factors are removed once the attributes are read. With ``None``, a fraction or
-        ``"mle"`` it holds every component computed.
+        ``"mle"`` it holds every component computed. Its provenance records the options
+        (``params["pca"]``): :func:`blocklin.open` gives this PCA back, :func:`blocklin.update` the PCA
+        of the grown matrix (:mod:`blocklin.linalg.lowrank.pca_stored`).
     updatable : bool
         Keep the co-moments of ``A`` in ``out`` (``n x n`` float64, one pass more) so that
         :func:`blocklin.update` brings the PCA up to date after rows are appended
@@ -444,17 +447,40 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     res = factorize(a, k, method=method, oversample=oversample, power_iters=power_iters, n_iter=n_iter, tol=tol,
                     seed=seed, out=out, overwrite=overwrite, center=True, scale=scale, resume=resume,
                     check_shape=lambda m, n, dt=None: _check_shape(n_components, m, n, dt), signs=True,
-                    updatable=updatable, caller="pca", asked=f"n_components={n_components!r}", **settings)
-    U, s, Vt = res
+                    updatable=updatable, caller="pca", asked=f"n_components={n_components!r}",
+                    record=lambda mom, scaled: pca_record(n_components, whiten=whiten, scale=scale, moments=None
+                                                          if updatable else _Fitted(mom, scaled)), **settings)
+    p = fitted(res, n_components, whiten=whiten, variances=pca_variances(res, res.s, scale), kept=out is not None)
+    U, _, Vt = res
+    if out is None:  # the scores U (or the long Vt) were a temporary store: nothing of it is returned
+        remove((U if hasattr(U, "location") else Vt).location.parent)
+    return label_pca(p, lab) if lab is not None else p
+
+
+def pca_record(n_components: Any, *, whiten: bool, scale: bool, moments: Any = None) -> dict:
+    """What a stored PCA records in its group's provenance (``params["pca"]``) so that
+    :func:`blocklin.open` and :func:`blocklin.update` return it as :func:`pca` did: its options, and
+    where no co-moments are kept (``moments``: the fit's, as :func:`pca_variances` reads them) the row count and
+    the total variance of ``2^-exponent A`` (:mod:`blocklin.linalg.lowrank.pca_stored`)."""
+    rec = {"n_components": n_components, "whiten": bool(whiten), "scale": bool(scale)}
+    if moments is not None:
+        _, total_s, e = pca_variances(moments, np.zeros(0), scale)
+        rec.update(n_samples=int(moments.moments.count), total_variance=total_s, exponent=int(e))
+    return rec
+
+
+def fitted(res: Any, n_components: Any, *, whiten: bool, variances: tuple, kept: bool) -> PCAResult:
+    """The :class:`PCAResult` of a centered (scaled) factorization ``res`` (its ``moments``, ``scale``
+    and report): ``variances`` = ``(explained, total, e)`` of ``2^-e A`` (:func:`pca_variances`), and the
+    components ``n_components`` keeps of those computed; ``kept``: ``res`` is a stored one (``svd``)."""
+    _, s, Vt = res
     moments = res.moments
     m = moments.count
     n = moments.mean.size
     vt = Vt.to_numpy() if hasattr(Vt, "to_numpy") else np.asarray(Vt)
     comps = vt.astype(np.result_type(s.dtype, vt.dtype), copy=False)  # V^H rows of complex data
-    if out is None:  # the scores U (or the long Vt) were a temporary store: nothing of it is returned
-        remove((U if hasattr(U, "location") else Vt).location.parent)
-    ev_s, total_s, e = _variances(res, s, scale)
-    ratio_s = variance_ratios(ev_s, total_s)
+    ev_s, total_s, e = variances
+    ratio_s = variance_ratios(ev_s, total_s, stacklevel=5)
     keep = _kept(n_components, ev_s, ratio_s, m, e)
     comps, s, ev_s, ratio_s = comps[:keep], s[:keep], ev_s[:keep], ratio_s[:keep]
     rest = min(m, n) - keep
@@ -472,8 +498,8 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
                   explained_variance_ratio_=ratio_s.astype(s.dtype), singular_values_=s, mean_=moments.mean,
                   scale_=res.scale, n_components_=int(s.size), n_samples_=int(m), n_features_in_=int(n),
                   total_variance_=total, noise_variance_=noise, whiten=whiten, report=report,
-                  svd=res if out is not None else None, labels=None)
-    return label_pca(p, lab) if lab is not None else p
+                  svd=res if kept else None, labels=None)
+    return p
 
 
 def _isotropic(a: Any, *, whiten: bool, scale: bool, out: Any, updatable: bool, resume: bool,
@@ -507,7 +533,7 @@ def _isotropic(a: Any, *, whiten: bool, scale: bool, out: Any, updatable: bool, 
     moments = Moments(unscale(mom.mean, e), unscale(mom.var, 2 * e), mom.count) if e else mom
     std = (np.where(mom.constant, 1.0, unscale(mom.std, e)) if e else mom.std) if scale else None
     kept = _Fitted(moments, (mom, e) if e else None)
-    ev_s, total_s, e = _variances(kept, np.zeros(0, np.finfo(dt).dtype), scale)
+    ev_s, total_s, e = pca_variances(kept, np.zeros(0, np.finfo(dt).dtype), scale)
     ev, total, noise = _unscaled(ev_s, total_s, total_s / min(m, n), e)
     report["total_variance"] = total
     real = np.finfo(dt).dtype
@@ -519,7 +545,7 @@ def _isotropic(a: Any, *, whiten: bool, scale: bool, out: Any, updatable: bool, 
 
 
 class _Fitted:
-    """The moments :func:`_variances` reads, as an SVD result carries them."""
+    """The moments :func:`pca_variances` reads, as an SVD result carries them."""
 
     def __init__(self, moments: Any, scaled: Any) -> None:
         self.moments, self.scaled_moments = moments, scaled

@@ -384,13 +384,15 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
               center: bool = False, scale: bool = False, resume: bool = False,
               lanczos_tol: Any = default_tol, check_shape: Any = None, signs: bool = False,
               v0: Any = None, updatable: bool = False, caller: str = "svd", asked: str | None = None,
-              **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
+              record: Any = None, **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """:func:`svd` with the default Lanczos tolerance a function of the dtype (``lanczos_tol``):
     ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it. ``check_shape(m, n)``
     refuses a shape before anything is read (``pca(n_components="mle")``). ``signs``: every triplet
     signed by scikit-learn's rule on the right singular vectors (PCA's components), in the returned
     and the stored factors alike. ``caller``: the public function a refusal names (``pca``, ``eigsh``);
-    ``asked``: the count as its caller passed it (``"n_components=0.95"``), ``k=`` as given by default."""
+    ``asked``: the count as its caller passed it (``"n_components=0.95"``), ``k=`` as given by default.
+    ``record(moments, scaled_moments)``: what the caller records of its own in the stored group's
+    provenance, ``params["pca"]`` (the options a stored PCA is opened and updated with)."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     which = choice("which", which, WHICH, fix="pass which='LM' (largest) or which='SM' (smallest)")
     vectors = choice("return_singular_vectors", return_singular_vectors, RETURN_VECTORS,
@@ -477,7 +479,8 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                                                    "signs": bool(signs), "tol": tol, "count": m, "method": plan.method,
                                                    "oversample": oversample, "seed": seed,
                                                    **_sketch_kept(plan, f)})
-        res = _result(job, out, A.dtype, plan, f, report, ao, overwrite, long_wanted, kept)
+        res = _result(job, out, A.dtype, plan, f, report, ao, overwrite, long_wanted, kept,
+                      record(f.moments, f.scaled_moments) if record is not None and out is not None else None)
     return _returned(res, vectors)
 
 
@@ -648,9 +651,11 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
 
 
 def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, report: dict, ao: Any,
-            overwrite: bool, long_wanted: bool = True, kept: tuple | None = None) -> SVDResult:
+            overwrite: bool, long_wanted: bool = True, kept: tuple | None = None,
+            pca: dict | None = None) -> SVDResult:
     """Commit the group (the long factor is already in it) and return ``(U, s, Vt)``; ``kept``: the
-    co-moments an update reads and what was factored (:mod:`blocklin.linalg.lowrank.updatable`).
+    co-moments an update reads and what was factored (:mod:`blocklin.linalg.lowrank.updatable`); ``pca``:
+    the PCA's options recorded beside them (:mod:`blocklin.linalg.lowrank.pca_stored`).
 
     The long factor (``U`` for tall, ``Vt`` for wide ``A``) is always the stored :class:`Matrix`, the
     other factor and ``s`` NumPy arrays, whether ``A`` was factored in memory or streamed; ``None``
@@ -669,11 +674,11 @@ def _result(job: Job, out: Any, dtype: Any, plan: SvdPlan, f: Factorization, rep
     for name in ("mean", "scale"):
         if getattr(f, name) is not None:
             small[name] = getattr(f, name)
-    params = None
+    params = {"pca": pca} if pca is not None else {}
     if kept is not None:
         small.update(kept[0])
-        params = {"update": kept[1]}
-    path = write_group(job, out, None, small, "svd", plan, report, overwrite, ao=ao, params=params)
+        params["update"] = kept[1]
+    path = write_group(job, out, None, small, "svd", plan, report, overwrite, ao=ao, params=params or None)
     report["output"] = str(path)
     stored = Matrix(path / ("Vt" if plan.transposed else "U"), report=report, temporary=out is None) \
         if long_wanted else None

@@ -119,9 +119,10 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
 
     Returns
     -------
-    Matrix or SVDResult
+    Matrix, SVDResult or PCAResult
         The updated result as its operation returns it (a Matrix for ``gram``, ``(U, s, Vt)`` for
-        ``svd`` and a stored PCA's factors, a Matrix with ``.intercept`` for ``solve`` as
+        ``svd``, a ``PCAResult`` for ``pca`` with the options it was fitted with: ``n_components``,
+        ``whiten``, ``scale``; its factors are ``.svd``), a Matrix with ``.intercept`` for ``solve`` as
         :func:`blocklin.solve` returns it, current or not); ``.report["updated"]`` says which rows were
         read and how the result was updated (``None`` when it was current).
 
@@ -156,7 +157,7 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
     if all(g.current for g in grown):
         report = {"operation": op, "updated": None, "current": True}
         if op == "svd":
-            return load_svd(loc, report)
+            return _as_fitted(load_svd(loc, report), loc, prov)
         result = Matrix(loc)
         result.report = report
         if op == "solve":  # as after an update: x.intercept (None without one), kept in its report
@@ -184,7 +185,38 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
                 raise
             raise ParameterError(f"{exc} (the update recomputed {loc.url} from every row, since {result.why}; "
                                  "the result is unchanged)") from exc
+    if op == "svd":  # the provenance as the update committed it (the co-moments' count)
+        result = _as_fitted(result, loc, _provenance(loc, options)[1])
     return result
+
+
+def stored_factorization(loc: Any) -> Any:
+    """The ``svd`` or ``pca`` result stored at ``loc`` (a Location) as its operation returns it (an
+    ``SVDResult``, or a ``PCAResult`` with the options it was fitted with), its report the stored one;
+    ``None`` where ``loc`` holds no committed svd result group (an array, another result, nothing).
+    Small reads: the group's ``zarr.json``, ``S``, ``Vt`` and what a PCA's variances need."""
+    import json
+
+    try:
+        raw = backend(loc).try_read("zarr.json")
+        meta = json.loads(raw) if raw is not None and b'"group"' in raw else {}
+    except (OSError, ValueError):
+        return None
+    prov = (meta.get("attributes") or {}).get("blocklin")
+    if meta.get("node_type") != "group" or not isinstance(prov, dict) or prov.get("operation") != "svd":
+        return None
+    return _as_fitted(load_svd(loc, dict(prov.get("report") or {})), loc, prov)
+
+
+def _as_fitted(res: Any, loc: Any, prov: dict) -> Any:
+    """A stored PCA's factors as :func:`blocklin.pca` returns them (a ``PCAResult`` with the options it
+    was fitted with: :mod:`blocklin.linalg.lowrank.pca_stored`); an svd's as they are."""
+    params = prov.get("params") or {}
+    if not isinstance(params.get("pca"), dict):
+        return res
+    from blocklin.linalg.lowrank.pca_stored import stored_pca
+
+    return stored_pca(res, loc, params)
 
 
 def _recompute(loc: Any, prov: dict, grown: list[Growth], why: str, settings: dict) -> Any:
@@ -202,10 +234,12 @@ def _recompute(loc: Any, prov: dict, grown: list[Growth], why: str, settings: di
         upd = params["update"]
         res = factorize(g.url, int(upd["k"]), method=upd["method"], oversample=int(upd["oversample"]), tol=upd["tol"],
                         seed=upd["seed"], out=loc, overwrite=True, center=bool(upd["center"]),
-                        scale=bool(upd["scale"]), signs=bool(upd["signs"]), updatable=True, **settings)
+                        scale=bool(upd["scale"]), signs=bool(upd["signs"]), updatable=True,
+                        record=(lambda mom, scaled: params["pca"]) if isinstance(params.get("pca"), dict) else None,
+                        **settings)
     res.report["updated"] = {"input": g.url, "rows_before": g.old_rows, "rows": g.rows, "rows_read": g.rows,
                              "how": f"recomputed: {why}"}
     return res
 
 
-__all__ = ["UPDATABLE", "status", "update"]
+__all__ = ["UPDATABLE", "status", "stored_factorization", "update"]
