@@ -567,6 +567,23 @@ def test_lu_of_columns_near_the_underflow_threshold(dtype, case, memory):
     assert np.abs(np.tril(packed, -1)).max() <= (np.sqrt(2) if np.dtype(dtype).kind == "c" else 1.0) * (1 + 1e-6)
 
 
+def assert_lu_near_the_top(f, a, real):
+    """``P A D = L U`` within ``4 n eps || |L| |U| ||`` (the LU backward error), ``D`` scaling column 0 (whose
+    entries lie near the range's top) by ``2^-(maxexp - 1)`` so that the check itself stays in range;
+    returns the packed factors."""
+    n = len(a)
+    d = np.ones(n)
+    d[0] = 2.0 ** -(np.finfo(real).maxexp - 1)
+    packed = f.to_numpy().astype(np.complex128)
+    low, up = np.tril(packed, -1) + np.eye(n), np.triu(packed) * d
+    pa = a.astype(np.complex128) * d
+    for i, p in enumerate(f.report["pivots"]):
+        pa[[i, p]] = pa[[p, i]]
+    bound = 4 * n * eps(real) * np.linalg.norm(np.abs(low) @ np.abs(up))
+    assert np.linalg.norm(low @ up - pa) <= bound, np.linalg.norm(low @ up - pa) / bound
+    return packed
+
+
 @pytest.mark.parametrize("memory", [IN_MEMORY, "256KiB"])  # 256 KiB: panels of 32 columns
 @pytest.mark.parametrize("dtype", [np.complex64, np.complex128, np.float32, np.float64])
 def test_lu_of_a_column_near_the_overflow_threshold(dtype, memory):
@@ -590,15 +607,7 @@ def test_lu_of_a_column_near_the_overflow_threshold(dtype, memory):
     a = a.astype(dtype)
     assert np.isfinite(a).all()
     f = bl.lu(a, memory=memory)
-    d = np.ones(n)
-    d[0] = 2.0 ** -(np.finfo(real).maxexp - 1)
-    packed = f.to_numpy().astype(np.complex128)
-    low, up = np.tril(packed, -1) + np.eye(n), np.triu(packed) * d
-    pa = a.astype(np.complex128) * d
-    for i, p in enumerate(f.report["pivots"]):
-        pa[[i, p]] = pa[[p, i]]
-    bound = 4 * n * eps(real) * np.linalg.norm(np.abs(low) @ np.abs(up))
-    assert np.linalg.norm(low @ up - pa) <= bound, np.linalg.norm(low @ up - pa) / bound
+    packed = assert_lu_near_the_top(f, a, real)
     assert np.abs(np.tril(packed, -1)).max() <= (np.sqrt(2) if np.dtype(dtype).kind == "c" else 1.0) * (1 + 1e-6)
 
 
@@ -619,15 +628,7 @@ def test_lu_of_a_complex_entry_whose_modulus_exceeds_the_range(dtype, memory):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         f = bl.lu(a, memory=memory)
-    d = np.ones(n)
-    d[0] = 2.0 ** -(np.finfo(real).maxexp - 1)
-    packed = f.to_numpy().astype(np.complex128)
-    low, up = np.tril(packed, -1) + np.eye(n), np.triu(packed) * d
-    pa = a.astype(np.complex128) * d
-    for i, p in enumerate(f.report["pivots"]):
-        pa[[i, p]] = pa[[p, i]]
-    bound = 4 * n * eps(real) * np.linalg.norm(np.abs(low) @ np.abs(up))
-    assert np.linalg.norm(low @ up - pa) <= bound, np.linalg.norm(low @ up - pa) / bound
+    assert_lu_near_the_top(f, a, real)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -134,10 +134,8 @@ def test_heartbeat_refreshes_and_never_resurrects(tmp_path, monkeypatch):
     assert not (tmp_path / "work").exists()  # a beat after the end does not recreate the folder
 
 
-def test_resume_takes_over_a_killed_run(ops, monkeypatch):
-    """A partial kept for resume whose owner died is continued by the next resume, same bits."""
-    a, b, out = ops
-    ref = blocklin.matmul(a, b, out.parent / "ref.zarr", memory="64KiB", scheduler="sync")
+def stopped_after_two_tiles(monkeypatch, run):
+    """``run()`` (a resumable matmul) stopped by an error in its third tile: its partial is kept."""
     import blocklin.runtime.tiles as tiles_mod
 
     real, calls = tiles_mod.run_tile, []
@@ -150,8 +148,16 @@ def test_resume_takes_over_a_killed_run(ops, monkeypatch):
 
     monkeypatch.setattr(tiles_mod, "run_tile", failing)
     with pytest.raises(RuntimeError, match="stop"):
-        blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True)
+        run()
     monkeypatch.undo()
+
+
+def test_resume_takes_over_a_killed_run(ops, monkeypatch):
+    """A partial kept for resume whose owner died is continued by the next resume, same bits."""
+    a, b, out = ops
+    ref = blocklin.matmul(a, b, out.parent / "ref.zarr", memory="64KiB", scheduler="sync")
+    stopped_after_two_tiles(monkeypatch, lambda: blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync",
+                                                                 resume=True))
     (part,) = out.parent.glob(".C.zarr.partial-*")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     rec = ownership.new_record(output=str(out))
@@ -167,7 +173,8 @@ def _slow_gemm(tmp_path: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "BLOCKLIN_TEST_DELAY": "0.05", "BLOCKLIN_TEMP_DIR": str(tmp_path)}
     return subprocess.Popen([sys.executable, str(SUPPORT / "slow_cli.py"), "gemm", str(tmp_path / "A.zarr"),
                              str(tmp_path / "B.zarr"), "-o", str(tmp_path / "C.zarr"), "--memory", "64KiB",
-                             "--no-progress", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--no-progress", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
 
 
 def _wait_for(pattern: str, folder: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -374,20 +381,8 @@ def test_resume_after_an_interrupted_overwrite_is_not_called_complete(ops, monke
     no unfinished run is left."""
     a, b, out = ops
     blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync")
-    import blocklin.runtime.tiles as tiles_mod
-
-    real, calls = tiles_mod.run_tile, []
-
-    def failing(*args, **kw):
-        if len(calls) == 2:
-            raise RuntimeError("stop")
-        calls.append(1)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(tiles_mod, "run_tile", failing)
-    with pytest.raises(RuntimeError, match="stop"):
-        blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True, overwrite=True)
-    monkeypatch.undo()
+    stopped_after_two_tiles(monkeypatch, lambda: blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync",
+                                                                 resume=True, overwrite=True))
     with pytest.raises(blocklin.errors.OutputExistsError, match="must not exist unless overwriting") as e:
         blocklin.matmul(a, b, out, memory="64KiB", scheduler="sync", resume=True)
     assert "complete" not in str(e.value)
