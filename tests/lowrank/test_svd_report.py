@@ -143,3 +143,29 @@ def test_eigsh_budget_refusal_names_a_budget_that_runs(dtype, tmp_path):
     full = np.linalg.eigvalsh(s)
     assert_ritz_values(got.w, full[::-1][:3], spectrum=full, residuals=np.asarray(got.report["residuals"]), n=200,
                        norm=20.0)
+
+
+@pytest.mark.parametrize("memory", [None, "192KiB"])
+def test_fixed_cost_rsvd_is_judged_against_the_default_tol(memory):
+    """``rsvd`` with a fixed ``power_iters`` and no ``tol``: ``converged`` says whether the measured residuals
+    met the documented default ``tol = sqrt(10 sqrt(eps))``, not that nothing was checked (every triplet
+    had read as converged, relative residuals of 0.07 included)."""
+    a = _pca_like()
+    kw = {"memory": memory} if memory else {}
+    with pytest.warns(ConvergenceWarning, match="tol="):
+        res = bl.svd(a, 8, power_iters=1, seed=0, **kw)
+    r = res.report
+    tol = np.sqrt(10 * np.sqrt(np.finfo(np.float64).eps))
+    s, vt = res.s, res.Vt
+    rel = np.linalg.norm(a.T @ res.U.to_numpy() - vt.T * s, axis=0) / s  # measured here, from the dense data
+    assert rel.max() > 10 * tol  # one power pass leaves the trailing triplets far from converged
+    assert r["tol"] == pytest.approx(tol, rel=1e-12)
+    assert r["converged"] is False
+    assert r["converged_triplets"] == [bool(x <= tol * (1 + 1e-9)) for x in r["relative_residuals"]]
+    np.testing.assert_allclose(r["relative_residuals"], rel, rtol=1e-6)
+    # converged where the residuals do meet it: a fast decay (0.5^i) within four power passes
+    b = np.random.default_rng(1).standard_normal((800, 60)) * 0.5 ** np.arange(60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        done = bl.svd(b, 8, power_iters=4, seed=0, **kw)
+    assert done.report["converged"] is True and max(done.report["relative_residuals"]) <= tol

@@ -268,7 +268,9 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
         1e-9 on a slowly decaying spectrum, a few ``eps`` on fast decay, flat tails and low rank plus
         noise; docs/svd.md). ``tol=10 * sqrt(eps)`` gives residuals (vectors) at that level and the
         singular values to a few ``eps``. The passes follow from it. A tolerance not reached within the pass limit gives a
-        :class:`~blocklin.errors.ConvergenceWarning` naming the triplets and the worst one.
+        :class:`~blocklin.errors.ConvergenceWarning` naming the triplets and the worst one. ``rsvd``
+        with a fixed ``power_iters`` and no ``tol`` runs its passes and is judged against the default:
+        ``report["converged"]`` is ``False``, with the warning, where a residual is above it.
     out : path, optional
         Write a zarr group with ``U``, ``S``, ``Vt`` and the report in its attributes.
     seed : int, NumPy Generator, RandomState or SeedSequence, optional
@@ -612,6 +614,10 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
     if not FLOAT64_VALUES.get():
         check_result_range("a", s, plan.dtype, "singular values")
     s1 = float(s[0]) if s.size and s[0] > 0 else 1.0
+    if tol is None and plan.method == "rsvd":
+        # a fixed number of power passes is still judged: converged says the residuals met the default tol
+        # (without one every triplet had read as converged, relative residuals of 0.07 included)
+        tol = default_tol(plan.dtype)
     triplets = triplet_report(s, f.residuals, tol, plan.dtype)
     # converged only for residuals actually measured: the single-pass sketch has none (None, with its note)
     converged = None if f.residuals is None else all(triplets["converged_triplets"] or [True])
