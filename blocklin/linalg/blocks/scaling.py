@@ -292,6 +292,25 @@ def check_finite_result(name: str, values: Any, what: str) -> None:
             "use float64, or rescale the data"))
 
 
+def check_scaled_back_range(name: str, values: Any, e: int, what: str) -> None:
+    """Refuse values of the data scaled by ``2^-e`` (singular values) whose ``2^e`` multiple leaves float64:
+    scaled back they would be Inf, which had been refused as a non-finite result (``ConvergenceError``)
+    whose fix said to use float64. The fix names the power of two whose scaled data's values fit."""
+    from blocklin.errors import ParameterError, explain
+
+    v = np.abs(np.asarray(values, dtype=np.float64))
+    v = v[np.isfinite(v) & (v > 0)]
+    if not v.size:
+        return
+    top = int(np.frexp(float(v.max()))[1]) + int(e)  # the largest value is below 2^top
+    if top > np.finfo(np.float64).maxexp:
+        raise ParameterError(explain(
+            name, f"must have {what} within the range of float64, the precision they are returned in",
+            f"a largest value of about 2^{top - 1} (above float64's 1.798e+308)",
+            f"scale the data by 2.0**-{top - 1000} (exact: the values of the scaled data are 2^-{top - 1000} "
+            f"times these)"))
+
+
 def check_result_range(name: str, values: Any, dtype: Any, what: str) -> None:
     """Refuse values computed in float64 from scaled data (singular values, eigenvalues) that the
     result's precision, ``dtype``'s real type, cannot hold: cast, they would be Inf (float32 data near

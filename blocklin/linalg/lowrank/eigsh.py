@@ -27,8 +27,8 @@ from blocklin.runtime.powers import ldexp
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
 from blocklin.runtime.checkpoints import Checkpoints
 from blocklin.linalg.blocks.results import open_group, write_group
-from blocklin.linalg.blocks.scaling import (Scaling, check_finite_result, check_result_range, incore_exponent,
-                                           refuse_nonfinite, unscale)
+from blocklin.linalg.blocks.scaling import (Scaling, check_finite_result, check_result_range, check_scaled_back_range,
+                                           incore_exponent, refuse_nonfinite, unscale)
 from blocklin.linalg.lowrank.checkpoint import checkpointed_seed, low_rank_token
 from blocklin.linalg.lowrank.run import real_parts
 from blocklin.linalg.lowrank.sources import load_incore
@@ -229,6 +229,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                             if ckpt.enabled else None)
         ckpt.clear()
         if scaling.exponent:  # the eigenpairs of 2^-e A: eigenvalues and residuals scale back by 2^e
+            check_scaled_back_range("a", res.values, scaling.exponent, "eigenvalues")
             res = dataclasses.replace(res, values=unscale(res.values, scaling.exponent),
                                residuals=unscale(np.asarray(res.residuals, dtype=np.float64), scaling.exponent))
             scale["v"] = float(np.ldexp(scale["v"], scaling.exponent))

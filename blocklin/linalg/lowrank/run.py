@@ -12,7 +12,7 @@ import numpy as np
 
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.center import Moments, Shift, moments_incore
-from blocklin.linalg.blocks.scaling import ProductScaling, Scaling, incore_exponent, refuse_nonfinite, unscale
+from blocklin.linalg.blocks.scaling import ProductScaling, Scaling, check_scaled_back_range, incore_exponent, refuse_nonfinite, unscale
 from blocklin.linalg.lowrank.centering import fused_start, means_pass, moments_gram
 from blocklin.linalg.lowrank.methods import (Factorization, gram, lanczos, rsvd, sketch, squares_lost, tsqr_svd,
                                              whole_space)
@@ -215,6 +215,7 @@ def scaled_back(f: Factorization, scaling: Scaling | ProductScaling, moments: Mo
     if e and (not scale or _all_unscaled(moments, center=center, scale=scale)):
         # the factors of 2^-e B: s and residuals scale back by 2^e, vectors are unchanged
         # (a standardized B is the same for 2^-e A: nothing to scale back)
+        check_scaled_back_range("a", f.s, e, "singular values")
         residuals = None if f.residuals is None else unscale(np.asarray(f.residuals, dtype=np.float64), e)
         f = dataclasses.replace(f, s=unscale(f.s, e), residuals=residuals)
     if e:
