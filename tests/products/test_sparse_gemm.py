@@ -266,3 +266,22 @@ def test_a_sparse_product_beyond_the_range_is_refused(stored, tmp_path, product)
     with np.errstate(over="ignore", invalid="ignore"):
         got = bl.matmul(*args, memory="1MiB", check_finite=False, **kw).to_numpy()
     assert not np.isfinite(ref).all() and np.array_equal(np.isfinite(got), np.isfinite(ref))
+
+
+def test_a_sparse_gram_whose_sums_overflow_is_refused(tmp_path):
+    """Entries below ``2^512`` whose squares sum past float64's range (34 of ``1.5 * 2^511`` in a column)
+    had returned a Gram holding Inf without an error: the refusal had judged the range by
+    ``2 log2(max |a|)`` alone, which stays in range (found by a randomized search, 2026-12-06). Refused now
+    with the scaling that fits, which gives the exact ``4^k`` times scaled Gram."""
+    x = scipy.sparse.random(34, 20, density=0.2, random_state=1, format="lil")
+    x[:, 3] = 1.5 * 2.0 ** 511
+    x = x.tocsr()
+    with pytest.raises(ParameterError, match=r"^a: must have a Gram matrix within the range of float64") as err:
+        bl.gram(bl.from_sparse(x, tmp_path / "x.zarr"), tmp_path / "g.zarr", memory="2MiB")
+    assert not (tmp_path / "g.zarr").exists()
+    k = int(str(err.value).split("times 2.0**")[1].split(" ")[0])
+    z = x.copy()
+    z.data = np.ldexp(z.data, k)
+    g = bl.gram(bl.from_sparse(z, tmp_path / "z.zarr"), memory="2MiB").to_numpy()
+    assert np.isfinite(g).all()
+    assert_gram(g, (z.T @ z).toarray(), z.toarray())

@@ -418,11 +418,14 @@ def _check_gram_range(g: np.ndarray, dt: np.dtype, amax: float) -> None:
     ``1e-200`` one of ``0``, silently). Its diagonal holds the largest squares, so a Gram in range is summed
     in float64 without overflow or loss: nothing to scale."""
     big = float(np.max(np.abs(g))) if g.size else 0.0
-    if np.isnan(big) or amax == 0:  # NaN data read with check_finite=False propagates, as in the products
+    # NaN or Inf data read with check_finite=False propagates, as in the products
+    if np.isnan(big) or amax == 0 or not np.isfinite(amax):
         return
-    # the largest entry is below 2^top (from the squares of the largest entry where they left the range)
-    top = int(np.frexp(big)[1]) if 0 < big < np.inf else 2 * int(np.frexp(amax)[1])
     fi = np.finfo(dt)
+    # the largest entry is below 2^top; a sum that overflowed the float64 accumulator is above float64's range
+    # whatever 2 log2(max |a|) says (entries below 2^512 whose squares sum past 2^1024 had returned Inf)
+    top = int(np.frexp(big)[1]) if 0 < big < np.inf else \
+        max(2 * int(np.frexp(amax)[1]), fi.maxexp + 1) if big == np.inf else 2 * int(np.frexp(amax)[1])
     if top > fi.maxexp or top < fi.minexp + fi.nmant:
         k = (fi.maxexp // 2 - top) // 2
         raise ParameterError(explain(
