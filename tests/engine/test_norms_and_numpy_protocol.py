@@ -450,3 +450,28 @@ def test_products_of_two_dtypes_promote_as_numpy(tmp_path, da, db):
         assert got.dtype == want.dtype and np.all(np.abs(got - exact) <= bound)
     v = m @ b[:, 0]
     assert v.dtype == want.dtype and v.shape == (9,) and np.all(np.abs(v - exact[:, 0]) <= bound[:, 0])
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (3, 0), (0, 0)])
+@pytest.mark.parametrize("ord", [None, "fro", "nuc", 1, -1, 2, -2, math.inf, -math.inf])
+def test_norms_of_an_empty_matrix_are_numpys(tmp_path, shape, ord):
+    """A matrix with no entries has NumPy's norms: ``0.0``, or a refusal naming ``ord`` where NumPy refuses a
+    minimum over nothing (``-1`` with no columns, ``-inf`` with no rows, ``-2``). ``2`` and ``'nuc'`` had been
+    refused as an SVD's ``k=0``, ``-inf`` of 3 rows with no columns had returned ``inf`` for NumPy's ``0.0`` and
+    ``-1`` with none ``0.0`` (found by a randomized search, 2026-12-06); a stored sparse matrix answers alike."""
+    x = np.zeros(shape)
+    try:
+        want = float(np.linalg.norm(x, ord))
+    except ValueError:
+        want = None
+    operands = [x, bl.from_array(x, tmp_path / "x.zarr")]
+    if ord not in ("nuc", -2):  # refused for every stored sparse matrix (SciPy's too)
+        import scipy.sparse
+
+        operands.append(bl.from_sparse(scipy.sparse.csr_matrix(shape), tmp_path / "s.zarr"))
+    for a in operands:
+        if want is None:
+            with pytest.raises(ParameterError, match=r"^ord: must name a norm defined for an empty matrix"):
+                bl.norm(a, ord, memory="1MiB")
+        else:
+            assert bl.norm(a, ord, memory="1MiB") == want

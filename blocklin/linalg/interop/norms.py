@@ -110,7 +110,7 @@ def entrywise(a: Any, **settings: Unpack[Settings]) -> dict:
         if total["bad"]:  # NaN or Inf read with check_finite=False: NumPy's sqrt(sum a^2), NaN or inf
             fro = total["bad"]
         return {"fro": fro, "cols": total["cols"], "row_max": total["row_max"],
-                "row_min": total["row_min"] if m else 0.0, "report": job.report(operation="norm")}
+                "row_min": total["row_min"] if m else 0.0, "shape": (m, n), "report": job.report(operation="norm")}
 
 
 def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noqa: A002 - NumPy's name
@@ -152,6 +152,8 @@ def norm(a: Any, ord: Any = None, **settings: Unpack[Settings]) -> float:  # noq
     if ord in (2, -2, "nuc"):
         return _spectral(a, ord, settings)
     sums = entrywise(a, **settings)
+    if 0 in sums["shape"]:
+        return _empty_norm(ord, sums["shape"])
     if ord is None or ord == "fro":
         return float(sums["fro"])
     cols = sums["cols"] if sums["cols"].size else np.zeros(1)
@@ -210,6 +212,8 @@ def _sparse_norm(s: Any, ord: Any, settings: dict) -> float:
             "singular value, which its truncated SVD does not give; scipy.sparse.linalg.norm refuses them too)",
             repr(ord), f"convert it to a dense array first (blocklin convert {s.path} D.zarr --dense), then "
             "blocklin.norm(D, ord)"))
+    if 0 in s.shape:
+        return _empty_norm(ord, s.shape)
     if ord == 2:
         return _largest(s, s.dtype, settings) if min(s.shape) > 1 else _sparse_norm(s, None, settings)
     m, n = s.shape
@@ -251,13 +255,30 @@ def _check_ord(ord: Any) -> Any:
                                  "as numpy.linalg.norm)", repr(ord), "pass ord=None (Frobenius)"))
 
 
+def _empty_norm(ord: Any, shape: tuple[int, int]) -> float:
+    """``numpy.linalg.norm`` of a matrix with no entries: ``0.0`` (a sum of nothing, and the largest singular
+    value, row sum or column sum of none), except the smallest column sum of a matrix with no columns, row sum
+    of one with no rows, or singular value of either (``-1``, ``-inf``, ``-2``): a minimum over nothing, which
+    NumPy refuses. (``2`` and ``'nuc'`` had been refused as an SVD's ``k=0``, ``-inf`` of rows with no columns
+    had returned ``inf`` for NumPy's ``0.0``, and ``-1`` with no columns ``0.0`` where NumPy refuses.)"""
+    m, n = shape
+    if ord == -2 or (ord == -1 and n == 0) or (ord == -math.inf and m == 0):
+        what = {-2: "singular value", -1: "column sum of |a|", -math.inf: "row sum of |a|"}[ord]
+        raise ParameterError(explain(
+            "ord", f"must name a norm defined for an empty matrix: ord={ord!r} is its smallest {what}, a minimum "
+            "over none (numpy.linalg.norm refuses it too)", f"ord={ord!r} of a {m} x {n} matrix",
+            "pass ord=None, 1, 2 or inf (0.0 for a matrix with no entries), or a matrix with entries"))
+    return 0.0
+
+
 def _spectral(a: Any, ord: Any, settings: dict) -> float:
     from blocklin.linalg.lowrank.svd import float64_values, svd
 
-    if ord == 2:
-        shape, dtype = _shape_dtype(a, settings)
-        if min(shape) > 1:
-            return _largest(a, dtype, settings)
+    shape, dtype = _shape_dtype(a, settings)
+    if 0 in shape:
+        return _empty_norm(ord, shape)
+    if ord == 2 and min(shape) > 1:
+        return _largest(a, dtype, settings)
     # the values in float64, as computed: cast to float32 data's precision they had overflowed to inf
     # (norm(2) of finite float32 data near 1e38) or lost digits below its normal range
     with float64_values():
