@@ -218,3 +218,29 @@ def test_gram_pass_splits_into_two_tasks_where_their_sums_are_small(x64):
         got = [r.to_numpy() for r in runs]
         assert all(np.array_equal(got[0], g) for g in got[1:])
         assert_gram(got[0], ref, x)
+
+
+@pytest.mark.parametrize("memory", ["32MiB", "256KiB"])  # the pass and the tiled route
+def test_matmul_gram_route_with_alpha_zero_is_zero(x64, memory):
+    """``matmul(x, x, trans_b=True, alpha=0.0)`` is NumPy's ``0 * (x @ x.T)``, zeros, on both Gram routes: the
+    tiled route had refused it as squares that underflowed whole (its all-zero diagonal beside a nonzero
+    ``x``: found by a randomized search, 2026-12-06)."""
+    c = bl.matmul(x64, x64, trans_b=True, alpha=0.0, memory=memory)
+    assert c.report["route"] == ("pass" if memory == "32MiB" else "tiles")
+    assert np.array_equal(c.to_numpy(), np.zeros((700, 700)))
+
+
+def test_matmul_gram_route_range_refusal_names_matmuls_alpha(x64):
+    """A Gram handed over by matmul that leaves float32's range is refused with a fix in matmul's terms
+    (``alpha=``, which it has; its refusal had told a matmul call to pass gram's ``scale=``), and that fix
+    gives the scaled product."""
+    x = x64.astype(np.float32)
+    with pytest.raises(bl.errors.ParameterError, match=r"^a: must have a Gram matrix within the range of float32") \
+            as err:
+        bl.matmul(x, x, trans_a=True, alpha=2.0 ** 140, memory="32MiB")
+    msg = str(err.value)
+    assert "matmul(..., alpha=2.0**" in msg and "scale=" not in msg
+    k = int(msg.split("alpha=2.0**")[1].split(")")[0])
+    c = bl.matmul(x, x, trans_a=True, alpha=2.0 ** k, memory="32MiB")
+    assert c.report["route"] == "pass"
+    assert_gram(np.ldexp(c.to_numpy().astype(np.float64), -k), x.T.astype(np.float64) @ x, x, dtype=np.float32)

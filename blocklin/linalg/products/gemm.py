@@ -474,7 +474,7 @@ def _as_gram(job: Job, op: Gemm, out: Any, *, overwrite: bool, resume: bool) -> 
     """Run ``X^T X`` / ``X X^T`` as :func:`blocklin.gram` (SYRK, one read of ``X``) inside this job."""
     from blocklin.linalg.products.gram import Gram, write_gram
 
-    g = Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha)
+    g = Gram.of(op.A, trans=op.trans_b, dtype=op.dtype, alpha=op.alpha, scale_name="alpha")
     result = write_gram(job, g, g.plan(job), out, overwrite=overwrite, resume=resume, operation="matmul",
                         operands=op.operands, params={**op.params(), "route": "gram"})
     result.report["route_reason"] = (f"{'X X^T' if g.trans else 'X^T X'} of one stored operand: computed as "

@@ -64,11 +64,16 @@ class Gram:
     trans: bool
     dtype: np.dtype
     alpha: float = 1.0
+    #: The caller's name of ``alpha``, which a range refusal's fix names: ``gram``'s ``scale``, or ``"alpha"``
+    #: for the ``X^T X`` that :func:`blocklin.matmul` hands over (which has no ``scale``).
+    scale_name: str = "scale"
 
     @classmethod
-    def of(cls, A: Any, *, trans: bool = False, dtype: Any = None, alpha: float = 1.0) -> Gram:
+    def of(cls, A: Any, *, trans: bool = False, dtype: Any = None, alpha: float = 1.0,
+           scale_name: str = "scale") -> Gram:
         return cls(A=A, trans=bool(trans), dtype=result_dtype([A], dtype, FLOAT_DTYPES + COMPLEX_DTYPES,
-                                                               operation="gram"), alpha=float(alpha))
+                                                               operation="gram"), alpha=float(alpha),
+                   scale_name=scale_name)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -114,7 +119,9 @@ class Gram:
                      alpha=self.alpha, full=True, check=job.check_finite, done_dir=done_dir,
                      c=None if add is None else Region.of(add, (plan.s, plan.s)), beta=0.0 if add is None else 1.0,
                      description=f"Gram tiles {plan.product}", decoded=decoded_chunks(self.A))
-            self._check_tiles(plan, out_path, lambda: ops.norm(a, description="norm of a (a zero Gram)") == 0)
+            # alpha = 0 (matmul's): a zero result is right whatever A holds
+            self._check_tiles(plan, out_path, lambda: self.alpha == 0 or
+                              ops.norm(a, description="norm of a (a zero Gram)") == 0)
             return None
         return self._run_pass(job, plan, out_path, add, peaks)
 
@@ -149,7 +156,8 @@ class Gram:
             k = fi.maxexp // 2 - top + int(p)
             if fi.minexp < k < fi.maxexp - 1:
                 h = "H" if self.dtype.kind == "c" else "T"
-                fix = (f"compute it in a scaled form: gram(a, scale=2.0**{k}) returns scale * "
+                call = "gram(a, scale=" if self.scale_name == "scale" else f"matmul(..., {self.scale_name}="
+                fix = (f"compute it in a scaled form: {call}2.0**{k}) returns {self.scale_name} * "
                        f"{f'A A^{h}' if self.trans else f'A^{h} A'} (exact)")
             else:  # the factor itself is out of range: scale the data (by a power of two: exact)
                 fix = (f"compute it in a scaled form: the Gram of a * 2.0**{k // 2} (exact) is 2^{2 * (k // 2)} "
