@@ -244,3 +244,19 @@ def test_matmul_gram_route_range_refusal_names_matmuls_alpha(x64):
     c = bl.matmul(x, x, trans_a=True, alpha=2.0 ** k, memory="32MiB")
     assert c.report["route"] == "pass"
     assert_gram(np.ldexp(c.to_numpy().astype(np.float64), -k), x.T.astype(np.float64) @ x, x, dtype=np.float32)
+
+
+def test_gram_refusal_of_subnormal_float32_data_names_a_scaling_that_applies():
+    """float32 entries near ``2^-140`` (subnormal) need a scaling beyond float32's range: the fix had said
+    ``a * 2.0**j``, which a float32 array takes as float32 (Inf entries) (found by a randomized search,
+    2026-12-06); it names ``numpy.ldexp(a, j)`` now, exact, after which the Gram is within the bound."""
+    x = np.ldexp(np.random.default_rng(4).standard_normal((80, 10)), -140).astype(np.float32)
+    with pytest.raises(bl.errors.ParameterError, match=r"^a: must have a Gram matrix within the range of float32") \
+            as err:
+        bl.gram(x, memory="32MiB")
+    j = int(str(err.value).split("numpy.ldexp(a, ")[1].split(")")[0])
+    y = np.ldexp(x, j)
+    assert y.dtype == np.float32 and np.isfinite(y).all()
+    g = bl.gram(y, memory="32MiB").to_numpy()
+    yd = y.astype(np.float64)
+    assert_gram(g, yd.T @ yd, yd, dtype=np.float32)

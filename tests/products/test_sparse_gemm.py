@@ -285,3 +285,22 @@ def test_a_sparse_gram_whose_sums_overflow_is_refused(tmp_path):
     g = bl.gram(bl.from_sparse(z, tmp_path / "z.zarr"), memory="2MiB").to_numpy()
     assert np.isfinite(g).all()
     assert_gram(g, (z.T @ z).toarray(), z.toarray())
+
+
+@pytest.mark.parametrize("k,dtype", [(-1060, np.float64), (-130, np.float32)])
+def test_the_scaling_a_sparse_gram_refusal_names_can_be_applied(tmp_path, k, dtype):
+    """Subnormal float64 entries and float32 ones near ``1e-39`` need a scaling beyond float64's range
+    (``2^1284``) or float32's (``2^153``): the fix had said ``x * 2.0**k``, which raises OverflowError or (cast
+    to float32) gives Inf entries (found by a randomized search, 2026-12-06). It names ``numpy.ldexp`` of the
+    entries now, which scales exactly, and the scaled Gram is then ``4^k`` times the exact one."""
+    x = scipy.sparse.random(60, 12, density=0.3, random_state=2, format="csr")
+    x.data = np.ldexp(x.data, k).astype(dtype)
+    with pytest.raises(ParameterError, match=r"^a: must have a Gram matrix within the range of") as err:
+        bl.gram(bl.from_sparse(x, tmp_path / "x.zarr"), memory="2MiB")
+    j = int(str(err.value).split("numpy.ldexp(x.data, ")[1].split(")")[0])
+    z = x.copy()
+    z.data = np.ldexp(z.data, j)
+    g = bl.gram(bl.from_sparse(z, tmp_path / "z.zarr"), memory="2MiB").to_numpy()
+    assert np.isfinite(g).all() and np.abs(g).max() > 0
+    zd = z.toarray().astype(np.float64)
+    assert_gram(g, zd.T @ zd, zd, dtype=dtype)

@@ -159,9 +159,10 @@ class Gram:
                 call = "gram(a, scale=" if self.scale_name == "scale" else f"matmul(..., {self.scale_name}="
                 fix = (f"compute it in a scaled form: {call}2.0**{k}) returns {self.scale_name} * "
                        f"{f'A A^{h}' if self.trans else f'A^{h} A'} (exact)")
-            else:  # the factor itself is out of range: scale the data (by a power of two: exact)
-                fix = (f"compute it in a scaled form: the Gram of a * 2.0**{k // 2} (exact) is 2^{2 * (k // 2)} "
-                       "times this one")
+            else:  # the factor itself is out of range: scale the data (by a power of two: exact), by ldexp:
+                # a * 2.0**j overflows where 2^j is beyond float64's range, or float32's for float32 data
+                fix = (f"compute it in a scaled form: the Gram of numpy.ldexp(a, {k // 2}) (exact) is "
+                       f"2^{2 * (k // 2)} times this one")
             raise ParameterError(explain_msg(
                 "a", f"must have a Gram matrix within the range of {self.dtype.name} (largest entry between "
                 f"2^{fi.minexp + fi.nmant} and 2^{fi.maxexp})", f"a Gram whose largest entry is about "

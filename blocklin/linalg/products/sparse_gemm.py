@@ -432,7 +432,10 @@ def _check_gram_range(g: np.ndarray, dt: np.dtype, amax: float) -> None:
             "a", f"must have a Gram matrix within the range of {dt.name} (largest entry between "
             f"2^{fi.minexp + fi.nmant} and 2^{fi.maxexp})", f"a Gram whose largest entry is about 2^{top - 1} "
             f"(max |a| = {amax:.3g})", f"compute it in a scaled form: the Gram of the sparse matrix times "
-            f"2.0**{k} (exact; blocklin.from_sparse(x * 2.0**{k}, ...)) is 2^{2 * k} times this one"))
+            # ldexp, not x * 2.0**k: 2^k may lie outside float64's range, or (cast to float32 data's dtype)
+            # float32's, where the product had given Inf entries
+            f"2.0**{k} (exact: x.data = numpy.ldexp(x.data, {k}), then blocklin.from_sparse(x, ...)) is "
+            f"2^{2 * k} times this one"))
 
 
 # -- drivers -------------------------------------------------------------------------------------------
