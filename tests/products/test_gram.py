@@ -260,3 +260,12 @@ def test_gram_refusal_of_subnormal_float32_data_names_a_scaling_that_applies():
     g = bl.gram(y, memory="32MiB").to_numpy()
     yd = y.astype(np.float64)
     assert_gram(g, yd.T @ yd, yd, dtype=np.float32)
+
+
+def test_matmul_gram_tiles_refusal_names_alpha_where_it_leaves_the_range(x64):
+    """Entries near 1 times ``alpha = 2^130`` leave float32's range on the tiled route: its refusal had told
+    only to scale ``a`` so that its entries sit near 1, which they do (found by a randomized search,
+    2026-12-06); it names ``alpha=`` too now."""
+    x = x64.astype(np.float32)
+    with pytest.raises(bl.errors.ParameterError, match=r"the tiled route.*Fix: .*pass alpha= nearer 1"):
+        bl.matmul(x, x, trans_b=True, alpha=2.0 ** 130, memory="256KiB")

@@ -129,9 +129,12 @@ class Gram:
         """The tiled route sums unscaled squares: refused where they left the range (:func:`check_diagonal`);
         an all-zero diagonal only where ``a_is_zero()`` says ``A`` is not zero (its squares underflowed
         whole: float32 data near 1e-30 had returned a zero matrix)."""
+        # a factor other than 1 scales the result: it may be what left the range (entries near 1 times 1e48)
+        factor = (f", or pass {self.scale_name}= nearer 1 (the result is {self.scale_name}={self.alpha:.3g} "
+                  "times the Gram)") if self.alpha not in (1.0, 0.0) else ""
         check_diagonal(out_path, plan.s, plan.out_chunks[0], self.dtype, "the tiled route, for a result over the "
                        "budget, sums unscaled squares", "or raise memory= so the pass route (which scales by "
-                       "itself) holds the result", zero_ok=a_is_zero)
+                       f"itself) holds the result{factor}", zero_ok=a_is_zero)
 
     def _unscaled(self, g: np.ndarray, scaling: Scaling, *, check: bool = True) -> np.ndarray:
         """``alpha 2^(2e) G'`` from the Gram ``G'`` of ``2^-e A`` (exact for a power-of-two ``alpha``);
