@@ -57,8 +57,8 @@ class Equilibration:
     def report(self, note: str = NOTE) -> dict:
         """The report's ``equilibration`` entry (``note``: what the report's other entries then describe)."""
         out: dict = {"applied": self.applied, "rowcnd": self.rowcnd, "colcnd": self.colcnd,
-                     "rule": f"LAPACK xLAQGE: rows scaled where ROWCND < {THRESH} or AMAX lies outside "
-                             f"[SMALL, 1 / SMALL], columns where COLCND < {THRESH}"}
+                     "rule": f"LAPACK xLAQGE: rows scaled where ROWCND < {THRESH} (or AMAX > 1 / SMALL with "
+                             f"the columns scaled), columns where COLCND < {THRESH}"}
         if self.applied:
             out["row_exponents"] = [int(self.row.min()), int(self.row.max())]
             out["column_exponents"] = [int(self.col.min()), int(self.col.max())]
@@ -185,11 +185,13 @@ def decide(rmax: np.ndarray, cmax: ColumnMaxima, dtype: Any = np.float64) -> Equ
     such a matrix). A column maximum below float64's range counts as LAPACK's ``SMLNUM`` in ``COLCND`` and keeps
     its exact exponent.
 
-    Rows are scaled where ``ROWCND < THRESH``, and, as ``xLAQGE`` has it, where the largest entry ``AMAX`` lies
-    outside ``[SMALL, LARGE]`` (``SMALL`` the dtype's safe minimum over its precision, ``LARGE = 1 / SMALL``):
-    the column scalings are those of ``R A``, so ``A C`` alone has column maxima up to ``2 max_i rmax_i``, beyond
-    the range for data within a factor 2 of its top (a float64 matrix led by ``0.7 * 1.8e308`` with graded
-    columns had been refused as holding an Inf)."""
+    Rows are scaled where ``ROWCND < THRESH``, and, as ``xLAQGE`` has it, where the largest entry ``AMAX`` is
+    above ``LARGE = 1 / SMALL`` (``SMALL`` the dtype's safe minimum over its precision) and the columns are
+    scaled: the column scalings are those of ``R A``, so ``A C`` alone has column maxima up to ``2 max_i rmax_i``, beyond the range for
+    data within a factor 2 of its top (a float64 matrix led by ``0.7 * 1.8e308`` with graded columns had
+    been refused as holding an Inf). ``xLAQGE`` scales the rows where ``AMAX < SMALL`` too; ``A C``'s
+    maxima are then of the data's own size, and data that small is left to the routes' power-of-two
+    scaling (their refusals of an ``x`` or inverse beyond the range name the fix)."""
     n = len(rmax)
     zero = np.zeros(n, dtype=np.int64)
     if not (np.isfinite(rmax).all() and np.isfinite(cmax.frac).all()) or rmax.min() == 0 or cmax.frac.min() == 0:
@@ -201,9 +203,10 @@ def decide(rmax: np.ndarray, cmax: ColumnMaxima, dtype: Any = np.float64) -> Equ
     # xGEEQUB's column scalings are those of R A whether or not xLAQGE applies R
     row, col = _exponents(rmax), -cmax.exp
     fi = np.finfo(np.dtype(dtype))
-    small = float(fi.tiny) / float(fi.eps)  # LAPACK's SMALL = xLAMCH('S') / xLAMCH('P')
-    amax = float(rmax.max())
-    rows_scaled, cols_scaled = rowcnd < THRESH or not small <= amax <= 1 / small, colcnd < THRESH
+    large = float(fi.eps) / float(fi.tiny)  # LAPACK's LARGE = 1 / SMALL, SMALL = xLAMCH('S') / xLAMCH('P')
+    cols_scaled = colcnd < THRESH
+    # (only with C: rows alike in scale and no column scaling leave A as it was, and its routes' own scaling)
+    rows_scaled = rowcnd < THRESH or (cols_scaled and float(rmax.max()) > large)
     return Equilibration(row if rows_scaled else zero, col if cols_scaled else zero, rowcnd, colcnd,
                          bool(rows_scaled), bool(cols_scaled))
 
