@@ -237,3 +237,25 @@ def test_graded_columns_at_the_top_of_the_range(n, memory, dtype):
     eq = x.report["equilibration"]
     assert eq["applied"] and eq["rowcnd"] >= equilibrate.THRESH  # the rows scaled for AMAX alone
     check(x.to_numpy(), B, b, dr, dc)
+
+
+@pytest.mark.parametrize("memory", [None, "256KiB"])
+def test_r_b_flushed_to_zero_is_refused_naming_b(memory):
+    """One row ``2^600`` above the others and ``b`` near ``2^-1000`` in it: ``R b`` (``R`` near ``2^-600`` there)
+    is 0, the equilibrated solve returned ``y = 0`` with a backward error of 0 and ``x = 0`` came back without a
+    word (``x`` near ``2^-1600`` lies below the range; unequilibrated, that was refused naming ``b``). Refused
+    naming ``b``; the fix it names (``b`` scaled up) solves it."""
+    rng = np.random.default_rng(0)
+    n = 8 if memory is None else 100
+    B = rng.standard_normal((n, n)) + n * np.eye(n)
+    dr = np.ones(n)
+    dr[0] = 2.0 ** 600
+    a = dr[:, None] * B
+    b = np.zeros((n, 1))
+    b[0] = 2.0 ** -1000
+    with pytest.raises(errors.ConvergenceError, match=r"^b: must give a solution x = A\^-1 b within the range.*"
+                                                      r"R b = 0 in 1 column.*Fix: scale b up"):
+        bl.solve(a, b, memory=memory)
+    b = np.ldexp(b, 1600)  # the fix: x scaled up alike (near 1, where the reference's norms hold)
+    x = solve_quiet(a, b, memory=memory)
+    check(x.to_numpy(), B, b, dr, np.ones(n))

@@ -277,6 +277,7 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         rows = _staging_rows(job, A) if staged else 0
         run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token, dtype=dt, half=half,
                                equilibrated=rows)
+        given = B
         if staged:  # the solve runs on (R A C) y = R b, x = C y
             A, B = _equilibrate_system(job, run, A, B, eq, rows)
         if half:
@@ -286,6 +287,8 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
             factor, why = run.stages.run("factor", lambda: _factor(job, A, fdt, assume_a, run.factor_stores))
         ops = BlockOps(job, run.tiles[factor.kind])
         ops.workers = factor.plan.workers
+        if staged:
+            _check_equilibrated_b(ops, given, B, (n, k), dt)
         if half:
             ops.math = None  # the preconditioner's triangular solves in float32
             factor.norm_a = None  # the factorization summed A scaled: ||A||_F is read from A
@@ -1262,6 +1265,26 @@ def _below_range(ops: BlockOps, ref: SolveRefinement, B: Any, shape: tuple[int, 
                 f"{float(info.smallest_subnormal):.1e} absolute, which bounds the backward error; scale b by a power "
                 "of two for full precision")
     return None
+
+
+def _check_equilibrated_b(ops: BlockOps, given: Any, staged: Any, shape: tuple[int, int], dt: np.dtype) -> None:
+    """Refuse, as :func:`_below_range` refuses ``x = 0``, a column of ``R b`` flushed to 0 whose ``b`` is not 0:
+    rows ``2^600`` above the others and ``b`` near ``2^-1000`` there made ``R b`` (``R`` near ``2^-600``) 0, the
+    solve of the equilibrated system returned ``y = 0`` with a backward error of 0, and ``x = 0`` came back
+    without a word (``x`` lies below the range; unequilibrated, that was refused naming ``b``)."""
+    n, k = shape
+    rb = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(staged.path, (n, k))), dtype=np.float64))
+    if not np.any(rb == 0):
+        return
+    bn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(given.path, (n, k), (int(getattr(given, "first_row", 0)),
+                                                                               0))), dtype=np.float64))
+    flushed = (rb == 0) & (bn > 0)
+    if flushed.any():
+        raise ConvergenceError(explain(
+            "b", f"must give a solution x = A^-1 b within the range of {np.dtype(dt).name} (nonzero entries above "
+            f"{float(np.finfo(dt).smallest_subnormal):.1e})", f"R b = 0 in {int(flushed.sum())} column(s) whose b is "
+            "not 0 (R the equilibration's row scaling, powers of two: A's rows are far above b's entries), so x "
+            "lies below the range", "scale b up (or a down) by a power of two, 2^e, and scale x back by 2^-e yourself"))
 
 
 def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dtype, *,
