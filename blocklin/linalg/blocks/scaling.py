@@ -340,11 +340,17 @@ def sumsq_in_range(sumsq: float) -> bool:
     return (sumsq == 0.0 or sumsq >= SUMSQ_FLOOR) and math.isfinite(sumsq)
 
 
-def column_norms(x: Any) -> np.ndarray:
+def column_norms(x: Any, *, per_column: bool = False) -> np.ndarray:
     """Each column's 2-norm of an array in memory (float64), of ``x`` divided by a power of two near its
     largest entry (exact): no square overflows or underflows (entries near 1e200 or 1e-200), and inside
-    the range the bits are those of ``sqrt(sum |x_ij|^2)``."""
-    ss, e = _scaled_sumsq_cols(x)
+    the range the bits are those of ``sqrt(sum |x_ij|^2)``.
+
+    ``per_column``: each column divided by the power of two near its own largest entry, for columns far
+    apart in one array (a column near ``1e-300`` beside one near ``1e300``: one power for the array flushes
+    the small column's squares to 0). The bits are still those of ``sqrt(sum |x_ij|^2)`` where its squares
+    stay in range (scaling by ``2^-e`` is exact, and so is the ``2^e`` the square root gives back). A column
+    holding Inf has norm Inf, one holding NaN (and no Inf) NaN, as the unscaled sum has."""
+    ss, e = _scaled_sumsq_cols(x, per_column=per_column)
     with np.errstate(over="ignore", under="ignore"):
         return np.ldexp(np.sqrt(ss), e)
 
@@ -355,12 +361,21 @@ def fro_norm(x: Any) -> float:
     return unscale_float(math.sqrt(float(ss.sum())), e)
 
 
-def _scaled_sumsq_cols(x: Any) -> tuple[np.ndarray, int]:
+def _scaled_sumsq_cols(x: Any, *, per_column: bool = False) -> tuple[np.ndarray, Any]:
+    """``sum |x_ij / 2^e|^2`` per column (float64) and ``e``: one power of two for ``x``, or with
+    ``per_column`` one per column (0 for a column of zeros, Inf or NaN, which scaling does not change)."""
     x = np.asarray(x)
     x = x.reshape(x.shape[0], -1) if x.ndim != 2 else x
-    e = max_exponent(x)
-    y = ldexp(x, -e)
-    parts = (y.real, y.imag) if y.dtype.kind == "c" else (y,)
+    if per_column:
+        with np.errstate(invalid="ignore"):
+            top = np.abs(x).max(axis=0, initial=0.0).astype(np.float64)
+        e: Any = np.where(np.isfinite(top) & (top > 0), np.frexp(top)[1], 0).astype(np.int64)
+        parts = (x.real, x.imag) if x.dtype.kind == "c" else (x,)
+        parts = tuple(np.ldexp(np.asarray(q, np.float64), -e) for q in parts)
+    else:
+        e = max_exponent(x)
+        y = ldexp(x, -e)
+        parts = (y.real, y.imag) if y.dtype.kind == "c" else (y,)
     return sum(np.einsum("ij,ij->j", q, q, dtype=np.float64) for q in parts), e
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from blocklin.errors import (ConvergenceWarning, DTypeError, FormatError, NonFiniteError, ParameterError, ShapeError,
                              StoreNotFoundError, explain, warn)
 from blocklin.interrupt import check_cancelled
-from blocklin.linalg.blocks.scaling import exponent_for
+from blocklin.linalg.blocks.scaling import column_norms, exponent_for
 from blocklin.linalg.solve.report import solve_report
 from blocklin.linalg.solve.tikhonov import check_lam_max
 from blocklin.operands import stored_input
@@ -216,13 +216,6 @@ def _exponents(v: Any) -> np.ndarray:
     ``2^+-256``: values within it are not scaled, the same bits as before scaling existed)."""
     v = np.asarray(v, np.float64)
     return np.array([exponent_for(float(x), np.float64) for x in v.ravel()], dtype=np.int64).reshape(v.shape)
-
-
-def _column_norms(y: np.ndarray) -> np.ndarray:
-    """Each column's 2-norm, scaled by its largest entry first (its square may leave float64's range)."""
-    big = np.abs(y).max(axis=0, initial=0.0)
-    big = np.where(big > 0, big, 1.0)
-    return big * np.sqrt(np.einsum("ij,ij->j", y / big, y / big))
 
 
 @dataclasses.dataclass
@@ -570,7 +563,7 @@ def _run(s: SparseMatrix, b: np.ndarray, lams: list[float], *, tol: float, max_i
         r2, x2 = np.einsum("ij,ij->j", r, r), np.einsum("ij,ij->j", x, x)  # in range: sums of squares, as ever
         rr, xx, oo = (np.sqrt(np.maximum(v, 0.0)) for v in (r2, x2, r2 + lam_col ** 2 * x2))
     else:  # near 2^+-600 the squares leave float64's range: norms scaled by each column's largest entry
-        rr, xx = _column_norms(r), _column_norms(x)
+        rr, xx = column_norms(r, per_column=True), column_norms(x, per_column=True)
         with np.errstate(over="ignore"):
             oo = np.hypot(rr, lam_col * xx)
     del r

@@ -15,6 +15,7 @@ import numpy as np
 
 from blocklin.errors import ParameterError
 from blocklin.errors import explain as _msg
+from blocklin.linalg.blocks.scaling import column_norms
 from blocklin.linalg.solve import lambda_select
 from blocklin.linalg.solve.tikhonov import TikhonovRun, norms, singular, write_x
 
@@ -280,17 +281,9 @@ def accuracy(spec: Spectrum, lam: float) -> np.ndarray:
         with np.errstate(invalid="ignore", over="ignore"):
             err_parts.append(np.where(cut > floor, fmax * np.sqrt(cut), 0.0))
     err = np.concatenate(err_parts, axis=0)
-    en, xn = _column_norms(err), _column_norms(fx[:, None] * b)
+    en, xn = column_norms(err, per_column=True), column_norms(fx[:, None] * b, per_column=True)
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
         return np.where(xn > 0, en / np.where(xn > 0, xn, 1.0), np.where(en > 0, np.inf, 0.0))
-
-
-def _column_norms(v: np.ndarray) -> np.ndarray:
-    """``||v_j||_2`` per column, scaled by the column's largest entry (no square under- or overflows)."""
-    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        top = np.max(v, axis=0, initial=0.0)
-        safe = np.where((top > 0) & np.isfinite(top), top, 1.0)
-        return np.where(np.isfinite(top), safe * np.sqrt(((v / safe) ** 2).sum(axis=0)), np.inf) * (top > 0)
 
 
 def warn_inaccurate(info: dict, spec: Spectrum, lams: list[float], *, per_column: bool = False, centered: bool = False,
