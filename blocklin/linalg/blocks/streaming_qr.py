@@ -55,13 +55,16 @@ class StreamingR:
 
 
 def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = None,
-              scale: dict | None = None, ones: bool = False, transposed: bool = False) -> StreamingR:
+              scale: dict | None = None, ones: bool = False, transposed: bool = False,
+              shift: tuple | None = None) -> StreamingR:
     """The streaming QR pass inside an existing :class:`~blocklin.runtime.job.Job` (operands resolved).
 
     ``device``: where it runs (default: for ``auto``, the GPU only where it wins, :func:`pass_device`);
     ``scale``: the powers of two the strips are divided by (:mod:`blocklin.linalg.blocks.scaling`);
     ``ones``: factor ``[1 | A | B]`` (an intercept; :attr:`StreamingR.ones_row`); ``transposed``: factor
-    ``A^T`` (column strips of a wide ``A``, read as the row strips of its tall orientation; no ``B``).
+    ``A^T`` (column strips of a wide ``A``, read as the row strips of its tall orientation; no ``B``);
+    ``shift``: with ``ones``, the rows ``(a_1, b_1)`` (scaled as the strips are) subtracted from every row
+    (the factor is that of ``[1 | A - 1 a_1^T | B - 1 b_1^T]``; its ``ones_row`` holds the shifted means).
     """
     from blocklin.device import pass_device
 
@@ -72,7 +75,8 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = 
     dev = device or pass_device(job.cfg.device, 2.0 * m * (n + k) ** 2,
                                 m * (n * A.dtype.itemsize + k * (B.dtype.itemsize if B is not None else 0)),
                                 job.device)
-    params = {"dtype": np.dtype(dtype).name} | ({"ones": True} if ones else {})
+    params = {"dtype": np.dtype(dtype).name} | ({"ones": True} if ones else {}) \
+        | ({"shift": shift} if ones and shift is not None else {})
     states, plan = run_pass(job, tsqr_kernel, sources, params, reserve=small_bytes(n + int(ones), k),
                             description="streaming QR of [1 | A B]" if ones else "streaming QR", device=dev,
                             scale=scale)

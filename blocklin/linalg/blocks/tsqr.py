@@ -97,6 +97,10 @@ def _tsqr_on_device(device: Any, arrays: tuple, rows: slice, params: Any, state:
     lead = [device.to_device(np.ones((parts[0].shape[0], 1), dt))] if params.get("ones") else []
     strip = device.concat(lead + parts, axis=1) if len(lead + parts) > 1 else parts[0]
     width = strip.shape[1]
+    if params.get("shift") is not None:  # the rows less the first row, as the host branch
+        j = len(lead)
+        _shift(strip, j, n, [device.to_device(np.asarray(v, dt)) for v in params["shift"]])
+        parts = [strip[:, j:j + n], strip[:, j + n:]]
     if state is None:
         state = {"r": None, "aa": device.zeros((n,), np.float64),
                  "bb": device.zeros((width - n - len(lead),), np.float64)}
@@ -116,6 +120,8 @@ def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
 
     ``params["ones"]``: a column of ones first, ``[1 | A_i | B_i]`` (an intercept: the first Householder
     step then removes the column means, so the trailing factor is that of the centered ``[A B]``).
+    ``params["shift"]``: with ``ones``, the rows ``(a_1, b_1)`` subtracted from every row first (the
+    centered factor is the same; its rounding is relative to the shifted rows, not to the column means).
 
     The state holds the ``(n+k) x (n+k)`` upper-triangular factor of the rows seen so far, whose
     leading ``n x n`` block is ``R`` of ``A``, whose last ``k`` columns hold ``Q^T B`` and the
@@ -130,15 +136,26 @@ def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
         parts.append(np.asarray(arrays[1], dtype=params["dtype"]))
     lead = [np.ones((a.shape[0], 1), params["dtype"])] if params.get("ones") else []
     strip = np.hstack(lead + parts) if len(lead + parts) > 1 else a
-    width = strip.shape[1]
+    width, n, j = strip.shape[1], a.shape[1], len(lead)
+    if params.get("shift") is not None:  # the rows less the first row, in the stacked copy
+        _shift(strip, j, n, params["shift"])
+        a, parts = strip[:, j:j + n], [strip[:, j:j + n], strip[:, j + n:]]
     if state is None:
         state = {"r": np.zeros((0, width), params["dtype"]), "aa": 0.0,
-                 "bb": np.zeros(width - a.shape[1] - len(lead))}
+                 "bb": np.zeros(width - n - j)}
     state["aa"] += sumsq(a)
     if len(parts) > 1:
         state["bb"] += sumsq_cols(parts[1])
     state["r"] = r_factor(np.vstack([state["r"], strip]))
     return state, None
+
+
+def _shift(strip: Any, j: int, n: int, shift: Any) -> None:
+    """``strip[:, j:j+n] -= a_1`` and ``strip[:, j+n:] -= b_1`` in place (``strip`` is the stacked copy)."""
+    sa, sb = shift
+    strip[:, j:j + n] -= sa[None, :]
+    if strip.shape[1] > j + n:
+        strip[:, j + n:] -= sb[None, :]
 
 
 def reduce_r(states: list, width: int) -> np.ndarray:

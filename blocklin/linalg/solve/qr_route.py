@@ -4,10 +4,12 @@ Accurate where the normal equations are not (tiny ``lam``, ill-conditioned ``A``
 number is not squared); :func:`blocklin.solve` takes it for ``method="qr"`` and switches to it from
 the normal equations when ``A^T A + lam^2 I`` is ill-conditioned.
 
-``fit_intercept`` streams ``[1 | A | b]``: the first Householder step of the ones column removes the
-column means, so the trailing factor ``[[R22, c2], [0, T]]`` is that of the centered ``[A_c b_c]``
-(``R22^H R22 = A_c^H A_c`` without the cancellation of ``A^H A - m mu mu^H``) and the first row
-``[r11, r12, c1]`` gives the means ``mu = r12 / r11``, ``bbar = c1 / r11``. A wide ``A`` (``m < n``)
+``fit_intercept`` streams ``[1 | A - 1 a_1^T | b - b_1]`` (the rows less the first row, as the normal
+route's passes sum them): the first Householder step of the ones column removes the column means, so the
+trailing factor ``[[R22, c2], [0, T]]`` is that of the centered ``[A_c b_c]`` (``R22^H R22 = A_c^H A_c``
+without the cancellation of ``A^H A - m mu mu^H``, and rounded relative to the shifted rows rather than
+to the column means) and the first row ``[r11, r12, c1]`` gives the means ``mu = a_1 + r12 / r11``,
+``bbar = b_1 + c1 / r11``. A wide ``A`` (``m < n``)
 takes the dual form from the R factor of its tall orientation, ``A^T = Q R``: ``A A^H = R'^H R'`` with
 ``R' = conj(R)`` (``R`` itself of real data), whose SVD ``R' = U S V^H`` gives
 ``y = V diag(1/(s^2 + lam^2)) V^H b`` and ``x = A^H y`` (one more pass), ``A A^H`` never formed.
@@ -36,12 +38,13 @@ def qr_route(ctx: TikhonovRun, x_path: str, info: dict, reason: str) -> dict:
     ones = bool(ctx.intercept)
 
     def run(scale: dict) -> dict:
-        sr = tsqr_pass(ctx.job, ctx.A, ctx.B, ctx.cdtype, scale=scale, ones=ones,
+        shift = ctx.shifts(scale) if ones else None  # the rows less the first row (tikhonov.TikhonovRun.shifts)
+        sr = tsqr_pass(ctx.job, ctx.A, ctx.B, ctx.cdtype, scale=scale, ones=ones, shift=shift,
                        device=device_of_pass(ctx, "tsqr pass", 2.0 * ctx.m * (ctx.n + ctx.k + ones) ** 2))
         out = {"r": sr.r, "qtb": sr.qtb, "rho": sr.rho, "norm_a": sr.norm_a}
-        return out | ({"ones_row": sr.ones_row} if ones else {})
+        return out | ({"ones_row": sr.ones_row, "sa0": shift[0], "sb0": shift[1]} if ones else {})
 
-    sr = ctx.saved.run("tsqr-pass-ones" if ones else "tsqr-pass", lambda: ctx.scaled_run(run))
+    sr = ctx.saved.run("tsqr-pass-ones-shifted" if ones else "tsqr-pass", lambda: ctx.scaled_run(run))
     ctx.adopt(sr)
     spec = _spectrum_from_r(sr["r"], sr["qtb"], sr["rho"], ctx.m)
     if not ones:
@@ -50,7 +53,11 @@ def qr_route(ctx: TikhonovRun, x_path: str, info: dict, reason: str) -> dict:
     cut_centering_noise(spec, float(sr["norm_a"]), ctx.m, ctx.n)
     row, n = np.asarray(sr["ones_row"]), ctx.n
     r11 = row[0]  # +-sqrt(m), real: the ones column's norm
-    ctx.mu, ctx.bbar = row[1:n + 1] / r11, row[n + 1:] / r11
+    # the means of the shifted rows, plus the shift: the factor's rounding is relative to A - 1 a_1^T (about
+    # the columns' spread), where [1 | A | b] itself had rounded relative to the column means (means 1e8
+    # times the spread: x 7e-9 relative off and the intercept 2.6 off for 5e8, the normal route's 1e-7)
+    ctx.mu = np.asarray(sr["sa0"]) + row[1:n + 1] / r11
+    ctx.bbar = np.asarray(sr["sb0"]) + row[n + 1:] / r11
     # the centered A's ||.||_F, as the normal route reports it
     info.update(method="qr", method_reason=reason + " (fit_intercept: [1 | A | b] streamed, the R factor of the "
                 "centered A from the ones column's Householder step)", norm_a=float(np.linalg.norm(sr["r"])))
