@@ -176,8 +176,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
                            np.hstack(icpt), "method='auto' (the Gram route, which sums the columns less their first "
                            "entries) avoids it")
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
-        if r is None:
-            _uncentered_product_rounding(ctx, info, np.hstack(ys), g_raw, v_shift, ea)
+        _uncentered_product_rounding(ctx, info, np.hstack(ys), _norm_a_sq(ctx, g_raw, v_shift, r, ea))
     t, alpha = dual_exponents(np.hstack(ys), eb, ea, out_dtype)
     # x = A^T y in float64 (complex128) whatever the data's dtype, rounded to it once: with an intercept the
     # uncentered A^T meets the centered y, whose sum 1^T y = 0 rounds to eps ||y||; times column means c times
@@ -200,31 +199,39 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     return info
 
 
-def _uncentered_product_rounding(ctx: TikhonovRun, info: dict, z: np.ndarray, g_raw: np.ndarray, v: Any,
-                                 ea: int) -> None:
+def _norm_a_sq(ctx: TikhonovRun, g_raw: Any, v: Any, r: Any, ea: int) -> float:
+    """``||A'||_F^2`` of the scaled ``A' = 2^-ea A``: ``||R||_F^2`` of the TSQR of ``A'^T``; from the Gram pass's
+    sums ``tr(A_s A_s^H) + 2 Re 1^T v + m ||a_1||^2`` (``A_s = A - 1 a_1^T``, ``v = conj(A_s) a_1``; one row read),
+    or ``tr(A A^H)`` where the GEMM formed ``A A^H`` itself."""
+    from blocklin.linalg.solve.tikhonov import first_row
+
+    if r is not None:
+        return float(np.linalg.norm(r)) ** 2
+    sq = float(np.trace(g_raw).real)
+    if v is not None:
+        a1 = first_row(ctx.A, ctx.cdtype)
+        a1 = ldexp(a1, -ea) if ea else a1
+        sq += 2.0 * float(np.sum(v).real) + ctx.m * float(np.vdot(a1, a1).real)
+    return sq
+
+
+def _uncentered_product_rounding(ctx: TikhonovRun, info: dict, z: np.ndarray, norm_a_sq: float) -> None:
     """``report["condition_estimate"]`` with the rounding of ``x = A^H z`` (``z = P_w^H y``, ``1^T z = 0``), a GEMM
     of the uncentered ``A``: at most ``gamma_m |A|^T |z|`` (Higham 2002, 3.5), ``m eps ||A||_F ||z||`` against
     ``||x||``, about ``c eps`` relative for column means ``c`` times their spread. The spectral bound alone had
     claimed ``3e-14`` for ``x`` 15% off (means ``1e6``, spread ``1e-9``: scikit-learn, which centers ``A``
     itself, 1e-15); where the sum reaches 1 an :class:`~blocklin.errors.IllConditionedWarning` says so.
-
-    ``||A'||_F^2`` of the scaled ``A' = 2^-ea A`` from the pass's sums: ``tr(A_s A_s^H) + 2 Re 1^T v + m ||a_1||^2``
-    (``A_s = A - 1 a_1^T``, ``v = conj(A_s) a_1``; one row read) or ``tr(A A^H)`` where the GEMM formed ``A A^H``
-    itself; ``||x||`` is ``info["solution_norm"]`` (the spectrum's, of the scaled problem)."""
+    ``norm_a_sq`` is ``||A'||_F^2`` (:func:`_norm_a_sq`), ``||x||`` ``info["solution_norm"]`` (the spectrum's, of
+    the scaled problem)."""
     from blocklin.errors import IllConditionedWarning, warn
-    from blocklin.linalg.solve.tikhonov import first_row
 
     eps = float(np.finfo(np.float64).eps)
-    sq = float(np.trace(g_raw).real)
-    if v is not None:
-        a1 = ldexp(first_row(ctx.A, ctx.cdtype), -ea) if ea else first_row(ctx.A, ctx.cdtype)
-        sq += 2.0 * float(np.sum(v).real) + ctx.m * float(np.vdot(a1, a1).real)
     xn = np.ravel(np.asarray(info.get("solution_norm", []), dtype=np.float64))
     zn = np.linalg.norm(z, axis=0)
-    if xn.size != zn.size or not np.isfinite(sq):
+    if xn.size != zn.size or not np.isfinite(norm_a_sq):
         return
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        amp = np.where(zn > 0, ctx.m * math.sqrt(max(sq, 0.0)) * zn / xn, 0.0)
+        amp = np.where(zn > 0, ctx.m * math.sqrt(max(norm_a_sq, 0.0)) * zn / xn, 0.0)
     worst = float(np.max(amp, initial=0.0))
     before = float(info.get("condition_estimate", 0.0))
     info["condition_estimate"] = before + worst
