@@ -229,6 +229,8 @@ def client_bytes(method: str, N: int, k: int, block: int, max_basis: int, sketch
     # lanczos / eigsh: V and W bases and the copies hstack and the thick restart make of them (three
     # of each alive at a restart), Ritz vectors and residual block, eigh of the projected matrix.
     lanczos = (6 * max_basis + 2 * (k + block) + 2 * block) * N * F64 + 3 * max_basis * max_basis * F64
+    if method == "gram" and block >= N:  # the whole space, as full's, after the N x N Gram's eigh
+        return max(client_bytes("full", N, k, N, N, None), gram_client_bytes(N))
     if method == "gram":  # the Lanczos steps that may follow, or the N x N Gram with eigh's copy and vectors
         return max(lanczos, gram_client_bytes(N))
     return lanczos
@@ -314,8 +316,8 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
     if method == "rsvd":
         block = min(N, k + oversample)
         basis = block
-    elif method == "full":  # the whole space: the N x N identity is the block
-        block = basis = N
+    elif method == "full" or (method == "gram" and (k == N or block_size is None and k + oversample >= N)):
+        block = basis = N  # the whole space: the N x N identity (gram: the Gram's eigenvectors) is the block
     elif method == "sketch":
         kp = min(N, k + oversample)
         s = min(N, 2 * kp + 1)
@@ -349,6 +351,8 @@ def plan_svd(m: int, n: int, k: int, dtype: np.dtype, *, method: str, oversample
         passes, formula, inter = 1, "1 (single pass)", 0 if in_core else 2
     elif method == "lanczos":
         passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "L + 1", 0 if in_core else 2
+    elif method == "gram" and block >= N:  # the Gram's pass, then the Rayleigh-Ritz step over the whole space
+        passes, formula, inter = (1 if in_core else 2), "1 (in core)" if in_core else "2 (the whole space)", 0 if in_core else 3
     elif method == "gram":
         passes, formula, inter = (1 if in_core else None), "1 (in core)" if in_core else "2 + L", 0 if in_core else 2
     elif method == "full":

@@ -161,14 +161,15 @@ def test_mle_needs_more_samples_than_features():
 
 
 @pytest.mark.parametrize("call, words", [
-    (lambda a: bl.pca(a, None, method="gram"), ["n_components=None (all 6 = min(m, n)", "integer n_components <"]),
+    (lambda a: bl.pca(a, None, method="lanczos"), ["n_components=None (all 6 = min(m, n)", "integer n_components <"]),
     (lambda a: bl.pca(a, 0.9, method="lanczos"), ["n_components=0.9 (all 6", "integer n_components <"]),
-    (lambda a: bl.pca(a, 6, method="gram"), ["n_components=6 (all 6", "integer n_components <"]),
-    (lambda a: bl.svd(a, method="gram"), ["k=None (all 6", "integer k <"]),
+    (lambda a: bl.pca(a, 6, method="sketch"), ["n_components=6 (all 6", "integer n_components <"]),
+    (lambda a: bl.svd(a, method="lanczos"), ["k=None (all 6", "integer k <"]),
 ], ids=["pca-none", "pca-fraction", "pca-all", "svd-none"])
 def test_every_component_by_an_iterative_method_names_the_count_passed(call, words):
-    """Every component comes from the whole space (``method="full"``): the refusal of an iterative
-    method names the count as it was passed (it had named ``k=6``, which ``pca`` takes no ``k`` for)."""
+    """Every component comes from the whole space (``method="full"``, or ``"gram"``'s full eigh: see
+    ``test_pca_gram_every_component.py``): the refusal of an iterative method names the count as it was
+    passed (it had named ``k=6``, which ``pca`` takes no ``k`` for)."""
     a = low_rank_plus_noise(m=40, n=6)
     with pytest.raises(ParameterError) as e:
         call(a)

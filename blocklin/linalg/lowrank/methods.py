@@ -172,9 +172,12 @@ def picked(count: int, k: int, which: str) -> np.ndarray:
 
 
 def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_out: bool,
-                seed: int = 0) -> Factorization:
+                seed: int = 0, basis: np.ndarray | None = None, label: str = "full") -> Factorization:
     """Every singular triplet of ``B`` (or the ``k`` largest or smallest): the Rayleigh-Ritz step over the
-    whole space, ``Q = I``. One pass stores ``Y = B`` with its Gram matrix; ``Y = Q_Y R`` (CholeskyQR2 and
+    whole space, ``Q = I`` (or ``basis``, any orthonormal ``N x N`` one: the Gram route's eigenvectors of
+    ``B^T B``, which make the columns of ``B Q`` near orthogonal, so the CholeskyQR below is taken of a
+    matrix that is ill-conditioned only by the scale of its columns; the result is ``Q``'s rotation of
+    the one with ``Q = I``). One pass stores ``Y = B Q`` with its Gram matrix; ``Y = Q_Y R`` (CholeskyQR2 and
     a third step, :func:`~blocklin.linalg.blocks.orth.refine_once`, since ``B`` may be as ill-conditioned
     as its smallest triplets; rank-revealing TSQR where ``chol(Y^T Y)`` breaks down:
     :func:`blocklin.linalg.blocks.orth.cholqr_r`),
@@ -190,8 +193,9 @@ def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_ou
     products ``B^T B v / s`` the other methods measure carry ``eps ||B||^2 / s``, which says nothing
     about a small triplet."""
     N = src.N
-    eye = np.eye(N, dtype=work_dtype(src.dtype))
-    _, G, Y = src.normal(eye, keep_y=True, gram=True, description="full: B and its Gram matrix")
+    eye = np.eye(N, dtype=work_dtype(src.dtype)) if basis is None else basis
+    _, G, Y = src.normal(eye, keep_y=True, gram=True, description=f"{label}: B{'' if basis is None else ' Q'} "
+                         "and its Gram matrix")
     R, chain, orth_info, Y = cholqr_r(Y, G, rank_revealing=True)
     del G
     if orth_info["method"] == "cholqr2":  # B's condition may reach eps^-1/2 here: a third step keeps U orthonormal
@@ -200,11 +204,12 @@ def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_ou
     with small_blas(N, N):
         Ur, S, Vrt = scipy.linalg.svd(R, lapack_driver="gesvd", check_finite=False)
     idx = picked(N, k, which)
-    Ur, sig, V = Ur[:, idx], S[idx], np.ascontiguousarray(ct(Vrt[idx]))
-    resid = np.linalg.norm(ct(R) @ Ur - V * sig, axis=0)
+    Ur, sig, Vr = Ur[:, idx], S[idx], ct(Vrt[idx])
+    resid = np.linalg.norm(ct(R) @ Ur - Vr * sig, axis=0)  # Q orthonormal: the same norms in B's coordinates
+    V = np.ascontiguousarray(Vr if basis is None else basis @ Vr)
     sig = np.where(numerically_zero(sig, float(S[0]) if S.size else 0.0, src.dtype, src.M), 0.0, sig)
     f = Factorization(s=sig, V=V, residuals=resid, orth=orth_info)
-    return write_long(f, Y, chain + [Ur], dest, transposed_out, "full", signs=src.signs, seed=seed)
+    return write_long(f, Y, chain + [Ur], dest, transposed_out, label, signs=src.signs, seed=seed)
 
 
 def rsvd_start(n: int, l: int, seed: int, v0: np.ndarray | None = None, dtype: Any = np.float64) -> np.ndarray:
@@ -375,9 +380,17 @@ def gram_subspace(g: np.ndarray, width: int) -> np.ndarray:
 
 
 def gram(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: int, dest: str | None,
-         transposed_out: bool, ckpt: Checkpoints, start: np.ndarray | None = None) -> Factorization:
+         transposed_out: bool, ckpt: Checkpoints, start: np.ndarray | None = None,
+         which: str = "LM") -> Factorization:
     """Rayleigh-Ritz over the top ``block`` eigenvectors of ``B^T B``, continued by block Lanczos from
     that subspace (and its product, no pass repeated) only where a triplet misses ``tol``.
+
+    A block of ``N`` (every triplet asked, or nearly: :func:`blocklin.plan.svd.plan_svd`) takes every
+    eigenvector of the Gram (a full ``eigh``, as scikit-learn's ``svd_solver="covariance_eigh"``) and
+    the Rayleigh-Ritz step over that whole space (:func:`whole_space` with it as its basis), which is
+    exact: the singular values come from ``B Q``, not from the Gram's eigenvalues, so the small ones
+    carry ``eps s_1`` (as ``method="full"``), not the Gram's ``eps s_1^2 / s_i``, and no Lanczos step
+    follows (``which``: the ``k`` largest or smallest of them).
 
     The Gram's eigenvectors are the wanted singular vectors up to its rounding, ``eps ||B||^2`` over
     the gap ``s_i^2 - s_{block+1}^2``; the Rayleigh-Ritz pass takes the singular values from ``B Q``
@@ -394,11 +407,14 @@ def gram(src: Source, k: int, plan: SvdPlan, tol: float, seed: int, max_steps: i
             why = squares_lost(src, "gram")
             if why:  # the squares left float64's range for some columns: a route without squares
                 del g  # not held through the fallback's passes (planned without it)
-                return dataclasses.replace(tsqr_svd(src, k, dest, transposed_out, seed=seed), lanczos_steps=0,
+                return dataclasses.replace(tsqr_svd(src, k, dest, transposed_out, which, seed=seed), lanczos_steps=0,
                                            fallback=why)
         Q = start if start is not None else gram_subspace(g, plan.block)
         Z = None
         ckpt.save("gram", Q=Q)
+    if Q.shape[1] >= src.N:  # the whole space: Rayleigh-Ritz is exact, nothing to continue
+        return dataclasses.replace(whole_space(src, k, which, dest, transposed_out, seed, basis=Q, label="gram"),
+                                   lanczos_steps=0)
     if Z is None:
         Z, G, Y = src.normal(Q, keep_y=True, gram=True, description="gram: Rayleigh-Ritz over the Gram's eigenvectors")
         f, Y, chain = project(src, Q, k, Z, G, Y)

@@ -146,7 +146,7 @@ def _method(src: Source, plan: SvdPlan, *, k: int, q: int | None, tol: float | N
                     plan.transposed, ckpt, v0)
     if plan.method == "gram":
         return gram(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 2, dest, plan.transposed,
-                    ckpt, start=gram_start)
+                    ckpt, start=gram_start, which=which)
     if plan.method == "sketch":
         return sketch(src, k, *plan.sketch_size, seed, dest, plan.transposed, keep=keep, y_path=sketch_y)
     return lanczos(src, k, plan, tol, seed, max(limit, 500) if plan.in_core else limit - 1, dest, plan.transposed,

@@ -157,12 +157,15 @@ def resolve_method(method: str, power_iters: int | str, *, shape: tuple[int, int
     whole = k == N or which == "SM"
     # rsvd's subspace, of min(k + oversample, N) columns, is then the whole space: its Rayleigh-Ritz
     # step is exact, as scikit-learn's randomized_svd with n_components = min(m, n)
-    if method not in ("auto", "full") and whole and not (method == "rsvd" and which == "LM"):
+    # gram too, for k = N: a full eigh of the Gram, then the Rayleigh-Ritz step over the whole space
+    if (method not in ("auto", "full") and whole and not (method == "rsvd" and which == "LM")
+            and not (method == "gram" and k == N)):
         asked = asked or f"k={k}"
         name = asked.split("=")[0]
         why = f"{asked} (all {N} = min(m, n) computed)" if k == N else "which='SM'"
         raise ParameterError(explain(
-            "method", "the smallest triplets, or all of them, come from the whole space (method='full')",
+            "method", "the smallest triplets, or all of them, come from the whole space (method='full', or 'gram' for all "
+            "of them)",
             f"method={method!r} with {why} for a {m} x {n} matrix",
             f"pass method='auto' (or 'full'), or an integer {name} < min(m, n) = {N} with which='LM' for the "
             "largest triplets"))
@@ -236,7 +239,10 @@ def svd(a: Any, k: int | None = None, *, which: str = "LM", return_singular_vect
           ``A`` from the strips' co-moments (Chan, Golub, LeVeque's update), of a wide ``A`` the
           ``m x m`` ``A_c A_c^H`` from its columns centered by their own means as they are read
           (scikit-learn's ``covariance_eigh`` of either shape), ``V = A_c^H U S^-1`` from the
-          Rayleigh-Ritz pass.
+          Rayleigh-Ritz pass. Every triplet (``k = min(m, n)``; or ``k + oversample >= min(m, n)``
+          with the planned block): every eigenvector of the Gram (a full ``eigh``) and the
+          Rayleigh-Ritz step over that whole space, as ``full`` (the same accuracy, smallest values
+          included: they come from ``B Q``, not from the Gram's eigenvalues), no Lanczos step.
         * ``full``: the Rayleigh-Ritz step over the whole space (every triplet, or the ``k`` smallest):
           one pass stores ``B`` with its Gram matrix, ``B = Q R`` (CholeskyQR2, rank-revealing TSQR
           where it breaks down), the SVD of ``R`` by LAPACK in memory, ``U = Q U_R`` written: LAPACK's
