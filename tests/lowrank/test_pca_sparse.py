@@ -92,3 +92,28 @@ def test_sparse_pca_of_integer_values_is_that_of_their_float64(tmp_path):
     assert p.components_.dtype == np.float64
     for name in ("components_", "explained_variance_", "singular_values_", "mean_"):
         assert np.array_equal(getattr(p, name), getattr(q, name)), name
+
+
+@pytest.mark.parametrize("shape", [(600, 40), (40, 300)], ids=["tall", "wide"])
+def test_stored_sparse_pca_opens_as_the_pca(tmp_path, shape):
+    """``bl.open`` of a sparse PCA's ``out`` gives the ``PCAResult`` ``bl.pca`` returned (it had given the
+    bare ``SVDResult``: no means nor record were stored): the group now holds the column means and the
+    row count and total variance of the means pass, so every attribute is the fitted one, bit for bit,
+    and the model's as scikit-learn's dense PCA's (the bounds of :func:`test_sparse_pca_equals_dense_pca`)."""
+    x = _sparse(*shape, seed=5) if shape[0] > shape[1] else _sparse(*shape[::-1], seed=5).T.tocsr()
+    s = bl.from_sparse(x, tmp_path / "s.zarr")
+    p = bl.pca(s, 4, seed=0, tol=10 * np.sqrt(eps(np.float64)), whiten=True, out=tmp_path / "p.zarr")
+    o = bl.open(tmp_path / "p.zarr")
+    assert type(o).__name__ == "PCAResult" and o.whiten and o.n_components_ == 4 and o.n_samples_ == shape[0]
+    for name in ("components_", "explained_variance_", "explained_variance_ratio_", "singular_values_", "mean_"):
+        np.testing.assert_array_equal(np.asarray(getattr(o, name)), getattr(p, name), err_msg=name)
+    assert (o.noise_variance_, o.total_variance_) == (p.noise_variance_, p.total_variance_)
+    dense = x.toarray()
+    ref = PCA(4, svd_solver="full", whiten=True).fit(dense)
+    assert_mean(o.mean_, dense)
+    assert_explained_variance(o.explained_variance_, ref.explained_variance_, o.explained_variance_ratio_,
+                              ref.explained_variance_ratio_, dense)
+    # the noise: the total variance less the kept ones (each off by the bounds above), over min(m, n) - 4
+    m = shape[0]
+    bound = 8 * m * eps(np.float64) * np.linalg.norm(dense) ** 2 / (m - 1) / (min(shape) - 4)
+    assert abs(o.noise_variance_ - ref.noise_variance_) <= bound

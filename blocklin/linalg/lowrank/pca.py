@@ -35,7 +35,7 @@ from blocklin.linalg.labels import check_features, label_pca, label_rows, labels
 from blocklin.linalg.lowrank.run import check_standardizable
 from blocklin.linalg.lowrank.svd import factorize
 from blocklin.linalg.lowrank.triplets import triplet_report
-from blocklin.linalg.lowrank.sparse_pca import sparse_pca
+from blocklin.linalg.lowrank.sparse_pca import sparse_pca, total_variance
 from blocklin.sparse import SparseMatrix, as_sparse_matrix, refuse_complex
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import source
@@ -457,15 +457,19 @@ def pca(a: Any, n_components: int | float | str | None = None, *, whiten: bool =
     return label_pca(p, lab) if lab is not None else p
 
 
-def pca_record(n_components: Any, *, whiten: bool, scale: bool, moments: Any = None) -> dict:
+def pca_record(n_components: Any, *, whiten: bool, scale: bool, moments: Any = None,
+               counted: tuple[int, float, int] | None = None) -> dict:
     """What a stored PCA records in its group's provenance (``params["pca"]``) so that
     :func:`blocklin.open` and :func:`blocklin.update` return it as :func:`pca` did: its options, and
-    where no co-moments are kept (``moments``: the fit's, as :func:`pca_variances` reads them) the row count and
+    where no co-moments are kept (``moments``: the fit's, as :func:`pca_variances` reads them; or
+    ``counted``, ``(m, total, e)`` as a sparse PCA's means pass gives them) the row count and
     the total variance of ``2^-exponent A`` (:mod:`blocklin.linalg.lowrank.pca_stored`)."""
     rec = {"n_components": n_components, "whiten": bool(whiten), "scale": bool(scale)}
     if moments is not None:
         _, total_s, e = pca_variances(moments, np.zeros(0), scale)
-        rec.update(n_samples=int(moments.moments.count), total_variance=total_s, exponent=int(e))
+        counted = (moments.moments.count, total_s, e)
+    if counted is not None:
+        rec.update(n_samples=int(counted[0]), total_variance=float(counted[1]), exponent=int(counted[2]))
     return rec
 
 
@@ -555,8 +559,10 @@ def _of_sparse(s: SparseMatrix, n_components: Any, *, whiten: bool, scale: bool,
                out: Any, svd_kw: dict) -> PCAResult:
     """PCA of a stored sparse matrix (:mod:`blocklin.linalg.lowrank.sparse_pca`): the centered operator's
     SVD, the variances from the means pass's centered sums of squares."""
-    res, mean, m2, e, comps = sparse_pca(s, n_components, scale=scale, resume=resume, updatable=updatable,
-                                         factorize=factorize, svd_kw=svd_kw)
+    res, mean, m2, e, comps = sparse_pca(
+        s, n_components, scale=scale, resume=resume, updatable=updatable, factorize=factorize, svd_kw=svd_kw,
+        record=lambda count, total, exponent: pca_record(n_components, whiten=whiten, scale=False,
+                                                         counted=(count, total, exponent)))
     U, sv, Vt = res
     m, n = s.shape
     if out is None:  # the temporary factors: nothing of them is returned
@@ -564,7 +570,7 @@ def _of_sparse(s: SparseMatrix, n_components: Any, *, whiten: bool, scale: bool,
     ddof = 1 if m > 1 else 0
     # the variances of 2^-e S (m2 is), their ratios exact however far out of range those of S are
     ev_s = np.ldexp(sv.astype(np.float64), -e) ** 2 / max(m - ddof, 1)
-    total_s = float(m2.sum()) / max(m - ddof, 1)
+    total_s = total_variance(m2, m)
     ratio = variance_ratios(ev_s, total_s, stacklevel=5)
     rest = min(m, n) - sv.size
     noise_s = max(total_s - float(ev_s.sum()), 0.0) / rest if rest > 0 else 0.0

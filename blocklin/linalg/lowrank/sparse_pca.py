@@ -53,12 +53,20 @@ def sparse_moments(s: SparseMatrix) -> tuple[np.ndarray, np.ndarray, int]:
     return np.ldexp(mean, e), m2, e
 
 
+def total_variance(m2: np.ndarray, m: int) -> float:
+    """The total variance (``ddof=1``; 0 for one row) from the columns' centered sums of squares ``m2``."""
+    return float(m2.sum()) / max(m - (1 if m > 1 else 0), 1)
+
+
 def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool, updatable: bool,
-               factorize: Any, svd_kw: dict) -> tuple:
+               factorize: Any, svd_kw: dict, record: Any = None) -> tuple:
     """The centered SVD of ``s`` and its moments: ``(res, mean, m2, e, comps)`` (``m2`` that of
     ``2^-e S``, :func:`sparse_moments`) with the components
     signed by scikit-learn's rule (the stored long factor too). ``factorize`` is
-    :func:`blocklin.linalg.lowrank.svd.factorize`; ``svd_kw`` its method options and settings."""
+    :func:`blocklin.linalg.lowrank.svd.factorize`; ``svd_kw`` its method options and settings;
+    ``record(m, total, e)``: the PCA's provenance record from the row count and the total variance of
+    ``2^-e S`` (:func:`blocklin.linalg.lowrank.pca.pca_record`), stored with the means beside a kept
+    factorization so that :func:`blocklin.open` gives the PCA back."""
     asked = [name for name, on in (("scale", scale), ("resume", resume), ("updatable", updatable)) if on]
     if asked:
         raise ParameterError(explain("a", "a stored sparse matrix takes pca(S, k) through its centered operator: "
@@ -75,6 +83,9 @@ def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool,
             "(sklearn.decomposition.PCA of S.toarray())"))
     mean, m2, e = sparse_moments(s)
     op = centered_operator(s, mean)
+    if record is not None:
+        rec = record(m, total_variance(m2, m), e)
+        svd_kw = dict(svd_kw, record=lambda *_: rec, operator_mean=mean)
     res = factorize(op, n_components, **svd_kw)
     U, sv, Vt = res
     transposed = m < n  # the stored long factor is Vt

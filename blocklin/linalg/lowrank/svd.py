@@ -392,7 +392,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
               center: bool = False, scale: bool = False, resume: bool = False,
               lanczos_tol: Any = default_tol, check_shape: Any = None, signs: bool = False,
               v0: Any = None, updatable: bool = False, caller: str = "svd", asked: str | None = None,
-              record: Any = None, **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
+              record: Any = None, operator_mean: Any = None, **settings: Unpack[Settings]) -> SVDResult | np.ndarray:
     """:func:`svd` with the default Lanczos tolerance a function of the dtype (``lanczos_tol``):
     ``eigsh(center=True)`` keeps its residual tolerance ``10 sqrt(eps)`` through it. ``check_shape(m, n)``
     refuses a shape before anything is read (``pca(n_components="mle")``). ``signs``: every triplet
@@ -400,7 +400,9 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
     and the stored factors alike. ``caller``: the public function a refusal names (``pca``, ``eigsh``);
     ``asked``: the count as its caller passed it (``"n_components=0.95"``), ``k=`` as given by default.
     ``record(moments, scaled_moments)``: what the caller records of its own in the stored group's
-    provenance, ``params["pca"]`` (the options a stored PCA is opened and updated with)."""
+    provenance, ``params["pca"]`` (the options a stored PCA is opened and updated with); of an operator
+    (a stored sparse PCA's centered one) ``record(None, None)``, stored with ``operator_mean``, the column
+    means it centers by, as a centered SVD's ``mean``."""
     method = choice("method", method, METHODS, fix="pass method='auto'")
     which = choice("which", which, WHICH, fix="pass which='LM' (largest) or which='SM' (smallest)")
     vectors = choice("return_singular_vectors", return_singular_vectors, RETURN_VECTORS,
@@ -430,7 +432,9 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                                       vectors=vectors, refused={"center": center, "scale": scale, "resume": resume,
                                                                 "which='SM'": which == "SM", "v0": v0 is not None,
                                                                 "signs": signs, "updatable": updatable},
-                                      lanczos_tol=lanczos_tol, settings=settings), vectors)
+                                      lanczos_tol=lanczos_tol, settings=settings,
+                                      pca=record(None, None) if record is not None and out is not None else None,
+                                      mean=operator_mean), vectors)
     with Job("svd", **settings) as job:
         A = job.operand(a, "a", integers="cast")
         dt = float_operand(A, "svd", complex_ok=True)
@@ -504,9 +508,11 @@ def _sketch_kept(plan: SvdPlan, f: Factorization) -> dict:
 
 def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: Any, n_iter: Any, tol: Any,
                  seed: int | None, out: Any, max_passes: Any, block_size: Any, max_basis: Any, overwrite: bool,
-                 vectors: Any, refused: dict, lanczos_tol: Any, settings: dict) -> SVDResult:
+                 vectors: Any, refused: dict, lanczos_tol: Any, settings: dict, pca: dict | None = None,
+                 mean: np.ndarray | None = None) -> SVDResult:
     """The SVD of a SciPy ``LinearOperator`` (:mod:`blocklin.linalg.lowrank.operator_svd`): rsvd or block
-    Lanczos through its products, the result stored as every SVD's."""
+    Lanczos through its products, the result stored as every SVD's; ``pca`` and ``mean``: a sparse PCA's
+    record and the column means its operator centers by, stored beside the factors (:func:`_result`)."""
     asked = [name for name, on in refused.items() if on]
     if asked:
         raise ParameterError(explain("a", "a LinearOperator takes rsvd or block Lanczos for the largest triplets "
@@ -543,7 +549,9 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
                          requested=method, resumed=False, restored=[], operator_products=products)
         report.update(passes=products, operator_products=products, which="LM",
                       passes_formula=f"{plan.formula} (products with the operator: matmat and rmatmat)")
-        return _result(job, out, dt, plan, f, report, ao, overwrite, long_wanted)
+        if mean is not None:
+            f = dataclasses.replace(f, mean=np.asarray(mean))
+        return _result(job, out, dt, plan, f, report, ao, overwrite, long_wanted, pca=pca)
 
 
 def operator_options(shape: tuple[int, int], dtype: Any, k: Any, *, method: str, oversample: int, power_iters: Any,
