@@ -17,7 +17,7 @@ from blocklin.errors import ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.peaks import block_peaks
 from blocklin.sparse import SparseMatrix
-from blocklin.storage.sparse import sparse_attributes
+from blocklin.storage.sparse import group_metadata, sparse_group_attributes
 from blocklin.plan.chunks import auto_chunks
 from blocklin.storage.atomic import AtomicOutput
 from blocklin.storage.dask_io import store_dask
@@ -48,12 +48,13 @@ def open(path: Any, *, storage_options: dict | None = None) -> Any:  # noqa: A00
            [4., 5.]]))
     """
     loc = as_location(path, storage_options) if not type(path).__module__.startswith("zarr") else None
-    if sparse_attributes(loc) is not None:
+    meta = group_metadata(loc) if loc is not None else None  # one read of zarr.json (a GET on object stores)
+    if sparse_group_attributes(meta) is not None:
         return SparseMatrix(path, storage_options=storage_options)
-    if loc is not None:
+    if meta is not None:
         from blocklin.linalg.update.update import stored_factorization  # the operations sit above storage
 
-        stored = stored_factorization(loc)
+        stored = stored_factorization(loc, meta)
         if stored is not None:
             return stored
     return Matrix(path, storage_options=storage_options)

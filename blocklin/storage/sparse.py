@@ -65,13 +65,14 @@ def writer_bytes(entry_chunk: int, row_chunk: int, value_dtype: Any, index_dtype
     return _CHUNK_COPIES * (entry_chunk * per_entry + row_chunk * 8)
 
 
-def sparse_attributes(loc: Any) -> dict | None:
-    """The group attributes when ``loc`` holds a committed ``blocklin-csr`` group, else None (one small
-    read: the root ``zarr.json``)."""
+def group_metadata(loc: Any) -> dict | None:
+    """The parsed ``zarr.json`` when ``loc`` holds a zarr v3 group, else None (one small read: an array,
+    nothing, or not a store blocklin can name). :func:`blocklin.open` reads it once and asks it both
+    whether the group is a sparse matrix and whether it is a stored result."""
     try:
         loc = as_location(loc)
         raw = backend(loc).try_read("zarr.json")
-    except Exception:  # noqa: BLE001 - not a store blocklin can name: not a sparse group
+    except Exception:  # noqa: BLE001 - not a store blocklin can name: not a group
         return None
     if raw is None or b'"group"' not in raw:
         return None
@@ -79,10 +80,19 @@ def sparse_attributes(loc: Any) -> dict | None:
         meta = json.loads(raw)
     except ValueError:
         return None
-    attrs = meta.get("attributes") or {}
-    if meta.get("node_type") != "group" or attrs.get("format") != FORMAT_NAME:
-        return None
-    return attrs
+    return meta if isinstance(meta, dict) and meta.get("node_type") == "group" else None
+
+
+def sparse_group_attributes(meta: dict | None) -> dict | None:
+    """The attributes of a group's metadata (:func:`group_metadata`) when it is a ``blocklin-csr`` group."""
+    attrs = (meta or {}).get("attributes") or {}
+    return attrs if meta is not None and attrs.get("format") == FORMAT_NAME else None
+
+
+def sparse_attributes(loc: Any) -> dict | None:
+    """The group attributes when ``loc`` holds a committed ``blocklin-csr`` group, else None (one small
+    read: the root ``zarr.json``)."""
+    return sparse_group_attributes(group_metadata(loc))
 
 
 def is_sparse(loc: Any) -> bool:

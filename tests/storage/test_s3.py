@@ -219,3 +219,54 @@ def test_work_folders_on_s3_leave_nothing_but_what_a_resume_needs(s3, monkeypatc
         assert x.report["resumed"] and x.report["stages_skipped"] > 0
     np.testing.assert_array_equal(_bits(x), _bits(ref))
     assert keys("tmp") == [] and tops() == ["A.zarr", "X.zarr"]
+
+
+def _root_reads(monkeypatch, name):
+    """A counter of the GETs of the group or array ``name``'s own ``zarr.json`` through blocklin's object
+    store backend (one ``cat_file`` each)."""
+    from blocklin.storage.backend import FsspecBackend
+
+    count = [0]
+    real = FsspecBackend.read_bytes
+
+    def counted(self, key):
+        count[0] += key == "zarr.json" and self.loc.url.rstrip("/").endswith(name)
+        return real(self, key)
+
+    monkeypatch.setattr(FsspecBackend, "read_bytes", counted)
+    return count
+
+
+@pytest.mark.parametrize("what", ["svd", "pca", "array", "sparse"])
+def test_open_reads_a_groups_metadata_once(stores, monkeypatch, tmp_path, what):
+    """``blocklin.open`` reads the root ``zarr.json`` once to tell a sparse matrix, a stored result or an
+    array (it had read a group's twice, an array's three times: one GET each on an object store), and
+    gives the same result as the local open (against NumPy's: the stored bits)."""
+    import scipy.sparse
+
+    local, remote, opts = stores
+    name = f"open-{what}.zarr"
+    if what in ("svd", "pca"):
+        call = blocklin.svd if what == "svd" else blocklin.pca
+        ref = call(A, 3, seed=0, out=remote(name), storage_options=opts)
+    elif what == "array":
+        blocklin.from_array(A, remote(name), storage_options=opts)
+    else:
+        x = scipy.sparse.random(30, 20, density=0.2, random_state=0, format="csr")
+        blocklin.from_sparse(x, tmp_path / name)
+        import s3fs
+
+        s3fs.S3FileSystem(**opts).put(str(tmp_path / name), remote(name)[5:], recursive=True)
+    count = _root_reads(monkeypatch, name)
+    got = blocklin.open(remote(name), storage_options=opts)
+    # a group: its metadata alone; an array or a sparse group: once more by the object opened (its own check)
+    assert count[0] == (1 if what in ("svd", "pca") else 2), count[0]
+    if what == "svd":
+        np.testing.assert_array_equal(got.s, ref.s)
+    elif what == "pca":
+        assert type(got).__name__ == "PCAResult"
+        np.testing.assert_array_equal(got.components_, ref.components_)
+    elif what == "array":
+        np.testing.assert_array_equal(got.to_numpy(), A)
+    else:
+        np.testing.assert_array_equal(got.to_scipy().toarray(), x.toarray())

@@ -190,20 +190,14 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
     return result
 
 
-def stored_factorization(loc: Any) -> Any:
+def stored_factorization(loc: Any, meta: dict | None) -> Any:
     """The ``svd`` or ``pca`` result stored at ``loc`` (a Location) as its operation returns it (an
     ``SVDResult``, or a ``PCAResult`` with the options it was fitted with), its report the stored one;
     ``None`` where ``loc`` holds no committed svd result group (an array, another result, nothing).
-    Small reads: the group's ``zarr.json``, ``S``, ``Vt`` and what a PCA's variances need."""
-    import json
-
-    try:
-        raw = backend(loc).try_read("zarr.json")
-        meta = json.loads(raw) if raw is not None and b'"group"' in raw else {}
-    except (OSError, ValueError):
-        return None
-    prov = (meta.get("attributes") or {}).get("blocklin")
-    if meta.get("node_type") != "group" or not isinstance(prov, dict) or prov.get("operation") != "svd":
+    ``meta``: the group's ``zarr.json`` as the caller read it (:func:`blocklin.storage.sparse.group_metadata`;
+    None: no group). Small reads: ``S``, ``Vt`` and what a PCA's variances need."""
+    prov = ((meta or {}).get("attributes") or {}).get("blocklin")
+    if meta is None or not isinstance(prov, dict) or prov.get("operation") != "svd":
         return None
     return _as_fitted(load_svd(loc, dict(prov.get("report") or {})), loc, prov)
 
