@@ -229,10 +229,8 @@ def check_diagonal(path: Any, s: int, chunk: int, dtype: Any, why: str, fix: str
     overflowed, or fell where float64 keeps only a few bits: computed from unscaled squares, it would
     be Inf or lost digits (``zero_ok=False``: an all-zero diagonal too, squares that underflowed whole;
     a callable is asked only for an all-zero diagonal, whether it is right). Reads the ``s / chunk``
-    diagonal blocks of this run's own output."""
-    arr = open_zarr(path, mode="r+")
-    diag = np.concatenate([np.diag(np.asarray(arr[r0:r1, r0:r1]).real.astype(np.float64))
-                           for r0, r1 in split(s, chunk)])  # real: a Hermitian Gram's diagonal is
+    diagonal blocks of this run's own output; returns the diagonal."""
+    diag = stored_diagonal(path, s, chunk)
     fi = np.finfo(np.dtype(dtype))
     top = float(np.max(np.abs(diag))) if diag.size else 0.0
     if not np.isfinite(top) or 0 < top < 2.0 ** (fi.minexp + fi.nmant) or \
@@ -242,6 +240,15 @@ def check_diagonal(path: Any, s: int, chunk: int, dtype: Any, why: str, fix: str
             f"a diagonal entry of {top:.3g}" if top else "an all-zero diagonal (squares that underflowed to 0)",
             f"scale {operands} by a power of two so that the entries sit near 1 "
             f"(exact) and scale the result back, {fix}"))
+    return diag
+
+
+def stored_diagonal(path: Any, s: int, chunk: int) -> np.ndarray:
+    """The real part of the diagonal of a stored ``s x s`` matrix (a Gram matrix, its Cholesky factor:
+    real where they are Hermitian) in float64, from its ``s / chunk`` diagonal blocks."""
+    arr = open_zarr(path, mode="r+")
+    return np.concatenate([np.diag(np.asarray(arr[r0:r1, r0:r1]).real.astype(np.float64))
+                           for r0, r1 in split(s, chunk)])
 
 
 def gram(a: Any, out: Any = None, *, trans: bool = False, dtype: Any = None, overwrite: bool = False,

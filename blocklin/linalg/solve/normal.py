@@ -364,9 +364,10 @@ def _refuse_or_warn(cf: Any, rcond: float, lam: float, ctx: TikhonovRun | None =
             f" (the {' and '.join(extras)} normal equations)" if extras else ""),
             f"Cholesky failed (reciprocal condition {rcond:.1e}) at lam = {lam:.3g}",
             f"a larger lam (lam=('loo', grid) or lam='gcv' chooses one), {qr}"))
+    refined = not (ctx is not None and ctx.positive)  # the NNLS of positive=True takes the factor as it is
     warn(f"solve: {gram} + lam^2 I has reciprocal condition {rcond:.1e}; the normal equations may lose "
-         f"accuracy (refinement helps); {'a larger lam, ' if extras else ''}{qr.removeprefix('or ')} avoids "
-         "squaring the condition number")
+         f"accuracy{' (refinement helps)' if refined else ''}; {'a larger lam, ' if extras else ''}"
+         f"{qr.removeprefix('or ')} avoids squaring the condition number")
 
 
 def _solve_refined(ctx: TikhonovRun, gp: dict, cf: Any, rcond: float, lam: float) -> tuple[np.ndarray, np.ndarray, int, str]:

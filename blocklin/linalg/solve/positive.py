@@ -20,6 +20,7 @@ import numpy as np
 
 from blocklin.errors import ConvergenceError, SingularMatrixError
 from blocklin.errors import explain as _msg
+from blocklin.linalg.solve.normal import AUTO_RCOND, _refuse_or_warn, cholesky_condition
 from blocklin.linalg.solve.tikhonov import TikhonovRun, factor_regularized, norms, singular, write_x
 
 #: Active-set iterations of one NNLS at most, per unknown (Lawson-Hanson rarely needs more than ``n``).
@@ -57,17 +58,21 @@ def solve_positive(ctx: TikhonovRun, gp: dict, x_path: str, reason: str) -> dict
             raise SingularMatrixError(_msg("a", "A^T A + lam^2 I must be positive definite (positive=True)",
                                            f"Cholesky failed (reciprocal condition {rcond:.1e})",
                                            "pass a larger lam"))
+        if rcond < AUTO_RCOND:  # as the normal equations warn (no refinement here: x carries cond(K) eps)
+            _refuse_or_warn(cf, rcond, lam, ctx)
         r = np.triu(cf[0])  # cho_factor leaves the other triangle unspecified
         x = nonnegative(r, solve_triangular(r, c, trans="T", check_finite=False))
         rr = np.maximum(bb - 2 * np.einsum("ij,ij->j", x, c) + np.einsum("ij,ij->j", x, g @ x), 0.0)
         xs.append(x)
         rr_all.append(rr)
         xx_all.append(np.einsum("ij,ij->j", x, x))
-        conds.append(float(1.0 / math.sqrt(rcond)) if rcond > 0 else float("inf"))
+        conds.append(rcond)
         active.append(np.count_nonzero(x, axis=0).tolist())
     single = ctx.kind == "scalar"
-    info: dict[str, Any] = {"method": "normal", "method_reason": reason,
-                            "residual_norm_source": "Gram quantities"}
+    # the NNLS takes R and R^-T A^T b as they are (no refinement): cond_1(K) is the factor eps is amplified by
+    info: dict[str, Any] = {"method": "normal", "method_reason": reason, "residual_norm_source": "Gram quantities",
+                            "condition_estimate": max(cholesky_condition(rc, 0) for rc in conds)}
+    conds = [float(1.0 / math.sqrt(rc)) if rc > 0 else float("inf") for rc in conds]
     if single:
         lam = ctx.lams[0]
         info.update(lam=lam, residual_norm=norms(rr_all[0]), solution_norm=norms(xx_all[0]),

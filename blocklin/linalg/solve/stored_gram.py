@@ -15,6 +15,7 @@ import numpy as np
 
 from blocklin.config import format_size
 from blocklin.linalg.products.gemm import Gemm
+from blocklin.linalg.solve.normal import cholesky_condition
 from blocklin.linalg.solve.report import solve_report
 from blocklin.operands import Operand
 from blocklin.plan.factor import plan_factor
@@ -94,8 +95,38 @@ def solve_gram_out_of_core(job: Any, A: Any, B: Any, lam: float, ao: Any, *, ref
     g.make_stores()
     g.factor()
     steps = 1 if refine == "auto" else int(refine)
+    warn_stored_condition(g.kappa, g.lam, "A A^T" if g.wide else "A^T A", cplx=g.cplx)
     xs = g.solve_wide(steps) if g.wide else g.solve_tall(steps)
     return g.finish(xs, x_path, steps)
+
+
+def diagonal_condition(dk: np.ndarray, dl: np.ndarray) -> float:
+    """A lower estimate of ``cond_2(K)`` from the diagonals of ``K = L L^H`` and of its Cholesky factor:
+    ``lambda_max(K) >= max K_ii`` and ``lambda_min(K) = sigma_min(L)^2 <= min |L_ii|^2`` (the singular
+    values of a triangular matrix bracket the moduli of its diagonal, its eigenvalues: Horn and Johnson,
+    *Topics in Matrix Analysis*, 1991, 3.3.4 / Weyl's product inequalities). A column nearly in the span of
+    the ones before it has a small ``L_ii`` (Cholesky's pivot is its distance to them, squared), so
+    graded or nearly dependent columns show; the ``s / tile`` diagonal blocks are what it reads."""
+    top, low = float(np.max(dk, initial=0.0)), float(np.min(np.abs(dl), initial=np.inf)) ** 2
+    if top == 0.0:
+        return 1.0
+    return top / low if low > 0 else float("inf")
+
+
+def warn_stored_condition(kappa: float, lam: float, gram: str, *, cplx: bool = False) -> None:
+    """Warn as the in-memory normal equations do (:func:`blocklin.linalg.solve.normal._refuse_or_warn`)
+    where the stored ``K``'s condition estimate passes ``1 / AUTO_RCOND``: its Cholesky solve loses
+    ``log10(cond(K))`` digits before refinement, which recovers them only while ``cond(K) eps < 1``."""
+    from blocklin.errors import warn
+    from blocklin.linalg.solve.normal import AUTO_RCOND
+
+    if kappa * AUTO_RCOND <= 1.0:
+        return
+    gram = gram.replace("^T", "^H") if cplx else gram
+    warn(f"solve: the stored {gram} + lam^2 I (over the budget) has a condition estimate of {kappa:.1e} "
+         f"(report['condition_estimate'] after refinement; lam = {lam:.3g}); the normal equations may lose "
+         "accuracy (refinement helps while it is below 1 / eps); a larger lam avoids it, or a budget that holds "
+         "the streaming QR's R factor (method='qr') avoids squaring the condition number")
 
 
 class _GramSolve:
@@ -194,16 +225,17 @@ class _GramSolve:
             rhs=None if self.wide else Region.of(self.B.path, self.B.shape),
             rhs_out=None if self.wide else self.region(self.c, self.n),
             description=f"Gram blocks {'A A^T' if self.wide else 'A^T A, A^T b'} + lam^2 I") and None)
-        from blocklin.linalg.products.gram import check_diagonal
+        from blocklin.linalg.products.gram import check_diagonal, stored_diagonal
 
         # the stored Gram is summed from unscaled squares: refused where they left float64's range
-        check_diagonal(g_path, s, self.t, F64, "the stored-Gram route, for a Gram over the budget, sums unscaled "
+        dk = check_diagonal(g_path, s, self.t, F64, "the stored-Gram route, for a Gram over the budget, sums unscaled "
                        "squares", "or raise memory= so the in-memory routes (which scale by themselves) hold it",
                        zero_ok=self.lam == 0, operands="a (and b)")  # lam > 0: a zero diagonal underflowed
         self.step("cholesky", lambda: tiled_cholesky(
             self.ops, Region.of(g_path, (s, s)), Region.of(l_path, (s, s)), dtype=self.dt, check=False, done_dir=self.markers,
             description="Cholesky of the Gram matrix") and None)
         self.lreg = Region.of(l_path, (s, s))
+        self.kappa = diagonal_condition(dk, stored_diagonal(l_path, s, self.t))
 
     def k_solve(self, rhs: str, dst: str) -> None:
         """``dst = K^-1 rhs`` by forward and back substitution (``L^H`` of complex data)."""
@@ -286,7 +318,9 @@ class _GramSolve:
                 "lam": lam, "residual_norm": norms(rr), "solution_norm": norms(xx),
                 "objective": norms(rr + lam**2 * xx), "refine_steps": steps, "gram": "out of core",
                 "residual_norm_source": "final residual pass", "gram_tile": self.t,
-                "norm_a": None, "cond_estimate": None, "phases": {"Gram SYRK, Cholesky, solves": self.job.device},
+                "norm_a": None, "cond_estimate": float(np.sqrt(self.kappa)),
+                "condition_estimate": cholesky_condition(1.0 / self.kappa, steps),
+                "phases": {"Gram SYRK, Cholesky, solves": self.job.device},
                 "resumed": self.stages.resumed, "stages_skipped": self.stages.skipped}
 
 
