@@ -117,11 +117,19 @@ def _random_rows_task(loc: Location, seed: int, r0: int, r1: int, n: int, dtype:
 
 
 def _sources(x: Any) -> list[Any]:
-    """The stores a lazy ``x`` still reads (a Dask array's zarr arrays, a memory-mapped file): the
-    output may not be, hold or sit inside them, since an object-store output is emptied first."""
+    """The stores ``x`` reads (a stored :class:`Matrix` or zarr array, a Dask array's zarr arrays, a
+    memory-mapped file): the output may not be, hold or sit inside them, since an object-store output
+    is emptied first, and a store read whole first is an input all the same (never replaced)."""
     found: list[Any] = []
     if isinstance(getattr(x, "filename", None), str):  # numpy.memmap
         found.append(x.filename)
+    if isinstance(x, (Matrix, SparseMatrix)):
+        found.append(x.location)
+    elif type(x).__module__.startswith("zarr"):
+        try:
+            found.append(as_location(x))
+        except TypeError:  # an in-memory store: nothing on disk to protect
+            pass
     graph = getattr(x, "__dask_graph__", lambda: None)()
     for layer in getattr(graph, "layers", {}).values():
         if type(layer).__name__ != "MaterializedLayer":  # where dask keeps the original arrays

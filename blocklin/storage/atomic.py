@@ -60,8 +60,8 @@ from blocklin.storage import ownership, stamps
 from blocklin.storage.backend import backend, rmtree_owner_last
 from blocklin.storage.cleanup import note_written
 from blocklin.storage.completeness import STORED_KEY, count_stored
-from blocklin.storage.guard import (check_output, check_replaceable, check_replaceable_prefix,
-                                     complete_output_refusal, partial_folders)
+from blocklin.storage.guard import (MEMBERS_KEY, check_output, check_replaceable, check_replaceable_prefix,
+                                     complete_output_refusal, partial_folders, output_members)
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.space import folder_size
 from blocklin.storage.records import DEFERRED_META, INPUTS_RECORD, OWNER_RECORD, PENDING_RECORD
@@ -412,6 +412,10 @@ class AtomicOutput:
             provenance["covers"] = self.covers
         if extra:
             provenance.update(extra)
+        # the arrays this run wrote below the root: overwrite replaces those, never one added later
+        members = output_members(self._be.keys(""))
+        if members:
+            provenance[MEMBERS_KEY] = members
         stored = count_stored(self.partial)  # an array's chunk files, checked when it is read again
         if stored is not None:
             provenance[STORED_KEY] = stored

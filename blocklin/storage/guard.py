@@ -13,7 +13,8 @@ Every output of every operation and converter is checked here before anything is
   modified, not even by a work folder that comes and goes).
 * **``overwrite`` replaces only what may go**: a zarr array or group blocklin wrote (its root
   attributes carry ``"blocklin"`` provenance, written by ``AtomicOutput.commit``, and it holds
-  nothing but zarr metadata, chunks and blocklin's records), an empty folder,
+  nothing but zarr metadata, chunks and blocklin's records, of its root and of the member arrays its
+  provenance lists: another array or folder put inside it later is someone else's), an empty folder,
   or for a file export a file blocklin wrote and nobody changed since: its record
   ``.NAME.blocklin`` (:mod:`blocklin.storage.file_records`, written by every file commit) still
   matches its size, times, device and inode, and it is still of that format (``.npy`` magic,
@@ -212,16 +213,67 @@ def zarr_provenance(read: Any) -> str | None:
     return "blocklin" if isinstance(attrs, dict) and isinstance(attrs.get("blocklin"), dict) else "zarr"
 
 
-#: Keys of a zarr v3 store as blocklin writes it: metadata, chunks (default ``c/i/j`` encoding),
-#: blocklin's own records, and the temporary chunk names a killed writer leaves (blocklin's, zarr's).
-_OWN_KEY = re.compile(r"^(?:.*/)?(?:zarr\.json|c(?:/\d+)+|\.blocklin-[^/]*|[^/]*\.tmp-\d+-[0-9a-f]+"
-                      r"|[^/]*\.[0-9a-f]{32}\.partial)$"
-                      r"|^(?:.*/)?\.blocklin-[^/]*/.*$")
+#: Keys of a zarr v3 store that are blocklin's wherever they lie: its own records, and the temporary
+#: chunk names a killed writer leaves (blocklin's, zarr's).
+_RECORD_KEY = re.compile(r"^(?:.*/)?(?:\.blocklin-[^/]*|[^/]*\.tmp-\d+-[0-9a-f]+|[^/]*\.[0-9a-f]{32}\.partial)$"
+                         r"|^(?:.*/)?\.blocklin-[^/]*/.*$")
+#: A zarr node's own keys: ``NODE/zarr.json`` and its chunks (default ``c/i/j`` encoding); group 1 is
+#: the node's path (empty at the root).
+_NODE_KEY = re.compile(r"^(?:(.*)/)?(?:zarr\.json|c(?:/\d+)+)$")
+#: The provenance entry listing the member arrays of a blocklin output (node paths below its root).
+MEMBERS_KEY = "members"
 
 
-def foreign_keys(keys: Iterable[str]) -> list[str]:
-    """The keys (relative paths) of a store that blocklin would not have written there."""
-    return [k for k in keys if not _OWN_KEY.match(k)]
+def foreign_keys(keys: Iterable[str], members: Iterable[str] = ()) -> list[str]:
+    """The keys (relative paths) of a store that blocklin would not have written there: anything but
+    its records and the metadata and chunks of the root and of ``members`` (the node paths its commit
+    listed, :func:`output_members`). A zarr array someone put inside a blocklin output is not blocklin's:
+    its keys look like blocklin's own but lie under a node that no commit listed."""
+    nodes = {""} | set(members)
+    out = []
+    for k in keys:
+        if _RECORD_KEY.match(k):
+            continue
+        m = _NODE_KEY.match(k)
+        if m is None or (m.group(1) or "") not in nodes:
+            out.append(k)
+    return out
+
+
+def output_members(keys: Iterable[str]) -> list[str]:
+    """The paths of the zarr nodes below the root among a partial output's ``keys`` (what its
+    commit records in the provenance's :data:`MEMBERS_KEY`, for :func:`foreign_keys`)."""
+    from blocklin.storage.records import DEFERRED_META
+
+    nodes = set()
+    for k in keys:
+        head, _, leaf = k.rpartition("/")
+        if head and leaf in ("zarr.json", DEFERRED_META) and not _RECORD_KEY.match(head + "/x"):
+            nodes.add(head)
+    return sorted(nodes)
+
+
+def recorded_members(read: Any) -> list[str]:
+    """The member node paths the provenance of the blocklin output read by ``read(key)`` lists (none
+    when it lists none: an output without that record counts its root alone as blocklin's)."""
+    prov = _provenance(read)
+    members = prov.get(MEMBERS_KEY) if prov else None
+    return [m for m in members if isinstance(m, str)] if isinstance(members, list) else []
+
+
+def _provenance(read: Any) -> dict | None:
+    """The ``"blocklin"`` attributes of the zarr node read by ``read(key)`` (v3, or v2 ``.zattrs``)."""
+    raw = read("zarr.json")
+    try:
+        if raw is not None:
+            attrs = json.loads(raw).get("attributes")
+        else:
+            raw = read(".zattrs")
+            attrs = json.loads(raw) if raw is not None else None
+    except (ValueError, AttributeError):
+        return None
+    prov = attrs.get("blocklin") if isinstance(attrs, dict) else None
+    return prov if isinstance(prov, dict) else None
 
 
 def _local_keys(folder: str) -> list[str]:
@@ -273,7 +325,7 @@ def check_replaceable(out: Any, kind: str = "zarr", name: str = "out") -> None:
                 return
             prov = zarr_provenance(_read_local(real))
             if prov == "blocklin":
-                extra = foreign_keys(_local_keys(real))
+                extra = foreign_keys(_local_keys(real), recorded_members(_read_local(real)))
                 if not extra:
                     return
                 raise _refuse(name, _ZARR_RULE, loc, _with_foreign("a blocklin output", extra), folder=True)
@@ -379,7 +431,7 @@ def check_replaceable_prefix(be: Any, loc: Location, name: str = "out") -> None:
     ``be``), whose prefix holds objects and no pending record: only blocklin's own output may go."""
     prov = zarr_provenance(be.try_read)
     if prov == "blocklin":
-        extra = foreign_keys(be.keys(""))
+        extra = foreign_keys(be.keys(""), recorded_members(be.try_read))
         if not extra:
             return
         raise _refuse(name, _ZARR_RULE, loc, _with_foreign("a blocklin output", extra), folder=True)
@@ -477,5 +529,5 @@ def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = Fals
     return loc
 
 
-__all__ = ["FILE_KINDS", "check_not_input", "check_not_output", "foreign_keys", "check_output", "check_replaceable", "check_replaceable_prefix",
-           "check_temp_dir", "is_format", "is_hdf5", "relation", "removal_command", "same_file", "zarr_provenance"]
+__all__ = ["FILE_KINDS", "MEMBERS_KEY", "check_not_input", "check_not_output", "foreign_keys", "check_output", "check_replaceable", "check_replaceable_prefix",
+           "check_temp_dir", "is_format", "is_hdf5", "output_members", "recorded_members", "relation", "removal_command", "same_file", "zarr_provenance"]

@@ -11,7 +11,9 @@ one HDF5 dataset.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import time
 
 import numpy as np
@@ -147,6 +149,37 @@ def test_a_blocklin_output_holding_other_files_is_refused(work, tmp_path, capsys
     assert main(gemm_argv(work, out)) == 0
 
 
+def test_an_array_put_inside_a_blocklin_output_is_not_blocklins(work, tmp_path, capsys):
+    """Keys that look like blocklin's (``zarr.json``, ``c/0/0``) are blocklin's only at the root and
+    in the member arrays its commit listed: a zarr array, another blocklin output or a folder named
+    like chunks that someone put inside an output survives ``overwrite`` (refused, tree unchanged);
+    a group output (svd's U, S, Vt) is still replaced whole."""
+    out = tmp_path / "C.zarr"
+    bl.matmul(work / "A.zarr", work / "B.zarr", out)
+    notes = zarr.create_array(str(out / "notes"), shape=(3,), chunks=(3,), dtype="i4")
+    notes[:] = [1, 2, 3]
+    refused_cli(capsys, tmp_path, gemm_argv(work, out), "blocklin did not write (notes/c/0, notes/zarr.json)")
+    refused_api(tmp_path, OutputExistsError, lambda: bl.matmul(work / "A.zarr", work / "B.zarr", out, overwrite=True),
+                "blocklin did not write")
+    inner = tmp_path / "D.zarr"
+    bl.matmul(work / "A.zarr", work / "B.zarr", inner)
+    bl.from_array(A, inner / "inner.zarr")  # a blocklin output of its own, inside another
+    (inner / "mine" / "c" / "0").mkdir(parents=True)
+    (inner / "mine" / "c" / "0" / "0").write_text("named like a chunk")
+    refused_cli(capsys, tmp_path, gemm_argv(work, inner), "inner.zarr/c/0/0", "mine/c/0/0")
+    svd = tmp_path / "S.zarr"
+    bl.svd(work / "A.zarr", 3, out=svd, seed=0)
+    assert zarr.open_group(str(svd)).attrs["blocklin"]["members"] == ["S", "U", "Vt"]
+    zarr.create_array(str(svd / "mine"), shape=(2,), chunks=(2,), dtype="f8")
+    refused_api(tmp_path, OutputExistsError, lambda: bl.svd(work / "A.zarr", 3, out=svd, seed=0, overwrite=True),
+                "blocklin did not write (mine/zarr.json)")
+    shutil.rmtree(svd / "mine")
+    old = (svd / "zarr.json").stat().st_ino
+    bl.svd(work / "A.zarr", 3, out=svd, seed=1, overwrite=True)
+    assert (svd / "zarr.json").stat().st_ino != old  # replaced by the new run's commit
+    assert sorted(os.listdir(svd)) == ["S", "U", "Vt", "zarr.json"]
+
+
 def test_a_file_where_a_zarr_folder_would_go_is_refused(work, tmp_path, capsys):
     (tmp_path / "C.zarr").write_text("a file")
     refused_cli(capsys, tmp_path, gemm_argv(work, tmp_path / "C.zarr"), "a file, where a zarr folder would go",
@@ -181,6 +214,16 @@ def test_dask_array_cannot_overwrite_its_own_source(work, tmp_path):
                 "must differ from every input")
     refused_api(tmp_path, OutputIsInputError, lambda: bl.from_array(x, work, overwrite=True), "holds the input")
     np.testing.assert_array_equal(bl.from_array(x, work / "copy.zarr").to_numpy(), A)
+
+
+def test_a_stored_array_read_whole_is_an_input_of_from_array(work, tmp_path):
+    """A Matrix or a zarr array given to ``from_array`` is read whole, then written: it is an input
+    all the same, which ``overwrite`` never replaces (its chunks, provenance and history would go)."""
+    for x in (bl.open(work / "A.zarr"), zarr.open_array(str(work / "A.zarr"), mode="r")):
+        refused_api(tmp_path, OutputIsInputError, lambda: bl.from_array(x, work / "A.zarr", overwrite=True),
+                    "must differ from every input")
+        refused_api(tmp_path, OutputIsInputError, lambda: bl.from_array(x, work, overwrite=True), "holds the input")
+    np.testing.assert_array_equal(bl.from_array(bl.open(work / "A.zarr"), tmp_path / "copy.zarr").to_numpy(), A)
 
 
 # -- convert and the file formats -------------------------------------------------------------------
@@ -554,6 +597,21 @@ def test_s3_prefix_holding_other_data_is_refused(s3work, capsys):
     with pytest.raises(OutputExistsError, match="blocklin did not write"):
         bl.from_array(A, plain, overwrite=True, storage_options=opts)
     assert bucket_state(base, opts) == before
+
+
+def test_s3_array_put_inside_a_blocklin_output_is_not_blocklins(s3work, capsys):
+    """The object-store commit lists a group output's member arrays too: an array someone added
+    under the prefix later is refused by ``overwrite``, the group alone is replaced."""
+    base, opts, so = s3work
+    out = f"{base}/S.zarr"
+    bl.svd(f"{base}/d/A.zarr", 3, out=out, seed=0, storage_options=opts)
+    be = backend(bl.storage.as_location(out, opts))
+    be.write_bytes("mine/zarr.json", be.read_bytes("S/zarr.json"))
+    refused_s3(capsys, base, opts, ["svd", f"{base}/d/A.zarr", "-k", "3", "-o", out, "--overwrite", *so],
+               "blocklin did not write (mine/zarr.json)")
+    be.delete("mine/zarr.json")
+    assert main(["svd", f"{base}/d/A.zarr", "-k", "3", "-o", out, "--overwrite", *so]) == 0
+    assert json.loads(be.read_text("zarr.json"))["attributes"]["blocklin"]["members"] == ["S", "U", "Vt"]
 
 
 def test_s3_overwrite_replaces_a_blocklin_output_and_spares_its_siblings(s3work, capsys):
