@@ -44,6 +44,7 @@ import datetime
 import json
 import os
 import re
+import shlex
 import shutil
 import sys
 import uuid
@@ -246,7 +247,12 @@ class AtomicOutput:
     def _claim_local(self) -> None:
         """Under the folder's claim lock: refuse a live writer, clear what gone runs left, own the partial."""
         parent = os.path.dirname(self.partial.url)
-        siblings = partial_folders(self.path)
+        siblings = partial_folders(self.path)  # blocklin's: a folder of the user's named like one stays
+        if os.path.lexists(self.partial.url) and self.partial.name not in siblings:
+            raise OutputExistsError(explain(
+                self.name, "needs its partial output's name free (a run writes there until it commits)",
+                f"{self.partial.url!r} exists and is not a partial output blocklin wrote",
+                f"move it away (mv {shlex.quote(self.partial.url)} ...) and rerun, or choose another path"))
         for f in siblings:
             self._check_not_busy(Location(os.path.join(parent, f)), self.path.url)
         self._claim()

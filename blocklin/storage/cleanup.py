@@ -40,6 +40,7 @@ from typing import Any
 
 from blocklin.storage import file_records, ownership
 from blocklin.storage.backend import backend, rmtree_owner_last
+from blocklin.storage.guard import PARTIAL_TOKEN, blocklin_partial
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.records import PENDING_RECORD, WORK_FOLDER_RECORD
 from blocklin.storage.space import folder_size
@@ -166,16 +167,15 @@ def _orphan_record(path: str) -> bool:
 
 
 #: The token of a partial output blocklin names (``uuid4().hex[:16]`` or a resume token of 16 hex digits).
-_TOKEN = re.compile(r"\.partial-[0-9a-f]{16}$")
+_TOKEN = PARTIAL_TOKEN
 
 
 def _blocklin_partial(loc: Location) -> bool:
-    """Whether a partial output without an owner record is one blocklin could have written: its name ends in
-    blocklin's token and it holds a zarr store (a user's ``.data.zarr.partial-abc`` of notes was removed by
-    ``clean`` before; found by a randomized search). Object-store prefixes are named by blocklin alone."""
-    if not loc.is_local:
-        return True
-    return bool(_TOKEN.search(os.path.basename(loc.url.rstrip("/")))) and _is_zarr(loc.url)
+    """Whether a partial output without an owner record is one blocklin could have written
+    (:func:`blocklin.storage.guard.blocklin_partial`: a user's ``.data.zarr.partial-abc`` of notes was
+    removed by ``clean`` before; found by a randomized search). Object-store prefixes are named by
+    blocklin alone."""
+    return not loc.is_local or blocklin_partial(loc.url)
 
 
 def _blocklin_old(loc: Location) -> bool:

@@ -465,10 +465,35 @@ def complete_output_refusal(loc: Location, read: Any = None, name: str = "out") 
         "with its inputs), or pass overwrite=True (CLI: --overwrite) to compute it again"))
 
 
-def partial_folders(loc: Location) -> list[str]:
-    """The names of the partial folders that runs to the local output ``loc`` left beside it."""
-    parent, prefix = os.path.dirname(loc.url), f".{loc.name}.partial-"
-    return sorted(f for f in os.listdir(parent or ".") if f.startswith(prefix)) if os.path.isdir(parent or ".") else []
+#: The name of a local partial output: ``.OUT.partial-`` and the run's token (16 hex digits).
+PARTIAL_TOKEN = re.compile(r"\.partial-[0-9a-f]{16}$")
+
+
+def blocklin_partial(path: str) -> bool:
+    """Whether the local folder ``path``, named like a partial output, is one a blocklin run made: it
+    holds an owner record, or its name ends in blocklin's token and it holds a zarr store or nothing
+    but blocklin's records (a run killed before its record was written). A user's folder such as
+    ``.data.zarr.partial-notes`` is neither: no run removes, resumes or writes into it."""
+    from blocklin.storage.ownership import read_record
+
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    if read_record(Location(path)) is not None:
+        return True
+    if not PARTIAL_TOKEN.search(os.path.basename(path.rstrip("/"))):
+        return False
+    return any(os.path.exists(os.path.join(path, m)) for m in ("zarr.json", ".zarray")) or \
+        not foreign_keys(_local_keys(path))
+
+
+def partial_folders(loc: Location, *, foreign: bool = False) -> list[str]:
+    """The names of the partial folders that runs to the local output ``loc`` left beside it (with
+    ``foreign``: the folders named like them that are not blocklin's, :func:`blocklin_partial`)."""
+    parent, prefix = os.path.dirname(loc.url) or ".", f".{loc.name}.partial-"
+    if not os.path.isdir(parent):
+        return []
+    return sorted(f for f in os.listdir(parent)
+                  if f.startswith(prefix) and blocklin_partial(os.path.join(parent, f)) != foreign)
 
 
 def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = False, name: str = "out",
@@ -529,5 +554,5 @@ def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = Fals
     return loc
 
 
-__all__ = ["FILE_KINDS", "MEMBERS_KEY", "check_not_input", "check_not_output", "foreign_keys", "check_output", "check_replaceable", "check_replaceable_prefix",
+__all__ = ["FILE_KINDS", "MEMBERS_KEY", "PARTIAL_TOKEN", "blocklin_partial", "check_not_input", "check_not_output", "foreign_keys", "check_output", "check_replaceable", "check_replaceable_prefix",
            "check_temp_dir", "is_format", "is_hdf5", "output_members", "recorded_members", "relation", "removal_command", "same_file", "zarr_provenance"]

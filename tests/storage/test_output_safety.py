@@ -645,6 +645,29 @@ def test_demo_in_an_existing_folder_removes_only_its_own_stores(tmp_path, capsys
     assert list(temp.iterdir()) == []  # the verification's products were stores in the demo's folder too
 
 
+def test_a_run_leaves_a_users_folder_named_like_its_partial_output(work, tmp_path, capsys):
+    """A run removes the partial outputs that gone runs left beside its output, and takes over its own:
+    only folders blocklin made (an owner record, or its token and a zarr store or nothing else), as
+    ``blocklin clean`` decides. A user's ``.C.zarr.partial-...`` of notes had been removed as "the
+    partial output of a run that is gone"; one under the run's own name had been written into."""
+    from blocklin.storage.atomic import AtomicOutput
+
+    out = tmp_path / "C.zarr"
+    for name in (".C.zarr.partial-notes", ".C.zarr.partial-0123456789abcdef"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "notes.txt").write_text("mine")
+    before = tree(tmp_path)
+    assert main(gemm_argv(work, out)) == 0
+    assert_product(bl.open(out).to_numpy(), A @ B, A, B)
+    shutil.rmtree(out)
+    assert tree(tmp_path) == before
+    refused_api(tmp_path, OutputExistsError, lambda: AtomicOutput(out, token="0123456789abcdef"),
+                "is not a partial output blocklin wrote", "mv ")
+    gone = tmp_path / ".C.zarr.partial-fedcba9876543210"  # a gone run's (killed before its record)
+    gone.mkdir()
+    assert main(gemm_argv(work, out)) == 0 and not gone.exists()
+
+
 def test_clean_leaves_a_dated_folder_that_looks_like_an_old_output(tmp_path):
     """``blocklin clean`` removes a record-less ``.NAME.old-ID`` folder only where it is what a commit sets
     aside (an output ``overwrite`` may replace): a user's dated backup ``.photos.old-20231225`` had been
