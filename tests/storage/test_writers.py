@@ -398,3 +398,34 @@ def test_resume_of_a_complete_conversion_says_it_is_complete(tmp_path):
                                                                 r"convert .*overwrite=True"):
         blocklin.convert(tmp_path / "A.npy", tmp_path / "A.zarr", resume=True)
     np.testing.assert_array_equal(blocklin.open(tmp_path / "A.zarr").to_numpy(), A)
+
+
+def test_second_file_export_of_one_job_leaves_the_live_partial_alone(tmp_path, sleeper):
+    """A file export's partial has the job's token as its name, so the same export started twice
+    meets the first run's partial: the second run is refused as busy (it had removed that partial, so
+    that the first run's commit renamed the second's half-written file into place as the output). A
+    partial whose run is gone is removed and the export starts over."""
+    from blocklin.storage import file_records
+    from blocklin.storage.formats.base import AtomicFile
+
+    out = tmp_path / "X.csv"
+    first = AtomicFile(out, token="0123456789abcdef", kind="csv")
+    first.partial.write_text("1,2\n")  # the first run's rows so far
+    with pytest.raises(OutputBusyError, match="another run is writing"):
+        AtomicFile(out, token="0123456789abcdef", kind="csv")  # the same process, the partial still open
+    assert first.partial.read_text() == "1,2\n"
+    first.abort()
+    file_records.write_owner(first.partial, operation="export")  # another live process's partial
+    rec = file_records.read_owner(first.partial)
+    rec.update(pid=sleeper.pid, proc_start=ownership._proc_start(sleeper.pid))
+    Path(str(first.partial) + file_records.OWNER_SUFFIX).write_text(json.dumps(rec))
+    first.partial.write_text("3,4\n")
+    with pytest.raises(OutputBusyError, match=f"pid {sleeper.pid} "):
+        AtomicFile(out, token="0123456789abcdef", kind="csv")
+    assert first.partial.read_text() == "3,4\n" and not out.exists()
+    sleeper.kill()
+    sleeper.wait()
+    second = AtomicFile(out, token="0123456789abcdef", kind="csv")  # its run is gone: removed, started over
+    assert not second.partial.exists()
+    second.partial.write_text("5,6\n")
+    assert second.commit().read_text() == "5,6\n"

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import abc
 import os
+import shlex
 import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from blocklin.errors import ConfigError, DTypeError, FormatError, OutputExistsError, StoreNotFoundError, explain
+from blocklin.errors import (ConfigError, DTypeError, FormatError, OutputBusyError, OutputExistsError,
+                             StoreNotFoundError, explain)
 from blocklin.storage import file_records, ownership
-from blocklin.storage.atomic import check_output_path
+from blocklin.storage.atomic import busy_message, check_output_path
 from blocklin.storage.cleanup import note_written
 from blocklin.storage.space import folder_size
 from blocklin.storage.guard import check_replaceable
@@ -188,12 +190,30 @@ class AtomicFile:
         self.overwrite = overwrite
         self.kind = kind
         self.partial = self.path.parent / f".{self.path.name}.partial-{token or uuid.uuid4().hex[:16]}"
+        self.committed = False
         with ownership.claim_lock(str(self.path.parent)):  # as `blocklin clean` judges and removes partials
-            if self.partial.exists():  # a stale partial of the same job: file outputs restart
-                self.partial.unlink()
+            if os.path.lexists(self.partial):  # a stale partial of the same job: file outputs restart
+                self._take_over()
             # who writes the partial, until it is committed or removed: `clean` removes it once that run is gone
             file_records.write_owner(self.partial, operation="export", for_output=str(self.path))
-        self.committed = False
+            AtomicFile._writing.add(str(self.partial))
+
+    #: The partials this process is writing (a second writer of one in the same process is busy too).
+    _writing: set[str] = set()
+
+    def _take_over(self) -> None:
+        """Remove the stale partial of an earlier run of this job, under the claim lock: never a live
+        run's (the same export started twice: removing its partial had let its commit publish this
+        run's half-written file as the output), never what is not a partial file."""
+        if os.path.islink(self.partial) or not os.path.isfile(self.partial):
+            raise OutputExistsError(explain("out", "needs its partial file's name free (a run writes there until "
+                                            "it commits)", f"{str(self.partial)!r} exists and is not a partial file "
+                                            "blocklin wrote", f"move it away (mv {shlex.quote(str(self.partial))} ...) and rerun"))
+        owner = file_records.read_owner(self.partial)
+        if ownership.is_alive(owner) and (not ownership.is_mine(owner) or str(self.partial) in AtomicFile._writing):
+            raise OutputBusyError(busy_message(str(self.path), owner))
+        self.partial.unlink()
+        file_records.drop_owner(self.partial)
 
     def commit(self, *, datasets: list[str] | None = None) -> Path:
         """Rename the finished file into place and record it as blocklin's (``datasets``: HDF5's)."""
@@ -205,6 +225,7 @@ class AtomicFile:
             check_replaceable(self.path, self.kind)
         os.replace(self.partial, self.path)
         self.committed = True
+        AtomicFile._writing.discard(str(self.partial))
         note_written(self.path)
         file_records.drop_owner(self.partial)
         file_records.write(self.path, self.kind, datasets=datasets)
@@ -212,6 +233,7 @@ class AtomicFile:
 
     def abort(self) -> None:
         if not self.committed:
+            AtomicFile._writing.discard(str(self.partial))
             try:
                 self.partial.unlink()
             except FileNotFoundError:
