@@ -496,6 +496,20 @@ def partial_folders(loc: Location, *, foreign: bool = False) -> list[str]:
                   if f.startswith(prefix) and blocklin_partial(os.path.join(parent, f)) != foreign)
 
 
+#: fsspec protocols that read archives or the web: nothing blocklin writes can go there (a ``zip://``
+#: URL names a member of a local archive, which the comparisons with inputs do not see through).
+READ_ONLY_SCHEMES = frozenset({"zip", "tar", "libarchive", "http", "https", "github", "git", "reference"})
+
+
+def check_writable_scheme(loc: Location, name: str = "out") -> None:
+    """Refuse an output on a read-only fsspec protocol, naming it (zarr's own error named none)."""
+    if loc.scheme in READ_ONLY_SCHEMES or "::" in loc.url:
+        raise ParameterError(explain(name, "must be a local path or a URL of writable storage (s3://, gs://, "
+                                     "abfs://, memory://, file://)", f"{loc.url!r} ({loc.scheme}:// is read-only, or a "
+                                     "chained URL)", "write a local .zarr or an object-store URL, and archive it "
+                                     "afterwards if an archive is wanted"))
+
+
 def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = False, name: str = "out",
                  kind: str = "zarr", temp_dir: Any = None, resume: bool = False) -> Location:
     """Check an output before anything is claimed; returns its location.
@@ -533,6 +547,7 @@ def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = Fals
     check_not_input(out, inputs, name)
     check_temp_dir(out, inputs, temp_dir, name)
     loc = as_location(out, name=name) if not isinstance(out, Location) else out
+    check_writable_scheme(loc, name)
     if not loc.is_local:
         return loc
     path = loc.url
@@ -554,5 +569,5 @@ def check_output(out: Any, inputs: Iterable[Any] = (), *, overwrite: bool = Fals
     return loc
 
 
-__all__ = ["FILE_KINDS", "MEMBERS_KEY", "PARTIAL_TOKEN", "blocklin_partial", "check_not_input", "check_not_output", "foreign_keys", "check_output", "check_replaceable", "check_replaceable_prefix",
+__all__ = ["FILE_KINDS", "MEMBERS_KEY", "PARTIAL_TOKEN", "READ_ONLY_SCHEMES", "blocklin_partial", "check_writable_scheme", "check_not_input", "check_not_output", "foreign_keys", "check_output", "check_replaceable", "check_replaceable_prefix",
            "check_temp_dir", "is_format", "is_hdf5", "output_members", "recorded_members", "relation", "removal_command", "same_file", "zarr_provenance"]

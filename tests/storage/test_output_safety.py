@@ -22,7 +22,7 @@ import zarr
 
 import blocklin as bl
 from blocklin.cli.main import main
-from blocklin.errors import OutputExistsError, OutputIsInputError, TempDirError
+from blocklin.errors import OutputExistsError, OutputIsInputError, ParameterError, TempDirError
 from blocklin.storage.backend import backend
 from blocklin.storage.guard import relation, removal_command
 from support.interrupts import backdate
@@ -198,7 +198,6 @@ def test_output_is_not_the_temp_dir_and_the_temp_dir_not_an_input(work, tmp_path
 
 
 def test_two_outputs_of_one_operation_never_overlap(work, tmp_path):
-    from blocklin.errors import ParameterError
 
     bl.from_array(A, tmp_path / "R.zarr")  # a blocklin output that --overwrite may replace
     for q in (tmp_path / "R.zarr", tmp_path / "R.zarr" / "Q"):
@@ -224,6 +223,16 @@ def test_a_stored_array_read_whole_is_an_input_of_from_array(work, tmp_path):
                     "must differ from every input")
         refused_api(tmp_path, OutputIsInputError, lambda: bl.from_array(x, work, overwrite=True), "holds the input")
     np.testing.assert_array_equal(bl.from_array(bl.open(work / "A.zarr"), tmp_path / "copy.zarr").to_numpy(), A)
+
+
+def test_output_in_an_archive_or_on_the_web_is_refused_by_name(work, tmp_path, capsys):
+    """``zip://A.zarr::/d/data.npz`` names a member of a local archive (here, beside the inputs): zarr
+    failed with a bare ``ValueError`` (write() requires mode 'w') naming no parameter."""
+    np.savez(work / "data.npz", a=A)
+    for out in (f"zip://C.zarr::{work / 'data.npz'}", f"tar://C.zarr::{work / 'data.tar'}", "https://example.org/C.zarr"):
+        refused_api(tmp_path, ParameterError, lambda: bl.matmul(work / "A.zarr", work / "B.zarr", out),
+                    "out: must be a local path or a URL of writable storage", "is read-only")
+        refused_cli(capsys, tmp_path, ["convert", str(work / "A.zarr"), out], "is read-only")
 
 
 # -- convert and the file formats -------------------------------------------------------------------
