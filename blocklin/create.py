@@ -15,6 +15,7 @@ import numpy as np
 from blocklin.config import resolve
 from blocklin.errors import ShapeError, explain
 from blocklin.matrix import Matrix
+from blocklin.operands import check_dask, in_memory_array
 from blocklin.peaks import block_peaks
 from blocklin.sparse import SparseMatrix
 from blocklin.storage.sparse import group_metadata, sparse_group_attributes
@@ -179,7 +180,9 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
     is_dask = type(x).__module__.startswith("dask")
     inputs = _sources(x)
     if not is_dask:
-        x = np.asarray(x)
+        x = in_memory_array(x, "x")  # a mask dropped or longdouble cast by numpy.asarray is refused
+    else:
+        check_dask(x, "x")
     if x.ndim == 1:  # a vector is stored as an n x 1 column, as every operation takes it
         x = x.reshape(-1, 1)
     if x.ndim != 2:

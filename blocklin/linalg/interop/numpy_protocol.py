@@ -63,10 +63,11 @@ def _promoted(a: Any, b: Any) -> Any:
 
 def matmul(a: Any, b: Any) -> Any:
     from blocklin.linalg.products.gemm import matmul as bl_matmul
+    from blocklin.operands import in_memory_array
 
     dtype = _promoted(a, b)
     if np.ndim(a) == 1:  # a row vector times B: (B^T a)^T, vector-sized
-        return _vector_result(bl_matmul(b, np.asarray(a), trans_a=True, dtype=dtype), a)
+        return _vector_result(bl_matmul(b, in_memory_array(a, "a"), trans_a=True, dtype=dtype), a)
     return _vector_result(bl_matmul(a, b, dtype=dtype), b)
 
 

@@ -21,6 +21,7 @@ from blocklin.linalg.solve.lstsq_complex import is_complex, lstsq_complex
 from blocklin.linalg.solve.rcond import check_rcond, rank_cut
 from blocklin.linalg.products.gemm import matmul
 from blocklin.matrix import Matrix
+from blocklin.operands import in_memory_array
 from blocklin.storage import remove
 
 
@@ -104,7 +105,7 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
         from blocklin import open as open_matrix
 
         b = open_matrix(b, storage_options=settings.get("storage_options"))
-    bb = np.asarray(b)
+    bb = in_memory_array(b, "b")  # a masked or longdouble b refused, not read wrongly
     vector = bb.ndim == 1
     if bb.ndim not in (1, 2):
         raise ShapeError(explain("b", "must be 1-D or 2-D", f"shape {bb.shape}", "pass m or m x k right-hand sides"))
