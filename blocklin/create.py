@@ -8,12 +8,13 @@ memory per worker); NumPy data is written by the process that holds it.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 from blocklin.config import resolve
-from blocklin.errors import ShapeError, explain
+from blocklin.errors import ParameterError, ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.operands import check_dask, in_memory_array
 from blocklin.peaks import block_peaks
@@ -177,6 +178,10 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
     Matrix(path='I.zarr', shape=(3, 3), dtype=float64, chunks=(2, 2), codec='none')
     """
     cfg = resolve(memory=memory)
+    if isinstance(x, (str, os.PathLike, Location)):  # numpy.asarray would read the name as a 0-d string
+        raise ParameterError(explain("x", "must be an array (from_array writes data held in memory)",
+                                     f"the path {str(x)!r}", "open a stored array with blocklin.open(path), or "
+                                     "copy one with blocklin convert SOURCE OUT.zarr"))
     is_dask = type(x).__module__.startswith("dask")
     inputs = _sources(x)
     if not is_dask:

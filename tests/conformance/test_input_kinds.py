@@ -124,3 +124,10 @@ def test_from_array_dask_unknown_chunks():
 def test_from_array_object_refused():
     with pytest.raises(DTypeError, match=r"^x: must hold numbers.*Python objects"):
         bl.from_array(_data().astype(object), "A.zarr")
+
+
+def test_from_array_path_refused():
+    """``from_array`` of a path is refused naming ``bl.open`` ("x: must be 2-D; got shape ()" had been said:
+    ``numpy.asarray`` read the name as a 0-d string)."""
+    with pytest.raises(ParameterError, match=r"^x: must be an array.*blocklin.open"):
+        bl.from_array("B.zarr", "A.zarr")
