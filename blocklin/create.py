@@ -16,7 +16,8 @@ import numpy as np
 from blocklin.config import resolve
 from blocklin.errors import ParameterError, ShapeError, explain
 from blocklin.matrix import Matrix
-from blocklin.operands import check_dask, in_memory_array
+from blocklin.operands import check_dask
+from blocklin.validate import in_memory_array
 from blocklin.peaks import block_peaks
 from blocklin.sparse import SparseMatrix
 from blocklin.storage.sparse import group_metadata, sparse_group_attributes

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.config import Config
-from blocklin.errors import DTypeError, ParameterError, ShapeError, explain
+from blocklin.errors import ParameterError, ShapeError, explain
 from blocklin.matrix import Matrix
 from blocklin.plan.chunks import auto_chunks
 from blocklin.storage.completeness import check_complete
@@ -25,7 +25,7 @@ from blocklin.storage.ownership import end_work_folder, start_work_folder
 from blocklin.storage.dask_io import store_dask
 from blocklin.storage.location import Location, as_location
 from blocklin.storage.zarr_store import create_array, open_zarr, store_path
-from blocklin.validate import native
+from blocklin.validate import in_memory_array, native, numeric
 
 
 
@@ -232,62 +232,26 @@ def cast_integers(op: Operand, cfg: Config, stack: contextlib.ExitStack) -> Oper
                    staged=True, source=stored_input(op))
 
 
-def _check_numeric(name: str, dtype: Any) -> None:
-    """Refuse arrays that do not hold numbers (object, string, datetime, structured dtypes), and extended
-    precision (``numpy.longdouble``, ``clongdouble``): neither zarr nor BLAS holds it, and a silent cast
-    to float64 would drop the digits it was chosen for (``numpy.linalg`` refuses it too)."""
-    dt = np.dtype(dtype)
-    if dt.kind not in "biufc":
-        held = {"O": "Python objects", "U": "strings", "S": "bytes", "M": "datetimes", "m": "timedeltas",
-                "V": "structured records"}.get(dt.kind, f"kind {dt.kind!r}")
-        raise DTypeError(explain(name, "must hold numbers (a float, integer, complex or bool dtype)",
-                                 f"dtype {dt} ({held})", "convert it first, for example x.astype(numpy.float64)"))
-    if dt.kind in "fc" and np.finfo(dt).bits > 64:
-        wide = "complex128" if dt.kind == "c" else "float64"
-        raise DTypeError(explain(name, "must not be extended precision (it is computed in float32 or float64 at "
-                                 "most, and would lose its extra digits without a word)",
-                                 f"dtype {dt.name}", f"convert it knowingly: x.astype(numpy.{wide})"))
-
-
-def in_memory_array(x: Any, name: str) -> np.ndarray:
-    """``x`` (array_like) as a NumPy array of numbers, refusing what ``numpy.asarray`` would read wrongly.
-
-    A masked array with masked entries is refused, as ``scipy.linalg`` refuses masked arrays:
-    ``numpy.asarray`` drops the mask, so the hidden values under it would be computed with (a mask
-    with nothing masked is read as its data). Non-numeric and extended-precision dtypes are refused
-    (:func:`_check_numeric`).
-    """
-    if isinstance(x, np.ma.MaskedArray) and np.ma.count_masked(x):
-        raise ParameterError(explain(name, "must not have masked entries (masks are not read: the values under "
-                                     "them would be used)", f"a masked array {x.shape} with "
-                                     f"{np.ma.count_masked(x)} masked entries",
-                                     f"pass {name}.filled(value) with the value they stand for, or {name}.data "
-                                     "to use the values under the mask"))
-    arr = np.asarray(x)
-    _check_numeric(name, arr.dtype)
-    return arr
-
-
 def check_dask(x: Any, name: str) -> Any:
-    """A Dask array ready to be written to zarr: numbers (:func:`_check_numeric`), unmasked, and with
-    known chunk sizes, computed once where a boolean mask left them unknown (NaN). A Dask array of
+    """A Dask array ready to be written to zarr: numbers (:func:`~blocklin.validate.numeric`), unmasked,
+    and with known chunk sizes, computed once where a boolean mask left them unknown (NaN). A Dask array of
     masked chunks is refused: its masks would be dropped as it is written (whether any entry is
     masked is known only once it is computed)."""
-    _check_numeric(name, x.dtype)
-    if any(c != c for dim in x.chunks for c in dim):
-        # zarr needs every chunk's size before anything is written: Dask's own answer computes the
-        # array once to learn them (it is computed again as it is written)
-        x = x.compute_chunk_sizes()
+    numeric(name, x.dtype)
     if isinstance(getattr(x, "_meta", None), np.ma.MaskedArray):
         raise ParameterError(explain(name, "must not be a masked Dask array (masks are not read: the values under "
                                      "them would be used)", "a Dask array of numpy.ma chunks",
                                      f"pass dask.array.ma.filled({name}, value) with the value masked entries "
                                      "stand for"))
+    if any(c != c for dim in x.chunks for c in dim):
+        # zarr needs every chunk's size before anything is written: Dask's own answer computes the
+        # array once to learn them (it is computed again as it is written)
+        x = x.compute_chunk_sizes()
     return x
 
 
 def _stage_numpy(x: np.ndarray, name: str, cfg: Config, stack: contextlib.ExitStack) -> tuple[Location, Any, bool]:
-    _check_numeric(name, x.dtype)
+    numeric(name, x.dtype)
     if x.ndim == 1:  # a vector is a column
         x = x.reshape(-1, 1)
     if x.ndim != 2:

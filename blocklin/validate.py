@@ -64,6 +64,42 @@ def native(dtype: Any) -> np.dtype:
     return dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
 
 
+def numeric(name: str, dtype: Any) -> None:
+    """Refuse arrays that do not hold numbers (object, string, datetime, structured dtypes), and extended
+    precision (``numpy.longdouble``, ``clongdouble``): neither zarr nor BLAS holds it, and a silent cast
+    to float64 would drop the digits it was chosen for (``numpy.linalg`` refuses it too)."""
+    dt = np.dtype(dtype)
+    if dt.kind not in "biufc":
+        held = {"O": "Python objects", "U": "strings", "S": "bytes", "M": "datetimes", "m": "timedeltas",
+                "V": "structured records"}.get(dt.kind, f"kind {dt.kind!r}")
+        raise DTypeError(explain(name, "must hold numbers (a float, integer, complex or bool dtype)",
+                                 f"dtype {dt} ({held})", "convert it first, for example x.astype(numpy.float64)"))
+    if dt.kind in "fc" and np.finfo(dt).bits > 64:
+        wide = "complex128" if dt.kind == "c" else "float64"
+        raise DTypeError(explain(name, "must not be extended precision (it is computed in float32 or float64 at "
+                                 "most, and would lose its extra digits without a word)",
+                                 f"dtype {dt.name}", f"convert it knowingly: x.astype(numpy.{wide})"))
+
+
+def in_memory_array(x: Any, name: str) -> np.ndarray:
+    """``x`` (array_like) as a NumPy array of numbers, refusing what ``numpy.asarray`` would read wrongly.
+
+    A masked array with masked entries is refused, as ``scipy.linalg`` refuses masked arrays:
+    ``numpy.asarray`` drops the mask, so the hidden values under it would be computed with (a mask
+    with nothing masked is read as its data). Non-numeric and extended-precision dtypes are refused
+    (:func:`numeric`).
+    """
+    if isinstance(x, np.ma.MaskedArray) and np.ma.count_masked(x):
+        raise ParameterError(explain(name, "must not have masked entries (masks are not read: the values under "
+                                     "them would be used)", f"a masked array {x.shape} with "
+                                     f"{np.ma.count_masked(x)} masked entries",
+                                     f"pass {name}.filled(value) with the value they stand for, or {name}.data "
+                                     "to use the values under the mask"))
+    arr = np.asarray(x)
+    numeric(name, arr.dtype)
+    return arr
+
+
 def float_operand(op: Any, operation: str | None = None, *, complex_ok: bool = False) -> np.dtype:
     """The dtype of an operand that must be float32 or float64 (float16, integers, complex refused),
     or with ``complex_ok`` also complex64 or complex128 (an operation built and tested for complex data).

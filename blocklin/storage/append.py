@@ -46,6 +46,7 @@ from blocklin.storage.records import PENDING_RECORD
 from blocklin.storage.stamps import file_stamps
 from blocklin.storage.versions import VERSIONS_KEY, chunk_grid, data_stamp, history, now, read_meta
 from blocklin.storage.zarr_store import _from_metadata, read_block, write_block
+from blocklin.validate import in_memory_array
 
 #: The journal of an append under way (or interrupted) inside the matrix's folder or prefix.
 JOURNAL = ".blocklin-append.json"
@@ -152,10 +153,8 @@ def _rows_source(rows: Any, width: int, from_format: str | None, opts: dict) -> 
             raise ShapeError(explain("rows", "must have a known shape (its rows are counted before any is written)",
                                      f"a Dask array of shape {tuple(x.shape)}", "compute its chunk sizes first: "
                                      "rows = rows.compute_chunk_sizes()"))
-    else:
-        x = np.asarray(rows)
-        if x.dtype == object:
-            raise DTypeError(explain("rows", "must hold numbers", "an object array", "pass a float array"))
+    else:  # a masked array with masked entries refused (numpy.asarray would append the values under the mask)
+        x = in_memory_array(rows, "rows")
     if x.ndim == 1:  # one row (as numpy.vstack takes it), or a column of a one-column matrix
         x = x.reshape((-1, 1) if width == 1 else (1, -1))
     if x.ndim != 2:

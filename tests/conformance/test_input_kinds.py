@@ -131,3 +131,11 @@ def test_from_array_path_refused():
     ``numpy.asarray`` read the name as a 0-d string)."""
     with pytest.raises(ParameterError, match=r"^x: must be an array.*blocklin.open"):
         bl.from_array("B.zarr", "A.zarr")
+
+
+def test_append_masked_rows_refused():
+    """``append`` of masked rows is refused naming ``rows`` (the values under the mask had been appended)."""
+    bl.from_array(_data(), "A.zarr")
+    with pytest.raises(ParameterError, match=r"^rows: must not have masked entries"):
+        bl.append("A.zarr", _masked(np.ones((2, 6))))
+    np.testing.assert_array_equal(bl.open("A.zarr").to_numpy(), _data())  # nothing appended

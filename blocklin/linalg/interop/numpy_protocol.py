@@ -63,7 +63,7 @@ def _promoted(a: Any, b: Any) -> Any:
 
 def matmul(a: Any, b: Any) -> Any:
     from blocklin.linalg.products.gemm import matmul as bl_matmul
-    from blocklin.operands import in_memory_array
+    from blocklin.validate import in_memory_array
 
     dtype = _promoted(a, b)
     if np.ndim(a) == 1:  # a row vector times B: (B^T a)^T, vector-sized

@@ -21,7 +21,7 @@ from blocklin.linalg.solve.lstsq_complex import is_complex, lstsq_complex
 from blocklin.linalg.solve.rcond import check_rcond, rank_cut
 from blocklin.linalg.products.gemm import matmul
 from blocklin.matrix import Matrix
-from blocklin.operands import in_memory_array
+from blocklin.validate import in_memory_array
 from blocklin.storage import remove
 
 
