@@ -78,7 +78,7 @@ def numeric(name: str, dtype: Any) -> None:
         wide = "complex128" if dt.kind == "c" else "float64"
         raise DTypeError(explain(name, "must not be extended precision (it is computed in float32 or float64 at "
                                  "most, and would lose its extra digits without a word)",
-                                 f"dtype {dt.name}", f"convert it knowingly: x.astype(numpy.{wide})"))
+                                 f"dtype {dt.name}", f"convert it knowingly: {name}.astype(numpy.{wide})"))
 
 
 def in_memory_array(x: Any, name: str) -> np.ndarray:
