@@ -139,3 +139,13 @@ def test_append_masked_rows_refused():
     with pytest.raises(ParameterError, match=r"^rows: must not have masked entries"):
         bl.append("A.zarr", _masked(np.ones((2, 6))))
     np.testing.assert_array_equal(bl.open("A.zarr").to_numpy(), _data())  # nothing appended
+
+
+def test_pca_transform_masked_refused():
+    """``PCAResult.transform`` of masked samples is refused naming ``x`` (the values under the mask had been
+    projected); samples with nothing masked give the plain samples' scores."""
+    a = _data(30, 6)
+    p = bl.pca(a, 2, seed=0)
+    with pytest.raises(ParameterError, match=r"^x: must not have masked entries"):
+        p.transform(_masked(a[:4]))
+    np.testing.assert_array_equal(p.transform(np.ma.MaskedArray(a[:4], mask=False)), p.transform(a[:4]))

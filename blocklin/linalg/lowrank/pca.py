@@ -40,7 +40,7 @@ from blocklin.sparse import SparseMatrix, as_sparse_matrix, refuse_complex
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import source
 from blocklin.storage import remove
-from blocklin.validate import _is_int, float_operand
+from blocklin.validate import _is_int, float_operand, in_memory_array
 
 
 class PCAResult:
@@ -91,7 +91,7 @@ class PCAResult:
         scikit-learn returns for ``x``; a ``DataArray`` ``x`` of other features than the fitted ones (by
         its labels) is refused (:func:`blocklin.linalg.labels.check_features`)."""
         check_features(getattr(self, "labels", None), x, name)
-        x = np.asarray(x)
+        x = in_memory_array(x, name)  # masked entries and extended precision refused, not read wrongly
         out_dtype = np.result_type(x.dtype if x.dtype.kind in "fc" else np.float64, self._np("components_").dtype)
         x = x.astype(_wide(out_dtype), copy=False)
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
