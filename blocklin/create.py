@@ -183,6 +183,10 @@ def from_array(x: Any, path: Any, *, chunks: Any = "auto", codec: str | None = N
         raise ParameterError(explain("x", "must be an array (from_array writes data held in memory)",
                                      f"the path {str(x)!r}", "open a stored array with blocklin.open(path), or "
                                      "copy one with blocklin convert SOURCE OUT.zarr"))
+    if type(x).__module__.startswith("scipy.sparse") and hasattr(x, "nnz"):  # numpy.asarray: a 0-d object array
+        raise ParameterError(explain("x", "must be a dense array (from_array writes dense arrays)",
+                                     f"a {type(x).__name__} {x.shape}", "write it with blocklin.from_sparse(x, PATH) "
+                                     "(a stored sparse matrix), or pass x.toarray() where it fits in memory"))
     is_dask = type(x).__module__.startswith("dask")
     inputs = _sources(x)
     if not is_dask:

@@ -149,3 +149,13 @@ def test_pca_transform_masked_refused():
     with pytest.raises(ParameterError, match=r"^x: must not have masked entries"):
         p.transform(_masked(a[:4]))
     np.testing.assert_array_equal(p.transform(np.ma.MaskedArray(a[:4], mask=False)), p.transform(a[:4]))
+
+
+@pytest.mark.parametrize("fmt", ["csr_matrix", "coo_array"])
+def test_from_array_sparse_refused(fmt):
+    """``from_array`` of a SciPy sparse matrix names ``from_sparse`` (it had been refused as "dtype object
+    (Python objects)": ``numpy.asarray`` wraps the matrix in a 0-d object array)."""
+    import scipy.sparse
+
+    with pytest.raises(ParameterError, match=r"^x: must be a dense array.*from_sparse"):
+        bl.from_array(getattr(scipy.sparse, fmt)(np.eye(3)), "A.zarr")
