@@ -1,9 +1,10 @@
-"""A wide ``A`` with ``fit_intercept`` on the Gram route: ``x = A^T (P y)`` is a GEMM of the uncentered ``A``,
-whose rounding, ``gamma_m |A|^T |P y|`` (Higham 2002, 3.5), is about ``c eps`` of ``x`` for column means ``c``
-times their spread. ``report["condition_estimate"]`` counts it (``m ||A||_F ||P y|| / ||x||``) beside the
-spectral bound, and warns where the sum reaches ``1 / eps``: the spectral bound alone had claimed ``3e-14``
-for ``x`` 15-30% off (means ``1e6``, spread ``1e-9``) and ``3e-14`` for ``1e-8`` (means ``1e8``, spread 1),
-without a word. Reference: the block normal equations of ``[1 | A]`` in mpmath (80 digits, the data exact)."""
+"""A wide ``A`` with ``fit_intercept``: ``x = A^H (P y)`` with ``1^T (P y) = 0`` is computed as ``(A - 1 a_1^T)^H (P y)``
+(the columns less their first entries), whose rounding, ``gamma_(m+1) |A_s|^T |P y|`` (Higham 2002, 3.5), is
+relative to the spread of ``A``'s columns, not their means. The product of the uncentered ``A`` had been about
+``c eps`` of ``x`` for column means ``c`` times their spread: ``x`` 15-30% off for means ``1e6`` and spread
+``1e-9`` (scikit-learn, which centers ``A`` itself: 1e-15). ``report["condition_estimate"]`` counts the product's
+rounding (``(m + 1) ||A_s||_F ||P y|| / ||x||``) beside the spectral bound, and warns where the sum reaches
+``1 / eps``. Reference: the block normal equations of ``[1 | A]`` in mpmath (80 digits, the data exact)."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ from support.tolerances import eps
 EPS = eps(np.float64)
 
 
-def _exact(a, b, lam):
+def _exact(a, b, lam, w=None):
+    """``(x, intercept)`` minimizing ``sum_i w_i (b_i - c - a_i x)^2 + lam^2 ||x||^2`` (``w = 1`` without)."""
     m, n = a.shape
     with mp.workdps(80):
         c = mp.matrix([[1] + [mp.mpf(float(v)) for v in row] for row in a])
-        k = c.T * c
+        cw = mp.matrix([[mp.mpf(float(1.0 if w is None else w[i])) * c[i, j] for j in range(n + 1)] for i in range(m)])
+        k = cw.T * c
         for i in range(1, n + 1):
             k[i, i] += mp.mpf(float(lam)) ** 2
-        cols = [mp.lu_solve(k, c.T * mp.matrix([mp.mpf(float(v)) for v in b[:, j]])) for j in range(b.shape[1])]
+        cols = [mp.lu_solve(k, cw.T * mp.matrix([mp.mpf(float(v)) for v in b[:, j]])) for j in range(b.shape[1])]
     z = np.array([[float(col[i]) for col in cols] for i in range(n + 1)])
     return z[1:], z[0]
 
@@ -46,14 +49,58 @@ def test_large_means_are_in_the_condition_estimate(memory):
     assert np.all(err <= x.report["condition_estimate"] * EPS), (err, x.report["condition_estimate"] * EPS)
 
 
-def test_means_past_the_spread_by_one_over_eps_warn():
+def _relerr(x, ref):
+    return np.linalg.norm(np.asarray(x, dtype=np.float64) - ref, axis=0) / np.linalg.norm(ref, axis=0)
+
+
+@pytest.mark.parametrize("memory", [None, "256KiB"])
+@pytest.mark.parametrize("mean,spread", [(1e6, 1e-9), (1e8, 1e-6)])
+def test_means_far_past_the_spread_keep_x(memory, mean, spread):
+    """Means ``1 / (10 eps)`` and more times the spread: ``x`` to about ``m eps`` (the product of the shifted
+    columns), as scikit-learn's ``Ridge(solver="svd")``; the uncentered product had given ``x`` 15-30% off
+    (means ``1e6``, spread ``1e-9``) with an IllConditionedWarning."""
+    import warnings
+
+    from sklearn.linear_model import Ridge
+
+    a, b, lam = _data(mean, spread)
+    x_ref, i_ref = _exact(a, b, lam)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IllConditionedWarning)
+        x = bl.solve(a, b, lam=lam, fit_intercept=True, **({"memory": memory} if memory else {}))
+    assert x.report["method"] == "normal"
+    err = _relerr(x.to_numpy(), x_ref)
+    delta = x.report["condition_estimate"] * EPS
+    assert np.all(err <= delta), (err, delta)
+    assert delta < 1e-12, delta
+    sk = Ridge(alpha=lam ** 2, solver="svd").fit(a, b)
+    assert np.all(err <= np.maximum(10 * _relerr(sk.coef_.T, x_ref), 1e3 * EPS)), (err, _relerr(sk.coef_.T, x_ref))
+    icpt = np.asarray(x.report["intercept"])
+    assert np.all(np.abs(icpt - i_ref) <= delta * (np.abs(i_ref) + np.abs(a.mean(axis=0)) @ np.abs(x_ref)))
+
+
+def test_means_far_past_the_spread_keep_x_with_sample_weights():
+    """The weighted centering ``P_w`` (``1^T P_w^T y = 0``): the same shifted product."""
     a, b, lam = _data(1e6, 1e-9)
-    x_ref, _ = _exact(a, b, lam)
-    with pytest.warns(IllConditionedWarning, match="x = A\\^T y sums the uncentered a"):
-        x = bl.solve(a, b, lam=lam, fit_intercept=True)
-    err = np.linalg.norm(x.to_numpy() - x_ref, axis=0) / np.linalg.norm(x_ref, axis=0)
-    assert np.all(err <= x.report["condition_estimate"] * EPS)
-    assert x.report["condition_estimate"] * EPS >= 1
+    w = np.random.default_rng(5).uniform(0.5, 2.0, a.shape[0])
+    x_ref, _ = _exact(a, b, lam, w)
+    x = bl.solve(a, b, lam=lam, fit_intercept=True, sample_weight=w, memory="256KiB")
+    err = _relerr(x.to_numpy(), x_ref)
+    delta = x.report["condition_estimate"] * EPS
+    assert np.all(err <= delta) and delta < 1e-12, (err, delta)
+
+
+def test_float32_data_with_large_means():
+    """float32 data (the product's sums in float64, rounded to float32 once): ``x`` within the float64 bound plus
+    that one rounding, ``eps(float32)`` (the uncentered product had been ``1e6 eps(float64)`` more)."""
+    a, b, _ = _data(1e6, 1.0)
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    x_ref, _ = _exact(a.astype(np.float64), b.astype(np.float64), 1e-3)
+    for memory in (None, "256KiB"):
+        x = bl.solve(a, b, lam=1e-3, fit_intercept=True, **({"memory": memory} if memory else {}))
+        assert x.to_numpy().dtype == np.float32
+        err = _relerr(x.to_numpy(), x_ref)
+        assert np.all(err <= x.report["condition_estimate"] * EPS + eps(np.float32)), err
 
 
 def test_centered_data_keep_their_estimate():
@@ -101,3 +148,15 @@ def test_out_of_core_gram_fallback_stays_within_its_bound(monkeypatch, mean):
     assert err <= delta, (err, delta)
     if delta >= 1:
         assert any(issubclass(w.category, IllConditionedWarning) for w in caught)
+
+
+@pytest.mark.gpu
+def test_means_far_past_the_spread_keep_x_on_gpu():
+    """The shifted product's GPU branch (a GPU, or the CuPy stand-in: ``pytest --cupy-standin``)."""
+    a, b, lam = _data(1e6, 1e-9)
+    x_ref, _ = _exact(a, b, lam)
+    x = bl.solve(a, b, lam=lam, fit_intercept=True, device="gpu", scheduler="sync", memory="256KiB")
+    assert x.report["device"] == "gpu"
+    err = _relerr(x.to_numpy(), x_ref)
+    delta = x.report["condition_estimate"] * EPS
+    assert np.all(err <= delta) and delta < 1e-12, (err, delta)

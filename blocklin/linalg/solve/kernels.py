@@ -22,7 +22,7 @@ import numpy as np
 
 from blocklin.device.syrk import syrk_acc
 from blocklin.errors import InternalError
-from blocklin.linalg.blocks.tsqr import MAX_STRIP_BYTES, MIN_STRIP_ROWS, sumsq_cols
+from blocklin.linalg.blocks.tsqr import MAX_STRIP_BYTES, MIN_STRIP_ROWS, sumsq, sumsq_cols
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
 
@@ -371,3 +371,56 @@ def _fold_sums(state: dict, a: np.ndarray, b: np.ndarray, w: np.ndarray | None, 
             state["sbw"][f] += bf.T @ wf
             state["cntw"][f] += float(wf.sum())
             state["bbw"][f] += sumsq_cols(bw)
+
+
+def _shifted_product_memory(params: Any, sources: tuple) -> PassMemory:
+    y = params["y"]
+    isz = y.dtype.itemsize
+    m, k = y.shape
+    # the broadcast y (and its upload); per row the shifted copy of the strip and its scaled copy (the
+    # norm's), its product and the rows written in the output's dtype
+    return PassMemory(fixed=2 * m * k * isz, per_row=(2 * m + 2 * k) * isz, chunk_temporaries=True,
+                      max_strip_bytes=MAX_STRIP_BYTES, write_row_bytes=k * np.dtype(params["out"]).itemsize)
+
+
+@row_kernel(memory=_shifted_product_memory, device="any", read_only=True)
+def shifted_product_kernel(device: Any, arrays: tuple, rows: slice, params: Any,
+                           state: dict | None) -> tuple[dict, dict]:
+    """``x_i = alpha (X_i - X_i[:, :1] 1^T)^H y`` per strip ``X_i`` of ``A^T`` (column strips of a wide ``A``),
+    written in ``params["out"]``'s dtype, and ``||2^-e A_s||_F^2`` (state ``"aa"``, ``2^-e = params["unit"]``: the
+    solve's scaling, so that the sum stays within float64's range) of ``A_s = A - 1 a_1^T``.
+
+    The wide solve's ``x = A^H z`` with ``1^T z = 0`` (an intercept's ``z = P_w^H y``): ``A_s^H z = A^H z``
+    exactly, but its sums round relative to ``|A_s|`` (the spread of ``A``'s columns) where ``A^H z``'s round
+    relative to ``|A|`` (their means), so ``1^T z``'s own rounding (``eps ||z||``) is not multiplied by the
+    means. The shift is made in a copy of the strip in ``params["y"]``'s dtype (float64 or complex128), never
+    in the strip."""
+    dt = params["y"].dtype
+    cplx = dt.kind == "c"
+    if not device.host_resident:
+        if state is None:
+            state = {"yd": device.to_device(params["y"]), "aa": device.zeros((arrays[0].shape[1],), np.float64)}
+        a = device.cast(arrays[0], dt)
+        with device.on_compute():  # element-wise work and the product on the compute stream, in order
+            first = a[:, 0].copy()
+            a = a - first[:, None]
+        with device.on_compute():
+            scaled = a * params["unit"]
+        device.sumsq_cols_acc(state["aa"], scaled)
+        with device.on_compute():
+            x = (a.conj() if cplx else a) @ state["yd"]
+        block = device.to_host(x)
+        if rows.stop in params["ends"]:
+            state = {"aa": float(device.to_host(state["aa"]).sum())}
+    else:
+        if state is None:
+            state = {"aa": 0.0}
+        with np.errstate(over="ignore", invalid="ignore"):  # beyond the range: Inf, which the caller refuses
+            a = np.subtract(arrays[0], arrays[0][:, :1], dtype=dt)
+            if cplx:
+                np.conjugate(a, out=a)
+            state["aa"] += sumsq(a * params["unit"])
+            block = a @ params["y"]
+    with np.errstate(over="ignore"):
+        block = (block * params["alpha"]).astype(params["out"])
+    return state, {"x": block}

@@ -176,7 +176,6 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
                            np.hstack(icpt), "method='auto' (the Gram route, which sums the columns less their first "
                            "entries) avoids it")
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
-        _uncentered_product_rounding(ctx, info, np.hstack(ys), _norm_a_sq(ctx, g_raw, v_shift, r, ea))
     t, alpha = dual_exponents(np.hstack(ys), eb, ea, out_dtype)
     # x = A^T y in float64 (complex128) whatever the data's dtype, rounded to it once: with an intercept the
     # uncentered A^T meets the centered y, whose sum 1^T y = 0 rounds to eps ||y||; times column means c times
@@ -184,6 +183,12 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     # constant columns) had left no digit, float64's about 1e-8 (docs/solve.md, Intercepts)
     work = np.result_type(out_dtype, np.float64)
     y = unscaled_x(np.hstack(ys), t, out_dtype).astype(work)
+    if ctx.intercept:  # x = (A - 1 a_1^T)^H y (1^T y = 0): sums rounded relative to the spread, not the means
+        norm_as_sq = _shifted_product(ctx, y, alpha, ea, out_dtype, x_path)
+        _product_rounding(ctx, info, np.hstack(ys), norm_as_sq)
+        if job.check_finite:
+            _check_finite_x(x_path, alpha)
+        return info
     cplx = out_dtype.kind == "c"  # x = A^H y = conj(A^T conj(y)): the GEMM's A^T, conjugated on both sides
     Y = job.operand(y.conj() if cplx else y, "y")
     product = Gemm.of(ctx.A, Y, trans_a=True, dtype=work, alpha=float(np.ldexp(1.0, alpha)))
@@ -199,48 +204,53 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     return info
 
 
-def _norm_a_sq(ctx: TikhonovRun, g_raw: Any, v: Any, r: Any, ea: int) -> float:
-    """``||A'||_F^2`` of the scaled ``A' = 2^-ea A``: ``||R||_F^2`` of the TSQR of ``A'^T``; from the Gram pass's
-    sums ``tr(A_s A_s^H) + 2 Re 1^T v + m ||a_1||^2`` (``A_s = A - 1 a_1^T``, ``v = conj(A_s) a_1``; one row read),
-    or ``tr(A A^H)`` where the GEMM formed ``A A^H`` itself."""
-    from blocklin.linalg.solve.tikhonov import first_row
+def _shifted_product(ctx: TikhonovRun, y: np.ndarray, alpha: int, ea: int, out_dtype: Any, x_path: str) -> float:
+    """``x = 2^alpha (A - 1 a_1^T)^H y`` (``1^T y = 0``: the intercept's ``y = P_w^H y'``) written to ``x_path``
+    in ``out_dtype``, by one pass over column strips of ``A`` that subtracts each strip's first column (row 0
+    of ``A``) in a float64 (complex128) copy (:func:`~blocklin.linalg.solve.kernels.shifted_product_kernel`);
+    returns ``||2^-ea A_s||_F^2`` of the shifted ``A_s`` from the same pass (:func:`_product_rounding`)."""
+    from blocklin.linalg.solve.kernels import shifted_product_kernel
+    from blocklin.runtime.passes import plan_kernel_pass
 
-    if r is not None:
-        return float(np.linalg.norm(r)) ** 2
-    sq = float(np.trace(g_raw).real)
-    if v is not None:
-        a1 = first_row(ctx.A, ctx.cdtype)
-        a1 = ldexp(a1, -ea) if ea else a1
-        sq += 2.0 * float(np.sum(v).real) + ctx.m * float(np.vdot(a1, a1).real)
-    return sq
+    job = ctx.job
+    src = source(ctx.A, transposed=True)
+    params = {"y": np.ascontiguousarray(y), "alpha": float(np.ldexp(1.0, alpha)), "unit": float(np.ldexp(1.0, -ea)),
+              "out": np.dtype(out_dtype).name}
+    plan = plan_kernel_pass(job, shifted_product_kernel, [src], params)
+    create_array(x_path, shape=(ctx.n, y.shape[1]), dtype=out_dtype, chunks=(plan.strip, y.shape[1]),
+                 codec=job.cfg.codec)
+    states = run_pass(job, shifted_product_kernel, [src], params, plan=plan, outputs=(("x", x_path),), peaks=False,
+                      description="x = A^H y of the columns less their first entries").states
+    return float(sum(st["aa"] for st in states if st is not None))
 
 
-def _uncentered_product_rounding(ctx: TikhonovRun, info: dict, z: np.ndarray, norm_a_sq: float) -> None:
-    """``report["condition_estimate"]`` with the rounding of ``x = A^H z`` (``z = P_w^H y``, ``1^T z = 0``), a GEMM
-    of the uncentered ``A``: at most ``gamma_m |A|^T |z|`` (Higham 2002, 3.5), ``m eps ||A||_F ||z||`` against
-    ``||x||``, about ``c eps`` relative for column means ``c`` times their spread. The spectral bound alone had
-    claimed ``3e-14`` for ``x`` 15% off (means ``1e6``, spread ``1e-9``: scikit-learn, which centers ``A``
-    itself, 1e-15); where the sum reaches 1 an :class:`~blocklin.errors.IllConditionedWarning` says so.
-    ``norm_a_sq`` is ``||A'||_F^2`` (:func:`_norm_a_sq`), ``||x||`` ``info["solution_norm"]`` (the spectrum's, of
-    the scaled problem)."""
+def _product_rounding(ctx: TikhonovRun, info: dict, z: np.ndarray, norm_as_sq: float) -> None:
+    """``report["condition_estimate"]`` with the rounding of ``x = A_s^H z`` (``z = P_w^H y``, ``1^T z = 0``,
+    ``A_s = A - 1 a_1^T``; :func:`_shifted_product`): at most ``gamma_(m+1) |A_s|^T |z|`` (Higham 2002, 3.5; the
+    shift's own rounding one more ``eps`` per entry), ``(m + 1) eps ||A_s||_F ||z||`` against ``||x||``. ``A_s^H z``
+    equals ``A^H z`` for ``z`` exact and takes ``z``'s rounding (``1^T z`` of about ``eps ||z||``) times ``A_s``, not
+    times the column means: the product of the uncentered ``A`` had been about ``c eps`` relative for column means
+    ``c`` times their spread (means ``1e6``, spread ``1e-9``: ``x`` 15-30% off; scikit-learn, which centers ``A``
+    itself, 1e-15), now about ``m eps`` for a typical first row. Where the sum reaches 1 an
+    :class:`~blocklin.errors.IllConditionedWarning` says so. ``norm_as_sq`` is ``||A_s'||_F^2`` of the scaled
+    ``A_s' = 2^-ea A_s``, ``||x||`` ``info["solution_norm"]`` (the spectrum's, of the scaled problem)."""
     from blocklin.errors import IllConditionedWarning, warn
 
     eps = float(np.finfo(np.float64).eps)
     xn = np.ravel(np.asarray(info.get("solution_norm", []), dtype=np.float64))
     zn = np.linalg.norm(z, axis=0)
-    if xn.size != zn.size or not np.isfinite(norm_a_sq):
+    if xn.size != zn.size or not np.isfinite(norm_as_sq):
         return
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        amp = np.where(zn > 0, ctx.m * math.sqrt(max(norm_a_sq, 0.0)) * zn / xn, 0.0)
+        amp = np.where(zn > 0, (ctx.m + 1) * math.sqrt(max(norm_as_sq, 0.0)) * zn / xn, 0.0)
     worst = float(np.max(amp, initial=0.0))
     before = float(info.get("condition_estimate", 0.0))
     info["condition_estimate"] = before + worst
     if (before + worst) * eps >= 1 > before * eps:
-        warn(f"solve: x may have no correct digit: x = A^T y sums the uncentered a, whose rounding "
-             f"(m eps ||A||_F ||y|| = {worst * eps:.1e} of ||x||; report['condition_estimate'] = "
-             f"{before + worst:.3g} times eps) the means of a's columns, large against their spread, make larger "
-             "than x: center a's columns before the solve (a - a.mean(axis=0); the intercept is then bbar - mu^T x)",
-             IllConditionedWarning)
+        warn(f"solve: x may have no correct digit: x = (A - 1 a_1^T)^T y, whose rounding (m eps ||A - 1 a_1^T||_F "
+             f"||y|| = {worst * eps:.1e} of ||x||; report['condition_estimate'] = {before + worst:.3g} times eps) "
+             "is larger than x: a's rows differ from its first row by far more than x's size accounts for "
+             "(rescale a's columns, or lower lam)", IllConditionedWarning)
 
 
 def _factor_times_y(spec: Any, lam: Any, count: int) -> list[np.ndarray]:
