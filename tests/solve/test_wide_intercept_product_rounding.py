@@ -53,12 +53,15 @@ def _relerr(x, ref):
     return np.linalg.norm(np.asarray(x, dtype=np.float64) - ref, axis=0) / np.linalg.norm(ref, axis=0)
 
 
+@pytest.mark.parametrize("method", ["auto", "qr"])
 @pytest.mark.parametrize("memory", [None, "256KiB"])
-@pytest.mark.parametrize("mean,spread", [(1e6, 1e-9), (1e8, 1e-6)])
-def test_means_far_past_the_spread_keep_x(memory, mean, spread):
-    """Means ``1 / (10 eps)`` and more times the spread: ``x`` to about ``m eps`` (the product of the shifted
-    columns), as scikit-learn's ``Ridge(solver="svd")``; the uncentered product had given ``x`` 15-30% off
-    (means ``1e6``, spread ``1e-9``) with an IllConditionedWarning."""
+@pytest.mark.parametrize("mean,spread", [(1e6, 1e-9), (1e8, 1e-6), (1e8, 1.0)])
+def test_means_far_past_the_spread_keep_x(memory, mean, spread, method):
+    """Means ``1e8`` and more times the spread: ``x`` and the intercept to about ``m eps`` (the product of the
+    shifted columns; on the QR route also the R factor of the shifted columns), at least as close as
+    scikit-learn's ``Ridge(solver="svd")`` (0.5 off at the first two). The uncentered product had given ``x``
+    15-30% off (means ``1e6``, spread ``1e-9``) with an IllConditionedWarning, and the QR route's factor of
+    the uncentered ``A^T`` ``x`` 100% off there (``9e-9`` at means ``1e8``, spread 1)."""
     import warnings
 
     from sklearn.linear_model import Ridge
@@ -67,8 +70,8 @@ def test_means_far_past_the_spread_keep_x(memory, mean, spread):
     x_ref, i_ref = _exact(a, b, lam)
     with warnings.catch_warnings():
         warnings.simplefilter("error", IllConditionedWarning)
-        x = bl.solve(a, b, lam=lam, fit_intercept=True, **({"memory": memory} if memory else {}))
-    assert x.report["method"] == "normal"
+        x = bl.solve(a, b, lam=lam, fit_intercept=True, method=method, **({"memory": memory} if memory else {}))
+    assert x.report["method"] == ("normal" if method == "auto" else method)
     err = _relerr(x.to_numpy(), x_ref)
     delta = x.report["condition_estimate"] * EPS
     assert np.all(err <= delta), (err, delta)
@@ -160,3 +163,32 @@ def test_means_far_past_the_spread_keep_x_on_gpu():
     err = _relerr(x.to_numpy(), x_ref)
     delta = x.report["condition_estimate"] * EPS
     assert np.all(err <= delta) and delta < 1e-12, (err, delta)
+
+
+@pytest.mark.parametrize("kind", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_tsqr_shift_first_factors_the_shifted_columns(kind):
+    """The TSQR kernel's ``shift_first`` (the wide QR route's intercept): the factor ``[[R, c], [0, rho]]`` of
+    ``[S - S[:, :1] 1^T | S[:, :1]]``, so ``R^H R = S_s^H S_s`` and ``R^H c = S_s^H S[:, 0]`` (``c = Q^H a_1``),
+    on the host and on the device branch (a GPU, or the CuPy stand-in: ``pytest --cupy-standin``); the strip
+    itself unchanged. Householder QR's backward error: a few ``(rows) eps`` of ``||[S_s | S[:, 0]]||^2``."""
+    from blocklin.device import get_device
+    from blocklin.linalg.blocks.tsqr import tsqr_kernel
+
+    rng = np.random.default_rng(7)
+    strips = [rng.standard_normal((9, 5)) + 1e6, rng.standard_normal((7, 5)) + 1e6]
+    dev = get_device(kind)
+    params = {"dtype": "float64", "shift_first": True, "ends": (16,)}
+    state, r0 = None, 0
+    for s in strips:
+        d = dev.to_device(s.copy())
+        state, _ = tsqr_kernel(dev, (d,), slice(r0, r0 + s.shape[0]), params, state)
+        r0 += s.shape[0]
+        assert np.array_equal(dev.to_host(d), s)
+    stacked = np.vstack(strips)
+    t = np.hstack([stacked - stacked[:, :1], stacked[:, :1]])
+    full = np.asarray(state["r"])
+    assert full.shape == (6, 6)
+    tol = 50 * 16 * EPS * np.linalg.norm(t) ** 2
+    assert np.linalg.norm(full.T @ full - t.T @ t) <= tol
+    r, c = full[:5, :5], full[:5, 5]
+    assert np.linalg.norm(r.T @ c - t[:, :5].T @ t[:, 5]) <= tol

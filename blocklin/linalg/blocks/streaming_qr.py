@@ -42,6 +42,8 @@ class StreamingR:
         With ``ones=True`` (``[1 | A | B]`` factored): the first row ``[r11, r12, c1]`` of its factor, with
         ``r11 = +-sqrt(m)``, ``r12 / r11`` the column means of ``A`` and ``c1 / r11`` those of ``B``; ``r``,
         ``qtb`` and ``rho`` are then those of the centered ``A`` and ``B``.
+    first_qh : ndarray, ``n`` or None
+        With ``shift_first`` (``(A - 1 a_1^T)^T = Q R`` of a wide ``A`` factored): ``Q^H a_1``.
     """
 
     r: np.ndarray
@@ -52,11 +54,12 @@ class StreamingR:
     m: int
     report: dict
     ones_row: np.ndarray | None = None
+    first_qh: np.ndarray | None = None
 
 
 def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = None,
               scale: dict | None = None, ones: bool = False, transposed: bool = False,
-              shift: tuple | None = None) -> StreamingR:
+              shift: tuple | None = None, shift_first: bool = False) -> StreamingR:
     """The streaming QR pass inside an existing :class:`~blocklin.runtime.job.Job` (operands resolved).
 
     ``device``: where it runs (default: for ``auto``, the GPU only where it wins, :func:`pass_device`);
@@ -64,7 +67,9 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = 
     ``ones``: factor ``[1 | A | B]`` (an intercept; :attr:`StreamingR.ones_row`); ``transposed``: factor
     ``A^T`` (column strips of a wide ``A``, read as the row strips of its tall orientation; no ``B``);
     ``shift``: with ``ones``, the rows ``(a_1, b_1)`` (scaled as the strips are) subtracted from every row
-    (the factor is that of ``[1 | A - 1 a_1^T | B - 1 b_1^T]``; its ``ones_row`` holds the shifted means).
+    (the factor is that of ``[1 | A - 1 a_1^T | B - 1 b_1^T]``; its ``ones_row`` holds the shifted means);
+    ``shift_first``: with ``transposed``, factor ``(A - 1 a_1^T)^T`` (the columns less their first entries;
+    :attr:`StreamingR.first_qh`).
     """
     from blocklin.device import pass_device
 
@@ -76,12 +81,14 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = 
                                 m * (n * A.dtype.itemsize + k * (B.dtype.itemsize if B is not None else 0)),
                                 job.device)
     params = {"dtype": np.dtype(dtype).name} | ({"ones": True} if ones else {}) \
-        | ({"shift": shift} if ones and shift is not None else {})
-    states, plan = run_pass(job, tsqr_kernel, sources, params, reserve=small_bytes(n + int(ones), k),
+        | ({"shift": shift} if ones and shift is not None else {}) \
+        | ({"shift_first": True} if shift_first and transposed and not ones and B is None else {})
+    first = "shift_first" in params  # the first entries factored beside the shifted columns
+    states, plan = run_pass(job, tsqr_kernel, sources, params, reserve=small_bytes(n + int(ones) + first, k),
                             description="streaming QR of [1 | A B]" if ones else "streaming QR", device=dev,
                             scale=scale)
     states = [s for s in states if s is not None]
-    full = reduce_r(states, n + k + int(ones))
+    full = reduce_r(states, n + k + int(ones) + first)
     ones_row = np.array(full[0]) if ones else None
     r = full[int(ones):, int(ones):]  # the centered [A B]'s factor (R22, Q2^T b_c, T)
     aa = sum(s["aa"] for s in states)
@@ -99,7 +106,8 @@ def tsqr_pass(job: Job, A: Any, B: Any | None, dtype: Any, device: str | None = 
         out = np.array([not (v and sumsq_in_range(float(v))) for v in bb])
         norm_b[out] = column_norms(cols[:, n:])[out]
     return StreamingR(r=rn, qtb=qtb, rho=rho, norm_a=norm_a, norm_b=norm_b, m=m,
-                      report={"plan": plan.to_dict(), "passes": 1}, ones_row=ones_row)
+                      report={"plan": plan.to_dict(), "passes": 1}, ones_row=ones_row,
+                      first_qh=np.array(full[:n, n]) if first else None)
 
 
 def streaming_r(a: Any, b: Any = None, *, dtype: Any = None, **settings: Unpack[Settings]) -> StreamingR:

@@ -80,7 +80,8 @@ def sumsq_cols(a: np.ndarray) -> np.ndarray:
 
 def _tsqr_memory(params: Any, sources: tuple) -> PassMemory:
     isz = np.dtype(params["dtype"]).itemsize
-    w = sum(s.width for s in sources) + bool(params.get("ones"))  # the ones column of an intercept
+    # the ones column of an intercept, or the first entries beside the shifted columns
+    w = sum(s.width for s in sources) + bool(params.get("ones")) + bool(params.get("shift_first"))
     # the running (w x w) factor, the stacked [R; strip] handed to LAPACK and its output; per row the
     # [A B] copy, the stacked copy and LAPACK's column-major copy; zarr's chunk temporaries (a strip
     # shorter than a chunk still decodes whole chunks)
@@ -101,6 +102,11 @@ def _tsqr_on_device(device: Any, arrays: tuple, rows: slice, params: Any, state:
         j = len(lead)
         _shift(strip, j, n, [device.to_device(np.asarray(v, dt)) for v in params["shift"]])
         parts = [strip[:, j:j + n], strip[:, j + n:]]
+    if params.get("shift_first"):  # [S - S[:, :1] 1^T | S[:, :1]], as the host branch
+        with device.on_compute():
+            first = strip[:, :1].copy()
+            shifted = strip - first
+        strip, parts = device.concat([shifted, first], axis=1), [shifted]
     if state is None:
         state = {"r": None, "aa": device.zeros((n,), np.float64),
                  "bb": device.zeros((width - n - len(lead),), np.float64)}
@@ -122,6 +128,11 @@ def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
     step then removes the column means, so the trailing factor is that of the centered ``[A B]``).
     ``params["shift"]``: with ``ones``, the rows ``(a_1, b_1)`` subtracted from every row first (the
     centered factor is the same; its rounding is relative to the shifted rows, not to the column means).
+    ``params["shift_first"]`` (one source, no ``ones``: the column strips of a wide ``A`` with an intercept):
+    ``[S - S[:, :1] 1^T | S[:, :1]]`` factored, each strip row less its first entry and that entry beside
+    it: the leading block is the factor of ``(A - 1 a_1^T)^T`` (rounded relative to the columns' spread, not
+    their means; :func:`blocklin.linalg.products.gram_kernels.gram_pass_kernel` has the same shift), the last
+    column ``Q^H a_1`` (what the intercept needs of the shift: ``a_1^T x`` from the factor's ``R z``).
 
     The state holds the ``(n+k) x (n+k)`` upper-triangular factor of the rows seen so far, whose
     leading ``n x n`` block is ``R`` of ``A``, whose last ``k`` columns hold ``Q^T B`` and the
@@ -140,9 +151,13 @@ def tsqr_kernel(device: Any, arrays: tuple, rows: slice, params: Any, state: dic
     if params.get("shift") is not None:  # the rows less the first row, in the stacked copy
         _shift(strip, j, n, params["shift"])
         a, parts = strip[:, j:j + n], [strip[:, j:j + n], strip[:, j + n:]]
+    if params.get("shift_first"):  # [S - S[:, :1] 1^T | S[:, :1]], a new array (never the strip)
+        with np.errstate(over="ignore", invalid="ignore"):
+            a = strip - strip[:, :1]
+        strip, parts, width = np.hstack([a, strip[:, :1]]), [a], width + 1
     if state is None:
         state = {"r": np.zeros((0, width), params["dtype"]), "aa": 0.0,
-                 "bb": np.zeros(width - n - j)}
+                 "bb": np.zeros(width - n - j - bool(params.get("shift_first")))}
     state["aa"] += sumsq(a)
     if len(parts) > 1:
         state["bb"] += sumsq_cols(parts[1])

@@ -99,7 +99,7 @@ def plan_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float]
 
         _row_pass(view, weight_check_kernel, [source(W)], {}, reserve=0)
     if m < n:
-        _wide_steps(view, A, B, kind=kind, lams=lams, cplx=cplx, method=method)
+        _wide_steps(view, A, B, kind=kind, lams=lams, cplx=cplx, method=method, intercept=bool(intercept))
     else:
         _tall_steps(view, A, B, W, kind=kind, lams=lams, method=method, refine=refine, intercept=intercept,
                     positive=positive, store_cv=store_cv, updatable=updatable, scoring=scoring, folds=folds)
@@ -171,18 +171,19 @@ def _tall_steps(job: Any, A: Any, B: Any, W: Any, *, kind: str, lams: list[float
 
 
 def _wide_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float], cplx: bool = False,
-                method: str = "auto") -> None:
+                method: str = "auto", intercept: bool = False) -> None:
     """:func:`~blocklin.linalg.solve.wide.solve_wide`: ``A A^T`` (its SYRK pass, or the GEMM it falls
-    back to; ``method="qr"``: the TSQR pass over ``A^T``), then ``x = A^T y`` of every lambda solved."""
+    back to; ``method="qr"``: the TSQR pass over ``A^T``, of the shifted columns and the first entries with an
+    intercept), then ``x = A^T y`` of every lambda solved."""
     from blocklin.linalg.blocks.tsqr import tsqr_kernel
 
     m = A.shape[0]
     if method == "qr":
-        _row_pass(job, tsqr_kernel, [source(A, transposed=True)], {"dtype": "complex128" if cplx else "float64"},
-                  reserve=small_bytes(m, 0), device="cpu")
+        _row_pass(job, tsqr_kernel, [source(A, transposed=True)], {"dtype": "complex128" if cplx else "float64"}
+                  | ({"shift_first": True} if intercept else {}), reserve=small_bytes(m + intercept, 0), device="cpu")
     else:
         _wide_gram_steps(job, A, cplx)
-    _wide_solution_steps(job, A, B, kind=kind, lams=lams)
+    _wide_solution_steps(job, A, B, kind=kind, lams=lams, intercept=intercept)
 
 
 def _wide_gram_steps(job: Any, A: Any, cplx: bool) -> None:
@@ -200,13 +201,21 @@ def _wide_gram_steps(job: Any, A: Any, cplx: bool) -> None:
         Gemm.of(A, A, trans_b=True, dtype="float64").plan(job, read_reserve=True)
 
 
-def _wide_solution_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float]) -> None:
-    """``x = A^T y`` of every lambda solved (one GEMM over ``A``)."""
+def _wide_solution_steps(job: Any, A: Any, B: Any, *, kind: str, lams: list[float], intercept: bool = False) -> None:
+    """``x = A^T y`` of every lambda solved (one GEMM over ``A``; with an intercept the pass of
+    :func:`~blocklin.linalg.solve.kernels.shifted_product_kernel`)."""
     from blocklin.linalg.products.gemm import Gemm
 
     m, k = A.shape[0], B.shape[1]
     cols = k * (len(lams) if kind == "sequence" else 1)
     work = np.result_type(A.dtype, B.dtype, np.float64)  # wide.solve_wide sums x = A^T y in float64
+    if intercept:
+        from blocklin.linalg.solve.kernels import shifted_product_kernel
+
+        out = np.result_type(A.dtype, B.dtype)
+        _row_pass(job, shifted_product_kernel, [source(A, transposed=True)],
+                  {"y": np.empty((m, cols), work), "alpha": 1.0, "unit": 1.0, "out": out.name}, reserve=0)
+        return
     Y = _stand_in("y", (m, cols), auto_chunks((m, cols), work, job.cfg.memory), work)
     Gemm.of(A, Y, trans_a=True, dtype=work).plan(job, read_reserve=True, reads=(_a_reads(A), "direct"))
 

@@ -89,17 +89,26 @@ def cut_centering_noise(spec: Spectrum, norm_a: float, m: int, n: int, exclude: 
     spec.s = np.where(cut, 0.0, spec.s)
 
 
-def wide_qr_factor(ctx: TikhonovRun) -> tuple[np.ndarray, int]:
+def wide_qr_factor(ctx: TikhonovRun) -> tuple[np.ndarray, int, np.ndarray | None]:
     """``R'`` (``m x m``) with ``A' A'^H = R'^H R'`` for a wide ``A' = 2^-ea A`` (scaled as it is read): the
-    TSQR of its tall orientation, ``A'^T = Q R``, ``R' = conj(R)`` (``R`` of real data); and ``ea``."""
+    TSQR of its tall orientation, ``A'^T = Q R``, ``R' = conj(R)`` (``R`` of real data); ``ea``; and, with an
+    intercept, ``c = Q^H a_1'``: the factor is then that of the columns less their first entries,
+    ``A_s'^T = Q R`` with ``A_s' = A' - 1 a_1'^T`` (``P A_s A_s^H P^H = P A A^H P^H``), whose rounding is
+    relative to the columns' spread, not their means, and ``a_1^T A_s^H z = c^T (R' z)`` (the factor of ``A'`` itself had left the intercept ``37`` off for ``2.5e8`` at
+    means ``1e8`` times the spread; the Gram route's shifted sums ``2.4e-7``)."""
+    shift = bool(ctx.intercept)
+
     def run(scale: dict) -> dict:
         ctx.phases["tsqr pass"] = "cpu"
-        sr = tsqr_pass(ctx.job, ctx.A, None, ctx.cdtype, scale=scale, transposed=True, device="cpu")
-        return {"r": sr.r}
+        sr = tsqr_pass(ctx.job, ctx.A, None, ctx.cdtype, scale=scale, transposed=True, device="cpu",
+                       shift_first=shift)
+        return {"r": sr.r} | ({"c": sr.first_qh} if shift else {})
 
-    rec = ctx.saved.run("wide-tsqr-pass", lambda: ctx.sa.run(ctx.job, run) | {"ea": ctx.sa.exponent})
+    rec = ctx.saved.run("wide-tsqr-pass-shifted" if shift else "wide-tsqr-pass",
+                        lambda: ctx.sa.run(ctx.job, run) | {"ea": ctx.sa.exponent})
     r = np.asarray(rec["r"])
-    return (r.conj() if np.iscomplexobj(r) else r), int(rec["ea"])
+    c = np.asarray(rec["c"]) if shift else None
+    return (r.conj() if np.iscomplexobj(r) else r), int(rec["ea"]), c
 
 
 def dual_spectrum(r: np.ndarray, bm: np.ndarray, m: int, n: int) -> Spectrum:

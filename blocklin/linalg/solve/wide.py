@@ -94,7 +94,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     if ctx.method == "qr":  # A A^H = R^H R from the TSQR of A^T (qr_route.wide_qr_factor), never formed
         from blocklin.linalg.solve.qr_route import cut_centering_noise, dual_spectrum, wide_qr_factor
 
-        r, ea = wide_qr_factor(ctx)
+        r, ea, c_first = wide_qr_factor(ctx)  # with an intercept: the columns less their first entries
         g = v_shift = None
     else:
         ctx.phases["gram GEMM"] = job.device
@@ -168,13 +168,15 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
             warn_intercept(float(info.get("condition_estimate", 0.0)) * np.finfo(np.float64).eps,
                            np.hstack([wg @ np.abs(y) for y in ys]), np.hstack(icpt), "")
         else:
-            icpt = [bbar - (r @ w).conj() @ ry / S for ry in _factor_times_y(factor_spec, info["lam"], len(ys))]
-            # |mu|^T |x| <= ||mu|| ||x||, mu = A^T 1 / m with ||A^T 1|| = ||R 1||
+            # mu^T x = a_1^T x + (A_s^T w)^T x / S (A_s^T = Q R, x = A_s^H y' = conj(Q) R' y'): a_1^T x =
+            # c^T (R' y') with c = Q^H a_1 and (A_s^T w)^T x = (R' w)^H (R' y'), R' y' = R_c y of the centered factor
+            icpt = [bbar - ((r @ w).conj() / S + c_first) @ ry for ry in _factor_times_y(factor_spec, info["lam"], len(ys))]
+            # |mu^T x| <= (||A_s^T w|| / S + ||c||) ||x|| (||A_s^T w|| = ||R' w||, ||R' y'|| = ||x||)
             xn = np.asarray(info.get("solution_norm", 0.0), dtype=np.float64)
+            mu_norm = float(np.linalg.norm(r @ w)) / S + float(np.linalg.norm(c_first))
             warn_intercept(float(info.get("condition_estimate", 0.0)) * np.finfo(np.float64).eps,
-                           float(np.linalg.norm(r @ w)) / S * np.broadcast_to(xn.reshape(-1), (np.size(np.hstack(icpt)),)),
-                           np.hstack(icpt), "method='auto' (the Gram route, which sums the columns less their first "
-                           "entries) avoids it")
+                           mu_norm * np.broadcast_to(xn.reshape(-1), (np.size(np.hstack(icpt)),)),
+                           np.hstack(icpt), "method='auto' (the Gram route) may do better")
         info["intercept"] = [i.tolist() for i in icpt] if len(icpt) > 1 else icpt[0].tolist()
     t, alpha = dual_exponents(np.hstack(ys), eb, ea, out_dtype)
     # x = A^T y in float64 (complex128) whatever the data's dtype, rounded to it once: with an intercept the
@@ -216,7 +218,10 @@ def _shifted_product(ctx: TikhonovRun, y: np.ndarray, alpha: int, ea: int, out_d
     src = source(ctx.A, transposed=True)
     params = {"y": np.ascontiguousarray(y), "alpha": float(np.ldexp(1.0, alpha)), "unit": float(np.ldexp(1.0, -ea)),
               "out": np.dtype(out_dtype).name}
-    plan = plan_kernel_pass(job, shifted_product_kernel, [src], params)
+    memory = job.cfg.memory
+    if job.device == "gpu":  # as run_pass plans: the strips and the product live on the GPU too
+        memory = min(memory, job.device_memory() or memory)
+    plan = plan_kernel_pass(job, shifted_product_kernel, [src], params, memory=memory)
     create_array(x_path, shape=(ctx.n, y.shape[1]), dtype=out_dtype, chunks=(plan.strip, y.shape[1]),
                  codec=job.cfg.codec)
     states = run_pass(job, shifted_product_kernel, [src], params, plan=plan, outputs=(("x", x_path),), peaks=False,
