@@ -1,7 +1,8 @@
 """The wide route of a Tikhonov solve (``m < n``): the dual form ``x = A^T (A A^T + lam^2 I)^{-1} b``.
 
 ``A A^T`` (``m x m``, in memory) from one SYRK pass over column strips of ``A`` or an out-of-core
-GEMM, its eigen-decomposition for every lambda, and ``x = A^T y`` by another GEMM; ``fit_intercept``
+GEMM, its eigen-decomposition for every lambda, and ``x = A^T y`` by another GEMM (with ``fit_intercept``
+a pass of the columns less their first entries, :func:`_shifted_product`); ``fit_intercept``
 centers ``A A^T`` on both sides (by the weighted means with ``sample_weight``, whose ``sqrt(w)`` then
 scales it on both sides), and ``lam="loo"`` chooses from the same eigen-decomposition in memory
 (:mod:`blocklin.linalg.solve.loo`).
