@@ -243,8 +243,9 @@ def test_graded_columns_at_the_top_of_the_range(n, memory, dtype):
 def test_r_b_flushed_to_zero_is_refused_naming_b(memory):
     """One row ``2^600`` above the others and ``b`` near ``2^-1000`` in it: ``R b`` (``R`` near ``2^-600`` there)
     is 0, the equilibrated solve returned ``y = 0`` with a backward error of 0 and ``x = 0`` came back without a
-    word (``x`` near ``2^-1600`` lies below the range; unequilibrated, that was refused naming ``b``). Refused
-    naming ``b``; the fix it names (``b`` scaled up) solves it."""
+    word (``x`` near ``2^-1600`` lies below the range; unequilibrated, that was refused naming ``b``). ``R b`` is
+    now scaled into the range and ``x = C y 2^-s`` is 0: refused naming ``b``; the fix it names (``b`` scaled
+    up) solves it."""
     rng = np.random.default_rng(0)
     n = 8 if memory is None else 100
     B = rng.standard_normal((n, n)) + n * np.eye(n)
@@ -254,8 +255,81 @@ def test_r_b_flushed_to_zero_is_refused_naming_b(memory):
     b = np.zeros((n, 1))
     b[0] = 2.0 ** -1000
     with pytest.raises(errors.ConvergenceError, match=r"^b: must give a solution x = A\^-1 b within the range.*"
-                                                      r"R b = 0 in 1 column.*Fix: scale b up"):
+                                                      r"x = 0 in 1 column.*Fix: scale b up"):
         bl.solve(a, b, memory=memory)
     b = np.ldexp(b, 1600)  # the fix: x scaled up alike (near 1, where the reference's norms hold)
     x = solve_quiet(a, b, memory=memory)
     check(x.to_numpy(), B, b, dr, np.ones(n))
+
+
+def exact_solution(B, b, dr, dc):
+    """``x = Dc^-1 B^-1 Dr^-1 b`` in 300-bit arithmetic (``mpmath``): ``Dr`` and ``Dc`` are powers of two, so
+    the graded solve is that of the well-conditioned ``B``, and ``x`` keeps its exact magnitude whatever float64's
+    range; mpmath numbers, one list per column."""
+    mpmath = pytest.importorskip("mpmath")
+    with mpmath.workprec(300):
+        m = mpmath.matrix(B.tolist())
+        cols = []
+        for j in range(b.shape[1]):
+            rhs = mpmath.matrix([mpmath.ldexp(mpmath.mpf(float(b[i, j])), -int(np.log2(dr[i]))) for i in range(len(dr))])
+            z = mpmath.lu_solve(m, rhs)
+            cols.append([mpmath.ldexp(z[i], -int(np.log2(dc[i]))) for i in range(len(dc))])
+        return cols
+
+
+def relative_errors(x, cols):
+    """Each column's ``||x - x*|| / ||x*||`` against :func:`exact_solution`'s ``x*`` (in 300 bits: no underflow)."""
+    mpmath = pytest.importorskip("mpmath")
+    x = np.asarray(x).reshape(len(cols[0]), -1)
+    with mpmath.workprec(300):
+        return [float(mpmath.sqrt(sum((mpmath.mpf(float(x[i, j])) - c[i]) ** 2 for i in range(len(c))))
+                      / mpmath.sqrt(sum(v ** 2 for v in c))) for j, c in enumerate(cols)]
+
+
+@pytest.mark.parametrize("memory", [None, "256KiB"])
+def test_r_b_below_the_normal_range_is_scaled_into_it(memory):
+    """Rows ``2^600`` above one other and a column ``2^-600`` below the others (``C`` near ``2^600`` there), ``b``
+    near ``2^-450``: ``R b`` near ``2^-1050`` is subnormal, the solve of ``(R A C) y = R b`` kept a few of its
+    bits and ``x = C y`` (its large entry near ``2^-450``, in the normal range) came back with a relative error
+    of ``2e-7`` (``3e-6`` out of core) for a bound ``4 n eps cond(B)`` near ``5e-12``, with a warning that
+    called ``x`` subnormal. ``R b`` is scaled by a power of two into the normal range and ``x = C y 2^-s``
+    (one rounding): within the bound (module docstring), no warning, the scaling reported; a column ``R b``
+    leaves in the range is not scaled."""
+    rng = np.random.default_rng(0)
+    n = 8 if memory is None else 100
+    B = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
+    dr, dc = np.ones(n), np.ones(n)
+    dr[1:], dc[1] = 2.0 ** 600, 2.0 ** -600
+    a = dr[:, None] * B * dc[None, :]
+    b = np.zeros((n, 2))
+    b[1:, 0] = 2.0 ** -450 * rng.standard_normal(n - 1)
+    b[:, 1] = dr * (B @ rng.standard_normal(n))
+    x = solve_quiet(a, b, memory=memory)
+    eq = x.report["equilibration"]
+    assert eq["applied"] and eq["b_exponents"][1] == 0 and eq["b_exponents"][0] > 1000
+    bound = 4 * n * np.finfo(np.float64).eps * np.linalg.cond(B)
+    assert max(relative_errors(x.to_numpy(), exact_solution(B, b, dr, dc))) <= bound
+
+
+@pytest.mark.parametrize("memory", [None, "256KiB"])
+def test_a_subnormal_x_of_a_scaled_r_b_is_rounded_once_and_named(memory):
+    """One row ``2^600`` above the others and ``b`` near ``2^-460`` in it: ``x`` near ``2^-1060`` is itself
+    subnormal, so its best float64 has a relative error up to ``2^-1075 sqrt(n) / ||x||`` (half a unit of the
+    smallest subnormal an entry). The subnormal ``y`` of ``R b`` had taken it to ``3e-4`` (``4e-2`` out of core,
+    about 30 and 600 times that); ``y`` solved in the normal range and rounded once stays within it (plus the
+    solve's own ``4 n eps cond(B)``), and a warning says ``x`` is subnormal."""
+    mpmath = pytest.importorskip("mpmath")
+    rng = np.random.default_rng(0)
+    n = 8 if memory is None else 100
+    B = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
+    dr = np.ones(n)
+    dr[0] = 2.0 ** 600
+    b = np.zeros((n, 1))
+    b[0] = 2.0 ** -460
+    with pytest.warns(errors.BlocklinWarning, match="x is subnormal"):
+        x = bl.solve(dr[:, None] * B, b, memory=memory)
+    ref = exact_solution(B, b, dr, np.ones(n))
+    with mpmath.workprec(300):
+        norm = mpmath.sqrt(sum(v ** 2 for v in ref[0]))
+        rounding = float(mpmath.ldexp(mpmath.sqrt(n), -1075) / norm)
+    assert relative_errors(x.to_numpy(), ref)[0] <= rounding + 4 * n * np.finfo(float).eps * np.linalg.cond(B)

@@ -211,6 +211,44 @@ def decide(rmax: np.ndarray, cmax: ColumnMaxima, dtype: Any = np.float64) -> Equ
                          bool(rows_scaled), bool(cols_scaled))
 
 
+def _rhs_memory(params: Any, sources: tuple) -> PassMemory:
+    w = sources[0].width
+    # the strip's magnitudes (float64 at most), their exponents (int32) and the column maxima
+    return PassMemory(fixed=2 * w * 8, per_row=w * (8 + 4) + 8)
+
+
+@row_kernel(memory=_rhs_memory, device="cpu", read_only=True)
+def rhs_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any) -> tuple[Any, None]:
+    """The binary exponent of each column's largest magnitude of ``diag(2^left[rows]) b[rows]``."""
+    x = _magnitude(arrays[0])
+    e = np.frexp(x)[1].astype(np.int64) + np.asarray(params["left"][rows], dtype=np.int64)[:, None]
+    e[x == 0] = _NO_ENTRY
+    cexp = e.max(axis=0, initial=_NO_ENTRY)
+    return (cexp if state is None else np.maximum(state, cexp)), None
+
+
+def rhs_exponents(job: Any, B: Any, left: np.ndarray, dtype: Any) -> np.ndarray:
+    """The powers of two ``2^s_j`` that keep the columns of ``R B`` (``R = diag(2^left)``) within ``dtype``'s
+    normal range, from one read of ``B``: ``s_j`` brings the column's largest entry into ``[0.5, 1)`` where it
+    would lie below the smallest normal number (or beyond the largest), 0 elsewhere (those columns keep their
+    bits). The exponents of ``R B`` are exact whatever the product's range. ``R b`` of rows ``2^600`` above
+    the others and ``b`` near ``2^-450`` there is subnormal: the solve kept a few of its bits, and ``x = C y``
+    brought the loss back into the normal range (relative errors of ``1e-7`` to ``1e-2`` for a bound of
+    ``1e-11``). The column's ``x`` is then ``2^-s_j`` times the solution (exact but where it leaves the range).
+    """
+    k = B.shape[1]
+    states, _ = run_pass(job, rhs_kernel, [source(B, name="b")], {"left": np.asarray(left, dtype=np.int32)},
+                         check_finite=False, peaks=False, over="b", description="column maxima of R b")
+    cexp = np.full(k, _NO_ENTRY, dtype=np.int64)
+    for st in states:
+        if st is not None:
+            np.maximum(cexp, st, out=cexp)
+    fi = np.finfo(np.dtype(dtype))
+    # frexp's e: |v| < 2^e, so e <= minexp is below 2^minexp (the smallest normal), e > maxexp beyond the range
+    out = (cexp != _NO_ENTRY) & ((cexp <= fi.minexp) | (cexp > fi.maxexp))
+    return np.where(out, -cexp, 0).astype(np.int64)
+
+
 def _scale_memory(params: Any, sources: tuple) -> PassMemory:
     w, dt = sources[0].width, np.dtype(params["dtype"])
     # the strip's exponents (int32), the scaled block written, a cast copy of a narrower source, and with
@@ -266,4 +304,5 @@ def scale_into(job: Any, src: Any, dst: Any, left: np.ndarray, right: np.ndarray
     return sum(s["overflow"] for s in states), max((s["peak"] for s in states), default=0)
 
 
-__all__ = ["ColumnMaxima", "Equilibration", "NOTE", "THRESH", "decide", "power_of_two", "scale_into", "scan", "strip_maxima"]
+__all__ = ["ColumnMaxima", "Equilibration", "NOTE", "THRESH", "decide", "power_of_two", "rhs_exponents", "scale_into",
+           "scan", "strip_maxima"]

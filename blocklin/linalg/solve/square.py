@@ -15,9 +15,9 @@ from typing import Any, Unpack
 import numpy as np
 
 from blocklin.config import Settings, format_size, size_hint
-from blocklin.errors import (BudgetError, ConvergenceError, ConvergenceWarning, IllConditionedWarning,
-                             NotPositiveDefiniteError, NotSymmetricError, ParameterError, SingularMatrixError,
-                             explain, warn)
+from blocklin.errors import (BlocklinWarning, BudgetError, ConvergenceError, ConvergenceWarning,
+                             IllConditionedWarning, NotPositiveDefiniteError, NotSymmetricError, ParameterError,
+                             SingularMatrixError, explain, warn)
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks import equilibrate as _equilibrate
@@ -277,9 +277,9 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         rows = _staging_rows(job, A) if staged else 0
         run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token, dtype=dt, half=half,
                                equilibrated=rows)
-        given = B
-        if staged:  # the solve runs on (R A C) y = R b, x = C y
-            A, B = _equilibrate_system(job, run, A, B, eq, rows)
+        given, shift = B, None
+        if staged:  # the solve runs on (R A C) y = R b 2^s, x = C y 2^-s
+            A, B, shift = _equilibrate_system(job, run, A, B, eq, rows)
         if half:
             factor, why, scaling = _factor_half(job, A, fdt, assume_a, run, precision)
         else:
@@ -287,8 +287,6 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
             factor, why = run.stages.run("factor", lambda: _factor(job, A, fdt, assume_a, run.factor_stores))
         ops = BlockOps(job, run.tiles[factor.kind])
         ops.workers = factor.plan.workers
-        if staged:
-            _check_equilibrated_b(ops, given, B, (n, k), dt)
         if half:
             ops.math = None  # the preconditioner's triangular solves in float32
             factor.norm_a = None  # the factorization summed A scaled: ||A||_F is read from A
@@ -325,8 +323,9 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         note = _below_range(ops, ref, B, (n, k), dt, norm_a) if ref.eta > tol and precision == "double" else None
         _check_converged(ref, tol, precision, dt, note=note)
         if staged:
-            run.stages.run("write x", lambda: _write_unequilibrated(job, ref.x_path, ao.array_path(), eq, (n, k), dt,
-                                                                    run.chunk))
+            run.stages.run("write x", lambda: _write_unequilibrated(job, ref.x_path, ao.array_path(), eq, shift, (n, k),
+                                                                    dt, run.chunk))
+            _check_rescaled_x(ops, given, ao.array_path(), shift, (n, k), dt)
         else:
             run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
         col_res, col_x = (_col_norms(ops, Region.of(p, (n, k))) for p in (ref.r_path, ref.x_path))
@@ -336,6 +335,9 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         _warn_ill_conditioned(extra["condition_estimate"], ref.eta, dt, equilibrated=bool(staged))
         if eq is not None:
             extra["equilibration"] = eq.report(note=EQUILIBRATED)
+            if shift is not None and shift.any():
+                extra["equilibration"]["b_exponents"] = shift.tolist()
+                extra["equilibration"]["note"] = EQUILIBRATED_SHIFTED
         report, recorded = solve_report(
             job, route="square", flops=factor.plan.flops + (ref.steps + 1) * 2 * n * n * k * 2,
             method=factor.kind, method_reason=reason or why, precision=precision,
@@ -355,6 +357,10 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
 #: The report's note on an equilibrated system.
 EQUILIBRATED = ("x = C y with y the solution of (R A C) y = R b (R, C powers of two): residual_norm, backward_error, "
                 "history and condition_estimate are those of the equilibrated system")
+#: The note where columns of ``R b`` were scaled into the normal range (:func:`_equilibrate.rhs_exponents`).
+EQUILIBRATED_SHIFTED = ("x = C y 2^-s with y the solution of (R A C) y = R b 2^s (R, C powers of two, s = b_exponents, "
+                        "per column): residual_norm, backward_error, history and condition_estimate are those of the "
+                        "equilibrated system")
 
 
 def _equilibrated_columns(A: Any, B: Any, fdt: np.dtype) -> int:
@@ -376,30 +382,33 @@ def _staging_rows(job: Job, A: Any) -> int:
 
 
 def _equilibrate_system(job: Job, run: _SquareRun, A: Any, B: Any, eq: _equilibrate.Equilibration,
-                        rows: int) -> tuple[Any, Any]:
-    """``R A C`` and ``R B`` staged in the run's work stores (exact: powers of two, but for entries below
+                        rows: int) -> tuple[Any, Any, np.ndarray]:
+    """``R A C`` and ``R B 2^s`` staged in the run's work stores (exact: powers of two, but for entries below
     the range's bottom, negligible next to their row's largest), in ``A``'s and ``B``'s dtypes, ``R A C`` in
     chunks of ``rows`` (:func:`_staging_rows`) by ``A``'s columns: the factorization, the refinement and the
     condition estimate then see the equilibrated system, and the tiles planned for ``A`` hold (same shape and
-    dtype, chunks no larger)."""
+    dtype, chunks no larger). ``s`` (returned; per column, 0 but where ``R b`` would leave the normal range,
+    :func:`~blocklin.linalg.blocks.equilibrate.rhs_exponents`) is undone on ``x``."""
     n, k = B.shape
     e_a, e_b = run.equilibrated
+    # from B and R alone (not a recorded stage: a resumed run finds the same)
+    shift = _equilibrate.rhs_exponents(job, B, eq.row, B.dtype)
     run.stages.run("equilibrate", lambda: _equilibrate.scale_into(
         job, A, e_a, eq.row, eq.col, A.dtype, rows, description="equilibrate (R A C)", over="a"))
     run.stages.run("equilibrate b", lambda: _equilibrate.scale_into(
-        job, B, e_b, eq.row, np.zeros(k, dtype=np.int64), B.dtype, B.chunks[0], description="equilibrate (R b)",
-        over="b"))
+        job, B, e_b, eq.row, shift, B.dtype, B.chunks[0], description="equilibrate (R b)", over="b"))
     return (Operand(name="a", path=e_a, shape=(n, n), dtype=np.dtype(A.dtype), chunks=(rows, A.chunks[1])),
-            Operand(name="b", path=e_b, shape=(n, k), dtype=np.dtype(B.dtype), chunks=tuple(B.chunks)))
+            Operand(name="b", path=e_b, shape=(n, k), dtype=np.dtype(B.dtype), chunks=tuple(B.chunks)), shift)
 
 
-def _write_unequilibrated(job: Job, src: Any, dst: Any, eq: _equilibrate.Equilibration, shape: tuple[int, int],
-                          dt: np.dtype, chunk: int) -> None:
-    """``x = C y`` from the equilibrated system's solution ``y`` into the output, refused where an entry leaves
-    the dtype's range (``y`` is of the equilibrated system, ``x`` beyond it)."""
+def _write_unequilibrated(job: Job, src: Any, dst: Any, eq: _equilibrate.Equilibration, shift: np.ndarray,
+                          shape: tuple[int, int], dt: np.dtype, chunk: int) -> None:
+    """``x = C y 2^-s`` from the equilibrated system's solution ``y`` into the output (one rounding, where it
+    leaves the normal range), refused where an entry leaves the dtype's range (``y`` is of the equilibrated
+    system, ``x`` beyond it)."""
     n, k = shape
     y = Operand(name="y", path=src, shape=shape, dtype=np.dtype(dt), chunks=(chunk, min(chunk, max(k, 1))))
-    overflow, peak = _equilibrate.scale_into(job, y, dst, eq.col, np.zeros(k, dtype=np.int64), dt, chunk,
+    overflow, peak = _equilibrate.scale_into(job, y, dst, eq.col, -shift, dt, chunk,
                                              description="undo the equilibration (x = C y)", over="intermediate",
                                              check=True)
     if overflow:
@@ -1267,24 +1276,33 @@ def _below_range(ops: BlockOps, ref: SolveRefinement, B: Any, shape: tuple[int, 
     return None
 
 
-def _check_equilibrated_b(ops: BlockOps, given: Any, staged: Any, shape: tuple[int, int], dt: np.dtype) -> None:
-    """Refuse, as :func:`_below_range` refuses ``x = 0``, a column of ``R b`` flushed to 0 whose ``b`` is not 0:
-    rows ``2^600`` above the others and ``b`` near ``2^-1000`` there made ``R b`` (``R`` near ``2^-600``) 0, the
-    solve of the equilibrated system returned ``y = 0`` with a backward error of 0, and ``x = 0`` came back
-    without a word (``x`` lies below the range; unequilibrated, that was refused naming ``b``)."""
-    n, k = shape
-    rb = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(staged.path, (n, k))), dtype=np.float64))
-    if not np.any(rb == 0):
+def _check_rescaled_x(ops: BlockOps, given: Any, x_path: Any, shift: np.ndarray, shape: tuple[int, int],
+                      dt: np.dtype) -> None:
+    """Where ``R b`` was scaled up into the normal range (``shift > 0``), ``x = C y 2^-s`` may lie below it:
+    a column of ``x`` flushed to 0 whose ``b`` is not 0 is refused, as :func:`_below_range` refuses ``x = 0``
+    (rows ``2^600`` above the others and ``b`` near ``2^-1000`` there: ``x`` near ``2^-1600``; that had been
+    solved as ``R b = 0`` and returned ``x = 0`` without a word), and a subnormal one is answered with a
+    warning (its entries are resolved to the smallest subnormal)."""
+    if not np.any(shift > 0):
         return
+    n, k = shape
+    up = np.flatnonzero(shift > 0)
+    xn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(x_path, (n, k))), dtype=np.float64))[up]
     bn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(given.path, (n, k), (int(getattr(given, "first_row", 0)),
-                                                                               0))), dtype=np.float64))
-    flushed = (rb == 0) & (bn > 0)
-    if flushed.any():
+                                                                               0))), dtype=np.float64))[up]
+    info = np.finfo(dt)
+    zero = (xn == 0) & (bn > 0)
+    if zero.any():
         raise ConvergenceError(explain(
             "b", f"must give a solution x = A^-1 b within the range of {np.dtype(dt).name} (nonzero entries above "
-            f"{float(np.finfo(dt).smallest_subnormal):.1e})", f"R b = 0 in {int(flushed.sum())} column(s) whose b is "
-            "not 0 (R the equilibration's row scaling, powers of two: A's rows are far above b's entries), so x "
-            "lies below the range", "scale b up (or a down) by a power of two, 2^e, and scale x back by 2^-e yourself"))
+            f"{float(info.smallest_subnormal):.1e})", f"x = 0 in {int(zero.sum())} column(s) whose b is not 0: x = C y "
+            f"2^-s (y of the equilibrated system (R A C) y = R b 2^s, s up to {int(shift.max())}; R, C powers of two: "
+            "A's rows are far above b's entries) lies below the range",
+            "scale b up (or a down) by a power of two, 2^e, and scale x back by 2^-e yourself"))
+    if np.any((xn > 0) & (xn < info.tiny * math.sqrt(n))):
+        warn(f"solve: x is subnormal (column norms down to {float(xn[xn > 0].min()):.1e}): its entries are resolved "
+             f"to {float(info.smallest_subnormal):.1e} absolute; scale b up by a power of two for full precision",
+             BlocklinWarning)
 
 
 def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dtype, *,
