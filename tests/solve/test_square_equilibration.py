@@ -333,3 +333,23 @@ def test_a_subnormal_x_of_a_scaled_r_b_is_rounded_once_and_named(memory):
         norm = mpmath.sqrt(sum(v ** 2 for v in ref[0]))
         rounding = float(mpmath.ldexp(mpmath.sqrt(n), -1075) / norm)
     assert relative_errors(x.to_numpy(), ref)[0] <= rounding + 4 * n * np.finfo(float).eps * np.linalg.cond(B)
+
+
+@pytest.mark.parametrize("memory", [None, "256KiB"])
+def test_y_below_the_range_where_the_rows_are_not_scaled(memory):
+    """float32 columns alternating ``2^-56`` and ``2^59`` with rows alike (``ROWCND >= 0.1``: ``R`` is not
+    applied, and ``A C`` keeps ``A``'s rows near ``2^60``, ``C`` being that of ``R A``) and ``b`` near ``2^-108``:
+    ``y = (A C)^-1 b`` near ``2^-168`` lies below float32's range, and ``x = 0`` was refused as an ``x`` below the
+    range (``||b|| / ||A||_F`` about ``1e-51``), where ``x``'s large entries are near ``2^-52``. ``b`` is scaled so
+    that ``y`` is near 1 (``b_exponents``) and ``x`` is within ``4 n eps cond(B)`` of the exact one (the entries
+    near ``2^-167`` flush to 0, far below that relative to ``||x||``)."""
+    rng = np.random.default_rng(5)
+    n = 8 if memory is None else 100
+    B = (rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)).astype(np.float32).astype(np.float64)
+    dc = np.where(np.arange(n) % 2 == 0, 2.0 ** -56, 2.0 ** 59)
+    a = (B * dc[None, :]).astype(np.float32)
+    b = (2.0 ** -108 * rng.standard_normal((n, 1))).astype(np.float32)
+    x = solve_quiet(a, b, memory=memory)
+    assert x.report["equilibration"]["rowcnd"] >= equilibrate.THRESH and x.report["equilibration"]["b_exponents"][0] > 0
+    bound = 4 * n * np.finfo(np.float32).eps * np.linalg.cond(B)
+    assert relative_errors(x.to_numpy(), exact_solution(B, b.astype(np.float64), np.ones(n), dc))[0] <= bound

@@ -49,6 +49,9 @@ class Equilibration:
     colcnd: float
     rows_scaled: bool
     cols_scaled: bool
+    #: ``e`` with ``max |R A C| < 2^e``: 0 where the rows are scaled (each row's largest entry in ``[0.5, 1)``),
+    #: else that of ``A``'s largest entry (``A C``'s rows keep their size: ``C`` is that of ``R A``).
+    peak: int = 0
 
     @property
     def applied(self) -> bool:
@@ -207,8 +210,9 @@ def decide(rmax: np.ndarray, cmax: ColumnMaxima, dtype: Any = np.float64) -> Equ
     cols_scaled = colcnd < THRESH
     # (only with C: rows alike in scale and no column scaling leave A as it was, and its routes' own scaling)
     rows_scaled = rowcnd < THRESH or (cols_scaled and float(rmax.max()) > large)
+    peak = 0 if rows_scaled else int(np.frexp(float(rmax.max()))[1])
     return Equilibration(row if rows_scaled else zero, col if cols_scaled else zero, rowcnd, colcnd,
-                         bool(rows_scaled), bool(cols_scaled))
+                         bool(rows_scaled), bool(cols_scaled), peak)
 
 
 def _rhs_memory(params: Any, sources: tuple) -> PassMemory:
@@ -227,26 +231,31 @@ def rhs_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any
     return (cexp if state is None else np.maximum(state, cexp)), None
 
 
-def rhs_exponents(job: Any, B: Any, left: np.ndarray, dtype: Any) -> np.ndarray:
-    """The powers of two ``2^s_j`` that keep the columns of ``R B`` (``R = diag(2^left)``) within ``dtype``'s
-    normal range, from one read of ``B``: ``s_j`` brings the column's largest entry into ``[0.5, 1)`` where it
-    would lie below the smallest normal number (or beyond the largest), 0 elsewhere (those columns keep their
-    bits). The exponents of ``R B`` are exact whatever the product's range. ``R b`` of rows ``2^600`` above
-    the others and ``b`` near ``2^-450`` there is subnormal: the solve kept a few of its bits, and ``x = C y``
-    brought the loss back into the normal range (relative errors of ``1e-7`` to ``1e-2`` for a bound of
-    ``1e-11``). The column's ``x`` is then ``2^-s_j`` times the solution (exact but where it leaves the range).
-    """
+def rhs_exponents(job: Any, B: Any, eq: Equilibration, dtype: Any) -> np.ndarray:
+    """The powers of two ``2^s_j`` that keep the solution ``y`` of ``(R A C) y = R B 2^s`` within ``dtype``'s
+    normal range, from one read of ``B``. ``||y|| >= ||R b|| / ||R A C||_2``, and ``||R A C||_2 < n 2^peak``
+    (:attr:`Equilibration.peak`): where ``max |R b| / 2^peak`` lies within ``n`` (and a factor 2) of the range's
+    bottom, or beyond its top, ``s_j`` brings it to 1 (``y`` near 1 while ``R A C`` is well conditioned); 0
+    elsewhere (those columns keep their bits). The exponents of ``R B`` are exact whatever the product's range.
+    ``R b`` of rows ``2^600`` above the others and ``b`` near ``2^-450`` there is subnormal: the solve kept a
+    few of its bits and ``x = C y`` brought the loss back into the normal range (relative errors of ``1e-7`` to
+    ``1e-2`` for a bound of ``1e-11``); float32 columns ``2^115`` apart with rows alike (not scaled: ``A C`` near
+    ``A``'s ``2^60``) and ``b`` near ``4e-33`` gave ``y`` below the range and ``x = 0``, refused as below it, where
+    ``x`` is near ``2e-16``. The column's ``x`` is then ``2^-s_j`` times the solution (exact but where it leaves
+    the range)."""
     k = B.shape[1]
-    states, _ = run_pass(job, rhs_kernel, [source(B, name="b")], {"left": np.asarray(left, dtype=np.int32)},
+    states, _ = run_pass(job, rhs_kernel, [source(B, name="b")], {"left": np.asarray(eq.row, dtype=np.int32)},
                          check_finite=False, peaks=False, over="b", description="column maxima of R b")
     cexp = np.full(k, _NO_ENTRY, dtype=np.int64)
     for st in states:
         if st is not None:
             np.maximum(cexp, st, out=cexp)
     fi = np.finfo(np.dtype(dtype))
-    # frexp's e: |v| < 2^e, so e <= minexp is below 2^minexp (the smallest normal), e > maxexp beyond the range
-    out = (cexp != _NO_ENTRY) & ((cexp <= fi.minexp) | (cexp > fi.maxexp))
-    return np.where(out, -cexp, 0).astype(np.int64)
+    # frexp's e: |v| < 2^e; y's columns near 2^(cexp - peak), at least 2^(cexp - peak - 1) / n
+    ey = cexp - eq.peak
+    margin = 1 + math.ceil(math.log2(max(B.shape[0], 1)))
+    out = (cexp != _NO_ENTRY) & ((ey < fi.minexp + margin) | (ey > fi.maxexp - margin))
+    return np.where(out, -ey, 0).astype(np.int64)
 
 
 def _scale_memory(params: Any, sources: tuple) -> PassMemory:

@@ -392,7 +392,7 @@ def _equilibrate_system(job: Job, run: _SquareRun, A: Any, B: Any, eq: _equilibr
     n, k = B.shape
     e_a, e_b = run.equilibrated
     # from B and R alone (not a recorded stage: a resumed run finds the same)
-    shift = _equilibrate.rhs_exponents(job, B, eq.row, B.dtype)
+    shift = _equilibrate.rhs_exponents(job, B, eq, B.dtype)
     run.stages.run("equilibrate", lambda: _equilibrate.scale_into(
         job, A, e_a, eq.row, eq.col, A.dtype, rows, description="equilibrate (R A C)", over="a"))
     run.stages.run("equilibrate b", lambda: _equilibrate.scale_into(
