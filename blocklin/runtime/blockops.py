@@ -478,6 +478,9 @@ class TileOpSpec:
     a_exponent: int = 0
     #: Return the allocator's free pages before the task (:func:`~blocklin._memory.release_free_memory`).
     trim: bool = False
+    #: LU right-hand sides: the columns from ``split`` on are solved by BLAS calls of their own, on the same
+    #: reads of the factor (:func:`~blocklin.linalg.factor.lu_panels.rhs_parts`); 0: all in one.
+    split: int = 0
 
 
 def holds_device(tiles: Callable[..., float]) -> Callable:

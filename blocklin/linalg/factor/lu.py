@@ -147,7 +147,7 @@ class LUFactors:
 
 
 def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: Any, rhs: Any = None,
-                   rhs_out: Any = None, trim: bool = False) -> LUFactors:
+                   rhs_out: Any = None, trim: bool = False, split: int = 0) -> LUFactors:
     """The packed LU of operand ``A`` (``m x n``, computed in ``plan.dtype``) into the existing store ``path``.
 
     ``done_dir`` (a folder) keeps the panels' pivots, statistics and resume markers, and the work
@@ -155,7 +155,8 @@ def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: A
     to each ``L`` panel, LAPACK's layout) is skipped: a solve uses the work store as it is.
     With ``rhs`` (a :class:`~blocklin.runtime.blockops.Region`, ``n x k``) the panels also run the
     forward substitution, writing ``L^-1 P rhs`` to the region ``rhs_out`` (see
-    :func:`~blocklin.linalg.factor.lu_panels.lu_panels`). ``trim``: each panel task first returns
+    :func:`~blocklin.linalg.factor.lu_panels.lu_panels`; ``split``: its columns from there on by calls of
+    their own). ``trim``: each panel task first returns
     the allocator's free pages (see :func:`~blocklin.linalg.factor.lu_panels.lu_panels`).
     """
     (m, n), dt, t = A.shape, np.dtype(plan.dtype), plan.tile
@@ -165,7 +166,7 @@ def factor_lu_into(job: Job, A: Any, path: Any, plan: FactorPlan, *, done_dir: A
     ops = BlockOps(job, t)
     ops.workers = 1
     results = lu_panels(ops, Region.of(A.path, A.shape), work, dtype=dt, done_dir=done_dir, check=job.check_finite,
-                        out=path, rhs=rhs, rhs_out=rhs_out, trim=trim)
+                        out=path, rhs=rhs, rhs_out=rhs_out, trim=trim, split=split)
     pivots = np.concatenate([np.load(io.BytesIO(backend(done_dir).read_bytes(f"lu-piv-{j}.npy")))
                              for j in range(plan.tiles)]) if min(m, n) else np.zeros(0, dtype=np.int64)
     if path is not None:

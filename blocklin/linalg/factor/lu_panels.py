@@ -30,7 +30,7 @@ from blocklin.storage.zarr_store import read_block, write_block
 
 
 def lu_panels(ops: BlockOps, a: Region, work: Any, *, dtype: Any, done_dir: Any, check: bool = True, out: Any = None,
-              rhs: Region | None = None, rhs_out: Region | None = None, trim: bool = False,
+              rhs: Region | None = None, rhs_out: Region | None = None, trim: bool = False, split: int = 0,
               description: str = "LU panels") -> list[dict]:
     """Left-looking LU with partial pivoting over whole column panels (one task per panel).
 
@@ -54,7 +54,8 @@ def lu_panels(ops: BlockOps, a: Region, work: Any, *, dtype: Any, done_dir: Any,
     ``L`` while the panel is still in memory, so no pass reads ``L`` back for the first solve.
     ``B`` goes from panel to panel through ``done_dir`` (``lu-rhs-J.npy``: a rerun continues from
     the last finished panel); the last panel writes ``Y`` to ``rhs_out``, which
-    :func:`lu_solve` with ``forward=False`` finishes by the back substitution.
+    :func:`lu_solve` with ``forward=False`` finishes by the back substitution. ``split``: the columns
+    of ``B`` from there on are eliminated by calls of their own (:func:`rhs_parts`).
 
     ``trim``: each panel task first returns the allocator's free pages to the OS
     (:func:`~blocklin._memory.release_free_memory`), for a caller whose earlier steps freed
@@ -67,7 +68,7 @@ def lu_panels(ops: BlockOps, a: Region, work: Any, *, dtype: Any, done_dir: Any,
                          f"{n} x k, with a done_dir and a square a (not {m} x {n})")
     spec = ops.spec(dtype, a=a, out=Region.of(work, a.shape), check=check, done_dir=done_dir,
                       c=Region.of(out, a.shape) if out is not None else None, b=rhs)
-    spec = dataclasses.replace(spec, rhs_out=rhs_out, trim=trim)
+    spec = dataclasses.replace(spec, rhs_out=rhs_out, trim=trim, split=split)
     graph = ops.graph("lu", spec)
     prev = None
     for j in range(tile_count(n, ops.chunk)):
@@ -92,7 +93,7 @@ def lu_finish(ops: BlockOps, work: Any, out: Any, shape: tuple[int, int], pivots
 
 
 def lu_solve(ops: BlockOps, work: Any, pivots: np.ndarray, b: Region, out: Region, *, dtype: Any, tile: int | None = None,
-             forward: bool = True, description: str = "LU solve") -> list[dict]:
+             forward: bool = True, split: int = 0, description: str = "LU solve") -> list[dict]:
     """``out = (P^T L U)^-1 B`` from the panels as :func:`lu_panels` stored them in ``work``.
 
     One task holds ``B`` (``n x k``, ``k`` at most the panel width: the size of a panel) and
@@ -102,16 +103,30 @@ def lu_solve(ops: BlockOps, work: Any, pivots: np.ndarray, b: Region, out: Regio
     LAPACK's ``getrs`` with the swaps interleaved. ``n^2`` elements read, ``2 n^2 k`` flops.
     ``tile``: the panel width of the factorization (default: the chunk of this object).
     ``forward=False``: ``B`` is already ``L^-1 P B`` (:func:`lu_panels` with ``rhs``): only the
-    back substitution runs (``n^2 / 2`` elements read).
+    back substitution runs (``n^2 / 2`` elements read). ``split``: the columns from there on are solved by
+    calls of their own on the same reads of the factor (:func:`rhs_parts`), and where their substitution
+    overflows they are returned as inf (only the first ``split`` columns' is refused as singular).
     """
     n = b.shape[0]
     if b.shape != out.shape or b.trans or out.trans:
         raise ShapeError(f"lu_solve: b {b.shape} and out {out.shape} must agree (no transposed views)")
-    spec = dataclasses.replace(ops.spec(dtype, a=Region.of(work, (n, n)), b=b, out=out), tile=tile or ops.chunk)
+    spec = dataclasses.replace(ops.spec(dtype, a=Region.of(work, (n, n)), b=b, out=out), tile=tile or ops.chunk,
+                               split=split)
     graph = ops.graph("lu-solve", spec, np.asarray(pivots).tobytes(), forward)
     graph.add((0,), lu_solve_task, spec, np.asarray(pivots), forward)
     ops.flops += (2 if forward else 1) * n * n * b.shape[1]
     return ops.run(graph, description)
+
+
+def rhs_parts(y: np.ndarray, split: int) -> list[np.ndarray]:
+    """The right-hand sides ``y`` as the arrays the substitutions work on: ``[y]``, or with ``split`` the
+    columns before it and those from it on, each C-contiguous. A column solved beside others by one BLAS call
+    may take other bits than alone (OpenBLAS's kernels block the columns by their unroll width: a float64 ``x``
+    of 4 columns changed where a fifth was added), so a column riding a solve (the condition estimate's ``z``)
+    is solved by calls of its own, on the same reads of the factor, and the first ``split`` keep their bits."""
+    if not split:
+        return [y]
+    return [np.ascontiguousarray(y[:, :split]), np.ascontiguousarray(y[:, split:])]
 
 
 def swap_moves(piv: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
@@ -425,11 +440,14 @@ def _lu_forward_rhs(spec: TileOpSpec, j: int, host: np.ndarray, pj: np.ndarray) 
         y = spec.b.read(0, 0, max(n, k, 1), dt)
     else:
         y = np.ascontiguousarray(load_record(spec, f"lu-rhs-{j - 1}.npy"), dtype=dt)
-    _apply_swaps(cpu, y, pj, c0, buf=np.empty((2 * (c1 - c0), k), dtype=dt))
-    yj = cpu.solve_triangular(host[c0:c1], y[c0:c1], lower=True, unit=True)
-    y[c0:c1] = yj
-    if c1 < n:
-        cpu.gemm_acc(y[c1:], host[c1:], yj, -1.0)
+    parts = rhs_parts(y, spec.split)
+    for part in parts:
+        _apply_swaps(cpu, part, pj, c0, buf=np.empty((2 * (c1 - c0), part.shape[1]), dtype=dt))
+        yj = cpu.solve_triangular(host[c0:c1], part[c0:c1], lower=True, unit=True)
+        part[c0:c1] = yj
+        if c1 < n:
+            cpu.gemm_acc(part[c1:], host[c1:], yj, -1.0)
+    y = parts[0] if len(parts) == 1 else np.hstack(parts)
     if c1 >= n:  # the last panel: y = L^-1 P b, for the back substitution
         spec.rhs_out.write(0, 0, max(n, k, 1), y)
     save_record(spec, f"lu-rhs-{j}.npy", y)
@@ -465,37 +483,56 @@ def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray, forward: bool = True) ->
     rb = lu_stream_rows(t, n)
     dev = get_device(spec.device, device_memory=spec.device_memory)
     work = open_array(spec.a.path)
-    y = dev.to_device(spec.b.read(0, 0, max(n, k, 1), dt, spec.check, "b"))
-    nread = y.nbytes
+    ys = [dev.to_device(p) for p in rhs_parts(spec.b.read(0, 0, max(n, k, 1), dt, spec.check, "b"), spec.split)]
+    nread = sum(y.nbytes for y in ys)
     nt = tile_count(n, t)
     for j in range(nt if forward else 0):  # forward substitution, L y = P b, panel by panel
         c0, c1 = j * t, min(n, (j + 1) * t)
-        _apply_swaps(dev, y, pivots[c0:c1], c0)
         ljj = np.asarray(read_block(work, slice(c0, c1), slice(c0, c1)), dtype=dt)
-        yj = dev.solve_triangular(dev.to_device(ljj), y[c0:c1], lower=True, unit=True)
-        with dev.on_compute():
-            y[c0:c1] = yj
+        ljd = dev.to_device(ljj)
+        yjs = []
+        for y in ys:
+            _apply_swaps(dev, y, pivots[c0:c1], c0)
+            yj = dev.solve_triangular(ljd, y[c0:c1], lower=True, unit=True)
+            with dev.on_compute():
+                y[c0:c1] = yj
+            yjs.append(yj)
         nread += ljj.nbytes
         for r0 in range(c1, n, rb):
             blk = np.asarray(read_block(work, slice(r0, min(n, r0 + rb)), slice(c0, c1)), dtype=dt)
-            dev.gemm_acc(y[r0:r0 + blk.shape[0]], dev.to_device(blk), yj, -1.0)
+            bd = dev.to_device(blk)
+            for y, yj in zip(ys, yjs):
+                dev.gemm_acc(y[r0:r0 + blk.shape[0]], bd, yj, -1.0)
             nread += blk.nbytes
+    live = [True] * len(ys)  # a riding part whose substitution overflowed is dropped (returned as inf)
     for j in reversed(range(nt)):  # back substitution, U x = y
         c0, c1 = j * t, min(n, (j + 1) * t)
         ujj = np.asarray(read_block(work, slice(c0, c1), slice(c0, c1)), dtype=dt)
-        xj = dev.solve_triangular(dev.to_device(ujj), y[c0:c1], lower=False)
-        if not np.isfinite(np.asarray(dev.to_host(xj))).all():
-            raise SingularMatrixError(explain(
-                "a", "must be nonsingular (no zero pivot)", f"a singular or overflowing diagonal block of U at rows "
-                f"{c0}:{c1}", "regularize the system (lam > 0), or solve the least-squares problem with method='qr'"))
-        with dev.on_compute():
-            y[c0:c1] = xj
+        ujd = dev.to_device(ujj)
+        xjs = []
+        for p, y in enumerate(ys):
+            xj = dev.solve_triangular(ujd, y[c0:c1], lower=False) if live[p] else None
+            if xj is not None and not np.isfinite(np.asarray(dev.to_host(xj))).all():
+                if p == 0:
+                    raise SingularMatrixError(explain(
+                        "a", "must be nonsingular (no zero pivot)", f"a singular or overflowing diagonal block of U "
+                        f"at rows {c0}:{c1}", "regularize the system (lam > 0), or solve the least-squares problem "
+                        "with method='qr'"))
+                live[p], xj = False, None
+            if xj is not None:
+                with dev.on_compute():
+                    y[c0:c1] = xj
+            xjs.append(xj)
         nread += ujj.nbytes
         for r0 in range(0, c0, rb):
             blk = np.asarray(read_block(work, slice(r0, min(c0, r0 + rb)), slice(c0, c1)), dtype=dt)
-            dev.gemm_acc(y[r0:r0 + blk.shape[0]], dev.to_device(blk), xj, -1.0)
+            bd = dev.to_device(blk)
+            for y, xj in zip(ys, xjs):
+                if xj is not None:
+                    dev.gemm_acc(y[r0:r0 + blk.shape[0]], bd, xj, -1.0)
             nread += blk.nbytes
-    x = np.asarray(dev.to_host(y))
+    parts = [np.asarray(dev.to_host(y)) if ok else np.full(y.shape, np.inf, dtype=dt) for y, ok in zip(ys, live)]
+    x = parts[0] if len(parts) == 1 else np.hstack(parts)
     spec.out.write(0, 0, max(n, k, 1), x)
     return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": (2 if forward else 1) * n * n * k}
 

@@ -276,10 +276,12 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
                        temp_size=((n, (2 * n if half else n) + staged), fdt))  # the factor (A scaled, R A C) in the temp dir
         rows = _staging_rows(job, A) if staged else 0
         run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token, dtype=dt, half=half,
-                               equilibrated=rows)
+                               equilibrated=rows, rider=not (half or refinement == "gmres"))
         given, shift = B, None
         if staged:  # the solve runs on (R A C) y = R b 2^s, x = C y 2^-s
             A, B, shift = _equilibrate_system(job, run, A, B, eq, rows)
+        if run.rider is not None:
+            run.stages.run("condition rhs", lambda: _stage_rider(B, run.rider, run.tiles["lu"], dt))
         if half:
             factor, why, scaling = _factor_half(job, A, fdt, assume_a, run, precision)
         else:
@@ -422,6 +424,23 @@ def _write_unequilibrated(job: Job, src: Any, dst: Any, eq: _equilibrate.Equilib
 CONDITION_SEED = 0x636F6E64
 
 
+def _condition_rhs(n: int, t: int):
+    """The Gaussian ``z`` of :func:`_condition_lower`, tile by tile of ``t`` rows: ``(i, block)``."""
+    for i in range(-(-n // t)):
+        yield i, np.random.default_rng([CONDITION_SEED, i]).standard_normal((min(t, n - i * t), 1))
+
+
+def _stage_rider(B: Any, dst: Any, t: int, dt: np.dtype) -> None:
+    """``[B | z]`` into ``dst`` (``n x (k + 1)``, ``x``'s dtype), ``z`` that of :func:`_condition_rhs`, tile by tile
+    (``B`` is ``n x k``, ``k`` at most a panel's width): the LU panels eliminate it whole."""
+    n, k = B.shape
+    src, out, z = Region.of(B.path, (n, k)), Region.of(dst, (n, k)), Region.of(dst, (n, 1), (0, k))
+    for i, block in _condition_rhs(n, t):
+        for j in range(-(-k // t)):
+            out.write(i, j, t, src.read(i, j, t, dt))
+        z.write(i, 0, t, block)
+
+
 def _condition_lower(ops: BlockOps, solver: _Solver, ref: SolveRefinement, norm_a: float, n: int) -> float:
     """A lower estimate of ``cond_2(A)``: ``||A||_F / sqrt(n) <= ||A||_2`` times ``||F^-1 z|| / ||z||``
     for a Gaussian ``z`` (about ``||A^-1||_F / sqrt(n)``, at most ``||A^-1||_2`` while the factorization
@@ -432,17 +451,20 @@ def _condition_lower(ops: BlockOps, solver: _Solver, ref: SolveRefinement, norm_
     ``A^-1`` near ``2^600``. Inf where ``F^-1 z`` leaves the range."""
     if n == 0:
         return 0.0
-    one = solver.window(0, 1)
-    z, y = one.region("d"), one.region("x1" if ref.x_path == solver.region("x0").path else "x0")
     t, sumsq = ops.chunk, 0.0
-    for i in range(-(-n // t)):  # tile by tile: within the budget whatever n is
-        block = np.random.default_rng([CONDITION_SEED, i]).standard_normal((min(t, n - i * t), 1))
-        sumsq += float(np.sum(block * block))
-        z.write(i, 0, t, block)  # in the store's dtype
-    try:
-        one(z, y)
-    except SingularMatrixError:  # the substitutions overflowed where b's did not: A^-1 beyond the range
-        return math.inf
+    if solver.rides():  # F^-1 z came with the first solve, as the last column
+        y = Region.of(solver.stores["xz"], (n, 1), (0, solver.k))
+        sumsq = sum(float(np.sum(block * block)) for _, block in _condition_rhs(n, t))
+    else:
+        one = solver.window(0, 1)
+        z, y = one.region("d"), one.region("x1" if ref.x_path == solver.region("x0").path else "x0")
+        for i, block in _condition_rhs(n, t):  # tile by tile: within the budget whatever n is
+            sumsq += float(np.sum(block * block))
+            z.write(i, 0, t, block)  # in the store's dtype
+        try:
+            one(z, y)
+        except SingularMatrixError:  # the substitutions overflowed where b's did not: A^-1 beyond the range
+            return math.inf
     with np.errstate(over="ignore", invalid="ignore"):
         ratio = safe_norm(ops, y, ops.sumsq(y)) / math.sqrt(sumsq)
     return float(_norm_a_lower(norm_a, n) * ratio) if np.isfinite(ratio) else math.inf
@@ -492,10 +514,14 @@ class _SquareRun:
     scaled: Any = None
     #: An equilibrated system: the stores of ``R A C`` and ``R B`` (A's and B's dtypes and chunks).
     equilibrated: tuple | None = None
+    #: Where the condition estimate's ``z`` rides the first solve: the store of ``[B | z]`` the LU panels
+    #: eliminate (:func:`_stage_rider`).
+    rider: Any = None
 
     @classmethod
     def start(cls, job: Job, A: Any, B: Any, ao: Any, fdt: np.dtype, assume_a: str, *, resume: bool,
-              token: str, dtype: np.dtype, half: bool = False, equilibrated: int = 0) -> _SquareRun:
+              token: str, dtype: np.dtype, half: bool = False, equilibrated: int = 0,
+              rider: bool = False) -> _SquareRun:
         (n, k), dt, sdt = B.shape, dtype, solve_dtype(fdt, dtype)
         plans = {kind: _plan(job, A, fdt, kind) for kind in _kinds(assume_a)}
         tiles = {kind: _tile(job, A, p, dt) for kind, p in plans.items()}
@@ -524,9 +550,24 @@ class _SquareRun:
             fused = (factor_stores["lu"][0] is None and sdt == fdt and not half  # (B is scaled first there)
                      and lu_rhs_fits(n, p.tile, k, fdt.itemsize, dt.itemsize))
             b_path = B.path if eq is None else eq[1]  # the panels eliminate R B beside R A C
-            factor_stores["lu"] += ((Region.of(b_path, (n, k)), Region.of(stores["lu"]["y"], (n, k))) if fused
-                                    else None,)
-        return cls(stages, work, chunk, factor_stores, stores, tiles, scaled, eq)
+            # the condition estimate's z as one more column, where the panels hold it: its pair of triangular
+            # solves (a read of L and of U) then rides the panels' elimination and the first back substitution
+            # (solved by calls of its own on the same reads of L and U: x keeps its bits, lu_panels.rhs_parts)
+            ride = (rider and fused and k + 1 <= p.tile
+                    and lu_rhs_fits(n, p.tile, k + 1, fdt.itemsize, dt.itemsize))
+            if ride:
+                t = tiles["lu"]
+                bz, yz, stores["lu"]["xz"] = (stages.store(name, (n, k + 1), ndt, (t, min(t, k + 1))) for name, ndt in
+                                              (("rider-b", dt), ("rider-y", sdt), ("rider-x", dt)))
+                rider = bz
+                factor_stores["lu"] += ((Region.of(bz, (n, k + 1)), Region.of(yz, (n, k + 1)), k),)
+            else:
+                rider = None
+                factor_stores["lu"] += ((Region.of(b_path, (n, k)), Region.of(stores["lu"]["y"], (n, k))) if fused
+                                        else None,)
+        else:
+            rider = None
+        return cls(stages, work, chunk, factor_stores, stores, tiles, scaled, eq, rider)
 
     def solve_stores(self, f: _Factor) -> dict:
         return self.stores[f.kind]
@@ -844,8 +885,9 @@ def _lu(job: Job, A: Any, lu_path: Any, plan: FactorPlan, markers: Any, fused: t
     ``Y = L^-1 P B`` (Gaussian elimination on ``[A | B]``: the first solve reads no ``L``)."""
     n = A.shape[0]
     fdt = np.dtype(plan.dtype)
-    rhs, rhs_out = fused or (None, None)
-    f = factor_lu_into(job, A, lu_path, plan, done_dir=markers, rhs=rhs, rhs_out=rhs_out)
+    rhs, rhs_out, *split = fused or (None, None)  # split: the condition estimate's z rides from that column
+    f = factor_lu_into(job, A, lu_path, plan, done_dir=markers, rhs=rhs, rhs_out=rhs_out,
+                       split=split[0] if split else 0)
     refuse_nonfinite(f.max_a, "a square solve")  # check_finite=False: neither a zero pivot nor an overflow
     if not (np.isfinite(f.max_a) and np.isfinite(f.max_u)):
         half = getattr(job, "math", None) in HALF
@@ -950,8 +992,24 @@ class _Solver:
         if f.forward is None:
             self(b, dst)
             return
-        lu_solve(self.ops, f.path, f.pivots, f.forward, dst, dtype=self.dtype, tile=f.plan.tile,
-                 forward=False, description="LU back substitution U x = y")
+        if not self.rides():
+            lu_solve(self.ops, f.path, f.pivots, f.forward, dst, dtype=self.dtype, tile=f.plan.tile,
+                     forward=False, description="LU back substitution U x = y")
+            return
+        n, k = self.n, self.k
+        xz = Region.of(self.stores["xz"], (n, k + 1))
+        # z's column, inf where its substitution overflowed (A^-1 beyond the range), read by the estimate
+        lu_solve(self.ops, f.path, f.pivots, f.forward, xz, dtype=self.dtype, tile=f.plan.tile, forward=False,
+                 split=k, description="LU back substitution U x = y (and the condition estimate's z)")
+        t, src = self.ops.chunk, Region.of(xz.path, (n, k))
+        for i in range(-(-n // t)):  # x's columns into dst, as they are (the same dtype)
+            for j in range(-(-k // t)):
+                dst.write(i, j, t, src.read(i, j, t, None))
+
+    def rides(self) -> bool:
+        """Whether the condition estimate's ``z`` rode the LU panels as column ``k`` (:func:`_stage_rider`)."""
+        f = self.f
+        return "xz" in self.stores and f.forward is not None and f.forward.shape[1] == self.k + 1
 
     def __call__(self, rhs: Region, dst: Region) -> None:
         ops, f, fdt = self.ops, self.f, self.dtype
