@@ -20,7 +20,8 @@ import scipy.linalg
 from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.blocks.complete import complete_incore, complete_stored, keep_spanned
 from blocklin.linalg.blocks.center import Moments
-from blocklin.linalg.blocks.orth import cholqr_r, ct, orth_against, orth_incore, refine_once, work_dtype
+from blocklin.linalg.blocks.orth import (cholqr_r, ct, orth_against, orth_incore, refine_once, svd_of_r,
+                                        work_dtype)
 from blocklin.linalg.blocks.scaling import squares_lose_columns
 from blocklin.linalg.blocks.tallblock import ArrayBlock, TallBlock
 from blocklin.linalg.lowrank.lanczos import block_lanczos, small_blas, start_block
@@ -94,7 +95,7 @@ def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
     the factorization without its long factor, ``Y`` and the chain that makes ``U`` of it."""
     R, chain, orth_info, Y = cholqr_r(Y, G, rank_revealing=True)
     with small_blas(R.shape[0], R.shape[1]):
-        Ur, S, Vrt = np.linalg.svd(R)
+        Ur, S, Vrt = svd_of_r(R)
     # singular values at the rounding level of B Q are zeros of A (rank < k): exactly 0, their U columns
     # completed as the long factor is written (write_long); relative to ||A|| itself when a streamed pass
     # centers A after its products (see blocklin.linalg.blocks.center)
@@ -202,7 +203,7 @@ def whole_space(src: Source, k: int, which: str, dest: str | None, transposed_ou
         R, chain = refine_once(Y, R, chain)
         orth_info = orth_info | {"method": "cholqr3"}
     with small_blas(N, N):
-        Ur, S, Vrt = scipy.linalg.svd(R, lapack_driver="gesvd", check_finite=False)
+        Ur, S, Vrt = svd_of_r(R, lapack_driver="gesvd")
     idx = picked(N, k, which)
     Ur, sig, Vr = Ur[:, idx], S[idx], ct(Vrt[idx])
     resid = np.linalg.norm(ct(R) @ Ur - Vr * sig, axis=0)  # Q orthonormal: the same norms in B's coordinates

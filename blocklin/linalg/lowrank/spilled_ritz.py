@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.errors import ParameterError, explain
-from blocklin.linalg.blocks.orth import cholqr_r
+from blocklin.linalg.blocks.orth import cholqr_r, svd_of_r
 from blocklin.linalg.blocks.tsqr import positive_diagonal
 from blocklin.linalg.lowrank.basis import Basis, Columns
 from blocklin.linalg.lowrank.lanczos import small_blas
@@ -92,7 +92,7 @@ def spilled_rayleigh_ritz(src: Any, Q: Columns, k: int, width: int, *, bases: An
     block = StripBlock(Yb)
     R, chain, orth_info, block = cholqr_r(block, Yb.gram(), rank_revealing=True)
     with small_blas(R.shape[0], R.shape[1]):
-        Ur, S, Vrt = np.linalg.svd(R)
+        Ur, S, Vrt = svd_of_r(R)
     ref = max(float(S[0]) if S.size else 0.0, src.noise_scale)
     zero = numerically_zero(S[:k], ref, src.dtype, M)
     if zero.any():
