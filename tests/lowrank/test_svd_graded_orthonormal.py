@@ -69,3 +69,28 @@ def test_whole_space_graded_rows_orthonormal():
     a = _graded(113, 113, 60, rows=True)
     res = bl.svd(a, 60, method="full", which="SM", seed=1)
     _check_orthonormal(res, a)
+
+
+@pytest.mark.parametrize("method", ["rsvd", "gram", "lanczos"])
+def test_graded_in_memory_residuals_are_those_of_the_returned_triplets(method):
+    """The residuals of triplets far below ``s_1`` had been measured through ``B^H B`` only, rounded at
+    ``eps sqrt(M) s_1^2 / s`` (up to 4e-3 s_1 reported where the returned triplets' own are 1e-15 s_1):
+    accurate triplets read as unconverged, with a warning. In memory they are measured from ``B^H u``.
+
+    Each reported residual is within ``10 eps sqrt(M) s_1`` (a measure through ``B^H B`` kept where it is
+    within 10 times the direct product's rounding) plus ``2 gamma_M ||A||_F`` (the direct product, ours
+    and this check's: ``support.tolerances.product_bound``) of ``||A^H u - s v||`` recomputed here; the
+    run converges (to the default tol) and says nothing."""
+    a = _graded(113, 113, 60, rows=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = bl.svd(a, 64, method=method, seed=1)
+    assert res.report["converged"] is True
+    U, V = _factors(res)
+    s = res.s
+    true = np.linalg.norm(a.conj().T @ U - V * s, axis=0)
+    reported = np.asarray(res.report["residuals"])
+    M, e = max(a.shape), np.finfo(a.dtype).eps
+    bound = 10 * e * np.sqrt(M) * s[0] + 2 * M * e * np.linalg.norm(a)
+    live = s > 0  # zero values: their completed columns are reported 0 (orthogonal to range(A) by construction)
+    assert np.all(np.abs(reported[live] - true[live]) <= bound), (reported[live] - true[live], bound)

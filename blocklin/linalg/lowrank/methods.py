@@ -108,7 +108,42 @@ def project(src: Source, Q: np.ndarray, k: int, Zf: np.ndarray, G: np.ndarray,
     safe = np.where(sig > 0, sig, 1.0)
     # a completed u is orthogonal to range(B Q), which holds range(B) here: B^T u - 0 v = 0 to rounding
     resid = np.where(zero, 0.0, np.linalg.norm(Zf @ Vr / safe - V * sig, axis=0))
+    resid = remeasured(src, Y, chain + [Ur], V, sig, resid)
     return Factorization(s=sig, V=V, residuals=resid, orth=orth_info), Y, chain + [Ur]
+
+
+#: How far above its own rounding a residual measured through ``B^H B`` must be to be taken as it is
+#: (:func:`remeasured`); nearer, it is measured again from ``B^H u``.
+SQUARED_ROUNDING_MARGIN = 100.0
+
+
+def remeasured(src: Source, Y: Any, chain: list, V: np.ndarray, sig: np.ndarray, resid: np.ndarray) -> np.ndarray:
+    """The residuals ``||B^H u - s v||`` of the triplets whose measure through ``B^H B`` is mostly its own
+    rounding, measured again from ``B^H u`` where ``B`` is in memory (one product with those columns).
+
+    :func:`project` measures ``B^H u = B^H (B v) / s``: ``Z = B^H B Q`` is rounded at ``eps sqrt(M) s_1^2``,
+    so the residual of a triplet far below ``s_1`` carries ``eps sqrt(M) s_1^2 / s`` (a value at
+    ``6e-15 s_1``: ``0.4 s_1``, where the true residual is ``1e-15 s_1``), and accurate triplets read as
+    unconverged (every such run warned). Where the measure is within :data:`SQUARED_ROUNDING_MARGIN` of
+    that bound and above the direct product's rounding ``eps sqrt(M) s_1``, ``u = Q_Y U_R`` is formed (as it
+    is written) and ``B^H u`` taken directly, rounded at ``eps sqrt(M) s_1`` (Stewart, Matrix Algorithms
+    II, 2001, Sec. 3.3: a small singular value's residual is measured on ``A`` itself, never on ``A^H A``).
+    A streamed ``B`` keeps its measure: the direct product would be one more pass over ``A``."""
+    from blocklin.linalg.lowrank.sources import InCore
+
+    if not isinstance(src, InCore) or not sig.size:
+        return resid
+    s1 = float(sig.max())
+    level = rounding_level(src.dtype, src.M) * s1
+    safe = np.where(sig > 0, sig, 1.0)
+    doubt = (sig > 0) & (resid > 10 * level) & (resid <= SQUARED_ROUNDING_MARGIN * level * s1 / safe)
+    if not doubt.any():
+        return resid
+    u = np.asarray(Y.apply_to([*chain[:-1], chain[-1][:, doubt]], None)).astype(src.dtype, copy=False)
+    z = np.conj(src.b.T @ np.conj(u)) if u.dtype.kind == "c" else src.b.T @ u  # B^H u, no conjugated copy of B
+    out = resid.copy()
+    out[doubt] = np.linalg.norm(z.astype(V.dtype) - V[:, doubt] * sig[doubt], axis=0)
+    return out
 
 
 def component_signs(V: np.ndarray) -> np.ndarray:
