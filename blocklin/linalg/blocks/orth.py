@@ -413,12 +413,12 @@ def svd_of_r(r: np.ndarray, *, lapack_driver: str = "gesdd") -> tuple[np.ndarray
     """``R = U_R S W^H`` of the ``R`` factor of :func:`cholqr_r` (square), taken on ``R``'s nonzero rows only.
 
     A rank-deficient ``Y`` leaves zero rows in ``R`` and zero columns in ``Q`` (:func:`_rank_deficient`).
-    The exact ``U_R`` vanishes on those rows, but LAPACK's is accurate only to ``eps ||R|| / gap``
-    (Golub and Van Loan, Matrix Computations, 4th ed., Sec. 8.6.1; Stewart, "Perturbation theory for the
-    singular value decomposition", 1990): a singular value near the rounding cut ``eps sqrt(M) s_1``
-    puts weight up to ``1e-2`` on them, which the zero columns of ``Q`` then drop, so that ``U = Q U_R``
-    lost its orthonormality (``||U^H U - I||`` of 1e-4 to 1e-2 on a graded ``A``, found by a randomized
-    search). On the nonzero rows ``U_R`` is exactly zero elsewhere and ``U = Q U_R`` is orthonormal to
+    The exact ``U_R`` vanishes on those rows, but LAPACK's singular vectors are accurate only to
+    ``eps ||R|| / gap`` (Wedin, "Perturbation bounds in connection with singular value decomposition", BIT
+    12, 1972; Golub and Van Loan, Matrix Computations, 4th ed., Sec. 8.6): a singular value near the
+    rounding cut ``eps sqrt(M) s_1`` puts weight up to ``1e-2`` on them, which the zero columns of ``Q``
+    then drop, so that ``U = Q U_R`` lost its orthonormality (``||U^H U - I||`` of 1e-8 to 6e-3 on graded
+    matrices, found by a randomized search). On the nonzero rows ``U_R`` is exactly zero elsewhere and ``U = Q U_R`` is orthonormal to
     working precision (the identity on the zero rows makes ``U_R`` unitary; their singular values are 0).
     The same exact-support argument is why the Rayleigh-Ritz step of Halko, Martinsson and Tropp (2011,
     Alg. 5.1) forms ``U`` from an orthonormal basis times the small factor's vectors."""

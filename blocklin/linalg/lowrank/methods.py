@@ -126,9 +126,11 @@ def remeasured(src: Source, Y: Any, chain: list, V: np.ndarray, sig: np.ndarray,
     ``6e-15 s_1``: ``0.4 s_1``, where the true residual is ``1e-15 s_1``), and accurate triplets read as
     unconverged (every such run warned). Where the measure is within :data:`SQUARED_ROUNDING_MARGIN` of
     that bound and above the direct product's rounding ``eps sqrt(M) s_1``, ``u = Q_Y U_R`` is formed (as it
-    is written) and ``B^H u`` taken directly, rounded at ``eps sqrt(M) s_1`` (Stewart, Matrix Algorithms
-    II, 2001, Sec. 3.3: a small singular value's residual is measured on ``A`` itself, never on ``A^H A``).
-    A streamed ``B`` keeps its measure: the direct product would be one more pass over ``A``."""
+    is written) and ``B^H u`` taken directly, rounded at ``eps sqrt(M) s_1`` (products with ``B`` itself keep
+    the small singular values that ``B^H B`` loses below ``sqrt(eps) s_1``: Golub and Van Loan, Matrix
+    Computations, 4th ed., Sec. 8.6; the rounding levels as in
+    :func:`~blocklin.linalg.lowrank.triplets.numerically_zero`). A streamed ``B`` keeps its measure: the
+    direct product would be one more pass over ``A``."""
     from blocklin.linalg.lowrank.sources import InCore
 
     if not isinstance(src, InCore) or not sig.size:
