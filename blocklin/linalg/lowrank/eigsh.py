@@ -90,7 +90,8 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         Symmetric ``n x n``, float32 or float64; or Hermitian complex64 or complex128 (real eigenvalues,
         float32 or float64, complex eigenvectors).
     k : int
-        Number of eigenpairs, ``1 <= k < n``.
+        Number of eigenpairs, ``1 <= k < n`` (with ``center=True``, ``1 <= k < min(m, n)`` of the ``m x n``
+        data; :func:`blocklin.pca` gives all of them).
     which : {"LA", "SA", "LM"}
         Largest algebraic, smallest algebraic, or largest magnitude eigenvalues.
     tol : float, optional
@@ -257,9 +258,10 @@ def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighRes
     if which == "SA":
         raise ParameterError(explain("which", "must be 'LA' or 'LM' with center=True (the leading eigenpairs of a "
                                      "covariance, from its centered SVD)", repr(which), "pass which='LA'"))
-    res = factorize(a, k, method="lanczos", center=True, lanczos_tol=default_tol, caller="eigsh", **kw)  # eigsh's tol, 10 sqrt(eps)
+    res = factorize(a, k, method="lanczos", center=True, lanczos_tol=default_tol, caller="eigsh",  # eigsh's tol
+                    check_shape=lambda m, n, dt: _check_covariance_k(k, m, n), **kw)
     m = res.moments.count
-    w = (res.s.astype(np.float64) ** 2 / max(m - 1, 1)).astype(res.s.dtype)
+    w = _covariance_values(res.s, m)
     V = (res.Vt.to_numpy() if hasattr(res.Vt, "to_numpy") else np.asarray(res.Vt)).conj().T  # n x k: V = Vt^H
     if res.report.get("output") and kw.get("out") is None:  # the temporary factors are not returned
         from blocklin.storage import remove
@@ -267,9 +269,43 @@ def _covariance(a: Any, k: int, *, which: str, order: str, **kw: Any) -> EighRes
         remove((res.U if hasattr(res.U, "location") else res.Vt).location.parent)
     idx = np.arange(k)[::-1] if order == "ascending" else np.arange(k)
     # ||C v - w v|| = s ||A_c^T u - s v|| / (m - 1), since A_c v = s u
-    resid = np.asarray(res.report["residuals"]) * res.s.astype(np.float64) / max(m - 1, 1)
+    resid = np.asarray(res.report["residuals"]) * (res.s.astype(np.float64) / max(m - 1, 1))  # w fits: so does each
     report = dict(res.report, which=which, order=order, center=True, covariance_ddof=1, residuals=resid[idx].tolist())
     return EighResult(w[idx], np.ascontiguousarray(V[:, idx]), report)
+
+
+def _check_covariance_k(k: Any, m: int, n: int) -> None:
+    """Refuse, in eigsh's terms, a ``k`` outside ``1 <= k < min(m, n)`` for the covariance of ``m x n`` data:
+    its Lanczos SVD had refused ``k = min(m, n)`` by naming a ``method=`` that eigsh does not take."""
+    N = min(m, n)
+    if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and 1 <= k < N:
+        return
+    fix = (f"pass 1 <= k <= {N - 1}, or blocklin.pca(a, n_components={N}) for all of them (its explained_variance_ "
+           "is w)" if N > 1 else "compute it in memory (numpy.linalg.eigh(numpy.cov(a, rowvar=False)))")
+    raise ParameterError(explain("k", f"must be an integer with 1 <= k < min(m, n) = {N} with center=True (the leading "
+                                 "eigenpairs of the covariance of m x n data, by block Lanczos on its centered SVD)",
+                                 f"k={k!r} for a {m} x {n} matrix", fix))
+
+
+def _covariance_values(s: np.ndarray, m: int) -> np.ndarray:
+    """``w = s^2 / (m - 1)`` in ``s``'s dtype, refused where it leaves that dtype's range: it had been returned
+    as Inf (float32 data near ``2^64``, float64 data near ``2^512``) with only NumPy's overflow warning."""
+    real = np.finfo(s.dtype)
+    s64 = np.abs(s.astype(np.float64))
+    e = int(np.frexp(float(s64.max()))[1]) if s64.size else 0  # s_1 < 2^e: squared as (s / 2^e)^2 2^(2e)
+    t = np.ldexp(s64, -e) ** 2 / max(m - 1, 1)
+    with np.errstate(over="ignore"):
+        w64 = np.ldexp(t, 2 * e)
+    if w64.size and not float(w64.max()) <= float(real.max):
+        top = float(np.log2(t.max())) + 2 * e  # log2 of the largest eigenvalue
+        q = int(np.ceil((top - real.maxexp + 2) / 2))  # the data's power of two: its eigenvalues 2^-2q these
+        raise ParameterError(explain(
+            "a", f"must have covariance eigenvalues within the range of {real.dtype.name}, the precision they are "
+                 "returned in", f"a largest eigenvalue of about 2^{top:.0f}, above {real.dtype.name}'s "
+                 f"{float(real.max):.4g}",
+            f"scale the data by 2.0**-{q} (exact: the covariance eigenvalues of the scaled data are 2^-{2 * q} "
+            "times these)" + (", or convert it to float64" if real.dtype == np.float32 else "")))
+    return w64.astype(s.dtype)
 
 
 def _plans(job: Job, A: Any, k: int, dt: Any, memory: int, *, max_passes: int, block_size: int | None,
