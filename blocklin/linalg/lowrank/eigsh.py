@@ -20,8 +20,8 @@ import numpy as np
 from blocklin.config import Settings
 from blocklin.errors import ConvergenceWarning, NotSymmetricError, ParameterError, explain, warn
 from blocklin.linalg.blocks.tall_kernels import rmat_kernel
-from blocklin.linalg.lowrank.lanczos import (LanczosResult, block_lanczos, default_tol, repeated_beyond_block,
-                                             rerun_wider_block)
+from blocklin.linalg.lowrank.lanczos import (LanczosResult, block_lanczos, check_basis_reaches_k, default_tol,
+                                             repeated_beyond_block, rerun_wider_block)
 from blocklin.linalg.blocks.orth import orth_against, work_dtype
 from blocklin.runtime.powers import ldexp
 from blocklin.linalg.blocks.random import STREAM_LANCZOS, gaussian
@@ -199,6 +199,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         plan = whole_call(lambda memory: _plans(job, A, k, dt, memory, max_passes=max_passes, block_size=block_size,
                                                 max_basis=max_basis, check=check_symmetric),
                           job.cfg.memory, "eigsh")
+        check_basis_reaches_k(k, plan.block, max_passes if not plan.in_core else max(max_passes, 500), n)
         ao = None if out is None else open_group(job, out, A, overwrite, resume=resume, token=low_rank_token(
             A, op="eigsh", k=k, which=which, tol=tol, block=plan.block, basis=plan.max_basis, max_passes=max_passes,
             check=check_symmetric, memory=job.cfg.memory, seed=seed, v0=v0))
@@ -229,6 +230,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                             checkpoint=(lambda st: ckpt.save("lanczos", scale=scale["v"], **st))
                             if ckpt.enabled else None)
         ckpt.clear()
+        check_basis_reaches_k(k, plan.block, steps_limit, n, found=len(res.values))
         if scaling.exponent:  # the eigenpairs of 2^-e A: eigenvalues and residuals scale back by 2^e
             check_scaled_back_range("a", res.values, scaling.exponent, "eigenvalues")
             res = dataclasses.replace(res, values=unscale(res.values, scaling.exponent),

@@ -244,6 +244,26 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
                             "steps": steps, "restarts": restarts, "counter": counter, "local": local})
 
 
+def check_basis_reaches_k(k: int, block: int, max_steps: int, n: int, found: int | None = None) -> None:
+    """Refuse a step limit at which the basis of an eigensolver holds fewer than ``k`` vectors (``max_steps``
+    blocks of ``block``), so fewer than ``k`` Ritz pairs: ``eigsh`` had returned the pairs it had (``V`` of 60
+    columns for ``k = 70``) under a warning that named a repeated eigenvalue. ``found``: the pairs a run
+    returned (a :class:`~blocklin.errors.ConvergenceError` when fewer than ``k``). The SVD needs no such
+    check: its Rayleigh-Ritz step over the Ritz and residual vectors gives ``k`` triplets from any basis."""
+    from blocklin.errors import ConvergenceError
+
+    b = max(1, min(block, n))
+    basis = max_steps * b if found is None else found
+    if basis >= k:
+        return
+    need = -(-k // b)  # steps whose blocks reach k vectors; converging takes more
+    raise (ParameterError if found is None else ConvergenceError)(explain(
+        "max_passes", f"must let the Lanczos basis reach k = {k} vectors (each step, one pass, adds a block of {b})",
+        f"a limit of {max_steps} steps, {basis} Ritz pairs",
+        f"pass max_passes well above {need} (a few times {need} to converge), or a larger block_size (at least "
+        f"{-(-k // max_steps)} for {max_steps} steps)"))
+
+
 #: Growth ``||y_prev|| / s_min`` above which :func:`_keep_orthogonal` projects the next block once more: the
 #: block then stays orthogonal to the basis to about this many rounding units (rather than ``u ||y_prev|| / s_min``).
 REPROJECT_GROWTH = 16.0

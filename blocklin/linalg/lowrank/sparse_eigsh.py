@@ -34,7 +34,8 @@ from blocklin.linalg.blocks.results import GROUP_REPORT_KEYS
 from blocklin.linalg.blocks.scaling import ProductScaling, check_result_range, unscale, unscale_float
 from blocklin.linalg.lowrank.basis import Columns, spilled_bases
 from blocklin.linalg.lowrank.basis_budget import BasisPlan, plan_bases
-from blocklin.linalg.lowrank.lanczos import block_lanczos, default_tol, repeated_beyond_block, start_block
+from blocklin.linalg.lowrank.lanczos import (block_lanczos, check_basis_reaches_k, default_tol, repeated_beyond_block,
+                                             start_block)
 from blocklin.linalg.lowrank.laplacian import laplacian_operator
 from blocklin.matrix import Matrix
 from blocklin.operands import temp_root
@@ -76,6 +77,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
         bp = eigsh_bases(s, n, k, block=block, max_basis=max_basis, block_given=block_size is not None,
                          check_symmetric=check_symmetric, laplacian=laplacian, budget=job.cfg.memory,
                          spill_ok=temp_root(job.cfg).is_local)
+        check_basis_reaches_k(k, bp.block, max_passes, n)
         # the row blocks read once and held between the steps where they fit beside that (sparse_pass)
         job.client_reserved = bp.reserved + hold_blocks(job, s._store, op.dtype, bp.need, bp.reserved,
                                                          offdiagonal=bool(laplacian))
@@ -123,6 +125,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
         res = block_lanczos(apply, n, k, which=which, block=bp.block, max_basis=bp.max_basis, max_steps=max_passes,
                             threshold=threshold, seed=seed, x0=_start(n, bp.block, seed, v0),
                             bases=(lambda n_, cap, wd: spilled_bases(job, n_, cap, wd)) if bp.spilled else None)
+        check_basis_reaches_k(k, bp.block, max_passes, n, found=len(res.values))
         if res.note:
             warn(f"eigsh: {res.note}", ConvergenceWarning)
         elif not res.converged:
