@@ -290,9 +290,9 @@ def check_k(k: Any, m: int, n: int, *, whole: bool = False, eig: bool = False) -
     """``k`` wanted pairs of an ``m x n`` matrix: an integer with ``1 <= k < min(m, n)`` (``<=`` with
     ``whole``: the operation also computes every pair); ``eig``: eigenpairs of a square matrix (the
     refusal speaks of its order n and its eigenvalues, not of singular values)."""
-    if not _is_int(k):
-        raise ParameterError(explain("k", "must be an integer", repr(k), "pass k=10"))
     top = min(m, n) if whole else min(m, n) - 1
+    if not _is_int(k):  # the example fits the matrix (k=10 had been proposed for a 10 x 10 eigsh, which refuses it)
+        raise ParameterError(explain("k", "must be an integer", repr(k), f"pass k={max(1, min(10, top))}"))
     if not 1 <= k <= top:
         size = f"n = {n}" if eig else f"min(m, n) = {min(m, n)}"
         rule = f"1 <= k <= {size}" if whole else f"1 <= k < {size}"

@@ -1,4 +1,5 @@
-"""A step limit at which the block Lanczos basis cannot reach ``k`` vectors is refused by name.
+"""A step limit at which the block Lanczos basis cannot reach ``k`` vectors is refused by name; so is a ``k``
+that is not an integer, with an example the matrix takes.
 
 ``max_passes`` steps of a block of ``b`` build at most ``max_passes * b`` basis vectors, so at most that many
 Ritz pairs. Below ``k`` the solver had returned the Ritz pairs it had: an ``eigsh`` result of fewer than
@@ -45,3 +46,11 @@ def test_a_limit_that_reaches_k_returns_k_pairs(tmp_path):
     with pytest.warns(bl.errors.ConvergenceWarning):  # 12 steps of 3: a basis of 36, not converged
         w, V = bl.eigsh(path, 30, block_size=3, max_passes=12, order="ascending")
     assert w.shape == (30,) and np.shape(V) == (N, 30)
+
+
+def test_a_non_integer_k_is_refused_with_a_k_that_fits():
+    """The integer refusal's example ``k`` is one the matrix takes (it had proposed ``k=10`` for a 10 x 10
+    eigsh, whose rule is ``k < n``)."""
+    a = np.diag(np.arange(1.0, 11.0))
+    with pytest.raises(ParameterError, match=r"^k: must be an integer; got 2\.5\. Fix: pass k=9$"):
+        bl.eigsh(a, 2.5, order="ascending")
