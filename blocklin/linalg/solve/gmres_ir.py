@@ -238,12 +238,14 @@ def gmres(ops: Operators, r: np.ndarray, *, restart: int, tol: float = GMRES_TOL
     n, k = r.shape
     d = np.zeros((n, k))
     z = ops.precond(r)
-    beta0 = column_norms(z)
+    # each column's own power of two: columns 2^1000 apart (b's columns near 2^500 and 2^-500) had the small
+    # one's norm flushed to 0, read as converged, and that column left at the factorization's accuracy
+    beta0 = column_norms(z, per_column=True)
     target = tol * beta0
     its = 0
     converged = bool(np.all(beta0 == 0.0))
     while its < max_iter:
-        beta = column_norms(z)
+        beta = column_norms(z, per_column=True)
         if np.all(beta <= target):
             break
         V = [z / np.where(beta > 0, beta, 1.0)]
@@ -259,7 +261,7 @@ def gmres(ops: Operators, r: np.ndarray, *, restart: int, tol: float = GMRES_TOL
                 h = np.einsum("ij,ij->j", V[i], w)
                 H[i, j] = h
                 w -= V[i] * h
-            hn = column_norms(w)
+            hn = column_norms(w, per_column=True)
             H[j + 1, j] = hn
             V.append(w / np.where(hn > 0, hn, 1.0))
             for i in range(j):  # earlier rotations on the new column
