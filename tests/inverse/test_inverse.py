@@ -551,3 +551,40 @@ def test_float32_matrix_near_its_top_is_inverted_or_names_a(method, e):
     else:
         bound = 8 * n * np.finfo(np.float32).eps * np.linalg.cond(ref)
     assert np.linalg.norm(x - ref) <= bound * np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("dtype,memory", [(np.float32, "64KiB")])
+@pytest.mark.filterwarnings("ignore:inv. a leading block:blocklin.errors.BlocklinWarning")
+def test_schur_inverse_near_the_top_of_float32_is_named_for_the_range(dtype, memory):
+    """Gaussian float32 data times 2^-126 (entries at float32's smallest normals, many subnormal) has an
+    inverse whose entries reach about 1e38, inside float32's 3.4e38: NumPy inverts it. The Schur
+    recursion's leaves stay finite, but the products that combine them (``A^-1 + E S^-1 F``) overflow,
+    and the acceptance check had read the NaN residual as a singular ``A`` (``SingularMatrixError``,
+    fix: regularize). It is named for the range, with fixes that invert it: float64, the power of two
+    that brings ``||A||_F`` near 1, or the pivoted route; no NumPy RuntimeWarning comes before it. The
+    float64 inverse the fix names is checked against LAPACK's within ``8 n eps kappa`` (Higham Thm 14.2
+    via the residual, as :func:`support.tolerances.assert_solve`)."""
+    import re
+    import warnings
+
+    rng = np.random.default_rng(0)
+    n = 64
+    b = rng.standard_normal((n, n))
+    if np.dtype(dtype).kind == "c":
+        b = b + 1j * rng.standard_normal((n, n))
+    a = (np.ldexp(1.0, -126) * b).astype(dtype)
+    with pytest.raises(ParameterError, match=r"a: must keep the Schur recursion's blocks within (float32|complex64)'s "
+                       r"range.*Fix: invert in (float64|complex128).*2\.0\*\*12[0-9].*method='lu'") as err, \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bl.inv(a, memory=memory, method="schur")
+    assert not isinstance(err.value, SingularMatrixError)
+    leaked = [f"{w.message} ({w.filename}:{w.lineno})" for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert not leaked, leaked
+    # the power of two the message names inverts it in float32 (exact scaling), within LU's bound
+    p = int(re.search(r"2\.0\*\*(\d+)", str(err.value)).group(1))
+    wide = np.complex128 if np.dtype(dtype).kind == "c" else np.float64
+    ref = np.linalg.inv(a.astype(wide))
+    x = np.ldexp(1.0, p) * bl.inv(np.ldexp(1.0, p) * a, memory=memory, method="schur").to_numpy().astype(wide)
+    bound = 8 * n * np.finfo(np.float32).eps * np.linalg.cond(ref)
+    assert np.linalg.norm(x - ref) <= bound * np.linalg.norm(ref)

@@ -625,16 +625,21 @@ def unmix_columns_task(spec: UnmixSpec, c0: int, c1: int) -> dict:
     y = read_block(src, slice(0, n), slice(c0, c1)).astype(spec.dtype, copy=False)
     if y.dtype != np.dtype(spec.dtype) or not y.flags.writeable:
         y = np.array(y, dtype=spec.dtype)
-    if spec.butterfly.depth and spec.device == "gpu":  # rotations on the GPU, the strip back for the write
-        from blocklin.device import get_device
+    # a recursion whose products overflowed (an inverse near the top of the range) left Inf in Y: its
+    # rotations and sums make NaN, which the route names as a range error (routes._recursion_range) from
+    # the sum returned, not a NumPy warning
+    with np.errstate(over="ignore", invalid="ignore"):
+        if spec.butterfly.depth and spec.device == "gpu":  # rotations on the GPU, the strip back for the write
+            from blocklin.device import get_device
 
-        dev = get_device("gpu", device_memory=spec.device_memory)
-        x = dev.to_host(spec.butterfly.left(dev.to_device(y), transpose=spec.transpose, device=dev))
-    else:
-        x = spec.butterfly.left(y, transpose=spec.transpose) if spec.butterfly.depth else y
+            dev = get_device("gpu", device_memory=spec.device_memory)
+            x = dev.to_host(spec.butterfly.left(dev.to_device(y), transpose=spec.transpose, device=dev))
+        else:
+            x = spec.butterfly.left(y, transpose=spec.transpose) if spec.butterfly.depth else y
+        ss = sumsq(x)
     dst = open_array(spec.dst, mode="r+")
     write_block(dst, slice(0, n), slice(c0, c1), x)
-    return {"sumsq": sumsq(x), "bytes_read": y.nbytes,
+    return {"sumsq": ss, "bytes_read": y.nbytes,
             "bytes_written": x.nbytes, "seconds": time.perf_counter() - t0}
 
 

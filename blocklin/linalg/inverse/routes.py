@@ -210,7 +210,8 @@ def invert_schur(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed
             if bad.last or attempts >= 2 or plan.depth == 0:
                 if not math.isfinite(bad.leaf.get("anorm", 0.0)) and math.isfinite(run.norm_m):
                     # the staged matrix was finite (its norm is): the recursion's products overflowed
-                    raise _recursion_range(bad.leaf, run.norm_m, wdt) from None
+                    raise _recursion_range(f"at rows {bad.leaf['off']}:{bad.leaf['off'] + bad.leaf['size']}",
+                                           run.norm_m, wdt) from None
                 raise _singular(bad.leaf, bad.last, work_dtype=wdt if wdt != np.dtype(out_dtype) else None) from None
             warn(f"inv: a leading block of the randomized matrix was numerically singular "
                  f"(rcond {bad.leaf['rcond']:.1e}); retrying with a two-sided random butterfly and balanced splits")
@@ -218,6 +219,10 @@ def invert_schur(run: InverseRun, M: Any, x_path: Any, out_dtype: np.dtype, seed
     norm_m = run.norm_m
     norm_x = _unstage(run, y_path, x_path, bf, bf_u, out_dtype, seed)
     Stages.drop(y_path)
+    if not math.isfinite(norm_x) and _range_not_rank(norm_m, wdt):
+        # every leaf was finite, but the products combining them overflowed (an inverse near the top of the
+        # range: float32 entries near 2^-126): it had been called a singular A, whose acceptance check read NaN
+        raise _recursion_range("in X, combining the leaves' inverses", norm_m, wdt)
     return InverseResult(norm_m=norm_m, norm_x=norm_x, leaves=leaves, attempts=attempts)
 
 
@@ -294,15 +299,28 @@ def _lu_range_refusal(min_pivot: float, max_u: float, max_a: float, n: int, out_
         f"{magnitude(1.0 / min_pivot)}"), fix=range_fix(out_dtype, -int(np.frexp(max_a)[1])))
 
 
-def _recursion_range(leaf: dict, norm_m: float, wdt: np.dtype) -> Exception:
-    """A leaf of the Schur recursion made NaN or Inf from finite data (its norm is finite): the products of
-    blocks and their inverses overflowed ``wdt`` (entries near either end of its range), named for the
-    range, not as NaN data or a singular ``A``."""
+def _range_not_rank(norm_m: float, wdt: np.dtype) -> bool:
+    """Whether an ``X`` that overflowed ``wdt`` from a finite, nonzero ``A`` says more of the range than of
+    the rank: ``cond(A) >= ||A|| ||X||`` with ``||X||`` past the largest value reads as numerically singular
+    only where ``||A||_F`` times that value reaches ``1 / eps``; below it (``A`` near the smallest normal) the
+    inverse may well be a finite, accurate one the range could not hold, and the fixes (float64, or a power
+    of two) say which. Only for a ``wdt`` narrower than float64, whose ``||X||_F`` (summed in float64) is
+    infinite only where ``X`` is: a finite float64 ``X`` near ``1e300`` has an infinite sum of squares,
+    which the acceptance check names."""
+    fi = np.finfo(wdt)
+    return (float(fi.max) < float(np.finfo(np.float64).max) and 0 < norm_m < math.inf
+            and norm_m * float(fi.max) < 1 / float(fi.eps))
+
+
+def _recursion_range(where: str, norm_m: float, wdt: np.dtype) -> Exception:
+    """The Schur recursion made NaN or Inf from finite data (``||A||_F`` is finite), ``where`` (a leaf's rows,
+    or ``X``): the products of blocks and their inverses overflowed ``wdt`` (entries near either end of its
+    range), named for the range, not as NaN data or a singular ``A``."""
     p = -int(np.frexp(norm_m)[1]) if 0 < norm_m < math.inf else 0
     return ParameterError(_msg(
         "a", f"must keep the Schur recursion's blocks within {wdt.name}'s range (its products of blocks and of "
         "their inverses, about |A| and 1 / sigma_min(A): entries near either end of the range overflow them)",
-        f"NaN or Inf made by the recursion at rows {leaf['off']}:{leaf['off'] + leaf['size']} from finite data "
+        f"NaN or Inf made by the recursion {where} from finite data "
         f"(||A||_F = {norm_m:.3g})", range_fix(wdt, p).replace(f"scale a by 2.0**{p}", f"scale a by 2.0**{p} (||A||_F "
                                                                                   "near 1)", 1)
         + ", or method='lu' (the pivoted route)"))
