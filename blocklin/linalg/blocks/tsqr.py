@@ -100,7 +100,9 @@ def _tsqr_on_device(device: Any, arrays: tuple, rows: slice, params: Any, state:
     width = strip.shape[1]
     if params.get("shift") is not None:  # the rows less the first row, as the host branch
         j = len(lead)
-        _shift(strip, j, n, [device.to_device(np.asarray(v, dt)) for v in params["shift"]])
+        shift = [device.to_device(np.asarray(v, dt)) for v in params["shift"]]
+        with device.on_compute():  # CuPy's elementwise ops on the stream that made the strip and reads it
+            _shift(strip, j, n, shift)
         parts = [strip[:, j:j + n], strip[:, j + n:]]
     if params.get("shift_first"):  # [S - S[:, :1] 1^T | S[:, :1]], as the host branch
         with device.on_compute():
