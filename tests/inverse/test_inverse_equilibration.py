@@ -23,6 +23,7 @@ import pytest
 import blocklin as bl
 from blocklin.errors import ParameterError, SingularMatrixError
 from blocklin.linalg.blocks import equilibrate
+from support.placements import SCHEDULERS, scheduler_arg
 
 
 def graded(n: int, span: int, side: str, dtype=np.float64, seed: int = 0):
@@ -314,3 +315,15 @@ def test_graded_columns_at_the_top_of_the_range(n, settings, route, dtype):
     assert eq["applied"] and eq["rowcnd"] >= equilibrate.THRESH  # the rows scaled for AMAX alone
     assert x.report["method"] == route
     check(x.to_numpy(), b, dr, dc, "cols")
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+@pytest.mark.parametrize(("n", "settings", "route"), ROUTES[1:])
+def test_equilibrated_inverse_has_the_same_bits_on_every_scheduler(n, settings, route, scheduler, request):
+    """The out-of-core routes of the equilibrated matrix: the sync run's bits on every scheduler."""
+    a, b, dr, dc = graded(n, 300, "both")
+    ref = bl.inv(a, scheduler="sync", **settings).to_numpy()
+    x = bl.inv(a, scheduler=scheduler_arg(scheduler, request), **settings)
+    assert x.report["method"] == route and x.report["equilibration"]["applied"]
+    np.testing.assert_array_equal(x.to_numpy(), ref)
+    check(x.to_numpy(), b, dr, dc, "both")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import blocklin as bl
+from support.placements import SCHEDULERS, scheduler_arg
 from support.tolerances import eps
 
 EPS64 = eps(np.float64)
@@ -73,3 +74,16 @@ def test_qr_intercept_of_large_means(dtype, mean, memory, device):
                                                                                   + abs(x0_ref))
     err = abs(float(np.ravel(x.intercept)[0]) - x0_ref)
     assert err <= ib, (err, ib, x0_ref)
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_qr_intercept_has_the_same_bits_on_every_scheduler(scheduler, request):
+    """The shifted rows' factors of the tasks are reduced in row order: the sync run's ``x`` and intercept
+    on every scheduler."""
+    a, b = _data(600, 4, 1e8, np.float64)
+    kw = {"lam": 0.5, "method": "qr", "fit_intercept": True, "memory": "64KiB"}
+    ref = bl.solve(a, b, scheduler="sync", **kw)
+    x = bl.solve(a, b, scheduler=scheduler_arg(scheduler, request), **kw)
+    assert x.report["method"] == "qr"
+    np.testing.assert_array_equal(x.to_numpy(), ref.to_numpy())
+    np.testing.assert_array_equal(np.ravel(x.intercept), np.ravel(ref.intercept))

@@ -26,6 +26,7 @@ from blocklin import errors
 from blocklin.errors import ParameterError
 from blocklin.linalg.blocks import equilibrate
 from blocklin.linalg.solve import square
+from support.placements import DEVICES, SCHEDULERS, scheduler_arg
 
 
 def graded(n: int, span: int, side: str, dtype=np.float64, seed: int = 0, k: int = 2):
@@ -353,3 +354,26 @@ def test_y_below_the_range_where_the_rows_are_not_scaled(memory):
     assert x.report["equilibration"]["rowcnd"] >= equilibrate.THRESH and x.report["equilibration"]["b_exponents"][0] > 0
     bound = 4 * n * np.finfo(np.float32).eps * np.linalg.cond(B)
     assert relative_errors(x.to_numpy(), exact_solution(B, b.astype(np.float64), np.ones(n), dc))[0] <= bound
+
+
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_equilibrated_solve_has_the_same_bits_on_every_scheduler(scheduler, request):
+    """The scan, the staging of ``R A C`` and ``R b`` and the panel LU out of core: the sync run's bits on
+    every scheduler, and within the module's bound."""
+    a, b, B, dr, dc = graded(100, 300, "both")
+    ref = bl.solve(a, b, memory="256KiB", scheduler="sync").to_numpy()
+    x = solve_quiet(a, b, memory="256KiB", scheduler=scheduler_arg(scheduler, request))
+    assert x.report["equilibration"]["applied"] and x.report["plan"]["tile"] < 100
+    np.testing.assert_array_equal(x.to_numpy(), ref)
+    check(x.to_numpy(), B, b, dr, dc)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("n", "memory"), STORED, ids=["in-memory", "out-of-core"])
+def test_graded_system_on_every_device(n, memory, device):
+    """The equilibrated system's LU and refinement on the device (the scan and scalings are host passes):
+    within the module's bound there too."""
+    a, b, B, dr, dc = graded(n, 300, "both")
+    x = solve_quiet(a, b, memory=memory, device=device)
+    assert x.report["equilibration"]["applied"] and x.report["device"] == device
+    check(x.to_numpy(), B, b, dr, dc)
