@@ -18,6 +18,7 @@ from sklearn.decomposition import PCA
 import blocklin as bl
 from blocklin.errors import ParameterError
 from support.conformance import dense, least_budget, run
+from support.placements import DEVICES, scheduler_arg
 from support.tolerances import assert_explained_variance, assert_mean, assert_orthonormal, assert_singular_values, eps
 
 
@@ -121,12 +122,14 @@ def test_uncentered_svd_every_triplet(dtype, memory, tmp_path):
     assert_orthonormal(dense(res.Vt).T, n=16, dtype=dtype)
 
 
-@pytest.mark.parametrize("scheduler", ["threads", "processes"])
-def test_identical_bits_on_every_scheduler(scheduler, tmp_path):
-    """The Gram's task sums are added in a fixed order: the same components on every scheduler."""
+@pytest.mark.parametrize("scheduler", ["threads", "processes", pytest.param("cluster", marks=pytest.mark.slow)])
+def test_identical_bits_on_every_scheduler(scheduler, tmp_path, request):
+    """The Gram's task sums are added in a fixed order: the same components on every scheduler (a
+    LocalCluster's workers, one task thread each, with the budget's own strips: no ``workers=``)."""
     a = graded(400, 12, cond=1e3, seed=5)
-    runs = [least_budget(lambda mem, s=s: bl.pca(a, 12, method="gram", memory=mem, scheduler=s, workers=2,
-                                                 temp_dir=str(tmp_path))) for s in ("sync", scheduler)]
+    kw = {"workers": 2} if scheduler != "cluster" else {}
+    runs = [least_budget(lambda mem, s=s: bl.pca(a, 12, method="gram", memory=mem, scheduler=s, temp_dir=str(tmp_path),
+                                                 **kw)) for s in ("sync", scheduler_arg(scheduler, request))]
     for name in ("components_", "explained_variance_", "mean_"):
         np.testing.assert_array_equal(getattr(runs[0], name), getattr(runs[1], name))
 
@@ -135,3 +138,15 @@ def test_the_smallest_triplets_alone_stay_refused():
     """``which="SM"`` with ``k < min(m, n)`` still names the full route."""
     with pytest.raises(ParameterError, match="whole space"):
         bl.svd(graded(100, 8, cond=10.0), 3, which="SM", method="gram")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("memory", [None, "least"], ids=["in-memory", "streamed"])
+@pytest.mark.parametrize("shape", [(400, 12), (12, 400)], ids=["tall", "wide"])
+def test_every_component_on_every_device(shape, memory, device, tmp_path):
+    """Every component (``n_components=None``) with the Gram's passes and the whole-space Rayleigh-Ritz
+    step on the device: NumPy's and scikit-learn's to the bounds of :func:`_check`."""
+    a = graded(*shape, cond=1e3, seed=1)
+    ours = run(lambda mem: bl.pca(a, None, method="gram", memory=mem, device=device, temp_dir=str(tmp_path)), memory)
+    assert ours.report["device"] == device
+    _check(ours, a)

@@ -20,6 +20,7 @@ import scipy.optimize
 import blocklin as bl
 from blocklin.errors import BlocklinWarning
 from support.conformance import least_budget
+from support.placements import DEVICES, PLACEMENTS, placement_kwargs
 from support.tolerances import assert_solve, eps
 
 
@@ -34,15 +35,16 @@ def _k(a: np.ndarray, lam: float) -> np.ndarray:
     return a.T @ a + lam**2 * np.eye(a.shape[1])
 
 
-@pytest.mark.parametrize("scheduler", ["sync", "threads"])
-def test_stored_gram_well_posed_reports_an_estimate_and_stays_silent(scheduler):
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_stored_gram_well_posed_reports_an_estimate_and_stays_silent(placement, request):
     """``cond(A)`` near 10: an estimate at most ``cond_2(K)^(1/2)`` (a lower bound, refined: the stacked
-    problem's), no warning, and ``x`` to Higham's ``8 n eps cond(K)`` of the normal equations."""
+    problem's), no warning, and ``x`` to Higham's ``8 n eps cond(K)`` of the normal equations; on every
+    scheduler and device."""
     a, b = _problem(10.0, seed=1)
     lam = 0.1
     with warnings.catch_warnings():
         warnings.simplefilter("error", BlocklinWarning)
-        x = least_budget(lambda memory: bl.solve(a, b, lam=lam, memory=memory, scheduler=scheduler))
+        x = least_budget(lambda memory: bl.solve(a, b, lam=lam, memory=memory, **placement_kwargs(placement, request)))
     r = x.report
     assert r["gram"] == "out of core" and r["refine_steps"] == 1
     kappa = np.linalg.cond(_k(a, lam))
@@ -74,14 +76,18 @@ def _nnls(a, b, lam):
                             for j in range(b.shape[1])])
 
 
-def test_positive_well_posed_reports_an_estimate_and_stays_silent():
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("memory", [None, "least"], ids=["in-memory", "streamed"])
+def test_positive_well_posed_reports_an_estimate_and_stays_silent(memory, device):
     """``positive=True`` on a well-posed problem: ``cond_1(K)``'s ``pocon`` estimate (within a factor 10
-    below NumPy's), no warning, ``x`` that of the stacked NNLS to ``8 n eps cond(K)``."""
+    below NumPy's), no warning, ``x`` that of the stacked NNLS to ``8 n eps cond(K)``; its Gram pass on
+    the device, and streamed at the least budget."""
     a, b = _problem(10.0, seed=3)
     lam = 0.1
     with warnings.catch_warnings():
         warnings.simplefilter("error", BlocklinWarning)
-        x = bl.solve(a, b, lam=lam, positive=True)
+        x = (least_budget if memory else lambda f: f(None))(
+            lambda mem: bl.solve(a, b, lam=lam, positive=True, device=device, **({"memory": mem} if mem else {})))
     kappa1 = np.linalg.cond(_k(a, lam), 1)
     assert kappa1 / 10 <= x.report["condition_estimate"] <= kappa1 * (1 + 1e-8)
     assert_solve(x.to_numpy(), _nnls(a, b, lam), _k(a, lam))

@@ -18,6 +18,7 @@ from sklearn.linear_model import Ridge
 
 import blocklin as bl
 from blocklin.errors import ParameterError
+from support.placements import SCHEDULERS, scheduler_arg
 from support.ridge import EPS64, centered, intercept_bound, problem, weights
 
 M, N = 4000, 10
@@ -112,14 +113,18 @@ def test_sequence(tmp_path):
         assert np.abs(x.intercept[i] - icpt).max() <= 1e-9 * np.abs(icpt).max()
 
 
-@pytest.mark.parametrize("scheduler", ["sync", "threads", "processes"])
-def test_schedulers(scheduler, tmp_path):
+@pytest.mark.parametrize("scheduler", SCHEDULERS)
+def test_schedulers(scheduler, tmp_path, request):
+    """The sync run's bits, its condition estimate among them (a LocalCluster's workers run one task
+    thread each, so its strips are the budget's own: no ``workers=`` there)."""
     a, b = problem(M, N, 2, seed=22)
     pa = bl.from_array(a, str(tmp_path / "a.zarr"), chunks=(500, N))
-    kw = dict(lam=2.0, positive=True, fit_intercept=True, sample_weight=weights(M), memory="256KiB", workers=2,
-              temp_dir=str(tmp_path))
-    x = bl.solve(pa, b, scheduler=scheduler, **kw)
-    assert np.array_equal(x.to_numpy(), bl.solve(pa, b, scheduler="sync", **kw).to_numpy())
+    kw = dict(lam=2.0, positive=True, fit_intercept=True, sample_weight=weights(M), memory="256KiB",
+              temp_dir=str(tmp_path)) | ({"workers": 2} if scheduler != "cluster" else {})
+    x = bl.solve(pa, b, scheduler=scheduler_arg(scheduler, request), **kw)
+    ref = bl.solve(pa, b, scheduler="sync", **kw)
+    assert np.array_equal(x.to_numpy(), ref.to_numpy())
+    assert x.report["condition_estimate"] == ref.report["condition_estimate"]
     check(x, a, b, weights(M), 2.0, True)
 
 
