@@ -17,6 +17,7 @@ from sklearn.decomposition import PCA
 
 import blocklin as bl
 from blocklin.errors import ParameterError
+from support.placements import PLACEMENTS, placement_kwargs
 from support.tolerances import assert_explained_variance, assert_mean, assert_ritz_values, eps
 
 
@@ -117,3 +118,22 @@ def test_stored_sparse_pca_opens_as_the_pca(tmp_path, shape):
     m = shape[0]
     bound = 8 * m * eps(np.float64) * np.linalg.norm(dense) ** 2 / (m - 1) / (min(shape) - 4)
     assert abs(o.noise_variance_ - ref.noise_variance_) <= bound
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_stored_sparse_pca_opens_as_the_pca_wherever_it_ran(tmp_path, placement, request):
+    """The stored sparse PCA opens as the ``PCAResult`` that every scheduler and device returned, bit for
+    bit, and is scikit-learn's dense PCA to the bounds of :func:`test_sparse_pca_equals_dense_pca`."""
+    x = _sparse(600, 40, seed=6)
+    s = bl.from_sparse(x, tmp_path / "s.zarr")
+    p = bl.pca(s, 4, seed=0, tol=10 * np.sqrt(eps(np.float64)), out=tmp_path / "p.zarr",
+               **placement_kwargs(placement, request))
+    o = bl.open(tmp_path / "p.zarr")
+    assert type(o).__name__ == "PCAResult" and o.n_components_ == 4 and o.n_samples_ == 600
+    for name in ("components_", "explained_variance_", "singular_values_", "mean_"):
+        np.testing.assert_array_equal(np.asarray(getattr(o, name)), getattr(p, name), err_msg=name)
+    dense = x.toarray()
+    ref = PCA(4, svd_solver="full").fit(dense)
+    assert_mean(o.mean_, dense)
+    assert_explained_variance(o.explained_variance_, ref.explained_variance_, o.explained_variance_ratio_,
+                              ref.explained_variance_ratio_, dense)

@@ -11,6 +11,7 @@ import pytest
 import blocklin as bl
 from blocklin.cli.main import main
 from blocklin.errors import ConvergenceWarning, ParameterError
+from support.placements import PLACEMENTS, placement_kwargs
 from support.tolerances import assert_singular_values, eps
 
 M, N, K = 2400, 48, 4
@@ -254,3 +255,21 @@ def test_a_refused_recompute_says_it_came_from_the_update(tmp_path):
                                              "range; the result is unchanged"):
         bl.update(tmp_path / "S.zarr")
     assert bl.update.__globals__["status"](tmp_path / "S.zarr")["inputs"][0]["rows_then"] == 200
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_pca_update_and_open_give_the_pca_wherever_it_ran(tmp_path, placement, request):
+    """The update of a stored PCA, and ``bl.open`` of its group after it, are the ``PCAResult`` (its
+    variances from the merged co-moments) on every scheduler and device: the grown matrix's factors to
+    the bounds of :func:`_check_factors`, the open group's attributes the update's bits."""
+    kw = placement_kwargs(placement, request)
+    a, new, path = _grown(tmp_path, noise=1e-6)
+    bl.pca(path, K, out=tmp_path / "P.zarr", updatable=True, **kw)
+    bl.append(path, new)
+    res = bl.update(tmp_path / "P.zarr", **kw)
+    assert type(res).__name__ == "PCAResult" and res.n_components_ == K
+    _check_factors(res, np.vstack([a, new]), center=True, dtype=np.float64, u_errors=res.svd.report["u_errors"])
+    o = bl.open(tmp_path / "P.zarr")
+    assert type(o).__name__ == "PCAResult"
+    for name in ("components_", "explained_variance_", "singular_values_", "mean_"):
+        np.testing.assert_array_equal(np.asarray(getattr(o, name)), np.asarray(getattr(res, name)), err_msg=name)
