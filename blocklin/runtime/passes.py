@@ -257,8 +257,10 @@ def plan_kernel_pass(job: Any, kernel: Kernel, sources: Sequence[Source], params
 
     if workers is None:
         workers = job.workers(0)  # the setting, or a cluster's threads per worker; 0: not set
-        if workers == 1 and job.cluster() is not None and not job.cfg.workers:
-            workers = 0  # one task thread per worker process: planned as locally (the same strips, the same bits)
+        if workers == 1 and job.cluster() is not None:
+            # one task thread per worker process: planned as locally, by the workers= setting where one is
+            # given (the same strips, so the same bits; one task of a process then holds less than its budget)
+            workers = job.cfg.workers or 0
     if workers:
         return plan(workers)
     if kernel.device != "any":  # type: ignore[attr-defined]

@@ -125,11 +125,10 @@ def test_uncentered_svd_every_triplet(dtype, memory, tmp_path):
 @pytest.mark.parametrize("scheduler", ["threads", "processes", pytest.param("cluster", marks=pytest.mark.slow)])
 def test_identical_bits_on_every_scheduler(scheduler, tmp_path, request):
     """The Gram's task sums are added in a fixed order: the same components on every scheduler (a
-    LocalCluster's workers, one task thread each, with the budget's own strips: no ``workers=``)."""
+    LocalCluster's among them)."""
     a = graded(400, 12, cond=1e3, seed=5)
-    kw = {"workers": 2} if scheduler != "cluster" else {}
-    runs = [least_budget(lambda mem, s=s: bl.pca(a, 12, method="gram", memory=mem, scheduler=s, temp_dir=str(tmp_path),
-                                                 **kw)) for s in ("sync", scheduler_arg(scheduler, request))]
+    runs = [least_budget(lambda mem, s=s: bl.pca(a, 12, method="gram", memory=mem, scheduler=s, workers=2,
+                                                 temp_dir=str(tmp_path))) for s in ("sync", scheduler_arg(scheduler, request))]
     for name in ("components_", "explained_variance_", "mean_"):
         np.testing.assert_array_equal(getattr(runs[0], name), getattr(runs[1], name))
 

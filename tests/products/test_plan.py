@@ -213,7 +213,8 @@ def test_cpu_row_passes_split_between_tasks_when_the_budget_holds_them():
 
 def test_row_pass_strips_same_locally_and_on_a_one_thread_cluster():
     """A cluster whose workers run one task thread each plans a row pass as the local schedulers do
-    (the same strips, so the same sums); a ``workers=`` setting is planned as given."""
+    (the same strips, so the same sums), with a ``workers=`` setting too; a setting is planned as given
+    locally. (``Job.workers`` on a cluster is its threads per worker, whatever the setting.)"""
     from types import SimpleNamespace
 
     from blocklin.linalg.blocks.tall_kernels import normal_kernel
@@ -227,7 +228,7 @@ def test_row_pass_strips_same_locally_and_on_a_one_thread_cluster():
         cluster = SimpleNamespace(threads_per_worker=cluster_threads) if cluster_threads else None
         return SimpleNamespace(cfg=SimpleNamespace(memory=96 << 20, workers=setting), device="cpu",
                                cluster=lambda: cluster, cores=lambda: 2,
-                               workers=lambda d=1: setting or (cluster.threads_per_worker if cluster else d))
+                               workers=lambda d=1: cluster.threads_per_worker if cluster else setting or d)
 
     local = plan_kernel_pass(job(None), normal_kernel, [src], params)
     assert local.workers == 2 and local.strip == 2048
@@ -235,3 +236,6 @@ def test_row_pass_strips_same_locally_and_on_a_one_thread_cluster():
     assert plan_kernel_pass(job(4), normal_kernel, [src], params).workers == 4
     given = plan_kernel_pass(job(None, setting=1), normal_kernel, [src], params)
     assert given.workers == 1 and given.blas_threads == 2
+    # the setting's strips on the cluster too (they had been one task's, twice these)
+    four = plan_kernel_pass(job(None, setting=4), normal_kernel, [src], params)
+    assert four.strip < local.strip and plan_kernel_pass(job(1, setting=4), normal_kernel, [src], params).strip == four.strip

@@ -115,12 +115,12 @@ def test_sequence(tmp_path):
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
 def test_schedulers(scheduler, tmp_path, request):
-    """The sync run's bits, its condition estimate among them (a LocalCluster's workers run one task
-    thread each, so its strips are the budget's own: no ``workers=`` there)."""
+    """The sync run's bits, its condition estimate among them, on every scheduler (a LocalCluster's
+    among them)."""
     a, b = problem(M, N, 2, seed=22)
     pa = bl.from_array(a, str(tmp_path / "a.zarr"), chunks=(500, N))
-    kw = dict(lam=2.0, positive=True, fit_intercept=True, sample_weight=weights(M), memory="256KiB",
-              temp_dir=str(tmp_path)) | ({"workers": 2} if scheduler != "cluster" else {})
+    kw = dict(lam=2.0, positive=True, fit_intercept=True, sample_weight=weights(M), memory="256KiB", workers=2,
+              temp_dir=str(tmp_path))
     x = bl.solve(pa, b, scheduler=scheduler_arg(scheduler, request), **kw)
     ref = bl.solve(pa, b, scheduler="sync", **kw)
     assert np.array_equal(x.to_numpy(), ref.to_numpy())
