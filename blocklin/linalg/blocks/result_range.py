@@ -50,9 +50,92 @@ def lu_growth_error(max_a: float, max_u: float, dtype: Any, fix: str) -> Excepti
         f"max |A| = {max_a:.3g}, max |U| = {max_u:.3g} (the factorization overflowed)", fix))
 
 
+class ColumnRange:
+    """What a result written as ``x = 2^e z`` (``z`` the solution of a problem scaled by powers of two, ``e`` the
+    exponent that undoes the scaling) keeps of each column: whether ``z`` has a nonzero entry, the binary exponent
+    of its largest magnitude (exact, ``|z| < 2^ez``) and the largest magnitude written. Gathered block by block
+    (:meth:`add`), merged in any order (:meth:`merge`), judged once (:func:`check_columns`)."""
+
+    def __init__(self, k: int) -> None:
+        self.nonzero = np.zeros(k, dtype=bool)
+        self.ez = np.full(k, np.iinfo(np.int32).min // 4, dtype=np.int64)
+        self.top = np.zeros(k, dtype=np.float64)
+        self.finite = np.ones(k, dtype=bool)
+
+    def add(self, z: Any, x: Any) -> None:
+        """The rows ``z`` (as scaled) and ``x`` (as written) of the same columns."""
+        z, x = np.abs(np.asarray(z)), np.abs(np.asarray(x))
+        if z.ndim == 1:
+            z, x = z[:, None], x[:, None]
+        if not z.shape[0]:
+            return
+        live = z > 0
+        self.nonzero |= live.any(axis=0)
+        e = np.where(live, np.frexp(np.where(np.isfinite(z), z, 0.0))[1], self.ez[None, :]).max(axis=0)
+        np.maximum(self.ez, e, out=self.ez)
+        self.finite &= np.isfinite(x).all(axis=0)
+        with np.errstate(invalid="ignore"):
+            np.maximum(self.top, np.where(np.isfinite(x), x, 0.0).max(axis=0), out=self.top)
+
+    def merge(self, other: ColumnRange) -> None:
+        self.nonzero |= other.nonzero
+        np.maximum(self.ez, other.ez, out=self.ez)
+        np.maximum(self.top, other.top, out=self.top)
+        self.finite &= other.finite
+
+
+def scaled_columns(z: np.ndarray, e: int, dtype: Any) -> tuple[np.ndarray, ColumnRange]:
+    """``x = 2^e z`` in ``dtype``, rounded once (``ldexp`` rounds a result below the normal range once; a float32
+    ``x`` is ``2^e z`` exact in float64 first, then cast), with its :class:`ColumnRange`."""
+    from blocklin.runtime.powers import ldexp
+
+    z = np.asarray(z)
+    with np.errstate(over="ignore", under="ignore"):
+        x = (ldexp(z, int(e)) if e else z).astype(dtype, copy=False)
+    cols = ColumnRange(z.shape[1] if z.ndim == 2 else 1)
+    cols.add(z, x)
+    return x, cols
+
+
+def check_columns(cols: ColumnRange, e: int, dtype: Any, *, name: str = "b", what: str = "x",
+                  detail: str = "") -> None:
+    """Judge a result ``x = 2^e z`` as the square solve judges its ``x``: a column whose ``z`` is nonzero but whose
+    ``x`` is 0 (below the dtype's range) or not finite (beyond it) is refused naming ``name`` and the power of two
+    that brings the column's largest entry near 1; a column whose largest entry is subnormal keeps its value to
+    the smallest subnormal only (relative ``2^-1074 / max |x|`` where a normal one keeps ``eps``) and warns."""
+    from blocklin.errors import BlocklinWarning, ParameterError, explain, warn
+
+    fi = np.finfo(np.dtype(dtype))
+    true_e = cols.ez + int(e)  # |x_j| < 2^true_e, exact
+    gone = cols.nonzero & ((cols.top == 0) | ~cols.finite)
+    if gone.any():
+        j = np.flatnonzero(gone)
+        over = ~cols.finite[j]
+        if over.any():
+            p = int(true_e[j][over].max())
+            where = f"beyond {float(fi.max):.3g}"
+        else:
+            p = int(true_e[j].min())
+            where = f"below {float(fi.smallest_subnormal):.1e}, flushed to 0"
+        raise ParameterError(explain(
+            name, f"must give a solution {what} within the range of {fi.dtype.name} (nonzero entries from "
+            f"{float(fi.smallest_subnormal):.1e} to {float(fi.max):.3g})",
+            f"{what} {where} in {int(gone.sum())} column(s) whose {name} is not 0: max |{what}| about 2^{p}"
+            + (f" ({detail})" if detail else ""),
+            f"scale {name} by 2^{-p} (exact: {what} is then 2^{-p} times the solution, its largest entry near 1) "
+            f"and scale {what} back by 2^{p} yourself"))
+    low = cols.nonzero & (cols.top > 0) & (cols.top < float(fi.tiny))
+    if low.any():
+        p = int(true_e[low].min())
+        warn(f"solve: {what} is subnormal in {int(low.sum())} column(s) (largest entries down to "
+             f"{float(cols.top[low].min()):.1e}, below {fi.dtype.name}'s smallest normal {float(fi.tiny):.1e}): its "
+             f"entries are resolved to {float(fi.smallest_subnormal):.1e} absolute; scale {name} by 2^{-p} (exact) "
+             f"for full precision", BlocklinWarning)
+
+
 def magnitude(value: float) -> str:
     """A float64 magnitude for a message (``inf``: beyond float64's range too)."""
     return f"{value:.3g}" if math.isfinite(value) else "beyond float64's range"
 
 
-__all__ = ["beyond", "lu_growth_error", "magnitude", "solution_range_error", "wide_name"]
+__all__ = ["ColumnRange", "beyond", "check_columns", "scaled_columns", "lu_growth_error", "magnitude", "solution_range_error", "wide_name"]

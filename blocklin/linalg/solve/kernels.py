@@ -22,6 +22,7 @@ import numpy as np
 
 from blocklin.device.syrk import syrk_acc
 from blocklin.errors import InternalError
+from blocklin.linalg.blocks.result_range import scaled_columns
 from blocklin.linalg.blocks.tsqr import MAX_STRIP_BYTES, MIN_STRIP_ROWS, sumsq, sumsq_cols
 from blocklin.plan.passes import PassMemory
 from blocklin.runtime.passes import row_kernel
@@ -378,15 +379,16 @@ def _shifted_product_memory(params: Any, sources: tuple) -> PassMemory:
     isz = y.dtype.itemsize
     m, k = y.shape
     # the broadcast y (and its upload); per row the shifted copy of the strip and its scaled copy (the
-    # norm's), its product and the rows written in the output's dtype
-    return PassMemory(fixed=2 * m * k * isz, per_row=(2 * m + 2 * k) * isz, chunk_temporaries=True,
+    # norm's), its product and the rows written in the output's dtype, its 2^alpha copy and the two
+    # magnitudes and exponents ColumnRange compares
+    return PassMemory(fixed=2 * m * k * isz, per_row=(2 * m + 6 * k) * isz, chunk_temporaries=True,
                       max_strip_bytes=MAX_STRIP_BYTES, write_row_bytes=k * np.dtype(params["out"]).itemsize)
 
 
 @row_kernel(memory=_shifted_product_memory, device="any", read_only=True)
 def shifted_product_kernel(device: Any, arrays: tuple, rows: slice, params: Any,
                            state: dict | None) -> tuple[dict, dict]:
-    """``x_i = alpha (X_i - X_i[:, :1] 1^T)^H y`` per strip ``X_i`` of ``A^T`` (column strips of a wide ``A``),
+    """``x_i = 2^alpha (X_i - X_i[:, :1] 1^T)^H y`` per strip ``X_i`` of ``A^T`` (column strips of a wide ``A``),
     written in ``params["out"]``'s dtype, and ``||2^-e A_s||_F^2`` (state ``"aa"``, ``2^-e = params["unit"]``: the
     solve's scaling, so that the sum stays within float64's range) of ``A_s = A - 1 a_1^T``.
 
@@ -411,7 +413,7 @@ def shifted_product_kernel(device: Any, arrays: tuple, rows: slice, params: Any,
             x = (a.conj() if cplx else a) @ state["yd"]
         block = device.to_host(x)
         if rows.stop in params["ends"]:
-            state = {"aa": float(device.to_host(state["aa"]).sum())}
+            state = {"aa": float(device.to_host(state["aa"]).sum())} | ({"cols": state["cols"]} if "cols" in state else {})
     else:
         if state is None:
             state = {"aa": 0.0}
@@ -421,6 +423,11 @@ def shifted_product_kernel(device: Any, arrays: tuple, rows: slice, params: Any,
                 np.conjugate(a, out=a)
             state["aa"] += sumsq(a * params["unit"])
             block = a @ params["y"]
-    with np.errstate(over="ignore"):
-        block = (block * params["alpha"]).astype(params["out"])
-    return state, {"x": block}
+    # 2^alpha applied once to the float64 (complex128) sums, rounded once to the output; what each column kept
+    # (ColumnRange) is judged by the caller: an x flushed to 0 or beyond the range is refused, a subnormal warns
+    out, cols = scaled_columns(block, params["alpha"], params["out"])
+    if "cols" in state:
+        state["cols"].merge(cols)
+    else:
+        state["cols"] = cols
+    return state, {"x": out}

@@ -16,6 +16,7 @@ import numpy as np
 
 from blocklin.errors import ParameterError, SingularMatrixError
 from blocklin.errors import explain as _msg
+from blocklin.linalg.blocks.result_range import check_columns, scaled_columns
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.plan.chunks import auto_chunks
 from blocklin.runtime.job import Job
@@ -241,7 +242,10 @@ def device_of_pass(ctx: TikhonovRun, phase: str, flops: float) -> str:
 def write_x(ctx: TikhonovRun, x_path: str, x: np.ndarray) -> None:
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
     known = ctx.sa is not None and ctx.sa.known  # x of the scaled problem: x = 2^(eb - ea) x'
-    x = unscaled_x(x, (ctx.sb.exponent - ctx.sa.exponent if known else 0) + ctx.xe, out_dtype)
+    e = (ctx.sb.exponent - ctx.sa.exponent if known else 0) + ctx.xe
+    # rounded once to the output; a column flushed to 0 or beyond the range is refused, a subnormal one warns
+    x, cols = scaled_columns(x, e, out_dtype)
+    check_columns(cols, e, out_dtype)
     chunks = auto_chunks(x.shape, out_dtype, ctx.job.cfg.memory)
     arr = create_array(x_path, shape=x.shape, dtype=out_dtype, chunks=chunks, codec=ctx.job.cfg.codec)
     write_block(arr, slice(0, x.shape[0]), slice(0, x.shape[1]), x.astype(out_dtype, copy=False))

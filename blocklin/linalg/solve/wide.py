@@ -17,6 +17,7 @@ import numpy as np
 
 from blocklin.errors import NonFiniteError
 from blocklin.errors import explain as _msg
+from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, scaled_columns
 from blocklin.linalg.blocks.scaling import incore_exponent
 from blocklin.linalg.products.gemm import Gemm
 from blocklin.linalg.solve.spectrum import coefficients, spectrum_from_gram
@@ -194,14 +195,17 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
         return info
     cplx = out_dtype.kind == "c"  # x = A^H y = conj(A^T conj(y)): the GEMM's A^T, conjugated on both sides
     Y = job.operand(y.conj() if cplx else y, "y")
-    product = Gemm.of(ctx.A, Y, trans_a=True, dtype=work, alpha=float(np.ldexp(1.0, alpha)))
+    # 2^alpha is applied in the GEMM only where it is 1; else once, on the copy of the sums into x, where a column
+    # flushed to 0 or beyond the range is refused (2^alpha itself had underflowed to 0 or overflowed)
+    staged = cplx or work != out_dtype or alpha != 0
+    product = Gemm.of(ctx.A, Y, trans_a=True, dtype=work, alpha=1.0)
     plan = product.plan(job, read_reserve=True)  # measured over budget at 16 MiB without it
-    staged = cplx or work != out_dtype
     dst = job.scratch("wide x", product.shape, work, plan.out_chunks) if staged else x_path
     create_array(x_path, shape=product.shape, dtype=out_dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     product.run(job, plan, dst, description="x = A^H y" if cplx else "x = A^T y", count_pass="a")
     if staged:
-        _copy_into(dst, x_path, plan.out_chunks[0], conj=cplx)
+        cols = _copy_into(dst, x_path, plan.out_chunks[0], conj=cplx, alpha=alpha)
+        check_columns(cols, alpha, out_dtype, detail=f"x = 2^{alpha} A^H y")
     if job.check_finite:  # inputs checked finite: a non-finite x is an overflow of the GEMM's sums
         _check_finite_x(x_path, alpha)
     return info
@@ -217,7 +221,7 @@ def _shifted_product(ctx: TikhonovRun, y: np.ndarray, alpha: int, ea: int, out_d
 
     job = ctx.job
     src = source(ctx.A, transposed=True)
-    params = {"y": np.ascontiguousarray(y), "alpha": float(np.ldexp(1.0, alpha)), "unit": float(np.ldexp(1.0, -ea)),
+    params = {"y": np.ascontiguousarray(y), "alpha": int(alpha), "unit": float(np.ldexp(1.0, -ea)),
               "out": np.dtype(out_dtype).name}
     memory = job.cfg.memory
     if job.device == "gpu":  # as run_pass plans: the strips and the product live on the GPU too
@@ -227,7 +231,13 @@ def _shifted_product(ctx: TikhonovRun, y: np.ndarray, alpha: int, ea: int, out_d
                  codec=job.cfg.codec)
     states = run_pass(job, shifted_product_kernel, [src], params, plan=plan, outputs=(("x", x_path),), peaks=False,
                       description="x = A^H y of the columns less their first entries").states
-    return float(sum(st["aa"] for st in states if st is not None))
+    states = [st for st in states if st is not None]
+    cols = ColumnRange(y.shape[1])
+    for st in states:
+        if "cols" in st:
+            cols.merge(st["cols"])
+    check_columns(cols, alpha, out_dtype, detail=f"x = 2^{alpha} A_s^H y")
+    return float(sum(st["aa"] for st in states))
 
 
 def _product_rounding(ctx: TikhonovRun, info: dict, z: np.ndarray, norm_as_sq: float) -> None:
@@ -329,20 +339,24 @@ def _check_finite_x(x_path: str, alpha: int) -> None:
                                       "route never forms y"))
 
 
-def _copy_into(src: Any, dst: Any, rows: int, *, conj: bool) -> None:
-    """``dst = conj(src)`` (or ``src``), rounded to ``dst``'s dtype, band of chunk rows by band (``n x k``):
-    the GEMM's ``A^T conj(y)`` made ``A^H y``, and its float64 sums rounded once to float32 data's dtype; one
-    band of ``rows x k`` in memory, no pass over ``A``."""
+def _copy_into(src: Any, dst: Any, rows: int, *, conj: bool, alpha: int = 0) -> ColumnRange:
+    """``dst = 2^alpha conj(src)`` (or ``2^alpha src``), rounded once to ``dst``'s dtype, band of chunk rows by band
+    (``n x k``): the GEMM's ``A^T conj(y)`` made ``A^H y``, and its float64 sums scaled and rounded once to the
+    output's dtype; one band of ``rows x k`` in memory, no pass over ``A``. Returns what each column kept
+    (:func:`~blocklin.linalg.blocks.result_range.check_columns` judges it)."""
     from blocklin.runtime.tiles import open_array
     from blocklin.storage.zarr_store import read_block, write_block
 
     s, d = open_array(src), open_array(dst, mode="r+")
     n, k = s.shape
+    cols = ColumnRange(k)
     for r0 in range(0, n, max(1, rows)):
         r = slice(r0, min(n, r0 + rows))
         block = read_block(s, r, slice(0, k))
-        with np.errstate(over="ignore"):  # beyond float32: Inf, which _check_finite_x refuses
-            write_block(d, r, slice(0, k), (np.conj(block) if conj else block).astype(d.dtype))
+        out, part = scaled_columns(np.conj(block) if conj else block, alpha, d.dtype)
+        cols.merge(part)
+        write_block(d, r, slice(0, k), out)
+    return cols
 
 
 __all__ = ["solve_wide"]
