@@ -1,0 +1,143 @@
+"""Ridge and least-squares solutions at the ends of the dtype's range: ``x(2^p A, 2^q b, 2^p lam) =
+2^(q - p) x(A, b, lam)`` exactly in binary floating point, so the solution of the scaled problem is the
+unscaled problem's solution, rescaled by a power of two and rounded once into the output.
+
+The routes solve the problem scaled by powers of two (``blocklin.linalg.blocks.scaling``) and undo the scaling
+on ``x``: the wide routes applied it as the GEMM's ``alpha = 2^s``, which underflowed to 0 for ``A`` near
+``2^1021`` and ``b`` near 1 (``x`` near ``1e-308``: returned as ``x = 0`` without a word) and overflowed beyond
+``2^1023`` (refused naming the internal ``alpha``); the tall routes rounded ``x`` once but a column flushed to 0
+came back as 0 and a subnormal one without a warning. Now, as the square solve (``test_square_equilibration``):
+a subnormal ``x`` warns, an ``x`` flushed to 0 or beyond the range is refused naming ``b`` and the power of two.
+
+Bound. Both solves run the same route on data that differ by powers of two; each is within ``c n eps cond``
+of the exact solution (Cholesky of ``K = A^T A + lam^2 I`` or of ``A A^T + lam^2 I``, or the QR of
+``[A; lam I]``: Higham 2002, Thms 10.4 and 20.3), and ``cond(K) <= 1 + (sigma_1 / lam)^2``, below 40 for the
+Gaussian 6 x 15 (40 x 6) ``A`` and ``lam = 1`` here; so the two agree to ``2 * 8 n eps cond(K)`` relative,
+plus the one rounding into the subnormal range, half the smallest subnormal per entry.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from blocklin.errors import BlocklinWarning, ParameterError
+from blocklin.runtime.powers import ldexp
+
+ROUTES = {
+    "wide gram": ((6, 15), {}),
+    "wide qr": ((6, 15), {"method": "qr"}),
+    "wide intercept": ((6, 15), {"fit_intercept": True}),
+    "wide qr intercept": ((6, 15), {"fit_intercept": True, "method": "qr"}),
+    "wide weights": ((6, 15), {"sample_weight": np.linspace(0.5, 2.0, 6)}),
+    "tall normal": ((40, 6), {}),
+    "tall qr": ((40, 6), {"method": "qr"}),
+    "tall intercept": ((40, 6), {"fit_intercept": True}),
+    "tall weights": ((40, 6), {"sample_weight": np.linspace(0.5, 2.0, 40)}),
+}
+
+
+def problem(shape, dtype, seed=0, k=2):
+    rng = np.random.default_rng(seed)
+    cplx = np.dtype(dtype).kind == "c"
+    a = rng.standard_normal(shape) + (1j * rng.standard_normal(shape) if cplx else 0)
+    b = rng.standard_normal((shape[0], k)) + (1j * rng.standard_normal((shape[0], k)) if cplx else 0)
+    return a.astype(dtype), b.astype(dtype)
+
+
+def solve_scaled(a, b, p, q, lam=1.0, **kw):
+    return np.asarray(bl.solve(ldexp(a, p), ldexp(b, q), lam=float(np.ldexp(lam, p)), **kw))
+
+
+def assert_rescaled(got, a, b, e, lam=1.0, **kw):
+    """``got`` against the unscaled problem's solution times ``2^e``, rounded once (module docstring)."""
+    dt = np.dtype(got.dtype)
+    ref = np.asarray(bl.solve(a, b, lam=lam, **kw))
+    n = ref.shape[0]
+    work = np.complex128 if dt.kind == "c" else np.float64
+    expect = ldexp(ref.astype(work), e)
+    fi = np.finfo(dt)
+    bound = 2 * 8 * n * float(fi.eps) * 40 * np.linalg.norm(expect) + np.sqrt(expect.size) * float(fi.smallest_subnormal)
+    err = np.linalg.norm(got.astype(work) - expect)
+    assert np.abs(got).max() > 0, "x flushed to 0"
+    assert err <= bound, f"||x - 2^e x(A, b)|| = {err:.3e} > {bound:.3e}"
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_subnormal_x_is_kept_and_warned(route):
+    """``A`` near ``2^1021``, ``b`` near 1: ``x`` near ``2^-1021`` (the wide routes had returned 0)."""
+    shape, kw = ROUTES[route]
+    a, b = problem(shape, np.float64)
+    with pytest.warns(BlocklinWarning, match="x is subnormal"):
+        got = solve_scaled(a, b, 1021, 0, **kw)
+    assert np.abs(got).max(axis=0).min() < np.finfo(np.float64).tiny  # a column subnormal
+    assert_rescaled(got, a, b, -1021, **kw)
+
+
+@pytest.mark.parametrize("route", ["wide gram", "wide intercept", "tall normal", "tall qr"])
+def test_deep_subnormal_x(route):
+    """``x`` near ``2^-1060``, a dozen bits left: answered to the smallest subnormal, with the warning."""
+    shape, kw = ROUTES[route]
+    a, b = problem(shape, np.float64, seed=1)
+    with pytest.warns(BlocklinWarning, match="x is subnormal"):
+        got = solve_scaled(a, b, 1000, -60, **kw)
+    assert_rescaled(got, a, b, -1060, **kw)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.complex64, np.complex128])
+@pytest.mark.parametrize("route", ["wide gram", "wide intercept", "tall normal"])
+def test_subnormal_x_other_dtypes(route, dtype):
+    shape, kw = ROUTES[route]
+    a, b = problem(shape, dtype, seed=2)
+    p, q = (100, -40) if np.finfo(dtype).bits == 32 else (1000, -60)
+    with pytest.warns(BlocklinWarning, match="x is subnormal"):
+        got = solve_scaled(a, b, p, q, **kw)
+    assert got.dtype == np.dtype(dtype)
+    assert_rescaled(got, a, b, q - p, **kw)
+
+
+def test_normal_range_x_does_not_warn():
+    a, b = problem((6, 15), np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BlocklinWarning)
+        got = solve_scaled(a, b, 1000, 0)
+    assert_rescaled(got, a, b, -1000)
+
+
+def test_lam_list_subnormal():
+    """Every lambda of a list (the spectral route) is rescaled and judged."""
+    a, b = problem((6, 15), np.float64, k=1)
+    lams = [1.0, 3.0]
+    with pytest.warns(BlocklinWarning, match="x is subnormal"):
+        got = np.asarray(bl.solve(ldexp(a, 1000), ldexp(b, -60), lam=[float(np.ldexp(v, 1000)) for v in lams]))
+    for j, lam in enumerate(lams):
+        assert_rescaled(got[:, j:j + 1], a, b, -1060, lam=lam)
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_x_below_range_refused(route):
+    """``x`` near ``2^-1100``, below the smallest subnormal: refused naming ``b`` and the power of two."""
+    shape, kw = ROUTES[route]
+    a, b = problem(shape, np.float64)
+    with pytest.raises(ParameterError, match=r"^b: must give a solution x within the range of float64.*flushed to 0"
+                       r".*scale b by 2\^1"):
+        solve_scaled(a, b, 1000, -100, **kw)
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_x_beyond_range_refused(route):
+    """``x`` near ``2^1030``: refused naming ``b`` (the wide routes had named the GEMM's ``alpha``)."""
+    shape, kw = ROUTES[route]
+    a, b = problem(shape, np.float64)
+    with pytest.raises(ParameterError, match=r"^b: must give a solution x within the range of float64.*beyond"
+                       r".*scale b by 2\^-10"):
+        solve_scaled(a, b, -1000, 30, **kw)
+
+
+def test_float32_x_below_range_refused():
+    a, b = problem((40, 6), np.float32)
+    with pytest.raises(ParameterError, match=r"^b: must give a solution x within the range of float32"):
+        solve_scaled(a, b, 100, -80)
