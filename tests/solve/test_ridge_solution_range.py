@@ -141,3 +141,31 @@ def test_float32_x_below_range_refused():
     a, b = problem((40, 6), np.float32)
     with pytest.raises(ParameterError, match=r"^b: must give a solution x within the range of float32"):
         solve_scaled(a, b, 100, -80)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128, np.float32])
+@pytest.mark.parametrize("shape", [(40, 6), (6, 15)], ids=["tall", "wide"])
+def test_lstsq_subnormal_x(shape, dtype):
+    """``blocklin.lstsq``: ``x = V S^+ U^H b`` formed as ``2^e`` times a solution near 1 and rounded once (the
+    quotients ``c / s`` had been subnormal, an ``x`` below the range 0), with the warning. Bound: the SVD
+    solution's ``c n eps cond(A)`` (Higham 2002, 20.1) on both, ``cond(A)`` below 10 for these Gaussian shapes."""
+    a, b = problem(shape, dtype, seed=4)
+    p, q = (100, -40) if np.finfo(dtype).bits == 32 else (1000, -60)
+    with pytest.warns(BlocklinWarning, match="lstsq: x is subnormal"):
+        got = bl.lstsq(ldexp(a, p), ldexp(b, q))[0]
+    ref = bl.lstsq(a, b)[0]
+    work = np.complex128 if np.dtype(dtype).kind == "c" else np.float64
+    expect = ldexp(ref.astype(work), q - p)
+    fi = np.finfo(dtype)
+    bound = 2 * 8 * max(shape) * float(fi.eps) * 10 * np.linalg.norm(expect) + np.sqrt(expect.size) * float(
+        fi.smallest_subnormal)
+    assert np.abs(got).max() > 0 and np.linalg.norm(got.astype(work) - expect) <= bound
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("shape", [(40, 6), (6, 15)], ids=["tall", "wide"])
+def test_lstsq_x_below_range_refused(shape, dtype):
+    a, b = problem(shape, dtype, seed=4)
+    with pytest.raises(ParameterError, match=rf"^b: must give a solution x within the range of {np.dtype(dtype).name}"
+                       r".*flushed to 0"):
+        bl.lstsq(ldexp(a, 1000), ldexp(b, -100))

@@ -84,29 +84,31 @@ class ColumnRange:
         self.finite &= other.finite
 
 
-def scaled_columns(z: np.ndarray, e: int, dtype: Any) -> tuple[np.ndarray, ColumnRange]:
-    """``x = 2^e z`` in ``dtype``, rounded once (``ldexp`` rounds a result below the normal range once; a float32
-    ``x`` is ``2^e z`` exact in float64 first, then cast), with its :class:`ColumnRange`."""
+def scaled_columns(z: np.ndarray, e: Any, dtype: Any) -> tuple[np.ndarray, ColumnRange]:
+    """``x = 2^e z`` in ``dtype`` (``e`` one exponent, or one per column), rounded once (``ldexp`` rounds a result
+    below the normal range once; a float32 ``x`` is ``2^e z`` exact in float64 first, then cast), with its
+    :class:`ColumnRange`."""
     from blocklin.runtime.powers import ldexp
 
     z = np.asarray(z)
+    e = np.asarray(e, dtype=np.int64)
     with np.errstate(over="ignore", under="ignore"):
-        x = (ldexp(z, int(e)) if e else z).astype(dtype, copy=False)
+        x = (ldexp(z, e if e.ndim == 0 or z.ndim == 1 else e[None, :]) if np.any(e) else z).astype(dtype, copy=False)
     cols = ColumnRange(z.shape[1] if z.ndim == 2 else 1)
     cols.add(z, x)
     return x, cols
 
 
-def check_columns(cols: ColumnRange, e: int, dtype: Any, *, name: str = "b", what: str = "x",
-                  detail: str = "") -> None:
+def check_columns(cols: ColumnRange, e: Any, dtype: Any, *, name: str = "b", what: str = "x",
+                  detail: str = "", op: str = "solve") -> None:
     """Judge a result ``x = 2^e z`` as the square solve judges its ``x``: a column whose ``z`` is nonzero but whose
     ``x`` is 0 (below the dtype's range) or not finite (beyond it) is refused naming ``name`` and the power of two
     that brings the column's largest entry near 1; a column whose largest entry is subnormal keeps its value to
     the smallest subnormal only (relative ``2^-1074 / max |x|`` where a normal one keeps ``eps``) and warns."""
     from blocklin.errors import BlocklinWarning, ParameterError, explain, warn
 
-    fi = np.finfo(np.dtype(dtype))
-    true_e = cols.ez + int(e)  # |x_j| < 2^true_e, exact
+    fi, dname = np.finfo(np.dtype(dtype)), np.dtype(dtype).name
+    true_e = cols.ez + np.asarray(e, dtype=np.int64)  # |x_j| < 2^true_e, exact (e: one, or one per column)
     gone = cols.nonzero & ((cols.top == 0) | ~cols.finite)
     if gone.any():
         j = np.flatnonzero(gone)
@@ -118,7 +120,7 @@ def check_columns(cols: ColumnRange, e: int, dtype: Any, *, name: str = "b", wha
             p = int(true_e[j].min())
             where = f"below {float(fi.smallest_subnormal):.1e}, flushed to 0"
         raise ParameterError(explain(
-            name, f"must give a solution {what} within the range of {fi.dtype.name} (nonzero entries from "
+            name, f"must give a solution {what} within the range of {dname} (nonzero entries from "
             f"{float(fi.smallest_subnormal):.1e} to {float(fi.max):.3g})",
             f"{what} {where} in {int(gone.sum())} column(s) whose {name} is not 0: max |{what}| about 2^{p}"
             + (f" ({detail})" if detail else ""),
@@ -127,8 +129,8 @@ def check_columns(cols: ColumnRange, e: int, dtype: Any, *, name: str = "b", wha
     low = cols.nonzero & (cols.top > 0) & (cols.top < float(fi.tiny))
     if low.any():
         p = int(true_e[low].min())
-        warn(f"solve: {what} is subnormal in {int(low.sum())} column(s) (largest entries down to "
-             f"{float(cols.top[low].min()):.1e}, below {fi.dtype.name}'s smallest normal {float(fi.tiny):.1e}): its "
+        warn(f"{op}: {what} is subnormal in {int(low.sum())} column(s) (largest entries down to "
+             f"{float(cols.top[low].min()):.1e}, below {dname}'s smallest normal {float(fi.tiny):.1e}): its "
              f"entries are resolved to {float(fi.smallest_subnormal):.1e} absolute; scale {name} by 2^{-p} (exact) "
              f"for full precision", BlocklinWarning)
 

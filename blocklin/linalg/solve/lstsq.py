@@ -15,12 +15,14 @@ import numpy as np
 
 from blocklin.config import Settings
 from blocklin.errors import ParameterError, ShapeError, explain
+from blocklin.linalg.blocks.result_range import check_columns, scaled_columns
 from blocklin.linalg.labels import check_rows, is_dataarray
 from blocklin.linalg.lowrank.svd import svd
 from blocklin.linalg.solve.lstsq_complex import is_complex, lstsq_complex
 from blocklin.linalg.solve.rcond import check_rcond, rank_cut
 from blocklin.linalg.products.gemm import matmul
 from blocklin.matrix import Matrix
+from blocklin.runtime.powers import ldexp, max_exponent
 from blocklin.validate import in_memory_array
 from blocklin.storage import remove
 
@@ -136,12 +138,23 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
         passes = report.get("passes_total", report.get("passes", 0))
         if m >= n:  # U is the stored long factor: c = U^T b in one pass over it
             c = _product(U, bb, s.dtype, trans_a=True, settings=settings)
-            x = _dense(Vt).astype(np.float64).T @ np.where(keep[:, None], c / div[:, None], 0.0)
+        else:
+            c = _dense(U).astype(np.float64).T @ bb
+        # y = S^+ c as 2^e y' (y' near 1, e per column: the quotient c / s leaves the range for s near 2^1000 and
+        # b near 1), x = V y' in the range, then 2^e applied once on x: x near 2^-1060 had been formed from
+        # subnormal quotients, and an x below the range returned as 0 without a word
+        c = np.where(keep[:, None], c, 0.0)
+        es, ec = max_exponent(div[keep]), np.array([max_exponent(c[:, j]) for j in range(c.shape[1])], dtype=np.int64)
+        with np.errstate(over="ignore"):  # a dropped s's 1.0 may pass the top: its c is 0
+            y = ldexp(c, -ec[None, :]) / ldexp(div, -es)[:, None]
+        e = ec - es
+        if m >= n:
+            x = _dense(Vt).astype(np.float64).T @ y
         else:  # V is the stored long factor: x = V (S^+ U^T b) in one pass over it
-            y = np.where(keep[:, None], (_dense(U).astype(np.float64).T @ bb) / div[:, None], 0.0)
-            _check_range(y, dtype)  # ||x|| = ||y||: refused before the pass that would read an Inf
             x = _product(Vt, y, s.dtype, trans_a=True, settings=settings)
         passes += 1
+        check_columns(scaled_columns(x, e, dtype)[1], e, dtype, op="lstsq")
+        x = scaled_columns(x, e, np.float64)[0]  # the residual's x (in dtype the same values: checked above)
         _check_range(x, dtype)
         residuals = np.empty((0,), dtype=dtype)
         if rank == n and m > n:  # NumPy's rule: residuals only for a full-rank overdetermined system

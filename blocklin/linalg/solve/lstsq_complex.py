@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from blocklin.linalg.blocks.result_range import check_columns, scaled_columns
 from blocklin.linalg.blocks.streaming_qr import tsqr_pass
 from blocklin.linalg.blocks.tsqr import reduce_r, tsqr_kernel
 from blocklin.linalg.solve.rcond import rank_cut
@@ -56,7 +57,12 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
             u, s, zh = np.linalg.svd(sr.r, full_matrices=False)
             inv, cut, rank = _truncation(s, m, n, rcond)
             kept = (inv != 0)[:, None]  # divided by s (1 / s overflows below 2^-1024: x had been NaN)
-            x = zh.conj().T @ np.where(kept, (u.conj().T @ sr.qtb) / np.where(kept, s[:, None], 1.0), 0.0)
+            # x = 2^e z: c = U^H Q^H b and s each brought near 1 by a power of two, so that S^+ c stays in the range
+            c = np.where(kept, u.conj().T @ sr.qtb, 0.0)
+            ec, es = max_exponent(c), max_exponent(s[:1])
+            with np.errstate(over="ignore"):  # a dropped s's 1.0 may pass the top: its c is 0
+                z = zh.conj().T @ (ldexp(c, -ec) / np.where(kept, np.ldexp(s[:, None], -es), 1.0))
+            e = ec - es
             # NumPy's rule: residuals only for a full-rank overdetermined system; ||T e_j||^2 of the
             # pass's residual factor (no difference of squares)
             residuals = sr.rho**2 if rank == n and m > n else np.empty((0,))
@@ -64,13 +70,15 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
             r = _r_of_transpose(job, A)
             _, s, zh = np.linalg.svd(r, full_matrices=False)  # A^T = Q W S Z^H
             inv, cut, rank = _truncation(s, m, n, rcond)
-            x = _wide_solution(job, A, s, zh.conj().T, inv != 0, b)
+            z, e = _wide_solution(job, A, s, zh.conj().T, inv != 0, b)
             residuals = np.empty((0,))
         report = job.report(operation="lstsq", method="streaming QR of A's tall orientation, SVD of R (complex)",
                             rank=rank, rcond=cut / float(s[0]) if s.size and s[0] > 0 else cut,
                             passes_total=job.passes())
     real = np.finfo(rdt).dtype
-    return x.astype(rdt), residuals.astype(real), rank, s.astype(real), report
+    x, cols = scaled_columns(z, e, rdt)  # rounded once; flushed to 0 or beyond the range refused, subnormal warned
+    check_columns(cols, e, rdt, op="lstsq")
+    return x, residuals.astype(real), rank, s.astype(real), report
 
 
 def _truncation(s: np.ndarray, m: int, n: int, rcond: float | None) -> tuple[np.ndarray, float, int]:
@@ -82,21 +90,21 @@ def _truncation(s: np.ndarray, m: int, n: int, rcond: float | None) -> tuple[np.
     return np.where(keep, 1.0 / np.where(keep, s, 1.0), 0.0), cut, int(np.count_nonzero(keep))
 
 
-def _wide_solution(job: Job, A: Any, s: np.ndarray, z: np.ndarray, keep: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _wide_solution(job: Job, A: Any, s: np.ndarray, z: np.ndarray, keep: np.ndarray,
+                   b: np.ndarray) -> tuple[np.ndarray, int]:
     """``x = A^H (A A^H)^+ b`` with ``(A A^H)^+ = conj(Z) S^+2 Z^T``, in powers of two that keep every
     factor in range: ``1 / s^2`` leaves float64's for ``s`` beyond ``2^+-512`` (entries near ``1e+-154``)
     where ``x`` itself does not (``A`` at ``2^700`` gave ``x = 0``; at ``2^-700``, NaN).
 
     With ``s = 2^e s'`` and ``b = 2^eb b'``: ``y' = conj(Z) S'^+2 Z^T b'`` is ``2^(2e - eb) y``; the
     product ``A^H y'`` is made on ``y'`` scaled by ``2^-(e + f)`` (``f`` its own power), so that it sits
-    near 1, and ``x`` is that times ``2^(eb - e + f)``: only ``x`` itself can leave the range."""
+    near 1, and ``x`` is that times ``2^(eb - e + f)``: only ``x`` itself can leave the range. Returns that
+    product and ``eb - e + f`` (the caller rounds ``x`` once and judges it)."""
     e, eb = max_exponent(s[:1]), max_exponent(b)
     inv = np.where(keep, 1.0 / np.where(keep, np.ldexp(s, -e), 1.0), 0.0)
     y = z.conj() @ (inv[:, None] ** 2 * (z.T @ ldexp(b, -eb)))
     f = max_exponent(y)
-    product = _adjoint_product(job, A, ldexp(y, -(e + f)))
-    with np.errstate(over="ignore", under="ignore"):
-        return ldexp(product, eb - e + f)
+    return _adjoint_product(job, A, ldexp(y, -(e + f))), eb - e + f
 
 
 def _r_of_transpose(job: Job, A: Any) -> np.ndarray:
