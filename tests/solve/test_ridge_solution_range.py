@@ -169,3 +169,29 @@ def test_lstsq_x_below_range_refused(shape, dtype):
     with pytest.raises(ParameterError, match=rf"^b: must give a solution x within the range of {np.dtype(dtype).name}"
                        r".*flushed to 0"):
         bl.lstsq(ldexp(a, 1000), ldexp(b, -100))
+
+
+@pytest.mark.parametrize("shape", [(300, 64), (64, 300)], ids=["tall", "wide"])
+def test_stored_gram_x_below_range_refused(shape):
+    """The stored-Gram route (a Gram over the budget) sums unscaled squares: ``A`` near ``2^450`` and ``b`` near
+    ``2^-640`` (``x`` near ``2^-1090``; the wide route's ``y`` near ``2^-1540`` for ``x`` near ``2^-1090``) had
+    returned ``x = 0`` without a word; refused naming ``b`` and the in-memory routes."""
+    from support.conformance import least_budget
+
+    a, b = problem(shape, np.float64, seed=5)
+    with pytest.raises(ParameterError, match=r"^b: must give a solution x within the range of float64.*stored-Gram"
+                       r".*raise memory="):
+        least_budget(lambda memory: bl.solve(ldexp(a, 450), ldexp(b, -640), lam=float(np.ldexp(1.0, 450)),
+                                             memory=memory))
+
+
+def test_stored_gram_subnormal_x_warns():
+    """The tall stored-Gram route's ``x`` near ``2^-1050``: answered (to the smallest subnormal), with the warning."""
+    from support.conformance import least_budget
+
+    a, b = problem((300, 64), np.float64, seed=5)
+    with pytest.warns(BlocklinWarning, match="x is subnormal"):
+        x = least_budget(lambda memory: bl.solve(ldexp(a, 450), ldexp(b, -600), lam=float(np.ldexp(1.0, 450)),
+                                                 memory=memory))
+    assert x.report["gram"] == "out of core"
+    assert_rescaled(np.asarray(x), a, b, -1050)

@@ -50,6 +50,10 @@ def lu_growth_error(max_a: float, max_u: float, dtype: Any, fix: str) -> Excepti
         f"max |A| = {max_a:.3g}, max |U| = {max_u:.3g} (the factorization overflowed)", fix))
 
 
+#: :attr:`ColumnRange.ez` of a column without a nonzero entry (below every entry's exponent).
+_NO_ENTRY = np.iinfo(np.int32).min // 4
+
+
 class ColumnRange:
     """What a result written as ``x = 2^e z`` (``z`` the solution of a problem scaled by powers of two, ``e`` the
     exponent that undoes the scaling) keeps of each column: whether ``z`` has a nonzero entry, the binary exponent
@@ -58,7 +62,7 @@ class ColumnRange:
 
     def __init__(self, k: int) -> None:
         self.nonzero = np.zeros(k, dtype=bool)
-        self.ez = np.full(k, np.iinfo(np.int32).min // 4, dtype=np.int64)
+        self.ez = np.full(k, _NO_ENTRY, dtype=np.int64)
         self.top = np.zeros(k, dtype=np.float64)
         self.finite = np.ones(k, dtype=bool)
 
@@ -100,11 +104,13 @@ def scaled_columns(z: np.ndarray, e: Any, dtype: Any) -> tuple[np.ndarray, Colum
 
 
 def check_columns(cols: ColumnRange, e: Any, dtype: Any, *, name: str = "b", what: str = "x",
-                  detail: str = "", op: str = "solve") -> None:
+                  detail: str = "", op: str = "solve", fix: str = "") -> None:
     """Judge a result ``x = 2^e z`` as the square solve judges its ``x``: a column whose ``z`` is nonzero but whose
     ``x`` is 0 (below the dtype's range) or not finite (beyond it) is refused naming ``name`` and the power of two
     that brings the column's largest entry near 1; a column whose largest entry is subnormal keeps its value to
-    the smallest subnormal only (relative ``2^-1074 / max |x|`` where a normal one keeps ``eps``) and warns."""
+    the smallest subnormal only (relative ``2^-1074 / max |x|`` where a normal one keeps ``eps``) and warns.
+    A column whose ``z`` is unknown (0 here, nonzero by the caller's ``nonzero``) is named without a size, with
+    the caller's ``fix``."""
     from blocklin.errors import BlocklinWarning, ParameterError, explain, warn
 
     fi, dname = np.finfo(np.dtype(dtype)), np.dtype(dtype).name
@@ -119,11 +125,13 @@ def check_columns(cols: ColumnRange, e: Any, dtype: Any, *, name: str = "b", wha
         else:
             p = int(true_e[j].min())
             where = f"below {float(fi.smallest_subnormal):.1e}, flushed to 0"
+        sized = bool(over.any()) or bool((cols.ez[j] > _NO_ENTRY).all())
         raise ParameterError(explain(
             name, f"must give a solution {what} within the range of {dname} (nonzero entries from "
             f"{float(fi.smallest_subnormal):.1e} to {float(fi.max):.3g})",
-            f"{what} {where} in {int(gone.sum())} column(s) whose {name} is not 0: max |{what}| about 2^{p}"
-            + (f" ({detail})" if detail else ""),
+            f"{what} {where} in {int(gone.sum())} column(s) whose {name} is not 0"
+            + (f": max |{what}| about 2^{p}" if sized else "") + (f" ({detail})" if detail else ""),
+            fix if fix and not sized else
             f"scale {name} by 2^{-p} (exact: {what} is then 2^{-p} times the solution, its largest entry near 1) "
             f"and scale {what} back by 2^{p} yourself"))
     low = cols.nonzero & (cols.top > 0) & (cols.top < float(fi.tiny))

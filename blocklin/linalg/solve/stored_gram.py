@@ -303,6 +303,7 @@ class _GramSolve:
         rr = _col_sumsq(self.ops, self.r, (m, k))
         xx = _col_sumsq(self.ops, xs, (n, k))
         xreg = self.region(xs, n)
+        self._check_x_range(xs)
         self.step("write x", lambda: self.ops.axpby(self.region(x_path, n), xreg, xreg, alpha=1.0, beta=0.0,
                                                     dtype=self.dt, description="write x") and None)
 
@@ -322,6 +323,32 @@ class _GramSolve:
                 "condition_estimate": cholesky_condition(1.0 / self.kappa, steps),
                 "phases": {"Gram SYRK, Cholesky, solves": self.job.device},
                 "resumed": self.stages.resumed, "stages_skipped": self.stages.skipped}
+
+
+    def _check_x_range(self, xs: str) -> None:
+        """``x`` judged as the in-memory routes judge theirs (:func:`~blocklin.linalg.blocks.result_range.check_columns`):
+        this route sums unscaled squares, so an ``x`` near the range's bottom is computed there; a column of ``x``
+        that is 0 where ``b``'s is not (``x = K^-1 A^H b``, ``K`` positive definite: 0 only for ``b`` orthogonal to
+        ``A``'s range) is refused, one in the output dtype's subnormal range warns. ``A`` near ``2^450`` and ``b``
+        near ``2^-640`` had returned ``x = 0``, the wide route's ``x`` near ``2^-1050`` too, without a word."""
+        from blocklin.linalg.blocks.result_range import ColumnRange, check_columns
+        from blocklin.storage.zarr_store import row_bands
+
+        out = np.result_type(self.A.dtype, self.B.dtype)
+        cols = ColumnRange(self.k)
+        for _, block in row_bands(xs):
+            with np.errstate(over="ignore", under="ignore"):
+                cols.add(block, block.astype(out))
+        live = np.zeros(self.k, dtype=bool)
+        for _, block in row_bands(self.B.path, first=int(getattr(self.B, "first_row", 0)), n=self.m):
+            live |= np.any(block != 0, axis=0)
+        cols.nonzero |= live
+        gram = "(A A^H + lam^2 I)^-1 b" if self.wide else "(A^H A + lam^2 I)^-1 A^H b"
+        check_columns(cols, 0, out, detail=f"the stored-Gram route, for a Gram over the budget, forms x = A^H y, y = "
+                      f"{gram} unscaled" if self.wide else f"the stored-Gram route, for a Gram over the budget, forms "
+                      f"x = {gram} unscaled", fix="scale b up by a power of two 2^e (exact: x is 2^e times the "
+                      "solution) and scale x back yourself, or raise memory= so the in-memory routes (which scale "
+                      "by powers of two themselves) hold the Gram matrix")
 
 
 def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool, dt: Any = F64) -> Any:
