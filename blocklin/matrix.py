@@ -11,6 +11,7 @@ from blocklin.storage.backend import backend, remove
 from blocklin.storage.location import as_location
 from blocklin.storage.readerrors import reading
 from blocklin.storage.zarr_store import describe_codecs, open_zarr
+from blocklin.validate import is_int
 
 
 #: Reads of a store that keeps being replaced before :meth:`Matrix.__getitem__` gives up.
@@ -36,10 +37,6 @@ def _show(key: Any) -> str:
 def _show_slice(s: slice) -> str:
     text = ":".join("" if v is None else str(v) for v in (s.start, s.stop))
     return text if s.step is None else f"{text}:{s.step}"
-
-
-def _is_int(k: Any) -> bool:
-    return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
 
 
 def _selection(key: Any, shape: tuple[int, int]) -> tuple[Any, str, tuple[int, ...]]:
@@ -70,7 +67,7 @@ def _selection(key: Any, shape: tuple[int, int]) -> tuple[Any, str, tuple[int, .
     items = items + (slice(None),) * (2 - len(items))
     out, flips, advanced, kept = [], [], 0, 0
     for axis, (k, n) in enumerate(zip(items, shape)):
-        if _is_int(k):
+        if is_int(k):
             i = int(k)
             if not -n <= i < n:
                 raise _index_error(key, axis, f"must be within -{n}..{n - 1} (the axis has {n} entries)",
@@ -79,7 +76,7 @@ def _selection(key: Any, shape: tuple[int, int]) -> tuple[Any, str, tuple[int, .
             continue
         if isinstance(k, slice):
             for v, what in ((k.start, "start"), (k.stop, "stop"), (k.step, "step")):
-                if v is not None and not _is_int(v):
+                if v is not None and not is_int(v):
                     raise _index_error(key, axis, f"a slice's {what} must be an integer or None", repr(v),
                                        "use integer slice bounds")
             if k.step == 0:

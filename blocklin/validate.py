@@ -237,8 +237,9 @@ def flag(name: str, value: Any, *, fix: str | None = None) -> bool:
     raise ParameterError(explain(name, "must be True or False", repr(value), fix or f"pass {name}=True or {name}=False"))
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is a Python or NumPy integer (``bool`` and ``numpy.bool_`` are not)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
 #: The largest size or count any option takes: what an int64 holds (sizes index int64 arrays).
@@ -261,7 +262,7 @@ def count(name: str, value: Any, *, fix: str, minimum: int = 0, auto: tuple[Any,
         return value
     top = MAX_COUNT if maximum is None else min(int(maximum), MAX_COUNT)
     words = "".join(f"{a!r} or " for a in auto)
-    if not _is_int(value) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ParameterError(explain(name, f"must be {words}an integer >= {minimum}", repr(value), fix))
     if value > top:
         raise ParameterError(explain(name, f"must be {words}an integer <= {top}" + (f" ({why})" if why else ""),
@@ -291,7 +292,7 @@ def check_k(k: Any, m: int, n: int, *, whole: bool = False, eig: bool = False) -
     ``whole``: the operation also computes every pair); ``eig``: eigenpairs of a square matrix (the
     refusal speaks of its order n and its eigenvalues, not of singular values)."""
     top = min(m, n) if whole else min(m, n) - 1
-    if not _is_int(k):  # the example fits the matrix (k=10 had been proposed for a 10 x 10 eigsh, which refuses it)
+    if not is_int(k):  # the example fits the matrix (k=10 had been proposed for a 10 x 10 eigsh, which refuses it)
         raise ParameterError(explain("k", "must be an integer", repr(k), f"pass k={max(1, min(10, top))}"))
     if not 1 <= k <= top:
         size = f"n = {n}" if eig else f"min(m, n) = {min(m, n)}"
@@ -319,7 +320,7 @@ def seed_arg(seed: Any) -> int | None:
         return int(seed.randint(0, 2**63 - 1, dtype=np.int64))
     if isinstance(seed, np.random.SeedSequence):
         return int(seed.generate_state(1, dtype=np.uint64)[0] % (2**63))
-    if seed is None or (_is_int(seed) and seed >= 0):
+    if seed is None or (is_int(seed) and seed >= 0):
         return None if seed is None else int(seed)
     raise ParameterError(explain("seed", "must be a non-negative integer, None, or a NumPy Generator, RandomState or "
                                  "SeedSequence", repr(seed), "pass seed=0"))

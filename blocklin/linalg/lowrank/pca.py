@@ -40,7 +40,7 @@ from blocklin.sparse import SparseMatrix, as_sparse_matrix, refuse_complex
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import source
 from blocklin.storage import remove
-from blocklin.validate import _is_int, float_operand, in_memory_array
+from blocklin.validate import is_int, float_operand, in_memory_array
 
 
 class PCAResult:
@@ -230,7 +230,7 @@ def check_n_components(n_components: Any) -> Any:
     ``(0, 1)`` or ``"mle"``."""
     if n_components is None or (isinstance(n_components, str) and n_components == "mle"):
         return n_components
-    if _is_int(n_components) and not isinstance(n_components, bool) and n_components >= 0:
+    if is_int(n_components) and not isinstance(n_components, bool) and n_components >= 0:
         return int(n_components)
     if isinstance(n_components, float) and 0.0 < n_components < 1.0:
         return n_components

@@ -160,7 +160,7 @@ def solve_tall(ctx: TikhonovRun, x_path: str) -> dict:
         if ctx.method == "auto":
             return qr_route(ctx, x_path, info, f"A^T A + lam^2 I is ill-conditioned (reciprocal condition "
                              f"{rcond:.1e} < {AUTO_RCOND:.0e}): switched to the streaming QR (one more pass)")
-        _refuse_or_warn(cf, rcond, lam, ctx)
+        refuse_or_warn(cf, rcond, lam, ctx)
     x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
     xx = dots(x, x)
     reason = "requested" if ctx.method == "normal" else \
@@ -265,7 +265,7 @@ def _solve_tall_centered(ctx: TikhonovRun, x_path: str) -> dict:
     if lam == 0 and not ctx.positive and (cf is None or rcond < np.finfo(np.float64).eps):
         return _min_norm(ctx, gp, x_path, what, gram)
     if cf is None or rcond < AUTO_RCOND:
-        _refuse_or_warn(cf, rcond, lam, ctx)
+        refuse_or_warn(cf, rcond, lam, ctx)
     x, rr, steps, source = _solve_refined(ctx, gp, cf, rcond, lam)
     xx = dots(x, x)
     info = {"rcond_normal": rcond, "residual_norm_source": source, "method": "normal",
@@ -343,7 +343,7 @@ def _min_norm(ctx: TikhonovRun, gp: dict, x_path: str, what: str, gram: str) -> 
     return info
 
 
-def _refuse_or_warn(cf: Any, rcond: float, lam: float, ctx: TikhonovRun | None = None) -> None:
+def refuse_or_warn(cf: Any, rcond: float, lam: float, ctx: TikhonovRun | None = None) -> None:
     """``method="normal"`` (or the centered, weighted or constrained normal equations, which have no QR route)
     on an ill-conditioned problem: refuse a singular one, warn otherwise. The advice names what works for the
     options given: ``method='qr'`` takes fit_intercept, but neither sample_weight nor positive."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from blocklin.errors import ConvergenceError, SingularMatrixError
 from blocklin.errors import explain as _msg
-from blocklin.linalg.solve.normal import AUTO_RCOND, _refuse_or_warn, cholesky_condition
+from blocklin.linalg.solve.normal import AUTO_RCOND, refuse_or_warn, cholesky_condition
 from blocklin.linalg.solve.tikhonov import TikhonovRun, factor_regularized, norms, singular, write_x
 
 #: Active-set iterations of one NNLS at most, per unknown (Lawson-Hanson rarely needs more than ``n``).
@@ -59,7 +59,7 @@ def solve_positive(ctx: TikhonovRun, gp: dict, x_path: str, reason: str) -> dict
                                            f"Cholesky failed (reciprocal condition {rcond:.1e})",
                                            "pass a larger lam"))
         if rcond < AUTO_RCOND:  # as the normal equations warn (no refinement here: x carries cond(K) eps)
-            _refuse_or_warn(cf, rcond, lam, ctx)
+            refuse_or_warn(cf, rcond, lam, ctx)
         r = np.triu(cf[0])  # cho_factor leaves the other triangle unspecified
         x = nonnegative(r, solve_triangular(r, c, trans="T", check_finite=False))
         rr = np.maximum(bb - 2 * np.einsum("ij,ij->j", x, c) + np.einsum("ij,ij->j", x, g @ x), 0.0)

@@ -114,7 +114,7 @@ def diagonal_condition(dk: np.ndarray, dl: np.ndarray) -> float:
 
 
 def warn_stored_condition(kappa: float, lam: float, gram: str, *, cplx: bool = False) -> None:
-    """Warn as the in-memory normal equations do (:func:`blocklin.linalg.solve.normal._refuse_or_warn`)
+    """Warn as the in-memory normal equations do (:func:`blocklin.linalg.solve.normal.refuse_or_warn`)
     where the stored ``K``'s condition estimate passes ``1 / AUTO_RCOND``: its Cholesky solve loses
     ``log10(cond(K))`` digits before refinement, which recovers them only while ``cond(K) eps < 1``."""
     from blocklin.errors import warn
