@@ -1313,25 +1313,14 @@ def _below_range(ops: BlockOps, ref: SolveRefinement, B: Any, shape: tuple[int, 
     whose entries are subnormal is answered, and the warning says so (its absolute resolution is the
     smallest subnormal). ``A`` near ``1e200`` and ``b`` near ``1e-200`` had given ``x = 0`` with a warning
     of a backward error 1.0 and "condition too large for float64?"."""
-    n, k = shape
-    xn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(ref.x_path, (n, k))), dtype=np.float64))
-    bn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(B.path, (n, k), (int(getattr(B, "first_row", 0)), 0))),
-                                  dtype=np.float64))
-    info = np.finfo(dt)
-    zero = (xn == 0) & (bn > 0)
-    if zero.any():
-        # as a power of ten: the quotient itself underflows
+    xn, bn = _x_and_b_norms(ops, ref.x_path, B, shape)
+
+    def why(zero: np.ndarray) -> str:  # as a power of ten: the quotient itself underflows
         est = f"about 1e{math.log10(float(bn[zero].max())) - math.log10(norm_a):.0f}" if norm_a > 0 else "below it"
-        raise ConvergenceError(explain(
-            "b", f"must give a solution x = A^-1 b within the range of {dt.name} (nonzero entries above "
-            f"{float(info.smallest_subnormal):.1e})", f"x = 0 in {int(zero.sum())} column(s) whose b is not 0: "
-            f"||x|| >= ||b|| / ||A||_F, {est}, below the range",
-            "scale b up (or a down) by a power of two, 2^e, and scale x back by 2^-e yourself"))
-    if np.any((xn > 0) & (xn < info.tiny * math.sqrt(n))):
-        return (f"x is subnormal (column norms down to {float(xn[xn > 0].min()):.1e}): its entries are resolved to "
-                f"{float(info.smallest_subnormal):.1e} absolute, which bounds the backward error; scale b by a power "
-                "of two for full precision")
-    return None
+        return f"||x|| >= ||b|| / ||A||_F, {est}, below the range"
+
+    return _judge_x_range(xn, bn, shape[0], dt, why, "resolved to {tiny} absolute, which bounds the backward error; "
+                          "scale b by a power of two for full precision")
 
 
 def _check_rescaled_x(ops: BlockOps, given: Any, x_path: Any, shift: np.ndarray, shape: tuple[int, int],
@@ -1343,24 +1332,41 @@ def _check_rescaled_x(ops: BlockOps, given: Any, x_path: Any, shift: np.ndarray,
     warning (its entries are resolved to the smallest subnormal)."""
     if not np.any(shift > 0):
         return
-    n, k = shape
     up = np.flatnonzero(shift > 0)
-    xn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(x_path, (n, k))), dtype=np.float64))[up]
-    bn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(given.path, (n, k), (int(getattr(given, "first_row", 0)),
-                                                                               0))), dtype=np.float64))[up]
+    xn, bn = (v[up] for v in _x_and_b_norms(ops, x_path, given, shape))
+    note = _judge_x_range(xn, bn, shape[0], dt, lambda _: (
+        f"x = C y 2^-s (y of the equilibrated system (R A C) y = R b 2^s, s up to {int(shift.max())}; R, C powers of "
+        "two: A's rows are far above b's entries) lies below the range"),
+        "resolved to {tiny} absolute; scale b up by a power of two for full precision")
+    if note:
+        warn(f"solve: {note}", BlocklinWarning)
+
+
+def _x_and_b_norms(ops: BlockOps, x_path: Any, B: Any, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The column norms of the stored ``x`` and of ``b`` (from its first row in the stored operand)."""
+    n, k = shape
+    xn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(x_path, (n, k))), dtype=np.float64))
+    bn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(B.path, (n, k), (int(getattr(B, "first_row", 0)), 0))),
+                                  dtype=np.float64))
+    return xn, bn
+
+
+def _judge_x_range(xn: np.ndarray, bn: np.ndarray, n: int, dt: np.dtype, why: Any, resolution: str) -> str | None:
+    """A column of ``x`` that is 0 where ``b``'s is not is refused (``why(zero)`` says why ``x`` lies below the
+    range); a column whose norm is below ``sqrt(n)`` times the smallest normal is subnormal: the note saying so
+    (``resolution`` with ``{tiny}`` the smallest subnormal) is returned. The per-column rule of the Tikhonov
+    routes' :func:`~blocklin.linalg.blocks.result_range.check_columns`, from the stored columns' norms."""
     info = np.finfo(dt)
     zero = (xn == 0) & (bn > 0)
     if zero.any():
         raise ConvergenceError(explain(
             "b", f"must give a solution x = A^-1 b within the range of {np.dtype(dt).name} (nonzero entries above "
-            f"{float(info.smallest_subnormal):.1e})", f"x = 0 in {int(zero.sum())} column(s) whose b is not 0: x = C y "
-            f"2^-s (y of the equilibrated system (R A C) y = R b 2^s, s up to {int(shift.max())}; R, C powers of two: "
-            "A's rows are far above b's entries) lies below the range",
-            "scale b up (or a down) by a power of two, 2^e, and scale x back by 2^-e yourself"))
+            f"{float(info.smallest_subnormal):.1e})", f"x = 0 in {int(zero.sum())} column(s) whose b is not 0: "
+            f"{why(zero)}", "scale b up (or a down) by a power of two, 2^e, and scale x back by 2^-e yourself"))
     if np.any((xn > 0) & (xn < info.tiny * math.sqrt(n))):
-        warn(f"solve: x is subnormal (column norms down to {float(xn[xn > 0].min()):.1e}): its entries are resolved "
-             f"to {float(info.smallest_subnormal):.1e} absolute; scale b up by a power of two for full precision",
-             BlocklinWarning)
+        return (f"x is subnormal (column norms down to {float(xn[xn > 0].min()):.1e}): its entries are "
+                + resolution.format(tiny=f"{float(info.smallest_subnormal):.1e}"))
+    return None
 
 
 def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dtype, *,
