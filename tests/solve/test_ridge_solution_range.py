@@ -117,24 +117,16 @@ def test_lam_list_subnormal():
         assert_rescaled(got[:, j:j + 1], a, b, -1060, lam=lam)
 
 
+@pytest.mark.parametrize(("ea", "eb", "where"), [(1000, -100, r"flushed to 0.*scale b by 2\^1"),
+                                                 (-1000, 30, r"beyond.*scale b by 2\^-10")], ids=["below", "beyond"])
 @pytest.mark.parametrize("route", sorted(ROUTES))
-def test_x_below_range_refused(route):
-    """``x`` near ``2^-1100``, below the smallest subnormal: refused naming ``b`` and the power of two."""
+def test_x_out_of_range_refused(route, ea, eb, where):
+    """``x`` near ``2^-1100`` (below the smallest subnormal) or ``2^1030``: refused naming ``b`` and the power of
+    two (the wide routes had returned 0, or named the GEMM's ``alpha``)."""
     shape, kw = ROUTES[route]
     a, b = problem(shape, np.float64)
-    with pytest.raises(ParameterError, match=r"^b: must give a solution x within the range of float64.*flushed to 0"
-                       r".*scale b by 2\^1"):
-        solve_scaled(a, b, 1000, -100, **kw)
-
-
-@pytest.mark.parametrize("route", sorted(ROUTES))
-def test_x_beyond_range_refused(route):
-    """``x`` near ``2^1030``: refused naming ``b`` (the wide routes had named the GEMM's ``alpha``)."""
-    shape, kw = ROUTES[route]
-    a, b = problem(shape, np.float64)
-    with pytest.raises(ParameterError, match=r"^b: must give a solution x within the range of float64.*beyond"
-                       r".*scale b by 2\^-10"):
-        solve_scaled(a, b, -1000, 30, **kw)
+    with pytest.raises(ParameterError, match=r"^b: must give a solution x within the range of float64.*" + where):
+        solve_scaled(a, b, ea, eb, **kw)
 
 
 def test_float32_x_below_range_refused():
