@@ -40,7 +40,7 @@ from blocklin.plan.svd import SvdPlan, plan_svd
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import collect_rows, reduce_sum, run_pass, source
 from blocklin.sparse import SparseMatrix, as_sparse_matrix
-from blocklin.validate import (check_k, choice, float_operand, positive, resolve_seed, seed_arg, size, square,
+from blocklin.validate import (check_k, choice, is_int, float_operand, positive, resolve_seed, seed_arg, size, square,
                                start_vector)
 
 WHICH = ("LA", "SA", "LM")
@@ -280,7 +280,7 @@ def _check_covariance_k(k: Any, m: int, n: int) -> None:
     """Refuse, in eigsh's terms, a ``k`` outside ``1 <= k < min(m, n)`` for the covariance of ``m x n`` data:
     its Lanczos SVD had refused ``k = min(m, n)`` by naming a ``method=`` that eigsh does not take."""
     N = min(m, n)
-    if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and 1 <= k < N:
+    if is_int(k) and 1 <= k < N:
         return
     fix = (f"pass 1 <= k <= {N - 1}, or blocklin.pca(a, n_components={N}) for all of them (its explained_variance_ "
            "is w)" if N > 1 else "compute it in memory (numpy.linalg.eigh(numpy.cov(a, rowvar=False)))")
