@@ -129,6 +129,36 @@ def rhs_parts(y: np.ndarray, split: int) -> list[np.ndarray]:
     return [np.ascontiguousarray(y[:, :split]), np.ascontiguousarray(y[:, split:])]
 
 
+def rhs_exponents(top: np.ndarray, dtype: Any) -> np.ndarray | None:
+    """Per column of right-hand sides with largest magnitudes ``top``, ``e`` with ``top = f 2^e`` (``f`` in
+    ``[0.5, 1)``) where the cast to the solves' ``dtype`` would leave its normal range (overflow to inf above
+    it, flush towards 0 below it), else 0; None where every column is within it (no column scaled). Dividing
+    such a column by ``2^e`` before the cast and multiplying the solution back after (in the wider dtype) is
+    exact: the substitutions are linear, column by column (as GMRES-IR's float32 solves are scaled)."""
+    fi = np.finfo(dtype)
+    top = np.asarray(top, dtype=np.float64)
+    out = (top > float(fi.max)) & np.isfinite(top) | (top > 0) & (top < float(fi.tiny))
+    if not out.any():
+        return None
+    return np.where(out, np.frexp(np.where(out, top, 1.0))[1], 0).astype(np.intc)
+
+
+def _read_rhs(b: Region, size: int, dt: np.dtype, check: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """``B`` in the solves' dtype ``dt``, and the exponents of :func:`rhs_exponents` (None: none scaled):
+    a float64 ``B`` cast to a float32 factor's dtype has each column beyond float32's range divided by a
+    power of two first (cast unscaled, ``b`` near ``2^500`` became inf, with NumPy's overflow warning, and
+    one near ``2^-500`` zeros: a silently wrong ``x``); every other column is cast as it is (its bits kept)."""
+    src = np.dtype(open_array(b.path).dtype)
+    if not (src.kind == dt.kind == "f" and src.itemsize > dt.itemsize):
+        return b.read(0, 0, size, dt, check, "b"), None
+    y = b.read(0, 0, size, None, check, "b")
+    with np.errstate(invalid="ignore"):
+        e = rhs_exponents(np.max(np.abs(y), axis=0, initial=0.0), dt)
+    if e is not None:
+        np.ldexp(y, -e[None, :], out=y)
+    return y.astype(dt), e
+
+
 def swap_moves(piv: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
     """The LAPACK row swaps ``i <-> piv[i - start]`` (in order) as one gather: ``x[dst] = x[src]``.
 
@@ -483,7 +513,9 @@ def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray, forward: bool = True) ->
     rb = lu_stream_rows(t, n)
     dev = get_device(spec.device, device_memory=spec.device_memory)
     work = open_array(spec.a.path)
-    ys = [dev.to_device(p) for p in rhs_parts(spec.b.read(0, 0, max(n, k, 1), dt, spec.check, "b"), spec.split)]
+    y0, scaled = _read_rhs(spec.b, max(n, k, 1), dt, spec.check)
+    ys = [dev.to_device(p) for p in rhs_parts(y0, spec.split)]
+    del y0
     nread = sum(y.nbytes for y in ys)
     nt = tile_count(n, t)
     for j in range(nt if forward else 0):  # forward substitution, L y = P b, panel by panel
@@ -533,6 +565,9 @@ def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray, forward: bool = True) ->
             nread += blk.nbytes
     parts = [np.asarray(dev.to_host(y)) if ok else np.full(y.shape, np.inf, dtype=dt) for y, ok in zip(ys, live)]
     x = parts[0] if len(parts) == 1 else np.hstack(parts)
+    if scaled is not None:  # the scaled columns' solutions multiplied back, in B's wider dtype
+        with np.errstate(over="ignore", under="ignore"):
+            x = np.ldexp(x.astype(open_array(spec.b.path).dtype), scaled[None, :])
     spec.out.write(0, 0, max(n, k, 1), x)
     return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": (2 if forward else 1) * n * n * k}
 

@@ -34,7 +34,7 @@ from blocklin.matrix import Matrix
 from blocklin.operands import Operand, as_columns, decoded_chunks, temp_store_reads
 from blocklin.plan.factor import FactorPlan, lu_rhs_fits, plan_factor, plan_lu
 from blocklin.plan.minimum import sufficient_budget, whole_call
-from blocklin.linalg.factor.lu_panels import lu_solve, swaps_to_permutation
+from blocklin.linalg.factor.lu_panels import lu_solve, rhs_exponents, swaps_to_permutation
 from blocklin.runtime.blockops import BlockOps, Region, gemm_chunks, plan_block_gemm
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import plan_kernel_pass, source
@@ -548,7 +548,7 @@ class _SquareRun:
             p = plans["lu"]
             # (not for a complex B with a real A: the panels eliminate B in the factor's dtype)
             fused = (factor_stores["lu"][0] is None and sdt == fdt and not half  # (B is scaled first there)
-                     and lu_rhs_fits(n, p.tile, k, fdt.itemsize, dt.itemsize))
+                     and lu_rhs_fits(n, p.tile, k, fdt.itemsize, dt.itemsize) and _rhs_in_range(B, fdt))
             b_path = B.path if eq is None else eq[1]  # the panels eliminate R B beside R A C
             # the condition estimate's z as one more column, where the panels hold it: its pair of triangular
             # solves (a read of L and of U) then rides the panels' elimination and the first back substitution
@@ -571,6 +571,21 @@ class _SquareRun:
 
     def solve_stores(self, f: _Factor) -> dict:
         return self.stores[f.kind]
+
+
+def _rhs_in_range(B: Any, fdt: np.dtype) -> bool:
+    """Whether every column of ``B`` casts to the factor's dtype ``fdt`` within its normal range (always, where
+    ``fdt`` is not narrower): the LU panels' forward elimination casts ``B`` as it is, the solve's own tasks
+    scale a column beyond the range by a power of two first (:func:`~blocklin.linalg.factor.lu_panels.rhs_exponents`)."""
+    from blocklin.storage.zarr_store import row_bands
+
+    if not (B.dtype.kind == fdt.kind == "f" and B.dtype.itemsize > fdt.itemsize) or not B.shape[1]:
+        return True
+    top = np.zeros(B.shape[1])
+    for _, block in row_bands(B.path):
+        with np.errstate(invalid="ignore"):
+            np.fmax(top, np.max(np.abs(block.reshape(block.shape[0], -1)), axis=0, initial=0.0), out=top)
+    return rhs_exponents(top, fdt) is None
 
 
 def _kinds(assume_a: str) -> tuple[str, ...]:

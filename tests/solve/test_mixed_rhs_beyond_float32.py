@@ -1,0 +1,37 @@
+"""``precision="mixed"``'s default refinement solves a right-hand side beyond float32's range.
+
+The float32 LU's triangular solves cast ``b`` (and each residual) to float32. Cast as it was, a column
+near ``2^500`` became inf (NumPy's "overflow encountered in cast" leaked, and the solve was refused naming
+float32's range, although ``x`` near ``2^500`` is well within float64's), and one near ``2^-500`` became
+zeros: its ``x`` came back as zeros, silently, since the block's normwise backward error is decided by
+the other columns. Each such column is now divided by a power of two before the cast and its solution
+multiplied back (exact), in memory and out of core (``memory="64KiB"``: panels of 32 columns). Each column is an independent solve, so each must
+meet :func:`support.tolerances.assert_solve`'s bound ``8 n eps kappa(A)`` (Higham 2002, Thm 7.2; mixed
+precision refinement reaches float64's, Higham 2002, Thm 12.3) against LAPACK's solution of the same
+column taken at scale 1 (the powers of two are exact)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+from support.tolerances import assert_solve
+
+
+@pytest.mark.parametrize("memory", [None, "64KiB"], ids=["in-memory", "out-of-core"])
+@pytest.mark.parametrize("powers", [(0.0, 500.0, 0.0), (0.0, -500.0, 0.0), (500.0, -500.0, 0.0)], ids=str)
+def test_columns_beyond_float32_range_solved(powers, memory, tmp_path):
+    rng = np.random.default_rng(5)
+    n = 40
+    a = rng.standard_normal((n, n)) + n * np.eye(n)
+    b1 = rng.standard_normal((n, len(powers)))
+    b = b1 * 2.0 ** np.array(powers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no NumPy cast warning, nor any other
+        x = bl.solve(a, b, precision="mixed", out=tmp_path / "x.zarr",
+                     **({"memory": memory} if memory else {})).to_numpy()
+    for j, p in enumerate(powers):
+        assert_solve(np.ldexp(x[:, j], -int(p)), np.linalg.solve(a, b1[:, j]), a)
