@@ -437,6 +437,15 @@ class Region:
         block = self.read_stored(rows, slice(0, self.shape[1]), check=check, name=name)
         return np.ascontiguousarray(block.T if self.trans else block, dtype=dtype)
 
+    def write_rows(self, rows: slice, block: np.ndarray) -> None:
+        """Rows ``rows`` of the view, every column, from ``block`` (as :meth:`read_rows` reads them)."""
+        rs = slice(self.off[0] + rows.start, self.off[0] + rows.stop)
+        cs = slice(self.off[1], self.off[1] + self.shape[1])
+        if self.trans:
+            rs, cs = slice(self.off[0], self.off[0] + self.shape[1]), slice(self.off[1] + rows.start,
+                                                                            self.off[1] + rows.stop)
+        write_block(open_array(self.path, mode="r+"), rs, cs, self._conj(block.T if self.trans else block))
+
     def write(self, i: int, j: int, t: int, block: np.ndarray) -> None:
         rs, cs = self._stored_slices(i, j, t)
         write_block(open_array(self.path, mode="r+"), rs, cs, self._conj(block.T if self.trans else block))

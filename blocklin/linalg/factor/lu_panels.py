@@ -143,20 +143,34 @@ def rhs_exponents(top: np.ndarray, dtype: Any) -> np.ndarray | None:
     return np.where(out, np.frexp(np.where(out, top, 1.0))[1], 0).astype(np.intc)
 
 
-def _read_rhs(b: Region, size: int, dt: np.dtype, check: bool) -> tuple[np.ndarray, np.ndarray | None]:
+def _read_rhs(b: Region, size: int, dt: np.dtype, check: bool, rows: int) -> tuple[np.ndarray, np.ndarray | None]:
     """``B`` in the solves' dtype ``dt``, and the exponents of :func:`rhs_exponents` (None: none scaled):
     a float64 ``B`` cast to a float32 factor's dtype has each column beyond float32's range divided by a
     power of two first (cast unscaled, ``b`` near ``2^500`` became inf, with NumPy's overflow warning, and
-    one near ``2^-500`` zeros: a silently wrong ``x``); every other column is cast as it is (its bits kept)."""
+    one near ``2^-500`` zeros: a silently wrong ``x``); every other column is cast as it is (its bits kept).
+
+    Read by blocks of ``rows`` rows, each cast into the ``dt`` array as its column maxima are taken, so that
+    besides that array the task holds one row block of ``B``'s wider dtype (the input rows read before a cast
+    of :func:`~blocklin.plan.factor.lu_panel_bytes`), not all of ``B``; only where a column is out of range are
+    its rows read a second time, scaled and cast again."""
     src = np.dtype(open_array(b.path).dtype)
     if not (src.kind == dt.kind == "f" and src.itemsize > dt.itemsize):
         return b.read(0, 0, size, dt, check, "b"), None
-    y = b.read(0, 0, size, None, check, "b")
-    with np.errstate(invalid="ignore"):
-        e = rhs_exponents(np.max(np.abs(y), axis=0, initial=0.0), dt)
-    if e is not None:
-        np.ldexp(y, -e[None, :], out=y)
-    return y.astype(dt), e
+    n, k = b.shape
+    y, top = np.empty((n, k), dtype=dt), np.zeros(k)
+    blocks = [slice(r0, min(n, r0 + rows)) for r0 in range(0, n, max(1, rows))]
+    for rs in blocks:
+        blk = b.read_rows(rs, None, check, "b")
+        with np.errstate(over="ignore", invalid="ignore"):  # a column beyond the range: cast again below
+            np.fmax(top, np.max(np.abs(blk), axis=0, initial=0.0), out=top)
+            y[rs] = blk
+    e = rhs_exponents(top, dt)
+    if e is None:
+        return y, None
+    cols = np.flatnonzero(e)
+    for rs in blocks:
+        y[rs, cols] = np.ldexp(b.read_rows(rs, None, False, "b")[:, cols], -e[None, cols])
+    return y, e
 
 
 def swap_moves(piv: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
@@ -513,7 +527,7 @@ def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray, forward: bool = True) ->
     rb = lu_stream_rows(t, n)
     dev = get_device(spec.device, device_memory=spec.device_memory)
     work = open_array(spec.a.path)
-    y0, scaled = _read_rhs(spec.b, max(n, k, 1), dt, spec.check)
+    y0, scaled = _read_rhs(spec.b, max(n, k, 1), dt, spec.check, rb)
     ys = [dev.to_device(p) for p in rhs_parts(y0, spec.split)]
     del y0
     nread = sum(y.nbytes for y in ys)
@@ -565,11 +579,16 @@ def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray, forward: bool = True) ->
             nread += blk.nbytes
     parts = [np.asarray(dev.to_host(y)) if ok else np.full(y.shape, np.inf, dtype=dt) for y, ok in zip(ys, live)]
     x = parts[0] if len(parts) == 1 else np.hstack(parts)
-    if scaled is not None:  # the scaled columns' solutions multiplied back, in B's wider dtype
+    if scaled is None:
+        spec.out.write(0, 0, max(n, k, 1), x)
+        return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": (2 if forward else 1) * n * n * k}
+    wide, written = open_array(spec.b.path).dtype, 0
+    for r0 in range(0, n, rb):  # the scaled columns' solutions multiplied back in B's wider dtype, by row blocks
         with np.errstate(over="ignore", under="ignore"):
-            x = np.ldexp(x.astype(open_array(spec.b.path).dtype), scaled[None, :])
-    spec.out.write(0, 0, max(n, k, 1), x)
-    return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": (2 if forward else 1) * n * n * k}
+            blk = np.ldexp(x[r0:r0 + rb].astype(wide), scaled[None, :])
+        spec.out.write_rows(slice(r0, r0 + blk.shape[0]), blk)
+        written += blk.nbytes
+    return {"bytes_read": nread, "bytes_written": written, "flops": (2 if forward else 1) * n * n * k}
 
 
 def swaps_to_permutation(pivots: np.ndarray) -> np.ndarray:
