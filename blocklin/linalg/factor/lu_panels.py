@@ -579,13 +579,15 @@ def lu_solve_task(spec: TileOpSpec, pivots: np.ndarray, forward: bool = True) ->
             nread += blk.nbytes
     parts = [np.asarray(dev.to_host(y)) if ok else np.full(y.shape, np.inf, dtype=dt) for y, ok in zip(ys, live)]
     x = parts[0] if len(parts) == 1 else np.hstack(parts)
-    if scaled is None:
-        spec.out.write(0, 0, max(n, k, 1), x)
-        return {"bytes_read": nread, "bytes_written": x.nbytes, "flops": (2 if forward else 1) * n * n * k}
+    # written by row blocks: a store of a wider dtype (float64 x of float32 solves) casts what it is given, so a
+    # write of all of x had held its n x k copy in that dtype; the scaled columns' solutions are multiplied back
+    # in B's wider dtype, block by block
     wide, written = open_array(spec.b.path).dtype, 0
-    for r0 in range(0, n, rb):  # the scaled columns' solutions multiplied back in B's wider dtype, by row blocks
-        with np.errstate(over="ignore", under="ignore"):
-            blk = np.ldexp(x[r0:r0 + rb].astype(wide), scaled[None, :])
+    for r0 in range(0, n, rb):
+        blk = x[r0:r0 + rb]
+        if scaled is not None:
+            with np.errstate(over="ignore", under="ignore"):
+                blk = np.ldexp(blk.astype(wide), scaled[None, :])
         spec.out.write_rows(slice(r0, r0 + blk.shape[0]), blk)
         written += blk.nbytes
     return {"bytes_read": nread, "bytes_written": written, "flops": (2 if forward else 1) * n * n * k}
