@@ -65,3 +65,32 @@ def test_gen_solve_peak_within_budget(tmp_path, memory_mib, graded):
     an, bn = a[...] / d, b[...] / d
     eta = np.linalg.norm(bn - an @ x) / (np.linalg.norm(an) * np.linalg.norm(x) + np.linalg.norm(bn))
     assert eta <= np.sqrt(n) * np.finfo(float).eps, eta
+
+
+MIXED_CHILD = CHILD.replace("memory=memory, overwrite=True)", "memory=memory, overwrite=True, precision='mixed')").replace(
+    "out=out, memory=memory)", "out=out, memory=memory, precision='mixed')")
+
+
+@needs_hwm
+@pytest.mark.parametrize("power", [0, 200], ids=["in-range", "beyond-float32"])
+def test_mixed_solve_peak_within_budget(tmp_path, power):
+    """``precision="mixed"`` with ``k`` right-hand sides as wide as a panel (solved on the panels as stored, one
+    task holding the float32 ``B``): the task reads the float64 ``B`` and writes the float64 ``x`` by row blocks
+    (it had held all of ``B`` in float64 beside its float32 copy, and the float64 cast of all of ``x`` as it was
+    written: 5.4 MiB, and 6.4 MiB with ``b`` near ``2^200``, of a 4 MiB budget). ``power``: ``b`` near
+    ``2^power`` (200: beyond float32's range, each column scaled by a power of two for the float32 solves)."""
+    n, k, memory_mib = 2048, 128, 4
+    budget = memory_mib * 2**20
+    rng = np.random.default_rng(3)
+    a = bl.from_array(rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n), tmp_path / "a.zarr", chunks=(256, 256))
+    b = bl.from_array(2.0**power * rng.standard_normal((n, k)), tmp_path / "b.zarr", chunks=(256, k))
+    wa = bl.from_array(rng.standard_normal((48, 48)) + 7 * np.eye(48), tmp_path / "wa.zarr", chunks=(16, 16))
+    wb = bl.from_array(2.0**power * rng.standard_normal((48, 8)), tmp_path / "wb.zarr", chunks=(16, 8))
+    r = run_child(MIXED_CHILD, a.path, b.path, wa.path, wb.path, str(tmp_path / "x.zarr"), f"{memory_mib}MiB")
+    used = r["peak"] - r["baseline"]
+    assert r["method"] == "lu" and r["tile"] == k  # B as wide as a panel: the panels' own solve task
+    assert used <= 1.10 * budget, f"used {used / 2**20:.2f} MiB over baseline, budget {memory_mib} MiB"
+    # the refined x meets the solver's target sqrt(n) eps, of the system divided by 2^power (exact)
+    x, an, bn = np.ldexp(bl.open(tmp_path / "x.zarr")[...], -power), a[...], np.ldexp(b[...], -power)
+    eta = np.linalg.norm(bn - an @ x) / (np.linalg.norm(an) * np.linalg.norm(x) + np.linalg.norm(bn))
+    assert eta <= np.sqrt(n) * np.finfo(float).eps, eta
