@@ -231,7 +231,7 @@ def rhs_kernel(device: Any, arrays: tuple, rows: slice, params: dict, state: Any
     return (cexp if state is None else np.maximum(state, cexp)), None
 
 
-def rhs_exponents(job: Any, B: Any, eq: Equilibration, dtype: Any) -> np.ndarray:
+def rhs_exponents(job: Any, B: Any, eq: Equilibration, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     """The powers of two ``2^s_j`` that keep the solution ``y`` of ``(R A C) y = R B 2^s`` within ``dtype``'s
     normal range, from one read of ``B``. ``||y|| >= ||R b|| / ||R A C||_2``, and ``||R A C||_2 < n 2^peak``
     (:attr:`Equilibration.peak`): where ``max |R b| / 2^peak`` lies within ``n`` (and a factor 2) of the range's
@@ -242,7 +242,10 @@ def rhs_exponents(job: Any, B: Any, eq: Equilibration, dtype: Any) -> np.ndarray
     ``1e-2`` for a bound of ``1e-11``); float32 columns ``2^115`` apart with rows alike (not scaled: ``A C`` near
     ``A``'s ``2^60``) and ``b`` near ``4e-33`` gave ``y`` below the range and ``x = 0``, refused as below it, where
     ``x`` is near ``2e-16``. The column's ``x`` is then ``2^-s_j`` times the solution (exact but where it leaves
-    the range)."""
+    the range).
+
+    Also returned: each column's binary exponent (frexp's ``e``, ``|v| < 2^e``) of ``max |R b 2^s|``, the right-hand
+    sides the solve eliminates (:func:`rhs_within` judges them against a narrower factor's range)."""
     k = B.shape[1]
     states, _ = run_pass(job, rhs_kernel, [source(B, name="b")], {"left": np.asarray(eq.row, dtype=np.int32)},
                          check_finite=False, peaks=False, over="b", description="column maxima of R b")
@@ -255,7 +258,17 @@ def rhs_exponents(job: Any, B: Any, eq: Equilibration, dtype: Any) -> np.ndarray
     ey = cexp - eq.peak
     margin = 1 + math.ceil(math.log2(max(B.shape[0], 1)))
     out = (cexp != _NO_ENTRY) & ((ey < fi.minexp + margin) | (ey > fi.maxexp - margin))
-    return np.where(out, -ey, 0).astype(np.int64)
+    shift = np.where(out, -ey, 0).astype(np.int64)
+    return shift, np.where(cexp != _NO_ENTRY, cexp + shift, _NO_ENTRY)
+
+
+def rhs_within(exponents: np.ndarray, dtype: Any) -> bool:
+    """Whether every column whose largest magnitude has the binary exponent ``exponents`` (of
+    :func:`rhs_exponents`: ``2^(e-1) <= max |v| < 2^e``) casts to ``dtype`` within its normal range, neither
+    beyond its largest value nor below its smallest normal one (a zero column is within it)."""
+    fi = np.finfo(np.dtype(dtype))
+    e = np.asarray(exponents, dtype=np.int64)
+    return bool(np.all((e == _NO_ENTRY) | ((e >= fi.minexp) & (e < fi.maxexp))))
 
 
 def _scale_memory(params: Any, sources: tuple) -> PassMemory:
@@ -313,5 +326,5 @@ def scale_into(job: Any, src: Any, dst: Any, left: np.ndarray, right: np.ndarray
     return sum(s["overflow"] for s in states), max((s["peak"] for s in states), default=0)
 
 
-__all__ = ["ColumnMaxima", "Equilibration", "NOTE", "THRESH", "decide", "power_of_two", "rhs_exponents", "scale_into",
+__all__ = ["ColumnMaxima", "Equilibration", "NOTE", "THRESH", "decide", "power_of_two", "rhs_exponents", "rhs_within", "scale_into",
            "scan", "strip_maxima"]

@@ -275,11 +275,14 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
         ao = job.claim(out, [A, B], overwrite=overwrite, resume=resume, token=token, size=((n, k), dt),
                        temp_size=((n, (2 * n if half else n) + staged), fdt))  # the factor (A scaled, R A C) in the temp dir
         rows = _staging_rows(job, A) if staged else 0
+        # the powers of two 2^s of the equilibrated R b 2^s and its columns' exponents, from B and R alone (not
+        # a recorded stage: a resumed run finds the same); the LU panels eliminate R b 2^s, whose range they judge
+        shift, eliminated = _equilibrate.rhs_exponents(job, B, eq, B.dtype) if staged else (None, None)
         run = _SquareRun.start(job, A, B, ao, fdt, assume_a, resume=resume, token=token, dtype=dt, half=half,
-                               equilibrated=rows, rider=not (half or refinement == "gmres"))
-        given, shift = B, None
+                               equilibrated=rows, rider=not (half or refinement == "gmres"), eliminated=eliminated)
+        given = B
         if staged:  # the solve runs on (R A C) y = R b 2^s, x = C y 2^-s
-            A, B, shift = _equilibrate_system(job, run, A, B, eq, rows)
+            A, B = _equilibrate_system(job, run, A, B, eq, rows, shift)
         if run.rider is not None:
             run.stages.run("condition rhs", lambda: _stage_rider(B, run.rider, run.tiles["lu"], dt))
         if half:
@@ -384,23 +387,21 @@ def _staging_rows(job: Job, A: Any) -> int:
 
 
 def _equilibrate_system(job: Job, run: _SquareRun, A: Any, B: Any, eq: _equilibrate.Equilibration,
-                        rows: int) -> tuple[Any, Any, np.ndarray]:
+                        rows: int, shift: np.ndarray) -> tuple[Any, Any]:
     """``R A C`` and ``R B 2^s`` staged in the run's work stores (exact: powers of two, but for entries below
     the range's bottom, negligible next to their row's largest), in ``A``'s and ``B``'s dtypes, ``R A C`` in
     chunks of ``rows`` (:func:`_staging_rows`) by ``A``'s columns: the factorization, the refinement and the
     condition estimate then see the equilibrated system, and the tiles planned for ``A`` hold (same shape and
-    dtype, chunks no larger). ``s`` (returned; per column, 0 but where ``R b`` would leave the normal range,
-    :func:`~blocklin.linalg.blocks.equilibrate.rhs_exponents`) is undone on ``x``."""
+    dtype, chunks no larger). ``shift``: ``s`` (per column, 0 but where ``R b`` would leave the normal range,
+    :func:`~blocklin.linalg.blocks.equilibrate.rhs_exponents`), undone on ``x``."""
     n, k = B.shape
     e_a, e_b = run.equilibrated
-    # from B and R alone (not a recorded stage: a resumed run finds the same)
-    shift = _equilibrate.rhs_exponents(job, B, eq, B.dtype)
     run.stages.run("equilibrate", lambda: _equilibrate.scale_into(
         job, A, e_a, eq.row, eq.col, A.dtype, rows, description="equilibrate (R A C)", over="a"))
     run.stages.run("equilibrate b", lambda: _equilibrate.scale_into(
         job, B, e_b, eq.row, shift, B.dtype, B.chunks[0], description="equilibrate (R b)", over="b"))
     return (Operand(name="a", path=e_a, shape=(n, n), dtype=np.dtype(A.dtype), chunks=(rows, A.chunks[1])),
-            Operand(name="b", path=e_b, shape=(n, k), dtype=np.dtype(B.dtype), chunks=tuple(B.chunks)), shift)
+            Operand(name="b", path=e_b, shape=(n, k), dtype=np.dtype(B.dtype), chunks=tuple(B.chunks)))
 
 
 def _write_unequilibrated(job: Job, src: Any, dst: Any, eq: _equilibrate.Equilibration, shift: np.ndarray,
@@ -521,7 +522,7 @@ class _SquareRun:
     @classmethod
     def start(cls, job: Job, A: Any, B: Any, ao: Any, fdt: np.dtype, assume_a: str, *, resume: bool,
               token: str, dtype: np.dtype, half: bool = False, equilibrated: int = 0,
-              rider: bool = False) -> _SquareRun:
+              rider: bool = False, eliminated: np.ndarray | None = None) -> _SquareRun:
         (n, k), dt, sdt = B.shape, dtype, solve_dtype(fdt, dtype)
         plans = {kind: _plan(job, A, fdt, kind) for kind in _kinds(assume_a)}
         tiles = {kind: _tile(job, A, p, dt) for kind, p in plans.items()}
@@ -548,7 +549,7 @@ class _SquareRun:
             p = plans["lu"]
             # (not for a complex B with a real A: the panels eliminate B in the factor's dtype)
             fused = (factor_stores["lu"][0] is None and sdt == fdt and not half  # (B is scaled first there)
-                     and lu_rhs_fits(n, p.tile, k, fdt.itemsize, dt.itemsize) and _rhs_in_range(B, fdt))
+                     and lu_rhs_fits(n, p.tile, k, fdt.itemsize, dt.itemsize) and _rhs_in_range(B, fdt, eliminated))
             b_path = B.path if eq is None else eq[1]  # the panels eliminate R B beside R A C
             # the condition estimate's z as one more column, where the panels hold it: its pair of triangular
             # solves (a read of L and of U) then rides the panels' elimination and the first back substitution
@@ -573,14 +574,20 @@ class _SquareRun:
         return self.stores[f.kind]
 
 
-def _rhs_in_range(B: Any, fdt: np.dtype) -> bool:
+def _rhs_in_range(B: Any, fdt: np.dtype, eliminated: np.ndarray | None = None) -> bool:
     """Whether every column of ``B`` casts to the factor's dtype ``fdt`` within its normal range (always, where
     ``fdt`` is not narrower): the LU panels' forward elimination casts ``B`` as it is, the solve's own tasks
-    scale a column beyond the range by a power of two first (:func:`~blocklin.linalg.factor.lu_panels.rhs_exponents`)."""
+    scale a column beyond the range by a power of two first (:func:`~blocklin.linalg.factor.lu_panels.rhs_exponents`).
+    ``eliminated``: an equilibrated system's panels eliminate ``R B 2^s``, not ``B``: its columns' exponents
+    (:func:`~blocklin.linalg.blocks.equilibrate.rhs_exponents`) are judged (``B`` near 1 with rows of ``A`` near
+    ``2^-250`` is ``R B`` near ``2^250``: its cast had overflowed, leaking NumPy's warning, and the solve was
+    refused as beyond float32's range)."""
     from blocklin.storage.zarr_store import row_bands
 
     if not (B.dtype.kind == fdt.kind == "f" and B.dtype.itemsize > fdt.itemsize) or not B.shape[1]:
         return True
+    if eliminated is not None:
+        return _equilibrate.rhs_within(eliminated, fdt)
     top = np.zeros(B.shape[1])
     for _, block in row_bands(B.path):
         with np.errstate(invalid="ignore"):
