@@ -35,3 +35,30 @@ def test_columns_beyond_float32_range_solved(powers, memory, tmp_path):
                      **({"memory": memory} if memory else {})).to_numpy()
     for j, p in enumerate(powers):
         assert_solve(np.ldexp(x[:, j], -int(p)), np.linalg.solve(a, b1[:, j]), a)
+
+
+@pytest.mark.parametrize("memory", [None, "64KiB"], ids=["in-memory", "out-of-core"])
+@pytest.mark.parametrize("rows", [(-300.0, -200.0), (200.0, 300.0)], ids=["R-b-near-2^250", "R-b-near-2^-250"])
+def test_equilibrated_rhs_beyond_float32_range(rows, memory, tmp_path):
+    """Rows of ``A`` graded over ``2^rows`` (equilibrated: ``R`` near ``2^-rows``) and ``b`` near 1, within
+    float32's range; the LU panels eliminate ``R b``, near ``2^250`` or ``2^-250``, beyond it. Its range had
+    been judged on ``b``: the panels cast ``R b`` to float32 unscaled, which overflowed (NumPy's warning leaked
+    and the solve was refused as beyond float32's range, ``x`` near ``2^250`` being well within float64's) or
+    flushed to zeros (``x0 = 0``, backward error 1, left for refinement to recover). ``x`` solves
+    ``G x = b / d`` exactly (``A = d G``, ``d`` powers of two): :func:`support.tolerances.assert_solve`'s
+    ``8 n eps kappa(G)`` per column; the first float32 solve's backward error is that of a float32 LU
+    solve, ``O(n u_32)`` (Higham 2002, Thm 9.4: ``8 n u_32`` with this ``G``'s modest growth), not 1."""
+    rng = np.random.default_rng(7)
+    n = 64
+    d = 2.0 ** np.round(np.linspace(*rows, n))[rng.permutation(n), None]
+    g = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
+    b = rng.standard_normal((n, 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no NumPy cast warning, nor any other
+        x = bl.solve(d * g, b, precision="mixed", out=tmp_path / "x.zarr", **({"memory": memory} if memory else {}))
+    r = x.report
+    assert r["equilibration"]["applied"]
+    assert r["history"][0]["backward_error"] <= 8 * n * np.finfo(np.float32).eps, r["history"][0]
+    x = x.to_numpy()
+    for j in range(b.shape[1]):
+        assert_solve(x[:, j], np.linalg.solve(g, b[:, j] / d[:, 0]), g)
