@@ -465,8 +465,9 @@ def complete_output_refusal(loc: Location, read: Any = None, name: str = "out") 
         "with its inputs), or pass overwrite=True (CLI: --overwrite) to compute it again"))
 
 
-#: The name of a local partial output: ``.OUT.partial-`` and the run's token (16 hex digits).
-PARTIAL_TOKEN = re.compile(r"\.partial-[0-9a-f]{16}$")
+#: The name of a local partial output: ``.OUT.partial-`` and the run's token (16 hex digits), with the letter a
+#: run with a second output adds for it (``qr``'s ``Q``: ``token + "q"``).
+PARTIAL_TOKEN = re.compile(r"\.partial-[0-9a-f]{16}[a-z]?$")
 
 
 def blocklin_partial(path: str) -> bool:
