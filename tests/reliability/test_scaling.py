@@ -742,8 +742,10 @@ def test_wide_solve_near_the_range_ends(dtype, c, method):
 
 def test_an_overflowed_wide_solution_is_refused(monkeypatch):
     """Were the GEMM's sums ever to overflow (the earlier split of the exponents, put back here), the Inf
-    is refused, never returned as ``x``. float64 data near the top of its range: float32 data's ``x = A^T y``
-    is summed in float64, where that split does not overflow."""
+    is refused, never returned as ``x``: the per-column judgement of ``x``
+    (:func:`~blocklin.linalg.blocks.result_range.check_columns`) refuses the column naming ``b``. float64 data
+    near the top of its range: float32 data's ``x = A^T y`` is summed in float64, where that split does not
+    overflow."""
     from blocklin.linalg.solve import wide
 
     monkeypatch.setattr(wide, "dual_exponents", lambda y, eb, ea, dtype: (eb - ea, -ea))
@@ -751,7 +753,8 @@ def test_an_overflowed_wide_solution_is_refused(monkeypatch):
     u, _ = np.linalg.qr(rng.standard_normal((4, 4)))
     a = (u * np.logspace(0, -5, 4)) @ np.linalg.qr(rng.standard_normal((40, 4)))[0].T * 2.0 ** 1000
     b = rng.standard_normal(4) * 2.0 ** 1000
-    with pytest.raises(bl.errors.NonFiniteError, match="x = A\\^T y within the range.*overflowed"):
+    with pytest.raises(bl.errors.ParameterError, match="^b: must give a solution x within the range of float64.*"
+                       "beyond 1.8e\\+308"):
         bl.solve(a, b, method="normal", memory=IN_MEMORY)
 
 
