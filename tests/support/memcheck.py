@@ -25,10 +25,12 @@ PRELUDE = textwrap.dedent("""
                 return int(line.split()[1]) * 1024
     def reset_hwm():
         open('/proc/self/clear_refs', 'w').write('5')
-    def warm_blas():
+    def warm_blas(own_threads=False):
         # the BLAS work buffers of full-size products made by two tasks at once (the host BLAS runs
         # without the GIL, so each concurrent caller gets its own buffer: once per process, as the
-        # thread pools; blocklin.device.host_blas)
+        # thread pools; blocklin.device.host_blas); own_threads: also those of OpenBLAS's own threads,
+        # for an operation whose tasks run alone on all the cores (Job.run's blas_threads: the LU panels)
+        import os
         import threading
         import numpy as np
         from blocklin._blas import blas_threads
@@ -45,6 +47,9 @@ PRELUDE = textwrap.dedent("""
             ths = [threading.Thread(target=both) for _ in range(PASS_WORKERS)]
             [t.start() for t in ths]
             [t.join() for t in ths]
+        if own_threads:
+            with blas_threads(os.cpu_count() or 1):
+                both()
     def warm(op):
         # before a strict baseline: one small out-of-core call of the operation (its threads and
         # imports), then BLAS and LAPACK work buffers of full-size calls
