@@ -254,11 +254,34 @@ def output_members(keys: Iterable[str]) -> list[str]:
 
 
 def recorded_members(read: Any) -> list[str]:
-    """The member node paths the provenance of the blocklin output read by ``read(key)`` lists (none
-    when it lists none: an output without that record counts its root alone as blocklin's)."""
+    """The member node paths the provenance of the blocklin output read by ``read(key)`` lists; for a
+    group committed before commits listed them, those of its operation's layout
+    (:func:`blocklin.storage.layouts.layout_members`); none otherwise (its root alone is blocklin's)."""
     prov = _provenance(read)
     members = prov.get(MEMBERS_KEY) if prov else None
-    return [m for m in members if isinstance(m, str)] if isinstance(members, list) else []
+    if isinstance(members, list):
+        return [m for m in members if isinstance(m, str)]
+    if prov is None:
+        return []
+    from blocklin.storage.layouts import layout_members
+
+    try:
+        layout = layout_members(json.loads(read("zarr.json") or b"null"))
+    except ValueError:
+        return []
+    # a layout's name is blocklin's only as a plain array: a group, or an output of its own (provenance
+    # in its attributes), put there under that name is someone else's
+    return [m for m in layout if _plain_array(read(f"{m}/zarr.json"))]
+
+
+def _plain_array(raw: bytes | None) -> bool:
+    try:
+        meta = json.loads(raw) if raw is not None else None
+    except ValueError:
+        return False
+    attrs = meta.get("attributes") if isinstance(meta, dict) else None
+    return isinstance(meta, dict) and meta.get("node_type") == "array" and not (isinstance(attrs, dict)
+                                                                              and "blocklin" in attrs)
 
 
 def _provenance(read: Any) -> dict | None:
