@@ -8,11 +8,15 @@ the rounding of their dot products (the stored rows' entries are summed in sorte
 
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 import pytest
 import scipy.sparse
 
 import blocklin as bl
+from blocklin.errors import OutputIsInputError
 from blocklin.sparse import SparseOperator
 from support.tolerances import assert_ritz_values, eps
 
@@ -177,3 +181,33 @@ def test_sparse_svd_runs_at_the_minimum_its_refusal_names(tmp_path, shape, metho
             retried += 1
             budget *= 4
     assert retried >= 1
+
+
+def _tree(path) -> dict:
+    out = {}
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            p = os.path.join(root, name)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, path)] = f.read()
+    return out
+
+
+@pytest.mark.parametrize("where", ["same", "inside"])
+@pytest.mark.parametrize("route", ["svd", "pca", "svd of a Matrix", "pca of a Matrix"])
+def test_a_result_never_goes_onto_or_inside_its_sparse_input(tmp_path, route, where):
+    """The operator route records the stored matrix it reads as its input: ``out=`` the sparse
+    matrix itself with ``overwrite=True`` had replaced it with the result (the input gone), and ``out``
+    inside it had written a group into it; both refused now, the input byte for byte as it was, and
+    the result's provenance names its input."""
+    path = tmp_path / "S.zarr"
+    bl.from_sparse(_decaying_sparse(300, 20, 2), path)
+    a = bl.open(path) if route.endswith("Matrix") else str(path)
+    run = bl.pca if route.startswith("pca") else bl.svd
+    before = _tree(path)
+    out = path if where == "same" else path / "R"
+    with pytest.raises(OutputIsInputError, match="inputs are never modified"):
+        run(a, 3, out=out, overwrite=True, seed=0)
+    assert _tree(path) == before
+    run(a, 3, out=tmp_path / "R.zarr", seed=0)
+    assert json.loads((tmp_path / "R.zarr" / "zarr.json").read_text())["attributes"]["blocklin"]["inputs"] == [str(path)]

@@ -538,7 +538,7 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
         max_passes=max_passes, block_size=block_size, max_basis=max_basis, lanczos_tol=lanczos_tol)
     long_wanted = vectors is True or vectors == ("vh" if m < n else "u")
     with Job("svd", **settings) as job:
-        ao = job.claim(out, [], overwrite=overwrite)
+        ao = job.output(out, inputs=stored_operands(op), overwrite=overwrite)  # never onto, nor inside, S
         create_group(ao.array_path())
         seed = resolve_seed(seed)
         f, plan, products = operator_svd(job, op, k, method=method, oversample=oversample, q=q, tol=tol, seed=seed,
@@ -552,6 +552,17 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
         if mean is not None:
             f = dataclasses.replace(f, mean=np.asarray(mean))
         return _result(job, out, dt, plan, f, report, ao, overwrite, long_wanted, pca=pca)
+
+
+def stored_operands(op: Any) -> list[str]:
+    """The stored matrix a LinearOperator reads (a :class:`~blocklin.sparse.SparseMatrix`, its row-block
+    operator, or a stored sparse PCA's centered operator over one; none for other operators): the input
+    its result is never written onto nor inside."""
+    for x in (op, getattr(op, "sparse_operator", None)):
+        x = getattr(x, "matrix", x)
+        if isinstance(x, SparseMatrix):
+            return [x.path]
+    return []
 
 
 def operator_options(shape: tuple[int, int], dtype: Any, k: Any, *, method: str, oversample: int, power_iters: Any,
