@@ -10,6 +10,8 @@ the reference (Wedin's sin-theta bound with the run's residual ``r_i``) plus the
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import scipy.sparse
@@ -137,3 +139,46 @@ def test_stored_sparse_pca_opens_as_the_pca_wherever_it_ran(tmp_path, placement,
     assert_mean(o.mean_, dense)
     assert_explained_variance(o.explained_variance_, ref.explained_variance_, o.explained_variance_ratio_,
                               ref.explained_variance_ratio_, dense)
+
+
+def _tree(path) -> dict:
+    out = {}
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            p = os.path.join(root, name)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, path)] = f.read()
+    return out
+
+
+@pytest.mark.parametrize("shape", [(600, 40), (40, 300)], ids=["tall", "wide"])
+def test_sparse_pca_group_is_final_at_its_commit(tmp_path, shape, monkeypatch):
+    """The components' signs (scikit-learn's rule) are given to the stored factors before the commit:
+    they had been rewritten in the committed group afterwards (``U``'s and ``Vt``'s chunks), so an
+    interrupt between the two writes left a committed PCA whose ``U`` and ``Vt`` disagreed in sign,
+    and a reader could see either. The group as committed is the group returned, and its factors are
+    the PCA's: ``Vt`` its components, ``U diag(s)`` the scores of the centered rows."""
+    from blocklin.storage.atomic import AtomicOutput
+
+    x = _sparse(*shape, seed=6) if shape[0] > shape[1] else _sparse(*shape[::-1], seed=6).T.tocsr()
+    s = bl.from_sparse(x, tmp_path / "s.zarr")
+    out = tmp_path / "p.zarr"
+    at_commit = {}
+    commit = AtomicOutput.commit
+
+    def recording(self, *args, **kw):
+        path = commit(self, *args, **kw)
+        if str(path) == str(out):
+            at_commit.update(_tree(out))
+        return path
+
+    monkeypatch.setattr(AtomicOutput, "commit", recording)
+    p = bl.pca(s, 4, seed=0, tol=10 * np.sqrt(eps(np.float64)), out=out)
+    assert at_commit and _tree(out) == at_commit
+    o = bl.open(out)
+    np.testing.assert_array_equal(np.asarray(o.components_), p.components_)
+    u = bl.open(out / "U").to_numpy()
+    dense = x.toarray()
+    rounding = 8 * max(shape) * eps(np.float64) * np.linalg.norm(dense, 2)
+    assert np.linalg.norm(p.transform(dense) - u * p.singular_values_, axis=0).max() <= \
+        rounding + 2 * max(p.report["residuals"])

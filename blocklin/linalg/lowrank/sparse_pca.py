@@ -16,7 +16,6 @@ import numpy as np
 
 from blocklin.errors import ParameterError, explain
 from blocklin.linalg.blocks.scaling import exponent_for
-from blocklin.linalg.lowrank.methods import component_signs
 from blocklin.sparse import SparseMatrix, centered_operator
 
 
@@ -86,23 +85,8 @@ def sparse_pca(s: SparseMatrix, n_components: Any, *, scale: bool, resume: bool,
     if record is not None:
         rec = record(m, total_variance(m2, m), e)
         svd_kw = dict(svd_kw, record=lambda *_: rec, operator_mean=mean)
-    res = factorize(op, n_components, **svd_kw)
-    U, sv, Vt = res
-    transposed = m < n  # the stored long factor is Vt
+    res = factorize(op, n_components, signs=True, **svd_kw)  # signed in its group before the commit
+    _, sv, Vt = res
     comps = (Vt.to_numpy() if hasattr(Vt, "to_numpy") else np.asarray(Vt)).astype(sv.dtype, copy=False)
-    d = component_signs(comps.T).astype(sv.dtype)
-    comps = comps * d[:, None]
-    long = Vt if transposed else U
-    if svd_kw.get("out") is not None and hasattr(long, "location"):  # the stored factors signed as well
-        from blocklin.storage.zarr_store import open_zarr
-
-        for name, axis in (("U", 1), ("Vt", 0)):
-            arr = open_zarr(long.location.parent / name, mode="r+")
-            vals = np.asarray(arr[...])  # m x k or k x n: what the operator route held in memory anyway
-            arr[...] = vals * (d[None, :] if axis == 1 else d[:, None]).astype(vals.dtype)
-        if transposed:
-            res = type(res)(res.U * d[None, :], sv, Vt, res.report)
-        else:
-            res = type(res)(U, sv, comps, res.report)
     res.report["passes_formula"] = f"{res.report.get('passes_formula', '')} + 1 (column means and variances)"
     return res, mean, m2, e, comps

@@ -431,8 +431,8 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                                       block_size=block_size, max_basis=max_basis, overwrite=overwrite,
                                       vectors=vectors, refused={"center": center, "scale": scale, "resume": resume,
                                                                 "which='SM'": which == "SM", "v0": v0 is not None,
-                                                                "signs": signs, "updatable": updatable},
-                                      lanczos_tol=lanczos_tol, settings=settings,
+                                                                "updatable": updatable},
+                                      lanczos_tol=lanczos_tol, settings=settings, signs=bool(signs),
                                       pca=record(None, None) if record is not None and out is not None else None,
                                       mean=operator_mean), vectors)
     with Job("svd", **settings) as job:
@@ -509,10 +509,11 @@ def _sketch_kept(plan: SvdPlan, f: Factorization) -> dict:
 def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: Any, n_iter: Any, tol: Any,
                  seed: int | None, out: Any, max_passes: Any, block_size: Any, max_basis: Any, overwrite: bool,
                  vectors: Any, refused: dict, lanczos_tol: Any, settings: dict, pca: dict | None = None,
-                 mean: np.ndarray | None = None) -> SVDResult:
+                 mean: np.ndarray | None = None, signs: bool = False) -> SVDResult:
     """The SVD of a SciPy ``LinearOperator`` (:mod:`blocklin.linalg.lowrank.operator_svd`): rsvd or block
     Lanczos through its products, the result stored as every SVD's; ``pca`` and ``mean``: a sparse PCA's
-    record and the column means its operator centers by, stored beside the factors (:func:`_result`)."""
+    record and the column means its operator centers by, stored beside the factors (:func:`_result`);
+    ``signs``: every triplet signed by scikit-learn's rule on the components (:func:`_signed_in_group`)."""
     asked = [name for name, on in refused.items() if on]
     if asked:
         raise ParameterError(explain("a", "a LinearOperator takes rsvd or block Lanczos for the largest triplets "
@@ -551,7 +552,27 @@ def _of_operator(op: Any, k: Any, *, method: str, oversample: int, power_iters: 
                       passes_formula=f"{plan.formula} (products with the operator: matmat and rmatmat)")
         if mean is not None:
             f = dataclasses.replace(f, mean=np.asarray(mean))
+        if signs:
+            f = _signed_in_group(f, ao, transposed=m < n)
         return _result(job, out, dt, plan, f, report, ao, overwrite, long_wanted, pca=pca)
+
+
+def _signed_in_group(f: Factorization, ao: Any, *, transposed: bool) -> Factorization:
+    """The operator route's triplets signed by scikit-learn's rule on the components (the rows of
+    ``Vt``: ``svd_flip``), in the partial group before the commit: the factors it holds already (the
+    long one, and a spilled short one) are read whole, as the route held them (``M x k`` or ``k x N``),
+    and rewritten; the short factor in memory with them. Real operators only (the route's dtypes)."""
+    stored = [name for name in ("U", "Vt") if ao.has_array(name)]
+    if "Vt" in stored:
+        vt = np.asarray(open_zarr(ao.array_path("Vt"), allow_pending=True)[...])
+    else:  # the short factor of a tall operator, N x k in memory
+        vt = np.asarray(f.V).T
+    d = component_signs(vt.T)
+    for name in stored:
+        arr = open_zarr(ao.array_path(name), mode="r+", allow_pending=True)
+        vals = vt if name == "Vt" else np.asarray(arr[...])
+        arr[...] = vals * (d[:, None] if name == "Vt" else d[None, :]).astype(vals.dtype)
+    return f if isinstance(f.V, StoredFactor) else dataclasses.replace(f, V=f.V * d)
 
 
 def stored_operands(op: Any) -> list[str]:
