@@ -64,6 +64,14 @@ def _target(a: Any, storage_options: dict | None) -> tuple[Location, dict]:
         if not be.exists(""):
             raise StoreNotFoundError(explain("a", "must name an existing zarr array", f"{loc.url!r}, which does "
                                              "not exist", "convert the first rows: blocklin convert FILE A.zarr"))
+        from blocklin.storage.sparse import is_sparse
+
+        if is_sparse(loc):  # blocklin's own, but its arrays are the CSR layout's: no rows are appended to it yet
+            raise ParameterError(explain(
+                "a", "must be a dense zarr array: rows are not appended to a stored sparse matrix (blocklin-csr "
+                "group) yet", f"{loc.url!r}, a sparse matrix", "write the grown matrix again (blocklin.from_sparse("
+                "scipy.sparse.vstack([old, new]), PATH, overwrite=True)) and recompute its results, or append to a "
+                "dense copy (blocklin convert S.zarr S.mtx, then blocklin convert S.mtx D.zarr --dense)"))
         raise StoreReadError(explain("a", "must be a zarr v3 array that blocklin wrote", repr(loc.url),
                                      "convert it first: blocklin convert A A2.zarr, then append to A2.zarr"))
     if be.try_read(PENDING_RECORD) is not None:

@@ -133,3 +133,27 @@ def test_open_of_a_stored_svd_gives_the_factors_back(tmp_path):
     zarr.open_group(str(tmp_path / "G.zarr"), mode="w")  # a group that is no blocklin result: refused as before
     with pytest.raises(StoreReadError, match="a zarr group.*name one of its arrays"):
         bl.open(tmp_path / "G.zarr")
+
+
+def test_update_of_a_sparse_pca_says_why_it_is_refused(tmp_path):
+    """A stored sparse matrix's PCA is not updated (no rows are appended to a sparse matrix yet): the
+    refusal names the sparse input and the recompute, where it had said the result recorded no input
+    version because of 'an in-memory input, an integer input ... or an older blocklin'; the group is
+    unchanged."""
+    import json
+    import os
+
+    import scipy.sparse
+
+    from blocklin.errors import ParameterError
+
+    x = scipy.sparse.random(60, 8, density=0.3, random_state=3, format="csr")
+    s = bl.from_sparse(x, tmp_path / "S.zarr")
+    bl.pca(s, 2, out=tmp_path / "P.zarr", seed=0)
+    before = {f: os.stat(os.path.join(r, f)).st_mtime_ns for r, _, fs in os.walk(tmp_path / "P.zarr") for f in fs}
+    with pytest.raises(ParameterError, match=r"the pca of the sparse matrix .*S\.zarr.*rerun blocklin\.pca"):
+        bl.update(tmp_path / "P.zarr")
+    after = {f: os.stat(os.path.join(r, f)).st_mtime_ns for r, _, fs in os.walk(tmp_path / "P.zarr") for f in fs}
+    assert after == before
+    assert json.loads((tmp_path / "P.zarr" / "zarr.json").read_text())["attributes"]["blocklin"]["inputs"] == \
+        [str(tmp_path / "S.zarr")]

@@ -148,6 +148,13 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
     loc, prov = _provenance(out, options)
     op = prov["operation"]
     covers = prov.get("covers")
+    if not covers and _sparse_inputs(prov, options):
+        raise ParameterError(explain(
+            "out", "must be a result of dense inputs: rows are not appended to a stored sparse matrix yet, so "
+            "its results are not updated", f"{loc.url!r}, the {'pca' if _is_pca(prov) else op} of the sparse matrix "
+            f"{_sparse_inputs(prov, options)[0]!r}", f"write the grown matrix again (blocklin.from_sparse(scipy.sparse."
+            f"vstack([old, new]), PATH, overwrite=True)), then rerun blocklin.{'pca' if _is_pca(prov) else op} "
+            "with the same arguments and overwrite=True"))
     if not covers:
         raise ParameterError(explain("out", "must record which version of each input it covers", f"{loc.url!r} "
                                      f"({op}) records none (an in-memory input, an integer input read through a float64 copy, or "
@@ -188,6 +195,24 @@ def update(out: Any, *, resume: bool = False, **settings: Unpack[Settings]) -> A
     if op == "svd":  # the provenance as the update committed it (the co-moments' count)
         result = _as_fitted(result, loc, _provenance(loc, options)[1])
     return result
+
+
+def _sparse_inputs(prov: dict, options: dict | None) -> list[str]:
+    """The stored sparse matrices (``blocklin-csr`` groups) among the inputs a result records."""
+    from blocklin.storage.sparse import is_sparse
+
+    found = []
+    for url in prov.get("inputs") or []:
+        try:
+            if isinstance(url, str) and is_sparse(as_location(url, options, name="input")):
+                found.append(url)
+        except (ParameterError, OSError):
+            continue
+    return found
+
+
+def _is_pca(prov: dict) -> bool:
+    return isinstance((prov.get("params") or {}).get("pca"), dict)
 
 
 def stored_factorization(loc: Any, meta: dict | None) -> Any:
