@@ -81,6 +81,18 @@ def numeric(name: str, dtype: Any) -> None:
                                  f"dtype {dt.name}", f"convert it knowingly: {name}.astype(numpy.{wide})"))
 
 
+def refuse_masked(x: Any, name: str) -> None:
+    """Refuse a ``numpy.ma.MaskedArray`` with masked entries, as ``scipy.linalg`` refuses masked arrays:
+    ``numpy.asarray`` drops the mask, so the values under it would be used (a mask with nothing masked
+    is read as its data)."""
+    if isinstance(x, np.ma.MaskedArray) and np.ma.count_masked(x):
+        raise ParameterError(explain(name, "must not have masked entries (masks are not read: the values under "
+                                     "them would be used)", f"a masked array {x.shape} with "
+                                     f"{np.ma.count_masked(x)} masked entries",
+                                     f"pass {name}.filled(value) with the value they stand for, or {name}.data "
+                                     "to use the values under the mask"))
+
+
 def in_memory_array(x: Any, name: str) -> np.ndarray:
     """``x`` (array_like) as a NumPy array of numbers, refusing what ``numpy.asarray`` would read wrongly.
 
@@ -89,12 +101,7 @@ def in_memory_array(x: Any, name: str) -> np.ndarray:
     with nothing masked is read as its data). Non-numeric and extended-precision dtypes are refused
     (:func:`numeric`).
     """
-    if isinstance(x, np.ma.MaskedArray) and np.ma.count_masked(x):
-        raise ParameterError(explain(name, "must not have masked entries (masks are not read: the values under "
-                                     "them would be used)", f"a masked array {x.shape} with "
-                                     f"{np.ma.count_masked(x)} masked entries",
-                                     f"pass {name}.filled(value) with the value they stand for, or {name}.data "
-                                     "to use the values under the mask"))
+    refuse_masked(x, name)
     arr = np.asarray(x)
     numeric(name, arr.dtype)
     return arr
@@ -327,9 +334,11 @@ def seed_arg(seed: Any) -> int | None:
 
 
 def start_vector(v0: Any, n: int) -> np.ndarray | None:
-    """A starting vector: ``None``, or ``n`` finite float64 values, not all zero."""
+    """A starting vector: ``None``, or ``n`` finite float64 values, not all zero; a masked array with masked
+    entries is refused (:func:`refuse_masked`: the values under its mask would start the iteration)."""
     if v0 is None:
         return None
+    refuse_masked(v0, "v0")
     v = np.asarray(v0)
     if v.dtype.kind not in "biuf" or v.ndim != 1 or v.size != n or not np.all(np.isfinite(v)) or not np.any(v):
         raise ParameterError(explain("v0", f"must be a finite, nonzero real vector of length min(m, n) = {n}",

@@ -159,3 +159,35 @@ def test_from_array_sparse_refused(fmt):
 
     with pytest.raises(ParameterError, match=r"^x: must be a dense array.*from_sparse"):
         bl.from_array(getattr(scipy.sparse, fmt)(np.eye(3)), "A.zarr")
+
+
+V0_CALLS = {
+    "svd rsvd": lambda a, v0: bl.svd(a, 2, method="rsvd", seed=0, v0=v0),
+    "svd lanczos": lambda a, v0: bl.svd(a, 2, method="lanczos", seed=0, v0=v0),
+    "eigsh": lambda a, v0: bl.eigsh(a.T @ a, 2, seed=0, v0=v0, order="descending"),
+    "eigsh center": lambda a, v0: bl.eigsh(a, 2, center=True, seed=0, v0=v0, order="descending"),
+    "eigsh sparse": lambda a, v0: bl.eigsh(_stored_sparse(a.T @ a), 2, seed=0, v0=v0, order="descending"),
+}
+
+
+def _stored_sparse(x):
+    import os
+
+    import scipy.sparse
+
+    if not os.path.exists("S.zarr"):
+        bl.from_sparse(scipy.sparse.csr_matrix(x), "S.zarr")
+    return "S.zarr"
+
+
+@pytest.mark.parametrize("call", sorted(V0_CALLS))
+def test_masked_v0_refused(call):
+    """A masked starting vector ``v0`` is refused as a masked ``a`` is (its masked entry's hidden 1e6 had
+    been read as the start, the mask dropped); with nothing masked it is its data."""
+    a = _data(40, 6)
+    with pytest.raises(ParameterError, match=r"^v0: must not have masked entries"):
+        V0_CALLS[call](a, _masked(np.ones(6)))
+    plain = V0_CALLS[call](a, np.ones(6))
+    unmasked = V0_CALLS[call](a, np.ma.MaskedArray(np.ones(6), mask=np.zeros(6, bool)))
+    np.testing.assert_array_equal(plain[0] if call.startswith("eigsh") else plain.s,
+                                  unmasked[0] if call.startswith("eigsh") else unmasked.s)
