@@ -120,6 +120,42 @@ def test_full_block_cluster_rule(theta, rn, block, found):
     assert (got is not None) == found
 
 
+@pytest.mark.parametrize("conv,found", [
+    ([True] * 6, True),
+    ([False] + [True] * 5, False),                  # a copy not converged: three found, all of them
+    ([True] * 3 + [False] + [True] * 2, False),
+    ([True] * 4 + [False] * 2, True),                # four found; the values after them unconverged
+])
+def test_only_converged_pairs_count_as_found(conv, found):
+    """A value counts as found only with converged residuals; the note says whether the values after the
+    copies converged (it had said "although their residuals converged" of a run stopped unconverged)."""
+    got = full_block_cluster(np.array([2, 2, 2, 2, 1.98, 1.97]), np.full(6, 1e-9), 4, np.array(conv))
+    assert (got is not None) == found
+    if got is not None:
+        assert ("although their residuals converged" in got["note"]) == all(conv)
+        assert ("not all of their residuals converged" in got["note"]) == (not all(conv))
+
+
+def test_unconverged_pairs_are_not_said_to_repeat(tmp_path):
+    """Distinct eigenvalues (1 to 2, evenly spread), a run stopped by ``max_passes`` with relative residuals
+    near 0.1: their Bauer-Fike intervals overlapped, and the run had been said to find 1.96 four times
+    ("as many as the Lanczos block holds"), its non-convergence left unsaid. Now only the
+    non-convergence is said, and nothing is reported as repeated."""
+    rng = np.random.default_rng(0)
+    n = 1000
+    q, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    a = (q * np.linspace(1, 2, n)) @ q.T
+    a = (a + a.T) / 2
+    path = tmp_path / "a.zarr"
+    bl.from_array(a, path)
+    res, warned = _run(lambda: bl.eigsh(path, 8, block_size=2, max_passes=5, order="descending", seed=0,
+                                        memory="4MiB"))
+    assert not res.report["in_core"] and res.report["converged"] is False
+    assert len(warned) == 1 and "not reached within 5 passes" in str(warned[0].message)
+    assert "found" not in str(warned[0].message)
+    assert "repeated_beyond_block" not in res.report and "note" not in res.report
+
+
 @pytest.mark.parametrize("with_out", [False, True])
 def test_the_planned_block_is_widened_and_the_run_made_again(graph, tmp_path, with_out):
     """``block_size`` left to the planner (4 for ``k = 7`` here, sparse): the run that finds four copies

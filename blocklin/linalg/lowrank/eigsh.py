@@ -240,7 +240,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
         check_result_range("a", res.values, dt, "eigenvalues")
         if res.note:
             warn(f"eigsh: {res.note}", ConvergenceWarning)
-        elif not res.converged:
+        if not res.residuals_converged:  # said beside a note too: the note is about the pairs that converged
             warn(f"eigsh: tol={tol:g} not reached within {job.passes('a')} passes over A; reached a relative "
                  f"residual of {float(np.max(res.residuals)) / max(scale['v'], 1e-300):.2e} (max over the {k} "
                  "pairs). Raise max_passes, max_basis or block_size, or loosen tol", ConvergenceWarning)

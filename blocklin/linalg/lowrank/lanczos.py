@@ -65,6 +65,8 @@ class LanczosResult:
     #: A value found as often as the block is wide, with wanted values after it (:func:`full_block_cluster`):
     #: why pairs whose residuals converged are not reported as converged
     repeated: dict | None = None
+    #: Whether every pair's residual met its bound (``converged`` also needs ``repeated`` to be ``None``)
+    residuals_converged: bool | None = None
 
     @property
     def note(self) -> str | None:
@@ -214,10 +216,10 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
                 if (kk == k and conv.all()) or last:
                     # an exhausted Krylov space is converged, but never with a NaN residual (never checked)
                     ok = bool(kk == k and (conv.all() or (exhausted and np.isfinite(rn).all())))
-                    repeated = None if exhausted else full_block_cluster(theta[sel], rn, b)
+                    repeated = None if exhausted else full_block_cluster(theta[sel], rn, b, conv)
                     out = _result(V, W, Y[:, sel], theta[sel], rn, ok and repeated is None, steps, restarts,
                                   history, ritz, res)
-                    return dataclasses.replace(out, repeated=repeated) if repeated else out
+                    return dataclasses.replace(out, repeated=repeated, residuals_converged=ok)
                 del ritz, res
             else:
                 history.append(float(np.max(est / np.maximum(bound, 1e-300))) if kk else 0.0)
@@ -225,8 +227,9 @@ def block_lanczos(apply: Callable[[np.ndarray, int], np.ndarray], n: int, k: int
             keep = order[:min(len(order), keep_max)] if restart else None
             if n - (len(keep) if restart else m) <= 0:  # no direction left outside the basis: the pairs as they stand
                 rn, ritz, res = ritz_residuals(V, W, Y[:, sel], theta[sel], keep=not V.spilled)
-                return _result(V, W, Y[:, sel], theta[sel], rn, bool(kk == k and (rn <= bound).all()), steps,
-                               restarts, history, ritz, res)
+                ok = bool(kk == k and (rn <= bound).all())
+                return dataclasses.replace(_result(V, W, Y[:, sel], theta[sel], rn, ok, steps, restarts, history,
+                                                   ritz, res), residuals_converged=ok)
             if restart:  # thick restart to the best Ritz vectors (W = Op V stays exact)
                 V.restart(Y[:, keep])
                 W.restart(Y[:, keep])
@@ -301,7 +304,8 @@ def _keep_orthogonal(V: Any, x: np.ndarray, t: np.ndarray, y_norm: float, width:
     return x
 
 
-def full_block_cluster(theta: np.ndarray, rn: np.ndarray, block: int) -> dict | None:
+def full_block_cluster(theta: np.ndarray, rn: np.ndarray, block: int,
+                       converged: np.ndarray | None = None) -> dict | None:
     """Why converged Ritz pairs may still be wrong, or ``None``: a value found ``block`` times or more
     with wanted values after it (``value``, ``count``, ``block`` and the ``note`` that says so).
 
@@ -312,22 +316,32 @@ def full_block_cluster(theta: np.ndarray, rn: np.ndarray, block: int) -> dict | 
     converged residuals. Ritz values within their residuals of one another (``|theta_i - theta_j| <=
     2 (r_i + r_j)``, the Bauer-Fike bound of each, and rounding) count as one value; ``theta`` is in the
     wanted order (copies adjacent). Fewer than ``b`` copies are all of them (the start block is random);
-    ``b`` copies at the end of the wanted values displace nothing."""
+    ``b`` copies at the end of the wanted values displace nothing.
+
+    ``converged``: which pairs met their bound. A value counts as found only with a converged residual:
+    an unconverged pair is no eigenvalue yet, and large residuals would merge distinct Ritz values into
+    one (a run stopped at ``max_passes`` with residuals near 0.1 had been said to find 1.939 four times,
+    for the Ritz values 1.939, 1.934, 1.676, 1.662, and its non-convergence left unsaid). The note says
+    whether the values after the copies converged."""
     k = theta.size
     if block >= k:
         return None
+    conv = np.ones(k, dtype=bool) if converged is None else np.asarray(converged, dtype=bool)
     slack = 64 * float(np.finfo(np.float64).eps) * float(np.max(np.abs(theta), initial=0.0))
     i = 0
     while i < k:
         j = i
-        while j + 1 < k and abs(theta[j + 1] - theta[i]) <= 2 * (rn[j + 1] + rn[i]) + slack:
+        while (conv[i] and j + 1 < k and conv[j + 1]
+               and abs(theta[j + 1] - theta[i]) <= 2 * (rn[j + 1] + rn[i]) + slack):
             j += 1
-        if j - i + 1 >= block and j < k - 1:
+        if conv[i] and j - i + 1 >= block and j < k - 1:
             count = j - i + 1
+            after = ("although their residuals converged" if conv[j + 1:].all()
+                     else "(not all of their residuals converged either)")
             return {"value": float(theta[i]), "count": count, "block": block, "note": (
                 f"the value {theta[i]:.6g} was found {count} times, as many as the Lanczos block holds ({block}): a "
                 f"block finds at most that many copies of a repeated eigenvalue, so it may repeat more often and "
-                f"the {k - 1 - j} value(s) after it may be wrong although their residuals converged (Golub and "
+                f"the {k - 1 - j} value(s) after it may be wrong {after} (Golub and "
                 f"Underwood 1977); pass block_size={2 * count} or more")}
         i = j + 1
     return None

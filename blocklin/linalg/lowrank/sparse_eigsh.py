@@ -128,7 +128,7 @@ def sparse_eigsh(s: Any, k: int, *, which: str, tol: float | None, max_passes: i
         check_basis_reaches_k(k, bp.block, max_passes, n, found=len(res.values))
         if res.note:
             warn(f"eigsh: {res.note}", ConvergenceWarning)
-        elif not res.converged:
+        if not res.residuals_converged:  # said beside a note too: the note is about the pairs that converged
             warn(f"eigsh: tol={tol:g} not reached within {passes['n']} passes over the sparse matrix; raise "
                  "max_passes or loosen tol", ConvergenceWarning)
         idx = eigen_order(res.values, order, which)

@@ -669,8 +669,7 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
     converged = None if f.residuals is None else all(triplets["converged_triplets"] or [True])
     if f.note:  # converged residuals, values that may still be wrong: said, never reported as converged
         warn(f"svd ({plan.method}): {f.note['note']}", ConvergenceWarning)
-        converged = False
-    elif converged is False:
+    if converged is False:  # beside a note too: the note is about the triplets that converged
         bad = [i + 1 for i, c in enumerate(triplets["converged_triplets"]) if not c]
         w = triplets["worst_triplet"]
         within = (f"{job.passes('a')} passes over A" if operator_products is None
@@ -679,6 +678,8 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
              f"{bad[:10]}{' ...' if len(bad) > 10 else ''}; worst: triplet {w['index']} (s = {w['s']:.4g}), "
              f"relative residual ||A^T u - s v|| / s = {w['relative_residual']:.2e}. Raise max_passes"
              f"{' or power_iters' if plan.method == 'rsvd' else ''}, or loosen tol", ConvergenceWarning)
+    if f.note:
+        converged = False
     report = job.report(
         method=plan.method, passes=job.passes("a"), passes_formula=plan.formula, passes_total=job.passes(),
         intermediate_passes=job.passes("intermediate"), **triplets, converged=converged, tol=tol,
