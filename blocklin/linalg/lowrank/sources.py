@@ -436,6 +436,20 @@ class Streamed:
             xt = self.shift.finish(xt, reduce_sum(states, "TX") if params.get("shifted") else None)
         return xt, reduce_sum(states, "PZ"), reduce_sum(states, "G"), blk
 
+    def rmat(self, u: np.ndarray, description: str = "") -> np.ndarray | None:
+        """``B^H u`` (float64 or complex128) from one pass over ``A``, the ``M x d`` block ``u`` held in memory
+        (:func:`~blocklin.linalg.blocks.tall_kernels.rmat_kernel`: ``B^T conj(u)``, conjugated once);
+        ``None`` where that pass does not plan within the budget (the caller keeps what it has)."""
+        wd = work_dtype(self.dtype)
+        cplx = wd.kind == "c"
+        params = {"Y": np.ascontiguousarray(np.conj(u) if cplx else u).astype(self.dtype, copy=False), "n": self.N}
+        try:
+            plan = self._plan(K.rmat_kernel, params)
+        except BudgetError:
+            return None
+        z = np.asarray(reduce_sum(self._run(K.rmat_kernel, params, plan, description), "Z"), dtype=wd)
+        return np.conj(z) if cplx else z
+
     def apply_write(self, w: np.ndarray, dest: str | None, transposed_out: bool, description: str = "") -> Any:
         c = w.shape[1]
         params = self._shifted({"write": "F" if dest else None, "collect": dest is None}, W=w)

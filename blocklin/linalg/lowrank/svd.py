@@ -631,7 +631,7 @@ def _returned(res: SVDResult, vectors: bool | str) -> SVDResult | np.ndarray:
 #: The fields of a :class:`Factorization` the report carries as they are, in this order: those the
 #: method set (not ``None``), and ``scaling`` always (``None``: the data needed no scaling).
 REPORTED_FIELDS = ("power_iters", "orth", "lanczos_steps", "restarts", "history", "rayleigh_ritz_width",
-                   "sketch_size", "sketch_generator", "phases", "scaling", "fallback")
+                   "sketch_size", "sketch_generator", "phases", "scaling", "fallback", "remeasured")
 
 
 #: Set by callers that return the singular values as Python floats (:func:`blocklin.norm`,
@@ -696,6 +696,8 @@ def _report(job: Job, plan: SvdPlan, f: Factorization, *, tol: float | None, see
                                    "about eps ||A||)")
     report.update(center=center, scale=scale, method_requested=requested, resumed=resumed,
                   restored_checkpoints=restored)
+    if f.remeasured:
+        report["passes_formula"] = f"{report['passes_formula']} + 1 (residuals measured from A^T u)"
     if f.means_fused:
         report["passes_formula"] = f"{report['passes_formula']} (the column means from the first pass)"
     elif (center or scale) and not plan.in_core:
