@@ -94,3 +94,21 @@ def test_the_extra_pass_runs_on_the_gpu(graded, standin):
     assert not warned and res.report["converged"] is True and res.report["remeasured"] >= 1
     assert_singular_values(res.s, np.linalg.svd(a, compute_uv=False)[:K], n=M)
     assert cupy_standin.take_races() == []
+
+
+def test_the_gram_route_too(tmp_path):
+    """``method="gram"`` (a block short of ``N``: its Rayleigh-Ritz step, then Lanczos): a graded
+    ``3000 x 80`` matrix (``s`` from 1 to ``1e-12``), ``k = 50``, had ended unconverged with a warning;
+    its values are LAPACK's within Weyl's ``4 M eps s_1``."""
+    rng = np.random.default_rng(1)
+    q1, _ = np.linalg.qr(rng.standard_normal((M, 80)))
+    q2, _ = np.linalg.qr(rng.standard_normal((80, 80)))
+    a = (q1 * np.logspace(0, -12, 80)) @ q2.T
+    path = tmp_path / "a.zarr"
+    bl.from_array(a, path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        res = bl.svd(path, 50, method="gram", seed=0, memory="1800KiB")
+    assert not [w for w in seen if issubclass(w.category, ConvergenceWarning)]
+    assert not res.report["in_core"] and res.report["converged"] is True and res.report["remeasured"] >= 1
+    assert_singular_values(res.s, np.linalg.svd(a, compute_uv=False)[:50], n=M)
