@@ -25,6 +25,8 @@ Operations
     Tile-wise ``alpha X + beta Y`` and (safe) Frobenius and column norms.
 :meth:`BlockOps.permute_rows`
     ``out = src[perm, :]``, one gather per output tile.
+:meth:`BlockOps.col_max`, :meth:`BlockOps.scale_columns`
+    Column maxima, and each column times a power of two (exact): a cast to a narrower dtype kept in range.
 
 Algorithms with tile tasks of their own (the Cholesky tiles and LU panels of
 :mod:`blocklin.linalg.factor`, the Householder panels and the tile QR) build them on the same
@@ -305,6 +307,34 @@ class BlockOps:
             c0, cols = r["columns"]
             total[c0:c0 + cols.size] += cols
         return total
+
+    def col_max(self, a: Region, *, description: str = "column maxima") -> np.ndarray:
+        """The largest magnitude of each column of a region (float64; of the real and imaginary parts of
+        complex data: what a cast to a narrower dtype overflows or flushes). NaN is passed over."""
+        spec = self.spec(np.float64, a=a, out=a)
+        graph = self.graph("colmax", spec)
+        for i in range(tile_count(a.shape[0], self.chunk)):
+            for j in range(tile_count(a.shape[1], self.chunk)):
+                graph.add((i, j), col_max_tile_task, spec, i, j)
+        top = np.zeros(a.shape[1])
+        for r in self.run(graph, description):
+            c0, cols = r["columns"]
+            np.fmax(top[c0:c0 + cols.size], cols, out=top[c0:c0 + cols.size])
+        return top
+
+    def scale_columns(self, src: Region, out: Region, exponents: np.ndarray, *, dtype: Any,
+                      description: str = "columns times powers of two") -> list[dict]:
+        """``out = src diag(2^e)``: each column multiplied by its power of two in ``dtype`` (exact where the
+        product is within its range), tile by tile, and written in ``out``'s stored dtype (cast there)."""
+        e = np.asarray(exponents, dtype=np.intc)
+        if src.shape != out.shape or e.shape != (src.shape[1],):
+            raise ShapeError(f"scale_columns: src {src.shape}, out {out.shape}, exponents {e.shape}")
+        spec = self.spec(dtype, a=src, out=out)
+        graph = self.graph("scalecols", spec, e.tobytes())
+        for i in range(tile_count(out.shape[0], self.chunk)):
+            for j in range(tile_count(out.shape[1], self.chunk)):
+                graph.add((i, j), scale_columns_task, spec, i, j, e)
+        return self.run(graph, description)
 
     def permute_rows(self, src: Region, out: Region, perm: np.ndarray, *, dtype: Any,
                      description: str = "row permutation") -> list[dict]:
@@ -761,3 +791,26 @@ def permute_rows_task(spec: TileOpSpec, i: int, j: int, perm: np.ndarray) -> dic
     block = np.ascontiguousarray(open_array(spec.a.path).get_orthogonal_selection((rows, cols)), dtype=dt)
     spec.out.write(i, j, t, block)
     return {"bytes_read": block.nbytes, "bytes_written": block.nbytes}
+
+
+@with_task_settings
+def col_max_tile_task(spec: TileOpSpec, i: int, j: int) -> dict:
+    """The column maxima of tile ``(i, j)`` (of the real and imaginary parts), with the tile's first column."""
+    x = real_parts(spec.a.read(i, j, spec.tile, np.dtype(open_array(spec.a.path).dtype)))
+    with np.errstate(invalid="ignore"):
+        top = np.fmax.reduce(np.abs(x), axis=0, initial=0.0).astype(np.float64)
+    if np.dtype(open_array(spec.a.path).dtype).kind == "c":  # interleaved real and imaginary columns
+        top = np.fmax(top[0::2], top[1::2])
+    return {"bytes_read": x.nbytes, "columns": (j * spec.tile, top)}
+
+
+@with_task_settings
+def scale_columns_task(spec: TileOpSpec, i: int, j: int, exponents: np.ndarray) -> dict:
+    """Tile ``(i, j)`` of ``src diag(2^e)`` (see :meth:`BlockOps.scale_columns`)."""
+    t = spec.tile
+    x = spec.a.read(i, j, t, np.dtype(spec.dtype))
+    e = exponents[None, j * t:j * t + x.shape[1]]
+    with np.errstate(over="ignore", under="ignore"):  # exact within the range; the caller judges the result
+        y = ldexp(x, e, out=x)
+    spec.out.write(i, j, t, y)
+    return {"bytes_read": x.nbytes, "bytes_written": y.nbytes}

@@ -62,3 +62,39 @@ def test_equilibrated_rhs_beyond_float32_range(rows, memory, tmp_path):
     x = x.to_numpy()
     for j in range(b.shape[1]):
         assert_solve(x[:, j], np.linalg.solve(g, b[:, j] / d[:, 0]), g)
+
+
+#: The routes whose float32 solves are tile operations on a stored factor: an LU with more right-hand sides
+#: than a panel is wide (``memory="64KiB"``: panels of 32 columns; 40 columns here), solved by row swaps and
+#: two triangular solves, and the Cholesky of ``assume_a="pos"``, in memory and out of core.
+STORED_FACTOR_ROUTES = {"lu-wider-than-a-panel": {"memory": "64KiB"}, "cholesky": {"assume_a": "pos"},
+                        "cholesky-out-of-core": {"assume_a": "pos", "memory": "64KiB"}}
+
+
+@pytest.mark.parametrize("route", list(STORED_FACTOR_ROUTES))
+@pytest.mark.parametrize("power", [500.0, -500.0, -120.0, 120.0], ids=str)
+def test_stored_factor_columns_beyond_float32_range_solved(route, power, tmp_path):
+    """As above, on the routes that solve with the stored factor's triangular solves. Their tile tasks cast
+    ``b`` (and each residual) to float32 as read: a column near ``2^500`` overflowed (NumPy's "overflow
+    encountered in cast" leaked and the solve was refused), one near ``2^-500`` flushed to zeros and came back
+    as ``x = 0`` under the block's small backward error, silently. A column near ``2^-120`` is within float32's
+    range but its residuals, ``u_64`` times smaller, are not: their corrections were flushed. Each column is
+    now scaled into the range by a power of two and its solution scaled back (exact), so each meets
+    :func:`support.tolerances.assert_solve`'s ``8 n eps kappa(A)`` against LAPACK's solution at scale 1."""
+    kw = STORED_FACTOR_ROUTES[route]
+    rng = np.random.default_rng(11)
+    n, k = 40, (40 if "lu" in route else 3)
+    g = rng.standard_normal((n, n)) + n * np.eye(n)
+    a = g @ g.T if kw.get("assume_a") == "pos" else g
+    b1 = rng.standard_normal((n, k))
+    powers = np.zeros(k)
+    powers[1] = power
+    b = b1 * 2.0 ** powers
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no NumPy cast warning, nor any other
+        x = bl.solve(a, b, precision="mixed", out=tmp_path / "x.zarr", **kw)
+    if "lu" in route:
+        assert x.report["plan"]["tile"] < k, x.report["plan"]  # the stored LU's route, not the panels'
+    x = x.to_numpy()
+    for j in range(k):
+        assert_solve(np.ldexp(x[:, j], -int(powers[j])), np.linalg.solve(a, b1[:, j]), a)

@@ -40,6 +40,7 @@ from blocklin.runtime.job import Job
 from blocklin.runtime.passes import plan_kernel_pass, source
 from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.runtime.stages import Stages
+from blocklin.runtime.tiles import open_array
 from blocklin.storage.zarr_store import create_array, read_kind
 from blocklin.validate import choice, float_operand, same_dtype, same_rows, square
 
@@ -1035,19 +1036,45 @@ class _Solver:
 
     def __call__(self, rhs: Region, dst: Region) -> None:
         ops, f, fdt = self.ops, self.f, self.dtype
+        if f.pivots is not None:  # read and written in the solves' dtype (cast on the way, lu_panels scaling)
+            lu_solve(ops, f.path, f.pivots, rhs, dst, dtype=fdt, tile=f.plan.tile,
+                     description="LU solve (forward and back)")
+            return
+        e = self._exponents(rhs)
+        if e is None:
+            self._substitutions(rhs, dst)
+            return
+        # the solves on rhs 2^-e (cast into the store they read first), x into pb, then x 2^e (exact both ways)
+        y, pb, wide = self.region("y"), self.region("pb"), np.dtype(open_array(rhs.path).dtype)
+        first = y if f.kind == "lu" else pb
+        ops.scale_columns(rhs, first, -e, dtype=wide, description="b's columns into the factor's range")
+        self._substitutions(first, pb)
+        ops.scale_columns(pb, dst, e, dtype=wide, description="x's columns back from the factor's range")
+
+    def _substitutions(self, rhs: Region, dst: Region) -> None:
+        """``dst = F^{-1} rhs`` by the triangular solves through the stores ``y`` (and an LU's row swaps into
+        ``pb``); ``rhs`` may be the store read first (``pb`` of a Cholesky, ``y`` of an LU), ``dst`` ``pb``."""
+        ops, f, fdt = self.ops, self.f, self.dtype
         freg, yreg = Region.of(f.path, (self.n, self.n)), self.region("y")
         if f.kind == "cholesky":
             ops.trsm(freg, rhs, yreg, lower=True, dtype=fdt, description="forward substitution L y = b")
             ops.trsm(freg, yreg, dst, lower=True, trans="C", dtype=fdt, description="back substitution L^H x = y")
             return
-        if f.pivots is not None:  # read and written in the solves' dtype (cast on the way)
-            lu_solve(ops, f.path, f.pivots, rhs, dst, dtype=fdt, tile=f.plan.tile,
-                     description="LU solve (forward and back)")
-            return
         preg = self.region("pb")
         ops.permute_rows(rhs, preg, f.perm, dtype=fdt, description="row swaps P b")
         ops.trsm(freg, preg, yreg, lower=True, unit=True, dtype=fdt, description="forward substitution L y = P b")
         ops.trsm(freg, yreg, dst, lower=False, dtype=fdt, description="back substitution U x = y")
+
+    def _exponents(self, rhs: Region) -> np.ndarray | None:
+        """Per column of ``rhs``, the power of two :func:`~blocklin.linalg.factor.lu_panels.rhs_exponents`
+        divides it by before the cast to a narrower factor's dtype (the triangular solves cast as they read:
+        ``b`` near ``2^500`` had overflowed to inf, leaking NumPy's warning; one near ``2^-500``, or a residual
+        below float32's range, flushed to 0, and its ``x`` came back as zeros); None where the dtype is not
+        narrower or every column is within its range."""
+        wide = np.dtype(open_array(rhs.path).dtype)
+        if wide.itemsize <= self.dtype.itemsize or not rhs.shape[1]:
+            return None
+        return rhs_exponents(self.ops.col_max(rhs, description="b's column maxima"), self.dtype)
 
 
 @dataclasses.dataclass
