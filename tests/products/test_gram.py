@@ -230,6 +230,18 @@ def test_matmul_gram_route_with_alpha_zero_is_zero(x64, memory):
     assert np.array_equal(c.to_numpy(), np.zeros((700, 700)))
 
 
+@pytest.mark.parametrize("power", [-520, 664])  # data whose Gram lies below 2^-970 or beyond 2^1024
+def test_matmul_gram_pass_route_with_alpha_zero_of_scaled_data_is_zero(x64, power):
+    """``alpha=0`` is zeros on the pass route whatever the data's range: ``x`` near ``2^-520`` or ``2^664``
+    (a Gram of entries near ``2^-1040`` or ``2^1328``, which the pass route scales by itself) had been refused
+    as a Gram out of range, the unscaling of ``0 * G'`` checked as if it were ``G`` (found by a randomized
+    search, 2026-12-07)."""
+    x = np.ldexp(x64[:200, :40], power)
+    c = bl.matmul(x, x, trans_a=True, alpha=0.0, memory="32MiB")
+    assert c.report["route"] == "pass"
+    assert np.array_equal(c.to_numpy(), np.zeros((40, 40)))
+
+
 def test_matmul_gram_route_range_refusal_names_matmuls_alpha(x64):
     """A Gram handed over by matmul that leaves float32's range is refused with a fix in matmul's terms
     (``alpha=``, which it has; its refusal had told a matmul call to pass gram's ``scale=``), and that fix

@@ -143,7 +143,9 @@ class Gram:
         m, p = np.frexp(self.alpha)
         e2 = 2 * scaling.exponent + int(p)
         big = float(np.max(np.abs(g))) if g.size else 0.0
-        if check and big > 0:
+        # alpha = 0 (matmul's): zeros, whatever range the unscaled Gram 2^(2e) G' has (data near 1e-156 or 1e200
+        # had been refused as a Gram out of range)
+        if check and big > 0 and self.alpha != 0:
             self._check_range(int(np.frexp(big * abs(float(m)))[1]) + e2, scaling.amax)
         with np.errstate(under="ignore", over="ignore"):
             return ldexp(g * float(m), e2) if e2 or m != 1 else g
