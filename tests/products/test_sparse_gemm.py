@@ -304,3 +304,35 @@ def test_the_scaling_a_sparse_gram_refusal_names_can_be_applied(tmp_path, k, dty
     assert np.isfinite(g).all() and np.abs(g).max() > 0
     zd = z.toarray().astype(np.float64)
     assert_gram(g, zd.T @ zd, zd, dtype=dtype)
+
+
+@pytest.mark.parametrize("product", ["S B", "S^T B", "X S"])
+@pytest.mark.parametrize("s_power, d_power", [(60, -160), (-160, 60)])
+def test_float32_result_of_float64_operands_beyond_float32s_range(rng, tmp_path, product, s_power, d_power):
+    """``dtype='float32'`` of float64 operands, one near ``2^60`` and the other near ``2^-160`` (below
+    float32's smallest subnormal ``2^-149``), whose product near ``2^-100`` lies well within float32's range:
+    each operand had been cast to float32 before the float64 sum, the small one flushed to zero, and the
+    product returned as zeros without an error (found by a randomized search, 2026-12-07). Only the sum is
+    rounded to float32 now: ``|fl32(s) - SB| <= u_32 |SB| + gamma_k(u_64) |S||B|`` entry-wise (the float64
+    sum, Higham 2002 eq. 3.5, then one rounding), so ``||err||_F <= 2^-24 ||SB||_F + 2 k 2^-53 ||S||_F ||B||_F``."""
+    sp = _sparse(40, 30, 3, density=0.3)
+    sp.data = np.ldexp(sp.data + 0.5, s_power)
+    s = bl.from_sparse(sp, tmp_path / "s.zarr")
+    sd = sp.toarray()
+    if product == "S B":
+        d = np.ldexp(rng.standard_normal((30, 3)), d_power)
+        got, ref = bl.matmul(s, d, tmp_path / "c.zarr", dtype="float32"), sd @ d
+        a, b = sd, d
+    elif product == "S^T B":
+        d = np.ldexp(rng.standard_normal((40, 3)), d_power)
+        got, ref = bl.matmul(s, d, tmp_path / "c.zarr", trans_a=True, dtype="float32"), sd.T @ d
+        a, b = sd.T, d
+    else:
+        d = np.ldexp(rng.standard_normal((3, 40)), d_power)
+        got, ref = bl.matmul(d, s, tmp_path / "c.zarr", dtype="float32"), d @ sd
+        a, b = d, sd
+    c = got.to_numpy()
+    assert c.dtype == np.float32 and np.linalg.norm(ref) > 2.0 ** -110
+    k = a.shape[1]
+    bound = 2.0 ** -24 * np.linalg.norm(ref) + 2 * k * 2.0 ** -53 * np.linalg.norm(a) * np.linalg.norm(b)
+    assert np.linalg.norm(c.astype(np.float64) - ref) <= bound

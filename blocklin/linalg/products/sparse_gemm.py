@@ -14,7 +14,8 @@ and its output tile, and writes whole output chunks:
 * ``S^T S`` (``n x n``, :func:`sparse_gram`): one task, one pass over the rows in strips of whole
   rows, ``S_b^T S_b`` accumulated in float64.
 
-Sums run in float64 and are stored in the result dtype. The plan depends on the shapes and the
+Sums run in float64 and are stored in the result dtype (a ``dtype=`` narrower than an operand rounds the sum
+only: the operands enter it at their own precision). The plan depends on the shapes and the
 budget only, so the result is the same, bit for bit, on every scheduler and worker count.
 """
 
@@ -319,8 +320,12 @@ def sparse_tile(spec: SparseSpec, i: int, j: int) -> dict:
         return {"skipped": 1}
     plan, dt = spec.plan, np.dtype(spec.dtype)
     store = SparseStore(spec.s)
-    pieces = _Pieces(store, dt, spec.check_finite)
     barr = open_array(spec.b)
+    # the operands enter the float64 sum at their own precision where dtype= is narrower, and only the sum is
+    # rounded to it: float64 entries cast to float32 first had become 0 or Inf (a product of entries near 1e-300,
+    # or 1e50 times 1e-50, returned zeros or was refused as NaN in b)
+    pieces = _Pieces(store, np.promote_types(dt, store.dtype), spec.check_finite)
+    b_dt = np.promote_types(dt, barr.dtype)
     r_out, c_out = plan.out_chunks
     o0, o1 = i * r_out, min(plan.out_shape[0], (i + 1) * r_out)
     c0, c1 = j * plan.cols, min(plan.p, (j + 1) * plan.cols)
@@ -329,7 +334,7 @@ def sparse_tile(spec: SparseSpec, i: int, j: int) -> dict:
     if plan.op == "SB":  # rows o0:o1 of S times B[:, c0:c1], B in panels of plan.inner rows
         for k0 in range(0, plan.n, plan.inner):
             k1 = min(plan.n, k0 + plan.inner)
-            bp = _b_block(spec, barr, k0, k1, c0, c1, dt)
+            bp = _b_block(spec, barr, k0, k1, c0, c1, b_dt)
             b_bytes += bp.nbytes
             for piece in pieces(o0, o1, plan.entries):
                 part = piece if (k0, k1) == (0, plan.n) else piece[:, k0:k1]
@@ -337,7 +342,7 @@ def sparse_tile(spec: SparseSpec, i: int, j: int) -> dict:
     else:  # S^T B: columns o0:o1 of S against every row strip of S and B, in row order
         for r0 in range(0, plan.m, plan.rows):
             r1 = min(plan.m, r0 + plan.rows)
-            bs = _b_block(spec, barr, r0, r1, c0, c1, dt)
+            bs = _b_block(spec, barr, r0, r1, c0, c1, b_dt)
             b_bytes += bs.nbytes
             for piece in pieces(r0, r1, plan.entries):
                 part = piece if (o0, o1) == (0, plan.n) else piece[:, o0:o1]
