@@ -12,6 +12,7 @@ import numpy as np
 from blocklin.device import host_blas
 from blocklin.device.base import Device, not_positive_definite, singular
 from blocklin.device.half import is_half, round_to
+from blocklin.runtime.powers import scale_in_place, scaled
 
 #: The math mode of this thread's tasks (``CpuDevice`` objects are made per call; a task's mode is
 #: set by :meth:`CpuDevice.math` around it, in its thread).
@@ -82,12 +83,12 @@ class CpuDevice(Device):
         if alpha == 0.0:
             acc.fill(0)  # assign: 0 * NaN is NaN
         elif alpha != 1.0:
-            acc *= acc.dtype.type(alpha)
+            scale_in_place(acc, alpha)  # alpha outside the dtype's normal range kept to its precision
         if c is not None and beta != 0.0:
             if beta == 1.0:
                 acc += c
             else:
-                acc += acc.dtype.type(beta) * c
+                acc += scaled(c, beta, acc.dtype)
 
     def download(self, acc: np.ndarray, rows: slice, out: np.ndarray | None = None) -> np.ndarray:
         return acc[rows]

@@ -34,6 +34,7 @@ from blocklin.device import pool
 from blocklin.device.base import Device, not_positive_definite, singular
 from blocklin.device.budget import DeviceBudget
 from blocklin.device.half import is_half, round_to
+from blocklin.runtime.powers import scale_in_place
 from blocklin.errors import DeviceError, explain
 
 #: Pin a host transfer buffer only when it will carry at least this many copies in the job.
@@ -477,13 +478,12 @@ class CudaDevice(Device):
             if alpha == 0.0:
                 acc.fill(0)  # assign: 0 * NaN is NaN
             elif alpha != 1.0:
-                acc *= acc.dtype.type(alpha)
+                scale_in_place(acc, alpha)  # alpha outside the dtype's normal range kept to its precision
             if c is not None and beta != 0.0:
                 dc = self._upload_pageable(np.ascontiguousarray(c, dtype=acc.dtype))
-                if beta == 1.0:
-                    acc += dc
-                else:
-                    acc += acc.dtype.type(beta) * dc
+                if beta != 1.0:
+                    scale_in_place(dc, beta)
+                acc += dc
 
     def _queue_download(self, acc: Any, rows: slice, out: np.ndarray | None) -> tuple[np.ndarray, Any]:
         cp = self.cp

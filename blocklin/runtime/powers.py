@@ -35,3 +35,42 @@ def max_exponent(x: Any) -> int:
     ``x`` (``0`` for zero, NaN, Inf or an empty ``x``), what dividing by ``2^e`` brings near 1 (exact)."""
     top = float(np.max(np.abs(x))) if np.size(x) else 0.0
     return int(np.frexp(top)[1]) if 0 < top < np.inf else 0
+
+
+def scale_in_place(x: Any, s: float) -> None:
+    """``x *= s`` for a NumPy or CuPy array of a float or complex dtype and a float64 scalar ``s``, with ``s``
+    rounded to ``x``'s precision only, never to its range.
+
+    Inside the dtype's normal range this is ``x *= x.dtype.type(s)``, bit for bit. Outside it (a float32
+    ``alpha`` of ``1.2345e-44`` is the subnormal ``9.8e-45``, 2% off; ``2^130`` is Inf) ``s`` is applied as
+    its significand times powers of two, each factor a normal number of the dtype, in one direction (all
+    above 1 or all below), so no partial product leaves the range unless the result does: the error is
+    that of ``s``'s significand rounded to the dtype, plus the final rounding.
+    """
+    s = float(s)
+    fi = np.finfo(x.dtype)
+    if s == 0 or not np.isfinite(s) or float(fi.tiny) <= abs(s) <= float(fi.max):
+        x *= x.dtype.type(s)
+        return
+    m, e = np.frexp(s)
+    lo, hi = int(fi.minexp) + 1, int(fi.maxexp) - 1  # m 2^d normal for every d in [lo, hi]
+    d = max(lo, min(hi, int(e)))
+    x *= x.dtype.type(float(m) * 2.0 ** d)
+    e -= d
+    while e:
+        d = max(lo, min(hi, int(e)))
+        x *= x.dtype.type(2.0 ** d)
+        e -= d
+
+
+def scaled(x: Any, s: float, dtype: Any) -> Any:
+    """``dtype.type(s) * x`` as a new array (bit for bit where ``s`` lies inside ``dtype``'s normal range),
+    with ``s`` kept to ``dtype``'s precision outside it (:func:`scale_in_place`)."""
+    dt = np.dtype(dtype)
+    fi = np.finfo(dt)
+    s = float(s)
+    if s == 0 or not np.isfinite(s) or float(fi.tiny) <= abs(s) <= float(fi.max):
+        return dt.type(s) * x
+    y = x.astype(np.result_type(dt, x.dtype))
+    scale_in_place(y, s)
+    return y

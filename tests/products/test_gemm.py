@@ -361,3 +361,40 @@ def test_a_product_beyond_the_range_is_refused_with_the_scaling_that_fits(tmp_pa
     s64, b64 = scaled.astype(np.float64), b.astype(np.float64)
     assert_product(c, s64 @ b64, s64, b64, dtype=dtype)
     assert not np.isfinite(bl.matmul(a, b, check_finite=False, **kw)[...]).all()  # unchecked: as computed
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+@pytest.mark.parametrize("route", ["rows", "tiles"])
+@pytest.mark.parametrize("which, scalar", [("alpha", 1.2345e-44), ("beta", 1.2345e-44), ("alpha", 3.0 * 2.0 ** 129),
+                                           ("beta", 3.0 * 2.0 ** 129)])
+def test_float32_product_with_a_scalar_outside_float32s_normal_range(request, tmp_path, rng, device, route, which,
+                                                                      scalar):
+    """``alpha`` or ``beta`` below float32's smallest normal number (``1.2345e-44`` is the subnormal
+    ``9.8e-45`` in float32: 2% off) or beyond its largest (``3 2^129`` is Inf) of float32 operands whose
+    result float32 holds: the scalar had been cast to float32 and the product returned 2% off without an
+    error, or refused as overflowing (found by a randomized search, 2026-12-07). The scalar is applied as
+    its significand times powers of two now. Bound: ``|fl(alpha A B) - alpha A B| <= (gamma_k + 2u)
+    |alpha| |A||B|`` (Higham 2002, eq. 3.13, one rounding of the significand and one of the product), and
+    ``|fl(beta C) - beta C| <= 2u |beta C|`` for the addend, so norm-wise ``2 k eps`` and ``2 eps``."""
+    from support.tolerances import assert_product
+
+    if device == "gpu":
+        request.getfixturevalue("standin")
+    big = scalar > 1
+    a = (rng.standard_normal((30, 12)) * (2.0 ** -70 if big else 2.0 ** 60)).astype(np.float32)
+    b = rng.standard_normal((12, 3)).astype(np.float32)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    kw = {"alpha": scalar} if which == "alpha" else {
+        "alpha": 0.0, "beta": scalar, "c": (rng.standard_normal((30, 3)) * (2.0 ** -130 if big else 2.0 ** 100)
+                                              ).astype(np.float32)}
+    # out_chunks= keeps the product off the row pass (:mod:`blocklin.linalg.products.thin`): the GEMM tiles
+    res = bl.matmul(a, b, tmp_path / "c.zarr", memory="64MiB", device=device,
+                    out_chunks=(16, 3) if route == "tiles" else None, **kw)
+    assert res.report.get("route", "tiles") == (route if device == "cpu" else "tiles")
+    got = res.to_numpy()
+    assert got.dtype == np.float32 and np.isfinite(got).all()
+    if which == "alpha":
+        assert_product(got, scalar * (a64 @ b64), a64, b64, alpha=scalar, dtype=np.float32)
+    else:
+        ref = scalar * kw["c"].astype(np.float64)
+        assert np.linalg.norm(got - ref) <= 2 * np.finfo(np.float32).eps * np.linalg.norm(ref)
