@@ -12,7 +12,7 @@ import numpy as np
 from blocklin.device import host_blas
 from blocklin.device.base import Device, not_positive_definite, singular
 from blocklin.device.half import is_half, round_to
-from blocklin.runtime.powers import scale_in_place, scaled
+from blocklin.device.scalars import scale_in_place, scaled
 
 #: The math mode of this thread's tasks (``CpuDevice`` objects are made per call; a task's mode is
 #: set by :meth:`CpuDevice.math` around it, in its thread).

@@ -34,7 +34,7 @@ from blocklin.device import pool
 from blocklin.device.base import Device, not_positive_definite, singular
 from blocklin.device.budget import DeviceBudget
 from blocklin.device.half import is_half, round_to
-from blocklin.runtime.powers import scale_in_place
+from blocklin.device.scalars import scale_in_place
 from blocklin.errors import DeviceError, explain
 
 #: Pin a host transfer buffer only when it will carry at least this many copies in the job.
