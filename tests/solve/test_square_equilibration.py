@@ -337,6 +337,37 @@ def test_a_subnormal_x_of_a_scaled_r_b_is_rounded_once_and_named(memory):
 
 
 @pytest.mark.parametrize("memory", [None, "256KiB"])
+def test_a_normal_x_of_small_norm_is_not_called_subnormal(memory):
+    """``x`` whose largest entry is normal (in ``[2^-1021, 2^-1020)``) but whose norm is below ``sqrt(n)`` times
+    the smallest normal (n = 100): the square solve judged the range by ``||x_j|| < sqrt(n) tiny`` and warned
+    that ``x`` is subnormal, where the other routes judge ``max |x_j| < tiny`` (:func:`~blocklin.linalg.blocks.
+    result_range.check_columns`: a column whose largest entry is normal keeps ``eps`` relative, its subnormal
+    small entries costing ``sqrt(n) 2^-1075 / ||x|| <= sqrt(n) 2^-54`` at most). One rule now: no warning, and
+    ``x`` within the bound of the subnormal case (rounding plus ``4 n eps cond(B)``)."""
+    mpmath = pytest.importorskip("mpmath")
+    rng = np.random.default_rng(0)
+    n = 100
+    B = rng.standard_normal((n, n)) + np.sqrt(n) * np.eye(n)
+    dr = np.ones(n)
+    dr[0] = 2.0 ** 600
+    c = np.linalg.solve(B, np.eye(n)[:, 0])  # x = 2^-600 b_0 c
+    b = np.zeros((n, 1))
+    b[0] = 2.0 ** (600 - 1020 - int(np.frexp(np.abs(c).max())[1]))  # max |x| in [2^-1021, 2^-1020)
+    ref = exact_solution(B, b, dr, np.ones(n))
+    with mpmath.workprec(300):
+        norm = mpmath.sqrt(sum(v ** 2 for v in ref[0]))
+        rounding = float(mpmath.ldexp(mpmath.sqrt(n), -1075) / norm)
+    tiny = float(np.finfo(float).tiny)
+    assert max(abs(float(v)) for v in ref[0]) >= tiny and float(norm) < np.sqrt(n) * tiny  # the old rule's case
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = bl.solve(dr[:, None] * B, b, memory=memory)
+    said = [str(w.message) for w in caught if "subnormal" in str(w.message)]
+    assert not said, said
+    assert relative_errors(x.to_numpy(), ref)[0] <= rounding + 4 * n * np.finfo(float).eps * np.linalg.cond(B)
+
+
+@pytest.mark.parametrize("memory", [None, "256KiB"])
 def test_y_below_the_range_where_the_rows_are_not_scaled(memory):
     """float32 columns alternating ``2^-56`` and ``2^59`` with rows alike (``ROWCND >= 0.1``: ``R`` is not
     applied, and ``A C`` keeps ``A``'s rows near ``2^60``, ``C`` being that of ``R A``) and ``b`` near ``2^-108``:

@@ -105,42 +105,86 @@ def scaled_columns(z: np.ndarray, e: Any, dtype: Any) -> tuple[np.ndarray, Colum
 
 def check_columns(cols: ColumnRange, e: Any, dtype: Any, *, name: str = "b", what: str = "x",
                   detail: str = "", op: str = "solve", fix: str = "") -> None:
-    """Judge a result ``x = 2^e z`` as the square solve judges its ``x``: a column whose ``z`` is nonzero but whose
-    ``x`` is 0 (below the dtype's range) or not finite (beyond it) is refused naming ``name`` and the power of two
-    that brings the column's largest entry near 1; a column whose largest entry is subnormal keeps its value to
-    the smallest subnormal only (relative ``2^-1074 / max |x|`` where a normal one keeps ``eps``) and warns.
-    A column whose ``z`` is unknown (0 here, nonzero by the caller's ``nonzero``) is named without a size, with
-    the caller's ``fix``."""
-    from blocklin.errors import BlocklinWarning, ParameterError, explain, warn
+    """Judge a result ``x = 2^e z`` as every solve route judges its ``x``: :func:`refuse_columns`, then the
+    warning of :func:`subnormal_note` (``op: note``)."""
+    from blocklin.errors import BlocklinWarning, warn
+
+    refuse_columns(cols, e, dtype, name=name, what=what, detail=detail, fix=fix)
+    note = subnormal_note(cols, e, dtype, name=name, what=what)
+    if note:
+        warn(f"{op}: {note}", BlocklinWarning)
+
+
+def refuse_columns(cols: ColumnRange, e: Any, dtype: Any, *, name: str = "b", what: str = "x", rule: str = "",
+                   detail: str = "", fix: str = "", error: type[Exception] | None = None) -> None:
+    """Refuse a result ``x = 2^e z`` with a column whose ``z`` is nonzero but whose ``x`` is 0 (below the dtype's
+    range) or not finite (beyond it), naming ``name`` and the power of two that brings the column's largest entry
+    near 1. A column whose ``z`` is unknown (0 here, nonzero by the caller's ``nonzero``) is named without a size,
+    with the caller's ``fix``. ``rule``: the solution as the rule names it (default ``what``); ``error``: the
+    class raised (default :class:`~blocklin.errors.ParameterError`)."""
+    from blocklin.errors import ParameterError, explain
 
     fi, dname = np.finfo(np.dtype(dtype)), np.dtype(dtype).name
     true_e = cols.ez + np.asarray(e, dtype=np.int64)  # |x_j| < 2^true_e, exact (e: one, or one per column)
     gone = cols.nonzero & ((cols.top == 0) | ~cols.finite)
-    if gone.any():
-        j = np.flatnonzero(gone)
-        over = ~cols.finite[j]
-        if over.any():
-            p = int(true_e[j][over].max())
-            where = f"beyond {float(fi.max):.3g}"
-        else:
-            p = int(true_e[j].min())
-            where = f"below {float(fi.smallest_subnormal):.1e}, flushed to 0"
-        sized = bool(over.any()) or bool((cols.ez[j] > _NO_ENTRY).all())
-        raise ParameterError(explain(
-            name, f"must give a solution {what} within the range of {dname} (nonzero entries from "
-            f"{float(fi.smallest_subnormal):.1e} to {float(fi.max):.3g})",
-            f"{what} {where} in {int(gone.sum())} column(s) whose {name} is not 0"
-            + (f": max |{what}| about 2^{p}" if sized else "") + (f" ({detail})" if detail else ""),
-            fix if fix and not sized else
-            f"scale {name} by 2^{-p} (exact: {what} is then 2^{-p} times the solution, its largest entry near 1) "
-            f"and scale {what} back by 2^{p} yourself"))
+    if not gone.any():
+        return
+    j = np.flatnonzero(gone)
+    over = ~cols.finite[j]
+    count = f"in {int(gone.sum())} column(s) whose {name} is not 0"
+    if over.any():
+        p = int(true_e[j][over].max())
+        actual = f"{what} beyond {float(fi.max):.3g} {count}"
+    else:
+        p = int(true_e[j].min())
+        actual = f"{what} = 0 {count} (below {float(fi.smallest_subnormal):.1e}, flushed to 0)"
+    sized = bool(over.any()) or bool((cols.ez[j] > _NO_ENTRY).all())
+    raise (error or ParameterError)(explain(
+        name, f"must give a solution {rule or what} within the range of {dname} (nonzero entries from "
+        f"{float(fi.smallest_subnormal):.1e} to {float(fi.max):.3g})",
+        actual + (f": max |{what}| about 2^{p}" if sized else "") + (f" ({detail})" if detail else ""),
+        fix if fix and not sized else
+        f"scale {name} by 2^{-p} (exact: {what} is then 2^{-p} times the solution, its largest entry near 1) "
+        f"and scale {what} back by 2^{p} yourself"))
+
+
+def subnormal_note(cols: ColumnRange, e: Any, dtype: Any, *, name: str = "b", what: str = "x") -> str | None:
+    """Where a column's largest entry of ``x = 2^e z`` is subnormal, the note saying so (``None`` elsewhere): the
+    column keeps its value to the smallest subnormal only (relative ``2^-1074 / max |x|`` where a normal one
+    keeps ``eps``); a smaller entry of a column whose largest is normal costs less than ``eps max |x|``."""
+    fi, dname = np.finfo(np.dtype(dtype)), np.dtype(dtype).name
     low = cols.nonzero & (cols.top > 0) & (cols.top < float(fi.tiny))
-    if low.any():
-        p = int(true_e[low].min())
-        warn(f"{op}: {what} is subnormal in {int(low.sum())} column(s) (largest entries down to "
-             f"{float(cols.top[low].min()):.1e}, below {dname}'s smallest normal {float(fi.tiny):.1e}): its "
-             f"entries are resolved to {float(fi.smallest_subnormal):.1e} absolute; scale {name} by 2^{-p} (exact) "
-             f"for full precision", BlocklinWarning)
+    if not low.any():
+        return None
+    p = int((cols.ez + np.asarray(e, dtype=np.int64))[low].min())
+    return (f"{what} is subnormal in {int(low.sum())} column(s) (largest entries down to "
+            f"{float(cols.top[low].min()):.1e}, below {dname}'s smallest normal {float(fi.tiny):.1e}): its "
+            f"entries are resolved to {float(fi.smallest_subnormal):.1e} absolute; scale {name} by 2^{-p} (exact) "
+            f"for full precision")
+
+
+def stored_columns(x_path: Any, b_path: Any, dtype: Any, *, b_first: int = 0, b_rows: int | None = None,
+                   judged: np.ndarray | None = None) -> ColumnRange:
+    """The :class:`ColumnRange` of a stored solution ``x`` (read by bands of rows, as written: ``e = 0``, cast
+    to ``dtype`` where it is stored wider), its columns called nonzero where ``b``'s (rows ``b_first`` on, of
+    a stored operand) are: a solution of a nonsingular system is 0 only for ``b = 0``. ``judged``: the columns
+    judged (the others are called 0, neither refused nor warned)."""
+    from blocklin.storage.zarr_store import row_bands
+
+    cols: ColumnRange | None = None
+    for _, block in row_bands(x_path):
+        if cols is None:
+            cols = ColumnRange(block.shape[1])
+        with np.errstate(over="ignore", under="ignore"):
+            cols.add(block, block.astype(dtype, copy=False))
+    live = None
+    for _, block in row_bands(b_path, first=b_first, n=b_rows):
+        live = np.any(block != 0, axis=0) if live is None else live | np.any(block != 0, axis=0)
+    assert cols is not None and live is not None
+    cols.nonzero |= live
+    if judged is not None:
+        cols.nonzero &= judged
+    return cols
 
 
 def magnitude(value: float) -> str:
@@ -148,4 +192,5 @@ def magnitude(value: float) -> str:
     return f"{value:.3g}" if math.isfinite(value) else "beyond float64's range"
 
 
-__all__ = ["ColumnRange", "beyond", "check_columns", "scaled_columns", "lu_growth_error", "magnitude", "solution_range_error", "wide_name"]
+__all__ = ["ColumnRange", "beyond", "check_columns", "lu_growth_error", "magnitude", "refuse_columns", "scaled_columns",
+           "solution_range_error", "stored_columns", "subnormal_note", "wide_name"]

@@ -21,7 +21,8 @@ from blocklin.errors import (BlocklinWarning, BudgetError, ConvergenceError, Con
 from blocklin.linalg.factor.cholesky import factor_into
 from blocklin.linalg.factor.lu import factor_lu_into
 from blocklin.linalg.blocks import equilibrate as _equilibrate
-from blocklin.linalg.blocks.result_range import lu_growth_error, magnitude, solution_range_error, wide_name
+from blocklin.linalg.blocks.result_range import (ColumnRange, lu_growth_error, magnitude, refuse_columns,
+                                                 solution_range_error, stored_columns, subnormal_note, wide_name)
 from blocklin.linalg.blocks.scaling import (backward_error, flushed_line, fro_norm, max_abs, narrow_range,
                                              narrow_range_refusal, range_refusal, refuse_nonfinite, safe_norm,
                                              sumsq_in_range)
@@ -326,12 +327,12 @@ def solve_square(a: Any, b: Any, out: Any = None, *, assume_a: str = "gen", prec
             elif ref.eta > tol and precision != "double":
                 _refuse_residual_range(job, ref, fdt)
         _refuse_not_hermitian(ops, A, factor, ref, tol, norm_a, assume_a)
-        note = _below_range(ops, ref, B, (n, k), dt, norm_a) if ref.eta > tol and precision == "double" else None
+        note = _below_range(B, ref.x_path, dt, norm_a) if ref.eta > tol and precision == "double" else None
         _check_converged(ref, tol, precision, dt, note=note)
         if staged:
             run.stages.run("write x", lambda: _write_unequilibrated(job, ref.x_path, ao.array_path(), eq, shift, (n, k),
                                                                     dt, run.chunk))
-            _check_rescaled_x(ops, given, ao.array_path(), shift, (n, k), dt)
+            _check_rescaled_x(given, ao.array_path(), shift, dt)
         else:
             run.stages.run("write x", lambda: _write_x(job, ref.x_path, ao.array_path(), (n, k), dt, run.chunk))
         col_res, col_x = (_col_norms(ops, Region.of(p, (n, k))) for p in (ref.r_path, ref.x_path))
@@ -1355,25 +1356,24 @@ def _refuse_not_hermitian(ops: BlockOps, A: Any, factor: _Factor, ref: SolveRefi
             f"pass assume_a='gen' (LU), or symmetrize A ((A + A^{h})/2) if that is the system meant"))
 
 
-def _below_range(ops: BlockOps, ref: SolveRefinement, B: Any, shape: tuple[int, int], dt: np.dtype,
-                 norm_a: float) -> str | None:
+def _below_range(B: Any, x_path: Any, dt: np.dtype, norm_a: float) -> str | None:
     """Why refinement stalled when it is ``x``'s size, not the condition: a column of ``x`` that is 0 where
     ``b``'s is not (``x`` below the dtype's range, about ``||b|| / ||A||`` or less) is refused; a column
-    whose entries are subnormal is answered, and the warning says so (its absolute resolution is the
+    whose largest entry is subnormal is answered, and the warning says so (its absolute resolution is the
     smallest subnormal). ``A`` near ``1e200`` and ``b`` near ``1e-200`` had given ``x = 0`` with a warning
-    of a backward error 1.0 and "condition too large for float64?"."""
-    xn, bn = _x_and_b_norms(ops, ref.x_path, B, shape)
+    of a backward error 1.0 and "condition too large for float64?". The rule of every route's ``x``
+    (:func:`~blocklin.linalg.blocks.result_range.refuse_columns`), on the stored ``x``."""
+    cols = _stored_x_columns(x_path, B, dt)
+    bmax = max_abs(B)
+    # as a power of ten: the quotient itself underflows
+    est = f"about 1e{math.log10(bmax) - math.log10(norm_a):.0f}" if norm_a > 0 and bmax > 0 else "below it"
+    refuse_columns(cols, 0, dt, rule="x = A^-1 b", detail=f"||x|| >= max |b| / ||A||_F, {est}, below the range",
+                   fix="scale b up (or a down) by a power of two, 2^e, and scale x back by 2^-e yourself",
+                   error=ConvergenceError)
+    return subnormal_note(cols, 0, dt)
 
-    def why(zero: np.ndarray) -> str:  # as a power of ten: the quotient itself underflows
-        est = f"about 1e{math.log10(float(bn[zero].max())) - math.log10(norm_a):.0f}" if norm_a > 0 else "below it"
-        return f"||x|| >= ||b|| / ||A||_F, {est}, below the range"
 
-    return _judge_x_range(xn, bn, shape[0], dt, why, "resolved to {tiny} absolute, which bounds the backward error; "
-                          "scale b by a power of two for full precision")
-
-
-def _check_rescaled_x(ops: BlockOps, given: Any, x_path: Any, shift: np.ndarray, shape: tuple[int, int],
-                      dt: np.dtype) -> None:
+def _check_rescaled_x(given: Any, x_path: Any, shift: np.ndarray, dt: np.dtype) -> None:
     """Where ``R b`` was scaled up into the normal range (``shift > 0``), ``x = C y 2^-s`` may lie below it:
     a column of ``x`` flushed to 0 whose ``b`` is not 0 is refused, as :func:`_below_range` refuses ``x = 0``
     (rows ``2^600`` above the others and ``b`` near ``2^-1000`` there: ``x`` near ``2^-1600``; that had been
@@ -1381,41 +1381,20 @@ def _check_rescaled_x(ops: BlockOps, given: Any, x_path: Any, shift: np.ndarray,
     warning (its entries are resolved to the smallest subnormal)."""
     if not np.any(shift > 0):
         return
-    up = np.flatnonzero(shift > 0)
-    xn, bn = (v[up] for v in _x_and_b_norms(ops, x_path, given, shape))
-    note = _judge_x_range(xn, bn, shape[0], dt, lambda _: (
+    cols = _stored_x_columns(x_path, given, dt, judged=np.asarray(shift) > 0)
+    refuse_columns(cols, 0, dt, rule="x = A^-1 b", error=ConvergenceError, detail=(
         f"x = C y 2^-s (y of the equilibrated system (R A C) y = R b 2^s, s up to {int(shift.max())}; R, C powers of "
         "two: A's rows are far above b's entries) lies below the range"),
-        "resolved to {tiny} absolute; scale b up by a power of two for full precision")
+        fix="scale b up (or a down) by a power of two, 2^e, and scale x back by 2^-e yourself")
+    note = subnormal_note(cols, 0, dt)
     if note:
         warn(f"solve: {note}", BlocklinWarning)
 
 
-def _x_and_b_norms(ops: BlockOps, x_path: Any, B: Any, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """The column norms of the stored ``x`` and of ``b`` (from its first row in the stored operand)."""
-    n, k = shape
-    xn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(x_path, (n, k))), dtype=np.float64))
-    bn = np.atleast_1d(np.asarray(_col_norms(ops, Region.of(B.path, (n, k), (int(getattr(B, "first_row", 0)), 0))),
-                                  dtype=np.float64))
-    return xn, bn
-
-
-def _judge_x_range(xn: np.ndarray, bn: np.ndarray, n: int, dt: np.dtype, why: Any, resolution: str) -> str | None:
-    """A column of ``x`` that is 0 where ``b``'s is not is refused (``why(zero)`` says why ``x`` lies below the
-    range); a column whose norm is below ``sqrt(n)`` times the smallest normal is subnormal: the note saying so
-    (``resolution`` with ``{tiny}`` the smallest subnormal) is returned. The per-column rule of the Tikhonov
-    routes' :func:`~blocklin.linalg.blocks.result_range.check_columns`, from the stored columns' norms."""
-    info = np.finfo(dt)
-    zero = (xn == 0) & (bn > 0)
-    if zero.any():
-        raise ConvergenceError(explain(
-            "b", f"must give a solution x = A^-1 b within the range of {np.dtype(dt).name} (nonzero entries above "
-            f"{float(info.smallest_subnormal):.1e})", f"x = 0 in {int(zero.sum())} column(s) whose b is not 0: "
-            f"{why(zero)}", "scale b up (or a down) by a power of two, 2^e, and scale x back by 2^-e yourself"))
-    if np.any((xn > 0) & (xn < info.tiny * math.sqrt(n))):
-        return (f"x is subnormal (column norms down to {float(xn[xn > 0].min()):.1e}): its entries are "
-                + resolution.format(tiny=f"{float(info.smallest_subnormal):.1e}"))
-    return None
+def _stored_x_columns(x_path: Any, B: Any, dt: np.dtype, judged: np.ndarray | None = None) -> ColumnRange:
+    """The columns of the stored ``x`` against ``b``'s (from its first row in the stored operand)."""
+    n = B.shape[0]
+    return stored_columns(x_path, B.path, dt, b_first=int(getattr(B, "first_row", 0)), b_rows=n, judged=judged)
 
 
 def _check_converged(ref: SolveRefinement, tol: float, precision: str, dt: np.dtype, *,
