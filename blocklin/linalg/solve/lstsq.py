@@ -15,7 +15,7 @@ import numpy as np
 
 from blocklin.config import Settings
 from blocklin.errors import ParameterError, ShapeError, explain
-from blocklin.linalg.blocks.result_range import check_columns, scaled_columns
+from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, scaled_columns
 from blocklin.linalg.labels import check_rows, is_dataarray
 from blocklin.linalg.lowrank.svd import svd
 from blocklin.linalg.solve.lstsq_complex import is_complex, lstsq_complex
@@ -153,8 +153,13 @@ def lstsq(a: Any, b: Any, rcond: float | None = None, **settings: Unpack[Setting
         else:  # V is the stored long factor: x = V (S^+ U^T b) in one pass over it
             x = _product(Vt, y, s.dtype, trans_a=True, settings=settings)
         passes += 1
-        check_columns(scaled_columns(x, e, dtype)[1], e, dtype, op="lstsq")
-        x = scaled_columns(x, e, np.float64)[0]  # the residual's x (in dtype the same values: checked above)
+        # 2^e x once, in float64 (exact but where float64's range ends): the residual's x; its cast is the x
+        # returned (a float32 x rounded once from it), judged here
+        z, x = x, scaled_columns(x, e, np.float64)[0]
+        cols = ColumnRange(z.shape[1])
+        with np.errstate(over="ignore", under="ignore"):
+            cols.add(z, x.astype(dtype, copy=False))
+        check_columns(cols, e, dtype, op="lstsq")
         _check_range(x, dtype)
         residuals = np.empty((0,), dtype=dtype)
         if rank == n and m > n:  # NumPy's rule: residuals only for a full-rank overdetermined system
