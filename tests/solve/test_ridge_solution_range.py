@@ -167,21 +167,56 @@ def test_lstsq_x_below_range_refused(shape, dtype):
 def test_stored_gram_x_below_range_refused(shape):
     """The stored-Gram route (a Gram over the budget) sums unscaled squares: ``A`` near ``2^450`` and ``b`` near
     ``2^-640`` (``x`` near ``2^-1090``; the wide route's ``y`` near ``2^-1540`` for ``x`` near ``2^-1090``) had
-    returned ``x = 0`` without a word; refused naming ``b`` and the in-memory routes."""
+    returned ``x = 0`` without a word; refused naming ``b`` and the power of two (the route solves for ``2^-e x``,
+    ``b`` scaled near 1, and ``x`` is sized)."""
     from support.conformance import least_budget
 
     a, b = problem(shape, np.float64, seed=5)
-    with pytest.raises(ParameterError, match=r"^b: must give a solution x within the range of float64.*stored-Gram"
-                       r".*raise memory="):
+    with pytest.raises(ParameterError, match=r"^b: must give a solution x within the range of float64.*flushed to 0"
+                       r".*stored-Gram.*scale b by 2\^10"):
         least_budget(lambda memory: bl.solve(ldexp(a, 450), ldexp(b, -640), lam=float(np.ldexp(1.0, 450)),
                                              memory=memory))
 
 
-def test_stored_gram_subnormal_x_warns():
-    """The tall stored-Gram route's ``x`` near ``2^-1050``: answered (to the smallest subnormal), with the warning."""
+@pytest.mark.parametrize("shape", [(300, 64), (64, 300)], ids=["tall", "wide"])
+def test_stored_gram_x_beyond_range_refused(shape):
+    """``A`` near ``2^-450`` and ``b`` near ``2^640`` (``x`` near ``2^1090``): the stored-Gram route's
+    substitutions overflowed and it was refused as "t: ... a singular or overflowing diagonal tile" (naming an
+    internal factor, and the wrong cause); it solves for ``2^-e x`` (``b`` scaled near 1) and refuses ``x``
+    beyond the range naming ``b`` and the power of two, as the in-memory routes do."""
     from support.conformance import least_budget
 
-    a, b = problem((300, 64), np.float64, seed=5)
+    a, b = problem(shape, np.float64, seed=5)
+    with pytest.raises(ParameterError, match=r"^b: must give a solution x within the range of float64.*beyond.*"
+                       r"stored-Gram.*scale b by 2\^-10"):
+        least_budget(lambda memory: bl.solve(ldexp(a, -450), ldexp(b, 640), lam=float(np.ldexp(1.0, -450)),
+                                             memory=memory))
+
+
+@pytest.mark.parametrize("shape", [(300, 64), (64, 300)], ids=["tall", "wide"])
+def test_stored_gram_x_near_the_top_of_the_range(shape):
+    """``x`` near ``2^1000`` (``A`` near ``2^-450``, ``b`` near ``2^550``): within the range, answered as the
+    unscaled problem's solution times ``2^1000``. Bound as the module docstring's, with this ``A``'s
+    ``cond(K) <= 1 + sigma_1^2`` (``lam = 1`` unscaled) for the 40 there."""
+    from support.conformance import least_budget
+
+    a, b = problem(shape, np.float64, seed=5)
+    x = least_budget(lambda memory: bl.solve(ldexp(a, -450), ldexp(b, 550), lam=float(np.ldexp(1.0, -450)),
+                                             memory=memory))
+    assert x.report["gram"] == "out of core"
+    expect = ldexp(np.asarray(bl.solve(a, b, lam=1.0)), 1000)
+    cond = 1 + np.linalg.norm(a, 2) ** 2
+    bound = 2 * 8 * max(shape) * np.finfo(float).eps * cond * np.linalg.norm(expect)
+    assert np.linalg.norm(np.asarray(x) - expect) <= bound
+
+
+@pytest.mark.parametrize("shape", [(300, 64), (64, 300)], ids=["tall", "wide"])
+def test_stored_gram_subnormal_x_warns(shape):
+    """The stored-Gram route's ``x`` near ``2^-1050``: answered (to the smallest subnormal), with the warning. The
+    wide route had refused it (its dual ``y`` near ``2^-1500`` below the range): it solves for ``2^-e x`` now."""
+    from support.conformance import least_budget
+
+    a, b = problem(shape, np.float64, seed=5)
     with pytest.warns(BlocklinWarning, match="x is subnormal"):
         x = least_budget(lambda memory: bl.solve(ldexp(a, 450), ldexp(b, -600), lam=float(np.ldexp(1.0, 450)),
                                                  memory=memory))

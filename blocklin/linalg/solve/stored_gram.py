@@ -145,6 +145,10 @@ class _GramSolve:
         self.ops = BlockOps(job, self.t)
         self.ops.workers = plan.workers
         self.stages, self.markers = stages, None
+        # the solve runs on 2^-e b (e: the exponent of max |b|; x is linear in b):
+        # its iterates sit near K^-1 times a right-hand side near 1, where an x of 2^1090 had overflowed the
+        # substitutions (refused as a singular tile); x = 2^e z is judged and written once (finish)
+        self.e = 0
 
     def make_stores(self) -> None:
         """Every store of the solve, created before any step in a fixed order (their names number them)."""
@@ -207,6 +211,11 @@ class _GramSolve:
         self.ops.axpby(self.region(self.z_next, self.s), self.region(self.z, self.s), self.region(self.d, self.s),
                        dtype=self.dt, description=description)
 
+    @property
+    def down(self) -> float:
+        """``2^-e``, the scaling of ``b`` (exact)."""
+        return float(np.ldexp(1.0, -self.e))
+
     def swap(self) -> None:
         self.z, self.z_next = self.z_next, self.z
 
@@ -237,10 +246,10 @@ class _GramSolve:
         self.lreg = Region.of(l_path, (s, s))
         self.kappa = diagonal_condition(dk, stored_diagonal(l_path, s, self.t))
 
-    def k_solve(self, rhs: str, dst: str) -> None:
-        """``dst = K^-1 rhs`` by forward and back substitution (``L^H`` of complex data)."""
+    def k_solve(self, rhs: str, dst: str, alpha: float = 1.0) -> None:
+        """``dst = K^-1 (alpha rhs)`` by forward and back substitution (``L^H`` of complex data)."""
         y = self.region(self.y, self.s)
-        self.ops.trsm(self.lreg, self.region(rhs, self.s), y, lower=True, dtype=self.dt,
+        self.ops.trsm(self.lreg, self.region(rhs, self.s), y, lower=True, alpha=alpha, dtype=self.dt,
                       description="forward substitution")
         self.ops.trsm(self.lreg, y, self.region(dst, self.s), lower=True, trans="C", dtype=self.dt,
                       description="back substitution")
@@ -248,13 +257,14 @@ class _GramSolve:
     def solve_wide(self, steps: int) -> str:
         """The dual variable ``y`` refined on ``(A A^T + lam^2 I) y = b``; returns the store of ``x = A^T y``."""
         A, B, m, n, k = self.A, self.B, self.m, self.n, self.k
-        self.step("solve", lambda: self.k_solve(B.path, self.z))
+        self.e = _scale_exponent(B.path, int(getattr(B, "first_row", 0)), m)
+        self.step("solve", lambda: self.k_solve(B.path, self.z, alpha=self.down))
         for _ in range(steps):  # rd = b - A A^T y - lam^2 y, y += K^-1 rd
             x_tmp = self.xt
 
             def dual_residual() -> None:  # r is rewritten whole before its in-place update: a rerun is safe
                 self.adjoint_product(x_tmp, self.z, self.d, self.s, "x = A^H y")  # d: rewritten by the correction
-                self.gemm(self.r, A, self.operand(x_tmp, (n, k), "x"), B, alpha=-1.0, beta=1.0,
+                self.gemm(self.r, A, self.operand(x_tmp, (n, k), "x"), B, alpha=-1.0, beta=self.down,
                           description="b - A x")
                 r_reg = self.region(self.r, m)
                 self.ops.axpby(r_reg, r_reg, self.region(self.z, self.s), beta=-self.lam**2, dtype=self.dt,
@@ -271,10 +281,11 @@ class _GramSolve:
         """``x`` refined against the original problem; returns its store."""
         A, B, k = self.A, self.B, self.k
         c_path = self.c  # A^T b, from the SYRK's read of A
-        self.step("solve", lambda: self.k_solve(c_path, self.z))
+        self.e = _scale_exponent(B.path, int(getattr(B, "first_row", 0)), self.m)  # c is rewritten by refinement
+        self.step("solve", lambda: self.k_solve(c_path, self.z, alpha=self.down))
         for _ in range(steps):
             zop = self.operand(self.z, (self.s, k), "z")
-            self.step("residual", lambda: self.gemm(self.r, A, zop, B, alpha=-1.0, beta=1.0,
+            self.step("residual", lambda: self.gemm(self.r, A, zop, B, alpha=-1.0, beta=self.down,
                                                     description="r = b - A x"))
             self.step("normal residual", lambda: self.normal_residual(c_path, zop))
             self.step("correction", lambda: self.k_solve(c_path, self.d))
@@ -299,16 +310,18 @@ class _GramSolve:
         from the final residual, and what a resumed run skipped."""
         A, B, m, n, k, lam = self.A, self.B, self.m, self.n, self.k, self.lam
         self.step("final residual", lambda: self.gemm(self.r, A, self.operand(xs, (n, k), "x"), B, alpha=-1.0,
-                                                      beta=1.0, description="final residual b - A x"))
-        rr = _col_sumsq(self.ops, self.r, (m, k))
+                                                      beta=self.down, description="final residual b - A x"))
+        rr = _col_sumsq(self.ops, self.r, (m, k))  # of 2^-e (b - A x) and 2^-e x
         xx = _col_sumsq(self.ops, xs, (n, k))
         xreg = self.region(xs, n)
         self._check_x_range(xs)
-        self.step("write x", lambda: self.ops.axpby(self.region(x_path, n), xreg, xreg, alpha=1.0, beta=0.0,
-                                                    dtype=self.dt, description="write x") and None)
+        up = float(np.ldexp(1.0, self.e))
+        self.step("write x", lambda: self.ops.axpby(self.region(x_path, n), xreg, xreg, alpha=up, beta=0.0,
+                                                    dtype=self.dt, description="write x = 2^e z") and None)
 
         def norms(v: np.ndarray) -> Any:
-            v = np.sqrt(np.maximum(v, 0.0))
+            with np.errstate(over="ignore"):  # a norm beyond float64's range is reported as inf
+                v = np.ldexp(np.sqrt(np.maximum(v, 0.0)), self.e)
             return float(v[0]) if v.size == 1 else v.tolist()
 
         gram = "A A^T" if self.wide else "A^T A"
@@ -327,28 +340,42 @@ class _GramSolve:
 
     def _check_x_range(self, xs: str) -> None:
         """``x`` judged as the in-memory routes judge theirs (:func:`~blocklin.linalg.blocks.result_range.check_columns`):
-        this route sums unscaled squares, so an ``x`` near the range's bottom is computed there; a column of ``x``
-        that is 0 where ``b``'s is not (``x = K^-1 A^H b``, ``K`` positive definite: 0 only for ``b`` orthogonal to
-        ``A``'s range) is refused, one in the output dtype's subnormal range warns. ``A`` near ``2^450`` and ``b``
-        near ``2^-640`` had returned ``x = 0``, the wide route's ``x`` near ``2^-1050`` too, without a word."""
-        from blocklin.linalg.blocks.result_range import ColumnRange, check_columns
+        the route solves for ``z = 2^-e x`` (``b`` scaled near 1) and ``x = 2^e z`` is rounded once as written: a
+        column of ``x`` flushed to 0 or beyond the range where ``b``'s is not 0 is refused naming ``b`` and the power
+        of two, one in the output dtype's subnormal range warns. ``A`` near ``2^450`` and ``b`` near ``2^-640`` had
+        returned ``x = 0`` without a word; the wide route's subnormal ``x`` (near ``2^-1050``) was refused, its
+        ``y`` below the range; an ``x`` near ``2^1090`` overflowed the substitutions and was refused as a singular
+        or overflowing tile of ``t``."""
+        from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, scaled_columns
         from blocklin.storage.zarr_store import row_bands
 
         out = np.result_type(self.A.dtype, self.B.dtype)
         cols = ColumnRange(self.k)
-        for _, block in row_bands(xs):
-            with np.errstate(over="ignore", under="ignore"):
-                cols.add(block, block.astype(out))
+        for _, block in row_bands(xs):  # x = 2^e z as written (axpby's product by 2^e rounds once, as ldexp)
+            cols.merge(scaled_columns(block, self.e, out)[1])
         live = np.zeros(self.k, dtype=bool)
         for _, block in row_bands(self.B.path, first=int(getattr(self.B, "first_row", 0)), n=self.m):
             live |= np.any(block != 0, axis=0)
         cols.nonzero |= live
-        gram = "(A A^H + lam^2 I)^-1 b" if self.wide else "(A^H A + lam^2 I)^-1 A^H b"
-        check_columns(cols, 0, out, detail=f"the stored-Gram route, for a Gram over the budget, forms x = A^H y, y = "
-                      f"{gram} unscaled" if self.wide else f"the stored-Gram route, for a Gram over the budget, forms "
-                      f"x = {gram} unscaled", fix="scale b up by a power of two 2^e (exact: x is 2^e times the "
+        gram = "(A A^H + lam^2 I)^-1 (2^-e b)" if self.wide else "(A^H A + lam^2 I)^-1 A^H (2^-e b)"
+        check_columns(cols, self.e, out, detail=f"the stored-Gram route, for a Gram over the budget, forms x = 2^e A^H y, "
+                      f"y = {gram}" if self.wide else f"the stored-Gram route, for a Gram over the budget, forms "
+                      f"x = 2^e {gram}", fix="scale b up by a power of two 2^e (exact: x is 2^e times the "
                       "solution) and scale x back yourself, or raise memory= so the in-memory routes (which scale "
                       "by powers of two themselves) hold the Gram matrix")
+
+
+def _scale_exponent(path: str, first: int, rows: int) -> int:
+    """``e`` with the stored right-hand side's largest magnitude in ``[2^(e-1), 2^e)``, kept within
+    ``[-1000, 1000]`` so that ``2^e`` and ``2^-e`` are float64 numbers (0 for a zero right-hand side)."""
+    from blocklin.storage.zarr_store import row_bands
+
+    top = 0.0
+    for _, block in row_bands(path, first=first, n=rows):
+        if block.size:
+            top = max(top, float(np.max(np.abs(block))))
+    e = int(np.frexp(top)[1]) if 0 < top < np.inf else 0
+    return int(np.clip(e, -1000, 1000))
 
 
 def _tile_plan(job: Any, A: Any, s: int, k: int, wide: bool, dt: Any = F64) -> Any:
