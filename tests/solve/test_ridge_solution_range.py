@@ -163,6 +163,23 @@ def test_lstsq_x_below_range_refused(shape, dtype):
         bl.lstsq(ldexp(a, 1000), ldexp(b, -100))
 
 
+@pytest.mark.parametrize("dtype", [np.complex128, np.float64])
+@pytest.mark.parametrize("shape", [(40, 6), (6, 15)], ids=["tall", "wide"])
+def test_lstsq_columns_far_apart(shape, dtype):
+    """Columns of ``b`` near ``2^600`` and ``2^-600``: each column of ``x`` is its own problem, ``2^q_j x(A, b_j)``.
+    The complex ``lstsq`` brought all columns near 1 by one power of two (the largest column's): the small one
+    fell to ``2^-1200``, was flushed to 0, and its ``x`` came back as 0 without a word (relative error 1).
+    Bound per column: the SVD solution's ``c n eps cond(A)`` (Higham 2002, 20.1) on both solves, ``cond(A)``
+    below 10 for these Gaussian shapes (``test_lstsq_subnormal_x``)."""
+    a, b = problem(shape, dtype, seed=4)
+    q = np.array([600, -600])
+    got = bl.lstsq(a, ldexp(b, q[None, :]))[0]
+    ref = bl.lstsq(a, b)[0]
+    for j in range(2):
+        err = np.linalg.norm(ldexp(got[:, j], -int(q[j])) - ref[:, j])
+        assert err <= 2 * 8 * max(shape) * np.finfo(dtype).eps * 10 * np.linalg.norm(ref[:, j]), (j, err)
+
+
 @pytest.mark.parametrize("shape", [(300, 64), (64, 300)], ids=["tall", "wide"])
 def test_stored_gram_x_below_range_refused(shape):
     """The stored-Gram route (a Gram over the budget) sums unscaled squares: ``A`` near ``2^450`` and ``b`` near

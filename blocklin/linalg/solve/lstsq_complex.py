@@ -57,11 +57,12 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
             u, s, zh = np.linalg.svd(sr.r, full_matrices=False)
             inv, cut, rank = _truncation(s, m, n, rcond)
             kept = (inv != 0)[:, None]  # divided by s (1 / s overflows below 2^-1024: x had been NaN)
-            # x = 2^e z: c = U^H Q^H b and s each brought near 1 by a power of two, so that S^+ c stays in the range
+            # x = 2^e z: c = U^H Q^H b (each column) and s brought near 1 by a power of two, so that S^+ c stays in
+            # the range; one power for all columns had flushed a column 2^1000 below another to 0, silently
             c = np.where(kept, u.conj().T @ sr.qtb, 0.0)
-            ec, es = max_exponent(c), max_exponent(s[:1])
+            ec, es = column_exponents(c), max_exponent(s[:1])
             with np.errstate(over="ignore"):  # a dropped s's 1.0 may pass the top: its c is 0
-                z = zh.conj().T @ (ldexp(c, -ec) / np.where(kept, np.ldexp(s[:, None], -es), 1.0))
+                z = zh.conj().T @ (ldexp(c, -ec[None, :]) / np.where(kept, np.ldexp(s[:, None], -es), 1.0))
             e = ec - es
             # NumPy's rule: residuals only for a full-rank overdetermined system; ||T e_j||^2 of the
             # pass's residual factor (no difference of squares)
@@ -98,13 +99,19 @@ def _wide_solution(job: Job, A: Any, s: np.ndarray, z: np.ndarray, keep: np.ndar
 
     With ``s = 2^e s'`` and ``b = 2^eb b'``: ``y' = conj(Z) S'^+2 Z^T b'`` is ``2^(2e - eb) y``; the
     product ``A^H y'`` is made on ``y'`` scaled by ``2^-(e + f)`` (``f`` its own power), so that it sits
-    near 1, and ``x`` is that times ``2^(eb - e + f)``: only ``x`` itself can leave the range. Returns that
+    near 1, and ``x`` is that times ``2^(eb - e + f)``: only ``x`` itself can leave the range. ``eb`` and ``f``
+    per column (columns of ``b`` far apart: one power for all had flushed the small ones). Returns that
     product and ``eb - e + f`` (the caller rounds ``x`` once and judges it)."""
-    e, eb = max_exponent(s[:1]), max_exponent(b)
+    e, eb = max_exponent(s[:1]), column_exponents(b)
     inv = np.where(keep, 1.0 / np.where(keep, np.ldexp(s, -e), 1.0), 0.0)
-    y = z.conj() @ (inv[:, None] ** 2 * (z.T @ ldexp(b, -eb)))
-    f = max_exponent(y)
-    return _adjoint_product(job, A, ldexp(y, -(e + f))), eb - e + f
+    y = z.conj() @ (inv[:, None] ** 2 * (z.T @ ldexp(b, -eb[None, :])))
+    f = column_exponents(y)
+    return _adjoint_product(job, A, ldexp(y, -(e + f)[None, :])), eb - e + f
+
+
+def column_exponents(x: np.ndarray) -> np.ndarray:
+    """:func:`~blocklin.runtime.powers.max_exponent` of each column of ``x``."""
+    return np.array([max_exponent(x[:, j]) for j in range(x.shape[1])], dtype=np.int64)
 
 
 def _r_of_transpose(job: Job, A: Any) -> np.ndarray:
@@ -127,4 +134,4 @@ def _adjoint_product(job: Job, A: Any, y: np.ndarray) -> np.ndarray:
     return np.conj(open_array(path)[...])
 
 
-__all__ = ["is_complex", "lstsq_complex"]
+__all__ = ["column_exponents", "is_complex", "lstsq_complex"]
