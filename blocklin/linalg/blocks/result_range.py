@@ -187,10 +187,47 @@ def stored_columns(x_path: Any, b_path: Any, dtype: Any, *, b_first: int = 0, b_
     return cols
 
 
+def column_maxima(path: Any, *, first: int = 0, rows: int | None = None) -> np.ndarray:
+    """The largest magnitude of each column of a stored ``b`` (rows ``first`` on), read by bands of rows."""
+    from blocklin.storage.zarr_store import row_bands
+
+    top = None
+    for _, block in row_bands(path, first=first, n=rows):
+        with np.errstate(over="ignore"):
+            v = np.abs(block).max(axis=0).astype(np.float64) if block.shape[0] else np.zeros(block.shape[1])
+        top = v if top is None else np.maximum(top, v)
+    return np.zeros(0) if top is None else top
+
+
+def refuse_flushed_rhs(col_max: np.ndarray, eb: int, dtype: Any, *, name: str = "b") -> None:
+    """Refuse where the one power of two ``2^-eb`` that brings ``b``'s largest entry near 1 takes a column's
+    largest entry (``col_max``) below ``dtype``'s smallest normal, the dtype ``b`` is scaled in: that column
+    was flushed to 0 or kept a few bits, and its ``x`` came back 0 (a column whose ``z`` is 0 is not judged
+    by :func:`refuse_columns`) or inaccurate, without a word."""
+    from blocklin.errors import ParameterError, explain
+
+    col_max = np.asarray(col_max, dtype=np.float64)
+    fi = np.finfo(np.dtype(dtype))
+    with np.errstate(under="ignore"):
+        low = (col_max > 0) & (np.ldexp(col_max, -int(eb)) < float(fi.tiny))
+    if not low.any():
+        return
+    j = np.flatnonzero(low)
+    gap = int(np.frexp(float(col_max.max()))[1] - np.frexp(float(col_max[j].min()))[1])
+    raise ParameterError(explain(
+        name, f"must have each column's largest entry within 2^{-fi.minexp - 1} of its largest (the solve scales "
+        f"{name} by one power of two, 2^{-int(eb)}, that brings its largest entry near 1, in {fi.dtype.name}: a "
+        "column far below it is flushed to 0 or keeps a few bits)",
+        f"{int(low.sum())} column(s) (index {', '.join(str(int(i)) for i in j[:5])}{', ...' if j.size > 5 else ''}) "
+        f"about 2^{gap} below the largest", f"solve those columns separately (each column of x is its own "
+        f"problem), or scale each column of {name} by a power of two that brings it near 1 and the column of x "
+        "back by it"))
+
+
 def magnitude(value: float) -> str:
     """A float64 magnitude for a message (``inf``: beyond float64's range too)."""
     return f"{value:.3g}" if math.isfinite(value) else "beyond float64's range"
 
 
-__all__ = ["ColumnRange", "beyond", "check_columns", "lu_growth_error", "magnitude", "refuse_columns", "scaled_columns",
+__all__ = ["ColumnRange", "beyond", "check_columns", "column_maxima", "refuse_flushed_rhs", "lu_growth_error", "magnitude", "refuse_columns", "scaled_columns",
            "solution_range_error", "stored_columns", "subnormal_note", "wide_name"]

@@ -16,7 +16,7 @@ import numpy as np
 
 from blocklin.errors import ParameterError, SingularMatrixError
 from blocklin.errors import explain as _msg
-from blocklin.linalg.blocks.result_range import check_columns, scaled_columns
+from blocklin.linalg.blocks.result_range import check_columns, column_maxima, refuse_flushed_rhs, scaled_columns
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.plan.chunks import auto_chunks
 from blocklin.runtime.job import Job
@@ -243,6 +243,9 @@ def write_x(ctx: TikhonovRun, x_path: str, x: np.ndarray) -> None:
     out_dtype = np.result_type(ctx.A.dtype, ctx.B.dtype)
     known = ctx.sa is not None and ctx.sa.known  # x of the scaled problem: x = 2^(eb - ea) x'
     e = (ctx.sb.exponent - ctx.sa.exponent if known else 0) + ctx.xe
+    if known and ctx.sb.exponent and ctx.k > 1:  # the passes scaled b's strips by 2^-eb in b's stored dtype
+        refuse_flushed_rhs(column_maxima(ctx.B.path, first=int(getattr(ctx.B, "first_row", 0)), rows=ctx.m),
+                           ctx.sb.exponent, ctx.B.dtype)
     # rounded once to the output; a column flushed to 0 or beyond the range is refused, a subnormal one warns
     x, cols = scaled_columns(x, e, out_dtype)
     check_columns(cols, e, out_dtype)

@@ -17,7 +17,7 @@ import numpy as np
 
 from blocklin.errors import NonFiniteError
 from blocklin.errors import explain as _msg
-from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, scaled_columns
+from blocklin.linalg.blocks.result_range import ColumnRange, check_columns, refuse_flushed_rhs, scaled_columns
 from blocklin.linalg.blocks.scaling import incore_exponent
 from blocklin.linalg.products.gemm import Gemm
 from blocklin.linalg.solve.spectrum import coefficients, spectrum_from_gram
@@ -113,6 +113,8 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     # and x = 2^(eb - 2 ea) A^T y': the GEMM takes A^T (2^(eb - ea) y') (sums of the size of b) times 2^-ea
     eb, amax_b = incore_exponent(bm.view(np.float64) if np.iscomplexobj(bm) else bm)  # complex: both parts
     ctx.sa.e, ctx.sb.e, ctx.sb.amax = ea, eb, amax_b
+    with np.errstate(over="ignore"):  # |b| of a complex entry near the top: inf, not below the range
+        refuse_flushed_rhs(np.abs(bm).max(axis=0) if bm.shape[0] else np.zeros(bm.shape[1]), eb, bm.dtype)
     bm = ldexp(bm, -eb)
     ctx.adopt({})
     g_raw = g
