@@ -163,6 +163,25 @@ def test_lstsq_x_below_range_refused(shape, dtype):
         bl.lstsq(ldexp(a, 1000), ldexp(b, -100))
 
 
+@pytest.mark.parametrize("gap", [106, 444])
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+@pytest.mark.parametrize("route", sorted(r for r in ROUTES if r.startswith("wide")))
+def test_wide_columns_apart_each_keep_their_range(route, dtype, gap):
+    """``A`` near ``2^1008`` (``y = (A A^H + lam^2 I)^-1 b`` near ``2^-1010`` for ``b`` near ``2^1006``) and a column
+    of ``b`` ``2^gap`` below the other: the wide routes brought ``y`` into the normal range by one power of two,
+    the largest column's, which left the other among the subnormals (``gap = 106``: ``x`` 0.8% off) or flushed
+    it (``gap = 444``: ``x = 0``), without a word. Each column has its own power now: within the module
+    docstring's bound of ``2^(q_j - 1008) x(A, b_j)``."""
+    shape, kw = ROUTES[route]
+    if np.dtype(dtype).kind == "c" and "sample_weight" in kw:
+        kw = {}
+    a, b = problem(shape, dtype)
+    q = np.array([1006, 1006 - gap])
+    x = np.asarray(bl.solve(ldexp(a, 1008), ldexp(b, q[None, :]), lam=float(np.ldexp(1.0, 1008)), **kw))
+    for j in range(2):
+        assert_rescaled(x[:, j:j + 1], a, b[:, j:j + 1], int(q[j]) - 1008, **kw)
+
+
 @pytest.mark.parametrize(("dtype", "q"), [(np.float64, 600), (np.complex128, 600), (np.float32, 100)])
 @pytest.mark.parametrize("route", sorted(ROUTES))
 def test_ridge_columns_far_apart_refused(route, dtype, q):

@@ -254,15 +254,17 @@ def write_x(ctx: TikhonovRun, x_path: str, x: np.ndarray) -> None:
     write_block(arr, slice(0, x.shape[0]), slice(0, x.shape[1]), x.astype(out_dtype, copy=False))
 
 
-def unscaled_x(x: np.ndarray, e: int, dtype: Any) -> np.ndarray:
-    """``2^e x``; a solution beyond the output dtype's range raises (never an Inf written silently)."""
-    if not e:
+def unscaled_x(x: np.ndarray, e: Any, dtype: Any) -> np.ndarray:
+    """``2^e x`` (``e`` one exponent, or one per column); a solution beyond the output dtype's range raises
+    (never an Inf written silently)."""
+    e = np.asarray(e, dtype=np.int64)
+    if not np.any(e):
         return x
     with np.errstate(over="ignore", under="ignore"):
-        out = ldexp(x, e)
+        out = ldexp(x, e if e.ndim == 0 or x.ndim == 1 else e[None, :])
     if not np.isfinite(out.astype(dtype, copy=False)).all():
         raise ParameterError(_msg("b", f"must give a solution within the range of {np.dtype(dtype).name}",
-                                  f"a solution x of norm about 2^{int(np.frexp(np.linalg.norm(x))[1]) + e}",
+                                  f"a solution x of norm about 2^{int(np.frexp(np.linalg.norm(x))[1]) + int(e.max())}",
                                   "scale b down (or a up) by a power of two and scale x back yourself"))
     return out
 

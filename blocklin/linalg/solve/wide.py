@@ -199,7 +199,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     Y = job.operand(y.conj() if cplx else y, "y")
     # 2^alpha is applied in the GEMM only where it is 1; else once, on the copy of the sums into x, where a column
     # flushed to 0 or beyond the range is refused (2^alpha itself had underflowed to 0 or overflowed)
-    staged = cplx or work != out_dtype or alpha != 0
+    staged = cplx or work != out_dtype or bool(np.any(alpha != 0))
     product = Gemm.of(ctx.A, Y, trans_a=True, dtype=work, alpha=1.0)
     plan = product.plan(job, read_reserve=True)  # measured over budget at 16 MiB without it
     dst = job.scratch("wide x", product.shape, work, plan.out_chunks) if staged else x_path
@@ -207,7 +207,7 @@ def solve_wide(ctx: TikhonovRun, x_path: str) -> dict:
     product.run(job, plan, dst, description="x = A^H y" if cplx else "x = A^T y", count_pass="a")
     if staged:
         cols = _copy_into(dst, x_path, plan.out_chunks[0], conj=cplx, alpha=alpha)
-        check_columns(cols, alpha, out_dtype, detail=f"x = 2^{alpha} A^H y")
+        check_columns(cols, alpha, out_dtype, detail=f"x = 2^{_powers(alpha)} A^H y")
     if job.check_finite:  # inputs checked finite: a non-finite x is an overflow of the GEMM's sums
         _check_finite_x(x_path, alpha)
     return info
@@ -223,7 +223,7 @@ def _shifted_product(ctx: TikhonovRun, y: np.ndarray, alpha: int, ea: int, out_d
 
     job = ctx.job
     src = source(ctx.A, transposed=True)
-    params = {"y": np.ascontiguousarray(y), "alpha": int(alpha), "unit": float(np.ldexp(1.0, -ea)),
+    params = {"y": np.ascontiguousarray(y), "alpha": np.asarray(alpha, dtype=np.int64), "unit": float(np.ldexp(1.0, -ea)),
               "out": np.dtype(out_dtype).name}
     memory = job.cfg.memory
     if job.device == "gpu":  # as run_pass plans: the strips and the product live on the GPU too
@@ -238,7 +238,7 @@ def _shifted_product(ctx: TikhonovRun, y: np.ndarray, alpha: int, ea: int, out_d
     for st in states:
         if "cols" in st:
             cols.merge(st["cols"])
-    check_columns(cols, alpha, out_dtype, detail=f"x = 2^{alpha} A_s^H y")
+    check_columns(cols, alpha, out_dtype, detail=f"x = 2^{_powers(alpha)} A_s^H y")
     return float(sum(st["aa"] for st in states))
 
 
@@ -308,27 +308,35 @@ def _without_intercept_direction(ctx: TikhonovRun, spec: Any, sw: np.ndarray) ->
     return out
 
 
-def dual_exponents(y: np.ndarray, eb: int, ea: int, dtype: Any) -> tuple[int, int]:
+def dual_exponents(y: np.ndarray, eb: int, ea: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(t, s)`` of ``x = 2^s A^T (2^t y')`` with ``t + s = eb - 2 ea`` (``y'`` of the scaled problem):
     ``2^t y'`` the true ``y = (A A^T + lam^2 I)^-1 b`` where it is within the output dtype's range with a
     margin, so that the GEMM's sums ``A^T y`` are of the size of ``x``; else the nearest exponent that is.
 
     ``A^T (2^(eb - ea) y')``, the earlier split, sums products of ``|A| |b| kappa^2 / |A'|^2``: beyond
     float32's range for a 4 x 40 ``A`` of ``1e30`` and condition ``1e6`` whose ``x`` is ``1e6`` (every
-    entry Inf, found by a randomized search)."""
+    entry Inf, found by a randomized search). Per column (arrays of ``k``): one ``t`` for all, the largest
+    column's, took a column ``2^444`` below it (``A`` near ``2^1008``) to 0 and one ``2^106`` below among the
+    subnormals (``x`` 0.8% off), without a word."""
     total = eb - 2 * ea
-    top = float(np.max(np.abs(y))) if y.size else 0.0
-    if not top or not np.isfinite(top):
-        return total, 0
+    k = y.shape[1] if y.ndim == 2 else 1
+    with np.errstate(over="ignore"):
+        top = np.abs(y).reshape(y.shape[0], k).max(axis=0).astype(np.float64) if y.size else np.zeros(k)
     info = np.finfo(np.dtype(dtype))
-    ey = int(np.frexp(top)[1])  # 2^(ey - 1) <= top < 2^ey
+    ey = np.frexp(np.where((top > 0) & np.isfinite(top), top, 1.0))[1].astype(np.int64)  # 2^(ey-1) <= top < 2^ey
     hi = info.maxexp - 8 - int(math.ceil(math.log2(max(2, y.shape[0]))))  # room for the GEMM's sums
     lo = info.minexp + info.nmant + 8  # the small entries of y stay normal
-    t = min(max(total, lo - ey), hi - ey)
-    return t, total - t
+    t = np.where((top > 0) & np.isfinite(top), np.minimum(np.maximum(total, lo - ey), hi - ey), total)
+    return t.astype(np.int64), (total - t).astype(np.int64)
 
 
-def _check_finite_x(x_path: str, alpha: int) -> None:
+def _powers(e: Any) -> str:
+    """A power of two for a message: one exponent, or the range of the columns' own."""
+    e = np.atleast_1d(np.asarray(e))
+    return str(int(e[0])) if np.all(e == e[0]) else f"({int(e.min())}..{int(e.max())}, per column)"
+
+
+def _check_finite_x(x_path: str, alpha: Any) -> None:
     """Raise where the GEMM's ``x`` holds Inf or NaN although ``A``, ``b`` and ``y`` were finite: its sums
     overflowed (never an Inf returned as a solution)."""
     from blocklin.storage.zarr_store import row_bands
@@ -336,12 +344,12 @@ def _check_finite_x(x_path: str, alpha: int) -> None:
     for _, block in row_bands(x_path):
         if not np.isfinite(block).all():
             raise NonFiniteError(_msg("a", "must give x = A^T y within the range of its dtype",
-                                      f"x = 2^{alpha} A^T y overflowed ({block.dtype.name})",
+                                      f"x = 2^{_powers(alpha)} A^T y overflowed ({block.dtype.name})",
                                       "solve in float64 (a.astype('float64')), or use blocklin.lstsq, whose SVD "
                                       "route never forms y"))
 
 
-def _copy_into(src: Any, dst: Any, rows: int, *, conj: bool, alpha: int = 0) -> ColumnRange:
+def _copy_into(src: Any, dst: Any, rows: int, *, conj: bool, alpha: Any = 0) -> ColumnRange:
     """``dst = 2^alpha conj(src)`` (or ``2^alpha src``), rounded once to ``dst``'s dtype, band of chunk rows by band
     (``n x k``): the GEMM's ``A^T conj(y)`` made ``A^H y``, and its float64 sums scaled and rounded once to the
     output's dtype; one band of ``rows x k`` in memory, no pass over ``A``. Returns what each column kept
