@@ -235,6 +235,7 @@ def create_array(path: Any, *, shape: tuple[int, ...], dtype: Any, chunks: tuple
     loc = as_location(path)
     chunks = tuple(max(1, int(c)) for c in chunks)
     shape = tuple(int(s) for s in shape)
+    overwrite = overwrite or left_in_partial(loc)
     check_space(loc, array_file_bytes(shape, chunks, dtype), "store",
                 " x ".join(map(str, shape)) + f" {np.dtype(dtype).name}")
     if loc.pending:
@@ -256,6 +257,26 @@ def create_array(path: Any, *, shape: tuple[int, ...], dtype: Any, chunks: tuple
             if raw is not None:
                 backend(loc).write_bytes(key, raw)
     return arr
+
+
+def left_in_partial(loc: Location) -> bool:
+    """Whether the local ``loc`` already holds a zarr node inside a partial output (``.OUT.partial-TOKEN``):
+    one that the interrupted run a resumed run continues created there. Callers that continue such an
+    array open it (:meth:`~blocklin.storage.atomic.AtomicOutput.has_array`); a caller that creates it writes
+    it anew (a result written whole from memory, as ``x`` of a solve or the factors of ``svd``, before the
+    interrupted run reached its commit), and replaces it: zarr refused to create it again, so the resume
+    failed after all its passes were done. Nothing outside blocklin's partial outputs is replaced."""
+    from blocklin.storage.guard import PARTIAL_TOKEN
+
+    if not loc.is_local or loc.pending or not os.path.exists(os.path.join(loc.url, "zarr.json")):
+        return False
+    path = os.path.abspath(loc.url)
+    while os.path.dirname(path) != path:
+        name = os.path.basename(path)
+        if name.startswith(".") and PARTIAL_TOKEN.search(name):
+            return True
+        path = os.path.dirname(path)
+    return False
 
 
 def _norm(sel: slice, n: int) -> slice:
