@@ -238,7 +238,8 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
             return _staged(src, out, locals())
         m, n = reader.shape
         out_chunks = auto_chunks((m, n), out_dt, cfg.memory) if chunks == "auto" else chunks
-        token = _resume_token(src, src_path, out_path, in_fmt, out_fmt, reader, out_dt, out_chunks, codec, checksum)
+        token = _resume_token(src, src_path, out_path, in_fmt, out_fmt, reader, out_dt, out_chunks, codec, checksum,
+                              nan)
         _check_output_space(out_path, out_fmt, (m, n), out_dt, out_chunks)
         writer = open_writer(out, (m, n), out_dt, format=to_format, chunks=out_chunks if chunks != "auto" or
                              out_fmt == "zarr" else None, codec=codec, checksum=checksum,
@@ -464,14 +465,23 @@ def _convert_sparse(route: str, src: Any, out: Any, *, memory: Any, dtype: Any, 
     return report
 
 
+#: What a reader takes from the caller about how to read its file, beyond shape and dtype: a raw file's
+#: order and header offset, a text file's delimiter, skipped lines, comment marker and header.
+_READING = ("order", "offset", "delimiter", "skip_rows", "comments", "header_line")
+
+
 def _resume_token(src: Any, src_path: Any, out_path: Any, in_fmt: str, out_fmt: str, reader: Any,
-                  out_dt: np.dtype, out_chunks: Any, codec: str, checksum: bool) -> str:
+                  out_dt: np.dtype, out_chunks: Any, codec: str, checksum: bool, nan: str) -> str:
     """Equal for reruns of the same conversion of the same source: what resume matches (the output checks
-    that the source's content is unchanged, :mod:`blocklin.storage.stamps`)."""
+    that the source's content is unchanged, :mod:`blocklin.storage.stamps`). How the file is read is part
+    of it: the same raw file read in the other order (or a text file with other delimiters or skipped
+    lines) has other values, and a resumed run must not keep blocks read the first way. So is the NaN
+    policy: blocks finished under ``nan="allow"`` were never checked."""
     return resume_token("convert", [], {
         "src": _real(src_path), "spec": str(src), "fmt": in_fmt,
         "shape": list(reader.shape), "in": reader.dtype.str, "out": out_dt.str, "chunks": list(out_chunks),
-        "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": _real(out_path)})
+        "codec": codec, "checksum": bool(checksum), "to": out_fmt, "dst": _real(out_path),
+        "reading": {key: getattr(reader, key, None) for key in _READING}, "nan": nan})
 
 
 def _commit(writer: Any, plan: Any, report: dict, out_path: Any) -> Any:
