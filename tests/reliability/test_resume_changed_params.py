@@ -1,0 +1,128 @@
+"""A resumed run on the same input files with other reading or fold parameters, or one interrupted after its
+result was written, either equals a fresh run or starts over.
+
+Found by a randomized search over the resumable operations (interrupt, change, resume, compare bits with
+a fresh run): the resume identity of ``convert`` left out how a raw file is read (its order), so a
+conversion resumed with ``order="F"`` kept the blocks the interrupted run had read in C order; that of a
+cross-validated ``solve`` named its splits by their count only, so a resume with splits of other bounds
+reused the interrupted run's fold sums. And a run interrupted after it had written a result whole (``x``
+of a least-squares solve, the factors of ``svd``) but before its commit could not be resumed: zarr
+refused to create that array again in the partial output.
+
+Every comparison is of bits (``array_equal``): a resumed run reproduces a fresh one exactly or it is wrong.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import blocklin as bl
+
+
+def _interrupt_after(monkeypatch, module, name, n):
+    """``module.name`` raises KeyboardInterrupt (as Ctrl-C does) on its call after the ``n``-th."""
+    real, seen = getattr(module, name), [0]
+
+    def dying(*args, **kwargs):
+        seen[0] += 1
+        if seen[0] > n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, dying)
+
+
+def _partials(folder, out: str) -> list:
+    return [p for p in folder.iterdir() if p.name.startswith(f".{out}.partial-")]
+
+
+def test_raw_conversion_resumed_in_the_other_order_is_started_over(tmp_path, monkeypatch):
+    """A raw square file converted in C order, interrupted after 12 of its 36 blocks (40 x 40: a 64 KiB
+    budget makes the C- and F-order plans copy the same blocks, so their markers have the same names),
+    then resumed with ``order="F"``: the result is the F-order reading of the file, as a fresh run gives
+    (it had kept the 12 blocks read in C order: 30% of the entries differed)."""
+    import blocklin.storage.atomic as atomic
+
+    a = np.random.default_rng(1).standard_normal((240, 240))
+    a.tofile(tmp_path / "A.bin")
+    kw = {"shape": (240, 240), "dtype": "float64", "memory": "64KiB", "chunks": (40, 40)}
+    _interrupt_after(monkeypatch, atomic, "mark_done", 12)
+    with pytest.raises(KeyboardInterrupt):
+        bl.convert(tmp_path / "A.bin", tmp_path / "x.zarr", **kw)
+    monkeypatch.undo()
+    assert _partials(tmp_path, "x.zarr")  # the finished blocks are kept for a resume
+    bl.convert(tmp_path / "A.bin", tmp_path / "x.zarr", resume=True, order="F", **kw)
+    got = bl.open(tmp_path / "x.zarr").to_numpy()
+    np.testing.assert_array_equal(got, a.T)  # the file's values read column by column
+    assert not _partials(tmp_path, "x.zarr")
+
+
+def _splits(cut: int, m: int) -> list:
+    """Two contiguous folds, rows ``[0, cut)`` and ``[cut, m)``, as (training, held-out) index arrays."""
+    rows = np.arange(m)
+    return [(rows[cut:], rows[:cut]), (rows[:cut], rows[cut:])]
+
+
+def test_cross_validated_solve_resumed_with_other_splits_is_started_over(tmp_path, monkeypatch):
+    """``solve`` with ``lam=("loo", grid)`` and ``cv`` given as two contiguous splits, interrupted after its
+    fold pass was recorded; resumed with splits of other bounds, it must not reuse that pass's fold sums
+    (its ``x`` had differed from the fresh run's)."""
+    import blocklin.linalg.solve.least_squares as ls
+
+    rng = np.random.default_rng(0)
+    m = 600
+    a = bl.from_array(rng.standard_normal((m, 20)), tmp_path / "a.zarr", chunks=(100, 20))
+    b = bl.from_array(rng.standard_normal((m, 1)), tmp_path / "b.zarr")
+    kw = {"lam": ("loo", [1e-3, 1e-1, 1.0, 10.0, 100.0]), "memory": "256KiB", "scheduler": "sync"}
+    _interrupt_after(monkeypatch, ls, "solve_report", 0)  # after x is written, before the commit
+    with pytest.raises(KeyboardInterrupt):
+        bl.solve(a.path, b.path, out=tmp_path / "x.zarr", cv=_splits(100, m), **kw)
+    monkeypatch.undo()
+    assert _partials(tmp_path, "x.zarr")
+    x = bl.solve(a.path, b.path, out=tmp_path / "x.zarr", cv=_splits(500, m), resume=True, **kw)
+    ref = bl.solve(a.path, b.path, out=tmp_path / "ref.zarr", cv=_splits(500, m), **kw)
+    assert x.report.get("resumed_passes", []) == []
+    np.testing.assert_array_equal(x.to_numpy(), ref.to_numpy())
+
+
+@pytest.mark.parametrize("lam", [1e-3, "gcv"])
+def test_solve_interrupted_after_writing_x_resumes(tmp_path, monkeypatch, lam):
+    """A least-squares solve interrupted after ``x`` was written into its partial output, before the commit:
+    the resumed run continues from the recorded passes and commits the fresh run's ``x`` (it had failed
+    with zarr's ``ContainsArrayError``)."""
+    import blocklin.linalg.solve.least_squares as ls
+
+    rng = np.random.default_rng(0)
+    a = bl.from_array(rng.standard_normal((600, 20)), tmp_path / "a.zarr", chunks=(100, 20))
+    b = bl.from_array(rng.standard_normal((600, 2)), tmp_path / "b.zarr")
+    kw = {"lam": lam, "memory": "256KiB", "scheduler": "sync"}
+    _interrupt_after(monkeypatch, ls, "solve_report", 0)
+    with pytest.raises(KeyboardInterrupt):
+        bl.solve(a.path, b.path, out=tmp_path / "x.zarr", **kw)
+    monkeypatch.undo()
+    x = bl.solve(a.path, b.path, out=tmp_path / "x.zarr", resume=True, **kw)
+    ref = bl.solve(a.path, b.path, out=tmp_path / "ref.zarr", **kw)
+    assert x.report["resumed_passes"]  # the interrupted run's passes were continued, not redone
+    np.testing.assert_array_equal(x.to_numpy(), ref.to_numpy())
+    assert not _partials(tmp_path, "x.zarr")
+
+
+def test_svd_interrupted_before_its_commit_resumes(tmp_path, monkeypatch):
+    """``svd`` interrupted after writing ``U``, ``S`` and ``Vt`` into its partial group, before the commit:
+    the resumed run writes them again and equals a fresh run (it had failed with ``ContainsArrayError``)."""
+    import blocklin.storage.atomic as atomic
+
+    rng = np.random.default_rng(7)
+    a = bl.from_array(rng.standard_normal((240, 240)), tmp_path / "a.zarr", chunks=(40, 40))
+    kw = {"k": 4, "seed": 1, "memory": "1MiB"}
+    _interrupt_after(monkeypatch, atomic.AtomicOutput, "commit", 0)
+    with pytest.raises(KeyboardInterrupt):
+        bl.svd(a.path, out=tmp_path / "f.zarr", **kw)
+    monkeypatch.undo()
+    assert _partials(tmp_path, "f.zarr")
+    got = bl.svd(a.path, out=tmp_path / "f.zarr", resume=True, **kw)
+    ref = bl.svd(a.path, out=tmp_path / "ref.zarr", **kw)
+    for x, y in zip(got, ref):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert not _partials(tmp_path, "f.zarr")
