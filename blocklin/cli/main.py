@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
-    return ui.run_command(args)
+    from blocklin.storage import ownership
+
+    with ownership.running_command(["blocklin", *(sys.argv[1:] if argv is None else argv)]):
+        return ui.run_command(args)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -369,7 +369,8 @@ class Job:
 
     def output(self, out: Any, *, inputs: list[Any], overwrite: bool = False, resume: bool = False,
                token: str | None = None, suffix: str = ".zarr", size: tuple | None = None,
-               temp_size: tuple | None = None, covered: list[Any] | None = None) -> AtomicOutput:
+               temp_size: tuple | None = None, covered: list[Any] | None = None,
+               reads_output: bool = False) -> AtomicOutput:
         """An atomic output at ``out`` (path, URL, Location or zarr store), or a new store under the
         temp dir when ``out`` is None (the caller owns it).
 
@@ -377,7 +378,8 @@ class Job:
         ``token`` the output is resumable and records their content stamps, against which a resumed
         run is checked (:mod:`blocklin.storage.atomic`). Without ``out``, or with a staged copy of
         in-memory data, the output is not resumable (no rerun names it again). ``covered``: the inputs
-        whose version the provenance records for :func:`blocklin.update` (default: all).
+        whose version the provenance records for :func:`blocklin.update` (default: all). ``reads_output``:
+        the run reads the stored result it replaces (an update), whose content a resume checks too.
 
         ``size`` (shape, dtype) of the output and ``temp_size`` (shape, dtype) of the intermediates the
         operation will keep under the temp dir are checked against the free space of their
@@ -395,20 +397,22 @@ class Job:
         # known to the job from its claim on, so an interrupt at any point still aborts it
         return AtomicOutput(out, inputs=inputs, overwrite=overwrite, resume=resume, token=token, covered=covered,
                             storage_options=self.cfg.storage_options, on_claim=self.outputs.append,
-                            temp_dir=temp_root(self.cfg))
+                            temp_dir=temp_root(self.cfg), reads_output=reads_output)
 
     def claim(self, out: Any, operands: list[Operand], *, token: str | None = None, overwrite: bool = False,
-              resume: bool = False, size: tuple | None = None, temp_size: tuple | None = None) -> AtomicOutput:
+              resume: bool = False, size: tuple | None = None, temp_size: tuple | None = None,
+              reads_output: bool = False) -> AtomicOutput:
         """The output of this job's operation on ``operands``: :meth:`output` with the stored arrays they
         read as the inputs (:func:`~blocklin.operands.stored_input`: a staged copy's source, none for
         in-memory data), which the output may not replace and whose content a resume checks.
-        ``token``: :func:`~blocklin.storage.identity.resume_token`; with it the output is resumable."""
+        ``token``: :func:`~blocklin.storage.identity.resume_token`; with it the output is resumable.
+        ``reads_output``: the run reads the stored result it replaces (:meth:`output`)."""
         # a staged copy's source is read as cast: no update reads its appended rows as the result's input;
         # each with the rows it reads (an append may commit between its opening and this claim)
         return self.output(out, inputs=[p for p in map(stored_input, operands) if p is not None],
                            covered=[(o.path, o.first_row + int(o.shape[0])) for o in operands if not o.staged],
-                           overwrite=overwrite,
-                           resume=resume, token=token, size=size, temp_size=temp_size)
+                           overwrite=overwrite, resume=resume, token=token, size=size, temp_size=temp_size,
+                           reads_output=reads_output)
 
     def finish(self, ao: AtomicOutput, out: Any, report: dict, *, operation: str, plan: dict | None = None,
                params: dict | None = None, keys: tuple[str, ...] | None = None, recorded: dict | None = None,

@@ -161,6 +161,11 @@ class AtomicOutput:
         default all of ``inputs``.
     temp_dir : path, URL or Location, optional
         The job's temp dir (default: the configured one), which the output may not be nor hold.
+    reads_output : bool
+        The run reads the stored result it replaces (:func:`blocklin.update` adds the appended rows'
+        terms to it): a local one is stamped with the inputs, so a resume after it was rewritten starts
+        over instead of keeping units computed from its old values. (On object stores the old result
+        is removed when the run starts and read from a copy made then; nothing to stamp.)
 
     Attributes
     ----------
@@ -181,7 +186,7 @@ class AtomicOutput:
     def __init__(self, path: Any, *, inputs: Iterable[Any] = (), overwrite: bool = False,
                  resume: bool = False, token: str | None = None, name: str = "out",
                  storage_options: dict | None = None, on_claim: Any = None, temp_dir: Any = None,
-                 covered: Iterable[Any] | None = None) -> None:
+                 covered: Iterable[Any] | None = None, reads_output: bool = False) -> None:
         self.path = as_location(path, storage_options, name=name)
         inputs = [i for i in inputs if i is not None]
         covered = inputs if covered is None else [i for i in covered if i is not None]
@@ -198,7 +203,10 @@ class AtomicOutput:
         self.resume = resume
         self.resumable = token is not None
         self.token = token or uuid.uuid4().hex[:16]
+        self._other_runs: list[dict] = []  # owner records of unfinished runs a resume could not continue
         self._input_locations = [stamps.input_location(i, storage_options) for i in inputs] if self.resumable else []
+        if self.resumable and reads_output and self.path.is_local:
+            self._input_locations.append(self.path)
         self.input_record: list[dict] = []
         self.committed = False
         self.kept = False  # the partial was kept for a rerun with resume=True (abort)
@@ -253,14 +261,17 @@ class AtomicOutput:
                 self.name, "needs its partial output's name free (a run writes there until it commits)",
                 f"{self.partial.url!r} exists and is not a partial output blocklin wrote",
                 f"move it away (mv {shlex.quote(self.partial.url)} ...) and rerun, or choose another path"))
-        for f in siblings:
-            self._check_not_busy(Location(os.path.join(parent, f)), self.path.url)
+        gone = {f: self._check_not_busy(Location(os.path.join(parent, f)), self.path.url) for f in siblings}
         self._claim()
         for f in siblings:
             stale = os.path.join(parent, f)
             if stale != self.partial.url or not self.resume:
                 self._note_named_work(Location(stale) / _DONE, "whose partial output is removed")
-                report_removed(stale, "the partial output of a run that is gone")
+                other = self.resume and stale != self.partial.url
+                if other:
+                    self._other_runs.append(gone[f] or {})
+                report_removed(stale, "the partial output of an interrupted run with other arguments" if other
+                               else "the partial output of a run that is gone")
         self.resumed = os.path.exists(self.partial.url)
         if self.resumed:  # its killed writer's temporaries; the commit sweeps again what this run leaves
             remove_stray_temporaries(self.partial.url)
@@ -320,7 +331,9 @@ class AtomicOutput:
         be = backend(self.path)
         record = self._record()
         if record is not None:
-            self._check_not_busy(self.path, self.path.url)
+            rec = self._check_not_busy(self.path, self.path.url)
+            if self.resume and record.get("token") != self.token:
+                self._other_runs.append(rec or {})
         if record is None and be.keys(""):  # a finished output, or other data
             complete = complete_output_refusal(self.path, be.try_read, self.name) if self.resume else None
             if complete is not None and not self.overwrite:
@@ -366,6 +379,12 @@ class AtomicOutput:
                 warn(f"{'; '.join(what)}; starting over (the interrupted run's work on {self.path.url} is "
                      "discarded)")
                 self.restart()
+        elif self.resume and self._other_runs:
+            warn(f"resume: no unfinished run of {self.path.url} to continue with these arguments; "
+                 f"{_other_run(self._other_runs[0])} was made with another resume identity: another operation, "
+                 "other parameters, inputs of other names, shapes, dtypes or chunks, or other settings its plans "
+                 "depend on (memory, workers, device, codec). Its partial output was removed; starting fresh "
+                 "(to continue such a run, rerun its command with --resume)")
         elif self.resume:
             warn(f"resume: no unfinished run of {self.path.url} to continue; starting fresh")
         be.write_text(INPUTS_RECORD, stamps.record_json(today))
@@ -555,6 +574,37 @@ def busy_message(out: str, rec: dict) -> str:
     return (f"another run is writing {out} ({ownership.describe(rec)}). Fix: wait for it to finish, or stop it "
             f"(kill {pid} on {rec.get('host')}) and rerun with --resume (resume=True) to keep its finished "
             "work, or write to another path")
+
+
+def _other_run(rec: dict) -> str:
+    """The interrupted run an owner record names, as a resume that cannot continue it says it: when it
+    started, its command, and the arguments in which that command differs from this process's."""
+    when = f" started {rec['started']}" if rec.get("started") else ""
+    command = f" by `{rec['command']}`" if rec.get("command") else ""
+    differ = _arguments_that_differ(rec.get("command") or "", ownership.command_line())
+    return f"the interrupted run{when}{command}" + (f" (its arguments differ: {differ})" if differ else "")
+
+
+def _arguments_that_differ(then: str, now: str) -> str:
+    """```-k 4` then, `-k 5` now``: the runs of arguments in which two command lines differ (``--resume`` and
+    the program's name aside), or empty when they do not (a Python program calls with what it computes)."""
+    import difflib
+
+    def words(line: str) -> list[str]:
+        try:
+            return [w for w in shlex.split(line)[1:] if w != "--resume"]
+        except ValueError:
+            return []
+
+    if not (then.startswith("blocklin ") and now.startswith("blocklin ")):  # only the CLI's say what they ran
+        return ""
+    a, b = words(then), words(now)
+    out = []
+    for tag, i0, i1, j0, j1 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            was, is_ = (f"`{shlex.join(w)}`" if w else "nothing" for w in (a[i0:i1], b[j0:j1]))
+            out.append(f"{was} then, {is_} now")
+    return "; ".join(out)
 
 
 def report_removed(path: str, what: str) -> int:

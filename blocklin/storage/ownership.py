@@ -34,6 +34,7 @@ import errno
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -76,13 +77,39 @@ def host() -> str:
     return socket.gethostname()
 
 
+#: Characters of the command line an owner record keeps (what a resume that cannot continue the run shows).
+COMMAND_CHARS = 400
+
+
+_COMMAND: list[list[str]] = []  # the command the CLI runs (innermost last)
+
+
+@contextlib.contextmanager
+def running_command(argv: list[str]) -> Iterator[None]:
+    """While the CLI runs ``argv`` (``["blocklin", "svd", ...]``), owner records name it as the command."""
+    _COMMAND.append([str(a) for a in argv])
+    try:
+        yield
+    finally:
+        _COMMAND.pop()
+
+
+def command_line() -> str:
+    """The command this process runs, shell-quoted: the CLI's (``blocklin svd A.zarr -k 4 ...``, see
+    :func:`running_command`), else the Python program's script and arguments; cut to :data:`COMMAND_CHARS`."""
+    import shlex
+
+    text = shlex.join(_COMMAND[-1] if _COMMAND else [str(a) for a in sys.argv])
+    return text if len(text) <= COMMAND_CHARS else text[:COMMAND_CHARS - 3] + "..."
+
+
 def new_record(**extra: Any) -> dict:
     """The owner record of this process, with ``extra`` fields (operation, token, path)."""
     now = time.time()
     rec = {"pid": os.getpid(), "host": host(), "boot_id": _boot_id(), "proc_start": _proc_start(os.getpid()),
            "run": f"{_RUN_ID}-{uuid.uuid4().hex[:8]}",
            "started": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(timespec="seconds"),
-           "heartbeat": now}
+           "heartbeat": now, "command": command_line()}
     rec.update(extra)
     return rec
 

@@ -126,3 +126,77 @@ def test_svd_interrupted_before_its_commit_resumes(tmp_path, monkeypatch):
     for x, y in zip(got, ref):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert not _partials(tmp_path, "f.zarr")
+
+
+@pytest.mark.parametrize("rewrite", [False, True])
+def test_update_resumed_after_its_stored_result_was_rewritten(tmp_path, monkeypatch, rewrite):
+    """``update`` adds the appended rows' terms to the stored result it replaces, so that result is one of its
+    inputs: interrupted after 4 tiles, then (``rewrite``) two chunks of the stored Gram matrix rewritten in
+    place, the resumed update equals an update of the rewritten result (it had kept the 4 tiles made from the
+    old values); unchanged, it continues the interrupted run's tiles."""
+    import shutil
+    import warnings
+
+    import zarr
+
+    import blocklin.runtime.blockops as blockops
+
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    run.mkdir()
+    rng = np.random.default_rng(0)
+    bl.from_array(rng.standard_normal((400, 160)), run / "A.zarr", chunks=(40, 40))
+    bl.gram(run / "A.zarr", run / "G.zarr", memory="256KiB")
+    bl.append(run / "A.zarr", rng.standard_normal((80, 160)))
+    _interrupt_after(monkeypatch, blockops, "mark_done", 4)  # the Gram tiles' markers
+    with pytest.raises(KeyboardInterrupt):
+        bl.update(run / "G.zarr", memory="256KiB")
+    monkeypatch.undo()
+    assert _partials(run, "G.zarr")
+    if rewrite:
+        g = zarr.open_array(str(run / "G.zarr"), mode="r+")
+        g[0:40, 0:40] = g[0:40, 0:40] + 1.0
+        g[120:160, 120:160] = g[120:160, 120:160] + 1.0
+    shutil.copytree(run, fresh, ignore=shutil.ignore_patterns(".G.zarr.partial-*"))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = bl.update(run / "G.zarr", memory="256KiB", resume=True)
+    said = [str(w.message) for w in seen if "changed since the interrupted run" in str(w.message)]
+    ref = bl.update(fresh / "G.zarr", memory="256KiB")
+    np.testing.assert_array_equal(got.to_numpy(), ref.to_numpy())
+    if rewrite:
+        assert len(said) == 1 and f"input {run / 'G.zarr'} " in said[0] and "starting over" in said[0], said
+        assert got.report["skipped"] == 0
+    else:
+        assert said == [] and got.report["skipped"] == 4
+
+
+def test_resume_with_other_arguments_names_the_interrupted_command(tmp_path, monkeypatch):
+    """A ``--resume`` whose arguments give another resume identity than the interrupted run's says so: not
+    "no unfinished run" alone (one was there, and was removed), but when and by which command it was
+    started, the arguments that differ, and that it starts fresh; the result is the fresh run's."""
+    import warnings
+
+    import blocklin.runtime.blockops as blockops
+    from blocklin.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    bl.from_array(np.random.default_rng(3).standard_normal((240, 160)), tmp_path / "A.zarr", chunks=(40, 40))
+    argv = ["gram", "A.zarr", "-o", "G.zarr", "--memory", "256KiB", "--no-progress"]
+    _interrupt_after(monkeypatch, blockops, "mark_done", 3)
+    assert main(argv) == 130
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)  # undone with the interrupt
+    assert _partials(tmp_path, "G.zarr")
+    other = ["gram", "A.zarr", "-o", "G.zarr", "--memory", "256KiB", "--dtype", "float32", "--no-progress"]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert main(other + ["--resume"]) == 0
+    err = "\n".join(str(w.message) for w in seen)
+    said = [ln for ln in err.splitlines() if "resume:" in ln]
+    assert len(said) == 1, err
+    assert "to continue with these arguments" in said[0] and "starting fresh" in said[0]
+    assert f"by `blocklin {' '.join(argv)}`" in said[0]
+    assert "nothing then, `--dtype float32` now" in said[0]
+    assert "removed the partial output of an interrupted run with other arguments" in err
+    assert main(["gram", "A.zarr", "-o", "F.zarr", "--memory", "256KiB", "--dtype", "float32", "--no-progress"]) == 0
+    np.testing.assert_array_equal(bl.open(tmp_path / "G.zarr").to_numpy(), bl.open(tmp_path / "F.zarr").to_numpy())

@@ -63,7 +63,7 @@ def update_gram(job: Job, out: Location, prov: dict, growth: list[Growth], *, re
                                      f"shape {old.shape}", "recompute it with --overwrite"))
     add = copied_before_claim(job, out, old)
     token = resume_token("gram-update", [new], g.stamp, out.url, plan.to_dict(), op.alpha, op.dtype.name)
-    ao = job.claim(out, [a], overwrite=True, resume=resume, token=token, size=(op.shape, op.dtype))
+    ao = job.claim(out, [a], overwrite=True, resume=resume, token=token, reads_output=True, size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     scaling = op.run(job, plan, ao.array_path(), done_dir=ao.done, add=add)
     report = job.report(flops=plan.flops, plan=plan.to_dict(), output=str(ao.path), route=plan.route,

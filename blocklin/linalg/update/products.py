@@ -55,7 +55,8 @@ def update_matmul(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
                  precision=params.get("precision"))
     plan = op.plan(job)
     token = resume_token("matmul-update", op.operands, ga.stamp, gb.stamp, out.url, plan.to_dict())
-    ao = job.claim(out, [A, B], overwrite=True, resume=resume, token=token, size=(op.shape, op.dtype))
+    ao = job.claim(out, [A, B], overwrite=True, resume=resume, token=token, reads_output=True,
+                   size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     # the tiles' peaks: the sums of the new rows' products and the stored result may leave the range
     # (an update had returned Inf where the same product computed afresh is refused)

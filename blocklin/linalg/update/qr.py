@@ -53,7 +53,7 @@ def update_qr(job: Job, out: Location, prov: dict, growth: list[Growth], *, resu
     result = tsqr_pass(job, row_range(A, g.old_rows, g.rows), None, A.dtype)
     r = positive_diagonal(np.linalg.qr(np.vstack([r_old, np.asarray(result.r, dtype=wide)]), mode="r"))
     token = resume_token("qr-update", [row_range(A, g.old_rows, g.rows)], g.stamp, out.url)
-    ao = job.claim(out, [A], overwrite=True, resume=resume, token=token, size=((n, n), A.dtype))
+    ao = job.claim(out, [A], overwrite=True, resume=resume, token=token, reads_output=True, size=((n, n), A.dtype))
     arr = create_array(ao.array_path(), shape=(n, n), dtype=A.dtype, chunks=tuple(old.chunks), codec=job.cfg.codec)
     write_block(arr, slice(0, n), slice(0, n), r.astype(A.dtype))
     p = g.rows - g.old_rows

@@ -153,7 +153,7 @@ def update_sketch(job: Job, out: Location, prov: dict, growth: list[Growth], *, 
         return Recompute("the new rows' sketch leaves float64's range at the kept state's scale")
     y_old = copied_before_claim(job, out / SKETCH_Y, old.Y)  # an object store's output goes when the claim starts
     token = resume_token("svd-sketch-update", [new], g.stamp, out.url, k, seed, [kp, s], e, gen)
-    ao = job.claim(out, [A], overwrite=True, resume=resume, token=token)
+    ao = job.claim(out, [A], overwrite=True, resume=resume, token=token, reads_output=True)
     if ao.resumed:  # nothing of an interrupted update is kept but its claim: every array is written again
         for name in ("U", "S", "Vt", SKETCH_XT, SKETCH_CORE, SKETCH_GRAM, SKETCH_Y):
             remove(ao.array_path(name))

@@ -119,7 +119,7 @@ def update_solve(job: Job, out: Location, prov: dict, growth: list[Growth], *, r
     ctx.sa, ctx.sb = Scaling(str(source(A).path), A.dtype, e=0), Scaling(str(source(B).path), B.dtype, e=0)
     token = resume_token("solve-update", [row_range(A, m0, m1), row_range(B, m0, m1)], ga.stamp, gb.stamp, out.url,
                          params.get("lam"), intercept)
-    ao = job.claim(out, [A, B], overwrite=True, resume=resume, token=token)
+    ao = job.claim(out, [A, B], overwrite=True, resume=resume, token=token, reads_output=True)
     info = solve_tall(ctx, ao.array_path())
     keep_sums(ctx, ao.array_path())
     updated = {"input": ga.url, "rows_before": m0, "rows": m1, "rows_read": m1 - m0,

@@ -209,7 +209,7 @@ def update_svd(job: Job, out: Location, prov: dict, growth: list[Growth], *, res
         scores = job.scratch("scores-before", tuple(old.U.shape), old.U.dtype, tuple(old.U.chunks))
         copy_rows(job, out / "U", scores)
     token = resume_token("svd-update", [row_range(A, g.old_rows, g.rows)], g.stamp, out.url, int(upd["k"]), tol)
-    ao = job.claim(out, [A], overwrite=True, resume=resume, token=token)
+    ao = job.claim(out, [A], overwrite=True, resume=resume, token=token, reads_output=True)
     create_group(ao.array_path())
     if old.U is not None:
         write_affine(job, ao.array_path("U"), scores, A.path, m0=m0 if rotate else 0, m1=m1, old_map=f.old_map,
