@@ -139,9 +139,9 @@ def test_results_and_tokens_record_the_generator(tmp_path, monkeypatch):
     path = bl.from_array(a, tmp_path / "a.zarr").path
     with Job("svd") as job:
         A = job.operand(path, "a")
-        token = low_rank_token(A, op="svd", k=3, method="sketch", seed=1)
+        token = low_rank_token(job, A, op="svd", k=3, method="sketch", seed=1)
         monkeypatch.setattr(rnd, "SKETCH_GENERATOR", 1)
-        assert low_rank_token(A, op="svd", k=3, method="sketch", seed=1) != token
+        assert low_rank_token(job, A, op="svd", k=3, method="sketch", seed=1) != token
     old = bl.svd(a, 3, method="sketch", seed=1)
     assert old.report["sketch_generator"] == 1
     assert not np.array_equal(old.s, res.s)  # other test matrices: other (equally accurate) estimates

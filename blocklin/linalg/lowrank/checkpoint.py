@@ -12,17 +12,20 @@ from typing import Any
 from blocklin.linalg.blocks import random as rnd
 from blocklin.linalg.blocks.scaling import Scaling
 from blocklin.runtime.checkpoints import Checkpoints
-from blocklin.storage.identity import resume_token
+from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.validate import resolve_seed
 
 
-def low_rank_token(A: Any, **params: Any) -> str:
+def low_rank_token(job: Any, A: Any, **params: Any) -> str:
     """Identity of a factorization for ``resume=True``: the input and every parameter that changes the
-    passes or their bits (the budget included: it fixes the strips), and the version of the generator of
-    the sketch's test matrices and the orthonormal completion's rows
-    (:data:`~blocklin.linalg.blocks.random.SKETCH_GENERATOR`): a run interrupted under another
-    generator is not continued (its partial output has another name; the rerun starts over)."""
-    return resume_token("low-rank", [A], sorted({"generator": rnd.SKETCH_GENERATOR, **params}.items()))
+    passes or their bits, the job's settings its pass plans depend on (:func:`~blocklin.storage.identity.
+    plan_settings`: the budget fixes the strips, and the workers how each pass's partial sums are split
+    and added: a run resumed with ``workers=2`` after one with 1 had mixed the two, 1e-13 from either's
+    result), and the version of the generator of the sketch's test matrices and the orthonormal
+    completion's rows (:data:`~blocklin.linalg.blocks.random.SKETCH_GENERATOR`): a run interrupted under
+    another generator is not continued (its partial output has another name; the rerun starts over)."""
+    return resume_token("low-rank", [A], sorted({"generator": rnd.SKETCH_GENERATOR, **params}.items()),
+                        plan_settings(job))
 
 
 def checkpointed_seed(ckpt: Checkpoints, seed: int | None) -> int:

@@ -201,7 +201,7 @@ def eigsh(a: Any, k: int, *, which: str = "LA", tol: float | None = None, block_
                           job.cfg.memory, "eigsh")
         check_basis_reaches_k(k, plan.block, max_passes if not plan.in_core else max(max_passes, 500), n)
         ao = None if out is None else open_group(job, out, A, overwrite, resume=resume, token=low_rank_token(
-            A, op="eigsh", k=k, which=which, tol=tol, block=plan.block, basis=plan.max_basis, max_passes=max_passes,
+            job, A, op="eigsh", k=k, which=which, tol=tol, block=plan.block, basis=plan.max_basis, max_passes=max_passes,
             check=check_symmetric, memory=job.cfg.memory, seed=seed, v0=v0))
         ckpt = Checkpoints(ao, enabled=ao is not None and not plan.in_core)
         seed = checkpointed_seed(ckpt, seed)

@@ -466,7 +466,7 @@ def factorize(a: Any, k: int | None, *, which: str = "LM", return_singular_vecto
                             center=bool(center), scale=bool(scale))
         check_disk_space(job, out, plan, m, n, k, A.dtype)
         long_wanted = vectors is True or vectors == ("vh" if plan.transposed else "u")
-        token = low_rank_token(A, op="svd", k=k, method=plan.method, oversample=oversample, q=q, tol=tol,
+        token = low_rank_token(job, A, op="svd", k=k, method=plan.method, oversample=oversample, q=q, tol=tol,
                                limit=limit, block=plan.block, basis=plan.max_basis, center=bool(center),
                                scale=bool(scale), memory=job.cfg.memory, seed=seed, which=which,
                                long=long_wanted, signs=bool(signs), v0=v0, updatable=updatable)
