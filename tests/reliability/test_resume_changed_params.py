@@ -221,3 +221,24 @@ def test_svd_resumed_with_other_workers_is_started_over(tmp_path, monkeypatch):
     for x, y in zip(got, ref):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert got.report["restored_checkpoints"] == []
+
+
+@pytest.mark.parametrize("method", ["normal", "qr"])
+def test_least_squares_resumed_with_other_workers_is_started_over(tmp_path, monkeypatch, method):
+    """The least-squares passes (Gram, TSQR) add their row blocks' sums in an order set by the workers: one
+    recorded with ``workers=1`` must not be reused by a resume with ``workers=2``, whose fresh ``x`` has
+    other last bits (it had been, and ``x`` equalled neither run's)."""
+    import blocklin.linalg.solve.least_squares as ls
+
+    rng = np.random.default_rng(0)
+    a = bl.from_array(rng.standard_normal((3000, 20)), tmp_path / "a.zarr", chunks=(100, 20))
+    b = bl.from_array(rng.standard_normal((3000, 2)), tmp_path / "b.zarr")
+    kw = {"lam": 1e-3, "memory": "256KiB", "method": method}
+    _interrupt_after(monkeypatch, ls, "solve_report", 0)
+    with pytest.raises(KeyboardInterrupt):
+        bl.solve(a.path, b.path, out=tmp_path / "x.zarr", workers=1, **kw)
+    monkeypatch.undo()
+    x = bl.solve(a.path, b.path, out=tmp_path / "x.zarr", resume=True, workers=2, **kw)
+    ref = bl.solve(a.path, b.path, out=tmp_path / "ref.zarr", workers=2, **kw)
+    np.testing.assert_array_equal(x.to_numpy(), ref.to_numpy())
+    assert x.report["resumed_passes"] == []

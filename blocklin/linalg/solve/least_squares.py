@@ -23,7 +23,7 @@ from blocklin.plan.solve import SolvePlan
 from blocklin.runtime.job import Job
 from blocklin.runtime.passes import source
 from blocklin.runtime.stages import StepRecords
-from blocklin.storage.identity import resume_token
+from blocklin.storage.identity import plan_settings, resume_token
 
 
 def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, kind: str, lams: list[float],
@@ -46,7 +46,8 @@ def solve_least_squares(job: Job, A: Any, B: Any, plan: SolvePlan, *, lam: Any, 
         L = job.operand(folds.labels.astype(np.float64)[:, None], "cv_folds")
     inputs = [A, B] + ([W] if W is not None else []) + ([L] if L is not None else [])
     ao = job.claim(out, inputs, overwrite=overwrite, resume=resume,
-                   token=_token(inputs, lam, method, refine, fit_intercept, plan, updatable, options, folds))
+                   token=_token(inputs, lam, method, refine, fit_intercept, plan, updatable, options, folds,
+                                plan_settings(job)))
     ctx = TikhonovRun(job=job, A=A, B=B, m=m, n=n, k=k, kind=kind, lams=lams, refine=refine, method=method,
                       intercept=bool(fit_intercept), saved=StepRecords(ao.done if out is not None else None),
                       W=W, wsum=weights[0] if weights else None, wpos=weights[1] if weights else None,
@@ -100,8 +101,11 @@ def _lam_param(lam: Any) -> Any:
 
 
 def _token(inputs: list, lam: Any, method: str, refine: Any, fit_intercept: bool, plan: SolvePlan,
-           updatable: bool = False, options: dict | None = None, folds: Any = None) -> str:
-    """Deterministic in the inputs, parameters and plan: what resuming an output checks. Folds of contiguous
+           updatable: bool = False, options: dict | None = None, folds: Any = None, settings: tuple = ()) -> str:
+    """Deterministic in the inputs, parameters, plan and the job's ``settings`` the passes depend on
+    (:func:`~blocklin.storage.identity.plan_settings`: the workers split a pass's sums, so a Gram pass
+    recorded with 1 worker had been reused by a resume with 2, whose fresh ``x`` has other last bits):
+    what resuming an output checks. Folds of contiguous
     rows are named by their bounds (``options`` names only the splitter and the count: two lists of splits
     with other bounds had continued each other's recorded fold sums); scattered folds are a staged operand,
     and a run that stages one is not resumed (:meth:`~blocklin.runtime.job.Job.output`)."""
@@ -110,7 +114,8 @@ def _token(inputs: list, lam: Any, method: str, refine: Any, fit_intercept: bool
         extra += (sorted(options.items()),)
     if folds is not None and folds.bounds is not None:
         extra += (("fold bounds", np.asarray(folds.bounds).tolist()),)
-    return resume_token("solve", inputs, _lam_param(lam), method, refine, bool(fit_intercept), plan.to_dict(), *extra)
+    return resume_token("solve", inputs, _lam_param(lam), method, refine, bool(fit_intercept), plan.to_dict(), *extra,
+                        *((settings,) if settings else ()))
 
 
 def _check_finite_info(info: dict) -> None:
