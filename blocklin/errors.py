@@ -72,6 +72,10 @@ class StorageUnreachableError(BlocklinError, ConnectionError):
     """The storage endpoint (an S3 server, ...) cannot be reached; what is stored there is kept."""
 
 
+class StorageCredentialsError(BlocklinError, PermissionError):
+    """An object store was reached without credentials (none configured, or incomplete)."""
+
+
 class DiskSpaceError(BlocklinError, OSError):
     """A store would not fit the free space of its destination, or the destination is not writable."""
 

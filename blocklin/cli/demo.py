@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", choices=("float32", "float64"), default="float64")
     p.add_argument("--dir", help="folder for the matrices (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the matrices afterwards")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=ui.count_arg("--seed", minimum=0, example="0"), default=0,
+                   help="seed of the random matrix")
     ui.add_common(p, output=False)
     p.set_defaults(func=run, memory_default="256MiB")
 

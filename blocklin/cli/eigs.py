@@ -20,16 +20,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="output zarr group (path)")
     p.add_argument("--which", choices=("LA", "SA", "LM"), default="LA",
                    help="largest algebraic (default), smallest algebraic, largest magnitude")
-    p.add_argument("--tol", type=float, help="relative residual tolerance ||A x - w x|| <= tol * max|w|")
+    p.add_argument("--tol", type=ui.number_arg("--tol", positive=True, example="1e-6"), help="relative residual tolerance ||A x - w x|| <= tol * max|w|")
     p.add_argument("--max-passes", type=ui.count_arg("--max-passes", example="60"), default=60, help="pass limit (default 60)")
-    p.add_argument("--seed", type=int, help="seed of the starting block")
+    p.add_argument("--seed", type=ui.count_arg("--seed", minimum=0, example="0"), help="seed of the starting block")
     p.add_argument("--center", action="store_true",
                    help="A is a data matrix (samples x features): eigenpairs of its covariance, by the centered "
                         "SVD (no covariance or centered copy formed)")
     p.add_argument("--laplacian", choices=("combinatorial", "normalized"),
                    help="A is a sparse graph's adjacency (a blocklin-csr group): eigenpairs of its Laplacian D - W or "
                         "I - D^-1/2 W D^-1/2, never formed (with --which SA: the smallest, for spectral clustering)")
-    p.add_argument("--plot", metavar="PNG", help="draw the eigenvalues and residuals (needs matplotlib)")
+    p.add_argument("--plot", metavar="PNG", type=ui.plot_arg, help="draw the eigenvalues and residuals (needs matplotlib)")
     ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
     add_sparse_explain(p)
     ui.add_common(p)

@@ -15,8 +15,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", metavar="B", help="zarr array (path)")
     p.add_argument("-o", "--out", required=True, metavar="C", help="output zarr array (path)")
     p.add_argument("--c", dest="c", metavar="C0", help="matrix added as beta * C0")
-    p.add_argument("--alpha", type=float, default=1.0)
-    p.add_argument("--beta", type=float, default=None, help="default 1.0 with --c, else 0.0")
+    p.add_argument("--alpha", type=ui.number_arg("--alpha", example="1.0"), default=1.0, help="scale of op(A) @ op(B)")
+    p.add_argument("--beta", type=ui.number_arg("--beta", example="1.0"), default=None, help="default 1.0 with --c, else 0.0")
     p.add_argument("--trans-a", action="store_true", help="use A transposed")
     p.add_argument("--trans-b", action="store_true", help="use B transposed")
     p.add_argument("--dtype", choices=("float32", "float64", "complex64", "complex128"),

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--refine", type=ui.count_arg("--refine", minimum=0, auto=("auto",), example="2"), default="auto", metavar="N",
                    help="'auto' (default: refine while the backward error exceeds --tol) or exactly N "
                         "Newton-Schulz steps (0: none)")
-    p.add_argument("--tol", type=float, help="target backward error ||I - A X||_F / (||A||_F ||X||_F)")
+    p.add_argument("--tol", type=ui.number_arg("--tol", positive=True, example="1e-10"), help="target backward error ||I - A X||_F / (||A||_F ||X||_F)")
     p.add_argument("--precision", choices=("mixed", "tf32", "float32", "float64", "fp16", "bf16"),
                    help="mixed: invert in float32, refine to float64; tf32: the same with TF32 GEMMs on a GPU; "
                         "fp16/bf16: A X = I by an LU with 16-bit GEMM inputs and GMRES-IR (see blocklin solve)")

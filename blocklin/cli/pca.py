@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="keep the co-moments in OUT (n x n, one pass more) so that 'blocklin update OUT' brings the "
                         "PCA up to date from rows appended later without reading the old ones")
     add_method_options(p, rsvd="q + 2 passes", sketch="two passes")
-    p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
+    p.add_argument("--seed", type=ui.count_arg("--seed", minimum=0, example="0"), help="seed of the random test matrices (deterministic results)")
     ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
     add_sparse_explain(p)
     ui.add_common(p)

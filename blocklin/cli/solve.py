@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import Any
 
 import numpy as np
@@ -18,14 +19,22 @@ def _lam(value: str) -> object:
         return v
     try:
         if v.startswith("loo:"):  # the leave-one-out grid: loo:0.1,1,10
-            return ("loo", [float(t) for t in v[4:].split(",") if t])
-        if "," in v:
-            return [float(t) for t in v.split(",") if t]
-        return float(v)
+            parsed: object = ("loo", [float(t) for t in v[4:].split(",") if t])
+            values = parsed[1]  # type: ignore[index]
+        elif "," in v:
+            parsed = values = [float(t) for t in v.split(",") if t]
+        else:
+            parsed = float(v)
+            values = [parsed]
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--lambda must be a number, a comma-separated list, 'gcv', 'lcurve', 'loo' or 'loo:L1,L2,...', "
             f"got {value!r}") from None
+    # checked here, as the other options' values are: the solver's own refusal named lam= and exited 1
+    if not all(math.isfinite(x) and x >= 0 for x in values):
+        raise argparse.ArgumentTypeError(f"must be finite and >= 0 (it multiplies ||x|| in min ||A x - b||^2 + "
+                                         f"lam^2 ||x||^2); got {value!r}. Fix: pass --lambda 0 or a positive value")
+    return parsed
 
 
 def _weights(path: str | None) -> object:
@@ -74,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "of the in-memory Gram matrix; tall A, lambda a number or a list")
     p.add_argument("--method", choices=("auto", "normal", "qr", "lsqr"), default="auto",
                    help="dense A: normal or qr (auto chooses); sparse A: lsqr (auto is lsqr)")
-    p.add_argument("--tol", type=float, default=None,
+    p.add_argument("--tol", type=ui.number_arg("--tol", positive=True, example="1e-10"), default=None,
                    help="sparse A: LSQR's relative tolerance (default 1e-10 for float64 values, 1e-6 for float32)")
     p.add_argument("--max-iter", dest="max_iter", type=ui.count_arg("--max-iter", minimum=1, example="200"),
                    default=None, help="sparse A: LSQR iterations at most, two passes each (default 2 min(m, n), "
@@ -97,7 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--updatable", action="store_true",
                    help="keep the sums of the normal equations in OUT ((n + k)^2 float64) so that 'blocklin update "
                         "OUT' solves again after rows are appended to A and b, reading only those rows")
-    p.add_argument("--plot", metavar="PNG", help="plot the L-curve / GCV curve (with --lambda gcv or lcurve)")
+    p.add_argument("--plot", metavar="PNG", type=ui.plot_arg, help="plot the L-curve / GCV curve (with --lambda gcv or lcurve)")
     p.add_argument("--factored", choices=("cholesky", "lu"),
                    help="A is a stored factor (blocklin factor cholesky / lu wrote it): solve with it, no new "
                         "factorization (scipy's cho_solve / lu_solve; the LU's recorded pivots are used)")

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="output zarr group (path)")
     add_method_options(p, rsvd="q + 1 passes", sketch="one pass")
     p.add_argument("--max-passes", type=ui.count_arg("--max-passes", example="60"), help="pass limit of the adaptive methods")
-    p.add_argument("--seed", type=int, help="seed of the random test matrices (deterministic results)")
+    p.add_argument("--seed", type=ui.count_arg("--seed", minimum=0, example="0"), help="seed of the random test matrices (deterministic results)")
     p.add_argument("--center", action="store_true",
                    help="factor A - 1 mu^T (column means subtracted inside the passes, no copy; one more pass)")
     p.add_argument("--scale", action="store_true",
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="keep A's co-moments (n x n, one pass more; --method sketch: the sketch's own state, no "
                         "pass more) so that 'blocklin update OUT' brings the result up to date from rows appended "
                         "later without reading the old ones")
-    p.add_argument("--plot", metavar="PNG", help="draw the singular value spectrum and residuals (needs matplotlib)")
+    p.add_argument("--plot", metavar="PNG", type=ui.plot_arg, help="draw the singular value spectrum and residuals (needs matplotlib)")
     ui.add_run_options(p, unit="strip tasks", resume=ui.RESUME_PASSES, explain=False)
     add_sparse_explain(p)
     ui.add_common(p)
@@ -116,7 +116,7 @@ def add_method_options(p: argparse.ArgumentParser, *, rsvd: str, sketch: str) ->
                         "N x N factors in memory)")
     p.add_argument("--power-iters", default="auto", type=ui.count_arg("--power-iters", minimum=0, auto=("auto",), example="2"), help="rsvd power iterations (integer or 'auto')")
     p.add_argument("--oversample", type=ui.count_arg("--oversample", minimum=0, example="10"), default=10, help="extra random columns (default 10)")
-    p.add_argument("--tol", type=float, help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "
+    p.add_argument("--tol", type=ui.number_arg("--tol", positive=True, example="1e-6"), help="accuracy target: every triplet's ||A^T u - s v|| <= tol * s "
                    "(its own singular value); default sqrt(10 sqrt(eps)) for lanczos, gram and auto, which "
                    "gives singular values to about 10 sqrt(eps)")
 

@@ -45,6 +45,52 @@ def count_arg(option: str, *, minimum: int = 1, auto: tuple[str, ...] = (), exam
     return parse
 
 
+def number_arg(option: str, *, positive: bool = False, nonnegative: bool = False, example: str = "1.0") -> Any:
+    """An ``argparse`` type for a real option (``--tol``, ``--alpha``): a finite number, ``> 0`` when
+    ``positive``, ``>= 0`` when ``nonnegative``, checked while parsing, so a bad value is a usage error
+    (exit 2) naming ``option`` as typed. The operations check the same values (``tol=nan`` raises), but
+    name their Python argument and exit 1 after the inputs were opened."""
+    import math
+
+    rule = "a positive finite number" if positive else "a finite number >= 0" if nonnegative else "a finite number"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or (positive and value <= 0) or (nonnegative and value < 0):
+            raise argparse.ArgumentTypeError(f"must be {rule}; got {text!r}. Fix: pass {option} {example}")
+        return value
+
+    parse.__name__ = option.lstrip("-").replace("-", "_")
+    return parse
+
+
+def plot_arg(text: str) -> str:
+    """``--plot PNG``: a file path whose folder exists, not a folder, with matplotlib installed, checked
+    while parsing. The plot is drawn after the run: a missing folder had failed it once the result was
+    written (exit 1 with the output left), and a folder had been given matplotlib's ``.png`` suffix."""
+    import importlib.util
+    import os
+
+    def refuse(rule: str, fix: str) -> argparse.ArgumentTypeError:
+        return argparse.ArgumentTypeError(f"{rule}; got {text!r}. Fix: {fix}")
+
+    if os.path.isdir(text):
+        raise refuse("must be a file path, not a folder", f"pass --plot {os.path.join(text, 'spectrum.png')}")
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise refuse(f"must be in an existing folder ({folder} does not exist)",
+                     f"create {folder} first, or pass a path in an existing folder")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise refuse("needs matplotlib, which is not installed", "pip install 'blocklin[plot]', or drop --plot")
+    return text
+
+
+plot_arg.__name__ = "plot"
+
+
 def pair_arg(option: str, *, auto: tuple[str, ...] = (), example: str = "1000,1000") -> Any:
     """An ``argparse`` type for ``R,C`` options (``--chunks``, ``--shape``): two positive integers
     (or one of the ``auto`` words), returned as given once checked."""
@@ -261,6 +307,14 @@ def _written_urls(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(str(v) for v in values if isinstance(v, str) and "://" in v)
 
 
+def _used_urls(args: argparse.Namespace) -> tuple[str, ...]:
+    """Every object-store URL among the command's arguments (inputs, outputs, temp dir), to name
+    the store that missing credentials were for; scheduler addresses are not stores."""
+    values = [v for key, v in vars(args).items() if key != "scheduler"]
+    flat = [x for v in values for x in (v if isinstance(v, list) else [v])]
+    return tuple(str(v) for v in flat if isinstance(v, str) and "://" in v)
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001
     return f"blocklin: warning: {message}\n"
 
@@ -351,9 +405,13 @@ def _run_command(args: argparse.Namespace) -> int:
     except BrokenPipeError:
         raise  # stdout's reader went away: run_command ends quietly
     except Exception as exc:  # noqa: BLE001 - storage clients raise their own kinds (botocore's)
+        from blocklin.errors import StorageCredentialsError
         from blocklin.storage.readerrors import storage_error
 
-        mapped = storage_error(exc, _written_urls(args))  # an unreachable endpoint, a missing bucket
+        mapped = storage_error(exc, _written_urls(args), _used_urls(args))  # an unreachable endpoint, a missing bucket
+        if isinstance(exc, StorageCredentialsError) and exc.__cause__ is not None:
+            # mapped where the command's URLs were unknown (a job before its outputs): said again naming them
+            mapped = storage_error(exc.__cause__, _written_urls(args), _used_urls(args))
         if mapped is None and not isinstance(exc, (BlocklinError, FileNotFoundError, ValueError, TypeError,
                                                    MemoryError, OSError)):
             raise

@@ -28,7 +28,7 @@ from blocklin.peaks import block_peaks
 from blocklin.progress import make_progress
 from blocklin.storage.identity import resume_token
 from blocklin.storage.atomic import check_output_path
-from blocklin.storage.formats import detect_format, open_reader, open_writer
+from blocklin.storage.formats import check_reader_options, detect_format, open_reader, open_writer
 from blocklin.storage.atomic import is_done, mark_done
 from blocklin.storage.backend import backend
 from blocklin.storage.formats.base import disk_usage, output_dtype
@@ -222,6 +222,11 @@ def convert(src: Any, out: Any, *, chunks: Any = "auto", dtype: Any = None, code
     src, out, src_path, out_path, in_fmt, out_fmt = _ends(src, out, storage_options, from_format, to_format,
                                                           overwrite=overwrite, resume=resume)
     _check_output_encoding(out_fmt, codec, checksum)
+    given = {"shape": shape is not None and "--shape", "dtype": in_dtype is not None and "--in-dtype",
+             "order": order is not None and "--order", "offset": bool(offset) and "--offset",
+             "delimiter": delimiter is not None and out_fmt not in ("csv", "tsv") and "--delimiter",
+             "skip_rows": skip_rows is not None and "--skip-rows", "header": header != "auto" and "--header/--no-header"}
+    check_reader_options(src, in_fmt, {k: v for k, v in given.items() if v})
     reader_opts = _reader_options(in_fmt, shape=shape, dtype=in_dtype if in_dtype is not None else dtype,
                                   order=order, offset=offset, delimiter=delimiter, skip_rows=skip_rows, header=header)
     reader = open_reader(src, format=from_format, **reader_opts)

@@ -16,7 +16,7 @@ from blocklin.config import format_size, resolve
 from blocklin.plan.chunks import auto_chunks
 from blocklin.plan.convert import plan_convert
 from blocklin.storage import seen_peaks
-from blocklin.storage.formats import open_reader
+from blocklin.storage.formats import check_reader_options, open_reader, reader_format
 from blocklin.storage.recorded_peaks import recorded
 
 #: Rough rates used for time estimates (bytes/s and flop/s). Disk rates are the ones measured for
@@ -82,6 +82,10 @@ def _gram_estimate(m: int, n: int, dt: np.dtype, chunks: tuple[int, int], memory
         return {"error": str(exc)}
 
 
+#: The options that describe a file's layout (raw and text input), refused for a format that records its own.
+_FILE_OPTIONS = ("shape", "dtype", "order", "offset", "delimiter", "skip_rows", "header")
+
+
 def inspect(path: Any, *, format: str | None = None, memory: Any = None, **reader_opts: Any) -> dict[str, Any]:
     """Describe a matrix file or zarr store.
 
@@ -95,6 +99,8 @@ def inspect(path: Any, *, format: str | None = None, memory: Any = None, **reade
         or from an earlier job's scan, ``"earlier job"``, or scans every value, ``None``; and ``amax``),
         ``memory_budget`` and ``estimates`` (see :func:`estimates`), plus format details.
     """
+    check_reader_options(path, reader_format(path, format),
+                         {k: "--" + k.replace("_", "-") for k, v in reader_opts.items() if k in _FILE_OPTIONS and v is not None})
     cfg = resolve(memory=memory)
     sparse = _sparse_info(path, cfg.memory)
     if sparse is not None:

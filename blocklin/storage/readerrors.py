@@ -141,6 +141,16 @@ def _is_connection_error(exc: BaseException) -> bool:
     return False
 
 
+#: Exceptions of the storage clients (botocore, google-auth) for credentials that are missing or incomplete;
+#: none is an ``OSError``, so the CLI had printed their traceback.
+_CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+                      "DefaultCredentialsError")
+
+
+def _is_missing_credentials(exc: BaseException) -> bool:
+    return any(c.__name__ in _CREDENTIAL_ERRORS for e in _chain(exc) for c in type(e).__mro__)
+
+
 def _is_missing_bucket(exc: BaseException) -> bool:
     for e in _chain(exc):
         code = str(((getattr(e, "response", None) or {}).get("Error") or {}).get("Code", ""))
@@ -149,17 +159,20 @@ def _is_missing_bucket(exc: BaseException) -> bool:
     return False
 
 
-def storage_error(exc: BaseException, urls: tuple[str, ...] = ()) -> BlocklinError | None:
+def storage_error(exc: BaseException, urls: tuple[str, ...] = (),
+                  used: tuple[str, ...] = ()) -> BlocklinError | None:
     """The blocklin error for a storage failure that is not about the data, or None.
 
     An endpoint that cannot be reached (no server listening, a server stopped mid-job, a dropped
     connection) becomes :class:`~blocklin.errors.StorageUnreachableError` naming the endpoint and
     saying that what is stored is kept and how to continue; a bucket that does not exist becomes
     :class:`~blocklin.errors.StoreNotFoundError` naming the bucket of ``urls`` (the object-store
-    URLs of the operation, when the caller knows them). Reads and writes both come through here:
+    URLs of the operation, when the caller knows them); missing credentials become
+    :class:`~blocklin.errors.StorageCredentialsError` naming ``used`` (every object-store URL the
+    operation opens) and how to pass credentials. Reads and writes both come through here:
     :func:`reading` for chunk reads, the CLI's top-level handler for everything else.
     """
-    from blocklin.errors import StorageUnreachableError, StoreNotFoundError
+    from blocklin.errors import StorageCredentialsError, StorageUnreachableError, StoreNotFoundError
 
     if isinstance(exc, BlocklinError):
         return None
@@ -173,6 +186,15 @@ def storage_error(exc: BaseException, urls: tuple[str, ...] = ()) -> BlocklinErr
             "--storage-option / storage_options=); nothing stored there was removed: inputs are unchanged, and "
             "a resumable operation's finished work is kept, so rerun the same command with --resume "
             "(resume=True) once it is back"))
+    if _is_missing_credentials(exc):
+        named = ", ".join(sorted(set(used) | set(urls))) or "the object store"
+        cause = next(e for e in _chain(exc) if any(c.__name__ in _CREDENTIAL_ERRORS for c in type(e).__mro__))
+        return StorageCredentialsError(explain(
+            "storage_options", "an object store must be given credentials",
+            f"none found for {named} ({type(cause).__name__}: {str(cause).strip()[:120]})",
+            "set them in the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE) or pass "
+            "--storage-option key=... --storage-option secret=... (storage_options=); a public bucket: "
+            "--storage-option anon=true"))
     if _is_missing_bucket(exc):
         named = " or ".join(sorted({"{}://{}".format(*u.split("://", 1)[:1], u.split("://", 1)[1].split("/", 1)[0])
                                    for u in urls if "://" in u})) or "the operation's bucket"
@@ -194,7 +216,7 @@ def reading(arr: Any, rows: slice, cols: slice, name: str = "input") -> Iterator
     except (BlocklinError, MemoryError, KeyboardInterrupt):
         raise
     except Exception as exc:  # noqa: BLE001 - zarr and numcodecs raise many kinds for one damage
-        unreachable = storage_error(exc)  # the server, not the data: no chunk probing, no "damaged"
+        unreachable = storage_error(exc, used=(_where(arr),))  # the server, not the data: no chunk probing, no "damaged"
         raise (unreachable or read_error(arr, rows, cols, exc, name)) from exc
 
 

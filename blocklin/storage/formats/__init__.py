@@ -126,6 +126,36 @@ def open_reader(spec: Any, *, format: str | None = None, **opts: Any) -> Reader:
     return ZarrReader(path, **opts)
 
 
+#: The reader options each format uses (``dtype``: the file's own dtype, raw and text only).
+READER_OPTIONS = {"raw": ("shape", "dtype", "order", "offset"),
+                  "csv": ("delimiter", "skip_rows", "header", "dtype"),
+                  "tsv": ("delimiter", "skip_rows", "header", "dtype")}
+
+
+def reader_format(spec: Any, format: str | None = None) -> str:
+    """The format :func:`open_reader` reads ``spec`` as."""
+    if _is_location(spec):
+        return "zarr"
+    return detect_format(split_spec(spec)[0], format)
+
+
+def check_reader_options(spec: Any, fmt: str, given: dict[str, str]) -> None:
+    """Refuse reader options that ``fmt`` does not use, which :func:`open_reader` would ignore: a
+    ``--shape`` or ``--delimiter`` given for a ``.npy`` had been dropped without a word, so a user who
+    meant a raw or CSV read got the file read as what its extension says. ``given`` maps each option
+    the user set to how they spelled it (``{"shape": "--shape"}``)."""
+    unused = [flag for name, flag in given.items() if name not in READER_OPTIONS.get(fmt, ())]
+    if unused:
+        used = READER_OPTIONS.get(fmt)
+        raise ConfigError(explain(
+            unused[0],
+            "raw input options (--shape, --order, --offset, the file's dtype) apply to raw binary input and "
+            "text options (--delimiter, --skip-rows, --header) to CSV/TSV input only",
+            f"{', '.join(unused)} for {spec!s}, read as {fmt}" + (f" (which takes {', '.join(used)})" if used else
+                                                                  " (which records its own layout)"),
+            f"drop {' '.join(unused)}, or pass --from raw / --from csv to read the file as that format"))
+
+
 def open_writer(spec: Any, shape: tuple[int, int], dtype: Any, *, format: str | None = None,
                 **opts: Any) -> Writer:
     """Create an output that publishes itself atomically on ``commit()``.

@@ -1,0 +1,124 @@
+"""Hostile command-line arguments: a value no rule admits is a usage error (exit 2) naming the option
+as typed, an option the input does not use is refused rather than dropped, and a storage client's
+own failure (no credentials) is one line, not a traceback. Nothing is written by a refused run."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from blocklin.cli.main import main
+from support.hostile import assert_refused, leftovers, run_cli, write_zarr
+
+
+@pytest.fixture
+def stores(tmp_path):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((30, 20))
+    write_zarr(tmp_path / "a.zarr", a, (10, 10))
+    write_zarr(tmp_path / "s.zarr", a.T @ a + 20 * np.eye(20), (10, 10))
+    write_zarr(tmp_path / "b.zarr", rng.standard_normal((20, 2)), (10, 2))
+    np.save(tmp_path / "a.npy", a)
+    return tmp_path
+
+
+def _usage_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+REAL_OPTIONS = [
+    (["gemm", "{d}/a.zarr", "{d}/a.zarr", "--trans-a", "-o", "{d}/out.zarr"], "--alpha", ["nan", "inf", "x"]),
+    (["gemm", "{d}/a.zarr", "{d}/a.zarr", "--trans-a", "-o", "{d}/out.zarr", "--c", "{d}/s.zarr"], "--beta",
+     ["nan", "-inf"]),
+    (["svd", "{d}/a.zarr", "-k", "3", "-o", "{d}/out"], "--tol", ["nan", "inf", "0", "-1"]),
+    (["pca", "{d}/a.zarr", "-k", "3", "-o", "{d}/out"], "--tol", ["nan", "-1e-3"]),
+    (["eigs", "{d}/s.zarr", "-k", "3", "-o", "{d}/out"], "--tol", ["nan", "0"]),
+    (["inv", "{d}/s.zarr", "-o", "{d}/out.zarr"], "--tol", ["nan", "-1"]),
+    (["solve", "{d}/s.zarr", "{d}/b.zarr", "-o", "{d}/out.zarr"], "--tol", ["nan"]),
+    (["solve", "{d}/s.zarr", "{d}/b.zarr", "-o", "{d}/out.zarr"], "--lambda", ["nan", "-1", "inf", "1,-2",
+                                                                                "loo:1,nan"]),
+    (["svd", "{d}/a.zarr", "-k", "3", "-o", "{d}/out"], "--seed", ["-1", "1.5"]),
+    (["pca", "{d}/a.zarr", "-k", "3", "-o", "{d}/out"], "--seed", ["-2"]),
+    (["eigs", "{d}/s.zarr", "-k", "3", "-o", "{d}/out"], "--seed", ["-5"]),
+    (["demo", "--size", "64", "--dir", "{d}/demo"], "--seed", ["-1"]),
+]
+
+
+@pytest.mark.parametrize("argv, option, values", REAL_OPTIONS, ids=lambda x: x if isinstance(x, str) else None)
+def test_real_options_refused_while_parsing(stores, argv, option, values, capsys):
+    """NaN, infinite, negative (where the rule is > 0 or >= 0) and non-integer seeds: exit 2 naming the
+    option as typed, with a fix, before any file is opened. They had reached the operation, which
+    named its Python argument (``tol``, ``lam``; demo's seed named nothing) and exited 1."""
+    for value in values:
+        line = _usage_error([a.format(d=stores) for a in argv] + [option, value], capsys)
+        assert f"argument {option}: must be" in line and f"Fix: pass {option} " in line, line
+        assert repr(value) in line or value in line, line
+        assert not {"out", "out.zarr", "demo"} & set(os.listdir(stores)) and not leftovers(stores)
+
+
+@pytest.mark.parametrize("extra, flag", [
+    (["--shape", "3,3"], "--shape"), (["--offset", "8"], "--offset"), (["--order", "F"], "--order"),
+    (["--in-dtype", "float32"], "--in-dtype"), (["--delimiter", ","], "--delimiter"),
+    (["--skip-rows", "2"], "--skip-rows"), (["--no-header"], "--header/--no-header"),
+])
+def test_convert_refuses_layout_options_its_input_does_not_use(stores, extra, flag, capsys):
+    """``convert A.npy OUT --shape 3,3`` had written the 30 x 20 array the .npy holds, the option
+    dropped without a word (a user who meant a raw read of 3 x 3 got something else); now refused,
+    nothing written."""
+    assert main(["convert", str(stores / "a.npy"), str(stores / "out.zarr"), *extra]) == 1
+    err = capsys.readouterr().err
+    assert f"error: ConfigError: {flag}: " in err and "read as npy" in err and "Fix: drop " in err, err
+    assert not (stores / "out.zarr").exists() and not leftovers(stores)
+
+
+def test_convert_keeps_the_options_its_output_uses(stores, capsys):
+    """The delimiter of a CSV output and the order of a .npy output stay accepted."""
+    assert main(["convert", str(stores / "a.npy"), str(stores / "out.csv"), "--delimiter", ";"]) == 0
+    assert ";" in (stores / "out.csv").read_text().splitlines()[-1]
+    assert main(["convert", str(stores / "a.npy"), str(stores / "f.npy"), "--out-order", "F"]) == 0
+    np.testing.assert_array_equal(np.load(stores / "f.npy"), np.load(stores / "a.npy"))
+
+
+@pytest.mark.parametrize("extra", [["--shape", "3,3"], ["--dtype", "int8"], ["--delimiter", ","]])
+def test_info_refuses_layout_options_a_zarr_does_not_use(stores, extra, capsys):
+    """``info A.zarr --shape 3,3`` had described the stored 30 x 20 array, the option ignored."""
+    assert main(["info", str(stores / "a.zarr"), *extra]) == 1
+    err = capsys.readouterr().err
+    assert f"ConfigError: {extra[0]}: " in err and "read as zarr" in err, err
+
+
+def test_object_store_without_credentials_is_one_line(stores, monkeypatch):
+    """An s3:// input with no credentials anywhere: botocore's ``NoCredentialsError`` (not an
+    ``OSError``) had escaped the CLI as a traceback; now one line naming the URL and how to pass them."""
+    pytest.importorskip("s3fs")
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    env = {"AWS_SHARED_CREDENTIALS_FILE": str(stores / "none"), "AWS_CONFIG_FILE": str(stores / "none"),
+           "AWS_EC2_METADATA_DISABLED": "true"}
+    url = "s3://blocklin-no-such-bucket-for-tests/a.zarr"
+    for argv in (["gemm", url, str(stores / "b.zarr"), "-o", str(stores / "c.zarr")], ["info", url]):
+        assert_refused(run_cli(argv, stores, env=env), "StorageCredentialsError", url, "--storage-option")
+    assert not (stores / "c.zarr").exists() and not leftovers(stores)
+
+
+@pytest.mark.parametrize("argv", [["svd", "{d}/a.zarr", "-k", "3", "-o", "{d}/out"],
+                                  ["eigs", "{d}/s.zarr", "-k", "3", "-o", "{d}/out"],
+                                  ["solve", "{d}/s.zarr", "{d}/b.zarr", "-o", "{d}/out", "--lambda", "gcv"]])
+def test_plot_path_checked_before_the_run(stores, argv, capsys):
+    """``--plot`` into a missing folder had failed after the run (exit 1, the result written: work
+    spent and an output left by a failed command); a folder had become ``FOLDER.png`` beside it. Both
+    are usage errors now, before anything is read or written."""
+    base = [a.format(d=stores) for a in argv]
+    line = _usage_error(base + ["--plot", str(stores / "nodir" / "s.png")], capsys)
+    assert "argument --plot: must be in an existing folder" in line and "Fix: " in line, line
+    (stores / "figs").mkdir()
+    line = _usage_error(base + ["--plot", str(stores / "figs")], capsys)
+    assert "argument --plot: must be a file path, not a folder" in line, line
+    assert not (stores / "out").exists() and not (stores / "figs.png").exists() and not leftovers(stores)
