@@ -32,6 +32,28 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = NEGATIVE_NUMBER
 
+    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN201 - argparse's signature
+        if args is not None:
+            self._refuse_repeated(list(args))
+        return super().parse_known_args(args, namespace)
+
+    def _refuse_repeated(self, args: list[str]) -> None:
+        """A single-valued option given twice (``-o C.zarr ... --out D.zarr``) is a usage error:
+        argparse keeps the last and drops the first without a word. Repeatable options
+        (``--storage-option``) and flags are not single values."""
+        seen: dict[int, str] = {}
+        for token in args:
+            if token == "--":
+                break
+            name = token.split("=", 1)[0] if token.startswith("--") else token
+            action = self._option_string_actions.get(name)
+            if action is None or not isinstance(action, argparse._StoreAction):
+                continue
+            if id(action) in seen:
+                self.error(f"argument {'/'.join(action.option_strings)}: given twice ({seen[id(action)]} and "
+                           f"{name}); the first value would be dropped. Fix: pass it once")
+            seen[id(action)] = name
+
 
 def build_parser() -> argparse.ArgumentParser:
     from blocklin._version import __version__

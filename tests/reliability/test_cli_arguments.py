@@ -122,3 +122,22 @@ def test_plot_path_checked_before_the_run(stores, argv, capsys):
     line = _usage_error(base + ["--plot", str(stores / "figs")], capsys)
     assert "argument --plot: must be a file path, not a folder" in line, line
     assert not (stores / "out").exists() and not (stores / "figs.png").exists() and not leftovers(stores)
+
+
+@pytest.mark.parametrize("argv, twice", [
+    (["gemm", "{d}/a.zarr", "{d}/a.zarr", "--trans-a", "-o", "{d}/out.zarr", "-o", "{d}/other.zarr"], "-o/--out"),
+    (["gemm", "{d}/a.zarr", "{d}/a.zarr", "--trans-a", "-o", "{d}/out.zarr", "--out={d}/other.zarr"], "-o/--out"),
+    (["svd", "{d}/a.zarr", "-k", "2", "-k", "3", "-o", "{d}/out"], "-k"),
+    (["factor", "cholesky", "{d}/s.zarr", "-o", "{d}/out.zarr", "--tile", "8", "--tile", "16"], "--tile"),
+])
+def test_a_single_valued_option_given_twice_is_refused(stores, argv, twice, capsys):
+    """argparse keeps the last of ``-o C -o D`` and drops the first without a word; a usage error now."""
+    line = _usage_error([a.format(d=stores) for a in argv], capsys)
+    assert f"argument {twice}: given twice" in line and "Fix: pass it once" in line, line
+    assert not {"out", "out.zarr", "other.zarr"} & set(os.listdir(stores))
+
+
+def test_repeatable_options_and_flags_stay_repeatable(stores, capsys):
+    assert main(["gemm", str(stores / "a.zarr"), str(stores / "a.zarr"), "--trans-a", "-o", str(stores / "o.zarr"),
+                 "--storage-option", "a=1", "--storage-option", "b=2", "--no-progress", "--no-progress",
+                 "--explain"]) == 0
