@@ -91,6 +91,20 @@ def plot_arg(text: str) -> str:
 plot_arg.__name__ = "plot"
 
 
+def temp_dir_arg(text: str) -> str:
+    """``--temp-dir``: a URL, or a local folder (created when a job first needs it), never an existing
+    file: a file had been accepted and, by a run that needed no intermediates, never looked at."""
+    import os
+
+    if "://" not in text and os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"must be a folder (or a URL) for the jobs' intermediates, not a file; got "
+                                         f"{text!r}. Fix: pass --temp-dir {os.path.dirname(os.path.abspath(text))}")
+    return text
+
+
+temp_dir_arg.__name__ = "temp_dir"
+
+
 def pair_arg(option: str, *, auto: tuple[str, ...] = (), example: str = "1000,1000") -> Any:
     """An ``argparse`` type for ``R,C`` options (``--chunks``, ``--shape``): two positive integers
     (or one of the ``auto`` words), returned as given once checked."""
@@ -157,7 +171,7 @@ def add_common(parser: argparse.ArgumentParser, *, memory: bool = True, device: 
                         help="fsspec option for s3://, gs://, ... paths (repeatable), e.g. "
                              "endpoint_url=http://host:9000; dotted keys nest (client_kwargs.region_name=eu-west-1); "
                              "values are JSON when they parse")
-    parser.add_argument("--temp-dir", metavar="DIR_OR_URL", dest="temp_dir",
+    parser.add_argument("--temp-dir", metavar="DIR_OR_URL", dest="temp_dir", type=temp_dir_arg,
                         help="folder or URL for intermediates, e.g. s3://bucket/tmp on a cluster "
                              "(default: BLOCKLIN_TEMP_DIR, else the system temp dir)")
     parser.add_argument("--require-complete", action="store_true", dest="require_complete",

@@ -141,3 +141,12 @@ def test_repeatable_options_and_flags_stay_repeatable(stores, capsys):
     assert main(["gemm", str(stores / "a.zarr"), str(stores / "a.zarr"), "--trans-a", "-o", str(stores / "o.zarr"),
                  "--storage-option", "a=1", "--storage-option", "b=2", "--no-progress", "--no-progress",
                  "--explain"]) == 0
+
+
+def test_temp_dir_that_is_a_file_is_refused(stores, capsys):
+    """``--temp-dir FILE`` had been accepted; a run that needed no intermediates exited 0 without a word."""
+    (stores / "f.txt").write_text("mine")
+    line = _usage_error(["svd", str(stores / "a.zarr"), "-k", "2", "-o", str(stores / "out"),
+                         "--temp-dir", str(stores / "f.txt")], capsys)
+    assert "argument --temp-dir: must be a folder" in line and "Fix: pass --temp-dir " in line, line
+    assert (stores / "f.txt").read_text() == "mine" and not (stores / "out").exists()
