@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "multiply them out of core, verify sampled rows against NumPy, and report "
                                    "throughput and peak memory.")
     p.add_argument("--size", type=ui.count_arg("--size", example="2048"), default=6144, help="matrix order n (default 6144: 288 MiB per float64 matrix)")
-    p.add_argument("--dtype", choices=("float32", "float64"), default="float64")
+    p.add_argument("--dtype", choices=("float32", "float64"), default="float64", help="dtype of the demo matrix")
     p.add_argument("--dir", help="folder for the matrices (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the matrices afterwards")
     p.add_argument("--seed", type=ui.count_arg("--seed", minimum=0, example="0"), default=0,
