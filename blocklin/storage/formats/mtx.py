@@ -32,7 +32,7 @@ from blocklin.errors import DTypeError, FormatError, InternalError, explain
 from blocklin.storage.formats.base import Reader, TextFileWriter, check_matrix_dtype, require_file
 from blocklin.storage.formats.mtx_parse import AVAILABLE, parse_coordinate_block
 from blocklin.storage.formats.text_util import (
-    FORMAT_BATCH, PARSE_BATCH_BYTES, check_mtx_integers, field_error, formatter,
+    FORMAT_BATCH, PARSE_BATCH_BYTES, check_mtx_integers, check_parsed, field_error, formatter,
 )
 
 _FIELDS = {"real": np.float64, "double": np.float64, "integer": np.int64, "pattern": np.float64}
@@ -79,6 +79,13 @@ def _as_text(block, first: int) -> str:
         raise _bad("lines must end with LF or CR LF", f"a carriage return alone at line "
                    f"{first + text.count(chr(10), 0, at)}", "convert the line ends (dos2unix, or mac2unix)")
     return text
+
+
+def _holds_inf(values: np.ndarray) -> bool:
+    """Whether a fast-parsed block of real values holds an Inf: its grammar has no ``inf``, so the C++
+    reader made it of a finite number beyond float64 (``1e400``), which the line-by-line parse
+    refuses (:func:`~blocklin.storage.formats.text_util.check_parsed`)."""
+    return bool(np.isinf(values).any())
 
 
 def _bad(rule: str, actual: str, fix: str = "check the file (see https://math.nist.gov/MatrixMarket/formats.html)"):
@@ -344,10 +351,12 @@ class MtxReader(Reader):
     def _parse(self, first: int, batch: list[str], ncols: int, dtype: np.dtype) -> np.ndarray:
         try:
             arr = np.loadtxt(batch, dtype=dtype, ndmin=2, comments=None)
-            if arr.shape == (len(batch), ncols):
-                return arr
         except (ValueError, OverflowError):  # OverflowError: an integer beyond dtype (a uint64 2^64 - 1)
-            pass
+            arr = None
+        if arr is not None and arr.shape == (len(batch), ncols):
+            # a real file's values are declared real: an integer literal rounds as any other number
+            check_parsed(arr, lambda k: batch[k].split(), lambda k: first + k, "mtx input", integer_fix="")
+            return arr
         for k, line in enumerate(batch):  # find the first bad line for the message
             fields = line.split()
             if len(fields) != ncols:
@@ -521,8 +530,10 @@ class MtxReader(Reader):
             r, c, v = rows[:k], cols[:k], vals[:k]
             if len(work) < 2 * len(block) + 2:  # the bytes, and the newline added after a last line
                 work = np.empty(2 * len(block) + 2, bool)
-            if not parse_coordinate_block(block, k, (m, n), fast_field, r, c, v, work):
-                # outside the fast parse's grammar, or refused by it: line by line, as np.loadtxt reads
+            if not parse_coordinate_block(block, k, (m, n), fast_field, r, c, v, work) or \
+                    (fast_field == "real" and _holds_inf(v)):
+                # outside the fast parse's grammar, or refused by it, or holding an Inf (1e400 read as
+                # Inf): line by line, as np.loadtxt reads, which names such a value's line
                 text = block if isinstance(block, str) else _as_text(block, first)
                 arr = self._parse_block(first, text, k, ncols, parse_dt)
                 if parse_dt is np.float64:  # a real file's lines are parsed as floats: "1.5" is no index

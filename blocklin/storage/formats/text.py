@@ -16,7 +16,7 @@ import numpy as np
 
 from blocklin.errors import ConfigError, FormatError, InternalError, explain
 from blocklin.storage.formats.base import Reader, TextFileWriter, check_matrix_dtype, require_file
-from blocklin.storage.formats.text_util import FORMAT_BATCH, PARSE_BATCH_BYTES, field_error, formatter
+from blocklin.storage.formats.text_util import FORMAT_BATCH, PARSE_BATCH_BYTES, check_parsed, field_error, formatter
 
 _ALIASES = {"tab": "\t", "\\t": "\t", "comma": ",", "space": " ", "semicolon": ";", "whitespace": None,
             "ws": None}
@@ -39,7 +39,16 @@ def _split(line: str, delimiter: str | None) -> list[str]:
     return line.split() if delimiter is None or delimiter == " " else line.strip("\r\n").split(delimiter)
 
 
+#: The UTF-8 byte order mark some programs (Excel's "CSV UTF-8") put before the first line.
+_BOM = b"\xef\xbb\xbf"
+
+
 def _is_number(field: str) -> bool:
+    """Whether ``field`` reads as a number, quoted (``"1.5"``) or not: a line of quoted numbers is
+    data, not a header (the parse then names its first quoted field)."""
+    field = field.strip()
+    if len(field) >= 2 and field[0] == field[-1] == '"':
+        field = field[1:-1]
     try:
         float(field)
         return True
@@ -95,6 +104,8 @@ class CsvReader(Reader):
         cb = comments.encode() if comments else None
         with open(path, "rb") as fh:
             for no, raw in enumerate(fh, start=1):
+                if no == 1 and raw.startswith(_BOM):  # not part of the first field (a header's, or 1's)
+                    raw = raw[len(_BOM):]
                 if no <= skip:
                     continue
                 s = raw.strip()
@@ -135,6 +146,8 @@ class CsvReader(Reader):
                                           f"end of file at line {self._line}", "convert it again"))
             self._line += 1
             self.bytes_read += len(raw)
+            if self._line == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM):]
             s = raw.strip()
             if self._line <= self.skip_rows or not s or (cb and s.startswith(cb)):
                 continue
@@ -151,12 +164,14 @@ class CsvReader(Reader):
     def _parse(self, nums: list[int], lines: list[str]) -> np.ndarray:
         n = self.shape[1]
         try:
-            arr = np.loadtxt(lines, delimiter=self.delimiter if self.delimiter != " " else None,
-                             dtype=self.dtype, ndmin=2, comments=None)
-            if arr.shape == (len(lines), n):
-                return arr
+            with np.errstate(over="ignore"):  # a number beyond the dtype: refused by check_parsed
+                arr = np.loadtxt(lines, delimiter=self.delimiter if self.delimiter != " " else None,
+                                 dtype=self.dtype, ndmin=2, comments=None)
         except ValueError:
-            pass
+            arr = None
+        if arr is not None and arr.shape == (len(lines), n):
+            check_parsed(arr, lambda k: _split(lines[k], self.delimiter), lambda k: nums[k], "csv input")
+            return arr
         fix = "fix that field, or skip text lines with --skip-rows N (or --header)"
         for no, line in zip(nums, lines):
             fields = _split(line, self.delimiter)

@@ -20,12 +20,65 @@ def formatter(dtype: np.dtype):
     dt = np.dtype(dtype)
     if dt.kind in "iub":
         return lambda a: [str(v) for v in a.astype(np.int64 if dt.kind != "u" else np.uint64).tolist()]
+    if dt.kind == "f" and dt.itemsize > 8:
+        # Extended precision: the shortest string that round-trips the value in its own dtype (the
+        # float64 repr would drop its last 11 bits: 1 + 2**-63 written as 1.0).
+        return lambda a: [np.format_float_scientific(v, unique=True, trim="-") for v in a]
     if dt.kind == "f":
         # The shortest string that round-trips the value *as a float64*: exact whichever dtype the
         # text is later read as (a float32 written with 9 digits would not read back equal as float64).
         return lambda a: [repr(v) for v in a.astype(np.float64, copy=False).tolist()]
     raise FormatError(explain("dtype", "text formats hold real numbers only", f"dtype {dt}",
                               "convert to a real dtype first (--dtype float64)"))
+
+
+def check_parsed(values: np.ndarray, fields: Any, first_line: Any, what: str,
+                 integer_fix: str = "pass --dtype int64 (dtype='int64') to read the integers exactly") -> None:
+    """Refuse text a float parse changed beyond rounding: a finite number beyond the dtype's range
+    (``1e400`` parsed as Inf) or an integer beyond the integers it holds exactly (``2**53 + 1`` parsed
+    as ``2**53`` in float64), named by line and column.
+
+    Parameters
+    ----------
+    values : numpy.ndarray
+        The parsed batch, one row per line (2-D).
+    fields : callable
+        ``fields(k)`` is the list of field texts of the batch's line ``k``.
+    first_line : callable
+        ``first_line(k)``: the file's line number of the batch's line ``k``.
+    what : str
+        The input named in messages (``"csv input"``).
+    integer_fix : str
+        The fix an inexact integer's message names; empty: integers are not checked (a format whose
+        header declares its values real). Only integers int64 holds are checked, so that the fix,
+        reading them as int64, always exists; larger ones can only be read as floats.
+
+    Notes
+    -----
+    Only entries at or beyond ``2**(nmant + 1)`` in magnitude (Inf included) are looked at, so a
+    batch of ordinary values costs one comparison a value. Real dtypes only.
+    """
+    dt = values.dtype
+    if dt.kind != "f" or not values.size:
+        return
+    with np.errstate(invalid="ignore"):
+        suspect = np.abs(values) >= float(2 ** (np.finfo(dt).nmant + 1))
+    if not suspect.any():
+        return
+    for k, c in np.argwhere(suspect):
+        text = fields(int(k))[int(c)].strip()
+        v = values[k, c]
+        number = text.lower().lstrip("+-")
+        if np.isinf(v) and number not in ("inf", "infinity", "nan"):
+            top = np.finfo(dt).max
+            raise FormatError(explain(what, f"numbers must fit {dt.name} (magnitudes up to {top:.6g}), or the parse "
+                                      "turns them into Inf", f"{text[:40]!r} at line {first_line(int(k))}, column "
+                                      f"{int(c) + 1}", "fix that value, or scale the data before converting"))
+        if integer_fix and number.isdigit() and int(number) < 2**63 and np.isfinite(v) and int(text) != int(v):
+            raise FormatError(explain(what, f"integers must be exact in the parse dtype {dt.name} (every integer up "
+                                      f"to 2**{np.finfo(dt).nmant + 1})", f"{text[:40]!r} at line "
+                                      f"{first_line(int(k))}, column {int(c) + 1}, which {dt.name} holds as "
+                                      f"{int(v)}", integer_fix))
 
 
 def parse_field(text: str, dtype: np.dtype) -> Any:
