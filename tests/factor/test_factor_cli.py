@@ -67,3 +67,36 @@ def test_factor_lu_json(tmp_path, capsys):
     assert "2 column panels of 32" in capsys.readouterr().out  # 1 panel of 50 does not fit 120 KiB
     assert main(["factor", "lu", pa, "-o", str(out), "--explain"]) == 0
     assert "1 column panels of 50" in capsys.readouterr().out  # as wide as the budget allows
+
+
+def test_upper_factor_solves_with_its_recorded_triangle(tmp_path, capsys):
+    """``blocklin factor cholesky --upper`` writes ``U`` (its lower triangle zeros); ``solve --factored
+    cholesky`` (which has no triangle option) and ``cho_solve(U, b)`` had read it as ``L`` and
+    returned a wrong ``x`` (relative residual 0.07) without a word. The triangle blocklin.cholesky
+    recorded is used now, and an explicit ``lower=`` that contradicts it is refused, as is an LU
+    output given to the Cholesky solve. ``x`` is checked
+    by its backward error (Higham 2002, Thm. 10.4: ``xPOTRS`` is backward stable)."""
+    import pytest
+
+    from blocklin.errors import ParameterError
+    from support.tolerances import assert_residual
+
+    a = _spd(37)
+    b = np.random.default_rng(1).standard_normal((37, 3))
+    pa = bl.from_array(a, tmp_path / "a.zarr", chunks=(8, 8)).path
+    pb = bl.from_array(b, tmp_path / "b.zarr", chunks=(8, 3)).path
+    u = tmp_path / "u.zarr"
+    assert main(["factor", "cholesky", pa, "-o", str(u), "--upper", "--scheduler", "sync"]) == 0
+    assert main(["solve", str(u), pb, "-o", str(tmp_path / "x.zarr"), "--factored", "cholesky",
+                 "--scheduler", "sync"]) == 0
+    assert_residual(a, bl.open(tmp_path / "x.zarr")[...], b)
+    assert_residual(a, bl.cho_solve(str(u), b, scheduler="sync")[...], b)
+    assert_residual(a, bl.cho_solve(bl.open(u), b, lower=False, scheduler="sync")[...], b)
+    with pytest.raises(ParameterError, match=r"lower: .*holds U \(upper\).*lower=True.*pass lower=False"):
+        bl.cho_solve((str(u), True), b)
+    lu = tmp_path / "lu.zarr"  # packed LU factors read as a Cholesky factor: refused too
+    assert main(["factor", "lu", pa, "-o", str(lu), "--scheduler", "sync"]) == 0
+    capsys.readouterr()
+    assert main(["solve", str(lu), pb, "-o", str(tmp_path / "y.zarr"), "--factored", "cholesky"]) != 0
+    err = capsys.readouterr().err
+    assert "c: must be a Cholesky factor" in err and "--factored lu" in err and not (tmp_path / "y.zarr").exists()

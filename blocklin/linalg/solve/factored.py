@@ -36,7 +36,7 @@ def _factor_and_flag(f: Any, flag: Any, name: str) -> tuple[Any, Any]:
     return f, flag
 
 
-def cho_solve(c: Any, b: Any, out: Any = None, *, lower: bool = True, overwrite: bool = False,
+def cho_solve(c: Any, b: Any, out: Any = None, *, lower: bool | None = None, overwrite: bool = False,
               tile: int | None = None, **settings: Unpack[Settings]) -> Matrix:
     """``A x = b`` from the Cholesky factor of ``A``, as ``scipy.linalg.cho_solve``.
 
@@ -46,14 +46,19 @@ def cho_solve(c: Any, b: Any, out: Any = None, *, lower: bool = True, overwrite:
         The ``n x n`` factor: ``L`` with ``A = L L^H`` (``lower=True``, :func:`blocklin.cholesky`'s
         default) or ``U`` with ``A = U^H U``; only that triangle is read. SciPy's ``(c, lower)`` pair
         is taken too. Real or complex.
+    lower : bool, optional
+        Which triangle holds the factor. Default: the one :func:`blocklin.cholesky` recorded with
+        its output (``U`` of ``lower=False``, or ``blocklin factor cholesky --upper``), else ``True``
+        as SciPy's default. A value that contradicts the recorded one is refused: the other
+        triangle holds zeros, and solving with it would return a wrong ``x`` without a word.
     b : operand
         ``n x k`` right-hand sides (a 1-D vector is one column). ``x`` has NumPy's promoted dtype of
         ``c`` and ``b`` (a real factor with a complex ``b`` gives complex ``x``).
     out : path, optional
         Output store for ``x`` (atomic).
-    lower, overwrite, tile, **settings
-        Which triangle; replace an existing ``out``; the tile side (default planned from the budget);
-        the engine's settings.
+    overwrite, tile, **settings
+        Replace an existing ``out``; the tile side (default planned from the budget); the engine's
+        settings.
 
     Returns
     -------
@@ -70,6 +75,7 @@ def cho_solve(c: Any, b: Any, out: Any = None, *, lower: bool = True, overwrite:
     True
     """
     c, lower = _factor_and_flag(c, lower, "c")
+    lower = _factor_triangle(c, lower)
     # "C": the conjugate transpose (the transpose of real data), A = L L^H
     steps = (("forward substitution L y = b", True, False), ("back substitution L^H x = y", True, "C")) if lower \
         else (("forward substitution U^H y = b", False, "C"), ("back substitution U x = y", False, False))
@@ -127,6 +133,39 @@ def _singular_factor(err: SingularMatrixError, name: str, operation: str) -> Sin
         name, f"must be the factor of a nonsingular matrix for {operation} (no zero on {factor}'s diagonal)", got,
         "the matrix factored is singular (SciPy's lu_solve/cho_solve would return inf or NaN): solve a "
         "regularized system, blocklin.solve(a, b, lam=...), or the least-squares problem, blocklin.lstsq(a, b)"))
+
+
+def _provenance(f: Any) -> dict:
+    """What blocklin recorded with the stored factor ``f`` (empty for other factors)."""
+    try:
+        return f.provenance if isinstance(f, Matrix) else Matrix(f).provenance
+    except Exception:  # not a stored blocklin output (an in-memory array, SciPy's factor)
+        return {}
+
+
+#: Outputs of other factorizations, which a Cholesky solve would read as garbage.
+_NOT_CHOLESKY = {"lu": "blocklin.lu_solve (CLI: --factored lu)", "qr": "blocklin.solve(a, b) or blocklin.lstsq(a, b)"}
+
+
+def _factor_triangle(c: Any, lower: Any) -> bool:
+    """``lower`` for the Cholesky factor ``c``: as given, else as :func:`blocklin.cholesky` recorded it,
+    else True; a given value that contradicts the recorded one, and the output of another
+    factorization, are refused."""
+    prov = _provenance(c)
+    op = prov.get("operation")
+    if op in _NOT_CHOLESKY:
+        raise ParameterError(explain("c", "must be a Cholesky factor for cho_solve", f"the output of blocklin.{op}",
+                                     f"solve with {_NOT_CHOLESKY[op]}"))
+    recorded = (prov.get("params") or {}).get("lower") if op == "cholesky" else None
+    if lower is None:
+        return True if recorded is None else bool(recorded)
+    if recorded is not None and bool(lower) != bool(recorded):
+        held, asked = ("L (lower)", "U (upper)") if recorded else ("U (upper)", "L (lower)")
+        raise ParameterError(explain("lower", f"must name the triangle blocklin.cholesky wrote: the factor holds "
+                                     f"{held}, its other triangle zeros", f"lower={bool(lower)}, which asks for "
+                                     f"{asked}", f"drop lower= (the recorded triangle is used), or pass "
+                                     f"lower={bool(recorded)}"))
+    return bool(lower)
 
 
 def _recorded_pivots(lu: Any) -> np.ndarray:
