@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -55,8 +56,8 @@ def check_parsed(values: np.ndarray, fields: Any, first_line: Any, what: str,
 
     Notes
     -----
-    Only entries at or beyond ``2**(nmant + 1)`` in magnitude (Inf included) are looked at, so a
-    batch of ordinary values costs one comparison a value. Real dtypes only.
+    Only entries at or beyond ``2**(nmant + 1)`` in magnitude (Inf included) are looked at, each line
+    of them split once, so a batch of ordinary values costs one comparison a value. Real dtypes only.
     """
     dt = values.dtype
     if dt.kind != "f" or not values.size:
@@ -65,20 +66,24 @@ def check_parsed(values: np.ndarray, fields: Any, first_line: Any, what: str,
         suspect = np.abs(values) >= float(2 ** (np.finfo(dt).nmant + 1))
     if not suspect.any():
         return
-    for k, c in np.argwhere(suspect):
-        text = fields(int(k))[int(c)].strip()
-        v = values[k, c]
-        number = text.lower().lstrip("+-")
-        if np.isinf(v) and number not in ("inf", "infinity", "nan"):
-            top = np.finfo(dt).max
-            raise FormatError(explain(what, f"numbers must fit {dt.name} (magnitudes up to {top:.6g}), or the parse "
-                                      "turns them into Inf", f"{text[:40]!r} at line {first_line(int(k))}, column "
-                                      f"{int(c) + 1}", "fix that value, or scale the data before converting"))
-        if integer_fix and number.isdigit() and int(number) < 2**63 and np.isfinite(v) and int(text) != int(v):
-            raise FormatError(explain(what, f"integers must be exact in the parse dtype {dt.name} (every integer up "
-                                      f"to 2**{np.finfo(dt).nmant + 1})", f"{text[:40]!r} at line "
-                                      f"{first_line(int(k))}, column {int(c) + 1}, which {dt.name} holds as "
-                                      f"{int(v)}", integer_fix))
+    top = np.finfo(dt).max
+    for k in np.flatnonzero(suspect.any(axis=1)):  # line by line, each split once
+        # Python floats (no NumPy scalar per value), but extended precision as it is
+        line, row = fields(int(k)), (values[k].tolist() if dt.itemsize <= 8 else values[k])
+        for c in np.flatnonzero(suspect[k]).tolist():
+            text = line[c].strip()
+            number = text.lstrip("+-")
+            v = row[c]
+            if abs(v) == math.inf and number.lower() not in ("inf", "infinity"):
+                raise FormatError(explain(what, f"numbers must fit {dt.name} (magnitudes up to {top:.6g}), or the "
+                                          "parse turns them into Inf", f"{text[:40]!r} at line "
+                                          f"{first_line(int(k))}, column {c + 1}", "fix that value, or scale the "
+                                          "data before converting"))
+            if integer_fix and number.isdigit() and int(number) < 2**63 and int(text) != int(v):
+                raise FormatError(explain(what, f"integers must be exact in the parse dtype {dt.name} (every integer "
+                                          f"up to 2**{np.finfo(dt).nmant + 1})", f"{text[:40]!r} at line "
+                                          f"{first_line(int(k))}, column {c + 1}, which {dt.name} holds as "
+                                          f"{int(v)}", integer_fix))
 
 
 def parse_field(text: str, dtype: np.dtype) -> Any:
