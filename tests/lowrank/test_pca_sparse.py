@@ -10,7 +10,6 @@ the reference (Wedin's sin-theta bound with the run's residual ``r_i``) plus the
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from sklearn.decomposition import PCA
 
 import blocklin as bl
 from blocklin.errors import ParameterError
+from support.interrupts import tree_bytes
 from support.placements import PLACEMENTS, placement_kwargs
 from support.tolerances import assert_explained_variance, assert_mean, assert_ritz_values, eps
 
@@ -141,14 +141,6 @@ def test_stored_sparse_pca_opens_as_the_pca_wherever_it_ran(tmp_path, placement,
                               ref.explained_variance_ratio_, dense)
 
 
-def _tree(path) -> dict:
-    out = {}
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            p = os.path.join(root, name)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, path)] = f.read()
-    return out
 
 
 @pytest.mark.parametrize("shape", [(600, 40), (40, 300)], ids=["tall", "wide"])
@@ -169,12 +161,12 @@ def test_sparse_pca_group_is_final_at_its_commit(tmp_path, shape, monkeypatch):
     def recording(self, *args, **kw):
         path = commit(self, *args, **kw)
         if str(path) == str(out):
-            at_commit.update(_tree(out))
+            at_commit.update(tree_bytes(out))
         return path
 
     monkeypatch.setattr(AtomicOutput, "commit", recording)
     p = bl.pca(s, 4, seed=0, tol=10 * np.sqrt(eps(np.float64)), out=out)
-    assert at_commit and _tree(out) == at_commit
+    assert at_commit and tree_bytes(out) == at_commit
     o = bl.open(out)
     np.testing.assert_array_equal(np.asarray(o.components_), p.components_)
     u = bl.open(out / "U").to_numpy()

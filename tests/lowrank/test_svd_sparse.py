@@ -9,7 +9,6 @@ the rounding of their dot products (the stored rows' entries are summed in sorte
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ import scipy.sparse
 import blocklin as bl
 from blocklin.errors import OutputIsInputError
 from blocklin.sparse import SparseOperator
+from support.interrupts import tree_bytes
 from support.tolerances import assert_ritz_values, eps
 
 
@@ -183,14 +183,6 @@ def test_sparse_svd_runs_at_the_minimum_its_refusal_names(tmp_path, shape, metho
     assert retried >= 1
 
 
-def _tree(path) -> dict:
-    out = {}
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            p = os.path.join(root, name)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, path)] = f.read()
-    return out
 
 
 @pytest.mark.parametrize("where", ["same", "inside"])
@@ -204,10 +196,10 @@ def test_a_result_never_goes_onto_or_inside_its_sparse_input(tmp_path, route, wh
     bl.from_sparse(_decaying_sparse(300, 20, 2), path)
     a = bl.open(path) if route.endswith("Matrix") else str(path)
     run = bl.pca if route.startswith("pca") else bl.svd
-    before = _tree(path)
+    before = tree_bytes(path)
     out = path if where == "same" else path / "R"
     with pytest.raises(OutputIsInputError, match="inputs are never modified"):
         run(a, 3, out=out, overwrite=True, seed=0)
-    assert _tree(path) == before
+    assert tree_bytes(path) == before
     run(a, 3, out=tmp_path / "R.zarr", seed=0)
     assert json.loads((tmp_path / "R.zarr" / "zarr.json").read_text())["attributes"]["blocklin"]["inputs"] == [str(path)]

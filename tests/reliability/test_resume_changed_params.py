@@ -19,18 +19,8 @@ import pytest
 
 import blocklin as bl
 
+from support.interrupts import interrupt_after
 
-def _interrupt_after(monkeypatch, module, name, n):
-    """``module.name`` raises KeyboardInterrupt (as Ctrl-C does) on its call after the ``n``-th."""
-    real, seen = getattr(module, name), [0]
-
-    def dying(*args, **kwargs):
-        seen[0] += 1
-        if seen[0] > n:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, dying)
 
 
 def _partials(folder, out: str) -> list:
@@ -47,7 +37,7 @@ def test_raw_conversion_resumed_in_the_other_order_is_started_over(tmp_path, mon
     a = np.random.default_rng(1).standard_normal((240, 240))
     a.tofile(tmp_path / "A.bin")
     kw = {"shape": (240, 240), "dtype": "float64", "memory": "64KiB", "chunks": (40, 40)}
-    _interrupt_after(monkeypatch, atomic, "mark_done", 12)
+    interrupt_after(monkeypatch, atomic, "mark_done", 12)
     with pytest.raises(KeyboardInterrupt):
         bl.convert(tmp_path / "A.bin", tmp_path / "x.zarr", **kw)
     monkeypatch.undo()
@@ -75,7 +65,7 @@ def test_cross_validated_solve_resumed_with_other_splits_is_started_over(tmp_pat
     a = bl.from_array(rng.standard_normal((m, 20)), tmp_path / "a.zarr", chunks=(100, 20))
     b = bl.from_array(rng.standard_normal((m, 1)), tmp_path / "b.zarr")
     kw = {"lam": ("loo", [1e-3, 1e-1, 1.0, 10.0, 100.0]), "memory": "256KiB", "scheduler": "sync"}
-    _interrupt_after(monkeypatch, ls, "solve_report", 0)  # after x is written, before the commit
+    interrupt_after(monkeypatch, ls, "solve_report", 0)  # after x is written, before the commit
     with pytest.raises(KeyboardInterrupt):
         bl.solve(a.path, b.path, out=tmp_path / "x.zarr", cv=_splits(100, m), **kw)
     monkeypatch.undo()
@@ -97,7 +87,7 @@ def test_solve_interrupted_after_writing_x_resumes(tmp_path, monkeypatch, lam):
     a = bl.from_array(rng.standard_normal((600, 20)), tmp_path / "a.zarr", chunks=(100, 20))
     b = bl.from_array(rng.standard_normal((600, 2)), tmp_path / "b.zarr")
     kw = {"lam": lam, "memory": "256KiB", "scheduler": "sync"}
-    _interrupt_after(monkeypatch, ls, "solve_report", 0)
+    interrupt_after(monkeypatch, ls, "solve_report", 0)
     with pytest.raises(KeyboardInterrupt):
         bl.solve(a.path, b.path, out=tmp_path / "x.zarr", **kw)
     monkeypatch.undo()
@@ -116,7 +106,7 @@ def test_svd_interrupted_before_its_commit_resumes(tmp_path, monkeypatch):
     rng = np.random.default_rng(7)
     a = bl.from_array(rng.standard_normal((240, 240)), tmp_path / "a.zarr", chunks=(40, 40))
     kw = {"k": 4, "seed": 1, "memory": "1MiB"}
-    _interrupt_after(monkeypatch, atomic.AtomicOutput, "commit", 0)
+    interrupt_after(monkeypatch, atomic.AtomicOutput, "commit", 0)
     with pytest.raises(KeyboardInterrupt):
         bl.svd(a.path, out=tmp_path / "f.zarr", **kw)
     monkeypatch.undo()
@@ -147,7 +137,7 @@ def test_update_resumed_after_its_stored_result_was_rewritten(tmp_path, monkeypa
     bl.from_array(rng.standard_normal((400, 160)), run / "A.zarr", chunks=(40, 40))
     bl.gram(run / "A.zarr", run / "G.zarr", memory="256KiB")
     bl.append(run / "A.zarr", rng.standard_normal((80, 160)))
-    _interrupt_after(monkeypatch, blockops, "mark_done", 4)  # the Gram tiles' markers
+    interrupt_after(monkeypatch, blockops, "mark_done", 4)  # the Gram tiles' markers
     with pytest.raises(KeyboardInterrupt):
         bl.update(run / "G.zarr", memory="256KiB")
     monkeypatch.undo()
@@ -182,7 +172,7 @@ def test_resume_with_other_arguments_names_the_interrupted_command(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     bl.from_array(np.random.default_rng(3).standard_normal((240, 160)), tmp_path / "A.zarr", chunks=(40, 40))
     argv = ["gram", "A.zarr", "-o", "G.zarr", "--memory", "256KiB", "--no-progress"]
-    _interrupt_after(monkeypatch, blockops, "mark_done", 3)
+    interrupt_after(monkeypatch, blockops, "mark_done", 3)
     assert main(argv) == 130
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)  # undone with the interrupt
@@ -211,7 +201,7 @@ def test_svd_resumed_with_other_workers_is_started_over(tmp_path, monkeypatch):
 
     a = bl.from_array(np.random.default_rng(7).standard_normal((240, 240)), tmp_path / "a.zarr", chunks=(40, 40))
     kw = {"k": 4, "seed": 1, "memory": "1MiB", "method": "lanczos"}
-    _interrupt_after(monkeypatch, Checkpoints, "save", 10)
+    interrupt_after(monkeypatch, Checkpoints, "save", 10)
     with pytest.raises(KeyboardInterrupt):
         bl.svd(a.path, out=tmp_path / "f.zarr", workers=1, **kw)
     monkeypatch.undo()
@@ -234,7 +224,7 @@ def test_least_squares_resumed_with_other_workers_is_started_over(tmp_path, monk
     a = bl.from_array(rng.standard_normal((3000, 20)), tmp_path / "a.zarr", chunks=(100, 20))
     b = bl.from_array(rng.standard_normal((3000, 2)), tmp_path / "b.zarr")
     kw = {"lam": 1e-3, "memory": "256KiB", "method": method}
-    _interrupt_after(monkeypatch, ls, "solve_report", 0)
+    interrupt_after(monkeypatch, ls, "solve_report", 0)
     with pytest.raises(KeyboardInterrupt):
         bl.solve(a.path, b.path, out=tmp_path / "x.zarr", workers=1, **kw)
     monkeypatch.undo()

@@ -12,17 +12,8 @@ import pytest
 
 import blocklin as bl
 
+from support.interrupts import interrupt_after
 
-def _interrupt_after(monkeypatch, module, name, n):
-    real, seen = getattr(module, name), [0]
-
-    def dying(*args, **kwargs):
-        seen[0] += 1
-        if seen[0] > n:
-            raise KeyboardInterrupt
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, dying)
 
 
 def test_gemm_resume_after_ctrl_c_left_a_partial_without_metadata(tmp_path, monkeypatch):
@@ -35,7 +26,7 @@ def test_gemm_resume_after_ctrl_c_left_a_partial_without_metadata(tmp_path, monk
     a = bl.from_array(rng.standard_normal((256, 192)), tmp_path / "a.zarr", chunks=(32, 32))
     ref = bl.matmul(a, a, trans_a=True, c=None, memory="96KiB", scheduler="sync", out_chunks=(32, 32)).to_numpy()
     out = tmp_path / "c.zarr"
-    _interrupt_after(monkeypatch, tiles_mod, "run_tile", 5)
+    interrupt_after(monkeypatch, tiles_mod, "run_tile", 5)
     with pytest.raises(KeyboardInterrupt):
         bl.matmul(a, a, out, trans_a=True, memory="96KiB", scheduler="sync", resume=True, out_chunks=(32, 32))
     monkeypatch.undo()
@@ -55,7 +46,7 @@ def test_gemm_resume_after_ctrl_c_continues(tmp_path, monkeypatch):
     a = bl.from_array(rng.standard_normal((256, 192)), tmp_path / "a.zarr", chunks=(32, 32))
     b = bl.from_array(rng.standard_normal((192, 160)), tmp_path / "b.zarr", chunks=(32, 32))
     ref = bl.matmul(a, b, memory="96KiB", scheduler="sync").to_numpy()
-    _interrupt_after(monkeypatch, tiles_mod, "run_tile", 4)
+    interrupt_after(monkeypatch, tiles_mod, "run_tile", 4)
     with pytest.raises(KeyboardInterrupt):
         bl.matmul(a, b, tmp_path / "c.zarr", memory="96KiB", scheduler="sync", resume=True)
     monkeypatch.undo()

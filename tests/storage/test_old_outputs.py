@@ -18,6 +18,8 @@ import scipy.sparse as sp
 import zarr
 
 import blocklin as bl
+
+from support.interrupts import tree_bytes
 from blocklin.errors import OutputExistsError
 from blocklin.storage.layouts import layout_members
 
@@ -36,14 +38,6 @@ def _without_members(path) -> None:
         json.dump(meta, f)
 
 
-def _tree(path) -> dict:
-    out = {}
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            p = os.path.join(root, name)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, path)] = f.read()
-    return out
 
 
 def _groups(tmp_path) -> dict:
@@ -108,10 +102,10 @@ def test_what_was_put_inside_an_old_group_still_refuses(tmp_path, intruder):
     else:
         zarr.open_group(str(out / "U"), mode="w")
         zarr.create_array(str(out / "U" / "x"), shape=(2,), chunks=(2,), dtype="f8")[:] = 1.0
-    before = _tree(out)
+    before = tree_bytes(out)
     with pytest.raises(OutputExistsError, match="blocklin did not write"):
         bl.svd(A, 3, out=out, seed=1, overwrite=True)
-    assert _tree(out) == before
+    assert tree_bytes(out) == before
 
 
 def test_an_old_array_output_is_its_root_alone(tmp_path):
@@ -120,7 +114,7 @@ def test_an_old_array_output_is_its_root_alone(tmp_path):
     out = tmp_path / "C.zarr"
     bl.matmul(A, A.T, out)
     zarr.create_array(str(out / "U"), shape=(2,), chunks=(2,), dtype="f8")[:] = 1.0
-    before = _tree(out)
+    before = tree_bytes(out)
     with pytest.raises(OutputExistsError, match="blocklin did not write"):
         bl.matmul(A, A.T, out, overwrite=True)
-    assert _tree(out) == before
+    assert tree_bytes(out) == before

@@ -97,3 +97,28 @@ def interrupt(data: Path, argv: list[str], sig: str, point: str, out: str) -> su
     stdout, stderr = proc.communicate(timeout=120)
     (data / f"{out}.mark").unlink(missing_ok=True)
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def interrupt_after(monkeypatch, module, name: str, n: int) -> None:
+    """``module.name`` raises KeyboardInterrupt (as Ctrl-C does) on its call after the ``n``-th."""
+    real, seen = getattr(module, name), [0]
+
+    def dying(*args, **kwargs):
+        seen[0] += 1
+        if seen[0] > n:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, dying)
+
+
+def tree_bytes(path) -> dict:
+    """Every file below ``path`` (relative path -> bytes): what a refused run must leave as it was."""
+    out = {}
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            p = os.path.join(root, name)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, path)] = f.read()
+    return out
+
