@@ -243,3 +243,38 @@ def test_unpenalized_intercept_of_a_rank_deficient_a_is_the_minimum_norm_solutio
     assert np.linalg.norm(dense(x) - ref) <= 16 * 9 * EPS64 * kappa**2 * np.linalg.norm(ref)
     assert abs(float(np.ravel(x.intercept)[0]) - float(b.mean() - a.mean(0) @ ref[:, 0])) <= (
         16 * 9 * EPS64 * kappa**2 * np.linalg.norm(a.mean(0)) * np.linalg.norm(ref) + 4 * 400 * EPS64 * abs(b).max())
+
+
+def test_kfold_keeps_directions_that_lam_regularizes():
+    """A fold's fit at ``lam > 0`` is ``(G_t + lam^2 I)^-1 c_t`` along every eigenvector of the training Gram:
+    a direction whose eigenvalue lies below the Gram's rounding ``m eps e_max`` but above the eigensolver's
+    ``n eps e_max`` had been dropped as at ``lam = 0``, which changed the held-out error by the whole part of
+    ``b`` along it (here half the target) and the score with it, without a warning.
+
+    Exact data: every fold is the same 128 rows of two Hadamard columns scaled by ``1`` and ``2^-22``, so the
+    training and held-out Gram matrices are diagonal and exact (``e_2 / e_1 = 2^-44`` against ``m eps = 2^-43``),
+    and so are the fits: ``x_j = c_j / (e_j + alpha)``. The score then rounds only in the held-out sums,
+    ``(n + 2)^2 eps (||b_f||^2 + ||G_f|| ||x||^2)`` per fold over its ``sst`` (:func:`score_bound`'s Gram term),
+    which the fit alone bounds here."""
+    from scipy.linalg import hadamard
+
+    block = hadamard(128)[:, 1:3].astype(np.float64) * np.array([1.0, 2.0**-22])
+    X = np.vstack([block] * 4)
+    rng = np.random.default_rng(4)
+    y = X @ np.array([1.0, 2.0**22]) + rng.standard_normal(len(X))
+    alphas = [128 * 3 * 2.0**-46, 1.0]  # the training e_1 = 384; e_2 = 384 * 2^-44
+    splits = list(KFold(4).split(X))
+    ref = RidgeCV(alphas=alphas, cv=4, fit_intercept=False).fit(X, y)
+    x = bl.solve(X, y, lam=("loo", np.sqrt(alphas)), cv=4)
+    scores = []
+    tol = 0.0
+    for train, test in splits:
+        e = np.sum(X[train] ** 2, axis=0)
+        xf = (X[train].T @ y[train]) / (e + alphas[0])
+        r = y[test] - X[test] @ xf
+        sst = np.sum((y[test] - y[test].mean()) ** 2)
+        scores.append(1 - np.sum(r**2) / sst)
+        tol += 16 * EPS64 * (np.sum(y[test] ** 2) + np.sum(X[test] ** 2) * np.sum(xf**2)) / sst / len(splits)
+    assert ref.alpha_ == alphas[0] and abs(ref.best_score_ - np.mean(scores)) <= tol
+    assert x.report["alpha_"] == pytest.approx(ref.alpha_, rel=1e-12)
+    assert abs(x.report["best_score_"] - np.mean(scores)) <= tol

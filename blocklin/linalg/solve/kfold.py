@@ -204,8 +204,18 @@ def _training(sums: dict, f: int, weighted: bool, intercept: bool) -> tuple:
 
 def _filters(ev: np.ndarray, grid: np.ndarray, m: int) -> np.ndarray:
     """``1 / (e + lam^2)`` per eigenvalue and grid value, 0 where ``e + lam^2`` is at rounding level of the
-    largest eigenvalue (the pseudo-inverse of ``Ridge(alpha=0)``'s minimum-norm fit)."""
-    tol = (float(ev.max()) if ev.size else 0.0) * max(m, ev.size) * np.finfo(np.float64).eps
+    largest eigenvalue.
+
+    At ``lam = 0`` that level is the formed Gram's rounding, ``max(m, n) eps e_max`` (the pseudo-inverse of
+    ``Ridge(alpha=0)``'s minimum-norm fit over the eigenvalues above it). At ``lam > 0`` the fit
+    ``(G + lam^2 I)^-1 c`` is defined whatever the eigenvalues, and a direction is left out only where
+    ``e + lam^2`` is within the eigensolver's backward error, ``n eps e_max`` (Weyl): the Gram's rounding
+    had dropped directions that ``lam^2`` keeps, so that with columns ``1e4`` and ``5e-4`` apart and
+    ``lam^2 = 1.9e-6`` a fold's held-out error was 4% off ``Ridge``'s and the score 1.2% off ``RidgeCV``'s.
+    """
+    top = float(ev.max()) if ev.size else 0.0
+    eps = np.finfo(np.float64).eps
+    tol = np.where(grid == 0, top * max(m, ev.size) * eps, top * ev.size * eps)[None, :]
     den = ev[:, None] + grid[None, :] ** 2
     with np.errstate(divide="ignore"):
         return np.where(den > tol, 1.0 / np.where(den > tol, den, 1.0), 0.0)
