@@ -278,3 +278,27 @@ def test_kfold_keeps_directions_that_lam_regularizes():
     assert ref.alpha_ == alphas[0] and abs(ref.best_score_ - np.mean(scores)) <= tol
     assert x.report["alpha_"] == pytest.approx(ref.alpha_, rel=1e-12)
     assert abs(x.report["best_score_"] - np.mean(scores)) <= tol
+
+
+@pytest.mark.parametrize("shape", [(9, 2), (3, 5)], ids=["tall", "wide"])
+def test_explained_variance_of_one_held_out_row(shape):
+    """A held-out set of one row has no variance, of its errors or of its target: ``explained_variance`` is 1
+    there by scikit-learn's ``force_finite`` rule (``0 / 0``). Formed from sums, ``sse / n - (se / n)^2`` and a
+    weighted target's deviation from its own mean are rounding residues instead: the fold had scored 0, or
+    ``1.8e11`` where the residue of ``sst`` was the smaller (weighted, wide), and the choice followed them.
+    Every fold here holds out one row (``KFold(m)``), so every grid value scores exactly 1 and the first wins
+    (``GridSearchCV``'s rule for ties), weighted or not."""
+    m, n = shape
+    rng = np.random.default_rng(11)
+    X = rng.standard_normal((m, n)) * np.array([1e3, 1e-2, 1, 5, 0.1][:n])
+    y = X @ rng.standard_normal((n, 3)) + rng.standard_normal((m, 3)) + 2
+    w = rng.uniform(0.5, 3.0, m)
+    alphas = [1e-6, 1e-3, 1.0, 1e3]
+    for weights in (None, w):
+        for fit_intercept in (False, True):
+            x = bl.solve(X, y, lam=_grid(alphas), cv=m, scoring="explained_variance", sample_weight=weights,
+                         fit_intercept=fit_intercept)
+            assert x.report["best_score_"] == 1.0 and x.report["alpha_"] == pytest.approx(alphas[0], rel=1e-12)
+            assert np.all(np.asarray(x.report["curve"]["fold_scores"]) == 1.0)
+    ref = RidgeCV(alphas=alphas, cv=m, scoring="explained_variance").fit(X, y)
+    assert ref.best_score_ == 1.0 and ref.alpha_ == alphas[0]

@@ -6,7 +6,8 @@ passes accumulate exactly (:class:`Stats`): the count ``n``, the errors' sum ``s
 ``sst``. The scorers are scikit-learn's (``sklearn.metrics``), with its multi-output rule
 ``multioutput="uniform_average"`` (the mean over right-hand sides) unless one score per right-hand side
 is asked for, its ``force_finite`` rule for a constant target (``r2`` and ``explained_variance``
-are 1 where the numerator is 0 too, else 0), and ``r2`` of fewer than two rows is NaN (a fold whose
+are 1 where the numerator is 0 too, else 0; numerators and ``sst`` at their rounding level count as 0, and
+``explained_variance`` of one row is 1: it has neither variance), and ``r2`` of fewer than two rows is NaN (a fold whose
 every score is NaN never wins; where all are, the first grid value does, as ``GridSearchCV`` ranks them):
 
 ==============================  ============================================================
@@ -109,13 +110,17 @@ def from_errors(err: np.ndarray, b: np.ndarray, w: np.ndarray | None = None) -> 
     wv = np.ones(err.shape[0]) if w is None else np.asarray(w, dtype=np.float64)
     total = float(wv.sum())
     dev = b - wv @ b / total
+    # a constant target's deviations are the rounding of its weighted mean, not 0: cut at that level as
+    # centered_squares does (a one-row fold with weights had sst ~ 1e-32 and explained_variance 1.8e11)
+    sst = wv @ _abs2(dev)
+    sst = np.where(sst <= 4 * (err.shape[0] + 2) * np.finfo(np.float64).eps * (wv @ _abs2(b)), 0.0, sst)
     shape = err.shape[1:]
     we = wv[:, None, None] * err
     with np.errstate(invalid="ignore"):  # a zero weight's error (0/0) counts 0
         we = np.where(wv[:, None, None] > 0, we, 0.0)
         sq = we * err.conj() if np.iscomplexobj(err) else we * err
         return Stats(n=total, se=we.sum(axis=0), sse=np.where(wv[:, None, None] > 0, sq.real, 0.0).sum(axis=0),
-                     sae=np.abs(we).sum(axis=0), sst=np.broadcast_to(wv @ _abs2(dev), shape).copy(),
+                     sae=np.abs(we).sum(axis=0), sst=np.broadcast_to(sst, shape).copy(),
                      rows=err.shape[0])
 
 
@@ -132,8 +137,12 @@ def per_target(name: str | None, st: Stats) -> np.ndarray:
             return -st.sae / n
         num = st.sse / n if name == "r2" else st.sse / n - _abs2(st.se / n)
         den = st.sst / n
+        rows = np.broadcast_to(np.asarray(st.rows if st.rows is not None else n, dtype=np.float64), num.shape)
+        if name == "explained_variance":  # the errors' variance: 0 for one row, else cut at its rounding
+            # (sse / n and |se / n|^2 cancel): one held-out row had scored 0 or 1 by that residue
+            num = np.where((rows < 2) | (num <= 4 * (rows + 2) * np.finfo(np.float64).eps * st.sse / n), 0.0, num)
+            den = np.where(rows < 2, 0.0, den)
         ratio = np.where(den != 0, 1.0 - num / np.where(den != 0, den, 1.0), np.where(num == 0, 1.0, 0.0))
-    rows = np.asarray(st.rows if st.rows is not None else n, dtype=np.float64)
     if name == "r2" and np.any(rows < 2):  # scikit-learn's r2_score of fewer than two rows: NaN
         ratio = np.where(np.broadcast_to(rows, ratio.shape) < 2, np.nan, ratio)
     return ratio
