@@ -427,10 +427,15 @@ def mapped_inputs(job: Any, sources: Sequence[Source], spec: RowPassSpec) -> tup
     (:func:`blocklin.storage.mapped.large_pages`, probed once per input in the job): mapped small
     pages are slower than the copy (:mod:`blocklin.storage.mapped`). The same bytes reach the kernel
     either way. None where no source is mapped.
+
+    Mapped pages are resident like the slots they replace, but 2 MiB at a time, which no plan counts: so a
+    pass maps only where its budget allows the rounding (:func:`blocklin.storage.mapped.within_budget`).
     """
     from blocklin.storage import mapped as mapping
 
     if spec.device != "cpu" or not mapping.AVAILABLE or not getattr(spec.kernel, "read_only", False):
+        return None
+    if spec.plan is not None and not mapping.within_budget(spec.plan.memory, spec.plan.workers):
         return None
     got = []
     for j, s in enumerate(sources):

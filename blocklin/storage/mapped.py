@@ -166,6 +166,18 @@ def pmd_mapped_kib() -> int | None:
     return None
 
 
+def within_budget(budget: int, tasks: int) -> bool:
+    """Whether a pass of ``tasks`` concurrent tasks under ``budget`` bytes may map its strips.
+
+    Mapped pages are resident while mapped, 2 MiB at a time: a task's mapped strip can hold up to one
+    large page more at each end than its bytes, and the probe (:func:`large_pages`) maps one. The plans
+    count the strips, not that rounding, so a pass maps only where it stays within a tenth of the budget
+    (the allowance of the budget sweep, ``benchmarks/budgets.py``): from about 100 MiB with two tasks.
+    Below, a 1024 x 1024 float64 input in one chunk, solved at 2 MiB, had peaked 4.5 MiB of mapped pages
+    above its plan."""
+    return (2 * tasks + 1) * LARGE_PAGE <= budget // 10
+
+
 def large_pages(path: str) -> bool:
     """Whether the page cache holds the file at ``path`` (its first 2 MiB) in pages the kernel maps 2
     MiB at a time: the probe of the module docstring, one mapping and two reads of

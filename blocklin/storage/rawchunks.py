@@ -177,7 +177,10 @@ class RawChunks:
                         _pread_full(fd, dest[i].view(np.uint8), (r0 + i) * row, n % row if i == i0 + n // row else 0)
                 readstats.count(nrows * seg)
                 return
-            per_window = max(1, _MAP_WINDOW // row)
+            # the mapped window is resident while it is copied (the kernel maps the page cache around each
+            # fault) and no plan counts it: at most half the bytes this read delivers, which its plan counts
+            # (a 64-column panel of a 1024-wide chunk had mapped 1 MiB windows for 512 KiB panels)
+            per_window = max(1, min(_MAP_WINDOW, nrows * seg // 2) // row)
             for i0 in range(0, nrows, per_window):
                 i1 = min(nrows, i0 + per_window)
                 first = (r0 + i0) * row + c0 * isz  # the window's first wanted byte

@@ -280,6 +280,7 @@ def test_first_pass_records_the_peaks_asked_for(tmp_path, monkeypatch, mapped, c
     alike (the kernel sees the stored strips)."""
     monkeypatch.setattr(passes, "PEAK_PIECE_BYTES", 7 * 32 * 8)  # 7-row pieces: across chunk boundaries
     monkeypatch.setattr(mapping, "large_pages", lambda path: mapped)
+    monkeypatch.setattr(mapping, "within_budget", lambda budget, tasks: True)  # budgets of KiB
     x = np.random.default_rng(4).standard_normal((600, 32)) * np.logspace(-3, 3, 32)
     x[17, 2] = -3e6  # the largest magnitude, negative
     for bad in (None, np.inf, np.nan):

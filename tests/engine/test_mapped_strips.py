@@ -194,6 +194,7 @@ def test_a_pass_that_maps_its_input_gives_the_bits_of_one_that_copies_it(stored,
     x, a = stored
     calls = []
     monkeypatch.setattr(mapping, "large_pages", lambda path: (calls.append(path), True)[1])
+    monkeypatch.setattr(mapping, "within_budget", lambda budget, tasks: True)  # budgets of KiB
     maps = []
     real = rawchunks.RawChunks.mapped
     if scheduler != "processes":  # counted in this process
@@ -228,6 +229,7 @@ def test_a_kernel_that_writes_into_a_mapped_strip_fails_loudly(stored, monkeypat
     fails, and never writes to the page cache of the input."""
     x, a = stored
     monkeypatch.setattr(mapping, "large_pages", lambda path: True)
+    monkeypatch.setattr(mapping, "within_budget", lambda budget, tasks: True)  # budgets of KiB
     before = open_array(a.path)[:]
     with pytest.raises(ValueError, match="read-only"):
         _passes(a.path, "sync", kernel=_scales_in_place)
@@ -239,6 +241,7 @@ def test_a_kernel_that_writes_into_a_mapped_strip_fails_loudly(stored, monkeypat
 def test_which_inputs_a_pass_maps(stored, tmp_path, monkeypatch, case):
     x, a = stored
     monkeypatch.setattr(mapping, "large_pages", lambda path: case != "small pages")
+    monkeypatch.setattr(mapping, "within_budget", lambda budget, tasks: True)  # budgets of KiB
     path = bl.from_array(x, tmp_path / "z.zarr", chunks=(128, 32), codec="zstd").path if case == "zstd" else a.path
     with Job("mapped-test", memory="160KiB", scheduler="sync") as job:
         op = job.operand(path, "a")
@@ -250,6 +253,13 @@ def test_which_inputs_a_pass_maps(stored, tmp_path, monkeypatch, case):
     assert got == ((True,) if case in ("mapped", "first pass") else None)
 
 
+def test_a_pass_maps_only_where_its_budget_allows_the_large_pages():
+    """Two tasks' mapped strips can hold 2 large pages each beyond their bytes, the probe one more: 10 MiB,
+    at most a tenth of the budget."""
+    assert not mapping.within_budget(2 << 20, 2) and not mapping.within_budget(99 << 20, 2)
+    assert mapping.within_budget(100 << 20, 2) and not mapping.within_budget(100 << 20, 3)
+
+
 MEMORY_CHILD = """
     import numpy as np
     import blocklin.storage.mapped as mapping
@@ -258,6 +268,7 @@ MEMORY_CHILD = """
     from blocklin.runtime.passes import row_kernel, run_pass, source
 
     mapping.large_pages = lambda path: True  # whatever pages this machine's page cache holds
+    mapping.within_budget = lambda budget, tasks: True  # the strips' own memory, at a budget of 8 MiB
 
     @row_kernel(memory=lambda params, sources: PassMemory(fixed=sources[0].width ** 2 * 8), device="cpu",
                 read_only=True)
@@ -298,6 +309,7 @@ def test_an_svd_on_a_cluster_maps_with_the_bits_of_copied_strips(stored, monkeyp
     got = {}
     for mapped in (True, False):
         monkeypatch.setattr(mapping, "large_pages", lambda path, mapped=mapped: mapped)
+        monkeypatch.setattr(mapping, "within_budget", lambda budget, tasks: True)  # budgets of KiB
         u, s, vt = r = bl.svd(a.path, 3, method="lanczos", memory="256KiB", scheduler=client, seed=0)
         got[mapped] = (s, u.to_numpy(), vt)
         assert r.report["passes_total"] > 4
