@@ -232,3 +232,40 @@ def test_least_squares_resumed_with_other_workers_is_started_over(tmp_path, monk
     ref = bl.solve(a.path, b.path, out=tmp_path / "ref.zarr", workers=2, **kw)
     np.testing.assert_array_equal(x.to_numpy(), ref.to_numpy())
     assert x.report["resumed_passes"] == []
+
+
+@pytest.mark.parametrize("operation", ["gram", "update"])
+def test_gram_tiles_resumed_on_another_device_are_started_over(tmp_path, monkeypatch, standin, operation):
+    """The Gram's tiled route runs each SYRK tile on the job's device (cuBLAS and the CPU BLAS round
+    differently), and its plan names no device: a run interrupted after 4 tiles on the CPU and resumed with
+    ``device="gpu"`` must start over and give the fresh GPU run's bits (it had kept the 4 CPU tiles, which no
+    run on one device gives). ``operation``: a Gram written afresh, or brought up to date (``update``)."""
+    import shutil
+
+    import blocklin.runtime.blockops as blockops
+
+    run, fresh = tmp_path / "run", tmp_path / "fresh"
+    run.mkdir()
+    rng = np.random.default_rng(0)
+    bl.from_array(rng.standard_normal((400, 160)), run / "A.zarr", chunks=(40, 40))
+    kw = {"memory": "256KiB"}
+    if operation == "update":
+        bl.gram(run / "A.zarr", run / "G.zarr", **kw)
+        bl.append(run / "A.zarr", rng.standard_normal((80, 160)))
+    shutil.copytree(run, fresh)
+
+    def go(folder, **more):
+        if operation == "update":
+            return bl.update(folder / "G.zarr", **kw, **more)
+        return bl.gram(folder / "A.zarr", folder / "G.zarr", **kw, **more)
+
+    _interrupt_after(monkeypatch, blockops, "mark_done", 4)  # the Gram tiles' markers
+    with pytest.raises(KeyboardInterrupt):
+        go(run, device="cpu")
+    monkeypatch.undo()
+    assert _partials(run, "G.zarr")
+    got = go(run, device="gpu", resume=True)
+    ref = go(fresh, device="gpu")
+    assert ref.report["route"] == "tiles"
+    assert got.report["skipped"] == 0
+    np.testing.assert_array_equal(got.to_numpy(), ref.to_numpy())

@@ -43,7 +43,7 @@ from blocklin.plan.gram import GramPlan, gram_tasks, plan_gram
 from blocklin.plan.passes import RowPassPlan
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
-from blocklin.storage.identity import resume_token
+from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.runtime.passes import run_pass, source
 from blocklin.storage.atomic import open_or_create_array
 from blocklin.storage.recorded_peaks import PeakTally, recordable, record as record_peaks
@@ -95,9 +95,13 @@ class Gram:
                          source_dtype=self.A.dtype, workers=job.cfg.workers or tasks, cores=job.cores(), gpu=gpu,
                          tasks=tasks)
 
-    def token(self, plan: GramPlan) -> str:
-        """Deterministic in the input, parameters and plan (what resuming an output checks)."""
-        return resume_token("gram", [self.A], self.trans, self.alpha, self.dtype.name, plan.to_dict())
+    def token(self, plan: GramPlan, settings: tuple = ()) -> str:
+        """Deterministic in the input, parameters, plan and the job's ``settings``
+        (:func:`~blocklin.storage.identity.plan_settings`; what resuming an output checks). The plan names
+        no device, and the tiled route runs each SYRK tile on the job's: tiles kept from a CPU run are not
+        what a resume on the GPU would write (cuBLAS rounds otherwise)."""
+        return resume_token("gram", [self.A], self.trans, self.alpha, self.dtype.name, plan.to_dict(),
+                            *((settings,) if settings else ()))
 
     def run(self, job: Job, plan: GramPlan, out_path: Any, *, done_dir: Any = None, add: Any = None,
             peaks: PeakTally | None = None) -> dict | None:
@@ -341,7 +345,7 @@ def write_gram(job: Job, op: Gram, plan: GramPlan, out: Any, *, overwrite: bool,
     """Run ``op`` into the atomic output ``out`` and commit it with its report (``operands`` and
     ``params`` as the calling operation records them: matmul's own for ``X^T X``)."""
     ao = job.claim(out, [op.A] if operands is None else operands, overwrite=overwrite, resume=resume,
-                   token=op.token(plan), size=(op.shape, op.dtype))
+                   token=op.token(plan, plan_settings(job)), size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     # the pass route's peaks of the bands as written, recorded with the output: an eigsh or SVD of it need not scan
     tally = PeakTally(op.shape) if recordable(op.dtype) and min(op.shape) > 0 else None

@@ -21,7 +21,7 @@ from blocklin.operands import row_range
 from blocklin.runtime.blockops import BlockOps
 from blocklin.runtime.job import Job
 from blocklin.storage.atomic import open_or_create_array
-from blocklin.storage.identity import resume_token
+from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.storage.location import Location
 from blocklin.storage.versions import Growth
 from blocklin.storage.zarr_store import open_zarr
@@ -62,7 +62,9 @@ def update_gram(job: Job, out: Location, prov: dict, growth: list[Growth], *, re
         raise ParameterError(explain("out", f"must be the {op.shape[0]} x {op.shape[1]} Gram of its input",
                                      f"shape {old.shape}", "recompute it with --overwrite"))
     add = copied_before_claim(job, out, old)
-    token = resume_token("gram-update", [new], g.stamp, out.url, plan.to_dict(), op.alpha, op.dtype.name)
+    # the job's settings: the plan names no device, and the tiles run on the job's (see Gram.token)
+    token = resume_token("gram-update", [new], g.stamp, out.url, plan.to_dict(), op.alpha, op.dtype.name,
+                         plan_settings(job))
     ao = job.claim(out, [a], overwrite=True, resume=resume, token=token, reads_output=True, size=(op.shape, op.dtype))
     open_or_create_array(ao, shape=op.shape, dtype=op.dtype, chunks=plan.out_chunks, codec=job.cfg.codec)
     scaling = op.run(job, plan, ao.array_path(), done_dir=ao.done, add=add)
