@@ -269,3 +269,27 @@ def test_gram_tiles_resumed_on_another_device_are_started_over(tmp_path, monkeyp
     assert ref.report["route"] == "tiles"
     assert got.report["skipped"] == 0
     np.testing.assert_array_equal(got.to_numpy(), ref.to_numpy())
+
+
+@pytest.mark.parametrize("operation", ["cholesky", "lu", "qr"])
+def test_factor_tiles_resumed_on_another_device_are_started_over(tmp_path, monkeypatch, standin, operation):
+    """The tiled Cholesky, LU and QR update their tiles on the job's device and their plan names no device: a
+    factorization interrupted after 4 tiles on the CPU and resumed with ``device="gpu"`` must start over
+    (it had kept the CPU tiles, and the trailing tiles computed from them on the GPU, a mixture no run on
+    one device gives)."""
+    import blocklin.runtime.blockops as blockops
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((240, 240))
+    a = bl.from_array(x @ x.T + 240 * np.eye(240), tmp_path / "a.zarr", chunks=(40, 40))
+    factor = getattr(bl, operation)
+    kw = {"tile": 40, "memory": "1MiB", "scheduler": "sync"} | ({"method": "tiled"} if operation == "qr" else {})
+    _interrupt_after(monkeypatch, blockops, "mark_done", 4)
+    with pytest.raises(KeyboardInterrupt):
+        factor(a.path, tmp_path / "f.zarr", device="cpu", **kw)
+    monkeypatch.undo()
+    assert _partials(tmp_path, "f.zarr")
+    got = factor(a.path, tmp_path / "f.zarr", device="gpu", resume=True, **kw)
+    ref = factor(a.path, tmp_path / "ref.zarr", device="gpu", **kw)
+    assert not got.report.get("skipped")
+    np.testing.assert_array_equal(got.to_numpy(), ref.to_numpy())

@@ -13,7 +13,7 @@ from blocklin.linalg.blocks.scaling import safe_norm
 from blocklin.linalg.factor.cholesky_tiles import tiled_cholesky
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
-from blocklin.storage.identity import resume_token
+from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.storage.zarr_store import create_array, open_zarr
 from blocklin.validate import float_operand, square
 
@@ -103,7 +103,8 @@ def cholesky(a: Any, out: Any = None, *, lower: bool = True, overwrite: bool = F
                            chunks=tuple(A.chunks), tile=tile, widen=True, decoded=decoded_chunks(A))
         if explain:
             return plan
-        token = resume_token("cholesky", [A], lower, plan.to_dict())
+        # the job's settings: the plan names no device, and the tiles are updated on the job's
+        token = resume_token("cholesky", [A], lower, plan.to_dict(), plan_settings(job))
         ao = job.claim(out, [A], overwrite=overwrite, resume=resume, token=token, size=((n, n), dt))
         path = ao.array_path()
         if ao.resumed and ao.has_array():

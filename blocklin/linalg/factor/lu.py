@@ -18,7 +18,7 @@ from blocklin.plan.factor import FactorPlan, plan_lu
 from blocklin.linalg.factor.lu_panels import lu_finish, lu_panels
 from blocklin.runtime.blockops import BlockOps, Region
 from blocklin.runtime.job import Job
-from blocklin.storage.identity import resume_token
+from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import create_array, open_zarr
 from blocklin.validate import float_operand, square
@@ -105,7 +105,8 @@ def _factor(a: Any, out: Any, overwrite: bool, resume: bool, explain: bool, tile
         plan = plan_lu(n, dt, m=m, memory=job.cfg.memory, chunks=tuple(A.chunks), tile=tile, decoded=decoded_chunks(A))
         if explain:
             return plan
-        token = resume_token("lu", [A], plan.to_dict())
+        # the job's settings: the plan names no device, and the panels' updates run on the job's
+        token = resume_token("lu", [A], plan.to_dict(), plan_settings(job))
         ao = job.claim(out, [A], overwrite=overwrite, resume=resume, token=token,
                        size=((m, 2 * n), dt))  # the factor and its work store beside it
         if ao.resumed and ao.has_array():

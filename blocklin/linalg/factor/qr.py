@@ -33,7 +33,7 @@ from blocklin.linalg.factor.householder import qr_extract_r, qr_form_q, qr_panel
 from blocklin.linalg.factor.qr_tiles import tile_qr, tile_qr_form_q, tile_qr_stores
 from blocklin.runtime.job import Job
 from blocklin.runtime.tiles import check_finite
-from blocklin.storage.identity import resume_token
+from blocklin.storage.identity import plan_settings, resume_token
 from blocklin.storage.backend import backend
 from blocklin.storage.zarr_store import create_array, open_zarr, write_block
 from blocklin.validate import choice, float_operand, not_empty, size
@@ -336,8 +336,10 @@ def _tiles(job: Job, A: Any, plan: TileQRPlan, out: Any, q: Any, *, mode: str, o
 def _outputs(job: Job, A: Any, kind: str, plan: dict, out: Any, q: Any, *, mode: str, overwrite: bool,
              resume: bool, size: tuple) -> tuple[Any, Any]:
     """The atomic outputs of ``R`` (``size``: with the work stores in its partial folder) and, for
-    ``mode="reduced"``, of ``Q`` (else ``None``), under one token of the input and the plan."""
-    token = resume_token(kind, [A], plan)
+    ``mode="reduced"``, of ``Q`` (else ``None``), under one token of the input, the plan and the job's
+    settings (:func:`~blocklin.storage.identity.plan_settings`: the plan names no device, and the tiles are
+    updated on the job's)."""
+    token = resume_token(kind, [A], plan, plan_settings(job))
     ao = job.claim(out, [A], overwrite=overwrite, resume=resume, token=token, size=size)
     qo = job.claim(q, [A], overwrite=overwrite, resume=resume, token=token + "q",
                    size=((A.shape[0], A.shape[1]), size[1])) if mode == "reduced" else None
