@@ -124,3 +124,19 @@ def test_csv_integer_beyond_int64_reads_as_the_nearest_float(tmp_path):
     be read as floats, and are."""
     bl.convert(_csv(tmp_path, b"123456789012345678901234567890,1\n"), tmp_path / "o.npy")
     assert np.load(tmp_path / "o.npy")[0, 0] == 123456789012345678901234567890.0
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_subnormal_longdouble_reads_exactly_without_a_warning(tmp_path):
+    """NumPy's longdouble string parse warns ``overflow encountered in conversion from string`` for a
+    subnormal it returns exactly (``strtold`` reports ERANGE); the warning had leaked from every CSV
+    read with dtype='longdouble'. The value must come back exact and nothing be said."""
+    f = np.finfo(np.longdouble)
+    if f.nmant <= np.finfo(np.float64).nmant:
+        pytest.skip("longdouble is float64 on this platform")
+    tiny = f.smallest_subnormal * 3
+    text = np.format_float_scientific(tiny, unique=True)
+    p = _csv(tmp_path, f"{text},2\n3,-{text}\n".encode())
+    bl.convert(p, tmp_path / "b.npy", dtype="longdouble")
+    b = np.load(tmp_path / "b.npy")
+    assert b.dtype == np.longdouble and b[0, 0] == tiny and b[1, 1] == -tiny and b[0, 1] == 2

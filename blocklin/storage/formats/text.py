@@ -16,7 +16,8 @@ import numpy as np
 
 from blocklin.errors import ConfigError, FormatError, InternalError, explain
 from blocklin.storage.formats.base import Reader, TextFileWriter, check_matrix_dtype, require_file
-from blocklin.storage.formats.text_util import FORMAT_BATCH, PARSE_BATCH_BYTES, check_parsed, field_error, formatter
+from blocklin.storage.formats.text_util import (FORMAT_BATCH, PARSE_BATCH_BYTES, check_parsed, field_error, formatter,
+                                                   quiet_string_overflow)
 
 _ALIASES = {"tab": "\t", "\\t": "\t", "comma": ",", "space": " ", "semicolon": ";", "whitespace": None,
             "ws": None}
@@ -164,7 +165,8 @@ class CsvReader(Reader):
     def _parse(self, nums: list[int], lines: list[str]) -> np.ndarray:
         n = self.shape[1]
         try:
-            with np.errstate(over="ignore"):  # a number beyond the dtype: refused by check_parsed
+            # a number beyond the dtype: refused by check_parsed
+            with np.errstate(over="ignore"), quiet_string_overflow(self.dtype):
                 arr = np.loadtxt(lines, delimiter=self.delimiter if self.delimiter != " " else None,
                                  dtype=self.dtype, ndmin=2, comments=None)
         except ValueError:
@@ -181,7 +183,8 @@ class CsvReader(Reader):
                                           "fix that line, or check --delimiter"))
             for c, f in enumerate(fields, start=1):
                 try:
-                    np.array([f.strip()]).astype(self.dtype)
+                    with quiet_string_overflow(self.dtype):
+                        np.array([f.strip()]).astype(self.dtype)
                 except (ValueError, OverflowError):
                     raise field_error("csv input", f, no, c, self.dtype, fix) from None
         raise FormatError(explain("csv input", "fields must be numbers", f"lines {nums[0]}-{nums[-1]}", fix))
