@@ -398,3 +398,35 @@ def test_float32_product_with_a_scalar_outside_float32s_normal_range(request, tm
     else:
         ref = scalar * kw["c"].astype(np.float64)
         assert np.linalg.norm(got - ref) <= 2 * np.finfo(np.float32).eps * np.linalg.norm(ref)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("c_peak, beta, param, rule", [
+    (1e300, 1.0, "c", r"entries must lie within the output dtype float32's range .*max \|c\| = 1e\+300"),
+    (1.0, 1e300, "beta", r"must lie within the output dtype float32's range .*beta = 1e\+300"),
+    (1e30, 1e30, "beta", r"times c must lie within the output dtype float32's range .*max \|c\| = 1e\+30\)"),
+])
+def test_float32_result_of_a_float64_beta_c_beyond_its_range_is_refused_up_front(tmp_path, c_peak, beta, param,
+                                                                                   rule):
+    """``dtype='float32'`` of float64 operands with ``C``, ``beta`` or ``beta C`` beyond float32's range:
+    refused as sums of ``a`` that are not finite, after the run, with NumPy's overflow warnings leaked
+    (the cast of C, the product beta C). Now refused before any work, naming ``c`` or ``beta``."""
+    from blocklin.errors import ParameterError
+
+    a, b = np.ones((4, 3)), np.ones((3, 2))
+    with pytest.raises(ParameterError, match=rf"^{param}: {rule}"):
+        bl.matmul(a, b, tmp_path / "c.zarr", c=np.full((4, 2), c_peak), beta=beta, dtype="float32")
+    assert not (tmp_path / "c.zarr").exists()
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_float32_result_of_a_float64_c_within_its_range_is_computed(tmp_path, rng):
+    """The refusal above leaves alone a C that float32 holds (tiny entries flush to zero in the cast, as
+    any entry rounds): ``|fl(A B + C) - (A B + C)| <= (gamma_k + 2u) (|A||B| + |C|)`` in float32 (Higham
+    2002, eq. 3.13), plus ``u`` for each operand's cast, so ``(k + 4) eps`` norm-wise."""
+    a, b = rng.standard_normal((5, 3)), rng.standard_normal((3, 2))
+    c = rng.standard_normal((5, 2)) * 1e30
+    got = bl.matmul(a, b, tmp_path / "c.zarr", c=c, beta=2.0, dtype="float32").to_numpy()
+    ref = a @ b + 2.0 * c
+    bound = 7 * np.finfo(np.float32).eps * (np.linalg.norm(a) * np.linalg.norm(b) + 2 * np.linalg.norm(c))
+    assert got.dtype == np.float32 and np.linalg.norm(got - ref) <= bound

@@ -309,6 +309,7 @@ def matmul(a: Any, b: Any, out: Any = None, *, c: Any = None, alpha: float = 1.0
         op = Gemm.of(A, A if b is a else job.operand(b, "b"), job.operand(c, "c") if c is not None else None,
                      alpha=alpha, beta=beta, trans_a=trans_a, trans_b=trans_b, dtype=dtype, precision=precision)
         _check_narrow_range(op)
+        _check_c_range(op)
         if out_chunks is None and _is_gram(op):
             return _as_gram(job, op, out, overwrite=overwrite, resume=resume)
         # the peaks of the blocks as written, recorded with the output: an SVD of it need not scan
@@ -354,6 +355,38 @@ def _check_narrow_range(op: Gemm) -> None:
             param, f"{computes}: the sums of {k} products of a's and b's entries must lie within its range "
             f"(max |a| max |b| at least {low:.3g}, times k below {high:.3g})",
             f"max |a| max |b| = {top:.3g}, k = {k}", fix))
+
+
+def _check_c_range(op: Gemm) -> None:
+    """Refuse, before any work, a ``beta C`` the output dtype cannot hold: ``C`` is cast to the output
+    dtype and ``beta`` applied there, so an entry of ``C``, ``beta`` itself (where ``C`` is cast to a
+    narrower dtype: the cast flushes the entries beta would bring in range) or ``|beta| max |C|`` at or
+    beyond its largest value gives Inf. Those had been refused after the run as sums of ``a`` that
+    are not finite, with NumPy's overflow warnings leaked. One pass over ``C`` (its recorded peak where
+    there is one), only where ``C`` is cast to a narrower dtype or ``|beta| > 1``."""
+    if op.C is None:
+        return
+    narrowing = op.C.dtype.itemsize > op.dtype.itemsize
+    if not narrowing and abs(op.beta) <= 1.0:
+        return
+    top = float(np.finfo(op.dtype).max)
+    name = op.dtype.name
+    own = ", or pass dtype=None (c's own dtype)" if narrowing else ""
+    fix = f"scale c by a power of two and beta by its inverse (exact) into {name}'s range{own}"
+    if narrowing and abs(op.beta) >= top:
+        raise ParameterError(_msg("beta", f"must lie within the output dtype {name}'s range (below {top:.3g}): "
+                                  "c is cast to it before beta is applied", f"beta = {op.beta:.3g}", fix))
+    peak = max_abs(op.C)
+    if peak >= top:
+        raise ParameterError(_msg("c", f"entries must lie within the output dtype {name}'s range (below "
+                                  f"{top:.3g}): c is cast to it", f"max |c| = {peak:.3g}", fix))
+    if abs(op.beta) * peak >= top:
+        product = f"= {abs(op.beta) * peak:.3g}" if abs(op.beta) * peak < np.inf else "beyond float64's range"
+        raise ParameterError(_msg("beta", f"times c must lie within the output dtype {name}'s range (below "
+                                  f"{top:.3g}): beta C is computed in it", f"|beta| max |c| "
+                                  f"{product} (beta = {op.beta:.3g}, max |c| = {peak:.3g})",
+                                  f"scale c (or beta) and alpha by the same power of two below 1 (exact) and the "
+                                  f"result back{own}"))
 
 
 def _overflow_refusal(op: Gemm, fix: str | None = None) -> ParameterError:
