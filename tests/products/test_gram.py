@@ -230,7 +230,7 @@ def test_matmul_gram_route_with_alpha_zero_is_zero(x64, memory):
     assert np.array_equal(c.to_numpy(), np.zeros((700, 700)))
 
 
-@pytest.mark.parametrize("power", [-520, 664])  # data whose Gram lies below 2^-970 or beyond 2^1024
+@pytest.mark.parametrize("power", [-520, 664])  # data whose Gram lies below 2^-1022 or beyond 2^1024
 def test_matmul_gram_pass_route_with_alpha_zero_of_scaled_data_is_zero(x64, power):
     """``alpha=0`` is zeros on the pass route whatever the data's range: ``x`` near ``2^-520`` or ``2^664``
     (a Gram of entries near ``2^-1040`` or ``2^1328``, which the pass route scales by itself) had been refused
@@ -281,3 +281,33 @@ def test_matmul_gram_tiles_refusal_names_alpha_where_it_leaves_the_range(x64):
     x = x64.astype(np.float32)
     with pytest.raises(bl.errors.ParameterError, match=r"the tiled route.*Fix: .*pass alpha= nearer 1"):
         bl.matmul(x, x, trans_b=True, alpha=2.0 ** 130, memory="256KiB")
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("route", ["gram", "matmul"])
+def test_gram_near_the_smallest_normal_number_is_returned(x64, route):
+    """Data near ``2^-495`` (a Gram near ``2^-982``, one column ``2^-40`` smaller, whose entries are
+    subnormal) is a Gram float64 holds: it had been refused on both pass routes (``bl.gram`` and
+    ``matmul``'s ``X^T X``) below ``2^-970``, a margin of 52 bits over the smallest normal number that the
+    scaled sums do not need. Bound: :func:`assert_gram`'s ``2 k eps ||A||_F^2`` on the data scaled by
+    ``2^495`` (exact), plus the rounding of each of the ``s^2`` entries to a subnormal, at most half the
+    smallest subnormal ``2^-1075`` each, which is ``s 2^-1075`` in Frobenius norm, ``s 2^-85`` scaled."""
+    x = x64[:200, :40].copy()
+    x[:, 0] *= 2.0 ** -40
+    y = np.ldexp(x, -495)
+    g = (bl.gram(y, memory="32MiB") if route == "gram" else
+         bl.matmul(y, y, trans_a=True, memory="32MiB"))
+    assert g.report["route"] == "pass"
+    got = g.to_numpy()
+    assert 0 < np.abs(got[0, 1:]).max() < np.finfo(np.float64).tiny  # subnormal entries, returned
+    assert_gram(np.ldexp(got, 990), x.T @ x, x, extra=40 * 2.0 ** -85)
+
+
+@pytest.mark.parametrize("route", ["gram", "matmul"])
+def test_gram_whose_largest_entry_is_subnormal_is_refused(x64, route):
+    """Below the smallest normal number the largest entry itself keeps only some of its bits: refused,
+    naming the bound and a scaling (data near ``2^-520``, a Gram near ``2^-1032``)."""
+    y = np.ldexp(x64[:200, :40], -520)
+    with pytest.raises(bl.errors.ParameterError, match=r"^a: must have a Gram matrix within the range of float64 "
+                       r"\(largest entry between 2\^-1022, the smallest normal number, and 2\^1024\)"):
+        bl.gram(y, memory="32MiB") if route == "gram" else bl.matmul(y, y, trans_a=True, memory="32MiB")

@@ -159,9 +159,14 @@ class Gram:
         leaves the output dtype's range."""
         _, p = np.frexp(self.alpha)
         fi = np.finfo(self.dtype)
-        if top > fi.maxexp or top < fi.minexp + fi.nmant:
-            # the largest entry overflows, or lands where the smallest normal number would leave it a
-            # few significant bits: the power of two that puts it near 2^(maxexp / 2) instead
+        # The pass route forms the sums in a scaled form and shifts them by a power of two: the result
+        # holds what its dtype holds. Its norm-wise error (Higham 2002, eq. 3.13: gamma_k |A^T||A|) grows
+        # by at most half the smallest subnormal an entry (an entry below the smallest normal rounded), under
+        # u times a largest entry that is normal: only a subnormal (or overflowing) largest entry is refused.
+        # (The 2^(minexp + nmant) margin had refused data near 2^-490, Gram near 2^-980, that float64 holds.)
+        if top > fi.maxexp or top <= fi.minexp:
+            # the largest entry overflows, or is subnormal (a few significant bits): the power of two that
+            # puts it near 2^(maxexp / 2) instead
             k = fi.maxexp // 2 - top + int(p)
             if fi.minexp < k < fi.maxexp - 1:
                 h = "H" if self.dtype.kind == "c" else "T"
@@ -174,8 +179,8 @@ class Gram:
                        f"2^{2 * (k // 2)} times this one")
             raise ParameterError(explain_msg(
                 "a", f"must have a Gram matrix within the range of {self.dtype.name} (largest entry between "
-                f"2^{fi.minexp + fi.nmant} and 2^{fi.maxexp})", f"a Gram whose largest entry is about "
-                f"2^{top - 1} (max |a| = {amax:.3g})", fix))
+                f"2^{fi.minexp}, the smallest normal number, and 2^{fi.maxexp})",
+                f"a Gram whose largest entry is about 2^{top - 1} (max |a| = {amax:.3g})", fix))
 
     def _run_pass(self, job: Job, plan: GramPlan, out_path: Any, add: Any = None,
                   peaks: PeakTally | None = None) -> dict | None:
