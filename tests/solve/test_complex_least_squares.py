@@ -371,3 +371,20 @@ def test_complex_lam_is_refused(lam):
     a, b = _crandn(np.random.default_rng(6), (40, 12)), _crandn(np.random.default_rng(7), (40,))
     with pytest.raises(ParameterError, match=r"^lam: .*must be real"):
         bl.solve(a, b, lam=lam, scheduler="sync")
+
+
+@pytest.mark.parametrize("shape", [(80, 12), (12, 80)], ids=["tall", "wide"])
+def test_lstsq_complex_singular_values_beyond_float64_refused_by_name(shape):
+    """``A`` near ``2^1022`` (``s_1`` near ``2^1026``, beyond float64) had failed in LAPACK's SVD of the
+    overflowed R factor (``LinAlgError: SVD did not converge``). The strips are divided by a power of
+    two now (the real route's scaling); singular values float64 cannot return are refused naming ``a``,
+    the range and the power of two, after which the scaled problem meets :func:`_check_lstsq`'s bounds
+    (``x`` of ``2^-p A`` is ``2^p x``, exactly)."""
+    a, b = _problem(shape, np.complex128, k=2, seed=19)
+    a2 = np.ldexp(a.real, 1022) + 1j * np.ldexp(a.imag, 1022)
+    with pytest.raises(ParameterError, match=r"^a: must have singular values within the range of float64.* "
+                       r"Fix: scale the data by 2\.0\*\*-(\d+)") as err:
+        bl.lstsq(a2, b, memory="4MiB")
+    p = int(str(err.value).split("2.0**-")[1].split(" ")[0])
+    a3 = np.ldexp(a.real, 1022 - p) + 1j * np.ldexp(a.imag, 1022 - p)
+    _check_lstsq(bl.lstsq(a3, b, memory="4MiB"), a3, b)

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from blocklin.linalg.blocks.result_range import check_columns, scaled_columns
+from blocklin.linalg.blocks.scaling import Scaling, check_scaled_back_range
 from blocklin.linalg.blocks.streaming_qr import tsqr_pass
 from blocklin.linalg.blocks.tsqr import reduce_r, tsqr_kernel
 from blocklin.linalg.solve.rcond import rank_cut
@@ -52,9 +53,13 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
                                      f"pass a right-hand side of length {m}"))
         rdt = np.result_type(A.dtype, bb.dtype, np.complex64)  # NumPy's result: complex64 stays complex64
         b = bb.astype(C128)
+        # A's strips divided by 2^ea where max |A| leaves the safe range (the real route's rule): near 2^1022
+        # the Householder norms and R had overflowed, and LAPACK's SVD of that R had failed to converge
+        sa = Scaling.of(source(A, transposed=m < n), C128)
         if m >= n:
-            sr = tsqr_pass(job, A, job.operand(b, "b"), C128)
-            u, s, zh = np.linalg.svd(sr.r, full_matrices=False)
+            B = job.operand(b, "b")
+            sr = sa.run(job, lambda sc: tsqr_pass(job, A, B, C128, scale=sc))
+            u, s, zh = np.linalg.svd(sr.r, full_matrices=False)  # s of 2^-ea A
             inv, cut, rank = _truncation(s, m, n, rcond)
             kept = (inv != 0)[:, None]  # divided by s (1 / s overflows below 2^-1024: x had been NaN)
             # x = 2^e z: c = U^H Q^H b (each column) and s brought near 1 by a power of two, so that S^+ c stays in
@@ -63,19 +68,21 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
             ec, es = column_exponents(c), max_exponent(s[:1])
             with np.errstate(over="ignore"):  # a dropped s's 1.0 may pass the top: its c is 0
                 z = zh.conj().T @ (ldexp(c, -ec[None, :]) / np.where(kept, np.ldexp(s[:, None], -es), 1.0))
-            e = ec - es
+            e = ec - es - sa.exponent
             # NumPy's rule: residuals only for a full-rank overdetermined system; ||T e_j||^2 of the
             # pass's residual factor (no difference of squares)
             residuals = sr.rho**2 if rank == n and m > n else np.empty((0,))
         else:
-            r = _r_of_transpose(job, A)
-            _, s, zh = np.linalg.svd(r, full_matrices=False)  # A^T = Q W S Z^H
+            r = sa.run(job, lambda sc: _r_of_transpose(job, A, sc))
+            _, s, zh = np.linalg.svd(r, full_matrices=False)  # 2^-ea A^T = Q W S Z^H
             inv, cut, rank = _truncation(s, m, n, rcond)
-            z, e = _wide_solution(job, A, s, zh.conj().T, inv != 0, b)
+            z, e = _wide_solution(job, A, s, zh.conj().T, inv != 0, b, sa.exponent)
             residuals = np.empty((0,))
         report = job.report(operation="lstsq", method="streaming QR of A's tall orientation, SVD of R (complex)",
                             rank=rank, rcond=cut / float(s[0]) if s.size and s[0] > 0 else cut,
-                            passes_total=job.passes())
+                            passes_total=job.passes(), scaling=sa.report())
+        check_scaled_back_range("a", s, sa.exponent, "singular values")
+        s = np.ldexp(s, sa.exponent)
     real = np.finfo(rdt).dtype
     x, cols = scaled_columns(z, e, rdt)  # rounded once; flushed to 0 or beyond the range refused, subnormal warned
     check_columns(cols, e, rdt, op="lstsq")
@@ -92,7 +99,7 @@ def _truncation(s: np.ndarray, m: int, n: int, rcond: float | None) -> tuple[np.
 
 
 def _wide_solution(job: Job, A: Any, s: np.ndarray, z: np.ndarray, keep: np.ndarray,
-                   b: np.ndarray) -> tuple[np.ndarray, int]:
+                   b: np.ndarray, ea: int = 0) -> tuple[np.ndarray, int]:
     """``x = A^H (A A^H)^+ b`` with ``(A A^H)^+ = conj(Z) S^+2 Z^T``, in powers of two that keep every
     factor in range: ``1 / s^2`` leaves float64's for ``s`` beyond ``2^+-512`` (entries near ``1e+-154``)
     where ``x`` itself does not (``A`` at ``2^700`` gave ``x = 0``; at ``2^-700``, NaN).
@@ -100,13 +107,15 @@ def _wide_solution(job: Job, A: Any, s: np.ndarray, z: np.ndarray, keep: np.ndar
     With ``s = 2^e s'`` and ``b = 2^eb b'``: ``y' = conj(Z) S'^+2 Z^T b'`` is ``2^(2e - eb) y``; the
     product ``A^H y'`` is made on ``y'`` scaled by ``2^-(e + f)`` (``f`` its own power), so that it sits
     near 1, and ``x`` is that times ``2^(eb - e + f)``: only ``x`` itself can leave the range. ``eb`` and ``f``
-    per column (columns of ``b`` far apart: one power for all had flushed the small ones). Returns that
-    product and ``eb - e + f`` (the caller rounds ``x`` once and judges it)."""
+    per column (columns of ``b`` far apart: one power for all had flushed the small ones). ``s`` and
+    ``Z`` may be those of ``2^-ea A``: ``y'`` is then scaled by ``2^-ea`` more, the product being
+    ``(2^-ea A)^H y'`` in range. Returns that product and ``eb - e + f - ea`` (the caller rounds ``x``
+    once and judges it)."""
     e, eb = max_exponent(s[:1]), column_exponents(b)
     inv = np.where(keep, 1.0 / np.where(keep, np.ldexp(s, -e), 1.0), 0.0)
     y = z.conj() @ (inv[:, None] ** 2 * (z.T @ ldexp(b, -eb[None, :])))
     f = column_exponents(y)
-    return _adjoint_product(job, A, ldexp(y, -(e + f)[None, :])), eb - e + f
+    return _adjoint_product(job, A, ldexp(y, -(e + f + ea)[None, :])), eb - e + f - ea
 
 
 def column_exponents(x: np.ndarray) -> np.ndarray:
@@ -114,11 +123,12 @@ def column_exponents(x: np.ndarray) -> np.ndarray:
     return np.array([max_exponent(x[:, j]) for j in range(x.shape[1])], dtype=np.int64)
 
 
-def _r_of_transpose(job: Job, A: Any) -> np.ndarray:
-    """The ``m x m`` R factor of ``A^T`` (``m < n``) from one streaming QR pass over ``A``'s columns."""
+def _r_of_transpose(job: Job, A: Any, scale: dict | None = None) -> np.ndarray:
+    """The ``m x m`` R factor of ``A^T`` (``m < n``) from one streaming QR pass over ``A``'s columns
+    (divided by the powers of two in ``scale``, :class:`~blocklin.linalg.blocks.scaling.Scaling`)."""
     m = A.shape[0]
     states, _ = run_pass(job, tsqr_kernel, [source(A, transposed=True)], {"dtype": C128.name},
-                         reserve=small_bytes(m, 0), description="streaming QR of A^T", device="cpu")
+                         reserve=small_bytes(m, 0), description="streaming QR of A^T", device="cpu", scale=scale)
     return np.array(reduce_r([st for st in states if st is not None], m))
 
 
