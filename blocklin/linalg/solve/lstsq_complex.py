@@ -27,7 +27,7 @@ from blocklin.linalg.blocks.tsqr import reduce_r, tsqr_kernel
 from blocklin.linalg.solve.rcond import rank_cut
 from blocklin.plan.solve import small_bytes
 from blocklin.runtime.job import Job
-from blocklin.runtime.passes import run_pass, source
+from blocklin.runtime.passes import run_pass, source, take_recorded_peaks
 from blocklin.runtime.powers import ldexp, max_exponent
 
 C128 = np.dtype(np.complex128)
@@ -53,12 +53,10 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
                                      f"pass a right-hand side of length {m}"))
         rdt = np.result_type(A.dtype, bb.dtype, np.complex64)  # NumPy's result: complex64 stays complex64
         b = bb.astype(C128)
-        # A's strips divided by 2^ea where max |A| leaves the safe range (the real route's rule): near 2^1022
-        # the Householder norms and R had overflowed, and LAPACK's SVD of that R had failed to converge
         sa = Scaling.of(source(A, transposed=m < n), C128)
         if m >= n:
             B = job.operand(b, "b")
-            sr = sa.run(job, lambda sc: tsqr_pass(job, A, B, C128, scale=sc))
+            sr = _in_range(job, sa, lambda sc: tsqr_pass(job, A, B, C128, scale=sc), lambda out: out.r)
             u, s, zh = np.linalg.svd(sr.r, full_matrices=False)  # s of 2^-ea A
             inv, cut, rank = _truncation(s, m, n, rcond)
             kept = (inv != 0)[:, None]  # divided by s (1 / s overflows below 2^-1024: x had been NaN)
@@ -73,7 +71,7 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
             # pass's residual factor (no difference of squares)
             residuals = sr.rho**2 if rank == n and m > n else np.empty((0,))
         else:
-            r = sa.run(job, lambda sc: _r_of_transpose(job, A, sc))
+            r = _in_range(job, sa, lambda sc: _r_of_transpose(job, A, sc), lambda out: out)
             _, s, zh = np.linalg.svd(r, full_matrices=False)  # 2^-ea A^T = Q W S Z^H
             inv, cut, rank = _truncation(s, m, n, rcond)
             z, e = _wide_solution(job, A, s, zh.conj().T, inv != 0, b, sa.exponent)
@@ -87,6 +85,25 @@ def lstsq_complex(a: Any, bb: np.ndarray, rcond: float | None, settings: dict) -
     x, cols = scaled_columns(z, e, rdt)  # rounded once; flushed to 0 or beyond the range refused, subnormal warned
     check_columns(cols, e, rdt, op="lstsq")
     return x, residuals.astype(real), rank, s.astype(real), report
+
+
+def _in_range(job: Job, sa: Scaling, run: Any, r_of: Any) -> Any:
+    """``run(scale)``, the pass giving the R factor (``r_of(result)``), with ``A`` divided by ``2^ea``
+    (:class:`~blocklin.linalg.blocks.scaling.Scaling`, the real route's rule) where its recorded peaks
+    give the power, else unscaled and made again scaled only where its R is not finite: LAPACK's QR
+    rescales by itself, but near ``2^1022`` the norms overflowed, and its SVD of that R had failed to
+    converge. Data in range costs one pass (the real route's rerun of every pass beyond ``2^256``
+    would add one where nothing overflows)."""
+    take_recorded_peaks(job, [sa.source])
+    if sa.path in job.amax:
+        sa.learn(job)
+    out = run(sa.params())
+    if not sa.known:
+        if not np.isfinite(r_of(out)).all() and sa.learn(job):
+            sa.extra_passes += 1
+            return run(sa.params())
+        sa.e = 0  # computed unscaled
+    return out
 
 
 def _truncation(s: np.ndarray, m: int, n: int, rcond: float | None) -> tuple[np.ndarray, float, int]:
