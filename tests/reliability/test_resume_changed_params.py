@@ -259,7 +259,7 @@ def test_gram_tiles_resumed_on_another_device_are_started_over(tmp_path, monkeyp
             return bl.update(folder / "G.zarr", **kw, **more)
         return bl.gram(folder / "A.zarr", folder / "G.zarr", **kw, **more)
 
-    _interrupt_after(monkeypatch, blockops, "mark_done", 4)  # the Gram tiles' markers
+    interrupt_after(monkeypatch, blockops, "mark_done", 4)  # the Gram tiles' markers
     with pytest.raises(KeyboardInterrupt):
         go(run, device="cpu")
     monkeypatch.undo()
@@ -284,7 +284,7 @@ def test_factor_tiles_resumed_on_another_device_are_started_over(tmp_path, monke
     a = bl.from_array(x @ x.T + 240 * np.eye(240), tmp_path / "a.zarr", chunks=(40, 40))
     factor = getattr(bl, operation)
     kw = {"tile": 40, "memory": "1MiB", "scheduler": "sync"} | ({"method": "tiled"} if operation == "qr" else {})
-    _interrupt_after(monkeypatch, blockops, "mark_done", 4)
+    interrupt_after(monkeypatch, blockops, "mark_done", 4)
     with pytest.raises(KeyboardInterrupt):
         factor(a.path, tmp_path / "f.zarr", device="cpu", **kw)
     monkeypatch.undo()
@@ -314,10 +314,10 @@ def test_runs_interrupted_on_a_cluster_resume_there_or_locally(tmp_path, monkeyp
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cl, \
             distributed.Client(cl, set_as_default=False) as client:
         on = {"scheduler": client} if where == "cluster" else {"workers": 2}
-        _interrupt_after(monkeypatch, Checkpoints, "save", 10)
+        interrupt_after(monkeypatch, Checkpoints, "save", 10)
         with pytest.raises(KeyboardInterrupt):
             bl.svd(a.path, out=tmp_path / "f.zarr", scheduler=client, **skw)
-        _interrupt_after(monkeypatch, ls, "solve_report", 0)
+        interrupt_after(monkeypatch, ls, "solve_report", 0)
         with pytest.raises(KeyboardInterrupt):
             bl.solve(la.path, lb.path, out=tmp_path / "x.zarr", scheduler=client, **qkw)
         monkeypatch.undo()
